@@ -1,0 +1,1 @@
+"""Pure core: models, durations, policy. Imports only the standard library and traitlets."""

@@ -1,0 +1,52 @@
+"""What a GPU backend observes, in plain dataclasses.
+
+A *leaf* device is what a process can run on: a whole GPU, or one MIG instance of a GPU in MIG
+mode (then ``parent_uuid`` and ``mig_profile`` are set). ``None`` always means "the API could not
+say", never zero: unknown is never idle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Device:
+    uuid: str
+    name: str
+    index: int
+    memory_total_mb: int | None
+    mig_profile: str | None = None  # e.g. "1g.18gb"; None for a whole GPU
+    parent_uuid: str | None = None  # the physical GPU of a MIG instance
+    minor_number: int | None = None  # /dev/nvidia<minor>, used to match open device files
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int  # as NVML reports it: a *host* PID when we run in a container
+    memory_mb: int | None  # None: NVML could not say (e.g. MIG, some Windows modes)
+    sm: float | None = None  # 0..1; None: no per-process utilisation available
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    uuid: str
+    memory_used_mb: int | None
+    activity: float | None  # 0..1 over the driver's last sample period; None when unknown
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One sample of every leaf device, or the reason there is none."""
+
+    backend: str  # "nvml" | "simulated" | "unavailable" | "none"
+    sampled_at: datetime
+    devices: tuple[Device, ...] = ()
+    samples: dict[str, DeviceSample] = field(default_factory=dict)  # by device uuid
+    error: str | None = None  # why the backend is unavailable
+
+    @property
+    def available(self) -> bool:
+        return self.backend not in ("unavailable", "none")

@@ -1,0 +1,1 @@
+"""GPU observation: backends (NVML, simulated), one /proc scan per tick, attribution."""

@@ -1,0 +1,95 @@
+"""Choosing a GPU backend by name: ``auto | nvml | simulated | none``.
+
+The simulated backend is only ever chosen explicitly, never as a silent fallback: a production
+server without a working driver reports ``none`` (no GPUs), not made-up ones.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from ..core import clock
+from ..core.models import Device, GpuSnapshot
+from .base import GpuBackend
+
+CHOICES = ("auto", "nvml", "simulated", "none")
+ENV_VAR = "JUPYTER_GPU_GOV_BACKEND"
+
+
+class NoGpuBackend:
+    """A server without GPUs (a CPU-only profile, or no driver under ``auto``)."""
+
+    name = "none"
+
+    def devices(self) -> list[Device]:
+        return []
+
+    def sample(self) -> GpuSnapshot:
+        return GpuSnapshot(backend="none", sampled_at=clock.utcnow())
+
+    def close(self) -> None:
+        pass
+
+
+def resolve_choice(configured: str) -> str:
+    """The backend name to use: ``$JUPYTER_GPU_GOV_BACKEND`` wins over configuration, so a
+    spawner or a test can choose per server."""
+    choice = (os.environ.get(ENV_VAR) or configured).strip().lower()
+    if choice not in CHOICES:
+        source = f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "GpuGovApp.backend"
+        raise ValueError(f"{source}={choice!r} is not one of {', '.join(CHOICES)}")
+    return choice
+
+
+def make_backend(
+    choice: str,
+    *,
+    simulated_devices: Sequence[dict] | None = None,
+    sim_state_path: str | None = None,
+) -> GpuBackend:
+    """Build the backend. Call it from the thread that will sample (NVML stays on one thread)."""
+    if choice == "simulated":
+        from .. import simulate
+        from .simulated import DEFAULT_DEVICES, SimulatedBackend
+
+        return SimulatedBackend(
+            list(simulated_devices or DEFAULT_DEVICES), sim_state_path or simulate.state_path()
+        )
+    if choice in ("nvml", "auto"):
+        from .nvml import NvmlBackend, nvml_available
+
+        # "nvml" keeps an NvmlBackend even when it fails, so the failure shows as "unavailable".
+        if choice == "nvml" or nvml_available():
+            return NvmlBackend()
+    return NoGpuBackend()
+
+
+def parse_visible_devices(spec: str | None) -> list[str] | None:
+    """``CUDA_VISIBLE_DEVICES`` entries (indices, GPU-/MIG- UUIDs or their prefixes)."""
+    if spec is None or spec.strip() in ("", "all"):
+        return None
+    return [part.strip() for part in spec.split(",") if part.strip()]
+
+
+def select_visible(devices: Sequence[Device], entries: Sequence[str] | None) -> set[str] | None:
+    """UUIDs of the leaf devices named by ``entries``; ``None`` means all of them.
+
+    An integer is a position in the leaf list (as CUDA enumerates them), anything else a UUID or
+    a unique UUID prefix, as CUDA accepts.
+    """
+    if entries is None:
+        return None
+    chosen: set[str] = set()
+    for entry in entries:
+        if entry.lstrip("-").isdigit():
+            index = int(entry)
+            if index < 0:
+                break  # CUDA stops at the first invalid index
+            if index < len(devices):
+                chosen.add(devices[index].uuid)
+            continue
+        matches = [d.uuid for d in devices if d.uuid.startswith(entry)]
+        if len(matches) == 1:
+            chosen.add(matches[0])
+    return chosen

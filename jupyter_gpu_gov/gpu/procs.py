@@ -1,0 +1,175 @@
+"""One scan of ``/proc`` per sampler tick.
+
+Reading ``/proc/<pid>/stat`` for every process is the only way to learn parents, process groups
+and sessions, which attribution needs; it is done once per tick with raw ``os.read`` calls (no
+psutil, no text wrappers) because it runs every few seconds inside the user's server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+# Inode of the initial PID namespace (PROC_PID_INIT_INO in the Linux kernel).
+HOST_PID_NAMESPACE_INODE = 0xEFFFFFFC
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_NVIDIA_DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    comm: str
+    cpu_ticks: int  # utime + stime
+    iowait_ticks: int  # delayacct_blkio_ticks: time blocked on block I/O
+
+
+class ProcessTable:
+    """Every process visible in this PID namespace at one instant."""
+
+    def __init__(self, procs: dict[int, ProcInfo], proc_root: str = "/proc"):
+        self.procs = procs
+        self.proc_root = proc_root
+
+    def __contains__(self, pid: int) -> bool:
+        return pid in self.procs
+
+    def __len__(self) -> int:
+        return len(self.procs)
+
+    def get(self, pid: int) -> ProcInfo | None:
+        return self.procs.get(pid)
+
+    @cached_property
+    def _children(self) -> dict[int, list[int]]:
+        children: dict[int, list[int]] = {}
+        for info in self.procs.values():
+            children.setdefault(info.ppid, []).append(info.pid)
+        return children
+
+    def descendants(self, pid: int) -> set[int]:
+        """``pid`` and every process below it (empty if ``pid`` is gone)."""
+        if pid not in self.procs:
+            return set()
+        found, stack = {pid}, [pid]
+        while stack:
+            for child in self._children.get(stack.pop(), ()):
+                if child not in found:
+                    found.add(child)
+                    stack.append(child)
+        return found
+
+    @cached_property
+    def _sessions(self) -> dict[int, set[int]]:
+        sessions: dict[int, set[int]] = {}
+        for info in self.procs.values():
+            sessions.setdefault(info.sid, set()).add(info.pid)
+        return sessions
+
+    def in_session(self, sid: int) -> set[int]:
+        """Processes of a session: catches daemonised helpers re-parented to init."""
+        return self._sessions.get(sid, set())
+
+
+def _read(path: str, size: int = 4096) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def parse_stat(raw: bytes) -> ProcInfo | None:
+    """Parse ``/proc/<pid>/stat``; ``comm`` may contain spaces and parentheses."""
+    head, sep, tail = raw.rpartition(b")")
+    if not sep:
+        return None
+    pid_text, _, comm = head.partition(b" (")
+    fields = tail.split()
+    # fields[0] is field 3 (state) of proc(5); field N is fields[N - 3].
+    try:
+        return ProcInfo(
+            pid=int(pid_text),
+            ppid=int(fields[1]),
+            pgid=int(fields[2]),
+            sid=int(fields[3]),
+            comm=comm.decode(errors="replace"),
+            cpu_ticks=int(fields[11]) + int(fields[12]),
+            iowait_ticks=int(fields[39]) if len(fields) > 39 else 0,
+        )
+    except (ValueError, IndexError):
+        return None
+
+
+def scan(proc_root: str = "/proc") -> ProcessTable:
+    procs: dict[int, ProcInfo] = {}
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return ProcessTable({}, proc_root)
+    for name in names:
+        if not name.isdigit():
+            continue
+        raw = _read(f"{proc_root}/{name}/stat")
+        info = parse_stat(raw) if raw else None  # the process may have exited meanwhile
+        if info is not None:
+            procs[info.pid] = info
+    return ProcessTable(procs, proc_root)
+
+
+def read_bytes(pid: int, proc_root: str = "/proc") -> int | None:
+    """Bytes this process caused to be read from storage (``/proc/<pid>/io``), if readable."""
+    raw = _read(f"{proc_root}/{pid}/io")
+    if not raw:
+        return None
+    for line in raw.split(b"\n"):
+        if line.startswith(b"read_bytes:"):
+            return int(line.split()[1])
+    return None
+
+
+def nvidia_device_files(pid: int, proc_root: str = "/proc") -> set[int] | None:
+    """GPU device files a process has open: minor numbers of ``/dev/nvidia<N>``, plus ``-1`` for
+    the control/UVM nodes every CUDA context opens. ``None`` when the fds cannot be read.
+
+    Used only where NVML's PIDs are host PIDs (in a container): which *local* process holds a GPU
+    is then learnt from its open files, never by looking a host PID up locally.
+    """
+    fd_dir = f"{proc_root}/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return None
+    found: set[int] = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue
+        if not target.startswith("/dev/nvidia"):
+            continue
+        match = _NVIDIA_DEVICE.match(target)
+        found.add(int(match.group(1)) if match else -1)
+    return found
+
+
+def in_host_pid_namespace(proc_root: str = "/proc") -> bool:
+    """True when our PIDs are the host's, so NVML's PIDs can be looked up locally.
+
+    Anything we cannot read counts as "not host": looking a host PID up in a container would
+    attribute some unrelated local process.
+    """
+    try:
+        return os.stat(f"{proc_root}/self/ns/pid").st_ino == HOST_PID_NAMESPACE_INODE
+    except OSError:
+        return False

@@ -1,0 +1,1 @@
+"""The jupyter-server extension: sampler, routes, metrics (DESIGN §2)."""

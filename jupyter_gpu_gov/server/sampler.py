@@ -1,0 +1,373 @@
+"""The sampler: every tick, one GPU sample, one /proc scan, attribution, rolling windows, and the
+DESIGN §5 report.
+
+All measurement runs in one worker thread (NVML is never called from two threads, and the event
+loop never waits on the driver); the event loop only hands in what Jupyter knows about its
+kernels and terminals and takes back a finished, immutable report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from time import monotonic, thread_time
+
+from ..core import clock
+from ..core.models import GpuSnapshot
+from ..core.window import ActivityWindow
+from ..gpu import procs
+from ..gpu.attribution import (
+    OTHER,
+    Attribution,
+    TargetGpu,
+    TargetRoot,
+    attribute,
+    target_members,
+)
+from ..gpu.backends import select_visible
+from ..gpu.base import GpuBackend
+
+REPORT_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What Jupyter knows about a kernel or terminal, gathered on the event loop."""
+
+    root: TargetRoot
+    name: str
+    execution_state: str | None = None
+    last_activity: datetime | None = None
+    connections: int = 0
+    path: str | None = None  # the notebook or console a kernel belongs to, when known
+
+
+@dataclass
+class TickResult:
+    report: dict
+    changes: list[dict] = field(default_factory=list)  # GPU state changes, one per target
+    gpu_last_active: datetime | None = None
+    cpu_seconds: float = 0.0  # sampler cost of this tick, CPU time of the worker thread
+
+
+class Sampler:
+    def __init__(
+        self,
+        backend_factory: Callable[[], GpuBackend],
+        *,
+        window_seconds: float = 60.0,
+        active_threshold: float = 0.05,
+        visible_devices: Sequence[str] | None = None,
+        pid_namespace: str = "auto",
+        time_sliced: bool = False,
+        server_pid: int | None = None,
+        proc_root: str = "/proc",
+        log: logging.Logger | None = None,
+    ):
+        self._backend_factory = backend_factory
+        self.backend: GpuBackend | None = None
+        self.window_seconds = window_seconds
+        self.active_threshold = active_threshold
+        self.visible_devices = visible_devices
+        self.pid_namespace = pid_namespace
+        self.time_sliced = time_sliced
+        self.server_pid = server_pid or os.getpid()
+        self.proc_root = proc_root
+        self.log = log or logging.getLogger(__name__)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-sampler")
+        self._windows: dict[str, ActivityWindow] = {}
+        self._server_window = ActivityWindow(window_seconds, active_threshold)
+        self._states: dict[str, str] = {}
+        self._last_known: dict[str, TargetGpu] = {}  # for reporting "unknown" after a failure
+        self._last_devices: list[dict] = []
+        self._cpu_prev: dict[int, tuple[int, int, int | None]] = {}  # pid -> cpu, iowait, read
+        self._prev_at: float | None = None
+        self._local_pids: bool | None = None
+        # Open the backend now (in the worker thread): the simulated one publishes its devices,
+        # and a driver problem shows in the log at start-up rather than at the first request.
+        self._executor.submit(self._open_backend)
+
+    def _open_backend(self) -> GpuBackend:
+        if self.backend is None:
+            try:
+                self.backend = self._backend_factory()
+            except Exception as error:
+                self.log.error("jupyter-gpu-gov: cannot open the GPU backend: %s", error)
+                raise
+        return self.backend
+
+    # -- thread plumbing ---------------------------------------------------------------------
+
+    async def tick(self, targets: Sequence[TargetInfo], server: dict) -> TickResult:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.measure, list(targets), server)
+
+    def close(self) -> None:
+        def _close():
+            if self.backend is not None:
+                self.backend.close()
+
+        self._executor.submit(_close)
+        self._executor.shutdown(wait=True)
+
+    # -- one tick, in the worker thread ------------------------------------------------------
+
+    def measure(self, targets: list[TargetInfo], server: dict) -> TickResult:
+        started = thread_time()
+        snapshot = self._open_backend().sample()
+        now = snapshot.sampled_at
+        table = procs.scan(self.proc_root)
+        local_pids = self._pids_are_local()
+        visible = select_visible(snapshot.devices, self.visible_devices)
+        roots = [t.root for t in targets]
+
+        members = target_members(table, roots, self.server_pid)
+        device_files = None
+        if snapshot.available and not local_pids and snapshot.devices:
+            # Host PIDs: learn holders from the open device files of our own processes only.
+            device_files = {
+                pid: procs.nvidia_device_files(pid, self.proc_root)
+                for pids in members.values()
+                for pid in pids
+            }
+
+        attribution = attribute(
+            snapshot,
+            members,
+            local_pids=local_pids,
+            visible=visible,
+            time_sliced=self.time_sliced,
+            device_files=device_files,
+        )
+        usage = self._cpu_io(table, attribution, monotonic())
+        report = self._report(snapshot, visible, targets, attribution, usage, server, now)
+        changes = self._state_changes(report["targets"], now)
+        last_active = self._server_window.last_active
+        return TickResult(report, changes, last_active, thread_time() - started)
+
+    def _pids_are_local(self) -> bool:
+        if self.pid_namespace != "auto":
+            return self.pid_namespace == "host"
+        if self._local_pids is None:
+            # The simulated backend registers real local PIDs, like NVML on a workstation.
+            simulated = getattr(self.backend, "name", "") == "simulated"
+            self._local_pids = simulated or procs.in_host_pid_namespace(self.proc_root)
+        return self._local_pids
+
+    def _cpu_io(self, table: procs.ProcessTable, attribution: Attribution, now: float) -> dict:
+        """Per target: CPU (% of one core), iowait (% of wall time) and read bytes/s since the
+        last tick. Per-process deltas, so a process that exits does not make numbers jump."""
+        elapsed = (now - self._prev_at) if self._prev_at is not None else None
+        current: dict[int, tuple[int, int, int | None]] = {}
+        usage = {}
+        for key, pids in attribution.members.items():
+            cpu = iowait = read = 0
+            read_known = True
+            for pid in pids:
+                info = table.get(pid)
+                if info is None:
+                    continue
+                read_bytes = procs.read_bytes(pid, self.proc_root) if key != OTHER else None
+                current[pid] = (info.cpu_ticks, info.iowait_ticks, read_bytes)
+                prev = self._cpu_prev.get(pid)
+                if prev is None:
+                    continue
+                cpu += max(0, info.cpu_ticks - prev[0])
+                iowait += max(0, info.iowait_ticks - prev[1])
+                if read_bytes is None or prev[2] is None:
+                    read_known = False
+                else:
+                    read += max(0, read_bytes - prev[2])
+            if elapsed:
+                ticks = procs.CLOCK_TICKS * elapsed
+                usage[key] = {
+                    "cpu": {
+                        "percent": round(100 * cpu / ticks, 1),
+                        "iowait": round(100 * iowait / ticks, 1),
+                    },
+                    "io": {"read_bytes_per_s": round(read / elapsed) if read_known else None},
+                }
+        self._cpu_prev, self._prev_at = current, now
+        return usage
+
+    def _report(
+        self,
+        snapshot: GpuSnapshot,
+        visible: set[str] | None,
+        targets: list[TargetInfo],
+        attribution: Attribution,
+        usage: dict,
+        server: dict,
+        now: datetime,
+    ) -> dict:
+        available = snapshot.available
+        if available:
+            devices = [
+                {
+                    "uuid": d.uuid,
+                    "name": d.name,
+                    "mig_profile": d.mig_profile,
+                    "parent_uuid": d.parent_uuid,
+                    "memory_total_mb": d.memory_total_mb,
+                    "memory_used_mb": _sample(snapshot, d.uuid, "memory_used_mb"),
+                    "activity": _sample(snapshot, d.uuid, "activity"),
+                    "shared": d.uuid in attribution.shared,
+                }
+                for d in snapshot.devices
+                if visible is None or d.uuid in visible
+            ]
+            self._last_devices = devices
+        elif snapshot.backend == "none":
+            devices = []
+        else:
+            # Keep naming the devices we had, with every reading unknown.
+            devices = [{**d, "memory_used_mb": None, "activity": None} for d in self._last_devices]
+
+        entries: list[tuple[str, dict, TargetGpu | None]] = [
+            (t.root.key, _describe(t), attribution.gpu.get(t.root.key)) for t in targets
+        ]
+        if OTHER in attribution.gpu or (not available and OTHER in self._last_known):
+            entries.append(
+                (
+                    OTHER,
+                    {"kind": "other", "id": "server", "name": "other processes"},
+                    attribution.gpu.get(OTHER),
+                )
+            )
+
+        report_targets = []
+        server_sms: list[float | None] = []
+        for key, described, gpu in entries:
+            gpu_view = self._gpu_view(key, gpu, available, snapshot.backend, now)
+            if gpu_view["holds_context"]:
+                server_sms.append(gpu_view["sm"])
+            report_targets.append(
+                {**described, "gpu": gpu_view, **usage.get(key, {"cpu": None, "io": None})}
+            )
+        for key in set(self._windows) - {key for key, _, _ in entries}:
+            del self._windows[key]  # a target that went away
+
+        if (not available and snapshot.backend != "none") or any(sm is None for sm in server_sms):
+            server_sm = None
+        else:
+            server_sm = max(server_sms, default=0.0)
+        self._server_window.add(now, server_sm)
+
+        return {
+            "schema": REPORT_SCHEMA,
+            "sampled_at": clock.isoformat(now),
+            "backend": snapshot.backend,
+            "error": snapshot.error,
+            "server": server,
+            "devices": devices,
+            "targets": report_targets,
+            "window": {
+                "seconds": self.window_seconds,
+                "gpu_active_fraction": self._server_window.active_fraction(),
+                "gpu_last_active": clock.isoformat(self._server_window.last_active),
+                "gpu_idle_since": clock.isoformat(self._server_window.idle_since),
+            },
+            "checkpoint": {"requested_at": None, "status": None, "manifest": None},
+        }
+
+    def _gpu_view(
+        self, key: str, gpu: TargetGpu | None, available: bool, backend: str, now: datetime
+    ) -> dict:
+        window = self._windows.get(key)
+        if available or backend == "none":
+            if gpu is not None:
+                self._last_known[key] = gpu
+            else:
+                self._last_known.pop(key, None)
+        elif key in self._last_known:
+            # The backend failed: what this target held is now unknown, never idle.
+            last = self._last_known[key]
+            gpu = TargetGpu(last.devices, None, None, True, "unknown", last.pids)
+        if gpu is None:
+            if available or backend == "none":
+                self._windows.pop(key, None)
+                return {
+                    "devices": [],
+                    "memory_mb": 0,
+                    "sm": 0.0,
+                    "holds_context": False,
+                    "confidence": "exact",
+                    "last_active": None,
+                    "idle_since": None,
+                    "active_fraction": None,
+                    "history": [],
+                }
+            gpu = TargetGpu([], None, None, False, "unknown")
+        if window is None:
+            window = self._windows[key] = ActivityWindow(self.window_seconds, self.active_threshold)
+        window.add(now, gpu.sm)
+        return {
+            "devices": gpu.devices,
+            "memory_mb": gpu.memory_mb,
+            "sm": None if gpu.sm is None else round(gpu.sm, 4),
+            "holds_context": gpu.holds_context,
+            "confidence": gpu.confidence,
+            "last_active": clock.isoformat(window.last_active),
+            "idle_since": clock.isoformat(window.idle_since),
+            "active_fraction": window.active_fraction(),
+            "pids": gpu.pids,
+            "history": window.history(),
+        }
+
+    def _state_changes(self, targets: list[dict], now: datetime) -> list[dict]:
+        changes = []
+        seen = set()
+        for target in targets:
+            key = f"{target['kind']}:{target['id']}"
+            seen.add(key)
+            state = gpu_state(target["gpu"], self.active_threshold)
+            previous = self._states.get(key, "none")
+            if state != previous:
+                changes.append(
+                    {
+                        "target_kind": target["kind"],
+                        "target_id": target["id"],
+                        "target_name": target["name"],
+                        "previous_state": previous,
+                        "state": state,
+                        "devices": target["gpu"]["devices"],
+                        "memory_mb": target["gpu"]["memory_mb"],
+                        "at": clock.isoformat(now),
+                    }
+                )
+            self._states[key] = state
+        for key in set(self._states) - seen:
+            del self._states[key]
+        return changes
+
+
+def gpu_state(gpu: dict, threshold: float) -> str:
+    """``none`` (holds no GPU), ``active``, ``idle`` or ``unknown``: what a person would call it."""
+    if not gpu["holds_context"]:
+        return "none" if gpu["confidence"] != "unknown" else "unknown"
+    if gpu["sm"] is None:
+        return "unknown"
+    return "active" if gpu["sm"] >= threshold else "idle"
+
+
+def _describe(target: TargetInfo) -> dict:
+    return {
+        "kind": target.root.kind,
+        "id": target.root.id,
+        "name": target.name,
+        "path": target.path,
+        "execution_state": target.execution_state,
+        "last_activity": clock.isoformat(target.last_activity),
+        "connections": target.connections,
+    }
+
+
+def _sample(snapshot: GpuSnapshot, uuid: str, attr: str):
+    sample = snapshot.samples.get(uuid)
+    return getattr(sample, attr) if sample is not None else None

@@ -1,0 +1,271 @@
+"""The server extension against a real jupyter-server, real ipykernel kernels and terminals, on
+simulated GPUs: what a researcher's server reports at /jupyter-gpu-gov/status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_gpu_gov import simulate
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def jp_server_config():
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpu_gov": True}},
+        "GpuGovApp": {"backend": "simulated", "sample_interval": 0.5},
+    }
+
+
+@pytest.fixture(autouse=True)
+def _no_backend_env(monkeypatch):
+    monkeypatch.delenv("JUPYTER_GPU_GOV_BACKEND", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+async def status(jp_fetch) -> dict:
+    response = await jp_fetch("jupyter-gpu-gov", "status", params={"refresh": "1"})
+    assert response.code == 200
+    return json.loads(response.body)
+
+
+def target(report: dict, kind: str, ident: str) -> dict:
+    for entry in report["targets"]:
+        if entry["kind"] == kind and entry["id"] == ident:
+            return entry
+    raise AssertionError(f"no {kind} {ident} in {[t['id'] for t in report['targets']]}")
+
+
+async def wait_for(jp_fetch, check, timeout=20.0):
+    """Poll the status until ``check(report)`` is truthy; return the report."""
+    deadline = time.monotonic() + timeout
+    while True:
+        report = await status(jp_fetch)
+        if check(report):
+            return report
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met; last report: {json.dumps(report)[:2000]}")
+        await asyncio.sleep(0.2)
+
+
+class Kernel:
+    """A real ipykernel started through the REST API, driven through its channels."""
+
+    def __init__(self, serverapp, kernel_id):
+        self.id = kernel_id
+        self.client = serverapp.kernel_manager.get_kernel(kernel_id).client()
+
+    async def run(self, code: str) -> list[str]:
+        outputs: list[str] = []
+
+        def collect(msg):
+            if msg["msg_type"] == "stream":
+                outputs.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                outputs.append("\n".join(msg["content"]["traceback"]))
+
+        reply = await self.client.execute_interactive(code, output_hook=collect, timeout=30)
+        assert reply["content"]["status"] == "ok", outputs
+        return outputs
+
+
+@pytest.fixture
+def start_kernel(jp_fetch, jp_serverapp):
+    """Sync on purpose: pytest-jupyter runs the tests' coroutines on its own loop."""
+    started: list[Kernel] = []
+
+    async def _start() -> Kernel:
+        response = await jp_fetch(
+            "api", "kernels", method="POST", body=json.dumps({"name": "python3"})
+        )
+        kernel = Kernel(jp_serverapp, json.loads(response.body)["id"])
+        kernel.client.start_channels()
+        await kernel.client.wait_for_ready(timeout=60)
+        started.append(kernel)
+        return kernel
+
+    yield _start
+    for kernel in started:
+        kernel.client.stop_channels()
+
+
+async def test_idle_kernel_holding_memory_is_reported_holding_with_no_activity(
+    jp_fetch, start_kernel
+):
+    kernel = await start_kernel()
+    await kernel.run("from jupyter_gpu_gov import simulate; simulate.hold(20480)")
+
+    report = await wait_for(
+        jp_fetch, lambda r: target(r, "kernel", kernel.id)["gpu"]["holds_context"]
+    )
+
+    assert report["schema"] == 1 and report["backend"] == "simulated"
+    entry = target(report, "kernel", kernel.id)
+    assert entry["name"] == "python3"
+    assert entry["execution_state"] == "idle"
+    gpu = entry["gpu"]
+    assert gpu["memory_mb"] == 20480
+    assert gpu["sm"] == 0.0
+    assert gpu["confidence"] == "exact"
+    assert gpu["last_active"] is None and gpu["idle_since"] is not None
+    device = next(d for d in report["devices"] if d["uuid"] == gpu["devices"][0])
+    assert device["memory_used_mb"] == 20480 and device["activity"] == 0.0
+    assert report["window"]["gpu_active_fraction"] == 0.0
+
+
+async def test_background_gpu_thread_counts_as_active_while_kernel_is_idle(
+    jp_fetch, start_kernel, jp_serverapp
+):
+    kernel = await start_kernel()
+    # A silent training loop: the cell returns at once, the thread keeps the GPU busy.
+    await kernel.run(
+        "import threading, time\n"
+        "from jupyter_gpu_gov import simulate\n"
+        "simulate.hold(4096)\n"
+        "def train():\n"
+        "    while True:\n"
+        "        simulate.load(0.8, seconds=1.0)\n"
+        "        time.sleep(0.5)\n"
+        "threading.Thread(target=train, daemon=True).start()\n"
+    )
+
+    report = await wait_for(
+        jp_fetch,
+        lambda r: (
+            (target(r, "kernel", kernel.id)["gpu"]["sm"] or 0) >= 0.5
+            and target(r, "kernel", kernel.id)["execution_state"] == "idle"
+        ),
+    )
+    gpu = target(report, "kernel", kernel.id)["gpu"]
+    assert gpu["last_active"] is not None and gpu["idle_since"] is None
+    assert report["window"]["gpu_last_active"] is not None
+    # GPU work counts as server activity for the Hub's last_activity.
+    assert jp_serverapp.web_app.settings["gpu_last_activity"] is not None
+
+
+async def test_process_started_from_a_terminal_is_attributed_to_the_terminal(
+    jp_fetch, jp_serverapp
+):
+    response = await jp_fetch("api", "terminals", method="POST", body="{}")
+    name = json.loads(response.body)["name"]
+    terminal = jp_serverapp.web_app.settings["terminal_manager"].terminals[name]
+    terminal.ptyproc.write(f"{sys.executable} -m jupyter_gpu_gov.simulate hold 3072 --load 0.4\r")
+    try:
+        report = await wait_for(
+            jp_fetch, lambda r: target(r, "terminal", name)["gpu"]["memory_mb"] == 3072
+        )
+        gpu = target(report, "terminal", name)["gpu"]
+        assert gpu["confidence"] == "exact"
+        assert gpu["sm"] == pytest.approx(0.4)
+        assert all(
+            t["kind"] != "kernel" or not t["gpu"]["holds_context"] for t in report["targets"]
+        )
+    finally:
+        await jp_fetch("api", "terminals", name, method="DELETE")
+
+
+async def test_two_kernels_on_two_devices_are_told_apart(jp_fetch, start_kernel):
+    first, second = await start_kernel(), await start_kernel()
+    await first.run("from jupyter_gpu_gov import simulate; simulate.hold(1000, device=0)")
+    await second.run(
+        "from jupyter_gpu_gov import simulate; simulate.hold(2000, device=1); simulate.load(0.3, device=1)"
+    )
+
+    report = await wait_for(
+        jp_fetch,
+        lambda r: (
+            target(r, "kernel", first.id)["gpu"]["holds_context"]
+            and target(r, "kernel", second.id)["gpu"]["holds_context"]
+        ),
+    )
+    leaves = [d["uuid"] for d in report["devices"]]
+    one, two = target(report, "kernel", first.id)["gpu"], target(report, "kernel", second.id)["gpu"]
+    assert (one["devices"], one["memory_mb"], one["sm"]) == ([leaves[0]], 1000, 0.0)
+    assert two["devices"] == [leaves[1]] and two["memory_mb"] == 2000
+    # Leaf 1 of the default simulated machine is a MIG slice: no utilisation API, so the
+    # kernel holds a context but its activity is unknown, never idle.
+    assert report["devices"][1]["mig_profile"] is not None
+    assert two["sm"] is None and two["confidence"] == "unknown"
+
+
+async def test_backend_failure_mid_run_reports_unknown_never_idle(jp_fetch, start_kernel):
+    kernel = await start_kernel()
+    await kernel.run("from jupyter_gpu_gov import simulate; simulate.hold(8192)")
+    await wait_for(jp_fetch, lambda r: target(r, "kernel", kernel.id)["gpu"]["memory_mb"] == 8192)
+
+    simulate.fail("GPU is lost")
+    try:
+        report = await status(jp_fetch)
+        assert report["backend"] == "unavailable"
+        assert "lost" in report["error"]
+        gpu = target(report, "kernel", kernel.id)["gpu"]
+        assert gpu["holds_context"] is True
+        assert gpu["sm"] is None and gpu["memory_mb"] is None
+        assert gpu["confidence"] == "unknown" and gpu["idle_since"] is None
+        assert all(d["activity"] is None for d in report["devices"])
+    finally:
+        simulate.recover()
+
+    report = await wait_for(jp_fetch, lambda r: r["backend"] == "simulated")
+    assert target(report, "kernel", kernel.id)["gpu"]["memory_mb"] == 8192
+
+
+async def test_gpu_processes_of_the_server_itself_are_other(jp_fetch):
+    simulate.hold(512)  # this test process is the server process
+    try:
+        report = await wait_for(jp_fetch, lambda r: any(t["kind"] == "other" for t in r["targets"]))
+        other = next(t for t in report["targets"] if t["kind"] == "other")
+        assert other["gpu"]["memory_mb"] == 512
+    finally:
+        simulate.release()
+
+
+@pytest.mark.parametrize("authorization", ["", "token not-the-token"])
+async def test_status_requires_authentication(jp_fetch, authorization):
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("jupyter-gpu-gov", "status", headers={"Authorization": authorization})
+    assert info.value.code == 403
+
+
+async def test_metrics_and_events_report_the_kernel(jp_fetch, jp_serverapp, start_kernel):
+    events: list[dict] = []
+
+    async def listener(logger, schema_id, data):
+        events.append(dict(data))
+
+    from jupyter_gpu_gov.events import GPU_STATE_SCHEMA_ID
+
+    jp_serverapp.event_logger.add_listener(schema_id=GPU_STATE_SCHEMA_ID, listener=listener)
+    kernel = await start_kernel()
+    await kernel.run("from jupyter_gpu_gov import simulate; simulate.hold(2048)")
+    await wait_for(jp_fetch, lambda r: target(r, "kernel", kernel.id)["gpu"]["holds_context"])
+
+    metrics = (await jp_fetch("metrics")).body.decode()
+    memory_lines = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("jupyter_gpu_gov_target_memory_bytes") and kernel.id in line
+    ]
+    assert memory_lines and float(memory_lines[0].split()[-1]) == 2048 * 1024 * 1024
+
+    for _ in range(50):
+        if any(e["target_id"] == kernel.id and e["state"] == "idle" for e in events):
+            break
+        await asyncio.sleep(0.1)
+    change = next(e for e in events if e["target_id"] == kernel.id and e["state"] == "idle")
+    assert change["previous_state"] == "none" and change["memory_mb"] == 2048
+
+
+async def test_bad_backend_choice_names_the_setting(monkeypatch):
+    from jupyter_gpu_gov.gpu.backends import resolve_choice
+
+    monkeypatch.setenv("JUPYTER_GPU_GOV_BACKEND", "cuda")
+    with pytest.raises(ValueError, match=r"JUPYTER_GPU_GOV_BACKEND='cuda' is not one of"):
+        resolve_choice("auto")
