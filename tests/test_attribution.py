@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -237,3 +238,22 @@ def test_parse_stat_copes_with_parentheses_in_the_command_name():
     )
     info = procs.parse_stat(raw)
     assert (info.pid, info.ppid, info.comm, info.cpu_ticks) == (42, 1, "my (weird) name", 10)
+
+
+def test_repeated_scans_pick_up_new_processes_and_reused_pids(fake_proc):
+    scanner = procs.ProcScanner(str(fake_proc.root))
+    table = scanner.scan()
+    members = target_members(table, ROOTS, SERVER)
+    scanner.settle(table, set().union(*members.values()))
+    assert STRANGER in scanner.foreign
+
+    fake_proc.add(600, KERNEL_B, KERNEL_B)  # a new child of kernel b
+    # The stranger exits and its PID is reused by a new child of the terminal.
+
+    shutil.rmtree(fake_proc.root / str(STRANGER))
+    assert STRANGER not in scanner.scan()
+    fake_proc.add(STRANGER, SHELL, SHELL)
+
+    members = target_members(scanner.scan(), ROOTS, SERVER)
+    assert members["kernel:b"] == {KERNEL_B, 600}
+    assert members["terminal:1"] == {SHELL, SHELL_CHILD, STRANGER}

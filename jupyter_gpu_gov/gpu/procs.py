@@ -111,20 +111,49 @@ def parse_stat(raw: bytes) -> ProcInfo | None:
         return None
 
 
-def scan(proc_root: str = "/proc") -> ProcessTable:
-    procs: dict[int, ProcInfo] = {}
+def _pids(proc_root: str) -> set[int]:
     try:
-        names = os.listdir(proc_root)
+        return {int(name) for name in os.listdir(proc_root) if name.isdigit()}
     except OSError:
-        return ProcessTable({}, proc_root)
-    for name in names:
-        if not name.isdigit():
-            continue
-        raw = _read(f"{proc_root}/{name}/stat")
+        return set()
+
+
+def _read_stats(proc_root: str, pids: set[int]) -> dict[int, ProcInfo]:
+    procs: dict[int, ProcInfo] = {}
+    for pid in pids:
+        raw = _read(f"{proc_root}/{pid}/stat")
         info = parse_stat(raw) if raw else None  # the process may have exited meanwhile
         if info is not None:
             procs[info.pid] = info
-    return ProcessTable(procs, proc_root)
+    return procs
+
+
+def scan(proc_root: str = "/proc") -> ProcessTable:
+    """Every process, once."""
+    return ProcessTable(_read_stats(proc_root, _pids(proc_root)), proc_root)
+
+
+class ProcScanner:
+    """Repeated scans that skip processes already known not to be ours.
+
+    A process outside the server's tree never joins it: re-parenting only ever moves a process
+    to init (or a subreaper), and ``setsid()`` only starts a new session. So once a PID is seen
+    to be foreign, its ``stat`` is not read again while the PID exists; only the server's own
+    processes (whose CPU time we need) and new PIDs are read each tick.
+    """
+
+    def __init__(self, proc_root: str = "/proc"):
+        self.proc_root = proc_root
+        self.foreign: set[int] = set()
+
+    def scan(self) -> ProcessTable:
+        pids = _pids(self.proc_root)
+        self.foreign &= pids  # a PID that went away may come back as someone else
+        return ProcessTable(_read_stats(self.proc_root, pids - self.foreign), self.proc_root)
+
+    def settle(self, table: ProcessTable, ours: set[int]) -> None:
+        """Remember which processes of this scan are not ours."""
+        self.foreign |= table.procs.keys() - ours
 
 
 def read_bytes(pid: int, proc_root: str = "/proc") -> int | None:

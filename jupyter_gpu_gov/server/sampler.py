@@ -78,6 +78,7 @@ class Sampler:
         self.server_pid = server_pid or os.getpid()
         self.proc_root = proc_root
         self.log = log or logging.getLogger(__name__)
+        self._scanner = procs.ProcScanner(proc_root)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-sampler")
         self._windows: dict[str, ActivityWindow] = {}
         self._server_window = ActivityWindow(window_seconds, active_threshold)
@@ -122,12 +123,13 @@ class Sampler:
         started = thread_time()
         snapshot = self._open_backend().sample()
         now = snapshot.sampled_at
-        table = procs.scan(self.proc_root)
+        table = self._scanner.scan()
         local_pids = self._pids_are_local()
         visible = select_visible(snapshot.devices, self.visible_devices)
         roots = [t.root for t in targets]
 
         members = target_members(table, roots, self.server_pid)
+        self._scanner.settle(table, set().union(*members.values()))
         device_files = None
         if snapshot.available and not local_pids and snapshot.devices:
             # Host PIDs: learn holders from the open device files of our own processes only.

@@ -1,0 +1,427 @@
+"""GPU observation through NVML (``nvidia-ml-py``, module ``pynvml``).
+
+``pynvml`` is imported and NVML initialised on first use, so importing this module is cheap and
+works on hosts without the package or a driver. Every call comes from one worker thread.
+
+What each API can say, and what we report when it cannot (``None``, never a made-up zero):
+
+- memory: ``nvmlDeviceGetMemoryInfo`` v2 (used without the driver's reserve), else v1.
+- activity: utilisation rates for whole GPUs; GPM (two samples across ticks) for MIG instances
+  and for whole GPUs without utilisation rates, where the GPU supports GPM; else ``None``.
+- processes: compute and graphics lists (v3, else v2) merged by PID, with per-process SM
+  utilisation from the samples the driver took since the previous tick. MIG instances have no
+  per-process utilisation: their processes only "hold a context" (``sm=None``).
+
+``GpuIsLost``, ``DriverNotLoaded``, ``LibraryNotFound``, ``Uninitialized``, ``Unknown``,
+``ResetRequired`` and a failing ``nvmlInit`` make ``sample()`` report ``backend="unavailable"``;
+NVML is shut down and initialised again on the next call, so a recovered driver comes back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..core import clock
+from ..core.models import Device, DeviceSample, GpuProcess, GpuSnapshot
+
+_MIB = 1024 * 1024
+
+# After these no figure from NVML can be trusted until it is initialised again.
+_FATAL_ERRORS = (
+    "NVMLError_GpuIsLost",
+    "NVMLError_DriverNotLoaded",
+    "NVMLError_LibraryNotFound",
+    "NVMLError_Uninitialized",
+    "NVMLError_Unknown",
+    "NVMLError_ResetRequired",
+)
+
+_HINTS = {
+    "NVMLError_LibraryNotFound": (
+        "libnvidia-ml.so.1 not found: no NVIDIA driver on this host, "
+        "or the container was started without the NVIDIA runtime"
+    ),
+    "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
+    "NVMLError_GpuIsLost": "the GPU fell off the bus or needs a reset",
+    "NVMLError_ResetRequired": "the GPU needs a reset",
+}
+
+# "NVIDIA H100 80GB HBM3 MIG 1g.10gb" -> "1g.10gb" (also "1c.2g.20gb", "1g.10gb+me")
+_MIG_PROFILE = re.compile(r"\bMIG\s+(\S+)\s*$")
+
+
+class _Unavailable(Exception):
+    """NVML cannot be used right now; the message says why, for the snapshot's ``error``."""
+
+
+@dataclass
+class _Leaf:
+    device: Device
+    handle: Any
+    memory_used_mb: int | None
+    parent_handle: Any = None  # MIG: the physical GPU, which GPM is asked about
+    gpu_instance_id: int | None = None  # MIG: the GPU instance, for GPM
+
+
+class NvmlBackend:
+    """The production GPU backend (see the module docstring)."""
+
+    name = "nvml"
+
+    def __init__(self) -> None:
+        self._nv: ModuleType | None = None  # pynvml, once nvmlInit succeeded
+        self._fatal: tuple[type[BaseException], ...] = ()
+        # NVML timestamp (µs) of the newest per-process sample seen, per whole-GPU uuid
+        self._last_seen: dict[str, int] = {}
+        self._gpm_prev: dict[str, Any] = {}  # leaf uuid -> GPM sample taken on the previous tick
+        self._gpm_support: dict[str, bool] = {}  # physical GPU uuid -> supports GPM
+        # kept across re-initialisation, to name a GPU that got lost before its uuid is read
+        self._uuid_by_index: dict[int, str] = {}
+
+    # -- GpuBackend ---------------------------------------------------------------------------
+
+    def devices(self) -> list[Device]:
+        try:
+            return [leaf.device for leaf in self._leaves()]
+        except Exception:
+            # sample() reports the reason; here the caller only needs to know there is nothing
+            self._reset()
+            return []
+
+    def sample(self) -> GpuSnapshot:
+        sampled_at = clock.utcnow()
+        try:
+            leaves = self._leaves()
+            samples = {leaf.device.uuid: self._sample_leaf(leaf) for leaf in leaves}
+        except _Unavailable as e:
+            self._reset()
+            return GpuSnapshot(backend="unavailable", sampled_at=sampled_at, error=str(e))
+        except Exception as e:  # a bug or a binding surprise must not take the server down
+            self._reset()
+            return GpuSnapshot(
+                backend="unavailable",
+                sampled_at=sampled_at,
+                error=f"NVML: unexpected {type(e).__name__}: {e}",
+            )
+        self._forget_except(samples)
+        return GpuSnapshot(
+            backend="nvml",
+            sampled_at=sampled_at,
+            devices=tuple(leaf.device for leaf in leaves),
+            samples=samples,
+        )
+
+    def close(self) -> None:
+        self._reset()
+
+    # -- NVML lifecycle -----------------------------------------------------------------------
+
+    def _init(self) -> ModuleType:
+        if self._nv is not None:
+            return self._nv
+        try:
+            import pynvml
+        except ImportError as e:
+            raise _Unavailable("NVML: the nvidia-ml-py package is not installed") from e
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise _Unavailable(f"NVML could not start: {_describe(e)}") from e
+        self._nv = pynvml
+        self._fatal = tuple(getattr(pynvml, name) for name in _FATAL_ERRORS)
+        return pynvml
+
+    def _reset(self) -> None:
+        """Free what NVML allocated for us and shut it down; the next call initialises again."""
+        nv = self._nv
+        if nv is None:
+            return
+        for gpm_sample in self._gpm_prev.values():
+            with suppress(nv.NVMLError):
+                nv.nvmlGpmSampleFree(gpm_sample)
+        with suppress(nv.NVMLError):  # a lost GPU may refuse even this
+            nv.nvmlShutdown()
+        self._nv = None
+        self._last_seen.clear()
+        self._gpm_prev.clear()
+        self._gpm_support.clear()
+
+    def _forget_except(self, present: Iterable[str]) -> None:
+        """Drop per-device state of leaves that went away (e.g. the MIG layout changed)."""
+        assert self._nv is not None
+        keep = set(present)
+        for uuid in [uuid for uuid in self._gpm_prev if uuid not in keep]:
+            with suppress(self._nv.NVMLError):
+                self._nv.nvmlGpmSampleFree(self._gpm_prev.pop(uuid))
+        for uuid in [uuid for uuid in self._last_seen if uuid not in keep]:
+            del self._last_seen[uuid]
+
+    @contextmanager
+    def _about(self, what: str) -> Iterator[None]:
+        """Turn an NVML error that escapes a required query into "unavailable", naming ``what``."""
+        assert self._nv is not None
+        try:
+            yield
+        except self._nv.NVMLError as e:
+            raise _Unavailable(f"NVML error on {what}: {_describe(e)}") from e
+
+    def _optional(self, query: Callable[..., Any], *args: Any) -> Any:
+        """``query(*args)``, or ``None`` where NVML cannot say; fatal errors still escape."""
+        assert self._nv is not None
+        try:
+            return query(*args)
+        except self._fatal:
+            raise
+        except self._nv.NVMLError:
+            return None
+
+    # -- devices ------------------------------------------------------------------------------
+
+    def _leaves(self) -> list[_Leaf]:
+        # Enumerated on every tick: cheap, and MIG instances come and go without a restart.
+        nv = self._init()
+        leaves: list[_Leaf] = []
+        with self._about("the device list"):
+            count = nv.nvmlDeviceGetCount()
+        for index in range(count):
+            known = self._uuid_by_index.get(index)
+            with self._about(f"GPU {index} ({known})" if known else f"GPU {index}"):
+                try:
+                    handle = nv.nvmlDeviceGetHandleByIndex(index)
+                except nv.NVMLError_NoPermission:
+                    continue  # a GPU of this host that was not given to us
+                uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            self._uuid_by_index[index] = uuid
+            with self._about(f"GPU {index} ({uuid})"):
+                leaves.extend(self._gpu_leaves(index, handle, uuid))
+        return leaves
+
+    def _gpu_leaves(self, index: int, handle: Any, uuid: str) -> list[_Leaf]:
+        nv = self._nv
+        assert nv is not None
+        name = _text(nv.nvmlDeviceGetName(handle))
+        mig_mode = self._optional(nv.nvmlDeviceGetMigMode, handle)  # NotSupported before Ampere
+        if mig_mode is None or mig_mode[0] != nv.NVML_DEVICE_MIG_ENABLE:
+            total, used = self._memory(handle)
+            minor = self._optional(nv.nvmlDeviceGetMinorNumber, handle)
+            return [_Leaf(Device(uuid, name, index, total, minor_number=minor), handle, used)]
+        leaves = []
+        for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except (nv.NVMLError_NotFound, nv.NVMLError_NoPermission):
+                continue  # an empty slot, or an instance given to someone else
+            mig_name = _text(nv.nvmlDeviceGetName(mig))
+            profile = _MIG_PROFILE.search(mig_name)
+            total, used = self._memory(mig)
+            device = Device(
+                uuid=_text(nv.nvmlDeviceGetUUID(mig)),
+                name=mig_name,
+                index=index,  # the physical GPU's: MIG instances have no index of their own
+                memory_total_mb=total,
+                mig_profile=profile.group(1) if profile else None,
+                parent_uuid=uuid,
+                minor_number=self._optional(nv.nvmlDeviceGetMinorNumber, mig),
+            )
+            gpu_instance_id = self._optional(nv.nvmlDeviceGetGpuInstanceId, mig)
+            leaves.append(_Leaf(device, mig, used, handle, gpu_instance_id))
+        return leaves
+
+    def _memory(self, handle: Any) -> tuple[int | None, int | None]:
+        """(total, used) in MiB."""
+        nv = self._nv
+        assert nv is not None
+        try:
+            memory = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+        except self._fatal:
+            raise
+        except nv.NVMLError:
+            # v2 needs driver >= 510 (FunctionNotFound, ArgumentVersionMismatch, NotSupported);
+            # v1 counts the driver's reserve as used, which is still the right order of magnitude
+            memory = self._optional(nv.nvmlDeviceGetMemoryInfo, handle)
+            if memory is None:
+                return None, None
+        return memory.total // _MIB, memory.used // _MIB
+
+    # -- samples ------------------------------------------------------------------------------
+
+    def _sample_leaf(self, leaf: _Leaf) -> DeviceSample:
+        device = leaf.device
+        what = f"GPU {device.index} ({device.uuid})"
+        if device.parent_uuid is not None:
+            what = f"GPU {device.index} MIG {device.mig_profile} ({device.uuid})"
+        with self._about(what):
+            memory = self._processes(leaf.handle)
+            if device.parent_uuid is None:
+                activity = self._utilisation(leaf)
+                sm = self._process_sm(leaf)
+            else:
+                activity = self._gpm_activity(leaf)
+                sm = None  # no per-process utilisation on MIG: the processes hold a context
+        processes = tuple(
+            # a process without samples since the last tick ran no kernel in it
+            GpuProcess(pid, memory_mb, None if sm is None else sm.get(pid, 0.0))
+            for pid, memory_mb in sorted(memory.items())
+        )
+        return DeviceSample(device.uuid, leaf.memory_used_mb, activity, processes)
+
+    def _processes(self, handle: Any) -> dict[int, int | None]:
+        """Compute and graphics processes: PID -> used memory in MiB (``None``: N/A)."""
+        nv = self._nv
+        assert nv is not None
+        merged: dict[int, int | None] = {}
+        for v3, v2 in (
+            (
+                nv.nvmlDeviceGetComputeRunningProcesses_v3,
+                nv.nvmlDeviceGetComputeRunningProcesses_v2,
+            ),
+            (
+                nv.nvmlDeviceGetGraphicsRunningProcesses_v3,
+                nv.nvmlDeviceGetGraphicsRunningProcesses_v2,
+            ),
+        ):
+            try:
+                listed = v3(handle)
+            except nv.NVMLError_FunctionNotFound:  # drivers before 510
+                listed = v2(handle)
+            for process in listed:
+                used = process.usedGpuMemory  # None where NVML reports N/A (MIG, WDDM)
+                memory_mb = None if used is None else used // _MIB
+                # A process in both lists has one figure for the device in each: keep it once.
+                known = merged.get(process.pid)
+                merged[process.pid] = memory_mb if known is None else max(known, memory_mb or 0)
+        return merged
+
+    def _utilisation(self, leaf: _Leaf) -> float | None:
+        nv = self._nv
+        assert nv is not None
+        try:
+            return _fraction(nv.nvmlDeviceGetUtilizationRates(leaf.handle).gpu)
+        except self._fatal:
+            raise
+        except nv.NVMLError:
+            return self._gpm_activity(leaf)  # some Hopper+ setups answer through GPM only
+
+    def _process_sm(self, leaf: _Leaf) -> dict[int, float] | None:
+        """PID -> SM utilisation since the previous tick; ``None`` when the driver cannot say."""
+        nv = self._nv
+        assert nv is not None
+        uuid = leaf.device.uuid
+        last_seen = self._last_seen.get(uuid, 0)
+        samples = None
+        # The newer API is the only one some newer drivers answer.
+        for query in (nv.nvmlDeviceGetProcessUtilization, nv.nvmlDeviceGetProcessesUtilizationInfo):
+            try:
+                samples = query(leaf.handle, last_seen)
+                break
+            except nv.NVMLError_NotFound:
+                return {}  # no samples since last_seen: no process ran a kernel
+            except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+                continue
+            except self._fatal:
+                raise
+            except nv.NVMLError:
+                return None
+        if samples is None:
+            return None
+        by_pid: dict[int, list[int]] = {}
+        for s in samples:
+            by_pid.setdefault(s.pid, []).append(s.smUtil)
+        self._last_seen[uuid] = max((s.timeStamp for s in samples), default=last_seen)
+        # several samples per process since the last tick: their mean is its share of the tick
+        return {pid: _fraction(sum(sm) / len(sm)) for pid, sm in by_pid.items()}
+
+    def _gpm_activity(self, leaf: _Leaf) -> float | None:
+        """Activity between the GPM sample of the previous tick and one taken now."""
+        nv = self._nv
+        assert nv is not None
+        device = leaf.device
+        is_mig = device.parent_uuid is not None
+        gpu = leaf.parent_handle if is_mig else leaf.handle
+        if not self._gpm_supported(device.parent_uuid or device.uuid, gpu):
+            return None
+        if is_mig and leaf.gpu_instance_id is None:
+            return None
+        current = nv.nvmlGpmSampleAlloc()
+        try:
+            if is_mig:
+                nv.nvmlGpmMigSampleGet(gpu, leaf.gpu_instance_id, current)
+            else:
+                nv.nvmlGpmSampleGet(gpu, current)
+        except nv.NVMLError as e:
+            with suppress(nv.NVMLError):
+                nv.nvmlGpmSampleFree(current)
+            if isinstance(e, self._fatal):
+                raise
+            return None
+        previous = self._gpm_prev.pop(device.uuid, None)
+        self._gpm_prev[device.uuid] = current
+        if previous is None:
+            return None  # GPM measures between two samples: the first tick cannot say
+        try:
+            return self._gpm_metric(previous, current)
+        finally:
+            nv.nvmlGpmSampleFree(previous)
+
+    def _gpm_supported(self, gpu_uuid: str, gpu: Any) -> bool:
+        assert self._nv is not None
+        if gpu_uuid not in self._gpm_support:
+            support = self._optional(self._nv.nvmlGpmQueryDeviceSupport, gpu)
+            self._gpm_support[gpu_uuid] = bool(support is not None and support.isSupportedDevice)
+        return self._gpm_support[gpu_uuid]
+
+    def _gpm_metric(self, previous: Any, current: Any) -> float | None:
+        nv = self._nv
+        assert nv is not None
+        request = nv.c_nvmlGpmMetricsGet_t()
+        request.version = nv.NVML_GPM_METRICS_GET_VERSION
+        request.sample1 = previous
+        request.sample2 = current
+        # GRAPHICS_UTIL (time any kernel ran) means what utilisation rates mean for a whole GPU,
+        # so activity compares across leaves; SM_UTIL (share of busy SMs) is the fallback.
+        wanted = (nv.NVML_GPM_METRIC_GRAPHICS_UTIL, nv.NVML_GPM_METRIC_SM_UTIL)
+        request.numMetrics = len(wanted)
+        for i, metric_id in enumerate(wanted):
+            request.metrics[i].metricId = metric_id
+        if self._optional(nv.nvmlGpmMetricsGet, request) is None:
+            return None
+        for metric in request.metrics[: len(wanted)]:
+            if metric.nvmlReturn == nv.NVML_SUCCESS:
+                return _fraction(metric.value)
+        return None
+
+
+def nvml_available() -> bool:
+    """Whether NVML loads and sees at least one GPU (what backend ``auto`` asks)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return False
+    try:
+        return pynvml.nvmlDeviceGetCount() > 0
+    except pynvml.NVMLError:
+        return False
+    finally:
+        with suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    # nvidia-ml-py returns str; the deprecated pynvml package and old releases returned bytes
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _fraction(percent: float) -> float:
+    return min(max(percent / 100.0, 0.0), 1.0)
+
+
+def _describe(error: BaseException) -> str:
+    hint = _HINTS.get(type(error).__name__)
+    return f"{error} ({hint})" if hint else str(error)

@@ -1,0 +1,466 @@
+"""NvmlBackend against a fake NVML driver (tests/fake_pynvml.py): every fallback, MIG, failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pynvml
+import pytest
+from fake_pynvml import DRIVER_RESERVED_MB, FakeGpu, FakeMig, FakeProcess, install
+
+from jupyter_gpu_gov.gpu.nvml import NvmlBackend, nvml_available
+
+
+@pytest.fixture
+def backend():
+    b = NvmlBackend()
+    yield b
+    b.close()
+
+
+def by_pid(sample):
+    return {p.pid: p for p in sample.processes}
+
+
+def mig_gpu(*, gpm: bool = False, **kwargs) -> FakeGpu:
+    """An H100 in MIG mode: two 1g.10gb instances in slots 0 and 3, the other slots empty."""
+    return FakeGpu(
+        "GPU-h100",
+        name="NVIDIA H100 80GB HBM3",
+        gpm=gpm,
+        migs=[
+            FakeMig(
+                "MIG-aaaa",
+                "1g.10gb",
+                gpu_instance_id=9,
+                memory_total_mb=9984,
+                slot=0,
+                processes=[FakeProcess(301, memory_mb=None)],
+                activity=0.25,
+            ),
+            FakeMig(
+                "MIG-bbbb",
+                "3g.40gb",
+                gpu_instance_id=2,
+                memory_total_mb=40192,
+                slot=3,
+                processes=[FakeProcess(302, memory_mb=4096)],
+                activity=0.0,
+            ),
+        ],
+        **kwargs,
+    )
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+
+
+def test_importing_the_module_loads_no_nvml():
+    code = "import sys, jupyter_gpu_gov.gpu.nvml; print('pynvml' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_nvml_starts_on_first_use_and_close_shuts_it_down(monkeypatch):
+    fake = install(monkeypatch, FakeGpu("GPU-a"))
+    b = NvmlBackend()
+    assert fake.init_count == 0
+    assert b.sample().available
+    assert fake.init_count == 1
+    b.sample()
+    assert fake.init_count == 1  # initialised once, not per sample
+    b.close()
+    assert fake.init_count == 0
+
+
+def test_nvml_available(monkeypatch):
+    fake = install(monkeypatch, FakeGpu("GPU-a"))
+    assert nvml_available()
+    assert fake.init_count == 0  # it does not keep NVML open
+    fake.gpus.clear()
+    assert not nvml_available()  # loads, but no GPU: "auto" should choose none
+
+
+@pytest.mark.parametrize("broken", ["library", "driver"])
+def test_nvml_not_available(monkeypatch, broken):
+    fake = install(monkeypatch, FakeGpu("GPU-a"))
+    fake.library_present = broken != "library"
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED if broken == "driver" else None
+    assert not nvml_available()
+
+
+def test_without_nvidia_ml_py_the_backend_is_unavailable(monkeypatch, backend):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    snap = backend.sample()
+    assert snap.backend == "unavailable" and "nvidia-ml-py" in snap.error
+    assert backend.devices() == []
+    assert not nvml_available()
+
+
+# -- whole GPUs --------------------------------------------------------------------------------
+
+
+def test_whole_gpus_are_listed_with_uuid_memory_and_minor(monkeypatch, backend):
+    install(
+        monkeypatch,
+        FakeGpu("GPU-a", name="NVIDIA A100-SXM4-80GB", minor_number=0),
+        FakeGpu("GPU-b", name="Tesla T4", memory_total_mb=15360, minor_number=None),
+    )
+    a, b = backend.devices()
+    assert (a.uuid, a.name, a.index, a.memory_total_mb) == (
+        "GPU-a",
+        "NVIDIA A100-SXM4-80GB",
+        0,
+        81920,
+    )
+    assert a.minor_number == 0 and a.mig_profile is None and a.parent_uuid is None
+    assert (b.uuid, b.index, b.memory_total_mb, b.minor_number) == ("GPU-b", 1, 15360, None)
+
+
+def test_bytes_from_old_bindings_become_str(monkeypatch, backend):
+    install(monkeypatch, FakeGpu("GPU-a", name="Tesla V100"), str_as_bytes=True)
+    (device,) = backend.devices()
+    assert (device.uuid, device.name) == ("GPU-a", "Tesla V100")
+    assert set(backend.sample().samples) == {"GPU-a"}
+
+
+def test_a_gpu_we_may_not_open_is_not_listed(monkeypatch, backend):
+    install(monkeypatch, FakeGpu("GPU-other", no_permission=True), FakeGpu("GPU-ours"))
+    assert [d.uuid for d in backend.devices()] == ["GPU-ours"]
+    assert backend.sample().available
+
+
+def test_sample_reports_memory_activity_and_processes(monkeypatch, backend):
+    install(
+        monkeypatch,
+        FakeGpu(
+            "GPU-a",
+            activity=0.37,
+            processes=[FakeProcess(101, memory_mb=20480), FakeProcess(102, memory_mb=1024)],
+        ),
+    )
+    snap = backend.sample()
+    assert snap.backend == "nvml" and snap.error is None
+    assert [d.uuid for d in snap.devices] == ["GPU-a"]
+    s = snap.samples["GPU-a"]
+    assert s.memory_used_mb == 21504  # v2: without the driver's reserve
+    assert s.activity == pytest.approx(0.37)
+    assert [(p.pid, p.memory_mb) for p in s.processes] == [(101, 20480), (102, 1024)]
+
+
+def test_compute_and_graphics_processes_are_merged_by_pid(monkeypatch, backend):
+    install(
+        monkeypatch,
+        FakeGpu(
+            "GPU-a",
+            processes=[
+                FakeProcess(10, memory_mb=500, graphics=True),  # both lists
+                FakeProcess(11, memory_mb=300, compute=False, graphics=True),
+                FakeProcess(12, memory_mb=200),
+            ],
+        ),
+    )
+    s = backend.sample().samples["GPU-a"]
+    assert [(p.pid, p.memory_mb) for p in s.processes] == [(10, 500), (11, 300), (12, 200)]
+
+
+def test_unknown_process_memory_stays_unknown(monkeypatch, backend):
+    install(monkeypatch, FakeGpu("GPU-a", processes=[FakeProcess(7, memory_mb=None)]))
+    (p,) = backend.sample().samples["GPU-a"].processes
+    assert p.pid == 7 and p.memory_mb is None
+
+
+def test_process_lists_fall_back_to_v2_on_old_drivers(monkeypatch, backend):
+    install(
+        monkeypatch,
+        FakeGpu("GPU-a", processes=[FakeProcess(5, memory_mb=64), FakeProcess(6, graphics=True)]),
+        missing=(
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        ),
+    )
+    s = backend.sample().samples["GPU-a"]
+    assert [(p.pid, p.memory_mb) for p in s.processes] == [(5, 64), (6, 0)]
+
+
+@pytest.mark.parametrize("v2", ["not_supported", "version_mismatch", "missing"])
+def test_memory_falls_back_to_v1(monkeypatch, backend, v2):
+    gpu = FakeGpu("GPU-a", memory_v2="ok" if v2 == "missing" else v2, memory_used_mb=1000)
+    install(monkeypatch, gpu, missing=("nvmlDeviceGetMemoryInfo_v2",) if v2 == "missing" else ())
+    (device,) = backend.devices()
+    assert device.memory_total_mb == 81920
+    # v1 counts the driver's reserve as used
+    assert backend.sample().samples["GPU-a"].memory_used_mb == 1000 + DRIVER_RESERVED_MB
+
+
+def test_memory_the_driver_cannot_report_is_unknown_not_zero(monkeypatch, backend):
+    missing = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo")
+    install(
+        monkeypatch, FakeGpu("GPU-a", processes=[FakeProcess(1, memory_mb=10)]), missing=missing
+    )
+    (device,) = backend.devices()
+    assert device.memory_total_mb is None
+    s = backend.sample().samples["GPU-a"]
+    assert s.memory_used_mb is None
+    assert [(p.pid, p.memory_mb) for p in s.processes] == [(1, 10)]
+
+
+# -- per-process utilisation -------------------------------------------------------------------
+
+
+def test_per_process_sm_comes_from_the_driver_samples(monkeypatch, backend):
+    fake = install(
+        monkeypatch,
+        FakeGpu("GPU-a", processes=[FakeProcess(1, sm=0.8), FakeProcess(2, sm=None)]),
+    )
+    fake.advance()
+    procs = by_pid(backend.sample().samples["GPU-a"])
+    assert procs[1].sm == pytest.approx(0.8)
+    assert procs[2].sm == 0.0  # no samples of its own: it ran no kernel
+
+
+def test_per_process_sm_covers_only_the_time_since_the_last_sample(monkeypatch, backend):
+    busy = FakeProcess(1, sm=0.9)
+    fake = install(monkeypatch, FakeGpu("GPU-a", processes=[busy]))
+    fake.advance()
+    assert by_pid(backend.sample().samples["GPU-a"])[1].sm == pytest.approx(0.9)
+    busy.sm = 0.3
+    fake.advance()
+    busy.sm = 0.5
+    fake.advance()
+    assert by_pid(backend.sample().samples["GPU-a"])[1].sm == pytest.approx(0.4)  # mean of two
+    busy.sm = None  # stopped launching kernels
+    fake.advance()
+    assert by_pid(backend.sample().samples["GPU-a"])[1].sm == 0.0  # not the stale 0.5
+
+
+def test_no_samples_since_last_time_means_zero_for_every_process(monkeypatch, backend):
+    install(monkeypatch, FakeGpu("GPU-a", processes=[FakeProcess(1), FakeProcess(2)]))
+    s = backend.sample().samples["GPU-a"]  # the driver answers NotFound
+    assert [p.sm for p in s.processes] == [0.0, 0.0]
+
+
+def test_not_supported_falls_back_to_processes_utilization_info(monkeypatch, backend):
+    fake = install(
+        monkeypatch,
+        FakeGpu("GPU-a", process_util=False, processes=[FakeProcess(1, sm=0.6), FakeProcess(2)]),
+    )
+    fake.advance()
+    procs = by_pid(backend.sample().samples["GPU-a"])
+    assert procs[1].sm == pytest.approx(0.6) and procs[2].sm == 0.0
+    fake.gpus[0].processes[0].sm = None
+    fake.advance()  # no new samples: the newer API answers NotFound too
+    assert by_pid(backend.sample().samples["GPU-a"])[1].sm == 0.0
+
+
+@pytest.mark.parametrize("newer", ["not_supported", "missing"])
+def test_without_any_per_process_utilisation_sm_is_unknown(monkeypatch, backend, newer):
+    gpu = FakeGpu(
+        "GPU-a",
+        process_util=False,
+        processes_util_info=newer != "not_supported",
+        processes=[FakeProcess(1, sm=0.6)],
+    )
+    missing = ("nvmlDeviceGetProcessesUtilizationInfo",) if newer == "missing" else ()
+    fake = install(monkeypatch, gpu, missing=missing)
+    fake.advance()
+    s = backend.sample().samples["GPU-a"]
+    assert [p.sm for p in s.processes] == [None]
+    assert s.activity == 0.0  # the device figure is still known
+
+
+# -- activity through GPM ----------------------------------------------------------------------
+
+
+def test_without_utilisation_rates_or_gpm_activity_is_unknown(monkeypatch, backend):
+    fake = install(monkeypatch, FakeGpu("GPU-a", util_rates=False, activity=0.5))
+    for _ in range(3):
+        fake.advance()
+        assert backend.sample().samples["GPU-a"].activity is None
+
+
+def test_whole_gpu_without_utilisation_rates_uses_gpm(monkeypatch, backend):
+    fake = install(monkeypatch, FakeGpu("GPU-a", util_rates=False, gpm=True, activity=0.5))
+    assert backend.sample().samples["GPU-a"].activity is None  # GPM needs two samples
+    fake.advance()
+    assert backend.sample().samples["GPU-a"].activity == pytest.approx(0.5)
+
+
+# -- MIG ---------------------------------------------------------------------------------------
+
+
+def test_mig_instances_are_the_leaves(monkeypatch, backend):
+    install(monkeypatch, FakeGpu("GPU-a100"), mig_gpu())
+    whole, small, large = backend.devices()
+    assert whole.uuid == "GPU-a100" and whole.parent_uuid is None
+    assert (small.uuid, small.parent_uuid, small.mig_profile, small.memory_total_mb) == (
+        "MIG-aaaa",
+        "GPU-h100",
+        "1g.10gb",
+        9984,
+    )
+    assert small.name == "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+    assert small.index == large.index == 1  # the physical GPU's index
+    assert small.minor_number is None
+    assert (large.uuid, large.mig_profile, large.memory_total_mb) == ("MIG-bbbb", "3g.40gb", 40192)
+
+
+def test_mig_capable_gpu_with_mig_disabled_is_one_leaf(monkeypatch, backend):
+    install(monkeypatch, FakeGpu("GPU-a", mig_capable=True))
+    assert [(d.uuid, d.mig_profile) for d in backend.devices()] == [("GPU-a", None)]
+
+
+def test_mig_samples_hold_context_only_without_gpm(monkeypatch, backend):
+    fake = install(monkeypatch, mig_gpu())
+    fake.advance()
+    snap = backend.sample()
+    assert set(snap.samples) == {"MIG-aaaa", "MIG-bbbb"}  # not the physical GPU
+    small, large = snap.samples["MIG-aaaa"], snap.samples["MIG-bbbb"]
+    assert small.activity is None and large.activity is None
+    assert [(p.pid, p.memory_mb, p.sm) for p in small.processes] == [(301, None, None)]
+    assert [(p.pid, p.memory_mb, p.sm) for p in large.processes] == [(302, 4096, None)]
+    assert large.memory_used_mb == 4096
+
+
+def test_mig_activity_from_gpm_across_ticks(monkeypatch, backend):
+    fake = install(monkeypatch, mig_gpu(gpm=True))
+    first = backend.sample()
+    assert first.samples["MIG-aaaa"].activity is None  # GPM needs two samples
+    fake.advance()
+    second = backend.sample()
+    assert second.samples["MIG-aaaa"].activity == pytest.approx(0.25)
+    assert second.samples["MIG-bbbb"].activity == 0.0
+    fake.gpus[0].migs[1].activity = 1.0
+    fake.advance(2.0)
+    third = backend.sample()
+    assert third.samples["MIG-bbbb"].activity == pytest.approx(1.0)
+    assert [p.sm for p in third.samples["MIG-aaaa"].processes] == [None]
+    assert len(fake.gpm_samples) == 2  # one kept per instance, the older ones freed
+    backend.close()
+    assert fake.gpm_samples == {}
+
+
+def test_mig_layout_change_is_followed(monkeypatch, backend):
+    fake = install(monkeypatch, mig_gpu(gpm=True))
+    backend.sample()
+    fake.gpus[0].migs.pop(0)
+    snap = backend.sample()
+    assert snap.available and set(snap.samples) == {"MIG-bbbb"}
+    assert len(fake.gpm_samples) == 1  # the vanished instance's sample was freed
+
+
+# -- failures ----------------------------------------------------------------------------------
+
+
+def test_gpu_lost_mid_run_makes_the_backend_unavailable_then_it_recovers(monkeypatch, backend):
+    fake = install(monkeypatch, FakeGpu("GPU-a"), FakeGpu("GPU-b", activity=0.5))
+    assert backend.sample().available
+    fake.gpus[1].error = pynvml.NVML_ERROR_GPU_IS_LOST
+    snap = backend.sample()
+    assert snap.backend == "unavailable" and not snap.available
+    assert "GPU is lost" in snap.error and "GPU 1" in snap.error and "GPU-b" in snap.error
+    assert snap.samples == {}
+    assert backend.devices() == []
+    fake.gpus[1].error = None  # the GPU was reset
+    snap = backend.sample()
+    assert snap.backend == "nvml" and snap.samples["GPU-b"].activity == pytest.approx(0.5)
+    backend.close()
+    assert fake.init_count == 0  # every failed round was shut down, nothing leaked
+
+
+def test_gpu_lost_under_mig_instances_names_the_gpu(monkeypatch, backend):
+    fake = install(monkeypatch, mig_gpu(gpm=True))
+    backend.sample()
+    fake.drop_function("nvmlGpmMigSampleGet")  # make the next GPM call fail non-fatally...
+    assert backend.sample().available  # ...which only costs the activity figure
+    fake.gpus[0].error = pynvml.NVML_ERROR_GPU_IS_LOST
+    snap = backend.sample()
+    assert snap.backend == "unavailable" and "GPU-h100" in snap.error
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"),
+        (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "version mismatch"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "Insufficient Permissions"),
+    ],
+)
+def test_failing_init_makes_the_backend_unavailable_then_it_recovers(
+    monkeypatch, backend, code, words
+):
+    fake = install(monkeypatch, FakeGpu("GPU-a"))
+    fake.init_error = code
+    snap = backend.sample()
+    assert snap.backend == "unavailable"
+    assert snap.error.startswith("NVML could not start") and words in snap.error
+    assert backend.devices() == []
+    fake.init_error = None  # the driver got loaded
+    assert backend.sample().backend == "nvml"
+    assert [d.uuid for d in backend.devices()] == ["GPU-a"]
+
+
+def test_missing_library_makes_the_backend_unavailable_then_it_recovers(monkeypatch, backend):
+    fake = install(monkeypatch, FakeGpu("GPU-a"))
+    fake.library_present = False
+    snap = backend.sample()
+    assert snap.backend == "unavailable" and "libnvidia-ml.so.1" in snap.error
+    fake.library_present = True
+    assert backend.sample().backend == "nvml"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        pynvml.NVML_ERROR_UNINITIALIZED,
+        pynvml.NVML_ERROR_UNKNOWN,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_RESET_REQUIRED,
+    ],
+)
+def test_fatal_errors_mid_run_make_the_backend_unavailable(monkeypatch, backend, code):
+    fake = install(monkeypatch, FakeGpu("GPU-a"))
+    assert backend.sample().available
+    fake.gpus[0].error = code
+    snap = backend.sample()
+    assert snap.backend == "unavailable" and "GPU 0 (GPU-a)" in snap.error
+
+
+def test_nvml_shut_down_behind_our_back_is_recovered(monkeypatch, backend):
+    fake = install(monkeypatch, FakeGpu("GPU-a"))
+    assert backend.sample().available
+    fake.init_count = 0  # e.g. another component called nvmlShutdown once too often
+    assert backend.sample().backend == "unavailable"
+    assert backend.sample().backend == "nvml"
+
+
+@pytest.mark.parametrize("code", sorted(pynvml.NVMLError._valClassMapping))
+@pytest.mark.parametrize("mig", [False, True])
+def test_no_error_escapes_sample(monkeypatch, backend, code, mig):
+    fake = install(
+        monkeypatch,
+        mig_gpu(gpm=True) if mig else FakeGpu("GPU-a", processes=[FakeProcess(1, sm=0.5)]),
+    )
+    fake.advance()
+    backend.sample()
+    fake.gpus[0].error = code
+    fake.advance()
+    snap = backend.sample()  # must not raise, whatever the driver says
+    # NoPermission on the handle leaves the GPU out (not ours); anything else is unavailable
+    assert snap.backend in ("nvml", "unavailable") and bool(snap.error) == (not snap.available)
+    fake.gpus[0].error = None
+    fake.advance()
+    assert backend.sample().backend == "nvml"
+
+
+def test_a_binding_surprise_does_not_escape_sample(monkeypatch, backend):
+    install(monkeypatch, FakeGpu("GPU-a"))
+
+    def broken(handle):
+        raise pynvml.NVMLLibraryMismatchError("pyNVML and NVML lib versions differ")
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", broken)
+    snap = backend.sample()
+    assert snap.backend == "unavailable" and "NVMLLibraryMismatchError" in snap.error
+    assert backend.devices() != []  # listing does not need the broken call
