@@ -302,7 +302,8 @@ def test_mig_instances_are_the_leaves(monkeypatch, backend):
     )
     assert small.name == "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
     assert small.index == large.index == 1  # the physical GPU's index
-    assert small.minor_number is None
+    # Processes on an instance open the parent GPU's device file, so that is its minor.
+    assert small.minor_number == large.minor_number == 0
     assert (large.uuid, large.mig_profile, large.memory_total_mb) == ("MIG-bbbb", "3g.40gb", 40192)
 
 

@@ -19,7 +19,8 @@ class Device:
     memory_total_mb: int | None
     mig_profile: str | None = None  # e.g. "1g.18gb"; None for a whole GPU
     parent_uuid: str | None = None  # the physical GPU of a MIG instance
-    minor_number: int | None = None  # /dev/nvidia<minor>, used to match open device files
+    # /dev/nvidia<minor> its processes open (a MIG instance's: its parent's), to find holders
+    minor_number: int | None = None
 
 
 @dataclass(frozen=True)

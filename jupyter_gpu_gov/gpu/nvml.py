@@ -211,6 +211,8 @@ class NvmlBackend:
             minor = self._optional(nv.nvmlDeviceGetMinorNumber, handle)
             return [_Leaf(Device(uuid, name, index, total, minor_number=minor), handle, used)]
         leaves = []
+        # Processes on a MIG instance open the parent's /dev/nvidia<minor>.
+        parent_minor = self._optional(nv.nvmlDeviceGetMinorNumber, handle)
         for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
                 mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
@@ -226,7 +228,7 @@ class NvmlBackend:
                 memory_total_mb=total,
                 mig_profile=profile.group(1) if profile else None,
                 parent_uuid=uuid,
-                minor_number=self._optional(nv.nvmlDeviceGetMinorNumber, mig),
+                minor_number=parent_minor,
             )
             gpu_instance_id = self._optional(nv.nvmlDeviceGetGpuInstanceId, mig)
             leaves.append(_Leaf(device, mig, used, handle, gpu_instance_id))
