@@ -1,0 +1,62 @@
+# Demo hub for jupyter-gpu-gov: a real JupyterHub on one machine with simulated GPUs.
+# Run it with `make demo` (from the repository root), then open http://127.0.0.1:8000.
+#
+# Choices, in short:
+# - Listens on 127.0.0.1:8000 only; all state (SQLite db, cookie secret, proxy pid, user homes,
+#   simulated GPU state) lives under .demo/ in the repository root (gitignored), so
+#   `make clean` resets the demo.
+# - configurable-http-proxy comes from ./node_modules/.bin (`make node_modules`), not from PATH.
+# - SimpleLocalProcessSpawner: users need no Unix account and the spawner never switches users;
+#   we run as root, so single-user servers get --allow-root. Each user's home is
+#   .demo/home/<user>. Never use this spawner outside a demo: users are not isolated.
+# - Login: SharedPasswordAuthenticator. Any username with the password "gpu-gov-demo";
+#   the admin user "admin" logs in with "gpu-gov-demo-admin-only-on-localhost" (JupyterHub
+#   requires >= 32 characters for an admin password). DummyAuthenticator.password is
+#   deprecated since JupyterHub 5.3.
+# - Single-user servers load the jupyter_gpu_gov server extension (auto-enabled on install) with
+#   the simulated backend, chosen per server via $JUPYTER_GPU_GOV_BACKEND, and one shared state
+#   file for the whole machine, like the GPUs of a real workstation. The GpuGovApp settings
+#   (simulated devices, sample interval) are in hub_config/singleuser/jupyter_server_config.py,
+#   which the servers find through $JUPYTER_CONFIG_PATH.
+import os
+import sys
+from pathlib import Path
+
+c = get_config()  # noqa: F821  (injected by traitlets when it loads this file)
+
+REPO = Path(__file__).resolve().parent.parent
+STATE = REPO / ".demo"
+STATE.mkdir(exist_ok=True)
+VENV_BIN = Path(sys.executable).parent  # the interpreter running the hub (.venv/bin)
+
+# --- hub, proxy, database ---------------------------------------------------------------------
+c.JupyterHub.bind_url = "http://127.0.0.1:8000"
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.command = [str(REPO / "node_modules" / ".bin" / "configurable-http-proxy")]
+c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")
+
+# --- login ------------------------------------------------------------------------------------
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = "gpu-gov-demo"
+c.SharedPasswordAuthenticator.admin_users = {"admin"}
+c.SharedPasswordAuthenticator.admin_password = "gpu-gov-demo-admin-only-on-localhost"
+c.Authenticator.allow_all = True  # any username may log in with the demo password
+
+# --- single-user servers ----------------------------------------------------------------------
+c.JupyterHub.spawner_class = "simple"  # SimpleLocalProcessSpawner
+c.SimpleLocalProcessSpawner.home_dir_template = str(STATE / "home" / "{username}")
+c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+c.Spawner.args = ["--allow-root"]
+c.Spawner.default_url = "/lab"
+c.Spawner.environment = {
+    "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+    "JUPYTER_CONFIG_PATH": str(REPO / "hub_config" / "singleuser"),
+    "JUPYTER_GPU_GOV_BACKEND": "simulated",
+    "JUPYTER_GPU_GOV_SIM_STATE": str(STATE / "sim-gpus.json"),
+}
+
+# --- GPU governor hub service (jupyter_gpu_gov.hub) -------------------------------------------
+# Not wired yet. It will be added here as a managed service named "gpu-gov", together with
+# c.Spawner.server_token_scopes granting "access:services!service=gpu-gov" (see DESIGN.md §2).

@@ -1,0 +1,492 @@
+"""Start a real JupyterHub in a subprocess for tests.
+
+The hub runs from this interpreter's environment with its own temporary directory, random free
+ports (public proxy, proxy API, hub), configurable-http-proxy from the repository's
+node_modules, SimpleLocalProcessSpawner (with --allow-root, no user switching) and
+DummyAuthenticator. A managed-by-nobody service named ``harness`` holds an admin-ish API token
+(see ``HARNESS_SCOPES``) that the helper uses to create users, tokens and servers.
+
+Usage as a context manager::
+
+    from hub_harness import HubHarness
+
+    with HubHarness(users=["alice"], servers=["alice"]) as hub:
+        token = hub.token("alice")
+        r = hub.get(hub.user_url("alice", "api/status"), token=token)
+
+or as a pytest fixture (the module attribute name becomes the fixture name)::
+
+    from hub_harness import hub_fixture
+
+    hub = hub_fixture(servers=["alice"])              # module-scoped by default
+
+    def test_it(hub):
+        r = hub.get(hub.user_url("alice", "api/status"), token=hub.token("alice"))
+
+Later tests add the governor service with ``extra_config`` (Python appended to the generated
+jupyterhub_config.py, where ``c``, ``HARNESS_DIR`` and ``HARNESS_ENV`` are defined),
+``singleuser_env`` (extra environment for single-user servers) and ``singleuser_config``
+(Python for the servers' jupyter_server_config.py, e.g. ``c.GpuGovApp.simulated_devices``).
+``start_kernel`` and ``execute`` run code in a user's kernel (e.g. ``simulate.hold(20480)``);
+to drive the simulated GPUs from the test process instead, point ``$JUPYTER_GPU_GOV_SIM_STATE``
+at ``hub.sim_state``.
+
+Teardown stops the servers, stops the hub (which stops the proxy), then kills every process
+still carrying this harness's marker in its environment: no orphans, even on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+MARKER_ENV = "JUPYTER_GPU_GOV_HARNESS_ID"
+SERVICE_NAME = "harness"
+# What the harness's own service token may do: manage users, their servers and tokens, groups
+# (teams), and reach user servers through the proxy.
+HARNESS_SCOPES = [
+    "admin:users",
+    "admin:servers",
+    "admin:groups",
+    "tokens",
+    "access:servers",
+]
+
+
+class HubHarnessError(RuntimeError):
+    """The hub or a server did not come up; the message carries the end of the hub log."""
+
+
+@dataclass
+class UserServer:
+    user: str
+    name: str  # "" for the default server
+    url: str  # public URL, ends with "/"
+    token: str  # an API token owned by the user
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HubHarness:
+    """A real ``jupyterhub`` subprocess, usable as a context manager.
+
+    Parameters
+    ----------
+    users: created on start (servers listed in ``servers`` are created too).
+    servers: users whose default server is started on start (waits until it answers).
+    extra_config: Python appended to the hub config file.
+    singleuser_env: extra environment for single-user servers (wins over the defaults:
+        ``JUPYTER_GPU_GOV_BACKEND=simulated`` and ``JUPYTER_GPU_GOV_SIM_STATE=<dir>/sim-gpus.json``).
+    singleuser_config: Python for the servers' ``jupyter_server_config.py``.
+    sim_state: path of the shared simulated-GPU state file (default: in the hub directory).
+    workdir: directory for everything (default: a fresh temporary one, removed afterwards).
+    timeout: seconds to wait for the hub, and for each server, to come up.
+    """
+
+    def __init__(
+        self,
+        *,
+        users: Iterable[str] = (),
+        servers: Iterable[str] = (),
+        extra_config: str = "",
+        singleuser_env: Mapping[str, str] | None = None,
+        singleuser_config: str = "",
+        sim_state: str | os.PathLike[str] | None = None,
+        workdir: str | os.PathLike[str] | None = None,
+        timeout: float = 90,
+        log_level: str = "INFO",
+    ):
+        self.users = list(users)
+        self.servers_to_start = list(servers)
+        self.extra_config = extra_config
+        self.singleuser_env = dict(singleuser_env or {})
+        self.singleuser_config = singleuser_config
+        self.timeout = timeout
+        self.log_level = log_level
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpu-gov-hub-"))
+        self.sim_state = Path(sim_state) if sim_state else self.workdir / "sim-gpus.json"
+        self.log_path = self.workdir / "hub.log"
+        self.config_path = self.workdir / "jupyterhub_config.py"
+        self.marker = uuid.uuid4().hex
+        self.api_token = uuid.uuid4().hex + uuid.uuid4().hex
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started: dict[tuple[str, str], UserServer] = {}
+        self._tokens: dict[str, str] = {}
+        self._log_file: Any = None
+        self.session = requests.Session()
+        self.session.trust_env = False  # never send 127.0.0.1 through an HTTP(S)_PROXY
+        self.port = self.api_port = self.hub_port = 0
+
+    # --- URLs --------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """Public base URL (through the proxy), without a trailing slash."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def hub_api_url(self) -> str:
+        return f"{self.url}/hub/api"
+
+    def user_url(self, user: str, path: str = "", server_name: str = "") -> str:
+        base = f"{self.url}/user/{user}/" + (f"{server_name}/" if server_name else "")
+        return base + path.lstrip("/")
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> HubHarness:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if not CHP.exists():
+            raise HubHarnessError(f"{CHP} is missing: run `make node_modules`")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        ports: set[int] = set()
+        while len(ports) < 3:
+            ports.add(free_port())
+        self.port, self.api_port, self.hub_port = ports
+        self.config_path.write_text(self._config_text())
+        if self.singleuser_config:
+            su = self.workdir / "singleuser-config"
+            su.mkdir(exist_ok=True)
+            (su / "jupyter_server_config.py").write_text(textwrap.dedent(self.singleuser_config))
+
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("JUPYTERHUB_", "CONFIGPROXY_")) and k != MARKER_ENV
+        }
+        env[MARKER_ENV] = self.marker
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', os.defpath)}"
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115  (closed in stop())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config_path)],
+            cwd=self.workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._wait(self._hub_up, "the hub API to answer")
+        for user in dict.fromkeys(self.users + self.servers_to_start):
+            self.create_user(user)
+        for user in self.servers_to_start:
+            self.start_server(user)
+
+    def stop(self) -> None:
+        """Stop servers, hub and proxy; then kill anything left with our marker. Idempotent."""
+        if self.proc is not None and self.proc.poll() is None:
+            for user, name in list(self.started):
+                with contextlib.suppress(Exception):
+                    self.stop_server(user, name, timeout=15)
+            self.proc.send_signal(signal.SIGTERM)  # the hub stops servers and its proxy
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.started.clear()
+        self._kill_leftovers()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        self.session.close()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self._own_workdir = False  # only once
+
+    # --- REST helpers ------------------------------------------------------------------------
+    def api(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """Call the hub REST API (``path`` relative to /hub/api) with the harness's token."""
+        headers = {"Authorization": f"token {self.api_token}", **kwargs.pop("headers", {})}
+        kwargs.setdefault("timeout", 30)
+        return self.session.request(
+            method, f"{self.hub_api_url}/{path.lstrip('/')}", headers=headers, **kwargs
+        )
+
+    def get(self, url: str, token: str | None = None, **kwargs: Any) -> requests.Response:
+        """GET any URL; with ``token`` as ``Authorization: token …``; no redirects followed."""
+        headers = dict(kwargs.pop("headers", {}))
+        if token:
+            headers["Authorization"] = f"token {token}"
+        kwargs.setdefault("timeout", 30)
+        kwargs.setdefault("allow_redirects", False)
+        return self.session.get(url, headers=headers, **kwargs)
+
+    def create_user(self, user: str, admin: bool = False) -> dict[str, Any]:
+        """Create ``user`` unless it exists; return the user model."""
+        r = self.api("GET", f"users/{user}")
+        if r.status_code == 200:
+            return r.json()
+        r = self.api("POST", f"users/{user}", json={"admin": admin} if admin else None)
+        if r.status_code not in (201, 409):  # 409: exists already
+            raise HubHarnessError(f"creating user {user}: {r.status_code} {r.text}")
+        return self.api("GET", f"users/{user}").json()
+
+    def token(self, user: str, scopes: list[str] | None = None, expires_in: int = 3600) -> str:
+        """An API token owned by ``user`` (default scopes: everything the user may do).
+
+        Tokens without explicit scopes are cached per user.
+        """
+        if scopes is None and user in self._tokens:
+            return self._tokens[user]
+        self.create_user(user)
+        body: dict[str, Any] = {"note": "hub_harness", "expires_in": expires_in}
+        if scopes is not None:
+            body["scopes"] = scopes
+        r = self.api("POST", f"users/{user}/tokens", json=body)
+        if r.status_code != 201:
+            raise HubHarnessError(f"token for {user}: {r.status_code} {r.text}")
+        token = r.json()["token"]
+        if scopes is None:
+            self._tokens[user] = token
+        return token
+
+    def start_server(
+        self,
+        user: str,
+        server_name: str = "",
+        options: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> UserServer:
+        """Start ``user``'s server through the API and wait until it answers through the proxy."""
+        self.create_user(user)
+        path = f"users/{user}/servers/{server_name}" if server_name else f"users/{user}/server"
+        r = self.api("POST", path, json=options or None)
+        if r.status_code not in (201, 202, 400) or (
+            r.status_code == 400 and "already running" not in r.text
+        ):
+            raise HubHarnessError(f"starting {user}/{server_name}: {r.status_code} {r.text}")
+        token = self.token(user)
+        server = UserServer(user, server_name, self.user_url(user, "", server_name), token)
+        self.started[(user, server_name)] = server
+
+        def ready() -> bool:
+            model = self.api("GET", f"users/{user}").json()
+            spawner = (model.get("servers") or {}).get(server_name)
+            if not spawner or not spawner.get("ready"):
+                if spawner is None and not model.get("pending"):
+                    raise HubHarnessError(f"server {user}/{server_name} stopped while starting")
+                return False
+            return self.get(server.url + "api/status", token=token).status_code == 200
+
+        self._wait(ready, f"the server of {user}/{server_name} to answer", timeout)
+        return server
+
+    def stop_server(self, user: str, server_name: str = "", timeout: float | None = None) -> None:
+        path = f"users/{user}/servers/{server_name}" if server_name else f"users/{user}/server"
+        r = self.api("DELETE", path)
+        if r.status_code not in (202, 204, 400, 404):
+            raise HubHarnessError(f"stopping {user}/{server_name}: {r.status_code} {r.text}")
+
+        def stopped() -> bool:
+            model = self.api("GET", f"users/{user}").json()
+            return server_name not in (model.get("servers") or {})
+
+        self._wait(stopped, f"the server of {user}/{server_name} to stop", timeout)
+        self.started.pop((user, server_name), None)
+
+    def start_kernel(self, user: str, kernel_name: str = "python3", server_name: str = "") -> str:
+        """Start a kernel on ``user``'s running server; return its id."""
+        r = self.session.post(
+            self.user_url(user, "api/kernels", server_name),
+            headers={"Authorization": f"token {self.token(user)}"},
+            json={"name": kernel_name},
+            timeout=60,
+        )
+        if r.status_code != 201:
+            raise HubHarnessError(f"starting a kernel for {user}: {r.status_code} {r.text}")
+        return r.json()["id"]
+
+    def execute(
+        self, user: str, kernel_id: str, code: str, server_name: str = "", timeout: float = 60
+    ) -> str:
+        """Run ``code`` in a kernel through the proxy (websocket); return its stdout.
+
+        Raises :class:`HubHarnessError` when the code raises.
+        """
+        import websocket  # websocket-client, a jupyter_server dependency
+
+        url = self.user_url(user, f"api/kernels/{kernel_id}/channels", server_name)
+        ws = websocket.create_connection(
+            "ws" + url[len("http") :],
+            header=[f"Authorization: token {self.token(user)}"],
+            timeout=timeout,
+        )
+        msg_id = uuid.uuid4().hex
+        header = {"msg_id": msg_id, "msg_type": "execute_request", "username": user}
+        header |= {"session": uuid.uuid4().hex, "version": "5.3"}
+        content = {"code": code, "silent": False, "store_history": False}
+        content |= {"user_expressions": {}, "allow_stdin": False}
+        msg = {"header": header, "parent_header": {}, "metadata": {}}
+        msg |= {"channel": "shell", "content": content}
+        out: list[str] = []
+        try:
+            ws.send(json.dumps(msg))
+            while True:
+                reply = json.loads(ws.recv())
+                if reply.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, body = reply["msg_type"], reply["content"]
+                if kind == "stream" and body.get("name") == "stdout":
+                    out.append(body["text"])
+                elif kind == "error":
+                    raise HubHarnessError(f"{body['ename']}: {body['evalue']}")
+                elif kind == "execute_reply":
+                    return "".join(out)
+        finally:
+            ws.close()
+
+    # --- diagnostics -------------------------------------------------------------------------
+    def pids(self) -> list[int]:
+        """PIDs of every live process started for this harness (hub, proxy, servers, kernels)."""
+        found = []
+        needle = f"{MARKER_ENV}={self.marker}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z" and needle in environ.split(b"\0"):
+                found.append(int(entry))
+        return sorted(found)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    # --- internals ---------------------------------------------------------------------------
+    def _config_text(self) -> str:
+        su_env = {
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+            MARKER_ENV: self.marker,
+            "JUPYTER_GPU_GOV_BACKEND": "simulated",
+            "JUPYTER_GPU_GOV_SIM_STATE": str(self.sim_state),
+        }
+        if self.singleuser_config:
+            su_env["JUPYTER_CONFIG_PATH"] = str(self.workdir / "singleuser-config")
+        su_env.update(self.singleuser_env)
+        d = self.workdir
+        text = f"""\
+            # Generated by tests/hub_harness.py
+            import sys
+
+            c = get_config()  # noqa: F821
+            HARNESS_DIR = {str(d)!r}
+            HARNESS_ENV = {su_env!r}
+
+            c.JupyterHub.bind_url = "http://127.0.0.1:{self.port}"
+            c.JupyterHub.hub_ip = "127.0.0.1"
+            c.JupyterHub.hub_port = {self.hub_port}
+            c.JupyterHub.db_url = {"sqlite:///" + str(d / "jupyterhub.sqlite")!r}
+            c.JupyterHub.cookie_secret_file = {str(d / "jupyterhub_cookie_secret")!r}
+            c.JupyterHub.log_level = {self.log_level!r}
+            c.ConfigurableHTTPProxy.command = [{str(CHP)!r}]
+            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
+            c.ConfigurableHTTPProxy.pid_file = {str(d / "proxy.pid")!r}
+
+            c.JupyterHub.authenticator_class = "dummy"
+            c.JupyterHub.spawner_class = "simple"
+            c.SimpleLocalProcessSpawner.home_dir_template = {str(d / "home" / "{username}")!r}
+            c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+            c.Spawner.args = ["--allow-root"]
+            c.Spawner.environment = dict(HARNESS_ENV)
+            c.Spawner.start_timeout = {int(self.timeout)}
+            c.Spawner.http_timeout = {int(self.timeout)}
+
+            c.JupyterHub.services = [{{"name": {SERVICE_NAME!r}, "api_token": {self.api_token!r}}}]
+            c.JupyterHub.load_roles = [
+                {{"name": "harness", "scopes": {HARNESS_SCOPES!r}, "services": [{SERVICE_NAME!r}]}},
+            ]
+
+            # --- extra_config ---
+            """
+        return textwrap.dedent(text) + textwrap.dedent(self.extra_config) + "\n"
+
+    def _hub_up(self) -> bool:
+        try:
+            return self.get(f"{self.hub_api_url}/", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    def _wait(self, check: Any, what: str, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise HubHarnessError(
+                    f"jupyterhub exited ({code}) while waiting for {what}\n{self.log_tail()}"
+                )
+            try:
+                if check():
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise HubHarnessError(f"timed out waiting for {what}\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def _kill_leftovers(self) -> None:
+        pids = self.pids()
+        for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + grace
+            while pids and time.monotonic() < deadline:
+                time.sleep(0.1)
+                pids = self.pids()
+
+
+def hub_fixture(*, scope: str = "module", name: str | None = None, **harness_kwargs: Any):
+    """Make a pytest fixture that yields a running :class:`HubHarness`.
+
+    Assign it to a module attribute; that name is the fixture's name (or pass ``name``)::
+
+        hub = hub_fixture(servers=["alice"], extra_config="c.JupyterHub.services += [...]")
+    """
+
+    @pytest.fixture(scope=scope, name=name)
+    def _hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubHarness]:
+        with HubHarness(workdir=tmp_path_factory.mktemp("hub"), **harness_kwargs) as hub:
+            yield hub
+
+    return _hub
