@@ -1,0 +1,52 @@
+"""Durations as admins write them: ``90``, ``"90s"``, ``"15m"``, ``"2h"``, ``"1d"``, ``"1h30m"``."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+
+
+def parse_duration(value: object, name: str = "duration") -> timedelta:
+    """Seconds (int/float), a ``timedelta``, or a string of number+unit parts (s, m, h, d, w).
+
+    Raises ``ValueError`` naming ``name`` and the value when it cannot be read or is negative.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool):
+        raise ValueError(f"{name}: expected a duration, got {value!r}")
+    elif isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        elif text and _PART.sub("", text) == "":
+            seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
+        else:
+            raise ValueError(
+                f"{name}: {value!r} is not a duration (use e.g. 90, '15m', '2h', '1h30m')"
+            )
+    else:
+        raise ValueError(f"{name}: expected a duration, got {type(value).__name__} {value!r}")
+    if seconds < 0:
+        raise ValueError(f"{name}: {value!r} is negative")
+    return timedelta(seconds=seconds)
+
+
+def format_duration(delta: timedelta | float | None) -> str:
+    """``2h 5m``, ``45s``: short and readable, for reasons and messages."""
+    if delta is None:
+        return "-"
+    seconds = int(delta.total_seconds() if isinstance(delta, timedelta) else delta)
+    if seconds < 60:
+        return f"{seconds}s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return " ".join(parts)

@@ -1,0 +1,573 @@
+"""The governor's policy engine (DESIGN §6): pure, no I/O, time passed in.
+
+``decide(view, record, policy, now)`` looks at what is known of one server this cycle (the
+``ServerView``) and what the governor remembered of it (the ``Record``), and returns the new
+record, the state a person would read, the deadlines, and the actions to take. The live service
+and ``jupyter-gpu-gov replay`` both call it, so a replay shows exactly what the service would do.
+
+States: ``active → idle → warned → checkpointing → culled``, plus ``exempt`` and ``unknown``.
+Unknown GPU data never leads to a cull on GPU grounds.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timedelta
+
+from .durations import format_duration, parse_duration
+
+EXEMPT_LABEL = "gpu-gov/exempt"
+LABEL_PREFIX = "gpu-gov/"
+
+ACTIVE, IDLE, WARNED, CHECKPOINTING, CULLED, EXEMPT, UNKNOWN = (
+    "active",
+    "idle",
+    "warned",
+    "checkpointing",
+    "culled",
+    "exempt",
+    "unknown",
+)
+
+# Actions the service carries out (each idempotent, each audited with the decision's reason).
+WARN, MAX_AGE_WARN, CHECKPOINT, CULL = "warn", "max-age-warn", "checkpoint", "cull"
+
+
+# -- policies ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Match:
+    """Which servers a policy applies to; every given criterion must match, empty means any."""
+
+    profiles: tuple[str, ...] = ()
+    tiers: tuple[str, ...] = ()
+    teams: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    server_names: tuple[str, ...] = ()  # glob patterns; "" is the default server
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def matches(self, view: ServerView) -> bool:
+        return (
+            (not self.profiles or view.profile in self.profiles)
+            and (not self.tiers or view.tier in self.tiers)
+            and (not self.teams or view.team in self.teams)
+            and (not self.users or view.user in self.users)
+            and (
+                not self.server_names
+                or any(fnmatch.fnmatchcase(view.name, p) for p in self.server_names)
+            )
+            and all(view.labels.get(k) == v for k, v in self.labels.items())
+        )
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str = "default"
+    match: Match = Match()
+    # A GPU below this activity (0..1) is idle; DCGM evidence also needs PCIe under its floor.
+    idle_threshold: float = 0.05
+    warn_after: timedelta = timedelta(hours=1)  # of GPU idleness
+    cull_after: timedelta = timedelta(hours=2)  # of GPU idleness; warning lead = cull - warn
+    user_activity_grace: timedelta = timedelta(minutes=15)
+    busy_grace: timedelta = timedelta(minutes=30)
+    extension_step: timedelta = timedelta(hours=1)
+    max_extensions: int = 2
+    extension_reason: str = "optional"  # or "required"
+    max_age: timedelta | None = None
+    max_age_warning: timedelta = timedelta(hours=1)
+    checkpoint: bool = True
+    checkpoint_timeout: timedelta = timedelta(minutes=5)
+    on_checkpoint_failure: str = "postpone"  # or "proceed"
+    cull_action: str = "stop-server"  # or "shutdown-kernels"
+    exempt: bool = False
+    # jupyterhub-idle-culler's rule for servers that send no GPU report (None: never cull them).
+    inactive_timeout: timedelta | None = timedelta(hours=1)
+
+    @property
+    def notice(self) -> timedelta:
+        """How long a warning stands before the cull it announces."""
+        return self.cull_after - self.warn_after
+
+
+_DURATIONS = {
+    "warn_after",
+    "cull_after",
+    "user_activity_grace",
+    "busy_grace",
+    "extension_step",
+    "max_age",
+    "max_age_warning",
+    "checkpoint_timeout",
+    "inactive_timeout",
+}
+_CHOICES = {
+    "extension_reason": ("optional", "required"),
+    "on_checkpoint_failure": ("postpone", "proceed"),
+    "cull_action": ("stop-server", "shutdown-kernels"),
+}
+_MATCH_KEYS = {f.name for f in fields(Match)}
+_POLICY_KEYS = {f.name for f in fields(Policy)}
+
+
+class PolicyError(ValueError):
+    """A policy entry that cannot be used; the message names the entry and the key."""
+
+
+def load_policies(entries: Iterable[Mapping], defaults: Mapping | None = None) -> list[Policy]:
+    """Validate admin-written policy dicts into ``Policy`` objects (first match wins).
+
+    ``defaults`` fill every key an entry leaves out. A catch-all ``default`` policy built from
+    the defaults is appended unless the last entry already matches everything.
+    """
+    base = _policy("defaults", dict(defaults or {}), Policy())
+    policies = []
+    names = set()
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise PolicyError(f"policy {index}: expected a dict, got {type(entry).__name__}")
+        label = f"policy {index} ({entry.get('name', '?')!r})"
+        if not entry.get("name") or not isinstance(entry["name"], str):
+            raise PolicyError(f"policy {index}: 'name' is required (a non-empty string)")
+        if entry["name"] in names:
+            raise PolicyError(f"{label}: the name is used twice")
+        names.add(entry["name"])
+        policies.append(_policy(label, dict(entry), base))
+    if not policies or policies[-1].match != Match():
+        policies.append(replace(base, name="default"))
+    return policies
+
+
+def _policy(label: str, entry: dict, base: Policy) -> Policy:
+    unknown = set(entry) - _POLICY_KEYS
+    if unknown:
+        raise PolicyError(f"{label}: unknown key {sorted(unknown)[0]!r}")
+    values = {}
+    for key, value in entry.items():
+        try:
+            values[key] = _convert(key, value)
+        except (TypeError, ValueError) as error:
+            raise PolicyError(f"{label}: {error}") from None
+    policy = replace(base, **values)
+    if policy.cull_after < policy.warn_after:
+        raise PolicyError(f"{label}: 'cull_after' must not be shorter than 'warn_after'")
+    return policy
+
+
+def _convert(key: str, value):
+    if key == "match":
+        if not isinstance(value, Mapping):
+            raise ValueError("'match' must be a dict")
+        unknown = set(value) - _MATCH_KEYS
+        if unknown:
+            raise ValueError(f"unknown key 'match.{sorted(unknown)[0]}'")
+        criteria = {}
+        for k, v in value.items():
+            if k == "labels":
+                if not isinstance(v, Mapping):
+                    raise ValueError("'match.labels' must be a dict of label: value")
+                criteria[k] = {str(a): str(b) for a, b in v.items()}
+            else:
+                items = [v] if isinstance(v, str) else v
+                if not isinstance(items, list | tuple) or not all(
+                    isinstance(i, str) for i in items
+                ):
+                    raise ValueError(f"'match.{k}' must be a string or a list of strings")
+                criteria[k] = tuple(items)
+        return Match(**criteria)
+    if key in _DURATIONS:
+        return (
+            None
+            if value is None and key in ("max_age", "inactive_timeout")
+            else parse_duration(value, repr(key))
+        )
+    if key in _CHOICES:
+        if value not in _CHOICES[key]:
+            raise ValueError(f"{key!r} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
+        return value
+    if key == "idle_threshold":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise ValueError(f"'idle_threshold' must be a number in [0, 1], got {value!r}")
+        return float(value)
+    if key == "max_extensions":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"'max_extensions' must be a whole number >= 0, got {value!r}")
+        return value
+    if key in ("checkpoint", "exempt"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{key!r} must be true or false, got {value!r}")
+        return value
+    if key == "name":
+        return value
+    raise ValueError(f"unknown key {key!r}")  # pragma: no cover - guarded by _POLICY_KEYS
+
+
+def select(policies: Iterable[Policy], view: ServerView) -> Policy:
+    for policy in policies:
+        if policy.match.matches(view):
+            return policy
+    raise LookupError("no policy matches")  # load_policies always appends a catch-all
+
+
+# -- what is known of a server -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuSignal:
+    """The server's GPU this cycle, after merging its report with any trusted source."""
+
+    holds_gpu: bool  # it holds a GPU (an allocation, or a context for shutdown-kernels)
+    active: bool | None  # None: unknown (no data, stale data, an API that cannot say)
+    idle_since: datetime | None = None  # when the current idle stretch began, if known
+    kernel_busy_since: datetime | None = None  # a GPU-holding kernel is executing a cell
+    detail: str = ""  # for reasons: where the evidence came from, disagreements
+
+
+@dataclass(frozen=True)
+class ServerView:
+    user: str
+    name: str = ""
+    profile: str | None = None
+    tier: str | None = None
+    team: str | None = None
+    project: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    started: datetime | None = None
+    hub_last_activity: datetime | None = None  # what jupyterhub-idle-culler looks at
+    user_last_activity: datetime | None = None  # people's interaction, not API polling or GPU
+    reports: bool = False  # the server sends GPU reports
+    gpu: GpuSignal | None = None  # None when it sends none (or they went stale)
+
+    @property
+    def key(self) -> str:
+        return f"{self.user}/{self.name}"
+
+
+def merge_evidence(
+    report_active: bool | None, trusted_active: bool | None
+) -> tuple[bool | None, str]:
+    """Reports come from processes the user controls: they explain but cannot keep a GPU alive
+    alone. A trusted source's "idle" wins over a report's "active" (and the disagreement is
+    said), its "busy" always counts."""
+    if trusted_active is None:
+        return report_active, ""
+    if trusted_active:
+        return True, ""
+    if report_active:
+        return False, "the report says active but the trusted source says idle"
+    return False, ""
+
+
+# -- the governor's memory of a server ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    state: str = ACTIVE
+    idle_since: datetime | None = None
+    warned_at: datetime | None = None  # the warning for the current deadline went out
+    extension_s: float = 0.0  # granted this idle stretch (by the owner, or an admin)
+    extensions_used: int = 0
+    approval_pending: bool = False
+    postponed_until: datetime | None = None  # after a failed checkpoint (on_checkpoint_failure)
+    checkpoint_status: str | None = None  # requested | done | failed | timeout
+    checkpoint_requested_at: datetime | None = None
+    max_age_warned_at: datetime | None = None
+    exempt_until: datetime | None = None  # an admin grant
+    culled_at: datetime | None = None
+    reason: str = ""
+
+    def new_idle_stretch(self) -> Record:
+        """GPU work resumed: deadlines, warnings and extensions start over."""
+        return replace(
+            self,
+            idle_since=None,
+            warned_at=None,
+            extension_s=0.0,
+            extensions_used=0,
+            approval_pending=False,
+            postponed_until=None,
+            checkpoint_status=None,
+            checkpoint_requested_at=None,
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    record: Record
+    actions: tuple[str, ...] = ()
+    warn_at: datetime | None = None
+    cull_at: datetime | None = None
+    cull_reason: str | None = None  # gpu-idle | max-age | inactive
+
+    @property
+    def state(self) -> str:
+        return self.record.state
+
+    @property
+    def reason(self) -> str:
+        return self.record.reason
+
+
+# -- the decision ------------------------------------------------------------------------------
+
+
+def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> Decision:
+    if record.state == CULLED:
+        return Decision(record)  # idempotent: the service already acted
+
+    if _is_exempt(view, record, policy, now):
+        why = (
+            f"exempt by policy {policy.name!r}"
+            if policy.exempt
+            else f"exempt until {record.exempt_until:%Y-%m-%d %H:%M} UTC"
+            if record.exempt_until and now < record.exempt_until
+            else f"exempt by label {EXEMPT_LABEL}"
+        )
+        return Decision(replace(record.new_idle_stretch(), state=EXEMPT, reason=why))
+
+    actions: list[str] = []
+    if policy.max_age and view.started:
+        age_deadline = view.started + policy.max_age
+        if now >= age_deadline:
+            why = f"reached the maximum age of {format_duration(policy.max_age)} for this profile"
+            return _cull_with_checkpoint(
+                record, policy, now, why, "max-age", age_deadline, age_deadline
+            )
+        if now >= age_deadline - policy.max_age_warning and record.max_age_warned_at is None:
+            actions.append(MAX_AGE_WARN)
+            record = replace(record, max_age_warned_at=now)
+
+    gpu = view.gpu
+    if gpu is None or not gpu.holds_gpu:
+        return _inactive_rule(view, record, policy, now, actions, gpu)
+
+    if gpu.active is None:
+        # Unknown is never idle: no warning, no cull, and the idle clock restarts once known.
+        why = "GPU activity unknown" + (f" ({gpu.detail})" if gpu.detail else "")
+        return Decision(
+            replace(record.new_idle_stretch(), state=UNKNOWN, reason=why), tuple(actions)
+        )
+
+    if gpu.active:
+        why = "GPU active" + (f" ({gpu.detail})" if gpu.detail else "")
+        return Decision(
+            replace(record.new_idle_stretch(), state=ACTIVE, reason=why), tuple(actions)
+        )
+
+    # GPU idle.
+    if record.idle_since is not None:
+        idle_since = record.idle_since
+    elif record.state == UNKNOWN:
+        idle_since = now  # an unknown stretch does not count as idle time
+    else:
+        idle_since = min(gpu.idle_since or now, now)
+    record = replace(record, idle_since=idle_since)
+    idle_for = format_duration(now - idle_since)
+
+    cull_at = idle_since + policy.cull_after + timedelta(seconds=record.extension_s)
+    warn_at = cull_at - policy.notice
+    holds = []
+    for not_before, what in (
+        (_plus(view.user_last_activity, policy.user_activity_grace), "recent user activity"),
+        (_plus(gpu.kernel_busy_since, policy.busy_grace), "a kernel is executing a cell"),
+        (record.postponed_until, "a failed checkpoint"),
+    ):
+        if not_before is not None and not_before > cull_at:
+            cull_at = not_before
+            holds.append(what)
+    if record.warned_at is not None:
+        cull_at = max(cull_at, record.warned_at + policy.notice)  # every warning gets its notice
+
+    if now < warn_at and record.warned_at is None:
+        why = f"GPU idle for {idle_for}"
+        return Decision(replace(record, state=IDLE, reason=why), tuple(actions), warn_at, cull_at)
+
+    if record.warned_at is None:
+        actions.append(WARN)
+        record = replace(record, warned_at=now)
+        cull_at = max(cull_at, now + policy.notice)
+    if now < cull_at:
+        why = f"GPU idle for {idle_for}; {_cull_words(policy)} at {cull_at:%H:%M} UTC"
+        if holds:
+            why += f" (held back by {', '.join(holds)})"
+        return Decision(replace(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)
+
+    why = f"GPU idle for {idle_for} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
+    decision = _cull_with_checkpoint(record, policy, now, why, "gpu-idle", warn_at, cull_at)
+    return replace(decision, actions=tuple(actions) + decision.actions)
+
+
+def _plus(when: datetime | None, delta: timedelta) -> datetime | None:
+    return None if when is None else when + delta
+
+
+def _is_exempt(view: ServerView, record: Record, policy: Policy, now: datetime) -> bool:
+    return (
+        policy.exempt
+        or view.labels.get(EXEMPT_LABEL, "").lower() == "true"
+        or (record.exempt_until is not None and now < record.exempt_until)
+    )
+
+
+def _inactive_rule(
+    view: ServerView,
+    record: Record,
+    policy: Policy,
+    now: datetime,
+    actions: list[str],
+    gpu: GpuSignal | None,
+) -> Decision:
+    """jupyterhub-idle-culler's rule on Hub ``last_activity``, for servers with no GPU report
+    (no extension, a CPU-only profile) or holding no GPU."""
+    what = "holds no GPU" if gpu is not None else "sends no GPU report"
+    last = view.hub_last_activity or view.started
+    record = record.new_idle_stretch()
+    if policy.inactive_timeout is None or last is None:
+        return Decision(replace(record, state=ACTIVE, reason=f"{what}; not culled"), tuple(actions))
+    deadline = last + policy.inactive_timeout
+    inactive = format_duration(now - last)
+    if now < deadline:
+        why = f"{what}; last activity {inactive} ago"
+        return Decision(replace(record, state=ACTIVE, reason=why), tuple(actions), None, deadline)
+    why = f"{what}; inactive for {inactive} (idle-culler rule: {format_duration(policy.inactive_timeout)})"
+    record = replace(record, state=CULLED, culled_at=now, reason=why)
+    return Decision(record, (*actions, CULL), None, deadline, "inactive")
+
+
+def _cull_with_checkpoint(
+    record: Record,
+    policy: Policy,
+    now: datetime,
+    why: str,
+    cull_reason: str,
+    warn_at: datetime | None,
+    cull_at: datetime,
+) -> Decision:
+    """Checkpoint first when the policy says so; then cull, or postpone on failure."""
+    if policy.checkpoint:
+        status = record.checkpoint_status
+        if (
+            status == "requested"
+            and now - record.checkpoint_requested_at >= policy.checkpoint_timeout
+        ):
+            status = "timeout"
+        if status is None:
+            record = replace(
+                record,
+                state=CHECKPOINTING,
+                checkpoint_status="requested",
+                checkpoint_requested_at=now,
+                reason=f"{why}; saving a checkpoint before the cull",
+            )
+            return Decision(record, (CHECKPOINT,), warn_at, cull_at, cull_reason)
+        if status == "requested":
+            record = replace(
+                record, state=CHECKPOINTING, reason=f"{why}; waiting for the checkpoint"
+            )
+            return Decision(record, (), warn_at, cull_at, cull_reason)
+        if status in ("failed", "timeout") and policy.on_checkpoint_failure == "postpone":
+            # Do not lose work: warn again, and retry the checkpoint after another notice.
+            new_cull = now + max(policy.notice, policy.checkpoint_timeout)
+            record = replace(
+                record,
+                state=WARNED,
+                postponed_until=new_cull,
+                checkpoint_status=None,
+                warned_at=now,
+                reason=f"{why}; checkpoint {status}: cull postponed to {new_cull:%H:%M} UTC",
+            )
+            return Decision(record, (WARN,), warn_at, new_cull, cull_reason)
+        if status in ("failed", "timeout"):
+            why = f"{why}; checkpoint {status}, culling anyway (on_checkpoint_failure=proceed)"
+        else:
+            why = f"{why}; checkpoint saved"
+    record = replace(record, state=CULLED, culled_at=now, reason=why)
+    return Decision(record, (CULL,), warn_at, cull_at, cull_reason)
+
+
+def _cull_words(policy: Policy) -> str:
+    return "kernels shut down" if policy.cull_action == "shutdown-kernels" else "server stopped"
+
+
+# -- extensions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExtensionOutcome:
+    record: Record
+    status: str  # granted | pending | refused
+    message: str
+
+
+def extend(record: Record, policy: Policy, reason: str | None) -> ExtensionOutcome:
+    """The owner asks for more time. Within ``max_extensions`` it is granted at once; beyond,
+    it waits for an admin."""
+    if record.state not in (IDLE, WARNED, CHECKPOINTING):
+        return ExtensionOutcome(
+            record, "refused", f"nothing to extend: the server is {record.state}"
+        )
+    if policy.extension_reason == "required" and not (reason or "").strip():
+        return ExtensionOutcome(record, "refused", "a reason is required to extend")
+    if record.approval_pending:
+        return ExtensionOutcome(record, "pending", "an extension is already waiting for an admin")
+    if record.extensions_used >= policy.max_extensions:
+        record = replace(record, approval_pending=True)
+        return ExtensionOutcome(
+            record,
+            "pending",
+            f"all {policy.max_extensions} extensions used: an admin must approve this one",
+        )
+    record = _grant(record, policy.extension_step.total_seconds())
+    record = replace(record, extensions_used=record.extensions_used + 1)
+    left = policy.max_extensions - record.extensions_used
+    return ExtensionOutcome(
+        record, "granted", f"extended by {format_duration(policy.extension_step)}; {left} left"
+    )
+
+
+def approve(record: Record, seconds: float) -> Record:
+    """An admin grants ``seconds`` more (beyond the owner's own extensions)."""
+    return replace(_grant(record, seconds), approval_pending=False)
+
+
+def deny(record: Record) -> Record:
+    return replace(record, approval_pending=False)
+
+
+def _grant(record: Record, seconds: float) -> Record:
+    # A pending checkpoint is called off and the next warning announces the new deadline.
+    return replace(
+        record,
+        extension_s=record.extension_s + seconds,
+        warned_at=None,
+        checkpoint_status=None,
+        checkpoint_requested_at=None,
+        state=WARNED if record.state == CHECKPOINTING else record.state,
+    )
+
+
+def verdict(decision: Decision, policy: Policy, *, dry_run: bool = False) -> dict:
+    """The verdict of DESIGN §5, as it rides back on a report's response."""
+    from .clock import isoformat
+
+    record = decision.record
+    return {
+        "state": record.state,
+        "idle_since": isoformat(record.idle_since),
+        "warn_at": isoformat(decision.warn_at),
+        "cull_at": isoformat(decision.cull_at),
+        "reason": record.reason,
+        "extensions_left": max(0, policy.max_extensions - record.extensions_used),
+        "extension_step_s": int(policy.extension_step.total_seconds()),
+        "extension_reason": policy.extension_reason,
+        "approval_pending": record.approval_pending,
+        "policy": policy.name,
+        "cull_action": policy.cull_action,
+        "checkpoint": "requested" if record.checkpoint_status == "requested" else "none",
+        "max_age_at": None,
+        "dry_run": dry_run,
+        "root_cause": None,
+    }

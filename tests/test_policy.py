@@ -1,0 +1,254 @@
+"""The policy engine, cycle by cycle, as the governor would run it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from jupyter_gpu_gov.core import policy as p
+from jupyter_gpu_gov.core.durations import parse_duration
+
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
+MIN = timedelta(minutes=1)
+
+POLICY = p.Policy(
+    warn_after=timedelta(minutes=30),
+    cull_after=timedelta(minutes=60),
+    user_activity_grace=timedelta(minutes=10),
+    busy_grace=timedelta(minutes=20),
+    extension_step=timedelta(minutes=30),
+    max_extensions=1,
+    checkpoint_timeout=timedelta(minutes=5),
+)
+
+
+def idle_view(**kw) -> p.ServerView:
+    gpu = p.GpuSignal(holds_gpu=True, active=False)
+    return p.ServerView("alice", started=T0, reports=True, gpu=gpu, **kw)
+
+
+def run(view, policy=POLICY, minutes=120, record=None, step=1, on_checkpoint=None):
+    """Decide once a minute; return the actions as (minute, action, state) and the last decision."""
+    record = record or p.Record()
+    seen = []
+    decision = None
+    for minute in range(0, minutes + 1, step):
+        now = T0 + minute * MIN
+        if record.checkpoint_status == "requested" and on_checkpoint is not None:
+            record = replace(record, checkpoint_status=on_checkpoint)
+        v = view(minute) if callable(view) else view
+        decision = p.decide(v, record, policy, now)
+        record = decision.record
+        seen += [(minute, action, decision.state) for action in decision.actions]
+    return seen, decision
+
+
+def test_idle_gpu_is_warned_then_checkpointed_then_culled():
+    actions, last = run(idle_view(), minutes=61, on_checkpoint="done")
+    assert actions == [
+        (30, "warn", "warned"),
+        (60, "checkpoint", "checkpointing"),
+        (61, "cull", "culled"),
+    ]
+    assert "GPU idle for 1h 1m" in last.reason and "checkpoint saved" in last.reason
+    assert last.cull_reason == "gpu-idle"
+
+
+def test_active_gpu_is_never_warned_whatever_jupyter_says():
+    view = p.ServerView(
+        "alice",
+        started=T0,
+        hub_last_activity=T0,
+        user_last_activity=T0,
+        reports=True,
+        gpu=p.GpuSignal(holds_gpu=True, active=True),
+    )
+    actions, last = run(view, minutes=600)
+    assert actions == [] and last.state == "active"
+
+
+def test_gpu_activity_restarts_the_idle_clock():
+    def view(m):
+        return (
+            idle_view() if m < 25 or m > 26 else replace(idle_view(), gpu=p.GpuSignal(True, True))
+        )
+
+    actions, _ = run(view, on_checkpoint="done")
+    assert actions[0] == (57, "warn", "warned")
+
+
+def test_unknown_gpu_data_is_never_idle():
+    view = replace(
+        idle_view(), gpu=p.GpuSignal(holds_gpu=True, active=None, detail="MIG without GPM")
+    )
+    actions, last = run(view, minutes=600)
+    assert actions == [] and last.state == "unknown" and "MIG without GPM" in last.reason
+
+
+def test_unknown_stretch_does_not_count_as_idle_time():
+    unknown = replace(idle_view(), gpu=p.GpuSignal(True, None))
+    view = lambda m: unknown if m < 100 else idle_view()  # noqa: E731
+    actions, _ = run(view, minutes=200, on_checkpoint="done")
+    assert actions[0] == (130, "warn", "warned")
+
+
+def test_recent_user_activity_holds_the_cull_back_but_not_the_warning():
+    view = lambda m: replace(idle_view(), user_last_activity=T0 + min(m, 58) * MIN)  # noqa: E731
+    actions, _ = run(view, minutes=90, on_checkpoint="done")
+    assert actions[:2] == [(30, "warn", "warned"), (68, "checkpoint", "checkpointing")]
+
+
+def test_busy_kernel_is_warned_but_not_culled_before_busy_grace():
+    busy = replace(idle_view(), gpu=p.GpuSignal(True, False, kernel_busy_since=T0 + 50 * MIN))
+    actions, last = run(busy, minutes=69, on_checkpoint="done")
+    assert actions == [(30, "warn", "warned")]
+    assert "a kernel is executing a cell" in last.reason
+    actions, _ = run(busy, minutes=72, on_checkpoint="done")
+    assert actions[1:] == [(70, "checkpoint", "checkpointing"), (71, "cull", "culled")]
+
+
+def test_extensions_postpone_then_need_an_admin():
+    record = p.Record()
+    for minute in range(0, 31):
+        record = p.decide(idle_view(), record, POLICY, T0 + minute * MIN).record
+    assert record.state == "warned"
+
+    granted = p.extend(record, POLICY, reason="finishing a figure")
+    assert granted.status == "granted" and "0 left" in granted.message
+    decision = p.decide(idle_view(), granted.record, POLICY, T0 + 31 * MIN)
+    assert decision.state == "idle" and decision.cull_at == T0 + 90 * MIN
+
+    record = p.decide(idle_view(), decision.record, POLICY, T0 + 61 * MIN).record
+    assert record.state == "warned"
+    pending = p.extend(record, POLICY, reason="one more")
+    assert pending.status == "pending" and "admin" in pending.message
+    assert p.decide(idle_view(), pending.record, POLICY, T0 + 91 * MIN).actions == ("checkpoint",)
+
+    approved = p.approve(pending.record, 3600)
+    decision = p.decide(idle_view(), approved, POLICY, T0 + 91 * MIN)
+    assert decision.state == "idle" and decision.cull_at == T0 + 150 * MIN
+
+
+def test_extension_refusals_say_why():
+    assert p.extend(p.Record(state="active"), POLICY, None).status == "refused"
+    strict = replace(POLICY, extension_reason="required")
+    outcome = p.extend(p.Record(state="warned"), strict, "  ")
+    assert outcome.status == "refused" and "reason is required" in outcome.message
+
+
+def test_failed_checkpoint_postpones_by_default_and_proceeds_when_told():
+    actions, last = run(idle_view(), minutes=61, on_checkpoint="failed")
+    assert actions == [
+        (30, "warn", "warned"),
+        (60, "checkpoint", "checkpointing"),
+        (61, "warn", "warned"),
+    ]
+    assert "checkpoint failed: cull postponed to 10:31 UTC" in last.reason
+    # The checkpoint is tried again after the new notice, and fails again: still no cull.
+    actions, last = run(idle_view(), minutes=200, on_checkpoint="failed")
+    assert "cull" not in [a for _, a, _ in actions]
+
+    proceed = replace(POLICY, on_checkpoint_failure="proceed")
+    actions, last = run(idle_view(), proceed, minutes=90, on_checkpoint="failed")
+    assert [a for _, a, _ in actions] == ["warn", "checkpoint", "cull"]
+    assert "culling anyway" in last.reason
+
+
+def test_checkpoint_that_never_answers_times_out():
+    actions, last = run(idle_view(), replace(POLICY, on_checkpoint_failure="proceed"), minutes=70)
+    assert actions[-1] == (65, "cull", "culled") and "checkpoint timeout" in last.reason
+
+
+def test_exempt_by_label_policy_or_admin_grant():
+    labelled = replace(idle_view(), labels={"gpu-gov/exempt": "true"})
+    assert run(labelled, minutes=300)[0] == []
+    assert run(idle_view(), replace(POLICY, exempt=True), minutes=300)[0] == []
+    granted = p.Record(exempt_until=T0 + 200 * MIN)
+    actions, _ = run(idle_view(), minutes=300, record=granted, on_checkpoint="done")
+    assert actions[0] == (230, "warn", "warned")
+
+
+def test_max_age_is_a_hard_cap_with_its_own_warning():
+    capped = replace(POLICY, max_age=timedelta(hours=3), max_age_warning=timedelta(minutes=30))
+    active = replace(idle_view(), gpu=p.GpuSignal(True, True))
+    actions, last = run(active, capped, minutes=181, on_checkpoint="done")
+    assert actions == [
+        (150, "max-age-warn", "active"),
+        (180, "checkpoint", "checkpointing"),
+        (181, "cull", "culled"),
+    ]
+    assert "maximum age of 3h" in last.reason and last.cull_reason == "max-age"
+
+
+def test_server_without_reports_follows_the_idle_culler_rule():
+    view = p.ServerView("bob", started=T0, hub_last_activity=T0 + 10 * MIN)
+    actions, last = run(view, replace(POLICY, inactive_timeout=timedelta(minutes=60)), minutes=80)
+    assert actions == [(70, "cull", "culled")]
+    assert "sends no GPU report" in last.reason and "idle-culler rule" in last.reason
+
+
+def test_culled_is_final_and_idempotent():
+    record = p.Record(state="culled", culled_at=T0)
+    assert p.decide(idle_view(), record, POLICY, T0 + 500 * MIN).actions == ()
+
+
+def test_trusted_idle_wins_over_a_report_saying_active():
+    assert p.merge_evidence(True, False) == (
+        False,
+        "the report says active but the trusted source says idle",
+    )
+    assert p.merge_evidence(False, True) == (True, "")
+    assert p.merge_evidence(None, None) == (None, "")
+
+
+def test_policies_match_first_and_always_end_with_a_catch_all():
+    policies = p.load_policies(
+        [
+            {
+                "name": "borrowed",
+                "match": {"labels": {"gpu-gov/borrowed": "true"}},
+                "cull_after": "45m",
+                "warn_after": "15m",
+            },
+            {"name": "mig", "match": {"tiers": ["mig-1g"]}, "cull_action": "shutdown-kernels"},
+        ],
+        {"warn_after": "2h", "cull_after": "4h"},
+    )
+    assert [x.name for x in policies] == ["borrowed", "mig", "default"]
+    borrowed = p.ServerView("a", labels={"gpu-gov/borrowed": "true"}, tier="mig-1g")
+    assert p.select(policies, borrowed).cull_after == timedelta(minutes=45)
+    assert p.select(policies, p.ServerView("a", tier="mig-1g")).warn_after == timedelta(hours=2)
+    assert p.select(policies, p.ServerView("a", name="x")).name == "default"
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"name": "x", "warn_afer": "1h"}, "policy 0 ('x'): unknown key 'warn_afer'"),
+        (
+            {"name": "x", "cull_after": "soon"},
+            "policy 0 ('x'): 'cull_after': 'soon' is not a duration",
+        ),
+        ({"name": "x", "cull_action": "delete"}, "policy 0 ('x'): 'cull_action' must be one of"),
+        ({"name": "x", "match": {"team": "a"}}, "policy 0 ('x'): unknown key 'match.team'"),
+        (
+            {"name": "x", "warn_after": "3h", "cull_after": "2h"},
+            "must not be shorter than 'warn_after'",
+        ),
+        ({"cull_after": "2h"}, "policy 0: 'name' is required"),
+        ({"name": "x", "max_extensions": -1}, "'max_extensions' must be a whole number"),
+    ],
+)
+def test_bad_policies_name_the_entry_and_key(entry, message):
+    with pytest.raises(p.PolicyError) as info:
+        p.load_policies([entry])
+    assert message in str(info.value)
+
+
+def test_durations():
+    assert parse_duration("1h30m") == timedelta(minutes=90)
+    assert parse_duration(90) == timedelta(seconds=90)
+    with pytest.raises(ValueError, match="'x': -5 is negative"):
+        parse_duration(-5, "'x'")
