@@ -1,0 +1,1 @@
+"""Hub side: the governor, a JupyterHub managed service (DESIGN §2)."""

@@ -1,0 +1,417 @@
+"""Trusted per-GPU evidence from DCGM (dcgm-exporter), mapped to the pods that hold the GPUs.
+
+A server's report is user-controlled; DCGM is not (DESIGN §6). This module turns dcgm-exporter
+series into one ``GpuEvidence`` per *leaf* GPU (a whole GPU, or a MIG GPU instance) and indexes
+them by pod and by GPU UUID for the governor. Parsing is pure; ``DcgmSource`` does the I/O.
+
+Two ways in: scrape each exporter's text exposition (``http://<node>:9400/metrics``), or ask
+Prometheus (``/api/v1/query``) when it already scrapes the exporters. Through Prometheus the
+workload labels depend on the scrape config: with ``honorLabels: true`` an unattributed GPU
+carries the *exporter's own* ``pod/namespace/container`` target labels; with ``honorLabels:
+false`` the workload's labels are renamed ``exported_*`` and ``pod`` is the exporter. The
+exporter is never an owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from prometheus_client.parser import text_string_to_metric_families
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+from ..core import clock
+
+# The values a metric can feed. ``gpu_util`` is a percentage; the rest are in the field's unit.
+SIGNALS = frozenset(
+    {
+        "gr_engine_active",
+        "sm_active",
+        "gpu_util",
+        "dram_active",
+        "tensor_active",
+        "pcie_tx_bytes",
+        "pcie_rx_bytes",
+        "memory_used_mb",
+        "memory_free_mb",
+        "power_w",
+    }
+)
+
+# Metric name -> signal: the one table. A site that relabels metrics extends it
+# (``DcgmConfig().with_metrics({"gpu_util": "gpu_util"})``); the Prometheus query asks for its keys.
+DEFAULT_METRICS: Mapping[str, str] = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gr_engine_active",
+    "DCGM_FI_PROF_SM_ACTIVE": "sm_active",
+    "DCGM_FI_DEV_GPU_UTIL": "gpu_util",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "dram_active",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active",
+    "DCGM_FI_PROF_PCIE_TX_BYTES": "pcie_tx_bytes",
+    "DCGM_FI_PROF_PCIE_RX_BYTES": "pcie_rx_bytes",
+    "DCGM_FI_DEV_FB_USED": "memory_used_mb",
+    "DCGM_FI_DEV_FB_FREE": "memory_free_mb",
+    "DCGM_FI_DEV_POWER_USAGE": "power_w",
+}
+
+# DaemonSet pods: the GPU Operator's (nvidia-dcgm-exporter-wqqqn, container nvidia-dcgm-exporter)
+# and NVIDIA's standalone chart's (<release>-dcgm-exporter-xxxxx, container exporter).
+DEFAULT_EXPORTER_POD_REGEX = r"(?:[a-z0-9-]+-)?dcgm-exporter-[a-z0-9]{5}"
+DEFAULT_EXPORTER_CONTAINERS = frozenset({"nvidia-dcgm-exporter", "dcgm-exporter", "exporter"})
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+@dataclass(frozen=True)
+class DcgmConfig:
+    """How to read a site's DCGM series: metric names, and how to recognise the exporter's pod."""
+
+    metrics: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_METRICS))
+    # The exporter's own pod, seen through Prometheus target labels, is never an owner.
+    exporter_pod_regex: str = DEFAULT_EXPORTER_POD_REGEX  # full match against the pod name
+    exporter_containers: frozenset[str] = DEFAULT_EXPORTER_CONTAINERS  # and its container's
+    _exporter_pod: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, signal in self.metrics.items():
+            if not _METRIC_NAME.fullmatch(name):
+                raise ValueError(f"DcgmConfig.metrics: {name!r} is not a Prometheus metric name")
+            if signal not in SIGNALS:
+                raise ValueError(
+                    f"DcgmConfig.metrics[{name!r}]: unknown field {signal!r}; "
+                    f"one of {', '.join(sorted(SIGNALS))}"
+                )
+        try:
+            pattern = re.compile(self.exporter_pod_regex)
+        except re.error as e:
+            raise ValueError(f"DcgmConfig.exporter_pod_regex: {e}") from None
+        object.__setattr__(self, "_exporter_pod", pattern)
+
+    def with_metrics(self, extra: Mapping[str, str]) -> DcgmConfig:
+        """This config with more metric names, e.g. ``{"gpu_util": "gpu_util"}`` for a relabel."""
+        return replace(self, metrics={**self.metrics, **extra})
+
+    def is_exporter(self, pod: str, container: str | None) -> bool:
+        # Both must match: a user picks their pod's name (a named server) but not its container's,
+        # so a name alone must never hide a workload's GPU from the trusted evidence. Workload
+        # series always carry a container label; only a bare target may lack one.
+        if not self._exporter_pod.fullmatch(pod):
+            return False
+        return container is None or container in self.exporter_containers
+
+
+@dataclass(frozen=True)
+class GpuEvidence:
+    """What DCGM says about one leaf GPU and the pod holding it. ``None`` is unknown, never 0.
+
+    A MIG instance carries its *physical* GPU's ``uuid`` (DCGM labels series that way) and is
+    told apart by ``gpu_instance_id``. A GPU shared by several pods (time-slicing) yields one
+    record per pod, with the same device values.
+    """
+
+    uuid: str
+    gpu_index: int | None = None
+    hostname: str | None = None
+    model: str | None = None
+    mig_profile: str | None = None  # e.g. "1g.5gb"; None for a whole GPU
+    gpu_instance_id: int | None = None
+    namespace: str | None = None
+    pod: str | None = None  # None: no workload holds it (or only the exporter was seen)
+    container: str | None = None
+    activity: float | None = None  # 0..1
+    activity_source: str | None = None  # the signal ``activity`` came from, e.g. "gpu_util"
+    dram_active: float | None = None  # 0..1
+    tensor_active: float | None = None  # 0..1
+    pcie_bytes_per_s: float | None = None  # TX + RX
+    memory_used_mb: float | None = None
+    memory_free_mb: float | None = None
+    power_w: float | None = None
+
+    @property
+    def owner(self) -> tuple[str | None, str] | None:
+        return (self.namespace, self.pod) if self.pod else None
+
+
+@dataclass(frozen=True)
+class DcgmSnapshot:
+    """One fetch. ``errors`` says what could not be read; GPUs missing here are unknown."""
+
+    evidence: tuple[GpuEvidence, ...]
+    fetched_at: datetime
+    errors: tuple[str, ...] = ()
+
+
+# --- parsing (pure) ---------------------------------------------------------------------------
+
+Sample = tuple[str, Mapping[str, str], float]  # metric name, labels, value
+
+
+def _label(labels: Mapping[str, str], *names: str) -> str | None:
+    """The first non-empty value: an empty label (``pod_uid=""``) is an absent one."""
+    for name in names:
+        if value := labels.get(name):
+            return value
+    return None
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
+
+
+_Owner = tuple[str | None, str, str | None]  # namespace, pod, container
+
+
+def _owner(labels: Mapping[str, str], config: DcgmConfig) -> _Owner | None:
+    # exported_* exist only when Prometheus renamed the workload's labels; then pod is the exporter.
+    if _label(labels, "exported_pod"):
+        names = ("exported_namespace", "exported_pod", "exported_container")
+    else:
+        names = ("namespace", "pod", "container")
+    namespace, pod, container = (_label(labels, n) for n in names)
+    if not pod or config.is_exporter(pod, container):
+        return None
+    return namespace, pod, container
+
+
+@dataclass
+class _Leaf:
+    labels: Mapping[str, str]  # of the first series seen; identity labels agree across series
+    values: dict[str, float] = field(default_factory=dict)
+    owners: dict[_Owner, None] = field(default_factory=dict)  # an ordered set
+
+
+def _activity(values: Mapping[str, float]) -> tuple[float | None, str | None]:
+    # GR_ENGINE_ACTIVE first: GPU_UTIL counts any kernel running, however small, so it overstates.
+    # SM_ACTIVE last: averaged over all SMs, a low-occupancy kernel that is working reads near 0.
+    if "gr_engine_active" in values:
+        return values["gr_engine_active"], "gr_engine_active"
+    if "gpu_util" in values:
+        return values["gpu_util"] / 100.0, "gpu_util"
+    if "sm_active" in values:
+        return values["sm_active"], "sm_active"
+    return None, None
+
+
+def _pcie(values: Mapping[str, float]) -> float | None:
+    # With one direction missing the known one is a lower bound: still enough to prove "busy".
+    parts = [values[k] for k in ("pcie_tx_bytes", "pcie_rx_bytes") if k in values]
+    return sum(parts) if parts else None
+
+
+def evidence_from_samples(
+    samples: Iterable[Sample], config: DcgmConfig | None = None
+) -> list[GpuEvidence]:
+    """One record per leaf GPU (and per pod holding it) from (name, labels, value) samples.
+
+    Series without a ``UUID`` label, of metrics not in ``config.metrics``, or with NaN/Inf
+    values are ignored. Duplicates of a series (an HA Prometheus pair, two scrape jobs) merge
+    keeping the highest value, so a duplicate can never make a GPU look idler than it is.
+    """
+    config = config or DcgmConfig()
+    leaves: dict[tuple[str, str | None], _Leaf] = {}
+    for name, labels, value in samples:
+        signal = config.metrics.get(name)
+        uuid = _label(labels, "UUID")
+        if signal is None or uuid is None:
+            continue
+        # Key MIG leaves by the raw label so an odd GPU_I_ID can never merge with its parent.
+        leaf = leaves.setdefault((uuid, _label(labels, "GPU_I_ID")), _Leaf(labels))
+        if math.isfinite(value):
+            leaf.values[signal] = max(float(value), leaf.values.get(signal, -math.inf))
+        if owner := _owner(labels, config):
+            leaf.owners[owner] = None
+
+    evidence = []
+    for (uuid, gi_id), leaf in leaves.items():
+        activity, source = _activity(leaf.values)
+        device = GpuEvidence(
+            uuid=uuid,
+            gpu_index=_int(_label(leaf.labels, "gpu")),
+            hostname=_label(leaf.labels, "Hostname", "hostname"),
+            model=_label(leaf.labels, "modelName"),
+            mig_profile=_label(leaf.labels, "GPU_I_PROFILE"),
+            gpu_instance_id=_int(gi_id),
+            activity=activity,
+            activity_source=source,
+            dram_active=leaf.values.get("dram_active"),
+            tensor_active=leaf.values.get("tensor_active"),
+            pcie_bytes_per_s=_pcie(leaf.values),
+            memory_used_mb=leaf.values.get("memory_used_mb"),
+            memory_free_mb=leaf.values.get("memory_free_mb"),
+            power_w=leaf.values.get("power_w"),
+        )
+        if not leaf.owners:
+            evidence.append(device)
+        for namespace, pod, container in leaf.owners:
+            evidence.append(replace(device, namespace=namespace, pod=pod, container=container))
+    return evidence
+
+
+def parse_exposition(text: str, config: DcgmConfig | None = None) -> list[GpuEvidence]:
+    """Evidence from an exporter's ``/metrics`` body (Prometheus text format).
+
+    Raises ``ValueError`` on a malformed body.
+    """
+    samples = (
+        (s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    )
+    return evidence_from_samples(samples, config)
+
+
+def _vector_samples(result: Iterable[Any]) -> Iterator[Sample]:
+    for series in result:
+        try:
+            labels = series["metric"]
+            # Prometheus sends values as strings ("0", "NaN", "+Inf").
+            yield labels.get("__name__", ""), labels, float(series["value"][1])
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+            raise ValueError(f"malformed vector sample {series!r:.200}: {e!r}") from None
+
+
+def parse_prometheus_query(
+    payload: Mapping[str, Any], config: DcgmConfig | None = None
+) -> list[GpuEvidence]:
+    """Evidence from a decoded Prometheus ``/api/v1/query`` response (``resultType: vector``).
+
+    Raises ``ValueError`` for an error response, another result type or a malformed sample.
+    """
+    if payload.get("status") != "success":
+        raise ValueError(
+            f"Prometheus query failed: {payload.get('errorType')}: {payload.get('error')}"
+        )
+    data = payload.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise ValueError(f"expected a vector result, got {data.get('resultType')!r}")
+    return evidence_from_samples(_vector_samples(data.get("result") or []), config)
+
+
+def prometheus_query(config: DcgmConfig | None = None) -> str:
+    """One instant query for every metric in the table, e.g. ``{__name__=~"A|B"}``."""
+    names = "|".join(sorted((config or DcgmConfig()).metrics))
+    return f'{{__name__=~"{names}"}}'
+
+
+# --- judgement and lookup (pure) --------------------------------------------------------------
+
+
+def is_idle(
+    evidence: GpuEvidence,
+    idle_threshold: float = 0.05,
+    pcie_floor_bytes_per_s: float = 1_000_000,
+) -> bool | None:
+    """True when activity is below the threshold and PCIe traffic (if known) below the floor.
+
+    ``None`` when activity is unknown: unknown is never idle. The floor sits above the ~0.1 MB/s
+    an idle GPU's driver traffic shows on PCIe, and below any real host<->device copy.
+    """
+    if evidence.activity is None:
+        return None
+    if evidence.activity >= idle_threshold:
+        return False
+    return evidence.pcie_bytes_per_s is None or evidence.pcie_bytes_per_s < pcie_floor_bytes_per_s
+
+
+def index_by_pod(
+    evidence: Iterable[GpuEvidence],
+) -> dict[tuple[str | None, str], list[GpuEvidence]]:
+    """(namespace, pod) -> the leaf GPUs it holds. Unattributed GPUs are left out."""
+    index: dict[tuple[str | None, str], list[GpuEvidence]] = {}
+    for e in evidence:
+        if e.owner:
+            index.setdefault(e.owner, []).append(e)
+    return index
+
+
+def index_by_uuid(evidence: Iterable[GpuEvidence]) -> dict[str, list[GpuEvidence]]:
+    """Physical GPU UUID -> its records: the whole GPU and any MIG instances of it."""
+    index: dict[str, list[GpuEvidence]] = {}
+    for e in evidence:
+        index.setdefault(e.uuid, []).append(e)
+    return index
+
+
+# --- fetching ---------------------------------------------------------------------------------
+
+
+class DcgmSource:
+    """Reads DCGM evidence from Prometheus or straight from exporters; never raises on I/O.
+
+    Prometheus mode sends *one* regex query (``prometheus_query``) rather than one per metric:
+    one round trip per cycle, and every metric is evaluated at the same instant, so a GPU's
+    activity and PCIe readings belong together. Exporter mode scrapes every URL concurrently;
+    an exporter that fails costs only its own node's GPUs, recorded in ``errors``.
+    """
+
+    def __init__(
+        self,
+        *,
+        prometheus_url: str | None = None,
+        exporter_urls: Sequence[str] = (),
+        config: DcgmConfig | None = None,
+        timeout_s: float = 5.0,
+        bearer_token: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        validate_cert: bool = True,
+        ca_certs: str | None = None,
+    ) -> None:
+        if bool(prometheus_url) == bool(exporter_urls):
+            raise ValueError("DcgmSource: give either prometheus_url or exporter_urls")
+        self.prometheus_url = prometheus_url
+        self.exporter_urls = tuple(exporter_urls)
+        self.config = config or DcgmConfig()
+        self.timeout_s = timeout_s
+        self.headers = dict(headers or {})
+        if bearer_token:
+            self.headers["Authorization"] = f"Bearer {bearer_token}"
+        self.validate_cert = validate_cert
+        self.ca_certs = ca_certs
+
+    async def fetch(self) -> DcgmSnapshot:
+        if self.prometheus_url:
+            results = [await self._query_prometheus(self.prometheus_url)]
+        else:
+            results = await asyncio.gather(*(self._scrape(url) for url in self.exporter_urls))
+        evidence = [e for found, _ in results for e in found]
+        errors = [error for _, errs in results for error in errs]
+        return DcgmSnapshot(tuple(evidence), clock.utcnow(), tuple(errors))
+
+    async def _get(self, url: str, accept: str) -> str:
+        request = HTTPRequest(
+            url,
+            headers={"Accept": accept, **self.headers},
+            connect_timeout=self.timeout_s,
+            request_timeout=self.timeout_s,
+            validate_cert=self.validate_cert,
+            ca_certs=self.ca_certs,
+        )
+        # raise_error=False keeps the body of an HTTP error: Prometheus explains itself there.
+        response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        body = response.body.decode("utf-8", errors="replace") if response.body else ""
+        if response.code != 200:
+            raise OSError(f"HTTP {response.code} {response.reason}: {body[:200].strip()}")
+        return body
+
+    async def _scrape(self, url: str) -> tuple[list[GpuEvidence], list[str]]:
+        try:
+            return parse_exposition(await self._get(url, "text/plain"), self.config), []
+        except Exception as e:  # any failure degrades to "no DCGM for this node", never a crash
+            return [], [f"{url}: {type(e).__name__}: {e}"]
+
+    async def _query_prometheus(self, base: str) -> tuple[list[GpuEvidence], list[str]]:
+        query = urlencode({"query": prometheus_query(self.config)})
+        url = f"{base.rstrip('/')}/api/v1/query?{query}"
+        try:
+            payload = json.loads(await self._get(url, "application/json"))
+            evidence = parse_prometheus_query(payload, self.config)
+        except Exception as e:  # any failure degrades to "no DCGM", never a crash
+            return [], [f"{base}: {type(e).__name__}: {e}"]
+        # Warnings flag partial data (e.g. a Thanos store that did not answer).
+        return evidence, [f"{base}: warning: {w}" for w in payload.get("warnings") or []]

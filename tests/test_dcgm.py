@@ -1,0 +1,384 @@
+"""DCGM evidence on the hub: real dcgm-exporter samples, parsed, judged and mapped to pods.
+
+The fixtures are verbatim public samples (provenance and sha256 in their SOURCES.md) read from
+``$JUPYTER_GPU_GOV_DCGM_FIXTURES`` (default: the shared fixture folder); they are never edited.
+Cases no fixture covers are inline strings marked synthetic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+from tornado.web import Application, RequestHandler
+
+from jupyter_gpu_gov.hub.dcgm import (
+    DcgmConfig,
+    DcgmSource,
+    GpuEvidence,
+    index_by_pod,
+    index_by_uuid,
+    is_idle,
+    parse_exposition,
+    parse_prometheus_query,
+    prometheus_query,
+)
+
+# The project's shared folder sits beside the repository (as in CI's checkout).
+DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dcgm"
+FIXTURES = Path(os.environ.get("JUPYTER_GPU_GOV_DCGM_FIXTURES", DEFAULT_FIXTURES))
+H100_TEXT = "h100-8gpu-k8s-pod-attributed.txt"
+H100_JSON = "h100-prometheus-api-v1-query-gpu-util.json"
+A100_MIG = "a100-mig-1g5gb.txt"
+L4 = "l4-full-scrape-idle.prom"
+L40S = "l40s-full-scrape-idle.prom"
+T4 = "t4-default-counters-busy.txt"
+TEXT_FIXTURES = [H100_TEXT, A100_MIG, L4, L40S, T4]
+
+VLLM = ("dynamo-workload", "vllm-agg-0-vllmdecodeworker-s65j5")
+H100_GPU0 = "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005"
+
+
+def read(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def parse(name: str, config: DcgmConfig | None = None) -> list[GpuEvidence]:
+    return parse_exposition(read(name), config)
+
+
+def only(evidence: list[GpuEvidence]) -> GpuEvidence:
+    assert len(evidence) == 1, evidence
+    return evidence[0]
+
+
+def test_fixtures_are_the_published_samples_unmodified():
+    listed = dict(
+        re.findall(
+            r"^\d+\. `([^`]+)`.*?sha256 `([0-9a-f]{64})`",
+            read("SOURCES.md"),
+            flags=re.MULTILINE | re.DOTALL,
+        )
+    )
+    present = {p.name for p in FIXTURES.iterdir()} - {"SOURCES.md"}
+    assert set(listed) == present == {*TEXT_FIXTURES, H100_JSON}
+    for name, sha256 in listed.items():
+        assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == sha256, name
+
+
+@pytest.mark.parametrize("name", TEXT_FIXTURES)
+def test_every_exposition_fixture_yields_gpus_with_known_activity(name):
+    evidence = parse(name)
+    assert evidence
+    for e in evidence:
+        assert e.uuid.startswith("GPU-") and e.hostname and e.gpu_index is not None
+        assert e.activity is not None and 0.0 <= e.activity <= 1.0
+
+
+# --- Kubernetes attribution -------------------------------------------------------------------
+
+
+def test_h100_scrape_gpu0_belongs_to_the_vllm_pod_and_the_rest_to_nobody():
+    evidence = parse(H100_TEXT)
+    assert [e.gpu_index for e in evidence] == list(range(8))
+    assert {e.hostname for e in evidence} == {"gpu-node-1"}  # from the capital-H label
+    assert {e.model for e in evidence} == {"NVIDIA H100 80GB HBM3"}
+
+    by_pod = index_by_pod(evidence)
+    assert list(by_pod) == [VLLM]
+    gpu0 = only(by_pod[VLLM])
+    assert (gpu0.uuid, gpu0.gpu_index, gpu0.container) == (H100_GPU0, 0, "main")
+    assert [e.owner for e in evidence[1:]] == [None] * 7
+
+    # This excerpt has GPU_UTIL but no profiling counters: activity falls back to it.
+    assert (gpu0.activity, gpu0.activity_source) == (0.0, "gpu_util")
+    assert gpu0.power_w == pytest.approx(113.611)
+    # Not in the excerpt, so unknown rather than 0.
+    assert gpu0.memory_used_mb is None and gpu0.pcie_bytes_per_s is None
+
+
+def test_prometheus_response_never_makes_the_exporter_pod_an_owner():
+    payload = json.loads(read(H100_JSON))
+    evidence = parse_prometheus_query(payload)
+    assert len(evidence) == 16
+    assert sorted(e.hostname for e in evidence) == ["gpu-node-1"] * 8 + ["gpu-node-2"] * 8
+    assert len(index_by_uuid(evidence)) == 16
+
+    # With honorLabels=true the 15 idle-and-free GPUs carry the exporter's own pod labels.
+    raw_pods = {r["metric"]["pod"] for r in payload["data"]["result"]}
+    assert raw_pods == {"nvidia-dcgm-exporter-wqqqn", "nvidia-dcgm-exporter-g2fjs", VLLM[1]}
+    by_pod = index_by_pod(evidence)
+    assert list(by_pod) == [VLLM]
+    assert only(by_pod[VLLM]).uuid == H100_GPU0
+    assert sum(e.owner is None for e in evidence) == 15
+    assert all(is_idle(e) for e in evidence)  # GPU_UTIL "0" (a string) for all 16
+
+    # Prometheus and the direct scrape agree on who holds what.
+    scraped = {e.uuid: e.owner for e in parse(H100_TEXT)}
+    assert {e.uuid: e.owner for e in evidence if e.hostname == "gpu-node-1"} == scraped
+
+
+def test_honor_labels_false_maps_the_gpu_to_exported_pod():
+    # Synthetic (no fixture has this shape): Prometheus renamed the workload's labels to
+    # exported_* and set pod/namespace/container to the exporter's own target labels.
+    target = (
+        'pod="nvidia-dcgm-exporter-x7k2p",namespace="gpu-operator",container="nvidia-dcgm-exporter"'
+    )
+    text = (
+        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0",UUID="GPU-aaaa",hostname="n1",{target},'
+        'exported_pod="jupyter-alice",exported_namespace="jhub",exported_container="notebook"} 0.5\n'
+        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="1",UUID="GPU-bbbb",hostname="n1",{target}}} 0\n'
+    )
+    alice, free = parse_exposition(text)
+    assert (alice.namespace, alice.pod, alice.container) == ("jhub", "jupyter-alice", "notebook")
+    assert alice.hostname == "n1"  # lowercase hostname label
+    assert free.owner is None
+    assert index_by_pod([alice, free]) == {("jhub", "jupyter-alice"): [alice]}
+
+
+def test_a_pod_named_like_the_exporter_is_still_an_owner():
+    # Synthetic: a user picks a named server's name, so the pod name alone must not hide a GPU;
+    # the exporter's container name must match as well.
+    text = (
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aaaa",namespace="jhub",'
+        'pod="jupyter-alice--dcgm-exporter-abcde",container="notebook"} 0\n'
+    )
+    assert only(parse_exposition(text)).owner == ("jhub", "jupyter-alice--dcgm-exporter-abcde")
+    custom = DcgmConfig(exporter_pod_regex=r"gpu-metrics-\w+", exporter_containers=frozenset())
+    exporter = 'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-aaaa",pod="gpu-metrics-x1"} 0\n'
+    assert only(parse_exposition(exporter, custom)).owner is None
+
+
+def test_empty_workload_labels_are_absent_and_shared_gpus_list_every_pod():
+    # Synthetic: empty labels as some exporters emit them for a free GPU, and a time-sliced GPU
+    # that the exporter reports once per pod holding it.
+    text = (
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-free",container="",namespace="",pod=""} 0\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-shared",namespace="jhub",pod="jupyter-a"} 30\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-shared",namespace="jhub",pod="jupyter-b"} 30\n'
+    )
+    free, a, b = parse_exposition(text)
+    assert (free.namespace, free.pod, free.container) == (None, None, None)
+    assert (a.owner, b.owner) == (("jhub", "jupyter-a"), ("jhub", "jupyter-b"))
+    assert a.activity == b.activity == pytest.approx(0.3)
+    assert index_by_uuid([free, a, b])["GPU-shared"] == [a, b]
+
+
+# --- MIG --------------------------------------------------------------------------------------
+
+
+def test_a100_mig_whole_gpu_and_gpu_instance_are_separate_leaves():
+    whole, instance = parse(A100_MIG)  # the fixture's lines are indented: the parser copes
+    uuid = "GPU-34319582-d595-d1c7-d1d2-179bcfa61660"
+    assert index_by_uuid([whole, instance]) == {uuid: [whole, instance]}
+
+    assert (whole.mig_profile, whole.gpu_instance_id) == (None, None)
+    assert whole.activity == pytest.approx(0.995630)
+    assert (whole.memory_used_mb, whole.memory_free_mb) == (4845, 35690)
+    assert whole.pcie_bytes_per_s == 33011804 + 97863601
+    assert whole.model is None  # 2021 exporter: no modelName label
+    assert whole.hostname == "ub20-a100-k8s"
+
+    assert (instance.mig_profile, instance.gpu_instance_id) == ("1g.5gb", 13)
+    # No GPU_UTIL exists for a GPU instance: activity comes from GR_ENGINE_ACTIVE.
+    assert (instance.activity, instance.activity_source) == (0.995687, "gr_engine_active")
+    assert instance.tensor_active == pytest.approx(0.930433)
+    assert instance.dram_active == pytest.approx(0.800339)
+    assert instance.memory_used_mb is None and instance.pcie_bytes_per_s is None
+    assert is_idle(instance) is False
+
+
+# --- idle judgement ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "pcie"), [(L4, 112603 + 17544), (L40S, 175084 + 19831)], ids=["L4", "L40S"]
+)
+def test_idle_gpus_are_idle_despite_their_pcie_floor(name, pcie):
+    gpu = only(parse(name))
+    assert (gpu.activity, gpu.activity_source) == (0.0, "gr_engine_active")
+    assert gpu.pcie_bytes_per_s == pcie > 0
+    assert gpu.memory_used_mb == 0
+    assert is_idle(gpu) is True
+    assert is_idle(gpu, pcie_floor_bytes_per_s=pcie) is False  # the floor is a strict bound
+
+
+def test_t4_is_busy_by_graphics_engine_activity_not_gpu_util():
+    t4 = only(parse(T4))
+    # GPU_UTIL says 91 %; the graphics engine was active 15.6 % of the time.
+    assert (t4.activity, t4.activity_source) == (0.156205, "gr_engine_active")
+    assert t4.tensor_active == pytest.approx(0.005822)
+    assert t4.pcie_bytes_per_s == 4791810 + 6935930
+    assert is_idle(t4) is False
+    # Decision: 15.6 % is busy at the default 5 % threshold on activity alone (a GPU fed by a
+    # slow data loader is working), and its 11.7 MB/s of PCIe would keep it busy even at 20 %.
+    assert is_idle(replace(t4, pcie_bytes_per_s=0.0)) is False
+    assert is_idle(t4, idle_threshold=0.2) is False
+    assert is_idle(t4, idle_threshold=0.2, pcie_floor_bytes_per_s=20e6) is True
+
+
+def test_unknown_activity_is_never_idle_and_unknown_pcie_does_not_block_idle():
+    # Synthetic: memory only, no activity counter at all.
+    gpu = only(parse_exposition('DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-aaaa"} 1024\n'))
+    assert (gpu.activity, gpu.memory_used_mb) == (None, 1024)
+    assert is_idle(gpu) is None
+    assert is_idle(replace(gpu, activity=0.0)) is True
+
+
+def test_sm_active_is_the_last_resort_and_nan_is_unknown():
+    # Synthetic: SM_ACTIVE understates a small working kernel, so GPU_UTIL wins over it.
+    both = 'DCGM_FI_PROF_SM_ACTIVE{UUID="GPU-a"} 0.01\nDCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 100\n'
+    assert only(parse_exposition(both)).activity_source == "gpu_util"
+    sm = only(parse_exposition('DCGM_FI_PROF_SM_ACTIVE{UUID="GPU-a"} 0.25\n'))
+    assert (sm.activity, sm.activity_source) == (0.25, "sm_active")
+    nan = only(parse_exposition('DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID="GPU-a"} NaN\n'))
+    assert nan.activity is None and is_idle(nan) is None
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+
+def test_a_relabelled_metric_is_read_through_the_config_table():
+    # Synthetic: a site relabels DCGM_FI_DEV_GPU_UTIL to gpu_util.
+    text = 'gpu_util{gpu="0",UUID="GPU-aaaa",Hostname="n1"} 42\n'
+    assert parse_exposition(text) == []
+    config = DcgmConfig().with_metrics({"gpu_util": "gpu_util"})
+    gpu = only(parse_exposition(text, config))
+    assert (gpu.activity, gpu.activity_source) == (pytest.approx(0.42), "gpu_util")
+    assert "gpu_util" in prometheus_query(config)
+    assert "DCGM_FI_DEV_GPU_UTIL" in prometheus_query(config)  # extended, not replaced
+
+
+def test_bad_config_names_the_key():
+    with pytest.raises(ValueError, match=r"DcgmConfig.metrics\['x'\]: unknown field 'gpu'"):
+        DcgmConfig().with_metrics({"x": "gpu"})
+    with pytest.raises(ValueError, match="not a Prometheus metric name"):
+        DcgmConfig(metrics={"a|b": "gpu_util"})
+    with pytest.raises(ValueError, match="exporter_pod_regex"):
+        DcgmConfig(exporter_pod_regex="(")
+
+
+def test_prometheus_error_responses_raise_value_error():
+    with pytest.raises(ValueError, match="bad_data: parse error"):
+        parse_prometheus_query({"status": "error", "errorType": "bad_data", "error": "parse error"})
+    with pytest.raises(ValueError, match="expected a vector"):
+        parse_prometheus_query({"status": "success", "data": {"resultType": "matrix"}})
+    with pytest.raises(ValueError, match="malformed vector sample"):
+        parse_prometheus_query(
+            {"status": "success", "data": {"resultType": "vector", "result": [{"value": []}]}}
+        )
+
+
+# --- fetching over HTTP -----------------------------------------------------------------------
+
+
+class FixtureHandler(RequestHandler):
+    def initialize(self, name: str, seen: list, status: int = 200) -> None:
+        self.name, self.seen, self.status = name, seen, status
+
+    def get(self) -> None:
+        self.seen.append(self.request)
+        self.set_status(self.status)
+        self.write((FIXTURES / self.name).read_bytes())
+
+
+@contextmanager
+def serve(routes: list) -> Iterator[str]:
+    """A real HTTP server on this test's event loop."""
+    sock, port = bind_unused_port()
+    server = HTTPServer(Application(routes))
+    server.add_sockets([sock])
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@contextmanager
+def closed_port() -> Iterator[str]:
+    sock, port = bind_unused_port()
+    sock.close()
+    yield f"http://127.0.0.1:{port}"
+
+
+async def test_source_scrapes_every_exporter_and_records_the_one_that_is_down():
+    seen: list = []
+    routes = [
+        ("/h100/metrics", FixtureHandler, {"name": H100_TEXT, "seen": seen}),
+        ("/a100/metrics", FixtureHandler, {"name": A100_MIG, "seen": seen}),
+    ]
+    with serve(routes) as base, closed_port() as down:
+        source = DcgmSource(
+            exporter_urls=[f"{base}/h100/metrics", f"{base}/a100/metrics", f"{down}/metrics"],
+            bearer_token="s3cret",
+            headers={"X-Scope-OrgID": "gpu"},
+        )
+        snapshot = await source.fetch()
+
+    assert len(snapshot.evidence) == 8 + 2
+    assert list(index_by_pod(snapshot.evidence)) == [VLLM]
+    assert len(snapshot.errors) == 1 and snapshot.errors[0].startswith(f"{down}/metrics: ")
+    assert snapshot.fetched_at.tzinfo is not None
+    for request in seen:
+        assert request.headers["Authorization"] == "Bearer s3cret"
+        assert request.headers["X-Scope-OrgID"] == "gpu"
+
+
+async def test_source_queries_prometheus_once_for_every_metric():
+    seen: list = []
+    routes = [("/prom/api/v1/query", FixtureHandler, {"name": H100_JSON, "seen": seen})]
+    with serve(routes) as base:
+        snapshot = await DcgmSource(prometheus_url=f"{base}/prom/", bearer_token="t").fetch()
+
+    assert snapshot.errors == ()
+    assert len(snapshot.evidence) == 16
+    assert list(index_by_pod(snapshot.evidence)) == [VLLM]
+    (request,) = seen
+    assert parse_qs(urlsplit(request.uri).query)["query"] == [prometheus_query()]
+    assert request.headers["Authorization"] == "Bearer t"
+
+
+async def test_source_records_http_errors_with_prometheus_explanation():
+    routes = [("/api/v1/query", FixtureHandler, {"name": L4, "seen": [], "status": 503})]
+    with serve(routes) as base:
+        snapshot = await DcgmSource(prometheus_url=base).fetch()
+    assert snapshot.evidence == ()
+    (error,) = snapshot.errors
+    assert error.startswith(f"{base}: ") and "HTTP 503" in error and "DCGM_FI_DEV_SM_CLOCK" in error
+
+
+async def test_source_degrades_to_empty_evidence_when_prometheus_is_down():
+    with closed_port() as down:
+        snapshot = await DcgmSource(prometheus_url=down, timeout_s=2).fetch()
+    assert snapshot.evidence == ()
+    (error,) = snapshot.errors
+    assert error.startswith(f"{down}: ")
+
+
+async def test_source_times_out_on_an_exporter_that_never_answers():
+    sock, port = bind_unused_port()  # listening, never accepted: the request hangs
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        snapshot = await DcgmSource(exporter_urls=[url], timeout_s=0.3).fetch()
+    finally:
+        sock.close()
+    assert snapshot.evidence == ()
+    (error,) = snapshot.errors
+    assert error.startswith(url) and "Timeout" in error
+
+
+def test_source_needs_exactly_one_mode():
+    with pytest.raises(ValueError, match="either prometheus_url or exporter_urls"):
+        DcgmSource()
+    with pytest.raises(ValueError, match="either prometheus_url or exporter_urls"):
+        DcgmSource(prometheus_url="http://prom:9090", exporter_urls=["http://n1:9400/metrics"])
