@@ -1,0 +1,432 @@
+"""Async client for the JupyterHub REST API, as the governor uses it.
+
+The governor replaces jupyterhub-idle-culler for GPU servers, so this client keeps that culler's
+robustness: paginated listing (``Accept: application/jupyterhub-pagination+json``) with the
+``state=ready`` filter, a bound on requests in flight, 202 "slow stop" answers, removal of named
+servers, and JupyterHub's internal TLS certificates. It adds what a long-running service needs:
+errors that carry the Hub's status and message, and one frozen :class:`HubServer` per server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, NamedTuple
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httputil import url_concat
+
+from ..core import clock
+
+log = logging.getLogger(__name__)
+
+PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
+# What a connection failure or timeout reports as its status (tornado's convention).
+NO_RESPONSE = 599
+
+StopResult = Literal["stopped", "stopping", "gone"]
+
+
+class HubApiError(Exception):
+    """The Hub refused a request, or never answered it (status 599).
+
+    ``status`` is the HTTP status and ``message`` the Hub's own explanation (its JSON error body).
+    """
+
+    def __init__(self, status: int, message: str, *, method: str = "", url: str = ""):
+        self.status = status
+        self.message = message
+        self.method = method
+        self.url = url
+        where = f"{method} {url}: " if method else ""
+        super().__init__(f"{where}{status} {message}".rstrip())
+
+
+@dataclass(frozen=True)
+class HubServer:
+    """One running (or pending) server of a user, flattened from the Hub's user model."""
+
+    user: str
+    name: str  # "" for the default server
+    admin: bool = False
+    groups: tuple[str, ...] = ()
+    url: str = ""
+    started: datetime | None = None
+    last_activity: datetime | None = None
+    user_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    pending: str | None = None  # "spawn", "stop", ... while the Hub is busy with it
+    ready: bool = False
+    # The spawner's get_state(); None when the token lacks admin:server_state.
+    spawner_state: Mapping[str, Any] | None = field(default=None, hash=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.user, self.name)
+
+    @property
+    def full_name(self) -> str:
+        """``user`` or ``user/name``, as the Hub writes it in logs."""
+        return f"{self.user}/{self.name}" if self.name else self.user
+
+    @classmethod
+    def from_models(
+        cls, user: Mapping[str, Any], name: str, server: Mapping[str, Any]
+    ) -> HubServer:
+        return cls(
+            user=user["name"],
+            name=name,
+            admin=bool(user.get("admin")),
+            groups=tuple(user.get("groups") or ()),
+            url=server.get("url") or "",
+            started=clock.parse(server.get("started")),
+            last_activity=clock.parse(server.get("last_activity")),
+            user_options=server.get("user_options") or {},
+            pending=server.get("pending"),
+            # Hubs before 0.9 had no 'ready': a URL meant the server was up.
+            ready=bool(server.get("ready", bool(server.get("url")))),
+            spawner_state=server.get("state"),
+        )
+
+
+class _Reply(NamedTuple):
+    status: int
+    data: Any  # decoded JSON, text for a non-JSON body, None for an empty one
+    reason: str
+    url: str
+
+
+class HubApi:
+    """Async client for ``$JUPYTERHUB_API_URL`` with the service's token.
+
+    Parameters
+    ----------
+    api_url: e.g. ``http://127.0.0.1:8081/hub/api`` (default ``$JUPYTERHUB_API_URL``).
+    token: API token (default ``$JUPYTERHUB_API_TOKEN``).
+    concurrency: most requests in flight at once (a whole cull cycle shares it).
+    page_size: ``limit`` asked of paginated lists; 0 leaves it to the Hub
+        (``api_page_default_limit``, capped by ``api_page_max_limit``).
+    request_timeout, connect_timeout: seconds. Listing thousands of users is slow, hence a
+        longer default than tornado's 20 s.
+    ssl_enabled: the Hub runs with ``internal_ssl``; certificates come from
+        ``internal_certs_location`` (JupyterHub's layout: ``hub-ca/hub-ca.crt``,
+        ``hub-internal/hub-internal.{crt,key}``) or, without it, from the
+        ``$JUPYTERHUB_SSL_CLIENT_CA``/``_CERTFILE``/``_KEYFILE`` the Hub gives managed services.
+    ca_certs, client_cert, client_key: explicit files; each wins over the above.
+    validate_cert: verify the Hub's certificate.
+    """
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        token: str | None = None,
+        *,
+        concurrency: int = 10,
+        page_size: int = 0,
+        request_timeout: float = 60.0,
+        connect_timeout: float = 20.0,
+        ssl_enabled: bool = False,
+        internal_certs_location: str | os.PathLike[str] | None = None,
+        ca_certs: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+        validate_cert: bool = True,
+    ):
+        api_url = api_url or os.environ.get("JUPYTERHUB_API_URL")
+        token = token or os.environ.get("JUPYTERHUB_API_TOKEN")
+        if not api_url:
+            raise ValueError("HubApi: api_url is not given and $JUPYTERHUB_API_URL is not set")
+        if not token:
+            raise ValueError("HubApi: token is not given and $JUPYTERHUB_API_TOKEN is not set")
+        if concurrency < 1:
+            raise ValueError(f"HubApi: concurrency must be at least 1, not {concurrency}")
+        if page_size < 0:
+            raise ValueError(f"HubApi: page_size must be 0 (Hub default) or more, not {page_size}")
+        self.api_url = api_url.rstrip("/")
+        self.token = token
+        self.concurrency = concurrency
+        self.page_size = page_size
+        self.request_timeout = request_timeout
+        self.connect_timeout = connect_timeout
+        self.validate_cert = validate_cert
+        self.ca_certs, self.client_cert, self.client_key = ca_certs, client_cert, client_key
+        if ssl_enabled:
+            if internal_certs_location:
+                loc = os.fspath(internal_certs_location)
+                found = (
+                    os.path.join(loc, "hub-ca", "hub-ca.crt"),
+                    os.path.join(loc, "hub-internal", "hub-internal.crt"),
+                    os.path.join(loc, "hub-internal", "hub-internal.key"),
+                )
+            else:
+                found = tuple(
+                    os.environ.get(f"JUPYTERHUB_SSL_{k}")
+                    for k in ("CLIENT_CA", "CERTFILE", "KEYFILE")
+                )
+            self.ca_certs = ca_certs or found[0]
+            self.client_cert = client_cert or found[1]
+            self.client_key = client_key or found[2]
+            if not (self.ca_certs and self.client_cert and self.client_key):
+                raise ValueError(
+                    "HubApi: ssl_enabled needs internal_certs_location, $JUPYTERHUB_SSL_* or"
+                    " explicit ca_certs, client_cert and client_key"
+                )
+        self.request_count = 0  # requests sent, for metrics and tests
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: AsyncHTTPClient | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+
+    # --- plumbing ----------------------------------------------------------------------------
+    @property
+    def ssl_kwargs(self) -> dict[str, Any]:
+        """TLS arguments for every ``HTTPRequest`` (only the files that are set)."""
+        files = {"ca_certs": self.ca_certs, "client_cert": self.client_cert}
+        files["client_key"] = self.client_key
+        return {"validate_cert": self.validate_cert} | {k: v for k, v in files.items() if v}
+
+    def _bind(self) -> tuple[AsyncHTTPClient, asyncio.Semaphore]:
+        # Tornado clients and asyncio semaphores belong to one event loop; tests and tools may
+        # run the same HubApi on several loops in turn.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._semaphore is None or self._loop is not loop:
+            if self._client is not None:
+                self._client.close()
+            # Our own instance (not tornado's per-loop shared one) with room for every permitted
+            # request, so none waits in tornado's queue, where waiting counts against its timeout.
+            self._client = AsyncHTTPClient(force_instance=True, max_clients=self.concurrency)
+            self._semaphore = asyncio.Semaphore(self.concurrency)
+            self._loop = loop
+        return self._client, self._semaphore
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        self._client = self._semaphore = self._loop = None
+
+    async def __aenter__(self) -> HubApi:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def _url(self, path: str, params: Mapping[str, Any] | None = None) -> str:
+        url = (
+            path
+            if path.startswith(("http://", "https://"))
+            else f"{self.api_url}/{path.lstrip('/')}"
+        )
+        query = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        return url_concat(url, query) if query else url
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> _Reply:
+        """One request; any HTTP status comes back, only a missing answer raises."""
+        url = self._url(path, params)
+        hdrs = {"Authorization": f"token {self.token}", "Accept": "application/json"}
+        hdrs.update(headers or {})
+        payload = None
+        if body is not None:
+            payload = json.dumps(body)
+            hdrs["Content-Type"] = "application/json"
+        req = HTTPRequest(
+            url,
+            method=method,
+            headers=hdrs,
+            body=payload,
+            allow_nonstandard_methods=True,  # DELETE with {"remove": true}, POST without body
+            request_timeout=self.request_timeout,
+            connect_timeout=self.connect_timeout,
+            follow_redirects=False,
+            **self.ssl_kwargs,
+        )
+        client, semaphore = self._bind()
+        async with semaphore:
+            self.request_count += 1
+            try:
+                resp = await client.fetch(req, raise_error=False)
+            except HTTPClientError as e:  # timeouts
+                raise HubApiError(e.code, str(e), method=method, url=url) from e
+            except OSError as e:  # refused, unreachable, TLS failures
+                raise HubApiError(NO_RESPONSE, str(e), method=method, url=url) from e
+        text = (resp.body or b"").decode("utf8", "replace")
+        data: Any = None
+        if text:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                data = text
+        return _Reply(resp.code, data, resp.reason or "", url)
+
+    @staticmethod
+    def _error(method: str, reply: _Reply) -> HubApiError:
+        data = reply.data
+        if isinstance(data, dict) and data.get("message"):
+            message = str(data["message"])  # JupyterHub's {"status": …, "message": …}
+        elif isinstance(data, str) and data.strip():
+            message = data.strip()[:500]
+        else:
+            message = reply.reason
+        return HubApiError(reply.status, message, method=method, url=reply.url)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Call ``path`` (relative to ``api_url``, or a full URL); return the decoded JSON body.
+
+        ``body`` is sent as JSON. Raises :class:`HubApiError` for any status from 400 on.
+        """
+        reply = await self._send(method, path, body, params=params, headers=headers)
+        if reply.status >= 400:
+            raise self._error(method, reply)
+        return reply.data
+
+    # --- listing -----------------------------------------------------------------------------
+    async def paginate(
+        self, path: str, params: Mapping[str, Any] | None = None
+    ) -> AsyncIterator[Any]:
+        """Yield every item of a list endpoint (``/users``, ``/groups``), page by page.
+
+        The next page is requested while the caller works through this one. A page may be
+        short, even empty, before the last: the Hub applies ``state=ready`` after slicing.
+        """
+        query = dict(params or {})
+        if self.page_size:
+            query["limit"] = self.page_size
+        accept = {"Accept": PAGINATION_MEDIA_TYPE}
+
+        def fetch(p: str, q: Mapping[str, Any]) -> asyncio.Task[Any]:
+            task = asyncio.ensure_future(self.request("GET", p, params=q, headers=accept))
+            # If the caller stops early, an unawaited failure must not be reported at exit.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            return task
+
+        pending: asyncio.Task[Any] | None = fetch(path, query)
+        pages = 0
+        try:
+            while pending is not None:
+                page = await pending
+                pending = None
+                pages += 1
+                if isinstance(page, list):  # Hubs before 2.0: the whole list, unpaginated
+                    items = page
+                else:
+                    items = page.get("items") or []
+                    info = page.get("_pagination") or {}
+                    nxt = info.get("next")
+                    if nxt and "offset" in nxt:
+                        if int(nxt["offset"]) <= int(info.get("offset", -1)):
+                            log.warning("Hub pagination of %s did not advance: %s", path, info)
+                        else:
+                            # Our own URL rather than next.url: the Hub builds that from the
+                            # Host and scheme it saw, which behind a proxy we may not reach.
+                            q = query | {"offset": nxt["offset"], "limit": nxt.get("limit")}
+                            pending = fetch(path, q)
+                    elif nxt:
+                        pending = fetch(nxt["url"], {})
+                for item in items:
+                    yield item
+        finally:
+            if pending is not None:
+                pending.cancel()
+        log.debug("Listed %s in %d page(s)", path, pages)
+
+    async def iter_users(self, state: str | None = "ready") -> AsyncIterator[dict[str, Any]]:
+        """Yield user models with their ``servers`` (``state``: ready, active, inactive, None).
+
+        Server models carry ``state`` (the spawner's) when the token has admin:server_state.
+        """
+        seen: set[str] = set()
+        async for user in self.paginate("/users", {"state": state}):
+            # Offset pages shift when users come and go between two requests: skip repeats.
+            if user["name"] not in seen:
+                seen.add(user["name"])
+                yield user
+
+    async def list_servers(self, state: str | None = "ready") -> list[HubServer]:
+        """Every server in the listed user models, one :class:`HubServer` each.
+
+        With ``state="ready"`` only ready servers: the Hub selects users with *any* ready
+        server, and their other servers may still be starting or stopping.
+        """
+        servers = []
+        async for user in self.iter_users(state):
+            for name, model in (user.get("servers") or {}).items():
+                server = HubServer.from_models(user, name, model)
+                if state != "ready" or server.ready:
+                    servers.append(server)
+        return servers
+
+    async def get_user(self, user: str) -> dict[str, Any] | None:
+        """The user model, or None when the Hub has no such user."""
+        reply = await self._send("GET", f"/users/{_q(user)}")
+        if reply.status == 404:
+            return None
+        if reply.status >= 400:
+            raise self._error("GET", reply)
+        return reply.data
+
+    async def get_groups(self) -> list[dict[str, Any]]:
+        """All group models (``name``, ``users``, ``properties``)."""
+        return [group async for group in self.paginate("/groups")]
+
+    # --- actions -----------------------------------------------------------------------------
+    async def stop_server(self, user: str, name: str = "", remove: bool = False) -> StopResult:
+        """Ask the Hub to stop a server; ``remove`` also deletes a named server's record.
+
+        Returns "stopped" (204), "stopping" (202: the Hub is still stopping it; check again
+        later, as a repeated DELETE answers 202 until it is done) or "gone" (404, or 400 from a
+        Hub that says it is not running or has no named servers). A 400 for a server being
+        renamed also reads "gone"; the next listing shows it again if it still runs.
+        """
+        body = None
+        if name:
+            path = f"/users/{_q(user)}/servers/{_q(name)}"
+            if remove:
+                body = {"remove": True}
+        else:
+            # The Hub refuses to remove a default server: it is stopped only.
+            path = f"/users/{_q(user)}/server"
+        reply = await self._send("DELETE", path, body)
+        if reply.status == 202:
+            return "stopping"
+        if reply.status in (200, 204):
+            return "stopped"
+        if reply.status in (400, 404):
+            return "gone"
+        raise self._error("DELETE", reply)
+
+    async def delete_user(self, user: str) -> bool:
+        """Delete a user (``--cull-users``); False when already gone.
+
+        The Hub answers 400 while one of the user's servers is stopping: that raises, so the
+        caller tries again on a later cycle.
+        """
+        reply = await self._send("DELETE", f"/users/{_q(user)}")
+        if reply.status == 404:
+            return False
+        if reply.status >= 400:
+            raise self._error("DELETE", reply)
+        return True
+
+
+def _q(name: str) -> str:
+    """Quote a user or server name as one path segment."""
+    return quote(name, safe="")

@@ -1,0 +1,414 @@
+"""HubApi against the fake Hub over real HTTP, and against a real JupyterHub."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import pytest
+from fake_hub_api import ADMIN_SCOPES, FakeHub
+from hub_harness import hub_fixture
+
+from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.hub.hubapi import NO_RESPONSE, HubApi, HubApiError, HubServer
+
+
+def client(hub: FakeHub, **kwargs) -> HubApi:
+    return HubApi(hub.api_url, kwargs.pop("token", hub.token), **kwargs)
+
+
+# --- listing -----------------------------------------------------------------------------------
+async def test_servers_listed_across_pages():
+    now = clock.utcnow().replace(microsecond=0)
+    async with FakeHub() as hub:
+        for i in range(7):
+            hub.add_user(f"u{i}", admin=i == 0, groups=["physics"])
+            hub.add_server(
+                f"u{i}",
+                last_activity=now - timedelta(minutes=i),
+                started=now - timedelta(hours=1),
+                user_options={"profile": "a100"},
+                state={"pod_name": f"jupyter-u{i}"},
+            )
+        for i in range(3):  # no servers: not listed with state=ready
+            hub.add_user(f"idle{i}")
+        hub.add_server("u3", "gpu", user_options={"profile": "mig"})
+        api = client(hub, page_size=3)
+        servers = await api.list_servers()
+    assert hub.counters["GET /users"] == 3  # 7 active users, 3 a page
+    assert api.request_count == 3
+    assert len(servers) == 8
+    by_key = {s.key: s for s in servers}
+    u0 = by_key[("u0", "")]
+    assert u0 == HubServer(
+        user="u0",
+        name="",
+        admin=True,
+        groups=("physics",),
+        url="/user/u0/",
+        started=now - timedelta(hours=1),
+        last_activity=now,
+        user_options={"profile": "a100"},
+        pending=None,
+        ready=True,
+        spawner_state={"pod_name": "jupyter-u0"},
+    )
+    assert u0.last_activity.tzinfo is not None
+    assert by_key[("u3", "gpu")].full_name == "u3/gpu"
+    assert by_key[("u3", "gpu")].url == "/user/u3/gpu/"
+    assert by_key[("u3", "gpu")].last_activity is None
+
+
+async def test_ready_filter_leaves_short_pages_and_pending_servers():
+    async with FakeHub() as hub:
+        for i in range(6):
+            hub.add_server(f"u{i}", ready=i % 2 == 0)  # odd users are still spawning
+        hub.add_server("u0", "starting", ready=False)
+        api = client(hub, page_size=2)
+        ready = await api.list_servers()
+        active = await api.list_servers(state="active")
+    # The Hub filters 'ready' after slicing: every page has one user, and all three are found.
+    assert sorted(s.key for s in ready) == [("u0", ""), ("u2", ""), ("u4", "")]
+    assert len(active) == 7
+    assert {s.pending for s in active if not s.ready} == {"spawn"}
+
+
+async def test_hub_default_page_size():
+    async with FakeHub(page_default=50) as hub:
+        hub.populate(120)
+        api = client(hub)  # page_size=0: no limit asked
+        servers = await api.list_servers()
+    assert len(servers) == 120
+    assert hub.counters["GET /users"] == 3
+
+
+async def test_plain_list_from_old_hub():
+    async with FakeHub(paginate=False) as hub:
+        hub.populate(300, running=0.5, seed=1)
+        api = client(hub, page_size=10)
+        servers = await api.list_servers()
+        everyone = [u async for u in api.iter_users(state=None)]
+    assert hub.counters["GET /users"] == 2  # one request each, the whole list
+    assert len(servers) == len(hub._active_ids)
+    assert len(everyone) == 300
+
+
+async def test_without_pagination_header_hub_truncates_lists():
+    """Why the Accept header matters: a Hub 2+ cuts plain lists at api_page_max_limit."""
+    async with FakeHub(page_max=200) as hub:
+        hub.populate(250)
+        api = client(hub)
+        plain = await api.request("GET", "/users", params={"state": "ready"})
+        paged = await api.list_servers()
+    assert len(plain) == 200
+    assert len(paged) == 250
+
+
+async def test_ten_thousand_users():
+    async with FakeHub(page_max=200) as hub:
+        hub.populate(10_000, running=0.8, named=1)
+        api = client(hub, page_size=200)
+        t0 = time.perf_counter()
+        servers = await api.list_servers()
+        elapsed = time.perf_counter() - t0
+    running_users = len(hub._active_ids)
+    assert len(servers) == 2 * running_users
+    assert hub.counters["GET /users"] == -(-running_users // 200)
+    assert len({s.key for s in servers}) == len(servers)
+    assert elapsed < 60, elapsed
+
+
+async def test_leaving_a_listing_early_cancels_the_prefetch():
+    async with FakeHub(latency=0.05) as hub:
+        hub.populate(30)
+        api = client(hub, page_size=5)
+        users = api.iter_users()
+        first = await anext(users)
+        await users.aclose()
+        await asyncio.sleep(0.1)
+    assert first["name"] == "user00"
+    assert hub.counters["GET /users"] <= 2  # the page we read and at most the prefetched one
+
+
+async def test_groups_paginated_with_properties():
+    async with FakeHub() as hub:
+        for i in range(5):
+            hub.add_group(f"team{i}", users=[f"u{i}"], properties={"gpu_quota": i})
+        api = client(hub, page_size=2)
+        groups = await api.get_groups()
+    assert [g["name"] for g in groups] == [f"team{i}" for i in range(5)]
+    assert groups[3]["properties"] == {"gpu_quota": 3}
+    assert groups[3]["users"] == ["u3"]
+    assert hub.counters["GET /groups"] == 3
+
+
+async def test_spawner_state_needs_its_scope():
+    async with FakeHub() as hub:
+        hub.add_server("alice", state={"pid": 42})
+        hub.add_token("limited", ADMIN_SCOPES - {"admin:server_state"})
+        full = await client(hub).list_servers()
+        limited = await client(hub, token="limited").list_servers()
+    assert full[0].spawner_state == {"pid": 42}
+    assert limited[0].spawner_state is None
+
+
+async def test_concurrency_bound_is_respected():
+    async with FakeHub(latency=0.03) as hub:
+        for i in range(20):
+            hub.add_server(f"u{i}")
+        api = client(hub, concurrency=3)
+        users = await asyncio.gather(*(api.get_user(f"u{i}") for i in range(20)))
+        assert hub.max_in_flight == 3
+        results = await asyncio.gather(*(api.stop_server(f"u{i}") for i in range(20)))
+    assert all(u is not None for u in users)
+    assert results == ["stopped"] * 20
+    assert hub.max_in_flight == 3
+    assert hub.counters["stops"] == 20
+
+
+# --- stopping ----------------------------------------------------------------------------------
+async def test_slow_stop_answers_stopping_then_server_goes():
+    async with FakeHub() as hub:
+        # Every DELETE and every listing that reaches alice counts as a poll.
+        hub.add_server("alice", slow_stop=4)
+        hub.add_server("bob")
+        api = client(hub)
+        assert await api.stop_server("alice") == "stopping"
+        assert await api.stop_server("alice") == "stopping"  # asking again: still stopping
+        # Stopping is not ready: the next cycle does not see it as a running server.
+        assert [s.user for s in await api.list_servers()] == ["bob"]
+        assert [(s.user, s.pending) for s in await api.list_servers(state="active")] == [
+            ("alice", "stop"),
+            ("bob", None),
+        ]
+        for _ in range(2):
+            user = await api.get_user("alice")
+            if not user["servers"]:
+                break
+        assert user["servers"] == {}
+        assert not hub.running("alice")
+    assert hub.counters["stops"] == 1
+    assert hub.counters["slow_stops"] == 1
+
+
+async def test_stopping_what_is_not_there():
+    async with FakeHub() as hub:
+        hub.add_user("alice")
+        api = client(hub)
+        assert await api.stop_server("nobody") == "gone"  # 404
+        assert await api.stop_server("alice", "gpu") == "gone"  # 404: no such named server
+        assert await api.stop_server("alice") == "stopped"  # 204: the Hub's answer, idempotent
+    async with FakeHub(named_servers=False) as hub:
+        hub.add_server("alice")
+        assert await client(hub).stop_server("alice", "gpu") == "gone"  # 400: not enabled
+    assert hub.counters["stops"] == 0
+
+
+async def test_named_server_stopped_or_removed():
+    async with FakeHub() as hub:
+        hub.add_server("alice", "keep")
+        hub.add_server("alice", "drop")
+        hub.add_server("alice")
+        api = client(hub)
+        assert await api.stop_server("alice", "keep") == "stopped"
+        assert await api.stop_server("alice", "drop", remove=True) == "stopped"
+        assert await api.stop_server("alice", remove=True) == "stopped"  # default: stop only
+        servers = hub.users["alice"].servers
+        assert "keep" in servers and not servers["keep"].active
+        assert "drop" not in servers
+        assert hub.counters["removed"] == 1
+        # A stopped named server can still be removed.
+        assert await api.stop_server("alice", "keep", remove=True) == "stopped"
+        assert "keep" not in servers
+        assert (await api.get_user("alice"))["servers"] == {}
+
+
+async def test_slow_stop_with_remove_removes_when_done():
+    async with FakeHub() as hub:
+        hub.add_server("alice", "gpu", slow_stop=1)
+        api = client(hub)
+        assert await api.stop_server("alice", "gpu", remove=True) == "stopping"
+        await api.get_user("alice")
+    assert "gpu" not in hub.users["alice"].servers
+    assert hub.counters["removed"] == 1
+
+
+async def test_names_are_quoted():
+    async with FakeHub() as hub:
+        hub.add_server("ana.b@example.org", "my gpu")
+        hub.add_server("ana.b@example.org")
+        api = client(hub)
+        assert await api.stop_server("ana.b@example.org", "my gpu", remove=True) == "stopped"
+        assert await api.stop_server("ana.b@example.org") == "stopped"
+        assert (await api.get_user("ana.b@example.org"))["servers"] == {}
+
+
+async def test_delete_user():
+    async with FakeHub() as hub:
+        hub.add_server("alice", slow_stop=5)
+        hub.add_user("bob", groups=["physics"])
+        api = client(hub)
+        assert await api.delete_user("bob") is True
+        assert await api.delete_user("bob") is False
+        assert await api.get_user("bob") is None
+        assert await api.stop_server("alice") == "stopping"
+        with pytest.raises(HubApiError) as e:
+            await api.delete_user("alice")
+    assert e.value.status == 400
+    assert "stopping" in e.value.message
+    assert hub.groups["physics"]["users"] == []
+
+
+# --- errors and transport ----------------------------------------------------------------------
+async def test_bad_token_is_a_403():
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        api = client(hub, token="wrong")
+        with pytest.raises(HubApiError) as e:
+            await api.list_servers()
+        with pytest.raises(HubApiError) as e2:
+            await api.stop_server("alice")
+    assert e.value.status == 403
+    assert "403" in str(e.value)
+    assert "not authorized" in e.value.message
+    assert e2.value.status == 403
+    assert hub.running("alice")
+
+
+async def test_request_returns_json_and_errors_carry_the_hubs_message():
+    async with FakeHub() as hub:
+        api = client(hub)
+        assert (await api.request("GET", "/"))["version"].startswith("6.")
+        with pytest.raises(HubApiError) as e:
+            await api.request("GET", "/users", params={"state": "sleepy"})
+    assert e.value.status == 400
+    assert e.value.message == "Unrecognized state filter: 'sleepy'"
+    assert e.value.method == "GET"
+    assert "state=sleepy" in e.value.url
+
+
+async def test_unreachable_hub():
+    async with FakeHub() as hub:
+        url = hub.api_url
+    api = HubApi(url, "t", connect_timeout=2)
+    with pytest.raises(HubApiError) as e:
+        await api.list_servers()
+    assert e.value.status == NO_RESPONSE
+
+
+def test_configuration_from_environment(monkeypatch):
+    monkeypatch.setenv("JUPYTERHUB_API_URL", "http://hub:8081/hub/api/")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "secret")
+    api = HubApi()
+    assert (api.api_url, api.token) == ("http://hub:8081/hub/api", "secret")
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN")
+    with pytest.raises(ValueError, match="JUPYTERHUB_API_TOKEN"):
+        HubApi()
+    with pytest.raises(ValueError, match="concurrency"):
+        HubApi("http://hub/hub/api", "t", concurrency=0)
+
+
+def test_tls_options(monkeypatch, tmp_path):
+    url = "https://hub:8081/hub/api"
+    assert HubApi(url, "t").ssl_kwargs == {"validate_cert": True}
+    api = HubApi(url, "t", ssl_enabled=True, internal_certs_location=tmp_path)
+    assert api.ssl_kwargs == {
+        "validate_cert": True,
+        "ca_certs": str(tmp_path / "hub-ca" / "hub-ca.crt"),
+        "client_cert": str(tmp_path / "hub-internal" / "hub-internal.crt"),
+        "client_key": str(tmp_path / "hub-internal" / "hub-internal.key"),
+    }
+    # An explicit file wins over the layout.
+    api = HubApi(url, "t", ssl_enabled=True, internal_certs_location=tmp_path, ca_certs="/ca")
+    assert api.ssl_kwargs["ca_certs"] == "/ca"
+    assert api.ssl_kwargs["client_key"].endswith("hub-internal.key")
+    # Without a location: what the Hub hands its managed services under internal_ssl.
+    monkeypatch.setenv("JUPYTERHUB_SSL_CLIENT_CA", "/env/ca.crt")
+    monkeypatch.setenv("JUPYTERHUB_SSL_CERTFILE", "/env/svc.crt")
+    monkeypatch.setenv("JUPYTERHUB_SSL_KEYFILE", "/env/svc.key")
+    api = HubApi(url, "t", ssl_enabled=True, validate_cert=False)
+    assert api.ssl_kwargs == {
+        "validate_cert": False,
+        "ca_certs": "/env/ca.crt",
+        "client_cert": "/env/svc.crt",
+        "client_key": "/env/svc.key",
+    }
+    monkeypatch.delenv("JUPYTERHUB_SSL_KEYFILE")
+    with pytest.raises(ValueError, match="ssl_enabled"):
+        HubApi(url, "t", ssl_enabled=True)
+    # Explicit files work without ssl_enabled too (a Hub behind TLS with a private CA).
+    assert HubApi(url, "t", ca_certs="/ca").ssl_kwargs == {"validate_cert": True, "ca_certs": "/ca"}
+
+
+async def test_tls_kwargs_reach_the_request(monkeypatch, tmp_path):
+    seen = []
+
+    async def fake_fetch(self, request, raise_error=True):
+        seen.append(request)
+        raise OSError("no TLS server here")
+
+    monkeypatch.setattr("tornado.simple_httpclient.SimpleAsyncHTTPClient.fetch", fake_fetch)
+    api = HubApi(
+        "https://127.0.0.1:1/hub/api", "t", ssl_enabled=True, internal_certs_location=tmp_path
+    )
+    with pytest.raises(HubApiError) as e:
+        await api.get_user("alice")
+    assert e.value.status == NO_RESPONSE
+    assert seen[0].ca_certs == str(tmp_path / "hub-ca" / "hub-ca.crt")
+    assert seen[0].client_cert.endswith("hub-internal/hub-internal.crt")
+    assert seen[0].client_key.endswith("hub-internal/hub-internal.key")
+    assert seen[0].headers["Authorization"] == "token t"
+
+
+# --- a real JupyterHub -------------------------------------------------------------------------
+hub = hub_fixture(
+    users=["carol"],
+    servers=["alice", "bob"],
+    extra_config="c.JupyterHub.allow_named_servers = True\n",
+)
+
+
+async def wait_until_gone(api: HubApi, user: str, name: str = "", timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while name in ((await api.get_user(user)) or {}).get("servers", {}):
+        assert time.monotonic() < deadline, f"{user}/{name} did not stop"
+        await asyncio.sleep(0.2)
+
+
+async def test_real_hub_list_paginated_and_stop(hub):
+    api = HubApi(hub.hub_api_url, hub.api_token, page_size=1)
+    servers = await api.list_servers()
+    assert sorted(s.key for s in servers) == [("alice", ""), ("bob", "")]
+    assert api.request_count == 2  # two users with active servers, one a page
+    for s in servers:
+        assert s.ready and s.pending is None
+        assert s.url == f"/user/{s.user}/"
+        assert s.started is not None and s.started.tzinfo is not None
+        assert "pid" in s.spawner_state  # the harness token has admin:servers
+
+    result = await api.stop_server("bob")
+    assert result in ("stopped", "stopping")
+    await wait_until_gone(api, "bob")
+    assert [s.key for s in await api.list_servers()] == [("alice", "")]
+    assert await api.stop_server("bob") in ("stopped", "gone")  # idempotent
+    assert await api.stop_server("nobody") == "gone"
+
+    bad = HubApi(hub.hub_api_url, "not-a-token")
+    with pytest.raises(HubApiError) as e:
+        await bad.list_servers()
+    assert e.value.status == 403
+
+
+async def test_real_hub_named_server_removed(hub):
+    hub.start_server("carol", "gpu", options={"profile": "a100"})
+    api = HubApi(hub.hub_api_url, hub.api_token, page_size=1)
+    carol = [s for s in await api.list_servers() if s.user == "carol"]
+    assert [(s.name, s.full_name) for s in carol] == [("gpu", "carol/gpu")]
+    assert carol[0].user_options == {"profile": "a100"}
+
+    assert await api.stop_server("carol", "gpu", remove=True) in ("stopped", "stopping")
+    await wait_until_gone(api, "carol", "gpu")
+    remembered = await api.request("GET", "/users/carol", params={"include_stopped_servers": "1"})
+    assert "gpu" not in remembered["servers"]
+    assert await api.stop_server("carol", "gpu") == "gone"
