@@ -1,0 +1,98 @@
+"""The stock cullers, replayed on the same traces for comparison (same output as ``replay``).
+
+- ``idle_culler``: jupyterhub-idle-culler. Every ``cull_every`` seconds (its default: half the
+  timeout) it stops a server whose Hub ``last_activity`` (or, with none yet, its start) is at
+  least ``timeout`` old. The Hub sees a person, a busy kernel or an open tab (which polls the
+  API); it sees no GPU. No warnings, no checkpoints.
+- ``kernel_culler``: jupyter-server's ``MappingKernelManager`` culling with ``cull_idle_timeout =
+  timeout``, ``cull_interval`` (default 300 s), ``cull_connected = False``, ``cull_busy = False``.
+  Every interval it shuts down a kernel that is not busy, has no connections and whose last
+  activity (a busy step or the user's interaction; else its start) is more than ``timeout`` old.
+  Only kernels that hold the GPU (a context or memory) are considered; shutting one down frees
+  that memory.
+
+Checks run on a grid of the interval on the trace clock; each is applied at a server's first row
+at or after it. After a cull the server's later rows are ignored, as in ``replay``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from ..core.durations import format_duration
+from .engine import Action
+from .trace import Sample
+
+IDLE_CULLER_TIMEOUT_S = 3600.0  # zero-to-jupyterhub's cull.timeout
+KERNEL_CULL_INTERVAL_S = 300.0  # MappingKernelManager.cull_interval's default
+
+
+def idle_culler(
+    samples: Iterable[Sample],
+    timeout: float = IDLE_CULLER_TIMEOUT_S,
+    cull_every: float | None = None,
+) -> Iterator[Action]:
+    every = cull_every or timeout / 2
+    started: dict[str, float] = {}
+    last_activity: dict[str, float] = {}
+    previous: dict[str, float] = {}
+    culled: set[str] = set()
+    for sample in samples:
+        key = sample.server
+        if key in culled:
+            continue
+        started.setdefault(key, sample.t)
+        if sample.user_active or sample.kernel_busy or sample.connections > 0:
+            last_activity[key] = sample.t
+        due = _check_due(previous.get(key), sample.t, every)
+        previous[key] = sample.t
+        if not due:
+            continue
+        inactive = sample.t - last_activity.get(key, started[key])
+        if inactive >= timeout:
+            culled.add(key)
+            yield Action(
+                sample.t,
+                key,
+                "cull",
+                f"idle-culler: Hub last activity {format_duration(inactive)} ago "
+                f"(timeout {format_duration(timeout)})",
+            )
+
+
+def kernel_culler(
+    samples: Iterable[Sample],
+    timeout: float = IDLE_CULLER_TIMEOUT_S,
+    cull_interval: float | None = None,
+) -> Iterator[Action]:
+    every = cull_interval or KERNEL_CULL_INTERVAL_S
+    started: dict[str, float] = {}
+    last_activity: dict[str, float] = {}
+    previous: dict[str, float] = {}
+    culled: set[str] = set()
+    for sample in samples:
+        key = sample.server
+        if key in culled:
+            continue
+        started.setdefault(key, sample.t)
+        if sample.kernel_busy or sample.user_active:  # kernel messages update last_activity
+            last_activity[key] = sample.t
+        due = _check_due(previous.get(key), sample.t, every)
+        previous[key] = sample.t
+        if not due or not sample.holds_gpu_memory:
+            continue
+        idle = sample.t - last_activity.get(key, started[key])
+        if idle > timeout and not sample.kernel_busy and sample.connections == 0:
+            culled.add(key)
+            yield Action(
+                sample.t,
+                key,
+                "cull",
+                f"kernel culler: kernel idle for {format_duration(idle)} with no connections "
+                f"(cull_idle_timeout {format_duration(timeout)}); its GPU memory is freed",
+            )
+
+
+def _check_due(previous: float | None, t: float, every: float) -> bool:
+    """A check time (a multiple of ``every``) falls in (previous, t]; always on a first row."""
+    return previous is None or t // every > previous // every

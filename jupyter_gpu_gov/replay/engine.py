@@ -1,0 +1,338 @@
+"""Replay a trace through the live service's policy (``core.policy.decide``), and score a run.
+
+``replay`` turns each server's samples, in time order, into the ``ServerView`` and ``GpuSignal``
+the hub service would build, keeps its ``Record``, and yields the actions ``decide`` returns.
+After a cull the server's later rows are ignored: its GPU was given back. Those rows are what
+the server *would* have done, which is what ``score`` measures a run against.
+
+``score`` is pure and streams, so benchmarks can score any run (ours or a baseline's) the same
+way, with the same yardstick.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from ..core.durations import format_duration
+from ..core.policy import (
+    CHECKPOINT,
+    CHECKPOINTING,
+    CULL,
+    MAX_AGE_WARN,
+    WARN,
+    Decision,
+    GpuSignal,
+    Policy,
+    PolicyError,
+    Record,
+    ServerView,
+    decide,
+    load_policies,
+    select,
+)
+from .trace import Sample
+
+# The trace's t = 0. Any fixed UTC instant works; output keeps t in seconds.
+EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
+TIER_LABEL, PROJECT_LABEL = "gpu-gov/tier", "gpu-gov/project"
+# Scoring's yardstick for "the GPU did work", the same for every run whatever its policy says.
+ACTIVE_SM = 0.05
+# Ground-truth labels (DESIGN §8) under which culling loses nobody's work.
+NOT_LIVE_TRUTHS = frozenset({"zombie", "idle"})
+
+
+def at(t: float) -> datetime:
+    return EPOCH + timedelta(seconds=t)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One output line: ``{"t": …, "server": …, "action": "warn|checkpoint|cull", "reason": …}``."""
+
+    t: float
+    server: str
+    action: str  # warn | checkpoint | cull
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {"t": self.t, "server": self.server, "action": self.action, "reason": self.reason}
+
+
+# -- policies ----------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be loaded (missing, or it raises)."""
+
+
+def policies_from_config(path: str | None) -> list[Policy]:
+    """The policies of a traitlets config file (``c.GpuGovernor.policies``, a list of dicts, and
+    ``c.GpuGovernor.policy_defaults``, a dict, over ``c.GpuGovernor.timeout`` and ``max_age`` in
+    seconds), as the hub service reads them. No path: the shipped default policy. Raises
+    ``PolicyError`` (naming the entry and key) or ``ConfigError``.
+    """
+    if path is None:
+        return load_policies([])
+    import os
+
+    from traitlets.config.loader import LazyConfigValue, PyFileConfigLoader
+
+    try:
+        config = PyFileConfigLoader(
+            os.path.basename(path), path=os.path.dirname(path) or "."
+        ).load_config()
+    except Exception as error:  # the file is Python: it may raise anything
+        raise ConfigError(f"{path}: {type(error).__name__}: {error}") from None
+    section = config.GpuGovernor
+    values = {}
+    for key, empty, kind in (("policies", [], list), ("policy_defaults", {}, dict)):
+        value = section.get(key, empty)
+        if isinstance(value, LazyConfigValue):  # c.GpuGovernor.policies.append(...)
+            value = value.get_value(empty)
+        if not isinstance(value, kind):
+            raise PolicyError(f"c.GpuGovernor.{key} must be a {kind.__name__}, got {value!r}")
+        values[key] = value
+    # As the service does: its idle-culler options are the defaults policy_defaults refines.
+    defaults = {}
+    if "timeout" in section:
+        defaults["inactive_timeout"] = section.timeout
+    if section.get("max_age"):
+        defaults["max_age"] = section.max_age
+    defaults.update(values["policy_defaults"])
+    return load_policies(values["policies"], defaults)
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+class _Server:
+    """What the service would know of one server between cycles."""
+
+    def __init__(self, started: datetime):
+        self.started = started
+        self.record = Record()
+        self.hub_last: datetime | None = None  # Jupyter activity: a person, a kernel, a tab
+        self.gpu_last: datetime | None = None  # GPU activity, reported by our extension
+        self.user_last: datetime | None = None
+        self.busy_since: datetime | None = None
+        self.checkpoint_fails: bool | None = None  # a checkpoint is in flight
+        self.culled = False
+
+
+def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Action]:
+    """Yield the actions the service would take, sample by sample (first policy match wins)."""
+    servers: dict[str, _Server] = {}
+    for sample in samples:
+        now = at(sample.t)
+        server = servers.get(sample.server)
+        if server is None:
+            server = servers[sample.server] = _Server(now)
+        if server.culled:
+            continue
+        _observe(server, sample, now)
+        identity = server_view(sample)
+        policy = select(policies, identity)
+        if sample.reports and sample.gpu_sm is not None and sample.gpu_sm >= policy.idle_threshold:
+            server.gpu_last = now  # our extension reports GPU activity to the Hub
+        hub_last = _latest(server.hub_last, server.gpu_last if sample.reports else None)
+        view = server_view(
+            sample,
+            started=server.started,
+            hub_last_activity=hub_last,
+            user_last_activity=server.user_last,
+            reports=sample.reports,
+            gpu=gpu_signal(sample, policy, server.busy_since) if sample.reports else None,
+        )
+        decision = decide(view, server.record, policy, now)
+        server.record = decision.record
+        for action in decision.actions:
+            if action == CHECKPOINT:
+                server.checkpoint_fails = sample.checkpoint_fails
+            elif action == CULL:
+                server.culled = True
+            yield Action(
+                sample.t,
+                sample.server,
+                _output_name(action),
+                _reason(action, decision, view, policy, now),
+            )
+
+
+def server_view(sample: Sample, **state: Any) -> ServerView:
+    """Who the server is (all ``select`` needs to choose its policy), plus any ``state``."""
+    return ServerView(
+        user=sample.user,
+        name=sample.name,
+        profile=sample.profile,
+        tier=sample.labels.get(TIER_LABEL),
+        team=sample.team,
+        project=sample.labels.get(PROJECT_LABEL),
+        labels=sample.labels,
+        **state,
+    )
+
+
+def gpu_signal(sample: Sample, policy: Policy, kernel_busy_since: datetime | None) -> GpuSignal:
+    """The GPU as a reporting server's report shows it. A server holds its GPU allocation with
+    or without a context (stop-server); shutting kernels down frees only what they hold."""
+    holds = sample.holds_gpu_memory if policy.cull_action == "shutdown-kernels" else True
+    return GpuSignal(
+        holds_gpu=holds,
+        active=None if sample.gpu_sm is None else sample.gpu_sm >= policy.idle_threshold,
+        kernel_busy_since=kernel_busy_since,
+    )
+
+
+def _observe(server: _Server, sample: Sample, now: datetime) -> None:
+    """Fold this step's activity into the server's state."""
+    if sample.user_active or sample.kernel_busy or sample.connections > 0:
+        server.hub_last = now  # an open tab polls the API, which keeps Hub activity fresh
+    if sample.user_active:
+        server.user_last = now
+    if sample.kernel_busy and sample.holds_context:
+        server.busy_since = server.busy_since or now
+    else:
+        server.busy_since = None
+    if server.checkpoint_fails is not None:
+        # The checkpoint asked for last step has finished; it fails when either step says so.
+        if server.record.state == CHECKPOINTING and server.record.checkpoint_status == "requested":
+            failed = server.checkpoint_fails or sample.checkpoint_fails
+            server.record = replace(server.record, checkpoint_status="failed" if failed else "done")
+        server.checkpoint_fails = None
+
+
+def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return max(a, b) if a and b else a or b
+
+
+def _output_name(action: str) -> str:
+    return WARN if action == MAX_AGE_WARN else action
+
+
+def _reason(
+    action: str, decision: Decision, view: ServerView, policy: Policy, now: datetime
+) -> str:
+    if action == MAX_AGE_WARN:
+        left = view.started + policy.max_age - now
+        return (
+            f"max age: the server reaches the maximum age of {format_duration(policy.max_age)} "
+            f"for this profile in {format_duration(left)} (policy {policy.name!r})"
+        )
+    return decision.reason
+
+
+# -- scoring -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    servers: int  # distinct servers in the trace
+    warnings: int  # warn actions (max-age warnings included)
+    checkpoints: int
+    culls: int
+    gpu_hours_held: float  # the trace as recorded: holding a GPU context or memory
+    gpu_hours_idle_held: float  # of which gpu_sm < ACTIVE_SM
+    gpu_hours_reclaimed: float  # idle-held hours at or after a cull: given back
+    gpu_hours_work_lost: float  # active-held hours at or after a cull: cut short
+    false_culls: int  # culls of servers that did GPU work (or live work, by truth) after
+    warned_cull_share: float | None  # culls preceded by a warning to that server; None: no culls
+    median_idle_to_reclaim_s: float | None  # from the start of the idle stretch to the cull
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+
+
+class _Tally:
+    """One server's running score."""
+
+    __slots__ = ("cull_t", "false_cull", "idle_start", "idle_to_reclaim", "pending", "reached")
+
+    def __init__(self, cull_t: float | None):
+        self.cull_t = cull_t
+        self.pending: Sample | None = None  # its state lasts until the server's next row
+        self.idle_start: float | None = None  # of the current idle-held stretch
+        self.idle_to_reclaim: float | None = None
+        self.reached = False  # a row at or after the cull has been seen
+        self.false_cull = False
+
+
+def score(
+    samples: Iterable[Sample],
+    actions: Iterable[Action],
+    *,
+    active_sm: float = ACTIVE_SM,
+    not_live: frozenset[str] = NOT_LIVE_TRUTHS,
+) -> Summary:
+    """Score a run's actions against the trace it ran on.
+
+    A row's state lasts until that server's next row (a server's last row ends its trace). A cull
+    at ``t`` gives the GPU back from ``t`` on, so the rows at or after it are what the server
+    would have done: idle-held ones are reclaimed, active ones (``gpu_sm >= active_sm``) are work
+    cut short and make the cull false, as does a ``truth`` label outside ``not_live`` there.
+    """
+    counts: Counter[str] = Counter()
+    cull_at: dict[str, float] = {}
+    warned: set[str] = set()
+    warned_culls = 0
+    for action in actions:
+        counts[action.action] += 1
+        if action.action == WARN:
+            warned.add(action.server)
+        elif action.action == CULL and action.server not in cull_at:
+            cull_at[action.server] = action.t
+            warned_culls += action.server in warned
+
+    hours = {"held": 0.0, "idle": 0.0, "reclaimed": 0.0, "lost": 0.0}
+
+    def close(row: Sample, tally: _Tally, until: float) -> None:
+        if not row.holds_gpu_memory:
+            return
+        span = (until - row.t) / 3600
+        after_cull = tally.cull_t is not None and row.t >= tally.cull_t
+        hours["held"] += span
+        if row.gpu_sm is not None and row.gpu_sm < active_sm:
+            hours["idle"] += span
+            hours["reclaimed"] += span * after_cull
+        elif row.gpu_sm is not None:
+            hours["lost"] += span * after_cull
+
+    tallies: dict[str, _Tally] = {}
+    for row in samples:
+        tally = tallies.get(row.server)
+        if tally is None:
+            tally = tallies[row.server] = _Tally(cull_at.get(row.server))
+        if tally.pending is not None:
+            close(tally.pending, tally, row.t)
+        tally.pending = row
+        idle_held = row.holds_gpu_memory and row.gpu_sm is not None and row.gpu_sm < active_sm
+        if not idle_held:
+            tally.idle_start = None
+        elif tally.idle_start is None:
+            tally.idle_start = row.t
+        if tally.cull_t is not None and row.t >= tally.cull_t:
+            truth = row.extra.get("truth")
+            live = isinstance(truth, str) and truth not in not_live
+            tally.false_cull |= live or (row.gpu_sm is not None and row.gpu_sm >= active_sm)
+            if not tally.reached and tally.idle_start is not None:
+                tally.idle_to_reclaim = tally.cull_t - tally.idle_start
+            tally.reached = True
+
+    waits = [t.idle_to_reclaim for t in tallies.values() if t.idle_to_reclaim is not None]
+    return Summary(
+        servers=len(tallies),
+        warnings=counts[WARN],
+        checkpoints=counts[CHECKPOINT],
+        culls=counts[CULL],
+        gpu_hours_held=hours["held"],
+        gpu_hours_idle_held=hours["idle"],
+        gpu_hours_reclaimed=hours["reclaimed"],
+        gpu_hours_work_lost=hours["lost"],
+        false_culls=sum(t.false_cull for t in tallies.values()),
+        warned_cull_share=warned_culls / len(cull_at) if cull_at else None,
+        median_idle_to_reclaim_s=statistics.median(waits) if waits else None,
+    )

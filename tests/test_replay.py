@@ -1,0 +1,281 @@
+"""``jupyter-gpu-gov replay``: traces through the live policy and through the stock cullers.
+
+The traces under tests/data/traces/ step every 10 minutes. With the default policy a GPU idle
+from t=0 is warned at 1 h, checkpointed at 2 h and culled a step later, once the checkpoint is in.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpu_gov.core.policy import PolicyError
+from jupyter_gpu_gov.replay import (
+    Action,
+    TraceError,
+    idle_culler,
+    kernel_culler,
+    parse_lines,
+    policies_from_config,
+    read_trace,
+    replay,
+    score,
+)
+
+TRACES = Path(__file__).parent / "data" / "traces"
+SCRIPT = Path(sys.executable).with_name("jupyter-gpu-gov")
+CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "jupyter_gpu_gov.cli"]
+
+
+def run_policy(name: str, config: Path | None = None) -> list[Action]:
+    policies = policies_from_config(str(config) if config else None)
+    return list(replay(read_trace(str(TRACES / name)), policies))
+
+
+def steps(actions: list[Action]) -> list[tuple[float, str, str]]:
+    return [(a.t, a.server, a.action) for a in actions]
+
+
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, "replay", *args], input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.fixture
+def config(tmp_path):
+    def write(text: str) -> Path:
+        path = tmp_path / "gpu_gov_config.py"
+        path.write_text(text)
+        return path
+
+    return write
+
+
+# -- the policy and the stock cullers on the same traces ----------------------------------------
+
+
+def test_zombie_with_open_tab_is_warned_checkpointed_and_culled():
+    actions = run_policy("zombie_open_tab.jsonl")
+    assert steps(actions) == [
+        (3600, "alice/", "warn"),
+        (7200, "alice/", "checkpoint"),
+        (7800, "alice/", "cull"),
+    ]
+    assert "GPU idle for 1h" in actions[0].reason
+    assert "checkpoint saved" in actions[-1].reason
+
+
+@pytest.mark.parametrize("baseline", [idle_culler, kernel_culler])
+def test_zombie_with_open_tab_survives_the_stock_cullers(baseline):
+    # The tab keeps Hub activity fresh, and the kernel culler leaves connected kernels alone.
+    assert list(baseline(read_trace(str(TRACES / "zombie_open_tab.jsonl")))) == []
+
+
+def test_silent_training_loop_is_never_culled_by_the_policy():
+    assert run_policy("background_training.jsonl") == []
+
+
+@pytest.mark.parametrize(
+    ("baseline", "cull_t", "reason"),
+    [(idle_culler, 3600, "idle-culler"), (kernel_culler, 4200, "kernel culler")],
+)
+def test_silent_training_loop_is_killed_by_the_stock_cullers(baseline, cull_t, reason):
+    trace = str(TRACES / "background_training.jsonl")
+    actions = list(baseline(read_trace(trace)))
+    assert steps(actions) == [(cull_t, "carol/train", "cull")]
+    assert reason in actions[0].reason
+    summary = score(read_trace(trace), actions)
+    assert summary.false_culls == 1
+    assert summary.gpu_hours_work_lost == pytest.approx((10800 - cull_t) / 3600)
+    assert summary.gpu_hours_reclaimed == 0
+
+
+def test_server_without_extension_gets_the_idle_culler_rule():
+    actions = run_policy("no_extension.jsonl")
+    assert steps(actions) == [(3600, "dave/", "cull")]
+    assert "sends no GPU report" in actions[0].reason
+
+
+def test_unknown_gpu_is_never_idle():
+    actions = run_policy("unknown_gpu.jsonl")
+    assert "erin/" not in {a.server for a in actions}  # unknown all along
+    # frank/ is idle for 50 min, unknown for 30, then idle again: the idle clock starts over.
+    assert steps(actions) == [
+        (8400, "frank/", "warn"),
+        (12000, "frank/", "checkpoint"),
+        (12600, "frank/", "cull"),
+    ]
+
+
+def test_exempt_label_is_never_culled():
+    assert run_policy("exempt.jsonl") == []
+
+
+def test_failed_checkpoint_postpones_the_cull():
+    assert [(a.t, a.action) for a in run_policy("checkpoint_fails.jsonl")] == [
+        (3600, "warn"),
+        (7200, "checkpoint"),
+        (7800, "warn"),
+        (11400, "checkpoint"),
+        (12000, "warn"),
+        (15600, "checkpoint"),
+        (16200, "warn"),
+    ]
+
+
+def test_max_age_by_tier_label(config):
+    path = config(
+        'c.GpuGovernor.policies = [{"name": "tier-a", "match": {"tiers": ["A"]}, "max_age": "3h"}]'
+    )
+    actions = run_policy("max_age.jsonl", path)
+    # ian/ (label gpu-gov/tier A) reaches 3 h; jo/ (tier C) gets the default policy.
+    assert steps(actions) == [
+        (7200, "ian/", "warn"),
+        (10800, "ian/", "checkpoint"),
+        (11400, "ian/", "cull"),
+    ]
+    assert "max age" in actions[0].reason
+
+
+def test_cull_action_decides_whether_a_server_without_context_holds_a_gpu(config):
+    # An allocated GPU with no context is still held (stop-server)...
+    assert [a.action for a in run_policy("no_context.jsonl")] == ["warn", "checkpoint", "cull"]
+    # ...but there is nothing to shut down on a shared GPU; the open tab keeps it active.
+    path = config(
+        'c.GpuGovernor.policies.append({"name": "ws", "cull_action": "shutdown-kernels"})'
+    )
+    assert run_policy("no_context.jsonl", path) == []
+
+
+def test_service_timeout_is_the_default_for_servers_without_reports(config):
+    path = config("c.GpuGovernor.timeout = 1800")
+    assert steps(run_policy("no_extension.jsonl", path)) == [(1800, "dave/", "cull")]
+
+
+def test_policy_defaults_apply(config):
+    path = config('c.GpuGovernor.policy_defaults = {"warn_after": "30m", "cull_after": "1h"}')
+    assert steps(run_policy("zombie_open_tab.jsonl", path)) == [
+        (1800, "alice/", "warn"),
+        (3600, "alice/", "checkpoint"),
+        (4200, "alice/", "cull"),
+    ]
+
+
+# -- scoring ------------------------------------------------------------------------------------
+
+
+def test_score_of_the_zombie():
+    trace = str(TRACES / "zombie_open_tab.jsonl")
+    summary = score(read_trace(trace), run_policy("zombie_open_tab.jsonl"))
+    assert summary.as_dict() == {
+        "servers": 1,
+        "warnings": 1,
+        "checkpoints": 1,
+        "culls": 1,
+        "gpu_hours_held": 3.0,
+        "gpu_hours_idle_held": 3.0,
+        "gpu_hours_reclaimed": pytest.approx((10800 - 7800) / 3600, abs=1e-4),
+        "gpu_hours_work_lost": 0.0,
+        "false_culls": 0,
+        "warned_cull_share": 1.0,
+        "median_idle_to_reclaim_s": 7800,
+    }
+
+
+def test_truth_label_makes_a_cull_false():
+    lines = [
+        json.dumps({"t": t, "server": "a/", "gpu_sm": 0.0, "gpu_mem_mb": 100, "truth": truth})
+        for t, truth in ((0, "zombie"), (60, "data_io"), (120, "data_io"))
+    ]
+    summary = score(parse_lines(lines), [Action(60, "a/", "cull", "test")])
+    assert summary.false_culls == 1
+    assert summary.median_idle_to_reclaim_s == 60
+
+
+# -- the trace format ---------------------------------------------------------------------------
+
+
+def test_reader_defaults_and_unknown_keys():
+    (sample,) = parse_lines(['{"t": 5, "server": "bob/gpu", "gpu_mem_mb": 10, "truth": "zombie"}'])
+    assert (sample.user, sample.name, sample.gpu_sm) == ("bob", "gpu", None)
+    assert sample.holds_context and sample.reports and sample.connections == 0
+    assert sample.extra == {"truth": "zombie"}
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('{"t": 60, "server": "a/", "gpu_sm": "high"}', ["line 2", "'gpu_sm'"]),
+        ('{"t": 60, "server": "a/", "gpu_sm": 42}', ["line 2", "'gpu_sm'", "[0, 1]"]),
+        ('{"t": 60, "server": "a"}', ["line 2", "'server'"]),
+        ('{"server": "a/"}', ["line 2", "'t'"]),
+        ('{"t": 0, "server": "a/"}', ["line 2", "'t'", "does not come after"]),
+        ('{"t": 60, "server": "a/", "reports": "yes"}', ["line 2", "'reports'"]),
+        ('{"t": 60, "server": "a/", "labels": {"x": [1]}}', ["line 2", "'labels.x'"]),
+        ('{"t": 60, "server": "a/"', ["line 2", "not valid JSON"]),
+    ],
+)
+def test_bad_line_names_the_line_and_the_field(line, words):
+    with pytest.raises(TraceError) as error:
+        list(parse_lines(['{"t": 0, "server": "a/"}', line]))
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_bad_policy_names_the_entry_and_the_key(config):
+    path = config('c.GpuGovernor.policies = [{"name": "tier-a"}, {"name": "short", "cul": 1}]')
+    with pytest.raises(PolicyError, match=r"policy 1 \('short'\): unknown key 'cul'"):
+        policies_from_config(str(path))
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def test_cli_prints_actions_and_summary(tmp_path):
+    out = tmp_path / "summary.json"
+    result = cli(str(TRACES / "zombie_open_tab.jsonl"), "--summary-json", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [set(line) for line in lines] == [{"t", "server", "action", "reason"}] * 3
+    assert [(line["t"], line["action"]) for line in lines] == [
+        (3600, "warn"),
+        (7200, "checkpoint"),
+        (7800, "cull"),
+    ]
+    summary = json.loads(result.stderr.splitlines()[-1])
+    assert summary == json.loads(out.read_text())
+    assert (summary["by"], summary["culls"], summary["warnings"]) == ("policy", 1, 1)
+
+
+def test_cli_baseline_and_stdin():
+    trace = (TRACES / "background_training.jsonl").read_text()
+    result = cli("-", "--baseline", "idle-culler", "--timeout", "2h", stdin=trace)
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["t"] for line in result.stdout.splitlines()] == [7200]
+    summary = json.loads(result.stderr.splitlines()[-1])
+    assert (summary["by"], summary["servers"], summary["false_culls"]) == ("idle-culler", 1, 1)
+
+
+def test_cli_malformed_trace_prints_nothing_and_exits_2(tmp_path):
+    trace = tmp_path / "bad.jsonl"
+    good = (TRACES / "zombie_open_tab.jsonl").read_text().splitlines()
+    trace.write_text("\n".join([*good[:-1], '{"t": 99999, "server": "alice/", "gpu_sm": "x"}']))
+    result = cli(str(trace))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert f"line {len(good)}" in result.stderr and "gpu_sm" in result.stderr
+
+
+def test_cli_bad_policy_exits_2(config):
+    path = config(
+        'c.GpuGovernor.policies = [{"name": "short", "warn_after": "2h", "cull_after": "1h"}]'
+    )
+    result = cli(str(TRACES / "zombie_open_tab.jsonl"), "--config", str(path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "policy 0 ('short')" in result.stderr and "'cull_after'" in result.stderr
