@@ -58,5 +58,15 @@ c.Spawner.environment = {
 }
 
 # --- GPU governor hub service (jupyter_gpu_gov.hub) -------------------------------------------
-# Not wired yet. It will be added here as a managed service named "gpu-gov", together with
-# c.Spawner.server_token_scopes granting "access:services!service=gpu-gov" (see DESIGN.md §2).
+# A managed service with least-privilege roles (see jupyter_gpu_gov/hub/hubconfig.py). Its
+# policies (short demo timers) are in hub_config/gpu_gov_config.py. Servers report with their
+# own token; the user "admin" gets the governor's admin scope.
+from jupyter_gpu_gov.hub.hubconfig import add_governor  # noqa: E402
+
+add_governor(
+    c,
+    url="http://127.0.0.1:10101",
+    args=[f"--config={REPO / 'hub_config' / 'gpu_gov_config.py'}"],
+    environment={"JUPYTER_GPU_GOV_PROXY_URL": "http://127.0.0.1:8000"},
+    admin_users=["admin"],
+)

@@ -145,7 +145,7 @@ def test_failed_checkpoint_postpones_by_default_and_proceeds_when_told():
         (60, "checkpoint", "checkpointing"),
         (61, "warn", "warned"),
     ]
-    assert "checkpoint failed: cull postponed to 10:31 UTC" in last.reason
+    assert "checkpoint failed: cull postponed to 2026-01-05 10:31 UTC" in last.reason
     # The checkpoint is tried again after the new notice, and fails again: still no cull.
     actions, last = run(idle_view(), minutes=200, on_checkpoint="failed")
     assert "cull" not in [a for _, a, _ in actions]

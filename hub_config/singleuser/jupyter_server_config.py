@@ -13,3 +13,4 @@ c.GpuGovApp.simulated_devices = [
     },
 ]
 c.GpuGovApp.sample_interval = 2  # seconds
+c.GpuGovApp.report_interval = 5  # seconds; the governor URL comes from $JUPYTER_GPU_GOV_URL

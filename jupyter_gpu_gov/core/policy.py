@@ -390,7 +390,7 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         record = replace(record, warned_at=now)
         cull_at = max(cull_at, now + policy.notice)
     if now < cull_at:
-        why = f"GPU idle for {idle_for}; {_cull_words(policy)} at {cull_at:%H:%M} UTC"
+        why = f"GPU idle for {idle_for}; {_cull_words(policy)} at {cull_at:%Y-%m-%d %H:%M} UTC"
         if holds:
             why += f" (held back by {', '.join(holds)})"
         return Decision(replace(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)
@@ -477,7 +477,7 @@ def _cull_with_checkpoint(
                 postponed_until=new_cull,
                 checkpoint_status=None,
                 warned_at=now,
-                reason=f"{why}; checkpoint {status}: cull postponed to {new_cull:%H:%M} UTC",
+                reason=f"{why}; checkpoint {status}: cull postponed to {new_cull:%Y-%m-%d %H:%M} UTC",
             )
             return Decision(record, (WARN,), warn_at, new_cull, cull_reason)
         if status in ("failed", "timeout"):

@@ -6,6 +6,7 @@ import asyncio
 import getpass
 import os
 import socket
+import time
 from pathlib import Path
 
 from jupyter_server.extension.application import ExtensionApp
@@ -14,10 +15,12 @@ from traitlets import Dict, Enum, Float, List, Unicode, default, validate
 
 from .. import __version__
 from ..core import clock
-from ..events import GPU_STATE_SCHEMA, GPU_STATE_SCHEMA_ID
+from ..events import GPU_STATE_SCHEMA, GPU_STATE_SCHEMA_ID, VERDICT_SCHEMA, VERDICT_SCHEMA_ID
 from ..gpu.attribution import TargetRoot
 from ..gpu.backends import CHOICES, make_backend, parse_visible_devices, resolve_choice
 from . import metrics, routes
+from .checkpoint import checkpoint_notebooks
+from .reporter import GovernorError, Reporter
 from .sampler import Sampler, TargetInfo, TickResult
 
 K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -102,6 +105,22 @@ class GpuGovApp(ExtensionApp):
         device proves it idle.""",
     ).tag(config=True)
 
+    governor_url = Unicode(
+        help="""The governor service's URL (e.g. ``http://127.0.0.1:10101/services/gpu-gov/``),
+        where this server pushes its report every `report_interval`. Default:
+        ``$JUPYTER_GPU_GOV_URL``; empty turns reporting off.""",
+    ).tag(config=True)
+
+    report_interval = Float(
+        60.0,
+        help="""Seconds between two reports to the governor. A change of a kernel's GPU state is
+        reported at the next sample instead of waiting.""",
+    ).tag(config=True)
+
+    @default("governor_url")
+    def _governor_url_default(self):
+        return os.environ.get("JUPYTER_GPU_GOV_URL", "")
+
     @default("visible_devices")
     def _visible_from_env(self):
         return parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -115,7 +134,7 @@ class GpuGovApp(ExtensionApp):
             )
         return value
 
-    @validate("sample_interval", "window_seconds")
+    @validate("sample_interval", "window_seconds", "report_interval")
     def _check_positive(self, proposal):
         if proposal["value"] <= 0:
             raise ValueError(f"GpuGovApp.{proposal['trait'].name} must be > 0 seconds")
@@ -143,8 +162,21 @@ class GpuGovApp(ExtensionApp):
         self.report: dict | None = None
         self._timer: PeriodicCallback | None = None
         self._tick_lock = asyncio.Lock()
-        self._server_identity = _server_identity()
-        self.serverapp.event_logger.register_event_schema(GPU_STATE_SCHEMA)
+        self._server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
+        self._busy_since: dict[str, object] = {}
+        self.verdict: dict | None = None
+        self.checkpoint: dict = {"requested_at": None, "status": None, "manifest": None}
+        self.reporter = None
+        self._last_report_at = 0.0
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        if self.governor_url and token:
+            self.reporter = Reporter(self.governor_url, token, self.log)
+        elif self.governor_url:
+            self.log.warning(
+                "jupyter-gpu-gov: no $JUPYTERHUB_API_TOKEN, not reporting to %s", self.governor_url
+            )
+        for schema in (GPU_STATE_SCHEMA, VERDICT_SCHEMA):
+            self.serverapp.event_logger.register_event_schema(schema)
         self.log.info(
             "jupyter-gpu-gov: GPU backend %s, sampling every %ss",
             self.backend_choice,
@@ -153,6 +185,16 @@ class GpuGovApp(ExtensionApp):
 
     def initialize_handlers(self):
         self.handlers.extend(routes.handlers())
+
+    def _gpu_allocated(self) -> bool:
+        """Whether the GPUs this server sees are its own allocation (a Kubernetes GPU request, or
+        devices the workstation allocator handed out), rather than a machine's shared cards."""
+        nvidia = os.environ.get("NVIDIA_VISIBLE_DEVICES", "").strip().lower()
+        return (
+            self.visible_devices is not None
+            or "KUBERNETES_SERVICE_HOST" in os.environ
+            or nvidia not in ("", "all", "none", "void")
+        )
 
     def _make_backend(self):
         return make_backend(
@@ -192,8 +234,15 @@ class GpuGovApp(ExtensionApp):
                 self.log.exception("jupyter-gpu-gov: sampling failed")
                 return
             self._publish(result)
+            report_now = self._report_due(result)
+            if report_now:
+                self._last_report_at = time.monotonic()
+        if report_now:
+            await self.send_report(result.report)
 
     def _publish(self, result: TickResult) -> None:
+        result.report["checkpoint"] = self.checkpoint
+        result.report["verdict"] = self.verdict
         self.report = result.report
         if result.gpu_last_active is not None:
             # Any settings key ending in _last_activity counts as server activity, so GPU work
@@ -202,6 +251,52 @@ class GpuGovApp(ExtensionApp):
         metrics.update(result.report, clock.utcnow().timestamp(), result.cpu_seconds)
         for change in result.changes:
             self.serverapp.event_logger.emit(schema_id=GPU_STATE_SCHEMA_ID, data=change)
+
+    def _report_due(self, result: TickResult) -> bool:
+        due = time.monotonic() - self._last_report_at >= self.report_interval
+        return self.reporter is not None and (due or bool(result.changes))
+
+    async def send_report(self, report: dict) -> None:
+        """Push a report; keep the verdict (and tell the frontend when it changes)."""
+        outgoing = {k: v for k, v in report.items() if k != "verdict"}
+        try:
+            verdict = await self.reporter.send(outgoing)
+        except GovernorError as error:
+            self.log.warning("jupyter-gpu-gov: report not accepted: %s", error)
+            return
+        self.set_verdict(verdict)
+
+    def set_verdict(self, verdict: dict) -> None:
+        previous, self.verdict = self.verdict, verdict
+        if self.report is not None:
+            self.report["verdict"] = verdict
+        watched = ("state", "warn_at", "cull_at", "checkpoint", "approval_pending")
+        if previous is None or any(previous.get(k) != verdict.get(k) for k in watched):
+            self.serverapp.event_logger.emit(
+                schema_id=VERDICT_SCHEMA_ID,
+                data={
+                    k: verdict.get(k)
+                    for k in (
+                        "state",
+                        "reason",
+                        "warn_at",
+                        "cull_at",
+                        "extensions_left",
+                        "checkpoint",
+                        "policy",
+                    )
+                },
+            )
+
+    async def run_checkpoint(self, reason: str) -> dict:
+        self.checkpoint = {
+            "requested_at": clock.isoformat(clock.utcnow()),
+            "status": "running",
+            "manifest": None,
+        }
+        manifest = await checkpoint_notebooks(self.serverapp, reason)
+        self.checkpoint = {**self.checkpoint, "status": manifest["status"], "manifest": manifest}
+        return manifest
 
     async def _targets(self) -> list[TargetInfo]:
         km = self.serverapp.kernel_manager
@@ -215,8 +310,12 @@ class GpuGovApp(ExtensionApp):
 
         targets = []
         connections = getattr(km, "_kernel_connections", {})
+        now = clock.utcnow()
+        busy = {}
         for kernel_id in km.list_kernel_ids():
             kernel = km.get_kernel(kernel_id)
+            if getattr(kernel, "execution_state", None) == "busy":
+                busy[kernel_id] = self._busy_since.get(kernel_id, now)
             targets.append(
                 TargetInfo(
                     TargetRoot("kernel", kernel_id, getattr(kernel.provisioner, "pid", None)),
@@ -225,8 +324,10 @@ class GpuGovApp(ExtensionApp):
                     last_activity=getattr(kernel, "last_activity", None),
                     connections=connections.get(kernel_id, 0),
                     path=paths.get(kernel_id),
+                    busy_since=busy.get(kernel_id),
                 )
             )
+        self._busy_since = busy
         terminal_manager = self.serverapp.web_app.settings.get("terminal_manager")
         for name, terminal in getattr(terminal_manager, "terminals", {}).items():
             targets.append(
@@ -247,19 +348,15 @@ class GpuGovApp(ExtensionApp):
         }
 
     def _user_last_activity(self):
-        """The server's last activity *without* GPU work: what people and clients did.
-
-        The governor must tell an open tab from GPU work, so this excludes our own
-        ``gpu_last_activity`` that the Hub-facing ``last_activity`` includes.
-        """
+        """When people last interacted: kernel messages (executions, their output) and
+        terminal I/O. Neither GPU work (our ``gpu_last_activity``) nor API polling by an open
+        browser tab counts, so the governor can tell an open tab from someone working."""
         settings = self.serverapp.web_app.settings
-        sources = [settings.get("started"), settings["kernel_manager"].last_kernel_activity]
+        sources = [settings["kernel_manager"].last_kernel_activity]
+        terminals = settings.get("terminal_manager")
         sources += [
-            value
-            for key, value in settings.items()
-            if key.endswith("_last_activity") and key != "gpu_last_activity"
+            getattr(t, "last_activity", None) for t in getattr(terminals, "terminals", {}).values()
         ]
-        sources += settings.get("last_activity_times", {}).values()
         return max((s for s in sources if s is not None), default=None)
 
 

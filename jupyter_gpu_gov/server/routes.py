@@ -14,6 +14,8 @@ AUTH_RESOURCE = "gpu-gov"
 
 class GpuGovHandler(ExtensionHandlerMixin, APIHandler):
     auth_resource = AUTH_RESOURCE
+    # A browser tab polling GPU status is not someone working.
+    _track_activity = False
 
     @property
     def gpu_gov(self):
@@ -35,5 +37,58 @@ class StatusHandler(GpuGovHandler):
         self.finish(json.dumps(report))
 
 
+def _body(handler: APIHandler) -> dict:
+    try:
+        data = json.loads(handler.request.body or b"{}")
+    except ValueError as error:
+        raise web.HTTPError(400, f"the body is not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise web.HTTPError(400, "the body must be a JSON object")
+    return data
+
+
+class CheckpointHandler(GpuGovHandler):
+    """``POST``: save a checkpoint of every open notebook now (the governor asks before a cull;
+    a user may ask too). Answers the manifest."""
+
+    @web.authenticated
+    @authorized
+    async def post(self):
+        reason = _body(self).get("reason") or "requested"
+        if not isinstance(reason, str):
+            raise web.HTTPError(400, "'reason' must be a string")
+        manifest = await self.gpu_gov.run_checkpoint(reason)
+        self.finish(json.dumps(manifest))
+
+
+class ExtendHandler(GpuGovHandler):
+    """``POST {"reason": …}``: ask the governor for more time, with this server's own token."""
+
+    @web.authenticated
+    @authorized
+    async def post(self):
+        reason = _body(self).get("reason", "")
+        if not isinstance(reason, str):
+            raise web.HTTPError(400, "'reason' must be a string")
+        app = self.gpu_gov
+        if app.reporter is None:
+            raise web.HTTPError(
+                409, "this server does not report to a governor (GpuGovApp.governor_url)"
+            )
+        identity = app._server_identity
+        try:
+            status, outcome = await app.reporter.extend(identity["user"], identity["name"], reason)
+        except Exception as error:
+            raise web.HTTPError(502, f"the governor did not answer: {error}") from None
+        if outcome.get("verdict"):
+            app.set_verdict(outcome["verdict"])
+        self.set_status(status)
+        self.finish(json.dumps(outcome))
+
+
 def handlers(url_prefix: str = "/jupyter-gpu-gov") -> list[tuple[str, type]]:
-    return [(rf"{url_prefix}/status", StatusHandler)]
+    return [
+        (rf"{url_prefix}/status", StatusHandler),
+        (rf"{url_prefix}/checkpoint", CheckpointHandler),
+        (rf"{url_prefix}/extend", ExtendHandler),
+    ]

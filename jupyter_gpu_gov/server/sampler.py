@@ -44,6 +44,7 @@ class TargetInfo:
     last_activity: datetime | None = None
     connections: int = 0
     path: str | None = None  # the notebook or console a kernel belongs to, when known
+    busy_since: datetime | None = None  # since when the kernel has been executing
 
 
 @dataclass
@@ -365,6 +366,7 @@ def _describe(target: TargetInfo) -> dict:
         "name": target.name,
         "path": target.path,
         "execution_state": target.execution_state,
+        "busy_since": clock.isoformat(target.busy_since),
         "last_activity": clock.isoformat(target.last_activity),
         "connections": target.connections,
     }

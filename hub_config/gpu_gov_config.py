@@ -1,0 +1,30 @@
+# The GPU governor's settings for the demo hub: short timers so a demo user sees an idle kernel
+# go warned → checkpointed → culled within minutes. A real hub uses hours (the defaults).
+from pathlib import Path
+
+c = get_config()  # noqa: F821  (injected by traitlets when it loads this file)
+
+STATE = Path(__file__).resolve().parent.parent / ".demo"
+
+c.GpuGovernor.db_url = f"sqlite:///{STATE / 'gpu-gov.sqlite'}"
+c.GpuGovernor.cull_every = 5  # seconds between reconcile passes
+c.GpuGovernor.timeout = 3600  # servers without GPU reports: jupyterhub-idle-culler's rule
+c.GpuGovernor.report_stale_after = 60
+c.GpuGovernor.team_map = {"alice": "vision", "bob": "nlp"}
+c.GpuGovernor.policy_defaults = {
+    "warn_after": "1m",
+    "cull_after": "3m",
+    "user_activity_grace": "1m",
+    "extension_step": "2m",
+    "max_extensions": 2,
+    "checkpoint_timeout": "1m",
+}
+c.GpuGovernor.policies = [
+    # Borrowed GPUs (beyond a team's guarantee) are given back sooner.
+    {
+        "name": "borrowed",
+        "match": {"labels": {"gpu-gov/borrowed": "true"}},
+        "warn_after": "30s",
+        "cull_after": "90s",
+    },
+]

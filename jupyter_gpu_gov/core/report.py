@@ -1,0 +1,197 @@
+"""The report a server sends (DESIGN §5): validation, and what it says about the GPU.
+
+Validation names the first bad field (``targets[2].gpu.sm``) so the server's log says what is
+wrong; a report that does not validate changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from .clock import parse
+from .policy import GpuSignal
+
+SCHEMA = 1
+BACKENDS = ("nvml", "simulated", "unavailable", "none")
+TARGET_KINDS = ("kernel", "terminal", "other")
+CONFIDENCES = ("exact", "inferred", "unknown")
+MAX_DEVICES = 64
+MAX_TARGETS = 2000
+
+
+class ReportError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def validate(report: object) -> dict:
+    """Check a decoded report; return it unchanged or raise ``ReportError``."""
+    _expect(report, Mapping, "report", "an object")
+    if report.get("schema") != SCHEMA:
+        raise ReportError("schema", f"must be {SCHEMA}, got {report.get('schema')!r}")
+    _time(report, "sampled_at", "sampled_at", required=True)
+    if report.get("backend") not in BACKENDS:
+        raise ReportError("backend", f"must be one of {', '.join(BACKENDS)}")
+    _optional_str(report, "error", "error")
+
+    server = _expect(report.get("server"), Mapping, "server", "an object")
+    if not isinstance(server.get("user"), str) or not server["user"]:
+        raise ReportError("server.user", "must be a non-empty string")
+    _expect(server.get("name", ""), str, "server.name", "a string")
+    for key in ("started", "last_activity"):
+        _time(server, key, f"server.{key}")
+    for key in ("pod", "namespace"):
+        _optional_str(server, key, f"server.{key}")
+    _expect(server.get("gpu_allocated", False), bool, "server.gpu_allocated", "true or false")
+
+    devices = _list(report, "devices", MAX_DEVICES)
+    for i, device in enumerate(devices):
+        where = f"devices[{i}]"
+        _expect(device, Mapping, where, "an object")
+        _expect(device.get("uuid"), str, f"{where}.uuid", "a string")
+        _optional_str(device, "name", f"{where}.name")
+        _optional_str(device, "mig_profile", f"{where}.mig_profile")
+        for key in ("memory_total_mb", "memory_used_mb"):
+            _number(device, key, f"{where}.{key}", low=0)
+        _number(device, "activity", f"{where}.activity", low=0, high=1)
+        _expect(device.get("shared", False), bool, f"{where}.shared", "true or false")
+
+    targets = _list(report, "targets", MAX_TARGETS)
+    for i, target in enumerate(targets):
+        where = f"targets[{i}]"
+        _expect(target, Mapping, where, "an object")
+        if target.get("kind") not in TARGET_KINDS:
+            raise ReportError(f"{where}.kind", f"must be one of {', '.join(TARGET_KINDS)}")
+        _expect(target.get("id"), str, f"{where}.id", "a string")
+        _optional_str(target, "name", f"{where}.name")
+        _optional_str(target, "execution_state", f"{where}.execution_state")
+        _time(target, "last_activity", f"{where}.last_activity")
+        _time(target, "busy_since", f"{where}.busy_since")
+        _number(target, "connections", f"{where}.connections", low=0)
+        gpu = _expect(target.get("gpu"), Mapping, f"{where}.gpu", "an object")
+        gpu_devices = _expect(gpu.get("devices", []), list, f"{where}.gpu.devices", "a list")
+        if not all(isinstance(d, str) for d in gpu_devices):
+            raise ReportError(f"{where}.gpu.devices", "must be a list of device UUIDs")
+        _number(gpu, "memory_mb", f"{where}.gpu.memory_mb", low=0)
+        _number(gpu, "sm", f"{where}.gpu.sm", low=0, high=1)
+        _expect(gpu.get("holds_context"), bool, f"{where}.gpu.holds_context", "true or false")
+        if gpu.get("confidence") not in CONFIDENCES:
+            raise ReportError(f"{where}.gpu.confidence", f"must be one of {', '.join(CONFIDENCES)}")
+        for key in ("last_active", "idle_since"):
+            _time(gpu, key, f"{where}.gpu.{key}")
+
+    window = _expect(report.get("window"), Mapping, "window", "an object")
+    _number(window, "seconds", "window.seconds", low=0, required=True)
+    _number(window, "gpu_active_fraction", "window.gpu_active_fraction", low=0, high=1)
+    for key in ("gpu_last_active", "gpu_idle_since"):
+        _time(window, key, f"window.{key}")
+    if report.get("checkpoint") is not None:
+        _expect(report["checkpoint"], Mapping, "checkpoint", "an object or null")
+    return dict(report)
+
+
+def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> GpuSignal:
+    """What a (validated) report says about the server's GPU, for ``core.policy.decide``.
+
+    A server holds a GPU while a process holds a context; with ``stop-server`` it also holds
+    the GPUs allocated to it (a Kubernetes GPU request, the workstation allocator's devices),
+    context or not. A device nobody holds a context on cannot be busy; shared devices' own
+    activity says nothing about this server.
+    """
+    backend = report["backend"]
+    if backend == "none":
+        return GpuSignal(holds_gpu=False, active=False, detail="no GPUs")
+    holders = [t for t in report["targets"] if t["gpu"]["holds_context"]]
+    if backend == "unavailable":
+        return GpuSignal(
+            holds_gpu=True, active=None, detail=f"GPU backend unavailable: {report.get('error')}"
+        )
+    devices = report["devices"]
+    allocated = bool(devices) and report["server"].get("gpu_allocated", False)
+    holds_gpu = bool(holders) or (cull_action == "stop-server" and allocated)
+
+    sms = [t["gpu"]["sm"] for t in holders]
+    held = {d for t in holders for d in t["gpu"]["devices"]}
+    own_activity = [d["activity"] for d in devices if not d.get("shared") and d["uuid"] in held]
+    window = report["window"]
+    recently_active = (window.get("gpu_active_fraction") or 0) > 0
+    if (
+        any(sm is not None and sm >= idle_threshold for sm in sms)
+        or any(a is not None and a >= idle_threshold for a in own_activity)
+        or recently_active
+    ):
+        return GpuSignal(holds_gpu, True, detail="report")
+    if any(sm is None for sm in sms):
+        unknown = next(t for t in holders if t["gpu"]["sm"] is None)
+        return GpuSignal(
+            holds_gpu,
+            None,
+            detail=f"{unknown['kind']} {unknown.get('name') or unknown['id']}: no activity data",
+        )
+
+    busy = [
+        parse(t.get("busy_since")) or parse(report["sampled_at"])
+        for t in holders
+        if t["kind"] == "kernel" and t.get("execution_state") == "busy"
+    ]
+    return GpuSignal(
+        holds_gpu,
+        False,
+        idle_since=parse(window.get("gpu_idle_since")),
+        kernel_busy_since=min(busy, default=None),
+        detail="report",
+    )
+
+
+def user_last_activity(report: Mapping) -> datetime | None:
+    return parse(report["server"].get("last_activity"))
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _expect(value, kind, field: str, words: str):
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise ReportError(field, f"must be {words}")
+    return value
+
+
+def _optional_str(obj: Mapping, key: str, field: str) -> None:
+    if obj.get(key) is not None and not isinstance(obj[key], str):
+        raise ReportError(field, "must be a string or null")
+
+
+def _number(obj: Mapping, key: str, field: str, low=None, high=None, required=False) -> None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ReportError(field, "is required")
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ReportError(field, "must be a number or null")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ReportError(field, f"must be in {bounds}, got {value}")
+
+
+def _time(obj: Mapping, key: str, field: str, required: bool = False) -> None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ReportError(field, "is required")
+        return
+    try:
+        if not isinstance(value, str):
+            raise ValueError
+        parse(value)
+    except ValueError:
+        raise ReportError(field, f"must be an ISO 8601 time, got {value!r}") from None
+
+
+def _list(obj: Mapping, key: str, limit: int) -> list:
+    value = _expect(obj.get(key), list, key, "a list")
+    if len(value) > limit:
+        raise ReportError(key, f"has {len(value)} entries, more than {limit}")
+    return value

@@ -1,0 +1,336 @@
+"""``GpuGovernor``: the JupyterHub managed service (``python -m jupyter_gpu_gov.hub``).
+
+It accepts every jupyterhub-idle-culler option with the same meaning for servers that send no
+GPU report, so a hub can replace that culler with this service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.ioloop import PeriodicCallback
+from traitlets import Bool, Dict, Float, Int, List, Unicode, default, validate
+from traitlets.config import Application
+
+from .. import __version__
+from ..core.durations import parse_duration
+from ..core.policy import PolicyError, load_policies
+from .dcgm import DcgmConfig, DcgmSource
+from .hubapi import HubApi
+from .reconcile import Governor, Options
+from .routes import MAX_REPORT_BYTES, handlers
+from .store import Store
+
+# jupyterhub-idle-culler's command line, mapped onto our traits.
+IDLE_CULLER_OPTIONS = {
+    "timeout": "GpuGovernor.timeout",
+    "cull-every": "GpuGovernor.cull_every",
+    "max-age": "GpuGovernor.max_age",
+    "cull-users": "GpuGovernor.cull_users",
+    "remove-named-servers": "GpuGovernor.remove_named_servers",
+    "concurrency": "GpuGovernor.concurrency",
+    "api-page-size": "GpuGovernor.api_page_size",
+    "cull-default-servers": "GpuGovernor.cull_default_servers",
+    "cull-named-servers": "GpuGovernor.cull_named_servers",
+    "cull-admin-users": "GpuGovernor.cull_admin_users",
+    "ssl-enabled": "GpuGovernor.ssl_enabled",
+    "internal-certs-location": "GpuGovernor.internal_certs_location",
+    "url": "GpuGovernor.url",
+}
+BOOL_OPTIONS = {
+    "cull-users",
+    "remove-named-servers",
+    "cull-default-servers",
+    "cull-named-servers",
+    "cull-admin-users",
+    "ssl-enabled",
+    "dry-run",
+}
+
+
+def normalise_argv(argv: list[str]) -> list[str]:
+    """Accept jupyterhub-idle-culler's spellings: ``--cull-users`` as well as
+    ``--cull-users=true``, and ``--cull_every`` as well as ``--cull-every``."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and "." not in arg.split("=", 1)[0]:
+            name, eq, value = arg[2:].partition("=")
+            name = name.replace("_", "-")
+            arg = f"--{name}=true" if name in BOOL_OPTIONS and not eq else f"--{name}{eq}{value}"
+        out.append(arg)
+    return out
+
+
+class GpuGovernor(Application):
+    """Correlates GPU reports, DCGM and ownership; warns, checkpoints and culls idle GPU
+    servers under tiered policies."""
+
+    name = "jupyter-gpu-gov-hub"
+    description = __doc__
+    version = __version__
+    aliases = {
+        **IDLE_CULLER_OPTIONS,
+        "dry-run": "GpuGovernor.dry_run",
+        "config": "GpuGovernor.config_file",
+        "db-url": "GpuGovernor.db_url",
+    }
+
+    config_file = Unicode("", help="A Python config file (``c.GpuGovernor.*``) to load.").tag(
+        config=True
+    )
+
+    # -- jupyterhub-idle-culler's options ----------------------------------------------------
+    timeout = Int(
+        3600,
+        help="""Seconds of Hub inactivity after which a server that sends no GPU report is
+        culled (jupyterhub-idle-culler's --timeout). Servers with GPU reports follow the
+        policies instead.""",
+    ).tag(config=True)
+    cull_every = Float(
+        0,
+        help="Seconds between reconcile passes (0: timeout / 2, at most 60 s).",
+    ).tag(config=True)
+    max_age = Int(
+        0, help="Seconds after which any server is culled regardless of activity (0: never)."
+    ).tag(config=True)
+    cull_users = Bool(False, help="Also delete users whose last server was culled.").tag(
+        config=True
+    )
+    remove_named_servers = Bool(
+        False, help="Remove culled named servers instead of just stopping them."
+    ).tag(config=True)
+    concurrency = Int(10, help="Most Hub API (and server) requests in flight at once.").tag(
+        config=True
+    )
+    api_page_size = Int(0, help="Users per page when listing (0: the Hub's default).").tag(
+        config=True
+    )
+    cull_default_servers = Bool(True, help="Govern users' default servers.").tag(config=True)
+    cull_named_servers = Bool(True, help="Govern named servers.").tag(config=True)
+    cull_admin_users = Bool(True, help="Govern admin users' servers too.").tag(config=True)
+    ssl_enabled = Bool(False, help="The Hub uses internal SSL (internal_ssl).").tag(config=True)
+    internal_certs_location = Unicode(
+        "internal-ssl", help="The Hub's internal_certs_location, for internal SSL."
+    ).tag(config=True)
+    url = Unicode(help="The Hub API URL (default $JUPYTERHUB_API_URL).").tag(config=True)
+
+    @default("url")
+    def _url_default(self):
+        return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+
+    # -- the governor's own --------------------------------------------------------------------
+    policies = List(
+        Dict(),
+        help="""Policies, first match wins; every key left out comes from policy_defaults.
+        Example::
+
+            c.GpuGovernor.policies = [
+                {"name": "borrowed", "match": {"labels": {"gpu-gov/borrowed": "true"}},
+                 "warn_after": "15m", "cull_after": "45m"},
+                {"name": "mig", "match": {"tiers": ["mig-1g"]}, "cull_action": "shutdown-kernels"},
+            ]
+
+        Keys: match (profiles, tiers, teams, users, server_names, labels), idle_threshold,
+        warn_after, cull_after, user_activity_grace, busy_grace, extension_step,
+        max_extensions, extension_reason (optional|required), max_age, max_age_warning,
+        checkpoint, checkpoint_timeout, on_checkpoint_failure (postpone|proceed),
+        cull_action (stop-server|shutdown-kernels), exempt, inactive_timeout. Durations are
+        seconds or strings like "90m", "2h".""",
+    ).tag(config=True)
+    policy_defaults = Dict(
+        help="""Defaults for every policy key (same keys as a policy). ``inactive_timeout``
+        defaults to --timeout and ``max_age`` to --max-age.""",
+    ).tag(config=True)
+    dry_run = Bool(
+        False, help="Record every decision and act on none (no checkpoint requests, no culls)."
+    ).tag(config=True)
+    db_url = Unicode(
+        "sqlite:///jupyter_gpu_gov.sqlite",
+        help="SQLAlchemy URL of the store, e.g. postgresql://gov@db/gpu_gov.",
+    ).tag(config=True)
+    report_stale_after = Float(
+        300,
+        help="Seconds after which a server's last report no longer counts: its GPU is unknown.",
+    ).tag(config=True)
+    proxy_url = Unicode(
+        help="""Where the service reaches user servers (``<proxy_url>/user/<name>/``) to
+        request checkpoints and shut kernels down. Default: $JUPYTERHUB_PUBLIC_URL, else
+        $JUPYTER_GPU_GOV_PROXY_URL, else http://127.0.0.1:8000.""",
+    ).tag(config=True)
+
+    @default("proxy_url")
+    def _proxy_url_default(self):
+        return (
+            os.environ.get("JUPYTER_GPU_GOV_PROXY_URL")
+            or os.environ.get("JUPYTERHUB_PUBLIC_URL")
+            or "http://127.0.0.1:8000"
+        )
+
+    team_map = Dict(
+        help="User name → team, for users whose team is not in user_options or Hub groups."
+    ).tag(config=True)
+    dcgm_prometheus_url = Unicode(
+        "", help="Prometheus base URL to query dcgm-exporter series (e.g. http://prometheus:9090)."
+    ).tag(config=True)
+    dcgm_exporter_urls = List(
+        Unicode(), help="dcgm-exporter /metrics URLs to scrape directly (instead of Prometheus)."
+    ).tag(config=True)
+    dcgm_metric_names = Dict(
+        help="Extra metric name → signal mappings for relabelled DCGM series."
+    ).tag(config=True)
+    dcgm_bearer_token = Unicode("", help="Bearer token for Prometheus or the exporters.").tag(
+        config=True
+    )
+    pcie_floor_bytes_per_s = Float(
+        1_000_000, help="PCIe traffic (bytes/s) under which an idle-looking GPU counts as idle."
+    ).tag(config=True)
+    port = Int(help="Port to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
+    ip = Unicode(help="IP to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
+
+    @default("port")
+    def _port_default(self):
+        return (
+            urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")).port
+            or 10101
+        )
+
+    @default("ip")
+    def _ip_default(self):
+        return (
+            urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")).hostname
+            or "127.0.0.1"
+        )
+
+    @validate("timeout", "concurrency")
+    def _positive(self, proposal):
+        if proposal["value"] <= 0:
+            raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
+        return proposal["value"]
+
+    def parse_command_line(self, argv=None):
+        return super().parse_command_line(
+            normalise_argv(list(sys.argv[1:] if argv is None else argv))
+        )
+
+    def initialize(self, argv=None):
+        self.parse_command_line(argv)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+            self.parse_command_line(argv)  # the command line wins over the file
+        self.policy_list = self.build_policies()
+
+    def build_policies(self):
+        defaults = {"inactive_timeout": self.timeout}
+        if self.max_age:
+            defaults["max_age"] = self.max_age
+        defaults.update(self.policy_defaults)
+        try:
+            return load_policies(self.policies, defaults)
+        except PolicyError as error:
+            raise SystemExit(f"jupyter-gpu-gov: bad policy configuration: {error}") from None
+
+    @property
+    def reconcile_interval(self) -> float:
+        return self.cull_every or min(self.timeout / 2, 60)
+
+    def make_governor(self) -> Governor:
+        hub = HubApi(
+            self.url,
+            os.environ.get("JUPYTERHUB_API_TOKEN"),
+            concurrency=self.concurrency,
+            page_size=self.api_page_size,
+            ssl_enabled=self.ssl_enabled,
+            internal_certs_location=self.internal_certs_location if self.ssl_enabled else None,
+        )
+        dcgm = None
+        if self.dcgm_prometheus_url or self.dcgm_exporter_urls:
+            dcgm = DcgmSource(
+                prometheus_url=self.dcgm_prometheus_url or None,
+                exporter_urls=self.dcgm_exporter_urls,
+                config=DcgmConfig().with_metrics(self.dcgm_metric_names),
+                bearer_token=self.dcgm_bearer_token or None,
+            )
+        options = Options(
+            dry_run=self.dry_run,
+            report_stale_after=parse_duration(self.report_stale_after),
+            cull_default_servers=self.cull_default_servers,
+            cull_named_servers=self.cull_named_servers,
+            cull_admin_users=self.cull_admin_users,
+            cull_users=self.cull_users,
+            remove_named_servers=self.remove_named_servers,
+            proxy_url=self.proxy_url,
+            service_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+            concurrency=self.concurrency,
+            team_map=dict(self.team_map),
+            pcie_floor_bytes_per_s=self.pcie_floor_bytes_per_s,
+        )
+        return Governor(Store(self.db_url), hub, self.policy_list, options, dcgm)
+
+    def make_web_app(self, governor: Governor) -> web.Application:
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
+        return web.Application(
+            [
+                *handlers(prefix, governor),
+                (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
+            ],
+            cookie_secret=os.urandom(32),
+            hub_auth=HubOAuth(),
+            xsrf_cookies=False,  # API handlers check XSRF for cookie-authenticated writes
+        )
+
+    async def run(self) -> None:
+        self.governor = self.make_governor()
+        app = self.make_web_app(self.governor)
+        server = HTTPServer(app, max_body_size=MAX_REPORT_BYTES + 1024, xheaders=True)
+        server.listen(self.port, self.ip)
+        self.log.info(
+            "jupyter-gpu-gov %s governing on %s:%s (reconcile every %ss, %d policies%s)",
+            __version__,
+            self.ip,
+            self.port,
+            self.reconcile_interval,
+            len(self.policy_list),
+            ", DRY RUN" if self.dry_run else "",
+        )
+        timer = PeriodicCallback(self._reconcile, self.reconcile_interval * 1000)
+        timer.start()
+        await self._reconcile()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        timer.stop()
+        server.stop()
+        await self.governor.close()
+
+    async def _reconcile(self) -> None:
+        try:
+            result = await self.governor.reconcile()
+            if result.actions:
+                self.log.info("gpu-gov: reconciled %d servers: %s", result.servers, result.actions)
+            for error in result.dcgm_errors:
+                self.log.warning("gpu-gov: DCGM: %s", error)
+        except Exception:
+            self.log.exception("gpu-gov: reconcile failed; trying again next cycle")
+
+    @default("log_level")
+    def _log_level(self):
+        return logging.INFO
+
+    def start(self):
+        asyncio.run(self.run())
+
+
+def main(argv=None) -> None:
+    app = GpuGovernor()
+    app.initialize(argv)
+    app.start()

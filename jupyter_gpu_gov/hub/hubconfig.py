@@ -1,0 +1,77 @@
+"""Wiring the governor into a ``jupyterhub_config.py`` in one call::
+
+    from jupyter_gpu_gov.hub.hubconfig import add_governor
+
+    add_governor(c, args=["--config=/etc/jupyterhub/gpu_gov_config.py"], admin_users=["alice"])
+
+It registers the managed service with least-privilege roles, defines the governor's admin scope,
+lets users (and their servers' tokens) talk to the service about their own servers, and tells
+single-user servers where to report.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+
+ADMIN_SCOPE = "custom:gpu-gov:admin"
+SERVICE_SCOPES = [
+    "list:users",
+    "read:users",  # names, admin flag, groups, last activity
+    "read:servers",  # server URLs, start times, user_options
+    "delete:servers",  # culls
+    "access:servers",  # checkpoint requests and kernel shutdown on user servers
+    "list:groups",
+    "read:groups",  # team properties of groups
+]
+
+
+def add_governor(
+    c,
+    *,
+    name: str = "gpu-gov",
+    url: str = "http://127.0.0.1:10101",
+    args: Iterable[str] = (),
+    environment: Mapping[str, str] | None = None,
+    admin_users: Iterable[str] = (),
+    admin_groups: Iterable[str] = (),
+    cull_users: bool = False,
+    python: str = sys.executable,
+) -> None:
+    """Add the governor to JupyterHub config ``c`` (call it once, after setting services,
+    roles and the spawner's environment if you set those)."""
+    c.JupyterHub.services.append(
+        {
+            "name": name,
+            "url": url,
+            "command": [python, "-m", "jupyter_gpu_gov.hub", *args],
+            "environment": dict(environment or {}),
+            "oauth_no_confirm": True,
+        }
+    )
+    c.JupyterHub.custom_scopes.update(
+        {
+            ADMIN_SCOPE: {
+                "description": "Administer the GPU governor: list every server, extend, approve, "
+                "exempt and cull, read the audit trail and metrics.",
+            }
+        }
+    )
+    access = f"access:services!service={name}"
+    service_scopes = SERVICE_SCOPES + (["admin:users"] if cull_users else [])
+    c.JupyterHub.load_roles.extend(
+        [
+            {"name": f"{name}-service", "services": [name], "scopes": service_scopes},
+            {
+                "name": f"{name}-admins",
+                "users": list(admin_users),
+                "groups": list(admin_groups),
+                "scopes": [ADMIN_SCOPE, access],
+            },
+            # Every user may talk to the governor about their own servers.
+            {"name": "user", "scopes": ["self", access]},
+        ]
+    )
+    # A server's own token reports for it; it holds no admin scope, whoever owns it.
+    c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", access]
+    c.Spawner.environment.update({"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"})

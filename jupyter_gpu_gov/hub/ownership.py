@@ -1,0 +1,77 @@
+"""Who a server belongs to: team, project, tier and labels, from what the Hub knows.
+
+Sources, first found wins for each field:
+
+1. ``gpu-gov/*`` keys in the server's ``user_options`` (the profile layer records the team,
+   project, tier and borrowed flag chosen on the spawn form there, mirroring the pod labels);
+2. plain ``team`` / ``project`` keys in ``user_options`` (a spawn form without our profile layer);
+3. Hub groups: a group whose ``properties`` has ``"gpu-gov/team"`` (``true`` for the group's
+   own name, or a string naming the team);
+4. ``GpuGovernor.team_map`` (user → team).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.policy import LABEL_PREFIX
+
+TEAM_PROPERTY = "gpu-gov/team"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    team: str | None = None
+    project: str | None = None
+    tier: str | None = None
+    profile: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def group_teams(groups: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Group name → team name, for groups that declare a team in their properties."""
+    teams = {}
+    for group in groups:
+        value = (group.get("properties") or {}).get(TEAM_PROPERTY)
+        if value is True:
+            teams[group["name"]] = group["name"]
+        elif isinstance(value, str) and value:
+            teams[group["name"]] = value
+    return teams
+
+
+def resolve(
+    user: str,
+    user_options: Mapping[str, Any],
+    user_groups: Iterable[str],
+    teams_by_group: Mapping[str, str],
+    team_map: Mapping[str, str],
+) -> Ownership:
+    labels = {
+        key: _text(value)
+        for key, value in (user_options or {}).items()
+        if key.startswith(LABEL_PREFIX) and value is not None
+    }
+    team = (
+        labels.get(f"{LABEL_PREFIX}team")
+        or _text(user_options.get("team"))
+        or next((teams_by_group[g] for g in user_groups if g in teams_by_group), None)
+        or team_map.get(user)
+    )
+    project = labels.get(f"{LABEL_PREFIX}project") or _text(user_options.get("project"))
+    profile = _text(user_options.get("profile"))
+    tier = labels.get(f"{LABEL_PREFIX}tier") or profile
+    for key, value in (("team", team), ("project", project), ("tier", tier), ("user", user)):
+        if value:
+            labels.setdefault(f"{LABEL_PREFIX}{key}", value)
+    return Ownership(team=team, project=project, tier=tier, profile=profile, labels=labels)
+
+
+def _text(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

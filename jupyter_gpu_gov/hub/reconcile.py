@@ -1,0 +1,606 @@
+"""The governor's work, apart from the web layer: take reports in, reconcile every server
+against the Hub, DCGM and the policies, carry out the actions, and record everything.
+
+Every ``cull_every`` seconds ``reconcile()`` lists the Hub's ready servers once, reads DCGM
+once, and calls ``core.policy.decide`` for each server. Reports arrive between cycles (pushed by
+the servers) and are kept in memory; decisions, deadlines, extensions and the audit trail are in
+the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from ..core import clock, policy
+from ..core.durations import format_duration
+from ..core.policy import CHECKPOINT, CULL, MAX_AGE_WARN, WARN, Decision, Policy, Record, ServerView
+from ..core.report import gpu_signal, user_last_activity
+from . import metrics
+from .dcgm import DcgmSource, index_by_pod, index_by_uuid, is_idle
+from .hubapi import HubApi, HubApiError, HubServer
+from .ownership import group_teams, resolve
+from .store import AuditRow, ExtensionRow, ServerRow, Store, apply_decision, record_of, set_record
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+
+def server_key(user: str, name: str = "") -> str:
+    """``user/`` or ``user/name``, as in the replay trace format."""
+    return f"{user}/{name}"
+
+
+@dataclass
+class Received:
+    report: dict
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the governor needs from its configuration (see ``GpuGovernor`` for the help)."""
+
+    dry_run: bool = False
+    report_stale_after: timedelta = timedelta(minutes=5)
+    cull_default_servers: bool = True
+    cull_named_servers: bool = True
+    cull_admin_users: bool = True
+    cull_users: bool = False
+    remove_named_servers: bool = False
+    proxy_url: str = ""  # where to reach /user/<name>/ (checkpoints, kernel shutdown)
+    service_token: str = ""
+    concurrency: int = 10
+    team_map: Mapping[str, str] = field(default_factory=dict)
+    pcie_floor_bytes_per_s: float = 1_000_000
+
+
+@dataclass
+class CycleResult:
+    servers: int = 0
+    actions: dict[str, int] = field(default_factory=dict)
+    duration_s: float = 0.0
+    dcgm_errors: Sequence[str] = ()
+
+
+class Governor:
+    def __init__(
+        self,
+        store: Store,
+        hub: HubApi,
+        policies: Sequence[Policy],
+        options: Options,
+        dcgm: DcgmSource | None = None,
+    ):
+        self.store = store
+        self.hub = hub
+        self.policies = list(policies)
+        self.options = options
+        self.dcgm = dcgm
+        self.reports: dict[str, Received] = {}
+        self._checkpoints: dict[str, tuple[str, dict | None]] = {}  # finished, not yet applied
+        self._tasks: set[asyncio.Task] = set()
+        self._server_urls: dict[str, str] = {}
+        self._cycle = asyncio.Lock()
+        self.last_cycle: CycleResult | None = None
+        self.http = AsyncHTTPClient()
+
+    # -- reports ------------------------------------------------------------------------------
+
+    def ingest(self, report: dict) -> dict:
+        """Keep a validated, authorised report; answer the server's current verdict."""
+        key = server_key(report["server"]["user"], report["server"].get("name", ""))
+        self.reports[key] = Received(report, clock.utcnow())
+        checkpoint = report.get("checkpoint") or {}
+        if checkpoint.get("status") in ("done", "failed"):
+            self._checkpoints[key] = (checkpoint["status"], checkpoint.get("manifest"))
+        return self.verdict(key)
+
+    def verdict(self, key: str) -> dict:
+        row = self.store.server(key)
+        if row is None:
+            return {
+                "state": policy.UNKNOWN,
+                "reason": "the governor has not assessed this server yet",
+                "idle_since": None,
+                "warn_at": None,
+                "cull_at": None,
+                "extensions_left": None,
+                "extension_step_s": None,
+                "policy": None,
+                "checkpoint": "none",
+                "dry_run": self.options.dry_run,
+                "root_cause": None,
+            }
+        return verdict_of(row, self.policy_named(row.policy), dry_run=self.options.dry_run)
+
+    def policy_named(self, name: str | None) -> Policy:
+        return next((p for p in self.policies if p.name == name), self.policies[-1])
+
+    # -- the cycle ----------------------------------------------------------------------------
+
+    async def reconcile(self) -> CycleResult:
+        async with self._cycle:  # a cull-now and the timer never reconcile at once
+            started = time.perf_counter()
+            result = await self._reconcile()
+            result.duration_s = time.perf_counter() - started
+            metrics.RECONCILE_SECONDS.observe(result.duration_s)
+            self.last_cycle = result
+            return result
+
+    async def _reconcile(self) -> CycleResult:
+        now = clock.utcnow()
+        servers, groups = await asyncio.gather(self.hub.list_servers(), self._groups())
+        snapshot = await self.dcgm.fetch() if self.dcgm else None
+        teams_by_group = group_teams(groups)
+        rows = self.store.servers()
+        by_uuid = index_by_uuid(snapshot.evidence) if snapshot else {}
+        by_pod = index_by_pod(snapshot.evidence) if snapshot else {}
+
+        changed: list[ServerRow] = []
+        audits: list[AuditRow] = []
+        jobs = []
+        seen = set()
+        for server in servers:
+            if server.pending or not server.ready:
+                continue  # the Hub is starting or stopping it
+            key = server_key(server.user, server.name)
+            seen.add(key)
+            self._server_urls[key] = server.url
+            ownership = resolve(
+                server.user,
+                server.user_options,
+                server.groups,
+                teams_by_group,
+                self.options.team_map,
+            )
+            row = rows.get(key)
+            if row is None or (server.started and row.session_started != server.started):
+                row = ServerRow(
+                    key=key, user=server.user, name=server.name, session_started=server.started
+                )
+                set_record(row, Record())
+            before = record_of(row)
+            row.team, row.project, row.tier = ownership.team, ownership.project, ownership.tier
+            row.profile, row.labels, row.running = ownership.profile, dict(ownership.labels), True
+
+            record = self._apply_checkpoint_result(key, before, row)
+            view = self._view(server, ownership, now, by_uuid, by_pod)
+            chosen = policy.select(self.policies, view)
+            excluded = self._excluded(server)
+            if excluded:
+                decision = Decision(
+                    replace(record.new_idle_stretch(), state=policy.EXEMPT, reason=excluded)
+                )
+            else:
+                decision = policy.decide(view, record, chosen, now)
+            apply_decision(row, decision, chosen.name)
+            if decision.record != before or decision.actions:
+                changed.append(row)
+            if decision.state != before.state:
+                audits.append(
+                    self._audit(
+                        row, "state", f"{before.state} → {decision.state}: {decision.reason}"
+                    )
+                )
+            for action in decision.actions:
+                jobs.append(self._act(action, server, row, decision, chosen, audits))
+
+        for key, row in rows.items():
+            if row.running and key not in seen:
+                row.running = False  # stopped (by its owner, the Hub or us)
+                changed.append(row)
+
+        await asyncio.gather(*jobs)
+        self.store.save_servers(changed)
+        self.store.audit(audits)
+        self._forget_stale_reports(seen)
+        metrics.observe_states(self.store.servers(running_only=True).values())
+        counts: dict[str, int] = {}
+        for row in audits:
+            counts[row.action] = counts.get(row.action, 0) + 1
+        return CycleResult(len(seen), counts, dcgm_errors=snapshot.errors if snapshot else ())
+
+    async def _groups(self) -> list[dict]:
+        try:
+            return await self.hub.get_groups()
+        except HubApiError as error:
+            log.warning(
+                "gpu-gov: cannot list groups (%s); teams come from user_options only", error
+            )
+            return []
+
+    def _excluded(self, server: HubServer) -> str | None:
+        o = self.options
+        if server.name == "" and not o.cull_default_servers:
+            return "not governed: default servers are excluded (cull_default_servers=False)"
+        if server.name and not o.cull_named_servers:
+            return "not governed: named servers are excluded (cull_named_servers=False)"
+        if server.admin and not o.cull_admin_users:
+            return "not governed: admin users are excluded (cull_admin_users=False)"
+        return None
+
+    def _view(self, server: HubServer, ownership, now: datetime, by_uuid, by_pod) -> ServerView:
+        key = server_key(server.user, server.name)
+        received = self.reports.get(key)
+        base = ServerView(
+            user=server.user,
+            name=server.name,
+            profile=ownership.profile,
+            tier=ownership.tier,
+            team=ownership.team,
+            project=ownership.project,
+            labels=ownership.labels,
+            started=server.started,
+            hub_last_activity=server.last_activity,
+        )
+        if received is None:
+            return base  # no extension, or not reported yet: jupyterhub-idle-culler's rule
+        report = received.report
+        chosen = policy.select(self.policies, base)
+        if now - received.at > self.options.report_stale_after:
+            age = format_duration(now - received.at)
+            gpu = policy.GpuSignal(holds_gpu=True, active=None, detail=f"last report {age} ago")
+        else:
+            gpu = gpu_signal(
+                report, idle_threshold=chosen.idle_threshold, cull_action=chosen.cull_action
+            )
+            trusted = self._trusted_activity(report, chosen, by_uuid, by_pod)
+            if trusted is not None and gpu.holds_gpu:
+                active, disagreement = policy.merge_evidence(gpu.active, trusted)
+                detail = "DCGM" + (f": {disagreement}" if disagreement else "")
+                gpu = replace(gpu, active=active, detail=detail)
+        return replace(
+            base,
+            reports=True,
+            gpu=gpu,
+            user_last_activity=user_last_activity(report),
+        )
+
+    def _trusted_activity(self, report: dict, chosen: Policy, by_uuid, by_pod) -> bool | None:
+        """DCGM's word on this server's GPUs: True if any is busy, False if all are idle,
+        None when DCGM does not know them."""
+        server = report["server"]
+        evidence = list(by_pod.get((server.get("namespace"), server.get("pod")), ()))
+        if not evidence:
+            for device in report["devices"]:
+                uuid = device.get("parent_uuid") or device["uuid"]
+                candidates = by_uuid.get(uuid, ())
+                if device.get("mig_profile"):
+                    candidates = [e for e in candidates if e.mig_profile == device["mig_profile"]]
+                else:
+                    candidates = [e for e in candidates if e.mig_profile is None]
+                evidence += candidates
+        verdicts = [
+            is_idle(e, chosen.idle_threshold, self.options.pcie_floor_bytes_per_s) for e in evidence
+        ]
+        if not verdicts:
+            return None
+        if any(v is False for v in verdicts):
+            return True
+        if all(v is True for v in verdicts):
+            return False
+        return None
+
+    def _apply_checkpoint_result(self, key: str, record: Record, row: ServerRow) -> Record:
+        result = self._checkpoints.pop(key, None)
+        if result is None or record.checkpoint_status != "requested":
+            return record
+        status, manifest = result
+        row.checkpoint_manifest = manifest
+        return replace(record, checkpoint_status=status)
+
+    def _forget_stale_reports(self, running: set[str]) -> None:
+        for key in list(self.reports):
+            if (
+                key not in running
+                and clock.utcnow() - self.reports[key].at > self.options.report_stale_after
+            ):
+                del self.reports[key]
+
+    # -- actions ------------------------------------------------------------------------------
+
+    async def _act(
+        self,
+        action: str,
+        server: HubServer,
+        row: ServerRow,
+        decision: Decision,
+        chosen: Policy,
+        audits: list[AuditRow],
+    ) -> None:
+        dry = self.options.dry_run
+        if action in (WARN, MAX_AGE_WARN):
+            metrics.WARNINGS.inc()
+            audits.append(self._audit(row, action, decision.reason, dry_run=dry))
+        elif action == CHECKPOINT:
+            audits.append(self._audit(row, "checkpoint", decision.reason, dry_run=dry))
+            if dry:
+                self._checkpoints[row.key] = ("done", {"dry_run": True})
+            else:
+                self._spawn(self._checkpoint(row.key, server, chosen))
+        elif action == CULL:
+            details = {
+                "cull_action": chosen.cull_action,
+                "cull_reason": decision.cull_reason,
+                "checkpoint": row.checkpoint_manifest,
+                "policy": chosen.name,
+            }
+            if dry:
+                audits.append(
+                    self._audit(row, "cull", decision.reason, dry_run=True, details=details)
+                )
+                return
+            try:
+                details["outcome"] = await self._cull(server, row, chosen)
+            except Exception as error:  # recorded, retried next cycle
+                log.error("gpu-gov: cull of %s failed: %s", row.key, error)
+                set_record(row, replace(record_of(row), state=policy.WARNED, culled_at=None))
+                audits.append(
+                    self._audit(row, "cull-failed", f"{decision.reason}; {error}", details=details)
+                )
+                return
+            metrics.CULLS.labels(decision.cull_reason or "gpu-idle", chosen.cull_action).inc()
+            if decision.cull_reason == "gpu-idle":
+                metrics.GPUS_RECLAIMED.inc(self._gpus_held(row.key))
+            audits.append(self._audit(row, "cull", decision.reason, details=details))
+
+    async def _cull(self, server: HubServer, row: ServerRow, chosen: Policy) -> str:
+        if chosen.cull_action == "shutdown-kernels" and row.key in self.reports:
+            report = self.reports[row.key].report
+            kernels = [
+                t["id"]
+                for t in report["targets"]
+                if t["kind"] == "kernel" and t["gpu"]["holds_context"]
+            ]
+            for kernel_id in kernels:
+                await self._server_request(server.url, f"api/kernels/{kernel_id}", "DELETE")
+            # The server keeps running without a GPU: start over with a fresh record.
+            set_record(row, replace(Record(), reason=f"kernels shut down: {row.reason}"))
+            self.reports.pop(row.key, None)
+            return f"shut down {len(kernels)} kernel(s)"
+        remove = self.options.remove_named_servers and bool(server.name)
+        outcome = await self.hub.stop_server(server.user, server.name, remove=remove)
+        if self.options.cull_users and (not server.admin or self.options.cull_admin_users):
+            others = [
+                s
+                for s in await self.hub.list_servers()
+                if s.user == server.user and s.name != server.name
+            ]
+            if not others and outcome == "stopped":
+                await self.hub.delete_user(server.user)
+                outcome += "; user deleted (cull_users)"
+        return outcome
+
+    def _gpus_held(self, key: str) -> int:
+        received = self.reports.get(key)
+        return len(received.report["devices"]) if received else 0
+
+    async def _checkpoint(self, key: str, server: HubServer, chosen: Policy) -> None:
+        timeout = chosen.checkpoint_timeout.total_seconds()
+        try:
+            body = await self._server_request(
+                server.url,
+                "jupyter-gpu-gov/checkpoint",
+                "POST",
+                {"reason": "the governor is about to give this server's GPU back"},
+                timeout=timeout,
+            )
+            status = "done" if body.get("status") == "done" else "failed"
+            self._checkpoints[key] = (status, body)
+        except Exception as error:
+            log.warning("gpu-gov: checkpoint of %s failed: %s", key, error)
+            self._checkpoints[key] = ("failed", {"error": str(error)})
+
+    async def _server_request(
+        self, server_url: str, path: str, method: str, body=None, timeout: float = 30.0
+    ) -> dict:
+        """Call a user's server through the proxy with the service's own token."""
+        url = f"{self.options.proxy_url.rstrip('/')}{server_url}{path}"
+        request = HTTPRequest(
+            url,
+            method=method,
+            headers={
+                "Authorization": f"token {self.options.service_token}",
+                "Content-Type": "application/json",
+            },
+            body=None if body is None and method != "POST" else json.dumps(body or {}),
+            request_timeout=timeout,
+            follow_redirects=False,
+        )
+        try:
+            response = await self.http.fetch(request)
+        except HTTPClientError as error:
+            if method == "DELETE" and error.code == 404:
+                return {}  # already gone
+            raise
+        return json.loads(response.body) if response.body else {}
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _audit(
+        self,
+        row: ServerRow,
+        action: str,
+        reason: str,
+        *,
+        actor: str = "governor",
+        dry_run: bool = False,
+        details: dict | None = None,
+    ) -> AuditRow:
+        return AuditRow(
+            at=clock.utcnow(),
+            server_key=row.key,
+            user=row.user,
+            action=action,
+            reason=reason,
+            actor=actor,
+            dry_run=dry_run,
+            details=details,
+        )
+
+    # -- people's requests --------------------------------------------------------------------
+
+    def extend(self, key: str, actor: str, reason: str) -> tuple[int, dict]:
+        row = self._row(key)
+        chosen = self.policy_named(row.policy)
+        outcome = policy.extend(record_of(row), chosen, reason)
+        if outcome.status != "refused":
+            set_record(row, outcome.record)
+            self.store.save_servers([row])
+        seconds = chosen.extension_step.total_seconds() if outcome.status == "granted" else 0
+        self.store.add_extension(
+            ExtensionRow(
+                server_key=key,
+                requested_by=actor,
+                requested_at=clock.utcnow(),
+                seconds=seconds,
+                reason=reason or "",
+                status=outcome.status,
+            )
+        )
+        self.store.audit(
+            [
+                self._audit(
+                    row,
+                    "extend",
+                    f"{outcome.status}: {outcome.message}; reason: {reason or '-'}",
+                    actor=actor,
+                )
+            ]
+        )
+        metrics.EXTENSIONS.labels(outcome.status).inc()
+        code = {"granted": 200, "pending": 202, "refused": 409}[outcome.status]
+        return code, {
+            "status": outcome.status,
+            "message": outcome.message,
+            "verdict": self.verdict(key),
+        }
+
+    def decide_extension(
+        self, key: str, actor: str, approve: bool, seconds: float | None, reason: str
+    ) -> dict:
+        row = self._row(key)
+        pending = [e for e in self.store.extensions("pending", key)]
+        if not row.approval_pending or not pending:
+            raise LookupError(f"no extension of {key} is waiting for approval")
+        chosen = self.policy_named(row.policy)
+        seconds = seconds if seconds is not None else chosen.extension_step.total_seconds()
+        record = policy.approve(record_of(row), seconds) if approve else policy.deny(record_of(row))
+        set_record(row, record)
+        self.store.save_servers([row])
+        for extension in pending:
+            extension.status = "approved" if approve else "denied"
+            extension.decided_by, extension.decided_at = actor, clock.utcnow()
+            extension.decision_reason = reason
+            extension.seconds = seconds if approve else 0
+            self.store.update_extension(extension)
+        what = f"approved {format_duration(seconds)}" if approve else "denied"
+        self.store.audit(
+            [
+                self._audit(
+                    row,
+                    "approve" if approve else "deny",
+                    f"extension {what}; reason: {reason}",
+                    actor=actor,
+                )
+            ]
+        )
+        return {"status": "approved" if approve else "denied", "verdict": self.verdict(key)}
+
+    def exempt(self, key: str, actor: str, until: datetime | None, reason: str) -> dict:
+        row = self._row(key)
+        record = replace(record_of(row), exempt_until=until)
+        if until is not None:
+            record = replace(record.new_idle_stretch(), exempt_until=until, state=policy.EXEMPT)
+        set_record(row, record)
+        self.store.save_servers([row])
+        what = f"exempt until {clock.isoformat(until)}" if until else "exemption lifted"
+        self.store.audit([self._audit(row, "exempt", f"{what}; reason: {reason}", actor=actor)])
+        return {"status": "exempt" if until else "governed", "verdict": self.verdict(key)}
+
+    async def cull_now(self, key: str, actor: str, reason: str) -> dict:
+        row = self._row(key)
+        user, name = key.split("/", 1)
+        chosen = self.policy_named(row.policy)
+        server = HubServer(user=user, name=name, url=self._server_urls.get(key, ""))
+        why = f"culled by {actor}: {reason}"
+        if self.options.dry_run:
+            self.store.audit([self._audit(row, "cull", why, actor=actor, dry_run=True)])
+            return {"status": "dry-run", "verdict": self.verdict(key)}
+        outcome = await self._cull(server, row, chosen)
+        if row.state != policy.ACTIVE or chosen.cull_action == "stop-server":
+            set_record(
+                row,
+                replace(record_of(row), state=policy.CULLED, culled_at=clock.utcnow(), reason=why),
+            )
+        row.cull_reason = "admin"
+        self.store.save_servers([row])
+        metrics.CULLS.labels("admin", chosen.cull_action).inc()
+        self.store.audit([self._audit(row, "cull", why, actor=actor, details={"outcome": outcome})])
+        return {"status": outcome, "verdict": self.verdict(key)}
+
+    def _row(self, key: str) -> ServerRow:
+        row = self.store.server(key)
+        if row is None:
+            raise KeyError(key)
+        return row
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
+def verdict_of(row: ServerRow, chosen: Policy, *, dry_run: bool = False) -> dict:
+    decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
+    return policy.verdict(decision, chosen, dry_run=dry_run)
+
+
+def row_view(row: ServerRow, report: Received | None) -> dict:
+    """A server as the admin API lists it."""
+    gpu = None
+    if report is not None:
+        r = report.report
+        gpu = {
+            "backend": r["backend"],
+            "devices": [
+                {k: d.get(k) for k in ("uuid", "name", "mig_profile", "memory_used_mb", "activity")}
+                for d in r["devices"]
+            ],
+            "memory_mb": sum(
+                t["gpu"]["memory_mb"] or 0 for t in r["targets"] if t["gpu"]["holds_context"]
+            ),
+            "active_fraction": r["window"].get("gpu_active_fraction"),
+            "reported_at": clock.isoformat(report.at),
+        }
+    return {
+        "user": row.user,
+        "name": row.name,
+        "team": row.team,
+        "project": row.project,
+        "tier": row.tier,
+        "profile": row.profile,
+        "labels": row.labels or {},
+        "running": row.running,
+        "state": row.state,
+        "reason": row.reason,
+        "policy": row.policy,
+        "idle_since": clock.isoformat(row.idle_since),
+        "warn_at": clock.isoformat(row.warn_at),
+        "cull_at": clock.isoformat(row.cull_at),
+        "extensions_used": row.extensions_used,
+        "approval_pending": row.approval_pending,
+        "exempt_until": clock.isoformat(row.exempt_until),
+        "checkpoint": {"status": row.checkpoint_status, "manifest": row.checkpoint_manifest},
+        "culled_at": clock.isoformat(row.culled_at),
+        "gpu": gpu,
+    }

@@ -1,0 +1,390 @@
+"""The governor's REST API under ``/services/gpu-gov/api/`` (DESIGN §10).
+
+Every handler authenticates with the Hub (a token, or the browser's Hub login) and needs the
+service's access scope; admin verbs also need ``custom:gpu-gov:admin`` (or Hub admin scopes),
+which a single-user server's own token never has.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyterhub.services.auth import HubOAuthenticated
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tornado import web
+
+from ..core import clock, policy
+from ..core.durations import parse_duration
+from ..core.report import ReportError, validate
+from . import metrics
+from .reconcile import Governor, Received, row_view, server_key
+
+ADMIN_SCOPE = "custom:gpu-gov:admin"
+# Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
+HUB_ADMIN_SCOPES = {"admin:servers", "admin:users"}
+MAX_REPORT_BYTES = 1024 * 1024
+
+
+class ApiHandler(HubOAuthenticated, web.RequestHandler):
+    def initialize(self, governor: Governor):
+        self.governor = governor
+
+    def get_login_url(self):
+        raise web.HTTPError(403, "authenticate with a JupyterHub token")  # an API never redirects
+
+    def check_xsrf_cookie(self):
+        # Token requests need no XSRF check; browser (cookie) writes do.
+        if not self.request.headers.get("Authorization"):
+            super().check_xsrf_cookie()
+
+    @property
+    def scopes(self) -> set[str]:
+        return set(self.current_user.get("scopes", ()))
+
+    @property
+    def actor(self) -> str:
+        model = self.current_user
+        return f"{model.get('kind', 'user')}:{model['name']}"
+
+    @property
+    def is_admin(self) -> bool:
+        return bool(self.scopes & ({ADMIN_SCOPE} | HUB_ADMIN_SCOPES))
+
+    def require_admin(self) -> None:
+        if not self.is_admin:
+            raise web.HTTPError(403, f"this needs the {ADMIN_SCOPE} scope (governor admins)")
+
+    def require_owner_or_admin(self, user: str) -> None:
+        model = self.current_user
+        if self.is_admin or (model.get("kind", "user") == "user" and model["name"] == user):
+            return
+        raise web.HTTPError(403, f"only {user} or a governor admin may do this")
+
+    def body(self) -> dict[str, Any]:
+        if not self.request.body:
+            return {}
+        try:
+            data = json.loads(self.request.body)
+        except ValueError as error:
+            raise web.HTTPError(400, f"the body is not JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise web.HTTPError(400, "the body must be a JSON object")
+        return data
+
+    def text_field(self, data: dict, key: str, required: bool = False) -> str:
+        value = data.get(key, "")
+        if not isinstance(value, str):
+            raise web.HTTPError(400, f"'{key}' must be a string")
+        if required and not value.strip():
+            raise web.HTTPError(400, f"'{key}' is required")
+        return value.strip()
+
+    def write_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs):
+        message = self._reason
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(error, web.HTTPError) and error.log_message:
+            message = error.log_message % error.args if error.args else error.log_message
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status_code, "message": message}))
+
+    def server_row(self, user: str, name: str):
+        key = server_key(user, name or "")
+        row = self.governor.store.server(key)
+        if row is None:
+            raise web.HTTPError(404, f"the governor knows no server {key}")
+        return key, row
+
+
+class ReportsHandler(ApiHandler):
+    """``POST api/reports``: a server's report in, its verdict out."""
+
+    @web.authenticated
+    def post(self):
+        if len(self.request.body) > MAX_REPORT_BYTES:
+            metrics.REPORTS.labels("invalid").inc()
+            raise web.HTTPError(413, f"a report may be at most {MAX_REPORT_BYTES} bytes")
+        try:
+            report = validate(self.body())
+        except ReportError as error:
+            metrics.REPORTS.labels("invalid").inc()
+            raise web.HTTPError(400, f"invalid report: {error}") from None
+        owner = report["server"]["user"]
+        model = self.current_user
+        if model.get("kind", "user") != "user" or model["name"] != owner:
+            metrics.REPORTS.labels("forbidden").inc()
+            raise web.HTTPError(403, f"{self.actor} may not report on a server of {owner}")
+        metrics.REPORTS.labels("accepted").inc()
+        self.write_json({"verdict": self.governor.ingest(report)})
+
+
+class ServersHandler(ApiHandler):
+    """``GET api/servers``: every governed server (admins) or the caller's own."""
+
+    @web.authenticated
+    def get(self):
+        user = None if self.is_admin else self.current_user["name"]
+        running_only = self.get_argument("all", "0") not in ("1", "true")
+        rows = self.governor.store.servers(running_only=running_only).values()
+        items = [
+            row_view(row, self.governor.reports.get(row.key))
+            for row in sorted(rows, key=lambda r: r.key)
+            if user is None or row.user == user
+        ]
+        self.write_json({"servers": items})
+
+
+class ServerHandler(ApiHandler):
+    """``GET api/users/<user>/server`` or ``.../servers/<name>``: one server and its verdict."""
+
+    @web.authenticated
+    def get(self, user: str, name: str | None = None):
+        self.require_owner_or_admin(user)
+        key, row = self.server_row(user, name)
+        received: Received | None = self.governor.reports.get(key)
+        self.write_json({**row_view(row, received), "verdict": self.governor.verdict(key)})
+
+
+class ExtendHandler(ApiHandler):
+    @web.authenticated
+    def post(self, user: str, name: str | None = None):
+        self.require_owner_or_admin(user)
+        key, _ = self.server_row(user, name)
+        reason = self.text_field(self.body(), "reason")
+        status, outcome = self.governor.extend(key, self.actor, reason)
+        self.write_json(outcome, status)
+
+
+class DecideExtensionHandler(ApiHandler):
+    def initialize(self, governor: Governor, approve: bool):
+        super().initialize(governor)
+        self.approve = approve
+
+    @web.authenticated
+    def post(self, user: str, name: str | None = None):
+        self.require_admin()
+        key, _ = self.server_row(user, name)
+        data = self.body()
+        reason = self.text_field(data, "reason", required=True)
+        seconds = None
+        if self.approve and data.get("duration") is not None:
+            try:
+                seconds = parse_duration(data["duration"], "'duration'").total_seconds()
+            except ValueError as error:
+                raise web.HTTPError(400, str(error)) from None
+        try:
+            self.write_json(
+                self.governor.decide_extension(key, self.actor, self.approve, seconds, reason)
+            )
+        except LookupError as error:
+            raise web.HTTPError(409, str(error.args[0])) from None
+
+
+class ExemptHandler(ApiHandler):
+    """``POST .../exempt`` ``{"duration": "3d", "reason": …}``; ``DELETE`` lifts it."""
+
+    @web.authenticated
+    def post(self, user: str, name: str | None = None):
+        self.require_admin()
+        key, _ = self.server_row(user, name)
+        data = self.body()
+        reason = self.text_field(data, "reason", required=True)
+        try:
+            duration = parse_duration(data.get("duration"), "'duration'")
+        except ValueError as error:
+            raise web.HTTPError(400, str(error)) from None
+        self.write_json(self.governor.exempt(key, self.actor, clock.utcnow() + duration, reason))
+
+    @web.authenticated
+    def delete(self, user: str, name: str | None = None):
+        self.require_admin()
+        key, _ = self.server_row(user, name)
+        reason = self.text_field(self.body(), "reason") or "lifted"
+        self.write_json(self.governor.exempt(key, self.actor, None, reason))
+
+
+class CullHandler(ApiHandler):
+    """``POST .../cull`` ``{"reason": …}``: an admin culls now."""
+
+    @web.authenticated
+    async def post(self, user: str, name: str | None = None):
+        self.require_admin()
+        key, _ = self.server_row(user, name)
+        reason = self.text_field(self.body(), "reason", required=True)
+        self.write_json(await self.governor.cull_now(key, self.actor, reason))
+
+
+class ExtensionsHandler(ApiHandler):
+    """``GET api/extensions?status=pending``: extension requests (admins)."""
+
+    @web.authenticated
+    def get(self):
+        self.require_admin()
+        status = self.get_argument("status", None)
+        rows = self.governor.store.extensions(status)
+        self.write_json(
+            {
+                "extensions": [
+                    {
+                        "server": row.server_key,
+                        "requested_by": row.requested_by,
+                        "requested_at": clock.isoformat(row.requested_at),
+                        "seconds": row.seconds,
+                        "reason": row.reason,
+                        "status": row.status,
+                        "decided_by": row.decided_by,
+                        "decided_at": clock.isoformat(row.decided_at),
+                        "decision_reason": row.decision_reason,
+                    }
+                    for row in rows
+                ]
+            }
+        )
+
+
+class AuditHandler(ApiHandler):
+    """``GET api/audit?server=user/name``: decisions and actions with their reasons."""
+
+    @web.authenticated
+    def get(self):
+        server = self.get_argument("server", None)
+        user = self.get_argument("user", None)
+        if not self.is_admin:
+            user = self.current_user["name"]
+            if server is not None and not server.startswith(f"{user}/"):
+                raise web.HTTPError(
+                    403, f"only {server.split('/')[0]} or a governor admin may read this"
+                )
+        try:
+            limit = min(int(self.get_argument("limit", "200")), 5000)
+        except ValueError:
+            raise web.HTTPError(400, "'limit' must be a whole number") from None
+        rows = self.governor.store.audit_rows(server_key=server, user=user, limit=limit)
+        self.write_json(
+            {
+                "audit": [
+                    {
+                        "at": clock.isoformat(row.at),
+                        "server": row.server_key,
+                        "action": row.action,
+                        "reason": row.reason,
+                        "actor": row.actor,
+                        "dry_run": row.dry_run,
+                        "details": row.details,
+                    }
+                    for row in rows
+                ]
+            }
+        )
+
+
+class PoliciesHandler(ApiHandler):
+    """``GET api/policies``: the policies as the service understands them (admins)."""
+
+    @web.authenticated
+    def get(self):
+        self.require_admin()
+        self.write_json(
+            {
+                "policies": [policy_view(p) for p in self.governor.policies],
+                "dry_run": self.governor.options.dry_run,
+            }
+        )
+
+
+class MetricsHandler(ApiHandler):
+    """``GET metrics``: Prometheus, for governor admins or tokens with ``read:metrics``."""
+
+    @web.authenticated
+    def get(self):
+        if not (self.is_admin or "read:metrics" in self.scopes):
+            raise web.HTTPError(403, "this needs the read:metrics scope")
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest(metrics.REGISTRY))
+
+
+class InfoHandler(ApiHandler):
+    @web.authenticated
+    def get(self):
+        from .. import __version__
+
+        cycle = self.governor.last_cycle
+        self.write_json(
+            {
+                "version": __version__,
+                "dry_run": self.governor.options.dry_run,
+                "last_reconcile": None
+                if cycle is None
+                else {
+                    "servers": cycle.servers,
+                    "actions": cycle.actions,
+                    "duration_s": round(cycle.duration_s, 4),
+                },
+            }
+        )
+
+
+class RootHandler(web.RequestHandler):
+    """The service's root: JupyterHub checks it is up; people are sent to the API (the admin
+    dashboard will live here)."""
+
+    def get(self):
+        self.redirect(self.request.path.rstrip("/") + "/api/")
+
+
+def policy_view(p: policy.Policy) -> dict:
+    def seconds(value):
+        return None if value is None else int(value.total_seconds())
+
+    return {
+        "name": p.name,
+        "match": {
+            k: (dict(v) if k == "labels" else list(v)) for k, v in vars(p.match).items() if v
+        },
+        "idle_threshold": p.idle_threshold,
+        "warn_after_s": seconds(p.warn_after),
+        "cull_after_s": seconds(p.cull_after),
+        "user_activity_grace_s": seconds(p.user_activity_grace),
+        "busy_grace_s": seconds(p.busy_grace),
+        "extension_step_s": seconds(p.extension_step),
+        "max_extensions": p.max_extensions,
+        "extension_reason": p.extension_reason,
+        "max_age_s": seconds(p.max_age),
+        "max_age_warning_s": seconds(p.max_age_warning),
+        "checkpoint": p.checkpoint,
+        "checkpoint_timeout_s": seconds(p.checkpoint_timeout),
+        "on_checkpoint_failure": p.on_checkpoint_failure,
+        "cull_action": p.cull_action,
+        "exempt": p.exempt,
+        "inactive_timeout_s": seconds(p.inactive_timeout),
+    }
+
+
+_SERVER = r"users/(?P<user>[^/]+)/(?:server|servers/(?P<name>[^/]+))"
+
+
+def handlers(prefix: str, governor: Governor) -> list[tuple]:
+    """Routes under the service prefix (e.g. ``/services/gpu-gov/``)."""
+    args = {"governor": governor}
+    p = prefix.rstrip("/")
+    return [
+        (rf"{p}/?", RootHandler),
+        (rf"{p}/api/?", InfoHandler, args),
+        (rf"{p}/api/reports", ReportsHandler, args),
+        (rf"{p}/api/servers", ServersHandler, args),
+        (rf"{p}/api/{_SERVER}", ServerHandler, args),
+        (rf"{p}/api/{_SERVER}/extend", ExtendHandler, args),
+        (rf"{p}/api/{_SERVER}/approve", DecideExtensionHandler, {**args, "approve": True}),
+        (rf"{p}/api/{_SERVER}/deny", DecideExtensionHandler, {**args, "approve": False}),
+        (rf"{p}/api/{_SERVER}/exempt", ExemptHandler, args),
+        (rf"{p}/api/{_SERVER}/cull", CullHandler, args),
+        (rf"{p}/api/extensions", ExtensionsHandler, args),
+        (rf"{p}/api/audit", AuditHandler, args),
+        (rf"{p}/api/policies", PoliciesHandler, args),
+        (rf"{p}/metrics", MetricsHandler, args),
+    ]

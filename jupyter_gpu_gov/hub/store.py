@@ -1,0 +1,270 @@
+"""The governor's store: what it remembers of each server, extension requests, and the audit
+trail. SQLAlchemy, SQLite by default, any SQLAlchemy URL (PostgreSQL) by configuration.
+
+The schema is created on start and migrated forward from the version recorded in ``meta``, so a
+service restart loses no warning, deadline, extension or audit row. Latest reports are kept in
+memory by the service, not here: they are re-sent every minute and need no durability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import fields
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.types import TypeDecorator
+
+from ..core import clock
+from ..core.policy import Decision, Record
+
+SCHEMA_VERSION = 1
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class UtcDateTime(TypeDecorator):
+    """Timezone-aware UTC in and out, whatever the database does with time zones (SQLite
+    drops them)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return value.astimezone(timezone.utc) if value is not None else None
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class ServerRow(Base):
+    __tablename__ = "servers"
+
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)  # "user/name"
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    name: Mapped[str] = mapped_column(String(255), default="")
+    session_started: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    team: Mapped[str | None] = mapped_column(String(255))
+    project: Mapped[str | None] = mapped_column(String(255))
+    tier: Mapped[str | None] = mapped_column(String(255))
+    profile: Mapped[str | None] = mapped_column(String(255))
+    labels: Mapped[dict] = mapped_column(JSON, default=dict)
+    policy: Mapped[str | None] = mapped_column(String(255))
+    running: Mapped[bool] = mapped_column(Boolean, default=True)
+    # The policy Record, one column per field (see _RECORD_FIELDS).
+    state: Mapped[str] = mapped_column(String(32), default="active")
+    idle_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    warned_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    extension_s: Mapped[float] = mapped_column(Float, default=0.0)
+    extensions_used: Mapped[int] = mapped_column(Integer, default=0)
+    approval_pending: Mapped[bool] = mapped_column(Boolean, default=False)
+    postponed_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    checkpoint_status: Mapped[str | None] = mapped_column(String(32))
+    checkpoint_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    max_age_warned_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    exempt_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    culled_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    reason: Mapped[str] = mapped_column(Text, default="")
+    # Decision outputs, so verdicts and listings need no recomputation.
+    warn_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    cull_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    cull_reason: Mapped[str | None] = mapped_column(String(32))
+    checkpoint_manifest: Mapped[dict | None] = mapped_column(JSON)
+    updated_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
+class ExtensionRow(Base):
+    __tablename__ = "extensions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    server_key: Mapped[str] = mapped_column(String(255), index=True)
+    requested_by: Mapped[str] = mapped_column(String(255))
+    requested_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    seconds: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    status: Mapped[str] = mapped_column(
+        String(16)
+    )  # granted | pending | approved | denied | refused
+    decided_by: Mapped[str | None] = mapped_column(String(255))
+    decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    decision_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class AuditRow(Base):
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
+    server_key: Mapped[str | None] = mapped_column(String(255), index=True)
+    user: Mapped[str | None] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(32))  # warn, checkpoint, cull, extend, exempt, ...
+    reason: Mapped[str] = mapped_column(Text, default="")
+    actor: Mapped[str] = mapped_column(String(255), default="governor")
+    dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
+    details: Mapped[dict | None] = mapped_column(JSON)
+
+
+class MetaRow(Base):
+    __tablename__ = "meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))
+
+
+_RECORD_FIELDS = [f.name for f in fields(Record)]
+
+# Forward migrations: version -> statements bringing the previous version up to it.
+MIGRATIONS: dict[int, list[str]] = {}
+
+
+class Store:
+    def __init__(self, url: str = "sqlite:///jupyter_gpu_gov.sqlite", echo: bool = False):
+        self.url = url
+        kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False}
+        self.engine = create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self.migrate()
+
+    def migrate(self) -> None:
+        """Create missing tables, then apply migrations newer than the recorded version."""
+        existed = inspect(self.engine).has_table("meta")
+        Base.metadata.create_all(self.engine)
+        with self._session.begin() as session:
+            row = session.get(MetaRow, "schema_version")
+            version = int(row.value) if row else (SCHEMA_VERSION if not existed else 1)
+            for target in sorted(v for v in MIGRATIONS if v > version):
+                for statement in MIGRATIONS[target]:
+                    session.execute(text(statement))
+                version = target
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"the database {self.url} has schema version {version}, newer than this "
+                    f"jupyter-gpu-gov understands ({SCHEMA_VERSION}): upgrade the service"
+                )
+            session.merge(MetaRow(key="schema_version", value=str(version)))
+
+    def session(self) -> Session:
+        return self._session()
+
+    # -- servers --------------------------------------------------------------------------------
+
+    def servers(self, running_only: bool = False) -> dict[str, ServerRow]:
+        with self.session() as session:
+            query = select(ServerRow)
+            if running_only:
+                query = query.where(ServerRow.running.is_(True))
+            return {row.key: row for row in session.scalars(query)}
+
+    def server(self, key: str) -> ServerRow | None:
+        with self.session() as session:
+            return session.get(ServerRow, key)
+
+    def save_servers(self, rows: Iterable[ServerRow]) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        with self._session.begin() as session:
+            for row in rows:
+                row.updated_at = clock.utcnow()
+                session.merge(row)
+
+    # -- audit and extensions -------------------------------------------------------------------
+
+    def audit(self, rows: Iterable[AuditRow]) -> None:
+        rows = list(rows)
+        if rows:
+            with self._session.begin() as session:
+                session.add_all(rows)
+
+    def audit_rows(
+        self, server_key: str | None = None, user: str | None = None, limit: int = 200
+    ) -> list[AuditRow]:
+        with self.session() as session:
+            query = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit)
+            if server_key is not None:
+                query = query.where(AuditRow.server_key == server_key)
+            if user is not None:
+                query = query.where(AuditRow.user == user)
+            return list(session.scalars(query))
+
+    def add_extension(self, row: ExtensionRow) -> ExtensionRow:
+        with self._session.begin() as session:
+            session.add(row)
+        return row
+
+    def extensions(
+        self, status: str | None = None, server_key: str | None = None
+    ) -> list[ExtensionRow]:
+        with self.session() as session:
+            query = select(ExtensionRow).order_by(ExtensionRow.id.desc())
+            if status is not None:
+                query = query.where(ExtensionRow.status == status)
+            if server_key is not None:
+                query = query.where(ExtensionRow.server_key == server_key)
+            return list(session.scalars(query))
+
+    def update_extension(self, row: ExtensionRow) -> None:
+        with self._session.begin() as session:
+            session.merge(row)
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the reconcile's writes
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+# -- Record <-> row ----------------------------------------------------------------------------
+
+
+def record_of(row: ServerRow) -> Record:
+    return Record(**{name: getattr(row, name) for name in _RECORD_FIELDS})
+
+
+def apply_decision(row: ServerRow, decision: Decision, policy_name: str) -> None:
+    for name in _RECORD_FIELDS:
+        setattr(row, name, getattr(decision.record, name))
+    row.warn_at = decision.warn_at
+    row.cull_at = decision.cull_at
+    row.cull_reason = decision.cull_reason or row.cull_reason
+    row.policy = policy_name
+
+
+def set_record(row: ServerRow, record: Record) -> None:
+    for name in _RECORD_FIELDS:
+        setattr(row, name, getattr(record, name))
+
+
+__all__ = [
+    "AuditRow",
+    "ExtensionRow",
+    "ServerRow",
+    "Store",
+    "apply_decision",
+    "record_of",
+    "set_record",
+]
