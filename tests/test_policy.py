@@ -94,6 +94,21 @@ def test_unknown_stretch_does_not_count_as_idle_time():
     assert actions[0] == (130, "warn", "warned")
 
 
+def test_unknown_pauses_the_idle_clock_and_keeps_extensions():
+    unknown = replace(idle_view(), gpu=p.GpuSignal(True, None))
+    record = p.Record()
+    for minute in range(0, 31):
+        record = p.decide(idle_view(), record, POLICY, T0 + minute * MIN).record
+    record = p.extend(record, POLICY, "almost done").record
+    for minute in range(31, 80):  # the GPU goes unknown for 49 minutes
+        record = p.decide(unknown, record, POLICY, T0 + minute * MIN).record
+    assert record.state == "unknown" and record.extensions_used == 1
+    decision = p.decide(idle_view(), record, POLICY, T0 + 80 * MIN)
+    # 31 idle minutes before the pause: the deadline (60 + 30 extension) moved by 49 minutes.
+    assert decision.cull_at == T0 + (90 + 49) * MIN
+    assert decision.record.extensions_used == 1
+
+
 def test_recent_user_activity_holds_the_cull_back_but_not_the_warning():
     view = lambda m: replace(idle_view(), user_last_activity=T0 + min(m, 58) * MIN)  # noqa: E731
     actions, _ = run(view, minutes=90, on_checkpoint="done")

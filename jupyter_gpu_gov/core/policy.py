@@ -275,6 +275,7 @@ class Record:
     checkpoint_status: str | None = None  # requested | done | failed | timeout
     checkpoint_requested_at: datetime | None = None
     max_age_warned_at: datetime | None = None
+    paused_at: datetime | None = None  # GPU data became unknown: the idle clock stopped here
     exempt_until: datetime | None = None  # an admin grant
     culled_at: datetime | None = None
     reason: str = ""
@@ -291,6 +292,7 @@ class Record:
             postponed_until=None,
             checkpoint_status=None,
             checkpoint_requested_at=None,
+            paused_at=None,
         )
 
 
@@ -345,11 +347,11 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         return _inactive_rule(view, record, policy, now, actions, gpu)
 
     if gpu.active is None:
-        # Unknown is never idle: no warning, no cull, and the idle clock restarts once known.
+        # Unknown is never idle: no warning, no cull, and the idle clock pauses (warnings and
+        # extensions already granted stand) until the GPU is known again.
         why = "GPU activity unknown" + (f" ({gpu.detail})" if gpu.detail else "")
-        return Decision(
-            replace(record.new_idle_stretch(), state=UNKNOWN, reason=why), tuple(actions)
-        )
+        paused = replace(record, state=UNKNOWN, reason=why, paused_at=record.paused_at or now)
+        return Decision(paused, tuple(actions))
 
     if gpu.active:
         why = "GPU active" + (f" ({gpu.detail})" if gpu.detail else "")
@@ -358,10 +360,11 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         )
 
     # GPU idle.
-    if record.idle_since is not None:
+    if record.paused_at is not None:
+        record = _resume(record, now)
+        idle_since = record.idle_since or now  # an unknown stretch does not count as idle time
+    elif record.idle_since is not None:
         idle_since = record.idle_since
-    elif record.state == UNKNOWN:
-        idle_since = now  # an unknown stretch does not count as idle time
     else:
         idle_since = min(gpu.idle_since or now, now)
     record = replace(record, idle_since=idle_since)
@@ -398,6 +401,18 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
     why = f"GPU idle for {idle_for} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
     decision = _cull_with_checkpoint(record, policy, now, why, "gpu-idle", warn_at, cull_at)
     return replace(decision, actions=tuple(actions) + decision.actions)
+
+
+def _resume(record: Record, now: datetime) -> Record:
+    """Known again after an unknown stretch: move the idle clock's marks past the pause."""
+    pause = now - record.paused_at
+    return replace(
+        record,
+        paused_at=None,
+        idle_since=_plus(record.idle_since, pause),
+        warned_at=_plus(record.warned_at, pause),
+        postponed_until=_plus(record.postponed_until, pause),
+    )
 
 
 def _plus(when: datetime | None, delta: timedelta) -> datetime | None:

@@ -62,6 +62,29 @@ class Options:
 
 
 @dataclass
+class _World:
+    """What the last cycle learnt of the Hub and DCGM, reused to re-decide one server."""
+
+    teams_by_group: Mapping[str, str] = field(default_factory=dict)
+    by_uuid: Mapping = field(default_factory=dict)
+    by_pod: Mapping = field(default_factory=dict)
+
+
+@dataclass
+class _Batch:
+    """Rows to save, audit rows and actions gathered while deciding; finished together."""
+
+    changed: list[ServerRow] = field(default_factory=list)
+    audits: list[AuditRow] = field(default_factory=list)
+    jobs: list = field(default_factory=list)
+
+    async def finish(self, store: Store) -> None:
+        await asyncio.gather(*self.jobs)
+        store.save_servers(self.changed)
+        store.audit(self.audits)
+
+
+@dataclass
 class CycleResult:
     servers: int = 0
     actions: dict[str, int] = field(default_factory=dict)
@@ -86,7 +109,8 @@ class Governor:
         self.reports: dict[str, Received] = {}
         self._checkpoints: dict[str, tuple[str, dict | None]] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
-        self._server_urls: dict[str, str] = {}
+        self._servers: dict[str, HubServer] = {}  # running servers, as of the last cycle
+        self._world = _World()
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
         self.http = AsyncHTTPClient()
@@ -135,77 +159,98 @@ class Governor:
             return result
 
     async def _reconcile(self) -> CycleResult:
-        now = clock.utcnow()
         servers, groups = await asyncio.gather(self.hub.list_servers(), self._groups())
         snapshot = await self.dcgm.fetch() if self.dcgm else None
-        teams_by_group = group_teams(groups)
+        self._world = _World(
+            teams_by_group=group_teams(groups),
+            by_uuid=index_by_uuid(snapshot.evidence) if snapshot else {},
+            by_pod=index_by_pod(snapshot.evidence) if snapshot else {},
+        )
         rows = self.store.servers()
-        by_uuid = index_by_uuid(snapshot.evidence) if snapshot else {}
-        by_pod = index_by_pod(snapshot.evidence) if snapshot else {}
-
-        changed: list[ServerRow] = []
-        audits: list[AuditRow] = []
-        jobs = []
+        batch = _Batch()
+        now = clock.utcnow()
         seen = set()
         for server in servers:
             if server.pending or not server.ready:
                 continue  # the Hub is starting or stopping it
             key = server_key(server.user, server.name)
             seen.add(key)
-            self._server_urls[key] = server.url
-            ownership = resolve(
-                server.user,
-                server.user_options,
-                server.groups,
-                teams_by_group,
-                self.options.team_map,
-            )
-            row = rows.get(key)
-            if row is None or (server.started and row.session_started != server.started):
-                row = ServerRow(
-                    key=key, user=server.user, name=server.name, session_started=server.started
-                )
-                set_record(row, Record())
-            before = record_of(row)
-            row.team, row.project, row.tier = ownership.team, ownership.project, ownership.tier
-            row.profile, row.labels, row.running = ownership.profile, dict(ownership.labels), True
-
-            record = self._apply_checkpoint_result(key, before, row)
-            view = self._view(server, ownership, now, by_uuid, by_pod)
-            chosen = policy.select(self.policies, view)
-            excluded = self._excluded(server)
-            if excluded:
-                decision = Decision(
-                    replace(record.new_idle_stretch(), state=policy.EXEMPT, reason=excluded)
-                )
-            else:
-                decision = policy.decide(view, record, chosen, now)
-            apply_decision(row, decision, chosen.name)
-            if decision.record != before or decision.actions:
-                changed.append(row)
-            if decision.state != before.state:
-                audits.append(
-                    self._audit(
-                        row, "state", f"{before.state} → {decision.state}: {decision.reason}"
-                    )
-                )
-            for action in decision.actions:
-                jobs.append(self._act(action, server, row, decision, chosen, audits))
-
+            self._servers[key] = server
+            self._govern(server, rows.get(key), now, batch)
         for key, row in rows.items():
             if row.running and key not in seen:
                 row.running = False  # stopped (by its owner, the Hub or us)
-                changed.append(row)
+                self._servers.pop(key, None)
+                batch.changed.append(row)
 
-        await asyncio.gather(*jobs)
-        self.store.save_servers(changed)
-        self.store.audit(audits)
+        await batch.finish(self.store)
         self._forget_stale_reports(seen)
         metrics.observe_states(self.store.servers(running_only=True).values())
         counts: dict[str, int] = {}
-        for row in audits:
+        for row in batch.audits:
             counts[row.action] = counts.get(row.action, 0) + 1
         return CycleResult(len(seen), counts, dcgm_errors=snapshot.errors if snapshot else ())
+
+    async def redecide(self, key: str) -> None:
+        """Decide one server again now (after an extension, approval or exemption), with what
+        the last cycle learnt of the Hub and DCGM, so its verdict shows the new deadline."""
+        server = self._servers.get(key)
+        if server is None:
+            return
+        async with self._cycle:
+            batch = _Batch()
+            self._govern(server, self.store.server(key), clock.utcnow(), batch)
+            await batch.finish(self.store)
+
+    def _govern(
+        self, server: HubServer, row: ServerRow | None, now: datetime, batch: _Batch
+    ) -> None:
+        """Decide one server and queue what follows: the row to save, audits, actions."""
+        key = server_key(server.user, server.name)
+        world = self._world
+        ownership = resolve(
+            server.user,
+            server.user_options,
+            server.groups,
+            world.teams_by_group,
+            self.options.team_map,
+        )
+        if row is None or (server.started and row.session_started != server.started):
+            row = ServerRow(
+                key=key, user=server.user, name=server.name, session_started=server.started
+            )
+            set_record(row, Record())
+        before = record_of(row)
+        row.team, row.project, row.tier = ownership.team, ownership.project, ownership.tier
+        row.profile, row.labels, row.running = ownership.profile, dict(ownership.labels), True
+
+        record = self._apply_checkpoint_result(key, before, row)
+        if key in self.reports and not row.reports:
+            row.reports = True
+            batch.changed.append(row)
+        view = self._view(server, ownership, now, world.by_uuid, world.by_pod, row.reports)
+        chosen = policy.select(self.policies, view)
+        excluded = self._excluded(server)
+        if excluded:
+            decision = Decision(
+                replace(record.new_idle_stretch(), state=policy.EXEMPT, reason=excluded)
+            )
+        else:
+            decision = policy.decide(view, record, chosen, now)
+        warn_at, cull_at = row.warn_at, row.cull_at
+        apply_decision(row, decision, chosen.name)
+        if (
+            decision.record != before
+            or decision.actions
+            or (row.warn_at, row.cull_at) != (warn_at, cull_at)
+        ):
+            batch.changed.append(row)
+        if decision.state != before.state:
+            batch.audits.append(
+                self._audit(row, "state", f"{before.state} → {decision.state}: {decision.reason}")
+            )
+        for action in decision.actions:
+            batch.jobs.append(self._act(action, server, row, decision, chosen, batch.audits))
 
     async def _groups(self) -> list[dict]:
         try:
@@ -226,7 +271,9 @@ class Governor:
             return "not governed: admin users are excluded (cull_admin_users=False)"
         return None
 
-    def _view(self, server: HubServer, ownership, now: datetime, by_uuid, by_pod) -> ServerView:
+    def _view(
+        self, server: HubServer, ownership, now: datetime, by_uuid, by_pod, reported: bool
+    ) -> ServerView:
         key = server_key(server.user, server.name)
         received = self.reports.get(key)
         base = ServerView(
@@ -240,6 +287,10 @@ class Governor:
             started=server.started,
             hub_last_activity=server.last_activity,
         )
+        if received is None and reported:
+            # It reported before (this service restarted): unknown until the next report.
+            waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
+            return replace(base, reports=True, gpu=waiting)
         if received is None:
             return base  # no extension, or not reported yet: jupyterhub-idle-culler's rule
         report = received.report
@@ -450,7 +501,7 @@ class Governor:
 
     # -- people's requests --------------------------------------------------------------------
 
-    def extend(self, key: str, actor: str, reason: str) -> tuple[int, dict]:
+    async def extend(self, key: str, actor: str, reason: str) -> tuple[int, dict]:
         row = self._row(key)
         chosen = self.policy_named(row.policy)
         outcome = policy.extend(record_of(row), chosen, reason)
@@ -479,6 +530,7 @@ class Governor:
             ]
         )
         metrics.EXTENSIONS.labels(outcome.status).inc()
+        await self.redecide(key)
         code = {"granted": 200, "pending": 202, "refused": 409}[outcome.status]
         return code, {
             "status": outcome.status,
@@ -486,7 +538,7 @@ class Governor:
             "verdict": self.verdict(key),
         }
 
-    def decide_extension(
+    async def decide_extension(
         self, key: str, actor: str, approve: bool, seconds: float | None, reason: str
     ) -> dict:
         row = self._row(key)
@@ -515,9 +567,10 @@ class Governor:
                 )
             ]
         )
+        await self.redecide(key)
         return {"status": "approved" if approve else "denied", "verdict": self.verdict(key)}
 
-    def exempt(self, key: str, actor: str, until: datetime | None, reason: str) -> dict:
+    async def exempt(self, key: str, actor: str, until: datetime | None, reason: str) -> dict:
         row = self._row(key)
         record = replace(record_of(row), exempt_until=until)
         if until is not None:
@@ -526,13 +579,14 @@ class Governor:
         self.store.save_servers([row])
         what = f"exempt until {clock.isoformat(until)}" if until else "exemption lifted"
         self.store.audit([self._audit(row, "exempt", f"{what}; reason: {reason}", actor=actor)])
+        await self.redecide(key)
         return {"status": "exempt" if until else "governed", "verdict": self.verdict(key)}
 
     async def cull_now(self, key: str, actor: str, reason: str) -> dict:
         row = self._row(key)
         user, name = key.split("/", 1)
         chosen = self.policy_named(row.policy)
-        server = HubServer(user=user, name=name, url=self._server_urls.get(key, ""))
+        server = self._servers.get(key) or HubServer(user=user, name=name)
         why = f"culled by {actor}: {reason}"
         if self.options.dry_run:
             self.store.audit([self._audit(row, "cull", why, actor=actor, dry_run=True)])

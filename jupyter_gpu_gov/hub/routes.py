@@ -152,11 +152,11 @@ class ServerHandler(ApiHandler):
 
 class ExtendHandler(ApiHandler):
     @web.authenticated
-    def post(self, user: str, name: str | None = None):
+    async def post(self, user: str, name: str | None = None):
         self.require_owner_or_admin(user)
         key, _ = self.server_row(user, name)
         reason = self.text_field(self.body(), "reason")
-        status, outcome = self.governor.extend(key, self.actor, reason)
+        status, outcome = await self.governor.extend(key, self.actor, reason)
         self.write_json(outcome, status)
 
 
@@ -166,7 +166,7 @@ class DecideExtensionHandler(ApiHandler):
         self.approve = approve
 
     @web.authenticated
-    def post(self, user: str, name: str | None = None):
+    async def post(self, user: str, name: str | None = None):
         self.require_admin()
         key, _ = self.server_row(user, name)
         data = self.body()
@@ -178,18 +178,19 @@ class DecideExtensionHandler(ApiHandler):
             except ValueError as error:
                 raise web.HTTPError(400, str(error)) from None
         try:
-            self.write_json(
-                self.governor.decide_extension(key, self.actor, self.approve, seconds, reason)
+            outcome = await self.governor.decide_extension(
+                key, self.actor, self.approve, seconds, reason
             )
         except LookupError as error:
             raise web.HTTPError(409, str(error.args[0])) from None
+        self.write_json(outcome)
 
 
 class ExemptHandler(ApiHandler):
     """``POST .../exempt`` ``{"duration": "3d", "reason": …}``; ``DELETE`` lifts it."""
 
     @web.authenticated
-    def post(self, user: str, name: str | None = None):
+    async def post(self, user: str, name: str | None = None):
         self.require_admin()
         key, _ = self.server_row(user, name)
         data = self.body()
@@ -198,14 +199,16 @@ class ExemptHandler(ApiHandler):
             duration = parse_duration(data.get("duration"), "'duration'")
         except ValueError as error:
             raise web.HTTPError(400, str(error)) from None
-        self.write_json(self.governor.exempt(key, self.actor, clock.utcnow() + duration, reason))
+        self.write_json(
+            await self.governor.exempt(key, self.actor, clock.utcnow() + duration, reason)
+        )
 
     @web.authenticated
-    def delete(self, user: str, name: str | None = None):
+    async def delete(self, user: str, name: str | None = None):
         self.require_admin()
         key, _ = self.server_row(user, name)
         reason = self.text_field(self.body(), "reason") or "lifted"
-        self.write_json(self.governor.exempt(key, self.actor, None, reason))
+        self.write_json(await self.governor.exempt(key, self.actor, None, reason))
 
 
 class CullHandler(ApiHandler):

@@ -81,6 +81,7 @@ class ServerRow(Base):
     checkpoint_status: Mapped[str | None] = mapped_column(String(32))
     checkpoint_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     max_age_warned_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    paused_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     exempt_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
     culled_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     reason: Mapped[str] = mapped_column(Text, default="")
@@ -89,6 +90,9 @@ class ServerRow(Base):
     cull_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     cull_reason: Mapped[str | None] = mapped_column(String(32))
     checkpoint_manifest: Mapped[dict | None] = mapped_column(JSON)
+    # It has sent GPU reports this session: until the next one arrives (after a service
+    # restart) its GPU is unknown rather than "no extension".
+    reports: Mapped[bool] = mapped_column(Boolean, default=False)
     updated_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
 

@@ -1,0 +1,341 @@
+"""The governor end to end: a real JupyterHub, the governor as its managed service, real
+single-user servers with the extension on simulated GPUs, real kernels. Timers are seconds
+instead of hours (the policies are the same code).
+
+One hub serves the module; each user plays one story:
+alice  a zombie: holds GPU memory, no GPU work, an open kernel connection → warned, checkpointed, culled
+bob    a silent training loop in a background thread, kernel idle → never warned
+carol  a server that sends no GPU report → culled by jupyterhub-idle-culler's rule
+dave   extends, then needs an admin; the deadline survives a service restart
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import requests
+import websocket
+from hub_harness import MARKER_ENV, HubHarness
+
+from jupyter_gpu_gov.core.clock import parse
+
+pytestmark = pytest.mark.timeout(300)
+
+GOVERNOR_CONFIG = """
+c = get_config()  # noqa: F821
+c.GpuGovernor.db_url = "sqlite:///{db}"
+c.GpuGovernor.cull_every = 0.5
+c.GpuGovernor.report_stale_after = 60
+c.GpuGovernor.dry_run = {dry_run}
+c.GpuGovernor.policy_defaults = {{
+    "warn_after": "3s", "cull_after": "7s", "user_activity_grace": "1s", "busy_grace": "5s",
+    "extension_step": "60s", "max_extensions": 1, "checkpoint_timeout": "20s",
+}}
+c.GpuGovernor.policies = [
+    {{"name": "patient", "match": {{"users": ["dave"]}}, "warn_after": "2s", "cull_after": "60s"}},
+    {{"name": "impatient", "match": {{"users": ["carol"]}}, "inactive_timeout": "10s"}},
+]
+"""
+
+SINGLEUSER_CONFIG = """
+c.GpuGovApp.sample_interval = 0.5
+c.GpuGovApp.report_interval = 1
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def governed_hub(workdir: Path, *, dry_run: bool = False, **kwargs) -> HubHarness:
+    port = free_port()
+    config = workdir / "gpu_gov_config.py"
+    config.write_text(GOVERNOR_CONFIG.format(db=workdir / "gpu-gov.sqlite", dry_run=dry_run))
+    extra = f"""
+        from jupyter_gpu_gov.hub.hubconfig import add_governor
+        add_governor(
+            c,
+            url="http://127.0.0.1:{port}",
+            args=["--config={config}", "--timeout=600"],
+            environment={{
+                "JUPYTER_GPU_GOV_PROXY_URL": c.JupyterHub.bind_url,
+                {MARKER_ENV!r}: HARNESS_ENV[{MARKER_ENV!r}],
+            }},
+            admin_users=["govadmin"],
+        )
+
+        def _no_reports_for_carol(spawner):
+            # carol's server runs without a governor URL: it never reports.
+            if spawner.user.name == "carol":
+                spawner.environment["JUPYTER_GPU_GOV_URL"] = ""
+
+        c.Spawner.pre_spawn_hook = _no_reports_for_carol
+    """
+    return HubHarness(
+        workdir=workdir, extra_config=extra, singleuser_config=SINGLEUSER_CONFIG, **kwargs
+    )
+
+
+class Gov:
+    """The governor's API through the hub's proxy."""
+
+    def __init__(self, hub: HubHarness):
+        self.hub = hub
+        self.base = f"{hub.url.rstrip('/')}/services/gpu-gov/api"
+
+    def call(self, method: str, path: str, token: str | None, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"token {token}"} if token else {}
+        return requests.request(
+            method, f"{self.base}/{path}", headers=headers, timeout=30, **kwargs
+        )
+
+    def admin(self, method: str, path: str, **kwargs) -> requests.Response:
+        return self.call(method, path, self.hub.token("govadmin"), **kwargs)
+
+    def audit(self, key: str) -> list[dict]:
+        r = self.admin("GET", "audit", params={"server": key, "limit": 500})
+        assert r.status_code == 200, r.text
+        return r.json()["audit"][::-1]  # oldest first
+
+    def actions(self, key: str) -> list[str]:
+        return [a["action"] for a in self.audit(key) if a["action"] != "state"]
+
+    def verdict(self, user: str) -> dict:
+        r = self.admin("GET", f"users/{user}/server")
+        assert r.status_code == 200, r.text
+        return r.json()["verdict"]
+
+    def wait_up(self, timeout: float = 60) -> None:
+        wait(lambda: self.admin("GET", "").status_code == 200, timeout, "the governor to answer")
+
+
+def wait(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+        except (requests.ConnectionError, AssertionError):
+            value = None
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def kernel_with(hub: HubHarness, user: str, code: str) -> websocket.WebSocket:
+    """Start a kernel, run ``code``, and keep its websocket open (a browser tab)."""
+    kernel = hub.start_kernel(user)
+    hub.execute(user, kernel, code)
+    url = hub.user_url(user, f"api/kernels/{kernel}/channels")
+    return websocket.create_connection(
+        "ws" + url[len("http") :], header=[f"Authorization: token {hub.token(user)}"], timeout=30
+    )
+
+
+def server_running(hub: HubHarness, user: str) -> bool:
+    return "" in (hub.api("GET", f"users/{user}").json().get("servers") or {})
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    with governed_hub(tmp_path_factory.mktemp("governed")) as hub:
+        hub.create_user("govadmin")
+        for user in ("alice", "bob", "dave", "carol"):
+            hub.start_server(user)
+        Gov(hub).wait_up()
+        yield hub
+
+
+@pytest.fixture(scope="module")
+def gov(hub):
+    return Gov(hub)
+
+
+def test_zombie_kernel_is_warned_checkpointed_and_culled(hub, gov):
+    tab = kernel_with(hub, "alice", "from jupyter_gpu_gov import simulate; simulate.hold(4096)")
+    try:
+        wait(lambda: not server_running(hub, "alice"), 90, "alice's idle server to be culled")
+    finally:
+        tab.close()
+
+    audit = gov.audit("alice/")
+    actions = [a["action"] for a in audit if a["action"] in ("warn", "checkpoint", "cull")]
+    assert actions == ["warn", "checkpoint", "cull"], audit
+    cull = (
+        audit[-1]
+        if audit[-1]["action"] == "cull"
+        else next(a for a in audit if a["action"] == "cull")
+    )
+    assert "GPU idle for" in cull["reason"] and "checkpoint saved" in cull["reason"]
+    assert cull["details"]["outcome"] in ("stopped", "stopping")
+    assert cull["details"]["checkpoint"]["status"] == "done"
+    assert not any(a["dry_run"] for a in audit)
+
+
+def test_silent_training_loop_is_never_warned(hub, gov):
+    tab = kernel_with(
+        hub,
+        "bob",
+        "import threading, time\n"
+        "from jupyter_gpu_gov import simulate\n"
+        "simulate.hold(8192)\n"
+        "def train():\n"
+        "    while True:\n"
+        "        simulate.load(0.9, seconds=1.0)\n"
+        "        time.sleep(0.4)\n"
+        "threading.Thread(target=train, daemon=True).start()\n",
+    )
+    tab.close()  # the researcher closed the tab; the kernel is idle in Jupyter's eyes
+    wait(lambda: gov.verdict("bob")["state"] == "active", 30, "bob's GPU work to be seen")
+    time.sleep(12)  # longer than cull_after (7 s)
+
+    verdict = gov.verdict("bob")
+    assert verdict["state"] == "active" and "GPU active" in verdict["reason"]
+    assert [a for a in gov.actions("bob/") if a in ("warn", "checkpoint", "cull")] == []
+    assert server_running(hub, "bob")
+
+
+def test_server_without_reports_is_culled_by_the_idle_culler_rule(hub, gov):
+    wait(lambda: not server_running(hub, "carol"), 60, "carol's silent server to be culled")
+    cull = next(a for a in gov.audit("carol/") if a["action"] == "cull")
+    assert "sends no GPU report" in cull["reason"] and "idle-culler rule" in cull["reason"]
+
+
+def test_extend_postpones_then_waits_for_an_admin_and_survives_a_restart(hub, gov):
+    tab = kernel_with(hub, "dave", "from jupyter_gpu_gov import simulate; simulate.hold(2048)")
+    try:
+        wait(lambda: gov.verdict("dave")["state"] == "warned", 30, "dave to be warned")
+        before = gov.verdict("dave")
+        extend_url = hub.user_url("dave", "jupyter-gpu-gov/extend")
+        headers = {"Authorization": f"token {hub.token('dave')}"}
+
+        r = requests.post(
+            extend_url, json={"reason": "finishing a figure"}, headers=headers, timeout=30
+        )
+        assert r.status_code == 200, r.text
+        granted = r.json()
+        assert granted["status"] == "granted"
+        assert granted["verdict"]["cull_at"] > before["cull_at"]
+        assert granted["verdict"]["extensions_left"] == 0
+        recorded = gov.admin("GET", "extensions").json()["extensions"]
+        assert any(e["server"] == "dave/" and e["reason"] == "finishing a figure" for e in recorded)
+
+        r = requests.post(extend_url, json={"reason": "one more run"}, headers=headers, timeout=30)
+        assert r.status_code == 202 and r.json()["status"] == "pending"
+        assert "admin" in r.json()["message"] and r.json()["verdict"]["approval_pending"]
+
+        r = gov.admin(
+            "POST", "users/dave/server/approve", json={"reason": "paper deadline", "duration": "2m"}
+        )
+        assert r.status_code == 200, r.text
+        approved = r.json()["verdict"]
+        assert not approved["approval_pending"]
+        assert approved["cull_at"] > granted["verdict"]["cull_at"]
+
+        # Restart the service: deadline, extensions and audit survive.
+        audit_before = len(gov.audit("dave/"))
+        pid = service_pid(hub)
+        os.kill(pid, signal.SIGKILL)
+        wait(lambda: service_pid(hub) not in (None, pid), 60, "the hub to restart the governor")
+        gov.wait_up()
+        after = wait(
+            lambda: (v := gov.verdict("dave"))["state"] in ("idle", "warned") and v,
+            30,
+            "dave's next report after the restart",
+        )
+        # The deadline stands; it moves only by the seconds the GPU was unknown (no report
+        # reached the new service yet), which never count as idle time.
+        moved = parse(after["cull_at"]) - parse(approved["cull_at"])
+        assert timedelta(0) <= moved < timedelta(seconds=30)
+        assert after["extensions_left"] == 0 and not after["approval_pending"]
+        assert len(gov.audit("dave/")) >= audit_before
+    finally:
+        tab.close()
+
+
+def test_users_and_server_tokens_stay_in_their_lane(hub, gov):
+    bob = hub.token("bob")
+    assert gov.call("GET", "users/dave/server", bob).status_code == 403
+    assert (
+        gov.call("POST", "users/dave/server/extend", bob, json={"reason": "x"}).status_code == 403
+    )
+    assert gov.call("GET", "policies", None).status_code == 403
+    assert [s["user"] for s in gov.call("GET", "servers", bob).json()["servers"]] == ["bob"]
+
+    report = json.loads(hub.get(hub.user_url("bob", "jupyter-gpu-gov/status"), token=bob).text)
+    report["server"]["user"] = "dave"  # bob pretends to report for dave
+    r = gov.call("POST", "reports", bob, json=report)
+    assert r.status_code == 403 and "may not report" in r.json()["message"]
+
+    bad = dict(report, server={**report["server"], "user": "bob"}, targets=[{"kind": "gpu"}])
+    r = gov.call("POST", "reports", bob, json=bad)
+    assert r.status_code == 400 and "targets[0].kind" in r.json()["message"]
+
+    # A server's own token (as the extension uses it) can report, but is no admin.
+    kernel = hub.start_kernel("bob")
+    server_token = hub.execute(
+        "bob", kernel, "import os; print(os.environ['JUPYTERHUB_API_TOKEN'])"
+    ).strip()
+    assert (
+        gov.call(
+            "POST",
+            "reports",
+            server_token,
+            json=report | {"server": {**report["server"], "user": "bob"}},
+        ).status_code
+        == 200
+    )
+    assert gov.call("GET", "policies", server_token).status_code == 403
+    assert (
+        gov.call("POST", "users/dave/server/cull", server_token, json={"reason": "x"}).status_code
+        == 403
+    )
+    assert (
+        gov.call(
+            "POST", "users/bob/server/exempt", server_token, json={"reason": "x", "duration": "1d"}
+        ).status_code
+        == 403
+    )
+
+    policies = gov.admin("GET", "policies").json()["policies"]
+    assert [p["name"] for p in policies] == ["patient", "impatient", "default"]
+
+
+def test_dry_run_records_decisions_and_culls_nothing(tmp_path):
+    with governed_hub(tmp_path, dry_run=True) as hub:
+        hub.create_user("govadmin")
+        hub.start_server("alice")
+        gov = Gov(hub)
+        gov.wait_up()
+        tab = kernel_with(hub, "alice", "from jupyter_gpu_gov import simulate; simulate.hold(4096)")
+        try:
+            wait(lambda: "cull" in gov.actions("alice/"), 60, "a dry-run cull to be recorded")
+        finally:
+            tab.close()
+        audit = [a for a in gov.audit("alice/") if a["action"] in ("warn", "checkpoint", "cull")]
+        assert [a["action"] for a in audit] == ["warn", "checkpoint", "cull"]
+        assert all(a["dry_run"] for a in audit)
+        assert server_running(hub, "alice")
+        assert gov.verdict("alice")["dry_run"] is True
+
+
+def service_pid(hub: HubHarness) -> int | None:
+    needle = str(hub.workdir / "gpu_gov_config.py").encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"jupyter_gpu_gov.hub" in cmdline and needle in cmdline:
+                return int(entry)
+    return None
