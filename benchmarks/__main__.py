@@ -1,6 +1,7 @@
 """Run the quick benchmarks and print their figures: ``python -m benchmarks``."""
 
-from . import sampler_tick
+from . import reconcile, sampler_tick
 
 if __name__ == "__main__":
     sampler_tick.main([])
+    reconcile.main([])  # 2,000 servers; ``python -m benchmarks.reconcile --servers 10000``

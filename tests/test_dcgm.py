@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -18,14 +20,17 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 from tornado.web import Application, RequestHandler
 
+from jupyter_gpu_gov.hub import dcgm
 from jupyter_gpu_gov.hub.dcgm import (
     DcgmConfig,
     DcgmSource,
     GpuEvidence,
+    evidence_from_samples,
     index_by_pod,
     index_by_uuid,
     is_idle,
@@ -83,6 +88,116 @@ def test_every_exposition_fixture_yields_gpus_with_known_activity(name):
     for e in evidence:
         assert e.uuid.startswith("GPU-") and e.hostname and e.gpu_index is not None
         assert e.activity is not None and 0.0 <= e.activity <= 1.0
+
+
+# --- the exposition parser against prometheus_client's ------------------------------------------
+
+
+def client_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Samples as prometheus_client's reference parser reads them (the parser this one replaced)."""
+    return [
+        (s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def comparable(samples) -> list[tuple]:
+    # NaN != NaN, and prometheus_client yields ints where the parser yields floats.
+    return [(n, dict(labels), "NaN" if math.isnan(v) else float(v)) for n, labels, v in samples]
+
+
+@pytest.mark.parametrize("name", TEXT_FIXTURES)  # every exposition in the folder (pinned above)
+def test_parser_matches_prometheus_client_on_every_fixture(name):
+    text = read(name)
+    assert parse_exposition(text) == evidence_from_samples(client_samples(text))
+    # And sample for sample, over every metric (not only the table's), so labels and values
+    # parse alike on all lines. prometheus_client renames counters' samples (OpenMetrics
+    # "_total"), so those are compared through evidence only.
+    families = list(text_string_to_metric_families(text))
+    names = {s.name for f in families if f.type != "counter" for s in f.samples}
+    assert len(names) >= 4
+    expected = [s for s in client_samples(text) if s[0] in names]
+    assert comparable(dcgm._exposition_samples(text, names)) == comparable(expected)
+
+
+def test_escaped_label_values_unescape_as_the_format_defines():
+    # Synthetic: \", \\ and \n escapes, and "}", ",", "=" and "{" inside quoted values.
+    text = (
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a",modelName="say \\"hi\\" {x}=1, y",'
+        'pod="jupyter-a\\\\b",namespace="two\\nlines",container="c"} 30\n'
+    )
+    (gpu,) = parse_exposition(text)
+    assert gpu.model == 'say "hi" {x}=1, y'
+    assert (gpu.pod, gpu.namespace) == ("jupyter-a\\b", "two\nlines")
+    assert gpu.activity == pytest.approx(0.3)
+    assert [gpu] == evidence_from_samples(client_samples(text))
+
+
+def test_whitespace_trailing_commas_and_empty_label_sets_are_tolerated():
+    # Synthetic: blanks around "=" and ",", a trailing comma, tabs, CRLF, indented comments.
+    text = (
+        "  # HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\r\n"
+        'DCGM_FI_DEV_GPU_UTIL { UUID = "GPU-a" , gpu="0", }\t12\r\n'
+        "DCGM_FI_DEV_GPU_UTIL{} 5\n"  # no UUID: read, then ignored
+        "DCGM_FI_DEV_GPU_UTIL 7\n"
+        "\n"
+    )
+    (gpu,) = parse_exposition(text)
+    assert (gpu.uuid, gpu.gpu_index, gpu.activity) == ("GPU-a", 0, pytest.approx(0.12))
+    assert [gpu] == evidence_from_samples(client_samples(text))
+
+
+@pytest.mark.parametrize("timestamp", [" 1700000000000", "\t1700000000000", " -5", ""])
+def test_an_optional_timestamp_is_accepted_and_ignored(timestamp):
+    text = f'DCGM_FI_DEV_GPU_UTIL{{UUID="GPU-a"}} 42{timestamp}\n'
+    assert only(parse_exposition(text)).activity == pytest.approx(0.42)
+
+
+def test_nan_and_infinities_are_unknown_not_values():
+    # Synthetic: a non-finite reading must not hide a finite one from another signal.
+    text = (
+        'DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID="GPU-a"} NaN\n'
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 50\n'
+        'DCGM_FI_PROF_PCIE_TX_BYTES{UUID="GPU-a"} +Inf\n'
+        'DCGM_FI_DEV_POWER_USAGE{UUID="GPU-a"} -Inf\n'
+    )
+    gpu = only(parse_exposition(text))
+    assert (gpu.activity, gpu.activity_source) == (0.5, "gpu_util")
+    assert gpu.pcie_bytes_per_s is None and gpu.power_w is None
+    assert [gpu] == evidence_from_samples(client_samples(text))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a} 1',  # unterminated value
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a" 1',  # unclosed set
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a" gpu="0"} 1',  # no comma
+        "DCGM_FI_DEV_GPU_UTIL{UUID=GPU-a} 1",  # unquoted value
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a",UUID="GPU-b"} 1',  # duplicate label
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-\\ta"} 1',  # an escape the format does not define
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"}',  # no value
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} one',
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 1_000',
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 1 17000 extra',
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 1 1.5e3',  # timestamps are integers (ms)
+        'DCGM_FI_DEV_GPU_UTIL-x{UUID="GPU-a"} 1',
+        '{UUID="GPU-a"} 1',  # no metric name at all
+    ],
+)
+def test_a_malformed_line_raises_value_error_naming_its_line(bad):
+    text = f'# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_FB_USED{{UUID="GPU-a"}} 1\n{bad}\n'
+    with pytest.raises(ValueError, match=r"^line 3: "):
+        parse_exposition(text)
+
+
+def test_lines_of_metrics_outside_the_table_are_skipped_unparsed():
+    # Synthetic: the price of skipping before parsing is that their errors go unseen.
+    text = 'DCGM_FI_DEV_SM_CLOCK{UUID="GPU-a" oops\nDCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 1\n'
+    assert only(parse_exposition(text)).activity == pytest.approx(0.01)
+    with pytest.raises(ValueError, match=r"^line 1: "):
+        parse_exposition(text, DcgmConfig().with_metrics({"DCGM_FI_DEV_SM_CLOCK": "power_w"}))
 
 
 # --- Kubernetes attribution -------------------------------------------------------------------
@@ -375,6 +490,30 @@ async def test_source_times_out_on_an_exporter_that_never_answers():
     assert snapshot.evidence == ()
     (error,) = snapshot.errors
     assert error.startswith(url) and "Timeout" in error
+
+
+async def test_source_parses_off_the_event_loop(monkeypatch):
+    # A 10,000-GPU body takes about a second to parse: the loop must keep serving meanwhile.
+    threads: list[int] = []
+
+    def spy(parse):
+        def wrapper(*args, **kwargs):
+            threads.append(threading.get_ident())
+            return parse(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(dcgm, "parse_exposition", spy(dcgm.parse_exposition))
+    monkeypatch.setattr(dcgm, "parse_prometheus_query", spy(dcgm.parse_prometheus_query))
+    routes = [
+        ("/metrics", FixtureHandler, {"name": H100_TEXT, "seen": []}),
+        ("/api/v1/query", FixtureHandler, {"name": H100_JSON, "seen": []}),
+    ]
+    with serve(routes) as base:
+        scraped = await DcgmSource(exporter_urls=[f"{base}/metrics"]).fetch()
+        queried = await DcgmSource(prometheus_url=base).fetch()
+    assert (len(scraped.evidence), len(queried.evidence)) == (8, 16)
+    assert len(threads) == 2 and threading.get_ident() not in threads
 
 
 def test_source_needs_exactly_one_mode():

@@ -206,7 +206,9 @@ def test_silent_training_loop_is_never_warned(hub, gov):
 
 def test_server_without_reports_is_culled_by_the_idle_culler_rule(hub, gov):
     wait(lambda: not server_running(hub, "carol"), 60, "carol's silent server to be culled")
-    cull = next(a for a in gov.audit("carol/") if a["action"] == "cull")
+    audit = gov.audit("carol/")
+    cull = next((a for a in audit if a["action"] == "cull"), None)
+    assert cull is not None, audit
     assert "sends no GPU report" in cull["reason"] and "idle-culler rule" in cull["reason"]
 
 

@@ -66,7 +66,8 @@ def test_zombie_with_open_tab_is_warned_checkpointed_and_culled():
         (7200, "alice/", "checkpoint"),
         (7800, "alice/", "cull"),
     ]
-    assert "GPU idle for 1h" in actions[0].reason
+    assert "GPU idle since 2026-01-01 00:00 UTC" in actions[0].reason
+    assert "GPU idle for 2h 10m" in actions[-1].reason
     assert "checkpoint saved" in actions[-1].reason
 
 

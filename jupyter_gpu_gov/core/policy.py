@@ -368,7 +368,9 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
     else:
         idle_since = min(gpu.idle_since or now, now)
     record = replace(record, idle_since=idle_since)
-    idle_for = format_duration(now - idle_since)
+    # Reasons name times, not running durations, so a record changes only when something
+    # happens (the store then writes only transitions).
+    idle = f"GPU idle since {_at(idle_since)}" + (f" ({gpu.detail})" if gpu.detail else "")
 
     cull_at = idle_since + policy.cull_after + timedelta(seconds=record.extension_s)
     warn_at = cull_at - policy.notice
@@ -385,7 +387,7 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         cull_at = max(cull_at, record.warned_at + policy.notice)  # every warning gets its notice
 
     if now < warn_at and record.warned_at is None:
-        why = f"GPU idle for {idle_for}"
+        why = idle
         return Decision(replace(record, state=IDLE, reason=why), tuple(actions), warn_at, cull_at)
 
     if record.warned_at is None:
@@ -393,13 +395,14 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         record = replace(record, warned_at=now)
         cull_at = max(cull_at, now + policy.notice)
     if now < cull_at:
-        why = f"GPU idle for {idle_for}; {_cull_words(policy)} at {cull_at:%Y-%m-%d %H:%M} UTC"
+        why = f"{idle}; {_cull_words(policy)} at {_at(cull_at)} unless extended"
         if holds:
             why += f" (held back by {', '.join(holds)})"
         return Decision(replace(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)
 
-    why = f"GPU idle for {idle_for} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
-    decision = _cull_with_checkpoint(record, policy, now, why, "gpu-idle", warn_at, cull_at)
+    why = f"{idle} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
+    final = f"GPU idle for {format_duration(now - idle_since)}" + why[len("GPU idle") :]
+    decision = _cull_with_checkpoint(record, policy, now, why, "gpu-idle", warn_at, cull_at, final)
     return replace(decision, actions=tuple(actions) + decision.actions)
 
 
@@ -413,6 +416,10 @@ def _resume(record: Record, now: datetime) -> Record:
         warned_at=_plus(record.warned_at, pause),
         postponed_until=_plus(record.postponed_until, pause),
     )
+
+
+def _at(when: datetime) -> str:
+    return f"{when:%Y-%m-%d %H:%M} UTC"
 
 
 def _plus(when: datetime | None, delta: timedelta) -> datetime | None:
@@ -443,11 +450,10 @@ def _inactive_rule(
     if policy.inactive_timeout is None or last is None:
         return Decision(replace(record, state=ACTIVE, reason=f"{what}; not culled"), tuple(actions))
     deadline = last + policy.inactive_timeout
-    inactive = format_duration(now - last)
     if now < deadline:
-        why = f"{what}; last activity {inactive} ago"
+        why = f"{what}; last activity {_at(last)}"
         return Decision(replace(record, state=ACTIVE, reason=why), tuple(actions), None, deadline)
-    why = f"{what}; inactive for {inactive} (idle-culler rule: {format_duration(policy.inactive_timeout)})"
+    why = f"{what}; inactive since {_at(last)} (idle-culler rule: {format_duration(policy.inactive_timeout)})"
     record = replace(record, state=CULLED, culled_at=now, reason=why)
     return Decision(record, (*actions, CULL), None, deadline, "inactive")
 
@@ -460,8 +466,11 @@ def _cull_with_checkpoint(
     cull_reason: str,
     warn_at: datetime | None,
     cull_at: datetime,
+    final: str | None = None,
 ) -> Decision:
-    """Checkpoint first when the policy says so; then cull, or postpone on failure."""
+    """Checkpoint first when the policy says so; then cull, or postpone on failure.
+
+    ``why`` explains the waiting states; ``final`` (default ``why``) is the cull's own reason."""
     if policy.checkpoint:
         status = record.checkpoint_status
         if (
@@ -492,13 +501,16 @@ def _cull_with_checkpoint(
                 postponed_until=new_cull,
                 checkpoint_status=None,
                 warned_at=now,
-                reason=f"{why}; checkpoint {status}: cull postponed to {new_cull:%Y-%m-%d %H:%M} UTC",
+                reason=f"{why}; checkpoint {status}: cull postponed to {_at(new_cull)}",
             )
             return Decision(record, (WARN,), warn_at, new_cull, cull_reason)
+        why = final or why
         if status in ("failed", "timeout"):
             why = f"{why}; checkpoint {status}, culling anyway (on_checkpoint_failure=proceed)"
         else:
             why = f"{why}; checkpoint saved"
+    else:
+        why = final or why
     record = replace(record, state=CULLED, culled_at=now, reason=why)
     return Decision(record, (CULL,), warn_at, cull_at, cull_reason)
 

@@ -122,7 +122,7 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
         or any(a is not None and a >= idle_threshold for a in own_activity)
         or recently_active
     ):
-        return GpuSignal(holds_gpu, True, detail="report")
+        return GpuSignal(holds_gpu, True)
     if any(sm is None for sm in sms):
         unknown = next(t for t in holders if t["gpu"]["sm"] is None)
         return GpuSignal(
@@ -141,7 +141,6 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
         False,
         idle_since=parse(window.get("gpu_idle_since")),
         kernel_busy_since=min(busy, default=None),
-        detail="report",
     )
 
 

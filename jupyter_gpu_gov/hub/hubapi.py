@@ -366,13 +366,16 @@ class HubApi:
         With ``state="ready"`` only ready servers: the Hub selects users with *any* ready
         server, and their other servers may still be starting or stopping.
         """
-        servers = []
+        return [server async for server in self.iter_servers(state)]
+
+    async def iter_servers(self, state: str | None = "ready") -> AsyncIterator[HubServer]:
+        """Like ``list_servers``, page by page: a caller can work on one page while the next
+        is fetched."""
         async for user in self.iter_users(state):
             for name, model in (user.get("servers") or {}).items():
                 server = HubServer.from_models(user, name, model)
                 if state != "ready" or server.ready:
-                    servers.append(server)
-        return servers
+                    yield server
 
     async def get_user(self, user: str) -> dict[str, Any] | None:
         """The user model, or None when the Hub has no such user."""

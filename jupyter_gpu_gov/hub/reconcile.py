@@ -24,7 +24,7 @@ from ..core.durations import format_duration
 from ..core.policy import CHECKPOINT, CULL, MAX_AGE_WARN, WARN, Decision, Policy, Record, ServerView
 from ..core.report import gpu_signal, user_last_activity
 from . import metrics
-from .dcgm import DcgmSource, index_by_pod, index_by_uuid, is_idle
+from .dcgm import DcgmSnapshot, DcgmSource, index_by_pod, index_by_uuid, is_idle
 from .hubapi import HubApi, HubApiError, HubServer
 from .ownership import group_teams, resolve
 from .store import AuditRow, ExtensionRow, ServerRow, Store, apply_decision, record_of, set_record
@@ -80,8 +80,8 @@ class _Batch:
 
     async def finish(self, store: Store) -> None:
         await asyncio.gather(*self.jobs)
+        store.audit(self.audits)  # first: what was done is on record whatever happens next
         store.save_servers(self.changed)
-        store.audit(self.audits)
 
 
 @dataclass
@@ -109,6 +109,9 @@ class Governor:
         self.reports: dict[str, Received] = {}
         self._checkpoints: dict[str, tuple[str, dict | None]] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
+        self._rows: dict[str, ServerRow] | None = None
+        self._dcgm_task: asyncio.Future | None = None
+        self._dcgm_latest: DcgmSnapshot | None = None
         self._servers: dict[str, HubServer] = {}  # running servers, as of the last cycle
         self._world = _World()
         self._cycle = asyncio.Lock()
@@ -127,7 +130,7 @@ class Governor:
         return self.verdict(key)
 
     def verdict(self, key: str) -> dict:
-        row = self.store.server(key)
+        row = self.row(key)
         if row is None:
             return {
                 "state": policy.UNKNOWN,
@@ -144,6 +147,20 @@ class Governor:
             }
         return verdict_of(row, self.policy_named(row.policy), dry_run=self.options.dry_run)
 
+    @property
+    def rows(self) -> dict[str, ServerRow]:
+        """Every server the governor knows, in memory: it is the store's only writer, so the
+        database is read once, at start."""
+        if self._rows is None:
+            self._rows = self.store.servers()
+        return self._rows
+
+    def row(self, key: str) -> ServerRow | None:
+        return self.rows.get(key)
+
+    def server_rows(self, running_only: bool = True) -> list[ServerRow]:
+        return [r for r in self.rows.values() if r.running or not running_only]
+
     def policy_named(self, name: str | None) -> Policy:
         return next((p for p in self.policies if p.name == name), self.policies[-1])
 
@@ -159,19 +176,19 @@ class Governor:
             return result
 
     async def _reconcile(self) -> CycleResult:
-        servers, groups = await asyncio.gather(self.hub.list_servers(), self._groups())
-        snapshot = await self.dcgm.fetch() if self.dcgm else None
+        groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
         self._world = _World(
             teams_by_group=group_teams(groups),
             by_uuid=index_by_uuid(snapshot.evidence) if snapshot else {},
             by_pod=index_by_pod(snapshot.evidence) if snapshot else {},
         )
-        rows = self.store.servers()
+        rows = self.rows
         batch = _Batch()
         now = clock.utcnow()
         seen = set()
-        for server in servers:
-            if server.pending or not server.ready:
+        # Decide each page of servers while the Hub API client fetches the next.
+        async for server in self.hub.iter_servers():
+            if server.pending:
                 continue  # the Hub is starting or stopping it
             key = server_key(server.user, server.name)
             seen.add(key)
@@ -185,7 +202,7 @@ class Governor:
 
         await batch.finish(self.store)
         self._forget_stale_reports(seen)
-        metrics.observe_states(self.store.servers(running_only=True).values())
+        metrics.observe_states(row for row in rows.values() if row.running)
         counts: dict[str, int] = {}
         for row in batch.audits:
             counts[row.action] = counts.get(row.action, 0) + 1
@@ -199,7 +216,7 @@ class Governor:
             return
         async with self._cycle:
             batch = _Batch()
-            self._govern(server, self.store.server(key), clock.utcnow(), batch)
+            self._govern(server, self.rows.get(key), clock.utcnow(), batch)
             await batch.finish(self.store)
 
     def _govern(
@@ -220,9 +237,18 @@ class Governor:
                 key=key, user=server.user, name=server.name, session_started=server.started
             )
             set_record(row, Record())
+            self.rows[key] = row
         before = record_of(row)
-        row.team, row.project, row.tier = ownership.team, ownership.project, ownership.tier
-        row.profile, row.labels, row.running = ownership.profile, dict(ownership.labels), True
+        owners = (ownership.team, ownership.project, ownership.tier, ownership.profile)
+        labels = dict(ownership.labels)
+        if (
+            (row.team, row.project, row.tier, row.profile) != owners
+            or row.labels != labels
+            or not row.running
+        ):
+            row.team, row.project, row.tier, row.profile = owners
+            row.labels, row.running = labels, True
+            batch.changed.append(row)
 
         record = self._apply_checkpoint_result(key, before, row)
         if key in self.reports and not row.reports:
@@ -237,13 +263,15 @@ class Governor:
             )
         else:
             decision = policy.decide(view, record, chosen, now)
-        warn_at, cull_at = row.warn_at, row.cull_at
-        apply_decision(row, decision, chosen.name)
+        # Most servers change nothing in a pass: touch the row (and the database) only if so.
+        outputs = (decision.warn_at, decision.cull_at, chosen.name)
         if (
             decision.record != before
             or decision.actions
-            or (row.warn_at, row.cull_at) != (warn_at, cull_at)
+            or outputs != (row.warn_at, row.cull_at, row.policy)
+            or (decision.cull_reason and decision.cull_reason != row.cull_reason)
         ):
+            apply_decision(row, decision, chosen.name)
             batch.changed.append(row)
         if decision.state != before.state:
             batch.audits.append(
@@ -251,6 +279,21 @@ class Governor:
             )
         for action in decision.actions:
             batch.jobs.append(self._act(action, server, row, decision, chosen, batch.audits))
+
+    async def _dcgm_snapshot(self) -> DcgmSnapshot | None:
+        """The latest DCGM snapshot. Scrapes run in the background, one at a time, so a slow
+        Prometheus never holds a pass up; only the first pass waits for one."""
+        if self.dcgm is None:
+            return None
+        task = self._dcgm_task
+        if task is not None and task.done():
+            self._dcgm_latest, task = task.result(), None
+        if task is None:
+            task = self._dcgm_task = asyncio.ensure_future(self.dcgm.fetch())
+        if self._dcgm_latest is None:
+            self._dcgm_latest = await task
+            self._dcgm_task = None
+        return self._dcgm_latest
 
     async def _groups(self) -> list[dict]:
         try:
@@ -604,14 +647,15 @@ class Governor:
         return {"status": outcome, "verdict": self.verdict(key)}
 
     def _row(self, key: str) -> ServerRow:
-        row = self.store.server(key)
+        row = self.row(key)
         if row is None:
             raise KeyError(key)
         return row
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        for task in [*self._tasks, self._dcgm_task]:
+            if task is not None:
+                task.cancel()
 
 
 def verdict_of(row: ServerRow, chosen: Policy, *, dry_run: bool = False) -> dict:

@@ -95,7 +95,7 @@ class ApiHandler(HubOAuthenticated, web.RequestHandler):
 
     def server_row(self, user: str, name: str):
         key = server_key(user, name or "")
-        row = self.governor.store.server(key)
+        row = self.governor.row(key)
         if row is None:
             raise web.HTTPError(404, f"the governor knows no server {key}")
         return key, row
@@ -130,7 +130,7 @@ class ServersHandler(ApiHandler):
     def get(self):
         user = None if self.is_admin else self.current_user["name"]
         running_only = self.get_argument("all", "0") not in ("1", "true")
-        rows = self.governor.store.servers(running_only=running_only).values()
+        rows = self.governor.server_rows(running_only)
         items = [
             row_view(row, self.governor.reports.get(row.key))
             for row in sorted(rows, key=lambda r: r.key)

@@ -23,9 +23,11 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    insert,
     inspect,
     select,
     text,
+    update,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -135,6 +137,8 @@ class MetaRow(Base):
 
 
 _RECORD_FIELDS = [f.name for f in fields(Record)]
+_SERVER_COLUMNS = [c.key for c in ServerRow.__table__.columns]
+_DEFAULTED = {c.key for c in ServerRow.__table__.columns if c.default is not None}
 
 # Forward migrations: version -> statements bringing the previous version up to it.
 MIGRATIONS: dict[int, list[str]] = {}
@@ -150,6 +154,7 @@ class Store:
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self._stored: set[str] = set()  # keys known to have a row: update, not insert
         self.migrate()
 
     def migrate(self) -> None:
@@ -180,20 +185,41 @@ class Store:
             query = select(ServerRow)
             if running_only:
                 query = query.where(ServerRow.running.is_(True))
-            return {row.key: row for row in session.scalars(query)}
+            rows = {row.key: row for row in session.scalars(query)}
+        self._stored |= rows.keys()
+        return rows
 
     def server(self, key: str) -> ServerRow | None:
         with self.session() as session:
             return session.get(ServerRow, key)
 
     def save_servers(self, rows: Iterable[ServerRow]) -> None:
-        rows = list(rows)
-        if not rows:
+        """Insert or update rows in bulk: one statement each, not one round trip per row."""
+        unique = {row.key: row for row in rows}
+        if not unique:
             return
+        now = clock.utcnow()
+        values = {}
+        for key, row in unique.items():
+            row.updated_at = now
+            values[key] = {c: getattr(row, c) for c in _SERVER_COLUMNS}
         with self._session.begin() as session:
-            for row in rows:
-                row.updated_at = clock.utcnow()
-                session.merge(row)
+            unknown = [k for k in values if k not in self._stored]
+            if unknown:  # rows of an earlier run, or loaded elsewhere: ask once
+                query = select(ServerRow.key).where(ServerRow.key.in_(unknown))
+                self._stored |= set(session.scalars(query))
+            # An unset column (None) of a new row takes its column default.
+            new = [
+                {c: v for c, v in row.items() if v is not None or c not in _DEFAULTED}
+                for k, row in values.items()
+                if k not in self._stored
+            ]
+            old = [v for k, v in values.items() if k in self._stored]
+            if new:
+                session.execute(insert(ServerRow), new)
+            if old:
+                session.execute(update(ServerRow), old)
+        self._stored |= values.keys()
 
     # -- audit and extensions -------------------------------------------------------------------
 
@@ -246,12 +272,17 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 
 
 def record_of(row: ServerRow) -> Record:
-    return Record(**{name: getattr(row, name) for name in _RECORD_FIELDS})
+    """The policy Record a row holds (cached on the row: the row's record columns change only
+    through ``set_record``)."""
+    cached = row.__dict__.get("_record")
+    if cached is None:
+        cached = Record(**{name: getattr(row, name) for name in _RECORD_FIELDS})
+        row.__dict__["_record"] = cached
+    return cached
 
 
 def apply_decision(row: ServerRow, decision: Decision, policy_name: str) -> None:
-    for name in _RECORD_FIELDS:
-        setattr(row, name, getattr(decision.record, name))
+    set_record(row, decision.record)
     row.warn_at = decision.warn_at
     row.cull_at = decision.cull_at
     row.cull_reason = decision.cull_reason or row.cull_reason
@@ -261,6 +292,7 @@ def apply_decision(row: ServerRow, decision: Decision, policy_name: str) -> None
 def set_record(row: ServerRow, record: Record) -> None:
     for name in _RECORD_FIELDS:
         setattr(row, name, getattr(record, name))
+    row.__dict__["_record"] = record
 
 
 __all__ = [

@@ -1,0 +1,643 @@
+"""Reconcile pass over N running servers: the governor against jupyterhub-idle-culler.
+
+    python -m benchmarks.reconcile [--servers 10000] [--passes 3] [--page-size 200]
+                                   [--concurrency 10] [--gpus-per-exporter 0] [--profile N]
+
+Both list the same fake Hub (``tests/fake_hub_api.FakeHub``, ``populate(n)``: every user has one
+ready default server, last activity spread over a week). The governor's pass (``Governor.
+reconcile``) also reads a dcgm-exporter text exposition with one GPU per GPU server (labelled
+with the server's pod), decides every server against fresh in-memory reports (DESIGN §5: one
+device, one kernel, mixed idle/active, some MIG, CPU-only servers send none) and writes its
+SQLite store. The culler's pass (``cull_idle``) lists the same users and applies its rule. Both
+run with long timers, so they decide everything and cull nothing: a steady-state pass.
+
+Fairness:
+
+- The fake Hub and the DCGM exporter run in a *subprocess*, as the Hub and the exporters do in a
+  deployment. In-process, serving the pages (JSON for 10,000 user models) would cost both clients
+  the same CPU on the same loop and push the ratio towards 1; apart, each pass pays for its own
+  work plus the Hub's real latency, and the Hub serves the next page while the client decodes
+  this one (both prefetch one page ahead).
+- Same page size (``limit``) and the same bound on requests in flight for both.
+- Passes are interleaved (governor, culler, governor, culler, ...) after one unmeasured warm-up
+  of each, with a garbage collection before each, and the median is reported.
+- Between governor passes the governor's clock moves one ``--cycle`` on and every GPU server
+  re-sends its report, as they do every minute: reasons such as "GPU idle for 3h 2m" then change
+  and those rows are written again, which is the real steady state (a pass seconds after the
+  previous one would write almost nothing). Ingesting the reports is timed apart (``ingest_us``).
+- The governor's first pass, which inserts every row, is reported on its own (``first_pass_s``).
+
+The breakdown of the governor's pass wraps methods of *this* benchmark's objects (Hub listing,
+DCGM fetch, store reads, the decide loop, store writes) and, for the run only,
+``dcgm.parse_exposition``; ``reconcile.py`` is untouched. Listing and the groups request overlap,
+so the parts need not add up. ``rss_mb`` is this process (governor and culler; the Hub is
+elsewhere) after the passes; ``db_mb`` is the SQLite file with its WAL.
+
+Two things outside the governor need care: the fake Hub's version ``6.1.0-fake`` is not PEP 440,
+which the culler's ``Version()`` refuses, so the subprocess answers ``6.1.0+fake``; and
+``cull_idle`` reconfigures tornado's ``AsyncHTTPClient`` for the whole process, which ``run``
+puts back afterwards (as it does the governor's clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import functools
+import gc
+import inspect
+import io
+import json
+import logging
+import os
+import pstats
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+NAMESPACE = "jhub"
+PROFILES = (("a100", 0.6), ("mig-1g.10gb", 0.25), ("cpu", 0.15))  # cpu: no GPU, no report
+TEAMS = ("team-a", "team-b", "team-c")  # populate()'s groups
+# dcgm-exporter's default counters: the governor reads 9 of them, the rest are parsed and dropped.
+DCGM_METRICS = (
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ)."),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries."),
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active."),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active."),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "The rate of data transmitted over the PCIe bus."),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "The rate of data received over the PCIe bus."),
+)
+
+
+# -- the fleet: one plan, computed the same way in both processes ---------------------------------
+
+
+@dataclass(frozen=True)
+class Planned:
+    user: str
+    profile: str
+    team_label: str | None  # user_options["gpu-gov/team"], else the team comes from a group
+    gpu_uuid: str | None  # the physical GPU; None for a CPU-only server
+    mig_uuid: str | None  # the MIG device the report names, for a MIG profile
+    gi_id: int | None
+    gpu_index: int
+    report_active: bool
+    dcgm_active: bool
+
+    @property
+    def pod(self) -> str:
+        return f"jupyter-{self.user}"  # KubeSpawner's default pod name
+
+
+def plan(n: int, seed: int = 0) -> list[Planned]:
+    """Deterministic for ``(n, seed)``; user names are ``FakeHub.populate``'s."""
+    rng = random.Random(seed + 1)
+    width = len(str(n))
+    fleet = []
+    for i in range(n):
+        profile = rng.choices([p for p, _ in PROFILES], [w for _, w in PROFILES])[0]
+        gpu = profile != "cpu"
+        mig = profile.startswith("mig-")
+        report_active = rng.random() < 0.4
+        # DCGM mostly agrees; 5% report "active" while the GPU is idle (DCGM wins, DESIGN §6).
+        dcgm_active = report_active and rng.random() >= 0.05 / 0.4
+        fleet.append(
+            Planned(
+                user=f"user{i:0{width}d}",
+                profile=profile,
+                team_label=TEAMS[(i // 3) % len(TEAMS)] if i % 3 == 0 else None,
+                gpu_uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}" if gpu else None,
+                mig_uuid=f"MIG-{uuid.UUID(int=rng.getrandbits(128), version=4)}" if mig else None,
+                gi_id=rng.randrange(1, 8) if mig else None,
+                gpu_index=i % 8,
+                report_active=report_active,
+                dcgm_active=dcgm_active,
+            )
+        )
+    return fleet
+
+
+def exposition(fleet: list[Planned], node: int) -> str:
+    """One dcgm-exporter ``/metrics`` body for these GPUs (``node`` names its Hostname)."""
+    gpus = [p for p in fleet if p.gpu_uuid]
+    lines = []
+    for metric, help_text in DCGM_METRICS:
+        lines.append(f"# HELP {metric} {help_text}")
+        lines.append(f"# TYPE {metric} {'counter' if 'ENERGY' in metric else 'gauge'}")
+        for p in gpus:
+            mig = f',GPU_I_PROFILE="1g.10gb",GPU_I_ID="{p.gi_id}"' if p.mig_uuid else ""
+            labels = (
+                f'gpu="{p.gpu_index}",UUID="{p.gpu_uuid}",pci_bus_id="00000000:{p.gpu_index + 7:02X}:00.0",'
+                f'device="nvidia{p.gpu_index}",modelName="NVIDIA A100-SXM4-80GB",'
+                f'Hostname="gpu-node-{node}",DCGM_FI_DRIVER_VERSION="550.54.15"{mig},'
+                f'container="notebook",namespace="{NAMESPACE}",pod="{p.pod}"'
+            )
+            lines.append(f"{metric}{{{labels}}} {_dcgm_value(metric, p)}")
+    return "\n".join(lines) + "\n"
+
+
+def _dcgm_value(metric: str, p: Planned) -> float | int:
+    busy = p.dcgm_active
+    return {
+        "DCGM_FI_DEV_GPU_UTIL": 87 if busy else 0,
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.83 if busy else 0.0,
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.41 if busy else 0.0,
+        "DCGM_FI_PROF_DRAM_ACTIVE": 0.35 if busy else 0.0,
+        "DCGM_FI_PROF_PCIE_TX_BYTES": 2.5e8 if busy else 98_000,  # idle: driver chatter only
+        "DCGM_FI_PROF_PCIE_RX_BYTES": 4.1e8 if busy else 51_000,
+        "DCGM_FI_DEV_FB_USED": 20480,
+        "DCGM_FI_DEV_FB_FREE": 61440,
+        "DCGM_FI_DEV_POWER_USAGE": 310.5 if busy else 62.1,
+    }.get(metric, 1)
+
+
+def report_of(p: Planned, started: datetime, last_activity: datetime, now: datetime) -> dict:
+    """A valid DESIGN §5 report: one device, one kernel holding it."""
+
+    def iso(dt: datetime | None) -> str | None:
+        return None if dt is None else dt.isoformat().replace("+00:00", "Z")
+
+    device_uuid = p.mig_uuid or p.gpu_uuid
+    active = p.report_active
+    idle_since = None if active else now - timedelta(hours=3)
+    return {
+        "schema": 1,
+        "sampled_at": iso(now),
+        "backend": "nvml",
+        "server": {
+            "user": p.user,
+            "name": "",
+            "started": iso(started),
+            "last_activity": iso(last_activity),
+            "pod": p.pod,
+            "namespace": NAMESPACE,
+            "gpu_allocated": True,
+        },
+        "devices": [
+            {
+                "uuid": device_uuid,
+                "parent_uuid": p.gpu_uuid if p.mig_uuid else None,
+                "name": "NVIDIA A100-SXM4-80GB",
+                "mig_profile": "1g.10gb" if p.mig_uuid else None,
+                "memory_total_mb": 9984 if p.mig_uuid else 81920,
+                "memory_used_mb": 4096,
+                "activity": 0.8 if active else 0.0,
+                "shared": False,
+            }
+        ],
+        "targets": [
+            {
+                "kind": "kernel",
+                "id": str(uuid.uuid5(uuid.NAMESPACE_URL, p.user)),
+                "name": "python3",
+                "execution_state": "idle",
+                "last_activity": iso(last_activity),
+                "connections": 1,
+                "gpu": {
+                    "devices": [device_uuid],
+                    "memory_mb": 4096,
+                    "sm": 0.8 if active else 0.0,
+                    "holds_context": True,
+                    "confidence": "exact",
+                    "last_active": iso(now if active else idle_since),
+                },
+                "cpu": {"percent": 2.0, "iowait": 0.0},
+                "io": {"read_bytes_per_s": 0},
+            }
+        ],
+        "window": {
+            "seconds": 60,
+            "gpu_active_fraction": 0.8 if active else 0.0,
+            "gpu_idle_since": iso(idle_since),
+        },
+        "checkpoint": {"requested_at": None, "status": None, "manifest": None},
+    }
+
+
+# -- the subprocess: fake Hub and DCGM exporter ---------------------------------------------------
+
+
+async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    import fake_hub_api
+    from tornado import web
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+
+    from jupyter_gpu_gov.core import clock
+
+    # The fake says "6.1.0-fake", which is not PEP 440: the culler's Version() refuses it. A real
+    # Hub's version always parses; "+fake" keeps the hint and is a valid local version.
+    def version(handler: web.RequestHandler) -> None:
+        handler.finish(json.dumps({"version": "6.1.0+fake"}))
+
+    fake_hub_api._RootHandler.get = version
+
+    hub = fake_hub_api.FakeHub(page_default=page_size, page_max=max(200, page_size))
+    hub.populate(n, seed=seed, groups=TEAMS)
+    hub.groups[TEAMS[1]]["properties"]["gpu-gov/team"] = True  # one team by group properties
+    fleet = plan(n, seed)
+    servers = {}
+    for p in fleet:
+        server = hub.users[p.user].servers[""]
+        server.user_options = {"profile": p.profile}
+        if p.team_label:
+            server.user_options["gpu-gov/team"] = p.team_label
+        servers[p.user] = [clock.isoformat(server.started), clock.isoformat(server.last_activity)]
+    hub.start()
+
+    gpus = [p for p in fleet if p.gpu_uuid]
+    size = gpus_per_exporter or len(gpus) or 1
+    shards = [
+        exposition(gpus[i : i + size], i // size).encode() for i in range(0, len(gpus), size)
+    ] or [b""]
+
+    class Metrics(web.RequestHandler):
+        def get(self, node: str) -> None:
+            self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.finish(shards[int(node)])
+
+    sockets = bind_sockets(0, "127.0.0.1")
+    HTTPServer(web.Application([(r"/metrics/(\d+)", Metrics)])).add_sockets(sockets)
+    dcgm = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/metrics"
+    ready = {
+        "api_url": hub.api_url,
+        "token": hub.token,
+        "exporter_urls": [f"{dcgm}/{i}" for i in range(len(shards))],
+        "servers": servers,  # user -> [started, last_activity], for the reports
+        "dcgm_bytes": sum(len(s) for s in shards),
+    }
+    sys.stdout.write(json.dumps(ready) + "\n")
+    sys.stdout.flush()
+    # Serve until the benchmark closes our stdin.
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    hub.stop()
+
+
+# -- timing ---------------------------------------------------------------------------------------
+
+
+class Timers:
+    """Seconds spent in wrapped callables, summed per name; reset before each pass."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+        self._originals: list[tuple[Any, str, Any]] = []
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.counts.clear()
+
+    def wrap(self, obj: Any, attr: str, name: str, count: Callable[..., int] | None = None) -> None:
+        """Replace ``obj.attr`` (a method or function) by a timed one, on that object only."""
+        fn = getattr(obj, attr)
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def timed(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    self.seconds[name] += time.perf_counter() - started
+
+        else:
+
+            @functools.wraps(fn)
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self.seconds[name] += time.perf_counter() - started
+                    if count is not None:
+                        self.counts[name] += count(*args, **kwargs)
+
+        self._originals.append((obj, attr, obj.__dict__.get(attr)))
+        setattr(obj, attr, timed)
+
+    def restore(self) -> None:
+        """Undo every wrap (a module's function must not stay wrapped after the run)."""
+        for obj, attr, original in reversed(self._originals):
+            if original is None:
+                delattr(obj, attr)  # it was the class's method
+            else:
+                setattr(obj, attr, original)
+        self._originals.clear()
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def _bench(
+    ready: dict,
+    n: int,
+    seed: int,
+    passes: int,
+    page_size: int,
+    concurrency: int,
+    cycle_s: float,
+    workdir: str,
+    profile_top: int,
+    timers: Timers,
+) -> dict:
+    from jupyterhub_idle_culler import cull_idle, default_cull_arbiter
+
+    from jupyter_gpu_gov.core import clock
+    from jupyter_gpu_gov.core.policy import load_policies
+    from jupyter_gpu_gov.core.report import validate
+    from jupyter_gpu_gov.hub import dcgm as dcgm_module
+    from jupyter_gpu_gov.hub.dcgm import DcgmSource
+    from jupyter_gpu_gov.hub.hubapi import HubApi
+    from jupyter_gpu_gov.hub.reconcile import Governor, Options
+    from jupyter_gpu_gov.hub.store import Store
+
+    db = os.path.join(workdir, "gov.sqlite")
+    store = Store(f"sqlite:///{db}")
+    hub = HubApi(ready["api_url"], ready["token"], concurrency=concurrency, page_size=page_size)
+    # A 10,000-GPU exposition is tens of MB: more than the default 5 s would allow on a busy box.
+    dcgm = DcgmSource(exporter_urls=ready["exporter_urls"], timeout_s=60)
+    never = "3650d"  # decide everything, warn and cull nothing
+    policies = load_policies(
+        [], defaults={"warn_after": never, "cull_after": never, "inactive_timeout": never}
+    )
+    gov = Governor(store, hub, policies, Options(concurrency=concurrency), dcgm)
+
+    # The governor decides page by page while listing, so listing time is inside "decide"'s
+    # wall time; DCGM is scraped in the background and parsed in a worker thread.
+    timers.wrap(hub, "list_servers", "hub_list")
+    timers.wrap(dcgm, "fetch", "dcgm")
+    timers.wrap(dcgm_module, "parse_exposition", "dcgm_parse")
+    timers.wrap(store, "servers", "store_read")
+    timers.wrap(gov, "_govern", "decide")
+    timers.wrap(store, "save_servers", "store_write", count=lambda rows: len(rows))
+    timers.wrap(store, "audit", "store_audit")
+
+    fleet = [p for p in plan(n, seed) if p.gpu_uuid]
+    times = {user: [clock.parse(s), clock.parse(a)] for user, (s, a) in ready["servers"].items()}
+
+    def ingest_all() -> float:
+        """Every GPU server re-sends its report (outside the timed pass); seconds per report."""
+        now = clock.utcnow()
+        reports = [report_of(p, *times[p.user], now) for p in fleet]
+        started = time.perf_counter()
+        for report in reports:
+            gov.ingest(validate(report))  # as the report route does
+        return (time.perf_counter() - started) / max(1, len(reports))
+
+    culler_seen = 0
+
+    def arbiter(**kwargs: Any) -> bool:
+        nonlocal culler_seen
+        culler_seen += 1  # one call per server it judged
+        return default_cull_arbiter(**kwargs)
+
+    # The culler logs at INFO in a deployment: keep its records, drop the output.
+    culler_log = logging.getLogger("benchmarks.reconcile.culler")
+    culler_log.setLevel(logging.INFO)
+    culler_log.propagate = False
+    culler_log.handlers[:] = [logging.NullHandler()]
+
+    async def governor_pass() -> tuple[float, int, dict[str, float], dict[str, int]]:
+        gc.collect()
+        timers.reset()
+        started = time.perf_counter()
+        result = await gov.reconcile()
+        elapsed = time.perf_counter() - started
+        if result.dcgm_errors:
+            raise RuntimeError(f"DCGM: {result.dcgm_errors[:3]}")
+        return elapsed, result.servers, dict(timers.seconds), dict(timers.counts)
+
+    async def culler_pass() -> tuple[float, int]:
+        nonlocal culler_seen
+        gc.collect()
+        culler_seen = 0
+        started = time.perf_counter()
+        await cull_idle(
+            ready["api_url"],
+            ready["token"],
+            inactive_limit=10 * 365 * 86400,  # cull nothing
+            logger=culler_log,
+            cull_users=False,
+            concurrency=concurrency,
+            api_page_size=page_size,
+            cull_arbiter=arbiter,
+        )
+        return time.perf_counter() - started, culler_seen
+
+    ingest_s = [ingest_all()]
+    first_s, first_seen, first_parts, first_counts = await governor_pass()
+    culler_first_s, _ = await culler_pass()
+    gov_s, cul_s, parts, written = [], [], defaultdict(list), []
+    gov_seen = cul_seen = 0
+    for _ in range(passes):
+        clock.advance(cycle_s)
+        ingest_s.append(ingest_all())
+        elapsed, gov_seen, pass_parts, counts = await governor_pass()
+        gov_s.append(elapsed)
+        for name, seconds in pass_parts.items():
+            parts[name].append(seconds)
+        written.append(counts.get("store_write", 0))
+        elapsed, cul_seen = await culler_pass()
+        cul_s.append(elapsed)
+
+    profile = ""
+    if profile_top:
+        clock.advance(cycle_s)
+        ingest_all()
+        gc.collect()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        await gov.reconcile()
+        profiler.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out).strip_dirs()
+        stats.sort_stats("tottime").print_stats(profile_top)
+        stats.sort_stats("cumulative").print_stats(profile_top)
+        profile = out.getvalue()
+
+    # What was decided, so a run shows the mix it measured (and a test that nothing is unknown).
+    states: dict[str, int] = defaultdict(int)
+    for row in store.servers(running_only=True).values():
+        states[row.state] += 1
+    hub.close()
+    store.engine.dispose()
+
+    def med(name: str) -> float:
+        return round(statistics.median(parts[name]), 3) if parts[name] else 0.0
+
+    gov_med, cul_med = statistics.median(gov_s), statistics.median(cul_s)
+    db_bytes = sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
+    decide = med("decide")
+    figures: dict[str, Any] = {
+        "servers": n,
+        "governor_s_median": round(gov_med, 3),
+        "idle_culler_s_median": round(cul_med, 3),
+        "ratio": round(gov_med / cul_med, 2),
+        "first_pass_s": round(first_s, 3),
+        "idle_culler_first_s": round(culler_first_s, 3),
+        "rss_mb": round(_rss_mb(), 1),
+        "maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "db_mb": round(db_bytes / 2**20, 2),
+        # The governor's pass, medians of the parts (listing and groups overlap).
+        "hub_list_s": med("hub_list"),
+        "dcgm_s": med("dcgm"),
+        "dcgm_parse_s": med("dcgm_parse"),
+        "store_read_s": med("store_read"),
+        "decide_s": decide,
+        "store_write_s": round(med("store_write") + med("store_audit"), 3),
+        "rows_written": int(statistics.median(written)) if written else 0,
+        "first_pass_store_write_s": round(first_parts.get("store_write", 0.0), 3),
+        "first_pass_rows_written": first_counts.get("store_write", 0),
+        "ingest_us": round(statistics.median(ingest_s) * 1e6, 1),
+        "dcgm_mb": round(ready["dcgm_bytes"] / 2**20, 1),
+        "exporters": len(ready["exporter_urls"]),
+        "states": ",".join(f"{k}:{v}" for k, v in sorted(states.items())),
+        "governor_seen": gov_seen,
+        "idle_culler_seen": cul_seen,
+        "first_pass_seen": first_seen,
+        "passes": passes,
+        "page_size": page_size,
+        "concurrency": concurrency,
+    }
+    if profile:
+        figures["profile"] = profile
+    return figures
+
+
+def run(
+    servers: int = 2000,
+    passes: int = 3,
+    *,
+    page_size: int = 200,
+    concurrency: int = 10,
+    gpus_per_exporter: int = 0,
+    cycle_s: float = 60.0,
+    seed: int = 0,
+    profile_top: int = 0,
+) -> dict:
+    """Start the fake Hub and exporter, time the passes, return the figures."""
+    from tornado.httpclient import AsyncHTTPClient
+
+    from jupyter_gpu_gov.core import clock
+
+    hub_proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.reconcile",
+            "--serve",
+            f"--servers={servers}",
+            f"--seed={seed}",
+            f"--page-size={page_size}",
+            f"--gpus-per-exporter={gpus_per_exporter}",
+        ],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    # cull_idle() reconfigures tornado's AsyncHTTPClient for the whole process, and the
+    # governor's clock is moved: put both back, so that tests running after this one see neither.
+    saved_http = AsyncHTTPClient._save_configuration()
+    saved_offset = clock._offset_s
+    timers = Timers()
+    try:
+        line = hub_proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the fake Hub subprocess did not start")
+        ready = json.loads(line)
+        with tempfile.TemporaryDirectory(prefix="bench-reconcile-") as workdir:
+            return asyncio.run(
+                _bench(
+                    ready,
+                    servers,
+                    seed,
+                    passes,
+                    page_size,
+                    concurrency,
+                    cycle_s,
+                    workdir,
+                    profile_top,
+                    timers,
+                )
+            )
+    finally:
+        timers.restore()
+        AsyncHTTPClient._restore_configuration(saved_http)
+        clock.reset()
+        clock.advance(saved_offset)
+        hub_proc.stdin.close()
+        try:
+            hub_proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            hub_proc.kill()
+            hub_proc.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=2000)
+    parser.add_argument("--passes", type=int, default=3, help="measured passes of each")
+    parser.add_argument("--page-size", type=int, default=200, help="users per /users page")
+    parser.add_argument("--concurrency", type=int, default=10, help="Hub requests in flight")
+    parser.add_argument(
+        "--gpus-per-exporter", type=int, default=0, help="GPUs per exporter URL (0: one URL)"
+    )
+    parser.add_argument("--cycle", type=float, default=60.0, help="seconds between passes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="cProfile one more pass, top N"
+    )
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        asyncio.run(_serve(args.servers, args.seed, args.page_size, args.gpus_per_exporter))
+        return
+    figures = run(
+        args.servers,
+        args.passes,
+        page_size=args.page_size,
+        concurrency=args.concurrency,
+        gpus_per_exporter=args.gpus_per_exporter,
+        cycle_s=args.cycle,
+        seed=args.seed,
+        profile_top=args.profile,
+    )
+    profile = figures.pop("profile", "")
+    print("reconcile:", " ".join(f"{k}={v}" for k, v in figures.items()))
+    if profile:
+        print(profile, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Report validation (a bad report names its field) and what a report says about the GPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from jupyter_gpu_gov.core.report import ReportError, gpu_signal, validate
+
+REPORT = {
+    "schema": 1,
+    "sampled_at": "2026-01-05T09:00:00.000Z",
+    "backend": "nvml",
+    "server": {
+        "user": "alice",
+        "name": "",
+        "started": "2026-01-05T08:00:00Z",
+        "gpu_allocated": True,
+    },
+    "devices": [
+        {
+            "uuid": "GPU-a",
+            "name": "NVIDIA H100 80GB HBM3",
+            "mig_profile": None,
+            "memory_total_mb": 81559,
+            "memory_used_mb": 20480,
+            "activity": 0.0,
+            "shared": False,
+        }
+    ],
+    "targets": [
+        {
+            "kind": "kernel",
+            "id": "k1",
+            "name": "python3",
+            "execution_state": "idle",
+            "connections": 1,
+            "gpu": {
+                "devices": ["GPU-a"],
+                "memory_mb": 20480,
+                "sm": 0.0,
+                "holds_context": True,
+                "confidence": "exact",
+            },
+        }
+    ],
+    "window": {"seconds": 60, "gpu_active_fraction": 0.0, "gpu_idle_since": "2026-01-05T08:30:00Z"},
+}
+
+
+def report(**changes) -> dict:
+    r = copy.deepcopy(REPORT)
+    for path, value in changes.items():
+        node = r
+        *parents, leaf = path.split("__")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[int(leaf) if leaf.isdigit() else leaf] = value
+    return r
+
+
+def test_a_good_report_validates():
+    assert validate(report()) == REPORT
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"schema": 2}, "schema"),
+        ({"backend": "cuda"}, "backend"),
+        ({"sampled_at": "yesterday"}, "sampled_at"),
+        ({"server__user": ""}, "server.user"),
+        ({"devices__0__activity": 1.5}, "devices[0].activity"),
+        ({"devices__0__memory_used_mb": "lots"}, "devices[0].memory_used_mb"),
+        ({"targets__0__kind": "gpu"}, "targets[0].kind"),
+        ({"targets__0__gpu__sm": -0.1}, "targets[0].gpu.sm"),
+        ({"targets__0__gpu__holds_context": "yes"}, "targets[0].gpu.holds_context"),
+        ({"targets__0__gpu__confidence": "sure"}, "targets[0].gpu.confidence"),
+        ({"window__seconds": None}, "window.seconds"),
+    ],
+)
+def test_bad_reports_name_the_field(changes, field):
+    with pytest.raises(ReportError) as info:
+        validate(report(**changes))
+    assert info.value.field == field and str(info.value).startswith(f"{field}: ")
+
+
+def signal(r, cull_action="stop-server"):
+    return gpu_signal(validate(r), idle_threshold=0.05, cull_action=cull_action)
+
+
+def test_idle_holder_is_idle_since_the_window_says():
+    s = signal(report())
+    assert (s.holds_gpu, s.active) == (True, False)
+    assert s.idle_since.isoformat().startswith("2026-01-05T08:30")
+
+
+def test_recent_activity_in_the_window_counts_as_active():
+    assert signal(report(window__gpu_active_fraction=0.2)).active is True
+
+
+def test_unknown_per_process_activity_is_unknown_not_idle():
+    s = signal(report(targets__0__gpu__sm=None, devices__0__activity=None))
+    assert s.active is None and "kernel python3" in s.detail
+
+
+def test_unavailable_backend_is_unknown():
+    s = signal(report(backend="unavailable", error="GPU is lost"))
+    assert s.active is None and "GPU is lost" in s.detail
+
+
+def test_allocation_without_context_is_held_only_for_stop_server():
+    no_context = report(targets=[])
+    assert signal(no_context).holds_gpu is True
+    assert signal(no_context, "shutdown-kernels").holds_gpu is False
+    shared_machine = report(targets=[], server__gpu_allocated=False)
+    assert signal(shared_machine).holds_gpu is False
+
+
+def test_busy_kernel_reports_since_when():
+    r = report(targets__0__execution_state="busy", targets__0__busy_since="2026-01-05T08:55:00Z")
+    assert signal(r).kernel_busy_since.isoformat().startswith("2026-01-05T08:55")
+
+
+def test_a_shared_cards_own_activity_says_nothing_about_us():
+    r = report(devices__0__activity=0.9, devices__0__shared=True)
+    assert signal(r).active is False
