@@ -35,6 +35,7 @@ def report_for(user: str, uuid: str, sm: float) -> dict:
     r["devices"][0]["uuid"] = uuid
     r["targets"][0]["gpu"].update(devices=[uuid], sm=sm)
     r["window"]["gpu_active_fraction"] = 1.0 if sm >= 0.05 else 0.0
+    r["window"]["gpu_idle_since"] = r["sampled_at"] if sm < 0.05 else None
     return r
 
 
@@ -208,3 +209,25 @@ async def test_a_new_server_row_takes_column_defaults(tmp_path):
         await gov.reconcile()
     row = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}").server("carol/")
     assert (row.reports, row.extensions_used, row.approval_pending) == (False, 0, False)
+
+
+async def test_admin_exempts_then_culls_now_with_reasons_on_record(tmp_path):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert gov.verdict("alice/")["state"] == "idle"
+
+        until = clock.utcnow() + timedelta(days=2)
+        outcome = await gov.exempt("alice/", "user:root", until, "batch standby machine")
+        assert outcome["verdict"]["state"] == "exempt"
+        await gov.reconcile()
+        assert gov.verdict("alice/")["state"] == "exempt"
+
+        outcome = await gov.cull_now("alice/", "user:root", "maintenance")
+        assert outcome["status"] == "stopped" and not hub.running("alice")
+    actions = [(a.action, a.actor, a.reason) for a in gov.store.audit_rows("alice/")][::-1]
+    assert actions[-2][:2] == ("exempt", "user:root") and "batch standby machine" in actions[-2][2]
+    assert actions[-1] == ("cull", "user:root", "culled by user:root: maintenance")
+    assert gov.row("alice/").cull_reason == "admin"

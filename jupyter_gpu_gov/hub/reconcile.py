@@ -635,7 +635,7 @@ class Governor:
             self.store.audit([self._audit(row, "cull", why, actor=actor, dry_run=True)])
             return {"status": "dry-run", "verdict": self.verdict(key)}
         outcome = await self._cull(server, row, chosen)
-        if row.state != policy.ACTIVE or chosen.cull_action == "stop-server":
+        if chosen.cull_action == "stop-server":  # shutdown-kernels already started it afresh
             set_record(
                 row,
                 replace(record_of(row), state=policy.CULLED, culled_at=clock.utcnow(), reason=why),
