@@ -352,9 +352,12 @@ class HubHarness:
         msg = {"header": header, "parent_header": {}, "metadata": {}}
         msg |= {"channel": "shell", "content": content}
         out: list[str] = []
+        # Output arrives on iopub, the reply on shell: their order is not guaranteed, so wait
+        # for both the reply and iopub's "idle" for this request.
+        replied = idle = False
         try:
             ws.send(json.dumps(msg))
-            while True:
+            while not (replied and idle):
                 reply = json.loads(ws.recv())
                 if reply.get("parent_header", {}).get("msg_id") != msg_id:
                     continue
@@ -364,7 +367,10 @@ class HubHarness:
                 elif kind == "error":
                     raise HubHarnessError(f"{body['ename']}: {body['evalue']}")
                 elif kind == "execute_reply":
-                    return "".join(out)
+                    replied = True
+                elif kind == "status" and body.get("execution_state") == "idle":
+                    idle = True
+            return "".join(out)
         finally:
             ws.close()
 

@@ -312,6 +312,19 @@ def test_users_and_server_tokens_stay_in_their_lane(hub, gov):
     assert [p["name"] for p in policies] == ["patient", "impatient", "default"]
 
 
+def test_owner_stops_the_server_from_the_notebook(hub, gov):
+    r = requests.post(
+        hub.user_url("bob", "jupyter-gpu-gov/stop"),
+        json={"reason": "done for today"},
+        headers={"Authorization": f"token {hub.token('bob')}"},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["status"] == "stopping", r.text
+    wait(lambda: not server_running(hub, "bob"), 30, "bob's server to stop")
+    stop = [a for a in gov.audit("bob/") if a["action"] == "stop"][-1]
+    assert stop["actor"] == "user:bob" and "done for today" in stop["reason"]
+
+
 def test_dry_run_records_decisions_and_culls_nothing(tmp_path):
     with governed_hub(tmp_path, dry_run=True) as hub:
         hub.create_user("govadmin")

@@ -646,6 +646,27 @@ class Governor:
         self.store.audit([self._audit(row, "cull", why, actor=actor, details={"outcome": outcome})])
         return {"status": outcome, "verdict": self.verdict(key)}
 
+    async def stop_by_owner(self, key: str, actor: str, reason: str) -> dict:
+        """The owner gives the GPU back now (the Stop button). Answers at once: the request
+        comes from the very server being stopped, which must not wait for its own end."""
+        row = self._row(key)
+        user, name = key.split("/", 1)
+        why = f"stopped by {actor}" + (f": {reason}" if reason else "")
+        set_record(
+            row, replace(record_of(row), state=policy.CULLED, culled_at=clock.utcnow(), reason=why)
+        )
+        row.cull_reason = "owner"
+        self.store.save_servers([row])
+        self.store.audit([self._audit(row, "stop", why, actor=actor)])
+        self._spawn(self._stop_quietly(key, user, name))
+        return {"status": "stopping", "verdict": self.verdict(key)}
+
+    async def _stop_quietly(self, key: str, user: str, name: str) -> None:
+        try:
+            await self.hub.stop_server(user, name)
+        except HubApiError as error:
+            log.error("gpu-gov: stopping %s for its owner failed: %s", key, error)
+
     def _row(self, key: str) -> ServerRow:
         row = self.row(key)
         if row is None:

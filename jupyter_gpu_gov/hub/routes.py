@@ -222,6 +222,17 @@ class CullHandler(ApiHandler):
         self.write_json(await self.governor.cull_now(key, self.actor, reason))
 
 
+class StopHandler(ApiHandler):
+    """``POST .../stop`` ``{"reason": …}``: the owner stops the server now."""
+
+    @web.authenticated
+    async def post(self, user: str, name: str | None = None):
+        self.require_owner_or_admin(user)
+        key, _ = self.server_row(user, name)
+        reason = self.text_field(self.body(), "reason")
+        self.write_json(await self.governor.stop_by_owner(key, self.actor, reason))
+
+
 class ExtensionsHandler(ApiHandler):
     """``GET api/extensions?status=pending``: extension requests (admins)."""
 
@@ -386,6 +397,7 @@ def handlers(prefix: str, governor: Governor) -> list[tuple]:
         (rf"{p}/api/{_SERVER}/deny", DecideExtensionHandler, {**args, "approve": False}),
         (rf"{p}/api/{_SERVER}/exempt", ExemptHandler, args),
         (rf"{p}/api/{_SERVER}/cull", CullHandler, args),
+        (rf"{p}/api/{_SERVER}/stop", StopHandler, args),
         (rf"{p}/api/extensions", ExtensionsHandler, args),
         (rf"{p}/api/audit", AuditHandler, args),
         (rf"{p}/api/policies", PoliciesHandler, args),

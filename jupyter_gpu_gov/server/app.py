@@ -162,7 +162,7 @@ class GpuGovApp(ExtensionApp):
         self.report: dict | None = None
         self._timer: PeriodicCallback | None = None
         self._tick_lock = asyncio.Lock()
-        self._server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
+        self.server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
         self._busy_since: dict[str, object] = {}
         self.verdict: dict | None = None
         self.checkpoint: dict = {"requested_at": None, "status": None, "manifest": None}
@@ -342,7 +342,7 @@ class GpuGovApp(ExtensionApp):
 
     def _server_section(self) -> dict:
         return {
-            **self._server_identity,
+            **self.server_identity,
             "started": clock.isoformat(self.serverapp.web_app.settings.get("started")),
             "last_activity": clock.isoformat(self._user_last_activity()),
         }

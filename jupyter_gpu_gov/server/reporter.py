@@ -38,6 +38,11 @@ class Reporter:
             "POST", f"{_server_path(user, name)}/extend", {"reason": reason}
         )
 
+    async def stop(self, user: str, name: str, reason: str) -> tuple[int, dict]:
+        return await self._call_with_status(
+            "POST", f"{_server_path(user, name)}/stop", {"reason": reason}
+        )
+
     async def _call(self, method: str, path: str, body: dict) -> dict:
         status, data = await self._call_with_status(method, path, body)
         if status >= 400:

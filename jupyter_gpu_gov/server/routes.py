@@ -61,8 +61,13 @@ class CheckpointHandler(GpuGovHandler):
         self.finish(json.dumps(manifest))
 
 
-class ExtendHandler(GpuGovHandler):
-    """``POST {"reason": …}``: ask the governor for more time, with this server's own token."""
+class ForwardHandler(GpuGovHandler):
+    """``POST {"reason": …}``: forward the owner's request to the governor with this server's
+    own token (``extend``: more time; ``stop``: give the GPU back now)."""
+
+    def initialize(self, name: str, verb: str):
+        super().initialize(name)
+        self.verb = verb
 
     @web.authenticated
     @authorized
@@ -75,9 +80,10 @@ class ExtendHandler(GpuGovHandler):
             raise web.HTTPError(
                 409, "this server does not report to a governor (GpuGovApp.governor_url)"
             )
-        identity = app._server_identity
+        identity = app.server_identity
+        call = app.reporter.extend if self.verb == "extend" else app.reporter.stop
         try:
-            status, outcome = await app.reporter.extend(identity["user"], identity["name"], reason)
+            status, outcome = await call(identity["user"], identity["name"], reason)
         except Exception as error:
             raise web.HTTPError(502, f"the governor did not answer: {error}") from None
         if outcome.get("verdict"):
@@ -90,5 +96,6 @@ def handlers(url_prefix: str = "/jupyter-gpu-gov") -> list[tuple[str, type]]:
     return [
         (rf"{url_prefix}/status", StatusHandler),
         (rf"{url_prefix}/checkpoint", CheckpointHandler),
-        (rf"{url_prefix}/extend", ExtendHandler),
+        (rf"{url_prefix}/extend", ForwardHandler, {"verb": "extend"}),
+        (rf"{url_prefix}/stop", ForwardHandler, {"verb": "stop"}),
     ]
