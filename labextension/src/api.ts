@@ -1,0 +1,95 @@
+/**
+ * The only way the frontend talks to the world: its own server extension under
+ * `/jupyter-gpu-gov/`, through JupyterLab's ServerConnection (XSRF and token handled there).
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { ICheckpointManifest, IExtendResponse, IStatusReport } from './model';
+
+export const API_NAMESPACE = 'jupyter-gpu-gov';
+
+export interface IApiResponse<T> {
+  /** HTTP status; 0 when the server could not be reached. */
+  status: number;
+  body: T | null;
+  /** The server's error message, when there is one. */
+  message: string | null;
+}
+
+export class GpuGovApi {
+  constructor(settings: ServerConnection.ISettings) {
+    this._settings = settings;
+  }
+
+  get settings(): ServerConnection.ISettings {
+    return this._settings;
+  }
+
+  /** GET status; throws on failure so the poll backs off. */
+  async status(refresh = false): Promise<IStatusReport> {
+    const response = await this.request<IStatusReport>(
+      refresh ? 'status?refresh=1' : 'status',
+      { method: 'GET' }
+    );
+    if (response.status !== 200 || !response.body) {
+      throw new Error(
+        response.message ?? `GPU status failed (HTTP ${response.status})`
+      );
+    }
+    return response.body;
+  }
+
+  extend(reason: string): Promise<IApiResponse<IExtendResponse>> {
+    return this.post<IExtendResponse>('extend', { reason });
+  }
+
+  checkpoint(reason: string): Promise<IApiResponse<ICheckpointManifest>> {
+    return this.post<ICheckpointManifest>('checkpoint', { reason });
+  }
+
+  stop(
+    reason: string
+  ): Promise<IApiResponse<{ status?: string; message?: string }>> {
+    return this.post('stop', { reason });
+  }
+
+  private post<T>(endpoint: string, body: unknown): Promise<IApiResponse<T>> {
+    return this.request<T>(endpoint, {
+      method: 'POST',
+      body: JSON.stringify(body)
+    });
+  }
+
+  /** A request that never throws on HTTP errors: 202 and 409 carry meaning here. */
+  async request<T>(
+    endpoint: string,
+    init: RequestInit
+  ): Promise<IApiResponse<T>> {
+    const url = URLExt.join(this._settings.baseUrl, API_NAMESPACE, endpoint);
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(url, init, this._settings);
+    } catch (error) {
+      return { status: 0, body: null, message: String(error) };
+    }
+    let body: any = null;
+    const text = await response.text();
+    if (text) {
+      try {
+        body = JSON.parse(text);
+      } catch {
+        body = null;
+      }
+    }
+    const message =
+      body && typeof body.message === 'string' && body.message
+        ? (body.message as string)
+        : response.ok
+          ? null
+          : response.statusText || null;
+    return { status: response.status, body: body as T | null, message };
+  }
+
+  private _settings: ServerConnection.ISettings;
+}

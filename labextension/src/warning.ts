@@ -1,0 +1,231 @@
+/**
+ * The idle warning as a JupyterLab notification: what will happen and when, a countdown that
+ * ticks once a second, and Extend / Checkpoint now / Stop server now. The warning's deadline
+ * and verdict are kept in localStorage so a reload re-raises it at once, exactly once.
+ */
+import { Notification } from '@jupyterlab/apputils';
+import { IDisposable } from '@lumino/disposable';
+
+import {
+  isWarning,
+  ITrans,
+  IVerdict,
+  parseTime,
+  warningAction,
+  warningView
+} from './model';
+
+export interface IWarningActions {
+  extend(): Promise<void>;
+  checkpoint(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+interface IStored {
+  key: string;
+  verdict: IVerdict;
+}
+
+export class WarningNotifier implements IDisposable {
+  constructor(options: {
+    trans: ITrans;
+    actions: IWarningActions;
+    /** Distinguishes servers that share an origin (JupyterHub: /user/<name>/<server>/). */
+    storageKey: string;
+    storage?: Storage | null;
+  }) {
+    this._trans = options.trans;
+    this._actions = options.actions;
+    this._storageKey = options.storageKey;
+    this._storage =
+      options.storage === undefined ? safeLocalStorage() : options.storage;
+  }
+
+  /** Re-raise a warning remembered from before a reload, if its deadline is ahead. */
+  restore(): void {
+    const stored = this._read();
+    if (!stored) {
+      return;
+    }
+    const cull = parseTime(stored.verdict.cull_at);
+    if (isWarning(stored.verdict) && (cull === null || cull > Date.now())) {
+      this.update(stored.verdict);
+    } else {
+      this._write(null);
+    }
+  }
+
+  /** The latest verdict (from a poll or an event). */
+  update(verdict: IVerdict | null | undefined): void {
+    if (this._disposed) {
+      return;
+    }
+    const action = warningAction(this._key, verdict);
+    switch (action) {
+      case 'raise':
+        this._raise(verdict as IVerdict);
+        break;
+      case 'update':
+        this._verdict = verdict as IVerdict;
+        this._write({ key: this._key as string, verdict: this._verdict });
+        this._refresh();
+        break;
+      case 'dismiss':
+        this._clear();
+        this._write(null);
+        break;
+      default:
+        break;
+    }
+  }
+
+  get isDisposed(): boolean {
+    return this._disposed;
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this._stopTimer();
+  }
+
+  private _raise(verdict: IVerdict): void {
+    this._clear();
+    const view = warningView(verdict, { now: Date.now(), trans: this._trans });
+    if (!view) {
+      return;
+    }
+    this._key = view.key;
+    this._verdict = verdict;
+    this._userClosed = false;
+    this._id = Notification.warning(view.toast, {
+      autoClose: false,
+      actions: this._notificationActions(verdict)
+    });
+    this._write({ key: view.key, verdict });
+    this._startTimer();
+  }
+
+  /** Re-render the countdown; stop once the user closed the notification. */
+  private _refresh(): void {
+    if (!this._id || !this._verdict || this._userClosed) {
+      return;
+    }
+    const view = warningView(this._verdict, {
+      now: Date.now(),
+      trans: this._trans
+    });
+    if (!view) {
+      return;
+    }
+    const shown = Notification.update({
+      id: this._id,
+      message: view.toast,
+      type: 'warning',
+      autoClose: false,
+      actions: this._notificationActions(this._verdict)
+    });
+    if (!shown) {
+      // Closed by the user: the panel still shows the warning; a new deadline raises anew.
+      this._userClosed = true;
+      this._stopTimer();
+    }
+  }
+
+  private _notificationActions(verdict: IVerdict): Notification.IAction[] {
+    const trans = this._trans;
+    const view = warningView(verdict, { now: Date.now(), trans });
+    const keepOpen = (run: () => Promise<void>) => (event: MouseEvent) => {
+      event.preventDefault();
+      void run();
+    };
+    const actions: Notification.IAction[] = [];
+    if (view?.extend.enabled) {
+      actions.push({
+        label: view.extend.label,
+        caption: view.extend.hint,
+        displayType: 'accent',
+        callback: keepOpen(() => this._actions.extend())
+      });
+    }
+    actions.push({
+      label: trans.__('Checkpoint now'),
+      caption: trans.__(
+        'Save open documents and checkpoint every notebook now'
+      ),
+      callback: keepOpen(() => this._actions.checkpoint())
+    });
+    actions.push({
+      label: trans.__('Stop server now'),
+      caption: trans.__('Give the GPU back now (asks for confirmation)'),
+      displayType: 'warn',
+      callback: keepOpen(() => this._actions.stop())
+    });
+    return actions;
+  }
+
+  private _clear(): void {
+    this._stopTimer();
+    if (this._id) {
+      Notification.dismiss(this._id);
+    }
+    this._id = null;
+    this._key = null;
+    this._verdict = null;
+  }
+
+  private _startTimer(): void {
+    this._stopTimer();
+    this._timer = window.setInterval(() => this._refresh(), 1000);
+  }
+
+  private _stopTimer(): void {
+    if (this._timer !== null) {
+      window.clearInterval(this._timer);
+      this._timer = null;
+    }
+  }
+
+  private _read(): IStored | null {
+    try {
+      const raw = this._storage?.getItem(this._storageKey);
+      const parsed = raw ? (JSON.parse(raw) as IStored) : null;
+      return parsed && parsed.verdict && parsed.key ? parsed : null;
+    } catch {
+      return null;
+    }
+  }
+
+  private _write(value: IStored | null): void {
+    try {
+      if (value) {
+        this._storage?.setItem(this._storageKey, JSON.stringify(value));
+      } else {
+        this._storage?.removeItem(this._storageKey);
+      }
+    } catch {
+      // Storage full or disabled: the warning still shows, it just won't survive a reload.
+    }
+  }
+
+  private _trans: ITrans;
+  private _actions: IWarningActions;
+  private _storageKey: string;
+  private _storage: Storage | null;
+  private _id: string | null = null;
+  private _key: string | null = null;
+  private _verdict: IVerdict | null = null;
+  private _userClosed = false;
+  private _timer: number | null = null;
+  private _disposed = false;
+}
+
+function safeLocalStorage(): Storage | null {
+  try {
+    return window.localStorage;
+  } catch {
+    return null;
+  }
+}
