@@ -1,7 +1,8 @@
 # jupyter-gpu-gov — the README's commands. Needs only python3 (>= 3.10), node (>= 20) and npm.
 #
 #   make demo    run the demo hub on http://127.0.0.1:8000 (simulated GPUs)
-#   make test    pytest, then ruff check and ruff format --check
+#   make test    pytest, ruff check and ruff format --check, then the labextension's jest
+#                tests and linters
 #
 # .venv and node_modules are created on first use; stamp files keyed on pyproject.toml and
 # package.json / package-lock.json make later runs skip the install.
@@ -15,20 +16,24 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
+LAB_NODE_STAMP := labextension/node_modules/.installed
+LAB_BUILT := jupyter_gpu_gov/labextension/package.json
+LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labextension/style/*.css)
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 
-.PHONY: help venv node_modules demo test lint format bench clean distclean
+.PHONY: help venv node_modules labextension demo test lint format bench clean distclean
 
 help:
 	@echo "make demo       run the demo JupyterHub on http://127.0.0.1:8000 (simulated GPUs)"
-	@echo "make test       pytest, ruff check, ruff format --check"
+	@echo "make test       pytest, ruff, then the labextension's jest tests and linters"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff check --fix + ruff format"
 	@echo "make bench      python -m benchmarks"
 	@echo "make venv       create .venv and install -e '.[test]'"
 	@echo "make node_modules  npm ci (configurable-http-proxy)"
+	@echo "make labextension  build the JupyterLab extension and link it into .venv"
 	@echo "make clean      remove caches, build output and .demo/ state"
 	@echo "make distclean  clean + remove .venv and node_modules"
 
@@ -37,10 +42,12 @@ venv: $(VENV_STAMP)
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
-# Editable install: pip builds it in an isolated env from [build-system] (hatchling, editables).
+# Editable install without build isolation (the build backends go into .venv first) and
+# without the labextension build hook: the `labextension` target builds and links it.
 $(VENV_STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e ".[test]"
+	$(VPY) -m pip install --quiet hatchling editables hatch-jupyter-builder
+	SKIP_JUPYTER_BUILDER=1 $(VPY) -m pip install --quiet --no-build-isolation -e ".[test]"
 	touch $@
 
 node_modules: $(NODE_STAMP)
@@ -51,14 +58,26 @@ $(NODE_STAMP): package.json $(wildcard package-lock.json)
 	else npm install --no-audit --no-fund; fi
 	touch $@
 
-demo: venv node_modules
+labextension: $(LAB_BUILT)
+
+$(LAB_NODE_STAMP): labextension/package.json labextension/package-lock.json
+	cd labextension && npm ci --no-audit --no-fund
+	touch $@
+
+# Built offline against .venv's JupyterLab, then linked into .venv (like an editable install).
+$(LAB_BUILT): $(VENV_STAMP) $(LAB_NODE_STAMP) $(LAB_SOURCES)
+	cd labextension && PYTHON=$(abspath $(VPY)) npm run build:prod
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .
+
+demo: venv node_modules labextension
 	mkdir -p .demo
 	$(VENV)/bin/jupyterhub -f hub_config/jupyterhub_config.py
 
-test: venv node_modules
+test: venv node_modules labextension
 	$(VPY) -m pytest -q
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	cd labextension && npm test --silent && npm run lint:check
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -77,4 +96,4 @@ clean:
 		-name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) node_modules
+	rm -rf $(VENV) node_modules labextension/node_modules labextension/lib jupyter_gpu_gov/labextension

@@ -269,3 +269,24 @@ async def test_bad_backend_choice_names_the_setting(monkeypatch):
     monkeypatch.setenv("JUPYTER_GPU_GOV_BACKEND", "cuda")
     with pytest.raises(ValueError, match=r"JUPYTER_GPU_GOV_BACKEND='cuda' is not one of"):
         resolve_choice("auto")
+
+
+async def test_checkpoint_saves_every_open_notebook(jp_fetch, jp_root_dir):
+    import nbformat
+
+    nbformat.write(nbformat.v4.new_notebook(), jp_root_dir / "train.ipynb")
+    body = {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    body = {"path": "draft.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))  # never saved
+
+    response = await jp_fetch(
+        "jupyter-gpu-gov", "checkpoint", method="POST", body=json.dumps({"reason": "test"})
+    )
+    manifest = json.loads(response.body)
+    assert manifest["status"] == "done" and manifest["errors"] == []
+    assert [n["path"] for n in manifest["notebooks"]] == ["train.ipynb"]
+    assert manifest["skipped"] == [{"path": "draft.ipynb", "why": "not saved to disk yet"}]
+    checkpoints = json.loads((await jp_fetch("api", "contents", "train.ipynb", "checkpoints")).body)
+    assert [c["id"] for c in checkpoints] == [manifest["notebooks"][0]["checkpoint_id"]]
+    assert (await status(jp_fetch))["checkpoint"]["status"] == "done"

@@ -12,12 +12,15 @@ from ..core import clock
 async def checkpoint_notebooks(serverapp, reason: str) -> dict:
     """Checkpoint every notebook that has a session; return the manifest."""
     started = clock.utcnow()
-    saved, errors = [], []
+    saved, skipped, errors = [], [], []
     sessions = await ensure_async(serverapp.session_manager.list_sessions())
     paths = sorted(
         {s["path"] for s in sessions if s.get("path") and s.get("type", "notebook") == "notebook"}
     )
     for path in paths:
+        if not await ensure_async(serverapp.contents_manager.file_exists(path)):
+            skipped.append({"path": path, "why": "not saved to disk yet"})
+            continue
         try:
             checkpoint = await ensure_async(serverapp.contents_manager.create_checkpoint(path))
             saved.append({"path": path, "checkpoint_id": checkpoint["id"]})
@@ -29,5 +32,6 @@ async def checkpoint_notebooks(serverapp, reason: str) -> dict:
         "requested_at": clock.isoformat(started),
         "completed_at": clock.isoformat(clock.utcnow()),
         "notebooks": saved,
+        "skipped": skipped,
         "errors": errors,
     }
