@@ -17,7 +17,7 @@ at or after it. After a cull the server's later rows are ignored, as in ``replay
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ..core.durations import format_duration
 from .engine import Action
@@ -32,32 +32,20 @@ def idle_culler(
     timeout: float = IDLE_CULLER_TIMEOUT_S,
     cull_every: float | None = None,
 ) -> Iterator[Action]:
-    every = cull_every or timeout / 2
-    started: dict[str, float] = {}
-    last_activity: dict[str, float] = {}
-    previous: dict[str, float] = {}
-    culled: set[str] = set()
-    for sample in samples:
-        key = sample.server
-        if key in culled:
-            continue
-        started.setdefault(key, sample.t)
-        if sample.user_active or sample.kernel_busy or sample.connections > 0:
-            last_activity[key] = sample.t
-        due = _check_due(previous.get(key), sample.t, every)
-        previous[key] = sample.t
-        if not due:
-            continue
-        inactive = sample.t - last_activity.get(key, started[key])
-        if inactive >= timeout:
-            culled.add(key)
-            yield Action(
-                sample.t,
-                key,
-                "cull",
-                f"idle-culler: Hub last activity {format_duration(inactive)} ago "
-                f"(timeout {format_duration(timeout)})",
-            )
+    def cull(sample: Sample, inactive: float) -> str | None:
+        if inactive < timeout:
+            return None
+        return (
+            f"idle-culler: Hub last activity {format_duration(inactive)} ago "
+            f"(timeout {format_duration(timeout)})"
+        )
+
+    return _periodic_culler(
+        samples,
+        cull_every or timeout / 2,
+        lambda s: s.user_active or s.kernel_busy or s.connections > 0,
+        cull,
+    )
 
 
 def kernel_culler(
@@ -65,7 +53,33 @@ def kernel_culler(
     timeout: float = IDLE_CULLER_TIMEOUT_S,
     cull_interval: float | None = None,
 ) -> Iterator[Action]:
-    every = cull_interval or KERNEL_CULL_INTERVAL_S
+    def cull(sample: Sample, idle: float) -> str | None:
+        if not sample.holds_gpu_memory or sample.kernel_busy or sample.connections > 0:
+            return None
+        if idle <= timeout:
+            return None
+        return (
+            f"kernel culler: kernel idle for {format_duration(idle)} with no connections "
+            f"(cull_idle_timeout {format_duration(timeout)}); its GPU memory is freed"
+        )
+
+    return _periodic_culler(
+        samples,
+        cull_interval or KERNEL_CULL_INTERVAL_S,
+        # Kernel messages (a busy step, the user's interaction) update its last_activity.
+        lambda s: s.kernel_busy or s.user_active,
+        cull,
+    )
+
+
+def _periodic_culler(
+    samples: Iterable[Sample],
+    every: float,
+    is_activity: Callable[[Sample], bool],
+    cull: Callable[[Sample, float], str | None],
+) -> Iterator[Action]:
+    """What both stock cullers share: on each check, ``cull(sample, inactive_seconds)`` says
+    why to cull (or None); a culled server's later rows are ignored."""
     started: dict[str, float] = {}
     last_activity: dict[str, float] = {}
     previous: dict[str, float] = {}
@@ -75,22 +89,16 @@ def kernel_culler(
         if key in culled:
             continue
         started.setdefault(key, sample.t)
-        if sample.kernel_busy or sample.user_active:  # kernel messages update last_activity
+        if is_activity(sample):
             last_activity[key] = sample.t
         due = _check_due(previous.get(key), sample.t, every)
         previous[key] = sample.t
-        if not due or not sample.holds_gpu_memory:
+        if not due:
             continue
-        idle = sample.t - last_activity.get(key, started[key])
-        if idle > timeout and not sample.kernel_busy and sample.connections == 0:
+        reason = cull(sample, sample.t - last_activity.get(key, started[key]))
+        if reason is not None:
             culled.add(key)
-            yield Action(
-                sample.t,
-                key,
-                "cull",
-                f"kernel culler: kernel idle for {format_duration(idle)} with no connections "
-                f"(cull_idle_timeout {format_duration(timeout)}); its GPU memory is freed",
-            )
+            yield Action(sample.t, key, "cull", reason)
 
 
 def _check_due(previous: float | None, t: float, every: float) -> bool:
