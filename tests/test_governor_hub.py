@@ -14,135 +14,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import requests
-import websocket
-from hub_harness import MARKER_ENV, HubHarness
+from governor_harness import Gov, governed_hub, kernel_with, server_running, wait
+from hub_harness import HubHarness
 
 from jupyter_gpu_gov.core.clock import parse
 
 pytestmark = pytest.mark.timeout(300)
-
-GOVERNOR_CONFIG = """
-c = get_config()  # noqa: F821
-c.GpuGovernor.db_url = "sqlite:///{db}"
-c.GpuGovernor.cull_every = 0.5
-c.GpuGovernor.report_stale_after = 60
-c.GpuGovernor.dry_run = {dry_run}
-c.GpuGovernor.policy_defaults = {{
-    "warn_after": "3s", "cull_after": "7s", "user_activity_grace": "1s", "busy_grace": "5s",
-    "extension_step": "60s", "max_extensions": 1, "checkpoint_timeout": "20s",
-}}
-c.GpuGovernor.policies = [
-    {{"name": "patient", "match": {{"users": ["dave"]}}, "warn_after": "2s", "cull_after": "60s"}},
-    {{"name": "impatient", "match": {{"users": ["carol"]}}, "inactive_timeout": "10s"}},
-]
-"""
-
-SINGLEUSER_CONFIG = """
-c.GpuGovApp.sample_interval = 0.5
-c.GpuGovApp.report_interval = 1
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def governed_hub(workdir: Path, *, dry_run: bool = False, **kwargs) -> HubHarness:
-    port = free_port()
-    config = workdir / "gpu_gov_config.py"
-    config.write_text(GOVERNOR_CONFIG.format(db=workdir / "gpu-gov.sqlite", dry_run=dry_run))
-    extra = f"""
-        from jupyter_gpu_gov.hub.hubconfig import add_governor
-        add_governor(
-            c,
-            url="http://127.0.0.1:{port}",
-            args=["--config={config}", "--timeout=600"],
-            environment={{
-                "JUPYTER_GPU_GOV_PROXY_URL": c.JupyterHub.bind_url,
-                {MARKER_ENV!r}: HARNESS_ENV[{MARKER_ENV!r}],
-            }},
-            admin_users=["govadmin"],
-        )
-
-        def _no_reports_for_carol(spawner):
-            # carol's server runs without a governor URL: it never reports.
-            if spawner.user.name == "carol":
-                spawner.environment["JUPYTER_GPU_GOV_URL"] = ""
-
-        c.Spawner.pre_spawn_hook = _no_reports_for_carol
-    """
-    return HubHarness(
-        workdir=workdir, extra_config=extra, singleuser_config=SINGLEUSER_CONFIG, **kwargs
-    )
-
-
-class Gov:
-    """The governor's API through the hub's proxy."""
-
-    def __init__(self, hub: HubHarness):
-        self.hub = hub
-        self.base = f"{hub.url.rstrip('/')}/services/gpu-gov/api"
-
-    def call(self, method: str, path: str, token: str | None, **kwargs) -> requests.Response:
-        headers = {"Authorization": f"token {token}"} if token else {}
-        return requests.request(
-            method, f"{self.base}/{path}", headers=headers, timeout=30, **kwargs
-        )
-
-    def admin(self, method: str, path: str, **kwargs) -> requests.Response:
-        return self.call(method, path, self.hub.token("govadmin"), **kwargs)
-
-    def audit(self, key: str) -> list[dict]:
-        r = self.admin("GET", "audit", params={"server": key, "limit": 500})
-        assert r.status_code == 200, r.text
-        return r.json()["audit"][::-1]  # oldest first
-
-    def actions(self, key: str) -> list[str]:
-        return [a["action"] for a in self.audit(key) if a["action"] != "state"]
-
-    def verdict(self, user: str) -> dict:
-        r = self.admin("GET", f"users/{user}/server")
-        assert r.status_code == 200, r.text
-        return r.json()["verdict"]
-
-    def wait_up(self, timeout: float = 60) -> None:
-        wait(lambda: self.admin("GET", "").status_code == 200, timeout, "the governor to answer")
-
-
-def wait(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except (requests.ConnectionError, AssertionError):
-            value = None
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def kernel_with(hub: HubHarness, user: str, code: str) -> websocket.WebSocket:
-    """Start a kernel, run ``code``, and keep its websocket open (a browser tab)."""
-    kernel = hub.start_kernel(user)
-    hub.execute(user, kernel, code)
-    url = hub.user_url(user, f"api/kernels/{kernel}/channels")
-    return websocket.create_connection(
-        "ws" + url[len("http") :], header=[f"Authorization: token {hub.token(user)}"], timeout=30
-    )
-
-
-def server_running(hub: HubHarness, user: str) -> bool:
-    return "" in (hub.api("GET", f"users/{user}").json().get("servers") or {})
 
 
 @pytest.fixture(scope="module")

@@ -102,18 +102,30 @@ export interface IStatusReport {
 
 // -- translation ------------------------------------------------------------------------------
 
+/** End a sentence with a full stop unless it already has one, so joined parts read well. */
+function sentence(text: string): string {
+  return /[.!?…]$/.test(text.trim()) ? text.trim() : `${text.trim()}.`;
+}
+
 /** The subset of JupyterLab's TranslationBundle the model uses (`%1`, `%2` placeholders). */
 export interface ITrans {
   __(msgid: string, ...args: unknown[]): string;
+  /** Plural forms: `n` picks the form and is also `%1`. */
+  _n(msgid: string, msgidPlural: string, n: number, ...args: unknown[]): string;
+}
+
+function substitute(msgid: string, args: unknown[]): string {
+  return msgid.replace(/%(\d+)/g, (match, n) => {
+    const i = Number(n) - 1;
+    return i < args.length ? String(args[i]) : match;
+  });
 }
 
 /** Identity translation with JupyterLab's `%N` substitution (tests, and before ITranslator). */
 export const nullTrans: ITrans = {
-  __: (msgid: string, ...args: unknown[]) =>
-    msgid.replace(/%(\d+)/g, (match, n) => {
-      const i = Number(n) - 1;
-      return i < args.length ? String(args[i]) : match;
-    })
+  __: (msgid: string, ...args: unknown[]) => substitute(msgid, args),
+  _n: (msgid: string, plural: string, n: number, ...args: unknown[]) =>
+    substitute(n === 1 ? msgid : plural, [n, ...args])
 };
 
 /** Options every formatter takes: time is passed in, never read inside the model. */
@@ -700,7 +712,12 @@ export function extendView(
   const hint =
     left === null || left === undefined
       ? trans.__('Keep the GPU %1 longer.', step)
-      : trans.__('Keep the GPU %1 longer (%2 extensions left).', step, left);
+      : trans._n(
+          'Keep the GPU %2 longer (%1 extension left).',
+          'Keep the GPU %2 longer (%1 extensions left).',
+          left,
+          step
+        );
   return { enabled: true, label, hint, reason };
 }
 
@@ -754,7 +771,7 @@ export function warningView(
   return {
     key,
     toast: toast.length > 140 ? toast.slice(0, 139) + '…' : toast,
-    detail: detail.join(' '),
+    detail: detail.map(sentence).join(' '),
     countdown,
     deadline,
     extend
@@ -856,7 +873,7 @@ export function extendOutcome(
         : left === 0
           ? ' ' +
             trans.__('That was your last one; more needs an administrator.')
-          : ' ' + trans.__('%1 extensions left.', left);
+          : ' ' + trans._n('%1 extension left.', '%1 extensions left.', left);
     return { kind: 'success', message: until + rest };
   }
   if (httpStatus === 202 || status === 'pending') {
@@ -912,7 +929,12 @@ export function checkpointOutcome(
   trans: ITrans = nullTrans
 ): IOutcome {
   const savedText = saved.saved
-    ? ' ' + trans.__('%1 unsaved documents were saved first.', saved.saved)
+    ? ' ' +
+      trans._n(
+        '%1 unsaved document was saved first.',
+        '%1 unsaved documents were saved first.',
+        saved.saved
+      )
     : '';
   const failedSaves = saved.failed.length
     ? ' ' + trans.__('Could not save: %1.', saved.failed.join(', '))
@@ -929,7 +951,12 @@ export function checkpointOutcome(
   if (manifest.status === 'done' && !saved.failed.length) {
     return {
       kind: 'success',
-      message: trans.__('Checkpoint saved for %1 notebooks.', count) + savedText
+      message:
+        trans._n(
+          'Checkpoint saved for %1 notebook.',
+          'Checkpoint saved for %1 notebooks.',
+          count
+        ) + savedText
     };
   }
   const errors = (manifest.errors ?? [])

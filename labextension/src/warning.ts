@@ -151,14 +151,14 @@ export class WarningNotifier implements IDisposable {
       });
     }
     actions.push({
-      label: trans.__('Checkpoint now'),
+      label: trans.__('Checkpoint'),
       caption: trans.__(
         'Save open documents and checkpoint every notebook now'
       ),
       callback: keepOpen(() => this._actions.checkpoint())
     });
     actions.push({
-      label: trans.__('Stop server now'),
+      label: trans.__('Stop server'),
       caption: trans.__('Give the GPU back now (asks for confirmation)'),
       displayType: 'warn',
       callback: keepOpen(() => this._actions.stop())

@@ -247,7 +247,8 @@ describe('status bar view', () => {
 
   it('translates through the bundle', () => {
     const upper = {
-      __: (s: string, ...a: unknown[]) => nullTrans.__(s.toUpperCase(), ...a)
+      __: (s: string, ...a: unknown[]) => nullTrans.__(s.toUpperCase(), ...a),
+      _n: nullTrans._n
     };
     expect(statusText(report(), upper)).toBe(
       'GPU 20.0 GIB · 0%'.replace('GIB', 'GiB')
@@ -331,6 +332,7 @@ describe('warning', () => {
       reason: 'optional'
     });
     expect(view?.detail).toContain('2 extensions left');
+    expect(view?.detail).toContain('unless extended. Keep the GPU'); // whole sentences
   });
 
   it('names the cull action, the past deadline, dry run and the root cause', () => {
@@ -452,7 +454,7 @@ describe('outcomes in plain words', () => {
     expect(out).toEqual({
       kind: 'success',
       message:
-        'Extension granted: the GPU stays with you until 12:04 (in 1h 04m). 1 extensions left.'
+        'Extension granted: the GPU stays with you until 12:04 (in 1h 04m). 1 extension left.'
     });
     const last = extendOutcome(
       200,
@@ -542,7 +544,7 @@ describe('outcomes in plain words', () => {
     ).toEqual({
       kind: 'success',
       message:
-        'Checkpoint saved for 2 notebooks. 1 unsaved documents were saved first.'
+        'Checkpoint saved for 2 notebooks. 1 unsaved document was saved first.'
     });
     const failed = checkpointOutcome(
       {

@@ -1,0 +1,321 @@
+"""The JupyterLab extension in a real browser, against a real hub with the governor.
+
+Chromium (Debian's ``/usr/bin/chromium``, driven by the ``playwright`` Python package; no
+``playwright install``) logs in through the hub's login page, lands in JupyterLab on a
+notebook whose kernel holds 20 GiB of simulated GPU memory, and then checks what a user sees
+and does: the status bar item, the idle warning with its live countdown, **Extend** (through
+the reason prompt, on record at the governor), **Checkpoint** (the dirty notebook is saved
+first) and the GPU panel. With ``JUPYTER_GPU_GOV_SCREENSHOTS=1`` it refreshes
+``docs/images/gpu-warning.png`` (otherwise the screenshot goes to the test's tmp_path).
+
+Skipped, saying why, when chromium or playwright is missing; never green without a browser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from governor_harness import Gov, governed_hub, wait
+from hub_harness import HubHarness
+
+try:
+    from playwright.sync_api import Page, sync_playwright
+except ImportError:  # pragma: no cover - depends on the environment
+    sync_playwright = None
+
+CHROMIUM = Path("/usr/bin/chromium")
+REPO = Path(__file__).resolve().parent.parent
+SCREENSHOT = REPO / "docs" / "images" / "gpu-warning.png"
+USER = "lena"
+NOTEBOOK = "gpu-demo.ipynb"
+SLOW = 60_000  # ms: a 2-core machine builds JupyterLab's page slowly
+
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(
+        sync_playwright is None,
+        reason="the playwright Python package is missing (pip install playwright)",
+    ),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"{CHROMIUM} is missing (apt-get install -y chromium)",
+    ),
+]
+
+# Warned ~3 s into GPU idleness, culled after 5 minutes; Extend gives 2 minutes, twice.
+BROWSER_POLICY = {
+    "name": "browser",
+    "match": {"users": [USER]},
+    "warn_after": "3s",
+    "cull_after": "5m",
+    "extension_step": "2m",
+    "max_extensions": 2,
+}
+
+HOLD = "from jupyter_gpu_gov import simulate\n\nsimulate.hold(20480)  # MiB of simulated GPU memory"
+
+COUNTDOWN = re.compile(r"in (?:(\d+)m )?(\d+)s \(at ([^)]+)\)")
+
+WARNING_TOAST = ".jp-Notification-Toast-warning"
+
+
+def countdown_seconds(text: str) -> tuple[int, str]:
+    """'GPU idle: this server will be stopped in 4m 52s (at 10:04 AM) unless…' → (292, '10:04 AM')."""
+    match = COUNTDOWN.search(text)
+    assert match, f"no countdown in the warning: {text!r}"
+    minutes, seconds, deadline = match.groups()
+    return int(minutes or 0) * 60 + int(seconds), deadline
+
+
+def notebook_json(source: str) -> dict:
+    return {
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": uuid.uuid4().hex[:8],
+                "metadata": {},
+                "outputs": [],
+                "source": source,
+            }
+        ],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[HubHarness]:
+    # JupyterLab's own "official Jupyter news?" toast would cover ours: switch it off.
+    settings = tmp_path / "lab-settings"
+    news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text(json.dumps({"fetchNews": "false"}))
+    workdir = tmp_path / "hub"
+    workdir.mkdir()
+    with governed_hub(
+        workdir,
+        extra_policies=[BROWSER_POLICY],
+        singleuser_env={"JUPYTERLAB_SETTINGS_DIR": str(settings)},
+        timeout=180,
+    ) as hub:
+        hub.create_user("govadmin")
+        hub.start_server(USER)
+        Gov(hub).wait_up()
+        yield hub
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(page: Page, tmp_path: Path, hub: HubHarness) -> Iterator[None]:
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # also pytest's Failed (a timeout)
+        shot = tmp_path / "failure.png"
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(shot), full_page=True)
+        toasts = ""
+        with contextlib.suppress(Exception):
+            toasts = " | ".join(page.locator(".Toastify__toast").all_inner_texts())
+        raise AssertionError(
+            f"{error}\n  page: {page.url}\n  toasts: {toasts or '(none)'}\n"
+            f"  screenshot: {shot}\n  hub log tail:\n{hub.log_tail(3000)}"
+        ) from error
+
+
+def test_warning_extend_checkpoint_in_jupyterlab(hub: HubHarness, tmp_path: Path) -> None:
+    gov = Gov(hub)
+    token = hub.token(USER)
+    auth = {"Authorization": f"token {token}"}
+    contents = hub.user_url(USER, f"api/contents/{NOTEBOOK}")
+    r = requests.put(
+        contents,
+        json={"type": "notebook", "content": notebook_json(HOLD)},
+        headers=auth,
+        timeout=30,
+    )
+    assert r.status_code in (200, 201), r.text
+    on_disk = hub.workdir / "home" / USER / NOTEBOOK
+    assert on_disk.exists(), f"the server's root is not {on_disk.parent}"
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM))
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            page = context.new_page()
+            page.set_default_timeout(SLOW)
+            with screenshot_on_failure(page, tmp_path, hub):
+                run_story(page, hub, gov, auth, contents, on_disk, tmp_path)
+        finally:
+            browser.close()
+
+
+def run_story(
+    page: Page, hub: HubHarness, gov: Gov, auth: dict, contents: str, on_disk: Path, shots: Path
+) -> None:
+    # --- log in through the hub's login page (DummyAuthenticator: any password) -------------
+    page.goto(f"{hub.url}/hub/login?next=/user/{USER}/lab/tree/{NOTEBOOK}")
+    page.fill("#username_input", USER)
+    page.fill("#password_input", "any password")
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(rf"/user/{USER}/lab"), timeout=SLOW)
+    editor = page.locator(".jp-NotebookPanel .jp-Cell .cm-content").first
+    editor.wait_for(timeout=120_000)
+    status = page.locator(".jp-GpuGov-status")
+    status.wait_for()
+
+    # --- the notebook's kernel holds 20 GiB of simulated GPU memory -------------------------
+    def notebook_kernel() -> str | None:
+        r = requests.get(hub.user_url(USER, "api/sessions"), headers=auth, timeout=30)
+        for session in r.json():
+            if session.get("path") == NOTEBOOK and session.get("kernel"):
+                return session["kernel"]["id"]
+        return None
+
+    wait(notebook_kernel, 90, "the notebook's kernel session")
+    editor.click()
+    page.keyboard.press("Control+Enter")  # run the cell in place
+    page.locator(".jp-NotebookPanel .jp-InputPrompt").filter(has_text="[1]").first.wait_for()
+
+    # JupyterLab fills in the kernel's language_info on open, which makes the notebook dirty:
+    # save it, so that "dirty" below means what the test typed.
+    notebook_tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(has_text=NOTEBOOK)
+    page.locator(".jp-NotebookPanel .jp-Notebook").first.click(position={"x": 600, "y": 400})
+    page.keyboard.press("Escape")
+    page.keyboard.press("Control+s")
+    wait(lambda: "jp-mod-dirty" not in (notebook_tab.get_attribute("class") or ""), 30, "a save")
+
+    # --- the status bar shows it ---------------------------------------------------------------
+    page.wait_for_function(
+        "() => document.querySelector('.jp-GpuGov-status-text')?.textContent.includes('20.0 GiB')",
+        timeout=SLOW,
+    )
+    status_text = status.inner_text()
+    assert "20.0 GiB" in status_text, status_text
+
+    # --- the warned verdict raises a notification with a live countdown -----------------------
+    warning = page.locator(WARNING_TOAST).filter(has_text="GPU idle")
+    message = warning.locator(".jp-toast-message")
+    warning.first.wait_for(timeout=90_000)
+    first_text = message.first.inner_text()
+    assert "this server will be stopped in" in first_text and "unless you extend" in first_text
+    first_left, first_deadline = countdown_seconds(first_text)
+    assert 200 < first_left <= 300, first_text
+    time.sleep(2.2)
+    later_text = message.first.inner_text()
+    later_left, later_deadline = countdown_seconds(later_text)
+    assert later_deadline == first_deadline, (first_text, later_text)
+    assert 1 <= first_left - later_left <= 4, (
+        f"countdown did not tick: {first_text!r} → {later_text!r}"
+    )
+    assert "jp-GpuGov-state-warned" in (status.get_attribute("class") or "")
+    assert gov.verdict(USER)["state"] == "warned"
+
+    # --- the screenshot for the docs -------------------------------------------------------
+    page.mouse.move(640, 300)  # no hover effects on the toast's buttons
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    refresh_docs = os.environ.get("JUPYTER_GPU_GOV_SCREENSHOTS") == "1"
+    page.screenshot(
+        path=str(SCREENSHOT if refresh_docs else shots / SCREENSHOT.name), full_page=True
+    )
+
+    # --- Checkpoint now saves the dirty notebook first ----------------------------------------
+    marker = f"typed-before-checkpoint-{uuid.uuid4().hex[:8]}"
+    editor.click()
+    page.keyboard.press("Control+End")
+    page.keyboard.type(f"  # {marker}")
+    wait(lambda: "jp-mod-dirty" in (notebook_tab.get_attribute("class") or ""), 30, "dirty tab")
+    assert marker not in on_disk.read_text(), "saved before Checkpoint now was clicked"
+
+    warning.first.locator("button.jp-toast-button", has_text="Checkpoint").click()
+    done = page.locator(".jp-Notification-Toast-success").filter(has_text="Checkpoint saved")
+    done.first.wait_for()
+    done_text = done.first.inner_text()
+    assert "1 unsaved document was saved first" in done_text, done_text
+    saved = requests.get(contents, headers=auth, timeout=30).json()
+    assert marker in saved["content"]["cells"][0]["source"], saved["content"]["cells"]
+    assert marker in on_disk.read_text()
+    assert "jp-mod-dirty" not in (notebook_tab.get_attribute("class") or "")
+    # The server's checkpoint was taken after the save: it holds the typed text too.
+    checkpoint = (
+        on_disk.parent / ".ipynb_checkpoints" / NOTEBOOK.replace(".ipynb", "-checkpoint.ipynb")
+    )
+    assert checkpoint.exists() and marker in checkpoint.read_text()
+    assert warning.count() == 1  # the warning stays up
+    page.screenshot(path=str(shots / "checkpointed.png"))  # for a human looking at a failure
+
+    # --- Extend: the reason prompt, the governor's record, the new deadline -----------------
+    before = gov.verdict(USER)
+    extend = warning.first.locator("button.jp-toast-button", has_text="Extend")
+    assert extend.inner_text().strip() == "Extend 2m"
+    extend.click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for()
+    assert "Why do you need the GPU longer?" in dialog.inner_text()
+    dialog.locator("input").fill("finishing a figure")
+    dialog.locator("button.jp-mod-accept").click()
+    dialog.wait_for(state="detached")
+
+    granted = page.locator(".jp-Notification-Toast-success").filter(has_text="Extension granted")
+    granted.first.wait_for()
+    granted_text = granted.first.inner_text()
+    page.screenshot(path=str(shots / "extended.png"))
+    extends = wait(
+        lambda: [a for a in gov.audit(f"{USER}/") if a["action"] == "extend"],
+        30,
+        "an extend row in the governor's audit",
+    )
+    assert "finishing a figure" in json.dumps(extends[-1])
+    after = gov.verdict(USER)
+    assert after["cull_at"] > before["cull_at"] and after["extensions_left"] == 1
+    # "Extension granted: the GPU stays with you until 12:09 PM (in 6m 55s). 1 extension left."
+    match = re.search(r"until ([^(]+) \(in (?:(\d+)m )?(\d+)s\)", granted_text)
+    assert match, granted_text
+    granted_deadline = match[1].strip()
+    granted_left = int(match[2] or 0) * 60 + int(match[3])
+    assert granted_deadline != first_deadline, granted_text
+    assert granted_left > later_left + 100, (later_text, granted_text)
+
+    # The extension restarts the notice: the warning goes away until the new deadline is
+    # within the policy's notice again (the governor's rule), and the status bar leaves red.
+    warning.first.wait_for(state="detached", timeout=30_000)
+    wait(
+        lambda: "jp-GpuGov-state-warned" not in (status.get_attribute("class") or ""),
+        30,
+        "the status bar to leave the warned state",
+    )
+
+    # --- the GPU panel lists the kernel with its memory and the new deadline ------------------
+    status.click()
+    panel = page.locator(".jp-GpuGov-panel")
+    row = panel.locator(".jp-GpuGov-row").filter(has_text=NOTEBOOK)
+    row.first.wait_for()
+    assert "20.0 GiB" in row.first.inner_text(), row.first.inner_text()
+    # "12:09:31 PM (in 6m 40s)"
+    deadline = panel.locator("dt:text-is('Deadline') + dd").inner_text()
+    match = re.search(r"\(in (?:(\d+)m )?(\d+)s\)", deadline)
+    assert match, deadline
+    assert int(match[1] or 0) * 60 + int(match[2]) > 300, deadline  # past the old deadline
+    page.screenshot(path=str(shots / "panel.png"))
+
+    # --- the warning comes back with the later deadline when its notice starts ---------------
+    message.first.wait_for(timeout=240_000)
+    again_left, again_deadline = countdown_seconds(message.first.inner_text())
+    assert again_deadline == granted_deadline, (again_deadline, granted_deadline)
+    assert 200 < again_left <= 300
+    assert gov.verdict(USER)["state"] == "warned"
+    page.screenshot(path=str(shots / "warned-again.png"))
