@@ -32,6 +32,7 @@ c.GpuGovernor.policies = {extra_policies!r} + [
 SINGLEUSER_CONFIG = """
 c.GpuGovApp.sample_interval = 0.5
 c.GpuGovApp.report_interval = 1
+c.GpuGovApp.frontend_checkpoint_grace = 2  # a test tab never saves; do not wait long
 """
 
 

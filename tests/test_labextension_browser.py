@@ -233,6 +233,17 @@ def run_story(
         path=str(SCREENSHOT if refresh_docs else shots / SCREENSHOT.name), full_page=True
     )
 
+    # --- the warning survives a page reload, once ----------------------------------------------
+    page.reload()
+    warning.first.wait_for(timeout=SLOW)
+    time.sleep(3)  # a poll comes in after the restored warning: it must not add a second one
+    assert warning.count() == 1, f"{warning.count()} warnings after a reload"
+    _, reloaded_deadline = countdown_seconds(message.first.inner_text())
+    assert reloaded_deadline == first_deadline
+    notebook_tab.first.wait_for(timeout=SLOW)
+    editor = page.locator(".jp-NotebookPanel .jp-Cell .cm-content").first
+    editor.wait_for(timeout=SLOW)
+
     # --- Checkpoint now saves the dirty notebook first ----------------------------------------
     marker = f"typed-before-checkpoint-{uuid.uuid4().hex[:8]}"
     editor.click()

@@ -290,3 +290,55 @@ async def test_checkpoint_saves_every_open_notebook(jp_fetch, jp_root_dir):
     checkpoints = json.loads((await jp_fetch("api", "contents", "train.ipynb", "checkpoints")).body)
     assert [c["id"] for c in checkpoints] == [manifest["notebooks"][0]["checkpoint_id"]]
     assert (await status(jp_fetch))["checkpoint"]["status"] == "done"
+
+
+async def test_governor_checkpoint_lets_a_connected_frontend_save_first(
+    jp_fetch, jp_serverapp, jp_root_dir
+):
+    import nbformat
+
+    nbformat.write(nbformat.v4.new_notebook(), jp_root_dir / "train.ipynb")
+    body = {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    app.frontend_checkpoint_grace = 20
+    app.report = {"targets": [{"kind": "kernel", "connections": 1}]}  # a browser tab is open
+
+    governor = asyncio.ensure_future(
+        jp_fetch(
+            "jupyter-gpu-gov",
+            "checkpoint",
+            method="POST",
+            body=json.dumps({"reason": "cull", "source": "governor"}),
+            request_timeout=60,
+        )
+    )
+    # The frontend hears of the request (the verdict), saves, then asks for the checkpoint.
+    for _ in range(50):
+        if (app.verdict or {}).get("checkpoint") == "requested":
+            break
+        await asyncio.sleep(0.1)
+    assert app.verdict["checkpoint"] == "requested"
+    frontend = await jp_fetch(
+        "jupyter-gpu-gov",
+        "checkpoint",
+        method="POST",
+        body=json.dumps({"reason": "cull", "source": "frontend"}),
+    )
+    answer = json.loads((await governor).body)
+    assert answer == json.loads(frontend.body)
+    assert answer["saved_by_frontend_first"] is True and answer["status"] == "done"
+
+
+async def test_governor_checkpoint_without_a_browser_does_not_wait(jp_fetch, jp_serverapp):
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    app.report = {"targets": [{"kind": "kernel", "connections": 0}]}
+    started = time.monotonic()
+    response = await jp_fetch(
+        "jupyter-gpu-gov",
+        "checkpoint",
+        method="POST",
+        body=json.dumps({"reason": "cull", "source": "governor"}),
+    )
+    assert json.loads(response.body)["saved_by_frontend_first"] is False
+    assert time.monotonic() - started < 10

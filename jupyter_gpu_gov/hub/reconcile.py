@@ -483,7 +483,7 @@ class Governor:
                 server.url,
                 "jupyter-gpu-gov/checkpoint",
                 "POST",
-                {"reason": "the governor is about to give this server's GPU back"},
+                {"reason": "the governor is about to give this server's GPU back", "source": "governor"},
                 timeout=timeout,
             )
             status = "done" if body.get("status") == "done" else "failed"

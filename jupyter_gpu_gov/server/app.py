@@ -117,6 +117,12 @@ class GpuGovApp(ExtensionApp):
         reported at the next sample instead of waiting.""",
     ).tag(config=True)
 
+    frontend_checkpoint_grace = Float(
+        20.0,
+        help="""Seconds a checkpoint requested by the governor waits for a connected JupyterLab
+        to save its dirty documents first (0: never wait).""",
+    ).tag(config=True)
+
     @default("governor_url")
     def _governor_url_default(self):
         return os.environ.get("JUPYTER_GPU_GOV_URL", "")
@@ -166,6 +172,7 @@ class GpuGovApp(ExtensionApp):
         self._busy_since: dict[str, object] = {}
         self.verdict: dict | None = None
         self.checkpoint: dict = {"requested_at": None, "status": None, "manifest": None}
+        self._frontend_checkpoint: asyncio.Future | None = None
         self.reporter = None
         self._last_report_at = 0.0
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
@@ -288,15 +295,41 @@ class GpuGovApp(ExtensionApp):
                 },
             )
 
-    async def run_checkpoint(self, reason: str) -> dict:
+    async def run_checkpoint(self, reason: str, source: str = "user") -> dict:
+        """Checkpoint every open notebook; answer the manifest.
+
+        When the governor asks and a browser is connected, the frontend goes first: it hears of
+        the request (the verdict says ``checkpoint: requested``), saves its dirty documents, and
+        then asks for the checkpoint itself; the governor's request gets that manifest. Without
+        a frontend within ``frontend_checkpoint_grace`` the server checkpoints alone.
+        """
+        if source == "governor" and self.frontend_checkpoint_grace > 0 and self._browser_connected():
+            waiting = self._frontend_checkpoint = asyncio.get_running_loop().create_future()
+            self.set_verdict({**(self.verdict or {}), "checkpoint": "requested"})
+            try:
+                return await asyncio.wait_for(
+                    asyncio.shield(waiting), self.frontend_checkpoint_grace
+                )
+            except asyncio.TimeoutError:
+                self.log.info("jupyter-gpu-gov: no frontend saved first; checkpointing alone")
+            finally:
+                self._frontend_checkpoint = None
         self.checkpoint = {
             "requested_at": clock.isoformat(clock.utcnow()),
             "status": "running",
             "manifest": None,
         }
         manifest = await checkpoint_notebooks(self.serverapp, reason)
+        manifest["saved_by_frontend_first"] = source == "frontend"
         self.checkpoint = {**self.checkpoint, "status": manifest["status"], "manifest": manifest}
+        waiting = self._frontend_checkpoint
+        if waiting is not None and not waiting.done():
+            waiting.set_result(manifest)
         return manifest
+
+    def _browser_connected(self) -> bool:
+        targets = (self.report or {}).get("targets", [])
+        return any(t.get("connections") for t in targets if t.get("kind") == "kernel")
 
     async def _targets(self) -> list[TargetInfo]:
         km = self.serverapp.kernel_manager

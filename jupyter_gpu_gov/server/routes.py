@@ -54,10 +54,14 @@ class CheckpointHandler(GpuGovHandler):
     @web.authenticated
     @authorized
     async def post(self):
-        reason = _body(self).get("reason") or "requested"
+        body = _body(self)
+        reason = body.get("reason") or "requested"
         if not isinstance(reason, str):
             raise web.HTTPError(400, "'reason' must be a string")
-        manifest = await self.gpu_gov.run_checkpoint(reason)
+        source = body.get("source", "user")
+        if source not in ("user", "frontend", "governor"):
+            raise web.HTTPError(400, "'source' must be one of user, frontend, governor")
+        manifest = await self.gpu_gov.run_checkpoint(reason, source)
         self.finish(json.dumps(manifest))
 
 

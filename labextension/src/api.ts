@@ -44,8 +44,13 @@ export class GpuGovApi {
     return this.post<IExtendResponse>('extend', { reason });
   }
 
+  /** After the frontend saved its dirty documents: the server checkpoints (and answers a
+   * pending request of the governor with the same manifest). */
   checkpoint(reason: string): Promise<IApiResponse<ICheckpointManifest>> {
-    return this.post<ICheckpointManifest>('checkpoint', { reason });
+    return this.post<ICheckpointManifest>('checkpoint', {
+      reason,
+      source: 'frontend'
+    });
   }
 
   stop(
