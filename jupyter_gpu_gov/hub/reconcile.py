@@ -483,7 +483,10 @@ class Governor:
                 server.url,
                 "jupyter-gpu-gov/checkpoint",
                 "POST",
-                {"reason": "the governor is about to give this server's GPU back", "source": "governor"},
+                {
+                    "reason": "the governor is about to give this server's GPU back",
+                    "source": "governor",
+                },
                 timeout=timeout,
             )
             status = "done" if body.get("status") == "done" else "failed"

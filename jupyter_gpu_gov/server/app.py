@@ -303,7 +303,11 @@ class GpuGovApp(ExtensionApp):
         then asks for the checkpoint itself; the governor's request gets that manifest. Without
         a frontend within ``frontend_checkpoint_grace`` the server checkpoints alone.
         """
-        if source == "governor" and self.frontend_checkpoint_grace > 0 and self._browser_connected():
+        if (
+            source == "governor"
+            and self.frontend_checkpoint_grace > 0
+            and self._browser_connected()
+        ):
             waiting = self._frontend_checkpoint = asyncio.get_running_loop().create_future()
             self.set_verdict({**(self.verdict or {}), "checkpoint": "requested"})
             try:
