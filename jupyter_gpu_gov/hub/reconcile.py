@@ -132,19 +132,12 @@ class Governor:
     def verdict(self, key: str) -> dict:
         row = self.row(key)
         if row is None:
-            return {
-                "state": policy.UNKNOWN,
-                "reason": "the governor has not assessed this server yet",
-                "idle_since": None,
-                "warn_at": None,
-                "cull_at": None,
-                "extensions_left": None,
-                "extension_step_s": None,
-                "policy": None,
-                "checkpoint": "none",
-                "dry_run": self.options.dry_run,
-                "root_cause": None,
-            }
+            not_yet = Record(
+                state=policy.UNKNOWN, reason="the governor has not assessed this server yet"
+            )
+            return policy.verdict(
+                Decision(not_yet), self.policies[-1], dry_run=self.options.dry_run
+            )
         return verdict_of(row, self.policy_named(row.policy), dry_run=self.options.dry_run)
 
     @property
@@ -254,8 +247,9 @@ class Governor:
         if key in self.reports and not row.reports:
             row.reports = True
             batch.changed.append(row)
-        view = self._view(server, ownership, now, world.by_uuid, world.by_pod, row.reports)
-        chosen = policy.select(self.policies, view)
+        base = _base_view(server, ownership)
+        chosen = policy.select(self.policies, base)  # policies match on who, not on the GPU
+        view = self._with_gpu(base, chosen, now, row.reports)
         excluded = self._excluded(server)
         if excluded:
             decision = Decision(
@@ -314,22 +308,11 @@ class Governor:
             return "not governed: admin users are excluded (cull_admin_users=False)"
         return None
 
-    def _view(
-        self, server: HubServer, ownership, now: datetime, by_uuid, by_pod, reported: bool
+    def _with_gpu(
+        self, base: ServerView, chosen: Policy, now: datetime, reported: bool
     ) -> ServerView:
-        key = server_key(server.user, server.name)
-        received = self.reports.get(key)
-        base = ServerView(
-            user=server.user,
-            name=server.name,
-            profile=ownership.profile,
-            tier=ownership.tier,
-            team=ownership.team,
-            project=ownership.project,
-            labels=ownership.labels,
-            started=server.started,
-            hub_last_activity=server.last_activity,
-        )
+        """The view with what the server's report (and DCGM) say about its GPU."""
+        received = self.reports.get(base.key)
         if received is None and reported:
             # It reported before (this service restarted): unknown until the next report.
             waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
@@ -337,25 +320,20 @@ class Governor:
         if received is None:
             return base  # no extension, or not reported yet: jupyterhub-idle-culler's rule
         report = received.report
-        chosen = policy.select(self.policies, base)
         if now - received.at > self.options.report_stale_after:
-            age = format_duration(now - received.at)
-            gpu = policy.GpuSignal(holds_gpu=True, active=None, detail=f"last report {age} ago")
+            since = f"{received.at:%Y-%m-%d %H:%M} UTC"  # a time, so the reason stays put
+            gpu = policy.GpuSignal(holds_gpu=True, active=None, detail=f"no report since {since}")
         else:
             gpu = gpu_signal(
                 report, idle_threshold=chosen.idle_threshold, cull_action=chosen.cull_action
             )
-            trusted = self._trusted_activity(report, chosen, by_uuid, by_pod)
+            world = self._world
+            trusted = self._trusted_activity(report, chosen, world.by_uuid, world.by_pod)
             if trusted is not None and gpu.holds_gpu:
                 active, disagreement = policy.merge_evidence(gpu.active, trusted)
                 detail = "DCGM" + (f": {disagreement}" if disagreement else "")
                 gpu = replace(gpu, active=active, detail=detail)
-        return replace(
-            base,
-            reports=True,
-            gpu=gpu,
-            user_last_activity=user_last_activity(report),
-        )
+        return replace(base, reports=True, gpu=gpu, user_last_activity=user_last_activity(report))
 
     def _trusted_activity(self, report: dict, chosen: Policy, by_uuid, by_pod) -> bool | None:
         """DCGM's word on this server's GPUs: True if any is busy, False if all are idle,
@@ -680,6 +658,21 @@ class Governor:
         for task in [*self._tasks, self._dcgm_task]:
             if task is not None:
                 task.cancel()
+
+
+def _base_view(server: HubServer, ownership) -> ServerView:
+    """Who the server is, and what the Hub knows of it."""
+    return ServerView(
+        user=server.user,
+        name=server.name,
+        profile=ownership.profile,
+        tier=ownership.tier,
+        team=ownership.team,
+        project=ownership.project,
+        labels=ownership.labels,
+        started=server.started,
+        hub_last_activity=server.last_activity,
+    )
 
 
 def verdict_of(row: ServerRow, chosen: Policy, *, dry_run: bool = False) -> dict:
