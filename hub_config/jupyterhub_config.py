@@ -18,6 +18,7 @@
 #   file for the whole machine, like the GPUs of a real workstation. The GpuGovApp settings
 #   (simulated devices, sample interval) are in hub_config/singleuser/jupyter_server_config.py,
 #   which the servers find through $JUPYTER_CONFIG_PATH.
+import json
 import os
 import sys
 from pathlib import Path
@@ -45,7 +46,7 @@ c.SharedPasswordAuthenticator.admin_password = "gpu-gov-demo-admin-only-on-local
 c.Authenticator.allow_all = True  # any username may log in with the demo password
 
 # --- single-user servers ----------------------------------------------------------------------
-c.JupyterHub.spawner_class = "simple"  # SimpleLocalProcessSpawner
+c.JupyterHub.allow_named_servers = True  # e.g. a second server, to see the per-user cap
 c.SimpleLocalProcessSpawner.home_dir_template = str(STATE / "home" / "{username}")
 c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
 c.Spawner.args = ["--allow-root"]
@@ -56,6 +57,46 @@ c.Spawner.environment = {
     "JUPYTER_GPU_GOV_BACKEND": "simulated",
     "JUPYTER_GPU_GOV_SIM_STATE": str(STATE / "sim-gpus.json"),
 }
+
+# --- GPU tiers, team quotas, the spawn form and the device allocator (jupyter_gpu_gov.profiles)
+# The hub hands each server free simulated devices (hub_config/demo_gpus.json: two whole H100s and
+# one H100 in MIG slices) through CUDA_VISIBLE_DEVICES. Try: alice (team vision) starts an H100,
+# then a second server: her per-user cap refuses it, and the spawn page says why.
+from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles  # noqa: E402
+
+c.LocalGpus.backend = "simulated"
+c.LocalGpus.simulated_devices = json.loads((REPO / "hub_config" / "demo_gpus.json").read_text())
+c.LocalGpus.sim_state_path = str(STATE / "sim-gpus.json")
+c.GpuProfiles.tiers = [
+    {"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB", "max_age": "8h"},
+    {
+        "name": "h100-3g",
+        "display_name": "Half an H100 (MIG 3g.40gb)",
+        "gpu": "H100-80GB",
+        "mig": "3g.40gb",
+    },
+    {"name": "h100-2g", "display_name": "H100 MIG 2g.20gb", "gpu": "H100-80GB", "mig": "2g.20gb"},
+    {
+        "name": "h100-1g",
+        "display_name": "Small H100 slice (MIG 1g.10gb)",
+        "gpu": "H100-80GB",
+        "mig": "1g.10gb",
+        "description": "For notebooks that try things out on small models.",
+    },
+]
+c.GpuProfiles.quotas = {
+    # vision: one card and one small slice guaranteed, may borrow one more card; 1 GPU per person.
+    "vision": {
+        "guaranteed": {"h100": 1, "h100-1g": 1},
+        "borrowing_limit": {"h100": 1},
+        "user_cap": 1,
+    },
+    # nlp: the larger slices; may borrow anything left over.
+    "nlp": {"guaranteed": {"h100-3g": 1, "h100-2g": 1, "h100-1g": 1}, "tiers": "*", "priority": 10},
+}
+c.GpuProfiles.team_map = {"alice": "vision", "bob": "nlp", "carol": ["vision", "nlp"]}
+c.GpuProfiles.projects = {"vision": ["segmentation", "detection"], "nlp": ["summaries"]}
+add_gpu_profiles(c, spawner="simple")
 
 # --- GPU governor hub service (jupyter_gpu_gov.hub) -------------------------------------------
 # A managed service with least-privilege roles (see jupyter_gpu_gov/hub/hubconfig.py). Its

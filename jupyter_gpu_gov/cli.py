@@ -27,6 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_replay(commands)
+    _add_estimate(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 
@@ -170,9 +171,172 @@ def _trace(path: str) -> Callable[[], Iterator[Sample]]:
     return lambda: parse_lines(lines, source=source)
 
 
-def _fail(message: str) -> int:
-    print(f"jupyter-gpu-gov replay: error: {message}", file=sys.stderr)
+def _fail(message: str, command: str = "replay") -> int:
+    print(f"jupyter-gpu-gov {command}: error: {message}", file=sys.stderr)
     return EXIT_USAGE
+
+
+# -- estimate ----------------------------------------------------------------------------------
+
+
+def _add_estimate(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "estimate",
+        help="estimate the GPU memory a model needs and suggest the smallest tier that holds it",
+        description=(
+            "Estimate the GPU memory a model needs:\n"
+            "  parameters x bytes per parameter x redundancy x (1 + reserve)\n"
+            "bytes per parameter: fp32 4, bf16 and fp16 2, int8 1, int4 0.5; redundancy:\n"
+            "training 4-6 (weights, gradients, Adam moments; default 5), inference 1.2-1.5\n"
+            "(weights, KV cache, activations; default 1.3); reserve 10-15 % (default 12 %).\n"
+            "1 GB is 10^9 bytes. Then suggest the tier of least weight (GPU-equivalents) whose\n"
+            "GPU memory holds it, from --tiers or a built-in catalogue of H200 MIG slices and\n"
+            "whole H100 and H200 cards. Bad input exits with status 2."
+        ),
+        epilog=(
+            "examples:\n"
+            "  jupyter-gpu-gov estimate 7B\n"
+            "  jupyter-gpu-gov estimate 7B --precision bf16 --mode training\n"
+            "  jupyter-gpu-gov estimate 350M --precision fp32 --mode training --redundancy 6\n"
+            "  jupyter-gpu-gov estimate 70e9 --precision int4 --tiers jupyterhub_config.py\n"
+            "  jupyter-gpu-gov estimate 1.3b --reserve 15% --json"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "params", metavar="PARAMS", help="number of parameters: 7B, 350M, 1.3b, 70e9, 7000000000"
+    )
+    parser.add_argument(
+        "--precision",
+        default="bf16",
+        metavar="P",
+        help="fp32, bf16, fp16, int8 or int4 (default: bf16)",
+    )
+    parser.add_argument(
+        "--mode", default="inference", metavar="MODE", help="training or inference (default)"
+    )
+    parser.add_argument(
+        "--redundancy",
+        metavar="X",
+        help="multiple of the weights' memory the job holds: 4-6 for training, 1.2-1.5 for "
+        "inference (default: 5 or 1.3)",
+    )
+    parser.add_argument(
+        "--reserve",
+        metavar="R",
+        help="reserve on top, a fraction 0.10-0.15 or a percentage 10%%-15%% (default: 0.12)",
+    )
+    parser.add_argument(
+        "--tiers",
+        metavar="FILE.py",
+        help="traitlets config file with c.GpuProfiles.tiers (a list of tier dicts), as the hub "
+        "reads it (default: a built-in catalogue of H200 MIG slices and H100/H200 cards)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=_estimate, parser=parser)
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from .profiles.estimate import DEFAULT_TIERS, RESERVE, estimate_memory, smallest_tier
+    from .profiles.tiers import TierError, load_tiers
+
+    fail = partial(_fail, command="estimate")
+    try:
+        redundancy = None if args.redundancy is None else _float(args.redundancy, "--redundancy")
+        reserve = RESERVE if args.reserve is None else _fraction(args.reserve, "--reserve")
+        estimate = estimate_memory(
+            args.params, args.precision, args.mode, redundancy=redundancy, reserve=reserve
+        )
+    except ValueError as error:
+        return fail(str(error))
+    try:
+        tiers = load_tiers(DEFAULT_TIERS if args.tiers is None else _tier_entries(args.tiers))
+    except TierError as error:
+        return fail(f"bad tier in --tiers: {error}")
+    except ValueError as error:  # the file cannot be loaded, or sets no tiers
+        return fail(f"cannot load --tiers: {error}")
+
+    tier = smallest_tier(estimate, tiers)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    **estimate.as_dict(),
+                    "tier": tier.name if tier else None,
+                    "tier_summary": tier.summary if tier else None,
+                }
+            )
+        )
+    else:
+        print(_estimate_text(estimate, tier, tiers))
+    return 0
+
+
+def _float(text: str, option: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not a number") from None
+
+
+def _fraction(text: str, option: str) -> float:
+    """0.12 or 12%."""
+    stripped = text.strip()
+    if stripped.endswith("%"):
+        return _float(stripped[:-1], option) / 100
+    return _float(stripped, option)
+
+
+def _tier_entries(path: str) -> list:
+    """``c.GpuProfiles.tiers`` of a traitlets config file (``ValueError`` when it cannot be
+    loaded or does not set a list of tiers)."""
+    from traitlets.config.loader import LazyConfigValue, PyFileConfigLoader
+
+    try:
+        config = PyFileConfigLoader(
+            os.path.basename(path), path=os.path.dirname(path) or "."
+        ).load_config()
+    except Exception as error:  # the file is Python: it may raise anything
+        raise ValueError(f"{path}: {type(error).__name__}: {error}") from None
+    value = config.GpuProfiles.get("tiers", [])
+    if isinstance(value, LazyConfigValue):  # c.GpuProfiles.tiers.append(...)
+        value = value.get_value([])
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"{path}: c.GpuProfiles.tiers must be a list of dicts, got {value!r}")
+    if not value:
+        raise ValueError(f"{path} sets no tiers (c.GpuProfiles.tiers = [...])")
+    return list(value)
+
+
+def _estimate_text(estimate, tier, tiers) -> str:
+    from .profiles.estimate import MODE_WHY, format_params, tier_memory_gb
+
+    lines = [
+        f"{format_params(estimate.params)} parameters x {estimate.bytes_per_param:g} bytes "
+        f"({estimate.precision}) = {_gb(estimate.weights_gb)} of weights",
+        f"x {estimate.redundancy:g} for {estimate.mode} ({MODE_WHY[estimate.mode]}) "
+        f"= {_gb(estimate.working_gb)}",
+        f"+ {estimate.reserve * 100:g} % reserve = {_gb(estimate.gb)} of GPU memory",
+    ]
+    if tier is not None:
+        lines.append(f"Suggested: {tier.name} ({tier.summary})")
+        if tier.count > 1:
+            lines.append(
+                f"The model is split across {tier.count} GPUs: this needs sharding (FSDP, "
+                "DeepSpeed ZeRO or tensor parallelism)."
+            )
+    elif tiers:
+        largest = max(tiers.values(), key=lambda t: (tier_memory_gb(t), t.name))
+        lines.append(
+            f"No tier holds {_gb(estimate.gb)}: the largest, {largest.name}, has "
+            f"{_gb(tier_memory_gb(largest))}. Try a lower precision, a smaller model, or ask "
+            "your hub admin for a larger tier."
+        )
+    return "\n".join(lines)
+
+
+def _gb(value: float) -> str:
+    return f"{value:,.1f} GB" if value >= 1 else f"{value:.3g} GB"
 
 
 if __name__ == "__main__":

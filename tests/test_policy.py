@@ -197,6 +197,44 @@ def test_max_age_is_a_hard_cap_with_its_own_warning():
     assert "maximum age of 3h" in last.reason and last.cull_reason == "max-age"
 
 
+def test_the_tier_max_age_label_applies_when_stricter_than_the_policy():
+    """The profile layer labels a server with its tier's max age (seconds); the stricter wins."""
+    capped = replace(POLICY, max_age=timedelta(hours=3), max_age_warning=timedelta(minutes=30))
+    active = replace(idle_view(labels={"gpu-gov/max-age": "3600"}), gpu=p.GpuSignal(True, True))
+    actions, last = run(active, capped, minutes=61, on_checkpoint="done")
+    assert [a[:2] for a in actions] == [(30, "max-age-warn"), (60, "checkpoint"), (61, "cull")]
+    assert "maximum age of 1h for this tier" in last.reason
+    # A looser tier limit, or an unreadable label, leaves the policy's in force.
+    for label in ("86400", "soon"):
+        view = replace(active, labels={"gpu-gov/max-age": label})
+        actions, last = run(view, capped, minutes=181, on_checkpoint="done")
+        assert actions[-1][:2] == (181, "cull") and "of 3h for this profile" in last.reason
+
+
+def test_a_reclaimed_borrowed_gpu_is_warned_at_once_and_given_back_after_the_grace():
+    """A team within its guarantee was refused for want of cards borrowers hold: the profile
+    layer labels the borrowed server, which is warned and culled after reclaim_grace, even busy."""
+    asked = T0 + 10 * MIN
+    labels = {
+        "gpu-gov/borrowed": "true",
+        "gpu-gov/reclaim": asked.isoformat(),
+        "gpu-gov/reclaim-for": "nlp",
+    }
+    busy = replace(idle_view(labels=labels), gpu=p.GpuSignal(True, True))
+    actions, last = run(busy, POLICY, minutes=26, on_checkpoint="done")
+    assert [a[:2] for a in actions] == [(10, "max-age-warn"), (25, "checkpoint"), (26, "cull")]
+    assert last.cull_reason == "reclaim"
+    assert "team nlp, within its guarantee, needs this borrowed GPU back" in last.reason
+    warning = p.decide(busy, p.Record(), POLICY, asked)
+    assert warning.notice == (
+        "team nlp, within its guarantee, needs this borrowed GPU back: "
+        "it will be given back at 09:25 UTC"
+    )
+    # Only borrowed servers are reclaimed; a server within its team's guarantee keeps its GPU.
+    own = replace(busy, labels={**labels, "gpu-gov/borrowed": "false"})
+    assert run(own, POLICY, minutes=60)[0] == []
+
+
 def test_server_without_reports_follows_the_idle_culler_rule():
     view = p.ServerView("bob", started=T0, hub_last_activity=T0 + 10 * MIN)
     actions, last = run(view, replace(POLICY, inactive_timeout=timedelta(minutes=60)), minutes=80)

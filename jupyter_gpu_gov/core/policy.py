@@ -19,6 +19,12 @@ from datetime import datetime, timedelta
 from .durations import format_duration, parse_duration
 
 EXEMPT_LABEL = "gpu-gov/exempt"
+# The tier's maximum age in seconds, set by the profile layer at admission.
+MAX_AGE_LABEL = "gpu-gov/max-age"
+# Set by the profile layer on a borrowed server when a team within its guarantee is refused for
+# want of the cards borrowers hold: when it was asked (ISO 8601), and for which team.
+RECLAIM_LABEL, RECLAIM_FOR_LABEL = "gpu-gov/reclaim", "gpu-gov/reclaim-for"
+BORROWED_LABEL = "gpu-gov/borrowed"
 LABEL_PREFIX = "gpu-gov/"
 
 ACTIVE, IDLE, WARNED, CHECKPOINTING, CULLED, EXEMPT, UNKNOWN = (
@@ -78,6 +84,8 @@ class Policy:
     extension_reason: str = "optional"  # or "required"
     max_age: timedelta | None = None
     max_age_warning: timedelta = timedelta(hours=1)
+    # How long a borrowed server keeps its GPU once a team within its guarantee asks for it.
+    reclaim_grace: timedelta = timedelta(minutes=15)
     checkpoint: bool = True
     checkpoint_timeout: timedelta = timedelta(minutes=5)
     on_checkpoint_failure: str = "postpone"  # or "proceed"
@@ -100,6 +108,7 @@ _DURATIONS = {
     "extension_step",
     "max_age",
     "max_age_warning",
+    "reclaim_grace",
     "checkpoint_timeout",
     "inactive_timeout",
 }
@@ -302,7 +311,8 @@ class Decision:
     actions: tuple[str, ...] = ()
     warn_at: datetime | None = None
     cull_at: datetime | None = None
-    cull_reason: str | None = None  # gpu-idle | max-age | inactive
+    cull_reason: str | None = None  # gpu-idle | max-age | reclaim | inactive | admin
+    notice: str | None = None  # what a max-age or reclaim warning tells the user
 
     @property
     def state(self) -> str:
@@ -314,6 +324,44 @@ class Decision:
 
 
 # -- the decision ------------------------------------------------------------------------------
+
+
+def max_age_of(policy: Policy, view: ServerView) -> tuple[timedelta | None, str]:
+    """The stricter of the policy's ``max_age`` and the tier's (label ``gpu-gov/max-age``), and
+    which one it is. A label that cannot be read is ignored: the policy still applies."""
+    try:
+        tier = parse_duration(view.labels.get(MAX_AGE_LABEL) or 0) or None
+    except ValueError:
+        tier = None
+    if tier and (policy.max_age is None or tier < policy.max_age):
+        return tier, "tier"
+    return policy.max_age, "profile"
+
+
+def _hard_deadline(policy: Policy, view: ServerView):
+    """The earliest cull that GPU activity cannot put off — the maximum age, or a reclaim of a
+    borrowed GPU — as (when, warn from, why, cull reason); None when there is none."""
+    found = []
+    max_age, whose = max_age_of(policy, view)
+    if max_age and view.started:
+        at = view.started + max_age
+        why = f"reached the maximum age of {format_duration(max_age)} for this {whose}"
+        found.append((at, at - policy.max_age_warning, why, "max-age"))
+    asked = _timestamp(view.labels.get(RECLAIM_LABEL))
+    if asked is not None and view.labels.get(BORROWED_LABEL) == "true":
+        team = view.labels.get(RECLAIM_FOR_LABEL) or "another team"
+        why = f"team {team}, within its guarantee, needs this borrowed GPU back"
+        found.append((asked + policy.reclaim_grace, asked, why, "reclaim"))
+    return min(found, key=lambda d: d[0]) if found else None
+
+
+def _timestamp(value: str | None) -> datetime | None:
+    from .clock import parse
+
+    try:
+        return parse(value) if value else None
+    except ValueError:
+        return None
 
 
 def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> Decision:
@@ -331,17 +379,28 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         return Decision(replace(record.new_idle_stretch(), state=EXEMPT, reason=why))
 
     actions: list[str] = []
-    if policy.max_age and view.started:
-        age_deadline = view.started + policy.max_age
-        if now >= age_deadline:
-            why = f"reached the maximum age of {format_duration(policy.max_age)} for this profile"
-            return _cull_with_checkpoint(
-                record, policy, now, why, "max-age", age_deadline, age_deadline
-            )
-        if now >= age_deadline - policy.max_age_warning and record.max_age_warned_at is None:
+    notice = None
+    deadline = _hard_deadline(policy, view)
+    if deadline is not None:
+        at, warn_from, why, cull_reason = deadline
+        if now >= at:
+            return _cull_with_checkpoint(record, policy, now, why, cull_reason, at, at)
+        warned = record.max_age_warned_at
+        if now >= warn_from and (warned is None or warned < warn_from):
             actions.append(MAX_AGE_WARN)
             record = replace(record, max_age_warned_at=now)
+            notice = (
+                f"{why}: it will be given back at {at:%H:%M} UTC"
+                if cull_reason == "reclaim"
+                else f"{why.replace('reached', 'will reach')} at {at:%H:%M} UTC"
+            )
+    decision = _decide_on_activity(view, record, policy, now, actions)
+    return replace(decision, notice=notice) if notice else decision
 
+
+def _decide_on_activity(
+    view: ServerView, record: Record, policy: Policy, now: datetime, actions: list[str]
+) -> Decision:
     gpu = view.gpu
     if gpu is None or not gpu.holds_gpu:
         return _inactive_rule(view, record, policy, now, actions, gpu)

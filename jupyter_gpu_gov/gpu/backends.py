@@ -66,8 +66,9 @@ def make_backend(
 
 
 def parse_visible_devices(spec: str | None) -> list[str] | None:
-    """``CUDA_VISIBLE_DEVICES`` entries (indices, GPU-/MIG- UUIDs or their prefixes)."""
-    if spec is None or spec.strip() in ("", "all"):
+    """``CUDA_VISIBLE_DEVICES`` entries (indices, GPU-/MIG- UUIDs or their prefixes); ``None``
+    (unset) means every device, and an empty value none, as CUDA reads it."""
+    if spec is None or spec.strip() == "all":
         return None
     return [part.strip() for part in spec.split(",") if part.strip()]
 

@@ -18,8 +18,6 @@ from typing import Any
 
 from ..core.policy import LABEL_PREFIX
 
-TEAM_PROPERTY = "gpu-gov/team"
-
 
 @dataclass(frozen=True)
 class Ownership:
@@ -28,18 +26,6 @@ class Ownership:
     tier: str | None = None
     profile: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-def group_teams(groups: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """Group name → team name, for groups that declare a team in their properties."""
-    teams = {}
-    for group in groups:
-        value = (group.get("properties") or {}).get(TEAM_PROPERTY)
-        if value is True:
-            teams[group["name"]] = group["name"]
-        elif isinstance(value, str) and value:
-            teams[group["name"]] = value
-    return teams
 
 
 def resolve(

@@ -23,10 +23,11 @@ from ..core import clock, policy
 from ..core.durations import format_duration
 from ..core.policy import CHECKPOINT, CULL, MAX_AGE_WARN, WARN, Decision, Policy, Record, ServerView
 from ..core.report import gpu_signal, user_last_activity
+from ..core.teams import group_teams
 from . import metrics
 from .dcgm import DcgmSnapshot, DcgmSource, index_by_pod, index_by_uuid, is_idle
 from .hubapi import HubApi, HubApiError, HubServer
-from .ownership import group_teams, resolve
+from .ownership import resolve
 from .store import AuditRow, ExtensionRow, ServerRow, Store, apply_decision, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
@@ -390,7 +391,8 @@ class Governor:
         dry = self.options.dry_run
         if action in (WARN, MAX_AGE_WARN):
             metrics.WARNINGS.inc()
-            audits.append(self._audit(row, action, decision.reason, dry_run=dry))
+            why = decision.notice or decision.reason
+            audits.append(self._audit(row, action, why, dry_run=dry))
         elif action == CHECKPOINT:
             audits.append(self._audit(row, "checkpoint", decision.reason, dry_run=dry))
             if dry:

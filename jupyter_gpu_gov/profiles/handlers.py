@@ -1,0 +1,46 @@
+"""The spawn form's memory estimate, served by the hub at ``/hub/gpu-gov/estimate``.
+
+``GET ?params=7B&precision=bf16&mode=training`` → ``{"tier": "h100", "gb": 78.4, "message": …}``
+for a logged-in user, using the same tiers as the form (``tier`` is null when none fits). Bad
+input answers 400 with a message naming the parameter.
+"""
+
+from __future__ import annotations
+
+import json
+
+from jupyterhub.handlers import BaseHandler
+from tornado import web
+
+from .config import GpuProfiles
+from .estimate import estimate_memory, smallest_tier
+
+
+class EstimateHandler(BaseHandler):
+    @web.authenticated
+    def get(self):
+        try:
+            estimate = estimate_memory(
+                self.get_argument("params", ""),
+                self.get_argument("precision", "bf16"),
+                self.get_argument("mode", "inference"),
+            )
+        except ValueError as error:
+            self.set_status(400)
+            self._json({"tier": None, "message": str(error)})
+            return
+        tiers = GpuProfiles.instance(config=self.config).tier_map
+        tier = smallest_tier(estimate, tiers)
+        need = f"About {estimate.gb:.1f} GB of GPU memory ({estimate.mode}, {estimate.precision})"
+        message = (
+            f"{need}: {tier.display_name} ({tier.summary}) is the smallest tier that fits."
+            if tier
+            else f"{need}: no tier here has that much; ask your admin, or shard the model."
+        )
+        self._json(
+            {"tier": tier.name if tier else None, "gb": round(estimate.gb, 2), "message": message}
+        )
+
+    def _json(self, body: dict) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))

@@ -1,0 +1,168 @@
+"""Workstation glue: one machine, several GPUs (or MIG slices), local-process servers.
+
+``GpuLocalProcessSpawner`` and ``GpuSimpleLocalProcessSpawner`` add the profile layer (tiers,
+quotas, the spawn form) and hand each admitted server free leaf devices from the GPU backend
+through ``CUDA_VISIBLE_DEVICES`` (by UUID, so it does not depend on enumeration order). A server
+without a GPU gets an empty ``CUDA_VISIBLE_DEVICES``: it sees none.
+
+The devices a server holds live in its spawner state, which JupyterHub keeps in its database:
+they survive hub restarts (with ``c.JupyterHub.cleanup_servers = False``) and are freed when the
+server stops. Which devices are free is decided from the started servers in that database,
+in the same step as admission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from jupyterhub import orm
+from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from traitlets import List, Unicode, default
+from traitlets.config import SingletonConfigurable
+
+from ..core.models import Device
+from ..gpu.backends import CHOICES, make_backend
+from .quota import Grant
+from .spawner import TIER, GpuProfilesMixin, GpuRefused
+from .tiers import Tier
+
+DEVICES_STATE = "gpu_gov_devices"
+
+
+class LocalGpus(SingletonConfigurable):
+    """The hub's view of this machine's GPUs: one backend per hub process."""
+
+    backend = Unicode(
+        "auto",
+        help=f"""GPU backend for the allocator: one of {", ".join(CHOICES)} ("auto": NVML when a
+        driver is present, else none; "simulated": the simulated devices below).""",
+    ).tag(config=True)
+
+    simulated_devices = List(
+        help="""Simulated devices (as ``GpuGovApp.simulated_devices``), for demos and tests;
+        give servers the same list so that both sides agree on the UUIDs.""",
+    ).tag(config=True)
+
+    sim_state_path = Unicode(
+        "", help="State file of the simulated devices (default: $JUPYTER_GPU_GOV_SIM_STATE)."
+    ).tag(config=True)
+
+    @default("simulated_devices")
+    def _default_devices(self):
+        from ..gpu.simulated import DEFAULT_DEVICES
+
+        return DEFAULT_DEVICES
+
+    _backend = None
+
+    def devices(self) -> list[Device]:
+        if self._backend is None:
+            self._backend = make_backend(
+                self.backend,
+                simulated_devices=self.simulated_devices,
+                sim_state_path=self.sim_state_path or None,
+            )
+        return self._backend.devices()
+
+
+def _fits(tier: Tier, device: Device) -> bool:
+    return tier.fits_device(device.name, device.mig_profile, device.memory_total_mb)
+
+
+def _free_for(tier: Tier, device: Device, holders: Sequence[str]) -> int:
+    """Servers of ``tier`` this device can still take: a slot per free share."""
+    if not _fits(tier, device):
+        return 0
+    if tier.kind == "shared":
+        if any(h != tier.name for h in holders):
+            return 0
+        return max(0, tier.replicas - len(holders))
+    return 0 if holders else 1
+
+
+def capacity(
+    tiers: Mapping[str, Tier],
+    devices: Sequence[Device],
+    held: Mapping[str, Sequence[str]],
+    usage: Sequence[Grant],
+) -> dict[str, int]:
+    """Devices per tier: those its servers hold plus those free for it now (tiers that share
+    hardware, such as one card and two cards of the same model, each see what is left)."""
+    result = {}
+    for name, tier in tiers.items():
+        free = sum(_free_for(tier, d, held.get(d.uuid, ())) for d in devices)
+        if tier.kind != "shared":
+            free -= free % tier.count  # whole servers only
+        result[name] = sum(g.devices for g in usage if g.tier == name) + free
+    return result
+
+
+def pick(tier: Tier, devices: Sequence[Device], held: Mapping[str, Sequence[str]]) -> list[str]:
+    """UUIDs for a new server of ``tier``: the least shared fitting devices, lowest index first;
+    empty when there are not enough."""
+    slots = [
+        (len(held.get(d.uuid, ())), d.index, d.uuid)
+        for d in devices
+        if _free_for(tier, d, held.get(d.uuid, ()))
+    ]
+    chosen = [uuid for _, _, uuid in sorted(slots)[: tier.count]]
+    return chosen if len(chosen) == tier.count else []
+
+
+class LocalGpuMixin(GpuProfilesMixin):
+    """The profile layer plus device pinning, for local-process spawners (mix in first)."""
+
+    gpu_devices: tuple[str, ...] = ()  # UUIDs this server holds
+
+    @property
+    def local_gpus(self) -> LocalGpus:
+        return LocalGpus.instance(config=self.config)
+
+    def _held(self) -> dict[str, list[str]]:
+        """Device UUID → tiers of the other started servers holding it."""
+        held: dict[str, list[str]] = {}
+        db = self.db or self.user.db
+        for row in db.query(orm.Spawner).filter(orm.Spawner.started.isnot(None)):
+            if self.orm_spawner is not None and row.id == self.orm_spawner.id:
+                continue
+            tier = (row.user_options or {}).get(TIER, "")
+            for uuid in (row.state or {}).get(DEVICES_STATE, ()):
+                held.setdefault(uuid, []).append(tier)
+        return held
+
+    def gpu_capacity(self, usage: list[Grant]) -> dict[str, int | None]:
+        return capacity(self.gpu_profiles.tier_map, self.local_gpus.devices(), self._held(), usage)
+
+    def gpu_assign(self, tier: Tier) -> None:
+        chosen = pick(tier, self.local_gpus.devices(), self._held())
+        if not chosen:  # admission counted them free: only a vanished device gets here
+            raise GpuRefused(f"No {tier.display_name} device of this machine is free right now.")
+        self.gpu_devices = tuple(chosen)
+
+    def get_state(self):
+        state = super().get_state()
+        if self.gpu_devices:
+            state[DEVICES_STATE] = list(self.gpu_devices)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.gpu_devices = tuple(state.get(DEVICES_STATE, ()))
+
+    def clear_state(self):
+        super().clear_state()
+        self.gpu_devices = ()
+
+    def get_env(self):
+        env = super().get_env()
+        # Only the pinned devices; none (empty) for a server without a GPU.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_devices)
+        return env
+
+
+class GpuLocalProcessSpawner(LocalGpuMixin, LocalProcessSpawner):
+    """LocalProcessSpawner with GPU tiers, team quotas and device pinning."""
+
+
+class GpuSimpleLocalProcessSpawner(LocalGpuMixin, SimpleLocalProcessSpawner):
+    """SimpleLocalProcessSpawner (demos, tests) with GPU tiers, quotas and device pinning."""

@@ -1,0 +1,394 @@
+"""Team quotas with Kueue's semantics, and admission as a pure function.
+
+Per team and tier: a *guaranteed* number of devices (Kueue's nominal quota), a *borrowing limit*
+beyond it from what others leave unused (absent: no limit, as in Kueue), and a *lending limit*
+(absent: all of the team's unused guarantee may be lent). Per team: an optional per-user cap in
+GPU-equivalents and a priority. Borrowed grants are labelled; a team within its guarantee that
+finds the cards taken by borrowers may reclaim them (Kueue's ``reclaimWithinCohort: Any``), and a
+borrowing team may reclaim what lower-priority teams borrowed::
+
+    load_quotas({
+        "vision": {"guaranteed": {"h100": 4}, "borrowing_limit": {"h100": 2}, "user_cap": 2},
+        "nlp": {"guaranteed": {"h200-1g": 8}, "tiers": ["h200-1g", "h100"], "priority": 10},
+    }, tiers)
+
+``admit(request, usage, capacity, quotas, tiers)`` says yes or no with a sentence a researcher can
+act on. Pure: no JupyterHub or Kubernetes imports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .tiers import Tier
+
+_EPS = 1e-9
+_KEYS = {"guaranteed", "borrowing_limit", "lending_limit", "tiers", "user_cap", "priority"}
+
+
+class QuotaError(ValueError):
+    """A quota entry that cannot be used; the message names the team and the key."""
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    team: str
+    tiers: frozenset[str]  # the tiers this team may ask for
+    guaranteed: Mapping[str, int] = field(default_factory=dict)  # devices per tier
+    borrowing_limit: Mapping[str, int] = field(default_factory=dict)  # absent: unlimited
+    lending_limit: Mapping[str, int] = field(default_factory=dict)  # absent: all unused
+    user_cap: float | None = None  # GPU-equivalents one user may hold at once
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A server that holds (or is starting on) GPUs of a tier."""
+
+    server: str  # "user/" or "user/name"
+    user: str
+    team: str
+    tier: str
+    devices: int
+    weight: float  # GPU-equivalents
+    borrowed: bool = False
+    priority: int = 0
+    started: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    server: str
+    user: str
+    team: str
+    tier: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    allowed: bool
+    reason: str  # a sentence for the researcher: why, and what to do when refused
+    borrowed: bool = False
+    # Borrowed grants whose release would let this request in, best to reclaim first.
+    reclaim: tuple[Grant, ...] = ()
+
+
+@dataclass(frozen=True)
+class TierUse:
+    """What a team has and has left on one tier: the spawn form's line."""
+
+    tier: str
+    team_used: int
+    guaranteed: int
+    in_use: int  # devices of the tier held by everyone
+    capacity: int | None
+    admission: Admission
+
+    @property
+    def guaranteed_left(self) -> int:
+        return max(0, self.guaranteed - self.team_used)
+
+
+def load_quotas(
+    entries: Mapping[str, Mapping[str, Any]], tiers: Mapping[str, Tier]
+) -> dict[str, TeamQuota]:
+    """Validate admin-written quotas (team → dict) against the known tiers."""
+    if not isinstance(entries, Mapping):
+        raise QuotaError(f"quotas must be a dict of team: quota, got {type(entries).__name__}")
+    quotas = {}
+    for team, entry in entries.items():
+        label = f"quota for team {team!r}"
+        if not isinstance(team, str) or not team:
+            raise QuotaError(f"quota team names must be non-empty strings, got {team!r}")
+        if not isinstance(entry, Mapping):
+            raise QuotaError(f"{label}: expected a dict, got {type(entry).__name__}")
+        unknown = set(entry) - _KEYS
+        if unknown:
+            raise QuotaError(
+                f"{label}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(_KEYS))})"
+            )
+        try:
+            quotas[team] = _quota(team, entry, tiers)
+        except ValueError as error:
+            raise QuotaError(f"{label}: {error}") from None
+    return quotas
+
+
+def _quota(team: str, entry: Mapping[str, Any], tiers: Mapping[str, Tier]) -> TeamQuota:
+    amounts = {
+        key: _amounts(entry, key, tiers)
+        for key in ("guaranteed", "borrowing_limit", "lending_limit")
+    }
+    named = entry.get("tiers")
+    if named is None:
+        allowed = set(amounts["guaranteed"]) | set(amounts["borrowing_limit"])
+    elif named == "*":
+        allowed = set(tiers)
+    else:
+        if not isinstance(named, list | tuple) or not all(isinstance(t, str) for t in named):
+            raise ValueError(f"'tiers' must be a list of tier names or '*', got {named!r}")
+        _known(named, tiers, "tiers")
+        allowed = set(named) | set(amounts["guaranteed"])
+    cap = entry.get("user_cap")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float) or cap <= 0):
+        raise ValueError(f"'user_cap' must be a positive number of GPU-equivalents, got {cap!r}")
+    priority = entry.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"'priority' must be a whole number, got {priority!r}")
+    return TeamQuota(
+        team=team,
+        tiers=frozenset(allowed),
+        guaranteed=amounts["guaranteed"],
+        borrowing_limit=amounts["borrowing_limit"],
+        lending_limit=amounts["lending_limit"],
+        user_cap=None if cap is None else float(cap),
+        priority=priority,
+    )
+
+
+def _amounts(entry: Mapping, key: str, tiers: Mapping[str, Tier]) -> dict[str, int]:
+    value = entry.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key!r} must be a dict of tier: devices, got {value!r}")
+    _known(value, tiers, key)
+    for tier, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+            raise ValueError(f"'{key}.{tier}' must be a whole number >= 0, got {amount!r}")
+    return dict(value)
+
+
+def _known(names: Iterable[str], tiers: Mapping[str, Tier], key: str) -> None:
+    for name in names:
+        if name not in tiers:
+            raise ValueError(
+                f"{key!r} names tier {name!r}, which is not defined (tiers: {', '.join(tiers)})"
+            )
+
+
+def admit(
+    request: Request,
+    usage: Sequence[Grant],
+    capacity: Mapping[str, int | None],
+    quotas: Mapping[str, TeamQuota],
+    tiers: Mapping[str, Tier],
+) -> Admission:
+    """May ``request`` start now, given what ``usage`` holds? (The request's own server, if it
+    appears in ``usage``, is not counted against it.) ``capacity``: devices per tier; a tier
+    without an entry is bounded by quotas alone."""
+    tier = tiers.get(request.tier)
+    if tier is None:
+        return Admission(
+            False, f"There is no GPU tier {request.tier!r} (tiers: {', '.join(tiers)})."
+        )
+    quota = quotas.get(request.team)
+    if quota is None:
+        return Admission(
+            False,
+            f"Team {request.team!r} has no GPU quota. Choose another team, or ask your hub admin "
+            "to give this team a quota.",
+        )
+    name = tier.display_name
+    if tier.name not in quota.tiers:
+        offered = ", ".join(tiers[t].display_name for t in tiers if t in quota.tiers) or "none"
+        return Admission(False, f"{name} is not offered to team {quota.team} (offered: {offered}).")
+
+    others = [g for g in usage if g.server != request.server]
+    refusal = _over_user_cap(request, tier, quota, others, tiers)
+    if refusal:
+        return refusal
+
+    need = tier.count
+    on_tier = [g for g in others if g.tier == tier.name]
+    in_use = sum(g.devices for g in on_tier)
+    team_used = sum(g.devices for g in on_tier if g.team == quota.team)
+    guaranteed = quota.guaranteed.get(tier.name, 0)
+    cap = capacity.get(tier.name)
+    free_after = float("inf") if cap is None else cap - in_use - need
+
+    if team_used + need <= guaranteed:
+        if free_after >= 0:
+            return Admission(
+                True,
+                f"Within team {quota.team}'s guarantee: {team_used + need} of {guaranteed} "
+                f"{_devices(tier, guaranteed)} in use with this server.",
+            )
+        # Cards the team is guaranteed are held by other teams' borrowed servers.
+        reclaim = _reclaim(on_tier, quota, quotas, tier.name, -free_after, lambda g: True)
+        if reclaim:
+            return Admission(
+                False,
+                f"{_all_in_use(tier, cap)}, {sum(g.devices for g in reclaim)} of "
+                f"them borrowed by other teams beyond their guarantee. Team {quota.team} is within "
+                "its guarantee, so they are being reclaimed: try again in a few minutes.",
+                reclaim=reclaim,
+            )
+        return Admission(False, f"{_all_in_use(tier, cap)}. {_retry(tier)}")
+
+    over = team_used + need - guaranteed
+    limit = quota.borrowing_limit.get(tier.name)
+    if limit is not None and over > limit:
+        already = max(0, team_used - guaranteed)
+        held = (
+            f"uses {team_used}"
+            if guaranteed == 0
+            else f"uses {team_used}, its guarantee is {guaranteed}"
+        )
+        return Admission(
+            False,
+            f"Team {quota.team} {held} and it may borrow at most {limit} more {_devices(tier, limit)} "
+            f"(borrowing {already} now). Stop one of the team's servers on {name}, or pick another tier.",
+        )
+    if guaranteed:
+        state = (
+            f"team {quota.team}'s guarantee of {guaranteed} {_devices(tier, guaranteed)} is in use"
+        )
+    else:
+        state = f"team {quota.team} has no guarantee on {name}"
+    reserved = _reserved_for_others(on_tier, quota, quotas, tier.name)
+    if free_after - reserved >= 0:
+        return Admission(
+            True,
+            f"Borrowed from the shared pool: {state}. Borrowed servers are given back first when "
+            "another team needs its guarantee.",
+            borrowed=True,
+        )
+    reclaim = _reclaim(
+        on_tier,
+        quota,
+        quotas,
+        tier.name,
+        reserved - free_after,
+        lambda g: g.priority < quota.priority,
+    )
+    if reclaim:
+        return Admission(
+            False,
+            f"No {name} is free to borrow, but team {quota.team} outranks teams that borrowed "
+            "some: they are being reclaimed, try again in a few minutes.",
+            reclaim=reclaim,
+        )
+    why = "are in use" if reserved <= 0 else "are in use or kept for other teams' guarantees"
+    return Admission(
+        False,
+        f"{state[0].upper()}{state[1:]}, and none is free to borrow: the others {why}. {_retry(tier)}",
+    )
+
+
+def tier_use(
+    user: str,
+    team: str,
+    usage: Sequence[Grant],
+    capacity: Mapping[str, int | None],
+    quotas: Mapping[str, TeamQuota],
+    tiers: Mapping[str, Tier],
+    server: str = "",
+) -> list[TierUse]:
+    """For each tier offered to ``team``: what the team holds, and whether a new server of
+    ``user`` would be admitted (and borrowed)."""
+    quota = quotas.get(team)
+    if quota is None:
+        return []
+    lines = []
+    for name in tiers:
+        if name not in quota.tiers:
+            continue
+        on_tier = [g for g in usage if g.tier == name and g.server != server]
+        lines.append(
+            TierUse(
+                tier=name,
+                team_used=sum(g.devices for g in on_tier if g.team == team),
+                guaranteed=quota.guaranteed.get(name, 0),
+                in_use=sum(g.devices for g in on_tier),
+                capacity=capacity.get(name),
+                admission=admit(Request(server, user, team, name), usage, capacity, quotas, tiers),
+            )
+        )
+    return lines
+
+
+def _over_user_cap(request, tier, quota, others, tiers) -> Admission | None:
+    if quota.user_cap is None:
+        return None
+    mine = [g for g in others if g.user == request.user]
+    held = sum(g.weight for g in mine)
+    if held + tier.weight <= quota.user_cap + _EPS:
+        return None
+    holding = ", ".join(
+        f"{_server_label(g.server)} on {tiers[g.tier].display_name if g.tier in tiers else g.tier}"
+        for g in mine
+    )
+    return Admission(
+        False,
+        f"You may hold {quota.user_cap:.3g} GPU-equivalents at once (team {quota.team}'s "
+        f"per-user cap); you hold {held:.3g} ({holding or 'nothing'}) and "
+        f"{tier.display_name} counts {tier.weight:.2g}. Stop one of your servers, or pick a "
+        "smaller tier.",
+    )
+
+
+def _reserved_for_others(on_tier, quota, quotas, tier: str) -> float:
+    """Devices other teams keep for themselves: the unused guarantee they do not lend."""
+    reserved = 0
+    for other in quotas.values():
+        if other.team == quota.team:
+            continue
+        unused = max(
+            0,
+            other.guaranteed.get(tier, 0) - sum(g.devices for g in on_tier if g.team == other.team),
+        )
+        lendable = other.lending_limit.get(tier)
+        reserved += 0 if lendable is None else max(0, unused - lendable)
+    return reserved
+
+
+def _reclaim(on_tier, quota, quotas, tier: str, shortfall: float, eligible) -> tuple[Grant, ...]:
+    """Borrowed grants of other teams that would cover ``shortfall`` devices: lowest priority
+    first, then the most recently started (Kueue's order), or nothing if they cannot cover it.
+    Only a team's excess over its guarantee is taken: a grant labelled borrowed at spawn is
+    within the guarantee once enough of the team's other servers have stopped."""
+    excess: dict[str, int] = {}
+    for g in on_tier:
+        excess[g.team] = excess.get(g.team, 0) + g.devices
+    for team in excess:
+        other = quotas.get(team)
+        excess[team] -= other.guaranteed.get(tier, 0) if other else 0
+    candidates = sorted(
+        (g for g in on_tier if g.borrowed and g.team != quota.team and eligible(g)),
+        key=lambda g: (g.priority, -(g.started.timestamp() if g.started else 0)),
+    )
+    chosen, covered = [], 0
+    for grant in candidates:
+        if covered >= shortfall:
+            break
+        if excess[grant.team] <= 0:
+            continue
+        chosen.append(grant)
+        covered += grant.devices
+        excess[grant.team] -= grant.devices
+    return tuple(chosen) if covered >= shortfall else ()
+
+
+def _all_in_use(tier: Tier, cap: int) -> str:
+    if cap == 0:
+        return f"There is no {_devices(tier, 1)} here"
+    if cap == 1:
+        return f"The only {_devices(tier, 1)} is in use"
+    return f"All {cap} {_devices(tier, cap)} are in use"
+
+
+def _devices(tier: Tier, n: int | float | None) -> str:
+    unit = {"mig": "slice", "shared": "share"}.get(tier.kind, "card")
+    noun = f"{tier.display_name} {unit}"
+    return noun if n == 1 else noun + "s"
+
+
+def _retry(tier: Tier) -> str:
+    return f"Try again later, or pick another tier than {tier.display_name}."
+
+
+def _server_label(server: str) -> str:
+    name = server.partition("/")[2]
+    return f"server {name!r}" if name else "your default server"

@@ -1,0 +1,349 @@
+"""Team quotas and admission: Kueue's guarantee / borrowing / lending semantics, with reasons a
+researcher can act on.
+
+The catalogue: whole H100 cards ("H100"), a pair of them ("2 x H100", 2 GPU-equivalents) and the
+smallest H200 MIG slice ("H200 1g.18gb", 1/7 of a card). Teams: vision (4 H100 guaranteed, may
+borrow 2 more, 2 GPU-equivalents per user), nlp (2 H100 guaranteed, priority 10) and ops (no
+guarantee, may borrow up to 3 H100, priority 5).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from itertools import count
+
+import pytest
+
+from jupyter_gpu_gov.profiles.quota import (
+    Grant,
+    QuotaError,
+    Request,
+    admit,
+    load_quotas,
+    tier_use,
+)
+from jupyter_gpu_gov.profiles.tiers import load_tiers
+
+TIERS = load_tiers(
+    [
+        {"name": "h100", "gpu": "H100-80GB", "display_name": "H100"},
+        {"name": "h200-1g", "gpu": "H200-141GB", "mig": "1g.18gb", "display_name": "H200 1g.18gb"},
+        {"name": "h100x2", "gpu": "H100-80GB", "count": 2, "display_name": "2 x H100"},
+    ]
+)
+QUOTAS = {
+    "vision": {
+        "guaranteed": {"h100": 4},
+        "borrowing_limit": {"h100": 2},
+        "user_cap": 2,
+        "tiers": ["h100", "h200-1g", "h100x2"],
+    },
+    "nlp": {"guaranteed": {"h100": 2}, "priority": 10},
+    "ops": {"borrowing_limit": {"h100": 3}, "priority": 5},
+}
+_ids = count(1)
+
+
+def quotas(**changes):
+    return load_quotas({**QUOTAS, **changes}, TIERS)
+
+
+def grant(team, tier="h100", *, user=None, server=None, borrowed=False, hour=None, priority=None):
+    user = user or f"user{next(_ids)}"
+    return Grant(
+        server=server or f"{user}/",
+        user=user,
+        team=team,
+        tier=tier,
+        devices=TIERS[tier].count,
+        weight=TIERS[tier].weight,
+        borrowed=borrowed,
+        priority=QUOTAS[team].get("priority", 0) if priority is None else priority,
+        started=None if hour is None else datetime(2025, 3, 1, hour),
+    )
+
+
+def grants(team, n, **kwargs):
+    return [grant(team, **kwargs) for _ in range(n)]
+
+
+def ask(team, tier="h100", usage=(), capacity=None, quota=None, user="alice", server="alice/"):
+    return admit(
+        Request(server=server, user=user, team=team, tier=tier),
+        list(usage),
+        {"h100": 8} if capacity is None else capacity,
+        quota or quotas(),
+        TIERS,
+    )
+
+
+# -- guarantee and borrowing -------------------------------------------------------------------
+
+
+def test_within_the_guarantee():
+    admission = ask("vision", usage=grants("vision", 2))
+    assert admission.allowed and not admission.borrowed
+    assert admission.reason == (
+        "Within team vision's guarantee: 3 of 4 H100 cards in use with this server."
+    )
+
+
+def test_beyond_the_guarantee_a_team_borrows_what_others_leave_unused():
+    admission = ask("vision", usage=grants("vision", 4))
+    assert admission.allowed and admission.borrowed
+    assert "Borrowed from the shared pool" in admission.reason
+    assert "team vision's guarantee of 4 H100 cards is in use" in admission.reason
+    assert "given back first" in admission.reason
+
+
+def test_a_team_without_a_guarantee_only_borrows():
+    admission = ask("ops")
+    assert admission.allowed and admission.borrowed
+    assert "team ops has no guarantee on H100" in admission.reason
+
+
+def test_the_borrowing_limit():
+    usage = grants("vision", 4) + grants("vision", 2, borrowed=True)
+    admission = ask("vision", usage=usage)
+    assert not admission.allowed and not admission.reclaim
+    assert admission.reason == (
+        "Team vision uses 6, its guarantee is 4 and it may borrow at most 2 more H100 cards "
+        "(borrowing 2 now). Stop one of the team's servers on H100, or pick another tier."
+    )
+    ops = ask("ops", usage=grants("ops", 3, borrowed=True))
+    assert not ops.allowed
+    assert ops.reason.startswith("Team ops uses 3 and it may borrow at most 3 more H100 cards")
+
+
+def test_a_lending_limit_keeps_cards_for_the_lending_team():
+    # 6 cards: vision holds its 4 and asks for a 5th; nlp uses none of its 2.
+    usage = grants("vision", 4)
+    lends_all = ask("vision", usage=usage, capacity={"h100": 6})
+    assert lends_all.allowed and lends_all.borrowed
+
+    # nlp lends at most 1 of its 2: one card stays free for nlp.
+    limited = quotas(nlp={**QUOTAS["nlp"], "lending_limit": {"h100": 1}})
+    first = ask("vision", usage=usage, capacity={"h100": 6}, quota=limited)
+    assert first.allowed and first.borrowed
+    second = ask(
+        "vision",
+        usage=[*usage, grant("vision", borrowed=True)],
+        capacity={"h100": 6},
+        quota=limited,
+    )
+    assert not second.allowed
+    assert "none is free to borrow" in second.reason
+    assert "kept for other teams' guarantees" in second.reason
+    # ... and nlp gets it.
+    nlp = ask("nlp", usage=[*usage, grant("vision", borrowed=True)], capacity={"h100": 6})
+    assert nlp.allowed and not nlp.borrowed
+
+
+def test_capacity_exhausted():
+    # The admin promised more than there is: 5 cards, guarantees of 4 + 2, all held within them.
+    usage = grants("vision", 3) + grants("nlp", 2)
+    admission = ask("vision", usage=usage, capacity={"h100": 5})
+    assert not admission.allowed and not admission.reclaim
+    assert admission.reason == (
+        "All 5 H100 cards are in use. Try again later, or pick another tier than H100."
+    )
+    # Beyond the guarantee, with nothing lower-priority to reclaim.
+    full = grants("vision", 4) + grants("nlp", 2) + grants("ops", 2, borrowed=True)
+    admission = ask("vision", usage=full)
+    assert not admission.allowed and not admission.reclaim
+    assert admission.reason == (
+        "Team vision's guarantee of 4 H100 cards is in use, and none is free to borrow: "
+        "the others are in use. Try again later, or pick another tier than H100."
+    )
+
+
+def test_a_tier_without_capacity_is_bounded_by_quotas_alone():
+    admission = ask("ops", usage=grants("vision", 50), capacity={})
+    assert admission.allowed and admission.borrowed
+
+
+# -- reclaim ------------------------------------------------------------------------------------
+
+
+def test_a_team_within_its_guarantee_reclaims_borrowed_cards_lowest_priority_first():
+    # 7 cards: vision 4 + 1 borrowed (priority 0), ops 2 borrowed (priority 5); nlp has none.
+    vision_borrowed = grant("vision", borrowed=True, hour=9)
+    usage = [
+        *grants("vision", 4),
+        vision_borrowed,
+        grant("ops", borrowed=True, hour=10),
+        grant("ops", borrowed=True, hour=11),
+    ]
+    admission = ask("nlp", usage=usage, capacity={"h100": 7})
+    assert not admission.allowed
+    assert admission.reclaim == (vision_borrowed,)
+    assert admission.reason == (
+        "All 7 H100 cards are in use, 1 of them borrowed by other teams beyond their guarantee. "
+        "Team nlp is within its guarantee, so they are being reclaimed: try again in a few minutes."
+    )
+
+
+def test_among_equal_priorities_the_newest_borrowed_server_goes_first():
+    early, late, middle = (grant("ops", borrowed=True, hour=h) for h in (9, 11, 10))
+    usage = [*grants("vision", 4), early, late, middle]
+    assert ask("nlp", usage=usage, capacity={"h100": 7}).reclaim == (late,)
+    # nlp's second card within its guarantee: two must go.
+    two = ask("nlp", usage=[*usage, grant("nlp")], capacity={"h100": 7})
+    assert two.reclaim == (late, middle)
+    assert "2 of them borrowed" in two.reason
+
+
+def test_grants_labelled_borrowed_are_not_reclaimed_once_their_team_is_back_within_its_guarantee():
+    # vision's first four servers stopped; the two left were borrowed when they started but are
+    # now within vision's guarantee of 4. ops borrowed one card.
+    kept = grants("vision", 2, borrowed=True, hour=12)
+    ops = grant("ops", borrowed=True, hour=9)
+    admission = ask("nlp", usage=[*kept, ops, *grants("nlp", 1)], capacity={"h100": 4})
+    assert admission.reclaim == (ops,)
+    # Nothing anyone may take back: no reclaim, a plain refusal.
+    refused = ask("nlp", usage=[*kept, *grants("nlp", 1)], capacity={"h100": 3})
+    assert not refused.allowed and not refused.reclaim
+    assert refused.reason.startswith("All 3 H100 cards are in use.")
+
+
+def test_a_borrowing_team_reclaims_only_from_lower_priority_borrowers():
+    vision_borrowed = grant("vision", borrowed=True, hour=10)
+    usage = [
+        *grants("vision", 4),
+        vision_borrowed,
+        *grants("nlp", 2),
+        grant("ops", borrowed=True, hour=9),
+    ]  # 8 of 8
+    nlp = ask("nlp", usage=usage)  # priority 10, beyond its guarantee of 2
+    assert not nlp.allowed
+    assert nlp.reclaim == (vision_borrowed,)  # priority 0 before ops' 5
+    assert nlp.reason == (
+        "No H100 is free to borrow, but team nlp outranks teams that borrowed some: they are "
+        "being reclaimed, try again in a few minutes."
+    )
+    ops = ask("ops", usage=usage)  # priority 5: only vision's borrowed card is below it
+    assert ops.reclaim == (vision_borrowed,)
+    vision = ask("vision", usage=usage)  # priority 0: nobody's borrowed card is below it
+    assert not vision.allowed and not vision.reclaim
+
+
+# -- per-user cap, unknown team, tiers not offered --------------------------------------------
+
+
+def test_the_per_user_cap_counts_gpu_equivalents_across_tiers():
+    mine = [
+        grant("vision", user="alice", server="alice/train"),
+        grant("vision", "h200-1g", user="alice", server="alice/"),
+    ]  # 1 + 1/7
+    refused = ask("vision", "h100x2", usage=mine, server="alice/big")
+    assert not refused.allowed
+    assert refused.reason == (
+        "You may hold 2 GPU-equivalents at once (team vision's per-user cap); you hold 1.14 "
+        "(server 'train' on H100, your default server on H200 1g.18gb) and 2 x H100 counts 2. "
+        "Stop one of your servers, or pick a smaller tier."
+    )
+    small = ask("vision", "h200-1g", usage=mine, server="alice/small")
+    assert small.allowed
+    # Other users' servers do not count against alice.
+    assert ask("vision", "h100", usage=grants("vision", 3), server="alice/x").allowed
+
+
+def test_unknown_team_unknown_tier_and_a_tier_not_offered():
+    nobody = ask("robotics")
+    assert not nobody.allowed
+    assert nobody.reason.startswith("Team 'robotics' has no GPU quota.")
+    no_tier = ask("vision", "a100")
+    assert not no_tier.allowed
+    assert no_tier.reason == "There is no GPU tier 'a100' (tiers: h100, h200-1g, h100x2)."
+    not_offered = ask("nlp", "h200-1g")
+    assert not not_offered.allowed
+    assert not_offered.reason == "H200 1g.18gb is not offered to team nlp (offered: H100)."
+
+
+def test_the_requests_own_server_is_not_counted_against_it():
+    # The hub records a pending spawn before admission runs again: alice's own server is there.
+    own = grant("vision", user="alice", server="alice/")
+    usage = [own, *grants("vision", 3)]
+    admission = ask("vision", usage=usage)
+    assert admission.allowed and not admission.borrowed
+    assert "4 of 4" in admission.reason
+    # Nor against her cap: a 2-card server re-admitted while it holds 2.
+    big = grant("vision", "h100x2", user="alice", server="alice/big")
+    assert ask("vision", "h100x2", usage=[big], server="alice/big").allowed
+    assert not ask("vision", "h100x2", usage=[big], server="alice/other").allowed
+
+
+# -- the spawn form's lines --------------------------------------------------------------------
+
+
+def test_tier_use_lines_for_the_spawn_form():
+    usage = [*grants("vision", 4), grant("vision", "h200-1g", user="alice", server="alice/x")]
+    lines = tier_use("alice", "vision", usage, {"h100": 8, "h200-1g": 7}, quotas(), TIERS)
+    assert [line.tier for line in lines] == ["h100", "h200-1g", "h100x2"]
+    h100, mig, pair = lines
+    assert (h100.team_used, h100.guaranteed, h100.guaranteed_left) == (4, 4, 0)
+    assert (h100.in_use, h100.capacity) == (4, 8)
+    assert h100.admission.allowed and h100.admission.borrowed
+    assert (mig.team_used, mig.in_use, mig.capacity) == (1, 1, 7)
+    assert mig.admission.allowed
+    assert pair.capacity is None
+    assert not pair.admission.allowed  # 1/7 held + 2 > alice's cap of 2
+    assert "You may hold 2 GPU-equivalents" in pair.admission.reason
+
+    nlp = tier_use("bob", "nlp", usage, {"h100": 8}, quotas(), TIERS)
+    assert [(line.tier, line.guaranteed_left) for line in nlp] == [("h100", 2)]
+    assert tier_use("bob", "robotics", usage, {}, quotas(), TIERS) == []
+
+
+def test_tier_use_leaves_out_the_server_being_spawned():
+    own = grant("vision", user="alice", server="alice/")
+    lines = tier_use("alice", "vision", [own], {"h100": 1}, quotas(), TIERS, server="alice/")
+    assert (lines[0].team_used, lines[0].in_use) == (0, 0)
+    assert lines[0].admission.allowed
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def test_tiers_offered_to_a_team():
+    loaded = quotas()
+    assert loaded["vision"].tiers == {"h100", "h200-1g", "h100x2"}
+    assert loaded["nlp"].tiers == {"h100"}  # from its guarantee
+    assert loaded["ops"].tiers == {"h100"}  # from its borrowing limit
+    everything = load_quotas({"all": {"tiers": "*"}}, TIERS)
+    assert everything["all"].tiers == set(TIERS)
+    assert (loaded["vision"].user_cap, loaded["nlp"].priority) == (2.0, 10)
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"guaranteed": {"h100": 1}, "colour": "red"}, ["'colour'"]),
+        ({"guaranteed": {"a100": 1}}, ["'guaranteed'", "'a100'", "not defined"]),
+        ({"guaranteed": {"h100": -1}}, ["'guaranteed.h100'", "-1"]),
+        ({"guaranteed": {"h100": 1.5}}, ["'guaranteed.h100'", "1.5"]),
+        ({"guaranteed": [1]}, ["'guaranteed'"]),
+        ({"borrowing_limit": {"h100": True}}, ["'borrowing_limit.h100'"]),
+        ({"lending_limit": {"mig": 1}}, ["'lending_limit'", "'mig'"]),
+        ({"tiers": ["h100", "v100"]}, ["'tiers'", "'v100'"]),
+        ({"tiers": "h100"}, ["'tiers'"]),
+        ({"user_cap": 0}, ["'user_cap'", "0"]),
+        ({"user_cap": "2"}, ["'user_cap'"]),
+        ({"priority": "high"}, ["'priority'", "'high'"]),
+        ("4 cards", ["expected a dict"]),
+    ],
+)
+def test_load_errors_name_the_team_and_the_key(entry, words):
+    with pytest.raises(QuotaError) as error:
+        load_quotas({"vision": QUOTAS["vision"], "bad": entry}, TIERS)
+    message = str(error.value)
+    assert message.startswith("quota for team 'bad': ")
+    for word in words:
+        assert word in message
+
+
+def test_load_refuses_what_is_not_a_dict_of_teams():
+    with pytest.raises(QuotaError, match="dict of team: quota"):
+        load_quotas([QUOTAS["vision"]], TIERS)
+    with pytest.raises(QuotaError, match="non-empty strings"):
+        load_quotas({"": {}}, TIERS)
