@@ -18,6 +18,7 @@ c.GpuGovernor.policy_defaults = {
     "extension_step": "2m",
     "max_extensions": 2,
     "checkpoint_timeout": "1m",
+    "reclaim_grace": "1m",  # a borrowed GPU asked back by a team within its guarantee
 }
 c.GpuGovernor.policies = [
     # Borrowed GPUs (beyond a team's guarantee) are given back sooner.

@@ -93,7 +93,10 @@ c.GpuProfiles.quotas = {
     },
     # nlp: the larger slices; may borrow anything left over.
     "nlp": {"guaranteed": {"h100-3g": 1, "h100-2g": 1, "h100-1g": 1}, "tiers": "*", "priority": 10},
+    # everyone else: may borrow a small slice or a card when the teams leave one free.
+    "guests": {"tiers": ["h100", "h100-1g"], "user_cap": 1},
 }
+c.GpuProfiles.default_team = "guests"
 c.GpuProfiles.team_map = {"alice": "vision", "bob": "nlp", "carol": ["vision", "nlp"]}
 c.GpuProfiles.projects = {"vision": ["segmentation", "detection"], "nlp": ["summaries"]}
 add_gpu_profiles(c, spawner="simple")

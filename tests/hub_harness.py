@@ -31,6 +31,12 @@ jupyterhub_config.py, where ``c``, ``HARNESS_DIR`` and ``HARNESS_ENV`` are defin
 to drive the simulated GPUs from the test process instead, point ``$JUPYTER_GPU_GOV_SIM_STATE``
 at ``hub.sim_state``.
 
+Browser-like use: ``login(user)`` gives a ``requests.Session`` logged in through /hub/login,
+``spawn_form(user, server_name, fields)`` posts the spawn form as that user, and
+``wait_for_server`` waits until a server started that way answers. ``restart()`` stops only the
+hub process and starts it again on the same ports and directory (with
+``c.JupyterHub.cleanup_servers = False`` the servers keep running).
+
 Teardown stops the servers, stops the hub (which stops the proxy), then kills every process
 still carrying this harness's marker in its environment: no orphans, even on failure.
 """
@@ -38,8 +44,10 @@ still carrying this harness's marker in its environment: no orphans, even on fai
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +61,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import pytest
 import requests
@@ -136,6 +145,7 @@ class HubHarness:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started: dict[tuple[str, str], UserServer] = {}
         self._tokens: dict[str, str] = {}
+        self._sessions: dict[str, requests.Session] = {}
         self._log_file: Any = None
         self.session = requests.Session()
         self.session.trust_env = False  # never send 127.0.0.1 through an HTTP(S)_PROXY
@@ -181,6 +191,20 @@ class HubHarness:
             su.mkdir(exist_ok=True)
             (su / "jupyter_server_config.py").write_text(textwrap.dedent(self.singleuser_config))
 
+        self._launch()
+        for user in dict.fromkeys(self.users + self.servers_to_start):
+            self.create_user(user)
+        for user in self.servers_to_start:
+            self.start_server(user)
+
+    def restart(self) -> None:
+        """Stop only the hub process (SIGTERM, which also stops its proxy) and start it again with
+        the same config, ports and directory. Servers keep running when the config has
+        ``c.JupyterHub.cleanup_servers = False``; tokens and login cookies stay valid."""
+        self._stop_hub()
+        self._launch()
+
+    def _launch(self) -> None:
         env = {
             k: v
             for k, v in os.environ.items()
@@ -188,7 +212,8 @@ class HubHarness:
         }
         env[MARKER_ENV] = self.marker
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', os.defpath)}"
-        self._log_file = open(self.log_path, "ab")  # noqa: SIM115  (closed in stop())
+        if self._log_file is None:
+            self._log_file = open(self.log_path, "ab")  # noqa: SIM115  (closed in stop())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(self.config_path)],
             cwd=self.workdir,
@@ -199,10 +224,15 @@ class HubHarness:
             start_new_session=True,
         )
         self._wait(self._hub_up, "the hub API to answer")
-        for user in dict.fromkeys(self.users + self.servers_to_start):
-            self.create_user(user)
-        for user in self.servers_to_start:
-            self.start_server(user)
+
+    def _stop_hub(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
 
     def stop(self) -> None:
         """Stop servers, hub and proxy; then kill anything left with our marker. Idempotent."""
@@ -210,18 +240,16 @@ class HubHarness:
             for user, name in list(self.started):
                 with contextlib.suppress(Exception):
                     self.stop_server(user, name, timeout=15)
-            self.proc.send_signal(signal.SIGTERM)  # the hub stops servers and its proxy
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+            self._stop_hub()  # the hub stops servers (unless cleanup_servers is off) and its proxy
         self.started.clear()
         self._kill_leftovers()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
         self.session.close()
+        for session in self._sessions.values():
+            session.close()
+        self._sessions.clear()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self._own_workdir = False  # only once
@@ -288,9 +316,18 @@ class HubHarness:
             r.status_code == 400 and "already running" not in r.text
         ):
             raise HubHarnessError(f"starting {user}/{server_name}: {r.status_code} {r.text}")
+        server = self.wait_for_server(user, server_name, timeout)
+        self.started[(user, server_name)] = server
+        return server
+
+    def wait_for_server(
+        self, user: str, server_name: str = "", timeout: float | None = None
+    ) -> UserServer:
+        """Wait until a server being started (e.g. through the spawn form) answers through the
+        proxy; raise :class:`HubHarnessError` if it stops instead. Not registered for teardown's
+        explicit stop (the hub, or the final sweep of processes, ends it)."""
         token = self.token(user)
         server = UserServer(user, server_name, self.user_url(user, "", server_name), token)
-        self.started[(user, server_name)] = server
 
         def ready() -> bool:
             model = self.api("GET", f"users/{user}").json()
@@ -316,6 +353,60 @@ class HubHarness:
 
         self._wait(stopped, f"the server of {user}/{server_name} to stop", timeout)
         self.started.pop((user, server_name), None)
+
+    def login(self, user: str, password: str = "", fresh: bool = False) -> requests.Session:
+        """A ``requests.Session`` logged in as ``user`` through /hub/login (the login form, with
+        its ``_xsrf``), as a browser would be; cached per user unless ``fresh``."""
+        if not fresh and user in self._sessions:
+            return self._sessions[user]
+        session = requests.Session()
+        session.trust_env = False
+        r = session.get(f"{self.url}/hub/login", timeout=30)
+        xsrf = re.search(r'name="_xsrf" value="([^"]+)"', r.text)
+        if r.status_code != 200 or xsrf is None:
+            raise HubHarnessError(f"login page: {r.status_code} {r.text[:500]}")
+        r = session.post(
+            f"{self.url}/hub/login",
+            data={"username": user, "password": password, "_xsrf": html.unescape(xsrf[1])},
+            allow_redirects=False,
+            timeout=30,
+        )
+        if r.status_code != 302:
+            raise HubHarnessError(f"logging in {user}: {r.status_code} {r.text[:500]}")
+        if not fresh:
+            self._sessions[user] = session
+        return session
+
+    def spawn_page_url(self, user: str, server_name: str = "") -> str:
+        return f"{self.url}/hub/spawn/{user}" + (f"/{server_name}" if server_name else "")
+
+    def spawn_form(
+        self,
+        user: str,
+        server_name: str = "",
+        fields: Mapping[str, str] | None = None,
+        session: requests.Session | None = None,
+    ) -> requests.Response:
+        """Post the spawn form as ``user`` (logged in with :meth:`login` unless ``session``):
+        GET /hub/spawn/<user>[/<name>], take the form's action URL (which carries ``_xsrf``),
+        POST ``fields``; return the answer, redirects not followed (302 to the pending page
+        when the spawn was accepted, the spawn page with ``spawn-error-msg`` when refused)."""
+        session = session or self.login(user)
+        page_url = self.spawn_page_url(user, server_name)
+        r = session.get(page_url, allow_redirects=False, timeout=30)
+        form = re.search(r'<form\s[^>]*\bid="spawn_form"[^>]*>', r.text)
+        action = form and re.search(r'\saction="([^"]*)"', form[0])
+        if r.status_code != 200 or not action:
+            raise HubHarnessError(f"spawn page of {user}: {r.status_code} {r.text[:500]}")
+        r = session.post(
+            urljoin(page_url, html.unescape(action[1])),
+            data=dict(fields or {}),
+            allow_redirects=False,
+            timeout=60,
+        )
+        if "charset" not in r.headers.get("Content-Type", ""):
+            r.encoding = "utf-8"  # the hub's pages say so in <meta charset>, not in the header
+        return r
 
     def start_kernel(self, user: str, kernel_name: str = "python3", server_name: str = "") -> str:
         """Start a kernel on ``user``'s running server; return its id."""

@@ -222,7 +222,7 @@ def test_a_reclaimed_borrowed_gpu_is_warned_at_once_and_given_back_after_the_gra
     }
     busy = replace(idle_view(labels=labels), gpu=p.GpuSignal(True, True))
     actions, last = run(busy, POLICY, minutes=26, on_checkpoint="done")
-    assert [a[:2] for a in actions] == [(10, "max-age-warn"), (25, "checkpoint"), (26, "cull")]
+    assert [a[:2] for a in actions] == [(10, "reclaim-warn"), (25, "checkpoint"), (26, "cull")]
     assert last.cull_reason == "reclaim"
     assert "team nlp, within its guarantee, needs this borrowed GPU back" in last.reason
     warning = p.decide(busy, p.Record(), POLICY, asked)

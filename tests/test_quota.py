@@ -178,8 +178,9 @@ def test_a_team_within_its_guarantee_reclaims_borrowed_cards_lowest_priority_fir
     assert not admission.allowed
     assert admission.reclaim == (vision_borrowed,)
     assert admission.reason == (
-        "All 7 H100 cards are in use, 1 of them borrowed by other teams beyond their guarantee. "
-        "Team nlp is within its guarantee, so they are being reclaimed: try again in a few minutes."
+        "All 7 H100 cards are in use, some borrowed by other teams beyond their guarantee. "
+        "Team nlp is within its guarantee, so 1 is being taken back from them: try again in a "
+        "few minutes."
     )
 
 
@@ -190,7 +191,7 @@ def test_among_equal_priorities_the_newest_borrowed_server_goes_first():
     # nlp's second card within its guarantee: two must go.
     two = ask("nlp", usage=[*usage, grant("nlp")], capacity={"h100": 7})
     assert two.reclaim == (late, middle)
-    assert "2 of them borrowed" in two.reason
+    assert "so 2 are being taken back" in two.reason
 
 
 def test_grants_labelled_borrowed_are_not_reclaimed_once_their_team_is_back_within_its_guarantee():
@@ -330,6 +331,7 @@ def test_tiers_offered_to_a_team():
         ({"user_cap": 0}, ["'user_cap'", "0"]),
         ({"user_cap": "2"}, ["'user_cap'"]),
         ({"priority": "high"}, ["'priority'", "'high'"]),
+        ({"guaranteed": {"h100x2": 3}}, ["'guaranteed.h100x2'", "multiple of 2", "got 3"]),
         ("4 cards", ["expected a dict"]),
     ],
 )

@@ -144,6 +144,20 @@ def test_max_age_by_tier_label(config):
     assert "max age" in actions[0].reason
 
 
+def test_the_tier_max_age_label_of_the_profile_layer_is_honoured(tmp_path):
+    """The profile layer labels servers with their tier's max age (gpu-gov/max-age, seconds)."""
+    trace = tmp_path / "tier_max_age.jsonl"
+    rows = (
+        (TRACES / "max_age.jsonl")
+        .read_text()
+        .replace('"gpu-gov/tier": "A"}', '"gpu-gov/tier": "A", "gpu-gov/max-age": "7200"}')
+    )
+    trace.write_text(rows)
+    actions = list(replay(read_trace(str(trace)), policies_from_config(None)))
+    assert steps(actions)[:2] == [(3600, "ian/", "warn"), (7200, "ian/", "checkpoint")]
+    assert "maximum age of 2h for this tier" in actions[0].reason
+
+
 def test_cull_action_decides_whether_a_server_without_context_holds_a_gpu(config):
     # An allocated GPU with no context is still held (stop-server)...
     assert [a.action for a in run_policy("no_context.jsonl")] == ["warn", "checkpoint", "cull"]

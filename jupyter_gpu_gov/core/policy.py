@@ -38,7 +38,9 @@ ACTIVE, IDLE, WARNED, CHECKPOINTING, CULLED, EXEMPT, UNKNOWN = (
 )
 
 # Actions the service carries out (each idempotent, each audited with the decision's reason).
-WARN, MAX_AGE_WARN, CHECKPOINT, CULL = "warn", "max-age-warn", "checkpoint", "cull"
+WARN, CHECKPOINT, CULL = "warn", "checkpoint", "cull"
+# Warnings of a cull that GPU activity cannot put off.
+MAX_AGE_WARN, RECLAIM_WARN = "max-age-warn", "reclaim-warn"
 
 
 # -- policies ----------------------------------------------------------------------------------
@@ -387,7 +389,7 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
             return _cull_with_checkpoint(record, policy, now, why, cull_reason, at, at)
         warned = record.max_age_warned_at
         if now >= warn_from and (warned is None or warned < warn_from):
-            actions.append(MAX_AGE_WARN)
+            actions.append(RECLAIM_WARN if cull_reason == "reclaim" else MAX_AGE_WARN)
             record = replace(record, max_age_warned_at=now)
             notice = (
                 f"{why}: it will be given back at {at:%H:%M} UTC"

@@ -21,7 +21,17 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..core import clock, policy
 from ..core.durations import format_duration
-from ..core.policy import CHECKPOINT, CULL, MAX_AGE_WARN, WARN, Decision, Policy, Record, ServerView
+from ..core.policy import (
+    CHECKPOINT,
+    CULL,
+    MAX_AGE_WARN,
+    RECLAIM_WARN,
+    WARN,
+    Decision,
+    Policy,
+    Record,
+    ServerView,
+)
 from ..core.report import gpu_signal, user_last_activity
 from ..core.teams import group_teams
 from . import metrics
@@ -389,7 +399,7 @@ class Governor:
         audits: list[AuditRow],
     ) -> None:
         dry = self.options.dry_run
-        if action in (WARN, MAX_AGE_WARN):
+        if action in (WARN, MAX_AGE_WARN, RECLAIM_WARN):
             metrics.WARNINGS.inc()
             why = decision.notice or decision.reason
             audits.append(self._audit(row, action, why, dry_run=dry))

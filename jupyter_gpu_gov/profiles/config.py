@@ -59,6 +59,12 @@ class GpuProfiles(SingletonConfigurable):
         ``gpu-gov/team`` property nor in auth_state.""",
     ).tag(config=True)
 
+    default_team = Unicode(
+        "",
+        help="""Team of users found in no team (e.g. "guests", with a small quota). Empty: such
+        users may start servers without a GPU only.""",
+    ).tag(config=True)
+
     auth_state_teams_key = Unicode(
         "",
         help="""Key of ``auth_state`` holding the user's teams (a string or a list), e.g. an
@@ -109,6 +115,12 @@ class GpuProfiles(SingletonConfigurable):
     def check(self) -> None:
         """Raise ``TraitError`` naming what is wrong with the settings."""
         self.quota_map  # noqa: B018  (loads and validates tiers, then quotas)
-        for tier in self.capacity:
+        for tier, devices in self.capacity.items():
             if tier not in self.tier_map:
                 raise TraitError(f"GpuProfiles.capacity: {tier!r} is not a tier")
+            count = self.tier_map[tier].count
+            if devices % count:
+                raise TraitError(
+                    f"GpuProfiles.capacity: {tier!r} counts devices and a server takes {count}: "
+                    f"give a multiple of {count}, got {devices}"
+                )

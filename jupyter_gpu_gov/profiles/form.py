@@ -33,13 +33,18 @@ def parse(formdata: Mapping[str, Sequence[str]]) -> dict[str, Any]:
         return values[0].strip() or None
 
     options = {k: v for k in ("profile", "team", "project") if (v := value(k)) is not None}
-    project = options.get("project")
-    if project is not None and not _PROJECT.match(project):
+    if "project" in options:
+        check_project(options["project"])
+    return options
+
+
+def check_project(project: Any) -> None:
+    """Raise ``FormError`` unless ``project`` can be a label value (and a showback key)."""
+    if not isinstance(project, str) or not _PROJECT.match(project):
         raise FormError(
             f"Project {project!r} cannot be used: use letters, digits, '-', '_' and '.', "
             "starting and ending with a letter or digit, at most 63 characters."
         )
-    return options
 
 
 def line(use: TierUse, team: str) -> tuple[str, str]:

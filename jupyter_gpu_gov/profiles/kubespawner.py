@@ -17,6 +17,7 @@ Use it with ``c.JupyterHub.spawner_class = "jupyter_gpu_gov.profiles.kubespawner
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from kubespawner import KubeSpawner
@@ -32,19 +33,46 @@ OWNER = f"{LABEL_PREFIX}user"
 
 
 def tier_override(tier: Tier) -> dict[str, Any]:
-    """What a tier sets on KubeSpawner (the admin's own ``kubespawner_override`` last)."""
+    """What a tier sets on KubeSpawner (the admin's own ``kubespawner_override`` last).
+
+    Tolerations and required node affinity are added to what KubeSpawner is configured with
+    (e.g. z2jh's ``hub.jupyter.org/dedicated`` tolerations and node-purpose affinity), not put in
+    its place: they are callables of the spawner, as ``kubespawner_override`` allows.
+    """
+    tolerations = [dict(t) for t in tier.tolerations]
+    expressions = [dict(e) for e in tier.node_affinity]
     override: dict[str, Any] = {
         # Extended resources are requested by their limit (the request defaults to it).
         "extra_resource_limits": {tier.resource: str(tier.count)},
         "node_selector": dict(tier.node_selector),
-        "tolerations": [dict(t) for t in tier.tolerations],
+        "tolerations": lambda spawner: _with_tolerations(spawner.tolerations, tolerations),
     }
-    if tier.node_affinity:
-        override["node_affinity_required"] = [
-            {"matchExpressions": [dict(e) for e in tier.node_affinity]}
-        ]
+    if expressions:
+        override["node_affinity_required"] = lambda spawner: _with_expressions(
+            spawner.node_affinity_required, expressions
+        )
     override.update(tier.kubespawner_override)
     return override
+
+
+def _with_tolerations(configured: list | dict, extra: list[dict]) -> list | dict:
+    if isinstance(configured, dict):  # KubeSpawner's keyed form
+        return {**configured, **{f"gpu-gov-{i}": t for i, t in enumerate(extra)}}
+    return [*configured, *(t for t in extra if t not in configured)]
+
+
+def _with_expressions(configured: list | dict, extra: list[dict]) -> list | dict:
+    # Required node selector terms are ORed: the tier's expressions must join every term.
+    def joined(term):
+        term = term if isinstance(term, dict) else term.to_dict()
+        key = "match_expressions" if "match_expressions" in term else "matchExpressions"
+        return {**term, key: [*(term.get(key) or []), *extra]}
+
+    if isinstance(configured, dict):
+        return {k: joined(t) for k, t in configured.items()} or {
+            "gpu-gov": {"matchExpressions": extra}
+        }
+    return [joined(t) for t in configured] or [{"matchExpressions": extra}]
 
 
 async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
@@ -101,9 +129,25 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
 class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
     """KubeSpawner with GPU tiers, team quotas, admission and ownership labels."""
 
+    _gpu_configured: dict[str, Any] | None = None
+
     @default("profile_list")
     def _gpu_profile_list(self):
         return gpu_profile_list
+
+    async def load_user_options(self):
+        # JupyterHub keeps a server's Spawner across stop and start, and KubeSpawner merges a
+        # profile's overrides into the current values: put back what the tiers override as it
+        # was before the first spawn, or a server restarted on another tier (or without a GPU)
+        # would still ask for the previous tier's devices, on the previous tier's nodes.
+        keys = {k for t in self.gpu_profiles.tier_map.values() for k in tier_override(t)}
+        if self._gpu_configured is None:
+            self._gpu_configured = {
+                k: copy.deepcopy(getattr(self, k)) for k in sorted(keys) if self.has_trait(k)
+            }
+        for key, value in self._gpu_configured.items():
+            setattr(self, key, copy.deepcopy(value))
+        await super().load_user_options()
 
     async def get_pod_manifest(self):
         pod = await super().get_pod_manifest()

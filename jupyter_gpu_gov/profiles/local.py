@@ -121,7 +121,7 @@ class LocalGpuMixin(GpuProfilesMixin):
     def _held(self) -> dict[str, list[str]]:
         """Device UUID → tiers of the other started servers holding it."""
         held: dict[str, list[str]] = {}
-        db = self.db or self.user.db
+        db = self.user.db
         for row in db.query(orm.Spawner).filter(orm.Spawner.started.isnot(None)):
             if self.orm_spawner is not None and row.id == self.orm_spawner.id:
                 continue

@@ -157,6 +157,12 @@ def _amounts(entry: Mapping, key: str, tiers: Mapping[str, Tier]) -> dict[str, i
     for tier, amount in value.items():
         if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
             raise ValueError(f"'{key}.{tier}' must be a whole number >= 0, got {amount!r}")
+        count = tiers[tier].count
+        if amount % count:
+            raise ValueError(
+                f"'{key}.{tier}' counts devices and a server of {tier!r} takes {count}: give a "
+                f"multiple of {count}, got {amount}"
+            )
     return dict(value)
 
 
@@ -220,9 +226,10 @@ def admit(
         if reclaim:
             return Admission(
                 False,
-                f"{_all_in_use(tier, cap)}, {sum(g.devices for g in reclaim)} of "
-                f"them borrowed by other teams beyond their guarantee. Team {quota.team} is within "
-                "its guarantee, so they are being reclaimed: try again in a few minutes.",
+                f"{_all_in_use(tier, cap)}, some borrowed by other teams beyond their "
+                f"guarantee. Team {quota.team} is within its guarantee, so "
+                f"{_count(sum(g.devices for g in reclaim))} being taken back from them: try again "
+                "in a few minutes.",
                 reclaim=reclaim,
             )
         return Admission(False, f"{_all_in_use(tier, cap)}. {_retry(tier)}")
@@ -322,7 +329,7 @@ def _over_user_cap(request, tier, quota, others, tiers) -> Admission | None:
     )
     return Admission(
         False,
-        f"You may hold {quota.user_cap:.3g} GPU-equivalents at once (team {quota.team}'s "
+        f"You may hold {_gpu_equivalents(quota.user_cap)} at once (team {quota.team}'s "
         f"per-user cap); you hold {held:.3g} ({holding or 'nothing'}) and "
         f"{tier.display_name} counts {tier.weight:.2g}. Stop one of your servers, or pick a "
         "smaller tier.",
@@ -369,6 +376,14 @@ def _reclaim(on_tier, quota, quotas, tier: str, shortfall: float, eligible) -> t
         covered += grant.devices
         excess[grant.team] -= grant.devices
     return tuple(chosen) if covered >= shortfall else ()
+
+
+def _gpu_equivalents(x: float) -> str:
+    return f"{x:.3g} GPU-equivalent" + ("" if x == 1 else "s")
+
+
+def _count(n: int) -> str:
+    return "1 is" if n == 1 else f"{n} are"
 
 
 def _all_in_use(tier: Tier, cap: int) -> str:

@@ -110,7 +110,7 @@ class GpuProfilesMixin:
         conf = self.gpu_profiles
         groups = [{"name": g.name, "properties": g.properties or {}} for g in self.user.groups]
         auth_state = await self.user.get_auth_state() if conf.auth_state_teams_key else None
-        return user_teams(
+        teams = user_teams(
             self.user.name,
             [g["name"] for g in groups],
             group_teams(groups),
@@ -118,12 +118,13 @@ class GpuProfilesMixin:
             conf.auth_state_teams_key,
             conf.team_map,
         )
+        return teams or ([conf.default_team] if conf.default_team else [])
 
     def gpu_usage(self) -> list[Grant]:
         """Every started server of the hub that holds a tier (this one excluded)."""
         conf = self.gpu_profiles
         tiers, quotas = conf.tier_map, conf.quota_map
-        db = self.db or self.user.db
+        db = self.user.db
         grants = []
         for row in db.query(orm.Spawner).filter(orm.Spawner.started.isnot(None)):
             if self.orm_spawner is not None and row.id == self.orm_spawner.id:
@@ -176,7 +177,12 @@ class GpuProfilesMixin:
                 if team
                 else f"Choose the team this server is for: {', '.join(teams)}."
             )
-        if conf.require_project and not options.get("project"):
+        if options.get("project") is not None:
+            try:  # the form checks it too, but a REST API spawn does not go through the form
+                form.check_project(options["project"])
+            except form.FormError as error:
+                raise GpuRefused(str(error)) from None
+        elif conf.require_project:
             raise GpuRefused("Name the project this GPU server is for.")
         usage = self.gpu_usage()
         admission = admit(
@@ -197,19 +203,23 @@ class GpuProfilesMixin:
         options = dict(self.user_options or {})
         for key in GRANT_KEYS:
             options.pop(key, None)  # what an earlier spawn was granted is decided anew
-        decided = self._gpu_decide(options, teams)
-        if decided is not None:
-            tier, team, admission = decided
-            self.gpu_assign(tier)
-            options.update(self._gpu_grant(tier, team, options.get("project"), admission))
-            self.log.info(
-                "gpu-gov: admitted %s on %s: %s", self._log_name, tier.name, admission.reason
-            )
-        self.user_options = options
-        if self.orm_spawner is not None:
-            self.orm_spawner.user_options = options
-            self.orm_spawner.state = self.get_state()
-            (self.db or self.user.db).commit()
+        try:
+            decided = self._gpu_decide(options, teams)
+            if decided is not None:
+                tier, team, admission = decided
+                self.gpu_assign(tier)
+                options.update(self._gpu_grant(tier, team, options.get("project"), admission))
+                self.log.info(
+                    "gpu-gov: admitted %s on %s: %s", self._log_name, tier.name, admission.reason
+                )
+        finally:
+            # Granted or not, the record now says exactly what this spawn holds: a refused
+            # spawn must not go on counting the grant of an earlier one.
+            self.user_options = options
+            if self.orm_spawner is not None:
+                self.orm_spawner.user_options = options
+                self.orm_spawner.state = self.get_state()
+                self.user.db.commit()
 
     def _gpu_request_reclaim(self, grants, team: str) -> None:
         """Ask for borrowed GPUs back: label their servers (``gpu-gov/reclaim``) where the
@@ -217,7 +227,7 @@ class GpuProfilesMixin:
         ``reclaim_grace``. The first request stands; asking again changes nothing."""
         wanted = {g.server for g in grants}
         users = self.user.settings.get("users")
-        db = self.db or self.user.db
+        db = self.user.db
         asked = clock.isoformat(clock.utcnow())
         for row in db.query(orm.Spawner).filter(orm.Spawner.started.isnot(None)):
             if f"{row.user.name}/{row.name or ''}" not in wanted:

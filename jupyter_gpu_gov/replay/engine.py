@@ -24,6 +24,7 @@ from ..core.policy import (
     CHECKPOINTING,
     CULL,
     MAX_AGE_WARN,
+    RECLAIM_WARN,
     WARN,
     Decision,
     GpuSignal,
@@ -33,6 +34,7 @@ from ..core.policy import (
     ServerView,
     decide,
     load_policies,
+    max_age_of,
     select,
 )
 from .trace import Sample
@@ -211,18 +213,21 @@ def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
 
 
 def _output_name(action: str) -> str:
-    return WARN if action == MAX_AGE_WARN else action
+    return WARN if action in (MAX_AGE_WARN, RECLAIM_WARN) else action
 
 
 def _reason(
     action: str, decision: Decision, view: ServerView, policy: Policy, now: datetime
 ) -> str:
     if action == MAX_AGE_WARN:
-        left = view.started + policy.max_age - now
+        max_age, whose = max_age_of(policy, view)
+        left = view.started + max_age - now
         return (
-            f"max age: the server reaches the maximum age of {format_duration(policy.max_age)} "
-            f"for this profile in {format_duration(left)} (policy {policy.name!r})"
+            f"max age: the server reaches the maximum age of {format_duration(max_age)} "
+            f"for this {whose} in {format_duration(left)} (policy {policy.name!r})"
         )
+    if action == RECLAIM_WARN:
+        return f"reclaim: {decision.notice} (policy {policy.name!r})"
     return decision.reason
 
 

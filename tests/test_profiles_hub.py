@@ -1,0 +1,410 @@
+"""The profile layer end to end: a real JupyterHub with GpuSimpleLocalProcessSpawner, real
+single-user servers, real HTTP (login, spawn form, REST API, kernels), simulated GPUs.
+
+Two hubs, each started once for the module:
+
+- ``hub``: the demo's devices (two whole H100s and one H100 in MIG slices) and quotas (vision,
+  nlp), for the spawn form, admission, device pinning, refusals and the memory estimate;
+- ``pool``: four whole H100s shared by two teams with ``cleanup_servers = False``, for concurrent
+  spawns against a quota and for a hub restart that must keep every allocation.
+
+The hub's allocator (``LocalGpus``) and the servers (``GpuGovApp``) use the same device list and
+the same simulated state file, so both agree on the UUIDs; the test computes them the same way.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+from typing import Any
+
+import pytest
+import requests
+from hub_harness import HubHarness, hub_fixture
+
+from jupyter_gpu_gov.gpu.simulated import leaf_devices
+from jupyter_gpu_gov.profiles.estimate import estimate_memory, smallest_tier
+from jupyter_gpu_gov.profiles.tiers import load_tiers
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559}
+DEMO_DEVICES = [H100, H100, {**H100, "mig": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]}]
+POOL_DEVICES = [H100] * 4
+
+TIERS = [
+    {"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB", "max_age": "8h"},
+    {"name": "h100-3g", "display_name": "Half an H100", "gpu": "H100-80GB", "mig": "3g.40gb"},
+    {"name": "h100-2g", "display_name": "H100 MIG 2g", "gpu": "H100-80GB", "mig": "2g.20gb"},
+    {"name": "h100-1g", "display_name": "Small H100 slice", "gpu": "H100-80GB", "mig": "1g.10gb"},
+]
+QUOTAS = {
+    # one card and one small slice guaranteed, may borrow one more card; 1 GPU per person
+    "vision": {
+        "guaranteed": {"h100": 1, "h100-1g": 1},
+        "borrowing_limit": {"h100": 1},
+        "user_cap": 1,
+    },
+    "nlp": {"guaranteed": {"h100-3g": 1, "h100-2g": 1, "h100-1g": 1}, "tiers": "*"},
+}
+TEAM_MAP = {"alice": "vision", "dave": "vision", "bob": "nlp", "carol": ["vision", "nlp"]}
+
+POOL_TIERS = [{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"}]
+POOL_QUOTAS = {
+    "lab": {"guaranteed": {"h100": 2}, "borrowing_limit": {"h100": 0}},
+    "ops": {"guaranteed": {"h100": 2}},
+}
+LAB = [f"lab{i}" for i in range(1, 6)]
+POOL_TEAM_MAP = {**dict.fromkeys(LAB, "lab"), "ops1": "ops", "ops2": "ops"}
+
+DEVICES_STATE = "gpu_gov_devices"
+TIER, TEAM, PROJECT, BORROWED = (f"gpu-gov/{k}" for k in ("tier", "team", "project", "borrowed"))
+
+
+def _hub_config(devices, tiers, quotas, team_map, extra: str = "") -> str:
+    return f"""
+        from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+
+        c.JupyterHub.allow_named_servers = True
+        c.LocalGpus.backend = "simulated"
+        c.LocalGpus.simulated_devices = {devices!r}
+        c.LocalGpus.sim_state_path = HARNESS_ENV["JUPYTER_GPU_GOV_SIM_STATE"]
+        c.GpuProfiles.tiers = {tiers!r}
+        c.GpuProfiles.quotas = {quotas!r}
+        c.GpuProfiles.team_map = {team_map!r}
+        add_gpu_profiles(c, spawner="simple")
+        {extra}
+        """
+
+
+def _singleuser_config(devices) -> str:
+    return f"c.GpuGovApp.simulated_devices = {devices!r}\n"
+
+
+hub = hub_fixture(
+    users=["alice", "bob", "carol", "dave", "erin"],
+    extra_config=_hub_config(DEMO_DEVICES, TIERS, QUOTAS, TEAM_MAP),
+    singleuser_config=_singleuser_config(DEMO_DEVICES),
+)
+pool = hub_fixture(
+    users=[*LAB, "ops1", "ops2"],
+    extra_config=_hub_config(
+        POOL_DEVICES,
+        POOL_TIERS,
+        POOL_QUOTAS,
+        POOL_TEAM_MAP,
+        extra="c.JupyterHub.cleanup_servers = False",
+    ),
+    singleuser_config=_singleuser_config(POOL_DEVICES),
+)
+
+LEAVES = leaf_devices(DEMO_DEVICES)
+WHOLE_UUIDS = {leaf["uuid"] for leaf in LEAVES if leaf["mig_profile"] is None}
+MIG_UUIDS = {leaf["mig_profile"]: leaf["uuid"] for leaf in LEAVES if leaf["mig_profile"]}
+POOL_UUIDS = [leaf["uuid"] for leaf in leaf_devices(POOL_DEVICES)]
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def tier_lines(page: str) -> dict[str, dict[str, tuple[str, str]]]:
+    """The spawn form's tiers: tier → team → (css class, sentence)."""
+    tiers = {}
+    for tier, body in re.findall(r'data-tier="([^"]+)">(.*?)</label>', page, re.S):
+        lines = re.findall(r'<li class="(\w+)" data-team="([^"]+)">(.*?)</li>', body, re.S)
+        tiers[tier] = {team: (css, html.unescape(text)) for css, team, text in lines}
+    return tiers
+
+
+def spawn_page(hub: HubHarness, user: str) -> str:
+    """The spawn page as ``user`` sees it (logged in through /hub/login)."""
+    r = hub.login(user).get(hub.spawn_page_url(user), allow_redirects=False, timeout=30)
+    assert r.status_code == 200, f"{r.status_code} {r.text[:2000]}"
+    return r.content.decode()  # UTF-8, as its <meta charset> says (the header does not)
+
+
+def error_message(page: str) -> str:
+    """The refusal the spawn page shows (``spawn-error-msg``), unescaped."""
+    found = re.search(r'class="spawn-error-msg[^"]*">\s*(.*?)\s*</p>', page, re.S)
+    assert found, f"no spawn-error-msg on the page:\n{page[:3000]}"
+    return html.unescape(found[1]).removeprefix("Error: ")
+
+
+def servers(hub: HubHarness, user: str) -> dict[str, dict[str, Any]]:
+    """The user's active servers as the hub's API shows them (with state: the harness's token
+    has admin:server_state)."""
+    r = hub.api("GET", f"users/{user}")
+    assert r.status_code == 200, r.text
+    return r.json().get("servers") or {}
+
+
+def held(hub: HubHarness) -> dict[str, list[str]]:
+    """Device UUIDs per active server ("user/name") of the whole hub, from spawner state."""
+    r = hub.api("GET", "users")
+    assert r.status_code == 200, r.text
+    return {
+        f"{user['name']}/{name}": (server.get("state") or {}).get(DEVICES_STATE, [])
+        for user in r.json()
+        for name, server in (user.get("servers") or {}).items()
+    }
+
+
+def visible_devices(hub: HubHarness, user: str) -> str:
+    """``CUDA_VISIBLE_DEVICES`` as a kernel of the user's server sees it."""
+    kernel = hub.start_kernel(user)
+    out = hub.execute(user, kernel, 'import os; print(os.environ["CUDA_VISIBLE_DEVICES"])')
+    return out.strip()
+
+
+def api_spawn(hub: HubHarness, user: str, options: dict[str, Any]) -> requests.Response:
+    return hub.api("POST", f"users/{user}/server", json=options)
+
+
+# --- 1. the spawn form -----------------------------------------------------------------------
+
+
+def test_form_lists_the_teams_tiers_with_what_is_left(hub):
+    page = spawn_page(hub, "alice")
+    tiers = tier_lines(page)
+    # vision's tiers only, with what is left; no team selector for a single team
+    assert set(tiers) == {"h100", "h100-1g", "no-gpu"}, tiers
+    assert tiers["h100"] == {"vision": ("ok", "vision: 1 of 1 guaranteed left · 2 of 2 free")}
+    assert tiers["h100-1g"] == {"vision": ("ok", "vision: 1 of 1 guaranteed left · 2 of 2 free")}
+    assert 'id="gpu-gov-team"' not in page
+    assert '<input type="hidden" name="team" value="vision">' in page
+
+    # nlp may use every tier; h100 has no nlp guarantee: it would borrow
+    tiers = tier_lines(spawn_page(hub, "bob"))
+    assert set(tiers) == {"h100", "h100-3g", "h100-2g", "h100-1g", "no-gpu"}, tiers
+    css, sentence = tiers["h100"]["nlp"]
+    assert css == "borrow"
+    assert sentence.startswith("nlp: would borrow (no guarantee here"), sentence
+    assert tiers["h100-3g"] == {"nlp": ("ok", "nlp: 1 of 1 guaranteed left · 1 of 1 free")}
+
+
+def test_form_for_two_teams_has_a_team_selector(hub):
+    page = spawn_page(hub, "carol")
+    select = re.search(
+        r'<select[^>]*id="gpu-gov-team"[^>]*name="team"[^>]*>(.*?)</select>', page, re.S
+    )
+    assert select, page[:3000]
+    assert re.findall(r'<option value="([^"]+)"', select[1]) == ["vision", "nlp"]
+    tiers = tier_lines(page)
+    assert set(tiers["h100"]) == {"vision", "nlp"}
+    assert set(tiers["h100-3g"]) == {"nlp"}  # not a vision tier
+
+
+def test_form_for_no_team_says_ask_the_admin(hub):
+    page = spawn_page(hub, "erin")
+    assert "You are in no team with GPU access. Ask your hub admin" in page
+    assert set(tier_lines(page)) == {"no-gpu"}
+    # Asking for a GPU anyway is refused with the same advice, and nothing starts.
+    r = hub.spawn_form("erin", fields={"profile": "h100"})
+    assert r.status_code == 403, r.text[:2000]
+    assert error_message(r.text).startswith("You are in no team with GPU access. Ask your hub")
+    assert servers(hub, "erin") == {}
+
+
+# --- 2. spawns within quota get distinct devices -------------------------------------------
+
+
+def test_spawns_within_quota_get_distinct_devices(hub):
+    fields = {"alice": "h100", "dave": "h100", "bob": "h100-3g"}
+    for user, profile in fields.items():
+        project = {"project": "segmentation"} if user == "alice" else {}
+        r = hub.spawn_form(user, fields={"profile": profile, **project})
+        assert r.status_code == 302, f"{user}: {r.status_code} {error_message(r.text)}"
+        assert "spawn-pending" in r.headers["Location"]
+    for user in fields:
+        hub.wait_for_server(user)
+
+    options = {user: servers(hub, user)[""]["user_options"] for user in fields}
+    assert options["alice"]["profile"] == "h100"  # what the form asked for is kept
+    assert {k: options["alice"].get(k) for k in (TIER, TEAM, BORROWED, PROJECT)} == {
+        TIER: "h100",
+        TEAM: "vision",
+        BORROWED: "false",  # within vision's guarantee of one card
+        PROJECT: "segmentation",
+    }
+    assert {k: options["dave"].get(k) for k in (TIER, TEAM, BORROWED)} == {
+        TIER: "h100",
+        TEAM: "vision",
+        BORROWED: "true",  # the guarantee is alice's: dave borrows the second card
+    }
+    assert {k: options["bob"].get(k) for k in (TIER, TEAM, BORROWED)} == {
+        TIER: "h100-3g",
+        TEAM: "nlp",
+        BORROWED: "false",
+    }
+
+    seen = {user: visible_devices(hub, user) for user in fields}
+    state = {user: servers(hub, user)[""]["state"][DEVICES_STATE] for user in fields}
+    assert seen["alice"] in WHOLE_UUIDS and seen["dave"] in WHOLE_UUIDS, seen
+    assert seen["alice"] != seen["dave"]
+    assert seen["bob"] == MIG_UUIDS["3g.40gb"] and seen["bob"].startswith("MIG-")
+    assert state == {user: [uuid] for user, uuid in seen.items()}
+
+
+# --- 3. spawns over quota are refused with a reason ----------------------------------------
+
+
+def test_over_user_cap_the_form_says_why(hub):
+    before = held(hub)
+    assert before.get("alice/"), "needs alice's h100 server from the previous test"
+    r = hub.spawn_form("alice", "second", fields={"profile": "h100-1g"})
+    assert r.status_code == 403, r.text[:2000]  # the spawn page again, never a bare 500
+    assert 'id="spawn_form"' in r.text
+    message = error_message(r.text)
+    # why (the cap, the team's name, what she holds) and what to do
+    assert re.match(r"You may hold 1 GPU-equivalents? at once", message), message
+    assert "team vision" in message and "H100 80 GB" in message, message
+    assert "Stop one of your servers" in message, message
+    assert "second" not in servers(hub, "alice")
+    assert held(hub) == before
+
+
+def test_over_team_borrowing_limit_form_and_api_say_why(hub):
+    before = held(hub)
+    assert len([d for d in before.values() if d and d[0] in WHOLE_UUIDS]) == 2, before
+    # The form already shows h100 as refused for both of carol's teams.
+    page = spawn_page(hub, "carol")
+    lines = tier_lines(page)["h100"]
+    assert lines["vision"][0] == "refused", lines
+    assert "may borrow at most 1 more" in lines["vision"][1], lines
+
+    r = hub.spawn_form("carol", fields={"profile": "h100", "team": "vision"})
+    assert r.status_code == 403, r.text[:2000]
+    message = error_message(r.text)
+    # why (the team, its use, guarantee and borrowing limit) and what to do
+    assert re.match(r"Team vision uses 2\b.* guarantee is 1\b", message), message
+    assert "borrow at most 1 more H100 80 GB card" in message, message
+    assert "Stop one of the team's servers on H100 80 GB" in message, message
+    assert servers(hub, "carol") == {}
+
+    # The same refusal through the REST API: an error whose message is the refusal.
+    r = api_spawn(hub, "carol", {"profile": "h100", "team": "vision"})
+    assert r.status_code == 403, r.text
+    assert r.json()["message"] == message
+    assert servers(hub, "carol") == {}
+    assert held(hub) == before
+
+
+def test_rest_spawn_checks_the_project_as_the_form_does(hub):
+    """The project becomes the gpu-gov/project label: the API must refuse what the form refuses."""
+    r = hub.spawn_form("carol", fields={"profile": "h100-2g", "team": "nlp", "project": "a b!"})
+    assert r.status_code == 403, r.text[:2000]
+    refusal = error_message(r.text)
+    assert refusal.startswith("Project 'a b!' cannot be used"), refusal
+
+    r = api_spawn(hub, "carol", {"profile": "h100-2g", "team": "nlp", "project": "a b!"})
+    assert r.status_code == 403, f"{r.status_code} {servers(hub, 'carol')}"
+    assert r.json()["message"] == refusal
+
+
+# --- 6. the memory estimate ----------------------------------------------------------------
+
+
+def test_estimate_for_a_logged_in_user(hub):
+    session = hub.login("alice")
+    url = f"{hub.url}/hub/gpu-gov/estimate"
+    r = session.get(
+        url, params={"params": "7B", "precision": "bf16", "mode": "inference"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    estimate = estimate_memory("7B", "bf16", "inference")
+    expected = smallest_tier(estimate, load_tiers(TIERS))
+    assert expected is not None and expected.memory_gb >= estimate.gb
+    assert body["tier"] == expected.name
+    assert body["gb"] == pytest.approx(estimate.gb, abs=0.01)
+    assert expected.display_name in body["message"]
+
+    r = session.get(url, params={"params": "lots", "precision": "bf16"}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["message"].startswith("params: 'lots'"), r.text
+
+    anonymous = requests.Session()
+    anonymous.trust_env = False
+    r = anonymous.get(url, params={"params": "7B"}, allow_redirects=False, timeout=30)
+    assert r.status_code in (302, 403), r.status_code
+    if r.status_code == 302:
+        assert "/hub/login" in r.headers["Location"], r.headers["Location"]
+
+
+# --- 4. concurrent spawns never exceed a quota ---------------------------------------------
+
+
+def test_concurrent_spawns_never_exceed_the_quota(pool):
+    barrier = threading.Barrier(len(LAB))
+    answers: dict[str, requests.Response] = {}
+
+    def spawn(user: str) -> None:
+        with requests.Session() as session:
+            session.trust_env = False
+            barrier.wait()
+            answers[user] = session.post(
+                f"{pool.hub_api_url}/users/{user}/server",
+                headers={"Authorization": f"token {pool.api_token}"},
+                json={"profile": "h100"},
+                timeout=60,
+            )
+
+    threads = [threading.Thread(target=spawn, args=(user,)) for user in LAB]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    codes = {user: r.status_code for user, r in answers.items()}
+    admitted = [user for user, code in codes.items() if code in (201, 202)]
+    refused = [user for user, code in codes.items() if code == 403]
+    assert len(admitted) == 2 and len(refused) == 3, codes
+    for user in refused:
+        message = answers[user].json()["message"]
+        assert re.match(r"Team lab uses 2\b.* borrow at most 0\b", message), message
+
+    for user in admitted:
+        pool.wait_for_server(user)
+    running = {user: servers(pool, user) for user in LAB}
+    assert sorted(u for u, s in running.items() if s) == sorted(admitted), running
+    assert all(running[u][""]["ready"] for u in admitted)
+    devices = [running[u][""]["state"][DEVICES_STATE] for u in admitted]
+    assert len({d[0] for d in devices}) == 2 and all(len(d) == 1 for d in devices), devices
+
+
+# --- 5. a hub restart keeps allocations ----------------------------------------------------
+
+
+def test_restart_keeps_allocations(pool):
+    r = api_spawn(pool, "ops1", {"profile": "h100"})
+    assert r.status_code in (201, 202), r.text
+    pool.wait_for_server("ops1")
+    mine = servers(pool, "ops1")[""]
+    device = mine["state"][DEVICES_STATE]
+    assert len(device) == 1 and device[0] in POOL_UUIDS
+    assert visible_devices(pool, "ops1") == device[0]
+    before = held(pool)
+
+    pool.restart()
+
+    after = servers(pool, "ops1")[""]
+    assert after["ready"]
+    assert after["state"][DEVICES_STATE] == device
+    assert after["user_options"][TIER] == "h100" and after["user_options"][TEAM] == "ops"
+    assert held(pool) == before
+    # The same server process still answers, through the new proxy, with its device.
+    pool.wait_for_server("ops1")
+    assert visible_devices(pool, "ops1") == device[0]
+
+    # A new spawn does not get the held device.
+    r = api_spawn(pool, "ops2", {"profile": "h100"})
+    assert r.status_code in (201, 202), r.text
+    pool.wait_for_server("ops2")
+    other = servers(pool, "ops2")[""]["state"][DEVICES_STATE]
+    assert other and other[0] not in {d for ds in before.values() for d in ds}
+
+    # Stopping the server frees its device: the next server takes it (the lowest free).
+    pool.stop_server("ops1")
+    assert "ops1/" not in held(pool)
+    r = api_spawn(pool, "ops1", {"profile": "h100"})
+    assert r.status_code in (201, 202), r.text
+    pool.wait_for_server("ops1")
+    assert servers(pool, "ops1")[""]["state"][DEVICES_STATE] == device

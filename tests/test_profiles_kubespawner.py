@@ -1,0 +1,708 @@
+"""GpuKubeSpawner without a cluster: real KubeSpawner pods, a real JupyterHub database.
+
+Users, groups and servers are rows of an in-memory JupyterHub database, wrapped in
+``jupyterhub.user.User`` as the hub does; spawners are the real ``GpuKubeSpawner``. The
+Kubernetes API is the boundary: a kubeconfig pointing nowhere lets KubeSpawner build its client
+without connecting, and ``KubeSpawner.start`` (pod creation) is replaced by a stand-in that
+builds the pod manifest and returns a URL. Pods are checked against the kubernetes client's
+models by a serialize / deserialize round trip.
+
+The catalogue: whole H100s (one or a pair), half an H200 (MIG 3g.71gb), a quarter of a
+time-shared L4 and a capability class (any card with 80 GB). Teams: vision (2 H100 guaranteed,
+may borrow 1 more, 2 GPU-equivalents per user), nlp (half H200s and L4 shares, any tier,
+priority 10) and robotics (L4 shares only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import kubespawner
+import pytest
+from jupyterhub import orm
+from jupyterhub.objects import Hub
+from jupyterhub.user import User
+from kubernetes_asyncio.client import ApiClient, V1Pod
+from kubernetes_asyncio.config import kube_config
+from traitlets.config import Config, PyFileConfigLoader
+
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.profiles.config import GpuProfiles
+from jupyter_gpu_gov.profiles.kubespawner import GpuKubeSpawner, gpu_profile_list
+from jupyter_gpu_gov.profiles.spawner import GpuRefused
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "hub_config" / "kubernetes"
+UNICODE_USER = "Ünïcode.User@example.org"
+GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+# A label value: at most 63 characters, alphanumerics with '-', '_', '.' inside (Kubernetes docs).
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+OWNERSHIP = ("user", "team", "project", "tier", "borrowed", "max-age")
+H100_PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"]
+
+TIERS = [
+    {
+        "name": "h100",
+        "display_name": "H100 80 GB",
+        "gpu": "H100-80GB",
+        "interconnect": "nvlink",
+        "max_age": "3d",
+    },
+    {"name": "h100x2", "display_name": "2 x H100", "gpu": "H100-80GB", "count": 2},
+    {"name": "h200-3g", "display_name": "Half an H200", "gpu": "H200-141GB", "mig": "3g.71gb"},
+    {"name": "l4-shared", "display_name": "Shared L4", "gpu": "L4-24GB", "replicas": 4},
+    {"name": "big-memory", "display_name": "Any 80 GB card", "min_memory_gb": 80},
+]
+QUOTAS = {
+    "vision": {
+        "guaranteed": {"h100": 2, "h100x2": 2},  # cards: one pair
+        "borrowing_limit": {"h100": 1},
+        "tiers": ["h100", "h100x2", "h200-3g", "big-memory"],
+        "user_cap": 2,
+    },
+    "nlp": {"guaranteed": {"h200-3g": 2, "l4-shared": 4}, "tiers": "*", "priority": 10},
+    "robotics": {"guaranteed": {"l4-shared": 2}},
+}
+CAPACITY = {"h100": 8, "h100x2": 4, "h200-3g": 4, "l4-shared": 8}
+
+
+def profiles_config(**changes) -> Config:
+    config = Config()
+    config.GpuProfiles.tiers = TIERS
+    config.GpuProfiles.quotas = QUOTAS
+    config.GpuProfiles.capacity = CAPACITY
+    for key, value in changes.items():
+        setattr(config.GpuProfiles, key, value)
+    return config
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def fresh_profiles():
+    """GpuProfiles is a process-wide singleton: each test reads its own config."""
+    GpuProfiles.clear_instance()
+    yield
+    GpuProfiles.clear_instance()
+
+
+@pytest.fixture(autouse=True)
+def no_cluster(tmp_path, monkeypatch, jp_asyncio_loop):
+    """A kubeconfig for a cluster that is not there: KubeSpawner builds its API client from it
+    and never connects. Afterwards, close the clients KubeSpawner opened on the test's loop."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}],
+                "users": [{"name": "none", "user": {"token": "unused"}}],
+                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+                "current-context": "none",
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    # read when kubernetes_asyncio is imported; KubeSpawner loads it once per process
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("JUPYTERHUB_SERVICE_NAME", raising=False)
+    yield
+    pending = [t for t in asyncio.all_tasks(jp_asyncio_loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    jp_asyncio_loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+
+class FakeHub:
+    """An in-memory JupyterHub database with users in groups, wrapped as the hub wraps them."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.db = orm.new_session_factory("sqlite://")()
+        self.settings = {
+            "spawner_class": GpuKubeSpawner,
+            "config": config,
+            "hub": Hub(base_url="/hub/"),
+            "allow_named_servers": True,
+        }
+        self.users: dict[str, User] = {}
+
+    def group(self, name: str, team: bool = True) -> orm.Group:
+        group = orm.Group.find(self.db, name)
+        if group is None:
+            group = orm.Group(name=name, properties={"gpu-gov/team": True} if team else {})
+            self.db.add(group)
+            self.db.commit()
+        return group
+
+    def user(self, name: str, *groups: str) -> User:
+        row = orm.User(name=name)
+        self.db.add(row)
+        for group in groups:
+            row.groups.append(self.group(group))
+        self.db.commit()
+        self.users[name] = User(row, self.settings)
+        return self.users[name]
+
+    def spawner(self, user: str | User, server: str = "") -> GpuKubeSpawner:
+        """The user's spawner, as JupyterHub creates it (call inside the event loop)."""
+        user = self.users[user] if isinstance(user, str) else user
+        return user.get_or_create_spawner(server, server)
+
+    def started(self, spawner: GpuKubeSpawner, options: dict) -> GpuKubeSpawner:
+        """What User.spawn does before it calls Spawner.start."""
+        spawner.orm_spawner.user_options = options
+        spawner.user_options = options
+        spawner.orm_spawner.started = datetime.now(timezone.utc).replace(tzinfo=None)
+        self.db.commit()
+        return spawner
+
+
+@pytest.fixture
+def make_hub():
+    hubs = []
+
+    def make(config: Config | None = None) -> FakeHub:
+        hubs.append(FakeHub(config or profiles_config()))
+        return hubs[-1]
+
+    yield make
+    for hub in hubs:
+        hub.db.close()
+
+
+@pytest.fixture
+def hub(make_hub):
+    return make_hub()
+
+
+@pytest.fixture
+def pod_api(monkeypatch):
+    """KubeSpawner.start replaced at the Kubernetes API: build the pod it would create (after a
+    few yields to the event loop, as the API calls would), record it and return a URL."""
+    created: dict[str, V1Pod] = {}
+
+    async def start(self):
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await self.load_user_options()
+        created[self._log_name] = await self.get_pod_manifest()
+        return f"http://{self.pod_name}.jupyter.svc:8888"
+
+    monkeypatch.setattr(kubespawner.KubeSpawner, "start", start)
+    return created
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+async def admitted_pod(spawner: GpuKubeSpawner, options: dict) -> V1Pod:
+    """Admit ``options`` as start() does, then build the pod KubeSpawner would create."""
+    spawner.user_options = dict(options)
+    spawner._gpu_admit(await spawner.gpu_teams())
+    await spawner.load_user_options()
+    return await spawner.get_pod_manifest()
+
+
+def container(pod: V1Pod):
+    return pod.spec.containers[0]
+
+
+def required_terms(pod: V1Pod) -> list[list[dict]]:
+    """The pod's required node affinity, as lists of match expressions (ORed terms)."""
+    affinity = pod.spec.affinity
+    if affinity is None or affinity.node_affinity is None:
+        return []
+    required = affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    return [
+        [
+            {"key": e["key"], "operator": e["operator"], "values": e["values"]}
+            for e in ApiClient().sanitize_for_serialization(term)["matchExpressions"]
+        ]
+        for term in required.node_selector_terms
+    ]
+
+
+def tolerations(pod: V1Pod) -> list[dict]:
+    return ApiClient().sanitize_for_serialization(pod.spec.tolerations or [])
+
+
+def ownership(pod: V1Pod) -> tuple[dict, dict]:
+    labels = {k: v for k, v in pod.metadata.labels.items() if k.startswith("gpu-gov/")}
+    annotations = {k: v for k, v in pod.metadata.annotations.items() if k.startswith("gpu-gov/")}
+    return labels, annotations
+
+
+async def round_trip(pod: V1Pod) -> V1Pod:
+    """Serialize the pod as KubeSpawner sends it, read it back as the client reads the API's
+    answers (with client-side validation), and check nothing was lost."""
+    async with ApiClient() as api:
+        body = api.sanitize_for_serialization(pod)
+        back = api.deserialize(SimpleNamespace(data=json.dumps(body)), "V1Pod")
+        # KubeSpawner sends CPU and memory as JSON numbers; the client reads quantities as strings.
+        expected = json.loads(json.dumps(body))
+        for each in expected["spec"]["containers"]:
+            for amounts in (each.get("resources") or {}).values():
+                amounts.update({name: str(value) for name, value in (amounts or {}).items()})
+        assert api.sanitize_for_serialization(back) == expected
+    assert isinstance(back, V1Pod)
+    assert back.local_vars_configuration.client_side_validation
+    return back
+
+
+# -- pod manifests -----------------------------------------------------------------------------
+
+
+async def test_whole_card_pods_ask_for_h100s_on_h100_nodes(hub):
+    hub.user("alice", "vision")
+    alice = hub.spawner("alice")
+
+    pod = await admitted_pod(alice, {"profile": "h100", "project": "detection"})
+    assert container(pod).resources.limits == {"nvidia.com/gpu": "1"}
+    assert required_terms(pod) == [
+        [{"key": "nvidia.com/gpu.product", "operator": "In", "values": H100_PRODUCTS}]
+    ]
+    assert GPU_TAINT in tolerations(pod)
+    labels, annotations = ownership(pod)
+    assert labels == {
+        "gpu-gov/user": "alice",
+        "gpu-gov/team": "vision",
+        "gpu-gov/project": "detection",
+        "gpu-gov/tier": "h100",
+        "gpu-gov/borrowed": "false",
+        "gpu-gov/max-age": str(3 * 86400),
+    }
+    assert annotations == labels
+    await round_trip(pod)
+
+    pair = await admitted_pod(hub.spawner("alice", "pair"), {"profile": "h100x2"})
+    assert container(pair).resources.limits == {"nvidia.com/gpu": "2"}
+    assert ownership(pair)[0]["gpu-gov/tier"] == "h100x2"
+    assert ownership(pair)[0]["gpu-gov/borrowed"] == "false"  # the team's guaranteed pair
+    assert "gpu-gov/max-age" not in ownership(pair)[0]  # the tier has no hard cap
+    await round_trip(pair)
+
+
+async def test_mig_pod_asks_for_the_slice_on_mixed_strategy_h200_nodes(hub):
+    hub.user("nadia", "nlp")
+    pod = await admitted_pod(hub.spawner("nadia"), {"profile": "h200-3g"})
+
+    limits = container(pod).resources.limits
+    assert limits == {"nvidia.com/mig-3g.71gb": "1"}  # a slice, never a whole card
+    assert pod.spec.node_selector == {"nvidia.com/mig.strategy": "mixed"}
+    assert required_terms(pod) == [
+        [
+            {
+                "key": "nvidia.com/gpu.product",
+                "operator": "In",
+                "values": ["NVIDIA-H200", "NVIDIA-H200-NVL"],
+            }
+        ]
+    ]
+    assert GPU_TAINT in tolerations(pod)
+    assert ownership(pod)[0]["gpu-gov/tier"] == "h200-3g"
+    back = await round_trip(pod)
+    assert back.spec.containers[0].resources.limits == limits
+
+
+async def test_time_shared_pod_asks_for_a_share_of_an_l4(hub):
+    hub.user("rob", "robotics")
+    pod = await admitted_pod(hub.spawner("rob"), {"profile": "l4-shared"})
+
+    assert container(pod).resources.limits == {"nvidia.com/gpu.shared": "1"}
+    assert pod.spec.node_selector == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert required_terms(pod) == []
+    assert ownership(pod)[0]["gpu-gov/team"] == "robotics"
+    await round_trip(pod)
+
+
+async def test_capability_class_pod_selects_nodes_by_gpu_memory(hub):
+    hub.user("alice", "vision")
+    pod = await admitted_pod(hub.spawner("alice"), {"profile": "big-memory"})
+
+    assert container(pod).resources.limits == {"nvidia.com/gpu": "1"}
+    # GPU feature discovery reports MiB; an "80 GB" card shows a little less than 80 GiB.
+    (term,) = required_terms(pod)
+    (expression,) = term
+    assert expression["key"] == "nvidia.com/gpu.memory"
+    assert expression["operator"] == "Gt"
+    floor = int(expression["values"][0]) + 1
+    assert 76_000 < floor <= 81_559  # an H100 reports 81559 MiB
+    assert not pod.spec.node_selector
+    await round_trip(pod)
+
+
+async def test_labels_are_valid_label_values_and_annotations_keep_what_the_user_typed(hub):
+    hub.user(UNICODE_USER, "vision")
+    # A project must be a label value already (the form and the REST API both check it), so the
+    # label and what the governor reads from user_options agree for showback.
+    spawner = hub.spawner(UNICODE_USER)
+    typed = "Straßen-Szenen / 2025 (night runs)"
+    with pytest.raises(GpuRefused) as refused:
+        await admitted_pod(spawner, {"profile": "h100", "project": typed})
+    assert "cannot be used" in refused.value.jupyterhub_message
+    assert "gpu-gov/tier" not in spawner.user_options
+    project = "Strassen-Szenen_2025.night-runs"
+    pod = await admitted_pod(spawner, {"profile": "h100", "project": project})
+
+    labels, annotations = ownership(pod)
+    assert sorted(labels) == sorted(f"gpu-gov/{key}" for key in OWNERSHIP)
+    for key, value in labels.items():
+        assert len(value) <= 63 and LABEL_VALUE.match(value), (key, value)
+    assert annotations["gpu-gov/user"] == UNICODE_USER
+    assert annotations["gpu-gov/project"] == project
+    # Distinct names stay distinct once made label-safe, and match KubeSpawner's username label.
+    assert labels["gpu-gov/user"] == pod.metadata.labels["hub.jupyter.org/username"]
+    assert labels["gpu-gov/user"] != "unicode-user-example-org"
+    back = await round_trip(pod)
+    assert back.metadata.annotations["gpu-gov/user"] == UNICODE_USER
+
+
+async def test_kubernetes_models_reject_an_invalid_pod():
+    """The round trip has teeth: client-side validation refuses a container without a name."""
+    body = {"metadata": {"name": "p"}, "spec": {"containers": [{"image": "x"}]}}
+    async with ApiClient() as api:
+        with pytest.raises(ValueError, match="name"):
+            api.deserialize(SimpleNamespace(data=json.dumps(body)), "V1Pod")
+
+
+async def test_a_restarted_server_asks_only_for_its_new_tier(hub):
+    """JupyterHub keeps a server's Spawner across stop and start: a server that ran on an H200
+    slice and restarts on an H100, then without a GPU, must not keep asking for the old ones."""
+    hub.user("carol", "vision", "nlp")
+    carol = hub.spawner("carol")
+
+    mig = await admitted_pod(carol, {"profile": "h200-3g", "team": "nlp"})
+    assert container(mig).resources.limits == {"nvidia.com/mig-3g.71gb": "1"}
+
+    card = await admitted_pod(carol, {"profile": "h100", "team": "vision"})
+    assert container(card).resources.limits == {"nvidia.com/gpu": "1"}
+    assert not card.spec.node_selector  # no mig.strategy: mixed left over
+    assert required_terms(card) == [
+        [{"key": "nvidia.com/gpu.product", "operator": "In", "values": H100_PRODUCTS}]
+    ]
+
+    cpu = await admitted_pod(carol, {"profile": "no-gpu"})
+    assert not container(cpu).resources.limits
+    assert not cpu.spec.node_selector and required_terms(cpu) == []
+    assert GPU_TAINT not in tolerations(cpu)
+    assert ownership(cpu) == ({}, {})
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["lists", "keyed-dicts"])
+async def test_tier_scheduling_adds_to_the_configured_tolerations_and_affinity(make_hub, keyed):
+    """What the admin (or the z2jh chart) configured stays: its dedicated-node toleration and
+    node-purpose affinity, with the tier's expressions joined into every required term."""
+    dedicated = {
+        "key": "hub.jupyter.org/dedicated",
+        "operator": "Equal",
+        "value": "user",
+        "effect": "NoSchedule",
+    }
+    purpose = {"matchExpressions": [{"key": "hub.jupyter.org/node-purpose", "operator": "In", "values": ["user"]}]}  # fmt: skip
+    config = profiles_config()
+    config.KubeSpawner.tolerations = {"00-dedicated": dedicated} if keyed else [dedicated]
+    config.KubeSpawner.node_affinity_required = {"00-purpose": purpose} if keyed else [purpose]
+    hub = make_hub(config)
+    hub.user("alice", "vision")
+    alice = hub.spawner("alice")
+
+    for _ in range(2):  # and again on the same spawner: nothing doubles up
+        pod = await admitted_pod(alice, {"profile": "h100"})
+        assert tolerations(pod) == [dedicated, GPU_TAINT]
+        assert required_terms(pod) == [
+            [
+                purpose["matchExpressions"][0],
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": H100_PRODUCTS},
+            ]
+        ]
+        await round_trip(pod)
+
+    cpu = await admitted_pod(alice, {})
+    assert tolerations(cpu) == [dedicated]
+    assert required_terms(cpu) == [purpose["matchExpressions"]]
+
+
+# -- the profile list --------------------------------------------------------------------------
+
+
+def by_slug(profiles: list[dict]) -> dict[str, dict]:
+    return {p["slug"]: p for p in profiles}
+
+
+async def test_profile_list_offers_the_teams_tiers_with_what_is_left(hub, pod_api):
+    hub.user("alice", "vision")
+    hub.user("rob", "robotics")
+    hub.user("carol", "vision", "nlp")
+    for name in ("v1", "v2"):
+        hub.user(name, "vision")
+
+    profiles = by_slug(await gpu_profile_list(hub.spawner("alice")))
+    assert list(profiles) == ["h100", "h100x2", "h200-3g", "big-memory", "no-gpu"]
+    assert profiles["no-gpu"]["default"] is True
+    assert not any(p.get("default") for s, p in profiles.items() if s != "no-gpu")
+    assert "vision: 2 of 2 guaranteed left" in profiles["h100"]["description"]
+    assert "vision: would borrow" in profiles["h200-3g"]["description"]  # no vision guarantee
+    assert profiles["h100"]["description"].startswith("1 x H100-80GB, nvlink · 80 GB")
+    # Each tier carries its scheduling as the override KubeSpawner applies.
+    assert profiles["h100"]["kubespawner_override"]["extra_resource_limits"] == {
+        "nvidia.com/gpu": "1"
+    }
+
+    # Two vision servers hold the guarantee: the next H100 would be borrowed...
+    for name in ("v1", "v2"):
+        await hub.started(hub.spawner(name), {"profile": "h100"}).start()
+    h100 = by_slug(await gpu_profile_list(hub.spawner("alice")))["h100"]
+    assert "vision: would borrow" in h100["description"]
+    # ... and once the borrowing limit is used too, not now.
+    await hub.started(hub.spawner("carol"), {"profile": "h100", "team": "vision"}).start()
+    h100 = by_slug(await gpu_profile_list(hub.spawner("alice")))["h100"]
+    assert "vision: not now" in h100["description"]
+
+    # Robotics is offered its shared L4s only; carol sees both her teams' lines.
+    assert list(by_slug(await gpu_profile_list(hub.spawner("rob")))) == ["l4-shared", "no-gpu"]
+    carols = by_slug(await gpu_profile_list(hub.spawner("carol", "second")))
+    assert set(carols) == {"h100", "h100x2", "h200-3g", "l4-shared", "big-memory", "no-gpu"}
+    assert "vision: " in carols["h200-3g"]["description"]
+    assert "nlp: 2 of 2 guaranteed left" in carols["h200-3g"]["description"]
+
+
+async def test_profile_list_without_a_cpu_only_choice(make_hub):
+    hub = make_hub(profiles_config(allow_no_gpu=False))
+    hub.user("rob", "robotics")
+    profiles = await gpu_profile_list(hub.spawner("rob"))
+    assert [p["slug"] for p in profiles] == ["l4-shared"]
+    # KubeSpawner makes the first profile the default; admission still wants an explicit tier.
+    with pytest.raises(GpuRefused, match="Choose a GPU tier"):
+        await hub.started(hub.spawner("rob"), {}).start()
+
+
+# -- admission at start() ----------------------------------------------------------------------
+
+
+async def test_start_within_quota_records_the_grant_and_labels_the_pod(hub, pod_api):
+    hub.user("alice", "vision")
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100", "project": "detection"})
+
+    url = await alice.start()
+
+    assert url.startswith("http://jupyter-alice")
+    grant = {
+        "gpu-gov/tier": "h100",
+        "gpu-gov/team": "vision",
+        "gpu-gov/project": "detection",
+        "gpu-gov/borrowed": "false",
+        "gpu-gov/max-age": "259200",
+    }
+    assert alice.user_options == {"profile": "h100", "project": "detection", **grant}
+    # Recorded in the hub's database, where the governor and the next admission read it.
+    hub.db.expire_all()
+    row = hub.db.query(orm.Spawner).filter_by(id=alice.orm_spawner.id).one()
+    assert {k: v for k, v in row.user_options.items() if k.startswith("gpu-gov/")} == grant
+    pod = pod_api[alice._log_name]
+    assert ownership(pod)[0] == {"gpu-gov/user": "alice", **grant}
+    assert container(pod).resources.limits == {"nvidia.com/gpu": "1"}
+
+
+async def test_start_beyond_the_guarantee_is_borrowed_and_labelled(hub, pod_api):
+    for name in ("v1", "v2", "v3"):
+        hub.user(name, "vision")
+    for name in ("v1", "v2"):
+        await hub.started(hub.spawner(name), {"profile": "h100"}).start()
+
+    third = hub.started(hub.spawner("v3"), {"profile": "h100"})
+    await third.start()
+
+    assert third.user_options["gpu-gov/borrowed"] == "true"
+    assert ownership(pod_api[third._log_name])[0]["gpu-gov/borrowed"] == "true"
+
+
+async def test_start_over_quota_is_refused_with_what_to_do(hub, pod_api):
+    for name in ("v1", "v2", "v3", "alice"):
+        hub.user(name, "vision")
+    for name in ("v1", "v2", "v3"):  # 2 guaranteed + 1 borrowed: the team's limit
+        await hub.started(hub.spawner(name), {"profile": "h100"}).start()
+
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100"})
+    with pytest.raises(GpuRefused) as refused:
+        await alice.start()
+
+    assert refused.value.status_code == 403
+    message = refused.value.jupyterhub_message
+    assert "Team vision" in message
+    assert "may borrow at most 1 more" in message
+    assert "Stop one of the team's servers" in message and "pick another tier" in message
+    assert not any(k.startswith("gpu-gov/") for k in alice.user_options)
+    assert not any(k.startswith("gpu-gov/") for k in alice.orm_spawner.user_options or {})
+    assert alice._log_name not in pod_api  # no pod was asked for
+
+
+async def test_start_over_the_per_user_cap_names_what_the_user_holds(hub, pod_api):
+    hub.user("alice", "vision")
+    await hub.started(hub.spawner("alice", "pair"), {"profile": "h100x2"}).start()
+
+    second = hub.started(hub.spawner("alice", "more"), {"profile": "h100"})
+    with pytest.raises(GpuRefused) as refused:
+        await second.start()
+
+    message = refused.value.jupyterhub_message
+    assert "You may hold 2 GPU-equivalents" in message and "vision" in message
+    assert "server 'pair' on 2 x H100" in message  # what to stop
+    assert "Stop one of your servers" in message
+
+
+async def test_user_in_no_team_is_refused_a_gpu_but_may_start_without_one(hub, pod_api):
+    hub.user("eve")
+    hub.group("staff", team=False)
+    eve = hub.started(hub.spawner("eve"), {"profile": "h100"})
+
+    with pytest.raises(GpuRefused) as refused:
+        await eve.start()
+    assert "no team with GPU access" in refused.value.jupyterhub_message
+    assert "Ask your hub admin" in refused.value.jupyterhub_message
+
+    # Through the REST API without options: no GPU, nothing counted, no labels.
+    eve = hub.started(hub.spawner("eve", "cpu"), {})
+    await eve.start()
+    pod = pod_api[eve._log_name]
+    assert not container(pod).resources.limits
+    assert ownership(pod) == ({}, {})
+
+
+@pytest.mark.parametrize(
+    ("capacity", "admitted", "borrowed"),
+    [(8, 3, 1), (2, 2, 0)],
+    ids=["quota-bound", "capacity-bound"],
+)
+async def test_concurrent_starts_never_overshoot(make_hub, pod_api, capacity, admitted, borrowed):
+    """Eight vision members start H100 servers at once: the hub's event loop interleaves them
+    while KubeSpawner talks to the API, and no more than the quota (2 guaranteed + 1 borrowed)
+    or the cluster's cards are granted."""
+    hub = make_hub(profiles_config(capacity={**CAPACITY, "h100": capacity}))
+    names = [f"user{i}" for i in range(8)]
+    for name in names:
+        hub.user(name, "vision")
+    spawners = [hub.started(hub.spawner(name), {"profile": "h100"}) for name in names]
+
+    results = await asyncio.gather(*(s.start() for s in spawners), return_exceptions=True)
+
+    refusals = [r for r in results if isinstance(r, GpuRefused)]
+    urls = [r for r in results if isinstance(r, str)]
+    assert len(urls) == admitted and len(refusals) == len(names) - admitted
+    assert all("vision" in r.jupyterhub_message for r in refusals)
+    grants = [s.user_options for s in spawners if "gpu-gov/tier" in s.user_options]
+    assert len(grants) == len(pod_api) == admitted
+    assert sum(g["gpu-gov/borrowed"] == "true" for g in grants) == borrowed
+    # What the next admission counts agrees with what was granted.
+    late = hub.spawner(hub.user("late", "vision"))
+    assert len(late.gpu_usage()) == admitted
+
+
+# -- the example cluster config ----------------------------------------------------------------
+
+
+def load_example() -> Config:
+    return PyFileConfigLoader("jupyterhub_config.py", path=str(EXAMPLE)).load_config()
+
+
+async def test_example_config_loads_and_builds_h200_mig_and_h100_pods(make_hub):
+    config = load_example()
+    assert config.JupyterHub.spawner_class.endswith("GpuKubeSpawner")
+    services = config.JupyterHub.services.get_value([])
+    (service,) = [s for s in services if s["name"] == "gpu-gov"]
+    assert any(arg.startswith("--config=") for arg in service["command"])
+    GpuProfiles.clear_instance()  # add_gpu_profiles checked the settings with one
+
+    hub = make_hub(config)
+    hub.user("nadia", "nlp")
+    hub.user("rob", "robotics")
+    nadia, rob = hub.spawner("nadia"), hub.spawner("rob")
+    profile_names = {p["slug"] for p in await gpu_profile_list(rob)}
+    assert profile_names == {"h100", "h200-3g", "h200-1g", "no-gpu"}
+
+    slice_pod = await admitted_pod(rob, {"profile": "h200-1g", "project": "sim2real"})
+    assert container(slice_pod).resources.limits["nvidia.com/mig-1g.18gb"] == "1"
+    assert "nvidia.com/gpu" not in container(slice_pod).resources.limits
+    assert slice_pod.spec.node_selector == {"nvidia.com/mig.strategy": "mixed"}
+    assert ownership(slice_pod)[0]["gpu-gov/max-age"] == "86400"
+    await round_trip(slice_pod)
+
+    half = await admitted_pod(nadia, {"profile": "h200-3g", "project": "retrieval"})
+    assert container(half).resources.limits["nvidia.com/mig-3g.71gb"] == "1"
+    await round_trip(half)
+
+    card = await admitted_pod(nadia, {"profile": "h100x2", "project": "fine-tuning"})
+    assert container(card).resources.limits["nvidia.com/gpu"] == "2"
+    assert "nvidia.com/mig-3g.71gb" not in container(card).resources.limits
+    assert card.spec.node_selector == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "node.example.org/gpu-pool": "h100-pairs",
+    }
+    assert GPU_TAINT in tolerations(card)
+    assert container(card).resources.requests["memory"] == 400 * 2**30  # the tier's 400G
+    env = {e.name: e.value for e in container(card).env}
+    assert env["JUPYTER_GPU_GOV_URL"] == "http://hub:10101/services/gpu-gov/"
+    assert ownership(card)[0]["gpu-gov/team"] == "nlp"
+    await round_trip(card)
+
+    with pytest.raises(GpuRefused, match="Name the project"):
+        await admitted_pod(hub.spawner("rob", "unnamed"), {"profile": "h200-1g"})
+
+
+async def test_example_config_runs_as_a_z2jh_config_file(make_hub):
+    """The chart execs files in jupyterhub_config.d with its own `c` (and a `get_config` that
+    reads Helm values): the example uses that `c` and keeps what the chart set."""
+    config = Config()
+    dedicated = {
+        "key": "hub.jupyter.org/dedicated",
+        "operator": "Equal",
+        "value": "user",
+        "effect": "NoSchedule",
+    }
+    config.KubeSpawner.tolerations = [dedicated]
+    config.KubeSpawner.environment = {"FROM_EXTRA_ENV": "1"}  # singleuser.extraEnv
+    config.JupyterHub.services = []
+
+    def z2jh_get_config(key, default=None):
+        return default
+
+    source = (EXAMPLE / "jupyterhub_config.py").read_text()
+    exec(compile(source, "gpu-gov.py", "exec"), {"c": config, "get_config": z2jh_get_config})
+    GpuProfiles.clear_instance()
+
+    hub = make_hub(config)
+    hub.user("vic", "vision")
+    pod = await admitted_pod(hub.spawner("vic"), {"profile": "h100", "project": "detection"})
+    assert tolerations(pod) == [dedicated, GPU_TAINT]
+    env = {e.name: e.value for e in container(pod).env}
+    assert env["FROM_EXTRA_ENV"] == "1"
+    assert env["JUPYTER_GPU_GOV_URL"] == "http://hub:10101/services/gpu-gov/"
+    assert ownership(pod)[0]["gpu-gov/tier"] == "h100"
+
+
+def test_example_config_gives_the_governor_its_policies(monkeypatch):
+    """Loaded by the governor (a managed service of that name), the file sets c.GpuGovernor and
+    leaves the hub's wiring alone; borrowed servers get the shortest idle limits."""
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_NAME", "gpu-gov")
+    config = load_example()
+    assert "services" not in config.JupyterHub
+    assert "spawner_class" not in config.JupyterHub
+
+    governor = GpuGovernor(config=config)
+    assert governor.ip == "0.0.0.0"
+    policies = {p.name: p for p in governor.build_policies()}
+    assert next(iter(policies)) == "borrowed"
+    assert policies["borrowed"].match.labels == {"gpu-gov/borrowed": "true"}
+    assert policies["borrowed"].cull_after < policies["default"].cull_after
+    assert policies["borrowed"].cull_after == min(p.cull_after for p in policies.values())
+    assert all(p.cull_action == "stop-server" for p in policies.values())
+    # The same list as the module would validate it.
+    assert len(load_policies(config.GpuGovernor.policies)) == len(policies)
