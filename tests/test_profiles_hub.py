@@ -190,7 +190,9 @@ def test_form_for_two_teams_has_a_team_selector(hub):
     assert re.findall(r'<option value="([^"]+)"', select[1]) == ["vision", "nlp"]
     tiers = tier_lines(page)
     assert set(tiers["h100"]) == {"vision", "nlp"}
-    assert set(tiers["h100-3g"]) == {"nlp"}  # not a vision tier
+    # Not a vision tier: said so on vision's line, which the page shows while vision is chosen.
+    assert tiers["h100-3g"]["vision"] == ("refused", "vision: not offered to this team")
+    assert tiers["h100-3g"]["nlp"][0] == "ok"
 
 
 def test_form_for_no_team_says_ask_the_admin(hub):
@@ -317,6 +319,10 @@ def test_estimate_for_a_logged_in_user(hub):
     assert body["tier"] == expected.name
     assert body["gb"] == pytest.approx(estimate.gb, abs=0.01)
     assert expected.display_name in body["message"]
+    assert body["tier"] == "h100-3g"  # ~20 GB: half an H100, the smallest tier that holds it
+    # With the team chosen on the form, only that team's tiers: vision has no half card.
+    r = session.get(url, params={"params": "7B", "team": "vision"}, timeout=30)
+    assert r.json()["tier"] == "h100", r.text
 
     r = session.get(url, params={"params": "lots", "precision": "bf16"}, timeout=30)
     assert r.status_code == 400, r.text

@@ -87,6 +87,9 @@ def test_a_researcher_picks_a_tier_for_a_team_with_the_estimate_and_starts(hub):
                 "vision: 1 of 1 guaranteed left · 2 of 2 free"
             )
             expect(radio["h100-3g"]).to_be_disabled()
+            expect(tier["h100-3g"].locator('li[data-team="vision"]')).to_have_text(
+                "vision: not offered to this team"
+            )
 
             # Switch to nlp: the slices open up, the H100 (not nlp's) closes.
             form.locator("#gpu-gov-team").select_option("nlp")

@@ -84,6 +84,11 @@ def render(
     for team in teams:
         for use in lines.get(team, ()):
             offered.setdefault(use.tier, []).append((team, *line(use, team)))
+    for team_lines in offered.values():  # say so where one of the user's teams lacks it
+        has = {team for team, _, _ in team_lines}
+        team_lines += [
+            (t, "refused", f"{t}: not offered to this team") for t in teams if t not in has
+        ]
     rows = [
         {
             "tier": tiers[name],

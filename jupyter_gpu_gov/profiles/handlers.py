@@ -1,8 +1,8 @@
 """The spawn form's memory estimate, served by the hub at ``/hub/gpu-gov/estimate``.
 
-``GET ?params=7B&precision=bf16&mode=training`` → ``{"tier": "h100", "gb": 78.4, "message": …}``
-for a logged-in user, using the same tiers as the form (``tier`` is null when none fits). Bad
-input answers 400 with a message naming the parameter.
+``GET ?params=7B&precision=bf16&mode=training[&team=vision]`` → ``{"tier": "h100", "gb": 78.4,
+"message": …}`` for a logged-in user, among the tiers of ``team`` (all tiers without one; ``tier``
+is null when none fits). Bad input answers 400 with a message naming the parameter.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ class EstimateHandler(BaseHandler):
             self.set_status(400)
             self._json({"tier": None, "message": str(error)})
             return
-        tiers = GpuProfiles.instance(config=self.config).tier_map
+        conf = GpuProfiles.instance(config=self.config)
+        tiers = conf.tier_map
+        quota = conf.quota_map.get(self.get_argument("team", ""))
+        if quota is not None:  # the tiers of the team chosen on the form
+            tiers = {name: tier for name, tier in tiers.items() if name in quota.tiers}
         tier = smallest_tier(estimate, tiers)
         need = f"About {estimate.gb:.1f} GB of GPU memory ({estimate.mode}, {estimate.precision})"
         message = (
