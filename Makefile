@@ -47,7 +47,7 @@ $(VPY):
 $(VENV_STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet hatchling editables hatch-jupyter-builder
-	SKIP_JUPYTER_BUILDER=1 $(VPY) -m pip install --quiet --no-build-isolation -e ".[test]"
+	SKIP_JUPYTER_BUILDER=1 $(VPY) -m pip install --quiet --no-build-isolation -e ".[test,test-torch]"
 	touch $@
 
 node_modules: $(NODE_STAMP)

@@ -3,7 +3,9 @@ dcgm-exporter samples; its command line; its store across restarts."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +23,7 @@ from jupyter_gpu_gov.core.policy import Record, load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor, normalise_argv
 from jupyter_gpu_gov.hub.dcgm import DcgmSource
 from jupyter_gpu_gov.hub.hubapi import HubApi
-from jupyter_gpu_gov.hub.reconcile import Governor, Options
+from jupyter_gpu_gov.hub.reconcile import CheckpointResult, Governor, Options, row_view
 from jupyter_gpu_gov.hub.store import SCHEMA_VERSION, MetaRow, ServerRow, Store, set_record
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed
@@ -231,3 +233,240 @@ async def test_admin_exempts_then_culls_now_with_reasons_on_record(tmp_path):
     assert actions[-2][:2] == ("exempt", "user:root") and "batch standby machine" in actions[-2][2]
     assert actions[-1] == ("cull", "user:root", "culled by user:root: maintenance")
     assert gov.row("alice/").cull_reason == "admin"
+
+
+# -- checkpoints before the cull -----------------------------------------------------------------
+
+
+class UserServer:
+    """The checkpoint endpoint of single-user servers, reached as the governor reaches it
+    (``proxy_url`` + the server's URL): keeps each request body, answers the next scripted
+    manifest (stamped with the time it was asked for), and can hold its answer back."""
+
+    def __init__(self, *answers: dict):
+        self.requests: list[dict] = []
+        self.answers = list(answers)
+        self.release = asyncio.Event()
+        self.release.set()
+        outer = self
+
+        class Checkpoint(web.RequestHandler):
+            async def post(self, user: str):
+                body = json.loads(self.request.body)
+                outer.requests.append(body)
+                requested_at = clock.isoformat(clock.utcnow())
+                await outer.release.wait()
+                answer = outer.answers.pop(0) if outer.answers else manifest("done")
+                self.finish({**answer, "requested_at": requested_at, "reason": body["reason"]})
+
+        sockets = bind_sockets(0, "127.0.0.1")
+        self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+        self.server = HTTPServer(
+            web.Application([(r"/user/([^/]+)/jupyter-gpu-gov/checkpoint", Checkpoint)])
+        )
+        self.server.add_sockets(sockets)
+
+
+def manifest(status: str, *errors: str, cid: str = "20260105T110000Z") -> dict:
+    return {
+        "format": 1,
+        "id": cid,
+        "path": f"/home/alice/.jupyter-gpu-gov/checkpoints/{cid}",
+        "source": "governor",
+        "status": status,
+        "notebooks": [{"path": "train.ipynb", "checkpoint_id": "checkpoint"}],
+        "errors": list(errors),
+    }
+
+
+@pytest.fixture
+def restore_clock():
+    yield
+    clock.reset()
+
+
+async def idle_until_checkpoint(gov: Governor, user: str = "alice") -> None:
+    """An idle GPU for two hours (warn after 1h, cull after 2h): the governor asks for the
+    checkpoint on the last pass."""
+    for step in (0, 61 * 60, 60 * 60):
+        clock.advance(step)
+        gov.ingest(report_for(user, H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+    assert gov.row(f"{user}/").checkpoint_status == "requested"
+
+
+async def answered(gov: Governor) -> None:
+    """Wait for the governor's checkpoint requests to come back."""
+    await asyncio.gather(*list(gov._tasks))
+
+
+def actions_of(gov: Governor, key: str = "alice/") -> list:
+    return [a for a in gov.store.audit_rows(key)][::-1]  # oldest first
+
+
+async def test_checkpoint_request_carries_the_decision_reason_and_cull_reason(
+    tmp_path, restore_clock
+):
+    user_server = UserServer(manifest("done"))
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        await idle_until_checkpoint(gov)
+        await answered(gov)
+    (body,) = user_server.requests
+    assert body["source"] == "governor" and body["cull_reason"] == "gpu-idle"
+    assert body["reason"] == gov.row("alice/").reason  # the decision's own words
+    assert "saving a checkpoint before the cull" in body["reason"]
+
+
+async def test_an_earlier_checkpoint_does_not_answer_the_governors_request(tmp_path, restore_clock):
+    user_server = UserServer()
+    user_server.release.clear()  # the server is slow to answer the governor
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        await idle_until_checkpoint(gov)
+        asked = gov.row("alice/").checkpoint_requested_at
+
+        # The owner checkpointed ten minutes before; every report still carries it.
+        earlier = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        earlier["checkpoint"] = {
+            "requested_at": clock.isoformat(asked - timedelta(minutes=10)),
+            "status": "done",
+            "manifest": {**manifest("done", cid="20260105T105000Z"), "source": "user"},
+        }
+        gov.ingest(earlier)
+        await gov.reconcile()
+        assert gov.verdict("alice/")["state"] == "checkpointing"
+        assert hub.running("alice")
+        assert not [a for a in actions_of(gov) if a.action.startswith("checkpoint-")]
+
+        # The governor's own checkpoint, reported: that one answers.
+        fresh = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        fresh["checkpoint"] = {
+            "requested_at": clock.isoformat(clock.utcnow()),
+            "status": "done",
+            "manifest": manifest("done"),
+        }
+        gov.ingest(fresh)
+        await gov.reconcile()
+        assert not hub.running("alice")
+        user_server.release.set()
+        await answered(gov)
+    (done,) = [a for a in actions_of(gov) if a.action == "checkpoint-done"]
+    assert done.details["id"] == "20260105T110000Z"
+
+
+async def test_a_failed_checkpoint_postpones_the_cull_and_names_its_errors(tmp_path, restore_clock):
+    errors = (
+        "kernel python3 (train.ipynb): hook 'torch' failed: OSError: [Errno 28] No space left",
+        "kernel python3 (eval.ipynb): hooks timed out after 120 s (hook 'variables' running)",
+    )
+    user_server = UserServer(manifest("failed", *errors))
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        await idle_until_checkpoint(gov)
+        await answered(gov)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert hub.running("alice")  # on_checkpoint_failure=postpone (the default)
+
+    verdict = gov.verdict("alice/")
+    assert verdict["state"] == "warned" and "checkpoint failed: cull postponed" in verdict["reason"]
+    audit = actions_of(gov)
+    assert "cull" not in [a.action for a in audit]
+    (failed,) = [a for a in audit if a.action == "checkpoint-failed"]
+    assert "No space left" in failed.reason and "timed out" in failed.reason
+    assert failed.details["errors"] == list(errors)
+    assert failed.details["path"].endswith("/20260105T110000Z")
+    after = [a.action for a in audit][audit.index(failed) + 1 :]
+    assert "warn" in after  # warned again, with the new deadline
+
+    listed = row_view(gov.row("alice/"), None)["checkpoint"]
+    assert listed["status"] == "failed" and listed["errors"] == list(errors)
+
+
+async def test_an_unreachable_server_is_a_failed_checkpoint_on_record(tmp_path, restore_clock):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, proxy_url=closed_port_url().removesuffix("/metrics"))
+        await idle_until_checkpoint(gov)
+        await answered(gov)
+        await gov.reconcile()
+        assert hub.running("alice")
+    (failed,) = [a for a in actions_of(gov) if a.action == "checkpoint-failed"]
+    assert failed.reason.startswith("checkpoint failed: request failed: ")
+    assert row_view(gov.row("alice/"), None)["checkpoint"]["errors"] == failed.details["errors"]
+
+
+async def test_a_saved_checkpoint_leads_to_the_cull_with_its_path_on_record(
+    tmp_path, restore_clock
+):
+    user_server = UserServer(manifest("done"))
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        await idle_until_checkpoint(gov)
+        await answered(gov)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert not hub.running("alice")
+
+    audit = actions_of(gov)
+    assert [a.action for a in audit if a.action.startswith(("checkpoint", "cull"))] == [
+        "checkpoint",
+        "checkpoint-done",
+        "cull",
+    ]
+    done = next(a for a in audit if a.action == "checkpoint-done")
+    path = "/home/alice/.jupyter-gpu-gov/checkpoints/20260105T110000Z"
+    assert done.reason == f"checkpoint saved in {path} (1 notebook)"
+    assert done.details["errors"] == []
+    cull = next(a for a in audit if a.action == "cull")
+    assert "checkpoint saved" in cull.reason
+    assert cull.details["checkpoint_path"] == path
+    assert cull.details["checkpoint_id"] == "20260105T110000Z"
+    assert cull.details["checkpoint"]["status"] == "done"
+    assert cull.details["cull_reason"] == "gpu-idle"
+
+
+async def test_no_answer_in_time_is_a_failed_checkpoint_and_a_late_one_is_dropped(
+    tmp_path, restore_clock
+):
+    user_server = UserServer(manifest("done"))
+    user_server.release.clear()  # a hook hangs: the server does not answer in time
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        await idle_until_checkpoint(gov)
+        clock.advance(5 * 60)  # the policy's checkpoint_timeout
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert hub.running("alice")
+        assert "checkpoint timeout: cull postponed" in gov.verdict("alice/")["reason"]
+
+        user_server.release.set()  # the answer comes late: it settles nothing now
+        await answered(gov)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert hub.running("alice")
+    audit = actions_of(gov)
+    (failed,) = [a for a in audit if a.action.startswith("checkpoint-")]
+    assert failed.action == "checkpoint-failed"
+    assert failed.reason == "checkpoint failed: no answer within 5m"
+    assert failed.details["status"] == "timeout"
+    listed = row_view(gov.row("alice/"), None)["checkpoint"]
+    assert listed["status"] == "failed" and listed["errors"] == ["no answer within 5m"]
+
+
+def test_only_a_result_of_the_current_request_answers_it():
+    asked = clock.utcnow()
+    pending = Record(checkpoint_status="requested", checkpoint_requested_at=asked)
+    before = CheckpointResult("done", {}, asked - timedelta(minutes=5))  # an earlier request
+    assert not before.answers(pending)
+    assert CheckpointResult("done", {}, asked).answers(pending)  # the governor's own answer
+    # The server writes milliseconds on its own clock: a hair earlier still answers.
+    assert CheckpointResult("done", {}, asked - timedelta(milliseconds=900)).answers(pending)
+    assert not CheckpointResult("done", {}, None).answers(pending)  # unknown: not proven
+    assert not CheckpointResult("done", {}, asked).answers(Record())  # nothing asked

@@ -54,6 +54,33 @@ class Received:
     at: datetime
 
 
+# A report's checkpoint time is the server's clock, written to the millisecond; the governor's
+# request time is its own, to the microsecond. A result this much older still answers.
+CHECKPOINT_CLOCK_SLACK = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class CheckpointResult:
+    """A finished checkpoint, waiting to be applied to the request it answers."""
+
+    status: str  # done | failed
+    manifest: dict | None
+    requested_at: datetime | None  # when it was asked for (None: unknown)
+    dry_run: bool = False
+
+    def answers(self, record: Record) -> bool:
+        """Whether this result answers the governor's current request: a checkpoint taken
+        before it (the user's, or an earlier request's) does not."""
+        if record.checkpoint_status != "requested":
+            return False
+        if record.checkpoint_requested_at is None:
+            return True
+        return (
+            self.requested_at is not None
+            and self.requested_at >= record.checkpoint_requested_at - CHECKPOINT_CLOCK_SLACK
+        )
+
+
 @dataclass(frozen=True)
 class Options:
     """What the governor needs from its configuration (see ``GpuGovernor`` for the help)."""
@@ -118,7 +145,7 @@ class Governor:
         self.options = options
         self.dcgm = dcgm
         self.reports: dict[str, Received] = {}
-        self._checkpoints: dict[str, tuple[str, dict | None]] = {}  # finished, not yet applied
+        self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
         self._rows: dict[str, ServerRow] | None = None
         self._dcgm_task: asyncio.Future | None = None
@@ -135,9 +162,10 @@ class Governor:
         """Keep a validated, authorised report; answer the server's current verdict."""
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
         self.reports[key] = Received(report, clock.utcnow())
-        checkpoint = report.get("checkpoint") or {}
-        if checkpoint.get("status") in ("done", "failed"):
-            self._checkpoints[key] = (checkpoint["status"], checkpoint.get("manifest"))
+        result = _reported_checkpoint(report.get("checkpoint"))
+        row = self.row(key)
+        if result is not None and row is not None and result.answers(record_of(row)):
+            self._checkpoints[key] = result  # a stale one never replaces the answer
         return self.verdict(key)
 
     def verdict(self, key: str) -> dict:
@@ -254,12 +282,13 @@ class Governor:
             row.labels, row.running = labels, True
             batch.changed.append(row)
 
-        record = self._apply_checkpoint_result(key, before, row)
+        record = self._apply_checkpoint_result(key, before, row, batch.audits)
         if key in self.reports and not row.reports:
             row.reports = True
             batch.changed.append(row)
         base = _base_view(server, ownership)
         chosen = policy.select(self.policies, base)  # policies match on who, not on the GPU
+        record = self._checkpoint_timeout(row, record, chosen, now, batch.audits)
         view = self._with_gpu(base, chosen, now, row.reports)
         excluded = self._excluded(server)
         if excluded:
@@ -371,13 +400,57 @@ class Governor:
             return False
         return None
 
-    def _apply_checkpoint_result(self, key: str, record: Record, row: ServerRow) -> Record:
+    def _apply_checkpoint_result(
+        self, key: str, record: Record, row: ServerRow, audits: list[AuditRow]
+    ) -> Record:
+        """The finished checkpoint that answers the current request, on the record and on
+        record (``checkpoint-done`` or ``checkpoint-failed``); any other result is dropped."""
         result = self._checkpoints.pop(key, None)
-        if result is None or record.checkpoint_status != "requested":
+        if result is None or not result.answers(record):
             return record
-        status, manifest = result
-        row.checkpoint_manifest = manifest
-        return replace(record, checkpoint_status=status)
+        row.checkpoint_manifest = result.manifest
+        audits.append(
+            self._audit(
+                row,
+                f"checkpoint-{result.status}",
+                checkpoint_summary(result.status, result.manifest),
+                dry_run=result.dry_run,
+                details={
+                    **checkpoint_fields(result.manifest),
+                    "status": result.status,
+                    "requested_at": clock.isoformat(record.checkpoint_requested_at),
+                },
+            )
+        )
+        return replace(record, checkpoint_status=result.status)
+
+    def _checkpoint_timeout(
+        self, row: ServerRow, record: Record, chosen: Policy, now: datetime, audits: list[AuditRow]
+    ) -> Record:
+        """No answer within the policy's checkpoint_timeout: a failed checkpoint, on record
+        like one, so the admin view says so instead of showing an older checkpoint."""
+        asked = record.checkpoint_requested_at
+        if (
+            record.checkpoint_status != "requested"
+            or asked is None
+            or now - asked < chosen.checkpoint_timeout
+        ):
+            return record
+        error = f"no answer within {format_duration(chosen.checkpoint_timeout)}"
+        row.checkpoint_manifest = {"error": error}
+        audits.append(
+            self._audit(
+                row,
+                "checkpoint-failed",
+                checkpoint_summary("failed", row.checkpoint_manifest),
+                details={
+                    **checkpoint_fields(row.checkpoint_manifest),
+                    "status": "timeout",
+                    "requested_at": clock.isoformat(asked),
+                },
+            )
+        )
+        return replace(record, checkpoint_status="timeout")
 
     def _forget_stale_reports(self, running: set[str]) -> None:
         for key in list(self.reports):
@@ -405,15 +478,24 @@ class Governor:
             audits.append(self._audit(row, action, why, dry_run=dry))
         elif action == CHECKPOINT:
             audits.append(self._audit(row, "checkpoint", decision.reason, dry_run=dry))
+            requested_at = decision.record.checkpoint_requested_at
             if dry:
-                self._checkpoints[row.key] = ("done", {"dry_run": True})
+                self._checkpoints[row.key] = CheckpointResult(
+                    "done", {"dry_run": True}, requested_at, dry_run=True
+                )
             else:
-                self._spawn(self._checkpoint(row.key, server, chosen))
+                self._spawn(self._checkpoint(row.key, server, chosen, decision))
         elif action == CULL:
+            # The checkpoint of this deadline, if one was taken (not one of an earlier stretch).
+            checkpointed = decision.record.checkpoint_status in ("done", "failed", "timeout")
+            manifest = row.checkpoint_manifest if checkpointed else None
+            fields = checkpoint_fields(manifest)
             details = {
                 "cull_action": chosen.cull_action,
                 "cull_reason": decision.cull_reason,
-                "checkpoint": row.checkpoint_manifest,
+                "checkpoint": manifest,
+                "checkpoint_id": fields["id"],
+                "checkpoint_path": fields["path"],
                 "policy": chosen.name,
             }
             if dry:
@@ -466,24 +548,31 @@ class Governor:
         received = self.reports.get(key)
         return len(received.report["devices"]) if received else 0
 
-    async def _checkpoint(self, key: str, server: HubServer, chosen: Policy) -> None:
+    async def _checkpoint(
+        self, key: str, server: HubServer, chosen: Policy, decision: Decision
+    ) -> None:
+        """Ask the server for a checkpoint and keep its answer for the next pass; the answer
+        carries the time of this request, so it never settles a later one."""
         timeout = chosen.checkpoint_timeout.total_seconds()
+        requested_at = decision.record.checkpoint_requested_at
         try:
             body = await self._server_request(
                 server.url,
                 "jupyter-gpu-gov/checkpoint",
                 "POST",
                 {
-                    "reason": "the governor is about to give this server's GPU back",
+                    "reason": decision.reason,
+                    "cull_reason": decision.cull_reason,
                     "source": "governor",
                 },
                 timeout=timeout,
             )
             status = "done" if body.get("status") == "done" else "failed"
-            self._checkpoints[key] = (status, body)
+            self._checkpoints[key] = CheckpointResult(status, body, requested_at)
         except Exception as error:
             log.warning("gpu-gov: checkpoint of %s failed: %s", key, error)
-            self._checkpoints[key] = ("failed", {"error": str(error)})
+            failed = {"error": f"request failed: {error}"}
+            self._checkpoints[key] = CheckpointResult("failed", failed, requested_at)
 
     async def _server_request(
         self, server_url: str, path: str, method: str, body=None, timeout: float = 30.0
@@ -727,7 +816,82 @@ def row_view(row: ServerRow, report: Received | None) -> dict:
         "extensions_used": row.extensions_used,
         "approval_pending": row.approval_pending,
         "exempt_until": clock.isoformat(row.exempt_until),
-        "checkpoint": {"status": row.checkpoint_status, "manifest": row.checkpoint_manifest},
+        # The request in flight, else how the last checkpoint ended (a failed one stays listed,
+        # with its errors, after the policy postponed the cull and cleared the request).
+        "checkpoint": {
+            "status": row.checkpoint_status or _result_status(row.checkpoint_manifest),
+            **checkpoint_fields(row.checkpoint_manifest),
+            "manifest": row.checkpoint_manifest,
+        },
         "culled_at": clock.isoformat(row.culled_at),
         "gpu": gpu,
     }
+
+
+def _reported_checkpoint(checkpoint) -> CheckpointResult | None:
+    """The finished checkpoint a report carries (``{"requested_at", "status", "manifest"}``)."""
+    if not isinstance(checkpoint, Mapping) or checkpoint.get("status") not in ("done", "failed"):
+        return None
+    manifest = checkpoint.get("manifest")
+    when = checkpoint.get("requested_at")
+    if when is None and isinstance(manifest, Mapping):
+        when = manifest.get("requested_at")
+    try:
+        requested_at = clock.parse(when) if isinstance(when, str) else None
+    except ValueError:
+        requested_at = None
+    return CheckpointResult(checkpoint["status"], manifest, requested_at)
+
+
+def checkpoint_errors(manifest: Mapping | None) -> list[str]:
+    """A checkpoint's problems, one readable line each: the manifest's errors, or the error of
+    the request itself (unreachable server, timeout)."""
+    if not isinstance(manifest, Mapping):
+        return []
+    lines = []
+    for error in manifest.get("errors") or ():
+        if isinstance(error, Mapping):  # older servers: {"path", "error"}
+            text = ": ".join(str(error[k]) for k in ("path", "error", "message") if error.get(k))
+        else:
+            text = str(error)
+        if text:
+            lines.append(text)
+    if not lines and manifest.get("error"):
+        lines.append(str(manifest["error"]))
+    return lines
+
+
+def _result_status(manifest: Mapping | None) -> str | None:
+    if not isinstance(manifest, Mapping):
+        return None
+    if manifest.get("status") in ("done", "failed"):
+        return manifest["status"]
+    return "failed" if manifest.get("error") else "done" if manifest.get("dry_run") else None
+
+
+def checkpoint_fields(manifest: Mapping | None) -> dict:
+    """Where a checkpoint is and what went wrong, for audit details and the admin view."""
+    manifest = manifest if isinstance(manifest, Mapping) else {}
+    return {
+        "id": manifest.get("id"),
+        "path": manifest.get("path"),
+        "errors": checkpoint_errors(manifest),
+    }
+
+
+def checkpoint_summary(status: str, manifest: Mapping | None, shown: int = 3) -> str:
+    """The audit reason of a finished checkpoint: where it is, or what went wrong."""
+    manifest = manifest if isinstance(manifest, Mapping) else {}
+    errors = checkpoint_errors(manifest)
+    if status == "done" and not errors:
+        if manifest.get("dry_run"):
+            return "checkpoint skipped (dry run)"
+        notebooks = len(manifest.get("notebooks") or ())
+        where = f" in {manifest['path']}" if manifest.get("path") else ""
+        plural = "" if notebooks == 1 else "s"
+        return f"checkpoint saved{where} ({notebooks} notebook{plural})"
+    if not errors:
+        return f"checkpoint {status} (no error given)"
+    more = len(errors) - shown
+    text = "; ".join(errors[:shown]) + (f"; and {more} more" if more > 0 else "")
+    return f"checkpoint {status}: {text}"

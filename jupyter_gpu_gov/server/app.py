@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
-from traitlets import Dict, Enum, Float, List, Unicode, default, validate
+from traitlets import Dict, Enum, Float, Int, List, Unicode, default, validate
 
 from .. import __version__
 from ..core import clock
@@ -19,11 +19,13 @@ from ..events import GPU_STATE_SCHEMA, GPU_STATE_SCHEMA_ID, VERDICT_SCHEMA, VERD
 from ..gpu.attribution import TargetRoot
 from ..gpu.backends import CHOICES, make_backend, parse_visible_devices, resolve_choice
 from . import metrics, routes
-from .checkpoint import checkpoint_notebooks
+from .checkpoint import CULL_REASONS, take_checkpoint
 from .reporter import GovernorError, Reporter
 from .sampler import Sampler, TargetInfo, TickResult
 
 K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+CHECKPOINT_DIR_ENV = "JUPYTER_GPU_GOV_CHECKPOINT_DIR"
+DEFAULT_CHECKPOINT_DIR = "~/.jupyter-gpu-gov/checkpoints"
 
 
 class GpuGovApp(ExtensionApp):
@@ -123,6 +125,78 @@ class GpuGovApp(ExtensionApp):
         to save its dirty documents first (0: never wait).""",
     ).tag(config=True)
 
+    checkpoint_dir = Unicode(
+        help=f"""Directory of the checkpoints taken before a cull (and on request): one
+        sub-directory per checkpoint, ``<id>/manifest.json`` plus the kernels' hook files and
+        terminal scrollback. Default: ``{DEFAULT_CHECKPOINT_DIR}``; ``~`` is expanded. Exported to
+        kernels as ``${CHECKPOINT_DIR_ENV}`` (``checkpoint.restore()`` looks there). Example::
+
+            c.GpuGovApp.checkpoint_dir = "/scratch/alice/gpu-checkpoints"
+        """,
+    ).tag(config=True)
+
+    checkpoint_hook_timeout = Float(
+        120.0,
+        help="""Seconds each kernel on a GPU gets to run all its checkpoint hooks
+        (``jupyter_gpu_gov.checkpoint``); kernels run theirs in parallel. Past it the kernel is
+        interrupted (it stays usable) and the checkpoint records a timeout naming the hook.
+        Keep it below the governor policy's ``checkpoint_timeout`` (default 5 min), minus
+        `frontend_checkpoint_grace`. Example: ``c.GpuGovApp.checkpoint_hook_timeout = 300``.""",
+    ).tag(config=True)
+
+    checkpoint_keep = Int(
+        10,
+        help="""How many checkpoints to keep in `checkpoint_dir` (at least 1): after each
+        checkpoint the oldest beyond this count are deleted; the newest is always kept.""",
+    ).tag(config=True)
+
+    checkpoint_max_bytes = Int(
+        20 * 1024**3,
+        help="""Bytes all kept checkpoints may take together (default 20 GiB); after each
+        checkpoint the oldest are deleted until the rest fit. The newest is always kept, even
+        alone above the limit. Example: ``c.GpuGovApp.checkpoint_max_bytes = 100 * 1024**3``
+        (100 GiB).""",
+    ).tag(config=True)
+
+    @default("checkpoint_dir")
+    def _checkpoint_dir_default(self):
+        return os.path.abspath(os.path.expanduser(DEFAULT_CHECKPOINT_DIR))
+
+    @validate("checkpoint_dir")
+    def _check_checkpoint_dir(self, proposal):
+        value = proposal["value"].strip()
+        if not value:
+            raise ValueError(
+                f"GpuGovApp.checkpoint_dir must name a directory (e.g. {DEFAULT_CHECKPOINT_DIR!r})"
+            )
+        return os.path.abspath(os.path.expanduser(value))
+
+    @validate("checkpoint_hook_timeout")
+    def _check_hook_timeout(self, proposal):
+        if not proposal["value"] > 0:
+            raise ValueError(
+                f"GpuGovApp.checkpoint_hook_timeout must be > 0 seconds, not {proposal['value']!r}"
+            )
+        return proposal["value"]
+
+    @validate("checkpoint_keep")
+    def _check_keep(self, proposal):
+        if proposal["value"] < 1:
+            raise ValueError(
+                f"GpuGovApp.checkpoint_keep must be at least 1 (the newest checkpoint is always "
+                f"kept), not {proposal['value']!r}"
+            )
+        return proposal["value"]
+
+    @validate("checkpoint_max_bytes")
+    def _check_max_bytes(self, proposal):
+        if proposal["value"] <= 0:
+            raise ValueError(
+                f"GpuGovApp.checkpoint_max_bytes must be > 0 bytes (e.g. 20 * 1024**3), not "
+                f"{proposal['value']!r}"
+            )
+        return proposal["value"]
+
     @default("governor_url")
     def _governor_url_default(self):
         return os.environ.get("JUPYTER_GPU_GOV_URL", "")
@@ -173,6 +247,12 @@ class GpuGovApp(ExtensionApp):
         self.verdict: dict | None = None
         self.checkpoint: dict = {"requested_at": None, "status": None, "manifest": None}
         self._frontend_checkpoint: asyncio.Future | None = None
+        self._frontend_cull_reason: str | None = None
+        self._frontend_claimed: asyncio.Future | None = None
+        self._checkpoint_lock = asyncio.Lock()
+        # Kernels inherit the server's environment: tell their checkpoint module where to write.
+        self._previous_checkpoint_env = os.environ.get(CHECKPOINT_DIR_ENV)
+        os.environ[CHECKPOINT_DIR_ENV] = self.checkpoint_dir
         self.reporter = None
         self._last_report_at = 0.0
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
@@ -223,6 +303,12 @@ class GpuGovApp(ExtensionApp):
         if self._timer is not None:
             self._timer.stop()
         await asyncio.get_running_loop().run_in_executor(None, self.sampler.close)
+        # Leave the process as we found it (servers started in-process, e.g. by tests).
+        if os.environ.get(CHECKPOINT_DIR_ENV) == self.checkpoint_dir:
+            if self._previous_checkpoint_env is None:
+                os.environ.pop(CHECKPOINT_DIR_ENV, None)
+            else:
+                os.environ[CHECKPOINT_DIR_ENV] = self._previous_checkpoint_env
 
     # -- sampling ----------------------------------------------------------------------------
 
@@ -295,41 +381,92 @@ class GpuGovApp(ExtensionApp):
                 },
             )
 
-    async def run_checkpoint(self, reason: str, source: str = "user") -> dict:
-        """Checkpoint every open notebook; answer the manifest.
+    async def run_checkpoint(
+        self, reason: str, source: str = "user", cull_reason: str | None = None
+    ) -> dict:
+        """Take a checkpoint (kernel hooks, notebooks, terminals); answer the manifest.
 
         When the governor asks and a browser is connected, the frontend goes first: it hears of
         the request (the verdict says ``checkpoint: requested``), saves its dirty documents, and
-        then asks for the checkpoint itself; the governor's request gets that manifest. Without
-        a frontend within ``frontend_checkpoint_grace`` the server checkpoints alone.
+        then asks for the checkpoint itself; the governor's request gets that manifest (with the
+        governor's ``cull_reason``). Without a frontend within ``frontend_checkpoint_grace`` the
+        server checkpoints alone.
         """
+        if cull_reason is not None and cull_reason not in CULL_REASONS:
+            raise ValueError(f"cull_reason must be one of {', '.join(CULL_REASONS)}")
         if (
             source == "governor"
             and self.frontend_checkpoint_grace > 0
             and self._browser_connected()
         ):
             waiting = self._frontend_checkpoint = asyncio.get_running_loop().create_future()
+            self._frontend_cull_reason = cull_reason
             self.set_verdict({**(self.verdict or {}), "checkpoint": "requested"})
             try:
                 return await asyncio.wait_for(
                     asyncio.shield(waiting), self.frontend_checkpoint_grace
                 )
             except asyncio.TimeoutError:
+                if self._frontend_claimed is waiting:
+                    # The frontend asked in time; its checkpoint (hooks included) is under way.
+                    return await waiting
                 self.log.info("jupyter-gpu-gov: no frontend saved first; checkpointing alone")
             finally:
                 self._frontend_checkpoint = None
-        self.checkpoint = {
-            "requested_at": clock.isoformat(clock.utcnow()),
-            "status": "running",
-            "manifest": None,
-        }
-        manifest = await checkpoint_notebooks(self.serverapp, reason)
-        manifest["saved_by_frontend_first"] = source == "frontend"
-        self.checkpoint = {**self.checkpoint, "status": manifest["status"], "manifest": manifest}
-        waiting = self._frontend_checkpoint
+                self._frontend_cull_reason = None
+        waiting = None
+        if source != "governor" and self._frontend_checkpoint is not None:
+            waiting = self._frontend_claimed = self._frontend_checkpoint
+            cull_reason = cull_reason or self._frontend_cull_reason
+        try:
+            async with self._checkpoint_lock:  # one checkpoint at a time
+                self.checkpoint = {
+                    "requested_at": clock.isoformat(clock.utcnow()),
+                    "status": "running",
+                    "manifest": None,
+                }
+                try:
+                    manifest = await take_checkpoint(
+                        self.serverapp,
+                        root=Path(self.checkpoint_dir),
+                        reason=reason,
+                        source=source,
+                        cull_reason=cull_reason,
+                        report=await self._fresh_report(),
+                        hook_timeout=self.checkpoint_hook_timeout,
+                        keep=self.checkpoint_keep,
+                        max_bytes=self.checkpoint_max_bytes,
+                        log=self.log,
+                    )
+                except BaseException:
+                    self.checkpoint = {**self.checkpoint, "status": "failed"}
+                    raise
+                self.checkpoint = {
+                    **self.checkpoint,
+                    "status": manifest["status"],
+                    "manifest": manifest,
+                }
+        except BaseException as error:
+            if waiting is not None and not waiting.done():
+                if isinstance(error, asyncio.CancelledError):
+                    waiting.cancel()
+                else:
+                    waiting.set_exception(error)
+            raise
+        finally:
+            if self._frontend_claimed is waiting:
+                self._frontend_claimed = None
         if waiting is not None and not waiting.done():
             waiting.set_result(manifest)
         return manifest
+
+    async def _fresh_report(self) -> dict | None:
+        """A sample taken now (which kernels hold a GPU this moment), else the last one."""
+        try:
+            await self.sample_now()
+        except Exception:
+            self.log.warning("jupyter-gpu-gov: no fresh sample for the checkpoint", exc_info=True)
+        return self.report
 
     def _browser_connected(self) -> bool:
         targets = (self.report or {}).get("targets", [])

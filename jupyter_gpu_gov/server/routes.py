@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
+
+from .checkpoint import CULL_REASONS, is_checkpoint_id, list_checkpoints, read_manifest
 
 AUTH_RESOURCE = "gpu-gov"
 
@@ -48,8 +52,9 @@ def _body(handler: APIHandler) -> dict:
 
 
 class CheckpointHandler(GpuGovHandler):
-    """``POST``: save a checkpoint of every open notebook now (the governor asks before a cull;
-    a user may ask too). Answers the manifest."""
+    """``POST {"reason", "source", "cull_reason"}``: take a checkpoint now (kernel hooks of the
+    kernels on a GPU, every open notebook, terminal scrollback); the governor asks before a
+    cull, a user may ask too. Answers the manifest."""
 
     @web.authenticated
     @authorized
@@ -61,7 +66,35 @@ class CheckpointHandler(GpuGovHandler):
         source = body.get("source", "user")
         if source not in ("user", "frontend", "governor"):
             raise web.HTTPError(400, "'source' must be one of user, frontend, governor")
-        manifest = await self.gpu_gov.run_checkpoint(reason, source)
+        cull_reason = body.get("cull_reason")
+        if cull_reason is not None and cull_reason not in CULL_REASONS:
+            raise web.HTTPError(
+                400, f"'cull_reason' must be one of {', '.join(CULL_REASONS)} (or absent)"
+            )
+        manifest = await self.gpu_gov.run_checkpoint(reason, source, cull_reason)
+        self.finish(json.dumps(manifest))
+
+
+class CheckpointsHandler(GpuGovHandler):
+    """``GET``: the checkpoints in ``GpuGovApp.checkpoint_dir``, newest first (summaries);
+    ``GET …/<id>``: one checkpoint's manifest."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, checkpoint_id: str | None = None):
+        root = Path(self.gpu_gov.checkpoint_dir)
+        self.set_header("Content-Type", "application/json")
+        if checkpoint_id is None:
+            checkpoints = await asyncio.to_thread(list_checkpoints, root)
+            self.finish(json.dumps({"checkpoints": checkpoints}))
+            return
+        if not is_checkpoint_id(checkpoint_id):
+            raise web.HTTPError(
+                400, f"{checkpoint_id!r} is not a checkpoint id (YYYYMMDDTHHMMSSZ, maybe -n)"
+            )
+        manifest = await asyncio.to_thread(read_manifest, root, checkpoint_id)
+        if manifest is None:
+            raise web.HTTPError(404, f"no checkpoint {checkpoint_id} in {root}")
         self.finish(json.dumps(manifest))
 
 
@@ -100,6 +133,8 @@ def handlers(url_prefix: str = "/jupyter-gpu-gov") -> list[tuple[str, type]]:
     return [
         (rf"{url_prefix}/status", StatusHandler),
         (rf"{url_prefix}/checkpoint", CheckpointHandler),
+        (rf"{url_prefix}/checkpoints/?", CheckpointsHandler),
+        (rf"{url_prefix}/checkpoints/(?P<checkpoint_id>[^/]+)", CheckpointsHandler),
         (rf"{url_prefix}/extend", ForwardHandler, {"verb": "extend"}),
         (rf"{url_prefix}/stop", ForwardHandler, {"verb": "stop"}),
     ]

@@ -5,7 +5,13 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { ICheckpointManifest, IExtendResponse, IStatusReport } from './model';
+import {
+  ICheckpointManifest,
+  ICheckpointSummary,
+  IExtendResponse,
+  IStatusReport,
+  parseTime
+} from './model';
 
 export const API_NAMESPACE = 'jupyter-gpu-gov';
 
@@ -51,6 +57,37 @@ export class GpuGovApi {
       reason,
       source: 'frontend'
     });
+  }
+
+  /** Saved checkpoints, newest first (GET /jupyter-gpu-gov/checkpoints). */
+  checkpoints(): Promise<IApiResponse<{ checkpoints: ICheckpointSummary[] }>> {
+    return this.request('checkpoints', { method: 'GET' });
+  }
+
+  /** One checkpoint's manifest; 404 when the id is unknown. */
+  checkpointManifest(id: string): Promise<IApiResponse<ICheckpointManifest>> {
+    return this.request(`checkpoints/${encodeURIComponent(id)}`, {
+      method: 'GET'
+    });
+  }
+
+  /** When this Jupyter server started (jupyter-server's GET /api/status), or null. */
+  async serverStarted(): Promise<number | null> {
+    const url = URLExt.join(this._settings.baseUrl, 'api', 'status');
+    try {
+      const response = await ServerConnection.makeRequest(
+        url,
+        { method: 'GET' },
+        this._settings
+      );
+      if (!response.ok) {
+        return null;
+      }
+      const body = await response.json();
+      return parseTime(typeof body?.started === 'string' ? body.started : null);
+    } catch {
+      return null;
+    }
   }
 
   stop(

@@ -1,6 +1,7 @@
 /**
  * jupyter-gpu-gov: this server's GPU in the status bar, a GPU panel, idle warnings with
- * Extend / Checkpoint now / Stop server now, and saving dirty documents before a checkpoint.
+ * Extend / Checkpoint now / Stop server now, saving dirty documents before a checkpoint, and,
+ * after the governor stopped the previous server, what was saved and how to get it back.
  * Talks only to its own server extension (`/jupyter-gpu-gov/...`).
  */
 import {
@@ -19,6 +20,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 
 import { GpuGovApi } from './api';
+import { announceComingBack } from './comeback';
 import {
   approvalOutcome,
   checkpointDue,
@@ -197,18 +199,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
         })
     };
 
-    const panel = new GpuPanel({
-      poller,
-      trans,
-      actions,
-      openPath: path => {
-        if (docManager) {
-          docManager.openOrReveal(path);
-        } else {
-          void app.commands.execute('docmanager:open', { path });
-        }
+    const openPath = (path: string) => {
+      if (docManager) {
+        docManager.openOrReveal(path);
+      } else {
+        void app.commands.execute('docmanager:open', { path });
       }
-    });
+    };
+    const panel = new GpuPanel({ poller, trans, actions, openPath });
     if (labShell) {
       labShell.add(panel, 'right', { rank: 900 });
     } else {
@@ -251,6 +249,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
     let checkpointHandled: string | null = null;
     let previousVerdict: IVerdict | null = null;
     void app.restored.then(() => {
+      void announceComingBack({
+        api,
+        trans,
+        openPath,
+        storageKey: `jupyter-gpu-gov:dismissed-checkpoints:${settings.baseUrl}`
+      }).catch(error =>
+        console.warn('jupyter-gpu-gov: could not list checkpoints', error)
+      );
       warnings.restore();
       poller.changed.connect((_, report) => {
         if (!report) {

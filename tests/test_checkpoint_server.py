@@ -1,0 +1,551 @@
+"""Checkpoints before a cull, server side (issue 6): a real jupyter-server, real ipykernel
+kernels on simulated GPUs, the kernel hooks of ``jupyter_gpu_gov.checkpoint``, the manifest,
+pruning, the REST routes, and a restore after a server restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_gpu_gov.server.checkpoint import RESTORE_HINT, plan_prune
+
+pytestmark = pytest.mark.timeout(120)
+
+ENV = "JUPYTER_GPU_GOV_CHECKPOINT_DIR"
+ON_GPU = "from jupyter_gpu_gov import simulate; simulate.hold(1024)\n"
+
+
+@pytest.fixture
+def checkpoint_root(tmp_path) -> Path:
+    return tmp_path / "checkpoints"
+
+
+@pytest.fixture
+def jp_server_config(checkpoint_root):
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpu_gov": True}},
+        "GpuGovApp": {
+            "backend": "simulated",
+            "sample_interval": 60,  # the checkpoint samples itself
+            "checkpoint_dir": str(checkpoint_root),
+        },
+    }
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv("JUPYTER_GPU_GOV_BACKEND", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # The server exports the directory into os.environ; give the next test a clean slate.
+    monkeypatch.delenv(ENV, raising=False)
+
+
+def gov_app(serverapp):
+    return next(iter(serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+
+
+class Kernel:
+    """A real ipykernel of a notebook session, driven through its channels."""
+
+    def __init__(self, serverapp, kernel_id: str, notebook: str):
+        self.id, self.notebook = kernel_id, notebook
+        self.client = serverapp.kernel_manager.get_kernel(kernel_id).client()
+
+    async def run(self, code: str, timeout: float = 60) -> str:
+        outputs: list[str] = []
+
+        def collect(msg):
+            if msg["msg_type"] == "stream":
+                outputs.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                outputs.append("\n".join(msg["content"]["traceback"]))
+
+        reply = await self.client.execute_interactive(code, output_hook=collect, timeout=timeout)
+        assert reply["content"]["status"] == "ok", "".join(outputs)
+        return "".join(outputs)
+
+
+async def open_notebook(serverapp, create_session, root_dir: Path, notebook: str) -> Kernel:
+    """Write ``notebook`` and start its kernel the way JupyterLab does (a session with a name,
+    so the kernel's $JPY_SESSION_NAME is the notebook's file)."""
+    import nbformat
+
+    if not (root_dir / notebook).exists():
+        nbformat.write(nbformat.v4.new_notebook(), root_dir / notebook)
+    model = await create_session(
+        {"path": notebook, "name": notebook, "type": "notebook", "kernel": {"name": "python3"}}
+    )
+    kernel = Kernel(serverapp, model["kernel"]["id"], notebook)
+    kernel.client.start_channels()
+    await kernel.client.wait_for_ready(timeout=60)
+    return kernel
+
+
+@pytest.fixture
+def notebook_kernel(jp_fetch, jp_serverapp, jp_root_dir):
+    started: list[Kernel] = []
+
+    async def create_session(body: dict) -> dict:
+        response = await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+        return json.loads(response.body)
+
+    async def _open(notebook: str) -> Kernel:
+        kernel = await open_notebook(jp_serverapp, create_session, jp_root_dir, notebook)
+        started.append(kernel)
+        return kernel
+
+    yield _open
+    for kernel in started:
+        kernel.client.stop_channels()
+
+
+async def checkpoint(jp_fetch, **body) -> dict:
+    response = await jp_fetch(
+        "jupyter-gpu-gov", "checkpoint", method="POST", body=json.dumps(body), request_timeout=60
+    )
+    assert response.code == 200
+    return json.loads(response.body)
+
+
+def kernel_entry(manifest: dict, kernel: Kernel) -> dict:
+    for entry in manifest["kernels"]:
+        if entry["id"] == kernel.id:
+            return entry
+    raise AssertionError(f"kernel {kernel.id} not in {[k['id'] for k in manifest['kernels']]}")
+
+
+# What a kernel prints about its state, to compare before and after the restart.
+DIGEST = (
+    "import json\n"
+    "print(json.dumps({'arr': arr.tolist(), 'dtype': str(arr.dtype),\n"
+    "    'model': {k: v.tolist() for k, v in model.state_dict().items()},\n"
+    "    'optimizer': {str(k): {n: (t.tolist() if hasattr(t, 'tolist') else t)\n"
+    "                           for n, t in s.items()}\n"
+    "                  for k, s in opt.state_dict()['state'].items()},\n"
+    "    'lr': opt.state_dict()['param_groups'][0]['lr']}, sort_keys=True))\n"
+)
+
+
+async def test_hooks_saved_then_restored_equal_after_a_server_restart(
+    jp_fetch,
+    jp_serverapp,
+    jp_root_dir,
+    jp_server_config,
+    jp_configurable_serverapp,
+    notebook_kernel,
+    checkpoint_root,
+):
+    pytest.importorskip("numpy")
+    pytest.importorskip("torch")
+    kernel = await notebook_kernel("train.ipynb")
+    await kernel.run(
+        ON_GPU + "import numpy as np, torch\n"
+        "from jupyter_gpu_gov import checkpoint\n"
+        "arr = np.arange(12, dtype=np.float32).reshape(3, 4) / 7\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)\n"
+        "model(torch.ones(3, 4)).sum().backward(); opt.step()  # momentum buffers exist\n"
+        "checkpoint.save_variables('arr')\n"
+        "checkpoint.save_torch(model, opt)\n"
+    )
+    before = await kernel.run(DIGEST)
+
+    manifest = await checkpoint(
+        jp_fetch, reason="GPU idle for 2 h", source="governor", cull_reason="gpu-idle"
+    )
+
+    assert manifest["status"] == "done", manifest["errors"]
+    assert manifest["errors"] == [] and manifest["format"] == 1
+    assert (manifest["cull_reason"], manifest["source"]) == ("gpu-idle", "governor")
+    directory = checkpoint_root / manifest["id"]
+    assert manifest["path"] == str(directory)
+    on_disk = json.loads((directory / "manifest.json").read_text())
+    assert on_disk == manifest
+    assert [n["path"] for n in manifest["notebooks"]] == ["train.ipynb"]
+    entry = kernel_entry(manifest, kernel)
+    assert entry["status"] == "done" and entry["error"] is None
+    assert entry["notebook"] == "train.ipynb" and entry["name"] == "python3"
+    assert [(h["name"], h["kind"], h["status"]) for h in entry["hooks"]] == [
+        ("variables", "variables", "done"),
+        ("torch", "torch", "done"),
+    ]
+    files = {f["path"]: f["bytes"] for h in entry["hooks"] for f in h["files"]}
+    assert set(files) == {"variables/arr.pkl", "torch/state.pt"}
+    for relative, size in files.items():
+        assert (directory / "kernels" / kernel.id / relative).stat().st_size == size > 0
+    assert entry["bytes"] >= sum(files.values())
+    assert manifest["bytes"] >= entry["bytes"]
+
+    # A newer checkpoint, of another notebook only: restore() in train.ipynb must not pick it.
+    other = await notebook_kernel("other.ipynb")
+    await other.run(
+        ON_GPU + "import numpy as np\n"
+        "from jupyter_gpu_gov import checkpoint\n"
+        "arr = np.zeros(2)\n"
+        "checkpoint.save_variables('arr')\n"
+    )
+    await kernel.run("checkpoint.unregister('variables'); checkpoint.unregister('torch')")
+    newer = await checkpoint(jp_fetch, reason="later")
+    assert newer["id"] > manifest["id"]
+    assert kernel_entry(newer, kernel)["status"] == "no-hooks"
+    assert kernel_entry(newer, other)["status"] == "done"
+
+    # A server restart: this server goes away, a new one starts on the same root and
+    # checkpoint directory, and the notebook gets a new kernel.
+    kernel.client.stop_channels()
+    await jp_serverapp._cleanup()
+    jp_serverapp.kernel_manager.context.destroy()
+    type(jp_serverapp).clear_instance()
+    restarted = jp_configurable_serverapp(config=jp_server_config)
+    assert restarted is not jp_serverapp
+    assert gov_app(restarted).checkpoint_dir == str(checkpoint_root)
+
+    async def create_session(body: dict) -> dict:
+        model = await restarted.session_manager.create_session(
+            path=body["path"], name=body["name"], type="notebook", kernel_name="python3"
+        )
+        return model
+
+    again = await open_notebook(restarted, create_session, jp_root_dir, "train.ipynb")
+    try:
+        assert again.id != kernel.id
+        await again.run(
+            "import torch\n"
+            "from jupyter_gpu_gov import checkpoint\n"
+            "saved = checkpoint.restore()\n"
+            "arr = saved['arr']\n"
+            "model = torch.nn.Linear(4, 2)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)\n"
+            "model.load_state_dict(saved['torch']['model'])\n"
+            "opt.load_state_dict(saved['torch']['optimizer'])\n"
+            f"assert saved.id == {manifest['id']!r}, saved.id\n"
+            f"assert saved.manifest['id'] == {manifest['id']!r}\n"
+        )
+        assert await again.run(DIGEST) == before
+    finally:
+        again.client.stop_channels()
+
+
+async def test_raising_and_full_disk_hooks_fail_the_checkpoint_and_the_next_hook_runs(
+    jp_fetch, notebook_kernel
+):
+    kernel = await notebook_kernel("analysis.ipynb")
+    await kernel.run(
+        ON_GPU + "import errno, os\n"
+        "from jupyter_gpu_gov import checkpoint\n"
+        "@checkpoint.register\n"
+        "def explode(directory):\n"
+        "    raise ValueError('the tokenizer is gone')\n"
+        "@checkpoint.register\n"
+        "def big_file(directory):\n"
+        "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+        "results = {'loss': 0.25}\n"
+        "checkpoint.save_variables('results')\n"
+    )
+
+    manifest = await checkpoint(jp_fetch, reason="test")
+
+    assert manifest["status"] == "failed"
+    entry = kernel_entry(manifest, kernel)
+    assert entry["status"] == "failed"
+    assert [(h["name"], h["status"]) for h in entry["hooks"]] == [
+        ("explode", "failed"),
+        ("big_file", "failed"),
+        ("variables", "done"),
+    ]
+    raising = [e for e in manifest["errors"] if "'explode'" in e]
+    assert len(raising) == 1, manifest["errors"]
+    assert "analysis.ipynb" in raising[0] and "ValueError: the tokenizer is gone" in raising[0]
+    assert kernel.id in raising[0]
+    full = [e for e in manifest["errors"] if "'big_file'" in e]
+    assert len(full) == 1 and "no space left on device" in full[0].lower(), manifest["errors"]
+    assert "analysis.ipynb" in full[0]
+    assert len(manifest["errors"]) == 2
+    # The notebook checkpoint was still taken.
+    assert [n["path"] for n in manifest["notebooks"]] == ["analysis.ipynb"]
+
+
+async def test_hanging_hook_times_out_the_kernel_is_interrupted_and_usable(
+    jp_fetch, jp_serverapp, notebook_kernel
+):
+    app = gov_app(jp_serverapp)
+    app.checkpoint_hook_timeout = 3
+    hanging, quick, busy = (
+        await notebook_kernel("hangs.ipynb"),
+        await notebook_kernel("quick.ipynb"),
+        await notebook_kernel("busy.ipynb"),
+    )
+    await hanging.run(
+        ON_GPU + "import time\n"
+        "from jupyter_gpu_gov import checkpoint\n"
+        "@checkpoint.register\n"
+        "def slow(directory):\n"
+        "    time.sleep(3600)\n"
+    )
+    await quick.run(
+        ON_GPU + "from jupyter_gpu_gov import checkpoint\nx = 1\ncheckpoint.save_variables('x')\n"
+    )
+    await busy.run(
+        ON_GPU + "from jupyter_gpu_gov import checkpoint\ny = 2\ncheckpoint.save_variables('y')\n"
+    )
+    # A training cell still runs in this one: the checkpoint request waits behind it.
+    busy.client.execute("import time; time.sleep(5); y = 3")
+    km = jp_serverapp.kernel_manager
+    for _ in range(100):
+        if km.get_kernel(busy.id).execution_state == "busy":
+            break
+        await asyncio.sleep(0.05)
+    assert km.get_kernel(busy.id).execution_state == "busy"
+
+    started = time.monotonic()
+    manifest = await checkpoint(jp_fetch, reason="test")
+    elapsed = time.monotonic() - started
+
+    assert elapsed < 12, elapsed  # kernels run in parallel, each within its timeout
+    assert manifest["status"] == "failed"
+    entry = kernel_entry(manifest, hanging)
+    assert entry["status"] == "timeout" and entry["running_hook"] == "slow"
+    assert [(h["name"], h["status"]) for h in entry["hooks"]] == [("slow", "running")]
+    line = next(e for e in manifest["errors"] if hanging.id in e)
+    assert "timeout" in line and "'slow'" in line and "hangs.ipynb" in line
+    assert "interrupted" in line
+    assert kernel_entry(manifest, quick)["status"] == "done"
+    waited = kernel_entry(manifest, busy)
+    assert waited["status"] == "timeout" and waited["hooks"] == []
+    line = next(e for e in manifest["errors"] if busy.id in e)
+    assert "busy running a cell" in line and "busy.ipynb" in line
+    assert len(manifest["errors"]) == 2
+
+    # The interrupted kernel answers at once.
+    assert (await hanging.run("print(6 * 7)", timeout=10)).strip() == "42"
+    # The busy cell was not interrupted, and the queued request did nothing when its turn came.
+    assert (await busy.run("print(y)", timeout=20)).strip() == "3"
+    assert not (Path(manifest["path"]) / "kernels" / busy.id).exists()
+
+
+async def test_governor_waits_for_the_frontends_checkpoint_past_the_grace(
+    jp_fetch, jp_serverapp, notebook_kernel, checkpoint_root
+):
+    app = gov_app(jp_serverapp)
+    app.frontend_checkpoint_grace = 1
+    kernel = await notebook_kernel("slow.ipynb")
+    await kernel.run(
+        ON_GPU + "import time\n"
+        "from jupyter_gpu_gov import checkpoint\n"
+        "@checkpoint.register\n"
+        "def weights(directory):\n"
+        "    time.sleep(2)\n"
+    )
+    app.report = {"targets": [{"kind": "kernel", "connections": 1}]}  # a browser tab is open
+    governor = asyncio.ensure_future(
+        checkpoint(jp_fetch, reason="cull", source="governor", cull_reason="reclaim")
+    )
+    for _ in range(50):
+        if (app.verdict or {}).get("checkpoint") == "requested":
+            break
+        await asyncio.sleep(0.02)
+    # The frontend asks within the grace; its checkpoint (2 s of hooks) outlasts the grace.
+    frontend = await checkpoint(jp_fetch, reason="cull", source="frontend")
+    answer = await governor
+
+    assert answer == frontend
+    assert answer["saved_by_frontend_first"] is True and answer["cull_reason"] == "reclaim"
+    assert kernel_entry(answer, kernel)["status"] == "done"
+    assert [p.name for p in checkpoint_root.iterdir()] == [answer["id"]]  # one checkpoint
+
+
+async def test_kernels_without_hooks_or_gpu(jp_fetch, notebook_kernel):
+    never_imported = await notebook_kernel("plain.ipynb")
+    await never_imported.run(
+        ON_GPU + "import sys; assert 'jupyter_gpu_gov.checkpoint' not in sys.modules\n"
+        "m, t, j = 'model', 'tokens', 'jobs'\n"
+    )
+    no_hooks = await notebook_kernel("imported.ipynb")
+    await no_hooks.run(ON_GPU + "from jupyter_gpu_gov import checkpoint")
+    cpu_only = await notebook_kernel("cpu.ipynb")
+    await cpu_only.run(
+        "from jupyter_gpu_gov import checkpoint\nz = 1\ncheckpoint.save_variables('z')\n"
+    )
+
+    manifest = await checkpoint(jp_fetch, reason="test")
+
+    assert manifest["status"] == "done" and manifest["errors"] == []
+    assert {k["id"] for k in manifest["kernels"]} == {never_imported.id, no_hooks.id}
+    for kernel in (never_imported, no_hooks):
+        entry = kernel_entry(manifest, kernel)
+        assert (entry["status"], entry["hooks"], entry["error"]) == ("no-hooks", [], None)
+    # The request binds no name in the user's namespace.
+    assert (await never_imported.run("print(m, t, j, 'json' in dir())")).split() == [
+        "model",
+        "tokens",
+        "jobs",
+        "False",
+    ]
+    # The kernel on no GPU was not asked: its hooks did not run.
+    assert not (Path(manifest["path"]) / "kernels" / cpu_only.id).exists()
+    assert {n["path"] for n in manifest["notebooks"]} == {
+        "plain.ipynb",
+        "imported.ipynb",
+        "cpu.ipynb",
+    }
+
+
+async def test_terminal_scrollback_is_saved(jp_fetch, jp_serverapp):
+    manager = jp_serverapp.web_app.settings.get("terminal_manager")
+    if manager is None:
+        pytest.skip("terminals are not available (jupyter_server_terminals/terminado missing)")
+    name = json.loads((await jp_fetch("api", "terminals", method="POST", body="{}")).body)["name"]
+    try:
+        terminal = manager.terminals[name]
+        terminal.ptyproc.write("printf 'marker-%s\\n' $((6 * 7))\r")
+        for _ in range(100):
+            if "marker-42" in "".join(terminal.read_buffer):
+                break
+            await asyncio.sleep(0.05)
+
+        manifest = await checkpoint(jp_fetch, reason="test")
+
+        assert manifest["status"] == "done", manifest["errors"]
+        (saved,) = [t for t in manifest["terminals"] if t["name"] == name]
+        assert saved["path"] == f"terminals/{name}.txt"
+        text = (Path(manifest["path"]) / saved["path"]).read_text()
+        assert "marker-42" in text and "\x1b" not in text
+        assert saved["bytes"] == len(text.encode())
+    finally:
+        await jp_fetch("api", "terminals", name, method="DELETE")
+
+
+def fake_checkpoint(root: Path, checkpoint_id: str, size: int) -> None:
+    directory = root / checkpoint_id
+    (directory / "kernels" / "k" / "variables").mkdir(parents=True)
+    (directory / "kernels" / "k" / "variables" / "x.pkl").write_bytes(b"x" * size)
+    manifest = {"id": checkpoint_id, "status": "done", "reason": "old", "notebooks": []}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+async def test_pruning_by_count_and_by_size_keeps_the_newest(
+    jp_fetch, jp_serverapp, checkpoint_root
+):
+    app = gov_app(jp_serverapp)
+    fake_checkpoint(checkpoint_root, "20200101T000000Z", 400_000)
+    fake_checkpoint(checkpoint_root, "20200102T000000Z", 400_000)
+    fake_checkpoint(checkpoint_root, "20200103T000000Z", 400_000)
+
+    # By size: the two newest old ones fit in 1 MB next to the new one; the oldest goes.
+    app.checkpoint_max_bytes = 1_000_000
+    first = await checkpoint(jp_fetch, reason="size")
+    assert first["pruned"] == ["20200101T000000Z"]
+    assert sorted(p.name for p in checkpoint_root.iterdir()) == [
+        "20200102T000000Z",
+        "20200103T000000Z",
+        first["id"],
+    ]
+
+    # By count: two at most, the newest always among them.
+    app.checkpoint_keep = 2
+    second = await checkpoint(jp_fetch, reason="count")
+    assert second["id"] != first["id"]
+    assert second["pruned"] == ["20200103T000000Z", "20200102T000000Z"]
+    assert sorted(p.name for p in checkpoint_root.iterdir()) == sorted([first["id"], second["id"]])
+
+
+def test_prune_plan_never_drops_the_newest_nor_one_in_progress(tmp_path):
+    for n in range(1, 4):
+        fake_checkpoint(tmp_path, f"2020010{n}T000000Z", 1000)
+    (tmp_path / "20200104T000000Z").mkdir()  # no manifest yet: another server's, in progress
+    (tmp_path / "not-a-checkpoint").mkdir()
+    # The newest alone is above the limit: it stays, every older one goes.
+    doomed = plan_prune(tmp_path, "20200105T000000Z", 10_000, keep=10, max_bytes=5_000)
+    assert doomed == ["20200103T000000Z", "20200102T000000Z", "20200101T000000Z"]
+    assert plan_prune(tmp_path, "20200105T000000Z", 0, keep=3, max_bytes=10**9) == [
+        "20200101T000000Z"
+    ]
+
+
+async def test_checkpoint_routes(jp_fetch, jp_serverapp):
+    first = await checkpoint(jp_fetch, reason="first", cull_reason="max-age", source="governor")
+    second = await checkpoint(jp_fetch, reason="second")
+
+    listing = json.loads((await jp_fetch("jupyter-gpu-gov", "checkpoints")).body)["checkpoints"]
+    assert [c["id"] for c in listing] == [second["id"], first["id"]]
+    assert listing[1] == {
+        "id": first["id"],
+        "reason": "first",
+        "cull_reason": "max-age",
+        "source": "governor",
+        "status": "done",
+        "completed_at": first["completed_at"],
+        "notebooks": [],
+        "bytes": first["bytes"],
+        "errors": 0,
+        "restore": RESTORE_HINT,
+    }
+    one = json.loads((await jp_fetch("jupyter-gpu-gov", "checkpoints", first["id"])).body)
+    assert one == first
+
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("jupyter-gpu-gov", "checkpoints", "20000101T000000Z")
+    assert info.value.code == 404 and b"20000101T000000Z" in info.value.response.body
+    for bad in ("..", "not-an-id", "20000101T000000Z%2F..%2F..%2Fetc"):
+        with pytest.raises(HTTPClientError) as info:
+            await jp_fetch("jupyter-gpu-gov", "checkpoints", bad)
+        assert info.value.code == 400, bad
+    with pytest.raises(HTTPClientError) as info:
+        await checkpoint(jp_fetch, reason="x", cull_reason="bored")
+    assert info.value.code == 400 and b"cull_reason" in info.value.response.body
+
+    for parts in (("checkpoints",), ("checkpoints", first["id"])):
+        with pytest.raises(HTTPClientError) as info:
+            await jp_fetch("jupyter-gpu-gov", *parts, headers={"Authorization": ""})
+        assert info.value.code == 403
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch(
+            "jupyter-gpu-gov",
+            "checkpoint",
+            method="POST",
+            body="{}",
+            headers={"Authorization": "token not-the-token"},
+        )
+    assert info.value.code == 403
+
+
+async def test_the_server_exports_the_directory_to_its_kernels(
+    jp_serverapp, notebook_kernel, checkpoint_root
+):
+    import os
+
+    assert os.environ[ENV] == str(checkpoint_root)
+    kernel = await notebook_kernel("env.ipynb")
+    assert (await kernel.run(f"import os; print(os.environ[{ENV!r}])")).strip() == str(
+        checkpoint_root
+    )
+
+
+@pytest.mark.parametrize(
+    ("trait", "value", "message"),
+    [
+        ("checkpoint_hook_timeout", 0, "GpuGovApp.checkpoint_hook_timeout must be > 0"),
+        ("checkpoint_keep", 0, "GpuGovApp.checkpoint_keep must be at least 1"),
+        ("checkpoint_max_bytes", -1, "GpuGovApp.checkpoint_max_bytes must be > 0"),
+        ("checkpoint_dir", " ", "GpuGovApp.checkpoint_dir must name a directory"),
+    ],
+)
+def test_bad_settings_name_the_trait(trait, value, message):
+    from jupyter_gpu_gov.server.app import GpuGovApp
+
+    with pytest.raises(ValueError, match=message):
+        GpuGovApp(**{trait: value})
+
+
+def test_checkpoint_dir_default_is_expanded(monkeypatch, tmp_path):
+    from jupyter_gpu_gov.server.app import GpuGovApp
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert GpuGovApp().checkpoint_dir == str(tmp_path / ".jupyter-gpu-gov" / "checkpoints")
+    assert GpuGovApp(checkpoint_dir="~/ckpt").checkpoint_dir == str(tmp_path / "ckpt")
