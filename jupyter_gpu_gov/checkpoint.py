@@ -18,7 +18,7 @@ adds its names to the variables already registered. Hooks keep references to the
 save: ``unregister`` a ``save_torch`` hook before deleting a model to free its GPU memory.
 
 This module imports only the standard library (it is imported inside user kernels); torch and
-IPython are imported when used. The file formats are in notes/checkpoint-contract.md.
+IPython are imported when used. The file formats are in docs/api.md ("What a checkpoint does").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The server side of a checkpoint before a cull (issue 6; ``/work/notes/checkpoint-contract.md``).
+"""The server side of a checkpoint before a cull (formats: docs/api.md, "What a checkpoint does").
 
 One checkpoint is one directory ``<checkpoint_dir>/<id>/`` (``id``: UTC ``YYYYMMDDTHHMMSSZ``, a
 ``-2``, ``-3`` suffix when taken)::
