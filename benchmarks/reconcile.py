@@ -493,7 +493,8 @@ async def _bench(
     store.engine.dispose()
 
     def med(name: str) -> float:
-        return round(statistics.median(parts[name]), 3) if parts[name] else 0.0
+        # Three significant digits: a small fleet's DCGM parse takes microseconds, not 0.
+        return float(f"{statistics.median(parts[name]):.3g}") if parts[name] else 0.0
 
     gov_med, cul_med = statistics.median(gov_s), statistics.median(cul_s)
     db_bytes = sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))

@@ -121,12 +121,14 @@ class LocalGpuMixin(GpuProfilesMixin):
     def _held(self) -> dict[str, list[str]]:
         """Device UUID → tiers of the other started servers holding it."""
         held: dict[str, list[str]] = {}
-        db = self.user.db
-        for row in db.query(orm.Spawner).filter(orm.Spawner.started.isnot(None)):
-            if self.orm_spawner is not None and row.id == self.orm_spawner.id:
+        rows = self.user.db.query(
+            orm.Spawner.id, orm.Spawner.user_options, orm.Spawner.state
+        ).filter(orm.Spawner.started.isnot(None))
+        for row_id, options, state in rows:
+            if self.orm_spawner is not None and row_id == self.orm_spawner.id:
                 continue
-            tier = (row.user_options or {}).get(TIER, "")
-            for uuid in (row.state or {}).get(DEVICES_STATE, ()):
+            tier = (options or {}).get(TIER, "")
+            for uuid in (state or {}).get(DEVICES_STATE, ()):
                 held.setdefault(uuid, []).append(tier)
         return held
 

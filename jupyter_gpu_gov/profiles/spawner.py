@@ -124,26 +124,35 @@ class GpuProfilesMixin:
         """Every started server of the hub that holds a tier (this one excluded)."""
         conf = self.gpu_profiles
         tiers, quotas = conf.tier_map, conf.quota_map
-        db = self.user.db
         grants = []
-        for row in db.query(orm.Spawner).filter(orm.Spawner.started.isnot(None)):
-            if self.orm_spawner is not None and row.id == self.orm_spawner.id:
+        for row_id, name, user, options, started in (
+            self.user.db.query(
+                orm.Spawner.id,
+                orm.Spawner.name,
+                orm.User.name,
+                orm.Spawner.user_options,
+                orm.Spawner.started,
+            )
+            .join(orm.User, orm.Spawner.user_id == orm.User.id)
+            .filter(orm.Spawner.started.isnot(None))
+        ):  # columns in one query: loading each row's user would be a query per server
+            if self.orm_spawner is not None and row_id == self.orm_spawner.id:
                 continue
-            options = row.user_options or {}
+            options = options or {}
             tier, team = tiers.get(options.get(TIER)), options.get(TEAM)
             if tier is None:
                 continue
             grants.append(
                 Grant(
-                    server=f"{row.user.name}/{row.name or ''}",
-                    user=row.user.name,
+                    server=f"{user}/{name or ''}",
+                    user=user,
                     team=team or "",
                     tier=tier.name,
                     devices=tier.count,
                     weight=tier.weight,
                     borrowed=options.get(BORROWED) == "true",
                     priority=quotas[team].priority if team in quotas else 0,
-                    started=row.started,
+                    started=started,
                 )
             )
         return grants
