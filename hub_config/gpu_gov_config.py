@@ -20,6 +20,9 @@ c.GpuGovernor.policy_defaults = {
     "checkpoint_timeout": "1m",
     "reclaim_grace": "1m",  # a borrowed GPU asked back by a team within its guarantee
 }
+# Root causes: an idle kernel nobody has touched for a minute is a zombie (real hubs: 30 minutes),
+# so the warning a demo user sees says why and what to do.
+c.GpuGovernor.diagnose_zombie_idle = 60
 c.GpuGovernor.policies = [
     # Borrowed GPUs (beyond a team's guarantee) are given back sooner.
     {

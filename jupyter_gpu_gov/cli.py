@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_replay(commands)
     _add_estimate(commands)
+    _add_diagnose(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 
@@ -337,6 +338,125 @@ def _estimate_text(estimate, tier, tiers) -> str:
 
 def _gb(value: float) -> str:
     return f"{value:,.1f} GB" if value >= 1 else f"{value:.3g} GB"
+
+
+# -- diagnose ----------------------------------------------------------------------------------
+
+
+def _add_diagnose(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "diagnose",
+        help="say why each window's GPU is underused (root cause and a hint)",
+        description=(
+            "Diagnose diagnosis windows (DESIGN §9: CSV with a header, or JSON Lines; columns\n"
+            "node, server, t, sm_active, dram_active, tensor_active, pcie_mb_s, gpu_mem_frac,\n"
+            "cpu_cores, cpu_iowait, read_mb_s, kernel_busy, user_idle_s, and optionally\n"
+            "gr_active (DCGM GR_ENGINE_ACTIVE); missing values allowed, unknown columns\n"
+            "ignored). Prints one JSON line per row, in input order:\n"
+            '{"server", "t", "label", "contributions", "hint", "source"}. Labels: healthy,\n'
+            "zombie, data_io, cpu_serial, memory_bandwidth, small_work, unknown (no sm_active).\n"
+            "Without --model the counterfactual model is trained on the file's own history\n"
+            "(scikit-learn needed: the 'hub' extra); too little history, and the rules answer.\n"
+            "A summary goes to stderr. A bad file prints nothing and exits with status 2."
+        ),
+        epilog=(
+            "examples:\n"
+            "  jupyter-gpu-gov diagnose windows.csv\n"
+            "  jupyter-gpu-gov diagnose windows.jsonl --save-model model.pkl\n"
+            "  jupyter-gpu-gov diagnose today.jsonl --model model.pkl\n"
+            "  jupyter-gpu-gov diagnose windows.csv --baseline\n"
+            "  python -m jupyter_gpu_gov.diagnose.simulate --servers 60 | jupyter-gpu-gov diagnose -"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("file", metavar="FILE", help="windows, CSV or JSON Lines ('-': stdin)")
+    parser.add_argument(
+        "--model",
+        metavar="PATH",
+        help="a model saved with --save-model (a pickle: load only files you trust)",
+    )
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="the threshold rules (profiler guides' thresholds) instead of the model",
+    )
+    parser.add_argument(
+        "--save-model", metavar="PATH", help="save the model trained on FILE to PATH"
+    )
+    parser.set_defaults(run=_diagnose, parser=parser)
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from .diagnose import rules
+    from .diagnose.features import read_windows
+
+    if args.baseline and (args.model or args.save_model):
+        args.parser.error("--baseline uses no model: not with --model or --save-model")
+    if args.model and args.save_model:
+        args.parser.error("--save-model saves the model trained on FILE: not with --model")
+    fail = partial(_fail, command="diagnose")
+    try:
+        windows = read_windows(args.file)
+    except ValueError as error:
+        return fail(str(error))
+    except OSError as error:
+        return fail(f"cannot read {args.file}: {error.strerror or error}")
+
+    summary: dict = {"windows": len(windows)}
+    if args.baseline:
+        results = [rules.baseline(w) for w in windows]
+        summary["by"] = "rules"
+    else:
+        try:
+            from .diagnose.counterfactual import Diagnoser
+
+            if args.model:
+                try:
+                    model = Diagnoser.load(args.model)
+                except (OSError, ValueError, EOFError) as error:
+                    return fail(f"cannot load --model: {error}")
+                summary["by"] = f"model {args.model}"
+            else:
+                model = Diagnoser().fit(windows)
+                summary["by"] = "model trained on FILE" if model.fitted else "rules"
+                summary["trained_on"] = model.trained_on
+                if not model.fitted:
+                    summary["note"] = (
+                        f"{model.trained_on} windows in which code runs: too few to train "
+                        f"(need {model.min_windows}); the rules answer"
+                    )
+            results = model.diagnose_many(windows)
+        except ImportError as error:
+            print(
+                f"jupyter-gpu-gov diagnose: error: {error.name or error} is needed for the model: "
+                "pip install 'jupyter-gpu-gov[hub]', or use --baseline",
+                file=sys.stderr,
+            )
+            return 1
+        if args.save_model:
+            if not model.fitted:
+                return fail(f"--save-model: {summary['note']}, so there is no model to save")
+            try:
+                model.save(args.save_model)
+            except OSError as error:
+                return fail(f"cannot write --save-model: {error.strerror or error}")
+
+    out = sys.stdout
+    for window, result in zip(windows, results, strict=True):
+        row = {
+            "server": window.server,
+            "t": window.t,
+            "label": result.label,
+            "contributions": dict(result.contributions),
+            "hint": result.hint,
+            "source": result.source,
+        }
+        out.write(json.dumps(row) + "\n")
+    summary["labels"] = dict(sorted(Counter(r.label for r in results).items()))
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

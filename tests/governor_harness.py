@@ -19,6 +19,7 @@ c.GpuGovernor.db_url = "sqlite:///{db}"
 c.GpuGovernor.cull_every = 0.5
 c.GpuGovernor.report_stale_after = 60
 c.GpuGovernor.dry_run = {dry_run}
+c.GpuGovernor.diagnose_zombie_idle = 2  # seconds, like the policies' timers below
 c.GpuGovernor.policy_defaults = {{
     "warn_after": "3s", "cull_after": "7s", "user_activity_grace": "1s", "busy_grace": "5s",
     "extension_step": "60s", "max_extensions": 1, "checkpoint_timeout": "20s",

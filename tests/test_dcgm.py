@@ -154,6 +154,19 @@ def test_an_optional_timestamp_is_accepted_and_ignored(timestamp):
     assert only(parse_exposition(text)).activity == pytest.approx(0.42)
 
 
+def test_sm_and_engine_activity_are_kept_apart_for_diagnosis():
+    # Synthetic (no fixture exports SM_ACTIVE): small kernels keep the engine busy, SMs not.
+    text = (
+        'DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID="GPU-a"} 0.9\n'
+        'DCGM_FI_PROF_SM_ACTIVE{UUID="GPU-a"} 0.2\n'
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-b"} 80\n'
+    )
+    a, b = sorted(parse_exposition(text), key=lambda gpu: gpu.uuid)
+    assert (a.activity, a.gr_active, a.sm_active) == (0.9, 0.9, 0.2)
+    assert (b.activity, b.gr_active, b.sm_active) == (0.8, None, None)
+    assert [a, b] == sorted(evidence_from_samples(client_samples(text)), key=lambda g: g.uuid)
+
+
 def test_nan_and_infinities_are_unknown_not_values():
     # Synthetic: a non-finite reading must not hide a finite one from another signal.
     text = (
@@ -307,6 +320,7 @@ def test_a100_mig_whole_gpu_and_gpu_instance_are_separate_leaves():
     assert (instance.mig_profile, instance.gpu_instance_id) == ("1g.5gb", 13)
     # No GPU_UTIL exists for a GPU instance: activity comes from GR_ENGINE_ACTIVE.
     assert (instance.activity, instance.activity_source) == (0.995687, "gr_engine_active")
+    assert (instance.gr_active, instance.sm_active) == (0.995687, None)  # no SM_ACTIVE series
     assert instance.tensor_active == pytest.approx(0.930433)
     assert instance.dram_active == pytest.approx(0.800339)
     assert instance.memory_used_mb is None and instance.pcie_bytes_per_s is None
@@ -332,6 +346,7 @@ def test_t4_is_busy_by_graphics_engine_activity_not_gpu_util():
     t4 = only(parse(T4))
     # GPU_UTIL says 91 %; the graphics engine was active 15.6 % of the time.
     assert (t4.activity, t4.activity_source) == (0.156205, "gr_engine_active")
+    assert t4.gr_active == 0.156205  # diagnosis reads the engine's time, never GPU_UTIL's
     assert t4.tensor_active == pytest.approx(0.005822)
     assert t4.pcie_bytes_per_s == 4791810 + 6935930
     assert is_idle(t4) is False

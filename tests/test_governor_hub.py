@@ -46,9 +46,30 @@ def gov(hub):
 def test_zombie_kernel_is_warned_checkpointed_and_culled(hub, gov):
     tab = kernel_with(hub, "alice", "from jupyter_gpu_gov import simulate; simulate.hold(4096)")
     try:
+        # Before the cull, alice's own server hears why: the verdict names the root cause.
+        status = hub.user_url("alice", "jupyter-gpu-gov/status")
+        verdict = wait(
+            lambda: (
+                (v := hub.get(status, token=hub.token("alice")).json().get("verdict"))
+                and v.get("root_cause")
+                and v
+            ),
+            30,
+            "the verdict to name alice's root cause",
+        )
+        listed = gov.admin("GET", "users/alice/server").json()
+        cluster = gov.admin("GET", "diagnosis").json()
         wait(lambda: not server_running(hub, "alice"), 90, "alice's idle server to be culled")
     finally:
         tab.close()
+
+    cause = verdict["root_cause"]
+    assert cause["label"] == "zombie" and cause["source"] == "rules", verdict
+    assert "holds GPU memory but has done no GPU work" in cause["hint"]
+    assert verdict["state"] in ("idle", "warned", "checkpointing")
+    assert listed["root_cause"]["label"] == "zombie"  # the admin list says it too
+    assert cluster["labels"].get("zombie", 0) >= 1 and cluster["source"] == "rules"
+    assert gov.call("GET", "diagnosis", hub.token("bob")).status_code == 403  # admins only
 
     audit = gov.audit("alice/")
     actions = [a["action"] for a in audit if a["action"] in ("warn", "checkpoint", "cull")]

@@ -342,3 +342,23 @@ async def test_governor_checkpoint_without_a_browser_does_not_wait(jp_fetch, jp_
     )
     assert json.loads(response.body)["saved_by_frontend_first"] is False
     assert time.monotonic() - started < 10
+
+
+async def test_a_real_kernel_reports_its_cpu_through_the_status_route(jp_fetch, start_kernel):
+    kernel = await start_kernel()
+    await kernel.run(
+        "import threading\n"
+        "def spin():\n"
+        "    while True: pass\n"
+        "threading.Thread(target=spin, daemon=True).start()\n"
+    )
+    report = await wait_for(
+        jp_fetch,
+        lambda r: any(
+            t["id"] == kernel.id and (t.get("cpu") or {}).get("cores", 0) > 0.5
+            for t in r["targets"]
+        ),
+    )
+    cpu = next(t for t in report["targets"] if t["id"] == kernel.id)["cpu"]
+    assert set(cpu) == {"cores", "iowait", "read_mb_s", "seconds"}
+    assert cpu["iowait"] is None or 0 <= cpu["iowait"] <= 1

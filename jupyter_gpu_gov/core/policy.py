@@ -637,8 +637,12 @@ def _grant(record: Record, seconds: float) -> Record:
     )
 
 
-def verdict(decision: Decision, policy: Policy, *, dry_run: bool = False) -> dict:
-    """The verdict of DESIGN §5, as it rides back on a report's response."""
+def verdict(
+    decision: Decision, policy: Policy, *, dry_run: bool = False, root_cause: dict | None = None
+) -> dict:
+    """The verdict of DESIGN §5, as it rides back on a report's response. ``root_cause`` is the
+    governor's diagnosis (``{"label", "hint", "contributions", "source"}``), passed in: it
+    explains, it never decides."""
     from .clock import isoformat
 
     record = decision.record
@@ -657,5 +661,5 @@ def verdict(decision: Decision, policy: Policy, *, dry_run: bool = False) -> dic
         "checkpoint": "requested" if record.checkpoint_status == "requested" else "none",
         "max_age_at": None,
         "dry_run": dry_run,
-        "root_cause": None,
+        "root_cause": root_cause,
     }

@@ -6,6 +6,7 @@ wrong; a report that does not validate changes nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -81,6 +82,7 @@ def validate(report: object) -> dict:
             raise ReportError(f"{where}.gpu.confidence", f"must be one of {', '.join(CONFIDENCES)}")
         for key in ("last_active", "idle_since"):
             _time(gpu, key, f"{where}.gpu.{key}")
+        _cpu(target.get("cpu"), f"{where}.cpu")
 
     window = _expect(report.get("window"), Mapping, "window", "an object")
     _number(window, "seconds", "window.seconds", low=0, required=True)
@@ -144,6 +146,13 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
     )
 
 
+def target_cpu(target: Mapping) -> Mapping | None:
+    """A (validated) target's ``cpu`` section, or ``None`` when it has none we understand (not
+    sent, the first sample, or an older server's ``{"percent", "iowait"}``)."""
+    cpu = target.get("cpu")
+    return cpu if isinstance(cpu, Mapping) and "cores" in cpu else None
+
+
 def user_last_activity(report: Mapping) -> datetime | None:
     return parse(report["server"].get("last_activity"))
 
@@ -157,6 +166,21 @@ def _expect(value, kind, field: str, words: str):
     return value
 
 
+def _cpu(cpu, field: str) -> None:
+    """``targets[].cpu``: optional; ``{"cores", "iowait", "read_mb_s", "seconds"}``, each a
+    number or null. An older server's ``{"percent", "iowait"}`` (iowait in %) is accepted and
+    ignored, so a governor upgraded first keeps taking its reports."""
+    if cpu is None:
+        return
+    _expect(cpu, Mapping, field, "an object or null")
+    if "cores" not in cpu and "percent" in cpu:
+        return
+    _number(cpu, "cores", f"{field}.cores", low=0)
+    _number(cpu, "iowait", f"{field}.iowait", low=0, high=1)
+    _number(cpu, "read_mb_s", f"{field}.read_mb_s", low=0)
+    _number(cpu, "seconds", f"{field}.seconds", low=0)
+
+
 def _optional_str(obj: Mapping, key: str, field: str) -> None:
     if obj.get(key) is not None and not isinstance(obj[key], str):
         raise ReportError(field, "must be a string or null")
@@ -168,7 +192,7 @@ def _number(obj: Mapping, key: str, field: str, low=None, high=None, required=Fa
         if required:
             raise ReportError(field, "is required")
         return
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ReportError(field, "must be a number or null")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"[{low}, {high}]" if high is not None else f">= {low}"

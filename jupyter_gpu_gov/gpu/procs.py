@@ -167,6 +167,15 @@ def read_bytes(pid: int, proc_root: str = "/proc") -> int | None:
     return None
 
 
+def delay_accounting(proc_root: str = "/proc") -> bool:
+    """Whether the kernel accounts I/O delay per task, so ``delayacct_blkio_ticks`` (field 42 of
+    ``/proc/<pid>/stat``) means something. Since Linux 5.14 it is off by default
+    (``kernel.task_delayacct = 0``) and the field reads 0: unknown, not "never waited". Without
+    the sysctl (older kernels) it is on unless the kernel was booted with ``nodelayacct``."""
+    raw = _read(f"{proc_root}/sys/kernel/task_delayacct", 16)
+    return raw is None or raw.strip() != b"0"
+
+
 def nvidia_device_files(pid: int, proc_root: str = "/proc") -> set[int] | None:
     """GPU device files a process has open: minor numbers of ``/dev/nvidia<N>``, plus ``-1`` for
     the control/UVM nodes every CUDA context opens. ``None`` when the fds cannot be read.

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+from datetime import timedelta
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
@@ -24,6 +25,8 @@ from .. import __version__
 from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
 from .dcgm import DcgmConfig, DcgmSource
+from .diagnosis import DiagnosisOptions
+from .diagnosis import preload as preload_diagnosis
 from .hubapi import HubApi
 from .reconcile import Governor, Options
 from .routes import MAX_REPORT_BYTES, handlers
@@ -192,6 +195,49 @@ class GpuGovernor(Application):
     pcie_floor_bytes_per_s = Float(
         1_000_000, help="PCIe traffic (bytes/s) under which an idle-looking GPU counts as idle."
     ).tag(config=True)
+    diagnose = Bool(
+        True,
+        help="""Diagnose why GPUs are underused (DESIGN §8): each report is scored and the
+        verdict carries ``root_cause``. It never changes a decision.""",
+    ).tag(config=True)
+    diagnose_train_every = Float(
+        6 * 3600,
+        help="""Seconds between two trainings of the diagnosis model, in a worker thread (the
+        service keeps answering). The first runs as soon as `diagnose_min_windows` windows
+        exist; until then the threshold rules diagnose. Default 21600 (6 h).""",
+    ).tag(config=True)
+    diagnose_min_windows = Int(
+        1000,
+        help="""Windows (one per server per `diagnose_sample_every`) in the history before the
+        first training, e.g. 1000: 20 servers for 50 minutes.""",
+    ).tag(config=True)
+    diagnose_sample_every = Float(
+        60,
+        help="""Seconds: at most one window per server this often goes into the training history
+        (every report is still scored).""",
+    ).tag(config=True)
+    diagnose_history = Float(
+        7 * 86400,
+        help="Seconds of history the model trains on (default 604800, 7 days).",
+    ).tag(config=True)
+    diagnose_max_windows = Int(
+        250_000,
+        help="""Most windows kept in memory for training (about 100 MB at 250,000); beyond it
+        the oldest go first, whatever their age.""",
+    ).tag(config=True)
+    diagnose_zombie_idle = Float(
+        0,
+        help="""Seconds nobody has used a server before a kernel that holds GPU memory and does
+        no GPU work is called a zombie (0: the diagnosis rules' 1800, 30 minutes). A demo hub
+        with timers of minutes shortens it like them, e.g. 60.""",
+    ).tag(config=True)
+    diagnose_model_path = Unicode(
+        "",
+        help="""Where the trained model is saved after each training and loaded from at start
+        (e.g. /srv/gpu-gov/diagnosis.pkl), so a restart keeps it. Empty: memory only. A pickle:
+        a path only the service can write.""",
+    ).tag(config=True)
+
     port = Int(help="Port to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
     ip = Unicode(help="IP to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
 
@@ -209,7 +255,14 @@ class GpuGovernor(Application):
             or "127.0.0.1"
         )
 
-    @validate("timeout", "concurrency")
+    @validate(
+        "timeout",
+        "concurrency",
+        "diagnose_train_every",
+        "diagnose_min_windows",
+        "diagnose_history",
+        "diagnose_max_windows",
+    )
     def _positive(self, proposal):
         if proposal["value"] <= 0:
             raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
@@ -271,6 +324,18 @@ class GpuGovernor(Application):
             concurrency=self.concurrency,
             team_map=dict(self.team_map),
             pcie_floor_bytes_per_s=self.pcie_floor_bytes_per_s,
+            diagnosis=DiagnosisOptions(
+                enabled=self.diagnose,
+                train_every=timedelta(seconds=self.diagnose_train_every),
+                min_windows=self.diagnose_min_windows,
+                sample_every=timedelta(seconds=self.diagnose_sample_every),
+                history=timedelta(seconds=self.diagnose_history),
+                max_windows=self.diagnose_max_windows,
+                model_path=os.path.expanduser(self.diagnose_model_path),
+                zombie_idle=timedelta(seconds=self.diagnose_zombie_idle)
+                if self.diagnose_zombie_idle > 0
+                else None,
+            ),
         )
         return Governor(Store(self.db_url), hub, self.policy_list, options, dcgm)
 
@@ -288,6 +353,11 @@ class GpuGovernor(Application):
 
     async def run(self) -> None:
         self.governor = self.make_governor()
+        if self.diagnose and not preload_diagnosis():
+            self.log.warning(
+                "gpu-gov: scikit-learn is not installed: root causes come from the threshold "
+                "rules only (pip install 'jupyter-gpu-gov[hub]')"
+            )
         app = self.make_web_app(self.governor)
         server = HTTPServer(app, max_body_size=MAX_REPORT_BYTES + 1024, xheaders=True)
         server.listen(self.port, self.ip)

@@ -125,6 +125,10 @@ class GpuEvidence:
     container: str | None = None
     activity: float | None = None  # 0..1
     activity_source: str | None = None  # the signal ``activity`` came from, e.g. "gpu_util"
+    sm_active: float | None = None  # 0..1, SM_ACTIVE: how many SMs the kernels fill, over time
+    # 0..1, GR_ENGINE_ACTIVE: the share of time a kernel ran. Not GPU_UTIL, which means the same
+    # but is sampled coarsely and overstates (the T4 fixture: 91 % against 15.6 %).
+    gr_active: float | None = None
     dram_active: float | None = None  # 0..1
     tensor_active: float | None = None  # 0..1
     pcie_bytes_per_s: float | None = None  # TX + RX
@@ -238,6 +242,8 @@ def evidence_from_samples(
             gpu_instance_id=_int(gi_id),
             activity=activity,
             activity_source=source,
+            sm_active=leaf.values.get("sm_active"),
+            gr_active=leaf.values.get("gr_engine_active"),
             dram_active=leaf.values.get("dram_active"),
             tensor_active=leaf.values.get("tensor_active"),
             pcie_bytes_per_s=_pcie(leaf.values),

@@ -48,6 +48,19 @@ RECONCILE_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
+DIAGNOSIS_SECONDS = Histogram(
+    "jupyter_gpu_gov_diagnosis_duration_seconds",
+    "Time to turn one report into a diagnosis window and score it (on the event loop)",
+    buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+    registry=REGISTRY,
+)
+DIAGNOSIS_TRAIN_SECONDS = Histogram(
+    "jupyter_gpu_gov_diagnosis_training_duration_seconds",
+    "Wall time of one training run of the diagnosis model (in a worker thread)",
+    buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900),
+    registry=REGISTRY,
+)
+
 STATES = ("active", "idle", "warned", "checkpointing", "culled", "exempt", "unknown")
 
 

@@ -35,7 +35,8 @@ from ..core.policy import (
 from ..core.report import gpu_signal, user_last_activity
 from ..core.teams import group_teams
 from . import metrics
-from .dcgm import DcgmSnapshot, DcgmSource, index_by_pod, index_by_uuid, is_idle
+from .dcgm import DcgmSnapshot, DcgmSource, GpuEvidence, index_by_pod, index_by_uuid, is_idle
+from .diagnosis import DiagnosisOptions, DiagnosisService
 from .hubapi import HubApi, HubApiError, HubServer
 from .ownership import resolve
 from .store import AuditRow, ExtensionRow, ServerRow, Store, apply_decision, record_of, set_record
@@ -97,6 +98,7 @@ class Options:
     concurrency: int = 10
     team_map: Mapping[str, str] = field(default_factory=dict)
     pcie_floor_bytes_per_s: float = 1_000_000
+    diagnosis: DiagnosisOptions = field(default_factory=DiagnosisOptions)
 
 
 @dataclass
@@ -154,6 +156,11 @@ class Governor:
         self._world = _World()
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
+        self.diagnosis = DiagnosisService(options.diagnosis)
+        # GPU spawns the Hub has been starting for longer than SPAWN_QUEUED_AFTER (on Kubernetes,
+        # pods waiting for a GPU node), as of the last pass (``None`` before the first):
+        # fragmentation is "GPUs partly used while spawns wait".
+        self.spawns_waiting: int | None = None
         self.http = AsyncHTTPClient()
 
     # -- reports ------------------------------------------------------------------------------
@@ -161,7 +168,12 @@ class Governor:
     def ingest(self, report: dict) -> dict:
         """Keep a validated, authorised report; answer the server's current verdict."""
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
-        self.reports[key] = Received(report, clock.utcnow())
+        now = clock.utcnow()
+        self.reports[key] = Received(report, now)
+        world = self._world
+        self.diagnosis.observe(
+            key, report, self._evidence(report, world.by_uuid, world.by_pod), now
+        )
         result = _reported_checkpoint(report.get("checkpoint"))
         row = self.row(key)
         if result is not None and row is not None and result.answers(record_of(row)):
@@ -175,9 +187,21 @@ class Governor:
                 state=policy.UNKNOWN, reason="the governor has not assessed this server yet"
             )
             return policy.verdict(
-                Decision(not_yet), self.policies[-1], dry_run=self.options.dry_run
+                Decision(not_yet),
+                self.policies[-1],
+                dry_run=self.options.dry_run,
+                root_cause=self.root_cause(key),
             )
-        return verdict_of(row, self.policy_named(row.policy), dry_run=self.options.dry_run)
+        return verdict_of(
+            row,
+            self.policy_named(row.policy),
+            dry_run=self.options.dry_run,
+            root_cause=self.root_cause(key),
+        )
+
+    def root_cause(self, key: str) -> dict | None:
+        """What the diagnosis says of the server's last report (``None`` once it is stale)."""
+        return self.diagnosis.root_cause(key, self.options.report_stale_after)
 
     @property
     def rows(self) -> dict[str, ServerRow]:
@@ -218,9 +242,12 @@ class Governor:
         batch = _Batch()
         now = clock.utcnow()
         seen = set()
+        waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
-        async for server in self.hub.iter_servers():
-            if server.pending:
+        # "active": ready servers and those the Hub is starting, which may wait for a GPU.
+        async for server in self.hub.iter_servers(state="active"):
+            if server.pending or not server.ready:
+                waiting += _queued_for_a_gpu(server, now)
                 continue  # the Hub is starting or stopping it
             key = server_key(server.user, server.name)
             seen.add(key)
@@ -230,10 +257,13 @@ class Governor:
             if row.running and key not in seen:
                 row.running = False  # stopped (by its owner, the Hub or us)
                 self._servers.pop(key, None)
+                self.diagnosis.forget(key)
                 batch.changed.append(row)
 
+        self.spawns_waiting = waiting
         await batch.finish(self.store)
         self._forget_stale_reports(seen)
+        self.diagnosis.maybe_train(now)  # in a worker; the pass does not wait for it
         metrics.observe_states(row for row in rows.values() if row.running)
         counts: dict[str, int] = {}
         for row in batch.audits:
@@ -378,6 +408,21 @@ class Governor:
     def _trusted_activity(self, report: dict, chosen: Policy, by_uuid, by_pod) -> bool | None:
         """DCGM's word on this server's GPUs: True if any is busy, False if all are idle,
         None when DCGM does not know them."""
+        evidence = self._evidence(report, by_uuid, by_pod)
+        verdicts = [
+            is_idle(e, chosen.idle_threshold, self.options.pcie_floor_bytes_per_s) for e in evidence
+        ]
+        if not verdicts:
+            return None
+        if any(v is False for v in verdicts):
+            return True
+        if all(v is True for v in verdicts):
+            return False
+        return None
+
+    @staticmethod
+    def _evidence(report: Mapping, by_uuid, by_pod) -> list[GpuEvidence]:
+        """DCGM's records of this server's GPUs: by its pod, else by its devices' UUIDs."""
         server = report["server"]
         evidence = list(by_pod.get((server.get("namespace"), server.get("pod")), ()))
         if not evidence:
@@ -389,16 +434,35 @@ class Governor:
                 else:
                     candidates = [e for e in candidates if e.mig_profile is None]
                 evidence += candidates
-        verdicts = [
-            is_idle(e, chosen.idle_threshold, self.options.pcie_floor_bytes_per_s) for e in evidence
-        ]
-        if not verdicts:
-            return None
-        if any(v is False for v in verdicts):
-            return True
-        if all(v is True for v in verdicts):
-            return False
-        return None
+        return evidence
+
+    def devices_used(self) -> list[float]:
+        """How full each GPU (whole card or MIG instance) is, 0..1 of its memory: from DCGM
+        where it sees the GPU, else from the reports of running servers."""
+        used: dict[tuple[str, str | None], float] = {}
+        running = {key for key, row in self.rows.items() if row.running}
+        for key, received in self.reports.items():
+            if key not in running:
+                continue
+            for d in received.report["devices"]:
+                total, held = d.get("memory_total_mb"), d.get("memory_used_mb")
+                if total and held is not None:
+                    used[(d.get("parent_uuid") or d["uuid"], d.get("mig_profile"))] = min(
+                        1.0, held / total
+                    )
+        for records in self._world.by_uuid.values():
+            for e in records:
+                if e.memory_used_mb is not None and e.memory_free_mb is not None:
+                    total = e.memory_used_mb + e.memory_free_mb
+                    if total > 0:
+                        used[(e.uuid, e.mig_profile)] = min(1.0, e.memory_used_mb / total)
+        return list(used.values())
+
+    def diagnosis_summary(self) -> dict:
+        running = [key for key, row in self.rows.items() if row.running]
+        return self.diagnosis.summary(
+            running, self.devices_used(), self.spawns_waiting, self.options.report_stale_after
+        )
 
     def _apply_checkpoint_result(
         self, key: str, record: Record, row: ServerRow, audits: list[AuditRow]
@@ -759,6 +823,7 @@ class Governor:
         for task in [*self._tasks, self._dcgm_task]:
             if task is not None:
                 task.cancel()
+        await self.diagnosis.close()
 
 
 def _base_view(server: HubServer, ownership) -> ServerView:
@@ -776,13 +841,15 @@ def _base_view(server: HubServer, ownership) -> ServerView:
     )
 
 
-def verdict_of(row: ServerRow, chosen: Policy, *, dry_run: bool = False) -> dict:
+def verdict_of(
+    row: ServerRow, chosen: Policy, *, dry_run: bool = False, root_cause: dict | None = None
+) -> dict:
     decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
-    return policy.verdict(decision, chosen, dry_run=dry_run)
+    return policy.verdict(decision, chosen, dry_run=dry_run, root_cause=root_cause)
 
 
-def row_view(row: ServerRow, report: Received | None) -> dict:
-    """A server as the admin API lists it."""
+def row_view(row: ServerRow, report: Received | None, root_cause: dict | None = None) -> dict:
+    """A server as the admin API lists it; ``root_cause`` as in its verdict."""
     gpu = None
     if report is not None:
         r = report.report
@@ -825,6 +892,7 @@ def row_view(row: ServerRow, report: Received | None) -> dict:
         },
         "culled_at": clock.isoformat(row.culled_at),
         "gpu": gpu,
+        "root_cause": root_cause,
     }
 
 
@@ -895,3 +963,20 @@ def checkpoint_summary(status: str, manifest: Mapping | None, shown: int = 3) ->
     more = len(errors) - shown
     text = "; ".join(errors[:shown]) + (f"; and {more} more" if more > 0 else "")
     return f"checkpoint {status}: {text}"
+
+
+SPAWN_QUEUED_AFTER = timedelta(minutes=1)
+GRANTED_TIER = "gpu-gov/tier"  # profiles.spawner.TIER: the spawn was admitted to a GPU tier
+
+
+def _queued_for_a_gpu(server: HubServer, now: datetime) -> bool:
+    """A spawn admitted to a GPU tier that the Hub has been starting for a while: it waits for
+    a GPU to be placed (a spawn without a tier is not waiting for a GPU)."""
+    tier = server.user_options.get(GRANTED_TIER)
+    return (
+        server.pending == "spawn"
+        and isinstance(tier, str)
+        and tier not in ("", "no-gpu")
+        and server.started is not None
+        and now - server.started >= SPAWN_QUEUED_AFTER
+    )

@@ -132,7 +132,7 @@ class ServersHandler(ApiHandler):
         running_only = self.get_argument("all", "0") not in ("1", "true")
         rows = self.governor.server_rows(running_only)
         items = [
-            row_view(row, self.governor.reports.get(row.key))
+            row_view(row, self.governor.reports.get(row.key), self.governor.root_cause(row.key))
             for row in sorted(rows, key=lambda r: r.key)
             if user is None or row.user == user
         ]
@@ -147,7 +147,12 @@ class ServerHandler(ApiHandler):
         self.require_owner_or_admin(user)
         key, row = self.server_row(user, name)
         received: Received | None = self.governor.reports.get(key)
-        self.write_json({**row_view(row, received), "verdict": self.governor.verdict(key)})
+        self.write_json(
+            {
+                **row_view(row, received, self.governor.root_cause(key)),
+                "verdict": self.governor.verdict(key),
+            }
+        )
 
 
 class ExtendHandler(ApiHandler):
@@ -297,6 +302,16 @@ class AuditHandler(ApiHandler):
         )
 
 
+class DiagnosisHandler(ApiHandler):
+    """``GET api/diagnosis``: root causes across the cluster, the model, fragmentation
+    (admins)."""
+
+    @web.authenticated
+    def get(self):
+        self.require_admin()
+        self.write_json(self.governor.diagnosis_summary())
+
+
 class PoliciesHandler(ApiHandler):
     """``GET api/policies``: the policies as the service understands them (admins)."""
 
@@ -401,5 +416,6 @@ def handlers(prefix: str, governor: Governor) -> list[tuple]:
         (rf"{p}/api/extensions", ExtensionsHandler, args),
         (rf"{p}/api/audit", AuditHandler, args),
         (rf"{p}/api/policies", PoliciesHandler, args),
+        (rf"{p}/api/diagnosis", DiagnosisHandler, args),
         (rf"{p}/metrics", MetricsHandler, args),
     ]

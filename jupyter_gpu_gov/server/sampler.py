@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,6 +56,53 @@ class TickResult:
     cpu_seconds: float = 0.0  # sampler cost of this tick, CPU time of the worker thread
 
 
+class UsageWindow:
+    """A target's CPU, I/O wait and reads over the rolling window, one entry per tick, with
+    running sums so a tick costs the same however many ticks the window holds."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._ticks: deque[tuple[float, float, int, int | None, int | None]] = deque()
+        self._sums = [0.0, 0, 0, 0, 0, 0]  # seconds, cpu, iowait, unknown iowait, read, unknown
+
+    def add(self, at: float, elapsed: float, cpu: int, iowait: int | None, read: int | None):
+        tick = (at, elapsed, cpu, iowait, read)
+        self._ticks.append(tick)
+        self._count(tick, 1)
+        # Keep the ticks that overlap the window (a tick covers [at - elapsed, at]); a single
+        # tick longer than the window still says something.
+        while len(self._ticks) > 1 and at - self._ticks[0][0] + self._ticks[0][1] > (
+            self.seconds + 1e-6
+        ):
+            self._count(self._ticks.popleft(), -1)
+
+    def _count(self, tick, sign: int) -> None:
+        _, elapsed, cpu, iowait, read = tick
+        sums = self._sums
+        sums[0] += sign * elapsed
+        sums[1] += sign * cpu
+        if iowait is None:
+            sums[3] += sign
+        else:
+            sums[2] += sign * iowait
+        if read is None:
+            sums[5] += sign
+        else:
+            sums[4] += sign * read
+
+    def view(self) -> dict:
+        """``{"cores", "iowait", "read_mb_s", "seconds"}``; ``None`` is unknown."""
+        seconds, cpu, iowait, iowait_unknown, read, read_unknown = self._sums
+        ticks = procs.CLOCK_TICKS * seconds
+        return {
+            "cores": round(cpu / ticks, 3),
+            # Summed over the tree's processes (two waiting at once count twice), so capped.
+            "iowait": None if iowait_unknown else round(min(1.0, iowait / ticks), 3),
+            "read_mb_s": None if read_unknown else round(read / seconds / 1e6, 3),
+            "seconds": round(seconds, 3),
+        }
+
+
 class Sampler:
     def __init__(
         self,
@@ -87,6 +135,7 @@ class Sampler:
         self._last_known: dict[str, TargetGpu] = {}  # for reporting "unknown" after a failure
         self._last_devices: list[dict] = []
         self._cpu_prev: dict[int, tuple[int, int, int | None]] = {}  # pid -> cpu, iowait, read
+        self._usage: dict[str, UsageWindow] = {}  # target -> its CPU and I/O over the window
         self._prev_at: float | None = None
         self._local_pids: bool | None = None
         # Open the backend now (in the worker thread): the simulated one publishes its devices,
@@ -164,14 +213,17 @@ class Sampler:
         return self._local_pids
 
     def _cpu_io(self, table: procs.ProcessTable, attribution: Attribution, now: float) -> dict:
-        """Per target: CPU (% of one core), iowait (% of wall time) and read bytes/s since the
-        last tick. Per-process deltas, so a process that exits does not make numbers jump."""
+        """Per target, over the rolling window: ``{"cores", "iowait", "read_mb_s",
+        "seconds"}`` (see docs/api.md). Per-process deltas between two ticks, summed per target
+        and kept per tick for ``window_seconds``, so a process that exits does not make the
+        numbers jump and a report every minute describes the whole minute, not its last tick."""
         elapsed = (now - self._prev_at) if self._prev_at is not None else None
+        iowait_known = procs.delay_accounting(self.proc_root)
         current: dict[int, tuple[int, int, int | None]] = {}
         usage = {}
         for key, pids in attribution.members.items():
             cpu = iowait = read = 0
-            read_known = True
+            read_known = key != OTHER  # only the targets' own processes' I/O is read
             for pid in pids:
                 info = table.get(pid)
                 if info is None:
@@ -180,22 +232,24 @@ class Sampler:
                 current[pid] = (info.cpu_ticks, info.iowait_ticks, read_bytes)
                 prev = self._cpu_prev.get(pid)
                 if prev is None:
-                    continue
+                    continue  # new since the last tick: counted from the next one
                 cpu += max(0, info.cpu_ticks - prev[0])
                 iowait += max(0, info.iowait_ticks - prev[1])
                 if read_bytes is None or prev[2] is None:
                     read_known = False
                 else:
                     read += max(0, read_bytes - prev[2])
-            if elapsed:
-                ticks = procs.CLOCK_TICKS * elapsed
-                usage[key] = {
-                    "cpu": {
-                        "percent": round(100 * cpu / ticks, 1),
-                        "iowait": round(100 * iowait / ticks, 1),
-                    },
-                    "io": {"read_bytes_per_s": round(read / elapsed) if read_known else None},
-                }
+            if not elapsed:
+                continue
+            window = self._usage.get(key)
+            if window is None:
+                window = self._usage[key] = UsageWindow(self.window_seconds)
+            window.add(
+                now, elapsed, cpu, iowait if iowait_known else None, read if read_known else None
+            )
+            usage[key] = {"cpu": window.view()}
+        for key in set(self._usage) - usage.keys():
+            del self._usage[key]  # a target that went away
         self._cpu_prev, self._prev_at = current, now
         return usage
 
@@ -250,9 +304,7 @@ class Sampler:
             gpu_view = self._gpu_view(key, gpu, available, snapshot.backend, now)
             if gpu_view["holds_context"]:
                 server_sms.append(gpu_view["sm"])
-            report_targets.append(
-                {**described, "gpu": gpu_view, **usage.get(key, {"cpu": None, "io": None})}
-            )
+            report_targets.append({**described, "gpu": gpu_view, **usage.get(key, {"cpu": None})})
         for key in set(self._windows) - {key for key, _, _ in entries}:
             del self._windows[key]  # a target that went away
 

@@ -49,9 +49,13 @@ export interface ITarget {
   gpu?: ITargetGpu | null;
 }
 
+/** The governor's diagnosis of why the GPU is underused (docs/api.md, verdict). */
 export interface IRootCause {
   label: string;
   hint?: string | null;
+  /** Feature -> change in predicted GPU activity at its best-state value (model only). */
+  contributions?: Record<string, number> | null;
+  source?: 'model' | 'rules' | string | null;
 }
 
 export interface IVerdict {
@@ -350,6 +354,61 @@ export function stateLabel(state: GovState | string, trans: ITrans): string {
   }
 }
 
+/** A root-cause label (DESIGN §8) in words; an unknown label is shown as it is. */
+export function causeLabel(label: string, trans: ITrans = nullTrans): string {
+  switch (label) {
+    case 'zombie':
+      return trans.__('an idle kernel holding GPU memory');
+    case 'data_io':
+      return trans.__('data loading');
+    case 'cpu_serial':
+      return trans.__('a CPU-bound loop');
+    case 'memory_bandwidth':
+      return trans.__('memory-bound kernels');
+    case 'small_work':
+      return trans.__('too little work per step');
+    case 'fragmentation':
+      return trans.__('GPUs fragmented across servers');
+    default:
+      return label.replace(/_/g, ' ');
+  }
+}
+
+export interface IRootCauseView {
+  /** The label in words, e.g. "data loading". */
+  label: string;
+  /** What to do about it ("" when the governor gave no hint). */
+  hint: string;
+  /** One line for the warning, tooltip and panel: "Likely cause: …. Hint: …". */
+  line: string;
+}
+
+/**
+ * The verdict's root cause in words, or `null` when the governor names none (no diagnosis,
+ * a healthy server, or unknown GPU data: unknown is never blamed).
+ */
+export function rootCauseView(
+  verdict: IVerdict | null | undefined,
+  trans: ITrans = nullTrans
+): IRootCauseView | null {
+  const cause = verdict?.root_cause;
+  if (
+    !cause ||
+    typeof cause.label !== 'string' ||
+    !cause.label ||
+    cause.label === 'healthy' ||
+    cause.label === 'unknown'
+  ) {
+    return null;
+  }
+  const label = causeLabel(cause.label, trans);
+  const hint = typeof cause.hint === 'string' ? cause.hint.trim() : '';
+  const line = hint
+    ? trans.__('Likely cause: %1. Hint: %2', label, hint)
+    : trans.__('Likely cause: %1', label);
+  return { label, hint, line };
+}
+
 /** The status bar text: "GPU 20.0 GiB · 0%". */
 export function statusText(
   report: IStatusReport | null,
@@ -427,6 +486,10 @@ export function tooltip(
     lines.push(trans.__('Governor: %1', stateLabel(verdict.state, trans)));
     if (verdict.reason) {
       lines.push(verdict.reason);
+    }
+    const cause = rootCauseView(verdict, trans);
+    if (cause) {
+      lines.push(cause.line);
     }
     const cull = parseTime(verdict.cull_at);
     if (
@@ -770,8 +833,9 @@ export function warningView(
   if (verdict.reason) {
     detail.push(verdict.reason);
   }
-  if (verdict.root_cause?.hint) {
-    detail.push(trans.__('Hint: %1', verdict.root_cause.hint));
+  const cause = rootCauseView(verdict, trans);
+  if (cause) {
+    detail.push(cause.line);
   }
   const extend = extendView(verdict, trans);
   detail.push(extend.hint);

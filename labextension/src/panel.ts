@@ -14,6 +14,7 @@ import {
   ITrans,
   panelRows,
   parseTime,
+  rootCauseView,
   sparklineSegments,
   stateLabel,
   statusText,
@@ -180,15 +181,12 @@ export class GpuPanel extends Widget {
       fact(trans.__('Why'), verdict.reason);
     }
     section.append(list);
-    if (verdict?.root_cause) {
+    const cause = rootCauseView(verdict, trans);
+    if (cause) {
       const hint = el('p', 'jp-GpuGov-hint');
       hint.append(
-        el(
-          'strong',
-          '',
-          trans.__('Likely cause: %1. ', verdict.root_cause.label)
-        ),
-        document.createTextNode(verdict.root_cause.hint ?? '')
+        el('strong', '', trans.__('Likely cause: %1.', cause.label)),
+        document.createTextNode(cause.hint ? ` ${cause.hint}` : '')
       );
       section.append(hint);
     }

@@ -1,5 +1,6 @@
 import {
   approvalOutcome,
+  causeLabel,
   checkpointDue,
   checkpointOutcome,
   checkReason,
@@ -14,6 +15,7 @@ import {
   IVerdict,
   nullTrans,
   panelRows,
+  rootCauseView,
   sparklineSegments,
   statusText,
   statusView,
@@ -387,6 +389,74 @@ describe('warning', () => {
     );
     expect(warningAction(null, verdict({ state: 'active' }))).toBe('none');
     expect(warningAction(warningKey(v), null)).toBe('dismiss');
+  });
+});
+
+describe('root cause', () => {
+  const ZOMBIE_HINT =
+    'This kernel holds GPU memory but has done no GPU work and nobody has used it for a while: save what you need and shut it down (or restart the kernel) to give the GPU back.';
+
+  it('names the cause in words with the hint on one line', () => {
+    const view = rootCauseView(
+      verdict({
+        root_cause: {
+          label: 'data_io',
+          hint: 'Data loading: try more DataLoader workers.',
+          contributions: { read_mb_s: 0.4 },
+          source: 'model'
+        }
+      })
+    );
+    expect(view).toEqual({
+      label: 'data loading',
+      hint: 'Data loading: try more DataLoader workers.',
+      line: 'Likely cause: data loading. Hint: Data loading: try more DataLoader workers.'
+    });
+    expect(
+      rootCauseView(
+        verdict({ root_cause: { label: 'cpu_serial', hint: null } })
+      )?.line
+    ).toBe('Likely cause: a CPU-bound loop');
+  });
+
+  it('says nothing without a cause, for healthy and for unknown', () => {
+    expect(rootCauseView(null)).toBeNull();
+    expect(rootCauseView(verdict())).toBeNull();
+    for (const label of ['healthy', 'unknown', '']) {
+      expect(
+        rootCauseView(verdict({ root_cause: { label, hint: 'x' } }))
+      ).toBeNull();
+    }
+  });
+
+  it('shows every label of DESIGN §8 in words, and a new one as it is', () => {
+    expect(causeLabel('zombie')).toBe('an idle kernel holding GPU memory');
+    expect(causeLabel('memory_bandwidth')).toBe('memory-bound kernels');
+    expect(causeLabel('small_work')).toBe('too little work per step');
+    expect(causeLabel('fragmentation')).toBe('GPUs fragmented across servers');
+    expect(causeLabel('thermal_throttle')).toBe('thermal throttle');
+  });
+
+  it('is in the idle warning and in the tooltip, after the reason', () => {
+    const v = verdict({
+      root_cause: { label: 'zombie', hint: ZOMBIE_HINT, source: 'rules' }
+    });
+    const detail = warningView(v, opts)?.detail ?? '';
+    expect(detail).toContain(
+      'Likely cause: an idle kernel holding GPU memory. Hint: This kernel holds GPU memory'
+    );
+    expect(detail.indexOf('Likely cause')).toBeGreaterThan(
+      detail.indexOf('GPU idle since 09:14')
+    );
+    const text = tooltip(report({ verdict: v }), opts);
+    const lines = text.split('\n');
+    const reason = lines.findIndex(l => l.startsWith('GPU idle since'));
+    expect(lines[reason + 1]).toBe(
+      `Likely cause: an idle kernel holding GPU memory. Hint: ${ZOMBIE_HINT}`
+    );
+    expect(tooltip(report({ verdict: verdict() }), opts)).not.toContain(
+      'Likely cause'
+    );
   });
 });
 

@@ -1,0 +1,493 @@
+"""The counterfactual model (DESIGN §8): why is this GPU less busy than it could be?
+
+What it does, for a window in which code runs:
+
+1. **Best state per node.** Over the node's windows, those in the top tenth of ``sm_active``
+   are its best state: ``best_sm`` is their median SM activity, and each signal's best value is
+   its median there. A node with fewer than ``min_node_windows`` running windows uses the
+   best state of all nodes together.
+2. **A regressor of GPU activity.** scikit-learn's ``HistGradientBoostingRegressor`` (missing
+   values taken as they are) learns ``sm_active / best_sm`` of the window's node from the
+   *cause* signals (``CAUSES``). It is fitted to the 90th percentile (quantile loss), so it
+   predicts the activity a node reaches *at its best* for windows with these signals, not the
+   average one; it is additive (no interactions), so each signal's effect is its own; and
+   each signal's direction is fixed by what it means (``DIRECTIONS``: more I/O wait or a more
+   memory-bound kernel mix never helps, more GPU memory in use — bigger batches — never hurts).
+3. **Contributions.** Each cause signal alone is set to its best-state value; the change in
+   predicted ``sm_active`` is its contribution (positive: it would help). What the signals do
+   not explain — the window's predicted activity minus its actual one — is ``unexplained``.
+4. **The label.** ``healthy`` when ``sm_active`` is within ``healthy_ratio`` of ``best_sm``.
+   Otherwise, the largest contribution names the cause (``CAUSE_OF``) when it accounts for at
+   least ``explained_share`` of the shortfall (``best_sm - sm_active``). Else the shortfall is
+   mostly invisible to the signals: the GPU waits between kernels. Occupancy says whether the
+   kernels themselves are small (``sm_active / gr_active`` below ``SMALL_OCCUPANCY`` of the
+   node's best: tiny kernels that also leave launch gaps -> ``small_work``); else the CPU says
+   which: a loop that is CPU-bound keeps its process busy for at least the share of the window
+   the GPU idles (``cpu_cores >= CPU_FACTOR * shortfall / best_sm``) -> ``cpu_serial``; a
+   process idle that long is waiting -> ``data_io`` (on nodes without ``cpu_iowait`` this is
+   the only way a data wait shows).
+
+Before the model, by definition: no ``sm_active`` -> ``unknown``; the zombie definition
+(``rules.is_zombie``) -> ``zombie``; a kernel running nothing -> ``healthy`` (nothing to tune:
+idle culling is the policy's business). With fewer than ``min_windows`` running windows in
+the history there is no model and ``diagnose`` answers with ``rules.baseline``.
+
+Choices, and why:
+
+- *Which signals are causes.* DCGM's DRAM activity is a time average over the same window as
+  ``sm_active``: when the GPU idles half the window it halves too, whatever the cause, and used
+  raw it "explains" every idle GPU. The model reads it as an intensity while the SMs are active
+  (``dram_active / sm_active``): how memory-bound the kernels are when they run. Tensor and
+  PCIe activity, reads, CPU cores (DataLoader workers and CUDA's spin-wait keep cores busy in
+  proportion to throughput), user idle time and kernel state describe the workload or follow
+  its throughput; given to the regressor they let it recognise individual servers (they are
+  nearly constant per server) and blame effects for causes. They stay out of the regressor.
+  ``cpu_cores`` is used in step 4 only.
+- *One regressor shape for all nodes, each node its own scale and best state.* Per-node
+  regressors were tried first: with a few dozen servers per node they learned the servers,
+  not the signals, and their contributions varied from node to node. Normalising by the node
+  (activity by ``best_sm``, DRAM intensity by the node's best) keeps what differs between
+  cards — the scale of their readings — per node, and learns the shape from every node.
+- The model never sees a label: it is trained on unlabelled history, as the service has it.
+
+scikit-learn (and numpy) are imported when a model is fitted, loaded or used, never at import.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from . import rules
+from .features import FEATURES, Window, to_vector
+from .labels import (
+    CPU_SERIAL,
+    DATA_IO,
+    FRAGMENTATION,
+    HEALTHY,
+    MEMORY_BANDWIDTH,
+    SMALL_WORK,
+    UNKNOWN,
+    ZOMBIE,
+    Diagnosis,
+    diagnosis,
+)
+
+FORMAT = 1
+
+# The regressor's inputs, the direction each moves GPU activity (+1: more helps, -1: more
+# hurts), and the label a contribution names.
+CAUSES = ("dram_active", "gpu_mem_frac", "cpu_iowait")
+DIRECTIONS: Mapping[str, int] = {"dram_active": -1, "gpu_mem_frac": 1, "cpu_iowait": -1}
+CAUSE_OF: Mapping[str, str] = {
+    "dram_active": MEMORY_BANDWIDTH,
+    "gpu_mem_frac": SMALL_WORK,
+    "cpu_iowait": DATA_IO,
+}
+INTENSITIES = ("dram_active",)  # read per unit of SM activity
+SM_FLOOR = 0.05  # the intensities' denominator floor: nearly idle windows stay bounded
+UNEXPLAINED = "unexplained"  # the contributions' key for what the signals do not explain
+
+_COLUMNS = [FEATURES.index(name) for name in CAUSES]
+SMALL_OCCUPANCY = 0.75  # occupancy below this share of the node's best: the kernels are small
+CPU_FACTOR = 0.8  # a CPU-bound loop keeps a core busy >= this share of the GPU's idle time
+GLOBAL = ""  # the key of all nodes together
+
+
+@dataclass
+class NodeState:
+    """A node's best state: ``best_sm`` and each cause signal's best value (``nan``: unknown)."""
+
+    best_sm: float
+    best: dict[str, float]
+    windows: int
+    best_occupancy: float = math.nan  # sm_active / gr_active in the best state
+
+
+@dataclass
+class _Additive:
+    """The fitted regressor as what it is — a sum of step functions, one per input (the
+    regressor has no interactions) — so that scoring a window is a few binary searches, not a
+    scikit-learn call (whose input checks alone take milliseconds). ``compile`` checks it
+    against the regressor and returns ``None`` on any difference."""
+
+    base: float
+    thresholds: list  # per input: sorted split thresholds (x <= t goes left, as in sklearn)
+    values: list  # per input: the step function's value on each interval (len + 1)
+    missing: list[float]  # per input: its value for a missing input
+
+    def predict(self, X, np):
+        out = np.full(X.shape[0], self.base)
+        for j in range(X.shape[1]):
+            x = X[:, j]
+            nan = np.isnan(x)
+            index = np.searchsorted(self.thresholds[j], np.where(nan, 0.0, x), side="left")
+            out += np.where(nan, self.missing[j], self.values[j][index])
+        return out
+
+    @classmethod
+    def compile(cls, regressor, X, np) -> _Additive | None:
+        try:
+            width = X.shape[1]
+            cuts: list[set[float]] = [set() for _ in range(width)]
+            for trees in regressor._predictors:
+                for tree in trees:
+                    nodes = tree.nodes
+                    for node in nodes[nodes["is_leaf"] == 0]:
+                        cuts[int(node["feature_idx"])].add(float(node["num_threshold"]))
+            thresholds = [np.array(sorted(c), dtype=float) for c in cuts]
+            probes = [np.full(width, np.nan)]
+            for j, t in enumerate(thresholds):
+                points = [*t, (t[-1] + 1.0) if t.size else 0.0]
+                for v in points:
+                    row = np.full(width, np.nan)
+                    row[j] = v
+                    probes.append(row)
+            predicted = regressor.predict(np.vstack(probes))
+            base = float(predicted[0])
+            values, missing, at = [], [], 1
+            for t in thresholds:
+                values.append(predicted[at : at + t.size + 1] - base)
+                missing.append(0.0)  # the all-missing row is the base
+                at += t.size + 1
+            compiled = cls(base, thresholds, values, missing)
+            sample = X[:: max(1, X.shape[0] // 2000)]
+            if not np.allclose(compiled.predict(sample, np), regressor.predict(sample), atol=1e-9):
+                return None
+            return compiled
+        except Exception:  # a private API of scikit-learn: fall back to predict()
+            return None
+
+
+@dataclass
+class Diagnoser:
+    """Fit on windows (``fit``), then ``diagnose`` one window or ``diagnose_many``.
+
+    ``min_node_windows``: running windows a node needs for a best state of its own;
+    ``min_windows``: for a model at all (fewer: ``diagnose`` answers with the rules);
+    ``best_quantile``: windows above this quantile of ``sm_active`` are the best state;
+    ``frontier``: the quantile the regressor is fitted to;
+    ``healthy_ratio``: ``sm_active`` at least this share of ``best_sm`` is healthy;
+    ``explained_share``: a contribution this share of the shortfall names the cause;
+    ``min_gain``: changes in ``sm_active`` smaller than this name nothing;
+    ``max_iter``, ``min_samples_leaf``: the regressor's (a leaf holds more windows than one
+    server has in an hour, so it cannot learn single servers);
+    ``threads``: OpenMP threads for scikit-learn (1: the service trains in a worker thread
+    next to its event loop, and one thread has no barriers to spin on under load).
+    """
+
+    min_node_windows: int = 300
+    min_windows: int = 100
+    best_quantile: float = 0.9
+    frontier: float = 0.9
+    healthy_ratio: float = 0.8
+    explained_share: float = 0.25
+    min_gain: float = 0.01
+    max_iter: int = 150
+    min_samples_leaf: int = 100
+    threads: int = 1
+    random_state: int = 0
+    regressor: object | None = field(default=None, repr=False)
+    nodes: dict[str, NodeState] = field(default_factory=dict, repr=False)
+    columns: list[int] = field(default_factory=list, repr=False)  # of CAUSES, that vary
+    additive: _Additive | None = field(default=None, repr=False)  # the regressor, compiled
+    trained_on: int = 0
+
+    # -- training --------------------------------------------------------------------------------
+
+    def fit(self, windows: Iterable[Window]) -> Diagnoser:
+        """Learn from windows in which code runs (``sm_active`` known, not a zombie, the kernel
+        not idle). Labels are never used."""
+        import numpy as np
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        by_node: dict[str, list[Window]] = {}
+        usable: list[Window] = []
+        for w in windows:
+            if w.sm_active is None or w.kernel_busy is False or rules.is_zombie(w):
+                continue
+            usable.append(w)
+            by_node.setdefault(w.node or GLOBAL, []).append(w)
+        self.regressor, self.nodes, self.columns, self.additive = None, {}, [], None
+        self.trained_on = len(usable)
+        if len(usable) < self.min_windows:
+            return self
+
+        self.nodes[GLOBAL] = self._best_state(usable, np)
+        for node, group in by_node.items():
+            if node != GLOBAL and len(group) >= self.min_node_windows:
+                self.nodes[node] = self._best_state(group, np)
+        X = np.vstack(
+            [self._inputs(group, self.state(node), np) for node, group in by_node.items()]
+        )
+        y = np.concatenate(
+            [
+                np.array([w.sm_active for w in group]) / self.state(node).best_sm
+                for node, group in by_node.items()
+            ]
+        )
+        regressor = HistGradientBoostingRegressor(
+            loss="quantile",
+            quantile=self.frontier,
+            max_iter=self.max_iter,
+            learning_rate=0.1,
+            min_samples_leaf=self.min_samples_leaf,
+            interaction_cst="no_interactions",
+            early_stopping=False,
+            random_state=self.random_state,
+        )
+        # scikit-learn's binning fails on a column with one distinct value (and it says nothing).
+        self.columns = [
+            j for j in range(X.shape[1]) if np.unique(X[~np.isnan(X[:, j]), j]).size >= 2
+        ]
+        if not self.columns:
+            self.nodes = {}
+            return self
+        regressor.set_params(monotonic_cst=[DIRECTIONS[CAUSES[j]] for j in self.columns])
+        with _threads(self.threads):
+            regressor.fit(X[:, self.columns], y)
+            self.additive = _Additive.compile(regressor, X[:, self.columns], np)
+        self.regressor = regressor
+        return self
+
+    def _best_state(self, windows: Sequence[Window], np) -> NodeState:
+        sm = np.array([w.sm_active for w in windows], dtype=float)
+        X = self._raw(windows, np)
+        top = sm >= np.quantile(sm, self.best_quantile)
+        best = {}
+        for j, name in enumerate(CAUSES):
+            column = X[top, j]
+            column = column[~np.isnan(column)]
+            best[name] = float(np.median(column)) if column.size else math.nan
+        best_sm = max(float(np.median(sm[top])), SM_FLOOR)
+        occupancy = _occupancy(windows, np)[top]
+        occupancy = occupancy[~np.isnan(occupancy)]
+        best_occupancy = float(np.median(occupancy)) if occupancy.size else math.nan
+        return NodeState(best_sm, best, len(windows), best_occupancy)
+
+    def _raw(self, windows: Sequence[Window], np):
+        """The cause signals, DRAM as an intensity."""
+        X = np.array([to_vector(w) for w in windows], dtype=float).reshape(-1, len(FEATURES))
+        X = X[:, _COLUMNS]
+        sm = np.array([w.sm_active for w in windows], dtype=float)
+        for name in INTENSITIES:
+            X[:, CAUSES.index(name)] /= np.maximum(sm, SM_FLOOR)
+        return X
+
+    def _inputs(self, windows: Sequence[Window], states: NodeState | Sequence[NodeState], np):
+        """The regressor's inputs: the intensities relative to their node's best (one state for
+        all the windows, or one per window)."""
+        X = self._raw(windows, np)
+        many = not isinstance(states, NodeState)
+        for name in INTENSITIES:
+            j = CAUSES.index(name)
+            if many:
+                best = np.array([s.best[name] for s in states], dtype=float)
+            else:
+                best = np.full(len(windows), states.best[name])
+            usable = best > 0  # nan > 0 is False
+            X[:, j] = np.where(usable, X[:, j] / np.where(usable, best, 1.0), np.nan)
+        return X
+
+    # -- scoring ---------------------------------------------------------------------------------
+
+    @property
+    def fitted(self) -> bool:
+        return self.regressor is not None
+
+    def state(self, node: str | None) -> NodeState:
+        return self.nodes.get(node or GLOBAL) or self.nodes[GLOBAL]
+
+    def diagnose(self, window: Window) -> Diagnosis:
+        return self.diagnose_many([window])[0]
+
+    def diagnose_many(self, windows: Sequence[Window]) -> list[Diagnosis]:
+        """One diagnosis per window, in order; one regressor call for them all."""
+        out: list[Diagnosis | None] = [None] * len(windows)
+        pending: list[int] = []
+        for i, w in enumerate(windows):
+            early = _before_model(w)
+            if early is not None:
+                out[i] = early
+            elif not self.fitted:
+                out[i] = rules.baseline(w)
+            elif w.sm_active >= self.healthy_ratio * self.state(w.node).best_sm:
+                out[i] = diagnosis(HEALTHY, source="model")
+            else:
+                pending.append(i)
+        if pending:
+            import numpy as np
+
+            states = [self.state(windows[i].node) for i in pending]
+            X = self._inputs([windows[i] for i in pending], states, np)
+            n = len(pending)
+            rows, plan = [X], []  # plan: per cause, the windows with a counterfactual row
+            for j in self.columns:
+                name = CAUSES[j]
+                if name in INTENSITIES:
+                    target = np.ones(n)
+                else:
+                    target = np.array([s.best[name] for s in states], dtype=float)
+                which = np.flatnonzero(~np.isnan(X[:, j]) & ~np.isnan(target) & (X[:, j] != target))
+                if which.size:
+                    counter = X[which]
+                    counter[:, j] = target[which]
+                    rows.append(counter)
+                    plan.append((j, which))
+            inputs = np.vstack(rows)[:, self.columns]
+            if self.additive is not None:
+                predicted = self.additive.predict(inputs, np)
+            else:
+                with _threads(self.threads):
+                    predicted = self.regressor.predict(inputs)
+            scale = np.array([s.best_sm for s in states])
+            contributions: list[dict[str, float]] = [{} for _ in pending]
+            at = n
+            for j, which in plan:
+                changes = (predicted[at : at + which.size] - predicted[which]) * scale[which]
+                at += which.size
+                for g, change in zip(which.tolist(), changes.tolist(), strict=True):
+                    contributions[g][CAUSES[j]] = change
+            for g, i in enumerate(pending):
+                predicted_sm = float(predicted[g] * scale[g])
+                out[i] = self._label(windows[i], states[g], contributions[g], predicted_sm)
+        return out  # type: ignore[return-value]
+
+    def _label(
+        self, w: Window, state: NodeState, contributions: dict[str, float], predicted_sm: float
+    ) -> Diagnosis:
+        shortfall = state.best_sm - w.sm_active
+        unexplained = predicted_sm - w.sm_active
+        top_name = max(contributions, key=contributions.__getitem__, default=None)
+        top = contributions.get(top_name, 0.0) if top_name else 0.0
+        if top > self.min_gain and top >= self.explained_share * shortfall:
+            label = CAUSE_OF[top_name]
+        elif unexplained > self.min_gain and _small_kernels(w, state):
+            label = SMALL_WORK
+        elif unexplained > self.min_gain and w.cpu_cores is not None:
+            idle_share = shortfall / state.best_sm
+            label = CPU_SERIAL if w.cpu_cores >= CPU_FACTOR * idle_share else DATA_IO
+        elif top > self.min_gain:
+            label = CAUSE_OF[top_name]
+        else:
+            label = HEALTHY
+        shown = {k: round(v, 4) for k, v in contributions.items()}
+        shown[UNEXPLAINED] = round(unexplained, 4)
+        return diagnosis(label, shown, source="model")
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def save(self, path) -> None:
+        """Pickle the model (load only files you trust: loading a pickle runs code)."""
+        import sklearn
+
+        with open(path, "wb") as file:
+            pickle.dump(
+                {"format": FORMAT, "sklearn": sklearn.__version__, "diagnoser": self},
+                file,
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+
+    @classmethod
+    def load(cls, path) -> Diagnoser:
+        with open(path, "rb") as file:
+            try:
+                data = pickle.load(file)
+            except Exception as error:
+                raise ValueError(f"{path}: not a diagnosis model ({error})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"{path}: not a jupyter-gpu-gov diagnosis model (format {FORMAT})")
+        model = data.get("diagnoser")
+        if not isinstance(model, cls):
+            raise ValueError(f"{path}: not a jupyter-gpu-gov diagnosis model")
+        return model
+
+
+def _occupancy_of(w: Window) -> float | None:
+    """``sm_active / gr_active``: how much of the GPU the kernels fill while one runs."""
+    if w.sm_active is None or w.gr_active is None:
+        return None
+    return w.sm_active / max(w.gr_active, SM_FLOOR)
+
+
+def _occupancy(windows: Sequence[Window], np):
+    return np.array([_occupancy_of(w) for w in windows], dtype=float)  # None -> nan
+
+
+def _small_kernels(w: Window, state: NodeState) -> bool:
+    """The kernels that run fill few SMs (far below the node's best occupancy)."""
+    occupancy = _occupancy_of(w)
+    if occupancy is None or not state.best_occupancy > 0:
+        return False
+    return occupancy < SMALL_OCCUPANCY * state.best_occupancy
+
+
+def _before_model(w: Window) -> Diagnosis | None:
+    if w.sm_active is None:
+        return diagnosis(UNKNOWN)
+    if rules.is_zombie(w):
+        return diagnosis(ZOMBIE)
+    if w.kernel_busy is False:
+        return diagnosis(HEALTHY)
+    return None
+
+
+class _threads:
+    """``threadpoolctl.threadpool_limits`` when there is one (scikit-learn depends on it)."""
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self._ctx = None
+
+    def __enter__(self):
+        if self.limit:
+            try:
+                from threadpoolctl import threadpool_limits
+            except ImportError:  # pragma: no cover
+                return self
+            self._ctx = threadpool_limits(limits=self.limit, user_api="openmp")
+            self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+        return False
+
+
+# -- the cluster ---------------------------------------------------------------------------------
+
+FRAGMENT_MIN_FREE = 1.0  # a whole card's worth free, but scattered over partly used cards
+
+
+def fragmentation(
+    devices_used: Sequence[float], refused_or_queued: int, *, min_free: float = FRAGMENT_MIN_FREE
+) -> Diagnosis | None:
+    """``fragmentation`` when spawns are refused or queued while no card is free but the free
+    shares of at least two partly used cards add up to ``min_free`` cards or more; else
+    ``None``.
+
+    ``devices_used``: per card, the share in use (0..1: memory, MIG slices or time slices
+    allocated). Contributions: ``free_scattered`` (cards' worth free on partly used cards),
+    ``partly_used`` (how many), ``waiting`` (spawns refused or queued)."""
+    used = [
+        min(1.0, max(0.0, float(u)))
+        for u in devices_used
+        if isinstance(u, int | float) and math.isfinite(u)
+    ]
+    if refused_or_queued <= 0 or any(u == 0.0 for u in used):
+        return None
+    partly = [u for u in used if 0.0 < u < 1.0]
+    free = sum(1.0 - u for u in partly)
+    if len(partly) < 2 or free < min_free - 1e-9:
+        return None
+    return diagnosis(
+        FRAGMENTATION,
+        {
+            "free_scattered": round(free, 3),
+            "partly_used": float(len(partly)),
+            "waiting": float(refused_or_queued),
+        },
+    )

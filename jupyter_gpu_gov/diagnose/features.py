@@ -1,0 +1,379 @@
+"""Diagnosis windows (DESIGN §9): one row per server per window, read from CSV or JSON Lines or
+made from a server's report.
+
+Columns (every value may be missing, ``None``):
+
+=============== ============================================================================
+``node``        the machine (or card) the server runs on; models are per node
+``server``      ``user/`` or ``user/name``
+``t``           seconds, the window's end
+``sm_active``   0..1, SM activity of the server's GPU work (DCGM ``SM_ACTIVE`` where there is
+                one, else the report's per-target ``sm``)
+``dram_active`` 0..1, DCGM ``DRAM_ACTIVE`` (device memory interface busy)
+``tensor_active`` 0..1, DCGM ``PIPE_TENSOR_ACTIVE``
+``pcie_mb_s``   MB/s over PCIe, both directions (DCGM)
+``gpu_mem_frac`` 0..1, GPU memory held / total
+``cpu_cores``   cores busy in the kernel's process tree (1.0 = one core all the window)
+``cpu_iowait``  0..1, share of the window the process tree waited on block I/O
+``read_mb_s``   MB/s the process tree read (``/proc/<pid>/io`` ``read_bytes``)
+``kernel_busy`` a cell was executing (``true``/``false``; CSV also ``1``/``0``)
+``user_idle_s`` seconds since the person last interacted with the server
+``gr_active``   0..1, DCGM ``GR_ENGINE_ACTIVE`` (share of the window a kernel ran, whatever its
+                size); with ``sm_active`` from DCGM too, ``sm_active / gr_active`` is how much
+                of the GPU the kernels fill (optional, beyond DESIGN §9)
+=============== ============================================================================
+
+CSV has a header row; an empty cell is missing. JSON Lines has one object per line; ``null`` is
+missing. Unknown columns are ignored (evaluators add e.g. ``truth``). A bad value raises
+``ValueError`` naming the line and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import IO, Any
+
+COLUMNS = (
+    "node",
+    "server",
+    "t",
+    "sm_active",
+    "dram_active",
+    "tensor_active",
+    "pcie_mb_s",
+    "gpu_mem_frac",
+    "cpu_cores",
+    "cpu_iowait",
+    "read_mb_s",
+    "kernel_busy",
+    "user_idle_s",
+    "gr_active",  # beyond DESIGN §9: optional, after its columns
+)
+
+# The model's inputs, in order: every numeric column but sm_active (its target); kernel_busy as
+# 1.0/0.0.
+FEATURES = (
+    "dram_active",
+    "tensor_active",
+    "pcie_mb_s",
+    "gpu_mem_frac",
+    "cpu_cores",
+    "cpu_iowait",
+    "read_mb_s",
+    "kernel_busy",
+    "user_idle_s",
+    "gr_active",
+)
+
+_TEXT = frozenset({"node", "server"})
+_FRACTIONS = frozenset(
+    {"sm_active", "gr_active", "dram_active", "tensor_active", "gpu_mem_frac", "cpu_iowait"}
+)
+_NON_NEGATIVE = frozenset({"pcie_mb_s", "cpu_cores", "read_mb_s", "user_idle_s"})
+_BOOLEANS = frozenset({"kernel_busy"})
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+
+
+@dataclass(frozen=True)
+class Window:
+    node: str | None = None
+    server: str | None = None
+    t: float | None = None
+    sm_active: float | None = None
+    dram_active: float | None = None
+    tensor_active: float | None = None
+    pcie_mb_s: float | None = None
+    gpu_mem_frac: float | None = None
+    cpu_cores: float | None = None
+    cpu_iowait: float | None = None
+    read_mb_s: float | None = None
+    kernel_busy: bool | None = None
+    user_idle_s: float | None = None
+    gr_active: float | None = None
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+assert tuple(f.name for f in fields(Window)) == COLUMNS
+
+
+def to_vector(window: Window) -> list[float]:
+    """The window's ``FEATURES`` as floats, ``nan`` where missing."""
+    out = []
+    for name in FEATURES:
+        value = getattr(window, name)
+        out.append(math.nan if value is None else float(value))
+    return out
+
+
+# -- reading files -------------------------------------------------------------------------------
+
+
+def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None) -> list[Window]:
+    """Every row of a CSV or JSON Lines file (a path, ``"-"`` for stdin, or an open text file),
+    in order. The format is told by the extension (``.csv``; ``.jsonl``, ``.ndjson``, ``.json``)
+    or else by the first character (``{``: JSON Lines)."""
+    import sys
+
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        if path == "-":
+            return read_windows(sys.stdin, name="<stdin>")
+        with open(path, encoding="utf-8", newline="") as file:
+            return read_windows(file, name=path)
+    text = source.read()
+    name = name or getattr(source, "name", "<input>")
+    lower = str(name).lower()
+    if lower.endswith(".csv"):
+        kind = "csv"
+    elif lower.endswith((".jsonl", ".ndjson", ".json")):
+        kind = "jsonl"
+    else:
+        kind = "jsonl" if text.lstrip().startswith("{") else "csv"
+    rows = _csv_rows(text) if kind == "csv" else _jsonl_rows(text)
+    return [_window(row, line, name) for line, row in rows]
+
+
+def _csv_rows(text: str) -> Iterator[tuple[int, dict]]:
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    header = [h.strip() for h in header]
+    if not set(header) & set(COLUMNS):
+        raise ValueError(
+            f"line 1: no diagnosis columns in the header (expected {', '.join(COLUMNS)})"
+        )
+    for row in reader:
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) > len(header):
+            raise ValueError(
+                f"line {reader.line_num}: {len(row)} cells, the header has {len(header)}"
+            )
+        yield reader.line_num, {h: (c.strip() or None) for h, c in zip(header, row, strict=False)}
+
+
+def _jsonl_rows(text: str) -> Iterator[tuple[int, dict]]:
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"line {number}: not JSON ({error.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"line {number}: expected a JSON object, got {type(row).__name__}")
+        yield number, row
+
+
+def _window(row: Mapping[str, Any], line: int, name: str) -> Window:
+    values = {}
+    for column in COLUMNS:
+        raw = row.get(column)
+        try:
+            values[column] = parse_value(column, raw)
+        except ValueError as error:
+            raise ValueError(f"{name}: line {line}, column {column}: {error}") from None
+    return Window(**values)
+
+
+def parse_value(column: str, raw: Any) -> Any:
+    """One cell (a CSV string or a JSON value) as the column's type; ``None`` stays missing."""
+    if raw is None:
+        return None
+    if column in _TEXT:
+        if isinstance(raw, str):
+            return raw
+        raise ValueError(f"expected a string, got {raw!r}")
+    if column in _BOOLEANS:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, int) and raw in (0, 1):
+            return bool(raw)
+        if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+            return raw.strip().lower() in _TRUE
+        raise ValueError(f"expected true or false, got {raw!r}")
+    if isinstance(raw, bool):
+        raise ValueError(f"expected a number, got {raw!r}")
+    if isinstance(raw, str):
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"expected a number, got {raw!r}") from None
+    elif isinstance(raw, int | float):
+        value = float(raw)
+    else:
+        raise ValueError(f"expected a number, got {raw!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {raw!r}")
+    if column in _FRACTIONS and not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be in [0, 1], got {raw!r}")
+    if column in _NON_NEGATIVE and value < 0:
+        raise ValueError(f"must be >= 0, got {raw!r}")
+    return value
+
+
+# -- from a server's report ----------------------------------------------------------------------
+
+
+def windows_from_report(
+    report: Mapping,
+    previous: Mapping | None = None,
+    now: datetime | float | None = None,
+    *,
+    node: str | None = None,
+    dcgm: Mapping[str, float | None] | None = None,
+) -> list[Window]:
+    """The diagnosis window of a validated server report (DESIGN §5): one per server, or none
+    when the server holds no GPU (no target holds a context, no device is allocated) or the
+    report is the same one as ``previous`` (a re-sent report is not a new window).
+
+    - ``sm_active``: the busiest GPU-holding target's ``gpu.sm`` (``None`` when a holder's is
+      unknown and no known one is busy: unknown is never idle; ``None`` with the backend
+      ``unavailable``); with no holder, the busiest unshared device's activity;
+    - ``gpu_mem_frac``: memory the targets hold / the memory of the devices they use;
+    - ``cpu_cores``, ``cpu_iowait``, ``read_mb_s``: the GPU holders' ``targets[].cpu`` (all
+      kernels' when none holds a context): cores and reads summed, iowait the largest;
+    - ``kernel_busy``: a kernel target's ``execution_state`` is ``busy`` (``None`` with no kernel);
+    - ``user_idle_s``: ``now`` minus ``server.last_activity``;
+    - ``gr_active``, ``dram_active``, ``tensor_active``, ``pcie_mb_s``, ``node``: from
+      ``dcgm``/``node`` when given (the governor fills them from its DCGM snapshot), else
+      missing; a known ``dcgm["sm_active"]`` (DCGM's SM activity, which sees how many SMs the
+      kernels fill) replaces the report's ``sm`` (NVML's, the share of time a kernel ran).
+
+    ``now``: a datetime or epoch seconds (default: the report's ``sampled_at``); it is ``t``.
+    """
+    from ..core.clock import parse
+
+    if previous is not None and previous.get("sampled_at") == report.get("sampled_at"):
+        return []
+    if report.get("backend") == "none":
+        return []
+    sampled = parse(report.get("sampled_at"))
+    if now is None:
+        t = sampled.timestamp() if sampled else None
+    elif isinstance(now, datetime):
+        t = now.timestamp()
+    else:
+        t = float(now)
+
+    server = report.get("server") or {}
+    key = f"{server.get('user', '')}/{server.get('name') or ''}"
+    targets = [t_ for t_ in report.get("targets") or () if isinstance(t_, Mapping)]
+    devices = {d.get("uuid"): d for d in report.get("devices") or () if isinstance(d, Mapping)}
+    holders = [t_ for t_ in targets if (t_.get("gpu") or {}).get("holds_context")]
+    if not holders and not (devices and server.get("gpu_allocated")):
+        return []
+
+    if report.get("backend") == "unavailable":
+        sm = None
+    elif holders:
+        sms = [(t_.get("gpu") or {}).get("sm") for t_ in holders]
+        known = [s for s in sms if isinstance(s, int | float)]
+        sm = max(known) if known and (len(known) == len(sms) or max(known) > 0) else None
+    else:
+        activity = [
+            d.get("activity")
+            for d in devices.values()
+            if not d.get("shared") and isinstance(d.get("activity"), int | float)
+        ]
+        sm = max(activity) if activity else None
+
+    used = {u for t_ in holders for u in (t_.get("gpu") or {}).get("devices") or ()}
+    totals = [devices[u].get("memory_total_mb") for u in used if u in devices]
+    held = [(t_.get("gpu") or {}).get("memory_mb") for t_ in holders]
+    mem_frac = None
+    if totals and all(isinstance(x, int | float) for x in totals) and sum(totals) > 0:
+        if held and all(isinstance(x, int | float) for x in held):
+            mem_frac = min(1.0, sum(held) / sum(totals))
+    elif not holders and devices:
+        pairs = [
+            (d.get("memory_used_mb"), d.get("memory_total_mb"))
+            for d in devices.values()
+            if not d.get("shared")
+        ]
+        if pairs and all(
+            isinstance(u, int | float) and isinstance(m, int | float) for u, m in pairs
+        ):
+            total = sum(m for _, m in pairs)
+            mem_frac = min(1.0, sum(u for u, _ in pairs) / total) if total > 0 else None
+
+    kernels = [t_ for t_ in targets if t_.get("kind") == "kernel"]
+    cpu_from = holders or kernels
+    cpus = [c for c in (_cpu(t_) for t_ in cpu_from) if c is not None]
+    cores = _sum(c.get("cores") for c in cpus) if cpus else None
+    iowait = _max(c.get("iowait") for c in cpus) if cpus else None
+    reads = _sum(c.get("read_mb_s") for c in cpus) if cpus else None
+
+    busy_from = [t_ for t_ in holders if t_.get("kind") == "kernel"] or kernels
+    kernel_busy = (
+        any(t_.get("execution_state") == "busy" for t_ in busy_from) if busy_from else None
+    )
+
+    last = parse(server.get("last_activity"))
+    user_idle = None
+    if last is not None and t is not None:
+        user_idle = max(0.0, t - last.timestamp())
+
+    dcgm = dcgm or {}
+    return [
+        Window(
+            node=node or dcgm.get("node"),
+            server=key,
+            t=t,
+            sm_active=_fraction(sm if dcgm.get("sm_active") is None else dcgm["sm_active"]),
+            gr_active=_fraction(dcgm.get("gr_active")),
+            dram_active=_fraction(dcgm.get("dram_active")),
+            tensor_active=_fraction(dcgm.get("tensor_active")),
+            pcie_mb_s=_positive(dcgm.get("pcie_mb_s")),
+            gpu_mem_frac=_fraction(mem_frac),
+            cpu_cores=_positive(cores),
+            cpu_iowait=_fraction(iowait),
+            read_mb_s=_positive(reads),
+            kernel_busy=kernel_busy,
+            user_idle_s=user_idle,
+        )
+    ]
+
+
+def _cpu(target: Mapping) -> Mapping | None:
+    cpu = target.get("cpu")
+    return cpu if isinstance(cpu, Mapping) and "cores" in cpu else None
+
+
+def _known(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+
+
+def _sum(values: Iterable[Any]) -> float | None:
+    values = list(values)
+    known = _known(values)
+    return sum(known) if known and len(known) == len(values) else None
+
+
+def _max(values: Iterable[Any]) -> float | None:
+    known = _known(values)
+    return max(known) if known else None
+
+
+def _fraction(value: Any) -> float | None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    return min(1.0, max(0.0, float(value)))
+
+
+def _positive(value: Any) -> float | None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    return max(0.0, float(value))

@@ -1,0 +1,512 @@
+"""Root-cause diagnosis in the service: the server extension's CPU, I/O-wait and read counters
+on real processes, the report field that carries them, and the governor turning reports into a
+verdict's ``root_cause`` (rules until a model is trained in a worker, then the model's)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fake_hub_api import FakeHub
+from test_report import REPORT, report
+
+from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.models import GpuSnapshot
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.core.report import ReportError, target_cpu, validate
+from jupyter_gpu_gov.diagnose import simulate
+from jupyter_gpu_gov.diagnose.labels import HINTS
+from jupyter_gpu_gov.gpu import procs
+from jupyter_gpu_gov.gpu.attribution import TargetRoot
+from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService, History, preload
+from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.reconcile import Governor, Options, row_view
+from jupyter_gpu_gov.hub.store import Store
+from jupyter_gpu_gov.server import sampler as sampler_module
+from jupyter_gpu_gov.server.sampler import Sampler, TargetInfo
+
+pytestmark = pytest.mark.timeout(180)
+
+# -- the server extension: CPU, I/O wait and reads of a target's process tree -------------------
+
+
+class NoGpus:
+    """A backend on a machine without GPUs: the CPU side of a report is all that is measured."""
+
+    name = "none"
+
+    def sample(self):
+        return GpuSnapshot("none", clock.utcnow())
+
+    def close(self):
+        pass
+
+
+def cpu_of(report: dict, ident: str) -> dict | None:
+    return next(t for t in report["targets"] if t["id"] == ident)["cpu"]
+
+
+def measure_over(sampler: Sampler, targets: list[TargetInfo], seconds: float) -> dict:
+    first = sampler.measure(targets, {"user": "alice"}).report
+    assert all(t["cpu"] is None for t in first["targets"])  # nothing to compare with yet
+    time.sleep(seconds)
+    return sampler.measure(targets, {"user": "alice"}).report
+
+
+@pytest.fixture
+def children():
+    started: list[subprocess.Popen] = []
+
+    def start(code: str, *args: str) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, start_new_session=True
+        )
+        started.append(proc)
+        assert proc.stdout.readline().strip() == b"ready"
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_busy_loop_reads_one_core_and_a_sleeper_none(children):
+    busy = children("print('ready', flush=True)\nwhile True: pass\n")
+    idle = children("import time; print('ready', flush=True); time.sleep(600)")
+    targets = [
+        TargetInfo(TargetRoot("kernel", "busy", busy.pid), "python3"),
+        TargetInfo(TargetRoot("kernel", "idle", idle.pid), "python3"),
+    ]
+    sampler = Sampler(NoGpus)
+    try:
+        report = measure_over(sampler, targets, 1.5)
+    finally:
+        sampler.close()
+    busy_cpu, idle_cpu = cpu_of(report, "busy"), cpu_of(report, "idle")
+    assert 0.6 <= busy_cpu["cores"] <= 1.15, busy_cpu  # one core (minus a shared CI machine)
+    assert idle_cpu["cores"] <= 0.05 and idle_cpu["read_mb_s"] == 0.0, idle_cpu
+    assert 1.4 <= busy_cpu["seconds"] <= 3.0
+    validate(report)  # the report with its cpu sections is a valid report
+
+
+READER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+print("ready", flush=True)
+while True:
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drop it from the page cache
+    os.lseek(fd, 0, os.SEEK_SET)
+    while os.read(fd, 1 << 20):
+        pass
+"""
+
+
+def storage_reads_are_counted(path: Path) -> bool:
+    """Whether reading ``path`` after dropping it from the page cache shows in ``read_bytes``
+    (not on tmpfs, nor where ``/proc/<pid>/io`` is unreadable)."""
+    before = procs.read_bytes(os.getpid())
+    if before is None:
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        while os.read(fd, 1 << 20):
+            pass
+    finally:
+        os.close(fd)
+    return procs.read_bytes(os.getpid()) > before
+
+
+def test_a_reader_of_a_big_file_shows_its_read_throughput(children, tmp_path):
+    data = tmp_path / "shard-000.bin"
+    with open(data, "wb") as file:
+        for _ in range(32):
+            file.write(os.urandom(1 << 20))
+        file.flush()
+        os.fsync(file.fileno())  # clean pages, so the reader can drop them from the cache
+    if not storage_reads_are_counted(data):
+        pytest.skip(f"{tmp_path} does not count storage reads (tmpfs, or /proc/<pid>/io hidden)")
+    reader = children(READER, str(data))
+    sampler = Sampler(NoGpus)
+    try:
+        report = measure_over(
+            sampler, [TargetInfo(TargetRoot("kernel", "loader", reader.pid), "python3")], 1.5
+        )
+    finally:
+        sampler.close()
+    cpu = cpu_of(report, "loader")
+    assert cpu["read_mb_s"] > 1.0, cpu  # 32 MB re-read from storage, again and again
+
+
+def test_iowait_is_unknown_without_delay_accounting_not_zero(children, monkeypatch):
+    idle = children("import time; print('ready', flush=True); time.sleep(600)")
+    targets = [TargetInfo(TargetRoot("kernel", "k", idle.pid), "python3")]
+    for accounting, expected in ((False, None), (True, 0.0)):
+        monkeypatch.setattr(procs, "delay_accounting", lambda proc_root, on=accounting: on)
+        sampler = Sampler(NoGpus)
+        try:
+            assert cpu_of(measure_over(sampler, targets, 0.3), "k")["iowait"] == expected
+        finally:
+            sampler.close()
+
+
+def test_the_real_sysctl_decides_whether_iowait_is_known(tmp_path):
+    (tmp_path / "sys" / "kernel").mkdir(parents=True)
+    assert procs.delay_accounting(str(tmp_path)) is True  # older kernels: on unless booted off
+    (tmp_path / "sys" / "kernel" / "task_delayacct").write_text("0\n")
+    assert procs.delay_accounting(str(tmp_path)) is False
+    (tmp_path / "sys" / "kernel" / "task_delayacct").write_text("1\n")
+    assert procs.delay_accounting(str(tmp_path)) is True
+
+
+class FakeProcTree:
+    """One kernel process in a fake /proc whose counters the test sets."""
+
+    PID = 4242
+
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "self" / "ns").mkdir(parents=True)
+        (root / "self" / "ns" / "pid").write_text("")
+        (root / "sys" / "kernel").mkdir(parents=True)
+        (root / "sys" / "kernel" / "task_delayacct").write_text("1\n")
+        (root / str(self.PID)).mkdir()
+        self.set(cpu_ticks=0, iowait_ticks=0, read_bytes=0)
+
+    def set(self, cpu_ticks: int, iowait_ticks: int, read_bytes: int) -> None:
+        # proc(5): state ppid pgrp session ... utime(14) stime(15) ... delayacct_blkio_ticks(42)
+        fields = ["S", 1, self.PID, self.PID] + [0] * 7 + [cpu_ticks, 0] + [0] * 26 + [iowait_ticks]
+        text = f"{self.PID} (python) " + " ".join(map(str, fields)) + "\n"
+        (self.root / str(self.PID) / "stat").write_text(text)
+        (self.root / str(self.PID) / "io").write_text(f"rchar: 0\nread_bytes: {read_bytes}\n")
+
+
+def test_the_figures_cover_the_rolling_window(tmp_path, monkeypatch):
+    tree = FakeProcTree(tmp_path / "proc")
+    now = [1000.0]
+    monkeypatch.setattr(sampler_module, "monotonic", lambda: now[0])
+    sampler = Sampler(NoGpus, proc_root=str(tree.root), window_seconds=60, server_pid=1)
+    target = [TargetInfo(TargetRoot("kernel", "k", tree.PID), "python3")]
+    hz = procs.CLOCK_TICKS
+
+    def tick(seconds: float, cores: float, iowait: float, mb_s: float) -> dict:
+        info = procs.parse_stat((tree.root / str(tree.PID) / "stat").read_bytes())
+        read = procs.read_bytes(tree.PID, str(tree.root))
+        now[0] += seconds
+        tree.set(
+            info.cpu_ticks + round(cores * hz * seconds),
+            info.iowait_ticks + round(iowait * hz * seconds),
+            read + round(mb_s * 1e6 * seconds),
+        )
+        return cpu_of(sampler.measure(target, {"user": "alice"}).report, "k")
+
+    try:
+        assert cpu_of(sampler.measure(target, {"user": "alice"}).report, "k") is None
+        first = tick(30, cores=1.5, iowait=0.4, mb_s=80)
+        assert first == {"cores": 1.5, "iowait": 0.4, "read_mb_s": 80.0, "seconds": 30.0}
+        # Half a window of nothing: the average over the last minute halves.
+        assert tick(30, 0, 0, 0) == {"cores": 0.75, "iowait": 0.2, "read_mb_s": 40.0, "seconds": 60}
+        # A minute later the busy half has left the window.
+        tick(30, 0, 0, 0)
+        assert tick(30, 0, 0, 0) == {"cores": 0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60}
+    finally:
+        sampler.close()
+
+
+# -- the report field -----------------------------------------------------------------------------
+
+
+def with_cpu(cpu) -> dict:
+    r = copy.deepcopy(REPORT)
+    r["targets"][0]["cpu"] = cpu
+    return r
+
+
+def test_the_cpu_section_is_optional_and_validates():
+    assert validate(report()) == REPORT  # without it
+    for cpu in (
+        None,
+        {"cores": 1.02, "iowait": 0.31, "read_mb_s": 120.5, "seconds": 60},
+        {"cores": 0.0, "iowait": None, "read_mb_s": None, "seconds": 5.0},
+    ):
+        assert validate(with_cpu(cpu))["targets"][0]["cpu"] == cpu
+    # An older server's shape is taken, and ignored by the diagnosis.
+    legacy = with_cpu({"percent": 250.0, "iowait": 12.5})
+    assert target_cpu(validate(legacy)["targets"][0]) is None
+
+
+@pytest.mark.parametrize(
+    ("cpu", "field"),
+    [
+        ("busy", "targets[0].cpu"),
+        ({"cores": -1}, "targets[0].cpu.cores"),
+        ({"cores": "one"}, "targets[0].cpu.cores"),
+        ({"cores": 1, "iowait": 1.5}, "targets[0].cpu.iowait"),
+        ({"cores": 1, "iowait": True}, "targets[0].cpu.iowait"),
+        ({"cores": 1, "read_mb_s": -3}, "targets[0].cpu.read_mb_s"),
+        ({"cores": float("nan")}, "targets[0].cpu.cores"),
+        ({"cores": 1, "read_mb_s": float("inf")}, "targets[0].cpu.read_mb_s"),
+        ({"cores": 1, "seconds": -60}, "targets[0].cpu.seconds"),
+    ],
+)
+def test_a_bad_cpu_section_names_its_field(cpu, field):
+    with pytest.raises(ReportError) as info:
+        validate(with_cpu(cpu))
+    assert info.value.field == field
+
+
+# -- the governor -----------------------------------------------------------------------------------
+
+
+def governor(hub: FakeHub, tmp_path: Path, **diagnosis) -> Governor:
+    policies = load_policies([], {"warn_after": "1h", "cull_after": "2h"})
+    return Governor(
+        Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"),
+        HubApi(hub.api_url, hub.token),
+        policies,
+        Options(diagnosis=DiagnosisOptions(**diagnosis)),
+    )
+
+
+def zombie_report(user: str = "alice", away: timedelta = timedelta(hours=1)) -> dict:
+    """An idle kernel holding 20 GiB of an 80 GB card, nobody around for ``away``."""
+    r = copy.deepcopy(REPORT)
+    now = clock.utcnow()
+    r["sampled_at"] = clock.isoformat(now)
+    r["server"].update(user=user, last_activity=clock.isoformat(now - away))
+    r["targets"][0]["cpu"] = {"cores": 0.0, "iowait": None, "read_mb_s": 0.0, "seconds": 60}
+    r["window"]["gpu_idle_since"] = clock.isoformat(now - timedelta(minutes=50))
+    return r
+
+
+def starved_report(user: str) -> dict:
+    """A training loop stuck on one CPU core: the kernel busy, the GPU mostly waiting."""
+    r = zombie_report(user, away=timedelta(seconds=20))
+    target = r["targets"][0]
+    target.update(execution_state="busy", busy_since=r["sampled_at"])
+    target["gpu"]["sm"] = 0.12
+    target["cpu"] = {"cores": 1.0, "iowait": 0.01, "read_mb_s": 0.0, "seconds": 60}
+    r["devices"][0]["activity"] = 0.12
+    r["window"].update(gpu_active_fraction=1.0, gpu_idle_since=None)
+    return r
+
+
+async def test_an_idle_kernel_holding_memory_is_a_zombie_in_its_verdict(tmp_path):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        hub.add_server("bob")
+        gov = governor(hub, tmp_path)
+        answered = gov.ingest(zombie_report("alice"))  # before any pass: still diagnosed
+        await gov.reconcile()
+        fresh = gov.ingest(starved_report("bob"))
+        await gov.reconcile()
+        verdict = gov.verdict("alice/")
+        listed = {
+            s.key: row_view(s, gov.reports[s.key], gov.root_cause(s.key)) for s in gov.server_rows()
+        }
+        summary = gov.diagnosis_summary()
+
+    for v in (answered, verdict):
+        assert v["root_cause"] == {
+            "label": "zombie",
+            "hint": HINTS["zombie"],
+            "contributions": {},
+            "source": "rules",
+        }
+    assert verdict["state"] == "idle"  # it explains; the policy decides
+    assert listed["alice/"]["root_cause"]["label"] == "zombie"
+    assert (
+        fresh["root_cause"]["label"] == "cpu_serial" and "CPU-bound" in fresh["root_cause"]["hint"]
+    )
+    assert summary["labels"] == {"cpu_serial": 1, "zombie": 1}
+    assert summary["source"] == "rules" and summary["model"]["trained_at"] is None
+    assert [s["server"] for s in summary["servers"]] == ["alice/", "bob/"]
+    # The card is a quarter full: partly used; no spawn waits for a GPU.
+    assert summary["fragmentation"]["devices_partly_used"] >= 1
+    assert summary["fragmentation"]["spawns_waiting"] == 0
+    assert summary["fragmentation"]["flag"] is False
+
+
+def on_card(report: dict, uuid: str) -> dict:
+    report["devices"][0]["uuid"] = uuid
+    report["targets"][0]["gpu"]["devices"] = [uuid]
+    return report
+
+
+async def test_gpu_spawns_waiting_while_cards_are_partly_used_flag_fragmentation(tmp_path):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        hub.add_server("bob")
+        asked = clock.utcnow() - timedelta(minutes=5)
+        gpu = {"gpu-gov/tier": "h100"}
+        hub.add_server("carol", started=asked, ready=False, user_options=gpu)  # queued
+        hub.add_server("dave", ready=False, user_options=gpu)  # asked just now: starting
+        hub.add_server("erin", started=asked, ready=False)  # no GPU asked: not waiting for one
+        gov = governor(hub, tmp_path)
+        gov.ingest(zombie_report("alice"))  # a quarter of one card
+        gov.ingest(on_card(starved_report("bob"), "GPU-bob"))  # a quarter of another
+        await gov.reconcile()
+        summary = gov.diagnosis_summary()
+
+    found = summary["fragmentation"]
+    assert (found["spawns_waiting"], found["devices_partly_used"]) == (1, 2)
+    assert found["flag"] is True and found["label"] == "fragmentation"
+    assert found["free_scattered"] == pytest.approx(1.5, abs=0.01)  # cards' worth, scattered
+    assert "consolidate" in found["hint"], found
+
+
+async def test_a_healthy_or_unknown_server_has_no_root_cause(tmp_path):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        recent = zombie_report(away=timedelta(minutes=2))  # idle, but someone was just here
+        assert gov.ingest(recent)["root_cause"] is None
+        unknown = zombie_report()
+        unknown["targets"][0]["gpu"]["sm"] = None
+        unknown["devices"][0]["activity"] = None
+        assert gov.ingest(unknown)["root_cause"] is None  # unknown is never blamed
+        nothing = zombie_report()
+        nothing["targets"][0]["gpu"].update(holds_context=False, memory_mb=0, devices=[])
+        nothing["server"]["gpu_allocated"] = False
+        assert gov.ingest(nothing)["root_cause"] is None  # no GPU: nothing to diagnose
+
+
+async def test_a_stale_report_loses_its_root_cause(tmp_path):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(zombie_report())
+        assert gov.verdict("alice/")["root_cause"]["label"] == "zombie"
+        clock.advance(10 * 60)  # report_stale_after is 5 minutes
+        try:
+            assert gov.verdict("alice/")["root_cause"] is None
+        finally:
+            clock.reset()
+
+
+async def test_a_site_zombie_time_shortens_the_rules(tmp_path):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        quick = governor(hub, tmp_path, zombie_idle=timedelta(seconds=60))
+        assert quick.ingest(zombie_report(away=timedelta(minutes=2)))["root_cause"]["label"] == (
+            "zombie"
+        )
+        (tmp_path / "slow").mkdir()
+        slow = governor(hub, tmp_path / "slow", zombie_idle=timedelta(hours=2))
+        assert slow.ingest(zombie_report(away=timedelta(hours=1)))["root_cause"] is None
+
+
+def test_the_history_is_bounded_by_count_and_age():
+    history = History(timedelta(days=7), limit=5)
+    window = simulate.generate(1, 1, seed=3)[0][0]
+    for i in range(8):
+        history.add(f"u{i % 2}/", replace(window, t=float(i)), now=float(i))
+    assert len(history) == 5 and [w.t for w in history.windows()] == [4.0, 6.0, 3.0, 5.0, 7.0]
+    history.add("u0/", replace(window, t=8.0), now=8 + 7 * 86400.0)  # a week later
+    assert len(history) == 1 and list(history.by_server) == ["u0/"]
+
+
+async def test_training_runs_in_a_worker_and_then_the_model_diagnoses(tmp_path):
+    """Training on simulated history takes a while; the loop keeps answering meanwhile, and
+    the next verdicts carry the model's root causes."""
+    assert preload()  # as the service does at start, before it serves
+    rows = simulate.generate(120, 60, seed=11)  # 7,200 windows
+    async with FakeHub() as hub:
+        hub.add_server("bob")
+        gov = governor(
+            hub,
+            tmp_path,
+            min_windows=5000,
+            sample_every=timedelta(0),
+            model_path=str(tmp_path / "model" / "diagnosis.pkl"),
+        )
+        service = gov.diagnosis
+        for i, (window, _) in enumerate(rows):
+            service.history.add(window.server, window, now=clock.utcnow().timestamp() + i * 1e-6)
+        assert gov.ingest(starved_report("bob"))["root_cause"]["source"] == "rules"
+
+        gaps: list[float] = []
+        answered: list[dict] = []
+
+        async def keep_answering():
+            last = time.perf_counter()
+            while service.training_running:
+                await asyncio.sleep(0.005)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+                answered.append(gov.ingest(starved_report("bob")))
+
+        started = time.perf_counter()
+        await gov.reconcile()  # the pass starts the training and does not wait for it
+        pass_seconds = time.perf_counter() - started
+        assert service.training_running
+        await asyncio.gather(keep_answering(), service._task)
+        await service.settled()
+        rescored = gov.verdict("bob/")  # the model re-scored each server's latest window
+
+        # With a model, a report is scored off the loop, in batches: the ingest stays cheap.
+        costs = []
+        for _ in range(20):
+            started = time.perf_counter()
+            gov.ingest(starved_report("bob"))
+            costs.append(time.perf_counter() - started)
+        await service.settled()
+        trained = gov.verdict("bob/")
+        summary = gov.diagnosis_summary()
+
+        # A model slower than INLINE_SCORING_S scores in the scoring thread: the answer to a
+        # report carries the previous root cause, the next verdict the new one.
+        service.score_seconds = 0.5
+        later = zombie_report("bob")
+        later["sampled_at"] = clock.isoformat(clock.utcnow() + timedelta(seconds=1))
+        left = gov.ingest(later)
+        await service.settled()
+        after = gov.verdict("bob/")
+
+    assert service.training.error is None, service.training.error
+    assert service.model is not None and service.training.windows >= 7200
+    assert pass_seconds < 1.0
+    assert len(gaps) >= 5 and max(gaps) < 0.25, (len(gaps), max(gaps))  # the loop answered
+    assert all(v["root_cause"] is not None for v in answered)
+    assert rescored["root_cause"]["source"] == "model"
+    assert sorted(costs)[10] < 0.01, costs  # median ingest, window and all
+    cause = trained["root_cause"]
+    assert cause["source"] == "model" and cause["label"] in ("cpu_serial", "small_work"), cause
+    assert cause["contributions"] and all(
+        isinstance(v, float) for v in cause["contributions"].values()
+    )
+    assert summary["source"] == "model" and summary["model"]["train_seconds"] > 0
+    assert summary["model"]["score_ms"] is not None
+    assert left["root_cause"]["label"] == cause["label"]
+    assert after["root_cause"]["label"] == "zombie"
+    assert Path(tmp_path / "model" / "diagnosis.pkl").exists()  # kept for the next start
+
+
+async def test_a_saved_model_is_loaded_at_start(tmp_path):
+    rows = simulate.generate(60, 40, seed=5)
+    service = DiagnosisService(
+        DiagnosisOptions(
+            min_windows=100, sample_every=timedelta(0), model_path=str(tmp_path / "m.pkl")
+        )
+    )
+    for window, _ in rows:
+        service.history.add(window.server, window, now=clock.utcnow().timestamp())
+    service._loaded = True  # nothing to load yet
+    await service.maybe_train()
+    assert service.model is not None
+
+    again = DiagnosisService(DiagnosisOptions(model_path=str(tmp_path / "m.pkl")))
+    await again.maybe_train()  # the first pass loads it
+    assert again.model is not None
+    # Trained when the file was written: the next training waits its full period.
+    assert clock.utcnow() - again.training.trained_at < timedelta(minutes=1)
