@@ -1,0 +1,1 @@
+"""Reclamation replay: month-long synthetic notebook traces with ground truth, and their score."""

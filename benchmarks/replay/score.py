@@ -1,0 +1,272 @@
+"""Reclamation replay: one trace through every policy, scored against its ground truth.
+
+    python -m benchmarks.replay [--servers 40 --days 30 --seed 1 --step 300 | --trace FILE] [--json]
+
+The trace (generated, see ``generate.py``, or a file with ``truth`` on every row) is replayed
+through no culling, jupyterhub-idle-culler's rule at 1 h and at 8 h, jupyter-server's kernel
+culler (1 h, ``cull_connected`` and ``cull_busy`` off) and this project's shipped default
+policy, with the ``jupyter_gpu_gov.replay`` engine the CLI uses. Each run is scored the same way:
+
+- reclaimed: the share of ``idle_held`` GPU-hours (rows holding GPU memory or a context) at or
+  after the server's cull. A row lasts until its server's next row; a server's last row lasts as
+  long as the one before it.
+- false culls: culls whose cull step (the server's first row at or after the cull) is live —
+  ``active``, ``present``, ``cpu_phase`` or ``standby``: work or a person was cut off then.
+  Work that would have resumed after an ``idle_held`` cull step (the owner came back) does not
+  make a cull false; it is counted apart as "culls before a return", the price of reclaiming.
+- warned: the share of culls with a warning to that server at or before the cull.
+- idle→reclaim: median time from the start of the idle stretch (the first of the consecutive
+  held rows before the cull whose truth is not ``active``) to culls whose step is ``idle_held``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from functools import partial
+
+from jupyter_gpu_gov.core.durations import format_duration
+from jupyter_gpu_gov.replay import (
+    Action,
+    Sample,
+    idle_culler,
+    parse_lines,
+    policies_from_config,
+    read_trace,
+    replay,
+)
+from jupyter_gpu_gov.replay.baselines import kernel_culler
+
+from .generate import DEFAULT_STEP, LIVE_TRUTHS, RECLAIMABLE, generate
+
+HOUR = 3600
+Run = Callable[[Iterable[Sample]], Iterable[Action]]
+
+
+def policies() -> dict[str, Run]:
+    """Each run under comparison, by the name the table shows."""
+    return {
+        "no culling": lambda samples: (),
+        "idle-culler 1h": partial(idle_culler, timeout=HOUR),
+        "idle-culler 8h": partial(idle_culler, timeout=8 * HOUR),
+        "kernel culler 1h": partial(kernel_culler, timeout=HOUR),
+        "jupyter-gpu-gov default": partial(replay, policies=policies_from_config(None)),
+    }
+
+
+@dataclass
+class Result:
+    policy: str
+    idle_held_gpu_hours: float = 0.0
+    reclaimed_gpu_hours: float = 0.0
+    # The same, on servers that send reports (the rest get the idle-culler fallback rule).
+    reporting_idle_held_gpu_hours: float = 0.0
+    reporting_reclaimed_gpu_hours: float = 0.0
+    culls: int = 0
+    warned_culls: int = 0
+    false_culls: int = 0
+    culls_before_return: int = 0
+    median_idle_to_reclaim_s: float | None = None
+    false_culls_by_scenario: dict[str, int] = field(default_factory=dict)
+    unwarned_culls_by_scenario: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def reclaimed_share(self) -> float:
+        return _share(self.reclaimed_gpu_hours, self.idle_held_gpu_hours)
+
+    @property
+    def reporting_reclaimed_share(self) -> float:
+        return _share(self.reporting_reclaimed_gpu_hours, self.reporting_idle_held_gpu_hours)
+
+    @property
+    def warned_share(self) -> float | None:
+        return self.warned_culls / self.culls if self.culls else None
+
+    def as_dict(self) -> dict:
+        figures = asdict(self) | {
+            "reclaimed_share": self.reclaimed_share,
+            "reporting_reclaimed_share": self.reporting_reclaimed_share,
+            "warned_share": self.warned_share,
+        }
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole else 0.0
+
+
+class _Server:
+    """One server's running score."""
+
+    __slots__ = ("cull_t", "culled", "idle_start", "last", "returned", "span", "warned")
+
+    def __init__(self, cull_t: float | None, warned: bool):
+        self.cull_t = cull_t
+        self.warned = warned
+        self.culled = False  # its cull step has been seen
+        self.returned: bool | None = None  # culled idle: did live work follow? (None: not so)
+        self.idle_start: float | None = None
+        self.last: Sample | None = None
+        self.span = 0.0
+
+
+def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) -> Result:
+    """Score one run's actions against the truth of the trace it ran on."""
+    cull_at: dict[str, float] = {}
+    first_warn: dict[str, float] = {}
+    for action in actions:
+        if action.action == "warn":
+            first_warn.setdefault(action.server, action.t)
+        elif action.action == "cull":
+            cull_at.setdefault(action.server, action.t)
+    result = Result(name)
+    waits: list[float] = []
+    false_by: Counter[str] = Counter()
+    unwarned_by: Counter[str] = Counter()
+    servers: dict[str, _Server] = {}
+
+    def close(server: _Server, row: Sample, span: float) -> None:
+        if not row.holds_gpu_memory or row.extra.get("truth") != RECLAIMABLE:
+            return
+        hours = span / HOUR
+        reclaimed = hours if server.cull_t is not None and row.t >= server.cull_t else 0.0
+        result.idle_held_gpu_hours += hours
+        result.reclaimed_gpu_hours += reclaimed
+        if row.reports:
+            result.reporting_idle_held_gpu_hours += hours
+            result.reporting_reclaimed_gpu_hours += reclaimed
+
+    for row in samples:
+        server = servers.get(row.server)
+        if server is None:
+            cull_t = cull_at.get(row.server)
+            warned = cull_t is not None and first_warn.get(row.server, cull_t + 1) <= cull_t
+            server = servers[row.server] = _Server(cull_t, warned)
+        if server.last is not None:
+            server.span = row.t - server.last.t
+            close(server, server.last, server.span)
+        server.last = row
+        truth = row.extra.get("truth")
+        if row.holds_gpu_memory and truth != "active":
+            server.idle_start = row.t if server.idle_start is None else server.idle_start
+        else:
+            server.idle_start = None
+        if server.cull_t is None or row.t < server.cull_t:
+            continue
+        scenario = str(row.extra.get("scenario", "?"))
+        if not server.culled:
+            server.culled = True
+            if truth in LIVE_TRUTHS:
+                result.false_culls += 1
+                false_by[scenario] += 1
+            else:
+                server.returned = False
+                if truth == RECLAIMABLE and server.idle_start is not None:
+                    waits.append(server.cull_t - server.idle_start)
+            if not server.warned:
+                unwarned_by[scenario] += 1
+        elif truth in LIVE_TRUTHS and server.returned is False:
+            server.returned = True
+    for server in servers.values():
+        if server.last is not None:
+            close(server, server.last, server.span)
+
+    result.culls = len(cull_at)
+    result.warned_culls = sum(s.warned for s in servers.values() if s.cull_t is not None)
+    result.culls_before_return = sum(s.returned is True for s in servers.values())
+    result.median_idle_to_reclaim_s = statistics.median(waits) if waits else None
+    result.false_culls_by_scenario = dict(sorted(false_by.items()))
+    result.unwarned_culls_by_scenario = dict(sorted(unwarned_by.items()))
+    return result
+
+
+def run_all(samples: Callable[[], Iterator[Sample]]) -> list[Result]:
+    """Every policy over the same trace; ``samples()`` reads it afresh each time."""
+    results = []
+    for name, run in policies().items():
+        actions = list(run(samples()))
+        results.append(evaluate(name, samples(), actions))
+    return results
+
+
+COLUMNS = (
+    "policy",
+    "reclaimed",
+    "reporting",
+    "false culls",
+    "warned",
+    "idle→reclaim",
+    "culls",
+    "before return",
+)
+
+
+def table(results: list[Result]) -> str:
+    """A plain-text table, then the false and unwarned culls of each policy by scenario."""
+    lines = [COLUMNS]
+    for r in results:
+        wait = r.median_idle_to_reclaim_s
+        lines.append(
+            (
+                r.policy,
+                f"{r.reclaimed_share:.1%}",
+                f"{r.reporting_reclaimed_share:.1%}",
+                str(r.false_culls),
+                "-" if r.warned_share is None else f"{r.warned_share:.0%}",
+                "-" if wait is None else format_duration(wait),
+                str(r.culls),
+                str(r.culls_before_return),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+    text = [
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in lines
+    ]
+    for title, counts_of in (
+        ("false culls", lambda r: r.false_culls_by_scenario),
+        ("unwarned culls", lambda r: r.unwarned_culls_by_scenario),
+    ):
+        for r in results:
+            if counts_of(r):
+                by = ", ".join(f"{k} {v}" for k, v in counts_of(r).items())
+                text.append(f"{title} of {r.policy}: {by}")
+    return "\n".join(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=40, help="users to generate (default 40)")
+    parser.add_argument("--days", type=int, default=30, help="days to generate (default 30)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--step", type=int, default=DEFAULT_STEP, help="seconds per sample")
+    parser.add_argument(
+        "--trace", metavar="FILE", help="score this trace instead of generating one"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.trace:
+        source = {"trace": args.trace}
+        samples = partial(read_trace, args.trace)
+    else:
+        source = {k: getattr(args, k) for k in ("servers", "days", "seed", "step")}
+        rows = partial(generate, args.servers, args.days, args.seed, args.step)
+        samples = lambda: parse_lines(json.dumps(row) for row in rows())  # noqa: E731
+    results = run_all(samples)
+    if args.json:
+        print(json.dumps({**source, "policies": [r.as_dict() for r in results]}))
+        return
+    held = results[0].idle_held_gpu_hours
+    print(
+        "reclamation replay:",
+        ", ".join(f"{k} {v}" for k, v in source.items()),
+        f"— {held:,.0f} idle-held GPU-hours",
+    )
+    print(table(results))
