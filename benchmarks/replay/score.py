@@ -157,7 +157,8 @@ def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) ->
             server.idle_start = None
         if server.cull_t is None or row.t < server.cull_t:
             continue
-        scenario = str(row.extra.get("scenario", "?"))
+        # The fallback rule, not the GPU policy, decides servers that send no report.
+        scenario = str(row.extra.get("scenario", "?")) + ("" if row.reports else " (no report)")
         if not server.culled:
             server.culled = True
             if truth in LIVE_TRUTHS:

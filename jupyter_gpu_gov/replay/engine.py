@@ -44,8 +44,9 @@ EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TIER_LABEL, PROJECT_LABEL = "gpu-gov/tier", "gpu-gov/project"
 # Scoring's yardstick for "the GPU did work", the same for every run whatever its policy says.
 ACTIVE_SM = 0.05
-# Ground-truth labels (DESIGN §8) under which culling loses nobody's work.
-NOT_LIVE_TRUTHS = frozenset({"zombie", "idle"})
+# Ground-truth labels under which culling loses nobody's work: DESIGN §8's, and the idle ones
+# of the reclamation benchmark's traces (benchmarks/replay/generate.py).
+NOT_LIVE_TRUTHS = frozenset({"zombie", "idle", "idle_held", "idle_free"})
 
 
 def at(t: float) -> datetime:

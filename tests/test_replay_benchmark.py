@@ -1,0 +1,95 @@
+"""The reclamation replay (benchmarks/replay): the scorer's definitions on a hand-made trace, then
+every policy on a small generated trace (20 users, 14 days, seed 1: about 7 s).
+
+The figures asserted for the default policy are the ones it reaches on this trace (docs/
+benchmarks.md explains why they miss the 95 % and zero-false-cull targets), so a regression
+in the policy, the engine or the generator fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from benchmarks.replay.generate import LIVE_TRUTHS, SCENARIOS, generate
+from benchmarks.replay.score import evaluate, run_all, table
+from jupyter_gpu_gov.replay import Action, parse_lines
+
+DEFAULT = "jupyter-gpu-gov default"
+
+
+def rows(*steps: tuple[str, float]) -> list[str]:
+    """One server, a step every 10 minutes: (truth, gpu_sm) each, holding 1 GiB."""
+    return [
+        json.dumps({"t": i * 600, "server": "a/", "gpu_sm": sm, "gpu_mem_mb": 1024, "truth": truth})
+        for i, (truth, sm) in enumerate(steps)
+    ]
+
+
+def test_a_cull_in_an_idle_held_step_reclaims_the_rest_and_counts_a_return():
+    trace = rows(
+        ("active", 0.9), ("idle_held", 0), ("idle_held", 0), ("idle_held", 0), ("present", 0)
+    )
+    actions = [Action(600, "a/", "warn", ""), Action(1800, "a/", "cull", "")]
+    result = evaluate("test", parse_lines(trace), actions)
+    assert result.idle_held_gpu_hours == pytest.approx(0.5)
+    assert result.reclaimed_gpu_hours == pytest.approx(1 / 6)  # the third idle step
+    assert (result.culls, result.warned_culls, result.false_culls) == (1, 1, 0)
+    assert result.culls_before_return == 1  # the owner came back: not false, counted apart
+    assert result.median_idle_to_reclaim_s == 1200
+
+
+@pytest.mark.parametrize("truth", sorted(LIVE_TRUTHS))
+def test_a_cull_in_a_live_step_is_false(truth):
+    trace = rows(("idle_held", 0), (truth, 0), ("idle_held", 0))
+    result = evaluate("test", parse_lines(trace), [Action(600, "a/", "cull", "")])
+    assert result.false_culls == 1
+    assert result.warned_share == 0
+    assert result.false_culls_by_scenario == {"?": 1}
+
+
+@pytest.fixture(scope="module")
+def results():
+    def samples():
+        return parse_lines(json.dumps(row) for row in generate(20, 14, seed=1, step=300))
+
+    truths = Counter((s.extra["scenario"], s.extra["truth"]) for s in samples())
+    assert {scenario for scenario, _ in truths} == {*SCENARIOS, "batch_standby"}
+    assert {truth for _, truth in truths} == {*LIVE_TRUTHS, "idle_held", "idle_free"}
+    found = {r.policy: r for r in run_all(samples)}
+    print(table(list(found.values())))  # shown with -s, or when a test fails
+    return found
+
+
+def test_default_policy(results):
+    ours = results[DEFAULT]
+    # Reporting servers: the GPU policy reclaims what the 2 h grace leaves...
+    assert ours.reporting_reclaimed_share >= 0.90
+    assert ours.reclaimed_share >= 0.82
+    assert ours.median_idle_to_reclaim_s == 2 * 3600 + 300  # cull_after, then the checkpoint
+    # ...cuts no training, pipeline or standby work, and warns before every cull. The false
+    # culls left: owners who came back as the cull fell, and training starved under 5 % SM.
+    assert ours.false_culls_by_scenario == {
+        "data_starved": 1,
+        "interactive": 3,
+        "silent_training (no report)": 2,
+    }
+    # Servers without the extension get jupyterhub-idle-culler's rule, which does not warn.
+    assert ours.unwarned_culls_by_scenario == {"silent_training (no report)": 2}
+
+
+def test_baselines_against_the_default_policy(results):
+    ours = results[DEFAULT]
+    nothing = results["no culling"]
+    assert (nothing.culls, nothing.reclaimed_gpu_hours) == (0, 0)
+    for name in ("idle-culler 1h", "idle-culler 8h", "kernel culler 1h"):
+        stock = results[name]
+        assert stock.reclaimed_share < ours.reclaimed_share / 2
+        assert stock.warned_culls == 0
+        # Silent training in a background thread looks idle to them; exempt standby too.
+        assert stock.false_culls_by_scenario["silent_training"] > 0
+        assert stock.false_culls_by_scenario["batch_standby"] > 0
+    for name in ("idle-culler 1h", "kernel culler 1h"):
+        assert results[name].false_culls > ours.false_culls
