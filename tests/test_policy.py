@@ -110,9 +110,21 @@ def test_unknown_pauses_the_idle_clock_and_keeps_extensions():
 
 
 def test_recent_user_activity_holds_the_cull_back_but_not_the_warning():
+    short = replace(POLICY, warn_after=timedelta(minutes=55))  # a 5-minute notice
     view = lambda m: replace(idle_view(), user_last_activity=T0 + min(m, 58) * MIN)  # noqa: E731
-    actions, _ = run(view, minutes=90, on_checkpoint="done")
-    assert actions[:2] == [(30, "warn", "warned"), (68, "checkpoint", "checkpointing")]
+    actions, _ = run(view, short, minutes=90, on_checkpoint="done")
+    # Active until minute 58: the cull waits for user_activity_grace (10 minutes), the longer.
+    assert actions[:2] == [(55, "warn", "warned"), (68, "checkpoint", "checkpointing")]
+
+
+def test_an_owner_back_after_the_warning_gets_its_full_notice():
+    # Warned at minute 30 while away; back and active until minute 58: a 10-minute grace would
+    # cull at 68, but a person who has read the warning gets its notice (30 minutes) from their
+    # last interaction.
+    view = lambda m: replace(idle_view(), user_last_activity=T0 + min(m, 58) * MIN)  # noqa: E731
+    actions, _ = run(view, minutes=100, on_checkpoint="done")
+    assert actions[:2] == [(30, "warn", "warned"), (88, "checkpoint", "checkpointing")]
+    assert [a for a in actions if a[1] == "warn"] == [(30, "warn", "warned")]  # warned once
 
 
 def test_busy_kernel_is_warned_but_not_culled_before_busy_grace():

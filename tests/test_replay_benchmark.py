@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.replay.generate import LIVE_TRUTHS, SCENARIOS, generate
+from benchmarks.replay.generate import LIVE_TRUTHS, SCENARIOS, WORK_TRUTHS, generate
 from benchmarks.replay.score import evaluate, run_all, table
 from jupyter_gpu_gov.replay import Action, parse_lines
 
@@ -41,13 +41,19 @@ def test_a_cull_in_an_idle_held_step_reclaims_the_rest_and_counts_a_return():
     assert result.median_idle_to_reclaim_s == 1200
 
 
-@pytest.mark.parametrize("truth", sorted(LIVE_TRUTHS))
-def test_a_cull_in_a_live_step_is_false(truth):
+@pytest.mark.parametrize("truth", sorted(WORK_TRUTHS))
+def test_a_cull_in_a_step_of_live_work_is_false(truth):
     trace = rows(("idle_held", 0), (truth, 0), ("idle_held", 0))
     result = evaluate("test", parse_lines(trace), [Action(600, "a/", "cull", "")])
-    assert result.false_culls == 1
+    assert (result.false_culls, result.culls_at_owner_return) == (1, 0)
     assert result.warned_share == 0
     assert result.false_culls_by_scenario == {"?": 1}
+
+
+def test_a_cull_as_the_owner_arrives_is_counted_apart():
+    trace = rows(("idle_held", 0), ("present", 0), ("active", 0.8))
+    result = evaluate("test", parse_lines(trace), [Action(600, "a/", "cull", "")])
+    assert (result.false_culls, result.culls_at_owner_return, result.culls) == (0, 1, 1)
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +75,16 @@ def test_default_policy(results):
     assert ours.reporting_reclaimed_share >= 0.90
     assert ours.reclaimed_share >= 0.82
     assert ours.median_idle_to_reclaim_s == 2 * 3600 + 300  # cull_after, then the checkpoint
-    # ...cuts no training, pipeline or standby work, and warns before every cull. The false
-    # culls left: owners who came back as the cull fell, and training starved under 5 % SM.
-    assert ours.false_culls_by_scenario == {
-        "data_starved": 1,
-        "interactive": 3,
-        "silent_training (no report)": 2,
-    }
-    # Servers without the extension get jupyterhub-idle-culler's rule, which does not warn.
+    # ...cuts no training (even starved under 5 % SM), pipeline or standby work on servers that
+    # report, and warns before each of their culls. What is left: jupyterhub-idle-culler's
+    # rule for servers without the extension, which cuts silent training and does not warn,
+    assert ours.false_culls_by_scenario == {"silent_training (no report)": 2}
     assert ours.unwarned_culls_by_scenario == {"silent_training (no report)": 2}
+    # and owners arriving, after a warning, just as the cull falls.
+    assert 0 < ours.culls_at_owner_return <= 5
+    without = results["default, no fallback"]
+    assert (without.false_culls, without.warned_culls) == (0, without.culls)
+    assert without.reporting_reclaimed_share == ours.reporting_reclaimed_share
 
 
 def test_baselines_against_the_default_policy(results):

@@ -86,8 +86,12 @@ MINUTE, HOUR, DAY = 60, 3600, 86400
 WORKDAY = (8 * HOUR, 18 * HOUR)
 DEFAULT_STEP = 300
 
-# The truths under which culling cuts live work, and the one whose hours are to be reclaimed.
-LIVE_TRUTHS = frozenset({"active", "present", "cpu_phase", "standby"})
+# The truths under which culling cuts live work (the GPU computing, a pipeline's CPU phase whose
+# GPU phase comes next, an exempt standby server), the owner at the notebook with the GPU idle,
+# and the one whose hours are to be reclaimed.
+WORK_TRUTHS = frozenset({"active", "cpu_phase", "standby"})
+PRESENT = "present"
+LIVE_TRUTHS = WORK_TRUTHS | {PRESENT}
 RECLAIMABLE = "idle_held"
 
 PROFILES = (("a100-80g", 81920), ("h100-80g", 81559), ("mig-3g.40gb", 40192), ("mig-1g.10gb", 9856))

@@ -10,10 +10,16 @@ policy, with the ``jupyter_gpu_gov.replay`` engine the CLI uses. Each run is sco
 - reclaimed: the share of ``idle_held`` GPU-hours (rows holding GPU memory or a context) at or
   after the server's cull. A row lasts until its server's next row; a server's last row lasts as
   long as the one before it.
-- false culls: culls whose cull step (the server's first row at or after the cull) is live —
-  ``active``, ``present``, ``cpu_phase`` or ``standby``: work or a person was cut off then.
-  Work that would have resumed after an ``idle_held`` cull step (the owner came back) does not
-  make a cull false; it is counted apart as "culls before a return", the price of reclaiming.
+- false culls: culls whose cull step (the server's first row at or after the cull) is live
+  work — ``active`` (the GPU computing, at any SM), ``cpu_phase`` (a pipeline's CPU phase, its
+  GPU phase next) or ``standby`` (an exempt server): the issue's "culls of servers whose GPU
+  was active", widened to work that is running.
+- owner back: culls whose step is ``present``: the GPU idle past the policy's limits, and the
+  owner arriving at the notebook in that step, before any interaction the governor could see.
+  Not live work, but the moment a person notices: counted apart, never hidden.
+- Work that would have resumed after an ``idle_held`` cull step (the owner came back later)
+  does not make a cull false either; it is counted as "culls before a return", the price of
+  reclaiming.
 - warned: the share of culls with a warning to that server at or before the cull.
 - idle→reclaim: median time from the start of the idle stretch (the first of the consecutive
   held rows before the cull whose truth is not ``active``) to culls whose step is ``idle_held``.
@@ -30,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 
 from jupyter_gpu_gov.core.durations import format_duration
+from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.replay import (
     Action,
     Sample,
@@ -41,7 +48,7 @@ from jupyter_gpu_gov.replay import (
 )
 from jupyter_gpu_gov.replay.baselines import kernel_culler
 
-from .generate import DEFAULT_STEP, LIVE_TRUTHS, RECLAIMABLE, generate
+from .generate import DEFAULT_STEP, LIVE_TRUTHS, PRESENT, RECLAIMABLE, WORK_TRUTHS, generate
 
 HOUR = 3600
 Run = Callable[[Iterable[Sample]], Iterable[Action]]
@@ -55,6 +62,11 @@ def policies() -> dict[str, Run]:
         "idle-culler 8h": partial(idle_culler, timeout=8 * HOUR),
         "kernel culler 1h": partial(kernel_culler, timeout=HOUR),
         "jupyter-gpu-gov default": partial(replay, policies=policies_from_config(None)),
+        # The same without jupyterhub-idle-culler's fallback rule for servers that send no
+        # report (``inactive_timeout: None``): what that rule costs and gives.
+        "default, no fallback": partial(
+            replay, policies=load_policies([], {"inactive_timeout": None})
+        ),
     }
 
 
@@ -69,6 +81,7 @@ class Result:
     culls: int = 0
     warned_culls: int = 0
     false_culls: int = 0
+    culls_at_owner_return: int = 0
     culls_before_return: int = 0
     median_idle_to_reclaim_s: float | None = None
     false_culls_by_scenario: dict[str, int] = field(default_factory=dict)
@@ -161,9 +174,11 @@ def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) ->
         scenario = str(row.extra.get("scenario", "?")) + ("" if row.reports else " (no report)")
         if not server.culled:
             server.culled = True
-            if truth in LIVE_TRUTHS:
+            if truth in WORK_TRUTHS:
                 result.false_culls += 1
                 false_by[scenario] += 1
+            elif truth == PRESENT:
+                result.culls_at_owner_return += 1
             else:
                 server.returned = False
                 if truth == RECLAIMABLE and server.idle_start is not None:
@@ -199,6 +214,7 @@ COLUMNS = (
     "reclaimed",
     "reporting",
     "false culls",
+    "owner back",
     "warned",
     "idle→reclaim",
     "culls",
@@ -217,6 +233,7 @@ def table(results: list[Result]) -> str:
                 f"{r.reclaimed_share:.1%}",
                 f"{r.reporting_reclaimed_share:.1%}",
                 str(r.false_culls),
+                str(r.culls_at_owner_return),
                 "-" if r.warned_share is None else f"{r.warned_share:.0%}",
                 "-" if wait is None else format_duration(wait),
                 str(r.culls),

@@ -76,7 +76,8 @@ class Policy:
     name: str = "default"
     match: Match = Match()
     # A GPU below this activity (0..1) is idle; DCGM evidence also needs PCIe under its floor.
-    idle_threshold: float = 0.05
+    # Idle contexts read 0 and sampling noise about 1 %; a data-starved loop can read 2-5 %.
+    idle_threshold: float = 0.02
     warn_after: timedelta = timedelta(hours=1)  # of GPU idleness
     cull_after: timedelta = timedelta(hours=2)  # of GPU idleness; warning lead = cull - warn
     user_activity_grace: timedelta = timedelta(minutes=15)
@@ -436,8 +437,14 @@ def _decide_on_activity(
     cull_at = idle_since + policy.cull_after + timedelta(seconds=record.extension_s)
     warn_at = cull_at - policy.notice
     holds = []
+    back = view.user_last_activity
+    grace = policy.user_activity_grace
+    if record.warned_at is not None and back is not None and back > record.warned_at:
+        # The owner came back after the warning went out: they get its full notice from their
+        # last interaction, not a short grace (the warning may have been sent while they were away).
+        grace = max(grace, policy.notice)
     for not_before, what in (
-        (_plus(view.user_last_activity, policy.user_activity_grace), "recent user activity"),
+        (_plus(back, grace), "recent user activity"),
         (_plus(gpu.kernel_busy_since, policy.busy_grace), "a kernel is executing a cell"),
         (record.postponed_until, "a failed checkpoint"),
     ):

@@ -109,7 +109,7 @@ class Sampler:
         backend_factory: Callable[[], GpuBackend],
         *,
         window_seconds: float = 60.0,
-        active_threshold: float = 0.05,
+        active_threshold: float = 0.02,
         visible_devices: Sequence[str] | None = None,
         pid_namespace: str = "auto",
         time_sliced: bool = False,
