@@ -189,6 +189,10 @@ P_MISSING_SM = 0.005
 P_MISSING_MEM = 0.005
 P_MISSING_SCRAPE = 0.03
 
+# NVML's memory utilisation (nodes without DCGM): the share of time device memory was read or
+# written, ``b * (1 - exp(-dram_i / NVML_MEMORY_SATURATION))``.
+NVML_MEMORY_SATURATION = 0.35
+
 
 @dataclass
 class _Job:
@@ -331,10 +335,14 @@ def _running(rng: random.Random, job: _Job, gpu_factor: float, extra: dict) -> d
     reads = job.demand * job.uncached * b + extra.get("reads", 0.0)
     if not node.dcgm:
         sm = node.sm * b  # NVML utilisation: time-based, blind to occupancy
+    # NVML's memory utilisation: time-based too, and any traffic in a sample period counts, so
+    # it saturates well before the memory interface does.
+    memory = b * (1.0 - math.exp(-job.dram_i / NVML_MEMORY_SATURATION))
     return {
         "sm_active": _clip(_noisy(rng, sm, 0.03, 0.01)),
         "gr_active": _clip(_noisy(rng, b, 0.03, 0.01)),
         "dram_active": _clip(_noisy(rng, node.dram * job.dram_i * b, 0.05, 0.01)),
+        "memory_activity": _clip(_noisy(rng, memory, 0.05, 0.01)),
         "tensor_active": _clip(_noisy(rng, node.tensor * job.tensor_i * b, 0.05, 0.01)),
         "pcie_mb_s": max(0.0, _noisy(rng, node.pcie * job.pcie_full * b, 0.1, 2.0)),
         "gpu_mem_frac": _clip(_noisy(rng, job.mem, 0.0, 0.005)),
@@ -351,6 +359,7 @@ def _idle(rng: random.Random, job: _Job) -> dict:
         "sm_active": _clip(rng.gauss(0.0, 0.003)),
         "gr_active": _clip(rng.gauss(0.0, 0.003)),
         "dram_active": _clip(rng.gauss(0.0, 0.002)),
+        "memory_activity": _clip(rng.gauss(0.0, 0.002)),
         "tensor_active": 0.0,
         "pcie_mb_s": max(0.0, rng.gauss(0.2, 0.2)),
         "gpu_mem_frac": _clip(_noisy(rng, job.mem, 0.0, 0.002)),
@@ -425,9 +434,12 @@ def _observe(rng: random.Random, job: _Job, server: str, t: float, values: dict)
     node = job.node
     values = dict(values)
     scrape_lost = rng.random() < P_MISSING_SCRAPE
+    memory_activity = values.pop("memory_activity")
     if not node.dcgm or scrape_lost:
         for column in ("gr_active", "dram_active", "tensor_active", "pcie_mb_s"):
             values[column] = None
+    if not node.dcgm:
+        values["dram_active"] = memory_activity  # NVML's memory utilisation instead
     if not node.tensor_metric:
         values["tensor_active"] = None
     if not node.iowait:
