@@ -28,6 +28,13 @@ are occupied ``occ`` (grid size, tails), DRAM is busy ``dram_i`` and the tensor 
   runs a kernel), on nodes with DCGM only;
 - ``dram_active = node.dram * dram_i * b``, ``tensor_active = node.tensor * tensor_i * b``,
   ``pcie_mb_s = node.pcie * pcie_full * b``: DCGM counters, proportional to throughput;
+- on nodes without DCGM, ``dram_active`` is NVML's memory utilisation instead (what the
+  service then reads, from the report's ``devices[].memory_activity``): the share of *time*
+  device memory was read or written, ``b * (1 - exp(-dram_i / NVML_MEMORY_SATURATION))``.
+  Any traffic in a sample period counts, so it rises steeply with a little traffic and
+  saturates long before the memory interface does (0.2 of the interface reads about 0.43, 0.9
+  about 0.92). The curve is a plausible model of a time-based measure, not a measured one:
+  NVML documents what it means, not how it relates to bandwidth; it knows no card scale;
 - ``read_mb_s = demand * uncached * b``: the data the loop consumes, minus the page cache;
 - ``cpu_cores``: the main thread (busy during ``cpu`` and ``launch``, part of the load time
   when it decodes its own batches, and — with CUDA's default spin-wait — much of the GPU
@@ -84,6 +91,12 @@ node has no tensor counter; nodes whose kernel runs without delay accounting hav
 mid-window), ``user_idle_s`` 1 %, ``gpu_mem_frac`` and ``sm_active`` 0.5 %, a DCGM scrape 3 %;
 a tenth of the servers never have ``read_mb_s`` (``/proc/<pid>/io`` unreadable) and a tenth
 run from a terminal (``kernel_busy`` missing).
+
+Version 3 changed only what nodes without DCGM measure: NVML's memory utilisation, which every
+whole GPU reports without DCGM (``nvmlDeviceGetUtilizationRates(...).memory``, nvidia-smi's
+Memory-Util), as their ``dram_active``; its extra random draw shifts every later draw, so the
+same seed gives other servers than in version 2. MIG instances have no utilisation rates: the
+MIG node has DCGM here, so it is not affected.
 
 Limits, stated so a reader can judge: one cause per server, constant for its life; no
 multi-GPU jobs, no time-shared GPUs, no network (NCCL) waits, no host memory pressure; the
