@@ -12,12 +12,18 @@ on its history); the rules need no training.
 Prints accuracy per label and overall (windows whose ``sm_active`` is missing are left out:
 ``unknown`` is the only answer there, and both methods give it) for
 
-- ``model``:  ``Diagnoser`` (``diagnose/counterfactual.py``),
-- ``rules``:  ``rules.baseline`` (low-GPU gate 50 %),
-- ``rules10``: the same rules with the issue's "GPU < 10 %" gate,
-- ``ceiling``: a supervised classifier trained *with* the train set's labels on the same
-  columns plus ``sm_active`` and the node — a reference for how separable the windows are,
-  not something the service could run (it has no labels);
+- ``model``:  ``Diagnoser`` (``diagnose/counterfactual.py``): each window read in its server's
+  context (``features.in_context``: the median of its server's last running windows), in
+  training and in scoring, as the service and ``jupyter-gpu-gov diagnose`` read them;
+- ``rules``:  ``rules.baseline`` (low-GPU gate 50 %) on single windows: the baseline as the
+  issue defines it;
+- ``rules+ctx``: the same rules on the windows in context, as the model reads them (so the
+  context's share of the gain shows);
+- ``rules10``: the rules with the issue's "GPU < 10 %" gate, single windows;
+- ``ceiling``, ``ceiling+ctx``: a supervised classifier trained *with* the train set's labels
+  on the same columns plus ``sm_active`` and the node, on single windows and on windows in
+  context — a reference for how separable the windows are, not something the service could
+  run (it has no labels);
 
 then accuracy per node, training time (median of ``--fits``) and online latency per window
 (median over single-window ``diagnose`` calls, on windows that reach the model and on all).
@@ -49,7 +55,7 @@ def _accuracy(rows, predicted) -> dict:
     return out
 
 
-def _ceiling(train, test) -> list[str]:
+def _ceiling(train, test, context=None) -> list[str]:
     import numpy as np
     from sklearn.ensemble import HistGradientBoostingClassifier
 
@@ -61,6 +67,9 @@ def _ceiling(train, test) -> list[str]:
             dtype=float,
         )
 
+    if context is not None:
+        train = list(zip(context([w for w, _ in train]), [t for _, t in train], strict=True))
+        test = list(zip(context([w for w, _ in test]), [t for _, t in test], strict=True))
     known = [(w, t) for w, t in train if t != UNKNOWN]
     X = matrix(known)
     classifier = HistGradientBoostingClassifier(
@@ -118,19 +127,26 @@ def run(args) -> dict:
         model = Diagnoser().fit(windows)
         fits.append(time.perf_counter() - started)
 
+    in_context = model.in_context([w for w, _ in test])
     results = {
         "model": [d.label for d in model.diagnose_many([w for w, _ in test])],
         "rules": [rules.baseline(w).label for w, _ in test],
+        "rules+ctx": [rules.baseline(w).label for w in in_context],
         "rules10": [rules.baseline(w, low_gpu=rules.LOW_GPU_STRICT).label for w, _ in test],
     }
     if args.ceiling:
         results["ceiling"] = _ceiling(train, test)
+        results["ceiling+ctx"] = _ceiling(train, test, model.in_context)
 
-    sample = [w for w, _ in test][:: max(1, len(test) // args.latency_windows)]
+    # One window scored alone with its server's earlier windows, as the service scores it
+    # (the context read included).
+    step = max(1, len(test) // args.latency_windows)
     times, model_times = [], []
-    for w in sample:
+    for i in range(0, len(test), step):
+        w = test[i][0]
+        earlier = [x for x, _ in test[max(0, i - 16) : i] if x.server == w.server]
         started = time.perf_counter()
-        model.diagnose(w)
+        model.diagnose(w, earlier)
         elapsed = time.perf_counter() - started
         times.append(elapsed)
         if _before_model(w) is None:
@@ -178,14 +194,14 @@ def _print(figures: dict) -> None:
         f"test {figures['test_windows']} windows ({figures['test_scored']} with sm_active; "
         f"held-out node {HELD_OUT_NODE.name})"
     )
-    print("  accuracy          " + "".join(f"{n:>9}" for n in names) + "   test windows")
+    print("  accuracy          " + "".join(f"{n:>12}" for n in names) + "   test windows")
     for label in (*LABELS, "overall"):
-        cells = "".join(f"{accuracy[n].get(label, float('nan')) * 100:8.1f}%" for n in names)
+        cells = "".join(f"{accuracy[n].get(label, float('nan')) * 100:11.1f}%" for n in names)
         count = figures["test_scored"] if label == "overall" else figures["truth"][label]
         print(f"  {label:<18}{cells}   {count}")
-    print("  by node           " + "".join(f"{n:>9}" for n in names))
+    print("  by node           " + "".join(f"{n:>12}" for n in names))
     for node, values in figures["by_node"].items():
-        print(f"  {node:<18}" + "".join(f"{values[n] * 100:8.1f}%" for n in names))
+        print(f"  {node:<18}" + "".join(f"{values[n] * 100:11.1f}%" for n in names))
     top = figures["confusion"].most_common(6)
     print(
         "  model's most frequent errors (truth -> said: windows): "

@@ -357,6 +357,8 @@ def _add_diagnose(commands: argparse._SubParsersAction) -> None:
             "zombie, data_io, cpu_serial, memory_bandwidth, small_work, unknown (no sm_active).\n"
             "Without --model the counterfactual model is trained on the file's own history\n"
             "(scikit-learn needed: the 'hub' extra); too little history, and the rules answer.\n"
+            "The model reads each running window with the earlier rows of the same node and\n"
+            "server (the median of the last 3 within 10 minutes), as the hub service does.\n"
             "A summary goes to stderr. A bad file prints nothing and exits with status 2."
         ),
         epilog=(

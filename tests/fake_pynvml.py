@@ -62,6 +62,7 @@ class FakeGpu:
     processes: list[FakeProcess] = field(default_factory=list)
     memory_used_mb: int | None = None  # None: the sum of its processes' known memory
     activity: float = 0.0  # utilisation rates, and GPM
+    memory_activity: float = 0.0  # utilisation rates' memory (time device memory was busy)
     minor_number: int | None = 0  # None: NotSupported
     util_rates: bool = True  # False: nvmlDeviceGetUtilizationRates is NotSupported
     memory_v2: str = "ok"  # "ok" | "not_supported" | "version_mismatch"
@@ -297,7 +298,7 @@ def _c_functions(fake: FakeNvml) -> dict[str, Callable[..., Any]]:
         if mig is not None or not gpu.util_rates:
             return nv.NVML_ERROR_NOT_SUPPORTED
         out._obj.gpu = round(gpu.activity * 100)
-        out._obj.memory = 0
+        out._obj.memory = round(gpu.memory_activity * 100)
         return SUCCESS
 
     def running_processes(graphics: bool) -> Callable[..., int]:

@@ -405,6 +405,39 @@ async def test_a_site_zombie_time_shortens_the_rules(tmp_path):
         assert slow.ingest(zombie_report(away=timedelta(hours=1)))["root_cause"] is None
 
 
+def test_a_new_window_is_scored_in_its_servers_context():
+    """The service reads a report's window with the server's recent running windows, as the
+    model is trained (``features.with_context``); the history keeps the windows as they came."""
+    service = DiagnosisService(DiagnosisOptions(sample_every=timedelta(0)))
+    scored = []
+    try:
+        for sm, cores in [(0.12, 1.0), (0.6, 0.2), (0.3, 0.9), (0.2, 0.8)]:
+            clock.advance(60)
+            r = starved_report("carol")
+            r["targets"][0]["gpu"]["sm"] = sm
+            r["targets"][0]["cpu"]["cores"] = cores
+            scored.append(service.observe("carol/", validate(r)))
+        clock.advance(60)
+        idle = zombie_report("carol", away=timedelta(seconds=20))  # a pause: not smoothed
+        paused = service.observe("carol/", validate(idle))
+    finally:
+        clock.reset()
+    assert scored[0].window.sm_active == 0.12  # nothing earlier
+    assert scored[1].window.sm_active == pytest.approx(0.36)  # median of two
+    assert scored[2].window.sm_active == 0.3 and scored[2].window.cpu_cores == 0.9
+    assert scored[3].window.sm_active == 0.3 and scored[3].window.cpu_cores == 0.8  # last 3
+    assert paused.window.sm_active == 0.0 and paused.window.kernel_busy is False
+    assert [w.sm_active for w in service.history.by_server["carol/"]] == [
+        0.12,
+        0.6,
+        0.3,
+        0.2,
+        0.0,
+    ]
+    service.forget("carol/")
+    assert "carol/" not in service._recent
+
+
 def test_the_history_is_bounded_by_count_and_age():
     history = History(timedelta(days=7), limit=5)
     window = simulate.generate(1, 1, seed=3)[0][0]

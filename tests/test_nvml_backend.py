@@ -146,7 +146,22 @@ def test_sample_reports_memory_activity_and_processes(monkeypatch, backend):
     s = snap.samples["GPU-a"]
     assert s.memory_used_mb == 21504  # v2: without the driver's reserve
     assert s.activity == pytest.approx(0.37)
+    assert s.memory_activity == 0.0
     assert [(p.pid, p.memory_mb) for p in s.processes] == [(101, 20480), (102, 1024)]
+
+
+def test_memory_activity_from_utilisation_rates(monkeypatch, backend):
+    """nvmlDeviceGetUtilizationRates' ``memory``: the share of the sample period in which
+    device memory was read or written (nvidia-smi's Memory-Util)."""
+    install(monkeypatch, FakeGpu("GPU-a", activity=0.9, memory_activity=0.63))
+    s = backend.sample().samples["GPU-a"]
+    assert (s.activity, s.memory_activity) == (pytest.approx(0.9), pytest.approx(0.63))
+
+
+def test_without_utilisation_rates_memory_activity_is_unknown(monkeypatch, backend):
+    install(monkeypatch, FakeGpu("GPU-a", util_rates=False, gpm=True, memory_activity=0.5))
+    backend.sample()
+    assert backend.sample().samples["GPU-a"].memory_activity is None  # GPM: activity only
 
 
 def test_compute_and_graphics_processes_are_merged_by_pid(monkeypatch, backend):
@@ -332,6 +347,7 @@ def test_mig_activity_from_gpm_across_ticks(monkeypatch, backend):
     second = backend.sample()
     assert second.samples["MIG-aaaa"].activity == pytest.approx(0.25)
     assert second.samples["MIG-bbbb"].activity == 0.0
+    assert second.samples["MIG-aaaa"].memory_activity is None  # no utilisation rates on MIG
     fake.gpus[0].migs[1].activity = 1.0
     fake.advance(2.0)
     third = backend.sample()

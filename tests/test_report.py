@@ -62,6 +62,9 @@ def report(**changes) -> dict:
 
 def test_a_good_report_validates():
     assert validate(report()) == REPORT
+    # memory_activity (NVML's memory utilisation) is optional: 0..1 or null
+    for value in (0.0, 0.42, 1.0, None):
+        validate(report(devices__0__memory_activity=value))
 
 
 @pytest.mark.parametrize(
@@ -72,6 +75,8 @@ def test_a_good_report_validates():
         ({"sampled_at": "yesterday"}, "sampled_at"),
         ({"server__user": ""}, "server.user"),
         ({"devices__0__activity": 1.5}, "devices[0].activity"),
+        ({"devices__0__memory_activity": -0.1}, "devices[0].memory_activity"),
+        ({"devices__0__memory_activity": "busy"}, "devices[0].memory_activity"),
         ({"devices__0__memory_used_mb": "lots"}, "devices[0].memory_used_mb"),
         ({"targets__0__kind": "gpu"}, "targets[0].kind"),
         ({"targets__0__gpu__sm": -0.1}, "targets[0].gpu.sm"),

@@ -117,6 +117,7 @@ async def test_idle_kernel_holding_memory_is_reported_holding_with_no_activity(
     assert gpu["last_active"] is None and gpu["idle_since"] is not None
     device = next(d for d in report["devices"] if d["uuid"] == gpu["devices"][0])
     assert device["memory_used_mb"] == 20480 and device["activity"] == 0.0
+    assert device["memory_activity"] is None  # the simulated backend does not model it
     assert report["window"]["gpu_active_fraction"] == 0.0
 
 

@@ -36,6 +36,9 @@ class DeviceSample:
     memory_used_mb: int | None
     activity: float | None  # 0..1 over the driver's last sample period; None when unknown
     processes: tuple[GpuProcess, ...] = ()
+    # 0..1, the share of the driver's last sample period in which device memory was read or
+    # written (NVML's memory utilisation, nvidia-smi's "Memory-Util"); None when unknown (MIG)
+    memory_activity: float | None = None
 
 
 @dataclass(frozen=True)

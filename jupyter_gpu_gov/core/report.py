@@ -57,6 +57,7 @@ def validate(report: object) -> dict:
         for key in ("memory_total_mb", "memory_used_mb"):
             _number(device, key, f"{where}.{key}", low=0)
         _number(device, "activity", f"{where}.activity", low=0, high=1)
+        _number(device, "memory_activity", f"{where}.memory_activity", low=0, high=1)
         _expect(device.get("shared", False), bool, f"{where}.shared", "true or false")
 
     targets = _list(report, "targets", MAX_TARGETS)

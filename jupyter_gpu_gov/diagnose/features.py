@@ -9,7 +9,11 @@ Columns (every value may be missing, ``None``):
 ``t``           seconds, the window's end
 ``sm_active``   0..1, SM activity of the server's GPU work (DCGM ``SM_ACTIVE`` where there is
                 one, else the report's per-target ``sm``)
-``dram_active`` 0..1, DCGM ``DRAM_ACTIVE`` (device memory interface busy)
+``dram_active`` 0..1, DCGM ``DRAM_ACTIVE`` (the share of cycles the device memory interface
+                is busy); where there is no DCGM, NVML's memory utilisation (the report's
+                ``devices[].memory_activity``: the share of *time* device memory was read or
+                written at all, a coarser measure that saturates well before the interface
+                does; models are per node, so a node reads one or the other)
 ``tensor_active`` 0..1, DCGM ``PIPE_TENSOR_ACTIVE``
 ``pcie_mb_s``   MB/s over PCIe, both directions (DCGM)
 ``gpu_mem_frac`` 0..1, GPU memory held / total
@@ -35,8 +39,9 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import IO, Any
 
@@ -112,6 +117,100 @@ def to_vector(window: Window) -> list[float]:
     for name in FEATURES:
         value = getattr(window, name)
         out.append(math.nan if value is None else float(value))
+    return out
+
+
+# -- server context ------------------------------------------------------------------------------
+
+# A running window is read with its server's recent running windows: the median of the last
+# CONTEXT_K (this one included) within CONTEXT_HORIZON_S of it.
+CONTEXT_K = 3
+CONTEXT_HORIZON_S = 600.0
+# The columns the context smooths: what the GPU and the process tree did over the window.
+# ``kernel_busy`` and ``user_idle_s`` say what is true *now* and stay the window's own.
+CONTEXT_COLUMNS = (
+    "sm_active",
+    "gr_active",
+    "dram_active",
+    "tensor_active",
+    "pcie_mb_s",
+    "gpu_mem_frac",
+    "cpu_cores",
+    "cpu_iowait",
+    "read_mb_s",
+)
+
+
+def is_running(window: Window) -> bool:
+    """Code runs in the window: ``sm_active`` known and the kernel not idle (``kernel_busy``
+    true, or unknown: a terminal). A zombie's kernel is idle, so it is never running."""
+    return window.sm_active is not None and window.kernel_busy is not False
+
+
+def context_key(window: Window) -> tuple[str | None, str | None]:
+    return (window.node, window.server)
+
+
+def with_context(
+    window: Window,
+    earlier: Sequence[Window],
+    k: int = CONTEXT_K,
+    horizon_s: float = CONTEXT_HORIZON_S,
+) -> Window:
+    """``window`` read in its server's context: when it is running (``is_running``), each of
+    ``CONTEXT_COLUMNS`` becomes its median over this window and the running windows of
+    ``earlier`` (the same server's, oldest first) among the last ``k`` running ones whose ``t``
+    is at most ``horizon_s`` before this one's and not after it (missing values left out;
+    all missing: missing). Windows that are not running, and windows without ``t``, are
+    returned as they are. Causal: only earlier windows count, so a window in a file and the
+    same window scored online read the same.
+
+    Why: a single window is blurred by what the workload does in it (a warm-up, an evaluation
+    or a checkpoint pause, per-window noise); a few minutes of the same server say what it
+    usually does. Idle windows are not smoothed: a pause is what it is."""
+    if k <= 1 or not is_running(window) or window.t is None:
+        return window
+    recent = [window]
+    for w in reversed(earlier):
+        if len(recent) >= k:
+            break
+        if w is window or not is_running(w) or w.t is None:
+            continue
+        if w.t > window.t or window.t - w.t > horizon_s:
+            continue
+        recent.append(w)
+    if len(recent) == 1:
+        return window
+    values = {}
+    for column in CONTEXT_COLUMNS:
+        known = sorted(v for v in (getattr(w, column) for w in recent) if v is not None)
+        if not known:
+            values[column] = None
+            continue
+        middle = len(known) // 2
+        values[column] = (
+            known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
+        )
+    return replace(window, **values)
+
+
+def in_context(
+    windows: Iterable[Window], k: int = CONTEXT_K, horizon_s: float = CONTEXT_HORIZON_S
+) -> list[Window]:
+    """Every window read in its server's context (``with_context``), in order: a window's
+    context is the *earlier rows* of the same ``(node, server)``. ``k <= 1``: the windows as
+    they are."""
+    windows = list(windows)
+    if k <= 1:
+        return windows
+    recent: dict[tuple, deque[Window]] = {}
+    out = []
+    for w in windows:
+        key = context_key(w)
+        earlier = recent.setdefault(key, deque(maxlen=k))
+        out.append(with_context(w, earlier, k, horizon_s))
+        if is_running(w) and w.t is not None:
+            earlier.append(w)
     return out
 
 
@@ -250,7 +349,10 @@ def windows_from_report(
     - ``gr_active``, ``dram_active``, ``tensor_active``, ``pcie_mb_s``, ``node``: from
       ``dcgm``/``node`` when given (the governor fills them from its DCGM snapshot), else
       missing; a known ``dcgm["sm_active"]`` (DCGM's SM activity, which sees how many SMs the
-      kernels fill) replaces the report's ``sm`` (NVML's, the share of time a kernel ran).
+      kernels fill) replaces the report's ``sm`` (NVML's, the share of time a kernel ran);
+    - ``dram_active`` without DCGM's: the busiest ``memory_activity`` (NVML's memory
+      utilisation) of the unshared devices the holders use (with no holder, of the unshared
+      devices); missing on MIG instances and shared devices (others' traffic).
 
     ``now``: a datetime or epoch seconds (default: the report's ``sampled_at``); it is ``t``.
     """
@@ -309,6 +411,9 @@ def windows_from_report(
             total = sum(m for _, m in pairs)
             mem_frac = min(1.0, sum(u for u, _ in pairs) / total) if total > 0 else None
 
+    mine = [devices[u] for u in used if u in devices] if holders else list(devices.values())
+    memory_activity = _max(d.get("memory_activity") for d in mine if not d.get("shared"))
+
     kernels = [t_ for t_ in targets if t_.get("kind") == "kernel"]
     cpu_from = holders or kernels
     cpus = [c for c in (_cpu(t_) for t_ in cpu_from) if c is not None]
@@ -334,7 +439,9 @@ def windows_from_report(
             t=t,
             sm_active=_fraction(sm if dcgm.get("sm_active") is None else dcgm["sm_active"]),
             gr_active=_fraction(dcgm.get("gr_active")),
-            dram_active=_fraction(dcgm.get("dram_active")),
+            dram_active=_fraction(
+                memory_activity if dcgm.get("dram_active") is None else dcgm["dram_active"]
+            ),
             tensor_active=_fraction(dcgm.get("tensor_active")),
             pcie_mb_s=_positive(dcgm.get("pcie_mb_s")),
             gpu_mem_frac=_fraction(mem_frac),

@@ -28,6 +28,13 @@ are occupied ``occ`` (grid size, tails), DRAM is busy ``dram_i`` and the tensor 
   runs a kernel), on nodes with DCGM only;
 - ``dram_active = node.dram * dram_i * b``, ``tensor_active = node.tensor * tensor_i * b``,
   ``pcie_mb_s = node.pcie * pcie_full * b``: DCGM counters, proportional to throughput;
+- on nodes without DCGM, ``dram_active`` is NVML's memory utilisation instead (what the
+  service then reads, from the report's ``devices[].memory_activity``): the share of *time*
+  device memory was read or written, ``b * (1 - exp(-dram_i / NVML_MEMORY_SATURATION))``.
+  Any traffic in a sample period counts, so it rises steeply with a little traffic and
+  saturates long before the memory interface does (0.2 of the interface reads about 0.43, 0.9
+  about 0.92). The curve is a plausible model of a time-based measure, not a measured one:
+  NVML documents what it means, not how it relates to bandwidth; it knows no card scale;
 - ``read_mb_s = demand * uncached * b``: the data the loop consumes, minus the page cache;
 - ``cpu_cores``: the main thread (busy during ``cpu`` and ``launch``, part of the load time
   when it decodes its own batches, and — with CUDA's default spin-wait — much of the GPU
@@ -84,6 +91,12 @@ node has no tensor counter; nodes whose kernel runs without delay accounting hav
 mid-window), ``user_idle_s`` 1 %, ``gpu_mem_frac`` and ``sm_active`` 0.5 %, a DCGM scrape 3 %;
 a tenth of the servers never have ``read_mb_s`` (``/proc/<pid>/io`` unreadable) and a tenth
 run from a terminal (``kernel_busy`` missing).
+
+Version 3 changed only what nodes without DCGM measure: NVML's memory utilisation, which every
+whole GPU reports without DCGM (``nvmlDeviceGetUtilizationRates(...).memory``, nvidia-smi's
+Memory-Util), as their ``dram_active``; its extra random draw shifts every later draw, so the
+same seed gives other servers than in version 2. MIG instances have no utilisation rates: the
+MIG node has DCGM here, so it is not affected.
 
 Limits, stated so a reader can judge: one cause per server, constant for its life; no
 multi-GPU jobs, no time-shared GPUs, no network (NCCL) waits, no host memory pressure; the
@@ -188,6 +201,10 @@ P_MISSING_IDLE = 0.01
 P_MISSING_SM = 0.005
 P_MISSING_MEM = 0.005
 P_MISSING_SCRAPE = 0.03
+
+# NVML's memory utilisation (nodes without DCGM): the share of time device memory was read or
+# written, ``b * (1 - exp(-dram_i / NVML_MEMORY_SATURATION))``.
+NVML_MEMORY_SATURATION = 0.35
 
 
 @dataclass
@@ -331,10 +348,14 @@ def _running(rng: random.Random, job: _Job, gpu_factor: float, extra: dict) -> d
     reads = job.demand * job.uncached * b + extra.get("reads", 0.0)
     if not node.dcgm:
         sm = node.sm * b  # NVML utilisation: time-based, blind to occupancy
+    # NVML's memory utilisation: time-based too, and any traffic in a sample period counts, so
+    # it saturates well before the memory interface does.
+    memory = b * (1.0 - math.exp(-job.dram_i / NVML_MEMORY_SATURATION))
     return {
         "sm_active": _clip(_noisy(rng, sm, 0.03, 0.01)),
         "gr_active": _clip(_noisy(rng, b, 0.03, 0.01)),
         "dram_active": _clip(_noisy(rng, node.dram * job.dram_i * b, 0.05, 0.01)),
+        "memory_activity": _clip(_noisy(rng, memory, 0.05, 0.01)),
         "tensor_active": _clip(_noisy(rng, node.tensor * job.tensor_i * b, 0.05, 0.01)),
         "pcie_mb_s": max(0.0, _noisy(rng, node.pcie * job.pcie_full * b, 0.1, 2.0)),
         "gpu_mem_frac": _clip(_noisy(rng, job.mem, 0.0, 0.005)),
@@ -351,6 +372,7 @@ def _idle(rng: random.Random, job: _Job) -> dict:
         "sm_active": _clip(rng.gauss(0.0, 0.003)),
         "gr_active": _clip(rng.gauss(0.0, 0.003)),
         "dram_active": _clip(rng.gauss(0.0, 0.002)),
+        "memory_activity": _clip(rng.gauss(0.0, 0.002)),
         "tensor_active": 0.0,
         "pcie_mb_s": max(0.0, rng.gauss(0.2, 0.2)),
         "gpu_mem_frac": _clip(_noisy(rng, job.mem, 0.0, 0.002)),
@@ -425,9 +447,12 @@ def _observe(rng: random.Random, job: _Job, server: str, t: float, values: dict)
     node = job.node
     values = dict(values)
     scrape_lost = rng.random() < P_MISSING_SCRAPE
+    memory_activity = values.pop("memory_activity")
     if not node.dcgm or scrape_lost:
         for column in ("gr_active", "dram_active", "tensor_active", "pcie_mb_s"):
             values[column] = None
+    if not node.dcgm:
+        values["dram_active"] = memory_activity  # NVML's memory utilisation instead
     if not node.tensor_metric:
         values["tensor_active"] = None
     if not node.iowait:

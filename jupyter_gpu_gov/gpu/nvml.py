@@ -8,6 +8,9 @@ What each API can say, and what we report when it cannot (``None``, never a made
 - memory: ``nvmlDeviceGetMemoryInfo`` v2 (used without the driver's reserve), else v1.
 - activity: utilisation rates for whole GPUs; GPM (two samples across ticks) for MIG instances
   and for whole GPUs without utilisation rates, where the GPU supports GPM; else ``None``.
+- memory activity: the utilisation rates' ``memory`` (the share of the sample period in which
+  device memory was read or written) for whole GPUs; ``None`` for MIG instances and where
+  utilisation rates are not supported.
 - processes: compute and graphics lists (v3, else v2) merged by PID, with per-process SM
   utilisation from the samples the driver took since the previous tick. MIG instances have no
   per-process utilisation: their processes only "hold a context" (``sm=None``).
@@ -259,8 +262,9 @@ class NvmlBackend:
             what = f"GPU {device.index} MIG {device.mig_profile} ({device.uuid})"
         with self._about(what):
             memory = self._processes(leaf.handle)
+            memory_activity = None
             if device.parent_uuid is None:
-                activity = self._utilisation(leaf)
+                activity, memory_activity = self._utilisation(leaf)
                 sm = self._process_sm(leaf)
             else:
                 activity = self._gpm_activity(leaf)
@@ -270,7 +274,7 @@ class NvmlBackend:
             GpuProcess(pid, memory_mb, None if sm is None else sm.get(pid, 0.0))
             for pid, memory_mb in sorted(memory.items())
         )
-        return DeviceSample(device.uuid, leaf.memory_used_mb, activity, processes)
+        return DeviceSample(device.uuid, leaf.memory_used_mb, activity, processes, memory_activity)
 
     def _processes(self, handle: Any) -> dict[int, int | None]:
         """Compute and graphics processes: PID -> used memory in MiB (``None``: N/A)."""
@@ -299,15 +303,18 @@ class NvmlBackend:
                 merged[process.pid] = memory_mb if known is None else max(known, memory_mb or 0)
         return merged
 
-    def _utilisation(self, leaf: _Leaf) -> float | None:
+    def _utilisation(self, leaf: _Leaf) -> tuple[float | None, float | None]:
+        """Activity and memory activity (utilisation rates' ``gpu`` and ``memory``)."""
         nv = self._nv
         assert nv is not None
         try:
-            return _fraction(nv.nvmlDeviceGetUtilizationRates(leaf.handle).gpu)
+            rates = nv.nvmlDeviceGetUtilizationRates(leaf.handle)
         except self._fatal:
             raise
         except nv.NVMLError:
-            return self._gpm_activity(leaf)  # some Hopper+ setups answer through GPM only
+            # some Hopper+ setups answer through GPM only (no memory activity then)
+            return self._gpm_activity(leaf), None
+        return _fraction(rates.gpu), _fraction(rates.memory)
 
     def _process_sm(self, leaf: _Leaf) -> dict[int, float] | None:
         """PID -> SM utilisation since the previous tick; ``None`` when the driver cannot say."""

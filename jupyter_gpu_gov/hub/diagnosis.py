@@ -8,6 +8,11 @@ into a bounded, in-memory history (oldest first out: by age, by count) from whic
 loop only hands over the list and swaps the model in. Each report is scored when it arrives
 (the rules baseline until a model exists), so the verdict that answers it names the cause.
 
+A window is scored in its server's context, as the model was trained
+(``diagnose.features.with_context``): each server's last running windows are kept (at most
+``CONTEXT_KEEP``, whatever the history's sampling) and the new window is read as their median
+with it — a few microseconds, so scoring stays in milliseconds.
+
 The diagnosis is advisory: it never changes a decision, and no error in it keeps a report out.
 """
 
@@ -26,7 +31,14 @@ from pathlib import Path
 
 from ..core import clock
 from ..diagnose import labels, rules
-from ..diagnose.features import Window, windows_from_report
+from ..diagnose.features import (
+    CONTEXT_HORIZON_S,
+    CONTEXT_K,
+    Window,
+    is_running,
+    windows_from_report,
+    with_context,
+)
 from ..diagnose.labels import HINTS
 from . import metrics
 from .dcgm import GpuEvidence
@@ -36,6 +48,10 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 # A window is scored on the event loop when the model scores one in less than this (seconds,
 # measured); else in the scoring thread, in batches.
 INLINE_SCORING_S = 0.002
+
+# A server's recent running windows kept for its context (``with_context`` reads the last
+# ``Diagnoser.context`` of them).
+CONTEXT_KEEP = 16
 
 # Labels that name no cause: no root cause in the verdict.
 SILENT_LABELS = frozenset({"healthy", "unknown"})
@@ -65,7 +81,7 @@ class Scored:
     hint: str
     contributions: Mapping[str, float]
     source: str  # model | rules
-    window: Window
+    window: Window  # as scored: in its server's context
     at: datetime  # when the report arrived
 
     def root_cause(self) -> dict | None:
@@ -164,6 +180,7 @@ class DiagnosisService:
         self.training = TrainingState()
         self.results: dict[str, Scored] = {}
         self._latest: dict[str, tuple[Window, datetime]] = {}  # each server's last window
+        self._recent: dict[str, deque[Window]] = {}  # each server's last running windows
         self._pending: dict[str, Window] = {}  # windows waiting for the model
         self._scoring: asyncio.Future | None = None
         self.score_seconds: float | None = None  # one window's scoring with the model, measured
@@ -210,12 +227,13 @@ class DiagnosisService:
             if not windows:  # it holds no GPU: nothing to diagnose
                 self._drop(key)
                 return None
-            window = windows[-1]
+            raw = windows[-1]
             stamp = now.timestamp()
             last = self._last_kept.get(key)
             if last is None or stamp - last >= self.options.sample_every.total_seconds():
-                self.history.add(key, window, stamp)
+                self.history.add(key, raw, stamp)
                 self._last_kept[key] = stamp
+            window = self._in_context(key, raw)
             self._latest[key] = (window, now)
             inline = self.score_seconds is not None and self.score_seconds < INLINE_SCORING_S
             if self.model is None or inline or not _loop_running():
@@ -235,6 +253,18 @@ class DiagnosisService:
             log.warning("gpu-gov: diagnosis of %s failed: %s", key, error, exc_info=True)
             self._drop(key)
             return None
+
+    def _in_context(self, key: str, window: Window) -> Window:
+        """``window`` read with the server's recent running windows (as the model reads its
+        training windows); it joins them when it is running."""
+        model = self.model
+        k = getattr(model, "context", CONTEXT_K)
+        horizon = getattr(model, "context_horizon_s", CONTEXT_HORIZON_S)
+        recent = self._recent.setdefault(key, deque(maxlen=CONTEXT_KEEP))
+        scored = with_context(window, recent, k, horizon)
+        if is_running(window) and window.t is not None:
+            recent.append(window)
+        return scored
 
     def _kick(self) -> None:
         """Score the pending windows in the scoring thread, one batch at a time."""
@@ -316,7 +346,7 @@ class DiagnosisService:
             rest.append(i)
             scored.append(window)
         if model is not None:
-            found = model.diagnose_many(scored)
+            found = model.diagnose_many(scored, context=False)  # in context already
         else:
             found = [rules.baseline(w) for w in scored]
         for i, diagnosis in zip(rest, found, strict=True):
@@ -339,6 +369,7 @@ class DiagnosisService:
         return max(costs) if costs else None
 
     def _drop(self, key: str) -> None:
+        self._recent.pop(key, None)
         self.results.pop(key, None)
         self._latest.pop(key, None)
         self._pending.pop(key, None)

@@ -274,6 +274,7 @@ class Sampler:
                     "memory_total_mb": d.memory_total_mb,
                     "memory_used_mb": _sample(snapshot, d.uuid, "memory_used_mb"),
                     "activity": _sample(snapshot, d.uuid, "activity"),
+                    "memory_activity": _sample(snapshot, d.uuid, "memory_activity"),
                     "shared": d.uuid in attribution.shared,
                 }
                 for d in snapshot.devices
@@ -284,7 +285,10 @@ class Sampler:
             devices = []
         else:
             # Keep naming the devices we had, with every reading unknown.
-            devices = [{**d, "memory_used_mb": None, "activity": None} for d in self._last_devices]
+            devices = [
+                {**d, "memory_used_mb": None, "activity": None, "memory_activity": None}
+                for d in self._last_devices
+            ]
 
         entries: list[tuple[str, dict, TargetGpu | None]] = [
             (t.root.key, _describe(t), attribution.gpu.get(t.root.key)) for t in targets
