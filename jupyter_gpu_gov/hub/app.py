@@ -28,6 +28,7 @@ from .dcgm import DcgmConfig, DcgmSource
 from .diagnosis import DiagnosisOptions
 from .diagnosis import preload as preload_diagnosis
 from .hubapi import HubApi
+from .pages import page_handlers
 from .reconcile import Governor, Options
 from .routes import MAX_REPORT_BYTES, handlers
 from .store import Store
@@ -392,10 +393,12 @@ class GpuGovernor(Application):
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
         return web.Application(
             [
+                *page_handlers(prefix, governor),
                 *handlers(prefix, governor),
                 (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
             ],
             cookie_secret=os.urandom(32),
+            gpu_gov_prefix=prefix.rstrip("/") + "/",
             hub_auth=HubOAuth(),
             xsrf_cookies=False,  # API handlers check XSRF for cookie-authenticated writes
         )
