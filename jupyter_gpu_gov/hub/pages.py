@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from jupyterhub.services.auth import HubOAuthenticated
 from markupsafe import Markup
 from tornado import web
 
@@ -31,6 +32,7 @@ _env = Environment(
     loader=PackageLoader("jupyter_gpu_gov.hub", "templates"),
     autoescape=select_autoescape(["html"], default=True),
 )
+_env.filters["dur"] = lambda s: "—" if s is None else format_duration(int(s))
 SORTS = ("user", "team", "project", "tier", "state", "idle_for", "memory", "activity", "deadline")
 EXEMPT_CHOICES = ("1h", "8h", "1d", "3d", "7d")
 
@@ -41,7 +43,7 @@ class PageHandler(ApiHandler):
 
     def get_login_url(self):
         if self.request.method in ("GET", "HEAD"):
-            return self.hub_auth.login_url  # HubOAuth: through the Hub's OAuth
+            return HubOAuthenticated.get_login_url(self)  # the Hub's OAuth, with its state
         raise web.HTTPError(403, "log in again: this form has expired (XSRF)")
 
     @property
@@ -369,9 +371,10 @@ class MyUsageHandler(PageHandler):
         idle_series = {"idle": {r["period"]: r["gpu_hours_idle"] for r in days}}
         idle_series["active"] = {r["period"]: r["gpu_hours_active"] for r in days}
         (mine,) = showback.usage(gov.store, gov.options, [], "all", since, user=me) or [None]
-        teams = sorted({s.owner.team for s in sessions if s.owner.team} | {
-            line["team"] for line in lines if line["team"]
-        })  # fmt: skip
+        teams = sorted(
+            {s.owner.team for s in sessions if s.owner.team}
+            | {line["team"] for line in lines if line["team"]}
+        )
         held = {}
         for session in gov.ledger.open.values():
             held[session.owner.team] = held.get(session.owner.team, 0.0) + session.gpus

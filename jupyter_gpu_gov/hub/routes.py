@@ -22,7 +22,8 @@ from .reconcile import Governor, Received, row_view, server_key
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 # Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
-HUB_ADMIN_SCOPES = {"admin:servers", "admin:users"}
+# (admin-ui: what a Hub admin's login to the dashboard carries; only Hub admins hold it.)
+HUB_ADMIN_SCOPES = {"admin:servers", "admin:users", "admin-ui"}
 MAX_REPORT_BYTES = 1024 * 1024
 
 
