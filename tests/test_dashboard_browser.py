@@ -19,6 +19,8 @@ import pytest
 import requests
 from governor_harness import Gov, governed_hub, kernel_with, wait
 
+from jupyter_gpu_gov import cli
+
 try:
     from playwright.sync_api import expect, sync_playwright
 except ImportError:  # pragma: no cover - depends on the environment
@@ -206,7 +208,7 @@ def test_non_admins_get_403_and_see_only_their_own_usage(hub):
     assert Gov(hub).verdict("bob")["state"] != "culled"
 
 
-def test_csv_export_matches_the_json_ledger_and_metrics_count_per_team(hub):
+def test_csv_export_matches_the_json_ledger_and_metrics_count_per_team(hub, capsys):
     gov = Gov(hub)
     query = {"group_by": "user,tier,day"}
     data = gov.admin("GET", "usage", params=query).json()
@@ -222,6 +224,14 @@ def test_csv_export_matches_the_json_ledger_and_metrics_count_per_team(hub):
         for column in ("gpu_hours_allocated", "gpu_hours_idle", "idle_cost"):
             assert float(row[column]) == pytest.approx(item[column])
     assert data["currency"] == "EUR"
+    # The command line reads the same API.
+    code = cli.main(
+        ["usage", "--url", f"{hub.url}/services/gpu-gov/", "--token", hub.token("govadmin"),
+         "--group-by", "user,tier,day"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    printed = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and printed[0].keys() == rows[0].keys() and len(printed) >= len(rows)
     r = hub.get(f"{hub.url}/services/gpu-gov/metrics", token=hub.token("govadmin"))
     assert r.status_code == 200
     assert re.search(
