@@ -38,4 +38,4 @@ c.GpuGovernor.policies = [
 # jupyterhub_config.py).
 c.GpuGovernor.currency = "EUR"
 c.GpuGovernor.gpu_hour_cost = {"h100": 2.5, "h100-3g": 1.25, "h100-2g": 0.75, "h100-1g": 0.4}
-c.GpuGovernor.team_quotas = {"vision": 1.14, "nlp": 0.86}
+c.GpuGovernor.team_quotas = {"vision": 1.14, "nlp": 0.93}
