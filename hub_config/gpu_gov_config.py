@@ -32,3 +32,10 @@ c.GpuGovernor.policies = [
         "cull_after": "90s",
     },
 ]
+
+# Showback: what a GPU-equivalent hour costs per tier (the dashboard's idle cost by team), and
+# each team's guarantee in GPU-equivalents for "My GPU usage" (the spawn-time quotas are in
+# jupyterhub_config.py).
+c.GpuGovernor.currency = "EUR"
+c.GpuGovernor.gpu_hour_cost = {"h100": 2.5, "h100-3g": 1.25, "h100-2g": 0.75, "h100-1g": 0.4}
+c.GpuGovernor.team_quotas = {"vision": 1.14, "nlp": 0.93}

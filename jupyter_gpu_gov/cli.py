@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_replay(commands)
     _add_estimate(commands)
     _add_diagnose(commands)
+    _add_usage(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 
@@ -458,6 +460,75 @@ def _diagnose(args: argparse.Namespace) -> int:
         out.write(json.dumps(row) + "\n")
     summary["labels"] = dict(sorted(Counter(r.label for r in results).items()))
     print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+# -- usage -------------------------------------------------------------------------------------
+
+
+def _add_usage(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "usage",
+        help="showback from the governor's usage ledger, as CSV or JSON",
+        description=(
+            "GPU-hours allocated, active, idle and unknown, idle cost, culls and extensions,\n"
+            "per team, user, project or tier and day or week, read from the governor service's\n"
+            "API (GET <url>api/usage) with a JupyterHub API token: an admin's sees everyone,\n"
+            "anyone else's only their own."
+        ),
+        epilog=(
+            "examples:\n"
+            "  jupyter-gpu-gov usage --group-by team,week --since 30d\n"
+            "  jupyter-gpu-gov usage --group-by user,tier,day --since 2025-03-01 --format json\n"
+            "  JUPYTERHUB_API_TOKEN=... jupyter-gpu-gov usage --url https://hub/services/gpu-gov/"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("JUPYTER_GPU_GOV_URL", "http://127.0.0.1:8000/services/gpu-gov/"),
+        help="the governor service's URL (default $JUPYTER_GPU_GOV_URL, else the demo hub's)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+        help="a JupyterHub API token (default $JUPYTERHUB_API_TOKEN)",
+    )
+    parser.add_argument(
+        "--group-by", default="team,day", help="user, team, project, tier; day or week"
+    )
+    parser.add_argument("--since", help="a date (2025-03-01), an ISO time or a duration (7d)")
+    parser.add_argument("--until", help="as --since")
+    for key in ("user", "team", "project", "tier"):
+        parser.add_argument(f"--{key}", help=f"only this {key}")
+    parser.add_argument("--format", choices=("csv", "json"), default="csv")
+    parser.set_defaults(run=_usage)
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from urllib.error import HTTPError, URLError
+    from urllib.parse import urlencode
+    from urllib.request import Request, urlopen
+
+    if not args.token:
+        return _fail("a token is needed: --token or $JUPYTERHUB_API_TOKEN", "usage")
+    query = {"group_by": args.group_by, "format": args.format}
+    for key in ("since", "until", "user", "team", "project", "tier"):
+        if getattr(args, key):
+            query[key] = getattr(args, key)
+    url = f"{args.url.rstrip('/')}/api/usage?{urlencode(query)}"
+    request = Request(url, headers={"Authorization": f"token {args.token}"})
+    try:
+        with urlopen(request, timeout=60) as response:
+            body = response.read().decode()
+    except HTTPError as error:
+        detail = error.read().decode(errors="replace")
+        with contextlib.suppress(ValueError, AttributeError):
+            detail = json.loads(detail).get("message", detail)
+        return _fail(f"{url}: HTTP {error.code}: {detail}", "usage")
+    except URLError as error:
+        return _fail(f"{url}: {error.reason}", "usage")
+    sys.stdout.write(body if body.endswith("\n") else body + "\n")
     return 0
 
 

@@ -28,6 +28,7 @@ from .dcgm import DcgmConfig, DcgmSource
 from .diagnosis import DiagnosisOptions
 from .diagnosis import preload as preload_diagnosis
 from .hubapi import HubApi
+from .pages import page_handlers
 from .reconcile import Governor, Options
 from .routes import MAX_REPORT_BYTES, handlers
 from .store import Store
@@ -238,6 +239,47 @@ class GpuGovernor(Application):
         a path only the service can write.""",
     ).tag(config=True)
 
+    # -- usage ledger and showback -----------------------------------------------------------
+    tier_weights = Dict(
+        help="""GPU-equivalents a server of each tier holds, for the usage ledger, e.g.
+        ``{"h100": 1, "h100-3g": 0.5, "l4-shared": 0.25}``. A server's grant
+        (``gpu-gov/weight``, written by the profile layer) wins; without either the ledger
+        counts the devices the server reports (a whole GPU 1, a MIG slice its compute share),
+        else 1 for a server with a tier, else 0 (no GPU, nothing billed).""",
+    ).tag(config=True)
+    gpu_hour_cost = Dict(
+        help="""Price of one GPU-equivalent hour per tier, in `currency`, for showback, e.g.
+        ``{"h100": 2.5, "h100-1g": 0.4}``. Tiers not listed cost `gpu_hour_cost_default`.""",
+    ).tag(config=True)
+    gpu_hour_cost_default = Float(
+        0.0, help="Price of one GPU-equivalent hour of a tier not in `gpu_hour_cost`."
+    ).tag(config=True)
+    currency = Unicode("USD", help="The currency label shown with costs, e.g. EUR.").tag(
+        config=True
+    )
+    team_quotas = Dict(
+        help="""GPU-equivalents each team is guaranteed, shown on each user's usage page next to
+        what the team holds now, e.g. ``{"vision": 2, "nlp": 1.5}`` (display only: admission
+        is the profile layer's).""",
+    ).tag(config=True)
+    usage_max_gap = Float(
+        0,
+        help="""Seconds: the longest gap between two looks at a server that the usage ledger
+        still bills (as the state seen at the first look). A longer gap (the service was down)
+        is counted as unobserved, never as idle or active. 0: three reconcile intervals, at
+        least 60 s.""",
+    ).tag(config=True)
+
+    @validate("gpu_hour_cost", "tier_weights", "team_quotas")
+    def _numbers(self, proposal):
+        for key, value in proposal["value"].items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(
+                    f"GpuGovernor.{proposal['trait'].name}[{key!r}] must be a number >= 0, "
+                    f"got {value!r}"
+                )
+        return proposal["value"]
+
     port = Int(help="Port to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
     ip = Unicode(help="IP to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
 
@@ -336,6 +378,14 @@ class GpuGovernor(Application):
                 if self.diagnose_zombie_idle > 0
                 else None,
             ),
+            tier_weights=dict(self.tier_weights),
+            ledger_max_gap=timedelta(
+                seconds=self.usage_max_gap or max(3 * self.reconcile_interval, 60)
+            ),
+            gpu_hour_cost=dict(self.gpu_hour_cost),
+            gpu_hour_cost_default=self.gpu_hour_cost_default,
+            currency=self.currency,
+            team_quotas=dict(self.team_quotas),
         )
         return Governor(Store(self.db_url), hub, self.policy_list, options, dcgm)
 
@@ -343,10 +393,12 @@ class GpuGovernor(Application):
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
         return web.Application(
             [
+                *page_handlers(prefix, governor),
                 *handlers(prefix, governor),
                 (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
             ],
             cookie_secret=os.urandom(32),
+            gpu_gov_prefix=prefix.rstrip("/") + "/",
             hub_auth=HubOAuth(),
             xsrf_cookies=False,  # API handlers check XSRF for cookie-authenticated writes
         )

@@ -47,6 +47,9 @@ def add_governor(
             "command": [python, "-m", "jupyter_gpu_gov.hub", *args],
             "environment": dict(environment or {}),
             "oauth_no_confirm": True,
+            # What the dashboard's login may carry: the governor's admin scope, and admin-ui,
+            # which only Hub admins hold (it grants nothing else through this token).
+            "oauth_client_allowed_scopes": [ADMIN_SCOPE, "admin-ui"],
         }
     )
     c.JupyterHub.custom_scopes.update(

@@ -61,10 +61,51 @@ DIAGNOSIS_TRAIN_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
+GPU_SECONDS = Counter(
+    "jupyter_gpu_gov_gpu_seconds_total",
+    "GPU-equivalent seconds held by servers, by team and state (active, idle_held: idle with "
+    "GPU memory held, idle_free: idle without a context, unknown, unobserved: a gap in the "
+    "governor's observations), as the usage ledger bills them",
+    ("team", "state"),
+    registry=REGISTRY,
+)
+TEAM_SERVERS = Gauge(
+    "jupyter_gpu_gov_team_servers",
+    "Running servers by team and governor state",
+    ("team", "state"),
+    registry=REGISTRY,
+)
+SERVER_INFO = Gauge(
+    "jupyter_gpu_gov_server_gpu_equivalents",
+    "GPU-equivalents each running server holds, with its ownership and governor state (join "
+    "with dcgm-exporter series on the pod, or on user and server)",
+    ("user", "server", "team", "project", "tier", "state", "pod", "namespace"),
+    registry=REGISTRY,
+)
+
 STATES = ("active", "idle", "warned", "checkpointing", "culled", "exempt", "unknown")
 
 
-def observe_states(rows: Iterable) -> None:
+def observe_states(rows: Iterable, gpus: dict | None = None, pods: dict | None = None) -> None:
+    """Servers by state, by team and state, and one series per server (its GPU-equivalents,
+    from ``gpus``: server key -> GPU-equivalents; ``pods``: key -> (namespace, pod))."""
+    rows = list(rows)
     tally = Tally(row.state for row in rows)
     for state in STATES:
         SERVERS.labels(state).set(tally.get(state, 0))
+    TEAM_SERVERS.clear()
+    for (team, state), count in Tally((row.team or "", row.state) for row in rows).items():
+        TEAM_SERVERS.labels(team, state).set(count)
+    SERVER_INFO.clear()
+    for row in rows:
+        namespace, pod = (pods or {}).get(row.key) or ("", "")
+        SERVER_INFO.labels(
+            row.user,
+            row.name,
+            row.team or "",
+            row.project or "",
+            row.tier or "",
+            row.state,
+            pod,
+            namespace,
+        ).set((gpus or {}).get(row.key, 0.0))

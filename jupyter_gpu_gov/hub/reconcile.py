@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from ..core import clock, policy
+from ..core import clock, ledger, policy
 from ..core.durations import format_duration
 from ..core.policy import (
     CHECKPOINT,
@@ -99,6 +99,19 @@ class Options:
     team_map: Mapping[str, str] = field(default_factory=dict)
     pcie_floor_bytes_per_s: float = 1_000_000
     diagnosis: DiagnosisOptions = field(default_factory=DiagnosisOptions)
+    # The usage ledger: GPU-equivalents of a tier (else the grant's gpu-gov/weight, else the
+    # reported devices), and the longest gap between two looks at a server that is billed.
+    tier_weights: Mapping[str, float] = field(default_factory=dict)
+    ledger_max_gap: timedelta = timedelta(minutes=3)
+    # Showback: the price of one GPU-equivalent hour per tier (else the default), its
+    # currency, and the GPU-equivalents each team is guaranteed (shown on "my GPU usage").
+    gpu_hour_cost: Mapping[str, float] = field(default_factory=dict)
+    gpu_hour_cost_default: float = 0.0
+    currency: str = "USD"
+    team_quotas: Mapping[str, float] = field(default_factory=dict)
+
+    def cost_per_hour(self, tier: str) -> float:
+        return float(self.gpu_hour_cost.get(tier, self.gpu_hour_cost_default))
 
 
 @dataclass
@@ -118,10 +131,10 @@ class _Batch:
     audits: list[AuditRow] = field(default_factory=list)
     jobs: list = field(default_factory=list)
 
-    async def finish(self, store: Store) -> None:
+    async def finish(self, governor: Governor) -> None:
         await asyncio.gather(*self.jobs)
-        store.audit(self.audits)  # first: what was done is on record whatever happens next
-        store.save_servers(self.changed)
+        governor.record(self.audits)  # first: what was done is on record whatever happens next
+        governor.store.save_servers(self.changed)
 
 
 @dataclass
@@ -157,6 +170,7 @@ class Governor:
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
+        self.ledger = ledger.Ledger(options.ledger_max_gap, store.usage_sessions(open_only=True))
         # GPU spawns the Hub has been starting for longer than SPAWN_QUEUED_AFTER (on Kubernetes,
         # pods waiting for a GPU node), as of the last pass (``None`` before the first):
         # fragmentation is "GPUs partly used while spawns wait".
@@ -252,19 +266,34 @@ class Governor:
             key = server_key(server.user, server.name)
             seen.add(key)
             self._servers[key] = server
-            self._govern(server, rows.get(key), now, batch)
+            view = self._govern(server, rows.get(key), now, batch)
+            self._observe(server, view, now)
         for key, row in rows.items():
             if row.running and key not in seen:
                 row.running = False  # stopped (by its owner, the Hub or us)
                 self._servers.pop(key, None)
                 self.diagnosis.forget(key)
                 batch.changed.append(row)
+        for key in [k for k in self.ledger.open if k not in seen]:
+            row = rows.get(key)
+            # Stopped by us: billed to that moment; else to this pass, which found it gone.
+            stopped = row.culled_at if row is not None and row.culled_at else now
+            self.ledger.close(key, min(stopped, now))
 
         self.spawns_waiting = waiting
-        await batch.finish(self.store)
+        await batch.finish(self)
+        self._save_usage()
         self._forget_stale_reports(seen)
         self.diagnosis.maybe_train(now)  # in a worker; the pass does not wait for it
-        metrics.observe_states(row for row in rows.values() if row.running)
+        pods = {}
+        for key, received in self.reports.items():
+            info = received.report["server"]
+            pods[key] = (info.get("namespace") or "", info.get("pod") or "")
+        metrics.observe_states(
+            (row for row in rows.values() if row.running),
+            {key: s.gpus for key, s in self.ledger.open.items()},
+            pods,
+        )
         counts: dict[str, int] = {}
         for row in batch.audits:
             counts[row.action] = counts.get(row.action, 0) + 1
@@ -279,12 +308,14 @@ class Governor:
         async with self._cycle:
             batch = _Batch()
             self._govern(server, self.rows.get(key), clock.utcnow(), batch)
-            await batch.finish(self.store)
+            await batch.finish(self)
+            self._save_usage()
 
     def _govern(
         self, server: HubServer, row: ServerRow | None, now: datetime, batch: _Batch
-    ) -> None:
-        """Decide one server and queue what follows: the row to save, audits, actions."""
+    ) -> ServerView:
+        """Decide one server and queue what follows: the row to save, audits, actions. Returns
+        the view it decided on."""
         key = server_key(server.user, server.name)
         world = self._world
         ownership = resolve(
@@ -343,6 +374,82 @@ class Governor:
             )
         for action in decision.actions:
             batch.jobs.append(self._act(action, server, row, decision, chosen, batch.audits))
+        return view
+
+    # -- the usage ledger -----------------------------------------------------------------------
+
+    def _observe(self, server: HubServer, view: ServerView, now: datetime) -> None:
+        """One look at a running server for the usage ledger."""
+        key = view.key
+        received = self.reports.get(key)
+        fresh = received is not None and now - received.at <= self.options.report_stale_after
+        report = received.report if fresh else None
+        gpus = self.gpu_equivalents(view, report)
+        if view.gpu is None or view.gpu.active is None:
+            state = ledger.UNKNOWN
+        elif view.gpu.active:
+            state = ledger.ACTIVE
+        elif report is not None and any(t["gpu"]["holds_context"] for t in report["targets"]):
+            state = ledger.IDLE_HELD
+        else:
+            state = ledger.IDLE_FREE
+        self.ledger.observe(
+            ledger.Observation(
+                server=key,
+                session=clock.isoformat(server.started) or "unknown",
+                at=now,
+                owner=owner_of(view),
+                gpus=gpus,
+                state=state,
+                started=server.started,
+            )
+        )
+
+    def gpu_equivalents(self, view: ServerView, report: Mapping | None) -> float:
+        """GPU-equivalents a server holds: its grant's ``gpu-gov/weight``, else the tier's
+        configured weight, else its reported devices (a whole GPU 1, a MIG slice its share of
+        compute), else 1 for a server with a GPU tier, else 0 (no GPU)."""
+        weight = view.labels.get(WEIGHT_LABEL)
+        try:
+            if weight is not None and float(weight) >= 0:
+                return float(weight)
+        except ValueError:
+            pass
+        tier = view.tier
+        if tier in self.options.tier_weights:
+            return float(self.options.tier_weights[tier])
+        if report is not None and report["backend"] not in ("none", "unavailable"):
+            return float(sum(_device_share(d) for d in report["devices"]))
+        return 1.0 if tier and tier != "no-gpu" else 0.0
+
+    def record(self, audits: Sequence[AuditRow]) -> None:
+        """Store audit rows; culls and extensions also count in the usage ledger."""
+        self.store.audit(audits)
+        for row in audits:
+            if row.dry_run:
+                continue
+            name = _LEDGER_EVENTS.get(row.action)
+            if name == "extensions" and not row.reason.startswith(("granted", "extension app")):
+                continue  # refused or waiting for an admin: no time was given
+            server_row = self.row(row.server_key) if row.server_key else None
+            if name is None or server_row is None:
+                continue
+            owner = ledger.Owner(
+                server_row.user,
+                server_row.team or "",
+                server_row.project or "",
+                server_row.tier or "",
+            )
+            self.ledger.event(row.server_key, owner, row.at, name)
+        self._save_usage()
+
+    def _save_usage(self) -> None:
+        deltas, sessions = self.ledger.drain()
+        self.store.save_usage(deltas, sessions)
+        for (_, owner), values in deltas.items():
+            for state in (*ledger.STATES, ledger.UNOBSERVED):
+                if values.get(state):
+                    metrics.GPU_SECONDS.labels(owner.team, state).inc(values[state])
 
     async def _dcgm_snapshot(self) -> DcgmSnapshot | None:
         """The latest DCGM snapshot. Scrapes run in the background, one at a time, so a slow
@@ -708,7 +815,7 @@ class Governor:
                 status=outcome.status,
             )
         )
-        self.store.audit(
+        self.record(
             [
                 self._audit(
                     row,
@@ -746,7 +853,7 @@ class Governor:
             extension.seconds = seconds if approve else 0
             self.store.update_extension(extension)
         what = f"approved {format_duration(seconds)}" if approve else "denied"
-        self.store.audit(
+        self.record(
             [
                 self._audit(
                     row,
@@ -767,7 +874,7 @@ class Governor:
         set_record(row, record)
         self.store.save_servers([row])
         what = f"exempt until {clock.isoformat(until)}" if until else "exemption lifted"
-        self.store.audit([self._audit(row, "exempt", f"{what}; reason: {reason}", actor=actor)])
+        self.record([self._audit(row, "exempt", f"{what}; reason: {reason}", actor=actor)])
         await self.redecide(key)
         return {"status": "exempt" if until else "governed", "verdict": self.verdict(key)}
 
@@ -778,7 +885,7 @@ class Governor:
         server = self._servers.get(key) or HubServer(user=user, name=name)
         why = f"culled by {actor}: {reason}"
         if self.options.dry_run:
-            self.store.audit([self._audit(row, "cull", why, actor=actor, dry_run=True)])
+            self.record([self._audit(row, "cull", why, actor=actor, dry_run=True)])
             return {"status": "dry-run", "verdict": self.verdict(key)}
         outcome = await self._cull(server, row, chosen)
         if chosen.cull_action == "stop-server":  # shutdown-kernels already started it afresh
@@ -789,7 +896,7 @@ class Governor:
         row.cull_reason = "admin"
         self.store.save_servers([row])
         metrics.CULLS.labels("admin", chosen.cull_action).inc()
-        self.store.audit([self._audit(row, "cull", why, actor=actor, details={"outcome": outcome})])
+        self.record([self._audit(row, "cull", why, actor=actor, details={"outcome": outcome})])
         return {"status": outcome, "verdict": self.verdict(key)}
 
     async def stop_by_owner(self, key: str, actor: str, reason: str) -> dict:
@@ -803,7 +910,7 @@ class Governor:
         )
         row.cull_reason = "owner"
         self.store.save_servers([row])
-        self.store.audit([self._audit(row, "stop", why, actor=actor)])
+        self.record([self._audit(row, "stop", why, actor=actor)])
         self._spawn(self._stop_quietly(key, user, name))
         return {"status": "stopping", "verdict": self.verdict(key)}
 
@@ -824,6 +931,22 @@ class Governor:
             if task is not None:
                 task.cancel()
         await self.diagnosis.close()
+
+
+WEIGHT_LABEL = "gpu-gov/weight"  # profiles.spawner: the grant's GPU-equivalents
+_LEDGER_EVENTS = {"cull": "culls", "extend": "extensions", "approve": "extensions"}
+
+
+def owner_of(view: ServerView) -> ledger.Owner:
+    return ledger.Owner(view.user, view.team or "", view.project or "", view.tier or "")
+
+
+def _device_share(device: Mapping) -> float:
+    """A reported device in GPU-equivalents: 1, or a MIG slice's compute share (``3g.40gb``:
+    3/7)."""
+    profile = device.get("mig_profile") or ""
+    head = profile.split("g.", 1)[0]
+    return round(int(head) / 7, 4) if head.isdigit() else 1.0
 
 
 def _base_view(server: HubServer, ownership) -> ServerView:

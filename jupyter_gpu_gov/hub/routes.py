@@ -17,12 +17,13 @@ from tornado import web
 from ..core import clock, policy
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
-from . import metrics
+from . import metrics, showback
 from .reconcile import Governor, Received, row_view, server_key
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 # Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
-HUB_ADMIN_SCOPES = {"admin:servers", "admin:users"}
+# (admin-ui: what a Hub admin's login to the dashboard carries; only Hub admins hold it.)
+HUB_ADMIN_SCOPES = {"admin:servers", "admin:users", "admin-ui"}
 MAX_REPORT_BYTES = 1024 * 1024
 
 
@@ -358,12 +359,43 @@ class InfoHandler(ApiHandler):
         )
 
 
-class RootHandler(web.RequestHandler):
-    """The service's root: JupyterHub checks it is up; people are sent to the API (the admin
-    dashboard will live here)."""
+class UsageHandler(ApiHandler):
+    """``GET api/usage?group_by=team,day&since=7d&until=…&format=csv|json``: showback from the
+    usage ledger. Admins see everyone (``user=``, ``team=``, ``project=``, ``tier=`` filter);
+    anyone else only their own usage."""
 
+    @web.authenticated
     def get(self):
-        self.redirect(self.request.path.rstrip("/") + "/api/")
+        try:
+            group_by, period = showback.parse_group_by(self.get_argument("group_by", "team"))
+            since = showback.parse_when(self.get_argument("since", None), "since")
+            until = showback.parse_when(self.get_argument("until", None), "until")
+        except showback.UsageQueryError as error:
+            raise web.HTTPError(400, str(error)) from None
+        owner = {k: self.get_argument(k, None) for k in ("user", "team", "project", "tier")}
+        if not self.is_admin:
+            owner["user"] = self.current_user["name"]
+        rows = showback.usage(
+            self.governor.store, self.governor.options, group_by, period, since, until, **owner
+        )
+        fmt = self.get_argument("format", "json")
+        if fmt == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition", 'attachment; filename="gpu-usage.csv"')
+            self.finish(showback.to_csv(rows, group_by))
+        elif fmt == "json":
+            self.write_json(
+                {
+                    "group_by": group_by,
+                    "period": period,
+                    "since": clock.isoformat(since),
+                    "until": clock.isoformat(until),
+                    "currency": self.governor.options.currency,
+                    "usage": rows,
+                }
+            )
+        else:
+            raise web.HTTPError(400, f"'format' must be csv or json, got {fmt!r}")
 
 
 def policy_view(p: policy.Policy) -> dict:
@@ -402,7 +434,6 @@ def handlers(prefix: str, governor: Governor) -> list[tuple]:
     args = {"governor": governor}
     p = prefix.rstrip("/")
     return [
-        (rf"{p}/?", RootHandler),
         (rf"{p}/api/?", InfoHandler, args),
         (rf"{p}/api/reports", ReportsHandler, args),
         (rf"{p}/api/servers", ServersHandler, args),
@@ -417,5 +448,6 @@ def handlers(prefix: str, governor: Governor) -> list[tuple]:
         (rf"{p}/api/audit", AuditHandler, args),
         (rf"{p}/api/policies", PoliciesHandler, args),
         (rf"{p}/api/diagnosis", DiagnosisHandler, args),
+        (rf"{p}/api/usage", UsageHandler, args),
         (rf"{p}/metrics", MetricsHandler, args),
     ]

@@ -33,6 +33,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.types import TypeDecorator
 
 from ..core import clock
+from ..core.ledger import FIELDS, Bucket, Owner
+from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Record
 
 SCHEMA_VERSION = 1
@@ -127,6 +129,52 @@ class AuditRow(Base):
     actor: Mapped[str] = mapped_column(String(255), default="governor")
     dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
     details: Mapped[dict | None] = mapped_column(JSON)
+
+
+class UsageRow(Base):
+    """The usage ledger's buckets: GPU-equivalent seconds per UTC day and owner, by state
+    (``core.ledger``), and the day's culls and extensions. "" where an owner field is unknown."""
+
+    __tablename__ = "usage"
+
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD (UTC)
+    user: Mapped[str] = mapped_column(String(255), primary_key=True)
+    team: Mapped[str] = mapped_column(String(255), primary_key=True)
+    project: Mapped[str] = mapped_column(String(255), primary_key=True)
+    tier: Mapped[str] = mapped_column(String(255), primary_key=True)
+    active: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_held: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_free: Mapped[float] = mapped_column(Float, default=0.0)
+    unknown: Mapped[float] = mapped_column(Float, default=0.0)
+    unobserved: Mapped[float] = mapped_column(Float, default=0.0)
+    culls: Mapped[float] = mapped_column(Float, default=0.0)
+    extensions: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class UsageSessionRow(Base):
+    """One server session in the ledger: its totals (GPU-equivalent seconds by state) and the
+    cursor (the last observation), so a restarted service bills on from where it stopped."""
+
+    __tablename__ = "usage_sessions"
+
+    server: Mapped[str] = mapped_column(String(255), primary_key=True)  # "user/name"
+    session: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    team: Mapped[str] = mapped_column(String(255), default="")
+    project: Mapped[str] = mapped_column(String(255), default="")
+    tier: Mapped[str] = mapped_column(String(255), default="")
+    first_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    at: Mapped[datetime] = mapped_column(UtcDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), index=True)
+    gpus: Mapped[float] = mapped_column(Float, default=0.0)
+    state: Mapped[str] = mapped_column(String(32), default="unknown")
+    active: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_held: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_free: Mapped[float] = mapped_column(Float, default=0.0)
+    unknown: Mapped[float] = mapped_column(Float, default=0.0)
+    unobserved: Mapped[float] = mapped_column(Float, default=0.0)
+    culls: Mapped[float] = mapped_column(Float, default=0.0)
+    extensions: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class MetaRow(Base):
@@ -260,6 +308,104 @@ class Store:
         with self._session.begin() as session:
             session.merge(row)
 
+    # -- the usage ledger ------------------------------------------------------------------------
+
+    def save_usage(self, deltas: dict, sessions: Iterable[LedgerSession]) -> None:
+        """Add the ledger's bucket deltas to their rows and write the changed sessions, in one
+        transaction (the governor is the only writer)."""
+        sessions = list(sessions)
+        if not deltas and not sessions:
+            return
+        with self._session.begin() as db:
+            for (day, owner), values in deltas.items():
+                pk = (day.isoformat(), owner.user, owner.team, owner.project, owner.tier)
+                row = db.get(UsageRow, pk)
+                if row is None:
+                    row = UsageRow(
+                        day=pk[0],
+                        user=owner.user,
+                        team=owner.team,
+                        project=owner.project,
+                        tier=owner.tier,
+                        **{f: 0.0 for f in FIELDS},
+                    )
+                    db.add(row)
+                for name, amount in values.items():
+                    setattr(row, name, (getattr(row, name) or 0.0) + amount)
+            for s in sessions:
+                db.merge(
+                    UsageSessionRow(
+                        server=s.server,
+                        session=s.session,
+                        user=s.owner.user,
+                        team=s.owner.team,
+                        project=s.owner.project,
+                        tier=s.owner.tier,
+                        first_at=s.first_at,
+                        at=s.at,
+                        ended_at=s.ended_at,
+                        gpus=s.gpus,
+                        state=s.state,
+                        **{f: float(s.totals.get(f, 0.0)) for f in FIELDS},
+                    )
+                )
+
+    def usage(
+        self, since: datetime | None = None, until: datetime | None = None, **owner: str
+    ) -> list[Bucket]:
+        """Ledger buckets of the days from ``since`` to ``until`` (inclusive, UTC days),
+        optionally only one user's, team's, project's or tier's."""
+        with self.session() as db:
+            query = select(UsageRow)
+            if since is not None:
+                query = query.where(
+                    UsageRow.day >= since.astimezone(timezone.utc).date().isoformat()
+                )
+            if until is not None:
+                query = query.where(
+                    UsageRow.day <= until.astimezone(timezone.utc).date().isoformat()
+                )
+            for name, value in owner.items():
+                if value is not None:
+                    query = query.where(getattr(UsageRow, name) == value)
+            return [
+                Bucket(
+                    datetime.fromisoformat(r.day).date(),
+                    Owner(r.user, r.team, r.project, r.tier),
+                    {f: getattr(r, f) or 0.0 for f in FIELDS},
+                )
+                for r in db.scalars(query.order_by(UsageRow.day))
+            ]
+
+    def usage_sessions(
+        self, since: datetime | None = None, user: str | None = None, open_only: bool = False
+    ) -> list[LedgerSession]:
+        """Ledger sessions still open or ended after ``since``, newest first."""
+        with self.session() as db:
+            query = select(UsageSessionRow).order_by(UsageSessionRow.first_at.desc())
+            if open_only:
+                query = query.where(UsageSessionRow.ended_at.is_(None))
+            elif since is not None:
+                query = query.where(
+                    UsageSessionRow.ended_at.is_(None) | (UsageSessionRow.ended_at >= since)
+                )
+            if user is not None:
+                query = query.where(UsageSessionRow.user == user)
+            return [
+                LedgerSession(
+                    r.server,
+                    r.session,
+                    Owner(r.user, r.team, r.project, r.tier),
+                    r.first_at,
+                    r.at,
+                    r.gpus,
+                    r.state,
+                    {f: getattr(r, f) or 0.0 for f in FIELDS},
+                    r.ended_at,
+                )
+                for r in db.scalars(query)
+            ]
+
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor = dbapi_connection.cursor()
@@ -300,6 +446,8 @@ __all__ = [
     "ExtensionRow",
     "ServerRow",
     "Store",
+    "UsageRow",
+    "UsageSessionRow",
     "apply_decision",
     "record_of",
     "set_record",

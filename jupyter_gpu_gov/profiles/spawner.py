@@ -31,11 +31,13 @@ from .quota import Admission, Grant, Request, admit, tier_use
 from .tiers import Tier
 
 NO_GPU = "no-gpu"  # the form's CPU-only choice
-TIER, TEAM, PROJECT, BORROWED, MAX_AGE, RECLAIM, RECLAIM_FOR = (
+TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = (
     f"{LABEL_PREFIX}{key}"
-    for key in ("tier", "team", "project", "borrowed", "max-age", "reclaim", "reclaim-for")
-)
-GRANT_KEYS = (TIER, TEAM, PROJECT, BORROWED, MAX_AGE, RECLAIM, RECLAIM_FOR)
+    for key in (
+        "tier", "team", "project", "borrowed", "max-age", "weight", "reclaim", "reclaim-for"
+    )
+)  # fmt: skip
+GRANT_KEYS = (TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR)
 
 
 class GpuRefused(web.HTTPError):
@@ -261,6 +263,7 @@ class GpuProfilesMixin:
     @staticmethod
     def _gpu_grant(tier: Tier, team: str, project: str | None, admission: Admission) -> dict:
         grant = {TIER: tier.name, TEAM: team, BORROWED: "true" if admission.borrowed else "false"}
+        grant[WEIGHT] = f"{tier.weight:g}"  # GPU-equivalents: what the usage ledger bills
         if project:
             grant[PROJECT] = project
         if tier.max_age:

@@ -1,0 +1,295 @@
+"""The usage ledger: GPU-equivalent seconds per server session, split by what the GPU did, in
+buckets per UTC day and owner (user, team, project, tier). Pure: stdlib only, time passed in.
+
+The governor observes every running server once per reconcile pass. Between two observations
+of one server session the ledger bills the time *as it was seen at the first of the two*
+(sample and hold): ``gpus`` GPU-equivalents in one of four states,
+
+- ``active``: the GPU did work;
+- ``idle_held``: no GPU work, but a process holds a GPU context (memory);
+- ``idle_free``: no GPU work and no context, yet the GPU is allocated to the server;
+- ``unknown``: no (fresh) report, an API that cannot say, a server without the extension. Unknown
+  is never idle: it is billed as allocated, never as idle, and never costed as idle.
+
+Rules that keep the sums honest:
+
+- A second is billed at most once per server: an observation at or before the last one bills
+  nothing; a new session of the same server ends the old one no later than the new one started.
+- A gap between two observations longer than ``max_gap`` (the service was down, the hub did not
+  answer) is billed to no state: it is counted as ``unobserved`` (GPU-equivalent seconds, kept
+  apart from ``allocated``) so nothing disappears silently, and nobody pays idle for an outage.
+- The first observation of a session bills from the session's start (the hub's ``started``) when
+  that is within ``max_gap``, in the state first seen; a server that stops is billed up to the
+  moment it was stopped (``close``), when that is within ``max_gap`` of the last observation.
+- Intervals that cross UTC midnight are split between the two days.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime, time, timedelta, timezone
+
+ACTIVE, IDLE_HELD, IDLE_FREE, UNKNOWN = "active", "idle_held", "idle_free", "unknown"
+STATES = (ACTIVE, IDLE_HELD, IDLE_FREE, UNKNOWN)
+UNOBSERVED = "unobserved"
+EVENTS = ("culls", "extensions")
+FIELDS = (*STATES, UNOBSERVED, *EVENTS)  # what a bucket holds
+DIMENSIONS = ("user", "team", "project", "tier")
+PERIODS = ("day", "week", "all")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a GPU-second is billed to ("" where unknown: no team, no project)."""
+
+    user: str
+    team: str = ""
+    project: str = ""
+    tier: str = ""
+
+    def get(self, dimension: str) -> str:
+        return getattr(self, dimension)
+
+
+@dataclass(frozen=True)
+class Observation:
+    server: str  # "user/name"
+    session: str  # identifies the session (the hub's start time); a new value, a new session
+    at: datetime
+    owner: Owner
+    gpus: float  # GPU-equivalents held; 0: holds no GPU (nothing is billed)
+    state: str  # one of STATES
+    started: datetime | None = None  # when the session started, if known
+
+
+@dataclass
+class Session:
+    """One server session: its totals and where the ledger last saw it (the cursor)."""
+
+    server: str
+    session: str
+    owner: Owner
+    first_at: datetime
+    at: datetime  # the last observation
+    gpus: float
+    state: str
+    totals: dict[str, float] = field(default_factory=dict)  # FIELDS -> GPU-eq s, or counts
+    ended_at: datetime | None = None
+
+    @property
+    def allocated(self) -> float:
+        return sum(self.totals.get(s, 0.0) for s in STATES)
+
+
+BucketKey = tuple[date, Owner]
+
+
+class Ledger:
+    """Accrues observations into per-session totals and per-(day, owner) deltas; ``drain()``
+    hands the deltas (and the sessions that changed) to whoever persists them."""
+
+    def __init__(self, max_gap: timedelta, sessions: Iterable[Session] = ()):
+        if max_gap <= timedelta(0):
+            raise ValueError("max_gap must be positive")
+        self.max_gap = max_gap
+        self.open: dict[str, Session] = {s.server: s for s in sessions if s.ended_at is None}
+        self._deltas: dict[BucketKey, dict[str, float]] = {}
+        self._changed: dict[tuple[str, str], Session] = {}
+
+    # -- feeding -------------------------------------------------------------------------------
+
+    def observe(self, obs: Observation) -> None:
+        if obs.state not in STATES:
+            raise ValueError(f"unknown ledger state {obs.state!r}")
+        current = self.open.get(obs.server)
+        if current is not None and current.session != obs.session:
+            end = obs.at if obs.started is None else max(current.at, min(obs.at, obs.started))
+            self.close(obs.server, end)
+            current = None
+        if current is None:
+            since = obs.at
+            if obs.started is not None and timedelta(0) <= obs.at - obs.started <= self.max_gap:
+                since = obs.started
+            current = Session(
+                obs.server, obs.session, obs.owner, since, since, obs.gpus, obs.state, {}
+            )
+            self.open[obs.server] = current
+        self._bill(current, obs.at)
+        current.owner, current.gpus, current.state = obs.owner, obs.gpus, obs.state
+        self._changed[(current.server, current.session)] = current
+
+    def close(self, server: str, at: datetime) -> Session | None:
+        """The server stopped at ``at`` (or was found gone then): bill up to it, end the
+        session."""
+        current = self.open.pop(server, None)
+        if current is None:
+            return None
+        self._bill(current, at)
+        current.ended_at = max(at, current.at)
+        self._changed[(current.server, current.session)] = current
+        return current
+
+    def event(self, server: str, owner: Owner, at: datetime, name: str, count: int = 1) -> None:
+        """A cull or an extension, counted on the server's session and in the day's bucket."""
+        if name not in EVENTS:
+            raise ValueError(f"unknown ledger event {name!r}")
+        current = self.open.get(server)
+        if current is not None:
+            owner = current.owner
+            current.totals[name] = current.totals.get(name, 0) + count
+            self._changed[(current.server, current.session)] = current
+        self._add((at.astimezone(timezone.utc).date(), owner), name, count)
+
+    def _bill(self, s: Session, until: datetime) -> None:
+        if until <= s.at:
+            return  # a second is billed at most once
+        start, s.at = s.at, until
+        if s.gpus <= 0:
+            return
+        what = UNOBSERVED if until - start > self.max_gap else s.state
+        for day, seconds in split_days(start, until):
+            amount = seconds * s.gpus
+            s.totals[what] = s.totals.get(what, 0.0) + amount
+            self._add((day, s.owner), what, amount)
+
+    def _add(self, key: BucketKey, name: str, amount: float) -> None:
+        bucket = self._deltas.setdefault(key, {})
+        bucket[name] = bucket.get(name, 0.0) + amount
+
+    # -- handing over --------------------------------------------------------------------------
+
+    def drain(self) -> tuple[dict[BucketKey, dict[str, float]], list[Session]]:
+        """The bucket deltas and changed sessions since the last drain (then forgotten)."""
+        deltas, changed = self._deltas, list(self._changed.values())
+        self._deltas, self._changed = {}, {}
+        return deltas, [replace(s, totals=dict(s.totals)) for s in changed]
+
+
+def split_days(start: datetime, end: datetime) -> list[tuple[date, float]]:
+    """``[start, end)`` as (UTC day, seconds) pieces."""
+    start, end = start.astimezone(timezone.utc), end.astimezone(timezone.utc)
+    pieces = []
+    while start < end:
+        midnight = datetime.combine(start.date() + timedelta(days=1), time(), timezone.utc)
+        stop = min(end, midnight)
+        pieces.append((start.date(), (stop - start).total_seconds()))
+        start = stop
+    return pieces
+
+
+# -- showback ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bucket:
+    day: date
+    owner: Owner
+    values: Mapping[str, float]
+
+
+def period_of(day: date, period: str) -> str:
+    if period == "day":
+        return day.isoformat()
+    if period == "week":  # ISO weeks, named by their Monday
+        return (day - timedelta(days=day.weekday())).isoformat()
+    return "all"
+
+
+def summarize(
+    buckets: Iterable[Bucket],
+    group_by: Sequence[str],
+    period: str = "all",
+    cost_per_hour: Callable[[str], float] = lambda tier: 0.0,
+) -> list[dict]:
+    """Showback rows: per period and group, GPU-hours allocated, active, idle (held memory or
+    not), unknown and unobserved, what the idle hours cost, culls and extensions.
+
+    ``group_by`` names dimensions (user, team, project, tier); ``cost_per_hour(tier)`` is the
+    price of one GPU-equivalent hour of that tier. Rows are sorted by period then group.
+    """
+    for dim in group_by:
+        if dim not in DIMENSIONS:
+            raise ValueError(f"cannot group by {dim!r}: one of {', '.join(DIMENSIONS)}")
+    if period not in PERIODS:
+        raise ValueError(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+    rows: dict[tuple, dict] = {}
+    for b in buckets:
+        key = (period_of(b.day, period), *(b.owner.get(d) for d in group_by))
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {
+                "period": key[0],
+                **dict(zip(group_by, key[1:], strict=True)),
+                **{f"{s}_s": 0.0 for s in (*STATES, UNOBSERVED)},
+                "idle_cost": 0.0,
+                "cost": 0.0,
+                "culls": 0,
+                "extensions": 0,
+            }
+        price = cost_per_hour(b.owner.tier)
+        for s in (*STATES, UNOBSERVED):
+            row[f"{s}_s"] += b.values.get(s, 0.0)
+        idle = b.values.get(IDLE_HELD, 0.0) + b.values.get(IDLE_FREE, 0.0)
+        allocated = sum(b.values.get(s, 0.0) for s in STATES)
+        row["idle_cost"] += idle / 3600 * price
+        row["cost"] += allocated / 3600 * price
+        for e in EVENTS:
+            row[e] += round(b.values.get(e, 0))
+    return [_hours(rows[k]) for k in sorted(rows)]
+
+
+def _hours(row: dict) -> dict:
+    seconds = {s: row.pop(f"{s}_s") for s in (*STATES, UNOBSERVED)}
+    allocated = sum(seconds[s] for s in STATES)
+    idle = seconds[IDLE_HELD] + seconds[IDLE_FREE]
+    events = {e: row.pop(e) for e in EVENTS}
+    costs = {"idle_cost": round(row.pop("idle_cost"), 2), "cost": round(row.pop("cost"), 2)}
+    return {
+        **row,
+        "gpu_hours_allocated": round(allocated / 3600, 4),
+        "gpu_hours_active": round(seconds[ACTIVE] / 3600, 4),
+        "gpu_hours_idle": round(idle / 3600, 4),
+        "gpu_hours_idle_held": round(seconds[IDLE_HELD] / 3600, 4),
+        "gpu_hours_idle_free": round(seconds[IDLE_FREE] / 3600, 4),
+        "gpu_hours_unknown": round(seconds[UNKNOWN] / 3600, 4),
+        "gpu_hours_unobserved": round(seconds[UNOBSERVED] / 3600, 4),
+        "utilisation": round(seconds[ACTIVE] / allocated, 4) if allocated else None,
+        **costs,
+        **events,
+    }
+
+
+def utilisation_histogram(sessions: Iterable[Session], bins: int = 10) -> list[float]:
+    """GPU-hours by the utilisation (active / allocated) of the session they belong to:
+    ``bins`` equal bins over 0..1 (a session with unknown hours counts them as not active)."""
+    hist = [0.0] * bins
+    for s in sessions:
+        allocated = s.allocated
+        if allocated <= 0:
+            continue
+        share = s.totals.get(ACTIVE, 0.0) / allocated
+        hist[min(bins - 1, int(share * bins))] += allocated / 3600
+    return [round(h, 4) for h in hist]
+
+
+__all__ = [
+    "ACTIVE",
+    "DIMENSIONS",
+    "EVENTS",
+    "FIELDS",
+    "IDLE_FREE",
+    "IDLE_HELD",
+    "PERIODS",
+    "STATES",
+    "UNKNOWN",
+    "UNOBSERVED",
+    "Bucket",
+    "Ledger",
+    "Observation",
+    "Owner",
+    "Session",
+    "split_days",
+    "summarize",
+    "utilisation_histogram",
+]

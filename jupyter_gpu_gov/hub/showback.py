@@ -1,0 +1,292 @@
+"""Showback: the usage ledger summed per team, user, project or tier and day or week, with idle
+costs; CSV and JSON; and the charts of the service's pages, drawn server-side as inline SVG (no
+CDN, no JavaScript). Every text that goes into SVG is escaped here."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from html import escape
+
+from ..core import clock, ledger
+from ..core.durations import parse_duration
+
+COLUMNS = (
+    "gpu_hours_allocated",
+    "gpu_hours_active",
+    "gpu_hours_idle",
+    "gpu_hours_idle_held",
+    "gpu_hours_idle_free",
+    "gpu_hours_unknown",
+    "gpu_hours_unobserved",
+    "utilisation",
+    "idle_cost",
+    "cost",
+    "currency",
+    "culls",
+    "extensions",
+)
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+
+
+class UsageQueryError(ValueError):
+    """A bad ``group_by``, ``since`` or ``until``; the message names it."""
+
+
+def parse_group_by(text: str | None) -> tuple[list[str], str]:
+    """``"team,day"`` → (["team"], "day"): dimensions, then at most one period (day, week)."""
+    dims, period = [], "all"
+    for part in filter(None, (p.strip() for p in (text or "team").split(","))):
+        if part in ledger.DIMENSIONS:
+            if part not in dims:
+                dims.append(part)
+        elif part in ("day", "week"):
+            period = part
+        else:
+            allowed = ", ".join((*ledger.DIMENSIONS, "day", "week"))
+            raise UsageQueryError(f"'group_by' may name {allowed}; got {part!r}")
+    return dims, period
+
+
+def parse_when(text: str | None, name: str, now: datetime | None = None) -> datetime | None:
+    """A date (``2025-03-01``), an ISO time, or a duration back from now (``7d``, ``12h``)."""
+    if not text:
+        return None
+    now = now or clock.utcnow()
+    try:
+        if _DATE.match(text):
+            return clock.parse(text if "T" in text else f"{text}T00:00:00Z")
+        return now - parse_duration(text, f"'{name}'")
+    except ValueError:
+        raise UsageQueryError(
+            f"'{name}' must be a date (2025-03-01), an ISO time or a duration back from now "
+            f"(7d, 12h); got {text!r}"
+        ) from None
+
+
+def usage(
+    store,
+    options,
+    group_by: Sequence[str],
+    period: str,
+    since: datetime | None,
+    until: datetime | None = None,
+    **owner: str | None,
+) -> list[dict]:
+    """Showback rows from the store's ledger (``options``: the governor's Options, for
+    prices)."""
+    rows = ledger.summarize(
+        store.usage(since, until, **owner), group_by, period, options.cost_per_hour
+    )
+    for row in rows:
+        row["currency"] = options.currency
+    return rows
+
+
+def to_csv(rows: Iterable[Mapping], group_by: Sequence[str]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    header = ["period", *group_by, *COLUMNS]
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow(["" if row.get(c) is None else _csv_safe(row.get(c)) for c in header])
+    return out.getvalue()
+
+
+def _csv_safe(value):
+    """Owner names come from users: never let one start a spreadsheet formula."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+# -- charts (inline SVG) -----------------------------------------------------------------------
+
+PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+
+
+def _nice(value: float) -> float:
+    """A round axis maximum at or above ``value``."""
+    if value <= 0:
+        return 1.0
+    step = 10 ** (len(str(int(value))) - 1) if value >= 1 else 0.1
+    while step * 10 < value:
+        step *= 10
+    for factor in (1, 2, 2.5, 5, 10):
+        if step * factor >= value:
+            return step * factor
+    return step * 10
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
+
+
+def stacked_bars(
+    series: Mapping[str, Mapping[str, float]],
+    periods: Sequence[str],
+    *,
+    title: str,
+    unit: str,
+    width: int = 720,
+    height: int = 260,
+) -> str:
+    """Bars per period, stacked by series (e.g. idle GPU-hours by team per day), with a
+    legend; ``<title>`` on each piece says what it is (hover)."""
+    left, bottom, top, right = 48, 40, 28, 150
+    plot_w, plot_h = width - left - right, height - top - bottom
+    totals = [sum(s.get(p, 0.0) for s in series.values()) for p in periods]
+    top_value = _nice(max(totals, default=0))
+    parts = [
+        f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" width="100%" '
+        f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
+        f'<text x="{left}" y="16" class="chart-title">{escape(title)}</text>',
+    ]
+    for i in range(5):
+        value = top_value * i / 4
+        y = top + plot_h - plot_h * i / 4
+        parts.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">'
+            f"{_fmt(value)}</text>"
+        )
+    if not periods:
+        parts.append(
+            f'<text x="{left + plot_w / 2}" y="{top + plot_h / 2}" text-anchor="middle" '
+            f'class="empty">No usage recorded yet</text>'
+        )
+    slot = plot_w / max(len(periods), 1)
+    bar = min(48.0, slot * 0.7)
+    colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(series)}
+    for i, period in enumerate(periods):
+        x = left + slot * i + (slot - bar) / 2
+        y = top + plot_h
+        for name, values in series.items():
+            value = values.get(period, 0.0)
+            if value <= 0:
+                continue
+            h = plot_h * value / top_value
+            y -= h
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" height="{h:.1f}" '
+                f'fill="{colours[name]}"><title>{escape(name or "(none)")}, {escape(period)}: '
+                f"{_fmt(value)} {escape(unit)}</title></rect>"
+            )
+        if len(periods) <= 16 or i % max(1, len(periods) // 8) == 0:
+            parts.append(
+                f'<text x="{x + bar / 2:.1f}" y="{top + plot_h + 16}" text-anchor="middle" '
+                f'class="tick">{escape(period[5:] if len(period) == 10 else period)}</text>'
+            )
+    parts.append(
+        f'<text x="{left}" y="{height - 4}" class="tick">{escape(unit)}</text>' if periods else ""
+    )
+    for i, name in enumerate(list(series)[:12]):
+        y = top + 14 * i
+        parts.append(
+            f'<rect x="{width - right + 12}" y="{y}" width="10" height="10" '
+            f'fill="{colours[name]}"/><text x="{width - right + 28}" y="{y + 9}" class="legend">'
+            f"{escape((name or '(none)')[:22])}</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def histogram(
+    values: Sequence[float], *, title: str, unit: str, width: int = 720, height: int = 220
+) -> str:
+    """GPU-hours per utilisation bin (0-10 %, …, 90-100 %)."""
+    left, bottom, top, right = 48, 40, 28, 16
+    plot_w, plot_h = width - left - right, height - top - bottom
+    top_value = _nice(max(values, default=0))
+    n = max(len(values), 1)
+    slot = plot_w / n
+    parts = [
+        f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" width="100%" '
+        f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
+        f'<text x="{left}" y="16" class="chart-title">{escape(title)}</text>',
+    ]
+    for i in range(5):
+        y = top + plot_h - plot_h * i / 4
+        parts.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">'
+            f"{_fmt(top_value * i / 4)}</text>"
+        )
+    for i, value in enumerate(values):
+        low, high = round(100 * i / n), round(100 * (i + 1) / n)
+        h = plot_h * value / top_value
+        x = left + slot * i + 2
+        colour = "#e15759" if high <= 20 else "#edc948" if high <= 50 else "#59a14f"
+        parts.append(
+            f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{slot - 4:.1f}" '
+            f'height="{h:.1f}" fill="{colour}"><title>{low}-{high} % active: {_fmt(value)} '
+            f"{escape(unit)}</title></rect>"
+            f'<text x="{x + (slot - 4) / 2:.1f}" y="{top + plot_h + 16}" text-anchor="middle" '
+            f'class="tick">{low}-{high}%</text>'
+        )
+    parts.append(f'<text x="{left}" y="{height - 4}" class="tick">{escape(unit)}</text></svg>')
+    return "".join(parts)
+
+
+def hbars(
+    values: Mapping[str, float], *, title: str, unit: str, width: int = 720, row: int = 22
+) -> str:
+    """Horizontal bars, largest first (e.g. idle cost by team)."""
+    items = sorted(values.items(), key=lambda kv: -kv[1])[:15]
+    height = 36 + row * max(len(items), 1)
+    left, right = 130, 110
+    plot_w = width - left - right
+    top_value = max((v for _, v in items), default=0) or 1.0
+    parts = [
+        f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" width="100%" '
+        f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
+        f'<text x="8" y="16" class="chart-title">{escape(title)}</text>',
+    ]
+    if not items:
+        parts.append('<text x="8" y="44" class="empty">No usage recorded yet</text>')
+    for i, (name, value) in enumerate(items):
+        y = 28 + row * i
+        w = plot_w * value / top_value
+        parts.append(
+            f'<text x="{left - 8}" y="{y + 14}" text-anchor="end" class="legend">'
+            f"{escape((name or '(none)')[:18])}</text>"
+            f'<rect x="{left}" y="{y + 2}" width="{max(w, 1):.1f}" height="{row - 6}" '
+            f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(name or "(none)")}: '
+            f"{_fmt(value)} {escape(unit)}</title></rect>"
+            f'<text x="{left + w + 6:.1f}" y="{y + 14}" class="tick">{_fmt(value)} '
+            f"{escape(unit)}</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def series_by(rows: Iterable[Mapping], dim: str, column: str) -> tuple[dict, list[str]]:
+    """(series name → period → value, sorted periods) from showback rows."""
+    series: dict[str, dict[str, float]] = {}
+    periods = set()
+    for row in rows:
+        periods.add(row["period"])
+        values = series.setdefault(row.get(dim) or "", {})
+        values[row["period"]] = values.get(row["period"], 0.0) + (row.get(column) or 0.0)
+    return series, sorted(periods)
+
+
+def days_back(days: int, now: datetime | None = None) -> datetime:
+    now = (now or clock.utcnow()).astimezone(timezone.utc)
+    return datetime.combine(now.date(), datetime.min.time(), timezone.utc) - timedelta(
+        days=days - 1
+    )

@@ -1,0 +1,240 @@
+"""The admin dashboard, showback and "my GPU usage" on a real hub with the governor service, in
+Debian's chromium (playwright): an admin sees every GPU server with its owner, team, state and
+the idle cost by team, filters, and extends a server with a reason through an XSRF-protected
+form; a user name made of HTML stays text; a non-admin gets 403 and sees only their own usage;
+the CSV export says what the JSON says; /metrics has the per-team GPU-second counters.
+
+Writes docs/images/dashboard.png. Skipped, saying why, when chromium or playwright is missing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import requests
+from governor_harness import Gov, governed_hub, kernel_with, wait
+
+from jupyter_gpu_gov import cli
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # pragma: no cover - depends on the environment
+    sync_playwright = None
+
+CHROMIUM = Path("/usr/bin/chromium")
+REPO = Path(__file__).resolve().parent.parent
+SCREENSHOT = REPO / "docs" / "images" / "dashboard.png"
+EVIL = "<img src=x onerror=alert(1)>"
+SLOW = 30_000  # ms
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        sync_playwright is None,
+        reason="the playwright Python package is missing (pip install playwright)",
+    ),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install -y chromium)"
+    ),
+]
+
+SHOWBACK_CONFIG = """
+c.GpuGovernor.tier_weights = {"h100-3g": 0.5}
+c.GpuGovernor.gpu_hour_cost = {"h100": 2.5, "h100-3g": 1.25}
+c.GpuGovernor.currency = "EUR"
+c.GpuGovernor.team_quotas = {"vision": 1, "nlp": 1}
+"""
+USERS = {
+    "alice": {"profile": "h100", "team": "vision", "project": "segmentation"},
+    "bob": {"profile": "h100-3g", "team": "nlp", "project": "summaries"},
+    EVIL: {"profile": "h100", "team": "<b>red</b>", "project": "<script>alert(2)</script>"},
+}
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("dashboard")
+    harness = governed_hub(
+        workdir,
+        extra_policies=[
+            {
+                "name": "demo-warned",
+                "match": {"users": ["alice"]},
+                "warn_after": "2s",
+                "cull_after": "1h",
+            },
+            {
+                "name": "demo",
+                "match": {"users": ["bob", EVIL]},
+                "warn_after": "1h",
+                "cull_after": "2h",
+            },
+        ],
+    )
+    config = workdir / "gpu_gov_config.py"
+    config.write_text(config.read_text() + SHOWBACK_CONFIG)
+    with harness as hub:
+        hub.create_user("govadmin")
+        for user, options in USERS.items():
+            if user == EVIL:  # its server runs, though Jupyter's routes do not like its URL
+                hub.create_user(quote(user, safe=""))
+                r = hub.api("POST", f"users/{quote(user, safe='')}/server", json=options)
+                assert r.status_code in (201, 202), r.text
+                wait(
+                    lambda: (
+                        hub.api("GET", f"users/{quote(EVIL, safe='')}")
+                        .json()
+                        .get("servers", {})
+                        .get("", {})
+                        .get("ready")
+                    ),
+                    60,
+                    "the server of the user with HTML in its name",
+                )
+            else:
+                hub.start_server(user, options=options)
+        Gov(hub).wait_up()
+        yield hub
+
+
+def logged_in(hub, user: str) -> requests.Session:
+    """A requests session logged in to the hub and, through OAuth, to the service."""
+    session = hub.login(user, fresh=True)
+    r = session.get(f"{hub.url}/services/gpu-gov/me", timeout=30)
+    assert r.status_code == 200, r.text[:500]
+    return session
+
+
+def test_the_admin_dashboard_in_a_browser(hub):
+    gov = Gov(hub)
+    tabs = [
+        kernel_with(hub, "alice", "from jupyter_gpu_gov import simulate; simulate.hold(20480)"),
+        kernel_with(hub, "bob", "from jupyter_gpu_gov import simulate; simulate.load(0.9)"),
+    ]
+    try:
+        wait(lambda: gov.verdict("alice")["state"] == "warned", 60, "alice to be warned")
+        wait(
+            lambda: any(
+                r["gpu_hours_idle"] > 0
+                for r in gov.admin("GET", "usage", params={"group_by": "team"}).json()["usage"]
+            ),
+            60,
+            "idle GPU-hours in the ledger",
+        )
+        dialogs = []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM))
+            try:
+                page = browser.new_page(viewport={"width": 1500, "height": 1000})
+                page.set_default_timeout(SLOW)
+                page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+                page.goto(f"{hub.url}/hub/login?next=/services/gpu-gov/")
+                page.fill("#username_input", "govadmin")
+                page.fill("#password_input", "any")
+                page.click("#login_submit")
+                page.wait_for_url(f"{hub.url}/services/gpu-gov/")
+                servers = page.locator("#servers")
+                for user in ("alice", "bob", EVIL):
+                    expect(servers.locator("td.owner", has_text=user)).to_have_count(1)
+                alice = servers.locator('tr[data-server="alice/"]')
+                expect(alice.locator(".state")).to_have_text("warned")
+                expect(alice).to_contain_text("vision")
+                expect(alice).to_contain_text("segmentation")
+                expect(alice).to_contain_text("20.0 GB")
+                bob = servers.locator('tr[data-server="bob/"]')
+                expect(bob.locator(".state")).to_have_text("active")
+                # The HTML in a user name, team and project is text, never markup.
+                evil = servers.locator(f'tr[data-server="{EVIL}/"]')
+                expect(evil).to_contain_text("<script>alert(2)</script>")
+                expect(evil).to_contain_text("<b>red</b>")
+                assert page.locator("main img, main script, main b").count() == 0
+                expect(page.locator("#idle-by-team svg")).to_contain_text("vision")
+                expect(page.locator("#policies")).to_contain_text("demo-warned")
+                page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+                # Filters and sorting by query parameters.
+                page.select_option("select[name=team]", "nlp")
+                page.click("form.filters button[type=submit]")
+                expect(servers.locator("td.owner")).to_have_count(1)
+                expect(servers.locator("td.owner")).to_have_text("bob")
+                page.goto(f"{hub.url}/services/gpu-gov/?sort=user")
+                expect(servers.locator("td.owner")).to_have_text([EVIL, "alice", "bob"])
+                page.locator("#servers th a", has_text="Owner").click()  # again: reversed
+                expect(servers.locator("td.owner")).to_have_text(["bob", "alice", EVIL])
+
+                # An action, with a reason, through the XSRF-protected form.
+                alice.locator("input[name=reason]").fill("paper deadline")
+                alice.locator("button[value=extend]").click()
+                expect(page.locator("#flash")).to_contain_text("extension of alice/: granted")
+
+                page.goto(f"{hub.url}/services/gpu-gov/showback?group_by=team&period=day")
+                expect(page.locator("#totals")).to_contain_text("vision")
+                expect(page.locator("svg.chart").first).to_be_visible()
+                expect(page.locator("#csv")).to_have_attribute("href", re.compile("format=csv"))
+            finally:
+                browser.close()
+        assert dialogs == []  # no script ran
+    finally:
+        for tab in tabs:
+            tab.close()
+    audit = gov.audit("alice/")
+    assert any(a["action"] == "extend" and "paper deadline" in a["reason"] for a in audit)
+
+
+def test_non_admins_get_403_and_see_only_their_own_usage(hub):
+    bob = logged_in(hub, "bob")
+    r = bob.get(f"{hub.url}/services/gpu-gov/", timeout=30)
+    assert r.status_code == 403 and "My GPU usage" in r.text
+    assert bob.get(f"{hub.url}/services/gpu-gov/showback", timeout=30).status_code == 403
+    mine = bob.get(f"{hub.url}/services/gpu-gov/me", timeout=30)
+    assert mine.status_code == 200 and "GPU usage of bob" in mine.text
+    assert "segmentation" not in mine.text  # alice's project
+    r = Gov(hub).call("GET", "usage?group_by=user", hub.token("bob"))
+    assert {row["user"] for row in r.json()["usage"]} <= {"bob"}
+    # A form posted without the XSRF token is refused, even with a valid login cookie.
+    admin = logged_in(hub, "govadmin")
+    r = admin.post(
+        f"{hub.url}/services/gpu-gov/actions",
+        data={"server": "bob/", "action": "cull", "reason": "no xsrf"},
+        allow_redirects=False,
+        timeout=30,
+    )
+    assert r.status_code == 403
+    assert Gov(hub).verdict("bob")["state"] != "culled"
+
+
+def test_csv_export_matches_the_json_ledger_and_metrics_count_per_team(hub, capsys):
+    gov = Gov(hub)
+    query = {"group_by": "user,tier,day"}
+    data = gov.admin("GET", "usage", params=query).json()
+    text = gov.admin("GET", "usage", params={**query, "format": "csv"}).text
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(rows) == len(data["usage"]) >= 3
+    for row, item in zip(rows, data["usage"], strict=True):
+        assert (row["user"], row["tier"], row["period"]) == (
+            item["user"],
+            item["tier"],
+            item["period"],
+        )
+        for column in ("gpu_hours_allocated", "gpu_hours_idle", "idle_cost"):
+            assert float(row[column]) == pytest.approx(item[column])
+    assert data["currency"] == "EUR"
+    # The command line reads the same API.
+    code = cli.main(
+        ["usage", "--url", f"{hub.url}/services/gpu-gov/", "--token", hub.token("govadmin"),
+         "--group-by", "user,tier,day"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    printed = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and printed[0].keys() == rows[0].keys() and len(printed) >= len(rows)
+    r = hub.get(f"{hub.url}/services/gpu-gov/metrics", token=hub.token("govadmin"))
+    assert r.status_code == 200
+    assert re.search(
+        r'jupyter_gpu_gov_gpu_seconds_total\{state="idle_held",team="vision"\} [1-9]', r.text
+    )
+    assert "jupyter_gpu_gov_server_gpu_equivalents{" in r.text

@@ -1,0 +1,205 @@
+"""The usage ledger in the governor, against the fake Hub API: what each pass bills (by the
+server's GPU state, its tier weight, its reports), across a service restart and an outage,
+stopped and overlapping servers; culls and extensions; the per-team counters; and the CSV
+export, which must say what the ledger holds."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+
+import pytest
+from fake_hub_api import FakeHub
+from test_governor import report_for
+
+from jupyter_gpu_gov.core import clock, ledger
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub import metrics, showback
+from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.reconcile import Governor, Options
+from jupyter_gpu_gov.hub.store import Store
+
+GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"
+STEP = 30  # seconds between passes
+
+
+@pytest.fixture(autouse=True)
+def _clock():
+    clock.reset()
+    yield
+    clock.reset()
+
+
+def make(hub: FakeHub, db: str) -> Governor:
+    return Governor(
+        Store(db),
+        HubApi(hub.api_url, hub.token),
+        load_policies([], {"warn_after": "1h", "cull_after": "2h", "max_extensions": 1}),
+        Options(
+            tier_weights={"h100-3g": 0.5},
+            ledger_max_gap=timedelta(minutes=3),
+            gpu_hour_cost={"h100": 3.6},
+            currency="EUR",
+        ),
+    )
+
+
+def totals(store: Store, **owner) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for bucket in store.usage(**owner):
+        for k, v in bucket.values.items():
+            out[k] = out.get(k, 0.0) + v
+    return {k: round(v, 6) for k, v in out.items() if v}
+
+
+def counter(team: str, state: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "jupyter_gpu_gov_gpu_seconds_total", {"team": team, "state": state}
+    )
+    return value or 0.0
+
+
+async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(tmp_path):
+    db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    async with FakeHub() as hub:
+        grant = {"gpu-gov/team": "vision", "gpu-gov/tier": "h100", "gpu-gov/weight": "1"}
+        start = clock.utcnow()
+        hub.add_server("alice", started=start, user_options={**grant, "gpu-gov/project": "seg"})
+        # bob's tier weight comes from the governor's tier_weights; he sends no report.
+        hub.add_server(
+            "bob",
+            started=start,
+            user_options={"gpu-gov/team": "nlp", "gpu-gov/tier": "h100-3g"},
+        )
+        hub.add_server("carol", started=start)  # no tier, no report: no GPU, nothing billed
+        gov = make(hub, db)
+        before = counter("vision", ledger.IDLE_HELD)
+
+        gov.ingest(report_for("alice", GPU, sm=0.0))  # holds 20 GB, does nothing
+        await gov.reconcile()
+        first_pass = totals(gov.store)
+        for _ in range(2):
+            clock.advance(STEP)
+            gov.ingest(report_for("alice", GPU, sm=0.0))
+            await gov.reconcile()
+        # Busy for the next step.
+        clock.advance(STEP)
+        gov.ingest(report_for("alice", GPU, sm=0.9))
+        await gov.reconcile()
+
+        # The service restarts: a new governor on the same store bills on from the cursor.
+        restarted = make(hub, db)
+        clock.advance(STEP)
+        restarted.ingest(report_for("alice", GPU, sm=0.9))
+        await restarted.reconcile()
+
+        # alice's server stops; bob starts a second server, overlapping his first.
+        hub.users["alice"].servers.pop("")
+        hub._reindex(hub.users["alice"])
+        hub.add_server(
+            "bob",
+            "second",
+            started=clock.utcnow(),
+            user_options={"gpu-gov/team": "nlp", "gpu-gov/tier": "h100-3g"},
+        )
+        clock.advance(STEP)
+        await restarted.reconcile()
+        clock.advance(STEP)
+        await restarted.reconcile()
+
+    since_start = (clock.utcnow() - start).total_seconds()
+    alice = totals(restarted.store, user="alice")
+    bob = totals(restarted.store, user="bob")
+    # The first pass bills from the server's start (just before it); passes take milliseconds.
+    assert first_pass.get(ledger.IDLE_HELD, 0) < 5
+    assert alice[ledger.IDLE_HELD] == pytest.approx(3 * STEP, abs=0.5)
+    # Sample and hold: idle as seen at 0, 30 and 60 s; active from the busy report at 90 s,
+    # through the restart, until the pass that found it gone (150 s).
+    assert alice[ledger.ACTIVE] == pytest.approx(2 * STEP, abs=0.5)
+    assert ledger.UNKNOWN not in alice and totals(restarted.store, user="carol") == {}
+    # bob's first server: half a GPU, unknown (no reports) from its start to the last pass;
+    # the second one 0.5 GPU for two passes; never idle.
+    assert bob == {ledger.UNKNOWN: pytest.approx(0.5 * since_start + 0.5 * 2 * STEP, abs=0.5)}
+    assert counter("vision", ledger.IDLE_HELD) - before == pytest.approx(alice[ledger.IDLE_HELD])
+
+    sessions = {s.server: s for s in restarted.store.usage_sessions()}
+    assert sessions["alice/"].ended_at is not None and sessions["bob/"].ended_at is None
+    assert sessions["alice/"].owner == ledger.Owner("alice", "vision", "seg", "h100")
+    assert sessions["alice/"].allocated == pytest.approx(sum(alice.values()))
+
+    # The CSV export says what the ledger holds, to the hundredth of a second.
+    rows = showback.usage(restarted.store, restarted.options, ["user", "tier"], "day", None)
+    parsed = list(csv.DictReader(io.StringIO(showback.to_csv(rows, ["user", "tier"]))))
+    by_user = {r["user"]: r for r in parsed}
+    assert float(by_user["alice"]["gpu_hours_idle_held"]) == pytest.approx(
+        alice[ledger.IDLE_HELD] / 3600, abs=1e-4
+    )
+    assert float(by_user["alice"]["gpu_hours_active"]) == pytest.approx(
+        alice[ledger.ACTIVE] / 3600, abs=1e-4
+    )
+    assert float(by_user["bob"]["gpu_hours_unknown"]) == pytest.approx(
+        bob[ledger.UNKNOWN] / 3600, abs=1e-4
+    )
+    # Idle costs 3.6 EUR per h100 hour; unknown hours are never costed as idle.
+    assert float(by_user["alice"]["idle_cost"]) == pytest.approx(
+        round(alice[ledger.IDLE_HELD] / 3600 * 3.6, 2)
+    )
+    assert by_user["bob"]["idle_cost"] == "0.0" and by_user["bob"]["currency"] == "EUR"
+
+
+async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
+    db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    async with FakeHub() as hub:
+        hub.add_server("alice", user_options={"gpu-gov/team": "vision", "gpu-gov/tier": "h100"})
+        gov = make(hub, db)
+        gov.ingest(report_for("alice", GPU, sm=0.0))
+        await gov.reconcile()
+        clock.advance(STEP)
+        gov.ingest(report_for("alice", GPU, sm=0.0))
+        await gov.reconcile()
+        before = totals(gov.store)
+
+        clock.advance(3600)  # the governor was down for an hour
+        again = make(hub, db)
+        again.ingest(report_for("alice", GPU, sm=0.0))
+        await again.reconcile()
+        status, _ = await again.extend("alice/", "user:alice", "one more hour")
+        assert status == 200
+        await again.extend("alice/", "user:alice", "and another")  # waits for an admin
+        await again.cull_now("alice/", "user:admin", "the demo is over")
+        clock.advance(STEP)
+        await again.reconcile()  # the server is gone (culled): billed to the cull
+
+    after = totals(again.store)
+    assert after[ledger.UNOBSERVED] == pytest.approx(3600, abs=0.5)
+    assert after[ledger.IDLE_HELD] == pytest.approx(before[ledger.IDLE_HELD] + 0, abs=0.5)
+    assert after["culls"] == 1 and after["extensions"] == 1
+    (row,) = showback.usage(again.store, again.options, ["team"], "all", None)
+    assert (row["culls"], row["extensions"], row["gpu_hours_unobserved"]) == (1, 1, 1.0)
+
+
+def test_usage_queries_name_their_bad_parameter():
+    assert showback.parse_group_by("team,week") == (["team"], "week")
+    assert showback.parse_group_by("user,tier") == (["user", "tier"], "all")
+    with pytest.raises(showback.UsageQueryError, match="group_by"):
+        showback.parse_group_by("team,month")
+    now = clock.utcnow()
+    assert showback.parse_when("7d", "since", now) == now - timedelta(days=7)
+    assert showback.parse_when("2025-03-01", "since").isoformat().startswith("2025-03-01T00:00")
+    with pytest.raises(showback.UsageQueryError, match="'since'"):
+        showback.parse_when("last tuesday", "since")
+    assert (
+        showback.to_csv([{"period": "all", "user": "=HYPERLINK(1)"}], ["user"])
+        .splitlines()[1]
+        .startswith("all,'=HYPERLINK(1)")
+    )
+
+
+def test_charts_escape_names_and_handle_no_data():
+    evil = "<img src=x onerror=alert(1)>"
+    svg = showback.stacked_bars({evil: {"2025-03-03": 2.0}}, ["2025-03-03"], title="t", unit="h")
+    assert "<img" not in svg and "&lt;img" in svg
+    assert "No usage" in showback.stacked_bars({}, [], title="t", unit="h")
+    assert "&lt;img" in showback.hbars({evil: 1.0}, title="t", unit="h")
+    assert showback.histogram([0.0] * 10, title="t", unit="h").count("<rect") == 10
