@@ -23,14 +23,15 @@ LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labext
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 
-.PHONY: help venv node_modules labextension demo test lint format bench clean distclean
+.PHONY: help venv node_modules labextension demo test lint format bench bench-full clean distclean
 
 help:
 	@echo "make demo       run the demo JupyterHub on http://127.0.0.1:8000 (simulated GPUs)"
 	@echo "make test       pytest, ruff, then the labextension's jest tests and linters"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff check --fix + ruff format"
-	@echo "make bench      python -m benchmarks"
+	@echo "make bench      python -m benchmarks (quick set, ~4 min; FULL=1: the full sizes)"
+	@echo "make bench-full python -m benchmarks --full (the sizes docs/benchmarks.md reports)"
 	@echo "make venv       create .venv and install -e '.[test]'"
 	@echo "make node_modules  npm ci (configurable-http-proxy)"
 	@echo "make labextension  build the JupyterLab extension and link it into .venv"
@@ -88,7 +89,10 @@ format: venv
 	$(VENV)/bin/ruff format .
 
 bench: venv
-	$(VPY) -m benchmarks
+	$(VPY) -m benchmarks $(if $(FULL),--full)
+
+bench-full: venv
+	$(VPY) -m benchmarks --full
 
 clean:
 	rm -rf .demo .pytest_cache .ruff_cache build dist *.egg-info

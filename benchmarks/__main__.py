@@ -1,11 +1,46 @@
-"""Run the quick benchmarks and print their figures: ``python -m benchmarks``."""
+"""Run the benchmarks and print their figures: ``python -m benchmarks [--full]``.
 
-from . import admission, diagnose, reconcile, sampler_tick
+The quick set (the default, ``make bench``) takes about 4 minutes on 2 cores; ``--full``
+(``make bench-full``) runs the sizes docs/benchmarks.md reports, about 15 minutes.
+"""
+
+import argparse
+import time
+
+from . import admission, diagnose, ingest, kernel_overhead, reconcile, sampler_tick
 from .replay import score as reclamation_replay
 
+QUICK = [
+    (sampler_tick, []),  # 20 kernels, 300 processes
+    (reconcile, []),  # 2,000 servers
+    (admission, []),  # 10,000 started servers
+    (diagnose, []),  # 360 servers' windows to train, 210 to test
+    (reclamation_replay, []),  # 40 users, 30 days, a sample every 5 minutes
+    (ingest, []),  # 2,000 servers, 15 s at the steady rate
+    # Amplified: a tick every 0.1 s (50x the default), kernel and sampler on one core.
+    (kernel_overhead, ["--runs=3", "--seconds=2", "--interval=0.1", "--one-core"]),
+]
+FULL = [
+    (sampler_tick, []),
+    (reconcile, ["--servers=10000"]),
+    (admission, []),
+    (diagnose, []),
+    (reclamation_replay, ["--step=60"]),  # the governor's reconcile cadence
+    (ingest, ["--servers=10000", "--seconds=60"]),
+    (kernel_overhead, ["--runs=7", "--seconds=5"]),  # the default 5 s interval
+    (kernel_overhead, ["--runs=7", "--seconds=5", "--interval=0.1", "--one-core"]),
+]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="the full sizes (about 15 min)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    for module, module_argv in FULL if args.full else QUICK:
+        module.main(module_argv)
+    print(f"benchmarks: {time.perf_counter() - started:.0f} s")
+
+
 if __name__ == "__main__":
-    sampler_tick.main([])
-    reconcile.main([])  # 2,000 servers; ``python -m benchmarks.reconcile --servers 10000``
-    admission.main([])  # 10,000 started servers
-    diagnose.main([])  # 360 servers' windows to train, 210 to test
-    reclamation_replay.main([])  # 40 users, 30 days, a sample every 5 minutes
+    main()

@@ -8,6 +8,11 @@ It follows JupyterHub 5/6 where the governor depends on it:
   ``page_max`` users. Like the Hub, ``ready`` is applied *after* slicing (pages may be short)
   and ``total`` counts users with any active server.
 - ``GET /users/{name}``, ``DELETE /users/{name}``, ``GET /groups``.
+- ``GET /user``: who a token belongs to, as services' HubAuth asks it (any valid token may).
+  A user's token (``add_user_token``) gets the user model cut to what the token may read, as
+  the Hub's ``SelfAPIHandler`` does (``kind``, ``name``, ``admin``, ``groups``, and
+  ``last_activity`` with ``read:users:activity``), plus ``token_id``, ``session_id`` and the
+  token's expanded ``scopes``; a token without an owner is the service ``service_name``.
 - ``DELETE /users/{name}/server`` and ``/users/{name}/servers/{server}`` with ``{"remove": true}``:
   204, or 202 for a server set to stop slowly (it then answers 202 and shows ``pending: "stop"``
   until it has been polled ``slow_stop`` times, then stops).
@@ -52,6 +57,8 @@ from jupyter_gpu_gov.core import clock
 
 PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
 ADMIN_SCOPES = frozenset({"admin:users", "admin:servers", "admin:server_state", "admin:groups"})
+# The Hub's default ``server`` role: what a single-user server's $JUPYTERHUB_API_TOKEN holds.
+SERVER_ROLE_SCOPES = ("users:activity!user={user}", "access:servers!server={user}/{server}")
 
 
 @dataclass
@@ -106,9 +113,13 @@ class FakeHub:
         paginate: bool = True,
         named_servers: bool = True,
         latency: float = 0.0,
+        service_name: str = "gpu-gov",
     ):
         self.token = token
         self.tokens: dict[str, frozenset[str]] = {token: ADMIN_SCOPES}
+        self.token_owners: dict[str, str] = {}  # a user's token -> the user's name
+        self.token_ids: dict[str, str] = {}  # token -> its api id ("a1", ...)
+        self.service_name = service_name
         self.page_default = page_default
         self.page_max = page_max
         self.paginate = paginate
@@ -134,6 +145,22 @@ class FakeHub:
 
     def add_token(self, token: str, scopes: Iterable[str] = ADMIN_SCOPES) -> None:
         self.tokens[token] = frozenset(scopes)
+        self.token_ids.setdefault(token, f"a{len(self.token_ids) + 1}")
+
+    def add_user_token(
+        self, user: str, token: str, server: str = "", extra_scopes: Iterable[str] = ()
+    ) -> None:
+        """A token owned by ``user`` (created if needed): by default a server's
+        $JUPYTERHUB_API_TOKEN (``SERVER_ROLE_SCOPES``); ``extra_scopes`` adds e.g. the
+        ``access:services!service=gpu-gov`` that ``c.Spawner.server_token_scopes`` grants."""
+        if user not in self.users:
+            self.add_user(user)
+        scopes = {s.format(user=user, server=server) for s in SERVER_ROLE_SCOPES}
+        scopes |= set(extra_scopes)
+        if f"users:activity!user={user}" in scopes:  # its subscope, as the Hub expands it
+            scopes.add(f"read:users:activity!user={user}")
+        self.add_token(token, scopes)
+        self.token_owners[token] = user
 
     def add_user(
         self,
@@ -295,6 +322,33 @@ class FakeHub:
             model["state"] = server.state
         return model
 
+    def identify_model(self, token: str) -> dict:
+        """``GET /user`` for this (valid) token."""
+        scopes = self.tokens[token]
+        ids = {"token_id": self.token_ids.get(token), "session_id": None}
+        owner = self.token_owners.get(token)
+        if owner is None:
+            return {
+                "kind": "service",
+                "name": self.service_name,
+                "admin": False,
+                "roles": [],
+                **ids,
+                "scopes": sorted(scopes),
+            }
+        user = self.users[owner]
+        model = {
+            "kind": "user",
+            "name": user.name,
+            "admin": user.admin,
+            "groups": list(user.groups),  # the identify scopes read:users:name and :groups
+            **ids,
+            "scopes": sorted(scopes),
+        }
+        if f"read:users:activity!user={owner}" in scopes or "admin:users" in scopes:
+            model["last_activity"] = clock.isoformat(user.last_activity)
+        return model
+
     def user_model(self, user: FakeUser, scopes: frozenset[str]) -> dict:
         default = user.servers.get("")
         return {
@@ -323,6 +377,7 @@ class FakeHub:
         app = web.Application(
             [
                 (r"/hub/api/?", _RootHandler),
+                (r"/hub/api/user", _SelfHandler),
                 (r"/hub/api/users", _UserListHandler),
                 (r"/hub/api/users/([^/]+)", _UserHandler),
                 (r"/hub/api/users/([^/]+)/server", _ServerHandler),
@@ -353,7 +408,7 @@ class _Handler(web.RequestHandler):
 
     hub: FakeHub
     route = ""  # the counters' name for it, e.g. counters["GET /users"]
-    required_scope = "admin:users"
+    required_scope: str | None = "admin:users"  # None: any valid token
     scopes: frozenset[str] = frozenset()
     accepts_pagination = False
     _counted = False  # in_flight was raised for this request
@@ -375,8 +430,10 @@ class _Handler(web.RequestHandler):
             await asyncio.sleep(hub.latency)
         kind, _, token = self.request.headers.get("Authorization", "").partition(" ")
         scopes = hub.tokens.get(token.strip()) if kind.lower() in ("token", "bearer") else None
-        if scopes is None or self.required_scope not in scopes:
+        if scopes is None or (self.required_scope and self.required_scope not in scopes):
             hub.counters["forbidden"] += 1
+            if self.required_scope is None:
+                raise web.HTTPError(403)  # the Hub's SelfAPIHandler: no user, no message
             raise web.HTTPError(
                 403,
                 "Action is not authorized with current scopes;"
@@ -443,6 +500,15 @@ class _RootHandler(_Handler):
 class _NotFoundHandler(_Handler):
     async def prepare(self) -> None:
         raise web.HTTPError(404)
+
+
+class _SelfHandler(_Handler):
+    route = "/user"
+    required_scope = None  # every token may identify itself
+
+    def get(self) -> None:
+        token = self.request.headers["Authorization"].partition(" ")[2].strip()
+        self.finish(json.dumps(self.hub.identify_model(token)))
 
 
 class _UserListHandler(_Handler):

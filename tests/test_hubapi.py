@@ -276,6 +276,37 @@ async def test_bad_token_is_a_403():
     assert hub.running("alice")
 
 
+async def test_fake_hub_identifies_tokens_as_a_services_hubauth_sees_them():
+    from jupyterhub.services.auth import HubAuth
+
+    async with FakeHub(service_name="gpu-gov") as hub:
+        hub.add_user("alice", groups=["physics"], last_activity=clock.utcnow())
+        hub.add_user_token(
+            "alice", "alice-server", extra_scopes=["access:services!service=gpu-gov"]
+        )
+        hub.add_user_token("alice", "alice-bare")
+        auth = HubAuth(api_url=hub.api_url, api_token=hub.token, cache_max_age=300)
+        alice = await auth.user_for_token("alice-server", sync=False)
+        bare = await auth.user_for_token("alice-bare", sync=False)
+        service = await auth.user_for_token(hub.token, sync=False)
+        nobody = await auth.user_for_token("wrong", sync=False)
+        await auth.user_for_token("alice-server", sync=False)  # answered from HubAuth's cache
+    assert (alice["kind"], alice["name"], alice["groups"]) == ("user", "alice", ["physics"])
+    assert alice["scopes"] == [
+        "access:servers!server=alice/",
+        "access:services!service=gpu-gov",
+        "read:users:activity!user=alice",
+        "users:activity!user=alice",
+    ]
+    assert alice["last_activity"] and alice["token_id"] and alice["session_id"] is None
+    assert "servers" not in alice and "roles" not in alice  # beyond what the token may read
+    assert auth.check_scopes({"access:services!service=gpu-gov"}, alice)
+    assert not auth.check_scopes({"access:services!service=gpu-gov"}, bare)
+    assert (service["kind"], service["name"]) == ("service", "gpu-gov")
+    assert nobody is None  # the Hub's 403: no such token
+    assert hub.counters["GET /user"] == 4
+
+
 async def test_request_returns_json_and_errors_carry_the_hubs_message():
     async with FakeHub() as hub:
         api = client(hub)

@@ -1,0 +1,381 @@
+"""Report ingest over HTTP on loopback: the governor service under N servers' reports.
+
+    python -m benchmarks.ingest [--servers 2000] [--seconds 15] [--concurrency 16]
+
+Three processes, as in a deployment: the fake Hub (``tests/fake_hub_api.FakeHub`` with N users,
+each with a running server and tokens like a server's ``$JUPYTERHUB_API_TOKEN``), the service
+itself (``python -m jupyter_gpu_gov.hub``: its tornado app, handlers and ``HubOAuth``, with its
+default token cache), and this process, the N servers sending reports (``ingest_load``).
+
+The service checks each token with the Hub (``GET /hub/api/user``) the first time it sees it,
+then answers from HubAuth's cache for ``cache_max_age`` (300 s); the check runs in HubAuth's
+thread while the request waits for it (``get_current_user`` is synchronous). So the phases:
+
+- **cold burst**: every server's first report, as fast as ``--concurrency`` connections allow:
+  a Hub round trip each (a service restart, or the first minute of N new servers);
+- **warm burst**: every server again, tokens cached: the throughput ceiling;
+- **restart minute**: ``--seconds`` at the steady rate (N reports every 60 s) with tokens the
+  service has not seen, as in the minute after a restart;
+- **steady**: ``--seconds`` at the steady rate, tokens cached except one report in 6: a cached
+  answer lives 300 s and a server reports every 60 s, so each token is checked again every
+  sixth report (a fresh token stands for the expired one: same Hub round trip, same cost).
+
+Figures: reports/s in the bursts; latency p50/p99 at the steady rate (from when each report was
+due, so a late sender shows); the service's CPU as % of one core over each phase (utime + stime
+of every thread, ``/proc/<pid>/stat``), and over 3 s idle before any report; its resident
+memory when started and once N servers have reported; the Hub checks each phase caused (the
+fake Hub's ``GET /user`` count). The service
+reconciles once at start (its first pass over the N servers, before anything is measured) and
+then not again (``--cull-every`` a day): the reconcile pass is ``benchmarks.reconcile``'s figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from .ingest_load import Sent, encode, post, report_for
+
+REPO = Path(__file__).resolve().parent.parent
+SERVICE = "gpu-gov"
+ACCESS_SCOPE = f"access:services!service={SERVICE}"
+PREFIX = f"/services/{SERVICE}/"
+REPORT_EVERY_S = 60.0  # the server extension's report_interval
+TOKEN_CACHE_S = 300.0  # HubAuth.cache_max_age's default
+EXPIRED_EVERY = round((TOKEN_CACHE_S + REPORT_EVERY_S) / REPORT_EVERY_S)  # 6: a report in 6
+PROBE_TOKEN = "bench-probe"
+IDLE_S = 3.0  # the service's own background cost, before any report
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def token_for(user: str, generation: int) -> str:
+    return f"bench-{generation}-{user}"
+
+
+def generations(seconds: float) -> int:
+    """Tokens per user: the bursts' one, then at most one per minute of each steady phase."""
+    return 1 + 2 * math.ceil(seconds / REPORT_EVERY_S)
+
+
+# -- the fake Hub, in its own process ---------------------------------------------------------
+
+
+async def _serve_hub(n: int, seconds: float) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    from fake_hub_api import FakeHub
+    from tornado import web
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+
+    hub = FakeHub(service_name=SERVICE)
+    users = hub.populate(n)
+    for user in users:
+        for generation in range(generations(seconds)):
+            hub.add_user_token(user, token_for(user, generation), extra_scopes=[ACCESS_SCOPE])
+    hub.add_token(PROBE_TOKEN, {ACCESS_SCOPE})  # the benchmark's own (a service's) token
+    hub.start()
+
+    class Counters(web.RequestHandler):
+        def get(self) -> None:
+            self.finish(dict(hub.counters))
+
+    sockets = bind_sockets(0, "127.0.0.1")
+    HTTPServer(web.Application([(r"/counters", Counters)])).add_sockets(sockets)
+    ready = {
+        "api_url": hub.api_url,
+        "token": hub.token,
+        "users": users,
+        "counters_url": f"http://127.0.0.1:{sockets[0].getsockname()[1]}/counters",
+    }
+    sys.stdout.write(json.dumps(ready) + "\n")
+    sys.stdout.flush()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until closed
+    hub.stop()
+
+
+# -- the service's process --------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime: every thread
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def start_service(ready: dict, workdir: str, port: int, log: IO[str]) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "JUPYTERHUB_API_URL": ready["api_url"],
+        "JUPYTERHUB_API_TOKEN": ready["token"],
+        "JUPYTERHUB_SERVICE_NAME": SERVICE,
+        "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
+        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
+        "JUPYTERHUB_CLIENT_ID": f"service-{SERVICE}",
+    }
+    ten_years = str(10 * 365 * 86400)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_gpu_gov.hub",
+            f"--db-url=sqlite:///{workdir}/gov.sqlite",
+            f"--timeout={ten_years}",  # the start-up pass culls nothing
+            "--cull-every=86400",  # and no other pass runs while we measure
+        ],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+
+
+def wait_until_reconciled(service: subprocess.Popen, port: int, timeout_s: float = 300) -> None:
+    """Until the service answers and its start-up pass over the N servers is done."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{PREFIX}api/", headers={"Authorization": f"token {PROBE_TOKEN}"}
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if service.poll() is not None:
+            raise RuntimeError(f"the service exited ({service.returncode})")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                if json.load(answer).get("last_reconcile"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the service did not finish its start-up pass")
+
+
+# -- the phases -------------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    name: str
+    sent: list[Sent]
+    wall_s: float
+    cpu_s: float
+    hub_checks: int
+
+    @property
+    def ok(self) -> int:
+        return sum(1 for s in self.sent if s.status == 200 and s.verdict)
+
+    def latency_ms(self, q: float) -> float:
+        ordered = sorted(s.seconds for s in self.sent)
+        return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    @property
+    def cpu_pct(self) -> float:
+        return round(100 * self.cpu_s / self.wall_s, 2)
+
+
+class Load:
+    """The N servers: who reports next, with which token."""
+
+    def __init__(self, users: list[str], port: int):
+        self.users = users
+        self.port = port
+        self.path = f"{PREFIX}api/reports"
+        self.generation = dict.fromkeys(users, 0)
+
+    def fresh_token(self, user: str) -> str:
+        self.generation[user] += 1
+        return token_for(user, self.generation[user])
+
+    async def burst(self, concurrency: int) -> list[Sent]:
+        """Every server once, ``concurrency`` connections at a time, tokens as they are."""
+        from jupyter_gpu_gov.core import clock
+
+        now = clock.utcnow()
+        bodies = [(u, encode(report_for(u, i, now))) for i, u in enumerate(self.users)]
+        queue = iter(bodies)
+        sent: list[Sent] = []
+
+        async def worker() -> None:
+            for user, body in queue:
+                token = token_for(user, self.generation[user])
+                sent.append(await post(self.port, self.path, token, body))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return sent
+
+    async def steady(self, seconds: float, fresh_every: int) -> list[Sent]:
+        """N reports every 60 s, evenly spaced, for ``seconds``; every ``fresh_every``-th
+        report of the phase comes with a token the service has not seen (1: all of them)."""
+        from jupyter_gpu_gov.core import clock
+
+        interval = REPORT_EVERY_S / len(self.users)
+        start = time.perf_counter() + 0.05
+        tasks = []
+        for k in range(int(seconds / interval)):
+            index = k % len(self.users)
+            user = self.users[index]
+            if k % fresh_every == fresh_every - 1:
+                token = self.fresh_token(user)
+            else:
+                token = token_for(user, self.generation[user])
+            body = encode(report_for(user, index, clock.utcnow()))
+            due = start + k * interval
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(post(self.port, self.path, token, body, due)))
+        return list(await asyncio.gather(*tasks))
+
+
+def hub_checks(counters_url: str) -> int:
+    with urllib.request.urlopen(counters_url, timeout=10) as answer:
+        return json.load(answer).get("GET /user", 0)
+
+
+async def measure(name: str, pid: int, counters_url: str, send) -> Phase:
+    checks, cpu, started = hub_checks(counters_url), cpu_seconds(pid), time.perf_counter()
+    sent = await send
+    wall = time.perf_counter() - started
+    return Phase(name, sent, wall, cpu_seconds(pid) - cpu, hub_checks(counters_url) - checks)
+
+
+async def _bench(ready: dict, service_pid: int, port: int, seconds: float, concurrency: int):
+    load = Load(ready["users"], port)
+    url = ready["counters_url"]
+    rss_started = rss_mb(service_pid)
+    idle = await measure("idle", service_pid, url, asyncio.sleep(IDLE_S, []))
+    cold = await measure("cold_burst", service_pid, url, load.burst(concurrency))
+    warm = await measure("warm_burst", service_pid, url, load.burst(concurrency))
+    rss_reported = rss_mb(service_pid)
+    restart = await measure("restart", service_pid, url, load.steady(seconds, 1))
+    steady = await measure("steady", service_pid, url, load.steady(seconds, EXPIRED_EVERY))
+    return [idle, cold, warm, restart, steady], rss_started, rss_reported
+
+
+def run(servers: int = 2000, seconds: float = 15.0, concurrency: int = 16) -> dict:
+    """Start the fake Hub and the service, send the phases' reports, return the figures."""
+    hub = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.ingest",
+            "--serve-hub",
+            f"--servers={servers}",
+            f"--seconds={seconds}",
+        ],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = hub.stdout.readline()
+        if not line:
+            raise RuntimeError("the fake Hub subprocess did not start")
+        ready = json.loads(line)
+        with (
+            tempfile.TemporaryDirectory(prefix="bench-ingest-") as workdir,
+            open(os.path.join(workdir, "service.log"), "w+") as log,
+        ):
+            port = _free_port()
+            service = start_service(ready, workdir, port, log)
+            try:
+                wait_until_reconciled(service, port)
+                phases, rss_started, rss_reported = asyncio.run(
+                    _bench(ready, service.pid, port, seconds, concurrency)
+                )
+            except Exception as error:
+                log.seek(0)
+                raise RuntimeError(f"{error}; the service's log:\n{log.read()[-3000:]}") from None
+            finally:
+                service.terminate()
+                service.wait(timeout=30)
+    finally:
+        hub.stdin.close()
+        try:
+            hub.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            hub.kill()
+            hub.wait()
+    return figures(servers, seconds, concurrency, phases, rss_started, rss_reported)
+
+
+def figures(
+    servers: int,
+    seconds: float,
+    concurrency: int,
+    phases: list[Phase],
+    rss_started: float,
+    rss_reported: float,
+) -> dict:
+    idle, cold, warm, restart, steady = phases
+    fresh = [s for k, s in enumerate(steady.sent) if k % EXPIRED_EVERY == EXPIRED_EVERY - 1]
+    fresh_ms = sorted(1000 * s.seconds for s in fresh)
+    return {
+        "servers": servers,
+        "steady_rate_rps": round(servers / REPORT_EVERY_S, 1),
+        "cold_burst_rps": round(len(cold.sent) / cold.wall_s, 1),
+        "warm_burst_rps": round(len(warm.sent) / warm.wall_s, 1),
+        "cold_cpu_ms_per_report": round(1000 * cold.cpu_s / len(cold.sent), 3),
+        "warm_cpu_ms_per_report": round(1000 * warm.cpu_s / len(warm.sent), 3),
+        "restart_p50_ms": restart.latency_ms(0.5),
+        "restart_p99_ms": restart.latency_ms(0.99),
+        "restart_cpu_pct": restart.cpu_pct,
+        "steady_p50_ms": steady.latency_ms(0.5),
+        "steady_p99_ms": steady.latency_ms(0.99),
+        "steady_checked_p50_ms": round(statistics.median(fresh_ms), 2) if fresh_ms else None,
+        "steady_cpu_pct": steady.cpu_pct,
+        "idle_cpu_pct": idle.cpu_pct,
+        "rss_mb_started": round(rss_started, 1),
+        "rss_mb_reported": round(rss_reported, 1),
+        "reports": sum(len(p.sent) for p in phases),
+        "failed": sum(len(p.sent) - p.ok for p in phases),
+        "hub_checks": ",".join(f"{p.name}:{p.hub_checks}/{len(p.sent)}" for p in phases[1:]),
+        "seconds": seconds,
+        "concurrency": concurrency,
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=2000)
+    parser.add_argument(
+        "--seconds", type=float, default=15.0, help="length of each steady-rate phase"
+    )
+    parser.add_argument("--concurrency", type=int, default=16, help="connections in a burst")
+    parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_hub:
+        asyncio.run(_serve_hub(args.servers, args.seconds))
+        return
+    result = run(args.servers, args.seconds, args.concurrency)
+    print("ingest:", " ".join(f"{k}={v}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+    main()

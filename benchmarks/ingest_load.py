@@ -1,0 +1,163 @@
+"""The load side of ``benchmarks.ingest``: servers' reports and a small HTTP client.
+
+Each report goes out on a connection of its own (``Connection: close``), as each single-user
+server opens its own connection to the service; the client is raw asyncio streams so that the
+load generator's CPU stays small next to the service's on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from jupyter_gpu_gov.core import clock
+
+SAMPLE_WINDOW_S = 60
+
+
+def report_for(user: str, index: int, now: datetime) -> dict:
+    """A DESIGN §5 report like a real server's: one or two devices (a whole card or two MIG
+    slices), two to four kernels of which one holds the GPU, a terminal on every fourth."""
+    ns = uuid.NAMESPACE_URL
+    mig = index % 2 == 1
+    parent = f"GPU-{uuid.uuid5(ns, f'{user}/gpu')}"
+    devices = [
+        {
+            "uuid": f"MIG-{uuid.uuid5(ns, f'{user}/mig{k}')}" if mig else parent,
+            "name": "NVIDIA H100 80GB HBM3",
+            "mig_profile": "3g.40gb" if mig else None,
+            "parent_uuid": parent if mig else None,
+            "memory_total_mb": 40192 if mig else 81559,
+            "memory_used_mb": 20480 if k == 0 else 0,
+            "activity": 0.0,
+            "shared": False,
+        }
+        for k in range(2 if mig else 1)
+    ]
+    active = index % 5 < 2  # 40 % of servers are computing
+    idle_since = None if active else now - timedelta(minutes=40 + index % 180)
+    iso = clock.isoformat
+    if active:
+        devices[0]["activity"] = 0.83
+    targets = []
+    for k in range(2 + index % 3):
+        holds = k == 0
+        targets.append(
+            {
+                "kind": "kernel",
+                "id": str(uuid.uuid5(ns, f"{user}/kernel{k}")),
+                "name": "python3",
+                "path": f"work/notebook-{k}.ipynb",
+                "execution_state": "busy" if holds and active else "idle",
+                "last_activity": iso(now - timedelta(minutes=5 + 7 * k)),
+                "busy_since": iso(now - timedelta(minutes=12)) if holds and active else None,
+                "connections": 1,
+                "gpu": _gpu(holds, active, devices[0]["uuid"], now, idle_since, 4242 + k),
+                "cpu": {
+                    "cores": 0.97 if holds and active else 0.01,
+                    "iowait": 0.0,
+                    "read_mb_s": 0.4 if holds and active else 0.0,
+                    "seconds": SAMPLE_WINDOW_S,
+                },
+            }
+        )
+    if index % 4 == 0:
+        targets.append(
+            {
+                "kind": "terminal",
+                "id": "1",
+                "name": "terminal 1",
+                "last_activity": iso(now - timedelta(minutes=30)),
+                "connections": 0,
+                "gpu": _gpu(False, False, "", now, None, 0),
+                "cpu": {"cores": 0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+            }
+        )
+    return {
+        "schema": 1,
+        "sampled_at": iso(now),
+        "backend": "nvml",
+        "error": None,
+        "server": {
+            "user": user,
+            "name": "",
+            "started": iso(now - timedelta(hours=6)),
+            "last_activity": iso(now - timedelta(minutes=5)),
+            "pod": f"jupyter-{user}",
+            "namespace": "jhub",
+            "gpu_allocated": True,
+        },
+        "devices": devices,
+        "targets": targets,
+        "window": {
+            "seconds": SAMPLE_WINDOW_S,
+            "gpu_active_fraction": 0.9 if active else 0.0,
+            "gpu_last_active": iso(now if active else idle_since),
+            "gpu_idle_since": iso(idle_since),
+        },
+        "checkpoint": {"requested_at": None, "status": None, "manifest": None},
+    }
+
+
+def _gpu(
+    holds: bool, active: bool, device: str, now: datetime, idle_since: datetime | None, pid: int
+) -> dict:
+    """A target's ``gpu`` section as the sampler writes it (a sample every 5 s, 60 s window)."""
+    if not holds:
+        return {
+            "devices": [],
+            "memory_mb": 0,
+            "sm": 0.0,
+            "holds_context": False,
+            "confidence": "exact",
+            "last_active": None,
+            "idle_since": None,
+            "active_fraction": None,
+            "history": [],
+        }
+    sm = 0.83 if active else 0.0
+    return {
+        "devices": [device],
+        "memory_mb": 20480,
+        "sm": sm,
+        "holds_context": True,
+        "confidence": "exact",
+        "last_active": clock.isoformat(now if active else idle_since),
+        "idle_since": clock.isoformat(idle_since),
+        "active_fraction": 1.0 if active else 0.0,
+        "pids": [pid],
+        "history": [sm] * 12,
+    }
+
+
+def encode(report: dict) -> bytes:
+    return json.dumps(report, separators=(",", ":")).encode()
+
+
+@dataclass
+class Sent:
+    status: int
+    seconds: float  # from when it was due (steady) or sent (burst) to the whole answer
+    verdict: bool  # the answer carries a verdict
+
+
+async def post(port: int, path: str, token: str, body: bytes, due: float | None = None) -> Sent:
+    """One report on a new connection; the latency counts from ``due`` when the sender was
+    late (no coordinated omission at the steady rate)."""
+    started = time.perf_counter() if due is None else due
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: token {token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    answer = await reader.read()  # the service closes the connection after its answer
+    elapsed = time.perf_counter() - started
+    writer.close()
+    status = int(answer.split(b" ", 2)[1]) if answer else 0
+    return Sent(status, elapsed, b'"verdict"' in answer)

@@ -1,0 +1,24 @@
+"""Smoke test of ``benchmarks/ingest.py``: the service's HTTP app ingests every report, and the
+token cache sends each token to the Hub once. No timing assertions."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's benchmarks/
+
+from benchmarks import ingest
+
+
+def test_ingest_benchmark_runs_every_phase_through_the_service():
+    figures = ingest.run(servers=120, seconds=4, concurrency=4)
+    assert figures["failed"] == 0
+    # 120 reports per burst; 4 s at 120 servers a minute is 8 reports per steady phase.
+    assert figures["reports"] == 120 + 120 + 8 + 8
+    # Cold: a Hub check per token; warm: none; restart: every token new; steady: 1 in 6.
+    assert figures["hub_checks"] == "cold_burst:120/120,warm_burst:0/120,restart:8/8,steady:1/8"
+    for name in ("cold_burst_rps", "warm_burst_rps", "steady_p50_ms", "steady_p99_ms"):
+        assert figures[name] > 0, name
+    assert figures["steady_p99_ms"] >= figures["steady_p50_ms"]
+    assert figures["rss_mb_reported"] >= figures["rss_mb_started"] > 0
