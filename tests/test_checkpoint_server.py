@@ -396,6 +396,40 @@ async def test_kernels_without_hooks_or_gpu(jp_fetch, notebook_kernel):
     }
 
 
+async def test_the_checkpoint_is_not_taken_for_the_owner_at_work(
+    jp_fetch, jp_serverapp, notebook_kernel
+):
+    # The hooks run through the kernel; Jupyter Server sees kernel messages and a busy kernel.
+    # The report must not: the governor would hold its own cull back for "recent user
+    # activity" or "a kernel is executing a cell".
+    kernel = await notebook_kernel("held.ipynb")
+    await kernel.run(
+        ON_GPU + "import time\nfrom jupyter_gpu_gov import checkpoint\n"
+        "checkpoint.register(lambda directory: time.sleep(2), name='slow')\n"
+    )
+    app = gov_app(jp_serverapp)
+    await app.sample_now()
+    person = app.report["server"]["last_activity"]
+    await asyncio.sleep(0.5)
+
+    running = asyncio.ensure_future(checkpoint(jp_fetch, reason="test"))
+    await asyncio.sleep(1.0)  # the hooks are running
+    assert jp_serverapp.kernel_manager.get_kernel(kernel.id).execution_state == "busy"
+    await app.sample_now()
+    during = {t["id"]: t for t in app.report["targets"]}[kernel.id]
+    manifest = await running
+    await app.sample_now()
+
+    assert kernel_entry(manifest, kernel)["status"] == "done"
+    assert (during["execution_state"], during.get("busy_since")) == ("idle", None)
+    assert app.report["server"]["last_activity"] == person
+    # The owner's own cell counts again (past the margin left for late messages of ours).
+    await asyncio.sleep(2.5)
+    await kernel.run("x = 1")
+    await app.sample_now()
+    assert app.report["server"]["last_activity"] > person
+
+
 async def test_terminal_scrollback_is_saved(jp_fetch, jp_serverapp):
     manager = jp_serverapp.web_app.settings.get("terminal_manager")
     if manager is None:

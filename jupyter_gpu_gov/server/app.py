@@ -20,6 +20,7 @@ from ..gpu.attribution import TargetRoot
 from ..gpu.backends import CHOICES, make_backend, parse_visible_devices, resolve_choice
 from . import metrics, routes
 from .checkpoint import CULL_REASONS, take_checkpoint
+from .own_activity import OwnActivity
 from .reporter import GovernorError, Reporter
 from .sampler import Sampler, TargetInfo, TickResult
 
@@ -245,6 +246,7 @@ class GpuGovApp(ExtensionApp):
         self._tick_lock = asyncio.Lock()
         self.server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
         self._busy_since: dict[str, object] = {}
+        self._own_activity = OwnActivity()  # checkpoint hooks are not a person at work
         self.verdict: dict | None = None
         self.checkpoint: dict = {"requested_at": None, "status": None, "manifest": None}
         self._frontend_checkpoint: asyncio.Future | None = None
@@ -426,6 +428,7 @@ class GpuGovApp(ExtensionApp):
                     "status": "running",
                     "manifest": None,
                 }
+                self._own_activity.begin(self._busy_since)
                 try:
                     manifest = await take_checkpoint(
                         self.serverapp,
@@ -442,6 +445,8 @@ class GpuGovApp(ExtensionApp):
                 except BaseException:
                     self.checkpoint = {**self.checkpoint, "status": "failed"}
                     raise
+                finally:
+                    self._own_activity.end()
                 self.checkpoint = {
                     **self.checkpoint,
                     "status": manifest["status"],
@@ -489,13 +494,16 @@ class GpuGovApp(ExtensionApp):
         busy = {}
         for kernel_id in km.list_kernel_ids():
             kernel = km.get_kernel(kernel_id)
-            if getattr(kernel, "execution_state", None) == "busy":
+            state = getattr(kernel, "execution_state", None)
+            if state == "busy" and self._own_activity.hides_busy(kernel_id):
+                state = "idle"  # running our checkpoint hooks, not a cell
+            if state == "busy":
                 busy[kernel_id] = self._busy_since.get(kernel_id, now)
             targets.append(
                 TargetInfo(
                     TargetRoot("kernel", kernel_id, getattr(kernel.provisioner, "pid", None)),
                     name=kernel.kernel_name,
-                    execution_state=getattr(kernel, "execution_state", None),
+                    execution_state=state,
                     last_activity=getattr(kernel, "last_activity", None),
                     connections=connections.get(kernel_id, 0),
                     path=paths.get(kernel_id),
@@ -524,10 +532,11 @@ class GpuGovApp(ExtensionApp):
 
     def _user_last_activity(self):
         """When people last interacted: kernel messages (executions, their output) and
-        terminal I/O. Neither GPU work (our ``gpu_last_activity``) nor API polling by an open
-        browser tab counts, so the governor can tell an open tab from someone working."""
+        terminal I/O. Neither GPU work (our ``gpu_last_activity``), API polling by an open
+        browser tab, nor our own checkpoint hooks count, so the governor can tell an open tab
+        (or its own checkpoint) from someone working."""
         settings = self.serverapp.web_app.settings
-        sources = [settings["kernel_manager"].last_kernel_activity]
+        sources = [self._own_activity.person(settings["kernel_manager"].last_kernel_activity)]
         terminals = settings.get("terminal_manager")
         sources += [
             getattr(t, "last_activity", None) for t in getattr(terminals, "terminals", {}).values()

@@ -92,18 +92,33 @@ export class WarningNotifier implements IDisposable {
   }
 
   private _raise(verdict: IVerdict): void {
-    this._clear();
     const view = warningView(verdict, { now: Date.now(), trans: this._trans });
     if (!view) {
+      this._clear();
       return;
+    }
+    // A new deadline while the warning is on screen (an extension, the owner back, a reload
+    // that restored the old one) rewrites that notification: one warning, never two.
+    const rewritten =
+      this._id !== null &&
+      !this._userClosed &&
+      Notification.update({
+        id: this._id,
+        message: view.toast,
+        type: 'warning',
+        autoClose: false,
+        actions: this._notificationActions(verdict)
+      });
+    if (!rewritten) {
+      this._clear();
+      this._id = Notification.warning(view.toast, {
+        autoClose: false,
+        actions: this._notificationActions(verdict)
+      });
     }
     this._key = view.key;
     this._verdict = verdict;
     this._userClosed = false;
-    this._id = Notification.warning(view.toast, {
-      autoClose: false,
-      actions: this._notificationActions(verdict)
-    });
     this._write({ key: view.key, verdict });
     this._startTimer();
   }
