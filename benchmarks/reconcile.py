@@ -31,7 +31,10 @@ The breakdown of the governor's pass wraps methods of *this* benchmark's objects
 DCGM fetch, store reads, the decide loop, store writes) and, for the run only,
 ``dcgm.parse_exposition``; ``reconcile.py`` is untouched. Listing and the groups request overlap,
 so the parts need not add up. ``rss_mb`` is this process (governor and culler; the Hub is
-elsewhere) after the passes; ``db_mb`` is the SQLite file with its WAL.
+elsewhere) after the passes; ``db_mb`` is the SQLite file with its WAL after them. Then the
+clock moves a day on and two more passes run: ``ledger_rows_per_day`` and ``store_mb_per_day``
+are what a day of usage ledger adds (one bucket per owner and day; this run warns and culls
+nobody, so audits add nothing).
 
 Two things outside the governor need care: the fake Hub's version ``6.1.0-fake`` is not PEP 440,
 which the culler's ``Version()`` refuses, so the subprocess answers ``6.1.0+fake``; and
@@ -475,6 +478,25 @@ async def _bench(
         elapsed, cul_seen = await culler_pass()
         cul_s.append(elapsed)
 
+    # The store a day later: the same fleet's passes open one ledger bucket per owner and day
+    # (this run warns and culls nobody, so the day adds no audit rows).
+    def usage_rows() -> int:
+        with store.engine.connect() as connection:
+            return connection.exec_driver_sql("SELECT COUNT(*) FROM usage").scalar()
+
+    def db_bytes() -> int:
+        with store.engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        return sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
+
+    rows_before, bytes_before = usage_rows(), db_bytes()
+    clock.advance(86_400)
+    for _ in range(2):
+        ingest_all()
+        await governor_pass()
+        clock.advance(cycle_s)
+    day_rows, day_bytes = usage_rows() - rows_before, db_bytes() - bytes_before
+
     profile = ""
     if profile_top:
         clock.advance(cycle_s)
@@ -502,7 +524,6 @@ async def _bench(
         return float(f"{statistics.median(parts[name]):.3g}") if parts[name] else 0.0
 
     gov_med, cul_med = statistics.median(gov_s), statistics.median(cul_s)
-    db_bytes = sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
     decide = med("decide")
     figures: dict[str, Any] = {
         "servers": n,
@@ -513,7 +534,9 @@ async def _bench(
         "idle_culler_first_s": round(culler_first_s, 3),
         "rss_mb": round(_rss_mb(), 1),
         "maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "db_mb": round(db_bytes / 2**20, 2),
+        "db_mb": round(bytes_before / 2**20, 2),  # after the timed passes
+        "ledger_rows_per_day": day_rows,
+        "store_mb_per_day": round(day_bytes / 2**20, 2),
         # The governor's pass, medians of the parts (listing and groups overlap).
         "hub_list_s": med("hub_list"),
         "dcgm_s": med("dcgm"),

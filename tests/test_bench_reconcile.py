@@ -21,3 +21,5 @@ def test_reconcile_benchmark_runs_both_passes_over_every_server():
     # Reports and DCGM series matched the Hub's servers: nothing is left unknown.
     assert "unknown" not in figures["states"] and "idle" in figures["states"]
     assert figures["first_pass_rows_written"] >= 50
+    # A day later every server holding a GPU opens a ledger bucket for the new day.
+    assert 0 < figures["ledger_rows_per_day"] <= 50 * 2
