@@ -34,6 +34,13 @@ class ApiHandler(HubOAuthenticated, web.RequestHandler):
     def get_login_url(self):
         raise web.HTTPError(403, "authenticate with a JupyterHub token")  # an API never redirects
 
+    async def prepare(self):
+        # Ask the Hub who this is without blocking the event loop: tornado's current_user is
+        # synchronous, and HubAuth would otherwise wait for the Hub's answer to a token it has
+        # not cached (a server's first report, or one after the cache expired) with every other
+        # request standing still. current_user then finds the answer cached on the handler.
+        await self.hub_auth.get_user(self, sync=False)
+
     def check_xsrf_cookie(self):
         # Token requests need no XSRF check; browser (cookie) writes do.
         if not self.request.headers.get("Authorization"):
