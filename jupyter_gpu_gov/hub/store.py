@@ -21,6 +21,8 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    and_,
+    bindparam,
     create_engine,
     event,
     insert,
@@ -185,6 +187,40 @@ class MetaRow(Base):
 
 
 _RECORD_FIELDS = [f.name for f in fields(Record)]
+
+# A bucket's key, and the statement that adds a pass's amounts to existing buckets (one
+# executemany; the key and the amounts are bound as k_* and d_*).
+_USAGE_KEY_NAMES = ("day", "user", "team", "project", "tier")
+_USAGE_KEY = [UsageRow.__table__.c[name] for name in _USAGE_KEY_NAMES]
+_ADD_TO_USAGE = (
+    update(UsageRow.__table__)
+    .where(and_(*(column == bindparam(f"k_{column.name}") for column in _USAGE_KEY)))
+    .values({f: UsageRow.__table__.c[f] + bindparam(f"d_{f}") for f in FIELDS})
+)
+
+
+_SESSION_KEY = ("server", "session")
+_UPDATE_SESSION = (
+    update(UsageSessionRow.__table__)
+    .where(and_(*(UsageSessionRow.__table__.c[k] == bindparam(f"k_{k}") for k in _SESSION_KEY)))
+    .values(
+        {
+            c.name: bindparam(f"v_{c.name}")
+            for c in UsageSessionRow.__table__.c
+            if c.name not in _SESSION_KEY
+        }
+    )
+)
+
+
+def _session_params(row: dict) -> dict:
+    return {(f"k_{k}" if k in _SESSION_KEY else f"v_{k}"): v for k, v in row.items()}
+
+
+def _prefixed(row: dict) -> dict:
+    return {(f"k_{k}" if k in _USAGE_KEY_NAMES else f"d_{k}"): v for k, v in row.items()}
+
+
 _SERVER_COLUMNS = [c.key for c in ServerRow.__table__.columns]
 _DEFAULTED = {c.key for c in ServerRow.__table__.columns if c.default is not None}
 
@@ -203,6 +239,10 @@ class Store:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         self._stored: set[str] = set()  # keys known to have a row: update, not insert
+        # The same for the usage ledger: days whose bucket keys are loaded, those keys, sessions.
+        self._usage_days: set[str] = set()
+        self._usage_keys: set[tuple[str, ...]] = set()
+        self._usage_sessions: set[tuple[str, str]] = set()
         self.migrate()
 
     def migrate(self) -> None:
@@ -312,43 +352,64 @@ class Store:
 
     def save_usage(self, deltas: dict, sessions: Iterable[LedgerSession]) -> None:
         """Add the ledger's bucket deltas to their rows and write the changed sessions, in one
-        transaction (the governor is the only writer)."""
+        transaction and a few bulk statements (the governor is the only writer: rows it has
+        seen or written are known to exist)."""
         sessions = list(sessions)
         if not deltas and not sessions:
             return
         with self._session.begin() as db:
+            days = {day.isoformat() for day, _ in deltas} - self._usage_days
+            if days:  # a day not seen yet (or written by an earlier run): its keys, once
+                query = select(*_USAGE_KEY).where(UsageRow.day.in_(days))
+                self._usage_keys.update(tuple(k) for k in db.execute(query))
+            new, old = [], []
             for (day, owner), values in deltas.items():
-                pk = (day.isoformat(), owner.user, owner.team, owner.project, owner.tier)
-                row = db.get(UsageRow, pk)
-                if row is None:
-                    row = UsageRow(
-                        day=pk[0],
-                        user=owner.user,
-                        team=owner.team,
-                        project=owner.project,
-                        tier=owner.tier,
-                        **{f: 0.0 for f in FIELDS},
-                    )
-                    db.add(row)
-                for name, amount in values.items():
-                    setattr(row, name, (getattr(row, name) or 0.0) + amount)
-            for s in sessions:
-                db.merge(
-                    UsageSessionRow(
-                        server=s.server,
-                        session=s.session,
-                        user=s.owner.user,
-                        team=s.owner.team,
-                        project=s.owner.project,
-                        tier=s.owner.tier,
-                        first_at=s.first_at,
-                        at=s.at,
-                        ended_at=s.ended_at,
-                        gpus=s.gpus,
-                        state=s.state,
-                        **{f: float(s.totals.get(f, 0.0)) for f in FIELDS},
-                    )
+                key = (day.isoformat(), owner.user, owner.team, owner.project, owner.tier)
+                amounts = {f: float(values.get(f, 0.0)) for f in FIELDS}
+                if key in self._usage_keys:
+                    old.append({**dict(zip(_USAGE_KEY_NAMES, key, strict=True)), **amounts})
+                else:
+                    new.append({**dict(zip(_USAGE_KEY_NAMES, key, strict=True)), **amounts})
+            connection = db.connection()
+            if new:
+                connection.execute(insert(UsageRow), new)
+            if old:
+                connection.execute(_ADD_TO_USAGE, [_prefixed(row) for row in old])
+            rows = {
+                (s.server, s.session): {
+                    "server": s.server,
+                    "session": s.session,
+                    "user": s.owner.user,
+                    "team": s.owner.team,
+                    "project": s.owner.project,
+                    "tier": s.owner.tier,
+                    "first_at": s.first_at,
+                    "at": s.at,
+                    "ended_at": s.ended_at,
+                    "gpus": s.gpus,
+                    "state": s.state,
+                    **{f: float(s.totals.get(f, 0.0)) for f in FIELDS},
+                }
+                for s in sessions
+            }
+            unknown = [k for k in rows if k not in self._usage_sessions]
+            if unknown:  # sessions of an earlier run: ask once
+                servers = {server for server, _ in unknown}
+                query = select(UsageSessionRow.server, UsageSessionRow.session).where(
+                    UsageSessionRow.server.in_(servers)
                 )
+                self._usage_sessions.update(tuple(k) for k in db.execute(query))
+            fresh = [row for key, row in rows.items() if key not in self._usage_sessions]
+            known = [row for key, row in rows.items() if key in self._usage_sessions]
+            if fresh:
+                connection.execute(insert(UsageSessionRow.__table__), fresh)
+            if known:  # Core executemany: the ORM's bulk update costs more than the writing
+                connection.execute(_UPDATE_SESSION, [_session_params(row) for row in known])
+        self._usage_days |= {day.isoformat() for day, _ in deltas}
+        self._usage_keys.update(
+            (d.isoformat(), o.user, o.team, o.project, o.tier) for d, o in deltas
+        )
+        self._usage_sessions |= rows.keys()
 
     def usage(
         self, since: datetime | None = None, until: datetime | None = None, **owner: str
