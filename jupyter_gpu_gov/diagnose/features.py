@@ -64,18 +64,7 @@ COLUMNS = (
 
 # The model's inputs, in order: every numeric column but sm_active (its target); kernel_busy as
 # 1.0/0.0.
-FEATURES = (
-    "dram_active",
-    "tensor_active",
-    "pcie_mb_s",
-    "gpu_mem_frac",
-    "cpu_cores",
-    "cpu_iowait",
-    "read_mb_s",
-    "kernel_busy",
-    "user_idle_s",
-    "gr_active",
-)
+FEATURES = tuple(c for c in COLUMNS if c not in ("node", "server", "t", "sm_active"))
 
 _TEXT = frozenset({"node", "server"})
 _FRACTIONS = frozenset(
