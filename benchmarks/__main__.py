@@ -6,15 +6,18 @@ The quick set (the default, ``make bench``) takes about 4 minutes on 2 cores; ``
 
 import argparse
 import time
+from pathlib import Path
 
-from . import admission, diagnose, ingest, kernel_overhead, reconcile, sampler_tick
+from . import admission, diagnose, gpu_faults, ingest, kernel_overhead, reconcile, sampler_tick
 from .replay import score as reclamation_replay
 
+H200_RUNS = sorted(str(p) for p in (Path(__file__).parent / "data").glob("gpu-faults-*.csv"))
 QUICK = [
     (sampler_tick, []),  # 20 kernels, 300 processes
     (reconcile, []),  # 2,000 servers
     (admission, []),  # 10,000 started servers
     (diagnose, []),  # 360 servers' windows to train, 210 to test
+    (gpu_faults, ["score", *H200_RUNS]),  # the windows measured on an H200, scored
     (reclamation_replay, []),  # 40 users, 30 days, a sample every 5 minutes
     (ingest, []),  # 2,000 servers, 15 s at the steady rate
     # Amplified: a tick every 0.1 s (50x the default), kernel and sampler on one core.
@@ -25,6 +28,7 @@ FULL = [
     (reconcile, ["--servers=10000"]),
     (admission, []),
     (diagnose, []),
+    (gpu_faults, ["score", *H200_RUNS]),
     (reclamation_replay, ["--step=60"]),  # the governor's reconcile cadence
     (ingest, ["--servers=10000", "--seconds=60"]),
     (kernel_overhead, ["--runs=7", "--seconds=5"]),  # the default 5 s interval

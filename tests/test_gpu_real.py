@@ -148,3 +148,26 @@ def test_a_busy_process_shows_activity(backend):
         assert sm is None or sm > 0.0  # where per-process samples exist, they show it busy
     finally:
         stop(child)
+
+
+@needs_torch
+def test_injected_faults_become_diagnosis_windows(tmp_path):
+    """A busy PyTorch loop and an abandoned kernel holding 20 GiB, measured by the extension's
+    sampler over NVML (``benchmarks.gpu_faults``): the windows say which is which."""
+    from jupyter_gpu_gov.diagnose import read_windows, rules
+
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_faults", "collect", "--out", str(tmp_path),
+         "--data", str(tmp_path / "data"), "--scenarios", "healthy", "zombie",
+         "--windows", "3", "--window", "2"],
+        check=True, timeout=240,
+    )  # fmt: skip
+    windows = read_windows(tmp_path / "gpu-faults.csv")
+    nvml = {w.server: w for w in windows if w.node.endswith("-nvml")}  # the last of each
+    assert set(nvml) == {"healthy/", "zombie/"}, windows
+    assert nvml["healthy/"].sm_active >= 0.5, nvml["healthy/"]
+    assert nvml["healthy/"].kernel_busy is True
+    zombie = nvml["zombie/"]
+    assert zombie.sm_active is not None and zombie.sm_active <= 0.02, zombie
+    assert zombie.gpu_mem_frac >= 20 * 1024 / 150_000, zombie  # 20 GiB of at most ~150 GB
+    assert rules.is_zombie(zombie)
