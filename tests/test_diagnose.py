@@ -3,11 +3,13 @@ evaluation on a simulated set), fragmentation and ``jupyter-gpu-gov diagnose``."
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -419,10 +421,11 @@ def evaluation():
 
 
 def test_the_model_beats_the_rules_on_a_held_out_simulated_set(evaluation):
-    # Measured 0.879 (model) against 0.595 (rules; 0.602 on windows in context); the
-    # benchmark's larger sets: see docs/benchmarks.md.
-    assert evaluation["accuracy"] >= 0.83
-    assert evaluation["accuracy"] - evaluation["rules"] >= 0.22
+    # Measured 0.904 (model) against 0.600 (rules; 0.612 on windows in context): issue 7's
+    # target (>= 90 %, >= 25 points) on this set; the benchmark's larger sets stay below 90 %
+    # (84.2-87.2 %, docs/benchmarks.md).
+    assert evaluation["accuracy"] >= 0.88
+    assert evaluation["accuracy"] - evaluation["rules"] >= 0.27
     assert all(
         label == UNKNOWN
         for (window, _), label in zip(evaluation["test"], evaluation["said"], strict=True)
@@ -449,16 +452,6 @@ def test_small_kernels_are_told_from_an_idle_gpu_by_the_engine_activity(evaluati
     assert len(rows) > 100 and seen >= 0.75 and seen - blind >= 0.2, (seen, blind)  # 0.83, 0.52
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 7's target (overall >= 90 %, >= 25 points over the rules) is not met on "
-    "this simulator: see docs/benchmarks.md for what is and why",
-)
-def test_issue_target_accuracy(evaluation):
-    assert evaluation["accuracy"] >= 0.90
-    assert evaluation["accuracy"] - evaluation["rules"] >= 0.25
-
-
 def _top(diagnosis):
     causes = {k: v for k, v in diagnosis.contributions.items() if k != UNEXPLAINED}
     return max(causes, key=causes.get)
@@ -483,6 +476,10 @@ def test_a_starved_loader(evaluation):
         node="a100-sxm", sm_active=0.2, cpu_cores=0.3, gpu_mem_frac=0.6, dram_active=0.08, **BUSY
     )
     assert model.diagnose(blind).label == "data_io"
+    # Blocked on reads 46 % of the window while other threads keep 1.4 cores busy (a loader
+    # decoding what it read, measured on an H200): the reads hold the GPU up, not the CPU.
+    busy_reader = w(sm_active=0.02, gr_active=0.02, cpu_iowait=0.46, cpu_cores=1.4, **BUSY)
+    assert model.diagnose(busy_reader).label == "data_io"
 
 
 def test_memory_bound_small_work_and_a_cpu_loop(evaluation):
@@ -498,17 +495,18 @@ def test_memory_bound_small_work_and_a_cpu_loop(evaluation):
         )
     )
     assert membound.label == "memory_bandwidth" and _top(membound) == "dram_active"
-    small = model.diagnose(
-        w(
-            sm_active=0.08,
-            cpu_iowait=0.01,
-            cpu_cores=0.95,
-            gpu_mem_frac=0.05,
-            dram_active=0.03,
-            **BUSY,
-        )
+    # Tiny kernels: the engine runs 60 % of the time, the SMs are active 8 % (DCGM).
+    tiny = dict(sm_active=0.08, gr_active=0.6, cpu_iowait=0.01, cpu_cores=0.95, dram_active=0.03)
+    small = model.diagnose(w(gpu_mem_frac=0.05, **tiny, **BUSY))
+    assert small.label == "small_work"
+    # How much memory the loop holds says nothing about it (a healthy loop held 1.4 % of an H200).
+    assert model.diagnose(w(gpu_mem_frac=0.9, **tiny, **BUSY)).label == "small_work"
+    # Busy with long memory-bound kernels: every SM "active", DRAM at its practical peak.
+    saturated = model.diagnose(w(sm_active=0.98, gr_active=0.99, dram_active=0.89, **BUSY))
+    assert saturated.label == "memory_bandwidth"
+    assert model.diagnose(w(sm_active=0.98, gr_active=0.99, dram_active=0.4, **BUSY)).label == (
+        "healthy"
     )
-    assert small.label == "small_work" and _top(small) == "gpu_mem_frac"
     loop = model.diagnose(
         w(sm_active=0.2, cpu_iowait=0.01, cpu_cores=1.0, gpu_mem_frac=0.6, dram_active=0.07, **BUSY)
     )
@@ -690,3 +688,43 @@ def test_cli_missing_file_and_bad_model(tmp_path, capsys):
     with pytest.raises(SystemExit) as caught:
         main(["diagnose", str(path), "--baseline", "--model", str(bad)])
     assert caught.value.code == EXIT_USAGE
+
+
+# -- windows measured on a real GPU --------------------------------------------------------------
+
+H200_RUNS = sorted((Path(__file__).parent.parent / "benchmarks" / "data").glob("gpu-faults-*.csv"))
+
+
+@pytest.mark.parametrize("path", H200_RUNS, ids=lambda p: p.stem)
+def test_windows_measured_on_an_h200(evaluation, path):
+    """Faults injected into a PyTorch loop on an H200 (``benchmarks/gpu_faults.py``: the
+    server extension's sampler over NVML, GPM in DCGM's place on the ``-gpm`` node), scored by
+    the model trained on simulated history only."""
+    model = evaluation["model"]
+    windows = read_windows(path)
+    with open(path) as f:
+        scenarios = [(row["scenario"], row["truth"]) for row in csv.DictReader(f)]
+    said = [d.label for d in model.diagnose_many(windows)]
+    by = {}
+    for window, (scenario, truth), label in zip(windows, scenarios, said, strict=True):
+        by.setdefault((window.node.rsplit("-", 1)[1], scenario), []).append((truth, label))
+
+    def right(node, scenario):
+        pairs = by[(node, scenario)]
+        return sum(t == label for t, label in pairs) / len(pairs)
+
+    for node in ("gpm", "nvml"):
+        for scenario in ("healthy", "zombie", "data_io", "cpu_serial"):
+            assert right(node, scenario) >= 0.75, (node, scenario, by[(node, scenario)])
+    # Tiny kernels show in GPM's occupancy; with NVML alone a launch-bound loop looks CPU-bound.
+    assert right("gpm", "small_work") >= 0.75
+    if "strong" in path.stem:  # 1 GiB tensors: long kernels, DRAM at its peak
+        assert min(right("gpm", "memory_bound"), right("nvml", "memory_bound")) >= 0.75
+    scored = [pair for (node, _), pairs in by.items() if node == "gpm" for pair in pairs]
+    model_right = sum(t == label for t, label in scored) / len(scored)
+    rules_right = sum(
+        rules.baseline(window).label == truth
+        for window, (_, truth) in zip(windows, scenarios, strict=True)
+        if window.node.endswith("-gpm")
+    ) / len(scored)
+    assert model_right >= 0.85 and model_right - rules_right >= 0.25, (model_right, rules_right)

@@ -17,7 +17,7 @@ What it does, for a window in which code runs:
    predicts the activity a node reaches *at its best* for windows with these signals, not the
    average one; it is additive (no interactions), so each signal's effect is its own; and
    each signal's direction is fixed by what it means (``DIRECTIONS``: more I/O wait or a more
-   memory-bound kernel mix never helps, more GPU memory in use — bigger batches — never hurts).
+   memory-bound kernel mix never helps).
 3. **Contributions.** Each cause signal alone is set to its best-state value; the change in
    predicted ``sm_active`` is its contribution (positive: it would help). What the signals do
    not explain — the window's predicted activity minus its actual one — is ``unexplained``.
@@ -30,8 +30,13 @@ What it does, for a window in which code runs:
    which: a loop that is CPU-bound keeps its process busy for at least the share of the window
    the GPU idles (``cpu_cores - cpu_iowait >= CPU_FACTOR * shortfall / best_sm``: time the
    process tree spent blocked on I/O is waiting, not computing, however busy its other
-   processes are) -> ``cpu_serial``; a process idle that long is waiting -> ``data_io`` (on
-   nodes without ``cpu_iowait`` this is the only way a data wait shows).
+   processes are) -> ``cpu_serial``, unless the tree is blocked on reads for at least
+   ``rules.HIGH_IOWAIT`` of the window -> ``data_io``; a process idle that long is waiting ->
+   ``data_io`` (on nodes without ``cpu_iowait`` this is the only way a data wait shows).
+5. **Busy, but moving data.** A window that would be ``healthy`` with DRAM activity at
+   ``DRAM_SATURATED`` (0.8: the practical peak, DCGM's guide) or more is
+   ``memory_bandwidth``: a memory-bound loop with long kernels keeps every SM "active"
+   (waiting on memory) all the time, so no shortfall shows it.
 
 Before the model, by definition: no ``sm_active`` -> ``unknown``; the zombie definition
 (``rules.is_zombie``) -> ``zombie``; a kernel running nothing -> ``healthy`` (nothing to tune:
@@ -42,8 +47,13 @@ Choices, and why:
 
 - *Which signals are causes.* DCGM's DRAM activity is a time average over the same window as
   ``sm_active``: when the GPU idles half the window it halves too, whatever the cause, and used
-  raw it "explains" every idle GPU. The model reads it as an intensity while the SMs are active
-  (``dram_active / sm_active``): how memory-bound the kernels are when they run. Tensor and
+  raw it "explains" every idle GPU. The model reads it as an intensity while kernels run
+  (``dram_active / gr_active``; ``/ sm_active`` where there is no ``gr_active``: on nodes
+  without DCGM that is NVML's share of time a kernel ran): how memory-bound the kernels are
+  when they run. Per unit of *SM* activity, small kernels (few SMs busy) looked memory-bound
+  and a quarter of the simulated ``small_work`` windows were called ``memory_bandwidth``, with
+  a spread of seven points between training sets; per unit of engine time the spread is
+  three (``docs/benchmarks.md``). Tensor and
   PCIe activity, reads, CPU cores (DataLoader workers and CUDA's spin-wait keep cores busy in
   proportion to throughput), user idle time and kernel state describe the workload or follow
   its throughput; given to the regressor they let it recognise individual servers (they are
@@ -54,6 +64,17 @@ Choices, and why:
   not the signals, and their contributions varied from node to node. Normalising by the node
   (activity by ``best_sm``, DRAM intensity by the node's best) keeps what differs between
   cards — the scale of their readings — per node, and learns the shape from every node.
+- *No memory cause; occupancy and saturated DRAM read as they are.* Measured on an H200
+  (``benchmarks/gpu_faults.py``, ``docs/benchmarks.md``): a healthy bf16 training loop held
+  1.4 % of the card's memory, so "more memory in use, bigger batches" (which the simulator
+  assumed, and the model once used as the ``small_work`` cause) named every slow loop on a big
+  card ``small_work`` (43 % of the real windows right); a floor under ``gr_active`` made a
+  starved loop's full-size kernels look small; an elementwise loop over 1 GiB tensors read SM
+  activity 0.98 with DRAM at 0.89, so without step 5 it was ``healthy``; a loop blocked on
+  reads 46 % of the window while its threads kept 1.4 cores busy was ``cpu_serial``. Fixed
+  on the first H200 run and checked on a second with other fault sizes (85.7 % with GPM,
+  71.4 % with NVML alone, the rules 42.9 %), at a cost of about 1.5 points on the simulated
+  validation seeds.
 - The model never sees a label: it is trained on unlabelled history, as the service has it.
 - *Context of three windows, and the CPU split net of I/O wait*: chosen on validation seeds
   (train seed 0, validate seeds 7 and 8; never the benchmark's test seeds): single windows
@@ -96,25 +117,26 @@ from .labels import (
     diagnosis,
 )
 
-FORMAT = 2  # 2: windows are read in their server's context (``context``)
+FORMAT = 3  # 2: windows read in their server's context; 3: no memory cause (real GPUs)
 
 # The regressor's inputs, the direction each moves GPU activity (+1: more helps, -1: more
 # hurts), and the label a contribution names.
-CAUSES = ("dram_active", "gpu_mem_frac", "cpu_iowait")
-DIRECTIONS: Mapping[str, int] = {"dram_active": -1, "gpu_mem_frac": 1, "cpu_iowait": -1}
-CAUSE_OF: Mapping[str, str] = {
-    "dram_active": MEMORY_BANDWIDTH,
-    "gpu_mem_frac": SMALL_WORK,
-    "cpu_iowait": DATA_IO,
-}
-INTENSITIES = ("dram_active",)  # read per unit of SM activity
+CAUSES = ("dram_active", "cpu_iowait")
+DIRECTIONS: Mapping[str, int] = {"dram_active": -1, "cpu_iowait": -1}
+CAUSE_OF: Mapping[str, str] = {"dram_active": MEMORY_BANDWIDTH, "cpu_iowait": DATA_IO}
+INTENSITIES = ("dram_active",)  # read per unit of time a kernel ran
 SM_FLOOR = 0.05  # the intensities' denominator floor: nearly idle windows stay bounded
 UNEXPLAINED = "unexplained"  # the contributions' key for what the signals do not explain
 
 _COLUMNS = [FEATURES.index(name) for name in CAUSES]
 SMALL_OCCUPANCY = 0.75  # occupancy below this share of the node's best: the kernels are small
+GR_MIN = 0.005  # below this engine activity, occupancy is not read (nothing ran to fill the SMs)
+DRAM_SATURATED = 0.8  # DRAM activity at which the memory interface is practically full (DCGM)
 CPU_FACTOR = 0.8  # a CPU-bound loop keeps a core busy >= this share of the GPU's idle time
 GLOBAL = ""  # the key of all nodes together
+# Nodes an unseen node is compared with: those that measure the way it does (DCGM's engine
+# activity, or NVML alone, whose memory utilisation reads on another scale than DCGM's DRAM).
+GLOBAL_BY_KIND = {True: "(with gr_active)", False: "(without gr_active)"}
 
 
 @dataclass
@@ -243,6 +265,10 @@ class Diagnoser:
             return self
 
         self.nodes[GLOBAL] = self._best_state(usable, np)
+        for sees_engine, key in GLOBAL_BY_KIND.items():
+            kind = [w for w in usable if (w.gr_active is not None) == sees_engine]
+            if len(kind) >= self.min_node_windows:
+                self.nodes[key] = self._best_state(kind, np)
         for node, group in by_node.items():
             if node != GLOBAL and len(group) >= self.min_node_windows:
                 self.nodes[node] = self._best_state(group, np)
@@ -295,12 +321,14 @@ class Diagnoser:
         return NodeState(best_sm, best, len(windows), best_occupancy)
 
     def _raw(self, windows: Sequence[Window], np):
-        """The cause signals, DRAM as an intensity."""
+        """The cause signals, DRAM as an intensity per unit of time a kernel ran."""
         X = np.array([to_vector(w) for w in windows], dtype=float).reshape(-1, len(FEATURES))
         X = X[:, _COLUMNS]
-        sm = np.array([w.sm_active for w in windows], dtype=float)
+        ran = np.array(
+            [w.sm_active if w.gr_active is None else w.gr_active for w in windows], dtype=float
+        )
         for name in INTENSITIES:
-            X[:, CAUSES.index(name)] /= np.maximum(sm, SM_FLOOR)
+            X[:, CAUSES.index(name)] /= np.maximum(ran, SM_FLOOR)
         return X
 
     def _inputs(self, windows: Sequence[Window], states: NodeState | Sequence[NodeState], np):
@@ -324,8 +352,17 @@ class Diagnoser:
     def fitted(self) -> bool:
         return self.regressor is not None
 
-    def state(self, node: str | None) -> NodeState:
-        return self.nodes.get(node or GLOBAL) or self.nodes[GLOBAL]
+    def state(self, node: str | None, window: Window | None = None) -> NodeState:
+        """The node's best state; for a node with too little history, that of the nodes that
+        measure the way ``window`` does (else of all nodes)."""
+        own = self.nodes.get(node or GLOBAL)
+        if own is not None:
+            return own
+        if window is not None:
+            kind = self.nodes.get(GLOBAL_BY_KIND[window.gr_active is not None])
+            if kind is not None:
+                return kind
+        return self.nodes[GLOBAL]
 
     def in_context(self, windows: Iterable[Window]) -> list[Window]:
         """``features.in_context`` with this model's ``context`` and horizon."""
@@ -359,7 +396,7 @@ class Diagnoser:
         if pending:
             import numpy as np
 
-            states = [self.state(windows[i].node) for i in pending]
+            states = [self.state(windows[i].node, windows[i]) for i in pending]
             X = self._inputs([windows[i] for i in pending], states, np)
             n = len(pending)
             rows, plan = [X], []  # plan: per cause, the windows with a counterfactual row
@@ -407,6 +444,8 @@ class Diagnoser:
             label = CAUSE_OF[top_name]
         elif unexplained > self.min_gain and _small_kernels(w, state):
             label = SMALL_WORK
+        elif unexplained > self.min_gain and (w.cpu_iowait or 0.0) >= rules.HIGH_IOWAIT:
+            label = DATA_IO  # the tree is blocked on reads, whatever else its threads do
         elif unexplained > self.min_gain and w.cpu_cores is not None:
             idle_share = shortfall / state.best_sm
             computing = w.cpu_cores - (w.cpu_iowait or 0.0)  # blocked on I/O is not computing
@@ -415,6 +454,8 @@ class Diagnoser:
             label = CAUSE_OF[top_name]
         else:
             label = HEALTHY
+        if label == HEALTHY and w.dram_active is not None and w.dram_active >= DRAM_SATURATED:
+            label = MEMORY_BANDWIDTH  # busy, but moving data: SM activity cannot show it
         shown = {k: round(v, 4) for k, v in contributions.items()}
         shown[UNEXPLAINED] = round(unexplained, 4)
         return diagnosis(label, shown, source="model")
@@ -448,10 +489,12 @@ class Diagnoser:
 
 
 def _occupancy_of(w: Window) -> float | None:
-    """``sm_active / gr_active``: how much of the GPU the kernels fill while one runs."""
-    if w.sm_active is None or w.gr_active is None:
+    """``sm_active / gr_active``: how much of the GPU the kernels fill while one runs (not read
+    where almost nothing ran: a floor under ``gr_active`` would call a starved loop's full-size
+    kernels small)."""
+    if w.sm_active is None or w.gr_active is None or w.gr_active < GR_MIN:
         return None
-    return w.sm_active / max(w.gr_active, SM_FLOOR)
+    return w.sm_active / w.gr_active
 
 
 def _occupancy(windows: Sequence[Window], np):
