@@ -57,7 +57,8 @@ from jupyter_gpu_gov.diagnose.labels import (
 
 # How hard each fault bites. ``strong``: the GPU waits nearly all the time (the faults as the
 # issue words them); ``moderate``: a bigger step, so the GPU is busy a third to a half of the time,
-# one DataLoader worker, small tensors for the elementwise mix (launch gaps), a small zombie.
+# one DataLoader worker, small tensors for the elementwise mix (launch gaps), a small zombie;
+# ``mild``: faults that cost the GPU a quarter to a half of its time, two workers.
 VARIANTS = {
     "strong": {
         "width": 4096, "host_s": 0.1, "zombie_gib": 20, "elements": 2**28,
@@ -66,6 +67,10 @@ VARIANTS = {
     "moderate": {
         "width": 8192, "host_s": 0.015, "zombie_gib": 2, "elements": 2**22,
         "small": (1024, 64), "loader_batch": 1, "workers": 1,
+    },
+    "mild": {
+        "width": 8192, "host_s": 0.005, "zombie_gib": 8, "elements": 2**25,
+        "small": (2048, 128), "loader_batch": 1, "workers": 2,
     },
 }  # fmt: skip
 
@@ -412,15 +417,20 @@ async def collect(args) -> None:
                 print(f"   {scenario}: {rows[-1] if rows else None}", flush=True)
             child.kill()
             child.wait(timeout=30)
+            _write(out, rows, meta)  # after each scenario: a run cut short keeps what it measured
     finally:
         sampler.close()
+    _write(out, rows, meta)
+    print(f"{len(rows)} windows -> {out / 'gpu-faults.csv'}", flush=True)
+
+
+def _write(out: Path, rows: list[dict], meta: dict) -> None:
     with open(out / "gpu-faults.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, [*COLUMNS, "truth", "scenario", "variant"])
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _cell(row.get(k)) for k in writer.fieldnames})
     (out / "gpu-faults.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"{len(rows)} windows -> {out / 'gpu-faults.csv'}", flush=True)
 
 
 def _optional(query):
