@@ -378,6 +378,7 @@ async def _bench(
     from jupyter_gpu_gov.core.policy import load_policies
     from jupyter_gpu_gov.core.report import validate
     from jupyter_gpu_gov.hub import dcgm as dcgm_module
+    from jupyter_gpu_gov.hub import metrics as metrics_module
     from jupyter_gpu_gov.hub.dcgm import DcgmSource
     from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
     from jupyter_gpu_gov.hub.hubapi import HubApi
@@ -409,6 +410,8 @@ async def _bench(
     timers.wrap(gov, "_govern", "decide")
     timers.wrap(store, "save_servers", "store_write", count=lambda rows: len(rows))
     timers.wrap(store, "audit", "store_audit")
+    timers.wrap(store, "save_usage", "ledger_write")
+    timers.wrap(metrics_module, "observe_states", "metrics")
 
     fleet = [p for p in plan(n, seed) if p.gpu_uuid]
     times = {user: [clock.parse(s), clock.parse(a)] for user, (s, a) in ready["servers"].items()}
@@ -544,6 +547,8 @@ async def _bench(
         "store_read_s": med("store_read"),
         "decide_s": decide,
         "store_write_s": round(med("store_write") + med("store_audit"), 3),
+        "ledger_write_s": med("ledger_write"),
+        "metrics_s": med("metrics"),
         "rows_written": int(statistics.median(written)) if written else 0,
         "first_pass_store_write_s": round(first_parts.get("store_write", 0.0), 3),
         "first_pass_rows_written": first_counts.get("store_write", 0),

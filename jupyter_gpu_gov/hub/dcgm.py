@@ -218,16 +218,25 @@ def evidence_from_samples(
     """
     config = config or DcgmConfig()
     leaves: dict[tuple[str, str | None], _Leaf] = {}
+    # A GPU's label set repeats once per metric, and the text parser shares one dict for each
+    # distinct set: read its identity and owner once per set, not once per sample.
+    read: dict[int, tuple[Mapping[str, str], str | None, str | None, _Owner | None]] = {}
     for name, labels, value in samples:
         signal = config.metrics.get(name)
-        uuid = _label(labels, "UUID")
-        if signal is None or uuid is None:
+        if signal is None:
+            continue
+        known = read.get(id(labels))  # the tuple keeps ``labels`` alive: its id stays its own
+        if known is None:
+            uuid, gi_id = _label(labels, "UUID"), _label(labels, "GPU_I_ID")
+            known = read[id(labels)] = (labels, uuid, gi_id, _owner(labels, config))
+        _, uuid, gi_id, owner = known
+        if uuid is None:
             continue
         # Key MIG leaves by the raw label so an odd GPU_I_ID can never merge with its parent.
-        leaf = leaves.setdefault((uuid, _label(labels, "GPU_I_ID")), _Leaf(labels))
+        leaf = leaves.setdefault((uuid, gi_id), _Leaf(labels))
         if math.isfinite(value):
             leaf.values[signal] = max(float(value), leaf.values.get(signal, -math.inf))
-        if owner := _owner(labels, config):
+        if owner:
             leaf.owners[owner] = None
 
     evidence = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterable
+from contextlib import suppress
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -84,6 +85,7 @@ SERVER_INFO = Gauge(
 )
 
 STATES = ("active", "idle", "warned", "checkpointing", "culled", "exempt", "unknown")
+_server_series: set[tuple[str, ...]] = set()  # SERVER_INFO's label sets, as last observed
 
 
 def observe_states(rows: Iterable, gpus: dict | None = None, pods: dict | None = None) -> None:
@@ -96,16 +98,16 @@ def observe_states(rows: Iterable, gpus: dict | None = None, pods: dict | None =
     TEAM_SERVERS.clear()
     for (team, state), count in Tally((row.team or "", row.state) for row in rows).items():
         TEAM_SERVERS.labels(team, state).set(count)
-    SERVER_INFO.clear()
+    series = {}
     for row in rows:
         namespace, pod = (pods or {}).get(row.key) or ("", "")
-        SERVER_INFO.labels(
-            row.user,
-            row.name,
-            row.team or "",
-            row.project or "",
-            row.tier or "",
-            row.state,
-            pod,
-            namespace,
-        ).set((gpus or {}).get(row.key, 0.0))
+        labels = (row.user, row.name, row.team or "", row.project or "", row.tier or "")
+        series[(*labels, row.state, pod, namespace)] = (gpus or {}).get(row.key, 0.0)
+    # Update in place: a series made anew costs a label check, 0.5 s a pass at 10,000 servers.
+    for gone in _server_series - series.keys():
+        with suppress(KeyError):  # already gone
+            SERVER_INFO.remove(*gone)
+    for labels, value in series.items():
+        SERVER_INFO.labels(*labels).set(value)
+    _server_series.clear()
+    _server_series.update(series)
