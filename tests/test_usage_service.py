@@ -203,3 +203,30 @@ def test_charts_escape_names_and_handle_no_data():
     assert "No usage" in showback.stacked_bars({}, [], title="t", unit="h")
     assert "&lt;img" in showback.hbars({evil: 1.0}, title="t", unit="h")
     assert showback.histogram([0.0] * 10, title="t", unit="h").count("<rect") == 10
+
+
+def test_the_per_server_series_follow_the_servers():
+    """One series per running server, updated in place pass after pass: a server that stops
+    loses its series, a state change moves the series to the new state."""
+    from types import SimpleNamespace
+
+    def row(user, state):
+        return SimpleNamespace(
+            key=f"{user}/", user=user, name="", team="vision", project="", tier="h100", state=state
+        )
+
+    def series():
+        return {
+            (s.labels["user"], s.labels["state"]): s.value
+            for family in metrics.REGISTRY.collect()
+            if family.name == "jupyter_gpu_gov_server_gpu_equivalents"
+            for s in family.samples
+            if s.labels["user"] in ("ann", "ben")
+        }
+
+    metrics.observe_states([row("ann", "active"), row("ben", "idle")], {"ann/": 1.0, "ben/": 2.0})
+    assert series() == {("ann", "active"): 1.0, ("ben", "idle"): 2.0}
+    metrics.observe_states([row("ann", "warned")], {"ann/": 1.0})
+    assert series() == {("ann", "warned"): 1.0}
+    metrics.observe_states([], {})
+    assert series() == {}
