@@ -318,9 +318,11 @@ def enable_delay_accounting() -> dict:
 async def collect(args) -> None:
     from jupyter_gpu_gov.core import clock
     from jupyter_gpu_gov.gpu.attribution import TargetRoot
-    from jupyter_gpu_gov.gpu.nvml import NvmlBackend
+    from jupyter_gpu_gov.gpu.nvml import NvmlBackend, nvml_available
     from jupyter_gpu_gov.server.sampler import Sampler, TargetInfo
 
+    if not nvml_available():
+        raise SystemExit("collect needs an NVIDIA GPU and driver: NVML did not load here")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(args.data)
