@@ -258,3 +258,23 @@ def service_pid(hub: HubHarness) -> int | None:
             if b"jupyter_gpu_gov.hub" in cmdline and needle in cmdline:
                 return int(entry)
     return None
+
+
+def test_the_user_prepare_found_is_answered_without_a_thread_hop(monkeypatch):
+    """``current_user`` asks HubAuth synchronously after ``prepare`` asked asynchronously: the
+    answer on the handler comes back as it is, without a hop to HubAuth's thread."""
+    from types import SimpleNamespace
+
+    from jupyter_gpu_gov.hub.routes import PreparedHubOAuth
+
+    auth = PreparedHubOAuth(api_token="secret", api_url="http://127.0.0.1:9/hub/api")
+
+    def hop(*args, **kwargs):
+        raise AssertionError("hopped to HubAuth's thread")
+
+    monkeypatch.setattr(auth, "_synchronize", hop)
+    assert auth.get_user(SimpleNamespace(_cached_hub_user={"name": "ann"})) == {"name": "ann"}
+    assert auth.get_user(SimpleNamespace(_cached_hub_user=None)) is None  # asked: nobody
+    asked = []
+    monkeypatch.setattr(auth, "_synchronize", lambda f, *a, **k: asked.append(f) or "asked")
+    assert auth.get_user(SimpleNamespace()) == "asked" and asked  # not asked yet: HubAuth's way
