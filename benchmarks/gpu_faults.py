@@ -218,23 +218,21 @@ class UncachedFiles:
         import torch
 
         path = self.paths[index % len(self.paths)]
-        size = FILE_MB * 2**20
-        buffer = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
+        buffer = mmap.mmap(-1, FILE_MB * 2**20)  # page-aligned, as O_DIRECT needs
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-        except OSError:
-            fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            got = os.preadv(fd, [buffer], 0)
-        except OSError:  # a file system without O_DIRECT: read it plainly, uncached
-            os.close(fd)
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            got = os.preadv(fd, [buffer], 0)
-        finally:
-            os.close(fd)
+            got = _read_uncached(path, buffer, getattr(os, "O_DIRECT", 0))
+        except OSError:  # a file system without O_DIRECT (tmpfs): read it plainly, uncached
+            got = _read_uncached(path, buffer, 0)
         return torch.frombuffer(bytearray(buffer[: min(got, 2**20)]), dtype=torch.uint8)
+
+
+def _read_uncached(path: Path, buffer, flags: int) -> int:
+    fd = os.open(path, os.O_RDONLY | flags)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drop what the page cache holds
+        return os.preadv(fd, [buffer], 0)
+    finally:
+        os.close(fd)
 
 
 def write_shards(folder: Path) -> None:
