@@ -96,6 +96,35 @@ async def test_dcgm_idle_wins_over_a_report_saying_active(tmp_path):
     assert result.dcgm_errors == ()
 
 
+async def test_dcgm_governs_a_server_without_the_extension(tmp_path, restore_clock):
+    """KubeSpawner's state names the pod; DCGM sees its GPU idle though an open tab keeps Hub
+    activity fresh (the zombie jupyterhub-idle-culler misses). A server whose pod DCGM does
+    not know still gets that culler's rule."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    pod = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
+    async with FakeHub() as hub:
+        hub.add_server("alice", last_activity=clock.utcnow(), state=pod)
+        hub.add_server("bob", last_activity=clock.utcnow(), state={**pod, "pod_name": "other"})
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.policies = load_policies([])  # the shipped defaults: warn at 30 min, cull at 1 h
+        seen = {}
+        for minute in (0, 31, 61, 119, 121):
+            clock.advance(60 * (minute - max(seen, default=0)))
+            hub.users["alice"].servers[""].last_activity = clock.utcnow()  # the open tab
+            await gov.reconcile()
+            seen[minute] = (gov.row("alice/").state, gov.row("alice/").reason)
+            if minute == 0:  # the idle-culler rule: fresh Hub activity
+                assert gov.row("bob/").state == "active"
+        # ...and then no Hub activity for 2 h (bob's tab is closed): that rule culls.
+        assert gov.row("bob/").state == "culled" and "idle-culler" in gov.row("bob/").reason
+    exporter.server.stop()
+    assert seen[0][0] == "idle" and "DCGM, no report" in seen[0][1]
+    assert [seen[m][0] for m in (31, 61, 119)] == ["warned"] * 3
+    # DCGM cannot see a running cell: the cull waits busy_grace (2 h) from the idle start.
+    assert "held back by a cell may be running" in seen[61][1]
+    assert seen[121][0] == "checkpointing"
+
+
 async def test_unreachable_dcgm_degrades_to_reports(tmp_path):
     async with FakeHub() as hub:
         hub.add_server("alice")

@@ -136,6 +136,33 @@ def test_busy_kernel_is_warned_but_not_culled_before_busy_grace():
     assert actions[1:] == [(70, "checkpoint", "checkpointing"), (71, "cull", "culled")]
 
 
+def test_a_cell_running_before_the_gpu_went_idle_gets_busy_grace_from_the_idle_start():
+    # A "run all" busy for hours reaches a long CPU stage: its grace counts from the GPU's
+    # idle start, not from the cell's (which would have run out long ago).
+    long = replace(POLICY, busy_grace=timedelta(minutes=90))
+    view = replace(idle_view(), gpu=p.GpuSignal(True, False, kernel_busy_since=T0 - 180 * MIN))
+    actions, _ = run(view, long, minutes=95, on_checkpoint="done")
+    assert actions == [
+        (30, "warn", "warned"),
+        (90, "checkpoint", "checkpointing"),
+        (91, "cull", "culled"),
+    ]
+
+
+def test_without_a_report_a_running_cell_is_assumed():
+    # DCGM alone sees the card, not the kernels: the cull waits as if a cell were running.
+    dcgm = replace(idle_view(), gpu=p.GpuSignal(True, False, sees_cells=False, detail="DCGM"))
+    actions, last = run(dcgm, minutes=65, on_checkpoint="done")
+    assert actions == [
+        (30, "warn", "warned"),
+        (60, "checkpoint", "checkpointing"),
+        (61, "cull", "culled"),
+    ]
+    actions, last = run(dcgm, replace(POLICY, busy_grace=timedelta(minutes=80)), minutes=79)
+    assert actions == [(30, "warn", "warned")]
+    assert "held back by a cell may be running" in last.reason
+
+
 def test_extensions_postpone_then_need_an_admin():
     record = p.Record()
     for minute in range(0, 31):

@@ -1,7 +1,8 @@
 """``jupyter-gpu-gov replay``: traces through the live policy and through the stock cullers.
 
 The traces under tests/data/traces/ step every 10 minutes. With the default policy a GPU idle
-from t=0 is warned at 1 h, checkpointed at 2 h and culled a step later, once the checkpoint is in.
+from t=0 is warned at 30 min, checkpointed at 1 h and culled a step later, once the checkpoint
+is in.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def config(tmp_path):
 def test_zombie_with_open_tab_is_warned_checkpointed_and_culled():
     actions = run_policy("zombie_open_tab.jsonl")
     assert steps(actions) == [
-        (3600, "alice/", "warn"),
-        (7200, "alice/", "checkpoint"),
-        (7800, "alice/", "cull"),
+        (1800, "alice/", "warn"),
+        (3600, "alice/", "checkpoint"),
+        (4200, "alice/", "cull"),
     ]
     assert "GPU idle since 2026-01-01 00:00 UTC" in actions[0].reason
-    assert "GPU idle for 2h 10m" in actions[-1].reason
+    assert "GPU idle for 1h 10m" in actions[-1].reason
     assert "checkpoint saved" in actions[-1].reason
 
 
@@ -97,20 +98,50 @@ def test_silent_training_loop_is_killed_by_the_stock_cullers(baseline, cull_t, r
 
 
 def test_server_without_extension_gets_the_idle_culler_rule():
+    # No report and no DCGM reading (no gpu_sm): only the Hub's activity is known.
     actions = run_policy("no_extension.jsonl")
     assert steps(actions) == [(3600, "dave/", "cull")]
     assert "sends no GPU report" in actions[0].reason
 
 
+def with_dcgm(trace: str, sm: float) -> list[str]:
+    """The trace as seen on a cluster with dcgm-exporter: ``gpu_sm`` on every row."""
+    rows = [json.loads(line) for line in (TRACES / trace).read_text().splitlines()]
+    rows += [{**rows[-1], "t": rows[-1]["t"] + 600 * i} for i in (1, 2)]  # 20 min longer
+    return [json.dumps({**row, "gpu_sm": sm}) for row in rows]
+
+
+def test_server_without_extension_is_governed_by_dcgm():
+    # DCGM sees the idle card but not the kernels: warned at 30 min, and the cull waits for
+    # busy_grace (2 h) after the GPU went idle, in case a CPU cell is running.
+    actions = list(
+        replay(parse_lines(with_dcgm("no_extension.jsonl", 0.0)), policies_from_config(None))
+    )
+    assert steps(actions) == [
+        (1800, "dave/", "warn"),
+        (7200, "dave/", "checkpoint"),
+        (7800, "dave/", "cull"),
+    ]
+    assert "DCGM" in actions[0].reason
+    assert "held back by a cell may be running" in actions[0].reason
+
+
+def test_busy_gpu_of_a_server_without_extension_is_never_culled():
+    # The stock rule would cut it at 1 h (nobody touches the server); DCGM sees the GPU work.
+    rows = with_dcgm("no_extension.jsonl", 0.8)
+    assert steps(idle_culler(parse_lines(rows))) == [(3600, "dave/", "cull")]
+    assert list(replay(parse_lines(rows), policies_from_config(None))) == []
+
+
 def test_unknown_gpu_is_never_idle():
     actions = run_policy("unknown_gpu.jsonl")
     assert "erin/" not in {a.server for a in actions}  # unknown all along
-    # frank/ is idle for 50 min, unknown for 30, then idle again: the idle clock paused
-    # while unknown, so the 1 h warning comes 10 min after it is known idle again.
+    # frank/ is idle for 50 min (warned at 30), unknown for 30, then idle again: the idle
+    # clock paused while unknown, so the 1 h cull comes 30 min late.
     assert steps(actions) == [
-        (5400, "frank/", "warn"),
-        (9000, "frank/", "checkpoint"),
-        (9600, "frank/", "cull"),
+        (1800, "frank/", "warn"),
+        (5400, "frank/", "checkpoint"),
+        (6000, "frank/", "cull"),
     ]
 
 
@@ -119,15 +150,17 @@ def test_exempt_label_is_never_culled():
 
 
 def test_failed_checkpoint_postpones_the_cull():
-    assert [(a.t, a.action) for a in run_policy("checkpoint_fails.jsonl")] == [
-        (3600, "warn"),
-        (7200, "checkpoint"),
-        (7800, "warn"),
-        (11400, "checkpoint"),
-        (12000, "warn"),
-        (15600, "checkpoint"),
-        (16200, "warn"),
+    # Each failure warns again and postpones the cull by the warning's notice (30 min).
+    assert [(a.t, a.action) for a in run_policy("checkpoint_fails.jsonl")][:7] == [
+        (1800, "warn"),
+        (3600, "checkpoint"),
+        (4200, "warn"),
+        (6000, "checkpoint"),
+        (6600, "warn"),
+        (8400, "checkpoint"),
+        (9000, "warn"),
     ]
+    assert "cull" not in {a.action for a in run_policy("checkpoint_fails.jsonl")}
 
 
 def test_max_age_by_tier_label(config):
@@ -174,11 +207,11 @@ def test_service_timeout_is_the_default_for_servers_without_reports(config):
 
 
 def test_policy_defaults_apply(config):
-    path = config('c.GpuGovernor.policy_defaults = {"warn_after": "30m", "cull_after": "1h"}')
+    path = config('c.GpuGovernor.policy_defaults = {"warn_after": "1h", "cull_after": "2h"}')
     assert steps(run_policy("zombie_open_tab.jsonl", path)) == [
-        (1800, "alice/", "warn"),
-        (3600, "alice/", "checkpoint"),
-        (4200, "alice/", "cull"),
+        (3600, "alice/", "warn"),
+        (7200, "alice/", "checkpoint"),
+        (7800, "alice/", "cull"),
     ]
 
 
@@ -195,11 +228,11 @@ def test_score_of_the_zombie():
         "culls": 1,
         "gpu_hours_held": 3.0,
         "gpu_hours_idle_held": 3.0,
-        "gpu_hours_reclaimed": pytest.approx((10800 - 7800) / 3600, abs=1e-4),
+        "gpu_hours_reclaimed": pytest.approx((10800 - 4200) / 3600, abs=1e-4),
         "gpu_hours_work_lost": 0.0,
         "false_culls": 0,
         "warned_cull_share": 1.0,
-        "median_idle_to_reclaim_s": 7800,
+        "median_idle_to_reclaim_s": 4200,
     }
 
 
@@ -259,9 +292,9 @@ def test_cli_prints_actions_and_summary(tmp_path):
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [set(line) for line in lines] == [{"t", "server", "action", "reason"}] * 3
     assert [(line["t"], line["action"]) for line in lines] == [
-        (3600, "warn"),
-        (7200, "checkpoint"),
-        (7800, "cull"),
+        (1800, "warn"),
+        (3600, "checkpoint"),
+        (4200, "cull"),
     ]
     summary = json.loads(result.stderr.splitlines()[-1])
     assert summary == json.loads(out.read_text())

@@ -56,8 +56,11 @@ measured data; U is uniform, logU log-uniform):
   standby server in sessions of U(3, 14) days: idle logU(30 min, 12 h), then a batch job of
   logU(10 min, 4 h) at SM U(0.5, 0.95) submitted without a kernel execution or a browser.
 - No extension: every 10th user (index 3 mod 10) runs an image without the server extension:
-  ``reports`` false and no ``gpu_sm`` (unknown), on the same scenario mix; memory and truth
-  are still given (the evaluator's view, not the governor's).
+  ``reports`` false, on the same scenario mix. The cluster runs dcgm-exporter (as NVIDIA's GPU
+  Operator deploys it), so ``gpu_sm`` is DCGM's reading of the pod's GPU: the governor sees the
+  card but not the kernels, the tab or the person. ``--no-dcgm``: a cluster without it, where
+  those rows have no ``gpu_sm`` (unknown). Memory and truth are always given (the evaluator's
+  view, not the governor's).
 
 A session opens with 1-10 min without a GPU context (``idle_free``), then its first GPU cell
 loads a model: memory U(25 %, 95 %) of the card, held until the server stops (frameworks keep
@@ -246,7 +249,7 @@ SCENARIOS: dict[str, tuple[Callable[[Session], None], float]] = {
 }
 
 
-def user_rows(index: int, days: int, seed: int, step: int) -> Iterator[dict]:
+def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) -> Iterator[dict]:
     """One user's servers over the trace, in time order."""
     rng = random.Random(f"{seed}:{index}")
     user = f"u{index:03d}"
@@ -272,8 +275,8 @@ def user_rows(index: int, days: int, seed: int, step: int) -> Iterator[dict]:
                 return
             memory = 0 if truth == "idle_free" else session.memory_mb
             row = {"t": now, "server": server, "profile": profile, "team": team}
-            if reports:
-                row["gpu_sm"] = sm
+            if reports or dcgm:
+                row["gpu_sm"] = sm  # the report's, or DCGM's for a server without the extension
             row |= {
                 "gpu_mem_mb": memory,
                 "holds_context": memory > 0,
@@ -304,9 +307,11 @@ def _working_hours(t: float, rng: random.Random, step: int) -> int:
     return int((day * DAY + clock) // step * step)
 
 
-def generate(servers: int, days: int, seed: int, step: int = DEFAULT_STEP) -> Iterator[dict]:
+def generate(
+    servers: int, days: int, seed: int, step: int = DEFAULT_STEP, dcgm: bool = True
+) -> Iterator[dict]:
     """Every user's rows, merged in time order (ties in user order)."""
-    users = [user_rows(i, days, seed, step) for i in range(servers)]
+    users = [user_rows(i, days, seed, step, dcgm) for i in range(servers)]
     return heapq.merge(*users, key=lambda row: row["t"])
 
 
@@ -318,9 +323,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--step", type=int, default=DEFAULT_STEP, help="seconds per sample (default 300)"
     )
+    parser.add_argument(
+        "--no-dcgm",
+        action="store_true",
+        help="a cluster without dcgm-exporter: servers without the extension have no gpu_sm",
+    )
     args = parser.parse_args(argv)
     write = sys.stdout.write
-    for row in generate(args.servers, args.days, args.seed, args.step):
+    for row in generate(args.servers, args.days, args.seed, args.step, not args.no_dcgm):
         write(json.dumps(row, separators=(",", ":")) + "\n")
 
 

@@ -1,11 +1,14 @@
 """Reclamation replay: one trace through every policy, scored against its ground truth.
 
-    python -m benchmarks.replay [--servers 40 --days 30 --seed 1 --step 300 | --trace FILE] [--json]
+    python -m benchmarks.replay [--servers 40 --days 30 --seed 1 --step 300 [--no-dcgm] | --trace FILE]
+                                [--policy-defaults JSON] [--json]
 
 The trace (generated, see ``generate.py``, or a file with ``truth`` on every row) is replayed
 through no culling, jupyterhub-idle-culler's rule at 1 h and at 8 h, jupyter-server's kernel
 culler (1 h, ``cull_connected`` and ``cull_busy`` off) and this project's shipped default
-policy, with the ``jupyter_gpu_gov.replay`` engine the CLI uses. Each run is scored the same way:
+policy, with the ``jupyter_gpu_gov.replay`` engine the CLI uses; the default policy also as a
+governor without DCGM sees the trace (servers without the extension then unknown), with and
+without jupyterhub-idle-culler's fallback rule for them. Each run is scored the same way:
 
 - reclaimed: the share of ``idle_held`` GPU-hours (rows holding GPU memory or a context) at or
   after the server's cull. A row lasts until its server's next row; a server's last row lasts as
@@ -32,17 +35,16 @@ import json
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
 from jupyter_gpu_gov.core.durations import format_duration
-from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.core.policy import PolicyError, load_policies
 from jupyter_gpu_gov.replay import (
     Action,
     Sample,
     idle_culler,
     parse_lines,
-    policies_from_config,
     read_trace,
     replay,
 )
@@ -54,20 +56,29 @@ HOUR = 3600
 Run = Callable[[Iterable[Sample]], Iterable[Action]]
 
 
-def policies() -> dict[str, Run]:
-    """Each run under comparison, by the name the table shows."""
+def policies(defaults: dict | None = None) -> dict[str, Run]:
+    """Each run under comparison, by the name the table shows; ``defaults`` refine the shipped
+    default policy (``c.GpuGovernor.policy_defaults``) in this project's runs."""
+    ours = load_policies([], defaults)
+    blind = load_policies([], {**(defaults or {}), "inactive_timeout": None})
     return {
         "no culling": lambda samples: (),
         "idle-culler 1h": partial(idle_culler, timeout=HOUR),
         "idle-culler 8h": partial(idle_culler, timeout=8 * HOUR),
         "kernel culler 1h": partial(kernel_culler, timeout=HOUR),
-        "jupyter-gpu-gov default": partial(replay, policies=policies_from_config(None)),
-        # The same without jupyterhub-idle-culler's fallback rule for servers that send no
-        # report (``inactive_timeout: None``): what that rule costs and gives.
-        "default, no fallback": partial(
-            replay, policies=load_policies([], {"inactive_timeout": None})
-        ),
+        "jupyter-gpu-gov default": partial(replay, policies=ours),
+        # On a cluster without dcgm-exporter: servers without the extension are known only by
+        # their Hub activity, and get jupyterhub-idle-culler's rule (``inactive_timeout``)...
+        "default, no DCGM": lambda samples: replay(without_dcgm(samples), ours),
+        # ...or, with ``inactive_timeout: None``, are never culled.
+        "default, no DCGM, no fallback": lambda samples: replay(without_dcgm(samples), blind),
     }
+
+
+def without_dcgm(samples: Iterable[Sample]) -> Iterator[Sample]:
+    """The trace as a governor without DCGM sees it: no GPU reading where no report comes."""
+    for sample in samples:
+        yield sample if sample.reports else replace(sample, gpu_sm=None)
 
 
 @dataclass
@@ -200,10 +211,10 @@ def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) ->
     return result
 
 
-def run_all(samples: Callable[[], Iterator[Sample]]) -> list[Result]:
+def run_all(samples: Callable[[], Iterator[Sample]], defaults: dict | None = None) -> list[Result]:
     """Every policy over the same trace; ``samples()`` reads it afresh each time."""
     results = []
-    for name, run in policies().items():
+    for name, run in policies(defaults).items():
         actions = list(run(samples()))
         results.append(evaluate(name, samples(), actions))
     return results
@@ -259,6 +270,16 @@ def table(results: list[Result]) -> str:
     return "\n".join(text)
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of policy keys, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", type=int, default=40, help="users to generate (default 40)")
@@ -268,6 +289,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--trace", metavar="FILE", help="score this trace instead of generating one"
     )
+    parser.add_argument(
+        "--no-dcgm",
+        action="store_true",
+        help="generate a cluster without dcgm-exporter (generate.py --no-dcgm)",
+    )
+    parser.add_argument(
+        "--policy-defaults",
+        metavar="JSON",
+        type=_json_object,
+        help='refine the default policy, e.g. \'{"warn_after": "1h", "cull_after": "2h"}\'',
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.trace:
@@ -275,9 +307,16 @@ def main(argv: list[str] | None = None) -> None:
         samples = partial(read_trace, args.trace)
     else:
         source = {k: getattr(args, k) for k in ("servers", "days", "seed", "step")}
-        rows = partial(generate, args.servers, args.days, args.seed, args.step)
+        source["dcgm"] = not args.no_dcgm
+        rows = partial(generate, args.servers, args.days, args.seed, args.step, source["dcgm"])
         samples = lambda: parse_lines(json.dumps(row) for row in rows())  # noqa: E731
-    results = run_all(samples)
+    if args.policy_defaults is not None:
+        try:
+            load_policies([], args.policy_defaults)
+        except PolicyError as error:
+            parser.error(f"--policy-defaults: {error}")
+        source["policy_defaults"] = args.policy_defaults
+    results = run_all(samples, args.policy_defaults)
     if args.json:
         print(json.dumps({**source, "policies": [r.as_dict() for r in results]}))
         return

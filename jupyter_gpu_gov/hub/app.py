@@ -94,9 +94,9 @@ class GpuGovernor(Application):
     # -- jupyterhub-idle-culler's options ----------------------------------------------------
     timeout = Int(
         3600,
-        help="""Seconds of Hub inactivity after which a server that sends no GPU report is
-        culled (jupyterhub-idle-culler's --timeout). Servers with GPU reports follow the
-        policies instead.""",
+        help="""Seconds of Hub inactivity after which a server that sends no GPU report, and
+        whose pod DCGM does not see, is culled (jupyterhub-idle-culler's --timeout). Servers
+        with GPU reports, or with DCGM's reading of their pod's GPUs, follow the policies.""",
     ).tag(config=True)
     cull_every = Float(
         0,

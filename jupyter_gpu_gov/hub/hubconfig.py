@@ -23,6 +23,9 @@ SERVICE_SCOPES = [
     "access:servers",  # checkpoint requests and kernel shutdown on user servers
     "list:groups",
     "read:groups",  # team properties of groups
+    # KubeSpawner's state names a server's pod: DCGM then governs servers without the
+    # extension (the Hub's REST API only reads state; it has no call that writes it).
+    "admin:server_state",
 ]
 
 

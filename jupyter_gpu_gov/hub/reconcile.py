@@ -350,7 +350,7 @@ class Governor:
         base = _base_view(server, ownership)
         chosen = policy.select(self.policies, base)  # policies match on who, not on the GPU
         record = self._checkpoint_timeout(row, record, chosen, now, batch.audits)
-        view = self._with_gpu(base, chosen, now, row.reports)
+        view = self._with_gpu(base, chosen, now, row.reports, _pod_of(server))
         excluded = self._excluded(server)
         if excluded:
             decision = Decision(
@@ -486,7 +486,12 @@ class Governor:
         return None
 
     def _with_gpu(
-        self, base: ServerView, chosen: Policy, now: datetime, reported: bool
+        self,
+        base: ServerView,
+        chosen: Policy,
+        now: datetime,
+        reported: bool,
+        pod: tuple[str | None, str] | None = None,
     ) -> ServerView:
         """The view with what the server's report (and DCGM) say about its GPU."""
         received = self.reports.get(base.key)
@@ -495,7 +500,9 @@ class Governor:
             waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
             return replace(base, reports=True, gpu=waiting)
         if received is None:
-            return base  # no extension, or not reported yet: jupyterhub-idle-culler's rule
+            # No extension (or no report yet): DCGM alone where it sees the server's pod,
+            # else jupyterhub-idle-culler's rule.
+            return replace(base, gpu=self._dcgm_only(pod, chosen))
         report = received.report
         if now - received.at > self.options.report_stale_after:
             since = f"{received.at:%Y-%m-%d %H:%M} UTC"  # a time, so the reason stays put
@@ -512,10 +519,27 @@ class Governor:
                 gpu = replace(gpu, active=active, detail=detail)
         return replace(base, reports=True, gpu=gpu, user_last_activity=user_last_activity(report))
 
+    def _dcgm_only(
+        self, pod: tuple[str | None, str] | None, chosen: Policy
+    ) -> policy.GpuSignal | None:
+        """A server without the extension, as DCGM sees its pod's GPUs (None: it does not).
+        DCGM sees the card, not the kernels: the policy assumes a cell may be running."""
+        if pod is None:
+            return None
+        by_pod = self._world.by_pod
+        evidence = by_pod.get(pod) or by_pod.get((None, pod[1]))
+        if not evidence:
+            return None
+        active = self._dcgm_activity(evidence, chosen)
+        detail = "DCGM, no report" if active is not None else "DCGM, no report: no activity data"
+        return policy.GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
+
     def _trusted_activity(self, report: dict, chosen: Policy, by_uuid, by_pod) -> bool | None:
         """DCGM's word on this server's GPUs: True if any is busy, False if all are idle,
         None when DCGM does not know them."""
-        evidence = self._evidence(report, by_uuid, by_pod)
+        return self._dcgm_activity(self._evidence(report, by_uuid, by_pod), chosen)
+
+    def _dcgm_activity(self, evidence: list[GpuEvidence], chosen: Policy) -> bool | None:
         verdicts = [
             is_idle(e, chosen.idle_threshold, self.options.pcie_floor_bytes_per_s) for e in evidence
         ]
@@ -947,6 +971,16 @@ def _device_share(device: Mapping) -> float:
     profile = device.get("mig_profile") or ""
     head = profile.split("g.", 1)[0]
     return round(int(head) / 7, 4) if head.isdigit() else 1.0
+
+
+def _pod_of(server: HubServer) -> tuple[str | None, str] | None:
+    """(namespace, pod) as KubeSpawner keeps them in its state (read with admin:server_state);
+    None for other spawners, or without the scope."""
+    state = server.spawner_state or {}
+    pod, namespace = state.get("pod_name"), state.get("namespace")
+    if not isinstance(pod, str) or not pod:
+        return None
+    return (namespace if isinstance(namespace, str) else None), pod
 
 
 def _base_view(server: HubServer, ownership) -> ServerView:

@@ -223,6 +223,13 @@ def _prefixed(row: dict) -> dict:
 
 _SERVER_COLUMNS = [c.key for c in ServerRow.__table__.columns]
 _DEFAULTED = {c.key for c in ServerRow.__table__.columns if c.default is not None}
+# Plain values of those defaults, set on a new row in memory too: its later updates then
+# write them back, not None.
+_SCALAR_DEFAULTS = {
+    c.key: c.default.arg
+    for c in ServerRow.__table__.columns
+    if c.default is not None and c.default.is_scalar
+}
 
 # Forward migrations: version -> statements bringing the previous version up to it.
 MIGRATIONS: dict[int, list[str]] = {}
@@ -290,6 +297,9 @@ class Store:
         values = {}
         for key, row in unique.items():
             row.updated_at = now
+            for column, default in _SCALAR_DEFAULTS.items():
+                if getattr(row, column) is None:
+                    setattr(row, column, default)
             values[key] = {c: getattr(row, c) for c in _SERVER_COLUMNS}
         with self._session.begin() as session:
             unknown = [k for k in values if k not in self._stored]

@@ -147,9 +147,10 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
             sample,
             started=server.started,
             hub_last_activity=hub_last,
-            user_last_activity=server.user_last,
+            # People's interaction is read from reports; the Hub's activity includes open tabs.
+            user_last_activity=server.user_last if sample.reports else None,
             reports=sample.reports,
-            gpu=gpu_signal(sample, policy, server.busy_since) if sample.reports else None,
+            gpu=gpu_signal(sample, policy, server.busy_since),
         )
         decision = decide(view, server.record, policy, now)
         server.record = decision.record
@@ -180,15 +181,21 @@ def server_view(sample: Sample, **state: Any) -> ServerView:
     )
 
 
-def gpu_signal(sample: Sample, policy: Policy, kernel_busy_since: datetime | None) -> GpuSignal:
-    """The GPU as a reporting server's report shows it. A server holds its GPU allocation with
-    or without a context (stop-server); shutting kernels down frees only what they hold."""
+def gpu_signal(
+    sample: Sample, policy: Policy, kernel_busy_since: datetime | None
+) -> GpuSignal | None:
+    """The GPU as the service would see it: from the server's report, or for a server without
+    the extension from DCGM alone (``gpu_sm`` on a ``reports: false`` row), which sees the card
+    but not the kernels; None when neither says anything (jupyterhub-idle-culler's rule then).
+    A server holds its GPU allocation with or without a context (stop-server); shutting kernels
+    down frees only what they hold."""
+    if not sample.reports and sample.gpu_sm is None:
+        return None
     holds = sample.holds_gpu_memory if policy.cull_action == "shutdown-kernels" else True
-    return GpuSignal(
-        holds_gpu=holds,
-        active=None if sample.gpu_sm is None else sample.gpu_sm >= policy.idle_threshold,
-        kernel_busy_since=kernel_busy_since,
-    )
+    active = None if sample.gpu_sm is None else sample.gpu_sm >= policy.idle_threshold
+    if not sample.reports:
+        return GpuSignal(holds_gpu=holds, active=active, sees_cells=False, detail="DCGM")
+    return GpuSignal(holds_gpu=holds, active=active, kernel_busy_since=kernel_busy_since)
 
 
 def _observe(server: _Server, sample: Sample, now: datetime) -> None:
