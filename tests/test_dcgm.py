@@ -121,6 +121,124 @@ def test_parser_matches_prometheus_client_on_every_fixture(name):
     assert comparable(dcgm._exposition_samples(text, names)) == comparable(expected)
 
 
+def reference_samples(text: str, names) -> list:
+    """The line-by-line reader the C scan must agree with, sample for sample."""
+    return list(dcgm._line_samples(enumerate(text.split("\n"), 1), names, {}))
+
+
+def outcome(read, *args):
+    try:
+        samples = list(read(*args))
+    except ValueError as e:
+        return "error", str(e)
+    # The same values, and label dicts shared alike (evidence reads each shared dict once).
+    first: dict[int, int] = {}
+    shared = [first.setdefault(id(labels), i) for i, (_, labels, _) in enumerate(samples)]
+    return comparable(samples), shared
+
+
+# Synthetic lines in every form the scan reads itself or hands to the reference reader.
+ODD_LINES = [
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a",gpu="0"} 12',
+    '   DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 12',  # indented (the A100 MIG fixture)
+    '\tDCGM_FI_DEV_GPU_UTIL\t{ UUID = "GPU-b" , }\t13\t1700000000000 ',
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 12\r',  # CRLF
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 12\x0b',  # other trailing whitespace
+    '\u2003DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 14',  # Unicode whitespace, stripped as there
+    "DCGM_FI_DEV_GPU_UTIL 7",
+    "DCGM_FI_DEV_GPU_UTIL{} 5",
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-}",x="{"} 1',  # braces inside values
+    'DCGM_FI_DEV_GPU_UTIL{UUID="a\\"b\\\\c\\nd"} 2',  # escapes
+    'DCGM_FI_DEV_GPU_UTIL_total{UUID="GPU-a"} 3',  # a longer name: not the metric
+    "DCGM_FI_DEV_GPU_UTILx 3",
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} NaN',
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} +Inf -12',
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 1e3',
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 1_000',  # malformed from here on
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 5}',
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 5 }',
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} 1 1.5',
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a",UUID="b"} 1',
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a" 1',
+    'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-\\ta"} 1',
+    "DCGM_FI_DEV_GPU_UTIL{UUID=a} 1",
+    "DCGM_FI_DEV_GPU_UTIL-x 1",
+    "DCGM_FI_DEV_GPU_UTIL 1 2 3",
+    "DCGM_FI_DEV_GPU_UTIL",
+    'DCGM_FI_DEV_SM_CLOCK{UUID="GPU-a" oops',  # not a wanted metric: never read
+    '{UUID="GPU-a"} 1',  # no metric name
+    "9 1",
+]
+
+
+@pytest.mark.parametrize("name", TEXT_FIXTURES)
+def test_the_c_scan_reads_every_fixture_as_the_line_reader_does(name):
+    text = read(name)
+    for names in (DcgmConfig().metrics, {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP"}):
+        assert outcome(dcgm._exposition_samples, text, names) == outcome(
+            reference_samples, text, names
+        )
+
+
+@pytest.mark.parametrize("position", ["first", "middle", "last"])
+@pytest.mark.parametrize("line", ODD_LINES)
+def test_the_c_scan_reads_odd_lines_and_names_errors_as_the_line_reader_does(line, position):
+    plain = [
+        "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a",gpu="0"} 10',
+        'DCGM_FI_DEV_FB_USED{UUID="GPU-a",gpu="0"} 1024',
+        "",
+    ]
+    where = {"first": 0, "middle": 2, "last": len(plain)}[position]
+    text = "\n".join([*plain[:where], line, *plain[where:]])
+    names = DcgmConfig().metrics
+    expected = outcome(reference_samples, text, names)
+    assert outcome(dcgm._exposition_samples, text, names) == expected
+    if expected[0] != "error":
+        assert parse_exposition(text) == evidence_from_samples(reference_samples(text, names))
+
+
+def test_the_c_scan_reads_a_generated_fleet_as_the_line_reader_does(monkeypatch):
+    from benchmarks.reconcile import exposition, plan
+
+    text = exposition([p for p in plan(300, seed=3) if p.gpu_uuid], node=0)
+    names = DcgmConfig().metrics
+    read_by_line = []
+    real = dcgm._line_samples
+
+    def spy(lines, *args):
+        lines = list(lines)
+        read_by_line.extend(lines)
+        return real(lines, *args)
+
+    monkeypatch.setattr(dcgm, "_line_samples", spy)
+    assert len(list(dcgm._exposition_samples(text, names))) > 1000
+    assert [n for n, _ in read_by_line] == [1]  # the scan read all but the first line
+    monkeypatch.undo()
+    assert outcome(dcgm._exposition_samples, text, names) == outcome(reference_samples, text, names)
+    assert parse_exposition(text) == evidence_from_samples(reference_samples(text, names))
+
+
+def test_duplicate_series_merge_to_the_highest_value_and_every_pod_is_kept():
+    # Synthetic: an HA Prometheus pair (separate label dicts) and a time-sliced GPU.
+    def series(value, pod, name="DCGM_FI_DEV_GPU_UTIL"):
+        labels = {"UUID": "GPU-a", "gpu": "0", "namespace": "jhub", "pod": pod, "container": "c"}
+        return name, labels, value
+
+    samples = [
+        series(30.0, "jupyter-a"),
+        series(70.0, "jupyter-a"),
+        series(50.0, "jupyter-b"),
+        series(float("nan"), "jupyter-c"),
+        series(2.0e6, "jupyter-b", "DCGM_FI_PROF_PCIE_TX_BYTES"),
+        series(1.0e6, "jupyter-a", "DCGM_FI_PROF_PCIE_TX_BYTES"),
+    ]
+    a, b, c = evidence_from_samples(samples)
+    assert [g.pod for g in (a, b, c)] == ["jupyter-a", "jupyter-b", "jupyter-c"]
+    assert {(g.activity, g.pcie_bytes_per_s) for g in (a, b, c)} == {(0.7, 2.0e6)}
+    assert a == replace(b, pod="jupyter-a")
+
+
 def test_escaped_label_values_unescape_as_the_format_defines():
     # Synthetic: \", \\ and \n escapes, and "}", ",", "=" and "{" inside quoted values.
     text = (

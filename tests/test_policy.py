@@ -344,3 +344,27 @@ def test_durations():
     assert parse_duration(90) == timedelta(seconds=90)
     with pytest.raises(ValueError, match="'x': -5 is negative"):
         parse_duration(-5, "'x'")
+
+
+def test_evolve_is_dataclasses_replace_for_the_decision_records():
+    t = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
+    gpu = p.GpuSignal(holds_gpu=True, active=False, idle_since=t)
+    view = p.ServerView(user="alice", labels={"gpu-gov/team": "vision"}, gpu=gpu)
+    record = p.Record(state=p.IDLE, idle_since=t, reason="idle")
+    decision = p.Decision(record, ("warn",), warn_at=t)
+    cases = [
+        (gpu, {"active": True, "detail": "DCGM"}),
+        (view, {"reports": True, "gpu": None, "user_last_activity": t}),
+        (record, {"state": p.WARNED, "warned_at": t}),
+        (decision, {"notice": "soon"}),
+        (record, {}),
+    ]
+    for obj, changes in cases:
+        evolved, replaced = p.evolve(obj, **changes), replace(obj, **changes)
+        assert evolved == replaced and type(evolved) is type(obj) and evolved is not obj
+        assert evolved.__dict__ == replaced.__dict__
+        if not isinstance(obj, p.ServerView):  # its labels are a dict
+            assert hash(evolved) == hash(replaced)
+    assert p.evolve(record, state=p.ACTIVE).state == p.ACTIVE and record.state == p.IDLE
+    with pytest.raises(TypeError, match="no field"):
+        p.evolve(record, sate=p.ACTIVE)

@@ -230,3 +230,67 @@ def test_the_per_server_series_follow_the_servers():
     assert series() == {("ann", "warned"): 1.0}
     metrics.observe_states([], {})
     assert series() == {}
+
+
+@pytest.mark.parametrize("statement", ["add_to_usage", "update_session"])
+def test_the_bulk_ledger_writes_store_what_sqlalchemy_would(statement):
+    """``save_usage`` runs its two updates as plain DBAPI executemany: every column, datetimes
+    included, must be stored exactly as through ``Connection.execute``."""
+    from datetime import datetime, timezone
+
+    from sqlalchemy import insert
+
+    from jupyter_gpu_gov.hub import store as store_module
+
+    plus_two = timezone(timedelta(hours=2))
+    when = [datetime(2026, 11, 29, 23, 59, 59, 123456, tzinfo=timezone.utc), None]
+    when.append(datetime(2026, 11, 30, 1, 0, tzinfo=plus_two))
+    table, statement_of, params = {
+        "add_to_usage": (
+            store_module.UsageRow.__table__,
+            store_module._ADD_TO_USAGE,
+            store_module._ADD_TO_USAGE_PARAMS,
+        ),
+        "update_session": (
+            store_module.UsageSessionRow.__table__,
+            store_module._UPDATE_SESSION,
+            store_module._UPDATE_SESSION_PARAMS,
+        ),
+    }[statement]
+    rows = []
+    for i in range(3):
+        values = {
+            "k_day": "2026-11-29",
+            "k_user": f"u{i}",
+            "k_team": "t",
+            "k_project": "",
+            "k_tier": "h100",
+            "k_server": f"u{i}/",
+            "k_session": "s",
+            "v_user": f"u{i}",
+            "v_team": "vision",
+            "v_project": "p",
+            "v_tier": "h100",
+            "v_first_at": when[0],
+            "v_at": when[2],
+            "v_ended_at": when[i % 3],
+            "v_gpus": 0.5,
+            "v_state": "idle_held",
+        }
+        rows.append(tuple(values.get(p, 1.5 + i) for p in params))  # amounts: floats
+    stored = []
+    for way in ("sqlalchemy", "executemany"):
+        store = Store("sqlite://")
+        with store.engine.begin() as connection:
+            for i in range(3):  # the rows to update
+                key = {"day": "2026-11-29", "team": "t", "project": "", "tier": "h100"}
+                key["server"] = f"u{i}/"
+                key.update(user=f"u{i}", session="s", first_at=when[0], at=when[0])
+                connection.execute(insert(table), [{c: v for c, v in key.items() if c in table.c}])
+            if way == "sqlalchemy":
+                connection.execute(statement_of, [dict(zip(params, r, strict=True)) for r in rows])
+            else:
+                getattr(store, f"_{statement}").run(connection, rows)
+            stored.append(connection.exec_driver_sql(f"SELECT * FROM {table.name}").fetchall())
+    assert stored[0] == stored[1]
+    assert len(stored[0]) == 3

@@ -15,6 +15,7 @@ import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from .durations import format_duration, parse_duration
 
@@ -229,6 +230,24 @@ def select(policies: Iterable[Policy], view: ServerView) -> Policy:
     raise LookupError("no policy matches")  # load_policies always appends a catch-all
 
 
+_T = TypeVar("_T")
+
+
+def evolve(obj: _T, /, **changes: Any) -> _T:
+    """``dataclasses.replace`` for the frozen dataclasses below (plain fields, no
+    ``__post_init__``): copies the instance's fields rather than calling ``__init__``, 0.6 µs
+    against 6 µs; a pass makes about five per server."""
+    fields_ = obj.__dict__
+    if not changes.keys() <= fields_.keys():
+        raise TypeError(
+            f"{type(obj).__name__} has no field {sorted(changes.keys() - fields_.keys())}"
+        )
+    new = object.__new__(type(obj))
+    new.__dict__.update(fields_)
+    new.__dict__.update(changes)
+    return new
+
+
 # -- what is known of a server -----------------------------------------------------------------
 
 
@@ -303,7 +322,7 @@ class Record:
 
     def new_idle_stretch(self) -> Record:
         """GPU work resumed: deadlines, warnings and extensions start over."""
-        return replace(
+        return evolve(
             self,
             idle_since=None,
             warned_at=None,
@@ -388,7 +407,7 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
             if record.exempt_until and now < record.exempt_until
             else f"exempt by label {EXEMPT_LABEL}"
         )
-        return Decision(replace(record.new_idle_stretch(), state=EXEMPT, reason=why))
+        return Decision(evolve(record.new_idle_stretch(), state=EXEMPT, reason=why))
 
     actions: list[str] = []
     notice = None
@@ -400,14 +419,14 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         warned = record.max_age_warned_at
         if now >= warn_from and (warned is None or warned < warn_from):
             actions.append(RECLAIM_WARN if cull_reason == "reclaim" else MAX_AGE_WARN)
-            record = replace(record, max_age_warned_at=now)
+            record = evolve(record, max_age_warned_at=now)
             notice = (
                 f"{why}: it will be given back at {at:%H:%M} UTC"
                 if cull_reason == "reclaim"
                 else f"{why.replace('reached', 'will reach')} at {at:%H:%M} UTC"
             )
     decision = _decide_on_activity(view, record, policy, now, actions)
-    return replace(decision, notice=notice) if notice else decision
+    return evolve(decision, notice=notice) if notice else decision
 
 
 def _decide_on_activity(
@@ -421,14 +440,12 @@ def _decide_on_activity(
         # Unknown is never idle: no warning, no cull, and the idle clock pauses (warnings and
         # extensions already granted stand) until the GPU is known again.
         why = "GPU activity unknown" + (f" ({gpu.detail})" if gpu.detail else "")
-        paused = replace(record, state=UNKNOWN, reason=why, paused_at=record.paused_at or now)
+        paused = evolve(record, state=UNKNOWN, reason=why, paused_at=record.paused_at or now)
         return Decision(paused, tuple(actions))
 
     if gpu.active:
         why = "GPU active" + (f" ({gpu.detail})" if gpu.detail else "")
-        return Decision(
-            replace(record.new_idle_stretch(), state=ACTIVE, reason=why), tuple(actions)
-        )
+        return Decision(evolve(record.new_idle_stretch(), state=ACTIVE, reason=why), tuple(actions))
 
     # GPU idle.
     if record.paused_at is not None:
@@ -438,7 +455,7 @@ def _decide_on_activity(
         idle_since = record.idle_since
     else:
         idle_since = min(gpu.idle_since or now, now)
-    record = replace(record, idle_since=idle_since)
+    record = evolve(record, idle_since=idle_since)
     # Reasons name times, not running durations, so a record changes only when something
     # happens (the store then writes only transitions).
     idle = f"GPU idle since {_at(idle_since)}" + (f" ({gpu.detail})" if gpu.detail else "")
@@ -472,28 +489,28 @@ def _decide_on_activity(
 
     if now < warn_at and record.warned_at is None:
         why = idle
-        return Decision(replace(record, state=IDLE, reason=why), tuple(actions), warn_at, cull_at)
+        return Decision(evolve(record, state=IDLE, reason=why), tuple(actions), warn_at, cull_at)
 
     if record.warned_at is None:
         actions.append(WARN)
-        record = replace(record, warned_at=now)
+        record = evolve(record, warned_at=now)
         cull_at = max(cull_at, now + policy.notice)
     if now < cull_at:
         why = f"{idle}; {_cull_words(policy)} at {_at(cull_at)} unless extended"
         if holds:
             why += f" (held back by {', '.join(holds)})"
-        return Decision(replace(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)
+        return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)
 
     why = f"{idle} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
     final = f"GPU idle for {format_duration(now - idle_since)}" + why[len("GPU idle") :]
     decision = _cull_with_checkpoint(record, policy, now, why, "gpu-idle", warn_at, cull_at, final)
-    return replace(decision, actions=tuple(actions) + decision.actions)
+    return evolve(decision, actions=tuple(actions) + decision.actions)
 
 
 def _resume(record: Record, now: datetime) -> Record:
     """Known again after an unknown stretch: move the idle clock's marks past the pause."""
     pause = now - record.paused_at
-    return replace(
+    return evolve(
         record,
         paused_at=None,
         idle_since=_plus(record.idle_since, pause),
@@ -532,13 +549,13 @@ def _inactive_rule(
     last = view.hub_last_activity or view.started
     record = record.new_idle_stretch()
     if policy.inactive_timeout is None or last is None:
-        return Decision(replace(record, state=ACTIVE, reason=f"{what}; not culled"), tuple(actions))
+        return Decision(evolve(record, state=ACTIVE, reason=f"{what}; not culled"), tuple(actions))
     deadline = last + policy.inactive_timeout
     if now < deadline:
         why = f"{what}; last activity {_at(last)}"
-        return Decision(replace(record, state=ACTIVE, reason=why), tuple(actions), None, deadline)
+        return Decision(evolve(record, state=ACTIVE, reason=why), tuple(actions), None, deadline)
     why = f"{what}; inactive since {_at(last)} (idle-culler rule: {format_duration(policy.inactive_timeout)})"
-    record = replace(record, state=CULLED, culled_at=now, reason=why)
+    record = evolve(record, state=CULLED, culled_at=now, reason=why)
     return Decision(record, (*actions, CULL), None, deadline, "inactive")
 
 
@@ -563,7 +580,7 @@ def _cull_with_checkpoint(
         ):
             status = "timeout"
         if status is None:
-            record = replace(
+            record = evolve(
                 record,
                 state=CHECKPOINTING,
                 checkpoint_status="requested",
@@ -572,14 +589,14 @@ def _cull_with_checkpoint(
             )
             return Decision(record, (CHECKPOINT,), warn_at, cull_at, cull_reason)
         if status == "requested":
-            record = replace(
+            record = evolve(
                 record, state=CHECKPOINTING, reason=f"{why}; waiting for the checkpoint"
             )
             return Decision(record, (), warn_at, cull_at, cull_reason)
         if status in ("failed", "timeout") and policy.on_checkpoint_failure == "postpone":
             # Do not lose work: warn again, and retry the checkpoint after another notice.
             new_cull = now + max(policy.notice, policy.checkpoint_timeout)
-            record = replace(
+            record = evolve(
                 record,
                 state=WARNED,
                 postponed_until=new_cull,
@@ -595,7 +612,7 @@ def _cull_with_checkpoint(
             why = f"{why}; checkpoint saved"
     else:
         why = final or why
-    record = replace(record, state=CULLED, culled_at=now, reason=why)
+    record = evolve(record, state=CULLED, culled_at=now, reason=why)
     return Decision(record, (CULL,), warn_at, cull_at, cull_reason)
 
 
@@ -625,14 +642,14 @@ def extend(record: Record, policy: Policy, reason: str | None) -> ExtensionOutco
     if record.approval_pending:
         return ExtensionOutcome(record, "pending", "an extension is already waiting for an admin")
     if record.extensions_used >= policy.max_extensions:
-        record = replace(record, approval_pending=True)
+        record = evolve(record, approval_pending=True)
         return ExtensionOutcome(
             record,
             "pending",
             f"all {policy.max_extensions} extensions used: an admin must approve this one",
         )
     record = _grant(record, policy.extension_step.total_seconds())
-    record = replace(record, extensions_used=record.extensions_used + 1)
+    record = evolve(record, extensions_used=record.extensions_used + 1)
     left = policy.max_extensions - record.extensions_used
     return ExtensionOutcome(
         record, "granted", f"extended by {format_duration(policy.extension_step)}; {left} left"
@@ -641,16 +658,16 @@ def extend(record: Record, policy: Policy, reason: str | None) -> ExtensionOutco
 
 def approve(record: Record, seconds: float) -> Record:
     """An admin grants ``seconds`` more (beyond the owner's own extensions)."""
-    return replace(_grant(record, seconds), approval_pending=False)
+    return evolve(_grant(record, seconds), approval_pending=False)
 
 
 def deny(record: Record) -> Record:
-    return replace(record, approval_pending=False)
+    return evolve(record, approval_pending=False)
 
 
 def _grant(record: Record, seconds: float) -> Record:
     # A pending checkpoint is called off and the next warning announces the new deadline.
-    return replace(
+    return evolve(
         record,
         extension_s=record.extension_s + seconds,
         warned_at=None,

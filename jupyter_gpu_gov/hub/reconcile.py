@@ -31,6 +31,7 @@ from ..core.policy import (
     Policy,
     Record,
     ServerView,
+    evolve,
 )
 from ..core.report import gpu_signal, user_last_activity
 from ..core.teams import group_teams
@@ -354,7 +355,7 @@ class Governor:
         excluded = self._excluded(server)
         if excluded:
             decision = Decision(
-                replace(record.new_idle_stretch(), state=policy.EXEMPT, reason=excluded)
+                evolve(record.new_idle_stretch(), state=policy.EXEMPT, reason=excluded)
             )
         else:
             decision = policy.decide(view, record, chosen, now)
@@ -498,7 +499,7 @@ class Governor:
         if received is None and reported:
             # It reported before (this service restarted): unknown until the next report.
             waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
-            return replace(base, reports=True, gpu=waiting)
+            return evolve(base, reports=True, gpu=waiting)
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's pod,
             # else jupyterhub-idle-culler's rule.
@@ -516,8 +517,8 @@ class Governor:
             if trusted is not None and gpu.holds_gpu:
                 active, disagreement = policy.merge_evidence(gpu.active, trusted)
                 detail = "DCGM" + (f": {disagreement}" if disagreement else "")
-                gpu = replace(gpu, active=active, detail=detail)
-        return replace(base, reports=True, gpu=gpu, user_last_activity=user_last_activity(report))
+                gpu = evolve(gpu, active=active, detail=detail)
+        return evolve(base, reports=True, gpu=gpu, user_last_activity=user_last_activity(report))
 
     def _dcgm_only(
         self, pod: tuple[str | None, str] | None, chosen: Policy
