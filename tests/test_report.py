@@ -131,3 +131,111 @@ def test_busy_kernel_reports_since_when():
 def test_a_shared_cards_own_activity_says_nothing_about_us():
     r = report(devices__0__activity=0.9, devices__0__shared=True)
     assert signal(r).active is False
+
+
+# -- the quick pass agrees with the field-by-field check ----------------------------------------
+
+# A report with every optional section the quick pass reads: a second device (MIG, with
+# memory_activity), a terminal, each cpu form (the current one, an older server's, none).
+FULL = report()
+FULL["error"] = None
+FULL["server"].update(last_activity="2026-01-05T08:55:00Z", pod="jupyter-alice", namespace="j")
+FULL["devices"].append(
+    {
+        "uuid": "MIG-b",
+        "name": "NVIDIA H100 80GB HBM3",
+        "mig_profile": "3g.40gb",
+        "memory_total_mb": 40192,
+        "memory_used_mb": 0,
+        "activity": 0.5,
+        "memory_activity": 0.25,
+        "shared": True,
+    }
+)
+FULL["targets"][0].update(
+    last_activity="2026-01-05T08:50:00Z",
+    busy_since=None,
+    cpu={"cores": 0.97, "iowait": 0.0, "read_mb_s": 0.4, "seconds": 60},
+)
+FULL["targets"][0]["gpu"].update(last_active="2026-01-05T08:30:00Z", idle_since=None)
+FULL["targets"].append(
+    {
+        "kind": "terminal",
+        "id": "1",
+        "connections": 0,
+        "gpu": {"holds_context": False, "confidence": "unknown", "sm": None},
+        "cpu": {"percent": 3.0, "iowait": 40},
+    }
+)
+FULL["targets"].append({**copy.deepcopy(FULL["targets"][0]), "id": "k2", "cpu": None})
+FULL["window"]["gpu_last_active"] = "2026-01-05T08:30:00Z"
+FULL["checkpoint"] = {"requested_at": None, "status": None, "manifest": None}
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+class _Mapping(dict):
+    pass
+
+
+ODD_VALUES = [
+    None, True, False, 0, -1, 1, 2, 0.5, 1.5, -0.0, 2**53 + 1, 10**400,
+    float("nan"), float("inf"), float("-inf"), "", "x", "2026-01-05T09:00:00Z", "yesterday",
+    [], ["GPU-a"], [1], {}, _Str("s"), _Int(1), _Mapping(), _Mapping(FULL["window"]),
+]  # fmt: skip
+
+
+def _paths(node, path=()):
+    """Every key and index in ``node``, depth first."""
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, value in items:
+        yield (*path, key)
+        if isinstance(value, dict | list):
+            yield from _paths(value, (*path, key))
+
+
+def _mutations():
+    yield FULL
+    for path in _paths(FULL):
+        *parents, leaf = path
+        for value in [*ODD_VALUES, "drop"]:
+            r = copy.deepcopy(FULL)
+            node = r
+            for part in parents:
+                node = node[part]
+            if value == "drop":
+                if isinstance(node, dict):
+                    del node[leaf]
+                else:
+                    node.pop(leaf)
+            else:
+                node[leaf] = value
+            yield r
+
+
+def _outcome(check, r):
+    try:
+        return ("ok", check(r))
+    except Exception as error:  # both must fail alike, whatever the error
+        return (type(error).__name__, str(error))
+
+
+def test_the_quick_pass_accepts_only_what_the_field_by_field_check_accepts():
+    from jupyter_gpu_gov.core import report as module
+
+    assert module._plainly_valid(FULL) and module._plainly_valid(report())
+    quick = 0
+    for r in _mutations():
+        if module._plainly_valid(r):
+            quick += 1
+            assert module._check(copy.deepcopy(r)) == r
+        # Whatever path it takes, validate answers as the field-by-field check does: the same
+        # report back, or the same error naming the same field.
+        assert _outcome(validate, copy.deepcopy(r)) == _outcome(module._check, r)
+    assert quick > 100  # the mutations that stay valid take the quick pass
