@@ -1,0 +1,81 @@
+"""The service's HTTP server accepts connections in batches (``GpuGovernor.accept_interval``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from tornado import web
+from tornado.netutil import bind_sockets
+
+from jupyter_gpu_gov.hub.app import BatchingHTTPServer, GpuGovernor
+
+
+class Hello(web.RequestHandler):
+    def get(self):
+        self.finish("hello")
+
+
+async def _get(port: int) -> tuple[bytes, float]:
+    """One request on a new connection; the answer and when it came (perf_counter)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer = await reader.read()
+    writer.close()
+    return answer, time.perf_counter()
+
+
+def _serve(interval: float) -> tuple[BatchingHTTPServer, int]:
+    server = BatchingHTTPServer(web.Application([(r"/", Hello)]), accept_interval=interval)
+    sockets = bind_sockets(0, "127.0.0.1")
+    server.add_sockets(sockets)
+    return server, sockets[0].getsockname()[1]
+
+
+async def test_connections_that_come_meanwhile_wait_for_the_interval_then_are_all_answered():
+    server, port = _serve(0.4)
+    try:
+        started = time.perf_counter()
+        first, first_at = await _get(port)  # after a quiet spell: accepted at once
+        assert first.endswith(b"hello")
+        # Accepting the first paused the listener: these wait until the interval is over,
+        # then are taken together.
+        answers = await asyncio.gather(*(_get(port) for _ in range(5)))
+        assert all(answer.endswith(b"hello") for answer, _ in answers)
+        assert min(at for _, at in answers) - started >= 0.35
+        assert first_at - started < min(at for _, at in answers) - started
+    finally:
+        server.stop()
+
+
+async def test_no_interval_accepts_each_connection_at_once():
+    server, port = _serve(0.0)
+    try:
+        started = time.perf_counter()
+        for _ in range(3):
+            answer, _ = await _get(port)
+            assert answer.endswith(b"hello")
+        assert time.perf_counter() - started < 5  # no pause to wait for (a generous bound)
+        assert not server._batch_paused
+    finally:
+        server.stop()
+
+
+async def test_stopping_while_paused_leaves_the_listener_closed():
+    server, port = _serve(0.1)
+    answer, _ = await _get(port)
+    assert answer.endswith(b"hello") and server._batch_paused
+    server.stop()
+    await asyncio.sleep(0.2)  # the resume after the interval must not watch a closed socket
+    with pytest.raises(OSError):
+        await _get(port)
+
+
+def test_accept_interval_is_checked():
+    assert GpuGovernor().accept_interval == 0.04
+    app = GpuGovernor()
+    app.initialize(["--GpuGovernor.accept_interval=0"])
+    assert app.accept_interval == 0
+    with pytest.raises(Exception, match="accept_interval must be 0 to 1 seconds, got -1"):
+        GpuGovernor().initialize(["--GpuGovernor.accept_interval=-1"])
