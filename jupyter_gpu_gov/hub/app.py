@@ -83,9 +83,10 @@ class BatchingHTTPServer(HTTPServer):
     request costs the service about three times the CPU of one answered right after another
     (the interpreter's caches have gone cold in between; measured, docs/benchmarks.md). Taken
     a few at a time, the reports cost about a third less CPU, for at most ``accept_interval``
-    more latency. A connection that comes after a quiet spell is accepted
-    at once; connections already accepted (keep-alive) are never held back, nor is anything
-    the service itself sends (Hub API calls, checkpoint requests).
+    more latency. It batches only while connections come fast enough for a pause to gather two
+    or more (over the last second, at least ``2 / accept_interval`` a second); slower, each is
+    accepted at once. Connections already accepted (keep-alive) are never held back, nor is
+    anything the service itself sends (Hub API calls, checkpoint requests).
     """
 
     def initialize(self, *args, accept_interval: float = 0.0, **kwargs) -> None:
@@ -94,6 +95,9 @@ class BatchingHTTPServer(HTTPServer):
         self._batch_fds: list[int] = []
         self._batch_paused = False
         self._batch_stopped = False
+        self._batch_rate = 0.0  # connections a second over the last window (>= 1 s)
+        self._batch_count = 0
+        self._batch_window = 0.0
 
     def add_sockets(self, sockets) -> None:
         sockets = list(sockets)
@@ -102,11 +106,19 @@ class BatchingHTTPServer(HTTPServer):
 
     def handle_stream(self, stream, address) -> None:
         super().handle_stream(stream, address)
-        if self.accept_interval > 0 and not self._batch_paused and not self._batch_stopped:
+        if self.accept_interval <= 0:
+            return
+        loop = IOLoop.current()
+        now = loop.time()
+        if now - self._batch_window >= 1.0:
+            self._batch_rate = self._batch_count / (now - self._batch_window)
+            self._batch_window, self._batch_count = now, 0
+        self._batch_count += 1
+        worth_it = self._batch_rate * self.accept_interval >= 2
+        if worth_it and not self._batch_paused and not self._batch_stopped:
             # Stop watching the listening sockets (the connections already waiting are still
             # taken by the accept loop this one came from) until the interval is over.
             self._batch_paused = True
-            loop = IOLoop.current()
             for fd in self._batch_fds:
                 loop.update_handler(fd, 0)
             loop.call_later(self.accept_interval, self._resume)
@@ -334,10 +346,11 @@ class GpuGovernor(Application):
         0.04,
         help="""Seconds the service leaves new connections waiting once it has accepted one, to
         take all that came meanwhile together (a report, an API call or a dashboard page then
-        waits at most this much longer; after a quiet spell, not at all). Each server reports
-        on a new connection; answered a few at a time they cost the service about a third less
-        CPU than one by one (docs/benchmarks.md, 10,000 servers). 0: accept each connection
-        as it comes.""",
+        waits at most this much longer). Each server reports on a new connection; answered a
+        few at a time they cost the service about a third less CPU than one by one
+        (docs/benchmarks.md, 10,000 servers). Only while connections come at 2 /
+        accept_interval a second or more (at 0.04: 50 a second, 3,000 servers reporting
+        every minute); slower, each is accepted at once. 0: never wait.""",
     ).tag(config=True)
 
     port = Int(help="Port to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
