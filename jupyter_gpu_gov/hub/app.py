@@ -82,7 +82,7 @@ class BatchingHTTPServer(HTTPServer):
     Why: at 10,000 servers a report arrives every 6 ms, each on its own connection, and a lone
     request costs the service about three times the CPU of one answered right after another
     (the interpreter's caches have gone cold in between; measured, docs/benchmarks.md). Taken
-    a few at a time, the reports cost about a third less CPU, for at most ``accept_interval``
+    a few at a time, the reports cost about a quarter less CPU, for at most ``accept_interval``
     more latency. It batches only while connections come fast enough for a pause to gather two
     or more (over the last second, at least ``2 / accept_interval`` a second); slower, each is
     accepted at once. Connections already accepted (keep-alive) are never held back, nor is
@@ -347,7 +347,7 @@ class GpuGovernor(Application):
         help="""Seconds the service leaves new connections waiting once it has accepted one, to
         take all that came meanwhile together (a report, an API call or a dashboard page then
         waits at most this much longer). Each server reports on a new connection; answered a
-        few at a time they cost the service about a third less CPU than one by one
+        few at a time they cost the service about a quarter less CPU than one by one
         (docs/benchmarks.md, 10,000 servers). Only while connections come at 2 /
         accept_interval a second or more (at 0.04: 50 a second, 3,000 servers reporting
         every minute); slower, each is accepted at once. 0: never wait.""",
