@@ -503,7 +503,8 @@ class Governor:
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's pod,
             # else jupyterhub-idle-culler's rule.
-            return replace(base, gpu=self._dcgm_only(pod, chosen))
+            dcgm = self._dcgm_only(pod, chosen)
+            return base if dcgm is None else evolve(base, gpu=dcgm)
         report = received.report
         if now - received.at > self.options.report_stale_after:
             since = f"{received.at:%Y-%m-%d %H:%M} UTC"  # a time, so the reason stays put
