@@ -20,6 +20,7 @@ from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import Record, load_policies
+from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.app import GpuGovernor, normalise_argv
 from jupyter_gpu_gov.hub.dcgm import DcgmSource
 from jupyter_gpu_gov.hub.hubapi import HubApi
@@ -123,6 +124,23 @@ async def test_dcgm_governs_a_server_without_the_extension(tmp_path, restore_clo
     # DCGM cannot see a running cell: the cull waits busy_grace (2 h) from the idle start.
     assert "held back by a cell may be running" in seen[61][1]
     assert seen[121][0] == "checkpointing"
+
+
+async def test_a_dcgm_only_cull_counts_the_pods_gpus_as_reclaimed(tmp_path, restore_clock):
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    pod = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
+    reclaimed = metrics.GPUS_RECLAIMED._value.get()
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=pod)
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.policies = load_policies([], {"checkpoint": False})
+        for minutes in (0, 31, 90):  # idle at 0, warned at 31, culled at 121 (busy_grace 2 h)
+            clock.advance(60 * minutes)
+            await gov.reconcile()
+        assert not hub.running("alice")
+    exporter.server.stop()
+    assert gov.row("alice/").state == "culled"
+    assert metrics.GPUS_RECLAIMED._value.get() - reclaimed == 1  # the pod's one GPU
 
 
 async def test_unreachable_dcgm_degrades_to_reports(tmp_path):

@@ -526,15 +526,19 @@ class Governor:
     ) -> policy.GpuSignal | None:
         """A server without the extension, as DCGM sees its pod's GPUs (None: it does not).
         DCGM sees the card, not the kernels: the policy assumes a cell may be running."""
-        if pod is None:
-            return None
-        by_pod = self._world.by_pod
-        evidence = by_pod.get(pod) or by_pod.get((None, pod[1]))
+        evidence = self._pod_evidence(pod)
         if not evidence:
             return None
         active = self._dcgm_activity(evidence, chosen)
         detail = "DCGM, no report" if active is not None else "DCGM, no report: no activity data"
         return policy.GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
+
+    def _pod_evidence(self, pod: tuple[str | None, str] | None) -> list[GpuEvidence]:
+        """DCGM's records of a pod's GPUs (with or without its namespace in DCGM's labels)."""
+        if pod is None:
+            return []
+        by_pod = self._world.by_pod
+        return by_pod.get(pod) or by_pod.get((None, pod[1])) or []
 
     def _trusted_activity(self, report: dict, chosen: Policy, by_uuid, by_pod) -> bool | None:
         """DCGM's word on this server's GPUs: True if any is busy, False if all are idle,
@@ -700,6 +704,8 @@ class Governor:
                     self._audit(row, "cull", decision.reason, dry_run=True, details=details)
                 )
                 return
+            # Counted first: shutting kernels down drops the server's report.
+            gpus = self._gpus_held(row.key, server)
             try:
                 details["outcome"] = await self._cull(server, row, chosen)
             except Exception as error:  # recorded, retried next cycle
@@ -711,7 +717,7 @@ class Governor:
                 return
             metrics.CULLS.labels(decision.cull_reason or "gpu-idle", chosen.cull_action).inc()
             if decision.cull_reason == "gpu-idle":
-                metrics.GPUS_RECLAIMED.inc(self._gpus_held(row.key))
+                metrics.GPUS_RECLAIMED.inc(gpus)
             audits.append(self._audit(row, "cull", decision.reason, details=details))
 
     async def _cull(self, server: HubServer, row: ServerRow, chosen: Policy) -> str:
@@ -741,9 +747,12 @@ class Governor:
                 outcome += "; user deleted (cull_users)"
         return outcome
 
-    def _gpus_held(self, key: str) -> int:
+    def _gpus_held(self, key: str, server: HubServer) -> int:
+        """The GPUs a server holds: its report's devices, else DCGM's records of its pod."""
         received = self.reports.get(key)
-        return len(received.report["devices"]) if received else 0
+        if received is not None:
+            return len(received.report["devices"])
+        return len(self._pod_evidence(_pod_of(server)))
 
     async def _checkpoint(
         self, key: str, server: HubServer, chosen: Policy, decision: Decision
