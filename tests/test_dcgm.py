@@ -7,12 +7,13 @@ Cases no fixture covers are inline strings marked synthetic.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
 import os
 import re
-import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -625,28 +626,63 @@ async def test_source_times_out_on_an_exporter_that_never_answers():
     assert error.startswith(url) and "Timeout" in error
 
 
-async def test_source_parses_off_the_event_loop(monkeypatch):
-    # A 10,000-GPU body takes about a second to parse: the loop must keep serving meanwhile.
-    threads: list[int] = []
+class FleetHandler(RequestHandler):
+    """A whole fleet's exposition, gzipped: a reader that does not ask for that cannot read it."""
 
-    def spy(parse):
-        def wrapper(*args, **kwargs):
-            threads.append(threading.get_ident())
-            return parse(*args, **kwargs)
+    def initialize(self, body: bytes, seen: list) -> None:
+        self.body, self.seen = body, seen
 
-        return wrapper
+    def get(self) -> None:
+        self.seen.append(self.request)
+        self.set_header("Content-Encoding", "gzip")
+        self.write(self.body)
 
-    monkeypatch.setattr(dcgm, "parse_exposition", spy(dcgm.parse_exposition))
-    monkeypatch.setattr(dcgm, "parse_prometheus_query", spy(dcgm.parse_prometheus_query))
-    routes = [
-        ("/metrics", FixtureHandler, {"name": H100_TEXT, "seen": []}),
-        ("/api/v1/query", FixtureHandler, {"name": H100_JSON, "seen": []}),
-    ]
+
+def fleet_of_h100_nodes(nodes: int) -> bytes:
+    """The H100 fixture's samples, once per node, gzipped: each node's GPUs have their own
+    UUIDs and its vLLM pod its own name."""
+    text = (FIXTURES / H100_TEXT).read_text()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    fleet = "\n".join(
+        line.replace('UUID="GPU-', f'UUID="GPU-{node:04d}')
+        .replace('Hostname="gpu-node-1"', f'Hostname="node-{node}"')
+        .replace('-s65j5"', f'-{node:05d}"')
+        for node in range(nodes)
+        for line in samples
+    )
+    return gzip.compress(fleet.encode(), compresslevel=1)
+
+
+async def test_source_reads_a_large_fleet_in_a_worker_process():
+    # At 10,000 GPUs a read is most of a second of CPU: in the service (even in a thread) it
+    # would hold the GIL that the pass and every incoming report need.
+    seen: list = []
+    routes = [("/metrics", FleetHandler, {"body": fleet_of_h100_nodes(250), "seen": seen})]
     with serve(routes) as base:
-        scraped = await DcgmSource(exporter_urls=[f"{base}/metrics"]).fetch()
-        queried = await DcgmSource(prometheus_url=base).fetch()
-    assert (len(scraped.evidence), len(queried.evidence)) == (8, 16)
-    assert len(threads) == 2 and threading.get_ident() not in threads
+        source = DcgmSource(exporter_urls=[f"{base}/metrics"], timeout_s=30)
+        await source.fetch()  # the first fetch starts the worker
+        service_cpu = time.process_time()
+        snapshot = await source.fetch()
+        service_cpu = time.process_time() - service_cpu
+
+    assert snapshot.errors == () and len(snapshot.evidence) == 250 * 8
+    assert len(index_by_pod(snapshot.evidence)) == 250  # one vLLM pod per node
+    assert seen[-1].headers["Accept-Encoding"] == "gzip"
+    assert snapshot.cpu_s > 0
+    assert service_cpu < snapshot.cpu_s / 2, (service_cpu, snapshot.cpu_s)
+
+
+async def test_a_worker_that_died_is_an_error_for_that_fetch_and_replaced_for_the_next():
+    with serve([("/metrics", FixtureHandler, {"name": H100_TEXT, "seen": []})]) as base:
+        source = DcgmSource(exporter_urls=[f"{base}/metrics"])
+        await source.fetch()
+        for process in list(dcgm._worker()._processes.values()):
+            process.kill()
+            process.join()
+        broken = await source.fetch()
+        again = await source.fetch()
+    assert broken.evidence == () and "DCGM worker: BrokenProcessPool" in broken.errors[0]
+    assert again.errors == () and len(again.evidence) == 8
 
 
 def test_source_needs_exactly_one_mode():
