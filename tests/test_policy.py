@@ -127,6 +127,48 @@ def test_an_owner_back_after_the_warning_gets_its_full_notice():
     assert [a for a in actions if a[1] == "warn"] == [(30, "warn", "warned")]  # warned once
 
 
+def test_an_owner_away_for_hours_is_warned_as_soon_as_the_gpu_goes_idle():
+    # A training run finished unattended at T0; its owner last touched the notebook 3 h before.
+    away = replace(idle_view(), user_last_activity=T0 - 3 * 60 * MIN)
+    actions, _ = run(away, minutes=31, on_checkpoint="done")
+    assert actions == [
+        (0, "warn", "warned"),
+        (30, "checkpoint", "checkpointing"),
+        (31, "cull", "culled"),
+    ]
+    warned = p.decide(away, p.Record(), POLICY, T0 + 10 * MIN)
+    assert "nobody has used the notebook since 2026-01-05 06:00 UTC" in warned.reason
+
+
+def test_an_owner_away_for_less_than_away_after_gets_the_whole_idle_clock():
+    recently = replace(idle_view(), user_last_activity=T0 - 90 * MIN)  # away_after is 2 h
+    assert run(recently, minutes=61, on_checkpoint="done")[0][0] == (30, "warn", "warned")
+    # An owner who leaves does not make a GPU that went idle earlier any less idle: the clock
+    # runs from the idle start as before, and the warning it already sent keeps its notice.
+    leaving = lambda m: replace(idle_view(), user_last_activity=T0 - 100 * MIN)  # noqa: E731
+    actions, _ = run(leaving, minutes=61, on_checkpoint="done")
+    assert actions[0] == (20, "warn", "warned") and actions[1] == (
+        50,
+        "checkpoint",
+        "checkpointing",
+    )
+    # None turns it off.
+    never = replace(POLICY, away_after=None)
+    away = replace(idle_view(), user_last_activity=T0 - 3 * 60 * MIN)
+    assert run(away, never, minutes=61, on_checkpoint="done")[0][0] == (30, "warn", "warned")
+
+
+def test_an_away_owner_who_comes_back_gets_the_normal_clock_back():
+    # Warned at once, back at minute 10: no longer away, the cull waits for the hour of GPU
+    # idleness (which is also more than the warning's notice from their return).
+    def view(m):
+        back = T0 - 3 * 60 * MIN if m < 10 else T0 + 10 * MIN
+        return replace(idle_view(), user_last_activity=back)
+
+    actions, _ = run(view, minutes=60, on_checkpoint="done")
+    assert actions[:2] == [(0, "warn", "warned"), (60, "checkpoint", "checkpointing")]
+
+
 def test_busy_kernel_is_warned_but_not_culled_before_busy_grace():
     busy = replace(idle_view(), gpu=p.GpuSignal(True, False, kernel_busy_since=T0 + 50 * MIN))
     actions, last = run(busy, minutes=69, on_checkpoint="done")

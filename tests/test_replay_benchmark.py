@@ -74,7 +74,7 @@ def test_default_policy(results):
     # The GPU policy reclaims what the hour's grace leaves, on servers that report and (through
     # DCGM) on those that do not...
     assert ours.reporting_reclaimed_share >= 0.95
-    assert ours.reclaimed_share >= 0.94
+    assert ours.reclaimed_share >= 0.95
     assert ours.median_idle_to_reclaim_s == 3600 + 300  # cull_after, then the checkpoint
     # ...cuts no training (even starved under 5 % SM), pipeline stage or standby work, and
     # warns before every cull. What is left: owners arriving just as the cull falls.

@@ -174,6 +174,7 @@ c.GpuGovernor.policy_defaults = {
     "warn_after": "1h",  # of GPU idleness
     "cull_after": "2h",
     "user_activity_grace": "15m",  # typing in a notebook postpones a warning this long
+    "away_after": "2h",  # nobody at the notebook this long: warned as soon as the GPU is idle
     "extension_step": "1h",
     "max_extensions": 2,
     "cull_action": "stop-server",

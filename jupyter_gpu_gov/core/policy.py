@@ -79,12 +79,17 @@ class Policy:
     # A GPU below this activity (0..1) is idle; DCGM evidence also needs PCIe under its floor.
     # Idle contexts read 0 and sampling noise about 1 %; a data-starved loop can read 2-5 %.
     idle_threshold: float = 0.02
-    # Of GPU idleness; the warning's lead is cull_after - warn_after. An hour idle reclaims
-    # 95 % of the idle-held GPU-hours of a month of notebooks (benchmarks/replay) and, with
-    # the holds below, cuts no live work there; two hours reclaimed 90 %.
+    # Of GPU idleness; the warning's lead is cull_after - warn_after. With the holds below and
+    # ``away_after``, this reclaims 95 % of the idle-held GPU-hours of a month of notebooks
+    # (benchmarks/replay) and cuts no live work there; two hours reclaimed 90 %.
     warn_after: timedelta = timedelta(minutes=30)
     cull_after: timedelta = timedelta(hours=1)
     user_activity_grace: timedelta = timedelta(minutes=15)
+    # An owner who has not interacted with the server for this long is away: when its GPU goes
+    # idle (a training run or a "run all" finished unattended) the warning goes out at once and
+    # the cull follows after the notice. ``warn_after`` spares a person at the notebook warnings
+    # about short pauses; nobody is there to spare. None: the clock is the same for everyone.
+    away_after: timedelta | None = timedelta(hours=2)
     # How long a running cell may leave its GPU idle (a CPU stage before its next GPU stage),
     # from when the GPU went idle: CPU stages of an hour or more are common in pipelines.
     busy_grace: timedelta = timedelta(hours=2)
@@ -121,6 +126,7 @@ _DURATIONS = {
     "reclaim_grace",
     "checkpoint_timeout",
     "inactive_timeout",
+    "away_after",
 }
 _CHOICES = {
     "extension_reason": ("optional", "required"),
@@ -199,7 +205,7 @@ def _convert(key: str, value):
     if key in _DURATIONS:
         return (
             None
-            if value is None and key in ("max_age", "inactive_timeout")
+            if value is None and key in ("max_age", "inactive_timeout", "away_after")
             else parse_duration(value, repr(key))
         )
     if key in _CHOICES:
@@ -460,10 +466,12 @@ def _decide_on_activity(
     # happens (the store then writes only transitions).
     idle = f"GPU idle since {_at(idle_since)}" + (f" ({gpu.detail})" if gpu.detail else "")
 
-    cull_at = idle_since + policy.cull_after + timedelta(seconds=record.extension_s)
+    back = view.user_last_activity
+    away = policy.away_after is not None and back is not None and now - back >= policy.away_after
+    first_stage = timedelta(0) if away else policy.warn_after  # an away owner is warned at once
+    cull_at = idle_since + first_stage + policy.notice + timedelta(seconds=record.extension_s)
     warn_at = cull_at - policy.notice
     holds = []
-    back = view.user_last_activity
     grace = policy.user_activity_grace
     if record.warned_at is not None and back is not None and back > record.warned_at:
         # The owner came back after the warning went out: they get its full notice from their
@@ -497,6 +505,8 @@ def _decide_on_activity(
         cull_at = max(cull_at, now + policy.notice)
     if now < cull_at:
         why = f"{idle}; {_cull_words(policy)} at {_at(cull_at)} unless extended"
+        if away:
+            why += f" (nobody has used the notebook since {_at(back)})"
         if holds:
             why += f" (held back by {', '.join(holds)})"
         return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)

@@ -205,7 +205,7 @@ class GpuGovernor(Application):
             ]
 
         Keys: match (profiles, tiers, teams, users, server_names, labels), idle_threshold,
-        warn_after, cull_after, user_activity_grace, busy_grace, extension_step,
+        warn_after, cull_after, user_activity_grace, busy_grace, away_after, extension_step,
         max_extensions, extension_reason (optional|required), max_age, max_age_warning,
         checkpoint, checkpoint_timeout, on_checkpoint_failure (postpone|proceed),
         cull_action (stop-server|shutdown-kernels), exempt, inactive_timeout. Durations are

@@ -433,6 +433,7 @@ def policy_view(p: policy.Policy) -> dict:
         "cull_after_s": seconds(p.cull_after),
         "user_activity_grace_s": seconds(p.user_activity_grace),
         "busy_grace_s": seconds(p.busy_grace),
+        "away_after_s": seconds(p.away_after),
         "extension_step_s": seconds(p.extension_step),
         "max_extensions": p.max_extensions,
         "extension_reason": p.extension_reason,
