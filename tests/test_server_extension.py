@@ -7,13 +7,16 @@ import asyncio
 import json
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpu_gov import simulate
+from jupyter_gpu_gov.core import clock
 
 pytestmark = pytest.mark.timeout(120)
+SECOND = timedelta(seconds=1)
 
 
 @pytest.fixture
@@ -149,6 +152,38 @@ async def test_background_gpu_thread_counts_as_active_while_kernel_is_idle(
     assert report["window"]["gpu_last_active"] is not None
     # GPU work counts as server activity for the Hub's last_activity.
     assert jp_serverapp.web_app.settings["gpu_last_activity"] is not None
+
+
+async def test_a_run_left_to_itself_is_not_a_person_at_the_notebook(
+    jp_fetch, jp_serverapp, start_kernel
+):
+    # A background thread printing progress keeps Jupyter Server's kernel activity fresh; the
+    # report's last_activity (the governor's "person at the notebook") stays at the cell that
+    # started it, so a run that ends unattended does not look like its owner just left.
+    kernel = await start_kernel()
+    before = clock.utcnow()
+    await kernel.run(
+        "import threading, time\n"
+        "def progress():\n"
+        "    for step in range(20):\n"
+        "        print(step, flush=True)\n"
+        "        time.sleep(0.1)\n"
+        "threading.Thread(target=progress).start()\n"
+    )
+
+    def person(report):
+        return clock.parse(report["server"]["last_activity"])
+
+    started = person(await wait_for(jp_fetch, lambda r: person(r) >= before))
+    await asyncio.sleep(2.5)  # the thread prints all along
+    assert jp_serverapp.kernel_manager.get_kernel(kernel.id).last_activity > started + 1.5 * SECOND
+    assert person(await status(jp_fetch)) == started
+    # An open tab reconnecting asks for kernel_info: not a person either.
+    await kernel.client.kernel_info(reply=True)
+    assert person(await status(jp_fetch)) == started
+    # Someone running a cell is.
+    await kernel.run("x = 1")
+    await wait_for(jp_fetch, lambda r: person(r) > started)
 
 
 async def test_process_started_from_a_terminal_is_attributed_to_the_terminal(

@@ -21,6 +21,7 @@ from ..gpu.backends import CHOICES, make_backend, parse_visible_devices, resolve
 from . import metrics, routes
 from .checkpoint import CULL_REASONS, take_checkpoint
 from .own_activity import OwnActivity
+from .person_activity import PersonActivity
 from .reporter import GovernorError, Reporter
 from .sampler import Sampler, TargetInfo, TickResult
 
@@ -247,6 +248,7 @@ class GpuGovApp(ExtensionApp):
         self.server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
         self._busy_since: dict[str, object] = {}
         self._own_activity = OwnActivity()  # checkpoint hooks are not a person at work
+        self._person_activity = PersonActivity(self._own_activity.ours)
         self.verdict: dict | None = None
         self.checkpoint: dict = {"requested_at": None, "status": None, "manifest": None}
         self._frontend_checkpoint: asyncio.Future | None = None
@@ -305,6 +307,7 @@ class GpuGovApp(ExtensionApp):
     async def stop_extension(self):
         if self._timer is not None:
             self._timer.stop()
+        self._person_activity.close()
         await asyncio.get_running_loop().run_in_executor(None, self.sampler.close)
         # Leave the process as we found it (servers started in-process, e.g. by tests).
         if os.environ.get(CHECKPOINT_DIR_ENV) == self.checkpoint_dir:
@@ -492,7 +495,11 @@ class GpuGovApp(ExtensionApp):
         connections = getattr(km, "_kernel_connections", {})
         now = clock.utcnow()
         busy = {}
-        for kernel_id in km.list_kernel_ids():
+        kernel_ids = km.list_kernel_ids()
+        self._person_activity.watch(
+            {kernel_id: km.get_kernel(kernel_id) for kernel_id in kernel_ids}
+        )
+        for kernel_id in kernel_ids:
             kernel = km.get_kernel(kernel_id)
             state = getattr(kernel, "execution_state", None)
             if state == "busy" and self._own_activity.hides_busy(kernel_id):
@@ -531,12 +538,13 @@ class GpuGovApp(ExtensionApp):
         }
 
     def _user_last_activity(self):
-        """When people last interacted: kernel messages (executions, their output) and
-        terminal I/O. Neither GPU work (our ``gpu_last_activity``), API polling by an open
-        browser tab, nor our own checkpoint hooks count, so the governor can tell an open tab
-        (or its own checkpoint) from someone working."""
+        """When people last interacted: their requests to kernels (running a cell, completing,
+        inspecting, a widget) and terminal I/O. Neither a cell's output, GPU work (our
+        ``gpu_last_activity``), API polling or reconnects by an open browser tab, nor our own
+        checkpoint hooks count, so the governor can tell an open tab, a run left to itself or
+        its own checkpoint from someone working."""
         settings = self.serverapp.web_app.settings
-        sources = [self._own_activity.person(settings["kernel_manager"].last_kernel_activity)]
+        sources = [self._person_activity.latest]
         terminals = settings.get("terminal_manager")
         sources += [
             getattr(t, "last_activity", None) for t in getattr(terminals, "terminals", {}).values()

@@ -5,7 +5,7 @@ Server counts the kernel messages that answers as activity (``last_kernel_activi
 the kernel busy while the hooks run. Taken at face value, the governor's own checkpoint would
 then look like the owner coming back (which holds the cull back) and like a cell running (which
 holds it back for ``busy_grace``). ``OwnActivity`` remembers when the extension was the one at
-work, so the report can say what people did.
+work, so the report can say what people did (``person_activity``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ class OwnActivity:
         self._windows: deque[tuple[datetime, datetime]] = deque(maxlen=8)
         self._since: datetime | None = None  # a window is open
         self._busy_before: frozenset[str] = frozenset()
-        self._person: datetime | None = None  # the latest kernel activity not ours
 
     def begin(self, busy_kernels: Iterable[str]) -> None:
         """The extension starts running code in kernels; ``busy_kernels`` were busy already."""
@@ -42,12 +41,6 @@ class OwnActivity:
         if self._since is not None and at >= self._since:
             return True
         return any(start <= at <= end for start, end in self._windows)
-
-    def person(self, latest: datetime | None) -> datetime | None:
-        """Jupyter Server's latest kernel activity, or the one before it when that was ours."""
-        if latest is not None and not self.ours(latest):
-            self._person = latest if self._person is None else max(self._person, latest)
-        return self._person
 
     def hides_busy(self, kernel_id: str) -> bool:
         """A kernel busy only because the extension is running its hooks."""
