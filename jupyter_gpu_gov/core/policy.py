@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from .clock import parse as parse_time
 from .durations import format_duration, parse_duration
 
 EXEMPT_LABEL = "gpu-gov/exempt"
@@ -366,8 +367,9 @@ class Decision:
 def max_age_of(policy: Policy, view: ServerView) -> tuple[timedelta | None, str]:
     """The stricter of the policy's ``max_age`` and the tier's (label ``gpu-gov/max-age``), and
     which one it is. A label that cannot be read is ignored: the policy still applies."""
+    label = view.labels.get(MAX_AGE_LABEL)
     try:
-        tier = parse_duration(view.labels.get(MAX_AGE_LABEL) or 0) or None
+        tier = (parse_duration(label) or None) if label else None  # most servers have none
     except ValueError:
         tier = None
     if tier and (policy.max_age is None or tier < policy.max_age):
@@ -393,10 +395,8 @@ def _hard_deadline(policy: Policy, view: ServerView):
 
 
 def _timestamp(value: str | None) -> datetime | None:
-    from .clock import parse
-
     try:
-        return parse(value) if value else None
+        return parse_time(value) if value else None
     except ValueError:
         return None
 

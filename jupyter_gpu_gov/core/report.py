@@ -115,15 +115,14 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
     allocated = bool(devices) and report["server"].get("gpu_allocated", False)
     holds_gpu = bool(holders) or (cull_action == "stop-server" and allocated)
 
+    window = report["window"]
+    if (window.get("gpu_active_fraction") or 0) > 0:  # recently active: nothing else to check
+        return GpuSignal(holds_gpu, True)
     sms = [t["gpu"]["sm"] for t in holders]
     held = {d for t in holders for d in t["gpu"]["devices"]}
     own_activity = [d["activity"] for d in devices if not d.get("shared") and d["uuid"] in held]
-    window = report["window"]
-    recently_active = (window.get("gpu_active_fraction") or 0) > 0
-    if (
-        any(sm is not None and sm >= idle_threshold for sm in sms)
-        or any(a is not None and a >= idle_threshold for a in own_activity)
-        or recently_active
+    if any(sm is not None and sm >= idle_threshold for sm in sms) or any(
+        a is not None and a >= idle_threshold for a in own_activity
     ):
         return GpuSignal(holds_gpu, True)
     if any(sm is None for sm in sms):

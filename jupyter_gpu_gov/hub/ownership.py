@@ -28,6 +28,10 @@ class Ownership:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
+# The labels naming each owner field (``gpu-gov/team``, ...).
+_OWNER_LABELS = {key: f"{LABEL_PREFIX}{key}" for key in ("team", "project", "tier", "user")}
+
+
 def resolve(
     user: str,
     user_options: Mapping[str, Any],
@@ -35,23 +39,22 @@ def resolve(
     teams_by_group: Mapping[str, str],
     team_map: Mapping[str, str],
 ) -> Ownership:
+    user_options = user_options or {}
     labels = {
         key: _text(value)
-        for key, value in (user_options or {}).items()
+        for key, value in user_options.items()
         if key.startswith(LABEL_PREFIX) and value is not None
     }
-    team = (
-        labels.get(f"{LABEL_PREFIX}team")
-        or _text(user_options.get("team"))
-        or next((teams_by_group[g] for g in user_groups if g in teams_by_group), None)
-        or team_map.get(user)
-    )
-    project = labels.get(f"{LABEL_PREFIX}project") or _text(user_options.get("project"))
+    team = labels.get(_OWNER_LABELS["team"]) or _text(user_options.get("team"))
+    if not team:
+        team = next((teams_by_group[g] for g in user_groups if g in teams_by_group), None)
+    team = team or team_map.get(user)
+    project = labels.get(_OWNER_LABELS["project"]) or _text(user_options.get("project"))
     profile = _text(user_options.get("profile"))
-    tier = labels.get(f"{LABEL_PREFIX}tier") or profile
+    tier = labels.get(_OWNER_LABELS["tier"]) or profile
     for key, value in (("team", team), ("project", project), ("tier", tier), ("user", user)):
         if value:
-            labels.setdefault(f"{LABEL_PREFIX}{key}", value)
+            labels.setdefault(_OWNER_LABELS[key], value)
     return Ownership(team=team, project=project, tier=tier, profile=profile, labels=labels)
 
 

@@ -214,6 +214,8 @@ _UPDATE_SESSION = (
 )
 
 
+_ZEROS = (0.0,) * len(FIELDS)  # a field's amount where a bucket or session has none
+
 _SESSION_VALUES = ("user", "team", "project", "tier", "first_at", "at", "ended_at", "gpus", "state")
 # The bind parameters of the two, in the order save_usage gives them.
 _SESSION_ROW_COLUMNS = (*_SESSION_VALUES, *FIELDS, *_SESSION_KEY)
@@ -255,13 +257,16 @@ class _Executemany:
 
     def run(self, connection, rows: Sequence[tuple]) -> None:
         if self._convert:
-            converted = []
-            for row in rows:
-                row = list(row)
-                for i, processor in self._convert:
-                    row[i] = processor(row[i])
-                converted.append(row)
-            rows = converted
+            rows = [list(row) for row in rows]
+            for i, processor in self._convert:
+                # Rows of one call share values (every session's ``at`` is the pass's time):
+                # each distinct value is converted once (these columns hold datetimes, strings).
+                done: dict = {}
+                for row in rows:
+                    value = row[i]
+                    if value not in done:
+                        done[value] = processor(value)
+                    row[i] = done[value]
         if self._named:
             params: Sequence = [dict(zip(self.names, row, strict=True)) for row in rows]
         elif self._pick is not None:
@@ -420,15 +425,18 @@ class Store:
         sessions = list(sessions)
         if not deltas and not sessions:
             return
+        day_names = {day: day.isoformat() for day in {day for day, _ in deltas}}
         with self._session.begin() as db:
-            days = {day.isoformat() for day, _ in deltas} - self._usage_days
+            days = set(day_names.values()) - self._usage_days
             if days:  # a day not seen yet (or written by an earlier run): its keys, once
                 query = select(*_USAGE_KEY).where(UsageRow.day.in_(days))
                 self._usage_keys.update(tuple(k) for k in db.execute(query))
             new, old = [], []
+            keys = []
             for (day, owner), values in deltas.items():
-                key = (day.isoformat(), owner.user, owner.team, owner.project, owner.tier)
-                amounts = tuple(float(values.get(f, 0.0)) for f in FIELDS)
+                key = (day_names[day], owner.user, owner.team, owner.project, owner.tier)
+                keys.append(key)
+                amounts = tuple(map(float, map(values.get, FIELDS, _ZEROS)))
                 if key in self._usage_keys:
                     old.append((*amounts, *key))  # as _ADD_TO_USAGE_PARAMS
                 else:
@@ -453,7 +461,7 @@ class Store:
                     s.ended_at,
                     float(s.gpus),
                     s.state,
-                    *(float(s.totals.get(f, 0.0)) for f in FIELDS),
+                    *map(float, map(s.totals.get, FIELDS, _ZEROS)),
                     s.server,
                     s.session,
                 )
@@ -474,10 +482,8 @@ class Store:
                 connection.execute(insert(UsageSessionRow.__table__), fresh)
             if known:
                 self._update_session.run(connection, known)
-        self._usage_days |= {day.isoformat() for day, _ in deltas}
-        self._usage_keys.update(
-            (d.isoformat(), o.user, o.team, o.project, o.tier) for d, o in deltas
-        )
+        self._usage_days.update(day_names.values())
+        self._usage_keys.update(keys)
         self._usage_sessions |= rows.keys()
 
     def usage(
