@@ -240,7 +240,10 @@ class Governor:
     async def reconcile(self) -> CycleResult:
         async with self._cycle:  # a cull-now and the timer never reconcile at once
             started = time.perf_counter()
-            result = await self._reconcile()
+            try:
+                result = await self._reconcile()
+            finally:
+                self._read_dcgm_next()
             result.duration_s = time.perf_counter() - started
             metrics.RECONCILE_SECONDS.observe(result.duration_s)
             self.last_cycle = result
@@ -458,19 +461,29 @@ class Governor:
                     counter.inc(values[state])
 
     async def _dcgm_snapshot(self) -> DcgmSnapshot | None:
-        """The latest DCGM snapshot. Scrapes run in the background, one at a time, so a slow
-        Prometheus never holds a pass up; only the first pass waits for one."""
+        """The latest DCGM snapshot. Only the first pass waits for a read; after that each pass
+        takes what the read started at the end of the one before found (``_read_dcgm_next``),
+        or, while a slow Prometheus has not answered yet, the snapshot before it."""
         if self.dcgm is None:
             return None
         task = self._dcgm_task
-        if task is not None and task.done():
-            self._dcgm_latest, task = task.result(), None
-        if task is None:
-            task = self._dcgm_task = asyncio.ensure_future(self.dcgm.fetch())
-        if self._dcgm_latest is None:
-            self._dcgm_latest = await task
-            self._dcgm_task = None
+        if task is not None and (task.done() or self._dcgm_latest is None):
+            self._dcgm_latest, self._dcgm_task = await task, None
+        elif task is None and self._dcgm_latest is None:
+            self._dcgm_latest = await self.dcgm.fetch()
         return self._dcgm_latest
+
+    async def background_done(self) -> None:
+        """Wait for the work a pass leaves running (the next DCGM read)."""
+        if self._dcgm_task is not None:
+            await asyncio.wait([self._dcgm_task])
+
+    def _read_dcgm_next(self) -> None:
+        """Start the next pass's DCGM read now that this pass is done: it runs in the worker
+        between passes, not alongside one, and is fresher when the next pass uses it than a read
+        started as this pass began."""
+        if self.dcgm is not None and self._dcgm_task is None:
+            self._dcgm_task = asyncio.ensure_future(self.dcgm.fetch())
 
     async def _groups(self) -> list[dict]:
         try:
