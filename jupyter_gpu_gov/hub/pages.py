@@ -192,6 +192,7 @@ class DashboardHandler(PageHandler):
         shown.sort(key=_sort_key(sort))
         if self.get_argument("desc", "") == "0":
             shown.reverse()
+        gov.flush_usage()  # the ledger as of this pass, not of its last write
         week = showback.usage(gov.store, gov.options, ["team"], "all", showback.days_back(7, now))
         idle_cost = {r["team"]: r["idle_cost"] for r in week}
         idle_hours = {r["team"]: r["gpu_hours_idle"] for r in week}
@@ -313,6 +314,7 @@ class ShowbackHandler(PageHandler):
         except ValueError:
             days = 14
         since = showback.days_back(days, now)
+        gov.flush_usage()
         rows = showback.usage(gov.store, gov.options, [dim], period, since)
         totals = showback.usage(gov.store, gov.options, [dim], "all", since)
         idle_series, periods = showback.series_by(rows, dim, "gpu_hours_idle")
@@ -366,6 +368,7 @@ class MyUsageHandler(PageHandler):
             me = self.get_argument("user")  # admins may look at anyone's page
         lines = [line for line in server_lines(gov, now) if line["user"] == me]
         since = showback.days_back(30, now)
+        gov.flush_usage()
         sessions = gov.store.usage_sessions(since=since, user=me)
         days = showback.usage(gov.store, gov.options, [], "day", since, user=me)
         idle_series = {"idle": {r["period"]: r["gpu_hours_idle"] for r in days}}

@@ -104,6 +104,9 @@ class Options:
     # reported devices), and the longest gap between two looks at a server that is billed.
     tier_weights: Mapping[str, float] = field(default_factory=dict)
     ledger_max_gap: timedelta = timedelta(minutes=3)
+    # How often the ledger is written (and whenever it is read, and at stop): a row per running
+    # server each time. A crash leaves the unwritten interval unobserved, as any outage.
+    usage_write_every: timedelta = timedelta(minutes=5)
     # Showback: the price of one GPU-equivalent hour per tier (else the default), its
     # currency, and the GPU-equivalents each team is guaranteed (shown on "my GPU usage").
     gpu_hour_cost: Mapping[str, float] = field(default_factory=dict)
@@ -172,6 +175,7 @@ class Governor:
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
         self.ledger = ledger.Ledger(options.ledger_max_gap, store.usage_sessions(open_only=True))
+        self._usage_written_at: datetime | None = None  # None: the first pass writes
         # GPU spawns the Hub has been starting for longer than SPAWN_QUEUED_AFTER (on Kubernetes,
         # pods waiting for a GPU node), as of the last pass (``None`` before the first):
         # fragmentation is "GPUs partly used while spawns wait".
@@ -446,7 +450,16 @@ class Governor:
             self.ledger.event(row.server_key, owner, row.at, name)
         self._save_usage()
 
-    def _save_usage(self) -> None:
+    def flush_usage(self) -> None:
+        """Write what the ledger has accrued: before anyone reads the usage, and at stop."""
+        self._save_usage(force=True)
+
+    def _save_usage(self, force: bool = False) -> None:
+        now = clock.utcnow()
+        last = self._usage_written_at
+        if not force and last is not None and now - last < self.options.usage_write_every:
+            return
+        self._usage_written_at = now
         deltas, sessions = self.ledger.drain()
         self.store.save_usage(deltas, sessions)
         counters = {}  # (team, state) -> its series: labels() costs 3 µs, a bucket a server
@@ -981,6 +994,7 @@ class Governor:
         return row
 
     async def close(self) -> None:
+        self.flush_usage()
         for task in [*self._tasks, self._dcgm_task]:
             if task is not None:
                 task.cancel()

@@ -396,6 +396,7 @@ class UsageHandler(ApiHandler):
         owner = {k: self.get_argument(k, None) for k in ("user", "team", "project", "tier")}
         if not self.is_admin:
             owner["user"] = self.current_user["name"]
+        self.governor.flush_usage()  # the ledger as of the last pass, not of its last write
         rows = showback.usage(
             self.governor.store, self.governor.options, group_by, period, since, until, **owner
         )
