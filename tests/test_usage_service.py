@@ -16,6 +16,7 @@ from test_governor import report_for
 from jupyter_gpu_gov.core import clock, ledger
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub import metrics, showback
+from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.reconcile import Governor, Options
 from jupyter_gpu_gov.hub.store import Store
@@ -210,6 +211,14 @@ async def test_the_ledger_is_written_every_few_minutes_and_whenever_it_is_read(t
             passes += 1
         assert passes == 10
         assert totals(gov.store)[ledger.IDLE_HELD] == pytest.approx(flushed + 11 * STEP, abs=0.5)
+
+
+def test_the_ledger_write_interval_is_checked():
+    app = GpuGovernor()
+    app.initialize(["--GpuGovernor.usage_write_every=0"])
+    assert app.usage_write_every == 0  # every pass
+    with pytest.raises(Exception, match="usage_write_every must be >= 0 seconds, got -60"):
+        GpuGovernor().initialize(["--GpuGovernor.usage_write_every=-60"])
 
 
 def test_usage_queries_name_their_bad_parameter():

@@ -392,6 +392,15 @@ class GpuGovernor(Application):
             raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
         return proposal["value"]
 
+    @validate("usage_write_every", "usage_max_gap")
+    def _not_negative(self, proposal):
+        if proposal["value"] < 0:
+            raise ValueError(
+                f"GpuGovernor.{proposal['trait'].name} must be >= 0 seconds, "
+                f"got {proposal['value']!r}"
+            )
+        return proposal["value"]
+
     @validate("accept_interval")
     def _accept_interval(self, proposal):
         if not 0 <= proposal["value"] <= 1:
