@@ -82,8 +82,8 @@ class Session:
         return sum(self.totals.get(s, 0.0) for s in STATES)
 
     def snapshot(self) -> Session:
-        """A copy that later observations leave alone. Copies the fields directly: every
-        session is drained each pass, and ``dataclasses.replace`` costs 5 µs a call."""
+        """A copy that later observations leave alone. Copies the fields directly: a drain
+        copies every running server's session, and ``dataclasses.replace`` costs 5 µs a call."""
         copy = object.__new__(Session)
         copy.__dict__.update(self.__dict__)
         copy.totals = dict(self.totals)
