@@ -72,6 +72,10 @@ VARIANTS = {
         "width": 8192, "host_s": 0.005, "zombie_gib": 8, "elements": 2**25,
         "small": (2048, 128), "loader_batch": 1, "workers": 2,
     },
+    "fresh": {  # sizes no earlier run used, collected after the model's last change: held out
+        "width": 6144, "host_s": 0.04, "zombie_gib": 4, "elements": 2**27,
+        "small": (512, 32), "loader_batch": 2, "workers": 0,
+    },
 }  # fmt: skip
 
 # name -> (truth, what the loop does). The five faults, a healthy loop to give the node

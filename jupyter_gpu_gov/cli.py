@@ -360,7 +360,7 @@ def _add_diagnose(commands: argparse._SubParsersAction) -> None:
             "Without --model the counterfactual model is trained on the file's own history\n"
             "(scikit-learn needed: the 'hub' extra); too little history, and the rules answer.\n"
             "The model reads each running window with the earlier rows of the same node and\n"
-            "server (the median of the last 3 within 10 minutes), as the hub service does.\n"
+            "server (the median of the last 4 within 10 minutes), as the hub service does.\n"
             "A summary goes to stderr. A bad file prints nothing and exits with status 2."
         ),
         epilog=(

@@ -411,7 +411,7 @@ def test_a_new_window_is_scored_in_its_servers_context():
     service = DiagnosisService(DiagnosisOptions(sample_every=timedelta(0)))
     scored = []
     try:
-        for sm, cores in [(0.12, 1.0), (0.6, 0.2), (0.3, 0.9), (0.2, 0.8)]:
+        for sm, cores in [(0.12, 1.0), (0.6, 0.2), (0.3, 0.9), (0.2, 0.8), (0.5, 0.7)]:
             clock.advance(60)
             r = starved_report("carol")
             r["targets"][0]["gpu"]["sm"] = sm
@@ -425,13 +425,17 @@ def test_a_new_window_is_scored_in_its_servers_context():
     assert scored[0].window.sm_active == 0.12  # nothing earlier
     assert scored[1].window.sm_active == pytest.approx(0.36)  # median of two
     assert scored[2].window.sm_active == 0.3 and scored[2].window.cpu_cores == 0.9
-    assert scored[3].window.sm_active == 0.3 and scored[3].window.cpu_cores == 0.8  # last 3
+    assert scored[3].window.sm_active == pytest.approx(0.25)  # median of four
+    assert scored[3].window.cpu_cores == pytest.approx(0.85)
+    assert scored[4].window.sm_active == pytest.approx(0.4)  # the last four: 0.12 dropped
+    assert scored[4].window.cpu_cores == pytest.approx(0.75)
     assert paused.window.sm_active == 0.0 and paused.window.kernel_busy is False
     assert [w.sm_active for w in service.history.by_server["carol/"]] == [
         0.12,
         0.6,
         0.3,
         0.2,
+        0.5,
         0.0,
     ]
     service.forget("carol/")

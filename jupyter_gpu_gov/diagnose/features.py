@@ -113,7 +113,7 @@ def to_vector(window: Window) -> list[float]:
 
 # A running window is read with its server's recent running windows: the median of the last
 # CONTEXT_K (this one included) within CONTEXT_HORIZON_S of it.
-CONTEXT_K = 3
+CONTEXT_K = 4
 CONTEXT_HORIZON_S = 600.0
 # The columns the context smooths: what the GPU and the process tree did over the window.
 # ``kernel_busy`` and ``user_idle_s`` say what is true *now* and stay the window's own.
