@@ -516,6 +516,55 @@ def test_memory_bound_small_work_and_a_cpu_loop(evaluation):
     )
 
 
+def _loops(node, kinds, per_kind=60):
+    """Windows of one node: for each kind (sm, gr, dram, cores), ``per_kind`` windows of one
+    server each, with a little noise so that every column varies."""
+    rows = []
+    for k, (sm, gr, dram, cores) in enumerate(kinds):
+        for i in range(per_kind):
+            jitter = 1.0 + 0.01 * ((i * 7 + k) % 5 - 2)
+            rows.append(
+                w(
+                    node=node,
+                    server=f"{node}-{k}-{i}/",
+                    sm_active=sm * jitter,
+                    gr_active=gr * jitter,
+                    dram_active=dram * jitter,
+                    cpu_cores=cores,
+                    cpu_iowait=0.0,
+                )
+            )
+    return rows
+
+
+def test_dram_is_read_against_the_nodes_peak_and_the_best_state_computes():
+    """A node whose best loops move little data does not call its ordinary loops memory-bound
+    (their DRAM per kernel time is twice the best's, far from the card's peak); the best state
+    is the best of the loops that compute, not a memory-bound loop's busy-looking SMs; a node
+    that never ran a memory-bound loop does not call its heaviest ordinary one memory-bound."""
+    fast = (0.85, 0.95, 0.19, 1.0)  # DRAM 0.2 of kernel time
+    cpu_loop = (0.30, 0.33, 0.15, 1.0)  # 0.45: an ordinary mix, one core busy all the time
+    memory = (0.97, 0.98, 0.9, 1.0)  # 0.92: at the interface's peak
+    history = _loops("card", [fast, cpu_loop, memory]) + _loops("plain", [fast, cpu_loop])
+    model = Diagnoser(min_node_windows=30, min_windows=50, context=1).fit(history)
+    card, plain = model.state("card"), model.state("plain")
+    assert card.best_sm == pytest.approx(0.85, abs=0.02)  # not the memory-bound loop's 0.97
+    assert card.best["dram_active"] == pytest.approx(0.2, abs=0.02)
+    assert card.peak["dram_active"] == pytest.approx(0.92, abs=0.03)
+    assert plain.peak["dram_active"] == pytest.approx(0.45, abs=0.03)
+
+    def label(node, sm, gr, dram, cores):
+        return model.diagnose(
+            w(node=node, sm_active=sm, gr_active=gr, dram_active=dram, cpu_cores=cores,
+              cpu_iowait=0.0)
+        ).label  # fmt: skip
+
+    assert label("card", *cpu_loop) == "cpu_serial"
+    assert label("card", *memory) == "memory_bandwidth"
+    assert label("card", *fast) == "healthy"
+    assert label("plain", *cpu_loop) == "cpu_serial"  # its own peak, but under the floor
+
+
 def test_before_the_model(evaluation):
     model = evaluation["model"]
     assert model.diagnose(w(sm_active=None, cpu_iowait=0.9)).label == "unknown"
