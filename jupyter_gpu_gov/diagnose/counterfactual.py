@@ -305,28 +305,29 @@ class Diagnoser:
         if len(usable) < self.min_windows:
             return self
 
-        self.nodes[GLOBAL] = self._best_state(usable, np)
-        for sees_engine, key in GLOBAL_BY_KIND.items():
-            kind = [w for w in usable if (w.gr_active is not None) == sees_engine]
-            if len(kind) >= self.min_node_windows:
-                self.nodes[key] = self._best_state(kind, np)
         for node, group in by_node.items():
             if node != GLOBAL and len(group) >= self.min_node_windows:
                 self.nodes[node] = self._best_state(group, np)
-        # An unseen node is read against a typical card's peak, not the highest card's.
+        # Nodes too new for a state of their own borrow one from the nodes that measure alike,
+        # read against a typical card's peak (the median of theirs), not the highest card's.
         engine = {  # does the node have DCGM's engine activity (most of its windows)
             node: 2 * sum(w.gr_active is not None for w in group) > len(group)
             for node, group in by_node.items()
-            if node != GLOBAL and node in self.nodes
+            if node in self.nodes
         }
-        for sees_engine, key in [(None, GLOBAL), *GLOBAL_BY_KIND.items()]:
+        pooled = [(None, GLOBAL, usable)]
+        for sees_engine, key in GLOBAL_BY_KIND.items():
+            kind = [w for w in usable if (w.gr_active is not None) == sees_engine]
+            if len(kind) >= self.min_node_windows:
+                pooled.append((sees_engine, key, kind))
+        for sees_engine, key, group in pooled:
             alike = [n for n, e in engine.items() if sees_engine is None or e == sees_engine]
-            if key not in self.nodes or not alike:
-                continue
+            peak = {}
             for name in INTENSITIES:
                 peaks = [p for p in (self.nodes[n].peak[name] for n in alike) if p > 0]
                 if peaks:
-                    self.nodes[key].peak[name] = float(np.median(peaks))
+                    peak[name] = float(np.median(peaks))
+            self.nodes[key] = self._best_state(group, np, peak)
         X = np.vstack(
             [self._inputs(group, self.state(node), np) for node, group in by_node.items()]
         )
@@ -360,12 +361,17 @@ class Diagnoser:
         self.regressor = regressor
         return self
 
-    def _best_state(self, windows: Sequence[Window], np) -> NodeState:
+    def _best_state(
+        self, windows: Sequence[Window], np, peak: dict[str, float] | None = None
+    ) -> NodeState:
+        """The windows' best state; their own peak unless ``peak`` gives one (per intensity)."""
         sm = np.array([w.sm_active for w in windows], dtype=float)
         X = self._raw(windows, np)
         ran = np.array([_kernel_time(w) for w in windows], dtype=float)
-        peak = {}
+        peak = dict(peak or {})
         for name in INTENSITIES:
+            if name in peak:
+                continue
             column = X[ran >= KERNEL_TIME_MIN, CAUSES.index(name)]
             column = column[~np.isnan(column)]
             peak[name] = float(np.quantile(column, PEAK_QUANTILE)) if column.size else math.nan
@@ -582,7 +588,7 @@ def _little_traffic(w: Window, state: NodeState) -> bool:
     best = state.best.get("dram_active")
     if w.gr_active is not None or w.dram_active is None or not best or not best > 0:
         return False
-    return w.sm_active >= SM_FLOOR and w.dram_active / w.sm_active < LITTLE_TRAFFIC * best
+    return w.sm_active >= SM_FLOOR and _dram_intensity(w) < LITTLE_TRAFFIC * best
 
 
 def _kernel_time(w: Window) -> float | None:
@@ -591,13 +597,19 @@ def _kernel_time(w: Window) -> float | None:
     return w.sm_active if w.gr_active is None else w.gr_active
 
 
+def _dram_intensity(w: Window) -> float:
+    """DRAM activity per unit of kernel time (``_raw``'s column, for one window whose kernel
+    time and DRAM are known and non-zero)."""
+    return w.dram_active / _kernel_time(w)
+
+
 def _memory_bound(w: Window, peak: float | None) -> bool:
     """The kernels, while they run, keep the memory interface near the node's ``peak`` DRAM
     intensity (``MEMORY_BOUND`` of it, and at least ``MEMORY_BOUND_FLOOR``)."""
     ran = _kernel_time(w)
     if w.dram_active is None or ran is None or ran < KERNEL_TIME_MIN or not (peak or 0) > 0:
         return False
-    intensity = w.dram_active / ran
+    intensity = _dram_intensity(w)
     dcgm = w.gr_active is not None
     return intensity >= MEMORY_BOUND_FLOOR[dcgm] and intensity >= MEMORY_BOUND[dcgm] * peak
 
