@@ -336,7 +336,11 @@ def run_story(
     # --- the warning comes back with the later deadline when its notice starts ---------------
     message.first.wait_for(timeout=240_000)
     again_left, again_deadline = countdown_seconds(message.first.inner_text())
-    assert again_deadline == granted_deadline, (again_deadline, granted_deadline)
+    # The warning goes out at the first pass once the new notice is due, and every warning
+    # gets its full notice: the deadline is the granted one, or later by the pass's lateness
+    # (seconds, but the clock shows minutes: it may read a minute later, never earlier).
+    late = clock_minutes(again_deadline) - clock_minutes(granted_deadline)
+    assert 0 <= late <= 1, (again_deadline, granted_deadline)
     assert 200 < again_left <= 300
     assert gov.verdict(USER)["state"] == "warned"
     page.screenshot(path=str(shots / "warned-again.png"))
