@@ -1,7 +1,7 @@
 """DCGM evidence on the hub: real dcgm-exporter samples, parsed, judged and mapped to pods.
 
 The fixtures are verbatim public samples (provenance and sha256 in their SOURCES.md) read from
-``$JUPYTER_GPU_GOV_DCGM_FIXTURES`` (default: the shared fixture folder); they are never edited.
+``tests/data/dcgm/`` (or ``$JUPYTER_GPU_GOV_DCGM_FIXTURES``); they are never edited.
 Cases no fixture covers are inline strings marked synthetic.
 """
 
@@ -40,8 +40,7 @@ from jupyter_gpu_gov.hub.dcgm import (
     prometheus_query,
 )
 
-# The project's shared folder sits beside the repository (as in CI's checkout).
-DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dcgm"
+DEFAULT_FIXTURES = Path(__file__).resolve().parent / "data" / "dcgm"
 FIXTURES = Path(os.environ.get("JUPYTER_GPU_GOV_DCGM_FIXTURES", DEFAULT_FIXTURES))
 H100_TEXT = "h100-8gpu-k8s-pod-attributed.txt"
 H100_JSON = "h100-prometheus-api-v1-query-gpu-util.json"
