@@ -1,0 +1,108 @@
+"""The import rules of docs/architecture.md §6, checked on the source: a module that breaks one
+fails here with the line that does."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_gpu_gov"
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+
+
+def _imports(path: Path, top_level_only: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a file, relative ones resolved;
+    ``top_level_only``: those that run on import (not inside a function)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    package = parts[:-1]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in tree.body if top_level_only else ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                name = ".".join((*base, node.module) if node.module else base)
+            else:
+                name = node.module or ""
+            found.append((node.lineno, name))
+    return found
+
+
+def _modules(*subpackages: str) -> list[Path]:
+    paths = []
+    for sub in subpackages:
+        target = PACKAGE / sub
+        paths += sorted(target.rglob("*.py")) if target.is_dir() else [target]
+    return paths
+
+
+def _violations(paths, allowed, top_level_only: bool = False) -> list[str]:
+    bad = []
+    for path in paths:
+        for line, name in _imports(path, top_level_only):
+            top = name.split(".")[0]
+            if not allowed(name, top):
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: imports {name}")
+    return bad
+
+
+def _ours(name: str, *packages: str) -> bool:
+    return any(
+        name == f"jupyter_gpu_gov.{p}" or name.startswith(f"jupyter_gpu_gov.{p}.") for p in packages
+    )
+
+
+def test_core_is_pure():
+    """core/ imports the standard library, traitlets and itself only."""
+    bad = _violations(
+        _modules("core"),
+        lambda name, top: top in STDLIB or top == "traitlets" or _ours(name, "core"),
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_replay_imports_only_core():
+    bad = _violations(
+        _modules("replay"),
+        lambda name, top: (
+            top in STDLIB
+            or top == "traitlets"
+            or _ours(name, "core", "replay")
+            or name == "jupyter_gpu_gov"
+        ),
+    )
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        ("server", ("hub", "profiles")),
+        ("hub", ("server", "profiles")),
+        ("profiles", ("server", "hub")),
+    ],
+)
+def test_server_hub_and_profiles_never_import_each_other(package, forbidden):
+    bad = _violations(_modules(package), lambda name, top: not _ours(name, *forbidden))
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", ["__init__.py", "checkpoint.py", "simulate.py"])
+def test_modules_loaded_in_kernels_and_both_images_stay_light(module):
+    """They run inside users' kernels, or land in both images: on import, the standard library
+    and the pure core only (a kernel imports IPython or torch itself, when a hook needs it)."""
+    bad = _violations(
+        _modules(module),
+        lambda name, top: (
+            top in STDLIB
+            or name in ("jupyter_gpu_gov", "jupyter_gpu_gov._version")
+            or _ours(name, "core")
+        ),
+        top_level_only=True,
+    )
+    assert not bad, "\n".join(bad)
