@@ -581,7 +581,7 @@ def test_an_xid_on_a_mig_gpu_marks_its_instances(monkeypatch, backend):
     [
         ({"ecc_dbe_volatile": 2}, "reset", "2 uncorrectable ECC memory errors"),
         ({"remapped_rows": (0, 1, True, False)}, "drain", "rows wait to be remapped"),
-        ({"remapped_rows": (0, 9, False, True)}, "reset", "remapping a failed memory row failed"),
+        ({"remapped_rows": (0, 9, False, True)}, "reset", "memory row remapping has failed"),
         (
             {"retired_pages_pending": True, "remapped_rows": None},
             "drain",

@@ -382,7 +382,7 @@ def test_xid_79_loses_the_gpu_until_healed(backend):
         ({"xid": 63}, "drain", "XID 63: a memory row was marked for remapping"),
         ({"ecc": 1}, "reset", "1 uncorrectable ECC memory error since the last reset"),
         ({"remap": "pending"}, "drain", "memory rows wait to be remapped"),
-        ({"remap": "failure"}, "reset", "remapping a failed memory row failed"),
+        ({"remap": "failure"}, "reset", "memory row remapping has failed"),
         ({"retired_pages": True}, "drain", "memory pages wait to be retired"),
         ({"lost": True}, "reset", "the GPU cannot be reached (simulated)"),
     ],

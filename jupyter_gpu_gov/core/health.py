@@ -37,7 +37,7 @@ XIDS: Mapping[int, tuple[str, str]] = {
     54: ("the GPU's auxiliary power is not connected", RESET),
     62: ("an internal micro-controller halted", RESET),
     63: ("a memory row was marked for remapping (a GPU reset activates it)", DRAIN),
-    64: ("remapping a failed memory row failed", RESET),
+    64: ("a failed memory row could not be remapped", RESET),
     74: ("an NVLink error", RESET),
     79: ("the GPU fell off the bus", RESET),
     92: ("a high rate of single-bit ECC errors", DRAIN),
@@ -152,7 +152,7 @@ def assess(reading: Reading) -> Health:
         plural = "s" if count != 1 else ""
         reset.append(f"{count} uncorrectable ECC memory error{plural} since the last reset")
     if reading.remap_failure:
-        reset.append("remapping a failed memory row failed")
+        reset.append("memory row remapping has failed")
     if reading.remapped_rows_pending:
         drain.append("memory rows wait to be remapped at the next GPU reset")
     if reading.retired_pages_pending:
