@@ -45,7 +45,7 @@ NODE_ACTIONS = ("none", "label", "cordon")
 NODE_LABEL = "gpu-gov/gpu-unhealthy"  # "true" on a node with a GPU DCGM finds unhealthy
 NODE_ANNOTATION = "gpu-gov/gpu-unhealthy-reasons"  # which GPUs, and why
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-# A GPU DCGM has not reported for this long is forgotten (its node was removed).
+# A GPU DCGM has not reported for this long is forgotten (its node was removed for good).
 FORGET_AFTER = timedelta(days=1)
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain
 
@@ -95,7 +95,6 @@ class _Seen:
     node: str | None
     index: int | None
     model: str | None
-    at: datetime
 
 
 @dataclass
@@ -108,6 +107,7 @@ class HealthWatch:
     flagged: dict[str, datetime] = field(default_factory=dict)  # server key -> unknown since
     _snapshot: DcgmSnapshot | None = None
     _seen: dict[str, _Seen] = field(default_factory=dict)  # every GPU DCGM reported
+    _gone: dict[str, datetime] = field(default_factory=dict)  # since when DCGM misses it
     _since: dict[str, datetime] = field(default_factory=dict)  # uuid -> unhealthy since
     _nodes: dict[str, str] = field(default_factory=dict)  # node -> what we did to it
     _http: AsyncHTTPClient | None = None
@@ -121,35 +121,36 @@ class HealthWatch:
 
         DCGM's word wins where it reads the GPU: a report saying a GPU failed that DCGM reads
         as healthy and working is not believed (it would keep the server from idle culls)."""
-        trusted = [e.health for e in evidence if e.health is not None]
-        claimed = []
         noted = {}
         for device in report["devices"] if report is not None else ():
-            checked = health.from_dict(device.get("health"))
-            if checked is not None and checked.status != health.OK:
-                uuid = device.get("parent_uuid") or device["uuid"]
-                noted[uuid] = GpuProblem(
-                    uuid=uuid,
-                    health=checked,
-                    source="report",
-                    since=self._since.get(uuid, now),
-                    mig_profile=device.get("mig_profile"),
-                    model=device.get("name"),
-                    server=key,
-                )
-                if checked.status == health.UNHEALTHY:
-                    claimed.append(checked)
+            sent = device.get("health")
+            if sent is None or sent["status"] == health.OK:  # most devices: nothing to do
+                continue
+            uuid = device.get("parent_uuid") or device["uuid"]
+            noted[uuid] = GpuProblem(
+                uuid=uuid,
+                health=health.from_dict(sent),
+                source="report",
+                since=self._since.get(uuid, now),
+                mig_profile=device.get("mig_profile"),
+                model=device.get("name"),
+                server=key,
+            )
         if noted:
             self.reported[key] = noted
-        else:
+        elif self.reported:
             self.reported.pop(key, None)
+        claimed = [p.health for p in noted.values() if p.health.status == health.UNHEALTHY]
+        trusted = [e.health for e in evidence if e.health is not None]
         failing = [h for h in trusted if h.status == health.UNHEALTHY]
         if failing:
             return health.combine(failing + claimed)
-        readable = evidence and all(e.activity is not None for e in evidence)
-        if claimed and trusted and readable and all(h.status == health.OK for h in trusted):
+        if not claimed:
             return None
-        return health.combine(claimed) if claimed else None
+        readable = evidence and all(e.activity is not None for e in evidence)
+        if trusted and readable and all(h.status == health.OK for h in trusted):
+            return None
+        return health.combine(claimed)
 
     def prepare(
         self, view: ServerView, record: Record, failure: Health | None
@@ -206,41 +207,50 @@ class HealthWatch:
 
     # -- the pass -----------------------------------------------------------------------------
 
-    def observe_dcgm(self, snapshot: DcgmSnapshot | None, now: datetime) -> None:
-        """The cluster's GPUs as a new DCGM snapshot has them (a pass reusing the last
-        snapshot changes nothing): the unhealthy ones and those that warn, and those it stopped
-        reporting while their node still answers."""
+    def observe_dcgm(
+        self,
+        snapshot: DcgmSnapshot | None,
+        by_uuid: Mapping[str, Sequence[GpuEvidence]],
+        now: datetime,
+    ) -> None:
+        """The cluster's GPUs as a new DCGM snapshot has them (``by_uuid``: its records by
+        physical GPU; a pass reusing the last snapshot changes nothing): the unhealthy ones and
+        those that warn, and those it stopped reporting while their node still answers. Set
+        operations and one loop over the records: about 1 ms for 10,000 GPUs."""
         if snapshot is None or snapshot is self._snapshot:
             return
         self._snapshot = snapshot
-        by_uuid: dict[str, list[GpuEvidence]] = {}
-        for e in snapshot.evidence:
-            by_uuid.setdefault(e.uuid, []).append(e)
-            self._seen[e.uuid] = _Seen(e.hostname, e.gpu_index, e.model, now)
         problems = {}
-        for uuid, records in by_uuid.items():
-            checked = health.combine(e.health for e in records if e.health is not None)
-            if checked.status == health.OK and not checked.warnings:
+        for e in snapshot.evidence:
+            checked = e.health
+            if checked is None or checked is health.HEALTHY or e.uuid in problems:
                 continue
-            first = records[0]
-            owner = next((e.owner for e in records if e.owner), None)
-            problems[uuid] = GpuProblem(
-                uuid, checked, "dcgm", now, first.hostname, first.gpu_index, first.model,
-                pod=owner,
-            )  # fmt: skip
-        nodes = {seen.node for uuid, seen in self._seen.items() if uuid in by_uuid}
-        for uuid, seen in list(self._seen.items()):
-            if uuid in by_uuid:
+            records = by_uuid.get(e.uuid, (e,))
+            combined = health.combine(r.health for r in records if r.health is not None)
+            if combined.status == health.OK and not combined.warnings:
                 continue
-            if now - seen.at > FORGET_AFTER:
-                del self._seen[uuid]
-            elif seen.node in nodes:  # the node answers, this GPU does not: lost from the bus?
+            owner = next((r.owner for r in records if r.owner), None)
+            problems[e.uuid] = GpuProblem(
+                e.uuid, combined, "dcgm", now, e.hostname, e.gpu_index, e.model, pod=owner
+            )
+        for uuid in by_uuid.keys() - self._seen.keys():  # new GPUs (every GPU, the first time)
+            first = by_uuid[uuid][0]
+            self._seen[uuid] = _Seen(first.hostname, first.gpu_index, first.model)
+        gone = self._seen.keys() - by_uuid.keys()
+        for uuid in self._gone.keys() - gone:  # back
+            del self._gone[uuid]
+        nodes = {records[0].hostname for records in by_uuid.values()} if gone else set()
+        for uuid in gone:
+            seen, since = self._seen[uuid], self._gone.setdefault(uuid, now)
+            if now - since > FORGET_AFTER:  # its node went away for good
+                del self._seen[uuid], self._gone[uuid]
+            elif seen.node in nodes:  # the node answers, this GPU does not: off the bus?
                 why = (
-                    f"DCGM stopped reporting this GPU at {seen.at:%Y-%m-%d %H:%M} UTC while its "
+                    f"DCGM has not reported this GPU since {since:%Y-%m-%d %H:%M} UTC while its "
                     "node still reports its other GPUs (fallen off the bus?)"
                 )
                 problems[uuid] = GpuProblem(
-                    uuid, health.unknown(why), "dcgm", now, seen.node, seen.index, seen.model
+                    uuid, health.unknown(why), "dcgm", since, seen.node, seen.index, seen.model
                 )
         self.dcgm = problems
 

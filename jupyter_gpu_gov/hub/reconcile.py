@@ -266,7 +266,7 @@ class Governor:
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()
-        self.health.observe_dcgm(snapshot, now)
+        self.health.observe_dcgm(snapshot, self._world.by_uuid, now)
         seen = set()
         waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
