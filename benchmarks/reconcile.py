@@ -79,7 +79,8 @@ REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "jhub"
 PROFILES = (("a100", 0.6), ("mig-1g.10gb", 0.25), ("cpu", 0.15))  # cpu: no GPU, no report
 TEAMS = ("team-a", "team-b", "team-c")  # populate()'s groups
-# dcgm-exporter's default counters: the governor reads 9 of them, the rest are parsed and dropped.
+# dcgm-exporter's default counters: the governor reads 10 of them (9 signals and the last XID),
+# the rest are parsed and dropped.
 DCGM_METRICS = (
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."),
     ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz)."),
@@ -179,6 +180,7 @@ def _dcgm_value(metric: str, p: Planned) -> float | int:
         "DCGM_FI_DEV_FB_USED": 20480,
         "DCGM_FI_DEV_FB_FREE": 61440,
         "DCGM_FI_DEV_POWER_USAGE": 310.5 if busy else 62.1,
+        "DCGM_FI_DEV_XID_ERRORS": 0,  # the last XID: none on a healthy fleet
     }.get(metric, 1)
 
 

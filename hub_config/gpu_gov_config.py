@@ -33,6 +33,10 @@ c.GpuGovernor.policies = [
     },
 ]
 
+# GPU health: a server whose GPU state stays unknown (or failed: try `simulate.fail(xid=79)` in a
+# notebook) is flagged on the dashboard after 2 minutes (real hubs: 30).
+c.GpuGovernor.gpu_unknown_alert_after = 120
+
 # Showback: what a GPU-equivalent hour costs per tier (the dashboard's idle cost by team), and
 # each team's guarantee in GPU-equivalents for "My GPU usage" (the spawn-time quotas are in
 # jupyterhub_config.py).

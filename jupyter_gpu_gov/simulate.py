@@ -8,7 +8,10 @@ library because it is imported inside user kernels. POSIX only (``fcntl``).
 State file format (``"format": 1``)::
 
     {"format": 1,
-     "error": null,                      # set by fail(): the backend reports "unavailable"
+     "error": null,                      # set by fail(error): the backend reports "unavailable"
+     "faults": {                         # set by fail(xid=…, …), per physical GPU, until heal()
+       "GPU-…": {"xids": [79], "lost": true, "ecc": 0, "remap": null, "retired_pages": false,
+                 "throttle": null}},
      "devices": [                        # leaf devices, written by SimulatedBackend
        {"index": 0, "uuid": "GPU-…", "name": "NVIDIA H100 80GB HBM3", "memory_total_mb": 81559,
         "mig_profile": null, "parent_uuid": null, "minor_number": null,
@@ -42,6 +45,7 @@ __all__ = [
     "SimulatedStateError",
     "devices",
     "fail",
+    "heal",
     "hold",
     "load",
     "recover",
@@ -50,6 +54,9 @@ __all__ = [
 ]
 
 STATE_ENV = "JUPYTER_GPU_GOV_SIM_STATE"
+REMAP = ("pending", "failure")  # fail(remap=…): rows wait to be remapped, or remapping failed
+THROTTLE = ("thermal", "power", "slowdown")  # fail(throttle=…): why the clocks are slowed
+XID_LOST = 79  # "the GPU fell off the bus": the driver cannot reach it afterwards
 STATE_FORMAT = 1
 _STATE_NAME = "jupyter-gpu-gov-sim.json"
 _HAS_PROC = os.path.exists("/proc/self/stat")
@@ -100,7 +107,7 @@ def state_path() -> str:
 
 
 def _empty_state() -> dict[str, Any]:
-    return {"format": STATE_FORMAT, "error": None, "devices": [], "processes": []}
+    return {"format": STATE_FORMAT, "error": None, "faults": {}, "devices": [], "processes": []}
 
 
 def _read_state(path: str, missing_ok: bool = False) -> dict[str, Any]:
@@ -302,16 +309,92 @@ def devices() -> list[dict[str, Any]]:
     return _read_state(state_path(), missing_ok=True)["devices"]
 
 
-def fail(error: str = "GPU is lost") -> None:
-    """Make the simulated backend report ``unavailable`` with ``error`` until recover()."""
-    if not isinstance(error, str) or not error:
-        raise ValueError(f"error must be a non-empty string, got {error!r}")
+def fail(
+    error: str | None = None,
+    *,
+    xid: int | None = None,
+    ecc: int = 0,
+    remap: str | None = None,
+    retired_pages: bool = False,
+    throttle: str | None = None,
+    lost: bool = False,
+    device: DeviceArg = None,
+) -> None:
+    """Inject a fault, as a GPU or its driver would have it, until ``heal()``.
+
+    ``fail("why")`` alone: the driver is down, the backend reports ``unavailable`` with that
+    error (``recover()`` or ``heal()`` undo it). Otherwise a fault of one physical GPU (the one
+    ``device`` names, as in ``hold``; a MIG instance stands for its GPU):
+
+    - ``xid=79``: the driver reports XID 79 (the GPU is then lost from the bus, as for real);
+      any other XID is only reported (``xid=48`` a double-bit ECC error, ``xid=13`` an
+      application error);
+    - ``ecc=2``: two more uncorrectable (double-bit) volatile ECC errors;
+    - ``remap="pending"`` or ``"failure"``: memory rows wait to be remapped, or remapping failed;
+    - ``retired_pages=True``: memory pages wait to be retired (GPUs before Ampere);
+    - ``throttle="thermal"``, ``"power"`` or ``"slowdown"``: the clocks are slowed;
+    - ``lost=True``: the GPU fell off the bus without an XID.
+    """
+    faults = {
+        "xid": xid,
+        "ecc": ecc,
+        "remap": remap,
+        "retired_pages": retired_pages,
+        "throttle": throttle,
+        "lost": lost,
+    }
+    injected = [k for k, v in faults.items() if v not in (None, 0, False)]
+    if error is not None:
+        if not isinstance(error, str) or not error:
+            raise ValueError(f"error must be a non-empty string, got {error!r}")
+        if injected or device is not None:
+            raise ValueError("fail(error) stops the whole driver; give a GPU fault alone")
+        with _edit_state() as state:
+            state["error"] = error
+        return
+    if not injected:
+        raise ValueError(
+            "fail() needs a fault: error, xid, ecc, remap, retired_pages, throttle or lost"
+        )
+    if xid is not None and (
+        isinstance(xid, bool) or not isinstance(xid, int) or not 0 < xid < 1000
+    ):
+        raise ValueError(f"xid must be an XID number (1..999), got {xid!r}")
+    if isinstance(ecc, bool) or not isinstance(ecc, int) or ecc < 0:
+        raise ValueError(f"ecc must be a number of errors >= 0, got {ecc!r}")
+    if remap not in (None, *REMAP):
+        raise ValueError(f"remap must be one of {', '.join(REMAP)}, got {remap!r}")
+    if throttle not in (None, *THROTTLE):
+        raise ValueError(f"throttle must be one of {', '.join(THROTTLE)}, got {throttle!r}")
+    for key in ("retired_pages", "lost"):
+        if not isinstance(faults[key], bool):
+            raise ValueError(f"{key} must be true or false, got {faults[key]!r}")
     with _edit_state() as state:
-        state["error"] = error
+        leaf = _resolve(state, device)
+        gpu = state.setdefault("faults", {}).setdefault(leaf["parent_uuid"] or leaf["uuid"], {})
+        if xid is not None:
+            gpu["xids"] = [*gpu.get("xids", []), xid]
+        gpu["ecc"] = gpu.get("ecc", 0) + ecc
+        gpu["lost"] = gpu.get("lost", False) or lost or xid == XID_LOST
+        gpu["retired_pages"] = gpu.get("retired_pages", False) or retired_pages
+        for key, value in (("remap", remap), ("throttle", throttle)):
+            if value is not None:
+                gpu[key] = value
+
+
+def heal(device: DeviceArg = None) -> None:
+    """Undo ``fail()``: the faults of ``device``'s GPU; with no ``device``, every fault and a
+    stopped driver (as a GPU reset, or a reboot, would)."""
+    with _edit_state() as state:
+        if device is None:
+            state["faults"], state["error"] = {}, None
+            return
+        leaf = _resolve(state, device)
+        state.setdefault("faults", {}).pop(leaf["parent_uuid"] or leaf["uuid"], None)
 
 
 def recover() -> None:
-    """Undo fail(): the simulated backend reports its devices again."""
+    """Undo ``fail(error)``: the simulated backend reports its devices again."""
     with _edit_state() as state:
         state["error"] = None
 
@@ -362,8 +445,22 @@ def _parser() -> argparse.ArgumentParser:
         help="release and exit after SECONDS (default: hold until killed)",
     )
     sub.add_parser("devices", help="print the simulated leaf devices as JSON")
-    f = sub.add_parser("fail", help="make the simulated GPUs unavailable")
-    f.add_argument("error", nargs="?", default="GPU is lost", help="the error to report")
+    f = sub.add_parser(
+        "fail",
+        help="inject a GPU fault (or stop the driver)",
+        description="Inject a fault into one simulated GPU (--xid, --ecc, --remap, "
+        "--retired-pages, --throttle, --lost), or with ERROR alone make every GPU unavailable.",
+    )
+    f.add_argument("error", nargs="?", help="stop the driver with this error")
+    f.add_argument("--xid", type=int, help="report this XID (79: the GPU falls off the bus)")
+    f.add_argument("--ecc", type=int, default=0, help="add this many double-bit ECC errors")
+    f.add_argument("--remap", choices=REMAP, help="memory rows pending remapping, or failed")
+    f.add_argument("--retired-pages", action="store_true", help="pages pending retirement")
+    f.add_argument("--throttle", choices=THROTTLE, help="slow the clocks for this reason")
+    f.add_argument("--lost", action="store_true", help="the GPU falls off the bus")
+    f.add_argument("--device", type=_device_arg, metavar="X", help="leaf index or UUID")
+    h2 = sub.add_parser("heal", help="undo fail(): every fault, or the one GPU's")
+    h2.add_argument("--device", type=_device_arg, metavar="X", help="leaf index or UUID")
     sub.add_parser("recover", help="make the simulated GPUs available again")
     return parser
 
@@ -373,7 +470,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "devices":
         print(json.dumps(devices(), indent=1))
     elif args.command == "fail":
-        fail(args.error)
+        faults = {
+            key: getattr(args, key)
+            for key in ("xid", "ecc", "remap", "retired_pages", "throttle", "lost", "device")
+        }
+        try:
+            fail(args.error, **faults)
+        except (ValueError, SimulatedStateError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    elif args.command == "heal":
+        heal(args.device)
     elif args.command == "recover":
         recover()
     else:

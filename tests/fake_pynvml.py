@@ -13,12 +13,16 @@ So a test sees what the backend would see from a real driver with that topology.
 
 Configure before the first call, or mutate the dataclasses between calls (a GPU gets lost, a
 process starts, the driver gets loaded); ``drop_function`` removes a C function at any time.
+Health: ``FakeGpu``'s ECC, retired-page, remapped-row and clocks-event fields, and
+``fake.xid(gpu, 79)``, which queues an XID event in the event sets registered for that GPU (as
+the driver does: a set registered after the XID never sees it).
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,8 +78,26 @@ class FakeGpu:
     max_mig_devices: int = 7
     error: int | None = None  # every call about this GPU fails with it, e.g. NVML_ERROR_GPU_IS_LOST
     no_permission: bool = False  # the handle is refused, as for a GPU not given to a container
+    # health; None: the query is NotSupported (a GeForce card has no ECC, Ampere+ no retired
+    # pages, GPUs before Ampere no remapped rows)
+    ecc_dbe_volatile: int | None = 0
+    retired_pages_pending: bool | None = None
+    remapped_rows: tuple[int, int, bool, bool] | None = (
+        0,
+        0,
+        False,
+        False,
+    )  # corr, unc, pending, failed
+    clock_events: int = 0  # nvmlClocksEventReason* bits
+    xid_events: bool = True  # False: registering for XID events is NotSupported
     busy_s: float = field(default=0.0, repr=False)
     util_samples: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class _EventSet:
+    gpus: list[object] = field(default_factory=list)  # the FakeGpus registered
+    queue: deque = field(default_factory=deque)  # (gpu index, event type, data)
 
 
 @dataclass
@@ -96,6 +118,7 @@ class FakeNvml:
         self.init_count = 0  # nvmlInit minus nvmlShutdown, like NVML's own reference count
         self.now_s = 1000.0
         self.gpm_samples: dict[int, _GpmSample] = {}  # allocated and not yet freed, by address
+        self.event_sets: dict[int, _EventSet] = {}  # created and not yet freed, by address
         self._addresses = itertools.count(0x100000, 0x10)
         self.functions = _c_functions(self)
         self.lib = _Library(self)
@@ -112,6 +135,14 @@ class FakeNvml:
                 for p in gpu.processes:
                     if p.sm is not None:
                         gpu.util_samples.append((timestamp, p.pid, round(p.sm * 100)))
+
+    def xid(self, gpu: FakeGpu, xid: int) -> None:
+        """The driver reports XID ``xid`` on ``gpu`` to every event set registered for it."""
+        for event_set in self.event_sets.values():
+            if any(g is gpu for g in event_set.gpus):
+                event_set.queue.append(
+                    (self.gpus.index(gpu), nv.nvmlEventTypeXidCriticalError, xid)
+                )
 
     def drop_function(self, name: str) -> None:
         """Make the C function ``name`` missing from now on (pynvml caches what it looked up)."""
@@ -464,6 +495,79 @@ def _c_functions(fake: FakeNvml) -> dict[str, Callable[..., Any]]:
             metric.nvmlReturn = SUCCESS
         return SUCCESS
 
+    @device_call
+    def nvmlDeviceGetTotalEccErrors(
+        gpu: FakeGpu, mig: FakeMig | None, error_type: Any, counter_type: Any, out: Any
+    ) -> int:
+        if gpu.ecc_dbe_volatile is None:
+            return nv.NVML_ERROR_NOT_SUPPORTED
+        uncorrected = _int(error_type) == nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        volatile = _int(counter_type) == nv.NVML_VOLATILE_ECC
+        out._obj.value = gpu.ecc_dbe_volatile if uncorrected and volatile else 0
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetRetiredPagesPendingStatus(gpu: FakeGpu, mig: FakeMig | None, out: Any) -> int:
+        if gpu.retired_pages_pending is None:
+            return nv.NVML_ERROR_NOT_SUPPORTED
+        out._obj.value = int(gpu.retired_pages_pending)
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetRemappedRows(
+        gpu: FakeGpu, mig: FakeMig | None, corr: Any, unc: Any, pending: Any, failure: Any
+    ) -> int:
+        if gpu.remapped_rows is None:
+            return nv.NVML_ERROR_NOT_SUPPORTED
+        for out, value in zip((corr, unc, pending, failure), gpu.remapped_rows, strict=True):
+            out._obj.value = int(value)
+        return SUCCESS
+
+    @device_call
+    def clocks_event_reasons(gpu: FakeGpu, mig: FakeMig | None, out: Any) -> int:
+        out._obj.value = gpu.clock_events
+        return SUCCESS
+
+    def nvmlEventSetCreate(out: Any) -> int:
+        if fake.init_count == 0:
+            return nv.NVML_ERROR_UNINITIALIZED
+        address = next(fake._addresses)
+        fake.event_sets[address] = _EventSet()
+        _write_pointer(out, address)
+        return SUCCESS
+
+    def nvmlDeviceRegisterEvents(handle: Any, types: Any, event_set: Any) -> int:
+        found = resolve(handle)
+        if isinstance(found, int):
+            return found
+        gpu, mig = found
+        stored = fake.event_sets.get(_address(event_set))
+        if stored is None or mig is not None:
+            return nv.NVML_ERROR_INVALID_ARGUMENT
+        if not gpu.xid_events:
+            return nv.NVML_ERROR_NOT_SUPPORTED
+        if _int(types) & nv.nvmlEventTypeXidCriticalError:
+            stored.gpus.append(gpu)
+        return SUCCESS
+
+    def nvmlEventSetWait_v2(event_set: Any, out: Any, timeout_ms: Any) -> int:
+        stored = fake.event_sets.get(_address(event_set))
+        if stored is None:
+            return nv.NVML_ERROR_INVALID_ARGUMENT
+        if not stored.queue:
+            return nv.NVML_ERROR_TIMEOUT  # a test never waits: as if the timeout passed
+        index, event_type, data = stored.queue.popleft()
+        event = out._obj
+        ctypes.c_void_p.from_buffer(event, type(event).device.offset).value = _gpu_address(index)
+        event.eventType, event.eventData = event_type, data
+        event.gpuInstanceId = event.computeInstanceId = 0xFFFFFFFF
+        return SUCCESS
+
+    def nvmlEventSetFree(event_set: Any) -> int:
+        if fake.event_sets.pop(_address(event_set), None) is None:
+            return nv.NVML_ERROR_INVALID_ARGUMENT
+        return SUCCESS
+
     functions: dict[str, Callable[..., Any]] = {
         "nvmlInitWithFlags": nvmlInitWithFlags,
         "nvmlShutdown": nvmlShutdown,
@@ -488,6 +592,15 @@ def _c_functions(fake: FakeNvml) -> dict[str, Callable[..., Any]]:
         "nvmlGpmSampleGet": nvmlGpmSampleGet,
         "nvmlGpmMigSampleGet": nvmlGpmMigSampleGet,
         "nvmlGpmMetricsGet": nvmlGpmMetricsGet,
+        "nvmlDeviceGetTotalEccErrors": nvmlDeviceGetTotalEccErrors,
+        "nvmlDeviceGetRetiredPagesPendingStatus": nvmlDeviceGetRetiredPagesPendingStatus,
+        "nvmlDeviceGetRemappedRows": nvmlDeviceGetRemappedRows,
+        "nvmlDeviceGetCurrentClocksEventReasons": clocks_event_reasons,
+        "nvmlDeviceGetCurrentClocksThrottleReasons": clocks_event_reasons,
+        "nvmlEventSetCreate": nvmlEventSetCreate,
+        "nvmlDeviceRegisterEvents": nvmlDeviceRegisterEvents,
+        "nvmlEventSetWait_v2": nvmlEventSetWait_v2,
+        "nvmlEventSetFree": nvmlEventSetFree,
     }
     for version in ("v2", "v3"):
         functions[f"nvmlDeviceGetComputeRunningProcesses_{version}"] = running_processes(False)

@@ -48,10 +48,13 @@ def governed_hub(
     *,
     dry_run: bool = False,
     extra_policies: Iterable[Mapping] = (),
+    governor_config: str = "",
+    extra_config: str = "",
     **kwargs,
 ) -> HubHarness:
     """A :class:`HubHarness` with the governor service (test timers; ``extra_policies`` go
-    before the module's own, so they win for the users they match)."""
+    before the module's own, so they win for the users they match; ``governor_config`` is
+    more of the service's config file, ``extra_config`` more of the hub's)."""
     port = free_port()
     config = workdir / "gpu_gov_config.py"
     config.write_text(
@@ -60,8 +63,10 @@ def governed_hub(
             dry_run=dry_run,
             extra_policies=[dict(p) for p in extra_policies],
         )
+        + governor_config
     )
-    extra = f"""
+    extra = (
+        f"""
         from jupyter_gpu_gov.hub.hubconfig import add_governor
         add_governor(
             c,
@@ -81,9 +86,10 @@ def governed_hub(
 
         c.Spawner.pre_spawn_hook = _no_reports_for_carol
     """
-    return HubHarness(
-        workdir=workdir, extra_config=extra, singleuser_config=SINGLEUSER_CONFIG, **kwargs
+        + extra_config
     )
+    singleuser = SINGLEUSER_CONFIG + kwargs.pop("singleuser_config", "")
+    return HubHarness(workdir=workdir, extra_config=extra, singleuser_config=singleuser, **kwargs)
 
 
 class Gov:

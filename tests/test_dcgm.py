@@ -49,6 +49,9 @@ L4 = "l4-full-scrape-idle.prom"
 L40S = "l40s-full-scrape-idle.prom"
 T4 = "t4-default-counters-busy.txt"
 TEXT_FIXTURES = [H100_TEXT, A100_MIG, L4, L40S, T4]
+# Written by this project (SOURCES.md says so): GPU faults under the real field names.
+FAULTS_TEXT = "ours-h100-health-faults.prom"
+FAULTS_JSON = "ours-prometheus-api-v1-query-health.json"
 
 VLLM = ("dynamo-workload", "vllm-agg-0-vllmdecodeworker-s65j5")
 H100_GPU0 = "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005"
@@ -76,7 +79,7 @@ def test_fixtures_are_the_published_samples_unmodified():
         )
     )
     present = {p.name for p in FIXTURES.iterdir()} - {"SOURCES.md"}
-    assert set(listed) == present == {*TEXT_FIXTURES, H100_JSON}
+    assert set(listed) == present == {*TEXT_FIXTURES, H100_JSON, FAULTS_TEXT, FAULTS_JSON}
     for name, sha256 in listed.items():
         assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == sha256, name
 
@@ -94,9 +97,10 @@ def test_every_exposition_fixture_yields_gpus_with_known_activity(name):
 
 
 def client_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Samples as prometheus_client's reference parser reads them (the parser this one replaced)."""
+    """Samples as prometheus_client's reference parser reads them (the parser this one replaced),
+    under the names the text gives them: it renames a counter's samples ``<name>_total``."""
     return [
-        (s.name, s.labels, s.value)
+        (family.name if s.name == f"{family.name}_total" else s.name, s.labels, s.value)
         for family in text_string_to_metric_families(text)
         for s in family.samples
     ]
@@ -107,7 +111,8 @@ def comparable(samples) -> list[tuple]:
     return [(n, dict(labels), "NaN" if math.isnan(v) else float(v)) for n, labels, v in samples]
 
 
-@pytest.mark.parametrize("name", TEXT_FIXTURES)  # every exposition in the folder (pinned above)
+# every exposition in the folder (pinned above)
+@pytest.mark.parametrize("name", [*TEXT_FIXTURES, FAULTS_TEXT])
 def test_parser_matches_prometheus_client_on_every_fixture(name):
     text = read(name)
     assert parse_exposition(text) == evidence_from_samples(client_samples(text))
@@ -171,7 +176,7 @@ ODD_LINES = [
 ]
 
 
-@pytest.mark.parametrize("name", TEXT_FIXTURES)
+@pytest.mark.parametrize("name", [*TEXT_FIXTURES, FAULTS_TEXT])
 def test_the_c_scan_reads_every_fixture_as_the_line_reader_does(name):
     text = read(name)
     for names in (DcgmConfig().metrics, {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP"}):
@@ -689,3 +694,73 @@ def test_source_needs_exactly_one_mode():
         DcgmSource()
     with pytest.raises(ValueError, match="either prometheus_url or exporter_urls"):
         DcgmSource(prometheus_url="http://prom:9090", exporter_urls=["http://n1:9400/metrics"])
+
+
+# --- health fields ------------------------------------------------------------------------------
+
+
+def by_index(evidence: list[GpuEvidence]) -> dict[int | None, GpuEvidence]:
+    return {e.gpu_index: e for e in evidence}
+
+
+def test_health_fields_of_the_exporters_default_names_parse():
+    gpus = by_index(parse(FAULTS_TEXT))
+    lost = gpus[0]  # only its XID is left: DCGM cannot read a GPU off the bus
+    assert lost.owner == ("jhub", "jupyter-alice") and lost.activity is None
+    assert lost.health.failed and lost.health.reasons == ("XID 79: the GPU fell off the bus",)
+    ecc = gpus[1].health
+    assert (ecc.status, ecc.action) == ("unhealthy", "reset")
+    assert ecc.reasons == (
+        "XID 48: a double-bit ECC memory error",  # the last XID, and the window's
+        "2 uncorrectable ECC memory errors since the last reset",
+        "XID 63: a memory row was marked for remapping (a GPU reset activates it)",
+        "memory rows wait to be remapped at the next GPU reset",
+    )
+    hot = gpus[2]
+    assert hot.activity == pytest.approx(0.982114) and hot.health.status == "ok"
+    assert hot.health.warnings == ("thermal slowdown: the GPU is too hot and runs slower",)
+    assert gpus[3].health.as_dict() == {
+        "status": "ok",
+        "reasons": [],
+        "action": None,
+        "warnings": [],
+    }
+
+
+def test_health_fields_of_dcgm_4s_names_parse_through_prometheus():
+    gpus = by_index(parse_prometheus_query(json.loads(read(FAULTS_JSON))))
+    retiring = gpus[0]  # a V100: pages, not rows
+    assert retiring.owner == ("jhub", "jupyter-bob")
+    assert (retiring.health.status, retiring.health.action) == ("unhealthy", "drain")
+    assert retiring.health.reasons == ("memory pages wait to be retired at the next GPU reset",)
+    failed = gpus[1].health
+    assert failed.action == "reset" and failed.reasons == (
+        "XID 64: a failed memory row could not be remapped",
+        "memory row remapping has failed",
+    )
+    throttled = gpus[2].health  # an application's XID and a slowdown: warnings only
+    assert throttled.status == "ok" and throttled.warnings == (
+        "XID 13: a program on the GPU failed (the GPU itself is fine)",
+        "hardware slowdown: clocks cut by half or more (heat or power)",
+    )
+
+
+@pytest.mark.parametrize("name", [A100_MIG, L4, L40S])
+def test_real_scrapes_with_health_fields_read_healthy(name):
+    # XID_ERRORS 0 and ROW_REMAP_FAILURE 0 are what healthy GPUs export
+    assert {e.health.status for e in parse(name)} == {"ok"}
+
+
+@pytest.mark.parametrize("name", [H100_TEXT, T4])
+def test_without_health_fields_health_is_not_known(name):
+    assert {e.health for e in parse(name)} == {None}
+
+
+def test_the_prometheus_query_asks_for_the_health_fields():
+    query = prometheus_query()
+    for name in (
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_EXP_XID_ERRORS_COUNT",
+        "DCGM_FI_DEV_ROW_REMAP_FAILED",
+    ):
+        assert name in query

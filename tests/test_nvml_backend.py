@@ -370,30 +370,64 @@ def test_mig_layout_change_is_followed(monkeypatch, backend):
 # -- failures ----------------------------------------------------------------------------------
 
 
-def test_gpu_lost_mid_run_makes_the_backend_unavailable_then_it_recovers(monkeypatch, backend):
-    fake = install(monkeypatch, FakeGpu("GPU-a"), FakeGpu("GPU-b", activity=0.5))
-    assert backend.sample().available
-    fake.gpus[1].error = pynvml.NVML_ERROR_GPU_IS_LOST
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (pynvml.NVML_ERROR_GPU_IS_LOST, "GPU is lost"),
+        (pynvml.NVML_ERROR_RESET_REQUIRED, "GPU requires restart"),
+    ],
+)
+def test_a_gpu_lost_mid_run_is_unhealthy_and_the_others_are_still_read(
+    monkeypatch, backend, code, words
+):
+    fake = install(
+        monkeypatch,
+        FakeGpu("GPU-a", activity=0.25),
+        FakeGpu("GPU-b", activity=0.5, processes=[FakeProcess(7, 1024)]),
+    )
+    assert backend.sample().health["GPU-b"].status == "ok"
+    fake.gpus[1].error = code
     snap = backend.sample()
-    assert snap.backend == "unavailable" and not snap.available
-    assert "GPU is lost" in snap.error and "GPU 1" in snap.error and "GPU-b" in snap.error
-    assert snap.samples == {}
-    assert backend.devices() == []
+    assert snap.backend == "nvml" and snap.error is None
+    assert [d.uuid for d in snap.devices] == ["GPU-a", "GPU-b"]  # still listed...
+    assert "GPU-b" not in snap.samples  # ...with nothing known of it
+    lost = snap.health["GPU-b"]
+    assert (lost.status, lost.action) == ("unhealthy", "reset") and lost.failed
+    assert "cannot be reached (NVML: " in lost.reasons[0] and words in lost.reasons[0]
+    assert snap.samples["GPU-a"].activity == pytest.approx(0.25)
+    assert snap.health["GPU-a"].status == "ok"
+    assert [d.uuid for d in backend.devices()] == ["GPU-a", "GPU-b"]
     fake.gpus[1].error = None  # the GPU was reset
     snap = backend.sample()
-    assert snap.backend == "nvml" and snap.samples["GPU-b"].activity == pytest.approx(0.5)
+    assert snap.samples["GPU-b"].activity == pytest.approx(0.5)
+    assert snap.health["GPU-b"].status == "ok"
     backend.close()
-    assert fake.init_count == 0  # every failed round was shut down, nothing leaked
+    assert fake.init_count == 0 and fake.event_sets == {}  # nothing leaked
 
 
-def test_gpu_lost_under_mig_instances_names_the_gpu(monkeypatch, backend):
+def test_a_gpu_lost_before_it_was_ever_read_makes_the_backend_unavailable(monkeypatch, backend):
+    fake = install(monkeypatch, FakeGpu("GPU-a"), FakeGpu("GPU-b"))
+    fake.gpus[1].error = pynvml.NVML_ERROR_GPU_IS_LOST
+    snap = backend.sample()  # it cannot be named, so nothing can be said of anyone's GPU
+    assert snap.backend == "unavailable" and "GPU is lost" in snap.error and "GPU 1" in snap.error
+    fake.gpus[1].error = None
+    assert backend.sample().backend == "nvml"
+    backend.close()
+    assert fake.init_count == 0
+
+
+def test_gpu_lost_under_mig_instances_marks_every_instance(monkeypatch, backend):
     fake = install(monkeypatch, mig_gpu(gpm=True))
     backend.sample()
     fake.drop_function("nvmlGpmMigSampleGet")  # make the next GPM call fail non-fatally...
     assert backend.sample().available  # ...which only costs the activity figure
     fake.gpus[0].error = pynvml.NVML_ERROR_GPU_IS_LOST
     snap = backend.sample()
-    assert snap.backend == "unavailable" and "GPU-h100" in snap.error
+    assert snap.available and snap.samples == {}
+    assert {u: h.status for u, h in snap.health.items()} == {
+        "MIG-aaaa": "unhealthy",
+        "MIG-bbbb": "unhealthy",
+    }
 
 
 @pytest.mark.parametrize(
@@ -433,7 +467,6 @@ def test_missing_library_makes_the_backend_unavailable_then_it_recovers(monkeypa
         pynvml.NVML_ERROR_UNINITIALIZED,
         pynvml.NVML_ERROR_UNKNOWN,
         pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-        pynvml.NVML_ERROR_RESET_REQUIRED,
     ],
 )
 def test_fatal_errors_mid_run_make_the_backend_unavailable(monkeypatch, backend, code):
@@ -464,8 +497,11 @@ def test_no_error_escapes_sample(monkeypatch, backend, code, mig):
     fake.gpus[0].error = code
     fake.advance()
     snap = backend.sample()  # must not raise, whatever the driver says
-    # NoPermission on the handle leaves the GPU out (not ours); anything else is unavailable
+    # NoPermission on the handle leaves the GPU out (not ours), a lost GPU is listed lost;
+    # anything else is unavailable
     assert snap.backend in ("nvml", "unavailable") and bool(snap.error) == (not snap.available)
+    if code in (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED):
+        assert snap.available and all(h.failed for h in snap.health.values())
     fake.gpus[0].error = None
     fake.advance()
     assert backend.sample().backend == "nvml"
@@ -481,3 +517,99 @@ def test_a_binding_surprise_does_not_escape_sample(monkeypatch, backend):
     snap = backend.sample()
     assert snap.backend == "unavailable" and "NVMLLibraryMismatchError" in snap.error
     assert backend.devices() != []  # listing does not need the broken call
+
+
+# -- health ------------------------------------------------------------------------------------
+
+
+def test_a_healthy_gpu_is_ok_and_unsupported_queries_say_nothing(monkeypatch, backend):
+    install(
+        monkeypatch,
+        FakeGpu("GPU-a"),
+        # a GeForce card: no ECC, no retired pages, no remapped rows, no XID events
+        FakeGpu(
+            "GPU-g",
+            name="NVIDIA GeForce RTX 4090",
+            ecc_dbe_volatile=None,
+            remapped_rows=None,
+            xid_events=False,
+        ),
+    )
+    snap = backend.sample()
+    assert snap.health["GPU-a"].as_dict() == {
+        "status": "ok",
+        "reasons": [],
+        "action": None,
+        "warnings": [],
+    }
+    assert snap.health["GPU-g"].status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("xid", "status", "action", "words"),
+    [
+        (79, "unhealthy", "reset", "XID 79: the GPU fell off the bus"),
+        (48, "unhealthy", "reset", "XID 48: a double-bit ECC memory error"),
+        (94, "unhealthy", "drain", "XID 94: a contained ECC memory error"),
+        (13, "ok", None, "XID 13: a program on the GPU failed"),
+    ],
+)
+def test_xid_events_are_read_and_kept(monkeypatch, backend, xid, status, action, words):
+    fake = install(monkeypatch, FakeGpu("GPU-a"), FakeGpu("GPU-b"))
+    fake.xid(fake.gpus[0], 79)  # before we registered: the driver never tells us
+    assert backend.sample().health["GPU-a"].status == "ok"
+    fake.xid(fake.gpus[0], xid)
+    for _ in range(2):  # the XID is read once, and kept: the GPU needs a reset either way
+        snap = backend.sample()
+        health = snap.health["GPU-a"]
+        assert (health.status, health.action) == (status, action)
+        assert words in (health.reasons + health.warnings)[0]
+    assert snap.health["GPU-b"].status == "ok"
+
+
+def test_an_xid_on_a_mig_gpu_marks_its_instances(monkeypatch, backend):
+    fake = install(monkeypatch, mig_gpu())
+    backend.sample()
+    fake.xid(fake.gpus[0], 95)
+    snap = backend.sample()
+    assert {h.action for h in snap.health.values()} == {"reset"}
+    assert set(snap.health) == {"MIG-aaaa", "MIG-bbbb"}
+
+
+@pytest.mark.parametrize(
+    ("gpu", "action", "words"),
+    [
+        ({"ecc_dbe_volatile": 2}, "reset", "2 uncorrectable ECC memory errors"),
+        ({"remapped_rows": (0, 1, True, False)}, "drain", "rows wait to be remapped"),
+        ({"remapped_rows": (0, 9, False, True)}, "reset", "memory row remapping has failed"),
+        (
+            {"retired_pages_pending": True, "remapped_rows": None},
+            "drain",
+            "pages wait to be retired",
+        ),
+    ],
+)
+def test_memory_errors_make_the_gpu_unhealthy(monkeypatch, backend, gpu, action, words):
+    install(monkeypatch, FakeGpu("GPU-a", **gpu))
+    health = backend.sample().health["GPU-a"]
+    assert (health.status, health.action) == ("unhealthy", action)
+    assert words in health.reasons[0]
+
+
+def test_throttling_is_a_warning_not_a_fault(monkeypatch, backend):
+    fake = install(
+        monkeypatch, FakeGpu("GPU-a", clock_events=pynvml.nvmlClocksEventReasonSwPowerCap)
+    )
+    assert backend.sample().health["GPU-a"].warnings == ()  # at its power limit: normal
+    fake.gpus[0].clock_events = pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    health = backend.sample().health["GPU-a"]
+    assert health.status == "ok" and "thermal slowdown" in health.warnings[0]
+
+
+def test_older_drivers_give_throttle_reasons(monkeypatch, backend):
+    install(
+        monkeypatch,
+        FakeGpu("GPU-a", clock_events=pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown),
+        missing=("nvmlDeviceGetCurrentClocksEventReasons",),
+    )
+    assert "power-brake" in backend.sample().health["GPU-a"].warnings[0]

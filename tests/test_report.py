@@ -131,3 +131,13 @@ def test_busy_kernel_reports_since_when():
 def test_a_shared_cards_own_activity_says_nothing_about_us():
     r = report(devices__0__activity=0.9, devices__0__shared=True)
     assert signal(r).active is False
+
+
+def test_device_health_is_validated():
+    ok = {"status": "unhealthy", "reasons": ["XID 79: the GPU fell off the bus"], "action": "reset"}
+    assert validate(report(devices__0__health=ok))["devices"][0]["health"] == ok
+    assert validate(report(devices__0__health=None))  # an older server sends none
+    with pytest.raises(ReportError, match=r"devices\[0\]\.health: status must be one of"):
+        validate(report(devices__0__health={"status": "broken"}))
+    with pytest.raises(ReportError, match=r"devices\[0\]\.health: reasons must hold strings"):
+        validate(report(devices__0__health={"status": "ok", "reasons": ["x" * 5000]}))

@@ -246,10 +246,46 @@ async def test_backend_failure_mid_run_reports_unknown_never_idle(jp_fetch, star
         assert gpu["sm"] is None and gpu["memory_mb"] is None
         assert gpu["confidence"] == "unknown" and gpu["idle_since"] is None
         assert all(d["activity"] is None for d in report["devices"])
+        assert {d["health"]["status"] for d in report["devices"]} == {"unknown"}
     finally:
         simulate.recover()
 
     report = await wait_for(jp_fetch, lambda r: r["backend"] == "simulated")
+    assert target(report, "kernel", kernel.id)["gpu"]["memory_mb"] == 8192
+
+
+async def test_a_gpu_lost_mid_run_is_unhealthy_and_its_kernel_unknown_never_idle(
+    jp_fetch, start_kernel
+):
+    kernel = await start_kernel()
+    # The kernel's own GPU (the first leaf, the whole H100), as it would use it.
+    await kernel.run("from jupyter_gpu_gov import simulate; simulate.hold(8192)")
+    report = await wait_for(
+        jp_fetch, lambda r: target(r, "kernel", kernel.id)["gpu"]["memory_mb"] == 8192
+    )
+    assert report["devices"][0]["health"] == {
+        "status": "ok",
+        "reasons": [],
+        "action": None,
+        "warnings": [],
+    }
+
+    await kernel.run("simulate.fail(xid=79)")  # what the driver does when the card drops out
+    try:
+        report = await status(jp_fetch)
+        assert report["backend"] == "simulated" and report["error"] is None
+        lost, other = report["devices"][0], report["devices"][1]
+        assert lost["health"]["status"] == "unhealthy" and lost["health"]["action"] == "reset"
+        assert lost["health"]["reasons"][0] == "XID 79: the GPU fell off the bus"
+        assert lost["activity"] is None and lost["memory_used_mb"] is None
+        assert other["health"]["status"] == "ok"  # the MIG GPU is another card
+        gpu = target(report, "kernel", kernel.id)["gpu"]
+        assert gpu["holds_context"] is True and gpu["devices"] == [lost["uuid"]]
+        assert gpu["sm"] is None and gpu["confidence"] == "unknown" and gpu["idle_since"] is None
+        assert report["window"]["gpu_idle_since"] is None
+    finally:
+        simulate.heal()
+    report = await wait_for(jp_fetch, lambda r: r["devices"][0]["health"]["status"] == "ok")
     assert target(report, "kernel", kernel.id)["gpu"]["memory_mb"] == 8192
 
 

@@ -355,6 +355,100 @@ def test_fail_and_recover(backend):
     assert len(backend.devices()) == 5
 
 
+def _health(snap: GpuSnapshot, index: int):
+    return snap.health[snap.devices[index].uuid]
+
+
+def test_xid_79_loses_the_gpu_until_healed(backend):
+    simulate.hold(20480)  # leaf 0: the whole H100
+    simulate.fail(xid=79)
+    snap = backend.sample()
+    assert snap.backend == "simulated" and snap.error is None
+    assert len(snap.devices) == 5  # still listed, as NVML lists a lost GPU...
+    assert snap.devices[0].uuid not in snap.samples  # ...with nothing read of it
+    lost = _health(snap, 0)
+    assert (lost.status, lost.action) == ("unhealthy", "reset")
+    assert lost.reasons[0] == "XID 79: the GPU fell off the bus"
+    assert all(_health(snap, i).status == "ok" for i in range(1, 5))  # the other GPU is fine
+    simulate.heal()
+    snap = backend.sample()
+    assert _health(snap, 0).status == "ok" and _procs(snap, 0) == {os.getpid(): (20480, 0.0)}
+
+
+@pytest.mark.parametrize(
+    ("fault", "action", "words"),
+    [
+        ({"xid": 48}, "reset", "XID 48: a double-bit ECC memory error"),
+        ({"xid": 63}, "drain", "XID 63: a memory row was marked for remapping"),
+        ({"ecc": 1}, "reset", "1 uncorrectable ECC memory error since the last reset"),
+        ({"remap": "pending"}, "drain", "memory rows wait to be remapped"),
+        ({"remap": "failure"}, "reset", "memory row remapping has failed"),
+        ({"retired_pages": True}, "drain", "memory pages wait to be retired"),
+        ({"lost": True}, "reset", "the GPU cannot be reached (simulated)"),
+    ],
+)
+def test_each_fault_reads_as_nvml_would_read_it(backend, fault, action, words):
+    simulate.fail(**fault, device=1)
+    snap = backend.sample()
+    health = _health(snap, 1)
+    assert (health.status, health.action) == ("unhealthy", action)
+    assert health.reasons[0].startswith(words)
+    # a MIG instance stands for its GPU: every instance of that H100 has the fault
+    assert [_health(snap, i).action for i in range(5)] == [None, action, action, action, action]
+    assert (snap.devices[1].uuid in snap.samples) == (not fault.get("lost"))
+    simulate.heal(device=2)  # any leaf of the GPU heals the GPU
+    assert _health(backend.sample(), 1).status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("throttle", "words"),
+    [("thermal", "thermal slowdown"), ("power", "power-brake"), ("slowdown", "hardware slowdown")],
+)
+def test_throttling_is_a_warning(backend, throttle, words):
+    simulate.fail(throttle=throttle)
+    health = _health(backend.sample(), 0)
+    assert health.status == "ok" and words in health.warnings[0]
+
+
+def test_an_application_xid_is_the_programs_error_not_the_gpus(backend):
+    simulate.fail(xid=31)
+    health = _health(backend.sample(), 0)
+    assert health.status == "ok" and "a program on the GPU failed" in health.warnings[0]
+
+
+def test_faults_add_up_on_the_kernels_own_gpu(backend, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", backend.devices()[3].uuid)  # a MIG instance
+    simulate.fail(ecc=1)
+    simulate.fail(ecc=2, throttle="thermal")
+    health = _health(backend.sample(), 3)
+    assert health.reasons == ("3 uncorrectable ECC memory errors since the last reset",)
+    assert "thermal" in health.warnings[0] and _health(backend.sample(), 0).status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({}, "needs a fault"),
+        ({"xid": 0}, "xid"),
+        ({"xid": True}, "xid"),
+        ({"xid": "79"}, "xid"),
+        ({"ecc": -1}, "ecc"),
+        ({"remap": "soon"}, "remap"),
+        ({"throttle": "hot"}, "throttle"),
+        ({"lost": "yes"}, "lost"),
+        ({"error": "down", "xid": 79}, "alone"),
+        ({"xid": 79, "device": 9}, "device 9"),
+    ],
+)
+def test_bad_faults_are_refused_and_change_nothing(backend, kwargs, words):
+    with open(backend.state_path) as f:
+        before = f.read()
+    with pytest.raises(ValueError, match=words):
+        simulate.fail(**kwargs)
+    with open(backend.state_path) as f:
+        assert f.read() == before
+
+
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"format": 99}', '{"format": 1}'])
 def test_corrupt_state_is_unavailable_not_an_exception(backend, content):
     with open(backend.state_path, "w") as f:
@@ -435,6 +529,13 @@ def test_cli_devices_fail_recover(backend):
     assert backend.sample().error == "Xid 79"
     subprocess.run([*run, "recover"], check=True)
     assert backend.sample().available
+    subprocess.run([*run, "fail", "--xid", "79", "--device", "1"], check=True)
+    snap = backend.sample()
+    assert _health(snap, 1).failed and _health(snap, 0).status == "ok"
+    bad = subprocess.run([*run, "fail", "--ecc", "-2"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "ecc" in bad.stderr
+    subprocess.run([*run, "heal"], check=True)
+    assert _health(backend.sample(), 1).status == "ok"
 
 
 # --- environment --------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from .health import Health
+
 
 @dataclass(frozen=True)
 class Device:
@@ -50,6 +52,8 @@ class GpuSnapshot:
     devices: tuple[Device, ...] = ()
     samples: dict[str, DeviceSample] = field(default_factory=dict)  # by device uuid
     error: str | None = None  # why the backend is unavailable
+    # by leaf uuid (a MIG instance has its GPU's); a leaf missing here was not checked
+    health: dict[str, Health] = field(default_factory=dict)
 
     @property
     def available(self) -> bool:

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from datetime import datetime
 
+from . import health
 from .clock import parse
 from .policy import GpuSignal
 
@@ -59,6 +60,9 @@ def validate(report: object) -> dict:
         _number(device, "activity", f"{where}.activity", low=0, high=1)
         _number(device, "memory_activity", f"{where}.memory_activity", low=0, high=1)
         _expect(device.get("shared", False), bool, f"{where}.shared", "true or false")
+        wrong = health.validate(device.get("health"), f"{where}.health")
+        if wrong:
+            raise ReportError(f"{where}.health", wrong)
 
     targets = _list(report, "targets", MAX_TARGETS)
     for i, target in enumerate(targets):

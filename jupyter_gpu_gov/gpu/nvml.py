@@ -15,9 +15,21 @@ What each API can say, and what we report when it cannot (``None``, never a made
   utilisation from the samples the driver took since the previous tick. MIG instances have no
   per-process utilisation: their processes only "hold a context" (``sm=None``).
 
-``GpuIsLost``, ``DriverNotLoaded``, ``LibraryNotFound``, ``Uninitialized``, ``Unknown``,
-``ResetRequired`` and a failing ``nvmlInit`` make ``sample()`` report ``backend="unavailable"``;
-NVML is shut down and initialised again on the next call, so a recovered driver comes back.
+- health (``core.health``), per physical GPU and shared by its MIG instances: XIDs from an
+  event set registered for ``nvmlEventTypeXidCriticalError`` (kept for the life of the process:
+  a GPU that needed a reset stays unhealthy until the server restarts), volatile uncorrected ECC
+  errors (``nvmlDeviceGetTotalEccErrors``), retired pages pending
+  (``nvmlDeviceGetRetiredPagesPendingStatus``, before Ampere), remapped rows pending or failed
+  (``nvmlDeviceGetRemappedRows``, Ampere+), and clocks event reasons
+  (``nvmlDeviceGetCurrentClocksEventReasons``, else the older ``...ThrottleReasons``). A query
+  the GPU does not support says nothing.
+
+``GpuIsLost`` or ``ResetRequired`` on one GPU that was seen before marks that GPU lost: its leaves
+stay listed with unknown readings and an unhealthy health, and the other GPUs are sampled as
+usual. These errors on a GPU never seen, ``DriverNotLoaded``, ``LibraryNotFound``,
+``Uninitialized``, ``Unknown`` and a failing ``nvmlInit`` make ``sample()`` report
+``backend="unavailable"``; NVML is shut down and initialised again on the next call, so a
+recovered driver comes back.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from ..core import clock
+from ..core import clock, health
 from ..core.models import Device, DeviceSample, GpuProcess, GpuSnapshot
 
 _MIB = 1024 * 1024
@@ -43,6 +55,10 @@ _FATAL_ERRORS = (
     "NVMLError_Unknown",
     "NVMLError_ResetRequired",
 )
+
+# A lost GPU: only this one GPU is gone, the others can still be read.
+_LOST_ERRORS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired")
+_MAX_EVENTS_PER_TICK = 64  # XID events read per GPU per tick; the rest wait for the next
 
 _HINTS = {
     "NVMLError_LibraryNotFound": (
@@ -69,6 +85,16 @@ class _Leaf:
     memory_used_mb: int | None
     parent_handle: Any = None  # MIG: the physical GPU, which GPM is asked about
     gpu_instance_id: int | None = None  # MIG: the GPU instance, for GPM
+    lost: str | None = None  # its GPU is lost: why (its other fields are then unknown)
+
+    @property
+    def gpu_handle(self) -> Any:
+        """The physical GPU's handle, which health is read from."""
+        return self.handle if self.parent_handle is None else self.parent_handle
+
+    @property
+    def gpu_uuid(self) -> str:
+        return self.device.parent_uuid or self.device.uuid
 
 
 class NvmlBackend:
@@ -85,6 +111,10 @@ class NvmlBackend:
         self._gpm_support: dict[str, bool] = {}  # physical GPU uuid -> supports GPM
         # kept across re-initialisation, to name a GPU that got lost before its uuid is read
         self._uuid_by_index: dict[int, str] = {}
+        self._devices_by_index: dict[int, list[Device]] = {}  # and its leaves, to list them lost
+        self._event_sets: dict[str, Any] = {}  # physical GPU uuid -> its XID event set
+        self._no_events: set[str] = set()  # GPUs whose XID events cannot be registered
+        self._xids: dict[str, dict[int, None]] = {}  # GPU uuid -> XIDs seen (kept for good)
 
     # -- GpuBackend ---------------------------------------------------------------------------
 
@@ -100,7 +130,15 @@ class NvmlBackend:
         sampled_at = clock.utcnow()
         try:
             leaves = self._leaves()
-            samples = {leaf.device.uuid: self._sample_leaf(leaf) for leaf in leaves}
+            samples = {}
+            for leaf in leaves:
+                if leaf.lost is None:
+                    with self._losing(leaf):
+                        samples[leaf.device.uuid] = self._sample_leaf(leaf)
+            healths = self._health(leaves)
+            for leaf in leaves:
+                if leaf.lost is not None:  # lost while its health was read
+                    samples.pop(leaf.device.uuid, None)
         except _Unavailable as e:
             self._reset()
             return GpuSnapshot(backend="unavailable", sampled_at=sampled_at, error=str(e))
@@ -111,12 +149,13 @@ class NvmlBackend:
                 sampled_at=sampled_at,
                 error=f"NVML: unexpected {type(e).__name__}: {e}",
             )
-        self._forget_except(samples)
+        self._forget_except(leaves)
         return GpuSnapshot(
             backend="nvml",
             sampled_at=sampled_at,
             devices=tuple(leaf.device for leaf in leaves),
             samples=samples,
+            health=healths,
         )
 
     def close(self) -> None:
@@ -147,6 +186,11 @@ class NvmlBackend:
         for gpm_sample in self._gpm_prev.values():
             with suppress(nv.NVMLError):
                 nv.nvmlGpmSampleFree(gpm_sample)
+        for event_set in self._event_sets.values():
+            with suppress(nv.NVMLError):
+                nv.nvmlEventSetFree(event_set)
+        self._event_sets.clear()
+        self._no_events.clear()
         with suppress(nv.NVMLError):  # a lost GPU may refuse even this
             nv.nvmlShutdown()
         self._nv = None
@@ -154,15 +198,31 @@ class NvmlBackend:
         self._gpm_prev.clear()
         self._gpm_support.clear()
 
-    def _forget_except(self, present: Iterable[str]) -> None:
+    def _forget_except(self, present: Iterable[_Leaf]) -> None:
         """Drop per-device state of leaves that went away (e.g. the MIG layout changed)."""
         assert self._nv is not None
-        keep = set(present)
+        leaves = list(present)
+        keep = {leaf.device.uuid for leaf in leaves}
+        gpus = {leaf.gpu_uuid for leaf in leaves}
         for uuid in [uuid for uuid in self._gpm_prev if uuid not in keep]:
             with suppress(self._nv.NVMLError):
                 self._nv.nvmlGpmSampleFree(self._gpm_prev.pop(uuid))
         for uuid in [uuid for uuid in self._last_seen if uuid not in keep]:
             del self._last_seen[uuid]
+        for uuid in [uuid for uuid in self._event_sets if uuid not in gpus]:
+            with suppress(self._nv.NVMLError):
+                self._nv.nvmlEventSetFree(self._event_sets.pop(uuid))
+
+    @contextmanager
+    def _losing(self, leaf: _Leaf) -> Iterator[None]:
+        """A GPU lost while it is read: mark the leaf lost (and let the rest be sampled)."""
+        try:
+            yield
+        except _Unavailable as e:
+            lost = _lost(e)
+            if lost is None:
+                raise
+            leaf.lost = lost
 
     @contextmanager
     def _about(self, what: str) -> Iterator[None]:
@@ -193,15 +253,25 @@ class NvmlBackend:
             count = nv.nvmlDeviceGetCount()
         for index in range(count):
             known = self._uuid_by_index.get(index)
-            with self._about(f"GPU {index} ({known})" if known else f"GPU {index}"):
-                try:
-                    handle = nv.nvmlDeviceGetHandleByIndex(index)
-                except nv.NVMLError_NoPermission:
-                    continue  # a GPU of this host that was not given to us
-                uuid = _text(nv.nvmlDeviceGetUUID(handle))
-            self._uuid_by_index[index] = uuid
-            with self._about(f"GPU {index} ({uuid})"):
-                leaves.extend(self._gpu_leaves(index, handle, uuid))
+            try:
+                with self._about(f"GPU {index} ({known})" if known else f"GPU {index}"):
+                    try:
+                        handle = nv.nvmlDeviceGetHandleByIndex(index)
+                    except nv.NVMLError_NoPermission:
+                        continue  # a GPU of this host that was not given to us
+                    uuid = _text(nv.nvmlDeviceGetUUID(handle))
+                self._uuid_by_index[index] = uuid
+                with self._about(f"GPU {index} ({uuid})"):
+                    found = self._gpu_leaves(index, handle, uuid)
+            except _Unavailable as e:
+                # A GPU seen before stays listed, lost; one never seen cannot even be named.
+                lost, before = _lost(e), self._devices_by_index.get(index)
+                if lost is None or not before:
+                    raise
+                leaves.extend(_Leaf(device, None, None, lost=lost) for device in before)
+                continue
+            self._devices_by_index[index] = [leaf.device for leaf in found]
+            leaves.extend(found)
         return leaves
 
     def _gpu_leaves(self, index: int, handle: Any, uuid: str) -> list[_Leaf]:
@@ -252,6 +322,91 @@ class NvmlBackend:
             if memory is None:
                 return None, None
         return memory.total // _MIB, memory.used // _MIB
+
+    # -- health -------------------------------------------------------------------------------
+
+    def _health(self, leaves: list[_Leaf]) -> dict[str, health.Health]:
+        """Each leaf's health: its physical GPU's, read once per GPU."""
+        by_gpu: dict[str, health.Health] = {}
+        result = {}
+        for leaf in leaves:
+            gpu = leaf.gpu_uuid
+            if gpu not in by_gpu:
+                if leaf.lost is None:
+                    with self._losing(leaf):
+                        by_gpu[gpu] = health.assess(self._reading(leaf.gpu_handle, gpu))
+                if leaf.lost is not None:
+                    xids = tuple(self._xids.get(gpu, ()))
+                    by_gpu[gpu] = health.assess(health.Reading(xids=xids, lost=leaf.lost))
+            result[leaf.device.uuid] = by_gpu[gpu]
+        return result
+
+    def _reading(self, handle: Any, uuid: str) -> health.Reading:
+        nv = self._nv
+        assert nv is not None
+        with self._about(f"the health of {uuid}"):
+            ecc = self._optional(
+                nv.nvmlDeviceGetTotalEccErrors,
+                handle,
+                nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nv.NVML_VOLATILE_ECC,
+            )
+            retired = self._optional(nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+            remap = self._optional(nv.nvmlDeviceGetRemappedRows, handle)
+            try:
+                events = nv.nvmlDeviceGetCurrentClocksEventReasons(handle)
+            except nv.NVMLError_FunctionNotFound:  # drivers before 535
+                events = self._optional(nv.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
+            except self._fatal:
+                raise
+            except nv.NVMLError:
+                events = None
+            xids = self._new_xids(handle, uuid)
+        return health.Reading(
+            xids=xids,
+            ecc_dbe_volatile=ecc,
+            retired_pages_pending=None if retired is None else bool(retired),
+            remapped_rows_pending=None if remap is None else bool(remap[2]),
+            remap_failure=None if remap is None else bool(remap[3]),
+            clock_events=events,
+        )
+
+    def _new_xids(self, handle: Any, uuid: str) -> tuple[int, ...]:
+        """Every XID this GPU reported since we registered for them (a few per tick)."""
+        nv = self._nv
+        assert nv is not None
+        event_set = self._event_sets.get(uuid)
+        if event_set is None and uuid not in self._no_events:
+            try:
+                event_set = nv.nvmlEventSetCreate()
+            except self._fatal:
+                raise
+            except nv.NVMLError:
+                event_set = None
+            try:
+                if event_set is not None:
+                    nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+                    self._event_sets[uuid] = event_set
+            except nv.NVMLError as e:  # NotSupported (before Kepler), NoPermission (a container)
+                with suppress(nv.NVMLError):
+                    nv.nvmlEventSetFree(event_set)
+                if isinstance(e, self._fatal):
+                    raise
+                event_set = None
+            if event_set is None:
+                self._no_events.add(uuid)
+        seen = self._xids.setdefault(uuid, {})
+        if event_set is not None:
+            for _ in range(_MAX_EVENTS_PER_TICK):
+                try:
+                    data = nv.nvmlEventSetWait_v2(event_set, 0)
+                except self._fatal:
+                    raise
+                except nv.NVMLError:  # Timeout: nothing waiting
+                    break
+                if data.eventType & nv.nvmlEventTypeXidCriticalError:
+                    seen[int(data.eventData)] = None
+        return tuple(seen)
 
     # -- samples ------------------------------------------------------------------------------
 
@@ -429,6 +584,14 @@ def _text(value: str | bytes) -> str:
 
 def _fraction(percent: float) -> float:
     return min(max(percent / 100.0, 0.0), 1.0)
+
+
+def _lost(error: _Unavailable) -> str | None:
+    """What NVML said, when ``error`` is a lost GPU (not the whole driver)."""
+    cause = error.__cause__
+    if cause is None or type(cause).__name__ not in _LOST_ERRORS:
+        return None
+    return f"NVML: {cause}"
 
 
 def _describe(error: BaseException) -> str:

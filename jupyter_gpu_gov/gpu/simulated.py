@@ -2,7 +2,9 @@
 
 Processes put memory and load on the devices through ``jupyter_gpu_gov.simulate``; this backend
 reads the shared state file once per ``sample()``. PIDs are local PIDs, as NVML reports them on a
-workstation, and a process that exits frees its memory, as on a real GPU.
+workstation, and a process that exits frees its memory, as on a real GPU. Faults injected with
+``simulate.fail`` read as NVML reads them (``core.health``): a lost GPU stays listed without
+readings, as ``NvmlBackend`` lists it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from ..core import clock
+from ..core import clock, health
 from ..core.models import Device, DeviceSample, GpuProcess, GpuSnapshot
 from ..simulate import (
     SimulatedStateError,
@@ -40,6 +42,12 @@ _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated.jupyter-gpu-gov")
 _MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb(\+me)?$")
 _MIG_COMPUTE_SLICES = 7  # A100 / H100 / H200
 _KEYS = {"name", "memory_mb", "mig", "gpm", "minor_number"}
+# simulate.fail(throttle=…) -> NVML's clocks event reasons
+_THROTTLE_BITS = {
+    "thermal": health.HW_THERMAL,
+    "power": health.HW_POWER_BRAKE,
+    "slowdown": health.HW_SLOWDOWN,
+}
 
 
 def _is_int(value: object) -> bool:
@@ -186,7 +194,9 @@ class SimulatedBackend:
             return GpuSnapshot(backend="unavailable", sampled_at=now, error=error)
 
     def _snapshot(self, state: dict[str, Any], now: datetime) -> GpuSnapshot:
-        leaves = {leaf["uuid"]: leaf for leaf in state["devices"]}
+        healths, lost = _healths(state)
+        # A lost GPU's leaves stay listed, with nothing read of them (as NVML lists them).
+        leaves = {leaf["uuid"]: leaf for leaf in state["devices"] if leaf["uuid"] not in lost}
         procs: dict[str, list[GpuProcess]] = {u: [] for u in leaves}
         t = now.timestamp()  # via core.clock, so tests can expire loads without sleeping
         for entry in sorted(state["processes"], key=lambda e: e["pid"]):
@@ -219,7 +229,35 @@ class SimulatedBackend:
             sampled_at=now,
             devices=tuple(_device(leaf) for leaf in state["devices"]),
             samples=samples,
+            health=healths,
         )
 
     def close(self) -> None:
         """Nothing to release: the state file outlives the backend, like a real GPU."""
+
+
+def _healths(state: dict[str, Any]) -> tuple[dict[str, health.Health], set[str]]:
+    """Each leaf's health, from the faults ``simulate.fail`` injected into its GPU, and the
+    leaves whose GPU is lost."""
+    faults = state.get("faults") or {}
+    result, lost = {}, set()
+    for leaf in state["devices"]:
+        fault = faults.get(leaf["parent_uuid"] or leaf["uuid"])
+        if not fault:
+            result[leaf["uuid"]] = health.HEALTHY
+            continue
+        if fault.get("lost"):
+            lost.add(leaf["uuid"])
+        remap = fault.get("remap")
+        result[leaf["uuid"]] = health.assess(
+            health.Reading(
+                xids=tuple(fault.get("xids") or ()),
+                ecc_dbe_volatile=fault.get("ecc") or 0,
+                retired_pages_pending=bool(fault.get("retired_pages")),
+                remapped_rows_pending=remap == "pending",
+                remap_failure=remap == "failure",
+                clock_events=_THROTTLE_BITS.get(fault.get("throttle"), 0),
+                lost="simulated" if fault.get("lost") else None,
+            )
+        )
+    return result, lost

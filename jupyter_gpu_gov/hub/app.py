@@ -28,6 +28,7 @@ from ..core.policy import PolicyError, load_policies
 from .dcgm import DcgmConfig, DcgmSource
 from .diagnosis import DiagnosisOptions
 from .diagnosis import preload as preload_diagnosis
+from .health import NODE_ACTIONS, SERVICE_ACCOUNT, HealthOptions
 from .hubapi import HubApi
 from .pages import page_handlers
 from .reconcile import Governor, Options
@@ -351,6 +352,49 @@ class GpuGovernor(Application):
                 )
         return proposal["value"]
 
+    # -- GPU health (docs/health.md) -----------------------------------------------------------
+    gpu_unknown_alert_after = Float(
+        1800,
+        help="""Seconds a server's GPU state may stay unknown (or failed) before the server is
+        flagged for admins: audited once, listed by ``GET api/health`` and the dashboard,
+        counted in ``jupyter_gpu_gov_servers_gpu_unknown_too_long`` (an alert rule fires on
+        it). Such a server is never culled for it.""",
+    ).tag(config=True)
+    unhealthy_node_action = Unicode(
+        "none",
+        help="""What to do to the Kubernetes node of a GPU DCGM finds unhealthy: "none"; "label"
+        (label ``gpu-gov/gpu-unhealthy=true``, annotate which GPUs and why, so schedulers and
+        node affinities can avoid the node; removed when its GPUs are healthy again);
+        "cordon" (the label, and ``spec.unschedulable`` for a GPU that failed; never undone:
+        uncordon by hand after the repair). Needs RBAC: ``patch`` on ``nodes``
+        (docs/health.md). Only DCGM's reading, never a server's report, marks a node.""",
+    ).tag(config=True)
+    kubernetes_api_url = Unicode(
+        help="""The Kubernetes API for unhealthy_node_action (default: in-cluster,
+        https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).""",
+    ).tag(config=True)
+    kubernetes_token_file = Unicode(
+        f"{SERVICE_ACCOUNT}/token", help="The service account token for the Kubernetes API."
+    ).tag(config=True)
+    kubernetes_ca_file = Unicode(
+        f"{SERVICE_ACCOUNT}/ca.crt", help="The CA bundle that signs the Kubernetes API."
+    ).tag(config=True)
+
+    @default("kubernetes_api_url")
+    def _kubernetes_api_url(self):
+        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        return f"https://{host}:{port}" if host else ""
+
+    @validate("unhealthy_node_action")
+    def _node_action(self, proposal):
+        if proposal["value"] not in NODE_ACTIONS:
+            raise ValueError(
+                f"GpuGovernor.unhealthy_node_action must be one of {', '.join(NODE_ACTIONS)}, "
+                f"got {proposal['value']!r}"
+            )
+        return proposal["value"]
+
     accept_interval = Float(
         0.04,
         help="""Seconds the service leaves new connections waiting once it has accepted one, to
@@ -392,7 +436,7 @@ class GpuGovernor(Application):
             raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
         return proposal["value"]
 
-    @validate("usage_write_every", "usage_max_gap")
+    @validate("usage_write_every", "usage_max_gap", "gpu_unknown_alert_after")
     def _not_negative(self, proposal):
         if proposal["value"] < 0:
             raise ValueError(
@@ -436,6 +480,11 @@ class GpuGovernor(Application):
         return self.cull_every or min(self.timeout / 2, 60)
 
     def make_governor(self) -> Governor:
+        if self.unhealthy_node_action != "none" and not self.kubernetes_api_url:
+            raise SystemExit(
+                f"jupyter-gpu-gov: unhealthy_node_action={self.unhealthy_node_action!r} needs the "
+                "Kubernetes API: set GpuGovernor.kubernetes_api_url (or run in a pod)"
+            )
         hub = HubApi(
             self.url,
             os.environ.get("JUPYTERHUB_API_TOKEN"),
@@ -486,6 +535,13 @@ class GpuGovernor(Application):
             gpu_hour_cost_default=self.gpu_hour_cost_default,
             currency=self.currency,
             team_quotas=dict(self.team_quotas),
+            health=HealthOptions(
+                unknown_alert_after=timedelta(seconds=self.gpu_unknown_alert_after),
+                node_action=self.unhealthy_node_action,
+                kubernetes_api_url=self.kubernetes_api_url,
+                kubernetes_token_file=self.kubernetes_token_file,
+                kubernetes_ca_file=self.kubernetes_ca_file,
+            ),
         )
         return Governor(Store(self.db_url), hub, self.policy_list, options, dcgm)
 

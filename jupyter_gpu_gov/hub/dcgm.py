@@ -34,7 +34,24 @@ from signal import signal as set_signal_handler
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from ..core import clock
+from ..core import clock, health
+from ..core.health import Health
+
+# Health fields (``health_of``): the last XID (DCGM keeps it until the driver or the exporter
+# restarts), the exporter's count of each XID over its window (``xid`` label), volatile
+# double-bit ECC errors, pages pending retirement, rows pending remapping or failed to remap, and
+# the clocks event (throttle) reasons bitmask.
+HEALTH_SIGNALS = frozenset(
+    {
+        "xid",
+        "xid_count",
+        "ecc_dbe_volatile",
+        "retired_pending",
+        "row_remap_pending",
+        "row_remap_failed",
+        "clock_events",
+    }
+)
 
 # The values a metric can feed. ``gpu_util`` is a percentage; the rest are in the field's unit.
 SIGNALS = frozenset(
@@ -49,6 +66,7 @@ SIGNALS = frozenset(
         "memory_used_mb",
         "memory_free_mb",
         "power_w",
+        *HEALTH_SIGNALS,
     }
 )
 
@@ -65,6 +83,18 @@ DEFAULT_METRICS: Mapping[str, str] = {
     "DCGM_FI_DEV_FB_USED": "memory_used_mb",
     "DCGM_FI_DEV_FB_FREE": "memory_free_mb",
     "DCGM_FI_DEV_POWER_USAGE": "power_w",
+    # Health, under dcgm-exporter's names (default-counters.csv) and DCGM 4's current names.
+    "DCGM_FI_DEV_XID_ERRORS": "xid",
+    "DCGM_FI_DEV_XID_ERROR": "xid",
+    "DCGM_EXP_XID_ERRORS_COUNT": "xid_count",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_dbe_volatile",
+    "DCGM_FI_DEV_RETIRED_PENDING": "retired_pending",
+    "DCGM_FI_DEV_PAGE_RETIRED_PENDING": "retired_pending",
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": "row_remap_pending",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "row_remap_failed",
+    "DCGM_FI_DEV_ROW_REMAP_FAILED": "row_remap_failed",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "clock_events",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "clock_events",
 }
 
 # DaemonSet pods: the GPU Operator's (nvidia-dcgm-exporter-wqqqn, container nvidia-dcgm-exporter)
@@ -143,6 +173,7 @@ class GpuEvidence:
     memory_used_mb: float | None = None
     memory_free_mb: float | None = None
     power_w: float | None = None
+    health: Health | None = None  # None: DCGM sent no health field for it
 
     @property
     def owner(self) -> tuple[str | None, str] | None:
@@ -254,6 +285,8 @@ def evidence_from_samples(
         if values is None or not math.isfinite(value):
             continue
         value = float(value)
+        if signal == "xid_count" and value > 0:  # one series per XID seen in the window
+            values[f"xid_count:{labels.get('xid')}"] = value
         held = values.get(signal)
         if held is None or not held > value:  # max(value, held): the new one on a tie
             values[signal] = value
@@ -278,6 +311,7 @@ def evidence_from_samples(
             "memory_used_mb": leaf.values.get("memory_used_mb"),
             "memory_free_mb": leaf.values.get("memory_free_mb"),
             "power_w": leaf.values.get("power_w"),
+            "health": health_of(leaf.values),
         }
         if not leaf.owners:
             evidence.append(GpuEvidence(**fields))
@@ -286,6 +320,45 @@ def evidence_from_samples(
                 GpuEvidence(**fields, namespace=namespace, pod=pod, container=container)
             )
     return evidence
+
+
+def health_of(values: Mapping[str, float]) -> Health | None:
+    """A leaf GPU's health from its DCGM health fields (``None`` when it has none)."""
+    read = [values[signal] for signal in HEALTH_SIGNALS if signal in values]
+    if not read:
+        return None
+    if not any(read):  # every field 0 (no XID, no error, no throttling): most GPUs
+        return health.HEALTHY
+    xids = []
+    last = values.get("xid")
+    if last and last.is_integer() and 0 < last < 1000:  # 0: none yet
+        xids.append(int(last))
+    if "xid_count" in values:
+        for key in values:
+            number = key[len("xid_count:") :] if key.startswith("xid_count:") else ""
+            if number.isdigit():
+                xids.append(int(number))
+
+    def flag(signal: str) -> bool | None:
+        value = values.get(signal)
+        return None if value is None else value > 0
+
+    events = values.get("clock_events")
+    ecc = values.get("ecc_dbe_volatile")
+    return _assess(
+        health.Reading(
+            xids=tuple(xids),
+            ecc_dbe_volatile=None if ecc is None else int(ecc),
+            retired_pages_pending=flag("retired_pending"),
+            remapped_rows_pending=flag("row_remap_pending"),
+            remap_failure=flag("row_remap_failed"),
+            clock_events=int(events) if events is not None and events >= 0 else None,
+        )
+    )
+
+
+# GPUs in the same state share one Health: pickled once for the fleet, not once per GPU.
+_assess = functools.lru_cache(maxsize=1024)(health.assess)
 
 
 # The text exposition format (0.0.4), read by hand: prometheus_client's parser takes ~9 s over a

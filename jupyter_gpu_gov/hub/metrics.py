@@ -84,7 +84,7 @@ SERVER_INFO = Gauge(
     registry=REGISTRY,
 )
 
-STATES = ("active", "idle", "warned", "checkpointing", "culled", "exempt", "unknown")
+STATES = ("active", "idle", "warned", "checkpointing", "culled", "exempt", "unknown", "gpu-failed")
 # SERVER_INFO's series and their values, as last set (only observe_states writes SERVER_INFO).
 _server_series: dict[tuple[str, ...], float] = {}
 
@@ -118,3 +118,29 @@ def observe_states(rows: Iterable, gpus: dict | None = None, pods: dict | None =
             SERVER_INFO.labels(*labels).set(value)
     _server_series.clear()
     _server_series.update(series)
+
+
+# -- GPU health (hub/health.py; the alert rules in hub_config/prometheus/ read these) ----------
+
+GPU_UNHEALTHY = Gauge(
+    "jupyter_gpu_gov_gpu_unhealthy",
+    "1 for each GPU that is not healthy: status unhealthy (action reset: it failed; drain: it "
+    "needs a reset once its work is done) or unknown (DCGM stopped reporting it); source dcgm "
+    "(trusted) or report (the server holding it says so)",
+    ("node", "gpu", "uuid", "status", "action", "source"),
+    registry=REGISTRY,
+)
+SERVERS_GPU_UNKNOWN = Gauge(
+    "jupyter_gpu_gov_servers_gpu_unknown_too_long",
+    "Running servers whose GPU state has been unknown (or failed) longer than "
+    "unknown_alert_after: an admin should look; they are not culled for it",
+    registry=REGISTRY,
+)
+
+
+def observe_gpu_health(problems: Iterable[tuple], flagged: int) -> None:
+    """``problems``: (node, gpu index, uuid, Health, source) of each GPU that is not healthy."""
+    GPU_UNHEALTHY.clear()  # a handful of series at most: rebuilt each pass
+    for node, index, uuid, checked, source in problems:
+        GPU_UNHEALTHY.labels(node, index, uuid, checked.status, checked.action or "", source).set(1)
+    SERVERS_GPU_UNKNOWN.set(flagged)

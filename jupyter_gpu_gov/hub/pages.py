@@ -251,6 +251,7 @@ class DashboardHandler(PageHandler):
             message=self.get_argument("msg", ""),
             last_cycle=gov.last_cycle,
             now=now,
+            gpu_health=gov.health_view(),
         )
 
 

@@ -38,6 +38,7 @@ from ..core.teams import group_teams
 from . import metrics
 from .dcgm import DcgmSnapshot, DcgmSource, GpuEvidence, index_by_pod, index_by_uuid, is_idle
 from .diagnosis import DiagnosisOptions, DiagnosisService
+from .health import HealthOptions, HealthWatch
 from .hubapi import HubApi, HubApiError, HubServer
 from .ownership import resolve
 from .store import AuditRow, ExtensionRow, ServerRow, Store, apply_decision, record_of, set_record
@@ -113,6 +114,7 @@ class Options:
     gpu_hour_cost_default: float = 0.0
     currency: str = "USD"
     team_quotas: Mapping[str, float] = field(default_factory=dict)
+    health: HealthOptions = field(default_factory=HealthOptions)
 
     def cost_per_hour(self, tier: str) -> float:
         return float(self.gpu_hour_cost.get(tier, self.gpu_hour_cost_default))
@@ -174,6 +176,7 @@ class Governor:
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
+        self.health = HealthWatch(options.health)
         self.ledger = ledger.Ledger(options.ledger_max_gap, store.usage_sessions(open_only=True))
         self._usage_written_at: datetime | None = None  # None: the first pass writes
         # GPU spawns the Hub has been starting for longer than SPAWN_QUEUED_AFTER (on Kubernetes,
@@ -263,6 +266,7 @@ class Governor:
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()
+        self.health.observe_dcgm(snapshot, self._world.by_uuid, now)
         seen = set()
         waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
@@ -289,6 +293,11 @@ class Governor:
             self.ledger.close(key, min(stopped, now))
 
         self.spawns_waiting = waiting
+        self.health.finish_pass(seen, now)
+        for node, patch, action, why in self.health.node_changes():
+            batch.audits.append(self._audit(None, action, why, dry_run=self.options.dry_run))
+            if not self.options.dry_run:
+                self._spawn(self.health.patch_node(node, patch, action))
         await batch.finish(self)
         self._save_usage()
         self._forget_stale_reports(seen)
@@ -358,13 +367,26 @@ class Governor:
         chosen = policy.select(self.policies, base)  # policies match on who, not on the GPU
         record = self._checkpoint_timeout(row, record, chosen, now, batch.audits)
         view = self._with_gpu(base, chosen, now, row.reports, server)
+        received = self.reports.get(key)
+        evidence = (
+            self._evidence(received.report, world.by_uuid, world.by_pod)
+            if received is not None
+            else self._pod_evidence(_pod_of(server))
+        )
+        failure = self.health.of_server(key, received and received.report, evidence, now)
+        view, record = self.health.prepare(view, record, failure)
         excluded = self._excluded(server)
         if excluded:
             decision = Decision(
                 evolve(record.new_idle_stretch(), state=policy.EXEMPT, reason=excluded)
             )
         else:
-            decision = policy.decide(view, record, chosen, now)
+            decision = self.health.review(
+                policy.decide(view, record, chosen, now), failure, chosen, now
+            )
+        flagged = self.health.flag(key, decision.record, now)
+        if flagged:
+            batch.audits.append(self._audit(row, "gpu-unknown", flagged))
         # Most servers change nothing in a pass: touch the row (and the database) only if so.
         outputs = (decision.warn_at, decision.cull_at, chosen.name)
         if (
@@ -627,6 +649,21 @@ class Governor:
                         used[(e.uuid, e.mig_profile)] = min(1.0, e.memory_used_mb / total)
         return list(used.values())
 
+    def health_view(self) -> dict:
+        """``GET api/health``, with the server holding each GPU where DCGM names its pod."""
+        now = clock.utcnow()
+        view = self.health.admin_view(now, self.rows)
+        by_pod = {}
+        for key, server in self._servers.items():
+            pod = _pod_of(server)
+            if pod is not None:
+                by_pod[pod] = by_pod[(None, pod[1])] = key
+        for gpu in view["gpus"]:
+            pod = gpu["pod"]
+            if gpu["server"] is None and pod is not None:
+                gpu["server"] = by_pod.get((pod["namespace"], pod["name"]))
+        return view
+
     def diagnosis_summary(self) -> dict:
         running = [key for key, row in self.rows.items() if row.running]
         return self.diagnosis.summary(
@@ -843,7 +880,7 @@ class Governor:
 
     def _audit(
         self,
-        row: ServerRow,
+        row: ServerRow | None,
         action: str,
         reason: str,
         *,
@@ -853,8 +890,8 @@ class Governor:
     ) -> AuditRow:
         return AuditRow(
             at=clock.utcnow(),
-            server_key=row.key,
-            user=row.user,
+            server_key=row and row.key,  # None: not about a server (a node)
+            user=row and row.user,
             action=action,
             reason=reason,
             actor=actor,
@@ -1058,7 +1095,10 @@ def row_view(row: ServerRow, report: Received | None, root_cause: dict | None = 
         gpu = {
             "backend": r["backend"],
             "devices": [
-                {k: d.get(k) for k in ("uuid", "name", "mig_profile", "memory_used_mb", "activity")}
+                {
+                    k: d.get(k)
+                    for k in ("uuid", "name", "mig_profile", "memory_used_mb", "activity", "health")
+                }
                 for d in r["devices"]
             ],
             "memory_mb": sum(

@@ -334,6 +334,16 @@ class DiagnosisHandler(ApiHandler):
         self.write_json(self.governor.diagnosis_summary())
 
 
+class HealthHandler(ApiHandler):
+    """``GET api/health``: GPUs that are not healthy (node, GPU, why, since when, who holds
+    them) and servers whose GPU state has been unknown too long (admins)."""
+
+    @web.authenticated
+    def get(self):
+        self.require_admin()
+        self.write_json(self.governor.health_view())
+
+
 class PoliciesHandler(ApiHandler):
     """``GET api/policies``: the policies as the service understands them (admins)."""
 
@@ -471,6 +481,7 @@ def handlers(prefix: str, governor: Governor) -> list[tuple]:
         (rf"{p}/api/audit", AuditHandler, args),
         (rf"{p}/api/policies", PoliciesHandler, args),
         (rf"{p}/api/diagnosis", DiagnosisHandler, args),
+        (rf"{p}/api/health", HealthHandler, args),
         (rf"{p}/api/usage", UsageHandler, args),
         (rf"{p}/metrics", MetricsHandler, args),
     ]

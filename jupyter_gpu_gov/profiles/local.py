@@ -20,6 +20,7 @@ from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from traitlets import List, Unicode, default
 from traitlets.config import SingletonConfigurable
 
+from ..core import health
 from ..core.models import Device
 from ..gpu.backends import CHOICES, make_backend
 from .quota import Grant
@@ -56,13 +57,21 @@ class LocalGpus(SingletonConfigurable):
     _backend = None
 
     def devices(self) -> list[Device]:
+        """The devices a new server may get: a GPU with a fault (docs/health.md), or one whose
+        health cannot be read, is never handed out."""
         if self._backend is None:
             self._backend = make_backend(
                 self.backend,
                 simulated_devices=self.simulated_devices,
                 sim_state_path=self.sim_state_path or None,
             )
-        return self._backend.devices()
+        snapshot = self._backend.sample()
+        checked = snapshot.health
+        return [
+            d
+            for d in snapshot.devices
+            if snapshot.available and checked.get(d.uuid, health.HEALTHY).status == health.OK
+        ]
 
 
 def _fits(tier: Tier, device: Device) -> bool:

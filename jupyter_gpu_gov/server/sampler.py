@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic, thread_time
 
-from ..core import clock
+from ..core import clock, health
 from ..core.models import GpuSnapshot
 from ..core.window import ActivityWindow
 from ..gpu import procs
@@ -264,6 +264,8 @@ class Sampler:
         now: datetime,
     ) -> dict:
         available = snapshot.available
+        # Listed but not read: a lost GPU. What its holders held is unknown, never idle.
+        unreadable = {d.uuid for d in snapshot.devices if d.uuid not in snapshot.samples}
         if available:
             devices = [
                 {
@@ -276,6 +278,7 @@ class Sampler:
                     "activity": _sample(snapshot, d.uuid, "activity"),
                     "memory_activity": _sample(snapshot, d.uuid, "memory_activity"),
                     "shared": d.uuid in attribution.shared,
+                    "health": _health(snapshot, d.uuid),
                 }
                 for d in snapshot.devices
                 if visible is None or d.uuid in visible
@@ -285,15 +288,22 @@ class Sampler:
             devices = []
         else:
             # Keep naming the devices we had, with every reading unknown.
+            unknown = health.unknown(f"the GPU cannot be read: {snapshot.error}").as_dict()
             devices = [
-                {**d, "memory_used_mb": None, "activity": None, "memory_activity": None}
+                {
+                    **d,
+                    "memory_used_mb": None,
+                    "activity": None,
+                    "memory_activity": None,
+                    "health": unknown,
+                }
                 for d in self._last_devices
             ]
 
         entries: list[tuple[str, dict, TargetGpu | None]] = [
             (t.root.key, _describe(t), attribution.gpu.get(t.root.key)) for t in targets
         ]
-        if OTHER in attribution.gpu or (not available and OTHER in self._last_known):
+        if OTHER in attribution.gpu or self._held_unreadable(OTHER, available, unreadable):
             entries.append(
                 (
                     OTHER,
@@ -305,7 +315,8 @@ class Sampler:
         report_targets = []
         server_sms: list[float | None] = []
         for key, described, gpu in entries:
-            gpu_view = self._gpu_view(key, gpu, available, snapshot.backend, now)
+            readable = available and not self._held_unreadable(key, available, unreadable)
+            gpu_view = self._gpu_view(key, gpu, readable, snapshot.backend, now)
             if gpu_view["holds_context"]:
                 server_sms.append(gpu_view["sm"])
             report_targets.append({**described, "gpu": gpu_view, **usage.get(key, {"cpu": None})})
@@ -334,6 +345,12 @@ class Sampler:
             },
             "checkpoint": {"requested_at": None, "status": None, "manifest": None},
         }
+
+    def _held_unreadable(self, key: str, available: bool, unreadable: set[str]) -> bool:
+        """Whether ``key`` held a GPU that cannot be read now (all of them, when the backend
+        is unavailable)."""
+        last = self._last_known.get(key)
+        return last is not None and (not available or bool(unreadable.intersection(last.devices)))
 
     def _gpu_view(
         self, key: str, gpu: TargetGpu | None, available: bool, backend: str, now: datetime
@@ -426,6 +443,11 @@ def _describe(target: TargetInfo) -> dict:
         "last_activity": clock.isoformat(target.last_activity),
         "connections": target.connections,
     }
+
+
+def _health(snapshot: GpuSnapshot, uuid: str) -> dict | None:
+    checked = snapshot.health.get(uuid)
+    return None if checked is None else checked.as_dict()
 
 
 def _sample(snapshot: GpuSnapshot, uuid: str, attr: str):

@@ -1,0 +1,309 @@
+"""GPU health in the governor: a fake Hub API, DCGM over HTTP serving the fault fixtures (written
+by us under the real field names, tests/data/dcgm/SOURCES.md), a fake Kubernetes API at the HTTP
+level for the node actions."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fake_hub_api import FakeHub
+from test_dcgm import FAULTS_TEXT, FIXTURES, H100_TEXT, L4
+from test_governor import report_for
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from jupyter_gpu_gov.core import clock, health
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub import metrics
+from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.hub.dcgm import DcgmSource
+from jupyter_gpu_gov.hub.health import NODE_ANNOTATION, NODE_LABEL, HealthOptions
+from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.reconcile import Governor, Options
+from jupyter_gpu_gov.hub.store import Store
+
+LOST_GPU = "GPU-3f6d2a41-8c0e-4b7a-9d21-5e8f0c7b1a90"  # GPU 0 of gpu-node-7: XID 79
+ALICE_POD = {"pod_name": "jupyter-alice", "namespace": "jhub"}
+L4_GPU = "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"  # a real scrape: idle, XID 0, no remap failure
+LOST = health.assess(health.Reading(xids=(79,), lost="simulated")).as_dict()
+DRAIN = health.assess(health.Reading(xids=(63,))).as_dict()
+
+
+class Http:
+    """A tiny HTTP server: dcgm-exporter's /metrics (``text``, changeable) and the Kubernetes
+    API's node PATCH (recorded, answered as the API server does)."""
+
+    def __init__(self, text: str = ""):
+        self.text = text
+        self.patches: list[tuple[str, str, dict]] = []
+        outer = self
+
+        class Metrics(web.RequestHandler):
+            def get(self):
+                self.set_header("Content-Type", "text/plain; version=0.0.4")
+                self.finish(outer.text)
+
+        class Node(web.RequestHandler):
+            def patch(self, name):
+                assert self.request.headers["Content-Type"] == "application/merge-patch+json"
+                auth = self.request.headers.get("Authorization")
+                outer.patches.append((name, auth, json.loads(self.request.body)))
+                self.finish({"kind": "Node", "metadata": {"name": name}})
+
+        sockets = bind_sockets(0, "127.0.0.1")
+        self.base = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+        app = web.Application([(r"/metrics", Metrics), (r"/api/v1/nodes/([^/]+)", Node)])
+        self.server = HTTPServer(app)
+        self.server.add_sockets(sockets)
+
+
+@pytest.fixture
+def http():
+    server = Http((FIXTURES / FAULTS_TEXT).read_text())
+    yield server
+    server.server.stop()
+
+
+@pytest.fixture(autouse=True)
+def restore_clock():
+    yield
+    clock.reset()
+
+
+def governor(hub: FakeHub, tmp_path: Path, dcgm_url: str | None = None, **health_options):
+    policies = load_policies([], {"warn_after": "1h", "cull_after": "2h"})
+    dcgm = DcgmSource(exporter_urls=[dcgm_url], timeout_s=5) if dcgm_url else None
+    dry_run = health_options.pop("dry_run", False)
+    options = Options(dry_run=dry_run, health=HealthOptions(**health_options))
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    return Governor(store, HubApi(hub.api_url, hub.token), policies, options, dcgm)
+
+
+@contextlib.asynccontextmanager
+async def governed(*args, **kwargs):
+    gov = governor(*args, **kwargs)
+    try:
+        yield gov
+    finally:
+        await gov.close()  # its DCGM read and checkpoint requests still under way
+
+
+async def fresh_pass(gov: Governor) -> None:
+    """A pass on a DCGM read taken after everything before it (not the one already running)."""
+    await gov.background_done()
+    await gov.reconcile()
+    await gov.background_done()
+    await gov.reconcile()
+
+
+def failed_report(user: str, uuid: str, device_health: dict | None = LOST) -> dict:
+    """The report of a server whose GPU was lost: listed, nothing read, its kernel unknown."""
+    r = report_for(user, uuid, sm=0.0)
+    r["devices"][0].update(memory_used_mb=None, activity=None, health=device_health)
+    r["targets"][0]["gpu"].update(sm=None, memory_mb=None, confidence="unknown")
+    r["window"].update(gpu_active_fraction=None, gpu_idle_since=None)
+    return r
+
+
+async def test_a_gpu_dcgm_sees_fail_is_never_culled_and_its_owner_is_told(tmp_path, http):
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("alice", last_activity=clock.utcnow(), state=ALICE_POD)  # no extension
+        gov = await stack.enter_async_context(governed(hub, tmp_path, f"{http.base}/metrics"))
+        await gov.reconcile()
+        row = gov.row("alice/")
+        assert row.state == "gpu-failed"
+        assert row.checkpoint_status == "requested"  # asked for once...
+        assert row.reason == (
+            "Your GPU failed (XID 79: the GPU fell off the bus); a checkpoint of your work is "
+            "being saved; restart your server to get another GPU"
+        )
+        await gov.reconcile()  # ...the fake Hub's server cannot be reached: the checkpoint fails
+        assert gov.verdict("alice/")["reason"] == (
+            "Your GPU failed (XID 79: the GPU fell off the bus); the checkpoint of your work "
+            "failed: save what you can; restart your server to get another GPU"
+        )
+        for hours in (3, 30):  # far past warn_after, cull_after and inactive_timeout
+            clock.advance(hours * 3600)
+            await gov.reconcile()
+            assert hub.running("alice") and gov.row("alice/").state == "gpu-failed"
+        actions = [a.action for a in gov.store.audit_rows("alice/")][::-1]
+    assert actions.count("checkpoint") == 1 and "cull" not in actions
+    # unknown (failed) for longer than unknown_alert_after: flagged once, for an admin
+    assert actions.count("gpu-unknown") == 1
+    view = gov.health_view()
+    assert [f["server"] for f in view["flagged"]] == ["alice/"]
+    assert metrics.SERVERS_GPU_UNKNOWN._value.get() == 1
+
+
+async def test_the_admin_sees_node_gpu_and_reasons(tmp_path, http):
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("alice", state=ALICE_POD)
+        gov = await stack.enter_async_context(governed(hub, tmp_path, f"{http.base}/metrics"))
+        await gov.reconcile()
+    gpus = {g["gpu"]: g for g in gov.health_view()["gpus"]}
+    assert set(gpus) == {0, 1, 2}  # 3 is healthy; 2 only throttles (a warning, listed)
+    lost = gpus[0]
+    assert (lost["node"], lost["uuid"], lost["model"]) == (
+        "gpu-node-7",
+        LOST_GPU,
+        "NVIDIA H100 80GB HBM3",
+    )
+    assert (lost["status"], lost["action"], lost["source"]) == ("unhealthy", "reset", "dcgm")
+    assert lost["server"] == "alice/" and lost["pod"] == {
+        "namespace": "jhub",
+        "name": "jupyter-alice",
+    }
+    assert gpus[1]["action"] == "reset" and "2 uncorrectable ECC" in gpus[1]["reasons"][1]
+    assert gpus[2]["status"] == "ok" and "thermal slowdown" in gpus[2]["warnings"][0]
+    series = {
+        (s.labels["node"], s.labels["gpu"], s.labels["action"])
+        for s in metrics.GPU_UNHEALTHY.collect()[0].samples
+    }
+    assert series == {("gpu-node-7", "0", "reset"), ("gpu-node-7", "1", "reset")}
+
+
+async def test_a_gpu_dcgm_stops_reporting_while_its_node_answers_is_unknown(tmp_path, http):
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        gov = await stack.enter_async_context(governed(hub, tmp_path, f"{http.base}/metrics"))
+        await gov.reconcile()
+        http.text = "\n".join(line for line in http.text.splitlines() if 'gpu="3"' not in line)
+        await fresh_pass(gov)
+    (gone,) = [g for g in gov.health_view()["gpus"] if g["gpu"] == 3]
+    assert (
+        gone["status"] == "unknown" and "DCGM has not reported this GPU since" in gone["reasons"][0]
+    )
+
+
+async def test_a_reported_failure_without_dcgm_is_believed_then_recovers(tmp_path):
+    uuid = "GPU-0000-lost"
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("bob")
+        gov = await stack.enter_async_context(governed(hub, tmp_path))
+        gov.ingest(report_for("bob", uuid, sm=0.0))
+        await gov.reconcile()
+        assert gov.row("bob/").state == "idle"
+        gov.ingest(failed_report("bob", uuid))
+        await gov.reconcile()
+        verdict = gov.verdict("bob/")
+        assert verdict["state"] == "gpu-failed"
+        assert verdict["reason"].startswith("Your GPU failed (XID 79: the GPU fell off the bus)")
+        assert verdict["cull_at"] is None and verdict["warn_at"] is None
+        (gpu,) = gov.health_view()["gpus"]
+        assert (gpu["uuid"], gpu["source"], gpu["server"]) == (uuid, "report", "bob/")
+        clock.advance(60)
+        gov.ingest(report_for("bob", uuid, sm=0.0))  # the GPU was reset
+        await gov.reconcile()
+        row = gov.row("bob/")
+        assert row.state == "idle" and row.checkpoint_status is None  # a fresh idle stretch
+        assert row.idle_since >= clock.utcnow() - timedelta(seconds=1)
+        assert gov.health_view()["gpus"] == []
+
+
+async def test_a_reported_failure_dcgm_reads_as_healthy_is_not_believed(tmp_path):
+    http = Http((FIXTURES / L4).read_text())
+    try:
+        async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+            hub.add_server("mallory")
+            gov = await stack.enter_async_context(governed(hub, tmp_path, f"{http.base}/metrics"))
+            gov.ingest(failed_report("mallory", L4_GPU))  # "my GPU failed: never cull me"
+            await gov.reconcile()
+    finally:
+        http.server.stop()
+    # DCGM reads its health fields and activity: healthy, idle (and the report says so)
+    assert gov.row("mallory/").state == "idle"
+
+
+async def test_a_gpu_that_needs_draining_is_said_and_governed_as_usual(tmp_path):
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("carol")
+        gov = await stack.enter_async_context(governed(hub, tmp_path))
+        report = report_for("carol", "GPU-drain", sm=0.0)
+        report["devices"][0]["health"] = DRAIN
+        gov.ingest(report)
+        await gov.reconcile()
+    row = gov.row("carol/")
+    assert row.state == "idle"  # its readings are good: idle is idle
+    assert row.reason.endswith(
+        "your GPU needs maintenance (XID 63: a memory row was marked for remapping (a GPU reset "
+        "activates it)): restart your server when convenient to move to another GPU"
+    )
+
+
+@pytest.mark.parametrize("mode", ["label", "cordon"])
+async def test_the_node_is_labelled_or_cordoned_only_when_asked(tmp_path, http, mode):
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        gov = await stack.enter_async_context(
+            governed(
+                hub,
+                tmp_path,
+                f"{http.base}/metrics",
+                node_action=mode,
+                kubernetes_api_url=http.base,
+                kubernetes_token_file=str(token),
+            )
+        )
+        await gov.reconcile()
+        await gov.reconcile()  # marked once per unhealthy stretch
+        audit = [a for a in gov.store.audit_rows() if a.action.startswith("node-")]
+        assert [a.action for a in audit] == [f"node-{mode}"]
+        assert "GPU 0 (GPU-3f6d2a41" in audit[0].reason and "XID 79" in audit[0].reason
+        await gov.background_done()
+        (node, auth, patch), *_ = http.patches
+        assert (node, auth, len(http.patches)) == ("gpu-node-7", "Bearer sa-token", 1)
+        assert patch["metadata"]["labels"] == {NODE_LABEL: "true"}
+        assert "XID 79" in patch["metadata"]["annotations"][NODE_ANNOTATION]
+        assert patch.get("spec") == ({"unschedulable": True} if mode == "cordon" else None)
+
+        http.text = (FIXTURES / H100_TEXT).read_text()  # repaired (another node's scrape)
+        await fresh_pass(gov)
+        await gov.background_done()
+        await gov.reconcile()
+    node, _, unlabel = http.patches[-1]
+    assert node == "gpu-node-7" and "spec" not in unlabel  # a cordon is undone by hand only
+    assert unlabel["metadata"] == {
+        "labels": {NODE_LABEL: None},
+        "annotations": {NODE_ANNOTATION: None},
+    }
+    assert len(http.patches) == 2
+
+
+async def test_no_node_is_touched_by_default_or_in_a_dry_run(tmp_path, http):
+    (tmp_path / "dry").mkdir()
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        default = await stack.enter_async_context(governed(hub, tmp_path, f"{http.base}/metrics"))
+        await default.reconcile()
+        assert not [a for a in default.store.audit_rows() if a.action.startswith("node-")]
+        dry = await stack.enter_async_context(
+            governed(
+                hub,
+                tmp_path / "dry",  # a store of its own
+                f"{http.base}/metrics",
+                node_action="cordon",
+                kubernetes_api_url=http.base,
+                dry_run=True,
+            )
+        )
+        await dry.reconcile()
+        (audit,) = [a for a in dry.store.audit_rows() if a.action.startswith("node-")]
+    assert audit.action == "node-cordon" and audit.dry_run
+    assert http.patches == []
+
+
+def test_the_options_are_checked_at_start(monkeypatch):
+    app = GpuGovernor()
+    with pytest.raises(Exception, match="unhealthy_node_action must be one of none, label, cordon"):
+        app.initialize(["--GpuGovernor.unhealthy_node_action=drain"])
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    app = GpuGovernor()
+    app.initialize(["--GpuGovernor.unhealthy_node_action=cordon"])
+    with pytest.raises(SystemExit, match="needs the Kubernetes API"):
+        app.make_governor()
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert GpuGovernor().kubernetes_api_url == "https://10.0.0.1:443"

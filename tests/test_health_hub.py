@@ -1,0 +1,127 @@
+"""A GPU lost mid-run, end to end: a real JupyterHub with the workstation allocator
+(GpuSimpleLocalProcessSpawner) and the governor, real single-user servers and kernels on two
+simulated H100s; the fault is injected from the kernel, as the driver would report it.
+
+The owner's server says so (its status: the device's health, the verdict's honest message), a
+checkpoint is taken, the admin sees the GPU and the server (API and dashboard), nothing is culled
+as idle, and the allocator never hands the broken card out again: the owner's restart gets the
+other GPU, and nobody else gets the broken one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from governor_harness import Gov, governed_hub, server_running, wait
+from test_profiles_hub import H100, _hub_config, _singleuser_config, api_spawn, held
+
+from jupyter_gpu_gov.gpu.simulated import leaf_devices
+
+pytestmark = pytest.mark.timeout(300)
+
+DEVICES = [H100, H100]
+UUIDS = [leaf["uuid"] for leaf in leaf_devices(DEVICES)]
+TIERS = [{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"}]
+QUOTAS = {"lab": {"guaranteed": {"h100": 2}}}
+TEAM_MAP = {"alice": "lab", "bob": "lab"}
+FAILED = (
+    "Your GPU failed (XID 79: the GPU fell off the bus); your work was checkpointed; "
+    "restart your server to get another GPU"
+)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    with governed_hub(
+        tmp_path_factory.mktemp("health"),
+        governor_config="c.GpuGovernor.gpu_unknown_alert_after = 4\n",
+        extra_config=_hub_config(DEVICES, TIERS, QUOTAS, TEAM_MAP),
+        singleuser_config=_singleuser_config(DEVICES),
+        users=["alice", "bob"],
+    ) as hub:
+        hub.create_user("govadmin")
+        Gov(hub).wait_up()
+        yield hub
+
+
+def test_a_gpu_lost_mid_run(hub):
+    gov = Gov(hub)
+    assert api_spawn(hub, "alice", {"profile": "h100"}).status_code in (201, 202)
+    hub.wait_for_server("alice")
+    assert held(hub)["alice/"] == [UUIDS[0]]
+    kernel = hub.start_kernel("alice")
+    hub.execute(
+        "alice",
+        kernel,
+        "from jupyter_gpu_gov import checkpoint, simulate\n"
+        "results = {'epoch': 3}\n"
+        "checkpoint.save_variables('results')\n"
+        "simulate.hold(8192)\n"
+        "simulate.load(0.9)  # a training run on its GPU",
+    )
+    status = hub.user_url("alice", "jupyter-gpu-gov/status")
+
+    def report() -> dict:
+        return hub.get(status, token=hub.token("alice")).json()
+
+    wait(lambda: report()["devices"][0]["memory_used_mb"] == 8192, 60, "alice's kernel on its GPU")
+    hub.execute("alice", kernel, "simulate.fail(xid=79)")  # the card falls off the bus
+    failed_at = time.monotonic()
+
+    # The owner's own server says so (what JupyterLab shows comes from this status).
+    seen = wait(
+        lambda: (r := report()) and (r.get("verdict") or {}).get("reason") == FAILED and r,
+        60,
+        "alice's verdict to say her GPU failed and her work was checkpointed",
+    )
+    device = seen["devices"][0]
+    assert device["uuid"] == UUIDS[0] and device["activity"] is None
+    assert device["health"]["status"] == "unhealthy" and device["health"]["action"] == "reset"
+    assert seen["verdict"]["state"] == "gpu-failed" and seen["verdict"]["cull_at"] is None
+    (target,) = [t for t in seen["targets"] if t["kind"] == "kernel"]
+    assert target["gpu"]["holds_context"] and target["gpu"]["sm"] is None  # unknown, not idle
+    manifest = seen["checkpoint"]["manifest"]
+    assert seen["checkpoint"]["status"] == "done" and manifest["kernels"][0]["id"] == kernel
+    assert "results" in str(manifest["kernels"][0])
+
+    # The admin sees the GPU, who holds it and why; and, once it has lasted, the flag.
+    def flagged():
+        view = gov.admin("GET", "health").json()
+        return view["flagged"] and view
+
+    view = wait(flagged, 60, "alice's server to be flagged: GPU state unknown too long")
+    (gpu,) = view["gpus"]
+    assert (gpu["uuid"], gpu["server"], gpu["source"]) == (UUIDS[0], "alice/", "report")
+    assert gpu["reasons"][0] == "XID 79: the GPU fell off the bus"
+    assert [f["server"] for f in view["flagged"]] == ["alice/"]
+    page = hub.get(f"{hub.url}/services/gpu-gov/", token=hub.token("govadmin"))
+    assert page.status_code == 200
+    assert (
+        f'data-uuid="{UUIDS[0]}"' in page.text and "XID 79: the GPU fell off the bus" in page.text
+    )
+    (server,) = gov.admin("GET", "servers").json()["servers"]
+    assert server["state"] == "gpu-failed"
+    assert server["gpu"]["devices"][0]["health"]["action"] == "reset"
+
+    # Nothing is culled as idle: well past the policy's 7 s to cull, still running, and not
+    # warned since the failure (the allocated GPU may have been warned idle before its kernel
+    # started: that is the policy at work).
+    time.sleep(max(0.0, 12 - (time.monotonic() - failed_at)))
+    assert server_running(hub, "alice")
+    audit = gov.audit("alice/")
+    failed = next(i for i, a in enumerate(audit) if a["reason"].startswith("Your GPU failed"))
+    since = [a["action"] for a in audit[failed:] if a["action"] != "state"]
+    assert since[:1] == ["checkpoint"] and "checkpoint-done" in since and "gpu-unknown" in since
+    assert not {"warn", "cull"} & set(since), since
+    assert "cull" not in gov.actions("alice/")
+
+    # Restart to get another GPU: the broken one is free, and never handed out again.
+    hub.stop_server("alice")
+    assert api_spawn(hub, "alice", {"profile": "h100"}).status_code in (201, 202)
+    hub.wait_for_server("alice")
+    assert held(hub)["alice/"] == [UUIDS[1]]
+    refused = api_spawn(hub, "bob", {"profile": "h100"})
+    # the broken card is not counted: one card left, and it is alice's
+    assert refused.status_code == 403 and "The only H100 80 GB card is in use" in refused.text
+    assert "bob/" not in held(hub)
