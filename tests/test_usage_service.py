@@ -184,7 +184,9 @@ async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
     assert after["culls"] == 1 and after["extensions"] == 1
     (row,) = showback.usage(again.store, again.options, ["team"], "all", None)
     hours = round((3600 + STEP) / 3600, 4)
-    assert (row["culls"], row["extensions"], row["gpu_hours_unobserved"]) == (1, 1, hours)
+    assert (row["culls"], row["extensions"]) == (1, 1)
+    # Real time passes too between the passes (a second is 0.0003 h): not to the 4th decimal.
+    assert row["gpu_hours_unobserved"] == pytest.approx(hours, abs=3e-4)
 
 
 async def test_the_ledger_is_written_every_few_minutes_and_whenever_it_is_read(tmp_path):

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -24,9 +26,9 @@ from ..core.durations import format_duration
 from ..core.policy import (
     CHECKPOINT,
     CULL,
-    MAX_AGE_WARN,
-    RECLAIM_WARN,
-    WARN,
+    INTERRUPT,
+    NOTICES,
+    WARNINGS,
     Decision,
     Policy,
     Record,
@@ -43,6 +45,10 @@ from .ownership import resolve
 from .store import AuditRow, ExtensionRow, ServerRow, Store, apply_decision, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
+
+
+# Jupyter Server's kernel ids (UUIDs): a report's ids are the user's words, never a path.
+KERNEL_ID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 
 
 def server_key(user: str, name: str = "") -> str:
@@ -93,6 +99,10 @@ class Options:
     cull_named_servers: bool = True
     cull_admin_users: bool = True
     cull_users: bool = False
+    # jupyterhub-idle-culler's --timeout and --max-age, for users (--cull-users): a user is
+    # deleted when inactive that long, or created that long ago.
+    timeout: timedelta = timedelta(hours=1)
+    max_age: timedelta | None = None
     remove_named_servers: bool = False
     proxy_url: str = ""  # where to reach /user/<name>/ (checkpoints, kernel shutdown)
     service_token: str = ""
@@ -181,6 +191,8 @@ class Governor:
         # fragmentation is "GPUs partly used while spawns wait".
         self.spawns_waiting: int | None = None
         self.http = AsyncHTTPClient()
+        # Optional scopes the service's token lacks (checked once, at the first pass).
+        self.missing_scopes: frozenset[str] | None = None
 
     # -- reports ------------------------------------------------------------------------------
 
@@ -254,6 +266,8 @@ class Governor:
             return result
 
     async def _reconcile(self) -> CycleResult:
+        if self.missing_scopes is None:
+            self.missing_scopes = await self._check_scopes()
         groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
         self._world = _World(
             teams_by_group=group_teams(groups),
@@ -289,6 +303,8 @@ class Governor:
             self.ledger.close(key, min(stopped, now))
 
         self.spawns_waiting = waiting
+        if self.options.cull_users:
+            batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await batch.finish(self)
         self._save_usage()
         self._forget_stale_reports(seen)
@@ -358,13 +374,9 @@ class Governor:
         chosen = policy.select(self.policies, base)  # policies match on who, not on the GPU
         record = self._checkpoint_timeout(row, record, chosen, now, batch.audits)
         view = self._with_gpu(base, chosen, now, row.reports, server)
-        excluded = self._excluded(server)
-        if excluded:
-            decision = Decision(
-                evolve(record.new_idle_stretch(), state=policy.EXEMPT, reason=excluded)
-            )
-        else:
-            decision = policy.decide(view, record, chosen, now)
+        cause, confident = cause_of(self.root_cause(key))
+        view = evolve(view, cause=cause, cause_confident=confident, excluded=self._excluded(server))
+        decision = policy.decide(view, record, chosen, now)
         # Most servers change nothing in a pass: touch the row (and the database) only if so.
         outputs = (decision.warn_at, decision.cull_at, chosen.name)
         if (
@@ -379,8 +391,8 @@ class Governor:
             batch.audits.append(
                 self._audit(row, "state", f"{before.state} → {decision.state}: {decision.reason}")
             )
-        for action in decision.actions:
-            batch.jobs.append(self._act(action, server, row, decision, chosen, batch.audits))
+        if decision.actions:  # in order: an interrupt before its checkpoint, a warning first
+            batch.jobs.append(self._act_all(server, row, decision, chosen, batch.audits))
         return view
 
     # -- the usage ledger -----------------------------------------------------------------------
@@ -499,22 +511,46 @@ class Governor:
             self._dcgm_task = asyncio.ensure_future(self.dcgm.fetch())
 
     async def _groups(self) -> list[dict]:
+        if "list:groups" in (self.missing_scopes or ()):
+            return []  # said once, at start-up
         try:
             return await self.hub.get_groups()
         except HubApiError as error:
             log.warning(
                 "gpu-gov: cannot list groups (%s); teams come from user_options only", error
             )
+            if error.status == 403:  # said once; not asked again
+                self.missing_scopes = (self.missing_scopes or frozenset()) | {"list:groups"}
             return []
 
+    async def _check_scopes(self) -> frozenset[str]:
+        """Which optional scopes the service's token lacks, each logged once with what it
+        disables (a hub may give the governor only jupyterhub-idle-culler's four scopes)."""
+        try:
+            model = await self.hub.request("GET", "/user")
+        except HubApiError as error:
+            log.warning("gpu-gov: cannot read this service's scopes (%s); assuming all", error)
+            return frozenset()
+        held = model.get("scopes") if isinstance(model, Mapping) else None
+        if not isinstance(held, list):
+            return frozenset()
+        missing = frozenset(s for s in OPTIONAL_SCOPES if not _holds(held, s))
+        for scope in sorted(missing):
+            log.warning("gpu-gov: the service's token lacks %s: %s", scope, OPTIONAL_SCOPES[scope])
+        for scope in REQUIRED_SCOPES:
+            if not _holds(held, scope):
+                log.error("gpu-gov: the service's token lacks %s: it cannot govern", scope)
+        return missing
+
     def _excluded(self, server: HubServer) -> str | None:
+        """Why jupyterhub-idle-culler's flags leave a server alone (its maximum age still
+        applies, as in that culler; ``cull_admin_users`` only spares admins' accounts from
+        ``cull_users``)."""
         o = self.options
         if server.name == "" and not o.cull_default_servers:
             return "not governed: default servers are excluded (cull_default_servers=False)"
         if server.name and not o.cull_named_servers:
             return "not governed: named servers are excluded (cull_named_servers=False)"
-        if server.admin and not o.cull_admin_users:
-            return "not governed: admin users are excluded (cull_admin_users=False)"
         return None
 
     def _with_gpu(
@@ -531,14 +567,15 @@ class Governor:
         if received is None and reported:
             # It reported before (this service restarted): unknown until the next report.
             waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
-            return evolve(base, reports=True, gpu=waiting)
+            return evolve(base, reports=True, gpu=waiting, reachable=False)
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's pod,
             # else jupyterhub-idle-culler's rule.
             dcgm = self._dcgm_only(_pod_of(server) if server else None, chosen)
             return base if dcgm is None else evolve(base, gpu=dcgm)
         report = received.report
-        if now - received.at > self.options.report_stale_after:
+        stale = now - received.at > self.options.report_stale_after
+        if stale:
             since = f"{received.at:%Y-%m-%d %H:%M} UTC"  # a time, so the reason stays put
             gpu = policy.GpuSignal(holds_gpu=True, active=None, detail=f"no report since {since}")
         else:
@@ -551,7 +588,19 @@ class Governor:
                 active, disagreement = policy.merge_evidence(gpu.active, trusted)
                 detail = "DCGM" + (f": {disagreement}" if disagreement else "")
                 gpu = evolve(gpu, active=active, detail=detail)
-        return evolve(base, reports=True, gpu=gpu, user_last_activity=user_last_activity(report))
+        return evolve(
+            base,
+            reports=True,
+            gpu=gpu,
+            user_last_activity=user_last_activity(report),
+            reachable=not stale and self.reaches_servers,
+        )
+
+    @property
+    def reaches_servers(self) -> bool:
+        """Whether the service can call user servers (checkpoints, interrupts): a proxy URL,
+        and the access:servers scope."""
+        return bool(self.options.proxy_url) and "access:servers" not in (self.missing_scopes or ())
 
     def _dcgm_only(
         self, pod: tuple[str | None, str] | None, chosen: Policy
@@ -695,6 +744,18 @@ class Governor:
 
     # -- actions ------------------------------------------------------------------------------
 
+    async def _act_all(
+        self,
+        server: HubServer,
+        row: ServerRow,
+        decision: Decision,
+        chosen: Policy,
+        audits: list[AuditRow],
+    ) -> None:
+        """A decision's actions, one after the other."""
+        for action in decision.actions:
+            await self._act(action, server, row, decision, chosen, audits)
+
     async def _act(
         self,
         action: str,
@@ -705,10 +766,17 @@ class Governor:
         audits: list[AuditRow],
     ) -> None:
         dry = self.options.dry_run
-        if action in (WARN, MAX_AGE_WARN, RECLAIM_WARN):
-            metrics.WARNINGS.inc()
+        if action in WARNINGS or action in NOTICES:
+            if action in WARNINGS:
+                metrics.WARNINGS.inc()
             why = decision.notice or decision.reason
             audits.append(self._audit(row, action, why, dry_run=dry))
+        elif action == INTERRUPT:
+            kernels = self._busy_gpu_kernels(row.key)
+            details = {"kernels": kernels}
+            if not dry:
+                details["outcome"] = await self._interrupt(server, row.key, kernels)
+            audits.append(self._audit(row, action, decision.reason, dry_run=dry, details=details))
         elif action == CHECKPOINT:
             audits.append(self._audit(row, "checkpoint", decision.reason, dry_run=dry))
             requested_at = decision.record.checkpoint_requested_at
@@ -768,16 +836,81 @@ class Governor:
             return f"shut down {len(kernels)} kernel(s)"
         remove = self.options.remove_named_servers and bool(server.name)
         outcome = await self.hub.stop_server(server.user, server.name, remove=remove)
-        if self.options.cull_users and (not server.admin or self.options.cull_admin_users):
-            others = [
-                s
-                for s in await self.hub.list_servers()
-                if s.user == server.user and s.name != server.name
-            ]
-            if not others and outcome == "stopped":
+        if self.options.cull_users and outcome == "stopped":
+            # As jupyterhub-idle-culler: the user goes too once none of their servers runs,
+            # if inactive (or created) long enough; a slow stop waits for a later pass.
+            model = await self.hub.get_user(server.user)
+            if model is not None and not model.get("servers") and self._user_expired(model):
                 await self.hub.delete_user(server.user)
                 outcome += "; user deleted (cull_users)"
         return outcome
+
+    def _user_expired(self, model: Mapping, now: datetime | None = None) -> bool:
+        """jupyterhub-idle-culler's rule for deleting a user (``--cull-users``): inactive for
+        ``--timeout`` (never active: since created), or created ``--max-age`` ago; admins only
+        with ``--cull-admin-users``."""
+        o = self.options
+        if model.get("admin") and not o.cull_admin_users:
+            return False
+        now = now or clock.utcnow()
+        created, last = clock.parse(model.get("created")), clock.parse(model.get("last_activity"))
+        age = now - created if created else None
+        inactive = now - last if last else age
+        if inactive is not None and inactive >= o.timeout:
+            return True
+        return bool(o.max_age and age is not None and age >= o.max_age)
+
+    async def _cull_inactive_users(self, now: datetime, audits: list[AuditRow]) -> None:
+        """``--cull-users``: users with no running server are deleted by the same rule."""
+        try:
+            async for model in self.hub.iter_users(state="inactive"):
+                if not self._user_expired(model, now):
+                    continue
+                why = "no running server; inactive or too old (cull_users)"
+                if not self.options.dry_run:
+                    await self.hub.delete_user(model["name"])
+                audits.append(
+                    AuditRow(
+                        at=clock.utcnow(),
+                        server_key=None,
+                        user=model["name"],
+                        action="delete-user",
+                        reason=why,
+                        actor="governor",
+                        dry_run=self.options.dry_run,
+                    )
+                )
+        except HubApiError as error:  # tried again next pass
+            log.error("gpu-gov: culling inactive users failed: %s", error)
+
+    def _busy_gpu_kernels(self, key: str) -> list[str]:
+        """The kernels holding a GPU that the server's last report shows executing a cell."""
+        received = self.reports.get(key)
+        if received is None:
+            return []
+        return [
+            t["id"]
+            for t in received.report["targets"]
+            if t["kind"] == "kernel"
+            and t["gpu"]["holds_context"]
+            and t.get("execution_state") == "busy"
+            and KERNEL_ID.fullmatch(t["id"])
+        ]
+
+    async def _interrupt(self, server: HubServer, key: str, kernels: list[str]) -> str:
+        """Interrupt the running cells (the busy limit): the kernels and their state stay."""
+        done = []
+        for kernel_id in kernels:
+            try:
+                await self._server_request(
+                    server.url, f"api/kernels/{quote(kernel_id, safe='')}/interrupt", "POST"
+                )
+                done.append(kernel_id)
+            except Exception as error:  # on record; the busy limit culls if the cell runs on
+                log.warning(
+                    "gpu-gov: interrupting kernel %s of %s failed: %s", kernel_id, key, error
+                )
+        return f"interrupted {len(done)} of {len(kernels)} kernel(s)"
 
     def _gpus_held(self, key: str, server: HubServer) -> int:
         """The GPUs a server holds: its report's devices, else DCGM's records of its pod."""
@@ -936,8 +1069,8 @@ class Governor:
     async def exempt(self, key: str, actor: str, until: datetime | None, reason: str) -> dict:
         row = self._row(key)
         record = replace(record_of(row), exempt_until=until)
-        if until is not None:
-            record = replace(record.new_idle_stretch(), exempt_until=until, state=policy.EXEMPT)
+        if until is not None:  # the extensions the owner used stay on record
+            record = replace(record.exempted(), exempt_until=until, state=policy.EXEMPT)
         set_record(row, record)
         self.store.save_servers([row])
         what = f"exempt until {clock.isoformat(until)}" if until else "exemption lifted"
@@ -945,15 +1078,35 @@ class Governor:
         await self.redecide(key)
         return {"status": "exempt" if until else "governed", "verdict": self.verdict(key)}
 
-    async def cull_now(self, key: str, actor: str, reason: str) -> dict:
+    async def cull_now(
+        self, key: str, actor: str, reason: str, *, immediately: bool = False
+    ) -> dict:
+        """An admin takes the GPU back. As a hard deadline: the owner is told and a checkpoint
+        taken first (bounded: ``checkpoint_timeout``, one retry), then the cull; a server
+        without the extension is culled at once. ``immediately`` skips the checkpoint (a
+        server that must go now), on record as such."""
         row = self._row(key)
         user, name = key.split("/", 1)
         chosen = self.policy_named(row.policy)
-        server = self._servers.get(key) or HubServer(user=user, name=name)
         why = f"culled by {actor}: {reason}"
         if self.options.dry_run:
             self.record([self._audit(row, "cull", why, actor=actor, dry_run=True)])
             return {"status": "dry-run", "verdict": self.verdict(key)}
+        if not immediately:
+            record = evolve(
+                record_of(row),
+                cull_requested_at=clock.utcnow(),
+                cull_request_reason="admin",
+                cull_request_why=why,
+            )
+            set_record(row, record)
+            self.store.save_servers([row])
+            self.record([self._audit(row, "cull-request", why, actor=actor)])
+            await self.redecide(key)
+            status = "culled" if row.state == policy.CULLED else "requested"
+            return {"status": status, "verdict": self.verdict(key)}
+        server = self._servers.get(key) or HubServer(user=user, name=name)
+        why += " (immediately, no checkpoint)"
         outcome = await self._cull(server, row, chosen)
         if chosen.cull_action == "stop-server":  # shutdown-kernels already started it afresh
             set_record(
@@ -1004,6 +1157,55 @@ class Governor:
 WEIGHT_LABEL = "gpu-gov/weight"  # profiles.spawner: the grant's GPU-equivalents
 _LEDGER_EVENTS = {"cull": "culls", "extend": "extensions", "approve": "extensions"}
 _BILLED = (*ledger.STATES, ledger.UNOBSERVED)  # what GPU_SECONDS counts, by state
+
+
+# What each optional scope of the service (hub/hubconfig.py) gives; without it the governor
+# still works as jupyterhub-idle-culler does with list:users, read:users:activity, read:servers
+# and delete:servers (REQUIRED_SCOPES).
+OPTIONAL_SCOPES = {
+    "list:groups": "teams are not read from Hub groups (only from user_options and team_map)",
+    "read:users": "admin flags and group membership are unknown",
+    "access:servers": (
+        "servers are not asked for a checkpoint before a cull, running cells are not "
+        "interrupted at the busy limit, and shutdown-kernels policies cannot act"
+    ),
+    "admin:server_state": "servers without the extension cannot be matched to DCGM's pods",
+}
+REQUIRED_SCOPES = ("list:users", "read:servers", "delete:servers")
+# Scopes that include others (JupyterHub expands them in GET /user; a token may list either).
+_SCOPE_PARENTS = {
+    "list:users": ("users", "admin:users"),
+    "read:users": ("users", "admin:users"),
+    "read:users:activity": ("read:users", "users", "admin:users"),
+    "read:servers": ("servers", "admin:servers"),
+    "delete:servers": ("servers", "admin:servers"),
+    "admin:server_state": ("admin:servers",),
+    "list:groups": ("groups", "admin:groups"),
+    "read:groups": ("groups", "admin:groups"),
+}
+
+
+def _holds(scopes: Sequence[str], scope: str) -> bool:
+    """Whether ``scopes`` grant ``scope`` unfiltered (``access:servers!server=…`` does not)."""
+    return scope in scopes or any(p in scopes for p in _SCOPE_PARENTS.get(scope, ()))
+
+
+def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:
+    """The diagnosis as the policy reads it: its label, and whether it is confident (a
+    ``confident`` flag, or a ``confidence`` of at least CONFIDENT). No word of confidence is not
+    confident: the cause is then named, never acted on."""
+    if not isinstance(root_cause, Mapping) or not isinstance(root_cause.get("label"), str):
+        return None, False
+    confident = root_cause.get("confident")
+    if not isinstance(confident, bool):
+        level = root_cause.get("confidence")
+        confident = (
+            isinstance(level, int | float) and not isinstance(level, bool) and level >= CONFIDENT
+        )
+    return root_cause["label"], confident
+
+
+CONFIDENT = 0.9
 
 
 def owner_of(view: ServerView) -> ledger.Owner:

@@ -239,14 +239,21 @@ class ExemptHandler(ApiHandler):
 
 
 class CullHandler(ApiHandler):
-    """``POST .../cull`` ``{"reason": …}``: an admin culls now."""
+    """``POST .../cull`` ``{"reason": …, "immediately": false}``: an admin culls now, after
+    the owner's notice and a (bounded) checkpoint; ``immediately``: without them."""
 
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_admin()
         key, _ = self.server_row(user, name)
-        reason = self.text_field(self.body(), "reason", required=True)
-        self.write_json(await self.governor.cull_now(key, self.actor, reason))
+        data = self.body()
+        reason = self.text_field(data, "reason", required=True)
+        immediately = data.get("immediately", False)
+        if not isinstance(immediately, bool):
+            raise web.HTTPError(400, "'immediately' must be true or false")
+        self.write_json(
+            await self.governor.cull_now(key, self.actor, reason, immediately=immediately)
+        )
 
 
 class StopHandler(ApiHandler):
