@@ -511,7 +511,7 @@ async def test_a_failed_checkpoint_postpones_the_cull_and_names_its_errors(tmp_p
 
     verdict = gov.verdict("alice/")
     assert verdict["state"] == "warned"
-    assert "checkpoint failed (1 of 3 retries): cull postponed" in verdict["reason"]
+    assert "checkpoint failed (1 of 2 retries): cull postponed" in verdict["reason"]
     audit = actions_of(gov)
     assert "cull" not in [a.action for a in audit]
     (failed,) = [a for a in audit if a.action == "checkpoint-failed"]
@@ -583,7 +583,7 @@ async def test_no_answer_in_time_is_a_failed_checkpoint_and_a_late_one_is_droppe
         await gov.reconcile()
         assert hub.running("alice")
         assert (
-            "checkpoint timeout (1 of 3 retries): cull postponed"
+            "checkpoint timeout (1 of 2 retries): cull postponed"
             in (gov.verdict("alice/")["reason"])
         )
 

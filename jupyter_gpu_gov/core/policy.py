@@ -130,10 +130,12 @@ class Policy:
     checkpoint_timeout: timedelta = timedelta(minutes=5)
     on_checkpoint_failure: str = "postpone"  # or "proceed"
     # ``postpone`` is bounded: a failed checkpoint postpones an idle cull by the notice, then
-    # twice that, and so on, at most this many times and never more than checkpoint_max_delay
-    # past the cull's own time; then the cull proceeds. A hard deadline waits for one retry.
-    checkpoint_retries: int = 3
-    checkpoint_max_delay: timedelta = timedelta(hours=2)
+    # twice that, at most this many times and never more than checkpoint_max_delay past the
+    # cull's own time; then the cull proceeds. A failure that passes (a disk being cleaned, a
+    # network blip) gets two more tries over an hour; a hook that always fails costs an hour.
+    # A hard deadline waits for one retry.
+    checkpoint_retries: int = 2
+    checkpoint_max_delay: timedelta = timedelta(hours=1)
     cull_action: str = "stop-server"  # or "shutdown-kernels"
     exempt: bool = False
     # jupyterhub-idle-culler's rule for servers with no GPU data: no report, no DCGM (None: never

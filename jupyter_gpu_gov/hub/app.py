@@ -165,11 +165,17 @@ class GpuGovernor(Application):
         help="Seconds between reconcile passes (0: timeout / 2, at most 60 s).",
     ).tag(config=True)
     max_age = Int(
-        0, help="Seconds after which any server is culled regardless of activity (0: never)."
+        0,
+        help="""Seconds after its start at which any server is culled regardless of activity
+        (0: never), as jupyterhub-idle-culler's --max-age: excluded servers too; after a
+        checkpoint when the server runs the extension (one retry at most).""",
     ).tag(config=True)
-    cull_users = Bool(False, help="Also delete users whose last server was culled.").tag(
-        config=True
-    )
+    cull_users = Bool(
+        False,
+        help="""Also delete users (as jupyterhub-idle-culler does): once none of their servers
+        runs, when inactive for --timeout or created --max-age ago (admins only with
+        --cull-admin-users). Needs admin:users (add_governor(cull_users=True)).""",
+    ).tag(config=True)
     remove_named_servers = Bool(
         False, help="Remove culled named servers instead of just stopping them."
     ).tag(config=True)
@@ -181,7 +187,11 @@ class GpuGovernor(Application):
     )
     cull_default_servers = Bool(True, help="Govern users' default servers.").tag(config=True)
     cull_named_servers = Bool(True, help="Govern named servers.").tag(config=True)
-    cull_admin_users = Bool(True, help="Govern admin users' servers too.").tag(config=True)
+    cull_admin_users = Bool(
+        True,
+        help="""With --cull-users, delete admin users too (as in jupyterhub-idle-culler, their
+        servers are governed either way).""",
+    ).tag(config=True)
     ssl_enabled = Bool(False, help="The Hub uses internal SSL (internal_ssl).").tag(config=True)
     internal_certs_location = Unicode(
         "internal-ssl", help="The Hub's internal_certs_location, for internal SSL."
@@ -204,12 +214,14 @@ class GpuGovernor(Application):
                 {"name": "mig", "match": {"tiers": ["mig-1g"]}, "cull_action": "shutdown-kernels"},
             ]
 
-        Keys: match (profiles, tiers, teams, users, server_names, labels), idle_threshold,
-        warn_after, cull_after, user_activity_grace, busy_grace, away_after, extension_step,
-        max_extensions, extension_reason (optional|required), max_age, max_age_warning,
-        checkpoint, checkpoint_timeout, on_checkpoint_failure (postpone|proceed),
-        cull_action (stop-server|shutdown-kernels), exempt, inactive_timeout. Durations are
-        seconds or strings like "90m", "2h".""",
+        Keys: match (profiles, tiers, teams, users, server_names, labels, task_types),
+        idle_threshold, warn_after, cull_after, user_activity_grace, busy_grace, busy_limit,
+        on_busy_limit (interrupt|cull), away_after, extension_step, max_extensions,
+        extension_reason (optional|required), max_age, max_age_warning, checkpoint,
+        checkpoint_timeout, on_checkpoint_failure (postpone|proceed), checkpoint_retries,
+        checkpoint_max_delay, cull_action (stop-server|shutdown-kernels), exempt,
+        inactive_timeout, expected_duration_notice. Durations are seconds or strings like
+        "90m", "2h".""",
     ).tag(config=True)
     policy_defaults = Dict(
         help="""Defaults for every policy key (same keys as a policy). ``inactive_timeout``
@@ -459,6 +471,8 @@ class GpuGovernor(Application):
             cull_named_servers=self.cull_named_servers,
             cull_admin_users=self.cull_admin_users,
             cull_users=self.cull_users,
+            timeout=timedelta(seconds=self.timeout),
+            max_age=timedelta(seconds=self.max_age) if self.max_age else None,
             remove_named_servers=self.remove_named_servers,
             proxy_url=self.proxy_url,
             service_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""),

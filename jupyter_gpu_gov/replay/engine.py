@@ -23,9 +23,12 @@ from ..core.policy import (
     CHECKPOINT,
     CHECKPOINTING,
     CULL,
+    INTERRUPT,
     MAX_AGE_WARN,
+    NOTICES,
     RECLAIM_WARN,
     WARN,
+    WARNINGS,
     Decision,
     GpuSignal,
     Policy,
@@ -55,11 +58,11 @@ def at(t: float) -> datetime:
 
 @dataclass(frozen=True)
 class Action:
-    """One output line: ``{"t": …, "server": …, "action": "warn|checkpoint|cull", "reason": …}``."""
+    """One output line: ``{"t": …, "server": …, "action": …, "reason": …}``."""
 
     t: float
     server: str
-    action: str  # warn | checkpoint | cull
+    action: str  # warn | notice | checkpoint | interrupt | cull
     reason: str
 
     def as_dict(self) -> dict:
@@ -124,6 +127,9 @@ class _Server:
         self.user_last: datetime | None = None
         self.busy_since: datetime | None = None
         self.checkpoint_fails: bool | None = None  # a checkpoint is in flight
+        # The running cell was interrupted: the trace's rest of it (a busy kernel, the GPU
+        # work it would have done) did not happen, until the kernel is next seen idle.
+        self.interrupted = False
         self.culled = False
 
 
@@ -137,7 +143,7 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
             server = servers[sample.server] = _Server(now)
         if server.culled:
             continue
-        _observe(server, sample, now)
+        sample = _observe(server, sample, now)
         identity = server_view(sample)
         policy = select(policies, identity)
         if sample.reports and sample.gpu_sm is not None and sample.gpu_sm >= policy.idle_threshold:
@@ -157,6 +163,8 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
         for action in decision.actions:
             if action == CHECKPOINT:
                 server.checkpoint_fails = sample.checkpoint_fails
+            elif action == INTERRUPT:
+                server.interrupted, server.busy_since = True, None
             elif action == CULL:
                 server.culled = True
             yield Action(
@@ -198,8 +206,14 @@ def gpu_signal(
     return GpuSignal(holds_gpu=holds, active=active, kernel_busy_since=kernel_busy_since)
 
 
-def _observe(server: _Server, sample: Sample, now: datetime) -> None:
-    """Fold this step's activity into the server's state."""
+def _observe(server: _Server, sample: Sample, now: datetime) -> Sample:
+    """Fold this step's activity into the server's state; the sample as it happened (an
+    interrupted cell neither runs on nor uses the GPU)."""
+    if server.interrupted:
+        if sample.kernel_busy and not sample.user_active:
+            sample = replace(sample, kernel_busy=False, gpu_sm=0.0 if sample.reports else None)
+        else:
+            server.interrupted = False  # idle again, or the owner ran something new
     if sample.user_active or sample.kernel_busy or sample.connections > 0:
         server.hub_last = now  # an open tab polls the API, which keeps Hub activity fresh
     if sample.user_active:
@@ -214,6 +228,7 @@ def _observe(server: _Server, sample: Sample, now: datetime) -> None:
             failed = server.checkpoint_fails or sample.checkpoint_fails
             server.record = replace(server.record, checkpoint_status="failed" if failed else "done")
         server.checkpoint_fails = None
+    return sample
 
 
 def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -221,7 +236,8 @@ def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
 
 
 def _output_name(action: str) -> str:
-    return WARN if action in (MAX_AGE_WARN, RECLAIM_WARN) else action
+    """Warnings of every kind are ``warn``, notices ``notice``."""
+    return WARN if action in WARNINGS else "notice" if action in NOTICES else action
 
 
 def _reason(
