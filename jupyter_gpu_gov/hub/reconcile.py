@@ -835,12 +835,14 @@ class Governor:
             self.reports.pop(row.key, None)
             return f"shut down {len(kernels)} kernel(s)"
         remove = self.options.remove_named_servers and bool(server.name)
+        # As jupyterhub-idle-culler: the user goes too once none of their servers runs, if
+        # inactive (or created) long enough as the Hub saw them before the stop (a stop is
+        # activity); after a slow stop, a later pass finds them among the inactive users.
+        user = await self.hub.get_user(server.user) if self.options.cull_users else None
         outcome = await self.hub.stop_server(server.user, server.name, remove=remove)
-        if self.options.cull_users and outcome == "stopped":
-            # As jupyterhub-idle-culler: the user goes too once none of their servers runs,
-            # if inactive (or created) long enough; a slow stop waits for a later pass.
-            model = await self.hub.get_user(server.user)
-            if model is not None and not model.get("servers") and self._user_expired(model):
+        if user is not None and outcome == "stopped" and self._user_expired(user):
+            now = await self.hub.get_user(server.user)
+            if now is not None and not now.get("servers"):
                 await self.hub.delete_user(server.user)
                 outcome += "; user deleted (cull_users)"
         return outcome
