@@ -7,6 +7,7 @@ GPU report, so a hub can replace that culler with this service.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from traitlets.config import Application
 from .. import __version__
 from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
+from ..core.rightsize import TierSizeError, load_tier_sizes
 from .dcgm import DcgmConfig, DcgmSource
 from .diagnosis import DiagnosisOptions
 from .diagnosis import preload as preload_diagnosis
@@ -353,6 +355,23 @@ class GpuGovernor(Application):
         0: every pass.""",
     ).tag(config=True)
 
+    # -- right-sizing ----------------------------------------------------------------------------
+    right_size_tiers = List(
+        Dict(),
+        help="""What one server of each tier gets, for right-sizing hints (a smaller tier a
+        server's measured peak memory and activity fit, on the verdict, the dashboard and in
+        showback): ``[{"name": "h100-1g", "label": "H100 MIG 1g.10gb", "memory_gb": 10,
+        "weight": 0.1429}, ...]``. ``add_governor(c, tiers=tier_sizes(c.GpuProfiles.tiers))``
+        (``jupyter_gpu_gov.profiles.estimate.tier_sizes``) passes the profile layer's tiers;
+        default $JUPYTER_GPU_GOV_TIERS (JSON). Empty: no hints.""",
+    ).tag(config=True)
+
+    right_size_after = Float(
+        3600,
+        help="""Seconds of reports with the GPU held before a right-sizing hint: the peak of a
+        shorter stretch says too little (default 3600).""",
+    ).tag(config=True)
+
     @validate("gpu_hour_cost", "tier_weights", "team_quotas")
     def _numbers(self, proposal):
         for key, value in proposal["value"].items():
@@ -404,7 +423,7 @@ class GpuGovernor(Application):
             raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
         return proposal["value"]
 
-    @validate("usage_write_every", "usage_max_gap")
+    @validate("usage_write_every", "usage_max_gap", "right_size_after")
     def _not_negative(self, proposal):
         if proposal["value"] < 0:
             raise ValueError(
@@ -432,6 +451,7 @@ class GpuGovernor(Application):
             self.load_config_file(self.config_file)
             self.parse_command_line(argv)  # the command line wins over the file
         self.policy_list = self.build_policies()
+        self.tier_sizes = self.build_tier_sizes()
 
     def build_policies(self):
         defaults = {"inactive_timeout": self.timeout}
@@ -442,6 +462,22 @@ class GpuGovernor(Application):
             return load_policies(self.policies, defaults)
         except PolicyError as error:
             raise SystemExit(f"jupyter-gpu-gov: bad policy configuration: {error}") from None
+
+    def build_tier_sizes(self):
+        entries = self.right_size_tiers
+        if not entries and os.environ.get("JUPYTER_GPU_GOV_TIERS"):
+            try:
+                entries = json.loads(os.environ["JUPYTER_GPU_GOV_TIERS"])
+            except ValueError as error:
+                raise SystemExit(
+                    f"jupyter-gpu-gov: $JUPYTER_GPU_GOV_TIERS is not JSON: {error}"
+                ) from None
+        try:
+            if not isinstance(entries, list):
+                raise TierSizeError(f"expected a list of tiers, got {type(entries).__name__}")
+            return load_tier_sizes(entries)
+        except TierSizeError as error:
+            raise SystemExit(f"jupyter-gpu-gov: bad right_size_tiers: {error}") from None
 
     @property
     def reconcile_interval(self) -> float:
@@ -500,6 +536,8 @@ class GpuGovernor(Application):
             gpu_hour_cost_default=self.gpu_hour_cost_default,
             currency=self.currency,
             team_quotas=dict(self.team_quotas),
+            tier_sizes=self.tier_sizes,
+            right_size_after=timedelta(seconds=self.right_size_after),
         )
         return Governor(Store(self.db_url), hub, self.policy_list, options, dcgm)
 

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from ..core import clock, ledger, policy
+from ..core import clock, ledger, policy, rightsize
 from ..core.durations import format_duration
 from ..core.policy import (
     CHECKPOINT,
@@ -123,9 +123,40 @@ class Options:
     gpu_hour_cost_default: float = 0.0
     currency: str = "USD"
     team_quotas: Mapping[str, float] = field(default_factory=dict)
+    # Right-sizing: what a server of each tier gets (``core.rightsize``); empty: no hints.
+    tier_sizes: Mapping[str, rightsize.TierSize] = field(default_factory=dict)
+    right_size_after: timedelta = rightsize.MIN_OBSERVED  # of reports, before a hint
 
     def cost_per_hour(self, tier: str) -> float:
         return float(self.gpu_hour_cost.get(tier, self.gpu_hour_cost_default))
+
+
+@dataclass
+class _Use:
+    """A server's measured GPU use this session, from its reports (for right-sizing)."""
+
+    session: str | None  # the report's server.started: a new value, a new session
+    peak_memory_mb: float = 0.0
+    peak_activity: float = 0.0
+    first_held: datetime | None = None
+    last_held: datetime | None = None
+
+    def add(self, report: Mapping, at: datetime) -> None:
+        holders = [t["gpu"] for t in report["targets"] if t["gpu"]["holds_context"]]
+        if not holders:
+            return
+        memory = sum(g.get("memory_mb") or 0 for g in holders)
+        activity = max((g.get("sm") or 0 for g in holders), default=0)
+        self.peak_memory_mb = max(self.peak_memory_mb, memory)
+        self.peak_activity = max(self.peak_activity, activity)
+        self.first_held = self.first_held or at
+        self.last_held = at
+
+    def measured(self) -> rightsize.Use | None:
+        if self.first_held is None:
+            return None
+        observed = self.last_held - self.first_held
+        return rightsize.Use(self.peak_memory_mb, self.peak_activity, observed)
 
 
 @dataclass
@@ -174,6 +205,7 @@ class Governor:
         self.options = options
         self.dcgm = dcgm
         self.reports: dict[str, Received] = {}
+        self.use: dict[str, _Use] = {}  # measured this session, for right-sizing
         self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
         self._rows: dict[str, ServerRow] | None = None
@@ -201,6 +233,11 @@ class Governor:
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
         now = clock.utcnow()
         self.reports[key] = Received(report, now)
+        session = report["server"].get("started")
+        use = self.use.get(key)
+        if use is None or use.session != session:
+            use = self.use[key] = _Use(session)
+        use.add(report, now)
         world = self._world
         self.diagnosis.observe(
             key, report, self._evidence(report, world.by_uuid, world.by_pod), now
@@ -228,11 +265,31 @@ class Governor:
             self.policy_named(row.policy),
             dry_run=self.options.dry_run,
             root_cause=self.root_cause(key),
+            right_size=self.right_size(row),
         )
 
     def root_cause(self, key: str) -> dict | None:
         """What the diagnosis says of the server's last report (``None`` once it is stale)."""
         return self.diagnosis.root_cause(key, self.options.report_stale_after)
+
+    def right_size(self, row: ServerRow) -> dict | None:
+        """The verdict's ``right_size``: a smaller tier this session's use fits, or None."""
+        fit = self._right_size_fit(row)
+        return fit and fit[1]
+
+    def _right_size_fit(self, row: ServerRow) -> tuple[rightsize.TierSize, dict] | None:
+        use = self.use.get(row.key)
+        if not self.options.tier_sizes or use is None or not row.running:
+            return None
+        cause, _ = cause_of(self.root_cause(row.key))
+        return rightsize.right_size(
+            row.tier, use.measured(), self.options.tier_sizes, cause, self.options.right_size_after
+        )
+
+    def listing(self, row: ServerRow) -> dict:
+        """A server as the admin API and the dashboard list it."""
+        key = row.key
+        return row_view(row, self.reports.get(key), self.root_cause(key), self.right_size(row))
 
     @property
     def rows(self) -> dict[str, ServerRow]:
@@ -294,6 +351,7 @@ class Governor:
             if row.running and key not in seen:
                 row.running = False  # stopped (by its owner, the Hub or us)
                 self._servers.pop(key, None)
+                self.use.pop(key, None)
                 self.diagnosis.forget(key)
                 batch.changed.append(row)
         for key in [k for k in self.ledger.open if k not in seen]:
@@ -412,6 +470,9 @@ class Governor:
             state = ledger.IDLE_HELD
         else:
             state = ledger.IDLE_FREE
+        row = self.rows.get(key)
+        fit = self._right_size_fit(row) if row is not None else None
+        current = self.options.tier_sizes.get(view.tier or "")
         self.ledger.observe(
             ledger.Observation(
                 server=key,
@@ -421,6 +482,7 @@ class Governor:
                 gpus=gpus,
                 state=state,
                 started=server.started,
+                right_size_share=fit[0].weight / current.weight if fit and current else None,
             )
         )
 
@@ -1248,14 +1310,27 @@ def _base_view(server: HubServer, ownership) -> ServerView:
 
 
 def verdict_of(
-    row: ServerRow, chosen: Policy, *, dry_run: bool = False, root_cause: dict | None = None
+    row: ServerRow,
+    chosen: Policy,
+    *,
+    dry_run: bool = False,
+    root_cause: dict | None = None,
+    right_size: dict | None = None,
 ) -> dict:
     decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
-    return policy.verdict(decision, chosen, dry_run=dry_run, root_cause=root_cause)
+    return policy.verdict(
+        decision, chosen, dry_run=dry_run, root_cause=root_cause, right_size=right_size
+    )
 
 
-def row_view(row: ServerRow, report: Received | None, root_cause: dict | None = None) -> dict:
-    """A server as the admin API lists it; ``root_cause`` as in its verdict."""
+def row_view(
+    row: ServerRow,
+    report: Received | None,
+    root_cause: dict | None = None,
+    right_size: dict | None = None,
+) -> dict:
+    """A server as the admin API lists it; ``root_cause`` and ``right_size`` as in its
+    verdict."""
     gpu = None
     if report is not None:
         r = report.report
@@ -1299,6 +1374,7 @@ def row_view(row: ServerRow, report: Received | None, root_cause: dict | None = 
         "culled_at": clock.isoformat(row.culled_at),
         "gpu": gpu,
         "root_cause": root_cause,
+        "right_size": right_size,
     }
 
 

@@ -18,7 +18,7 @@ from ..core import clock, policy
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from . import metrics, showback
-from .reconcile import Governor, Received, row_view, server_key
+from .reconcile import Governor, server_key
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 # Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
@@ -154,7 +154,7 @@ class ServersHandler(ApiHandler):
         running_only = self.get_argument("all", "0") not in ("1", "true")
         rows = self.governor.server_rows(running_only)
         items = [
-            row_view(row, self.governor.reports.get(row.key), self.governor.root_cause(row.key))
+            self.governor.listing(row)
             for row in sorted(rows, key=lambda r: r.key)
             if user is None or row.user == user
         ]
@@ -168,13 +168,7 @@ class ServerHandler(ApiHandler):
     def get(self, user: str, name: str | None = None):
         self.require_owner_or_admin(user)
         key, row = self.server_row(user, name)
-        received: Received | None = self.governor.reports.get(key)
-        self.write_json(
-            {
-                **row_view(row, received, self.governor.root_cause(key)),
-                "verdict": self.governor.verdict(key),
-            }
-        )
+        self.write_json({**self.governor.listing(row), "verdict": self.governor.verdict(key)})
 
 
 class ExtendHandler(ApiHandler):
