@@ -5,6 +5,7 @@ timers, ``Gov`` calls its API through the hub's proxy, and a few waiting helpers
 from __future__ import annotations
 
 import socket
+import textwrap
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -48,10 +49,15 @@ def governed_hub(
     *,
     dry_run: bool = False,
     extra_policies: Iterable[Mapping] = (),
+    governor_config: str = "",
+    hub_config: str = "",
+    singleuser_config: str = "",
     **kwargs,
 ) -> HubHarness:
     """A :class:`HubHarness` with the governor service (test timers; ``extra_policies`` go
-    before the module's own, so they win for the users they match)."""
+    before the module's own, so they win for the users they match). ``governor_config``,
+    ``hub_config`` and ``singleuser_config`` add lines to the governor's, the hub's and the
+    servers' configuration."""
     port = free_port()
     config = workdir / "gpu_gov_config.py"
     config.write_text(
@@ -60,6 +66,7 @@ def governed_hub(
             dry_run=dry_run,
             extra_policies=[dict(p) for p in extra_policies],
         )
+        + governor_config
     )
     extra = f"""
         from jupyter_gpu_gov.hub.hubconfig import add_governor
@@ -82,7 +89,10 @@ def governed_hub(
         c.Spawner.pre_spawn_hook = _no_reports_for_carol
     """
     return HubHarness(
-        workdir=workdir, extra_config=extra, singleuser_config=SINGLEUSER_CONFIG, **kwargs
+        workdir=workdir,
+        extra_config=textwrap.dedent(hub_config) + textwrap.dedent(extra),
+        singleuser_config=SINGLEUSER_CONFIG + textwrap.dedent(singleuser_config),
+        **kwargs,
     )
 
 

@@ -63,7 +63,7 @@ def test_the_smallest_tier_that_holds_the_peak_memory_and_activity(memory_mb, ac
     if fits:
         hint = found[1]
         assert hint["tier"] == fits and hint["label"] == SIZES[fits].label
-        assert "over 2h it held at most" in hint["reason"] and "GPU-equivalents" in hint["reason"]
+        assert "GB of GPU memory and" in hint["reason"] and "over 2h; it has" in hint["reason"]
 
 
 def test_no_hint_without_enough_evidence_or_a_known_tier():

@@ -106,10 +106,9 @@ def right_size(
         return None
     best = min(fitting, key=lambda t: (t.weight, t.memory_gb, t.name))
     why = (
-        f"over {format_duration(use.observed)} it held at most "
-        f"{use.peak_memory_mb * _MIB / _GB:.1f} GB of GPU memory and used at most "
-        f"{use.peak_activity:.0%} of its GPU: {best.label} ({best.memory_gb:g} GB) holds that "
-        f"with {best.weight / current.weight:.0%} of the GPU-equivalents"
+        f"at most {use.peak_memory_mb * _MIB / _GB:.1f} GB of GPU memory and "
+        f"{use.peak_activity:.0%} of the GPU over {format_duration(use.observed)}; it has "
+        f"{best.memory_gb:g} GB, at {best.weight / current.weight:.0%} of the GPU-equivalents"
     )
     if cause == "small_work":
         why += " (the diagnosis: too little work per step)"
