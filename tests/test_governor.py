@@ -134,6 +134,34 @@ async def test_dcgm_governs_a_server_without_the_extension(tmp_path, restore_clo
     assert seen[121][0] == "culled" and "no checkpoint (it sends no GPU report)" in seen[121][1]
 
 
+async def test_without_the_extension_a_running_cell_is_read_from_the_servers_kernels(
+    tmp_path, restore_clock
+):
+    """DCGM sees the pod's GPU idle; the server has no extension, but its Jupyter API says a
+    kernel executes a cell (a CPU stage of hours): it is not culled when busy_grace ends, and
+    once the cell is done the idle rules warn and cull."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    user_server = UserServer()
+    user_server.kernels = [{"id": "k1", "execution_state": "busy"}]
+    pod = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=pod)
+        gov = governor(hub, tmp_path, exporter.url, proxy_url=user_server.url)
+        gov.policies = load_policies([])  # the shipped defaults: busy_grace 2 h
+        seen = {}
+        for minute in (0, 1, 150, 200, 201, 232):
+            clock.advance(60 * (minute - max(seen, default=0)))
+            if minute == 201:
+                user_server.kernels[0]["execution_state"] = "idle"  # the cell is done
+            await gov.reconcile()
+            seen[minute] = (gov.row("alice/").state, gov.row("alice/").reason)
+        assert not hub.running("alice")
+    exporter.server.stop()
+    assert "a kernel is executing a cell since" in seen[150][1]
+    assert [seen[m][0] for m in (150, 200, 201, 232)] == ["busy", "busy", "warned", "culled"]
+    assert [a.action for a in gov.store.audit_rows("alice/")][::-1].count("busy-notice") == 1
+
+
 async def test_a_dcgm_only_cull_counts_the_pods_gpus_as_reclaimed(tmp_path, restore_clock):
     exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
     pod = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
@@ -385,7 +413,12 @@ class UserServer:
         self.answers = list(answers)
         self.release = asyncio.Event()
         self.release.set()
+        self.kernels: list[dict] = []  # what GET api/kernels answers (Jupyter Server's own)
         outer = self
+
+        class Kernels(web.RequestHandler):
+            def get(self, user: str):
+                self.finish(json.dumps(outer.kernels))
 
         class Checkpoint(web.RequestHandler):
             async def post(self, user: str):
@@ -399,7 +432,12 @@ class UserServer:
         sockets = bind_sockets(0, "127.0.0.1")
         self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
         self.server = HTTPServer(
-            web.Application([(r"/user/([^/]+)/jupyter-gpu-gov/checkpoint", Checkpoint)])
+            web.Application(
+                [
+                    (r"/user/([^/]+)/jupyter-gpu-gov/checkpoint", Checkpoint),
+                    (r"/user/([^/]+)/api/kernels", Kernels),
+                ]
+            )
         )
         self.server.add_sockets(sockets)
 

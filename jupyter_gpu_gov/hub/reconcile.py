@@ -225,6 +225,9 @@ class Governor:
         self.http = AsyncHTTPClient()
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None
+        # Servers without the extension whose GPU DCGM sees idle: since when their Jupyter
+        # API has shown a kernel executing (None: none), as of this pass.
+        self._cells: dict[str, datetime | None] = {}
 
     # -- reports ------------------------------------------------------------------------------
 
@@ -331,6 +334,7 @@ class Governor:
             by_uuid=index_by_uuid(snapshot.evidence) if snapshot else {},
             by_pod=index_by_pod(snapshot.evidence) if snapshot else {},
         )
+        await self._read_cells()
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()
@@ -633,7 +637,7 @@ class Governor:
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's pod,
             # else jupyterhub-idle-culler's rule.
-            dcgm = self._dcgm_only(_pod_of(server) if server else None, chosen)
+            dcgm = self._dcgm_only(_pod_of(server) if server else None, chosen, base.key)
             return base if dcgm is None else evolve(base, gpu=dcgm)
         report = received.report
         stale = now - received.at > self.options.report_stale_after
@@ -665,16 +669,54 @@ class Governor:
         return bool(self.options.proxy_url) and "access:servers" not in (self.missing_scopes or ())
 
     def _dcgm_only(
-        self, pod: tuple[str | None, str] | None, chosen: Policy
+        self, pod: tuple[str | None, str] | None, chosen: Policy, key: str = ""
     ) -> policy.GpuSignal | None:
         """A server without the extension, as DCGM sees its pod's GPUs (None: it does not).
-        DCGM sees the card, not the kernels: the policy assumes a cell may be running."""
+        DCGM sees the card, not the kernels: while its GPU idles the server's Jupyter API
+        says which kernels execute (``_read_cells``); without that answer the policy assumes
+        a cell may be running."""
         evidence = self._pod_evidence(pod)
         if not evidence:
             return None
         active = self._dcgm_activity(evidence, chosen)
         detail = "DCGM, no report" if active is not None else "DCGM, no report: no activity data"
+        if active is False and key in self._cells:
+            busy = self._cells[key]
+            return policy.GpuSignal(True, False, kernel_busy_since=busy, detail=detail)
         return policy.GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
+
+    async def _read_cells(self) -> None:
+        """For servers without the extension whose GPU DCGM saw idle last pass, whether a
+        kernel executes a cell: the kernel's execution state, from the server's own Jupyter
+        API (``GET api/kernels``), as the extension would report it. One request per such
+        server and pass; an answer missing or late leaves the cell unseen (assumed)."""
+        if not self.reaches_servers:
+            return
+        due = [
+            (key, server)
+            for key, server in self._servers.items()
+            if key not in self.reports
+            and (row := self.rows.get(key)) is not None
+            and row.state in (policy.IDLE, policy.BUSY, policy.WARNED)
+            and not row.reports
+        ]
+        answers = await asyncio.gather(*(self._kernels_busy(s) for _, s in due))
+        now = clock.utcnow()
+        cells = {}
+        for (key, _), busy in zip(due, answers, strict=True):
+            if busy is not None:
+                cells[key] = (self._cells.get(key) or now) if busy else None
+        self._cells = cells
+
+    async def _kernels_busy(self, server: HubServer) -> bool | None:
+        try:
+            kernels = await self._server_request(server.url, "api/kernels", "GET", timeout=5)
+        except Exception as error:  # no answer: the cell stays unseen
+            log.debug("gpu-gov: no kernels from %s: %s", server.full_name, error)
+            return None
+        if not isinstance(kernels, list):
+            return None
+        return any(isinstance(k, Mapping) and k.get("execution_state") == "busy" for k in kernels)
 
     def _pod_evidence(self, pod: tuple[str | None, str] | None) -> list[GpuEvidence]:
         """DCGM's records of a pod's GPUs (with or without its namespace in DCGM's labels)."""

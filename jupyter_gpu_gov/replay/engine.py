@@ -193,17 +193,19 @@ def gpu_signal(
     sample: Sample, policy: Policy, kernel_busy_since: datetime | None
 ) -> GpuSignal | None:
     """The GPU as the service would see it: from the server's report, or for a server without
-    the extension from DCGM alone (``gpu_sm`` on a ``reports: false`` row), which sees the card
-    but not the kernels; None when neither says anything (jupyterhub-idle-culler's rule then).
-    A server holds its GPU allocation with or without a context (stop-server); shutting kernels
-    down frees only what they hold."""
+    the extension from DCGM (``gpu_sm`` on a ``reports: false`` row), which sees the card but
+    not the kernels — while the card idles the service reads the kernels' execution state from
+    the server's Jupyter API; None when neither says anything (jupyterhub-idle-culler's rule
+    then). A server holds its GPU allocation with or without a context (stop-server); shutting
+    kernels down frees only what they hold."""
     if not sample.reports and sample.gpu_sm is None:
         return None
     holds = sample.holds_gpu_memory if policy.cull_action == "shutdown-kernels" else True
     active = None if sample.gpu_sm is None else sample.gpu_sm >= policy.idle_threshold
-    if not sample.reports:
+    if not sample.reports and active is not False:
         return GpuSignal(holds_gpu=holds, active=active, sees_cells=False, detail="DCGM")
-    return GpuSignal(holds_gpu=holds, active=active, kernel_busy_since=kernel_busy_since)
+    detail = "" if sample.reports else "DCGM"
+    return GpuSignal(holds, active, kernel_busy_since=kernel_busy_since, detail=detail)
 
 
 def _observe(server: _Server, sample: Sample, now: datetime) -> Sample:
