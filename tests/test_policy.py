@@ -24,6 +24,14 @@ POLICY = p.Policy(
 )
 
 
+# Culled at 3 h of age whatever it does, warned 30 min before.
+CAPPED = replace(POLICY, max_age=timedelta(hours=3), max_age_warning=timedelta(minutes=30))
+
+
+def active_view(**kw) -> p.ServerView:
+    return replace(idle_view(**kw), gpu=p.GpuSignal(True, True))
+
+
 def idle_view(**kw) -> p.ServerView:
     gpu = p.GpuSignal(holds_gpu=True, active=False)
     return p.ServerView("alice", started=T0, reports=True, gpu=gpu, **kw)
@@ -362,8 +370,7 @@ def test_an_always_failing_checkpoint_postpones_the_cull_a_bounded_time():
 
 
 def test_a_failing_checkpoint_postpones_a_hard_deadline_by_one_retry_at_most():
-    capped = replace(POLICY, max_age=timedelta(hours=3), max_age_warning=timedelta(minutes=30))
-    active = replace(idle_view(), gpu=p.GpuSignal(True, True))
+    capped, active = CAPPED, active_view()
     actions, last = run(active, capped, minutes=300, on_checkpoint="failed")
     assert actions == [
         (150, "max-age-warn", "active"),
@@ -465,8 +472,7 @@ def test_exempt_by_label_policy_or_admin_grant():
 
 
 def test_max_age_is_a_hard_cap_with_its_own_warning():
-    capped = replace(POLICY, max_age=timedelta(hours=3), max_age_warning=timedelta(minutes=30))
-    active = replace(idle_view(), gpu=p.GpuSignal(True, True))
+    capped, active = CAPPED, active_view()
     actions, last = run(active, capped, minutes=181, on_checkpoint="done")
     assert actions == [
         (150, "max-age-warn", "active"),

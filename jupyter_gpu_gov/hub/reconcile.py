@@ -454,7 +454,10 @@ class Governor:
                 self._audit(row, "state", f"{before.state} → {decision.state}: {decision.reason}")
             )
         if decision.actions:  # in order: an interrupt before its checkpoint, a warning first
-            batch.jobs.append(self._act_all(server, row, decision, chosen, batch.audits))
+            acts = (
+                self._act(a, server, row, decision, chosen, batch.audits) for a in decision.actions
+            )
+            batch.jobs.append(_one_after_another(acts))
         return view
 
     # -- the usage ledger -----------------------------------------------------------------------
@@ -847,18 +850,6 @@ class Governor:
                 del self.reports[key]
 
     # -- actions ------------------------------------------------------------------------------
-
-    async def _act_all(
-        self,
-        server: HubServer,
-        row: ServerRow,
-        decision: Decision,
-        chosen: Policy,
-        audits: list[AuditRow],
-    ) -> None:
-        """A decision's actions, one after the other."""
-        for action in decision.actions:
-            await self._act(action, server, row, decision, chosen, audits)
 
     async def _act(
         self,
@@ -1294,6 +1285,11 @@ _SCOPE_PARENTS = {
 def _holds(scopes: Sequence[str], scope: str) -> bool:
     """Whether ``scopes`` grant ``scope`` unfiltered (``access:servers!server=…`` does not)."""
     return scope in scopes or any(p in scopes for p in _SCOPE_PARENTS.get(scope, ()))
+
+
+async def _one_after_another(coroutines) -> None:
+    for coroutine in coroutines:
+        await coroutine
 
 
 def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:
