@@ -326,9 +326,13 @@ class Governor:
             return result
 
     async def _reconcile(self) -> CycleResult:
-        if self.missing_scopes is None:
-            self.missing_scopes = await self._check_scopes()
-        groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
+        if self.missing_scopes is None:  # the first pass: which scopes, beside the rest
+            scopes, groups, snapshot = await asyncio.gather(
+                self._check_scopes(), self._groups(), self._dcgm_snapshot()
+            )
+            self.missing_scopes = scopes | (self.missing_scopes or frozenset())
+        else:
+            groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
         self._world = _World(
             teams_by_group=group_teams(groups),
             by_uuid=index_by_uuid(snapshot.evidence) if snapshot else {},
@@ -585,11 +589,14 @@ class Governor:
         try:
             return await self.hub.get_groups()
         except HubApiError as error:
-            log.warning(
-                "gpu-gov: cannot list groups (%s); teams come from user_options only", error
-            )
-            if error.status == 403:  # said once; not asked again
+            if (
+                error.status == 403
+            ):  # the scope is missing: said once (_check_scopes), not asked again
                 self.missing_scopes = (self.missing_scopes or frozenset()) | {"list:groups"}
+            else:
+                log.warning(
+                    "gpu-gov: cannot list groups (%s); teams come from user_options only", error
+                )
             return []
 
     async def _check_scopes(self) -> frozenset[str]:
