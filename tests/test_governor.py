@@ -344,11 +344,15 @@ async def test_admin_exempts_then_culls_now_with_reasons_on_record(tmp_path):
         await gov.reconcile()
         assert gov.verdict("alice/")["state"] == "idle"
 
+        code, _ = await gov.extend("alice/", "user:alice", "a figure")
+        assert code == 200 and gov.listing(gov.row("alice/"))["extensions_used"] == 1
         until = clock.utcnow() + timedelta(days=2)
         outcome = await gov.exempt("alice/", "user:root", until, "batch standby machine")
         assert outcome["verdict"]["state"] == "exempt"
         await gov.reconcile()
         assert gov.verdict("alice/")["state"] == "exempt"
+        # Issue 22: the exemption keeps the count of extensions the owner used.
+        assert gov.listing(gov.row("alice/"))["extensions_used"] == 1
 
         outcome = await gov.cull_now("alice/", "user:root", "maintenance")
         assert outcome["status"] == "culled" and not hub.running("alice")

@@ -435,6 +435,8 @@ def policy_view(p: policy.Policy) -> dict:
         "cull_after_s": seconds(p.cull_after),
         "user_activity_grace_s": seconds(p.user_activity_grace),
         "busy_grace_s": seconds(p.busy_grace),
+        "busy_limit_s": seconds(p.busy_limit),
+        "on_busy_limit": p.on_busy_limit,
         "away_after_s": seconds(p.away_after),
         "extension_step_s": seconds(p.extension_step),
         "max_extensions": p.max_extensions,
@@ -444,9 +446,12 @@ def policy_view(p: policy.Policy) -> dict:
         "checkpoint": p.checkpoint,
         "checkpoint_timeout_s": seconds(p.checkpoint_timeout),
         "on_checkpoint_failure": p.on_checkpoint_failure,
+        "checkpoint_retries": p.checkpoint_retries,
+        "checkpoint_max_delay_s": seconds(p.checkpoint_max_delay),
         "cull_action": p.cull_action,
         "exempt": p.exempt,
         "inactive_timeout_s": seconds(p.inactive_timeout),
+        "expected_duration_notice": p.expected_duration_notice,
     }
 
 
