@@ -106,6 +106,7 @@ add_gpu_profiles(c, spawner="simple")
 # policies (short demo timers) are in hub_config/gpu_gov_config.py. Servers report with their
 # own token; the user "admin" gets the governor's admin scope.
 from jupyter_gpu_gov.hub.hubconfig import add_governor  # noqa: E402
+from jupyter_gpu_gov.profiles.estimate import tier_sizes  # noqa: E402
 
 add_governor(
     c,
@@ -113,4 +114,5 @@ add_governor(
     args=[f"--config={REPO / 'hub_config' / 'gpu_gov_config.py'}"],
     environment={"JUPYTER_GPU_GOV_PROXY_URL": "http://127.0.0.1:8000"},
     admin_users=["admin"],
+    tiers=tier_sizes(c.GpuProfiles.tiers),  # right-sizing hints name the tiers offered here
 )

@@ -56,7 +56,9 @@ from tornado.netutil import bind_sockets
 from jupyter_gpu_gov.core import clock
 
 PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
-ADMIN_SCOPES = frozenset({"admin:users", "admin:servers", "admin:server_state", "admin:groups"})
+ADMIN_SCOPES = frozenset(
+    {"admin:users", "admin:servers", "admin:server_state", "admin:groups", "access:servers"}
+)
 # The Hub's default ``server`` role: what a single-user server's $JUPYTERHUB_API_TOKEN holds.
 SERVER_ROLE_SCOPES = ("users:activity!user={user}", "access:servers!server={user}/{server}")
 

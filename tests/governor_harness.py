@@ -5,6 +5,7 @@ timers, ``Gov`` calls its API through the hub's proxy, and a few waiting helpers
 from __future__ import annotations
 
 import socket
+import textwrap
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -49,12 +50,14 @@ def governed_hub(
     dry_run: bool = False,
     extra_policies: Iterable[Mapping] = (),
     governor_config: str = "",
-    extra_config: str = "",
+    hub_config: str = "",
+    singleuser_config: str = "",
     **kwargs,
 ) -> HubHarness:
     """A :class:`HubHarness` with the governor service (test timers; ``extra_policies`` go
-    before the module's own, so they win for the users they match; ``governor_config`` is
-    more of the service's config file, ``extra_config`` more of the hub's)."""
+    before the module's own, so they win for the users they match). ``governor_config``,
+    ``hub_config`` and ``singleuser_config`` add lines to the governor's, the hub's and the
+    servers' configuration."""
     port = free_port()
     config = workdir / "gpu_gov_config.py"
     config.write_text(
@@ -65,8 +68,7 @@ def governed_hub(
         )
         + governor_config
     )
-    extra = (
-        f"""
+    extra = f"""
         from jupyter_gpu_gov.hub.hubconfig import add_governor
         add_governor(
             c,
@@ -86,10 +88,12 @@ def governed_hub(
 
         c.Spawner.pre_spawn_hook = _no_reports_for_carol
     """
-        + extra_config
+    return HubHarness(
+        workdir=workdir,
+        extra_config=textwrap.dedent(hub_config) + textwrap.dedent(extra),
+        singleuser_config=SINGLEUSER_CONFIG + textwrap.dedent(singleuser_config),
+        **kwargs,
     )
-    singleuser = SINGLEUSER_CONFIG + kwargs.pop("singleuser_config", "")
-    return HubHarness(workdir=workdir, extra_config=extra, singleuser_config=singleuser, **kwargs)
 
 
 class Gov:

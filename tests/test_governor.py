@@ -25,7 +25,14 @@ from jupyter_gpu_gov.hub.app import GpuGovernor, normalise_argv
 from jupyter_gpu_gov.hub.dcgm import DcgmSource
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.reconcile import CheckpointResult, Governor, Options, row_view
-from jupyter_gpu_gov.hub.store import SCHEMA_VERSION, MetaRow, ServerRow, Store, set_record
+from jupyter_gpu_gov.hub.store import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    MetaRow,
+    ServerRow,
+    Store,
+    set_record,
+)
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed
 T4_BUSY_GPU = "GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"
@@ -123,7 +130,36 @@ async def test_dcgm_governs_a_server_without_the_extension(tmp_path, restore_clo
     assert [seen[m][0] for m in (31, 61, 119)] == ["warned"] * 3
     # DCGM cannot see a running cell: the cull waits busy_grace (2 h) from the idle start.
     assert "held back by a cell may be running" in seen[61][1]
-    assert seen[121][0] == "checkpointing"
+    # Without the extension nobody can be asked for a checkpoint: culled at once.
+    assert seen[121][0] == "culled" and "no checkpoint (it sends no GPU report)" in seen[121][1]
+
+
+async def test_without_the_extension_a_running_cell_is_read_from_the_servers_kernels(
+    tmp_path, restore_clock
+):
+    """DCGM sees the pod's GPU idle; the server has no extension, but its Jupyter API says a
+    kernel executes a cell (a CPU stage of hours): it is not culled when busy_grace ends, and
+    once the cell is done the idle rules warn and cull."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    user_server = UserServer()
+    user_server.kernels = [{"id": "k1", "execution_state": "busy"}]
+    pod = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=pod)
+        gov = governor(hub, tmp_path, exporter.url, proxy_url=user_server.url)
+        gov.policies = load_policies([])  # the shipped defaults: busy_grace 2 h
+        seen = {}
+        for minute in (0, 1, 150, 200, 201, 232):
+            clock.advance(60 * (minute - max(seen, default=0)))
+            if minute == 201:
+                user_server.kernels[0]["execution_state"] = "idle"  # the cell is done
+            await gov.reconcile()
+            seen[minute] = (gov.row("alice/").state, gov.row("alice/").reason)
+        assert not hub.running("alice")
+    exporter.server.stop()
+    assert "a kernel is executing a cell since" in seen[150][1]
+    assert [seen[m][0] for m in (150, 200, 201, 232)] == ["busy", "busy", "warned", "culled"]
+    assert [a.action for a in gov.store.audit_rows("alice/")][::-1].count("busy-notice") == 1
 
 
 async def test_a_dcgm_only_cull_counts_the_pods_gpus_as_reclaimed(tmp_path, restore_clock):
@@ -164,16 +200,26 @@ async def test_team_from_group_properties_and_user_options(tmp_path):
     assert (bob.team, bob.project) == ("nlp", "llm")
 
 
-async def test_excluded_servers_are_not_governed(tmp_path):
+async def test_excluded_servers_are_not_governed_but_reach_their_maximum_age(tmp_path):
+    """jupyterhub-idle-culler's flags, with its meaning: --cull-default-servers=false spares
+    default servers from the idle rule, not from --max-age; --cull-admin-users=false spares
+    admins' accounts from --cull-users, not their servers."""
+    long_ago = clock.utcnow() - timedelta(days=3)
     async with FakeHub() as hub:
-        hub.add_server("root", last_activity=clock.utcnow() - timedelta(days=3))
+        hub.add_server("root", "gpu", last_activity=long_ago)
         hub.users["root"].admin = True
-        hub.add_server("alice", last_activity=clock.utcnow() - timedelta(days=3))
-        gov = governor(hub, tmp_path, cull_admin_users=False)
+        hub.add_server("alice", last_activity=long_ago)
+        hub.add_server("bob", "lab", last_activity=long_ago)
+        hub.add_server("carol", last_activity=clock.utcnow(), started=long_ago)
+        gov = governor(hub, tmp_path, cull_default_servers=False, cull_admin_users=False)
+        gov.policies = load_policies([], {"max_age": "2d"})
         await gov.reconcile()
-        assert hub.running("root") and not hub.running("alice")
-    assert gov.verdict("root/")["state"] == "exempt"
-    assert "cull_admin_users=False" in gov.store.server("root/").reason
+        assert hub.running("alice") and not hub.running("bob", "lab")
+        assert not hub.running("root", "gpu")  # an admin's server: culled all the same
+        assert not hub.running("carol")  # a default server past its maximum age of 2 days
+    assert gov.verdict("alice/")["state"] == "exempt"
+    assert "cull_default_servers=False" in gov.store.server("alice/").reason
+    assert gov.row("carol/").cull_reason == "max-age"
 
 
 async def test_dry_run_records_the_cull_and_stops_nothing(tmp_path):
@@ -251,6 +297,36 @@ def test_store_keeps_records_across_restarts_and_refuses_a_newer_schema(tmp_path
         Store(url)
 
 
+def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
+    """Schema 2 adds the columns of bounded checkpoint retries, running cells, culls asked for
+    and right-sizing; a store written by the previous version gains them and loses nothing."""
+    url = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    store = Store(url)
+    row = ServerRow(key="alice/", user="alice", name="")
+    set_record(row, Record(state="warned", extensions_used=1))
+    store.save_servers([row])
+    added = {
+        "servers": [c.split()[5] for c in MIGRATIONS[2] if c.startswith("ALTER TABLE servers")],
+        "usage": ["right_size_freed"],
+        "usage_sessions": ["right_size_freed"],
+    }
+    with store.engine.begin() as db:  # back to schema 1, as the previous version wrote it
+        for table, columns in added.items():
+            for column in columns:
+                db.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN {column}")
+        db.exec_driver_sql("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    store.engine.dispose()
+
+    migrated = Store(url)
+    again = migrated.server("alice/")
+    assert (again.state, again.extensions_used, again.checkpoint_failures) == ("warned", 1, 0)
+    set_record(again, Record(state="busy", cull_request_why="why", busy_noticed_at=clock.utcnow()))
+    migrated.save_servers([again])
+    assert Store(url).server("alice/").state == "busy"
+    with migrated.session() as session:
+        assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION)
+
+
 async def test_a_new_server_row_takes_column_defaults(tmp_path):
     async with FakeHub() as hub:
         hub.add_server("carol")  # no report, fresh: every default column must be filled
@@ -263,23 +339,69 @@ async def test_a_new_server_row_takes_column_defaults(tmp_path):
 async def test_admin_exempts_then_culls_now_with_reasons_on_record(tmp_path):
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path)
+        gov = governor(hub, tmp_path)  # no proxy URL: it cannot be asked for a checkpoint
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         await gov.reconcile()
         assert gov.verdict("alice/")["state"] == "idle"
 
+        code, _ = await gov.extend("alice/", "user:alice", "a figure")
+        assert code == 200 and gov.listing(gov.row("alice/"))["extensions_used"] == 1
         until = clock.utcnow() + timedelta(days=2)
         outcome = await gov.exempt("alice/", "user:root", until, "batch standby machine")
         assert outcome["verdict"]["state"] == "exempt"
         await gov.reconcile()
         assert gov.verdict("alice/")["state"] == "exempt"
+        # Issue 22: the exemption keeps the count of extensions the owner used.
+        assert gov.listing(gov.row("alice/"))["extensions_used"] == 1
 
         outcome = await gov.cull_now("alice/", "user:root", "maintenance")
-        assert outcome["status"] == "stopped" and not hub.running("alice")
-    actions = [(a.action, a.actor, a.reason) for a in gov.store.audit_rows("alice/")][::-1]
-    assert actions[-2][:2] == ("exempt", "user:root") and "batch standby machine" in actions[-2][2]
-    assert actions[-1] == ("cull", "user:root", "culled by user:root: maintenance")
+        assert outcome["status"] == "culled" and not hub.running("alice")
+    actions = [(a.action, a.actor, a.reason) for a in actions_of(gov) if a.action != "state"]
+    assert [a[:2] for a in actions[-4:]] == [
+        ("exempt", "user:root"),
+        ("cull-request", "user:root"),
+        ("admin-warn", "governor"),
+        ("cull", "governor"),
+    ]
+    assert "batch standby machine" in actions[-4][2]
+    assert actions[-3][2] == "culled by user:root: maintenance"
+    assert "maintenance; no checkpoint (it cannot be reached)" in actions[-1][2]
     assert gov.row("alice/").cull_reason == "admin"
+
+
+async def test_an_admins_cull_takes_a_checkpoint_first_unless_told_immediately(
+    tmp_path, restore_clock
+):
+    """Issue 22: the README promises a checkpoint before a GPU is given back; an admin's cull
+    now keeps it (bounded by checkpoint_timeout and one retry). ``immediately`` skips it."""
+    user_server = UserServer(manifest("done"))
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        hub.add_server("bob")
+        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        for user in ("alice", "bob"):
+            gov.ingest(report_for(user, T4_BUSY_GPU, sm=0.9))
+        await gov.reconcile()
+
+        outcome = await gov.cull_now("alice/", "user:root", "the node is drained")
+        assert outcome["status"] == "requested" and hub.running("alice")
+        assert outcome["verdict"]["state"] == "checkpointing"
+        await answered(gov)
+        gov.ingest(report_for("alice", T4_BUSY_GPU, sm=0.9))
+        await gov.reconcile()
+        assert not hub.running("alice")
+
+        outcome = await gov.cull_now("bob/", "user:root", "runaway job", immediately=True)
+        assert outcome["status"] == "stopped" and not hub.running("bob")
+    (body,) = user_server.requests
+    assert body["cull_reason"] == "admin" and "the node is drained" in body["reason"]
+    alice = [a.action for a in actions_of(gov) if a.action != "state"]
+    assert alice[-5:] == ["cull-request", "admin-warn", "checkpoint", "checkpoint-done", "cull"]
+    (cull,) = [a for a in actions_of(gov) if a.action == "cull"]
+    assert cull.reason == "culled by user:root: the node is drained; checkpoint saved"
+    assert cull.details["checkpoint_id"] == "20260105T110000Z"
+    (bob,) = [a for a in actions_of(gov, "bob/") if a.action == "cull"]
+    assert bob.reason == "culled by user:root: runaway job (immediately, no checkpoint)"
 
 
 # -- checkpoints before the cull -----------------------------------------------------------------
@@ -295,7 +417,12 @@ class UserServer:
         self.answers = list(answers)
         self.release = asyncio.Event()
         self.release.set()
+        self.kernels: list[dict] = []  # what GET api/kernels answers (Jupyter Server's own)
         outer = self
+
+        class Kernels(web.RequestHandler):
+            def get(self, user: str):
+                self.finish(json.dumps(outer.kernels))
 
         class Checkpoint(web.RequestHandler):
             async def post(self, user: str):
@@ -309,7 +436,12 @@ class UserServer:
         sockets = bind_sockets(0, "127.0.0.1")
         self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
         self.server = HTTPServer(
-            web.Application([(r"/user/([^/]+)/jupyter-gpu-gov/checkpoint", Checkpoint)])
+            web.Application(
+                [
+                    (r"/user/([^/]+)/jupyter-gpu-gov/checkpoint", Checkpoint),
+                    (r"/user/([^/]+)/api/kernels", Kernels),
+                ]
+            )
         )
         self.server.add_sockets(sockets)
 
@@ -420,7 +552,8 @@ async def test_a_failed_checkpoint_postpones_the_cull_and_names_its_errors(tmp_p
         assert hub.running("alice")  # on_checkpoint_failure=postpone (the default)
 
     verdict = gov.verdict("alice/")
-    assert verdict["state"] == "warned" and "checkpoint failed: cull postponed" in verdict["reason"]
+    assert verdict["state"] == "warned"
+    assert "checkpoint failed (1 of 2 retries): cull postponed" in verdict["reason"]
     audit = actions_of(gov)
     assert "cull" not in [a.action for a in audit]
     (failed,) = [a for a in audit if a.action == "checkpoint-failed"]
@@ -491,7 +624,10 @@ async def test_no_answer_in_time_is_a_failed_checkpoint_and_a_late_one_is_droppe
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         await gov.reconcile()
         assert hub.running("alice")
-        assert "checkpoint timeout: cull postponed" in gov.verdict("alice/")["reason"]
+        assert (
+            "checkpoint timeout (1 of 2 retries): cull postponed"
+            in (gov.verdict("alice/")["reason"])
+        )
 
         user_server.release.set()  # the answer comes late: it settles nothing now
         await answered(gov)
@@ -517,3 +653,33 @@ def test_only_a_result_of_the_current_request_answers_it():
     assert CheckpointResult("done", {}, asked - timedelta(milliseconds=900)).answers(pending)
     assert not CheckpointResult("done", {}, None).answers(pending)  # unknown: not proven
     assert not CheckpointResult("done", {}, asked).answers(Record())  # nothing asked
+
+
+async def test_a_missing_optional_scope_is_said_once_and_what_it_disables(
+    tmp_path, restore_clock, caplog
+):
+    """With only what jupyterhub-idle-culler is given (no groups, no access to servers), the
+    governor says at start-up what each missing scope disables, then asks for nothing it
+    cannot have: no group listing (nor 403) every pass, no checkpoint request to a server it may not
+    reach (the cull does not wait for one)."""
+    user_server = UserServer(manifest("done"))
+    async with FakeHub() as hub:
+        hub.tokens[hub.token] = frozenset({"admin:users", "admin:servers"})
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        with caplog.at_level("WARNING", logger="jupyter_gpu_gov.hub"):
+            for step in (0, 61 * 60, 60 * 60):
+                clock.advance(step)
+                gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+                await gov.reconcile()
+        # Groups are asked for once, in the first pass beside the scopes, never again.
+        assert not hub.running("alice") and hub.counters["GET /groups"] <= 1
+    said = [r.getMessage() for r in caplog.records]
+    assert not any("cannot list groups" in m for m in said)
+    assert sum("lacks list:groups: teams are not read from Hub groups" in m for m in said) == 1
+    assert (
+        sum("lacks access:servers: servers are not asked for a checkpoint" in m for m in said) == 1
+    )
+    assert user_server.requests == []
+    (cull,) = [a for a in actions_of(gov) if a.action == "cull"]
+    assert "no checkpoint (it cannot be reached)" in cull.reason

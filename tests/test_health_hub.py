@@ -36,7 +36,7 @@ def hub(tmp_path_factory):
     with governed_hub(
         tmp_path_factory.mktemp("health"),
         governor_config="c.GpuGovernor.gpu_unknown_alert_after = 4\n",
-        extra_config=_hub_config(DEVICES, TIERS, QUOTAS, TEAM_MAP),
+        hub_config=_hub_config(DEVICES, TIERS, QUOTAS, TEAM_MAP),
         singleuser_config=_singleuser_config(DEVICES),
         users=["alice", "bob"],
     ) as hub:

@@ -223,3 +223,19 @@ def test_the_utilisation_histogram_weighs_sessions_by_their_gpu_hours():
     hist = utilisation_histogram(sessions, bins=4)
     assert hist == [0.05, 0.0, 0.0, 0.05]  # bob: 0 % for 3 min, alice: 100 % for 3 min
     assert ledger.DIMENSIONS == ("user", "team", "project", "tier")
+
+
+def test_a_right_sized_tier_counts_the_gpu_hours_it_would_have_freed():
+    """While a smaller tier would hold the server's use (its share of the GPU-equivalents),
+    the rest is counted as freeable, in any observed state, never over a gap."""
+    led = Ledger(GAP)
+    led.observe(Observation("alice/", "s1", at(0), ALICE, 1.0, IDLE_HELD))
+    led.observe(Observation("alice/", "s1", at(60), ALICE, 1.0, ACTIVE, right_size_share=0.25))
+    led.observe(Observation("alice/", "s1", at(120), ALICE, 1.0, IDLE_HELD, right_size_share=0.25))
+    led.observe(Observation("alice/", "s1", at(900), ALICE, 1.0, IDLE_HELD, right_size_share=0.25))
+    deltas, (session,) = led.drain()
+    # 60..120 active, right-sized: 45 s freeable; 120..900 is a gap (the service was down).
+    assert totals(deltas)[ledger.RIGHT_SIZE_FREED] == pytest.approx(45)
+    assert session.totals[ledger.RIGHT_SIZE_FREED] == pytest.approx(45)
+    (row,) = summarize([Bucket(T0.date(), ALICE, totals(deltas))], ["user"])
+    assert row["gpu_hours_right_size_freed"] == pytest.approx(45 / 3600, abs=1e-4)

@@ -24,13 +24,22 @@ POLICY = p.Policy(
 )
 
 
+# Culled at 3 h of age whatever it does, warned 30 min before.
+CAPPED = replace(POLICY, max_age=timedelta(hours=3), max_age_warning=timedelta(minutes=30))
+
+
+def active_view(**kw) -> p.ServerView:
+    return replace(idle_view(**kw), gpu=p.GpuSignal(True, True))
+
+
 def idle_view(**kw) -> p.ServerView:
     gpu = p.GpuSignal(holds_gpu=True, active=False)
     return p.ServerView("alice", started=T0, reports=True, gpu=gpu, **kw)
 
 
 def run(view, policy=POLICY, minutes=120, record=None, step=1, on_checkpoint=None):
-    """Decide once a minute; return the actions as (minute, action, state) and the last decision."""
+    """Decide once a minute until a cull; return the actions as (minute, action, state) and the
+    last decision."""
     record = record or p.Record()
     seen = []
     decision = None
@@ -42,6 +51,8 @@ def run(view, policy=POLICY, minutes=120, record=None, step=1, on_checkpoint=Non
         decision = p.decide(v, record, policy, now)
         record = decision.record
         seen += [(minute, action, decision.state) for action in decision.actions]
+        if decision.state == "culled":
+            break
     return seen, decision
 
 
@@ -169,40 +180,127 @@ def test_an_away_owner_who_comes_back_gets_the_normal_clock_back():
     assert actions[:2] == [(0, "warn", "warned"), (60, "checkpoint", "checkpointing")]
 
 
-def test_busy_kernel_is_warned_but_not_culled_before_busy_grace():
-    busy = replace(idle_view(), gpu=p.GpuSignal(True, False, kernel_busy_since=T0 + 50 * MIN))
-    actions, last = run(busy, minutes=69, on_checkpoint="done")
-    assert actions == [(30, "warn", "warned")]
-    assert "a kernel is executing a cell" in last.reason
-    actions, _ = run(busy, minutes=72, on_checkpoint="done")
-    assert actions[1:] == [(70, "checkpoint", "checkpointing"), (71, "cull", "culled")]
+def busy_view(since, **kw) -> p.ServerView:
+    """A kernel executing a cell since ``since`` while its GPU idles."""
+    return replace(idle_view(**kw), gpu=p.GpuSignal(True, False, kernel_busy_since=since))
 
 
-def test_a_cell_running_before_the_gpu_went_idle_gets_busy_grace_from_the_idle_start():
-    # A "run all" busy for hours reaches a long CPU stage: its grace counts from the GPU's
-    # idle start, not from the cell's (which would have run out long ago).
-    long = replace(POLICY, busy_grace=timedelta(minutes=90))
-    view = replace(idle_view(), gpu=p.GpuSignal(True, False, kernel_busy_since=T0 - 180 * MIN))
-    actions, _ = run(view, long, minutes=95, on_checkpoint="done")
-    assert actions == [
-        (30, "warn", "warned"),
-        (90, "checkpoint", "checkpointing"),
-        (91, "cull", "culled"),
+def dcgm_view(**kw) -> p.ServerView:
+    """No extension: DCGM sees the pod's card idle, not its kernels."""
+    gpu = p.GpuSignal(True, False, sees_cells=False, detail="DCGM, no report")
+    return p.ServerView("bob", started=T0, gpu=gpu, **kw)
+
+
+def test_a_cell_running_with_its_gpu_idle_gets_a_notice_naming_the_cause_not_a_cull():
+    """The CPU stage of a pipeline holds its GPU context for hours: nobody is at the notebook
+    to press Extend, and its cull would lose the work. Past busy_grace it is listed as busy
+    with a notice naming the cause and what to do; the idle warning it got before the cell
+    started does not stand."""
+
+    def view(minute):
+        if minute < 50:
+            return idle_view()
+        return busy_view(T0 + 50 * MIN, cause="cpu_serial", cause_confident=True)
+
+    actions, last = run(view, minutes=470, on_checkpoint="done")
+    assert actions == [(30, "warn", "warned"), (70, "busy-notice", "busy")]
+    assert last.state == "busy" and last.cull_at == T0 + (480 + 30) * MIN
+    assert "a kernel is executing a cell since 2026-01-05 09:50 UTC" in last.reason
+    assert "(the diagnosis: a CPU-bound step)" in last.reason
+    assert "press Extend" in last.reason and "interrupted and checkpointed" in last.reason
+    # Extend works as for an idle kernel: the busy limit moves by the extension step.
+    granted = p.extend(last.record, POLICY, "the next stage is training")
+    assert granted.status == "granted"
+    later = p.decide(view(471), granted.record, POLICY, T0 + 471 * MIN)
+    assert later.state == "busy" and later.cull_at == T0 + (480 + 30 + 30) * MIN
+
+
+def test_the_busy_limit_warns_then_interrupts_and_checkpoints_then_the_idle_rules_apply():
+    limited = replace(POLICY, busy_limit=timedelta(hours=2))
+    interrupted = []
+
+    def view(minute):  # a `while True: time.sleep(1)` cell, until it is interrupted
+        return idle_view() if interrupted else busy_view(T0)
+
+    record, seen = p.Record(), []
+    for minute in range(0, 200):
+        if record.checkpoint_status == "requested":
+            record = replace(record, checkpoint_status="done")
+        decision = p.decide(view(minute), record, limited, T0 + minute * MIN)
+        record = decision.record
+        seen += [(minute, a, decision.state) for a in decision.actions]
+        interrupted += [minute] if "interrupt" in decision.actions else []
+        if decision.state == "culled":
+            break
+    assert seen == [
+        (20, "busy-notice", "busy"),
+        (120, "warn", "warned"),
+        (150, "interrupt", "checkpointing"),
+        (150, "checkpoint", "checkpointing"),
+        (151, "warn", "warned"),  # the cell stopped: the idle rules warn with their own notice
+        (181, "checkpoint", "checkpointing"),
+        (182, "cull", "culled"),
     ]
+    assert decision.cull_reason == "gpu-idle"
+    assert "its cell was interrupted at 2026-01-05 11:30 UTC (busy limit)" in decision.reason
 
 
-def test_without_a_report_a_running_cell_is_assumed():
-    # DCGM alone sees the card, not the kernels: the cull waits as if a cell were running.
-    dcgm = replace(idle_view(), gpu=p.GpuSignal(True, False, sees_cells=False, detail="DCGM"))
-    actions, last = run(dcgm, minutes=65, on_checkpoint="done")
-    assert actions == [
-        (30, "warn", "warned"),
-        (60, "checkpoint", "checkpointing"),
-        (61, "cull", "culled"),
+def test_a_cell_the_interrupt_does_not_stop_is_culled_after_another_notice():
+    limited = replace(POLICY, busy_limit=timedelta(hours=2))
+    actions, last = run(busy_view(T0), limited, minutes=190, on_checkpoint="done")
+    assert [a[:2] for a in actions] == [
+        (20, "busy-notice"),
+        (120, "warn"),
+        (150, "interrupt"),
+        (150, "checkpoint"),
+        (151, "warn"),
+        (181, "checkpoint"),
+        (182, "cull"),
     ]
-    actions, last = run(dcgm, replace(POLICY, busy_grace=timedelta(minutes=80)), minutes=79)
+    assert last.cull_reason == "busy-limit" and "past the busy limit of 2h" in last.reason
+
+
+def test_on_busy_limit_cull_interrupts_the_cell_for_its_checkpoint_then_culls():
+    culls = replace(POLICY, busy_limit=timedelta(hours=2), on_busy_limit="cull")
+    actions, last = run(busy_view(T0), culls, minutes=160, on_checkpoint="done")
+    assert [a[:2] for a in actions][-3:] == [(150, "interrupt"), (150, "checkpoint"), (151, "cull")]
+    assert last.cull_reason == "busy-limit" and "checkpoint saved" in last.reason
+
+
+def test_restarting_cells_does_not_reset_the_busy_limit():
+    limited = replace(POLICY, busy_limit=timedelta(hours=2))
+
+    def view(minute):  # a new cell every 50 minutes, the GPU idle all along
+        return busy_view(T0 + (minute // 50) * 50 * MIN)
+
+    actions, _ = run(view, limited, minutes=150, on_checkpoint="done")
+    assert (150, "interrupt", "checkpointing") in actions
+
+
+def test_a_confident_zombie_is_warned_at_once_an_unsure_diagnosis_decides_nothing():
+    sure = idle_view(cause="zombie", cause_confident=True)
+    actions, _ = run(sure, minutes=31, on_checkpoint="done")
+    assert actions == [
+        (0, "warn", "warned"),
+        (30, "checkpoint", "checkpointing"),
+        (31, "cull", "culled"),
+    ]
+    unsure = idle_view(cause="zombie", cause_confident=False)
+    assert run(unsure, minutes=31)[0] == [(30, "warn", "warned")]
+
+
+def test_without_a_report_a_running_cell_is_assumed_for_busy_grace():
+    # DCGM alone sees the card, not the kernels (nor does the Hub: a silent cell updates no
+    # activity, an open tab does): the cull waits busy_grace as if a cell ran. Nobody can be
+    # asked for a checkpoint.
+    actions, last = run(dcgm_view(), minutes=65)
+    assert actions == [(30, "warn", "warned"), (60, "cull", "culled")]
+    assert "no checkpoint (it sends no GPU report)" in last.reason
+    long = replace(POLICY, busy_grace=timedelta(minutes=80))
+    actions, last = run(dcgm_view(), long, minutes=79)
     assert actions == [(30, "warn", "warned")]
     assert "held back by a cell may be running" in last.reason
+    assert run(dcgm_view(), long, minutes=90)[0][-1] == (80, "cull", "culled")
 
 
 def test_extensions_postpone_then_need_an_admin():
@@ -241,15 +339,122 @@ def test_failed_checkpoint_postpones_by_default_and_proceeds_when_told():
         (60, "checkpoint", "checkpointing"),
         (61, "warn", "warned"),
     ]
-    assert "checkpoint failed: cull postponed to 2026-01-05 10:31 UTC" in last.reason
-    # The checkpoint is tried again after the new notice, and fails again: still no cull.
-    actions, last = run(idle_view(), minutes=200, on_checkpoint="failed")
-    assert "cull" not in [a for _, a, _ in actions]
-
+    assert "checkpoint failed (1 of 2 retries): cull postponed to 2026-01-05 10:31 UTC" in (
+        last.reason
+    )
     proceed = replace(POLICY, on_checkpoint_failure="proceed")
     actions, last = run(idle_view(), proceed, minutes=90, on_checkpoint="failed")
     assert [a for _, a, _ in actions] == ["warn", "checkpoint", "cull"]
     assert "culling anyway" in last.reason
+
+
+def test_an_always_failing_checkpoint_postpones_the_cull_a_bounded_time():
+    """Issue 18: a hook that always raises used to postpone the cull for ever, re-warning at
+    every try. Now: by the notice, then twice that, at most checkpoint_retries (2) times and
+    never past checkpoint_max_delay (1 h) after the cull's own time; one warning per failure."""
+    actions, last = run(idle_view(), minutes=400, on_checkpoint="failed")
+    assert actions == [
+        (30, "warn", "warned"),
+        (60, "checkpoint", "checkpointing"),
+        (61, "warn", "warned"),  # 1 of 2: postponed by the notice, to 91
+        (91, "checkpoint", "checkpointing"),
+        (92, "warn", "warned"),  # 2 of 2: by twice the notice, cut to 60 + 1 h
+        (120, "checkpoint", "checkpointing"),
+        (121, "cull", "culled"),
+    ]
+    assert "checkpoint failed, culling anyway (after 3 failed checkpoints)" in last.reason
+    short = replace(POLICY, checkpoint_max_delay=timedelta(minutes=45), checkpoint_retries=9)
+    actions, last = run(idle_view(), short, minutes=400, on_checkpoint="failed")
+    assert actions[-1] == (106, "cull", "culled")
+    assert "checkpoint_max_delay of 45m spent" in last.reason
+
+
+def test_a_failing_checkpoint_postpones_a_hard_deadline_by_one_retry_at_most():
+    capped, active = CAPPED, active_view()
+    actions, last = run(active, capped, minutes=300, on_checkpoint="failed")
+    assert actions == [
+        (150, "max-age-warn", "active"),
+        (180, "checkpoint", "checkpointing"),
+        (181, "checkpoint", "checkpointing"),  # the one retry, without a new warning
+        (182, "cull", "culled"),
+    ]
+    assert "a hard deadline waits for one retry only" in last.reason
+    # A checkpoint that never answers: two checkpoint_timeouts at most.
+    actions, last = run(active, capped, minutes=300)
+    assert [a[:2] for a in actions][-3:] == [
+        (180, "checkpoint"),
+        (185, "checkpoint"),
+        (190, "cull"),
+    ]
+
+
+def test_a_server_without_a_report_or_out_of_reach_is_never_asked_for_a_checkpoint():
+    capped = replace(POLICY, max_age=timedelta(minutes=75), max_age_warning=timedelta(0))
+    silent = p.ServerView("carol", started=T0, hub_last_activity=T0 + 70 * MIN)
+    actions, last = run(silent, capped, minutes=100)
+    assert actions == [(75, "max-age-warn", "culled"), (75, "cull", "culled")]
+    assert "no checkpoint (it sends no GPU report)" in last.reason
+    unreachable = replace(idle_view(), reachable=False, gpu=p.GpuSignal(True, True))
+    actions, last = run(unreachable, capped, minutes=100)
+    assert [a[1] for a in actions] == ["max-age-warn", "cull"]
+    assert "no checkpoint (it cannot be reached)" in last.reason
+
+
+def test_an_admins_cull_warns_checkpoints_and_culls_even_a_busy_exempt_server():
+    asked = p.Record(
+        cull_requested_at=T0 + 10 * MIN,
+        cull_request_reason="admin",
+        cull_request_why="culled by root: the node is drained",
+        exempt_until=T0 + 600 * MIN,
+    )
+    busy = replace(idle_view(), gpu=p.GpuSignal(True, True))
+    actions, last = run(busy, minutes=20, record=asked, on_checkpoint="done")
+    assert actions == [
+        (10, "admin-warn", "checkpointing"),
+        (10, "checkpoint", "checkpointing"),
+        (11, "cull", "culled"),
+    ]
+    assert last.cull_reason == "admin" and "the node is drained; checkpoint saved" in last.reason
+    assert p.extend(replace(asked, state="warned"), POLICY, "no").status == "refused"
+
+
+def test_excluded_servers_still_reach_their_maximum_age():
+    """jupyterhub-idle-culler applies --max-age to every server, excluded by
+    --cull-default-servers=false or not."""
+    capped = replace(POLICY, max_age=timedelta(minutes=90))
+    excluded = idle_view(excluded="not governed: default servers are excluded")
+    actions, _ = run(excluded, capped, minutes=95, on_checkpoint="done")
+    assert [a[:2] for a in actions] == [(30, "max-age-warn"), (90, "checkpoint"), (91, "cull")]
+    assert run(excluded, minutes=300)[0] == []
+
+
+def test_task_types_match_policies_and_default_to_interactive():
+    policies = p.load_policies(
+        [{"name": "batch", "match": {"task_types": ["batch"]}, "busy_limit": "24h"}]
+    )
+    batch = p.ServerView("a", labels={"gpu-gov/task-type": "batch"})
+    assert p.select(policies, batch).busy_limit == timedelta(hours=24)
+    for labels in ({}, {"gpu-gov/task-type": "training"}):
+        view = p.ServerView("a", labels=labels)
+        assert view.task_type == "interactive" and p.select(policies, view).name == "default"
+
+
+def test_a_server_past_its_expected_duration_gets_one_notice():
+    view = replace(active_view := idle_view(), gpu=p.GpuSignal(True, True))
+    view = replace(view, labels={"gpu-gov/expected-duration": "2h"})
+    actions, last = run(view, minutes=300)
+    assert actions == [(120, "overrun-notice", "active")]
+    assert "running past the 2h expected at spawn (since 2026-01-05 11:00 UTC)" in last.reason
+    quiet = replace(POLICY, expected_duration_notice=False)
+    assert run(view, quiet, minutes=300)[0] == [] and active_view.labels == {}
+
+
+def test_an_exemption_keeps_the_count_of_extensions_used():
+    record = p.Record(state="warned", extensions_used=1, approval_pending=True)
+    granted = replace(record, exempt_until=T0 + 60 * MIN)
+    decision = p.decide(idle_view(), granted, POLICY, T0)
+    assert decision.state == "exempt"
+    assert (decision.record.extensions_used, decision.record.approval_pending) == (1, True)
 
 
 def test_checkpoint_that_never_answers_times_out():
@@ -267,8 +472,7 @@ def test_exempt_by_label_policy_or_admin_grant():
 
 
 def test_max_age_is_a_hard_cap_with_its_own_warning():
-    capped = replace(POLICY, max_age=timedelta(hours=3), max_age_warning=timedelta(minutes=30))
-    active = replace(idle_view(), gpu=p.GpuSignal(True, True))
+    capped, active = CAPPED, active_view()
     actions, last = run(active, capped, minutes=181, on_checkpoint="done")
     assert actions == [
         (150, "max-age-warn", "active"),
@@ -373,6 +577,12 @@ def test_policies_match_first_and_always_end_with_a_catch_all():
         ),
         ({"cull_after": "2h"}, "policy 0: 'name' is required"),
         ({"name": "x", "max_extensions": -1}, "'max_extensions' must be a whole number"),
+        ({"name": "x", "busy_limit": "1h"}, "'busy_limit' must not be shorter than 'busy_grace'"),
+        ({"name": "x", "on_busy_limit": "kill"}, "'on_busy_limit' must be one of interrupt, cull"),
+        ({"name": "x", "checkpoint_retries": 1.5}, "'checkpoint_retries' must be a whole number"),
+        ({"name": "x", "checkpoint_max_delay": "later"}, "'checkpoint_max_delay': 'later' is not"),
+        ({"name": "x", "match": {"task_types": "training"}}, "'match.task_types' must name"),
+        ({"name": "x", "expected_duration_notice": "yes"}, "must be true or false"),
     ],
 )
 def test_bad_policies_name_the_entry_and_key(entry, message):

@@ -112,18 +112,21 @@ def with_dcgm(trace: str, sm: float) -> list[str]:
 
 
 def test_server_without_extension_is_governed_by_dcgm():
-    # DCGM sees the idle card but not the kernels: warned at 30 min, and the cull waits for
-    # busy_grace (2 h) after the GPU went idle, in case a CPU cell is running.
+    # DCGM sees the idle card, the server's Jupyter API that no kernel executes a cell: warned
+    # at 30 min, culled at 1 h; without the extension nobody can be asked for a checkpoint.
     actions = list(
         replay(parse_lines(with_dcgm("no_extension.jsonl", 0.0)), policies_from_config(None))
     )
-    assert steps(actions) == [
-        (1800, "dave/", "warn"),
-        (7200, "dave/", "checkpoint"),
-        (7800, "dave/", "cull"),
-    ]
+    assert steps(actions) == [(1800, "dave/", "warn"), (3600, "dave/", "cull")]
     assert "DCGM" in actions[0].reason
-    assert "held back by a cell may be running" in actions[0].reason
+    assert "no checkpoint (it sends no GPU report)" in actions[1].reason
+    # A kernel executing a cell (a CPU stage) is not culled: a notice when busy_grace ends,
+    # as on a server with the extension.
+    busy = [
+        json.dumps({**json.loads(row), "kernel_busy": True})
+        for row in with_dcgm("no_extension.jsonl", 0.0)
+    ]
+    assert [a.action for a in replay(parse_lines(busy), policies_from_config(None))] == ["notice"]
 
 
 def test_busy_gpu_of_a_server_without_extension_is_never_culled():
@@ -145,22 +148,60 @@ def test_unknown_gpu_is_never_idle():
     ]
 
 
+def cell_rows(busy_hours: float, then: str = "idle", hours: float = 12) -> list[str]:
+    """A server that holds its GPU idle while a cell runs on the CPU for ``busy_hours``, then
+    the kernel goes idle (``then``: "idle") or the GPU works ("gpu"), a step every 10 min."""
+    rows = []
+    for i in range(int(hours * 6)):
+        busy = i < busy_hours * 6
+        sm = 0.8 if not busy and then == "gpu" else 0.0
+        row = {"t": i * 600, "server": "ann/", "gpu_sm": sm, "gpu_mem_mb": 4096}
+        rows.append(json.dumps(row | {"holds_context": True, "kernel_busy": busy}))
+    return rows
+
+
+def test_a_long_cpu_stage_is_not_culled_and_gets_a_notice():
+    # Four hours of CPU work before training: the default busy_grace (2 h) ends with a notice.
+    actions = list(replay(parse_lines(cell_rows(4, then="gpu")), policies_from_config(None)))
+    assert [(a.t, a.action) for a in actions] == [(7200, "notice")]
+    assert "a kernel is executing a cell" in actions[0].reason and "Extend" in actions[0].reason
+
+
+def test_a_cell_that_never_ends_is_interrupted_at_the_busy_limit():
+    # `while True: time.sleep(60)`: notice at 2 h, warning at 8 h, interrupt and checkpoint
+    # at 8 h 30 min; the kernel idles and the idle rules cull after their notice.
+    actions = list(replay(parse_lines(cell_rows(24, hours=12)), policies_from_config(None)))
+    assert [(a.t, a.action) for a in actions] == [
+        (7200, "notice"),
+        (28800, "warn"),
+        (30600, "interrupt"),
+        (30600, "checkpoint"),
+        (31200, "warn"),
+        (33000, "checkpoint"),
+        (33600, "cull"),
+    ]
+
+
 def test_exempt_label_is_never_culled():
     assert run_policy("exempt.jsonl") == []
 
 
-def test_failed_checkpoint_postpones_the_cull():
-    # Each failure warns again and postpones the cull by the warning's notice (30 min).
-    assert [(a.t, a.action) for a in run_policy("checkpoint_fails.jsonl")][:7] == [
+def test_failed_checkpoint_postpones_the_cull_a_bounded_time():
+    # Each failure warns again and postpones the cull: by the notice (30 min), then twice that
+    # but never more than checkpoint_max_delay (1 h) past the cull's own time (1 h); after
+    # checkpoint_retries (2) the cull proceeds.
+    actions = run_policy("checkpoint_fails.jsonl")
+    assert [(a.t, a.action) for a in actions] == [
         (1800, "warn"),
         (3600, "checkpoint"),
         (4200, "warn"),
         (6000, "checkpoint"),
         (6600, "warn"),
-        (8400, "checkpoint"),
-        (9000, "warn"),
+        (7200, "checkpoint"),
+        (7800, "cull"),
     ]
-    assert "cull" not in {a.action for a in run_policy("checkpoint_fails.jsonl")}
+    assert "checkpoint failed (2 of 2 retries): cull postponed to" in actions[4].reason
+    assert "culling anyway (after 3 failed checkpoints)" in actions[-1].reason
 
 
 def test_max_age_by_tier_label(config):

@@ -56,6 +56,43 @@ def test_a_cull_as_the_owner_arrives_is_counted_apart():
     assert (result.false_culls, result.culls_at_owner_return, result.culls) == (0, 1, 1)
 
 
+def busy_rows(*steps: tuple[str, bool], **labels: str) -> list[str]:
+    """One server, a step every 10 minutes: (truth, kernel busy) each, GPU idle, 1 GiB held."""
+    return [
+        json.dumps(
+            {"t": i * 600, "server": "a/", "gpu_sm": 0.0, "gpu_mem_mb": 1024, "truth": truth}
+            | {"kernel_busy": busy, "labels": labels}
+        )
+        for i, (truth, busy) in enumerate(steps)
+    ]
+
+
+def test_a_cull_or_interrupt_of_a_running_cell_is_a_cell_killed():
+    trace = busy_rows(("cpu_phase", True), ("cpu_phase", True), ("cpu_phase", True))
+    interrupted = evaluate("test", parse_lines(trace), [Action(600, "a/", "interrupt", "")])
+    assert (interrupted.cells_killed, interrupted.culls) == (1, 0)
+    culled = evaluate("test", parse_lines(trace), [Action(1200, "a/", "cull", "")])
+    assert (culled.cells_killed, culled.false_culls) == (1, 1)
+    assert culled.cells_killed_by_scenario == {"?": 1}
+    # A sleep loop holds the GPU doing nothing for anyone: interrupting it loses no work.
+    loop = busy_rows(("idle_held", True), ("idle_held", True))
+    assert evaluate("test", parse_lines(loop), [Action(0, "a/", "interrupt", "")]).cells_killed == 0
+
+
+def test_a_hard_deadline_is_kept_when_the_gpu_is_given_back_in_time():
+    # A maximum age of 20 minutes from the first row: due at t=1200, 15 min slack and a step.
+    trace = busy_rows(*[("cpu_phase", True)] * 6, **{"gpu-gov/max-age": "1200"})
+    for cull_t, kept in ((1200, 1), (2400, 1), (3000, 0)):
+        result = evaluate("test", parse_lines(trace), [Action(cull_t, "a/", "cull", "")])
+        assert (result.deadlines, result.deadlines_kept) == (1, kept)
+        # At the deadline a running cell is the admin's rule, not a surprise, nor a false cull.
+        assert (result.cells_killed, result.false_culls) == (0, 0)
+    missed = evaluate("test", parse_lines(trace), [])
+    assert missed.deadlines_missed_by_scenario == {"?": 1}
+    early = evaluate("test", parse_lines(trace), [Action(600, "a/", "cull", "")])
+    assert early.deadlines == 0 and early.cells_killed == 1  # culled before the deadline
+
+
 @pytest.fixture(scope="module")
 def results():
     def samples():
@@ -71,22 +108,26 @@ def results():
 
 def test_default_policy(results):
     ours = results[DEFAULT]
-    # The GPU policy reclaims what the hour's grace leaves, on servers that report and (through
-    # DCGM) on those that do not...
-    assert ours.reporting_reclaimed_share >= 0.95
-    assert ours.reclaimed_share >= 0.95
-    assert ours.median_idle_to_reclaim_s == 3600 + 300  # cull_after, then the checkpoint
+    # The GPU policy reclaims what the hour's grace, the busy limit of cells that hold a GPU
+    # doing nothing, and hooks that always fail (an hour at most) leave, on servers that report
+    # and (through DCGM) on those that do not...
+    assert ours.reporting_reclaimed_share >= 0.94
+    assert ours.reclaimed_share >= 0.94
+    assert ours.median_idle_to_reclaim_s <= 3600 + 300  # cull_after, then the checkpoint
+    # ...keeps every hard deadline (a maximum age, a reclaim: failing hooks included), kills no
+    # running cell (CPU stages of 1-5 h, with the extension or without: then the server's
+    # Jupyter API says a kernel executes; sleep loops only at the busy limit, no surprise)...
+    assert ours.deadlines > 0 and ours.deadlines_kept == ours.deadlines
+    assert ours.cells_killed == 0
     # ...cuts no training (even starved under 5 % SM), pipeline stage or standby work, and
     # warns before every cull. What is left: owners arriving just as the cull falls.
     assert (ours.false_culls, ours.warned_culls) == (0, ours.culls)
     assert 0 < ours.culls_at_owner_return <= 6
     # Without DCGM, servers without the extension are unknown: jupyterhub-idle-culler's rule
-    # reclaims some of their hours, cuts their silent training and cannot warn...
+    # reclaims some of their hours, and cannot warn...
     blind = results["default, no DCGM"]
     assert blind.reporting_reclaimed_share == ours.reporting_reclaimed_share
     assert blind.reclaimed_share < ours.reclaimed_share - 0.05
-    assert blind.false_culls_by_scenario == {"silent_training (no report)": 2}
-    assert blind.unwarned_culls_by_scenario == {"silent_training (no report)": 2}
     # ...and without that rule they are never culled.
     without = results["default, no DCGM, no fallback"]
     assert (without.false_culls, without.warned_culls) == (0, without.culls)
@@ -106,3 +147,5 @@ def test_baselines_against_the_default_policy(results):
         assert stock.false_culls_by_scenario["batch_standby"] > 0
     for name in ("idle-culler 1h", "kernel culler 1h"):
         assert results[name].false_culls > ours.false_culls
+        # They know no maximum age of a tier and no reclaim of a borrowed GPU.
+        assert results[name].deadlines_kept < results[name].deadlines

@@ -52,9 +52,26 @@ measured data; U is uniform, logU log-uniform):
   data loader for logU(3, 30) h: mean SM logU(0.03, 0.30) per session (a batch every few
   seconds on a GPU that needs a tenth of that), per-step jitter x lognormal(sigma 0.35). About a
   fifth of these sessions sit mostly under 5 % SM. Then idle-held, logU(1, 14) h, and checks.
+- ``long_cpu_stage`` (0.10): the model is loaded first (it holds its memory), then an
+  unattended "run all" whose CPU stage — tokenising a corpus, feature extraction, a dataframe
+  join, a cross-validation on the CPU — runs U(1, 5) h with the GPU idle and the kernel busy
+  (``cpu_phase``), then fine-tunes for U(1, 6) h at SM U(0.5, 0.9); then idle-held until the
+  owner returns, logU(1, 14) h, and checks.
+- ``sleep_loop`` (0.03): a cell that polls for something that does not come (``while not
+  done(): time.sleep(60)`` on a cluster job, a file, an API) with the model held: the kernel
+  busy and the GPU idle for logU(12 h, 3 days), until the owner comes back and stops it. The
+  GPU does nothing for anyone: ``idle_held``, though a cell runs.
 - ``batch_standby``: every 16th user (index 5 mod 16) runs an exempt (``gpu-gov/exempt``)
   standby server in sessions of U(3, 14) days: idle logU(30 min, 12 h), then a batch job of
   logU(10 min, 4 h) at SM U(0.5, 0.95) submitted without a kernel execution or a browser.
+- Hard deadlines and failing hooks (scenario-independent, per user): the ``h100-80g`` tier has
+  a maximum age of 24 h (label ``gpu-gov/max-age``, as the profile layer writes it). Every 6th
+  user (index 4 mod 6) borrows beyond the team's guarantee (``gpu-gov/borrowed``), and in a
+  third of those sessions a team within its guarantee asks the GPU back at a uniform time of
+  the session (``gpu-gov/reclaim``, an ISO time on the replay engine's clock, and
+  ``gpu-gov/reclaim-for`` from then on). Every 8th user (index 6 mod 8) registered a checkpoint
+  hook that always raises (an upload to an unreachable bucket): ``checkpoint_fails`` on every
+  row.
 - No extension: every 10th user (index 3 mod 10) runs an image without the server extension:
   ``reports`` false, on the same scenario mix. The cluster runs dcgm-exporter (as NVIDIA's GPU
   Operator deploys it), so ``gpu_sm`` is DCGM's reading of the pod's GPU: the governor sees the
@@ -70,8 +87,8 @@ Limits: one server per user at a time; no weekends, holidays or time zones; nobo
 warning (no extensions are asked for, which a present owner would do); people who work for
 hours at the notebook without touching the GPU are not modelled (GPU cells come every few
 minutes); idle GPUs read exactly 0 SM; PCIe traffic, which the live service can also read
-from DCGM, is not in the format, so data-starved training is judged on SM alone; no
-checkpoint ever fails.
+from DCGM, is not in the format, so data-starved training is judged on SM alone; a hook that
+fails, fails every time.
 """
 
 from __future__ import annotations
@@ -84,6 +101,9 @@ import math
 import random
 import sys
 from collections.abc import Callable, Iterator
+
+from jupyter_gpu_gov.core.clock import isoformat
+from jupyter_gpu_gov.replay.engine import at
 
 MINUTE, HOUR, DAY = 60, 3600, 86400
 WORKDAY = (8 * HOUR, 18 * HOUR)
@@ -98,6 +118,9 @@ LIVE_TRUTHS = WORK_TRUTHS | {PRESENT}
 RECLAIMABLE = "idle_held"
 
 PROFILES = (("a100-80g", 81920), ("h100-80g", 81559), ("mig-3g.40gb", 40192), ("mig-1g.10gb", 9856))
+MAX_AGE = {
+    "h100-80g": str(DAY)
+}  # the tier's maximum age, in seconds, as the profile layer labels it
 TEAMS = ("vision", "nlp", "speech", "rl", "bio")
 EXEMPT = {"gpu-gov/exempt": "true"}
 
@@ -224,6 +247,23 @@ def data_starved(s: Session) -> None:
     _come_back(s, s.log_uniform(1, 14) * HOUR, tab)
 
 
+def long_cpu_stage(s: Session) -> None:
+    s.open()
+    s.work(s.rng.uniform(10, 30) * MINUTE)
+    tab = s.connections()
+    s.add(s.rng.uniform(1, 5) * HOUR, "cpu_phase", busy=True, connections=tab)
+    s.train(s.rng.uniform(1, 6) * HOUR, s.rng.uniform(0.5, 0.9), busy=True, connections=tab)
+    _come_back(s, s.log_uniform(1, 14) * HOUR, tab)
+
+
+def sleep_loop(s: Session) -> None:
+    s.open()
+    s.work(s.rng.uniform(10, 30) * MINUTE)
+    tab = s.connections()
+    s.add(s.log_uniform(12 * HOUR, 3 * DAY), RECLAIMABLE, busy=True, connections=tab)
+    s.work(s.rng.uniform(10, 30) * MINUTE)
+
+
 def batch_standby(s: Session) -> None:
     s.memory_mb = round(s.card_mb * s.rng.uniform(0.25, 0.95))
     end = s.count(s.rng.uniform(3, 14) * DAY)
@@ -246,6 +286,8 @@ SCENARIOS: dict[str, tuple[Callable[[Session], None], float]] = {
     "silent_training": (silent_training, 0.16),
     "cpu_pipeline": (cpu_pipeline, 0.14),
     "data_starved": (data_starved, 0.16),
+    "long_cpu_stage": (long_cpu_stage, 0.10),
+    "sleep_loop": (sleep_loop, 0.03),
 }
 
 
@@ -257,7 +299,13 @@ def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) ->
     profile, card_mb = rng.choice(PROFILES)
     standby = index % 16 == 5
     reports = index % 10 != 3
+    borrows = index % 6 == 4
+    hook_fails = index % 8 == 6
     labels = {"gpu-gov/project": f"{team}-{index % 3}", **(EXEMPT if standby else {})}
+    if profile in MAX_AGE:
+        labels["gpu-gov/max-age"] = MAX_AGE[profile]
+    if borrows:
+        labels["gpu-gov/borrowed"] = "true"
     names, weights = zip(*((name, w) for name, (_, w) in SCENARIOS.items()), strict=True)
     end = days * DAY
     t = rng.uniform(0, DAY)
@@ -269,12 +317,17 @@ def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) ->
         session = Session(rng, step, card_mb)
         (batch_standby if standby else SCENARIOS[scenario][0])(session)
         server = f"{user}/s{number:03d}"
+        reclaim_at = None  # a team within its guarantee asks this borrowed GPU back
+        if borrows and rng.random() < 1 / 3:
+            reclaim_at = t + rng.randrange(len(session.steps)) * step
+            asked = {"gpu-gov/reclaim": isoformat(at(reclaim_at)), "gpu-gov/reclaim-for": "vision"}
         for i, (sm, busy, active, connections, truth) in enumerate(session.steps):
             now = t + i * step
             if now >= end:
                 return
             memory = 0 if truth == "idle_free" else session.memory_mb
             row = {"t": now, "server": server, "profile": profile, "team": team}
+            row_labels = labels if reclaim_at is None or now < reclaim_at else labels | asked
             if reports or dcgm:
                 row["gpu_sm"] = sm  # the report's, or DCGM's for a server without the extension
             row |= {
@@ -284,10 +337,12 @@ def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) ->
                 "user_active": active,
                 "connections": connections,
                 "reports": reports,
-                "labels": labels,
+                "labels": row_labels,
                 "truth": truth,
                 "scenario": scenario,
             }
+            if hook_fails:
+                row["checkpoint_fails"] = True
             yield row
         t += len(session.steps) * step
 

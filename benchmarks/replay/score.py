@@ -26,11 +26,21 @@ without jupyterhub-idle-culler's fallback rule for them. Each run is scored the 
 - warned: the share of culls with a warning to that server at or before the cull.
 - idle→reclaim: median time from the start of the idle stretch (the first of the consecutive
   held rows before the cull whose truth is not ``active``) to culls whose step is ``idle_held``.
+- Hard deadlines: a server's maximum age (its ``gpu-gov/max-age`` label, from its first row)
+  and a reclaim of a borrowed GPU (``gpu-gov/reclaim`` plus the default ``reclaim_grace``, 15
+  min). **deadlines kept**: of the deadlines a server's trace reaches, the share whose GPU was
+  given back by then plus ``DEADLINE_SLACK`` (the bounded checkpoint retry: two
+  ``checkpoint_timeout`` of 5 min, and a few minutes of passes) and one step. A cull at or after
+  a deadline is the admin's rule, not a false cull: culls are false only before it.
+- **cells killed**: culls and interrupts, not at a hard deadline, whose step has the kernel
+  executing a cell that does live work (``kernel_busy`` and a truth of live work): a running
+  cell lost by surprise.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 from collections import Counter
@@ -38,8 +48,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
+from jupyter_gpu_gov.core.clock import parse as parse_time
 from jupyter_gpu_gov.core.durations import format_duration
-from jupyter_gpu_gov.core.policy import PolicyError, load_policies
+from jupyter_gpu_gov.core.policy import (
+    BORROWED_LABEL,
+    EXEMPT_LABEL,
+    MAX_AGE_LABEL,
+    RECLAIM_LABEL,
+    Policy,
+    PolicyError,
+    load_policies,
+)
 from jupyter_gpu_gov.replay import (
     Action,
     Sample,
@@ -49,10 +68,13 @@ from jupyter_gpu_gov.replay import (
     replay,
 )
 from jupyter_gpu_gov.replay.baselines import kernel_culler
+from jupyter_gpu_gov.replay.engine import EPOCH
 
 from .generate import DEFAULT_STEP, LIVE_TRUTHS, PRESENT, RECLAIMABLE, WORK_TRUTHS, generate
 
 HOUR = 3600
+DEADLINE_SLACK = 15 * 60  # seconds, plus a step: the bounded retry of a hard deadline
+RECLAIM_GRACE = Policy().reclaim_grace.total_seconds()
 Run = Callable[[Iterable[Sample]], Iterable[Action]]
 
 
@@ -95,8 +117,13 @@ class Result:
     culls_at_owner_return: int = 0
     culls_before_return: int = 0
     median_idle_to_reclaim_s: float | None = None
+    cells_killed: int = 0
+    deadlines: int = 0
+    deadlines_kept: int = 0
     false_culls_by_scenario: dict[str, int] = field(default_factory=dict)
     unwarned_culls_by_scenario: dict[str, int] = field(default_factory=dict)
+    cells_killed_by_scenario: dict[str, int] = field(default_factory=dict)
+    deadlines_missed_by_scenario: dict[str, int] = field(default_factory=dict)
 
     @property
     def reclaimed_share(self) -> float:
@@ -110,11 +137,16 @@ class Result:
     def warned_share(self) -> float | None:
         return self.warned_culls / self.culls if self.culls else None
 
+    @property
+    def deadlines_kept_share(self) -> float | None:
+        return self.deadlines_kept / self.deadlines if self.deadlines else None
+
     def as_dict(self) -> dict:
         figures = asdict(self) | {
             "reclaimed_share": self.reclaimed_share,
             "reporting_reclaimed_share": self.reporting_reclaimed_share,
             "warned_share": self.warned_share,
+            "deadlines_kept_share": self.deadlines_kept_share,
         }
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
 
@@ -126,32 +158,79 @@ def _share(part: float, whole: float) -> float:
 class _Server:
     """One server's running score."""
 
-    __slots__ = ("cull_t", "culled", "idle_start", "last", "returned", "span", "warned")
+    __slots__ = (
+        "cull_t",
+        "culled",
+        "deadline",
+        "deadline_seen",
+        "first_t",
+        "idle_start",
+        "interrupts",
+        "last",
+        "returned",
+        "span",
+        "warned",
+    )
 
-    def __init__(self, cull_t: float | None, warned: bool):
+    def __init__(self, cull_t: float | None, warned: bool, interrupts: list[float], first_t: float):
         self.cull_t = cull_t
         self.warned = warned
+        self.interrupts = interrupts  # times, oldest first
+        self.first_t = first_t
         self.culled = False  # its cull step has been seen
         self.returned: bool | None = None  # culled idle: did live work follow? (None: not so)
         self.idle_start: float | None = None
         self.last: Sample | None = None
         self.span = 0.0
+        self.deadline: float | None = None  # the earliest hard deadline its rows name
+        self.deadline_seen = False  # a row at or after it exists
+
+    def note_deadline(self, row: Sample) -> None:
+        if row.labels.get(EXEMPT_LABEL) == "true":
+            return  # the admin's exemption wins over deadlines
+        found = []
+        age = row.labels.get(MAX_AGE_LABEL)
+        if age and age.isdigit():
+            found.append(self.first_t + int(age))
+        asked = row.labels.get(RECLAIM_LABEL)
+        if asked and row.labels.get(BORROWED_LABEL) == "true":
+            with contextlib.suppress(ValueError):  # not a time: no deadline
+                found.append((parse_time(asked) - EPOCH).total_seconds() + RECLAIM_GRACE)
+        if found:
+            self.deadline = min([*found, *([self.deadline] if self.deadline else [])])
+        if self.deadline is not None and row.t >= self.deadline:
+            self.deadline_seen = True
+
+    def at_deadline(self, t: float) -> bool:
+        return self.deadline is not None and t >= self.deadline
 
 
 def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) -> Result:
     """Score one run's actions against the truth of the trace it ran on."""
     cull_at: dict[str, float] = {}
     first_warn: dict[str, float] = {}
+    interrupts: dict[str, list[float]] = {}
     for action in actions:
         if action.action == "warn":
             first_warn.setdefault(action.server, action.t)
         elif action.action == "cull":
             cull_at.setdefault(action.server, action.t)
+        elif action.action == "interrupt":
+            interrupts.setdefault(action.server, []).append(action.t)
     result = Result(name)
     waits: list[float] = []
     false_by: Counter[str] = Counter()
     unwarned_by: Counter[str] = Counter()
+    killed_by: Counter[str] = Counter()
+    missed_by: Counter[str] = Counter()
     servers: dict[str, _Server] = {}
+
+    def running_cell_lost(server: _Server, row: Sample, scenario: str) -> None:
+        if server.at_deadline(row.t) or not row.kernel_busy:
+            return
+        if row.extra.get("truth") in WORK_TRUTHS:
+            result.cells_killed += 1
+            killed_by[scenario] += 1
 
     def close(server: _Server, row: Sample, span: float) -> None:
         if not row.holds_gpu_memory or row.extra.get("truth") != RECLAIMABLE:
@@ -169,23 +248,32 @@ def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) ->
         if server is None:
             cull_t = cull_at.get(row.server)
             warned = cull_t is not None and first_warn.get(row.server, cull_t + 1) <= cull_t
-            server = servers[row.server] = _Server(cull_t, warned)
+            stops = interrupts.get(row.server, [])
+            server = servers[row.server] = _Server(cull_t, warned, stops, row.t)
         if server.last is not None:
             server.span = row.t - server.last.t
             close(server, server.last, server.span)
         server.last = row
+        if not server.culled:
+            server.note_deadline(row)
         truth = row.extra.get("truth")
         if row.holds_gpu_memory and truth != "active":
             server.idle_start = row.t if server.idle_start is None else server.idle_start
         else:
             server.idle_start = None
-        if server.cull_t is None or row.t < server.cull_t:
-            continue
         # The fallback rule, not the GPU policy, decides servers that send no report.
         scenario = str(row.extra.get("scenario", "?")) + ("" if row.reports else " (no report)")
+        while server.interrupts and server.interrupts[0] <= row.t:
+            if server.interrupts.pop(0) == row.t:
+                running_cell_lost(server, row, scenario)
+        if server.cull_t is None or row.t < server.cull_t:
+            continue
         if not server.culled:
             server.culled = True
-            if truth in WORK_TRUTHS:
+            running_cell_lost(server, row, scenario)
+            if server.at_deadline(row.t):
+                pass  # the admin's rule (max age, a reclaim): kept or not, below
+            elif truth in WORK_TRUTHS:
                 result.false_culls += 1
                 false_by[scenario] += 1
             elif truth == PRESENT:
@@ -201,6 +289,14 @@ def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) ->
     for server in servers.values():
         if server.last is not None:
             close(server, server.last, server.span)
+        if server.deadline_seen:
+            result.deadlines += 1
+            given_back = server.cull_t is not None and (
+                server.cull_t <= server.deadline + DEADLINE_SLACK + server.span
+            )
+            result.deadlines_kept += given_back
+            if not given_back:
+                missed_by[str(server.last.extra.get("scenario", "?"))] += 1
 
     result.culls = len(cull_at)
     result.warned_culls = sum(s.warned for s in servers.values() if s.cull_t is not None)
@@ -208,6 +304,8 @@ def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) ->
     result.median_idle_to_reclaim_s = statistics.median(waits) if waits else None
     result.false_culls_by_scenario = dict(sorted(false_by.items()))
     result.unwarned_culls_by_scenario = dict(sorted(unwarned_by.items()))
+    result.cells_killed_by_scenario = dict(sorted(killed_by.items()))
+    result.deadlines_missed_by_scenario = dict(sorted(missed_by.items()))
     return result
 
 
@@ -224,6 +322,8 @@ COLUMNS = (
     "policy",
     "reclaimed",
     "reporting",
+    "cells killed",
+    "deadlines kept",
     "false culls",
     "owner back",
     "warned",
@@ -243,6 +343,8 @@ def table(results: list[Result]) -> str:
                 r.policy,
                 f"{r.reclaimed_share:.1%}",
                 f"{r.reporting_reclaimed_share:.1%}",
+                str(r.cells_killed),
+                "-" if r.deadlines_kept_share is None else f"{r.deadlines_kept_share:.0%}",
                 str(r.false_culls),
                 str(r.culls_at_owner_return),
                 "-" if r.warned_share is None else f"{r.warned_share:.0%}",
@@ -262,6 +364,8 @@ def table(results: list[Result]) -> str:
     for title, counts_of in (
         ("false culls", lambda r: r.false_culls_by_scenario),
         ("unwarned culls", lambda r: r.unwarned_culls_by_scenario),
+        ("running cells killed", lambda r: r.cells_killed_by_scenario),
+        ("deadlines missed", lambda r: r.deadlines_missed_by_scenario),
     ):
         for r in results:
             if counts_of(r):

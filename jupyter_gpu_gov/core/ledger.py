@@ -22,6 +22,10 @@ Rules that keep the sums honest:
   that is within ``max_gap``, in the state first seen; a server that stops is billed up to the
   moment it was stopped (``close``), when that is within ``max_gap`` of the last observation.
 - Intervals that cross UTC midnight are split between the two days.
+
+Right-sizing: while a smaller tier would hold the server's measured use (``right_size_share``,
+its share of the GPU-equivalents held), the GPU-equivalent seconds it would have freed are
+counted too (``right_size_freed``), beside the state, never instead of it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ ACTIVE, IDLE_HELD, IDLE_FREE, UNKNOWN = "active", "idle_held", "idle_free", "unk
 STATES = (ACTIVE, IDLE_HELD, IDLE_FREE, UNKNOWN)
 UNOBSERVED = "unobserved"
 EVENTS = ("culls", "extensions")
-FIELDS = (*STATES, UNOBSERVED, *EVENTS)  # what a bucket holds
+RIGHT_SIZE_FREED = "right_size_freed"
+FIELDS = (*STATES, UNOBSERVED, *EVENTS, RIGHT_SIZE_FREED)  # what a bucket holds
 DIMENSIONS = ("user", "team", "project", "tier")
 PERIODS = ("day", "week", "all")
 
@@ -61,6 +66,8 @@ class Observation:
     gpus: float  # GPU-equivalents held; 0: holds no GPU (nothing is billed)
     state: str  # one of STATES
     started: datetime | None = None  # when the session started, if known
+    # The share of ``gpus`` a right-sized tier would hold (below 1), if one would do.
+    right_size_share: float | None = None
 
 
 @dataclass
@@ -76,6 +83,7 @@ class Session:
     state: str
     totals: dict[str, float] = field(default_factory=dict)  # FIELDS -> GPU-eq s, or counts
     ended_at: datetime | None = None
+    right_size_share: float | None = None  # as last observed (not stored)
 
     @property
     def allocated(self) -> float:
@@ -125,6 +133,7 @@ class Ledger:
             self.open[obs.server] = current
         self._bill(current, obs.at)
         current.owner, current.gpus, current.state = obs.owner, obs.gpus, obs.state
+        current.right_size_share = obs.right_size_share
         self._changed[(current.server, current.session)] = current
 
     def close(self, server: str, at: datetime) -> Session | None:
@@ -156,10 +165,15 @@ class Ledger:
         if s.gpus <= 0:
             return
         what = UNOBSERVED if until - start > self.max_gap else s.state
+        share = s.right_size_share if what != UNOBSERVED else None
         for day, seconds in split_days(start, until):
             amount = seconds * s.gpus
             s.totals[what] = s.totals.get(what, 0.0) + amount
             self._add((day, s.owner), what, amount)
+            if share is not None and 0 <= share < 1:
+                freed = amount * (1 - share)
+                s.totals[RIGHT_SIZE_FREED] = s.totals.get(RIGHT_SIZE_FREED, 0.0) + freed
+                self._add((day, s.owner), RIGHT_SIZE_FREED, freed)
 
     def _add(self, key: BucketKey, name: str, amount: float) -> None:
         bucket = self._deltas.setdefault(key, {})
@@ -234,6 +248,7 @@ def summarize(
                 "cost": 0.0,
                 "culls": 0,
                 "extensions": 0,
+                "freed_s": 0.0,
             }
         price = cost_per_hour(b.owner.tier)
         for s in (*STATES, UNOBSERVED):
@@ -244,6 +259,7 @@ def summarize(
         row["cost"] += allocated / 3600 * price
         for e in EVENTS:
             row[e] += round(b.values.get(e, 0))
+        row["freed_s"] += b.values.get(RIGHT_SIZE_FREED, 0.0)
     return [_hours(rows[k]) for k in sorted(rows)]
 
 
@@ -252,6 +268,7 @@ def _hours(row: dict) -> dict:
     allocated = sum(seconds[s] for s in STATES)
     idle = seconds[IDLE_HELD] + seconds[IDLE_FREE]
     events = {e: row.pop(e) for e in EVENTS}
+    freed = row.pop("freed_s")
     costs = {"idle_cost": round(row.pop("idle_cost"), 2), "cost": round(row.pop("cost"), 2)}
     return {
         **row,
@@ -263,6 +280,8 @@ def _hours(row: dict) -> dict:
         "gpu_hours_unknown": round(seconds[UNKNOWN] / 3600, 4),
         "gpu_hours_unobserved": round(seconds[UNOBSERVED] / 3600, 4),
         "utilisation": round(seconds[ACTIVE] / allocated, 4) if allocated else None,
+        # GPU-hours a right-sized tier (a smaller one the measured use fits) would have freed.
+        "gpu_hours_right_size_freed": round(freed / 3600, 4),
         **costs,
         **events,
     }
@@ -289,6 +308,7 @@ __all__ = [
     "IDLE_FREE",
     "IDLE_HELD",
     "PERIODS",
+    "RIGHT_SIZE_FREED",
     "STATES",
     "UNKNOWN",
     "UNOBSERVED",

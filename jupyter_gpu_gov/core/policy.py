@@ -5,8 +5,12 @@
 record, the state a person would read, the deadlines, and the actions to take. The live service
 and ``jupyter-gpu-gov replay`` both call it, so a replay shows exactly what the service would do.
 
-States: ``active → idle → warned → checkpointing → culled``, plus ``exempt`` and ``unknown``.
-Unknown GPU data never leads to a cull on GPU grounds.
+States: ``active → idle → warned → checkpointing → culled``, plus ``busy`` (a cell runs while
+its GPU idles, past ``busy_grace``), ``exempt`` and ``unknown``. Unknown GPU data never leads to a
+cull on GPU grounds, and a running cell is never culled for idleness: it gets a notice, and only
+after ``busy_limit`` is it interrupted (or, if the policy says so, its server culled). Hard
+deadlines — the maximum age, a borrowed GPU reclaimed, an admin's cull — apply to running work
+too, with the notice first; a failed checkpoint postpones them by one bounded retry at most.
 """
 
 from __future__ import annotations
@@ -28,10 +32,16 @@ MAX_AGE_LABEL = "gpu-gov/max-age"
 RECLAIM_LABEL, RECLAIM_FOR_LABEL = "gpu-gov/reclaim", "gpu-gov/reclaim-for"
 BORROWED_LABEL = "gpu-gov/borrowed"
 LABEL_PREFIX = "gpu-gov/"
+# What the server is for (the profile's, or the owner's choice at spawn), matchable in policies,
+# and how long its owner expects it to run (a duration, e.g. "6h"): a notice when it runs past.
+TASK_TYPE_LABEL = "gpu-gov/task-type"
+TASK_TYPES = ("interactive", "batch", "inference")
+EXPECTED_DURATION_LABEL = "gpu-gov/expected-duration"
 
-ACTIVE, IDLE, WARNED, CHECKPOINTING, CULLED, EXEMPT, UNKNOWN = (
+ACTIVE, IDLE, BUSY, WARNED, CHECKPOINTING, CULLED, EXEMPT, UNKNOWN = (
     "active",
     "idle",
+    "busy",
     "warned",
     "checkpointing",
     "culled",
@@ -40,9 +50,16 @@ ACTIVE, IDLE, WARNED, CHECKPOINTING, CULLED, EXEMPT, UNKNOWN = (
 )
 
 # Actions the service carries out (each idempotent, each audited with the decision's reason).
-WARN, CHECKPOINT, CULL = "warn", "checkpoint", "cull"
+WARN, CHECKPOINT, CULL, INTERRUPT = "warn", "checkpoint", "cull", "interrupt"
 # Warnings of a cull that GPU activity cannot put off.
-MAX_AGE_WARN, RECLAIM_WARN = "max-age-warn", "reclaim-warn"
+MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN = "max-age-warn", "reclaim-warn", "admin-warn"
+# Notices that announce no cull: a cell running past busy_grace with its GPU idle, a server
+# running past the duration its owner expected.
+BUSY_NOTICE, OVERRUN_NOTICE = "busy-notice", "overrun-notice"
+WARNINGS = frozenset({WARN, MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN})
+NOTICES = frozenset({BUSY_NOTICE, OVERRUN_NOTICE})
+# Why a server was culled (``Decision.cull_reason``).
+CULL_REASONS = ("gpu-idle", "max-age", "reclaim", "admin", "busy-limit", "inactive")
 
 
 # -- policies ----------------------------------------------------------------------------------
@@ -58,10 +75,12 @@ class Match:
     users: tuple[str, ...] = ()
     server_names: tuple[str, ...] = ()  # glob patterns; "" is the default server
     labels: Mapping[str, str] = field(default_factory=dict)
+    task_types: tuple[str, ...] = ()  # interactive | batch | inference
 
     def matches(self, view: ServerView) -> bool:
         return (
-            (not self.profiles or view.profile in self.profiles)
+            (not self.task_types or view.task_type in self.task_types)
+            and (not self.profiles or view.profile in self.profiles)
             and (not self.tiers or view.tier in self.tiers)
             and (not self.teams or view.team in self.teams)
             and (not self.users or view.user in self.users)
@@ -94,6 +113,12 @@ class Policy:
     # How long a running cell may leave its GPU idle (a CPU stage before its next GPU stage),
     # from when the GPU went idle: CPU stages of an hour or more are common in pipelines.
     busy_grace: timedelta = timedelta(hours=2)
+    # Past busy_grace the owner gets a notice naming the cause, and the cell runs on. A running
+    # cell (a ``time.sleep`` loop is one) holds its GPU at most this long from when the GPU
+    # went idle: then the owner is warned and, after the notice, the cell is interrupted and a
+    # checkpoint taken (``on_busy_limit: interrupt``), or the server culled (``cull``).
+    busy_limit: timedelta = timedelta(hours=8)
+    on_busy_limit: str = "interrupt"  # or "cull"
     extension_step: timedelta = timedelta(hours=1)
     max_extensions: int = 2
     extension_reason: str = "optional"  # or "required"
@@ -104,11 +129,21 @@ class Policy:
     checkpoint: bool = True
     checkpoint_timeout: timedelta = timedelta(minutes=5)
     on_checkpoint_failure: str = "postpone"  # or "proceed"
+    # ``postpone`` is bounded: a failed checkpoint postpones an idle cull by the notice, then
+    # twice that, at most this many times and never more than checkpoint_max_delay past the
+    # cull's own time; then the cull proceeds. A failure that passes (a disk being cleaned, a
+    # network blip) gets two more tries over an hour; a hook that always fails costs an hour.
+    # A hard deadline waits for one retry.
+    checkpoint_retries: int = 2
+    checkpoint_max_delay: timedelta = timedelta(hours=1)
     cull_action: str = "stop-server"  # or "shutdown-kernels"
     exempt: bool = False
     # jupyterhub-idle-culler's rule for servers with no GPU data: no report, no DCGM (None: never
     # cull them).
     inactive_timeout: timedelta | None = timedelta(hours=1)
+    # A notice when a server runs past the duration its owner expected at spawn (label
+    # gpu-gov/expected-duration); it never culls.
+    expected_duration_notice: bool = True
 
     @property
     def notice(self) -> timedelta:
@@ -128,11 +163,14 @@ _DURATIONS = {
     "checkpoint_timeout",
     "inactive_timeout",
     "away_after",
+    "busy_limit",
+    "checkpoint_max_delay",
 }
 _CHOICES = {
     "extension_reason": ("optional", "required"),
     "on_checkpoint_failure": ("postpone", "proceed"),
     "cull_action": ("stop-server", "shutdown-kernels"),
+    "on_busy_limit": ("interrupt", "cull"),
 }
 _MATCH_KEYS = {f.name for f in fields(Match)}
 _POLICY_KEYS = {f.name for f in fields(Policy)}
@@ -179,6 +217,8 @@ def _policy(label: str, entry: dict, base: Policy) -> Policy:
     policy = replace(base, **values)
     if policy.cull_after < policy.warn_after:
         raise PolicyError(f"{label}: 'cull_after' must not be shorter than 'warn_after'")
+    if policy.busy_limit < policy.busy_grace:
+        raise PolicyError(f"{label}: 'busy_limit' must not be shorter than 'busy_grace'")
     return policy
 
 
@@ -195,6 +235,14 @@ def _convert(key: str, value):
                 if not isinstance(v, Mapping):
                     raise ValueError("'match.labels' must be a dict of label: value")
                 criteria[k] = {str(a): str(b) for a, b in v.items()}
+            elif k == "task_types":
+                items = [v] if isinstance(v, str) else v
+                if not isinstance(items, list | tuple) or not all(i in TASK_TYPES for i in items):
+                    raise ValueError(
+                        f"'match.task_types' must name task types out of {', '.join(TASK_TYPES)},"
+                        f" got {v!r}"
+                    )
+                criteria[k] = tuple(items)
             else:
                 items = [v] if isinstance(v, str) else v
                 if not isinstance(items, list | tuple) or not all(
@@ -217,11 +265,11 @@ def _convert(key: str, value):
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
             raise ValueError(f"'idle_threshold' must be a number in [0, 1], got {value!r}")
         return float(value)
-    if key == "max_extensions":
+    if key in ("max_extensions", "checkpoint_retries"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"'max_extensions' must be a whole number >= 0, got {value!r}")
+            raise ValueError(f"{key!r} must be a whole number >= 0, got {value!r}")
         return value
-    if key in ("checkpoint", "exempt"):
+    if key in ("checkpoint", "exempt", "expected_duration_notice"):
         if not isinstance(value, bool):
             raise ValueError(f"{key!r} must be true or false, got {value!r}")
         return value
@@ -286,10 +334,30 @@ class ServerView:
     user_last_activity: datetime | None = None  # people's interaction, not API polling or GPU
     reports: bool = False  # the server sends GPU reports
     gpu: GpuSignal | None = None  # None when it sends none (or they went stale)
+    # The governor can ask it for a checkpoint (its report is fresh and the service may reach
+    # it): a server that runs no extension, or cannot be reached, is never asked.
+    reachable: bool = True
+    # The diagnosis of its last report (``zombie``, ``cpu_serial``, ...). Only a confident
+    # diagnosis decides anything (a zombie is treated as an owner away); any names a cause.
+    cause: str | None = None
+    cause_confident: bool = False
+    # Why the governor leaves it alone (jupyterhub-idle-culler's --cull-default-servers and
+    # --cull-named-servers): only hard deadlines apply, as that culler applies --max-age.
+    excluded: str | None = None
 
     @property
     def key(self) -> str:
         return f"{self.user}/{self.name}"
+
+    @property
+    def task_type(self) -> str:
+        """``interactive`` unless the label says ``batch`` or ``inference``."""
+        kind = self.labels.get(TASK_TYPE_LABEL, "")
+        return kind if kind in TASK_TYPES else "interactive"
+
+    @property
+    def checkpointable(self) -> bool:
+        return self.reports and self.reachable and self.gpu is not None
 
 
 def merge_evidence(
@@ -321,9 +389,18 @@ class Record:
     postponed_until: datetime | None = None  # after a failed checkpoint (on_checkpoint_failure)
     checkpoint_status: str | None = None  # requested | done | failed | timeout
     checkpoint_requested_at: datetime | None = None
-    max_age_warned_at: datetime | None = None
+    checkpoint_failures: int = 0  # of the current deadline
+    max_age_warned_at: datetime | None = None  # the warning of a hard deadline went out
     paused_at: datetime | None = None  # GPU data became unknown: the idle clock stopped here
     exempt_until: datetime | None = None  # an admin grant
+    busy_noticed_at: datetime | None = None  # the notice of a cell running past busy_grace
+    interrupted_at: datetime | None = None  # the running cell was interrupted at busy_limit
+    overrun_noticed_at: datetime | None = None  # it ran past the duration its owner expected
+    # A cull asked for now (an admin's, or a cell the busy limit could not stop): a hard
+    # deadline, with its cull reason (admin | busy-limit) and why, in words.
+    cull_requested_at: datetime | None = None
+    cull_request_reason: str | None = None
+    cull_request_why: str = ""
     culled_at: datetime | None = None
     reason: str = ""
 
@@ -339,7 +416,19 @@ class Record:
             postponed_until=None,
             checkpoint_status=None,
             checkpoint_requested_at=None,
+            checkpoint_failures=0,
             paused_at=None,
+            busy_noticed_at=None,
+            interrupted_at=None,
+        )
+
+    def exempted(self) -> Record:
+        """Out of the idle policy's reach for a while: its clock and deadlines stop, the count
+        of extensions the owner used (and a request waiting for an admin) stays on record."""
+        return evolve(
+            self.new_idle_stretch(),
+            extensions_used=self.extensions_used,
+            approval_pending=self.approval_pending,
         )
 
 
@@ -349,8 +438,8 @@ class Decision:
     actions: tuple[str, ...] = ()
     warn_at: datetime | None = None
     cull_at: datetime | None = None
-    cull_reason: str | None = None  # gpu-idle | max-age | reclaim | inactive | admin
-    notice: str | None = None  # what a max-age or reclaim warning tells the user
+    cull_reason: str | None = None  # one of CULL_REASONS
+    notice: str | None = None  # what a hard deadline's warning, or a notice, tells the user
 
     @property
     def state(self) -> str:
@@ -377,21 +466,44 @@ def max_age_of(policy: Policy, view: ServerView) -> tuple[timedelta | None, str]
     return policy.max_age, "profile"
 
 
-def _hard_deadline(policy: Policy, view: ServerView):
-    """The earliest cull that GPU activity cannot put off — the maximum age, or a reclaim of a
-    borrowed GPU — as (when, warn from, why, cull reason); None when there is none."""
+@dataclass(frozen=True)
+class _Deadline:
+    """A cull that GPU activity cannot put off."""
+
+    at: datetime
+    warn_from: datetime
+    why: str
+    cull_reason: str
+    warning: str  # the warning action
+
+    def notice(self) -> str:
+        if self.cull_reason == "max-age":
+            return f"{self.why.replace('reached', 'will reach')} at {self.at:%H:%M} UTC"
+        if self.cull_reason == "reclaim":
+            return f"{self.why}: it will be given back at {self.at:%H:%M} UTC"
+        return f"{self.why}: the server will be stopped after a checkpoint"
+
+
+def _hard_deadline(policy: Policy, view: ServerView, record: Record) -> _Deadline | None:
+    """The earliest hard deadline — the maximum age, a reclaim of a borrowed GPU, a cull asked
+    for (by an admin, or at the busy limit) — or None when there is none."""
     found = []
     max_age, whose = max_age_of(policy, view)
     if max_age and view.started:
         at = view.started + max_age
         why = f"reached the maximum age of {format_duration(max_age)} for this {whose}"
-        found.append((at, at - policy.max_age_warning, why, "max-age"))
+        found.append(_Deadline(at, at - policy.max_age_warning, why, "max-age", MAX_AGE_WARN))
     asked = _timestamp(view.labels.get(RECLAIM_LABEL))
     if asked is not None and view.labels.get(BORROWED_LABEL) == "true":
         team = view.labels.get(RECLAIM_FOR_LABEL) or "another team"
         why = f"team {team}, within its guarantee, needs this borrowed GPU back"
-        found.append((asked + policy.reclaim_grace, asked, why, "reclaim"))
-    return min(found, key=lambda d: d[0]) if found else None
+        at = asked + policy.reclaim_grace
+        found.append(_Deadline(at, asked, why, "reclaim", RECLAIM_WARN))
+    if record.cull_requested_at is not None:
+        at = record.cull_requested_at
+        why = record.cull_request_why or "a cull was asked for"
+        found.append(_Deadline(at, at, why, record.cull_request_reason or "admin", ADMIN_WARN))
+    return min(found, key=lambda d: d.at) if found else None
 
 
 def _timestamp(value: str | None) -> datetime | None:
@@ -405,7 +517,8 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
     if record.state == CULLED:
         return Decision(record)  # idempotent: the service already acted
 
-    if _is_exempt(view, record, policy, now):
+    # A cull asked for (an admin's) overrides an exemption; nothing else does.
+    if record.cull_requested_at is None and _is_exempt(view, record, policy, now):
         why = (
             f"exempt by policy {policy.name!r}"
             if policy.exempt
@@ -413,26 +526,62 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
             if record.exempt_until and now < record.exempt_until
             else f"exempt by label {EXEMPT_LABEL}"
         )
-        return Decision(evolve(record.new_idle_stretch(), state=EXEMPT, reason=why))
+        return Decision(evolve(record.exempted(), state=EXEMPT, reason=why))
 
     actions: list[str] = []
     notice = None
-    deadline = _hard_deadline(policy, view)
+    deadline = _hard_deadline(policy, view, record)
     if deadline is not None:
-        at, warn_from, why, cull_reason = deadline
-        if now >= at:
-            return _cull_with_checkpoint(record, policy, now, why, cull_reason, at, at)
         warned = record.max_age_warned_at
-        if now >= warn_from and (warned is None or warned < warn_from):
-            actions.append(RECLAIM_WARN if cull_reason == "reclaim" else MAX_AGE_WARN)
+        if now >= deadline.warn_from and (warned is None or warned < deadline.warn_from):
+            actions.append(deadline.warning)  # the notice first, even at the deadline itself
             record = evolve(record, max_age_warned_at=now)
-            notice = (
-                f"{why}: it will be given back at {at:%H:%M} UTC"
-                if cull_reason == "reclaim"
-                else f"{why.replace('reached', 'will reach')} at {at:%H:%M} UTC"
+            notice = deadline.notice()
+        if now >= deadline.at:
+            decision = _cull_with_checkpoint(
+                record,
+                policy,
+                view,
+                now,
+                deadline.why,
+                deadline.cull_reason,
+                deadline.warn_from,
+                deadline.at,
+                hard=True,
             )
+            return evolve(decision, actions=(*actions, *decision.actions), notice=notice)
+    if view.excluded is not None:
+        record = evolve(record.exempted(), state=EXEMPT, reason=view.excluded)
+        return Decision(record, tuple(actions), cull_at=deadline and deadline.at, notice=notice)
+
+    overrun = _overrun(view, policy, now)
+    if overrun is not None and record.overrun_noticed_at is None:
+        actions.append(OVERRUN_NOTICE)
+        record = evolve(record, overrun_noticed_at=now)
+        notice = notice or overrun
     decision = _decide_on_activity(view, record, policy, now, actions)
+    if overrun is not None:
+        decision = evolve(
+            decision, record=evolve(decision.record, reason=f"{decision.reason}; {overrun}")
+        )
     return evolve(decision, notice=notice) if notice else decision
+
+
+def _overrun(view: ServerView, policy: Policy, now: datetime) -> str | None:
+    """Words for a server running past the duration its owner expected, else None."""
+    label = view.labels.get(EXPECTED_DURATION_LABEL)
+    if not policy.expected_duration_notice or not label or view.started is None:
+        return None
+    try:
+        expected = parse_duration(label)
+    except ValueError:
+        return None
+    if not expected or now < view.started + expected:
+        return None
+    return (
+        f"running past the {format_duration(expected)} expected at spawn (since "
+        f"{_at(view.started + expected)}): if its work is done, stop it to give the GPU back"
+    )
 
 
 def _decide_on_activity(
@@ -466,46 +615,69 @@ def _decide_on_activity(
     # happens (the store then writes only transitions).
     idle = f"GPU idle since {_at(idle_since)}" + (f" ({gpu.detail})" if gpu.detail else "")
 
+    if _interrupt_checkpoint_pending(record, policy):
+        # The busy limit interrupted the cell and asked for a checkpoint: once it has answered
+        # (or not, in time), the idle rules take over, with a warning of their own.
+        status = _checkpoint_status(record, policy, now)
+        if status == "requested":
+            why = f"{idle}; the cell was interrupted (busy limit); waiting for the checkpoint"
+            return Decision(evolve(record, state=CHECKPOINTING, reason=why), tuple(actions))
+        record = evolve(
+            record, checkpoint_status=None, checkpoint_requested_at=None, warned_at=None
+        )
+    if record.interrupted_at is not None:
+        idle += f"; its cell was interrupted at {_at(record.interrupted_at)} (busy limit)"
+
     back = view.user_last_activity
-    away = policy.away_after is not None and back is not None and now - back >= policy.away_after
-    first_stage = timedelta(0) if away else policy.warn_after  # an away owner is warned at once
-    cull_at = idle_since + first_stage + policy.notice + timedelta(seconds=record.extension_s)
-    warn_at = cull_at - policy.notice
-    holds = []
+    # A confident diagnosis of a zombie (memory held, no GPU work, nobody there) is an owner
+    # away; any other cause only explains.
+    zombie = view.cause == "zombie" and view.cause_confident
+    away = zombie or (
+        policy.away_after is not None and back is not None and now - back >= policy.away_after
+    )
     grace = policy.user_activity_grace
     if record.warned_at is not None and back is not None and back > record.warned_at:
         # The owner came back after the warning went out: they get its full notice from their
         # last interaction, not a short grace (the warning may have been sent while they were away).
         grace = max(grace, policy.notice)
-    # A running cell may leave its GPU idle for ``busy_grace`` (a CPU stage before its next GPU
-    # stage), counted from when the GPU went idle under it: one long cell, or a "run all",
-    # keeps the kernel busy for hours, and its CPU stages come late.
-    # Without a report nobody can tell whether a cell runs: one is assumed to.
-    busy_since = gpu.kernel_busy_since if gpu.sees_cells else idle_since
-    busy = busy_since and max(busy_since, idle_since)
-    running = "a kernel is executing a cell" if gpu.sees_cells else "a cell may be running"
+    present_until = _plus(back, grace)
+
+    cell = _running_cell(gpu, idle_since)
+    if cell is not None:
+        return _decide_running(view, record, policy, now, actions, idle, cell, present_until)
+
+    first_stage = timedelta(0) if away else policy.warn_after  # an away owner is warned at once
+    cull_at = idle_since + first_stage + policy.notice + timedelta(seconds=record.extension_s)
+    warn_at = cull_at - policy.notice
+    holds = []
     for not_before, what in (
-        (_plus(back, grace), "recent user activity"),
-        (_plus(busy, policy.busy_grace), running),
-        (record.postponed_until, "a failed checkpoint"),
+        (present_until, "recent user activity"),
+        # DCGM alone cannot see a running cell: the cull waits busy_grace in case one runs.
+        (None if gpu.sees_cells else idle_since + policy.busy_grace, "a cell may be running"),
     ):
         if not_before is not None and not_before > cull_at:
             cull_at = not_before
             holds.append(what)
     if record.warned_at is not None:
         cull_at = max(cull_at, record.warned_at + policy.notice)  # every warning gets its notice
+    due = cull_at  # what failed checkpoints postpone, within checkpoint_max_delay
+    if record.postponed_until is not None and record.postponed_until > cull_at:
+        cull_at = record.postponed_until
+        holds.append("a failed checkpoint")
 
     if now < warn_at and record.warned_at is None:
-        why = idle
-        return Decision(evolve(record, state=IDLE, reason=why), tuple(actions), warn_at, cull_at)
+        return Decision(evolve(record, state=IDLE, reason=idle), tuple(actions), warn_at, cull_at)
 
     if record.warned_at is None:
         actions.append(WARN)
         record = evolve(record, warned_at=now)
         cull_at = max(cull_at, now + policy.notice)
+        due = max(due, cull_at)
     if now < cull_at:
         why = f"{idle}; {_cull_words(policy)} at {_at(cull_at)} unless extended"
-        if away:
+        if zombie:
+            why += " (nobody is there: the GPU holds memory and does no work)"
+        elif away:
             why += f" (nobody has used the notebook since {_at(back)})"
         if holds:
             why += f" (held back by {', '.join(holds)})"
@@ -513,8 +685,135 @@ def _decide_on_activity(
 
     why = f"{idle} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
     final = f"GPU idle for {format_duration(now - idle_since)}" + why[len("GPU idle") :]
-    decision = _cull_with_checkpoint(record, policy, now, why, "gpu-idle", warn_at, cull_at, final)
+    decision = _cull_with_checkpoint(
+        record, policy, view, now, why, "gpu-idle", warn_at, cull_at, final, due=due
+    )
     return evolve(decision, actions=tuple(actions) + decision.actions)
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """A cell running while the GPU idles."""
+
+    since: datetime  # the later of the cell's start and the GPU's idle start
+    words: str
+
+
+def _running_cell(gpu: GpuSignal, idle_since: datetime) -> _Cell | None:
+    """A cell the report shows running (the kernel's execution state). DCGM alone cannot see
+    one, nor can the Hub (a silent cell updates no activity, an open tab does): for a server
+    without the extension the idle cull only waits busy_grace in case one runs."""
+    if not gpu.sees_cells or gpu.kernel_busy_since is None:
+        return None
+    return _Cell(max(gpu.kernel_busy_since, idle_since), "a kernel is executing a cell")
+
+
+_CAUSE_WORDS = {
+    "cpu_serial": "a CPU-bound step",
+    "data_io": "waiting on data loading",
+    "small_work": "too little work per step",
+    "memory_bandwidth": "memory-bound kernels",
+    "zombie": "a kernel holding memory that nobody uses",
+}
+
+
+def _decide_running(
+    view: ServerView,
+    record: Record,
+    policy: Policy,
+    now: datetime,
+    actions: list[str],
+    idle: str,
+    cell: _Cell,
+    present_until: datetime | None,
+) -> Decision:
+    """A cell runs while its GPU idles. It is never culled for idleness: past ``busy_grace``
+    the owner gets a notice naming the cause, and past ``busy_limit`` (from the GPU's idle
+    start, so that restarting cells does not reset it) a warning; after the notice the cell is
+    interrupted and a checkpoint taken, or the server culled."""
+    idle_since = record.idle_since
+    limit = idle_since + policy.busy_limit + timedelta(seconds=record.extension_s)
+    if record.warned_at is not None and record.warned_at < limit:
+        # A warning of an idle cull (or of a limit since extended) does not stand for this one.
+        record = evolve(record, warned_at=None)
+    act_at = limit + policy.notice
+    if record.warned_at is not None:
+        act_at = max(act_at, record.warned_at + policy.notice)
+    if present_until is not None and present_until > act_at:
+        act_at = present_until  # somebody is at the notebook
+    grace_end = cell.since + policy.busy_grace
+    interruptible = view.checkpointable
+    interrupt = interruptible and policy.on_busy_limit == "interrupt"
+    outcome = "the cell interrupted and checkpointed" if interrupt else _cull_words(policy)
+    running = f"{idle}; {cell.words} since {_at(cell.since)}"
+    cause = _CAUSE_WORDS.get(view.cause or "")
+    if cause:
+        running += f" ({'the diagnosis' if view.cause_confident else 'maybe'}: {cause})"
+
+    if now < limit and record.warned_at is None:
+        if now < grace_end:
+            record = evolve(record, state=IDLE, reason=running)
+            return Decision(record, tuple(actions), grace_end, act_at)
+        if record.busy_noticed_at is None or record.busy_noticed_at < cell.since:
+            actions.append(BUSY_NOTICE)
+            record = evolve(record, busy_noticed_at=now)
+        why = (
+            f"{running}: if it will use the GPU again, press Extend; if not, stop it and give "
+            f"the GPU back. {outcome.capitalize()} at {_at(act_at)} (busy limit) unless extended"
+        )
+        return Decision(evolve(record, state=BUSY, reason=why), tuple(actions), grace_end, act_at)
+
+    if record.warned_at is None:
+        actions.append(WARN)
+        record = evolve(record, warned_at=now)
+        act_at = max(act_at, now + policy.notice)
+    if now < act_at:
+        why = (
+            f"{running}, past the busy limit of {format_duration(policy.busy_limit)}: "
+            f"{outcome} at {_at(act_at)} unless extended"
+        )
+        return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), limit, act_at)
+
+    why = (
+        f"{cell.words} since {_at(cell.since)} with its GPU idle since {_at(idle_since)}: "
+        f"past the busy limit of {format_duration(policy.busy_limit)}"
+    )
+    interrupted = record.interrupted_at is not None and record.interrupted_at >= cell.since
+    first = ()
+    if interruptible and not interrupted:
+        first = (INTERRUPT,)  # the hooks of a checkpoint can run only once the cell stops
+        record = evolve(record, interrupted_at=now)
+        if interrupt:
+            record = evolve(
+                record,
+                state=CHECKPOINTING,
+                checkpoint_status="requested",
+                checkpoint_requested_at=now,
+                reason=f"{why}: the cell was interrupted; saving a checkpoint",
+            )
+            return Decision(record, (*actions, INTERRUPT, CHECKPOINT), limit, act_at)
+    # The policy culls at the limit, the cell cannot be interrupted, or it ran on after the
+    # interrupt: a hard deadline from now on.
+    record = evolve(
+        record,
+        cull_requested_at=now,
+        cull_request_reason="busy-limit",
+        cull_request_why=why,
+        max_age_warned_at=now,  # warned above
+    )
+    decision = _cull_with_checkpoint(
+        record, policy, view, now, why, "busy-limit", limit, now, hard=True
+    )
+    return evolve(decision, actions=(*actions, *first, *decision.actions))
+
+
+def _interrupt_checkpoint_pending(record: Record, policy: Policy) -> bool:
+    return (
+        policy.on_busy_limit == "interrupt"
+        and record.interrupted_at is not None
+        and record.checkpoint_status is not None
+        and record.checkpoint_requested_at == record.interrupted_at
+    )
 
 
 def _resume(record: Record, now: datetime) -> Record:
@@ -569,59 +868,108 @@ def _inactive_rule(
     return Decision(record, (*actions, CULL), None, deadline, "inactive")
 
 
+def _checkpoint_status(record: Record, policy: Policy, now: datetime) -> str | None:
+    """The checkpoint's status, a request unanswered for checkpoint_timeout being a timeout."""
+    status = record.checkpoint_status
+    if status == "requested" and now - record.checkpoint_requested_at >= policy.checkpoint_timeout:
+        return "timeout"
+    return status
+
+
 def _cull_with_checkpoint(
     record: Record,
     policy: Policy,
+    view: ServerView,
     now: datetime,
     why: str,
     cull_reason: str,
     warn_at: datetime | None,
     cull_at: datetime,
     final: str | None = None,
+    *,
+    hard: bool = False,
+    due: datetime | None = None,
 ) -> Decision:
-    """Checkpoint first when the policy says so; then cull, or postpone on failure.
+    """Checkpoint first when the policy says so and the server can be asked; then cull, or on
+    a failed checkpoint postpone (bounded) and retry.
 
-    ``why`` explains the waiting states; ``final`` (default ``why``) is the cull's own reason."""
-    if policy.checkpoint:
-        status = record.checkpoint_status
-        if (
-            status == "requested"
-            and now - record.checkpoint_requested_at >= policy.checkpoint_timeout
-        ):
-            status = "timeout"
-        if status is None:
+    ``why`` explains the waiting states; ``final`` (default ``why``) is the cull's own reason.
+    A ``hard`` deadline waits for one retry at most; an idle cull (due at ``due``) backs off
+    ``checkpoint_retries`` times at most, never past ``checkpoint_max_delay``."""
+    final = final or why
+    if not policy.checkpoint:
+        return _cull(record, now, final, warn_at, cull_at, cull_reason)
+    if not view.checkpointable:
+        # Nobody to ask: no extension (no report this session), or it cannot be reached.
+        cannot = "it sends no GPU report" if not view.reports else "it cannot be reached"
+        return _cull(
+            record, now, f"{final}; no checkpoint ({cannot})", warn_at, cull_at, cull_reason
+        )
+    status = _checkpoint_status(record, policy, now)
+    if status is None:
+        record = evolve(
+            record,
+            state=CHECKPOINTING,
+            checkpoint_status="requested",
+            checkpoint_requested_at=now,
+            reason=f"{why}; saving a checkpoint before the cull",
+        )
+        return Decision(record, (CHECKPOINT,), warn_at, cull_at, cull_reason)
+    if status == "requested":
+        record = evolve(record, state=CHECKPOINTING, reason=f"{why}; waiting for the checkpoint")
+        return Decision(record, (), warn_at, cull_at, cull_reason)
+    if status == "done":
+        return _cull(record, now, f"{final}; checkpoint saved", warn_at, cull_at, cull_reason)
+
+    failures = record.checkpoint_failures + 1
+    if policy.on_checkpoint_failure == "proceed":
+        anyway = "on_checkpoint_failure=proceed"
+    elif hard:
+        if failures <= 1:  # one bounded retry, no new warning
             record = evolve(
                 record,
                 state=CHECKPOINTING,
                 checkpoint_status="requested",
                 checkpoint_requested_at=now,
-                reason=f"{why}; saving a checkpoint before the cull",
+                checkpoint_failures=failures,
+                reason=f"{why}; checkpoint {status}: trying once more before the cull",
             )
             return Decision(record, (CHECKPOINT,), warn_at, cull_at, cull_reason)
-        if status == "requested":
-            record = evolve(
-                record, state=CHECKPOINTING, reason=f"{why}; waiting for the checkpoint"
-            )
-            return Decision(record, (), warn_at, cull_at, cull_reason)
-        if status in ("failed", "timeout") and policy.on_checkpoint_failure == "postpone":
-            # Do not lose work: warn again, and retry the checkpoint after another notice.
-            new_cull = now + max(policy.notice, policy.checkpoint_timeout)
+        anyway = "a hard deadline waits for one retry only"
+    else:
+        backoff = max(policy.notice, policy.checkpoint_timeout) * 2 ** (failures - 1)
+        new_cull = min(now + backoff, (due or cull_at) + policy.checkpoint_max_delay)
+        if failures <= policy.checkpoint_retries and new_cull > now:
+            # Do not lose work: say so, and try again later; a bounded number of times.
             record = evolve(
                 record,
                 state=WARNED,
                 postponed_until=new_cull,
                 checkpoint_status=None,
-                warned_at=now,
-                reason=f"{why}; checkpoint {status}: cull postponed to {_at(new_cull)}",
+                checkpoint_failures=failures,
+                reason=(
+                    f"{why}; checkpoint {status} ({failures} of {policy.checkpoint_retries} "
+                    f"retries): cull postponed to {_at(new_cull)}"
+                ),
             )
             return Decision(record, (WARN,), warn_at, new_cull, cull_reason)
-        why = final or why
-        if status in ("failed", "timeout"):
-            why = f"{why}; checkpoint {status}, culling anyway (on_checkpoint_failure=proceed)"
-        else:
-            why = f"{why}; checkpoint saved"
-    else:
-        why = final or why
+        anyway = (
+            f"after {failures} failed checkpoints"
+            if failures > policy.checkpoint_retries
+            else f"checkpoint_max_delay of {format_duration(policy.checkpoint_max_delay)} spent"
+        )
+    final = f"{final}; checkpoint {status}, culling anyway ({anyway})"
+    return _cull(record, now, final, warn_at, cull_at, cull_reason)
+
+
+def _cull(
+    record: Record,
+    now: datetime,
+    why: str,
+    warn_at: datetime | None,
+    cull_at: datetime,
+    cull_reason: str,
+) -> Decision:
     record = evolve(record, state=CULLED, culled_at=now, reason=why)
     return Decision(record, (CULL,), warn_at, cull_at, cull_reason)
 
@@ -643,10 +991,13 @@ class ExtensionOutcome:
 def extend(record: Record, policy: Policy, reason: str | None) -> ExtensionOutcome:
     """The owner asks for more time. Within ``max_extensions`` it is granted at once; beyond,
     it waits for an admin."""
-    if record.state not in (IDLE, WARNED, CHECKPOINTING):
+    if record.state not in (IDLE, BUSY, WARNED, CHECKPOINTING):
         return ExtensionOutcome(
             record, "refused", f"nothing to extend: the server is {record.state}"
         )
+    if record.cull_requested_at is not None:
+        why = record.cull_request_why or "a cull was asked for"
+        return ExtensionOutcome(record, "refused", f"the server is being stopped: {why}")
     if policy.extension_reason == "required" and not (reason or "").strip():
         return ExtensionOutcome(record, "refused", "a reason is required to extend")
     if record.approval_pending:
@@ -683,16 +1034,22 @@ def _grant(record: Record, seconds: float) -> Record:
         warned_at=None,
         checkpoint_status=None,
         checkpoint_requested_at=None,
+        checkpoint_failures=0,
         state=WARNED if record.state == CHECKPOINTING else record.state,
     )
 
 
 def verdict(
-    decision: Decision, policy: Policy, *, dry_run: bool = False, root_cause: dict | None = None
+    decision: Decision,
+    policy: Policy,
+    *,
+    dry_run: bool = False,
+    root_cause: dict | None = None,
+    right_size: dict | None = None,
 ) -> dict:
-    """The verdict of DESIGN §5, as it rides back on a report's response. ``root_cause`` is the
-    governor's diagnosis (``{"label", "hint", "contributions", "source"}``), passed in: it
-    explains, it never decides."""
+    """The verdict (docs/api.md), as it rides back on a report's response. ``root_cause`` is
+    the governor's diagnosis (``{"label", "hint", "contributions", "source"}``) and
+    ``right_size`` a smaller tier its use fits (``{"tier", "label", "reason"}``), passed in."""
     from .clock import isoformat
 
     record = decision.record
@@ -712,4 +1069,5 @@ def verdict(
         "max_age_at": None,
         "dry_run": dry_run,
         "root_cause": root_cause,
+        "right_size": right_size,
     }

@@ -7,6 +7,7 @@ GPU report, so a hub can replace that culler with this service.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from traitlets.config import Application
 from .. import __version__
 from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
+from ..core.rightsize import TierSizeError, load_tier_sizes
 from .dcgm import DcgmConfig, DcgmSource
 from .diagnosis import DiagnosisOptions
 from .diagnosis import preload as preload_diagnosis
@@ -166,11 +168,17 @@ class GpuGovernor(Application):
         help="Seconds between reconcile passes (0: timeout / 2, at most 60 s).",
     ).tag(config=True)
     max_age = Int(
-        0, help="Seconds after which any server is culled regardless of activity (0: never)."
+        0,
+        help="""Seconds after its start at which any server is culled regardless of activity
+        (0: never), as jupyterhub-idle-culler's --max-age: excluded servers too; after a
+        checkpoint when the server runs the extension (one retry at most).""",
     ).tag(config=True)
-    cull_users = Bool(False, help="Also delete users whose last server was culled.").tag(
-        config=True
-    )
+    cull_users = Bool(
+        False,
+        help="""Also delete users (as jupyterhub-idle-culler does): once none of their servers
+        runs, when inactive for --timeout or created --max-age ago (admins only with
+        --cull-admin-users). Needs admin:users (add_governor(cull_users=True)).""",
+    ).tag(config=True)
     remove_named_servers = Bool(
         False, help="Remove culled named servers instead of just stopping them."
     ).tag(config=True)
@@ -182,7 +190,11 @@ class GpuGovernor(Application):
     )
     cull_default_servers = Bool(True, help="Govern users' default servers.").tag(config=True)
     cull_named_servers = Bool(True, help="Govern named servers.").tag(config=True)
-    cull_admin_users = Bool(True, help="Govern admin users' servers too.").tag(config=True)
+    cull_admin_users = Bool(
+        True,
+        help="""With --cull-users, delete admin users too (as in jupyterhub-idle-culler, their
+        servers are governed either way).""",
+    ).tag(config=True)
     ssl_enabled = Bool(False, help="The Hub uses internal SSL (internal_ssl).").tag(config=True)
     internal_certs_location = Unicode(
         "internal-ssl", help="The Hub's internal_certs_location, for internal SSL."
@@ -205,12 +217,14 @@ class GpuGovernor(Application):
                 {"name": "mig", "match": {"tiers": ["mig-1g"]}, "cull_action": "shutdown-kernels"},
             ]
 
-        Keys: match (profiles, tiers, teams, users, server_names, labels), idle_threshold,
-        warn_after, cull_after, user_activity_grace, busy_grace, away_after, extension_step,
-        max_extensions, extension_reason (optional|required), max_age, max_age_warning,
-        checkpoint, checkpoint_timeout, on_checkpoint_failure (postpone|proceed),
-        cull_action (stop-server|shutdown-kernels), exempt, inactive_timeout. Durations are
-        seconds or strings like "90m", "2h".""",
+        Keys: match (profiles, tiers, teams, users, server_names, labels, task_types),
+        idle_threshold, warn_after, cull_after, user_activity_grace, busy_grace, busy_limit,
+        on_busy_limit (interrupt|cull), away_after, extension_step, max_extensions,
+        extension_reason (optional|required), max_age, max_age_warning, checkpoint,
+        checkpoint_timeout, on_checkpoint_failure (postpone|proceed), checkpoint_retries,
+        checkpoint_max_delay, cull_action (stop-server|shutdown-kernels), exempt,
+        inactive_timeout, expected_duration_notice. Durations are seconds or strings like
+        "90m", "2h".""",
     ).tag(config=True)
     policy_defaults = Dict(
         help="""Defaults for every policy key (same keys as a policy). ``inactive_timeout``
@@ -342,6 +356,23 @@ class GpuGovernor(Application):
         0: every pass.""",
     ).tag(config=True)
 
+    # -- right-sizing ----------------------------------------------------------------------------
+    right_size_tiers = List(
+        Dict(),
+        help="""What one server of each tier gets, for right-sizing hints (a smaller tier a
+        server's measured peak memory and activity fit, on the verdict, the dashboard and in
+        showback): ``[{"name": "h100-1g", "label": "H100 MIG 1g.10gb", "memory_gb": 10,
+        "weight": 0.1429}, ...]``. ``add_governor(c, tiers=tier_sizes(c.GpuProfiles.tiers))``
+        (``jupyter_gpu_gov.profiles.estimate.tier_sizes``) passes the profile layer's tiers;
+        default $JUPYTER_GPU_GOV_TIERS (JSON). Empty: no hints.""",
+    ).tag(config=True)
+
+    right_size_after = Float(
+        3600,
+        help="""Seconds of reports with the GPU held before a right-sizing hint: the peak of a
+        shorter stretch says too little (default 3600).""",
+    ).tag(config=True)
+
     @validate("gpu_hour_cost", "tier_weights", "team_quotas")
     def _numbers(self, proposal):
         for key, value in proposal["value"].items():
@@ -436,7 +467,7 @@ class GpuGovernor(Application):
             raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
         return proposal["value"]
 
-    @validate("usage_write_every", "usage_max_gap", "gpu_unknown_alert_after")
+    @validate("usage_write_every", "usage_max_gap", "gpu_unknown_alert_after", "right_size_after")
     def _not_negative(self, proposal):
         if proposal["value"] < 0:
             raise ValueError(
@@ -464,6 +495,7 @@ class GpuGovernor(Application):
             self.load_config_file(self.config_file)
             self.parse_command_line(argv)  # the command line wins over the file
         self.policy_list = self.build_policies()
+        self.tier_sizes = self.build_tier_sizes()
 
     def build_policies(self):
         defaults = {"inactive_timeout": self.timeout}
@@ -474,6 +506,22 @@ class GpuGovernor(Application):
             return load_policies(self.policies, defaults)
         except PolicyError as error:
             raise SystemExit(f"jupyter-gpu-gov: bad policy configuration: {error}") from None
+
+    def build_tier_sizes(self):
+        entries = self.right_size_tiers
+        if not entries and os.environ.get("JUPYTER_GPU_GOV_TIERS"):
+            try:
+                entries = json.loads(os.environ["JUPYTER_GPU_GOV_TIERS"])
+            except ValueError as error:
+                raise SystemExit(
+                    f"jupyter-gpu-gov: $JUPYTER_GPU_GOV_TIERS is not JSON: {error}"
+                ) from None
+        try:
+            if not isinstance(entries, list):
+                raise TierSizeError(f"expected a list of tiers, got {type(entries).__name__}")
+            return load_tier_sizes(entries)
+        except TierSizeError as error:
+            raise SystemExit(f"jupyter-gpu-gov: bad right_size_tiers: {error}") from None
 
     @property
     def reconcile_interval(self) -> float:
@@ -508,6 +556,8 @@ class GpuGovernor(Application):
             cull_named_servers=self.cull_named_servers,
             cull_admin_users=self.cull_admin_users,
             cull_users=self.cull_users,
+            timeout=timedelta(seconds=self.timeout),
+            max_age=timedelta(seconds=self.max_age) if self.max_age else None,
             remove_named_servers=self.remove_named_servers,
             proxy_url=self.proxy_url,
             service_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
@@ -542,6 +592,8 @@ class GpuGovernor(Application):
                 kubernetes_token_file=self.kubernetes_token_file,
                 kubernetes_ca_file=self.kubernetes_ca_file,
             ),
+            tier_sizes=self.tier_sizes,
+            right_size_after=timedelta(seconds=self.right_size_after),
         )
         return Governor(Store(self.db_url), hub, self.policy_list, options, dcgm)
 

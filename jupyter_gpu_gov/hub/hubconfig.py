@@ -11,8 +11,9 @@ single-user servers where to report.
 
 from __future__ import annotations
 
+import json
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 SERVICE_SCOPES = [
@@ -40,15 +41,21 @@ def add_governor(
     admin_groups: Iterable[str] = (),
     cull_users: bool = False,
     python: str = sys.executable,
+    tiers: Sequence[Mapping] = (),
 ) -> None:
     """Add the governor to JupyterHub config ``c`` (call it once, after setting services,
-    roles and the spawner's environment if you set those)."""
+    roles and the spawner's environment if you set those). ``tiers``: what a server of each
+    tier gets, for right-sizing hints (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``;
+    this module does not import the profile layer)."""
+    environment = dict(environment or {})
+    if tiers:
+        environment.setdefault("JUPYTER_GPU_GOV_TIERS", json.dumps(list(tiers)))
     c.JupyterHub.services.append(
         {
             "name": name,
             "url": url,
             "command": [python, "-m", "jupyter_gpu_gov.hub", *args],
-            "environment": dict(environment or {}),
+            "environment": environment,
             "oauth_no_confirm": True,
             # What the dashboard's login may carry: the governor's admin scope, and admin-ui,
             # which only Hub admins hold (it grants nothing else through this token).

@@ -84,7 +84,17 @@ SERVER_INFO = Gauge(
     registry=REGISTRY,
 )
 
-STATES = ("active", "idle", "warned", "checkpointing", "culled", "exempt", "unknown", "gpu-failed")
+STATES = (
+    "active",
+    "idle",
+    "busy",
+    "warned",
+    "checkpointing",
+    "culled",
+    "exempt",
+    "unknown",
+    "gpu-failed",
+)
 # SERVER_INFO's series and their values, as last set (only observe_states writes SERVER_INFO).
 _server_series: dict[tuple[str, ...], float] = {}
 

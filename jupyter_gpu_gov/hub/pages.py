@@ -25,7 +25,6 @@ from tornado import web
 from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
 from . import showback
-from .reconcile import row_view
 from .routes import ADMIN_SCOPE, HUB_ADMIN_SCOPES, ApiHandler, policy_view
 
 _env = Environment(
@@ -115,7 +114,7 @@ def server_lines(governor, now: datetime) -> list[dict]:
     lines = []
     pending_ext = {e.server_key for e in governor.store.extensions("pending")}
     for row in governor.server_rows(running_only=True):
-        view = row_view(row, governor.reports.get(row.key), governor.root_cause(row.key))
+        view = governor.listing(row)
         gpu = view["gpu"] or {}
         session = governor.ledger.open.get(row.key)
         devices = [
@@ -141,6 +140,7 @@ def server_lines(governor, now: datetime) -> list[dict]:
                 "activity": activity,
                 "root_cause": (view["root_cause"] or {}).get("label", ""),
                 "root_cause_hint": (view["root_cause"] or {}).get("hint", ""),
+                "right_size": view["right_size"],
                 "deadline": row.cull_at,
                 "deadline_text": _until(row.cull_at, now),
                 "warn_text": _until(row.warn_at, now),

@@ -12,21 +12,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from ..core import clock, ledger, policy
+from ..core import clock, ledger, policy, rightsize
 from ..core.durations import format_duration
 from ..core.policy import (
     CHECKPOINT,
     CULL,
-    MAX_AGE_WARN,
-    RECLAIM_WARN,
-    WARN,
+    INTERRUPT,
+    NOTICES,
+    WARNINGS,
     Decision,
     Policy,
     Record,
@@ -44,6 +46,10 @@ from .ownership import resolve
 from .store import AuditRow, ExtensionRow, ServerRow, Store, apply_decision, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
+
+
+# Jupyter Server's kernel ids (UUIDs): a report's ids are the user's words, never a path.
+KERNEL_ID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 
 
 def server_key(user: str, name: str = "") -> str:
@@ -94,6 +100,10 @@ class Options:
     cull_named_servers: bool = True
     cull_admin_users: bool = True
     cull_users: bool = False
+    # jupyterhub-idle-culler's --timeout and --max-age, for users (--cull-users): a user is
+    # deleted when inactive that long, or created that long ago.
+    timeout: timedelta = timedelta(hours=1)
+    max_age: timedelta | None = None
     remove_named_servers: bool = False
     proxy_url: str = ""  # where to reach /user/<name>/ (checkpoints, kernel shutdown)
     service_token: str = ""
@@ -115,9 +125,40 @@ class Options:
     currency: str = "USD"
     team_quotas: Mapping[str, float] = field(default_factory=dict)
     health: HealthOptions = field(default_factory=HealthOptions)
+    # Right-sizing: what a server of each tier gets (``core.rightsize``); empty: no hints.
+    tier_sizes: Mapping[str, rightsize.TierSize] = field(default_factory=dict)
+    right_size_after: timedelta = rightsize.MIN_OBSERVED  # of reports, before a hint
 
     def cost_per_hour(self, tier: str) -> float:
         return float(self.gpu_hour_cost.get(tier, self.gpu_hour_cost_default))
+
+
+@dataclass
+class _Use:
+    """A server's measured GPU use this session, from its reports (for right-sizing)."""
+
+    session: str | None  # the report's server.started: a new value, a new session
+    peak_memory_mb: float = 0.0
+    peak_activity: float = 0.0
+    first_held: datetime | None = None
+    last_held: datetime | None = None
+
+    def add(self, report: Mapping, at: datetime) -> None:
+        holders = [t["gpu"] for t in report["targets"] if t["gpu"]["holds_context"]]
+        if not holders:
+            return
+        memory = sum(g.get("memory_mb") or 0 for g in holders)
+        activity = max((g.get("sm") or 0 for g in holders), default=0)
+        self.peak_memory_mb = max(self.peak_memory_mb, memory)
+        self.peak_activity = max(self.peak_activity, activity)
+        self.first_held = self.first_held or at
+        self.last_held = at
+
+    def measured(self) -> rightsize.Use | None:
+        if self.first_held is None:
+            return None
+        observed = self.last_held - self.first_held
+        return rightsize.Use(self.peak_memory_mb, self.peak_activity, observed)
 
 
 @dataclass
@@ -166,6 +207,7 @@ class Governor:
         self.options = options
         self.dcgm = dcgm
         self.reports: dict[str, Received] = {}
+        self.use: dict[str, _Use] = {}  # measured this session, for right-sizing
         self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
         self._rows: dict[str, ServerRow] | None = None
@@ -184,6 +226,11 @@ class Governor:
         # fragmentation is "GPUs partly used while spawns wait".
         self.spawns_waiting: int | None = None
         self.http = AsyncHTTPClient()
+        # Optional scopes the service's token lacks (checked once, at the first pass).
+        self.missing_scopes: frozenset[str] | None = None
+        # Servers without the extension whose GPU DCGM sees idle: since when their Jupyter
+        # API has shown a kernel executing (None: none), as of this pass.
+        self._cells: dict[str, datetime | None] = {}
 
     # -- reports ------------------------------------------------------------------------------
 
@@ -192,6 +239,11 @@ class Governor:
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
         now = clock.utcnow()
         self.reports[key] = Received(report, now)
+        session = report["server"].get("started")
+        use = self.use.get(key)
+        if use is None or use.session != session:
+            use = self.use[key] = _Use(session)
+        use.add(report, now)
         world = self._world
         self.diagnosis.observe(
             key, report, self._evidence(report, world.by_uuid, world.by_pod), now
@@ -219,11 +271,31 @@ class Governor:
             self.policy_named(row.policy),
             dry_run=self.options.dry_run,
             root_cause=self.root_cause(key),
+            right_size=self.right_size(row),
         )
 
     def root_cause(self, key: str) -> dict | None:
         """What the diagnosis says of the server's last report (``None`` once it is stale)."""
         return self.diagnosis.root_cause(key, self.options.report_stale_after)
+
+    def right_size(self, row: ServerRow) -> dict | None:
+        """The verdict's ``right_size``: a smaller tier this session's use fits, or None."""
+        fit = self._right_size_fit(row)
+        return fit and fit[1]
+
+    def _right_size_fit(self, row: ServerRow) -> tuple[rightsize.TierSize, dict] | None:
+        use = self.use.get(row.key)
+        if not self.options.tier_sizes or use is None or not row.running:
+            return None
+        cause, _ = cause_of(self.root_cause(row.key))
+        return rightsize.right_size(
+            row.tier, use.measured(), self.options.tier_sizes, cause, self.options.right_size_after
+        )
+
+    def listing(self, row: ServerRow) -> dict:
+        """A server as the admin API and the dashboard list it."""
+        key = row.key
+        return row_view(row, self.reports.get(key), self.root_cause(key), self.right_size(row))
 
     @property
     def rows(self) -> dict[str, ServerRow]:
@@ -257,12 +329,19 @@ class Governor:
             return result
 
     async def _reconcile(self) -> CycleResult:
-        groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
+        if self.missing_scopes is None:  # the first pass: which scopes, beside the rest
+            scopes, groups, snapshot = await asyncio.gather(
+                self._check_scopes(), self._groups(), self._dcgm_snapshot()
+            )
+            self.missing_scopes = scopes | (self.missing_scopes or frozenset())
+        else:
+            groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
         self._world = _World(
             teams_by_group=group_teams(groups),
             by_uuid=index_by_uuid(snapshot.evidence) if snapshot else {},
             by_pod=index_by_pod(snapshot.evidence) if snapshot else {},
         )
+        await self._read_cells()
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()
@@ -284,6 +363,7 @@ class Governor:
             if row.running and key not in seen:
                 row.running = False  # stopped (by its owner, the Hub or us)
                 self._servers.pop(key, None)
+                self.use.pop(key, None)
                 self.diagnosis.forget(key)
                 batch.changed.append(row)
         for key in [k for k in self.ledger.open if k not in seen]:
@@ -298,6 +378,8 @@ class Governor:
             batch.audits.append(self._audit(None, action, why, dry_run=self.options.dry_run))
             if not self.options.dry_run:
                 self._spawn(self.health.patch_node(node, patch, action))
+        if self.options.cull_users:
+            batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await batch.finish(self)
         self._save_usage()
         self._forget_stale_reports(seen)
@@ -374,16 +456,12 @@ class Governor:
             else self._pod_evidence(_pod_of(server))
         )
         failure = self.health.of_server(key, received and received.report, evidence, now)
+        cause, confident = cause_of(self.root_cause(key))
+        view = evolve(view, cause=cause, cause_confident=confident, excluded=self._excluded(server))
         view, record = self.health.prepare(view, record, failure)
-        excluded = self._excluded(server)
-        if excluded:
-            decision = Decision(
-                evolve(record.new_idle_stretch(), state=policy.EXEMPT, reason=excluded)
-            )
-        else:
-            decision = self.health.review(
-                policy.decide(view, record, chosen, now), failure, chosen, now
-            )
+        decision = self.health.review(
+            policy.decide(view, record, chosen, now), failure, chosen, now
+        )
         flagged = self.health.flag(key, decision.record, now)
         if flagged:
             batch.audits.append(self._audit(row, "gpu-unknown", flagged))
@@ -401,8 +479,11 @@ class Governor:
             batch.audits.append(
                 self._audit(row, "state", f"{before.state} → {decision.state}: {decision.reason}")
             )
-        for action in decision.actions:
-            batch.jobs.append(self._act(action, server, row, decision, chosen, batch.audits))
+        if decision.actions:  # in order: an interrupt before its checkpoint, a warning first
+            acts = (
+                self._act(a, server, row, decision, chosen, batch.audits) for a in decision.actions
+            )
+            batch.jobs.append(_one_after_another(acts))
         return view
 
     # -- the usage ledger -----------------------------------------------------------------------
@@ -422,6 +503,9 @@ class Governor:
             state = ledger.IDLE_HELD
         else:
             state = ledger.IDLE_FREE
+        row = self.rows.get(key)
+        fit = self._right_size_fit(row) if row is not None else None
+        current = self.options.tier_sizes.get(view.tier or "")
         self.ledger.observe(
             ledger.Observation(
                 server=key,
@@ -431,6 +515,7 @@ class Governor:
                 gpus=gpus,
                 state=state,
                 started=server.started,
+                right_size_share=fit[0].weight / current.weight if fit and current else None,
             )
         )
 
@@ -521,22 +606,49 @@ class Governor:
             self._dcgm_task = asyncio.ensure_future(self.dcgm.fetch())
 
     async def _groups(self) -> list[dict]:
+        if "list:groups" in (self.missing_scopes or ()):
+            return []  # said once, at start-up
         try:
             return await self.hub.get_groups()
         except HubApiError as error:
-            log.warning(
-                "gpu-gov: cannot list groups (%s); teams come from user_options only", error
-            )
+            if (
+                error.status == 403
+            ):  # the scope is missing: said once (_check_scopes), not asked again
+                self.missing_scopes = (self.missing_scopes or frozenset()) | {"list:groups"}
+            else:
+                log.warning(
+                    "gpu-gov: cannot list groups (%s); teams come from user_options only", error
+                )
             return []
 
+    async def _check_scopes(self) -> frozenset[str]:
+        """Which optional scopes the service's token lacks, each logged once with what it
+        disables (a hub may give the governor only jupyterhub-idle-culler's four scopes)."""
+        try:
+            model = await self.hub.request("GET", "/user")
+        except HubApiError as error:
+            log.warning("gpu-gov: cannot read this service's scopes (%s); assuming all", error)
+            return frozenset()
+        held = model.get("scopes") if isinstance(model, Mapping) else None
+        if not isinstance(held, list):
+            return frozenset()
+        missing = frozenset(s for s in OPTIONAL_SCOPES if not _holds(held, s))
+        for scope in sorted(missing):
+            log.warning("gpu-gov: the service's token lacks %s: %s", scope, OPTIONAL_SCOPES[scope])
+        for scope in REQUIRED_SCOPES:
+            if not _holds(held, scope):
+                log.error("gpu-gov: the service's token lacks %s: it cannot govern", scope)
+        return missing
+
     def _excluded(self, server: HubServer) -> str | None:
+        """Why jupyterhub-idle-culler's flags leave a server alone (its maximum age still
+        applies, as in that culler; ``cull_admin_users`` only spares admins' accounts from
+        ``cull_users``)."""
         o = self.options
         if server.name == "" and not o.cull_default_servers:
             return "not governed: default servers are excluded (cull_default_servers=False)"
         if server.name and not o.cull_named_servers:
             return "not governed: named servers are excluded (cull_named_servers=False)"
-        if server.admin and not o.cull_admin_users:
-            return "not governed: admin users are excluded (cull_admin_users=False)"
         return None
 
     def _with_gpu(
@@ -553,14 +665,15 @@ class Governor:
         if received is None and reported:
             # It reported before (this service restarted): unknown until the next report.
             waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
-            return evolve(base, reports=True, gpu=waiting)
+            return evolve(base, reports=True, gpu=waiting, reachable=False)
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's pod,
             # else jupyterhub-idle-culler's rule.
-            dcgm = self._dcgm_only(_pod_of(server) if server else None, chosen)
+            dcgm = self._dcgm_only(_pod_of(server) if server else None, chosen, base.key)
             return base if dcgm is None else evolve(base, gpu=dcgm)
         report = received.report
-        if now - received.at > self.options.report_stale_after:
+        stale = now - received.at > self.options.report_stale_after
+        if stale:
             since = f"{received.at:%Y-%m-%d %H:%M} UTC"  # a time, so the reason stays put
             gpu = policy.GpuSignal(holds_gpu=True, active=None, detail=f"no report since {since}")
         else:
@@ -573,19 +686,69 @@ class Governor:
                 active, disagreement = policy.merge_evidence(gpu.active, trusted)
                 detail = "DCGM" + (f": {disagreement}" if disagreement else "")
                 gpu = evolve(gpu, active=active, detail=detail)
-        return evolve(base, reports=True, gpu=gpu, user_last_activity=user_last_activity(report))
+        return evolve(
+            base,
+            reports=True,
+            gpu=gpu,
+            user_last_activity=user_last_activity(report),
+            reachable=not stale and self.reaches_servers,
+        )
+
+    @property
+    def reaches_servers(self) -> bool:
+        """Whether the service can call user servers (checkpoints, interrupts): a proxy URL,
+        and the access:servers scope."""
+        return bool(self.options.proxy_url) and "access:servers" not in (self.missing_scopes or ())
 
     def _dcgm_only(
-        self, pod: tuple[str | None, str] | None, chosen: Policy
+        self, pod: tuple[str | None, str] | None, chosen: Policy, key: str = ""
     ) -> policy.GpuSignal | None:
         """A server without the extension, as DCGM sees its pod's GPUs (None: it does not).
-        DCGM sees the card, not the kernels: the policy assumes a cell may be running."""
+        DCGM sees the card, not the kernels: while its GPU idles the server's Jupyter API
+        says which kernels execute (``_read_cells``); without that answer the policy assumes
+        a cell may be running."""
         evidence = self._pod_evidence(pod)
         if not evidence:
             return None
         active = self._dcgm_activity(evidence, chosen)
         detail = "DCGM, no report" if active is not None else "DCGM, no report: no activity data"
+        if active is False and key in self._cells:
+            busy = self._cells[key]
+            return policy.GpuSignal(True, False, kernel_busy_since=busy, detail=detail)
         return policy.GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
+
+    async def _read_cells(self) -> None:
+        """For servers without the extension whose GPU DCGM saw idle last pass, whether a
+        kernel executes a cell: the kernel's execution state, from the server's own Jupyter
+        API (``GET api/kernels``), as the extension would report it. One request per such
+        server and pass; an answer missing or late leaves the cell unseen (assumed)."""
+        if not self.reaches_servers:
+            return
+        due = [
+            (key, server)
+            for key, server in self._servers.items()
+            if key not in self.reports
+            and (row := self.rows.get(key)) is not None
+            and row.state in (policy.IDLE, policy.BUSY, policy.WARNED)
+            and not row.reports
+        ]
+        answers = await asyncio.gather(*(self._kernels_busy(s) for _, s in due))
+        now = clock.utcnow()
+        cells = {}
+        for (key, _), busy in zip(due, answers, strict=True):
+            if busy is not None:
+                cells[key] = (self._cells.get(key) or now) if busy else None
+        self._cells = cells
+
+    async def _kernels_busy(self, server: HubServer) -> bool | None:
+        try:
+            kernels = await self._server_request(server.url, "api/kernels", "GET", timeout=5)
+        except Exception as error:  # no answer: the cell stays unseen
+            log.debug("gpu-gov: no kernels from %s: %s", server.full_name, error)
+            return None
+        if not isinstance(kernels, list):
+            return None
+        return any(isinstance(k, Mapping) and k.get("execution_state") == "busy" for k in kernels)
 
     def _pod_evidence(self, pod: tuple[str | None, str] | None) -> list[GpuEvidence]:
         """DCGM's records of a pod's GPUs (with or without its namespace in DCGM's labels)."""
@@ -742,10 +905,17 @@ class Governor:
         audits: list[AuditRow],
     ) -> None:
         dry = self.options.dry_run
-        if action in (WARN, MAX_AGE_WARN, RECLAIM_WARN):
-            metrics.WARNINGS.inc()
+        if action in WARNINGS or action in NOTICES:
+            if action in WARNINGS:
+                metrics.WARNINGS.inc()
             why = decision.notice or decision.reason
             audits.append(self._audit(row, action, why, dry_run=dry))
+        elif action == INTERRUPT:
+            kernels = self._busy_gpu_kernels(row.key)
+            details = {"kernels": kernels}
+            if not dry:
+                details["outcome"] = await self._interrupt(server, row.key, kernels)
+            audits.append(self._audit(row, action, decision.reason, dry_run=dry, details=details))
         elif action == CHECKPOINT:
             audits.append(self._audit(row, "checkpoint", decision.reason, dry_run=dry))
             requested_at = decision.record.checkpoint_requested_at
@@ -804,17 +974,84 @@ class Governor:
             self.reports.pop(row.key, None)
             return f"shut down {len(kernels)} kernel(s)"
         remove = self.options.remove_named_servers and bool(server.name)
+        # As jupyterhub-idle-culler: the user goes too once none of their servers runs, if
+        # inactive (or created) long enough as the Hub saw them before the stop (a stop is
+        # activity); after a slow stop, a later pass finds them among the inactive users.
+        user = await self.hub.get_user(server.user) if self.options.cull_users else None
         outcome = await self.hub.stop_server(server.user, server.name, remove=remove)
-        if self.options.cull_users and (not server.admin or self.options.cull_admin_users):
-            others = [
-                s
-                for s in await self.hub.list_servers()
-                if s.user == server.user and s.name != server.name
-            ]
-            if not others and outcome == "stopped":
+        if user is not None and outcome == "stopped" and self._user_expired(user):
+            now = await self.hub.get_user(server.user)
+            if now is not None and not now.get("servers"):
                 await self.hub.delete_user(server.user)
                 outcome += "; user deleted (cull_users)"
         return outcome
+
+    def _user_expired(self, model: Mapping, now: datetime | None = None) -> bool:
+        """jupyterhub-idle-culler's rule for deleting a user (``--cull-users``): inactive for
+        ``--timeout`` (never active: since created), or created ``--max-age`` ago; admins only
+        with ``--cull-admin-users``."""
+        o = self.options
+        if model.get("admin") and not o.cull_admin_users:
+            return False
+        now = now or clock.utcnow()
+        created, last = clock.parse(model.get("created")), clock.parse(model.get("last_activity"))
+        age = now - created if created else None
+        inactive = now - last if last else age
+        if inactive is not None and inactive >= o.timeout:
+            return True
+        return bool(o.max_age and age is not None and age >= o.max_age)
+
+    async def _cull_inactive_users(self, now: datetime, audits: list[AuditRow]) -> None:
+        """``--cull-users``: users with no running server are deleted by the same rule."""
+        try:
+            async for model in self.hub.iter_users(state="inactive"):
+                if not self._user_expired(model, now):
+                    continue
+                why = "no running server; inactive or too old (cull_users)"
+                if not self.options.dry_run:
+                    await self.hub.delete_user(model["name"])
+                audits.append(
+                    AuditRow(
+                        at=clock.utcnow(),
+                        server_key=None,
+                        user=model["name"],
+                        action="delete-user",
+                        reason=why,
+                        actor="governor",
+                        dry_run=self.options.dry_run,
+                    )
+                )
+        except HubApiError as error:  # tried again next pass
+            log.error("gpu-gov: culling inactive users failed: %s", error)
+
+    def _busy_gpu_kernels(self, key: str) -> list[str]:
+        """The kernels holding a GPU that the server's last report shows executing a cell."""
+        received = self.reports.get(key)
+        if received is None:
+            return []
+        return [
+            t["id"]
+            for t in received.report["targets"]
+            if t["kind"] == "kernel"
+            and t["gpu"]["holds_context"]
+            and t.get("execution_state") == "busy"
+            and KERNEL_ID.fullmatch(t["id"])
+        ]
+
+    async def _interrupt(self, server: HubServer, key: str, kernels: list[str]) -> str:
+        """Interrupt the running cells (the busy limit): the kernels and their state stay."""
+        done = []
+        for kernel_id in kernels:
+            try:
+                await self._server_request(
+                    server.url, f"api/kernels/{quote(kernel_id, safe='')}/interrupt", "POST"
+                )
+                done.append(kernel_id)
+            except Exception as error:  # on record; the busy limit culls if the cell runs on
+                log.warning(
+                    "gpu-gov: interrupting kernel %s of %s failed: %s", kernel_id, key, error
+                )
+        return f"interrupted {len(done)} of {len(kernels)} kernel(s)"
 
     def _gpus_held(self, key: str, server: HubServer) -> int:
         """The GPUs a server holds: its report's devices, else DCGM's records of its pod."""
@@ -973,8 +1210,8 @@ class Governor:
     async def exempt(self, key: str, actor: str, until: datetime | None, reason: str) -> dict:
         row = self._row(key)
         record = replace(record_of(row), exempt_until=until)
-        if until is not None:
-            record = replace(record.new_idle_stretch(), exempt_until=until, state=policy.EXEMPT)
+        if until is not None:  # the extensions the owner used stay on record
+            record = replace(record.exempted(), exempt_until=until, state=policy.EXEMPT)
         set_record(row, record)
         self.store.save_servers([row])
         what = f"exempt until {clock.isoformat(until)}" if until else "exemption lifted"
@@ -982,15 +1219,35 @@ class Governor:
         await self.redecide(key)
         return {"status": "exempt" if until else "governed", "verdict": self.verdict(key)}
 
-    async def cull_now(self, key: str, actor: str, reason: str) -> dict:
+    async def cull_now(
+        self, key: str, actor: str, reason: str, *, immediately: bool = False
+    ) -> dict:
+        """An admin takes the GPU back. As a hard deadline: the owner is told and a checkpoint
+        taken first (bounded: ``checkpoint_timeout``, one retry), then the cull; a server
+        without the extension is culled at once. ``immediately`` skips the checkpoint (a
+        server that must go now), on record as such."""
         row = self._row(key)
         user, name = key.split("/", 1)
         chosen = self.policy_named(row.policy)
-        server = self._servers.get(key) or HubServer(user=user, name=name)
         why = f"culled by {actor}: {reason}"
         if self.options.dry_run:
             self.record([self._audit(row, "cull", why, actor=actor, dry_run=True)])
             return {"status": "dry-run", "verdict": self.verdict(key)}
+        if not immediately:
+            record = evolve(
+                record_of(row),
+                cull_requested_at=clock.utcnow(),
+                cull_request_reason="admin",
+                cull_request_why=why,
+            )
+            set_record(row, record)
+            self.store.save_servers([row])
+            self.record([self._audit(row, "cull-request", why, actor=actor)])
+            await self.redecide(key)
+            status = "culled" if row.state == policy.CULLED else "requested"
+            return {"status": status, "verdict": self.verdict(key)}
+        server = self._servers.get(key) or HubServer(user=user, name=name)
+        why += " (immediately, no checkpoint)"
         outcome = await self._cull(server, row, chosen)
         if chosen.cull_action == "stop-server":  # shutdown-kernels already started it afresh
             set_record(
@@ -1043,6 +1300,60 @@ _LEDGER_EVENTS = {"cull": "culls", "extend": "extensions", "approve": "extension
 _BILLED = (*ledger.STATES, ledger.UNOBSERVED)  # what GPU_SECONDS counts, by state
 
 
+# What each optional scope of the service (hub/hubconfig.py) gives; without it the governor
+# still works as jupyterhub-idle-culler does with list:users, read:users:activity, read:servers
+# and delete:servers (REQUIRED_SCOPES).
+OPTIONAL_SCOPES = {
+    "list:groups": "teams are not read from Hub groups (only from user_options and team_map)",
+    "read:users": "admin flags and group membership are unknown",
+    "access:servers": (
+        "servers are not asked for a checkpoint before a cull, running cells are not "
+        "interrupted at the busy limit, and shutdown-kernels policies cannot act"
+    ),
+    "admin:server_state": "servers without the extension cannot be matched to DCGM's pods",
+}
+REQUIRED_SCOPES = ("list:users", "read:servers", "delete:servers")
+# Scopes that include others (JupyterHub expands them in GET /user; a token may list either).
+_SCOPE_PARENTS = {
+    "list:users": ("users", "admin:users"),
+    "read:users": ("users", "admin:users"),
+    "read:users:activity": ("read:users", "users", "admin:users"),
+    "read:servers": ("servers", "admin:servers"),
+    "delete:servers": ("servers", "admin:servers"),
+    "admin:server_state": ("admin:servers",),
+    "list:groups": ("groups", "admin:groups"),
+    "read:groups": ("groups", "admin:groups"),
+}
+
+
+def _holds(scopes: Sequence[str], scope: str) -> bool:
+    """Whether ``scopes`` grant ``scope`` unfiltered (``access:servers!server=…`` does not)."""
+    return scope in scopes or any(p in scopes for p in _SCOPE_PARENTS.get(scope, ()))
+
+
+async def _one_after_another(coroutines) -> None:
+    for coroutine in coroutines:
+        await coroutine
+
+
+def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:
+    """The diagnosis as the policy reads it: its label, and whether it is confident (a
+    ``confident`` flag, or a ``confidence`` of at least CONFIDENT). No word of confidence is not
+    confident: the cause is then named, never acted on."""
+    if not isinstance(root_cause, Mapping) or not isinstance(root_cause.get("label"), str):
+        return None, False
+    confident = root_cause.get("confident")
+    if not isinstance(confident, bool):
+        level = root_cause.get("confidence")
+        confident = (
+            isinstance(level, int | float) and not isinstance(level, bool) and level >= CONFIDENT
+        )
+    return root_cause["label"], confident
+
+
+CONFIDENT = 0.9
+
+
 def owner_of(view: ServerView) -> ledger.Owner:
     return ledger.Owner(view.user, view.team or "", view.project or "", view.tier or "")
 
@@ -1081,14 +1392,27 @@ def _base_view(server: HubServer, ownership) -> ServerView:
 
 
 def verdict_of(
-    row: ServerRow, chosen: Policy, *, dry_run: bool = False, root_cause: dict | None = None
+    row: ServerRow,
+    chosen: Policy,
+    *,
+    dry_run: bool = False,
+    root_cause: dict | None = None,
+    right_size: dict | None = None,
 ) -> dict:
     decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
-    return policy.verdict(decision, chosen, dry_run=dry_run, root_cause=root_cause)
+    return policy.verdict(
+        decision, chosen, dry_run=dry_run, root_cause=root_cause, right_size=right_size
+    )
 
 
-def row_view(row: ServerRow, report: Received | None, root_cause: dict | None = None) -> dict:
-    """A server as the admin API lists it; ``root_cause`` as in its verdict."""
+def row_view(
+    row: ServerRow,
+    report: Received | None,
+    root_cause: dict | None = None,
+    right_size: dict | None = None,
+) -> dict:
+    """A server as the admin API lists it; ``root_cause`` and ``right_size`` as in its
+    verdict."""
     gpu = None
     if report is not None:
         r = report.report
@@ -1135,6 +1459,7 @@ def row_view(row: ServerRow, report: Received | None, root_cause: dict | None = 
         "culled_at": clock.isoformat(row.culled_at),
         "gpu": gpu,
         "root_cause": root_cause,
+        "right_size": right_size,
     }
 
 

@@ -18,7 +18,7 @@ from ..core import clock, policy
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from . import metrics, showback
-from .reconcile import Governor, Received, row_view, server_key
+from .reconcile import Governor, server_key
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 # Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
@@ -154,7 +154,7 @@ class ServersHandler(ApiHandler):
         running_only = self.get_argument("all", "0") not in ("1", "true")
         rows = self.governor.server_rows(running_only)
         items = [
-            row_view(row, self.governor.reports.get(row.key), self.governor.root_cause(row.key))
+            self.governor.listing(row)
             for row in sorted(rows, key=lambda r: r.key)
             if user is None or row.user == user
         ]
@@ -168,13 +168,7 @@ class ServerHandler(ApiHandler):
     def get(self, user: str, name: str | None = None):
         self.require_owner_or_admin(user)
         key, row = self.server_row(user, name)
-        received: Received | None = self.governor.reports.get(key)
-        self.write_json(
-            {
-                **row_view(row, received, self.governor.root_cause(key)),
-                "verdict": self.governor.verdict(key),
-            }
-        )
+        self.write_json({**self.governor.listing(row), "verdict": self.governor.verdict(key)})
 
 
 class ExtendHandler(ApiHandler):
@@ -239,14 +233,21 @@ class ExemptHandler(ApiHandler):
 
 
 class CullHandler(ApiHandler):
-    """``POST .../cull`` ``{"reason": …}``: an admin culls now."""
+    """``POST .../cull`` ``{"reason": …, "immediately": false}``: an admin culls now, after
+    the owner's notice and a (bounded) checkpoint; ``immediately``: without them."""
 
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_admin()
         key, _ = self.server_row(user, name)
-        reason = self.text_field(self.body(), "reason", required=True)
-        self.write_json(await self.governor.cull_now(key, self.actor, reason))
+        data = self.body()
+        reason = self.text_field(data, "reason", required=True)
+        immediately = data.get("immediately", False)
+        if not isinstance(immediately, bool):
+            raise web.HTTPError(400, "'immediately' must be true or false")
+        self.write_json(
+            await self.governor.cull_now(key, self.actor, reason, immediately=immediately)
+        )
 
 
 class StopHandler(ApiHandler):
@@ -444,6 +445,8 @@ def policy_view(p: policy.Policy) -> dict:
         "cull_after_s": seconds(p.cull_after),
         "user_activity_grace_s": seconds(p.user_activity_grace),
         "busy_grace_s": seconds(p.busy_grace),
+        "busy_limit_s": seconds(p.busy_limit),
+        "on_busy_limit": p.on_busy_limit,
         "away_after_s": seconds(p.away_after),
         "extension_step_s": seconds(p.extension_step),
         "max_extensions": p.max_extensions,
@@ -453,9 +456,12 @@ def policy_view(p: policy.Policy) -> dict:
         "checkpoint": p.checkpoint,
         "checkpoint_timeout_s": seconds(p.checkpoint_timeout),
         "on_checkpoint_failure": p.on_checkpoint_failure,
+        "checkpoint_retries": p.checkpoint_retries,
+        "checkpoint_max_delay_s": seconds(p.checkpoint_max_delay),
         "cull_action": p.cull_action,
         "exempt": p.exempt,
         "inactive_timeout_s": seconds(p.inactive_timeout),
+        "expected_duration_notice": p.expected_duration_notice,
     }
 
 

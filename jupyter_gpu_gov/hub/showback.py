@@ -22,6 +22,7 @@ COLUMNS = (
     "gpu_hours_idle_free",
     "gpu_hours_unknown",
     "gpu_hours_unobserved",
+    "gpu_hours_right_size_freed",
     "utilisation",
     "idle_cost",
     "cost",

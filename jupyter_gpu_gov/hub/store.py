@@ -40,7 +40,7 @@ from ..core.ledger import FIELDS, Bucket, Owner
 from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Record
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Base(DeclarativeBase):
@@ -92,6 +92,14 @@ class ServerRow(Base):
     exempt_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
     culled_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     reason: Mapped[str] = mapped_column(Text, default="")
+    # Schema 2: bounded checkpoint retries, running cells, expected durations, culls asked for.
+    checkpoint_failures: Mapped[int] = mapped_column(Integer, default=0)
+    busy_noticed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    interrupted_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    overrun_noticed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    cull_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    cull_request_reason: Mapped[str | None] = mapped_column(String(32))
+    cull_request_why: Mapped[str] = mapped_column(Text, default="")
     # Decision outputs, so verdicts and listings need no recomputation.
     warn_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     cull_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
@@ -152,6 +160,7 @@ class UsageRow(Base):
     unobserved: Mapped[float] = mapped_column(Float, default=0.0)
     culls: Mapped[float] = mapped_column(Float, default=0.0)
     extensions: Mapped[float] = mapped_column(Float, default=0.0)
+    right_size_freed: Mapped[float] = mapped_column(Float, default=0.0)  # schema 2
 
 
 class UsageSessionRow(Base):
@@ -178,6 +187,7 @@ class UsageSessionRow(Base):
     unobserved: Mapped[float] = mapped_column(Float, default=0.0)
     culls: Mapped[float] = mapped_column(Float, default=0.0)
     extensions: Mapped[float] = mapped_column(Float, default=0.0)
+    right_size_freed: Mapped[float] = mapped_column(Float, default=0.0)  # schema 2
 
 
 class MetaRow(Base):
@@ -287,7 +297,25 @@ _SCALAR_DEFAULTS = {
 }
 
 # Forward migrations: version -> statements bringing the previous version up to it.
-MIGRATIONS: dict[int, list[str]] = {}
+_TIME = "TIMESTAMP WITH TIME ZONE"
+MIGRATIONS: dict[int, list[str]] = {
+    2: [
+        "ALTER TABLE servers ADD COLUMN checkpoint_failures INTEGER DEFAULT 0",
+        *(
+            f"ALTER TABLE servers ADD COLUMN {c} {_TIME}"
+            for c in (
+                "busy_noticed_at",
+                "interrupted_at",
+                "overrun_noticed_at",
+                "cull_requested_at",
+            )
+        ),
+        "ALTER TABLE servers ADD COLUMN cull_request_reason VARCHAR(32)",
+        "ALTER TABLE servers ADD COLUMN cull_request_why TEXT DEFAULT ''",
+        "ALTER TABLE usage ADD COLUMN right_size_freed FLOAT DEFAULT 0",
+        "ALTER TABLE usage_sessions ADD COLUMN right_size_freed FLOAT DEFAULT 0",
+    ],
+}
 
 
 class Store:

@@ -11,15 +11,16 @@ A rule of thumb (``jupyter-gpu-gov estimate`` prints it)::
   parameter, often in fp32 beside bf16 weights, 4 to 6 times the weights (default 5) before
   activations. Inference holds the weights plus the KV cache and activations, 1.2 to 1.5 times
   the weights (default 1.3) for moderate batch sizes and context lengths.
-- The *reserve*, 10 to 15 % on top (default 12 %), covers the CUDA context, the framework's
-  allocator fragmentation and workspace buffers.
+- The *reserve*, 10 to 15 % on top (default 12 %, ``core.rightsize.RESERVE``, which the
+  governor's right-sizing adds to a measured peak too), covers the CUDA context, the
+  framework's allocator fragmentation and workspace buffers.
 
 Units: 1 GB is 10⁹ bytes, the unit of the tiers' nominal sizes (``memory_gb``: "80 GB" H100,
 MIG ``3g.71gb``). Nominal sizes are at or a little below what the devices really hold in bytes
 (an "80 GB" H100 has 81,559 MiB, 85.5 x 10⁹ bytes; a ``1g.10gb`` slice 9.75 GiB), so comparing
 in 10⁹ bytes errs on the safe side.
 
-Pure: the standard library and ``.tiers`` only.
+Pure: the standard library, ``core`` and ``.tiers`` only.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .tiers import MIN_SHARE, Tier
+from ..core.rightsize import RESERVE
+from .tiers import MIN_SHARE, Tier, load_tiers
 
 GB = 1e9  # bytes: the unit of Tier.memory_gb
 
@@ -47,7 +49,6 @@ MODE_WHY = {
     "training": "weights, gradients and optimizer state",
     "inference": "weights, KV cache and activations",
 }
-RESERVE = 0.12  # CUDA context, allocator fragmentation, workspaces
 RESERVE_RANGE = (0.10, 0.15)
 _EPS = 1e-9
 
@@ -193,6 +194,21 @@ def tier_memory_gb(tier: Tier) -> float:
     if tier.kind == "shared" and tier.replicas:
         return tier.memory_gb / tier.replicas
     return tier.memory_gb * tier.count
+
+
+def tier_sizes(entries: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What one server of each tier gets, for the governor's right-sizing
+    (``c.GpuGovernor.right_size_tiers``, ``core.rightsize``): the tiers of
+    ``c.GpuProfiles.tiers``, as the memory estimate counts their memory."""
+    return [
+        {
+            "name": t.name,
+            "label": t.display_name,
+            "memory_gb": tier_memory_gb(t),
+            "weight": t.weight,
+        }
+        for t in load_tiers(entries).values()
+    ]
 
 
 def parse_params(value: int | float | str) -> int:

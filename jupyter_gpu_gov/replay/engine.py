@@ -23,9 +23,12 @@ from ..core.policy import (
     CHECKPOINT,
     CHECKPOINTING,
     CULL,
+    INTERRUPT,
     MAX_AGE_WARN,
+    NOTICES,
     RECLAIM_WARN,
     WARN,
+    WARNINGS,
     Decision,
     GpuSignal,
     Policy,
@@ -55,11 +58,11 @@ def at(t: float) -> datetime:
 
 @dataclass(frozen=True)
 class Action:
-    """One output line: ``{"t": …, "server": …, "action": "warn|checkpoint|cull", "reason": …}``."""
+    """One output line: ``{"t": …, "server": …, "action": …, "reason": …}``."""
 
     t: float
     server: str
-    action: str  # warn | checkpoint | cull
+    action: str  # warn | notice | checkpoint | interrupt | cull
     reason: str
 
     def as_dict(self) -> dict:
@@ -124,6 +127,9 @@ class _Server:
         self.user_last: datetime | None = None
         self.busy_since: datetime | None = None
         self.checkpoint_fails: bool | None = None  # a checkpoint is in flight
+        # The running cell was interrupted: the trace's rest of it (a busy kernel, the GPU
+        # work it would have done) did not happen, until the kernel is next seen idle.
+        self.interrupted = False
         self.culled = False
 
 
@@ -137,7 +143,7 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
             server = servers[sample.server] = _Server(now)
         if server.culled:
             continue
-        _observe(server, sample, now)
+        sample = _observe(server, sample, now)
         identity = server_view(sample)
         policy = select(policies, identity)
         if sample.reports and sample.gpu_sm is not None and sample.gpu_sm >= policy.idle_threshold:
@@ -157,6 +163,8 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
         for action in decision.actions:
             if action == CHECKPOINT:
                 server.checkpoint_fails = sample.checkpoint_fails
+            elif action == INTERRUPT:
+                server.interrupted, server.busy_since = True, None
             elif action == CULL:
                 server.culled = True
             yield Action(
@@ -185,21 +193,29 @@ def gpu_signal(
     sample: Sample, policy: Policy, kernel_busy_since: datetime | None
 ) -> GpuSignal | None:
     """The GPU as the service would see it: from the server's report, or for a server without
-    the extension from DCGM alone (``gpu_sm`` on a ``reports: false`` row), which sees the card
-    but not the kernels; None when neither says anything (jupyterhub-idle-culler's rule then).
-    A server holds its GPU allocation with or without a context (stop-server); shutting kernels
-    down frees only what they hold."""
+    the extension from DCGM (``gpu_sm`` on a ``reports: false`` row), which sees the card but
+    not the kernels — while the card idles the service reads the kernels' execution state from
+    the server's Jupyter API; None when neither says anything (jupyterhub-idle-culler's rule
+    then). A server holds its GPU allocation with or without a context (stop-server); shutting
+    kernels down frees only what they hold."""
     if not sample.reports and sample.gpu_sm is None:
         return None
     holds = sample.holds_gpu_memory if policy.cull_action == "shutdown-kernels" else True
     active = None if sample.gpu_sm is None else sample.gpu_sm >= policy.idle_threshold
-    if not sample.reports:
+    if not sample.reports and active is not False:
         return GpuSignal(holds_gpu=holds, active=active, sees_cells=False, detail="DCGM")
-    return GpuSignal(holds_gpu=holds, active=active, kernel_busy_since=kernel_busy_since)
+    detail = "" if sample.reports else "DCGM"
+    return GpuSignal(holds, active, kernel_busy_since=kernel_busy_since, detail=detail)
 
 
-def _observe(server: _Server, sample: Sample, now: datetime) -> None:
-    """Fold this step's activity into the server's state."""
+def _observe(server: _Server, sample: Sample, now: datetime) -> Sample:
+    """Fold this step's activity into the server's state; the sample as it happened (an
+    interrupted cell neither runs on nor uses the GPU)."""
+    if server.interrupted:
+        if sample.kernel_busy and not sample.user_active:
+            sample = replace(sample, kernel_busy=False, gpu_sm=0.0 if sample.reports else None)
+        else:
+            server.interrupted = False  # idle again, or the owner ran something new
     if sample.user_active or sample.kernel_busy or sample.connections > 0:
         server.hub_last = now  # an open tab polls the API, which keeps Hub activity fresh
     if sample.user_active:
@@ -214,6 +230,7 @@ def _observe(server: _Server, sample: Sample, now: datetime) -> None:
             failed = server.checkpoint_fails or sample.checkpoint_fails
             server.record = replace(server.record, checkpoint_status="failed" if failed else "done")
         server.checkpoint_fails = None
+    return sample
 
 
 def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -221,7 +238,8 @@ def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
 
 
 def _output_name(action: str) -> str:
-    return WARN if action in (MAX_AGE_WARN, RECLAIM_WARN) else action
+    """Warnings of every kind are ``warn``, notices ``notice``."""
+    return WARN if action in WARNINGS else "notice" if action in NOTICES else action
 
 
 def _reason(

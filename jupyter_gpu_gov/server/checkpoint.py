@@ -33,12 +33,12 @@ from pathlib import Path
 from jupyter_core.utils import ensure_async
 
 from ..core import clock
+from ..core.policy import CULL_REASONS as CULL_REASONS  # the governor's: one definition
 
 MANIFEST_FORMAT = 1
 MANIFEST = "manifest.json"
 HOOKS_FILE = "hooks.json"
 ID_PATTERN = re.compile(r"^\d{8}T\d{6}Z(?:-[1-9]\d*)?$")
-CULL_REASONS = ("gpu-idle", "max-age", "reclaim", "admin", "inactive")
 RESTORE_HINT = "from jupyter_gpu_gov import checkpoint; checkpoint.restore()"
 # Seconds to wait for a kernel's answer after interrupting a hook that ran past its timeout.
 INTERRUPT_GRACE = 10.0

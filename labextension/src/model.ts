@@ -9,6 +9,7 @@
 export type GovState =
   | 'active'
   | 'idle'
+  | 'busy'
   | 'warned'
   | 'checkpointing'
   | 'culled'
@@ -73,6 +74,14 @@ export interface IVerdict {
   checkpoint?: 'none' | 'requested' | null;
   dry_run?: boolean;
   root_cause?: IRootCause | null;
+  right_size?: IRightSize | null;
+}
+
+/** A smaller tier the server's measured use fits (docs/api.md, the verdict). */
+export interface IRightSize {
+  tier: string;
+  label?: string | null;
+  reason?: string | null;
 }
 
 /** The manifest (docs/api.md; the server writes it as `<checkpoint>/manifest.json`). */
@@ -341,6 +350,8 @@ export function stateLabel(state: GovState | string, trans: ITrans): string {
       return trans.__('active');
     case 'idle':
       return trans.__('idle');
+    case 'busy':
+      return trans.__('running a cell, GPU idle');
     case 'warned':
       return trans.__('warned');
     case 'checkpointing':
@@ -407,6 +418,21 @@ export function rootCauseView(
     ? trans.__('Likely cause: %1. Hint: %2', label, hint)
     : trans.__('Likely cause: %1', label);
   return { label, hint, line };
+}
+
+/** The verdict's right-sizing hint in one line, or `null` when it has none. */
+export function rightSizeLine(
+  verdict: IVerdict | null | undefined,
+  trans: ITrans = nullTrans
+): string | null {
+  const fit = verdict?.right_size;
+  if (!fit || typeof fit.tier !== 'string' || !fit.tier) {
+    return null;
+  }
+  const label = fit.label || fit.tier;
+  return fit.reason
+    ? trans.__('A smaller GPU would do: %1 (%2).', label, fit.reason)
+    : trans.__('A smaller GPU would do: %1.', label);
 }
 
 /** The status bar text: "GPU 20.0 GiB · 0%". */
@@ -1215,6 +1241,8 @@ export function cullReasonPhrase(
       return trans.__('its borrowed GPU was needed back');
     case 'admin':
       return trans.__('an admin stopped it');
+    case 'busy-limit':
+      return trans.__('a cell ran for hours with its GPU idle');
     case 'inactive':
       return trans.__('it was inactive');
     default:

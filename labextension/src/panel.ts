@@ -14,6 +14,7 @@ import {
   ITrans,
   panelRows,
   parseTime,
+  rightSizeLine,
   rootCauseView,
   sparklineSegments,
   stateLabel,
@@ -189,6 +190,10 @@ export class GpuPanel extends Widget {
         document.createTextNode(cause.hint ? ` ${cause.hint}` : '')
       );
       section.append(hint);
+    }
+    const rightSize = rightSizeLine(verdict, trans);
+    if (rightSize) {
+      section.append(el('p', 'jp-GpuGov-right-size', rightSize));
     }
     this.node.append(section);
   }

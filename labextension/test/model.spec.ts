@@ -15,6 +15,7 @@ import {
   IVerdict,
   nullTrans,
   panelRows,
+  rightSizeLine,
   rootCauseView,
   sparklineSegments,
   statusText,
@@ -698,5 +699,23 @@ describe('admin decision on a pending extension', () => {
         opts
       )
     ).toBeNull();
+  });
+});
+
+describe('right-sizing', () => {
+  it('names the smaller tier and why, or says nothing', () => {
+    const fit = {
+      tier: 'h100-1g',
+      label: 'Small H100 slice (MIG 1g.10gb)',
+      reason: 'at most 6.3 GB of GPU memory and 5% of the GPU over 2h'
+    };
+    expect(rightSizeLine(verdict({ right_size: fit }))).toBe(
+      'A smaller GPU would do: Small H100 slice (MIG 1g.10gb) (at most 6.3 GB of GPU memory and 5% of the GPU over 2h).'
+    );
+    expect(rightSizeLine(verdict({ right_size: { tier: 'h100-1g' } }))).toBe(
+      'A smaller GPU would do: h100-1g.'
+    );
+    expect(rightSizeLine(verdict())).toBeNull();
+    expect(rightSizeLine(verdict({ right_size: null }))).toBeNull();
   });
 });

@@ -1,0 +1,115 @@
+"""Right-sizing: the smallest tier that a server's measured use would have fit.
+
+The governor knows each server's peak GPU memory and peak SM activity from its reports; the tier
+catalogue (``load_tier_sizes``: what each tier gives one server, from ``profiles``' tiers through
+configuration) says which smaller tier would hold them. A server whose use fits a tier of fewer
+GPU-equivalents — typically a MIG slice instead of a whole card, the ``small_work`` cause — gets
+a recommendation naming it, and showback counts the GPU-hours it would have freed.
+
+Fit, the same rule the memory estimate uses for a model (``profiles/estimate.py``): the measured
+peak plus ``RESERVE`` (allocator fragmentation, workspaces) within the tier's memory; and the
+peak activity, scaled to the smaller tier's share of compute, at most ``MAX_LOAD`` of it, so
+that the busiest minute seen would not saturate the slice. A recommendation needs
+``MIN_OBSERVED`` (or the governor's ``right_size_after``) of reports with the GPU held, and some GPU work (an idle server is not a
+right-sizing case: the idle policy reclaims it).
+
+Pure: stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from .durations import format_duration
+
+RESERVE = 0.12  # CUDA context, allocator fragmentation, workspaces: 10 to 15 %
+MAX_LOAD = 0.8  # the smaller tier's compute at most this busy at the measured peak
+MIN_OBSERVED = timedelta(hours=1)
+_MIB = 2**20  # reports count memory in MiB
+_GB = 1e9  # tiers' nominal sizes are in 10⁹ bytes
+
+
+class TierSizeError(ValueError):
+    """A catalogue entry that cannot be used; the message names the entry and the key."""
+
+
+@dataclass(frozen=True)
+class TierSize:
+    """What one server of a tier gets."""
+
+    name: str
+    label: str
+    memory_gb: float  # GPU memory one server can count on
+    weight: float  # GPU-equivalents one server holds
+
+
+def load_tier_sizes(entries: Iterable[Mapping]) -> dict[str, TierSize]:
+    """Validate ``[{"name", "label", "memory_gb", "weight"}, ...]`` (``label`` optional)."""
+    sizes: dict[str, TierSize] = {}
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise TierSizeError(f"tier {index}: expected a dict, got {type(entry).__name__}")
+        where = f"tier {index} ({entry.get('name', '?')!r})"
+        unknown = set(entry) - {"name", "label", "memory_gb", "weight"}
+        if unknown:
+            raise TierSizeError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+        name, label = entry.get("name"), entry.get("label", entry.get("name"))
+        if not isinstance(name, str) or not name or not isinstance(label, str):
+            raise TierSizeError(f"{where}: 'name' (and 'label') must be non-empty strings")
+        numbers = []
+        for key in ("memory_gb", "weight"):
+            value = entry.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise TierSizeError(f"{where}: {key!r} must be a number > 0, got {value!r}")
+            numbers.append(float(value))
+        if name in sizes:
+            raise TierSizeError(f"{where}: the name is used twice")
+        sizes[name] = TierSize(name, label, *numbers)
+    return sizes
+
+
+@dataclass(frozen=True)
+class Use:
+    """A server's measured use this session."""
+
+    peak_memory_mb: float  # the most GPU memory its processes held at once (MiB)
+    peak_activity: float  # the busiest window's SM activity, 0..1 of its current tier
+    observed: timedelta  # how long reports showed the GPU held
+
+
+def right_size(
+    tier: str | None,
+    use: Use | None,
+    sizes: Mapping[str, TierSize],
+    cause: str | None = None,
+    min_observed: timedelta = MIN_OBSERVED,
+) -> tuple[TierSize, dict] | None:
+    """The smallest tier (fewest GPU-equivalents, then least memory, then name) that ``use``
+    fits and that holds fewer GPU-equivalents than ``tier``, with the verdict's
+    ``{"tier", "label", "reason"}``; None when there is none, or too little is known."""
+    current = sizes.get(tier or "")
+    if current is None or use is None or use.observed < min_observed:
+        return None
+    if use.peak_memory_mb <= 0 or use.peak_activity <= 0:
+        return None
+    needed = use.peak_memory_mb * _MIB * (1 + RESERVE)
+    fitting = [
+        t
+        for t in sizes.values()
+        if t.weight < current.weight
+        and t.memory_gb * _GB >= needed
+        and use.peak_activity * current.weight / t.weight <= MAX_LOAD
+    ]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda t: (t.weight, t.memory_gb, t.name))
+    why = (
+        f"at most {use.peak_memory_mb * _MIB / _GB:.1f} GB of GPU memory and "
+        f"{use.peak_activity:.0%} of the GPU over {format_duration(use.observed)}; it has "
+        f"{best.memory_gb:g} GB, at {best.weight / current.weight:.0%} of the GPU-equivalents"
+    )
+    if cause == "small_work":
+        why += " (the diagnosis: too little work per step)"
+    return best, {"tier": best.name, "label": best.label, "reason": why}
