@@ -6,6 +6,9 @@ dashboards: calibrations, autocorrelated noise, bursty sessions) and ``pipeline`
 pipeline of stochastic stages and buffers, sampled each second). ``project`` is the project's
 own simulator (``jupyter_gpu_gov.diagnose.simulate``), kept beside them as one world among four.
 
+``archetypes`` (the workloads a research cluster runs, each with its typical mistake) was
+written after the model was frozen and scored once, as a check nobody tuned anything on.
+
 Every world has ``generate(n_servers, windows_per_server, seed, *, first_server=0)``, returning
 ``(Window, truth)`` pairs, and ``NODES``. The windows use the CSV columns of
 ``diagnose.features`` and the six labels of ``diagnose.labels``; the worlds import nothing else
@@ -18,7 +21,7 @@ from collections.abc import Callable
 
 from jupyter_gpu_gov.diagnose import simulate as _project
 
-from . import fleet, pipeline, roofline
+from . import archetypes, fleet, pipeline, roofline
 
 Generator = Callable[..., list]
 
@@ -27,6 +30,7 @@ WORLDS: dict[str, Generator] = {
     "roofline": roofline.generate,
     "fleet": fleet.generate,
     "pipeline": pipeline.generate,
+    "archetypes": archetypes.generate,
 }
 
 
