@@ -80,9 +80,47 @@ def children():
         proc.wait()
 
 
-def test_a_busy_loop_reads_one_core_and_one_thread_and_a_sleeper_none(children):
+def measure_programs(children, programs: dict[str, str]) -> dict:
+    """Start each program (it prints 'ready'), measure them as kernels over 1.5 s, stop them
+    (a forked child with them: each has a session of its own); the report."""
+    started = {name: children(code) for name, code in programs.items()}
+    targets = [
+        TargetInfo(TargetRoot("kernel", name, proc.pid), "python3")
+        for name, proc in started.items()
+    ]
+    sampler = Sampler(NoGpus)
+    try:
+        report = measure_over(sampler, targets, 1.5)
+    finally:
+        sampler.close()
+        for proc in started.values():
+            os.killpg(proc.pid, signal.SIGKILL)
+    return report
+
+
+def test_a_busy_loop_reads_one_core_and_a_sleeper_none(children):
     busy = children("print('ready', flush=True)\nwhile True: pass\n")
     idle = children("import time; print('ready', flush=True); time.sleep(600)")
+    targets = [
+        TargetInfo(TargetRoot("kernel", "busy", busy.pid), "python3"),
+        TargetInfo(TargetRoot("kernel", "idle", idle.pid), "python3"),
+    ]
+    sampler = Sampler(NoGpus)
+    try:
+        report = measure_over(sampler, targets, 1.5)
+    finally:
+        sampler.close()
+    busy_cpu, idle_cpu = cpu_of(report, "busy"), cpu_of(report, "idle")
+    assert 0.6 <= busy_cpu["cores"] <= 1.15, busy_cpu  # one core (minus a shared CI machine)
+    assert idle_cpu["cores"] <= 0.05 and idle_cpu["read_mb_s"] == 0.0, idle_cpu
+    assert 1.4 <= busy_cpu["seconds"] <= 3.0
+    validate(report)  # the report with its cpu sections is a valid report
+
+
+def test_one_saturated_thread_is_told_from_work_shared_by_processes(children):
+    """``top_thread``: a serial loop saturates one thread; the same cores spread over two
+    processes each working half the time leave every thread half busy. (Relative figures: a
+    loaded CI machine gives a busy loop less than a core.)"""
     half = (
         "import os, time\n"
         "if os.fork(): print('ready', flush=True)\n"  # two processes, each busy 5 ms in 10
@@ -91,29 +129,12 @@ def test_a_busy_loop_reads_one_core_and_one_thread_and_a_sleeper_none(children):
         "    while time.perf_counter() < end: pass\n"
         "    time.sleep(0.005)\n"
     )
-    shared = children(half)
-    targets = [
-        TargetInfo(TargetRoot("kernel", "busy", busy.pid), "python3"),
-        TargetInfo(TargetRoot("kernel", "idle", idle.pid), "python3"),
-        TargetInfo(TargetRoot("kernel", "shared", shared.pid), "python3"),
-    ]
-    sampler = Sampler(NoGpus)
-    try:
-        report = measure_over(sampler, targets, 1.5)
-    finally:
-        sampler.close()
-        os.killpg(shared.pid, signal.SIGKILL)  # the forked child too (its own session)
-    busy_cpu, idle_cpu = cpu_of(report, "busy"), cpu_of(report, "idle")
-    # ``top_thread``: a serial loop saturates one thread; the same cores spread over two
-    # processes each working half the time leave every thread half busy. (Relative figures:
-    # a loaded CI machine gives a busy loop less than a core.)
-    assert busy_cpu["top_thread"] >= 0.9 * busy_cpu["cores"], busy_cpu
-    two = cpu_of(report, "shared")
+    report = measure_programs(
+        children, {"serial": "print('ready', flush=True)\nwhile True: pass\n", "shared": half}
+    )
+    one, two = cpu_of(report, "serial"), cpu_of(report, "shared")
+    assert one["cores"] > 0.1 and one["top_thread"] >= 0.9 * one["cores"], one  # all one thread
     assert two["top_thread"] <= 0.7 and two["cores"] >= 1.4 * two["top_thread"], two
-    assert 0.6 <= busy_cpu["cores"] <= 1.15, busy_cpu  # one core (minus a shared CI machine)
-    assert idle_cpu["cores"] <= 0.05 and idle_cpu["read_mb_s"] == 0.0, idle_cpu
-    assert 1.4 <= busy_cpu["seconds"] <= 3.0
-    validate(report)  # the report with its cpu sections is a valid report
 
 
 READER = """

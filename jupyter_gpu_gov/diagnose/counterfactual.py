@@ -11,10 +11,15 @@ another node's. What the model decides with is what defines each cause physicall
    ``rules.ZOMBIE_IDLE_S`` and the SMs do no work — at most ``zombie_sm`` above the node's idle
    floor, so a few percent of SM noise is still no work (the confidence falls as SM activity
    nears that bound); else ``healthy`` (an interactive pause; the idle policy handles it).
+   Without kernel state (a terminal), a process tree doing nothing on the CPU
+   (``zombie_cores``) is running nothing either: the same test, ``terminal_certainty`` as sure.
 1. **Memory-bound** kernels keep the memory interface near the node's *peak* DRAM intensity
-   (DRAM activity per unit of kernel time, at ``memory_bound`` of the peak and above an absolute
-   floor) while the tensor pipes are not busy: a memory-bound loop keeps every SM "active"
-   (waiting on memory), so SM activity alone cannot show it.
+   (DRAM activity per unit of kernel time, at ``memory_bound`` of the peak, and heavy: above an
+   absolute floor or ``memory_heavy`` times the node's fed loops', as cards' DRAM counters
+   differ in scale) while the tensor pipes are not busy: a memory-bound loop keeps every SM
+   "active" (waiting on memory), so SM activity alone cannot show it. A node whose ordinary
+   loops already read near the peak (``saturated``: NVML's memory utilisation saturates early)
+   cannot show it at all; NVML's time share counts less than DCGM's DRAM activity.
 2. **Fed or starved.** The kernel-time share (``gr_active``; NVML's utilisation where that is
    all there is) against the node's *fed level* (the median of its fed group of loops): at
    ``fed`` of it or more the loop is ``healthy``. Kernel-time share is a share of time, so on
@@ -24,9 +29,9 @@ another node's. What the model decides with is what defines each cause physicall
    loop does meanwhile:
 
    - ``small_work``: the kernels that run fill few SMs (occupancy ``sm/gr`` below ``small`` of
-     the node's fed state) — launch gaps between tiny kernels. Without ``gr_active``, DRAM
-     traffic per unit of kernel time far below the fed state's (``light_traffic``) says the same,
-     more weakly;
+     the node's fed state) — launch gaps between tiny kernels; DRAM traffic per unit of kernel
+     time far below the fed state's (``light_traffic``) says the same, more weakly, and so may
+     memory held against the node's usual (``memory_weight``: a small batch holds little);
    - ``data_io``: the process tree is blocked on reads (I/O wait beyond the node's fed state, at
      ``io`` of the idle time), or it neither computes nor blocks on disk while it reads data
      (``waiting``: a network file system's waits are not block I/O), or it reads near what the
@@ -49,10 +54,11 @@ Contributions are the within-node counterfactual: the SM activity the node's fed
 minus this window's (``gain["node"]``), shared among the causes by their probabilities; the
 task's own best windows give ``gain["task"]`` (what the same task already reached).
 
-Every constant is in ``Params`` and was chosen on one simulated world (``benchmarks/diagnose.py
---tune``), then measured on the others (``docs/benchmarks.md``). Nothing here is fitted to
-labels, and nothing needs scikit-learn: ``fit`` learns the references from unlabelled windows
-(as the service does from its history, and as it goes on doing online, ``observe``).
+Every constant is in ``Params`` and was chosen on one simulated world
+(``benchmarks/diagnose.py`` chooses them on each world and measures them on the others:
+``docs/benchmarks.md``). Nothing here is fitted to labels, and nothing needs scikit-learn:
+``fit`` learns the references from unlabelled windows (as the service does from its history,
+and as it goes on doing online, ``observe``).
 """
 
 from __future__ import annotations
@@ -203,8 +209,8 @@ class Diagnoser:
         return self
 
     def observe(self, window: Window) -> None:
-        """One window (already in its server's context) into its node's and task's reference:
-        O(1). A zombie's window is not a node's idle floor's business: it is (it is idle)."""
+        """One window (already in its server's context) into its node's reference (idle
+        windows feed the node's idle floor) and, when running, its task's: O(1)."""
         if window.sm_active is None:
             return
         key = (window.node or "", kind_of(window))
@@ -458,15 +464,3 @@ class Diagnoser:
         if not isinstance(model, cls):
             raise ValueError(f"{path}: not a jupyter-gpu-gov diagnosis model")
         return model
-
-
-def _before_model(w: Window) -> Diagnosis | None:
-    """What a definition decides without the model: a missing GPU signal, the zombie, a kernel
-    running nothing (the benchmark times windows that reach the model apart)."""
-    if w.sm_active is None:
-        return diagnosis(UNKNOWN)
-    if rules.is_zombie(w):
-        return diagnosis(ZOMBIE)
-    if w.kernel_busy is False:
-        return diagnosis(HEALTHY)
-    return None

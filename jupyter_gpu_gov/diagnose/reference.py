@@ -19,17 +19,16 @@ that are not held back: the node's running windows split in two at Otsu's thresh
 that best separates a starved group from a fed one), and the median of the upper group. Its
 *fed state* is the mean of each signal over the windows within ``FED_SHARE`` of the fed level
 that are not memory-bound (the best state among computing loops): the I/O wait, cores, reads,
-memory and DRAM intensity that its healthy loops show. Its *peak* DRAM intensity is the 98th percentile over windows whose
-kernels ran at least 30 % of the time; its *read peak* the 98th percentile of what its loops
-read (MB/s): what its storage gives at most. Its *idle floor* is what SM activity reads in windows
-whose kernel runs nothing.
+memory and DRAM intensity that its healthy loops show. Its *peak* DRAM intensity is the 98th
+percentile over windows whose kernels ran at least 30 % of the time; its *read peak* the 98th
+percentile of what its loops read (MB/s): what its storage gives at most. Its *idle floor* is
+what SM activity reads in windows whose kernel runs nothing.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .features import Window
@@ -256,34 +255,21 @@ class NodeReference:
         self.read_peak = self.reads.quantile(PEAK_QUANTILE)
 
 
-TASK_KEEP = 64  # running windows a task keeps for its own best
+TASK_KEEP = 32  # running windows a task keeps for its own best
 
 
 @dataclass
 class TaskReference:
-    """A server's (task's) own recent running windows: its best kernel-time share and SM
-    activity (the 90th percentile of the last ``TASK_KEEP``)."""
+    """A server's (task's) own recent running windows: its best SM activity (the 90th
+    percentile of the last ``TASK_KEEP``)."""
 
-    kernel: deque = field(default_factory=lambda: deque(maxlen=TASK_KEEP))
     sm: deque = field(default_factory=lambda: deque(maxlen=TASK_KEEP))
 
     def observe(self, w: Window) -> None:
-        if w.sm_active is None or w.kernel_busy is False:
-            return
-        self.kernel.append(kernel_time(w))
-        self.sm.append(w.sm_active)
+        if w.sm_active is not None and w.kernel_busy is not False:
+            self.sm.append(w.sm_active)
 
     @property
     def best_sm(self) -> float:
-        return _quantile(self.sm, 0.9)
-
-    @property
-    def best_kernel(self) -> float:
-        return _quantile(self.kernel, 0.9)
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        ordered = sorted(self.sm)
+        return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] if ordered else math.nan
