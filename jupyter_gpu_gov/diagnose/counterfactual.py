@@ -303,7 +303,9 @@ class Diagnoser:
         if not (held and away):
             return diagnosis(HEALTHY)
         floor = ref.idle_floor if ref is not None and ref.idle_floor > 0 else 0.0
-        idle = 1.0 - _gate(w.sm_active, p.zombie_sm + min(floor, 0.05), p.zombie_width)
+        # The floor is learnt from every server's idle windows, reports included: it may
+        # raise the bound by 2 % at most, whatever anyone reports.
+        idle = 1.0 - _gate(w.sm_active, p.zombie_sm + min(floor, 0.02), p.zombie_width)
         idle *= certainty
         return self._decide({ZOMBIE: idle, HEALTHY: 1.0 - idle}, {}, {}, source="rules")
 

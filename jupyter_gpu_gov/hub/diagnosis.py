@@ -5,8 +5,10 @@ Every report becomes a diagnosis window (``diagnose.features.windows_from_report
 DCGM's DRAM, tensor and PCIe activity when a DCGM snapshot covers the server's GPUs, read in its
 server's context (``features.with_context``: the median with the server's last running windows,
 at most ``CONTEXT_KEEP`` kept). The model (``diagnose.counterfactual.Diagnoser``) learns each
-node's reference online from that window (``observe``: O(1)) and scores it (``score``: tens of
-microseconds), so the verdict that answers the report names the cause, with its confidence.
+node's reference online from that window (``observe``: O(1); at most one window per server per
+``diagnose_sample_every``, so no server weighs more than another by reporting more often) and
+scores it (``score``: tens of microseconds), so the verdict that answers the report names the
+cause, with its confidence.
 Windows also go into a bounded history (oldest first out: by age, by count); every
 ``diagnose_train_every`` a worker thread rebuilds the model from it (``fit``: the references
 then reflect exactly the history kept) and saves it; the event loop only hands over the list
@@ -239,13 +241,16 @@ class DiagnosisService:
                 return None
             raw = windows[-1]
             stamp = now.timestamp()
-            last = self._last_kept.get(key)
-            if last is None or stamp - last >= self.options.sample_every.total_seconds():
-                self.history.add(key, raw, stamp)
-                self._last_kept[key] = stamp
             window = self._in_context(key, raw)
             model = self.model
-            model.observe(window)
+            last = self._last_kept.get(key)
+            if last is None or stamp - last >= self.options.sample_every.total_seconds():
+                # At most one window per server per sample_every is learnt (and kept): a
+                # server that reports often weighs no more in its node's reference than one
+                # that does not.
+                self.history.add(key, raw, stamp)
+                self._last_kept[key] = stamp
+                model.observe(window)
             scored = Scored(self._score(model, window), window, now)
             self.results[key] = scored
             self._book(key, scored, stamp, team, gpus)
