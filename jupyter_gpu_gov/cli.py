@@ -348,20 +348,26 @@ def _gb(value: float) -> str:
 def _add_diagnose(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "diagnose",
-        help="say why each window's GPU is underused (root cause and a hint)",
+        help="say why each window's GPU is underused (root cause, confidence, a hint), "
+        "or what each cause costs the cluster (--cluster)",
         description=(
-            "Diagnose diagnosis windows (DESIGN §9: CSV with a header, or JSON Lines; columns\n"
+            "Diagnose diagnosis windows (docs/api.md: CSV with a header, or JSON Lines; columns\n"
             "node, server, t, sm_active, dram_active, tensor_active, pcie_mb_s, gpu_mem_frac,\n"
             "cpu_cores, cpu_iowait, read_mb_s, kernel_busy, user_idle_s, and optionally\n"
             "gr_active (DCGM GR_ENGINE_ACTIVE); missing values allowed, unknown columns\n"
-            "ignored). Prints one JSON line per row, in input order:\n"
-            '{"server", "t", "label", "contributions", "hint", "source"}. Labels: healthy,\n'
-            "zombie, data_io, cpu_serial, memory_bandwidth, small_work, unknown (no sm_active).\n"
-            "Without --model the counterfactual model is trained on the file's own history\n"
-            "(scikit-learn needed: the 'hub' extra); too little history, and the rules answer.\n"
-            "The model reads each running window with the earlier rows of the same node and\n"
-            "server (the median of the last 4 within 10 minutes), as the hub service does.\n"
-            "A summary goes to stderr. A bad file prints nothing and exits with status 2."
+            'ignored). Prints one JSON line per row, in input order: {"server", "t",\n'
+            '"label", "cause", "confidence", "confident", "candidates", "contributions",\n'
+            '"gain", "hint", "source"}. Labels: healthy, zombie, data_io, cpu_serial,\n'
+            "memory_bandwidth, small_work, unknown (no sm_active), uncertain (the most likely\n"
+            "cause is below the model's confidence: 'candidates' names the two it is between).\n"
+            "Without --model the model learns each node from the file itself (unlabelled,\n"
+            "rows in time order); it reads each running window with the earlier rows of the\n"
+            "same node and server (the median of the last 4 within 10 minutes), as the hub\n"
+            "service does. A summary goes to stderr. A bad file prints nothing, status 2.\n"
+            "\n"
+            "--cluster reads the governor's GET api/diagnosis instead (an admin's JupyterHub\n"
+            "API token): GPU-hours per cause, per team and per node, what fixing each would\n"
+            "give back, the servers with a cause now, and fragmentation."
         ),
         epilog=(
             "examples:\n"
@@ -369,11 +375,14 @@ def _add_diagnose(commands: argparse._SubParsersAction) -> None:
             "  jupyter-gpu-gov diagnose windows.jsonl --save-model model.pkl\n"
             "  jupyter-gpu-gov diagnose today.jsonl --model model.pkl\n"
             "  jupyter-gpu-gov diagnose windows.csv --baseline\n"
-            "  python -m jupyter_gpu_gov.diagnose.simulate --servers 60 | jupyter-gpu-gov diagnose -"
+            "  python -m jupyter_gpu_gov.diagnose.simulate --servers 60 | jupyter-gpu-gov diagnose -\n"
+            "  JUPYTERHUB_API_TOKEN=... jupyter-gpu-gov diagnose --cluster --days 30"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("file", metavar="FILE", help="windows, CSV or JSON Lines ('-': stdin)")
+    parser.add_argument(
+        "file", metavar="FILE", nargs="?", help="windows, CSV or JSON Lines ('-': stdin)"
+    )
     parser.add_argument(
         "--model",
         metavar="PATH",
@@ -387,6 +396,14 @@ def _add_diagnose(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--save-model", metavar="PATH", help="save the model trained on FILE to PATH"
     )
+    parser.add_argument(
+        "--cluster", action="store_true", help="the cluster report from the governor service"
+    )
+    parser.add_argument(
+        "--days", type=int, default=7, help="with --cluster: the last N days (1-366, default 7)"
+    )
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="with --cluster")
+    _add_service(parser)
     parser.set_defaults(run=_diagnose, parser=parser)
 
 
@@ -394,8 +411,15 @@ def _diagnose(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from .diagnose import rules
+    from .diagnose.counterfactual import Diagnoser
     from .diagnose.features import read_windows
 
+    if args.cluster:
+        if args.file or args.model or args.save_model or args.baseline:
+            args.parser.error("--cluster reads the governor: not with FILE or a model")
+        return _cluster(args)
+    if not args.file:
+        args.parser.error("FILE is needed (or --cluster)")
     if args.baseline and (args.model or args.save_model):
         args.parser.error("--baseline uses no model: not with --model or --save-model")
     if args.model and args.save_model:
@@ -413,35 +437,18 @@ def _diagnose(args: argparse.Namespace) -> int:
         results = [rules.baseline(w) for w in windows]
         summary["by"] = "rules"
     else:
-        try:
-            from .diagnose.counterfactual import Diagnoser
-
-            if args.model:
-                try:
-                    model = Diagnoser.load(args.model)
-                except (OSError, ValueError, EOFError) as error:
-                    return fail(f"cannot load --model: {error}")
-                summary["by"] = f"model {args.model}"
-            else:
-                model = Diagnoser().fit(windows)
-                summary["by"] = "model trained on FILE" if model.fitted else "rules"
-                summary["trained_on"] = model.trained_on
-                if not model.fitted:
-                    summary["note"] = (
-                        f"{model.trained_on} windows in which code runs: too few to train "
-                        f"(need {model.min_windows}); the rules answer"
-                    )
-            results = model.diagnose_many(windows)
-        except ImportError as error:
-            print(
-                f"jupyter-gpu-gov diagnose: error: {error.name or error} is needed for the model: "
-                "pip install 'jupyter-gpu-gov[hub]', or use --baseline",
-                file=sys.stderr,
-            )
-            return 1
+        if args.model:
+            try:
+                model = Diagnoser.load(args.model)
+            except (OSError, ValueError, EOFError) as error:
+                return fail(f"cannot load --model: {error}")
+            summary["by"] = f"model {args.model}"
+        else:
+            model = Diagnoser().fit(sorted(windows, key=lambda w: w.t or 0.0))
+            summary["by"] = "model learnt from FILE"
+            summary["trained_on"] = model.trained_on
+        results = model.diagnose_many(windows)
         if args.save_model:
-            if not model.fitted:
-                return fail(f"--save-model: {summary['note']}, so there is no model to save")
             try:
                 model.save(args.save_model)
             except OSError as error:
@@ -449,18 +456,74 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     out = sys.stdout
     for window, result in zip(windows, results, strict=True):
-        row = {
-            "server": window.server,
-            "t": window.t,
-            "label": result.label,
-            "contributions": dict(result.contributions),
-            "hint": result.hint,
-            "source": result.source,
-        }
-        out.write(json.dumps(row) + "\n")
+        out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}) + "\n")
     summary["labels"] = dict(sorted(Counter(r.label for r in results).items()))
     print(json.dumps(summary), file=sys.stderr)
     return 0
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    if not 1 <= args.days <= 366:
+        return _fail("--days must be between 1 and 366", "diagnose")
+    body = _service_get(args, "diagnosis", {"days": args.days}, "diagnose")
+    if isinstance(body, int):
+        return body
+    if args.format == "json":
+        sys.stdout.write(body if body.endswith("\n") else body + "\n")
+        return 0
+    try:
+        report = json.loads(body)
+    except ValueError:
+        return _fail("the service did not answer with JSON", "diagnose")
+    sys.stdout.write(cluster_text(report))
+    return 0
+
+
+def cluster_text(report: dict) -> str:
+    """``GET api/diagnosis`` as a plain-text report."""
+    cost = report.get("cost") or {}
+    lines = [
+        f"GPU-hours diagnosed, last {cost.get('days', '?')} days: {cost.get('gpu_hours', 0):.1f}",
+        "",
+        f"{'cause':<18}{'GPU-h':>10}{'share':>8}{'SM':>7}{'fixing gives':>14}",
+    ]
+
+    def rows(causes: dict, indent: str = "") -> None:
+        ordered = sorted(causes.items(), key=lambda kv: -kv[1]["gpu_hours"])
+        for label, f in ordered:
+            lines.append(
+                f"{indent + label:<18}{f['gpu_hours']:>10.1f}{f['share'] * 100:>7.1f}%"
+                f"{f['utilisation'] * 100:>6.0f}%{f['recoverable_gpu_hours']:>11.1f} GPU-h"
+            )
+
+    rows(cost.get("causes") or {})
+    for title, key in (("team", "teams"), ("node", "nodes")):
+        groups = cost.get(key) or {}
+        if not groups:
+            continue
+        lines += ["", f"by {title}:"]
+        for name, causes in groups.items():
+            lines.append(f"  {name or '(none)'}")
+            rows(causes, "    ")
+    servers = report.get("servers") or []
+    lines += ["", f"servers with a cause now: {len(servers)}"]
+    for s in servers:
+        sure = "" if s.get("confident") else f" (not sure: {' or '.join(s.get('candidates', []))})"
+        lines.append(
+            f"  {s['server']:<28}{s.get('cause', s['label']):<18}"
+            f"{s.get('confidence', 1.0) * 100:>4.0f}%{sure}"
+        )
+    frag = report.get("fragmentation") or {}
+    lines += [
+        "",
+        f"fragmentation: {'YES' if frag.get('flag') else 'no'} — "
+        f"{frag.get('devices_partly_used', 0)} of {frag.get('devices', 0)} cards partly "
+        f"allocated, {frag.get('free_scattered', 0)} cards' worth free on them, "
+        f"{frag.get('devices_free', 0)} free; spawns waiting: {frag.get('spawns_waiting')}",
+    ]
+    if frag.get("hint"):
+        lines.append(f"  {frag['hint']}")
+    return "\n".join(lines) + "\n"
 
 
 # -- usage -------------------------------------------------------------------------------------
@@ -484,16 +547,7 @@ def _add_usage(commands: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("JUPYTER_GPU_GOV_URL", "http://127.0.0.1:8000/services/gpu-gov/"),
-        help="the governor service's URL (default $JUPYTER_GPU_GOV_URL, else the demo hub's)",
-    )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
-        help="a JupyterHub API token (default $JUPYTERHUB_API_TOKEN)",
-    )
+    _add_service(parser)
     parser.add_argument(
         "--group-by", default="team,day", help="user, team, project, tier; day or week"
     )
@@ -506,30 +560,54 @@ def _add_usage(commands: argparse._SubParsersAction) -> None:
 
 
 def _usage(args: argparse.Namespace) -> int:
+    query = {"group_by": args.group_by, "format": args.format}
+    for key in ("since", "until", "user", "team", "project", "tier"):
+        if getattr(args, key):
+            query[key] = getattr(args, key)
+    body = _service_get(args, "usage", query, "usage")
+    if isinstance(body, int):
+        return body
+    sys.stdout.write(body if body.endswith("\n") else body + "\n")
+    return 0
+
+
+# -- the governor service's API ----------------------------------------------------------------
+
+
+def _add_service(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("JUPYTER_GPU_GOV_URL", "http://127.0.0.1:8000/services/gpu-gov/"),
+        help="the governor service's URL (default $JUPYTER_GPU_GOV_URL, else the demo hub's)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+        help="a JupyterHub API token (default $JUPYTERHUB_API_TOKEN)",
+    )
+
+
+def _service_get(args: argparse.Namespace, path: str, query: dict, command: str) -> str | int:
+    """``GET <url>api/<path>?<query>`` with the token: the body, or the exit status of a
+    failure (said on stderr)."""
     from urllib.error import HTTPError, URLError
     from urllib.parse import urlencode
     from urllib.request import Request, urlopen
 
     if not args.token:
-        return _fail("a token is needed: --token or $JUPYTERHUB_API_TOKEN", "usage")
-    query = {"group_by": args.group_by, "format": args.format}
-    for key in ("since", "until", "user", "team", "project", "tier"):
-        if getattr(args, key):
-            query[key] = getattr(args, key)
-    url = f"{args.url.rstrip('/')}/api/usage?{urlencode(query)}"
+        return _fail("a token is needed: --token or $JUPYTERHUB_API_TOKEN", command)
+    url = f"{args.url.rstrip('/')}/api/{path}?{urlencode(query)}"
     request = Request(url, headers={"Authorization": f"token {args.token}"})
     try:
         with urlopen(request, timeout=60) as response:
-            body = response.read().decode()
+            return response.read().decode()
     except HTTPError as error:
         detail = error.read().decode(errors="replace")
         with contextlib.suppress(ValueError, AttributeError):
             detail = json.loads(detail).get("message", detail)
-        return _fail(f"{url}: HTTP {error.code}: {detail}", "usage")
+        return _fail(f"{url}: HTTP {error.code}: {detail}", command)
     except URLError as error:
-        return _fail(f"{url}: {error.reason}", "usage")
-    sys.stdout.write(body if body.endswith("\n") else body + "\n")
-    return 0
+        return _fail(f"{url}: {error.reason}", command)
 
 
 if __name__ == "__main__":

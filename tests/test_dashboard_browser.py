@@ -156,6 +156,10 @@ def test_the_admin_dashboard_in_a_browser(hub, tmp_path):
                 assert page.locator("main img, main script, main b").count() == 0
                 expect(page.locator("#idle-by-team svg")).to_contain_text("vision")
                 expect(page.locator("#policies")).to_contain_text("demo-warned")
+                # The cluster's root causes (what each cost) and fragmentation.
+                expect(page.locator("#causes")).to_be_visible()
+                expect(page.locator("#diagnosis")).to_contain_text("GPU-hours diagnosed")
+                expect(page.locator("#fragmentation")).to_contain_text("cards partly allocated")
                 # The docs' screenshot is refreshed on request only: a test run leaves the tree
                 # clean (JUPYTER_GPU_GOV_SCREENSHOTS=1, as for the other browser tests).
                 refresh_docs = os.environ.get("JUPYTER_GPU_GOV_SCREENSHOTS") == "1"

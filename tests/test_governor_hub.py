@@ -67,10 +67,12 @@ def test_zombie_kernel_is_warned_checkpointed_and_culled(hub, gov):
 
     cause = verdict["root_cause"]
     assert cause["label"] == "zombie" and cause["source"] == "rules", verdict
+    assert cause["confident"] is True and cause["cause"] == "zombie"  # what may drive a cull
     assert "holds GPU memory but has done no GPU work" in cause["hint"]
     assert verdict["state"] in ("idle", "warned", "checkpointing")
     assert listed["root_cause"]["label"] == "zombie"  # the admin list says it too
-    assert cluster["labels"].get("zombie", 0) >= 1 and cluster["source"] == "rules"
+    assert cluster["labels"].get("zombie", 0) >= 1 and cluster["source"] == "model"
+    assert "zombie" in cluster["servers"][0]["label"] and "causes" in cluster["cost"]
     assert gov.call("GET", "diagnosis", hub.token("bob")).status_code == 403  # admins only
 
     audit = gov.audit("alice/")

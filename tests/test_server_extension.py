@@ -434,5 +434,5 @@ async def test_a_real_kernel_reports_its_cpu_through_the_status_route(jp_fetch, 
         ),
     )
     cpu = next(t for t in report["targets"] if t["id"] == kernel.id)["cpu"]
-    assert set(cpu) == {"cores", "iowait", "read_mb_s", "seconds"}
+    assert set(cpu) == {"cores", "iowait", "read_mb_s", "seconds", "top_thread"}
     assert cpu["iowait"] is None or 0 <= cpu["iowait"] <= 1

@@ -171,8 +171,8 @@ def _expect(value, kind, field: str, words: str):
 
 
 def _cpu(cpu, field: str) -> None:
-    """``targets[].cpu``: optional; ``{"cores", "iowait", "read_mb_s", "seconds"}``, each a
-    number or null. An older server's ``{"percent", "iowait"}`` (iowait in %) is accepted and
+    """``targets[].cpu``: optional; ``{"cores", "iowait", "read_mb_s", "seconds",
+    "top_thread"}``, each a number or null. An older server's ``{"percent", "iowait"}`` (iowait in %) is accepted and
     ignored, so a governor upgraded first keeps taking its reports."""
     if cpu is None:
         return
@@ -183,6 +183,7 @@ def _cpu(cpu, field: str) -> None:
     _number(cpu, "iowait", f"{field}.iowait", low=0, high=1)
     _number(cpu, "read_mb_s", f"{field}.read_mb_s", low=0)
     _number(cpu, "seconds", f"{field}.seconds", low=0)
+    _number(cpu, "top_thread", f"{field}.top_thread", low=0, high=1)
 
 
 def _optional_str(obj: Mapping, key: str, field: str) -> None:

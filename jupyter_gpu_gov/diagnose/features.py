@@ -25,6 +25,9 @@ Columns (every value may be missing, ``None``):
 ``gr_active``   0..1, DCGM ``GR_ENGINE_ACTIVE`` (share of the window a kernel ran, whatever its
                 size); with ``sm_active`` from DCGM too, ``sm_active / gr_active`` is how much
                 of the GPU the kernels fill (optional, beyond DESIGN §9)
+``cpu_top_thread`` 0..1, the busiest thread of the process tree's share of a core: one
+                saturated thread (a serial loop) reads 1, workers sharing the load less
+                (optional: servers that report it)
 =============== ============================================================================
 
 CSV has a header row; an empty cell is missing. JSON Lines has one object per line; ``null`` is
@@ -60,6 +63,7 @@ COLUMNS = (
     "kernel_busy",
     "user_idle_s",
     "gr_active",  # beyond DESIGN §9: optional, after its columns
+    "cpu_top_thread",  # optional, after those
 )
 
 # The model's inputs, in order: every numeric column but sm_active (its target); kernel_busy as
@@ -68,7 +72,15 @@ FEATURES = tuple(c for c in COLUMNS if c not in ("node", "server", "t", "sm_acti
 
 _TEXT = frozenset({"node", "server"})
 _FRACTIONS = frozenset(
-    {"sm_active", "gr_active", "dram_active", "tensor_active", "gpu_mem_frac", "cpu_iowait"}
+    {
+        "sm_active",
+        "gr_active",
+        "dram_active",
+        "tensor_active",
+        "gpu_mem_frac",
+        "cpu_iowait",
+        "cpu_top_thread",
+    }
 )
 _NON_NEGATIVE = frozenset({"pcie_mb_s", "cpu_cores", "read_mb_s", "user_idle_s"})
 _BOOLEANS = frozenset({"kernel_busy"})
@@ -92,6 +104,7 @@ class Window:
     kernel_busy: bool | None = None
     user_idle_s: float | None = None
     gr_active: float | None = None
+    cpu_top_thread: float | None = None
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -127,6 +140,7 @@ CONTEXT_COLUMNS = (
     "cpu_cores",
     "cpu_iowait",
     "read_mb_s",
+    "cpu_top_thread",
 )
 
 
@@ -331,8 +345,9 @@ def windows_from_report(
       unknown and no known one is busy: unknown is never idle; ``None`` with the backend
       ``unavailable``); with no holder, the busiest unshared device's activity;
     - ``gpu_mem_frac``: memory the targets hold / the memory of the devices they use;
-    - ``cpu_cores``, ``cpu_iowait``, ``read_mb_s``: the GPU holders' ``targets[].cpu`` (all
-      kernels' when none holds a context): cores and reads summed, iowait the largest;
+    - ``cpu_cores``, ``cpu_iowait``, ``read_mb_s``, ``cpu_top_thread``: the GPU holders'
+      ``targets[].cpu`` (all kernels' when none holds a context): cores and reads summed,
+      iowait and the busiest thread the largest;
     - ``kernel_busy``: a kernel target's ``execution_state`` is ``busy`` (``None`` with no kernel);
     - ``user_idle_s``: ``now`` minus ``server.last_activity``;
     - ``gr_active``, ``dram_active``, ``tensor_active``, ``pcie_mb_s``, ``node``: from
@@ -409,6 +424,7 @@ def windows_from_report(
     cores = _sum(c.get("cores") for c in cpus) if cpus else None
     iowait = _max(c.get("iowait") for c in cpus) if cpus else None
     reads = _sum(c.get("read_mb_s") for c in cpus) if cpus else None
+    top_thread = _max(c.get("top_thread") for c in cpus) if cpus else None
 
     busy_from = [t_ for t_ in holders if t_.get("kind") == "kernel"] or kernels
     kernel_busy = (
@@ -437,6 +453,7 @@ def windows_from_report(
             cpu_cores=_positive(cores),
             cpu_iowait=_fraction(iowait),
             read_mb_s=_positive(reads),
+            cpu_top_thread=_fraction(top_thread),
             kernel_busy=kernel_busy,
             user_idle_s=user_idle,
         )

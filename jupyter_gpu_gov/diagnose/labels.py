@@ -17,6 +17,7 @@ MEMORY_BANDWIDTH = "memory_bandwidth"
 SMALL_WORK = "small_work"
 FRAGMENTATION = "fragmentation"  # cluster level only
 UNKNOWN = "unknown"  # the GPU signal itself (sm_active) is missing: never idle, never blamed
+UNCERTAIN = "uncertain"  # the model's best label is below its confidence: two candidates instead
 
 # The labels of one server's window, in the order reports and benchmarks list them.
 LABELS = (HEALTHY, ZOMBIE, DATA_IO, CPU_SERIAL, MEMORY_BANDWIDTH, SMALL_WORK)
@@ -48,6 +49,7 @@ HINTS: Mapping[str, str] = {
         "smaller slices."
     ),
     UNKNOWN: "",
+    UNCERTAIN: "",
 }
 
 
@@ -55,26 +57,66 @@ HINTS: Mapping[str, str] = {
 class Diagnosis:
     """What one window (or the cluster) says.
 
-    ``contributions``: feature -> change in predicted ``sm_active`` when that feature alone is
-    set to its value in the node's best state (positive: it would help); empty for the rules.
-    ``source``: ``"model"`` (the counterfactual model) or ``"rules"`` (thresholds: the baseline,
-    the zombie definition, a missing GPU signal, or no model for this window).
+    ``label``: one of ``LABELS``, ``unknown``, ``fragmentation``, or ``uncertain`` when the most
+    likely label's ``confidence`` is below the model's threshold (``candidates`` then says
+    which two it is between). ``confidence``: the probability the model gives its most likely
+    label (0..1; 1 for a definition the window meets, such as a missing GPU signal).
+    ``candidates``: the two most likely labels, most likely first (one for a definition).
+    ``contributions``: cause signal -> SM activity (0..1) that removing that cause would give
+    back, weighed by how likely it is the cause (``unexplained``: the shortfall the model does
+    not put on a cause); empty for the rules. ``gain``: the shortfall against the node's fed
+    state (``node``) and against the task's own best windows (``task``), SM activity 0..1.
+    ``source``: ``"model"`` or ``"rules"`` (the threshold baseline, or a definition: the zombie,
+    a missing GPU signal, a kernel running nothing).
     """
 
     label: str
     contributions: Mapping[str, float] = field(default_factory=dict)
     hint: str = ""
     source: str = "rules"
+    confidence: float = 1.0
+    candidates: tuple[str, ...] = ()
+    gain: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def cause(self) -> str:
+        """The most likely label, even when not confident (``label`` is then ``uncertain``)."""
+        return self.candidates[0] if self.candidates else self.label
+
+    @property
+    def confident(self) -> bool:
+        return self.label != UNCERTAIN
 
     def as_dict(self) -> dict:
         return {
             "label": self.label,
+            "cause": self.cause,
+            "confidence": round(self.confidence, 4),
+            "confident": self.confident,
+            "candidates": list(self.candidates or (self.label,)),
             "contributions": dict(self.contributions),
+            "gain": dict(self.gain),
             "hint": self.hint,
             "source": self.source,
         }
 
 
-def diagnosis(label: str, contributions: Mapping[str, float] | None = None, source="rules"):
-    """A ``Diagnosis`` with the label's hint."""
-    return Diagnosis(label, dict(contributions or {}), HINTS.get(label, ""), source)
+def diagnosis(
+    label: str,
+    contributions: Mapping[str, float] | None = None,
+    source: str = "rules",
+    *,
+    confidence: float = 1.0,
+    candidates: tuple[str, ...] | None = None,
+    gain: Mapping[str, float] | None = None,
+) -> Diagnosis:
+    """A ``Diagnosis`` with the label's hint (for ``uncertain``, the hint of the most likely
+    candidate that names a cause, prefixed to say it is a guess)."""
+    candidates = tuple(candidates) if candidates else (label,)
+    hint = HINTS.get(label, "")
+    if label == UNCERTAIN:
+        named = [c for c in candidates if HINTS.get(c)]
+        hint = f"Not sure yet ({' or '.join(candidates)}). " + HINTS[named[0]] if named else ""
+    return Diagnosis(
+        label, dict(contributions or {}), hint, source, confidence, candidates, dict(gain or {})
+    )

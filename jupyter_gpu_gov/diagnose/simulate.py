@@ -85,7 +85,7 @@ GPU ramping up) and, every 10-30 windows, an evaluation or checkpoint pause (the
 writes). The truth of those windows is still the primary cause: they are part of what a
 per-window diagnosis gets wrong.
 
-Nodes (``NODES``; ``HELD_OUT_NODE`` is a configuration kept out of training in the benchmark)
+Nodes (``NODES``; ``HELD_OUT_NODE`` is a configuration apart, ``--held-out`` on the command line)
 differ in card scale for SM, DRAM, tensor and PCIe readings, CPU cores, and in what they can
 measure: nodes without DCGM have no ``gr_active``, ``dram_active``, ``tensor_active`` or ``pcie_mb_s``; a MIG
 node has no tensor counter; nodes whose kernel runs without delay accounting have no
@@ -191,7 +191,7 @@ NODES: tuple[Node, ...] = (
 
 HELD_OUT_NODE = Node(
     "gh200",
-    "GH200, DCGM, no delay accounting (not in NODES: the benchmark's unseen configuration)",
+    "GH200, DCGM, no delay accounting (not in NODES: an unseen configuration)",
     sm=0.9,
     dram=0.8,
     tensor=1.15,

@@ -111,6 +111,27 @@ def parse_stat(raw: bytes) -> ProcInfo | None:
         return None
 
 
+MAX_THREADS = 512  # threads of one process read for their CPU, at most (bounds a tick's cost)
+
+
+def thread_ticks(pid: int, proc_root: str = "/proc") -> dict[int, int] | None:
+    """CPU ticks (utime + stime) of each of a process's threads, from
+    ``/proc/<pid>/task/<tid>/stat`` (at most ``MAX_THREADS``); ``None`` when unreadable."""
+    try:
+        names = os.listdir(f"{proc_root}/{pid}/task")
+    except OSError:
+        return None
+    ticks = {}
+    for name in names[:MAX_THREADS]:
+        if not name.isdigit():
+            continue
+        raw = _read(f"{proc_root}/{pid}/task/{name}/stat")
+        info = parse_stat(raw) if raw else None  # the thread may have exited meanwhile
+        if info is not None:
+            ticks[info.pid] = info.cpu_ticks
+    return ticks
+
+
 def _pids(proc_root: str) -> set[int]:
     try:
         return {int(name) for name in os.listdir(proc_root) if name.isdigit()}

@@ -1,19 +1,22 @@
-"""Root-cause diagnosis in the governor (DESIGN §8): why a server's GPU is underused.
+"""Root-cause diagnosis in the governor (docs/api.md "Root causes"): why a server's GPU is
+underused, how sure we are, and what each cause costs the cluster.
 
 Every report becomes a diagnosis window (``diagnose.features.windows_from_report``), with
-DCGM's DRAM, tensor and PCIe activity when a DCGM snapshot covers the server's GPUs. Windows go
-into a bounded, in-memory history (oldest first out: by age, by count) from which a
-``diagnose.counterfactual.Diagnoser`` is trained in a worker thread every
-``diagnose_train_every``, the first time as soon as ``diagnose_min_windows`` exist; the event
-loop only hands over the list and swaps the model in. Each report is scored when it arrives
-(the rules baseline until a model exists), so the verdict that answers it names the cause.
+DCGM's DRAM, tensor and PCIe activity when a DCGM snapshot covers the server's GPUs, read in its
+server's context (``features.with_context``: the median with the server's last running windows,
+at most ``CONTEXT_KEEP`` kept). The model (``diagnose.counterfactual.Diagnoser``) learns each
+node's reference online from that window (``observe``: O(1); at most one window per server per
+``diagnose_sample_every``, so no server weighs more than another by reporting more often) and
+scores it (``score``: tens of microseconds), so the verdict that answers the report names the
+cause, with its confidence.
+Windows also go into a bounded history (oldest first out: by age, by count); every
+``diagnose_train_every`` a worker thread rebuilds the model from it (``fit``: the references
+then reflect exactly the history kept) and saves it; the event loop only hands over the list
+and swaps the model in. Each scored window books the time since the server's previous one to
+its cause (``diagnose.cluster.CostLedger``), per team and per node.
 
-A window is scored in its server's context, as the model was trained
-(``diagnose.features.with_context``): each server's last running windows are kept (at most
-``CONTEXT_KEEP``, whatever the history's sampling) and the new window is read as their median
-with it — a few microseconds, so scoring stays in milliseconds.
-
-The diagnosis is advisory: it never changes a decision, and no error in it keeps a report out.
+The diagnosis is advisory: it never changes a decision by itself, and no error in it keeps a
+report out. Only a *confident* zombie (``root_cause["confident"]``) may drive an action.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from ..core import clock
-from ..diagnose import labels, rules
+from ..diagnose import cluster, rules
+from ..diagnose.counterfactual import Diagnoser
 from ..diagnose.features import (
     CONTEXT_HORIZON_S,
     CONTEXT_K,
@@ -39,22 +43,19 @@ from ..diagnose.features import (
     windows_from_report,
     with_context,
 )
-from ..diagnose.labels import HINTS
+from ..diagnose.labels import HEALTHY, UNCERTAIN, UNKNOWN, Diagnosis
 from . import metrics
 from .dcgm import GpuEvidence
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
-# A window is scored on the event loop when the model scores one in less than this (seconds,
-# measured); else in the scoring thread, in batches.
-INLINE_SCORING_S = 0.002
-
 # A server's recent running windows kept for its context (``with_context`` reads the last
 # ``Diagnoser.context`` of them).
 CONTEXT_KEEP = 16
 
-# Labels that name no cause: no root cause in the verdict.
-SILENT_LABELS = frozenset({"healthy", "unknown"})
+# Labels that name no cause: no root cause in the verdict (nor an uncertain answer between two
+# of them).
+SILENT_LABELS = frozenset({HEALTHY, UNKNOWN})
 
 
 @dataclass(frozen=True)
@@ -77,22 +78,31 @@ class DiagnosisOptions:
 class Scored:
     """A server's latest diagnosis, and the window it is about."""
 
-    label: str
-    hint: str
-    contributions: Mapping[str, float]
-    source: str  # model | rules
+    diagnosis: Diagnosis
     window: Window  # as scored: in its server's context
     at: datetime  # when the report arrived
 
+    @property
+    def label(self) -> str:
+        return self.diagnosis.label
+
     def root_cause(self) -> dict | None:
-        if self.label in SILENT_LABELS:
+        """The verdict's ``root_cause``: ``label``, ``hint``, ``contributions``, ``source``,
+        and ``cause`` (the most likely label), ``confidence``, ``confident``, ``candidates``,
+        ``gain``; ``None`` when it names no cause (healthy, unknown, or uncertain between
+        those)."""
+        d = self.diagnosis
+        if d.label in SILENT_LABELS:
             return None
-        return {
-            "label": self.label,
-            "hint": self.hint,
-            "contributions": dict(self.contributions),
-            "source": self.source,
+        if d.label == UNCERTAIN and all(c in SILENT_LABELS for c in d.candidates):
+            return None
+        out = d.as_dict()
+        out["contributions"] = {
+            k: round(float(v), 4)
+            for k, v in out["contributions"].items()
+            if v is not None and math.isfinite(v)
         }
+        return out
 
 
 @dataclass
@@ -103,6 +113,15 @@ class TrainingState:
     error: str | None = None
     running_since: datetime | None = None
     runs: int = 0
+
+
+@dataclass
+class _Booking:
+    """Where a server's time goes in the cost ledger."""
+
+    at: float  # when its last window was booked (epoch seconds)
+    team: str = ""
+    gpus: float | None = None
 
 
 def node_of(report: Mapping, evidence: Sequence[GpuEvidence]) -> str | None:
@@ -171,46 +190,39 @@ class History:
 
 
 class DiagnosisService:
-    """The governor's diagnosis: history, training in a worker, scoring, and what it found."""
+    """The governor's diagnosis: online scoring, history, training in a worker, the cluster."""
 
     def __init__(self, options: DiagnosisOptions | None = None):
         self.options = options or DiagnosisOptions()
         self.history = History(self.options.history, self.options.max_windows)
-        self.model = None  # a diagnose.counterfactual.Diagnoser once trained (or loaded)
+        self.model = Diagnoser()  # learns online from the first report; rebuilt by training
         self.training = TrainingState()
         self.results: dict[str, Scored] = {}
-        self._latest: dict[str, tuple[Window, datetime]] = {}  # each server's last window
+        self.costs = cluster.CostLedger(max(1, self.options.history.days or 1))
+        self.score_seconds: float | None = None  # one report's window: context, learn, score
         self._recent: dict[str, deque[Window]] = {}  # each server's last running windows
-        self._pending: dict[str, Window] = {}  # windows waiting for the model
-        self._scoring: asyncio.Future | None = None
-        self.score_seconds: float | None = None  # one window's scoring with the model, measured
         self._previous: dict[str, dict] = {}  # the last report of each server
         self._last_kept: dict[str, float] = {}  # when each server's last window was kept
+        self._booked: dict[str, _Booking] = {}
         self._task: asyncio.Future | None = None
         self._loaded = False
-        # Training may take minutes; scoring must not wait behind it: a thread each, both
-        # with scikit-learn's OpenMP kept to themselves (``_one_openmp_thread``).
-        self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix="jupyter-gpu-gov-train", initializer=_one_openmp_thread
-        )
-        self._score_executor = ThreadPoolExecutor(
-            1, thread_name_prefix="jupyter-gpu-gov-score", initializer=_one_openmp_thread
-        )
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-train")
 
     # -- online ---------------------------------------------------------------------------------
 
     def observe(
-        self, key: str, report: Mapping, evidence: Sequence[GpuEvidence] = (), now=None
+        self,
+        key: str,
+        report: Mapping,
+        evidence: Sequence[GpuEvidence] = (),
+        now=None,
+        *,
+        team: str | None = None,
+        gpus: float | None = None,
     ) -> Scored | None:
-        """A report came in: its window into the history and its diagnosis. Never raises.
-
-        The rules (until a model exists) and a model that scores a window in under
-        ``INLINE_SCORING_S`` diagnose at once, so the verdict answering this report carries
-        its root cause. A slower model scores in the scoring thread, in batches with the
-        windows of other servers that arrive meanwhile (a scikit-learn call costs about as
-        much for one window as for a hundred); its result replaces the server's previous one
-        within milliseconds, and the verdict answering this report carries the previous one
-        (as its state is the last pass's)."""
+        """A report came in: its window learnt, scored and booked (``team``, ``gpus``: whose
+        and how many GPU-equivalents, for the cost ledger; ``gpus`` unknown: not booked).
+        Never raises."""
         if not self.options.enabled:
             return None
         now = now or clock.utcnow()
@@ -229,26 +241,25 @@ class DiagnosisService:
                 return None
             raw = windows[-1]
             stamp = now.timestamp()
+            window = self._in_context(key, raw)
+            model = self.model
             last = self._last_kept.get(key)
             if last is None or stamp - last >= self.options.sample_every.total_seconds():
+                # At most one window per server per sample_every is learnt (and kept): a
+                # server that reports often weighs no more in its node's reference than one
+                # that does not.
                 self.history.add(key, raw, stamp)
                 self._last_kept[key] = stamp
-            window = self._in_context(key, raw)
-            self._latest[key] = (window, now)
-            inline = self.score_seconds is not None and self.score_seconds < INLINE_SCORING_S
-            if self.model is None or inline or not _loop_running():
-                scoring = time.perf_counter()
-                self.results[key] = self._scored(
-                    self._diagnose([window], self.model)[0], window, now
-                )
-                if self.model is not None:  # keep the measure current: slower, off the loop
-                    cost = time.perf_counter() - scoring
-                    self.score_seconds = 0.9 * (self.score_seconds or cost) + 0.1 * cost
-            else:
-                self._pending[key] = window
-                self._kick()
-            metrics.DIAGNOSIS_SECONDS.observe(time.perf_counter() - started)
-            return self.results.get(key)
+                model.observe(window)
+            scored = Scored(self._score(model, window), window, now)
+            self.results[key] = scored
+            self._book(key, scored, stamp, team, gpus)
+            cost = time.perf_counter() - started
+            self.score_seconds = cost if self.score_seconds is None else (
+                0.9 * self.score_seconds + 0.1 * cost
+            )  # fmt: skip
+            metrics.DIAGNOSIS_SECONDS.observe(cost)
+            return scored
         except Exception as error:  # advisory: a report is never refused for it
             log.warning("gpu-gov: diagnosis of %s failed: %s", key, error, exc_info=True)
             self._drop(key)
@@ -266,117 +277,44 @@ class DiagnosisService:
             recent.append(window)
         return scored
 
-    def _kick(self) -> None:
-        """Score the pending windows in the scoring thread, one batch at a time."""
-        if not self._pending or (self._scoring is not None and not self._scoring.done()):
-            return
-        batch, self._pending = self._pending, {}
-        model = self.model
-        keys, windows = list(batch), list(batch.values())
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._score_executor, self._timed, windows, model)
-
-        def done(future: asyncio.Future) -> None:
-            if future.cancelled():  # shutting down
-                return
-            try:
-                diagnoses, seconds = future.result()
-                if len(windows) == 1 and model is self.model:
-                    self.score_seconds = seconds
-            except Exception as error:
-                log.warning("gpu-gov: scoring %d windows failed: %s", len(windows), error)
-                diagnoses = [None] * len(windows)
-            for key, window, diagnosis in zip(keys, windows, diagnoses, strict=True):
-                latest = self._latest.get(key)
-                if latest is None or latest[0] is not window:
-                    continue  # a newer report came, or the server stopped
-                if model is not self.model:  # a new model meanwhile: score it again
-                    self._pending.setdefault(key, window)
-                elif diagnosis is None:
-                    self.results.pop(key, None)
-                else:
-                    self.results[key] = self._scored(diagnosis, window, latest[1])
-            self._kick()
-
-        self._scoring = future
-        future.add_done_callback(done)
-
-    async def settled(self) -> None:
-        """Wait until every window received so far is scored (tests, shutdown)."""
-        while self._pending or (self._scoring is not None and not self._scoring.done()):
-            if self._scoring is not None and not self._scoring.done():
-                await asyncio.wait([self._scoring])
-            await asyncio.sleep(0)
-            self._kick()
-
-    @staticmethod
-    def _scored(diagnosis, window: Window, at: datetime) -> Scored:
-        label = diagnosis.label
-        return Scored(
-            label=label,
-            hint=diagnosis.hint or HINTS.get(label, ""),
-            contributions={
-                k: round(float(v), 4)
-                for k, v in (diagnosis.contributions or {}).items()
-                if v is not None and math.isfinite(v)
-            },
-            source=diagnosis.source,
-            window=window,
-            at=at,
-        )
-
-    def _diagnose(self, windows: Sequence[Window], model) -> list:
-        """The model's diagnoses (the rules' until there is one), with this site's zombie idle
-        time when it has one of its own. Runs in the scoring or training thread with a model."""
-        out: list = [None] * len(windows)
-        rest: list[int] = []
-        scored: list[Window] = []
+    def _score(self, model: Diagnoser, window: Window) -> Diagnosis:
+        """The model's diagnosis, with this site's zombie idle time when it has one of its own
+        (the window is read as "away for the rules' time" or "not away")."""
         idle = self.options.zombie_idle
-        for i, window in enumerate(windows):
-            if idle is not None and window.user_idle_s is not None:
-                # The rules' definition, "nobody for zombie_idle" for "nobody for 30 minutes".
-                away = window.user_idle_s >= idle.total_seconds()
-                if rules.is_zombie(
-                    replace(window, user_idle_s=rules.ZOMBIE_IDLE_S if away else 0.0)
-                ):
-                    out[i] = labels.diagnosis(labels.ZOMBIE)
-                    continue
-                if rules.is_zombie(window):  # a longer site time: not a zombie yet here
-                    window = replace(window, user_idle_s=rules.ZOMBIE_IDLE_S - 1.0)
-            rest.append(i)
-            scored.append(window)
-        if model is not None:
-            found = model.diagnose_many(scored, context=False)  # in context already
-        else:
-            found = [rules.baseline(w) for w in scored]
-        for i, diagnosis in zip(rest, found, strict=True):
-            out[i] = diagnosis
-        return out
+        if idle is not None and window.user_idle_s is not None:
+            away = window.user_idle_s >= idle.total_seconds()
+            window = replace(window, user_idle_s=rules.ZOMBIE_IDLE_S if away else 0.0)
+        return model.score(window)
 
-    def _timed(self, windows: Sequence[Window], model) -> tuple[list, float]:
-        started = time.perf_counter()
-        return self._diagnose(windows, model), time.perf_counter() - started
-
-    def _one_window_seconds(self, model, windows: Sequence[Window]) -> float | None:
-        """How long ``model`` takes for one window alone: the slowest of up to 20 recent
-        windows in which code runs (those the regressor scores), each scored alone."""
-        running = [w for w in windows if w.kernel_busy and w.sm_active is not None][-20:]
-        costs = []
-        for window in running or list(windows)[-20:]:
-            started = time.perf_counter()
-            self._diagnose([window], model)
-            costs.append(time.perf_counter() - started)
-        return max(costs) if costs else None
+    def _book(self, key: str, scored: Scored, stamp: float, team, gpus) -> None:
+        booking = self._booked.get(key)
+        if booking is None:
+            self._booked[key] = _Booking(stamp, team or "", gpus)
+            return
+        seconds = min(max(0.0, stamp - booking.at), cluster.MAX_GAP_S)
+        booking.at = stamp
+        booking.team = team if team is not None else booking.team
+        booking.gpus = gpus if gpus is not None else booking.gpus
+        if booking.gpus:
+            day = datetime.fromtimestamp(stamp, tz=clock.utcnow().tzinfo).date()
+            window = scored.window
+            self.costs.add(
+                day,
+                booking.team,
+                window.node or "",
+                scored.diagnosis,
+                seconds * booking.gpus,
+                window.sm_active,
+            )
 
     def _drop(self, key: str) -> None:
         self._recent.pop(key, None)
         self.results.pop(key, None)
-        self._latest.pop(key, None)
-        self._pending.pop(key, None)
+        self._booked.pop(key, None)
 
     def root_cause(self, key: str, stale_after: timedelta | None = None) -> dict | None:
-        """The verdict's ``root_cause``: ``None`` when healthy, unknown, or not diagnosed (or
-        the last report is older than ``stale_after``)."""
+        """The verdict's ``root_cause`` (``Scored.root_cause``): ``None`` when it names no
+        cause, when not diagnosed, or when the last report is older than ``stale_after``."""
         scored = self.results.get(key)
         if scored is None:
             return None
@@ -386,6 +324,9 @@ class DiagnosisService:
 
     def forget(self, key: str) -> None:
         """A server stopped: drop what it is now (its windows stay, for training)."""
+        scored = self.results.get(key)
+        if scored is not None:
+            self.model.forget_task(scored.window.node, scored.window.server)
         self._drop(key)
         self._previous.pop(key, None)
         self._last_kept.pop(key, None)
@@ -423,65 +364,44 @@ class DiagnosisService:
     async def train(self, now: datetime | None = None) -> None:
         now = now or clock.utcnow()
         windows = self.history.windows()
-        latest = {key: window for key, (window, _) in self._latest.items()}
         self.training.running_since = now
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            model, rescored, cost = await loop.run_in_executor(
-                self._executor, self._fit, windows, latest, now
-            )
+            model = await loop.run_in_executor(self._executor, self._fit, windows)
         except Exception as error:
             self.training.error = f"{type(error).__name__}: {error}"
             log.error("gpu-gov: training the diagnosis model failed: %s", error, exc_info=True)
             return
         seconds = time.perf_counter() - started
-        self.model, self.score_seconds = model, cost
+        self.model = model
         self.training = TrainingState(
             trained_at=now, windows=len(windows), seconds=seconds, runs=self.training.runs + 1
         )
         metrics.DIAGNOSIS_TRAIN_SECONDS.observe(seconds)
-        for key, latest in self._latest.items():
-            window, diagnosis = rescored.get(key, (None, None))
-            if latest[0] is window:
-                self.results[key] = self._scored(diagnosis, *latest)
-            else:  # a report that came during the training: the new model scores it
-                self._pending[key] = latest[0]
-        if _loop_running():
-            self._kick()
         log.info("gpu-gov: diagnosis model trained on %d windows in %.1f s", len(windows), seconds)
 
-    def _fit(self, windows: list[Window], latest: Mapping[str, Window], now: datetime):
-        """In the worker thread: fit, save, and re-score each server's latest window."""
-        from ..diagnose.counterfactual import Diagnoser
-
-        model = Diagnoser().fit(windows)
+    def _fit(self, windows: list[Window]) -> Diagnoser:
+        """In the worker thread: learn the references from the history and save the model.
+        (Windows that arrive meanwhile are learnt by the model in use; the history keeps them
+        for the next run.)"""
+        model = Diagnoser(self.model.params).fit(windows)
         if self.options.model_path:
             path = Path(self.options.model_path)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp")
             model.save(tmp)
             tmp.replace(path)  # whole or not at all
-        cost = self._one_window_seconds(model, windows)
-        keys, windows = list(latest), list(latest.values())
-        diagnoses = self._diagnose(windows, model)
-        rescored = {k: (w, d) for k, w, d in zip(keys, windows, diagnoses, strict=True)}
-        return model, rescored, cost
+        return model
 
     async def _load(self, path: str) -> None:
-        from ..diagnose.counterfactual import Diagnoser
-
         loop = asyncio.get_running_loop()
         try:
             model = await loop.run_in_executor(self._executor, Diagnoser.load, path)
-            recent = [w for windows in self.history.by_server.values() for w in windows][-200:]
-            cost = await loop.run_in_executor(
-                self._executor, self._one_window_seconds, model, recent
-            )
         except Exception as error:
             log.warning("gpu-gov: cannot load the diagnosis model %s: %s", path, error)
             return
-        self.model, self.score_seconds = model, cost
+        self.model = model
         mtime = datetime.fromtimestamp(Path(path).stat().st_mtime, tz=clock.utcnow().tzinfo)
         self.training = TrainingState(trained_at=mtime)
         log.info("gpu-gov: diagnosis model loaded from %s", path)
@@ -489,19 +409,23 @@ class DiagnosisService:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        for executor in (self._executor, self._score_executor):
-            executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- the cluster ----------------------------------------------------------------------------
 
     def summary(
         self,
         running: Iterable[str],
-        devices_used: Sequence[float],
-        queued: int,
+        shares: Sequence[float],
+        demand: cluster.Demand,
         stale_after: timedelta | None = None,
+        *,
+        teams: Mapping[str, str] | None = None,
+        days: int = 7,
     ) -> dict:
-        """``GET api/diagnosis``: labels of the running servers, the model, fragmentation."""
+        """``GET api/diagnosis``: the running servers' causes (with confidence), what each
+        cause has cost over the last ``days`` per team and per node, the model, and
+        fragmentation (``shares``: per card, the share allocated; ``demand``: spawns waiting)."""
         running = set(running)
         now = clock.utcnow()
         counts: Counter[str] = Counter()
@@ -509,26 +433,30 @@ class DiagnosisService:
         for key in sorted(running):
             scored = self.results.get(key)
             if scored is None or (stale_after is not None and now - scored.at > stale_after):
-                counts["unknown"] += 1
+                counts[UNKNOWN] += 1
                 continue
             counts[scored.label] += 1
-            if scored.label not in SILENT_LABELS:
-                servers.append({"server": key, **scored.root_cause()})
-        cluster = cluster_fragmentation(devices_used, queued)
+            cause = scored.root_cause()
+            if cause is not None:
+                servers.append({"server": key, "team": (teams or {}).get(key, ""), **cause})
         training = self.training
         next_at = None
         if training.trained_at is not None:
             next_at = clock.isoformat(training.trained_at + self.options.train_every)
+        since = (now - timedelta(days=max(1, days) - 1)).date()
         return {
             "enabled": self.options.enabled,
-            "source": "model" if self.model is not None else "rules",
+            "source": "model",
             "labels": dict(sorted(counts.items())),
             "servers": servers,
-            "fragmentation": cluster,
+            "cost": {"days": days, **self.costs.report(since)},
+            "fragmentation": cluster.fragmentation_report(list(shares), demand),
             "model": {
                 "trained_at": clock.isoformat(training.trained_at),
                 "training": self.training_running,
                 "windows": training.windows,
+                "learned": self.model.trained_on,
+                "nodes": len({node for node, _ in self.model.nodes}),
                 "train_seconds": None if training.seconds is None else round(training.seconds, 3),
                 "error": training.error,
                 "next_training_at": next_at,
@@ -547,56 +475,53 @@ class DiagnosisService:
 
 
 def preload() -> bool:
-    """Import scikit-learn now, at start-up, while nothing waits on the event loop: loading
-    its shared libraries (and scipy's) holds the GIL for a few hundred milliseconds, which the
-    first training would otherwise take out of the loop. ``False`` without scikit-learn (the
-    rules then diagnose)."""
-    try:
-        import sklearn.ensemble  # noqa: F401
-    except ImportError:
-        return False
+    """Nothing to load any more: the model is plain Python (kept so a hub that calls it at
+    start still can)."""
     return True
 
 
-def _one_openmp_thread() -> None:
-    """The worker threads' initializer: scikit-learn's OpenMP runs in the calling thread
-    alone from now on. With a team per core, its threads spin at every barrier while the event
-    loop (or anything else on the machine) holds a core: training took 30-100 times longer on
-    two cores, and the spinning threads starve the service. OpenMP's thread count is per
-    thread, so nothing else in the process is affected. (Set once: setting it costs about
-    2 ms, more than scoring a window.)"""
-    try:
-        # Load scikit-learn's OpenMP runtime first: threadpoolctl limits only the libraries
-        # loaded when it is called, and scikit-learn is imported lazily, at the first fit.
-        import sklearn.ensemble  # noqa: F401
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # no scikit-learn: no model either
-        return
-    threadpool_limits(limits=1, user_api="openmp")
+def allocation(reports: Iterable[Mapping], evidence: Iterable[GpuEvidence] = ()) -> list[float]:
+    """Per physical card, the share allocated (``diagnose.cluster.card_shares``): DCGM's view
+    where it sees the card (a whole card or MIG instance held by a pod: allocated; none: free;
+    a time-sliced card: its memory in use), else the running servers' reports (a device a
+    server holds alone: allocated in full, whatever memory it uses; a shared one: its memory
+    share; a MIG slice: its profile's share)."""
+    seen: dict[tuple, tuple[str, str | None, float | None]] = {}
+    for e in evidence:
+        card = e.uuid
+        slot = (card, e.mig_profile, e.gpu_instance_id)
+        held = e.pod is not None
+        if e.mig_profile:
+            share = cluster.mig_share(e.mig_profile) if held else 0.0
+        elif not held:
+            share = 0.0
+        else:
+            share = 1.0
+        if slot in seen and held and not e.mig_profile:  # several pods: time-sliced
+            share = _memory_share(e.memory_used_mb, e.memory_free_mb)
+        seen[slot] = (card, e.mig_profile, share)
+    dcgm_cards = {card for card, _, _ in seen.values()}
+    for report in reports:
+        for d in report.get("devices") or ():
+            card = d.get("parent_uuid") or d.get("uuid")
+            if not card or card in dcgm_cards:
+                continue
+            profile = d.get("mig_profile")
+            if profile:
+                share = cluster.mig_share(profile)
+            elif d.get("shared"):
+                share = _memory_share(
+                    d.get("memory_used_mb"),
+                    None if d.get("memory_total_mb") is None or d.get("memory_used_mb") is None
+                    else d["memory_total_mb"] - d["memory_used_mb"],
+                )  # fmt: skip
+            else:
+                share = 1.0
+            seen[(card, profile, d.get("uuid"))] = (card, profile, share)
+    return cluster.card_shares(seen.values())
 
 
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def cluster_fragmentation(devices_used: Sequence[float], queued: int | None) -> dict:
-    """The cluster-level flag: GPUs partly used while spawns are refused or queued
-    (``diagnose.counterfactual.fragmentation`` decides; ``queued`` ``None``: not known, only
-    the devices count)."""
-    from ..diagnose import counterfactual
-
-    partly = [used for used in devices_used if 0 < used < 1]
-    finding = counterfactual.fragmentation(list(devices_used), queued or 0)
-    return {
-        "flag": finding is not None,
-        "label": finding.label if finding is not None else None,
-        "hint": finding.hint if finding is not None else None,
-        "devices": len(devices_used),
-        "devices_partly_used": len(partly),
-        "free_scattered": round(sum(1 - used for used in partly), 3),  # cards' worth
-        "spawns_waiting": queued,
-    }
+def _memory_share(used: float | None, free: float | None) -> float | None:
+    if used is None or free is None or used + free <= 0:
+        return None
+    return min(1.0, used / (used + free))

@@ -24,6 +24,7 @@ from tornado import web
 
 from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
+from ..diagnose.labels import HINTS
 from . import showback
 from .routes import ADMIN_SCOPE, HUB_ADMIN_SCOPES, ApiHandler, policy_view
 
@@ -252,6 +253,8 @@ class DashboardHandler(PageHandler):
             last_cycle=gov.last_cycle,
             now=now,
             gpu_health=gov.health_view(),
+            diagnosis=gov.diagnosis_summary(),  # the root causes' section (diagnosis.html)
+            hints=HINTS,
         )
 
 

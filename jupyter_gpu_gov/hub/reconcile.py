@@ -37,9 +37,10 @@ from ..core.policy import (
 )
 from ..core.report import gpu_signal, user_last_activity
 from ..core.teams import group_teams
+from ..diagnose.cluster import Demand
 from . import metrics
 from .dcgm import DcgmSnapshot, DcgmSource, GpuEvidence, index_by_pod, index_by_uuid, is_idle
-from .diagnosis import DiagnosisOptions, DiagnosisService
+from .diagnosis import DiagnosisOptions, DiagnosisService, allocation
 from .health import HealthOptions, HealthWatch
 from .hubapi import HubApi, HubApiError, HubServer
 from .ownership import resolve
@@ -245,11 +246,17 @@ class Governor:
             use = self.use[key] = _Use(session)
         use.add(report, now)
         world = self._world
+        row = self.row(key)
+        billed = self.ledger.open.get(key)
         self.diagnosis.observe(
-            key, report, self._evidence(report, world.by_uuid, world.by_pod), now
+            key,
+            report,
+            self._evidence(report, world.by_uuid, world.by_pod),
+            now,
+            team=(row.team or "") if row is not None else None,
+            gpus=billed.gpus if billed is not None else None,
         )
         result = _reported_checkpoint(report.get("checkpoint"))
-        row = self.row(key)
         if result is not None and row is not None and result.answers(record_of(row)):
             self._checkpoints[key] = result  # a stale one never replaces the answer
         return self.verdict(key)
@@ -790,28 +797,6 @@ class Governor:
                 evidence += candidates
         return evidence
 
-    def devices_used(self) -> list[float]:
-        """How full each GPU (whole card or MIG instance) is, 0..1 of its memory: from DCGM
-        where it sees the GPU, else from the reports of running servers."""
-        used: dict[tuple[str, str | None], float] = {}
-        running = {key for key, row in self.rows.items() if row.running}
-        for key, received in self.reports.items():
-            if key not in running:
-                continue
-            for d in received.report["devices"]:
-                total, held = d.get("memory_total_mb"), d.get("memory_used_mb")
-                if total and held is not None:
-                    used[(d.get("parent_uuid") or d["uuid"], d.get("mig_profile"))] = min(
-                        1.0, held / total
-                    )
-        for records in self._world.by_uuid.values():
-            for e in records:
-                if e.memory_used_mb is not None and e.memory_free_mb is not None:
-                    total = e.memory_used_mb + e.memory_free_mb
-                    if total > 0:
-                        used[(e.uuid, e.mig_profile)] = min(1.0, e.memory_used_mb / total)
-        return list(used.values())
-
     def health_view(self) -> dict:
         """``GET api/health``, with the server holding each GPU where DCGM names its pod."""
         now = clock.utcnow()
@@ -827,10 +812,20 @@ class Governor:
                 gpu["server"] = by_pod.get((pod["namespace"], pod["name"]))
         return view
 
-    def diagnosis_summary(self) -> dict:
+    def diagnosis_summary(self, days: int = 7) -> dict:
+        """``GET api/diagnosis``: causes, their cost per team and node, fragmentation (cards by
+        what is allocated on them; spawns pending a GPU; no spawn queue or refusal record
+        exists yet to count)."""
         running = [key for key, row in self.rows.items() if row.running]
+        reports = [self.reports[key].report for key in running if key in self.reports]
+        evidence = [e for records in self._world.by_uuid.values() for e in records]
         return self.diagnosis.summary(
-            running, self.devices_used(), self.spawns_waiting, self.options.report_stale_after
+            running,
+            allocation(reports, evidence),
+            Demand(pending=self.spawns_waiting),
+            self.options.report_stale_after,
+            teams={key: row.team or "" for key, row in self.rows.items()},
+            days=days,
         )
 
     def _apply_checkpoint_result(

@@ -326,13 +326,20 @@ class AuditHandler(ApiHandler):
 
 
 class DiagnosisHandler(ApiHandler):
-    """``GET api/diagnosis``: root causes across the cluster, the model, fragmentation
-    (admins)."""
+    """``GET api/diagnosis[?days=7]``: root causes across the cluster with their confidence,
+    what each cause cost per team and per node over the last ``days`` (1-366), the model,
+    fragmentation (admins)."""
 
     @web.authenticated
     def get(self):
         self.require_admin()
-        self.write_json(self.governor.diagnosis_summary())
+        try:
+            days = int(self.get_argument("days", "7"))
+        except ValueError:
+            raise web.HTTPError(400, "'days' must be a whole number of days") from None
+        if not 1 <= days <= 366:
+            raise web.HTTPError(400, "'days' must be between 1 and 366")
+        self.write_json(self.governor.diagnosis_summary(days))
 
 
 class HealthHandler(ApiHandler):

@@ -62,11 +62,20 @@ class UsageWindow:
 
     def __init__(self, seconds: float):
         self.seconds = seconds
-        self._ticks: deque[tuple[float, float, int, int | None, int | None]] = deque()
-        self._sums = [0.0, 0, 0, 0, 0, 0]  # seconds, cpu, iowait, unknown iowait, read, unknown
+        self._ticks: deque[tuple] = deque()
+        # seconds, cpu, iowait, unknown iowait, read, unknown read, top thread x s, unknown top
+        self._sums = [0.0, 0, 0, 0, 0, 0, 0.0, 0]
 
-    def add(self, at: float, elapsed: float, cpu: int, iowait: int | None, read: int | None):
-        tick = (at, elapsed, cpu, iowait, read)
+    def add(
+        self,
+        at: float,
+        elapsed: float,
+        cpu: int,
+        iowait: int | None,
+        read: int | None,
+        top: float | None = None,
+    ):
+        tick = (at, elapsed, cpu, iowait, read, top)
         self._ticks.append(tick)
         self._count(tick, 1)
         # Keep the ticks that overlap the window (a tick covers [at - elapsed, at]); a single
@@ -77,8 +86,12 @@ class UsageWindow:
             self._count(self._ticks.popleft(), -1)
 
     def _count(self, tick, sign: int) -> None:
-        _, elapsed, cpu, iowait, read = tick
+        _, elapsed, cpu, iowait, read, top = tick
         sums = self._sums
+        if top is None:
+            sums[7] += sign
+        else:
+            sums[6] += sign * top * elapsed
         sums[0] += sign * elapsed
         sums[1] += sign * cpu
         if iowait is None:
@@ -91,10 +104,14 @@ class UsageWindow:
             sums[4] += sign * read
 
     def view(self) -> dict:
-        """``{"cores", "iowait", "read_mb_s", "seconds"}``; ``None`` is unknown."""
-        seconds, cpu, iowait, iowait_unknown, read, read_unknown = self._sums
+        """``{"cores", "iowait", "read_mb_s", "seconds", "top_thread"}``; ``None`` is
+        unknown."""
+        seconds, cpu, iowait, iowait_unknown, read, read_unknown, top, top_unknown = self._sums
         ticks = procs.CLOCK_TICKS * seconds
         return {
+            # The busiest thread's share of a core, tick by tick: one saturated thread (a
+            # serial loop) reads 1 where eight half-busy workers read 0.5 at four cores.
+            "top_thread": None if top_unknown else round(min(1.0, top / seconds), 3),
             "cores": round(cpu / ticks, 3),
             # Summed over the tree's processes (two waiting at once count twice), so capped.
             "iowait": None if iowait_unknown else round(min(1.0, iowait / ticks), 3),
@@ -214,25 +231,35 @@ class Sampler:
 
     def _cpu_io(self, table: procs.ProcessTable, attribution: Attribution, now: float) -> dict:
         """Per target, over the rolling window: ``{"cores", "iowait", "read_mb_s",
-        "seconds"}`` (see docs/api.md). Per-process deltas between two ticks, summed per target
+        "seconds", "top_thread"}`` (see docs/api.md). Per-process deltas between two ticks, summed per target
         and kept per tick for ``window_seconds``, so a process that exits does not make the
         numbers jump and a report every minute describes the whole minute, not its last tick."""
         elapsed = (now - self._prev_at) if self._prev_at is not None else None
         iowait_known = procs.delay_accounting(self.proc_root)
-        current: dict[int, tuple[int, int, int | None]] = {}
+        current: dict[int, tuple[int, int, int | None, dict | None]] = {}
         usage = {}
         for key, pids in attribution.members.items():
             cpu = iowait = read = 0
             read_known = key != OTHER  # only the targets' own processes' I/O is read
+            top: float | None = 0.0 if key != OTHER else None
             for pid in pids:
                 info = table.get(pid)
                 if info is None:
                     continue
                 read_bytes = procs.read_bytes(pid, self.proc_root) if key != OTHER else None
-                current[pid] = (info.cpu_ticks, info.iowait_ticks, read_bytes)
+                threads = procs.thread_ticks(pid, self.proc_root) if key != OTHER else None
+                current[pid] = (info.cpu_ticks, info.iowait_ticks, read_bytes, threads)
                 prev = self._cpu_prev.get(pid)
                 if prev is None:
                     continue  # new since the last tick: counted from the next one
+                if top is not None and threads is not None and prev[3] is not None:
+                    busiest = max(
+                        (t - prev[3][tid] for tid, t in threads.items() if tid in prev[3]),
+                        default=0,
+                    )
+                    top = max(top, busiest / (procs.CLOCK_TICKS * elapsed)) if elapsed else top
+                elif key != OTHER:
+                    top = None
                 cpu += max(0, info.cpu_ticks - prev[0])
                 iowait += max(0, info.iowait_ticks - prev[1])
                 if read_bytes is None or prev[2] is None:
@@ -245,7 +272,12 @@ class Sampler:
             if window is None:
                 window = self._usage[key] = UsageWindow(self.window_seconds)
             window.add(
-                now, elapsed, cpu, iowait if iowait_known else None, read if read_known else None
+                now,
+                elapsed,
+                cpu,
+                iowait if iowait_known else None,
+                read if read_known else None,
+                top,
             )
             usage[key] = {"cpu": window.view()}
         for key in set(self._usage) - usage.keys():

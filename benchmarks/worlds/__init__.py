@@ -1,0 +1,43 @@
+"""Fault worlds: simulators of diagnosis windows written apart from the model and from each other.
+
+Each module is a world with its own physics, argued in its docstring: ``roofline`` (kernels on
+a card's roofline and a host that launches them), ``fleet`` (telemetry as operators see it on
+dashboards: calibrations, autocorrelated noise, bursty sessions) and ``pipeline`` (an input
+pipeline of stochastic stages and buffers, sampled each second). ``project`` is the project's
+own simulator (``jupyter_gpu_gov.diagnose.simulate``), kept beside them as one world among four.
+
+``archetypes`` (the workloads a research cluster runs, each with its typical mistake) was
+written after the model was frozen and scored once, as a check nobody tuned anything on.
+
+Every world has ``generate(n_servers, windows_per_server, seed, *, first_server=0)``, returning
+``(Window, truth)`` pairs, and ``NODES``. The windows use the CSV columns of
+``diagnose.features`` and the six labels of ``diagnose.labels``; the worlds import nothing else
+from the package: they know what a label *means* (docs/api.md), not how the model reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from jupyter_gpu_gov.diagnose import simulate as _project
+
+from . import archetypes, fleet, pipeline, roofline
+
+Generator = Callable[..., list]
+
+WORLDS: dict[str, Generator] = {
+    "project": _project.generate,
+    "roofline": roofline.generate,
+    "fleet": fleet.generate,
+    "pipeline": pipeline.generate,
+    "archetypes": archetypes.generate,
+}
+
+
+def generate(world: str, n_servers: int, windows_per_server: int, seed: int, **kwargs) -> list:
+    """``(Window, truth)`` pairs of ``world`` (a name of ``WORLDS``)."""
+    try:
+        make = WORLDS[world]
+    except KeyError:
+        raise ValueError(f"unknown world {world!r}; choose from {', '.join(WORLDS)}") from None
+    return make(n_servers, windows_per_server, seed, **kwargs)

@@ -1,0 +1,203 @@
+"""The cluster: what each cause costs, per team and per node, and fragmentation.
+
+``CostLedger`` sums the servers' diagnoses into GPU-hours: each scored window adds the time
+since the server's previous one (capped), times the GPU-equivalents it holds, to its cause,
+with the SM activity it reached (utilisation) and the share of that time that fixing the cause
+would give back (*recoverable*: all of it for a zombie, whose GPU a cull frees; for a loop held
+back, its shortfall against its node's fed state). Days are kept apart, so a report covers the
+last N days. O(1) per window; the report is O(teams x nodes x causes).
+
+``fragmentation`` flags GPUs partly allocated while spawns wait for one: pending (the Hub is
+starting them, e.g. pods waiting for a node), queued (a spawn queue; none exists yet — the
+input is there for it) or refused for want of a free GPU (not for a quota: that is a policy).
+A card counts by what is *allocated* on it, not by the memory in use: an exclusive whole card
+is allocated in full, however little memory its server uses, so it is never fragmented.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date
+
+from .labels import FRAGMENTATION, HEALTHY, HINTS, LABELS, UNCERTAIN, ZOMBIE, Diagnosis, diagnosis
+
+CAUSES = tuple(label for label in LABELS if label != HEALTHY)
+# What a window's time is booked to: its label (uncertain ones apart), and the GPU time of
+# servers whose diagnosis was unknown (no GPU signal) is not booked at all.
+BOOKED = (*LABELS, UNCERTAIN)
+MAX_GAP_S = 600.0  # a window stands for at most this long (a server that stopped reporting)
+
+
+def recoverable_share(d: Diagnosis) -> float:
+    """The share of a window's GPU time fixing its cause would give back: a confident zombie
+    all of it; a confident cause its shortfall against the node's fed state; else nothing."""
+    if d.label == ZOMBIE:
+        return 1.0
+    if d.label in (HEALTHY, UNCERTAIN) or d.label not in LABELS:
+        return 0.0
+    share = d.gain.get("share")
+    return min(1.0, max(0.0, share)) if isinstance(share, int | float) else 0.0
+
+
+class CostLedger:
+    """GPU time by day, team, node and label: ``[gpu_s, sm_gpu_s, recoverable_gpu_s]``."""
+
+    def __init__(self, keep_days: int = 7):
+        self.keep_days = max(1, keep_days)
+        self.days: dict[date, dict[tuple[str, str, str], list[float]]] = {}
+
+    def add(
+        self,
+        day: date,
+        team: str,
+        node: str,
+        d: Diagnosis,
+        gpu_seconds: float,
+        sm: float | None,
+    ) -> None:
+        if d.label not in BOOKED or not gpu_seconds > 0:
+            return
+        bucket = self.days.get(day)
+        if bucket is None:
+            bucket = self.days[day] = {}
+            for old in sorted(self.days)[: -self.keep_days]:
+                del self.days[old]
+        row = bucket.setdefault((team, node, d.label), [0.0, 0.0, 0.0])
+        row[0] += gpu_seconds
+        row[1] += gpu_seconds * (sm or 0.0)
+        row[2] += gpu_seconds * recoverable_share(d)
+
+    def report(self, since: date | None = None) -> dict:
+        """Per cause, per team and per node: GPU-hours, mean SM activity, recoverable
+        GPU-hours and each cause's share of all the GPU-hours booked (``since``: that day on)."""
+        rows: dict[tuple[str, str, str], list[float]] = {}
+        for day, bucket in self.days.items():
+            if since is not None and day < since:
+                continue
+            for key, values in bucket.items():
+                into = rows.setdefault(key, [0.0, 0.0, 0.0])
+                for i, v in enumerate(values):
+                    into[i] += v
+        total = sum(v[0] for v in rows.values())
+
+        def group(by: int | None) -> dict:
+            out: dict = {}
+            for key, values in rows.items():
+                name = key[by] if by is not None else ""
+                label = key[2]
+                cell = out.setdefault(name, {}).setdefault(label, [0.0, 0.0, 0.0])
+                for i, v in enumerate(values):
+                    cell[i] += v
+            return {name: _figures(cells, total) for name, cells in sorted(out.items())}
+
+        return {
+            "gpu_hours": round(total / 3600, 3),
+            "causes": group(None).get("", _figures({}, total)),
+            "teams": group(0),
+            "nodes": group(1),
+        }
+
+
+def _figures(cells: Mapping[str, list[float]], total: float) -> dict:
+    """Per label: ``gpu_hours``, ``utilisation`` (mean SM activity), ``recoverable_gpu_hours``
+    (what fixing it would give) and ``share`` (of all GPU-hours booked)."""
+    out = {}
+    for label in BOOKED:
+        gpu_s, sm_s, back_s = cells.get(label, (0.0, 0.0, 0.0))
+        if gpu_s <= 0:
+            continue
+        out[label] = {
+            "gpu_hours": round(gpu_s / 3600, 3),
+            "utilisation": round(sm_s / gpu_s, 3),
+            "recoverable_gpu_hours": round(back_s / 3600, 3),
+            "share": round(gpu_s / total, 4) if total > 0 else 0.0,
+        }
+    return out
+
+
+# -- fragmentation -------------------------------------------------------------------------------
+
+FRAGMENT_MIN_FREE = 1.0  # a whole card's worth free, but scattered over partly allocated cards
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Spawns that wait for a GPU; ``None``: not known (not measured where this runs)."""
+
+    pending: int | None = None  # the Hub has been starting them a while (pods waiting)
+    queued: int | None = None  # in a spawn queue
+    refused: int | None = None  # refused for want of a free GPU (not for a quota)
+
+    @property
+    def waiting(self) -> int:
+        return sum(n for n in (self.pending, self.queued, self.refused) if n and n > 0)
+
+    def as_dict(self) -> dict:
+        return {"pending": self.pending, "queued": self.queued, "refused": self.refused}
+
+
+def mig_share(profile: str | None) -> float:
+    """A MIG profile's share of its card's compute (``3g.40gb``: 3/7); 1 for a whole card."""
+    head = (profile or "").split("g.", 1)[0]
+    return round(int(head) / 7, 4) if head.isdigit() else 1.0
+
+
+def card_shares(slices: Iterable[tuple[str, str | None, float | None]]) -> list[float]:
+    """Per physical card, the share allocated (0..1), from ``(card, mig_profile, share)``:
+    a whole card's own share (1 when a server holds it exclusively, its memory share when
+    time-sliced, 0 when free), or a MIG slice's (``mig_share`` when held, 0 when free), summed
+    per card. Unknown shares (``None``) leave their card out."""
+    cards: dict[str, float] = {}
+    unknown: set[str] = set()
+    for card, _, share in slices:
+        if share is None or not math.isfinite(share):
+            unknown.add(card)
+            continue
+        cards[card] = cards.get(card, 0.0) + max(0.0, share)
+    return [min(1.0, v) for k, v in sorted(cards.items()) if k not in unknown]
+
+
+def fragmentation(
+    shares: Sequence[float], demand: Demand | int, *, min_free: float = FRAGMENT_MIN_FREE
+) -> Diagnosis | None:
+    """``fragmentation`` when spawns wait for a GPU while no card is free but the free shares
+    of at least two partly allocated cards add up to ``min_free`` cards or more; else ``None``.
+    ``shares``: per card, the share allocated (``card_shares``). Contributions:
+    ``free_scattered`` (cards' worth free on partly allocated cards), ``partly_used`` (how
+    many), ``waiting`` (spawns pending, queued or refused)."""
+    waiting = demand.waiting if isinstance(demand, Demand) else max(0, int(demand or 0))
+    used = [min(1.0, max(0.0, float(u))) for u in shares if isinstance(u, int | float)]
+    used = [u for u in used if math.isfinite(u)]
+    if waiting <= 0 or any(u == 0.0 for u in used):
+        return None
+    partly = [u for u in used if 0.0 < u < 1.0]
+    free = sum(1.0 - u for u in partly)
+    if len(partly) < 2 or free < min_free - 1e-9:
+        return None
+    return diagnosis(
+        FRAGMENTATION,
+        {
+            "free_scattered": round(free, 3),
+            "partly_used": float(len(partly)),
+            "waiting": float(waiting),
+        },
+    )
+
+
+def fragmentation_report(shares: Sequence[float], demand: Demand) -> dict:
+    """The cluster's fragmentation as ``GET api/diagnosis`` shows it."""
+    finding = fragmentation(shares, demand)
+    partly = [u for u in shares if 0 < u < 1]
+    return {
+        "flag": finding is not None,
+        "label": FRAGMENTATION if finding is not None else None,
+        "hint": HINTS[FRAGMENTATION] if finding is not None else None,
+        "devices": len(shares),
+        "devices_free": sum(1 for u in shares if u == 0),
+        "devices_partly_used": len(partly),
+        "free_scattered": round(sum(1 - u for u in partly), 3),  # cards' worth
+        "spawns_waiting": demand.waiting if demand.as_dict() != Demand().as_dict() else None,
+        "demand": demand.as_dict(),
+    }

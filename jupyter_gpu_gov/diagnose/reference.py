@@ -1,0 +1,275 @@
+"""What a node and a task normally look like, learned online from their own windows.
+
+A diagnosis reads every signal against the node's own history, never against another node's:
+cards differ in what SM activity a well-fed loop reads (0.3 on one, 0.9 on another), in the
+scale of their DRAM counter, in the I/O wait their disks cause, in the cores their loops keep
+busy. ``NodeReference`` learns these per node, from the node's first windows on, in O(1) per
+window (fixed histograms and sums; the derived figures are recomputed every ``REFRESH``
+windows), and forgets slowly (counts halve past ``CAP``). ``TaskReference`` keeps a server's
+own best, for the within-task counterfactual.
+
+Windows are grouped by *how they were measured* (``kind``): ``engine`` (DCGM's engine
+activity, ``gr_active``, is known: the kernel-time share is measured, card-independent),
+``dcgm`` (DCGM counters without ``gr_active``: SM activity depends on the card) and ``nvml``
+(NVML alone: ``sm_active`` is the share of time a kernel ran). One node may have windows of two
+kinds (a DCGM scrape lost falls back to NVML's readings); each kind has its own reference.
+
+A node's *fed level* is the kernel-time share (``gr_active``; else ``sm_active``) of its loops
+that are not held back: the node's running windows split in two at Otsu's threshold (the split
+that best separates a starved group from a fed one), and the median of the upper group. Its
+*fed state* is the mean of each signal over the windows within ``FED_SHARE`` of the fed level
+that are not memory-bound (the best state among computing loops): the I/O wait, cores, reads,
+memory and DRAM intensity that its healthy loops show. Its *peak* DRAM intensity is the 98th
+percentile over windows whose kernels ran at least 30 % of the time; its *read peak* the 98th
+percentile of what its loops read (MB/s): what its storage gives at most. Its *idle floor* is
+what SM activity reads in windows whose kernel runs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from .features import Window
+
+REFRESH = 16  # windows between two recomputations of a reference's figures
+CAP = 50_000.0  # past this many (weighted) windows, a reference's counts halve
+SM_FLOOR = 0.05  # denominators of intensities: nearly idle windows stay bounded
+KERNEL_TIME_MIN = 0.3  # DRAM peak: only windows whose kernels ran this share of the time
+PEAK_QUANTILE = 0.98
+FED_BINS = 20
+FED_SHARE = 0.75  # the fed state: windows at this share of the fed level or more
+MANY = 64  # distinct servers a reference counts, at most
+
+ENGINE, DCGM, NVML = "engine", "dcgm", "nvml"
+# DRAM intensity at this share of the node's peak is a memory-bound loop's: left out of the fed
+# state (NVML's memory utilisation saturates early: ordinary loops read high on it too).
+MEMORY_BOUND_SHARE = {ENGINE: 0.65, DCGM: 0.65, NVML: 0.85}
+
+
+def kind_of(w: Window) -> str:
+    """How the window was measured (see the module docstring)."""
+    if w.gr_active is not None:
+        return ENGINE
+    if w.tensor_active is not None or w.pcie_mb_s is not None:
+        return DCGM
+    return NVML
+
+
+def kernel_time(w: Window) -> float | None:
+    """The share of the window a kernel ran: ``gr_active``, else ``sm_active`` (NVML's
+    utilisation is that share; DCGM's SM activity without ``gr_active`` is the best there is)."""
+    return w.gr_active if w.gr_active is not None else w.sm_active
+
+
+def occupancy(w: Window) -> float | None:
+    """``sm_active / gr_active``: how much of the card the kernels fill while one runs (not read
+    where almost nothing ran)."""
+    if w.sm_active is None or w.gr_active is None or w.gr_active < SM_FLOOR:
+        return None
+    return w.sm_active / w.gr_active
+
+
+def dram_intensity(w: Window) -> float | None:
+    """DRAM activity per unit of time a kernel ran: how memory-bound the kernels are when they
+    run (a time average halves when the GPU idles half the window, whatever the cause)."""
+    ran = kernel_time(w)
+    if w.dram_active is None or ran is None:
+        return None
+    return w.dram_active / max(ran, SM_FLOOR)
+
+
+def tensor_share(w: Window) -> float | None:
+    """Tensor-pipe activity per unit of SM activity: how much of the work is matrix math."""
+    if w.tensor_active is None or w.sm_active is None or w.sm_active < SM_FLOOR:
+        return None
+    return w.tensor_active / w.sm_active
+
+
+class Histogram:
+    """Counts over fixed bins of ``[low, high]`` (values outside go to the end bins)."""
+
+    __slots__ = ("counts", "high", "low", "total", "width")
+
+    def __init__(self, bins: int, low: float = 0.0, high: float = 1.0):
+        self.counts = [0.0] * bins
+        self.low, self.high = low, high
+        self.width = (high - low) / bins
+        self.total = 0.0
+
+    def bin(self, x: float) -> int:
+        i = int((x - self.low) / self.width)
+        return 0 if i < 0 else min(i, len(self.counts) - 1)
+
+    def add(self, x: float, weight: float = 1.0) -> None:
+        self.counts[self.bin(x)] += weight
+        self.total += weight
+
+    def halve(self) -> None:
+        self.counts = [c / 2 for c in self.counts]
+        self.total /= 2
+
+    def centre(self, i: int) -> float:
+        return self.low + (i + 0.5) * self.width
+
+    def quantile(self, q: float, start: int = 0) -> float:
+        """The ``q`` quantile of the values in bins ``start..``, interpolated within a bin."""
+        counts = self.counts
+        total = sum(counts[start:])
+        if total <= 0:
+            return math.nan
+        target, seen = q * total, 0.0
+        for i in range(start, len(counts)):
+            c = counts[i]
+            if c > 0 and seen + c >= target:
+                return self.low + (i + (target - seen) / c) * self.width
+            seen += c
+        return self.high
+
+    def otsu(self) -> int:
+        """The first bin of the upper group that best separates the values in two (Otsu's
+        threshold: the largest between-group variance)."""
+        counts = self.counts
+        total = sum(counts)
+        if total <= 0:
+            return 0
+        mean_all = sum(c * self.centre(i) for i, c in enumerate(counts)) / total
+        best, split, weight, moment = -1.0, 1, 0.0, 0.0
+        for i in range(len(counts) - 1):
+            weight += counts[i]
+            moment += counts[i] * self.centre(i)
+            if weight <= 0 or weight >= total:
+                continue
+            mean_low = moment / weight
+            mean_high = (mean_all * total - moment) / (total - weight)
+            between = weight * (total - weight) * (mean_low - mean_high) ** 2
+            if between > best:
+                best, split = between, i + 1
+        return split
+
+
+# The signals whose fed-state value a node keeps (means over the fed group), and how each is
+# read from a window.
+FED_SIGNALS = ("sm", "occupancy", "dram_intensity", "tensor_share", "iowait", "cores",
+               "log_reads", "log_mem")  # fmt: skip
+
+
+def _signals(w: Window) -> dict[str, float | None]:
+    return {
+        "sm": w.sm_active,
+        "occupancy": occupancy(w),
+        "dram_intensity": dram_intensity(w),
+        "tensor_share": tensor_share(w),
+        "iowait": w.cpu_iowait,
+        "cores": w.cpu_cores,
+        "log_reads": None if w.read_mb_s is None else math.log1p(w.read_mb_s),
+        "log_mem": None if not w.gpu_mem_frac else math.log(w.gpu_mem_frac),
+    }
+
+
+@dataclass
+class NodeReference:
+    """One node's (one measurement kind's) online reference; see the module docstring."""
+
+    kind: str
+    windows: float = 0.0  # running windows seen (weighted: halves past CAP)
+    servers: set = field(default_factory=set)  # distinct servers seen running (up to MANY)
+    kernel: Histogram = field(default_factory=lambda: Histogram(100))
+    intensity: Histogram = field(default_factory=lambda: Histogram(100, 0.0, 2.0))
+    idle: Histogram = field(default_factory=lambda: Histogram(50, 0.0, 0.25))
+    reads: Histogram = field(default_factory=lambda: Histogram(80, 0.0, 10.0))  # log1p(MB/s)
+    # per bin of kernel-time share: [count, sum] of each fed signal (memory-bound excluded)
+    sums: list = field(default_factory=lambda: [[0.0] * (2 * len(FED_SIGNALS))
+                                                 for _ in range(FED_BINS)])  # fmt: skip
+    # derived (``refresh``)
+    fed_level: float = math.nan  # the fed group's median kernel-time share
+    threshold: float = math.nan  # Otsu's split of the kernel-time share
+    peak: float = math.nan  # practical peak of DRAM intensity
+    fed: dict = field(default_factory=dict)  # fed-state mean of each FED_SIGNALS
+    idle_floor: float = math.nan  # median SM activity of idle kernels
+    read_peak: float = math.nan  # log1p of the most the node's loops read (MB/s): its storage
+    _since: int = 0
+
+    def observe(self, w: Window) -> None:
+        """One window of this node and kind (running or idle; in its server's context)."""
+        if w.sm_active is None:
+            return
+        if w.kernel_busy is False:
+            self.idle.add(min(w.sm_active, 0.2499))
+            return
+        x = kernel_time(w)
+        self.windows += 1
+        if len(self.servers) < MANY:
+            self.servers.add(w.server)
+        self.kernel.add(x)
+        di = dram_intensity(w)
+        if di is not None and x >= KERNEL_TIME_MIN:
+            self.intensity.add(di)
+        if w.read_mb_s is not None:
+            self.reads.add(math.log1p(w.read_mb_s))
+        share = MEMORY_BOUND_SHARE[self.kind]
+        if not (di is not None and self.peak > 0 and di >= share * self.peak):  # computing
+            row = self.sums[min(int(x * FED_BINS), FED_BINS - 1)]
+            for j, value in enumerate(_signals(w).values()):
+                if value is not None:
+                    row[2 * j] += 1.0
+                    row[2 * j + 1] += value
+        if self.kernel.total > CAP:
+            for h in (self.kernel, self.intensity, self.idle, self.reads):
+                h.halve()
+            self.sums = [[v / 2 for v in row] for row in self.sums]
+            self.windows /= 2
+        self._since += 1
+        if self._since >= REFRESH or math.isnan(self.fed_level):
+            self.refresh()
+
+    def maturity(self, windows: int, servers: int) -> float:
+        """0..1: how far this reference has seen enough windows *and* enough servers (a node
+        whose only history is one server knows that server, not the node)."""
+        return min(1.0, self.windows / windows, len(self.servers) / servers)
+
+    def refresh(self) -> None:
+        self._since = 0
+        k = self.kernel
+        if k.total <= 0:
+            return
+        split = k.otsu()
+        self.threshold = k.low + split * k.width
+        upper = sum(k.counts[split:])
+        self.fed_level = k.quantile(0.5, split) if upper > 0 else k.quantile(0.9)
+        self.peak = self.intensity.quantile(PEAK_QUANTILE)
+        # The fed state: windows whose kernel share is near the fed level (not every window
+        # of the upper group: launch-bound loops may sit in it, running tiny kernels often).
+        first = min(int(max(self.threshold, FED_SHARE * self.fed_level) * FED_BINS), FED_BINS - 1)
+        fed = {}
+        for j, name in enumerate(FED_SIGNALS):
+            n = sum(row[2 * j] for row in self.sums[first:])
+            s = sum(row[2 * j + 1] for row in self.sums[first:])
+            if n <= 0:  # no fed group yet: every window
+                n = sum(row[2 * j] for row in self.sums)
+                s = sum(row[2 * j + 1] for row in self.sums)
+            fed[name] = s / n if n > 0 else math.nan
+        self.fed = fed
+        self.idle_floor = self.idle.quantile(0.5)
+        self.read_peak = self.reads.quantile(PEAK_QUANTILE)
+
+
+TASK_KEEP = 32  # running windows a task keeps for its own best
+
+
+@dataclass
+class TaskReference:
+    """A server's (task's) own recent running windows: its best SM activity (the 90th
+    percentile of the last ``TASK_KEEP``)."""
+
+    sm: deque = field(default_factory=lambda: deque(maxlen=TASK_KEEP))
+
+    def observe(self, w: Window) -> None:
+        if w.sm_active is not None and w.kernel_busy is not False:
+            self.sm.append(w.sm_active)
+
+    @property
+    def best_sm(self) -> float:
+        ordered = sorted(self.sm)
+        return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] if ordered else math.nan
