@@ -347,9 +347,9 @@ async def test_gpu_spawns_waiting_while_cards_are_partly_used_flag_fragmentation
         hub.add_server("alice")
         hub.add_server("bob")
         asked = clock.utcnow() - timedelta(minutes=5)
-        gpu = {"gpu-gov/tier": "h100"}
-        hub.add_server("carol", started=asked, ready=False, user_options=gpu)  # queued
-        hub.add_server("dave", ready=False, user_options=gpu)  # asked just now: starting
+        gpu = {"gpu_gov_grant": {"gpu-gov/tier": "h100"}}  # admitted to a GPU tier
+        hub.add_server("carol", started=asked, ready=False, state=gpu)  # queued
+        hub.add_server("dave", ready=False, state=gpu)  # asked just now: starting
         hub.add_server("erin", started=asked, ready=False)  # no GPU asked: not waiting for one
         gov = governor(hub, tmp_path)
         gov.ingest(zombie_report("alice"))  # a quarter of one card
