@@ -187,6 +187,14 @@ async def test_excluded_servers_are_not_governed(tmp_path):
     assert "cull_admin_users=False" in gov.store.server("root/").reason
 
 
+async def test_a_dry_run_asks_the_server_for_nothing(tmp_path, restore_clock):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, dry_run=True)
+        await idle_until_checkpoint(gov)
+    assert gov.verdict("alice/")["requests"] == {}
+
+
 async def test_dry_run_records_the_cull_and_stops_nothing(tmp_path):
     async with FakeHub() as hub:
         hub.add_server("alice", last_activity=clock.utcnow() - timedelta(days=3))

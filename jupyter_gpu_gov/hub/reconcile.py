@@ -271,12 +271,17 @@ class Governor:
             root_cause=self.root_cause(key),
         )
         # What the server is asked to do: the governor never calls it (see hub/outbound.py).
-        verdict["requests"] = outbound.requests(
-            row.checkpoint_status,
-            row.checkpoint_requested_at,
-            row.reason,
-            row.cull_reason,
-            self._shutdowns.get(key),
+        # A dry run asks nothing.
+        verdict["requests"] = (
+            {}
+            if self.options.dry_run
+            else outbound.requests(
+                row.checkpoint_status,
+                row.checkpoint_requested_at,
+                row.reason,
+                row.cull_reason,
+                self._shutdowns.get(key),
+            )
         )
         return verdict
 
