@@ -374,7 +374,7 @@ class GpuGovApp(ExtensionApp):
         """Do what the governor asks in its verdict, once per request: it never calls this
         server (its requests ride back on our reports, fetched with our own token)."""
         asked = verdict.get("requests") if isinstance(verdict, dict) else None
-        for kind, request in (asked or {}).items():
+        for kind, request in asked.items() if isinstance(asked, dict) else ():
             when = request.get("requested_at") if isinstance(request, dict) else None
             if not isinstance(when, str) or self._answered.get(kind) == when:
                 continue
