@@ -587,14 +587,14 @@ async def test_reports_are_taken_only_for_servers_the_hub_runs(tmp_path):
         assert hub.counters["GET /users/{name}"] - asked == 2
 
 
-async def test_a_wall_clock_step_moves_every_kept_time_by_as_much(tmp_path):
+async def test_a_wall_clock_step_moves_every_kept_time_by_as_much(tmp_path, monkeypatch):
     async with FakeHub() as hub:
         hub.add_server("alice")
         gov = governor(hub, tmp_path)
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         await gov.reconcile()
         before = gov.row("alice/").idle_since, gov.reports["alice/"].at
-        gov._steps.step = lambda: 3600.0  # the wall clock jumped an hour ahead
+        monkeypatch.setattr(clock, "adopt_step", lambda: 3600.0)  # it jumped an hour ahead
         await gov.reconcile()
     after = gov.row("alice/").idle_since, gov.reports["alice/"].at
     assert [b - a for a, b in zip(before, after, strict=True)] == [timedelta(hours=1)] * 2

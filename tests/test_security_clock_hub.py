@@ -28,7 +28,7 @@ pytestmark = [
         not FAKETIME.exists(), reason=f"{FAKETIME} is missing (apt-get install libfaketime)"
     ),
 ]
-NOTICE = 40  # seconds between dora's warning and her cull
+NOTICE = 24  # seconds between dora's warning and her cull
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,10 @@
 Everything that reasons about time (windows, policies, deadlines) calls ``utcnow()`` so that tests
 and replays can move time by patching this module instead of sleeping. What must not follow the
 wall clock when it steps (an NTP correction, a VM resumed, ``date -s``) uses the monotonic clock:
-``every`` runs periodic work on it, and ``StepWatch`` says by how much the wall clock stepped.
+``every`` runs periodic work on it. A process that keeps deadlines (the governor) calls
+``watch_steps()``: from then on ``utcnow()`` follows the wall clock as it drifts but not when it
+steps, until ``adopt_step()`` says by how much it stepped and moves to the new time, at a moment
+when everything kept can be moved by as much.
 """
 
 from __future__ import annotations
@@ -19,14 +22,53 @@ from typing import TypeVar
 log = logging.getLogger(__name__)
 
 _offset_s = 0.0
+STEP_TOLERANCE = 2.0  # seconds the wall clock may run off the monotonic one before it "stepped"
+
+
+class _Frame:
+    """The wall clock, followed except across a step until the step is adopted."""
+
+    def __init__(self) -> None:
+        self.wall, self.mono = time.time(), time.monotonic()
+
+    def now(self) -> float:
+        wall, mono = time.time(), time.monotonic()
+        steady = self.wall + (mono - self.mono)
+        if abs(wall - steady) > STEP_TOLERANCE:
+            return steady  # stepped: keep to the time everything kept was written in
+        self.wall, self.mono = wall, mono
+        return wall
+
+    def adopt(self) -> float:
+        wall, mono = time.time(), time.monotonic()
+        step = wall - (self.wall + (mono - self.mono))
+        self.wall, self.mono = wall, mono
+        return step if abs(step) > STEP_TOLERANCE else 0.0
+
+
+_frame: _Frame | None = None
+
+
+def watch_steps() -> None:
+    """From now on, ``utcnow()`` does not follow a step of the wall clock until it is adopted."""
+    global _frame
+    if _frame is None:
+        _frame = _Frame()
+
+
+def adopt_step() -> float:
+    """Seconds the wall clock stepped since the last call (0: it did not), and ``utcnow()``
+    follows it from now on. The caller moves what it keeps by as much."""
+    return _frame.adopt() if _frame is not None else 0.0
 
 
 def utcnow() -> datetime:
     """Timezone-aware UTC now, shifted by any offset a test has set."""
-    now = datetime.now(timezone.utc)
+    if _frame is None:
+        now = datetime.now(timezone.utc)
+    else:
+        now = datetime.fromtimestamp(_frame.now(), timezone.utc)
     if _offset_s:
-        from datetime import timedelta
-
         now += timedelta(seconds=_offset_s)
     return now
 
@@ -54,28 +96,6 @@ def parse(value: str | None) -> datetime | None:
         return None
     dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-
-
-class StepWatch:
-    """By how much the wall clock stepped since the last look: how far it moved beyond what the
-    monotonic clock measured. A test's ``advance`` is time passing, not a step: it reads the
-    system clocks themselves.
-
-    ``tolerance``: seconds of difference that are not a step (the two clocks drift apart by a
-    few milliseconds a minute under NTP, and a look may be late).
-    """
-
-    def __init__(self, tolerance: float = 2.0):
-        self.tolerance = tolerance
-        self._last: tuple[float, float] | None = None
-
-    def step(self) -> float:
-        wall, mono = time.time(), time.monotonic()
-        last, self._last = self._last, (wall, mono)
-        if last is None:
-            return 0.0
-        jump = (wall - last[0]) - (mono - last[1])
-        return jump if abs(jump) > self.tolerance else 0.0
 
 
 _T = TypeVar("_T")

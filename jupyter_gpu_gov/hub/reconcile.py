@@ -198,7 +198,7 @@ class Governor:
         self._servers: dict[str, HubServer] = {}  # running servers, as of the last cycle
         self._failing: dict[str, str] = {}  # servers whose decision failed: the error, audited
         self._distrusted: dict[str, list[str]] = {}  # reports contradicting the Hub's records
-        self._steps = clock.StepWatch()
+        clock.watch_steps()  # a step of the wall clock is adopted at a pass, all at once
         self._store_down_until = 0.0  # monotonic: after a failed write, passes pause until then
         self._hub_lookups: dict[str, tuple[float, frozenset[str]]] = {}  # user -> (when, servers)
         # Kernel shutdowns asked of servers (in their verdicts), until their reports show it done.
@@ -325,7 +325,7 @@ class Governor:
             # The store refused the last pass's decisions: decide (and act) again only after a
             # pause, not a blocked write every pass.
             return CycleResult(errors=("the store is unavailable: this pass acts on nothing",))
-        stepped = self._steps.step()
+        stepped = clock.adopt_step()
         if stepped:
             self._clock_stepped(timedelta(seconds=stepped))
         groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
