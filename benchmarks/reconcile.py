@@ -108,7 +108,7 @@ DCGM_METRICS = (
 class Planned:
     user: str
     profile: str
-    team_label: str | None  # user_options["gpu-gov/team"], else the team comes from a group
+    team_label: str | None  # the grant's gpu-gov/team (spawner state), else from a group
     gpu_uuid: str | None  # the physical GPU; None for a CPU-only server
     mig_uuid: str | None  # the MIG device the report names, for a MIG profile
     gi_id: int | None
@@ -273,8 +273,8 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
     for p in fleet:
         server = hub.users[p.user].servers[""]
         server.user_options = {"profile": p.profile}
-        if p.team_label:
-            server.user_options["gpu-gov/team"] = p.team_label
+        if p.team_label:  # the profile layer's grant, in the spawner's state
+            server.state = {"gpu_gov_grant": {"gpu-gov/team": p.team_label}}
         servers[p.user] = [clock.isoformat(server.started), clock.isoformat(server.last_activity)]
     hub.start()
 
@@ -435,7 +435,8 @@ async def _bench(
     dcgm.fetch = fetch_noting_cpu
     timers.wrap(store, "servers", "store_read")
     timers.wrap(gov, "_govern", "decide")
-    timers.wrap(store, "save_servers", "store_write", count=lambda rows: len(rows))
+    # A pass's rows and audit rows go in one transaction (decisions on record before acting).
+    timers.wrap(store, "save", "store_write", count=lambda rows=(), *_, **__: len(rows))
     timers.wrap(store, "audit", "store_audit")
     timers.wrap(store, "save_usage", "ledger_write")
     timers.wrap(metrics_module, "observe_states", "metrics")

@@ -112,7 +112,6 @@ add_governor(
     c,
     url="http://127.0.0.1:10101",
     args=[f"--config={REPO / 'hub_config' / 'gpu_gov_config.py'}"],
-    environment={"JUPYTER_GPU_GOV_PROXY_URL": "http://127.0.0.1:8000"},
     admin_users=["admin"],
     tiers=tier_sizes(c.GpuProfiles.tiers),  # right-sizing hints name the tiers offered here
 )

@@ -341,11 +341,24 @@ def _id_key(path: Path) -> tuple[str, int]:
 
 
 def _checkpoints(root: Path) -> list[Path]:
-    """Checkpoint directories under root, newest first (ids sort by time, then suffix)."""
+    """Checkpoint directories under root, newest first (ids sort by time, then suffix); a link
+    is no checkpoint (restore follows none)."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _ID.match(p.name) and p.is_dir()]
+    found = [p for p in root.iterdir() if _ID.match(p.name) and _real_dir(p)]
     return sorted(found, key=_id_key, reverse=True)
+
+
+def _real_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def _real_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def _hook_name_ok(name: object) -> bool:
+    return isinstance(name, str) and bool(_HOOK_NAME.match(name)) and name != "hooks.json"
 
 
 def _read_json(path: Path) -> dict | None:
@@ -360,12 +373,14 @@ def _kernel_records(checkpoint: Path) -> list[tuple[Path, dict]]:
     """(kernel directory, hooks.json) of the kernels in a checkpoint that saved something."""
     kernels = checkpoint / "kernels"
     out = []
-    for kdir in sorted(kernels.iterdir()) if kernels.is_dir() else []:
+    for kdir in sorted(kernels.iterdir()) if _real_dir(kernels) else []:
+        if not _real_dir(kdir) or not _real_file(kdir / "hooks.json"):
+            continue
         record = _read_json(kdir / "hooks.json")
         hook_list = record.get("hooks") if record else None
         # A kernel whose every hook failed before writing anything has nothing to give back.
         if isinstance(hook_list, list) and any(
-            h.get("files") or h.get("status") == "done" for h in hook_list
+            isinstance(h, dict) and (h.get("files") or h.get("status") == "done") for h in hook_list
         ):
             out.append((kdir, record))
     # The newest kernel run first, when a checkpoint holds several.
@@ -390,7 +405,7 @@ def _resolve_checkpoint(checkpoint: str | os.PathLike, root: Path) -> Path:
     path = Path(checkpoint).expanduser()
     if path.is_dir() and (path.is_absolute() or os.sep in str(checkpoint)):
         return path
-    if (root / str(checkpoint)).is_dir():
+    if _real_dir(root / str(checkpoint)):
         return root / str(checkpoint)
     ids = [p.name for p in _checkpoints(root)[:5]]
     raise FileNotFoundError(
@@ -446,14 +461,28 @@ def restore(
     out.manifest = _read_json(ck / "manifest.json")
     variables: dict[str, Any] = {}
     for hook in record["hooks"]:
-        name, kind, hook_dir = hook.get("name"), hook.get("kind"), kdir / str(hook.get("name"))
+        if not isinstance(hook, dict):
+            continue
+        name, kind = hook.get("name"), hook.get("kind")
+        if not _hook_name_ok(name):
+            # hooks.json is a file in the user's folder: a name like ../../x would read (and
+            # unpickle) whatever lies there.
+            out.errors.append(f"hook {name!r:.80} was not read: not a hook name")
+            continue
+        hook_dir = kdir / name
         if hook.get("status") != "done":  # what it did write is still given back
             failed = "did not finish" if hook.get("status") == "running" else "failed"
             out.errors.append(f"hook {name!r} {failed} at the checkpoint: {hook.get('error')}")
+        if hook_dir.is_symlink():
+            out.errors.append(f"hook {name!r} was not read: its folder is a link")
+            continue
         if not hook_dir.is_dir():
             continue
         if kind == "variables":
             for pkl in sorted(hook_dir.glob("*.pkl")):
+                if not _real_file(pkl):
+                    out.errors.append(f"variable {pkl.stem!r} was not read: not a plain file")
+                    continue
                 try:
                     with open(pkl, "rb") as f:
                         variables[pkl.stem] = out[pkl.stem] = pickle.load(f)
@@ -461,6 +490,8 @@ def restore(
                     out.errors.append(
                         f"variable {pkl.stem!r} could not be loaded: {type(e).__name__}: {e}"
                     )
+        elif kind == "torch" and (hook_dir / _TORCH_FILE).is_symlink():
+            out.errors.append(f"hook {name!r} was not read: {_TORCH_FILE} is a link")
         elif kind == "torch" and (hook_dir / _TORCH_FILE).is_file():
             try:
                 out[name] = _torch_load(hook_dir / _TORCH_FILE)

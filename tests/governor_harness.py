@@ -4,6 +4,7 @@ timers, ``Gov`` calls its API through the hub's proxy, and a few waiting helpers
 
 from __future__ import annotations
 
+import os
 import socket
 import textwrap
 import time
@@ -49,15 +50,19 @@ def governed_hub(
     *,
     dry_run: bool = False,
     extra_policies: Iterable[Mapping] = (),
+    silent_users: Iterable[str] = ("carol",),
+    governor_args: Iterable[str] = (),
     governor_config: str = "",
     hub_config: str = "",
+    governor_environment: Mapping[str, str] | None = None,
     singleuser_config: str = "",
     **kwargs,
 ) -> HubHarness:
     """A :class:`HubHarness` with the governor service (test timers; ``extra_policies`` go
-    before the module's own, so they win for the users they match). ``governor_config``,
-    ``hub_config`` and ``singleuser_config`` add lines to the governor's, the hub's and the
-    servers' configuration."""
+    before the module's own, so they win for the users they match). The servers of
+    ``silent_users`` never report; ``governor_args``, ``governor_config`` (Python for its
+    config file), ``governor_environment``, ``hub_config`` (for the hub's) and
+    ``singleuser_config`` (for the servers') add to it."""
     port = free_port()
     config = workdir / "gpu_gov_config.py"
     config.write_text(
@@ -68,29 +73,30 @@ def governed_hub(
         )
         + governor_config
     )
+    args = ["--config=" + str(config), "--timeout=600", *governor_args]
     extra = f"""
         from jupyter_gpu_gov.hub.hubconfig import add_governor
         add_governor(
             c,
             url="http://127.0.0.1:{port}",
-            args=["--config={config}", "--timeout=600"],
+            args={args!r},
             environment={{
-                "JUPYTER_GPU_GOV_PROXY_URL": c.JupyterHub.bind_url,
                 {MARKER_ENV!r}: HARNESS_ENV[{MARKER_ENV!r}],
+                **{dict(governor_environment or {})!r},
             }},
             admin_users=["govadmin"],
         )
 
-        def _no_reports_for_carol(spawner):
-            # carol's server runs without a governor URL: it never reports.
-            if spawner.user.name == "carol":
+        def _silent(spawner):
+            # These servers run without a governor URL: they never report.
+            if spawner.user.name in {sorted(silent_users)!r}:
                 spawner.environment["JUPYTER_GPU_GOV_URL"] = ""
 
-        c.Spawner.pre_spawn_hook = _no_reports_for_carol
+        c.Spawner.pre_spawn_hook = _silent
     """
     return HubHarness(
         workdir=workdir,
-        extra_config=textwrap.dedent(hub_config) + textwrap.dedent(extra),
+        extra_config=textwrap.dedent(extra) + "\n" + textwrap.dedent(hub_config),
         singleuser_config=SINGLEUSER_CONFIG + textwrap.dedent(singleuser_config),
         **kwargs,
     )
@@ -152,5 +158,31 @@ def kernel_with(hub: HubHarness, user: str, code: str) -> websocket.WebSocket:
     )
 
 
+def start_all(hub: HubHarness, servers: Mapping[str, Mapping | None]) -> None:
+    """Start these users' default servers (through the REST API, with these user_options) all
+    at once, then wait for each: on a loaded machine much sooner than one after another."""
+    for user, options in servers.items():
+        hub.create_user(user)
+        r = hub.api("POST", f"users/{user}/server", json=dict(options) if options else None)
+        if r.status_code not in (201, 202):
+            raise AssertionError(f"starting {user}'s server: {r.status_code} {r.text}")
+    for user in servers:
+        hub.started[(user, "")] = hub.wait_for_server(user)
+
+
 def server_running(hub: HubHarness, user: str) -> bool:
     return "" in (hub.api("GET", f"users/{user}").json().get("servers") or {})
+
+
+def service_pid(hub: HubHarness) -> int | None:
+    """The governor's process (the one started with this hub's config file)."""
+    needle = str(hub.workdir / "gpu_gov_config.py").encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"jupyter_gpu_gov.hub" in cmdline and needle in cmdline:
+                return int(entry)
+    return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import shutil
 import tempfile
 import threading
@@ -280,6 +281,56 @@ def test_restore_into_a_namespace_and_hook_directories(isolated):
     assert saved == {"x": {"a": 1}, "y": 2.5, "files": target / "files"}
     assert into == {"x": {"a": 1}, "y": 2.5, "z": "untouched"}  # variables only
     assert saved.manifest == {"id": "20260101T000000Z"}
+
+
+class Tripwire:
+    """Unpickling this runs code: it leaves a file behind (what a planted pickle would do)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def test_restore_reads_only_hook_folders_of_the_checkpoint_and_follows_no_link(isolated, tmp_path):
+    """Issue 18, item 10: hooks.json is a file in the user's folder; its hook names and links
+    must not lead restore() to unpickle what lies elsewhere."""
+    checkpoint.save_variables("x", namespace={"x": 42})
+    target = kernel_dir(isolated, "20260101T000000Z")
+    checkpoint._run_hooks(str(target), "gpu-idle")
+
+    planted = tmp_path / "elsewhere"
+    (planted / "evil").mkdir(parents=True)
+    tripped = tmp_path / "tripped"
+    (planted / "evil" / "payload.pkl").write_bytes(pickle.dumps(Tripwire(tripped)))
+    (planted / "state.pt").write_bytes(pickle.dumps(Tripwire(tripped)))
+    record = read_hooks(target)
+    done = {"status": "done", "files": [], "bytes": 0, "error": None}
+    record["hooks"] += [
+        {**done, "name": "../../../../elsewhere/evil", "kind": "variables"},  # walks out
+        {**done, "name": "linked", "kind": "variables"},  # its folder is a link out
+        {**done, "name": "weights", "kind": "torch"},  # its state.pt is a link out
+    ]
+    (target / "hooks.json").write_text(json.dumps(record))
+    (target / "linked").symlink_to(planted / "evil")
+    (target / "weights").mkdir()
+    (target / "weights" / "state.pt").symlink_to(planted / "state.pt")
+    (target / "variables" / "y.pkl").symlink_to(planted / "evil" / "payload.pkl")
+
+    with pytest.warns(UserWarning, match="was not read"):
+        saved = checkpoint.restore()
+    assert not tripped.exists()  # nothing planted was unpickled
+    assert saved == {"x": 42}  # what the kernel saved still comes back
+    assert sorted(saved.errors) == [
+        "hook '../../../../elsewhere/evil' was not read: not a hook name",
+        "hook 'linked' was not read: its folder is a link",
+        "hook 'weights' was not read: state.pt is a link",
+        "variable 'y' was not read: not a plain file",
+    ]
+    # A checkpoint folder that is a link is no checkpoint either.
+    (isolated / "20270101T000000Z").symlink_to(target.parent.parent)
+    assert checkpoint.restore().id == "20260101T000000Z"
 
 
 def test_restore_with_nothing_to_restore_says_where_it_looked(isolated, monkeypatch):

@@ -7,6 +7,7 @@ Cases no fixture covers are inline strings marked synthetic.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import json
@@ -14,6 +15,7 @@ import math
 import os
 import re
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -764,3 +766,90 @@ def test_the_prometheus_query_asks_for_the_health_fields():
         "DCGM_FI_DEV_ROW_REMAP_FAILED",
     ):
         assert name in query
+
+
+# --- a broken or hostile exporter (issue 18, item 8) -----------------------------------------
+
+
+class Drip(RequestHandler):
+    """An exporter that answers four bytes at a time, slower than any reader should wait."""
+
+    async def get(self) -> None:
+        self.set_header("Content-Type", "text/plain")
+        for _ in range(200):
+            self.write(b"# a\n")
+            await self.flush()
+            await asyncio.sleep(0.25)
+
+
+async def test_a_trickling_exporter_is_cut_off_at_the_read_deadline():
+    # Every byte comes well within a socket timeout; the whole answer would take 50 s.
+    with serve([("/metrics", Drip)]) as base:
+        started = time.monotonic()
+        snapshot = await DcgmSource(exporter_urls=[f"{base}/metrics"], timeout_s=1).fetch()
+        took = time.monotonic() - started
+    assert snapshot.evidence == ()
+    (error,) = snapshot.errors
+    assert "no whole answer within 1s" in error, error
+    assert took < 5, took
+
+
+def gzip_bomb(size: int) -> bytes:
+    """``size`` bytes of zeros, gzipped a megabyte at a time (about a thousandth of it)."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    return b"".join(deflate.compress(zeros) for _ in range(size >> 20)) + deflate.flush()
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+async def test_a_gzip_bomb_is_refused_without_inflating_it():
+    bomb = gzip_bomb(600 << 20)  # 600 MB of zeros in about 0.6 MB
+    dcgm._reset_worker()  # a fresh worker, whose peak memory is this read's
+    with serve([("/metrics", FleetHandler, {"body": bomb, "seen": []})]) as base:
+        source = DcgmSource(exporter_urls=[f"{base}/metrics"], max_bytes=16 << 20, timeout_s=30)
+        snapshot = await source.fetch()
+        (worker,) = dcgm._worker()._processes.values()
+        peak = peak_rss_mb(worker.pid)
+    assert snapshot.evidence == ()
+    (error,) = snapshot.errors
+    assert f"over {16 << 20} bytes (decompressed)" in error, error
+    assert peak < 200, f"the worker grew to {peak:.0f} MB"
+
+
+def test_out_of_range_values_are_unknown_and_named():
+    # Synthetic: a negative utilisation once read as idle.
+    text = (
+        'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} -5\n'
+        'DCGM_FI_PROF_GR_ENGINE_ACTIVE{UUID="GPU-b"} 7\n'
+        'DCGM_FI_PROF_PCIE_TX_BYTES{UUID="GPU-b"} -1\n'
+        'DCGM_FI_PROF_SM_ACTIVE{UUID="GPU-c"} 1.004\n'  # rounding: read as 1
+    )
+    rejected: list = []
+    a, b, c = sorted(parse_exposition(text, rejected=rejected), key=lambda e: e.uuid)
+    assert a.activity is None and is_idle(a) is None  # unknown, never idle
+    assert b.activity is None and b.pcie_bytes_per_s is None
+    assert c.activity == 1.0
+    assert rejected == [
+        "DCGM_FI_DEV_GPU_UTIL=-5 for GPU-a",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE=7 for GPU-b",
+        "DCGM_FI_PROF_PCIE_TX_BYTES=-1 for GPU-b",
+    ]
+
+
+async def test_the_source_says_which_values_it_ignored():
+    class Negative(RequestHandler):
+        def get(self) -> None:
+            self.write('DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a"} -5\n')
+
+    with serve([("/metrics", Negative)]) as base:
+        snapshot = await DcgmSource(exporter_urls=[f"{base}/metrics"]).fetch()
+    (gpu,) = snapshot.evidence
+    assert gpu.activity is None
+    (error,) = snapshot.errors
+    assert "1 value(s) out of range ignored (unknown): DCGM_FI_DEV_GPU_UTIL=-5" in error

@@ -202,7 +202,7 @@ REPORT = {
     "targets": [
         {
             "kind": "kernel",
-            "id": "k1",
+            "id": "3f5d0c55-0c1c-4a52-9c59-8e3f8f0bd1a1",
             "execution_state": "busy",
             "gpu": {"devices": ["GPU-a"], "memory_mb": 20000, "sm": 0.25, "holds_context": True},
             "cpu": {"cores": 1.02, "iowait": 0.05, "read_mb_s": 12.5, "seconds": 60},

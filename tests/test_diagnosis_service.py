@@ -55,6 +55,10 @@ def cpu_of(report: dict, ident: str) -> dict | None:
     return next(t for t in report["targets"] if t["id"] == ident)["cpu"]
 
 
+# Kernel ids are UUIDs (a report names no other: core.report).
+BUSY_KERNEL, IDLE_KERNEL = (f"00000000-0000-4000-8000-00000000000{i}" for i in (1, 2))
+
+
 def cpu_seconds(pid: int, ticks: int) -> float:
     """User + system CPU seconds of a process, read straight from ``/proc/<pid>/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -108,8 +112,8 @@ def test_a_busy_loop_reads_one_core_and_a_sleeper_none(children):
     busy = children("print('ready', flush=True)\nwhile True: pass\n")
     idle = children("import time; print('ready', flush=True); time.sleep(600)")
     targets = [
-        TargetInfo(TargetRoot("kernel", "busy", busy.pid), "python3"),
-        TargetInfo(TargetRoot("kernel", "idle", idle.pid), "python3"),
+        TargetInfo(TargetRoot("kernel", BUSY_KERNEL, busy.pid), "python3"),
+        TargetInfo(TargetRoot("kernel", IDLE_KERNEL, idle.pid), "python3"),
     ]
     sampler = Sampler(NoGpus)
     ticks = os.sysconf("SC_CLK_TCK")
@@ -119,7 +123,7 @@ def test_a_busy_loop_reads_one_core_and_a_sleeper_none(children):
         got = (cpu_seconds(busy.pid, ticks) - before) / (time.monotonic() - started)
     finally:
         sampler.close()
-    busy_cpu, idle_cpu = cpu_of(report, "busy"), cpu_of(report, "idle")
+    busy_cpu, idle_cpu = cpu_of(report, BUSY_KERNEL), cpu_of(report, IDLE_KERNEL)
     # What the loop got of a core: all of one on a quiet machine, less on a loaded one. The
     # sampler reads what the kernel accounted, whatever the load.
     assert busy_cpu["cores"] == pytest.approx(got, abs=0.15), (busy_cpu, got)
@@ -417,9 +421,9 @@ async def test_gpu_spawns_waiting_while_cards_are_partly_allocated_flag_fragment
         hub.add_server("alice")
         hub.add_server("bob")
         asked = clock.utcnow() - timedelta(minutes=5)
-        gpu = {"gpu-gov/tier": "h100"}
-        hub.add_server("carol", started=asked, ready=False, user_options=gpu)  # queued
-        hub.add_server("dave", ready=False, user_options=gpu)  # asked just now: starting
+        gpu = {"gpu_gov_grant": {"gpu-gov/tier": "h100"}}  # admitted to a GPU tier
+        hub.add_server("carol", started=asked, ready=False, state=gpu)  # queued
+        hub.add_server("dave", ready=False, state=gpu)  # asked just now: starting
         hub.add_server("erin", started=asked, ready=False)  # no GPU asked: not waiting for one
         gov = governor(hub, tmp_path)
         gov.ingest(on_slice(zombie_report("alice"), "GPU-a"))  # 3/7 of one card
@@ -439,7 +443,7 @@ async def test_causes_cost_gpu_hours_per_team_and_node(tmp_path):
     """Each report books the time since the server's previous one, times its GPUs, to its
     cause; ``GET api/diagnosis`` sums them per team and per node."""
     async with FakeHub() as hub:
-        hub.add_server("alice", user_options={"gpu-gov/team": "vision"})
+        hub.add_server("alice", state={"gpu_gov_grant": {"gpu-gov/team": "vision"}})
         gov = governor(hub, tmp_path)
         gov.ingest(zombie_report("alice", away=timedelta(hours=3)))
         await gov.reconcile()  # the usage ledger knows the server's GPUs from then on
@@ -458,7 +462,7 @@ async def test_causes_cost_gpu_hours_per_team_and_node(tmp_path):
     assert zombie["utilisation"] == 0.0 and zombie["share"] == 1.0
     [node] = cost["nodes"]
     assert cost["nodes"][node]["zombie"]["gpu_hours"] == zombie["gpu_hours"]
-    assert list(cost["teams"]) == [gov.row("alice/").team or ""]
+    assert list(cost["teams"]) == ["vision"]
 
 
 async def test_a_healthy_or_unknown_server_has_no_root_cause(tmp_path):

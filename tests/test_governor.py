@@ -3,9 +3,7 @@ dcgm-exporter samples; its command line; its store across restarts."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import json
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +17,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core import policy as policy_module
 from jupyter_gpu_gov.core.policy import Record, load_policies
 from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.app import GpuGovernor, normalise_argv
@@ -88,7 +87,7 @@ async def test_dcgm_idle_wins_over_a_report_saying_active(tmp_path):
     exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt", "t4-default-counters-busy.txt")
     async with FakeHub() as hub:
         hub.add_server("alice")
-        hub.add_server("bob")
+        hub.add_server("bob", state={"gpu_gov_devices": [T4_BUSY_GPU]})  # the allocator's
         gov = governor(hub, tmp_path, exporter.url)
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))  # claims work; DCGM: idle
         gov.ingest(report_for("bob", T4_BUSY_GPU, sm=0.0))  # claims idle; DCGM: busy
@@ -134,34 +133,6 @@ async def test_dcgm_governs_a_server_without_the_extension(tmp_path, restore_clo
     assert seen[121][0] == "culled" and "no checkpoint (it sends no GPU report)" in seen[121][1]
 
 
-async def test_without_the_extension_a_running_cell_is_read_from_the_servers_kernels(
-    tmp_path, restore_clock
-):
-    """DCGM sees the pod's GPU idle; the server has no extension, but its Jupyter API says a
-    kernel executes a cell (a CPU stage of hours): it is not culled when busy_grace ends, and
-    once the cell is done the idle rules warn and cull."""
-    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
-    user_server = UserServer()
-    user_server.kernels = [{"id": "k1", "execution_state": "busy"}]
-    pod = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
-    async with FakeHub() as hub:
-        hub.add_server("alice", state=pod)
-        gov = governor(hub, tmp_path, exporter.url, proxy_url=user_server.url)
-        gov.policies = load_policies([])  # the shipped defaults: busy_grace 2 h
-        seen = {}
-        for minute in (0, 1, 150, 200, 201, 232):
-            clock.advance(60 * (minute - max(seen, default=0)))
-            if minute == 201:
-                user_server.kernels[0]["execution_state"] = "idle"  # the cell is done
-            await gov.reconcile()
-            seen[minute] = (gov.row("alice/").state, gov.row("alice/").reason)
-        assert not hub.running("alice")
-    exporter.server.stop()
-    assert "a kernel is executing a cell since" in seen[150][1]
-    assert [seen[m][0] for m in (150, 200, 201, 232)] == ["busy", "busy", "warned", "culled"]
-    assert [a.action for a in gov.store.audit_rows("alice/")][::-1].count("busy-notice") == 1
-
-
 async def test_a_dcgm_only_cull_counts_the_pods_gpus_as_reclaimed(tmp_path, restore_clock):
     exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
     pod = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
@@ -188,16 +159,28 @@ async def test_unreachable_dcgm_degrades_to_reports(tmp_path):
     assert result.dcgm_errors and gov.verdict("alice/")["state"] == "active"
 
 
-async def test_team_from_group_properties_and_user_options(tmp_path):
+async def test_team_from_group_properties_and_the_grant_never_from_user_options(tmp_path):
     async with FakeHub() as hub:
         hub.add_server("alice")
-        hub.add_server("bob", user_options={"gpu-gov/team": "nlp", "gpu-gov/project": "llm"})
-        hub.add_group("vision-team", users=["alice"], properties={"gpu-gov/team": "vision"})
+        grant = {"gpu-gov/team": "nlp", "gpu-gov/project": "llm", "gpu-gov/tier": "h100"}
+        hub.add_server("bob", state={"gpu_gov_grant": grant})  # the profile layer's record
+        # What a user sends through the REST API at spawn: choices, never grants.
+        forged = {"profile": "a100", "team": "admins", "gpu-gov/exempt": "true"}
+        hub.add_server("carol", user_options={**forged, "gpu-gov/team": "admins"})
+        hub.add_group(
+            "vision-team", users=["alice", "carol"], properties={"gpu-gov/team": "vision"}
+        )
         gov = governor(hub, tmp_path)
+        gov.policies = load_policies(
+            [{"name": "admins", "match": {"teams": ["admins"]}, "exempt": True}]
+        )
         await gov.reconcile()
-    alice, bob = gov.store.server("alice/"), gov.store.server("bob/")
+    alice, bob, carol = (gov.store.server(f"{u}/") for u in ("alice", "bob", "carol"))
     assert (alice.team, alice.labels["gpu-gov/team"]) == ("vision", "vision")
-    assert (bob.team, bob.project) == ("nlp", "llm")
+    assert (bob.team, bob.project, bob.tier) == ("nlp", "llm", "h100")
+    assert (carol.team, carol.profile, carol.tier) == ("vision", "a100", "a100")
+    assert "gpu-gov/exempt" not in carol.labels and carol.labels["gpu-gov/team"] == "vision"
+    assert carol.state != "exempt" and carol.policy == "default"
 
 
 async def test_excluded_servers_are_not_governed_but_reach_their_maximum_age(tmp_path):
@@ -220,6 +203,14 @@ async def test_excluded_servers_are_not_governed_but_reach_their_maximum_age(tmp
     assert gov.verdict("alice/")["state"] == "exempt"
     assert "cull_default_servers=False" in gov.store.server("alice/").reason
     assert gov.row("carol/").cull_reason == "max-age"
+
+
+async def test_a_dry_run_asks_the_server_for_nothing(tmp_path, restore_clock):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, dry_run=True)
+        await idle_until_checkpoint(gov)
+    assert gov.verdict("alice/")["requests"] == {}
 
 
 async def test_dry_run_records_the_cull_and_stops_nothing(tmp_path):
@@ -336,10 +327,10 @@ async def test_a_new_server_row_takes_column_defaults(tmp_path):
     assert (row.reports, row.extensions_used, row.approval_pending) == (False, 0, False)
 
 
-async def test_admin_exempts_then_culls_now_with_reasons_on_record(tmp_path):
+async def test_admin_exempts_then_culls_now_with_reasons_on_record(tmp_path, restore_clock):
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path)  # no proxy URL: it cannot be asked for a checkpoint
+        gov = governor(hub, tmp_path)
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         await gov.reconcile()
         assert gov.verdict("alice/")["state"] == "idle"
@@ -354,6 +345,9 @@ async def test_admin_exempts_then_culls_now_with_reasons_on_record(tmp_path):
         # Issue 22: the exemption keeps the count of extensions the owner used.
         assert gov.listing(gov.row("alice/"))["extensions_used"] == 1
 
+        # Its server has not reported for longer than report_stale_after: no verdict reaches
+        # it, so nobody can be asked for a checkpoint and the cull goes ahead at once.
+        clock.advance(gov.options.report_stale_after.total_seconds() + 60)
         outcome = await gov.cull_now("alice/", "user:root", "maintenance")
         assert outcome["status"] == "culled" and not hub.running("alice")
     actions = [(a.action, a.actor, a.reason) for a in actions_of(gov) if a.action != "state"]
@@ -374,11 +368,10 @@ async def test_an_admins_cull_takes_a_checkpoint_first_unless_told_immediately(
 ):
     """Issue 22: the README promises a checkpoint before a GPU is given back; an admin's cull
     now keeps it (bounded by checkpoint_timeout and one retry). ``immediately`` skips it."""
-    user_server = UserServer(manifest("done"))
     async with FakeHub() as hub:
         hub.add_server("alice")
         hub.add_server("bob")
-        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        gov = governor(hub, tmp_path)
         for user in ("alice", "bob"):
             gov.ingest(report_for(user, T4_BUSY_GPU, sm=0.9))
         await gov.reconcile()
@@ -386,15 +379,14 @@ async def test_an_admins_cull_takes_a_checkpoint_first_unless_told_immediately(
         outcome = await gov.cull_now("alice/", "user:root", "the node is drained")
         assert outcome["status"] == "requested" and hub.running("alice")
         assert outcome["verdict"]["state"] == "checkpointing"
-        await answered(gov)
-        gov.ingest(report_for("alice", T4_BUSY_GPU, sm=0.9))
+        asked = checkpoint_asked(gov)  # rides on the verdict alice's server fetches
+        assert asked["cull_reason"] == "admin" and "the node is drained" in asked["reason"]
+        answer(gov, manifest("done"))
         await gov.reconcile()
         assert not hub.running("alice")
 
         outcome = await gov.cull_now("bob/", "user:root", "runaway job", immediately=True)
         assert outcome["status"] == "stopped" and not hub.running("bob")
-    (body,) = user_server.requests
-    assert body["cull_reason"] == "admin" and "the node is drained" in body["reason"]
     alice = [a.action for a in actions_of(gov) if a.action != "state"]
     assert alice[-5:] == ["cull-request", "admin-warn", "checkpoint", "checkpoint-done", "cull"]
     (cull,) = [a for a in actions_of(gov) if a.action == "cull"]
@@ -405,45 +397,6 @@ async def test_an_admins_cull_takes_a_checkpoint_first_unless_told_immediately(
 
 
 # -- checkpoints before the cull -----------------------------------------------------------------
-
-
-class UserServer:
-    """The checkpoint endpoint of single-user servers, reached as the governor reaches it
-    (``proxy_url`` + the server's URL): keeps each request body, answers the next scripted
-    manifest (stamped with the time it was asked for), and can hold its answer back."""
-
-    def __init__(self, *answers: dict):
-        self.requests: list[dict] = []
-        self.answers = list(answers)
-        self.release = asyncio.Event()
-        self.release.set()
-        self.kernels: list[dict] = []  # what GET api/kernels answers (Jupyter Server's own)
-        outer = self
-
-        class Kernels(web.RequestHandler):
-            def get(self, user: str):
-                self.finish(json.dumps(outer.kernels))
-
-        class Checkpoint(web.RequestHandler):
-            async def post(self, user: str):
-                body = json.loads(self.request.body)
-                outer.requests.append(body)
-                requested_at = clock.isoformat(clock.utcnow())
-                await outer.release.wait()
-                answer = outer.answers.pop(0) if outer.answers else manifest("done")
-                self.finish({**answer, "requested_at": requested_at, "reason": body["reason"]})
-
-        sockets = bind_sockets(0, "127.0.0.1")
-        self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
-        self.server = HTTPServer(
-            web.Application(
-                [
-                    (r"/user/([^/]+)/jupyter-gpu-gov/checkpoint", Checkpoint),
-                    (r"/user/([^/]+)/api/kernels", Kernels),
-                ]
-            )
-        )
-        self.server.add_sockets(sockets)
 
 
 def manifest(status: str, *errors: str, cid: str = "20260105T110000Z") -> dict:
@@ -474,64 +427,57 @@ async def idle_until_checkpoint(gov: Governor, user: str = "alice") -> None:
     assert gov.row(f"{user}/").checkpoint_status == "requested"
 
 
-async def answered(gov: Governor) -> None:
-    """Wait for the governor's checkpoint requests to come back."""
-    await asyncio.gather(*list(gov._tasks))
+def checkpoint_asked(gov: Governor, user: str = "alice") -> dict:
+    """The checkpoint the governor asks of the server, as its verdict carries it."""
+    return gov.verdict(f"{user}/")["requests"]["checkpoint"]
+
+
+def answer(gov: Governor, answer: dict, user: str = "alice", requested_at: str | None = None):
+    """The server's next report, carrying the checkpoint it took for the governor's request."""
+    report = report_for(user, H100_IDLE_GPU, sm=0.0)
+    when = requested_at or checkpoint_asked(gov, user)["requested_at"]
+    report["checkpoint"] = {"requested_at": when, "status": answer["status"], "manifest": answer}
+    gov.ingest(report)
 
 
 def actions_of(gov: Governor, key: str = "alice/") -> list:
     return [a for a in gov.store.audit_rows(key)][::-1]  # oldest first
 
 
-async def test_checkpoint_request_carries_the_decision_reason_and_cull_reason(
+async def test_the_checkpoint_request_rides_on_the_verdict_with_its_reasons(
     tmp_path, restore_clock
 ):
-    user_server = UserServer(manifest("done"))
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        gov = governor(hub, tmp_path)
         await idle_until_checkpoint(gov)
-        await answered(gov)
-    (body,) = user_server.requests
-    assert body["source"] == "governor" and body["cull_reason"] == "gpu-idle"
-    assert body["reason"] == gov.row("alice/").reason  # the decision's own words
-    assert "saving a checkpoint before the cull" in body["reason"]
+    asked = checkpoint_asked(gov)
+    assert asked["cull_reason"] == "gpu-idle"
+    assert asked["reason"] == gov.row("alice/").reason  # the decision's own words
+    assert "saving a checkpoint before the cull" in asked["reason"]
+    assert asked["requested_at"] == clock.isoformat(gov.row("alice/").checkpoint_requested_at)
+    assert gov._tasks == set()  # nothing was sent to the server: it asks with its own token
 
 
 async def test_an_earlier_checkpoint_does_not_answer_the_governors_request(tmp_path, restore_clock):
-    user_server = UserServer()
-    user_server.release.clear()  # the server is slow to answer the governor
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        gov = governor(hub, tmp_path)
         await idle_until_checkpoint(gov)
         asked = gov.row("alice/").checkpoint_requested_at
 
         # The owner checkpointed ten minutes before; every report still carries it.
-        earlier = report_for("alice", H100_IDLE_GPU, sm=0.0)
-        earlier["checkpoint"] = {
-            "requested_at": clock.isoformat(asked - timedelta(minutes=10)),
-            "status": "done",
-            "manifest": {**manifest("done", cid="20260105T105000Z"), "source": "user"},
-        }
-        gov.ingest(earlier)
+        earlier = {**manifest("done", cid="20260105T105000Z"), "source": "user"}
+        answer(gov, earlier, requested_at=clock.isoformat(asked - timedelta(minutes=10)))
         await gov.reconcile()
         assert gov.verdict("alice/")["state"] == "checkpointing"
         assert hub.running("alice")
         assert not [a for a in actions_of(gov) if a.action.startswith("checkpoint-")]
 
         # The governor's own checkpoint, reported: that one answers.
-        fresh = report_for("alice", H100_IDLE_GPU, sm=0.0)
-        fresh["checkpoint"] = {
-            "requested_at": clock.isoformat(clock.utcnow()),
-            "status": "done",
-            "manifest": manifest("done"),
-        }
-        gov.ingest(fresh)
+        answer(gov, manifest("done"))
         await gov.reconcile()
         assert not hub.running("alice")
-        user_server.release.set()
-        await answered(gov)
     (done,) = [a for a in actions_of(gov) if a.action == "checkpoint-done"]
     assert done.details["id"] == "20260105T110000Z"
 
@@ -541,13 +487,11 @@ async def test_a_failed_checkpoint_postpones_the_cull_and_names_its_errors(tmp_p
         "kernel python3 (train.ipynb): hook 'torch' failed: OSError: [Errno 28] No space left",
         "kernel python3 (eval.ipynb): hooks timed out after 120 s (hook 'variables' running)",
     )
-    user_server = UserServer(manifest("failed", *errors))
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        gov = governor(hub, tmp_path)
         await idle_until_checkpoint(gov)
-        await answered(gov)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        answer(gov, manifest("failed", *errors))
         await gov.reconcile()
         assert hub.running("alice")  # on_checkpoint_failure=postpone (the default)
 
@@ -567,29 +511,14 @@ async def test_a_failed_checkpoint_postpones_the_cull_and_names_its_errors(tmp_p
     assert listed["status"] == "failed" and listed["errors"] == list(errors)
 
 
-async def test_an_unreachable_server_is_a_failed_checkpoint_on_record(tmp_path, restore_clock):
-    async with FakeHub() as hub:
-        hub.add_server("alice")
-        gov = governor(hub, tmp_path, proxy_url=closed_port_url().removesuffix("/metrics"))
-        await idle_until_checkpoint(gov)
-        await answered(gov)
-        await gov.reconcile()
-        assert hub.running("alice")
-    (failed,) = [a for a in actions_of(gov) if a.action == "checkpoint-failed"]
-    assert failed.reason.startswith("checkpoint failed: request failed: ")
-    assert row_view(gov.row("alice/"), None)["checkpoint"]["errors"] == failed.details["errors"]
-
-
 async def test_a_saved_checkpoint_leads_to_the_cull_with_its_path_on_record(
     tmp_path, restore_clock
 ):
-    user_server = UserServer(manifest("done"))
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        gov = governor(hub, tmp_path)
         await idle_until_checkpoint(gov)
-        await answered(gov)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        answer(gov, manifest("done"))
         await gov.reconcile()
         assert not hub.running("alice")
 
@@ -614,12 +543,11 @@ async def test_a_saved_checkpoint_leads_to_the_cull_with_its_path_on_record(
 async def test_no_answer_in_time_is_a_failed_checkpoint_and_a_late_one_is_dropped(
     tmp_path, restore_clock
 ):
-    user_server = UserServer(manifest("done"))
-    user_server.release.clear()  # a hook hangs: the server does not answer in time
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        gov = governor(hub, tmp_path)
         await idle_until_checkpoint(gov)
+        asked = checkpoint_asked(gov)["requested_at"]  # a hook hangs: no answer in time
         clock.advance(5 * 60)  # the policy's checkpoint_timeout
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         await gov.reconcile()
@@ -628,10 +556,9 @@ async def test_no_answer_in_time_is_a_failed_checkpoint_and_a_late_one_is_droppe
             "checkpoint timeout (1 of 2 retries): cull postponed"
             in (gov.verdict("alice/")["reason"])
         )
+        assert "checkpoint" not in gov.verdict("alice/")["requests"]  # no longer asked
 
-        user_server.release.set()  # the answer comes late: it settles nothing now
-        await answered(gov)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        answer(gov, manifest("done"), requested_at=asked)  # late: it settles nothing now
         await gov.reconcile()
         assert hub.running("alice")
     audit = actions_of(gov)
@@ -658,28 +585,140 @@ def test_only_a_result_of_the_current_request_answers_it():
 async def test_a_missing_optional_scope_is_said_once_and_what_it_disables(
     tmp_path, restore_clock, caplog
 ):
-    """With only what jupyterhub-idle-culler is given (no groups, no access to servers), the
-    governor says at start-up what each missing scope disables, then asks for nothing it
-    cannot have: no group listing (nor 403) every pass, no checkpoint request to a server it may not
-    reach (the cull does not wait for one)."""
-    user_server = UserServer(manifest("done"))
+    """With only what jupyterhub-idle-culler is given (no groups), the governor says at
+    start-up what each missing scope disables, then asks for nothing it cannot have: no group
+    listing (nor 403) every pass."""
     async with FakeHub() as hub:
         hub.tokens[hub.token] = frozenset({"admin:users", "admin:servers"})
         hub.add_server("alice")
-        gov = governor(hub, tmp_path, proxy_url=user_server.url, service_token="svc")
+        gov = governor(hub, tmp_path)
         with caplog.at_level("WARNING", logger="jupyter_gpu_gov.hub"):
             for step in (0, 61 * 60, 60 * 60):
                 clock.advance(step)
                 gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
                 await gov.reconcile()
         # Groups are asked for once, in the first pass beside the scopes, never again.
-        assert not hub.running("alice") and hub.counters["GET /groups"] <= 1
+        assert hub.counters["GET /groups"] <= 1
     said = [r.getMessage() for r in caplog.records]
     assert not any("cannot list groups" in m for m in said)
     assert sum("lacks list:groups: teams are not read from Hub groups" in m for m in said) == 1
-    assert (
-        sum("lacks access:servers: servers are not asked for a checkpoint" in m for m in said) == 1
-    )
-    assert user_server.requests == []
-    (cull,) = [a for a in actions_of(gov) if a.action == "cull"]
-    assert "no checkpoint (it cannot be reached)" in cull.reason
+    assert not any("lacks access:servers" in m for m in said)  # the governor calls no server
+
+
+# -- what a user controls is not believed (issue 18) ----------------------------------------------
+
+
+def held(report: dict, uuid: str) -> dict:
+    report["devices"][0]["uuid"] = uuid
+    report["targets"][0]["gpu"]["devices"] = [uuid]
+    return report
+
+
+async def test_a_report_that_contradicts_the_allocators_record_is_not_believed(tmp_path):
+    """The allocator gave each of them the idle H100; DCGM is asked about it whatever the report
+    says. alice names someone else's busy T4, bob no GPU, carol an unavailable backend; dave has
+    no record, so the T4 he names can prove him idle but never busy."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt", "t4-default-counters-busy.txt")
+    granted = {"gpu_gov_devices": [H100_IDLE_GPU]}
+    async with FakeHub() as hub:
+        for user in ("alice", "bob", "carol"):
+            hub.add_server(user, state=granted)
+        hub.add_server("dave")
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.ingest(report_for("alice", T4_BUSY_GPU, sm=0.9))
+        no_gpu = report_for("bob", H100_IDLE_GPU, sm=0.9)
+        no_gpu.update(devices=[], targets=[])
+        gov.ingest(no_gpu)
+        unavailable = report_for("carol", H100_IDLE_GPU, sm=0.9)
+        unavailable.update(backend="unavailable", error="NVML: GPU is lost", devices=[])
+        gov.ingest(unavailable)
+        gov.ingest(held(report_for("dave", T4_BUSY_GPU, sm=0.0), T4_BUSY_GPU))
+        await gov.reconcile()
+        await gov.reconcile()  # a second pass: the audit says it once
+    exporter.server.stop()
+
+    states = {u: gov.verdict(f"{u}/")["state"] for u in ("alice", "bob", "carol", "dave")}
+    assert states == dict.fromkeys(states, "idle"), states
+    assert "its report is not believed" in gov.verdict("alice/")["reason"]
+    (alice,) = [a.reason for a in gov.store.audit_rows("alice/") if a.action == "report-distrusted"]
+    assert f"it reports GPU {T4_BUSY_GPU}, which is not its own" in alice
+    (bob,) = [a.reason for a in gov.store.audit_rows("bob/") if a.action == "report-distrusted"]
+    assert "it reports no GPU; the Hub's records give it 1" in bob
+    assert not [a for a in gov.store.audit_rows("carol/") if a.action == "report-distrusted"]
+
+
+async def test_one_server_that_cannot_be_decided_is_skipped_and_audited(tmp_path, monkeypatch):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        hub.add_server("bob", last_activity=clock.utcnow() - timedelta(days=3))
+        gov = governor(hub, tmp_path)
+        decide = policy_module.decide
+
+        def broken_for_alice(view, *args):
+            if view.user == "alice":
+                raise OverflowError("date value out of range")
+            return decide(view, *args)
+
+        monkeypatch.setattr(policy_module, "decide", broken_for_alice)
+        for _ in range(2):
+            await gov.reconcile()
+        assert not hub.running("bob")  # decided and culled after alice
+    (error,) = [a for a in gov.store.audit_rows("alice/") if a.action == "error"]
+    assert "OverflowError: date value out of range" in error.reason  # once, not every pass
+
+
+async def test_a_cull_on_record_whose_server_still_runs_is_carried_out_again(tmp_path):
+    """The service died between recording a cull and sending it: after a restart the record
+    stands (not decided again) and the cull is sent once CULL_RETRY_AFTER has passed."""
+    started = (clock.utcnow() - timedelta(hours=3)).replace(microsecond=0)  # as the Hub says
+    async with FakeHub() as hub:
+        hub.add_server("alice", started=started, last_activity=clock.utcnow())
+        store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+        row = ServerRow(key="alice/", user="alice", name="", session_started=started)
+        culled_at = clock.utcnow() - timedelta(seconds=30)
+        set_record(row, Record(state="culled", culled_at=culled_at, reason="GPU idle for 2h"))
+        store.save_servers([row])
+        gov = governor(hub, tmp_path)
+        await gov.reconcile()
+        assert hub.running("alice")  # on record 30 s ago: perhaps still stopping
+        clock.advance(120)
+        try:
+            await gov.reconcile()
+            await gov.reconcile()
+        finally:
+            clock.reset()
+        assert not hub.running("alice") and hub.counters["DELETE /users/{name}/server(s)"] == 1
+    (retry,) = [a for a in gov.store.audit_rows("alice/") if a.action.startswith("cull")]
+    assert retry.action == "cull-retry" and retry.details["outcome"] == "stopped"
+    assert "still running 2m" in retry.reason
+
+
+async def test_reports_are_taken_only_for_servers_the_hub_runs(tmp_path):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        await gov.reconcile()
+        hub.add_server("bob")  # started after the pass
+        asked = hub.counters["GET /users/{name}"]
+        assert await gov.hub_runs("alice/")  # seen by the pass: no question to the Hub
+        assert hub.counters["GET /users/{name}"] == asked
+        assert await gov.hub_runs("bob/") and not await gov.hub_runs("bob/made-up")
+        assert not await gov.hub_runs("nobody/")
+        for i in range(50):  # made-up names cost one Hub question per user per 10 s
+            assert not await gov.hub_runs(f"bob/made-up-{i}")
+        assert hub.counters["GET /users/{name}"] - asked == 2
+
+
+async def test_a_wall_clock_step_moves_every_kept_time_by_as_much(tmp_path, monkeypatch):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        before = gov.row("alice/").idle_since, gov.reports["alice/"].at
+        monkeypatch.setattr(clock, "adopt_step", lambda: 3600.0)  # it jumped an hour ahead
+        await gov.reconcile()
+    after = gov.row("alice/").idle_since, gov.reports["alice/"].at
+    assert [b - a for a, b in zip(before, after, strict=True)] == [timedelta(hours=1)] * 2
+    (step,) = [a for a in gov.store.audit_rows() if a.action == "clock-step"]
+    assert "stepped by +3600 s" in step.reason

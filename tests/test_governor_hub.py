@@ -16,12 +16,10 @@ import os
 import signal
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import requests
-from governor_harness import Gov, governed_hub, kernel_with, server_running, wait
-from hub_harness import HubHarness
+from governor_harness import Gov, governed_hub, kernel_with, server_running, service_pid, wait
 
 from jupyter_gpu_gov.core.clock import parse
 
@@ -249,19 +247,6 @@ def test_dry_run_records_decisions_and_culls_nothing(tmp_path):
         assert all(a["dry_run"] for a in audit)
         assert server_running(hub, "alice")
         assert gov.verdict("alice")["dry_run"] is True
-
-
-def service_pid(hub: HubHarness) -> int | None:
-    needle = str(hub.workdir / "gpu_gov_config.py").encode()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"jupyter_gpu_gov.hub" in cmdline and needle in cmdline:
-                return int(entry)
-    return None
 
 
 def test_the_user_prepare_found_is_answered_without_a_thread_hop(monkeypatch):

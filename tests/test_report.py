@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from jupyter_gpu_gov.core.clock import parse as clock_parse
 from jupyter_gpu_gov.core.report import ReportError, gpu_signal, validate
 
 REPORT = {
@@ -32,7 +33,7 @@ REPORT = {
     "targets": [
         {
             "kind": "kernel",
-            "id": "k1",
+            "id": "3f5d0c55-0c1c-4a52-9c59-8e3f8f0bd1a1",
             "name": "python3",
             "execution_state": "idle",
             "connections": 1,
@@ -89,6 +90,40 @@ def test_bad_reports_name_the_field(changes, field):
     with pytest.raises(ReportError) as info:
         validate(report(**changes))
     assert info.value.field == field and str(info.value).startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        # A far-future time once made every pass of the governor overflow (issue 18, item 4).
+        ({"targets__0__busy_since": "9999-12-31T23:59:59Z"}, "targets[0].busy_since", "future"),
+        ({"server__last_activity": "9999-12-31T23:59:59Z"}, "server.last_activity", "future"),
+        ({"sampled_at": "2026-01-05T09:10:00Z"}, "sampled_at", "future"),
+        ({"window__gpu_idle_since": "2026-01-05T07:00:00Z"}, "window.gpu_idle_since", "started"),
+        (
+            {"targets__0__gpu__idle_since": "0001-01-01T00:00:00Z"},
+            "targets[0].gpu.idle_since",
+            "started",
+        ),
+        ({"server__started": "10000-01-01T00:00:00Z"}, "server.started", "ISO 8601"),
+        # Kernel ids are UUIDs: nothing else can ever be named in an action (issue 18, item 2).
+        ({"targets__0__id": "../../../../hub/api/users/bob/server"}, "targets[0].id", "UUID"),
+        ({"targets__0__name": "x" * 5000}, "targets[0].name", "more than 1024"),
+        ({"devices__0__uuid": "GPU-" + "a" * 2000}, "devices[0].uuid", "more than 1024"),
+        ({"targets__0__gpu__devices": ["GPU-a"] * 65}, "targets[0].gpu.devices", "UUIDs"),
+    ],
+)
+def test_times_ids_and_sizes_are_bounded(changes, field, words):
+    now = clock_parse("2026-01-05T09:00:00Z")
+    with pytest.raises(ReportError) as info:
+        validate(report(**changes), now=now)
+    assert info.value.field == field and words in str(info.value)
+
+
+def test_a_clock_a_little_ahead_is_accepted():
+    now = clock_parse("2026-01-05T08:57:00Z")  # the server's clock runs 3 minutes ahead
+    assert validate(report(), now=now)["sampled_at"] == REPORT["sampled_at"]
+    assert validate(report(targets__0__kind="terminal", targets__0__id="1"), now=now)
 
 
 def signal(r, cull_action="stop-server"):

@@ -107,8 +107,10 @@ async def test_a_server_using_a_slice_of_its_card_is_told_and_showback_counts_th
     try:
         async with FakeHub() as hub:
             grant = {"gpu-gov/tier": "h100", "gpu-gov/team": "vision"}
-            hub.add_server("alice", started=clock.utcnow(), user_options=grant)
-            hub.add_server("bob", started=clock.utcnow(), user_options=grant)
+            # The profile layer's record of the grant, in the spawner's state.
+            state = {"gpu_gov_grant": grant}
+            hub.add_server("alice", started=clock.utcnow(), state=state)
+            hub.add_server("bob", started=clock.utcnow(), state=state)
             gov = Governor(
                 Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"),
                 HubApi(hub.api_url, hub.token),

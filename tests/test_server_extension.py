@@ -436,3 +436,50 @@ async def test_a_real_kernel_reports_its_cpu_through_the_status_route(jp_fetch, 
     cpu = next(t for t in report["targets"] if t["id"] == kernel.id)["cpu"]
     assert set(cpu) == {"cores", "iowait", "read_mb_s", "seconds", "top_thread"}
     assert cpu["iowait"] is None or 0 <= cpu["iowait"] <= 1
+
+
+class GovernorAsking:
+    """The governor as a server's reporter meets it: each report is answered with a verdict
+    carrying ``requests`` (the governor never calls the server)."""
+
+    def __init__(self, requests: dict):
+        self.requests = requests
+        self.reports: list[dict] = []
+
+    async def send(self, report: dict) -> dict:
+        self.reports.append(report)
+        return {"state": "checkpointing", "checkpoint": "requested", "requests": self.requests}
+
+
+async def test_the_server_does_what_its_verdict_asks_and_only_to_its_own_kernels(
+    jp_fetch, jp_serverapp, start_kernel
+):
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    ours, other = await start_kernel(), await start_kernel()
+    bobs = "0c6f2a8e-1f0e-4c59-8d1b-5a3e0b7d2c11"  # a kernel id of another server
+    asked_at = "2026-01-05T09:00:00.000Z"  # the governor's clock, not this server's
+    governor = GovernorAsking(
+        {
+            "checkpoint": {"requested_at": asked_at, "reason": "idle", "cull_reason": "gpu-idle"},
+            "shutdown_kernels": {"requested_at": asked_at, "kernels": [ours.id, bobs, "../x"]},
+        }
+    )
+    app.reporter = governor
+    app.frontend_checkpoint_grace = 0
+    await app.send_report(await app.latest_report(refresh=True))
+    deadline = time.monotonic() + 60
+    while app._request_tasks and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+
+    kernels = {k["id"] for k in json.loads((await jp_fetch("api", "kernels")).body)}
+    assert ours.id not in kernels and other.id in kernels  # only the named one of its own
+    done = governor.reports[-1]["checkpoint"]
+    assert done["requested_at"] == asked_at and done["status"] == "done"
+    assert (
+        done["manifest"]["cull_reason"] == "gpu-idle" and done["manifest"]["source"] == "governor"
+    )
+    # Asked again (every verdict repeats the request until it is answered): done once only.
+    sent = len(governor.reports)
+    await app.send_report(await app.latest_report(refresh=True))
+    await asyncio.sleep(0.5)
+    assert not app._request_tasks and len(governor.reports) == sent + 1

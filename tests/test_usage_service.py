@@ -66,12 +66,14 @@ async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(
     async with FakeHub() as hub:
         grant = {"gpu-gov/team": "vision", "gpu-gov/tier": "h100", "gpu-gov/weight": "1"}
         start = clock.utcnow()
-        hub.add_server("alice", started=start, user_options={**grant, "gpu-gov/project": "seg"})
+        hub.add_server(
+            "alice", started=start, state={"gpu_gov_grant": {**grant, "gpu-gov/project": "seg"}}
+        )
         # bob's tier weight comes from the governor's tier_weights; he sends no report.
         hub.add_server(
             "bob",
             started=start,
-            user_options={"gpu-gov/team": "nlp", "gpu-gov/tier": "h100-3g"},
+            state={"gpu_gov_grant": {"gpu-gov/team": "nlp", "gpu-gov/tier": "h100-3g"}},
         )
         hub.add_server("carol", started=start)  # no tier, no report: no GPU, nothing billed
         gov = make(hub, db)
@@ -104,7 +106,7 @@ async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(
             "bob",
             "second",
             started=clock.utcnow(),
-            user_options={"gpu-gov/team": "nlp", "gpu-gov/tier": "h100-3g"},
+            state={"gpu_gov_grant": {"gpu-gov/team": "nlp", "gpu-gov/tier": "h100-3g"}},
         )
         clock.advance(STEP)
         await restarted.reconcile()
@@ -155,7 +157,9 @@ async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(
 async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
     db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
     async with FakeHub() as hub:
-        hub.add_server("alice", user_options={"gpu-gov/team": "vision", "gpu-gov/tier": "h100"})
+        hub.add_server(
+            "alice", state={"gpu_gov_grant": {"gpu-gov/team": "vision", "gpu-gov/tier": "h100"}}
+        )
         gov = make(hub, db)
         gov.ingest(report_for("alice", GPU, sm=0.0))
         await gov.reconcile()
@@ -171,7 +175,7 @@ async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
         status, _ = await again.extend("alice/", "user:alice", "one more hour")
         assert status == 200
         await again.extend("alice/", "user:alice", "and another")  # waits for an admin
-        await again.cull_now("alice/", "user:admin", "the demo is over")
+        await again.cull_now("alice/", "user:admin", "the demo is over", immediately=True)
         clock.advance(STEP)
         await again.reconcile()  # the server is gone (culled): billed to the cull
         again.flush_usage()
@@ -191,7 +195,9 @@ async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
 async def test_the_ledger_is_written_every_few_minutes_and_whenever_it_is_read(tmp_path):
     # At 10,000 servers a write updates 20,000 rows: every pass would spend 0.2 s on it.
     async with FakeHub() as hub:
-        hub.add_server("alice", user_options={"gpu-gov/team": "vision", "gpu-gov/tier": "h100"})
+        hub.add_server(
+            "alice", state={"gpu_gov_grant": {"gpu-gov/team": "vision", "gpu-gov/tier": "h100"}}
+        )
         gov = make(hub, f"sqlite:///{tmp_path / 'gov.sqlite'}")
         assert gov.options.usage_write_every == timedelta(minutes=5)
         written = []

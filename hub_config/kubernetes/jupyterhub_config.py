@@ -165,7 +165,6 @@ c.GpuProfiles.allow_no_gpu = True  # a CPU-only server is the default and counts
 # pod's GPU allocation (shutting kernels down would not, the pod keeps its device).
 c.GpuGovernor.ip = "0.0.0.0"  # listen where the hub Service's port 10101 reaches it
 c.GpuGovernor.db_url = os.environ.get("GPU_GOV_DB_URL", "sqlite:////srv/jupyterhub/gpu-gov.sqlite")
-c.GpuGovernor.proxy_url = "http://proxy-public"  # to reach user servers for checkpoints
 c.GpuGovernor.dcgm_prometheus_url = os.environ.get(
     "GPU_GOV_PROMETHEUS_URL", "http://prometheus-operated.monitoring.svc:9090"
 )

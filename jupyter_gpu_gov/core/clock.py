@@ -1,22 +1,74 @@
 """The one place the project reads wall-clock time.
 
 Everything that reasons about time (windows, policies, deadlines) calls ``utcnow()`` so that tests
-and replays can move time by patching this module instead of sleeping.
+and replays can move time by patching this module instead of sleeping. What must not follow the
+wall clock when it steps (an NTP correction, a VM resumed, ``date -s``) uses the monotonic clock:
+``every`` runs periodic work on it. A process that keeps deadlines (the governor) calls
+``watch_steps()``: from then on ``utcnow()`` follows the wall clock as it drifts but not when it
+steps, until ``adopt_step()`` says by how much it stepped and moves to the new time, at a moment
+when everything kept can be moved by as much.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import fields, replace
+from datetime import datetime, timedelta, timezone
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
 
 _offset_s = 0.0
+STEP_TOLERANCE = 2.0  # seconds the wall clock may run off the monotonic one before it "stepped"
+
+
+class _Frame:
+    """The wall clock, followed except across a step until the step is adopted."""
+
+    def __init__(self) -> None:
+        self.wall, self.mono = time.time(), time.monotonic()
+
+    def now(self) -> float:
+        wall, mono = time.time(), time.monotonic()
+        steady = self.wall + (mono - self.mono)
+        if abs(wall - steady) > STEP_TOLERANCE:
+            return steady  # stepped: keep to the time everything kept was written in
+        self.wall, self.mono = wall, mono
+        return wall
+
+    def adopt(self) -> float:
+        wall, mono = time.time(), time.monotonic()
+        step = wall - (self.wall + (mono - self.mono))
+        self.wall, self.mono = wall, mono
+        return step if abs(step) > STEP_TOLERANCE else 0.0
+
+
+_frame: _Frame | None = None
+
+
+def watch_steps() -> None:
+    """From now on, ``utcnow()`` does not follow a step of the wall clock until it is adopted."""
+    global _frame
+    if _frame is None:
+        _frame = _Frame()
+
+
+def adopt_step() -> float:
+    """Seconds the wall clock stepped since the last call (0: it did not), and ``utcnow()``
+    follows it from now on. The caller moves what it keeps by as much."""
+    return _frame.adopt() if _frame is not None else 0.0
 
 
 def utcnow() -> datetime:
     """Timezone-aware UTC now, shifted by any offset a test has set."""
-    now = datetime.now(timezone.utc)
+    if _frame is None:
+        now = datetime.now(timezone.utc)
+    else:
+        now = datetime.fromtimestamp(_frame.now(), timezone.utc)
     if _offset_s:
-        from datetime import timedelta
-
         now += timedelta(seconds=_offset_s)
     return now
 
@@ -44,3 +96,32 @@ def parse(value: str | None) -> datetime | None:
         return None
     dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+_T = TypeVar("_T")
+
+
+def shifted(obj: _T, delta: timedelta) -> _T:
+    """A (frozen) dataclass with each of its times moved by ``delta``: the intervals between
+    them, and to now, stay as they were observed when the wall clock stepped by ``delta``."""
+    times = {
+        f.name: value + delta
+        for f in fields(obj)
+        if isinstance(value := getattr(obj, f.name), datetime)
+    }
+    return replace(obj, **times) if times else obj
+
+
+async def every(interval: float, work: Callable[[], Awaitable[None]]) -> None:
+    """Run ``work`` every ``interval`` seconds on the monotonic clock, one run at a time, until
+    cancelled. (tornado's ``PeriodicCallback`` schedules on the wall clock: after it stepped
+    back an hour, its next run was an hour away.) A run that fails is logged; the next comes."""
+    loop = asyncio.get_running_loop()
+    due = loop.time()
+    while True:
+        try:
+            await work()
+        except Exception:
+            log.exception("periodic work failed; running it again in %ss", interval)
+        due = max(due + interval, loop.time())  # a late run does not make the next ones early
+        await asyncio.sleep(due - loop.time())

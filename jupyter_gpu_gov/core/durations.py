@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+MAX_SECONDS = 100 * 365 * 86400  # longer is a typo or an attack, and overflows date arithmetic
 
 
 def parse_duration(value: object, name: str = "duration") -> timedelta:
@@ -19,7 +21,7 @@ def parse_duration(value: object, name: str = "duration") -> timedelta:
     elif isinstance(value, bool):
         raise ValueError(f"{name}: expected a duration, got {value!r}")
     elif isinstance(value, int | float):
-        seconds = float(value)
+        seconds = float(value) if abs(value) < 1e300 else math.inf
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         if re.fullmatch(r"\d+(\.\d+)?", text):
@@ -34,6 +36,8 @@ def parse_duration(value: object, name: str = "duration") -> timedelta:
         raise ValueError(f"{name}: expected a duration, got {type(value).__name__} {value!r}")
     if seconds < 0:
         raise ValueError(f"{name}: {value!r} is negative")
+    if not math.isfinite(seconds) or seconds > MAX_SECONDS:
+        raise ValueError(f"{name}: {value!r:.40} is longer than 100 years")
     return timedelta(seconds=seconds)
 
 

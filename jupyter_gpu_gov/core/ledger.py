@@ -187,6 +187,16 @@ class Ledger:
         self._deltas, self._changed = {}, {}
         return deltas, [s.snapshot() for s in changed]
 
+    def give_back(self, deltas: dict[BucketKey, dict[str, float]], sessions: list[Session]) -> None:
+        """What a drain handed over that could not be written: it goes with the next drain."""
+        for key, values in deltas.items():
+            for name, amount in values.items():
+                self._add(key, name, amount)
+        for s in sessions:
+            live = self.open.get(s.server)
+            current = live if live is not None and live.session == s.session else s
+            self._changed.setdefault((s.server, s.session), current)
+
 
 def split_days(start: datetime, end: datetime) -> list[tuple[date, float]]:
     """``[start, end)`` as (UTC day, seconds) pieces."""

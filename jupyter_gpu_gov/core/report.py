@@ -1,17 +1,20 @@
 """The report a server sends (DESIGN §5): validation, and what it says about the GPU.
 
 Validation names the first bad field (``targets[2].gpu.sm``) so the server's log says what is
-wrong; a report that does not validate changes nothing.
+wrong; a report that does not validate changes nothing. A report comes from a process its user
+controls, so every value is bounded: times lie between the server's start and a few minutes
+from now, kernel ids are UUIDs, strings and lists have a length a real report never reaches.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from . import health
-from .clock import parse
+from .clock import parse, utcnow
 from .policy import GpuSignal
 
 SCHEMA = 1
@@ -20,6 +23,13 @@ TARGET_KINDS = ("kernel", "terminal", "other")
 CONFIDENCES = ("exact", "inferred", "unknown")
 MAX_DEVICES = 64
 MAX_TARGETS = 2000
+MAX_TEXT = 1024  # characters of a name, id or path
+MAX_ERROR = 4096  # characters of an error message
+# How far a report's times may run ahead of the governor's clock (the two clocks differ a
+# little); further is a lie or a broken clock, and would push deadlines out of reach.
+MAX_CLOCK_SKEW = timedelta(minutes=5)
+# Jupyter names a kernel by a UUID; only such an id can ever be acted on (a kernel shutdown).
+KERNEL_ID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 
 
 class ReportError(ValueError):
@@ -28,22 +38,33 @@ class ReportError(ValueError):
         self.field = field
 
 
-def validate(report: object) -> dict:
-    """Check a decoded report; return it unchanged or raise ``ReportError``."""
+def validate(report: object, now: datetime | None = None) -> dict:
+    """Check a decoded report; return it unchanged or raise ``ReportError``.
+
+    ``now`` (default: the clock) bounds its times: none may be later than ``now`` plus
+    ``MAX_CLOCK_SKEW``, and none but ``server.started`` earlier than the server's start."""
     _expect(report, Mapping, "report", "an object")
     if report.get("schema") != SCHEMA:
         raise ReportError("schema", f"must be {SCHEMA}, got {report.get('schema')!r}")
-    _time(report, "sampled_at", "sampled_at", required=True)
+    server = _expect(report.get("server"), Mapping, "server", "an object")
+    latest = (now or utcnow()) + MAX_CLOCK_SKEW
+    started = _time(server, "started", "server.started", None, latest)
+    earliest = started - MAX_CLOCK_SKEW if started is not None else None
+
+    def time(obj: Mapping, key: str, field: str, required: bool = False) -> None:
+        _time(obj, key, field, earliest, latest, required)
+
+    time(report, "sampled_at", "sampled_at", required=True)
     if report.get("backend") not in BACKENDS:
         raise ReportError("backend", f"must be one of {', '.join(BACKENDS)}")
-    _optional_str(report, "error", "error")
+    _optional_str(report, "error", "error", MAX_ERROR)
 
-    server = _expect(report.get("server"), Mapping, "server", "an object")
     if not isinstance(server.get("user"), str) or not server["user"]:
         raise ReportError("server.user", "must be a non-empty string")
+    _optional_str(server, "user", "server.user")
     _expect(server.get("name", ""), str, "server.name", "a string")
-    for key in ("started", "last_activity"):
-        _time(server, key, f"server.{key}")
+    _optional_str(server, "name", "server.name")
+    time(server, "last_activity", "server.last_activity")
     for key in ("pod", "namespace"):
         _optional_str(server, key, f"server.{key}")
     _expect(server.get("gpu_allocated", False), bool, "server.gpu_allocated", "true or false")
@@ -53,8 +74,8 @@ def validate(report: object) -> dict:
         where = f"devices[{i}]"
         _expect(device, Mapping, where, "an object")
         _expect(device.get("uuid"), str, f"{where}.uuid", "a string")
-        _optional_str(device, "name", f"{where}.name")
-        _optional_str(device, "mig_profile", f"{where}.mig_profile")
+        for key in ("uuid", "parent_uuid", "name", "mig_profile"):
+            _optional_str(device, key, f"{where}.{key}")
         for key in ("memory_total_mb", "memory_used_mb"):
             _number(device, key, f"{where}.{key}", low=0)
         _number(device, "activity", f"{where}.activity", low=0, high=1)
@@ -71,14 +92,20 @@ def validate(report: object) -> dict:
         if target.get("kind") not in TARGET_KINDS:
             raise ReportError(f"{where}.kind", f"must be one of {', '.join(TARGET_KINDS)}")
         _expect(target.get("id"), str, f"{where}.id", "a string")
-        _optional_str(target, "name", f"{where}.name")
-        _optional_str(target, "execution_state", f"{where}.execution_state")
-        _time(target, "last_activity", f"{where}.last_activity")
-        _time(target, "busy_since", f"{where}.busy_since")
+        if target["kind"] == "kernel" and not KERNEL_ID.fullmatch(target["id"]):
+            raise ReportError(
+                f"{where}.id", f"must be a kernel id (a UUID), got {target['id']!r:.80}"
+            )
+        for key in ("id", "name", "path", "execution_state"):
+            _optional_str(target, key, f"{where}.{key}")
+        time(target, "last_activity", f"{where}.last_activity")
+        time(target, "busy_since", f"{where}.busy_since")
         _number(target, "connections", f"{where}.connections", low=0)
         gpu = _expect(target.get("gpu"), Mapping, f"{where}.gpu", "an object")
         gpu_devices = _expect(gpu.get("devices", []), list, f"{where}.gpu.devices", "a list")
-        if not all(isinstance(d, str) for d in gpu_devices):
+        if len(gpu_devices) > MAX_DEVICES or not all(
+            isinstance(d, str) and len(d) <= MAX_TEXT for d in gpu_devices
+        ):
             raise ReportError(f"{where}.gpu.devices", "must be a list of device UUIDs")
         _number(gpu, "memory_mb", f"{where}.gpu.memory_mb", low=0)
         _number(gpu, "sm", f"{where}.gpu.sm", low=0, high=1)
@@ -86,16 +113,18 @@ def validate(report: object) -> dict:
         if gpu.get("confidence") not in CONFIDENCES:
             raise ReportError(f"{where}.gpu.confidence", f"must be one of {', '.join(CONFIDENCES)}")
         for key in ("last_active", "idle_since"):
-            _time(gpu, key, f"{where}.gpu.{key}")
+            time(gpu, key, f"{where}.gpu.{key}")
         _cpu(target.get("cpu"), f"{where}.cpu")
 
     window = _expect(report.get("window"), Mapping, "window", "an object")
     _number(window, "seconds", "window.seconds", low=0, required=True)
     _number(window, "gpu_active_fraction", "window.gpu_active_fraction", low=0, high=1)
     for key in ("gpu_last_active", "gpu_idle_since"):
-        _time(window, key, f"window.{key}")
+        time(window, key, f"window.{key}")
     if report.get("checkpoint") is not None:
-        _expect(report["checkpoint"], Mapping, "checkpoint", "an object or null")
+        checkpoint = _expect(report["checkpoint"], Mapping, "checkpoint", "an object or null")
+        _optional_str(checkpoint, "status", "checkpoint.status")
+        time(checkpoint, "requested_at", "checkpoint.requested_at")
     return dict(report)
 
 
@@ -186,9 +215,14 @@ def _cpu(cpu, field: str) -> None:
     _number(cpu, "top_thread", f"{field}.top_thread", low=0, high=1)
 
 
-def _optional_str(obj: Mapping, key: str, field: str) -> None:
-    if obj.get(key) is not None and not isinstance(obj[key], str):
+def _optional_str(obj: Mapping, key: str, field: str, limit: int = MAX_TEXT) -> None:
+    value = obj.get(key)
+    if value is None:
+        return
+    if not isinstance(value, str):
         raise ReportError(field, "must be a string or null")
+    if len(value) > limit:
+        raise ReportError(field, f"is {len(value)} characters long, more than {limit}")
 
 
 def _number(obj: Mapping, key: str, field: str, low=None, high=None, required=False) -> None:
@@ -197,25 +231,44 @@ def _number(obj: Mapping, key: str, field: str, low=None, high=None, required=Fa
         if required:
             raise ReportError(field, "is required")
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
         raise ReportError(field, "must be a number or null")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ReportError(field, f"must be in {bounds}, got {value}")
 
 
-def _time(obj: Mapping, key: str, field: str, required: bool = False) -> None:
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float (JSON allows 10**400)
+        return False
+
+
+def _time(
+    obj: Mapping,
+    key: str,
+    field: str,
+    earliest: datetime | None,
+    latest: datetime,
+    required: bool = False,
+) -> datetime | None:
     value = obj.get(key)
     if value is None:
         if required:
             raise ReportError(field, "is required")
-        return
+        return None
     try:
-        if not isinstance(value, str):
+        if not isinstance(value, str) or len(value) > 64:
             raise ValueError
-        parse(value)
-    except ValueError:
-        raise ReportError(field, f"must be an ISO 8601 time, got {value!r}") from None
+        when = parse(value)
+    except (ValueError, OverflowError):
+        raise ReportError(field, f"must be an ISO 8601 time, got {value!r:.80}") from None
+    if when > latest:
+        raise ReportError(field, f"{value} is in the future (the governor's clock is earlier)")
+    if earliest is not None and when < earliest:
+        raise ReportError(field, f"{value} is before the server started")
+    return when
 
 
 def _list(obj: Mapping, key: str, limit: int) -> list:

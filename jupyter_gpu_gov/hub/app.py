@@ -16,14 +16,16 @@ from datetime import timedelta
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from sqlalchemy.exc import DBAPIError
 from tornado import web
 from tornado.httpserver import HTTPServer
-from tornado.ioloop import IOLoop, PeriodicCallback
+from tornado.ioloop import IOLoop
 from tornado.netutil import bind_sockets
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default, validate
 from traitlets.config import Application
 
 from .. import __version__
+from ..core import clock
 from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
@@ -34,8 +36,8 @@ from .health import NODE_ACTIONS, SERVICE_ACCOUNT, HealthOptions
 from .hubapi import HubApi
 from .pages import page_handlers
 from .reconcile import Governor, Options
-from .routes import MAX_REPORT_BYTES, handlers
-from .store import Store
+from .routes import MAX_BODY_BYTES, handlers
+from .store import Store, StoreUnavailable, safe_url
 
 # jupyterhub-idle-culler's command line, mapped onto our traits.
 IDLE_CULLER_OPTIONS = {
@@ -241,20 +243,6 @@ class GpuGovernor(Application):
         300,
         help="Seconds after which a server's last report no longer counts: its GPU is unknown.",
     ).tag(config=True)
-    proxy_url = Unicode(
-        help="""Where the service reaches user servers (``<proxy_url>/user/<name>/``) to
-        request checkpoints and shut kernels down. Default: $JUPYTERHUB_PUBLIC_URL, else
-        $JUPYTER_GPU_GOV_PROXY_URL, else http://127.0.0.1:8000.""",
-    ).tag(config=True)
-
-    @default("proxy_url")
-    def _proxy_url_default(self):
-        return (
-            os.environ.get("JUPYTER_GPU_GOV_PROXY_URL")
-            or os.environ.get("JUPYTERHUB_PUBLIC_URL")
-            or "http://127.0.0.1:8000"
-        )
-
     team_map = Dict(
         help="User name → team, for users whose team is not in user_options or Hub groups."
     ).tag(config=True)
@@ -270,6 +258,20 @@ class GpuGovernor(Application):
     dcgm_bearer_token = Unicode("", help="Bearer token for Prometheus or the exporters.").tag(
         config=True
     )
+    dcgm_timeout = Float(
+        5, help="Seconds a whole DCGM read may take (connecting, headers and body); then it fails."
+    ).tag(config=True)
+    dcgm_max_bytes = Int(
+        64 * 1024 * 1024,
+        help="""Bytes a DCGM answer may have once decompressed (a 10,000-GPU fleet through
+        Prometheus is about 40 MB); a larger one fails the read.""",
+    ).tag(config=True)
+    dcgm_max_age = Float(
+        0,
+        help="""Seconds after which DCGM evidence no longer counts (its GPUs are unknown, never
+        idle): a read still under way, stuck or failing leaves no old "idle" behind. 0: three
+        reconcile intervals, at least 60 s.""",
+    ).tag(config=True)
     pcie_floor_bytes_per_s = Float(
         1_000_000, help="PCIe traffic (bytes/s) under which an idle-looking GPU counts as idle."
     ).tag(config=True)
@@ -437,26 +439,30 @@ class GpuGovernor(Application):
         every minute); slower, each is accepted at once. 0: never wait.""",
     ).tag(config=True)
 
-    port = Int(help="Port to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
+    port = Int(
+        help="""Port to listen on (default: from $JUPYTERHUB_SERVICE_URL, the URL of the
+        service's entry). Without either it does not listen: a service entry without a URL (as
+        jupyterhub-idle-culler's in zero-to-jupyterhub) runs it as a culler, with no reports,
+        API or dashboard; servers are then governed by DCGM and the Hub's activity.""",
+    ).tag(config=True)
     ip = Unicode(help="IP to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
 
     @default("port")
     def _port_default(self):
-        return (
-            urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")).port
-            or 10101
-        )
+        parts = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", ""))
+        if not parts.hostname or parts.port == 0:
+            return 0  # no URL (JupyterHub gives a service without one a URL with port 0)
+        return parts.port or (443 if parts.scheme == "https" else 80)
 
     @default("ip")
     def _ip_default(self):
-        return (
-            urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")).hostname
-            or "127.0.0.1"
-        )
+        return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).hostname or "127.0.0.1"
 
     @validate(
         "timeout",
         "concurrency",
+        "dcgm_timeout",
+        "dcgm_max_bytes",
         "diagnose_train_every",
         "diagnose_min_windows",
         "diagnose_history",
@@ -467,7 +473,13 @@ class GpuGovernor(Application):
             raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
         return proposal["value"]
 
-    @validate("usage_write_every", "usage_max_gap", "gpu_unknown_alert_after", "right_size_after")
+    @validate(
+        "usage_write_every",
+        "usage_max_gap",
+        "gpu_unknown_alert_after",
+        "right_size_after",
+        "dcgm_max_age",
+    )
     def _not_negative(self, proposal):
         if proposal["value"] < 0:
             raise ValueError(
@@ -548,6 +560,8 @@ class GpuGovernor(Application):
                 exporter_urls=self.dcgm_exporter_urls,
                 config=DcgmConfig().with_metrics(self.dcgm_metric_names),
                 bearer_token=self.dcgm_bearer_token or None,
+                timeout_s=self.dcgm_timeout,
+                max_bytes=self.dcgm_max_bytes,
             )
         options = Options(
             dry_run=self.dry_run,
@@ -559,11 +573,12 @@ class GpuGovernor(Application):
             timeout=timedelta(seconds=self.timeout),
             max_age=timedelta(seconds=self.max_age) if self.max_age else None,
             remove_named_servers=self.remove_named_servers,
-            proxy_url=self.proxy_url,
-            service_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
             concurrency=self.concurrency,
             team_map=dict(self.team_map),
             pcie_floor_bytes_per_s=self.pcie_floor_bytes_per_s,
+            dcgm_max_age=timedelta(
+                seconds=self.dcgm_max_age or max(3 * self.reconcile_interval, 60)
+            ),
             diagnosis=DiagnosisOptions(
                 enabled=self.diagnose,
                 train_every=timedelta(seconds=self.diagnose_train_every),
@@ -595,7 +610,7 @@ class GpuGovernor(Application):
             tier_sizes=self.tier_sizes,
             right_size_after=timedelta(seconds=self.right_size_after),
         )
-        return Governor(Store(self.db_url), hub, self.policy_list, options, dcgm)
+        return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
 
     def make_web_app(self, governor: Governor) -> web.Application:
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
@@ -618,34 +633,59 @@ class GpuGovernor(Application):
                 "gpu-gov: scikit-learn is not installed: root causes come from the threshold "
                 "rules only (pip install 'jupyter-gpu-gov[hub]')"
             )
-        app = self.make_web_app(self.governor)
         server = BatchingHTTPServer(
-            app,
-            max_body_size=MAX_REPORT_BYTES + 1024,
+            self.make_web_app(self.governor),
+            max_body_size=MAX_BODY_BYTES,
             xheaders=True,
             accept_interval=self.accept_interval,
         )
-        server.add_sockets(bind_sockets(self.port, self.ip))
         self.log.info(
-            "jupyter-gpu-gov %s governing on %s:%s (reconcile every %ss, %d policies%s)",
+            "jupyter-gpu-gov %s governing (reconcile every %ss, %d policies%s)",
             __version__,
-            self.ip,
-            self.port,
             self.reconcile_interval,
             len(self.policy_list),
             ", DRY RUN" if self.dry_run else "",
         )
-        timer = PeriodicCallback(self._reconcile, self.reconcile_interval * 1000)
-        timer.start()
-        await self._reconcile()
+        # On the monotonic clock: a step of the wall clock neither stalls nor hurries a pass.
+        passes = asyncio.ensure_future(clock.every(self.reconcile_interval, self._reconcile))
+        listening = asyncio.ensure_future(self._listen(server))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        timer.stop()
+        passes.cancel()
+        listening.cancel()
         server.stop()
         await self.governor.close()
+
+    async def _listen(self, server: HTTPServer, retry_every: float = 30) -> None:
+        """Serve reports, the API and the pages where the service entry says; governing never
+        waits for it. A port in use is said and tried again, not a crash (a crash-looping
+        service culls nothing)."""
+        if not self.port:
+            self.log.warning(
+                "gpu-gov: its service entry has no URL ($JUPYTERHUB_SERVICE_URL is unset, and "
+                "GpuGovernor.port is not set): not listening. Servers cannot report and there "
+                "is no API or dashboard; they are governed by DCGM and the Hub's activity."
+            )
+            return
+        while True:
+            try:
+                server.add_sockets(bind_sockets(self.port, self.ip))
+            except OSError as error:
+                self.log.error(
+                    "gpu-gov: cannot listen on %s:%s (%s): no reports, API or dashboard until "
+                    "it can; governing on, trying again in %ss",
+                    self.ip,
+                    self.port,
+                    error.strerror or error,
+                    retry_every,
+                )
+                await asyncio.sleep(retry_every)
+                continue
+            self.log.info("gpu-gov: listening on %s:%s", self.ip, self.port)
+            return
 
     async def _reconcile(self) -> None:
         try:
@@ -663,6 +703,25 @@ class GpuGovernor(Application):
 
     def start(self):
         asyncio.run(self.run())
+
+
+def open_store(url: str) -> Store:
+    """The store, or an exit that says what is wrong with it and how to recover (not a
+    traceback, again at every restart)."""
+    try:
+        return Store(url)
+    except (StoreUnavailable, DBAPIError, OSError) as error:
+        cause = getattr(error, "orig", None) or error
+        where = safe_url(url)
+        fix = (
+            "If the file is damaged, move it aside (it keeps the audit trail and the usage "
+            "ledger) and start the service again: it creates a new, empty database there. "
+            "If it is locked or unreachable, fix that first. (--db-url / "
+            "c.GpuGovernor.db_url chooses another.)"
+        )
+        raise SystemExit(
+            f"jupyter-gpu-gov: cannot use its database {where}: {cause}. {fix}"
+        ) from None
 
 
 def main(argv=None) -> None:

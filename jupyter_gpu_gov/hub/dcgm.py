@@ -15,15 +15,18 @@ exporter is never an owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-import gzip
 import http.client
 import json
 import math
 import multiprocessing
 import re
+import socket
 import ssl
+import threading
 import time
+import zlib
 from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -103,6 +106,33 @@ DEFAULT_EXPORTER_POD_REGEX = r"(?:[a-z0-9-]+-)?dcgm-exporter-[a-z0-9]{5}"
 DEFAULT_EXPORTER_CONTAINERS = frozenset({"nvidia-dcgm-exporter", "dcgm-exporter", "exporter"})
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+# What each signal can be: a value outside is a broken (or forged) exporter, never evidence.
+# A hair over 1 is rounding (clamped); a negative utilisation once read as idle.
+_RANGES: Mapping[str, tuple[float, float]] = {
+    "gr_engine_active": (0.0, 1.01),
+    "sm_active": (0.0, 1.01),
+    "dram_active": (0.0, 1.01),
+    "tensor_active": (0.0, 1.01),
+    "gpu_util": (0.0, 101.0),
+    "pcie_tx_bytes": (0.0, math.inf),
+    "pcie_rx_bytes": (0.0, math.inf),
+    "memory_used_mb": (0.0, math.inf),
+    "memory_free_mb": (0.0, math.inf),
+    "power_w": (0.0, math.inf),
+    # Health: an XID number, counts, flags and the clocks event reasons bitmask.
+    "xid": (0.0, 1e6),
+    "xid_count": (0.0, math.inf),
+    "ecc_dbe_volatile": (0.0, math.inf),
+    "retired_pending": (0.0, math.inf),
+    "row_remap_pending": (0.0, math.inf),
+    "row_remap_failed": (0.0, math.inf),
+    "clock_events": (0.0, 2.0**64),
+}
+_CLAMP = {"gr_engine_active": 1.0, "sm_active": 1.0, "dram_active": 1.0, "tensor_active": 1.0}
+_CLAMP["gpu_util"] = 100.0
+# The most a read may decompress to (a whole 10,000-GPU fleet through Prometheus is ~40 MB).
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -185,9 +215,16 @@ class DcgmSnapshot:
     """One fetch. ``errors`` says what could not be read; GPUs missing here are unknown."""
 
     evidence: tuple[GpuEvidence, ...]
-    fetched_at: datetime
+    fetched_at: datetime  # when the read started (the service's wall clock)
     errors: tuple[str, ...] = ()
     cpu_s: float = 0.0  # what the read cost the worker: HTTP, decompression, parsing
+    asked: float = field(default_factory=time.monotonic)  # the same, on the monotonic clock
+
+    @property
+    def age_s(self) -> float:
+        """Seconds since the read started, as observed (a step of the wall clock, or a test
+        moving it, does not age it)."""
+        return time.monotonic() - self.asked
 
 
 # --- parsing (pure) ---------------------------------------------------------------------------
@@ -248,13 +285,15 @@ def _pcie(values: Mapping[str, float]) -> float | None:
 
 
 def evidence_from_samples(
-    samples: Iterable[Sample], config: DcgmConfig | None = None
+    samples: Iterable[Sample], config: DcgmConfig | None = None, rejected: list | None = None
 ) -> list[GpuEvidence]:
     """One record per leaf GPU (and per pod holding it) from (name, labels, value) samples.
 
     Series without a ``UUID`` label, of metrics not in ``config.metrics``, or with NaN/Inf
-    values are ignored. Duplicates of a series (an HA Prometheus pair, two scrape jobs) merge
-    keeping the highest value, so a duplicate can never make a GPU look idler than it is.
+    values are ignored; so are values out of their signal's range (a negative utilisation),
+    each named in ``rejected`` when given. Duplicates of a series (an HA Prometheus pair, two
+    scrape jobs) merge keeping the highest value, so a duplicate can never make a GPU look
+    idler than it is.
     """
     config = config or DcgmConfig()
     metrics = config.metrics
@@ -284,7 +323,12 @@ def evidence_from_samples(
         values = known[1]
         if values is None or not math.isfinite(value):
             continue
-        value = float(value)
+        low, high = _RANGES[signal]
+        if not low <= value <= high:
+            if rejected is not None:
+                rejected.append(f"{name}={value:g} for {_label(labels, 'UUID')}")
+            continue
+        value = min(float(value), _CLAMP.get(signal, math.inf))
         if signal == "xid_count" and value > 0:  # one series per XID seen in the window
             values[f"xid_count:{labels.get('xid')}"] = value
         held = values.get(signal)
@@ -513,14 +557,16 @@ def _exposition_samples(text: str, metrics: Collection[str]) -> Iterator[Sample]
     yield from samples
 
 
-def parse_exposition(text: str, config: DcgmConfig | None = None) -> list[GpuEvidence]:
+def parse_exposition(
+    text: str, config: DcgmConfig | None = None, rejected: list | None = None
+) -> list[GpuEvidence]:
     """Evidence from an exporter's ``/metrics`` body (Prometheus text format).
 
     Raises ``ValueError``, naming the line, on a malformed sample line of a metric in
     ``config.metrics``; lines of other metrics, comments and HELP/TYPE lines are skipped unread.
     """
     config = config or DcgmConfig()
-    return evidence_from_samples(_exposition_samples(text, config.metrics), config)
+    return evidence_from_samples(_exposition_samples(text, config.metrics), config, rejected)
 
 
 def _vector_samples(result: Iterable[Any]) -> Iterator[Sample]:
@@ -534,7 +580,7 @@ def _vector_samples(result: Iterable[Any]) -> Iterator[Sample]:
 
 
 def parse_prometheus_query(
-    payload: Mapping[str, Any], config: DcgmConfig | None = None
+    payload: Mapping[str, Any], config: DcgmConfig | None = None, rejected: list | None = None
 ) -> list[GpuEvidence]:
     """Evidence from a decoded Prometheus ``/api/v1/query`` response (``resultType: vector``).
 
@@ -547,7 +593,7 @@ def parse_prometheus_query(
     data = payload.get("data") or {}
     if data.get("resultType") != "vector":
         raise ValueError(f"expected a vector result, got {data.get('resultType')!r}")
-    return evidence_from_samples(_vector_samples(data.get("result") or []), config)
+    return evidence_from_samples(_vector_samples(data.get("result") or []), config, rejected)
 
 
 def prometheus_query(config: DcgmConfig | None = None) -> str:
@@ -623,6 +669,7 @@ class DcgmSource:
         headers: Mapping[str, str] | None = None,
         validate_cert: bool = True,
         ca_certs: str | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         if bool(prometheus_url) == bool(exporter_urls):
             raise ValueError("DcgmSource: give either prometheus_url or exporter_urls")
@@ -637,17 +684,20 @@ class DcgmSource:
             headers=headers,
             validate_cert=validate_cert,
             ca_certs=ca_certs,
+            max_bytes=max_bytes,
         )
 
     async def fetch(self) -> DcgmSnapshot:
+        # Stamped when the read starts, on the service's clock: what a slow answer says is as
+        # old as the question (the governor ignores evidence past its dcgm_max_age).
+        asked, asked_monotonic = clock.utcnow(), time.monotonic()
         loop = asyncio.get_running_loop()
         try:
             evidence, errors, cpu_s = await loop.run_in_executor(_worker(), self.reader.read)
         except BrokenProcessPool as e:  # the worker died (killed, out of memory): start afresh
             _reset_worker()
             evidence, errors, cpu_s = [], [f"DCGM worker: {type(e).__name__}: {e}"], 0.0
-        # Stamped here, on the service's clock, not the worker's.
-        return DcgmSnapshot(tuple(evidence), clock.utcnow(), tuple(errors), cpu_s)
+        return DcgmSnapshot(tuple(evidence), asked, tuple(errors), cpu_s, asked_monotonic)
 
 
 @dataclass(frozen=True)
@@ -661,6 +711,7 @@ class DcgmReader:
     headers: Mapping[str, str]
     validate_cert: bool
     ca_certs: str | None
+    max_bytes: int = DEFAULT_MAX_BYTES
 
     def read(self) -> tuple[list[GpuEvidence], list[str], float]:
         """The blocking read, run in the worker: evidence, errors, and the CPU seconds it took."""
@@ -675,9 +726,10 @@ class DcgmReader:
         return evidence, errors, time.process_time() - started
 
     def _get(self, url: str, accept: str) -> str:
-        """The body of a GET, within ``timeout_s`` in all. Plain ``http.client``: no proxy from
-        the environment (the exporters are in-cluster) and no redirects."""
-        deadline = time.monotonic() + self.timeout_s
+        """The body of a GET, within ``timeout_s`` in all (connecting, headers, body: a server
+        that trickles bytes is cut off at the deadline), at most ``max_bytes`` once
+        decompressed. Plain ``http.client``: no proxy from the environment (the exporters are
+        in-cluster) and no redirects."""
         parts = urlsplit(url)
         if parts.scheme == "https":
             context = ssl.create_default_context(cafile=self.ca_certs)
@@ -693,41 +745,104 @@ class DcgmReader:
         target = parts.path or "/"
         if parts.query:
             target += f"?{parts.query}"
+        # A socket timeout bounds each wait, not the read: a watchdog ends the whole of it.
+        expired = threading.Event()
+        watchdog = threading.Timer(self.timeout_s, _cut_off, (connection, expired))
+        watchdog.start()
         try:
             headers = {"Accept": accept, "Accept-Encoding": "gzip", **self.headers}
             connection.request("GET", target, headers=headers)
             response = connection.getresponse()
-            chunks = []
-            while chunk := response.read(1 << 20):
-                chunks.append(chunk)
-                if time.monotonic() > deadline:  # a socket timeout alone allows a slow drip
-                    raise TimeoutError(f"no whole answer within {self.timeout_s:g}s")
+            gzipped = response.getheader("Content-Encoding", "").lower() == "gzip"
+            body = _Body(self.max_bytes, gzipped)
+            while chunk := response.read1(1 << 20):
+                body.add(chunk)
+            body.end()
+        except (OSError, http.client.HTTPException):
+            if expired.is_set():
+                raise TimeoutError(f"no whole answer within {self.timeout_s:g}s") from None
+            raise
         finally:
+            watchdog.cancel()
             connection.close()
-        raw = b"".join(chunks)
-        if response.getheader("Content-Encoding", "").lower() == "gzip":
-            raw = gzip.decompress(raw)
-        body = raw.decode("utf-8", errors="replace")
+        if expired.is_set():
+            raise TimeoutError(f"no whole answer within {self.timeout_s:g}s")
+        text = body.text()
         if response.status != 200:
-            raise OSError(f"HTTP {response.status} {response.reason}: {body[:200].strip()}")
-        return body
+            raise OSError(f"HTTP {response.status} {response.reason}: {text[:200].strip()}")
+        return text
 
     def _scrape(self, url: str) -> tuple[list[GpuEvidence], list[str]]:
+        rejected: list[str] = []
         try:
-            return parse_exposition(self._get(url, "text/plain"), self.config), []
+            evidence = parse_exposition(self._get(url, "text/plain"), self.config, rejected)
         except Exception as e:  # any failure degrades to "no DCGM for this node", never a crash
             return [], [f"{url}: {type(e).__name__}: {e}"]
+        return evidence, _rejections(url, rejected)
 
     def _query_prometheus(self, base: str) -> tuple[list[GpuEvidence], list[str]]:
         query = urlencode({"query": prometheus_query(self.config)})
         url = f"{base.rstrip('/')}/api/v1/query?{query}"
+        rejected: list[str] = []
         try:
             payload = json.loads(self._get(url, "application/json"))
-            evidence = parse_prometheus_query(payload, self.config)
+            evidence = parse_prometheus_query(payload, self.config, rejected)
         except Exception as e:  # any failure degrades to "no DCGM", never a crash
             return [], [f"{base}: {type(e).__name__}: {e}"]
         # Warnings flag partial data (e.g. a Thanos store that did not answer).
-        return evidence, [f"{base}: warning: {w}" for w in payload.get("warnings") or []]
+        warnings = [f"{base}: warning: {w}" for w in payload.get("warnings") or []]
+        return evidence, warnings + _rejections(base, rejected)
+
+
+def _cut_off(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """The read's deadline: the blocked read ends (as an error the reader then names)."""
+    expired.set()
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Body:
+    """An answer's bytes as they come, decompressed as they come, never past ``limit``."""
+
+    def __init__(self, limit: int, gzipped: bool):
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+
+    def add(self, chunk: bytes) -> None:
+        if self.inflate is None:
+            self._keep(chunk)
+            return
+        while chunk:
+            # At most what is still allowed (+1, to notice going over), however it inflates.
+            self._keep(self.inflate.decompress(chunk, self.limit - self.size + 1))
+            chunk = self.inflate.unconsumed_tail
+
+    def end(self) -> None:
+        if self.inflate is not None:
+            self._keep(self.inflate.flush())
+            if not self.inflate.eof:
+                raise ValueError("the gzip body ends early")
+
+    def _keep(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise ValueError(f"the answer is over {self.limit} bytes (decompressed)")
+        self.chunks.append(data)
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode("utf-8", errors="replace")
+
+
+def _rejections(source: str, rejected: list[str], shown: int = 3) -> list[str]:
+    if not rejected:
+        return []
+    more = f" and {len(rejected) - shown} more" if len(rejected) > shown else ""
+    named = ", ".join(rejected[:shown])
+    return [f"{source}: {len(rejected)} value(s) out of range ignored (unknown): {named}{more}"]
 
 
 # One worker process for the service, started at the first fetch. "spawn": the service runs

@@ -169,11 +169,17 @@ class HealthWatch:
         return view, record
 
     def review(
-        self, decision: Decision, failure: Health | None, chosen: Policy, now: datetime
+        self,
+        decision: Decision,
+        failure: Health | None,
+        chosen: Policy,
+        now: datetime,
+        checkpointable: bool = True,
     ) -> Decision:
         """After the policy decided: the owner of a server on a failed GPU gets the truth and a
-        checkpoint; nothing the policy decided for another reason (a hard deadline, a cull
-        under way, an exemption) is undone."""
+        checkpoint (when its server can be asked: a fresh report brings its verdict back);
+        nothing the policy decided for another reason (a hard deadline, a cull under way, an
+        exemption) is undone."""
         if failure is None:
             return decision
         record = decision.record
@@ -183,7 +189,7 @@ class HealthWatch:
                 return decision
             return evolve(decision, record=evolve(record, reason=f"{record.reason}; {note}"))
         actions = decision.actions
-        if chosen.checkpoint and record.checkpoint_status is None:
+        if chosen.checkpoint and checkpointable and record.checkpoint_status is None:
             record = evolve(record, checkpoint_status="requested", checkpoint_requested_at=now)
             actions = (*actions, CHECKPOINT)
         notice = owner_notice(failure, record.checkpoint_status)

@@ -21,7 +21,8 @@ SERVICE_SCOPES = [
     "read:users",  # names, admin flag, groups, last activity
     "read:servers",  # server URLs, start times, user_options
     "delete:servers",  # culls
-    "access:servers",  # checkpoint requests and kernel shutdown on user servers
+    # No access:servers: the governor never calls a user's server (hub/outbound.py); what it
+    # asks of one (a checkpoint, a kernel shutdown) rides back on the server's own report.
     "list:groups",
     "read:groups",  # team properties of groups
     # KubeSpawner's state names a server's pod: DCGM then governs servers without the

@@ -42,6 +42,11 @@ GPUS_RECLAIMED = Counter(
     "GPUs (whole cards or MIG instances) given back by culls of idle servers",
     registry=REGISTRY,
 )
+STORE_ERRORS = Counter(
+    "jupyter_gpu_gov_store_errors_total",
+    "Writes the store refused (locked, full, unreachable); their actions were not taken",
+    registry=REGISTRY,
+)
 RECONCILE_SECONDS = Histogram(
     "jupyter_gpu_gov_reconcile_duration_seconds",
     "Wall time of one reconcile pass over every server",

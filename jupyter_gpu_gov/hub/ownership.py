@@ -1,13 +1,19 @@
 """Who a server belongs to: team, project, tier and labels, from what the Hub knows.
 
-Sources, first found wins for each field:
+Only sources a user cannot write may set what governs a server (its team, its ``gpu-gov/*``
+labels: tier, borrowed, exempt, max-age, reclaim): a user writes their server's
+``user_options`` through the REST API at will, so nothing in it is a grant. Sources, first
+found wins for each field:
 
-1. ``gpu-gov/*`` keys in the server's ``user_options`` (the profile layer records the team,
-   project, tier and borrowed flag chosen on the spawn form there, mirroring the pod labels);
-2. plain ``team`` / ``project`` keys in ``user_options`` (a spawn form without our profile layer);
-3. Hub groups: a group whose ``properties`` has ``"gpu-gov/team"`` (``true`` for the group's
+1. the profile layer's grant, from the spawner's *state* (``core.grant``; the governor reads it
+   with ``admin:server_state``): every ``gpu-gov/*`` label, the team, project and tier;
+2. Hub groups: a group whose ``properties`` has ``"gpu-gov/team"`` (``true`` for the group's
    own name, or a string naming the team);
-4. ``GpuGovernor.team_map`` (user → team).
+3. ``GpuGovernor.team_map`` (user → team).
+
+From ``user_options`` only the user's own choices are taken, as choices: ``profile`` (the
+KubeSpawner profile, which KubeSpawner enforces) and, without a grant, ``project`` (for
+showback; it sets no label). ``gpu-gov/*`` keys and ``team`` there are never believed.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import grant
 from ..core.policy import LABEL_PREFIX
 
 
@@ -35,24 +42,21 @@ _OWNER_LABELS = {key: f"{LABEL_PREFIX}{key}" for key in ("team", "project", "tie
 def resolve(
     user: str,
     user_options: Mapping[str, Any],
+    spawner_state: Mapping[str, Any] | None,
     user_groups: Iterable[str],
     teams_by_group: Mapping[str, str],
     team_map: Mapping[str, str],
 ) -> Ownership:
     user_options = user_options or {}
-    labels = {
-        key: _text(value)
-        for key, value in user_options.items()
-        if key.startswith(LABEL_PREFIX) and value is not None
-    }
-    team = labels.get(_OWNER_LABELS["team"]) or _text(user_options.get("team"))
+    labels = grant.labels(spawner_state)
+    team = labels.get(_OWNER_LABELS["team"])
     if not team:
         team = next((teams_by_group[g] for g in user_groups if g in teams_by_group), None)
     team = team or team_map.get(user)
     project = labels.get(_OWNER_LABELS["project"]) or _text(user_options.get("project"))
     profile = _text(user_options.get("profile"))
     tier = labels.get(_OWNER_LABELS["tier"]) or profile
-    for key, value in (("team", team), ("project", project), ("tier", tier), ("user", user)):
+    for key, value in (("team", team), ("tier", tier), ("user", user)):
         if value:
             labels.setdefault(_OWNER_LABELS[key], value)
     return Ownership(team=team, project=project, tier=tier, profile=profile, labels=labels)

@@ -26,13 +26,16 @@ from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
 from ..diagnose.labels import HINTS
 from . import showback
-from .routes import ADMIN_SCOPE, HUB_ADMIN_SCOPES, ApiHandler, policy_view
+from .routes import ADMIN_SCOPE, HUB_ADMIN_SCOPES, ApiHandler, error_message, policy_view
 
 _env = Environment(
     loader=PackageLoader("jupyter_gpu_gov.hub", "templates"),
     autoescape=select_autoescape(["html"], default=True),
 )
 _env.filters["dur"] = lambda s: "—" if s is None else format_duration(int(s))
+# What an action did, shown once on the dashboard it redirects to: a cookie signed by this
+# service, never a query parameter (anyone could link an admin to ``?msg=<any text>``).
+FLASH_COOKIE = "gpu-gov-flash"
 SORTS = ("user", "team", "project", "tier", "state", "idle_for", "memory", "activity", "deadline")
 EXEMPT_CHOICES = ("1h", "8h", "1d", "3d", "7d")
 
@@ -69,10 +72,7 @@ class PageHandler(ApiHandler):
         )
 
     def write_error(self, status_code: int, **kwargs):
-        message = self._reason
-        error = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(error, web.HTTPError) and error.log_message:
-            message = error.log_message % error.args if error.args else error.log_message
+        message = error_message(self._reason, kwargs)
         user = getattr(self, "_hub_auth_user_cache", None) or {}
         scopes = set(user.get("scopes", ()))
         self.set_status(status_code)
@@ -249,13 +249,20 @@ class DashboardHandler(PageHandler):
             pending=pending,
             policies=[policy_view(p) for p in gov.policies],
             exempt_choices=EXEMPT_CHOICES,
-            message=self.get_argument("msg", ""),
+            message=self._flash(),
             last_cycle=gov.last_cycle,
             now=now,
             gpu_health=gov.health_view(),
             diagnosis=gov.diagnosis_summary(),  # the root causes' section (diagnosis.html)
             hints=HINTS,
         )
+
+    def _flash(self) -> str:
+        message = self.get_signed_cookie(FLASH_COOKIE, max_age_days=1)
+        if message is None:
+            return ""
+        self.clear_cookie(FLASH_COOKIE, path=self.prefix)
+        return message.decode("utf-8", "replace")
 
 
 class ActionHandler(PageHandler):
@@ -299,7 +306,15 @@ class ActionHandler(PageHandler):
             done = f"extension of {key} {'approved' if action == 'approve' else 'denied'}"
         else:
             raise web.HTTPError(400, f"unknown action {action!r}")
-        self.redirect(f"{self.prefix}?" + urlencode({"msg": done}))
+        self.set_signed_cookie(
+            FLASH_COOKIE,
+            done,
+            expires_days=None,
+            path=self.prefix,
+            httponly=True,
+            samesite="Strict",
+        )
+        self.redirect(self.prefix)
 
 
 class ShowbackHandler(PageHandler):

@@ -10,18 +10,13 @@ the store.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
-from ..core import clock, ledger, policy, rightsize
+from ..core import clock, grant, ledger, policy, rightsize
 from ..core.durations import format_duration
 from ..core.policy import (
     CHECKPOINT,
@@ -38,19 +33,24 @@ from ..core.policy import (
 from ..core.report import gpu_signal, user_last_activity
 from ..core.teams import group_teams
 from ..diagnose.cluster import Demand
-from . import metrics
+from . import metrics, outbound, trusted
 from .dcgm import DcgmSnapshot, DcgmSource, GpuEvidence, index_by_pod, index_by_uuid, is_idle
 from .diagnosis import DiagnosisOptions, DiagnosisService, allocation
 from .health import HealthOptions, HealthWatch
 from .hubapi import HubApi, HubApiError, HubServer
 from .ownership import resolve
-from .store import AuditRow, ExtensionRow, ServerRow, Store, apply_decision, record_of, set_record
+from .store import (
+    AuditRow,
+    ExtensionRow,
+    ServerRow,
+    Store,
+    StoreUnavailable,
+    apply_decision,
+    record_of,
+    set_record,
+)
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
-
-
-# Jupyter Server's kernel ids (UUIDs): a report's ids are the user's words, never a path.
-KERNEL_ID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
 
 
 def server_key(user: str, name: str = "") -> str:
@@ -63,6 +63,13 @@ class Received:
     report: dict
     at: datetime
 
+
+# Seconds passes pause after the store refused a pass's decisions.
+STORE_RETRY_AFTER = 5.0
+# A culled server the Hub still lists as ready this long after its cull was not stopped.
+CULL_RETRY_AFTER = timedelta(minutes=2)
+# How often a report for a server the last pass did not see may ask the Hub about its user.
+HUB_LOOKUP_EVERY = 10.0
 
 # A report's checkpoint time is the server's clock, written to the millisecond; the governor's
 # request time is its own, to the microsecond. A result this much older still answers.
@@ -106,11 +113,11 @@ class Options:
     timeout: timedelta = timedelta(hours=1)
     max_age: timedelta | None = None
     remove_named_servers: bool = False
-    proxy_url: str = ""  # where to reach /user/<name>/ (checkpoints, kernel shutdown)
-    service_token: str = ""
     concurrency: int = 10
     team_map: Mapping[str, str] = field(default_factory=dict)
     pcie_floor_bytes_per_s: float = 1_000_000
+    # DCGM evidence older than this is unknown (a slow or stuck read must not cull on old news).
+    dcgm_max_age: timedelta = timedelta(minutes=3)
     diagnosis: DiagnosisOptions = field(default_factory=DiagnosisOptions)
     # The usage ledger: GPU-equivalents of a tier (else the grant's gpu-gov/weight, else the
     # reported devices), and the longest gap between two looks at a server that is billed.
@@ -173,16 +180,28 @@ class _World:
 
 @dataclass
 class _Batch:
-    """Rows to save, audit rows and actions gathered while deciding; finished together."""
+    """What deciding gathered: rows to save, audit rows, the actions to carry out, and then
+    their outcomes."""
 
     changed: list[ServerRow] = field(default_factory=list)
     audits: list[AuditRow] = field(default_factory=list)
     jobs: list = field(default_factory=list)
+    # Filled by the jobs: rows they changed, new audit rows (a failed cull), rows with an outcome.
+    after: list[ServerRow] = field(default_factory=list)
+    outcomes: list[AuditRow] = field(default_factory=list)
+    completed: list[AuditRow] = field(default_factory=list)
+    saved: bool = False
 
     async def finish(self, governor: Governor) -> None:
+        # Every decision and its audit row go on record before anything is done: when the store
+        # cannot take them, nothing is done (the next pass decides again from the store).
+        self.saved = governor.save_decisions(self.changed, self.audits)
+        if not self.saved:
+            for job in self.jobs:
+                job.close()
+            return
         await asyncio.gather(*self.jobs)
-        governor.record(self.audits)  # first: what was done is on record whatever happens next
-        governor.store.save_servers(self.changed)
+        governor.save_outcomes(self.after, self.outcomes, self.completed)
 
 
 @dataclass
@@ -191,6 +210,7 @@ class CycleResult:
     actions: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
     dcgm_errors: Sequence[str] = ()
+    errors: Sequence[str] = ()
 
 
 class Governor:
@@ -215,6 +235,15 @@ class Governor:
         self._dcgm_task: asyncio.Future | None = None
         self._dcgm_latest: DcgmSnapshot | None = None
         self._servers: dict[str, HubServer] = {}  # running servers, as of the last cycle
+        self._failing: dict[str, str] = {}  # servers whose decision failed: the error, audited
+        self._distrusted: dict[str, list[str]] = {}  # reports contradicting the Hub's records
+        clock.watch_steps()  # a step of the wall clock is adopted at a pass, all at once
+        self._store_down_until = 0.0  # monotonic: after a failed write, passes pause until then
+        self._hub_lookups: dict[str, tuple[float, frozenset[str]]] = {}  # user -> (when, servers)
+        # Kernel shutdowns asked of servers (in their verdicts), until their reports show it done.
+        self._shutdowns: dict[str, outbound.KernelRequest] = {}
+        # Cells asked to be interrupted (the busy limit), until their reports show it done.
+        self._interrupts: dict[str, outbound.KernelRequest] = {}
         self._world = _World()
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
@@ -226,12 +255,8 @@ class Governor:
         # pods waiting for a GPU node), as of the last pass (``None`` before the first):
         # fragmentation is "GPUs partly used while spawns wait".
         self.spawns_waiting: int | None = None
-        self.http = AsyncHTTPClient()
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None
-        # Servers without the extension whose GPU DCGM sees idle: since when their Jupyter
-        # API has shown a kernel executing (None: none), as of this pass.
-        self._cells: dict[str, datetime | None] = {}
 
     # -- reports ------------------------------------------------------------------------------
 
@@ -261,6 +286,27 @@ class Governor:
             self._checkpoints[key] = result  # a stale one never replaces the answer
         return self.verdict(key)
 
+    async def hub_runs(self, key: str) -> bool:
+        """Whether the Hub runs (or is starting) this server: reports for any other are refused,
+        so no token can fill the governor's memory with servers that do not exist. Servers the
+        last pass saw answer at once; others from the Hub, asked at most every
+        ``HUB_LOOKUP_EVERY`` per user."""
+        if key in self._servers:
+            return True
+        user, name = key.split("/", 1)
+        now = time.monotonic()
+        asked = self._hub_lookups.get(user)
+        if asked is None or now - asked[0] > HUB_LOOKUP_EVERY:
+            try:
+                model = await self.hub.get_user(user)
+            except HubApiError as error:
+                log.warning("gpu-gov: cannot ask the Hub about %s: %s", key, error)
+                return False
+            if len(self._hub_lookups) > 10_000:
+                self._hub_lookups.clear()
+            asked = self._hub_lookups[user] = (now, frozenset((model or {}).get("servers") or ()))
+        return name in asked[1]
+
     def verdict(self, key: str) -> dict:
         row = self.row(key)
         if row is None:
@@ -273,13 +319,27 @@ class Governor:
                 dry_run=self.options.dry_run,
                 root_cause=self.root_cause(key),
             )
-        return verdict_of(
+        verdict = verdict_of(
             row,
             self.policy_named(row.policy),
             dry_run=self.options.dry_run,
             root_cause=self.root_cause(key),
             right_size=self.right_size(row),
         )
+        # What the server is asked to do: the governor never calls it (see hub/outbound.py).
+        # A dry run asks nothing.
+        verdict["requests"] = (
+            {}
+            if self.options.dry_run
+            else outbound.requests(
+                row.checkpoint_status,
+                row.checkpoint_requested_at,
+                row.reason,
+                row.cull_reason,
+                (self._shutdowns.get(key), self._interrupts.get(key)),
+            )
+        )
+        return verdict
 
     def root_cause(self, key: str) -> dict | None:
         """What the diagnosis says of the server's last report (``None`` once it is stale)."""
@@ -336,6 +396,13 @@ class Governor:
             return result
 
     async def _reconcile(self) -> CycleResult:
+        if time.monotonic() < self._store_down_until:
+            # The store refused the last pass's decisions: decide (and act) again only after a
+            # pause, not a blocked write every pass.
+            return CycleResult(errors=("the store is unavailable: this pass acts on nothing",))
+        stepped = clock.adopt_step()
+        if stepped:
+            self._clock_stepped(timedelta(seconds=stepped))
         if self.missing_scopes is None:  # the first pass: which scopes, beside the rest
             scopes, groups, snapshot = await asyncio.gather(
                 self._check_scopes(), self._groups(), self._dcgm_snapshot()
@@ -343,12 +410,12 @@ class Governor:
             self.missing_scopes = scopes | (self.missing_scopes or frozenset())
         else:
             groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
+        snapshot = self._fresh(snapshot)
         self._world = _World(
             teams_by_group=group_teams(groups),
             by_uuid=index_by_uuid(snapshot.evidence) if snapshot else {},
             by_pod=index_by_pod(snapshot.evidence) if snapshot else {},
         )
-        await self._read_cells()
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()
@@ -364,8 +431,13 @@ class Governor:
             key = server_key(server.user, server.name)
             seen.add(key)
             self._servers[key] = server
-            view = self._govern(server, rows.get(key), now, batch)
-            self._observe(server, view, now)
+            try:
+                view = self._govern(server, rows.get(key), now, batch)
+                self._observe(server, view, now)
+            except Exception as error:  # one server's bad data never stops the pass
+                self._skipped(key, server.user, error, batch)
+            else:
+                self._failing.pop(key, None)
         for key, row in rows.items():
             if row.running and key not in seen:
                 row.running = False  # stopped (by its owner, the Hub or us)
@@ -379,6 +451,12 @@ class Governor:
             stopped = row.culled_at if row is not None and row.culled_at else now
             self.ledger.close(key, min(stopped, now))
 
+        self._failing = {k: v for k, v in self._failing.items() if k in seen}
+        self._distrusted = {k: v for k, v in self._distrusted.items() if k in seen}
+        self._shutdowns = {k: v for k, v in self._shutdowns.items() if k in seen}
+        self._interrupts = {k: v for k, v in self._interrupts.items() if k in seen}
+        for pending in (self._shutdowns, self._interrupts):
+            outbound.forget_answered(pending, self.reports, now, self.options.report_stale_after)
         self.spawns_waiting = waiting
         self.health.finish_pass(seen, now)
         for node, patch, action, why in self.health.node_changes():
@@ -401,21 +479,71 @@ class Governor:
             pods,
         )
         counts: dict[str, int] = {}
-        for row in batch.audits:
+        for row in batch.audits if batch.saved else ():
             counts[row.action] = counts.get(row.action, 0) + 1
-        return CycleResult(len(seen), counts, dcgm_errors=snapshot.errors if snapshot else ())
+        errors = () if batch.saved else ("the store is unavailable: this pass acted on nothing",)
+        dcgm_errors = snapshot.errors if snapshot else ()
+        return CycleResult(len(seen), counts, dcgm_errors=dcgm_errors, errors=errors)
+
+    def _clock_stepped(self, delta: timedelta) -> None:
+        """The wall clock stepped by ``delta`` since the last pass: move every time the governor
+        keeps by as much, so each idle stretch, warning's notice, exemption and billed interval
+        lasts what was observed (on the monotonic clock), not what the step made of it."""
+        log.warning(
+            "gpu-gov: the wall clock stepped by %+.0f s; times kept as observed",
+            delta.total_seconds(),
+        )
+        rows = list(self.rows.values())
+        for row in rows:
+            set_record(row, clock.shifted(record_of(row), delta))
+            row.warn_at = row.warn_at and row.warn_at + delta
+            row.cull_at = row.cull_at and row.cull_at + delta
+        self.reports = {k: Received(r.report, r.at + delta) for k, r in self.reports.items()}
+        self._checkpoints = {k: clock.shifted(c, delta) for k, c in self._checkpoints.items()}
+        self._shutdowns = {k: clock.shifted(s, delta) for k, s in self._shutdowns.items()}
+        self._interrupts = {k: clock.shifted(s, delta) for k, s in self._interrupts.items()}
+        for session in self.ledger.open.values():
+            session.at += delta
+        if self._usage_written_at is not None:
+            self._usage_written_at += delta
+        if self._dcgm_latest is not None:
+            self._dcgm_latest = clock.shifted(self._dcgm_latest, delta)
+        why = f"the wall clock stepped by {delta.total_seconds():+.0f} s: deadlines, idle times and billed intervals kept as observed"
+        audit = AuditRow(at=clock.utcnow(), action="clock-step", reason=why, actor="governor")
+        self.save_decisions(rows, [audit])
+
+    def _skipped(self, key: str, user: str, error: Exception, batch: _Batch) -> None:
+        """A server whose decision failed: logged, audited (once per distinct error), skipped
+        this pass; the others are decided as usual."""
+        what = f"{type(error).__name__}: {error}"[:500]
+        log.error("gpu-gov: deciding %s failed, skipped this pass: %s", key, what, exc_info=True)
+        if self._failing.get(key) != what:
+            self._failing[key] = what
+            batch.audits.append(
+                AuditRow(
+                    at=clock.utcnow(),
+                    server_key=key,
+                    user=user,
+                    action="error",
+                    reason=f"not decided (skipped until it can be): {what}",
+                    actor="governor",
+                )
+            )
 
     async def redecide(self, key: str) -> None:
         """Decide one server again now (after an extension, approval or exemption), with what
-        the last cycle learnt of the Hub and DCGM, so its verdict shows the new deadline."""
+        the last cycle learnt of the Hub and DCGM, so its verdict shows the new deadline.
+
+        Not behind the pass lock: a pass waiting on a slow Hub must not hold up an owner's
+        answer (the server's request would time out although the extension was granted).
+        Deciding runs without an await, so it never interleaves with a pass's decisions."""
         server = self._servers.get(key)
         if server is None:
             return
-        async with self._cycle:
-            batch = _Batch()
-            self._govern(server, self.rows.get(key), clock.utcnow(), batch)
-            await batch.finish(self)
-            self._save_usage()
+        batch = _Batch()
+        self._govern(server, self.rows.get(key), clock.utcnow(), batch)
+        await batch.finish(self)
+        self._save_usage()
 
     def _govern(
         self, server: HubServer, row: ServerRow | None, now: datetime, batch: _Batch
@@ -427,6 +555,7 @@ class Governor:
         ownership = resolve(
             server.user,
             server.user_options,
+            server.spawner_state,
             server.groups,
             world.teams_by_group,
             self.options.team_map,
@@ -455,20 +584,20 @@ class Governor:
         base = _base_view(server, ownership)
         chosen = policy.select(self.policies, base)  # policies match on who, not on the GPU
         record = self._checkpoint_timeout(row, record, chosen, now, batch.audits)
+        self._distrust(server, key, now, batch)
         view = self._with_gpu(base, chosen, now, row.reports, server)
         received = self.reports.get(key)
         evidence = (
             self._evidence(received.report, world.by_uuid, world.by_pod)
             if received is not None
-            else self._pod_evidence(_pod_of(server))
+            else self._granted_evidence(server)
         )
         failure = self.health.of_server(key, received and received.report, evidence, now)
         cause, confident = cause_of(self.root_cause(key))
         view = evolve(view, cause=cause, cause_confident=confident, excluded=self._excluded(server))
         view, record = self.health.prepare(view, record, failure)
-        decision = self.health.review(
-            policy.decide(view, record, chosen, now), failure, chosen, now
-        )
+        decided = policy.decide(view, record, chosen, now)
+        decision = self.health.review(decided, failure, chosen, now, view.checkpointable)
         flagged = self.health.flag(key, decision.record, now)
         if flagged:
             batch.audits.append(self._audit(row, "gpu-unknown", flagged))
@@ -486,12 +615,35 @@ class Governor:
             batch.audits.append(
                 self._audit(row, "state", f"{before.state} → {decision.state}: {decision.reason}")
             )
-        if decision.actions:  # in order: an interrupt before its checkpoint, a warning first
-            acts = (
-                self._act(a, server, row, decision, chosen, batch.audits) for a in decision.actions
-            )
-            batch.jobs.append(_one_after_another(acts))
+        for action in decision.actions:
+            job = self._act(action, server, row, decision, chosen, batch)
+            if job is not None:
+                batch.jobs.append(job)
+        if before.state == decision.state == policy.CULLED:
+            self._cull_again(server, row, decision, chosen, now, batch)
         return view
+
+    def _cull_again(
+        self,
+        server: HubServer,
+        row: ServerRow,
+        decision: Decision,
+        chosen: Policy,
+        now: datetime,
+        batch: _Batch,
+    ) -> None:
+        """A server still running, ready, long after its cull went on record: the service
+        stopped between recording the cull and carrying it out (or the Hub did not stop it).
+        The cull is carried out again, once every ``CULL_RETRY_AFTER``, never decided anew."""
+        culled_at = record_of(row).culled_at
+        if self.options.dry_run or culled_at is None or now - culled_at < CULL_RETRY_AFTER:
+            return
+        set_record(row, replace(record_of(row), culled_at=now))
+        batch.changed.append(row)
+        why = f"{row.reason} (still running {format_duration(now - culled_at)} later: asked again)"
+        audit = self._audit(row, "cull-retry", why, details={"cull_action": chosen.cull_action})
+        batch.audits.append(audit)
+        batch.jobs.append(self._carry_out_cull(server, row, decision, chosen, audit, batch))
 
     # -- the usage ledger -----------------------------------------------------------------------
 
@@ -546,8 +698,71 @@ class Governor:
     def record(self, audits: Sequence[AuditRow]) -> None:
         """Store audit rows; culls and extensions also count in the usage ledger."""
         self.store.audit(audits)
+        self._count(audits)
+        self._save_usage()
+
+    def save_decisions(self, rows: Sequence[ServerRow], audits: Sequence[AuditRow]) -> bool:
+        """A pass's decisions and their audit rows, on record before any is acted on. False
+        when the store cannot take them: nothing is acted on, and what this service holds in
+        memory is dropped, so the next pass decides again from what the store has."""
+        try:
+            self.store.save(rows, audits)
+        except StoreUnavailable as error:
+            log.error("gpu-gov: %s; acting on nothing until it can be written", error)
+            metrics.STORE_ERRORS.inc()
+            self._rows = None
+            self._store_down_until = time.monotonic() + STORE_RETRY_AFTER
+            return False
+        self._count(audits)
+        self._save_usage()
+        return True
+
+    def save_outcomes(
+        self, rows: Sequence[ServerRow], audits: Sequence[AuditRow], completed: Sequence[AuditRow]
+    ) -> None:
+        """What the actions came to: a cull's outcome on its audit row, a failed cull's row."""
+        try:
+            self.store.save(rows, audits, updated_audits=completed)
+        except StoreUnavailable as error:  # done, and its decision is on record: say so
+            log.error(
+                "gpu-gov: %s; the outcome of %d action(s) is not on record",
+                error,
+                len(completed) + len(audits),
+            )
+            metrics.STORE_ERRORS.inc()
+            self._rows = None
+        self._count(completed)
+
+    def _commit(
+        self,
+        row: ServerRow,
+        record: Record,
+        audits: Sequence[AuditRow],
+        *,
+        extensions: Sequence[ExtensionRow] = (),
+        updated_extensions: Sequence[ExtensionRow] = (),
+        cull_reason: str | None = None,
+    ) -> None:
+        """A person's request, all or nothing: the row's new record, its audit row and any
+        extension requests, in one transaction. If the store cannot take it, the row stays as
+        it was and ``StoreUnavailable`` says why; nothing was changed or done."""
+        before, before_reason = record_of(row), row.cull_reason
+        set_record(row, record)
+        row.cull_reason = cull_reason or row.cull_reason
+        try:
+            self.store.save([row], audits, extensions, updated_extensions=updated_extensions)
+        except StoreUnavailable:
+            metrics.STORE_ERRORS.inc()
+            set_record(row, before)
+            row.cull_reason = before_reason
+            raise
+        self._count(audits)
+        self._save_usage()
+
+    def _count(self, audits: Sequence[AuditRow]) -> None:
+        """Culls (once done: their row has its outcome) and extensions count in the ledger."""
         for row in audits:
-            if row.dry_run:
+            if row.dry_run or (row.action == "cull" and "outcome" not in (row.details or {})):
                 continue
             name = _LEDGER_EVENTS.get(row.action)
             if name == "extensions" and not row.reason.startswith(("granted", "extension app")):
@@ -562,7 +777,6 @@ class Governor:
                 server_row.tier or "",
             )
             self.ledger.event(row.server_key, owner, row.at, name)
-        self._save_usage()
 
     def flush_usage(self) -> None:
         """Write what the ledger has accrued: before anyone reads the usage, and at stop."""
@@ -573,9 +787,15 @@ class Governor:
         last = self._usage_written_at
         if not force and last is not None and now - last < self.options.usage_write_every:
             return
-        self._usage_written_at = now
         deltas, sessions = self.ledger.drain()
-        self.store.save_usage(deltas, sessions)
+        try:
+            self.store.save_usage(deltas, sessions)
+        except StoreUnavailable as error:  # kept for the next write
+            log.error("gpu-gov: %s; the usage ledger is written later", error)
+            metrics.STORE_ERRORS.inc()
+            self.ledger.give_back(deltas, sessions)
+            return
+        self._usage_written_at = now
         counters = {}  # (team, state) -> its series: labels() costs 3 µs, a bucket a server
         for (_, owner), values in deltas.items():
             for state in _BILLED:
@@ -599,6 +819,20 @@ class Governor:
         elif task is None and self._dcgm_latest is None:
             self._dcgm_latest = await self.dcgm.fetch()
         return self._dcgm_latest
+
+    def _fresh(self, snapshot: DcgmSnapshot | None) -> DcgmSnapshot | None:
+        """The snapshot, or none of its evidence once older than ``dcgm_max_age`` (a read
+        still under way, or stuck): stale DCGM is unknown, never idle."""
+        if snapshot is None or not snapshot.evidence:
+            return snapshot
+        age = timedelta(seconds=snapshot.age_s)
+        if age <= self.options.dcgm_max_age:
+            return snapshot
+        error = (
+            f"DCGM evidence read at {clock.isoformat(snapshot.fetched_at)} is "
+            f"{format_duration(age)} old, past dcgm_max_age: every GPU is unknown to DCGM"
+        )
+        return replace(snapshot, evidence=(), errors=(*snapshot.errors, error))
 
     async def background_done(self) -> None:
         """Wait for the work a pass leaves running (the next DCGM read)."""
@@ -669,28 +903,56 @@ class Governor:
         """The view with what the server's report (and DCGM) say about its GPU (``server``:
         where DCGM may see its pod)."""
         received = self.reports.get(base.key)
+        pending = self._shutdowns.get(base.key)
+        if (
+            pending is not None
+            and received is not None
+            and not pending.answered_by(received.report)
+        ):
+            # Asked to shut its GPU kernels down, it has not yet: unknown until it does, or
+            # until the request lapses (outbound.forget_answered) and the policy starts over.
+            waiting = policy.GpuSignal(
+                holds_gpu=True, active=None, detail="waiting for the server to shut kernels down"
+            )
+            return evolve(base, reports=True, gpu=waiting)
         if received is None and reported:
             # It reported before (this service restarted): unknown until the next report.
             waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
             return evolve(base, reports=True, gpu=waiting, reachable=False)
+        granted = trusted.Granted.of(server.spawner_state) if server else None
+        evidence = granted.evidence(self._world.by_uuid, self._world.by_pod) if granted else []
         if received is None:
-            # No extension (or no report yet): DCGM alone where it sees the server's pod,
+            # No extension (or no report yet): DCGM alone where it sees the server's GPUs,
             # else jupyterhub-idle-culler's rule.
-            dcgm = self._dcgm_only(_pod_of(server) if server else None, chosen, base.key)
+            dcgm = self._dcgm_only(evidence, chosen)
             return base if dcgm is None else evolve(base, gpu=dcgm)
         report = received.report
         stale = now - received.at > self.options.report_stale_after
         if stale:
             since = f"{received.at:%Y-%m-%d %H:%M} UTC"  # a time, so the reason stays put
             gpu = policy.GpuSignal(holds_gpu=True, active=None, detail=f"no report since {since}")
+        elif self._distrusted.get(base.key):
+            # Its report contradicts the Hub's records: not believed. DCGM alone on the GPUs
+            # the records name, else as a server that sends no report (the Hub's activity).
+            dcgm = self._dcgm_only(evidence, chosen, "its report is not believed")
+            return evolve(base, reports=True, gpu=dcgm)
         else:
             gpu = gpu_signal(
                 report, idle_threshold=chosen.idle_threshold, cull_action=chosen.cull_action
             )
-            world = self._world
-            trusted = self._trusted_activity(report, chosen, world.by_uuid, world.by_pod)
-            if trusted is not None and gpu.holds_gpu:
-                active, disagreement = policy.merge_evidence(gpu.active, trusted)
+            if granted is not None:
+                # The records' GPUs: DCGM's word on them is final, busy or idle; an allocation
+                # is held whatever the report says of contexts (stop-server).
+                dcgm = self._dcgm_activity(evidence, chosen)
+                allocated = bool(evidence) and chosen.cull_action == "stop-server"
+                gpu = evolve(gpu, holds_gpu=gpu.holds_gpu or allocated)
+            else:
+                # GPUs named by the report alone: DCGM can prove them idle, never busy.
+                world = self._world
+                dcgm = self._dcgm_activity(self._evidence(report, world.by_uuid, {}), chosen)
+                dcgm = None if dcgm else dcgm
+            if dcgm is not None and gpu.holds_gpu:
+                active, disagreement = policy.merge_evidence(gpu.active, dcgm)
                 detail = "DCGM" + (f": {disagreement}" if disagreement else "")
                 gpu = evolve(gpu, active=active, detail=detail)
         return evolve(
@@ -698,76 +960,47 @@ class Governor:
             reports=True,
             gpu=gpu,
             user_last_activity=user_last_activity(report),
-            reachable=not stale and self.reaches_servers,
+            reachable=not stale,  # a fresh report: its verdict carries requests back
         )
 
-    @property
-    def reaches_servers(self) -> bool:
-        """Whether the service can call user servers (checkpoints, interrupts): a proxy URL,
-        and the access:servers scope."""
-        return bool(self.options.proxy_url) and "access:servers" not in (self.missing_scopes or ())
+    def _distrust(self, server: HubServer, key: str, now: datetime, batch: _Batch) -> None:
+        """Check the server's fresh report against the Hub's records of its GPUs; when it
+        contradicts them it is not believed, and the audit trail says why (once per change)."""
+        received = self.reports.get(key)
+        granted = trusted.Granted.of(server.spawner_state)
+        found: list[str] = []
+        if received is not None and granted is not None:
+            evidence = granted.evidence(self._world.by_uuid, self._world.by_pod)
+            found = trusted.contradictions(received.report, granted, evidence)
+        before = self._distrusted.get(key, [])
+        if found != before and found:
+            why = "report not believed: " + "; ".join(found)
+            batch.audits.append(
+                AuditRow(
+                    at=now,
+                    server_key=key,
+                    user=server.user,
+                    action="report-distrusted",
+                    reason=why[:2000],
+                    actor="governor",
+                )
+            )
+            log.warning("gpu-gov: %s: %s", key, why)
+        if found:
+            self._distrusted[key] = found
+        else:
+            self._distrusted.pop(key, None)
 
     def _dcgm_only(
-        self, pod: tuple[str | None, str] | None, chosen: Policy, key: str = ""
+        self, evidence: list[GpuEvidence], chosen: Policy, why: str = "no report"
     ) -> policy.GpuSignal | None:
-        """A server without the extension, as DCGM sees its pod's GPUs (None: it does not).
-        DCGM sees the card, not the kernels: while its GPU idles the server's Jupyter API
-        says which kernels execute (``_read_cells``); without that answer the policy assumes
-        a cell may be running."""
-        evidence = self._pod_evidence(pod)
+        """A server as DCGM alone sees its GPUs (None: it does not). DCGM sees the card, not
+        the kernels: the policy assumes a cell may be running."""
         if not evidence:
             return None
         active = self._dcgm_activity(evidence, chosen)
-        detail = "DCGM, no report" if active is not None else "DCGM, no report: no activity data"
-        if active is False and key in self._cells:
-            busy = self._cells[key]
-            return policy.GpuSignal(True, False, kernel_busy_since=busy, detail=detail)
+        detail = f"DCGM, {why}" + ("" if active is not None else ": no activity data")
         return policy.GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
-
-    async def _read_cells(self) -> None:
-        """For servers without the extension whose GPU DCGM saw idle last pass, whether a
-        kernel executes a cell: the kernel's execution state, from the server's own Jupyter
-        API (``GET api/kernels``), as the extension would report it. One request per such
-        server and pass; an answer missing or late leaves the cell unseen (assumed)."""
-        if not self.reaches_servers:
-            return
-        due = [
-            (key, server)
-            for key, server in self._servers.items()
-            if key not in self.reports
-            and (row := self.rows.get(key)) is not None
-            and row.state in (policy.IDLE, policy.BUSY, policy.WARNED)
-            and not row.reports
-        ]
-        answers = await asyncio.gather(*(self._kernels_busy(s) for _, s in due))
-        now = clock.utcnow()
-        cells = {}
-        for (key, _), busy in zip(due, answers, strict=True):
-            if busy is not None:
-                cells[key] = (self._cells.get(key) or now) if busy else None
-        self._cells = cells
-
-    async def _kernels_busy(self, server: HubServer) -> bool | None:
-        try:
-            kernels = await self._server_request(server.url, "api/kernels", "GET", timeout=5)
-        except Exception as error:  # no answer: the cell stays unseen
-            log.debug("gpu-gov: no kernels from %s: %s", server.full_name, error)
-            return None
-        if not isinstance(kernels, list):
-            return None
-        return any(isinstance(k, Mapping) and k.get("execution_state") == "busy" for k in kernels)
-
-    def _pod_evidence(self, pod: tuple[str | None, str] | None) -> list[GpuEvidence]:
-        """DCGM's records of a pod's GPUs (with or without its namespace in DCGM's labels)."""
-        if pod is None:
-            return []
-        by_pod = self._world.by_pod
-        return by_pod.get(pod) or by_pod.get((None, pod[1])) or []
-
-    def _trusted_activity(self, report: dict, chosen: Policy, by_uuid, by_pod) -> bool | None:
-        """DCGM's word on this server's GPUs: True if any is busy, False if all are idle,
-        None when DCGM does not know them."""
-        return self._dcgm_activity(self._evidence(report, by_uuid, by_pod), chosen)
 
     def _dcgm_activity(self, evidence: list[GpuEvidence], chosen: Policy) -> bool | None:
         verdicts = [
@@ -789,12 +1022,7 @@ class Governor:
         if not evidence:
             for device in report["devices"]:
                 uuid = device.get("parent_uuid") or device["uuid"]
-                candidates = by_uuid.get(uuid, ())
-                if device.get("mig_profile"):
-                    candidates = [e for e in candidates if e.mig_profile == device["mig_profile"]]
-                else:
-                    candidates = [e for e in candidates if e.mig_profile is None]
-                evidence += candidates
+                evidence += trusted.device_evidence(by_uuid, uuid, device.get("mig_profile"))
         return evidence
 
     def health_view(self) -> dict:
@@ -803,7 +1031,8 @@ class Governor:
         view = self.health.admin_view(now, self.rows)
         by_pod = {}
         for key, server in self._servers.items():
-            pod = _pod_of(server)
+            granted = trusted.Granted.of(server.spawner_state)
+            pod = granted.pod if granted is not None else None
             if pod is not None:
                 by_pod[pod] = by_pod[(None, pod[1])] = key
         for gpu in view["gpus"]:
@@ -890,26 +1119,33 @@ class Governor:
 
     # -- actions ------------------------------------------------------------------------------
 
-    async def _act(
+    def _act(
         self,
         action: str,
         server: HubServer,
         row: ServerRow,
         decision: Decision,
         chosen: Policy,
-        audits: list[AuditRow],
-    ) -> None:
+        batch: _Batch,
+    ):
+        """Put an action on record (``batch.audits``, written before anything is done); return
+        the coroutine that carries it out, if it is more than its record (a cull)."""
         dry = self.options.dry_run
+        audits = batch.audits
         if action in WARNINGS or action in NOTICES:
             if action in WARNINGS:
                 metrics.WARNINGS.inc()
             why = decision.notice or decision.reason
             audits.append(self._audit(row, action, why, dry_run=dry))
         elif action == INTERRUPT:
+            # Asked in the server's verdict, before its checkpoint (hub/outbound.py).
             kernels = self._busy_gpu_kernels(row.key)
-            details = {"kernels": kernels}
+            details = {"kernels": list(kernels)}
             if not dry:
-                details["outcome"] = await self._interrupt(server, row.key, kernels)
+                self._interrupts[row.key] = outbound.KernelRequest(
+                    outbound.INTERRUPT, kernels, clock.utcnow(), decision.reason
+                )
+                details["outcome"] = f"asked the server to interrupt {len(kernels)} kernel(s)"
             audits.append(self._audit(row, action, decision.reason, dry_run=dry, details=details))
         elif action == CHECKPOINT:
             audits.append(self._audit(row, "checkpoint", decision.reason, dry_run=dry))
@@ -918,8 +1154,7 @@ class Governor:
                 self._checkpoints[row.key] = CheckpointResult(
                     "done", {"dry_run": True}, requested_at, dry_run=True
                 )
-            else:
-                self._spawn(self._checkpoint(row.key, server, chosen, decision))
+            # Else the verdict asks the server (hub/outbound.py); its report brings the result.
         elif action == CULL:
             # The checkpoint of this deadline, if one was taken (not one of an earlier stretch).
             checkpointed = decision.record.checkpoint_status in ("done", "failed", "timeout")
@@ -933,41 +1168,54 @@ class Governor:
                 "checkpoint_path": fields["path"],
                 "policy": chosen.name,
             }
-            if dry:
-                audits.append(
-                    self._audit(row, "cull", decision.reason, dry_run=True, details=details)
+            audit = self._audit(row, "cull", decision.reason, dry_run=dry, details=details)
+            audits.append(audit)
+            if not dry:
+                return self._carry_out_cull(server, row, decision, chosen, audit, batch)
+        return None
+
+    async def _carry_out_cull(
+        self,
+        server: HubServer,
+        row: ServerRow,
+        decision: Decision,
+        chosen: Policy,
+        audit: AuditRow,
+        batch: _Batch,
+    ) -> None:
+        """The cull whose decision and audit row are on record; its outcome goes on that row."""
+        # Counted first: shutting kernels down drops the server's report.
+        gpus = self._gpus_held(row.key, server)
+        try:
+            outcome = await self._cull(server, row, chosen)
+        except Exception as error:  # recorded, retried next cycle
+            log.error("gpu-gov: cull of %s failed: %s", row.key, error)
+            set_record(row, replace(record_of(row), state=policy.WARNED, culled_at=None))
+            batch.after.append(row)
+            batch.outcomes.append(
+                self._audit(
+                    row, "cull-failed", f"{decision.reason}; {error}", details=audit.details
                 )
-                return
-            # Counted first: shutting kernels down drops the server's report.
-            gpus = self._gpus_held(row.key, server)
-            try:
-                details["outcome"] = await self._cull(server, row, chosen)
-            except Exception as error:  # recorded, retried next cycle
-                log.error("gpu-gov: cull of %s failed: %s", row.key, error)
-                set_record(row, replace(record_of(row), state=policy.WARNED, culled_at=None))
-                audits.append(
-                    self._audit(row, "cull-failed", f"{decision.reason}; {error}", details=details)
-                )
-                return
-            metrics.CULLS.labels(decision.cull_reason or "gpu-idle", chosen.cull_action).inc()
-            if decision.cull_reason == "gpu-idle":
-                metrics.GPUS_RECLAIMED.inc(gpus)
-            audits.append(self._audit(row, "cull", decision.reason, details=details))
+            )
+            return
+        audit.details = {**audit.details, "outcome": outcome}
+        batch.completed.append(audit)
+        batch.after.append(row)
+        metrics.CULLS.labels(decision.cull_reason or "gpu-idle", chosen.cull_action).inc()
+        if decision.cull_reason == "gpu-idle":
+            metrics.GPUS_RECLAIMED.inc(gpus)
 
     async def _cull(self, server: HubServer, row: ServerRow, chosen: Policy) -> str:
         if chosen.cull_action == "shutdown-kernels" and row.key in self.reports:
-            report = self.reports[row.key].report
-            kernels = [
-                t["id"]
-                for t in report["targets"]
-                if t["kind"] == "kernel" and t["gpu"]["holds_context"]
-            ]
-            for kernel_id in kernels:
-                await self._server_request(server.url, f"api/kernels/{kernel_id}", "DELETE")
+            # Asked in the server's verdict: the governor never calls a user's server.
+            kernels = outbound.kernels_on_gpu(self.reports[row.key].report)
+            self._shutdowns[row.key] = outbound.KernelRequest(
+                outbound.SHUTDOWN, kernels, clock.utcnow(), row.reason
+            )
             # The server keeps running without a GPU: start over with a fresh record.
             set_record(row, replace(Record(), reason=f"kernels shut down: {row.reason}"))
             self.reports.pop(row.key, None)
-            return f"shut down {len(kernels)} kernel(s)"
+            return f"asked the server to shut down {len(kernels)} kernel(s)"
         remove = self.options.remove_named_servers and bool(server.name)
         # As jupyterhub-idle-culler: the user goes too once none of their servers runs, if
         # inactive (or created) long enough as the Hub saw them before the stop (a stop is
@@ -1019,91 +1267,30 @@ class Governor:
         except HubApiError as error:  # tried again next pass
             log.error("gpu-gov: culling inactive users failed: %s", error)
 
-    def _busy_gpu_kernels(self, key: str) -> list[str]:
+    def _busy_gpu_kernels(self, key: str) -> tuple[str, ...]:
         """The kernels holding a GPU that the server's last report shows executing a cell."""
         received = self.reports.get(key)
         if received is None:
-            return []
-        return [
+            return ()
+        return tuple(
             t["id"]
             for t in received.report["targets"]
             if t["kind"] == "kernel"
             and t["gpu"]["holds_context"]
             and t.get("execution_state") == "busy"
-            and KERNEL_ID.fullmatch(t["id"])
-        ]
+        )
 
-    async def _interrupt(self, server: HubServer, key: str, kernels: list[str]) -> str:
-        """Interrupt the running cells (the busy limit): the kernels and their state stay."""
-        done = []
-        for kernel_id in kernels:
-            try:
-                await self._server_request(
-                    server.url, f"api/kernels/{quote(kernel_id, safe='')}/interrupt", "POST"
-                )
-                done.append(kernel_id)
-            except Exception as error:  # on record; the busy limit culls if the cell runs on
-                log.warning(
-                    "gpu-gov: interrupting kernel %s of %s failed: %s", kernel_id, key, error
-                )
-        return f"interrupted {len(done)} of {len(kernels)} kernel(s)"
+    def _granted_evidence(self, server: HubServer) -> list[GpuEvidence]:
+        """DCGM's records of the GPUs the Hub's records give a server (none without them)."""
+        granted = trusted.Granted.of(server.spawner_state)
+        return granted.evidence(self._world.by_uuid, self._world.by_pod) if granted else []
 
     def _gpus_held(self, key: str, server: HubServer) -> int:
         """The GPUs a server holds: its report's devices, else DCGM's records of its pod."""
         received = self.reports.get(key)
         if received is not None:
             return len(received.report["devices"])
-        return len(self._pod_evidence(_pod_of(server)))
-
-    async def _checkpoint(
-        self, key: str, server: HubServer, chosen: Policy, decision: Decision
-    ) -> None:
-        """Ask the server for a checkpoint and keep its answer for the next pass; the answer
-        carries the time of this request, so it never settles a later one."""
-        timeout = chosen.checkpoint_timeout.total_seconds()
-        requested_at = decision.record.checkpoint_requested_at
-        try:
-            body = await self._server_request(
-                server.url,
-                "jupyter-gpu-gov/checkpoint",
-                "POST",
-                {
-                    "reason": decision.reason,
-                    "cull_reason": decision.cull_reason,
-                    "source": "governor",
-                },
-                timeout=timeout,
-            )
-            status = "done" if body.get("status") == "done" else "failed"
-            self._checkpoints[key] = CheckpointResult(status, body, requested_at)
-        except Exception as error:
-            log.warning("gpu-gov: checkpoint of %s failed: %s", key, error)
-            failed = {"error": f"request failed: {error}"}
-            self._checkpoints[key] = CheckpointResult("failed", failed, requested_at)
-
-    async def _server_request(
-        self, server_url: str, path: str, method: str, body=None, timeout: float = 30.0
-    ) -> dict:
-        """Call a user's server through the proxy with the service's own token."""
-        url = f"{self.options.proxy_url.rstrip('/')}{server_url}{path}"
-        request = HTTPRequest(
-            url,
-            method=method,
-            headers={
-                "Authorization": f"token {self.options.service_token}",
-                "Content-Type": "application/json",
-            },
-            body=None if body is None and method != "POST" else json.dumps(body or {}),
-            request_timeout=timeout,
-            follow_redirects=False,
-        )
-        try:
-            response = await self.http.fetch(request)
-        except HTTPClientError as error:
-            if method == "DELETE" and error.code == 404:
-                return {}  # already gone
-            raise
-        return json.loads(response.body) if response.body else {}
+        return len(self._granted_evidence(server))
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -1137,30 +1324,20 @@ class Governor:
         row = self._row(key)
         chosen = self.policy_named(row.policy)
         outcome = policy.extend(record_of(row), chosen, reason)
-        if outcome.status != "refused":
-            set_record(row, outcome.record)
-            self.store.save_servers([row])
         seconds = chosen.extension_step.total_seconds() if outcome.status == "granted" else 0
-        self.store.add_extension(
-            ExtensionRow(
-                server_key=key,
-                requested_by=actor,
-                requested_at=clock.utcnow(),
-                seconds=seconds,
-                reason=reason or "",
-                status=outcome.status,
-            )
+        request = ExtensionRow(
+            server_key=key,
+            requested_by=actor,
+            requested_at=clock.utcnow(),
+            seconds=seconds,
+            reason=reason or "",
+            status=outcome.status,
         )
-        self.record(
-            [
-                self._audit(
-                    row,
-                    "extend",
-                    f"{outcome.status}: {outcome.message}; reason: {reason or '-'}",
-                    actor=actor,
-                )
-            ]
-        )
+        why = f"{outcome.status}: {outcome.message}; reason: {reason or '-'}"
+        audit = self._audit(row, "extend", why, actor=actor)
+        # A refused request changes nothing but is on record; a granted or pending one, all of
+        # it or none (a store failure must not use an extension up without granting it).
+        self._commit(row, outcome.record, [audit], extensions=[request])
         metrics.EXTENSIONS.labels(outcome.status).inc()
         await self.redecide(key)
         code = {"granted": 200, "pending": 202, "refused": 409}[outcome.status]
@@ -1180,25 +1357,19 @@ class Governor:
         chosen = self.policy_named(row.policy)
         seconds = seconds if seconds is not None else chosen.extension_step.total_seconds()
         record = policy.approve(record_of(row), seconds) if approve else policy.deny(record_of(row))
-        set_record(row, record)
-        self.store.save_servers([row])
         for extension in pending:
             extension.status = "approved" if approve else "denied"
             extension.decided_by, extension.decided_at = actor, clock.utcnow()
             extension.decision_reason = reason
             extension.seconds = seconds if approve else 0
-            self.store.update_extension(extension)
         what = f"approved {format_duration(seconds)}" if approve else "denied"
-        self.record(
-            [
-                self._audit(
-                    row,
-                    "approve" if approve else "deny",
-                    f"extension {what}; reason: {reason}",
-                    actor=actor,
-                )
-            ]
+        audit = self._audit(
+            row,
+            "approve" if approve else "deny",
+            f"extension {what}; reason: {reason}",
+            actor=actor,
         )
+        self._commit(row, record, [audit], updated_extensions=pending)
         await self.redecide(key)
         return {"status": "approved" if approve else "denied", "verdict": self.verdict(key)}
 
@@ -1207,10 +1378,10 @@ class Governor:
         record = replace(record_of(row), exempt_until=until)
         if until is not None:  # the extensions the owner used stay on record
             record = replace(record.exempted(), exempt_until=until, state=policy.EXEMPT)
-        set_record(row, record)
-        self.store.save_servers([row])
         what = f"exempt until {clock.isoformat(until)}" if until else "exemption lifted"
-        self.record([self._audit(row, "exempt", f"{what}; reason: {reason}", actor=actor)])
+        self._commit(
+            row, record, [self._audit(row, "exempt", f"{what}; reason: {reason}", actor=actor)]
+        )
         await self.redecide(key)
         return {"status": "exempt" if until else "governed", "verdict": self.verdict(key)}
 
@@ -1235,24 +1406,29 @@ class Governor:
                 cull_request_reason="admin",
                 cull_request_why=why,
             )
-            set_record(row, record)
-            self.store.save_servers([row])
-            self.record([self._audit(row, "cull-request", why, actor=actor)])
+            self._commit(row, record, [self._audit(row, "cull-request", why, actor=actor)])
             await self.redecide(key)
             status = "culled" if row.state == policy.CULLED else "requested"
             return {"status": status, "verdict": self.verdict(key)}
         server = self._servers.get(key) or HubServer(user=user, name=name)
         why += " (immediately, no checkpoint)"
-        outcome = await self._cull(server, row, chosen)
+        # On record before it is done (then its outcome), like the pass's culls.
+        before = record_of(row)
+        culled = replace(before, state=policy.CULLED, culled_at=clock.utcnow(), reason=why)
+        audit = self._audit(row, "cull", why, actor=actor, details={})
+        self._commit(row, culled, [audit], cull_reason="admin")
+        try:
+            outcome = await self._cull(server, row, chosen)
+        except Exception as error:
+            set_record(row, before)
+            failed = self._audit(row, "cull-failed", f"{why}; {error}", actor=actor)
+            self.save_outcomes([row], [failed], [])
+            raise
         if chosen.cull_action == "stop-server":  # shutdown-kernels already started it afresh
-            set_record(
-                row,
-                replace(record_of(row), state=policy.CULLED, culled_at=clock.utcnow(), reason=why),
-            )
-        row.cull_reason = "admin"
-        self.store.save_servers([row])
+            set_record(row, culled)
+        audit.details = {"outcome": outcome}
+        self.save_outcomes([row], [], [audit])
         metrics.CULLS.labels("admin", chosen.cull_action).inc()
-        self.record([self._audit(row, "cull", why, actor=actor, details={"outcome": outcome})])
         return {"status": outcome, "verdict": self.verdict(key)}
 
     async def stop_by_owner(self, key: str, actor: str, reason: str) -> dict:
@@ -1261,12 +1437,10 @@ class Governor:
         row = self._row(key)
         user, name = key.split("/", 1)
         why = f"stopped by {actor}" + (f": {reason}" if reason else "")
-        set_record(
-            row, replace(record_of(row), state=policy.CULLED, culled_at=clock.utcnow(), reason=why)
+        stopped = replace(record_of(row), state=policy.CULLED, culled_at=clock.utcnow(), reason=why)
+        self._commit(
+            row, stopped, [self._audit(row, "stop", why, actor=actor)], cull_reason="owner"
         )
-        row.cull_reason = "owner"
-        self.store.save_servers([row])
-        self.record([self._audit(row, "stop", why, actor=actor)])
         self._spawn(self._stop_quietly(key, user, name))
         return {"status": "stopping", "verdict": self.verdict(key)}
 
@@ -1301,10 +1475,6 @@ _BILLED = (*ledger.STATES, ledger.UNOBSERVED)  # what GPU_SECONDS counts, by sta
 OPTIONAL_SCOPES = {
     "list:groups": "teams are not read from Hub groups (only from user_options and team_map)",
     "read:users": "admin flags and group membership are unknown",
-    "access:servers": (
-        "servers are not asked for a checkpoint before a cull, running cells are not "
-        "interrupted at the busy limit, and shutdown-kernels policies cannot act"
-    ),
     "admin:server_state": "servers without the extension cannot be matched to DCGM's pods",
 }
 REQUIRED_SCOPES = ("list:users", "read:servers", "delete:servers")
@@ -1324,11 +1494,6 @@ _SCOPE_PARENTS = {
 def _holds(scopes: Sequence[str], scope: str) -> bool:
     """Whether ``scopes`` grant ``scope`` unfiltered (``access:servers!server=…`` does not)."""
     return scope in scopes or any(p in scopes for p in _SCOPE_PARENTS.get(scope, ()))
-
-
-async def _one_after_another(coroutines) -> None:
-    for coroutine in coroutines:
-        await coroutine
 
 
 def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:
@@ -1359,16 +1524,6 @@ def _device_share(device: Mapping) -> float:
     profile = device.get("mig_profile") or ""
     head = profile.split("g.", 1)[0]
     return round(int(head) / 7, 4) if head.isdigit() else 1.0
-
-
-def _pod_of(server: HubServer) -> tuple[str | None, str] | None:
-    """(namespace, pod) as KubeSpawner keeps them in its state (read with admin:server_state);
-    None for other spawners, or without the scope."""
-    state = server.spawner_state or {}
-    pod, namespace = state.get("pod_name"), state.get("namespace")
-    if not isinstance(pod, str) or not pod:
-        return None
-    return (namespace if isinstance(namespace, str) else None), pod
 
 
 def _base_view(server: HubServer, ownership) -> ServerView:
@@ -1534,7 +1689,7 @@ GRANTED_TIER = "gpu-gov/tier"  # profiles.spawner.TIER: the spawn was admitted t
 def _queued_for_a_gpu(server: HubServer, now: datetime) -> bool:
     """A spawn admitted to a GPU tier that the Hub has been starting for a while: it waits for
     a GPU to be placed (a spawn without a tier is not waiting for a GPU)."""
-    tier = server.user_options.get(GRANTED_TIER)
+    tier = grant.labels(server.spawner_state).get(GRANTED_TIER)
     return (
         server.pending == "spawn"
         and isinstance(tier, str)

@@ -8,23 +8,42 @@ which a single-user server's own token never has.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
+from tornado.log import app_log
 
 from ..core import clock, policy
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from . import metrics, showback
 from .reconcile import Governor, server_key
+from .store import StoreUnavailable
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 # Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
 # (admin-ui: what a Hub admin's login to the dashboard carries; only Hub admins hold it.)
 HUB_ADMIN_SCOPES = {"admin:servers", "admin:users", "admin-ui"}
-MAX_REPORT_BYTES = 1024 * 1024
+# A real report is a few kB (about 600 bytes a GPU process): this bounds what one report, and
+# so one server, can make the governor hold.
+MAX_REPORT_BYTES = 256 * 1024
+MAX_BODY_BYTES = 1024 * 1024  # any request; a larger one is refused before it is read
+MAX_TEXT = 2000  # characters of a reason
+MAX_AUDIT_ROWS = 5000
+EXTENSION_STATUSES = ("granted", "pending", "approved", "denied", "refused")
+
+
+def error_message(reason: str, kwargs: dict) -> str:
+    """What went wrong, in words: an ``HTTPError``'s message, the store's, else the reason."""
+    error = kwargs.get("exc_info", (None, None, None))[1]
+    if isinstance(error, web.HTTPError) and error.log_message:
+        return error.log_message % error.args if error.args else error.log_message
+    if isinstance(error, StoreUnavailable):
+        return f"{error}. Nothing was changed; try again."
+    return reason
 
 
 class PreparedHubOAuth(HubOAuth):
@@ -56,8 +75,10 @@ class ApiHandler(HubOAuthenticated, web.RequestHandler):
         await self.hub_auth.get_user(self, sync=False)
 
     def check_xsrf_cookie(self):
-        # Token requests need no XSRF check; browser (cookie) writes do.
-        if not self.request.headers.get("Authorization"):
+        # A request the Hub authenticated by its token needs no XSRF check; every other write
+        # does, whatever headers it carries: HubAuth falls back on the login cookie when a
+        # token is bogus, so "has an Authorization header" proves nothing.
+        if not getattr(self, "_token_authenticated", False):
             super().check_xsrf_cookie()
 
     @property
@@ -90,6 +111,8 @@ class ApiHandler(HubOAuthenticated, web.RequestHandler):
             data = json.loads(self.request.body)
         except ValueError as error:
             raise web.HTTPError(400, f"the body is not JSON: {error}") from None
+        except RecursionError:
+            raise web.HTTPError(400, "the body is not JSON we read: nested too deeply") from None
         if not isinstance(data, dict):
             raise web.HTTPError(400, "the body must be a JSON object")
         return data
@@ -100,6 +123,8 @@ class ApiHandler(HubOAuthenticated, web.RequestHandler):
             raise web.HTTPError(400, f"'{key}' must be a string")
         if required and not value.strip():
             raise web.HTTPError(400, f"'{key}' is required")
+        if len(value) > MAX_TEXT:
+            raise web.HTTPError(400, f"'{key}' may be at most {MAX_TEXT} characters")
         return value.strip()
 
     def write_json(self, data: Any, status: int = 200) -> None:
@@ -107,12 +132,17 @@ class ApiHandler(HubOAuthenticated, web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(data))
 
+    def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, StoreUnavailable) and not self._finished:
+            # All or nothing: the request changed nothing. A 503 says so (not a 500).
+            app_log.error("gpu-gov: %s %s: %s", self.request.method, self.request.path, e)
+            self.send_error(503, exc_info=sys.exc_info())
+            return
+        super()._handle_request_exception(e)
+
     def write_error(self, status_code: int, **kwargs):
-        message = self._reason
-        error = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(error, web.HTTPError) and error.log_message:
-            message = error.log_message % error.args if error.args else error.log_message
         self.set_header("Content-Type", "application/json")
+        message = error_message(self._reason, kwargs)
         self.finish(json.dumps({"status": status_code, "message": message}))
 
     def server_row(self, user: str, name: str):
@@ -127,7 +157,7 @@ class ReportsHandler(ApiHandler):
     """``POST api/reports``: a server's report in, its verdict out."""
 
     @web.authenticated
-    def post(self):
+    async def post(self):
         if len(self.request.body) > MAX_REPORT_BYTES:
             metrics.REPORTS.labels("invalid").inc()
             raise web.HTTPError(413, f"a report may be at most {MAX_REPORT_BYTES} bytes")
@@ -141,6 +171,12 @@ class ReportsHandler(ApiHandler):
         if model.get("kind", "user") != "user" or model["name"] != owner:
             metrics.REPORTS.labels("forbidden").inc()
             raise web.HTTPError(403, f"{self.actor} may not report on a server of {owner}")
+        key = server_key(owner, report["server"].get("name", ""))
+        if not await self.governor.hub_runs(key):
+            metrics.REPORTS.labels("forbidden").inc()
+            raise web.HTTPError(
+                404, f"the Hub runs no server {key}: reports are for servers it runs"
+            )
         metrics.REPORTS.labels("accepted").inc()
         self.write_json({"verdict": self.governor.ingest(report)})
 
@@ -268,6 +304,8 @@ class ExtensionsHandler(ApiHandler):
     def get(self):
         self.require_admin()
         status = self.get_argument("status", None)
+        if status is not None and status not in EXTENSION_STATUSES:
+            raise web.HTTPError(400, f"'status' must be one of {', '.join(EXTENSION_STATUSES)}")
         rows = self.governor.store.extensions(status)
         self.write_json(
             {
@@ -302,10 +340,10 @@ class AuditHandler(ApiHandler):
                 raise web.HTTPError(
                     403, f"only {server.split('/')[0]} or a governor admin may read this"
                 )
-        try:
-            limit = min(int(self.get_argument("limit", "200")), 5000)
-        except ValueError:
-            raise web.HTTPError(400, "'limit' must be a whole number") from None
+        text = self.get_argument("limit", "200")
+        if not text.isdigit() or not 1 <= int(text) <= MAX_AUDIT_ROWS:
+            raise web.HTTPError(400, f"'limit' must be a whole number from 1 to {MAX_AUDIT_ROWS}")
+        limit = int(text)
         rows = self.governor.store.audit_rows(server_key=server, user=user, limit=limit)
         self.write_json(
             {

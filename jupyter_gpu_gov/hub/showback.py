@@ -61,7 +61,7 @@ def parse_when(text: str | None, name: str, now: datetime | None = None) -> date
         if _DATE.match(text):
             return clock.parse(text if "T" in text else f"{text}T00:00:00Z")
         return now - parse_duration(text, f"'{name}'")
-    except ValueError:
+    except (ValueError, OverflowError):
         raise UsageQueryError(
             f"'{name}' must be a date (2025-03-01), an ISO time or a duration back from now "
             f"(7d, 12h); got {text!r}"

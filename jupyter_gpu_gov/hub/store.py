@@ -32,6 +32,8 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -41,6 +43,23 @@ from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Record
 
 SCHEMA_VERSION = 2
+
+
+class StoreUnavailable(RuntimeError):
+    """The store could not be written (locked, full, unreachable): nothing of that write is on
+    record, and the governor acts on nothing it could not record."""
+
+    def __init__(self, url: str, error: Exception):
+        cause = getattr(error, "orig", None) or error
+        super().__init__(f"the governor's database ({safe_url(url)}) is unavailable: {cause}")
+
+
+def safe_url(url: str) -> str:
+    """A database URL without its password, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<the configured db_url>"
 
 
 class Base(DeclarativeBase):
@@ -323,7 +342,10 @@ class Store:
         self.url = url
         kwargs: dict[str, Any] = {"echo": echo, "future": True}
         if url.startswith("sqlite"):
-            kwargs["connect_args"] = {"check_same_thread": False}
+            # The governor is its only writer: a lock held elsewhere (a backup, an admin's
+            # sqlite3) is waited for a second, not five, on the event loop; then the write
+            # fails and nothing is acted on.
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 1.0}
         self.engine = create_engine(url, **kwargs)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -374,11 +396,45 @@ class Store:
         with self.session() as session:
             return session.get(ServerRow, key)
 
+    def save(
+        self,
+        rows: Iterable[ServerRow] = (),
+        audits: Iterable[AuditRow] = (),
+        extensions: Iterable[ExtensionRow] = (),
+        updated_audits: Iterable[AuditRow] = (),
+        updated_extensions: Iterable[ExtensionRow] = (),
+    ) -> None:
+        """Server rows, new audit rows and extension requests, and audit rows and requests
+        that changed since, in one transaction: all of it is on record, or none of it and
+        ``StoreUnavailable`` says why."""
+        rows, audits, extensions = list(rows), list(audits), list(extensions)
+        updated_audits, updated_extensions = list(updated_audits), list(updated_extensions)
+        if not (rows or audits or extensions or updated_audits or updated_extensions):
+            return
+        try:
+            with self._session.begin() as session:
+                saved = self._save_servers(session, rows)
+                session.add_all([*audits, *extensions])
+                for extension in updated_extensions:
+                    session.merge(extension)
+                for row in updated_audits:
+                    session.execute(
+                        update(AuditRow)
+                        .where(AuditRow.id == row.id)
+                        .values(reason=row.reason, details=row.details)
+                    )
+        except DBAPIError as error:
+            raise StoreUnavailable(self.url, error) from error
+        self._stored |= saved
+
     def save_servers(self, rows: Iterable[ServerRow]) -> None:
         """Insert or update rows in bulk: one statement each, not one round trip per row."""
+        self.save(rows)
+
+    def _save_servers(self, session: Session, rows: Iterable[ServerRow]) -> set[str]:
         unique = {row.key: row for row in rows}
         if not unique:
-            return
+            return set()
         now = clock.utcnow()
         values = {}
         for key, row in unique.items():
@@ -387,31 +443,28 @@ class Store:
                 if getattr(row, column) is None:
                     setattr(row, column, default)
             values[key] = {c: getattr(row, c) for c in _SERVER_COLUMNS}
-        with self._session.begin() as session:
-            unknown = [k for k in values if k not in self._stored]
-            if unknown:  # rows of an earlier run, or loaded elsewhere: ask once
-                query = select(ServerRow.key).where(ServerRow.key.in_(unknown))
-                self._stored |= set(session.scalars(query))
-            # An unset column (None) of a new row takes its column default.
-            new = [
-                {c: v for c, v in row.items() if v is not None or c not in _DEFAULTED}
-                for k, row in values.items()
-                if k not in self._stored
-            ]
-            old = [v for k, v in values.items() if k in self._stored]
-            if new:
-                session.execute(insert(ServerRow), new)
-            if old:
-                session.execute(update(ServerRow), old)
-        self._stored |= values.keys()
+        unknown = [k for k in values if k not in self._stored]
+        stored = set(self._stored)
+        if unknown:  # rows of an earlier run, or loaded elsewhere: ask once
+            query = select(ServerRow.key).where(ServerRow.key.in_(unknown))
+            stored |= set(session.scalars(query))
+        # An unset column (None) of a new row takes its column default.
+        new = [
+            {c: v for c, v in row.items() if v is not None or c not in _DEFAULTED}
+            for k, row in values.items()
+            if k not in stored
+        ]
+        old = [v for k, v in values.items() if k in stored]
+        if new:
+            session.execute(insert(ServerRow), new)
+        if old:
+            session.execute(update(ServerRow), old)
+        return values.keys() | (stored - self._stored)
 
     # -- audit and extensions -------------------------------------------------------------------
 
     def audit(self, rows: Iterable[AuditRow]) -> None:
-        rows = list(rows)
-        if rows:
-            with self._session.begin() as session:
-                session.add_all(rows)
+        self.save(audits=rows)
 
     def audit_rows(
         self, server_key: str | None = None, user: str | None = None, limit: int = 200
@@ -425,8 +478,7 @@ class Store:
             return list(session.scalars(query))
 
     def add_extension(self, row: ExtensionRow) -> ExtensionRow:
-        with self._session.begin() as session:
-            session.add(row)
+        self.save(extensions=[row])
         return row
 
     def extensions(
@@ -441,8 +493,7 @@ class Store:
             return list(session.scalars(query))
 
     def update_extension(self, row: ExtensionRow) -> None:
-        with self._session.begin() as session:
-            session.merge(row)
+        self.save(updated_extensions=[row])
 
     # -- the usage ledger ------------------------------------------------------------------------
 
@@ -453,6 +504,12 @@ class Store:
         sessions = list(sessions)
         if not deltas and not sessions:
             return
+        try:
+            self._save_usage(deltas, sessions)
+        except DBAPIError as error:
+            raise StoreUnavailable(self.url, error) from error
+
+    def _save_usage(self, deltas: dict, sessions: list[LedgerSession]) -> None:
         day_names = {day: day.isoformat() for day in {day for day, _ in deltas}}
         with self._session.begin() as db:
             days = set(day_names.values()) - self._usage_days
@@ -610,6 +667,7 @@ __all__ = [
     "ExtensionRow",
     "ServerRow",
     "Store",
+    "StoreUnavailable",
     "UsageRow",
     "UsageSessionRow",
     "apply_decision",

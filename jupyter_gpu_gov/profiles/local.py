@@ -21,13 +21,12 @@ from traitlets import List, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from ..core import health
+from ..core.grant import DEVICES_STATE, GPUS_STATE
 from ..core.models import Device
 from ..gpu.backends import CHOICES, make_backend
 from .quota import Grant
 from .spawner import TIER, GpuProfilesMixin, GpuRefused
 from .tiers import Tier
-
-DEVICES_STATE = "gpu_gov_devices"
 
 
 class LocalGpus(SingletonConfigurable):
@@ -122,6 +121,7 @@ class LocalGpuMixin(GpuProfilesMixin):
     """The profile layer plus device pinning, for local-process spawners (mix in first)."""
 
     gpu_devices: tuple[str, ...] = ()  # UUIDs this server holds
+    gpu_device_info: tuple[dict, ...] = ()  # the same, with their physical GPU and MIG profile
 
     @property
     def local_gpus(self) -> LocalGpus:
@@ -145,24 +145,37 @@ class LocalGpuMixin(GpuProfilesMixin):
         return capacity(self.gpu_profiles.tier_map, self.local_gpus.devices(), self._held(), usage)
 
     def gpu_assign(self, tier: Tier) -> None:
-        chosen = pick(tier, self.local_gpus.devices(), self._held())
+        devices = self.local_gpus.devices()
+        chosen = pick(tier, devices, self._held())
         if not chosen:  # admission counted them free: only a vanished device gets here
             raise GpuRefused(f"No {tier.display_name} device of this machine is free right now.")
         self.gpu_devices = tuple(chosen)
+        by_uuid = {d.uuid: d for d in devices}
+        self.gpu_device_info = tuple(
+            {
+                "uuid": u,
+                "parent_uuid": by_uuid[u].parent_uuid,
+                "mig_profile": by_uuid[u].mig_profile,
+            }
+            for u in chosen
+        )
 
     def get_state(self):
         state = super().get_state()
         if self.gpu_devices:
             state[DEVICES_STATE] = list(self.gpu_devices)
+            state[GPUS_STATE] = [dict(d) for d in self.gpu_device_info]
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.gpu_devices = tuple(state.get(DEVICES_STATE, ()))
+        self.gpu_device_info = tuple(state.get(GPUS_STATE, ()))
 
     def clear_state(self):
         super().clear_state()
         self.gpu_devices = ()
+        self.gpu_device_info = ()
 
     def get_env(self):
         env = super().get_env()

@@ -5,10 +5,13 @@ Mix ``GpuProfilesMixin`` in front of a spawner class. It gives the spawner
 - a spawn form listing the tiers the user's teams may use, with what each team has left and
   whether a server would borrow (``options_form`` / ``options_from_form``);
 - admission at ``start()``: a fresh count of the hub's started servers, ``quota.admit``, and the
-  grant recorded in ``user_options`` (``gpu-gov/tier``, ``team``, ``project``, ``borrowed``,
-  ``max-age``) where the governor and the pod labels read it. The count, the decision and the
-  record happen without an ``await`` in between, so concurrent spawns in the hub's event loop
-  cannot overshoot a quota;
+  grant (``gpu-gov/tier``, ``team``, ``project``, ``borrowed``, ``max-age``) recorded in the
+  spawner's *state*, which only the Hub writes and where the governor and the pod labels read
+  it (``core.grant``), with a copy in ``user_options`` for the Hub's pages and quota counts. Of
+  what a user sends in ``user_options`` only their choices are kept (``core.grant.
+  USER_CHOICES``): a ``gpu-gov/exempt`` sent through the REST API is dropped. The count, the
+  decision and the record happen without an ``await`` in between, so concurrent spawns in the
+  hub's event loop cannot overshoot a quota;
 - refusals as an HTTP 403 whose ``jupyterhub_message`` the spawn page shows.
 
 Subclasses say how many devices a tier has (``gpu_capacity``) and may pin devices
@@ -24,6 +27,7 @@ from jupyterhub import orm
 from tornado import web
 
 from ..core import clock
+from ..core.grant import GRANT_STATE, user_may_choose
 from ..core.teams import group_teams, user_teams
 from . import form
 from .config import LABEL_PREFIX, GpuProfiles
@@ -50,6 +54,8 @@ class GpuRefused(web.HTTPError):
 
 class GpuProfilesMixin:
     """Tiers, team quotas and admission for a JupyterHub spawner (mix in first)."""
+
+    _gpu_granted: dict[str, str] | None = None  # the grant, kept in the spawner's state
 
     @property
     def gpu_profiles(self) -> GpuProfiles:
@@ -211,15 +217,24 @@ class GpuProfilesMixin:
         return tier, team, admission
 
     def _gpu_admit(self, teams: list[str]) -> None:
-        options = dict(self.user_options or {})
-        for key in GRANT_KEYS:
-            options.pop(key, None)  # what an earlier spawn was granted is decided anew
+        sent = dict(self.user_options or {})
+        # The user's choices only; what an earlier spawn was granted is decided anew.
+        options = {k: v for k, v in sent.items() if user_may_choose(k)}
+        ignored = sorted(str(k) for k in sent.keys() - options.keys() - set(GRANT_KEYS))
+        if ignored:
+            self.log.warning(
+                "gpu-gov: %s: ignored user_options a user may not set: %s",
+                self._log_name,
+                ", ".join(ignored),
+            )
+        self._gpu_granted = None
         try:
             decided = self._gpu_decide(options, teams)
             if decided is not None:
                 tier, team, admission = decided
                 self.gpu_assign(tier)
-                options.update(self._gpu_grant(tier, team, options.get("project"), admission))
+                self._gpu_granted = self._gpu_grant(tier, team, options.get("project"), admission)
+                options.update(self._gpu_granted)  # a copy, for the Hub's pages and the count
                 self.log.info(
                     "gpu-gov: admitted %s on %s: %s", self._log_name, tier.name, admission.reason
                 )
@@ -243,15 +258,19 @@ class GpuProfilesMixin:
         for row in db.query(orm.Spawner).filter(orm.Spawner.started.isnot(None)):
             if f"{row.user.name}/{row.name or ''}" not in wanted:
                 continue
-            options = dict(row.user_options or {})
-            if RECLAIM in options:
+            state = dict(row.state or {})
+            grant = dict(state.get(GRANT_STATE) or {})
+            if RECLAIM in grant:
                 continue
-            options.update({RECLAIM: asked, RECLAIM_FOR: team})
-            row.user_options = options
-            # The Hub API (which the governor reads) shows the live spawner's user_options.
+            request = {RECLAIM: asked, RECLAIM_FOR: team}
+            grant.update(request)
+            row.state = {**state, GRANT_STATE: grant}
+            row.user_options = {**(row.user_options or {}), **request}
+            # The Hub API (which the governor reads) shows the live spawner's state.
             spawner = users[row.user].spawners.get(row.name) if users is not None else None
             if spawner is not None:
-                spawner.user_options = options
+                spawner._gpu_granted = grant
+                spawner.user_options = dict(row.user_options)
             self.log.info(
                 "gpu-gov: asked %s/%s to give its borrowed GPU back to team %s",
                 row.user.name,
@@ -273,4 +292,19 @@ class GpuProfilesMixin:
     @property
     def gpu_grant(self) -> dict[str, str]:
         """The ``gpu-gov/*`` entries of this server's admission (empty without a GPU)."""
-        return {k: v for k, v in (self.user_options or {}).items() if k.startswith(LABEL_PREFIX)}
+        return dict(self._gpu_granted or {})
+
+    def get_state(self):
+        state = super().get_state()
+        if self._gpu_granted:
+            state[GRANT_STATE] = dict(self._gpu_granted)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        grant = state.get(GRANT_STATE)
+        self._gpu_granted = dict(grant) if isinstance(grant, Mapping) else None
+
+    def clear_state(self):
+        super().clear_state()
+        self._gpu_granted = None

@@ -9,8 +9,8 @@ import socket
 import time
 from pathlib import Path
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
-from tornado.ioloop import PeriodicCallback
 from traitlets import Dict, Enum, Float, Int, List, Unicode, default, validate
 
 from .. import __version__
@@ -243,7 +243,7 @@ class GpuGovApp(ExtensionApp):
             log=self.log,
         )
         self.report: dict | None = None
-        self._timer: PeriodicCallback | None = None
+        self._timer: asyncio.Future | None = None
         self._tick_lock = asyncio.Lock()
         self.server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
         self._busy_since: dict[str, object] = {}
@@ -253,6 +253,10 @@ class GpuGovApp(ExtensionApp):
         self.checkpoint: dict = {"requested_at": None, "status": None, "manifest": None}
         self._frontend_checkpoint: asyncio.Future | None = None
         self._frontend_cull_reason: str | None = None
+        self._frontend_requested_at: str | None = None
+        # The governor's requests (in its verdicts) this server took up: kind -> requested_at.
+        self._answered: dict[str, str] = {}
+        self._request_tasks: set[asyncio.Task] = set()
         self._frontend_claimed: asyncio.Future | None = None
         self._checkpoint_lock = asyncio.Lock()
         # Kernels inherit the server's environment: tell their checkpoint module where to write.
@@ -301,12 +305,12 @@ class GpuGovApp(ExtensionApp):
     def ensure_sampling(self) -> None:
         """Start the periodic sampler (idempotent; needs the running event loop)."""
         if self._timer is None:
-            self._timer = PeriodicCallback(self.sample_now, self.sample_interval * 1000)
-            self._timer.start()
+            # On the monotonic clock: a step of the wall clock never stalls sampling.
+            self._timer = asyncio.ensure_future(clock.every(self.sample_interval, self.sample_now))
 
     async def stop_extension(self):
         if self._timer is not None:
-            self._timer.stop()
+            self._timer.cancel()
         self._person_activity.close()
         await asyncio.get_running_loop().run_in_executor(None, self.sampler.close)
         # Leave the process as we found it (servers started in-process, e.g. by tests).
@@ -364,6 +368,76 @@ class GpuGovApp(ExtensionApp):
             self.log.warning("jupyter-gpu-gov: report not accepted: %s", error)
             return
         self.set_verdict(verdict)
+        self._take_up_requests(verdict)
+
+    def _take_up_requests(self, verdict: dict) -> None:
+        """Do what the governor asks in its verdict, once per request: it never calls this
+        server (its requests ride back on our reports, fetched with our own token). Requests
+        that come together run in this order: running cells are interrupted before the
+        checkpoint asked with them (its hooks wait behind a running cell)."""
+        asked = verdict.get("requests") if isinstance(verdict, dict) else None
+        asked = asked if isinstance(asked, dict) else {}
+        work = []
+        for kind in ("interrupt_kernels", "checkpoint", "shutdown_kernels"):
+            request = asked.get(kind)  # a kind a newer governor asks, this server ignores
+            when = request.get("requested_at") if isinstance(request, dict) else None
+            if not isinstance(when, str) or self._answered.get(kind) == when:
+                continue
+            if kind == "interrupt_kernels":
+                work.append(self._interrupt_kernels(request.get("kernels")))
+            elif kind == "checkpoint":
+                work.append(self._checkpoint_for_governor(request))
+            else:
+                work.append(self._shutdown_kernels(request.get("kernels")))
+            self._answered[kind] = when
+        if work:
+            task = asyncio.ensure_future(_one_after_another(work))
+            self._request_tasks.add(task)
+            task.add_done_callback(self._request_tasks.discard)
+
+    async def _checkpoint_for_governor(self, request: dict) -> None:
+        cull_reason = request.get("cull_reason")
+        reason = request.get("reason")
+        try:
+            await self.run_checkpoint(
+                reason if isinstance(reason, str) and reason else "requested by the governor",
+                "governor",
+                cull_reason if cull_reason in CULL_REASONS else None,
+                requested_at=request["requested_at"],
+            )
+        except Exception:
+            self.log.exception("jupyter-gpu-gov: the governor's checkpoint failed")
+        await self._report_now()
+
+    async def _shutdown_kernels(self, kernel_ids) -> None:
+        """Shut down the kernels the governor names (the shutdown-kernels cull)."""
+        await self._on_own_kernels(kernel_ids, "shutting down", "shutdown_kernel")
+        await self._report_now()
+
+    async def _interrupt_kernels(self, kernel_ids) -> None:
+        """Interrupt the cells of the kernels the governor names (the busy limit): the kernels
+        and their state stay."""
+        await self._on_own_kernels(kernel_ids, "interrupting", "interrupt_kernel")
+        await self._report_now()
+
+    async def _on_own_kernels(self, kernel_ids, doing: str, method: str) -> None:
+        """Call the kernel manager's ``method`` on each named kernel among this server's own
+        (no other id means anything here)."""
+        manager = self.serverapp.kernel_manager
+        ours = set(manager.list_kernel_ids())
+        for kernel_id in kernel_ids if isinstance(kernel_ids, list) else ():
+            if kernel_id not in ours:
+                continue
+            self.log.info("jupyter-gpu-gov: %s kernel %s (governor)", doing, kernel_id)
+            try:
+                await ensure_async(getattr(manager, method)(kernel_id))
+            except Exception:
+                self.log.exception("jupyter-gpu-gov: %s kernel %s failed", doing, kernel_id)
+
+    async def _report_now(self) -> None:
+        """Tell the governor at once (a new sample and report), not at the next interval."""
+        self._last_report_at = 0.0
+        await self.sample_now()
 
     def set_verdict(self, verdict: dict) -> None:
         previous, self.verdict = self.verdict, verdict
@@ -388,7 +462,11 @@ class GpuGovApp(ExtensionApp):
             )
 
     async def run_checkpoint(
-        self, reason: str, source: str = "user", cull_reason: str | None = None
+        self,
+        reason: str,
+        source: str = "user",
+        cull_reason: str | None = None,
+        requested_at: str | None = None,
     ) -> dict:
         """Take a checkpoint (kernel hooks, notebooks, terminals); answer the manifest.
 
@@ -396,7 +474,8 @@ class GpuGovApp(ExtensionApp):
         the request (the verdict says ``checkpoint: requested``), saves its dirty documents, and
         then asks for the checkpoint itself; the governor's request gets that manifest (with the
         governor's ``cull_reason``). Without a frontend within ``frontend_checkpoint_grace`` the
-        server checkpoints alone.
+        server checkpoints alone. ``requested_at``: the governor's time of its request, which
+        the result carries so the governor knows it answers that request.
         """
         if cull_reason is not None and cull_reason not in CULL_REASONS:
             raise ValueError(f"cull_reason must be one of {', '.join(CULL_REASONS)}")
@@ -407,6 +486,7 @@ class GpuGovApp(ExtensionApp):
         ):
             waiting = self._frontend_checkpoint = asyncio.get_running_loop().create_future()
             self._frontend_cull_reason = cull_reason
+            self._frontend_requested_at = requested_at
             self.set_verdict({**(self.verdict or {}), "checkpoint": "requested"})
             try:
                 return await asyncio.wait_for(
@@ -420,14 +500,16 @@ class GpuGovApp(ExtensionApp):
             finally:
                 self._frontend_checkpoint = None
                 self._frontend_cull_reason = None
+                self._frontend_requested_at = None
         waiting = None
         if source != "governor" and self._frontend_checkpoint is not None:
             waiting = self._frontend_claimed = self._frontend_checkpoint
             cull_reason = cull_reason or self._frontend_cull_reason
+            requested_at = requested_at or self._frontend_requested_at
         try:
             async with self._checkpoint_lock:  # one checkpoint at a time
                 self.checkpoint = {
-                    "requested_at": clock.isoformat(clock.utcnow()),
+                    "requested_at": requested_at or clock.isoformat(clock.utcnow()),
                     "status": "running",
                     "manifest": None,
                 }
@@ -564,3 +646,8 @@ def _server_identity() -> dict:
         "pod": (os.environ.get("HOSTNAME") or socket.gethostname()) if in_k8s else None,
         "namespace": namespace,
     }
+
+
+async def _one_after_another(coroutines) -> None:
+    for coroutine in coroutines:
+        await coroutine

@@ -1,0 +1,89 @@
+"""What the profile layer granted a server, as it records it in the spawner's *state*.
+
+A user writes their server's ``user_options`` (the REST API takes any JSON at spawn); nobody but
+the Hub writes a spawner's state (``get_state``: the Hub's REST API only reads it, with
+``admin:server_state``). So the grant — tier, team, project, borrowed, weight, maximum age, a
+reclaim request, and on a workstation the devices the allocator handed out — is recorded there,
+and that is the only place the governor reads it. The profile layer writes, the governor reads:
+this module is the one definition of the format.
+
+State keys:
+
+- ``gpu_gov_grant``: ``{"gpu-gov/tier": "h100", "gpu-gov/team": "vision", ...}`` (strings);
+- ``gpu_gov_devices``: the leaf device UUIDs the workstation allocator pinned;
+- ``gpu_gov_gpus``: the same devices with their physical GPU and MIG profile
+  (``[{"uuid", "parent_uuid", "mig_profile"}]``), so DCGM's records (per physical GPU and GPU
+  instance) can be found for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+LABEL_PREFIX = "gpu-gov/"
+GRANT_STATE = "gpu_gov_grant"
+DEVICES_STATE = "gpu_gov_devices"
+GPUS_STATE = "gpu_gov_gpus"
+
+# What a user may choose in ``user_options`` (the spawn form's fields, and KubeSpawner's own:
+# its profile and the profile's options). Anything else a user sends is dropped at admission:
+# the user's choices are listed, not the grants forbidden.
+USER_CHOICES = frozenset({"profile", "team", "project"})
+USER_CHOICE_PREFIXES = ("profile-option-",)
+
+
+def user_may_choose(key: object) -> bool:
+    return isinstance(key, str) and (key in USER_CHOICES or key.startswith(USER_CHOICE_PREFIXES))
+
+
+@dataclass(frozen=True)
+class GrantedDevice:
+    uuid: str  # the leaf: a whole GPU's UUID, or a MIG instance's
+    parent_uuid: str | None = None  # a MIG instance's physical GPU
+    mig_profile: str | None = None
+
+
+def labels(state: Mapping[str, Any] | None) -> dict[str, str]:
+    """The grant's ``gpu-gov/*`` labels (empty: no grant recorded, or no state to read)."""
+    grant = (state or {}).get(GRANT_STATE)
+    if not isinstance(grant, Mapping):
+        return {}
+    return {
+        key: value
+        for key, value in grant.items()
+        if isinstance(key, str) and key.startswith(LABEL_PREFIX) and isinstance(value, str)
+    }
+
+
+def devices(state: Mapping[str, Any] | None) -> tuple[GrantedDevice, ...]:
+    """The devices the workstation allocator pinned for the server (empty: none recorded)."""
+    state = state or {}
+    described = state.get(GPUS_STATE)
+    if isinstance(described, list):
+        found = []
+        for entry in described:
+            if isinstance(entry, Mapping) and isinstance(entry.get("uuid"), str):
+                parent, profile = entry.get("parent_uuid"), entry.get("mig_profile")
+                found.append(
+                    GrantedDevice(
+                        entry["uuid"],
+                        parent if isinstance(parent, str) else None,
+                        profile if isinstance(profile, str) else None,
+                    )
+                )
+        return tuple(found)
+    uuids = state.get(DEVICES_STATE)
+    if isinstance(uuids, list):
+        return tuple(GrantedDevice(u) for u in uuids if isinstance(u, str))
+    return ()
+
+
+def pod(state: Mapping[str, Any] | None) -> tuple[str | None, str] | None:
+    """(namespace, pod) as KubeSpawner keeps them in its state; None for other spawners."""
+    state = state or {}
+    name, namespace = state.get("pod_name"), state.get("namespace")
+    if not isinstance(name, str) or not name:
+        return None
+    return (namespace if isinstance(namespace, str) else None), name

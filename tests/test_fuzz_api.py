@@ -1,0 +1,237 @@
+"""Fuzzing the governor's HTTP API (issue 18): every malformed report and every malformed API
+parameter gets a 4xx that names what is wrong, and changes nothing — never a 500.
+
+The real service web app (its handlers, HubOAuth against a fake Hub API over HTTP, the SQLite
+store) runs on a thread's event loop; Hypothesis sends it requests over real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import threading
+from datetime import timedelta
+
+import pytest
+import requests
+from fake_hub_api import FakeHub
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_report import REPORT
+
+from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.reconcile import Governor, Options
+from jupyter_gpu_gov.hub.store import Store
+
+PREFIX = "/services/gpu-gov/"
+ACCESS = "access:services!service=gpu-gov"
+OWNER, ADMIN = "owner-token", "admin-token"
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+class Service:
+    """The governor's web app and a fake Hub, on their own thread's event loop."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.tmp_path = tmp_path
+        self.monkeypatch = monkeypatch
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(60)
+
+    async def _start(self) -> None:
+        from tornado.httpserver import HTTPServer
+        from tornado.netutil import bind_sockets
+
+        self.hub = FakeHub()
+        self.hub.start()
+        self.hub.add_server("alice", started=clock.utcnow() - timedelta(minutes=5))
+        self.hub.add_user_token("alice", OWNER, extra_scopes=[ACCESS])
+        self.hub.add_user_token("root", ADMIN, extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
+        for key, value in {
+            "JUPYTERHUB_API_URL": self.hub.api_url,
+            "JUPYTERHUB_API_TOKEN": self.hub.token,
+            "JUPYTERHUB_SERVICE_NAME": "gpu-gov",
+            "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
+            "JUPYTERHUB_CLIENT_ID": "service-gpu-gov",
+            "JUPYTERHUB_BASE_URL": "/",
+        }.items():
+            self.monkeypatch.setenv(key, value)
+        self.governor = Governor(
+            Store(f"sqlite:///{self.tmp_path / 'gov.sqlite'}"),
+            HubApi(self.hub.api_url, self.hub.token),
+            load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
+            Options(),
+        )
+        await self.governor.reconcile()
+        sockets = bind_sockets(0, "127.0.0.1")
+        self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{PREFIX}"
+        self.server = HTTPServer(GpuGovernor().make_web_app(self.governor))
+        self.server.add_sockets(sockets)
+
+    def stop(self) -> None:
+        async def stop():
+            self.server.stop()
+            self.hub.stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def snapshot(self) -> tuple:
+        """What a request could change: reports kept, each server's record, the audit trail,
+        extension requests."""
+        gov = self.governor
+        rows = {k: (r.state, r.exempt_until, r.extensions_used) for k, r in gov.rows.items()}
+        reports = {k: id(r) for k, r in gov.reports.items()}
+        audit = [a.id for a in gov.store.audit_rows(limit=5000)]
+        return reports, rows, audit, [e.id for e in gov.store.extensions()]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    monkeypatch = pytest.MonkeyPatch()
+    service = Service(tmp_path_factory.mktemp("fuzz"), monkeypatch)
+    yield service
+    service.stop()
+    monkeypatch.undo()
+
+
+def call(service, method: str, path: str, token: str = ADMIN, **kwargs) -> requests.Response:
+    headers = {"Authorization": f"token {token}", **kwargs.pop("headers", {})}
+    return requests.request(method, service.url + path, headers=headers, timeout=30, **kwargs)
+
+
+def assert_refused_unchanged(service, response: requests.Response, before: tuple, *names: str):
+    """A 4xx (never a 5xx) whose message names one of ``names``, and nothing changed."""
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:500])
+    message = response.json()["message"]
+    assert any(name in message for name in names), (names, message)
+    assert service.snapshot() == before
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=40),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def paths(node, prefix=()):
+    """Every place in a report a value can be changed."""
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from paths(value, (*prefix, index))
+
+
+def fresh_report() -> dict:
+    report = copy.deepcopy(REPORT)
+    now = clock.utcnow()
+    report["sampled_at"] = clock.isoformat(now)
+    report["server"]["started"] = clock.isoformat(now - timedelta(minutes=4))
+    report["window"]["gpu_idle_since"] = clock.isoformat(now - timedelta(minutes=1))
+    return report
+
+
+REPORT_PATHS = [p for p in paths(REPORT) if p]
+
+
+# Values that broke a governor before: huge numbers, the last second of year 9999.
+extremes = st.sampled_from([10**400, -(10**400), 1e308, -1e308, -1, "9999-12-31T23:59:59Z"])
+
+
+@settings(FUZZ, max_examples=300)
+@given(path=st.sampled_from(REPORT_PATHS), value=extremes | json_values, drop=st.booleans())
+def test_a_malformed_report_is_a_4xx_naming_its_field_and_changes_nothing(
+    service, path, value, drop
+):
+    report = fresh_report()
+    node = report
+    for part in path[:-1]:
+        node = node[part]
+    if drop and isinstance(node, dict):
+        node.pop(path[-1])
+    else:
+        node[path[-1]] = value
+    before = service.snapshot()
+    r = call(service, "POST", "api/reports", OWNER, data=json.dumps(report))
+    if r.status_code == 200:  # a change that is still a valid report
+        return
+    field = ".".join(str(p) for p in path if isinstance(p, str)).split(".")[0]
+    assert_refused_unchanged(service, r, before, "invalid report", field)
+
+
+@FUZZ
+@given(body=st.binary(max_size=200) | json_values.map(json.dumps))
+def test_a_report_that_is_not_a_report_is_a_4xx(service, body):
+    before = service.snapshot()
+    r = call(service, "POST", "api/reports", OWNER, data=body)
+    assert_refused_unchanged(service, r, before, "body", "report", "schema")
+
+
+texts = st.text(max_size=30) | st.sampled_from(["-1", "0", "5001", "1e999", "99999999d", "9" * 50])
+PARAMETERS = {
+    "api/audit": {"limit": texts, "server": texts, "user": texts},
+    "api/usage": {"group_by": texts, "since": texts, "until": texts, "format": texts},
+    "api/extensions": {"status": texts},
+}
+
+
+@FUZZ
+@given(data=st.data())
+def test_query_parameters_never_make_a_500(service, data):
+    path = data.draw(st.sampled_from(sorted(PARAMETERS)))
+    params = {k: data.draw(v) for k, v in PARAMETERS[path].items() if data.draw(st.booleans())}
+    before = service.snapshot()
+    r = call(service, "GET", path, params=params)
+    if r.status_code == 200:
+        return
+    assert_refused_unchanged(service, r, before, *params)
+
+
+VERBS = {
+    "extend": {"reason": json_values},
+    "exempt": {"reason": json_values, "duration": json_values},
+    "approve": {"reason": json_values, "duration": json_values},
+    "deny": {"reason": json_values},
+    "cull": {"reason": json_values},
+    "stop": {"reason": json_values},
+}
+
+
+bad_reasons = st.sampled_from([None, 7, 1.5, True, [], {}, ["x"], "x" * 2001])
+
+
+@FUZZ
+@given(data=st.data())
+def test_action_bodies_never_make_a_500_and_refusals_change_nothing(service, data):
+    verb = data.draw(st.sampled_from(sorted(VERBS)))
+    body = {k: data.draw(v) for k, v in VERBS[verb].items() if data.draw(st.booleans())}
+    if verb in ("extend", "stop", "cull"):
+        body["reason"] = data.draw(bad_reasons)  # a valid one would act: only bad ones
+    raw = data.draw(st.sampled_from([None, "[", "[1]", "{" * 50_000, "\xff", "1" + "0" * 400]))
+    payload = json.dumps(body) if raw is None else raw
+    before = service.snapshot()
+    r = call(service, "POST", f"api/users/alice/server/{verb}", data=payload)
+    assert r.status_code < 500, (r.status_code, r.text[:500])
+    if r.status_code < 300 or r.status_code == 409:  # valid: it acted, or had nothing to do
+        return
+    assert_refused_unchanged(service, r, before, "reason", "duration", "body", "JSON")

@@ -1,0 +1,122 @@
+"""Steps of the governor's wall clock (issue 18, item 7), on a real hub: the governor runs under
+libfaketime (its wall clock follows a file this test writes; its monotonic clock is the real
+one, as on a host whose clock NTP or an admin steps).
+
+- stepped back an hour, it still runs a pass every ``cull_every``;
+- stepped forward an hour right after warning dora, it gives her warning its full notice, and
+  bills her the minutes her server ran, not an hour more.
+
+Skipped, saying why, without libfaketime (Debian: ``apt-get install libfaketime``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from governor_harness import Gov, governed_hub, kernel_with, server_running, wait
+
+from jupyter_gpu_gov.core.clock import parse
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        not FAKETIME.exists(), reason=f"{FAKETIME} is missing (apt-get install libfaketime)"
+    ),
+]
+NOTICE = 24  # seconds between dora's warning and her cull
+
+
+@pytest.fixture(scope="module")
+def offset(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("faketime") / "offset"
+    path.write_text("+0\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, offset):
+    harness = governed_hub(
+        tmp_path_factory.mktemp("security-clock"),
+        extra_policies=[
+            {
+                "name": "noticed",
+                "match": {"users": ["dora"]},
+                "warn_after": "1s",
+                "cull_after": f"{NOTICE + 1}s",
+                "checkpoint": False,
+            }
+        ],
+        governor_environment={
+            "LD_PRELOAD": str(FAKETIME),
+            "FAKETIME_TIMESTAMP_FILE": str(offset),
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "FAKETIME_NO_CACHE": "1",
+        },
+    )
+    with harness as hub:
+        hub.create_user("govadmin")
+        hub.start_server("dora")
+        Gov(hub).wait_up()
+        yield hub
+
+
+@pytest.fixture(scope="module")
+def gov(hub):
+    return Gov(hub)
+
+
+def passes(gov: Gov) -> float:
+    """Passes the governor has made (its reconcile histogram's count)."""
+    url = gov.base.removesuffix("/api") + "/metrics"
+    text = requests.get(
+        url, headers={"Authorization": f"token {gov.hub.token('govadmin')}"}, timeout=30
+    ).text
+    return float(
+        re.search(r"^jupyter_gpu_gov_reconcile_duration_seconds_count (\S+)$", text, re.M)[1]
+    )
+
+
+def test_a_clock_stepped_back_an_hour_does_not_stall_the_passes(gov, offset):
+    offset.write_text("-1h\n")
+    try:
+        time.sleep(2)  # the step happens, a pass or two
+        before = passes(gov)
+        time.sleep(5)
+        after = passes(gov)
+    finally:
+        offset.write_text("+0\n")
+    assert after - before >= 3, (before, after)  # cull_every is 0.5 s
+    steps = [
+        a for a in gov.admin("GET", "audit?limit=50").json()["audit"] if a["action"] == "clock-step"
+    ]
+    assert any("stepped by -36" in a["reason"] for a in steps), steps
+
+
+def test_a_clock_stepped_forward_neither_shortens_a_notice_nor_bills_phantom_hours(
+    hub, gov, offset
+):
+    tab = kernel_with(hub, "dora", "from jupyter_gpu_gov import simulate; simulate.hold(2048)")
+    try:
+        verdict = wait(
+            lambda: (v := gov.verdict("dora"))["state"] == "warned" and v, 45, "a warning"
+        )
+        warned = time.monotonic()
+        offset.write_text("+1h\n")
+        time.sleep(NOTICE / 2)
+        assert server_running(hub, "dora"), "culled before the notice ran out"
+        moved = parse(gov.verdict("dora")["cull_at"]) - parse(verdict["cull_at"])
+        assert 3590 <= moved.total_seconds() <= 3610, moved  # the same deadline, on the new clock
+        wait(lambda: not server_running(hub, "dora"), 90, "dora's cull after the notice")
+        held = time.monotonic() - warned
+    finally:
+        tab.close()
+        offset.write_text("+0\n")
+    assert held >= NOTICE - 3, held
+    usage = gov.admin("GET", "usage", params={"group_by": "user", "user": "dora"}).json()["usage"]
+    hours = sum(row["gpu_hours_allocated"] + row["gpu_hours_unobserved"] for row in usage)
+    assert hours < 0.1, usage  # the few minutes she ran, not an hour more

@@ -1,0 +1,140 @@
+"""The governor's record under failure, on a real hub (issue 18, items 9 and 10): its SQLite
+store locked by another process, and the service killed while a cull is under way.
+
+tom   idle, due for a cull while the store is locked: nothing is done until it can be recorded
+sam   extends while the store is locked: refused, changing nothing; granted once it is free
+ulla  culled while her server takes seconds to stop; the service is killed meanwhile (SIGKILL)
+      and the hub restarts it: one cull on record, one DELETE
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import threading
+
+import pytest
+import requests
+from governor_harness import (
+    Gov,
+    governed_hub,
+    kernel_with,
+    server_running,
+    service_pid,
+    start_all,
+    wait,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+HOLD = "from jupyter_gpu_gov import simulate; simulate.hold(2048)"
+QUICK = {"warn_after": "1s", "cull_after": "4s", "checkpoint": False}
+POLICIES = [
+    {"name": "quick", "match": {"users": ["tom", "ulla"]}, **QUICK},
+    {"name": "extender", "match": {"users": ["sam"]}, "warn_after": "1s", "cull_after": "10m"},
+]
+# ulla's server takes 8 s to stop (a pod's grace period, say): the Hub's DELETE is in flight.
+SLOW_STOP = """
+import asyncio, pathlib
+from jupyterhub.spawner import SimpleLocalProcessSpawner
+
+class SlowStop(SimpleLocalProcessSpawner):
+    async def stop(self, now=False):
+        if self.user.name == "ulla":
+            pathlib.Path(HARNESS_DIR, "ulla-stopping").touch()
+            await asyncio.sleep(8)
+        return await super().stop(now=now)
+
+c.JupyterHub.spawner_class = SlowStop
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    harness = governed_hub(
+        tmp_path_factory.mktemp("security-store"), extra_policies=POLICIES, hub_config=SLOW_STOP
+    )
+    with harness as hub:
+        hub.create_user("govadmin")
+        start_all(hub, dict.fromkeys(("tom", "sam", "ulla")))
+        Gov(hub).wait_up()
+        yield hub
+
+
+@pytest.fixture(scope="module")
+def gov(hub):
+    return Gov(hub)
+
+
+class Lock:
+    """Another process's write transaction on the governor's SQLite file, held until released."""
+
+    def __init__(self, path):
+        self.connection = sqlite3.connect(
+            path, timeout=30, isolation_level=None, check_same_thread=False
+        )
+        self.connection.execute("BEGIN EXCLUSIVE")
+
+    def release(self) -> None:
+        self.connection.execute("ROLLBACK")
+        self.connection.close()
+
+
+def extend(hub, user: str) -> requests.Response:
+    return requests.post(
+        hub.user_url(user, "jupyter-gpu-gov/extend"),
+        json={"reason": "a last figure"},
+        headers={"Authorization": f"token {hub.token(user)}"},
+        timeout=60,
+    )
+
+
+def test_a_locked_store_means_nothing_is_done_and_nothing_is_half_done(hub, gov):
+    tabs = [kernel_with(hub, user, HOLD) for user in ("tom", "sam")]
+    try:
+        for user in ("tom", "sam"):
+            wait(lambda u=user: gov.verdict(u)["state"] == "warned", 45, f"{user} to be warned")
+        left = gov.verdict("sam")["extensions_left"]
+        lock = Lock(hub.workdir / "gpu-gov.sqlite")
+        try:
+            r = extend(hub, "sam")
+            assert r.status_code == 503, r.text
+            assert (
+                "unavailable" in r.json()["message"]
+                and "Nothing was changed" in r.json()["message"]
+            )
+            # tom's cull fell due: it is neither done nor half done (done, never recorded).
+            threading.Event().wait(6)  # tom's cull fell due 3 s after his warning
+            assert server_running(hub, "tom")
+        finally:
+            lock.release()
+        assert not [a for a in gov.audit("tom/") if a["action"] == "cull"]
+        r = extend(hub, "sam")
+        assert r.status_code == 200 and r.json()["status"] == "granted", r.text
+        assert r.json()["verdict"]["extensions_left"] == left - 1
+        wait(lambda: not server_running(hub, "tom"), 60, "tom to be culled once it can be recorded")
+    finally:
+        for tab in tabs:
+            tab.close()
+    (cull,) = [a for a in gov.audit("tom/") if a["action"] == "cull"]
+    assert cull["details"]["outcome"] in ("stopped", "stopping"), cull
+
+
+def test_a_service_killed_mid_cull_neither_forgets_it_nor_repeats_it(hub, gov):
+    marker = hub.workdir / "ulla-stopping"
+    tab = kernel_with(hub, "ulla", HOLD)
+    try:
+        wait(marker.exists, 60, "the hub to start stopping ulla's server (the governor's DELETE)")
+        pid = service_pid(hub)
+        os.kill(pid, signal.SIGKILL)  # while the hub is still answering that DELETE
+    finally:
+        tab.close()
+    wait(lambda: service_pid(hub) not in (None, pid), 60, "the hub to restart the governor")
+    gov.wait_up()
+    wait(lambda: not server_running(hub, "ulla"), 60, "ulla's server to be stopped")
+    threading.Event().wait(3)  # passes of the restarted service
+    culls = [a for a in gov.audit("ulla/") if a["action"].startswith("cull")]
+    assert [a["action"] for a in culls] == ["cull"], culls  # on record before the DELETE
+    log = hub.log_path.read_text(errors="replace")
+    assert log.count("DELETE /hub/api/users/ulla/server") == 1, log[-3000:]
