@@ -163,7 +163,7 @@ def test_extend_postpones_then_waits_for_an_admin_and_survives_a_restart(hub, go
         # The deadline stands; it moves only by the seconds the GPU was unknown (no report
         # reached the new service yet), which never count as idle time.
         moved = parse(after["cull_at"]) - parse(approved["cull_at"])
-        assert timedelta(0) <= moved < timedelta(seconds=30)
+        assert timedelta(0) <= moved < timedelta(seconds=30), (approved, after)
         assert after["extensions_left"] == 0 and not after["approval_pending"]
         assert len(gov.audit("dave/")) >= audit_before
     finally:

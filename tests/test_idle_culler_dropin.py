@@ -228,5 +228,5 @@ def test_the_governor_culls_who_and_when_jupyterhub_idle_culler_does(tmp_path):
     # The governor said once what the culler's scopes leave out, and asked nothing else of
     # servers that send no report (no checkpoint requests, no 403 for groups every pass).
     for log in logs:
-        assert log.count("lacks list:groups") == 1 and log.count("lacks access:servers") == 1
+        assert log.count("lacks list:groups") == 1 and "lacks access:servers" not in log
         assert "checkpoint of" not in log and "cannot list groups" not in log

@@ -180,6 +180,21 @@ def test_an_away_owner_who_comes_back_gets_the_normal_clock_back():
     assert actions[:2] == [(0, "warn", "warned"), (60, "checkpoint", "checkpointing")]
 
 
+def test_a_deadline_given_by_an_extension_is_never_brought_forward_by_a_later_diagnosis():
+    # Warned at 30, extended at 35 (the owner was there): the new deadline is 120. Later the
+    # diagnosis (which a service restart also starts afresh) reads a confident zombie: the
+    # owner is not warned "at once" again, and the deadline stands.
+    idle = p.decide(idle_view(), p.Record(), POLICY, T0)
+    warned = p.decide(idle_view(), idle.record, POLICY, T0 + 30 * MIN)
+    assert warned.actions == ("warn",)
+    extended = p.extend(warned.record, POLICY, "a figure").record
+    before = p.decide(idle_view(), extended, POLICY, T0 + 35 * MIN)
+    zombie = replace(idle_view(), cause="zombie", cause_confident=True)
+    after = p.decide(zombie, before.record, POLICY, T0 + 40 * MIN)
+    assert before.cull_at == T0 + 90 * MIN
+    assert after.cull_at == before.cull_at and after.state == before.state
+
+
 def busy_view(since, **kw) -> p.ServerView:
     """A kernel executing a cell since ``since`` while its GPU idles."""
     return replace(idle_view(**kw), gpu=p.GpuSignal(True, False, kernel_busy_since=since))

@@ -646,7 +646,10 @@ def _decide_on_activity(
     if cell is not None:
         return _decide_running(view, record, policy, now, actions, idle, cell, present_until)
 
-    first_stage = timedelta(0) if away else policy.warn_after  # an away owner is warned at once
+    # An away owner is warned at once. Not once the stretch was extended: the owner (or an
+    # admin) was there and was told a deadline, which a later reading must not bring forward.
+    extended = record.extension_s > 0 or record.extensions_used > 0
+    first_stage = timedelta(0) if away and not extended else policy.warn_after
     cull_at = idle_since + first_stage + policy.notice + timedelta(seconds=record.extension_s)
     warn_at = cull_at - policy.notice
     holds = []
