@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import tomllib
 import yaml
 from fake_k8s_api import KUBERNETES_VERSION
 from prometheus_client import REGISTRY as SERVER_REGISTRY

@@ -293,6 +293,7 @@ class GpuGovApp(ExtensionApp):
             self.backend_choice,
             simulated_devices=self.simulated_devices,
             sim_state_path=self.sim_state_path or None,
+            log=self.log,
         )
 
     async def _start_jupyter_server_extension(self, serverapp):
