@@ -173,7 +173,9 @@ class FakeHub:
     def spawner(self, user: str | User, server: str = "") -> GpuKubeSpawner:
         """The user's spawner, as JupyterHub creates it (call inside the event loop)."""
         user = self.users[user] if isinstance(user, str) else user
-        return user.get_or_create_spawner(server, server)
+        if hasattr(user, "get_or_create_spawner"):  # JupyterHub >= 5
+            return user.get_or_create_spawner(server, server)
+        return user.spawners[server]  # JupyterHub 4 makes it on first access
 
     def started(self, spawner: GpuKubeSpawner, options: dict) -> GpuKubeSpawner:
         """What User.spawn does before it calls Spawner.start."""

@@ -189,6 +189,18 @@ def mig_resource(profile: str) -> str:
     return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
 
 
+def check_entry(label: str, entry: Any, known: set[str], error: type[ValueError]) -> None:
+    """An admin's dict entry: raise ``error`` naming ``label`` unless it is a dict of ``known``
+    keys."""
+    if not isinstance(entry, Mapping):
+        raise error(f"{label}: expected a dict, got {type(entry).__name__}")
+    unknown = set(entry) - known
+    if unknown:
+        raise error(
+            f"{label}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(known))})"
+        )
+
+
 class CardError(ValueError):
     """A card entry of ``GpuProfiles.cards`` that cannot be used; the message names it."""
 
@@ -205,13 +217,7 @@ def load_cards(entries: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Car
         label = f"card {key!r}"
         if not isinstance(key, str) or not _CARD_KEY.match(key):
             raise CardError(f"{label}: a key is letters, digits, '.', '_' or '-', got {key!r}")
-        if not isinstance(entry, Mapping):
-            raise CardError(f"{label}: expected a dict, got {type(entry).__name__}")
-        unknown = set(entry) - _CARD_KEYS
-        if unknown:
-            raise CardError(
-                f"{label}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(_CARD_KEYS))})"
-            )
+        check_entry(label, entry, _CARD_KEYS, CardError)
         products = entry.get("products")
         if (
             not isinstance(products, list | tuple)
