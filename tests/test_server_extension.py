@@ -391,7 +391,9 @@ async def test_a_real_kernel_reports_its_cpu_through_the_status_route(jp_fetch, 
     report = await wait_for(
         jp_fetch,
         lambda r: any(
-            t["id"] == kernel.id and (t.get("cpu") or {}).get("cores", 0) > 0.5
+            # A spinning thread: a whole core on a quiet machine, a share of one on a loaded
+            # one; an idle kernel reads about 0.01.
+            t["id"] == kernel.id and (t.get("cpu") or {}).get("cores", 0) > 0.15
             for t in r["targets"]
         ),
     )

@@ -183,8 +183,9 @@ async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
     assert after[ledger.IDLE_HELD] == pytest.approx(before[ledger.IDLE_HELD] + 0, abs=0.5)
     assert after["culls"] == 1 and after["extensions"] == 1
     (row,) = showback.usage(again.store, again.options, ["team"], "all", None)
-    hours = round((3600 + STEP) / 3600, 4)
-    assert (row["culls"], row["extensions"], row["gpu_hours_unobserved"]) == (1, 1, hours)
+    assert (row["culls"], row["extensions"]) == (1, 1)
+    # The clock moves on by the real time the test takes too (a second or so on a loaded machine).
+    assert row["gpu_hours_unobserved"] == pytest.approx((3600 + STEP) / 3600, abs=2 / 3600)
 
 
 async def test_the_ledger_is_written_every_few_minutes_and_whenever_it_is_read(tmp_path):
