@@ -386,6 +386,11 @@ class FakeKubernetes:
             ready.set()
             self.loop.run_forever()
             server.stop()
+            # The kubelet's tasks of pods stop() just killed: let them end, not be destroyed.
+            pending = list(self._tasks)
+            for task in pending:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
 
