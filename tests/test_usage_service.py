@@ -113,14 +113,17 @@ async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(
         restarted.flush_usage()  # as every page and the API do before they read it
 
     since_start = (clock.utcnow() - start).total_seconds()
+    # The clock moves on by the real time the test takes too (a second or so on a loaded
+    # machine): each span below may be longer by that much, never shorter.
+    real = since_start - 6 * STEP
     alice = totals(restarted.store, user="alice")
     bob = totals(restarted.store, user="bob")
     # The first pass bills from the server's start (just before it); passes take milliseconds.
     assert first_pass.get(ledger.IDLE_HELD, 0) < 5
-    assert alice[ledger.IDLE_HELD] == pytest.approx(3 * STEP, abs=0.5)
+    assert 3 * STEP - 0.5 <= alice[ledger.IDLE_HELD] <= 3 * STEP + real + 0.5
     # Sample and hold: idle as seen at 0, 30 and 60 s; active from the busy report at 90 s,
     # through the restart, until the pass that found it gone (150 s).
-    assert alice[ledger.ACTIVE] == pytest.approx(2 * STEP, abs=0.5)
+    assert 2 * STEP - 0.5 <= alice[ledger.ACTIVE] <= 2 * STEP + real + 0.5
     assert ledger.UNKNOWN not in alice and totals(restarted.store, user="carol") == {}
     # bob's first server: half a GPU, unknown (no reports) from its start to the last pass;
     # the second one 0.5 GPU for two passes; never idle.
