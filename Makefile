@@ -23,11 +23,14 @@ LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labext
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 
-.PHONY: help venv node_modules labextension demo test lint format bench bench-full clean distclean
+.PHONY: help venv node_modules labextension demo test test-lowest lint format bench bench-full \
+	grafana-configmap dist clean distclean
 
 help:
 	@echo "make demo       run the demo JupyterHub on http://127.0.0.1:8000 (simulated GPUs)"
 	@echo "make test       pytest, ruff, then the labextension's jest tests and linters"
+	@echo "make test-lowest  the fast tests and one real-hub test on the lowest versions we claim"
+	@echo "make dist       build the sdist and wheel (with the labextension) into dist/"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff check --fix + ruff format"
 	@echo "make bench      python -m benchmarks (quick set, ~4 min; FULL=1: the full sizes)"
@@ -80,6 +83,39 @@ test: venv node_modules labextension
 	$(VENV)/bin/ruff format --check .
 	cd labextension && npm test --silent && npm run lint:check
 
+# The lowest versions the metadata claims (JupyterHub, KubeSpawner, jupyter_server, JupyterLab,
+# ...: .ci/lowest_constraints.py) in a venv of their own, then the fast tests and one real-hub
+# test (a GPU tier spawned by KubeSpawner under a real hub, governed and culled).
+LOWEST := .venv-lowest
+LOWEST_TESTS := tests/test_tiers.py tests/test_quota.py tests/test_policy.py tests/test_report.py \
+	tests/test_backend_choice.py tests/test_kubernetes_files.py tests/test_profiles_kubespawner.py \
+	tests/test_server_extension.py \
+	tests/test_kubernetes_hub.py::test_a_tier_spawns_a_pod_that_is_governed_and_culled
+
+test-lowest: node_modules labextension
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LOWEST)/bin/python .ci/lowest_constraints.py > $(LOWEST)/constraints.txt
+	$(LOWEST)/bin/python -m pip install --quiet hatchling editables hatch-jupyter-builder
+	SKIP_JUPYTER_BUILDER=1 $(LOWEST)/bin/python -m pip install --quiet --no-build-isolation \
+		-c $(LOWEST)/constraints.txt -e ".[test]"
+	$(LOWEST)/bin/python -m pip list 2>/dev/null | grep -i -E \
+		"^(jupyterhub|jupyterhub-kubespawner|jupyter_server|jupyterlab|traitlets|sqlalchemy) "
+	PATH="$(abspath $(LOWEST))/bin:$$PATH" $(LOWEST)/bin/jupyter labextension develop --overwrite .
+	$(LOWEST)/bin/jupyter labextension list 2>&1 | grep -E "jupyter-gpu-gov .*enabled.*OK"
+	$(LOWEST)/bin/jupyter server extension list 2>&1 | grep -E "jupyter_gpu_gov .*enabled"
+	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider $(LOWEST_TESTS)
+
+# sdist (with the prebuilt labextension) and a wheel built from it, in isolated environments.
+dist: labextension
+	rm -rf dist
+	$(VPY) -m pip install --quiet build
+	$(VPY) -m build --outdir dist .
+
+grafana-configmap:
+	$(VPY) hub_config/kubernetes/grafana_configmap.py
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -100,4 +136,5 @@ clean:
 		-name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) node_modules labextension/node_modules labextension/lib jupyter_gpu_gov/labextension
+	rm -rf $(VENV) $(LOWEST) node_modules labextension/node_modules labextension/lib \
+		jupyter_gpu_gov/labextension

@@ -113,6 +113,12 @@ class HubHarness:
     sim_state: path of the shared simulated-GPU state file (default: in the hub directory).
     workdir: directory for everything (default: a fresh temporary one, removed afterwards).
     timeout: seconds to wait for the hub, and for each server, to come up.
+    spawner_config: False leaves the spawner to ``extra_config`` (or to the config file
+        ``launch`` makes): the harness then sets only ports, proxy, database and its service.
+    hub_env: extra environment of the hub process.
+    launch: given the harness's config text, writes the config file the hub is started with and
+        returns its path (e.g. a Helm chart's own jupyterhub_config.py that runs this text as a
+        ``hub.extraConfig`` entry, see tests/z2jh_harness.py).
     """
 
     def __init__(
@@ -127,6 +133,9 @@ class HubHarness:
         workdir: str | os.PathLike[str] | None = None,
         timeout: float = 90,
         log_level: str = "INFO",
+        spawner_config: bool = True,
+        launch: Any = None,
+        hub_env: Mapping[str, str] | None = None,
     ):
         self.users = list(users)
         self.servers_to_start = list(servers)
@@ -135,6 +144,9 @@ class HubHarness:
         self.singleuser_config = singleuser_config
         self.timeout = timeout
         self.log_level = log_level
+        self.spawner_config = spawner_config
+        self.launch = launch
+        self.hub_env = dict(hub_env or {})
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpu-gov-hub-"))
         self.sim_state = Path(sim_state) if sim_state else self.workdir / "sim-gpus.json"
@@ -186,6 +198,8 @@ class HubHarness:
             ports.add(free_port())
         self.port, self.api_port, self.hub_port = ports
         self.config_path.write_text(self._config_text())
+        if self.launch is not None:
+            self.config_path = Path(self.launch(self._config_text()))
         if self.singleuser_config:
             su = self.workdir / "singleuser-config"
             su.mkdir(exist_ok=True)
@@ -210,6 +224,7 @@ class HubHarness:
             for k, v in os.environ.items()
             if not k.startswith(("JUPYTERHUB_", "CONFIGPROXY_")) and k != MARKER_ENV
         }
+        env.update(self.hub_env)
         env[MARKER_ENV] = self.marker
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', os.defpath)}"
         if self._log_file is None:
@@ -509,16 +524,18 @@ class HubHarness:
             HARNESS_ENV = {su_env!r}
 
             c.JupyterHub.bind_url = "http://127.0.0.1:{self.port}"
-            c.JupyterHub.hub_ip = "127.0.0.1"
-            c.JupyterHub.hub_port = {self.hub_port}
+            c.JupyterHub.hub_bind_url = "http://127.0.0.1:{self.hub_port}"
+            c.JupyterHub.hub_connect_url = "http://127.0.0.1:{self.hub_port}"
             c.JupyterHub.db_url = {"sqlite:///" + str(d / "jupyterhub.sqlite")!r}
             c.JupyterHub.cookie_secret_file = {str(d / "jupyterhub_cookie_secret")!r}
             c.JupyterHub.log_level = {self.log_level!r}
             c.ConfigurableHTTPProxy.command = [{str(CHP)!r}]
             c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
             c.ConfigurableHTTPProxy.pid_file = {str(d / "proxy.pid")!r}
-
+            c.ConfigurableHTTPProxy.should_start = True
             c.JupyterHub.authenticator_class = "dummy"
+            """
+        spawner = f"""\
             c.JupyterHub.spawner_class = "simple"
             c.SimpleLocalProcessSpawner.home_dir_template = {str(d / "home" / "{username}")!r}
             c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
@@ -526,15 +543,17 @@ class HubHarness:
             c.Spawner.environment = dict(HARNESS_ENV)
             c.Spawner.start_timeout = {int(self.timeout)}
             c.Spawner.http_timeout = {int(self.timeout)}
-
-            c.JupyterHub.services = [{{"name": {SERVICE_NAME!r}, "api_token": {self.api_token!r}}}]
-            c.JupyterHub.load_roles = [
-                {{"name": "harness", "scopes": {HARNESS_SCOPES!r}, "services": [{SERVICE_NAME!r}]}},
-            ]
+            """
+        service = f"""\
+            c.JupyterHub.services.append({{"name": {SERVICE_NAME!r}, "api_token": {self.api_token!r}}})
+            c.JupyterHub.load_roles.append(
+                {{"name": "harness", "scopes": {HARNESS_SCOPES!r}, "services": [{SERVICE_NAME!r}]}}
+            )
 
             # --- extra_config ---
             """
-        return textwrap.dedent(text) + textwrap.dedent(self.extra_config) + "\n"
+        parts = [text, spawner if self.spawner_config else "", service]
+        return "".join(map(textwrap.dedent, parts)) + textwrap.dedent(self.extra_config) + "\n"
 
     def _hub_up(self) -> bool:
         try:

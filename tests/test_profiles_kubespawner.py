@@ -1,16 +1,18 @@
-"""GpuKubeSpawner without a cluster: real KubeSpawner pods, a real JupyterHub database.
+"""GpuKubeSpawner against an HTTP Kubernetes API: real KubeSpawner pods, a real JupyterHub
+database.
 
 Users, groups and servers are rows of an in-memory JupyterHub database, wrapped in
-``jupyterhub.user.User`` as the hub does; spawners are the real ``GpuKubeSpawner``. The
-Kubernetes API is the boundary: a kubeconfig pointing nowhere lets KubeSpawner build its client
-without connecting, and ``KubeSpawner.start`` (pod creation) is replaced by a stand-in that
-builds the pod manifest and returns a URL. Pods are checked against the kubernetes client's
-models by a serialize / deserialize round trip.
+``jupyterhub.user.User`` as the hub does; spawners are the real ``GpuKubeSpawner``, and
+``start()`` is KubeSpawner's own: it creates the pod through the API of ``tests/fake_k8s_api.py``
+(which validates it against the Kubernetes schemas, schedules it on its nodes and runs its
+container, here ``sleep``) and waits until it runs. Manifests built without a spawn are checked
+against the same schemas.
 
 The catalogue: whole H100s (one or a pair), half an H200 (MIG 3g.71gb), a quarter of a
 time-shared L4 and a capability class (any card with 80 GB). Teams: vision (2 H100 guaranteed,
 may borrow 1 more, 2 GPU-equivalents per user), nlp (half H200s and L4 shares, any tier,
-priority 10) and robotics (L4 shares only).
+priority 10) and robotics (L4 shares only). The cluster: one node of 8 H100s, one of 8 H200s
+cut into 3g.71gb slices (4 of them), one with 2 L4s time-shared 4 ways, and a CPU node.
 """
 
 from __future__ import annotations
@@ -18,21 +20,25 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
-import kubespawner
 import pytest
+import z2jh_harness as z2jh
+from fake_k8s_api import FakeKubernetes, _schema_errors, cpu_node, gpu_node
 from jupyterhub import orm
 from jupyterhub.objects import Hub
 from jupyterhub.user import User
 from kubernetes_asyncio.client import ApiClient, V1Pod
 from kubernetes_asyncio.config import kube_config
+from kubespawner import KubeSpawner
 from traitlets.config import Config, PyFileConfigLoader
 
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.kubespawner import GpuKubeSpawner, gpu_profile_list
 from jupyter_gpu_gov.profiles.spawner import GpuRefused
@@ -69,6 +75,22 @@ QUOTAS = {
     "robotics": {"guaranteed": {"l4-shared": 2}},
 }
 CAPACITY = {"h100": 8, "h100x2": 4, "h200-3g": 4, "l4-shared": 8}
+USER_NODE = {"hub.jupyter.org/node-purpose": "user"}  # z2jh's label for user nodes
+NODES = [
+    cpu_node("cpu-0", labels=USER_NODE),
+    gpu_node("h100-0", "NVIDIA-H100-80GB-HBM3", gpus=8, labels=USER_NODE),
+    gpu_node(
+        "h200-0", "NVIDIA-H200", gpus=8, memory_mib=143771, mig={"3g.71gb": 4}, labels=USER_NODE
+    ),
+    gpu_node(
+        "l4-0",
+        "NVIDIA-L4",
+        gpus=0,
+        memory_mib=23034,
+        labels=USER_NODE,
+        allocatable={"nvidia.com/gpu.shared": "8"},  # 2 cards, time-sliced 4 ways
+    ),
+]
 
 
 def profiles_config(**changes) -> Config:
@@ -93,38 +115,34 @@ def fresh_profiles():
 
 
 @pytest.fixture(autouse=True)
-def no_cluster(tmp_path, monkeypatch, jp_asyncio_loop):
-    """A kubeconfig for a cluster that is not there: KubeSpawner builds its API client from it
-    and never connects. Afterwards, close the clients KubeSpawner opened on the test's loop."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}],
-                "users": [{"name": "none", "user": {"token": "unused"}}],
-                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
-                "current-context": "none",
-            }
-        )
-    )
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    # read when kubernetes_asyncio is imported; KubeSpawner loads it once per process
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.delenv("JUPYTERHUB_SERVICE_NAME", raising=False)
-    yield
-    pending = [t for t in asyncio.all_tasks(jp_asyncio_loop) if not t.done()]
-    for task in pending:
-        task.cancel()
-    jp_asyncio_loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+def cluster(tmp_path, monkeypatch, jp_asyncio_loop):
+    """The test's Kubernetes API server with its nodes, and a kubeconfig for it. Afterwards,
+    stop the reflectors and clients KubeSpawner opened on the test's loop."""
+    with FakeKubernetes(NODES, workdir=tmp_path / "k8s") as k8s:
+        kubeconfig = k8s.kubeconfig(tmp_path / "kubeconfig")
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        # read when kubernetes_asyncio is imported; KubeSpawner loads it once per API host
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        monkeypatch.delenv("JUPYTERHUB_SERVICE_NAME", raising=False)
+        ClusterGpus.clear_instance()
+        yield k8s
+        pending = [t for t in asyncio.all_tasks(jp_asyncio_loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        jp_asyncio_loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        KubeSpawner.reflectors.clear()
+        ClusterGpus.clear_instance()
 
 
 class FakeHub:
     """An in-memory JupyterHub database with users in groups, wrapped as the hub wraps them."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, k8s: FakeKubernetes):
+        config.KubeSpawner.k8s_api_host = k8s.url  # KubeSpawner loads its config per host
+        config.KubeSpawner.cmd = ["sleep", "600"]  # the container: nothing to talk to here
+        config.KubeSpawner.http_timeout = 5
+        config.KubeSpawner.start_timeout = 20
         self.config = config
         self.db = orm.new_session_factory("sqlite://")()
         self.settings = {
@@ -155,7 +173,9 @@ class FakeHub:
     def spawner(self, user: str | User, server: str = "") -> GpuKubeSpawner:
         """The user's spawner, as JupyterHub creates it (call inside the event loop)."""
         user = self.users[user] if isinstance(user, str) else user
-        return user.get_or_create_spawner(server, server)
+        if hasattr(user, "get_or_create_spawner"):  # JupyterHub >= 5
+            return user.get_or_create_spawner(server, server)
+        return user.spawners[server]  # JupyterHub 4 makes it on first access
 
     def started(self, spawner: GpuKubeSpawner, options: dict) -> GpuKubeSpawner:
         """What User.spawn does before it calls Spawner.start."""
@@ -167,11 +187,11 @@ class FakeHub:
 
 
 @pytest.fixture
-def make_hub():
+def make_hub(cluster):
     hubs = []
 
     def make(config: Config | None = None) -> FakeHub:
-        hubs.append(FakeHub(config or profiles_config()))
+        hubs.append(FakeHub(config or profiles_config(), cluster))
         return hubs[-1]
 
     yield make
@@ -184,21 +204,42 @@ def hub(make_hub):
     return make_hub()
 
 
+class Pods:
+    """The pods the API server holds, by the server's log name ("alice", "alice:pair")."""
+
+    def __init__(self, k8s: FakeKubernetes, client: ApiClient):
+        self.k8s, self.client = k8s, client
+
+    def _all(self) -> dict[str, V1Pod]:
+        pods = {}
+        for body in self.k8s.list("pods"):
+            notes = body["metadata"].get("annotations") or {}
+            user, server = (
+                notes["hub.jupyter.org/username"],
+                notes.get("hub.jupyter.org/servername"),
+            )
+            key = f"{user}:{server}" if server else user
+            pods[key] = self.client.deserialize(SimpleNamespace(data=json.dumps(body)), "V1Pod")
+        return pods
+
+    def __getitem__(self, name: str) -> V1Pod:
+        return self._all()[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._all()
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
 @pytest.fixture
-def pod_api(monkeypatch):
-    """KubeSpawner.start replaced at the Kubernetes API: build the pod it would create (after a
-    few yields to the event loop, as the API calls would), record it and return a URL."""
-    created: dict[str, V1Pod] = {}
+def pod_api(cluster, jp_asyncio_loop):
+    async def client():
+        return ApiClient()
 
-    async def start(self):
-        for _ in range(3):
-            await asyncio.sleep(0)
-        await self.load_user_options()
-        created[self._log_name] = await self.get_pod_manifest()
-        return f"http://{self.pod_name}.jupyter.svc:8888"
-
-    monkeypatch.setattr(kubespawner.KubeSpawner, "start", start)
-    return created
+    api = jp_asyncio_loop.run_until_complete(client())
+    yield Pods(cluster, api)
+    jp_asyncio_loop.run_until_complete(api.close())
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -225,14 +266,14 @@ def required_terms(pod: V1Pod) -> list[list[dict]]:
     return [
         [
             {"key": e["key"], "operator": e["operator"], "values": e["values"]}
-            for e in ApiClient().sanitize_for_serialization(term)["matchExpressions"]
+            for e in api_json(term)["matchExpressions"]
         ]
         for term in required.node_selector_terms
     ]
 
 
 def tolerations(pod: V1Pod) -> list[dict]:
-    return ApiClient().sanitize_for_serialization(pod.spec.tolerations or [])
+    return api_json(pod.spec.tolerations or [])
 
 
 def ownership(pod: V1Pod) -> tuple[dict, dict]:
@@ -242,10 +283,12 @@ def ownership(pod: V1Pod) -> tuple[dict, dict]:
 
 
 async def round_trip(pod: V1Pod) -> V1Pod:
-    """Serialize the pod as KubeSpawner sends it, read it back as the client reads the API's
-    answers (with client-side validation), and check nothing was lost."""
+    """Serialize the pod as KubeSpawner sends it, check it against the Kubernetes schemas as the
+    API server would, read it back as the client reads the API's answers (with client-side
+    validation), and check nothing was lost."""
     async with ApiClient() as api:
         body = api.sanitize_for_serialization(pod)
+        assert _schema_errors({"apiVersion": "v1", "kind": "Pod", **body}) == []
         back = api.deserialize(SimpleNamespace(data=json.dumps(body)), "V1Pod")
         # KubeSpawner sends CPU and memory as JSON numbers; the client reads quantities as strings.
         expected = json.loads(json.dumps(body))
@@ -486,6 +529,80 @@ async def test_profile_list_without_a_cpu_only_choice(make_hub):
         await hub.started(hub.spawner("rob"), {}).start()
 
 
+# -- capacity from the cluster ----------------------------------------------------------------
+
+
+def batch_pod(name: str, resource: str, amount: int, node_selector: dict) -> dict:
+    """A GPU pod of the namespace that the hub did not start (a training job)."""
+    limits = {resource: str(amount)}
+    return {
+        "metadata": {"name": name, "labels": {"app": "trainer"}},
+        "spec": {
+            "containers": [
+                {"name": "train", "image": "t", "command": ["sleep", "600"],
+                 "resources": {"limits": limits}}
+            ],
+            "nodeSelector": node_selector,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        },
+    }  # fmt: skip
+
+
+async def read_again(spawner) -> None:
+    ClusterGpus.instance().read_at = float("-inf")
+    await spawner.gpu_cluster.refresh(spawner.api, spawner.namespace, spawner.log)
+
+
+async def test_capacity_is_what_the_nodes_hold_less_gpu_pods_the_hub_did_not_start(
+    make_hub, cluster
+):
+    hub = make_hub(profiles_config(capacity={"h200-3g": 2}))  # this hub may use 2 of 4 slices
+    hub.user("alice", "vision")
+    alice = hub.spawner("alice")
+    await read_again(alice)
+    assert alice.gpu_capacity([]) == {
+        "h100": 8,
+        "h100x2": 8,
+        "h200-3g": 2,  # the configured cap
+        "l4-shared": 8,
+        "big-memory": 8,  # 80 GB or more: the H100s (the H200 node offers slices only)
+    }
+
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train-a", "nvidia.com/gpu", 3, h100))
+    cluster.create("pods", batch_pod("train-b", "nvidia.com/gpu.shared", 3, {}))
+    wait_for(lambda: cluster.get("pods", "train-a")["status"]["phase"] == "Running")
+    await read_again(alice)
+    capacity = alice.gpu_capacity([])
+    assert (capacity["h100"], capacity["h100x2"]) == (5, 4)  # pairs: whole pairs only
+    assert capacity["l4-shared"] == 5
+
+    # The hub's own pods are not subtracted: admission counts them as its servers.
+    await hub.started(alice, {"profile": "h100", "project": "p"}).start()
+    await read_again(alice)
+    assert alice.gpu_capacity([])["h100"] == 5
+    refused = await gpu_profile_list(hub.spawner(hub.user("vic", "vision")))
+    assert "vision: 1 of 2 guaranteed left" in by_slug(refused)["h100"]["description"]
+
+
+async def test_without_rbac_for_nodes_the_configured_capacity_stands(make_hub, cluster):
+    cluster.forbidden.add("nodes")
+    hub = make_hub()
+    hub.user("alice", "vision")
+    alice = hub.spawner("alice")
+    await read_again(alice)
+    assert alice.gpu_capacity([]) == CAPACITY
+    error = ClusterGpus.instance().error  # what the hub's log says, once
+    assert "403" in error and 'cannot list resource "nodes"' in error
+
+
+def wait_for(check, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
 # -- admission at start() ----------------------------------------------------------------------
 
 
@@ -495,7 +612,9 @@ async def test_start_within_quota_records_the_grant_and_labels_the_pod(hub, pod_
 
     url = await alice.start()
 
-    assert url.startswith("http://jupyter-alice")
+    pod = pod_api[alice._log_name]
+    assert pod.status.phase == "Running" and pod.spec.node_name == "h100-0"
+    assert url == f"http://{pod.status.pod_ip}:8888"  # the pod, scheduled and running
     grant = {
         "gpu-gov/tier": "h100",
         "gpu-gov/team": "vision",
@@ -509,7 +628,6 @@ async def test_start_within_quota_records_the_grant_and_labels_the_pod(hub, pod_
     hub.db.expire_all()
     row = hub.db.query(orm.Spawner).filter_by(id=alice.orm_spawner.id).one()
     assert {k: v for k, v in row.user_options.items() if k.startswith("gpu-gov/")} == grant
-    pod = pod_api[alice._log_name]
     assert ownership(pod)[0] == {"gpu-gov/user": "alice", **grant}
     assert container(pod).resources.limits == {"nvidia.com/gpu": "1"}
 
@@ -611,11 +729,30 @@ async def test_concurrent_starts_never_overshoot(make_hub, pod_api, capacity, ad
 # -- the example cluster config ----------------------------------------------------------------
 
 
+# The cluster the example describes: 3 HGX H100 nodes serving single cards, 1 serving NVLink
+# pairs (labelled by the admin), one H200 node as all-3g.71gb, one as all-1g.18gb.
+EXAMPLE_NODES = [
+    *(
+        gpu_node(f"hgx-{i}", "NVIDIA-H100-80GB-HBM3",
+                 labels={"node.example.org/gpu-pool": "h100-singles" if i < 3 else "h100-pairs"})
+        for i in range(4)
+    ),
+    gpu_node("h200-half", "NVIDIA-H200", memory_mib=143771, mig={"3g.71gb": 16}),
+    gpu_node("h200-small", "NVIDIA-H200", memory_mib=143771, mig={"1g.18gb": 56}),
+]  # fmt: skip
+
+
+def example_cluster(k8s: FakeKubernetes) -> None:
+    for node in EXAMPLE_NODES:
+        k8s.add_node(node)
+
+
 def load_example() -> Config:
     return PyFileConfigLoader("jupyterhub_config.py", path=str(EXAMPLE)).load_config()
 
 
-async def test_example_config_loads_and_builds_h200_mig_and_h100_pods(make_hub):
+async def test_example_config_loads_and_builds_h200_mig_and_h100_pods(make_hub, cluster):
+    example_cluster(cluster)
     config = load_example()
     assert config.JupyterHub.spawner_class.endswith("GpuKubeSpawner")
     services = config.JupyterHub.services.get_value([])
@@ -659,35 +796,55 @@ async def test_example_config_loads_and_builds_h200_mig_and_h100_pods(make_hub):
         await admitted_pod(hub.spawner("rob", "unnamed"), {"profile": "h200-1g"})
 
 
-async def test_example_config_runs_as_a_z2jh_config_file(make_hub):
-    """The chart execs files in jupyterhub_config.d with its own `c` (and a `get_config` that
-    reads Helm values): the example uses that `c` and keeps what the chart set."""
-    config = Config()
-    dedicated = {
-        "key": "hub.jupyter.org/dedicated",
-        "operator": "Equal",
-        "value": "user",
-        "effect": "NoSchedule",
-    }
-    config.KubeSpawner.tolerations = [dedicated]
-    config.KubeSpawner.environment = {"FROM_EXTRA_ENV": "1"}  # singleuser.extraEnv
-    config.JupyterHub.services = []
+def chart_config(tmp_path, *overlays) -> Config:
+    """The documented values (with ``overlays``) loaded through the chart's own
+    jupyterhub_config.py, in the chart's order (tests/z2jh_harness.py)."""
+    values = z2jh.load_values(EXAMPLE / "values.yaml", *overlays)
+    z2jh.set_file(values, "hub.extraFiles.gpu-gov.stringData", EXAMPLE / "jupyterhub_config.py")
+    root = tmp_path / "z2jh"
+    env = z2jh.hub_env(values, root, ports={"hub": 8081, "proxy-api": 8001})
+    return z2jh.load(root, values, env)
 
-    def z2jh_get_config(key, default=None):
-        return default
 
-    source = (EXAMPLE / "jupyterhub_config.py").read_text()
-    exec(compile(source, "gpu-gov.py", "exec"), {"c": config, "get_config": z2jh_get_config})
+async def test_documented_values_load_in_the_charts_order_and_spawn_a_tier(
+    make_hub, cluster, tmp_path
+):
+    """The chart sets c.KubeSpawner.profile_list from singleuser.profileList ([]) before it runs
+    jupyterhub_config.d and hub.extraConfig: the tiers must still be offered, and a tier's pod
+    keeps what the chart configured (its dedicated-node toleration, singleuser.extraEnv)."""
+    example_cluster(cluster)
+    config = chart_config(tmp_path, {"singleuser": {"extraEnv": {"FROM_EXTRA_ENV": "1"}}})
+    assert config.KubeSpawner.profile_list == []  # what the chart set
+    assert config.JupyterHub.spawner_class.endswith("GpuKubeSpawner")
+    services = {s["name"]: s for s in config.JupyterHub.services}
+    assert "gpu-gov" in services
     GpuProfiles.clear_instance()
 
     hub = make_hub(config)
     hub.user("vic", "vision")
-    pod = await admitted_pod(hub.spawner("vic"), {"profile": "h100", "project": "detection"})
-    assert tolerations(pod) == [dedicated, GPU_TAINT]
+    vic = hub.spawner("vic")
+    assert vic.profile_list is gpu_profile_list
+    assert {p["slug"] for p in await gpu_profile_list(vic)} >= {"h100", "h100x2", "h200-1g"}
+    pod = await admitted_pod(vic, {"profile": "h100", "project": "detection"})
+    dedicated = {"key": "hub.jupyter.org/dedicated", "operator": "Equal", "value": "user", "effect": "NoSchedule"}  # fmt: skip
+    assert dedicated in tolerations(pod) and GPU_TAINT in tolerations(pod)
+    assert container(pod).resources.limits["nvidia.com/gpu"] == "1"
     env = {e.name: e.value for e in container(pod).env}
     assert env["FROM_EXTRA_ENV"] == "1"
     assert env["JUPYTER_GPU_GOV_URL"] == "http://hub:10101/services/gpu-gov/"
     assert ownership(pod)[0]["gpu-gov/tier"] == "h100"
+    assert pod.metadata.labels["release"] == "jhub"  # the chart's common labels
+    await round_trip(pod)
+
+
+def test_an_admins_own_profile_list_is_refused_with_what_to_do(tmp_path):
+    profiles = [{"display_name": "Data science", "slug": "datascience", "kubespawner_override": {}}]
+    with pytest.raises(ValueError) as refused:
+        chart_config(tmp_path, {"singleuser": {"profileList": profiles}})
+    message = str(refused.value)
+    assert "singleuser.profileList" in message and "'datascience'" in message
+    assert "leave singleuser.profileList empty" in message
+    assert "kubespawner_override" in message
 
 
 def test_example_config_gives_the_governor_its_policies(monkeypatch):

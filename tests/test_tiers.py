@@ -10,7 +10,9 @@ from jupyter_gpu_gov.profiles.tiers import (
     GPU_RESOURCE,
     GPU_TOLERATION,
     SHARED_RESOURCE,
+    CardError,
     TierError,
+    load_cards,
     load_tiers,
 )
 
@@ -243,3 +245,91 @@ CATALOGUE = load_tiers(
 )
 def test_fits_device(tier, name, mig, memory_mb, fits):
     assert CATALOGUE[tier].fits_device(name, mig, memory_mb) is fits
+
+
+# -- the catalogue ------------------------------------------------------------------------------
+
+# Every card the catalogue must know, a GPU feature discovery product of it, and its MIG
+# profiles as NVIDIA's MIG user guide lists them ("Supported MIG Profiles").
+CATALOGUE_CARDS = [
+    ("A30-24GB", "NVIDIA-A30", ["1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"]),
+    ("A100-40GB", "NVIDIA-A100-SXM4-40GB",
+     ["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]),
+    ("A100-80GB", "NVIDIA-A100-80GB-PCIe",
+     ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+    ("H100-SXM-80GB", "NVIDIA-H100-80GB-HBM3",
+     ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+    ("H100-PCIe-80GB", "NVIDIA-H100-PCIe",
+     ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+    ("H100-NVL-94GB", "NVIDIA-H100-NVL",
+     ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"]),
+    ("H200-141GB", "NVIDIA-H200",
+     ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]),
+    ("GH200-96GB", "NVIDIA-GH200-480GB",
+     ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"]),
+    ("GH200-144GB", "NVIDIA-GH200-144G-HBM3e",
+     ["1g.18gb", "1g.18gb+me", "1g.36gb", "2g.36gb", "3g.72gb", "4g.72gb", "7g.144gb"]),
+    ("B200-180GB", "NVIDIA-B200",
+     ["1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"]),
+    ("L4-24GB", "NVIDIA-L4", []),
+    ("L40S-48GB", "NVIDIA-L40S", []),
+    ("T4-16GB", "Tesla-T4", []),
+    ("V100-16GB", "Tesla-V100-SXM2-16GB", []),
+    ("V100-32GB", "Tesla-V100-PCIE-32GB", []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("card", "product", "profiles"), CATALOGUE_CARDS)
+def test_the_catalogue_knows_the_card_and_every_mig_profile(card, product, profiles):
+    whole = one({"name": "whole", "gpu": card})
+    selected = whole.node_selector.get("nvidia.com/gpu.product")
+    assert product == selected or product in whole.node_affinity[0]["values"]
+    for profile in profiles:
+        tier = one({"name": "slice", "gpu": card, "mig": profile})
+        # The device plugin spells '+' as '.': '+' is no character of a resource name.
+        assert tier.resource == "nvidia.com/mig-" + profile.replace("+", ".")
+        assert 1 / 8 <= tier.weight <= 1
+    if not profiles:
+        with pytest.raises(TierError, match="'mig' needs 'gpu' naming a MIG-capable card"):
+            load_tiers([{"name": "slice", "gpu": card, "mig": "1g.10gb"}])
+
+
+def test_a30_slices_are_quarters_of_the_card():
+    """The A30 has 4 compute and 4 memory slices, not the 7 and 8 of the larger cards."""
+    quarter = one({"name": "a30-1g", "gpu": "A30-24GB", "mig": "1g.6gb"})
+    half = one({"name": "a30-2g", "gpu": "A30-24GB", "mig": "2g.12gb+me"})
+    assert (quarter.weight, half.weight) == (0.25, 0.5)
+    assert half.resource == "nvidia.com/mig-2g.12gb.me"
+    assert half.summary == "MIG slice 2g.12gb+me of an A30-24GB · 12 GB GPU memory"
+
+
+def test_admin_cards_extend_the_catalogue_and_errors_name_the_card():
+    cards = load_cards(
+        {
+            "RTX-6000-Ada-48GB": {"products": ["NVIDIA-RTX-6000-Ada-Generation"], "memory_gb": 48},
+            "H100-80GB": {"products": ["NVIDIA-H100-80GB-HBM3"], "memory_gb": 80},  # SXM only
+        }
+    )
+    tiers = load_tiers(
+        [{"name": "rtx", "gpu": "RTX-6000-Ada-48GB"}, {"name": "h100", "gpu": "H100-80GB"}], cards
+    )
+    assert tiers["rtx"].node_selector == {
+        "nvidia.com/gpu.product": "NVIDIA-RTX-6000-Ada-Generation"
+    }
+    assert tiers["h100"].node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert "B200-180GB" in cards  # the built-in ones stay
+    with pytest.raises(TierError, match=r"add one with c\.GpuProfiles\.cards"):
+        load_tiers([{"name": "rtx", "gpu": "RTX-6000-Ada-48GB"}])
+
+    for entry, words in [
+        ({"memory_gb": 48}, "'products'"),
+        ({"products": ["a b"], "memory_gb": 48}, "'products'"),
+        ({"products": ["X"], "memory_gb": "48"}, "'memory_gb'"),
+        ({"products": ["X"], "memory_gb": 48, "mig_profiles": ["half"]}, "'mig_profiles'"),
+        ({"products": ["X"], "memory_gb": 48, "mig_profiles": ["1g.96gb"]}, "larger than"),
+        ({"products": ["X"], "memory_gb": 48, "mig_slices": [9, 8]}, "'mig_slices'"),
+        ({"products": ["X"], "memory_gb": 48, "colour": "red"}, "'colour'"),
+    ]:
+        with pytest.raises(CardError) as error:
+            load_cards({"X-48GB": entry})
+        assert str(error.value).startswith("card 'X-48GB':") and words in str(error.value)

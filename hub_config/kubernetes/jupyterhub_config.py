@@ -223,7 +223,12 @@ if not IN_GOVERNOR:
         c,
         url=GOVERNOR_URL,
         args=[f"--config={THIS_FILE}"],
-        environment={"GPU_GOV_CONFIG_FILE": THIS_FILE},
+        # A managed service does not inherit the hub's environment: pass hub.extraEnv's
+        # GPU_GOV_* settings on, since the governor reads this file too.
+        environment={
+            **{k: v for k, v in os.environ.items() if k.startswith("GPU_GOV_")},
+            "GPU_GOV_CONFIG_FILE": THIS_FILE,
+        },
         admin_groups=["gpu-admins"],
     )
     # add_governor sets c.Spawner.environment; the chart puts singleuser.extraEnv into

@@ -1,11 +1,17 @@
 """Choosing a GPU backend by name: ``auto | nvml | simulated | none``.
 
 The simulated backend is only ever chosen explicitly, never as a silent fallback: a production
-server without a working driver reports ``none`` (no GPUs), not made-up ones.
+server without a working driver reports ``none`` (no GPUs), not made-up ones. But a server that
+has GPU device files (``/dev/nvidia0``: a GPU pod, a workstation) and cannot load NVML (no
+nvidia-ml-py, the driver's library not mounted) is not a server without GPUs: ``auto`` then
+logs a loud warning and keeps the NVML backend, whose failure reads ``unavailable`` (unknown,
+never idle), not ``none``.
 """
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
 from collections.abc import Sequence
 
@@ -15,6 +21,7 @@ from .base import GpuBackend
 
 CHOICES = ("auto", "nvml", "simulated", "none")
 ENV_VAR = "JUPYTER_GPU_GOV_BACKEND"
+DEVICE_FILES = "/dev/nvidia[0-9]*"
 
 
 class NoGpuBackend:
@@ -47,6 +54,8 @@ def make_backend(
     *,
     simulated_devices: Sequence[dict] | None = None,
     sim_state_path: str | None = None,
+    log: logging.Logger | None = None,
+    device_files: str = DEVICE_FILES,
 ) -> GpuBackend:
     """Build the backend. Call it from the thread that will sample (NVML stays on one thread)."""
     if choice == "simulated":
@@ -61,6 +70,17 @@ def make_backend(
 
         # "nvml" keeps an NvmlBackend even when it fails, so the failure shows as "unavailable".
         if choice == "nvml" or nvml_available():
+            return NvmlBackend()
+        found = sorted(glob.glob(device_files))
+        if found:
+            (log or logging.getLogger("jupyter_gpu_gov")).warning(
+                "jupyter-gpu-gov: THIS SERVER HAS GPUS (%s) BUT NVML CANNOT BE LOADED: its GPU use "
+                "reads 'unavailable' until it can. Install nvidia-ml-py (it comes with "
+                "jupyter-gpu-gov) and make the driver's libnvidia-ml.so.1 visible (on Kubernetes, "
+                "the NVIDIA container runtime with NVIDIA_DRIVER_CAPABILITIES including "
+                "'utility'). Set JUPYTER_GPU_GOV_BACKEND=none if these GPUs are not yours.",
+                ", ".join(found[:4]) + (", ..." if len(found) > 4 else ""),
+            )
             return NvmlBackend()
     return NoGpuBackend()
 

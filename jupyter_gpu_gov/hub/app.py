@@ -29,6 +29,7 @@ from ..core import clock
 from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
+from . import metrics
 from .dcgm import DcgmConfig, DcgmSource
 from .diagnosis import DiagnosisOptions
 from .diagnosis import preload as preload_diagnosis
@@ -692,6 +693,7 @@ class GpuGovernor(Application):
             result = await self.governor.reconcile()
             if result.actions:
                 self.log.info("gpu-gov: reconciled %d servers: %s", result.servers, result.actions)
+            metrics.DCGM_ERRORS.inc(len(result.dcgm_errors))
             for error in result.dcgm_errors:
                 self.log.warning("gpu-gov: DCGM: %s", error)
         except Exception:

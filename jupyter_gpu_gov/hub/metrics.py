@@ -47,6 +47,12 @@ STORE_ERRORS = Counter(
     "Writes the store refused (locked, full, unreachable); their actions were not taken",
     registry=REGISTRY,
 )
+DCGM_ERRORS = Counter(
+    "jupyter_gpu_gov_dcgm_errors_total",
+    "DCGM reads that failed or came back partial (an exporter or Prometheus not answering, a "
+    "malformed answer, a Prometheus warning); those passes govern without DCGM",
+    registry=REGISTRY,
+)
 RECONCILE_SECONDS = Histogram(
     "jupyter_gpu_gov_reconcile_duration_seconds",
     "Wall time of one reconcile pass over every server",
@@ -83,9 +89,16 @@ TEAM_SERVERS = Gauge(
 )
 SERVER_INFO = Gauge(
     "jupyter_gpu_gov_server_gpu_equivalents",
-    "GPU-equivalents each running server holds, with its ownership and governor state (join "
-    "with dcgm-exporter series on the pod, or on user and server)",
-    ("user", "server", "team", "project", "tier", "state", "pod", "namespace"),
+    "GPU-equivalents each running server holds, with its ownership (join with dcgm-exporter "
+    "series on the pod, or on user and server). No state label: a series per server for its "
+    "whole life; states are counted in jupyter_gpu_gov_team_gpu_equivalents",
+    ("user", "server", "team", "project", "tier", "pod", "namespace"),
+    registry=REGISTRY,
+)
+TEAM_GPUS = Gauge(
+    "jupyter_gpu_gov_team_gpu_equivalents",
+    "GPU-equivalents held by running servers, by team and governor state",
+    ("team", "state"),
     registry=REGISTRY,
 )
 
@@ -105,11 +118,14 @@ _server_series: dict[tuple[str, ...], float] = {}
 
 
 def observe_states(rows: Iterable, gpus: dict | None = None, pods: dict | None = None) -> None:
-    """Servers by state, by team and state, and one series per server (its GPU-equivalents,
-    from ``gpus``: server key -> GPU-equivalents; ``pods``: key -> (namespace, pod))."""
+    """Servers by state, by team and state, GPU-equivalents by team and state, and one series
+    per server (its GPU-equivalents, from ``gpus``: server key -> GPU-equivalents; ``pods``:
+    key -> (namespace, pod)). A server's own series carries no state, so a change of state
+    moves a count, never makes a new series."""
     gpus, pods = gpus or {}, pods or {}
     by_state: Tally = Tally()
     by_team: Tally = Tally()
+    held: Tally = Tally()
     series = {}
     for row in rows:  # each attribute read once: rows are ORM objects, 10,000 of them
         key, state, team = row.key, row.state, row.team or ""
@@ -117,12 +133,14 @@ def observe_states(rows: Iterable, gpus: dict | None = None, pods: dict | None =
         by_team[team, state] += 1
         namespace, pod = pods.get(key) or ("", "")
         labels = (row.user, row.name, team, row.project or "", row.tier or "")
-        series[(*labels, state, pod, namespace)] = gpus.get(key, 0.0)
+        series[(*labels, pod, namespace)] = gpus.get(key, 0.0)
+        held[team, state] += gpus.get(key, 0.0)
     for state in STATES:
         SERVERS.labels(state).set(by_state.get(state, 0))
-    TEAM_SERVERS.clear()
-    for (team, state), count in by_team.items():
-        TEAM_SERVERS.labels(team, state).set(count)
+    for gauge, counts in ((TEAM_SERVERS, by_team), (TEAM_GPUS, held)):
+        gauge.clear()
+        for (team, state), count in counts.items():
+            gauge.labels(team, state).set(count)
     # Update in place: a series made anew costs a label check, 0.5 s a pass at 10,000 servers;
     # and only where the value changed (most do not, pass after pass): labels() costs 3 µs.
     for gone in _server_series.keys() - series.keys():

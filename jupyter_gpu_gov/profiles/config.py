@@ -6,15 +6,20 @@ stops the hub with a message that names the entry and the key, before anyone spa
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 
 from traitlets import Bool, Dict, List, TraitError, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
 from .quota import QuotaError, TeamQuota, load_quotas
-from .tiers import Tier, TierError, load_tiers
+from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers
 
 LABEL_PREFIX = "gpu-gov/"  # the same prefix as core.policy's ownership labels
+# A Kubernetes label prefix: a DNS subdomain, then '/'.
+_PREFIX = re.compile(
+    r"^(?=.{1,253}/$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/$"
+)
 
 
 class GpuProfiles(SingletonConfigurable):
@@ -49,9 +54,34 @@ class GpuProfiles(SingletonConfigurable):
         """,
     ).tag(config=True)
 
+    cards = Dict(
+        help="""Cards added to the built-in catalogue (or replacing one of the same key), key ->
+        dict: ``products`` (nvidia.com/gpu.product values), ``memory_gb``, and for MIG-capable
+        cards ``mig_profiles`` and ``mig_slices`` ([compute, memory], default [7, 8]).
+
+        Example::
+
+            c.GpuProfiles.cards = {
+                "RTX-6000-Ada-48GB": {"products": ["NVIDIA-RTX-6000-Ada-Generation"],
+                                      "memory_gb": 48},
+            }
+        """,
+    ).tag(config=True)
+
     capacity = Dict(
-        help="""Devices per tier in the cluster (Kubernetes), e.g. ``{"h100": 16}``. A tier without
-        an entry is bounded by quotas alone. Workstation spawners count their own devices.""",
+        help="""Devices per tier, e.g. ``{"h100": 16}``. On Kubernetes, GpuKubeSpawner counts the
+        devices of the nodes each tier selects (less what pods the hub did not start hold) when it
+        may read nodes; an entry here then caps that count (a share of the cluster for this hub),
+        and stands in for it while nodes cannot be read. A tier without an entry or a count is
+        bounded by quotas alone. Workstation spawners count their own devices.""",
+    ).tag(config=True)
+
+    label_prefix = Unicode(
+        LABEL_PREFIX,
+        help="""Prefix of the ownership labels and annotations on user pods (``<prefix>team``,
+        ``<prefix>tier``, ...): a DNS subdomain and '/', e.g. ``gpu-gov.example.org/``.
+        dcgm-exporter's pod labels and showback dashboards then carry that prefix. The governor
+        reads ownership from the Hub, not from pod labels, so it needs no change.""",
     ).tag(config=True)
 
     team_map = Dict(
@@ -84,12 +114,28 @@ class GpuProfiles(SingletonConfigurable):
         True, help="Offer a 'No GPU' choice on the spawn form (not counted against quotas)."
     ).tag(config=True)
 
-    @validate("tiers")
-    def _valid_tiers(self, proposal):
+    @cached_property
+    def card_map(self) -> dict[str, Card]:
         try:
-            load_tiers(proposal.value)
-        except TierError as error:
-            raise TraitError(f"GpuProfiles.tiers: {error}") from None
+            return load_cards(self.cards)
+        except CardError as error:
+            raise TraitError(f"GpuProfiles.cards: {error}") from None
+
+    @validate("cards")
+    def _valid_cards(self, proposal):
+        try:
+            load_cards(proposal.value)
+        except CardError as error:
+            raise TraitError(f"GpuProfiles.cards: {error}") from None
+        return proposal.value
+
+    @validate("label_prefix")
+    def _valid_label_prefix(self, proposal):
+        if not _PREFIX.match(proposal.value):
+            raise TraitError(
+                "GpuProfiles.label_prefix must be a DNS subdomain followed by '/' (lower-case "
+                f"letters, digits, '-' and '.'), such as 'gpu-gov/', got {proposal.value!r}"
+            )
         return proposal.value
 
     @validate("capacity")
@@ -103,7 +149,11 @@ class GpuProfiles(SingletonConfigurable):
 
     @cached_property
     def tier_map(self) -> dict[str, Tier]:
-        return load_tiers(self.tiers)
+        # Checked here rather than when set: the tiers may name cards set after them.
+        try:
+            return load_tiers(self.tiers, self.card_map)
+        except TierError as error:
+            raise TraitError(f"GpuProfiles.tiers: {error}") from None
 
     @cached_property
     def quota_map(self) -> dict[str, TeamQuota]:

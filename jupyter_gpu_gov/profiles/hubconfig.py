@@ -10,6 +10,11 @@
 It checks the tiers and quotas now, so a mistake stops the hub at start-up with a message naming
 the entry and the key, sets the spawner class, and adds the spawn form's memory estimate at
 ``/hub/gpu-gov/estimate``.
+
+On Kubernetes the Zero to JupyterHub chart has already set ``c.KubeSpawner.profile_list`` from
+``singleuser.profileList`` when ``hub.extraConfig`` runs: the chart's default, ``[]``, is taken
+as "GpuKubeSpawner's tiers"; an admin's own profiles are refused here, at start-up, with what to
+do instead (the spawn form offers tiers, not profiles, so they could never be chosen).
 """
 
 from __future__ import annotations
@@ -31,5 +36,25 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
             f"add_gpu_profiles: spawner must be one of {', '.join(SPAWNERS)}, got {spawner!r}"
         )
     GpuProfiles(config=c).check()
+    if spawner == "kubernetes":
+        for section in ("KubeSpawner", "GpuKubeSpawner"):
+            if "profile_list" in c[section]:
+                profiles = c[section].profile_list
+                if profiles != [] and not callable(profiles):
+                    raise ValueError(profile_list_refusal(profiles, f"{section}.profile_list"))
     c.JupyterHub.spawner_class = SPAWNERS[spawner]
     c.JupyterHub.extra_handlers.append((r"/gpu-gov/estimate", EstimateHandler))
+
+
+def profile_list_refusal(profiles, source: str) -> str:
+    """Why an admin's own profile list cannot stand beside the GPU tiers, and what to do."""
+    slugs = [p.get("slug") or p.get("display_name") for p in profiles if isinstance(p, dict)]
+    named = f" ({', '.join(map(repr, slugs[:5]))})" if slugs else ""
+    return (
+        f"{source} has {len(profiles) if isinstance(profiles, list) else 'a'} profile(s) of its "
+        f"own{named}, set in z2jh by singleuser.profileList. GpuKubeSpawner builds the profile "
+        "list from c.GpuProfiles.tiers and its spawn form offers those tiers, so these could "
+        "never be chosen: leave singleuser.profileList empty ([], the chart's default), and move "
+        "each profile's kubespawner_override into a tier's 'kubespawner_override' (GPU) or into "
+        "singleuser settings (CPU-only servers, the 'No GPU' choice)."
+    )

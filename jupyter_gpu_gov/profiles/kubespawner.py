@@ -8,11 +8,15 @@
 - the spawn form is the profile layer's (tiers, team, project, the memory estimate);
 - ``start()`` admits the server against a fresh count before KubeSpawner creates the pod;
 - the pod carries the ownership labels (``gpu-gov/user``, ``team``, ``project``, ``tier``,
-  ``borrowed``, ``max-age``) that dcgm-exporter's pod-label feature and the governor read, with
-  the raw values in annotations of the same names.
+  ``borrowed``, ``max-age``; the prefix is ``GpuProfiles.label_prefix``) that dcgm-exporter's
+  pod-label feature and dashboards read, with the raw values in annotations of the same names;
+- capacity comes from the cluster (``profiles/cluster.py``): the devices of the nodes each tier
+  selects, less what GPU pods the hub did not start hold, read every ``cluster_refresh`` seconds.
 
 Use it with ``c.JupyterHub.spawner_class = "jupyter_gpu_gov.profiles.kubespawner.GpuKubeSpawner"``
-(``add_gpu_profiles(c, spawner="kubernetes")`` does that).
+(``add_gpu_profiles(c, spawner="kubernetes")`` does that). The Zero to JupyterHub chart always
+sets ``c.KubeSpawner.profile_list`` from ``singleuser.profileList`` (default ``[]``): an empty list
+means "ours", anything else is refused with a message saying what to do.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from typing import Any
 
 from kubespawner import KubeSpawner
 from kubespawner.slugs import is_valid_label, safe_slug
-from traitlets import default
+from traitlets import TraitError, default, validate
 
+from .cluster import ClusterGpus
 from .config import LABEL_PREFIX
+from .hubconfig import profile_list_refusal
 from .quota import tier_use
 from .spawner import NO_GPU, GpuProfilesMixin
 from .tiers import Tier
@@ -35,16 +41,17 @@ OWNER = f"{LABEL_PREFIX}user"
 def tier_override(tier: Tier) -> dict[str, Any]:
     """What a tier sets on KubeSpawner (the admin's own ``kubespawner_override`` last).
 
-    Tolerations and required node affinity are added to what KubeSpawner is configured with
-    (e.g. z2jh's ``hub.jupyter.org/dedicated`` tolerations and node-purpose affinity), not put in
-    its place: they are callables of the spawner, as ``kubespawner_override`` allows.
+    Node selector, tolerations and required node affinity are added to what KubeSpawner is
+    configured with (e.g. z2jh's ``singleuser.nodeSelector``, ``hub.jupyter.org/dedicated``
+    tolerations and node-purpose affinity), not put in its place: they are callables of the
+    spawner, as ``kubespawner_override`` allows.
     """
     tolerations = [dict(t) for t in tier.tolerations]
     expressions = [dict(e) for e in tier.node_affinity]
     override: dict[str, Any] = {
         # Extended resources are requested by their limit (the request defaults to it).
         "extra_resource_limits": {tier.resource: str(tier.count)},
-        "node_selector": dict(tier.node_selector),
+        "node_selector": lambda spawner: {**spawner.node_selector, **tier.node_selector},
         "tolerations": lambda spawner: _with_tolerations(spawner.tolerations, tolerations),
     }
     if expressions:
@@ -79,6 +86,7 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
     """KubeSpawner's ``profile_list``: the tiers offered to the user's teams, with what is left."""
     conf = spawner.gpu_profiles
     teams = await spawner.gpu_teams()
+    await spawner.gpu_cluster.refresh(spawner.api, spawner.namespace, spawner.log)
     usage = spawner.gpu_usage()
     capacity = spawner.gpu_capacity(usage)
     descriptions: dict[str, list[str]] = {}
@@ -135,6 +143,39 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
     def _gpu_profile_list(self):
         return gpu_profile_list
 
+    @validate("profile_list")
+    def _gpu_only_profile_list(self, proposal):
+        # z2jh sets profile_list from singleuser.profileList, [] by default: that means ours.
+        if proposal.value is gpu_profile_list or proposal.value == []:
+            return gpu_profile_list
+        raise TraitError(profile_list_refusal(proposal.value, "GpuKubeSpawner.profile_list"))
+
+    @property
+    def gpu_cluster(self) -> ClusterGpus:
+        return ClusterGpus.instance(config=self.config)
+
+    def gpu_capacity(self, usage):
+        static = dict(self.gpu_profiles.capacity)
+        counted = self.gpu_cluster.capacity(
+            self.gpu_profiles.tier_map, self, own_labels=self._gpu_own_labels()
+        )
+        if counted is None:  # nodes not readable (yet): the configured numbers
+            return static
+        return {t: min(n, static[t]) if t in static else n for t, n in counted.items()}
+
+    def _gpu_own_labels(self) -> dict[str, str]:
+        """Labels every pod this hub starts carries (KubeSpawner's and the chart's)."""
+        return {**self.common_labels, "component": self.component_label}
+
+    async def get_options_form(self):
+        await self.gpu_cluster.refresh(self.api, self.namespace, self.log)
+        return await super().get_options_form()
+
+    async def start(self):
+        # A fresh enough reading of the cluster before admission counts (and awaits nothing).
+        await self.gpu_cluster.refresh(self.api, self.namespace, self.log)
+        return await super().start()
+
     async def load_user_options(self):
         # JupyterHub keeps a server's Spawner across stop and start, and KubeSpawner merges a
         # profile's overrides into the current values: put back what the tiers override as it
@@ -153,7 +194,11 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         pod = await super().get_pod_manifest()
         grant = self.gpu_grant
         if grant:
-            raw = {OWNER: self.user.name, **grant}
+            prefix = self.gpu_profiles.label_prefix
+            raw = {
+                prefix + key.removeprefix(LABEL_PREFIX): value
+                for key, value in {OWNER: self.user.name, **grant}.items()
+            }
             pod.metadata.labels.update(
                 {key: safe_slug(value, is_valid=is_valid_label) for key, value in raw.items()}
             )

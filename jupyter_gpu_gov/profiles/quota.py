@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .tiers import Tier
+from .tiers import Tier, check_entry
 
 _EPS = 1e-9
 _KEYS = {"guaranteed", "borrowing_limit", "lending_limit", "tiers", "user_cap", "priority"}
@@ -103,13 +103,7 @@ def load_quotas(
         label = f"quota for team {team!r}"
         if not isinstance(team, str) or not team:
             raise QuotaError(f"quota team names must be non-empty strings, got {team!r}")
-        if not isinstance(entry, Mapping):
-            raise QuotaError(f"{label}: expected a dict, got {type(entry).__name__}")
-        unknown = set(entry) - _KEYS
-        if unknown:
-            raise QuotaError(
-                f"{label}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(_KEYS))})"
-            )
+        check_entry(label, entry, _KEYS, QuotaError)
         try:
             quotas[team] = _quota(team, entry, tiers)
         except ValueError as error:

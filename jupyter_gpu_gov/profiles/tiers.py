@@ -26,10 +26,9 @@ from typing import Any
 from ..core.durations import format_duration, parse_duration
 
 MIN_SHARE = 1 / 8  # no slice smaller than an eighth of a card
-MIG_COMPUTE_SLICES = 7  # A100, H100, H200
-MIG_MEMORY_SLICES = 8
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"  # time-slicing with renameByDefault: true
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # the device plugin's mixed strategy
 PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU feature discovery
 MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, GPU feature discovery
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
@@ -45,43 +44,60 @@ class Card:
     products: tuple[str, ...]  # nvidia.com/gpu.product values (NVML names with '-' for ' ')
     memory_gb: int
     mig_profiles: tuple[str, ...] = ()
+    mig_slices: tuple[int, int] = (7, 8)  # compute and memory slices of the whole card
 
 
+def _mig(*sizes: str, me: str = "", slices: tuple[int, int] = (7, 8)) -> dict[str, Any]:
+    """A card's MIG profiles as NVIDIA's MIG user guide lists them; ``me``: the profile that
+    also exists with the media extensions (``+me``: the card's decoders, JPEG and OFA)."""
+    profiles = [*sizes[:1], *([f"{me}+me"] if me else []), *sizes[1:]]
+    return {"mig_profiles": tuple(profiles), "mig_slices": slices}
+
+
+_A100_80 = _mig("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", me="1g.10gb")
+_H100_94 = _mig("1g.12gb", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb", me="1g.12gb")
+_H200 = _mig("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb", me="1g.18gb")
+
+# The built-in catalogue: NVIDIA's MIG user guide ("Supported MIG Profiles") for the profiles,
+# GPU feature discovery's nvidia.com/gpu.product values (the NVML name, spaces as dashes) for
+# the products. c.GpuProfiles.cards adds cards or replaces these by key.
 CARDS: dict[str, Card] = {
     card.key: card
     for card in (
-        Card(
-            "A100-40GB",
-            ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"),
-            40,
-            ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
-        ),
-        Card(
-            "A100-80GB",
-            ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"),
-            80,
-            ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-        ),
-        Card(
-            "H100-80GB",
-            ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"),
-            80,
-            ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-        ),
-        Card(
-            "H200-141GB",
-            ("NVIDIA-H200", "NVIDIA-H200-NVL"),
-            141,
-            ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
-        ),
+        Card("A30-24GB", ("NVIDIA-A30",), 24,
+             **_mig("1g.6gb", "2g.12gb", "2g.12gb+me", "4g.24gb", me="1g.6gb", slices=(4, 4))),
+        Card("A100-40GB", ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"), 40,
+             **_mig("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb", me="1g.5gb")),
+        Card("A100-80GB", ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"), 80, **_A100_80),
+        # Any 80 GB H100 (SXM or PCIe); the next two name one form factor each.
+        Card("H100-80GB", ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"), 80, **_A100_80),
+        Card("H100-SXM-80GB", ("NVIDIA-H100-80GB-HBM3",), 80, **_A100_80),
+        Card("H100-PCIe-80GB", ("NVIDIA-H100-PCIe",), 80, **_A100_80),
+        Card("H100-NVL-94GB", ("NVIDIA-H100-NVL",), 94, **_H100_94),
+        Card("H200-141GB", ("NVIDIA-H200", "NVIDIA-H200-NVL"), 141, **_H200),
+        Card("GH200-96GB", ("NVIDIA-GH200-480GB",), 96,
+             **_mig("1g.12gb", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb",
+                    me="1g.12gb")),
+        Card("GH200-144GB", ("NVIDIA-GH200-144G-HBM3e",), 144,
+             **_mig("1g.18gb", "1g.36gb", "2g.36gb", "3g.72gb", "4g.72gb", "7g.144gb",
+                    me="1g.18gb")),
+        Card("B200-180GB", ("NVIDIA-B200",), 180,
+             **_mig("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb",
+                    me="1g.23gb")),
         Card("L40S-48GB", ("NVIDIA-L40S",), 48),
         Card("L4-24GB", ("NVIDIA-L4",), 24),
         Card("A10-24GB", ("NVIDIA-A10",), 24),
+        Card("T4-16GB", ("Tesla-T4",), 16),
+        Card("V100-16GB", ("Tesla-V100-SXM2-16GB", "Tesla-V100-PCIE-16GB"), 16),
+        Card("V100-32GB", ("Tesla-V100-SXM2-32GB", "Tesla-V100-PCIE-32GB",
+                           "Tesla-V100S-PCIE-32GB"), 32),
     )
-}
+}  # fmt: skip
 
-_MIG = re.compile(r"^([1-7])g\.(\d+)gb$")
+_MIG = re.compile(r"^([1-7])g\.(\d+)gb(\+me)?$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")  # a Kubernetes label value, lower
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_CARD_KEY = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")
 _KEYS = {
     "name",
     "display_name",
@@ -158,26 +174,103 @@ class Tier:
         )
 
 
-def mig_weight(profile: str, card_memory_gb: int) -> float:
+def mig_weight(profile: str, card: Card) -> float:
     """GPU-equivalents of a MIG slice: the larger of its compute and memory share."""
     match = _MIG.match(profile)
-    compute = int(match[1]) / MIG_COMPUTE_SLICES
-    memory = round(int(match[2]) / card_memory_gb * MIG_MEMORY_SLICES) / MIG_MEMORY_SLICES
+    compute_slices, memory_slices = card.mig_slices
+    compute = int(match[1]) / compute_slices
+    memory = round(int(match[2]) / card.memory_gb * memory_slices) / memory_slices
     return round(max(compute, memory), 4)
 
 
-def load_tiers(entries: Iterable[Mapping[str, Any]]) -> dict[str, Tier]:
-    """Validate admin-written tier dicts into ``Tier`` objects, by name, in the given order.
+def mig_resource(profile: str) -> str:
+    """The device plugin's resource for a MIG profile: it spells a profile's '+' as '.'
+    (``1g.10gb+me`` is ``nvidia.com/mig-1g.10gb.me``), '+' being no resource-name character."""
+    return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
+
+
+def check_entry(label: str, entry: Any, known: set[str], error: type[ValueError]) -> None:
+    """An admin's dict entry: raise ``error`` naming ``label`` unless it is a dict of ``known``
+    keys."""
+    if not isinstance(entry, Mapping):
+        raise error(f"{label}: expected a dict, got {type(entry).__name__}")
+    unknown = set(entry) - known
+    if unknown:
+        raise error(
+            f"{label}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(known))})"
+        )
+
+
+class CardError(ValueError):
+    """A card entry of ``GpuProfiles.cards`` that cannot be used; the message names it."""
+
+
+_CARD_KEYS = {"products", "memory_gb", "mig_profiles", "mig_slices"}
+
+
+def load_cards(entries: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Card]:
+    """The built-in catalogue with the admin's cards (key -> dict) added or put in place of the
+    built-in ones of the same key, e.g. ``{"RTX-6000-48GB": {"products": ["NVIDIA-RTX-6000-Ada-
+    Generation"], "memory_gb": 48}}``. Raises ``CardError`` naming the card and the key."""
+    cards = dict(CARDS)
+    for key, entry in (entries or {}).items():
+        label = f"card {key!r}"
+        if not isinstance(key, str) or not _CARD_KEY.match(key):
+            raise CardError(f"{label}: a key is letters, digits, '.', '_' or '-', got {key!r}")
+        check_entry(label, entry, _CARD_KEYS, CardError)
+        products = entry.get("products")
+        if (
+            not isinstance(products, list | tuple)
+            or not products
+            or not all(isinstance(p, str) and _LABEL_VALUE.match(p) for p in products)
+        ):
+            raise CardError(
+                f"{label}: 'products' must be a non-empty list of nvidia.com/gpu.product label "
+                f"values, got {products!r}"
+            )
+        memory = entry.get("memory_gb")
+        if isinstance(memory, bool) or not isinstance(memory, int) or not 1 <= memory <= 4096:
+            raise CardError(f"{label}: 'memory_gb' must be a whole number of GB, got {memory!r}")
+        slices = tuple(entry.get("mig_slices", (7, 8)))
+        if len(slices) != 2 or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 8 for n in slices
+        ):
+            raise CardError(
+                f"{label}: 'mig_slices' must be [compute, memory] slices from 1 to 8, got "
+                f"{entry.get('mig_slices')!r}"
+            )
+        profiles = entry.get("mig_profiles", [])
+        if not isinstance(profiles, list | tuple) or not all(
+            isinstance(p, str) and _MIG.match(p) for p in profiles
+        ):
+            raise CardError(
+                f"{label}: 'mig_profiles' must be a list of profiles such as '1g.10gb' or "
+                f"'1g.10gb+me', got {profiles!r}"
+            )
+        card = Card(key, tuple(products), memory, tuple(profiles), slices)
+        for profile in profiles:
+            if int(_MIG.match(profile)[1]) > slices[0] or int(_MIG.match(profile)[2]) > memory:
+                raise CardError(f"{label}: MIG profile {profile!r} is larger than the card")
+        cards[key] = card
+    return cards
+
+
+def load_tiers(
+    entries: Iterable[Mapping[str, Any]], cards: Mapping[str, Card] | None = None
+) -> dict[str, Tier]:
+    """Validate admin-written tier dicts into ``Tier`` objects, by name, in the given order;
+    ``gpu`` names a card of ``cards`` (default: the built-in catalogue, ``CARDS``).
 
     Raises ``TierError`` naming the entry and the key of the first problem.
     """
+    cards = CARDS if cards is None else cards
     tiers: dict[str, Tier] = {}
     for index, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise TierError(f"tier {index}: expected a dict, got {type(entry).__name__}")
         label = f"tier {index} ({entry.get('name', '?')!r})"
         try:
-            tier = _tier(dict(entry))
+            tier = _tier(dict(entry), cards)
         except (TypeError, ValueError) as error:
             raise TierError(f"{label}: {error}") from None
         if tier.name in tiers:
@@ -186,7 +279,7 @@ def load_tiers(entries: Iterable[Mapping[str, Any]]) -> dict[str, Tier]:
     return tiers
 
 
-def _tier(entry: dict[str, Any]) -> Tier:
+def _tier(entry: dict[str, Any], cards: Mapping[str, Card]) -> Tier:
     unknown = set(entry) - _KEYS
     if unknown:
         raise ValueError(f"unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(_KEYS))})")
@@ -197,10 +290,11 @@ def _tier(entry: dict[str, Any]) -> Tier:
         )
     card = None
     if "gpu" in entry:
-        card = CARDS.get(entry["gpu"])
+        card = cards.get(entry["gpu"]) if isinstance(entry["gpu"], str) else None
         if card is None:
             raise ValueError(
-                f"'gpu' {entry['gpu']!r} is not a known card (known: {', '.join(CARDS)})"
+                f"'gpu' {entry['gpu']!r} is not a known card (known: {', '.join(cards)}; "
+                "add one with c.GpuProfiles.cards)"
             )
     mig, replicas = entry.get("mig"), entry.get("replicas")
     count = _whole(entry, "count", 1, high=16)
@@ -231,15 +325,17 @@ def _tier(entry: dict[str, Any]) -> Tier:
 
     if mig is not None:
         if card is None or not card.mig_profiles:
-            raise ValueError("'mig' needs 'gpu' naming a MIG-capable card (A100, H100, H200)")
+            raise ValueError(
+                "'mig' needs 'gpu' naming a MIG-capable card (A30, A100, H100, H200, GH200, B200)"
+            )
         if mig not in card.mig_profiles:
             raise ValueError(
                 f"'mig' {mig!r} is not a MIG profile of {card.key} "
                 f"(known: {', '.join(card.mig_profiles)})"
             )
-        kind, resource = "mig", f"nvidia.com/mig-{mig}"
+        kind, resource = "mig", mig_resource(mig)
         memory_gb = float(_MIG.match(mig)[2])
-        weight = mig_weight(mig, card.memory_gb)
+        weight = mig_weight(mig, card)
         selector[MIG_STRATEGY_LABEL] = "mixed"
     elif replicas is not None:
         replicas = _whole(entry, "replicas", None, low=2, high=int(1 / MIN_SHARE))

@@ -28,6 +28,9 @@ from .sampler import Sampler, TargetInfo, TickResult
 K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 CHECKPOINT_DIR_ENV = "JUPYTER_GPU_GOV_CHECKPOINT_DIR"
 DEFAULT_CHECKPOINT_DIR = "~/.jupyter-gpu-gov/checkpoints"
+# jupyter_server calls extensions' start hook (`_start_jupyter_server_extension`, once the event
+# loop runs) from 2.16; older servers never call it, so sampling and reports would never start.
+_SERVER_CALLS_START_HOOKS = hasattr(ExtensionApp, "_start_jupyter_server_extension")
 
 
 class GpuGovApp(ExtensionApp):
@@ -273,6 +276,9 @@ class GpuGovApp(ExtensionApp):
             )
         for schema in (GPU_STATE_SCHEMA, VERDICT_SCHEMA):
             self.serverapp.event_logger.register_event_schema(schema)
+        if not _SERVER_CALLS_START_HOOKS:
+            # What jupyter_server >= 2.16 does with the start hook, once its loop runs.
+            self.serverapp.io_loop.add_callback(self.ensure_sampling)
         self.log.info(
             "jupyter-gpu-gov: GPU backend %s, sampling every %ss",
             self.backend_choice,
@@ -297,6 +303,7 @@ class GpuGovApp(ExtensionApp):
             self.backend_choice,
             simulated_devices=self.simulated_devices,
             sim_state_path=self.sim_state_path or None,
+            log=self.log,
         )
 
     async def _start_jupyter_server_extension(self, serverapp):

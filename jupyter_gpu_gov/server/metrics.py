@@ -38,7 +38,8 @@ DEVICE_ACTIVITY = Gauge(
 )
 BACKEND_UP = Gauge(
     "jupyter_gpu_gov_backend_up",
-    "1 when the GPU backend answered the last sample, 0 when it is unavailable",
+    "1 when a GPU backend read the GPUs at the last sample; 0 when it could not (unavailable) "
+    "or there is none to read (backend none: a server without GPUs)",
     ("backend",),
 )
 SAMPLER_CPU = Summary(
@@ -54,7 +55,9 @@ def update(report: dict, now_ts: float, cpu_seconds: float) -> None:
 
     SAMPLER_CPU.observe(cpu_seconds)
     BACKEND_UP.clear()
-    BACKEND_UP.labels(report["backend"]).set(0 if report["backend"] == "unavailable" else 1)
+    BACKEND_UP.labels(report["backend"]).set(
+        0 if report["backend"] in ("unavailable", "none") else 1
+    )
 
     for gauge in (TARGET_MEMORY, TARGET_SM, TARGET_IDLE, DEVICE_MEMORY, DEVICE_ACTIVITY):
         gauge.clear()

@@ -1,0 +1,256 @@
+"""GPU capacity as the cluster has it: what the nodes each tier selects can hold, less what pods
+the hub did not start hold there.
+
+``capacity(tiers, nodes, pods, scheduling, is_own)`` is pure: nodes and pods are the API
+server's JSON (``list_node``, ``list_namespaced_pod``). A tier counts the allocatable amount of
+its extended resource (``nvidia.com/gpu``, ``nvidia.com/mig-<profile>``,
+``nvidia.com/gpu.shared``) on every schedulable, ready node that its pods could land on (node
+selector, required node affinity, taints against tolerations: the tier's joined with what
+KubeSpawner is configured with), minus what the GPU pods bound there that the hub did not start
+ask for. The hub's own servers are not subtracted: admission counts them per tier.
+
+``ClusterGpus`` reads nodes and the namespace's pods every ``refresh_every`` seconds (one read at
+a time, awaited before the spawn form and admission; admission itself then awaits nothing).
+When nodes cannot be read (no RBAC for nodes, the API down) it says so once in the log and
+``capacity`` answers ``None``: the spawner falls back to ``GpuProfiles.capacity``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from traitlets import Float
+from traitlets.config import SingletonConfigurable
+
+from .tiers import Tier
+
+_DONE = ("Succeeded", "Failed")
+_HARD_TAINTS = ("NoSchedule", "NoExecute")
+
+
+def capacity(
+    tiers: Mapping[str, Tier],
+    nodes: Iterable[Mapping],
+    pods: Iterable[Mapping],
+    scheduling: Callable[[Tier], Mapping[str, Any]],
+    is_own: Callable[[Mapping], bool],
+) -> dict[str, int]:
+    """Devices per tier that exist and the hub may use. ``scheduling(tier)`` gives the pod's
+    ``node_selector``, ``tolerations`` and required ``node_affinity`` terms (lists of match
+    expressions, ORed) for that tier; ``is_own(pod)`` says whether the hub started the pod."""
+    nodes = [n for n in nodes if _usable(n)]
+    held: dict[str, dict[str, int]] = {}  # node -> resource -> amount held by foreign pods
+    for pod in pods:
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        node = spec.get("nodeName")
+        if not node or status.get("phase") in _DONE or is_own(pod):
+            continue
+        for resource, amount in _extended_requests(spec).items():
+            per_node = held.setdefault(node, {})
+            per_node[resource] = per_node.get(resource, 0) + amount
+    result = {}
+    for name, tier in tiers.items():
+        wanted = scheduling(tier)
+        free = 0
+        for node in nodes:
+            if not _fits(node, wanted):
+                continue
+            allocatable = _quantity((node["status"].get("allocatable") or {}).get(tier.resource))
+            taken = held.get(node["metadata"]["name"], {}).get(tier.resource, 0)
+            free += max(0, allocatable - taken)
+        if tier.kind != "shared":
+            free -= free % tier.count  # whole servers only (a pair needs two cards of one node)
+        result[name] = free
+    return result
+
+
+def _usable(node: Mapping) -> bool:
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = [c for c in conditions if c.get("type") == "Ready"]
+    return not ready or ready[0].get("status") == "True"
+
+
+def _fits(node: Mapping, wanted: Mapping[str, Any]) -> bool:
+    labels = node["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in (wanted.get("node_selector") or {}).items()):
+        return False
+    terms = wanted.get("node_affinity") or []
+    if terms and not any(all(_matches(labels, e) for e in term) for term in terms):
+        return False
+    tolerations = wanted.get("tolerations") or []
+    taints = (node.get("spec") or {}).get("taints") or []
+    return all(
+        any(_tolerates(t, taint) for t in tolerations)
+        for taint in taints
+        if taint.get("effect") in _HARD_TAINTS
+    )
+
+
+def _matches(labels: Mapping[str, str], expression: Mapping) -> bool:
+    key, operator = expression.get("key"), expression.get("operator")
+    values = expression.get("values") or []
+    value = labels.get(key)
+    if operator == "In":
+        return value in values
+    if operator == "NotIn":
+        return value not in values
+    if operator == "Exists":
+        return key in labels
+    if operator == "DoesNotExist":
+        return key not in labels
+    if operator in ("Gt", "Lt") and value is not None and values:
+        try:
+            number, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return number > bound if operator == "Gt" else number < bound
+    return False
+
+
+def _tolerates(toleration: Mapping, taint: Mapping) -> bool:
+    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+        return False
+    if toleration.get("operator") == "Exists":
+        return not toleration.get("key") or toleration.get("key") == taint.get("key")
+    return toleration.get("key") == taint.get("key") and (toleration.get("value") or "") == (
+        taint.get("value") or ""
+    )
+
+
+def _extended_requests(spec: Mapping) -> dict[str, int]:
+    """What a pod's containers ask for of extended resources (their limits: for extended
+    resources Kubernetes requires the request to equal the limit)."""
+    asked: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        amounts = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for name, value in amounts.items():
+            if "/" in name:
+                asked[name] = asked.get(name, 0) + _quantity(value)
+    return asked
+
+
+def _quantity(value: Any) -> int:
+    """A device count as the API writes it ("8", 8); anything else counts none."""
+    try:
+        return max(0, int(str(value)))
+    except (TypeError, ValueError):
+        return 0
+
+
+class ClusterGpus(SingletonConfigurable):
+    """The hub's reading of the cluster's nodes and the namespace's pods (one per process)."""
+
+    refresh_every = Float(
+        30,
+        help="""Seconds between two reads of the nodes and the namespace's pods for capacity.
+        The scheduler has the last word: a count a little old can only leave a pod Pending,
+        with the reason shown on the spawn page.""",
+    ).tag(config=True)
+
+    nodes: list[dict] | None = None
+    pods: list[dict] = []
+    read_at: float = float("-inf")
+    error: str | None = None
+    _lock: asyncio.Lock | None = None
+
+    async def refresh(self, api, namespace: str, log) -> None:
+        """Read nodes and pods if the last read is older than ``refresh_every``."""
+        if time.monotonic() - self.read_at < self.refresh_every:
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if time.monotonic() - self.read_at < self.refresh_every:
+                return  # another spawn read them while this one waited
+            try:
+                nodes = await _items(api.list_node(_preload_content=False))
+                pods = await _items(api.list_namespaced_pod(namespace, _preload_content=False))
+            except Exception as error:  # RBAC, network: fall back to the configured capacity
+                message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+                if message != self.error:
+                    log.warning(
+                        "gpu-gov: cannot read the cluster's nodes and pods (%s); capacity comes "
+                        "from c.GpuProfiles.capacity until it can (see docs/kubernetes.md: RBAC)",
+                        message,
+                    )
+                self.error, self.nodes = message, None
+            else:
+                if self.error:
+                    log.info("gpu-gov: reading the cluster's GPU capacity again")
+                self.error, self.nodes, self.pods = None, nodes, pods
+            self.read_at = time.monotonic()
+
+    def capacity(self, tiers: Mapping[str, Tier], spawner, own_labels: Mapping[str, str]):
+        """Devices per tier from the last read, for ``spawner``'s configured scheduling; None
+        when nodes could not be read."""
+        if self.nodes is None:
+            return None
+
+        def is_own(pod: Mapping) -> bool:
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            return all(labels.get(k) == v for k, v in own_labels.items())
+
+        return capacity(tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), is_own)
+
+
+class _Serializer:
+    """The kubernetes client's serializer without an ApiClient (which opens an HTTP session)."""
+
+    def __init__(self):
+        from kubernetes_asyncio.client import ApiClient
+
+        self.PRIMITIVE_TYPES = ApiClient.PRIMITIVE_TYPES
+        self.sanitize_for_serialization = ApiClient.sanitize_for_serialization.__get__(self)
+
+
+def api_json(obj: Any) -> Any:
+    """Kubernetes client models (and lists and dicts of them) as the API's JSON."""
+    return _Serializer().sanitize_for_serialization(obj)
+
+
+def scheduling(spawner, tier: Tier) -> dict[str, Any]:
+    """A tier's pod scheduling joined with what ``spawner`` is configured with, as plain data."""
+    from .kubespawner import _with_expressions, _with_tolerations
+
+    plain = api_json
+    configured = getattr(spawner, "_gpu_configured", None) or {}
+
+    def base(key):
+        return configured[key] if key in configured else getattr(spawner, key)
+
+    tolerations = _with_tolerations(base("tolerations"), [dict(t) for t in tier.tolerations])
+    terms = base("node_affinity_required")
+    if tier.node_affinity:
+        terms = _with_expressions(terms, [dict(e) for e in tier.node_affinity])
+    terms = terms.values() if isinstance(terms, dict) else terms
+    expressions = []
+    for term in plain(list(terms)):
+        expressions.append(term.get("matchExpressions") or term.get("match_expressions") or [])
+    tolerations = tolerations.values() if isinstance(tolerations, dict) else tolerations
+    return {
+        "node_selector": {**base("node_selector"), **tier.node_selector},
+        "tolerations": plain(list(tolerations)),
+        "node_affinity": expressions,
+    }
+
+
+async def _items(call) -> list[dict]:
+    response = await call
+    try:
+        body = await response.read()
+        if response.status != 200:
+            try:  # the API server's Status says why (e.g. which RBAC rule is missing)
+                why = json.loads(body)["message"]
+            except (ValueError, KeyError, TypeError):
+                why = response.reason
+            raise RuntimeError(f"{response.status}: {why}")
+        return json.loads(body)["items"]
+    finally:
+        response.release()
