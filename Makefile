@@ -18,7 +18,8 @@ VENV_STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 LAB_NODE_STAMP := labextension/node_modules/.installed
 LAB_BUILT := jupyter_gpu_gov/labextension/package.json
-LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labextension/style/*.css)
+LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labextension/src/*/*.ts \
+	labextension/src/*/*.tsx labextension/style/*.css labextension/schema/*.json)
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore

@@ -201,7 +201,7 @@ def test_jupyterlab_says_why_the_server_stopped_and_how_to_restore(hub):
             page.click("#login_submit")
             page.wait_for_url(re.compile(r"/user/erin/lab"))
             notice = page.locator(".jp-toast-message").filter(has_text="checkpoint saved")
-            expect(notice).to_contain_text(re.compile(r"Stopped at .+ because the GPU was idle"))
+            expect(notice).to_contain_text(re.compile(r"Stopped at .+ because its GPU was idle"))
             toast = page.locator(".Toastify__toast").filter(has_text="checkpoint saved")
             expect(toast.get_by_role("button", name=f"Open {NOTEBOOK}")).to_be_visible()
             toast.get_by_role("button", name="Copy restore code").click()
