@@ -64,6 +64,7 @@ def _add_replay(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--config",
         metavar="FILE.py",
+        type=_config_file,
         help="traitlets config file with c.GpuGovernor.policies (a list of dicts) and "
         "c.GpuGovernor.policy_defaults (a dict), as the hub service reads them "
         "(default: the shipped default policy)",
@@ -92,6 +93,13 @@ def _add_replay(commands: argparse._SubParsersAction) -> None:
         help="also write the summary to PATH",
     )
     parser.set_defaults(run=_replay, parser=parser)
+
+
+def _config_file(path: str) -> str:
+    """A config file that exists (traitlets would only say where it did not find it)."""
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{path}: no such file")
+    return path
 
 
 def _duration(option: str):
@@ -232,6 +240,7 @@ def _add_estimate(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tiers",
         metavar="FILE.py",
+        type=_config_file,
         help="traitlets config file with c.GpuProfiles.tiers (a list of tier dicts), as the hub "
         "reads it (default: a built-in catalogue of H200 MIG slices and H100/H200 cards)",
     )
@@ -525,6 +534,12 @@ def _usage(args: argparse.Namespace) -> int:
         detail = error.read().decode(errors="replace")
         with contextlib.suppress(ValueError, AttributeError):
             detail = json.loads(detail).get("message", detail)
+        if error.code in (401, 403) and "authenticate" in str(detail):
+            # The service asks for a token: one was given, and it was refused.
+            detail = (
+                "the governor refused this token (unknown, expired or revoked, or not allowed to "
+                "use the gpu-gov service); make one on the Hub's token page (/hub/token)"
+            )
         return _fail(f"{url}: HTTP {error.code}: {detail}", "usage")
     except URLError as error:
         return _fail(f"{url}: {error.reason}", "usage")

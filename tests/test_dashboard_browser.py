@@ -290,6 +290,10 @@ def test_csv_export_matches_the_json_ledger_and_metrics_count_per_team(hub, caps
     out = capsys.readouterr().out
     printed = list(csv.DictReader(io.StringIO(out)))
     assert code == 0 and printed[0].keys() == rows[0].keys() and len(printed) >= len(rows)
+    # A token the hub does not know: said so, not "authenticate with a token".
+    code = cli.main(["usage", "--url", f"{hub.url}/services/gpu-gov/", "--token", "not-a-token"])
+    err = capsys.readouterr().err
+    assert code == 2 and "HTTP 403: the governor refused this token" in err, err
     r = hub.get(f"{hub.url}/services/gpu-gov/metrics", token=hub.token("govadmin"))
     assert r.status_code == 200
     assert re.search(
