@@ -46,6 +46,13 @@ needs_browser = [
 ]
 
 
+def requires_browser(test):
+    """``needs_browser`` for one test of a module that has others."""
+    for mark in needs_browser:
+        test = mark(test)
+    return test
+
+
 def launch(pw: Playwright) -> Browser:
     return pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
 
