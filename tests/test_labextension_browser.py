@@ -5,8 +5,9 @@ Chromium (Debian's ``/usr/bin/chromium``, driven by the ``playwright`` Python pa
 notebook whose kernel holds 20 GiB of simulated GPU memory, and then checks what a user sees
 and does: the status bar item, the idle warning with its live countdown, **Extend** (through
 the reason prompt, on record at the governor), **Checkpoint** (the dirty notebook is saved
-first) and the GPU panel: its few lines, its folded details, at the default sidebar width and
-a wide one, in the light and the dark theme. With ``JUPYTER_GPU_GOV_SCREENSHOTS=1`` it
+first), the GPU panel (its few lines, its folded details, at the default sidebar width and
+a wide one, in the light and the dark theme) and **Stop server**, after which the tab says the
+server stopped and nothing beneath can act. With ``JUPYTER_GPU_GOV_SCREENSHOTS=1`` it
 refreshes ``docs/images/gpu-warning.png`` (otherwise the screenshot goes to the test's
 tmp_path).
 
@@ -28,7 +29,7 @@ import pytest
 import requests
 from browser import browser as chromium
 from browser import explain_failure, needs_browser, screenshot_path
-from governor_harness import Gov, governed_hub, wait
+from governor_harness import Gov, governed_hub, server_running, wait
 from hub_harness import HubHarness
 
 with contextlib.suppress(ImportError):  # without playwright, needs_browser skips
@@ -335,3 +336,16 @@ def run_story(
     assert 200 < again_left <= 300
     assert gov.verdict(USER)["state"] == "warned"
     page.screenshot(path=str(shots / "warned-again.png"))
+
+    # --- Stop server: asked first, then the tab says it is stopped, and nothing else acts ----
+    warning.first.get_by_role("button", name="Stop server").click()
+    confirm = page.locator(".jp-Dialog")
+    expect(confirm).to_contain_text("Stop this server now?")
+    confirm.locator("button.jp-mod-warn").click()
+    overlay = page.locator(".jp-GpuGov-overlay")
+    expect(overlay.locator(".jp-GpuGov-stopped-message")).to_have_text(
+        re.compile(r"^You stopped this server at .+\.$")
+    )
+    expect(warning).to_have_count(0)
+    assert page.locator("#main").get_attribute("inert") is not None  # nothing beneath acts
+    wait(lambda: not server_running(hub, USER), 60, "the server to stop")
