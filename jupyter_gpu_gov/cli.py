@@ -64,7 +64,6 @@ def _add_replay(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--config",
         metavar="FILE.py",
-        type=_config_file,
         help="traitlets config file with c.GpuGovernor.policies (a list of dicts) and "
         "c.GpuGovernor.policy_defaults (a dict), as the hub service reads them "
         "(default: the shipped default policy)",
@@ -95,11 +94,10 @@ def _add_replay(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=_replay, parser=parser)
 
 
-def _config_file(path: str) -> str:
-    """A config file that exists (traitlets would only say where it did not find it)."""
-    if not os.path.isfile(path):
-        raise argparse.ArgumentTypeError(f"{path}: no such file")
-    return path
+def _no_file(path: str | None) -> str | None:
+    """``path: no such file`` when a config file is named but missing (traitlets would only
+    say where it did not find it), else None."""
+    return f"{path}: no such file" if path is not None and not os.path.isfile(path) else None
 
 
 def _duration(option: str):
@@ -137,6 +135,8 @@ def _replay(args: argparse.Namespace) -> int:
         run = partial(idle_culler, timeout=timeout, cull_every=args.interval)
     elif args.baseline == "kernel-culler":
         run = partial(kernel_culler, timeout=timeout, cull_interval=args.interval)
+    elif missing := _no_file(args.config):
+        return _fail(f"cannot load --config: {missing}")
     else:
         try:
             policies = policies_from_config(args.config)
@@ -240,7 +240,6 @@ def _add_estimate(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tiers",
         metavar="FILE.py",
-        type=_config_file,
         help="traitlets config file with c.GpuProfiles.tiers (a list of tier dicts), as the hub "
         "reads it (default: a built-in catalogue of H200 MIG slices and H100/H200 cards)",
     )
@@ -261,6 +260,8 @@ def _estimate(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         return fail(str(error))
+    if missing := _no_file(args.tiers):
+        return fail(f"cannot load --tiers: {missing}")
     try:
         tiers = load_tiers(DEFAULT_TIERS if args.tiers is None else _tier_entries(args.tiers))
     except TierError as error:
