@@ -26,8 +26,25 @@ def _isolated_sim_state(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", str(tmp_path / "sim-gpus.json"))
 
 
+# This interpreter's own multiprocessing helpers (the resource tracker, a reusable pool's
+# workers, e.g. scikit-learn's loky): they watch this process and end with it.
+_OWN_HELPERS = ("from multiprocessing.", "--multiprocessing-fork")
+
+
 def _leftovers() -> list[int]:
-    return [pid for pid in processes_with(RUN_MARKER, os.environ[RUN_MARKER]) if pid != os.getpid()]
+    me = os.getpid()
+    return [
+        pid
+        for pid in processes_with(RUN_MARKER, os.environ[RUN_MARKER])
+        if pid != me and not (_parent(pid) == me and any(h in _command(pid) for h in _OWN_HELPERS))
+    ]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _command(pid: int) -> str:
