@@ -259,6 +259,7 @@ def walk_as_alice(page: Page, hub: HubHarness, shots: Path, cell: str, restore: 
     expect(page.locator(".jp-GpuGov-status-text")).to_have_text("GPU: server stopped")
     assert "Failed Dependency" not in page.locator("body").inner_text()
     page.screenshot(path=str(screenshot_path("stopped-tab.png", shots)))
+    expect(page.locator(".jp-Dialog")).to_have_count(0)  # no "Restart?" or connection dialog
 
     # --- back to the Hub, start again: what was saved, and the restore line ------------------
     hub_link.click()
