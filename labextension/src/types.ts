@@ -13,7 +13,8 @@ export type GovState =
   | 'checkpointing'
   | 'culled'
   | 'exempt'
-  | 'unknown';
+  | 'unknown'
+  | 'gpu-failed';
 
 /** A device's health, when the server extension or DCGM knows it. */
 export interface IDeviceHealth {

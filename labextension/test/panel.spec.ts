@@ -38,6 +38,10 @@ describe('the panel’s first lines', () => {
     ['busy', 'A cell is running, but the GPU is idle.'],
     ['culled', 'The GPU governor is stopping this server.'],
     ['exempt', 'This server is exempt from idle culling.'],
+    [
+      'gpu-failed',
+      'This server’s GPU failed: save your work. It is not culled as idle.'
+    ],
     ['unknown', 'GPU activity unknown: nothing is decided on unknown data.'],
     ['a-new-state', 'GPU activity unknown: nothing is decided on unknown data.']
   ])('read sensibly in state %p', (state, first) => {

@@ -27,6 +27,7 @@ describe('status bar item', () => {
     ['checkpointing', 'warned'],
     ['culled', 'warned'],
     ['exempt', 'exempt'],
+    ['gpu-failed', 'warned'],
     ['unknown', 'unknown'],
     ['something-new', 'unknown']
   ])('governor state %p → colour %p', (state, view) => {

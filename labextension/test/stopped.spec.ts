@@ -53,6 +53,9 @@ describe('the tab after its server stopped', () => {
     expect(view({ cull_reason: 'reclaim' })).toContain(
       'because its borrowed GPU was needed back'
     );
+    expect(view({ cull_reason: 'busy-limit' })).toContain(
+      'because a cell ran for hours with its GPU idle'
+    );
     expect(
       view({ status: 'failed', errors: ['hook x failed', 'disk full'] })
     ).toContain('; checkpoint saved with 2 problems.');

@@ -84,6 +84,8 @@ export function cullReasonPhrase(
       return trans.__('its borrowed GPU was needed back');
     case 'admin':
       return trans.__('an administrator stopped it');
+    case 'busy-limit':
+      return trans.__('a cell ran for hours with its GPU idle');
     case 'inactive':
       return trans.__('it was inactive');
     default:

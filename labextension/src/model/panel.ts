@@ -255,6 +255,10 @@ function stateSentence(report: IStatusReport, options: IViewOptions): string {
       return trans.__('The GPU governor is stopping this server.');
     case 'exempt':
       return trans.__('This server is exempt from idle culling.');
+    case 'gpu-failed':
+      return trans.__(
+        'This server’s GPU failed: save your work. It is not culled as idle.'
+      );
     default:
       return verdict
         ? trans.__('GPU activity unknown: nothing is decided on unknown data.')
@@ -286,7 +290,8 @@ function panelLines(
   }
   lines.push({
     text: stateSentence(report, options),
-    tone: isWarning(verdict) ? 'alert' : 'state'
+    tone:
+      isWarning(verdict) || verdict?.state === 'gpu-failed' ? 'alert' : 'state'
   });
   if (error) {
     lines.push({

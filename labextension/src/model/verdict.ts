@@ -14,7 +14,8 @@ const GOV_STATES: readonly string[] = [
   'checkpointing',
   'culled',
   'exempt',
-  'unknown'
+  'unknown',
+  'gpu-failed'
 ];
 
 /** The governor's state, or (no governor) one derived from the local window. */
@@ -50,6 +51,7 @@ export function viewState(report: IStatusReport | null): ViewState {
     case 'warned':
     case 'checkpointing':
     case 'culled':
+    case 'gpu-failed':
       return 'warned';
     case 'busy':
       return 'idle';
@@ -69,7 +71,7 @@ export function stateLabel(state: GovState | string, trans: ITrans): string {
     case 'idle':
       return trans.__('idle');
     case 'busy':
-      return trans.__('busy on the CPU');
+      return trans.__('running a cell, GPU idle');
     case 'warned':
       return trans.__('warned');
     case 'checkpointing':
@@ -78,6 +80,8 @@ export function stateLabel(state: GovState | string, trans: ITrans): string {
       return trans.__('stopping');
     case 'exempt':
       return trans.__('exempt');
+    case 'gpu-failed':
+      return trans.__('GPU failed');
     default:
       return trans.__('unknown');
   }
