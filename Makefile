@@ -15,16 +15,19 @@ PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+COMMA := ,
 NODE_STAMP := node_modules/.installed
 LAB_NODE_STAMP := labextension/node_modules/.installed
 LAB_BUILT := jupyter_gpu_gov/labextension/package.json
-LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labextension/style/*.css)
+LAB_SOURCES := labextension/package.json $(wildcard labextension/src/*.ts labextension/src/*/*.ts \
+	labextension/src/*/*.tsx labextension/style/*.css labextension/schema/*.json)
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 
-.PHONY: help venv node_modules labextension demo test test-lowest lint format bench bench-full \
-	grafana-configmap dist clean distclean
+.PHONY: help venv demo-venv node_modules labextension demo test test-lowest lint format bench \
+	bench-full grafana-configmap dist clean distclean
 
 help:
 	@echo "make demo       run the demo JupyterHub on http://127.0.0.1:8000 (simulated GPUs)"
@@ -35,7 +38,8 @@ help:
 	@echo "make format     ruff check --fix + ruff format"
 	@echo "make bench      python -m benchmarks (quick set, ~4 min; FULL=1: the full sizes)"
 	@echo "make bench-full python -m benchmarks --full (the sizes docs/benchmarks.md reports)"
-	@echo "make venv       create .venv and install -e '.[test]'"
+	@echo "make venv       create .venv and install -e '.[test,test-torch]' (what make test needs)"
+	@echo "make demo-venv  create .venv and install -e '.[demo]' only (what make demo needs)"
 	@echo "make node_modules  npm ci (configurable-http-proxy)"
 	@echo "make labextension  build the JupyterLab extension and link it into .venv"
 	@echo "make clean      remove caches, build output and .demo/ state"
@@ -43,16 +47,26 @@ help:
 
 venv: $(VENV_STAMP)
 
+demo-venv: $(DEMO_STAMP)
+
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
-# Editable install without build isolation (the build backends go into .venv first) and
-# without the labextension build hook: the `labextension` target builds and links it.
-$(VENV_STAMP): pyproject.toml | $(VPY)
+# Editable installs without build isolation (the build backends go into .venv first) and
+# without the labextension build hook: the `labextension` target builds and links it. The demo
+# gets the runtime extras only; the tests add their tools and PyTorch (a 1.8 GB environment).
+define editable_install
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet hatchling editables hatch-jupyter-builder
-	SKIP_JUPYTER_BUILDER=1 $(VPY) -m pip install --quiet --no-build-isolation -e ".[test,test-torch]"
+	SKIP_JUPYTER_BUILDER=1 $(VPY) -m pip install --quiet --no-build-isolation -e ".[$(1)]"
 	touch $@
+endef
+
+$(DEMO_STAMP): pyproject.toml | $(VPY)
+	$(call editable_install,demo)
+
+$(VENV_STAMP): pyproject.toml | $(VPY)
+	$(call editable_install,test$(COMMA)test-torch)
 
 node_modules: $(NODE_STAMP)
 
@@ -69,11 +83,11 @@ $(LAB_NODE_STAMP): labextension/package.json labextension/package-lock.json
 	touch $@
 
 # Built offline against .venv's JupyterLab, then linked into .venv (like an editable install).
-$(LAB_BUILT): $(VENV_STAMP) $(LAB_NODE_STAMP) $(LAB_SOURCES)
+$(LAB_BUILT): $(DEMO_STAMP) $(LAB_NODE_STAMP) $(LAB_SOURCES)
 	cd labextension && PYTHON=$(abspath $(VPY)) npm run build:prod
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .
 
-demo: venv node_modules labextension
+demo: demo-venv node_modules labextension
 	mkdir -p .demo
 	$(VENV)/bin/jupyterhub -f hub_config/jupyterhub_config.py
 

@@ -94,6 +94,12 @@ def _add_replay(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=_replay, parser=parser)
 
 
+def _no_file(path: str | None) -> str | None:
+    """``path: no such file`` when a config file is named but missing (traitlets would only
+    say where it did not find it), else None."""
+    return f"{path}: no such file" if path is not None and not os.path.isfile(path) else None
+
+
 def _duration(option: str):
     def parse(text: str) -> float:
         from .core.durations import parse_duration
@@ -129,6 +135,8 @@ def _replay(args: argparse.Namespace) -> int:
         run = partial(idle_culler, timeout=timeout, cull_every=args.interval)
     elif args.baseline == "kernel-culler":
         run = partial(kernel_culler, timeout=timeout, cull_interval=args.interval)
+    elif missing := _no_file(args.config):
+        return _fail(f"cannot load --config: {missing}")
     else:
         try:
             policies = policies_from_config(args.config)
@@ -252,6 +260,8 @@ def _estimate(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         return fail(str(error))
+    if missing := _no_file(args.tiers):
+        return fail(f"cannot load --tiers: {missing}")
     try:
         tiers = load_tiers(DEFAULT_TIERS if args.tiers is None else _tier_entries(args.tiers))
     except TierError as error:
@@ -605,6 +615,12 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
         detail = error.read().decode(errors="replace")
         with contextlib.suppress(ValueError, AttributeError):
             detail = json.loads(detail).get("message", detail)
+        if error.code in (401, 403) and "authenticate" in str(detail):
+            # The service asks for a token: one was given, and it was refused.
+            detail = (
+                "the governor refused this token (unknown, expired or revoked, or not allowed to "
+                "use the gpu-gov service); make one on the Hub's token page (/hub/token)"
+            )
         return _fail(f"{url}: HTTP {error.code}: {detail}", command)
     except URLError as error:
         return _fail(f"{url}: {error.reason}", command)

@@ -1,9 +1,85 @@
+import contextlib
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
 import pytest
+from hub_harness import RUN_MARKER, processes_with
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+# Every process this test run starts carries RUN_MARKER in its environment (inherited, and
+# passed on by the hub harness to single-user servers and their kernels): at the end, none may
+# be left. Grace for a process that is on its way out when the last test returns.
+LEFTOVER_GRACE_S = 10.0
+
+
+def pytest_configure(config):
+    os.environ.setdefault(RUN_MARKER, f"{os.getpid()}-{uuid.uuid4().hex}")
 
 
 @pytest.fixture(autouse=True)
 def _isolated_sim_state(tmp_path, monkeypatch):
     """Every test gets its own simulated-GPU state file, never the user's runtime dir."""
     monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", str(tmp_path / "sim-gpus.json"))
+
+
+# This interpreter's own multiprocessing helpers (the resource tracker, a reusable pool's
+# workers, e.g. scikit-learn's loky): they watch this process and end with it.
+_OWN_HELPERS = ("from multiprocessing.", "--multiprocessing-fork")
+
+
+def _leftovers() -> list[int]:
+    me = os.getpid()
+    return [
+        pid
+        for pid in processes_with(RUN_MARKER, os.environ[RUN_MARKER])
+        if pid != me and not (_parent(pid) == me and any(h in _command(pid) for h in _OWN_HELPERS))
+    ]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _command(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test run leaves no process behind: name any that survived, end them, fail the run."""
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    pids = _leftovers()
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.2)
+        pids = _leftovers()
+    if not pids:
+        return
+    session.config.stash[_LEFT] = [f"pid {pid}: {_command(pid)}" for pid in pids]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_LEFT = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left = config.stash.get(_LEFT, None)
+    if left:
+        terminalreporter.section("processes the test run left behind (now killed)", red=True)
+        for line in left:
+            terminalreporter.write_line(line, red=True)
+        terminalreporter.write_line(
+            "A test started them and did not end them: the run fails until it does.", red=True
+        )

@@ -69,6 +69,9 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 MARKER_ENV = "JUPYTER_GPU_GOV_HARNESS_ID"
+# Set by conftest for the whole test run; passed on to every server and kernel the hubs start,
+# so the run can check at its end that none is left.
+RUN_MARKER = "JUPYTER_GPU_GOV_TEST_RUN"
 SERVICE_NAME = "harness"
 # What the harness's own service token may do: manage users, their servers and tokens, groups
 # (teams), and reach user servers through the proxy.
@@ -483,19 +486,7 @@ class HubHarness:
     # --- diagnostics -------------------------------------------------------------------------
     def pids(self) -> list[int]:
         """PIDs of every live process started for this harness (hub, proxy, servers, kernels)."""
-        found = []
-        needle = f"{MARKER_ENV}={self.marker}".encode()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                environ = Path(f"/proc/{entry}/environ").read_bytes()
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state != "Z" and needle in environ.split(b"\0"):
-                found.append(int(entry))
-        return sorted(found)
+        return processes_with(MARKER_ENV, self.marker)
 
     def log_tail(self, chars: int = 6000) -> str:
         try:
@@ -508,6 +499,7 @@ class HubHarness:
         su_env = {
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
             MARKER_ENV: self.marker,
+            **({RUN_MARKER: os.environ[RUN_MARKER]} if RUN_MARKER in os.environ else {}),
             "JUPYTER_GPU_GOV_BACKEND": "simulated",
             "JUPYTER_GPU_GOV_SIM_STATE": str(self.sim_state),
         }
@@ -590,6 +582,23 @@ class HubHarness:
             while pids and time.monotonic() < deadline:
                 time.sleep(0.1)
                 pids = self.pids()
+
+
+def processes_with(name: str, value: str) -> list[int]:
+    """PIDs of the live processes (not zombies) whose environment has ``name=value``."""
+    found = []
+    needle = f"{name}={value}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and needle in environ.split(b"\0"):
+            found.append(int(entry))
+    return sorted(found)
 
 
 def hub_fixture(*, scope: str = "module", name: str | None = None, **harness_kwargs: Any):

@@ -230,7 +230,7 @@ def test_a_small_model_on_a_whole_card_is_told_the_slice_it_fits(hub, gov, tmp_p
                 page.click("#login_submit")
                 page.wait_for_url(re.compile(r"/user/sam/lab"))
                 page.locator(".jp-GpuGov-status").click()
-                hint = page.locator(".jp-GpuGov-panel .jp-GpuGov-right-size")
+                hint = page.locator(".jp-GpuGov-panel .jp-GpuGov-line", has_text="would fit")
                 hint.wait_for()
                 text = hint.inner_text()
                 page.screenshot(path=str(tmp_path / "right-size.png"))
@@ -238,4 +238,4 @@ def test_a_small_model_on_a_whole_card_is_told_the_slice_it_fits(hub, gov, tmp_p
                 browser.close()
     finally:
         tab.close()
-    assert text.startswith("A smaller GPU would do: Small H100 slice (at most 4.3 GB"), text
+    assert text.startswith("This work would fit Small H100 slice: at most 4.3 GB"), text

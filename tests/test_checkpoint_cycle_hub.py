@@ -10,23 +10,22 @@ fay   a hook that raises: the checkpoint fails, the cull is postponed (policy de
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
-from pathlib import Path
 
 import pytest
 import websocket
+from browser import browser as chromium
+from browser import log_in, requires_browser
 from governor_harness import Gov, governed_hub, server_running, wait
 from hub_harness import HubHarness
 
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - depends on the environment
-    sync_playwright = None
+with contextlib.suppress(ImportError):  # without playwright, needs_browser skips
+    from playwright.sync_api import expect
 
 pytestmark = pytest.mark.timeout(300)
-CHROMIUM = Path("/usr/bin/chromium")
 
 NOTEBOOK = "train.ipynb"
 SETUP = """
@@ -180,39 +179,28 @@ def test_a_failing_hook_postpones_the_cull_and_is_on_record(hub, gov):
         tab.close()
 
 
-@pytest.mark.skipif(sync_playwright is None, reason="the playwright Python package is missing")
-@pytest.mark.skipif(
-    not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install chromium)"
-)
+@requires_browser
 def test_jupyterlab_says_why_the_server_stopped_and_how_to_restore(hub):
     """After erin's cull and restart (the first test), JupyterLab shows the notice once."""
     if not server_running(hub, "erin"):
         pytest.skip("needs the first test's culled-and-restarted server")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM))
-        try:
-            context = browser.new_context(viewport={"width": 1280, "height": 800})
-            context.grant_permissions(["clipboard-read", "clipboard-write"])
-            page = context.new_page()
-            page.set_default_timeout(90_000)
-            page.goto(f"{hub.url}/hub/login?next=/user/erin/lab")
-            page.fill("#username_input", "erin")
-            page.fill("#password_input", "any")
-            page.click("#login_submit")
-            page.wait_for_url(re.compile(r"/user/erin/lab"))
-            notice = page.locator(".jp-toast-message").filter(has_text="checkpoint saved")
-            expect(notice).to_contain_text(re.compile(r"Stopped at .+ because the GPU was idle"))
-            toast = page.locator(".Toastify__toast").filter(has_text="checkpoint saved")
-            expect(toast.get_by_role("button", name=f"Open {NOTEBOOK}")).to_be_visible()
-            toast.get_by_role("button", name="Copy restore code").click()
-            copied = page.evaluate("navigator.clipboard.readText()")
-            assert copied == "from jupyter_gpu_gov import checkpoint; checkpoint.restore()"
-            toast.get_by_role("button", name="Dismiss").click()
-            page.reload()
-            page.locator(".jp-GpuGov-status").wait_for()
-            time.sleep(3)  # the notice would have come with the first checkpoint list
-            expect(
-                page.locator(".jp-toast-message").filter(has_text="checkpoint saved")
-            ).to_have_count(0)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        context.grant_permissions(["clipboard-read", "clipboard-write"])
+        page = context.new_page()
+        page.set_default_timeout(90_000)
+        log_in(page, hub.url, "erin", "any", "/user/erin/lab")
+        notice = page.locator(".jp-toast-message").filter(has_text="checkpoint saved")
+        expect(notice).to_contain_text(re.compile(r"Stopped at .+ because its GPU was idle"))
+        toast = page.locator(".Toastify__toast").filter(has_text="checkpoint saved")
+        expect(toast.get_by_role("button", name=f"Open {NOTEBOOK}")).to_be_visible()
+        toast.get_by_role("button", name="Copy restore code").click()
+        copied = page.evaluate("navigator.clipboard.readText()")
+        assert copied == "from jupyter_gpu_gov import checkpoint; checkpoint.restore()"
+        toast.get_by_role("button", name="Dismiss").click()
+        page.reload()
+        page.locator(".jp-GpuGov-status").wait_for()
+        time.sleep(3)  # the notice would have come with the first checkpoint list
+        expect(page.locator(".jp-toast-message").filter(has_text="checkpoint saved")).to_have_count(
+            0
+        )

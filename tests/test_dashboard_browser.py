@@ -1,48 +1,39 @@
 """The admin dashboard, showback and "my GPU usage" on a real hub with the governor service, in
 Debian's chromium (playwright): an admin sees every GPU server with its owner, team, state and
 the idle cost by team, filters, and extends a server with a reason through an XSRF-protected
-form; a user name made of HTML stays text; a non-admin gets 403 and sees only their own usage;
-the CSV export says what the JSON says; /metrics has the per-team GPU-second counters.
+form; "Cull now" asks first and Cancel changes nothing; times read in the browser's clock;
+showback lays its table out full width with chart text of 11 px or more, and prints without
+navigation or forms; a user name made of HTML stays text; a non-admin gets 403 and sees only
+their own usage; the CSV export says what the JSON says; /metrics has the per-team GPU-second
+counters.
 
-Writes docs/images/dashboard.png. Skipped, saying why, when chromium or playwright is missing.
+Writes docs/images/dashboard.png (JUPYTER_GPU_GOV_SCREENSHOTS=1). Skipped, saying why, when
+chromium or playwright is missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
-import os
 import re
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 import requests
+from browser import browser as chromium
+from browser import log_in, needs_browser, screenshot_path
 from governor_harness import Gov, governed_hub, kernel_with, wait
 
 from jupyter_gpu_gov import cli
 
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - depends on the environment
-    sync_playwright = None
+with contextlib.suppress(ImportError):  # without playwright, needs_browser skips
+    from playwright.sync_api import Page, expect
 
-CHROMIUM = Path("/usr/bin/chromium")
-REPO = Path(__file__).resolve().parent.parent
-SCREENSHOT = REPO / "docs" / "images" / "dashboard.png"
 EVIL = "<img src=x onerror=alert(1)>"
 SLOW = 30_000  # ms
 
-pytestmark = [
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        sync_playwright is None,
-        reason="the playwright Python package is missing (pip install playwright)",
-    ),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install -y chromium)"
-    ),
-]
+pytestmark = [pytest.mark.timeout(300), *needs_browser]
 
 SHOWBACK_CONFIG = """
 c.GpuGovernor.tier_weights = {"h100-3g": 0.5}
@@ -131,71 +122,133 @@ def test_the_admin_dashboard_in_a_browser(hub, tmp_path):
             "idle GPU-hours in the ledger",
         )
         dialogs = []
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM))
-            try:
-                page = browser.new_page(viewport={"width": 1500, "height": 1000})
-                page.set_default_timeout(SLOW)
-                page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-                page.goto(f"{hub.url}/hub/login?next=/services/gpu-gov/")
-                page.fill("#username_input", "govadmin")
-                page.fill("#password_input", "any")
-                page.click("#login_submit")
-                page.wait_for_url(f"{hub.url}/services/gpu-gov/")
-                servers = page.locator("#servers")
-                for user in ("alice", "bob", EVIL):
-                    expect(servers.locator("td.owner", has_text=user)).to_have_count(1)
-                alice = servers.locator('tr[data-server="alice/"]')
-                expect(alice.locator(".state")).to_have_text("warned")
-                expect(alice).to_contain_text("vision")
-                expect(alice).to_contain_text("segmentation")
-                expect(alice).to_contain_text("20.0 GB")
-                bob = servers.locator('tr[data-server="bob/"]')
-                expect(bob.locator(".state")).to_have_text("active")
-                # The HTML in a user name, team and project is text, never markup.
-                evil = servers.locator(f'tr[data-server="{EVIL}/"]')
-                expect(evil).to_contain_text("<script>alert(2)</script>")
-                expect(evil).to_contain_text("<b>red</b>")
-                assert page.locator("main img, main script, main b").count() == 0
-                expect(page.locator("#idle-by-team svg")).to_contain_text("vision")
-                expect(page.locator("#policies")).to_contain_text("demo-warned")
-                # The cluster's root causes (what each cost) and fragmentation.
-                expect(page.locator("#causes")).to_be_visible()
-                expect(page.locator("#diagnosis")).to_contain_text("GPU-hours diagnosed")
-                expect(page.locator("#fragmentation")).to_contain_text("cards partly allocated")
-                # The docs' screenshot is refreshed on request only: a test run leaves the tree
-                # clean (JUPYTER_GPU_GOV_SCREENSHOTS=1, as for the other browser tests).
-                refresh_docs = os.environ.get("JUPYTER_GPU_GOV_SCREENSHOTS") == "1"
-                shot = SCREENSHOT if refresh_docs else tmp_path / SCREENSHOT.name
-                page.screenshot(path=str(shot), full_page=True)
-
-                # Filters and sorting by query parameters.
-                page.select_option("select[name=team]", "nlp")
-                page.click("form.filters button[type=submit]")
-                expect(servers.locator("td.owner")).to_have_count(1)
-                expect(servers.locator("td.owner")).to_have_text("bob")
-                page.goto(f"{hub.url}/services/gpu-gov/?sort=user")
-                expect(servers.locator("td.owner")).to_have_text([EVIL, "alice", "bob"])
-                page.locator("#servers th a", has_text="Owner").click()  # again: reversed
-                expect(servers.locator("td.owner")).to_have_text(["bob", "alice", EVIL])
-
-                # An action, with a reason, through the XSRF-protected form.
-                alice.locator("input[name=reason]").fill("paper deadline")
-                alice.locator("button[value=extend]").click()
-                expect(page.locator("#flash")).to_contain_text("extension of alice/: granted")
-
-                page.goto(f"{hub.url}/services/gpu-gov/showback?group_by=team&period=day")
-                expect(page.locator("#totals")).to_contain_text("vision")
-                expect(page.locator("svg.chart").first).to_be_visible()
-                expect(page.locator("#csv")).to_have_attribute("href", re.compile("format=csv"))
-            finally:
-                browser.close()
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.set_default_timeout(SLOW)
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            log_in(page, hub.url, "govadmin", "any", "/services/gpu-gov/")
+            the_dashboard(page, hub, tmp_path)
+            cull_now_asks_first(page, hub)
+            showback_reads_and_prints(page, hub, tmp_path)
         assert dialogs == []  # no script ran
     finally:
         for tab in tabs:
             tab.close()
     audit = gov.audit("alice/")
     assert any(a["action"] == "extend" and "paper deadline" in a["reason"] for a in audit)
+
+
+def the_dashboard(page: Page, hub, shots) -> None:
+    servers = page.locator("#servers")
+    for user in ("alice", "bob", EVIL):
+        expect(servers.locator("td.owner", has_text=user)).to_have_count(1)
+    alice = servers.locator('tr[data-server="alice/"]')
+    expect(alice.locator(".state")).to_have_text("warned")
+    expect(alice).to_contain_text("vision")
+    expect(alice).to_contain_text("segmentation")
+    expect(alice).to_contain_text("20.0 GB")
+    bob = servers.locator('tr[data-server="bob/"]')
+    expect(bob.locator(".state")).to_have_text("active")
+    # The HTML in a user name, team and project is text, never markup.
+    evil = servers.locator(f'tr[data-server="{EVIL}/"]')
+    expect(evil).to_contain_text("<script>alert(2)</script>")
+    expect(evil).to_contain_text("<b>red</b>")
+    assert page.locator("main img, main script, main b").count() == 0
+    expect(page.locator("#idle-by-team svg")).to_contain_text("vision")
+    expect(page.locator("#policies")).to_contain_text("demo-warned")
+    # The cluster's root causes (what each cost) and fragmentation.
+    expect(page.locator("#causes")).to_be_visible()
+    expect(page.locator("#diagnosis")).to_contain_text("GPU-hours diagnosed")
+    expect(page.locator("#fragmentation")).to_contain_text("cards partly allocated")
+    page.screenshot(path=str(screenshot_path("dashboard.png", shots)), full_page=True)
+
+    # Filters and sorting by query parameters.
+    page.select_option("select[name=team]", "nlp")
+    page.click("form.filters button[type=submit]")
+    expect(servers.locator("td.owner")).to_have_count(1)
+    expect(servers.locator("td.owner")).to_have_text("bob")
+    page.goto(f"{hub.url}/services/gpu-gov/?sort=user")
+    expect(servers.locator("td.owner")).to_have_text([EVIL, "alice", "bob"])
+    page.locator("#servers th a", has_text="Owner").click()  # again: reversed
+    expect(servers.locator("td.owner")).to_have_text(["bob", "alice", EVIL])
+
+    # An action, with a reason, through the XSRF-protected form.
+    alice.locator("input[name=reason]").fill("paper deadline")
+    alice.locator("button[value=extend]").click()
+    expect(page.locator("#flash")).to_contain_text("extension of alice/: granted")
+
+    # Exempt for a day: when it ends reads in the browser's clock, UTC only in its tooltip.
+    bob.locator("input[name=reason]").fill("long training run")
+    bob.locator("select[name=duration]").select_option("1d")
+    bob.locator("button[value=exempt]").click()
+    until = bob.locator("time")
+    expect(until).to_have_attribute("title", re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d UTC$"))
+    expect(until).not_to_contain_text("UTC")
+    assert " UTC" not in page.locator("main").inner_text()
+
+
+def cull_now_asks_first(page: Page, hub) -> None:
+    """Cull now takes someone's work away: a page says what it will do; Cancel does nothing."""
+    row = page.locator(f'#servers tr[data-server="{EVIL}/"]')
+    row.locator("input[name=reason]").fill("maintenance")
+    row.locator("button[value=cull]").click()
+    confirm = page.locator("#confirm-cull")
+    expect(confirm.locator("h1")).to_have_text(f"Cull {EVIL}/ now?")
+    expect(confirm).to_contain_text("A checkpoint is taken first")
+    expect(confirm).to_contain_text("the server is stopped")
+    expect(confirm.locator("#confirm-reason")).to_have_text("maintenance")
+    confirm.get_by_role("link", name="Cancel").click()
+    expect(row).to_be_visible()
+    culls = [a for a in Gov(hub).audit(f"{EVIL}/") if a["action"] == "cull"]
+    assert culls == [], culls
+    row.locator("input[name=reason]").fill("maintenance")
+    row.locator("button[value=cull]").click()
+    confirm.get_by_role("button", name=f"Cull {EVIL}/ now").click()
+    expect(page.locator("#flash")).to_contain_text(f"cull of {EVIL}/")
+    wait(
+        lambda: any(a["action"] == "cull" for a in Gov(hub).audit(f"{EVIL}/")),
+        30,
+        "the confirmed cull on record",
+    )
+
+
+def showback_reads_and_prints(page: Page, hub, shots) -> None:
+    page.goto(f"{hub.url}/services/gpu-gov/showback?group_by=team&period=day")
+    expect(page.locator("#totals")).to_contain_text("vision")
+    expect(page.locator("svg.chart").first).to_be_visible()
+    expect(page.locator("#csv")).to_have_attribute("href", re.compile("format=csv"))
+    page.screenshot(path=str(screenshot_path("showback.png", shots)), full_page=True)
+    # The table spans the page, no number wraps, every chart text is 11 px or more as drawn.
+    table, main = page.evaluate(
+        """() => ['#totals', 'main'].map(s => {
+            const box = document.querySelector(s).getBoundingClientRect();
+            const pad = s === 'main' ? 40 : 0;
+            return box.width - pad;
+        })"""
+    )
+    assert table >= 0.95 * main, (table, main)
+    wrapped = page.evaluate(
+        """() => [...document.querySelectorAll('#totals td.num')]
+            .filter(td => td.getClientRects()[0].height > 2 * parseFloat(getComputedStyle(td).fontSize) + 12)
+            .map(td => td.textContent)"""
+    )
+    assert wrapped == [], wrapped
+    smallest = page.evaluate(
+        """() => Math.min(...[...document.querySelectorAll('svg.chart text')].map(
+            t => parseFloat(getComputedStyle(t).fontSize) * t.closest('svg').getScreenCTM().a))"""
+    )
+    assert smallest >= 11, f"chart text drawn at {smallest:.1f} px"
+    # Printed: no navigation, no forms, the charts within the page.
+    page.emulate_media(media="print")
+    expect(page.locator("header")).to_be_hidden()
+    expect(page.locator("form.filters")).to_be_hidden()
+    overflowing = page.evaluate(
+        """() => [...document.querySelectorAll('svg.chart')].filter(svg =>
+            svg.getBoundingClientRect().width > svg.parentElement.clientWidth + 1).length"""
+    )
+    assert overflowing == 0, f"{overflowing} charts wider than the printed page"
+    page.pdf(path=str(shots / "showback.pdf"))
+    page.emulate_media(media="screen")
 
 
 def test_non_admins_get_403_and_see_only_their_own_usage(hub):
@@ -244,6 +297,10 @@ def test_csv_export_matches_the_json_ledger_and_metrics_count_per_team(hub, caps
     out = capsys.readouterr().out
     printed = list(csv.DictReader(io.StringIO(out)))
     assert code == 0 and printed[0].keys() == rows[0].keys() and len(printed) >= len(rows)
+    # A token the hub does not know: said so, not "authenticate with a token".
+    code = cli.main(["usage", "--url", f"{hub.url}/services/gpu-gov/", "--token", "not-a-token"])
+    err = capsys.readouterr().err
+    assert code == 2 and "HTTP 403: the governor refused this token" in err, err
     r = hub.get(f"{hub.url}/services/gpu-gov/metrics", token=hub.token("govadmin"))
     assert r.status_code == 200
     assert re.search(

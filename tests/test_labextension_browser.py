@@ -5,8 +5,11 @@ Chromium (Debian's ``/usr/bin/chromium``, driven by the ``playwright`` Python pa
 notebook whose kernel holds 20 GiB of simulated GPU memory, and then checks what a user sees
 and does: the status bar item, the idle warning with its live countdown, **Extend** (through
 the reason prompt, on record at the governor), **Checkpoint** (the dirty notebook is saved
-first) and the GPU panel. With ``JUPYTER_GPU_GOV_SCREENSHOTS=1`` it refreshes
-``docs/images/gpu-warning.png`` (otherwise the screenshot goes to the test's tmp_path).
+first), the GPU panel (its few lines, its folded details, at the default sidebar width and
+a wide one, in the light and the dark theme) and **Stop server**, after which the tab says the
+server stopped and nothing beneath can act. With ``JUPYTER_GPU_GOV_SCREENSHOTS=1`` it
+refreshes ``docs/images/gpu-warning.png`` (otherwise the screenshot goes to the test's
+tmp_path).
 
 Skipped, saying why, when chromium or playwright is missing; never green without a browser.
 """
@@ -15,42 +18,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import requests
-from governor_harness import Gov, governed_hub, wait
+from browser import browser as chromium
+from browser import explain_failure, needs_browser, screenshot_path
+from governor_harness import Gov, governed_hub, server_running, wait
 from hub_harness import HubHarness
 
-try:
-    from playwright.sync_api import Page, sync_playwright
-except ImportError:  # pragma: no cover - depends on the environment
-    sync_playwright = None
+with contextlib.suppress(ImportError):  # without playwright, needs_browser skips
+    from playwright.sync_api import Page, expect
 
-CHROMIUM = Path("/usr/bin/chromium")
-REPO = Path(__file__).resolve().parent.parent
-SCREENSHOT = REPO / "docs" / "images" / "gpu-warning.png"
 USER = "lena"
 NOTEBOOK = "gpu-demo.ipynb"
 SLOW = 60_000  # ms: a 2-core machine builds JupyterLab's page slowly
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(
-        sync_playwright is None,
-        reason="the playwright Python package is missing (pip install playwright)",
-    ),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason=f"{CHROMIUM} is missing (apt-get install -y chromium)",
-    ),
-]
+pytestmark = [pytest.mark.timeout(600), *needs_browser]
 
 # Warned ~3 s into GPU idleness, culled after 5 minutes; Extend gives 2 minutes, twice.
 BROWSER_POLICY = {
@@ -125,25 +114,6 @@ def hub(tmp_path: Path) -> Iterator[HubHarness]:
         yield hub
 
 
-@contextlib.contextmanager
-def screenshot_on_failure(page: Page, tmp_path: Path, hub: HubHarness) -> Iterator[None]:
-    try:
-        yield
-    except KeyboardInterrupt:
-        raise
-    except BaseException as error:  # also pytest's Failed (a timeout)
-        shot = tmp_path / "failure.png"
-        with contextlib.suppress(Exception):
-            page.screenshot(path=str(shot), full_page=True)
-        toasts = ""
-        with contextlib.suppress(Exception):
-            toasts = " | ".join(page.locator(".Toastify__toast").all_inner_texts())
-        raise AssertionError(
-            f"{error}\n  page: {page.url}\n  toasts: {toasts or '(none)'}\n"
-            f"  screenshot: {shot}\n  hub log tail:\n{hub.log_tail(3000)}"
-        ) from error
-
-
 def test_warning_extend_checkpoint_in_jupyterlab(hub: HubHarness, tmp_path: Path) -> None:
     gov = Gov(hub)
     token = hub.token(USER)
@@ -159,16 +129,19 @@ def test_warning_extend_checkpoint_in_jupyterlab(hub: HubHarness, tmp_path: Path
     on_disk = hub.workdir / "home" / USER / NOTEBOOK
     assert on_disk.exists(), f"the server's root is not {on_disk.parent}"
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM))
-        try:
-            context = browser.new_context(viewport={"width": 1280, "height": 800})
-            page = context.new_page()
-            page.set_default_timeout(SLOW)
-            with screenshot_on_failure(page, tmp_path, hub):
-                run_story(page, hub, gov, auth, contents, on_disk, tmp_path)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.set_default_timeout(SLOW)
+        with explain_failure(page, tmp_path, lambda: hub.log_tail(3000)):
+            run_story(page, hub, gov, auth, contents, on_disk, tmp_path)
+
+
+def luminance(locator, prop: str) -> float:
+    """0 (black) .. 1 (white): a colour as computed in the page."""
+    rgb = locator.evaluate(f"n => getComputedStyle(n).{prop}")
+    r, g, b = (int(x) / 255 for x in re.findall(r"\d+", rgb)[:3])
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
 
 def run_story(
@@ -234,11 +207,7 @@ def run_story(
 
     # --- the screenshot for the docs -------------------------------------------------------
     page.mouse.move(640, 300)  # no hover effects on the toast's buttons
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    refresh_docs = os.environ.get("JUPYTER_GPU_GOV_SCREENSHOTS") == "1"
-    page.screenshot(
-        path=str(SCREENSHOT if refresh_docs else shots / SCREENSHOT.name), full_page=True
-    )
+    page.screenshot(path=str(screenshot_path("gpu-warning.png", shots)), full_page=True)
 
     # --- the warning survives a page reload, once ----------------------------------------------
     page.reload()
@@ -294,6 +263,12 @@ def run_story(
     granted = page.locator(".jp-Notification-Toast-success").filter(has_text="Extension granted")
     granted.first.wait_for()
     granted_text = granted.first.inner_text()
+    # What was left of the old deadline when the toast said this (a loaded machine takes long
+    # between the first warning and here: count from now, not from then).
+    old_left = (
+        datetime.fromisoformat(before["cull_at"].replace("Z", "+00:00"))
+        - datetime.now(timezone.utc)
+    ).total_seconds()
     page.screenshot(path=str(shots / "extended.png"))
     extends = wait(
         lambda: [a for a in gov.audit(f"{USER}/") if a["action"] == "extend"],
@@ -309,7 +284,7 @@ def run_story(
     granted_deadline = match[1].strip()
     granted_left = int(match[2] or 0) * 60 + int(match[3])
     assert granted_deadline != first_deadline, granted_text
-    assert granted_left > later_left + 100, (later_text, granted_text)
+    assert granted_left > old_left + 100, (old_left, granted_text)  # the step is 2 minutes
 
     # The extension restarts the notice: the warning goes away until the new deadline is
     # within the policy's notice again (the governor's rule), and the status bar leaves red.
@@ -320,18 +295,41 @@ def run_story(
         "the status bar to leave the warned state",
     )
 
-    # --- the GPU panel lists the kernel with its memory and the new deadline ------------------
+    # --- the GPU panel: a few lines, the holder, the details folded; narrow, wide, dark -------
     status.click()
     panel = page.locator(".jp-GpuGov-panel")
-    row = panel.locator(".jp-GpuGov-row").filter(has_text=NOTEBOOK)
-    row.first.wait_for()
-    assert "20.0 GiB" in row.first.inner_text(), row.first.inner_text()
-    # "12:09:31 PM (in 6m 40s)"
-    deadline = panel.locator("dt:text-is('Deadline') + dd").inner_text()
-    match = re.search(r"\(in (?:(\d+)m )?(\d+)s\)", deadline)
+    holder = panel.locator(".jp-GpuGov-holder").filter(has_text=NOTEBOOK)
+    expect(holder).to_contain_text("20.0 GiB")
+    assert panel.locator(".jp-GpuGov-line").count() <= 3
+    details = panel.locator("details.jp-GpuGov-details")
+    assert details.get_attribute("open") is None  # folded until asked
+    details.locator("summary").click()
+    # "12:09 PM (in 6m 40s)"
+    deadline = details.locator("dt:text-is('Deadline') + dd").inner_text()
+    match = re.search(r"\(in (?:(\d+)m ?)?(?:(\d+)s)?\)", deadline)
     assert match, deadline
-    assert int(match[1] or 0) * 60 + int(match[2]) > 300, deadline  # past the old deadline
+    assert int(match[1] or 0) * 60 + int(match[2] or 0) > 300, deadline  # past the old one
+    # Default sidebar width: nothing cut off; each holder is a name over its facts.
+    assert panel.evaluate("n => n.scrollWidth <= n.clientWidth"), "the panel scrolls sideways"
+    assert holder.evaluate("n => getComputedStyle(n).display") == "flex"
     page.screenshot(path=str(shots / "panel.png"))
+    # A wide sidebar: the holders line up in columns.
+    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
+    box = handle.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] - 400, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
+    wait(lambda: panel.bounding_box()["width"] >= 500, 10, "a wide sidebar")
+    assert holder.evaluate("n => getComputedStyle(n).display") == "grid"
+    assert panel.evaluate("n => n.scrollWidth <= n.clientWidth")
+    # The dark theme: the panel follows JupyterLab's colours.
+    page.locator(".lm-MenuBar-itemLabel", has_text="Settings").click()
+    page.locator(".lm-Menu-itemLabel").get_by_text("Theme", exact=True).click()
+    page.locator(".lm-Menu-itemLabel").get_by_text("JupyterLab Dark", exact=True).click()
+    wait(lambda: luminance(panel, "backgroundColor") < 0.2, 30, "the dark theme")
+    assert luminance(panel.locator(".jp-GpuGov-line").first, "color") > 0.6
+    page.screenshot(path=str(shots / "panel-dark.png"))
 
     # --- the warning comes back with the later deadline when its notice starts ---------------
     message.first.wait_for(timeout=240_000)
@@ -344,3 +342,16 @@ def run_story(
     assert 200 < again_left <= 300
     assert gov.verdict(USER)["state"] == "warned"
     page.screenshot(path=str(shots / "warned-again.png"))
+
+    # --- Stop server: asked first, then the tab says it is stopped, and nothing else acts ----
+    warning.first.get_by_role("button", name="Stop server").click()
+    confirm = page.locator(".jp-Dialog")
+    expect(confirm).to_contain_text("Stop this server now?")
+    confirm.locator("button.jp-mod-warn").click()
+    overlay = page.locator(".jp-GpuGov-overlay")
+    expect(overlay.locator(".jp-GpuGov-stopped-message")).to_have_text(
+        re.compile(r"^You stopped this server at .+\.$")
+    )
+    expect(warning).to_have_count(0)
+    assert page.locator("#main").get_attribute("inert") is not None  # nothing beneath acts
+    wait(lambda: not server_running(hub, USER), 60, "the server to stop")

@@ -241,10 +241,14 @@ def test_the_per_user_cap_counts_gpu_equivalents_across_tiers():
     assert refused.reason == (
         "You may hold 2 GPU-equivalents at once (team vision's per-user cap); you hold 1.14 "
         "(server 'train' on H100, your default server on H200 1g.18gb) and 2 x H100 counts 2. "
-        "Stop one of your servers, or pick a smaller tier."
+        "Stop one of your servers, or pick a smaller tier (H200 1g.18gb fits)."
     )
     small = ask("vision", "h200-1g", usage=mine, server="alice/small")
     assert small.allowed
+    # On the smallest tier there is nothing smaller to pick: the advice says so.
+    full = [grant("vision", user="alice", server=f"alice/{n}") for n in ("a", "b")]
+    smallest = ask("vision", "h200-1g", usage=full, server="alice/c")
+    assert smallest.reason.endswith("counts 0.14. Stop one of your servers first.")
     # Other users' servers do not count against alice.
     assert ask("vision", "h100", usage=grants("vision", 3), server="alice/x").allowed
 

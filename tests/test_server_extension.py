@@ -4,7 +4,10 @@ simulated GPUs: what a researcher's server reports at /jupyter-gpu-gov/status.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -192,12 +195,16 @@ async def test_process_started_from_a_terminal_is_attributed_to_the_terminal(
     response = await jp_fetch("api", "terminals", method="POST", body="{}")
     name = json.loads(response.body)["name"]
     terminal = jp_serverapp.web_app.settings["terminal_manager"].terminals[name]
-    terminal.ptyproc.write(f"{sys.executable} -m jupyter_gpu_gov.simulate hold 3072 --load 0.4\r")
+    # --for: the holder ends by itself even if closing the terminal does not end it.
+    hold = f"{sys.executable} -m jupyter_gpu_gov.simulate hold 3072 --load 0.4 --for 300"
+    terminal.ptyproc.write(f"{hold}\r")
+    pids: list[int] = []
     try:
         report = await wait_for(
             jp_fetch, lambda r: target(r, "terminal", name)["gpu"]["memory_mb"] == 3072
         )
         gpu = target(report, "terminal", name)["gpu"]
+        pids = gpu["pids"]
         assert gpu["confidence"] == "exact"
         assert gpu["sm"] == pytest.approx(0.4)
         assert all(
@@ -205,6 +212,10 @@ async def test_process_started_from_a_terminal_is_attributed_to_the_terminal(
         )
     finally:
         await jp_fetch("api", "terminals", name, method="DELETE")
+        # Closing a terminal signals its shell; a job it started may outlive it: end ours.
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 async def test_two_kernels_on_two_devices_are_told_apart(jp_fetch, start_kernel):

@@ -3,38 +3,28 @@
 A researcher in two teams logs in, sees the tiers with what each team has left, switches team
 (tiers the other team cannot use become unselectable), asks the memory estimate which tier fits
 a model (it picks that tier), and starts a server on it: the server gets the MIG slice.
+With ``JUPYTER_GPU_GOV_SCREENSHOTS=1`` it refreshes docs/images/spawn-form.png.
 
 Skipped, saying why, when chromium or playwright is missing; never green without a browser.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from pathlib import Path
 
 import pytest
-from hub_harness import HubHarness
+from browser import browser as chromium
+from browser import needs_browser, screenshot_path
+from hub_harness import REPO, HubHarness
 
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - depends on the environment
-    sync_playwright = None
+with contextlib.suppress(ImportError):  # without playwright, needs_browser skips
+    from playwright.sync_api import expect
 
-CHROMIUM = Path("/usr/bin/chromium")
-REPO = Path(__file__).resolve().parent.parent
 DEVICES = json.loads((REPO / "hub_config" / "demo_gpus.json").read_text())
 SLOW = 60_000  # ms
 
-pytestmark = [
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        sync_playwright is None,
-        reason="the playwright Python package is missing (pip install playwright)",
-    ),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing (apt-get install -y chromium)"
-    ),
-]
+pytestmark = [pytest.mark.timeout(300), *needs_browser]
 
 PROFILES = f"""
 from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
@@ -66,52 +56,49 @@ def hub(tmp_path_factory):
         yield hub
 
 
-def test_a_researcher_picks_a_tier_for_a_team_with_the_estimate_and_starts(hub):
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM))
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(SLOW)
-            page.goto(f"{hub.url}/hub/login?next=/hub/spawn")
-            page.fill("#username_input", "mia")
-            page.fill("#password_input", "any")
-            page.click("#login_submit")
-            form = page.locator(".gpu-gov-form")
-            expect(form).to_be_visible()
+def test_a_researcher_picks_a_tier_for_a_team_with_the_estimate_and_starts(hub, tmp_path):
+    with chromium() as browser:
+        page = browser.new_page()
+        page.set_default_timeout(SLOW)
+        page.goto(f"{hub.url}/hub/login?next=/hub/spawn")
+        page.fill("#username_input", "mia")
+        page.fill("#password_input", "any")
+        page.click("#login_submit")
+        form = page.locator(".gpu-gov-form")
+        expect(form).to_be_visible()
 
-            tier = {n: form.locator(f'label[data-tier="{n}"]') for n in ("h100", "h100-3g")}
-            radio = {n: label.locator("input") for n, label in tier.items()}
-            # Team vision first: its H100 line is shown, nlp's slices cannot be picked.
-            expect(form.locator("#gpu-gov-team")).to_have_value("vision")
-            expect(tier["h100"].locator('li[data-team="vision"]')).to_have_text(
-                "vision: 1 of 1 guaranteed left · 2 of 2 free"
-            )
-            expect(radio["h100-3g"]).to_be_disabled()
-            expect(tier["h100-3g"].locator('li[data-team="vision"]')).to_have_text(
-                "vision: not offered to this team"
-            )
+        tier = {n: form.locator(f'label[data-tier="{n}"]') for n in ("h100", "h100-3g")}
+        radio = {n: label.locator("input") for n, label in tier.items()}
+        # Team vision first: its H100 line is shown, nlp's slices cannot be picked.
+        expect(form.locator("#gpu-gov-team")).to_have_value("vision")
+        expect(tier["h100"].locator('li[data-team="vision"]')).to_have_text(
+            "vision: 1 of 1 guaranteed left · 2 of 2 free"
+        )
+        expect(radio["h100-3g"]).to_be_disabled()
+        expect(tier["h100-3g"].locator('li[data-team="vision"]')).to_have_text(
+            "vision: not offered to this team"
+        )
 
-            # Switch to nlp: the slices open up, the H100 (not nlp's) closes.
-            form.locator("#gpu-gov-team").select_option("nlp")
-            expect(radio["h100"]).to_be_disabled()
-            expect(radio["h100-3g"]).to_be_enabled()
-            expect(tier["h100-3g"].locator('li[data-team="nlp"]')).to_be_visible()
-            expect(tier["h100-3g"].locator('li[data-team="vision"]')).to_be_hidden()
+        # Switch to nlp: the slices open up, the H100 (not nlp's) closes.
+        form.locator("#gpu-gov-team").select_option("nlp")
+        expect(radio["h100"]).to_be_disabled()
+        expect(radio["h100-3g"]).to_be_enabled()
+        expect(tier["h100-3g"].locator('li[data-team="nlp"]')).to_be_visible()
+        expect(tier["h100-3g"].locator('li[data-team="vision"]')).to_be_hidden()
 
-            # The estimate: a 13B model for inference in bf16 needs ~38 GB -> half an H100.
-            form.locator("summary").click()
-            page.fill("#gpu-gov-params", "13B")
-            form.locator("#gpu-gov-estimate").click()
-            expect(form.locator("#gpu-gov-estimate-result")).to_contain_text(
-                "About 37.9 GB of GPU memory (inference, bf16): Half an H100"
-            )
-            expect(radio["h100-3g"]).to_be_checked()
+        # The estimate: a 13B model for inference in bf16 needs ~38 GB -> half an H100.
+        form.locator("summary").click()
+        page.fill("#gpu-gov-params", "13B")
+        form.locator("#gpu-gov-estimate").click()
+        expect(form.locator("#gpu-gov-estimate-result")).to_contain_text(
+            "About 37.9 GB of GPU memory (inference, bf16): Half an H100"
+        )
+        expect(radio["h100-3g"]).to_be_checked()
+        page.screenshot(path=str(screenshot_path("spawn-form.png", tmp_path)), full_page=True)
 
-            page.fill("#gpu-gov-project", "summaries")
-            page.click("button[type=submit]")
-            page.wait_for_url(f"{hub.url}/user/mia/**", timeout=SLOW)
-        finally:
-            browser.close()
+        page.fill("#gpu-gov-project", "summaries")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{hub.url}/user/mia/**", timeout=SLOW)
 
     options = hub.api("GET", "users/mia").json()["servers"][""]["user_options"]
     assert options["gpu-gov/tier"] == "h100-3g"

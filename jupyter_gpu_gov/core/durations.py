@@ -42,12 +42,16 @@ def parse_duration(value: object, name: str = "duration") -> timedelta:
 
 
 def format_duration(delta: timedelta | float | None) -> str:
-    """``2h 5m``, ``45s``: short and readable, for reasons and messages."""
+    """``45s``, ``1m 30s``, ``59m 59s``, ``2h 5m``, ``1d 3h``: below an hour the seconds stay,
+    above it minutes are enough. The JupyterLab extension's ``formatDuration`` reads the same."""
     if delta is None:
         return "-"
-    seconds = int(delta.total_seconds() if isinstance(delta, timedelta) else delta)
-    if seconds < 60:
-        return f"{seconds}s"
+    seconds = max(0, int(delta.total_seconds() if isinstance(delta, timedelta) else delta))
+    if seconds < 3600:
+        minutes, rest = divmod(seconds, 60)
+        return (
+            f"{minutes}m {rest}s" if minutes and rest else f"{minutes}m" if minutes else f"{rest}s"
+        )
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:

@@ -9,12 +9,18 @@
   their teams' use.
 
 Forms post to ``/services/gpu-gov/actions`` with JupyterHub's XSRF token (HubOAuth checks it
-for every cookie-authenticated POST). Actions call the same Governor methods as the REST API.
+for every cookie-authenticated POST). Actions call the same Governor methods as the REST API;
+"Cull now" asks first, on a page of its own (it works without JavaScript).
+
+Times are written as ``<time datetime="…Z">2026-01-05 09:14 UTC</time>``; ``static/pages.js``
+shows them in the reader's clock, like JupyterLab does. Only the API and CSV stay in UTC.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -36,6 +42,45 @@ _env.filters["dur"] = lambda s: "—" if s is None else format_duration(int(s))
 # What an action did, shown once on the dashboard it redirects to: a cookie signed by this
 # service, never a query parameter (anyone could link an admin to ``?msg=<any text>``).
 FLASH_COOKIE = "gpu-gov-flash"
+
+STATIC = Path(__file__).parent / "static"
+# What the governor writes into reasons: "2026-01-05 09:14 UTC", or "09:14 UTC" (about now).
+_UTC_IN_TEXT = re.compile(r"\b(?:(\d{4}-\d{2}-\d{2})[ T])?(\d{2}):(\d{2})(?::(\d{2}))? UTC\b")
+
+
+def time_tag(when: datetime | None) -> Markup:
+    """A moment for people: the page's script shows it in their clock; UTC without it."""
+    if when is None:
+        return Markup("")
+    when = when.astimezone(timezone.utc)
+    return Markup('<time datetime="{}">{} UTC</time>').format(
+        when.strftime("%Y-%m-%dT%H:%M:%SZ"), when.strftime("%Y-%m-%d %H:%M")
+    )
+
+
+def times_in_text(text: str | None, now: datetime | None = None) -> Markup:
+    """``text`` escaped, each UTC time in it a :func:`time_tag` (a time without a day is the
+    one nearest ``now``)."""
+    now = (now or clock.utcnow()).astimezone(timezone.utc)
+    out, last = [], 0
+    for match in _UTC_IN_TEXT.finditer(text or ""):
+        day, hour, minute, second = match.groups()
+        try:
+            if day:
+                at = datetime.fromisoformat(f"{day}T{hour}:{minute}:{second or '00'}+00:00")
+            else:
+                base = now.replace(hour=int(hour), minute=int(minute), second=0, microsecond=0)
+                at = min((base + timedelta(days=d) for d in (-1, 0, 1)), key=lambda t: abs(t - now))
+        except ValueError:  # 25:99 UTC: left as written
+            continue
+        out += [Markup.escape(text[last : match.start()]), time_tag(at)]
+        last = match.end()
+    out.append(Markup.escape((text or "")[last:]))
+    return Markup("").join(out)
+
+
+_env.filters["time"] = time_tag
+_env.filters["times"] = times_in_text
 SORTS = ("user", "team", "project", "tier", "state", "idle_for", "memory", "activity", "deadline")
 EXEMPT_CHOICES = ("1h", "8h", "1d", "3d", "7d")
 
@@ -56,7 +101,7 @@ class PageHandler(ApiHandler):
     def render_page(self, template: str, status: int = 200, **context) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.set_header("Content-Security-Policy", "default-src 'self'; style-src 'unsafe-inline'")
+        self.set_header("Content-Security-Policy", "default-src 'self'")  # no inline code
         self.set_header("X-Content-Type-Options", "nosniff")
         user = self.current_user or {}
         self.finish(
@@ -77,6 +122,7 @@ class PageHandler(ApiHandler):
         scopes = set(user.get("scopes", ()))
         self.set_status(status_code)
         self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.set_header("Content-Security-Policy", "default-src 'self'")
         self.finish(
             _env.get_template("error.html").render(
                 prefix=self.prefix,
@@ -296,6 +342,9 @@ class ActionHandler(PageHandler):
             await gov.exempt(key, actor, None, reason)
             done = f"exemption of {key} lifted"
         elif action == "cull":
+            if self.get_body_argument("confirm", "") != "yes":
+                self._confirm_cull(key, reason)
+                return
             outcome = await gov.cull_now(key, actor, reason)
             done = f"cull of {key}: {outcome['status']}"
         elif action in ("approve", "deny"):
@@ -315,6 +364,18 @@ class ActionHandler(PageHandler):
             samesite="Strict",
         )
         self.redirect(self.prefix)
+
+    def _confirm_cull(self, key: str, reason: str) -> None:
+        """Cull now takes a person's work away: say what it will do, and ask."""
+        row = self.governor.row(key)
+        chosen = self.governor.policy_named(row.policy)
+        self.render_page(
+            "confirm_cull.html",
+            server=key,
+            reason=reason,
+            state=row.state,
+            policy=policy_view(chosen),
+        )
 
 
 class ShowbackHandler(PageHandler):
@@ -463,10 +524,18 @@ class MyUsageHandler(PageHandler):
         )
 
 
+class StaticHandler(web.StaticFileHandler):
+    """The pages' stylesheet and script (no CDN): public, like any page's assets."""
+
+    def set_extra_headers(self, path):
+        self.set_header("X-Content-Type-Options", "nosniff")
+
+
 def page_handlers(prefix: str, governor) -> list[tuple]:
     args = {"governor": governor}
     p = prefix.rstrip("/")
     return [
+        (rf"{p}/static/(pages\.css|pages\.js)", StaticHandler, {"path": str(STATIC)}),
         (rf"{p}/?", DashboardHandler, args),
         (rf"{p}/actions", ActionHandler, args),
         (rf"{p}/showback", ShowbackHandler, args),

@@ -321,12 +321,24 @@ def _over_user_cap(request, tier, quota, others, tiers) -> Admission | None:
         f"{_server_label(g.server)} on {tiers[g.tier].display_name if g.tier in tiers else g.tier}"
         for g in mine
     )
+    # Advise a smaller tier only when the team has one that would fit under the cap now.
+    fits = [
+        t
+        for name, t in tiers.items()
+        if name in quota.tiers
+        and t.weight < tier.weight
+        and held + t.weight <= quota.user_cap + _EPS
+    ]
+    if fits:
+        largest = max(fits, key=lambda t: t.weight).display_name
+        advice = f"Stop one of your servers, or pick a smaller tier ({largest} fits)."
+    else:
+        advice = "Stop one of your servers first."
     return Admission(
         False,
         f"You may hold {_gpu_equivalents(quota.user_cap)} at once (team {quota.team}'s "
         f"per-user cap); you hold {held:.3g} ({holding or 'nothing'}) and "
-        f"{tier.display_name} counts {tier.weight:.2g}. Stop one of your servers, or pick a "
-        "smaller tier.",
+        f"{tier.display_name} counts {tier.weight:.2g}. {advice}",
     )
 
 

@@ -5,13 +5,14 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { parseTime } from './format';
 import {
   ICheckpointManifest,
   ICheckpointSummary,
   IExtendResponse,
   IStatusReport,
-  parseTime
-} from './model';
+  IStopResponse
+} from './types';
 
 export const API_NAMESPACE = 'jupyter-gpu-gov';
 
@@ -21,6 +22,23 @@ export interface IApiResponse<T> {
   body: T | null;
   /** The server's error message, when there is one. */
   message: string | null;
+  /**
+   * The Hub answered instead of this server: it is not running (424 "Failed Dependency",
+   * or a redirect to the Hub's pages while it stops).
+   */
+  gone: boolean;
+}
+
+/** A status request that failed; `gone` when the server is not running any more. */
+export class StatusError extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+    readonly gone: boolean
+  ) {
+    super(message);
+    this.name = 'StatusError';
+  }
 }
 
 export class GpuGovApi {
@@ -32,15 +50,17 @@ export class GpuGovApi {
     return this._settings;
   }
 
-  /** GET status; throws on failure so the poll backs off. */
+  /** GET status; throws a StatusError on failure so the poll backs off. */
   async status(refresh = false): Promise<IStatusReport> {
     const response = await this.request<IStatusReport>(
       refresh ? 'status?refresh=1' : 'status',
       { method: 'GET' }
     );
-    if (response.status !== 200 || !response.body) {
-      throw new Error(
-        response.message ?? `GPU status failed (HTTP ${response.status})`
+    if (response.status !== 200 || !response.body || response.gone) {
+      throw new StatusError(
+        response.message ?? `HTTP ${response.status}`,
+        response.status,
+        response.gone
       );
     }
     return response.body;
@@ -90,9 +110,7 @@ export class GpuGovApi {
     }
   }
 
-  stop(
-    reason: string
-  ): Promise<IApiResponse<{ status?: string; message?: string }>> {
+  stop(reason: string): Promise<IApiResponse<IStopResponse>> {
     return this.post('stop', { reason });
   }
 
@@ -113,8 +131,14 @@ export class GpuGovApi {
     try {
       response = await ServerConnection.makeRequest(url, init, this._settings);
     } catch (error) {
-      return { status: 0, body: null, message: String(error) };
+      return { status: 0, body: null, message: String(error), gone: false };
     }
+    // Sent to the Hub's pages: the proxy no longer routes to this server.
+    const gone =
+      response.status === 424 ||
+      (response.redirected &&
+        !!response.url &&
+        !response.url.startsWith(this._settings.baseUrl));
     let body: any = null;
     const text = await response.text();
     if (text) {
@@ -130,7 +154,7 @@ export class GpuGovApi {
         : response.ok
           ? null
           : response.statusText || null;
-    return { status: response.status, body: body as T | null, message };
+    return { status: response.status, body: body as T | null, message, gone };
   }
 
   private _settings: ServerConnection.ISettings;

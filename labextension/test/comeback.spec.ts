@@ -11,13 +11,12 @@ import {
   cullReasonPhrase,
   DEFAULT_RESTORE,
   dismissedIds,
-  ICheckpointSummary,
-  ITrans,
   manifestDetails,
   notebookPaths,
-  nullTrans,
   rememberDismissed
-} from '../src/model';
+} from '../src/model/comeback';
+import { ITrans, nullTrans } from '../src/trans';
+import { ICheckpointSummary } from '../src/types';
 
 const T = (iso: string) => Date.parse(iso);
 const clock = (d: Date) => d.toISOString().slice(11, 16);
@@ -150,7 +149,7 @@ describe('comingBackView', () => {
     [
       'gpu-idle',
       {},
-      'Stopped at 14:02 because the GPU was idle; checkpoint saved.'
+      'Stopped at 14:02 because its GPU was idle; checkpoint saved.'
     ],
     [
       'max-age',
@@ -165,7 +164,7 @@ describe('comingBackView', () => {
     [
       'admin',
       { cull_reason: 'admin' },
-      'Stopped at 14:02 because an admin stopped it; checkpoint saved.'
+      'Stopped at 14:02 because an administrator stopped it; checkpoint saved.'
     ],
     [
       'inactive',
@@ -190,22 +189,22 @@ describe('comingBackView', () => {
     [
       'one problem',
       { status: 'failed', errors: 1 },
-      'Stopped at 14:02 because the GPU was idle; checkpoint saved with 1 problem.'
+      'Stopped at 14:02 because its GPU was idle; checkpoint saved with 1 problem.'
     ],
     [
       'problems',
       { status: 'failed', errors: 3 },
-      'Stopped at 14:02 because the GPU was idle; checkpoint saved with 3 problems.'
+      'Stopped at 14:02 because its GPU was idle; checkpoint saved with 3 problems.'
     ],
     [
       'failed without a count',
       { status: 'failed', errors: null },
-      'Stopped at 14:02 because the GPU was idle; the checkpoint is incomplete.'
+      'Stopped at 14:02 because its GPU was idle; the checkpoint is incomplete.'
     ],
     [
       'another day',
       { completed_at: '2026-01-04T22:15:00Z' },
-      'Stopped on 2026-01-04 at 22:15 because the GPU was idle; checkpoint saved.'
+      'Stopped on 2026-01-04, 22:15 because its GPU was idle; checkpoint saved.'
     ]
   ])('%s', (_what, extra, message) => {
     expect(comingBackView(summary(extra), opts).message).toBe(message);
@@ -288,11 +287,13 @@ describe('comingBackView', () => {
       }
     );
     expect(view.message).toBe(
-      'STOPPED AT 14:02 BECAUSE THE GPU WAS IDLE; CHECKPOINT SAVED WITH 2 PROBLEMS.'
+      'STOPPED AT 14:02 BECAUSE ITS GPU WAS IDLE; CHECKPOINT SAVED WITH 2 PROBLEMS.'
     );
     expect(view.moreLabel).toBe('AND 1 MORE');
-    expect(calls).toContain('the GPU was idle');
-    expect(cullReasonPhrase('admin', upper)).toBe('AN ADMIN STOPPED IT');
+    expect(calls).toContain('its GPU was idle');
+    expect(cullReasonPhrase('admin', upper)).toBe(
+      'AN ADMINISTRATOR STOPPED IT'
+    );
   });
 });
 

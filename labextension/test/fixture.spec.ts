@@ -3,12 +3,10 @@
  * (simulated backend: one whole H100 and four MIG slices; a notebook kernel holding 20 GiB,
  * briefly at 40 % SM), captured into fixtures/status-simulated.json. No governor: verdict null.
  */
-import {
-  IStatusReport,
-  panelRows,
-  statusView,
-  warningView
-} from '../src/model';
+import { panelRows, panelView } from '../src/model/panel';
+import { statusView } from '../src/model/status';
+import { warningView } from '../src/model/warning';
+import { IStatusReport } from '../src/types';
 
 import fixture from './fixtures/status-simulated.json';
 
@@ -37,7 +35,7 @@ describe('a real status report', () => {
     expect(rows).toHaveLength(1);
     expect(rows[0]).toMatchObject({
       kind: 'kernel',
-      title: 'Kernel python3 · train.ipynb',
+      title: 'train.ipynb',
       path: 'train.ipynb',
       devices: 'NVIDIA H100 80GB HBM3',
       memory: '20.0 GiB',
@@ -47,7 +45,12 @@ describe('a real status report', () => {
     expect(rows[0].history.length).toBeGreaterThan(0);
   });
 
-  it('raises no warning without a governor', () => {
+  it('raises no warning without a governor, and the panel says so', () => {
     expect(warningView(report.verdict, { now })).toBeNull();
+    const view = panelView(report, { now, clock });
+    expect(view.lines.map(l => l.text)).toContain(
+      'No GPU governor: nothing is culled.'
+    );
+    expect(view.buttons.map(b => b.action)).toEqual(['checkpoint']);
   });
 });

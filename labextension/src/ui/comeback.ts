@@ -1,21 +1,22 @@
 /**
  * Coming back after a cull: when JupyterLab starts, the checkpoint the governor took before it
- * stopped the previous server is announced ("Stopped at 14:02 because the GPU was idle;
+ * stopped the previous server is announced ("Stopped at 14:02 because its GPU was idle;
  * checkpoint saved.") with its notebooks, the one-line restore and, when something went wrong,
- * the manifest. Which checkpoint and what it says are decided in model.ts; this is the wiring.
+ * the manifest. Which checkpoint and what it says are decided in model/comeback.ts; this is the
+ * wiring.
  */
 import { Clipboard, Dialog, Notification } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { GpuGovApi } from './api';
+import { GpuGovApi } from '../api';
 import {
   comingBackCheckpoint,
   comingBackView,
   dismissedIds,
-  ITrans,
   manifestDetails,
   rememberDismissed
-} from './model';
+} from '../model/comeback';
+import { ITrans } from '../trans';
 
 export interface IComingBackOptions {
   api: GpuGovApi;

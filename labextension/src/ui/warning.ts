@@ -1,19 +1,19 @@
 /**
  * The idle warning as a JupyterLab notification: what will happen and when, a countdown that
- * ticks once a second, and Extend / Checkpoint now / Stop server now. The warning's deadline
- * and verdict are kept in localStorage so a reload re-raises it at once, exactly once.
+ * ticks once a second, and Extend / Checkpoint / Stop server. The warning's deadline and
+ * verdict are kept in localStorage so a reload re-raises it at once, exactly once. With the
+ * setting `notificationStyle` "panel" a warning opens the GPU panel instead; with "status-bar"
+ * only the status bar item says so.
  */
 import { Notification } from '@jupyterlab/apputils';
 import { IDisposable } from '@lumino/disposable';
 
-import {
-  isWarning,
-  ITrans,
-  IVerdict,
-  parseTime,
-  warningAction,
-  warningView
-} from './model';
+import { parseTime } from '../format';
+import { isWarning } from '../model/verdict';
+import { warningAction, warningView } from '../model/warning';
+import { NotificationStyle } from '../settings';
+import { ITrans } from '../trans';
+import { IVerdict } from '../types';
 
 export interface IWarningActions {
   extend(): Promise<void>;
@@ -30,12 +30,17 @@ export class WarningNotifier implements IDisposable {
   constructor(options: {
     trans: ITrans;
     actions: IWarningActions;
+    /** Opens the GPU panel (the "panel" notification style). */
+    openPanel: () => void;
     /** Distinguishes servers that share an origin (JupyterHub: /user/<name>/<server>/). */
     storageKey: string;
     storage?: Storage | null;
+    style?: NotificationStyle;
   }) {
     this._trans = options.trans;
     this._actions = options.actions;
+    this._openPanel = options.openPanel;
+    this._style = options.style ?? 'toast';
     this._storageKey = options.storageKey;
     this._storage =
       options.storage === undefined ? safeLocalStorage() : options.storage;
@@ -79,22 +84,38 @@ export class WarningNotifier implements IDisposable {
     }
   }
 
+  /** How a new warning is shown; a warning on screen stays as it is. */
+  set style(style: NotificationStyle) {
+    this._style = style;
+  }
+
   get isDisposed(): boolean {
     return this._disposed;
   }
 
+  /** No more warnings (the server is gone): the one on screen goes too. */
   dispose(): void {
     if (this._disposed) {
       return;
     }
+    this._clear();
     this._disposed = true;
-    this._stopTimer();
   }
 
   private _raise(verdict: IVerdict): void {
     const view = warningView(verdict, { now: Date.now(), trans: this._trans });
     if (!view) {
       this._clear();
+      return;
+    }
+    if (this._style !== 'toast') {
+      this._clear();
+      this._key = view.key;
+      this._verdict = verdict;
+      this._write({ key: view.key, verdict });
+      if (this._style === 'panel') {
+        this._openPanel();
+      }
       return;
     }
     // A new deadline while the warning is on screen (an extension, the owner back, a reload
@@ -227,6 +248,8 @@ export class WarningNotifier implements IDisposable {
 
   private _trans: ITrans;
   private _actions: IWarningActions;
+  private _openPanel: () => void;
+  private _style: NotificationStyle;
   private _storageKey: string;
   private _storage: Storage | null;
   private _id: string | null = null;

@@ -1,0 +1,210 @@
+/**
+ * The idle warning: when to raise, update or dismiss the notification, what it says, and the
+ * Extend button (with the reason the policy may require).
+ */
+import {
+  formatCountdown,
+  formatDuration,
+  formatTime,
+  IViewOptions,
+  parseTime,
+  shorten,
+  transOf
+} from '../format';
+import { ITrans, nullTrans } from '../trans';
+import { IVerdict } from '../types';
+import { isWarning } from './verdict';
+
+/** Identifies one warning (one deadline): a new cull_at is a new warning. */
+export function warningKey(
+  verdict: IVerdict | null | undefined
+): string | null {
+  if (!isWarning(verdict)) {
+    return null;
+  }
+  return verdict?.cull_at ?? verdict?.warn_at ?? 'no-deadline';
+}
+
+export type WarningAction = 'raise' | 'update' | 'dismiss' | 'none';
+
+/**
+ * What to do with the notification given the key of the one shown (or null) and the new
+ * verdict. A changed deadline (extension granted, new idle stretch) replaces the warning.
+ */
+export function warningAction(
+  shownKey: string | null,
+  verdict: IVerdict | null | undefined
+): WarningAction {
+  const key = warningKey(verdict);
+  if (key === null) {
+    return shownKey === null ? 'none' : 'dismiss';
+  }
+  if (shownKey === null) {
+    return 'raise';
+  }
+  return shownKey === key ? 'update' : 'raise';
+}
+
+/** What a cull does to this server, as the end of "… in 4m 12s". */
+export function whatHappens(verdict: IVerdict, trans: ITrans): string {
+  return verdict.cull_action === 'shutdown-kernels'
+    ? trans.__('its GPU kernels will be shut down')
+    : trans.__('this server will be stopped');
+}
+
+export type ReasonMode = 'optional' | 'required';
+
+export function reasonMode(verdict: IVerdict | null | undefined): ReasonMode {
+  return verdict?.extension_reason === 'required' ? 'required' : 'optional';
+}
+
+export interface IExtendView {
+  /** Whether the Extend button can act. */
+  enabled: boolean;
+  label: string;
+  /** Why it is disabled, or what pressing it does, in plain words. */
+  hint: string;
+  reason: ReasonMode;
+}
+
+/** Whether there is a deadline to extend (the GPU is idle on the governor's clock). */
+export function hasDeadline(verdict: IVerdict | null | undefined): boolean {
+  return (
+    !!verdict && ['idle', 'warned', 'checkpointing'].includes(verdict.state)
+  );
+}
+
+export function extendView(
+  verdict: IVerdict | null | undefined,
+  trans: ITrans = nullTrans
+): IExtendView {
+  const reason = reasonMode(verdict);
+  const step = formatDuration(verdict?.extension_step_s);
+  const label = trans.__('Extend %1', step);
+  if (!hasDeadline(verdict)) {
+    return {
+      enabled: false,
+      label,
+      hint: trans.__('Nothing to extend: the GPU is not idle.'),
+      reason
+    };
+  }
+  if (verdict?.approval_pending) {
+    return {
+      enabled: false,
+      label,
+      hint: trans.__(
+        'Your extension request is waiting for an administrator. The current deadline applies until they approve it.'
+      ),
+      reason
+    };
+  }
+  const left = verdict?.extensions_left;
+  if (left === 0) {
+    return {
+      enabled: true,
+      label: trans.__('Ask for %1 more', step),
+      hint: trans.__(
+        'You have used all your extensions: an administrator must approve this one.'
+      ),
+      reason
+    };
+  }
+  const hint =
+    left === null || left === undefined
+      ? trans.__('Keep the GPU %1 longer.', step)
+      : trans._n(
+          'Keep the GPU %2 longer (%1 extension left).',
+          'Keep the GPU %2 longer (%1 extensions left).',
+          left,
+          step
+        );
+  return { enabled: true, label, hint, reason };
+}
+
+export interface IWarningView {
+  key: string;
+  /** The notification's text (JupyterLab cuts it at 140 characters). */
+  toast: string;
+  countdown: string;
+  deadline: string | null;
+  extend: IExtendView;
+}
+
+export function warningView(
+  verdict: IVerdict | null | undefined,
+  options: IViewOptions
+): IWarningView | null {
+  const key = warningKey(verdict);
+  if (key === null || !verdict) {
+    return null;
+  }
+  const trans = transOf(options);
+  const cull = parseTime(verdict.cull_at);
+  const countdown = cull === null ? '' : formatCountdown(cull - options.now);
+  const deadline = cull === null ? null : formatTime(cull, options);
+  const what = whatHappens(verdict, trans);
+  let toast: string;
+  if (verdict.state === 'checkpointing') {
+    toast = trans.__(
+      'GPU idle: saving a checkpoint, then %1 in %2.',
+      what,
+      countdown
+    );
+  } else if (cull === null) {
+    toast = trans.__('GPU idle: %1 soon unless you extend.', what);
+  } else if (cull <= options.now) {
+    toast = trans.__('GPU idle: %1 now.', what);
+  } else {
+    toast = trans.__(
+      'GPU idle: %1 in %2 (at %3) unless you extend.',
+      what,
+      countdown,
+      deadline
+    );
+  }
+  if (verdict.approval_pending) {
+    toast += ' ' + trans.__('Extension awaits admin approval.');
+  }
+  if (verdict.dry_run) {
+    toast += ' ' + trans.__('(Dry run: nothing will happen.)');
+  }
+  return {
+    key,
+    toast: shorten(toast, 140),
+    countdown,
+    deadline,
+    extend: extendView(verdict, trans)
+  };
+}
+
+export interface IReasonCheck {
+  ok: boolean;
+  reason: string;
+  error: string | null;
+}
+
+/**
+ * The reason the user typed, against the policy: `null` means they cancelled the prompt
+ * (never an extension), blank is fine unless the policy requires a reason.
+ */
+export function checkReason(
+  mode: ReasonMode,
+  input: string | null | undefined,
+  trans: ITrans = nullTrans
+): IReasonCheck {
+  if (input === null || input === undefined) {
+    return { ok: false, reason: '', error: null };
+  }
+  const reason = input.trim();
+  if (mode === 'required' && !reason) {
+    return {
+      ok: false,
+      reason,
+      error: trans.__(
+        'This policy needs a reason to extend. Say briefly why you need the GPU.'
+      )
+    };
+  }
+  return { ok: true, reason, error: null };
+}

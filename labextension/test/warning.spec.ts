@@ -1,0 +1,130 @@
+import {
+  checkReason,
+  extendView,
+  warningAction,
+  warningKey,
+  warningView
+} from '../src/model/warning';
+import { NOW, opts, verdict } from './helpers';
+
+describe('warning', () => {
+  it('says what will happen and when, with a countdown', () => {
+    const view = warningView(verdict(), opts);
+    expect(view).toMatchObject({
+      toast:
+        'GPU idle: this server will be stopped in 4m 9s (at 11:04) unless you extend.',
+      countdown: '4m 9s',
+      deadline: '11:04',
+      key: '2026-01-05T11:04:09Z',
+      extend: { enabled: true, label: 'Extend 1h', reason: 'optional' }
+    });
+  });
+
+  it('names the cull action, the past deadline, dry run and checkpointing', () => {
+    const v = verdict({ cull_action: 'shutdown-kernels', dry_run: true });
+    const view = warningView(v, opts);
+    expect(view?.toast).toContain('its GPU kernels will be shut down in 4m 9s');
+    expect(view?.toast).toContain('Dry run');
+    expect(
+      warningView(verdict(), { ...opts, now: NOW + 3_600_000 })?.toast
+    ).toBe('GPU idle: this server will be stopped now.');
+    expect(
+      warningView(verdict({ state: 'checkpointing' }), opts)?.toast
+    ).toContain('saving a checkpoint');
+  });
+
+  it('keeps the toast within JupyterLab’s 140 characters', () => {
+    const view = warningView(
+      verdict({
+        approval_pending: true,
+        dry_run: true,
+        cull_action: 'shutdown-kernels'
+      }),
+      opts
+    );
+    expect(view?.toast.length).toBeLessThanOrEqual(140);
+  });
+
+  it('only warns for warned and checkpointing', () => {
+    for (const state of [
+      'active',
+      'idle',
+      'busy',
+      'exempt',
+      'culled',
+      'unknown'
+    ]) {
+      expect(warningView(verdict({ state }), opts)).toBeNull();
+      expect(warningKey(verdict({ state }))).toBeNull();
+    }
+    expect(warningView(null, opts)).toBeNull();
+  });
+
+  it('raises once per deadline, updates, and dismisses when the verdict clears', () => {
+    const v = verdict();
+    expect(warningAction(null, v)).toBe('raise');
+    expect(warningAction(warningKey(v), v)).toBe('update');
+    expect(
+      warningAction(warningKey(v), verdict({ cull_at: '2026-01-05T12:04:09Z' }))
+    ).toBe('raise');
+    expect(warningAction(warningKey(v), verdict({ state: 'active' }))).toBe(
+      'dismiss'
+    );
+    expect(warningAction(null, verdict({ state: 'active' }))).toBe('none');
+    expect(warningAction(warningKey(v), null)).toBe('dismiss');
+  });
+});
+
+describe('extend button', () => {
+  it('explains pending approval and the last extensions', () => {
+    expect(extendView(verdict({ approval_pending: true }))).toMatchObject({
+      enabled: false,
+      hint: expect.stringContaining('waiting for an administrator')
+    });
+    expect(extendView(verdict({ extensions_left: 0 }))).toMatchObject({
+      enabled: true,
+      label: 'Ask for 1h more',
+      hint: expect.stringContaining('administrator must approve')
+    });
+    expect(extendView(verdict({ extensions_left: 2 })).hint).toBe(
+      'Keep the GPU 1h longer (2 extensions left).'
+    );
+    expect(extendView(verdict({ extension_step_s: 90 })).label).toBe(
+      'Extend 1m 30s'
+    );
+    for (const state of ['active', 'busy', 'exempt', 'culled']) {
+      expect(extendView(verdict({ state })).enabled).toBe(false);
+    }
+    expect(extendView(verdict({ extension_reason: 'required' })).reason).toBe(
+      'required'
+    );
+  });
+});
+
+describe('reason prompt', () => {
+  it('requires a reason only when the policy says so', () => {
+    expect(checkReason('optional', '')).toEqual({
+      ok: true,
+      reason: '',
+      error: null
+    });
+    expect(checkReason('optional', '  data  ')).toEqual({
+      ok: true,
+      reason: 'data',
+      error: null
+    });
+    const missing = checkReason('required', '   ');
+    expect(missing.ok).toBe(false);
+    expect(missing.error).toContain('needs a reason');
+    expect(checkReason('required', 'waiting for data').ok).toBe(true);
+  });
+
+  it('treats a cancelled prompt as no request, without an error', () => {
+    expect(checkReason('required', null)).toEqual({
+      ok: false,
+      reason: '',
+      error: null
+    });
+    expect(checkReason('optional', undefined).ok).toBe(false);
+  });
+});

@@ -1,0 +1,60 @@
+"""What the command lines say when something is wrong: the file or setting at fault in plain
+words, an exit code of 2, and never a traceback or traitlets' search paths."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpu_gov import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["replay", "trace.jsonl", "--config", "/nowhere/gov.py"], "--config"),
+        (["estimate", "7B", "--tiers", "/nowhere/tiers.py"], "--tiers"),
+    ],
+)
+def test_a_missing_config_file_is_named(argv, option, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith(f"error: cannot load {option}: {argv[-1]}: no such file")
+    assert "ConfigFileNotFound" not in err and "search paths" not in err
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_governor_started_by_hand_says_it_is_a_hub_service():
+    done = run("jupyter_gpu_gov.hub")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "python -m jupyter_gpu_gov.hub: error: $JUPYTERHUB_API_TOKEN is not set" in done.stderr
+    assert "add_governor" in done.stderr
+    missing = run("jupyter_gpu_gov.hub", "--config=/nowhere/gpu_gov_config.py")
+    assert missing.returncode == 2
+    assert "--config /nowhere/gpu_gov_config.py: no such file" in missing.stderr
+    assert run("jupyter_gpu_gov.hub", "--help").returncode == 0
+
+
+def test_the_replay_benchmark_names_itself():
+    done = run("benchmarks.replay", "--no-such-option")
+    assert done.returncode == 2
+    assert "python -m benchmarks.replay: error: unrecognized arguments" in done.stderr
+    assert "__main__.py" not in done.stderr
