@@ -45,4 +45,16 @@ const result = spawnSync(python, args, {
   stdio: 'inherit',
   env: { ...process.env, PATH: `${binDir}${path.delimiter}${process.env.PATH}` }
 });
+if (result.status === 0) {
+  // install.json (how the extension was installed) goes with the build output, so the wheel's
+  // one shared-data folder carries it.
+  const outputDir = path.resolve(
+    here,
+    require('../package.json').jupyterlab.outputDir
+  );
+  fs.copyFileSync(
+    path.join(here, 'install.json'),
+    path.join(outputDir, 'install.json')
+  );
+}
 process.exit(result.status === null ? 1 : result.status);
