@@ -537,6 +537,11 @@ class HubHarness:
             c.Spawner.http_timeout = {int(self.timeout)}
             """
         service = f"""\
+            # Added to what the config above may have set (the z2jh chart's), as plain lists, so
+            # that later lines (tests' own) can extend them with += or list().
+            for _key in ("services", "load_roles"):
+                if not isinstance(c.JupyterHub[_key], list):
+                    c.JupyterHub[_key] = []
             c.JupyterHub.services.append({{"name": {SERVICE_NAME!r}, "api_token": {self.api_token!r}}})
             c.JupyterHub.load_roles.append(
                 {{"name": "harness", "scopes": {HARNESS_SCOPES!r}, "services": [{SERVICE_NAME!r}]}}

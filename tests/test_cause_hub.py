@@ -185,6 +185,11 @@ def test_a_failing_hook_does_not_hold_back_the_maximum_age(hub, gov):
     finally:
         tab.close()
     audit = [a for a in gov.audit("gil/") if a["action"] != "state"]
+    # (Idle for seconds before the cell started, on a loaded machine, it may have been warned
+    # for idleness first: that warning does not stand once the GPU works.)
+    first = next(i for i, a in enumerate(audit) if a["action"] == "max-age-warn")
+    assert {a["action"] for a in audit[:first]} <= {"warn"}, audit
+    audit = audit[first:]
     done = [a["action"] for a in audit]
     assert done == [
         "max-age-warn",
