@@ -522,12 +522,13 @@ def test_a_saturated_thread_tells_a_serial_loop_from_busy_loader_workers():
                 tensor_active=0.07, cpu_cores=2.0, read_mb_s=200.0, gpu_mem_frac=0.4)  # fmt: skip
     serial = model.diagnose(replace(starved, cpu_top_thread=1.0))
     loader = model.diagnose(replace(starved, cpu_top_thread=0.3))
-    assert serial.cause == "cpu_serial" and loader.label == "data_io" and loader.confident
-    # Reading near what the node's storage gives keeps data_io in the running, unsure.
-    assert serial.candidates == ("cpu_serial", "data_io")
-    assert model.diagnose(replace(starved, cpu_top_thread=1.0, read_mb_s=5.0)).label == (
-        "cpu_serial"
-    )
+    assert loader.label == "data_io" and loader.confident
+    # One thread saturated while reading near what the node's storage gives: a serial loop, or
+    # the main thread reading and decoding its own batches — both stay in the running, unsure.
+    assert serial.label in ("cpu_serial", "uncertain") and not serial.confidence > 0.7
+    assert set(serial.candidates) == {"cpu_serial", "data_io"}
+    reading_little = model.diagnose(replace(starved, cpu_top_thread=1.0, read_mb_s=5.0))
+    assert reading_little.label == "cpu_serial" and reading_little.confident
 
 
 def test_signals_are_read_against_the_nodes_own_history():
