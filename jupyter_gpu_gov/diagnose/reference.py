@@ -215,22 +215,26 @@ class NodeReference:
         self.windows += 1
         if len(self.servers) < MANY:
             self.servers.add(w.server)
-        self.kernel.add(x)
         di = dram_intensity(w)
+        # Memory-bound loops are left out of the fed level and state: their SMs read busy while
+        # they wait on memory, higher than the node's compute loops on some cards.
+        share = MEMORY_BOUND_SHARE[self.kind]
+        computing = not (di is not None and self.peak > 0 and di >= share * self.peak)
+        if computing:
+            self.kernel.add(x)
         if di is not None and x >= KERNEL_TIME_MIN:
             self.intensity.add(di)
             if x >= max(self.threshold, FED_SHARE * self.fed_level):  # false while unknown
                 self.fed_intensity.add(di)
         if w.read_mb_s is not None:
             self.reads.add(math.log1p(w.read_mb_s))
-        share = MEMORY_BOUND_SHARE[self.kind]
-        if not (di is not None and self.peak > 0 and di >= share * self.peak):  # computing
+        if computing:
             row = self.sums[min(int(x * FED_BINS), FED_BINS - 1)]
             for j, value in enumerate(_signals(w).values()):
                 if value is not None:
                     row[2 * j] += 1.0
                     row[2 * j + 1] += value
-        if self.kernel.total > CAP:
+        if self.windows > CAP:
             for h in (self.kernel, self.intensity, self.fed_intensity, self.idle, self.reads):
                 h.halve()
             self.sums = [[v / 2 for v in row] for row in self.sums]
