@@ -319,7 +319,10 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="tuning rounds (0: no tuning)")
     parser.add_argument("--worlds", nargs="*", choices=list(WORLDS), help="default: all")
-    parser.add_argument("--tune-on", nargs="*", choices=list(WORLDS), help="default: --worlds")
+    parser.add_argument(
+        "--tune-on", nargs="*", choices=list(WORLDS),
+        help="worlds to tune on (default: --worlds; none given: the shipped constants alone)",
+    )  # fmt: skip
     parser.add_argument("--history", action="store_true", help="also the batch protocol")
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)
