@@ -36,7 +36,7 @@ another node's. What the model decides with is what defines each cause physicall
 3. **Why starved.** The GPU idles ``1 - fed`` of its fed time, and the question is what the
    loop does meanwhile:
 
-   - ``small_work``: its kernels are too small. Signs, added (noisy-or), none decisive alone:
+   - ``small_work``: its kernels are too small. Signs, added (noisy-or), none certain alone:
      they fill few SMs (occupancy ``sm/gr`` below ``small`` of the fed state's, where
      measured: the strongest); per unit of SM activity they move little data and leave the
      tensor pipes idle against the node's fed loops (``light_traffic``: tiny kernels are
@@ -127,9 +127,9 @@ class Params:
     the one the physics names (a fed loop runs 75 % of its node's fed level or more; a
     memory-bound loop reads its DRAM at two thirds of the node's peak or more; a launch-bound
     loop keeps kernels running 6 % of the time at least); where it is a weight, it says how
-    much one sign may decide alone (none past ``confident`` by itself but occupancy and I/O
-    wait, which measure their cause directly). ``benchmarks.diagnose`` measures these values on
-    every world, and what tuning them on one world does to the others."""
+    far one sign may go alone (the weaker signs of small kernels 0.7-0.75, each log-odds sign of
+    data or host 1.2-2.25). ``benchmarks.diagnose`` measures these values on every world, and
+    what tuning them on one world does to the others."""
 
     fed: float = 0.75  # kernel-time share at this share of the node's fed level: fed
     fed_width: float = 0.07
@@ -456,7 +456,7 @@ class Diagnoser:
         """How likely a starved loop's kernels are too small: they fill few SMs (occupancy,
         where it is measured); per unit of SM activity they move little data and leave the
         tensor pipes idle (tiny kernels are latency-bound); the task holds little memory (a
-        small batch or model). The signs add up, none decides alone. And only where a thread
+        small batch or model). The signs add up, none certain alone. And only where a thread
         keeps launching them: less while the loop waits, not where kernels run less of the time
         than tiny ones launched back to back give (a kernel lasts a few microseconds at least, a
         launch some tens at most: below that the host is busy with something else)."""
