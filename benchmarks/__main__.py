@@ -16,7 +16,7 @@ QUICK = [
     (sampler_tick, []),  # 20 kernels, 300 processes
     (reconcile, []),  # 2,000 servers
     (admission, []),  # 10,000 started servers
-    (diagnose, ["--quick"]),  # five worlds of 60 servers, tuned on each, one round
+    (diagnose, ["--quick"]),  # eight worlds of 60 servers, tuned on each, one round
     (gpu_faults, ["score", *H200_RUNS]),  # the windows measured on an H200, scored
     (reclamation_replay, []),  # 40 users, 30 days, a sample every 5 minutes
     (ingest, []),  # 2,000 servers, 15 s at the steady rate

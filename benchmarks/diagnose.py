@@ -3,22 +3,28 @@
     python -m benchmarks.diagnose [--servers 180] [--windows 60] [--seed 1] [--quick]
 
 Worlds (``benchmarks/worlds``): ``project`` (the project's own simulator), ``roofline``,
-``fleet`` and ``pipeline``, each written from its own physics and apart from the model; plus the
-windows measured on a real H200 (``benchmarks/data/gpu-faults-h200-*.csv``).
+``fleet``, ``pipeline``, ``archetypes``, ``traces`` and ``degraded``, each written from its own
+physics and apart from the model; plus the windows measured on a real H200
+(``benchmarks/data/gpu-faults-h200-*.csv``).
 
-Protocol. For each world T: a *tuning* set (``--servers`` servers, seed ``--seed``) on which
-``tune`` chooses every constant of ``counterfactual.Params`` (a coordinate search over
-``GRID``, against the truth: the one place labels are used), and a *test* set of every world
-(other servers, seed ``--seed + 100``). The model tuned on T scores every test set and the H200
+Protocol. The shipped constants are ``Params()``'s defaults, the values the physics gives
+(``PHYSICAL``, argued in ``diagnose/counterfactual.py``); no world chose them, and every world
+is scored with them. Beside them, for each world T: a *tuning* set (``--servers`` servers,
+seed ``--seed``) on which ``tune`` chooses every constant of ``GRID`` (a coordinate search,
+against the truth: the one place labels are used), and a *test* set of every world (other
+servers, seed ``--seed + 100``). The model tuned on T scores every test set and the H200
 windows; T's own test set is in-sample for its constants (marked ``*``). Scoring is *online*:
 windows in time order, each node's reference learned from its first windows on, each window
 scored as it arrives (``Diagnoser.observe`` then ``score``), as the service runs; ``--history``
 adds the batch protocol (``fit`` on the whole test set unlabelled, then ``diagnose_many``, as
-``jupyter-gpu-gov diagnose FILE`` runs). The shipped constants are those tuned on ``project``.
+``jupyter-gpu-gov diagnose FILE`` runs).
 
 Figures: accuracy over the windows the model answers (not ``uncertain``), coverage (the share it
 answers), accuracy per label, zombie recall, the share of healthy windows called zombie, and
-the rules (``rules.baseline``) on the same windows; then the online cost per window.
+"strict" accuracy (``uncertain`` counted wrong); the rules (``rules.baseline``) on the same
+windows; the shipped constants again on every test set with only DESIGN's columns (no
+``gr_active``, no ``cpu_top_thread``: what a hub that does not report them, or a simulator that
+does not write them, gives); then the online cost per window.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import csv
 import statistics
 import time
 from collections import Counter, deque
+from dataclasses import replace
 from pathlib import Path
 
 from jupyter_gpu_gov.diagnose import rules
@@ -39,34 +46,38 @@ from .worlds import WORLDS, generate
 
 DATA = Path(__file__).parent / "data"
 H200 = "h200"
+SHIPPED = "physical"
 
-# Where ``tune`` starts from: the values the physics suggested before any world was measured
-# (the model's docstring argues each). ``Params()``'s defaults are what ``tune`` chose from here
-# on the project's simulator.
-PHYSICAL = Params().replace(
-    fed=0.7, waiting=0.75, io=0.3, small=0.7, light_traffic=0.5, memory_bound=0.65,
-    memory_heavy=1.8, launch_share=0.3, blocked_busy_data=0.6, host_wait_data=0.4,
-    storage_weight=0.5, memory_weight=0.3, saturated=0.7, unknown_blocked=0.3, confident=0.6,
-)  # fmt: skip
+# The shipped constants: what the physics gives (``Params``' docstring argues each); ``tune``
+# starts from them.
+PHYSICAL = Params()
 
 # The constants ``tune`` searches, and the values it tries for each.
 GRID = {
-    "fed": (0.6, 0.65, 0.7, 0.75, 0.8),
-    "waiting": (0.55, 0.65, 0.75, 0.85, 1.0),
-    "io": (0.15, 0.2, 0.3, 0.4, 0.5),
+    "fed": (0.65, 0.7, 0.75, 0.8, 0.85),
+    "waiting": (0.5, 0.65, 0.75, 0.9),
+    "io": (0.15, 0.25, 0.35, 0.5),
     "small": (0.55, 0.6, 0.7, 0.8),
     "light_traffic": (0.3, 0.4, 0.5, 0.6),
     "memory_bound": (0.55, 0.6, 0.65, 0.7, 0.75),
-    "memory_heavy": (1.4, 1.6, 1.8, 2.2, 2.6),
-    "launch_share": (0.0, 0.15, 0.3, 0.45),
-    "blocked_busy_data": (0.4, 0.5, 0.6, 0.7, 0.8),
-    "host_wait_data": (0.2, 0.3, 0.4, 0.5),
-    "storage_weight": (0.0, 0.25, 0.5, 0.75),
-    "memory_weight": (0.0, 0.15, 0.3, 0.5),
-    "saturated": (0.6, 0.7, 0.8, 1.0),
-    "unknown_blocked": (0.0, 0.15, 0.3, 0.5),
-    "confident": (0.5, 0.55, 0.6, 0.65, 0.7),
+    "memory_heavy": (1.4, 1.8, 2.2, 2.6),
+    "memory_fed": (0.4, 0.5, 0.6, 0.7),
+    "saturated": (0.7, 0.85, 1.0),
+    "underfilled": (0.3, 0.45, 0.6),
+    "memory_weight": (0.0, 0.4, 0.55, 0.7, 0.85),
+    "light_weight": (0.5, 0.65, 0.75, 0.9),
+    "occupancy_says": (0.0, 0.3, 0.6, 0.9),
+    "launch_time": (0.0, 0.03, 0.06, 0.1),
+    "idle_thread": (0.25, 0.5, 0.75, 1.0),
+    "reads_weight": (1.0, 2.0, 3.0),
+    "unread_weight": (0.6, 1.2, 1.8),
+    "io_weight": (1.0, 2.0, 3.0),
+    "host_weight": (1.0, 1.5, 2.0),
+    "storage_share": (3.0, 10.0, 30.0),
+    "confident": (0.5, 0.55, 0.6, 0.65),
 }
+# The columns beyond DESIGN's: dropped for the "design columns" table.
+OPTIONAL = ("gr_active", "cpu_top_thread")
 MIN_COVERAGE = 0.9
 MIN_GAIN = 0.003  # a constant moves from its physical value only for this much objective
 
@@ -176,21 +187,26 @@ def score_world(rows, params: Params, protocol: str, small_nodes: bool = False) 
     return figures(rows, run(rows, params, minimum))
 
 
+def design_columns(rows) -> list:
+    """``rows`` with the columns beyond DESIGN's (``OPTIONAL``) missing."""
+    return [(replace(w, **dict.fromkeys(OPTIONAL)), truth) for w, truth in rows]
+
+
 # -- the table -------------------------------------------------------------------------------------
 
 
 def run(args) -> dict:
     names = args.worlds or list(WORLDS)
-    tuning = {n: generate(n, args.servers, args.windows, args.seed) for n in names}
     tests = {
         n: generate(n, args.servers, args.windows, args.seed + 100, first_server=50_000)
         for n in names
     }
     tests[H200] = h200_rows()
-    tuned, seconds = {}, {}
-    for name in args.tune_on or names:
+    tuned, seconds = {SHIPPED: PHYSICAL}, {SHIPPED: 0.0}
+    for name in args.tune_on if args.tune_on is not None else names:
         started = time.perf_counter()
-        tuned[name] = tune(tuning[name], rounds=args.rounds) if args.rounds else PHYSICAL
+        rows = generate(name, args.servers, args.windows, args.seed)
+        tuned[name] = tune(rows, rounds=args.rounds) if args.rounds else PHYSICAL
         seconds[name] = time.perf_counter() - started
     protocols = ["online", "history"] if args.history else ["online"]
     table = {}
@@ -198,6 +214,10 @@ def run(args) -> dict:
         for t, params in tuned.items():
             for e, rows in tests.items():
                 table[(protocol, t, e)] = score_world(rows, params, protocol, e == H200)
+    design = {
+        e: score_world(design_columns(rows), PHYSICAL, "online", e == H200)
+        for e, rows in tests.items()
+    }
     rules_figures = {
         e: figures(rows, [rules.baseline(w) for w, _ in rows]) for e, rows in tests.items()
     }
@@ -205,9 +225,10 @@ def run(args) -> dict:
         "tuned": tuned,
         "seconds": seconds,
         "table": table,
+        "design": design,
         "rules": rules_figures,
         "protocols": protocols,
-        "latency": latency(tests[names[0]], Params()),
+        "latency": latency(tests[names[0]], PHYSICAL),
         "sizes": {e: len(rows) for e, rows in tests.items()},
     }
 
@@ -239,44 +260,51 @@ def _pct(x: float) -> str:
     return f"{x * 100:5.1f}"
 
 
+def _labels_table(title: str, cells: dict) -> None:
+    print(f"\n## {title}: accuracy over answered windows (coverage)")
+    print(f"{'world':<11}" + "".join(f"{k:>18}" for k in LABELS)
+          + "   overall/coverage  zombie-recall healthy->zombie strict")  # fmt: skip
+    for e, f in cells.items():
+        labels = [
+            f"{_pct(f['labels'].get(k, float('nan')))} ({_pct(f['label_coverage'].get(k, 0))})"
+            for k in LABELS
+        ]
+        print(
+            f"{e:<11}" + "".join(f"{c:>18}" for c in labels)
+            + f"   {_pct(f['accuracy'])}/{_pct(f['coverage'])}      {_pct(f['zombie_recall'])}"
+            f"          {_pct(f['healthy_as_zombie'])} {_pct(f['strict'])}"
+        )  # fmt: skip
+
+
 def _print(result: dict, args) -> None:
     table, tuned = result["table"], result["tuned"]
     evaluated = list(result["sizes"])
     for protocol in result["protocols"]:
         print(f"\n## accuracy over answered windows / coverage, %  ({protocol}; * in-sample)")
-        print(f"{'tuned on':<10}" + "".join(f"{e:>15}" for e in evaluated))
+        print(f"{'constants':<19}" + "".join(f"{e:>14}" for e in evaluated))
         for t in tuned:
             cells = []
             for e in evaluated:
                 f = table[(protocol, t, e)]
                 mark = "*" if t == e else " "
                 cells.append(f"{_pct(f['accuracy'])}/{_pct(f['coverage'])}{mark}")
-            print(f"{t:<10}" + "".join(f"{c:>15}" for c in cells))
-        print(f"{'rules':<10}" + "".join(
-            f"{_pct(result['rules'][e]['accuracy']):>15}" for e in evaluated
+            name = f"{t} (shipped)" if t == SHIPPED else f"tuned {t}"
+            print(f"{name:<19}" + "".join(f"{c:>14}" for c in cells))
+        print(f"{'rules':<19}" + "".join(
+            f"{_pct(result['rules'][e]['accuracy']):>14}" for e in evaluated
         ))  # fmt: skip
-    shipped = "project" if "project" in tuned else next(iter(tuned))
     for protocol in result["protocols"]:
-        print(f"\n## tuned on {shipped}, per label ({protocol}): accuracy over answered "
-              "windows (coverage)")  # fmt: skip
-        print(f"{'world':<10}" + "".join(f"{k:>18}" for k in LABELS)
-              + "    zombie-recall healthy->zombie strict")  # fmt: skip
-        for e in evaluated:
-            f = table[(protocol, shipped, e)]
-            cells = [
-                f"{_pct(f['labels'].get(k, float('nan')))} ({_pct(f['label_coverage'].get(k, 0))})"
-                for k in LABELS
-            ]
-            print(
-                f"{e:<10}" + "".join(f"{c:>18}" for c in cells)
-                + f"    {_pct(f['zombie_recall'])} {_pct(f['healthy_as_zombie'])} "
-                f"{_pct(f['strict'])}"
-            )  # fmt: skip
+        cells = {e: table[(protocol, SHIPPED, e)] for e in evaluated}
+        _labels_table(f"shipped constants, per label ({protocol})", cells)
+    _labels_table("shipped constants, DESIGN's columns only (online)", result["design"])
     print("\n## constants chosen on each world (differences from the physical values)")
-    default = PHYSICAL
     for t, params in tuned.items():
-        changed = {k: getattr(params, k) for k in GRID if getattr(params, k) != getattr(default, k)}
-        print(f"{t:<10} ({result['seconds'][t]:.0f} s) {changed}")
+        if t == SHIPPED:
+            continue
+        changed = {
+            k: getattr(params, k) for k in GRID if getattr(params, k) != getattr(PHYSICAL, k)
+        }
+        print(f"{t:<11} ({result['seconds'][t]:.0f} s) {changed}")
     lat = result["latency"]
     print(
         f"\nonline cost per window (context + observe + score): median {lat['median_ms']:.3f} ms,"
@@ -291,7 +319,10 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="tuning rounds (0: no tuning)")
     parser.add_argument("--worlds", nargs="*", choices=list(WORLDS), help="default: all")
-    parser.add_argument("--tune-on", nargs="*", choices=list(WORLDS), help="default: --worlds")
+    parser.add_argument(
+        "--tune-on", nargs="*", choices=list(WORLDS),
+        help="worlds to tune on (default: --worlds; none given: the shipped constants alone)",
+    )  # fmt: skip
     parser.add_argument("--history", action="store_true", help="also the batch protocol")
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)

@@ -400,37 +400,82 @@ def test_the_simulator_command_line(capsys):
     assert len(read_windows(io.StringIO(text), name="x.csv")) == 4
 
 
+@pytest.mark.parametrize("world", ["traces", "degraded", "sixteen"])
+def test_the_second_rounds_worlds(world):
+    """Deterministic by seed; every label; ``unknown`` wherever the GPU signal is missing; and
+    what each world's docstring says of its measurement."""
+    from benchmarks import worlds
+
+    module = getattr(worlds, world)
+    rows = module.generate(36, 20, 4)
+    assert rows == module.generate(36, 20, 4) and rows != module.generate(36, 20, 5)
+    assert set(LABELS) <= {t for _, t in rows}
+    assert all(t == UNKNOWN for x, t in rows if x.sm_active is None)
+    assert {x.node for x, _ in rows} <= {n.name for n in module.NODES}
+    assert [x.t for x, _ in rows] == sorted(x.t for x, _ in rows)
+    if world == "sixteen":  # DESIGN's columns only
+        assert all(x.gr_active is None and x.cpu_top_thread is None for x, _ in rows)
+    if world == "degraded":
+        assert all(x.cpu_cores is None or x.cpu_cores <= 1.0 for x, _ in rows if "1vcpu" in x.node)
+        for column in ("dram_active", "cpu_cores", "user_idle_s", "gr_active"):
+            assert any(getattr(x, column) is None for x, _ in rows), column
+        assert any(x.kernel_busy is None for x, _ in rows)  # terminals
+
+
 # -- the counterfactual model --------------------------------------------------------------------
+
+
+# The CI leave-one-out check's worlds, and the floors each must keep (accuracy over answered
+# windows, coverage, zombie recall) with the shipped constants, online, on a 60-server set —
+# measured (2026-12-03): roofline 0.90/0.92, fleet 0.83/0.84, pipeline 0.86/0.93, traces
+# 0.68/0.93, degraded 0.72/0.95 (its zombies 0.90: a missing memory or presence column is never
+# a zombie), sixteen 0.85/0.81, H200 0.98/0.87. Short of the targets on small sets whose nodes
+# are young (docs/benchmarks.md has the full sets and says by how much).
+HELD_OUT = {
+    "roofline": (0.85, 0.85, 0.97),
+    "fleet": (0.78, 0.78, 0.97),
+    "pipeline": (0.81, 0.86, 0.97),
+    "traces": (0.62, 0.85, 0.97),
+    "degraded": (0.66, 0.88, 0.85),
+    "sixteen": (0.80, 0.75, 0.97),
+}
+# With DESIGN's columns alone (no gr_active, no cpu_top_thread), measured: roofline 0.80/0.87,
+# fleet 0.74/0.79, pipeline 0.80/0.88, traces 0.65/0.82, degraded 0.68/0.91, sixteen the same.
+DESIGN_FLOOR = 0.6
 
 
 @pytest.fixture(scope="module")
 def held_out():
-    """The CI leave-one-out check: the shipped constants (``Params()``, chosen on the
-    project's simulator) scored online — windows in time order, each node learnt from its
-    first windows — on three worlds written apart from it and from each other, and on the
-    windows measured on an H200. ``python -m benchmarks.diagnose`` runs the full table."""
+    """The CI leave-one-out check: the shipped constants (``Params()``, set from physics, chosen
+    on no world) scored online — windows in time order, each node learnt from its first
+    windows — on worlds written apart from the model and from each other, with every column
+    and with DESIGN's alone, and on the windows measured on an H200. ``python -m
+    benchmarks.diagnose`` runs the full table."""
     from benchmarks import diagnose as bench
     from benchmarks.worlds import generate
 
     out = {}
-    for world in ("roofline", "fleet", "pipeline"):
+    for world in HELD_OUT:
         rows = generate(world, 60, 30, 101)
         out[world] = bench.figures(rows, bench.online(rows, Params()))
+        design = bench.design_columns(rows)
+        out[world, "design"] = bench.figures(design, bench.online(design, Params()))
     rows = bench.h200_rows()
     out["h200"] = bench.figures(rows, bench.online(rows, Params(), min_node_windows=10))
     return out
 
 
 def test_held_out_worlds_and_the_h200(held_out):
-    # Measured on these sets (accuracy over answered windows / coverage): roofline 0.87/0.87,
-    # fleet 0.80/0.83, pipeline 0.85/0.90, H200 0.91/0.89; every zombie found, no healthy
-    # window called one. Short of the targets (docs/benchmarks.md says by how much).
-    for world, f in held_out.items():
-        assert f["zombie_recall"] >= 0.97, (world, f)
+    for world, (accuracy, coverage, zombies) in HELD_OUT.items():
+        f = held_out[world]
+        assert f["zombie_recall"] >= zombies, (world, f)
         assert f["healthy_as_zombie"] <= 0.01, (world, f)
-        assert f["coverage"] >= 0.78, (world, f)
-        assert f["accuracy"] >= 0.77, (world, f)
-    assert held_out["h200"]["accuracy"] >= 0.88
+        assert f["coverage"] >= coverage and f["accuracy"] >= accuracy, (world, f)
+        design = held_out[world, "design"]
+        assert design["accuracy"] >= DESIGN_FLOOR and design["healthy_as_zombie"] <= 0.01
+    h200 = held_out["h200"]
+    assert h200["accuracy"] >= 0.92 and h200["coverage"] >= 0.8
+    assert h200["zombie_recall"] == 1.0 and h200["healthy_as_zombie"] == 0.0
 
 
 def test_tuning_on_one_world_and_scoring_another():
@@ -522,12 +567,13 @@ def test_a_saturated_thread_tells_a_serial_loop_from_busy_loader_workers():
                 tensor_active=0.07, cpu_cores=2.0, read_mb_s=200.0, gpu_mem_frac=0.4)  # fmt: skip
     serial = model.diagnose(replace(starved, cpu_top_thread=1.0))
     loader = model.diagnose(replace(starved, cpu_top_thread=0.3))
-    assert serial.cause == "cpu_serial" and loader.label == "data_io" and loader.confident
-    # Reading near what the node's storage gives keeps data_io in the running, unsure.
-    assert serial.candidates == ("cpu_serial", "data_io")
-    assert model.diagnose(replace(starved, cpu_top_thread=1.0, read_mb_s=5.0)).label == (
-        "cpu_serial"
-    )
+    assert loader.label == "data_io" and loader.confident
+    # One thread saturated while reading near what the node's storage gives: a serial loop, or
+    # the main thread reading and decoding its own batches — both stay in the running, unsure.
+    assert serial.label in ("cpu_serial", "uncertain") and not serial.confidence > 0.7
+    assert set(serial.candidates) == {"cpu_serial", "data_io"}
+    reading_little = model.diagnose(replace(starved, cpu_top_thread=1.0, read_mb_s=5.0))
+    assert reading_little.label == "cpu_serial" and reading_little.confident
 
 
 def test_signals_are_read_against_the_nodes_own_history():
@@ -601,6 +647,88 @@ def test_a_terminal_holding_memory_and_doing_nothing_is_a_zombie():
     )
     assert model.diagnose(replace(quiet, cpu_cores=1.0)).label != "zombie"  # it computes
     assert model.diagnose(replace(quiet, cpu_cores=None)).label != "zombie"  # unknown
+
+
+def test_an_idle_terminal_is_idle_not_a_starved_loop():
+    """A terminal (no kernel state) whose process tree and GPU both do nothing runs nothing:
+    healthy while its owner is around (not a loop held back by its host), a zombie once gone."""
+    model = Diagnoser().fit(_history("fast", LOOPS))
+    quiet = w(node="fast", sm_active=0.01, gr_active=0.01, gpu_mem_frac=0.3, user_idle_s=60.0,
+              kernel_busy=None, cpu_cores=0.02, cpu_iowait=0.0, read_mb_s=0.0)  # fmt: skip
+    assert model.diagnose(quiet).label == "healthy"
+    assert model.diagnose(replace(quiet, user_idle_s=9 * 3600)).label == "zombie"
+    # Its tree busy on the CPU while the GPU waits: a loop, read as one.
+    assert model.diagnose(replace(quiet, cpu_cores=1.0)).label != "healthy"
+
+
+def test_memory_bound_needs_a_busy_gpu():
+    """Kernels that stream memory at the node's DRAM peak are memory-bound when they keep the
+    GPU busy; in a loop that starves the GPU, something else holds it back."""
+    model = Diagnoser().fit(_history("fast", LOOPS))
+    busy = w(node="fast", sm_active=0.66, gr_active=0.95, dram_active=0.8, tensor_active=0.01,
+             cpu_cores=1.0, cpu_iowait=0.0, read_mb_s=5.0, gpu_mem_frac=0.5)  # fmt: skip
+    assert model.diagnose(busy).label == "memory_bandwidth"
+    starved = replace(busy, sm_active=0.31, gr_active=0.45, dram_active=0.36)
+    assert model.diagnose(starved).cause != "memory_bandwidth"
+
+
+def test_memory_bound_on_a_node_whose_dram_counter_reads_half():
+    """A DRAM counter at half another card's scale: the memory-bound loop is still read as one
+    (against the node's compute loops and its idle tensor pipes, not an absolute level), and the
+    ordinary loop stays healthy."""
+    half = {name: {**v, "dram_active": v["dram_active"] / 2} for name, v in LOOPS.items()}
+    rows = _history("half", half)
+    assert _labels(Diagnoser().fit(rows), rows) == EXPECTED
+
+
+def test_busy_kernels_that_fill_few_sms_are_small_work():
+    model = Diagnoser().fit(_history("fast", LOOPS))
+    tiny = w(node="fast", sm_active=0.2, gr_active=0.95, dram_active=0.05, tensor_active=0.0,
+             cpu_cores=1.0, cpu_iowait=0.0, read_mb_s=1.0, gpu_mem_frac=0.05)  # fmt: skip
+    assert model.diagnose(tiny).label == "small_work"
+    assert model.diagnose(replace(tiny, sm_active=0.62)).label == "healthy"
+
+
+def test_tiny_kernels_a_host_launches_now_and_then_do_not_make_it_small_work():
+    """Launching tiny kernels back to back keeps them running a good share of the time (a
+    kernel lasts microseconds, a launch tens of them); a loop whose kernels run 2 % of the time
+    is busy with something else on its host."""
+    model = Diagnoser().fit(_history("fast", LOOPS))
+    host = w(node="fast", sm_active=0.004, gr_active=0.02, dram_active=0.001, tensor_active=0.0,
+             cpu_cores=1.0, cpu_top_thread=1.0, cpu_iowait=0.0, read_mb_s=0.0,
+             gpu_mem_frac=0.02)  # fmt: skip
+    assert model.diagnose(host).label == "cpu_serial"
+    launching = replace(host, sm_active=0.05, gr_active=0.35, dram_active=0.01)
+    assert model.diagnose(launching).label == "small_work"
+
+
+def test_a_loop_that_waits_and_reads_nothing_is_either_data_or_host():
+    """A starved loop that neither computes nor reads: a ``time.sleep`` in the loop, or a wait on
+    a network mount whose reads nobody counts. The columns cannot tell: uncertain, both named."""
+    model = Diagnoser().fit(_history("fast", LOOPS))
+    waiting = w(node="fast", sm_active=0.15, gr_active=0.22, dram_active=0.05,
+                tensor_active=0.07, cpu_cores=0.05, cpu_iowait=0.0, read_mb_s=0.0,
+                gpu_mem_frac=0.4)  # fmt: skip
+    d = model.diagnose(waiting)
+    assert d.label == "uncertain" and set(d.candidates) == {"data_io", "cpu_serial"}
+    assert model.diagnose(replace(waiting, read_mb_s=250.0)).label == "data_io"
+
+
+def test_a_healthy_loop_at_its_nodes_normal_where_memory_bound_loops_read_higher():
+    """Without gr_active, SM activity is the card's: on this one healthy loops read 0.3 and
+    memory-bound loops, their SMs waiting on memory, 0.55. The node's fed level is its compute
+    loops', so a healthy loop with a busy Python driver is healthy, not a starved one."""
+    slow = {
+        "fed": {"sm_active": 0.3, "dram_active": 0.09, "tensor_active": 0.15, "cpu_cores": 1.5,
+                "cpu_iowait": 0.01, "read_mb_s": 20.0, "gpu_mem_frac": 0.4},
+        "cpu": {"sm_active": 0.08, "dram_active": 0.025, "tensor_active": 0.04,
+                "cpu_cores": 1.01, "cpu_iowait": 0.0, "read_mb_s": 3.0, "gpu_mem_frac": 0.4},
+        "memory": {"sm_active": 0.55, "dram_active": 0.5, "tensor_active": 0.01,
+                   "cpu_cores": 1.0, "cpu_iowait": 0.0, "read_mb_s": 5.0, "gpu_mem_frac": 0.5},
+    }  # fmt: skip
+    rows = _history("slow", slow)
+    labels = _labels(Diagnoser().fit(rows), rows)
+    assert labels == {"fed": "healthy", "cpu": "cpu_serial", "memory": "memory_bandwidth"}
 
 
 def test_uncertain_names_its_two_candidates():

@@ -12,53 +12,65 @@ another node's. What the model decides with is what defines each cause physicall
    floor, so a few percent of SM noise is still no work (the confidence falls as SM activity
    nears that bound); else ``healthy`` (an interactive pause; the idle policy handles it).
    Without kernel state (a terminal), a process tree doing nothing on the CPU
-   (``zombie_cores``) is running nothing either: the same test, ``terminal_certainty`` as sure.
+   (``zombie_cores``) with the GPU as quiet is running nothing either: the same test,
+   ``terminal_certainty`` as sure for the zombie — and an idle terminal, not a starved loop,
+   while its owner is around.
 1. **Memory-bound** kernels keep the memory interface near the node's *peak* DRAM intensity
-   (DRAM activity per unit of kernel time, at ``memory_bound`` of the peak, and heavy: above an
-   absolute floor or ``memory_heavy`` times the node's fed loops', as cards' DRAM counters
-   differ in scale) while the tensor pipes are not busy: a memory-bound loop keeps every SM
-   "active" (waiting on memory), so SM activity alone cannot show it. A node whose ordinary
-   loops already read near the peak (``saturated``: NVML's memory utilisation saturates early)
-   cannot show it at all; NVML's time share counts less than DCGM's DRAM activity.
+   (DRAM activity per unit of kernel time, at ``memory_bound`` of the peak) and are heavy by
+   one of three measures, since cards' DRAM counters differ in scale: above an absolute floor,
+   ``memory_heavy`` times the DRAM intensity of the node's *compute loops* (a low quantile of
+   its fed windows', which memory-bound loops on the node do not drag up, where a mean would),
+   or with the tensor pipes idle where the node's loops keep them busy (not matrix math). The
+   GPU must be busy (``memory_fed`` of its fed level): a memory-bound loop keeps it busy; a
+   loop that starves it is held back by something else, whatever its kernels do meanwhile.
+   Busy tensor pipes rule it out (the kernels compute). A node whose ordinary loops already
+   read near the peak (``saturated``: NVML's memory utilisation saturates early) cannot show
+   it at all; NVML's time share counts less than DCGM's DRAM activity.
 2. **Fed or starved.** The kernel-time share (``gr_active``; NVML's utilisation where that is
-   all there is) against the node's *fed level* (the median of its fed group of loops): at
-   ``fed`` of it or more the loop is ``healthy``. Kernel-time share is a share of time, so on
-   nodes that measure it a well-fed loop reads 0.8-1 whatever the card; SM activity is not
-   (0.3 on one card, 0.9 on another), which is why it is read against the node.
+   all there is) against the node's *fed level* (the median of its fed group of loops, never
+   below ``reference.TIME_SHARE_FED`` where it is a share of time): at ``fed`` of it or more
+   the GPU is fed — ``healthy``, unless its kernels fill under ``underfilled`` of the SMs the
+   node's fed loops fill (small kernels back to back: ``small_work``). SM activity without
+   ``gr_active`` depends on the card (0.3 on one, 0.9 on another), which is why it is read
+   against the node's own.
 3. **Why starved.** The GPU idles ``1 - fed`` of its fed time, and the question is what the
    loop does meanwhile:
 
-   - ``small_work``: the kernels that run fill few SMs (occupancy ``sm/gr`` below ``small`` of
-     the node's fed state) — launch gaps between tiny kernels; DRAM traffic per unit of kernel
-     time far below the fed state's (``light_traffic``) says the same, more weakly, and so may
-     memory held against the node's usual (``memory_weight``: a small batch holds little);
-   - ``data_io``: the process tree is blocked on reads (I/O wait beyond the node's fed state, at
-     ``io`` of the idle time), or it neither computes nor blocks on disk while it reads data
-     (``waiting``: a network file system's waits are not block I/O), or it reads near what the
-     node's storage gives at most (its *read peak*: a loop the storage holds up reads at the
-     storage's pace; one held up by anything else reads less);
-   - ``cpu_serial``: otherwise the host holds the GPU up: a thread computing through the idle
-     time (``cpu_top_thread``, the busiest thread's share of a core, where the server reports
-     it: a serial loop saturates one thread where workers sharing a load do not; else the
-     tree's cores net of I/O wait), or the loop sleeping or waiting on something that moves no
-     data (``host_wait_data`` of that case is left to ``data_io``: a FUSE mount's reads look
-     the same).
+   - ``small_work``: its kernels are too small. Signs, added (noisy-or), none certain alone:
+     they fill few SMs (occupancy ``sm/gr`` below ``small`` of the fed state's, where
+     measured: the strongest); per unit of SM activity they move little data and leave the
+     tensor pipes idle against the node's fed loops (``light_traffic``: tiny kernels are
+     latency-bound); the task holds a quarter of the node's usual memory or less
+     (``memory_weight``: a small batch, a small model). And a thread must keep launching them:
+     less so while the loop waits (``idle_thread``), and not where kernels run under
+     ``launch_time`` of the window — a kernel lasts some microseconds at least and a launch
+     some tens at most, so a loop that launches back to back keeps the GPU busier than that.
+   - else ``data_io`` against ``cpu_serial``, as log-odds that add up, so signs that disagree
+     leave the answer open: moving data (``reads_mb_s`` or more, and more so near the node's
+     *read peak*: a loop its storage holds up reads at the storage's pace) or reading nothing
+     (``unread_weight``: weaker, as a FUSE mount's reads are not counted); blocked on reads
+     beyond the node's fed loops' I/O wait (``io`` of the idle time); a thread computing
+     through the idle time (``cpu_top_thread``, the busiest thread's share of a core, where the
+     server reports it: a serial loop saturates one thread; else the tree's cores net of I/O
+     wait) or the loop waiting. A loop that waits and reads nothing is either's (a
+     ``time.sleep`` and a network mount's wait look the same): ``uncertain``.
 
 Each test is a smooth gate (a logistic of width ``*_width``) rather than a threshold, and the
 gates chain as a decision tree, so the labels get probabilities that sum to one: the most likely
 is the label, its probability the ``confidence``. Below ``confident`` the answer is
 ``uncertain`` with the two most likely labels as ``candidates`` — never a confident wrong label
-where the signals sit on a boundary. Only a confident ``zombie`` may drive an action.
+where the signals sit on a boundary or the columns present cannot tell two causes apart. Only a
+confident ``zombie`` may drive an action.
 
 Contributions are the within-node counterfactual: the SM activity the node's fed state reads
 minus this window's (``gain["node"]``), shared among the causes by their probabilities; the
 task's own best windows give ``gain["task"]`` (what the same task already reached).
 
-Every constant is in ``Params`` and was chosen on one simulated world
-(``benchmarks/diagnose.py`` chooses them on each world and measures them on the others:
-``docs/benchmarks.md``). Nothing here is fitted to labels, and nothing needs scikit-learn:
-``fit`` learns the references from unlabelled windows (as the service does from its history,
-and as it goes on doing online, ``observe``).
+Every constant is in ``Params``, set from physics (its docstring); ``benchmarks/diagnose.py``
+measures them on every world, and chooses them on each world in turn to measure those on the
+others (``docs/benchmarks.md``). Nothing here is fitted to labels, and nothing needs
+scikit-learn: ``fit`` learns the references from unlabelled windows (as the service does from
+its history, and as it goes on doing online, ``observe``).
 """
 
 from __future__ import annotations
@@ -97,7 +109,7 @@ from .reference import (
     tensor_share,
 )
 
-FORMAT = 5  # 5: online references, gates and confidence (no regressor)
+FORMAT = 6  # 6: compute-loop DRAM anchor in the references (5: online references, gates)
 UNEXPLAINED = "unexplained"
 # The contribution each cause's signal carries.
 SIGNAL_OF = {
@@ -110,16 +122,17 @@ SIGNAL_OF = {
 
 @dataclass(frozen=True)
 class Params:
-    """Every constant the model decides with (see the module docstring for each test). The
-    defaults were chosen on the project's simulator (``python -m benchmarks.diagnose``: a
-    coordinate search from ``benchmarks.diagnose.PHYSICAL``, the values the physics suggested
-    before any was measured) and are measured on the other worlds; ``memory_weight`` 0 and
-    ``saturated`` 1 switch two tests off there (that simulator draws memory whatever the cause,
-    and its nodes' ordinary loops never saturate a DRAM counter)."""
+    """Every constant the model decides with (the module docstring says where each acts). They
+    are set from physics, not chosen on a world: where a value is a share or a factor, it is
+    the one the physics names (a fed loop runs 75 % of its node's fed level or more; a
+    memory-bound loop reads its DRAM at two thirds of the node's peak or more; a launch-bound
+    loop keeps kernels running 6 % of the time at least); where it is a weight, it says how
+    far one sign may go alone (the weaker signs of small kernels 0.7-0.75, each log-odds sign of
+    data or host 1.2-2.25). ``benchmarks.diagnose`` measures these values on every world, and
+    what tuning them on one world does to the others."""
 
     fed: float = 0.75  # kernel-time share at this share of the node's fed level: fed
     fed_width: float = 0.07
-    fed_floor: float = 0.8  # a node's fed level, as a share of time, is at least this
     memory_bound: float = 0.65  # DRAM intensity at this share of the node's peak...
     memory_floor: float = 0.5  # ... and at least this (DCGM's DRAM activity per kernel time)
     memory_heavy: float = 1.8  # ... or at least this many times the node's fed loops'
@@ -129,28 +142,36 @@ class Params:
     memory_width: float = 0.05
     saturated: float = 1.0  # the node's fed loops' DRAM intensity at this share of its peak
     tensor_busy: float = 0.35  # tensor pipes at this share of SM activity: the kernels compute
+    memory_fed: float = 0.6  # memory-bound: the GPU busy at least this share of its fed level
+    underfilled: float = 0.45  # fed, occupancy below this share of the fed state's: small kernels
+    tensor_used: float = 0.15  # the node's fed loops' tensor share from which its lack tells
+    pipes_idle: float = 0.25  # tensor share below this share of the node's fed loops': no matmul
     small: float = 0.7  # occupancy below this share of the fed state's: small kernels
+    occupancy_says: float = 0.3  # how far a measured occupancy overrules the weaker signs
     small_width: float = 0.07
     light_traffic: float = 0.4  # DRAM intensity below this share of the fed state's: small kernels
     light_width: float = 0.1
-    light_weight: float = 0.8  # how far light traffic alone may go towards small_work
+    light_weight: float = 0.75  # how far light traffic alone may go towards small_work
     launch_share: float = 0.0  # without occupancy, of a busy host thread: maybe launching
-    io: float = 0.4  # I/O wait beyond the fed state's, as a share of the idle time: blocked
+    launch_time: float = 0.06  # a launch-bound loop keeps kernels running this share at least
+    idle_thread: float = 0.5  # how much of small_work a waiting (not computing) thread keeps
+    io: float = 0.25  # I/O wait beyond the fed state's, as a share of the idle time: blocked
     io_width: float = 0.08
+    io_weight: float = 2.0  # log-odds towards data_io of a loop blocked on reads
     waiting: float = 0.75  # cores net of I/O wait below this share of the idle time: waiting
     waiting_width: float = 0.3
-    blocked_busy_data: float = 0.4  # blocked on reads while computing through the idle time
-    reads_mb_s: float = 1.0  # a process reading this much is moving data
-    host_wait_data: float = 0.2  # of a wait that moves no data, the share left to data_io
-    storage_share: float = 2.0  # reading within this factor of the node's read peak...
-    storage_weight: float = 0.25  # ... counts this much towards data_io
-    unknown_blocked: float = 0.5  # without I/O wait (no delay accounting): blocked, if moving
+    host_weight: float = 1.5  # log-odds towards cpu_serial of computing through the idle time
+    thread_weight: float = 2.25  # ... where it is the busiest thread that is measured
+    reads_mb_s: float = 10.0  # a process reading this much is moving a loader's data...
+    storage_share: float = 10.0  # ... and more so within this factor of the node's read peak
+    reads_weight: float = 2.0  # log-odds towards data_io of moving data
+    unread_weight: float = 1.2  # log-odds towards cpu_serial of reading nothing
     zombie_sm: float = 0.05  # SM activity above the node's idle floor that is still no work
     zombie_width: float = 0.01
     zombie_cores: float = 0.1  # without kernel state: a tree this quiet runs nothing
     terminal_certainty: float = 0.9  # ... and is a zombie this much less surely
-    memory_weight: float = 0.0  # holding a quarter of the node's usual memory, or less: small
-    confident: float = 0.6  # below: uncertain
+    memory_weight: float = 0.7  # holding a quarter of the node's usual memory, or less: small
+    confident: float = 0.55  # below: uncertain
 
     def replace(self, **changes) -> Params:
         return Params(**{f.name: changes.get(f.name, getattr(self, f.name)) for f in fields(self)})
@@ -161,10 +182,16 @@ class Params:
 # DCGM's SM activity without gr_active depends on the card: no prior, so an unseen node of that
 # kind is ``uncertain`` about fed and starved until it has ``min_node_windows`` windows.
 PRIOR = {
-    ENGINE: {"fed_level": 0.9, "occupancy": 0.85, "peak": 0.9, "dram_intensity": 0.3},
-    NVML: {"fed_level": 0.9, "occupancy": math.nan, "peak": 1.0, "dram_intensity": 0.6},
-    DCGM: {"fed_level": math.nan, "occupancy": math.nan, "peak": 0.9, "dram_intensity": 0.3},
-}
+    ENGINE: {"fed_level": 0.9, "occupancy": 0.85, "peak": 0.9, "dram_intensity": 0.3,
+             "compute_dram": 0.2},
+    NVML: {"fed_level": 0.9, "occupancy": math.nan, "peak": 1.0, "dram_intensity": 0.6,
+           "compute_dram": 0.4},
+    DCGM: {"fed_level": math.nan, "occupancy": math.nan, "peak": 0.9, "dram_intensity": 0.3,
+           "compute_dram": 0.2},
+}  # fmt: skip
+
+
+REFERENCE_FIGURES = ("fed_level", "peak", "compute_dram")  # the rest are fed-state means
 
 
 def _gate(x: float, centre: float, width: float) -> float:
@@ -288,9 +315,10 @@ class Diagnoser:
             and w.cpu_cores <= self.params.zombie_cores
         ):
             # No kernel state (a terminal): a process tree doing nothing on the CPU is not
-            # running a thing either — the zombie definition applies, a little less surely.
+            # running a thing either — the zombie definition applies, a little less surely;
+            # and with the GPU quiet too, it is an idle terminal, not a loop held back.
             found = self._idle(w, ref, self.params.terminal_certainty)
-            if found.label == ZOMBIE:
+            if found.label == ZOMBIE or w.sm_active <= self.params.zombie_sm:
                 return found
         return self._running(w, ref)
 
@@ -319,9 +347,7 @@ class Diagnoser:
         prior = PRIOR[kind].get(name, math.nan)
         if ref is None:
             return prior
-        own = ref.fed_level if name == "fed_level" else ref.peak if name == "peak" else (
-            ref.fed.get(name, math.nan)
-        )  # fmt: skip
+        own = getattr(ref, name) if name in REFERENCE_FIGURES else ref.fed.get(name, math.nan)
         if math.isnan(own):
             return prior
         if math.isnan(prior):
@@ -332,9 +358,7 @@ class Diagnoser:
     def _running(self, w: Window, ref: NodeReference | None) -> Diagnosis:
         p = self.params
         kind = kind_of(w)
-        level = self._reference(ref, kind, "fed_level")
-        if kind != DCGM:  # a share of time: a fed loop keeps a kernel running most of it
-            level = max(level, p.fed_floor)
+        level = self._reference(ref, kind, "fed_level")  # TIME_SHARE_FED at least, but DCGM's
         x = kernel_time(w)
         mature = self._maturity(ref)
         if math.isnan(level) or level <= 0:
@@ -345,76 +369,23 @@ class Diagnoser:
             if kind == DCGM:  # no prior for a card's SM activity: undecided until it is known
                 fed_gate = 0.5 + (fed_gate - 0.5) * mature
 
-        # 1. memory-bound
-        memory = 0.0
-        di = dram_intensity(w)
-        peak = self._reference(ref, kind, "peak")
-        fed_di = self._reference(ref, kind, "dram_intensity")
-        if di is not None and peak > 0:
-            nvml = kind == NVML
-            heavy = _gate(di, p.memory_floor_nvml if nvml else p.memory_floor, p.memory_width)
-            if fed_di > 0:  # or heavy against the node's own fed loops (cards' scales differ)
-                heavy = max(heavy, _gate(di / fed_di, p.memory_heavy, 0.15))
-            memory = (
-                _gate(di / peak, p.memory_bound_nvml if nvml else p.memory_bound, p.memory_width)
-                * heavy
-                * _gate(x, KERNEL_TIME_MIN, 0.05)
-                * (p.nvml_memory_weight if nvml else 1.0)
-            )
-            ts = tensor_share(w)
-            if ts is not None:
-                memory *= 1.0 - _gate(ts, p.tensor_busy, 0.05)
-            if fed_di > 0:  # a counter the node's ordinary loops already saturate tells nothing
-                memory *= 1.0 - _gate(fed_di / peak, p.saturated, 0.05)
-
-        # 3. why starved
-        idle_share = max(0.05, 1.0 - min(fed, 1.0)) if not math.isnan(fed) else 0.5
-        busy = 0.5  # the loop computes through the GPU's idle time
-        if w.cpu_top_thread is not None:  # its busiest thread: what a serial loop saturates
-            busy = _gate(w.cpu_top_thread / idle_share, p.waiting, p.waiting_width)
-        elif w.cpu_cores is not None:  # else the tree's cores, blocked time not computing
-            computing = w.cpu_cores - (w.cpu_iowait or 0.0)
-            busy = _gate(computing / idle_share, p.waiting, p.waiting_width)
-        small = 0.0
+        memory = self._memory_bound(w, ref, kind, x, fed)
         occ, occ_fed = occupancy(w), self._reference(ref, kind, "occupancy")
+        # Busy but with kernels that fill a fraction of the SMs: small kernels back to back.
+        underfilled = 0.0
         if occ is not None and occ_fed > 0:
-            small = _gate(-occ / occ_fed, -p.small, p.small_width)
-        if di is not None and fed_di > 0 and w.sm_active >= 0.05:
-            light = _gate(-di / fed_di, -p.light_traffic, p.light_width)
-            small = 1.0 - (1.0 - small) * (1.0 - p.light_weight * light)
-        fed_mem = self._reference(ref, kind, "log_mem")
-        if w.gpu_mem_frac and not math.isnan(fed_mem):  # a small batch holds little memory
-            little = _gate(fed_mem - math.log(w.gpu_mem_frac), math.log(4.0), 0.5) * mature
-            small = 1.0 - (1.0 - small) * (1.0 - p.memory_weight * little)
-        if occ is None:  # a thread busy through the idle time may be launching tiny kernels
-            small = max(small, busy * p.launch_share)
-        if w.read_mb_s is None:
-            moving = 0.5
-        else:
-            moving = _gate(math.log1p(w.read_mb_s), math.log1p(p.reads_mb_s), 0.3)
-        blocked = p.unknown_blocked * moving
-        if w.cpu_iowait is not None:
-            normal = ref.fed.get("iowait", math.nan) if ref is not None else math.nan
-            excess = w.cpu_iowait - (normal if normal > 0 else 0.0) * mature
-            blocked = _gate(excess / idle_share, p.io, p.io_width)
-        waiting = 1.0 - busy
-        data = (
-            blocked * waiting
-            + blocked * busy * p.blocked_busy_data
-            + (1.0 - blocked) * waiting * (moving + (1.0 - moving) * p.host_wait_data)
-        )
-        peak_reads = ref.read_peak if ref is not None else math.nan
-        if w.read_mb_s is not None and peak_reads > math.log1p(p.reads_mb_s):
-            # Starved while reading near what the node's storage gives at most: the storage is
-            # what the loop waits for (a loop that is not held up by it reads less).
-            near = math.log1p(w.read_mb_s) - (peak_reads - math.log(p.storage_share))
-            data = 1.0 - (1.0 - data) * (1.0 - p.storage_weight * _gate(near, 0.0, 0.3) * mature)
+            underfilled = _gate(-occ / occ_fed, -p.underfilled, p.small_width)
+        idle_share = max(0.05, 1.0 - min(fed, 1.0)) if not math.isnan(fed) else 0.5
+        busy = self._computing(w, idle_share)
+        small = self._small_kernels(w, ref, kind, x, occ, occ_fed, busy, mature)
+        data = self._data_or_host(w, ref, idle_share, busy, mature)
 
         starved = (1.0 - memory) * (1.0 - fed_gate)
+        fed_work = (1.0 - memory) * fed_gate
         probabilities = {
             MEMORY_BANDWIDTH: memory,
-            HEALTHY: (1.0 - memory) * fed_gate,
-            SMALL_WORK: starved * small,
+            HEALTHY: fed_work * (1.0 - underfilled),
+            SMALL_WORK: fed_work * underfilled + starved * small,
             DATA_IO: starved * (1.0 - small) * data,
             CPU_SERIAL: starved * (1.0 - small) * (1.0 - data),
         }
@@ -432,6 +403,113 @@ class Diagnoser:
         }
         contributions[UNEXPLAINED] = round(probabilities[HEALTHY] * shortfall, 4)
         return self._decide(probabilities, contributions, gain, source="model")
+
+    def _memory_bound(self, w: Window, ref, kind: str, x: float, fed: float) -> float:
+        """How likely the GPU is busy moving data: DRAM intensity near the node's peak, heavy
+        (above an absolute floor, or ``memory_heavy`` times the node's compute loops'), the
+        tensor pipes idle, the counter not one its ordinary loops saturate — and the GPU busy
+        (a memory-bound loop keeps it busy; a starved one is held back by something else)."""
+        p = self.params
+        di = dram_intensity(w)
+        peak = self._reference(ref, kind, "peak")
+        if di is None or not peak > 0:
+            return 0.0
+        nvml = kind == NVML
+        heavy = _gate(di, p.memory_floor_nvml if nvml else p.memory_floor, p.memory_width)
+        anchor = self._reference(ref, kind, "compute_dram")
+        if anchor > 0:  # or heavy against the node's compute loops (cards' scales differ)
+            heavy = max(heavy, _gate(di / anchor, p.memory_heavy, 0.15))
+        ts, fed_ts = tensor_share(w), self._reference(ref, kind, "tensor_share")
+        if ts is not None and fed_ts >= p.tensor_used:
+            # or the node's loops keep the tensor pipes busy and these kernels do not: not matrix
+            # math, so near the DRAM peak they are streaming data (whatever the counter's scale)
+            heavy = max(heavy, _gate(-ts / fed_ts, -p.pipes_idle, 0.08))
+        busy = _gate(x, KERNEL_TIME_MIN, 0.05)
+        if not math.isnan(fed):
+            busy *= _gate(fed, p.memory_fed, p.fed_width)
+        memory = (
+            _gate(di / peak, p.memory_bound_nvml if nvml else p.memory_bound, p.memory_width)
+            * heavy
+            * busy
+            * (p.nvml_memory_weight if nvml else 1.0)
+        )
+        if ts is not None:
+            memory *= 1.0 - _gate(ts, p.tensor_busy, 0.05)
+        fed_di = self._reference(ref, kind, "dram_intensity")
+        if fed_di > 0:  # a counter the node's ordinary loops already saturate tells nothing
+            memory *= 1.0 - _gate(fed_di / peak, p.saturated, 0.05)
+        return memory
+
+    def _computing(self, w: Window, idle_share: float) -> float:
+        """How likely a thread of the loop computes through the GPU's idle time: its busiest
+        thread (what a serial loop saturates) where the server reports it, else the tree's
+        cores net of the time blocked on reads; 0.5 when neither is known."""
+        p = self.params
+        if w.cpu_top_thread is not None:
+            return _gate(w.cpu_top_thread / idle_share, p.waiting, p.waiting_width)
+        if w.cpu_cores is not None:
+            computing = w.cpu_cores - (w.cpu_iowait or 0.0)
+            return _gate(computing / idle_share, p.waiting, p.waiting_width)
+        return 0.5
+
+    def _small_kernels(self, w, ref, kind, x, occ, occ_fed, busy, mature) -> float:
+        """How likely a starved loop's kernels are too small: they fill few SMs (occupancy,
+        where it is measured); per unit of SM activity they move little data and leave the
+        tensor pipes idle (tiny kernels are latency-bound); the task holds little memory (a
+        small batch or model). The signs add up, none certain alone. And only where a thread
+        keeps launching them: less while the loop waits, not where kernels run less of the time
+        than tiny ones launched back to back give (a kernel lasts a few microseconds at least, a
+        launch some tens at most: below that the host is busy with something else)."""
+        p = self.params
+        signs = []
+        di, fed_di = dram_intensity(w), self._reference(ref, kind, "dram_intensity")
+        if di is not None and fed_di > 0 and w.sm_active >= 0.05:
+            light = _gate(-di / fed_di, -p.light_traffic, p.light_width)
+            ts, fed_ts = tensor_share(w), self._reference(ref, kind, "tensor_share")
+            if ts is not None and fed_ts >= p.tensor_used:  # the node's loops use the pipes
+                light = min(light, _gate(-ts / fed_ts, -p.light_traffic, p.light_width))
+            signs.append(p.light_weight * light)
+        fed_mem = self._reference(ref, kind, "log_mem")
+        if w.gpu_mem_frac and not math.isnan(fed_mem):
+            little = _gate(fed_mem - math.log(w.gpu_mem_frac), math.log(4.0), 0.5) * mature
+            signs.append(p.memory_weight * little)
+        small = 1.0 - math.prod(1.0 - s for s in signs)
+        if occ is not None and occ_fed > 0:  # measured, occupancy weighs most
+            filled = _gate(-occ / occ_fed, -p.small, p.small_width)
+            small = filled + (1.0 - filled) * small * (1.0 - p.occupancy_says)
+        else:  # a thread busy through the idle time may be launching tiny kernels
+            small = max(small, busy * p.launch_share)
+        small *= p.idle_thread + (1.0 - p.idle_thread) * busy
+        if kind != DCGM:  # x is the kernel-time share
+            small *= _gate(x, p.launch_time, 0.02)
+        return small
+
+    def _data_or_host(self, w, ref, idle_share, busy, mature) -> float:
+        """How likely a starved loop (not launch-bound) waits on data rather than on its host.
+        Each sign adds log-odds, so signs that disagree leave the answer open: moving data (a
+        loader's worth, more so near the node's storage peak: a loop the storage holds up reads
+        at its pace) or reading nothing; blocked on reads beyond the node's fed loops' I/O wait;
+        a thread computing through the idle time (the host's work) or waiting (either's: a
+        ``time.sleep`` and a network mount's wait look the same)."""
+        p = self.params
+        # the busiest thread measures a serial loop directly; the tree's cores only bound it
+        host = p.thread_weight if w.cpu_top_thread is not None else p.host_weight
+        evidence = host * (1.0 - 2.0 * busy)
+        if w.read_mb_s is not None:
+            moving = _gate(math.log1p(w.read_mb_s), math.log1p(p.reads_mb_s), 0.5)
+            peak_reads = ref.read_peak if ref is not None else math.nan
+            if peak_reads > math.log1p(p.reads_mb_s):
+                near = math.log1p(w.read_mb_s) - (peak_reads - math.log(p.storage_share))
+                moving *= 1.0 - mature + mature * _gate(near, 0.0, 0.5)
+            # reading nothing weighs about as much as waiting (a FUSE mount's reads are not
+            # counted), so a loop that waits and reads nothing is either's
+            signed = 2.0 * moving - 1.0
+            evidence += signed * (p.reads_weight if signed > 0 else p.unread_weight)
+        if w.cpu_iowait is not None:
+            normal = ref.fed.get("iowait", math.nan) if ref is not None else math.nan
+            excess = w.cpu_iowait - (normal if normal > 0 else 0.0) * mature
+            evidence += p.io_weight * _gate(excess / idle_share, p.io, p.io_width)
+        return 1.0 / (1.0 + math.exp(-max(-40.0, min(40.0, evidence))))
 
     def _decide(self, probabilities: dict, contributions: dict, gain: dict, source: str):
         ranked = sorted(probabilities, key=probabilities.__getitem__, reverse=True)

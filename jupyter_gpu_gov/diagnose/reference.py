@@ -16,13 +16,16 @@ kinds (a DCGM scrape lost falls back to NVML's readings); each kind has its own 
 
 A node's *fed level* is the kernel-time share (``gr_active``; else ``sm_active``) of its loops
 that are not held back: the node's running windows split in two at Otsu's threshold (the split
-that best separates a starved group from a fed one), and the median of the upper group. Its
-*fed state* is the mean of each signal over the windows within ``FED_SHARE`` of the fed level
-that are not memory-bound (the best state among computing loops): the I/O wait, cores, reads,
-memory and DRAM intensity that its healthy loops show. Its *peak* DRAM intensity is the 98th
-percentile over windows whose kernels ran at least 30 % of the time; its *read peak* the 98th
-percentile of what its loops read (MB/s): what its storage gives at most. Its *idle floor* is
-what SM activity reads in windows whose kernel runs nothing.
+that best separates a starved group from a fed one), and the median of the upper group — never
+below ``TIME_SHARE_FED`` where it is a share of time (a node whose loops are mostly starved
+would otherwise call its starved loops fed). Its *fed state* is the mean of each signal over
+the windows within ``FED_SHARE`` of the fed level that are not memory-bound (the best state
+among computing loops): the I/O wait, cores, reads, memory and DRAM intensity that its healthy
+loops show. Its *peak* DRAM intensity is the 98th percentile over windows whose kernels ran at
+least 30 % of the time; its *compute DRAM* the lower quartile over its fed windows (its compute
+loops', as long as a quarter of them compute); its *read peak* the 98th percentile of what its
+loops read (MB/s): what its storage gives at most. Its *idle floor* is what SM activity reads
+in windows whose kernel runs nothing.
 """
 
 from __future__ import annotations
@@ -38,11 +41,18 @@ CAP = 50_000.0  # past this many (weighted) windows, a reference's counts halve
 SM_FLOOR = 0.05  # denominators of intensities: nearly idle windows stay bounded
 KERNEL_TIME_MIN = 0.3  # DRAM peak: only windows whose kernels ran this share of the time
 PEAK_QUANTILE = 0.98
+# The DRAM intensity of a node's compute loops: this quantile of its fed windows' (memory-bound
+# loops included: a low quantile stays the compute loops' as long as a quarter of the fed
+# windows compute, where a mean would drift up with every memory-bound loop the node runs).
+COMPUTE_QUANTILE = 0.25
 FED_BINS = 20
 FED_SHARE = 0.75  # the fed state: windows at this share of the fed level or more
 MANY = 64  # distinct servers a reference counts, at most
 
 ENGINE, DCGM, NVML = "engine", "dcgm", "nvml"
+# Where the kernel-time share is measured (``engine``, ``nvml``) a fed loop keeps a kernel
+# running at least this share of the time, on any card: a node's fed level is never below it.
+TIME_SHARE_FED = 0.8
 # DRAM intensity at this share of the node's peak is a memory-bound loop's: left out of the fed
 # state (NVML's memory utilisation saturates early: ordinary loops read high on it too).
 MEMORY_BOUND_SHARE = {ENGINE: 0.65, DCGM: 0.65, NVML: 0.85}
@@ -177,6 +187,8 @@ class NodeReference:
     servers: set = field(default_factory=set)  # distinct servers seen running (up to MANY)
     kernel: Histogram = field(default_factory=lambda: Histogram(100))
     intensity: Histogram = field(default_factory=lambda: Histogram(100, 0.0, 2.0))
+    # DRAM intensity of the fed group's windows, memory-bound ones included (``compute_dram``)
+    fed_intensity: Histogram = field(default_factory=lambda: Histogram(100, 0.0, 2.0))
     idle: Histogram = field(default_factory=lambda: Histogram(50, 0.0, 0.25))
     reads: Histogram = field(default_factory=lambda: Histogram(80, 0.0, 10.0))  # log1p(MB/s)
     # per bin of kernel-time share: [count, sum] of each fed signal (memory-bound excluded)
@@ -189,6 +201,7 @@ class NodeReference:
     fed: dict = field(default_factory=dict)  # fed-state mean of each FED_SIGNALS
     idle_floor: float = math.nan  # median SM activity of idle kernels
     read_peak: float = math.nan  # log1p of the most the node's loops read (MB/s): its storage
+    compute_dram: float = math.nan  # DRAM intensity of its compute loops (see COMPUTE_QUANTILE)
     _since: int = 0
 
     def observe(self, w: Window) -> None:
@@ -202,21 +215,27 @@ class NodeReference:
         self.windows += 1
         if len(self.servers) < MANY:
             self.servers.add(w.server)
-        self.kernel.add(x)
         di = dram_intensity(w)
+        # Memory-bound loops are left out of the fed level and state: their SMs read busy while
+        # they wait on memory, higher than the node's compute loops on some cards.
+        share = MEMORY_BOUND_SHARE[self.kind]
+        computing = not (di is not None and self.peak > 0 and di >= share * self.peak)
+        if computing:
+            self.kernel.add(x)
         if di is not None and x >= KERNEL_TIME_MIN:
             self.intensity.add(di)
+            if x >= max(self.threshold, FED_SHARE * self.fed_level):  # false while unknown
+                self.fed_intensity.add(di)
         if w.read_mb_s is not None:
             self.reads.add(math.log1p(w.read_mb_s))
-        share = MEMORY_BOUND_SHARE[self.kind]
-        if not (di is not None and self.peak > 0 and di >= share * self.peak):  # computing
+        if computing:
             row = self.sums[min(int(x * FED_BINS), FED_BINS - 1)]
             for j, value in enumerate(_signals(w).values()):
                 if value is not None:
                     row[2 * j] += 1.0
                     row[2 * j + 1] += value
-        if self.kernel.total > CAP:
-            for h in (self.kernel, self.intensity, self.idle, self.reads):
+        if self.windows > CAP:
+            for h in (self.kernel, self.intensity, self.fed_intensity, self.idle, self.reads):
                 h.halve()
             self.sums = [[v / 2 for v in row] for row in self.sums]
             self.windows /= 2
@@ -238,6 +257,9 @@ class NodeReference:
         self.threshold = k.low + split * k.width
         upper = sum(k.counts[split:])
         self.fed_level = k.quantile(0.5, split) if upper > 0 else k.quantile(0.9)
+        if self.kind != DCGM:  # a share of time: a fed loop keeps a kernel running most of it,
+            # whatever the node's loops mostly do (a node of starved loops has a low median)
+            self.fed_level = max(self.fed_level, TIME_SHARE_FED)
         self.peak = self.intensity.quantile(PEAK_QUANTILE)
         # The fed state: windows whose kernel share is near the fed level (not every window
         # of the upper group: launch-bound loops may sit in it, running tiny kernels often).
@@ -253,6 +275,7 @@ class NodeReference:
         self.fed = fed
         self.idle_floor = self.idle.quantile(0.5)
         self.read_peak = self.reads.quantile(PEAK_QUANTILE)
+        self.compute_dram = self.fed_intensity.quantile(COMPUTE_QUANTILE)
 
 
 TASK_KEEP = 32  # running windows a task keeps for its own best
