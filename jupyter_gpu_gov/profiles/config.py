@@ -7,11 +7,13 @@ stops the hub with a message that names the entry and the key, before anyone spa
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from functools import cached_property
 
 from traitlets import Bool, Dict, List, TraitError, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
+from ..core.durations import parse_duration
 from .quota import QuotaError, TeamQuota, load_quotas
 from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers
 
@@ -114,6 +116,23 @@ class GpuProfiles(SingletonConfigurable):
         True, help="Offer a 'No GPU' choice on the spawn form (not counted against quotas)."
     ).tag(config=True)
 
+    max_expected_duration = Unicode(
+        "7d",
+        help="""The longest expected duration an owner may give at spawn (the spawn form's
+        "Expected duration", ``gpu-gov/expected-duration``); a tier's ``max_age`` bounds it
+        further. A duration such as "7d" (at most 100 years).""",
+    ).tag(config=True)
+
+    @validate("max_expected_duration")
+    def _valid_max_expected_duration(self, proposal):
+        if _duration(proposal.value, "max_expected_duration") < timedelta(minutes=1):
+            raise TraitError("GpuProfiles.max_expected_duration must be at least 1 minute")
+        return proposal.value
+
+    @property
+    def expected_duration_bound(self) -> timedelta:
+        return parse_duration(self.max_expected_duration)
+
     @cached_property
     def card_map(self) -> dict[str, Card]:
         try:
@@ -174,3 +193,10 @@ class GpuProfiles(SingletonConfigurable):
                     f"GpuProfiles.capacity: {tier!r} counts devices and a server takes {count}: "
                     f"give a multiple of {count}, got {devices}"
                 )
+
+
+def _duration(value: str, name: str) -> timedelta:
+    try:
+        return parse_duration(value, f"GpuProfiles.{name}")
+    except ValueError as error:
+        raise TraitError(str(error)) from None

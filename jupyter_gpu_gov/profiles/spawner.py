@@ -28,6 +28,7 @@ from tornado import web
 
 from ..core import clock
 from ..core.grant import GRANT_STATE, user_may_choose
+from ..core.policy import EXPECTED_DURATION_LABEL, TASK_TYPE_LABEL
 from ..core.teams import group_teams, user_teams
 from . import form
 from .config import LABEL_PREFIX, GpuProfiles
@@ -41,7 +42,10 @@ TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = (
         "tier", "team", "project", "borrowed", "max-age", "weight", "reclaim", "reclaim-for"
     )
 )  # fmt: skip
-GRANT_KEYS = (TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR)
+GRANT_KEYS = (
+    TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR, TASK_TYPE_LABEL,
+    EXPECTED_DURATION_LABEL,
+)  # fmt: skip
 
 
 class GpuRefused(web.HTTPError):
@@ -168,10 +172,9 @@ class GpuProfilesMixin:
     def _gpu_server_key(self) -> str:
         return f"{self.user.name}/{self.name or ''}"
 
-    def _gpu_decide(
-        self, options: Mapping[str, Any], teams: list[str]
-    ) -> tuple[Tier, str, Admission] | None:
-        """The tier, team and admission for ``options`` (None: no GPU); raises ``GpuRefused``."""
+    def _gpu_check(self, options: Mapping[str, Any], teams: list[str]) -> tuple[Tier, str] | None:
+        """The tier and team ``options`` ask for (None: no GPU), every choice checked; raises
+        ``GpuRefused`` naming what cannot be granted whatever the count."""
         conf = self.gpu_profiles
         profile = options.get("profile")
         if not profile or profile == NO_GPU:
@@ -194,13 +197,28 @@ class GpuProfilesMixin:
                 if team
                 else f"Choose the team this server is for: {', '.join(teams)}."
             )
-        if options.get("project") is not None:
-            try:  # the form checks it too, but a REST API spawn does not go through the form
+        try:  # the form checks these too, but a REST API spawn does not go through the form
+            if options.get("project") is not None:
                 form.check_project(options["project"])
-            except form.FormError as error:
-                raise GpuRefused(str(error)) from None
-        elif conf.require_project:
-            raise GpuRefused("Name the project this GPU server is for.")
+            elif conf.require_project:
+                raise GpuRefused("Name the project this GPU server is for.")
+            form.check_task_type(options.get("task_type"), tier)
+            form.check_expected_duration(
+                options.get("expected_duration"), tier, conf.expected_duration_bound
+            )
+        except form.FormError as error:
+            raise GpuRefused(str(error)) from None
+        return tier, team
+
+    def _gpu_decide(
+        self, options: Mapping[str, Any], teams: list[str]
+    ) -> tuple[Tier, str, Admission] | None:
+        """The tier, team and admission for ``options`` (None: no GPU); raises ``GpuRefused``."""
+        checked = self._gpu_check(options, teams)
+        if checked is None:
+            return None
+        tier, team = checked
+        conf = self.gpu_profiles
         usage = self.gpu_usage()
         admission = admit(
             Request(self._gpu_server_key(), self.user.name, team, tier.name),
@@ -233,7 +251,7 @@ class GpuProfilesMixin:
             if decided is not None:
                 tier, team, admission = decided
                 self.gpu_assign(tier)
-                self._gpu_granted = self._gpu_grant(tier, team, options.get("project"), admission)
+                self._gpu_granted = self._gpu_grant(tier, team, options, admission)
                 options.update(self._gpu_granted)  # a copy, for the Hub's pages and the count
                 self.log.info(
                     "gpu-gov: admitted %s on %s: %s", self._log_name, tier.name, admission.reason
@@ -279,14 +297,22 @@ class GpuProfilesMixin:
             )
         db.commit()
 
-    @staticmethod
-    def _gpu_grant(tier: Tier, team: str, project: str | None, admission: Admission) -> dict:
+    def _gpu_grant(
+        self, tier: Tier, team: str, options: Mapping[str, Any], admission: Admission
+    ) -> dict:
         grant = {TIER: tier.name, TEAM: team, BORROWED: "true" if admission.borrowed else "false"}
         grant[WEIGHT] = f"{tier.weight:g}"  # GPU-equivalents: what the usage ledger bills
-        if project:
-            grant[PROJECT] = project
+        if options.get("project"):
+            grant[PROJECT] = options["project"]
         if tier.max_age:
             grant[MAX_AGE] = str(int(tier.max_age.total_seconds()))
+        # Checked against the tier by _gpu_check: the tier's default, or the owner's pick.
+        grant[TASK_TYPE_LABEL] = options.get("task_type") or tier.task_types[0]
+        expected = form.check_expected_duration(
+            options.get("expected_duration"), tier, self.gpu_profiles.expected_duration_bound
+        )
+        if expected:
+            grant[EXPECTED_DURATION_LABEL] = str(int(expected.total_seconds()))
         return grant
 
     @property
