@@ -3,9 +3,10 @@
 A user writes their server's ``user_options`` (the REST API takes any JSON at spawn); nobody but
 the Hub writes a spawner's state (``get_state``: the Hub's REST API only reads it, with
 ``admin:server_state``). So the grant — tier, team, project, borrowed, weight, maximum age, task
-type, expected duration, a reclaim request, and on a workstation the devices the allocator
-handed out — is recorded there, and that is the only place the governor reads it. The profile
-layer writes, the governor reads: this module is the one definition of the format.
+type, expected duration, a reclaim request, when it waited in line, and on a workstation the
+devices the allocator handed out — is recorded there, and that is the only place the governor
+reads it. The profile layer writes, the governor reads: this module is the one definition of the
+format (``core.queue`` defines the waiting request, kept in the same state).
 
 State keys:
 

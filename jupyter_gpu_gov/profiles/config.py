@@ -10,7 +10,7 @@ import re
 from datetime import timedelta
 from functools import cached_property
 
-from traitlets import Bool, Dict, List, TraitError, Unicode, validate
+from traitlets import Bool, Dict, Int, List, TraitError, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
 from ..core.durations import parse_duration
@@ -116,6 +116,26 @@ class GpuProfiles(SingletonConfigurable):
         True, help="Offer a 'No GPU' choice on the spawn form (not counted against quotas)."
     ).tag(config=True)
 
+    queue = Bool(
+        True,
+        help="""Offer to wait in line when a GPU spawn cannot be admitted now (the cards are taken,
+        the user's cap or the team's borrowing limit is reached): the server then starts by
+        itself, on its owner's behalf, when admission lets it in. Needs the governor
+        (``add_governor``), which starts waiting servers: the offer shows only while it is heard
+        from.""",
+    ).tag(config=True)
+
+    queue_expire_after = Unicode(
+        "8h",
+        help="""How long a request waits in line before it expires (a duration: "30m", "8h",
+        "2d"; 10 seconds to 30 days), counted from when it joined. Waiting again for the same tier
+        and team renews it and keeps its place.""",
+    ).tag(config=True)
+
+    queue_per_user = Int(
+        2, help="Servers one user may have waiting in line at once (1 to 100)."
+    ).tag(config=True)
+
     max_expected_duration = Unicode(
         "7d",
         help="""The longest expected duration an owner may give at spawn (the spawn form's
@@ -123,11 +143,31 @@ class GpuProfiles(SingletonConfigurable):
         further. A duration such as "7d" (at most 100 years).""",
     ).tag(config=True)
 
+    @validate("queue_expire_after")
+    def _valid_queue_expire_after(self, proposal):
+        delta = _duration(proposal.value, "queue_expire_after")
+        if not timedelta(seconds=10) <= delta <= timedelta(days=30):
+            raise TraitError(
+                "GpuProfiles.queue_expire_after must be from 10 seconds to 30 days, got "
+                f"{proposal.value!r}"
+            )
+        return proposal.value
+
     @validate("max_expected_duration")
     def _valid_max_expected_duration(self, proposal):
         if _duration(proposal.value, "max_expected_duration") < timedelta(minutes=1):
             raise TraitError("GpuProfiles.max_expected_duration must be at least 1 minute")
         return proposal.value
+
+    @validate("queue_per_user")
+    def _valid_queue_per_user(self, proposal):
+        if not 1 <= proposal.value <= 100:
+            raise TraitError(f"GpuProfiles.queue_per_user must be 1 to 100, got {proposal.value}")
+        return proposal.value
+
+    @property
+    def queue_expiry(self) -> timedelta:
+        return parse_duration(self.queue_expire_after)
 
     @property
     def expected_duration_bound(self) -> timedelta:

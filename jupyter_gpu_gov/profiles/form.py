@@ -1,6 +1,7 @@
-"""The spawn form: render the tiers a user may pick (with what each team has left), and read the
-choice back into ``user_options`` (``profile``, ``team``, ``project`` as KubeSpawner names them;
-``task_type`` and ``expected_duration``).
+"""The spawn form: render the tiers a user may pick (with what each team has left, and the offer
+to wait in line for a tier taken now), and read the choice back into ``user_options``
+(``profile``, ``team``, ``project`` as KubeSpawner names them; ``task_type`` and
+``expected_duration``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
@@ -92,6 +94,12 @@ def _duration(value: Any) -> timedelta:
         ) from None
 
 
+def server_path(user: str, name: str | None) -> str:
+    """``alice`` or ``alice/gpu``, each part escaped for a URL path."""
+    path = quote(user, safe="")
+    return f"{path}/{quote(name, safe='')}" if name else path
+
+
 def check_project(project: Any) -> None:
     """Raise ``FormError`` unless ``project`` can be a label value (and a showback key)."""
     if not isinstance(project, str) or not _PROJECT.match(project):
@@ -133,11 +141,22 @@ def render(
     require_project: bool,
     no_gpu: str,
     estimate_url: str,
+    offers: Mapping[tuple[str, str], str] | None = None,
+    waiting: str | None = None,
+    queue_url: str = "",
+    queue_page: str = "",
 ) -> str:
+    """The form. ``offers``: (team, tier) → the offer to wait in line for a tier refused now
+    (such a tier can be picked, with a "Wait in line" button); ``waiting``: the tier this server
+    waits for already."""
+    offers = offers or {}
     offered: dict[str, list[tuple[str, str, str]]] = {}  # tier → [(team, css, sentence)]
     for team in teams:
         for use in lines.get(team, ()):
-            offered.setdefault(use.tier, []).append((team, *line(use, team)))
+            css, sentence = line(use, team)
+            if css == "refused" and (team, use.tier) in offers:
+                css, sentence = "queue", f"{sentence} {offers[team, use.tier]}"
+            offered.setdefault(use.tier, []).append((team, css, sentence))
     for team_lines in offered.values():  # say so where one of the user's teams lacks it
         has = {team for team, _, _ in team_lines}
         team_lines += [
@@ -155,11 +174,16 @@ def render(
     chosen = previous.get("profile")
     usable = [r["tier"].name for r in rows if r["usable"]]
     if chosen not in usable and chosen != no_gpu:
-        chosen = usable[0] if usable else no_gpu
+        # A tier that starts now; waiting in line is a choice to make, not a default.
+        now = [r["tier"].name for r in rows if any(c in ("ok", "borrow") for _, c, _ in r["teams"])]
+        chosen = now[0] if now else no_gpu if allow_no_gpu or not usable else usable[0]
     return _env.get_template("spawn_form.html").render(
         task_types=TASK_TYPE_WORDS,
         task_type=previous.get("task_type", ""),
         expected_duration=previous.get("expected_duration", ""),
+        waiting=waiting,
+        queue_url=queue_url,
+        queue_page=queue_page,
         rows=rows,
         teams=teams,
         team=previous.get("team") if previous.get("team") in teams else (teams[0] if teams else ""),
