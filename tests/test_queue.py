@@ -1,7 +1,8 @@
 """The spawn queue's core: the order of the line (a team within its guarantee, then priority,
 then arrival), two requests for one freed GPU, nobody jumping the line, expiry, the record kept in
 the spawner's state (what survives a restart), the estimated wait and what would start sooner.
-Pure: ``core.queue`` and ``profiles.queue`` over ``quota.admit``."""
+Pure: ``core.queue`` and ``profiles.queue`` over ``quota.admit``; and the governor's forecast
+(``hub.queue.releases``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from jupyter_gpu_gov.core.queue import (
+    EXPIRED,
     QUEUE_STATE,
+    Departure,
     QueuedRequest,
     QueueFormatError,
     Release,
@@ -21,6 +24,8 @@ from jupyter_gpu_gov.core.queue import (
     releases_from_json,
     releases_to_json,
 )
+from jupyter_gpu_gov.hub.queue import releases
+from jupyter_gpu_gov.hub.store import ServerRow
 from jupyter_gpu_gov.profiles.queue import (
     QUEUEABLE,
     admit_in_line,
@@ -217,3 +222,19 @@ def test_the_offer_names_the_place_the_estimate_and_a_smaller_tier_free_now():
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "111th"
     ]  # fmt: skip
+
+
+def test_a_departure_is_read_back_bounded_and_the_governors_forecast_from_planned_stops():
+    request = waiting("v2", "vision", 0)
+    gone = request.left(EXPIRED, request.expires_at)
+    assert Departure.from_json(gone) == Departure("v2/", "vision", "h100", "", EXPIRED, 3600.0)
+    assert Departure.from_json({**gone, "waited_s": 1e12}).waited_s == 366 * 86400.0
+    for bad in ({**gone, "outcome": "vanished"}, {**gone, "waited_s": "long"}, "x"):
+        with pytest.raises(QueueFormatError):
+            Departure.from_json(bad)
+    planned = ServerRow(key="a/", user="a", cull_at=NOW, running=True)
+    in_use = ServerRow(key="b/", user="b", running=True)
+    assert releases({"a/": planned, "b/": in_use}) == {
+        "a/": Release(NOW, "a/ is due to stop by 09:30 UTC"),
+        "b/": Release(None, ""),
+    }

@@ -36,6 +36,7 @@ from .diagnosis import preload as preload_diagnosis
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT, HealthOptions
 from .hubapi import HubApi
 from .pages import page_handlers
+from .queue import QueueSync
 from .reconcile import Governor, Options
 from .routes import MAX_BODY_BYTES, handlers
 from .store import Store, StoreUnavailable, safe_url
@@ -629,6 +630,7 @@ class GpuGovernor(Application):
 
     async def run(self) -> None:
         self.governor = self.make_governor()
+        self.queue = QueueSync(self.governor.hub, self.governor.store, self.dry_run)
         if self.diagnose and not preload_diagnosis():
             self.log.warning(
                 "gpu-gov: scikit-learn is not installed: root causes come from the threshold "
@@ -698,6 +700,10 @@ class GpuGovernor(Application):
                 self.log.warning("gpu-gov: DCGM: %s", error)
         except Exception:
             self.log.exception("gpu-gov: reconcile failed; trying again next cycle")
+        try:  # after the pass: its planned culls are the queue's estimates
+            await self.queue.sync()
+        except Exception:
+            self.log.exception("gpu-gov: spawn queue sync failed; trying again next cycle")
 
     @default("log_level")
     def _log_level(self):
