@@ -6,13 +6,17 @@ Pure: ``core.queue`` and ``profiles.queue`` over ``quota.admit``; and the govern
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from jupyter_gpu_gov.core import policy
 from jupyter_gpu_gov.core.queue import (
+    CLAIM_WITHIN_LABEL,
     EXPIRED,
     QUEUE_STATE,
+    QUEUED_AT_LABEL,
     Departure,
     QueuedRequest,
     QueueFormatError,
@@ -238,3 +242,31 @@ def test_a_departure_is_read_back_bounded_and_the_governors_forecast_from_planne
         "a/": Release(NOW, "a/ is due to stop by 09:30 UTC"),
         "b/": Release(None, ""),
     }
+
+
+def test_a_server_started_from_the_line_that_nobody_opens_is_given_back():
+    """The grant says when it came from the line and how long its owner has to open it; a
+    person's request to a kernel, or Hub activity after the start, claims it; a server whose
+    kernels cannot be seen (no report) is never given back on a guess."""
+    started = T0
+    labels = {QUEUED_AT_LABEL: "2026-03-02T08:30:00.000Z", CLAIM_WITHIN_LABEL: "900"}
+    gpu = policy.GpuSignal(holds_gpu=True, active=False)
+    view = policy.ServerView("ben", started=started, reports=True, gpu=gpu, labels=labels)
+    rules = policy.Policy()
+    soon, late = started + timedelta(minutes=14), started + timedelta(minutes=15)
+    assert policy.decide(view, policy.Record(), rules, soon).cull_reason is None
+    gone = policy.decide(view, policy.Record(), rules, late)
+    assert (gone.cull_reason, gone.record.state) == ("unclaimed", policy.CULLED)
+    assert "not opened within 15m: its GPU is given back to the line" in gone.record.reason
+    assert "unclaimed" in policy.CULL_REASONS
+    claimed = [
+        replace(view, user_last_activity=started + timedelta(minutes=3)),
+        replace(view, hub_last_activity=started + timedelta(minutes=2)),
+        replace(view, gpu=None),  # no report: abstain
+        replace(view, labels={QUEUED_AT_LABEL: labels[QUEUED_AT_LABEL]}),  # no claim window
+    ]
+    for kept in claimed:
+        assert policy.decide(kept, policy.Record(), rules, late).cull_reason != "unclaimed"
+    # The Hub's own stamp while the server starts does not count as opening it.
+    stamped = replace(view, hub_last_activity=started + timedelta(seconds=20))
+    assert policy.decide(stamped, policy.Record(), rules, late).cull_reason == "unclaimed"

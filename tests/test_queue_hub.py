@@ -150,6 +150,7 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     grant = state["gpu_gov_grant"]
     assert (grant["gpu-gov/tier"], grant["gpu-gov/task-type"]) == ("h100", "batch"), grant
     assert grant["gpu-gov/expected-duration"] == "7200"
+    assert grant["gpu-gov/claim-within"] == "900"  # the default 15m to open it
     assert parse(grant["gpu-gov/queued-at"]) is not None
     assert "gpu_gov_queue" not in state  # out of the line
     started = [a for a in gov.audit("ben/") if a["action"] == "queue-start"]

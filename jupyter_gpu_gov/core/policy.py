@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from .clock import parse as parse_time
 from .durations import format_duration, parse_duration
+from .queue import CLAIM_WITHIN_LABEL, QUEUED_AT_LABEL
 
 EXEMPT_LABEL = "gpu-gov/exempt"
 # The tier's maximum age in seconds, set by the profile layer at admission.
@@ -34,6 +35,7 @@ BORROWED_LABEL = "gpu-gov/borrowed"
 LABEL_PREFIX = "gpu-gov/"
 # What the server is for (the profile's, or the owner's choice at spawn), matchable in policies,
 # and how long its owner expects it to run (a duration, e.g. "6h"): a notice when it runs past.
+
 TASK_TYPE_LABEL = "gpu-gov/task-type"
 TASK_TYPES = ("interactive", "batch", "inference")
 EXPECTED_DURATION_LABEL = "gpu-gov/expected-duration"
@@ -59,7 +61,10 @@ BUSY_NOTICE, OVERRUN_NOTICE = "busy-notice", "overrun-notice"
 WARNINGS = frozenset({WARN, MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN})
 NOTICES = frozenset({BUSY_NOTICE, OVERRUN_NOTICE})
 # Why a server was culled (``Decision.cull_reason``).
-CULL_REASONS = ("gpu-idle", "max-age", "reclaim", "admin", "busy-limit", "inactive")
+CULL_REASONS = ("gpu-idle", "max-age", "reclaim", "admin", "busy-limit", "inactive", "unclaimed")
+# A server the spawn queue started counts as opened once Hub activity comes this long after its
+# start (the Hub stamps activity itself while a server starts).
+CLAIM_SLACK = timedelta(seconds=60)
 
 
 # -- policies ----------------------------------------------------------------------------------
@@ -554,6 +559,10 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         record = evolve(record.exempted(), state=EXEMPT, reason=view.excluded)
         return Decision(record, tuple(actions), cull_at=deadline and deadline.at, notice=notice)
 
+    unclaimed = _unclaimed(view, now)
+    if unclaimed is not None:
+        return _cull(record, now, unclaimed, None, now, "unclaimed")
+
     overrun = _overrun(view, policy, now)
     if overrun is not None and record.overrun_noticed_at is None:
         actions.append(OVERRUN_NOTICE)
@@ -565,6 +574,29 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
             decision, record=evolve(decision.record, reason=f"{decision.reason}; {overrun}")
         )
     return evolve(decision, notice=notice) if notice else decision
+
+
+def _unclaimed(view: ServerView, now: datetime) -> str | None:
+    """Why a server the spawn queue started on its owner's behalf is given back: nobody opened
+    it within the time the grant allows (``gpu-gov/claim-within``), else None. Opened: a
+    person's request to a kernel or terminal (its report), or Hub activity after its start.
+    A server that does not report abstains: its kernels cannot be seen."""
+    within = view.labels.get(CLAIM_WITHIN_LABEL)
+    if not within or QUEUED_AT_LABEL not in view.labels or view.started is None:
+        return None
+    if view.gpu is None or view.user_last_activity is not None:
+        return None
+    try:
+        window = parse_duration(within)
+    except ValueError:
+        return None
+    hub = view.hub_last_activity
+    if now < view.started + window or (hub is not None and hub > view.started + CLAIM_SLACK):
+        return None
+    return (
+        f"started from the spawn queue at {_at(view.started)} and not opened within "
+        f"{format_duration(window)}: its GPU is given back to the line"
+    )
 
 
 def _overrun(view: ServerView, policy: Policy, now: datetime) -> str | None:

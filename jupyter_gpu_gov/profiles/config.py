@@ -132,6 +132,14 @@ class GpuProfiles(SingletonConfigurable):
         and team renews it and keeps its place.""",
     ).tag(config=True)
 
+    queue_claim_within = Unicode(
+        "15m",
+        help="""A server started from the line that its owner does not open within this time
+        (no request to a kernel or terminal, no Hub activity after its start) is given back by
+        the governor and counted (cull reason ``unclaimed``). A duration, 10 seconds to 1 day;
+        keep it above JupyterHub's ``last_activity_interval`` (5 minutes).""",
+    ).tag(config=True)
+
     queue_per_user = Int(
         2, help="Servers one user may have waiting in line at once (1 to 100)."
     ).tag(config=True)
@@ -149,6 +157,16 @@ class GpuProfiles(SingletonConfigurable):
         if not timedelta(seconds=10) <= delta <= timedelta(days=30):
             raise TraitError(
                 "GpuProfiles.queue_expire_after must be from 10 seconds to 30 days, got "
+                f"{proposal.value!r}"
+            )
+        return proposal.value
+
+    @validate("queue_claim_within")
+    def _valid_queue_claim_within(self, proposal):
+        delta = _duration(proposal.value, "queue_claim_within")
+        if not timedelta(seconds=10) <= delta <= timedelta(days=1):
+            raise TraitError(
+                "GpuProfiles.queue_claim_within must be from 10 seconds to 1 day, got "
                 f"{proposal.value!r}"
             )
         return proposal.value

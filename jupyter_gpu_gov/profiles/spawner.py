@@ -34,10 +34,12 @@ from sqlalchemy import Text, type_coerce
 from tornado import web
 
 from ..core import clock
+from ..core.durations import parse_duration
 from ..core.grant import GRANT_STATE, user_may_choose
 from ..core.policy import EXPECTED_DURATION_LABEL, TASK_TYPE_LABEL
 from ..core.queue import (
     CANCELLED,
+    CLAIM_WITHIN_LABEL,
     QUEUE_STATE,
     QUEUED_AT_LABEL,
     QueuedRequest,
@@ -60,7 +62,7 @@ TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = (
 )  # fmt: skip
 GRANT_KEYS = (
     TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR, TASK_TYPE_LABEL,
-    EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL,
+    EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL, CLAIM_WITHIN_LABEL,
 )  # fmt: skip
 # The queue is offered while the governor (which starts waiting servers) was heard this recently.
 GOVERNOR_HEARD_WITHIN = timedelta(minutes=10)
@@ -341,6 +343,8 @@ class GpuProfilesMixin:
                 self._gpu_granted = self._gpu_grant(tier, team, options, admission)
                 if waited is not None and waited.live(clock.utcnow()):
                     self._gpu_granted[QUEUED_AT_LABEL] = clock.isoformat(waited.queued_at)
+                    claim = parse_duration(self.gpu_profiles.queue_claim_within)
+                    self._gpu_granted[CLAIM_WITHIN_LABEL] = str(int(claim.total_seconds()))
                 options.update(self._gpu_granted)  # a copy, for the Hub's pages and the count
                 self.log.info(
                     "gpu-gov: admitted %s on %s: %s", self._log_name, tier.name, admission.reason
