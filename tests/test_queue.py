@@ -17,6 +17,7 @@ from jupyter_gpu_gov.core.queue import (
     EXPIRED,
     QUEUE_STATE,
     QUEUED_AT_LABEL,
+    STARTED,
     Departure,
     QueuedRequest,
     QueueFormatError,
@@ -28,8 +29,10 @@ from jupyter_gpu_gov.core.queue import (
     releases_from_json,
     releases_to_json,
 )
-from jupyter_gpu_gov.hub.queue import releases
-from jupyter_gpu_gov.hub.store import ServerRow
+from jupyter_gpu_gov.hub import showback
+from jupyter_gpu_gov.hub.queue import QueueSync, releases
+from jupyter_gpu_gov.hub.reconcile import Options
+from jupyter_gpu_gov.hub.store import ServerRow, Store
 from jupyter_gpu_gov.profiles.queue import (
     QUEUEABLE,
     admit_in_line,
@@ -270,3 +273,21 @@ def test_a_server_started_from_the_line_that_nobody_opens_is_given_back():
     # The Hub's own stamp while the server starts does not count as opening it.
     stamped = replace(view, hub_last_activity=started + timedelta(seconds=20))
     assert policy.decide(stamped, policy.Record(), rules, late).cull_reason == "unclaimed"
+
+
+def test_queue_time_is_metered_in_showback_per_team_and_tier(tmp_path):
+    """What the governor records as requests leave the line (its audit trail) comes back as
+    showback's queue columns, grouped like the GPU-hours."""
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    sync = QueueSync(hub=None, store=store)
+    sync._meter(Departure("v2/", "vision", "h100", "batch", STARTED, 1800.0), "queue-started", "x")
+    sync._meter(Departure("v3/", "vision", "h100", "", STARTED, 600.0), "queue-started", "x")
+    sync._meter(Departure("n1/", "nlp", "h100", "", EXPIRED, 3600.0), "queue-left", "x")
+    rows = {r["team"]: r for r in showback.usage(store, Options(), ["team"], "all", None)}
+    assert (rows["vision"]["queue_starts"], rows["vision"]["queue_hours"]) == (2, 0.6667)
+    assert (rows["nlp"]["queue_starts"], rows["nlp"]["queue_expired"]) == (0, 1)
+    assert rows["nlp"]["queue_hours"] == 0  # an expired request waited, and got nothing
+    (mine,) = showback.usage(store, Options(), ["user", "tier"], "day", None, user="v2")
+    assert (mine["tier"], mine["queue_starts"], mine["queue_hours"]) == ("h100", 1, 0.5)
+    assert mine["gpu_hours_allocated"] == 0  # waiting holds no GPU
+    assert {"queue_starts", "queue_hours", "queue_expired"} <= set(showback.COLUMNS)

@@ -99,6 +99,12 @@ def queue_metric(hub, user_token: str, outcome: str) -> float:
     return sum(float(v) for v in re.findall(pattern, r.text))
 
 
+def showback(gov: Gov) -> list[dict]:
+    r = gov.admin("GET", "usage", params={"group_by": "team"})
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]
+
+
 def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     gov = Gov(hub)
     r = hub.api("POST", "users/carol/server", json={"profile": "h100"})
@@ -158,6 +164,8 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     assert set(line(hub)) == {"erin"}  # erin now waits for ben's GPU
     admin = hub.token("govadmin")
     assert queue_metric(hub, admin, "started") >= 1
+    lab = {r["team"]: r for r in showback(gov)}["lab"]
+    assert lab["queue_starts"] == 1 and lab["queue_hours"] > 0, lab
 
 
 def test_a_request_waits_through_a_hub_restart_and_is_cancelled(hub):
@@ -192,6 +200,8 @@ def test_a_request_expires_and_is_counted(hub):
     assert "erin" not in line(hub), "erin's request (40 s) did not expire"
     assert not server_running(hub, "erin")
     wait(lambda: queue_metric(hub, admin, "expired") >= 1, 30, "the expiry to be counted")
+    lab = {r["team"]: r for r in showback(Gov(hub))}["lab"]
+    assert lab["queue_expired"] == 1 and lab["queue_starts"] == 1, lab
 
 
 @requires_browser

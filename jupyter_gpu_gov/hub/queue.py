@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 
 from prometheus_client import Gauge, Histogram
 
-from ..core import clock
+from ..core import clock, ledger
+from ..core.ledger import Bucket, Owner
 from ..core.queue import (
+    EXPIRED,
     STARTED,
     Departure,
     QueueFormatError,
@@ -31,6 +33,9 @@ from ..core.queue import (
 from . import metrics
 from .hubapi import HubApi, HubApiError, _q
 from .store import AuditRow, ServerRow, Store
+
+# Audit actions: a start from the line (before it is made), one made, a request that left it.
+START, STARTED_ACTION, LEFT = "queue-start", "queue-started", "queue-left"
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -99,16 +104,33 @@ class QueueSync:
                 log.warning("gpu-gov: spawn queue: an entry cannot be read: %s", error)
         for entry in (answer.get("left") or [])[:10_000]:
             try:
-                self._meter(Departure.from_json(entry))
+                departure = Departure.from_json(entry)
             except QueueFormatError as error:
                 log.warning("gpu-gov: spawn queue: a departure cannot be read: %s", error)
+                continue
+            self._meter(departure, LEFT, f"left the line ({departure.outcome})")
         return line
 
-    @staticmethod
-    def _meter(departure: Departure) -> None:
+    def _meter(self, departure: Departure, action: str, why: str) -> None:
+        """Into the histogram, and the audit trail (showback's queue columns read it)."""
         QUEUE_WAIT.labels(
             departure.team, departure.tier, departure.task_type or "interactive", departure.outcome
         ).observe(departure.waited_s)
+        user = departure.server.partition("/")[0]
+        self.store.audit(
+            [
+                AuditRow(
+                    at=clock.utcnow(),
+                    server_key=departure.server,
+                    user=user,
+                    action=action,
+                    reason=f"{why} after {departure.waited_s:.0f}s",
+                    actor="governor",
+                    dry_run=self.dry_run,
+                    details=departure.to_json(),
+                )
+            ]
+        )
 
     async def _start(self, waiting: Waiting, now: datetime) -> None:
         request = waiting.request
@@ -139,13 +161,38 @@ class QueueSync:
             log.warning("gpu-gov: starting %s from the line: %s", request.server, error)
             return
         log.info("gpu-gov: started %s from the line after %.0fs", request.server, waited)
-        self._meter(
-            Departure(
-                request.server,
-                request.team,
-                request.tier,
-                request.options.get("task_type", ""),
-                STARTED,
-                waited,
-            )
+        departure = Departure(
+            request.server,
+            request.team,
+            request.tier,
+            request.options.get("task_type", ""),
+            STARTED,
+            waited,
         )
+        self._meter(departure, STARTED_ACTION, "started from the line")
+
+
+def queue_buckets(
+    store: Store, since: datetime | None = None, until: datetime | None = None, **owner
+) -> list[Bucket]:
+    """Showback's queue columns, as ledger buckets from the audit trail: per UTC day, user,
+    team and tier, the seconds waited by requests that started, and the starts and expiries
+    (``owner``: only one user's, team's or tier's; queue time has no project)."""
+    buckets = []
+    for row in store.queue_audit(since, until):
+        details = row.details if isinstance(row.details, dict) else {}
+        try:
+            departure = Departure.from_json(details)
+        except QueueFormatError:
+            continue
+        who = Owner(row.user or "", departure.team, "", departure.tier)
+        if any(v is not None and getattr(who, k) != v for k, v in owner.items()):
+            continue
+        started = departure.outcome == STARTED
+        values = {
+            ledger.QUEUE_WAIT: departure.waited_s if started else 0.0,
+            ledger.QUEUE_STARTS: 1.0 if started else 0.0,
+            ledger.QUEUE_EXPIRED: 1.0 if departure.outcome == EXPIRED else 0.0,
+        }
+        buckets.append(Bucket(row.at.astimezone(timezone.utc).date(), who, values))
+    return buckets
