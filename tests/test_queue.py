@@ -242,7 +242,7 @@ def test_a_departure_is_read_back_bounded_and_the_governors_forecast_from_planne
     planned = ServerRow(key="a/", user="a", cull_at=NOW, running=True)
     in_use = ServerRow(key="b/", user="b", running=True)
     assert releases({"a/": planned, "b/": in_use}) == {
-        "a/": Release(NOW, "a/ is due to stop by 09:30 UTC"),
+        "a/": Release(NOW, "a server holding it is due to stop by 09:30 UTC"),
         "b/": Release(None, ""),
     }
 

@@ -59,7 +59,10 @@ def releases(rows: Mapping[str, ServerRow]) -> dict[str, Release]:
     found = {}
     for key, row in rows.items():
         if row.cull_at is not None:
-            found[key] = Release(row.cull_at, f"{key} is due to stop by {row.cull_at:%H:%M} UTC")
+            # Not who holds it: the estimate is shown to other users.
+            found[key] = Release(
+                row.cull_at, f"a server holding it is due to stop by {row.cull_at:%H:%M} UTC"
+            )
         else:
             found[key] = Release(None, "")
     return found
