@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from traitlets import TraitError
 
 from jupyter_gpu_gov.core import policy
 from jupyter_gpu_gov.core.queue import (
@@ -33,6 +34,7 @@ from jupyter_gpu_gov.hub import showback
 from jupyter_gpu_gov.hub.queue import QueueSync, releases
 from jupyter_gpu_gov.hub.reconcile import Options
 from jupyter_gpu_gov.hub.store import ServerRow, Store
+from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.queue import (
     QUEUEABLE,
     admit_in_line,
@@ -291,3 +293,15 @@ def test_queue_time_is_metered_in_showback_per_team_and_tier(tmp_path):
     assert (mine["tier"], mine["queue_starts"], mine["queue_hours"]) == ("h100", 1, 0.5)
     assert mine["gpu_hours_allocated"] == 0  # waiting holds no GPU
     assert {"queue_starts", "queue_hours", "queue_expired"} <= set(showback.COLUMNS)
+
+
+def test_the_queues_settings_are_checked_at_startup():
+    assert GpuProfiles(queue_expire_after="90m").queue_expiry == timedelta(minutes=90)
+    bad = {
+        "queue_expire_after": ("5s", "must be from 10 seconds to 30 days, got '5s'"),
+        "queue_claim_within": ("2d", "must be from 10 seconds to 1 day, got '2d'"),
+        "queue_per_user": (0, "must be 1 to 100, got 0"),
+    }
+    for name, (value, words) in bad.items():
+        with pytest.raises(TraitError, match=f"GpuProfiles.{name} {words}"):
+            GpuProfiles(**{name: value})

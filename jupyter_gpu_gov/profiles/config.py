@@ -153,23 +153,11 @@ class GpuProfiles(SingletonConfigurable):
 
     @validate("queue_expire_after")
     def _valid_queue_expire_after(self, proposal):
-        delta = _duration(proposal.value, "queue_expire_after")
-        if not timedelta(seconds=10) <= delta <= timedelta(days=30):
-            raise TraitError(
-                "GpuProfiles.queue_expire_after must be from 10 seconds to 30 days, got "
-                f"{proposal.value!r}"
-            )
-        return proposal.value
+        return _within(proposal, timedelta(seconds=10), timedelta(days=30), "10 seconds to 30 days")
 
     @validate("queue_claim_within")
     def _valid_queue_claim_within(self, proposal):
-        delta = _duration(proposal.value, "queue_claim_within")
-        if not timedelta(seconds=10) <= delta <= timedelta(days=1):
-            raise TraitError(
-                "GpuProfiles.queue_claim_within must be from 10 seconds to 1 day, got "
-                f"{proposal.value!r}"
-            )
-        return proposal.value
+        return _within(proposal, timedelta(seconds=10), timedelta(days=1), "10 seconds to 1 day")
 
     @validate("max_expected_duration")
     def _valid_max_expected_duration(self, proposal):
@@ -251,6 +239,14 @@ class GpuProfiles(SingletonConfigurable):
                     f"GpuProfiles.capacity: {tier!r} counts devices and a server takes {count}: "
                     f"give a multiple of {count}, got {devices}"
                 )
+
+
+def _within(proposal, low: timedelta, high: timedelta, words: str) -> str:
+    """A duration setting's value, refused unless from ``low`` to ``high``."""
+    name = proposal.trait.name
+    if not low <= _duration(proposal.value, name) <= high:
+        raise TraitError(f"GpuProfiles.{name} must be from {words}, got {proposal.value!r}")
+    return proposal.value
 
 
 def _duration(value: str, name: str) -> timedelta:
