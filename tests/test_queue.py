@@ -31,6 +31,7 @@ from jupyter_gpu_gov.core.queue import (
     releases_to_json,
 )
 from jupyter_gpu_gov.hub import showback
+from jupyter_gpu_gov.hub.hubapi import HubApiError
 from jupyter_gpu_gov.hub.queue import QueueSync, releases
 from jupyter_gpu_gov.hub.reconcile import Options
 from jupyter_gpu_gov.hub.store import ServerRow, Store
@@ -305,3 +306,48 @@ def test_the_queues_settings_are_checked_at_startup():
     for name, (value, words) in bad.items():
         with pytest.raises(TraitError, match=f"GpuProfiles.{name} {words}"):
             GpuProfiles(**{name: value})
+
+
+class FakeHubApi:
+    """The Hub API as the governor's sync uses it: the line, and starts (refused or not)."""
+
+    def __init__(self, line, sync_status=200, start_status=201):
+        self.line, self.sync_status, self.start_status = line, sync_status, start_status
+        self.calls: list[tuple[str, str, dict]] = []
+
+    async def request(self, method, path, body=None):
+        self.calls.append((method, path, body))
+        if path == "gpu-gov/queue":
+            if self.sync_status != 200:
+                raise HubApiError(self.sync_status, "no", method=method, url=path)
+            return {"line": self.line, "left": [{"outcome": "lost"}]}
+        if self.start_status >= 400:
+            raise HubApiError(self.start_status, "refused", method=method, url=path)
+        return {}
+
+
+async def test_the_governor_starts_ready_requests_and_does_not_hammer_a_refusing_hub(tmp_path):
+    ready, behind = line(
+        [waiting("v2", "vision", 0), waiting("v3", "vision", 1)],
+        [held("v1", "vision")], CAPACITY, QUOTAS, TIERS, {}, NOW,
+    )  # fmt: skip
+    entries = [ready.to_json(), {"user": "broken"}, behind.to_json()]
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    hub = FakeHubApi(entries, start_status=403)
+    sync = QueueSync(hub, store)
+    got = await sync.sync(NOW)
+    assert [w.request.user for w in got] == ["v2", "v3"]  # the broken entry is skipped
+    starts = [c for c in hub.calls if c[0] == "POST" and c[1] != "gpu-gov/queue"]
+    assert starts == [("POST", "users/v2/server", {"profile": "h100", "team": "vision"})]
+    await sync.sync(NOW + timedelta(seconds=30))  # refused a moment ago: not asked again
+    await sync.sync(NOW + timedelta(minutes=2))  # but after a while
+    starts = [c for c in hub.calls if c[0] == "POST" and c[1] != "gpu-gov/queue"]
+    assert len(starts) == 2
+    audited = [a.action for a in store.audit_rows("v2/")]
+    assert audited.count("queue-start") == 2 and "queue-started" not in audited
+    # A hub without the profile layer (404), or without the scope (403): asked once.
+    for status in (404, 403):
+        quiet = FakeHubApi([], sync_status=status)
+        sync = QueueSync(quiet, store)
+        assert await sync.sync(NOW) == [] and await sync.sync(NOW) == []
+        assert len(quiet.calls) == 1

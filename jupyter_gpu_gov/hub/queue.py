@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from prometheus_client import Gauge, Histogram
 
@@ -34,6 +34,7 @@ from . import metrics
 from .hubapi import HubApi, HubApiError, _q
 from .store import AuditRow, ServerRow, Store
 
+RETRY_AFTER = timedelta(minutes=1)  # a start the Hub refused is not tried every pass
 # Audit actions: a start from the line (before it is made), one made, a request that left it.
 START, STARTED_ACTION, LEFT = "queue-start", "queue-started", "queue-left"
 
@@ -73,7 +74,9 @@ class QueueSync:
 
     def __init__(self, hub: HubApi, store: Store, dry_run: bool = False):
         self.hub, self.store, self.dry_run = hub, store, dry_run
-        self.absent = False  # no profile layer in this hub: stop asking
+        self.absent = False  # no profile layer in this hub (or no scope for it): stop asking
+        # Starts the Hub refused, by server: tried again after RETRY_AFTER, not every pass.
+        self._refused: dict[str, datetime] = {}
 
     async def sync(self, now: datetime | None = None) -> list[Waiting]:
         if self.absent:
@@ -86,13 +89,22 @@ class QueueSync:
             if error.status == 404:
                 self.absent = True
                 log.info("gpu-gov: the hub has no spawn queue (no profile layer)")
+            elif error.status == 403:
+                self.absent = True
+                log.error(
+                    "gpu-gov: the hub refused the spawn queue sync (%s): the service needs the "
+                    "scopes add_governor grants (custom:gpu-gov:queue, servers); waiting "
+                    "servers will not start until the service restarts with them",
+                    error,
+                )
             else:
                 log.warning("gpu-gov: spawn queue sync failed: %s", error)
             return []
         line = self._read(answer)
         QUEUED.set(len(line))
         for waiting in line:
-            if waiting.ready:
+            refused = self._refused.get(waiting.request.server)
+            if waiting.ready and (refused is None or now - refused >= RETRY_AFTER):
                 await self._start(waiting, now)
         return line
 
@@ -162,7 +174,9 @@ class QueueSync:
             await self.hub.request("POST", path, dict(request.options))
         except HubApiError as error:  # refused from a fresh count, or starting already
             log.warning("gpu-gov: starting %s from the line: %s", request.server, error)
+            self._refused[request.server] = now
             return
+        self._refused.pop(request.server, None)
         log.info("gpu-gov: started %s from the line after %.0fs", request.server, waited)
         departure = Departure(
             request.server,
