@@ -222,7 +222,7 @@ def test_the_offer_names_the_place_the_estimate_and_a_smaller_tier_free_now():
     assert place.sooner == ("Small slice",)
     words = offer_words(place, TIERS)
     assert words == (
-        "Wait in line: 2nd for H100, about 3h (v1/ reaches its maximum age). "
+        "Or wait in line: 2nd for H100, about 3h (v1/ reaches its maximum age). "
         "Sooner: Small slice is free now."
     )
     # A refusal waiting cannot change (a tier not offered to the team) gets no offer.

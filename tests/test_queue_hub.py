@@ -115,7 +115,7 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     sentence = wait(
         lambda: (o := offer(hub, "ben")).startswith("queue:") and o, 30, "the queue offer"
     )
-    assert "Wait in line: 1st for H100 80 GB" in sentence, sentence
+    assert "Or wait in line: 1st for H100 80 GB" in sentence, sentence
     # Starting anyway is refused, and says the line is there.
     r = hub.spawn_form("ben", fields={"profile": "h100"})
     assert r.status_code == 403 and "Or wait in line for it" in html.unescape(r.text)
@@ -218,7 +218,7 @@ def test_the_spawn_form_offers_the_line_and_the_page_shows_the_place(hub, tmp_pa
         h100 = form.locator('label[data-tier="h100"]')
         offer = h100.locator('li[data-team="lab"]')
         expect(offer).to_have_class("queue")
-        expect(offer).to_contain_text("Wait in line: 1st for H100 80 GB")
+        expect(offer).to_contain_text("Or wait in line: 1st for H100 80 GB")
         button = form.locator("#gpu-gov-queue-button")
         expect(button).to_be_hidden()  # "No GPU" is chosen: nothing to wait for
         h100.locator("input").check()

@@ -293,10 +293,10 @@ def offer(
 
 
 def offer_words(waiting: Waiting, tiers: Mapping[str, Tier]) -> str:
-    """The offer in words: 'Wait in line: 2nd for H100 80 GB, about 25m (...). Sooner: Small
-    slice is free now.'"""
+    """The offer in words, after admission's refusal: 'Or wait in line: 2nd for H100 80 GB,
+    about 25m (...). Sooner: Small slice is free now.'"""
     tier = tiers[waiting.request.tier].display_name
-    words = f"Wait in line: {ordinal(waiting.position)} for {tier}"
+    words = f"Or wait in line: {ordinal(waiting.position)} for {tier}"
     words += f", {waiting.estimate}." if waiting.estimate else "."
     if waiting.sooner:
         words += f" Sooner: {waiting.sooner[0]} is free now."
