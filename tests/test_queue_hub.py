@@ -223,6 +223,11 @@ def test_the_spawn_form_offers_the_line_and_the_page_shows_the_place(hub, tmp_pa
         expect(button).to_be_hidden()  # "No GPU" is chosen: nothing to wait for
         h100.locator("input").check()
         expect(button).to_be_visible()
+        # Enter in a field still means Start (refused: the card is taken), never the line.
+        page.press("#gpu-gov-project", "Enter")
+        expect(page.locator(".spawn-error-msg")).to_contain_text("Or wait in line for it")
+        assert "fay" not in line(hub)
+        h100.locator("input").check()
         page.screenshot(path=str(screenshot_path("spawn-queue.png", tmp_path)), full_page=True)
         button.click()
         page.wait_for_url(f"{hub.url}/hub/gpu-gov/queue")

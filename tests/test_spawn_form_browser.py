@@ -107,7 +107,7 @@ def test_a_researcher_picks_a_tier_for_a_team_with_the_estimate_and_starts(hub, 
         page.screenshot(path=str(screenshot_path("spawn-form.png", tmp_path)), full_page=True)
 
         page.fill("#gpu-gov-project", "summaries")
-        page.click("button[type=submit]:not(#gpu-gov-queue-button)")
+        page.click("button[type=submit]")
         page.wait_for_url(f"{hub.url}/user/mia/**", timeout=SLOW)
 
     options = hub.api("GET", "users/mia").json()["servers"][""]["user_options"]
