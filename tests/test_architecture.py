@@ -106,3 +106,44 @@ def test_modules_loaded_in_kernels_and_both_images_stay_light(module):
         top_level_only=True,
     )
     assert not bad, "\n".join(bad)
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    """(line, value) of every string constant in a file that is not a docstring."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                docstrings.add(id(body[0].value))
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def test_shared_words_are_defined_once():
+    """Label keys, the governor's states, cull reasons and cull actions are spelled in
+    core/vocabulary.py only; every other module imports them (a copy drifts: the metrics once
+    listed states the policy no longer had)."""
+    from jupyter_gpu_gov.core import vocabulary as v
+
+    words = {
+        value
+        for name, value in vars(v).items()
+        if name.isupper() and isinstance(value, str) and value.startswith(v.LABEL_PREFIX)
+    }
+    words |= {v.GPU_FAILED, v.BUSY_LIMIT, v.GPU_IDLE, *v.CULL_ACTIONS, v.LABEL_PREFIX}
+    home = PACKAGE / "core" / "vocabulary.py"
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: spells {value!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != home
+        for line, value in _string_constants(path)
+        if value in words
+    ]
+    assert not bad, "\n".join(bad)

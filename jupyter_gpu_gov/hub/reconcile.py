@@ -19,11 +19,6 @@ from datetime import datetime, timedelta
 from ..core import clock, grant, ledger, policy, rightsize
 from ..core.durations import format_duration
 from ..core.policy import (
-    CHECKPOINT,
-    CULL,
-    INTERRUPT,
-    NOTICES,
-    WARNINGS,
     Decision,
     Policy,
     Record,
@@ -32,6 +27,29 @@ from ..core.policy import (
 )
 from ..core.report import gpu_signal, user_last_activity
 from ..core.teams import group_teams
+from ..core.vocabulary import (
+    ADMIN,
+    CHECKPOINT,
+    CHECKPOINT_DONE,
+    CHECKPOINT_FAILED,
+    CHECKPOINT_REQUESTED,
+    CHECKPOINT_TIMEOUT,
+    CULL,
+    CULLED,
+    EXEMPT,
+    GPU_IDLE,
+    INTERRUPT,
+    NOTICES,
+    OWNER_STOP,
+    SHUTDOWN_KERNELS,
+    STOP_SERVER,
+    TIER_LABEL,
+    UNKNOWN,
+    WARNED,
+    WARNINGS,
+    WEIGHT_LABEL,
+    server_key,
+)
 from ..diagnose.cluster import Demand
 from . import metrics, outbound, trusted
 from .dcgm import DcgmSnapshot, DcgmSource, GpuEvidence, index_by_pod, index_by_uuid, is_idle
@@ -51,11 +69,6 @@ from .store import (
 )
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
-
-
-def server_key(user: str, name: str = "") -> str:
-    """``user/`` or ``user/name``, as in the replay trace format."""
-    return f"{user}/{name}"
 
 
 @dataclass
@@ -88,7 +101,7 @@ class CheckpointResult:
     def answers(self, record: Record) -> bool:
         """Whether this result answers the governor's current request: a checkpoint taken
         before it (the user's, or an earlier request's) does not."""
-        if record.checkpoint_status != "requested":
+        if record.checkpoint_status != CHECKPOINT_REQUESTED:
             return False
         if record.checkpoint_requested_at is None:
             return True
@@ -310,9 +323,7 @@ class Governor:
     def verdict(self, key: str) -> dict:
         row = self.row(key)
         if row is None:
-            not_yet = Record(
-                state=policy.UNKNOWN, reason="the governor has not assessed this server yet"
-            )
+            not_yet = Record(state=UNKNOWN, reason="the governor has not assessed this server yet")
             return policy.verdict(
                 Decision(not_yet),
                 self.policies[-1],
@@ -619,7 +630,7 @@ class Governor:
             job = self._act(action, server, row, decision, chosen, batch)
             if job is not None:
                 batch.jobs.append(job)
-        if before.state == decision.state == policy.CULLED:
+        if before.state == decision.state == CULLED:
             self._cull_again(server, row, decision, chosen, now, batch)
         return view
 
@@ -944,7 +955,7 @@ class Governor:
                 # The records' GPUs: DCGM's word on them is final, busy or idle; an allocation
                 # is held whatever the report says of contexts (stop-server).
                 dcgm = self._dcgm_activity(evidence, chosen)
-                allocated = bool(evidence) and chosen.cull_action == "stop-server"
+                allocated = bool(evidence) and chosen.cull_action == STOP_SERVER
                 gpu = evolve(gpu, holds_gpu=gpu.holds_gpu or allocated)
             else:
                 # GPUs named by the report alone: DCGM can prove them idle, never busy.
@@ -1088,7 +1099,7 @@ class Governor:
         like one, so the admin view says so instead of showing an older checkpoint."""
         asked = record.checkpoint_requested_at
         if (
-            record.checkpoint_status != "requested"
+            record.checkpoint_status != CHECKPOINT_REQUESTED
             or asked is None
             or now - asked < chosen.checkpoint_timeout
         ):
@@ -1099,15 +1110,15 @@ class Governor:
             self._audit(
                 row,
                 "checkpoint-failed",
-                checkpoint_summary("failed", row.checkpoint_manifest),
+                checkpoint_summary(CHECKPOINT_FAILED, row.checkpoint_manifest),
                 details={
                     **checkpoint_fields(row.checkpoint_manifest),
-                    "status": "timeout",
+                    "status": CHECKPOINT_TIMEOUT,
                     "requested_at": clock.isoformat(asked),
                 },
             )
         )
-        return replace(record, checkpoint_status="timeout")
+        return replace(record, checkpoint_status=CHECKPOINT_TIMEOUT)
 
     def _forget_stale_reports(self, running: set[str]) -> None:
         for key in list(self.reports):
@@ -1152,12 +1163,16 @@ class Governor:
             requested_at = decision.record.checkpoint_requested_at
             if dry:
                 self._checkpoints[row.key] = CheckpointResult(
-                    "done", {"dry_run": True}, requested_at, dry_run=True
+                    CHECKPOINT_DONE, {"dry_run": True}, requested_at, dry_run=True
                 )
             # Else the verdict asks the server (hub/outbound.py); its report brings the result.
         elif action == CULL:
             # The checkpoint of this deadline, if one was taken (not one of an earlier stretch).
-            checkpointed = decision.record.checkpoint_status in ("done", "failed", "timeout")
+            checkpointed = decision.record.checkpoint_status in (
+                CHECKPOINT_DONE,
+                CHECKPOINT_FAILED,
+                CHECKPOINT_TIMEOUT,
+            )
             manifest = row.checkpoint_manifest if checkpointed else None
             fields = checkpoint_fields(manifest)
             details = {
@@ -1190,7 +1205,7 @@ class Governor:
             outcome = await self._cull(server, row, chosen)
         except Exception as error:  # recorded, retried next cycle
             log.error("gpu-gov: cull of %s failed: %s", row.key, error)
-            set_record(row, replace(record_of(row), state=policy.WARNED, culled_at=None))
+            set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
             batch.after.append(row)
             batch.outcomes.append(
                 self._audit(
@@ -1201,12 +1216,12 @@ class Governor:
         audit.details = {**audit.details, "outcome": outcome}
         batch.completed.append(audit)
         batch.after.append(row)
-        metrics.CULLS.labels(decision.cull_reason or "gpu-idle", chosen.cull_action).inc()
-        if decision.cull_reason == "gpu-idle":
+        metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, chosen.cull_action).inc()
+        if decision.cull_reason == GPU_IDLE:
             metrics.GPUS_RECLAIMED.inc(gpus)
 
     async def _cull(self, server: HubServer, row: ServerRow, chosen: Policy) -> str:
-        if chosen.cull_action == "shutdown-kernels" and row.key in self.reports:
+        if chosen.cull_action == SHUTDOWN_KERNELS and row.key in self.reports:
             # Asked in the server's verdict: the governor never calls a user's server.
             kernels = outbound.kernels_on_gpu(self.reports[row.key].report)
             self._shutdowns[row.key] = outbound.KernelRequest(
@@ -1377,7 +1392,7 @@ class Governor:
         row = self._row(key)
         record = replace(record_of(row), exempt_until=until)
         if until is not None:  # the extensions the owner used stay on record
-            record = replace(record.exempted(), exempt_until=until, state=policy.EXEMPT)
+            record = replace(record.exempted(), exempt_until=until, state=EXEMPT)
         what = f"exempt until {clock.isoformat(until)}" if until else "exemption lifted"
         self._commit(
             row, record, [self._audit(row, "exempt", f"{what}; reason: {reason}", actor=actor)]
@@ -1403,20 +1418,20 @@ class Governor:
             record = evolve(
                 record_of(row),
                 cull_requested_at=clock.utcnow(),
-                cull_request_reason="admin",
+                cull_request_reason=ADMIN,
                 cull_request_why=why,
             )
             self._commit(row, record, [self._audit(row, "cull-request", why, actor=actor)])
             await self.redecide(key)
-            status = "culled" if row.state == policy.CULLED else "requested"
+            status = "culled" if row.state == CULLED else "requested"
             return {"status": status, "verdict": self.verdict(key)}
         server = self._servers.get(key) or HubServer(user=user, name=name)
         why += " (immediately, no checkpoint)"
         # On record before it is done (then its outcome), like the pass's culls.
         before = record_of(row)
-        culled = replace(before, state=policy.CULLED, culled_at=clock.utcnow(), reason=why)
+        culled = replace(before, state=CULLED, culled_at=clock.utcnow(), reason=why)
         audit = self._audit(row, "cull", why, actor=actor, details={})
-        self._commit(row, culled, [audit], cull_reason="admin")
+        self._commit(row, culled, [audit], cull_reason=ADMIN)
         try:
             outcome = await self._cull(server, row, chosen)
         except Exception as error:
@@ -1424,11 +1439,11 @@ class Governor:
             failed = self._audit(row, "cull-failed", f"{why}; {error}", actor=actor)
             self.save_outcomes([row], [failed], [])
             raise
-        if chosen.cull_action == "stop-server":  # shutdown-kernels already started it afresh
+        if chosen.cull_action == STOP_SERVER:  # shutdown-kernels already started it afresh
             set_record(row, culled)
         audit.details = {"outcome": outcome}
         self.save_outcomes([row], [], [audit])
-        metrics.CULLS.labels("admin", chosen.cull_action).inc()
+        metrics.CULLS.labels(ADMIN, chosen.cull_action).inc()
         return {"status": outcome, "verdict": self.verdict(key)}
 
     async def stop_by_owner(self, key: str, actor: str, reason: str) -> dict:
@@ -1437,9 +1452,9 @@ class Governor:
         row = self._row(key)
         user, name = key.split("/", 1)
         why = f"stopped by {actor}" + (f": {reason}" if reason else "")
-        stopped = replace(record_of(row), state=policy.CULLED, culled_at=clock.utcnow(), reason=why)
+        stopped = replace(record_of(row), state=CULLED, culled_at=clock.utcnow(), reason=why)
         self._commit(
-            row, stopped, [self._audit(row, "stop", why, actor=actor)], cull_reason="owner"
+            row, stopped, [self._audit(row, "stop", why, actor=actor)], cull_reason=OWNER_STOP
         )
         self._spawn(self._stop_quietly(key, user, name))
         return {"status": "stopping", "verdict": self.verdict(key)}
@@ -1464,7 +1479,6 @@ class Governor:
         await self.diagnosis.close()
 
 
-WEIGHT_LABEL = "gpu-gov/weight"  # profiles.spawner: the grant's GPU-equivalents
 _LEDGER_EVENTS = {"cull": "culls", "extend": "extensions", "approve": "extensions"}
 _BILLED = (*ledger.STATES, ledger.UNOBSERVED)  # what GPU_SECONDS counts, by state
 
@@ -1615,7 +1629,10 @@ def row_view(
 
 def _reported_checkpoint(checkpoint) -> CheckpointResult | None:
     """The finished checkpoint a report carries (``{"requested_at", "status", "manifest"}``)."""
-    if not isinstance(checkpoint, Mapping) or checkpoint.get("status") not in ("done", "failed"):
+    if not isinstance(checkpoint, Mapping) or checkpoint.get("status") not in (
+        CHECKPOINT_DONE,
+        CHECKPOINT_FAILED,
+    ):
         return None
     manifest = checkpoint.get("manifest")
     when = checkpoint.get("requested_at")
@@ -1649,7 +1666,7 @@ def checkpoint_errors(manifest: Mapping | None) -> list[str]:
 def _result_status(manifest: Mapping | None) -> str | None:
     if not isinstance(manifest, Mapping):
         return None
-    if manifest.get("status") in ("done", "failed"):
+    if manifest.get("status") in (CHECKPOINT_DONE, CHECKPOINT_FAILED):
         return manifest["status"]
     return "failed" if manifest.get("error") else "done" if manifest.get("dry_run") else None
 
@@ -1683,13 +1700,12 @@ def checkpoint_summary(status: str, manifest: Mapping | None, shown: int = 3) ->
 
 
 SPAWN_QUEUED_AFTER = timedelta(minutes=1)
-GRANTED_TIER = "gpu-gov/tier"  # profiles.spawner.TIER: the spawn was admitted to a GPU tier
 
 
 def _queued_for_a_gpu(server: HubServer, now: datetime) -> bool:
     """A spawn admitted to a GPU tier that the Hub has been starting for a while: it waits for
     a GPU to be placed (a spawn without a tier is not waiting for a GPU)."""
-    tier = grant.labels(server.spawner_state).get(GRANTED_TIER)
+    tier = grant.labels(server.spawner_state).get(TIER_LABEL)
     return (
         server.pending == "spawn"
         and isinstance(tier, str)

@@ -19,8 +19,9 @@ from tornado.log import app_log
 from ..core import clock, policy
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
+from ..core.vocabulary import server_key
 from . import metrics, showback
-from .reconcile import Governor, server_key
+from .reconcile import Governor
 from .store import StoreUnavailable
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"

@@ -33,7 +33,6 @@ from pathlib import Path
 from jupyter_core.utils import ensure_async
 
 from ..core import clock
-from ..core.policy import CULL_REASONS as CULL_REASONS  # the governor's: one definition
 
 MANIFEST_FORMAT = 1
 MANIFEST = "manifest.json"

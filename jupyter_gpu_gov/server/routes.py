@@ -11,7 +11,8 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
-from .checkpoint import CULL_REASONS, is_checkpoint_id, list_checkpoints, read_manifest
+from ..core.vocabulary import CULL_REASONS
+from .checkpoint import is_checkpoint_id, list_checkpoints, read_manifest
 
 AUTH_RESOURCE = "gpu-gov"
 
