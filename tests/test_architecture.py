@@ -4,6 +4,7 @@ fails here with the line that does."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -146,4 +147,38 @@ def test_shared_words_are_defined_once():
         for line, value in _string_constants(path)
         if value in words
     ]
+    assert not bad, "\n".join(bad)
+
+
+# Spelled in two halves so this file does not name them itself.
+_OUTSIDE = ("DESIGN" + ".md", "DESIGN" + " §", "../" + "shared")
+
+
+def _repository_files() -> list[Path]:
+    """The repository's files as a clone has them (git's list, or a walk without build output)."""
+    root = PACKAGE.parent
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=root,
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode == 0:
+        return [root / name for name in listed.stdout.decode().split("\0") if name]
+    skip = {".git", ".venv", "node_modules", "__pycache__", "lib", "dist", ".demo"}
+    return [p for p in root.rglob("*") if p.is_file() and not skip & set(p.parts)]
+
+
+def test_no_file_names_a_document_outside_the_repository():
+    """A user who clones the repository finds every document it names: nothing refers to a
+    design file or a sibling folder that only the authors had (docs/architecture.md and
+    docs/api.md hold what they said)."""
+    bad = []
+    for path in _repository_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # binary files, and files a checkout lists but a sparse one lacks
+        for number, line in enumerate(text.splitlines(), 1):
+            bad += [f"{path}:{number}: {word!r}" for word in _OUTSIDE if word in line]
     assert not bad, "\n".join(bad)

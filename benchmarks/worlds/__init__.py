@@ -13,7 +13,7 @@ window and the truth) and ``degraded`` (jobs as closed queueing networks of rand
 a heterogeneous, badly measured cluster: 1-vCPU VMs, 128-core hosts, MIG slices, NVML-only
 nodes, missing columns, aliasing) were written for the second round before the model changed;
 ``sixteen`` (the hidden evaluation as issue 23 describes it: 16 nodes of their own scales,
-DESIGN's columns only) after the second round's model was frozen, and run once.
+the base columns only) after the second round's model was frozen, and run once.
 
 Every world has ``generate(n_servers, windows_per_server, seed, *, first_server=0)``, returning
 ``(Window, truth)`` pairs, and ``NODES``. The windows use the CSV columns of

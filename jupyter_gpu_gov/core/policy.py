@@ -1,4 +1,4 @@
-"""The governor's policy engine (DESIGN §6): pure, no I/O, time passed in.
+"""The governor's policy engine (docs/architecture.md, "The state machine"): pure, no I/O, time passed in.
 
 ``decide(view, record, policy, now)`` looks at what is known of one server this cycle (the
 ``ServerView``) and what the governor remembered of it (the ``Record``), and returns the new

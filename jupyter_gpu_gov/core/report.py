@@ -1,4 +1,4 @@
-"""The report a server sends (DESIGN §5): validation, and what it says about the GPU.
+"""The report a server sends (docs/api.md, "The report"): validation, and what it says about the GPU.
 
 Validation names the first bad field (``targets[2].gpu.sm``) so the server's log says what is
 wrong; a report that does not validate changes nothing. A report comes from a process its user

@@ -278,7 +278,7 @@ class GpuGovernor(Application):
     ).tag(config=True)
     diagnose = Bool(
         True,
-        help="""Diagnose why GPUs are underused (DESIGN §8): each report is scored and the
+        help="""Diagnose why GPUs are underused (docs/api.md, "Root causes"): each report is scored and the
         verdict carries ``root_cause``. It never changes a decision.""",
     ).tag(config=True)
     diagnose_train_every = Float(

@@ -1,6 +1,6 @@
 """Trusted per-GPU evidence from DCGM (dcgm-exporter), mapped to the pods that hold the GPUs.
 
-A server's report is user-controlled; DCGM is not (DESIGN §6). This module turns dcgm-exporter
+A server's report is user-controlled; DCGM is not (docs/security.md). This module turns dcgm-exporter
 series into one ``GpuEvidence`` per *leaf* GPU (a whole GPU, or a MIG GPU instance) and indexes
 them by pod and by GPU UUID for the governor. Parsing is pure; ``DcgmSource`` does the I/O.
 

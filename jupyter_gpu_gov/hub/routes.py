@@ -1,4 +1,4 @@
-"""The governor's REST API under ``/services/gpu-gov/api/`` (DESIGN §10).
+"""The governor's REST API under ``/services/gpu-gov/api/`` (docs/api.md, "Governor service").
 
 Every handler authenticates with the Hub (a token, or the browser's Hub login) and needs the
 service's access scope; admin verbs also need ``custom:gpu-gov:admin`` (or Hub admin scopes),

@@ -51,7 +51,7 @@ from .trace import Sample
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 # Scoring's yardstick for "the GPU did work", the same for every run whatever its policy says.
 ACTIVE_SM = 0.05
-# Ground-truth labels under which culling loses nobody's work: DESIGN §8's, and the idle ones
+# Ground-truth labels under which culling loses nobody's work: the root causes' (docs/api.md), and the idle ones
 # of the reclamation benchmark's traces (benchmarks/replay/generate.py).
 NOT_LIVE_TRUTHS = frozenset({"zombie", "idle", "idle_held", "idle_free"})
 

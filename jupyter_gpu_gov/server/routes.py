@@ -28,7 +28,7 @@ class GpuGovHandler(ExtensionHandlerMixin, APIHandler):
 
 
 class StatusHandler(GpuGovHandler):
-    """The latest DESIGN §5 report of this server: devices, per-target GPU use, window.
+    """The latest report of this server (docs/api.md, "The report"): devices, per-target GPU use, window.
 
     ``?refresh=1`` samples now instead of returning the last periodic sample.
     """
