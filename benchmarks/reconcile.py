@@ -395,7 +395,8 @@ async def _bench(
     from jupyter_gpu_gov.hub.dcgm import DcgmSource
     from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
     from jupyter_gpu_gov.hub.hubapi import HubApi
-    from jupyter_gpu_gov.hub.reconcile import Governor, Options
+    from jupyter_gpu_gov.hub.options import Options
+    from jupyter_gpu_gov.hub.reconcile import Governor
     from jupyter_gpu_gov.hub.store import Store
 
     db = os.path.join(workdir, "gov.sqlite")

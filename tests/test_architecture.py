@@ -1,5 +1,5 @@
-"""The import rules of docs/architecture.md §6, checked on the source: a module that breaks one
-fails here with the line that does."""
+"""The import rules of docs/architecture.md ("Modules"), checked on the source: a module that
+breaks one fails here with the line that does."""
 
 from __future__ import annotations
 
@@ -181,4 +181,23 @@ def test_no_file_names_a_document_outside_the_repository():
             continue  # binary files, and files a checkout lists but a sparse one lacks
         for number, line in enumerate(text.splitlines(), 1):
             bad += [f"{path}:{number}: {word!r}" for word in _OUTSIDE if word in line]
+    assert not bad, "\n".join(bad)
+
+
+def test_routes_and_pages_talk_to_the_governor_not_its_internals():
+    """The REST API and the pages read what the governor shows (``hub/views.py``), never its
+    store, its reports or its ledger: those may change without touching the web layer."""
+    bad = []
+    for path in (PACKAGE / "hub" / "routes.py", PACKAGE / "hub" / "pages.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Attribute) or node.attr not in (
+                "store",
+                "reports",
+                "ledger",
+            ):
+                continue
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name in ("governor", "gov"):
+                bad.append(f"{path.name}:{node.lineno}: governor.{node.attr}")
     assert not bad, "\n".join(bad)

@@ -29,8 +29,10 @@ from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import TargetRoot
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService, History
 from jupyter_gpu_gov.hub.hubapi import HubApi
-from jupyter_gpu_gov.hub.reconcile import Governor, Options, row_view
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
+from jupyter_gpu_gov.hub.views import row_view
 from jupyter_gpu_gov.server import sampler as sampler_module
 from jupyter_gpu_gov.server.sampler import Sampler, TargetInfo
 

@@ -25,7 +25,8 @@ from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.dcgm import DcgmSource
 from jupyter_gpu_gov.hub.health import HealthOptions
 from jupyter_gpu_gov.hub.hubapi import HubApi
-from jupyter_gpu_gov.hub.reconcile import Governor, Options
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
 
 LOST_GPU = "GPU-3f6d2a41-8c0e-4b7a-9d21-5e8f0c7b1a90"  # GPU 0 of gpu-node-7: XID 79

@@ -35,8 +35,9 @@ from .diagnosis import DiagnosisOptions
 from .diagnosis import preload as preload_diagnosis
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT, HealthOptions
 from .hubapi import HubApi
+from .options import Options
 from .pages import page_handlers
-from .reconcile import Governor, Options
+from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers
 from .store import Store, StoreUnavailable, safe_url
 

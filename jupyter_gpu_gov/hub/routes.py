@@ -307,7 +307,7 @@ class ExtensionsHandler(ApiHandler):
         status = self.get_argument("status", None)
         if status is not None and status not in EXTENSION_STATUSES:
             raise web.HTTPError(400, f"'status' must be one of {', '.join(EXTENSION_STATUSES)}")
-        rows = self.governor.store.extensions(status)
+        rows = self.governor.extensions(status)
         self.write_json(
             {
                 "extensions": [
@@ -345,7 +345,7 @@ class AuditHandler(ApiHandler):
         if not text.isdigit() or not 1 <= int(text) <= MAX_AUDIT_ROWS:
             raise web.HTTPError(400, f"'limit' must be a whole number from 1 to {MAX_AUDIT_ROWS}")
         limit = int(text)
-        rows = self.governor.store.audit_rows(server_key=server, user=user, limit=limit)
+        rows = self.governor.audit_trail(server, user, limit)
         self.write_json(
             {
                 "audit": [
@@ -454,9 +454,7 @@ class UsageHandler(ApiHandler):
         if not self.is_admin:
             owner["user"] = self.current_user["name"]
         self.governor.flush_usage()  # the ledger as of the last pass, not of its last write
-        rows = showback.usage(
-            self.governor.store, self.governor.options, group_by, period, since, until, **owner
-        )
+        rows = self.governor.usage(group_by, period, since, until, **owner)
         fmt = self.get_argument("format", "json")
         if fmt == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
