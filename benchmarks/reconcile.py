@@ -392,7 +392,7 @@ async def _bench(
     from jupyter_gpu_gov.core.policy import load_policies
     from jupyter_gpu_gov.core.report import validate
     from jupyter_gpu_gov.hub import metrics as metrics_module
-    from jupyter_gpu_gov.hub.dcgm import DcgmSource
+    from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
     from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
     from jupyter_gpu_gov.hub.hubapi import HubApi
     from jupyter_gpu_gov.hub.options import Options

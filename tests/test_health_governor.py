@@ -22,7 +22,7 @@ from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.vocabulary import NODE_UNHEALTHY_ANNOTATION, NODE_UNHEALTHY_LABEL
 from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.app import GpuGovernor
-from jupyter_gpu_gov.hub.dcgm import DcgmSource
+from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
 from jupyter_gpu_gov.hub.health import HealthOptions
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options

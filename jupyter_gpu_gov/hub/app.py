@@ -30,7 +30,8 @@ from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
 from . import metrics
-from .dcgm import DcgmConfig, DcgmSource
+from .dcgm import DcgmConfig
+from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
 from .diagnosis import preload as preload_diagnosis
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT, HealthOptions

@@ -23,7 +23,8 @@ from ..core.vocabulary import CULLED, TIER_LABEL, server_key
 from . import metrics, outbound
 from .actions import Actions
 from .checkpoints import CheckpointResult, Checkpoints, reported_checkpoint
-from .dcgm import DcgmSnapshot, DcgmSource, index_by_pod, index_by_uuid
+from .dcgm import DcgmSnapshot, index_by_pod, index_by_uuid
+from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisService
 from .evidence import Evidence, Received, _World
 from .health import HealthWatch
