@@ -26,14 +26,8 @@ from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
-from jupyter_gpu_gov.hub.store import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    MetaRow,
-    ServerRow,
-    Store,
-    set_record,
-)
+from jupyter_gpu_gov.hub.store import MIGRATIONS, SCHEMA_VERSION, Store
+from jupyter_gpu_gov.hub.tables import MetaRow, ServerRow, set_record
 from jupyter_gpu_gov.hub.views import row_view
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed

@@ -31,7 +31,7 @@ from ..core.vocabulary import (
 from . import metrics, outbound
 from .checkpoints import CheckpointResult, checkpoint_fields
 from .hubapi import HubApiError, HubServer
-from .store import AuditRow, ServerRow, record_of, set_record
+from .tables import AuditRow, ServerRow, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 

@@ -18,7 +18,7 @@ from ..core.vocabulary import (
     CHECKPOINT_REQUESTED,
     CHECKPOINT_TIMEOUT,
 )
-from .store import AuditRow, ServerRow
+from .tables import AuditRow, ServerRow
 
 # A report's checkpoint time is the server's clock, written to the millisecond; the governor's
 # request time is its own, to the microsecond. A result this much older still answers.

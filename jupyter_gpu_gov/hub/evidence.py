@@ -19,7 +19,7 @@ from ..core.vocabulary import STOP_SERVER
 from . import trusted
 from .dcgm import DcgmSnapshot, GpuEvidence, is_idle
 from .hubapi import HubServer
-from .store import AuditRow
+from .tables import AuditRow
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 

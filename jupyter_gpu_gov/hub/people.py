@@ -14,7 +14,7 @@ from ..core.policy import evolve
 from ..core.vocabulary import ADMIN, CULLED, EXEMPT, OWNER_STOP, STOP_SERVER
 from . import metrics
 from .hubapi import HubApiError, HubServer
-from .store import ExtensionRow, ServerRow, record_of, set_record
+from .tables import ExtensionRow, ServerRow, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 

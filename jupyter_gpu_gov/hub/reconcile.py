@@ -34,7 +34,8 @@ from .ownership import resolve
 from .people import PeoplesRequests
 from .records import Records
 from .scopes import HubAccess
-from .store import AuditRow, ServerRow, Store, apply_decision, record_of, set_record
+from .store import Store
+from .tables import AuditRow, ServerRow, apply_decision, record_of, set_record
 from .usage import Usage, _Use
 from .views import Views, cause_of
 

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from ..core import clock
 from ..core.policy import Record
 from . import metrics
-from .store import AuditRow, ExtensionRow, ServerRow, StoreUnavailable, record_of, set_record
+from .store import StoreUnavailable
+from .tables import AuditRow, ExtensionRow, ServerRow, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 

@@ -14,7 +14,8 @@ from ..core.policy import ServerView
 from ..core.vocabulary import WEIGHT_LABEL
 from . import metrics
 from .hubapi import HubServer
-from .store import AuditRow, StoreUnavailable
+from .store import StoreUnavailable
+from .tables import AuditRow
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from ..core import clock, policy, rightsize
+from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Policy, Record
 from ..core.vocabulary import UNKNOWN
 from ..diagnose.cluster import Demand
@@ -15,7 +16,7 @@ from . import outbound, showback, trusted
 from .checkpoints import checkpoint_fields, result_status
 from .diagnosis import allocation
 from .evidence import Received
-from .store import AuditRow, ExtensionRow, LedgerSession, ServerRow, record_of
+from .tables import AuditRow, ExtensionRow, ServerRow, record_of
 
 
 def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:
