@@ -20,10 +20,11 @@ from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core import policy as policy_module
 from jupyter_gpu_gov.core.policy import Record, load_policies
 from jupyter_gpu_gov.hub import metrics
-from jupyter_gpu_gov.hub.app import GpuGovernor, normalise_argv
+from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.checkpoints import CheckpointResult
 from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
 from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.idle_culler_args import normalise_argv
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import MIGRATIONS, SCHEMA_VERSION, Store
