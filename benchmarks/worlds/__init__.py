@@ -4,7 +4,7 @@ Each module is a world with its own physics, argued in its docstring: ``roofline
 a card's roofline and a host that launches them), ``fleet`` (telemetry as operators see it on
 dashboards: calibrations, autocorrelated noise, bursty sessions) and ``pipeline`` (an input
 pipeline of stochastic stages and buffers, sampled each second). ``project`` is the project's
-own simulator (``jupyter_gpu_gov.diagnose.simulate``), kept beside them as one world among four.
+own simulator (``jupyter_gpu_gov.diagnose.faults``), kept beside them as one world among four.
 
 ``archetypes`` (the workloads a research cluster runs, each with its typical mistake) was
 written after the model was frozen and scored once, as a check nobody tuned anything on.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jupyter_gpu_gov.diagnose import simulate as _project
+from jupyter_gpu_gov.diagnose import faults as _project
 
 from . import archetypes, degraded, fleet, pipeline, roofline, sixteen, traces
 

@@ -64,7 +64,7 @@ class Actions:
             if action in WARNINGS:
                 metrics.WARNINGS.inc()
             why = decision.notice or decision.reason
-            audits.append(self._audit(row, action, why, dry_run=dry))
+            audits.append(self._audit_row(row, action, why, dry_run=dry))
         elif action == INTERRUPT:
             # Asked in the server's verdict, before its checkpoint (hub/outbound.py).
             kernels = self._busy_gpu_kernels(row.key)
@@ -74,9 +74,11 @@ class Actions:
                     outbound.INTERRUPT, kernels, clock.utcnow(), decision.reason
                 )
                 details["outcome"] = f"asked the server to interrupt {len(kernels)} kernel(s)"
-            audits.append(self._audit(row, action, decision.reason, dry_run=dry, details=details))
+            audits.append(
+                self._audit_row(row, action, decision.reason, dry_run=dry, details=details)
+            )
         elif action == CHECKPOINT:
-            audits.append(self._audit(row, "checkpoint", decision.reason, dry_run=dry))
+            audits.append(self._audit_row(row, "checkpoint", decision.reason, dry_run=dry))
             requested_at = decision.record.checkpoint_requested_at
             if dry:
                 self._checkpoints[row.key] = CheckpointResult(
@@ -100,7 +102,7 @@ class Actions:
                 "checkpoint_path": fields["path"],
                 "policy": chosen.name,
             }
-            audit = self._audit(row, "cull", decision.reason, dry_run=dry, details=details)
+            audit = self._audit_row(row, "cull", decision.reason, dry_run=dry, details=details)
             audits.append(audit)
             if not dry:
                 return self._carry_out_cull(server, row, decision, chosen, audit, batch)
@@ -124,7 +126,7 @@ class Actions:
         set_record(row, replace(record_of(row), culled_at=now))
         batch.changed.append(row)
         why = f"{row.reason} (still running {format_duration(now - culled_at)} later: asked again)"
-        audit = self._audit(row, "cull-retry", why, details={"cull_action": chosen.cull_action})
+        audit = self._audit_row(row, "cull-retry", why, details={"cull_action": chosen.cull_action})
         batch.audits.append(audit)
         batch.jobs.append(self._carry_out_cull(server, row, decision, chosen, audit, batch))
 
@@ -147,7 +149,7 @@ class Actions:
             set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
             batch.after.append(row)
             batch.outcomes.append(
-                self._audit(
+                self._audit_row(
                     row, "cull-failed", f"{decision.reason}; {error}", details=audit.details
                 )
             )
@@ -234,7 +236,8 @@ class Actions:
             and t.get("execution_state") == "busy"
         )
 
-    def _spawn(self, coroutine) -> None:
+    def _in_background(self, coroutine) -> None:
+        """Run a coroutine as a task the governor keeps (and cancels at close)."""
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

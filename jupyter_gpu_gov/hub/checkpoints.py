@@ -132,7 +132,7 @@ class Checkpoints:
             return record
         row.checkpoint_manifest = result.manifest
         audits.append(
-            self._audit(
+            self._audit_row(
                 row,
                 f"checkpoint-{result.status}",
                 checkpoint_summary(result.status, result.manifest),
@@ -161,7 +161,7 @@ class Checkpoints:
         error = f"no answer within {format_duration(chosen.checkpoint_timeout)}"
         row.checkpoint_manifest = {"error": error}
         audits.append(
-            self._audit(
+            self._audit_row(
                 row,
                 "checkpoint-failed",
                 checkpoint_summary(CHECKPOINT_FAILED, row.checkpoint_manifest),

@@ -37,7 +37,7 @@ class Received:
 
 
 @dataclass
-class _World:
+class PassContext:
     """What the last cycle learnt of the Hub and DCGM, reused to re-decide one server."""
 
     teams_by_group: Mapping[str, str] = field(default_factory=dict)
@@ -115,7 +115,7 @@ class Evidence:
             waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
             return evolve(base, reports=True, gpu=waiting, reachable=False)
         granted = trusted.Granted.of(server.spawner_state) if server else None
-        evidence = granted.evidence(self._world.by_uuid, self._world.by_pod) if granted else []
+        evidence = granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's GPUs,
             # else jupyterhub-idle-culler's rule.
@@ -143,8 +143,8 @@ class Evidence:
                 gpu = evolve(gpu, holds_gpu=gpu.holds_gpu or allocated)
             else:
                 # GPUs named by the report alone: DCGM can prove them idle, never busy.
-                world = self._world
-                dcgm = self._dcgm_activity(self._evidence(report, world.by_uuid, {}), chosen)
+                context = self._context
+                dcgm = self._dcgm_activity(self._evidence(report, context.by_uuid, {}), chosen)
                 dcgm = None if dcgm else dcgm
             if dcgm is not None and gpu.holds_gpu:
                 active, disagreement = policy.merge_evidence(gpu.active, dcgm)
@@ -165,7 +165,7 @@ class Evidence:
         granted = trusted.Granted.of(server.spawner_state)
         found: list[str] = []
         if received is not None and granted is not None:
-            evidence = granted.evidence(self._world.by_uuid, self._world.by_pod)
+            evidence = granted.evidence(self._context.by_uuid, self._context.by_pod)
             found = trusted.contradictions(received.report, granted, evidence)
         before = self._distrusted.get(key, [])
         if found != before and found:
@@ -223,7 +223,7 @@ class Evidence:
     def _granted_evidence(self, server: HubServer) -> list[GpuEvidence]:
         """DCGM's records of the GPUs the Hub's records give a server (none without them)."""
         granted = trusted.Granted.of(server.spawner_state)
-        return granted.evidence(self._world.by_uuid, self._world.by_pod) if granted else []
+        return granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
 
     def _gpus_held(self, key: str, server: HubServer) -> int:
         """The GPUs a server holds: its report's devices, else DCGM's records of its pod."""

@@ -23,7 +23,7 @@ class PeoplesRequests:
     """People's requests (a part of ``Governor``)."""
 
     async def extend(self, key: str, actor: str, reason: str) -> tuple[int, dict]:
-        row = self._row(key)
+        row = self._known_row(key)
         chosen = self.policy_named(row.policy)
         outcome = policy.extend(record_of(row), chosen, reason)
         seconds = chosen.extension_step.total_seconds() if outcome.status == "granted" else 0
@@ -36,7 +36,7 @@ class PeoplesRequests:
             status=outcome.status,
         )
         why = f"{outcome.status}: {outcome.message}; reason: {reason or '-'}"
-        audit = self._audit(row, "extend", why, actor=actor)
+        audit = self._audit_row(row, "extend", why, actor=actor)
         # A refused request changes nothing but is on record; a granted or pending one, all of
         # it or none (a store failure must not use an extension up without granting it).
         self._commit(row, outcome.record, [audit], extensions=[request])
@@ -52,7 +52,7 @@ class PeoplesRequests:
     async def decide_extension(
         self, key: str, actor: str, approve: bool, seconds: float | None, reason: str
     ) -> dict:
-        row = self._row(key)
+        row = self._known_row(key)
         pending = [e for e in self.store.extensions("pending", key)]
         if not row.approval_pending or not pending:
             raise LookupError(f"no extension of {key} is waiting for approval")
@@ -65,7 +65,7 @@ class PeoplesRequests:
             extension.decision_reason = reason
             extension.seconds = seconds if approve else 0
         what = f"approved {format_duration(seconds)}" if approve else "denied"
-        audit = self._audit(
+        audit = self._audit_row(
             row,
             "approve" if approve else "deny",
             f"extension {what}; reason: {reason}",
@@ -76,13 +76,13 @@ class PeoplesRequests:
         return {"status": "approved" if approve else "denied", "verdict": self.verdict(key)}
 
     async def exempt(self, key: str, actor: str, until: datetime | None, reason: str) -> dict:
-        row = self._row(key)
+        row = self._known_row(key)
         record = replace(record_of(row), exempt_until=until)
         if until is not None:  # the extensions the owner used stay on record
             record = replace(record.exempted(), exempt_until=until, state=EXEMPT)
         what = f"exempt until {clock.isoformat(until)}" if until else "exemption lifted"
         self._commit(
-            row, record, [self._audit(row, "exempt", f"{what}; reason: {reason}", actor=actor)]
+            row, record, [self._audit_row(row, "exempt", f"{what}; reason: {reason}", actor=actor)]
         )
         await self.redecide(key)
         return {"status": "exempt" if until else "governed", "verdict": self.verdict(key)}
@@ -94,12 +94,12 @@ class PeoplesRequests:
         taken first (bounded: ``checkpoint_timeout``, one retry), then the cull; a server
         without the extension is culled at once. ``immediately`` skips the checkpoint (a
         server that must go now), on record as such."""
-        row = self._row(key)
+        row = self._known_row(key)
         user, name = key.split("/", 1)
         chosen = self.policy_named(row.policy)
         why = f"culled by {actor}: {reason}"
         if self.options.dry_run:
-            self.record([self._audit(row, "cull", why, actor=actor, dry_run=True)])
+            self.save_audits([self._audit_row(row, "cull", why, actor=actor, dry_run=True)])
             return {"status": "dry-run", "verdict": self.verdict(key)}
         if not immediately:
             record = evolve(
@@ -108,7 +108,7 @@ class PeoplesRequests:
                 cull_request_reason=ADMIN,
                 cull_request_why=why,
             )
-            self._commit(row, record, [self._audit(row, "cull-request", why, actor=actor)])
+            self._commit(row, record, [self._audit_row(row, "cull-request", why, actor=actor)])
             await self.redecide(key)
             status = "culled" if row.state == CULLED else "requested"
             return {"status": status, "verdict": self.verdict(key)}
@@ -117,13 +117,13 @@ class PeoplesRequests:
         # On record before it is done (then its outcome), like the pass's culls.
         before = record_of(row)
         culled = replace(before, state=CULLED, culled_at=clock.utcnow(), reason=why)
-        audit = self._audit(row, "cull", why, actor=actor, details={})
+        audit = self._audit_row(row, "cull", why, actor=actor, details={})
         self._commit(row, culled, [audit], cull_reason=ADMIN)
         try:
             outcome = await self._cull(server, row, chosen)
         except Exception as error:
             set_record(row, before)
-            failed = self._audit(row, "cull-failed", f"{why}; {error}", actor=actor)
+            failed = self._audit_row(row, "cull-failed", f"{why}; {error}", actor=actor)
             self.save_outcomes([row], [failed], [])
             raise
         if chosen.cull_action == STOP_SERVER:  # shutdown-kernels already started it afresh
@@ -136,14 +136,14 @@ class PeoplesRequests:
     async def stop_by_owner(self, key: str, actor: str, reason: str) -> dict:
         """The owner gives the GPU back now (the Stop button). Answers at once: the request
         comes from the very server being stopped, which must not wait for its own end."""
-        row = self._row(key)
+        row = self._known_row(key)
         user, name = key.split("/", 1)
         why = f"stopped by {actor}" + (f": {reason}" if reason else "")
         stopped = replace(record_of(row), state=CULLED, culled_at=clock.utcnow(), reason=why)
         self._commit(
-            row, stopped, [self._audit(row, "stop", why, actor=actor)], cull_reason=OWNER_STOP
+            row, stopped, [self._audit_row(row, "stop", why, actor=actor)], cull_reason=OWNER_STOP
         )
-        self._spawn(self._stop_quietly(key, user, name))
+        self._in_background(self._stop_quietly(key, user, name))
         return {"status": "stopping", "verdict": self.verdict(key)}
 
     async def _stop_quietly(self, key: str, user: str, name: str) -> None:
@@ -152,7 +152,7 @@ class PeoplesRequests:
         except HubApiError as error:
             log.error("gpu-gov: stopping %s for its owner failed: %s", key, error)
 
-    def _row(self, key: str) -> ServerRow:
+    def _known_row(self, key: str) -> ServerRow:
         row = self.row(key)
         if row is None:
             raise KeyError(key)

@@ -26,7 +26,7 @@ from .checkpoints import CheckpointResult, Checkpoints, reported_checkpoint
 from .dcgm import DcgmSnapshot, index_by_pod, index_by_uuid
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisService
-from .evidence import Evidence, Received, _World
+from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
 from .hubapi import HubApi, HubApiError, HubServer
 from .options import Options
@@ -105,7 +105,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         self._shutdowns: dict[str, outbound.KernelRequest] = {}
         # Cells asked to be interrupted (the busy limit), until their reports show it done.
         self._interrupts: dict[str, outbound.KernelRequest] = {}
-        self._world = _World()
+        self._context = PassContext()
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
@@ -131,13 +131,13 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         if use is None or use.session != session:
             use = self.use[key] = _Use(session)
         use.add(report, now)
-        world = self._world
+        context = self._context
         row = self.row(key)
         billed = self.ledger.open.get(key)
         self.diagnosis.observe(
             key,
             report,
-            self._evidence(report, world.by_uuid, world.by_pod),
+            self._evidence(report, context.by_uuid, context.by_pod),
             now,
             team=(row.team or "") if row is not None else None,
             gpus=billed.gpus if billed is not None else None,
@@ -198,7 +198,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         else:
             groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
         snapshot = self._fresh(snapshot)
-        self._world = _World(
+        self._context = PassContext(
             teams_by_group=group_teams(groups),
             by_uuid=index_by_uuid(snapshot.evidence) if snapshot else {},
             by_pod=index_by_pod(snapshot.evidence) if snapshot else {},
@@ -206,7 +206,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()
-        self.health.observe_dcgm(snapshot, self._world.by_uuid, now)
+        self.health.observe_dcgm(snapshot, self._context.by_uuid, now)
         seen = set()
         waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
@@ -247,9 +247,9 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         self.spawns_waiting = waiting
         self.health.finish_pass(seen, now)
         for node, patch, action, why in self.health.node_changes():
-            batch.audits.append(self._audit(None, action, why, dry_run=self.options.dry_run))
+            batch.audits.append(self._audit_row(None, action, why, dry_run=self.options.dry_run))
             if not self.options.dry_run:
-                self._spawn(self.health.patch_node(node, patch, action))
+                self._in_background(self.health.patch_node(node, patch, action))
         if self.options.cull_users:
             batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await self._settle(batch)
@@ -349,13 +349,13 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         """Decide one server and queue what follows: the row to save, audits, actions. Returns
         the view it decided on."""
         key = server_key(server.user, server.name)
-        world = self._world
+        context = self._context
         ownership = resolve(
             server.user,
             server.user_options,
             server.spawner_state,
             server.groups,
-            world.teams_by_group,
+            context.teams_by_group,
             self.options.team_map,
         )
         if row is None or (server.started and row.session_started != server.started):
@@ -386,7 +386,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         view = self._with_gpu(base, chosen, now, row.reports, server)
         received = self.reports.get(key)
         evidence = (
-            self._evidence(received.report, world.by_uuid, world.by_pod)
+            self._evidence(received.report, context.by_uuid, context.by_pod)
             if received is not None
             else self._granted_evidence(server)
         )
@@ -398,7 +398,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         decision = self.health.review(decided, failure, chosen, now, view.checkpointable)
         flagged = self.health.flag(key, decision.record, now)
         if flagged:
-            batch.audits.append(self._audit(row, "gpu-unknown", flagged))
+            batch.audits.append(self._audit_row(row, "gpu-unknown", flagged))
         # Most servers change nothing in a pass: touch the row (and the database) only if so.
         outputs = (decision.warn_at, decision.cull_at, chosen.name)
         if (
@@ -411,7 +411,9 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
             batch.changed.append(row)
         if decision.state != before.state:
             batch.audits.append(
-                self._audit(row, "state", f"{before.state} → {decision.state}: {decision.reason}")
+                self._audit_row(
+                    row, "state", f"{before.state} → {decision.state}: {decision.reason}"
+                )
             )
         for action in decision.actions:
             job = self._act(action, server, row, decision, chosen, batch)

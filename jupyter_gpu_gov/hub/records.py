@@ -23,7 +23,7 @@ STORE_RETRY_AFTER = 5.0
 class Records:
     """What the governor puts on record (a part of ``Governor``)."""
 
-    def record(self, audits: Sequence[AuditRow]) -> None:
+    def save_audits(self, audits: Sequence[AuditRow]) -> None:
         """Store audit rows; culls and extensions also count in the usage ledger."""
         self.store.audit(audits)
         self._count(audits)
@@ -87,7 +87,7 @@ class Records:
         self._count(audits)
         self._save_usage()
 
-    def _audit(
+    def _audit_row(
         self,
         row: ServerRow | None,
         action: str,

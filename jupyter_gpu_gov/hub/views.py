@@ -206,7 +206,7 @@ class Views:
         exists yet to count)."""
         running = [key for key, row in self.rows.items() if row.running]
         reports = [self.reports[key].report for key in running if key in self.reports]
-        evidence = [e for records in self._world.by_uuid.values() for e in records]
+        evidence = [e for records in self._context.by_uuid.values() for e in records]
         return self.diagnosis.summary(
             running,
             allocation(reports, evidence),
