@@ -417,9 +417,7 @@ async def _bench(
     # Reports are diagnosed as they arrive (in ``ingest_us``); the model's training, a worker
     # thread's job every few hours, is kept out of the passes measured here.
     no_training = DiagnosisOptions(min_windows=10**9)
-    gov = Governor(
-        store, hub, policies, Options(concurrency=concurrency, diagnosis=no_training), dcgm
-    )
+    gov = Governor(store, hub, policies, Options(diagnosis=no_training), dcgm)
 
     # The governor decides page by page while listing, so listing time is inside "decide"'s
     # wall time; DCGM is scraped in the background and parsed in a worker thread.

@@ -135,7 +135,6 @@ class GpuGovernor(GovernorSettings, Application):
             timeout=timedelta(seconds=self.timeout),
             max_age=timedelta(seconds=self.max_age) if self.max_age else None,
             remove_named_servers=self.remove_named_servers,
-            concurrency=self.concurrency,
             team_map=dict(self.team_map),
             pcie_floor_bytes_per_s=self.pcie_floor_bytes_per_s,
             dcgm_max_age=timedelta(

@@ -27,7 +27,6 @@ class Options:
     timeout: timedelta = timedelta(hours=1)
     max_age: timedelta | None = None
     remove_named_servers: bool = False
-    concurrency: int = 10
     team_map: Mapping[str, str] = field(default_factory=dict)
     pcie_floor_bytes_per_s: float = 1_000_000
     # DCGM evidence older than this is unknown (a slow or stuck read must not cull on old news).

@@ -46,9 +46,12 @@ class GovernorSettings(HasTraits):
     remove_named_servers = Bool(
         False, help="Remove culled named servers instead of just stopping them."
     ).tag(config=True)
-    concurrency = Int(10, help="Most Hub API (and server) requests in flight at once.").tag(
-        config=True
-    )
+    concurrency = Int(
+        10,
+        help="""Most Hub API requests in flight at once (jupyterhub-idle-culler's
+        --concurrency). The governor sends none to users' servers: what it asks of them rides
+        on their verdicts.""",
+    ).tag(config=True)
     api_page_size = Int(0, help="Users per page when listing (0: the Hub's default).").tag(
         config=True
     )
