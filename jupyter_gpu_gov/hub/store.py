@@ -8,13 +8,11 @@ memory by the service, not here: they are re-sent every minute and need no durab
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
-    Float,
     and_,
     bindparam,
     create_engine,
@@ -32,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..core import clock
 from ..core.ledger import FIELDS, Bucket, Owner
 from ..core.ledger import Session as LedgerSession
+from .bulk_sql import Executemany
 from .tables import (
     AuditRow,
     Base,
@@ -99,56 +98,6 @@ _UPDATE_SESSION_PARAMS = (
 )
 
 
-class _Executemany:
-    """A Core statement compiled once for a dialect and run as one DBAPI ``executemany`` of
-    rows given as tuples in the order of ``names`` (its bind parameters).
-
-    Through ``Connection.execute`` SQLAlchemy checks and converts every row's parameters one by
-    one: for the ledger's 20,000 rows a pass that cost 0.4 s, more than SQLite's writing. Here
-    the only per-row work is the column types' own conversions (UTC datetimes); ``Float``
-    parameters must be given as ``float`` (their conversion is only ``float()``)."""
-
-    def __init__(self, statement, dialect, names: Sequence[str]) -> None:
-        compiled = statement.compile(dialect=dialect)
-        self.sql = str(compiled)
-        self.names = tuple(names)
-        if set(self.names) != set(compiled.binds):
-            raise ValueError(f"parameters {sorted(compiled.binds)}, given {self.names}")
-        # Positional paramstyles (SQLite's qmark) take tuples in the statement's order; named
-        # ones (psycopg's pyformat), dicts.
-        order = list(compiled.positiontup) if compiled.positiontup else None
-        self._named = order is None
-        self._pick = None
-        if order is not None and tuple(order) != self.names:
-            self._pick = operator.itemgetter(*(self.names.index(n) for n in order))
-        self._convert = []
-        for i, name in enumerate(self.names):
-            kind = compiled.binds[name].type
-            processor = kind.dialect_impl(dialect).bind_processor(dialect)
-            if processor is not None and not isinstance(kind, Float):
-                self._convert.append((i, processor))
-
-    def run(self, connection, rows: Sequence[tuple]) -> None:
-        if self._convert:
-            rows = [list(row) for row in rows]
-            for i, processor in self._convert:
-                # Rows of one call share values (every session's ``at`` is the pass's time):
-                # each distinct value is converted once (these columns hold datetimes, strings).
-                done: dict = {}
-                for row in rows:
-                    value = row[i]
-                    if value not in done:
-                        done[value] = processor(value)
-                    row[i] = done[value]
-        if self._named:
-            params: Sequence = [dict(zip(self.names, row, strict=True)) for row in rows]
-        elif self._pick is not None:
-            params = [self._pick(row) for row in rows]
-        else:
-            params = [tuple(row) for row in rows]
-        connection.exec_driver_sql(self.sql, params)
-
-
 _SERVER_COLUMNS = [c.key for c in ServerRow.__table__.columns]
 _DEFAULTED = {c.key for c in ServerRow.__table__.columns if c.default is not None}
 # Plain values of those defaults, set on a new row in memory too: its later updates then
@@ -200,8 +149,8 @@ class Store:
         self._usage_keys: set[tuple[str, ...]] = set()
         self._usage_sessions: set[tuple[str, str]] = set()
         dialect = self.engine.dialect
-        self._add_to_usage = _Executemany(_ADD_TO_USAGE, dialect, _ADD_TO_USAGE_PARAMS)
-        self._update_session = _Executemany(_UPDATE_SESSION, dialect, _UPDATE_SESSION_PARAMS)
+        self._add_to_usage = Executemany(_ADD_TO_USAGE, dialect, _ADD_TO_USAGE_PARAMS)
+        self._update_session = Executemany(_UPDATE_SESSION, dialect, _UPDATE_SESSION_PARAMS)
         self.migrate()
 
     def migrate(self) -> None:
