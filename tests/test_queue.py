@@ -30,11 +30,13 @@ from jupyter_gpu_gov.core.queue import (
     releases_from_json,
     releases_to_json,
 )
+from jupyter_gpu_gov.core.vocabulary import CULL_REASONS
 from jupyter_gpu_gov.hub import showback
 from jupyter_gpu_gov.hub.hubapi import HubApiError
+from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.queue import QueueSync, releases
-from jupyter_gpu_gov.hub.reconcile import Options
-from jupyter_gpu_gov.hub.store import ServerRow, Store
+from jupyter_gpu_gov.hub.store import Store
+from jupyter_gpu_gov.hub.tables import ServerRow
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.queue import (
     QUEUEABLE,
@@ -264,7 +266,7 @@ def test_a_server_started_from_the_line_that_nobody_opens_is_given_back():
     gone = policy.decide(view, policy.Record(), rules, late)
     assert (gone.cull_reason, gone.record.state) == ("unclaimed", policy.CULLED)
     assert "not opened within 15m: its GPU is given back to the line" in gone.record.reason
-    assert "unclaimed" in policy.CULL_REASONS
+    assert "unclaimed" in CULL_REASONS
     claimed = [
         replace(view, user_last_activity=started + timedelta(minutes=3)),
         replace(view, hub_last_activity=started + timedelta(minutes=2)),

@@ -26,13 +26,9 @@ from typing import Any
 
 from .clock import isoformat, parse
 from .durations import format_duration
+from .vocabulary import CLAIM_WITHIN_LABEL, QUEUED_AT_LABEL  # noqa: F401 (the queue's labels)
 
 QUEUE_STATE = "gpu_gov_queue"  # the spawner-state key of a waiting request
-# A grant label: the server was waiting in line when it was admitted, since this time (ISO 8601).
-# The governor gives such a server back when nobody opens it (docs/profiles.md).
-QUEUED_AT_LABEL = "gpu-gov/queued-at"
-# A grant label beside it: seconds within which its owner should open it (``core.policy``).
-CLAIM_WITHIN_LABEL = "gpu-gov/claim-within"
 # How a request left the line (the governor's record of it).
 STARTED, EXPIRED, CANCELLED = "started", "expired", "cancelled"
 OUTCOMES = (STARTED, EXPIRED, CANCELLED)

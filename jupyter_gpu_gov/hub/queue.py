@@ -32,7 +32,8 @@ from ..core.queue import (
 )
 from . import metrics
 from .hubapi import HubApi, HubApiError, _q
-from .store import AuditRow, ServerRow, Store
+from .store import Store
+from .tables import AuditRow, ServerRow
 
 RETRY_AFTER = timedelta(minutes=1)  # a start the Hub refused is not tried every pass
 # Audit actions: a start from the line (before it is made), one made, a request that left it.

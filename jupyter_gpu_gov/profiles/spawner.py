@@ -36,34 +36,48 @@ from tornado import web
 from ..core import clock
 from ..core.durations import parse_duration
 from ..core.grant import GRANT_STATE, user_may_choose
-from ..core.policy import EXPECTED_DURATION_LABEL, TASK_TYPE_LABEL
 from ..core.queue import (
     CANCELLED,
-    CLAIM_WITHIN_LABEL,
     QUEUE_STATE,
-    QUEUED_AT_LABEL,
     QueuedRequest,
     from_state,
     whole_ms,
 )
 from ..core.teams import group_teams, user_teams
+from ..core.vocabulary import (
+    BORROWED_LABEL,
+    CLAIM_WITHIN_LABEL,
+    EXPECTED_DURATION_LABEL,
+    MAX_AGE_LABEL,
+    PROJECT_LABEL,
+    QUEUED_AT_LABEL,
+    RECLAIM_FOR_LABEL,
+    RECLAIM_LABEL,
+    TASK_TYPE_LABEL,
+    TEAM_LABEL,
+    TIER_LABEL,
+    WEIGHT_LABEL,
+    server_key,
+)
 from . import form
-from .config import LABEL_PREFIX, GpuProfiles
+from .config import GpuProfiles
 from .queue import FORECAST, QUEUEABLE, admit_in_line, offer, offer_words
 from .quota import Admission, Grant, Request, tier_use
 from .tiers import Tier
 
 NO_GPU = "no-gpu"  # the form's CPU-only choice
-TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = (
-    f"{LABEL_PREFIX}{key}"
-    for key in (
-        "tier", "team", "project", "borrowed", "max-age", "weight", "reclaim", "reclaim-for"
-    )
-)  # fmt: skip
-GRANT_KEYS = (
-    TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR, TASK_TYPE_LABEL,
-    EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL, CLAIM_WITHIN_LABEL,
-)  # fmt: skip
+# The grant's labels (core.vocabulary), by their short names here.
+TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = GRANT_KEYS = (
+    TIER_LABEL,
+    TEAM_LABEL,
+    PROJECT_LABEL,
+    BORROWED_LABEL,
+    MAX_AGE_LABEL,
+    WEIGHT_LABEL,
+    RECLAIM_LABEL,
+    RECLAIM_FOR_LABEL,
+)
+GRANT_KEYS += (TASK_TYPE_LABEL, EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL, CLAIM_WITHIN_LABEL)
 # The queue is offered while the governor (which starts waiting servers) was heard this recently.
 GOVERNOR_HEARD_WITHIN = timedelta(minutes=10)
 
@@ -227,7 +241,7 @@ class GpuProfilesMixin:
                 continue
             grants.append(
                 Grant(
-                    server=f"{user}/{name or ''}",
+                    server=server_key(user, name or ""),
                     user=user,
                     team=team or "",
                     tier=tier.name,
@@ -241,7 +255,7 @@ class GpuProfilesMixin:
         return grants
 
     def _gpu_server_key(self) -> str:
-        return f"{self.user.name}/{self.name or ''}"
+        return server_key(self.user.name, self.name or "")
 
     def _gpu_check(self, options: Mapping[str, Any], teams: list[str]) -> tuple[Tier, str] | None:
         """The tier and team ``options`` ask for (None: no GPU), every choice checked; raises
@@ -367,7 +381,7 @@ class GpuProfilesMixin:
         db = self.user.db
         asked = clock.isoformat(clock.utcnow())
         for row in db.query(orm.Spawner).filter(orm.Spawner.started.isnot(None)):
-            if f"{row.user.name}/{row.name or ''}" not in wanted:
+            if server_key(row.user.name, row.name or "") not in wanted:
                 continue
             state = dict(row.state or {})
             grant = dict(state.get(GRANT_STATE) or {})
