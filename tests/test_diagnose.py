@@ -1024,3 +1024,38 @@ def test_windows_measured_on_an_h200(path):
         # third of its time: near healthy, and its 16 MiB elementwise loop is launch-bound)
         assert right >= 0.5 and right - ruled >= 0.2, (kind, right, ruled)
         assert len(answered) / len(mine) >= 0.7
+
+
+def test_a_node_whose_loops_all_starve_does_not_call_them_fed():
+    """Without the engine's activity a node's fed level is learnt from its own loops; a node
+    whose loops are all starved has no fed loop to learn from, but no card's fed loops read
+    under ``SM_FED_MIN``: a loop at 0.06 is starved on any card, not the node's normal."""
+    starved = {
+        "cpu": {"sm_active": 0.06, "dram_active": 0.02, "tensor_active": 0.02,
+                "cpu_cores": 1.05, "cpu_top_thread": 1.0, "read_mb_s": 0.5,
+                "gpu_mem_frac": 0.4, "cpu_iowait": 0.0},
+        "reads": {"sm_active": 0.05, "dram_active": 0.02, "tensor_active": 0.02,
+                  "cpu_cores": 0.3, "cpu_top_thread": 0.15, "read_mb_s": 300.0,
+                  "gpu_mem_frac": 0.4, "cpu_iowait": 0.6},
+    }  # fmt: skip
+    rows = _history("slow", starved)
+    assert _labels(Diagnoser().fit(rows), rows) == {"cpu": "cpu_serial", "reads": "data_io"}
+
+
+def test_reading_nothing_tells_nothing_where_no_loop_is_seen_reading():
+    """A waiting loop that reads nothing is a ``time.sleep`` or a wait on reads nobody counts;
+    on a node whose loops are seen reading, reading nothing leans to the host; on a node
+    whose storage's reads are never counted (a FUSE mount), it does not lean at all."""
+
+    def model_of(reads: float) -> Diagnoser:
+        loops = {name: {**values, "read_mb_s": reads if values["read_mb_s"] else 0.0}
+                 for name, values in LOOPS.items()}  # fmt: skip
+        return Diagnoser().fit(_history("n", loops))
+
+    waiting = w(node="n", sm_active=0.15, gr_active=0.22, dram_active=0.05, tensor_active=0.07,
+                cpu_cores=0.2, cpu_top_thread=0.2, read_mb_s=0.0, gpu_mem_frac=0.4)  # fmt: skip
+    counted = model_of(200.0).diagnose(waiting)
+    uncounted = model_of(0.0).diagnose(waiting)
+    assert counted.cause == uncounted.cause == "data_io"
+    # a waiting thread leans to data; reading nothing leans back where reads are counted
+    assert counted.confidence < 0.6 < 0.75 < uncounted.confidence, (counted, uncounted)

@@ -53,6 +53,13 @@ ENGINE, DCGM, NVML = "engine", "dcgm", "nvml"
 # Where the kernel-time share is measured (``engine``, ``nvml``) a fed loop keeps a kernel
 # running at least this share of the time, on any card: a node's fed level is never below it.
 TIME_SHARE_FED = 0.8
+# Where only DCGM's SM activity is known (no engine activity), a fed loop of ordinary kernels
+# reads at least this on any card: SM activity is the share of SMs with a warp resident, a fed
+# loop's kernels run most of the time on most of the SMs, and the slowest cards' fed loops read
+# about 0.3 (a third below that is the floor: no card is known to read less). A node's fed level
+# is never below it, so a node whose first loops all starve does not call them fed; kernels
+# that fill fewer SMs are small work either way.
+SM_FED_MIN = 0.2
 # DRAM intensity at this share of the node's peak is a memory-bound loop's: left out of the fed
 # state (NVML's memory utilisation saturates early: ordinary loops read high on it too).
 MEMORY_BOUND_SHARE = {ENGINE: 0.65, DCGM: 0.65, NVML: 0.85}
@@ -260,6 +267,8 @@ class NodeReference:
         if self.kind != DCGM:  # a share of time: a fed loop keeps a kernel running most of it,
             # whatever the node's loops mostly do (a node of starved loops has a low median)
             self.fed_level = max(self.fed_level, TIME_SHARE_FED)
+        else:
+            self.fed_level = max(self.fed_level, SM_FED_MIN)
         self.peak = self.intensity.quantile(PEAK_QUANTILE)
         # The fed state: windows whose kernel share is near the fed level (not every window
         # of the upper group: launch-bound loops may sit in it, running tiny kernels often).
