@@ -1061,3 +1061,16 @@ def test_reading_nothing_tells_nothing_where_no_loop_is_seen_reading():
     assert counted.cause == uncounted.cause == "data_io"
     # a waiting thread leans to data; reading nothing leans back where reads are counted
     assert counted.confidence < 0.6 < 0.75 < uncounted.confidence, (counted, uncounted)
+
+
+def test_copies_outside_kernels_do_not_raise_the_nodes_dram_peak():
+    """DRAM activity per unit of kernel time reads above 1 where memory moves outside kernels
+    (copies while few kernels run); a memory interface is busy all the time at most, so those
+    windows do not lift the node's peak past what its memory-bound loops can reach."""
+    copies = {"sm_active": 0.3, "gr_active": 0.45, "dram_active": 0.9, "tensor_active": 0.05,
+              "cpu_cores": 1.0, "cpu_iowait": 0.0, "read_mb_s": 5.0, "gpu_mem_frac": 0.5}  # fmt: skip
+    rows = _history("fast", {**LOOPS, "copies": copies}, servers=3) + _history("fast", LOOPS)
+    model = Diagnoser().fit(rows)
+    assert model.nodes["fast", "engine"].peak <= 1.0
+    memory = [r for r in rows if "-memory-" in r.server]
+    assert _labels(model, memory) == {"memory": "memory_bandwidth"}
