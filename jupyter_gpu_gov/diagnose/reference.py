@@ -22,9 +22,10 @@ would otherwise call its starved loops fed). Its *fed state* is the mean of each
 the windows within ``FED_SHARE`` of the fed level that are not memory-bound (the best state
 among computing loops): the I/O wait, cores, reads, memory and DRAM intensity that its healthy
 loops show. Its *peak* DRAM intensity is the 98th percentile over windows whose kernels ran at
-least 30 % of the time (at most 1: the interface busy all the time); its *compute DRAM* the lower quartile over its fed windows (its compute
-loops', as long as a quarter of them compute); its *read peak* the 98th percentile of what its
-loops read (MB/s): what its storage gives at most. Its *idle floor* is what SM activity reads
+least 30 % of the time (DCGM's: at most 1, the interface busy all the time); its *compute
+DRAM* the lower quartile over its fed windows (its compute loops', as long as a quarter of
+them compute); its *read peak* the 98th percentile of what its loops read (MB/s): what its
+storage gives at most. Its *idle floor* is what SM activity reads
 in windows whose kernel runs nothing.
 """
 
@@ -41,8 +42,10 @@ CAP = 50_000.0  # past this many (weighted) windows, a reference's counts halve
 SM_FLOOR = 0.05  # denominators of intensities: nearly idle windows stay bounded
 KERNEL_TIME_MIN = 0.3  # DRAM peak: only windows whose kernels ran this share of the time
 PEAK_QUANTILE = 0.98
-# A memory interface is busy all of the time at most: DRAM activity per unit of kernel time
-# above 1 is copies outside kernels or a counter's scale, not a higher peak (min() keeps NaN).
+# A memory interface is busy all of the time at most: DCGM's DRAM activity per unit of kernel
+# time above 1 is copies outside kernels, not a higher peak (min() keeps NaN). Not NVML's: its
+# memory utilisation is a time share sampled apart from the kernels', whose ratio is no bound
+# (and its ordinary loops saturate it: the peak is what tells them from memory-bound ones).
 PEAK_MAX = 1.0
 # The DRAM intensity of a node's compute loops: this quantile of its fed windows' (memory-bound
 # loops included: a low quantile stays the compute loops' as long as a quarter of the fed
@@ -272,7 +275,9 @@ class NodeReference:
             self.fed_level = max(self.fed_level, TIME_SHARE_FED)
         else:
             self.fed_level = max(self.fed_level, SM_FED_MIN)
-        self.peak = min(self.intensity.quantile(PEAK_QUANTILE), PEAK_MAX)
+        self.peak = self.intensity.quantile(PEAK_QUANTILE)
+        if self.kind != NVML:
+            self.peak = min(self.peak, PEAK_MAX)
         # The fed state: windows whose kernel share is near the fed level (not every window
         # of the upper group: launch-bound loops may sit in it, running tiny kernels often).
         first = min(int(max(self.threshold, FED_SHARE * self.fed_level) * FED_BINS), FED_BINS - 1)
