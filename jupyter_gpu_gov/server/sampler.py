@@ -132,6 +132,7 @@ class Sampler:
         time_sliced: bool = False,
         server_pid: int | None = None,
         proc_root: str = "/proc",
+        open_files: int | None = None,
         log: logging.Logger | None = None,
     ):
         self._backend_factory = backend_factory
@@ -144,7 +145,11 @@ class Sampler:
         self.server_pid = server_pid or os.getpid()
         self.proc_root = proc_root
         self.log = log or logging.getLogger(__name__)
-        self._scanner = procs.ProcScanner(proc_root)
+        # The server's own /proc files, kept open between ticks (None: as the limit allows;
+        # 0: open every file at every read, the plain path).
+        keep = procs.open_files_budget() if open_files is None else open_files
+        self._files = procs.ProcFiles(proc_root, keep)
+        self._scanner = procs.ProcScanner(proc_root, self._files)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-sampler")
         self._windows: dict[str, ActivityWindow] = {}
         self._server_window = ActivityWindow(window_seconds, active_threshold)
@@ -178,6 +183,7 @@ class Sampler:
 
     def close(self) -> None:
         def _close():
+            self._files.close()
             if self.backend is not None:
                 self.backend.close()
 
@@ -217,6 +223,7 @@ class Sampler:
         usage = self._cpu_io(table, attribution, monotonic())
         report = self._report(snapshot, visible, targets, attribution, usage, server, now)
         changes = self._state_changes(report["targets"], now)
+        self._files.sweep()
         last_active = self._server_window.last_active
         return TickResult(report, changes, last_active, thread_time() - started)
 
@@ -246,8 +253,11 @@ class Sampler:
                 info = table.get(pid)
                 if info is None:
                     continue
-                read_bytes = procs.read_bytes(pid, self.proc_root) if key != OTHER else None
-                threads = procs.thread_ticks(pid, self.proc_root) if key != OTHER else None
+                if key == OTHER:
+                    read_bytes = threads = None
+                else:
+                    read_bytes = self._files.read_bytes(pid)
+                    threads = self._files.thread_ticks(pid, info.num_threads)
                 current[pid] = (info.cpu_ticks, info.iowait_ticks, read_bytes, threads)
                 prev = self._cpu_prev.get(pid)
                 if prev is None:
