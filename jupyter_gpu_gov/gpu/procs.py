@@ -117,7 +117,7 @@ def parse_stat(raw: bytes) -> ProcInfo | None:
 
 def _cpu_ticks(raw: bytes) -> int | None:
     """utime + stime of a ``stat`` line (a thread's: only its CPU time is needed)."""
-    fields = raw.rpartition(b")")[2].split()
+    fields = raw.rpartition(b")")[2].split(None, 13)
     try:
         return int(fields[11]) + int(fields[12])
     except (ValueError, IndexError):
