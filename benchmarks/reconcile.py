@@ -49,9 +49,11 @@ passes does in a deployment. ``dcgm_s`` is its wall time as the service awaits i
 ``dcgm_worker_cpu_s`` the worker's CPU for it. ``governor_rss_mb`` is this process after the
 governor's first pass, before the culler ever ran; ``rss_mb`` after all passes (governor and
 culler; the Hub is elsewhere); ``db_mb`` is the SQLite file with its WAL after them. Then the
-clock moves a day on and two more passes run: ``ledger_rows_per_day`` and ``store_mb_per_day``
-are what a day of usage ledger adds (one bucket per owner and day; this run warns and culls
-nobody, so audits add nothing).
+clock moves a day on and two more passes run: ``ledger_rows_per_day`` and ``ledger_mb_per_day``
+are what a day of usage ledger adds (one bucket per owner and day: the ledger's tables and
+indexes, in SQLite pages used), ``store_mb_per_day`` what the whole file grew by (with the
+audit rows of the state changes and of the day's jump: the DCGM read the first of those passes
+finds is a day old, so its GPUs read unknown).
 
 Two things outside the governor need care: the fake Hub's version ``6.1.0-fake`` is not PEP 440,
 which the culler's ``Version()`` refuses, so the subprocess answers ``6.1.0+fake``; and
@@ -572,13 +574,22 @@ async def _bench(
             connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
         return sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
 
-    rows_before, bytes_before = usage_rows(), db_bytes()
+    def ledger_bytes() -> int:
+        """The ledger's tables (buckets and sessions) with their indexes, in pages used."""
+        with store.engine.connect() as connection:
+            return connection.exec_driver_sql(
+                "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN (SELECT name FROM"
+                " sqlite_master WHERE tbl_name IN ('usage', 'usage_sessions'))"
+            ).scalar()
+
+    rows_before, bytes_before, ledger_before = usage_rows(), db_bytes(), ledger_bytes()
     clock.advance(86_400)
     for _ in range(2):
         ingest_all()
         await governor_pass()
         clock.advance(cycle_s)
     day_rows, day_bytes = usage_rows() - rows_before, db_bytes() - bytes_before
+    day_ledger_bytes = ledger_bytes() - ledger_before
 
     async def list_alone() -> float:
         """The governor's Hub listing alone (in a pass it overlaps the decisions)."""
@@ -629,6 +640,7 @@ async def _bench(
         "db_mb": round(bytes_before / 2**20, 2),  # after the timed passes
         "ledger_rows_per_day": day_rows,
         "store_mb_per_day": round(day_bytes / 2**20, 2),
+        "ledger_mb_per_day": round(day_ledger_bytes / 2**20, 2),
         # Per scrape, over the run (scrapes run in the background, off the passes).
         "dcgm_s": per_call("dcgm"),
         "dcgm_worker_cpu_s": float(f"{statistics.median(worker_cpu):.3g}") if worker_cpu else 0.0,

@@ -118,9 +118,10 @@ def targets(
         out.append(
             (
                 "store < 10 MB a day of ledger (10,000 servers)",
-                f"{runs[SIZE]['store_mb_per_day']:.2f} MB, "
-                f"{runs[SIZE]['ledger_rows_per_day']:,} rows a day",
-                verdict(runs[SIZE]["store_mb_per_day"], 10.0, " MB"),
+                f"{runs[SIZE]['ledger_mb_per_day']:.2f} MB, "
+                f"{runs[SIZE]['ledger_rows_per_day']:,} rows a day (the whole store: "
+                f"{runs[SIZE]['store_mb_per_day']:.2f} MB, with the audit)",
+                verdict(runs[SIZE]["ledger_mb_per_day"], 10.0, " MB"),
             )
         )
     if sampled:

@@ -23,6 +23,7 @@ def test_reconcile_benchmark_runs_both_passes_over_every_server():
     assert figures["first_pass_rows_written"] >= 50
     # A day later every server holding a GPU opens a ledger bucket for the new day.
     assert 0 < figures["ledger_rows_per_day"] <= 50 * 2
+    assert 0 < figures["ledger_mb_per_day"] <= figures["store_mb_per_day"]
 
 
 def test_reconcile_benchmark_changes_the_share_of_servers_asked_and_prints_the_curve():

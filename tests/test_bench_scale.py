@@ -28,7 +28,14 @@ def test_a_pass_that_costs_what_exists_misses_and_says_by_how_much():
         row(10_000, 0.01, 85, 1.2, 1.3),
         row(10_000, 1.0, 8500, 1.3, 1.3),
     ]
-    runs = {10_000: {"governor_rss_mb": 320.0, "store_mb_per_day": 1.4, "ledger_rows_per_day": 1}}
+    runs = {
+        10_000: {
+            "governor_rss_mb": 320.0,
+            "ledger_mb_per_day": 1.4,
+            "store_mb_per_day": 7.0,
+            "ledger_rows_per_day": 1,
+        }
+    }
     verdicts = dict((t, v) for t, _, v in scale.targets(rows, runs, None, None))
     assert verdicts["pass at 10,000 servers ≤ 0.5 x jupyterhub-idle-culler's"] == (
         "missed by 2.0x (+0.5)"
