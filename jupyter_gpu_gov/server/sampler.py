@@ -245,37 +245,43 @@ class Sampler:
         iowait_known = procs.delay_accounting(self.proc_root)
         current: dict[int, tuple[int, int, int | None, dict | None]] = {}
         usage = {}
+        files, get, last = self._files, table.procs.get, self._cpu_prev.get
         for key, pids in attribution.members.items():
             cpu = iowait = read = 0
-            read_known = key != OTHER  # only the targets' own processes' I/O is read
-            top: float | None = 0.0 if key != OTHER else None
+            ours = key != OTHER  # only the targets' own processes' I/O and threads are read
+            read_known = ours
+            top: float | None = 0.0 if ours else None
             for pid in pids:
-                info = table.get(pid)
+                info = get(pid)
                 if info is None:
                     continue
-                if key == OTHER:
-                    read_bytes = threads = None
+                if ours:
+                    read_bytes = files.read_bytes(pid)
+                    threads = files.thread_ticks(pid, info.num_threads)
                 else:
-                    read_bytes = self._files.read_bytes(pid)
-                    threads = self._files.thread_ticks(pid, info.num_threads)
+                    read_bytes = threads = None
                 current[pid] = (info.cpu_ticks, info.iowait_ticks, read_bytes, threads)
-                prev = self._cpu_prev.get(pid)
+                prev = last(pid)
                 if prev is None:
                     continue  # new since the last tick: counted from the next one
                 if top is not None and threads is not None and prev[3] is not None:
+                    before = prev[3]
                     busiest = max(
-                        (t - prev[3][tid] for tid, t in threads.items() if tid in prev[3]),
+                        (t - before[tid] for tid, t in threads.items() if tid in before),
                         default=0,
                     )
                     top = max(top, busiest / (procs.CLOCK_TICKS * elapsed)) if elapsed else top
-                elif key != OTHER:
+                elif ours:
                     top = None
-                cpu += max(0, info.cpu_ticks - prev[0])
-                iowait += max(0, info.iowait_ticks - prev[1])
+                # Counters never go back for one process; a PID reused reads less: count 0.
+                if info.cpu_ticks > prev[0]:
+                    cpu += info.cpu_ticks - prev[0]
+                if info.iowait_ticks > prev[1]:
+                    iowait += info.iowait_ticks - prev[1]
                 if read_bytes is None or prev[2] is None:
                     read_known = False
-                else:
-                    read += max(0, read_bytes - prev[2])
+                elif read_bytes > prev[2]:
+                    read += read_bytes - prev[2]
             if not elapsed:
                 continue
             window = self._usage.get(key)
