@@ -10,8 +10,8 @@ passes (the governor's pass and jupyterhub-idle-culler's, interleaved, on the sa
 ``benchmarks.ingest`` with ``--ingest-servers`` servers reporting every 60 s (the real service
 process over HTTP), and ``benchmarks.sampler_tick`` (20 kernels, 300 processes). Prints each
 benchmark's own line, the curve of the pass by size and share changed, and a Markdown table of
-issue 26's targets: the figure, met or missed, and by how much. About 25 minutes on 2 cores
-with the defaults (the 50,000-server run is most of it).
+issue 26's targets: the figure, met or missed, and by how much. About 35 minutes on 2 (loaded)
+cores with the defaults; the 50,000-server run is most of it.
 """
 
 from __future__ import annotations
