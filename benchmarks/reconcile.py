@@ -207,7 +207,7 @@ def report_of(
     active: bool | None = None,
     idle_since: datetime | None = None,
 ) -> dict:
-    """A valid DESIGN §5 report: one device, one kernel holding it. ``active``: the GPU's state
+    """A valid report: one device, one kernel holding it. ``active``: the GPU's state
     now (default: the plan's), idle since ``idle_since`` (default: three hours ago), or since
     the server started if that is later."""
 
