@@ -171,6 +171,8 @@ def tick(plain: Sampler, fast: Sampler, targets, opened: list[int]):
     assert (b.changes, b.gpu_last_active) == (a.changes, a.gpu_last_active)
     assert plain._files._fds == {}
     opened.append(len(fast._files._fds))
+    # Kept descriptors are never inherited by the kernels and terminals the server starts.
+    assert not any(os.get_inheritable(fd) for fd in fast._files._fds.values())
     return b.report
 
 
