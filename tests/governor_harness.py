@@ -4,7 +4,9 @@ timers, ``Gov`` calls its API through the hub's proxy, and a few waiting helpers
 
 from __future__ import annotations
 
+import html
 import os
+import re
 import socket
 import textwrap
 import time
@@ -186,3 +188,22 @@ def service_pid(hub: HubHarness) -> int | None:
             if b"jupyter_gpu_gov.hub" in cmdline and needle in cmdline:
                 return int(entry)
     return None
+
+
+def join(hub: HubHarness, user: str, fields: Mapping[str, str], password: str = ""):
+    """Post the spawn form's choices to "Wait in line" (with the XSRF token the spawn form's
+    action carries), as the button does; the answer, redirects not followed."""
+    session = hub.login(user, password)
+    page = session.get(hub.spawn_page_url(user), timeout=30)
+    xsrf = re.search(r"_xsrf=([^&\"']+)", page.text)
+    assert xsrf, page.text[:2000]
+    url = f"{hub.url}/hub/gpu-gov/queue/join/{user}?_xsrf={html.unescape(xsrf[1])}"
+    return session.post(url, data=dict(fields), allow_redirects=False, timeout=60)
+
+
+def queue_line(hub: HubHarness) -> dict[str, dict]:
+    """The spawn queue as an admin lists it (the harness's token reads every server's state),
+    by user."""
+    r = hub.api("GET", "gpu-gov/queue")
+    assert r.status_code == 200, r.text
+    return {w["user"]: w for w in r.json()["line"]}

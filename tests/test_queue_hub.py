@@ -17,10 +17,9 @@ import re
 import time
 
 import pytest
-import requests
 from browser import browser as chromium
 from browser import log_in, requires_browser, screenshot_path
-from governor_harness import Gov, governed_hub, server_running, wait
+from governor_harness import Gov, governed_hub, join, queue_line, server_running, wait
 
 from jupyter_gpu_gov.core.clock import parse
 
@@ -65,24 +64,6 @@ def hub(tmp_path_factory):
         yield hub
 
 
-def join(hub, user: str, fields: dict) -> requests.Response:
-    """Post the spawn form's choices to "Wait in line" (with the XSRF token the spawn form's
-    action carries), as the button does."""
-    session = hub.login(user)
-    page = session.get(hub.spawn_page_url(user), timeout=30)
-    xsrf = re.search(r"_xsrf=([^&\"']+)", page.text)
-    assert xsrf, page.text[:2000]
-    url = f"{hub.url}/hub/gpu-gov/queue/join/{user}?_xsrf={html.unescape(xsrf[1])}"
-    return session.post(url, data=fields, allow_redirects=False, timeout=60)
-
-
-def line(hub) -> dict[str, dict]:
-    """The line as an admin lists it (the harness's token reads every server's state)."""
-    r = hub.api("GET", "gpu-gov/queue")
-    assert r.status_code == 200, r.text
-    return {w["user"]: w for w in r.json()["line"]}
-
-
 def offer(hub, user: str) -> str:
     """The spawn form's line for the H100 (its css class and sentence)."""
     page = hub.login(user).get(hub.spawn_page_url(user), timeout=30).content.decode()
@@ -124,7 +105,7 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     assert r.status_code == 302 and r.headers["Location"].endswith("/hub/gpu-gov/queue"), r.text
     r = join(hub, "erin", {"profile": "h100"})
     assert r.status_code == 302, r.text
-    waiting = line(hub)
+    waiting = queue_line(hub)
     assert (waiting["ben"]["position"], waiting["erin"]["position"]) == (1, 2), waiting
     assert waiting["ben"]["options"]["task_type"] == "batch"
     # ben's page: his place, and the estimate from carol's planned cull (she is inactive).
@@ -161,7 +142,7 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     assert "gpu_gov_queue" not in state  # out of the line
     started = [a for a in gov.audit("ben/") if a["action"] == "queue-start"]
     assert started and "started on its owner's behalf" in started[0]["reason"], started
-    assert set(line(hub)) == {"erin"}  # erin now waits for ben's GPU
+    assert set(queue_line(hub)) == {"erin"}  # erin now waits for ben's GPU
     admin = hub.token("govadmin")
     assert queue_metric(hub, admin, "started") >= 1
     lab = {r["team"]: r for r in showback(gov)}["lab"]
@@ -172,10 +153,10 @@ def test_a_request_waits_through_a_hub_restart_and_is_cancelled(hub):
     assert server_running(hub, "ben"), "needs ben's server from the previous test"
     r = join(hub, "dave", {"profile": "h100"})
     assert r.status_code == 302, r.text
-    before = line(hub)["dave"]
+    before = queue_line(hub)["dave"]
     hub.restart()
     Gov(hub).wait_up()
-    after = line(hub)["dave"]
+    after = queue_line(hub)["dave"]
     assert (after["queued_at"], after["expires_at"]) == (before["queued_at"], before["expires_at"])
     assert server_running(hub, "ben") and not server_running(hub, "dave")
 
@@ -185,7 +166,7 @@ def test_a_request_waits_through_a_hub_restart_and_is_cancelled(hub):
     assert action, page[:2000]
     r = session.post(hub.url + html.unescape(action[1]), allow_redirects=False, timeout=30)
     assert r.status_code == 302, r.text
-    assert "dave" not in line(hub)
+    assert "dave" not in queue_line(hub)
     assert (
         "No server of yours waits in line"
         in session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
@@ -195,9 +176,9 @@ def test_a_request_waits_through_a_hub_restart_and_is_cancelled(hub):
 def test_a_request_expires_and_is_counted(hub):
     admin = hub.token("govadmin")
     deadline = time.monotonic() + 90
-    while "erin" in line(hub) and time.monotonic() < deadline:
+    while "erin" in queue_line(hub) and time.monotonic() < deadline:
         time.sleep(1)
-    assert "erin" not in line(hub), "erin's request (40 s) did not expire"
+    assert "erin" not in queue_line(hub), "erin's request (40 s) did not expire"
     assert not server_running(hub, "erin")
     wait(lambda: queue_metric(hub, admin, "expired") >= 1, 30, "the expiry to be counted")
     lab = {r["team"]: r for r in showback(Gov(hub))}["lab"]
@@ -226,14 +207,14 @@ def test_the_spawn_form_offers_the_line_and_the_page_shows_the_place(hub, tmp_pa
         # Enter in a field still means Start (refused: the card is taken), never the line.
         page.press("#gpu-gov-project", "Enter")
         expect(page.locator(".spawn-error-msg")).to_contain_text("Or wait in line for it")
-        assert "fay" not in line(hub)
+        assert "fay" not in queue_line(hub)
         h100.locator("input").check()
         page.screenshot(path=str(screenshot_path("spawn-queue.png", tmp_path)), full_page=True)
         button.click()
         page.wait_for_url(f"{hub.url}/hub/gpu-gov/queue")
         row = page.locator('tr[data-server="fay/"]')
         expect(row.locator(".position")).to_have_text("1")
-        assert "fay" in line(hub)
+        assert "fay" in queue_line(hub)
         row.locator("button", has_text="Cancel").click()
         expect(page.locator(".empty")).to_have_text("No server of yours waits in line.")
-    assert "fay" not in line(hub)
+    assert "fay" not in queue_line(hub)

@@ -28,7 +28,8 @@ import pytest
 import requests
 from browser import browser as chromium
 from browser import explain_failure, log_in, needs_browser, screenshot_path
-from governor_harness import free_port, wait
+from demo_harness import ADMIN_PASSWORD, PASSWORD, demo_hub
+from governor_harness import wait
 from hub_harness import REPO, HubHarness
 
 with contextlib.suppress(ImportError):  # without playwright, needs_browser skips
@@ -36,9 +37,6 @@ with contextlib.suppress(ImportError):  # without playwright, needs_browser skip
 
 pytestmark = [pytest.mark.timeout(600), *needs_browser]
 
-DEMO = REPO / "hub_config"
-PASSWORD = "gpu-gov-demo"
-ADMIN_PASSWORD = "gpu-gov-demo-admin-only-on-localhost"
 SLOW = 90_000  # ms: a loaded 2-core machine builds JupyterLab's page slowly
 
 
@@ -58,45 +56,9 @@ def readme_code() -> tuple[str, str]:
     return cell.strip(), restore.strip()
 
 
-# The demo's configuration on this harness's ports, state in its directory.
-HUB_CONFIG = """
-_harness = {{
-    "bind_url": c.JupyterHub.bind_url,
-    "hub_port": c.JupyterHub.hub_port,
-    "db_url": c.JupyterHub.db_url,
-    "cookie_secret_file": c.JupyterHub.cookie_secret_file,
-}}
-_proxy_api, _proxy_pid = c.ConfigurableHTTPProxy.api_url, c.ConfigurableHTTPProxy.pid_file
-_services, _roles = list(c.JupyterHub.services), list(c.JupyterHub.load_roles)
-c.JupyterHub.services, c.JupyterHub.load_roles = [], []
-load_subconfig({demo_hub!r})
-for _key, _value in _harness.items():
-    setattr(c.JupyterHub, _key, _value)
-c.ConfigurableHTTPProxy.api_url, c.ConfigurableHTTPProxy.pid_file = _proxy_api, _proxy_pid
-c.SimpleLocalProcessSpawner.home_dir_template = HARNESS_DIR + "/home/{{username}}"
-c.LocalGpus.sim_state_path = HARNESS_ENV["JUPYTER_GPU_GOV_SIM_STATE"]
-(_governor,) = c.JupyterHub.services
-_governor["url"] = "http://127.0.0.1:{gov_port}"
-_governor["command"] = [
-    arg if not arg.startswith("--config=") else "--config={gov_config}"
-    for arg in _governor["command"]
-]
-_governor["environment"].update(
-    {{"JUPYTER_GPU_GOV_PROXY_URL": c.JupyterHub.bind_url, {marker!r}: HARNESS_ENV[{marker!r}]}}
-)
-c.JupyterHub.services = _services + [_governor]
-c.JupyterHub.load_roles = _roles + list(c.JupyterHub.load_roles)
-c.Spawner.environment.update(
-    {{k: v for k, v in HARNESS_ENV.items() if k != "JUPYTER_CONFIG_PATH"}},
-    JUPYTER_GPU_GOV_URL="http://127.0.0.1:{gov_port}/services/gpu-gov/",
-)
-"""
-
 # The demo's governor settings with seconds for minutes: warned after 3 s of idleness,
 # checkpointed and stopped 17 s later; the zombie diagnosis after 2 s, so the panel names it.
 GOVERNOR_CONFIG = """
-load_subconfig({demo_gov!r})
-c.GpuGovernor.db_url = "sqlite:///{db}"
 c.GpuGovernor.cull_every = 1
 c.GpuGovernor.diagnose_zombie_idle = 2
 c.GpuGovernor.policy_defaults = dict(
@@ -111,22 +73,7 @@ c.GpuGovernor.policy_defaults = dict(
 
 @pytest.fixture
 def hub(tmp_path: Path):
-    from hub_harness import MARKER_ENV
-
-    gov_port = free_port()
-    gov_config = tmp_path / "gpu_gov_config.py"
-    gov_config.write_text(
-        GOVERNOR_CONFIG.format(
-            demo_gov=str(DEMO / "gpu_gov_config.py"), db=tmp_path / "gpu-gov.sqlite"
-        )
-    )
-    extra = HUB_CONFIG.format(
-        demo_hub=str(DEMO / "jupyterhub_config.py"),
-        gov_port=gov_port,
-        gov_config=gov_config,
-        marker=MARKER_ENV,
-    )
-    with HubHarness(workdir=tmp_path / "hub", extra_config=extra, timeout=180) as harness:
+    with demo_hub(tmp_path, GOVERNOR_CONFIG) as harness:
         yield harness
 
 
