@@ -1,6 +1,6 @@
 """The README's "Wait in line" step on the demo's own configuration (hub_config/, with the
 governor's timers in seconds): alice and bob hold both H100s; erin's spawn form offers the line,
-with her place and what would start her sooner; she waits in line; bob's borrowed server, left
+with her place and what would start her sooner; she waits in line, and her home page says so; bob's borrowed server, left
 idle, is culled, and erin's server starts by itself and answers."""
 
 from __future__ import annotations
@@ -78,6 +78,13 @@ def test_a_queued_spawn_starts_by_itself_in_the_demo(hub) -> None:
     assert re.search(r"data-server=.erin/.*class=.position.>1<", place, re.S), place[:3000]
     assert "Small H100 slice (MIG 1g.10gb)" in place  # what would start it sooner
     assert queue_line(hub)["erin"]["tier"] == "h100"
+    # JupyterHub's own home page says so too: place, estimate, Cancel.
+    home = session.get(f"{hub.url}/hub/home", timeout=30)
+    notice = re.search(r'<div class="alert alert-info gpu-gov-waiting".*?</div>', home.text, re.S)
+    assert notice, home.text[:3000]
+    words = " ".join(re.sub(r"<[^>]+>", "", html.unescape(notice[0])).split())
+    assert "waiting in line for H100 80 GB: 1st in line, " in words, words
+    assert "Cancel" in words and "Sooner: Small H100 slice (MIG 1g.10gb) is free now." in words
 
     assert exempt(hub, "bob", False)
     wait(lambda: not server_running(hub, "bob"), 120, "bob's idle borrowed server to be culled")

@@ -41,6 +41,7 @@ from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
 from jupyter_gpu_gov.profiles.config import GpuProfiles
+from jupyter_gpu_gov.profiles.hubconfig import TEMPLATES as QUEUE_TEMPLATES
 from jupyter_gpu_gov.profiles.kubespawner import GpuKubeSpawner, gpu_profile_list
 from jupyter_gpu_gov.profiles.spawner import GpuRefused
 
@@ -814,6 +815,19 @@ def chart_config(tmp_path, *overlays) -> Config:
     root = tmp_path / "z2jh"
     env = z2jh.hub_env(values, root, ports={"hub": 8081, "proxy-api": 8001})
     return z2jh.load(root, values, env)
+
+
+def test_the_charts_own_templates_and_template_vars_are_kept(tmp_path):
+    """hub.templatePaths and hub.templateVars (the chart sets them before hub.extraConfig): an
+    admin's own pages still win, and the queue's home and "not running" pages come after them."""
+    custom = "/usr/local/share/jupyterhub/custom_templates"
+    config = chart_config(
+        tmp_path, {"hub": {"templatePaths": [custom], "templateVars": {"org": {"name": "Ex"}}}}
+    )
+    GpuProfiles.clear_instance()
+    assert list(config.JupyterHub.template_paths) == [custom, str(QUEUE_TEMPLATES)]
+    assert config.JupyterHub.template_vars["org"] == {"name": "Ex"}
+    assert config.JupyterHub.template_vars["gpu_gov_waiting"](None) == {}
 
 
 async def test_documented_values_load_in_the_charts_order_and_spawn_a_tier(

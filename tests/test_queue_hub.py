@@ -160,13 +160,26 @@ def test_a_request_waits_through_a_hub_restart_and_is_cancelled(hub):
     assert (after["queued_at"], after["expires_at"]) == (before["queued_at"], before["expires_at"])
     assert server_running(hub, "ben") and not server_running(hub, "dave")
 
+    # JupyterHub's own pages say where dave's server stands: the server's URL (the Hub's "not
+    # running" page, which its spawn-pending page shows too) and the home page, with Cancel.
     session = hub.login("dave")
-    page = session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
-    action = re.search(r"action='([^']*/gpu-gov/queue/cancel/dave[^']*)'", page)
-    assert action, page[:2000]
-    r = session.post(hub.url + html.unescape(action[1]), allow_redirects=False, timeout=30)
-    assert r.status_code == 302, r.text
+    for path in ("user/dave/", "spawn-pending/dave"):
+        page = html.unescape(session.get(f"{hub.url}/hub/{path}", timeout=30).text)
+        assert "is waiting in line for" in page and "H100 80 GB" in page, (path, page[:3000])
+        assert "Your server dave is not running" not in page
+    page = session.get(f"{hub.url}/hub/home", timeout=30).text
+    assert 'class="gpu-gov-position">1st<' in page, page[:3000]
+    action = re.search(r'action="([^"]*/gpu-gov/queue/cancel/dave[^"]*)"', page)
+    assert action, page[:3000]
+    r = session.post(
+        hub.url + html.unescape(action[1]),
+        data={"next": "/hub/home"},
+        allow_redirects=False,
+        timeout=30,
+    )
+    assert r.status_code == 302 and r.headers["Location"] == "/hub/home", r.text
     assert "dave" not in queue_line(hub)
+    assert "gpu-gov-waiting" not in session.get(f"{hub.url}/hub/home", timeout=30).text
     assert (
         "No server of yours waits in line"
         in session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text

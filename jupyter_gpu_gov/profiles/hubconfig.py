@@ -19,6 +19,10 @@ do instead (the spawn form offers tiers, not profiles, so they could never be ch
 
 from __future__ import annotations
 
+from pathlib import Path
+
+TEMPLATES = Path(__file__).parent / "templates" / "hub"  # JupyterHub's pages, extended
+
 SPAWNERS = {
     "kubernetes": "jupyter_gpu_gov.profiles.kubespawner.GpuKubeSpawner",
     "local": "jupyter_gpu_gov.profiles.local.GpuLocalProcessSpawner",
@@ -49,6 +53,7 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
                 if profiles != [] and not callable(profiles):
                     raise ValueError(profile_list_refusal(profiles, f"{section}.profile_list"))
     c.JupyterHub.spawner_class = SPAWNERS[spawner]
+    add_queue_templates(c)
     c.JupyterHub.extra_handlers.append((r"/gpu-gov/estimate", EstimateHandler))
     server = r"([^/]+)(?:/([^/]+))?"  # user[/server name]
     c.JupyterHub.extra_handlers.extend(
@@ -59,6 +64,21 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
             (r"/api/gpu-gov/queue", QueueApiHandler),
         ]
     )
+
+
+def add_queue_templates(c) -> None:
+    """JupyterHub's home and "not running" pages, extended to show the owner's servers waiting
+    in line (``templates/hub/``). Added after any ``template_paths`` already set (an admin's,
+    z2jh's ``hub.templatePaths``): an admin's own ``home.html`` wins, and can show the line with
+    ``{% import "gpu_gov_queue.html" as gpu_gov with context %}{{ gpu_gov.waiting(gpu_gov_waiting)
+    }}``. ``template_vars`` keeps what is set, plus ``gpu_gov_waiting``."""
+    from .queue_pages import places
+
+    paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
+    if str(TEMPLATES) not in paths:
+        c.JupyterHub.template_paths = [*paths, str(TEMPLATES)]
+    variables = dict(c.JupyterHub.template_vars) if "template_vars" in c.JupyterHub else {}
+    c.JupyterHub.template_vars = {**variables, "gpu_gov_waiting": places}
 
 
 def profile_list_refusal(profiles, source: str) -> str:

@@ -20,6 +20,7 @@ admission and the waiting requests (spawner state) live.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -28,13 +29,21 @@ from tornado import web
 
 from ..core import clock
 from ..core.durations import format_duration
-from ..core.queue import CANCELLED, EXPIRED, QUEUE_SCOPE, QueueFormatError, releases_from_json
+from ..core.queue import (
+    CANCELLED,
+    EXPIRED,
+    QUEUE_SCOPE,
+    QueueFormatError,
+    ordinal,
+    releases_from_json,
+)
 from . import form
 from .config import GpuProfiles
-from .queue import FORECAST, line
+from .queue import FORECAST
 from .spawner import GOVERNOR_HEARD_WITHIN, GpuRefused, waiting_requests
 
 MAX_SYNC_BODY = 8 * 1024 * 1024
+log = logging.getLogger("jupyter_gpu_gov.profiles")
 
 
 def _spawner(handler: BaseHandler, request):
@@ -48,19 +57,44 @@ def _line(handler: BaseHandler, now) -> list:
     the waiting requests are the hub's)."""
     queued = waiting_requests(handler.db)
     spawner = next(filter(None, (_spawner(handler, q) for q in queued)), None)
-    if spawner is None:
-        return []
-    conf = spawner.gpu_profiles
-    usage = spawner.gpu_usage()
-    return line(
-        queued,
-        usage,
-        spawner.gpu_capacity(usage),
-        conf.quota_map,
-        conf.tier_map,
-        FORECAST.releases,
-        now,
-    )
+    return [] if spawner is None else spawner.gpu_line(queued, now)
+
+
+def places(user) -> dict[str, dict[str, str]]:
+    """The viewer's own servers waiting in line (server name → their place in words), for
+    JupyterHub's pages: ``c.JupyterHub.template_vars["gpu_gov_waiting"]`` (called with the
+    viewer at each page; one query when none of theirs waits)."""
+    if user is None:
+        return {}
+    try:
+        return _places(user)
+    except Exception:  # a notice never breaks a Hub page
+        log.exception("gpu-gov: the places in line of %s", user.name)
+        return {}
+
+
+def _places(user) -> dict[str, dict[str, str]]:
+    queued = waiting_requests(user.db)
+    mine = [q for q in queued if q.user == user.name]
+    if not mine:
+        return {}
+    now = clock.utcnow()
+    spawner = user.spawners[mine[0].name]
+    tiers = spawner.gpu_profiles.tier_map
+    found = {}
+    for waiting in spawner.gpu_line(queued, now):
+        request = waiting.request
+        if request.user != user.name:
+            continue
+        tier = tiers.get(request.tier)
+        found[request.name] = {
+            "tier": tier.display_name if tier else request.tier,
+            "position": ordinal(waiting.position),
+            "estimate": "starting now" if waiting.ready else waiting.estimate,
+            "sooner": waiting.sooner[0] if waiting.sooner else "",
+            "cancel": "gpu-gov/queue/cancel/" + form.server_path(request.user, request.name),
+        }
+    return found
 
 
 def _give_back_expired(handler: BaseHandler, now) -> None:
@@ -111,7 +145,11 @@ class QueueCancelHandler(BaseHandler):
         now = clock.utcnow()
         if request is not None and spawner.gpu_cancel(CANCELLED):
             FORECAST.left.append(request.left(CANCELLED, now))
-        self.redirect(self.hub.base_url + "gpu-gov/queue")
+        # Back to the Hub page it was cancelled from (the home page), never off the Hub.
+        back = self.get_body_argument("next", "")
+        if not (back.startswith(self.hub.base_url) and "//" not in back and "\\" not in back):
+            back = self.hub.base_url + "gpu-gov/queue"
+        self.redirect(back)
 
 
 class QueuePageHandler(BaseHandler):

@@ -40,6 +40,7 @@ from ..core.queue import (
     CANCELLED,
     QUEUE_STATE,
     QueuedRequest,
+    Waiting,
     from_state,
     whole_ms,
 )
@@ -61,7 +62,7 @@ from ..core.vocabulary import (
 )
 from . import form
 from .config import GpuProfiles
-from .queue import FORECAST, QUEUEABLE, admit_in_line, offer, offer_words
+from .queue import FORECAST, QUEUEABLE, admit_in_line, line, offer, offer_words
 from .quota import Admission, Grant, Request, tier_use
 from .tiers import Tier
 
@@ -437,6 +438,13 @@ class GpuProfilesMixin:
     def gpu_waiting(self) -> list[QueuedRequest]:
         """Every request waiting in line in this hub."""
         return waiting_requests(self.user.db)
+
+    def gpu_line(self, queued: list[QueuedRequest], now) -> list[Waiting]:
+        """The line now, as admission sees it (the hub's count, any waiting server's spawner)."""
+        conf = self.gpu_profiles
+        usage = self.gpu_usage()
+        capacity = self.gpu_capacity(usage)
+        return line(queued, usage, capacity, conf.quota_map, conf.tier_map, FORECAST.releases, now)
 
     async def gpu_enqueue(self, options: Mapping[str, Any]) -> Admission:
         """Put this server in line for what ``options`` ask (the spawn form's choices), when
