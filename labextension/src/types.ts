@@ -94,7 +94,13 @@ export interface IVerdict {
 
 /** Why the governor stopped a server (a checkpoint's `cull_reason`). */
 export type CullReason =
-  'gpu-idle' | 'max-age' | 'reclaim' | 'admin' | 'inactive';
+  | 'gpu-idle'
+  | 'max-age'
+  | 'reclaim'
+  | 'admin'
+  | 'busy-limit'
+  | 'inactive'
+  | 'unclaimed';
 
 /** A checkpoint's manifest (`<checkpoint>/manifest.json`). */
 export interface ICheckpointManifest {

@@ -56,6 +56,9 @@ describe('the tab after its server stopped', () => {
     expect(view({ cull_reason: 'busy-limit' })).toContain(
       'because a cell ran for hours with its GPU idle'
     );
+    expect(view({ cull_reason: 'unclaimed' })).toContain(
+      'because it started from the line for a GPU and was not opened in time; checkpoint saved.'
+    );
     expect(
       view({ status: 'failed', errors: ['hook x failed', 'disk full'] })
     ).toContain('; checkpoint saved with 2 problems.');

@@ -88,6 +88,10 @@ export function cullReasonPhrase(
       return trans.__('a cell ran for hours with its GPU idle');
     case 'inactive':
       return trans.__('it was inactive');
+    case 'unclaimed':
+      return trans.__(
+        'it started from the line for a GPU and was not opened in time'
+      );
     default:
       return null;
   }
