@@ -168,7 +168,9 @@ def test_a_request_waits_through_a_hub_restart_and_is_cancelled(hub):
         assert "is waiting in line for" in page and "H100 80 GB" in page, (path, page[:3000])
         assert "Your server dave is not running" not in page
     page = session.get(f"{hub.url}/hub/home", timeout=30).text
-    assert 'class="gpu-gov-position">1st<' in page, page[:3000]
+    # erin's request (from the first test) may still wait ahead of dave's, or have expired.
+    notice = page[page.find("gpu-gov-waiting") :][:3000]
+    assert re.search(r'class="gpu-gov-position">(1st|2nd)<', notice), notice
     action = re.search(r'action="([^"]*/gpu-gov/queue/cancel/dave[^"]*)"', page)
     assert action, page[:3000]
     r = session.post(

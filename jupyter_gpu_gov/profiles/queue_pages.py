@@ -61,9 +61,10 @@ def _line(handler: BaseHandler, now) -> list:
 
 
 def places(user) -> dict[str, dict[str, str]]:
-    """The viewer's own servers waiting in line (server name → their place in words), for
-    JupyterHub's pages: ``c.JupyterHub.template_vars["gpu_gov_waiting"]`` (called with the
-    viewer at each page; one query when none of theirs waits)."""
+    """The viewer's own servers waiting in line (server key ``user/name`` → their place in
+    words), for JupyterHub's pages: ``c.JupyterHub.template_vars["gpu_gov_waiting"]``, called
+    with the viewer at each page (one query when none of theirs waits). Keyed by owner too: an
+    admin's page about another user's server must not show the admin's own place."""
     if user is None:
         return {}
     try:
@@ -87,7 +88,8 @@ def _places(user) -> dict[str, dict[str, str]]:
         if request.user != user.name:
             continue
         tier = tiers.get(request.tier)
-        found[request.name] = {
+        found[request.server] = {
+            "name": request.name,
             "tier": tier.display_name if tier else request.tier,
             "position": ordinal(waiting.position),
             "estimate": "starting now" if waiting.ready else waiting.estimate,
