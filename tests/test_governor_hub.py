@@ -95,9 +95,9 @@ def test_silent_training_loop_is_never_warned(hub, gov):
         "from jupyter_gpu_gov import simulate\n"
         "simulate.hold(8192)\n"
         "def train():\n"
-        "    while True:\n"
-        "        simulate.load(0.9, seconds=1.0)\n"
-        "        time.sleep(0.4)\n"
+        "    while True:\n"  # each step's load outlasts its pause by 2 s: a loaded machine may
+        "        simulate.load(0.9, seconds=3.0)\n"  # stall the thread, never the GPU work
+        "        time.sleep(1.0)\n"
         "threading.Thread(target=train, daemon=True).start()\n",
     )
     tab.close()  # the researcher closed the tab; the kernel is idle in Jupyter's eyes

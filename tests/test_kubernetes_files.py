@@ -81,3 +81,13 @@ def test_the_dockerfiles_install_extras_the_package_has():
         text = (KUBERNETES / name).read_text()
         (asked,) = re.findall(r"\.whl\)\[([a-z,]+)\]", text)
         assert set(asked.split(",")) == wanted <= set(extras)
+
+
+def test_what_the_dockerfiles_copy_is_in_the_repository():
+    """A `docker build` from the repository root finds every file a Dockerfile copies (dist/ is
+    what `make dist` writes)."""
+    for dockerfile in KUBERNETES.glob("Dockerfile.*"):
+        for source in re.findall(
+            r"^COPY\s+(?:--\S+\s+)*(\S+)\s+\S+$", dockerfile.read_text(), re.M
+        ):
+            assert source == "dist/" or (REPO / source).is_file(), (dockerfile.name, source)

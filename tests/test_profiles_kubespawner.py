@@ -34,6 +34,7 @@ from jupyterhub.user import User
 from kubernetes_asyncio.client import ApiClient, V1Pod
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
+from kubespawner import clients as kubespawner_clients
 from traitlets.config import Config, PyFileConfigLoader
 
 from jupyter_gpu_gov.core.policy import load_policies
@@ -127,10 +128,17 @@ def cluster(tmp_path, monkeypatch, jp_asyncio_loop):
         monkeypatch.delenv("JUPYTERHUB_SERVICE_NAME", raising=False)
         ClusterGpus.clear_instance()
         yield k8s
-        pending = [t for t in asyncio.all_tasks(jp_asyncio_loop) if not t.done()]
-        for task in pending:
-            task.cancel()
-        jp_asyncio_loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        # A task cancelled here may start another as it ends (KubeSpawner's shared client
+        # opens its closing task when first asked for): cancel until none is left, and forget
+        # the clients, which are cached per loop and not per API host.
+        for _ in range(10):
+            pending = [t for t in asyncio.all_tasks(jp_asyncio_loop) if not t.done()]
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            jp_asyncio_loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        kubespawner_clients._client_cache.clear()
         KubeSpawner.reflectors.clear()
         ClusterGpus.clear_instance()
 
