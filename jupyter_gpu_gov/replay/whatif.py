@@ -513,7 +513,7 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("interruptions (owner back < 4 h)", "interruptions", "count"),
     ("running work killed", "running_work_killed", "count"),
     ("requests that waited for a GPU", "requests_waited", "count"),
-    ("  GPU-hours of waiting", "wait_hours", "hours"),
+    ("  hours waited, all requests", "wait_hours", "hours"),
     ("  median wait", "median_wait_s", "duration"),
     ("  longest wait", "max_wait_s", "duration"),
 )
