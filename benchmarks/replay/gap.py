@@ -18,7 +18,6 @@ GPU-hours:
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from functools import partial
@@ -27,7 +26,7 @@ from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.replay import parse_lines, replay
 
 from .generate import RECLAIMABLE, generate
-from .lift import _candidate
+from .lift import arguments
 
 HOUR = 3600.0
 IDLE = 0.02  # the default idle_threshold
@@ -86,14 +85,7 @@ def missed(samples, actions) -> tuple[float, Counter]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--servers", type=int, default=40)
-    parser.add_argument("--days", type=int, default=30)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
-    parser.add_argument("--step", type=int, default=300)
-    parser.add_argument("--candidate", type=_candidate, action="append", default=[])
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__.splitlines()[0]).parse_args(argv)
     runs = {"default": {}, **dict(args.candidate)}
     out = []
     for seed in args.seeds:

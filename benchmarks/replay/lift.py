@@ -123,15 +123,21 @@ def _candidate(text: str) -> tuple[str, dict]:
     return name, defaults
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The options this study and ``gap`` share: the traces, the candidates, the output."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--servers", type=int, default=40)
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--step", type=int, default=300)
-    parser.add_argument("--slots", type=int, default=3, help="users per server of a tier")
     parser.add_argument("--candidate", type=_candidate, action="append", default=[])
     parser.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv=None) -> None:
+    parser = arguments(__doc__.splitlines()[0])
+    parser.add_argument("--slots", type=int, default=3, help="users per server of a tier")
     args = parser.parse_args(argv)
     candidates = dict(args.candidate)
     rows = [row for seed in args.seeds for row in one_seed(args, seed, candidates)]
