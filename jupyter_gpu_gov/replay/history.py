@@ -147,7 +147,7 @@ STORAGE_COLUMNS = (
     ("cull_reason", "TEXT"),
     ("checkpoint", "TEXT"),
 )
-_FLAGS = ("holds_context", "kernel_busy", "reports", "stopped")
+_FLAGS = ("holds_context", "kernel_busy", "reports", "stopped")  # bits 1, 2, 4, 8 (unpack)
 
 
 def context_of(row: HistoryRow) -> str:
@@ -192,7 +192,6 @@ def unpack(values: tuple, session: tuple[str, float], context: tuple) -> History
     t, _, _, sm, dcgm_sm, memory, flags, connections, user_idle, hub_idle = values[:10]
     actions, cull_reason, checkpoint = values[10:]
     profile, team, labels, policy, state, cause = context
-    bits = {name: bool(flags >> i & 1) for i, name in enumerate(_FLAGS)}
     return HistoryRow(
         t=t,
         server=session[0],
@@ -212,7 +211,10 @@ def unpack(values: tuple, session: tuple[str, float], context: tuple) -> History
         actions=tuple(actions.split(",")) if actions else (),
         cull_reason=cull_reason,
         cause=cause,
-        **bits,
+        holds_context=bool(flags & 1),
+        kernel_busy=bool(flags & 2),
+        reports=bool(flags & 4),
+        stopped=bool(flags & 8),
     )
 
 
@@ -256,11 +258,12 @@ class _Run:
     """One run of a server as the export goes: its last kept row, and what happened since the
     last line (actions, a checkpoint's outcome)."""
 
-    __slots__ = ("actions", "cull_reason", "fixed", "hook_fails", "row", "stopped_at")
+    __slots__ = ("actions", "cull_reason", "fixed", "hook_fails", "key", "row", "stopped_at")
 
     def __init__(self, row: HistoryRow, fixed: str):
         self.row = row
         self.fixed = fixed  # the line's part that changes seldom, JSON, without braces
+        self.key = _fixed_part(row)  # what ``fixed`` was written from
         self.actions: list[str] = []
         self.cull_reason: str | None = None
         self.hook_fails = False  # its last checkpoint failed or timed out
@@ -308,8 +311,8 @@ def export_trace(
         run = runs.get(row.session)
         if run is None:
             run = runs[row.session] = _Run(row, fixed_of(row))
-        elif _fixed_part(run.row) != _fixed_part(row):
-            run.fixed = fixed_of(row)
+        elif run.key != (key := _fixed_part(row)):
+            run.fixed, run.key = fixed_of(row), key
         run.row = row
         run.actions.extend(row.actions)
         run.cull_reason = row.cull_reason or run.cull_reason
