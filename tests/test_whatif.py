@@ -235,3 +235,24 @@ def test_queue_waits_follow_the_capacity_of_each_tier():
     assert default.total.requests_waited == 1
     assert 0 < default.total.max_wait_s < 2 * 3600
     assert default.teams["nlp"].requests_waited == 1
+
+
+def test_a_candidates_tiers_are_its_own(trace, tmp_path):
+    """A candidate that gives the h100 tier a 2 h maximum age (the current tiers: 1 day) culls
+    servers of that tier at the deadline; the current side keeps the tiers of --tiers."""
+    tiers = tmp_path / "tiers.py"
+    tiers.write_text(TIERS)
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(TIERS.replace('"max_age": "1d"', '"max_age": "2h"'))
+    by_name = runs(what_if(trace, "--policy", candidate, "--tiers", tiers, "--json"))
+    current, shorter = by_name["current"], by_name["candidate"]
+    assert "max-age" not in current["total"]["culls_by_reason"]
+    assert shorter["total"]["culls_by_reason"]["max-age"] >= 1
+    assert (
+        shorter["tiers"]["h100-80g"]["deadline_culls"]
+        > current["tiers"]["h100-80g"]["deadline_culls"]
+    )
+    # Elsewhere nothing changes: the other tiers' figures are the current ones.
+    for tier in ("a100-80g", "mig-3g.40gb", "mig-1g.10gb"):
+        if tier in current["tiers"]:
+            assert shorter["tiers"][tier] == current["tiers"][tier]
