@@ -169,7 +169,7 @@ def test_a_bad_candidate_gets_the_services_start_up_error_and_nothing_else(
     assert why and result.stderr.strip().endswith(f"bad policy configuration: {why}")
 
 
-def test_a_bad_tier_or_a_missing_file_is_refused_and_prints_nothing(trace, tmp_path):
+def test_a_bad_tier_a_missing_file_or_a_bad_trace_is_refused_and_prints_nothing(trace, tmp_path):
     candidate = tmp_path / "candidate.py"
     candidate.write_text(SOONER)
     tiers = tmp_path / "tiers.py"
@@ -180,6 +180,11 @@ def test_a_bad_tier_or_a_missing_file_is_refused_and_prints_nothing(trace, tmp_p
     result = what_if(trace, "--policy", tmp_path / "nowhere.py")
     assert (result.returncode, result.stdout) == (2, "")
     assert "--policy" in result.stderr and "nowhere.py" in result.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(trace.read_text().splitlines()[0] + '\n{"t": "soon", "server": "a/"}\n')
+    result = what_if(bad, "--policy", candidate)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert "line 2" in result.stderr and "'t'" in result.stderr
 
 
 def _row(t: float, server: str, **values) -> dict:
