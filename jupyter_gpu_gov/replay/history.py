@@ -258,7 +258,17 @@ class _Run:
     """One run of a server as the export goes: its last kept row, and what happened since the
     last line (actions, a checkpoint's outcome)."""
 
-    __slots__ = ("actions", "cull_reason", "fixed", "hook_fails", "key", "row", "stopped_at")
+    __slots__ = (
+        "actions",
+        "cull_reason",
+        "fixed",
+        "hook_fails",
+        "key",
+        "last_body",
+        "last_key",
+        "row",
+        "stopped_at",
+    )
 
     def __init__(self, row: HistoryRow, fixed: str):
         self.row = row
@@ -268,6 +278,8 @@ class _Run:
         self.cull_reason: str | None = None
         self.hook_fails = False  # its last checkpoint failed or timed out
         self.stopped_at: float | None = None
+        self.last_key: tuple | None = None  # what its last quiet line's body was written from
+        self.last_body = ""
 
 
 def export_trace(
@@ -349,7 +361,16 @@ def _lines(runs: dict, grid: float, step: float, max_gap: float, outage: bool) -
 def _line(run: _Run, grid: float, step: float, outage: bool) -> str:
     row = run.row
     since = grid - step
-    parts = [f'{{"t":{_number(grid - _EPOCH_S)},{run.fixed}']
+    person = not outage and row.user_last is not None and since < row.user_last <= grid
+    hub = not outage and row.hub_last is not None and since < row.hub_last <= grid
+    head = f'{{"t":{_number(grid - _EPOCH_S)},'
+    # A quiet run's line differs from its last one in "t" alone: most lines of an idle server.
+    same = (row, outage, person, hub, run.hook_fails)
+    quiet = not run.actions and run.cull_reason is None
+    last = run.last_key
+    if quiet and last is not None and last[0] is row and last[1:] == same[1:]:
+        return head + run.last_body
+    parts = [run.fixed]
     sm = None if outage else row.gpu_signal
     if sm is not None:
         parts.append(f',"gpu_sm":{_number(round(sm, 3))}')
@@ -358,8 +379,6 @@ def _line(run: _Run, grid: float, step: float, outage: bool) -> str:
         f',"holds_context":{_bool(row.holds_context)}'
         f',"kernel_busy":{_bool(row.kernel_busy and not outage)}'
     )
-    person = not outage and row.user_last is not None and since < row.user_last <= grid
-    hub = not outage and row.hub_last is not None and since < row.hub_last <= grid
     connections = 0 if outage else row.connections if row.reports else int(hub)
     parts.append(f',"user_active":{_bool(person)},"connections":{connections}')
     if run.hook_fails:
@@ -372,7 +391,9 @@ def _line(run: _Run, grid: float, step: float, outage: bool) -> str:
     if row.cause is not None:
         parts.append(f',"cause":{json.dumps(row.cause)}')
     parts.append("}")
-    return "".join(parts)
+    body = "".join(parts)
+    run.last_key, run.last_body = (same, body) if quiet else (None, "")
+    return head + body
 
 
 def _fixed_part(row: HistoryRow) -> tuple:
