@@ -22,7 +22,7 @@ adds the batch protocol (``fit`` on the whole test set unlabelled, then ``diagno
 Figures: accuracy over the windows the model answers (not ``uncertain``), coverage (the share it
 answers), accuracy per label, zombie recall, the share of healthy windows called zombie, and
 "strict" accuracy (``uncertain`` counted wrong); the rules (``rules.baseline``) on the same
-windows; the shipped constants again on every test set with only DESIGN's columns (no
+windows; the shipped constants again on every test set with only the base columns (no
 ``gr_active``, no ``cpu_top_thread``: what a hub that does not report them, or a simulator that
 does not write them, gives); then the online cost per window.
 """
@@ -76,7 +76,7 @@ GRID = {
     "storage_share": (3.0, 10.0, 30.0),
     "confident": (0.5, 0.55, 0.6, 0.65),
 }
-# The columns beyond DESIGN's: dropped for the "design columns" table.
+# The columns beyond the base ones: dropped for the "base columns" table.
 OPTIONAL = ("gr_active", "cpu_top_thread")
 MIN_COVERAGE = 0.9
 MIN_GAIN = 0.003  # a constant moves from its physical value only for this much objective
@@ -188,7 +188,7 @@ def score_world(rows, params: Params, protocol: str, small_nodes: bool = False) 
 
 
 def design_columns(rows) -> list:
-    """``rows`` with the columns beyond DESIGN's (``OPTIONAL``) missing."""
+    """``rows`` with the columns beyond the base ones (``OPTIONAL``) missing."""
     return [(replace(w, **dict.fromkeys(OPTIONAL)), truth) for w, truth in rows]
 
 
@@ -296,7 +296,7 @@ def _print(result: dict, args) -> None:
     for protocol in result["protocols"]:
         cells = {e: table[(protocol, SHIPPED, e)] for e in evaluated}
         _labels_table(f"shipped constants, per label ({protocol})", cells)
-    _labels_table("shipped constants, DESIGN's columns only (online)", result["design"])
+    _labels_table("shipped constants, base columns only (online)", result["design"])
     print("\n## constants chosen on each world (differences from the physical values)")
     for t, params in tuned.items():
         if t == SHIPPED:

@@ -16,7 +16,7 @@ CPU, I/O wait and reads), its report turned into a diagnosis window by
   ``sm_active``, ``GRAPHICS_UTIL`` as ``gr_active``, ``DRAM_BW_UTIL`` as ``dram_active``,
   ``ANY_TENSOR_UTIL`` as ``tensor_active``, PCIe TX + RX), where the GPU supports GPM.
 
-It writes ``gpu-faults.csv`` (DESIGN §9 windows plus ``truth`` and ``scenario``) and
+It writes ``gpu-faults.csv`` (diagnosis windows, docs/architecture.md, plus ``truth`` and ``scenario``) and
 ``gpu-faults.json`` (the GPU, the driver, what could be measured). Nothing is simulated but the
 owner: a person cannot sit at a lent GPU, so a scenario's ``server.last_activity`` says when
 its owner last touched it (the zombie's two hours ago, the others' when the loop started).

@@ -20,7 +20,7 @@ SAMPLE_WINDOW_S = 60
 
 
 def report_for(user: str, index: int, now: datetime) -> dict:
-    """A DESIGN §5 report like a real server's: one or two devices (a whole card or two MIG
+    """A report (docs/api.md, "The report") like a real server's: one or two devices (a whole card or two MIG
     slices), two to four kernels of which one holds the GPU, a terminal on every fourth."""
     ns = uuid.NAMESPACE_URL
     mig = index % 2 == 1

@@ -6,7 +6,7 @@
 Both list the same fake Hub (``tests/fake_hub_api.FakeHub``, ``populate(n)``: every user has one
 ready default server, last activity spread over a week). The governor's pass (``Governor.
 reconcile``) also reads a dcgm-exporter text exposition with one GPU per GPU server (labelled
-with the server's pod), decides every server against fresh in-memory reports (DESIGN §5: one
+with the server's pod), decides every server against fresh in-memory reports (docs/api.md, "The report": one
 device, one kernel, mixed idle/active, some MIG, CPU-only servers send none) and writes its
 SQLite store. The culler's pass (``cull_idle``) lists the same users and applies its rule. Both
 run with long timers, so they decide everything and cull nothing: a steady-state pass.
@@ -131,7 +131,7 @@ def plan(n: int, seed: int = 0) -> list[Planned]:
         gpu = profile != "cpu"
         mig = profile.startswith("mig-")
         report_active = rng.random() < 0.4
-        # DCGM mostly agrees; 5% report "active" while the GPU is idle (DCGM wins, DESIGN §6).
+        # DCGM mostly agrees; 5% report "active" while the GPU is idle (DCGM wins, docs/security.md).
         dcgm_active = report_active and rng.random() >= 0.05 / 0.4
         fleet.append(
             Planned(
@@ -185,7 +185,7 @@ def _dcgm_value(metric: str, p: Planned) -> float | int:
 
 
 def report_of(p: Planned, started: datetime, last_activity: datetime, now: datetime) -> dict:
-    """A valid DESIGN §5 report: one device, one kernel holding it."""
+    """A valid report: one device, one kernel holding it."""
 
     def iso(dt: datetime | None) -> str | None:
         return None if dt is None else dt.isoformat().replace("+00:00", "Z")
@@ -392,10 +392,11 @@ async def _bench(
     from jupyter_gpu_gov.core.policy import load_policies
     from jupyter_gpu_gov.core.report import validate
     from jupyter_gpu_gov.hub import metrics as metrics_module
-    from jupyter_gpu_gov.hub.dcgm import DcgmSource
+    from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
     from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
     from jupyter_gpu_gov.hub.hubapi import HubApi
-    from jupyter_gpu_gov.hub.reconcile import Governor, Options
+    from jupyter_gpu_gov.hub.options import Options
+    from jupyter_gpu_gov.hub.reconcile import Governor
     from jupyter_gpu_gov.hub.store import Store
 
     db = os.path.join(workdir, "gov.sqlite")
@@ -416,9 +417,7 @@ async def _bench(
     # Reports are diagnosed as they arrive (in ``ingest_us``); the model's training, a worker
     # thread's job every few hours, is kept out of the passes measured here.
     no_training = DiagnosisOptions(min_windows=10**9)
-    gov = Governor(
-        store, hub, policies, Options(concurrency=concurrency, diagnosis=no_training), dcgm
-    )
+    gov = Governor(store, hub, policies, Options(diagnosis=no_training), dcgm)
 
     # The governor decides page by page while listing, so listing time is inside "decide"'s
     # wall time; DCGM is scraped in the background and parsed in a worker thread.

@@ -530,7 +530,7 @@ def _add_diagnose(commands: argparse._SubParsersAction) -> None:
             "  jupyter-gpu-gov diagnose windows.jsonl --save-model model.pkl\n"
             "  jupyter-gpu-gov diagnose today.jsonl --model model.pkl\n"
             "  jupyter-gpu-gov diagnose windows.csv --baseline\n"
-            "  python -m jupyter_gpu_gov.diagnose.simulate --servers 60 | jupyter-gpu-gov diagnose -\n"
+            "  python -m jupyter_gpu_gov.diagnose.faults --servers 60 | jupyter-gpu-gov diagnose -\n"
             "  JUPYTERHUB_API_TOKEN=... jupyter-gpu-gov diagnose --cluster --days 30"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,9 +1,10 @@
-"""The import rules of docs/architecture.md §6, checked on the source: a module that breaks one
-fails here with the line that does."""
+"""The import rules of docs/architecture.md ("Modules"), checked on the source: a module that
+breaks one fails here with the line that does."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -105,4 +106,98 @@ def test_modules_loaded_in_kernels_and_both_images_stay_light(module):
         ),
         top_level_only=True,
     )
+    assert not bad, "\n".join(bad)
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    """(line, value) of every string constant in a file that is not a docstring."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                docstrings.add(id(body[0].value))
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def test_shared_words_are_defined_once():
+    """Label keys, the governor's states, cull reasons and cull actions are spelled in
+    core/vocabulary.py only; every other module imports them (a copy drifts: the metrics once
+    listed states the policy no longer had)."""
+    from jupyter_gpu_gov.core import vocabulary as v
+
+    words = {
+        value
+        for name, value in vars(v).items()
+        if name.isupper() and isinstance(value, str) and value.startswith(v.LABEL_PREFIX)
+    }
+    words |= {v.GPU_FAILED, v.BUSY_LIMIT, v.GPU_IDLE, *v.CULL_ACTIONS, v.LABEL_PREFIX}
+    home = PACKAGE / "core" / "vocabulary.py"
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: spells {value!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != home
+        for line, value in _string_constants(path)
+        if value in words
+    ]
+    assert not bad, "\n".join(bad)
+
+
+# Spelled in two halves so this file does not name them itself.
+_OUTSIDE = ("DESIGN" + ".md", "DESIGN" + " §", "../" + "shared")
+
+
+def _repository_files() -> list[Path]:
+    """The repository's files as a clone has them (git's list, or a walk without build output)."""
+    root = PACKAGE.parent
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=root,
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode == 0:
+        return [root / name for name in listed.stdout.decode().split("\0") if name]
+    skip = {".git", ".venv", "node_modules", "__pycache__", "lib", "dist", ".demo"}
+    return [p for p in root.rglob("*") if p.is_file() and not skip & set(p.parts)]
+
+
+def test_no_file_names_a_document_outside_the_repository():
+    """A user who clones the repository finds every document it names: nothing refers to a
+    design file or a sibling folder that only the authors had (docs/architecture.md and
+    docs/api.md hold what they said)."""
+    bad = []
+    for path in _repository_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # binary files, and files a checkout lists but a sparse one lacks
+        for number, line in enumerate(text.splitlines(), 1):
+            bad += [f"{path}:{number}: {word!r}" for word in _OUTSIDE if word in line]
+    assert not bad, "\n".join(bad)
+
+
+def test_routes_and_pages_talk_to_the_governor_not_its_internals():
+    """The REST API and the pages read what the governor shows (``hub/views.py``), never its
+    store, its reports or its ledger: those may change without touching the web layer."""
+    bad = []
+    for path in (PACKAGE / "hub" / "routes.py", PACKAGE / "hub" / "pages.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Attribute) or node.attr not in (
+                "store",
+                "reports",
+                "ledger",
+            ):
+                continue
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name in ("governor", "gov"):
+                bad.append(f"{path.name}:{node.lineno}: governor.{node.attr}")
     assert not bad, "\n".join(bad)

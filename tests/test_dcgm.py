@@ -28,10 +28,9 @@ from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 from tornado.web import Application, RequestHandler
 
-from jupyter_gpu_gov.hub import dcgm
+from jupyter_gpu_gov.hub import dcgm_source, prometheus
 from jupyter_gpu_gov.hub.dcgm import (
     DcgmConfig,
-    DcgmSource,
     GpuEvidence,
     evidence_from_samples,
     index_by_pod,
@@ -41,6 +40,7 @@ from jupyter_gpu_gov.hub.dcgm import (
     parse_prometheus_query,
     prometheus_query,
 )
+from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
 
 DEFAULT_FIXTURES = Path(__file__).resolve().parent / "data" / "dcgm"
 FIXTURES = Path(os.environ.get("JUPYTER_GPU_GOV_DCGM_FIXTURES", DEFAULT_FIXTURES))
@@ -125,12 +125,12 @@ def test_parser_matches_prometheus_client_on_every_fixture(name):
     names = {s.name for f in families if f.type != "counter" for s in f.samples}
     assert len(names) >= 4
     expected = [s for s in client_samples(text) if s[0] in names]
-    assert comparable(dcgm._exposition_samples(text, names)) == comparable(expected)
+    assert comparable(prometheus.exposition_samples(text, names)) == comparable(expected)
 
 
 def reference_samples(text: str, names) -> list:
     """The line-by-line reader the C scan must agree with, sample for sample."""
-    return list(dcgm._line_samples(enumerate(text.split("\n"), 1), names, {}))
+    return list(prometheus._line_samples(enumerate(text.split("\n"), 1), names, {}))
 
 
 def outcome(read, *args):
@@ -182,7 +182,7 @@ ODD_LINES = [
 def test_the_c_scan_reads_every_fixture_as_the_line_reader_does(name):
     text = read(name)
     for names in (DcgmConfig().metrics, {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP"}):
-        assert outcome(dcgm._exposition_samples, text, names) == outcome(
+        assert outcome(prometheus.exposition_samples, text, names) == outcome(
             reference_samples, text, names
         )
 
@@ -200,7 +200,7 @@ def test_the_c_scan_reads_odd_lines_and_names_errors_as_the_line_reader_does(lin
     text = "\n".join([*plain[:where], line, *plain[where:]])
     names = DcgmConfig().metrics
     expected = outcome(reference_samples, text, names)
-    assert outcome(dcgm._exposition_samples, text, names) == expected
+    assert outcome(prometheus.exposition_samples, text, names) == expected
     if expected[0] != "error":
         assert parse_exposition(text) == evidence_from_samples(reference_samples(text, names))
 
@@ -211,18 +211,20 @@ def test_the_c_scan_reads_a_generated_fleet_as_the_line_reader_does(monkeypatch)
     text = exposition([p for p in plan(300, seed=3) if p.gpu_uuid], node=0)
     names = DcgmConfig().metrics
     read_by_line = []
-    real = dcgm._line_samples
+    real = prometheus._line_samples
 
     def spy(lines, *args):
         lines = list(lines)
         read_by_line.extend(lines)
         return real(lines, *args)
 
-    monkeypatch.setattr(dcgm, "_line_samples", spy)
-    assert len(list(dcgm._exposition_samples(text, names))) > 1000
+    monkeypatch.setattr(prometheus, "_line_samples", spy)
+    assert len(list(prometheus.exposition_samples(text, names))) > 1000
     assert [n for n, _ in read_by_line] == [1]  # the scan read all but the first line
     monkeypatch.undo()
-    assert outcome(dcgm._exposition_samples, text, names) == outcome(reference_samples, text, names)
+    assert outcome(prometheus.exposition_samples, text, names) == outcome(
+        reference_samples, text, names
+    )
     assert parse_exposition(text) == evidence_from_samples(reference_samples(text, names))
 
 
@@ -682,7 +684,7 @@ async def test_a_worker_that_died_is_an_error_for_that_fetch_and_replaced_for_th
     with serve([("/metrics", FixtureHandler, {"name": H100_TEXT, "seen": []})]) as base:
         source = DcgmSource(exporter_urls=[f"{base}/metrics"])
         await source.fetch()
-        for process in list(dcgm._worker()._processes.values()):
+        for process in list(dcgm_source._worker()._processes.values()):
             process.kill()
             process.join()
         broken = await source.fetch()
@@ -810,11 +812,11 @@ def peak_rss_mb(pid: int) -> float:
 
 async def test_a_gzip_bomb_is_refused_without_inflating_it():
     bomb = gzip_bomb(600 << 20)  # 600 MB of zeros in about 0.6 MB
-    dcgm._reset_worker()  # a fresh worker, whose peak memory is this read's
+    dcgm_source._reset_worker()  # a fresh worker, whose peak memory is this read's
     with serve([("/metrics", FleetHandler, {"body": bomb, "seen": []})]) as base:
         source = DcgmSource(exporter_urls=[f"{base}/metrics"], max_bytes=16 << 20, timeout_s=30)
         snapshot = await source.fetch()
-        (worker,) = dcgm._worker()._processes.values()
+        (worker,) = dcgm_source._worker()._processes.values()
         peak = peak_rss_mb(worker.pid)
     assert snapshot.evidence == ()
     (error,) = snapshot.errors

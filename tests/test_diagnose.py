@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpu_gov.cli import EXIT_USAGE, main
-from jupyter_gpu_gov.diagnose import rules, simulate
+from jupyter_gpu_gov.diagnose import faults, rules
 from jupyter_gpu_gov.diagnose.cluster import (
     CostLedger,
     Demand,
@@ -337,12 +337,12 @@ def test_windows_from_reports_that_say_less():
 
 
 def test_the_simulator_is_deterministic_by_seed():
-    assert simulate.generate(12, 20, seed=5) == simulate.generate(12, 20, seed=5)
-    assert simulate.generate(12, 20, seed=5) != simulate.generate(12, 20, seed=6)
+    assert faults.generate(12, 20, seed=5) == faults.generate(12, 20, seed=5)
+    assert faults.generate(12, 20, seed=5) != faults.generate(12, 20, seed=6)
 
 
 def test_the_simulator_covers_every_label_with_missing_values():
-    rows = simulate.generate(84, 20, seed=2)
+    rows = faults.generate(84, 20, seed=2)
     truths = Counter(t for _, t in rows)
     assert set(LABELS) <= set(truths)
     per_server = Counter(dict((x.server, t) for x, t in rows if t != UNKNOWN).values())
@@ -352,7 +352,7 @@ def test_the_simulator_covers_every_label_with_missing_values():
         assert any(v is None for v in values), f"{column} is never missing"
         assert any(v is not None for v in values)
     assert all(t == UNKNOWN for window, t in rows if window.sm_active is None)
-    nodes = {n.name: n for n in simulate.NODES}
+    nodes = {n.name: n for n in faults.NODES}
     for window, _ in rows:
         node = nodes[window.node]
         if not node.dcgm:  # NVML's memory utilisation stands in for DRAM activity
@@ -367,7 +367,7 @@ def test_no_single_feature_separates_a_fault_label():
     below 95 % balanced accuracy for every label (measured: 0.86-0.93 at best here, see
     docs/benchmarks.md; 120 servers: with 60, ten per label, one chance draw of memory sizes
     decides the small_work figure)."""
-    rows = [(w_, t) for w_, t in simulate.generate(120, 30, seed=3) if t not in (UNKNOWN,)]
+    rows = [(w_, t) for w_, t in faults.generate(120, 30, seed=3) if t not in (UNKNOWN,)]
     running = [(w_, t) for w_, t in rows if w_.kernel_busy is not False]
     for label in ("healthy", "data_io", "cpu_serial", "memory_bandwidth", "small_work"):
         best = 0.0
@@ -389,12 +389,12 @@ def test_no_single_feature_separates_a_fault_label():
 
 
 def test_the_simulator_command_line(capsys):
-    assert simulate.main(["--servers", "6", "--windows", "3", "--seed", "1"]) == 0
+    assert faults.main(["--servers", "6", "--windows", "3", "--seed", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 18
     row = json.loads(lines[0])
     assert set(row) == {*COLUMNS, "truth"}
-    assert simulate.main(["--servers", "2", "--windows", "2", "--format", "csv"]) == 0
+    assert faults.main(["--servers", "2", "--windows", "2", "--format", "csv"]) == 0
     text = capsys.readouterr().out
     assert text.splitlines()[0] == ",".join([*COLUMNS, "truth"])
     assert len(read_windows(io.StringIO(text), name="x.csv")) == 4
@@ -413,7 +413,7 @@ def test_the_second_rounds_worlds(world):
     assert all(t == UNKNOWN for x, t in rows if x.sm_active is None)
     assert {x.node for x, _ in rows} <= {n.name for n in module.NODES}
     assert [x.t for x, _ in rows] == sorted(x.t for x, _ in rows)
-    if world == "sixteen":  # DESIGN's columns only
+    if world == "sixteen":  # the base columns only
         assert all(x.gr_active is None and x.cpu_top_thread is None for x, _ in rows)
     if world == "degraded":
         assert all(x.cpu_cores is None or x.cpu_cores <= 1.0 for x, _ in rows if "1vcpu" in x.node)
@@ -439,9 +439,9 @@ HELD_OUT = {
     "degraded": (0.66, 0.88, 0.85),
     "sixteen": (0.80, 0.75, 0.97),
 }
-# With DESIGN's columns alone (no gr_active, no cpu_top_thread), measured: roofline 0.80/0.87,
+# With the base columns alone (no gr_active, no cpu_top_thread), measured: roofline 0.80/0.87,
 # fleet 0.74/0.79, pipeline 0.80/0.88, traces 0.65/0.82, degraded 0.68/0.91, sixteen the same.
-DESIGN_FLOOR = 0.6
+BASE_COLUMNS_FLOOR = 0.6
 
 
 @pytest.fixture(scope="module")
@@ -449,7 +449,7 @@ def held_out():
     """The CI leave-one-out check: the shipped constants (``Params()``, set from physics, chosen
     on no world) scored online — windows in time order, each node learnt from its first
     windows — on worlds written apart from the model and from each other, with every column
-    and with DESIGN's alone, and on the windows measured on an H200. ``python -m
+    and with the base columns alone, and on the windows measured on an H200. ``python -m
     benchmarks.diagnose`` runs the full table."""
     from benchmarks import diagnose as bench
     from benchmarks.worlds import generate
@@ -472,7 +472,7 @@ def test_held_out_worlds_and_the_h200(held_out):
         assert f["healthy_as_zombie"] <= 0.01, (world, f)
         assert f["coverage"] >= coverage and f["accuracy"] >= accuracy, (world, f)
         design = held_out[world, "design"]
-        assert design["accuracy"] >= DESIGN_FLOOR and design["healthy_as_zombie"] <= 0.01
+        assert design["accuracy"] >= BASE_COLUMNS_FLOOR and design["healthy_as_zombie"] <= 0.01
     h200 = held_out["h200"]
     assert h200["accuracy"] >= 0.92 and h200["coverage"] >= 0.8
     assert h200["zombie_recall"] == 1.0 and h200["healthy_as_zombie"] == 0.0
@@ -853,7 +853,7 @@ def test_the_cost_ledger_books_gpu_hours_per_cause_team_and_node():
 @pytest.fixture(scope="module")
 def windows_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("d") / "windows.jsonl"
-    rows = simulate.generate(30, 30, seed=4)
+    rows = faults.generate(30, 30, seed=4)
     with open(path, "w") as f:
         for window, truth in rows:
             f.write(json.dumps({**window.as_dict(), "truth": truth}) + "\n")

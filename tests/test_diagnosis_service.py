@@ -23,14 +23,16 @@ from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.models import GpuSnapshot
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.report import ReportError, target_cpu, validate
-from jupyter_gpu_gov.diagnose import simulate
+from jupyter_gpu_gov.diagnose import faults
 from jupyter_gpu_gov.diagnose.labels import HINTS
 from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import TargetRoot
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService, History
 from jupyter_gpu_gov.hub.hubapi import HubApi
-from jupyter_gpu_gov.hub.reconcile import Governor, Options, row_view
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
+from jupyter_gpu_gov.hub.views import row_view
 from jupyter_gpu_gov.server import sampler as sampler_module
 from jupyter_gpu_gov.server.sampler import Sampler, TargetInfo
 
@@ -545,7 +547,7 @@ def test_a_new_window_is_scored_in_its_servers_context():
 
 def test_the_history_is_bounded_by_count_and_age():
     history = History(timedelta(days=7), limit=5)
-    window = simulate.generate(1, 1, seed=3)[0][0]
+    window = faults.generate(1, 1, seed=3)[0][0]
     for i in range(8):
         history.add(f"u{i % 2}/", replace(window, t=float(i)), now=float(i))
     assert len(history) == 5 and [w.t for w in history.windows()] == [4.0, 6.0, 3.0, 5.0, 7.0]
@@ -556,7 +558,7 @@ def test_the_history_is_bounded_by_count_and_age():
 async def test_training_runs_in_a_worker_while_the_model_goes_on_learning(tmp_path):
     """The model learns and scores each report at once; a training run rebuilds it from the
     history in the worker, the loop answering meanwhile, and saves it."""
-    rows = simulate.generate(120, 60, seed=11)  # 7,200 windows
+    rows = faults.generate(120, 60, seed=11)  # 7,200 windows
     async with FakeHub() as hub:
         hub.add_server("bob")
         gov = governor(
@@ -614,7 +616,7 @@ async def test_training_runs_in_a_worker_while_the_model_goes_on_learning(tmp_pa
 
 
 async def test_a_saved_model_is_loaded_at_start(tmp_path):
-    rows = simulate.generate(60, 40, seed=5)
+    rows = faults.generate(60, 40, seed=5)
     service = DiagnosisService(
         DiagnosisOptions(
             min_windows=100, sample_every=timedelta(0), model_path=str(tmp_path / "m.pkl")

@@ -24,7 +24,8 @@ from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubapi import HubApi
-from jupyter_gpu_gov.hub.reconcile import Governor, Options
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
 
 PREFIX = "/services/gpu-gov/"

@@ -20,18 +20,16 @@ from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core import policy as policy_module
 from jupyter_gpu_gov.core.policy import Record, load_policies
 from jupyter_gpu_gov.hub import metrics
-from jupyter_gpu_gov.hub.app import GpuGovernor, normalise_argv
-from jupyter_gpu_gov.hub.dcgm import DcgmSource
+from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.hub.checkpoints import CheckpointResult
+from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
 from jupyter_gpu_gov.hub.hubapi import HubApi
-from jupyter_gpu_gov.hub.reconcile import CheckpointResult, Governor, Options, row_view
-from jupyter_gpu_gov.hub.store import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    MetaRow,
-    ServerRow,
-    Store,
-    set_record,
-)
+from jupyter_gpu_gov.hub.idle_culler_args import normalise_argv
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
+from jupyter_gpu_gov.hub.store import MIGRATIONS, SCHEMA_VERSION, Store
+from jupyter_gpu_gov.hub.tables import MetaRow, ServerRow, set_record
+from jupyter_gpu_gov.hub.views import row_view
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed
 T4_BUSY_GPU = "GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"

@@ -117,7 +117,7 @@ def test_a_process_holding_memory_is_listed_with_pid_and_memory(backend):
         if child.pid not in new:
             pytest.skip(
                 f"NVML lists PIDs {sorted(new)}, not our {child.pid}: in a PID namespace NVML "
-                "reports host PIDs (DESIGN.md section 4)"
+                "reports host PIDs (docs/architecture.md, 'From a GPU sample to a cull')"
             )
         p = new[child.pid]
         assert p.memory_mb is None or p.memory_mb >= 1024  # the tensor plus the CUDA context

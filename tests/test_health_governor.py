@@ -19,12 +19,14 @@ from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock, health
 from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.core.vocabulary import NODE_UNHEALTHY_ANNOTATION, NODE_UNHEALTHY_LABEL
 from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.app import GpuGovernor
-from jupyter_gpu_gov.hub.dcgm import DcgmSource
-from jupyter_gpu_gov.hub.health import NODE_ANNOTATION, NODE_LABEL, HealthOptions
+from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
+from jupyter_gpu_gov.hub.health import HealthOptions
 from jupyter_gpu_gov.hub.hubapi import HubApi
-from jupyter_gpu_gov.hub.reconcile import Governor, Options
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
 
 LOST_GPU = "GPU-3f6d2a41-8c0e-4b7a-9d21-5e8f0c7b1a90"  # GPU 0 of gpu-node-7: XID 79
@@ -253,8 +255,8 @@ async def test_the_node_is_labelled_or_cordoned_only_when_asked(tmp_path, http, 
         await gov.background_done()
         (node, auth, patch), *_ = http.patches
         assert (node, auth, len(http.patches)) == ("gpu-node-7", "Bearer sa-token", 1)
-        assert patch["metadata"]["labels"] == {NODE_LABEL: "true"}
-        assert "XID 79" in patch["metadata"]["annotations"][NODE_ANNOTATION]
+        assert patch["metadata"]["labels"] == {NODE_UNHEALTHY_LABEL: "true"}
+        assert "XID 79" in patch["metadata"]["annotations"][NODE_UNHEALTHY_ANNOTATION]
         assert patch.get("spec") == ({"unschedulable": True} if mode == "cordon" else None)
 
         http.text = (FIXTURES / H100_TEXT).read_text()  # repaired (another node's scrape)
@@ -264,8 +266,8 @@ async def test_the_node_is_labelled_or_cordoned_only_when_asked(tmp_path, http, 
     node, _, unlabel = http.patches[-1]
     assert node == "gpu-node-7" and "spec" not in unlabel  # a cordon is undone by hand only
     assert unlabel["metadata"] == {
-        "labels": {NODE_LABEL: None},
-        "annotations": {NODE_ANNOTATION: None},
+        "labels": {NODE_UNHEALTHY_LABEL: None},
+        "annotations": {NODE_UNHEALTHY_ANNOTATION: None},
     }
     assert len(http.patches) == 2
 

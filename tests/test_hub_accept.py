@@ -9,7 +9,8 @@ import pytest
 from tornado import web
 from tornado.netutil import bind_sockets
 
-from jupyter_gpu_gov.hub.app import BatchingHTTPServer, GpuGovernor
+from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.hub.batching import BatchingHTTPServer
 
 
 class Hello(web.RequestHandler):

@@ -40,7 +40,7 @@ async def test_servers_listed_across_pages():
     assert api.request_count == 3
     assert len(servers) == 8
     by_key = {s.key: s for s in servers}
-    u0 = by_key[("u0", "")]
+    u0 = by_key["u0/"]
     assert u0 == HubServer(
         user="u0",
         name="",
@@ -55,9 +55,9 @@ async def test_servers_listed_across_pages():
         spawner_state={"pod_name": "jupyter-u0"},
     )
     assert u0.last_activity.tzinfo is not None
-    assert by_key[("u3", "gpu")].full_name == "u3/gpu"
-    assert by_key[("u3", "gpu")].url == "/user/u3/gpu/"
-    assert by_key[("u3", "gpu")].last_activity is None
+    assert by_key["u3/gpu"].name == "gpu"
+    assert by_key["u3/gpu"].url == "/user/u3/gpu/"
+    assert by_key["u3/gpu"].last_activity is None
 
 
 async def test_ready_filter_leaves_short_pages_and_pending_servers():
@@ -69,7 +69,7 @@ async def test_ready_filter_leaves_short_pages_and_pending_servers():
         ready = await api.list_servers()
         active = await api.list_servers(state="active")
     # The Hub filters 'ready' after slicing: every page has one user, and all three are found.
-    assert sorted(s.key for s in ready) == [("u0", ""), ("u2", ""), ("u4", "")]
+    assert sorted(s.key for s in ready) == ["u0/", "u2/", "u4/"]
     assert len(active) == 7
     assert {s.pending for s in active if not s.ready} == {"spawn"}
 
@@ -410,7 +410,7 @@ async def wait_until_gone(api: HubApi, user: str, name: str = "", timeout: float
 async def test_real_hub_list_paginated_and_stop(hub):
     api = HubApi(hub.hub_api_url, hub.api_token, page_size=1)
     servers = await api.list_servers()
-    assert sorted(s.key for s in servers) == [("alice", ""), ("bob", "")]
+    assert sorted(s.key for s in servers) == ["alice/", "bob/"]
     assert api.request_count == 2  # two users with active servers, one a page
     for s in servers:
         assert s.ready and s.pending is None
@@ -421,7 +421,7 @@ async def test_real_hub_list_paginated_and_stop(hub):
     result = await api.stop_server("bob")
     assert result in ("stopped", "stopping")
     await wait_until_gone(api, "bob")
-    assert [s.key for s in await api.list_servers()] == [("alice", "")]
+    assert [s.key for s in await api.list_servers()] == ["alice/"]
     assert await api.stop_server("bob") in ("stopped", "gone")  # idempotent
     assert await api.stop_server("nobody") == "gone"
 
@@ -435,7 +435,7 @@ async def test_real_hub_named_server_removed(hub):
     hub.start_server("carol", "gpu", options={"profile": "a100"})
     api = HubApi(hub.hub_api_url, hub.api_token, page_size=1)
     carol = [s for s in await api.list_servers() if s.user == "carol"]
-    assert [(s.name, s.full_name) for s in carol] == [("gpu", "carol/gpu")]
+    assert [(s.name, s.key) for s in carol] == [("gpu", "carol/gpu")]
     assert carol[0].user_options == {"profile": "a100"}
 
     assert await api.stop_server("carol", "gpu", remove=True) in ("stopped", "stopping")

@@ -21,7 +21,8 @@ from jupyter_gpu_gov.core.rightsize import (
 )
 from jupyter_gpu_gov.hub import showback
 from jupyter_gpu_gov.hub.hubapi import HubApi
-from jupyter_gpu_gov.hub.reconcile import Governor, Options
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
 from jupyter_gpu_gov.profiles.estimate import tier_sizes
 

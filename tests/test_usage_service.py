@@ -18,7 +18,8 @@ from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub import metrics, showback
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubapi import HubApi
-from jupyter_gpu_gov.hub.reconcile import Governor, Options
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
 
 GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"

@@ -1,4 +1,4 @@
-"""Month-long notebook traces with ground truth, in the replay format of DESIGN §9.
+"""Month-long notebook traces with ground truth, in the replay format of docs/architecture.md.
 
     python -m benchmarks.replay.generate --servers 40 --days 30 --seed 1 [--step 300] > trace.jsonl
 

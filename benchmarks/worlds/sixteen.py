@@ -2,7 +2,7 @@
 frozen and run once.
 
 Issue 23 scored the model on a simulator written elsewhere, not available to the project: 16
-nodes of different cards, disks and core counts, the CSV format of DESIGN §9 and the six labels.
+nodes of different cards, disks and core counts, the CSV format of docs/architecture.md ("Diagnosis windows") and the six labels.
 This world is written from what the issue says of it — nothing else is known of it — as a
 check of the frozen model on windows of that description, not a copy of that simulator:
 
@@ -10,7 +10,7 @@ check of the frozen model on windows of that description, not a copy of that sim
   about 0.3 on a slow one), the scale of its DRAM counter (0.6-1.5 times another's for the same
   traffic), its disk (HDD, SATA, NVMe, NFS, a parallel file system), its cores (4-128), delay
   accounting or not;
-- only DESIGN's columns: no ``gr_active``, no ``cpu_top_thread``;
+- only the base columns: no ``gr_active``, no ``cpu_top_thread``;
 - ``healthy`` loops at their node's normal with a Python driver and perhaps workers: 0.7-1.6
   cores busy; ``zombie``: no cell running, the owner away 5-37 hours, 10-85 % of the card's
   memory held, SM activity of 1-2.5 % on some nodes (a little noise, not work);

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-LABEL_PREFIX = "gpu-gov/"
+from .vocabulary import LABEL_PREFIX
+
 GRANT_STATE = "gpu_gov_grant"
 DEVICES_STATE = "gpu_gov_devices"
 GPUS_STATE = "gpu_gov_gpus"

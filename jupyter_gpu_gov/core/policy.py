@@ -1,4 +1,4 @@
-"""The governor's policy engine (DESIGN §6): pure, no I/O, time passed in.
+"""The governor's policy engine (docs/architecture.md, "The state machine"): pure, no I/O, time passed in.
 
 ``decide(view, record, policy, now)`` looks at what is known of one server this cycle (the
 ``ServerView``) and what the governor remembered of it (the ``Record``), and returns the new
@@ -23,44 +23,46 @@ from typing import Any, TypeVar
 
 from .clock import parse as parse_time
 from .durations import format_duration, parse_duration
-
-EXEMPT_LABEL = "gpu-gov/exempt"
-# The tier's maximum age in seconds, set by the profile layer at admission.
-MAX_AGE_LABEL = "gpu-gov/max-age"
-# Set by the profile layer on a borrowed server when a team within its guarantee is refused for
-# want of the cards borrowers hold: when it was asked (ISO 8601), and for which team.
-RECLAIM_LABEL, RECLAIM_FOR_LABEL = "gpu-gov/reclaim", "gpu-gov/reclaim-for"
-BORROWED_LABEL = "gpu-gov/borrowed"
-LABEL_PREFIX = "gpu-gov/"
-# What the server is for (the profile's, or the owner's choice at spawn), matchable in policies,
-# and how long its owner expects it to run (a duration, e.g. "6h"): a notice when it runs past.
-TASK_TYPE_LABEL = "gpu-gov/task-type"
-TASK_TYPES = ("interactive", "batch", "inference")
-EXPECTED_DURATION_LABEL = "gpu-gov/expected-duration"
-
-ACTIVE, IDLE, BUSY, WARNED, CHECKPOINTING, CULLED, EXEMPT, UNKNOWN = (
-    "active",
-    "idle",
-    "busy",
-    "warned",
-    "checkpointing",
-    "culled",
-    "exempt",
-    "unknown",
+from .vocabulary import (
+    ACTIVE,
+    ADMIN,
+    ADMIN_WARN,
+    BORROWED_LABEL,
+    BUSY,
+    BUSY_LIMIT,
+    BUSY_NOTICE,
+    CHECKPOINT,
+    CHECKPOINT_DONE,
+    CHECKPOINT_REQUESTED,
+    CHECKPOINT_TIMEOUT,
+    CHECKPOINTING,
+    CULL,
+    CULL_ACTIONS,
+    CULLED,
+    EXEMPT,
+    EXEMPT_LABEL,
+    EXPECTED_DURATION_LABEL,
+    GPU_IDLE,
+    IDLE,
+    INACTIVE,
+    INTERRUPT,
+    MAX_AGE,
+    MAX_AGE_LABEL,
+    MAX_AGE_WARN,
+    OVERRUN_NOTICE,
+    RECLAIM,
+    RECLAIM_FOR_LABEL,
+    RECLAIM_LABEL,
+    RECLAIM_WARN,
+    SHUTDOWN_KERNELS,
+    STOP_SERVER,
+    TASK_TYPE_LABEL,
+    TASK_TYPES,
+    UNKNOWN,
+    WARN,
+    WARNED,
+    server_key,
 )
-
-# Actions the service carries out (each idempotent, each audited with the decision's reason).
-WARN, CHECKPOINT, CULL, INTERRUPT = "warn", "checkpoint", "cull", "interrupt"
-# Warnings of a cull that GPU activity cannot put off.
-MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN = "max-age-warn", "reclaim-warn", "admin-warn"
-# Notices that announce no cull: a cell running past busy_grace with its GPU idle, a server
-# running past the duration its owner expected.
-BUSY_NOTICE, OVERRUN_NOTICE = "busy-notice", "overrun-notice"
-WARNINGS = frozenset({WARN, MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN})
-NOTICES = frozenset({BUSY_NOTICE, OVERRUN_NOTICE})
-# Why a server was culled (``Decision.cull_reason``).
-CULL_REASONS = ("gpu-idle", "max-age", "reclaim", "admin", "busy-limit", "inactive")
-
 
 # -- policies ----------------------------------------------------------------------------------
 
@@ -136,7 +138,7 @@ class Policy:
     # A hard deadline waits for one retry.
     checkpoint_retries: int = 2
     checkpoint_max_delay: timedelta = timedelta(hours=1)
-    cull_action: str = "stop-server"  # or "shutdown-kernels"
+    cull_action: str = STOP_SERVER  # or SHUTDOWN_KERNELS
     exempt: bool = False
     # jupyterhub-idle-culler's rule for servers with no GPU data: no report, no DCGM (None: never
     # cull them).
@@ -169,7 +171,7 @@ _DURATIONS = {
 _CHOICES = {
     "extension_reason": ("optional", "required"),
     "on_checkpoint_failure": ("postpone", "proceed"),
-    "cull_action": ("stop-server", "shutdown-kernels"),
+    "cull_action": CULL_ACTIONS,
     "on_busy_limit": ("interrupt", "cull"),
 }
 _MATCH_KEYS = {f.name for f in fields(Match)}
@@ -347,13 +349,13 @@ class ServerView:
 
     @property
     def key(self) -> str:
-        return f"{self.user}/{self.name}"
+        return server_key(self.user, self.name)
 
     @property
     def task_type(self) -> str:
         """``interactive`` unless the label says ``batch`` or ``inference``."""
         kind = self.labels.get(TASK_TYPE_LABEL, "")
-        return kind if kind in TASK_TYPES else "interactive"
+        return kind if kind in TASK_TYPES else TASK_TYPES[0]
 
     @property
     def checkpointable(self) -> bool:
@@ -477,9 +479,9 @@ class _Deadline:
     warning: str  # the warning action
 
     def notice(self) -> str:
-        if self.cull_reason == "max-age":
+        if self.cull_reason == MAX_AGE:
             return f"{self.why.replace('reached', 'will reach')} at {self.at:%H:%M} UTC"
-        if self.cull_reason == "reclaim":
+        if self.cull_reason == RECLAIM:
             return f"{self.why}: it will be given back at {self.at:%H:%M} UTC"
         return f"{self.why}: the server will be stopped after a checkpoint"
 
@@ -492,17 +494,17 @@ def _hard_deadline(policy: Policy, view: ServerView, record: Record) -> _Deadlin
     if max_age and view.started:
         at = view.started + max_age
         why = f"reached the maximum age of {format_duration(max_age)} for this {whose}"
-        found.append(_Deadline(at, at - policy.max_age_warning, why, "max-age", MAX_AGE_WARN))
+        found.append(_Deadline(at, at - policy.max_age_warning, why, MAX_AGE, MAX_AGE_WARN))
     asked = _timestamp(view.labels.get(RECLAIM_LABEL))
     if asked is not None and view.labels.get(BORROWED_LABEL) == "true":
         team = view.labels.get(RECLAIM_FOR_LABEL) or "another team"
         why = f"team {team}, within its guarantee, needs this borrowed GPU back"
         at = asked + policy.reclaim_grace
-        found.append(_Deadline(at, asked, why, "reclaim", RECLAIM_WARN))
+        found.append(_Deadline(at, asked, why, RECLAIM, RECLAIM_WARN))
     if record.cull_requested_at is not None:
         at = record.cull_requested_at
         why = record.cull_request_why or "a cull was asked for"
-        found.append(_Deadline(at, at, why, record.cull_request_reason or "admin", ADMIN_WARN))
+        found.append(_Deadline(at, at, why, record.cull_request_reason or ADMIN, ADMIN_WARN))
     return min(found, key=lambda d: d.at) if found else None
 
 
@@ -619,7 +621,7 @@ def _decide_on_activity(
         # The busy limit interrupted the cell and asked for a checkpoint: once it has answered
         # (or not, in time), the idle rules take over, with a warning of their own.
         status = _checkpoint_status(record, policy, now)
-        if status == "requested":
+        if status == CHECKPOINT_REQUESTED:
             why = f"{idle}; the cell was interrupted (busy limit); waiting for the checkpoint"
             return Decision(evolve(record, state=CHECKPOINTING, reason=why), tuple(actions))
         record = evolve(
@@ -689,7 +691,7 @@ def _decide_on_activity(
     why = f"{idle} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
     final = f"GPU idle for {format_duration(now - idle_since)}" + why[len("GPU idle") :]
     decision = _cull_with_checkpoint(
-        record, policy, view, now, why, "gpu-idle", warn_at, cull_at, final, due=due
+        record, policy, view, now, why, GPU_IDLE, warn_at, cull_at, final, due=due
     )
     return evolve(decision, actions=tuple(actions) + decision.actions)
 
@@ -790,7 +792,7 @@ def _decide_running(
             record = evolve(
                 record,
                 state=CHECKPOINTING,
-                checkpoint_status="requested",
+                checkpoint_status=CHECKPOINT_REQUESTED,
                 checkpoint_requested_at=now,
                 reason=f"{why}: the cell was interrupted; saving a checkpoint",
             )
@@ -800,12 +802,12 @@ def _decide_running(
     record = evolve(
         record,
         cull_requested_at=now,
-        cull_request_reason="busy-limit",
+        cull_request_reason=BUSY_LIMIT,
         cull_request_why=why,
         max_age_warned_at=now,  # warned above
     )
     decision = _cull_with_checkpoint(
-        record, policy, view, now, why, "busy-limit", limit, now, hard=True
+        record, policy, view, now, why, BUSY_LIMIT, limit, now, hard=True
     )
     return evolve(decision, actions=(*actions, *first, *decision.actions))
 
@@ -868,14 +870,17 @@ def _inactive_rule(
         return Decision(evolve(record, state=ACTIVE, reason=why), tuple(actions), None, deadline)
     why = f"{what}; inactive since {_at(last)} (idle-culler rule: {format_duration(policy.inactive_timeout)})"
     record = evolve(record, state=CULLED, culled_at=now, reason=why)
-    return Decision(record, (*actions, CULL), None, deadline, "inactive")
+    return Decision(record, (*actions, CULL), None, deadline, INACTIVE)
 
 
 def _checkpoint_status(record: Record, policy: Policy, now: datetime) -> str | None:
     """The checkpoint's status, a request unanswered for checkpoint_timeout being a timeout."""
     status = record.checkpoint_status
-    if status == "requested" and now - record.checkpoint_requested_at >= policy.checkpoint_timeout:
-        return "timeout"
+    if (
+        status == CHECKPOINT_REQUESTED
+        and now - record.checkpoint_requested_at >= policy.checkpoint_timeout
+    ):
+        return CHECKPOINT_TIMEOUT
     return status
 
 
@@ -913,15 +918,15 @@ def _cull_with_checkpoint(
         record = evolve(
             record,
             state=CHECKPOINTING,
-            checkpoint_status="requested",
+            checkpoint_status=CHECKPOINT_REQUESTED,
             checkpoint_requested_at=now,
             reason=f"{why}; saving a checkpoint before the cull",
         )
         return Decision(record, (CHECKPOINT,), warn_at, cull_at, cull_reason)
-    if status == "requested":
+    if status == CHECKPOINT_REQUESTED:
         record = evolve(record, state=CHECKPOINTING, reason=f"{why}; waiting for the checkpoint")
         return Decision(record, (), warn_at, cull_at, cull_reason)
-    if status == "done":
+    if status == CHECKPOINT_DONE:
         return _cull(record, now, f"{final}; checkpoint saved", warn_at, cull_at, cull_reason)
 
     failures = record.checkpoint_failures + 1
@@ -932,7 +937,7 @@ def _cull_with_checkpoint(
             record = evolve(
                 record,
                 state=CHECKPOINTING,
-                checkpoint_status="requested",
+                checkpoint_status=CHECKPOINT_REQUESTED,
                 checkpoint_requested_at=now,
                 checkpoint_failures=failures,
                 reason=f"{why}; checkpoint {status}: trying once more before the cull",
@@ -978,7 +983,7 @@ def _cull(
 
 
 def _cull_words(policy: Policy) -> str:
-    return "kernels shut down" if policy.cull_action == "shutdown-kernels" else "server stopped"
+    return "kernels shut down" if policy.cull_action == SHUTDOWN_KERNELS else "server stopped"
 
 
 # -- extensions --------------------------------------------------------------------------------
@@ -1068,7 +1073,7 @@ def verdict(
         "approval_pending": record.approval_pending,
         "policy": policy.name,
         "cull_action": policy.cull_action,
-        "checkpoint": "requested" if record.checkpoint_status == "requested" else "none",
+        "checkpoint": "requested" if record.checkpoint_status == CHECKPOINT_REQUESTED else "none",
         "max_age_at": None,
         "dry_run": dry_run,
         "root_cause": root_cause,

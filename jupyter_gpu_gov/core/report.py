@@ -1,4 +1,4 @@
-"""The report a server sends (DESIGN §5): validation, and what it says about the GPU.
+"""The report a server sends (docs/api.md, "The report"): validation, and what it says about the GPU.
 
 Validation names the first bad field (``targets[2].gpu.sm``) so the server's log says what is
 wrong; a report that does not validate changes nothing. A report comes from a process its user
@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from . import health
 from .clock import parse, utcnow
 from .policy import GpuSignal
+from .vocabulary import STOP_SERVER
 
 SCHEMA = 1
 BACKENDS = ("nvml", "simulated", "unavailable", "none")
@@ -146,7 +147,7 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
         )
     devices = report["devices"]
     allocated = bool(devices) and report["server"].get("gpu_allocated", False)
-    holds_gpu = bool(holders) or (cull_action == "stop-server" and allocated)
+    holds_gpu = bool(holders) or (cull_action == STOP_SERVER and allocated)
 
     window = report["window"]
     if (window.get("gpu_active_fraction") or 0) > 0:  # recently active: nothing else to check

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-TEAM_PROPERTY = "gpu-gov/team"
+from .vocabulary import TEAM_PROPERTY
 
 
 def group_teams(groups: Iterable[Mapping[str, Any]]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Diagnosis windows (DESIGN §9): one row per server per window, read from CSV or JSON Lines or
+"""Diagnosis windows (docs/architecture.md, "Diagnosis windows"): one row per server per window, read from CSV or JSON Lines or
 made from a server's report.
 
 Columns (every value may be missing, ``None``):
@@ -24,7 +24,7 @@ Columns (every value may be missing, ``None``):
 ``user_idle_s`` seconds since the person last interacted with the server
 ``gr_active``   0..1, DCGM ``GR_ENGINE_ACTIVE`` (share of the window a kernel ran, whatever its
                 size); with ``sm_active`` from DCGM too, ``sm_active / gr_active`` is how much
-                of the GPU the kernels fill (optional, beyond DESIGN §9)
+                of the GPU the kernels fill (optional, beyond the base columns)
 ``cpu_top_thread`` 0..1, the busiest thread of the process tree's share of a core: one
                 saturated thread (a serial loop) reads 1, workers sharing the load less
                 (optional: servers that report it)
@@ -62,7 +62,7 @@ COLUMNS = (
     "read_mb_s",
     "kernel_busy",
     "user_idle_s",
-    "gr_active",  # beyond DESIGN §9: optional, after its columns
+    "gr_active",  # beyond the base columns: optional, after its columns
     "cpu_top_thread",  # optional, after those
 )
 
@@ -337,7 +337,7 @@ def windows_from_report(
     node: str | None = None,
     dcgm: Mapping[str, float | None] | None = None,
 ) -> list[Window]:
-    """The diagnosis window of a validated server report (DESIGN §5): one per server, or none
+    """The diagnosis window of a validated server report (docs/api.md, "The report"): one per server, or none
     when the server holds no GPU (no target holds a context, no device is allocated) or the
     report is the same one as ``previous`` (a re-sent report is not a new window).
 

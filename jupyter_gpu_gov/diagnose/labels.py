@@ -1,4 +1,4 @@
-"""The root-cause labels (DESIGN §8), their one-line hints, and a diagnosis.
+"""The root-cause labels (docs/api.md, "Root causes"), their one-line hints, and a diagnosis.
 
 The hints live here and only here: the verdict, the admin list and ``jupyter-gpu-gov diagnose``
 all show the same words. Each says what a researcher can do about it.

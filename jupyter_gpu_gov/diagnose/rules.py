@@ -60,7 +60,7 @@ from .labels import (
     diagnosis,
 )
 
-# The zombie definition (DESIGN §8): memory held, no GPU work, no human activity.
+# The zombie definition (docs/api.md, "Root causes"): memory held, no GPU work, no human activity.
 # "No GPU work" tolerates a few percent of SM activity: an idle card reads 1-2.5 % on some nodes
 # (monitoring agents, a neighbour on the same engine, a widget polling the GPU), and a loop that
 # works reads far more (the slowest real loop measured, a starved loader on an H200: 1.5-6 %

@@ -3,7 +3,7 @@
 Pure given its inputs (a GPU snapshot, one process table, the server's kernels and terminals):
 the sampler gathers those, this module only reasons about them.
 
-Two worlds (DESIGN §4):
+Two worlds (docs/architecture.md, "From a GPU sample to a cull"):
 
 - *local PIDs* (a workstation, or the simulated backend): NVML's PIDs are ours, so each GPU
   process is looked up in the process table and the split is ``exact``.

@@ -1,1 +1,1 @@
-"""Hub side: the governor, a JupyterHub managed service (DESIGN §2)."""
+"""Hub side: the governor, a JupyterHub managed service (docs/architecture.md, "The parts")."""

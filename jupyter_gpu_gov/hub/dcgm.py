@@ -1,8 +1,8 @@
 """Trusted per-GPU evidence from DCGM (dcgm-exporter), mapped to the pods that hold the GPUs.
 
-A server's report is user-controlled; DCGM is not (DESIGN §6). This module turns dcgm-exporter
+A server's report is user-controlled; DCGM is not (docs/security.md). This module turns dcgm-exporter
 series into one ``GpuEvidence`` per *leaf* GPU (a whole GPU, or a MIG GPU instance) and indexes
-them by pod and by GPU UUID for the governor. Parsing is pure; ``DcgmSource`` does the I/O.
+them by pod and by GPU UUID for the governor. Pure: ``hub/prometheus.py`` reads the formats, ``hub/dcgm_source.py`` does the I/O.
 
 Two ways in: scrape each exporter's text exposition (``http://<node>:9400/metrics``), or ask
 Prometheus (``/api/v1/query``) when it already scrapes the exporters. Through Prometheus the
@@ -14,31 +14,18 @@ exporter is never an owner.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-import http.client
-import json
 import math
-import multiprocessing
 import re
-import socket
-import ssl
-import threading
 import time
-import zlib
-from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from signal import SIG_IGN, SIGINT
-from signal import signal as set_signal_handler
 from typing import Any
-from urllib.parse import urlencode, urlsplit
 
-from ..core import clock, health
+from ..core import health
 from ..core.health import Health
+from .prometheus import METRIC_NAME, Sample, exposition_samples, vector_samples
 
 # Health fields (``health_of``): the last XID (DCGM keeps it until the driver or the exporter
 # restarts), the exporter's count of each XID over its window (``xid`` label), volatile
@@ -105,8 +92,6 @@ DEFAULT_METRICS: Mapping[str, str] = {
 DEFAULT_EXPORTER_POD_REGEX = r"(?:[a-z0-9-]+-)?dcgm-exporter-[a-z0-9]{5}"
 DEFAULT_EXPORTER_CONTAINERS = frozenset({"nvidia-dcgm-exporter", "dcgm-exporter", "exporter"})
 
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-
 # What each signal can be: a value outside is a broken (or forged) exporter, never evidence.
 # A hair over 1 is rounding (clamped); a negative utilisation once read as idle.
 _RANGES: Mapping[str, tuple[float, float]] = {
@@ -147,7 +132,7 @@ class DcgmConfig:
 
     def __post_init__(self) -> None:
         for name, signal in self.metrics.items():
-            if not _METRIC_NAME.fullmatch(name):
+            if not METRIC_NAME.fullmatch(name):
                 raise ValueError(f"DcgmConfig.metrics: {name!r} is not a Prometheus metric name")
             if signal not in SIGNALS:
                 raise ValueError(
@@ -228,8 +213,6 @@ class DcgmSnapshot:
 
 
 # --- parsing (pure) ---------------------------------------------------------------------------
-
-Sample = tuple[str, Mapping[str, str], float]  # metric name, labels, value
 
 
 def _label(labels: Mapping[str, str], *names: str) -> str | None:
@@ -405,158 +388,6 @@ def health_of(values: Mapping[str, float]) -> Health | None:
 _assess = functools.lru_cache(maxsize=1024)(health.assess)
 
 
-# The text exposition format (0.0.4), read by hand: prometheus_client's parser takes ~9 s over a
-# 10,000-GPU body, mostly on series the table never reads. Names are read as written, as
-# Prometheus does; prometheus_client would rename a counter's samples to ``<name>_total``.
-# One label and its separator. A value escapes only \\, \" and \n (any other escape is an error,
-# as in Prometheus); unrolled as runs between escapes, which ``re`` scans far faster than a char
-# alternation.
-_LABEL = re.compile(
-    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\[\\"n][^"\\]*)*)"[ \t]*(?:,|\Z)'
-)
-_LABELS = re.compile(f"(?:{_LABEL.pattern})*")  # labels one after another, as the loop reads them
-_VALUE = re.compile(r"[ \t]+(\S+)(?:[ \t]+[-+]?[0-9]+)?")  # then an optional timestamp (ms)
-_ESCAPE = re.compile(r'\\[\\"n]')
-_UNESCAPED = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-def _label_set(raw: str) -> dict[str, str]:
-    """The labels between ``{`` and ``}``; each label must follow the last, or it is malformed."""
-    raw = raw.strip(" \t")
-    # Checked and split by two C scans; any fault is named by the label-by-label reader.
-    pairs = _LABEL.findall(raw) if _LABELS.fullmatch(raw) else None
-    if pairs is None or len({name for name, _ in pairs}) != len(pairs):
-        return _label_set_named_fault(raw)
-    if "\\" not in raw:
-        return dict(pairs)
-    return {
-        name: _ESCAPE.sub(lambda m: _UNESCAPED[m[0]], value) if "\\" in value else value
-        for name, value in pairs
-    }
-
-
-def _label_set_named_fault(raw: str) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    pos = 0
-    while pos < len(raw):
-        label = _LABEL.match(raw, pos)
-        if label is None:
-            raise ValueError(f"malformed label at {raw[pos : pos + 40]!r}")
-        name, value = label.groups()
-        if name in labels:
-            raise ValueError(f"duplicate label {name!r}")
-        labels[name] = _ESCAPE.sub(lambda m: _UNESCAPED[m[0]], value) if "\\" in value else value
-        pos = label.end()
-    return labels
-
-
-def _sample(
-    line: str, start: int, label_sets: dict[str, dict[str, str]]
-) -> tuple[dict[str, str], float]:
-    """The labels and value of a sample line whose metric name ends at ``start``."""
-    labels: dict[str, str] = {}
-    brace = line.find("{", start)
-    if brace != -1 and not line[start:brace].strip(" \t"):
-        # The last "}" closes the set: a value may hold "}", but what follows the set may not.
-        close = line.rfind("}")
-        if close < brace:
-            raise ValueError("unclosed label set")
-        raw = line[brace + 1 : close]
-        # A GPU's label set repeats once per metric: parse each distinct one once, share the dict.
-        cached = label_sets.get(raw)
-        if cached is None:
-            cached = label_sets[raw] = _label_set(raw)
-        labels, start = cached, close + 1
-    value = _VALUE.fullmatch(line, start)
-    if value is None:
-        raise ValueError("expected a value and an optional timestamp")
-    if "_" in value[1]:  # float() takes "1_000"; the format does not
-        raise ValueError(f"invalid value {value[1]!r}")
-    return labels, float(value[1])
-
-
-def _line_samples(
-    lines: Iterable[tuple[int, str]], metrics: Container[str], label_sets: dict[str, dict]
-) -> Iterator[Sample]:
-    """The reference reader: line by line, in Python (the scanner below falls back to it)."""
-    for number, line in lines:
-        line = line.strip()  # the A100 MIG fixture's lines are indented
-        if not line or line[0] == "#":
-            continue
-        name = _METRIC_NAME.match(line)
-        if name is None:
-            raise ValueError(f"line {number}: no metric name: {line[:200]!r}")
-        if name[0] not in metrics:
-            continue
-        try:
-            labels, value = _sample(line, name.end(), label_sets)
-        except ValueError as e:
-            raise ValueError(f"line {number}: {e}: {line[:200]!r}") from None
-        yield name[0], labels, value
-
-
-@functools.lru_cache(maxsize=16)
-def _scanner(names: frozenset[str]) -> re.Pattern[str]:
-    """One pattern that finds, in C, every line after the first whose metric is in ``names``.
-
-    It starts with a literal "\\n", so ``re`` jumps from line to line without looking at the
-    other lines' text. A line in the common form (labels up to the line's *last* "}", a value
-    with neither "_" nor "}", an optional timestamp, blanks) gives its raw labels and value
-    (groups 2, 3); any other line of a wanted metric gives group 4 (the rest of the line), and
-    the caller hands the whole text to the reference reader, which reads odd forms or names the
-    error. A wanted line is one whose longest metric-name prefix is in ``names``, as there.
-    """
-    alternation = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-    common = r"(?:[ \t]*\{(.*)\})?[ \t]+([^\s}_]+)(?:[ \t]+[-+]?[0-9]+)?[^\S\n]*(?=\n|\Z)"
-    return re.compile(
-        rf"\n[^\S\n]*({alternation})(?![a-zA-Z0-9_:])(?:{common}|([^\n]*))" if names else r"(?!)"
-    )
-
-
-# A line (after the first) that is neither blank, a comment nor starts with a metric name.
-_NAMELESS = re.compile(r"\n[^\S\n]*[^\s#a-zA-Z_:]")
-
-
-def _exposition_samples(text: str, metrics: Collection[str]) -> Iterator[Sample]:
-    """(name, labels, value) for each sample of a metric in ``metrics``; other lines unparsed.
-
-    Samples, their order, shared label dicts and errors are those of ``_line_samples`` over
-    every line: a 38 MB exposition is scanned in C and only wanted lines reach Python (5x
-    faster); an exposition with any line the scanner does not read plainly is read by
-    ``_line_samples`` instead.
-    """
-    label_sets: dict[str, dict[str, str]] = {}
-    first_end = text.find("\n")
-    if first_end == -1 or _NAMELESS.search(text, first_end):
-        yield from _line_samples(enumerate(text.split("\n"), 1), metrics, label_sets)
-        return
-    samples = list(_line_samples([(1, text[:first_end])], metrics, label_sets))
-    for match in _scanner(frozenset(metrics)).finditer(text, first_end):
-        name, raw, value, other = match.groups()
-        if other is not None:
-            samples = None
-            break
-        if raw is None:
-            labels = {}
-        else:
-            labels = label_sets.get(raw)
-            if labels is None:
-                try:
-                    labels = label_sets[raw] = _label_set(raw)
-                except ValueError:
-                    samples = None
-                    break
-        try:
-            samples.append((name, labels, float(value)))
-        except ValueError:
-            samples = None
-            break
-    if samples is None:  # a line in another form: the reference reader reads it, or says why
-        yield from _line_samples(enumerate(text.split("\n"), 1), metrics, {})
-        return
-    yield from samples
-
-
 def parse_exposition(
     text: str, config: DcgmConfig | None = None, rejected: list | None = None
 ) -> list[GpuEvidence]:
@@ -566,17 +397,7 @@ def parse_exposition(
     ``config.metrics``; lines of other metrics, comments and HELP/TYPE lines are skipped unread.
     """
     config = config or DcgmConfig()
-    return evidence_from_samples(_exposition_samples(text, config.metrics), config, rejected)
-
-
-def _vector_samples(result: Iterable[Any]) -> Iterator[Sample]:
-    for series in result:
-        try:
-            labels = series["metric"]
-            # Prometheus sends values as strings ("0", "NaN", "+Inf").
-            yield labels.get("__name__", ""), labels, float(series["value"][1])
-        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
-            raise ValueError(f"malformed vector sample {series!r:.200}: {e!r}") from None
+    return evidence_from_samples(exposition_samples(text, config.metrics), config, rejected)
 
 
 def parse_prometheus_query(
@@ -593,7 +414,7 @@ def parse_prometheus_query(
     data = payload.get("data") or {}
     if data.get("resultType") != "vector":
         raise ValueError(f"expected a vector result, got {data.get('resultType')!r}")
-    return evidence_from_samples(_vector_samples(data.get("result") or []), config, rejected)
+    return evidence_from_samples(vector_samples(data.get("result") or []), config, rejected)
 
 
 def prometheus_query(config: DcgmConfig | None = None) -> str:
@@ -639,232 +460,3 @@ def index_by_uuid(evidence: Iterable[GpuEvidence]) -> dict[str, list[GpuEvidence
     for e in evidence:
         index.setdefault(e.uuid, []).append(e)
     return index
-
-
-# --- fetching ---------------------------------------------------------------------------------
-
-
-class DcgmSource:
-    """Reads DCGM evidence from Prometheus or straight from exporters; never raises on I/O.
-
-    Prometheus mode sends *one* regex query (``prometheus_query``) rather than one per metric:
-    one round trip per cycle, and every metric is evaluated at the same instant, so a GPU's
-    activity and PCIe readings belong together. Exporter mode scrapes every URL concurrently;
-    an exporter that fails costs only its own node's GPUs, recorded in ``errors``.
-
-    ``fetch`` runs the whole read (HTTP, decompression, parsing) in a worker *process*: a
-    10,000-GPU fleet is about 40 MB of text and most of a second of CPU, which in a thread would
-    still hold the service's GIL for that long, slowing the pass and every report meanwhile.
-    The service only unpickles the evidence (about 25 ms for 10,000 GPUs).
-    """
-
-    def __init__(
-        self,
-        *,
-        prometheus_url: str | None = None,
-        exporter_urls: Sequence[str] = (),
-        config: DcgmConfig | None = None,
-        timeout_s: float = 5.0,
-        bearer_token: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        validate_cert: bool = True,
-        ca_certs: str | None = None,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> None:
-        if bool(prometheus_url) == bool(exporter_urls):
-            raise ValueError("DcgmSource: give either prometheus_url or exporter_urls")
-        headers = dict(headers or {})
-        if bearer_token:
-            headers["Authorization"] = f"Bearer {bearer_token}"
-        self.reader = DcgmReader(
-            prometheus_url=prometheus_url,
-            exporter_urls=tuple(exporter_urls),
-            config=config or DcgmConfig(),
-            timeout_s=timeout_s,
-            headers=headers,
-            validate_cert=validate_cert,
-            ca_certs=ca_certs,
-            max_bytes=max_bytes,
-        )
-
-    async def fetch(self) -> DcgmSnapshot:
-        # Stamped when the read starts, on the service's clock: what a slow answer says is as
-        # old as the question (the governor ignores evidence past its dcgm_max_age).
-        asked, asked_monotonic = clock.utcnow(), time.monotonic()
-        loop = asyncio.get_running_loop()
-        try:
-            evidence, errors, cpu_s = await loop.run_in_executor(_worker(), self.reader.read)
-        except BrokenProcessPool as e:  # the worker died (killed, out of memory): start afresh
-            _reset_worker()
-            evidence, errors, cpu_s = [], [f"DCGM worker: {type(e).__name__}: {e}"], 0.0
-        return DcgmSnapshot(tuple(evidence), asked, tuple(errors), cpu_s, asked_monotonic)
-
-
-@dataclass(frozen=True)
-class DcgmReader:
-    """The blocking read, sent to the worker process (so it holds only what pickles)."""
-
-    prometheus_url: str | None
-    exporter_urls: tuple[str, ...]
-    config: DcgmConfig
-    timeout_s: float
-    headers: Mapping[str, str]
-    validate_cert: bool
-    ca_certs: str | None
-    max_bytes: int = DEFAULT_MAX_BYTES
-
-    def read(self) -> tuple[list[GpuEvidence], list[str], float]:
-        """The blocking read, run in the worker: evidence, errors, and the CPU seconds it took."""
-        started = time.process_time()
-        if self.prometheus_url:
-            results = [self._query_prometheus(self.prometheus_url)]
-        else:
-            with ThreadPoolExecutor(min(16, len(self.exporter_urls))) as pool:
-                results = list(pool.map(self._scrape, self.exporter_urls))
-        evidence = [e for found, _ in results for e in found]
-        errors = [error for _, errs in results for error in errs]
-        return evidence, errors, time.process_time() - started
-
-    def _get(self, url: str, accept: str) -> str:
-        """The body of a GET, within ``timeout_s`` in all (connecting, headers, body: a server
-        that trickles bytes is cut off at the deadline), at most ``max_bytes`` once
-        decompressed. Plain ``http.client``: no proxy from the environment (the exporters are
-        in-cluster) and no redirects."""
-        parts = urlsplit(url)
-        if parts.scheme == "https":
-            context = ssl.create_default_context(cafile=self.ca_certs)
-            if not self.validate_cert:
-                context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
-                parts.netloc, timeout=self.timeout_s, context=context
-            )
-        elif parts.scheme == "http":
-            connection = http.client.HTTPConnection(parts.netloc, timeout=self.timeout_s)
-        else:
-            raise ValueError(f"not an http(s) URL: {url!r}")
-        target = parts.path or "/"
-        if parts.query:
-            target += f"?{parts.query}"
-        # A socket timeout bounds each wait, not the read: a watchdog ends the whole of it.
-        expired = threading.Event()
-        watchdog = threading.Timer(self.timeout_s, _cut_off, (connection, expired))
-        watchdog.start()
-        try:
-            headers = {"Accept": accept, "Accept-Encoding": "gzip", **self.headers}
-            connection.request("GET", target, headers=headers)
-            response = connection.getresponse()
-            gzipped = response.getheader("Content-Encoding", "").lower() == "gzip"
-            body = _Body(self.max_bytes, gzipped)
-            while chunk := response.read1(1 << 20):
-                body.add(chunk)
-            body.end()
-        except (OSError, http.client.HTTPException):
-            if expired.is_set():
-                raise TimeoutError(f"no whole answer within {self.timeout_s:g}s") from None
-            raise
-        finally:
-            watchdog.cancel()
-            connection.close()
-        if expired.is_set():
-            raise TimeoutError(f"no whole answer within {self.timeout_s:g}s")
-        text = body.text()
-        if response.status != 200:
-            raise OSError(f"HTTP {response.status} {response.reason}: {text[:200].strip()}")
-        return text
-
-    def _scrape(self, url: str) -> tuple[list[GpuEvidence], list[str]]:
-        rejected: list[str] = []
-        try:
-            evidence = parse_exposition(self._get(url, "text/plain"), self.config, rejected)
-        except Exception as e:  # any failure degrades to "no DCGM for this node", never a crash
-            return [], [f"{url}: {type(e).__name__}: {e}"]
-        return evidence, _rejections(url, rejected)
-
-    def _query_prometheus(self, base: str) -> tuple[list[GpuEvidence], list[str]]:
-        query = urlencode({"query": prometheus_query(self.config)})
-        url = f"{base.rstrip('/')}/api/v1/query?{query}"
-        rejected: list[str] = []
-        try:
-            payload = json.loads(self._get(url, "application/json"))
-            evidence = parse_prometheus_query(payload, self.config, rejected)
-        except Exception as e:  # any failure degrades to "no DCGM", never a crash
-            return [], [f"{base}: {type(e).__name__}: {e}"]
-        # Warnings flag partial data (e.g. a Thanos store that did not answer).
-        warnings = [f"{base}: warning: {w}" for w in payload.get("warnings") or []]
-        return evidence, warnings + _rejections(base, rejected)
-
-
-def _cut_off(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
-    """The read's deadline: the blocked read ends (as an error the reader then names)."""
-    expired.set()
-    sock = connection.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-class _Body:
-    """An answer's bytes as they come, decompressed as they come, never past ``limit``."""
-
-    def __init__(self, limit: int, gzipped: bool):
-        self.limit = limit
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
-
-    def add(self, chunk: bytes) -> None:
-        if self.inflate is None:
-            self._keep(chunk)
-            return
-        while chunk:
-            # At most what is still allowed (+1, to notice going over), however it inflates.
-            self._keep(self.inflate.decompress(chunk, self.limit - self.size + 1))
-            chunk = self.inflate.unconsumed_tail
-
-    def end(self) -> None:
-        if self.inflate is not None:
-            self._keep(self.inflate.flush())
-            if not self.inflate.eof:
-                raise ValueError("the gzip body ends early")
-
-    def _keep(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size > self.limit:
-            raise ValueError(f"the answer is over {self.limit} bytes (decompressed)")
-        self.chunks.append(data)
-
-    def text(self) -> str:
-        return b"".join(self.chunks).decode("utf-8", errors="replace")
-
-
-def _rejections(source: str, rejected: list[str], shown: int = 3) -> list[str]:
-    if not rejected:
-        return []
-    more = f" and {len(rejected) - shown} more" if len(rejected) > shown else ""
-    named = ", ".join(rejected[:shown])
-    return [f"{source}: {len(rejected)} value(s) out of range ignored (unknown): {named}{more}"]
-
-
-# One worker process for the service, started at the first fetch. "spawn": the service runs
-# threads (asyncio's executor, the diagnosis trainer), which a forked child must not inherit.
-_pool: ProcessPoolExecutor | None = None
-
-
-def _worker() -> ProcessPoolExecutor:
-    global _pool
-    if _pool is None:
-        context = multiprocessing.get_context("spawn")
-        _pool = ProcessPoolExecutor(1, mp_context=context, initializer=_ignore_interrupts)
-    return _pool
-
-
-def _reset_worker() -> None:
-    global _pool
-    if _pool is not None:
-        _pool.shutdown(wait=False, cancel_futures=True)
-    _pool = None
-
-
-def _ignore_interrupts() -> None:
-    # Ctrl-C in a terminal reaches the whole process group: the service shuts its worker down.
-    set_signal_handler(SIGINT, SIG_IGN)

@@ -34,16 +34,26 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from ..core import clock, health, policy
 from ..core.health import Health
-from ..core.policy import CHECKPOINT, CULL, Decision, Policy, Record, ServerView, evolve
+from ..core.policy import Decision, Policy, Record, ServerView, evolve
+from ..core.vocabulary import (
+    CHECKPOINT,
+    CHECKPOINT_DONE,
+    CHECKPOINT_FAILED,
+    CHECKPOINT_REQUESTED,
+    CHECKPOINT_TIMEOUT,
+    CULL,
+    CULLED,
+    GPU_FAILED,
+    NODE_UNHEALTHY_ANNOTATION,
+    NODE_UNHEALTHY_LABEL,
+    UNKNOWN,
+)
 from . import metrics
 from .dcgm import DcgmSnapshot, GpuEvidence
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
-GPU_FAILED = "gpu-failed"  # the governor state of a server whose GPU failed under it
 NODE_ACTIONS = ("none", "label", "cordon")
-NODE_LABEL = "gpu-gov/gpu-unhealthy"  # "true" on a node with a GPU DCGM finds unhealthy
-NODE_ANNOTATION = "gpu-gov/gpu-unhealthy-reasons"  # which GPUs, and why
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # A GPU DCGM has not reported for this long is forgotten (its node was removed for good).
 FORGET_AFTER = timedelta(days=1)
@@ -183,14 +193,16 @@ class HealthWatch:
         if failure is None:
             return decision
         record = decision.record
-        if not failure.failed or decision.state != policy.UNKNOWN or CULL in decision.actions:
+        if not failure.failed or decision.state != UNKNOWN or CULL in decision.actions:
             note = drain_note(failure) if not failure.failed else owner_notice(failure, None)
-            if note in record.reason or decision.state == policy.CULLED:
+            if note in record.reason or decision.state == CULLED:
                 return decision
             return evolve(decision, record=evolve(record, reason=f"{record.reason}; {note}"))
         actions = decision.actions
         if chosen.checkpoint and checkpointable and record.checkpoint_status is None:
-            record = evolve(record, checkpoint_status="requested", checkpoint_requested_at=now)
+            record = evolve(
+                record, checkpoint_status=CHECKPOINT_REQUESTED, checkpoint_requested_at=now
+            )
             actions = (*actions, CHECKPOINT)
         notice = owner_notice(failure, record.checkpoint_status)
         return Decision(evolve(record, state=GPU_FAILED, reason=notice), actions)
@@ -200,7 +212,7 @@ class HealthWatch:
         it is newly so (``None`` otherwise). Flagged servers are listed for admins, never
         culled for it."""
         since = record.paused_at
-        if record.state not in (policy.UNKNOWN, GPU_FAILED) or since is None:
+        if record.state not in (UNKNOWN, GPU_FAILED) or since is None:
             self.flagged.pop(key, None)
             return None
         if now - since < self.options.unknown_alert_after or key in self.flagged:
@@ -337,8 +349,8 @@ class HealthWatch:
             )
             patch: dict = {
                 "metadata": {
-                    "labels": {NODE_LABEL: "true"},
-                    "annotations": {NODE_ANNOTATION: reasons[:4000]},
+                    "labels": {NODE_UNHEALTHY_LABEL: "true"},
+                    "annotations": {NODE_UNHEALTHY_ANNOTATION: reasons[:4000]},
                 }
             }
             if cordon:
@@ -346,7 +358,10 @@ class HealthWatch:
             changes.append((node, patch, action, f"unhealthy GPU on node {node}: {reasons}"))
         for node in [n for n in self._nodes if n not in bad]:
             patch = {
-                "metadata": {"labels": {NODE_LABEL: None}, "annotations": {NODE_ANNOTATION: None}}
+                "metadata": {
+                    "labels": {NODE_UNHEALTHY_LABEL: None},
+                    "annotations": {NODE_UNHEALTHY_ANNOTATION: None},
+                }
             }
             why = f"every GPU of node {node} is healthy again (a cordon stays: uncordon by hand)"
             changes.append((node, patch, "node-unlabel", why))
@@ -386,11 +401,11 @@ class HealthWatch:
 def owner_notice(failure: Health, checkpoint_status: str | None) -> str:
     """What the owner of a server on a failed GPU reads (the verdict's reason)."""
     parts = [f"Your GPU failed ({failure.reasons[0]})"]
-    if checkpoint_status == "requested":
+    if checkpoint_status == CHECKPOINT_REQUESTED:
         parts.append("a checkpoint of your work is being saved")
-    elif checkpoint_status == "done":
+    elif checkpoint_status == CHECKPOINT_DONE:
         parts.append("your work was checkpointed")
-    elif checkpoint_status in ("failed", "timeout"):
+    elif checkpoint_status in (CHECKPOINT_FAILED, CHECKPOINT_TIMEOUT):
         parts.append("the checkpoint of your work failed: save what you can")
     parts.append("restart your server to get another GPU")
     return "; ".join(parts)

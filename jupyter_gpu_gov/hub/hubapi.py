@@ -23,6 +23,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.httputil import url_concat
 
 from ..core import clock
+from ..core.vocabulary import server_key
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,9 @@ class HubServer:
     spawner_state: Mapping[str, Any] | None = field(default=None, hash=False)
 
     @property
-    def key(self) -> tuple[str, str]:
-        return (self.user, self.name)
-
-    @property
-    def full_name(self) -> str:
-        """``user`` or ``user/name``, as the Hub writes it in logs."""
-        return f"{self.user}/{self.name}" if self.name else self.user
+    def key(self) -> str:
+        """The server's key (``core.vocabulary.server_key``): ``user/`` or ``user/name``."""
+        return server_key(self.user, self.name)
 
     @classmethod
     def from_models(

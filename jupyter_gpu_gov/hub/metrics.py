@@ -8,6 +8,8 @@ from contextlib import suppress
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ..core.vocabulary import STATES
+
 REGISTRY = CollectorRegistry()
 
 SERVERS = Gauge(
@@ -102,17 +104,6 @@ TEAM_GPUS = Gauge(
     registry=REGISTRY,
 )
 
-STATES = (
-    "active",
-    "idle",
-    "busy",
-    "warned",
-    "checkpointing",
-    "culled",
-    "exempt",
-    "unknown",
-    "gpu-failed",
-)
 # SERVER_INFO's series and their values, as last set (only observe_states writes SERVER_INFO).
 _server_series: dict[tuple[str, ...], float] = {}
 

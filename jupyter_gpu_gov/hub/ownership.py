@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import grant
-from ..core.policy import LABEL_PREFIX
+from ..core.vocabulary import PROJECT_LABEL, TEAM_LABEL, TIER_LABEL, USER_LABEL
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,6 @@ class Ownership:
     tier: str | None = None
     profile: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-# The labels naming each owner field (``gpu-gov/team``, ...).
-_OWNER_LABELS = {key: f"{LABEL_PREFIX}{key}" for key in ("team", "project", "tier", "user")}
 
 
 def resolve(
@@ -49,16 +45,16 @@ def resolve(
 ) -> Ownership:
     user_options = user_options or {}
     labels = grant.labels(spawner_state)
-    team = labels.get(_OWNER_LABELS["team"])
+    team = labels.get(TEAM_LABEL)
     if not team:
         team = next((teams_by_group[g] for g in user_groups if g in teams_by_group), None)
     team = team or team_map.get(user)
-    project = labels.get(_OWNER_LABELS["project"]) or _text(user_options.get("project"))
+    project = labels.get(PROJECT_LABEL) or _text(user_options.get("project"))
     profile = _text(user_options.get("profile"))
-    tier = labels.get(_OWNER_LABELS["tier"]) or profile
-    for key, value in (("team", team), ("tier", tier), ("user", user)):
+    tier = labels.get(TIER_LABEL) or profile
+    for label, value in ((TEAM_LABEL, team), (TIER_LABEL, tier), (USER_LABEL, user)):
         if value:
-            labels.setdefault(_OWNER_LABELS[key], value)
+            labels.setdefault(label, value)
     return Ownership(team=team, project=project, tier=tier, profile=profile, labels=labels)
 
 

@@ -159,11 +159,11 @@ def _until(when: datetime | None, now: datetime) -> str:
 def server_lines(governor, now: datetime) -> list[dict]:
     """The running servers as the dashboard shows them (GPU-holding ones flagged)."""
     lines = []
-    pending_ext = {e.server_key for e in governor.store.extensions("pending")}
+    pending_ext = {e.server_key for e in governor.extensions("pending")}
     for row in governor.server_rows(running_only=True):
         view = governor.listing(row)
         gpu = view["gpu"] or {}
-        session = governor.ledger.open.get(row.key)
+        session = governor.open_session(row.key)
         devices = [
             d.get("mig_profile") or d.get("name") or d.get("uuid") for d in gpu.get("devices", ())
         ]
@@ -240,7 +240,7 @@ class DashboardHandler(PageHandler):
         if self.get_argument("desc", "") == "0":
             shown.reverse()
         gov.flush_usage()  # the ledger as of this pass, not of its last write
-        week = showback.usage(gov.store, gov.options, ["team"], "all", showback.days_back(7, now))
+        week = gov.usage(["team"], "all", showback.days_back(7, now))
         idle_cost = {r["team"]: r["idle_cost"] for r in week}
         idle_hours = {r["team"]: r["gpu_hours_idle"] for r in week}
         use_cost = any(v > 0 for v in idle_cost.values())
@@ -271,7 +271,7 @@ class DashboardHandler(PageHandler):
                 "ago": _ago(e.requested_at, now),
                 "reason": e.reason,
             }
-            for e in gov.store.extensions("pending")
+            for e in gov.extensions("pending")
         ]
         self.render_page(
             "dashboard.html",
@@ -395,11 +395,11 @@ class ShowbackHandler(PageHandler):
             days = 14
         since = showback.days_back(days, now)
         gov.flush_usage()
-        rows = showback.usage(gov.store, gov.options, [dim], period, since)
-        totals = showback.usage(gov.store, gov.options, [dim], "all", since)
+        rows = gov.usage([dim], period, since)
+        totals = gov.usage([dim], "all", since)
         idle_series, periods = showback.series_by(rows, dim, "gpu_hours_idle")
         active_series, _ = showback.series_by(rows, dim, "gpu_hours_active")
-        sessions = gov.store.usage_sessions(since=since)
+        sessions = gov.usage_sessions(since=since)
         hist = ledger.utilisation_histogram(sessions)
         per = "day" if period == "day" else "week"
         query = urlencode({"group_by": f"{dim},{period}", "since": since.date().isoformat()})
@@ -449,18 +449,16 @@ class MyUsageHandler(PageHandler):
         lines = [line for line in server_lines(gov, now) if line["user"] == me]
         since = showback.days_back(30, now)
         gov.flush_usage()
-        sessions = gov.store.usage_sessions(since=since, user=me)
-        days = showback.usage(gov.store, gov.options, [], "day", since, user=me)
+        sessions = gov.usage_sessions(since=since, user=me)
+        days = gov.usage([], "day", since, user=me)
         idle_series = {"idle": {r["period"]: r["gpu_hours_idle"] for r in days}}
         idle_series["active"] = {r["period"]: r["gpu_hours_active"] for r in days}
-        (mine,) = showback.usage(gov.store, gov.options, [], "all", since, user=me) or [None]
+        (mine,) = gov.usage([], "all", since, user=me) or [None]
         teams = sorted(
             {s.owner.team for s in sessions if s.owner.team}
             | {line["team"] for line in lines if line["team"]}
         )
-        held = {}
-        for session in gov.ledger.open.values():
-            held[session.owner.team] = held.get(session.owner.team, 0.0) + session.gpus
+        held = gov.gpus_held()
         team_use = [
             {
                 "team": team,
@@ -468,9 +466,7 @@ class MyUsageHandler(PageHandler):
                 "quota": gov.options.team_quotas.get(team),
                 "week": next(
                     iter(
-                        showback.usage(
-                            gov.store,
-                            gov.options,
+                        gov.usage(
                             [],
                             "all",
                             showback.days_back(7, now),

@@ -1,4 +1,4 @@
-"""The governor's REST API under ``/services/gpu-gov/api/`` (DESIGN §10).
+"""The governor's REST API under ``/services/gpu-gov/api/`` (docs/api.md, "Governor service").
 
 Every handler authenticates with the Hub (a token, or the browser's Hub login) and needs the
 service's access scope; admin verbs also need ``custom:gpu-gov:admin`` (or Hub admin scopes),
@@ -19,8 +19,9 @@ from tornado.log import app_log
 from ..core import clock, policy
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
+from ..core.vocabulary import server_key
 from . import metrics, showback
-from .reconcile import Governor, server_key
+from .reconcile import Governor
 from .store import StoreUnavailable
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
@@ -306,7 +307,7 @@ class ExtensionsHandler(ApiHandler):
         status = self.get_argument("status", None)
         if status is not None and status not in EXTENSION_STATUSES:
             raise web.HTTPError(400, f"'status' must be one of {', '.join(EXTENSION_STATUSES)}")
-        rows = self.governor.store.extensions(status)
+        rows = self.governor.extensions(status)
         self.write_json(
             {
                 "extensions": [
@@ -344,7 +345,7 @@ class AuditHandler(ApiHandler):
         if not text.isdigit() or not 1 <= int(text) <= MAX_AUDIT_ROWS:
             raise web.HTTPError(400, f"'limit' must be a whole number from 1 to {MAX_AUDIT_ROWS}")
         limit = int(text)
-        rows = self.governor.store.audit_rows(server_key=server, user=user, limit=limit)
+        rows = self.governor.audit_trail(server, user, limit)
         self.write_json(
             {
                 "audit": [
@@ -453,9 +454,7 @@ class UsageHandler(ApiHandler):
         if not self.is_admin:
             owner["user"] = self.current_user["name"]
         self.governor.flush_usage()  # the ledger as of the last pass, not of its last write
-        rows = showback.usage(
-            self.governor.store, self.governor.options, group_by, period, since, until, **owner
-        )
+        rows = self.governor.usage(group_by, period, since, until, **owner)
         fmt = self.get_argument("format", "json")
         if fmt == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")

@@ -8,20 +8,11 @@ memory by the service, not here: they are re-sent every minute and need no durab
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterable, Sequence
-from dataclasses import fields
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
-    Boolean,
-    DateTime,
-    Float,
-    Integer,
-    String,
-    Text,
     and_,
     bindparam,
     create_engine,
@@ -34,13 +25,21 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.orm import Session, sessionmaker
 
 from ..core import clock
 from ..core.ledger import FIELDS, Bucket, Owner
 from ..core.ledger import Session as LedgerSession
-from ..core.policy import Decision, Record
+from .bulk_sql import Executemany
+from .tables import (
+    AuditRow,
+    Base,
+    ExtensionRow,
+    MetaRow,
+    ServerRow,
+    UsageRow,
+    UsageSessionRow,
+)
 
 SCHEMA_VERSION = 2
 
@@ -61,162 +60,6 @@ def safe_url(url: str) -> str:
     except Exception:
         return "<the configured db_url>"
 
-
-class Base(DeclarativeBase):
-    pass
-
-
-class UtcDateTime(TypeDecorator):
-    """Timezone-aware UTC in and out, whatever the database does with time zones (SQLite
-    drops them)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value, dialect):
-        return value.astimezone(timezone.utc) if value is not None else None
-
-    def process_result_value(self, value, dialect):
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value
-
-
-class ServerRow(Base):
-    __tablename__ = "servers"
-
-    key: Mapped[str] = mapped_column(String(255), primary_key=True)  # "user/name"
-    user: Mapped[str] = mapped_column(String(255), index=True)
-    name: Mapped[str] = mapped_column(String(255), default="")
-    session_started: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    team: Mapped[str | None] = mapped_column(String(255))
-    project: Mapped[str | None] = mapped_column(String(255))
-    tier: Mapped[str | None] = mapped_column(String(255))
-    profile: Mapped[str | None] = mapped_column(String(255))
-    labels: Mapped[dict] = mapped_column(JSON, default=dict)
-    policy: Mapped[str | None] = mapped_column(String(255))
-    running: Mapped[bool] = mapped_column(Boolean, default=True)
-    # The policy Record, one column per field (see _RECORD_FIELDS).
-    state: Mapped[str] = mapped_column(String(32), default="active")
-    idle_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    warned_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    extension_s: Mapped[float] = mapped_column(Float, default=0.0)
-    extensions_used: Mapped[int] = mapped_column(Integer, default=0)
-    approval_pending: Mapped[bool] = mapped_column(Boolean, default=False)
-    postponed_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    checkpoint_status: Mapped[str | None] = mapped_column(String(32))
-    checkpoint_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    max_age_warned_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    paused_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    exempt_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    culled_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    reason: Mapped[str] = mapped_column(Text, default="")
-    # Schema 2: bounded checkpoint retries, running cells, expected durations, culls asked for.
-    checkpoint_failures: Mapped[int] = mapped_column(Integer, default=0)
-    busy_noticed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    interrupted_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    overrun_noticed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    cull_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    cull_request_reason: Mapped[str | None] = mapped_column(String(32))
-    cull_request_why: Mapped[str] = mapped_column(Text, default="")
-    # Decision outputs, so verdicts and listings need no recomputation.
-    warn_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    cull_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    cull_reason: Mapped[str | None] = mapped_column(String(32))
-    checkpoint_manifest: Mapped[dict | None] = mapped_column(JSON)
-    # It has sent GPU reports this session: until the next one arrives (after a service
-    # restart) its GPU is unknown rather than "no extension".
-    reports: Mapped[bool] = mapped_column(Boolean, default=False)
-    updated_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-
-
-class ExtensionRow(Base):
-    __tablename__ = "extensions"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    server_key: Mapped[str] = mapped_column(String(255), index=True)
-    requested_by: Mapped[str] = mapped_column(String(255))
-    requested_at: Mapped[datetime] = mapped_column(UtcDateTime())
-    seconds: Mapped[float] = mapped_column(Float)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    status: Mapped[str] = mapped_column(
-        String(16)
-    )  # granted | pending | approved | denied | refused
-    decided_by: Mapped[str | None] = mapped_column(String(255))
-    decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    decision_reason: Mapped[str | None] = mapped_column(Text)
-
-
-class AuditRow(Base):
-    __tablename__ = "audit"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
-    server_key: Mapped[str | None] = mapped_column(String(255), index=True)
-    user: Mapped[str | None] = mapped_column(String(255))
-    action: Mapped[str] = mapped_column(String(32))  # warn, checkpoint, cull, extend, exempt, ...
-    reason: Mapped[str] = mapped_column(Text, default="")
-    actor: Mapped[str] = mapped_column(String(255), default="governor")
-    dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
-    details: Mapped[dict | None] = mapped_column(JSON)
-
-
-class UsageRow(Base):
-    """The usage ledger's buckets: GPU-equivalent seconds per UTC day and owner, by state
-    (``core.ledger``), and the day's culls and extensions. "" where an owner field is unknown."""
-
-    __tablename__ = "usage"
-
-    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD (UTC)
-    user: Mapped[str] = mapped_column(String(255), primary_key=True)
-    team: Mapped[str] = mapped_column(String(255), primary_key=True)
-    project: Mapped[str] = mapped_column(String(255), primary_key=True)
-    tier: Mapped[str] = mapped_column(String(255), primary_key=True)
-    active: Mapped[float] = mapped_column(Float, default=0.0)
-    idle_held: Mapped[float] = mapped_column(Float, default=0.0)
-    idle_free: Mapped[float] = mapped_column(Float, default=0.0)
-    unknown: Mapped[float] = mapped_column(Float, default=0.0)
-    unobserved: Mapped[float] = mapped_column(Float, default=0.0)
-    culls: Mapped[float] = mapped_column(Float, default=0.0)
-    extensions: Mapped[float] = mapped_column(Float, default=0.0)
-    right_size_freed: Mapped[float] = mapped_column(Float, default=0.0)  # schema 2
-
-
-class UsageSessionRow(Base):
-    """One server session in the ledger: its totals (GPU-equivalent seconds by state) and the
-    cursor (the last observation), so a restarted service bills on from where it stopped."""
-
-    __tablename__ = "usage_sessions"
-
-    server: Mapped[str] = mapped_column(String(255), primary_key=True)  # "user/name"
-    session: Mapped[str] = mapped_column(String(64), primary_key=True)
-    user: Mapped[str] = mapped_column(String(255), index=True)
-    team: Mapped[str] = mapped_column(String(255), default="")
-    project: Mapped[str] = mapped_column(String(255), default="")
-    tier: Mapped[str] = mapped_column(String(255), default="")
-    first_at: Mapped[datetime] = mapped_column(UtcDateTime())
-    at: Mapped[datetime] = mapped_column(UtcDateTime())
-    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), index=True)
-    gpus: Mapped[float] = mapped_column(Float, default=0.0)
-    state: Mapped[str] = mapped_column(String(32), default="unknown")
-    active: Mapped[float] = mapped_column(Float, default=0.0)
-    idle_held: Mapped[float] = mapped_column(Float, default=0.0)
-    idle_free: Mapped[float] = mapped_column(Float, default=0.0)
-    unknown: Mapped[float] = mapped_column(Float, default=0.0)
-    unobserved: Mapped[float] = mapped_column(Float, default=0.0)
-    culls: Mapped[float] = mapped_column(Float, default=0.0)
-    extensions: Mapped[float] = mapped_column(Float, default=0.0)
-    right_size_freed: Mapped[float] = mapped_column(Float, default=0.0)  # schema 2
-
-
-class MetaRow(Base):
-    __tablename__ = "meta"
-
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[str] = mapped_column(String(255))
-
-
-_RECORD_FIELDS = [f.name for f in fields(Record)]
 
 # A bucket's key, and the statement that adds a pass's amounts to existing buckets (one
 # executemany; the key and the amounts are bound as k_* and d_*).
@@ -253,56 +96,6 @@ _UPDATE_SESSION_PARAMS = (
     *(f"v_{c}" for c in (*_SESSION_VALUES, *FIELDS)),
     *(f"k_{k}" for k in _SESSION_KEY),
 )
-
-
-class _Executemany:
-    """A Core statement compiled once for a dialect and run as one DBAPI ``executemany`` of
-    rows given as tuples in the order of ``names`` (its bind parameters).
-
-    Through ``Connection.execute`` SQLAlchemy checks and converts every row's parameters one by
-    one: for the ledger's 20,000 rows a pass that cost 0.4 s, more than SQLite's writing. Here
-    the only per-row work is the column types' own conversions (UTC datetimes); ``Float``
-    parameters must be given as ``float`` (their conversion is only ``float()``)."""
-
-    def __init__(self, statement, dialect, names: Sequence[str]) -> None:
-        compiled = statement.compile(dialect=dialect)
-        self.sql = str(compiled)
-        self.names = tuple(names)
-        if set(self.names) != set(compiled.binds):
-            raise ValueError(f"parameters {sorted(compiled.binds)}, given {self.names}")
-        # Positional paramstyles (SQLite's qmark) take tuples in the statement's order; named
-        # ones (psycopg's pyformat), dicts.
-        order = list(compiled.positiontup) if compiled.positiontup else None
-        self._named = order is None
-        self._pick = None
-        if order is not None and tuple(order) != self.names:
-            self._pick = operator.itemgetter(*(self.names.index(n) for n in order))
-        self._convert = []
-        for i, name in enumerate(self.names):
-            kind = compiled.binds[name].type
-            processor = kind.dialect_impl(dialect).bind_processor(dialect)
-            if processor is not None and not isinstance(kind, Float):
-                self._convert.append((i, processor))
-
-    def run(self, connection, rows: Sequence[tuple]) -> None:
-        if self._convert:
-            rows = [list(row) for row in rows]
-            for i, processor in self._convert:
-                # Rows of one call share values (every session's ``at`` is the pass's time):
-                # each distinct value is converted once (these columns hold datetimes, strings).
-                done: dict = {}
-                for row in rows:
-                    value = row[i]
-                    if value not in done:
-                        done[value] = processor(value)
-                    row[i] = done[value]
-        if self._named:
-            params: Sequence = [dict(zip(self.names, row, strict=True)) for row in rows]
-        elif self._pick is not None:
-            params = [self._pick(row) for row in rows]
-        else:
-            params = [tuple(row) for row in rows]
-        connection.exec_driver_sql(self.sql, params)
 
 
 _SERVER_COLUMNS = [c.key for c in ServerRow.__table__.columns]
@@ -356,8 +149,8 @@ class Store:
         self._usage_keys: set[tuple[str, ...]] = set()
         self._usage_sessions: set[tuple[str, str]] = set()
         dialect = self.engine.dialect
-        self._add_to_usage = _Executemany(_ADD_TO_USAGE, dialect, _ADD_TO_USAGE_PARAMS)
-        self._update_session = _Executemany(_UPDATE_SESSION, dialect, _UPDATE_SESSION_PARAMS)
+        self._add_to_usage = Executemany(_ADD_TO_USAGE, dialect, _ADD_TO_USAGE_PARAMS)
+        self._update_session = Executemany(_UPDATE_SESSION, dialect, _UPDATE_SESSION_PARAMS)
         self.migrate()
 
     def migrate(self) -> None:
@@ -638,39 +431,4 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 # -- Record <-> row ----------------------------------------------------------------------------
 
 
-def record_of(row: ServerRow) -> Record:
-    """The policy Record a row holds (cached on the row: the row's record columns change only
-    through ``set_record``)."""
-    cached = row.__dict__.get("_record")
-    if cached is None:
-        cached = Record(**{name: getattr(row, name) for name in _RECORD_FIELDS})
-        row.__dict__["_record"] = cached
-    return cached
-
-
-def apply_decision(row: ServerRow, decision: Decision, policy_name: str) -> None:
-    set_record(row, decision.record)
-    row.warn_at = decision.warn_at
-    row.cull_at = decision.cull_at
-    row.cull_reason = decision.cull_reason or row.cull_reason
-    row.policy = policy_name
-
-
-def set_record(row: ServerRow, record: Record) -> None:
-    for name in _RECORD_FIELDS:
-        setattr(row, name, getattr(record, name))
-    row.__dict__["_record"] = record
-
-
-__all__ = [
-    "AuditRow",
-    "ExtensionRow",
-    "ServerRow",
-    "Store",
-    "StoreUnavailable",
-    "UsageRow",
-    "UsageSessionRow",
-    "apply_decision",
-    "record_of",
-    "set_record",
-]
+__all__ = ["Store", "StoreUnavailable", "safe_url"]

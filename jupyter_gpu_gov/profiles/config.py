@@ -12,10 +12,10 @@ from functools import cached_property
 from traitlets import Bool, Dict, List, TraitError, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
+from ..core.vocabulary import LABEL_PREFIX
 from .quota import QuotaError, TeamQuota, load_quotas
 from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers
 
-LABEL_PREFIX = "gpu-gov/"  # the same prefix as core.policy's ownership labels
 # A Kubernetes label prefix: a DNS subdomain, then '/'.
 _PREFIX = re.compile(
     r"^(?=.{1,253}/$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/$"

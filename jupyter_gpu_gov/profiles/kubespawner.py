@@ -28,14 +28,12 @@ from kubespawner import KubeSpawner
 from kubespawner.slugs import is_valid_label, safe_slug
 from traitlets import TraitError, default, validate
 
+from ..core.vocabulary import LABEL_PREFIX, USER_LABEL
 from .cluster import ClusterGpus
-from .config import LABEL_PREFIX
 from .hubconfig import profile_list_refusal
 from .quota import tier_use
 from .spawner import NO_GPU, GpuProfilesMixin
 from .tiers import Tier
-
-OWNER = f"{LABEL_PREFIX}user"
 
 
 def tier_override(tier: Tier) -> dict[str, Any]:
@@ -197,7 +195,7 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
             prefix = self.gpu_profiles.label_prefix
             raw = {
                 prefix + key.removeprefix(LABEL_PREFIX): value
-                for key, value in {OWNER: self.user.name, **grant}.items()
+                for key, value in {USER_LABEL: self.user.name, **grant}.items()
             }
             pod.metadata.labels.update(
                 {key: safe_slug(value, is_valid=is_valid_label) for key, value in raw.items()}

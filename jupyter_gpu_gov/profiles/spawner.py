@@ -29,19 +29,34 @@ from tornado import web
 from ..core import clock
 from ..core.grant import GRANT_STATE, user_may_choose
 from ..core.teams import group_teams, user_teams
+from ..core.vocabulary import (
+    BORROWED_LABEL,
+    MAX_AGE_LABEL,
+    PROJECT_LABEL,
+    RECLAIM_FOR_LABEL,
+    RECLAIM_LABEL,
+    TEAM_LABEL,
+    TIER_LABEL,
+    WEIGHT_LABEL,
+    server_key,
+)
 from . import form
-from .config import LABEL_PREFIX, GpuProfiles
+from .config import GpuProfiles
 from .quota import Admission, Grant, Request, admit, tier_use
 from .tiers import Tier
 
 NO_GPU = "no-gpu"  # the form's CPU-only choice
-TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = (
-    f"{LABEL_PREFIX}{key}"
-    for key in (
-        "tier", "team", "project", "borrowed", "max-age", "weight", "reclaim", "reclaim-for"
-    )
-)  # fmt: skip
-GRANT_KEYS = (TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR)
+# The grant's labels (core.vocabulary), by their short names here.
+TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = GRANT_KEYS = (
+    TIER_LABEL,
+    TEAM_LABEL,
+    PROJECT_LABEL,
+    BORROWED_LABEL,
+    MAX_AGE_LABEL,
+    WEIGHT_LABEL,
+    RECLAIM_LABEL,
+    RECLAIM_FOR_LABEL,
+)
 
 
 class GpuRefused(web.HTTPError):
@@ -152,7 +167,7 @@ class GpuProfilesMixin:
                 continue
             grants.append(
                 Grant(
-                    server=f"{user}/{name or ''}",
+                    server=server_key(user, name or ""),
                     user=user,
                     team=team or "",
                     tier=tier.name,
@@ -166,7 +181,7 @@ class GpuProfilesMixin:
         return grants
 
     def _gpu_server_key(self) -> str:
-        return f"{self.user.name}/{self.name or ''}"
+        return server_key(self.user.name, self.name or "")
 
     def _gpu_decide(
         self, options: Mapping[str, Any], teams: list[str]
@@ -256,7 +271,7 @@ class GpuProfilesMixin:
         db = self.user.db
         asked = clock.isoformat(clock.utcnow())
         for row in db.query(orm.Spawner).filter(orm.Spawner.started.isnot(None)):
-            if f"{row.user.name}/{row.name or ''}" not in wanted:
+            if server_key(row.user.name, row.name or "") not in wanted:
                 continue
             state = dict(row.state or {})
             grant = dict(state.get(GRANT_STATE) or {})

@@ -1,4 +1,4 @@
-"""Offline replay of traces (DESIGN §9) through ``core.policy``, the stock cullers, and scoring.
+"""Offline replay of traces (docs/architecture.md, "Replay traces") through ``core.policy``, the stock cullers, and scoring.
 
 Stdlib and traitlets only, like ``core``: benchmarks and the CLI import it without a hub.
 """

@@ -20,15 +20,6 @@ from typing import Any
 
 from ..core.durations import format_duration
 from ..core.policy import (
-    CHECKPOINT,
-    CHECKPOINTING,
-    CULL,
-    INTERRUPT,
-    MAX_AGE_WARN,
-    NOTICES,
-    RECLAIM_WARN,
-    WARN,
-    WARNINGS,
     Decision,
     GpuSignal,
     Policy,
@@ -40,14 +31,27 @@ from ..core.policy import (
     max_age_of,
     select,
 )
+from ..core.vocabulary import (
+    CHECKPOINT,
+    CHECKPOINTING,
+    CULL,
+    INTERRUPT,
+    MAX_AGE_WARN,
+    NOTICES,
+    PROJECT_LABEL,
+    RECLAIM_WARN,
+    SHUTDOWN_KERNELS,
+    TIER_LABEL,
+    WARN,
+    WARNINGS,
+)
 from .trace import Sample
 
 # The trace's t = 0. Any fixed UTC instant works; output keeps t in seconds.
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
-TIER_LABEL, PROJECT_LABEL = "gpu-gov/tier", "gpu-gov/project"
 # Scoring's yardstick for "the GPU did work", the same for every run whatever its policy says.
 ACTIVE_SM = 0.05
-# Ground-truth labels under which culling loses nobody's work: DESIGN §8's, and the idle ones
+# Ground-truth labels under which culling loses nobody's work: the root causes' (docs/api.md), and the idle ones
 # of the reclamation benchmark's traces (benchmarks/replay/generate.py).
 NOT_LIVE_TRUTHS = frozenset({"zombie", "idle", "idle_held", "idle_free"})
 
@@ -225,7 +229,7 @@ def gpu_signal(
     kernels down frees only what they hold."""
     if not sample.reports and sample.gpu_sm is None:
         return None
-    holds = sample.holds_gpu_memory if policy.cull_action == "shutdown-kernels" else True
+    holds = sample.holds_gpu_memory if policy.cull_action == SHUTDOWN_KERNELS else True
     active = None if sample.gpu_sm is None else sample.gpu_sm >= policy.idle_threshold
     if not sample.reports and active is not False:
         return GpuSignal(holds_gpu=holds, active=active, sees_cells=False, detail="DCGM")

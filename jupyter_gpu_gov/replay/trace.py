@@ -1,4 +1,4 @@
-"""Replay traces (DESIGN §9): JSON Lines, one sample per server per step, ordered by ``t``.
+"""Replay traces (docs/architecture.md, "Replay traces"): JSON Lines, one sample per server per step, ordered by ``t``.
 
 ``read_trace`` streams a file as validated ``Sample`` objects and keeps nothing but the last ``t``
 of each server, so a month-long trace of a few hundred servers can be read twice (replay, then

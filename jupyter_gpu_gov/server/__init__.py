@@ -1,1 +1,1 @@
-"""The jupyter-server extension: sampler, routes, metrics (DESIGN §2)."""
+"""The jupyter-server extension: sampler, routes, metrics (docs/architecture.md, "The parts")."""

@@ -15,11 +15,12 @@ from traitlets import Dict, Enum, Float, Int, List, Unicode, default, validate
 
 from .. import __version__
 from ..core import clock
+from ..core.vocabulary import CULL_REASONS
 from ..events import GPU_STATE_SCHEMA, GPU_STATE_SCHEMA_ID, VERDICT_SCHEMA, VERDICT_SCHEMA_ID
 from ..gpu.attribution import TargetRoot
 from ..gpu.backends import CHOICES, make_backend, parse_visible_devices, resolve_choice
 from . import metrics, routes
-from .checkpoint import CULL_REASONS, take_checkpoint
+from .checkpoint import take_checkpoint
 from .own_activity import OwnActivity
 from .person_activity import PersonActivity
 from .reporter import GovernorError, Reporter

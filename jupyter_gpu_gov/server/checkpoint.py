@@ -33,7 +33,6 @@ from pathlib import Path
 from jupyter_core.utils import ensure_async
 
 from ..core import clock
-from ..core.policy import CULL_REASONS as CULL_REASONS  # the governor's: one definition
 
 MANIFEST_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -144,7 +143,7 @@ def holds_gpu(gpu: dict | None) -> bool:
 
 
 def gpu_kernels(report: dict | None) -> list[GpuKernel]:
-    """The kernels of a report (DESIGN §5) that hold a GPU."""
+    """The kernels of a report (docs/api.md, "The report") that hold a GPU."""
     return [
         GpuKernel(t["id"], t.get("name"), t.get("path"))
         for t in (report or {}).get("targets", [])

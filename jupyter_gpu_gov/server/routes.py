@@ -11,7 +11,8 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
-from .checkpoint import CULL_REASONS, is_checkpoint_id, list_checkpoints, read_manifest
+from ..core.vocabulary import CULL_REASONS
+from .checkpoint import is_checkpoint_id, list_checkpoints, read_manifest
 
 AUTH_RESOURCE = "gpu-gov"
 
@@ -27,7 +28,7 @@ class GpuGovHandler(ExtensionHandlerMixin, APIHandler):
 
 
 class StatusHandler(GpuGovHandler):
-    """The latest DESIGN §5 report of this server: devices, per-target GPU use, window.
+    """The latest report of this server (docs/api.md, "The report"): devices, per-target GPU use, window.
 
     ``?refresh=1`` samples now instead of returning the last periodic sample.
     """

@@ -1,5 +1,5 @@
 """The sampler: every tick, one GPU sample, one /proc scan, attribution, rolling windows, and the
-DESIGN §5 report.
+report (docs/api.md, "The report").
 
 All measurement runs in one worker thread (NVML is never called from two threads, and the event
 loop never waits on the driver); the event loop only hands in what Jupyter knows about its

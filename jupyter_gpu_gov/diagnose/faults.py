@@ -1,6 +1,7 @@
-"""Fault-injection simulator: diagnosis windows (DESIGN §9) with a known root cause.
+"""Fault-injection simulator: diagnosis windows (docs/architecture.md, "Diagnosis windows")
+with a known root cause.
 
-    python -m jupyter_gpu_gov.diagnose.simulate --servers 300 --seed 1 > windows.jsonl
+    python -m jupyter_gpu_gov.diagnose.faults --servers 300 --seed 1 > windows.jsonl
 
 Each simulated server runs one workload on one node for ``windows_per_server`` windows of 60 s.
 Its rows carry ``truth``: the workload's *primary* cause (one of ``labels.LABELS``), or
@@ -514,8 +515,8 @@ def generate(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m jupyter_gpu_gov.diagnose.simulate",
-        description="Write simulated diagnosis windows (DESIGN §9) with a 'truth' column.",
+        prog="python -m jupyter_gpu_gov.diagnose.faults",
+        description="Write simulated diagnosis windows (docs/architecture.md) with a 'truth' column.",
     )
     parser.add_argument("--servers", type=int, default=300)
     parser.add_argument("--windows", type=int, default=60, help="windows per server (60 s each)")

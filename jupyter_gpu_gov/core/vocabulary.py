@@ -1,0 +1,95 @@
+"""The words the parts of jupyter-gpu-gov share, each defined once.
+
+The profile layer writes labels that the governor and the replay read; the governor names
+states, actions and cull reasons that the server extension, the JupyterLab extension, the
+metrics and the docs repeat. Every such word is defined here and imported where it is used
+(``tests/test_architecture.py`` finds any copy).
+"""
+
+from __future__ import annotations
+
+# -- labels ------------------------------------------------------------------------------------
+# A server's grant: ``gpu-gov/<key>`` = a string, written by the profile layer where users
+# cannot write it (``core.grant``) and read by the governor and the replay. The profile layer
+# also puts them on user pods, under its configurable ``label_prefix``.
+LABEL_PREFIX = "gpu-gov/"
+TIER_LABEL = "gpu-gov/tier"  # the tier the spawn was admitted to
+TEAM_LABEL = "gpu-gov/team"
+PROJECT_LABEL = "gpu-gov/project"
+USER_LABEL = "gpu-gov/user"  # the owner (pods; the governor adds it to a server's labels)
+WEIGHT_LABEL = "gpu-gov/weight"  # the GPU-equivalents the usage ledger bills
+BORROWED_LABEL = "gpu-gov/borrowed"  # "true": admitted beyond the team's guarantee
+MAX_AGE_LABEL = "gpu-gov/max-age"  # the tier's maximum age, in seconds
+# Set on a borrowed server when a team within its guarantee is refused for want of the cards
+# borrowers hold: when it was asked (ISO 8601), and for which team.
+RECLAIM_LABEL = "gpu-gov/reclaim"
+RECLAIM_FOR_LABEL = "gpu-gov/reclaim-for"
+EXEMPT_LABEL = "gpu-gov/exempt"  # "true": out of the idle policy's reach
+# What the server is for (the profile's, or the owner's choice at spawn), matchable in
+# policies, and how long its owner expects it to run (a duration, e.g. "6h").
+TASK_TYPE_LABEL = "gpu-gov/task-type"
+EXPECTED_DURATION_LABEL = "gpu-gov/expected-duration"
+TASK_TYPES = ("interactive", "batch", "inference")
+# A Hub group whose properties carry this key names a team (``true``: the group's own name).
+TEAM_PROPERTY = TEAM_LABEL
+# On a Kubernetes node with a GPU DCGM finds unhealthy (``unhealthy_node_action``): "true",
+# and which GPUs and why.
+NODE_UNHEALTHY_LABEL = "gpu-gov/gpu-unhealthy"
+NODE_UNHEALTHY_ANNOTATION = "gpu-gov/gpu-unhealthy-reasons"
+
+# -- the states of a governed server (docs/architecture.md, "The state machine") ----------------
+ACTIVE = "active"
+IDLE = "idle"
+BUSY = "busy"  # a cell runs while its GPU idles, past busy_grace
+WARNED = "warned"
+CHECKPOINTING = "checkpointing"
+CULLED = "culled"
+EXEMPT = "exempt"
+UNKNOWN = "unknown"  # no data, or stale data: the idle clock pauses
+GPU_FAILED = "gpu-failed"  # its GPU failed under it (core.health)
+STATES = (ACTIVE, IDLE, BUSY, WARNED, CHECKPOINTING, CULLED, EXEMPT, UNKNOWN, GPU_FAILED)
+
+# -- actions the policy decides (each audited under its own name before it is carried out) ------
+WARN = "warn"
+CHECKPOINT = "checkpoint"
+CULL = "cull"
+INTERRUPT = "interrupt"
+# Warnings of a cull that GPU activity cannot put off.
+MAX_AGE_WARN = "max-age-warn"
+RECLAIM_WARN = "reclaim-warn"
+ADMIN_WARN = "admin-warn"
+# Notices that announce no cull: a cell running past busy_grace with its GPU idle, a server
+# running past the duration its owner expected.
+BUSY_NOTICE = "busy-notice"
+OVERRUN_NOTICE = "overrun-notice"
+WARNINGS = frozenset({WARN, MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN})
+NOTICES = frozenset({BUSY_NOTICE, OVERRUN_NOTICE})
+
+# What a cull does (a policy's ``cull_action``).
+STOP_SERVER = "stop-server"
+SHUTDOWN_KERNELS = "shutdown-kernels"
+CULL_ACTIONS = (STOP_SERVER, SHUTDOWN_KERNELS)
+
+# -- why a server was culled (a decision's ``cull_reason``; a checkpoint's too) -----------------
+GPU_IDLE = "gpu-idle"
+MAX_AGE = "max-age"
+RECLAIM = "reclaim"
+ADMIN = "admin"  # an admin's Cull now
+BUSY_LIMIT = "busy-limit"
+INACTIVE = "inactive"  # jupyterhub-idle-culler's rule, for servers without GPU data
+CULL_REASONS = (GPU_IDLE, MAX_AGE, RECLAIM, ADMIN, BUSY_LIMIT, INACTIVE)
+# The reason kept on a server its owner stopped (the Stop button): not a cull, and never the
+# reason of a checkpoint.
+OWNER_STOP = "owner"
+
+# -- a checkpoint the governor asked for (``Record.checkpoint_status``) -------------------------
+CHECKPOINT_REQUESTED = "requested"
+CHECKPOINT_DONE = "done"
+CHECKPOINT_FAILED = "failed"
+CHECKPOINT_TIMEOUT = "timeout"  # no answer within the policy's checkpoint_timeout
+
+
+def server_key(user: str, name: str = "") -> str:
+    """A server's one name across the project: ``user/`` for the default server, ``user/name``
+    for a named one (the store, the audit trail, the API, the replay trace format)."""
+    return f"{user}/{name}"

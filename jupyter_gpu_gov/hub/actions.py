@@ -1,0 +1,243 @@
+"""Carrying out what the policy decided: each action is put on record first, then done —
+a warning or notice (the verdict carries it), an interrupt or a checkpoint (asked in the
+verdict: the governor never calls a user's server), a cull through the Hub API, and
+jupyterhub-idle-culler's deletion of inactive users."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from ..core import clock
+from ..core.durations import format_duration
+from ..core.policy import Decision, Policy, Record
+from ..core.vocabulary import (
+    CHECKPOINT,
+    CHECKPOINT_DONE,
+    CHECKPOINT_FAILED,
+    CHECKPOINT_TIMEOUT,
+    CULL,
+    GPU_IDLE,
+    INTERRUPT,
+    NOTICES,
+    SHUTDOWN_KERNELS,
+    WARNED,
+    WARNINGS,
+)
+from . import metrics, outbound
+from .checkpoints import CheckpointResult, checkpoint_fields
+from .hubapi import HubApiError, HubServer
+from .tables import AuditRow, ServerRow, record_of, set_record
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+
+if TYPE_CHECKING:
+    from .reconcile import _Batch
+
+
+# A culled server the Hub still lists as ready this long after its cull was not stopped.
+CULL_RETRY_AFTER = timedelta(minutes=2)
+
+
+class Actions:
+    """The pass's actions (a part of ``Governor``)."""
+
+    def _act(
+        self,
+        action: str,
+        server: HubServer,
+        row: ServerRow,
+        decision: Decision,
+        chosen: Policy,
+        batch: _Batch,
+    ):
+        """Put an action on record (``batch.audits``, written before anything is done); return
+        the coroutine that carries it out, if it is more than its record (a cull)."""
+        dry = self.options.dry_run
+        audits = batch.audits
+        if action in WARNINGS or action in NOTICES:
+            if action in WARNINGS:
+                metrics.WARNINGS.inc()
+            why = decision.notice or decision.reason
+            audits.append(self._audit_row(row, action, why, dry_run=dry))
+        elif action == INTERRUPT:
+            # Asked in the server's verdict, before its checkpoint (hub/outbound.py).
+            kernels = self._busy_gpu_kernels(row.key)
+            details = {"kernels": list(kernels)}
+            if not dry:
+                self._interrupts[row.key] = outbound.KernelRequest(
+                    outbound.INTERRUPT, kernels, clock.utcnow(), decision.reason
+                )
+                details["outcome"] = f"asked the server to interrupt {len(kernels)} kernel(s)"
+            audits.append(
+                self._audit_row(row, action, decision.reason, dry_run=dry, details=details)
+            )
+        elif action == CHECKPOINT:
+            audits.append(self._audit_row(row, "checkpoint", decision.reason, dry_run=dry))
+            requested_at = decision.record.checkpoint_requested_at
+            if dry:
+                self._checkpoints[row.key] = CheckpointResult(
+                    CHECKPOINT_DONE, {"dry_run": True}, requested_at, dry_run=True
+                )
+            # Else the verdict asks the server (hub/outbound.py); its report brings the result.
+        elif action == CULL:
+            # The checkpoint of this deadline, if one was taken (not one of an earlier stretch).
+            checkpointed = decision.record.checkpoint_status in (
+                CHECKPOINT_DONE,
+                CHECKPOINT_FAILED,
+                CHECKPOINT_TIMEOUT,
+            )
+            manifest = row.checkpoint_manifest if checkpointed else None
+            fields = checkpoint_fields(manifest)
+            details = {
+                "cull_action": chosen.cull_action,
+                "cull_reason": decision.cull_reason,
+                "checkpoint": manifest,
+                "checkpoint_id": fields["id"],
+                "checkpoint_path": fields["path"],
+                "policy": chosen.name,
+            }
+            audit = self._audit_row(row, "cull", decision.reason, dry_run=dry, details=details)
+            audits.append(audit)
+            if not dry:
+                return self._carry_out_cull(server, row, decision, chosen, audit, batch)
+        return None
+
+    def _cull_again(
+        self,
+        server: HubServer,
+        row: ServerRow,
+        decision: Decision,
+        chosen: Policy,
+        now: datetime,
+        batch: _Batch,
+    ) -> None:
+        """A server still running, ready, long after its cull went on record: the service
+        stopped between recording the cull and carrying it out (or the Hub did not stop it).
+        The cull is carried out again, once every ``CULL_RETRY_AFTER``, never decided anew."""
+        culled_at = record_of(row).culled_at
+        if self.options.dry_run or culled_at is None or now - culled_at < CULL_RETRY_AFTER:
+            return
+        set_record(row, replace(record_of(row), culled_at=now))
+        batch.changed.append(row)
+        why = f"{row.reason} (still running {format_duration(now - culled_at)} later: asked again)"
+        audit = self._audit_row(row, "cull-retry", why, details={"cull_action": chosen.cull_action})
+        batch.audits.append(audit)
+        batch.jobs.append(self._carry_out_cull(server, row, decision, chosen, audit, batch))
+
+    async def _carry_out_cull(
+        self,
+        server: HubServer,
+        row: ServerRow,
+        decision: Decision,
+        chosen: Policy,
+        audit: AuditRow,
+        batch: _Batch,
+    ) -> None:
+        """The cull whose decision and audit row are on record; its outcome goes on that row."""
+        # Counted first: shutting kernels down drops the server's report.
+        gpus = self._gpus_held(row.key, server)
+        try:
+            outcome = await self._cull(server, row, chosen)
+        except Exception as error:  # recorded, retried next cycle
+            log.error("gpu-gov: cull of %s failed: %s", row.key, error)
+            set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
+            batch.after.append(row)
+            batch.outcomes.append(
+                self._audit_row(
+                    row, "cull-failed", f"{decision.reason}; {error}", details=audit.details
+                )
+            )
+            return
+        audit.details = {**audit.details, "outcome": outcome}
+        batch.completed.append(audit)
+        batch.after.append(row)
+        metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, chosen.cull_action).inc()
+        if decision.cull_reason == GPU_IDLE:
+            metrics.GPUS_RECLAIMED.inc(gpus)
+
+    async def _cull(self, server: HubServer, row: ServerRow, chosen: Policy) -> str:
+        if chosen.cull_action == SHUTDOWN_KERNELS and row.key in self.reports:
+            # Asked in the server's verdict: the governor never calls a user's server.
+            kernels = outbound.kernels_on_gpu(self.reports[row.key].report)
+            self._shutdowns[row.key] = outbound.KernelRequest(
+                outbound.SHUTDOWN, kernels, clock.utcnow(), row.reason
+            )
+            # The server keeps running without a GPU: start over with a fresh record.
+            set_record(row, replace(Record(), reason=f"kernels shut down: {row.reason}"))
+            self.reports.pop(row.key, None)
+            return f"asked the server to shut down {len(kernels)} kernel(s)"
+        remove = self.options.remove_named_servers and bool(server.name)
+        # As jupyterhub-idle-culler: the user goes too once none of their servers runs, if
+        # inactive (or created) long enough as the Hub saw them before the stop (a stop is
+        # activity); after a slow stop, a later pass finds them among the inactive users.
+        user = await self.hub.get_user(server.user) if self.options.cull_users else None
+        outcome = await self.hub.stop_server(server.user, server.name, remove=remove)
+        if user is not None and outcome == "stopped" and self._user_expired(user):
+            now = await self.hub.get_user(server.user)
+            if now is not None and not now.get("servers"):
+                await self.hub.delete_user(server.user)
+                outcome += "; user deleted (cull_users)"
+        return outcome
+
+    def _user_expired(self, model: Mapping, now: datetime | None = None) -> bool:
+        """jupyterhub-idle-culler's rule for deleting a user (``--cull-users``): inactive for
+        ``--timeout`` (never active: since created), or created ``--max-age`` ago; admins only
+        with ``--cull-admin-users``."""
+        o = self.options
+        if model.get("admin") and not o.cull_admin_users:
+            return False
+        now = now or clock.utcnow()
+        created, last = clock.parse(model.get("created")), clock.parse(model.get("last_activity"))
+        age = now - created if created else None
+        inactive = now - last if last else age
+        if inactive is not None and inactive >= o.timeout:
+            return True
+        return bool(o.max_age and age is not None and age >= o.max_age)
+
+    async def _cull_inactive_users(self, now: datetime, audits: list[AuditRow]) -> None:
+        """``--cull-users``: users with no running server are deleted by the same rule."""
+        try:
+            async for model in self.hub.iter_users(state="inactive"):
+                if not self._user_expired(model, now):
+                    continue
+                why = "no running server; inactive or too old (cull_users)"
+                if not self.options.dry_run:
+                    await self.hub.delete_user(model["name"])
+                audits.append(
+                    AuditRow(
+                        at=clock.utcnow(),
+                        server_key=None,
+                        user=model["name"],
+                        action="delete-user",
+                        reason=why,
+                        actor="governor",
+                        dry_run=self.options.dry_run,
+                    )
+                )
+        except HubApiError as error:  # tried again next pass
+            log.error("gpu-gov: culling inactive users failed: %s", error)
+
+    def _busy_gpu_kernels(self, key: str) -> tuple[str, ...]:
+        """The kernels holding a GPU that the server's last report shows executing a cell."""
+        received = self.reports.get(key)
+        if received is None:
+            return ()
+        return tuple(
+            t["id"]
+            for t in received.report["targets"]
+            if t["kind"] == "kernel"
+            and t["gpu"]["holds_context"]
+            and t.get("execution_state") == "busy"
+        )
+
+    def _in_background(self, coroutine) -> None:
+        """Run a coroutine as a task the governor keeps (and cancels at close)."""
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,233 @@
+"""What the governor believes of a server's GPU: its report (kept as ``Received``), read
+against the Hub's records of its GPUs (``hub/trusted.py``) and DCGM's evidence (``hub/dcgm.py``),
+with stale or missing data unknown; and the DCGM reads between passes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from ..core import clock, policy
+from ..core.durations import format_duration
+from ..core.policy import Policy, ServerView, evolve
+from ..core.report import gpu_signal, user_last_activity
+from ..core.vocabulary import STOP_SERVER
+from . import trusted
+from .dcgm import DcgmSnapshot, GpuEvidence, is_idle
+from .hubapi import HubServer
+from .tables import AuditRow
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+if TYPE_CHECKING:
+    from .reconcile import _Batch
+
+
+@dataclass
+class Received:
+    """A server's last report as the governor keeps it: validated, and when it arrived (the
+    governor's clock, never the server's)."""
+
+    report: dict
+    at: datetime
+
+
+@dataclass
+class PassContext:
+    """What the last cycle learnt of the Hub and DCGM, reused to re-decide one server."""
+
+    teams_by_group: Mapping[str, str] = field(default_factory=dict)
+    by_uuid: Mapping = field(default_factory=dict)
+    by_pod: Mapping = field(default_factory=dict)
+
+
+class Evidence:
+    """The GPU evidence of the pass (a part of ``Governor``)."""
+
+    async def _dcgm_snapshot(self) -> DcgmSnapshot | None:
+        """The latest DCGM snapshot. Only the first pass waits for a read; after that each pass
+        takes what the read started at the end of the one before found (``_read_dcgm_next``),
+        or, while a slow Prometheus has not answered yet, the snapshot before it."""
+        if self.dcgm is None:
+            return None
+        task = self._dcgm_task
+        if task is not None and (task.done() or self._dcgm_latest is None):
+            self._dcgm_latest, self._dcgm_task = await task, None
+        elif task is None and self._dcgm_latest is None:
+            self._dcgm_latest = await self.dcgm.fetch()
+        return self._dcgm_latest
+
+    def _fresh(self, snapshot: DcgmSnapshot | None) -> DcgmSnapshot | None:
+        """The snapshot, or none of its evidence once older than ``dcgm_max_age`` (a read
+        still under way, or stuck): stale DCGM is unknown, never idle."""
+        if snapshot is None or not snapshot.evidence:
+            return snapshot
+        age = timedelta(seconds=snapshot.age_s)
+        if age <= self.options.dcgm_max_age:
+            return snapshot
+        error = (
+            f"DCGM evidence read at {clock.isoformat(snapshot.fetched_at)} is "
+            f"{format_duration(age)} old, past dcgm_max_age: every GPU is unknown to DCGM"
+        )
+        return replace(snapshot, evidence=(), errors=(*snapshot.errors, error))
+
+    async def background_done(self) -> None:
+        """Wait for the work a pass leaves running (the next DCGM read)."""
+        if self._dcgm_task is not None:
+            await asyncio.wait([self._dcgm_task])
+
+    def _read_dcgm_next(self) -> None:
+        """Start the next pass's DCGM read now that this pass is done: it runs in the worker
+        between passes, not alongside one, and is fresher when the next pass uses it than a read
+        started as this pass began."""
+        if self.dcgm is not None and self._dcgm_task is None:
+            self._dcgm_task = asyncio.ensure_future(self.dcgm.fetch())
+
+    def _with_gpu(
+        self,
+        base: ServerView,
+        chosen: Policy,
+        now: datetime,
+        reported: bool,
+        server: HubServer | None = None,
+    ) -> ServerView:
+        """The view with what the server's report (and DCGM) say about its GPU (``server``:
+        where DCGM may see its pod)."""
+        received = self.reports.get(base.key)
+        pending = self._shutdowns.get(base.key)
+        if (
+            pending is not None
+            and received is not None
+            and not pending.answered_by(received.report)
+        ):
+            # Asked to shut its GPU kernels down, it has not yet: unknown until it does, or
+            # until the request lapses (outbound.forget_answered) and the policy starts over.
+            waiting = policy.GpuSignal(
+                holds_gpu=True, active=None, detail="waiting for the server to shut kernels down"
+            )
+            return evolve(base, reports=True, gpu=waiting)
+        if received is None and reported:
+            # It reported before (this service restarted): unknown until the next report.
+            waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
+            return evolve(base, reports=True, gpu=waiting, reachable=False)
+        granted = trusted.Granted.of(server.spawner_state) if server else None
+        evidence = granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
+        if received is None:
+            # No extension (or no report yet): DCGM alone where it sees the server's GPUs,
+            # else jupyterhub-idle-culler's rule.
+            dcgm = self._dcgm_only(evidence, chosen)
+            return base if dcgm is None else evolve(base, gpu=dcgm)
+        report = received.report
+        stale = now - received.at > self.options.report_stale_after
+        if stale:
+            since = f"{received.at:%Y-%m-%d %H:%M} UTC"  # a time, so the reason stays put
+            gpu = policy.GpuSignal(holds_gpu=True, active=None, detail=f"no report since {since}")
+        elif self._distrusted.get(base.key):
+            # Its report contradicts the Hub's records: not believed. DCGM alone on the GPUs
+            # the records name, else as a server that sends no report (the Hub's activity).
+            dcgm = self._dcgm_only(evidence, chosen, "its report is not believed")
+            return evolve(base, reports=True, gpu=dcgm)
+        else:
+            gpu = gpu_signal(
+                report, idle_threshold=chosen.idle_threshold, cull_action=chosen.cull_action
+            )
+            if granted is not None:
+                # The records' GPUs: DCGM's word on them is final, busy or idle; an allocation
+                # is held whatever the report says of contexts (stop-server).
+                dcgm = self._dcgm_activity(evidence, chosen)
+                allocated = bool(evidence) and chosen.cull_action == STOP_SERVER
+                gpu = evolve(gpu, holds_gpu=gpu.holds_gpu or allocated)
+            else:
+                # GPUs named by the report alone: DCGM can prove them idle, never busy.
+                context = self._context
+                dcgm = self._dcgm_activity(self._evidence(report, context.by_uuid, {}), chosen)
+                dcgm = None if dcgm else dcgm
+            if dcgm is not None and gpu.holds_gpu:
+                active, disagreement = policy.merge_evidence(gpu.active, dcgm)
+                detail = "DCGM" + (f": {disagreement}" if disagreement else "")
+                gpu = evolve(gpu, active=active, detail=detail)
+        return evolve(
+            base,
+            reports=True,
+            gpu=gpu,
+            user_last_activity=user_last_activity(report),
+            reachable=not stale,  # a fresh report: its verdict carries requests back
+        )
+
+    def _distrust(self, server: HubServer, key: str, now: datetime, batch: _Batch) -> None:
+        """Check the server's fresh report against the Hub's records of its GPUs; when it
+        contradicts them it is not believed, and the audit trail says why (once per change)."""
+        received = self.reports.get(key)
+        granted = trusted.Granted.of(server.spawner_state)
+        found: list[str] = []
+        if received is not None and granted is not None:
+            evidence = granted.evidence(self._context.by_uuid, self._context.by_pod)
+            found = trusted.contradictions(received.report, granted, evidence)
+        before = self._distrusted.get(key, [])
+        if found != before and found:
+            why = "report not believed: " + "; ".join(found)
+            batch.audits.append(
+                AuditRow(
+                    at=now,
+                    server_key=key,
+                    user=server.user,
+                    action="report-distrusted",
+                    reason=why[:2000],
+                    actor="governor",
+                )
+            )
+            log.warning("gpu-gov: %s: %s", key, why)
+        if found:
+            self._distrusted[key] = found
+        else:
+            self._distrusted.pop(key, None)
+
+    def _dcgm_only(
+        self, evidence: list[GpuEvidence], chosen: Policy, why: str = "no report"
+    ) -> policy.GpuSignal | None:
+        """A server as DCGM alone sees its GPUs (None: it does not). DCGM sees the card, not
+        the kernels: the policy assumes a cell may be running."""
+        if not evidence:
+            return None
+        active = self._dcgm_activity(evidence, chosen)
+        detail = f"DCGM, {why}" + ("" if active is not None else ": no activity data")
+        return policy.GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
+
+    def _dcgm_activity(self, evidence: list[GpuEvidence], chosen: Policy) -> bool | None:
+        verdicts = [
+            is_idle(e, chosen.idle_threshold, self.options.pcie_floor_bytes_per_s) for e in evidence
+        ]
+        if not verdicts:
+            return None
+        if any(v is False for v in verdicts):
+            return True
+        if all(v is True for v in verdicts):
+            return False
+        return None
+
+    @staticmethod
+    def _evidence(report: Mapping, by_uuid, by_pod) -> list[GpuEvidence]:
+        """DCGM's records of this server's GPUs: by its pod, else by its devices' UUIDs."""
+        server = report["server"]
+        evidence = list(by_pod.get((server.get("namespace"), server.get("pod")), ()))
+        if not evidence:
+            for device in report["devices"]:
+                uuid = device.get("parent_uuid") or device["uuid"]
+                evidence += trusted.device_evidence(by_uuid, uuid, device.get("mig_profile"))
+        return evidence
+
+    def _granted_evidence(self, server: HubServer) -> list[GpuEvidence]:
+        """DCGM's records of the GPUs the Hub's records give a server (none without them)."""
+        granted = trusted.Granted.of(server.spawner_state)
+        return granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
+
+    def _gpus_held(self, key: str, server: HubServer) -> int:
+        """The GPUs a server holds: its report's devices, else DCGM's records of its pod."""
+        received = self.reports.get(key)
+        if received is not None:
+            return len(received.report["devices"])
+        return len(self._granted_evidence(server))

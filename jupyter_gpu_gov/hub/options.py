@@ -1,0 +1,54 @@
+"""What the governor needs from its configuration, as one frozen value (``GpuGovernor`` in
+``hub/app.py`` holds the settings and their help, and builds it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from ..core import rightsize
+from .diagnosis import DiagnosisOptions
+from .health import HealthOptions
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the governor needs from its configuration (see ``GpuGovernor`` for the help)."""
+
+    dry_run: bool = False
+    report_stale_after: timedelta = timedelta(minutes=5)
+    cull_default_servers: bool = True
+    cull_named_servers: bool = True
+    cull_admin_users: bool = True
+    cull_users: bool = False
+    # jupyterhub-idle-culler's --timeout and --max-age, for users (--cull-users): a user is
+    # deleted when inactive that long, or created that long ago.
+    timeout: timedelta = timedelta(hours=1)
+    max_age: timedelta | None = None
+    remove_named_servers: bool = False
+    team_map: Mapping[str, str] = field(default_factory=dict)
+    pcie_floor_bytes_per_s: float = 1_000_000
+    # DCGM evidence older than this is unknown (a slow or stuck read must not cull on old news).
+    dcgm_max_age: timedelta = timedelta(minutes=3)
+    diagnosis: DiagnosisOptions = field(default_factory=DiagnosisOptions)
+    # The usage ledger: GPU-equivalents of a tier (else the grant's gpu-gov/weight, else the
+    # reported devices), and the longest gap between two looks at a server that is billed.
+    tier_weights: Mapping[str, float] = field(default_factory=dict)
+    ledger_max_gap: timedelta = timedelta(minutes=3)
+    # How often the ledger is written (and whenever it is read, and at stop): a row per running
+    # server each time. A crash leaves the unwritten interval unobserved, as any outage.
+    usage_write_every: timedelta = timedelta(minutes=5)
+    # Showback: the price of one GPU-equivalent hour per tier (else the default), its
+    # currency, and the GPU-equivalents each team is guaranteed (shown on "my GPU usage").
+    gpu_hour_cost: Mapping[str, float] = field(default_factory=dict)
+    gpu_hour_cost_default: float = 0.0
+    currency: str = "USD"
+    team_quotas: Mapping[str, float] = field(default_factory=dict)
+    health: HealthOptions = field(default_factory=HealthOptions)
+    # Right-sizing: what a server of each tier gets (``core.rightsize``); empty: no hints.
+    tier_sizes: Mapping[str, rightsize.TierSize] = field(default_factory=dict)
+    right_size_after: timedelta = rightsize.MIN_OBSERVED  # of reports, before a hint
+
+    def cost_per_hour(self, tier: str) -> float:
+        return float(self.gpu_hour_cost.get(tier, self.gpu_hour_cost_default))

@@ -1,0 +1,159 @@
+"""What people ask of the governor: an owner's extension or Stop, an admin's approval or
+denial, exemption and Cull now. Each is all or nothing in the store (``_commit``), on record
+with who and why, and re-decides the server so the answer carries the new verdict."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime
+
+from ..core import clock, policy
+from ..core.durations import format_duration
+from ..core.policy import evolve
+from ..core.vocabulary import ADMIN, CULLED, EXEMPT, OWNER_STOP, STOP_SERVER
+from . import metrics
+from .hubapi import HubApiError, HubServer
+from .tables import ExtensionRow, ServerRow, record_of, set_record
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+
+class PeoplesRequests:
+    """People's requests (a part of ``Governor``)."""
+
+    async def extend(self, key: str, actor: str, reason: str) -> tuple[int, dict]:
+        row = self._known_row(key)
+        chosen = self.policy_named(row.policy)
+        outcome = policy.extend(record_of(row), chosen, reason)
+        seconds = chosen.extension_step.total_seconds() if outcome.status == "granted" else 0
+        request = ExtensionRow(
+            server_key=key,
+            requested_by=actor,
+            requested_at=clock.utcnow(),
+            seconds=seconds,
+            reason=reason or "",
+            status=outcome.status,
+        )
+        why = f"{outcome.status}: {outcome.message}; reason: {reason or '-'}"
+        audit = self._audit_row(row, "extend", why, actor=actor)
+        # A refused request changes nothing but is on record; a granted or pending one, all of
+        # it or none (a store failure must not use an extension up without granting it).
+        self._commit(row, outcome.record, [audit], extensions=[request])
+        metrics.EXTENSIONS.labels(outcome.status).inc()
+        await self.redecide(key)
+        code = {"granted": 200, "pending": 202, "refused": 409}[outcome.status]
+        return code, {
+            "status": outcome.status,
+            "message": outcome.message,
+            "verdict": self.verdict(key),
+        }
+
+    async def decide_extension(
+        self, key: str, actor: str, approve: bool, seconds: float | None, reason: str
+    ) -> dict:
+        row = self._known_row(key)
+        pending = [e for e in self.store.extensions("pending", key)]
+        if not row.approval_pending or not pending:
+            raise LookupError(f"no extension of {key} is waiting for approval")
+        chosen = self.policy_named(row.policy)
+        seconds = seconds if seconds is not None else chosen.extension_step.total_seconds()
+        record = policy.approve(record_of(row), seconds) if approve else policy.deny(record_of(row))
+        for extension in pending:
+            extension.status = "approved" if approve else "denied"
+            extension.decided_by, extension.decided_at = actor, clock.utcnow()
+            extension.decision_reason = reason
+            extension.seconds = seconds if approve else 0
+        what = f"approved {format_duration(seconds)}" if approve else "denied"
+        audit = self._audit_row(
+            row,
+            "approve" if approve else "deny",
+            f"extension {what}; reason: {reason}",
+            actor=actor,
+        )
+        self._commit(row, record, [audit], updated_extensions=pending)
+        await self.redecide(key)
+        return {"status": "approved" if approve else "denied", "verdict": self.verdict(key)}
+
+    async def exempt(self, key: str, actor: str, until: datetime | None, reason: str) -> dict:
+        row = self._known_row(key)
+        record = replace(record_of(row), exempt_until=until)
+        if until is not None:  # the extensions the owner used stay on record
+            record = replace(record.exempted(), exempt_until=until, state=EXEMPT)
+        what = f"exempt until {clock.isoformat(until)}" if until else "exemption lifted"
+        self._commit(
+            row, record, [self._audit_row(row, "exempt", f"{what}; reason: {reason}", actor=actor)]
+        )
+        await self.redecide(key)
+        return {"status": "exempt" if until else "governed", "verdict": self.verdict(key)}
+
+    async def cull_now(
+        self, key: str, actor: str, reason: str, *, immediately: bool = False
+    ) -> dict:
+        """An admin takes the GPU back. As a hard deadline: the owner is told and a checkpoint
+        taken first (bounded: ``checkpoint_timeout``, one retry), then the cull; a server
+        without the extension is culled at once. ``immediately`` skips the checkpoint (a
+        server that must go now), on record as such."""
+        row = self._known_row(key)
+        user, name = key.split("/", 1)
+        chosen = self.policy_named(row.policy)
+        why = f"culled by {actor}: {reason}"
+        if self.options.dry_run:
+            self.save_audits([self._audit_row(row, "cull", why, actor=actor, dry_run=True)])
+            return {"status": "dry-run", "verdict": self.verdict(key)}
+        if not immediately:
+            record = evolve(
+                record_of(row),
+                cull_requested_at=clock.utcnow(),
+                cull_request_reason=ADMIN,
+                cull_request_why=why,
+            )
+            self._commit(row, record, [self._audit_row(row, "cull-request", why, actor=actor)])
+            await self.redecide(key)
+            status = "culled" if row.state == CULLED else "requested"
+            return {"status": status, "verdict": self.verdict(key)}
+        server = self._servers.get(key) or HubServer(user=user, name=name)
+        why += " (immediately, no checkpoint)"
+        # On record before it is done (then its outcome), like the pass's culls.
+        before = record_of(row)
+        culled = replace(before, state=CULLED, culled_at=clock.utcnow(), reason=why)
+        audit = self._audit_row(row, "cull", why, actor=actor, details={})
+        self._commit(row, culled, [audit], cull_reason=ADMIN)
+        try:
+            outcome = await self._cull(server, row, chosen)
+        except Exception as error:
+            set_record(row, before)
+            failed = self._audit_row(row, "cull-failed", f"{why}; {error}", actor=actor)
+            self.save_outcomes([row], [failed], [])
+            raise
+        if chosen.cull_action == STOP_SERVER:  # shutdown-kernels already started it afresh
+            set_record(row, culled)
+        audit.details = {"outcome": outcome}
+        self.save_outcomes([row], [], [audit])
+        metrics.CULLS.labels(ADMIN, chosen.cull_action).inc()
+        return {"status": outcome, "verdict": self.verdict(key)}
+
+    async def stop_by_owner(self, key: str, actor: str, reason: str) -> dict:
+        """The owner gives the GPU back now (the Stop button). Answers at once: the request
+        comes from the very server being stopped, which must not wait for its own end."""
+        row = self._known_row(key)
+        user, name = key.split("/", 1)
+        why = f"stopped by {actor}" + (f": {reason}" if reason else "")
+        stopped = replace(record_of(row), state=CULLED, culled_at=clock.utcnow(), reason=why)
+        self._commit(
+            row, stopped, [self._audit_row(row, "stop", why, actor=actor)], cull_reason=OWNER_STOP
+        )
+        self._in_background(self._stop_quietly(key, user, name))
+        return {"status": "stopping", "verdict": self.verdict(key)}
+
+    async def _stop_quietly(self, key: str, user: str, name: str) -> None:
+        try:
+            await self.hub.stop_server(user, name)
+        except HubApiError as error:
+            log.error("gpu-gov: stopping %s for its owner failed: %s", key, error)
+
+    def _known_row(self, key: str) -> ServerRow:
+        row = self.row(key)
+        if row is None:
+            raise KeyError(key)
+        return row

@@ -1,0 +1,109 @@
+"""The governor's writes to its store: a pass's decisions on record before any is acted on,
+the outcomes after, a person's request in one transaction, and the audit rows they carry."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from ..core import clock
+from ..core.policy import Record
+from . import metrics
+from .store import StoreUnavailable
+from .tables import AuditRow, ExtensionRow, ServerRow, record_of, set_record
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+
+# Seconds passes pause after the store refused a pass's decisions.
+STORE_RETRY_AFTER = 5.0
+
+
+class Records:
+    """What the governor puts on record (a part of ``Governor``)."""
+
+    def save_audits(self, audits: Sequence[AuditRow]) -> None:
+        """Store audit rows; culls and extensions also count in the usage ledger."""
+        self.store.audit(audits)
+        self._count(audits)
+        self._save_usage()
+
+    def save_decisions(self, rows: Sequence[ServerRow], audits: Sequence[AuditRow]) -> bool:
+        """A pass's decisions and their audit rows, on record before any is acted on. False
+        when the store cannot take them: nothing is acted on, and what this service holds in
+        memory is dropped, so the next pass decides again from what the store has."""
+        try:
+            self.store.save(rows, audits)
+        except StoreUnavailable as error:
+            log.error("gpu-gov: %s; acting on nothing until it can be written", error)
+            metrics.STORE_ERRORS.inc()
+            self._rows = None
+            self._store_down_until = time.monotonic() + STORE_RETRY_AFTER
+            return False
+        self._count(audits)
+        self._save_usage()
+        return True
+
+    def save_outcomes(
+        self, rows: Sequence[ServerRow], audits: Sequence[AuditRow], completed: Sequence[AuditRow]
+    ) -> None:
+        """What the actions came to: a cull's outcome on its audit row, a failed cull's row."""
+        try:
+            self.store.save(rows, audits, updated_audits=completed)
+        except StoreUnavailable as error:  # done, and its decision is on record: say so
+            log.error(
+                "gpu-gov: %s; the outcome of %d action(s) is not on record",
+                error,
+                len(completed) + len(audits),
+            )
+            metrics.STORE_ERRORS.inc()
+            self._rows = None
+        self._count(completed)
+
+    def _commit(
+        self,
+        row: ServerRow,
+        record: Record,
+        audits: Sequence[AuditRow],
+        *,
+        extensions: Sequence[ExtensionRow] = (),
+        updated_extensions: Sequence[ExtensionRow] = (),
+        cull_reason: str | None = None,
+    ) -> None:
+        """A person's request, all or nothing: the row's new record, its audit row and any
+        extension requests, in one transaction. If the store cannot take it, the row stays as
+        it was and ``StoreUnavailable`` says why; nothing was changed or done."""
+        before, before_reason = record_of(row), row.cull_reason
+        set_record(row, record)
+        row.cull_reason = cull_reason or row.cull_reason
+        try:
+            self.store.save([row], audits, extensions, updated_extensions=updated_extensions)
+        except StoreUnavailable:
+            metrics.STORE_ERRORS.inc()
+            set_record(row, before)
+            row.cull_reason = before_reason
+            raise
+        self._count(audits)
+        self._save_usage()
+
+    def _audit_row(
+        self,
+        row: ServerRow | None,
+        action: str,
+        reason: str,
+        *,
+        actor: str = "governor",
+        dry_run: bool = False,
+        details: dict | None = None,
+    ) -> AuditRow:
+        return AuditRow(
+            at=clock.utcnow(),
+            server_key=row and row.key,  # None: not about a server (a node)
+            user=row and row.user,
+            action=action,
+            reason=reason,
+            actor=actor,
+            dry_run=dry_run,
+            details=details,
+        )

@@ -1,0 +1,362 @@
+"""The governor's settings (``c.GpuGovernor.*``): every trait, its help, unit and bounds, in
+one class that ``GpuGovernor`` (``hub/app.py``) runs. A bad value stops start-up with a
+message naming the setting."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse
+
+from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default, validate
+
+from .health import NODE_ACTIONS, SERVICE_ACCOUNT
+
+
+class GovernorSettings(HasTraits):
+    """The settings of ``GpuGovernor``, configured and documented under that name (a mixin of
+    traits, not a configurable class of its own)."""
+
+    config_file = Unicode("", help="A Python config file (``c.GpuGovernor.*``) to load.").tag(
+        config=True
+    )
+
+    # -- jupyterhub-idle-culler's options ----------------------------------------------------
+    timeout = Int(
+        3600,
+        help="""Seconds of Hub inactivity after which a server that sends no GPU report, and
+        whose pod DCGM does not see, is culled (jupyterhub-idle-culler's --timeout). Servers
+        with GPU reports, or with DCGM's reading of their pod's GPUs, follow the policies.""",
+    ).tag(config=True)
+    cull_every = Float(
+        0,
+        help="Seconds between reconcile passes (0: timeout / 2, at most 60 s).",
+    ).tag(config=True)
+    max_age = Int(
+        0,
+        help="""Seconds after its start at which any server is culled regardless of activity
+        (0: never), as jupyterhub-idle-culler's --max-age: excluded servers too; after a
+        checkpoint when the server runs the extension (one retry at most).""",
+    ).tag(config=True)
+    cull_users = Bool(
+        False,
+        help="""Also delete users (as jupyterhub-idle-culler does): once none of their servers
+        runs, when inactive for --timeout or created --max-age ago (admins only with
+        --cull-admin-users). Needs admin:users (add_governor(cull_users=True)).""",
+    ).tag(config=True)
+    remove_named_servers = Bool(
+        False, help="Remove culled named servers instead of just stopping them."
+    ).tag(config=True)
+    concurrency = Int(
+        10,
+        help="""Most Hub API requests in flight at once (jupyterhub-idle-culler's
+        --concurrency). The governor sends none to users' servers: what it asks of them rides
+        on their verdicts.""",
+    ).tag(config=True)
+    api_page_size = Int(0, help="Users per page when listing (0: the Hub's default).").tag(
+        config=True
+    )
+    cull_default_servers = Bool(True, help="Govern users' default servers.").tag(config=True)
+    cull_named_servers = Bool(True, help="Govern named servers.").tag(config=True)
+    cull_admin_users = Bool(
+        True,
+        help="""With --cull-users, delete admin users too (as in jupyterhub-idle-culler, their
+        servers are governed either way).""",
+    ).tag(config=True)
+    ssl_enabled = Bool(False, help="The Hub uses internal SSL (internal_ssl).").tag(config=True)
+    internal_certs_location = Unicode(
+        "internal-ssl", help="The Hub's internal_certs_location, for internal SSL."
+    ).tag(config=True)
+    url = Unicode(help="The Hub API URL (default $JUPYTERHUB_API_URL).").tag(config=True)
+
+    @default("url")
+    def _url_default(self):
+        return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+
+    # -- the governor's own --------------------------------------------------------------------
+    policies = List(
+        Dict(),
+        help="""Policies, first match wins; every key left out comes from policy_defaults.
+        Example::
+
+            c.GpuGovernor.policies = [
+                {"name": "borrowed", "match": {"labels": {"gpu-gov/borrowed": "true"}},
+                 "warn_after": "15m", "cull_after": "45m"},
+                {"name": "mig", "match": {"tiers": ["mig-1g"]}, "cull_action": "shutdown-kernels"},
+            ]
+
+        Keys: match (profiles, tiers, teams, users, server_names, labels, task_types),
+        idle_threshold, warn_after, cull_after, user_activity_grace, busy_grace, busy_limit,
+        on_busy_limit (interrupt|cull), away_after, extension_step, max_extensions,
+        extension_reason (optional|required), max_age, max_age_warning, checkpoint,
+        checkpoint_timeout, on_checkpoint_failure (postpone|proceed), checkpoint_retries,
+        checkpoint_max_delay, cull_action (stop-server|shutdown-kernels), exempt,
+        inactive_timeout, expected_duration_notice. Durations are seconds or strings like
+        "90m", "2h".""",
+    ).tag(config=True)
+    policy_defaults = Dict(
+        help="""Defaults for every policy key (same keys as a policy). ``inactive_timeout``
+        defaults to --timeout and ``max_age`` to --max-age.""",
+    ).tag(config=True)
+    dry_run = Bool(
+        False, help="Record every decision and act on none (no checkpoint requests, no culls)."
+    ).tag(config=True)
+    db_url = Unicode(
+        "sqlite:///jupyter_gpu_gov.sqlite",
+        help="SQLAlchemy URL of the store, e.g. postgresql://gov@db/gpu_gov.",
+    ).tag(config=True)
+    report_stale_after = Float(
+        300,
+        help="Seconds after which a server's last report no longer counts: its GPU is unknown.",
+    ).tag(config=True)
+    team_map = Dict(
+        help="User name → team, for users whose team is not in user_options or Hub groups."
+    ).tag(config=True)
+    dcgm_prometheus_url = Unicode(
+        "", help="Prometheus base URL to query dcgm-exporter series (e.g. http://prometheus:9090)."
+    ).tag(config=True)
+    dcgm_exporter_urls = List(
+        Unicode(), help="dcgm-exporter /metrics URLs to scrape directly (instead of Prometheus)."
+    ).tag(config=True)
+    dcgm_metric_names = Dict(
+        help="Extra metric name → signal mappings for relabelled DCGM series."
+    ).tag(config=True)
+    dcgm_bearer_token = Unicode("", help="Bearer token for Prometheus or the exporters.").tag(
+        config=True
+    )
+    dcgm_timeout = Float(
+        5, help="Seconds a whole DCGM read may take (connecting, headers and body); then it fails."
+    ).tag(config=True)
+    dcgm_max_bytes = Int(
+        64 * 1024 * 1024,
+        help="""Bytes a DCGM answer may have once decompressed (a 10,000-GPU fleet through
+        Prometheus is about 40 MB); a larger one fails the read.""",
+    ).tag(config=True)
+    dcgm_max_age = Float(
+        0,
+        help="""Seconds after which DCGM evidence no longer counts (its GPUs are unknown, never
+        idle): a read still under way, stuck or failing leaves no old "idle" behind. 0: three
+        reconcile intervals, at least 60 s.""",
+    ).tag(config=True)
+    pcie_floor_bytes_per_s = Float(
+        1_000_000, help="PCIe traffic (bytes/s) under which an idle-looking GPU counts as idle."
+    ).tag(config=True)
+    diagnose = Bool(
+        True,
+        help="""Diagnose why GPUs are underused (docs/api.md, "Root causes"): each report is scored and the
+        verdict carries ``root_cause``. It never changes a decision.""",
+    ).tag(config=True)
+    diagnose_train_every = Float(
+        6 * 3600,
+        help="""Seconds between two trainings of the diagnosis model, in a worker thread (the
+        service keeps answering). The first runs as soon as `diagnose_min_windows` windows
+        exist; until then the threshold rules diagnose. Default 21600 (6 h).""",
+    ).tag(config=True)
+    diagnose_min_windows = Int(
+        1000,
+        help="""Windows (one per server per `diagnose_sample_every`) in the history before the
+        first training, e.g. 1000: 20 servers for 50 minutes.""",
+    ).tag(config=True)
+    diagnose_sample_every = Float(
+        60,
+        help="""Seconds: at most one window per server this often goes into the training history
+        (every report is still scored).""",
+    ).tag(config=True)
+    diagnose_history = Float(
+        7 * 86400,
+        help="Seconds of history the model trains on (default 604800, 7 days).",
+    ).tag(config=True)
+    diagnose_max_windows = Int(
+        250_000,
+        help="""Most windows kept in memory for training (about 100 MB at 250,000); beyond it
+        the oldest go first, whatever their age.""",
+    ).tag(config=True)
+    diagnose_zombie_idle = Float(
+        0,
+        help="""Seconds nobody has used a server before a kernel that holds GPU memory and does
+        no GPU work is called a zombie (0: the diagnosis rules' 1800, 30 minutes). A demo hub
+        with timers of minutes shortens it like them, e.g. 60.""",
+    ).tag(config=True)
+    diagnose_model_path = Unicode(
+        "",
+        help="""Where the trained model is saved after each training and loaded from at start
+        (e.g. /srv/gpu-gov/diagnosis.pkl), so a restart keeps it. Empty: memory only. A pickle:
+        a path only the service can write.""",
+    ).tag(config=True)
+
+    # -- usage ledger and showback -----------------------------------------------------------
+    tier_weights = Dict(
+        help="""GPU-equivalents a server of each tier holds, for the usage ledger, e.g.
+        ``{"h100": 1, "h100-3g": 0.5, "l4-shared": 0.25}``. A server's grant
+        (``gpu-gov/weight``, written by the profile layer) wins; without either the ledger
+        counts the devices the server reports (a whole GPU 1, a MIG slice its compute share),
+        else 1 for a server with a tier, else 0 (no GPU, nothing billed).""",
+    ).tag(config=True)
+    gpu_hour_cost = Dict(
+        help="""Price of one GPU-equivalent hour per tier, in `currency`, for showback, e.g.
+        ``{"h100": 2.5, "h100-1g": 0.4}``. Tiers not listed cost `gpu_hour_cost_default`.""",
+    ).tag(config=True)
+    gpu_hour_cost_default = Float(
+        0.0, help="Price of one GPU-equivalent hour of a tier not in `gpu_hour_cost`."
+    ).tag(config=True)
+    currency = Unicode("USD", help="The currency label shown with costs, e.g. EUR.").tag(
+        config=True
+    )
+    team_quotas = Dict(
+        help="""GPU-equivalents each team is guaranteed, shown on each user's usage page next to
+        what the team holds now, e.g. ``{"vision": 2, "nlp": 1.5}`` (display only: admission
+        is the profile layer's).""",
+    ).tag(config=True)
+    usage_max_gap = Float(
+        0,
+        help="""Seconds: the longest gap between two looks at a server that the usage ledger
+        still bills (as the state seen at the first look). A longer gap (the service was down)
+        is counted as unobserved, never as idle or active. 0: three reconcile intervals, at
+        least 60 s.""",
+    ).tag(config=True)
+
+    usage_write_every = Float(
+        300,
+        help="""Seconds: how often the usage ledger is written to the database (also whenever
+        a page or the API reads it, and when the service stops). Each write updates a row per
+        running server, so at 10,000 servers every pass would spend 0.2 s on it. If the service
+        dies, what it had not written is counted as unobserved, like any outage, never as idle.
+        0: every pass.""",
+    ).tag(config=True)
+
+    # -- right-sizing ----------------------------------------------------------------------------
+    right_size_tiers = List(
+        Dict(),
+        help="""What one server of each tier gets, for right-sizing hints (a smaller tier a
+        server's measured peak memory and activity fit, on the verdict, the dashboard and in
+        showback): ``[{"name": "h100-1g", "label": "H100 MIG 1g.10gb", "memory_gb": 10,
+        "weight": 0.1429}, ...]``. ``add_governor(c, tiers=tier_sizes(c.GpuProfiles.tiers))``
+        (``jupyter_gpu_gov.profiles.estimate.tier_sizes``) passes the profile layer's tiers;
+        default $JUPYTER_GPU_GOV_TIERS (JSON). Empty: no hints.""",
+    ).tag(config=True)
+
+    right_size_after = Float(
+        3600,
+        help="""Seconds of reports with the GPU held before a right-sizing hint: the peak of a
+        shorter stretch says too little (default 3600).""",
+    ).tag(config=True)
+
+    @validate("gpu_hour_cost", "tier_weights", "team_quotas")
+    def _numbers(self, proposal):
+        for key, value in proposal["value"].items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(
+                    f"GpuGovernor.{proposal['trait'].name}[{key!r}] must be a number >= 0, "
+                    f"got {value!r}"
+                )
+        return proposal["value"]
+
+    # -- GPU health (docs/health.md) -----------------------------------------------------------
+    gpu_unknown_alert_after = Float(
+        1800,
+        help="""Seconds a server's GPU state may stay unknown (or failed) before the server is
+        flagged for admins: audited once, listed by ``GET api/health`` and the dashboard,
+        counted in ``jupyter_gpu_gov_servers_gpu_unknown_too_long`` (an alert rule fires on
+        it). Such a server is never culled for it.""",
+    ).tag(config=True)
+    unhealthy_node_action = Unicode(
+        "none",
+        help="""What to do to the Kubernetes node of a GPU DCGM finds unhealthy: "none"; "label"
+        (label ``gpu-gov/gpu-unhealthy=true``, annotate which GPUs and why, so schedulers and
+        node affinities can avoid the node; removed when its GPUs are healthy again);
+        "cordon" (the label, and ``spec.unschedulable`` for a GPU that failed; never undone:
+        uncordon by hand after the repair). Needs RBAC: ``patch`` on ``nodes``
+        (docs/health.md). Only DCGM's reading, never a server's report, marks a node.""",
+    ).tag(config=True)
+    kubernetes_api_url = Unicode(
+        help="""The Kubernetes API for unhealthy_node_action (default: in-cluster,
+        https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).""",
+    ).tag(config=True)
+    kubernetes_token_file = Unicode(
+        f"{SERVICE_ACCOUNT}/token", help="The service account token for the Kubernetes API."
+    ).tag(config=True)
+    kubernetes_ca_file = Unicode(
+        f"{SERVICE_ACCOUNT}/ca.crt", help="The CA bundle that signs the Kubernetes API."
+    ).tag(config=True)
+
+    @default("kubernetes_api_url")
+    def _kubernetes_api_url(self):
+        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        return f"https://{host}:{port}" if host else ""
+
+    @validate("unhealthy_node_action")
+    def _node_action(self, proposal):
+        if proposal["value"] not in NODE_ACTIONS:
+            raise ValueError(
+                f"GpuGovernor.unhealthy_node_action must be one of {', '.join(NODE_ACTIONS)}, "
+                f"got {proposal['value']!r}"
+            )
+        return proposal["value"]
+
+    accept_interval = Float(
+        0.04,
+        help="""Seconds the service leaves new connections waiting once it has accepted one, to
+        take all that came meanwhile together (a report, an API call or a dashboard page then
+        waits at most this much longer). Each server reports on a new connection; answered a
+        few at a time they cost the service about a quarter less CPU than one by one
+        (docs/benchmarks.md, 10,000 servers). Only while connections come at 2 /
+        accept_interval a second or more (at 0.04: 50 a second, 3,000 servers reporting
+        every minute); slower, each is accepted at once. 0: never wait.""",
+    ).tag(config=True)
+
+    port = Int(
+        help="""Port to listen on (default: from $JUPYTERHUB_SERVICE_URL, the URL of the
+        service's entry). Without either it does not listen: a service entry without a URL (as
+        jupyterhub-idle-culler's in zero-to-jupyterhub) runs it as a culler, with no reports,
+        API or dashboard; servers are then governed by DCGM and the Hub's activity.""",
+    ).tag(config=True)
+    ip = Unicode(help="IP to listen on (default from $JUPYTERHUB_SERVICE_URL).").tag(config=True)
+
+    @default("port")
+    def _port_default(self):
+        parts = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", ""))
+        if not parts.hostname or parts.port == 0:
+            return 0  # no URL (JupyterHub gives a service without one a URL with port 0)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @default("ip")
+    def _ip_default(self):
+        return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).hostname or "127.0.0.1"
+
+    @validate(
+        "timeout",
+        "concurrency",
+        "dcgm_timeout",
+        "dcgm_max_bytes",
+        "diagnose_train_every",
+        "diagnose_min_windows",
+        "diagnose_history",
+        "diagnose_max_windows",
+    )
+    def _positive(self, proposal):
+        if proposal["value"] <= 0:
+            raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
+        return proposal["value"]
+
+    @validate(
+        "usage_write_every",
+        "usage_max_gap",
+        "gpu_unknown_alert_after",
+        "right_size_after",
+        "dcgm_max_age",
+    )
+    def _not_negative(self, proposal):
+        if proposal["value"] < 0:
+            raise ValueError(
+                f"GpuGovernor.{proposal['trait'].name} must be >= 0 seconds, "
+                f"got {proposal['value']!r}"
+            )
+        return proposal["value"]
+
+    @validate("accept_interval")
+    def _accept_interval(self, proposal):
+        if not 0 <= proposal["value"] <= 1:
+            raise ValueError(
+                f"GpuGovernor.accept_interval must be 0 to 1 seconds, got {proposal['value']!r}"
+            )
+        return proposal["value"]

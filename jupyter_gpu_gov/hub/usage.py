@@ -1,0 +1,166 @@
+"""The usage ledger's side of the governor: one observation per running server per pass,
+culls and extensions counted, the ledger written to the store every ``usage_write_every``; and
+each session's measured use, for right-sizing."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from ..core import clock, ledger, rightsize
+from ..core.policy import ServerView
+from ..core.vocabulary import WEIGHT_LABEL
+from . import metrics
+from .hubapi import HubServer
+from .store import StoreUnavailable
+from .tables import AuditRow
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+
+@dataclass
+class _Use:
+    """A server's measured GPU use this session, from its reports (for right-sizing)."""
+
+    session: str | None  # the report's server.started: a new value, a new session
+    peak_memory_mb: float = 0.0
+    peak_activity: float = 0.0
+    first_held: datetime | None = None
+    last_held: datetime | None = None
+
+    def add(self, report: Mapping, at: datetime) -> None:
+        holders = [t["gpu"] for t in report["targets"] if t["gpu"]["holds_context"]]
+        if not holders:
+            return
+        memory = sum(g.get("memory_mb") or 0 for g in holders)
+        activity = max((g.get("sm") or 0 for g in holders), default=0)
+        self.peak_memory_mb = max(self.peak_memory_mb, memory)
+        self.peak_activity = max(self.peak_activity, activity)
+        self.first_held = self.first_held or at
+        self.last_held = at
+
+    def measured(self) -> rightsize.Use | None:
+        if self.first_held is None:
+            return None
+        observed = self.last_held - self.first_held
+        return rightsize.Use(self.peak_memory_mb, self.peak_activity, observed)
+
+
+_LEDGER_EVENTS = {"cull": "culls", "extend": "extensions", "approve": "extensions"}
+
+
+_BILLED = (*ledger.STATES, ledger.UNOBSERVED)  # what GPU_SECONDS counts, by state
+
+
+def owner_of(view: ServerView) -> ledger.Owner:
+    return ledger.Owner(view.user, view.team or "", view.project or "", view.tier or "")
+
+
+def _device_share(device: Mapping) -> float:
+    """A reported device in GPU-equivalents: 1, or a MIG slice's compute share (``3g.40gb``:
+    3/7)."""
+    profile = device.get("mig_profile") or ""
+    head = profile.split("g.", 1)[0]
+    return round(int(head) / 7, 4) if head.isdigit() else 1.0
+
+
+class Usage:
+    """The usage ledger and measured use (a part of ``Governor``)."""
+
+    def _observe(self, server: HubServer, view: ServerView, now: datetime) -> None:
+        """One look at a running server for the usage ledger."""
+        key = view.key
+        received = self.reports.get(key)
+        fresh = received is not None and now - received.at <= self.options.report_stale_after
+        report = received.report if fresh else None
+        gpus = self.gpu_equivalents(view, report)
+        if view.gpu is None or view.gpu.active is None:
+            state = ledger.UNKNOWN
+        elif view.gpu.active:
+            state = ledger.ACTIVE
+        elif report is not None and any(t["gpu"]["holds_context"] for t in report["targets"]):
+            state = ledger.IDLE_HELD
+        else:
+            state = ledger.IDLE_FREE
+        row = self.rows.get(key)
+        fit = self._right_size_fit(row) if row is not None else None
+        current = self.options.tier_sizes.get(view.tier or "")
+        self.ledger.observe(
+            ledger.Observation(
+                server=key,
+                session=clock.isoformat(server.started) or "unknown",
+                at=now,
+                owner=owner_of(view),
+                gpus=gpus,
+                state=state,
+                started=server.started,
+                right_size_share=fit[0].weight / current.weight if fit and current else None,
+            )
+        )
+
+    def gpu_equivalents(self, view: ServerView, report: Mapping | None) -> float:
+        """GPU-equivalents a server holds: its grant's ``gpu-gov/weight``, else the tier's
+        configured weight, else its reported devices (a whole GPU 1, a MIG slice its share of
+        compute), else 1 for a server with a GPU tier, else 0 (no GPU)."""
+        weight = view.labels.get(WEIGHT_LABEL)
+        try:
+            if weight is not None and float(weight) >= 0:
+                return float(weight)
+        except ValueError:
+            pass
+        tier = view.tier
+        if tier in self.options.tier_weights:
+            return float(self.options.tier_weights[tier])
+        if report is not None and report["backend"] not in ("none", "unavailable"):
+            return float(sum(_device_share(d) for d in report["devices"]))
+        return 1.0 if tier and tier != "no-gpu" else 0.0
+
+    def _count(self, audits: Sequence[AuditRow]) -> None:
+        """Culls (once done: their row has its outcome) and extensions count in the ledger."""
+        for row in audits:
+            if row.dry_run or (row.action == "cull" and "outcome" not in (row.details or {})):
+                continue
+            name = _LEDGER_EVENTS.get(row.action)
+            if name == "extensions" and not row.reason.startswith(("granted", "extension app")):
+                continue  # refused or waiting for an admin: no time was given
+            server_row = self.row(row.server_key) if row.server_key else None
+            if name is None or server_row is None:
+                continue
+            owner = ledger.Owner(
+                server_row.user,
+                server_row.team or "",
+                server_row.project or "",
+                server_row.tier or "",
+            )
+            self.ledger.event(row.server_key, owner, row.at, name)
+
+    def flush_usage(self) -> None:
+        """Write what the ledger has accrued: before anyone reads the usage, and at stop."""
+        self._save_usage(force=True)
+
+    def _save_usage(self, force: bool = False) -> None:
+        now = clock.utcnow()
+        last = self._usage_written_at
+        if not force and last is not None and now - last < self.options.usage_write_every:
+            return
+        deltas, sessions = self.ledger.drain()
+        try:
+            self.store.save_usage(deltas, sessions)
+        except StoreUnavailable as error:  # kept for the next write
+            log.error("gpu-gov: %s; the usage ledger is written later", error)
+            metrics.STORE_ERRORS.inc()
+            self.ledger.give_back(deltas, sessions)
+            return
+        self._usage_written_at = now
+        counters = {}  # (team, state) -> its series: labels() costs 3 µs, a bucket a server
+        for (_, owner), values in deltas.items():
+            for state in _BILLED:
+                if values.get(state):
+                    counter = counters.get((owner.team, state))
+                    if counter is None:
+                        counter = counters[owner.team, state] = metrics.GPU_SECONDS.labels(
+                            owner.team, state
+                        )
+                    counter.inc(values[state])

@@ -1,0 +1,256 @@
+"""What the governor shows: a server's verdict, the admin listing, the health and diagnosis
+views, and the reads the REST API and the pages make (``governor.audit_trail(...)``,
+``governor.usage(...)``) — routes and pages talk to these, never to the store or the reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from ..core import clock, policy, rightsize
+from ..core.ledger import Session as LedgerSession
+from ..core.policy import Decision, Policy, Record
+from ..core.vocabulary import UNKNOWN
+from ..diagnose.cluster import Demand
+from . import outbound, showback, trusted
+from .checkpoints import checkpoint_fields, result_status
+from .diagnosis import allocation
+from .evidence import Received
+from .tables import AuditRow, ExtensionRow, ServerRow, record_of
+
+
+def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:
+    """The diagnosis as the policy reads it: its label, and whether it is confident (a
+    ``confident`` flag, or a ``confidence`` of at least CONFIDENT). No word of confidence is not
+    confident: the cause is then named, never acted on."""
+    if not isinstance(root_cause, Mapping) or not isinstance(root_cause.get("label"), str):
+        return None, False
+    confident = root_cause.get("confident")
+    if not isinstance(confident, bool):
+        level = root_cause.get("confidence")
+        confident = (
+            isinstance(level, int | float) and not isinstance(level, bool) and level >= CONFIDENT
+        )
+    return root_cause["label"], confident
+
+
+CONFIDENT = 0.9
+
+
+def verdict_of(
+    row: ServerRow,
+    chosen: Policy,
+    *,
+    dry_run: bool = False,
+    root_cause: dict | None = None,
+    right_size: dict | None = None,
+) -> dict:
+    decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
+    return policy.verdict(
+        decision, chosen, dry_run=dry_run, root_cause=root_cause, right_size=right_size
+    )
+
+
+def row_view(
+    row: ServerRow,
+    report: Received | None,
+    root_cause: dict | None = None,
+    right_size: dict | None = None,
+) -> dict:
+    """A server as the admin API lists it; ``root_cause`` and ``right_size`` as in its
+    verdict."""
+    gpu = None
+    if report is not None:
+        r = report.report
+        gpu = {
+            "backend": r["backend"],
+            "devices": [
+                {
+                    k: d.get(k)
+                    for k in ("uuid", "name", "mig_profile", "memory_used_mb", "activity", "health")
+                }
+                for d in r["devices"]
+            ],
+            "memory_mb": sum(
+                t["gpu"]["memory_mb"] or 0 for t in r["targets"] if t["gpu"]["holds_context"]
+            ),
+            "active_fraction": r["window"].get("gpu_active_fraction"),
+            "reported_at": clock.isoformat(report.at),
+        }
+    return {
+        "user": row.user,
+        "name": row.name,
+        "team": row.team,
+        "project": row.project,
+        "tier": row.tier,
+        "profile": row.profile,
+        "labels": row.labels or {},
+        "running": row.running,
+        "state": row.state,
+        "reason": row.reason,
+        "policy": row.policy,
+        "idle_since": clock.isoformat(row.idle_since),
+        "warn_at": clock.isoformat(row.warn_at),
+        "cull_at": clock.isoformat(row.cull_at),
+        "extensions_used": row.extensions_used,
+        "approval_pending": row.approval_pending,
+        "exempt_until": clock.isoformat(row.exempt_until),
+        # The request in flight, else how the last checkpoint ended (a failed one stays listed,
+        # with its errors, after the policy postponed the cull and cleared the request).
+        "checkpoint": {
+            "status": row.checkpoint_status or result_status(row.checkpoint_manifest),
+            **checkpoint_fields(row.checkpoint_manifest),
+            "manifest": row.checkpoint_manifest,
+        },
+        "culled_at": clock.isoformat(row.culled_at),
+        "gpu": gpu,
+        "root_cause": root_cause,
+        "right_size": right_size,
+    }
+
+
+class Views:
+    """What the governor shows (a part of ``Governor``)."""
+
+    def verdict(self, key: str) -> dict:
+        row = self.row(key)
+        if row is None:
+            not_yet = Record(state=UNKNOWN, reason="the governor has not assessed this server yet")
+            return policy.verdict(
+                Decision(not_yet),
+                self.policies[-1],
+                dry_run=self.options.dry_run,
+                root_cause=self.root_cause(key),
+            )
+        verdict = verdict_of(
+            row,
+            self.policy_named(row.policy),
+            dry_run=self.options.dry_run,
+            root_cause=self.root_cause(key),
+            right_size=self.right_size(row),
+        )
+        # What the server is asked to do: the governor never calls it (see hub/outbound.py).
+        # A dry run asks nothing.
+        verdict["requests"] = (
+            {}
+            if self.options.dry_run
+            else outbound.requests(
+                row.checkpoint_status,
+                row.checkpoint_requested_at,
+                row.reason,
+                row.cull_reason,
+                (self._shutdowns.get(key), self._interrupts.get(key)),
+            )
+        )
+        return verdict
+
+    def root_cause(self, key: str) -> dict | None:
+        """What the diagnosis says of the server's last report (``None`` once it is stale)."""
+        return self.diagnosis.root_cause(key, self.options.report_stale_after)
+
+    def right_size(self, row: ServerRow) -> dict | None:
+        """The verdict's ``right_size``: a smaller tier this session's use fits, or None."""
+        fit = self._right_size_fit(row)
+        return fit and fit[1]
+
+    def _right_size_fit(self, row: ServerRow) -> tuple[rightsize.TierSize, dict] | None:
+        use = self.use.get(row.key)
+        if not self.options.tier_sizes or use is None or not row.running:
+            return None
+        cause, _ = cause_of(self.root_cause(row.key))
+        return rightsize.right_size(
+            row.tier, use.measured(), self.options.tier_sizes, cause, self.options.right_size_after
+        )
+
+    def listing(self, row: ServerRow) -> dict:
+        """A server as the admin API and the dashboard list it."""
+        key = row.key
+        return row_view(row, self.reports.get(key), self.root_cause(key), self.right_size(row))
+
+    @property
+    def rows(self) -> dict[str, ServerRow]:
+        """Every server the governor knows, in memory: it is the store's only writer, so the
+        database is read once, at start."""
+        if self._rows is None:
+            self._rows = self.store.servers()
+        return self._rows
+
+    def row(self, key: str) -> ServerRow | None:
+        return self.rows.get(key)
+
+    def server_rows(self, running_only: bool = True) -> list[ServerRow]:
+        return [r for r in self.rows.values() if r.running or not running_only]
+
+    def policy_named(self, name: str | None) -> Policy:
+        return next((p for p in self.policies if p.name == name), self.policies[-1])
+
+    def health_view(self) -> dict:
+        """``GET api/health``, with the server holding each GPU where DCGM names its pod."""
+        now = clock.utcnow()
+        view = self.health.admin_view(now, self.rows)
+        by_pod = {}
+        for key, server in self._servers.items():
+            granted = trusted.Granted.of(server.spawner_state)
+            pod = granted.pod if granted is not None else None
+            if pod is not None:
+                by_pod[pod] = by_pod[(None, pod[1])] = key
+        for gpu in view["gpus"]:
+            pod = gpu["pod"]
+            if gpu["server"] is None and pod is not None:
+                gpu["server"] = by_pod.get((pod["namespace"], pod["name"]))
+        return view
+
+    def diagnosis_summary(self, days: int = 7) -> dict:
+        """``GET api/diagnosis``: causes, their cost per team and node, fragmentation (cards by
+        what is allocated on them; spawns pending a GPU; no spawn queue or refusal record
+        exists yet to count)."""
+        running = [key for key, row in self.rows.items() if row.running]
+        reports = [self.reports[key].report for key in running if key in self.reports]
+        evidence = [e for records in self._context.by_uuid.values() for e in records]
+        return self.diagnosis.summary(
+            running,
+            allocation(reports, evidence),
+            Demand(pending=self.spawns_waiting),
+            self.options.report_stale_after,
+            teams={key: row.team or "" for key, row in self.rows.items()},
+            days=days,
+        )
+
+    # -- what the REST API and the pages read (they never reach the store or the reports) ----
+
+    def extensions(self, status: str | None = None, key: str | None = None) -> list[ExtensionRow]:
+        """Extension requests, newest first: of one status, of one server."""
+        return self.store.extensions(status, key)
+
+    def audit_trail(
+        self, key: str | None = None, user: str | None = None, limit: int = 200
+    ) -> list[AuditRow]:
+        """The audit trail, newest first: of one server, of one user."""
+        return self.store.audit_rows(server_key=key, user=user, limit=limit)
+
+    def usage(
+        self,
+        group_by: Sequence[str],
+        period: str,
+        since: datetime | None,
+        until: datetime | None = None,
+        **owner: str | None,
+    ) -> list[dict]:
+        """Showback rows (``hub/showback.py``) from what the store has (``flush_usage`` first
+        for the ledger as of the last pass)."""
+        return showback.usage(self.store, self.options, group_by, period, since, until, **owner)
+
+    def usage_sessions(self, since: datetime, user: str | None = None) -> list[LedgerSession]:
+        """Ledger sessions still open or ended after ``since``, newest first."""
+        return self.store.usage_sessions(since=since, user=user)
+
+    def gpus_held(self) -> dict[str, float]:
+        """GPU-equivalents held now, by team (``""``: no team), from the ledger's open sessions."""
+        held: dict[str, float] = {}
+        for session in self.ledger.open.values():
+            held[session.owner.team] = held.get(session.owner.team, 0.0) + session.gpus
+        return held
+
+    def open_session(self, key: str) -> LedgerSession | None:
+        """The ledger's session of a running server (None: not billed yet)."""
+        return self.ledger.open.get(key)
