@@ -32,6 +32,13 @@ from dataclasses import dataclass, field
 from hashlib import sha256
 from types import MappingProxyType
 
+from ..core.vocabulary import (
+    ACTIVE,
+    CHECKPOINT_DONE,
+    CHECKPOINT_FAILED,
+    CHECKPOINT_TIMEOUT,
+    USER_LABEL,
+)
 from .engine import EPOCH
 
 HISTORY_VERSION = 1
@@ -44,8 +51,7 @@ MAX_GAP_S = 2 * KEYFRAME_S
 DEFAULT_STEP_S = 300.0  # a sample every 5 minutes, as the reclamation benchmark's traces
 SM_QUANTUM = 0.01  # what a change of SM activity must reach to be kept
 MEMORY_QUANTUM_MB = 64.0  # and of memory
-CHECKPOINT_OUTCOMES = ("done", "failed", "timeout")
-USER_LABEL = "gpu-gov/user"  # the profile layer's owner label: pseudonymised with the user
+CHECKPOINT_OUTCOMES = (CHECKPOINT_DONE, CHECKPOINT_FAILED, CHECKPOINT_TIMEOUT)
 _EPOCH_S = EPOCH.timestamp()  # the replay clock's t = 0, in Unix seconds
 
 
@@ -69,7 +75,7 @@ class HistoryRow:
     user_last: float | None = None  # a person's last interaction, from the reports
     hub_last: float | None = None  # the Hub's last_activity (an open tab counts)
     checkpoint: str | None = None  # a checkpoint's outcome that came in this pass
-    state: str = "active"  # the policy's state after the pass
+    state: str = ACTIVE  # the policy's state after the pass
     policy: str = "default"  # the policy that governed it
     actions: tuple[str, ...] = ()  # what the governor did at this pass (core.policy's actions)
     cull_reason: str | None = None  # with a cull: core.policy.CULL_REASONS
@@ -329,7 +335,7 @@ def export_trace(
         run.actions.extend(row.actions)
         run.cull_reason = row.cull_reason or run.cull_reason
         if row.checkpoint is not None:
-            run.hook_fails = row.checkpoint != "done"
+            run.hook_fails = row.checkpoint != CHECKPOINT_DONE
         if row.stopped:
             run.stopped_at = row.t
     if grid is None or last_t is None:

@@ -44,13 +44,25 @@ from typing import Any
 
 from ..core import rightsize
 from ..core.durations import format_duration
-from ..core.policy import CULL, INTERRUPT, MAX_AGE_LABEL, NOTICES, WARNINGS
-from .engine import ACTIVE_SM, TIER_LABEL, Action, at
+from ..core.vocabulary import (
+    ADMIN,
+    CHECKPOINT,
+    CULL,
+    INTERRUPT,
+    MAX_AGE,
+    MAX_AGE_LABEL,
+    NOTICES,
+    RECLAIM,
+    TIER_LABEL,
+    WARN,
+    WARNINGS,
+    WEIGHT_LABEL,
+)
+from .engine import ACTIVE_SM, Action, at
 from .trace import Sample
 
 OWNER_BACK_S = 4 * 3600.0
-WEIGHT_LABEL = "gpu-gov/weight"  # GPU-equivalents the grant gives (the profile layer's label)
-HARD_DEADLINES = frozenset({"max-age", "reclaim", "admin"})
+HARD_DEADLINES = frozenset({MAX_AGE, RECLAIM, ADMIN})
 NO_TEAM = "(no team)"
 HOUR = 3600.0
 Session = tuple[str, float | None]
@@ -395,7 +407,7 @@ def _count(action: Action, run: _Run, outcome: Outcome) -> None:
             t.warnings += 1
         elif kind in NOTICES or kind == "notice":
             t.notices += 1
-        elif kind == "checkpoint":
+        elif kind == CHECKPOINT:
             t.checkpoints += 1
         elif kind == INTERRUPT:
             t.interrupts += 1
@@ -451,7 +463,7 @@ def recorded_actions(samples: Iterable[Sample]) -> Iterator[Action]:
         for kind in done:
             if not isinstance(kind, str):
                 continue
-            name = "warn" if kind in WARNINGS else "notice" if kind in NOTICES else kind
+            name = WARN if kind in WARNINGS else "notice" if kind in NOTICES else kind
             cull_reason = reason if kind == CULL and isinstance(reason, str) else None
             yield Action(sample.t, sample.server, name, "recorded", sample.started, cull_reason)
 
