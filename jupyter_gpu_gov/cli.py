@@ -212,7 +212,8 @@ def _add_what_if(commands: argparse._SubParsersAction) -> None:
             "  jupyter-gpu-gov what-if trace.jsonl --policy candidate.py\n"
             "  jupyter-gpu-gov what-if trace.jsonl --policy candidate.py \\\n"
             "      --current jupyterhub_config.py --tiers tiers.py\n"
-            "  jupyter-gpu-gov what-if trace.jsonl --policy candidate.py --json > what-if.json"
+            "  jupyter-gpu-gov what-if trace.jsonl --policy candidate.py --json > what-if.json\n"
+            "  jupyter-gpu-gov what-if trace.jsonl --policy jupyterhub_config.py --current idle-culler"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -226,7 +227,8 @@ def _add_what_if(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--current",
         metavar="CONFIG.py",
-        help="the service's config file (default: the shipped default policy)",
+        help="the service's config file (default: the shipped default policy); or "
+        "'idle-culler' (or e.g. 'idle-culler:8h'): jupyterhub-idle-culler as deployed today",
     )
     parser.add_argument(
         "--tiers",
@@ -247,15 +249,27 @@ def _what_if(args: argparse.Namespace) -> int:
     from .replay.whatif import Setup, compare, report, table
 
     fail = partial(_fail, command="what-if")
-    for option, path in (("--policy", args.policy), ("--current", args.current)):
+    culler = _idle_culler_of(args.current)
+    if isinstance(culler, str):
+        return fail(culler)
+    current = None if culler else args.current
+    for option, path in (
+        ("--policy", args.policy),
+        ("--current", current),
+        ("--tiers", args.tiers),
+    ):
         if missing := _no_file(path):
             return fail(f"cannot load {option}: {missing}")
-    if missing := _no_file(args.tiers):
-        return fail(f"cannot load --tiers: {missing}")
     setups = []
     try:
         fallback = load_config(args.tiers) if args.tiers else None
-        for name, path in (("current", args.current), ("candidate", args.policy)):
+        if culler:
+            setups.append(
+                Setup("current", culler, _what_if_tiers(None, fallback), ("idle-culler",))
+            )
+        for name, path in (("current", current), ("candidate", args.policy)):
+            if name == "current" and culler:
+                continue
             config = load_config(path) if path else None
             try:
                 policies = policies_of(config) if config is not None else load_policies([])
@@ -296,6 +310,24 @@ def _what_if(args: argparse.Namespace) -> int:
     )
     print(table(outcomes, title))
     return 0
+
+
+def _idle_culler_of(current: str | None):
+    """``--current idle-culler[:TIMEOUT]``: jupyterhub-idle-culler's run; an error message for
+    a bad timeout; None for a config file (or none)."""
+    if current is None or not current.startswith("idle-culler"):
+        return None
+    from .core.durations import parse_duration
+    from .replay.baselines import IDLE_CULLER_TIMEOUT_S, idle_culler
+
+    name, _, timeout = current.partition(":")
+    if name != "idle-culler":
+        return None  # a file whose name starts so
+    try:
+        seconds = parse_duration(timeout).total_seconds() if timeout else IDLE_CULLER_TIMEOUT_S
+    except ValueError as error:
+        return f"--current idle-culler:{timeout}: {error}"
+    return partial(idle_culler, timeout=seconds)
 
 
 def _what_if_tiers(config, fallback):

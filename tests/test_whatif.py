@@ -261,3 +261,22 @@ def test_a_candidates_tiers_are_its_own(trace, tmp_path):
     for tier in ("a100-80g", "mig-3g.40gb", "mig-1g.10gb"):
         if tier in current["tiers"]:
             assert shorter["tiers"][tier] == current["tiers"][tier]
+
+
+def test_against_jupyterhub_idle_culler_as_deployed_today(trace, tmp_path):
+    """An admin moving from jupyterhub-idle-culler compares it with the governor's policy."""
+    candidate = tmp_path / "jupyterhub_config.py"
+    candidate.write_text("# the shipped default policy\n")
+    by_name = runs(what_if(trace, "--policy", candidate, "--current", "idle-culler", "--json"))
+    culler, ours = by_name["current"], by_name["candidate"]
+    assert culler["policies"] == ["idle-culler"] and ours["policies"] == ["default"]
+    # The culler cuts training that runs without a kernel execution or a browser, and leaves
+    # kernels behind open tabs holding their GPUs.
+    assert culler["total"]["running_work_killed"] > 0 == ours["total"]["running_work_killed"]
+    assert ours["total"]["reclaimed_gpu_hours"] > culler["total"]["reclaimed_gpu_hours"]
+    assert ours["total"]["utilisation"] > culler["total"]["utilisation"]
+    longer = runs(what_if(trace, "--policy", candidate, "--current", "idle-culler:8h", "--json"))
+    assert longer["current"]["total"]["culls"] < culler["total"]["culls"]
+    result = what_if(trace, "--policy", candidate, "--current", "idle-culler:soon")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert "idle-culler:soon" in result.stderr
