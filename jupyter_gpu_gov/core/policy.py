@@ -569,6 +569,67 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
     return evolve(decision, notice=notice) if notice else decision
 
 
+def holds_until(
+    view: ServerView, record: Record, policy: Policy, decision: Decision, now: datetime
+) -> datetime | None:
+    """Until when ``decide(view, record, policy, t)`` returns ``decision`` for every later ``t``:
+    the earliest time at which the same inputs could decide differently (``None``: never, by
+    time alone). ``now`` where that is not worked out here: decide again at the next pass.
+
+    Worked out for the steady states most servers are in, with nothing to do: a GPU known
+    active; known idle, before the warning (until ``warn_at``) or warned (until ``cull_at``),
+    with no cell running; no GPU, active by jupyterhub-idle-culler's rule (until its
+    ``cull_at``). Every other state (unknown, exempt, checkpointing, culled, no GPU,
+    a cell running, ...) answers ``now``. Besides those two, the times that can move a steady
+    decision on are the hard deadlines (and their warnings), the expected duration's notice
+    and the owner becoming away; ``decide`` reads no other time on these paths."""
+    gpu = view.gpu
+    if (
+        decision.actions
+        or decision.record != record
+        or view.excluded is not None
+        or record.cull_requested_at is not None
+        or record.exempt_until is not None
+        or record.checkpoint_requested_at is not None  # the service times it out
+        or record.paused_at is not None
+        or record.interrupted_at is not None
+    ):
+        return now
+    times = []
+    if gpu is None or not gpu.holds_gpu:  # jupyterhub-idle-culler's rule: its deadline
+        if decision.state != ACTIVE:
+            return now
+        times.append(decision.cull_at)
+    elif decision.state == ACTIVE and gpu.active is True:
+        pass
+    elif (
+        decision.state in (IDLE, WARNED)
+        and gpu.active is False
+        and record.idle_since is not None
+        and _running_cell(gpu, record.idle_since) is None
+    ):
+        times.append(decision.warn_at if decision.state == IDLE else decision.cull_at)
+        back = view.user_last_activity
+        if policy.away_after is not None and back is not None:
+            times.append(back + policy.away_after)
+    else:
+        return now
+    deadline = _hard_deadline(policy, view, record)
+    if deadline is not None:
+        times += [deadline.warn_from, deadline.at]
+    label = view.labels.get(EXPECTED_DURATION_LABEL)
+    if policy.expected_duration_notice and label and view.started is not None:
+        try:
+            expected = parse_duration(label)
+        except ValueError:
+            expected = None
+        if expected:
+            times.append(view.started + expected)
+    # A time already past changes nothing more: the comparisons it settles stay settled.
+    later = [t for t in times if t is not None and t > now]
+    return min(later) if later else None
+
+
 def _overrun(view: ServerView, policy: Policy, now: datetime) -> str | None:
     """Words for a server running past the duration its owner expected, else None."""
     label = view.labels.get(EXPECTED_DURATION_LABEL)
