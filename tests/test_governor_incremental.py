@@ -58,13 +58,17 @@ class Server:
     granted: bool  # the Hub's records name its GPU (DCGM's word is final)
     reports: bool  # it runs the extension
     active: bool
-    age_h: float = 0.0
+    idle_since: str | None = None  # as its sampler keeps it, while idle
+    started: str = ""
+
+
+SHORT = [f"user{i}" for i in range(1, 200, 3)]  # a maximum age: a deadline of their own
 
 
 def governor(hub: FakeHub, tmp_path, name: str, dcgm: Dcgm, full_every: int) -> Governor:
     policies = load_policies(
         [
-            {"name": "short", "match": {"users": ["user1*"]}, "max_age": "3h"},
+            {"name": "short", "match": {"users": SHORT}, "max_age": "3h"},
         ],
         {"warn_after": "20m", "cull_after": "40m", "away_after": "1h", "inactive_timeout": "90m"},
     )
@@ -129,6 +133,7 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
             uuid = f"GPU-{i:08d}-0000-0000-0000-000000000000"
             s = Server(user, uuid, rng.random() < 0.4, rng.random() < 0.85, rng.random() < 0.7)
             servers[user] = s
+            s.started = clock.isoformat(clock.utcnow())
             dcgm.activity[uuid] = 0.9 if s.active else 0.0
             state = {"gpu_gov_devices": [uuid]} if s.granted else {}
             if rng.random() < 0.3:  # the owner said how long it should take, at spawn
@@ -148,12 +153,23 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
             for s in list(servers.values()):
                 if rng.random() < 0.05:
                     s.active = not s.active
+                    if not s.active:  # kept once active again, as a window's last idle time
+                        s.idle_since = clock.isoformat(clock.utcnow())
                 if rng.random() < 0.05:
                     dcgm.activity[s.uuid] = rng.choice([None, 0.0, 0.9])
                 elif rng.random() < 0.2:
                     dcgm.activity[s.uuid] = 0.9 if s.active else 0.0
                 if s.reports and rng.random() < 0.9:
                     report = report_for(s.user, s.uuid, sm=0.9 if s.active else 0.0)
+                    window = report["window"]
+                    window["gpu_idle_since"] = s.idle_since or window["gpu_idle_since"]
+                    if s.active and rng.random() < 0.5:  # active by its kernel's SM alone
+                        window["gpu_active_fraction"] = 0.0
+                        window["gpu_idle_since"] = s.idle_since or s.started
+                    if not s.active and rng.random() < 0.2:  # a cell running, GPU idle
+                        kernel = report["targets"][0]
+                        kernel["execution_state"] = "busy"
+                        kernel["busy_since"] = clock.isoformat(clock.utcnow() - timedelta(hours=1))
                     for gov in (full, inc):
                         if await gov.hub_runs(f"{s.user}/"):
                             gov.ingest(copy.deepcopy(report))
@@ -172,6 +188,22 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                     server = hub.users[touched].servers.get("")
                     if server is not None:
                         server.last_activity = clock.utcnow()
+            # People's requests, between passes: an extension, an exemption, a cull now.
+            if rng.random() < 0.2:
+                key = f"{rng.choice(sorted(servers))}/"
+                request = rng.choice(["extend", "exempt", "lift", "cull"])
+                until = clock.utcnow() + timedelta(minutes=rng.choice([30, 90]))
+                for gov in (full, inc):
+                    if key not in gov.rows or not gov.rows[key].running:
+                        continue
+                    if request == "extend":
+                        await gov.extend(key, key[:-1], "a run to finish")
+                    elif request == "exempt":
+                        await gov.exempt(key, "admin", until, "a demo")
+                    elif request == "lift":
+                        await gov.exempt(key, "admin", None, "over")
+                    else:
+                        await gov.cull_now(key, "admin", "needed elsewhere")
             for gov in (full, inc):
                 await gov.reconcile()
                 await gov.background_done()
@@ -183,3 +215,32 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
     # It did decide less: the comparison is not between two full passes.
     assert decided_inc[0] < 0.9 * decided_full[0], (decided_inc, decided_full)
     assert {a.action for a in full.store.audit_rows(limit=100_000)} >= {"warn", "state"}
+
+
+async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_path, monkeypatch):
+    """A busy server reporting the same thing every minute is not decided again until its
+    maximum age's warning falls due: that very pass warns it, and the pass at the age itself
+    acts (a checkpoint first, then the cull)."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    dcgm = Dcgm()
+    async with FakeHub() as hub:
+        hub.add_server("user1", last_activity=frozen[0])  # policy "short": max_age 3h
+        gov = governor(hub, tmp_path, "gov", dcgm, full_every=1000)
+        decided = counting(gov)
+        uuid = "GPU-00000001-0000-0000-0000-000000000000"
+        said: dict[int, set[str]] = {}  # minute -> what the audit trail gained in that pass
+        seen = 0
+        for minute in range(1, 3 * 60 + 2):
+            frozen[0] += timedelta(minutes=1)
+            gov.ingest(report_for("user1", uuid, sm=0.9))
+            await gov.reconcile()
+            audits = gov.store.audit_rows("user1/", limit=1000)
+            if len(audits) > seen:
+                said[minute] = {a.action for a in audits[: len(audits) - seen]}
+                seen = len(audits)
+        await gov.close()
+    assert sorted(said) == [2 * 60, 3 * 60], said  # warned an hour before the age, at the age
+    assert "max-age-warn" in said[2 * 60]
+    assert said[3 * 60] & {"checkpoint", "cull"}, said
+    assert decided[0] < 12  # and not decided in between

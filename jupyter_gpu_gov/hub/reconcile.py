@@ -235,6 +235,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
                 row.running = False  # stopped (by its owner, the Hub or us)
                 self._servers.pop(key, None)
                 self.use.pop(key, None)
+                self.unchanged.forget(key)
                 self.diagnosis.forget(key)
                 batch.changed.append(row)
         for key in [k for k in self.ledger.open if k not in seen]:
