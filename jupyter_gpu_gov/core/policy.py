@@ -36,6 +36,7 @@ from .vocabulary import (
     CHECKPOINT_REQUESTED,
     CHECKPOINT_TIMEOUT,
     CHECKPOINTING,
+    CLAIM_WITHIN_LABEL,
     CULL,
     CULL_ACTIONS,
     CULLED,
@@ -50,6 +51,7 @@ from .vocabulary import (
     MAX_AGE_LABEL,
     MAX_AGE_WARN,
     OVERRUN_NOTICE,
+    QUEUED_AT_LABEL,
     RECLAIM,
     RECLAIM_FOR_LABEL,
     RECLAIM_LABEL,
@@ -58,11 +60,16 @@ from .vocabulary import (
     STOP_SERVER,
     TASK_TYPE_LABEL,
     TASK_TYPES,
+    UNCLAIMED,
     UNKNOWN,
     WARN,
     WARNED,
     server_key,
 )
+
+# A server the spawn queue started counts as opened once Hub activity comes this long after its
+# start (the Hub stamps activity itself while a server starts).
+CLAIM_SLACK = timedelta(seconds=60)
 
 # -- policies ----------------------------------------------------------------------------------
 
@@ -556,6 +563,10 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         record = evolve(record.exempted(), state=EXEMPT, reason=view.excluded)
         return Decision(record, tuple(actions), cull_at=deadline and deadline.at, notice=notice)
 
+    unclaimed = _unclaimed(view, now)
+    if unclaimed is not None:
+        return _cull(record, now, unclaimed, None, now, UNCLAIMED)
+
     overrun = _overrun(view, policy, now)
     if overrun is not None and record.overrun_noticed_at is None:
         actions.append(OVERRUN_NOTICE)
@@ -579,10 +590,12 @@ def holds_until(
     Worked out for the steady states most servers are in, with nothing to do: a GPU known
     active; known idle, before the warning (until ``warn_at``) or warned (until ``cull_at``),
     with no cell running; no GPU, active by jupyterhub-idle-culler's rule (until its
-    ``cull_at``). Every other state (unknown, exempt, checkpointing, culled, no GPU,
-    a cell running, ...) answers ``now``. Besides those two, the times that can move a steady
-    decision on are the hard deadlines (and their warnings), the expected duration's notice
-    and the owner becoming away; ``decide`` reads no other time on these paths."""
+    ``cull_at``). Every other state (unknown, exempt, checkpointing, culled, a cell
+    running, ...) answers ``now``. Besides those, the times that can move a steady decision on
+    are the hard deadlines (and their warnings), the expected duration's notice, a queued
+    spawn's time to be claimed and the owner becoming away; ``decide`` reads no other time on
+    these paths: a new rule in ``decide`` that reads one must add it here
+    (tests/test_governor_incremental.py compares the two paths)."""
     gpu = view.gpu
     if (
         decision.actions
@@ -617,17 +630,41 @@ def holds_until(
     deadline = _hard_deadline(policy, view, record)
     if deadline is not None:
         times += [deadline.warn_from, deadline.at]
-    label = view.labels.get(EXPECTED_DURATION_LABEL)
-    if policy.expected_duration_notice and label and view.started is not None:
-        try:
-            expected = parse_duration(label)
-        except ValueError:
-            expected = None
-        if expected:
-            times.append(view.started + expected)
+    # The expected duration's notice, and a queued spawn's time to be claimed (``_unclaimed``).
+    for label in (EXPECTED_DURATION_LABEL, CLAIM_WITHIN_LABEL):
+        value = view.labels.get(label)
+        if value and view.started is not None:
+            try:
+                duration = parse_duration(value)
+            except ValueError:
+                continue  # an unreadable label never falls due (as decide reads it)
+            times.append(view.started + duration)
     # A time already past changes nothing more: the comparisons it settles stay settled.
     later = [t for t in times if t is not None and t > now]
     return min(later) if later else None
+
+
+def _unclaimed(view: ServerView, now: datetime) -> str | None:
+    """Why a server the spawn queue started on its owner's behalf is given back: nobody opened
+    it within the time the grant allows (``gpu-gov/claim-within``), else None. Opened: a
+    person's request to a kernel or terminal (its report), or Hub activity after its start.
+    A server that does not report abstains: its kernels cannot be seen."""
+    within = view.labels.get(CLAIM_WITHIN_LABEL)
+    if not within or QUEUED_AT_LABEL not in view.labels or view.started is None:
+        return None
+    if view.gpu is None or view.user_last_activity is not None:
+        return None
+    try:
+        window = parse_duration(within)
+    except ValueError:
+        return None
+    hub = view.hub_last_activity
+    if now < view.started + window or (hub is not None and hub > view.started + CLAIM_SLACK):
+        return None
+    return (
+        f"started from the spawn queue at {_at(view.started)} and not opened within "
+        f"{format_duration(window)}: its GPU is given back to the line"
+    )
 
 
 def _overrun(view: ServerView, policy: Policy, now: datetime) -> str | None:
