@@ -240,6 +240,14 @@ class GovernorSettings(HasTraits):
         shorter stretch says too little (default 3600).""",
     ).tag(config=True)
 
+    # -- the pass ----------------------------------------------------------------------------
+    full_pass_every = Int(
+        1,
+        help="""Decide every server at one reconcile pass in this many; between them, only the
+        servers whose inputs changed (Hub model, report, DCGM evidence, record) or whose
+        deadline fell due (docs/benchmarks.md, "Scale"). 1: every server at every pass.""",
+    ).tag(config=True)
+
     @validate("gpu_hour_cost", "tier_weights", "team_quotas")
     def _numbers(self, proposal):
         for key, value in proposal["value"].items():
@@ -332,6 +340,7 @@ class GovernorSettings(HasTraits):
         "diagnose_min_windows",
         "diagnose_history",
         "diagnose_max_windows",
+        "full_pass_every",
     )
     def _positive(self, proposal):
         if proposal["value"] <= 0:
