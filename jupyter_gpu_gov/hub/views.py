@@ -4,6 +4,7 @@ views, and the reads the REST API and the pages make (``governor.audit_trail(...
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -11,6 +12,7 @@ from ..core import clock, policy, rightsize
 from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Policy, Record
 from ..core.vocabulary import UNKNOWN
+from ..core.wire import Verdict
 from ..diagnose.cluster import Demand
 from . import outbound, showback, trusted
 from .checkpoints import checkpoint_fields, result_status
@@ -44,7 +46,7 @@ def verdict_of(
     dry_run: bool = False,
     root_cause: dict | None = None,
     right_size: dict | None = None,
-) -> dict:
+) -> Verdict:
     decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
     return policy.verdict(
         decision, chosen, dry_run=dry_run, root_cause=root_cause, right_size=right_size
@@ -113,6 +115,7 @@ class Views:
     """What the governor shows (a part of ``Governor``)."""
 
     def verdict(self, key: str) -> dict:
+        """The verdict the server's next report gets back (``core.wire.Verdict``, as JSON)."""
         row = self.row(key)
         if row is None:
             not_yet = Record(state=UNKNOWN, reason="the governor has not assessed this server yet")
@@ -121,7 +124,7 @@ class Views:
                 self.policies[-1],
                 dry_run=self.options.dry_run,
                 root_cause=self.root_cause(key),
-            )
+            ).to_json()
         verdict = verdict_of(
             row,
             self.policy_named(row.policy),
@@ -129,20 +132,17 @@ class Views:
             root_cause=self.root_cause(key),
             right_size=self.right_size(row),
         )
+        if self.options.dry_run:  # a dry run asks nothing
+            return verdict.to_json()
         # What the server is asked to do: the governor never calls it (see hub/outbound.py).
-        # A dry run asks nothing.
-        verdict["requests"] = (
-            {}
-            if self.options.dry_run
-            else outbound.requests(
-                row.checkpoint_status,
-                row.checkpoint_requested_at,
-                row.reason,
-                row.cull_reason,
-                (self._shutdowns.get(key), self._interrupts.get(key)),
-            )
+        asked = outbound.requests(
+            row.checkpoint_status,
+            row.checkpoint_requested_at,
+            row.reason,
+            row.cull_reason,
+            (self._shutdowns.get(key), self._interrupts.get(key)),
         )
-        return verdict
+        return dataclasses.replace(verdict, requests=asked).to_json()
 
     def root_cause(self, key: str) -> dict | None:
         """What the diagnosis says of the server's last report (``None`` once it is stale)."""
