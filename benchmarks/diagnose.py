@@ -3,8 +3,9 @@
     python -m benchmarks.diagnose [--servers 180] [--windows 60] [--seed 1] [--quick]
 
 Worlds (``benchmarks/worlds``): ``project`` (the project's own simulator), ``roofline``,
-``fleet``, ``pipeline``, ``archetypes``, ``traces`` and ``degraded``, each written from its own
-physics and apart from the model; plus the windows measured on a real H200
+``fleet``, ``pipeline``, ``archetypes``, ``traces``, ``degraded``, ``sixteen`` and
+``contention``, each written from its own physics and apart from the model; plus the windows
+measured on a real H200
 (``benchmarks/data/gpu-faults-h200-*.csv``).
 
 Protocol. The shipped constants are ``Params()``'s defaults, the values the physics gives

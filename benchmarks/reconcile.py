@@ -1,7 +1,13 @@
 """Reconcile pass over N running servers: the governor against jupyterhub-idle-culler.
 
-    python -m benchmarks.reconcile [--servers 10000] [--passes 5] [--page-size 200]
-                                   [--concurrency 10] [--gpus-per-exporter 0] [--profile N]
+    python -m benchmarks.reconcile [--servers 10000] [--passes 5] [--changed 0.1]
+                                   [--page-size 200] [--concurrency 10]
+                                   [--gpus-per-exporter 0] [--profile N]
+
+``--servers 1000,10000,50000`` runs each size apart and ``--changed 0.01,0.1,1`` each share of
+servers changed between passes (``passes`` passes each); with more than one row the run ends
+with a Markdown table of the curve (``curve``): what a pass costs per server that exists and per
+server that changed.
 
 Both list the same fake Hub (``tests/fake_hub_api.FakeHub``, ``populate(n)``: every user has one
 ready default server, last activity spread over a week). The governor's pass (``Governor.
@@ -9,7 +15,10 @@ reconcile``) also reads a dcgm-exporter text exposition with one GPU per GPU ser
 with the server's pod), decides every server against fresh in-memory reports (docs/api.md, "The report": one
 device, one kernel, mixed idle/active, some MIG, CPU-only servers send none) and writes its
 SQLite store. The culler's pass (``cull_idle``) lists the same users and applies its rule. Both
-run with long timers, so they decide everything and cull nothing: a steady-state pass.
+run with long timers, so they decide everything; the culler culls nothing, but the governor
+treats a confident zombie diagnosis (memory held, no GPU work, an owner long gone: many of
+these idle kernels) as an owner away, warns at once and asks for a checkpoint before the cull
+(docs/benchmarks.md, "Scale: 10,000 servers").
 
 Fairness:
 
@@ -27,19 +36,27 @@ Fairness:
   re-sends its report, as they do every minute: reasons such as "GPU idle for 3h 2m" then change
   and those rows are written again, which is the real steady state (a pass seconds after the
   previous one would write almost nothing). Ingesting the reports is timed apart (``ingest_us``).
+- Before each pass a ``--changed`` share of the GPU servers changes state (active <-> idle, in
+  turn through the fleet): their reports say so from then on. The others report what they did
+  (an idle one from the same ``idle_since``). ``changed_servers`` is how many; a pass that
+  decides only what changed would cost in proportion to it (``governor_ms_per_changed``).
 - The governor's first pass, which inserts every row, is reported on its own (``first_pass_s``).
 
-The breakdown of the governor's pass wraps methods of *this* benchmark's objects (Hub listing,
-DCGM fetch, store reads, the decide loop, store writes); ``reconcile.py`` is untouched. The DCGM
+The breakdown of the governor's pass wraps methods of *this* benchmark's objects (DCGM fetch,
+store reads, the decide loop, store writes); ``reconcile.py`` is untouched. The Hub listing
+overlaps the decisions (a page is decided while the next is fetched), so it is timed alone after
+the passes (``hub_list_alone_s``, median of 3). The DCGM
 read (HTTP and parsing) runs in the service's worker process, started as a pass ends for the
 next one; the benchmark lets it finish before anything else runs, as the minute between two
 passes does in a deployment. ``dcgm_s`` is its wall time as the service awaits it and
-``dcgm_worker_cpu_s`` the worker's CPU for it. Listing and the groups request overlap, so the
-parts need not add up. ``rss_mb`` is this process (governor and culler; the Hub is elsewhere)
-after the passes; ``db_mb`` is the SQLite file with its WAL after them. Then the
-clock moves a day on and two more passes run: ``ledger_rows_per_day`` and ``store_mb_per_day``
-are what a day of usage ledger adds (one bucket per owner and day; this run warns and culls
-nobody, so audits add nothing).
+``dcgm_worker_cpu_s`` the worker's CPU for it. ``governor_rss_mb`` is this process after the
+governor's first pass, before the culler ever ran; ``rss_mb`` after all passes (governor and
+culler; the Hub is elsewhere); ``db_mb`` is the SQLite file with its WAL after them. Then the
+clock moves a day on and two more passes run: ``ledger_rows_per_day`` and ``ledger_mb_per_day``
+are what a day of usage ledger adds (one bucket per owner and day: the ledger's tables and
+indexes, in SQLite pages used), ``store_mb_per_day`` what the whole file grew by (with the
+audit rows of the state changes and of the day's jump: the DCGM read the first of those passes
+finds is a day old, so its GPUs read unknown).
 
 Two things outside the governor need care: the fake Hub's version ``6.1.0-fake`` is not PEP 440,
 which the culler's ``Version()`` refuses, so the subprocess answers ``6.1.0+fake``; and
@@ -76,6 +93,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CHANGED = 0.1  # the share of GPU servers that change state between two passes
 NAMESPACE = "jhub"
 PROFILES = (("a100", 0.6), ("mig-1g.10gb", 0.25), ("cpu", 0.15))  # cpu: no GPU, no report
 TEAMS = ("team-a", "team-b", "team-c")  # populate()'s groups
@@ -184,15 +202,27 @@ def _dcgm_value(metric: str, p: Planned) -> float | int:
     }.get(metric, 1)
 
 
-def report_of(p: Planned, started: datetime, last_activity: datetime, now: datetime) -> dict:
-    """A valid report: one device, one kernel holding it."""
+def report_of(
+    p: Planned,
+    started: datetime,
+    last_activity: datetime,
+    now: datetime,
+    active: bool | None = None,
+    idle_since: datetime | None = None,
+) -> dict:
+    """A valid report: one device, one kernel holding it. ``active``: the GPU's state
+    now (default: the plan's), idle since ``idle_since`` (default: three hours ago), or since
+    the server started if that is later."""
 
     def iso(dt: datetime | None) -> str | None:
         return None if dt is None else dt.isoformat().replace("+00:00", "Z")
 
     device_uuid = p.mig_uuid or p.gpu_uuid
-    active = p.report_active
-    idle_since = None if active else now - timedelta(hours=3)
+    active = p.report_active if active is None else active
+    if active:
+        idle_since = None
+    else:  # never before the server started: the governor refuses such a report
+        idle_since = max(started, now - timedelta(hours=3) if idle_since is None else idle_since)
     return {
         "schema": 1,
         "sampled_at": iso(now),
@@ -385,6 +415,7 @@ async def _bench(
     workdir: str,
     profile_top: int,
     timers: Timers,
+    changed: list[float],
 ) -> dict:
     from jupyterhub_idle_culler import cull_idle, default_cull_arbiter
 
@@ -404,7 +435,7 @@ async def _bench(
     hub = HubApi(ready["api_url"], ready["token"], concurrency=concurrency, page_size=page_size)
     # A 10,000-GPU exposition is tens of MB: more than the default 5 s would allow on a busy box.
     dcgm = DcgmSource(exporter_urls=ready["exporter_urls"], timeout_s=60)
-    never = "3650d"  # decide everything, warn and cull nothing
+    never = "3650d"  # decide everything; timers alone warn and cull nothing
     policies = load_policies(
         [],
         defaults={
@@ -421,7 +452,6 @@ async def _bench(
 
     # The governor decides page by page while listing, so listing time is inside "decide"'s
     # wall time; DCGM is scraped in the background and parsed in a worker thread.
-    timers.wrap(hub, "list_servers", "hub_list")
     timers.wrap(dcgm, "fetch", "dcgm")
     worker_cpu: list[float] = []  # what each read cost the DCGM worker process
     fetch = dcgm.fetch
@@ -442,11 +472,28 @@ async def _bench(
 
     fleet = [p for p in plan(n, seed) if p.gpu_uuid]
     times = {user: [clock.parse(s), clock.parse(a)] for user, (s, a) in ready["servers"].items()}
+    # Each GPU server's state as its reports say: active, or idle since when.
+    start = clock.utcnow()
+    gpu_state = {p.user: (p.report_active, start - timedelta(hours=3)) for p in fleet}
+    next_flip = 0
+
+    def change(share: float) -> int:
+        """A ``share`` of the GPU servers change state (active <-> idle) before the next
+        reports, taken in turn through the fleet; the others report what they did."""
+        nonlocal next_flip
+        count = min(len(fleet), round(share * len(fleet)))
+        now = clock.utcnow()
+        for k in range(count):
+            user = fleet[(next_flip + k) % len(fleet)].user
+            active, _ = gpu_state[user]
+            gpu_state[user] = (not active, now)
+        next_flip = (next_flip + count) % max(1, len(fleet))
+        return count
 
     def ingest_all() -> float:
         """Every GPU server re-sends its report (outside the timed pass); seconds per report."""
         now = clock.utcnow()
-        reports = [report_of(p, *times[p.user], now) for p in fleet]
+        reports = [report_of(p, *times[p.user], now, *gpu_state[p.user]) for p in fleet]
         started = time.perf_counter()
         for report in reports:
             gov.ingest(validate(report))  # as the report route does
@@ -497,22 +544,29 @@ async def _bench(
 
     ingest_s = [ingest_all()]
     first_s, first_seen, first_parts, first_counts = await governor_pass()
+    gc.collect()
+    governor_rss = _rss_mb()  # the governor alone: its first pass done, the culler not yet run
     culler_first_s, _ = await culler_pass()
-    gov_s, cul_s, parts, written = [], [], defaultdict(list), []
     gov_seen = cul_seen = 0
-    for _ in range(passes):
-        clock.advance(cycle_s)
-        ingest_s.append(ingest_all())
-        elapsed, gov_seen, pass_parts, counts = await governor_pass()
-        gov_s.append(elapsed)
-        for name, seconds in pass_parts.items():
-            parts[name].append(seconds)
-        written.append(counts.get("store_write", 0))
-        elapsed, cul_seen = await culler_pass()
-        cul_s.append(elapsed)
+    by_share = []  # per share of servers changed between passes: its passes' figures
+    for share in changed:
+        gov_s, cul_s, parts, written = [], [], defaultdict(list), []
+        changed_n = 0
+        for _ in range(passes):
+            clock.advance(cycle_s)
+            changed_n = change(share)
+            ingest_s.append(ingest_all())
+            elapsed, gov_seen, pass_parts, counts = await governor_pass()
+            gov_s.append(elapsed)
+            for name, seconds in pass_parts.items():
+                parts[name].append(seconds)
+            written.append(counts.get("store_write", 0))
+            elapsed, cul_seen = await culler_pass()
+            cul_s.append(elapsed)
+        by_share.append((share, changed_n, gov_s, cul_s, parts, written))
 
     # The store a day later: the same fleet's passes open one ledger bucket per owner and day
-    # (this run warns and culls nobody, so the day adds no audit rows).
+    # (the whole file also grows by the audit rows of the zombies' warnings and culls).
     def usage_rows() -> int:
         with store.engine.connect() as connection:
             return connection.exec_driver_sql("SELECT COUNT(*) FROM usage").scalar()
@@ -522,13 +576,32 @@ async def _bench(
             connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
         return sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
 
-    rows_before, bytes_before = usage_rows(), db_bytes()
+    def ledger_bytes() -> int:
+        """The ledger's tables (buckets and sessions) with their indexes, in pages used."""
+        with store.engine.connect() as connection:
+            return connection.exec_driver_sql(
+                "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN (SELECT name FROM"
+                " sqlite_master WHERE tbl_name IN ('usage', 'usage_sessions'))"
+            ).scalar()
+
+    rows_before, bytes_before, ledger_before = usage_rows(), db_bytes(), ledger_bytes()
     clock.advance(86_400)
     for _ in range(2):
         ingest_all()
         await governor_pass()
         clock.advance(cycle_s)
     day_rows, day_bytes = usage_rows() - rows_before, db_bytes() - bytes_before
+    day_ledger_bytes = ledger_bytes() - ledger_before
+
+    async def list_alone() -> float:
+        """The governor's Hub listing alone (in a pass it overlaps the decisions)."""
+        gc.collect()
+        started = time.perf_counter()
+        async for _ in hub.iter_servers():
+            pass
+        return time.perf_counter() - started
+
+    hub_list_s = statistics.median([await list_alone() for _ in range(3)])
 
     profile = ""
     if profile_top:
@@ -552,42 +625,27 @@ async def _bench(
     hub.close()
     store.engine.dispose()
 
-    def med(name: str) -> float:
-        # Three significant digits: a small fleet's DCGM parse takes microseconds, not 0.
-        return float(f"{statistics.median(parts[name]):.3g}") if parts[name] else 0.0
-
     def per_call(name: str) -> float:
         calls = timers.calls[name]
         return float(f"{statistics.median(calls):.3g}") if calls else 0.0
 
-    gov_med, cul_med = statistics.median(gov_s), statistics.median(cul_s)
-    gov_mean, cul_mean = statistics.fmean(gov_s), statistics.fmean(cul_s)
-    decide = med("decide")
+    shares = [_share_figures(n, *figures) for figures in by_share]
     figures: dict[str, Any] = {
         "servers": n,
-        "governor_s_mean": round(gov_mean, 3),
-        "idle_culler_s_mean": round(cul_mean, 3),
-        "ratio": round(gov_mean / cul_mean, 2),
-        "governor_s_median": round(gov_med, 3),
-        "idle_culler_s_median": round(cul_med, 3),
+        **shares[0],
         "first_pass_s": round(first_s, 3),
         "idle_culler_first_s": round(culler_first_s, 3),
         "rss_mb": round(_rss_mb(), 1),
+        "governor_rss_mb": round(governor_rss, 1),
+        "hub_list_alone_s": round(hub_list_s, 3),
         "maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "db_mb": round(bytes_before / 2**20, 2),  # after the timed passes
         "ledger_rows_per_day": day_rows,
         "store_mb_per_day": round(day_bytes / 2**20, 2),
-        # The governor's pass, medians of the parts (listing and groups overlap).
-        "hub_list_s": med("hub_list"),
+        "ledger_mb_per_day": round(day_ledger_bytes / 2**20, 2),
         # Per scrape, over the run (scrapes run in the background, off the passes).
         "dcgm_s": per_call("dcgm"),
         "dcgm_worker_cpu_s": float(f"{statistics.median(worker_cpu):.3g}") if worker_cpu else 0.0,
-        "store_read_s": med("store_read"),
-        "decide_s": decide,
-        "store_write_s": round(med("store_write") + med("store_audit"), 3),
-        "ledger_write_s": med("ledger_write"),  # per write (one pass in five)
-        "metrics_s": med("metrics"),
-        "rows_written": int(statistics.median(written)) if written else 0,
         "first_pass_store_write_s": round(first_parts.get("store_write", 0.0), 3),
         "first_pass_rows_written": first_counts.get("store_write", 0),
         "ingest_us": round(statistics.median(ingest_s) * 1e6, 1),
@@ -601,9 +659,47 @@ async def _bench(
         "page_size": page_size,
         "concurrency": concurrency,
     }
+    figures["by_changed"] = shares  # the first share's are also at the top level
     if profile:
         figures["profile"] = profile
     return figures
+
+
+def _share_figures(
+    n: int,
+    share: float,
+    changed_n: int,
+    gov_s: list[float],
+    cul_s: list[float],
+    parts: dict[str, list[float]],
+    written: list[int],
+) -> dict[str, Any]:
+    """The figures of the passes run with ``share`` of the GPU servers changed before each."""
+
+    def med(name: str) -> float:
+        # Three significant digits: a small fleet's DCGM parse takes microseconds, not 0.
+        return float(f"{statistics.median(parts[name]):.3g}") if parts[name] else 0.0
+
+    gov_mean, cul_mean = statistics.fmean(gov_s), statistics.fmean(cul_s)
+    return {
+        "changed": share,
+        "changed_servers": changed_n,
+        "governor_s_mean": round(gov_mean, 3),
+        "idle_culler_s_mean": round(cul_mean, 3),
+        "ratio": round(gov_mean / cul_mean, 2),
+        "governor_s_median": round(statistics.median(gov_s), 3),
+        "idle_culler_s_median": round(statistics.median(cul_s), 3),
+        # What a pass costs per server that exists, and per server that changed.
+        "governor_us_per_server": round(1e6 * gov_mean / n, 1),
+        "governor_ms_per_changed": round(1e3 * gov_mean / changed_n, 3) if changed_n else None,
+        # The governor's pass, medians of the parts.
+        "store_read_s": med("store_read"),
+        "decide_s": med("decide"),
+        "store_write_s": round(med("store_write") + med("store_audit"), 3),
+        "ledger_write_s": med("ledger_write"),  # per write (one pass in five)
+        "metrics_s": med("metrics"),
+        "rows_written": int(statistics.median(written)) if written else 0,
+    }
 
 
 def run(
@@ -616,8 +712,13 @@ def run(
     cycle_s: float = 60.0,
     seed: int = 0,
     profile_top: int = 0,
+    changed: list[float] | None = None,
 ) -> dict:
-    """Start the fake Hub and exporter, time the passes, return the figures."""
+    """Start the fake Hub and exporter, time the passes, return the figures. ``changed``: the
+    shares of GPU servers whose GPU changes state (active <-> idle) between two passes, each
+    measured over ``passes`` passes (default: 0.1); ``by_changed`` has each one's figures."""
+    if changed is not None and (not changed or any(not 0 <= c <= 1 for c in changed)):
+        raise ValueError(f"changed: shares between 0 and 1, got {changed!r}")
     from tornado.httpclient import AsyncHTTPClient
 
     from jupyter_gpu_gov.core import clock
@@ -661,6 +762,7 @@ def run(
                     workdir,
                     profile_top,
                     timers,
+                    changed or [DEFAULT_CHANGED],
                 )
             )
     finally:
@@ -676,10 +778,52 @@ def run(
             hub_proc.wait()
 
 
+def _numbers(kind: type) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a comma-separated list, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError("an empty list")
+        return values
+
+    return parse
+
+
+def curve(rows: list[dict]) -> str:
+    """The pass against the culler's, by fleet size and share changed: a Markdown table."""
+    lines = [
+        "| servers | changed between passes | governor pass (mean) | idle-culler pass (mean)"
+        " | ratio | governor per server | governor per changed server | decide |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        per_changed = r["governor_ms_per_changed"]
+        lines.append(
+            f"| {r['servers']:,} | {r['changed']:.0%} ({r['changed_servers']:,}) "
+            f"| {r['governor_s_mean']:.2f} s | {r['idle_culler_s_mean']:.2f} s | {r['ratio']:.2f} "
+            f"| {r['governor_us_per_server']:.0f} µs "
+            f"| {'-' if per_changed is None else f'{per_changed:.2f} ms'} | {r['decide_s']:.2f} s |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--servers", type=int, default=2000)
+    parser.add_argument(
+        "--servers",
+        type=_numbers(int),
+        default=[2000],
+        help="fleet sizes, comma-separated (e.g. 1000,10000,50000), each run apart",
+    )
     parser.add_argument("--passes", type=int, default=5, help="measured passes of each")
+    parser.add_argument(
+        "--changed",
+        type=_numbers(float),
+        default=[DEFAULT_CHANGED],
+        help="shares of GPU servers changing state between passes, comma-separated (0..1)",
+    )
     parser.add_argument("--page-size", type=int, default=200, help="users per /users page")
     parser.add_argument("--concurrency", type=int, default=10, help="Hub requests in flight")
     parser.add_argument(
@@ -693,22 +837,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        asyncio.run(_serve(args.servers, args.seed, args.page_size, args.gpus_per_exporter))
+        asyncio.run(_serve(args.servers[0], args.seed, args.page_size, args.gpus_per_exporter))
         return
-    figures = run(
-        args.servers,
-        args.passes,
-        page_size=args.page_size,
-        concurrency=args.concurrency,
-        gpus_per_exporter=args.gpus_per_exporter,
-        cycle_s=args.cycle,
-        seed=args.seed,
-        profile_top=args.profile,
-    )
-    profile = figures.pop("profile", "")
-    print("reconcile:", " ".join(f"{k}={v}" for k, v in figures.items()))
-    if profile:
-        print(profile, file=sys.stderr)
+    rows = []
+    for servers in args.servers:
+        figures = run(
+            servers,
+            args.passes,
+            page_size=args.page_size,
+            concurrency=args.concurrency,
+            gpus_per_exporter=args.gpus_per_exporter,
+            cycle_s=args.cycle,
+            seed=args.seed,
+            profile_top=args.profile,
+            changed=args.changed,
+        )
+        profile = figures.pop("profile", "")
+        by_changed = figures.pop("by_changed")
+        print("reconcile:", " ".join(f"{k}={v}" for k, v in figures.items()), flush=True)
+        for share in by_changed[1:]:
+            print("reconcile:", " ".join(f"{k}={v}" for k, v in share.items()), flush=True)
+        rows += [{"servers": servers, **share} for share in by_changed]
+        if profile:
+            print(profile, file=sys.stderr)
+    if len(rows) > 1:
+        print(curve(rows))
 
 
 if __name__ == "__main__":

@@ -170,9 +170,12 @@ def _edit_state(path: str | None = None, reset: bool = False) -> Iterator[dict[s
 def _process_started(pid: int) -> str | None:
     """An identity for a running process (its start time), "" if unknown, None if it is gone."""
     if _HAS_PROC:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+        try:  # raw reads: the simulated backend asks this of every process at every sample
+            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+            try:
+                fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
+            finally:
+                os.close(fd)
         except (OSError, IndexError):
             return None
         # A zombie has exited: like a real GPU, the driver has already freed its memory.

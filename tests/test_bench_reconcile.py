@@ -23,3 +23,18 @@ def test_reconcile_benchmark_runs_both_passes_over_every_server():
     assert figures["first_pass_rows_written"] >= 50
     # A day later every server holding a GPU opens a ledger bucket for the new day.
     assert 0 < figures["ledger_rows_per_day"] <= 50 * 2
+    assert 0 < figures["ledger_mb_per_day"] <= figures["store_mb_per_day"]
+
+
+def test_reconcile_benchmark_changes_the_share_of_servers_asked_and_prints_the_curve():
+    figures = reconcile.run(servers=40, passes=1, changed=[0.0, 1.0])
+    none, every = figures["by_changed"]
+    gpu_servers = sum(1 for p in reconcile.plan(40) if p.gpu_uuid)
+    assert (none["changed"], none["changed_servers"]) == (0.0, 0)
+    assert (every["changed"], every["changed_servers"]) == (1.0, gpu_servers)
+    # Every GPU server flipped between active and idle: their rows are written again.
+    assert every["rows_written"] >= gpu_servers > 0
+    assert none["governor_ms_per_changed"] is None and every["governor_ms_per_changed"] > 0
+    table = reconcile.curve([{"servers": 40, **share} for share in (none, every)])
+    assert "| 40 | 0% (0) |" in table and f"| 40 | 100% ({gpu_servers}) |" in table
+    assert figures["governor_rss_mb"] > 0 and figures["hub_list_alone_s"] > 0

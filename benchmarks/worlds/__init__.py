@@ -14,6 +14,10 @@ a heterogeneous, badly measured cluster: 1-vCPU VMs, 128-core hosts, MIG slices,
 nodes, missing columns, aliasing) were written for the second round before the model changed;
 ``sixteen`` (the hidden evaluation as issue 23 describes it: 16 nodes of their own scales,
 the base columns only) after the second round's model was frozen, and run once.
+``contention`` (shared nodes over time as ``/proc`` and dcgm-exporter see them: neighbours'
+CPU load, cgroup quotas, shared storage, a warming page cache, exporter intervals that lag the
+window, delay accounting that reads zero) was written for the third round before the model
+changed, without reading the model, and its first run reported.
 
 Every world has ``generate(n_servers, windows_per_server, seed, *, first_server=0)``, returning
 ``(Window, truth)`` pairs, and ``NODES``. The windows use the CSV columns of
@@ -27,7 +31,7 @@ from collections.abc import Callable
 
 from jupyter_gpu_gov.diagnose import faults as _project
 
-from . import archetypes, degraded, fleet, pipeline, roofline, sixteen, traces
+from . import archetypes, contention, degraded, fleet, pipeline, roofline, sixteen, traces
 
 Generator = Callable[..., list]
 
@@ -40,6 +44,7 @@ WORLDS: dict[str, Generator] = {
     "traces": traces.generate,
     "degraded": degraded.generate,
     "sixteen": sixteen.generate,
+    "contention": contention.generate,
 }
 
 

@@ -14,15 +14,24 @@ class ActivityWindow:
         self.samples: deque[tuple[datetime, float | None]] = deque()
         self.last_active: datetime | None = None
         self.started: datetime | None = None
+        self._known = self._active = 0  # samples in the window: known, at or above threshold
 
     def add(self, at: datetime, sm: float | None) -> None:
         if self.started is None:
             self.started = at
         self.samples.append((at, sm))
+        self._count(sm, 1)
         if sm is not None and sm >= self.threshold:
             self.last_active = at
-        while self.samples and self.samples[0][0] < at - self.span:
-            self.samples.popleft()
+        oldest = at - self.span
+        while self.samples and self.samples[0][0] < oldest:
+            self._count(self.samples.popleft()[1], -1)
+
+    def _count(self, sm: float | None, sign: int) -> None:
+        if sm is not None:
+            self._known += sign
+            if sm >= self.threshold:
+                self._active += sign
 
     @property
     def latest(self) -> float | None:
@@ -45,10 +54,9 @@ class ActivityWindow:
 
     def active_fraction(self) -> float | None:
         """Share of the known samples in the window at or above the threshold (None: none known)."""
-        known = [sm for _, sm in self.samples if sm is not None]
-        if not known:
+        if not self._known:
             return None
-        return sum(1 for sm in known if sm >= self.threshold) / len(known)
+        return self._active / self._known
 
     def history(self) -> list[float | None]:
         return [sm for _, sm in self.samples]

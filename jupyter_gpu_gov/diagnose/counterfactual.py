@@ -32,7 +32,9 @@ another node's. What the model decides with is what defines each cause physicall
    the GPU is fed — ``healthy``, unless its kernels fill under ``underfilled`` of the SMs the
    node's fed loops fill (small kernels back to back: ``small_work``). SM activity without
    ``gr_active`` depends on the card (0.3 on one, 0.9 on another), which is why it is read
-   against the node's own.
+   against the node's own — and against what no card's fed loops read less than
+   (``reference.SM_FED_MIN``): a node whose first loops all starve has no fed loop to learn
+   from, and well under that floor a loop is starved on any card.
 3. **Why starved.** The GPU idles ``1 - fed`` of its fed time, and the question is what the
    loop does meanwhile:
 
@@ -48,7 +50,8 @@ another node's. What the model decides with is what defines each cause physicall
    - else ``data_io`` against ``cpu_serial``, as log-odds that add up, so signs that disagree
      leave the answer open: moving data (``reads_mb_s`` or more, and more so near the node's
      *read peak*: a loop its storage holds up reads at the storage's pace) or reading nothing
-     (``unread_weight``: weaker, as a FUSE mount's reads are not counted); blocked on reads
+     (``unread_weight``: weaker, as a FUSE mount's reads are not counted, and nothing on a
+     node whose loops are never seen reading); blocked on reads
      beyond the node's fed loops' I/O wait (``io`` of the idle time); a thread computing
      through the idle time (``cpu_top_thread``, the busiest thread's share of a core, where the
      server reports it: a serial loop saturates one thread; else the tree's cores net of I/O
@@ -100,6 +103,7 @@ from .reference import (
     ENGINE,
     KERNEL_TIME_MIN,
     NVML,
+    SM_FED_MIN,
     NodeReference,
     TaskReference,
     dram_intensity,
@@ -109,7 +113,7 @@ from .reference import (
     tensor_share,
 )
 
-FORMAT = 6  # 6: compute-loop DRAM anchor in the references (5: online references, gates)
+FORMAT = 7  # 7: a DCGM node's fed level floored (6: compute-loop DRAM anchor; 5: online references)
 UNEXPLAINED = "unexplained"
 # The contribution each cause's signal carries.
 SIGNAL_OF = {
@@ -368,6 +372,11 @@ class Diagnoser:
             fed_gate = _gate(fed, p.fed, p.fed_width)
             if kind == DCGM:  # no prior for a card's SM activity: undecided until it is known
                 fed_gate = 0.5 + (fed_gate - 0.5) * mature
+        if kind == DCGM and x is not None:
+            # ... but no card's fed level is below SM_FED_MIN: well under it, a loop is starved
+            # on any node, young or not (the other way round, a young node stays undecided: a
+            # busy memory-bound loop is not a fed one)
+            fed_gate = min(fed_gate, _gate(x / SM_FED_MIN, p.fed, p.fed_width))
 
         memory = self._memory_bound(w, ref, kind, x, fed)
         occ, occ_fed = occupancy(w), self._reference(ref, kind, "occupancy")
@@ -502,9 +511,15 @@ class Diagnoser:
                 near = math.log1p(w.read_mb_s) - (peak_reads - math.log(p.storage_share))
                 moving *= 1.0 - mature + mature * _gate(near, 0.0, 0.5)
             # reading nothing weighs about as much as waiting (a FUSE mount's reads are not
-            # counted), so a loop that waits and reads nothing is either's
+            # counted), so a loop that waits and reads nothing is either's; and it tells
+            # nothing on a node whose loops are never seen reading (a FUSE mount, an object
+            # store streamed over HTTP: reads nobody counts), read against the node's own
             signed = 2.0 * moving - 1.0
-            evidence += signed * (p.reads_weight if signed > 0 else p.unread_weight)
+            if signed > 0:
+                evidence += signed * p.reads_weight
+            else:
+                seen = _gate(peak_reads, math.log1p(p.reads_mb_s), 0.5) if peak_reads > 0 else 0.0
+                evidence += signed * p.unread_weight * (1.0 - mature + mature * seen)
         if w.cpu_iowait is not None:
             normal = ref.fed.get("iowait", math.nan) if ref is not None else math.nan
             excess = w.cpu_iowait - (normal if normal > 0 else 0.0) * mature

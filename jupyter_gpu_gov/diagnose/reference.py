@@ -22,9 +22,10 @@ would otherwise call its starved loops fed). Its *fed state* is the mean of each
 the windows within ``FED_SHARE`` of the fed level that are not memory-bound (the best state
 among computing loops): the I/O wait, cores, reads, memory and DRAM intensity that its healthy
 loops show. Its *peak* DRAM intensity is the 98th percentile over windows whose kernels ran at
-least 30 % of the time; its *compute DRAM* the lower quartile over its fed windows (its compute
-loops', as long as a quarter of them compute); its *read peak* the 98th percentile of what its
-loops read (MB/s): what its storage gives at most. Its *idle floor* is what SM activity reads
+least 30 % of the time (DCGM's: at most 1, the interface busy all the time); its *compute
+DRAM* the lower quartile over its fed windows (its compute loops', as long as a quarter of
+them compute); its *read peak* the 98th percentile of what its loops read (MB/s): what its
+storage gives at most. Its *idle floor* is what SM activity reads
 in windows whose kernel runs nothing.
 """
 
@@ -41,6 +42,11 @@ CAP = 50_000.0  # past this many (weighted) windows, a reference's counts halve
 SM_FLOOR = 0.05  # denominators of intensities: nearly idle windows stay bounded
 KERNEL_TIME_MIN = 0.3  # DRAM peak: only windows whose kernels ran this share of the time
 PEAK_QUANTILE = 0.98
+# A memory interface is busy all of the time at most: DCGM's DRAM activity per unit of kernel
+# time above 1 is copies outside kernels, not a higher peak (min() keeps NaN). Not NVML's: its
+# memory utilisation is a time share sampled apart from the kernels', whose ratio is no bound
+# (and its ordinary loops saturate it: the peak is what tells them from memory-bound ones).
+PEAK_MAX = 1.0
 # The DRAM intensity of a node's compute loops: this quantile of its fed windows' (memory-bound
 # loops included: a low quantile stays the compute loops' as long as a quarter of the fed
 # windows compute, where a mean would drift up with every memory-bound loop the node runs).
@@ -53,6 +59,13 @@ ENGINE, DCGM, NVML = "engine", "dcgm", "nvml"
 # Where the kernel-time share is measured (``engine``, ``nvml``) a fed loop keeps a kernel
 # running at least this share of the time, on any card: a node's fed level is never below it.
 TIME_SHARE_FED = 0.8
+# Where only DCGM's SM activity is known (no engine activity), a fed loop of ordinary kernels
+# reads at least this on any card: SM activity is the share of SMs with a warp resident, a fed
+# loop's kernels run most of the time on most of the SMs, and the slowest cards' fed loops read
+# about 0.3 (a third below that is the floor: no card is known to read less). A node's fed level
+# is never below it, so a node whose first loops all starve does not call them fed; kernels
+# that fill fewer SMs are small work either way.
+SM_FED_MIN = 0.2
 # DRAM intensity at this share of the node's peak is a memory-bound loop's: left out of the fed
 # state (NVML's memory utilisation saturates early: ordinary loops read high on it too).
 MEMORY_BOUND_SHARE = {ENGINE: 0.65, DCGM: 0.65, NVML: 0.85}
@@ -260,7 +273,11 @@ class NodeReference:
         if self.kind != DCGM:  # a share of time: a fed loop keeps a kernel running most of it,
             # whatever the node's loops mostly do (a node of starved loops has a low median)
             self.fed_level = max(self.fed_level, TIME_SHARE_FED)
+        else:
+            self.fed_level = max(self.fed_level, SM_FED_MIN)
         self.peak = self.intensity.quantile(PEAK_QUANTILE)
+        if self.kind != NVML:
+            self.peak = min(self.peak, PEAK_MAX)
         # The fed state: windows whose kernel share is near the fed level (not every window
         # of the upper group: launch-bound loops may sit in it, running tiny kernels often).
         first = min(int(max(self.threshold, FED_SHARE * self.fed_level) * FED_BINS), FED_BINS - 1)

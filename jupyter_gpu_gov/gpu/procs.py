@@ -2,15 +2,18 @@
 
 Reading ``/proc/<pid>/stat`` for every process is the only way to learn parents, process groups
 and sessions, which attribution needs; it is done once per tick with raw ``os.read`` calls (no
-psutil, no text wrappers) because it runs every few seconds inside the user's server.
+psutil, no text wrappers) because it runs every few seconds inside the user's server. The
+server's own processes, read every tick, are read through descriptors kept open between ticks
+(``ProcFiles``): one ``pread`` instead of an open, a read and a close.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+import resource
 from functools import cached_property
+from typing import NamedTuple
 
 # Inode of the initial PID namespace (PROC_PID_INIT_INO in the Linux kernel).
 HOST_PID_NAMESPACE_INODE = 0xEFFFFFFC
@@ -18,8 +21,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _NVIDIA_DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
 
 
-@dataclass(frozen=True, slots=True)
-class ProcInfo:
+class ProcInfo(NamedTuple):  # a tuple: made for every process of the first scan
     pid: int
     ppid: int
     pgid: int
@@ -27,6 +29,7 @@ class ProcInfo:
     comm: str
     cpu_ticks: int  # utime + stime
     iowait_ticks: int  # delayacct_blkio_ticks: time blocked on block I/O
+    num_threads: int = 0
 
 
 class ProcessTable:
@@ -106,7 +109,17 @@ def parse_stat(raw: bytes) -> ProcInfo | None:
             comm=comm.decode(errors="replace"),
             cpu_ticks=int(fields[11]) + int(fields[12]),
             iowait_ticks=int(fields[39]) if len(fields) > 39 else 0,
+            num_threads=int(fields[17]),
         )
+    except (ValueError, IndexError):
+        return None
+
+
+def _cpu_ticks(raw: bytes) -> int | None:
+    """utime + stime of a ``stat`` line (a thread's: only its CPU time is needed)."""
+    fields = raw.rpartition(b")")[2].split(None, 13)
+    try:
+        return int(fields[11]) + int(fields[12])
     except (ValueError, IndexError):
         return None
 
@@ -114,44 +127,133 @@ def parse_stat(raw: bytes) -> ProcInfo | None:
 MAX_THREADS = 512  # threads of one process read for their CPU, at most (bounds a tick's cost)
 
 
-def thread_ticks(pid: int, proc_root: str = "/proc") -> dict[int, int] | None:
-    """CPU ticks (utime + stime) of each of a process's threads, from
-    ``/proc/<pid>/task/<tid>/stat`` (at most ``MAX_THREADS``); ``None`` when unreadable."""
+def open_files_budget() -> int:
+    """Descriptors a sampler may keep open: a quarter of the soft limit, at most 256."""
     try:
-        names = os.listdir(f"{proc_root}/{pid}/task")
-    except OSError:
-        return None
-    ticks = {}
-    for name in names[:MAX_THREADS]:
-        if not name.isdigit():
-            continue
-        raw = _read(f"{proc_root}/{pid}/task/{name}/stat")
-        info = parse_stat(raw) if raw else None  # the thread may have exited meanwhile
-        if info is not None:
-            ticks[info.pid] = info.cpu_ticks
-    return ticks
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        return 0
+    return 256 if soft == resource.RLIM_INFINITY else max(0, min(256, soft // 4))
+
+
+class ProcFiles:
+    """Reads of ``/proc`` files, up to ``keep`` of them through descriptors kept open.
+
+    A ``/proc/<pid>/…`` file is generated anew at every read from offset 0, and its descriptor
+    stays bound to the process it was opened for: once that process is gone (even if its PID is
+    reused) a read fails (``ESRCH``) or reads nothing, and the file is opened again by its path,
+    so a kept descriptor never reads another process's numbers. A descriptor not read during a
+    tick is closed at its end (``sweep``). Descriptors are close-on-exec (Python's default), so
+    kernels and terminals started by the server never inherit them.
+
+    ``keep=0`` is the plain path: every read opens and closes its file, and every process's
+    threads are listed; the tests compare the two.
+    """
+
+    def __init__(self, proc_root: str = "/proc", keep: int = 0):
+        self.proc_root = proc_root
+        self.keep = keep
+        self._fds: dict[str, int] = {}
+        self._read_now: set[str] = set()
+
+    def read(self, path: str, size: int = 4096) -> bytes | None:
+        fd = self._fds.get(path)
+        if fd is not None:
+            try:
+                raw = os.pread(fd, size, 0)
+            except OSError:
+                raw = b""
+            if raw:
+                self._read_now.add(path)
+                return raw
+            del self._fds[path]  # its process is gone: the path may name another one now
+            os.close(fd)
+        if len(self._fds) >= self.keep:
+            return _read(path, size)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            raw = os.pread(fd, size, 0)
+        except OSError:
+            raw = None
+        if raw:
+            self._fds[path] = fd
+            self._read_now.add(path)
+        else:
+            os.close(fd)
+        return raw
+
+    def read_bytes(self, pid: int) -> int | None:
+        """Bytes this process caused to be read from storage (``/proc/<pid>/io``), if
+        readable."""
+        raw = self.read(f"{self.proc_root}/{pid}/io")
+        if not raw:
+            return None
+        start = 0 if raw.startswith(b"read_bytes:") else raw.find(b"\nread_bytes:") + 1
+        if not start and not raw.startswith(b"read_bytes:"):
+            return None
+        end = raw.find(b"\n", start)
+        return int(raw[start : end if end >= 0 else None].split()[1])
+
+    def thread_ticks(self, pid: int, num_threads: int = 0) -> dict[int, int] | None:
+        """CPU ticks (utime + stime) of each of a process's threads, from
+        ``/proc/<pid>/task/<tid>/stat`` (at most ``MAX_THREADS``); ``None`` when unreadable.
+        ``num_threads``: from the process's ``stat``; a single thread is the process's own
+        task, read without listing ``task/``."""
+        task = f"{self.proc_root}/{pid}/task"
+        if num_threads == 1 and self.keep:
+            ticks = self.read(f"{task}/{pid}/stat")
+            cpu = _cpu_ticks(ticks) if ticks else None
+            return None if cpu is None else {pid: cpu}
+        try:
+            names = os.listdir(task)
+        except OSError:
+            return None
+        found = {}
+        for name in names[:MAX_THREADS]:
+            if not name.isdigit():
+                continue
+            raw = self.read(f"{task}/{name}/stat")
+            cpu = _cpu_ticks(raw) if raw else None  # the thread may have exited meanwhile
+            if cpu is not None:
+                found[int(name)] = cpu
+        return found
+
+    def sweep(self) -> None:
+        """Close the descriptors no read used since the last sweep (processes that went)."""
+        for path in self._fds.keys() - self._read_now:
+            os.close(self._fds.pop(path))
+        self._read_now = set()
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._read_now = set()
+
+
+def thread_ticks(pid: int, proc_root: str = "/proc") -> dict[int, int] | None:
+    """``ProcFiles.thread_ticks``, reading each file once."""
+    return ProcFiles(proc_root).thread_ticks(pid)
+
+
+def read_bytes(pid: int, proc_root: str = "/proc") -> int | None:
+    """``ProcFiles.read_bytes``, reading the file once."""
+    return ProcFiles(proc_root).read_bytes(pid)
 
 
 def _pids(proc_root: str) -> set[int]:
     try:
-        return {int(name) for name in os.listdir(proc_root) if name.isdigit()}
+        return set(map(int, filter(str.isdigit, os.listdir(proc_root))))
     except OSError:
         return set()
 
 
-def _read_stats(proc_root: str, pids: set[int]) -> dict[int, ProcInfo]:
-    procs: dict[int, ProcInfo] = {}
-    for pid in pids:
-        raw = _read(f"{proc_root}/{pid}/stat")
-        info = parse_stat(raw) if raw else None  # the process may have exited meanwhile
-        if info is not None:
-            procs[info.pid] = info
-    return procs
-
-
 def scan(proc_root: str = "/proc") -> ProcessTable:
     """Every process, once."""
-    return ProcessTable(_read_stats(proc_root, _pids(proc_root)), proc_root)
+    return ProcScanner(proc_root).scan()
 
 
 class ProcScanner:
@@ -160,32 +262,42 @@ class ProcScanner:
     A process outside the server's tree never joins it: re-parenting only ever moves a process
     to init (or a subreaper), and ``setsid()`` only starts a new session. So once a PID is seen
     to be foreign, its ``stat`` is not read again while the PID exists; only the server's own
-    processes (whose CPU time we need) and new PIDs are read each tick.
+    processes (whose CPU time we need) and new PIDs are read each tick, ours through ``files``.
     """
 
-    def __init__(self, proc_root: str = "/proc"):
+    def __init__(self, proc_root: str = "/proc", files: ProcFiles | None = None):
         self.proc_root = proc_root
+        self.files = files or ProcFiles(proc_root)
         self.foreign: set[int] = set()
+        self._ours: dict[int, tuple[bytes, ProcInfo]] = {}  # our processes' last stat, parsed
 
     def scan(self) -> ProcessTable:
         pids = _pids(self.proc_root)
         self.foreign &= pids  # a PID that went away may come back as someone else
-        return ProcessTable(_read_stats(self.proc_root, pids - self.foreign), self.proc_root)
+        procs: dict[int, ProcInfo] = {}
+        ours, read, fast = self._ours, self.files.read, self.files.keep > 0
+        for pid in pids - self.foreign:
+            path = f"{self.proc_root}/{pid}/stat"
+            last = ours.get(pid)
+            raw = read(path) if last is not None else _read(path)
+            if not raw:
+                continue  # the process exited meanwhile
+            # A process that did not run since the last tick reads the same line.
+            same = fast and last is not None and last[0] == raw
+            info = last[1] if same else parse_stat(raw)
+            if info is not None:
+                procs[info.pid] = info
+                if last is not None:
+                    ours[pid] = (raw, info)
+        return ProcessTable(procs, self.proc_root)
 
     def settle(self, table: ProcessTable, ours: set[int]) -> None:
-        """Remember which processes of this scan are not ours."""
+        """Remember which processes of this scan are not ours (and which are)."""
         self.foreign |= table.procs.keys() - ours
-
-
-def read_bytes(pid: int, proc_root: str = "/proc") -> int | None:
-    """Bytes this process caused to be read from storage (``/proc/<pid>/io``), if readable."""
-    raw = _read(f"{proc_root}/{pid}/io")
-    if not raw:
-        return None
-    for line in raw.split(b"\n"):
-        if line.startswith(b"read_bytes:"):
-            return int(line.split()[1])
-    return None
+        known = self._ours
+        self._ours = {
+            pid: known.get(pid) or (b"", info) for pid, info in table.procs.items() if pid in ours
+        }
 
 
 def delay_accounting(proc_root: str = "/proc") -> bool:

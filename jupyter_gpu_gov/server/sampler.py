@@ -132,6 +132,7 @@ class Sampler:
         time_sliced: bool = False,
         server_pid: int | None = None,
         proc_root: str = "/proc",
+        open_files: int | None = None,
         log: logging.Logger | None = None,
     ):
         self._backend_factory = backend_factory
@@ -144,7 +145,11 @@ class Sampler:
         self.server_pid = server_pid or os.getpid()
         self.proc_root = proc_root
         self.log = log or logging.getLogger(__name__)
-        self._scanner = procs.ProcScanner(proc_root)
+        # The server's own /proc files, kept open between ticks (None: as the limit allows;
+        # 0: open every file at every read, the plain path).
+        keep = procs.open_files_budget() if open_files is None else open_files
+        self._files = procs.ProcFiles(proc_root, keep)
+        self._scanner = procs.ProcScanner(proc_root, self._files)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-sampler")
         self._windows: dict[str, ActivityWindow] = {}
         self._server_window = ActivityWindow(window_seconds, active_threshold)
@@ -178,6 +183,7 @@ class Sampler:
 
     def close(self) -> None:
         def _close():
+            self._files.close()
             if self.backend is not None:
                 self.backend.close()
 
@@ -217,6 +223,7 @@ class Sampler:
         usage = self._cpu_io(table, attribution, monotonic())
         report = self._report(snapshot, visible, targets, attribution, usage, server, now)
         changes = self._state_changes(report["targets"], now)
+        self._files.sweep()
         last_active = self._server_window.last_active
         return TickResult(report, changes, last_active, thread_time() - started)
 
@@ -238,34 +245,43 @@ class Sampler:
         iowait_known = procs.delay_accounting(self.proc_root)
         current: dict[int, tuple[int, int, int | None, dict | None]] = {}
         usage = {}
+        files, get, last = self._files, table.procs.get, self._cpu_prev.get
         for key, pids in attribution.members.items():
             cpu = iowait = read = 0
-            read_known = key != OTHER  # only the targets' own processes' I/O is read
-            top: float | None = 0.0 if key != OTHER else None
+            ours = key != OTHER  # only the targets' own processes' I/O and threads are read
+            read_known = ours
+            top: float | None = 0.0 if ours else None
             for pid in pids:
-                info = table.get(pid)
+                info = get(pid)
                 if info is None:
                     continue
-                read_bytes = procs.read_bytes(pid, self.proc_root) if key != OTHER else None
-                threads = procs.thread_ticks(pid, self.proc_root) if key != OTHER else None
+                if ours:
+                    read_bytes = files.read_bytes(pid)
+                    threads = files.thread_ticks(pid, info.num_threads)
+                else:
+                    read_bytes = threads = None
                 current[pid] = (info.cpu_ticks, info.iowait_ticks, read_bytes, threads)
-                prev = self._cpu_prev.get(pid)
+                prev = last(pid)
                 if prev is None:
                     continue  # new since the last tick: counted from the next one
                 if top is not None and threads is not None and prev[3] is not None:
+                    before = prev[3]
                     busiest = max(
-                        (t - prev[3][tid] for tid, t in threads.items() if tid in prev[3]),
+                        (t - before[tid] for tid, t in threads.items() if tid in before),
                         default=0,
                     )
                     top = max(top, busiest / (procs.CLOCK_TICKS * elapsed)) if elapsed else top
-                elif key != OTHER:
+                elif ours:
                     top = None
-                cpu += max(0, info.cpu_ticks - prev[0])
-                iowait += max(0, info.iowait_ticks - prev[1])
+                # Counters never go back for one process; a PID reused reads less: count 0.
+                if info.cpu_ticks > prev[0]:
+                    cpu += info.cpu_ticks - prev[0]
+                if info.iowait_ticks > prev[1]:
+                    iowait += info.iowait_ticks - prev[1]
                 if read_bytes is None or prev[2] is None:
                     read_known = False
-                else:
-                    read += max(0, read_bytes - prev[2])
+                elif read_bytes > prev[2]:
+                    read += read_bytes - prev[2]
             if not elapsed:
                 continue
             window = self._usage.get(key)

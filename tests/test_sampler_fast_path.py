@@ -1,0 +1,321 @@
+"""The sampler's fast path (``/proc`` files kept open between ticks, single threads read without
+listing, unchanged ``stat`` lines not parsed again) reports exactly what the plain path reports
+(every file opened at every read), tick by tick, while processes start, exit, reuse PIDs, gain
+and lose threads and read from storage: over a fake ``/proc`` with the fake NVML driver, and
+over the real ``/proc`` with real processes on simulated GPUs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fake_pynvml import FakeGpu, FakeProcess, install
+
+from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.gpu import procs
+from jupyter_gpu_gov.gpu.attribution import TargetRoot
+from jupyter_gpu_gov.gpu.nvml import NvmlBackend
+from jupyter_gpu_gov.gpu.simulated import SimulatedBackend
+from jupyter_gpu_gov.server import sampler as sampler_module
+from jupyter_gpu_gov.server.sampler import Sampler, TargetInfo
+
+SERVER, HELPER = 100, 101
+KERNEL_A, WORKER, DAEMON = 200, 201, 202
+KERNEL_B = 300
+SHELL, SHELL_CHILD = 400, 401
+STRANGER = 900
+
+
+class FakeProc:
+    """A /proc tree on disk with threads, I/O counters and device files.
+
+    As in the kernel, a descriptor opened on a process that is gone reads nothing: ``remove``
+    empties the files before unlinking them (the kernel answers ESRCH), so a PID reused by
+    ``add`` is only seen through its new files."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "self" / "ns").mkdir(parents=True)
+        (root / "self" / "ns" / "pid").write_text("")  # not the host namespace's inode
+        (root / "sys" / "kernel").mkdir(parents=True)
+        (root / "sys" / "kernel" / "task_delayacct").write_text("1\n")
+        self.procs: dict[int, dict] = {}
+
+    def add(self, pid, ppid, sid, comm="python", devices=(), threads=1, cpu=0, read=0, iowait=0):
+        self.procs[pid] = {
+            "ppid": ppid,
+            "sid": sid,
+            "comm": comm,
+            "devices": devices,
+            "threads": threads,
+            "cpu": cpu,
+            "read": read,
+            "iowait": iowait,
+        }
+        d = self.root / str(pid)
+        (d / "fd").mkdir(parents=True)
+        for n, dev in enumerate(("/dev/nvidiactl", *devices)):
+            os.symlink(dev, d / "fd" / str(10 + n))
+        self.write(pid)
+
+    def update(self, pid, **changes):
+        self.procs[pid].update(changes)
+        self.write(pid)
+
+    def write(self, pid):
+        p, d = self.procs[pid], self.root / str(pid)
+        # The last thread takes the larger share: the busiest thread is not the main one.
+        small = p["cpu"] // (2 * p["threads"])
+        shares = [small] * (p["threads"] - 1) + [p["cpu"] - (p["threads"] - 1) * small]
+        (d / "stat").write_text(self._stat(pid, p, p["cpu"], p["threads"]))
+        if p["read"] is None:  # unreadable: a kept descriptor reads nothing (EACCES)
+            if (d / "io").exists():
+                self._empty(d / "io")
+                (d / "io").unlink()
+        else:
+            (d / "io").write_text(f"rchar: 1\nsyscr: 2\nread_bytes: {p['read']}\nwrite_bytes: 0\n")
+        task = d / "task"
+        for old in task.glob("*") if task.exists() else ():
+            if int(old.name) - pid >= p["threads"]:
+                self._empty(old / "stat")
+                (old / "stat").unlink()
+                old.rmdir()
+        for k, share in enumerate(shares):
+            (task / str(pid + k)).mkdir(parents=True, exist_ok=True)
+            (task / str(pid + k) / "stat").write_text(self._stat(pid + k, p, share, p["threads"]))
+
+    def remove(self, pid):
+        d = self.root / str(pid)
+        for path in sorted(d.rglob("*"), key=lambda p: -len(p.parts)):
+            if path.is_symlink() or path.is_file():
+                self._empty(path)
+                path.unlink()
+            else:
+                path.rmdir()
+        d.rmdir()
+        del self.procs[pid]
+
+    @staticmethod
+    def _empty(path: Path) -> None:
+        if not path.is_symlink():
+            path.write_bytes(b"")
+
+    @staticmethod
+    def _stat(pid, p, cpu, threads) -> str:
+        # proc(5): state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+        # utime stime cutime cstime priority nice num_threads ... delayacct_blkio_ticks (42)
+        fields = ["S", p["ppid"], p["sid"], p["sid"], 0, -1, 0, 0, 0, 0, 0]
+        fields += [cpu - cpu // 3, cpu // 3, 0, 0, 20, 0, threads] + [0] * 21 + [p["iowait"]]
+        return f"{pid} ({p['comm']}) " + " ".join(map(str, fields)) + "\n"
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A server with two kernels and a terminal in a fake /proc, GPUs from the fake driver, and
+    a clock both samplers share."""
+    fake = FakeProc(tmp_path / "proc")
+    fake.add(1, 0, 1, "init", threads=1)
+    fake.add(SERVER, 1, SERVER, "jupyter-server", threads=4, cpu=500)
+    fake.add(HELPER, SERVER, SERVER, threads=1)
+    fake.add(KERNEL_A, SERVER, KERNEL_A, devices=["/dev/nvidia0"], threads=3, cpu=90, read=10)
+    fake.add(WORKER, KERNEL_A, KERNEL_A, devices=["/dev/nvidia0"], cpu=30, read=4096)
+    fake.add(DAEMON, 1, KERNEL_A, cpu=5)  # a DataLoader worker re-parented to init
+    fake.add(KERNEL_B, SERVER, KERNEL_B, devices=["/dev/nvidia1"], cpu=7)
+    fake.add(SHELL, SERVER, SHELL, "bash")
+    fake.add(SHELL_CHILD, SHELL, SHELL, cpu=2)
+    fake.add(STRANGER, 1, STRANGER, cpu=1000)
+    gpus = [
+        FakeGpu("GPU-0", minor_number=0, processes=[FakeProcess(WORKER, 20000, sm=0.6)]),
+        FakeGpu("GPU-1", minor_number=1, processes=[FakeProcess(KERNEL_B, 3000, sm=0.0)]),
+    ]
+    driver = install(monkeypatch, *gpus)
+    now = [clock.utcnow()]
+    mono = [1000.0]
+    monkeypatch.setattr(clock, "utcnow", lambda: now[0])
+    monkeypatch.setattr(sampler_module, "monotonic", lambda: mono[0])
+
+    def advance(seconds: float = 5.0) -> None:
+        now[0] += timedelta(seconds=seconds)
+        mono[0] += seconds
+        driver.advance(seconds)
+
+    return fake, gpus, advance
+
+
+ROOTS = [
+    TargetRoot("kernel", "a", KERNEL_A),
+    TargetRoot("kernel", "b", KERNEL_B),
+    TargetRoot("terminal", "1", SHELL),
+]
+
+
+def side_by_side(proc_root: str, backend, pid_namespace: str, server_pid: int):
+    """The plain sampler and the fast one, over the same world."""
+    common = {"proc_root": proc_root, "pid_namespace": pid_namespace, "server_pid": server_pid}
+    plain = Sampler(backend, open_files=0, **common)
+    fast = Sampler(backend, open_files=64, **common)
+    return plain, fast
+
+
+def tick(plain: Sampler, fast: Sampler, targets, opened: list[int]):
+    a = plain.measure(targets, {"user": "alice"})
+    b = fast.measure(targets, {"user": "alice"})
+    assert b.report == a.report
+    assert (b.changes, b.gpu_last_active) == (a.changes, a.gpu_last_active)
+    assert plain._files._fds == {}
+    opened.append(len(fast._files._fds))
+    # Kept descriptors are never inherited by the kernels and terminals the server starts.
+    assert not any(os.get_inheritable(fd) for fd in fast._files._fds.values())
+    return b.report
+
+
+@pytest.mark.parametrize("pid_namespace", ["host", "container"])
+def test_the_fast_path_reports_what_the_plain_path_reports(world, pid_namespace):
+    fake, gpus, advance = world
+    plain, fast = side_by_side(str(fake.root), NvmlBackend, pid_namespace, SERVER)
+    targets = [TargetInfo(root, name=root.id, execution_state="idle") for root in ROOTS]
+    opened: list[int] = []
+
+    def busy(pid, cpu=0, read=0, **changes):
+        p = fake.procs[pid]
+        fake.update(pid, cpu=p["cpu"] + cpu, read=(p["read"] or 0) + read, **changes)
+
+    try:
+        tick(plain, fast, targets, opened)
+        for step in range(12):
+            advance()
+            busy(KERNEL_A, cpu=40 + step, read=1 << 20)
+            busy(WORKER, cpu=250, read=step * 8192)
+            busy(SERVER, cpu=3)
+            if step == 1:  # a new child of kernel b, on its GPU; kernel b gains threads
+                fake.add(301, KERNEL_B, KERNEL_B, devices=["/dev/nvidia1"], cpu=1, threads=2)
+                gpus[1].processes.append(FakeProcess(301, 1000, sm=0.4))
+                busy(KERNEL_B, cpu=11, threads=5)
+            if step == 3:  # kernel b is back to one thread; the daemon reads from storage
+                busy(KERNEL_B, cpu=2, threads=1)
+                busy(DAEMON, cpu=9, read=5 << 20, iowait=4)
+            if step == 4:  # the worker exits and a stranger takes its PID, in one tick
+                fake.remove(WORKER)
+                gpus[0].processes = [FakeProcess(KERNEL_A, 500, sm=0.0)]
+                fake.add(WORKER, 1, WORKER, cpu=77, read=123)
+            if step == 5:  # the terminal's child's I/O becomes unreadable
+                fake.update(SHELL_CHILD, cpu=9, read=None)
+            if step == 6:  # the stranger exits and a new child of the terminal takes its PID
+                fake.remove(WORKER)
+                fake.add(WORKER, SHELL, SHELL, cpu=3, read=0, threads=2)
+            if step == 8:  # kernel b exits; its PID comes back as a helper of the server
+                fake.remove(KERNEL_B)
+                fake.remove(301)
+                gpus[1].processes = []
+                fake.add(KERNEL_B, SERVER, SERVER, cpu=900, read=1 << 30)
+            if step == 10:  # a card of the server's own, held by no target
+                gpus[1].processes = [FakeProcess(HELPER, 700, sm=0.9)]
+            report = tick(plain, fast, targets, opened)
+    finally:
+        plain.close()
+        fast.close()
+    assert fast._files._fds == {}  # closed with the sampler
+
+    by_id = {t["id"]: t for t in report["targets"]}
+    # The ticks above said something: kernel a's CPU and reads, a GPU held by the server.
+    assert by_id["a"]["cpu"]["cores"] > 0 and by_id["a"]["cpu"]["read_mb_s"] > 0
+    assert by_id["server"]["gpu"]["holds_context"]
+    # The fast path kept its files open between ticks, and closed those of processes that went.
+    assert min(opened[1:]) > 0 and opened[-1] < max(opened)
+
+
+def test_kept_files_follow_real_processes_that_exit(tmp_path, monkeypatch):
+    """The real /proc: kernels with threads and children on simulated GPUs; children exit
+    between ticks. Every process sleeps, so both samplers read the same counters."""
+    state = str(tmp_path / "sim-gpus.json")
+    monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", state)
+    backend = SimulatedBackend(state_path=state)
+    now, mono = [clock.utcnow()], [1000.0]
+    monkeypatch.setattr(clock, "utcnow", lambda: now[0])
+    monkeypatch.setattr(sampler_module, "monotonic", lambda: mono[0])
+    kernel = (
+        "import subprocess, sys, threading, time\n"
+        "from jupyter_gpu_gov import simulate\n"
+        "simulate.hold(2048, device=0)\n"
+        "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+        "children = [subprocess.Popen(['sleep', '600']) for _ in range(2)]\n"
+        "print(' '.join(str(c.pid) for c in children), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    # The "server": a sleeping process whose children are the kernels (the test process's
+    # own CPU would move between the two samplers' reads).
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            f"ks = [subprocess.Popen([sys.executable, '-c', {kernel!r}], start_new_session=True)"
+            " for _ in range(3)]\n"
+            "print(' '.join(str(k.pid) for k in ks), flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    kernels = [int(pid) for pid in server.stdout.readline().split()]
+    plain, fast = side_by_side("/proc", lambda: backend, "host", server.pid)
+    targets = [
+        TargetInfo(TargetRoot("kernel", f"k{i}", pid), name=f"k{i}")
+        for i, pid in enumerate(kernels)
+    ]
+    opened: list[int] = []
+    try:
+        # Until every kernel holds its GPU memory and has started its children.
+        for _ in range(600):
+            table = procs.scan()
+            if all(len(table.descendants(pid)) == 3 for pid in kernels):
+                held = {p["pid"] for p in simulated_processes(state)}
+                if set(kernels) <= held:
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the kernels did not start")
+        table = procs.scan()
+        for _ in range(6):
+            mono[0] += 5
+            now[0] += timedelta(seconds=5)
+            report = tick(plain, fast, targets, opened)
+            children = sorted(table.descendants(kernels[0]) - {kernels[0]})
+            if children:  # one of the first kernel's children exits between ticks
+                os.kill(children[0], 9)
+                table = wait_gone(children[0])
+    finally:
+        plain.close()
+        fast.close()
+        for pid in kernels:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, 9)
+        server.kill()
+        server.wait()
+    assert all(t["gpu"]["holds_context"] for t in report["targets"])
+    assert min(opened) > 0
+
+
+def simulated_processes(state: str) -> list[dict]:
+    try:
+        return json.loads(Path(state).read_text())["processes"]
+    except (OSError, ValueError):
+        return []
+
+
+def wait_gone(pid: int) -> procs.ProcessTable:
+    """The scan once ``pid`` is reaped or a zombie (its parent, a kernel, sleeps)."""
+    for _ in range(200):
+        table = procs.scan()
+        raw = procs._read(f"/proc/{pid}/stat")
+        if pid not in table or (raw and raw.rpartition(b")")[2].split()[0] == b"Z"):
+            return table
+        time.sleep(0.05)
+    pytest.fail(f"process {pid} did not exit")
