@@ -1055,11 +1055,12 @@ def verdict(
     dry_run: bool = False,
     root_cause: dict | None = None,
     right_size: dict | None = None,
+    requests: dict | None = None,
 ) -> Verdict:
-    """The verdict (``core.wire.Verdict``), as it rides back on a report's response, asking
-    nothing of the server yet (``requests``: the governor's, ``hub/outbound.py``).
-    ``root_cause`` is the governor's diagnosis and ``right_size`` a smaller tier its use fits,
-    passed in."""
+    """The verdict (``core.wire.Verdict``), as it rides back on a report's response.
+    ``root_cause`` is the governor's diagnosis, ``right_size`` a smaller tier its use fits and
+    ``requests`` what the server is asked to do (``hub/outbound.py``; none by default), passed
+    in."""
     from .clock import isoformat
 
     record = decision.record
@@ -1081,4 +1082,5 @@ def verdict(
         dry_run=dry_run,
         root_cause=root_cause,
         right_size=right_size,
+        requests=requests or {},
     )

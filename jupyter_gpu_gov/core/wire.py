@@ -11,6 +11,8 @@ always means *unknown*, never zero.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,11 +49,17 @@ class Wire:
     """What the wire dataclasses share: ``to_json`` and conversion from a validated object."""
 
     def to_json(self) -> dict:
-        return {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        # Fields in their order (a frozen dataclass's __dict__ holds them, nothing else); only
+        # the nested ones are converted: a verdict goes out with every report.
+        out = dict(self.__dict__)
+        for name in _nested(type(self)):
+            out[name] = _to_json(out[name])
+        return out
 
     @classmethod
     def _from_checked(cls, obj: Mapping) -> Any:
-        """From an object already validated: nested wire types converted, unknown keys left."""
+        """From an object already validated: nested wire types converted, unknown keys
+        ignored."""
         hints = _hints(cls)
         values = {}
         for f in dataclasses.fields(cls):
@@ -68,9 +76,25 @@ def _to_json(value: Any) -> Any:
     return value
 
 
-def _from_json(hint: Any, value: Any) -> Any:
-    import typing
+@functools.cache
+def _hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
 
+
+@functools.cache
+def _nested(cls: type) -> tuple[str, ...]:
+    """The fields of ``cls`` that hold wire objects or tuples (``to_json`` converts them)."""
+    return tuple(name for name, hint in _hints(cls).items() if _holds_wire(hint))
+
+
+def _holds_wire(hint: Any) -> bool:
+    return any(
+        typing.get_origin(part) is tuple or (isinstance(part, type) and issubclass(part, Wire))
+        for part in (hint, *typing.get_args(hint))
+    )
+
+
+def _from_json(hint: Any, value: Any) -> Any:
     if value is None:
         return None
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -82,12 +106,6 @@ def _from_json(hint: Any, value: Any) -> Any:
     if args and origin is not dict:
         return _from_json(args[0], value) if len(args) == 1 else value
     return value
-
-
-def _hints(cls: type) -> dict:
-    import typing
-
-    return typing.get_type_hints(cls)
 
 
 # -- the report (server -> governor) ------------------------------------------------------------

@@ -4,7 +4,6 @@ views, and the reads the REST API and the pages make (``governor.audit_trail(...
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -46,10 +45,16 @@ def verdict_of(
     dry_run: bool = False,
     root_cause: dict | None = None,
     right_size: dict | None = None,
+    requests: dict | None = None,
 ) -> Verdict:
     decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
     return policy.verdict(
-        decision, chosen, dry_run=dry_run, root_cause=root_cause, right_size=right_size
+        decision,
+        chosen,
+        dry_run=dry_run,
+        root_cause=root_cause,
+        right_size=right_size,
+        requests=requests,
     )
 
 
@@ -125,24 +130,25 @@ class Views:
                 dry_run=self.options.dry_run,
                 root_cause=self.root_cause(key),
             ).to_json()
-        verdict = verdict_of(
+        # What the server is asked to do: the governor never calls it (see hub/outbound.py).
+        # A dry run asks nothing.
+        asked = None
+        if not self.options.dry_run:
+            asked = outbound.requests(
+                row.checkpoint_status,
+                row.checkpoint_requested_at,
+                row.reason,
+                row.cull_reason,
+                (self._shutdowns.get(key), self._interrupts.get(key)),
+            )
+        return verdict_of(
             row,
             self.policy_named(row.policy),
             dry_run=self.options.dry_run,
             root_cause=self.root_cause(key),
             right_size=self.right_size(row),
-        )
-        if self.options.dry_run:  # a dry run asks nothing
-            return verdict.to_json()
-        # What the server is asked to do: the governor never calls it (see hub/outbound.py).
-        asked = outbound.requests(
-            row.checkpoint_status,
-            row.checkpoint_requested_at,
-            row.reason,
-            row.cull_reason,
-            (self._shutdowns.get(key), self._interrupts.get(key)),
-        )
-        return dataclasses.replace(verdict, requests=asked).to_json()
+            requests=asked,
+        ).to_json()
 
     def root_cause(self, key: str) -> dict | None:
         """What the diagnosis says of the server's last report (``None`` once it is stale)."""
