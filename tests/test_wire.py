@@ -30,6 +30,7 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
 
 def test_the_schema_file_is_generated_from_the_dataclasses():
     assert generated.WIRE_SCHEMA.read_text() == generated.schema_text(), REGENERATE
+    jsonschema.Draft202012Validator.check_schema(generated.json_schema())
 
 
 def test_the_docs_field_tables_are_generated_from_the_dataclasses():
