@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -60,11 +60,11 @@ class Wire:
     def _from_checked(cls, obj: Mapping) -> Any:
         """From an object already validated: nested wire types converted, unknown keys
         ignored."""
-        hints = _hints(cls)
         values = {}
-        for f in dataclasses.fields(cls):
-            if f.name in obj:
-                values[f.name] = _from_json(hints[f.name], obj[f.name])
+        for name, convert in _converters(cls):
+            if name in obj:
+                value = obj[name]
+                values[name] = value if convert is None or value is None else convert(value)
         return cls(**values)
 
 
@@ -94,18 +94,25 @@ def _holds_wire(hint: Any) -> bool:
     )
 
 
-def _from_json(hint: Any, value: Any) -> Any:
-    if value is None:
-        return None
+@functools.cache
+def _converters(cls: type) -> tuple[tuple[str, Callable[[Any], Any] | None], ...]:
+    """Each field of ``cls`` with what turns its JSON value (not null) into the field's value;
+    None where it is the same (worked out once per class: a report has many targets)."""
+    return tuple((name, _converter(hint)) for name, hint in _hints(cls).items())
+
+
+def _converter(hint: Any) -> Callable[[Any], Any] | None:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    origin = typing.get_origin(hint)
     if isinstance(hint, type) and issubclass(hint, Wire):
-        return hint._from_checked(value)
-    if origin is tuple and args:
-        return tuple(_from_json(args[0], v) for v in value)
-    if args and origin is not dict:
-        return _from_json(args[0], value) if len(args) == 1 else value
-    return value
+        return hint._from_checked
+    if typing.get_origin(hint) is tuple:
+        item = _converter(args[0])
+        if item is None:
+            return tuple
+        return lambda values: tuple(None if v is None else item(v) for v in values)
+    if len(args) == 1 and typing.get_origin(hint) is not dict:  # X | None
+        return _converter(args[0])
+    return None
 
 
 # -- the report (server -> governor) ------------------------------------------------------------
