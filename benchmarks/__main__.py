@@ -8,7 +8,16 @@ import argparse
 import time
 from pathlib import Path
 
-from . import admission, diagnose, gpu_faults, ingest, kernel_overhead, reconcile, sampler_tick
+from . import (
+    admission,
+    diagnose,
+    gpu_faults,
+    history_export,
+    ingest,
+    kernel_overhead,
+    reconcile,
+    sampler_tick,
+)
 from .replay import score as reclamation_replay
 
 H200_RUNS = sorted(str(p) for p in (Path(__file__).parent / "data").glob("gpu-faults-*.csv"))
@@ -19,6 +28,7 @@ QUICK = [
     (diagnose, ["--quick"]),  # eight worlds of 60 servers, tuned on each, one round
     (gpu_faults, ["score", *H200_RUNS]),  # the windows measured on an H200, scored
     (reclamation_replay, []),  # 40 users, 30 days, a sample every 5 minutes
+    (history_export, ["--servers=2000", "--repeat=1"]),  # the history of 2,000 servers, a day
     (ingest, []),  # 2,000 servers, 15 s at the steady rate
     # Amplified: a tick every 0.1 s (50x the default), kernel and sampler on one core.
     (kernel_overhead, ["--runs=3", "--seconds=2", "--interval=0.1", "--one-core"]),
@@ -30,6 +40,7 @@ FULL = [
     (diagnose, []),
     (gpu_faults, ["score", *H200_RUNS]),
     (reclamation_replay, ["--step=60"]),  # the governor's reconcile cadence
+    (history_export, ["--repeat=1"]),  # 10,000 servers x 1 day
     (ingest, ["--servers=10000", "--seconds=60"]),
     (kernel_overhead, ["--runs=7", "--seconds=5"]),  # the default 5 s interval
     (kernel_overhead, ["--runs=7", "--seconds=5", "--interval=0.1", "--one-core"]),

@@ -61,7 +61,10 @@ c.Spawner.environment = {
 # --- GPU tiers, team quotas, the spawn form and the device allocator (jupyter_gpu_gov.profiles)
 # The hub hands each server free simulated devices (hub_config/demo_gpus.json: two whole H100s and
 # one H100 in MIG slices) through CUDA_VISIBLE_DEVICES. Try: alice (team vision) starts an H100,
-# then a second server: her per-user cap refuses it, and the spawn page says why.
+# then a second server: her per-user cap refuses it, and the spawn page says why. The queue: alice
+# and bob each start an H100; erin's spawn form then offers "Wait in line" for the H100, with her
+# place and an estimate; when the governor culls one of their idle servers, erin's starts by
+# itself (her place: /hub/gpu-gov/queue).
 from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles  # noqa: E402
 
 c.LocalGpus.backend = "simulated"

@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_replay(commands)
+    _add_what_if(commands)
     _add_estimate(commands)
     _add_diagnose(commands)
     _add_usage(commands)
@@ -185,6 +186,182 @@ def _trace(path: str) -> Callable[[], Iterator[Sample]]:
 def _fail(message: str, command: str = "replay") -> int:
     print(f"jupyter-gpu-gov {command}: error: {message}", file=sys.stderr)
     return EXIT_USAGE
+
+
+# -- what-if -----------------------------------------------------------------------------------
+
+
+def _add_what_if(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "what-if",
+        help="replay a trace through the current and a candidate policy, side by side",
+        description=(
+            "Replay a trace through the current policy and a candidate (and their tier\n"
+            "catalogues) with the same policy code as the hub service, and compare: GPU-hours\n"
+            "reclaimed and idle left, warnings, culls, interruptions (the owner back within\n"
+            "4 h of a cull), running work killed, right-sizing freed, queue waits and\n"
+            "utilisation, overall and per team. The trace as recorded stands beside them.\n"
+            "A config file is a traitlets file as the hub reads it (a jupyterhub_config.py\n"
+            "will do): c.GpuGovernor.policies, policy_defaults, timeout and max_age give the\n"
+            "policies; c.GpuProfiles.tiers, capacity and cards the tiers. A bad policy or\n"
+            "tier is refused with the hub's own start-up error, exit status 2. The figures\n"
+            "are defined in docs/api.md (History and what-if)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  jupyter-gpu-gov what-if trace.jsonl --policy candidate.py\n"
+            "  jupyter-gpu-gov what-if trace.jsonl --policy candidate.py \\\n"
+            "      --current jupyterhub_config.py --tiers tiers.py\n"
+            "  jupyter-gpu-gov what-if trace.jsonl --policy candidate.py --json > what-if.json\n"
+            "  jupyter-gpu-gov what-if trace.jsonl --policy jupyterhub_config.py --current idle-culler"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("trace", metavar="TRACE.jsonl", help="the trace to replay ('-': stdin)")
+    parser.add_argument(
+        "--policy",
+        metavar="CANDIDATE.py",
+        required=True,
+        help="the candidate: a config file with its policies (and, optionally, its tiers)",
+    )
+    parser.add_argument(
+        "--current",
+        metavar="CONFIG.py",
+        help="the service's config file (default: the shipped default policy); or "
+        "'idle-culler' (or e.g. 'idle-culler:8h'): jupyterhub-idle-culler as deployed today",
+    )
+    parser.add_argument(
+        "--tiers",
+        metavar="TIERS.py",
+        help="c.GpuProfiles.tiers (and capacity) for a side whose config sets no tiers: "
+        "GPU-equivalents, maximum ages, right-sizing and queue capacity (default: none; "
+        "every GPU server then counts 1)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=_what_if, parser=parser)
+
+
+def _what_if(args: argparse.Namespace) -> int:
+    from .core.durations import format_duration
+    from .core.policy import PolicyError, load_policies
+    from .replay import TraceError, replay
+    from .replay.engine import ConfigError, load_config, policies_of
+    from .replay.whatif import Setup, compare, report, table
+
+    fail = partial(_fail, command="what-if")
+    culler = _idle_culler_of(args.current)
+    if isinstance(culler, str):
+        return fail(culler)
+    current = None if culler else args.current
+    for option, path in (
+        ("--policy", args.policy),
+        ("--current", current),
+        ("--tiers", args.tiers),
+    ):
+        if missing := _no_file(path):
+            return fail(f"cannot load {option}: {missing}")
+    setups = []
+    try:
+        fallback = load_config(args.tiers) if args.tiers else None
+        if culler:
+            setups.append(
+                Setup("current", culler, _what_if_tiers(None, fallback), ("idle-culler",))
+            )
+        for name, path in (("current", current), ("candidate", args.policy)):
+            if name == "current" and culler:
+                continue
+            config = load_config(path) if path else None
+            try:
+                policies = policies_of(config) if config is not None else load_policies([])
+            except PolicyError as error:
+                # The service's own start-up error (hub/app.py: build_policies).
+                return fail(f"{path}: bad policy configuration: {error}")
+            tiers = _what_if_tiers(config, fallback)
+            run = partial(replay, policies=policies)
+            setups.append(Setup(name, run, tiers, tuple(p.name for p in policies)))
+    except ConfigError as error:
+        return fail(f"cannot load a config file: {error}")
+    except ValueError as error:  # a tier the profile layer refuses, as at the hub's start
+        return fail(str(error))
+    try:
+        samples = _trace(args.trace)
+        outcomes = compare(samples, setups)
+    except (TraceError, OSError) as error:
+        return fail(str(error))
+    recorded = outcomes[0]
+    trace = {
+        "path": args.trace,
+        "rows": recorded.rows,
+        "servers": recorded.total.servers,
+        "first_t": recorded.first_t,
+        "last_t": recorded.last_t,
+        "current": args.current,
+        "candidate": args.policy,
+        "tiers": args.tiers,
+    }
+    if args.json:
+        print(json.dumps(report(outcomes, trace)))
+        return 0
+    span = (recorded.last_t or 0) - (recorded.first_t or 0)
+    title = (
+        f"what-if: {args.trace}: {recorded.total.servers:,} server runs, {recorded.rows:,} rows "
+        f"over {format_duration(span)}; current: {args.current or 'the default policy'}, "
+        f"candidate: {args.policy}"
+    )
+    print(table(outcomes, title))
+    return 0
+
+
+def _idle_culler_of(current: str | None):
+    """``--current idle-culler[:TIMEOUT]``: jupyterhub-idle-culler's run; an error message for
+    a bad timeout; None for a config file (or none)."""
+    if current is None or not current.startswith("idle-culler"):
+        return None
+    from .core.durations import parse_duration
+    from .replay.baselines import IDLE_CULLER_TIMEOUT_S, idle_culler
+
+    name, _, timeout = current.partition(":")
+    if name != "idle-culler":
+        return None  # a file whose name starts so
+    try:
+        seconds = parse_duration(timeout).total_seconds() if timeout else IDLE_CULLER_TIMEOUT_S
+    except ValueError as error:
+        return f"--current idle-culler:{timeout}: {error}"
+    return partial(idle_culler, timeout=seconds)
+
+
+def _what_if_tiers(config, fallback):
+    """The tiers of ``config`` (``c.GpuProfiles.tiers``), else of ``fallback``, validated as
+    the hub validates them at start (``ValueError`` with its message); empty without any."""
+    from .replay.whatif import Tiers
+
+    source = config if config is not None and "tiers" in config.GpuProfiles else fallback
+    if source is None or "tiers" not in source.GpuProfiles:
+        return Tiers()
+    from datetime import timedelta
+
+    from traitlets import TraitError
+
+    from .core.rightsize import TierSize
+    from .profiles.config import GpuProfiles
+    from .profiles.estimate import tier_memory_gb
+
+    profiles = GpuProfiles(config=source)
+    try:
+        profiles.check()  # what add_gpu_profiles runs when the hub loads its config
+    except TraitError as error:
+        raise ValueError(str(error)) from None
+    tiers = profiles.tier_map
+    after = config.GpuGovernor.get("right_size_after") if config is not None else None
+    return Tiers(
+        sizes={
+            t.name: TierSize(t.name, t.display_name, tier_memory_gb(t), t.weight)
+            for t in tiers.values()
+        },
+        slots={name: devices // tiers[name].count for name, devices in profiles.capacity.items()},
+        max_age={t.name: t.max_age.total_seconds() if t.max_age else None for t in tiers.values()},
+        right_size_after=timedelta(seconds=after) if after else Tiers().right_size_after,
+    )
 
 
 # -- estimate ----------------------------------------------------------------------------------

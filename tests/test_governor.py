@@ -160,17 +160,33 @@ async def test_unreachable_dcgm_degrades_to_reports(tmp_path):
 async def test_team_from_group_properties_and_the_grant_never_from_user_options(tmp_path):
     async with FakeHub() as hub:
         hub.add_server("alice")
-        grant = {"gpu-gov/team": "nlp", "gpu-gov/project": "llm", "gpu-gov/tier": "h100"}
+        grant = {
+            "gpu-gov/team": "nlp",
+            "gpu-gov/project": "llm",
+            "gpu-gov/tier": "h100",
+            "gpu-gov/task-type": "batch",
+            "gpu-gov/expected-duration": "7200",
+        }
         hub.add_server("bob", state={"gpu_gov_grant": grant})  # the profile layer's record
         # What a user sends through the REST API at spawn: choices, never grants.
-        forged = {"profile": "a100", "team": "admins", "gpu-gov/exempt": "true"}
+        forged = {
+            "profile": "a100",
+            "team": "admins",
+            "task_type": "batch",
+            "gpu-gov/exempt": "true",
+            "gpu-gov/task-type": "batch",
+            "gpu-gov/expected-duration": "60",
+        }
         hub.add_server("carol", user_options={**forged, "gpu-gov/team": "admins"})
         hub.add_group(
             "vision-team", users=["alice", "carol"], properties={"gpu-gov/team": "vision"}
         )
         gov = governor(hub, tmp_path)
         gov.policies = load_policies(
-            [{"name": "admins", "match": {"teams": ["admins"]}, "exempt": True}]
+            [
+                {"name": "admins", "match": {"teams": ["admins"]}, "exempt": True},
+                {"name": "batch", "match": {"task_types": ["batch"]}, "cull_after": "2h"},
+            ]
         )
         await gov.reconcile()
     alice, bob, carol = (gov.store.server(f"{u}/") for u in ("alice", "bob", "carol"))
@@ -179,6 +195,11 @@ async def test_team_from_group_properties_and_the_grant_never_from_user_options(
     assert (carol.team, carol.profile, carol.tier) == ("vision", "a100", "a100")
     assert "gpu-gov/exempt" not in carol.labels and carol.labels["gpu-gov/team"] == "vision"
     assert carol.state != "exempt" and carol.policy == "default"
+    # The task type and expected duration come from the grant only.
+    assert (bob.labels["gpu-gov/task-type"], bob.policy) == ("batch", "batch")
+    assert bob.labels["gpu-gov/expected-duration"] == "7200"
+    assert "gpu-gov/task-type" not in carol.labels
+    assert "gpu-gov/expected-duration" not in carol.labels
 
 
 async def test_excluded_servers_are_not_governed_but_reach_their_maximum_age(tmp_path):

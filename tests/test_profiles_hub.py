@@ -34,7 +34,13 @@ POOL_DEVICES = [H100] * 4
 TIERS = [
     {"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB", "max_age": "8h"},
     {"name": "h100-3g", "display_name": "Half an H100", "gpu": "H100-80GB", "mig": "3g.40gb"},
-    {"name": "h100-2g", "display_name": "H100 MIG 2g", "gpu": "H100-80GB", "mig": "2g.20gb"},
+    {
+        "name": "h100-2g",
+        "display_name": "H100 MIG 2g",
+        "gpu": "H100-80GB",
+        "mig": "2g.20gb",
+        "task_types": ["interactive", "batch"],
+    },
     {"name": "h100-1g", "display_name": "Small H100 slice", "gpu": "H100-80GB", "mig": "1g.10gb"},
 ]
 QUOTAS = {
@@ -58,6 +64,7 @@ POOL_TEAM_MAP = {**dict.fromkeys(LAB, "lab"), "ops1": "ops", "ops2": "ops"}
 
 DEVICES_STATE = "gpu_gov_devices"
 TIER, TEAM, PROJECT, BORROWED = (f"gpu-gov/{k}" for k in ("tier", "team", "project", "borrowed"))
+TASK_TYPE, EXPECTED = "gpu-gov/task-type", "gpu-gov/expected-duration"
 
 
 def _hub_config(devices, tiers, quotas, team_map, extra: str = "") -> str:
@@ -300,6 +307,43 @@ def test_rest_spawn_checks_the_project_as_the_form_does(hub):
     r = api_spawn(hub, "carol", {"profile": "h100-2g", "team": "nlp", "project": "a b!"})
     assert r.status_code == 403, f"{r.status_code} {servers(hub, 'carol')}"
     assert r.json()["message"] == refusal
+
+
+def test_task_type_and_expected_duration_are_granted_and_forged_labels_dropped(hub):
+    """The owner picks a task type among those the tier allows and an expected duration within
+    bounds; the grant (the spawner's state, which the governor reads) records them. A bad value
+    is refused and starts nothing; labels sent in user_options are dropped."""
+    before = held(hub)
+    nlp = {"profile": "h100-2g", "team": "nlp"}
+    r = hub.spawn_form("carol", fields={**nlp, "task_type": "inference"})
+    assert r.status_code == 403, r.text[:2000]
+    refusal = error_message(r.text)
+    assert refusal.startswith("A H100 MIG 2g server may be for: interactive, batch;"), refusal
+    r = api_spawn(hub, "carol", {**nlp, "task_type": "inference"})
+    assert (r.status_code, r.json()["message"]) == (403, refusal)
+    r = hub.spawn_form("carol", fields={**nlp, "expected_duration": "30d"})
+    assert r.status_code == 403, r.text[:2000]
+    assert "Expected duration '30d': give 1m to 7d (the hub's limit)" in error_message(r.text)
+    assert servers(hub, "carol") == {} and held(hub) == before
+
+    forged = {EXPECTED: "60", TASK_TYPE: "inference", "gpu-gov/exempt": "true"}
+    choices = {**nlp, "task_type": "batch", "expected_duration": "2h"}
+    r = api_spawn(hub, "carol", {**choices, **forged})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_for_server("carol")
+    grant = servers(hub, "carol")[""]["state"]["gpu_gov_grant"]
+    assert (grant[TASK_TYPE], grant[EXPECTED]) == ("batch", "7200"), grant
+    assert "gpu-gov/exempt" not in grant
+    hub.stop_server("carol")
+
+    # Not given: the tier's default task type, and no expected duration.
+    r = api_spawn(hub, "carol", nlp)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_for_server("carol")
+    grant = servers(hub, "carol")[""]["state"]["gpu_gov_grant"]
+    assert grant[TASK_TYPE] == "interactive" and EXPECTED not in grant, grant
+    hub.stop_server("carol")
+    assert held(hub) == before
 
 
 # --- 6. the memory estimate ----------------------------------------------------------------

@@ -49,7 +49,7 @@ UNICODE_USER = "Ünïcode.User@example.org"
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 # A label value: at most 63 characters, alphanumerics with '-', '_', '.' inside (Kubernetes docs).
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-OWNERSHIP = ("user", "team", "project", "tier", "borrowed", "max-age", "weight")
+OWNERSHIP = ("user", "team", "project", "tier", "borrowed", "max-age", "weight", "task-type")
 H100_PRODUCTS = ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"]
 
 TIERS = [
@@ -331,6 +331,7 @@ async def test_whole_card_pods_ask_for_h100s_on_h100_nodes(hub):
         "gpu-gov/borrowed": "false",
         "gpu-gov/weight": "1",
         "gpu-gov/max-age": str(3 * 86400),
+        "gpu-gov/task-type": "interactive",
     }
     assert annotations == labels
     await round_trip(pod)
@@ -630,6 +631,7 @@ async def test_start_within_quota_records_the_grant_and_labels_the_pod(hub, pod_
         "gpu-gov/borrowed": "false",
         "gpu-gov/weight": "1",
         "gpu-gov/max-age": "259200",
+        "gpu-gov/task-type": "interactive",
     }
     assert alice.user_options == {"profile": "h100", "project": "detection", **grant}
     # Recorded in the hub's database, where the governor and the next admission read it.

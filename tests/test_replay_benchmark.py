@@ -149,3 +149,25 @@ def test_baselines_against_the_default_policy(results):
         assert results[name].false_culls > ours.false_culls
         # They know no maximum age of a tier and no reclaim of a borrowed GPU.
         assert results[name].deadlines_kept < results[name].deadlines
+
+
+def test_the_gap_study_accounts_for_every_idle_held_hour_the_default_leaves():
+    """``benchmarks.replay.gap`` splits what the default does not reclaim by why: its parts add
+    up to the benchmark's own shortfall, and a lever moves only its own part."""
+    from benchmarks.replay.gap import missed
+    from jupyter_gpu_gov.core.policy import load_policies
+    from jupyter_gpu_gov.replay import replay
+
+    lines = [json.dumps(row) for row in generate(12, 7, seed=3, step=300)]
+    default = list(replay(parse_lines(lines), load_policies([])))
+    held, left = missed(parse_lines(lines), default)
+    truth = evaluate("default", parse_lines(lines), default)
+    assert held == pytest.approx(truth.idle_held_gpu_hours)
+    assert 1 - sum(left.values()) / held == pytest.approx(truth.reclaimed_share)
+    assert left["grace"] > 0 and left["failing hook"] > 0
+    proceed = list(
+        replay(parse_lines(lines), load_policies([], {"on_checkpoint_failure": "proceed"}))
+    )
+    _, after = missed(parse_lines(lines), proceed)
+    assert after["failing hook"] < left["failing hook"] / 4
+    assert after["running cell"] == pytest.approx(left["running cell"])

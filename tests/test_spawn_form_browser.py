@@ -2,7 +2,8 @@
 
 A researcher in two teams logs in, sees the tiers with what each team has left, switches team
 (tiers the other team cannot use become unselectable), asks the memory estimate which tier fits
-a model (it picks that tier), and starts a server on it: the server gets the MIG slice.
+a model (it picks that tier), picks the task type that tier allows and an expected duration, and
+starts a server on it: the server gets the MIG slice, its grant the task type and duration.
 With ``JUPYTER_GPU_GOV_SCREENSHOTS=1`` it refreshes docs/images/spawn-form.png.
 
 Skipped, saying why, when chromium or playwright is missing; never green without a browser.
@@ -34,7 +35,8 @@ c.LocalGpus.simulated_devices = {DEVICES!r}
 c.LocalGpus.sim_state_path = HARNESS_ENV["JUPYTER_GPU_GOV_SIM_STATE"]
 c.GpuProfiles.tiers = [
     {{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"}},
-    {{"name": "h100-3g", "display_name": "Half an H100", "gpu": "H100-80GB", "mig": "3g.40gb"}},
+    {{"name": "h100-3g", "display_name": "Half an H100", "gpu": "H100-80GB", "mig": "3g.40gb",
+      "task_types": ["interactive", "batch"]}},
     {{"name": "h100-1g", "display_name": "Small slice", "gpu": "H100-80GB", "mig": "1g.10gb"}},
 ]
 c.GpuProfiles.quotas = {{
@@ -75,6 +77,8 @@ def test_a_researcher_picks_a_tier_for_a_team_with_the_estimate_and_starts(hub, 
             "vision: 1 of 1 guaranteed left · 2 of 2 free"
         )
         expect(radio["h100-3g"]).to_be_disabled()
+        # An H100 server is interactive (its tier's only task type): no choice to make.
+        expect(form.locator("#gpu-gov-task-type")).to_be_hidden()
         expect(tier["h100-3g"].locator('li[data-team="vision"]')).to_have_text(
             "vision: not offered to this team"
         )
@@ -94,6 +98,12 @@ def test_a_researcher_picks_a_tier_for_a_team_with_the_estimate_and_starts(hub, 
             "About 37.9 GB of GPU memory (inference, bf16): Half an H100"
         )
         expect(radio["h100-3g"]).to_be_checked()
+        # Half an H100 may be interactive or batch: the owner picks, and says for how long.
+        task = form.locator("#gpu-gov-task-type")
+        expect(task).to_be_visible()
+        expect(task.locator('option[value="inference"]')).to_be_disabled()
+        task.select_option("batch")
+        page.fill("#gpu-gov-expected", "6h")
         page.screenshot(path=str(screenshot_path("spawn-form.png", tmp_path)), full_page=True)
 
         page.fill("#gpu-gov-project", "summaries")
@@ -105,6 +115,8 @@ def test_a_researcher_picks_a_tier_for_a_team_with_the_estimate_and_starts(hub, 
     assert options["gpu-gov/team"] == "nlp"
     assert options["gpu-gov/project"] == "summaries"
     assert options["gpu-gov/borrowed"] == "false"
+    grant = hub.api("GET", "users/mia").json()["servers"][""]["state"]["gpu_gov_grant"]
+    assert (grant["gpu-gov/task-type"], grant["gpu-gov/expected-duration"]) == ("batch", "21600")
     kernel = hub.start_kernel("mia")
     out = hub.execute("mia", kernel, "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")
     assert out.strip().startswith("MIG-"), out

@@ -207,23 +207,23 @@ class _Server:
 
 def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) -> Result:
     """Score one run's actions against the truth of the trace it ran on."""
-    cull_at: dict[str, float] = {}
-    first_warn: dict[str, float] = {}
-    interrupts: dict[str, list[float]] = {}
+    cull_at: dict[tuple, float] = {}
+    first_warn: dict[tuple, float] = {}
+    interrupts: dict[tuple, list[float]] = {}
     for action in actions:
         if action.action == "warn":
-            first_warn.setdefault(action.server, action.t)
+            first_warn.setdefault(action.session, action.t)
         elif action.action == "cull":
-            cull_at.setdefault(action.server, action.t)
+            cull_at.setdefault(action.session, action.t)
         elif action.action == "interrupt":
-            interrupts.setdefault(action.server, []).append(action.t)
+            interrupts.setdefault(action.session, []).append(action.t)
     result = Result(name)
     waits: list[float] = []
     false_by: Counter[str] = Counter()
     unwarned_by: Counter[str] = Counter()
     killed_by: Counter[str] = Counter()
     missed_by: Counter[str] = Counter()
-    servers: dict[str, _Server] = {}
+    servers: dict[tuple, _Server] = {}
 
     def running_cell_lost(server: _Server, row: Sample, scenario: str) -> None:
         if server.at_deadline(row.t) or not row.kernel_busy:
@@ -244,12 +244,13 @@ def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) ->
             result.reporting_reclaimed_gpu_hours += reclaimed
 
     for row in samples:
-        server = servers.get(row.server)
+        server = servers.get(row.session)
         if server is None:
-            cull_t = cull_at.get(row.server)
-            warned = cull_t is not None and first_warn.get(row.server, cull_t + 1) <= cull_t
-            stops = interrupts.get(row.server, [])
-            server = servers[row.server] = _Server(cull_t, warned, stops, row.t)
+            cull_t = cull_at.get(row.session)
+            warned = cull_t is not None and first_warn.get(row.session, cull_t + 1) <= cull_t
+            stops = interrupts.get(row.session, [])
+            first_t = row.t if row.started is None else row.started
+            server = servers[row.session] = _Server(cull_t, warned, stops, first_t)
         if server.last is not None:
             server.span = row.t - server.last.t
             close(server, server.last, server.span)

@@ -2,10 +2,11 @@
 
 A user writes their server's ``user_options`` (the REST API takes any JSON at spawn); nobody but
 the Hub writes a spawner's state (``get_state``: the Hub's REST API only reads it, with
-``admin:server_state``). So the grant — tier, team, project, borrowed, weight, maximum age, a
-reclaim request, and on a workstation the devices the allocator handed out — is recorded there,
-and that is the only place the governor reads it. The profile layer writes, the governor reads:
-this module is the one definition of the format.
+``admin:server_state``). So the grant — tier, team, project, borrowed, weight, maximum age, task
+type, expected duration, a reclaim request, when it waited in line, and on a workstation the
+devices the allocator handed out — is recorded there, and that is the only place the governor
+reads it. The profile layer writes, the governor reads: this module is the one definition of the
+format (``core.queue`` defines the waiting request, kept in the same state).
 
 State keys:
 
@@ -30,8 +31,9 @@ GPUS_STATE = "gpu_gov_gpus"
 
 # What a user may choose in ``user_options`` (the spawn form's fields, and KubeSpawner's own:
 # its profile and the profile's options). Anything else a user sends is dropped at admission:
-# the user's choices are listed, not the grants forbidden.
-USER_CHOICES = frozenset({"profile", "team", "project"})
+# the user's choices are listed, not the grants forbidden. A task type and an expected duration
+# are choices too, checked against the tier at admission; the grant records what was allowed.
+USER_CHOICES = frozenset({"profile", "team", "project", "task_type", "expected_duration"})
 USER_CHOICE_PREFIXES = ("profile-option-",)
 
 

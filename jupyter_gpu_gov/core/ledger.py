@@ -40,6 +40,9 @@ UNOBSERVED = "unobserved"
 EVENTS = ("culls", "extensions")
 RIGHT_SIZE_FREED = "right_size_freed"
 FIELDS = (*STATES, UNOBSERVED, *EVENTS, RIGHT_SIZE_FREED)  # what a bucket holds
+# The spawn queue's, in buckets of their own (from the governor's audit trail, not the usage
+# table): seconds waited by requests that started, and how many started or expired.
+QUEUE_WAIT, QUEUE_STARTS, QUEUE_EXPIRED = "queue_wait", "queue_starts", "queue_expired"
 DIMENSIONS = ("user", "team", "project", "tier")
 PERIODS = ("day", "week", "all")
 
@@ -259,6 +262,9 @@ def summarize(
                 "culls": 0,
                 "extensions": 0,
                 "freed_s": 0.0,
+                "queue_wait_s": 0.0,
+                QUEUE_STARTS: 0,
+                QUEUE_EXPIRED: 0,
             }
         price = cost_per_hour(b.owner.tier)
         for s in (*STATES, UNOBSERVED):
@@ -270,6 +276,9 @@ def summarize(
         for e in EVENTS:
             row[e] += round(b.values.get(e, 0))
         row["freed_s"] += b.values.get(RIGHT_SIZE_FREED, 0.0)
+        row["queue_wait_s"] += b.values.get(QUEUE_WAIT, 0.0)
+        for e in (QUEUE_STARTS, QUEUE_EXPIRED):
+            row[e] += round(b.values.get(e, 0))
     return [_hours(rows[k]) for k in sorted(rows)]
 
 
@@ -279,6 +288,11 @@ def _hours(row: dict) -> dict:
     idle = seconds[IDLE_HELD] + seconds[IDLE_FREE]
     events = {e: row.pop(e) for e in EVENTS}
     freed = row.pop("freed_s")
+    queue = {
+        QUEUE_STARTS: row.pop(QUEUE_STARTS),
+        "queue_hours": round(row.pop("queue_wait_s") / 3600, 4),  # waited by those started
+        QUEUE_EXPIRED: row.pop(QUEUE_EXPIRED),
+    }
     costs = {"idle_cost": round(row.pop("idle_cost"), 2), "cost": round(row.pop("cost"), 2)}
     return {
         **row,
@@ -294,6 +308,7 @@ def _hours(row: dict) -> dict:
         "gpu_hours_right_size_freed": round(freed / 3600, 4),
         **costs,
         **events,
+        **queue,
     }
 
 

@@ -36,6 +36,7 @@ from .vocabulary import (
     CHECKPOINT_REQUESTED,
     CHECKPOINT_TIMEOUT,
     CHECKPOINTING,
+    CLAIM_WITHIN_LABEL,
     CULL,
     CULL_ACTIONS,
     CULLED,
@@ -50,6 +51,7 @@ from .vocabulary import (
     MAX_AGE_LABEL,
     MAX_AGE_WARN,
     OVERRUN_NOTICE,
+    QUEUED_AT_LABEL,
     RECLAIM,
     RECLAIM_FOR_LABEL,
     RECLAIM_LABEL,
@@ -58,12 +60,17 @@ from .vocabulary import (
     STOP_SERVER,
     TASK_TYPE_LABEL,
     TASK_TYPES,
+    UNCLAIMED,
     UNKNOWN,
     WARN,
     WARNED,
     server_key,
 )
 from .wire import Verdict
+
+# A server the spawn queue started counts as opened once Hub activity comes this long after its
+# start (the Hub stamps activity itself while a server starts).
+CLAIM_SLACK = timedelta(seconds=60)
 
 # -- policies ----------------------------------------------------------------------------------
 
@@ -557,6 +564,10 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         record = evolve(record.exempted(), state=EXEMPT, reason=view.excluded)
         return Decision(record, tuple(actions), cull_at=deadline and deadline.at, notice=notice)
 
+    unclaimed = _unclaimed(view, now)
+    if unclaimed is not None:
+        return _cull(record, now, unclaimed, None, now, UNCLAIMED)
+
     overrun = _overrun(view, policy, now)
     if overrun is not None and record.overrun_noticed_at is None:
         actions.append(OVERRUN_NOTICE)
@@ -568,6 +579,29 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
             decision, record=evolve(decision.record, reason=f"{decision.reason}; {overrun}")
         )
     return evolve(decision, notice=notice) if notice else decision
+
+
+def _unclaimed(view: ServerView, now: datetime) -> str | None:
+    """Why a server the spawn queue started on its owner's behalf is given back: nobody opened
+    it within the time the grant allows (``gpu-gov/claim-within``), else None. Opened: a
+    person's request to a kernel or terminal (its report), or Hub activity after its start.
+    A server that does not report abstains: its kernels cannot be seen."""
+    within = view.labels.get(CLAIM_WITHIN_LABEL)
+    if not within or QUEUED_AT_LABEL not in view.labels or view.started is None:
+        return None
+    if view.gpu is None or view.user_last_activity is not None:
+        return None
+    try:
+        window = parse_duration(within)
+    except ValueError:
+        return None
+    hub = view.hub_last_activity
+    if now < view.started + window or (hub is not None and hub > view.started + CLAIM_SLACK):
+        return None
+    return (
+        f"started from the spawn queue at {_at(view.started)} and not opened within "
+        f"{format_duration(window)}: its GPU is given back to the line"
+    )
 
 
 def _overrun(view: ServerView, policy: Policy, now: datetime) -> str | None:

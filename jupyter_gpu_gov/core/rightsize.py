@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from .durations import format_duration
 
@@ -77,6 +77,30 @@ class Use:
     peak_memory_mb: float  # the most GPU memory its processes held at once (MiB)
     peak_activity: float  # the busiest window's SM activity, 0..1 of its current tier
     observed: timedelta  # how long reports showed the GPU held
+
+
+@dataclass
+class Meter:
+    """A server's use as its reports come, this session: the peaks and how long they cover."""
+
+    peak_memory_mb: float = 0.0
+    peak_activity: float = 0.0
+    first_held: datetime | None = None
+    last_held: datetime | None = None
+
+    def add(self, memory_mb: float, activity: float, at: datetime) -> bool:
+        """One report with the GPU held; whether a peak moved."""
+        moved = memory_mb > self.peak_memory_mb or activity > self.peak_activity
+        self.peak_memory_mb = max(self.peak_memory_mb, memory_mb)
+        self.peak_activity = max(self.peak_activity, activity)
+        self.first_held = self.first_held or at
+        self.last_held = at
+        return moved
+
+    def measured(self) -> Use | None:
+        if self.first_held is None or self.last_held is None:
+            return None
+        return Use(self.peak_memory_mb, self.peak_activity, self.last_held - self.first_held)
 
 
 def right_size(

@@ -30,6 +30,10 @@ EXEMPT_LABEL = "gpu-gov/exempt"  # "true": out of the idle policy's reach
 TASK_TYPE_LABEL = "gpu-gov/task-type"
 EXPECTED_DURATION_LABEL = "gpu-gov/expected-duration"
 TASK_TYPES = ("interactive", "batch", "inference")
+# A server the spawn queue started on its owner's behalf: since when it waited (ISO 8601), and
+# the seconds within which its owner should open it (else it is given back: UNCLAIMED).
+QUEUED_AT_LABEL = "gpu-gov/queued-at"
+CLAIM_WITHIN_LABEL = "gpu-gov/claim-within"
 # A Hub group whose properties carry this key names a team (``true``: the group's own name).
 TEAM_PROPERTY = TEAM_LABEL
 # On a Kubernetes node with a GPU DCGM finds unhealthy (``unhealthy_node_action``): "true",
@@ -77,7 +81,8 @@ RECLAIM = "reclaim"
 ADMIN = "admin"  # an admin's Cull now
 BUSY_LIMIT = "busy-limit"
 INACTIVE = "inactive"  # jupyterhub-idle-culler's rule, for servers without GPU data
-CULL_REASONS = (GPU_IDLE, MAX_AGE, RECLAIM, ADMIN, BUSY_LIMIT, INACTIVE)
+UNCLAIMED = "unclaimed"  # started from the spawn queue, and nobody opened it
+CULL_REASONS = (GPU_IDLE, MAX_AGE, RECLAIM, ADMIN, BUSY_LIMIT, INACTIVE, UNCLAIMED)
 # The reason kept on a server its owner stopped (the Stop button): not a cull, and never the
 # reason of a checkpoint.
 OWNER_STOP = "owner"

@@ -38,6 +38,7 @@ from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .options import Options
 from .pages import page_handlers
+from .queue import QueueSync
 from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers
 from .settings import GovernorSettings
@@ -189,6 +190,7 @@ class GpuGovernor(GovernorSettings, Application):
 
     async def run(self) -> None:
         self.governor = self.make_governor()
+        self.queue = QueueSync(self.governor.hub, self.governor.store, self.dry_run)
         if self.diagnose and not preload_diagnosis():
             self.log.warning(
                 "gpu-gov: scikit-learn is not installed: root causes come from the threshold "
@@ -258,6 +260,10 @@ class GpuGovernor(GovernorSettings, Application):
                 self.log.warning("gpu-gov: DCGM: %s", error)
         except Exception:
             self.log.exception("gpu-gov: reconcile failed; trying again next cycle")
+        try:  # after the pass: its planned culls are the queue's estimates
+            await self.queue.sync()
+        except Exception:
+            self.log.exception("gpu-gov: spawn queue sync failed; trying again next cycle")
 
     @default("log_level")
     def _log_level(self):

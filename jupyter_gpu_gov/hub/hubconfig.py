@@ -15,6 +15,8 @@ import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
+from ..core.queue import QUEUE_SCOPE
+
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 SERVICE_SCOPES = [
     "list:users",
@@ -29,6 +31,10 @@ SERVICE_SCOPES = [
     # extension (the Hub's REST API only reads state; it has no call that writes it).
     "admin:server_state",
 ]
+# The spawn queue (with the profile layer): the governor reads the line and starts a waiting
+# server when admission lets it in, on its owner's behalf, through the Hub. (Its custom scope
+# exists once ``add_governor`` defines it.)
+QUEUE_SERVICE_SCOPES = [QUEUE_SCOPE, "servers"]
 
 
 def add_governor(
@@ -68,11 +74,15 @@ def add_governor(
             ADMIN_SCOPE: {
                 "description": "Administer the GPU governor: list every server, extend, approve, "
                 "exempt and cull, read the audit trail and metrics.",
-            }
+            },
+            QUEUE_SCOPE: {
+                "description": "Read the GPU spawn queue and tell the hub when GPUs free up "
+                "(the governor's sync).",
+            },
         }
     )
     access = f"access:services!service={name}"
-    service_scopes = SERVICE_SCOPES + (["admin:users"] if cull_users else [])
+    service_scopes = SERVICE_SCOPES + QUEUE_SERVICE_SCOPES + (["admin:users"] if cull_users else [])
     c.JupyterHub.load_roles.extend(
         [
             {"name": f"{name}-service", "services": [name], "scopes": service_scopes},

@@ -13,6 +13,7 @@ from html import escape
 
 from ..core import clock, ledger
 from ..core.durations import parse_duration
+from .queue import queue_buckets
 
 COLUMNS = (
     "gpu_hours_allocated",
@@ -29,6 +30,9 @@ COLUMNS = (
     "currency",
     "culls",
     "extensions",
+    "queue_starts",
+    "queue_hours",
+    "queue_expired",
 )
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
@@ -79,9 +83,8 @@ def usage(
 ) -> list[dict]:
     """Showback rows from the store's ledger (``options``: the governor's Options, for
     prices)."""
-    rows = ledger.summarize(
-        store.usage(since, until, **owner), group_by, period, options.cost_per_hour
-    )
+    buckets = [*store.usage(since, until, **owner), *queue_buckets(store, since, until, **owner)]
+    rows = ledger.summarize(buckets, group_by, period, options.cost_per_hour)
     for row in rows:
         row["currency"] = options.currency
     return rows

@@ -9,7 +9,7 @@ memory by the service, not here: they are re-sent every minute and need no durab
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime, time, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import (
@@ -269,6 +269,20 @@ class Store:
             if user is not None:
                 query = query.where(AuditRow.user == user)
             return list(session.scalars(query))
+
+    def queue_audit(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> list[AuditRow]:
+        """The spawn queue's departures (started, expired, cancelled) from the audit trail,
+        from ``since`` to the end of ``until``'s UTC day (``hub.queue.queue_buckets``)."""
+        with self.session() as session:
+            query = select(AuditRow).where(AuditRow.action.in_(("queue-started", "queue-left")))
+            if since is not None:
+                query = query.where(AuditRow.at >= since)
+            if until is not None:
+                end = until.astimezone(timezone.utc).date() + timedelta(days=1)
+                query = query.where(AuditRow.at < datetime.combine(end, time(), timezone.utc))
+            return list(session.scalars(query.order_by(AuditRow.id)))
 
     def add_extension(self, row: ExtensionRow) -> ExtensionRow:
         self.save(extensions=[row])

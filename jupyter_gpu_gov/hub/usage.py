@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from ..core import clock, ledger, rightsize
@@ -20,32 +19,22 @@ from .tables import AuditRow
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
 
-@dataclass
 class _Use:
     """A server's measured GPU use this session, from its reports (for right-sizing)."""
 
-    session: str | None  # the report's server.started: a new value, a new session
-    peak_memory_mb: float = 0.0
-    peak_activity: float = 0.0
-    first_held: datetime | None = None
-    last_held: datetime | None = None
+    def __init__(self, session: str | None):
+        self.session = session  # the report's server.started: a new value, a new session
+        self.meter = rightsize.Meter()  # the same peaks the what-if measures from a trace
 
     def add(self, report: Mapping, at: datetime) -> None:
         holders = [t["gpu"] for t in report["targets"] if t["gpu"]["holds_context"]]
-        if not holders:
-            return
-        memory = sum(g.get("memory_mb") or 0 for g in holders)
-        activity = max((g.get("sm") or 0 for g in holders), default=0)
-        self.peak_memory_mb = max(self.peak_memory_mb, memory)
-        self.peak_activity = max(self.peak_activity, activity)
-        self.first_held = self.first_held or at
-        self.last_held = at
+        if holders:
+            memory = sum(g.get("memory_mb") or 0 for g in holders)
+            activity = max((g.get("sm") or 0 for g in holders), default=0)
+            self.meter.add(memory, activity, at)
 
     def measured(self) -> rightsize.Use | None:
-        if self.first_held is None:
-            return None
-        observed = self.last_held - self.first_held
-        return rightsize.Use(self.peak_memory_mb, self.peak_activity, observed)
+        return self.meter.measured()
 
 
 _LEDGER_EVENTS = {"cull": "culls", "extend": "extensions", "approve": "extensions"}

@@ -7,11 +7,13 @@ stops the hub with a message that names the entry and the key, before anyone spa
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from functools import cached_property
 
-from traitlets import Bool, Dict, List, TraitError, Unicode, validate
+from traitlets import Bool, Dict, Int, List, TraitError, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
+from ..core.durations import parse_duration
 from ..core.vocabulary import LABEL_PREFIX
 from .quota import QuotaError, TeamQuota, load_quotas
 from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers
@@ -114,6 +116,69 @@ class GpuProfiles(SingletonConfigurable):
         True, help="Offer a 'No GPU' choice on the spawn form (not counted against quotas)."
     ).tag(config=True)
 
+    queue = Bool(
+        True,
+        help="""Offer to wait in line when a GPU spawn cannot be admitted now (the cards are taken,
+        the user's cap or the team's borrowing limit is reached): the server then starts by
+        itself, on its owner's behalf, when admission lets it in. Needs the governor
+        (``add_governor``), which starts waiting servers: the offer shows only while it is heard
+        from.""",
+    ).tag(config=True)
+
+    queue_expire_after = Unicode(
+        "8h",
+        help="""How long a request waits in line before it expires (a duration: "30m", "8h",
+        "2d"; 10 seconds to 30 days), counted from when it joined. Waiting again for the same tier
+        and team renews it and keeps its place.""",
+    ).tag(config=True)
+
+    queue_claim_within = Unicode(
+        "15m",
+        help="""A server started from the line that its owner does not open within this time
+        (no request to a kernel or terminal, no Hub activity after its start) is given back by
+        the governor and counted (cull reason ``unclaimed``). A duration, 10 seconds to 1 day;
+        keep it above JupyterHub's ``last_activity_interval`` (5 minutes).""",
+    ).tag(config=True)
+
+    queue_per_user = Int(
+        2, help="Servers one user may have waiting in line at once (1 to 100)."
+    ).tag(config=True)
+
+    max_expected_duration = Unicode(
+        "7d",
+        help="""The longest expected duration an owner may give at spawn (the spawn form's
+        "Expected duration", ``gpu-gov/expected-duration``); a tier's ``max_age`` bounds it
+        further. A duration such as "7d" (at most 100 years).""",
+    ).tag(config=True)
+
+    @validate("queue_expire_after")
+    def _valid_queue_expire_after(self, proposal):
+        return _within(proposal, timedelta(seconds=10), timedelta(days=30), "10 seconds to 30 days")
+
+    @validate("queue_claim_within")
+    def _valid_queue_claim_within(self, proposal):
+        return _within(proposal, timedelta(seconds=10), timedelta(days=1), "10 seconds to 1 day")
+
+    @validate("max_expected_duration")
+    def _valid_max_expected_duration(self, proposal):
+        if _duration(proposal.value, "max_expected_duration") < timedelta(minutes=1):
+            raise TraitError("GpuProfiles.max_expected_duration must be at least 1 minute")
+        return proposal.value
+
+    @validate("queue_per_user")
+    def _valid_queue_per_user(self, proposal):
+        if not 1 <= proposal.value <= 100:
+            raise TraitError(f"GpuProfiles.queue_per_user must be 1 to 100, got {proposal.value}")
+        return proposal.value
+
+    @property
+    def queue_expiry(self) -> timedelta:
+        return parse_duration(self.queue_expire_after)
+
+    @property
+    def expected_duration_bound(self) -> timedelta:
+        return parse_duration(self.max_expected_duration)
+
     @cached_property
     def card_map(self) -> dict[str, Card]:
         try:
@@ -174,3 +239,18 @@ class GpuProfiles(SingletonConfigurable):
                     f"GpuProfiles.capacity: {tier!r} counts devices and a server takes {count}: "
                     f"give a multiple of {count}, got {devices}"
                 )
+
+
+def _within(proposal, low: timedelta, high: timedelta, words: str) -> str:
+    """A duration setting's value, refused unless from ``low`` to ``high``."""
+    name = proposal.trait.name
+    if not low <= _duration(proposal.value, name) <= high:
+        raise TraitError(f"GpuProfiles.{name} must be from {words}, got {proposal.value!r}")
+    return proposal.value
+
+
+def _duration(value: str, name: str) -> timedelta:
+    try:
+        return parse_duration(value, f"GpuProfiles.{name}")
+    except ValueError as error:
+        raise TraitError(str(error)) from None

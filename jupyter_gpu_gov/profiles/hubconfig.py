@@ -9,7 +9,7 @@
 
 It checks the tiers and quotas now, so a mistake stops the hub at start-up with a message naming
 the entry and the key, sets the spawner class, and adds the spawn form's memory estimate at
-``/hub/gpu-gov/estimate``.
+``/hub/gpu-gov/estimate`` and the spawn queue's pages and API (``queue_pages.py``).
 
 On Kubernetes the Zero to JupyterHub chart has already set ``c.KubeSpawner.profile_list`` from
 ``singleuser.profileList`` when ``hub.extraConfig`` runs: the chart's default, ``[]``, is taken
@@ -30,6 +30,12 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
     """Add the profile layer to JupyterHub config ``c``."""
     from .config import GpuProfiles
     from .handlers import EstimateHandler
+    from .queue_pages import (
+        QueueApiHandler,
+        QueueCancelHandler,
+        QueueJoinHandler,
+        QueuePageHandler,
+    )
 
     if spawner not in SPAWNERS:
         raise ValueError(
@@ -44,6 +50,15 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
                     raise ValueError(profile_list_refusal(profiles, f"{section}.profile_list"))
     c.JupyterHub.spawner_class = SPAWNERS[spawner]
     c.JupyterHub.extra_handlers.append((r"/gpu-gov/estimate", EstimateHandler))
+    server = r"([^/]+)(?:/([^/]+))?"  # user[/server name]
+    c.JupyterHub.extra_handlers.extend(
+        [
+            (r"/gpu-gov/queue", QueuePageHandler),
+            (rf"/gpu-gov/queue/cancel/{server}", QueueCancelHandler),
+            (rf"/gpu-gov/queue/join/{server}", QueueJoinHandler),
+            (r"/api/gpu-gov/queue", QueueApiHandler),
+        ]
+    )
 
 
 def profile_list_refusal(profiles, source: str) -> str:

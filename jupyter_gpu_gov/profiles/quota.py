@@ -18,7 +18,7 @@ act on. Pure: no JupyterHub or Kubernetes imports.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -67,6 +67,12 @@ class Request:
     tier: str
 
 
+# What held a refused request back (``Admission.limit``): the cards (or the line for them), the
+# user's cap, the team's borrowing limit; "" for a refusal that waiting cannot change (no such
+# tier, no quota, a tier not offered to the team).
+CAPACITY, USER_CAP, BORROWING, LINE = "capacity", "user-cap", "borrowing", "line"
+
+
 @dataclass(frozen=True)
 class Admission:
     allowed: bool
@@ -74,6 +80,7 @@ class Admission:
     borrowed: bool = False
     # Borrowed grants whose release would let this request in, best to reclaim first.
     reclaim: tuple[Grant, ...] = ()
+    limit: str = ""  # why refused: CAPACITY, USER_CAP, BORROWING, LINE or "" (see above)
 
 
 @dataclass(frozen=True)
@@ -225,8 +232,9 @@ def admit(
                 f"{_count(sum(g.devices for g in reclaim))} being taken back from them: try again "
                 "in a few minutes.",
                 reclaim=reclaim,
+                limit=CAPACITY,
             )
-        return Admission(False, f"{_all_in_use(tier, cap)}. {_retry(tier)}")
+        return Admission(False, f"{_all_in_use(tier, cap)}. {_retry(tier)}", limit=CAPACITY)
 
     over = team_used + need - guaranteed
     limit = quota.borrowing_limit.get(tier.name)
@@ -241,6 +249,7 @@ def admit(
             False,
             f"Team {quota.team} {held} and it may borrow at most {limit} more {_devices(tier, limit)} "
             f"(borrowing {already} now). Stop one of the team's servers on {name}, or pick another tier.",
+            limit=BORROWING,
         )
     if guaranteed:
         state = (
@@ -270,11 +279,13 @@ def admit(
             f"No {name} is free to borrow, but team {quota.team} outranks teams that borrowed "
             "some: they are being reclaimed, try again in a few minutes.",
             reclaim=reclaim,
+            limit=CAPACITY,
         )
     why = "are in use" if reserved <= 0 else "are in use or kept for other teams' guarantees"
     return Admission(
         False,
         f"{state[0].upper()}{state[1:]}, and none is free to borrow: the others {why}. {_retry(tier)}",
+        limit=CAPACITY,
     )
 
 
@@ -286,9 +297,12 @@ def tier_use(
     quotas: Mapping[str, TeamQuota],
     tiers: Mapping[str, Tier],
     server: str = "",
+    decide: Callable[..., Admission] | None = None,
 ) -> list[TierUse]:
     """For each tier offered to ``team``: what the team holds, and whether a new server of
-    ``user`` would be admitted (and borrowed)."""
+    ``user`` would be admitted (and borrowed). ``decide``: admission (default ``admit``; the
+    spawner passes admission behind the requests waiting in line)."""
+    decide = decide or admit
     quota = quotas.get(team)
     if quota is None:
         return []
@@ -304,7 +318,7 @@ def tier_use(
                 guaranteed=quota.guaranteed.get(name, 0),
                 in_use=sum(g.devices for g in on_tier),
                 capacity=capacity.get(name),
-                admission=admit(Request(server, user, team, name), usage, capacity, quotas, tiers),
+                admission=decide(Request(server, user, team, name), usage, capacity, quotas, tiers),
             )
         )
     return lines
@@ -339,6 +353,7 @@ def _over_user_cap(request, tier, quota, others, tiers) -> Admission | None:
         f"You may hold {_gpu_equivalents(quota.user_cap)} at once (team {quota.team}'s "
         f"per-user cap); you hold {held:.3g} ({holding or 'nothing'}) and "
         f"{tier.display_name} counts {tier.weight:.2g}. {advice}",
+        limit=USER_CAP,
     )
 
 

@@ -12,7 +12,10 @@ Mix ``GpuProfilesMixin`` in front of a spawner class. It gives the spawner
   USER_CHOICES``): a ``gpu-gov/exempt`` sent through the REST API is dropped. The count, the
   decision and the record happen without an ``await`` in between, so concurrent spawns in the
   hub's event loop cannot overshoot a quota;
-- refusals as an HTTP 403 whose ``jupyterhub_message`` the spawn page shows.
+- refusals as an HTTP 403 whose ``jupyterhub_message`` the spawn page shows;
+- the spawn queue (``profiles/queue.py``): a refused request may wait in line
+  (``gpu_enqueue``), recorded in the spawner's state; admission measures every request against
+  the requests ranked ahead of it, and a waiting server leaves the line when it starts.
 
 Subclasses say how many devices a tier has (``gpu_capacity``) and may pin devices
 (``gpu_assign``).
@@ -21,20 +24,36 @@ Subclasses say how many devices a tier has (``gpu_capacity``) and may pin device
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from jupyterhub import orm
+from sqlalchemy import Text, type_coerce
 from tornado import web
 
 from ..core import clock
+from ..core.durations import parse_duration
 from ..core.grant import GRANT_STATE, user_may_choose
+from ..core.queue import (
+    CANCELLED,
+    QUEUE_STATE,
+    QueuedRequest,
+    from_state,
+    whole_ms,
+)
 from ..core.teams import group_teams, user_teams
 from ..core.vocabulary import (
     BORROWED_LABEL,
+    CLAIM_WITHIN_LABEL,
+    EXPECTED_DURATION_LABEL,
     MAX_AGE_LABEL,
     PROJECT_LABEL,
+    QUEUED_AT_LABEL,
     RECLAIM_FOR_LABEL,
     RECLAIM_LABEL,
+    TASK_TYPE_LABEL,
     TEAM_LABEL,
     TIER_LABEL,
     WEIGHT_LABEL,
@@ -42,7 +61,8 @@ from ..core.vocabulary import (
 )
 from . import form
 from .config import GpuProfiles
-from .quota import Admission, Grant, Request, admit, tier_use
+from .queue import FORECAST, QUEUEABLE, admit_in_line, offer, offer_words
+from .quota import Admission, Grant, Request, tier_use
 from .tiers import Tier
 
 NO_GPU = "no-gpu"  # the form's CPU-only choice
@@ -57,6 +77,25 @@ TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = GRANT_KEY
     RECLAIM_LABEL,
     RECLAIM_FOR_LABEL,
 )
+GRANT_KEYS += (TASK_TYPE_LABEL, EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL, CLAIM_WITHIN_LABEL)
+# The queue is offered while the governor (which starts waiting servers) was heard this recently.
+GOVERNOR_HEARD_WITHIN = timedelta(minutes=10)
+
+
+def waiting_requests(db) -> list[QueuedRequest]:
+    """Every request waiting in line in the hub, from the spawners' state in its database (one
+    query; only the rows holding a request are read)."""
+    rows = (
+        db.query(orm.Spawner.state, orm.Spawner.name, orm.User.name)
+        .join(orm.User, orm.Spawner.user_id == orm.User.id)
+        .filter(type_coerce(orm.Spawner.state, Text).like(f'%"{QUEUE_STATE}"%'))
+    )
+    waiting = []
+    for state, name, user in rows:
+        request = from_state(state)
+        if request is not None:  # the row says whose it is, whatever the record says
+            waiting.append(replace(request, user=user, name=name or ""))
+    return waiting
 
 
 class GpuRefused(web.HTTPError):
@@ -71,6 +110,7 @@ class GpuProfilesMixin:
     """Tiers, team quotas and admission for a JupyterHub spawner (mix in first)."""
 
     _gpu_granted: dict[str, str] | None = None  # the grant, kept in the spawner's state
+    _gpu_queued: QueuedRequest | None = None  # waiting in line, kept in the spawner's state
 
     @property
     def gpu_profiles(self) -> GpuProfiles:
@@ -93,23 +133,57 @@ class GpuProfilesMixin:
         usage = self.gpu_usage()
         capacity = self.gpu_capacity(usage)
         name = self._gpu_server_key()
+        now = clock.utcnow()
+        queued = self.gpu_waiting()
+        mine = self._gpu_queued if self._gpu_queued and self._gpu_queued.live(now) else None
+        decide = partial(admit_in_line, queued=queued, now=now, queued_at=mine and mine.queued_at)
         lines = {
             team: tier_use(
-                self.user.name, team, usage, capacity, conf.quota_map, conf.tier_map, server=name
+                self.user.name,
+                team,
+                usage,
+                capacity,
+                conf.quota_map,
+                conf.tier_map,
+                server=name,
+                decide=decide,
             )
             for team in teams
         }
+        offers = {}
+        if self.gpu_queue_offered(now):
+            for team, uses in lines.items():
+                for use in uses:
+                    request = Request(name, self.user.name, team, use.tier)
+                    place = offer(
+                        request,
+                        use.admission,
+                        usage,
+                        capacity,
+                        conf.quota_map,
+                        conf.tier_map,
+                        queued,
+                        FORECAST.releases,
+                        now,
+                    )
+                    if place is not None:
+                        offers[team, use.tier] = offer_words(place, conf.tier_map)
         previous = (self.orm_spawner.user_options or {}) if self.orm_spawner else {}
+        base = self.hub.base_url if self.hub else "/hub/"
         return form.render(
             tiers=conf.tier_map,
             teams=teams,
             lines=lines,
+            offers=offers,
+            waiting=mine and getattr(conf.tier_map.get(mine.tier), "display_name", mine.tier),
+            queue_url=base + "gpu-gov/queue/join/" + form.server_path(self.user.name, self.name),
+            queue_page=base + "gpu-gov/queue",
             projects=sorted({p for t in teams for p in conf.projects.get(t, [])}),
             previous=previous,
             allow_no_gpu=conf.allow_no_gpu,
             require_project=conf.require_project,
             no_gpu=NO_GPU,
-            estimate_url=self.hub.base_url + "gpu-gov/estimate" if self.hub else "",
+            estimate_url=base + "gpu-gov/estimate" if self.hub else "",
         )
 
     async def run_options_from_form(self, formdata: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -183,10 +257,9 @@ class GpuProfilesMixin:
     def _gpu_server_key(self) -> str:
         return server_key(self.user.name, self.name or "")
 
-    def _gpu_decide(
-        self, options: Mapping[str, Any], teams: list[str]
-    ) -> tuple[Tier, str, Admission] | None:
-        """The tier, team and admission for ``options`` (None: no GPU); raises ``GpuRefused``."""
+    def _gpu_check(self, options: Mapping[str, Any], teams: list[str]) -> tuple[Tier, str] | None:
+        """The tier and team ``options`` ask for (None: no GPU), every choice checked; raises
+        ``GpuRefused`` naming what cannot be granted whatever the count."""
         conf = self.gpu_profiles
         profile = options.get("profile")
         if not profile or profile == NO_GPU:
@@ -209,26 +282,57 @@ class GpuProfilesMixin:
                 if team
                 else f"Choose the team this server is for: {', '.join(teams)}."
             )
-        if options.get("project") is not None:
-            try:  # the form checks it too, but a REST API spawn does not go through the form
+        try:  # the form checks these too, but a REST API spawn does not go through the form
+            if options.get("project") is not None:
                 form.check_project(options["project"])
-            except form.FormError as error:
-                raise GpuRefused(str(error)) from None
-        elif conf.require_project:
-            raise GpuRefused("Name the project this GPU server is for.")
+            elif conf.require_project:
+                raise GpuRefused("Name the project this GPU server is for.")
+            form.check_task_type(options.get("task_type"), tier)
+            form.check_expected_duration(
+                options.get("expected_duration"), tier, conf.expected_duration_bound
+            )
+        except form.FormError as error:
+            raise GpuRefused(str(error)) from None
+        return tier, team
+
+    def _gpu_admission(self, tier: Tier, team: str) -> Admission:
+        """Admission from a fresh count, behind the requests waiting in line ahead of this one
+        (this server's own place, if it waits, is kept)."""
+        conf = self.gpu_profiles
         usage = self.gpu_usage()
-        admission = admit(
+        now = clock.utcnow()
+        mine = self._gpu_queued if self._gpu_queued and self._gpu_queued.live(now) else None
+        return admit_in_line(
             Request(self._gpu_server_key(), self.user.name, team, tier.name),
             usage,
             self.gpu_capacity(usage),
             conf.quota_map,
             conf.tier_map,
+            queued=self.gpu_waiting(),
+            now=now,
+            queued_at=mine and mine.queued_at,
         )
+
+    def _gpu_decide(
+        self, options: Mapping[str, Any], teams: list[str]
+    ) -> tuple[Tier, str, Admission] | None:
+        """The tier, team and admission for ``options`` (None: no GPU); raises ``GpuRefused``."""
+        checked = self._gpu_check(options, teams)
+        if checked is None:
+            return None
+        tier, team = checked
+        admission = self._gpu_admission(tier, team)
         if not admission.allowed:
             self.log.info("gpu-gov: refused %s: %s", self._log_name, admission.reason)
             if admission.reclaim:
                 self._gpu_request_reclaim(admission.reclaim, team)
-            raise GpuRefused(admission.reason)
+            message = admission.reason
+            if admission.limit in QUEUEABLE and self.gpu_queue_offered(clock.utcnow()):
+                message += (
+                    " Or wait in line for it (the spawn form's “Wait in line”): the server "
+                    "starts by itself when the GPU frees."
+                )
+            raise GpuRefused(message)
         return tier, team, admission
 
     def _gpu_admit(self, teams: list[str]) -> None:
@@ -245,10 +349,16 @@ class GpuProfilesMixin:
         self._gpu_granted = None
         try:
             decided = self._gpu_decide(options, teams)
+            # Admitted: a server waiting in line leaves it (whatever it now starts with).
+            waited, self._gpu_queued = self._gpu_queued, None
             if decided is not None:
                 tier, team, admission = decided
                 self.gpu_assign(tier)
-                self._gpu_granted = self._gpu_grant(tier, team, options.get("project"), admission)
+                self._gpu_granted = self._gpu_grant(tier, team, options, admission)
+                if waited is not None and waited.live(clock.utcnow()):
+                    self._gpu_granted[QUEUED_AT_LABEL] = clock.isoformat(waited.queued_at)
+                    claim = parse_duration(self.gpu_profiles.queue_claim_within)
+                    self._gpu_granted[CLAIM_WITHIN_LABEL] = str(int(claim.total_seconds()))
                 options.update(self._gpu_granted)  # a copy, for the Hub's pages and the count
                 self.log.info(
                     "gpu-gov: admitted %s on %s: %s", self._log_name, tier.name, admission.reason
@@ -294,15 +404,116 @@ class GpuProfilesMixin:
             )
         db.commit()
 
-    @staticmethod
-    def _gpu_grant(tier: Tier, team: str, project: str | None, admission: Admission) -> dict:
+    def _gpu_grant(
+        self, tier: Tier, team: str, options: Mapping[str, Any], admission: Admission
+    ) -> dict:
         grant = {TIER: tier.name, TEAM: team, BORROWED: "true" if admission.borrowed else "false"}
         grant[WEIGHT] = f"{tier.weight:g}"  # GPU-equivalents: what the usage ledger bills
-        if project:
-            grant[PROJECT] = project
+        if options.get("project"):
+            grant[PROJECT] = options["project"]
         if tier.max_age:
             grant[MAX_AGE] = str(int(tier.max_age.total_seconds()))
+        # Checked against the tier by _gpu_check: the tier's default, or the owner's pick.
+        grant[TASK_TYPE_LABEL] = options.get("task_type") or tier.task_types[0]
+        expected = form.check_expected_duration(
+            options.get("expected_duration"), tier, self.gpu_profiles.expected_duration_bound
+        )
+        if expected:
+            grant[EXPECTED_DURATION_LABEL] = str(int(expected.total_seconds()))
         return grant
+
+    # -- the spawn queue -------------------------------------------------------------------
+
+    def gpu_queue_offered(self, now) -> bool:
+        """Whether waiting in line is offered: enabled, and the governor (which starts waiting
+        servers) was heard from lately."""
+        return self.gpu_profiles.queue and FORECAST.heard_since(now - GOVERNOR_HEARD_WITHIN)
+
+    @property
+    def gpu_queued(self) -> QueuedRequest | None:
+        """This server's place in line (None: it does not wait)."""
+        return self._gpu_queued
+
+    def gpu_waiting(self) -> list[QueuedRequest]:
+        """Every request waiting in line in this hub."""
+        return waiting_requests(self.user.db)
+
+    async def gpu_enqueue(self, options: Mapping[str, Any]) -> Admission:
+        """Put this server in line for what ``options`` ask (the spawn form's choices), when
+        admission refuses it now for a reason waiting can end; returns the admission (allowed:
+        nothing recorded, start it instead). Raises ``GpuRefused`` when it cannot wait."""
+        conf = self.gpu_profiles
+        teams = await self.gpu_teams()
+        # From here on no await: check, decide and record as one step.
+        now = whole_ms(clock.utcnow())
+        if not self.gpu_queue_offered(now):
+            raise GpuRefused(
+                "Waiting in line is not available now (the GPU governor, which starts waiting "
+                "servers, has not been heard from): try again later."
+            )
+        choices = {k: v for k, v in options.items() if user_may_choose(k) and isinstance(v, str)}
+        checked = self._gpu_check(choices, teams)
+        if checked is None:
+            raise GpuRefused("A server without a GPU does not wait in line: start it.")
+        tier, team = checked
+        choices.setdefault("task_type", tier.task_types[0])  # metered with its wait
+        admission = self._gpu_admission(tier, team)
+        if admission.allowed:
+            return admission
+        if admission.limit not in QUEUEABLE:
+            raise GpuRefused(admission.reason)
+        mine = self._gpu_server_key()
+        others = [
+            q
+            for q in self.gpu_waiting()
+            if q.user == self.user.name and q.server != mine and q.live(now)
+        ]
+        if len(others) >= conf.queue_per_user:
+            raise GpuRefused(
+                f"You already wait in line with {len(others)} server(s) (at most "
+                f"{conf.queue_per_user}): cancel one first, or wait for it to start."
+            )
+        if admission.reclaim:  # a team within its guarantee: borrowed GPUs are asked back
+            self._gpu_request_reclaim(admission.reclaim, team)
+        kept = self._gpu_queued
+        same = kept is not None and kept.live(now) and (kept.tier, kept.team) == (tier.name, team)
+        self._gpu_queued = QueuedRequest(
+            user=self.user.name,
+            name=self.name or "",
+            team=team,
+            tier=tier.name,
+            options=choices,
+            # Asking again for the same keeps one's place; anything else joins at the end.
+            queued_at=kept.queued_at if same else now,
+            expires_at=now + conf.queue_expiry,
+        )
+        self.log.info(
+            "gpu-gov: %s waits in line for %s (team %s): %s",
+            self._log_name,
+            tier.name,
+            team,
+            admission.reason,
+        )
+        self.user_options = choices
+        self._gpu_save(choices)
+        return admission
+
+    def gpu_cancel(self, outcome: str = CANCELLED) -> bool:
+        """Take this server out of the line (``outcome``: cancelled, expired); False when it
+        was not waiting."""
+        if self._gpu_queued is None:
+            return False
+        self._gpu_queued = None
+        self.log.info("gpu-gov: %s left the line (%s)", self._log_name, outcome)
+        self._gpu_save(None)
+        return True
+
+    def _gpu_save(self, user_options: Mapping[str, Any] | None) -> None:
+        if self.orm_spawner is not None:
+            if user_options is not None:
+                self.orm_spawner.user_options = dict(user_options)
+            self.orm_spawner.state = self.get_state()
+            self.user.db.commit()
 
     @property
     def gpu_grant(self) -> dict[str, str]:
@@ -313,13 +524,19 @@ class GpuProfilesMixin:
         state = super().get_state()
         if self._gpu_granted:
             state[GRANT_STATE] = dict(self._gpu_granted)
+        if self._gpu_queued is not None:
+            state[QUEUE_STATE] = self._gpu_queued.to_json()
         return state
 
     def load_state(self, state):
         super().load_state(state)
         grant = state.get(GRANT_STATE)
         self._gpu_granted = dict(grant) if isinstance(grant, Mapping) else None
+        self._gpu_queued = from_state(state)
 
     def clear_state(self):
+        # A place in line is not the state of a server run: JupyterHub clears state before a
+        # start (whose admission must see the place) and after a stop or a refused start
+        # (which must not lose it). Admission, a cancel or a new request change it.
         super().clear_state()
         self._gpu_granted = None

@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..core.durations import format_duration, parse_duration
+from ..core.policy import TASK_TYPES
 
 MIN_SHARE = 1 / 8  # no slice smaller than an eighth of a card
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -114,6 +115,7 @@ _KEYS = {
     "node_affinity",
     "tolerations",
     "max_age",
+    "task_types",
     "kubespawner_override",
 }
 
@@ -141,6 +143,9 @@ class Tier:
     node_affinity: tuple[Mapping[str, Any], ...] = ()  # required match expressions
     tolerations: tuple[Mapping[str, Any], ...] = (GPU_TOLERATION,)
     max_age: timedelta | None = None
+    # What its servers may be for (``gpu-gov/task-type``, matchable in governor policies): the
+    # first is the default, the owner may pick another of these on the spawn form.
+    task_types: tuple[str, ...] = ("interactive",)
     kubespawner_override: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -377,8 +382,24 @@ def _tier(entry: dict[str, Any], cards: Mapping[str, Card]) -> Tier:
         max_age=None
         if entry.get("max_age") is None
         else parse_duration(entry["max_age"], "'max_age'"),
+        task_types=_task_types(entry),
         kubespawner_override=dict(_mapping(entry, "kubespawner_override")),
     )
+
+
+def _task_types(entry: Mapping) -> tuple[str, ...]:
+    value = entry.get("task_types", ["interactive"])
+    if (
+        not isinstance(value, list | tuple)
+        or not value
+        or not all(isinstance(v, str) and v in TASK_TYPES for v in value)
+        or len(set(value)) != len(value)
+    ):
+        raise ValueError(
+            f"'task_types' must be a list of distinct task types out of {', '.join(TASK_TYPES)} "
+            f"(the first is the default), got {value!r}"
+        )
+    return tuple(value)
 
 
 def _product(nvml_name: str) -> str:

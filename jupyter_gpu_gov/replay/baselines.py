@@ -80,15 +80,15 @@ def _periodic_culler(
 ) -> Iterator[Action]:
     """What both stock cullers share: on each check, ``cull(sample, inactive_seconds)`` says
     why to cull (or None); a culled server's later rows are ignored."""
-    started: dict[str, float] = {}
-    last_activity: dict[str, float] = {}
-    previous: dict[str, float] = {}
-    culled: set[str] = set()
+    started: dict[tuple[str, float | None], float] = {}
+    last_activity: dict[tuple[str, float | None], float] = {}
+    previous: dict[tuple[str, float | None], float] = {}
+    culled: set[tuple[str, float | None]] = set()
     for sample in samples:
-        key = sample.server
+        key = sample.session
         if key in culled:
             continue
-        started.setdefault(key, sample.t)
+        started.setdefault(key, sample.t if sample.started is None else sample.started)
         if is_activity(sample):
             last_activity[key] = sample.t
         due = _check_due(previous.get(key), sample.t, every)
@@ -98,7 +98,7 @@ def _periodic_culler(
         reason = cull(sample, sample.t - last_activity.get(key, started[key]))
         if reason is not None:
             culled.add(key)
-            yield Action(sample.t, key, "cull", reason)
+            yield Action(sample.t, sample.server, "cull", reason, sample.started)
 
 
 def _check_due(previous: float | None, t: float, every: float) -> bool:

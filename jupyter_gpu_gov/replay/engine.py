@@ -62,15 +62,27 @@ def at(t: float) -> datetime:
 
 @dataclass(frozen=True)
 class Action:
-    """One output line: ``{"t": …, "server": …, "action": …, "reason": …}``."""
+    """One output line: ``{"t": …, "server": …, "action": …, "reason": …}``, and ``"started"``
+    for a trace whose rows say when each run of a server started."""
 
     t: float
     server: str
     action: str  # warn | notice | checkpoint | interrupt | cull
     reason: str
+    started: float | None = None  # the run of the server (the sample's ``started``)
+    # Why a cull, in a word (``core.policy.CULL_REASONS``: gpu-idle, max-age, reclaim, admin,
+    # busy-limit, inactive); None for other actions and for the stock cullers.
+    cull_reason: str | None = None
+
+    @property
+    def session(self) -> tuple[str, float | None]:
+        return self.server, self.started
 
     def as_dict(self) -> dict:
-        return {"t": self.t, "server": self.server, "action": self.action, "reason": self.reason}
+        line = {"t": self.t, "server": self.server, "action": self.action, "reason": self.reason}
+        if self.started is not None:
+            line["started"] = self.started
+        return line
 
 
 # -- policies ----------------------------------------------------------------------------------
@@ -86,18 +98,28 @@ def policies_from_config(path: str | None) -> list[Policy]:
     seconds), as the hub service reads them. No path: the shipped default policy. Raises
     ``PolicyError`` (naming the entry and key) or ``ConfigError``.
     """
-    if path is None:
-        return load_policies([])
+    return load_policies([]) if path is None else policies_of(load_config(path))
+
+
+def load_config(path: str):
+    """A traitlets config file (a ``jupyterhub_config.py``, or a file of just the settings a
+    command needs), loaded as the Hub loads it; ``ConfigError`` if it cannot be."""
     import os
 
-    from traitlets.config.loader import LazyConfigValue, PyFileConfigLoader
+    from traitlets.config.loader import PyFileConfigLoader
 
     try:
-        config = PyFileConfigLoader(
+        return PyFileConfigLoader(
             os.path.basename(path), path=os.path.dirname(path) or "."
         ).load_config()
     except Exception as error:  # the file is Python: it may raise anything
         raise ConfigError(f"{path}: {type(error).__name__}: {error}") from None
+
+
+def policies_of(config) -> list[Policy]:
+    """The policies a loaded config gives the service (see ``policies_from_config``)."""
+    from traitlets.config.loader import LazyConfigValue
+
     section = config.GpuGovernor
     values = {}
     for key, empty, kind in (("policies", [], list), ("policy_defaults", {}, dict)):
@@ -139,12 +161,13 @@ class _Server:
 
 def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Action]:
     """Yield the actions the service would take, sample by sample (first policy match wins)."""
-    servers: dict[str, _Server] = {}
+    servers: dict[tuple[str, float | None], _Server] = {}
     for sample in samples:
         now = at(sample.t)
-        server = servers.get(sample.server)
+        server = servers.get(sample.session)
         if server is None:
-            server = servers[sample.server] = _Server(now)
+            started = now if sample.started is None else at(sample.started)
+            server = servers[sample.session] = _Server(started)
         if server.culled:
             continue
         sample = _observe(server, sample, now)
@@ -176,6 +199,8 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
                 sample.server,
                 _output_name(action),
                 _reason(action, decision, view, policy, now),
+                sample.started,
+                decision.cull_reason if action == CULL else None,
             )
 
 
@@ -266,7 +291,7 @@ def _reason(
 
 @dataclass(frozen=True)
 class Summary:
-    servers: int  # distinct servers in the trace
+    servers: int  # distinct servers in the trace (each run, where rows say when it started)
     warnings: int  # warn actions (max-age warnings included)
     checkpoints: int
     culls: int
@@ -311,16 +336,16 @@ def score(
     cut short and make the cull false, as does a ``truth`` label outside ``not_live`` there.
     """
     counts: Counter[str] = Counter()
-    cull_at: dict[str, float] = {}
-    warned: set[str] = set()
+    cull_at: dict[tuple[str, float | None], float] = {}
+    warned: set[tuple[str, float | None]] = set()
     warned_culls = 0
     for action in actions:
         counts[action.action] += 1
         if action.action == WARN:
-            warned.add(action.server)
-        elif action.action == CULL and action.server not in cull_at:
-            cull_at[action.server] = action.t
-            warned_culls += action.server in warned
+            warned.add(action.session)
+        elif action.action == CULL and action.session not in cull_at:
+            cull_at[action.session] = action.t
+            warned_culls += action.session in warned
 
     hours = {"held": 0.0, "idle": 0.0, "reclaimed": 0.0, "lost": 0.0}
 
@@ -336,11 +361,11 @@ def score(
         elif row.gpu_sm is not None:
             hours["lost"] += span * after_cull
 
-    tallies: dict[str, _Tally] = {}
+    tallies: dict[tuple[str, float | None], _Tally] = {}
     for row in samples:
-        tally = tallies.get(row.server)
+        tally = tallies.get(row.session)
         if tally is None:
-            tally = tallies[row.server] = _Tally(cull_at.get(row.server))
+            tally = tallies[row.session] = _Tally(cull_at.get(row.session))
         if tally.pending is not None:
             close(tally.pending, tally, row.t)
         tally.pending = row

@@ -29,6 +29,7 @@ _KNOWN = {
     "reports",
     "labels",
     "checkpoint_fails",
+    "started",
 }
 _NOTHING: Mapping[str, Any] = MappingProxyType({})
 # Far enough for epoch seconds, near enough that a datetime can hold it.
@@ -56,6 +57,10 @@ class Sample:
     reports: bool = True  # False: the server sends no GPU report (no extension)
     labels: Mapping[str, str] = field(default_factory=dict)
     checkpoint_fails: bool = False
+    # When this run of the server started (seconds, the trace's clock): a hub reuses a server's
+    # name from one start to the next, and each start is a session of its own. None: the
+    # server's rows are one session, started at its first row.
+    started: float | None = None
     extra: Mapping[str, Any] = field(
         default_factory=dict
     )  # keys the format does not define, e.g. "truth"
@@ -68,6 +73,11 @@ class Sample:
     @property
     def name(self) -> str:
         return self.server.partition("/")[2]
+
+    @property
+    def session(self) -> tuple[str, float | None]:
+        """One run of the server: what a replay keeps a record of, and scoring scores."""
+        return self.server, self.started
 
     @property
     def holds_gpu_memory(self) -> bool:
@@ -127,6 +137,9 @@ def _sample(row: dict, line: int) -> Sample:
     gpu_mem_mb = 0.0 if row.get("gpu_mem_mb") is None else _number(row, "gpu_mem_mb")
     if gpu_mem_mb < 0:
         raise ValueError(f"field 'gpu_mem_mb': expected >= 0, got {row['gpu_mem_mb']!r}")
+    started = None if row.get("started") is None else _number(row, "started")
+    if started is not None and not started <= t:
+        raise ValueError(f"field 'started': {row['started']!r} is after 't' (seconds)")
     connections = row.get("connections", 0)
     if isinstance(connections, bool) or not isinstance(connections, int) or connections < 0:
         raise ValueError(f"field 'connections': expected a whole number >= 0, got {connections!r}")
@@ -146,6 +159,7 @@ def _sample(row: dict, line: int) -> Sample:
         reports=_flag(row, "reports", True),
         labels=_labels(row),
         checkpoint_fails=_flag(row, "checkpoint_fails", False),
+        started=started,
         extra=extra or _NOTHING,
         line=line,
     )

@@ -1,0 +1,329 @@
+"""The spawn queue's one definition: a waiting request as the profile layer records it, the
+order of the line, the estimated wait, and what the profile layer and the governor tell each
+other.
+
+A request that admission cannot let in now may wait in line. The profile layer records it in
+the waiting server's spawner *state* (``gpu_gov_queue``): only the Hub writes state, so who
+waits, for which tier and team, with which choices, since when and until when survives a hub
+restart and cannot be forged. The governor starts a request that admission would let in through
+the Hub's REST API, as its owner would, with the choices recorded: the spawner decides again from
+a fresh count, and keeps only the user's choices (``core.grant.USER_CHOICES``).
+
+The line: a team within its guarantee first, then the team's priority, then arrival
+(:func:`rank`). Each pass the governor sends the profile layer when it expects the servers that
+hold GPUs to give them back (:class:`Release`, from their deadlines and idle state) and gets the
+line back (:class:`Waiting`: position, whether to start it now, the estimated wait).
+
+Pure: the standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .clock import isoformat, parse
+from .durations import format_duration
+from .vocabulary import CLAIM_WITHIN_LABEL, QUEUED_AT_LABEL  # noqa: F401 (the queue's labels)
+
+QUEUE_STATE = "gpu_gov_queue"  # the spawner-state key of a waiting request
+# How a request left the line (the governor's record of it).
+STARTED, EXPIRED, CANCELLED = "started", "expired", "cancelled"
+OUTCOMES = (STARTED, EXPIRED, CANCELLED)
+# The hub scope of the governor's sync with the line (``POST /hub/api/gpu-gov/queue``).
+QUEUE_SCOPE = "custom:gpu-gov:queue"
+
+# Bounds on what crosses between the hub and the governor: a damaged record is ignored, never
+# a reason to fail a pass.
+MAX_NAME = 255
+MAX_TEXT = 500
+MAX_OPTIONS = 32
+
+
+class QueueFormatError(ValueError):
+    """A queue record or message that cannot be read; the message names the field."""
+
+
+@dataclass(frozen=True)
+class QueuedRequest:
+    """A server waiting in line for a GPU."""
+
+    user: str
+    name: str  # "" for the default server
+    team: str
+    tier: str
+    options: Mapping[str, str]  # the user's choices to start it with (profile, team, ...)
+    queued_at: datetime
+    expires_at: datetime
+
+    @property
+    def server(self) -> str:
+        """``user/`` or ``user/name``, as the governor keys servers."""
+        return f"{self.user}/{self.name}"
+
+    def live(self, now: datetime) -> bool:
+        return now < self.expires_at
+
+    def left(self, outcome: str, now: datetime) -> dict[str, Any]:
+        """How it left the line, for the governor's metering (``Departure``)."""
+        return Departure(
+            server=self.server,
+            team=self.team,
+            tier=self.tier,
+            task_type=self.options.get("task_type", ""),
+            outcome=outcome,
+            waited_s=max(0.0, (now - self.queued_at).total_seconds()),
+        ).to_json()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "user": self.user,
+            "name": self.name,
+            "team": self.team,
+            "tier": self.tier,
+            "options": dict(self.options),
+            "queued_at": isoformat(self.queued_at),
+            "expires_at": isoformat(self.expires_at),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> QueuedRequest:
+        if not isinstance(data, Mapping):
+            raise QueueFormatError("a queued request must be an object")
+        options = data.get("options")
+        if (
+            not isinstance(options, Mapping)
+            or len(options) > MAX_OPTIONS
+            or not all(
+                isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= MAX_TEXT
+                for k, v in options.items()
+            )
+        ):
+            raise QueueFormatError("'options' must map at most 32 names to strings")
+        queued_at, expires_at = _time(data, "queued_at"), _time(data, "expires_at")
+        if expires_at < queued_at:
+            raise QueueFormatError("'expires_at' is before 'queued_at'")
+        return cls(
+            user=_name(data, "user"),
+            name=_name(data, "name", empty=True),
+            team=_name(data, "team"),
+            tier=_name(data, "tier"),
+            options=dict(options),
+            queued_at=queued_at,
+            expires_at=expires_at,
+        )
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A request that left the line: started, expired or cancelled, after waiting so long."""
+
+    server: str
+    team: str
+    tier: str
+    task_type: str
+    outcome: str
+    waited_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "team": self.team,
+            "tier": self.tier,
+            "task_type": self.task_type,
+            "outcome": self.outcome,
+            "waited_s": self.waited_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Departure:
+        if not isinstance(data, Mapping) or data.get("outcome") not in OUTCOMES:
+            raise QueueFormatError(f"a departure's 'outcome' must be one of {OUTCOMES}")
+        waited = data.get("waited_s")
+        if isinstance(waited, bool) or not isinstance(waited, int | float):
+            raise QueueFormatError("'waited_s' must be a number of seconds")
+        return cls(
+            server=_name(data, "server"),
+            team=_name(data, "team"),
+            tier=_name(data, "tier"),
+            task_type=_text(data.get("task_type"))[:32],
+            outcome=data["outcome"],
+            waited_s=min(max(0.0, float(waited)), 366 * 86400.0),
+        )
+
+
+def from_state(state: Mapping[str, Any] | None) -> QueuedRequest | None:
+    """The request a spawner's state records (None: none, or one that cannot be read)."""
+    recorded = (state or {}).get(QUEUE_STATE)
+    if recorded is None:
+        return None
+    try:
+        return QueuedRequest.from_json(recorded)
+    except QueueFormatError:
+        return None
+
+
+def rank(within_guarantee: bool, priority: int, queued_at: datetime, server: str) -> tuple:
+    """The sort key of the line: a team within its guarantee first, then higher priority, then
+    earlier arrival (the server's name breaks a tie, so the order is total)."""
+    return (not within_guarantee, -priority, queued_at, server)
+
+
+@dataclass(frozen=True)
+class Release:
+    """When the governor expects a server to give its GPUs back, and why (None: it is in use
+    with no deadline)."""
+
+    at: datetime | None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How long a request should wait: ``until`` None when no release is known."""
+
+    until: datetime | None
+    why: str
+
+    def wait(self, now: datetime) -> timedelta | None:
+        return None if self.until is None else max(timedelta(0), self.until - now)
+
+    def words(self, now: datetime) -> str:
+        wait = self.wait(now)
+        if wait is None:
+            return self.why
+        about = (
+            "any moment now" if wait < timedelta(minutes=1) else f"about {format_duration(wait)}"
+        )
+        return f"{about} ({self.why})" if self.why else about
+
+
+def estimate(position: int, releases: Sequence[Release], now: datetime) -> Estimate:
+    """The wait of the ``position``-th in line (1: next) for GPUs held by servers with these
+    expected releases: the ``position``-th earliest known release. Servers in use with no
+    deadline free their GPUs at an unknown time: then there is no estimate, and it says so."""
+    known = sorted((r for r in releases if r.at is not None), key=lambda r: r.at)
+    if position < 1 or not releases:
+        return Estimate(now, "")
+    if len(known) < position:
+        return Estimate(
+            None,
+            "no estimate: the GPUs it waits for are in use, with no deadline in sight",
+        )
+    release = known[position - 1]
+    return Estimate(max(release.at, now), release.why)
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request in line as the profile layer sees it now: the sync's answer."""
+
+    request: QueuedRequest
+    position: int  # in the line of its tier; 1: next
+    ready: bool  # admission lets it in now: the governor starts it
+    reason: str  # why it waits (admission's sentence)
+    within_guarantee: bool = False
+    priority: int = 0
+    until: datetime | None = None  # the estimate (None: none known)
+    estimate: str = ""  # the estimate in words
+    sooner: tuple[str, ...] = field(default_factory=tuple)  # smaller tiers free now
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.request.to_json(),
+            "position": self.position,
+            "ready": self.ready,
+            "reason": self.reason,
+            "within_guarantee": self.within_guarantee,
+            "priority": self.priority,
+            "estimate_until": isoformat(self.until),
+            "estimate": self.estimate,
+            "sooner": list(self.sooner),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Waiting:
+        request = QueuedRequest.from_json(data)
+        position, priority = data.get("position"), data.get("priority", 0)
+        if not _whole(position) or position < 1 or not _whole(priority):
+            raise QueueFormatError("'position' must be a whole number >= 1, 'priority' whole")
+        sooner = data.get("sooner") or []
+        if not isinstance(sooner, list) or not all(_short(s) for s in sooner[:16]):
+            raise QueueFormatError("'sooner' must be a list of tier names")
+        until = data.get("estimate_until")
+        return cls(
+            request=request,
+            position=position,
+            ready=data.get("ready") is True,
+            reason=_text(data.get("reason")),
+            within_guarantee=data.get("within_guarantee") is True,
+            priority=priority,
+            until=None if until is None else _time(data, "estimate_until"),
+            estimate=_text(data.get("estimate")),
+            sooner=tuple(sooner[:16]),
+        )
+
+
+def releases_to_json(releases: Mapping[str, Release]) -> dict[str, Any]:
+    return {key: {"at": isoformat(r.at), "why": r.why} for key, r in releases.items()}
+
+
+def releases_from_json(data: Any, limit: int = 100_000) -> dict[str, Release]:
+    """The governor's forecast (server key → release); entries that cannot be read are left
+    out (a forecast only informs an estimate)."""
+    if not isinstance(data, Mapping):
+        raise QueueFormatError("'releases' must be an object of server: release")
+    releases = {}
+    for key, entry in list(data.items())[:limit]:
+        if not _short(key) or not isinstance(entry, Mapping):
+            continue
+        releases[key] = Release(_parse(entry.get("at")), _text(entry.get("why")))
+    return releases
+
+
+def _time(data: Mapping, key: str) -> datetime:
+    when = _parse(data.get(key))
+    if when is None:
+        raise QueueFormatError(f"{key!r} must be an ISO 8601 time")
+    return when
+
+
+def _name(data: Mapping, key: str, empty: bool = False) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or len(value) > MAX_NAME or not (value or empty):
+        raise QueueFormatError(f"{key!r} must be a name of at most {MAX_NAME} characters")
+    return value
+
+
+def _short(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_NAME
+
+
+def _text(value: Any) -> str:
+    return value[:MAX_TEXT] if isinstance(value, str) else ""
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**31
+
+
+def _parse(value: Any) -> datetime | None:
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        return parse(value)
+    except ValueError:
+        return None
+
+
+def whole_ms(when: datetime) -> datetime:
+    """``when`` to the millisecond, as records write it (a time read back compares equal)."""
+    return when.replace(microsecond=when.microsecond // 1000 * 1000)

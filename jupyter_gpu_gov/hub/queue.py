@@ -1,0 +1,216 @@
+"""The governor's side of the spawn queue (``core.queue``; the line itself lives in the hub,
+``profiles/queue_pages.py``).
+
+After each pass the governor syncs with the hub: it sends when it expects each server it
+governs to give its GPUs back (a planned cull or maximum age: ``cull_at``; none known for a
+server in use), and gets the line back. Each request admission would let in now is started
+through the Hub's REST API, as its owner would start it, with the choices recorded: the spawner
+decides again from a fresh count (a stale line overshoots nothing), audited before it is taken.
+Queue time — started, expired or cancelled — is metered per team, tier and task type
+(``jupyter_gpu_gov_queue_wait_seconds``). A hub without the profile layer has no line: the sync
+answers 404 and the governor stops asking until it restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+
+from prometheus_client import Gauge, Histogram
+
+from ..core import clock, ledger
+from ..core.ledger import Bucket, Owner
+from ..core.queue import (
+    EXPIRED,
+    STARTED,
+    Departure,
+    QueueFormatError,
+    Release,
+    Waiting,
+    releases_to_json,
+)
+from . import metrics
+from .hubapi import HubApi, HubApiError, _q
+from .store import Store
+from .tables import AuditRow, ServerRow
+
+RETRY_AFTER = timedelta(minutes=1)  # a start the Hub refused is not tried every pass
+# Audit actions: a start from the line (before it is made), one made, a request that left it.
+START, STARTED_ACTION, LEFT = "queue-start", "queue-started", "queue-left"
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+QUEUE_WAIT = Histogram(
+    "jupyter_gpu_gov_queue_wait_seconds",
+    "Time spawn requests waited in line, by how they left it (started, expired, cancelled)",
+    ["team", "tier", "task_type", "outcome"],
+    buckets=(60, 300, 900, 1800, 3600, 2 * 3600, 4 * 3600, 8 * 3600, 24 * 3600, float("inf")),
+    registry=metrics.REGISTRY,
+)
+QUEUED = Gauge(
+    "jupyter_gpu_gov_queued_requests",
+    "Spawn requests waiting in line at the last sync",
+    registry=metrics.REGISTRY,
+)
+
+
+def releases(rows: Mapping[str, ServerRow]) -> dict[str, Release]:
+    """When each running server is expected to give its GPUs back: its planned cull (idle,
+    maximum age, reclaim), else unknown."""
+    found = {}
+    for key, row in rows.items():
+        if row.cull_at is not None:
+            # Not who holds it: the estimate is shown to other users.
+            found[key] = Release(
+                row.cull_at, f"a server holding it is due to stop by {row.cull_at:%H:%M} UTC"
+            )
+        else:
+            found[key] = Release(None, "")
+    return found
+
+
+class QueueSync:
+    """One sync per pass; ``hub``: the governor's Hub API client."""
+
+    def __init__(self, hub: HubApi, store: Store, dry_run: bool = False):
+        self.hub, self.store, self.dry_run = hub, store, dry_run
+        self.absent = False  # no profile layer in this hub (or no scope for it): stop asking
+        # Starts the Hub refused, by server: tried again after RETRY_AFTER, not every pass.
+        self._refused: dict[str, datetime] = {}
+
+    async def sync(self, now: datetime | None = None) -> list[Waiting]:
+        if self.absent:
+            return []
+        now = now or clock.utcnow()
+        body = {"releases": releases_to_json(releases(self.store.servers(running_only=True)))}
+        try:
+            answer = await self.hub.request("POST", "gpu-gov/queue", body)
+        except HubApiError as error:
+            if error.status == 404:
+                self.absent = True
+                log.info("gpu-gov: the hub has no spawn queue (no profile layer)")
+            elif error.status == 403:
+                self.absent = True
+                log.error(
+                    "gpu-gov: the hub refused the spawn queue sync (%s): the service needs the "
+                    "scopes add_governor grants (custom:gpu-gov:queue, servers); waiting "
+                    "servers will not start until the service restarts with them",
+                    error,
+                )
+            else:
+                log.warning("gpu-gov: spawn queue sync failed: %s", error)
+            return []
+        line = self._read(answer)
+        QUEUED.set(len(line))
+        for waiting in line:
+            refused = self._refused.get(waiting.request.server)
+            if waiting.ready and (refused is None or now - refused >= RETRY_AFTER):
+                await self._start(waiting, now)
+        return line
+
+    def _read(self, answer) -> list[Waiting]:
+        if not isinstance(answer, Mapping):
+            return []
+        line = []
+        for entry in (answer.get("line") or [])[:10_000]:
+            try:
+                line.append(Waiting.from_json(entry))
+            except QueueFormatError as error:  # one bad entry never stops the others
+                log.warning("gpu-gov: spawn queue: an entry cannot be read: %s", error)
+        for entry in (answer.get("left") or [])[:10_000]:
+            try:
+                departure = Departure.from_json(entry)
+            except QueueFormatError as error:
+                log.warning("gpu-gov: spawn queue: a departure cannot be read: %s", error)
+                continue
+            self._meter(departure, LEFT, f"left the line ({departure.outcome})")
+        return line
+
+    def _meter(self, departure: Departure, action: str, why: str) -> None:
+        """Into the histogram, and the audit trail (showback's queue columns read it)."""
+        QUEUE_WAIT.labels(
+            departure.team, departure.tier, departure.task_type or "interactive", departure.outcome
+        ).observe(departure.waited_s)
+        user = departure.server.partition("/")[0]
+        self.store.audit(
+            [
+                AuditRow(
+                    at=clock.utcnow(),
+                    server_key=departure.server,
+                    user=user,
+                    action=action,
+                    reason=f"{why} after {departure.waited_s:.0f}s",
+                    actor="governor",
+                    dry_run=self.dry_run,
+                    details=departure.to_json(),
+                )
+            ]
+        )
+
+    async def _start(self, waiting: Waiting, now: datetime) -> None:
+        request = waiting.request
+        waited = max(0.0, (now - request.queued_at).total_seconds())
+        self.store.audit(
+            [
+                AuditRow(
+                    at=now,
+                    server_key=request.server,
+                    user=request.user,
+                    action="queue-start",
+                    reason=f"its turn in line for {request.tier} (team {request.team}) came "
+                    f"after {waited:.0f}s: started on its owner's behalf",
+                    actor="governor",
+                    dry_run=self.dry_run,
+                    details={"options": dict(request.options), "waited_s": waited},
+                )
+            ]
+        )
+        if self.dry_run:
+            return
+        path = f"users/{_q(request.user)}/server" + (
+            f"s/{_q(request.name)}" if request.name else ""
+        )
+        try:
+            await self.hub.request("POST", path, dict(request.options))
+        except HubApiError as error:  # refused from a fresh count, or starting already
+            log.warning("gpu-gov: starting %s from the line: %s", request.server, error)
+            self._refused[request.server] = now
+            return
+        self._refused.pop(request.server, None)
+        log.info("gpu-gov: started %s from the line after %.0fs", request.server, waited)
+        departure = Departure(
+            request.server,
+            request.team,
+            request.tier,
+            request.options.get("task_type", ""),
+            STARTED,
+            waited,
+        )
+        self._meter(departure, STARTED_ACTION, "started from the line")
+
+
+def queue_buckets(
+    store: Store, since: datetime | None = None, until: datetime | None = None, **owner
+) -> list[Bucket]:
+    """Showback's queue columns, as ledger buckets from the audit trail: per UTC day, user,
+    team and tier, the seconds waited by requests that started, and the starts and expiries
+    (``owner``: only one user's, team's or tier's; queue time has no project)."""
+    buckets = []
+    for row in store.queue_audit(since, until):
+        details = row.details if isinstance(row.details, dict) else {}
+        try:
+            departure = Departure.from_json(details)
+        except QueueFormatError:
+            continue
+        who = Owner(row.user or "", departure.team, "", departure.tier)
+        if any(v is not None and getattr(who, k) != v for k, v in owner.items()):
+            continue
+        started = departure.outcome == STARTED
+        values = {
+            ledger.QUEUE_WAIT: departure.waited_s if started else 0.0,
+            ledger.QUEUE_STARTS: 1.0 if started else 0.0,
+            ledger.QUEUE_EXPIRED: 1.0 if departure.outcome == EXPIRED else 0.0,
+        }
+        buckets.append(Bucket(row.at.astimezone(timezone.utc).date(), who, values))
+    return buckets

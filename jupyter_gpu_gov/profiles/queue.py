@@ -1,0 +1,303 @@
+"""The spawn queue as admission sees it: who is next, and what a request may do while others
+wait. Pure (``quota.admit`` over the hub's count and the waiting requests); the records are
+``core.queue``'s, the spawner glue is in ``spawner.py`` and the pages and the governor's sync in ``queue_pages.py``.
+
+The line (``core.queue.rank``): a team within its guarantee first, then priority, then arrival.
+A request is measured against the count *and* the requests ranked ahead of it that admission
+would let in now, as if they already held their GPUs: nobody jumps the line, and a request
+ahead that could not start now anyway (its team is at its borrowing limit) blocks nobody. Two
+waiting requests that compete for one freed GPU: the first in line is ready, the second waits;
+the governor starts the ready ones through the Hub one after another, and the spawner decides
+again from a fresh count at each start, so a stale view cannot overshoot a quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from ..core.queue import (
+    Estimate,
+    QueuedRequest,
+    Release,
+    Waiting,
+    estimate,
+    ordinal,
+    rank,
+)
+from .quota import (
+    BORROWING,
+    CAPACITY,
+    LINE,
+    USER_CAP,
+    Admission,
+    Grant,
+    Request,
+    TeamQuota,
+    admit,
+)
+from .tiers import Tier
+
+# Refusals that waiting can end: the cards are taken (or others wait for them first), the user's
+# own cap, the team's borrowing limit.
+QUEUEABLE = frozenset({CAPACITY, USER_CAP, BORROWING, LINE})
+
+
+@dataclass
+class Forecast:
+    """The governor's latest forecast of when servers give their GPUs back (server key →
+    release), kept in the hub process between its syncs; the queue is offered only while the
+    governor is heard from, since nothing else starts a waiting server."""
+
+    releases: Mapping[str, Release] = field(default_factory=dict)
+    at: datetime | None = None  # when the governor last synced
+    # Requests that left the line (expired, cancelled) since the governor last synced; a hub
+    # restart loses these counts (never a request: those are in the spawners' state).
+    left: list[dict] = field(default_factory=list)
+
+    def heard_since(self, since: datetime) -> bool:
+        return self.at is not None and self.at >= since
+
+
+FORECAST = Forecast()  # one hub process, one forecast
+
+
+def within_guarantee(
+    team: str, tier: str, usage: Sequence[Grant], quotas: Mapping[str, TeamQuota], need: int = 1
+) -> bool:
+    quota = quotas.get(team)
+    if quota is None:
+        return False
+    held = sum(g.devices for g in usage if g.team == team and g.tier == tier)
+    return held + need <= quota.guaranteed.get(tier, 0)
+
+
+def _rank(
+    request: Request,
+    queued_at: datetime,
+    usage: Sequence[Grant],
+    quotas: Mapping[str, TeamQuota],
+    tiers: Mapping[str, Tier],
+) -> tuple:
+    tier = tiers.get(request.tier)
+    need = tier.count if tier else 1
+    quota = quotas.get(request.team)
+    return rank(
+        within_guarantee(request.team, request.tier, usage, quotas, need),
+        quota.priority if quota else 0,
+        queued_at,
+        request.server,
+    )
+
+
+def _of(queued: QueuedRequest) -> Request:
+    return Request(queued.server, queued.user, queued.team, queued.tier)
+
+
+def _holding(
+    request: Request,
+    admission: Admission,
+    tiers: Mapping[str, Tier],
+    quotas: Mapping[str, TeamQuota],
+    at: datetime,
+) -> Grant:
+    """What an admitted request would hold: a grant as the count has it."""
+    tier = tiers[request.tier]
+    quota = quotas.get(request.team)
+    return Grant(
+        server=request.server,
+        user=request.user,
+        team=request.team,
+        tier=tier.name,
+        devices=tier.count,
+        weight=tier.weight,
+        borrowed=admission.borrowed,
+        priority=quota.priority if quota else 0,
+        started=at,
+    )
+
+
+def ordered(
+    queued: Sequence[QueuedRequest],
+    usage: Sequence[Grant],
+    quotas: Mapping[str, TeamQuota],
+    tiers: Mapping[str, Tier],
+    now: datetime,
+) -> list[QueuedRequest]:
+    """The live requests, first in line first."""
+    live = [q for q in queued if q.live(now) and q.tier in tiers]
+    return sorted(live, key=lambda q: _rank(_of(q), q.queued_at, usage, quotas, tiers))
+
+
+def admit_in_line(
+    request: Request,
+    usage: Sequence[Grant],
+    capacity: Mapping[str, int | None],
+    quotas: Mapping[str, TeamQuota],
+    tiers: Mapping[str, Tier],
+    *,
+    queued: Sequence[QueuedRequest],
+    now: datetime,
+    queued_at: datetime | None = None,
+) -> Admission:
+    """``quota.admit`` for ``request`` (waiting since ``queued_at``, or arriving now) behind the
+    waiting requests ranked ahead of it. Refused only because of them: ``limit`` is LINE."""
+    mine = _rank(request, queued_at or now, usage, quotas, tiers)
+    held, ahead = list(usage), 0
+    for other in ordered(queued, usage, quotas, tiers, now):
+        other_request = _of(other)
+        if other.server == request.server:
+            continue
+        if _rank(other_request, other.queued_at, usage, quotas, tiers) >= mine:
+            break
+        admission = admit(other_request, held, capacity, quotas, tiers)
+        if admission.allowed:
+            held.append(_holding(other_request, admission, tiers, quotas, other.queued_at))
+            ahead += other.tier == request.tier
+    decided = admit(request, held, capacity, quotas, tiers)
+    if decided.allowed or not ahead or not admit(request, usage, capacity, quotas, tiers).allowed:
+        return decided
+    tier = tiers[request.tier].display_name
+    waiting = "1 request is" if ahead == 1 else f"{ahead} requests are"
+    return Admission(
+        False,
+        f"{waiting} waiting in line for {tier} before you, and starts as soon as it frees.",
+        limit=LINE,
+    )
+
+
+def line(
+    queued: Sequence[QueuedRequest],
+    usage: Sequence[Grant],
+    capacity: Mapping[str, int | None],
+    quotas: Mapping[str, TeamQuota],
+    tiers: Mapping[str, Tier],
+    releases: Mapping[str, Release],
+    now: datetime,
+) -> list[Waiting]:
+    """Every live request in line order: its position in its tier's line, whether admission
+    lets it in now (the ones ahead that it lets in counted as holding their GPUs: of two
+    requests for one freed GPU only the first is ready), its estimated wait and what would
+    start it sooner."""
+    held = list(usage)
+    result: list[Waiting] = []
+    positions: dict[str, int] = {}
+    for request in ordered(queued, usage, quotas, tiers, now):
+        asked = _of(request)
+        admission = admit(asked, held, capacity, quotas, tiers)
+        positions[request.tier] = positions.get(request.tier, 0) + 1
+        if admission.allowed:
+            held.append(_holding(asked, admission, tiers, quotas, request.queued_at))
+        guess = wait_estimate(asked, admission, result, usage, releases, now)
+        quota = quotas.get(request.team)
+        result.append(
+            Waiting(
+                request=request,
+                position=positions[request.tier],
+                ready=admission.allowed,
+                reason=admission.reason,
+                within_guarantee=within_guarantee(
+                    request.team, request.tier, usage, quotas, tiers[request.tier].count
+                ),
+                priority=quota.priority if quota else 0,
+                until=guess.until,
+                estimate=guess.words(now),
+                sooner=sooner(asked, usage, capacity, quotas, tiers, queued, now),
+            )
+        )
+    return result
+
+
+def wait_estimate(
+    request: Request,
+    admission: Admission,
+    ahead: Sequence[Waiting],
+    usage: Sequence[Grant],
+    releases: Mapping[str, Release],
+    now: datetime,
+) -> Estimate:
+    """From the deadlines and idle state of the servers whose release would let ``request``
+    in (those of its tier; the user's own for their cap; the team's on the tier for its
+    borrowing limit): the k-th earliest, k its place among the requests waiting for the same."""
+    if admission.allowed:
+        return Estimate(now, "it starts now")
+    if admission.limit == USER_CAP:
+        holders = [g for g in usage if g.user == request.user]
+        before = [w for w in ahead if w.request.user == request.user]
+    elif admission.limit == BORROWING:
+        holders = [g for g in usage if g.team == request.team and g.tier == request.tier]
+        before = [
+            w for w in ahead if w.request.team == request.team and w.request.tier == request.tier
+        ]
+    else:
+        holders = [g for g in usage if g.tier == request.tier]
+        before = [w for w in ahead if w.request.tier == request.tier]
+    position = 1 + sum(not w.ready for w in before)
+    known = [releases.get(g.server, Release(None)) for g in holders]
+    return estimate(position, known, now)
+
+
+def sooner(
+    request: Request,
+    usage: Sequence[Grant],
+    capacity: Mapping[str, int | None],
+    quotas: Mapping[str, TeamQuota],
+    tiers: Mapping[str, Tier],
+    queued: Sequence[QueuedRequest],
+    now: datetime,
+) -> tuple[str, ...]:
+    """Smaller tiers of the request's team that would start now, largest first."""
+    quota, wanted = quotas.get(request.team), tiers.get(request.tier)
+    if quota is None or wanted is None:
+        return ()
+    fits = [
+        tier
+        for name, tier in tiers.items()
+        if name in quota.tiers
+        and tier.weight < wanted.weight
+        and admit_in_line(
+            replace(request, tier=name), usage, capacity, quotas, tiers, queued=queued, now=now
+        ).allowed
+    ]
+    return tuple(t.display_name for t in sorted(fits, key=lambda t: -t.weight))
+
+
+def offer(
+    request: Request,
+    admission: Admission,
+    usage: Sequence[Grant],
+    capacity: Mapping[str, int | None],
+    quotas: Mapping[str, TeamQuota],
+    tiers: Mapping[str, Tier],
+    queued: Sequence[QueuedRequest],
+    releases: Mapping[str, Release],
+    now: datetime,
+) -> Waiting | None:
+    """The place a refused request would take if it joined the line now (None when waiting
+    would not help): the spawn form's offer."""
+    if admission.allowed or admission.limit not in QUEUEABLE:
+        return None
+    joining = QueuedRequest(
+        user=request.user,
+        name=request.server.partition("/")[2],
+        team=request.team,
+        tier=request.tier,
+        options={},
+        queued_at=now,
+        expires_at=now + timedelta(days=1),
+    )
+    others = [q for q in queued if q.server != request.server]
+    order = line([*others, joining], usage, capacity, quotas, tiers, releases, now)
+    return next((w for w in order if w.request.server == request.server), None)
+
+
+def offer_words(waiting: Waiting, tiers: Mapping[str, Tier]) -> str:
+    """The offer in words, after admission's refusal: 'Or wait in line: 2nd for H100 80 GB,
+    about 25m (...). Sooner: Small slice is free now.'"""
+    tier = tiers[waiting.request.tier].display_name
+    words = f"Or wait in line: {ordinal(waiting.position)} for {tier}"
+    words += f", {waiting.estimate}." if waiting.estimate else "."
+    if waiting.sooner:
+        words += f" Sooner: {waiting.sooner[0]} is free now."
+    return words

@@ -1,0 +1,206 @@
+"""The spawn queue in the hub: joining and leaving the line, the owner's page, and the
+governor's sync. Served by the hub process (``add_gpu_profiles`` adds the routes), where
+admission and the waiting requests (spawner state) live.
+
+- ``POST /hub/gpu-gov/queue/join/<user>[/<server>]`` (the spawn form's "Wait in line", the owner's
+  session): the form's choices join the line; a request admission lets in now goes back to the
+  spawn page instead.
+- ``GET /hub/gpu-gov/queue``: the owner's waiting servers with their place, estimated wait and
+  what would start them sooner, and a Cancel button (an admin sees everyone's, with the wait so
+  far); ``POST /hub/gpu-gov/queue/cancel/<user>[/<server>]`` leaves the line.
+- ``GET /hub/api/gpu-gov/queue`` (``admin:server_state``: Hub admins, the governor): the line
+  as JSON.
+- ``POST /hub/api/gpu-gov/queue`` (the governor's sync, with ``custom:gpu-gov:queue``): it sends
+  when it expects the servers holding GPUs to release them (``core.queue.releases_to_json``);
+  the hub gives expired requests back, and answers the line (ready ones first to start) and the
+  requests that left it since the last sync. The governor then starts the ready ones through the
+  Hub's REST API, with the choices recorded; the spawner decides again from a fresh count.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.handlers import BaseHandler
+from tornado import web
+
+from ..core import clock
+from ..core.durations import format_duration
+from ..core.queue import CANCELLED, EXPIRED, QUEUE_SCOPE, QueueFormatError, releases_from_json
+from . import form
+from .config import GpuProfiles
+from .queue import FORECAST, line
+from .spawner import GOVERNOR_HEARD_WITHIN, GpuRefused, waiting_requests
+
+MAX_SYNC_BODY = 8 * 1024 * 1024
+
+
+def _spawner(handler: BaseHandler, request):
+    """The spawner of a waiting request (None: its user is gone)."""
+    owner = handler.find_user(request.user)
+    return None if owner is None else owner.get_spawner(request.name)
+
+
+def _line(handler: BaseHandler, now) -> list:
+    """The line now, as admission sees it (through a waiting server's spawner: the count and
+    the waiting requests are the hub's)."""
+    queued = waiting_requests(handler.db)
+    spawner = next(filter(None, (_spawner(handler, q) for q in queued)), None)
+    if spawner is None:
+        return []
+    conf = spawner.gpu_profiles
+    usage = spawner.gpu_usage()
+    return line(
+        queued,
+        usage,
+        spawner.gpu_capacity(usage),
+        conf.quota_map,
+        conf.tier_map,
+        FORECAST.releases,
+        now,
+    )
+
+
+def _give_back_expired(handler: BaseHandler, now) -> None:
+    """Take expired requests out of their spawners' state, counted as expired."""
+    for request in waiting_requests(handler.db):
+        if request.live(now):
+            continue
+        spawner = _spawner(handler, request)
+        if spawner is not None and spawner.gpu_cancel(EXPIRED):
+            FORECAST.left.append(request.left(EXPIRED, now))
+
+
+def _owner_spawner(handler: BaseHandler, user_name: str, server_name: str):
+    user = handler.find_user(user_name)
+    me = handler.current_user
+    if user is None or (user.name != me.name and not me.admin):
+        raise web.HTTPError(404, f"No server {user_name}/{server_name} of yours")
+    if server_name and not handler.allow_named_servers:
+        raise web.HTTPError(404, "Named servers are not enabled on this hub")
+    return user, user.get_spawner(server_name, replace_failed=True)
+
+
+class QueueJoinHandler(BaseHandler):
+    @web.authenticated
+    async def post(self, user_name: str, server_name: str = ""):
+        user, spawner = _owner_spawner(self, user_name, server_name or "")
+        if spawner.active:
+            raise web.HTTPError(409, "This server is running or starting already")
+        data = {k: self.get_body_arguments(k) for k in self.request.body_arguments}
+        try:
+            admission = await spawner.gpu_enqueue(form.parse(data))
+        except (form.FormError, GpuRefused) as error:
+            message = getattr(error, "jupyterhub_message", None) or str(error)
+            self.set_status(403)
+            self.finish(_page("Cannot wait in line", f"<p class='refused'>{_e(message)}</p>", self))
+            return
+        if admission.allowed:  # freed meanwhile: start it from the spawn page
+            self.redirect(self.hub.base_url + "spawn/" + form.server_path(user.name, server_name))
+            return
+        self.redirect(self.hub.base_url + "gpu-gov/queue")
+
+
+class QueueCancelHandler(BaseHandler):
+    @web.authenticated
+    async def post(self, user_name: str, server_name: str = ""):
+        _, spawner = _owner_spawner(self, user_name, server_name or "")
+        request = spawner.gpu_queued
+        now = clock.utcnow()
+        if request is not None and spawner.gpu_cancel(CANCELLED):
+            FORECAST.left.append(request.left(CANCELLED, now))
+        self.redirect(self.hub.base_url + "gpu-gov/queue")
+
+
+class QueuePageHandler(BaseHandler):
+    @web.authenticated
+    async def get(self):
+        now = clock.utcnow()
+        me = self.current_user
+        order = [w for w in _line(self, now) if me.admin or w.request.user == me.name]
+        if not order:
+            body = "<p class='empty'>No server of yours waits in line.</p>"
+        else:
+            rows = "".join(_row(self, w, now, me.admin) for w in order)
+            who = "<th>Who</th><th>Team</th>" if me.admin else ""
+            body = (
+                f"<table class='table'><tr>{who}<th>Server</th><th>GPU</th><th>Place</th>"
+                "<th>Estimated wait</th><th>Waiting for</th><th>Sooner</th><th></th></tr>"
+                f"{rows}</table>"
+            )
+        if not FORECAST.heard_since(now - GOVERNOR_HEARD_WITHIN):
+            body += (
+                "<p class='alert alert-warning'>The GPU governor, which starts waiting servers, "
+                "has not been heard from lately: waiting servers start when it is back.</p>"
+            )
+        self.finish(_page("Waiting in line for a GPU", body, self))
+
+
+def _row(handler: BaseHandler, waiting, now, admin: bool) -> str:
+    request = waiting.request
+    tier = GpuProfiles.instance(config=handler.config).tier_map.get(request.tier)
+    path = form.server_path(request.user, request.name)
+    cancel = (
+        f"<form method='post' action='{handler.hub.base_url}gpu-gov/queue/cancel/{path}"
+        f"?_xsrf={_e(handler.xsrf_token.decode())}'><button class='btn btn-secondary btn-sm' "
+        "type='submit'>Cancel</button></form>"
+    )
+    who = f"<td>{_e(request.user)}</td><td>{_e(request.team)}</td>" if admin else ""
+    return (
+        f"<tr class='waiting' data-server='{_e(request.server)}'>{who}"
+        f"<td>{_e(request.name or 'default')}</td>"
+        f"<td>{_e(tier.display_name if tier else request.tier)}</td>"
+        f"<td class='position'>{waiting.position}</td>"
+        f"<td class='estimate'>{_e('starting now' if waiting.ready else waiting.estimate)}</td>"
+        f"<td>{_e(format_duration(now - request.queued_at))}</td>"
+        f"<td>{_e(', '.join(waiting.sooner))}</td><td>{cancel}</td></tr>"
+    )
+
+
+def _page(title: str, body: str, handler: BaseHandler) -> str:
+    home = handler.hub.base_url + "home"
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>{_e(title)}</title><link rel='stylesheet' href="
+        f"'{handler.hub.base_url}static/css/style.min.css'></head><body><div class='container'>"
+        f"<h1>{_e(title)}</h1>{body}<p><a href='{home}'>Home</a></p></div></body></html>"
+    )
+
+
+def _e(text: Any) -> str:
+    return web.escape.xhtml_escape(str(text))
+
+
+class QueueApiHandler(APIHandler):
+    """The line as JSON, for admins and the governor (GET), and the governor's sync (POST)."""
+
+    def _check(self) -> None:
+        # The line is kept in spawner state: who may read every server's state may read it.
+        if not {QUEUE_SCOPE, "admin:server_state"} & set(self.expanded_scopes):
+            raise web.HTTPError(403, f"Needs the {QUEUE_SCOPE} or admin:server_state scope")
+
+    @web.authenticated
+    async def get(self):
+        self._check()
+        now = clock.utcnow()
+        self.finish(json.dumps({"line": [w.to_json() for w in _line(self, now)]}))
+
+    @web.authenticated
+    async def post(self):
+        self._check()
+        if len(self.request.body) > MAX_SYNC_BODY:
+            raise web.HTTPError(413, "The sync body is too large")
+        try:
+            body = json.loads(self.request.body or b"{}")
+            releases = releases_from_json(body.get("releases", {}) if isinstance(body, dict) else 0)
+        except (ValueError, QueueFormatError) as error:
+            raise web.HTTPError(
+                400, f"A sync needs {{'releases': {{server: ...}}}}: {error}"
+            ) from None
+        now = clock.utcnow()
+        FORECAST.releases, FORECAST.at = releases, now
+        _give_back_expired(self, now)
+        left, FORECAST.left[:] = list(FORECAST.left), []
+        self.finish(json.dumps({"line": [w.to_json() for w in _line(self, now)], "left": left}))

@@ -1,0 +1,355 @@
+"""The spawn queue's core: the order of the line (a team within its guarantee, then priority,
+then arrival), two requests for one freed GPU, nobody jumping the line, expiry, the record kept in
+the spawner's state (what survives a restart), the estimated wait and what would start sooner.
+Pure: ``core.queue`` and ``profiles.queue`` over ``quota.admit``; and the governor's forecast
+(``hub.queue.releases``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from traitlets import TraitError
+
+from jupyter_gpu_gov.core import policy
+from jupyter_gpu_gov.core.queue import (
+    CLAIM_WITHIN_LABEL,
+    EXPIRED,
+    QUEUE_STATE,
+    QUEUED_AT_LABEL,
+    STARTED,
+    Departure,
+    QueuedRequest,
+    QueueFormatError,
+    Release,
+    Waiting,
+    estimate,
+    from_state,
+    ordinal,
+    releases_from_json,
+    releases_to_json,
+)
+from jupyter_gpu_gov.core.vocabulary import CULL_REASONS
+from jupyter_gpu_gov.hub import showback
+from jupyter_gpu_gov.hub.hubapi import HubApiError
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.queue import QueueSync, releases
+from jupyter_gpu_gov.hub.store import Store
+from jupyter_gpu_gov.hub.tables import ServerRow
+from jupyter_gpu_gov.profiles.config import GpuProfiles
+from jupyter_gpu_gov.profiles.queue import (
+    QUEUEABLE,
+    admit_in_line,
+    line,
+    offer,
+    offer_words,
+    ordered,
+)
+from jupyter_gpu_gov.profiles.quota import LINE, Grant, Request, admit, load_quotas
+from jupyter_gpu_gov.profiles.tiers import load_tiers
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+TIERS = load_tiers(
+    [
+        {"name": "h100", "gpu": "H100-80GB", "display_name": "H100"},
+        {"name": "h100-1g", "gpu": "H100-80GB", "mig": "1g.10gb", "display_name": "Small slice"},
+    ]
+)
+QUOTAS = load_quotas(
+    {
+        "vision": {"guaranteed": {"h100": 1}, "tiers": "*"},
+        "nlp": {"guaranteed": {"h100": 1}, "priority": 10},
+        "ops": {"borrowing_limit": {"h100": 1}, "priority": 5},
+    },
+    TIERS,
+)
+CAPACITY = {"h100": 2, "h100-1g": 2}
+
+
+def held(user, team, tier="h100", borrowed=False):
+    t = TIERS[tier]
+    return Grant(f"{user}/", user, team, tier, t.count, t.weight, borrowed, 0, T0)
+
+
+def waiting(user, team, minutes, tier="h100", expires=60):
+    at = T0 + timedelta(minutes=minutes)
+    return QueuedRequest(
+        user=user,
+        name="",
+        team=team,
+        tier=tier,
+        options={"profile": tier, "team": team},
+        queued_at=at,
+        expires_at=at + timedelta(minutes=expires),
+    )
+
+
+NOW = T0 + timedelta(minutes=30)
+FULL = [held("v1", "vision"), held("o1", "ops", borrowed=True)]  # both cards taken
+
+
+def test_a_team_within_its_guarantee_first_then_priority_then_arrival():
+    # nlp has its guarantee of one card left; ops (priority 5) and vision (beyond its
+    # guarantee, priority 0) borrow. Arrival alone would say v2, o2, n1.
+    queued = [waiting("v2", "vision", 0), waiting("o2", "ops", 5), waiting("n1", "nlp", 10)]
+    free_nlp = [held("v1", "vision"), held("x1", "vision", borrowed=True)]
+    order = ordered(queued, free_nlp, QUOTAS, TIERS, NOW)
+    assert [q.user for q in order] == ["n1", "o2", "v2"]
+    # Same standing: arrival decides.
+    later = [waiting("n2", "nlp", 20), waiting("n1", "nlp", 10)]
+    assert [q.user for q in ordered(later, free_nlp, QUOTAS, TIERS, NOW)] == ["n1", "n2"]
+
+
+def test_two_requests_for_one_freed_gpu_the_first_in_line_is_ready_the_second_waits():
+    queued = [waiting("v2", "vision", 0), waiting("v3", "vision", 1)]
+    freed = [held("v1", "vision")]  # o1 stopped: one card free
+    first, second = line(queued, freed, CAPACITY, QUOTAS, TIERS, {}, NOW)
+    assert (first.request.user, first.position, first.ready) == ("v2", 1, True)
+    assert (second.request.user, second.position, second.ready) == ("v3", 2, False)
+    # Admission says the same to each, from its own place: v2 in, v3 behind v2.
+    request = Request("v3/", "v3", "vision", "h100")
+    decided = admit_in_line(
+        request, freed, CAPACITY, QUOTAS, TIERS, queued=queued, now=NOW,
+        queued_at=queued[1].queued_at,
+    )  # fmt: skip
+    assert not decided.allowed and decided.limit == LINE
+    assert decided.reason.startswith("1 request is waiting in line for H100 before you")
+    mine = admit_in_line(
+        Request("v2/", "v2", "vision", "h100"), freed, CAPACITY, QUOTAS, TIERS,
+        queued=queued, now=NOW, queued_at=queued[0].queued_at,
+    )  # fmt: skip
+    assert mine.allowed
+    # Once v2 holds the card, v3 waits for the cards again, not for the line.
+    after = line([queued[1]], [*freed, held("v2", "vision")], CAPACITY, QUOTAS, TIERS, {}, NOW)
+    assert [(w.position, w.ready) for w in after] == [(1, False)]
+
+
+def test_a_newcomer_does_not_jump_the_line_but_may_take_what_nobody_waits_for():
+    queued = [waiting("v2", "vision", 0)]
+    freed = [held("v1", "vision")]
+    newcomer = Request("v9/", "v9", "vision", "h100")
+    assert admit(newcomer, freed, CAPACITY, QUOTAS, TIERS).allowed  # without the line: in
+    decided = admit_in_line(newcomer, freed, CAPACITY, QUOTAS, TIERS, queued=queued, now=NOW)
+    assert (decided.allowed, decided.limit) == (False, LINE)
+    assert LINE in QUEUEABLE
+    # Nobody waits for the small slices: the newcomer takes one.
+    small = Request("v9/", "v9", "vision", "h100-1g")
+    assert admit_in_line(small, freed, CAPACITY, QUOTAS, TIERS, queued=queued, now=NOW).allowed
+    # A team within its guarantee arriving now goes ahead of those who borrow.
+    nlp = Request("n9/", "n9", "nlp", "h100")
+    assert admit_in_line(nlp, freed, CAPACITY, QUOTAS, TIERS, queued=queued, now=NOW).allowed
+
+
+def test_a_request_ahead_that_cannot_start_anyway_blocks_nobody():
+    # ops may borrow one card and holds it: its waiting request cannot start when a card
+    # frees, so vision's request behind it is ready.
+    queued = [waiting("o2", "ops", 0), waiting("v2", "vision", 5)]
+    usage = [held("o1", "ops", borrowed=True)]
+    order = line(queued, usage, CAPACITY, QUOTAS, TIERS, {}, NOW)
+    assert {w.request.user: w.ready for w in order} == {"o2": False, "v2": True}
+    (o2,) = [w for w in order if w.request.user == "o2"]
+    assert "may borrow at most 1 more" in o2.reason
+
+
+def test_an_expired_request_leaves_the_line():
+    queued = [waiting("v2", "vision", 0, expires=10), waiting("v3", "vision", 1)]
+    assert not queued[0].live(T0 + timedelta(minutes=10)) and queued[0].live(T0)
+    order = line(queued, [held("v1", "vision")], CAPACITY, QUOTAS, TIERS, {}, NOW)
+    assert [(w.request.user, w.position, w.ready) for w in order] == [("v3", 1, True)]
+
+
+def test_a_request_survives_in_the_spawners_state_and_a_damaged_one_is_ignored():
+    request = waiting("v2", "vision", 0)
+    state = {QUEUE_STATE: request.to_json(), "pid": 12}
+    assert from_state(state) == request
+    assert from_state({}) is None and from_state(None) is None
+    damaged = [
+        "not a record",
+        {**request.to_json(), "queued_at": "yesterday"},
+        {**request.to_json(), "expires_at": "2026-03-01T00:00:00Z"},  # before it joined
+        {**request.to_json(), "options": {f"k{i}": "v" for i in range(40)}},
+        {**request.to_json(), "options": {"profile": 3}},
+        {**request.to_json(), "user": "u" * 300},
+        {**request.to_json(), "tier": ""},
+    ]
+    for record in damaged:
+        assert from_state({QUEUE_STATE: record}) is None, record
+    with pytest.raises(QueueFormatError, match="'queued_at' must be an ISO 8601 time"):
+        QueuedRequest.from_json(damaged[1])
+
+
+def test_the_line_as_the_governor_reads_it_round_trips_and_bounds_what_it_reads():
+    (entry,) = line(
+        [waiting("v2", "vision", 0)], FULL, CAPACITY, QUOTAS, TIERS,
+        {"o1/": Release(NOW + timedelta(minutes=20), "o1/ idle, culled at 09:50")}, NOW,
+    )  # fmt: skip
+    assert Waiting.from_json(entry.to_json()) == entry
+    with pytest.raises(QueueFormatError, match="'position'"):
+        Waiting.from_json({**entry.to_json(), "position": 0})
+    releases = {"a/": Release(NOW, "deadline"), "b/": Release(None, "")}
+    assert releases_from_json(releases_to_json(releases)) == releases
+    junk = {"a/": {"at": "soon", "why": 5}, "x" * 300: {"at": None}, "b/": "no"}
+    assert releases_from_json(junk) == {"a/": Release(None, "")}
+    with pytest.raises(QueueFormatError):
+        releases_from_json([])
+
+
+def test_the_estimate_is_the_kth_earliest_known_release():
+    soon, later = NOW + timedelta(minutes=20), NOW + timedelta(hours=2)
+    releases = [Release(later, "b/ reaches its maximum age"), Release(soon, "a/ idle")]
+    first, second = estimate(1, releases, NOW), estimate(2, releases, NOW)
+    assert (first.until, second.until) == (soon, later)
+    assert first.words(NOW) == "about 20m (a/ idle)"
+    unknown = estimate(3, releases, NOW)
+    assert unknown.until is None and unknown.words(NOW).startswith("no estimate")
+    assert (
+        estimate(1, [Release(NOW - timedelta(minutes=5), "x")], NOW)
+        .words(NOW)
+        .startswith("any moment now")
+    )
+
+
+def test_the_offer_names_the_place_the_estimate_and_a_smaller_tier_free_now():
+    queued = [waiting("v2", "vision", 0)]
+    request = Request("v3/", "v3", "vision", "h100")
+    refused = admit(request, FULL, CAPACITY, QUOTAS, TIERS)
+    releases = {
+        "v1/": Release(NOW + timedelta(hours=3), "v1/ reaches its maximum age"),
+        "o1/": Release(NOW + timedelta(minutes=40), "o1/ idle: culled by 09:40"),
+    }
+    place = offer(request, refused, FULL, CAPACITY, QUOTAS, TIERS, queued, releases, NOW)
+    assert (place.position, place.ready) == (2, False)
+    assert place.until == NOW + timedelta(hours=3)  # the second release: v2 takes the first
+    assert place.sooner == ("Small slice",)
+    words = offer_words(place, TIERS)
+    assert words == (
+        "Or wait in line: 2nd for H100, about 3h (v1/ reaches its maximum age). "
+        "Sooner: Small slice is free now."
+    )
+    # A refusal waiting cannot change (a tier not offered to the team) gets no offer.
+    nope = Request("n3/", "n3", "nlp", "h100-1g")
+    assert offer(nope, admit(nope, FULL, CAPACITY, QUOTAS, TIERS), FULL, CAPACITY, QUOTAS,
+                 TIERS, queued, releases, NOW) is None  # fmt: skip
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "111th"
+    ]  # fmt: skip
+
+
+def test_a_departure_is_read_back_bounded_and_the_governors_forecast_from_planned_stops():
+    request = waiting("v2", "vision", 0)
+    gone = request.left(EXPIRED, request.expires_at)
+    assert Departure.from_json(gone) == Departure("v2/", "vision", "h100", "", EXPIRED, 3600.0)
+    assert Departure.from_json({**gone, "waited_s": 1e12}).waited_s == 366 * 86400.0
+    for bad in ({**gone, "outcome": "vanished"}, {**gone, "waited_s": "long"}, "x"):
+        with pytest.raises(QueueFormatError):
+            Departure.from_json(bad)
+    planned = ServerRow(key="a/", user="a", cull_at=NOW, running=True)
+    in_use = ServerRow(key="b/", user="b", running=True)
+    assert releases({"a/": planned, "b/": in_use}) == {
+        "a/": Release(NOW, "a server holding it is due to stop by 09:30 UTC"),
+        "b/": Release(None, ""),
+    }
+
+
+def test_a_server_started_from_the_line_that_nobody_opens_is_given_back():
+    """The grant says when it came from the line and how long its owner has to open it; a
+    person's request to a kernel, or Hub activity after the start, claims it; a server whose
+    kernels cannot be seen (no report) is never given back on a guess."""
+    started = T0
+    labels = {QUEUED_AT_LABEL: "2026-03-02T08:30:00.000Z", CLAIM_WITHIN_LABEL: "900"}
+    gpu = policy.GpuSignal(holds_gpu=True, active=False)
+    view = policy.ServerView("ben", started=started, reports=True, gpu=gpu, labels=labels)
+    rules = policy.Policy()
+    soon, late = started + timedelta(minutes=14), started + timedelta(minutes=15)
+    assert policy.decide(view, policy.Record(), rules, soon).cull_reason is None
+    gone = policy.decide(view, policy.Record(), rules, late)
+    assert (gone.cull_reason, gone.record.state) == ("unclaimed", policy.CULLED)
+    assert "not opened within 15m: its GPU is given back to the line" in gone.record.reason
+    assert "unclaimed" in CULL_REASONS
+    claimed = [
+        replace(view, user_last_activity=started + timedelta(minutes=3)),
+        replace(view, hub_last_activity=started + timedelta(minutes=2)),
+        replace(view, gpu=None),  # no report: abstain
+        replace(view, labels={QUEUED_AT_LABEL: labels[QUEUED_AT_LABEL]}),  # no claim window
+    ]
+    for kept in claimed:
+        assert policy.decide(kept, policy.Record(), rules, late).cull_reason != "unclaimed"
+    # The Hub's own stamp while the server starts does not count as opening it.
+    stamped = replace(view, hub_last_activity=started + timedelta(seconds=20))
+    assert policy.decide(stamped, policy.Record(), rules, late).cull_reason == "unclaimed"
+
+
+def test_queue_time_is_metered_in_showback_per_team_and_tier(tmp_path):
+    """What the governor records as requests leave the line (its audit trail) comes back as
+    showback's queue columns, grouped like the GPU-hours."""
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    sync = QueueSync(hub=None, store=store)
+    sync._meter(Departure("v2/", "vision", "h100", "batch", STARTED, 1800.0), "queue-started", "x")
+    sync._meter(Departure("v3/", "vision", "h100", "", STARTED, 600.0), "queue-started", "x")
+    sync._meter(Departure("n1/", "nlp", "h100", "", EXPIRED, 3600.0), "queue-left", "x")
+    rows = {r["team"]: r for r in showback.usage(store, Options(), ["team"], "all", None)}
+    assert (rows["vision"]["queue_starts"], rows["vision"]["queue_hours"]) == (2, 0.6667)
+    assert (rows["nlp"]["queue_starts"], rows["nlp"]["queue_expired"]) == (0, 1)
+    assert rows["nlp"]["queue_hours"] == 0  # an expired request waited, and got nothing
+    (mine,) = showback.usage(store, Options(), ["user", "tier"], "day", None, user="v2")
+    assert (mine["tier"], mine["queue_starts"], mine["queue_hours"]) == ("h100", 1, 0.5)
+    assert mine["gpu_hours_allocated"] == 0  # waiting holds no GPU
+    assert {"queue_starts", "queue_hours", "queue_expired"} <= set(showback.COLUMNS)
+
+
+def test_the_queues_settings_are_checked_at_startup():
+    assert GpuProfiles(queue_expire_after="90m").queue_expiry == timedelta(minutes=90)
+    bad = {
+        "queue_expire_after": ("5s", "must be from 10 seconds to 30 days, got '5s'"),
+        "queue_claim_within": ("2d", "must be from 10 seconds to 1 day, got '2d'"),
+        "queue_per_user": (0, "must be 1 to 100, got 0"),
+    }
+    for name, (value, words) in bad.items():
+        with pytest.raises(TraitError, match=f"GpuProfiles.{name} {words}"):
+            GpuProfiles(**{name: value})
+
+
+class FakeHubApi:
+    """The Hub API as the governor's sync uses it: the line, and starts (refused or not)."""
+
+    def __init__(self, line, sync_status=200, start_status=201):
+        self.line, self.sync_status, self.start_status = line, sync_status, start_status
+        self.calls: list[tuple[str, str, dict]] = []
+
+    async def request(self, method, path, body=None):
+        self.calls.append((method, path, body))
+        if path == "gpu-gov/queue":
+            if self.sync_status != 200:
+                raise HubApiError(self.sync_status, "no", method=method, url=path)
+            return {"line": self.line, "left": [{"outcome": "lost"}]}
+        if self.start_status >= 400:
+            raise HubApiError(self.start_status, "refused", method=method, url=path)
+        return {}
+
+
+async def test_the_governor_starts_ready_requests_and_does_not_hammer_a_refusing_hub(tmp_path):
+    ready, behind = line(
+        [waiting("v2", "vision", 0), waiting("v3", "vision", 1)],
+        [held("v1", "vision")], CAPACITY, QUOTAS, TIERS, {}, NOW,
+    )  # fmt: skip
+    entries = [ready.to_json(), {"user": "broken"}, behind.to_json()]
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    hub = FakeHubApi(entries, start_status=403)
+    sync = QueueSync(hub, store)
+    got = await sync.sync(NOW)
+    assert [w.request.user for w in got] == ["v2", "v3"]  # the broken entry is skipped
+    starts = [c for c in hub.calls if c[0] == "POST" and c[1] != "gpu-gov/queue"]
+    assert starts == [("POST", "users/v2/server", {"profile": "h100", "team": "vision"})]
+    await sync.sync(NOW + timedelta(seconds=30))  # refused a moment ago: not asked again
+    await sync.sync(NOW + timedelta(minutes=2))  # but after a while
+    starts = [c for c in hub.calls if c[0] == "POST" and c[1] != "gpu-gov/queue"]
+    assert len(starts) == 2
+    audited = [a.action for a in store.audit_rows("v2/")]
+    assert audited.count("queue-start") == 2 and "queue-started" not in audited
+    # A hub without the profile layer (404), or without the scope (403): asked once.
+    for status in (404, 403):
+        quiet = FakeHubApi([], sync_status=status)
+        sync = QueueSync(quiet, store)
+        assert await sync.sync(NOW) == [] and await sync.sync(NOW) == []
+        assert len(quiet.calls) == 1

@@ -1,0 +1,239 @@
+"""The spawn queue end to end: a real hub with the profile layer on a one-GPU workstation
+(simulated), the governor service, real single-user servers, real HTTP.
+
+carol holds the one H100 with a server that never reports (the governor culls it by the idle
+culler's rule after 10 s); ben asks for the H100, is offered a place in line and takes it; when
+carol's server is culled, ben's starts by itself (the governor, through the Hub, with ben's
+choices) and answers. erin waits behind ben (exempt from culling: he keeps the GPU) and her
+request expires; dave waits through a hub
+restart and cancels. Queue time is metered (Prometheus) with how each request left the line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import re
+import time
+
+import pytest
+import requests
+from browser import browser as chromium
+from browser import log_in, requires_browser, screenshot_path
+from governor_harness import Gov, governed_hub, server_running, wait
+
+from jupyter_gpu_gov.core.clock import parse
+
+with contextlib.suppress(ImportError):  # without playwright, requires_browser skips
+    from playwright.sync_api import expect
+
+pytestmark = pytest.mark.timeout(300)
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559}
+PROFILES = f"""
+from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+
+c.JupyterHub.cleanup_servers = False
+c.LocalGpus.backend = "simulated"
+c.LocalGpus.simulated_devices = {[H100]!r}
+c.LocalGpus.sim_state_path = HARNESS_ENV["JUPYTER_GPU_GOV_SIM_STATE"]
+c.GpuProfiles.tiers = [
+    {{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB",
+      "task_types": ["interactive", "batch"]}},
+]
+c.GpuProfiles.quotas = {{"lab": {{"guaranteed": {{"h100": 1}}}}}}
+c.GpuProfiles.team_map = {{u: "lab" for u in ("ben", "carol", "dave", "erin", "fay")}}
+c.GpuProfiles.queue_expire_after = "40s"
+add_gpu_profiles(c, spawner="simple")
+"""
+SINGLEUSER = f"c.GpuGovApp.simulated_devices = {[H100]!r}\n"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    with governed_hub(
+        tmp_path_factory.mktemp("queue"),
+        hub_config=PROFILES,
+        singleuser_config=SINGLEUSER,
+        # ben keeps the GPU once he has it: the others wait behind him.
+        extra_policies=[{"name": "keep", "match": {"users": ["ben"]}, "exempt": True}],
+    ) as hub:
+        hub.create_user("govadmin")
+        for user in ("ben", "carol", "dave", "erin", "fay"):
+            hub.create_user(user)
+        Gov(hub).wait_up()
+        yield hub
+
+
+def join(hub, user: str, fields: dict) -> requests.Response:
+    """Post the spawn form's choices to "Wait in line" (with the XSRF token the spawn form's
+    action carries), as the button does."""
+    session = hub.login(user)
+    page = session.get(hub.spawn_page_url(user), timeout=30)
+    xsrf = re.search(r"_xsrf=([^&\"']+)", page.text)
+    assert xsrf, page.text[:2000]
+    url = f"{hub.url}/hub/gpu-gov/queue/join/{user}?_xsrf={html.unescape(xsrf[1])}"
+    return session.post(url, data=fields, allow_redirects=False, timeout=60)
+
+
+def line(hub) -> dict[str, dict]:
+    """The line as an admin lists it (the harness's token reads every server's state)."""
+    r = hub.api("GET", "gpu-gov/queue")
+    assert r.status_code == 200, r.text
+    return {w["user"]: w for w in r.json()["line"]}
+
+
+def offer(hub, user: str) -> str:
+    """The spawn form's line for the H100 (its css class and sentence)."""
+    page = hub.login(user).get(hub.spawn_page_url(user), timeout=30).content.decode()
+    found = re.search(r'<li class="(\w+)" data-team="lab">(.*?)</li>', page, re.S)
+    return f"{found[1]}: {html.unescape(found[2])}" if found else page[:2000]
+
+
+def queue_metric(hub, user_token: str, outcome: str) -> float:
+    r = hub.get(f"{hub.url}/services/gpu-gov/metrics", token=user_token)
+    assert r.status_code == 200, r.text[:500]
+    pattern = (
+        rf'jupyter_gpu_gov_queue_wait_seconds_count\{{[^}}]*outcome="{outcome}"[^}}]*\}} (\S+)'
+    )
+    return sum(float(v) for v in re.findall(pattern, r.text))
+
+
+def showback(gov: Gov) -> list[dict]:
+    r = gov.admin("GET", "usage", params={"group_by": "team"})
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]
+
+
+def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
+    gov = Gov(hub)
+    r = hub.api("POST", "users/carol/server", json={"profile": "h100"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_for_server("carol")
+
+    # ben's spawn form offers the line for the taken H100, once the governor syncs.
+    sentence = wait(
+        lambda: (o := offer(hub, "ben")).startswith("queue:") and o, 30, "the queue offer"
+    )
+    assert "Or wait in line: 1st for H100 80 GB" in sentence, sentence
+    # Starting anyway is refused, and says the line is there.
+    r = hub.spawn_form("ben", fields={"profile": "h100"})
+    assert r.status_code == 403 and "Or wait in line for it" in html.unescape(r.text)
+
+    r = join(hub, "ben", {"profile": "h100", "task_type": "batch", "expected_duration": "2h"})
+    assert r.status_code == 302 and r.headers["Location"].endswith("/hub/gpu-gov/queue"), r.text
+    r = join(hub, "erin", {"profile": "h100"})
+    assert r.status_code == 302, r.text
+    waiting = line(hub)
+    assert (waiting["ben"]["position"], waiting["erin"]["position"]) == (1, 2), waiting
+    assert waiting["ben"]["options"]["task_type"] == "batch"
+    # ben's page: his place, and the estimate from carol's planned cull (she is inactive).
+    session = hub.login("ben")
+
+    def place() -> str | None:
+        page = session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
+        page = html.unescape(page.replace("'", '"'))
+        estimate = re.search(r'class="estimate">([^<]*)<', page)
+        due = "a server holding it is due to stop by"
+        return due in (estimate[1] if estimate else "") and page
+
+    page = wait(place, 30, "an estimate from carol's planned cull")
+    assert 'data-server="ben/"' in page and 'class="position">1<' in page, page
+    estimate = re.search(r'class="estimate">([^<]*)<', page)[1]
+    due = r"\(a server holding it is due to stop by \d\d:\d\d UTC\)"
+    assert re.fullmatch(rf"(about \d+s|any moment now) {due}", estimate), estimate
+    assert "erin" not in page and "carol" not in page  # nor who else waits, nor who holds it
+    r = hub.get(f"{hub.url}/hub/api/gpu-gov/queue", token=hub.token("ben"))
+    assert r.status_code == 403  # the whole line is for admins
+
+    # carol's silent server is culled for idleness; ben's starts by itself and answers.
+    wait(lambda: not server_running(hub, "carol"), 90, "carol's idle server to be culled")
+    wait(lambda: server_running(hub, "ben"), 90, "ben's server to start from the line")
+    hub.wait_for_server("ben")
+    r = hub.get(hub.user_url("ben", "api/status"), token=hub.token("ben"))
+    assert r.status_code == 200, r.text
+    state = hub.api("GET", "users/ben").json()["servers"][""]["state"]
+    grant = state["gpu_gov_grant"]
+    assert (grant["gpu-gov/tier"], grant["gpu-gov/task-type"]) == ("h100", "batch"), grant
+    assert grant["gpu-gov/expected-duration"] == "7200"
+    assert grant["gpu-gov/claim-within"] == "900"  # the default 15m to open it
+    assert parse(grant["gpu-gov/queued-at"]) is not None
+    assert "gpu_gov_queue" not in state  # out of the line
+    started = [a for a in gov.audit("ben/") if a["action"] == "queue-start"]
+    assert started and "started on its owner's behalf" in started[0]["reason"], started
+    assert set(line(hub)) == {"erin"}  # erin now waits for ben's GPU
+    admin = hub.token("govadmin")
+    assert queue_metric(hub, admin, "started") >= 1
+    lab = {r["team"]: r for r in showback(gov)}["lab"]
+    assert lab["queue_starts"] == 1 and lab["queue_hours"] > 0, lab
+
+
+def test_a_request_waits_through_a_hub_restart_and_is_cancelled(hub):
+    assert server_running(hub, "ben"), "needs ben's server from the previous test"
+    r = join(hub, "dave", {"profile": "h100"})
+    assert r.status_code == 302, r.text
+    before = line(hub)["dave"]
+    hub.restart()
+    Gov(hub).wait_up()
+    after = line(hub)["dave"]
+    assert (after["queued_at"], after["expires_at"]) == (before["queued_at"], before["expires_at"])
+    assert server_running(hub, "ben") and not server_running(hub, "dave")
+
+    session = hub.login("dave")
+    page = session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
+    action = re.search(r"action='([^']*/gpu-gov/queue/cancel/dave[^']*)'", page)
+    assert action, page[:2000]
+    r = session.post(hub.url + html.unescape(action[1]), allow_redirects=False, timeout=30)
+    assert r.status_code == 302, r.text
+    assert "dave" not in line(hub)
+    assert (
+        "No server of yours waits in line"
+        in session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
+    )
+
+
+def test_a_request_expires_and_is_counted(hub):
+    admin = hub.token("govadmin")
+    deadline = time.monotonic() + 90
+    while "erin" in line(hub) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert "erin" not in line(hub), "erin's request (40 s) did not expire"
+    assert not server_running(hub, "erin")
+    wait(lambda: queue_metric(hub, admin, "expired") >= 1, 30, "the expiry to be counted")
+    lab = {r["team"]: r for r in showback(Gov(hub))}["lab"]
+    assert lab["queue_expired"] == 1 and lab["queue_starts"] == 1, lab
+
+
+@requires_browser
+def test_the_spawn_form_offers_the_line_and_the_page_shows_the_place(hub, tmp_path):
+    """In a real browser: the H100 is taken (ben keeps it), so the form marks it "wait in line"
+    with the place and estimate; picking it shows the button; it leads to the place in line,
+    where Cancel takes the request back."""
+    assert server_running(hub, "ben"), "needs ben's server from the first test"
+    with chromium() as browser:
+        page = browser.new_page()
+        page.set_default_timeout(60_000)
+        log_in(page, hub.url, "fay", "any", "/hub/spawn")
+        form = page.locator(".gpu-gov-form")
+        h100 = form.locator('label[data-tier="h100"]')
+        offer = h100.locator('li[data-team="lab"]')
+        expect(offer).to_have_class("queue")
+        expect(offer).to_contain_text("Or wait in line: 1st for H100 80 GB")
+        button = form.locator("#gpu-gov-queue-button")
+        expect(button).to_be_hidden()  # "No GPU" is chosen: nothing to wait for
+        h100.locator("input").check()
+        expect(button).to_be_visible()
+        # Enter in a field still means Start (refused: the card is taken), never the line.
+        page.press("#gpu-gov-project", "Enter")
+        expect(page.locator(".spawn-error-msg")).to_contain_text("Or wait in line for it")
+        assert "fay" not in line(hub)
+        h100.locator("input").check()
+        page.screenshot(path=str(screenshot_path("spawn-queue.png", tmp_path)), full_page=True)
+        button.click()
+        page.wait_for_url(f"{hub.url}/hub/gpu-gov/queue")
+        row = page.locator('tr[data-server="fay/"]')
+        expect(row.locator(".position")).to_have_text("1")
+        assert "fay" in line(hub)
+        row.locator("button", has_text="Cancel").click()
+        expect(page.locator(".empty")).to_have_text("No server of yours waits in line.")
+    assert "fay" not in line(hub)
