@@ -271,6 +271,14 @@ def _what_if(args: argparse.Namespace) -> int:
             if name == "current" and culler:
                 continue
             config = load_config(path) if path else None
+            if name == "candidate" and config and not {"GpuGovernor", "GpuProfiles"} & set(config):
+                # e.g. c.Governor.policies: traitlets ignores a class nobody has, so the file
+                # would silently be the default policy.
+                sections = ", ".join(f"c.{section}" for section in sorted(config))
+                return fail(
+                    f"{path} sets no c.GpuGovernor or c.GpuProfiles settings, only {sections}: "
+                    "the candidate would be the default policy"
+                )
             try:
                 policies = policies_of(config) if config is not None else load_policies([])
             except PolicyError as error:

@@ -180,6 +180,11 @@ def test_a_bad_tier_a_missing_file_or_a_bad_trace_is_refused_and_prints_nothing(
     result = what_if(trace, "--policy", tmp_path / "nowhere.py")
     assert (result.returncode, result.stdout) == (2, "")
     assert "--policy" in result.stderr and "nowhere.py" in result.stderr
+    misspelt = tmp_path / "misspelt.py"
+    misspelt.write_text('c.Governor.policy_defaults = {"cull_after": "20m"}\n')
+    result = what_if(trace, "--policy", misspelt)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert "sets no c.GpuGovernor" in result.stderr and "c.Governor" in result.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text(trace.read_text().splitlines()[0] + '\n{"t": "soon", "server": "a/"}\n')
     result = what_if(bad, "--policy", candidate)
