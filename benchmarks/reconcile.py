@@ -416,6 +416,7 @@ async def _bench(
     profile_top: int,
     timers: Timers,
     changed: list[float],
+    full_every: int = 1,
 ) -> dict:
     from jupyterhub_idle_culler import cull_idle, default_cull_arbiter
 
@@ -448,7 +449,8 @@ async def _bench(
     # Reports are diagnosed as they arrive (in ``ingest_us``); the model's training, a worker
     # thread's job every few hours, is kept out of the passes measured here.
     no_training = DiagnosisOptions(min_windows=10**9)
-    gov = Governor(store, hub, policies, Options(diagnosis=no_training), dcgm)
+    options = Options(diagnosis=no_training, full_pass_every=full_every)
+    gov = Governor(store, hub, policies, options, dcgm)
 
     # The governor decides page by page while listing, so listing time is inside "decide"'s
     # wall time; DCGM is scraped in the background and parsed in a worker thread.
@@ -713,6 +715,7 @@ def run(
     seed: int = 0,
     profile_top: int = 0,
     changed: list[float] | None = None,
+    full_every: int = 1,
 ) -> dict:
     """Start the fake Hub and exporter, time the passes, return the figures. ``changed``: the
     shares of GPU servers whose GPU changes state (active <-> idle) between two passes, each
@@ -763,6 +766,7 @@ def run(
                     profile_top,
                     timers,
                     changed or [DEFAULT_CHANGED],
+                    full_every,
                 )
             )
     finally:
@@ -832,6 +836,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cycle", type=float, default=60.0, help="seconds between passes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--full-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the governor's full_pass_every: decide every server one pass in N, else only "
+        "what changed or fell due (1: every server every pass)",
+    )
+    parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="cProfile one more pass, top N"
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -851,6 +863,7 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             profile_top=args.profile,
             changed=args.changed,
+            full_every=args.full_every,
         )
         profile = figures.pop("profile", "")
         by_changed = figures.pop("by_changed")

@@ -281,7 +281,8 @@ def test_idle_culler_options_in_both_forms(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "setting", ["concurrency", "timeout", "dcgm_max_bytes", "diagnose_min_windows"]
+    "setting",
+    ["concurrency", "timeout", "dcgm_max_bytes", "diagnose_min_windows", "full_pass_every"],
 )
 def test_a_count_that_must_be_positive_is_refused_at_start_naming_it(setting, capsys):
     """Whole numbers bounded by traitlets itself (min=1): 0 stops the start, naming the

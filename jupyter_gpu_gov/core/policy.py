@@ -581,6 +581,70 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
     return evolve(decision, notice=notice) if notice else decision
 
 
+def holds_until(
+    view: ServerView, record: Record, policy: Policy, decision: Decision, now: datetime
+) -> datetime | None:
+    """Until when ``decide(view, record, policy, t)`` returns ``decision`` for every later ``t``:
+    the earliest time at which the same inputs could decide differently (``None``: never, by
+    time alone). ``now`` where that is not worked out here: decide again at the next pass.
+
+    Worked out for the steady states most servers are in, with nothing to do: a GPU known
+    active; known idle, before the warning (until ``warn_at``) or warned (until ``cull_at``),
+    with no cell running; no GPU, active by jupyterhub-idle-culler's rule (until its
+    ``cull_at``). Every other state (unknown, exempt, checkpointing, culled, a cell
+    running, ...) answers ``now``. Besides those, the times that can move a steady decision on
+    are the hard deadlines (and their warnings), the expected duration's notice, a queued
+    spawn's time to be claimed and the owner becoming away; ``decide`` reads no other time on
+    these paths: a new rule in ``decide`` that reads one must add it here
+    (tests/test_governor_incremental.py compares the two paths)."""
+    gpu = view.gpu
+    if (
+        decision.actions
+        or decision.record != record
+        or view.excluded is not None
+        or record.cull_requested_at is not None
+        or record.exempt_until is not None
+        or record.checkpoint_requested_at is not None  # the service times it out
+        or record.paused_at is not None
+        or record.interrupted_at is not None
+    ):
+        return now
+    times = []
+    if gpu is None or not gpu.holds_gpu:  # jupyterhub-idle-culler's rule: its deadline
+        if decision.state != ACTIVE:
+            return now
+        times.append(decision.cull_at)
+    elif decision.state == ACTIVE and gpu.active is True:
+        pass
+    elif (
+        decision.state in (IDLE, WARNED)
+        and gpu.active is False
+        and record.idle_since is not None
+        and _running_cell(gpu, record.idle_since) is None
+    ):
+        times.append(decision.warn_at if decision.state == IDLE else decision.cull_at)
+        back = view.user_last_activity
+        if policy.away_after is not None and back is not None:
+            times.append(back + policy.away_after)
+    else:
+        return now
+    deadline = _hard_deadline(policy, view, record)
+    if deadline is not None:
+        times += [deadline.warn_from, deadline.at]
+    # The expected duration's notice, and a queued spawn's time to be claimed (``_unclaimed``).
+    for label in (EXPECTED_DURATION_LABEL, CLAIM_WITHIN_LABEL):
+        value = view.labels.get(label)
+        if value and view.started is not None:
+            try:
+                duration = parse_duration(value)
+            except ValueError:
+                continue  # an unreadable label never falls due (as decide reads it)
+            times.append(view.started + duration)
+    # A time already past changes nothing more: the comparisons it settles stay settled.
+    later = [t for t in times if t is not None and t > now]
+    return min(later) if later else None
+
+
 def _unclaimed(view: ServerView, now: datetime) -> str | None:
     """Why a server the spawn queue started on its owner's behalf is given back: nobody opened
     it within the time the grant allows (``gpu-gov/claim-within``), else None. Opened: a

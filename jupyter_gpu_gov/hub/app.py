@@ -171,6 +171,7 @@ class GpuGovernor(GovernorSettings, Application):
             ),
             tier_sizes=self.tier_sizes,
             right_size_after=timedelta(seconds=self.right_size_after),
+            full_pass_every=self.full_pass_every,
         )
         return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
 

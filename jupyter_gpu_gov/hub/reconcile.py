@@ -36,6 +36,7 @@ from .records import Records
 from .scopes import HubAccess
 from .store import Store
 from .tables import AuditRow, ServerRow, apply_decision, record_of, set_record
+from .unchanged import Kept, Unchanged
 from .usage import Usage, _Use
 from .views import Views, cause_of
 
@@ -106,6 +107,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         # Cells asked to be interrupted (the busy limit), until their reports show it done.
         self._interrupts: dict[str, outbound.KernelRequest] = {}
         self._context = PassContext()
+        self.unchanged = Unchanged(options.full_pass_every)
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
@@ -207,6 +209,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         batch = _Batch()
         now = clock.utcnow()
         self.health.observe_dcgm(snapshot, self._context.by_uuid, now)
+        self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
         seen = set()
         waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
@@ -219,7 +222,9 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
             seen.add(key)
             self._servers[key] = server
             try:
-                view = self._govern(server, rows.get(key), now, batch)
+                view = self._kept_view(key, server, rows.get(key), now)
+                if view is None:
+                    view = self._govern(server, rows.get(key), now, batch)
                 self._observe(server, view, now)
             except Exception as error:  # one server's bad data never stops the pass
                 self._skipped(key, server.user, error, batch)
@@ -230,6 +235,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
                 row.running = False  # stopped (by its owner, the Hub or us)
                 self._servers.pop(key, None)
                 self.use.pop(key, None)
+                self.unchanged.forget(key)
                 self.diagnosis.forget(key)
                 batch.changed.append(row)
         for key in [k for k in self.ledger.open if k not in seen]:
@@ -349,6 +355,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         """Decide one server and queue what follows: the row to save, audits, actions. Returns
         the view it decided on."""
         key = server_key(server.user, server.name)
+        marks = (len(batch.changed), len(batch.audits), len(batch.jobs))
         context = self._context
         ownership = resolve(
             server.user,
@@ -421,7 +428,69 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
                 batch.jobs.append(job)
         if before.state == decision.state == CULLED:
             self._cull_again(server, row, decision, chosen, now, batch)
+        steady = marks == (len(batch.changed), len(batch.audits), len(batch.jobs))
+        if steady and failure is None and self.unchanged.enabled:
+            until = policy.holds_until(view, record, chosen, decision, now)
+            self._keep(key, server, row, received, view, until, now)
+        else:
+            self.unchanged.forget(key)
         return view
+
+    # -- deciding only what changed (hub/unchanged.py) ----------------------------------------
+
+    def _inputs(self, key: str, server: HubServer, received: Received | None) -> tuple:
+        """What a decision of this server reads besides its Hub model, report and record: the
+        diagnosis's cause, and DCGM's evidence (the Hub's records' GPUs, the report's by pod
+        and by UUID)."""
+        context = self._context
+        evidence = (cause_of(self.root_cause(key)), *self._granted_evidence(server))
+        if received is not None:
+            report = received.report
+            evidence += (None, *self._evidence(report, context.by_uuid, context.by_pod))
+            evidence += (None, *self._evidence(report, context.by_uuid, {}))
+        return evidence
+
+    def _special(self, key: str) -> bool:
+        """Something is waiting on the server that the kept inputs do not show."""
+        return (
+            key in self._checkpoints
+            or key in self._shutdowns
+            or key in self._interrupts
+            or key in self._distrusted
+            or key in self._failing
+        )
+
+    def _kept_view(
+        self, key: str, server: HubServer, row: ServerRow | None, now: datetime
+    ) -> ServerView | None:
+        """The view of a server whose inputs did not change since its last steady decision
+        (nothing to decide), else ``None``."""
+        if not self.unchanged.kept or key not in self.unchanged.kept or self._special(key):
+            return None
+        received = self.reports.get(key)
+        inputs = self._inputs(key, server, received)
+        stale_at = self._stale_at(key, received)
+        return self.unchanged.view(key, server, row, received, inputs, now, stale_at)
+
+    def _stale_at(self, key: str, received: Received | None) -> datetime | None:
+        """When the server's latest report, or its diagnosis, goes stale (a later report the
+        same for a decision moves it on)."""
+        scored = self.diagnosis.results.get(key)
+        times = [r.at for r in (received, scored) if r is not None]
+        return min(times) + self.options.report_stale_after if times else None
+
+    def _keep(self, key, server, row, received, view, until, now) -> None:
+        stale_at = self._stale_at(key, received)
+        if (
+            (until is not None and until <= now)
+            or (stale_at is not None and stale_at <= now)
+            or self._special(key)
+        ):
+            self.unchanged.forget(key)
+            return
+        inputs = self._inputs(key, server, received)
+        kept = Kept(server, received, inputs, row, record_of(row), view, until)
+        self.unchanged.keep(key, kept)
 
     # -- the usage ledger -----------------------------------------------------------------------
 

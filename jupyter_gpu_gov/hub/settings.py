@@ -245,6 +245,15 @@ class GovernorSettings(HasTraits):
         shorter stretch says too little (default 3600).""",
     ).tag(config=True)
 
+    # -- the pass ----------------------------------------------------------------------------
+    full_pass_every = Int(
+        1,
+        min=1,
+        help="""Decide every server at one reconcile pass in this many; between them, only the
+        servers whose inputs changed (Hub model, report, DCGM evidence, record) or whose
+        deadline fell due (docs/benchmarks.md, "Scale"). 1: every server at every pass.""",
+    ).tag(config=True)
+
     @validate("gpu_hour_cost", "tier_weights", "team_quotas")
     def _numbers(self, proposal):
         for key, value in proposal["value"].items():

@@ -1,0 +1,246 @@
+"""Deciding only the servers whose inputs changed (``full_pass_every`` > 1, hub/unchanged.py)
+decides exactly what deciding every server does: two governors, one per path, each with its
+own fake Hub, fed the same world pass by pass, must agree on every verdict, row, audit row and
+Hub action."""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import pytest
+from fake_hub_api import FakeHub
+from test_governor import report_for
+
+from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.grant import GRANT_STATE
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub.dcgm import DcgmSnapshot, GpuEvidence
+from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
+from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
+from jupyter_gpu_gov.hub.store import Store
+
+
+@pytest.fixture(autouse=True)
+def restore_clock():
+    yield
+    clock.reset()
+
+
+@dataclass
+class Dcgm:
+    """DCGM as the governor's source sees it: one node's GPUs and their activity (None:
+    unknown); ``down`` reads nothing."""
+
+    activity: dict[str, float | None] = field(default_factory=dict)
+    down: bool = False
+
+    async def fetch(self) -> DcgmSnapshot:
+        if self.down:
+            return DcgmSnapshot((), clock.utcnow(), errors=("exporter down",))
+        evidence = tuple(
+            GpuEvidence(
+                uuid=uuid, gpu_index=i, hostname="node-1", activity=a, activity_source="gpu_util"
+            )
+            for i, (uuid, a) in enumerate(sorted(self.activity.items()))
+        )
+        return DcgmSnapshot(evidence, clock.utcnow())
+
+
+@dataclass
+class Server:
+    user: str
+    uuid: str
+    granted: bool  # the Hub's records name its GPU (DCGM's word is final)
+    reports: bool  # it runs the extension
+    active: bool
+    idle_since: str | None = None  # as its sampler keeps it, while idle
+    started: str = ""
+
+
+SHORT = [f"user{i}" for i in range(1, 200, 3)]  # a maximum age: a deadline of their own
+
+
+def governor(hub: FakeHub, tmp_path, name: str, dcgm: Dcgm, full_every: int) -> Governor:
+    policies = load_policies(
+        [
+            {"name": "short", "match": {"users": SHORT}, "max_age": "3h"},
+        ],
+        {"warn_after": "20m", "cull_after": "40m", "away_after": "1h", "inactive_timeout": "90m"},
+    )
+    # The diagnosis on (a zombie is an owner away), its training (hours apart) off.
+    options = Options(full_pass_every=full_every, diagnosis=DiagnosisOptions(min_windows=10**9))
+    store = Store(f"sqlite:///{tmp_path / name}.sqlite")
+    return Governor(store, HubApi(hub.api_url, hub.token), policies, options, dcgm)
+
+
+def columns(row) -> tuple:
+    return tuple(getattr(row, c.name) for c in row.__table__.columns if c.name != "id")
+
+
+def everything(gov: Governor, hub: FakeHub) -> dict:
+    """What a user or an admin could notice: verdicts, rows, the audit trail, the Hub."""
+    keys = sorted(gov.rows)
+    return {
+        "verdicts": {k: gov.verdict(k) for k in keys},
+        "rows": {k: columns(gov.rows[k]) for k in keys},
+        "audit": [columns(a) for a in gov.store.audit_rows(limit=100_000)],
+        "running": sorted(
+            (u.name, s.name) for u in hub.users.values() for s in u.servers.values() if s.active
+        ),
+        "stops": hub.counters["stops"],
+    }
+
+
+def counting(gov: Governor) -> list[int]:
+    decided = [0]
+    govern = gov._govern
+
+    def counted(*args, **kwargs):
+        decided[0] += 1
+        return govern(*args, **kwargs)
+
+    gov._govern = counted
+    return decided
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
+    tmp_path, monkeypatch, seed
+):
+    rng = random.Random(seed)
+    dcgm = Dcgm()
+    servers: dict[str, Server] = {}
+    step = [0.0]
+    monkeypatch.setattr(clock, "adopt_step", lambda: step[0])
+    frozen = [clock.utcnow()]  # both governors decide at the very same times
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    monkeypatch.setattr(
+        clock, "advance", lambda s: frozen.__setitem__(0, frozen[0] + timedelta(seconds=s))
+    )
+    async with FakeHub() as full_hub, FakeHub() as inc_hub:
+        hubs = (full_hub, inc_hub)
+        full = governor(full_hub, tmp_path, "full", dcgm, full_every=1)
+        inc = governor(inc_hub, tmp_path, "inc", dcgm, full_every=1000)
+        decided_full, decided_inc = counting(full), counting(inc)
+
+        def start(i: int) -> None:
+            user = f"user{i}"
+            uuid = f"GPU-{i:08d}-0000-0000-0000-000000000000"
+            s = Server(user, uuid, rng.random() < 0.4, rng.random() < 0.85, rng.random() < 0.7)
+            servers[user] = s
+            s.started = clock.isoformat(clock.utcnow())
+            dcgm.activity[uuid] = 0.9 if s.active else 0.0
+            state = {"gpu_gov_devices": [uuid]} if s.granted else {}
+            if rng.random() < 0.3:  # the owner said how long it should take, at spawn
+                grant = {"gpu-gov/expected-duration": rng.choice(["30m", "2h"])}
+                state[GRANT_STATE] = grant
+            for hub in hubs:
+                hub.add_server(user, last_activity=clock.utcnow(), state=copy.deepcopy(state))
+
+        for i in range(24):
+            start(i)
+        for n in range(80):
+            # The world moves on: time, work, reports, DCGM, the Hub.
+            clock.advance(rng.choice([60] * 12 + [20, 300, 900, 2400]))
+            step[0] = rng.choice([0.0] * 30 + [600.0, -300.0])
+            if step[0]:
+                clock.advance(step[0])
+            for s in list(servers.values()):
+                if rng.random() < 0.05:
+                    s.active = not s.active
+                    if not s.active:  # kept once active again, as a window's last idle time
+                        s.idle_since = clock.isoformat(clock.utcnow())
+                if rng.random() < 0.05:
+                    dcgm.activity[s.uuid] = rng.choice([None, 0.0, 0.9])
+                elif rng.random() < 0.2:
+                    dcgm.activity[s.uuid] = 0.9 if s.active else 0.0
+                if s.reports and rng.random() < 0.9:
+                    report = report_for(s.user, s.uuid, sm=0.9 if s.active else 0.0)
+                    window = report["window"]
+                    window["gpu_idle_since"] = s.idle_since or window["gpu_idle_since"]
+                    if s.active and rng.random() < 0.5:  # active by its kernel's SM alone
+                        window["gpu_active_fraction"] = 0.0
+                        window["gpu_idle_since"] = s.idle_since or s.started
+                    if not s.active and rng.random() < 0.2:  # a cell running, GPU idle
+                        kernel = report["targets"][0]
+                        kernel["execution_state"] = "busy"
+                        kernel["busy_since"] = clock.isoformat(clock.utcnow() - timedelta(hours=1))
+                    for gov in (full, inc):
+                        if await gov.hub_runs(f"{s.user}/"):
+                            gov.ingest(copy.deepcopy(report))
+            dcgm.down = rng.random() < 0.05
+            if rng.random() < 0.15:
+                start(100 + n)
+            if rng.random() < 0.1 and servers:
+                gone = rng.choice(sorted(servers))
+                for hub in hubs:
+                    user = hub.users[gone]
+                    user.servers.pop("", None)
+                    hub._reindex(user)
+            if rng.random() < 0.1 and servers:
+                touched = rng.choice(sorted(servers))
+                for hub in hubs:
+                    server = hub.users[touched].servers.get("")
+                    if server is not None:
+                        server.last_activity = clock.utcnow()
+            # People's requests, between passes: an extension, an exemption, a cull now.
+            if rng.random() < 0.2:
+                key = f"{rng.choice(sorted(servers))}/"
+                request = rng.choice(["extend", "exempt", "lift", "cull"])
+                until = clock.utcnow() + timedelta(minutes=rng.choice([30, 90]))
+                for gov in (full, inc):
+                    if key not in gov.rows or not gov.rows[key].running:
+                        continue
+                    if request == "extend":
+                        await gov.extend(key, key[:-1], "a run to finish")
+                    elif request == "exempt":
+                        await gov.exempt(key, "admin", until, "a demo")
+                    elif request == "lift":
+                        await gov.exempt(key, "admin", None, "over")
+                    else:
+                        await gov.cull_now(key, "admin", "needed elsewhere")
+            for gov in (full, inc):
+                await gov.reconcile()
+                await gov.background_done()
+            a, b = everything(full, full_hub), everything(inc, inc_hub)
+            for part in a:
+                assert a[part] == b[part], f"pass {n}: {part} differ (seed {seed})"
+        await full.close()
+        await inc.close()
+    # It did decide less: the comparison is not between two full passes.
+    assert decided_inc[0] < 0.9 * decided_full[0], (decided_inc, decided_full)
+    assert {a.action for a in full.store.audit_rows(limit=100_000)} >= {"warn", "state"}
+
+
+async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_path, monkeypatch):
+    """A busy server reporting the same thing every minute is not decided again until its
+    maximum age's warning falls due: that very pass warns it, and the pass at the age itself
+    acts (a checkpoint first, then the cull)."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    dcgm = Dcgm()
+    async with FakeHub() as hub:
+        hub.add_server("user1", last_activity=frozen[0])  # policy "short": max_age 3h
+        gov = governor(hub, tmp_path, "gov", dcgm, full_every=1000)
+        decided = counting(gov)
+        uuid = "GPU-00000001-0000-0000-0000-000000000000"
+        said: dict[int, set[str]] = {}  # minute -> what the audit trail gained in that pass
+        seen = 0
+        for minute in range(1, 3 * 60 + 2):
+            frozen[0] += timedelta(minutes=1)
+            gov.ingest(report_for("user1", uuid, sm=0.9))
+            await gov.reconcile()
+            audits = gov.store.audit_rows("user1/", limit=1000)
+            if len(audits) > seen:
+                said[minute] = {a.action for a in audits[: len(audits) - seen]}
+                seen = len(audits)
+        await gov.close()
+    assert sorted(said) == [2 * 60, 3 * 60], said  # warned an hour before the age, at the age
+    assert "max-age-warn" in said[2 * 60]
+    assert said[3 * 60] & {"checkpoint", "cull"}, said
+    assert decided[0] < 12  # and not decided in between
