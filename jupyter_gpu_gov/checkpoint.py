@@ -18,7 +18,8 @@ adds its names to the variables already registered. Hooks keep references to the
 save: ``unregister`` a ``save_torch`` hook before deleting a model to free its GPU memory.
 
 This module imports only the standard library (it is imported inside user kernels); torch and
-IPython are imported when used. The file formats are in docs/api.md ("What a checkpoint does").
+IPython are imported when used. The folder's layout is ``checkpoint_layout`` (shared with the
+server); the file formats are in docs/api.md ("What a checkpoint does").
 """
 
 from __future__ import annotations
@@ -37,6 +38,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_layout import (
+    DONE,
+    FAILED,
+    FORMAT,
+    HOOKS_FILE,
+    KERNELS_DIR,
+    MANIFEST,
+    ROOT_ENV,
+    RUNNING,
+    SOURCE_USER,
+    TORCH_FILE,
+    id_key,
+    is_checkpoint_id,
+    kernel_dir,
+    new_checkpoint_dir,
+    read_json,
+    root_dir,
+    write_atomic,
+    write_json,
+)
 from .core import clock
 
 __all__ = [
@@ -50,17 +71,7 @@ __all__ = [
     "unregister",
 ]
 
-ROOT_ENV = "JUPYTER_GPU_GOV_CHECKPOINT_DIR"
-DEFAULT_ROOT = "~/.jupyter-gpu-gov/checkpoints"
-FORMAT = 1
-_ID = re.compile(r"^(\d{8}T\d{6}Z)(?:-(\d+))?$")
 _HOOK_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # one safe directory name
-_TORCH_FILE = "state.pt"
-
-
-def root_dir() -> Path:
-    """Where checkpoints live: ``$JUPYTER_GPU_GOV_CHECKPOINT_DIR``, set by the server."""
-    return Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT).expanduser()
 
 
 # --- registering hooks ---------------------------------------------------------------------------
@@ -87,7 +98,7 @@ _HOOKS: dict[str, _Hook] = {}
 
 
 def _check_hook_name(name: object) -> str:
-    if not isinstance(name, str) or not _HOOK_NAME.match(name) or name == "hooks.json":
+    if not isinstance(name, str) or not _HOOK_NAME.match(name) or name == HOOKS_FILE:
         raise ValueError(
             f"hook name {name!r} cannot be a directory name: pass name='...' "
             "(letters, digits, '_', '.', '-')"
@@ -194,18 +205,6 @@ def _namespace(namespace: dict | None) -> dict:
     return vars(__main__)
 
 
-def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
-    """Write through a temporary file, so a failed write never leaves a truncated file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _pickle_variables(directory: Path, names: list[str], namespace: dict | None) -> None:
     ns = _namespace(namespace)
     problems: list[BaseException] = []
@@ -215,9 +214,7 @@ def _pickle_variables(directory: Path, names: list[str], namespace: dict | None)
             continue
         value = ns[var]
         try:
-            _write_atomic(
-                directory / f"{var}.pkl", lambda f, v=value: pickle.dump(v, f, protocol=5)
-            )
+            write_atomic(directory / f"{var}.pkl", lambda f, v=value: pickle.dump(v, f, protocol=5))
         except OSError:
             raise  # the disk, not the variable: the others would fail the same way
         except Exception as e:
@@ -238,16 +235,10 @@ def _torch_save(directory: Path, sources: dict[str, Callable[[], Any]]) -> None:
     for key, get in sources.items():
         obj = get()
         state[key] = obj.state_dict() if callable(getattr(obj, "state_dict", None)) else obj
-    _write_atomic(directory / _TORCH_FILE, lambda f: torch.save(state, f))
+    write_atomic(directory / TORCH_FILE, lambda f: torch.save(state, f))
 
 
 # --- running the hooks (the server's entry point) ------------------------------------------------
-
-
-def _write_json(path: Path, data: dict) -> None:
-    # Readers (the server, restore) must only ever see a whole file.
-    text = json.dumps(data, indent=1).encode()
-    _write_atomic(path, lambda f: f.write(text))
 
 
 def _jsonable(note: Any) -> Any:
@@ -289,10 +280,10 @@ def _run_hooks(directory: str, reason: str) -> dict:
     def save_record() -> None:
         # On a full disk the hooks' own errors say so: keep going and return the record.
         with contextlib.suppress(OSError):
-            _write_json(base / "hooks.json", record)
+            write_json(base / HOOKS_FILE, record)
 
     for hook in list(_HOOKS.values()):
-        entry = {"name": hook.name, "kind": hook.kind, "status": "running", "files": []}
+        entry = {"name": hook.name, "kind": hook.kind, "status": RUNNING, "files": []}
         entry.update(bytes=0, seconds=None, error=None, note=None)
         record["hooks"].append(entry)
         save_record()
@@ -301,9 +292,9 @@ def _run_hooks(directory: str, reason: str) -> dict:
         try:
             hook_dir.mkdir(exist_ok=True)
             entry["note"] = _jsonable(hook.run(hook_dir))
-            entry["status"] = "done"
+            entry["status"] = DONE
         except Exception as e:  # not KeyboardInterrupt: the server interrupts a hung hook
-            entry["status"] = "failed"
+            entry["status"] = FAILED
             entry["error"] = f"{type(e).__name__}: {e}"
         entry["seconds"] = round(time.monotonic() - started, 3)
         if hook_dir.is_dir():
@@ -335,18 +326,13 @@ class Restored(dict):
         return f"Restored(id={self.id!r}, notebook={self.notebook!r}, keys={list(self)!r})"
 
 
-def _id_key(path: Path) -> tuple[str, int]:
-    m = _ID.match(path.name)
-    return (m.group(1), int(m.group(2) or 1)) if m else ("", 0)
-
-
 def _checkpoints(root: Path) -> list[Path]:
     """Checkpoint directories under root, newest first (ids sort by time, then suffix); a link
     is no checkpoint (restore follows none)."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _ID.match(p.name) and _real_dir(p)]
-    return sorted(found, key=_id_key, reverse=True)
+    found = [p for p in root.iterdir() if is_checkpoint_id(p.name) and _real_dir(p)]
+    return sorted(found, key=lambda p: id_key(p.name), reverse=True)
 
 
 def _real_dir(path: Path) -> bool:
@@ -358,29 +344,21 @@ def _real_file(path: Path) -> bool:
 
 
 def _hook_name_ok(name: object) -> bool:
-    return isinstance(name, str) and bool(_HOOK_NAME.match(name)) and name != "hooks.json"
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return isinstance(name, str) and bool(_HOOK_NAME.match(name)) and name != HOOKS_FILE
 
 
 def _kernel_records(checkpoint: Path) -> list[tuple[Path, dict]]:
     """(kernel directory, hooks.json) of the kernels in a checkpoint that saved something."""
-    kernels = checkpoint / "kernels"
+    kernels = checkpoint / KERNELS_DIR
     out = []
     for kdir in sorted(kernels.iterdir()) if _real_dir(kernels) else []:
-        if not _real_dir(kdir) or not _real_file(kdir / "hooks.json"):
+        if not _real_dir(kdir) or not _real_file(kdir / HOOKS_FILE):
             continue
-        record = _read_json(kdir / "hooks.json")
+        record = read_json(kdir / HOOKS_FILE)
         hook_list = record.get("hooks") if record else None
         # A kernel whose every hook failed before writing anything has nothing to give back.
         if isinstance(hook_list, list) and any(
-            isinstance(h, dict) and (h.get("files") or h.get("status") == "done") for h in hook_list
+            isinstance(h, dict) and (h.get("files") or h.get("status") == DONE) for h in hook_list
         ):
             out.append((kdir, record))
     # The newest kernel run first, when a checkpoint holds several.
@@ -458,7 +436,7 @@ def restore(
         )
     ck, kdir, record = found
     out = Restored(path=ck, id=ck.name, notebook=record.get("notebook"))
-    out.manifest = _read_json(ck / "manifest.json")
+    out.manifest = read_json(ck / MANIFEST)
     variables: dict[str, Any] = {}
     for hook in record["hooks"]:
         if not isinstance(hook, dict):
@@ -470,8 +448,8 @@ def restore(
             out.errors.append(f"hook {name!r:.80} was not read: not a hook name")
             continue
         hook_dir = kdir / name
-        if hook.get("status") != "done":  # what it did write is still given back
-            failed = "did not finish" if hook.get("status") == "running" else "failed"
+        if hook.get("status") != DONE:  # what it did write is still given back
+            failed = "did not finish" if hook.get("status") == RUNNING else "failed"
             out.errors.append(f"hook {name!r} {failed} at the checkpoint: {hook.get('error')}")
         if hook_dir.is_symlink():
             out.errors.append(f"hook {name!r} was not read: its folder is a link")
@@ -490,11 +468,11 @@ def restore(
                     out.errors.append(
                         f"variable {pkl.stem!r} could not be loaded: {type(e).__name__}: {e}"
                     )
-        elif kind == "torch" and (hook_dir / _TORCH_FILE).is_symlink():
-            out.errors.append(f"hook {name!r} was not read: {_TORCH_FILE} is a link")
-        elif kind == "torch" and (hook_dir / _TORCH_FILE).is_file():
+        elif kind == "torch" and (hook_dir / TORCH_FILE).is_symlink():
+            out.errors.append(f"hook {name!r} was not read: {TORCH_FILE} is a link")
+        elif kind == "torch" and (hook_dir / TORCH_FILE).is_file():
             try:
-                out[name] = _torch_load(hook_dir / _TORCH_FILE)
+                out[name] = _torch_load(hook_dir / TORCH_FILE)
             except Exception as e:
                 out.errors.append(f"hook {name!r} could not be loaded: {type(e).__name__}: {e}")
         elif kind == "function":
@@ -547,20 +525,6 @@ def _describe(value: Any) -> str:
     return kind
 
 
-def _new_checkpoint_dir(root: Path) -> Path:
-    """Make ``<root>/<UTC time>[-n]/`` (mkdir is the lock between concurrent writers)."""
-    root.mkdir(parents=True, exist_ok=True)
-    stamp = clock.utcnow().strftime("%Y%m%dT%H%M%SZ")
-    for n in range(1, 1000):
-        path = root / (stamp if n == 1 else f"{stamp}-{n}")
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"{root} already holds 999 checkpoints named {stamp}")
-
-
 def _kernel_id() -> str:
     try:  # ipykernel's connection file is kernel-<id>.json
         from ipykernel import get_connection_file
@@ -592,16 +556,16 @@ def _checkpoint_now(reason: str = "requested with %gpu_checkpoint now") -> tuple
             "(save_variables, save_torch, register, or %gpu_checkpoint save NAME)"
         )
     requested = clock.isoformat(clock.utcnow())
-    path = _new_checkpoint_dir(root_dir())
+    _, path = new_checkpoint_dir(root_dir())
     kid = _kernel_id()
-    record = _run_hooks(str(path / "kernels" / kid), reason)
+    record = _run_hooks(str(kernel_dir(path, kid)), reason)
     errors = [_hook_error_line(h, kid, record["notebook"]) for h in record["hooks"] if h["error"]]
     total = sum(h["bytes"] for h in record["hooks"])
     kernel = {
         "id": kid,
         "name": None,  # the kernel does not know its kernelspec name
         "notebook": record["notebook"],
-        "status": "failed" if errors else "done",
+        "status": FAILED if errors else DONE,
         "hooks": record["hooks"],
         "bytes": total,
         "error": "; ".join(errors) or None,
@@ -612,10 +576,10 @@ def _checkpoint_now(reason: str = "requested with %gpu_checkpoint now") -> tuple
         "path": str(path.resolve()),
         "reason": reason,
         "cull_reason": None,
-        "source": "user",
+        "source": SOURCE_USER,
         "requested_at": requested,
         "completed_at": clock.isoformat(clock.utcnow()),
-        "status": "failed" if errors else "done",
+        "status": FAILED if errors else DONE,
         "saved_by_frontend_first": False,
         "notebooks": [],
         "skipped": [],
@@ -624,7 +588,7 @@ def _checkpoint_now(reason: str = "requested with %gpu_checkpoint now") -> tuple
         "errors": errors,
         "bytes": total,
     }
-    _write_json(path / "manifest.json", manifest)
+    write_json(path / MANIFEST, manifest)
     return path, record
 
 
@@ -636,7 +600,7 @@ def _print_list(root: Path) -> None:
     picked = _pick(checkpoints, os.environ.get("JPY_SESSION_NAME") or None)
     print(f"Checkpoints in {root}, newest first (* = what restore() picks):")
     for ck in checkpoints:
-        manifest = _read_json(ck / "manifest.json") or {}
+        manifest = read_json(ck / MANIFEST) or {}
         records = _kernel_records(ck)
         notebooks = sorted({str(r.get("notebook")) for _, r in records if r.get("notebook")})
         notebooks += [
@@ -711,7 +675,7 @@ def _gpu_checkpoint(line: str) -> None:
             total = sum(h["bytes"] for h in record["hooks"])
             print(f"Checkpoint {path.name} saved to {path} ({_human(total)}).")
             for h in record["hooks"]:
-                if h["status"] != "done":
+                if h["status"] != DONE:
                     print(f"  hook {h['name']!r} FAILED: {h['error']}")
         elif command == "restore" and len(rest) <= 1:
             _magic_restore(rest[0] if rest else None)

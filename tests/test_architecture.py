@@ -93,7 +93,10 @@ def test_server_hub_and_profiles_never_import_each_other(package, forbidden):
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("module", ["__init__.py", "checkpoint.py", "simulate.py"])
+LIGHT_MODULES = ("__init__.py", "checkpoint.py", "checkpoint_layout.py", "simulate.py")
+
+
+@pytest.mark.parametrize("module", LIGHT_MODULES)
 def test_modules_loaded_in_kernels_and_both_images_stay_light(module):
     """They run inside users' kernels, or land in both images: on import, the standard library
     and the pure core only (a kernel imports IPython or torch itself, when a hook needs it)."""
@@ -102,6 +105,7 @@ def test_modules_loaded_in_kernels_and_both_images_stay_light(module):
         lambda name, top: (
             top in STDLIB
             or name in ("jupyter_gpu_gov", "jupyter_gpu_gov._version")
+            or f"{name.removeprefix('jupyter_gpu_gov.')}.py" in LIGHT_MODULES
             or _ours(name, "core")
         ),
         top_level_only=True,

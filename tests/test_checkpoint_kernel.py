@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpu_gov import checkpoint
+from jupyter_gpu_gov.checkpoint_layout import new_checkpoint_dir
 
 NOTEBOOK = "work/train.ipynb"
 NO_TORCH = "torch is an optional test extra: pip install torch==2.13.0"
@@ -347,7 +348,7 @@ def test_checkpoint_ids_sort_by_time_then_suffix(tmp_path, monkeypatch):
     monkeypatch.setattr(
         clock, "utcnow", lambda: clock.parse("2026-11-29T13:49:27Z").replace(microsecond=1)
     )
-    made = [checkpoint._new_checkpoint_dir(tmp_path).name for _ in range(10)]
+    made = [new_checkpoint_dir(tmp_path)[0] for _ in range(10)]
     assert made[:2] == ["20261129T134927Z", "20261129T134927Z-2"]
     (tmp_path / "20261129T134926Z").mkdir()
     (tmp_path / "notes").mkdir()

@@ -280,6 +280,20 @@ def test_idle_culler_options_in_both_forms(tmp_path):
     ]
 
 
+@pytest.mark.parametrize(
+    "setting",
+    ["concurrency", "timeout", "dcgm_max_bytes", "diagnose_min_windows", "full_pass_every"],
+)
+def test_a_count_that_must_be_positive_is_refused_at_start_naming_it(setting, capsys):
+    """Whole numbers bounded by traitlets itself (min=1): 0 stops the start, naming the
+    setting, instead of a governor that sends no request or keeps nothing."""
+    with pytest.raises(SystemExit):
+        GpuGovernor().initialize([f"--GpuGovernor.{setting}=0"])
+    assert f"'{setting}' trait of a GpuGovernor instance should not be less than 1" in (
+        capsys.readouterr().err
+    )
+
+
 def test_bad_policy_stops_start_up_naming_entry_and_key(tmp_path):
     config = tmp_path / "gov.py"
     config.write_text('c.GpuGovernor.policies = [{"name": "short", "cull_afterr": "1h"}]\n')

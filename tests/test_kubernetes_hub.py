@@ -195,6 +195,7 @@ def test_a_tier_spawns_a_pod_that_is_governed_and_culled(hub, gov, k8s):
         "gpu-gov/borrowed": "false",
         "gpu-gov/weight": "1",
         "gpu-gov/max-age": str(3 * 86400),
+        "gpu-gov/task-type": "interactive",  # the tier's first (and only) task type
     }
     assert labels["hub.jupyter.org/network-access-hub"] == "true"  # the chart's, kept
     assert len(k8s.pod_devices(NAMESPACE, "jupyter-alice")) == 1

@@ -66,6 +66,7 @@ from .vocabulary import (
     WARNED,
     server_key,
 )
+from .wire import Verdict
 
 # A server the spawn queue started counts as opened once Hub activity comes this long after its
 # start (the Hub stamps activity itself while a server starts).
@@ -1152,28 +1153,32 @@ def verdict(
     dry_run: bool = False,
     root_cause: dict | None = None,
     right_size: dict | None = None,
-) -> dict:
-    """The verdict (docs/api.md), as it rides back on a report's response. ``root_cause`` is
-    the governor's diagnosis (``{"label", "hint", "contributions", "source"}``) and
-    ``right_size`` a smaller tier its use fits (``{"tier", "label", "reason"}``), passed in."""
+    requests: dict | None = None,
+) -> Verdict:
+    """The verdict (``core.wire.Verdict``), as it rides back on a report's response.
+    ``root_cause`` is the governor's diagnosis, ``right_size`` a smaller tier its use fits and
+    ``requests`` what the server is asked to do (``hub/outbound.py``; none by default), passed
+    in."""
     from .clock import isoformat
 
     record = decision.record
-    return {
-        "state": record.state,
-        "idle_since": isoformat(record.idle_since),
-        "warn_at": isoformat(decision.warn_at),
-        "cull_at": isoformat(decision.cull_at),
-        "reason": record.reason,
-        "extensions_left": max(0, policy.max_extensions - record.extensions_used),
-        "extension_step_s": int(policy.extension_step.total_seconds()),
-        "extension_reason": policy.extension_reason,
-        "approval_pending": record.approval_pending,
-        "policy": policy.name,
-        "cull_action": policy.cull_action,
-        "checkpoint": "requested" if record.checkpoint_status == CHECKPOINT_REQUESTED else "none",
-        "max_age_at": None,
-        "dry_run": dry_run,
-        "root_cause": root_cause,
-        "right_size": right_size,
-    }
+    return Verdict(
+        state=record.state,
+        idle_since=isoformat(record.idle_since),
+        warn_at=isoformat(decision.warn_at),
+        cull_at=isoformat(decision.cull_at),
+        reason=record.reason,
+        extensions_left=max(0, policy.max_extensions - record.extensions_used),
+        extension_step_s=int(policy.extension_step.total_seconds()),
+        extension_reason=policy.extension_reason,
+        approval_pending=record.approval_pending,
+        policy=policy.name,
+        cull_action=policy.cull_action,
+        checkpoint=CHECKPOINT_REQUESTED
+        if record.checkpoint_status == CHECKPOINT_REQUESTED
+        else "none",
+        dry_run=dry_run,
+        root_cause=root_cause,
+        right_size=right_size,
+        requests=requests or {},
+    )

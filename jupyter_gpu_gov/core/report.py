@@ -1,5 +1,8 @@
 """The report a server sends (docs/api.md, "The report"): validation, and what it says about the GPU.
 
+Its fields are the dataclasses of ``core/wire.py``, whose ``Report.from_json`` is this
+``validate`` followed by the conversion.
+
 Validation names the first bad field (``targets[2].gpu.sm``) so the server's log says what is
 wrong; a report that does not validate changes nothing. A report comes from a process its user
 controls, so every value is bounded: times lie between the server's start and a few minutes
@@ -17,15 +20,19 @@ from . import health
 from .clock import parse, utcnow
 from .policy import GpuSignal
 from .vocabulary import STOP_SERVER
+from .wire import (
+    BACKENDS,
+    CONFIDENCES,
+    MAX_DEVICES,
+    MAX_ERROR,
+    MAX_TARGETS,
+    MAX_TEXT,
+    REPORT_FORMAT,
+    TARGET_KINDS,
+)
 
-SCHEMA = 1
-BACKENDS = ("nvml", "simulated", "unavailable", "none")
-TARGET_KINDS = ("kernel", "terminal", "other")
-CONFIDENCES = ("exact", "inferred", "unknown")
-MAX_DEVICES = 64
-MAX_TARGETS = 2000
-MAX_TEXT = 1024  # characters of a name, id or path
-MAX_ERROR = 4096  # characters of an error message
+# The report's fields and bounds are defined in core/wire.py (the dataclasses, the schema).
+SCHEMA = REPORT_FORMAT
 # How far a report's times may run ahead of the governor's clock (the two clocks differ a
 # little); further is a lie or a broken clock, and would push deadlines out of reach.
 MAX_CLOCK_SKEW = timedelta(minutes=5)

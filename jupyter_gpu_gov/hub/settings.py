@@ -23,6 +23,7 @@ class GovernorSettings(HasTraits):
     # -- jupyterhub-idle-culler's options ----------------------------------------------------
     timeout = Int(
         3600,
+        min=1,
         help="""Seconds of Hub inactivity after which a server that sends no GPU report, and
         whose pod DCGM does not see, is culled (jupyterhub-idle-culler's --timeout). Servers
         with GPU reports, or with DCGM's reading of their pod's GPUs, follow the policies.""",
@@ -48,6 +49,7 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     concurrency = Int(
         10,
+        min=1,
         help="""Most Hub API requests in flight at once (jupyterhub-idle-culler's
         --concurrency). The governor sends none to users' servers: what it asks of them rides
         on their verdicts.""",
@@ -128,6 +130,7 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     dcgm_max_bytes = Int(
         64 * 1024 * 1024,
+        min=1,
         help="""Bytes a DCGM answer may have once decompressed (a 10,000-GPU fleet through
         Prometheus is about 40 MB); a larger one fails the read.""",
     ).tag(config=True)
@@ -153,6 +156,7 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     diagnose_min_windows = Int(
         1000,
+        min=1,
         help="""Windows (one per server per `diagnose_sample_every`) in the history before the
         first training, e.g. 1000: 20 servers for 50 minutes.""",
     ).tag(config=True)
@@ -167,6 +171,7 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     diagnose_max_windows = Int(
         250_000,
+        min=1,
         help="""Most windows kept in memory for training (about 100 MB at 250,000); beyond it
         the oldest go first, whatever their age.""",
     ).tag(config=True)
@@ -243,6 +248,7 @@ class GovernorSettings(HasTraits):
     # -- the pass ----------------------------------------------------------------------------
     full_pass_every = Int(
         1,
+        min=1,
         help="""Decide every server at one reconcile pass in this many; between them, only the
         servers whose inputs changed (Hub model, report, DCGM evidence, record) or whose
         deadline fell due (docs/benchmarks.md, "Scale"). 1: every server at every pass.""",
@@ -331,17 +337,8 @@ class GovernorSettings(HasTraits):
     def _ip_default(self):
         return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).hostname or "127.0.0.1"
 
-    @validate(
-        "timeout",
-        "concurrency",
-        "dcgm_timeout",
-        "dcgm_max_bytes",
-        "diagnose_train_every",
-        "diagnose_min_windows",
-        "diagnose_history",
-        "diagnose_max_windows",
-        "full_pass_every",
-    )
+    # Seconds that must be > 0 (traitlets' bounds include theirs); whole numbers say min=1.
+    @validate("dcgm_timeout", "diagnose_train_every", "diagnose_history")
     def _positive(self, proposal):
         if proposal["value"] <= 0:
             raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")

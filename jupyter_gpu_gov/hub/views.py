@@ -11,6 +11,7 @@ from ..core import clock, policy, rightsize
 from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Policy, Record
 from ..core.vocabulary import UNKNOWN
+from ..core.wire import Verdict
 from ..diagnose.cluster import Demand
 from . import outbound, showback, trusted
 from .checkpoints import checkpoint_fields, result_status
@@ -44,10 +45,16 @@ def verdict_of(
     dry_run: bool = False,
     root_cause: dict | None = None,
     right_size: dict | None = None,
-) -> dict:
+    requests: dict | None = None,
+) -> Verdict:
     decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
     return policy.verdict(
-        decision, chosen, dry_run=dry_run, root_cause=root_cause, right_size=right_size
+        decision,
+        chosen,
+        dry_run=dry_run,
+        root_cause=root_cause,
+        right_size=right_size,
+        requests=requests,
     )
 
 
@@ -113,6 +120,7 @@ class Views:
     """What the governor shows (a part of ``Governor``)."""
 
     def verdict(self, key: str) -> dict:
+        """The verdict the server's next report gets back (``core.wire.Verdict``, as JSON)."""
         row = self.row(key)
         if row is None:
             not_yet = Record(state=UNKNOWN, reason="the governor has not assessed this server yet")
@@ -121,28 +129,26 @@ class Views:
                 self.policies[-1],
                 dry_run=self.options.dry_run,
                 root_cause=self.root_cause(key),
-            )
-        verdict = verdict_of(
-            row,
-            self.policy_named(row.policy),
-            dry_run=self.options.dry_run,
-            root_cause=self.root_cause(key),
-            right_size=self.right_size(row),
-        )
+            ).to_json()
         # What the server is asked to do: the governor never calls it (see hub/outbound.py).
         # A dry run asks nothing.
-        verdict["requests"] = (
-            {}
-            if self.options.dry_run
-            else outbound.requests(
+        asked = None
+        if not self.options.dry_run:
+            asked = outbound.requests(
                 row.checkpoint_status,
                 row.checkpoint_requested_at,
                 row.reason,
                 row.cull_reason,
                 (self._shutdowns.get(key), self._interrupts.get(key)),
             )
-        )
-        return verdict
+        return verdict_of(
+            row,
+            self.policy_named(row.policy),
+            dry_run=self.options.dry_run,
+            root_cause=self.root_cause(key),
+            right_size=self.right_size(row),
+            requests=asked,
+        ).to_json()
 
     def root_cause(self, key: str) -> dict | None:
         """What the diagnosis says of the server's last report (``None`` once it is stale)."""

@@ -14,21 +14,21 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Dict, Enum, Float, Int, List, Unicode, default, validate
 
 from .. import __version__
+from ..checkpoint_layout import DEFAULT_ROOT, FAILED, ROOT_ENV, RUNNING, SOURCE_GOVERNOR
 from ..core import clock
-from ..core.vocabulary import CULL_REASONS
+from ..core.vocabulary import CHECKPOINT_REQUESTED, CULL_REASONS
 from ..events import GPU_STATE_SCHEMA, GPU_STATE_SCHEMA_ID, VERDICT_SCHEMA, VERDICT_SCHEMA_ID
 from ..gpu.attribution import TargetRoot
 from ..gpu.backends import CHOICES, make_backend, parse_visible_devices, resolve_choice
 from . import metrics, routes
 from .checkpoint import take_checkpoint
+from .frontend_first import FrontendFirst
 from .own_activity import OwnActivity
 from .person_activity import PersonActivity
 from .reporter import GovernorError, Reporter
 from .sampler import Sampler, TargetInfo, TickResult
 
 K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-CHECKPOINT_DIR_ENV = "JUPYTER_GPU_GOV_CHECKPOINT_DIR"
-DEFAULT_CHECKPOINT_DIR = "~/.jupyter-gpu-gov/checkpoints"
 # jupyter_server calls extensions' start hook (`_start_jupyter_server_extension`, once the event
 # loop runs) from 2.16; older servers never call it, so sampling and reports would never start.
 _SERVER_CALLS_START_HOOKS = hasattr(ExtensionApp, "_start_jupyter_server_extension")
@@ -135,8 +135,8 @@ class GpuGovApp(ExtensionApp):
     checkpoint_dir = Unicode(
         help=f"""Directory of the checkpoints taken before a cull (and on request): one
         sub-directory per checkpoint, ``<id>/manifest.json`` plus the kernels' hook files and
-        terminal scrollback. Default: ``{DEFAULT_CHECKPOINT_DIR}``; ``~`` is expanded. Exported to
-        kernels as ``${CHECKPOINT_DIR_ENV}`` (``checkpoint.restore()`` looks there). Example::
+        terminal scrollback. Default: ``{DEFAULT_ROOT}``; ``~`` is expanded. Exported to
+        kernels as ``${ROOT_ENV}`` (``checkpoint.restore()`` looks there). Example::
 
             c.GpuGovApp.checkpoint_dir = "/scratch/alice/gpu-checkpoints"
         """,
@@ -167,14 +167,14 @@ class GpuGovApp(ExtensionApp):
 
     @default("checkpoint_dir")
     def _checkpoint_dir_default(self):
-        return os.path.abspath(os.path.expanduser(DEFAULT_CHECKPOINT_DIR))
+        return os.path.abspath(os.path.expanduser(DEFAULT_ROOT))
 
     @validate("checkpoint_dir")
     def _check_checkpoint_dir(self, proposal):
         value = proposal["value"].strip()
         if not value:
             raise ValueError(
-                f"GpuGovApp.checkpoint_dir must name a directory (e.g. {DEFAULT_CHECKPOINT_DIR!r})"
+                f"GpuGovApp.checkpoint_dir must name a directory (e.g. {DEFAULT_ROOT!r})"
             )
         return os.path.abspath(os.path.expanduser(value))
 
@@ -255,17 +255,14 @@ class GpuGovApp(ExtensionApp):
         self._person_activity = PersonActivity(self._own_activity.ours)
         self.verdict: dict | None = None
         self.checkpoint: dict = {"requested_at": None, "status": None, "manifest": None}
-        self._frontend_checkpoint: asyncio.Future | None = None
-        self._frontend_cull_reason: str | None = None
-        self._frontend_requested_at: str | None = None
+        self._frontend_first = FrontendFirst()
         # The governor's requests (in its verdicts) this server took up: kind -> requested_at.
         self._answered: dict[str, str] = {}
         self._request_tasks: set[asyncio.Task] = set()
-        self._frontend_claimed: asyncio.Future | None = None
         self._checkpoint_lock = asyncio.Lock()
         # Kernels inherit the server's environment: tell their checkpoint module where to write.
-        self._previous_checkpoint_env = os.environ.get(CHECKPOINT_DIR_ENV)
-        os.environ[CHECKPOINT_DIR_ENV] = self.checkpoint_dir
+        self._previous_checkpoint_env = os.environ.get(ROOT_ENV)
+        os.environ[ROOT_ENV] = self.checkpoint_dir
         self.reporter = None
         self._last_report_at = 0.0
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
@@ -322,11 +319,11 @@ class GpuGovApp(ExtensionApp):
         self._person_activity.close()
         await asyncio.get_running_loop().run_in_executor(None, self.sampler.close)
         # Leave the process as we found it (servers started in-process, e.g. by tests).
-        if os.environ.get(CHECKPOINT_DIR_ENV) == self.checkpoint_dir:
+        if os.environ.get(ROOT_ENV) == self.checkpoint_dir:
             if self._previous_checkpoint_env is None:
-                os.environ.pop(CHECKPOINT_DIR_ENV, None)
+                os.environ.pop(ROOT_ENV, None)
             else:
-                os.environ[CHECKPOINT_DIR_ENV] = self._previous_checkpoint_env
+                os.environ[ROOT_ENV] = self._previous_checkpoint_env
 
     # -- sampling ----------------------------------------------------------------------------
 
@@ -409,7 +406,7 @@ class GpuGovApp(ExtensionApp):
         try:
             await self.run_checkpoint(
                 reason if isinstance(reason, str) and reason else "requested by the governor",
-                "governor",
+                SOURCE_GOVERNOR,
                 cull_reason if cull_reason in CULL_REASONS else None,
                 requested_at=request["requested_at"],
             )
@@ -488,37 +485,30 @@ class GpuGovApp(ExtensionApp):
         if cull_reason is not None and cull_reason not in CULL_REASONS:
             raise ValueError(f"cull_reason must be one of {', '.join(CULL_REASONS)}")
         if (
-            source == "governor"
+            source == SOURCE_GOVERNOR
             and self.frontend_checkpoint_grace > 0
             and self._browser_connected()
         ):
-            waiting = self._frontend_checkpoint = asyncio.get_running_loop().create_future()
-            self._frontend_cull_reason = cull_reason
-            self._frontend_requested_at = requested_at
-            self.set_verdict({**(self.verdict or {}), "checkpoint": "requested"})
-            try:
-                return await asyncio.wait_for(
-                    asyncio.shield(waiting), self.frontend_checkpoint_grace
-                )
-            except asyncio.TimeoutError:
-                if self._frontend_claimed is waiting:
-                    # The frontend asked in time; its checkpoint (hooks included) is under way.
-                    return await waiting
-                self.log.info("jupyter-gpu-gov: no frontend saved first; checkpointing alone")
-            finally:
-                self._frontend_checkpoint = None
-                self._frontend_cull_reason = None
-                self._frontend_requested_at = None
-        waiting = None
-        if source != "governor" and self._frontend_checkpoint is not None:
-            waiting = self._frontend_claimed = self._frontend_checkpoint
-            cull_reason = cull_reason or self._frontend_cull_reason
-            requested_at = requested_at or self._frontend_requested_at
+            manifest = await self._frontend_first.offer(
+                cull_reason,
+                requested_at,
+                self.frontend_checkpoint_grace,
+                announce=lambda: self.set_verdict(
+                    {**(self.verdict or {}), "checkpoint": CHECKPOINT_REQUESTED}
+                ),
+            )
+            if manifest is not None:
+                return manifest
+            self.log.info("jupyter-gpu-gov: no frontend saved first; checkpointing alone")
+        claim = self._frontend_first.claim() if source != SOURCE_GOVERNOR else None
+        if claim is not None:
+            cull_reason = cull_reason or claim.cull_reason
+            requested_at = requested_at or claim.requested_at
         try:
             async with self._checkpoint_lock:  # one checkpoint at a time
                 self.checkpoint = {
                     "requested_at": requested_at or clock.isoformat(clock.utcnow()),
-                    "status": "running",
+                    "status": RUNNING,
                     "manifest": None,
                 }
                 self._own_activity.begin(self._busy_since)
@@ -536,7 +526,7 @@ class GpuGovApp(ExtensionApp):
                         log=self.log,
                     )
                 except BaseException:
-                    self.checkpoint = {**self.checkpoint, "status": "failed"}
+                    self.checkpoint = {**self.checkpoint, "status": FAILED}
                     raise
                 finally:
                     self._own_activity.end()
@@ -546,17 +536,13 @@ class GpuGovApp(ExtensionApp):
                     "manifest": manifest,
                 }
         except BaseException as error:
-            if waiting is not None and not waiting.done():
-                if isinstance(error, asyncio.CancelledError):
-                    waiting.cancel()
-                else:
-                    waiting.set_exception(error)
+            if claim is not None:
+                claim.settle(error=error)
             raise
         finally:
-            if self._frontend_claimed is waiting:
-                self._frontend_claimed = None
-        if waiting is not None and not waiting.done():
-            waiting.set_result(manifest)
+            self._frontend_first.release(claim)
+        if claim is not None:
+            claim.settle(manifest)
         return manifest
 
     async def _fresh_report(self) -> dict | None:

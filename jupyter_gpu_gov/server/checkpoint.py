@@ -1,12 +1,7 @@
 """The server side of a checkpoint before a cull (formats: docs/api.md, "What a checkpoint does").
 
-One checkpoint is one directory ``<checkpoint_dir>/<id>/`` (``id``: UTC ``YYYYMMDDTHHMMSSZ``, a
-``-2``, ``-3`` suffix when taken)::
-
-    manifest.json                      written here when the checkpoint ends
-    kernels/<kernel_id>/hooks.json     written by the kernel (``jupyter_gpu_gov.checkpoint``)
-    kernels/<kernel_id>/<hook>/...     each hook's files
-    terminals/<name>.txt               terminal scrollback, written here
+One checkpoint is one directory ``<checkpoint_dir>/<id>/``, laid out as ``checkpoint_layout``
+says (the kernels write their part through ``jupyter_gpu_gov.checkpoint``).
 
 :func:`take_checkpoint` runs the kernel hooks of every kernel on a GPU (in parallel, one silent
 execute request each, with a timeout that interrupts the kernel), takes a contents-manager
@@ -32,13 +27,26 @@ from pathlib import Path
 
 from jupyter_core.utils import ensure_async
 
+from ..checkpoint_layout import (
+    DONE,
+    FAILED,
+    FORMAT,
+    HOOKS_FILE,
+    MANIFEST,
+    NO_HOOKS,
+    RESTORE_HINT,
+    RUNNING,
+    SOURCE_FRONTEND,
+    TERMINALS_DIR,
+    TIMEOUT,
+    id_key,
+    is_checkpoint_id,
+    kernel_dir,
+    new_checkpoint_dir,
+    write_json,
+)
 from ..core import clock
 
-MANIFEST_FORMAT = 1
-MANIFEST = "manifest.json"
-HOOKS_FILE = "hooks.json"
-ID_PATTERN = re.compile(r"^\d{8}T\d{6}Z(?:-[1-9]\d*)?$")
-RESTORE_HINT = "from jupyter_gpu_gov import checkpoint; checkpoint.restore()"
 # Seconds to wait for a kernel's answer after interrupting a hook that ran past its timeout.
 INTERRUPT_GRACE = 10.0
 # A directory without a manifest may be a checkpoint in progress (another server of the same
@@ -56,16 +64,6 @@ HOOKS_EXPRESSION = (
     "(__import__('sys').modules.get('jupyter_gpu_gov.checkpoint'), "
     "__import__('time'), __import__('json'))"
 )
-
-
-def is_checkpoint_id(value: str) -> bool:
-    return bool(ID_PATTERN.match(value))
-
-
-def _id_key(checkpoint_id: str) -> tuple[str, int]:
-    """Sort key: by time, then by suffix as a number (``-10`` after ``-9``)."""
-    base, _, suffix = checkpoint_id.partition("-")
-    return base, int(suffix or 1)
 
 
 def _no_space(text: str | None) -> bool:
@@ -101,28 +99,6 @@ def du(path: Path) -> int:
             with contextlib.suppress(OSError):  # a file removed meanwhile
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Write ``data`` whole or not at all (readers never see half a manifest)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def new_checkpoint_dir(root: Path) -> tuple[str, Path]:
-    """Create ``<root>/<id>/`` and answer (id, path)."""
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    base = clock.utcnow().strftime("%Y%m%dT%H%M%SZ")
-    for n in range(1, 10_000):
-        checkpoint_id = base if n == 1 else f"{base}-{n}"
-        path = root / checkpoint_id
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:
-            continue
-        return checkpoint_id, path
-    raise RuntimeError(f"no free checkpoint id for {base} in {root}")
 
 
 # -- kernels ---------------------------------------------------------------------------------
@@ -241,7 +217,7 @@ async def run_kernel_hooks(
         "id": kernel.id,
         "name": name,
         "notebook": kernel.notebook,
-        "status": "no-hooks",
+        "status": NO_HOOKS,
         "hooks": [],
         "bytes": 0,
         "error": None,
@@ -282,14 +258,12 @@ async def run_kernel_hooks(
         if reply is None:
             hooks = _read_hooks(directory)
             running = [
-                h.get("name")
-                for h in (hooks or {}).get("hooks", [])
-                if h.get("status") == "running"
+                h.get("name") for h in (hooks or {}).get("hooks", []) if h.get("status") == RUNNING
             ]
             started = await _started(client, msg_id) or hooks is not None or not busy_before
             if not started:
                 fail(
-                    "timeout",
+                    TIMEOUT,
                     f"timeout: {where} was busy running a cell; its checkpoint hooks did not "
                     f"start within {timeout:g} s (the cell was not interrupted)",
                 )
@@ -306,21 +280,21 @@ async def run_kernel_hooks(
                     )
                 except Exception as error:
                     outcome = f"the kernel could not be interrupted: {_exception_line(error)}"
-                fail("timeout", f"timeout: {what} ({where}) ran past {timeout:g} s; {outcome}")
+                fail(TIMEOUT, f"timeout: {what} ({where}) ran past {timeout:g} s; {outcome}")
             record = _read_hooks(directory) or hooks
         else:
             record, problem = _answer(reply)
             if problem:
-                fail("failed", f"checkpoint hooks could not run ({where}): {problem}")
+                fail(FAILED, f"checkpoint hooks could not run ({where}): {problem}")
             elif record and record.get("hooks"):
-                entry["status"] = "done"
+                entry["status"] = DONE
                 if not (directory / HOOKS_FILE).exists():
                     # The kernel could not write it (a full disk?): restore() needs it.
                     try:
-                        _write_json(directory / HOOKS_FILE, record)
+                        write_json(directory / HOOKS_FILE, record)
                     except OSError as error:
                         fail(
-                            "failed",
+                            FAILED,
                             f"hooks.json not written ({where}), restore() will not find these "
                             f"hooks: {_exception_line(error)}",
                         )
@@ -330,18 +304,18 @@ async def run_kernel_hooks(
             entry["hooks"] = record.get("hooks", [])
             entry["notebook"] = entry["notebook"] or record.get("notebook")
             for hook in entry["hooks"]:
-                if hook.get("status") == "failed":
+                if hook.get("status") == FAILED:
                     error = _describe_error(hook.get("error") or "failed")
                     at = _where(kernel.id, entry["notebook"])
-                    fail("failed", f"hook {hook.get('name')!r} failed ({at}): {error}")
+                    fail(FAILED, f"hook {hook.get('name')!r} failed ({at}): {error}")
     except Exception as error:
         log.warning("jupyter-gpu-gov: checkpoint hooks of kernel %s", kernel.id, exc_info=True)
-        fail("failed", f"checkpoint hooks could not run ({where}): {_exception_line(error)}")
+        fail(FAILED, f"checkpoint hooks could not run ({where}): {_exception_line(error)}")
     finally:
         if client is not None:
             client.stop_channels()
-    if entry["status"] == "done" and errors:
-        entry["status"] = "failed"
+    if entry["status"] == DONE and errors:
+        entry["status"] = FAILED
     entry["bytes"] = await asyncio.to_thread(du, directory)
     return entry, errors
 
@@ -396,7 +370,7 @@ def save_terminals(serverapp, directory: Path) -> tuple[list[dict], list[str]]:
     terminals = dict(getattr(manager, "terminals", None) or {})
     saved, errors = [], []
     for name in sorted(terminals, key=str):
-        relative = f"terminals/{_terminal_file_name(name)}"
+        relative = f"{TERMINALS_DIR}/{_terminal_file_name(name)}"
         try:
             text = scrollback_text(list(getattr(terminals[name], "read_buffer", ())))
             target = directory / relative
@@ -418,7 +392,7 @@ def checkpoint_ids(root: Path) -> list[str]:
         names = [p.name for p in root.iterdir() if p.is_dir() and is_checkpoint_id(p.name)]
     except FileNotFoundError:
         return []
-    return sorted(names, key=_id_key)
+    return sorted(names, key=id_key)
 
 
 def read_manifest(root: Path, checkpoint_id: str) -> dict | None:
@@ -508,7 +482,7 @@ async def take_checkpoint(
     requested = clock.utcnow()
     errors: list[str] = []
     manifest: dict = {
-        "format": MANIFEST_FORMAT,
+        "format": FORMAT,
         "id": None,
         "path": None,
         "reason": reason,
@@ -516,8 +490,8 @@ async def take_checkpoint(
         "source": source,
         "requested_at": clock.isoformat(requested),
         "completed_at": None,
-        "status": "running",
-        "saved_by_frontend_first": source == "frontend",
+        "status": RUNNING,
+        "saved_by_frontend_first": source == SOURCE_FRONTEND,
         "notebooks": [],
         "skipped": [],
         "kernels": [],
@@ -537,7 +511,7 @@ async def take_checkpoint(
 
     if directory is not None:
         runs = [
-            run_kernel_hooks(serverapp, k, directory / "kernels" / k.id, reason, hook_timeout, log)
+            run_kernel_hooks(serverapp, k, kernel_dir(directory, k.id), reason, hook_timeout, log)
             for k in gpu_kernels(report)
         ]
         for entry, lines in await asyncio.gather(*runs):
@@ -560,15 +534,15 @@ async def take_checkpoint(
         except Exception as error:
             log.warning("jupyter-gpu-gov: checkpoint pruning not planned: %s", error)
 
-    manifest["status"] = "failed" if errors else "done"
+    manifest["status"] = FAILED if errors else DONE
     manifest["completed_at"] = clock.isoformat(clock.utcnow())
     if directory is not None:
         try:
-            await asyncio.to_thread(_write_json, directory / MANIFEST, manifest)
+            await asyncio.to_thread(write_json, directory / MANIFEST, manifest)
         except Exception as error:
             manifest["pruned"] = []  # keep the old ones when this one has no manifest
             errors.append(f"manifest {directory / MANIFEST}: not written: {_exception_line(error)}")
-            manifest["status"] = "failed"
+            manifest["status"] = FAILED
     for old in manifest["pruned"]:
         try:
             await asyncio.to_thread(shutil.rmtree, root / old)

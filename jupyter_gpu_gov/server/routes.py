@@ -11,8 +11,9 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
+from ..checkpoint_layout import SOURCE_USER, SOURCES, is_checkpoint_id
 from ..core.vocabulary import CULL_REASONS
-from .checkpoint import is_checkpoint_id, list_checkpoints, read_manifest
+from .checkpoint import list_checkpoints, read_manifest
 
 AUTH_RESOURCE = "gpu-gov"
 
@@ -64,9 +65,9 @@ class CheckpointHandler(GpuGovHandler):
         reason = body.get("reason") or "requested"
         if not isinstance(reason, str):
             raise web.HTTPError(400, "'reason' must be a string")
-        source = body.get("source", "user")
-        if source not in ("user", "frontend", "governor"):
-            raise web.HTTPError(400, "'source' must be one of user, frontend, governor")
+        source = body.get("source", SOURCE_USER)
+        if source not in SOURCES:
+            raise web.HTTPError(400, f"'source' must be one of {', '.join(SOURCES)}")
         cull_reason = body.get("cull_reason")
         if cull_reason is not None and cull_reason not in CULL_REASONS:
             raise web.HTTPError(

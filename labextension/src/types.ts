@@ -1,61 +1,28 @@
 /**
- * The wire types: what the server extension sends (docs/api.md). This module is the only place
- * that defines them (they are to be generated from the report's JSON Schema), so it holds no
- * logic. `null` in a report always means *unknown*, never zero.
+ * The wire types: what the server extension sends (docs/api.md). The report and the verdict are
+ * generated from their JSON Schema into wire.ts (scripts/wire-types.js); this module adds the
+ * open objects they carry and the other endpoints' answers, and holds no logic. `null` in a
+ * report always means *unknown*, never zero.
  */
+import type { IReport, IVerdict } from './wire';
 
-/** The governor's states (docs/api.md, the verdict). */
-export type GovState =
-  | 'active'
-  | 'idle'
-  | 'busy'
-  | 'warned'
-  | 'checkpointing'
-  | 'culled'
-  | 'exempt'
-  | 'unknown'
-  | 'gpu-failed';
+export type {
+  GovState,
+  ICheckpointState,
+  IDevice,
+  IReport,
+  ITarget,
+  ITargetCpu,
+  ITargetGpu,
+  IVerdict,
+  IWindow
+} from './wire';
 
 /** A device's health, when the server extension or DCGM knows it. */
 export interface IDeviceHealth {
   status: 'ok' | 'unhealthy' | 'unknown' | string;
   /** One line each, e.g. "XID 79: GPU fell off the bus". */
   reasons?: string[] | null;
-}
-
-export interface IDevice {
-  uuid: string;
-  name: string;
-  mig_profile?: string | null;
-  parent_uuid?: string | null;
-  memory_total_mb?: number | null;
-  memory_used_mb?: number | null;
-  activity?: number | null;
-  shared?: boolean;
-  health?: IDeviceHealth | null;
-}
-
-export interface ITargetGpu {
-  devices?: string[];
-  memory_mb?: number | null;
-  sm?: number | null;
-  holds_context?: boolean;
-  confidence?: 'exact' | 'inferred' | 'unknown' | string;
-  last_active?: string | null;
-  idle_since?: string | null;
-  active_fraction?: number | null;
-  history?: (number | null)[];
-}
-
-export interface ITarget {
-  kind: 'kernel' | 'terminal' | 'other' | string;
-  id: string;
-  name?: string | null;
-  path?: string | null;
-  execution_state?: string | null;
-  last_activity?: string | null;
-  connections?: number | null;
-  gpu?: ITargetGpu | null;
 }
 
 /** The governor's diagnosis of why the GPU is underused. */
@@ -67,29 +34,30 @@ export interface IRootCause {
   source?: 'model' | 'rules' | string | null;
 }
 
+/** What the governor asks of the server in its verdict (it never calls the server). */
+export interface IVerdictRequests {
+  checkpoint?: {
+    requested_at: string;
+    reason?: string | null;
+    cull_reason?: CullReason | string | null;
+  };
+  interrupt_kernels?: {
+    requested_at: string;
+    kernels: string[];
+    reason?: string | null;
+  };
+  shutdown_kernels?: {
+    requested_at: string;
+    kernels: string[];
+    reason?: string | null;
+  };
+}
+
 /** A smaller tier the work would fit. */
 export interface IRightSize {
   tier: string;
   label: string;
   reason: string;
-}
-
-export interface IVerdict {
-  state: GovState | string;
-  reason?: string | null;
-  idle_since?: string | null;
-  warn_at?: string | null;
-  cull_at?: string | null;
-  extensions_left?: number | null;
-  extension_step_s?: number | null;
-  extension_reason?: 'optional' | 'required' | string | null;
-  approval_pending?: boolean;
-  policy?: string | null;
-  cull_action?: 'stop-server' | 'shutdown-kernels' | string | null;
-  checkpoint?: 'none' | 'requested' | null;
-  dry_run?: boolean;
-  root_cause?: IRootCause | null;
-  right_size?: IRightSize | null;
 }
 
 /** Why the governor stopped a server (a checkpoint's `cull_reason`). */
@@ -117,26 +85,9 @@ export interface ICheckpointManifest {
   bytes?: number | null;
 }
 
-/** GET /jupyter-gpu-gov/status. */
-export interface IStatusReport {
-  schema?: number;
-  sampled_at?: string | null;
-  backend?: 'nvml' | 'simulated' | 'unavailable' | 'none' | string;
-  error?: string | null;
-  devices?: IDevice[];
-  targets?: ITarget[];
-  window?: {
-    seconds?: number;
-    gpu_active_fraction?: number | null;
-    gpu_last_active?: string | null;
-    gpu_idle_since?: string | null;
-  };
+/** GET /jupyter-gpu-gov/status: the report, with the verdict the server last got. */
+export interface IStatusReport extends IReport {
   verdict?: IVerdict | null;
-  checkpoint?: {
-    requested_at?: string | null;
-    status?: string | null;
-    manifest?: ICheckpointManifest | null;
-  } | null;
 }
 
 /** One checkpoint as GET /jupyter-gpu-gov/checkpoints lists it (newest first). */

@@ -71,7 +71,7 @@ export function report(extra: Partial<IStatusReport> = {}): IStatusReport {
           history: [0.5, 0.2, null, 0, 0]
         }
       },
-      { kind: 'kernel', id: 'k2', name: 'python3', gpu: null },
+      { kind: 'kernel', id: 'k2', name: 'python3' },
       {
         kind: 'terminal',
         id: '1',

@@ -156,7 +156,7 @@ export function panelRows(
     const state = targetState(target);
     return {
       key: `${target.kind}:${target.id}`,
-      kind: target.kind,
+      kind: target.kind ?? 'other',
       title: targetTitle(target, trans),
       path: target.kind === 'kernel' && target.path ? target.path : null,
       devices: (gpu.devices ?? [])
@@ -308,7 +308,7 @@ function panelLines(
     });
   } else if (
     verdict &&
-    !['active', 'warned', 'checkpointing'].includes(verdict.state)
+    !['active', 'warned', 'checkpointing'].includes(verdict.state ?? 'unknown')
   ) {
     const reason = reasonText(verdict, options);
     if (reason) {

@@ -82,7 +82,7 @@ export function deviceLine(device: IDevice, trans: ITrans = nullTrans): string {
     device.health?.status === 'unhealthy' ? trans.__(', UNHEALTHY') : '';
   if (device.mig_profile) {
     // NVML names a MIG instance "<card> MIG 1g.18gb"; say the card once.
-    const card = device.name.replace(/\s+MIG\s+\S+$/, '');
+    const card = (device.name ?? '').replace(/\s+MIG\s+\S+$/, '');
     return trans.__(
       'MIG %1 slice of %2: %3, %4%5%6',
       device.mig_profile,
@@ -134,7 +134,9 @@ export function tooltip(
     lines.push(trans.__('Governor: not connected'));
     return lines.join('\n');
   }
-  lines.push(trans.__('Governor: %1', stateLabel(verdict.state, trans)));
+  lines.push(
+    trans.__('Governor: %1', stateLabel(verdict.state ?? 'unknown', trans))
+  );
   const reason = reasonText(verdict, options);
   if (reason) {
     lines.push(reason);

@@ -81,7 +81,7 @@ export function stoppedView(
     !because &&
     !facts.byOwner &&
     verdict?.idle_since &&
-    ['warned', 'checkpointing', 'culled'].includes(verdict.state)
+    ['warned', 'checkpointing', 'culled'].includes(verdict.state ?? 'unknown')
   ) {
     because = cullReasonPhrase('gpu-idle', trans);
   }

@@ -25,7 +25,7 @@ export function governorState(report: IStatusReport | null): GovState {
   }
   const verdict = report.verdict;
   if (verdict) {
-    return GOV_STATES.includes(verdict.state)
+    return GOV_STATES.includes(verdict.state ?? '')
       ? (verdict.state as GovState)
       : 'unknown';
   }
@@ -183,7 +183,9 @@ export function rightSizeLine(
 
 /** A device by the name people know it: its MIG profile, or its product name. */
 export function deviceName(device: IDevice): string {
-  return device.mig_profile ? `${device.mig_profile} (MIG)` : device.name;
+  return device.mig_profile
+    ? `${device.mig_profile} (MIG)`
+    : (device.name ?? device.uuid ?? '');
 }
 
 export interface IHealthAlert {

@@ -70,7 +70,8 @@ export interface IExtendView {
 /** Whether there is a deadline to extend (the GPU is idle on the governor's clock). */
 export function hasDeadline(verdict: IVerdict | null | undefined): boolean {
   return (
-    !!verdict && ['idle', 'warned', 'checkpointing'].includes(verdict.state)
+    !!verdict &&
+    ['idle', 'warned', 'checkpointing'].includes(verdict.state ?? 'unknown')
   );
 }
 

@@ -1,0 +1,430 @@
+"""The report and the verdict, defined once: frozen dataclasses whose fields carry their meaning
+and bounds, from which the JSON Schema (``jupyter_gpu_gov/events/wire.v1.schema.json``), the
+labextension's wire types (``labextension/src/wire.ts``) and the field tables of docs/api.md are
+generated (``python -m jupyter_gpu_gov.core.wire_schema``; tests fail when they drift).
+
+``Report.from_json`` is the validator (``core.report.validate``: the first bad field is named,
+every value bounded) followed by the conversion; ``to_json`` gives the JSON object back. ``null``
+always means *unknown*, never zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .vocabulary import CHECKPOINT_REQUESTED, CULL_ACTIONS, STATES
+
+REPORT_FORMAT = 1  # the report's "schema"
+# Report bounds (a report comes from a process its user controls).
+BACKENDS = ("nvml", "simulated", "unavailable", "none")
+TARGET_KINDS = ("kernel", "terminal", "other")
+CONFIDENCES = ("exact", "inferred", "unknown")
+MAX_DEVICES = 64
+MAX_TARGETS = 2000
+MAX_TEXT = 1024  # characters of a name, id or path
+MAX_ERROR = 4096  # characters of an error message
+CHECKPOINT_STATES = (CHECKPOINT_REQUESTED, "none")  # the verdict's "checkpoint"
+EXTENSION_REASONS = ("optional", "required")
+
+
+def spec(doc: str, default: Any = None, **schema: Any) -> Any:
+    """A wire field: its meaning (``doc``, the docs table's text) and JSON Schema keywords
+    (``enum``, ``minimum``, ``maximum``, ``maxLength``, ``maxItems``, ``format``, ``const``;
+    ``required=True`` where a report without it is refused)."""
+    factory = {"default_factory": default} if callable(default) else {"default": default}
+    return dataclasses.field(metadata={"doc": doc, **schema}, **factory)
+
+
+TIME = {"format": "date-time"}
+SHARE = {"minimum": 0, "maximum": 1}
+
+
+class Wire:
+    """What the wire dataclasses share: ``to_json`` and conversion from a validated object."""
+
+    def to_json(self) -> dict:
+        # Fields in their order (a frozen dataclass's __dict__ holds them, nothing else); only
+        # the nested ones are converted: a verdict goes out with every report.
+        out = dict(self.__dict__)
+        for name in _nested(type(self)):
+            out[name] = _to_json(out[name])
+        return out
+
+    @classmethod
+    def _from_checked(cls, obj: Mapping) -> Any:
+        """From an object already validated: nested wire types converted, unknown keys
+        ignored."""
+        values = {}
+        for name, convert in _converters(cls):
+            if name in obj:
+                value = obj[name]
+                values[name] = value if convert is None or value is None else convert(value)
+        return cls(**values)
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, Wire):
+        return value.to_json()
+    if isinstance(value, list | tuple):
+        return [_to_json(v) for v in value]
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
+def _nested(cls: type) -> tuple[str, ...]:
+    """The fields of ``cls`` that hold wire objects or tuples (``to_json`` converts them)."""
+    return tuple(name for name, hint in _hints(cls).items() if _holds_wire(hint))
+
+
+def _holds_wire(hint: Any) -> bool:
+    return any(
+        typing.get_origin(part) is tuple or (isinstance(part, type) and issubclass(part, Wire))
+        for part in (hint, *typing.get_args(hint))
+    )
+
+
+@functools.cache
+def _converters(cls: type) -> tuple[tuple[str, Callable[[Any], Any] | None], ...]:
+    """Each field of ``cls`` with what turns its JSON value (not null) into the field's value;
+    None where it is the same (worked out once per class: a report has many targets)."""
+    return tuple((name, _converter(hint)) for name, hint in _hints(cls).items())
+
+
+def _converter(hint: Any) -> Callable[[Any], Any] | None:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, type) and issubclass(hint, Wire):
+        return hint._from_checked
+    if typing.get_origin(hint) is tuple:
+        item = _converter(args[0])
+        if item is None:
+            return tuple
+        return lambda values: tuple(None if v is None else item(v) for v in values)
+    if len(args) == 1 and typing.get_origin(hint) is not dict:  # X | None
+        return _converter(args[0])
+    return None
+
+
+# -- the report (server -> governor) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Server(Wire):
+    """Who the server is."""
+
+    user: str = spec("the Hub user", required=True, maxLength=MAX_TEXT)
+    name: str = spec('the server name (`""` for the default server)', "", maxLength=MAX_TEXT)
+    started: str | None = spec("when this server started", **TIME)
+    last_activity: str | None = spec(
+        "last activity of people and clients (API calls, kernel messages, terminals), "
+        "**excluding** GPU work, so the governor can tell an open tab from GPU work",
+        **TIME,
+    )
+    pod: str | None = spec("the Kubernetes pod, `null` outside Kubernetes", maxLength=MAX_TEXT)
+    namespace: str | None = spec(
+        "the Kubernetes namespace, `null` outside Kubernetes", maxLength=MAX_TEXT
+    )
+    gpu_allocated: bool = spec(
+        "the GPUs it sees are its own allocation (a Kubernetes GPU request, the workstation "
+        "allocator's devices), not a machine's shared cards",
+        False,
+    )
+
+
+@dataclass(frozen=True)
+class Device(Wire):
+    """A leaf device: a whole GPU or a MIG instance."""
+
+    uuid: str = spec("NVML UUID (`GPU-…` or `MIG-…`)", required=True, maxLength=MAX_TEXT)
+    name: str | None = spec("product name", maxLength=MAX_TEXT)
+    mig_profile: str | None = spec(
+        "e.g. `1g.18gb` for a MIG instance; `null` for a whole GPU", maxLength=MAX_TEXT
+    )
+    parent_uuid: str | None = spec(
+        "the physical GPU of a MIG instance; `null` for a whole GPU", maxLength=MAX_TEXT
+    )
+    memory_total_mb: float | None = spec("MiB", minimum=0)
+    memory_used_mb: float | None = spec("MiB", minimum=0)
+    activity: float | None = spec(
+        "0..1 over the driver's last sample period; `null` where there is no utilisation API "
+        "(MIG without GPM)",
+        **SHARE,
+    )
+    memory_activity: float | None = spec("memory controller activity 0..1", **SHARE)
+    shared: bool = spec(
+        "other people's processes use this card (workstation), or it is time-sliced", False
+    )
+    health: dict | None = spec(
+        "the GPU's health (a MIG instance: its GPU's), [GPU health](#gpu-health): "
+        '`{"status": "ok"|"unhealthy"|"unknown", "reasons": [...], "action": "reset"|"drain"|null, "warnings": [...]}`; `null` '
+        "from a server that does not check",
+        tsType="IDeviceHealth",
+    )
+
+
+@dataclass(frozen=True)
+class TargetGpu(Wire):
+    """What a target holds of the GPUs."""
+
+    devices: tuple[str, ...] = spec(
+        "UUIDs of the devices this target holds", tuple, maxItems=MAX_DEVICES
+    )
+    memory_mb: float | None = spec("GPU memory it holds, MiB", minimum=0)
+    sm: float | None = spec("SM activity 0..1 (of its busiest device) at this sample", **SHARE)
+    holds_context: bool = spec(
+        "it has a CUDA context on a GPU (holds the card even if idle)", False, required=True
+    )
+    confidence: str = spec(
+        "how sure the attribution is: `exact` (local PIDs, per-process data), `inferred` "
+        "(derived from device totals or open device files), `unknown` (no split possible)",
+        "unknown",
+        enum=CONFIDENCES,
+        required=True,
+    )
+    last_active: str | None = spec("last sample at or above `active_threshold`", **TIME)
+    idle_since: str | None = spec("start of the current idle stretch (`null` unless idle)", **TIME)
+    active_fraction: float | None = spec(
+        "share of known samples in the window that were active", **SHARE
+    )
+    pids: tuple[int, ...] = spec(
+        "the GPU process IDs as the backend reported them (host PIDs in a container)", tuple
+    )
+    history: tuple[float | None, ...] = spec(
+        "the window's `sm` values, oldest first (sparklines)", tuple
+    )
+
+
+@dataclass(frozen=True)
+class TargetCpu(Wire):
+    """What a target's process tree did over the rolling window."""
+
+    cores: float | None = spec(
+        "CPU cores busy on average (user + system time / wall time): `1.0` is one core "
+        "saturated, e.g. a Python loop",
+        minimum=0,
+    )
+    iowait: float | None = spec(
+        "share 0..1 of the window the tree's processes spent blocked on block I/O "
+        "(`delayacct_blkio_ticks`, field 42 of `stat`; the main thread of each process; summed "
+        "over processes and capped at 1). `null` when the kernel does not account I/O delay "
+        "(`/proc/sys/kernel/task_delayacct` is `0`, the default since Linux 5.14; `sysctl "
+        "kernel.task_delayacct=1` turns it on)",
+        **SHARE,
+    )
+    read_mb_s: float | None = spec(
+        "reads from storage (`read_bytes` of `/proc/<pid>/io`: page-cache misses, not cached "
+        "re-reads), in MB/s (10^6 bytes); `null` when `io` is unreadable for any process of the "
+        "tree, and for `other`",
+        minimum=0,
+    )
+    seconds: float | None = spec("the span these figures cover", minimum=0)
+    top_thread: float | None = spec(
+        "share 0..1 of a core the tree's busiest thread used, tick by tick, averaged over the "
+        "window (`/proc/<pid>/task/<tid>/stat`, at most 512 threads a process): a serial loop "
+        "saturates one thread (1.0) where workers sharing a load each read less; `null` when a "
+        "task list is unreadable",
+        **SHARE,
+    )
+
+
+@dataclass(frozen=True)
+class Target(Wire):
+    """A kernel, a terminal, or the server's other processes."""
+
+    kind: str = spec(
+        "`kernel`, `terminal` or `other` (the server's other processes)",
+        "other",
+        enum=TARGET_KINDS,
+        required=True,
+    )
+    id: str = spec(
+        "a kernel's id (a UUID), a terminal's name, or `server`",
+        "",
+        required=True,
+        maxLength=MAX_TEXT,
+    )
+    name: str | None = spec("the kernel's name", maxLength=MAX_TEXT)
+    path: str | None = spec(
+        "the notebook or console a kernel belongs to, when there is a session",
+        maxLength=MAX_TEXT,
+    )
+    execution_state: str | None = spec(
+        "as Jupyter Server reports it for the kernel", maxLength=MAX_TEXT
+    )
+    busy_since: str | None = spec("when the running cell began (`busy` only)", **TIME)
+    last_activity: str | None = spec(
+        "as Jupyter Server reports it (terminals: their last activity)", **TIME
+    )
+    connections: float | None = spec(
+        "clients connected (browser tabs; terminals: their clients)", minimum=0
+    )
+    gpu: TargetGpu = spec("what it holds of the GPUs", TargetGpu, required=True)
+    cpu: TargetCpu | None = spec(
+        "what the target's process tree did over the rolling window (the same `window.seconds` "
+        "as the GPU's, shorter just after a start), from `/proc/<pid>/stat` and "
+        "`/proc/<pid>/io` deltas between samples; `null` on the first sample. Optional: a "
+        "governor accepts reports without it"
+    )
+
+    @classmethod
+    def _from_checked(cls, obj: Mapping) -> Target:
+        cpu = obj.get("cpu")
+        if isinstance(cpu, Mapping) and "cores" not in cpu:
+            obj = {**obj, "cpu": None}  # an older server's {"percent", "iowait"}: ignored
+        return super()._from_checked(obj)
+
+
+@dataclass(frozen=True)
+class Window(Wire):
+    """The rolling window, for the whole server."""
+
+    seconds: float = spec(
+        "length of the rolling window (`GpuGovApp.window_seconds`)", 0, required=True, minimum=0
+    )
+    gpu_active_fraction: float | None = spec(
+        "share of the window's known samples in which any GPU-holding target was active; "
+        "`null` when nothing is known",
+        **SHARE,
+    )
+    gpu_last_active: str | None = spec("the last active sample, for the whole server", **TIME)
+    gpu_idle_since: str | None = spec("start of the server's idle stretch", **TIME)
+
+
+@dataclass(frozen=True)
+class CheckpointState(Wire):
+    """The server's last checkpoint."""
+
+    requested_at: str | None = spec("when the checkpoint was asked for", **TIME)
+    status: str | None = spec("`null`, `running`, `done` or `failed`", maxLength=MAX_TEXT)
+    manifest: dict | None = spec(
+        "its manifest ([what a checkpoint does](#what-a-checkpoint-does))",
+        tsType="ICheckpointManifest",
+    )
+
+
+@dataclass(frozen=True)
+class Report(Wire):
+    """What a server knows of its GPUs, kernels and terminals."""
+
+    schema: int = spec(
+        "report format version, `1`", REPORT_FORMAT, const=REPORT_FORMAT, required=True
+    )
+    sampled_at: str = spec("when the GPUs were sampled (RFC 3339, UTC)", "", required=True, **TIME)
+    backend: str = spec(
+        "`nvml`, `simulated`, `unavailable` (the backend failed: see `error`) or `none` (no GPUs: "
+        "CPU-only server, or `auto` found no driver)",
+        "none",
+        enum=BACKENDS,
+        required=True,
+    )
+    error: str | None = spec(
+        "why the backend is unavailable, naming the device when known; else `null`",
+        maxLength=MAX_ERROR,
+    )
+    server: Server = spec("who this server is", Server, required=True)
+    devices: tuple[Device, ...] = spec(
+        "the leaf devices this server may use (a whole GPU or a MIG instance; "
+        "restricted by `CUDA_VISIBLE_DEVICES`)",
+        tuple,
+        required=True,
+        maxItems=MAX_DEVICES,
+    )
+    targets: tuple[Target, ...] = spec(
+        "every kernel and terminal of the server, plus "
+        '`{"kind": "other", "id": "server"}` when the server\'s other processes hold a GPU',
+        tuple,
+        required=True,
+        maxItems=MAX_TARGETS,
+    )
+    window: Window = spec("the rolling window, for the whole server", Window, required=True)
+    checkpoint: CheckpointState | None = spec("the last checkpoint")
+
+    @classmethod
+    def from_json(cls, obj: object, now: datetime | None = None) -> Report:
+        """Validate (``core.report.validate``: ``ReportError`` names the first bad field) and
+        convert."""
+        from .report import validate
+
+        return cls._from_checked(validate(obj, now))
+
+
+# -- the verdict (governor -> server) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict(Wire):
+    """What the governor answers a report with."""
+
+    state: str = spec(
+        "`active`, `idle`, `busy` (a cell runs while the GPU idles, past `busy_grace`: `reason` "
+        "names the cause and what to do), `warned`, `checkpointing`, `culled`, `exempt`, "
+        "`unknown` or `gpu-failed` (the server's GPU failed: [GPU health](#gpu-health))",
+        "unknown",
+        enum=STATES,
+        required=True,
+        tsName="GovState",
+    )
+    idle_since: str | None = spec("the idle clock (`null` when none)", **TIME)
+    warn_at: str | None = spec("when the warning goes out (`null` when none)", **TIME)
+    cull_at: str | None = spec("when the cull is due (`null` when none)", **TIME)
+    reason: str | None = spec(
+        "why, in words: e.g. `GPU idle since 2026-01-05 09:14 UTC; server stopped at 2026-01-05 "
+        "11:14 UTC unless extended`"
+    )
+    extensions_left: int = spec("how many more times Extend gives time", 0, minimum=0)
+    extension_step_s: int = spec("seconds each Extend gives", 0, minimum=0)
+    extension_reason: str = spec(
+        "whether Extend needs a reason (`optional` or `required`)",
+        "optional",
+        enum=EXTENSION_REASONS,
+    )
+    approval_pending: bool = spec("an extension waits for an admin", False)
+    policy: str | None = spec("the policy that applies")
+    cull_action: str | None = spec(
+        "what a cull does (`stop-server` or `shutdown-kernels`)", enum=CULL_ACTIONS
+    )
+    checkpoint: str = spec(
+        "`requested` while the governor waits for a checkpoint, else `none`",
+        "none",
+        enum=CHECKPOINT_STATES,
+    )
+    dry_run: bool = spec("the governor records decisions but acts on none", False)
+    root_cause: dict | None = spec(
+        'why the GPU is underused ([root causes](#root-causes)): `{"label", "hint", '
+        '"contributions", "source"}` (and the diagnosis\'s `cause`, `confidence`, '
+        "`candidates`), or `null` when the server is "
+        "healthy, its GPU data is unknown, it holds no GPU, or its last report is older than "
+        "`report_stale_after`",
+        tsType="IRootCause",
+    )
+    right_size: dict | None = spec(
+        "a smaller tier this session's measured use fits: "
+        '`{"tier", "label", "reason"}` (e.g. `{"tier": "h100-1g", "label": "Small H100 slice", '
+        '"reason": "at most 4.3 GB of GPU memory and 5% of the GPU over 1h 10m; it has 10 GB, '
+        'at 14% of the GPU-equivalents"}`), or `null` (no catalogue, too little '
+        "evidence, or nothing smaller fits)",
+        tsType="IRightSize",
+    )
+    requests: dict = spec(
+        "what the governor asks of the server (it never calls it): "
+        '`{"checkpoint": {"requested_at", "reason", "cull_reason"}}`, '
+        '`{"interrupt_kernels": {"requested_at", "kernels": [ids], "reason"}}` and/or '
+        '`{"shutdown_kernels": {"requested_at", "kernels": [ids], "reason"}}`; `{}` when '
+        "nothing (always in a dry run). The server does each once per `requested_at`",
+        dict,
+        tsType="IVerdictRequests",
+    )
+
+    @classmethod
+    def from_json(cls, obj: object) -> Verdict:
+        return cls._from_checked(obj if isinstance(obj, Mapping) else {})
