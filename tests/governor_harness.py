@@ -128,6 +128,18 @@ class Gov:
     def actions(self, key: str) -> list[str]:
         return [a["action"] for a in self.audit(key) if a["action"] != "state"]
 
+    def carried_out_cull(self, key: str, timeout: float = 30) -> tuple[list[dict], dict]:
+        """The audit of ``key`` once its cull's outcome is on record. A cull is audited before
+        it is carried out and its outcome joins that row after the Hub answered, which a loaded
+        machine may report after the server is already gone."""
+
+        def done():
+            rows = self.audit(key)
+            cull = next((a for a in reversed(rows) if a["action"] == "cull"), None)
+            return cull and "outcome" in cull["details"] and (rows, cull)
+
+        return wait(done, timeout, f"the outcome of {key}'s cull on its audit row")
+
     def verdict(self, user: str) -> dict:
         r = self.admin("GET", f"users/{user}/server")
         assert r.status_code == 200, r.text
