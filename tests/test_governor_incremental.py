@@ -170,6 +170,9 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                         kernel = report["targets"][0]
                         kernel["execution_state"] = "busy"
                         kernel["busy_since"] = clock.isoformat(clock.utcnow() - timedelta(hours=1))
+                    answer = checkpoint_answer(full, f"{s.user}/", rng)
+                    if answer is not None:
+                        report["checkpoint"] = answer
                     for gov in (full, inc):
                         if await gov.hub_runs(f"{s.user}/"):
                             gov.ingest(copy.deepcopy(report))
@@ -214,7 +217,23 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
         await inc.close()
     # It did decide less: the comparison is not between two full passes.
     assert decided_inc[0] < 0.9 * decided_full[0], (decided_inc, decided_full)
-    assert {a.action for a in full.store.audit_rows(limit=100_000)} >= {"warn", "state"}
+    said = {a.action for a in full.store.audit_rows(limit=100_000)}
+    assert said >= {"warn", "state", "checkpoint", "checkpoint-done", "checkpoint-failed"}, said
+
+
+def checkpoint_answer(gov: Governor, key: str, rng: random.Random) -> dict | None:
+    """Now and then, the checkpoint a server took for the governor's request (done or failed),
+    or one it took before the request (which answers nothing); else none yet."""
+    row = gov.rows.get(key)
+    if row is None or row.checkpoint_status != "requested" or rng.random() < 0.5:
+        return None
+    asked = row.checkpoint_requested_at
+    if rng.random() < 0.2:
+        asked -= timedelta(hours=1)  # an older checkpoint: no answer to this request
+    status = rng.choice(["done", "failed"])
+    errors = ["disk full"] if status == "failed" else []
+    manifest = {"format": 1, "id": "c1", "source": "governor", "status": status, "errors": errors}
+    return {"requested_at": clock.isoformat(asked), "status": status, "manifest": manifest}
 
 
 async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_path, monkeypatch):
