@@ -17,6 +17,7 @@ from test_governor import report_for
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.grant import GRANT_STATE
 from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.dcgm import DcgmSnapshot, GpuEvidence
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
 from jupyter_gpu_gov.hub.hubapi import HubApi
@@ -93,6 +94,19 @@ def everything(gov: Governor, hub: FakeHub) -> dict:
             (u.name, s.name) for u in hub.users.values() for s in u.servers.values() if s.active
         ),
         "stops": hub.counters["stops"],
+    }
+
+
+def samples() -> dict[tuple, tuple[str, float]]:
+    """The governor's /metrics as Prometheus reads it, but its timing series (histograms of
+    durations) and counters' creation times: series -> (type, value). Both governors share the
+    process's registry: gauges are set whole by each pass, counters only add."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): (family.type, s.value)
+        for family in metrics.REGISTRY.collect()  # what /metrics writes out
+        if family.type != "histogram"
+        for s in family.samples
+        if not s.name.endswith("_created")
     }
 
 
@@ -207,16 +221,29 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                         await gov.exempt(key, "admin", None, "over")
                     else:
                         await gov.cull_now(key, "admin", "needed elsewhere")
+            exposed = [samples()]
             for gov in (full, inc):
                 await gov.reconcile()
                 await gov.background_done()
+                exposed.append(samples())
             a, b = everything(full, full_hub), everything(inc, inc_hub)
             for part in a:
                 assert a[part] == b[part], f"pass {n}: {part} differ (seed {seed})"
+            # /metrics: the same gauges, and each counter moved as much in either pass.
+            before, after_full, after_inc = exposed
+            assert after_full.keys() == after_inc.keys(), f"pass {n}: series differ"
+            for series, kind in after_full.items():
+                if kind[0] == "counter":
+                    moved = after_full[series][1] - before.get(series, ("", 0.0))[1]
+                    assert after_inc[series][1] - after_full[series][1] == moved, series
+                else:
+                    assert after_inc[series] == after_full[series], f"pass {n}: {series}"
         await full.close()
         await inc.close()
     # It did decide less: the comparison is not between two full passes.
     assert decided_inc[0] < 0.9 * decided_full[0], (decided_inc, decided_full)
+    names = {name for name, _ in samples()}  # the comparison saw what it is about
+    assert {"jupyter_gpu_gov_server_gpu_equivalents", "jupyter_gpu_gov_warnings_total"} <= names
     said = {a.action for a in full.store.audit_rows(limit=100_000)}
     assert said >= {"warn", "state", "checkpoint", "checkpoint-done", "checkpoint-failed"}, said
 
