@@ -93,7 +93,9 @@ def governor(hub: FakeHub, tmp_path, name: str, dcgm: Dcgm, full_every: int) -> 
     # The diagnosis on (a zombie is an owner away), its training (hours apart) off.
     options = Options(full_pass_every=full_every, diagnosis=DiagnosisOptions(min_windows=10**9))
     store = Store(f"sqlite:///{tmp_path / name}.sqlite")
-    return Governor(store, HubApi(hub.api_url, hub.token), policies, options, dcgm)
+    # Pages of 3 users: a full listing of this small fleet takes as many requests as a large
+    # one's, so asking for the users of the servers to decide is worth it (hub/listing.py).
+    return Governor(store, HubApi(hub.api_url, hub.token, page_size=3), policies, options, dcgm)
 
 
 def columns(row) -> tuple:
@@ -106,7 +108,9 @@ def everything(gov: Governor, hub: FakeHub) -> dict:
     return {
         "verdicts": {k: gov.verdict(k) for k in keys},
         "rows": {k: columns(gov.rows[k]) for k in keys},
-        "audit": [columns(a) for a in gov.store.audit_rows(limit=100_000)],
+        # Every row, in any order: a pass decides servers in the order the Hub lists them,
+        # which listing only the users active since the last listing changes.
+        "audit": sorted((columns(a) for a in gov.store.audit_rows(limit=100_000)), key=repr),
         "running": sorted(
             (u.name, s.name) for u in hub.users.values() for s in u.servers.values() if s.active
         ),
@@ -175,6 +179,7 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
 
         for i in range(24):
             start(i)
+        listed_some = 0  # passes that listed only the users active since the last listing
         for n in range(80):
             # The world moves on: time, work, reports, DCGM, the Hub.
             clock.advance(rng.choice([60] * 12 + [20, 300, 900, 2400]))
@@ -217,13 +222,14 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                 for hub in hubs:
                     user = hub.users[gone]
                     user.servers.pop("", None)
+                    user.last_activity = clock.utcnow()  # as the Hub's User.stop does
                     hub._reindex(user)
             if rng.random() < 0.1 and servers:
                 touched = rng.choice(sorted(servers))
                 for hub in hubs:
                     server = hub.users[touched].servers.get("")
-                    if server is not None:
-                        server.last_activity = clock.utcnow()
+                    if server is not None:  # activity posted: the server's and its user's
+                        server.last_activity = hub.users[touched].last_activity = clock.utcnow()
             # People's requests, between passes: an extension, an exemption, a cull now.
             if rng.random() < 0.2:
                 key = f"{rng.choice(sorted(servers))}/"
@@ -245,6 +251,7 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                 await gov.reconcile()
                 await gov.background_done()
                 exposed.append(samples())
+            listed_some += not inc.hub_listing.full
             a, b = everything(full, full_hub), everything(inc, inc_hub)
             for part in a:
                 assert a[part] == b[part], f"pass {n}: {part} differ (seed {seed})"
@@ -260,7 +267,8 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                     assert after_inc[series] == after_full[series], f"pass {n}: {series}"
         await full.close()
         await inc.close()
-    # It did decide less: the comparison is not between two full passes.
+    # It did decide and list less: the comparison is not between two full passes.
+    assert listed_some > 40, listed_some
     assert decided_inc[0] < 0.9 * decided_full[0], (decided_inc, decided_full)
     names = {name for name, _ in samples()}  # the comparison saw what it is about
     assert {"jupyter_gpu_gov_server_gpu_equivalents", "jupyter_gpu_gov_warnings_total"} <= names
@@ -313,3 +321,26 @@ async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_pat
     assert "max-age-warn" in said[2 * 60]
     assert said[3 * 60] & {"checkpoint", "cull"}, said
     assert decided[0] < 12  # and not decided in between
+
+
+@pytest.mark.parametrize("version, sorts", [("4.1.6", True), ("6.1.0", False)])
+async def test_a_hub_that_cannot_sort_by_activity_is_listed_whole(
+    tmp_path, monkeypatch, version, sorts
+):
+    """Listing only the users active since the last listing needs a Hub that sorts them by
+    activity: one older than JupyterHub 5 (which ignores ``sort``), or one whose listing comes
+    back out of that order, is listed whole at every pass."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    async with FakeHub() as hub:
+        hub.version, hub.sorts = version, sorts
+        for i in range(12):  # in id order, the most recently active last
+            hub.add_server(f"user{i}", last_activity=frozen[0] - timedelta(seconds=60 - i))
+        gov = governor(hub, tmp_path, "gov", Dcgm(), full_every=1000)
+        for _ in range(4):
+            frozen[0] += timedelta(minutes=1)
+            await gov.reconcile()
+            assert gov.hub_listing.full
+            assert len(gov.hub_listing.listed) == 12
+        await gov.close()
+    assert gov.hub_listing.sorts is False
