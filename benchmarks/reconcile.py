@@ -563,6 +563,7 @@ async def _bench(
             for name, seconds in pass_parts.items():
                 parts[name].append(seconds)
             written.append(counts.get("store_write", 0))
+            parts["listed_whole"].append(float(gov.hub_listing.full))
             elapsed, cul_seen = await culler_pass()
             cul_s.append(elapsed)
         by_share.append((share, changed_n, gov_s, cul_s, parts, written))
@@ -701,6 +702,8 @@ def _share_figures(
         "ledger_write_s": med("ledger_write"),  # per write (one pass in five)
         "metrics_s": med("metrics"),
         "rows_written": int(statistics.median(written)) if written else 0,
+        # Passes that listed every user from the Hub (hub/listing.py), of ``len(gov_s)``.
+        "listed_whole": int(sum(parts["listed_whole"])),
     }
 
 
