@@ -27,7 +27,8 @@ from jupyter_gpu_gov.diagnose import faults
 from jupyter_gpu_gov.diagnose.labels import HINTS
 from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import TargetRoot
-from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService, History
+from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService
+from jupyter_gpu_gov.hub.diagnosis_windows import History
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor

@@ -32,7 +32,6 @@ from .batching import BatchingHTTPServer
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
-from .diagnosis import preload as preload_diagnosis
 from .health import HealthOptions
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
@@ -192,11 +191,6 @@ class GpuGovernor(GovernorSettings, Application):
     async def run(self) -> None:
         self.governor = self.make_governor()
         self.queue = QueueSync(self.governor.hub, self.governor.store, self.dry_run)
-        if self.diagnose and not preload_diagnosis():
-            self.log.warning(
-                "gpu-gov: scikit-learn is not installed: root causes come from the threshold "
-                "rules only (pip install 'jupyter-gpu-gov[hub]')"
-            )
         server = BatchingHTTPServer(
             self.make_web_app(self.governor),
             max_body_size=MAX_BODY_BYTES,
