@@ -125,7 +125,13 @@ class GpuGovernor(GovernorSettings, Application):
                 timeout_s=self.dcgm_timeout,
                 max_bytes=self.dcgm_max_bytes,
             )
-        options = Options(
+        options = self.make_options()
+        return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
+
+    def make_options(self) -> Options:
+        """The settings the governor's parts read, as one frozen value (docs/architecture.md,
+        "Configuration": read once, at start; tests build the parts from it without traitlets)."""
+        return Options(
             dry_run=self.dry_run,
             report_stale_after=parse_duration(self.report_stale_after),
             cull_default_servers=self.cull_default_servers,
@@ -172,7 +178,6 @@ class GpuGovernor(GovernorSettings, Application):
             right_size_after=timedelta(seconds=self.right_size_after),
             full_pass_every=self.full_pass_every,
         )
-        return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
 
     def make_web_app(self, governor: Governor) -> web.Application:
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
