@@ -386,7 +386,8 @@ async def test_an_idle_kernel_holding_memory_is_a_zombie_in_its_verdict(tmp_path
         await gov.reconcile()
         verdict = gov.verdict("alice/")
         listed = {
-            s.key: row_view(s, gov.reports[s.key], gov.root_cause(s.key)) for s in gov.server_rows()
+            s.key: row_view(s, gov.reports[s.key], gov.root_cause(s.key))
+            for s in gov.known_servers()
         }
         summary = gov.diagnosis_summary()
 

@@ -23,6 +23,7 @@ from .store import StoreUnavailable
 
 if TYPE_CHECKING:
     from .reconcile import Governor
+    from .tables import ServerRow
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 # Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
@@ -128,7 +129,8 @@ class ApiHandler(HubOAuthenticated, web.RequestHandler):
         message = error_message(self._reason, kwargs)
         self.finish(json.dumps({"status": status_code, "message": message}))
 
-    def server_row(self, user: str, name: str):
+    def known_server(self, user: str, name: str | None) -> tuple[str, ServerRow]:
+        """The key and row of a server named in the URL, or a 404."""
         key = server_key(user, name or "")
         row = self.governor.row(key)
         if row is None:

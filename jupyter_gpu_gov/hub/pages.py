@@ -43,7 +43,7 @@ def server_lines(governor, now: datetime) -> list[dict]:
     """The running servers as the dashboard shows them (GPU-holding ones flagged)."""
     lines = []
     pending_ext = {e.server_key for e in governor.extensions("pending")}
-    for row in governor.server_rows(running_only=True):
+    for row in governor.known_servers(running_only=True):
         view = governor.listing(row)
         gpu = view["gpu"] or {}
         session = governor.open_session(row.key)
@@ -251,13 +251,13 @@ class ActionHandler(PageHandler):
     def _confirm_cull(self, key: str, reason: str) -> None:
         """Cull now takes a person's work away: say what it will do, and ask."""
         row = self.governor.row(key)
-        chosen = self.governor.policy_named(row.policy)
+        server_policy = self.governor.policy_named(row.policy)
         self.render_page(
             "confirm_cull.html",
             server=key,
             reason=reason,
             state=row.state,
-            policy=policy_view(chosen),
+            policy=policy_view(server_policy),
         )
 
 

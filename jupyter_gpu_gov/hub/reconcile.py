@@ -321,10 +321,10 @@ class Governor(
             row.reports = True
             batch.changed.append(row)
         base = _base_view(server, ownership)
-        chosen = policy.select(self.policies, base)  # policies match on who, not on the GPU
-        record = self._checkpoint_timeout(row, record, chosen, now, batch.audits)
+        server_policy = policy.select(self.policies, base)  # policies match on who, not on the GPU
+        record = self._checkpoint_timeout(row, record, server_policy, now, batch.audits)
         self._distrust(server, key, now, batch)
-        view = self._with_gpu(base, chosen, now, row.reports, server)
+        view = self._with_gpu(base, server_policy, now, row.reports, server)
         received = self.reports.get(key)
         evidence = (
             self._evidence(received.report, context.by_uuid, context.by_pod)
@@ -335,20 +335,20 @@ class Governor(
         cause, confident = cause_of(self.root_cause(key))
         view = evolve(view, cause=cause, cause_confident=confident, excluded=self._excluded(server))
         view, record = self.health.prepare(view, record, failure)
-        decided = policy.decide(view, record, chosen, now)
-        decision = self.health.review(decided, failure, chosen, now, view.checkpointable)
+        decided = policy.decide(view, record, server_policy, now)
+        decision = self.health.review(decided, failure, server_policy, now, view.checkpointable)
         flagged = self.health.flag(key, decision.record, now)
         if flagged:
             batch.audits.append(self._audit_row(row, "gpu-unknown", flagged))
         # Most servers change nothing in a pass: touch the row (and the database) only if so.
-        outputs = (decision.warn_at, decision.cull_at, chosen.name)
+        outputs = (decision.warn_at, decision.cull_at, server_policy.name)
         if (
             decision.record != before
             or decision.actions
             or outputs != (row.warn_at, row.cull_at, row.policy)
             or (decision.cull_reason and decision.cull_reason != row.cull_reason)
         ):
-            apply_decision(row, decision, chosen.name)
+            apply_decision(row, decision, server_policy.name)
             batch.changed.append(row)
         if decision.state != before.state:
             batch.audits.append(
@@ -357,14 +357,14 @@ class Governor(
                 )
             )
         for action in decision.actions:
-            job = self._act(action, server, row, decision, chosen, batch)
+            job = self._act(action, server, row, decision, server_policy, batch)
             if job is not None:
                 batch.jobs.append(job)
         if before.state == decision.state == CULLED:
-            self._cull_again(server, row, decision, chosen, now, batch)
+            self._cull_again(server, row, decision, server_policy, now, batch)
         steady = marks == (len(batch.changed), len(batch.audits), len(batch.jobs))
         if steady and failure is None and self.unchanged.enabled:
-            until = policy.holds_until(view, record, chosen, decision, now)
+            until = policy.holds_until(view, record, server_policy, decision, now)
             self._keep(key, server, row, received, view, until, now)
         else:
             self.unchanged.forget(key)

@@ -61,7 +61,7 @@ class ServersHandler(ApiHandler):
     def get(self):
         user = None if self.is_admin else self.current_user["name"]
         running_only = self.get_argument("all", "0") not in ("1", "true")
-        rows = self.governor.server_rows(running_only)
+        rows = self.governor.known_servers(running_only)
         items = [
             self.governor.listing(row)
             for row in sorted(rows, key=lambda r: r.key)
@@ -76,7 +76,7 @@ class ServerHandler(ApiHandler):
     @web.authenticated
     def get(self, user: str, name: str | None = None):
         self.require_owner_or_admin(user)
-        key, row = self.server_row(user, name)
+        key, row = self.known_server(user, name)
         self.write_json({**self.governor.listing(row), "verdict": self.governor.verdict(key)})
 
 
@@ -84,7 +84,7 @@ class ExtendHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_owner_or_admin(user)
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason")
         status, outcome = await self.governor.extend(key, self.actor, reason)
         self.write_json(outcome, status)
@@ -98,7 +98,7 @@ class DecideExtensionHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_admin()
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         data = self.body()
         reason = self.text_field(data, "reason", required=True)
         seconds = None
@@ -122,7 +122,7 @@ class ExemptHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_admin()
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         data = self.body()
         reason = self.text_field(data, "reason", required=True)
         try:
@@ -136,7 +136,7 @@ class ExemptHandler(ApiHandler):
     @web.authenticated
     async def delete(self, user: str, name: str | None = None):
         self.require_admin()
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason") or "lifted"
         self.write_json(await self.governor.exempt(key, self.actor, None, reason))
 
@@ -148,7 +148,7 @@ class CullHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_admin()
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         data = self.body()
         reason = self.text_field(data, "reason", required=True)
         immediately = data.get("immediately", False)
@@ -165,7 +165,7 @@ class StopHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_owner_or_admin(user)
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason")
         self.write_json(await self.governor.stop_by_owner(key, self.actor, reason))
 

@@ -76,7 +76,7 @@ def policy_view(p: Policy) -> dict:
 
 def verdict_of(
     row: ServerRow,
-    chosen: Policy,
+    server_policy: Policy,
     *,
     dry_run: bool = False,
     root_cause: dict | None = None,
@@ -86,7 +86,7 @@ def verdict_of(
     decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
     return policy.verdict(
         decision,
-        chosen,
+        server_policy,
         dry_run=dry_run,
         root_cause=root_cause,
         right_size=right_size,
@@ -218,9 +218,11 @@ class Views:
         return self._rows
 
     def row(self, key: str) -> ServerRow | None:
+        """What the governor keeps of one server (``None``: a server it never saw)."""
         return self.rows.get(key)
 
-    def server_rows(self, running_only: bool = True) -> list[ServerRow]:
+    def known_servers(self, running_only: bool = True) -> list[ServerRow]:
+        """The rows of the servers the governor knows: those running, or all of them."""
         return [r for r in self.rows.values() if r.running or not running_only]
 
     def policy_named(self, name: str | None) -> Policy:
