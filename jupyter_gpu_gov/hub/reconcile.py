@@ -32,7 +32,7 @@ from .health import HealthWatch
 from .hubapi import HubApi, HubServer
 from .ingest import Ingest
 from .options import Options
-from .ownership import resolve
+from .ownership import base_view, resolve
 from .people import PeoplesRequests
 from .records import Records
 from .scopes import HubAccess
@@ -250,24 +250,6 @@ class Governor(
         await asyncio.gather(*batch.jobs)
         self.save_outcomes(batch.after, batch.outcomes, batch.completed)
 
-    def _skipped(self, key: str, user: str, error: Exception, batch: _Batch) -> None:
-        """A server whose decision failed: logged, audited (once per distinct error), skipped
-        this pass; the others are decided as usual."""
-        what = f"{type(error).__name__}: {error}"[:500]
-        log.error("gpu-gov: deciding %s failed, skipped this pass: %s", key, what, exc_info=True)
-        if self._failing.get(key) != what:
-            self._failing[key] = what
-            batch.audits.append(
-                AuditRow(
-                    at=clock.utcnow(),
-                    server_key=key,
-                    user=user,
-                    action="error",
-                    reason=f"not decided (skipped until it can be): {what}",
-                    actor="governor",
-                )
-            )
-
     async def redecide(self, key: str) -> None:
         """Decide one server again now (after an extension, approval or exemption), with what
         the last cycle learnt of the Hub and DCGM, so its verdict shows the new deadline.
@@ -320,7 +302,7 @@ class Governor(
         if key in self.reports and not row.reports:
             row.reports = True
             batch.changed.append(row)
-        base = _base_view(server, ownership)
+        base = base_view(server, ownership)
         server_policy = policy.select(self.policies, base)  # policies match on who, not on the GPU
         record = self._checkpoint_timeout(row, record, server_policy, now, batch.audits)
         self._distrust(server, key, now, batch)
@@ -445,21 +427,6 @@ class Governor(
             if task is not None:
                 task.cancel()
         await self.diagnosis.close()
-
-
-def _base_view(server: HubServer, ownership) -> ServerView:
-    """Who the server is, and what the Hub knows of it."""
-    return ServerView(
-        user=server.user,
-        name=server.name,
-        profile=ownership.profile,
-        tier=ownership.tier,
-        team=ownership.team,
-        project=ownership.project,
-        labels=ownership.labels,
-        started=server.started,
-        hub_last_activity=server.last_activity,
-    )
 
 
 SPAWN_QUEUED_AFTER = timedelta(minutes=1)
