@@ -422,6 +422,30 @@ def test_the_second_rounds_worlds(world):
         assert any(x.kernel_busy is None for x, _ in rows)  # terminals
 
 
+def test_a_worlds_truth_follows_the_written_label_meanings():
+    """docs/api.md "What each label means", on one of the worlds round four relabelled: decoding
+    the input is ``data_io`` whoever runs it (workers, or the main thread with
+    ``num_workers=0``); the loop's own Python is ``cpu_serial``; a launch-bound loop is
+    ``small_work`` even where its kernels fill the SMs."""
+    import random
+    from dataclasses import replace as evolve
+
+    from benchmarks.worlds import contention
+
+    node, env = contention.NODES[0], contention.Env(thread=1.0, cap=64.0, storage=1.0)
+    job = evolve(contention._job(random.Random(1), "healthy", node), t_gpu=50.0, fill=0.9,
+                 kernels=100, launch_us=10.0, python_ms=1.0, workers=4, decode_ms=10.0)  # fmt: skip
+
+    def limiter(**changes) -> str:
+        return contention._step(evolve(job, **changes), node, env, cached=True)["limiter"]
+
+    assert contention._step(job, node, env, cached=True)["busy"] > contention.FED
+    assert limiter(workers=0, decode_ms=200.0) == "data_io"
+    assert limiter(workers=2, decode_ms=800.0) == "data_io"
+    assert limiter(python_ms=200.0) == "cpu_serial"
+    assert limiter(kernels=20_000) == "small_work"  # 200 ms of launches for 50 ms of kernels
+
+
 # -- the counterfactual model --------------------------------------------------------------------
 
 
