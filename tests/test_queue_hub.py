@@ -64,7 +64,12 @@ def hub(tmp_path_factory):
         hub.create_user("govadmin")
         for user in ("ben", "carol", "dave", "erin", "fay"):
             hub.create_user(user)
+        # ben works on a server without a GPU ("notes") meanwhile: up before the first test
+        # starts carol's, which is culled 10 s after it starts (nothing else slows that start).
+        r = hub.api("POST", "users/ben/servers/notes", json={})
+        assert r.status_code in (201, 202), r.text
         Gov(hub).wait_up()
+        hub.wait_for_server("ben", "notes")
         yield hub
 
 
@@ -105,11 +110,7 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     gov = Gov(hub)
     r = hub.api("POST", "users/carol/server", json={"profile": "h100"})
     assert r.status_code in (201, 202), r.text
-    # ben works on a server without a GPU ("notes") meanwhile.
-    r = hub.api("POST", "users/ben/servers/notes", json={})
-    assert r.status_code in (201, 202), r.text
     hub.wait_for_server("carol")
-    hub.wait_for_server("ben", "notes")
 
     # ben's spawn form offers the line for the taken H100, once the governor syncs.
     sentence = wait(
