@@ -32,7 +32,6 @@ from .batching import BatchingHTTPServer
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
-from .diagnosis import preload as preload_diagnosis
 from .health import HealthOptions
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
@@ -126,7 +125,13 @@ class GpuGovernor(GovernorSettings, Application):
                 timeout_s=self.dcgm_timeout,
                 max_bytes=self.dcgm_max_bytes,
             )
-        options = Options(
+        options = self.make_options()
+        return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
+
+    def make_options(self) -> Options:
+        """The settings the governor's parts read, as one frozen value (docs/architecture.md,
+        "Configuration": read once, at start; tests build the parts from it without traitlets)."""
+        return Options(
             dry_run=self.dry_run,
             report_stale_after=parse_duration(self.report_stale_after),
             cull_default_servers=self.cull_default_servers,
@@ -173,7 +178,6 @@ class GpuGovernor(GovernorSettings, Application):
             right_size_after=timedelta(seconds=self.right_size_after),
             full_pass_every=self.full_pass_every,
         )
-        return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
 
     def make_web_app(self, governor: Governor) -> web.Application:
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
@@ -192,11 +196,6 @@ class GpuGovernor(GovernorSettings, Application):
     async def run(self) -> None:
         self.governor = self.make_governor()
         self.queue = QueueSync(self.governor.hub, self.governor.store, self.dry_run)
-        if self.diagnose and not preload_diagnosis():
-            self.log.warning(
-                "gpu-gov: scikit-learn is not installed: root causes come from the threshold "
-                "rules only (pip install 'jupyter-gpu-gov[hub]')"
-            )
         server = BatchingHTTPServer(
             self.make_web_app(self.governor),
             max_body_size=MAX_BODY_BYTES,
