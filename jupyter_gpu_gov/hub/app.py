@@ -34,6 +34,7 @@ from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
 from .diagnosis import preload as preload_diagnosis
 from .health import HealthOptions
+from .history import HistoryOptions
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .options import Options
@@ -172,6 +173,9 @@ class GpuGovernor(GovernorSettings, Application):
             tier_sizes=self.tier_sizes,
             right_size_after=timedelta(seconds=self.right_size_after),
             full_pass_every=self.full_pass_every,
+            history=HistoryOptions(
+                timedelta(seconds=self.history_retention), self.history_max_rows
+            ),
         )
         return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
 

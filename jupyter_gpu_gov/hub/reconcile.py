@@ -28,6 +28,7 @@ from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisService
 from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
+from .history import History
 from .hubapi import HubApi, HubApiError, HubServer
 from .options import Options
 from .ownership import resolve
@@ -71,7 +72,9 @@ class CycleResult:
     errors: Sequence[str] = ()
 
 
-class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesRequests, HubAccess):
+class Governor(
+    Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesRequests, HubAccess, History
+):
     """The governor: takes reports in and runs the pass. Each concern lives in its own module
     (``views``, ``evidence``, ``checkpoints``, ``actions``, ``usage``, ``records``, ``people``,
     ``scopes``); this class holds the state they share and the pass that joins them."""
@@ -226,6 +229,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
                 if view is None:
                     view = self._govern(server, rows.get(key), now, batch)
                 self._observe(server, view, now)
+                self._record(server, view, now)  # its history (hub/history.py)
             except Exception as error:  # one server's bad data never stops the pass
                 self._skipped(key, server.user, error, batch)
             else:
@@ -259,6 +263,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         if self.options.cull_users:
             batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await self._settle(batch)
+        self._record_pass(batch.audits if batch.saved else (), seen, now)
         self._save_usage()
         self._forget_stale_reports(seen)
         self.diagnosis.maybe_train(now)  # in a worker; the pass does not wait for it

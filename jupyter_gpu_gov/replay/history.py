@@ -340,7 +340,8 @@ def export_trace(
             run.stopped_at = row.t
     if grid is None or last_t is None:
         return
-    end = last_t if until is None else until
+    # The grid point after the last row, so that its actions get their line.
+    end = math.ceil(last_t / step) * step if until is None else until
     while grid <= end:
         yield from _lines(runs, grid, step, max_gap, grid - last_t > max_gap)
         grid += step
@@ -435,3 +436,30 @@ def _number(value: float) -> str:
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
+
+
+# -- what an export covers ---------------------------------------------------------------------
+
+
+def parse_since(text: str, now: float, option: str = "--since") -> float:
+    """A moment, in Unix seconds, from ``text``: a duration back from ``now`` (``14d``, ``1h``,
+    ``90m``) or an ISO 8601 time (``2026-01-05T09:00:00Z``, UTC without a zone). ``ValueError``
+    naming ``option`` and what it cannot read."""
+    from datetime import datetime, timezone
+
+    from ..core.durations import parse_duration
+
+    text = (text or "").strip()
+    try:
+        return now - parse_duration(text).total_seconds()
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"{option} {text}: not a duration (14d, 1h) nor a time (2026-01-05T09:00:00Z)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()

@@ -1,0 +1,332 @@
+"""The governor's own history (``replay.history``'s format), recorded as it runs.
+
+At each pass the governor records, per running server, what it decided on and what it did, in
+three tables of its store (``gpu_gov_history``, with the ``gpu_gov_history_runs`` and
+``gpu_gov_history_contexts`` dictionaries): ``replay.history.STORAGE_COLUMNS``, about 40 bytes a
+kept row. Cheap per pass: a server whose kept view (``hub/unchanged.py``) and report did not
+move since its last kept row costs one identity check until its keyframe is due, and only rows
+``worth_recording`` keeps are written, in one bulk insert a pass (what changed, not a copy of
+the world). Bounded: rows older than ``history_retention`` and beyond ``history_max_rows`` are
+deleted, at most once every ``PRUNE_EVERY``; ``history_retention = 0`` records nothing.
+
+``read_history`` reads rows back in time order for ``export-trace`` and the admin API
+(``replay.history.export_trace`` turns them into a replay trace).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from sqlalchemy import (
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    delete,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
+
+from ..core import clock
+from ..core.policy import ServerView
+from ..core.vocabulary import (
+    ADMIN_WARN,
+    BUSY_NOTICE,
+    CHECKPOINT,
+    CULL,
+    INTERRUPT,
+    MAX_AGE_WARN,
+    OVERRUN_NOTICE,
+    RECLAIM_WARN,
+    WARN,
+)
+from ..replay.history import (
+    KEYFRAME_S,
+    STORAGE_COLUMNS,
+    HistoryRow,
+    context_of,
+    pack,
+    parse_context,
+    unpack,
+    worth_recording,
+)
+from .hubapi import HubServer
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+PRUNE_EVERY = 3600.0  # seconds (monotonic) between two prunes
+# The audit's actions that are the policy's (what replay and what-if count).
+POLICY_ACTIONS = frozenset(
+    {WARN, CHECKPOINT, CULL, INTERRUPT, MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN}
+    | {BUSY_NOTICE, OVERRUN_NOTICE}
+)
+
+_TYPES = {"INTEGER": Integer, "TEXT": Text}
+metadata = MetaData()
+HISTORY = Table(
+    "gpu_gov_history",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    *(
+        Column(name, _TYPES[kind.split()[0]], nullable="NOT NULL" not in kind)
+        for name, kind in STORAGE_COLUMNS
+    ),
+    Index("gpu_gov_history_t", "t"),
+)
+RUNS = Table(
+    "gpu_gov_history_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("server", String(512), nullable=False),
+    Column("started", Float, nullable=False),
+)
+CONTEXTS = Table(
+    "gpu_gov_history_contexts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("json", Text, nullable=False, unique=True),
+)
+_ROW_NAMES = [name for name, _ in STORAGE_COLUMNS]
+
+
+@dataclass(frozen=True)
+class HistoryOptions:
+    """How much history the governor keeps (``GpuGovernor.history_*``)."""
+
+    retention: timedelta = timedelta(days=14)  # zero: none is recorded
+    max_rows: int = 20_000_000  # about 0.8 GB in SQLite; the oldest go first
+
+    @property
+    def enabled(self) -> bool:
+        return self.retention > timedelta(0) and self.max_rows > 0
+
+
+class HistoryLog:
+    """The history tables of one store: appends, prunes, reads."""
+
+    def __init__(self, engine: Engine, options: HistoryOptions):
+        self.engine = engine
+        self.options = options
+        metadata.create_all(engine)
+        self._runs: dict[tuple[str, float], int] = {}
+        self._contexts: dict[str, int] = {}
+        self._pruned_at = -PRUNE_EVERY  # monotonic: prune at the first write
+
+    def append(self, rows: Iterable[HistoryRow]) -> int:
+        """Write kept rows (one transaction); how many. Raises ``DBAPIError``."""
+        rows = list(rows)
+        if not rows:
+            return 0
+        with self.engine.begin() as db:
+            values = []
+            for row in rows:
+                run = self._id(db, self._runs, row.session, RUNS, server=row.server)
+                context = self._id(db, self._contexts, context_of(row), CONTEXTS)
+                values.append(dict(zip(_ROW_NAMES, pack(row, run, context), strict=True)))
+            db.execute(insert(HISTORY), values)
+            if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
+                self._prune(db)
+        return len(rows)
+
+    @staticmethod
+    def _id(db, cache: dict, key, table: Table, server: str | None = None) -> int:
+        found = cache.get(key)
+        if found is not None:
+            return found
+        if table is RUNS:
+            where = (RUNS.c.server == server) & (RUNS.c.started == key[1])
+            found = db.execute(select(RUNS.c.id).where(where)).scalar()
+            values = {"server": server, "started": key[1]}
+        else:
+            found = db.execute(select(CONTEXTS.c.id).where(CONTEXTS.c.json == key)).scalar()
+            values = {"json": key}
+        if found is None:
+            found = db.execute(insert(table).values(**values)).inserted_primary_key[0]
+        if len(cache) > 100_000:  # an id is a query away: the cache stays bounded
+            cache.clear()
+        cache[key] = found
+        return found
+
+    def _prune(self, db) -> None:
+        """Rows past the retention, then beyond ``max_rows`` (ids grow with time: the oldest)."""
+        self._pruned_at = time.monotonic()
+        cutoff = clock.utcnow().timestamp() - self.options.retention.total_seconds()
+        db.execute(delete(HISTORY).where(HISTORY.c.t < int(cutoff)))
+        last = db.execute(select(func.max(HISTORY.c.id))).scalar()
+        if last is not None and last > self.options.max_rows:
+            db.execute(delete(HISTORY).where(HISTORY.c.id <= last - self.options.max_rows))
+
+    def prune(self) -> None:
+        with self.engine.begin() as db:
+            self._prune(db)
+
+
+def read_history(
+    engine: Engine, since: float | None = None, until: float | None = None
+) -> Iterator[HistoryRow]:
+    """Kept rows in time order from ``since - KEYFRAME_S`` (so that every run's state at
+    ``since`` is known) to ``until`` (Unix seconds), streamed."""
+    metadata.create_all(engine)
+    with engine.connect() as db:
+        runs = {i: (s, st) for i, s, st in db.execute(select(RUNS))}
+        contexts = {i: parse_context(text) for i, text in db.execute(select(CONTEXTS))}
+        query = select(*(HISTORY.c[name] for name in _ROW_NAMES)).order_by(
+            HISTORY.c.t, HISTORY.c.id
+        )
+        if since is not None:
+            query = query.where(HISTORY.c.t >= int(since - KEYFRAME_S))
+        if until is not None:
+            query = query.where(HISTORY.c.t <= int(until))
+        result = db.execution_options(stream_results=True, yield_per=10_000).execute(query)
+        for values in result:
+            yield unpack(tuple(values), runs[values[1]], contexts[values[2]])
+
+
+class _Last:
+    """A server's last kept row, and what it was built from (to skip building the next)."""
+
+    __slots__ = ("received", "row", "view")
+
+    def __init__(self, row: HistoryRow, view: ServerView, received):
+        self.row, self.view, self.received = row, view, received
+
+
+class History:
+    """The governor's recording of its passes (a part of ``Governor``)."""
+
+    def _history_log(self) -> HistoryLog | None:
+        log_ = getattr(self, "_history", None)
+        if log_ is None and self.options.history.enabled:
+            log_ = self._history = HistoryLog(self.store.engine, self.options.history)
+            self._history_last: dict[str, _Last] = {}
+            self._history_pending: dict[str, HistoryRow] = {}
+        return log_
+
+    def _record(self, server: HubServer, view: ServerView, now: datetime) -> None:
+        """This pass's look at a running server: its row, kept if ``worth_recording``."""
+        if self._history_log() is None:
+            return
+        key = view.key
+        received = self.reports.get(key)
+        last = self._history_last.get(key)
+        t = now.timestamp()
+        if (
+            last is not None
+            and last.view is view  # a kept view: nothing it was decided on moved
+            and last.received is received
+            and t - last.row.t < KEYFRAME_S
+        ):
+            return
+        row = self._history_row(server, view, received, t)
+        if worth_recording(last and last.row, row):
+            self._history_pending[key] = row
+            self._history_last[key] = _Last(row, view, received)
+
+    def _history_row(self, server: HubServer, view: ServerView, received, t: float) -> HistoryRow:
+        key = view.key
+        fresh = (
+            received is not None and clock.utcnow() - received.at <= self.options.report_stale_after
+        )
+        report = received.report if fresh else None
+        context = self._context
+        evidence = (
+            self._evidence(report, context.by_uuid, context.by_pod)
+            if report is not None
+            else self._granted_evidence(server)
+        )
+        dcgm = [e.activity for e in evidence if e.activity is not None]
+        gpu_sm, memory, holds, busy, connections = _reported(report)
+        if not memory:
+            memory = sum(e.memory_used_mb or 0.0 for e in evidence)
+        row = self.rows.get(key)
+        return HistoryRow(
+            t=t,
+            server=key,
+            started=server.started.timestamp() if server.started else 0.0,
+            profile=view.profile,
+            team=view.team,
+            labels=view.labels,
+            reports=bool(row and row.reports) or received is not None,
+            gpu_sm=gpu_sm,
+            dcgm_sm=max(dcgm) if dcgm else None,
+            gpu_mem_mb=memory,
+            holds_context=holds,
+            kernel_busy=busy,
+            connections=connections,
+            user_last=_seconds(view.user_last_activity),
+            hub_last=_seconds(view.hub_last_activity),
+            state=(row.state if row is not None else None) or "active",
+            policy=(row.policy if row is not None else None) or "default",
+            cause=view.cause,
+        )
+
+    def _record_pass(self, audits: Iterable, seen: set[str], now: datetime) -> None:
+        """After the pass acted: its policy actions on their servers' rows, a last row for each
+        server that stopped, and the kept rows written. A failed write is logged and dropped:
+        the history never stops a pass."""
+        if self._history_log() is None:
+            return
+        pending = self._history_pending
+        t = now.timestamp()
+        for audit in audits:
+            key = audit.server_key
+            if audit.action not in POLICY_ACTIONS or audit.dry_run or key not in seen:
+                continue
+            last = self._history_last.get(key)
+            row = pending.get(key) or (last and last.row)
+            if row is None:
+                continue
+            reason = (audit.details or {}).get("cull_reason") or self.rows[key].cull_reason
+            row = _with(
+                row, t, (*row.actions, audit.action), reason if audit.action == CULL else None
+            )
+            pending[key] = row
+            self._history_last[key].row = row
+        for key in [k for k in self._history_last if k not in seen]:
+            last = self._history_last.pop(key).row
+            pending[key] = HistoryRow(t=t, server=last.server, started=last.started, stopped=True)
+        self._history_pending = {}
+        try:
+            self._history.append(sorted(pending.values(), key=lambda r: r.server))
+        except DBAPIError as error:
+            log.error("gpu-gov: %d history rows not recorded: %s", len(pending), error)
+
+
+def _with(row: HistoryRow, t: float, actions: tuple, cull_reason: str | None) -> HistoryRow:
+    return replace(row, t=t, actions=actions, cull_reason=cull_reason or row.cull_reason)
+
+
+def _seconds(when: datetime | None) -> float | None:
+    return None if when is None else when.timestamp()
+
+
+def _reported(report: Mapping | None) -> tuple:
+    """(SM activity, memory MiB, holds a context, a kernel runs a cell, connections) of a
+    fresh report; unknown activity without one."""
+    if report is None:
+        return None, 0.0, False, False, 0
+    holders = [t for t in report["targets"] if t["gpu"]["holds_context"]]
+    sms = [t["gpu"]["sm"] for t in holders if t["gpu"]["sm"] is not None]
+    fraction = report["window"].get("gpu_active_fraction") or 0.0
+    if report["backend"] == "unavailable" or (holders and not sms and not fraction):
+        sm = None
+    else:  # the instant's SM activity; else the window's (a burst between samples)
+        sm = max(sms, default=0.0) or fraction
+    memory = float(sum(t["gpu"].get("memory_mb") or 0 for t in holders))
+    busy = any(t["kind"] == "kernel" and t.get("execution_state") == "busy" for t in holders)
+    connections = sum(t.get("connections") or 0 for t in report["targets"] if t["kind"] == "kernel")
+    return sm, memory, bool(holders), busy, int(connections)
+
+
+__all__ = ["History", "HistoryLog", "HistoryOptions", "read_history"]
