@@ -39,6 +39,8 @@ from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .options import Options
 from .pages import page_handlers
+from .policy_admin import policy_admin, policy_handlers
+from .policy_page import policy_page_handlers
 from .queue import QueueSync
 from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers
@@ -177,7 +179,10 @@ class GpuGovernor(GovernorSettings, Application):
                 timedelta(seconds=self.history_retention), self.history_max_rows
             ),
         )
-        return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
+        governor = Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
+        source = {"policies": list(self.policies), "policy_defaults": dict(self.policy_defaults)}
+        policy_admin(governor).source = source  # what the policy page edits (policy_admin.py)
+        return governor
 
     def make_web_app(self, governor: Governor) -> web.Application:
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
@@ -185,6 +190,8 @@ class GpuGovernor(GovernorSettings, Application):
             [
                 *page_handlers(prefix, governor),
                 *handlers(prefix, governor),
+                *policy_handlers(prefix, governor),
+                *policy_page_handlers(prefix, governor),
                 (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
             ],
             cookie_secret=os.urandom(32),

@@ -309,7 +309,8 @@ def export_trace(
     ``max_gap`` with no row from anyone is an outage: the runs then running get lines with no
     GPU reading (unknown) until rows come again. ``since``/``until`` (Unix seconds) bound the
     lines; pass rows from ``since - KEYFRAME_S`` on so that every run's state at ``since`` is
-    known. The governor's own columns (``state``, ``policy``, ``actions``, ``cull_reason``,
+    known; the last line may fall up to a ``step`` after ``until``, to carry the actions
+    since the line before. The governor's own columns (``state``, ``policy``, ``actions``, ``cull_reason``,
     ``cause``) come as keys replay ignores (the what-if reads ``actions`` as what was done).
     """
     if not step > 0:
@@ -340,8 +341,11 @@ def export_trace(
             run.stopped_at = row.t
     if grid is None or last_t is None:
         return
-    # The grid point after the last row, so that its actions get their line.
-    end = math.ceil(last_t / step) * step if until is None else until
+    # To the grid point after the last row (at most one step past ``until``): the actions
+    # since the last line get theirs.
+    end = math.ceil(last_t / step) * step
+    if until is not None:
+        end = min(end, math.ceil(until / step) * step)
     while grid <= end:
         yield from _lines(runs, grid, step, max_gap, grid - last_t > max_gap)
         grid += step
