@@ -2,7 +2,7 @@
 
 At each pass the governor records, per running server, what it decided on and what it did, in
 three tables of its store (``gpu_gov_history``, with the ``gpu_gov_history_runs`` and
-``gpu_gov_history_contexts`` dictionaries): ``replay.history.STORAGE_COLUMNS``, about 40 bytes a
+``gpu_gov_history_contexts`` dictionaries): ``replay.history.STORAGE_COLUMNS``, about 52 bytes a
 kept row. Cheap per pass: a server whose kept view (``hub/unchanged.py``) and report did not
 move since its last kept row costs one identity check until its keyframe is due, and only rows
 ``worth_recording`` keeps are written, in one bulk insert a pass (what changed, not a copy of
@@ -52,6 +52,7 @@ from ..core.vocabulary import (
     WARN,
 )
 from ..replay.history import (
+    CHECKPOINT_OUTCOMES,
     KEYFRAME_S,
     STORAGE_COLUMNS,
     HistoryRow,
@@ -105,7 +106,7 @@ class HistoryOptions:
     """How much history the governor keeps (``GpuGovernor.history_*``)."""
 
     retention: timedelta = timedelta(days=14)  # zero: none is recorded
-    max_rows: int = 20_000_000  # about 0.8 GB in SQLite; the oldest go first
+    max_rows: int = 60_000_000  # about 3 GB in SQLite; the oldest go first
 
     @property
     def enabled(self) -> bool:
@@ -281,18 +282,24 @@ class History:
         t = now.timestamp()
         for audit in audits:
             key = audit.server_key
-            if audit.action not in POLICY_ACTIONS or audit.dry_run or key not in seen:
+            details = audit.details or {}
+            outcome = details.get("status") if audit.action.startswith("checkpoint-") else None
+            acted = audit.action in POLICY_ACTIONS
+            if audit.dry_run or key not in seen or not (acted or outcome in CHECKPOINT_OUTCOMES):
                 continue
-            last = self._history_last.get(key)
-            row = pending.get(key) or (last and last.row)
-            if row is None:
-                continue
-            reason = (audit.details or {}).get("cull_reason") or self.rows[key].cull_reason
-            row = _with(
-                row, t, (*row.actions, audit.action), reason if audit.action == CULL else None
-            )
-            pending[key] = row
-            self._history_last[key].row = row
+            row = pending.get(key)
+            if row is None:  # nothing else moved: the last kept row again, at this pass
+                last = self._history_last.get(key)
+                if last is None:
+                    continue
+                row = replace(last.row, t=t, actions=(), cull_reason=None, checkpoint=None)
+            if acted:
+                reason = details.get("cull_reason") or self.rows[key].cull_reason
+                cull_reason = reason if audit.action == CULL else row.cull_reason
+                row = replace(row, actions=(*row.actions, audit.action), cull_reason=cull_reason)
+            else:
+                row = replace(row, checkpoint=outcome)
+            pending[key] = self._history_last[key].row = row
         for key in [k for k in self._history_last if k not in seen]:
             last = self._history_last.pop(key).row
             pending[key] = HistoryRow(t=t, server=last.server, started=last.started, stopped=True)
@@ -301,10 +308,6 @@ class History:
             self._history.append(sorted(pending.values(), key=lambda r: r.server))
         except DBAPIError as error:
             log.error("gpu-gov: %d history rows not recorded: %s", len(pending), error)
-
-
-def _with(row: HistoryRow, t: float, actions: tuple, cull_reason: str | None) -> HistoryRow:
-    return replace(row, t=t, actions=actions, cull_reason=cull_reason or row.cull_reason)
 
 
 def _seconds(when: datetime | None) -> float | None:

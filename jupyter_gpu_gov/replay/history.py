@@ -341,11 +341,11 @@ def export_trace(
             run.stopped_at = row.t
     if grid is None or last_t is None:
         return
-    # To the grid point after the last row (at most one step past ``until``): the actions
-    # since the last line get theirs.
+    # To ``until``, and at least to the grid point after the last row (within a step past
+    # ``until``): the actions since the last line get theirs.
     end = math.ceil(last_t / step) * step
     if until is not None:
-        end = min(end, math.ceil(until / step) * step)
+        end = until if last_t > until else max(end, until)
     while grid <= end:
         yield from _lines(runs, grid, step, max_gap, grid - last_t > max_gap)
         grid += step
