@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import islice
 from pprint import pformat
 from typing import Any
 
@@ -418,16 +419,17 @@ class TraceHandler(ApiHandler):
         self.set_header("Content-Disposition", 'attachment; filename="gpu-gov-trace.jsonl"')
         rows = read_history(self.governor.store.engine, since, until)
         lines = export_trace(rows, step=step, since=since, until=until, pseudonyms=pseudonyms)
-        chunk: list[str] = []
-        for line in lines:
-            chunk.append(line)
-            if len(chunk) >= 2000:
-                self.write("\n".join(chunk) + "\n")
-                chunk.clear()
-                await self.flush()
-        if chunk:
-            self.write("\n".join(chunk) + "\n")
+        # Read and written a chunk at a time in the worker: a fortnight of a big hub streams
+        # out without holding it, or the event loop.
+        while chunk := await in_worker(_chunk, lines):
+            self.write(chunk)
+            await self.flush()
         self.finish()
+
+
+def _chunk(lines: Iterator[str], size: int = 5000) -> str:
+    """The next ``size`` lines, newline-terminated ("" at the end)."""
+    return "".join(line + "\n" for line in islice(lines, size))
 
 
 def _step(text: str) -> float:
