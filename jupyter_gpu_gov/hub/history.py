@@ -30,6 +30,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    bindparam,
     delete,
     func,
     insert,
@@ -56,12 +57,13 @@ from ..replay.history import (
     KEYFRAME_S,
     STORAGE_COLUMNS,
     HistoryRow,
+    content,
     context_of,
     pack,
     parse_context,
     unpack,
-    worth_recording,
 )
+from .bulk_sql import Executemany
 from .hubapi import HubServer
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
@@ -122,42 +124,52 @@ class HistoryLog:
         metadata.create_all(engine)
         self._runs: dict[tuple[str, float], int] = {}
         self._contexts: dict[str, int] = {}
+        self._context_of: dict[tuple, tuple[Mapping, int]] = {}  # see _resolve
+        self._insert = Executemany(
+            insert(HISTORY).values({name: bindparam(name) for name in _ROW_NAMES}),
+            engine.dialect,
+            _ROW_NAMES,
+        )
         self._pruned_at = -PRUNE_EVERY  # monotonic: prune at the first write
 
     def append(self, rows: Iterable[HistoryRow]) -> int:
-        """Write kept rows (one transaction); how many. Raises ``DBAPIError``."""
+        """Write kept rows (one transaction, one ``executemany``, the ids of new runs and
+        contexts found or made in bulk); how many. Raises ``DBAPIError``."""
         rows = list(rows)
         if not rows:
             return 0
         with self.engine.begin() as db:
-            values = []
-            for row in rows:
-                run = self._id(db, self._runs, row.session, RUNS, server=row.server)
-                context = self._id(db, self._contexts, context_of(row), CONTEXTS)
-                values.append(dict(zip(_ROW_NAMES, pack(row, run, context), strict=True)))
-            db.execute(insert(HISTORY), values)
+            contexts = self._resolve(db, rows)
+            runs = self._runs
+            values = [pack(r, runs[r.session], c) for r, c in zip(rows, contexts, strict=True)]
+            self._insert.run(db, values)
             if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
                 self._prune(db)
         return len(rows)
 
-    @staticmethod
-    def _id(db, cache: dict, key, table: Table, server: str | None = None) -> int:
-        found = cache.get(key)
-        if found is not None:
-            return found
-        if table is RUNS:
-            where = (RUNS.c.server == server) & (RUNS.c.started == key[1])
-            found = db.execute(select(RUNS.c.id).where(where)).scalar()
-            values = {"server": server, "started": key[1]}
-        else:
-            found = db.execute(select(CONTEXTS.c.id).where(CONTEXTS.c.json == key)).scalar()
-            values = {"json": key}
-        if found is None:
-            found = db.execute(insert(table).values(**values)).inserted_primary_key[0]
-        if len(cache) > 100_000:  # an id is a query away: the cache stays bounded
-            cache.clear()
-        cache[key] = found
-        return found
+    def _resolve(self, db, rows: list[HistoryRow]) -> list[int]:
+        """Make sure every row's run has its id in ``_runs``; each row's context id."""
+        for cache in (self._runs, self._contexts, self._context_of):
+            if len(cache) > 100_000:  # an id is a query away: the caches stay bounded
+                cache.clear()
+        runs = {row.session for row in rows} - self._runs.keys()
+        if runs:
+            self._runs.update(_ids(db, RUNS, runs))
+        # A server's rows share its labels' object from pass to pass: its context id is found
+        # by that object and the rest of the context, without writing the JSON again.
+        keys, texts = [], {}
+        for row in rows:
+            key = (id(row.labels), row.profile, row.team, row.policy, row.state, row.cause)
+            known = self._context_of.get(key)
+            if known is None or known[0] is not row.labels:
+                texts[key] = (row.labels, context_of(row))
+            keys.append(key)
+        missing = {text for _, text in texts.values()} - self._contexts.keys()
+        if missing:
+            self._contexts.update(_ids(db, CONTEXTS, missing))
+        for key, (labels, text) in texts.items():
+            self._context_of[key] = (labels, self._contexts[text])
+        return [self._context_of[key][1] for key in keys]
 
     def _prune(self, db) -> None:
         """Rows past the retention, then beyond ``max_rows`` (ids grow with time: the oldest)."""
@@ -171,6 +183,37 @@ class HistoryLog:
     def prune(self) -> None:
         with self.engine.begin() as db:
             self._prune(db)
+
+
+def _ids(db, table: Table, keys: set) -> dict:
+    """The ids of ``keys`` (runs: (server, started); contexts: their JSON), inserting those
+    the table lacks: a few statements for any number of keys."""
+
+    def select_ids(chunk: list) -> dict:
+        if table is RUNS:
+            servers = {server for server, _ in chunk}
+            query = select(RUNS.c.id, RUNS.c.server, RUNS.c.started)
+            found = db.execute(query.where(RUNS.c.server.in_(servers)))
+            return {(s, st): i for i, s, st in found if (s, st) in keys}
+        query = select(CONTEXTS.c.id, CONTEXTS.c.json).where(CONTEXTS.c.json.in_(chunk))
+        return {text: i for i, text in db.execute(query)}
+
+    def select_all(wanted: list) -> dict:
+        found = {}
+        for start in range(0, len(wanted), 500):
+            found.update(select_ids(wanted[start : start + 500]))
+        return found
+
+    found = select_all(list(keys))
+    new = [key for key in keys if key not in found]
+    if new:
+        if table is RUNS:
+            values = [{"server": server, "started": started} for server, started in new]
+        else:
+            values = [{"json": text} for text in new]
+        db.execute(insert(table), values)
+        found.update(select_all(new))
+    return found
 
 
 def read_history(
@@ -195,12 +238,13 @@ def read_history(
 
 
 class _Last:
-    """A server's last kept row, and what it was built from (to skip building the next)."""
+    """A server's last kept row and its ``content``, and what the last look was built from
+    (to skip building the next)."""
 
-    __slots__ = ("received", "row", "view")
+    __slots__ = ("content", "received", "row", "view")
 
     def __init__(self, row: HistoryRow, view: ServerView, received):
-        self.row, self.view, self.received = row, view, received
+        self.row, self.content, self.view, self.received = row, content(row), view, received
 
 
 class History:
@@ -215,30 +259,27 @@ class History:
         return log_
 
     def _record(self, server: HubServer, view: ServerView, now: datetime) -> None:
-        """This pass's look at a running server: its row, kept if ``worth_recording``."""
+        """This pass's look at a running server: its row, kept if ``worth_recording`` (the
+        same rule, against the last kept row's ``content``, computed once)."""
         if self._history_log() is None:
             return
         key = view.key
         received = self.reports.get(key)
         last = self._history_last.get(key)
         t = now.timestamp()
-        if (
-            last is not None
-            and last.view is view  # a kept view: nothing it was decided on moved
-            and last.received is received
-            and t - last.row.t < KEYFRAME_S
-        ):
-            return
-        row = self._history_row(server, view, received, t)
-        if worth_recording(last and last.row, row):
+        due = last is None or t - last.row.t >= KEYFRAME_S
+        if not due and last.view is view and last.received is received:
+            return  # a kept view (hub/unchanged.py) and the same report: nothing moved
+        row = self._history_row(server, view, received, now)
+        if due or last.row.session != row.session or content(row) != last.content:
             self._history_pending[key] = row
             self._history_last[key] = _Last(row, view, received)
+        else:
+            last.view, last.received = view, received
 
-    def _history_row(self, server: HubServer, view: ServerView, received, t: float) -> HistoryRow:
+    def _history_row(self, server: HubServer, view: ServerView, received, now: datetime):
         key = view.key
-        fresh = (
-            received is not None and clock.utcnow() - received.at <= self.options.report_stale_after
-        )
+        fresh = received is not None and now - received.at <= self.options.report_stale_after
         report = received.report if fresh else None
         context = self._context
         evidence = (
@@ -252,7 +293,7 @@ class History:
             memory = sum(e.memory_used_mb or 0.0 for e in evidence)
         row = self.rows.get(key)
         return HistoryRow(
-            t=t,
+            t=now.timestamp(),
             server=key,
             started=server.started.timestamp() if server.started else 0.0,
             profile=view.profile,

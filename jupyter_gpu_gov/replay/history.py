@@ -96,8 +96,9 @@ class HistoryRow:
 # -- what to keep ------------------------------------------------------------------------------
 
 
-def _content(row: HistoryRow) -> tuple:
-    """What a kept row must differ in, rounded as the store keeps it."""
+def content(row: HistoryRow) -> tuple:
+    """What a kept row must differ in, rounded as the store keeps it (the governor keeps its
+    last kept row's, to compare each pass's with)."""
     return (
         row.profile,
         row.team,
@@ -128,7 +129,7 @@ def worth_recording(
         or row.checkpoint is not None
         or row.stopped
         or row.t - previous.t >= keyframe
-        or _content(row) != _content(previous)
+        or content(row) != content(previous)
     )
 
 
@@ -153,7 +154,6 @@ STORAGE_COLUMNS = (
     ("cull_reason", "TEXT"),
     ("checkpoint", "TEXT"),
 )
-_FLAGS = ("holds_context", "kernel_busy", "reports", "stopped")  # bits 1, 2, 4, 8 (unpack)
 
 
 def context_of(row: HistoryRow) -> str:
@@ -167,7 +167,7 @@ def context_of(row: HistoryRow) -> str:
 def pack(row: HistoryRow, run: int, context: int) -> tuple:
     """The values of ``STORAGE_COLUMNS`` for ``row``; ``run`` and ``context`` are the ids the
     store gave ``row.session`` and ``context_of(row)``."""
-    flags = sum(1 << i for i, name in enumerate(_FLAGS) if getattr(row, name))
+    flags = row.holds_context | row.kernel_busy << 1 | row.reports << 2 | row.stopped << 3
     return (
         int(row.t),
         run,
