@@ -241,10 +241,10 @@ class _Last:
     """A server's last kept row and its ``content``, and what the last look was built from
     (to skip building the next)."""
 
-    __slots__ = ("content", "received", "row", "view")
+    __slots__ = ("content", "row", "view")
 
-    def __init__(self, row: HistoryRow, view: ServerView, received):
-        self.row, self.content, self.view, self.received = row, content(row), view, received
+    def __init__(self, row: HistoryRow, view: ServerView):
+        self.row, self.content, self.view = row, content(row), view
 
 
 class History:
@@ -264,18 +264,19 @@ class History:
         if self._history_log() is None:
             return
         key = view.key
-        received = self.reports.get(key)
         last = self._history_last.get(key)
         t = now.timestamp()
         due = last is None or t - last.row.t >= KEYFRAME_S
-        if not due and last.view is view and last.received is received:
-            return  # a kept view (hub/unchanged.py) and the same report: nothing moved
-        row = self._history_row(server, view, received, now)
+        if not due and last.view is view:
+            # The kept view (hub/unchanged.py): nothing it reads moved, the report's GPU
+            # figures, DCGM's and the record included (``same_report``).
+            return
+        row = self._history_row(server, view, self.reports.get(key), now)
         if due or last.row.session != row.session or content(row) != last.content:
             self._history_pending[key] = row
-            self._history_last[key] = _Last(row, view, received)
+            self._history_last[key] = _Last(row, view)
         else:
-            last.view, last.received = view, received
+            last.view = view
 
     def _history_row(self, server: HubServer, view: ServerView, received, now: datetime):
         key = view.key
