@@ -118,3 +118,30 @@ def test_export_trace_writes_the_stores_history_and_names_bad_input(tmp_path, ca
     missing = f"sqlite:///{tmp_path / 'none.sqlite'}"
     assert cli.main(["export-trace", "--since", "1h", "--db-url", missing]) == 2
     assert "no such database" in capsys.readouterr().err
+
+
+async def test_what_if_on_the_recorded_history_predicts_the_candidates_difference(
+    tmp_path, restore_clock
+):
+    """The policy admin's what-if reads the history the governor recorded: alice's idle GPU
+    was culled after an hour; a candidate that waits three hours culls nobody on that past,
+    and the live policy, replayed, culls her as the governor did."""
+    from jupyter_gpu_gov.hub.policy_admin import what_if
+
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    since = clock.utcnow().timestamp()
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=POD)
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.policies = load_policies([], {"checkpoint": False})
+        for _ in range(150):
+            await gov.reconcile()
+            clock.advance(60)
+        assert not hub.running("alice")
+    exporter.server.stop()
+    patient = load_policies([], {"checkpoint": False, "cull_after": "3h", "busy_grace": "3h"})
+    result = what_if(gov, patient, since, clock.utcnow().timestamp())
+    culls = {run["name"]: run["total"]["culls"] for run in result["runs"]}
+    assert culls == {"recorded": 1, "current": 1, "candidate": 0}
+    assert result["change"]["culls"] == -1
+    assert result["trace"]["servers"] == 1

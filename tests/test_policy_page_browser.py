@@ -6,7 +6,8 @@ the live policies. Through the API: a dry run beside the live policy shows the c
 would-be actions next to the real ones and acts on nothing; bad input is a 400 naming it; a
 user without the admin scope gets 403.
 
-Skipped, saying why, when chromium or playwright is missing.
+Writes docs/images/policy.png (JUPYTER_GPU_GOV_SCREENSHOTS=1). Skipped, saying why, when
+chromium or playwright is missing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from browser import browser as chromium
-from browser import explain_failure, log_in, needs_browser
+from browser import explain_failure, log_in, needs_browser, screenshot_path
 from governor_harness import Gov, governed_hub, server_running, wait
 
 from jupyter_gpu_gov.replay import parse_lines
@@ -88,6 +89,7 @@ def test_export_edit_predict_apply_and_the_audit_in_a_browser(hub, tmp_path):
             culls = table.locator("tr", has=page.locator("td", has_text="culls")).first
             expect(culls.locator("td").nth(1)).to_have_text("1")  # what the governor did
             expect(culls.locator("td").nth(3)).to_have_text("0")  # an hour's patience: none
+            page.screenshot(path=str(screenshot_path("policy.png", tmp_path)), full_page=True)
 
             # Apply, with a reason: audited (who, why, the diff), then live, until a restart.
             page.fill("input[name=reason]", "carol runs long evaluations")

@@ -31,7 +31,7 @@ from tornado import web
 from ..core import clock
 from ..core.policy import Policy, PolicyError, load_policies
 from ..replay import parse_lines, replay
-from ..replay.history import Pseudonyms, export_trace, parse_since
+from ..replay.history import DEFAULT_STEP_S, Pseudonyms, export_trace, parse_since
 from ..replay.trace import Sample
 from ..replay.whatif import Outcome, Setup, compare, figure_rows, recorded_actions, report
 from .history import read_history
@@ -150,10 +150,13 @@ def diff(before: Mapping, after: Mapping) -> list[str]:
 
 def history_samples(engine, since: float, until: float) -> Callable[[], Iterator[Sample]]:
     """The governor's history from ``since`` to ``until`` as a replay reads it (read afresh
-    at each call: the comparison streams, whatever the span)."""
+    at each call: the comparison streams, whatever the span): a sample a minute over six hours
+    or less (the last hour's minutes matter), else every five."""
+    step = 60.0 if until - since <= 6 * 3600 else DEFAULT_STEP_S
 
     def samples() -> Iterator[Sample]:
-        lines = export_trace(read_history(engine, since, until), since=since, until=until)
+        rows = read_history(engine, since, until)
+        lines = export_trace(rows, step=step, since=since, until=until)
         return parse_lines(lines, "the governor's history")
 
     return samples
