@@ -54,10 +54,11 @@ from ..core.vocabulary import (
 )
 from ..replay.history import (
     CHECKPOINT_OUTCOMES,
+    CONTENT_FIELDS,
     KEYFRAME_S,
     STORAGE_COLUMNS,
     HistoryRow,
-    content,
+    content_of,
     context_of,
     pack,
     parse_context,
@@ -243,8 +244,8 @@ class _Last:
 
     __slots__ = ("content", "row", "view")
 
-    def __init__(self, row: HistoryRow, view: ServerView):
-        self.row, self.content, self.view = row, content(row), view
+    def __init__(self, row: HistoryRow, view: ServerView, content: tuple):
+        self.row, self.content, self.view = row, content, view
 
 
 class History:
@@ -271,15 +272,18 @@ class History:
             # The kept view (hub/unchanged.py): nothing it reads moved, the report's GPU
             # figures, DCGM's and the record included (``same_report``).
             return
-        row = self._history_row(server, view, self.reports.get(key), now)
-        if due or last.row.session != row.session or content(row) != last.content:
+        values = self._history_values(server, view, self.reports.get(key), now)
+        started = server.started.timestamp() if server.started else 0.0
+        changed = content_of(values)
+        if due or last.row.started != started or changed != last.content:
+            row = HistoryRow(t, key, started, **dict(zip(CONTENT_FIELDS, values, strict=True)))
             self._history_pending[key] = row
-            self._history_last[key] = _Last(row, view)
+            self._history_last[key] = _Last(row, view, changed)
         else:
             last.view = view
 
-    def _history_row(self, server: HubServer, view: ServerView, received, now: datetime):
-        key = view.key
+    def _history_values(self, server: HubServer, view: ServerView, received, now) -> tuple:
+        """What the pass saw of a server, as ``CONTENT_FIELDS``."""
         fresh = received is not None and now - received.at <= self.options.report_stale_after
         report = received.report if fresh else None
         context = self._context
@@ -292,26 +296,23 @@ class History:
         gpu_sm, memory, holds, busy, connections = _reported(report)
         if not memory:
             memory = sum(e.memory_used_mb or 0.0 for e in evidence)
-        row = self.rows.get(key)
-        return HistoryRow(
-            t=now.timestamp(),
-            server=key,
-            started=server.started.timestamp() if server.started else 0.0,
-            profile=view.profile,
-            team=view.team,
-            labels=view.labels,
-            reports=bool(row and row.reports) or received is not None,
-            gpu_sm=gpu_sm,
-            dcgm_sm=max(dcgm) if dcgm else None,
-            gpu_mem_mb=memory,
-            holds_context=holds,
-            kernel_busy=busy,
-            connections=connections,
-            user_last=_seconds(view.user_last_activity),
-            hub_last=_seconds(view.hub_last_activity),
-            state=(row.state if row is not None else None) or "active",
-            policy=(row.policy if row is not None else None) or "default",
-            cause=view.cause,
+        row = self.rows.get(view.key)
+        return (
+            view.profile,
+            view.team,
+            view.labels,
+            bool(row and row.reports) or received is not None,
+            gpu_sm,
+            max(dcgm) if dcgm else None,
+            memory,
+            holds,
+            busy,
+            connections,
+            _seconds(view.user_last_activity),
+            _seconds(view.hub_last_activity),
+            (row.state if row is not None else None) or "active",
+            (row.policy if row is not None else None) or "default",
+            view.cause,
         )
 
     def _record_pass(self, audits: Iterable, seen: set[str], now: datetime) -> None:

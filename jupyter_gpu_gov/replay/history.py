@@ -96,26 +96,44 @@ class HistoryRow:
 # -- what to keep ------------------------------------------------------------------------------
 
 
-def content(row: HistoryRow) -> tuple:
-    """What a kept row must differ in, rounded as the store keeps it (the governor keeps its
-    last kept row's, to compare each pass's with)."""
+# The fields a kept row must differ in, in the order ``content_of`` takes them.
+CONTENT_FIELDS = (
+    "profile",
+    "team",
+    "labels",
+    "reports",
+    "gpu_sm",
+    "dcgm_sm",
+    "gpu_mem_mb",
+    "holds_context",
+    "kernel_busy",
+    "connections",
+    "user_last",
+    "hub_last",
+    "state",
+    "policy",
+    "cause",
+)
+_SM_STEP = round(SM_QUANTUM * 1000)
+
+
+def content_of(values: tuple) -> tuple:
+    """``values`` of ``CONTENT_FIELDS``, rounded as the store keeps them: what a kept row must
+    differ in (the governor compares a pass's with the last kept row's before it builds a
+    row)."""
+    sm, dcgm, memory = values[4:7]
     return (
-        row.profile,
-        row.team,
-        row.labels,
-        row.reports,
-        _permille(row.gpu_sm) // round(SM_QUANTUM * 1000) if row.gpu_sm is not None else None,
-        _permille(row.dcgm_sm) // round(SM_QUANTUM * 1000) if row.dcgm_sm is not None else None,
-        int(row.gpu_mem_mb // MEMORY_QUANTUM_MB),
-        row.holds_context,
-        row.kernel_busy,
-        row.connections,
-        row.user_last,
-        row.hub_last,
-        row.state,
-        row.policy,
-        row.cause,
+        *values[:4],
+        None if sm is None else _permille(sm) // _SM_STEP,
+        None if dcgm is None else _permille(dcgm) // _SM_STEP,
+        int(memory // MEMORY_QUANTUM_MB),
+        *values[7:],
     )
+
+
+def content(row: HistoryRow) -> tuple:
+    """``content_of`` a row."""
+    return content_of(tuple(getattr(row, name) for name in CONTENT_FIELDS))
 
 
 def worth_recording(
