@@ -125,7 +125,7 @@ class HistoryLog:
         metadata.create_all(engine)
         self._runs: dict[tuple[str, float], int] = {}
         self._contexts: dict[str, int] = {}
-        self._context_of: dict[tuple, tuple[Mapping, int]] = {}  # see _resolve
+        self._context_of: dict[tuple, int] = {}  # context values -> id (_resolve)
         self._insert = Executemany(
             insert(HISTORY).values({name: bindparam(name) for name in _ROW_NAMES}),
             engine.dialect,
@@ -156,21 +156,20 @@ class HistoryLog:
         runs = {row.session for row in rows} - self._runs.keys()
         if runs:
             self._runs.update(_ids(db, RUNS, runs))
-        # A server's rows share its labels' object from pass to pass: its context id is found
-        # by that object and the rest of the context, without writing the JSON again.
+        # A context seen before is found by its values, without writing its JSON again.
         keys, texts = [], {}
         for row in rows:
-            key = (id(row.labels), row.profile, row.team, row.policy, row.state, row.cause)
-            known = self._context_of.get(key)
-            if known is None or known[0] is not row.labels:
-                texts[key] = (row.labels, context_of(row))
+            labels = frozenset(row.labels.items())
+            key = (labels, row.profile, row.team, row.policy, row.state, row.cause)
+            if key not in self._context_of:
+                texts[key] = context_of(row)
             keys.append(key)
-        missing = {text for _, text in texts.values()} - self._contexts.keys()
+        missing = set(texts.values()) - self._contexts.keys()
         if missing:
             self._contexts.update(_ids(db, CONTEXTS, missing))
-        for key, (labels, text) in texts.items():
-            self._context_of[key] = (labels, self._contexts[text])
-        return [self._context_of[key][1] for key in keys]
+        for key, text in texts.items():
+            self._context_of[key] = self._contexts[text]
+        return [self._context_of[key] for key in keys]
 
     def _prune(self, db) -> None:
         """Rows past the retention, then beyond ``max_rows`` (ids grow with time: the oldest)."""
