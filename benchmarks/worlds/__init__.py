@@ -19,6 +19,12 @@ CPU load, cgroup quotas, shared storage, a warming page cache, exporter interval
 window, delay accounting that reads zero) was written for the third round before the model
 changed, without reading the model, and its first run reported.
 
+Every world's truth follows docs/api.md's "What each label means" (the input pipeline, reading
+or decoding by workers or the main thread, is ``data_io``; the loop's own host work
+``cpu_serial``; too little work per kernel, launch-bound loops included, ``small_work``): round
+four relabelled ``roofline``, ``pipeline`` and ``contention``, which had read decoding (and
+``contention`` launch-bound loops) as ``cpu_serial``.
+
 Every world has ``generate(n_servers, windows_per_server, seed, *, first_server=0)``, returning
 ``(Window, truth)`` pairs, and ``NODES``. The windows use the CSV columns of
 ``diagnose.features`` and the six labels of ``diagnose.labels``; the worlds import nothing else

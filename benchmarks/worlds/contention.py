@@ -28,13 +28,19 @@ its first epoch only, after which a storage-bound job is fed (or decode-bound).
 
 **Truth is lost GPU time, by who lost it.** Over the window's own span (the ``/proc`` clock),
 each phase's shortfall of GPU busy time is booked to its limiter: the storage (``data_io``);
-the host's CPU — the loop's own Python, the loader's decoding, a checkpoint's serialisation, a
-contended core (``cpu_serial``); the dispatch of kernels too small to fill the SMs
-(``small_work``). If the GPU is busy at least 80 % of the window, the label is the kernels'
-own: ``memory_bandwidth`` (the memory interface near its peak), ``small_work`` (kernels that
-fill under 40 % of the SMs), else ``healthy``; otherwise the limiter that lost the most time.
-A decode-bound loader is ``cpu_serial``: the GPU waits on a CPU, not on reads (the fix is
-workers or moving the decode to the GPU, not faster storage).
+the host's CPU — the loop's own Python, a checkpoint's serialisation, a contended core
+(``cpu_serial``); the dispatch of kernels shorter than their launch (``small_work``). If the
+GPU is busy at least 80 % of the window, the label is the kernels' own: ``memory_bandwidth``
+(the memory interface near its peak), ``small_work`` (kernels that fill under 40 % of the
+SMs), else ``healthy``; otherwise the limiter that lost the most time.
+
+Round four relabelled two limiters to the definitions written in docs/api.md ("What each label
+means"), which this world had read otherwise: a decode-bound loader (workers, or the main
+thread with ``num_workers=0``) is ``data_io`` — the input pipeline, whose fix (workers, DALI,
+decoded data) is the loader's — where it was ``cpu_serial``; a launch-bound loop is
+``small_work`` whatever SMs its kernels fill, where it was ``cpu_serial`` above ``TINY``. The
+decode job kinds moved from the ``cpu_serial`` draw to the ``data_io`` one, so each label keeps
+its share of jobs.
 
 **Timelines**: epochs of 3-30 minutes, each ending in a DataLoader restart (workers forked
 again, their first batches read: 5-40 s of an idle GPU) and every 10-40 minutes a checkpoint
@@ -198,7 +204,7 @@ def _job(rng: random.Random, label: str, node: Node) -> Job:
         j.mem = _u(rng, 0.01, 0.2)
         j.decode_ms, j.batch_mb = min(j.decode_ms, 0.3 * j.t_gpu * j.workers), j.batch_mb / 10
     elif label == DATA_IO:
-        kind = rng.choice(["bandwidth", "bandwidth", "files", "main"])
+        kind = rng.choice(["bandwidth", "bandwidth", "files", "main", "decode", "main-decode"])
         j.dataset_gb = node.page_cache_gb * _u(rng, 1.5, 6)  # never all cached
         if kind == "bandwidth":  # big samples, storage slower than the GPU eats them
             j.batch_mb = node.storage_mb_s * t_gpu / 1000 * _u(rng, 1.5, 5)
@@ -206,14 +212,10 @@ def _job(rng: random.Random, label: str, node: Node) -> Job:
         elif kind == "files":  # many small files on a network mount: opens, not bytes
             j.files = rng.randint(256, 1024)
             j.workers = rng.choice([1, 2, 4])
-        else:  # num_workers=0: the main thread reads between steps
+        elif kind == "main":  # num_workers=0: the main thread reads between steps
             j.workers = 0
             j.batch_mb = node.storage_mb_s * t_gpu / 1000 * _u(rng, 1.0, 4)
             j.decode_ms = _u(rng, 0.05, 0.3) * t_gpu
-    elif label == CPU_SERIAL:
-        kind = rng.choice(["python", "python", "decode", "main-decode"])
-        if kind == "python":  # per-step Python: tokenising, a metric in a loop, .item()
-            j.python_ms = t_gpu * _u(rng, 1.4, 6)
         elif kind == "decode":  # heavy augmentation on too few workers (or a quota)
             j.workers = rng.choice([1, 2, 3])
             j.decode_ms = t_gpu * j.workers * _u(rng, 1.5, 5)
@@ -222,6 +224,8 @@ def _job(rng: random.Random, label: str, node: Node) -> Job:
             j.workers = 0
             j.decode_ms = t_gpu * _u(rng, 1.4, 5)
             j.dataset_gb = node.page_cache_gb * _u(rng, 0.1, 0.5)
+    elif label == CPU_SERIAL:  # per-step Python: tokenising, a metric in a loop, .item()
+        j.python_ms = t_gpu * _u(rng, 1.4, 6)
     else:  # healthy-ish loader for the GPU-side labels: cached or fast enough
         pass
     if label in (HEALTHY, MEMORY_BANDWIDTH, SMALL_WORK):
@@ -269,15 +273,20 @@ def _step(job: Job, node: Node, env: Env, cached: bool) -> dict:
         step *= demand / env.cap
     busy = job.t_gpu / step
     # who lost the GPU time (it matters only where the GPU is starved)
-    launch_part = SMALL_WORK if job.fill < TINY else CPU_SERIAL
+    # (docs/api.md "What each label means": reading and decoding the input is the input
+    # pipeline's, whoever runs it; dispatching kernels that each take less than their launch
+    # is too little work per kernel, whatever SMs they fill; the loop's own Python is the host's)
     if job.workers == 0:
-        parts = {CPU_SERIAL: (job.python_ms + job.decode_ms) / env.thread, DATA_IO: read}
-        parts[launch_part] = parts.get(launch_part, 0.0) + launch / env.thread
+        parts = {
+            CPU_SERIAL: job.python_ms / env.thread,
+            DATA_IO: read + job.decode_ms / env.thread,
+            SMALL_WORK: launch / env.thread,
+        }
         limiter = max(parts, key=parts.get)
     elif t_loader >= max(t_main, job.t_gpu):
-        limiter = DATA_IO if t_read >= t_decode else CPU_SERIAL
+        limiter = DATA_IO
     elif t_main >= job.t_gpu:
-        limiter = launch_part if launch >= job.python_ms else CPU_SERIAL
+        limiter = SMALL_WORK if launch >= job.python_ms else CPU_SERIAL
     else:  # GPU-bound but throttled by the quota
         limiter = CPU_SERIAL
     # a main thread waiting on the GPU spins in the sync (on half the jobs); one waiting on the
@@ -391,8 +400,7 @@ def _server(rng, node: Node, server: str, label: str, n: int) -> list:
             f_main = max(0.0, 1.0 - f_restart - f_ckpt)
             busy = f_main * s["busy"]
             lost = {s["limiter"]: f_main * (1.0 - s["busy"])}
-            loader = CPU_SERIAL if cached else DATA_IO
-            lost[loader] = lost.get(loader, 0.0) + f_restart
+            lost[DATA_IO] = lost.get(DATA_IO, 0.0) + f_restart  # the loader's first batches
             lost[CPU_SERIAL] = lost.get(CPU_SERIAL, 0.0) + f_ckpt
             if busy >= FED:
                 if job.fill < TINY:

@@ -43,8 +43,10 @@ Truth, per window, from the window's own time budget (60 s of the main thread):
   ``healthy`` (an interactive pause);
 - kernels >= 50 % of the window in a memory-bound job (DRAM >= 0.55 while kernels run):
   ``memory_bandwidth``;
-- else the largest of *waiting for data*, *host work* (with decoding on the main thread), and
-  *launch gaps* if it is >= 25 % of the window: ``data_io``, ``cpu_serial``, ``small_work``;
+- else the largest of *waiting for data* (fetching and decoding, by workers or, with no
+  worker, by the main thread: the input pipeline), *host work* (the loop's own), and
+  *launch gaps* if it is >= 25 % of the window: ``data_io``, ``cpu_serial``, ``small_work``
+  (docs/api.md "What each label means");
 - else ``healthy``.
 
 So a job drawn to be starved by its loader is ``healthy`` once its data sits in the page cache,
@@ -277,8 +279,8 @@ class Loop:
             per = step + fetch + decode
             steps = available / per
             out.update(fetch=steps * fetch, decode=steps * decode)
-            out["wait"] += steps * fetch
-            out["host"] = steps * (host + decode)
+            out["wait"] += steps * (fetch + decode)  # the input pipeline, on the main thread
+            out["host"] = steps * host
         else:
             supply = job.workers / (fetch + decode)
             if not cached:
@@ -313,8 +315,9 @@ def _running(rng: random.Random, loop: Loop, modes: list[str]):
             total[k] = total.get(k, 0.0) + v
     busy = min(1.0, total["gpu"] / WINDOW_S)
     fill = min(1.0, job.occ * (80 / card.sms) ** 0.25)
-    main = total["host"] + total["launch"] + total["spin"]  # host includes decoding, no worker
-    cores = main / WINDOW_S + total["decode"] / WINDOW_S * (job.workers > 0) + _u(rng, 0.01, 0.05)
+    main = total["host"] + total["launch"] + total["spin"]
+    # decoding: the workers' cores, or the main thread's where there is no worker
+    cores = (main + total["decode"]) / WINDOW_S + _u(rng, 0.01, 0.05)
     values = {
         "gr": busy,
         "sm": busy * fill,

@@ -48,7 +48,9 @@ Labels are decided by the physics, not by intent: a job is drawn for a cause, it
 is computed, and it is kept only if that cause is what the step is made of:
 
 - ``healthy``: kernels run >= 80 % of the step, and memory-bound kernels < half of them;
-- ``data_io``: waiting for batches is >= 40 % of the step, the largest part;
+- ``data_io``: waiting for batches is >= 40 % of the step, the largest part (reading and
+  decoding them, by workers or, with no worker, by the main thread: the input pipeline's time,
+  docs/api.md "What each label means");
 - ``cpu_serial``: host work is >= 40 % of the step, the largest part;
 - ``small_work``: launch gaps are >= 40 % of the step, the largest part;
 - ``memory_bandwidth``: kernels run >= 50 % of the step, >= 60 % of their time memory-bound,
@@ -320,9 +322,9 @@ def _parts(job: Job, slow: float = 1.0) -> dict:
     gpu = s.gpu * slow
     busy = max(gpu, s.launch)
     gaps = busy - gpu
-    if job.workers == 0:
+    if job.workers == 0:  # the main thread reads and decodes: its input, not its own work
         main = s.host + s.read + s.decode + busy
-        return {"gpu": gpu, "gaps": gaps, "host": s.host + s.decode, "wait": s.read, "total": main}
+        return {"gpu": gpu, "gaps": gaps, "host": s.host, "wait": s.read + s.decode, "total": main}
     supply = max((s.read + s.decode) / job.workers, s.data_mb / disk.total_mb_s)
     main = s.host + busy
     total = max(main, supply)

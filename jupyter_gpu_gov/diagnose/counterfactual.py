@@ -56,7 +56,13 @@ another node's. What the model decides with is what defines each cause physicall
      through the idle time (``cpu_top_thread``, the busiest thread's share of a core, where the
      server reports it: a serial loop saturates one thread; else the tree's cores net of I/O
      wait) or the loop waiting. A loop that waits and reads nothing is either's (a
-     ``time.sleep`` and a network mount's wait look the same): ``uncertain``.
+     ``time.sleep`` and a network mount's wait look the same): ``uncertain``. What the two
+     words mean is docs/api.md's ("What each label means"): ``data_io`` is the input
+     pipeline — reading, decoding and copying the batches, by workers or by the main thread
+     with ``num_workers=0`` — and ``cpu_serial`` the loop's own host work. So a thread
+     computing is evidence for the host only beside what the input side shows: where neither
+     reads nor I/O wait is measured, a starved loop is ``uncertain`` between the two whatever
+     its CPU (the main thread decoding its batches and a Python loop both saturate a thread).
 
 Each test is a smooth gate (a logistic of width ``*_width``) rather than a threshold, and the
 gates chain as a decision tree, so the labels get probabilities that sum to one: the most likely
@@ -501,6 +507,11 @@ class Diagnoser:
         a thread computing through the idle time (the host's work) or waiting (either's: a
         ``time.sleep`` and a network mount's wait look the same)."""
         p = self.params
+        if w.read_mb_s is None and w.cpu_iowait is None:
+            # Nothing of the input side is measured: a thread computing is either's (the main
+            # thread decoding its own batches is data_io, docs/api.md "What each label
+            # means"), and a waiting one too. Abstain rather than guess from the CPU alone.
+            return 0.5
         # the busiest thread measures a serial loop directly; the tree's cores only bound it
         host = p.thread_weight if w.cpu_top_thread is not None else p.host_weight
         evidence = host * (1.0 - 2.0 * busy)

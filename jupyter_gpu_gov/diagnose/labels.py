@@ -29,20 +29,20 @@ HINTS: Mapping[str, str] = {
         "while: save what you need and shut it down (or restart the kernel) to give the GPU back."
     ),
     DATA_IO: (
-        "Data loading: the GPU waits on reads — try more DataLoader workers, pin_memory=True, "
-        "or local/cached data."
+        "Data loading: the GPU waits for its input to be read or decoded — try more DataLoader "
+        "workers, pin_memory=True, local/cached or pre-decoded data, or decoding on the GPU."
     ),
     CPU_SERIAL: (
-        "A CPU-bound loop: one core is saturated while the GPU waits — move the work to the GPU, "
-        "vectorise, or use DataLoader workers."
+        "A CPU-bound loop: the loop's own Python work holds the GPU back — move the work to the "
+        "GPU, vectorise it, or do it less often (logging, metrics, .item())."
     ),
     MEMORY_BANDWIDTH: (
         "Memory-bound kernels: the GPU is busy moving data, not computing — fuse elementwise ops "
         "(torch.compile), use bf16/fp16."
     ),
     SMALL_WORK: (
-        "Too little work per step: the GPU finishes each kernel and waits — increase the batch "
-        "size, or use CUDA graphs / torch.compile."
+        "Too little work per kernel: the GPU finishes each one and waits for the next launch — "
+        "increase the batch size, or use CUDA graphs / torch.compile."
     ),
     FRAGMENTATION: (
         "GPUs are partly used while spawns wait for one: consolidate onto fewer cards or offer "
