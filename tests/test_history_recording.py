@@ -54,7 +54,8 @@ async def test_the_governor_records_what_it_saw_and_did_and_exports_it(tmp_path,
     assert alice[0].dcgm_sm == 0.0 and alice[0].gpu_sm is None and not alice[0].reports
     assert [a for r in alice for a in r.actions] == ["warn", "cull"]
     assert next(r for r in alice if "cull" in r.actions).cull_reason == "gpu-idle"
-    assert alice[-1].stopped
+    # Her last row says she stopped, with what was last seen (not a report she never sent).
+    assert alice[-1].stopped and not alice[-1].reports and alice[-1].dcgm_sm == 0.0
     assert bob[0].gpu_sm == pytest.approx(0.8) and bob[0].holds_context and bob[0].reports
     assert all(r.team is None and r.state == "active" for r in bob)
 

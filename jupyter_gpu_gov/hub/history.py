@@ -343,8 +343,9 @@ class History:
                 row = replace(row, checkpoint=outcome)
             pending[key] = self._history_last[key].row = row
         for key in [k for k in self._history_last if k not in seen]:
-            last = self._history_last.pop(key).row
-            pending[key] = HistoryRow(t=t, server=last.server, started=last.started, stopped=True)
+            last = self._history_last.pop(key).row  # its last values, as the export holds them
+            stop = replace(last, t=t, stopped=True, actions=(), cull_reason=None, checkpoint=None)
+            pending[key] = stop
         self._history_pending = {}
         try:
             self._history.append(sorted(pending.values(), key=lambda r: r.server))
