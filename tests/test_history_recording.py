@@ -146,3 +146,19 @@ async def test_what_if_on_the_recorded_history_predicts_the_candidates_differenc
     assert culls == {"recorded": 1, "current": 1, "candidate": 0}
     assert result["change"]["culls"] == -1
     assert result["trace"]["servers"] == 1
+
+
+async def test_a_failing_history_never_fails_a_servers_decision(tmp_path, monkeypatch, caplog):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+
+        def broken(*args):
+            raise RuntimeError("history broke")
+
+        monkeypatch.setattr(type(gov), "_history_values", broken)
+        result = await gov.reconcile()
+    assert result.servers == 1 and not result.errors
+    assert gov.row("alice/").state != "error" and "alice/" not in gov._failing
+    assert not [a for a in gov.store.audit_rows("alice/") if a.action == "error"]
+    assert "history row not recorded" in caplog.text

@@ -259,8 +259,20 @@ class History:
         return log_
 
     def _record(self, server: HubServer, view: ServerView, now: datetime) -> None:
-        """This pass's look at a running server: its row, kept if ``worth_recording`` (the
-        same rule, against the last kept row's ``content``, computed once)."""
+        """This pass's look at a running server. A failure is logged (once a pass) and
+        dropped: the history never fails a server's decision nor stops the pass."""
+        try:
+            self._look(server, view, now)
+        except Exception:
+            if not self._history_failed:
+                self._history_failed = True
+                log.exception("gpu-gov: a server's history row not recorded")
+
+    _history_failed = False  # this pass already logged a failure
+
+    def _look(self, server: HubServer, view: ServerView, now: datetime) -> None:
+        """Its row, kept if ``worth_recording`` (the same rule, against the last kept row's
+        ``content``, computed once)."""
         if self._history_log() is None:
             return
         key = view.key
@@ -318,6 +330,13 @@ class History:
         """After the pass acted: its policy actions on their servers' rows, a last row for each
         server that stopped, and the kept rows written. A failed write is logged and dropped:
         the history never stops a pass."""
+        try:
+            self._write_pass(audits, seen, now)
+        except Exception:  # as _record: logged, dropped
+            log.exception("gpu-gov: this pass's history not recorded")
+        self._history_failed = False
+
+    def _write_pass(self, audits: Iterable, seen: set[str], now: datetime) -> None:
         if self._history_log() is None:
             return
         pending = self._history_pending
