@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from .clock import parse as parse_time
 from .durations import format_duration, parse_duration
+from .queue import claim_by
 from .vocabulary import (
     ACTIVE,
     ADMIN,
@@ -51,7 +52,6 @@ from .vocabulary import (
     MAX_AGE_LABEL,
     MAX_AGE_WARN,
     OVERRUN_NOTICE,
-    QUEUED_AT_LABEL,
     RECLAIM,
     RECLAIM_FOR_LABEL,
     RECLAIM_LABEL,
@@ -66,11 +66,7 @@ from .vocabulary import (
     WARNED,
     server_key,
 )
-from .wire import Verdict
-
-# A server the spawn queue started counts as opened once Hub activity comes this long after its
-# start (the Hub stamps activity itself while a server starts).
-CLAIM_SLACK = timedelta(seconds=60)
+from .wire import LineStart, Verdict
 
 # -- policies ----------------------------------------------------------------------------------
 
@@ -647,24 +643,16 @@ def holds_until(
 
 def _unclaimed(view: ServerView, now: datetime) -> str | None:
     """Why a server the spawn queue started on its owner's behalf is given back: nobody opened
-    it within the time the grant allows (``gpu-gov/claim-within``), else None. Opened: a
-    person's request to a kernel or terminal (its report), or Hub activity after its start.
-    A server that does not report abstains: its kernels cannot be seen."""
-    within = view.labels.get(CLAIM_WITHIN_LABEL)
-    if not within or QUEUED_AT_LABEL not in view.labels or view.started is None:
+    it within the time the grant allows (``core.queue.claim_by``), else None. A server that
+    does not report abstains: its kernels cannot be seen."""
+    if view.gpu is None:
         return None
-    if view.gpu is None or view.user_last_activity is not None:
-        return None
-    try:
-        window = parse_duration(within)
-    except ValueError:
-        return None
-    hub = view.hub_last_activity
-    if now < view.started + window or (hub is not None and hub > view.started + CLAIM_SLACK):
+    due = claim_by(view.labels, view.started, view.user_last_activity, view.hub_last_activity)
+    if due is None or now < due:
         return None
     return (
         f"started from the spawn queue at {_at(view.started)} and not opened within "
-        f"{format_duration(window)}: its GPU is given back to the line"
+        f"{format_duration(due - view.started)}: its GPU is given back to the line"
     )
 
 
@@ -1154,11 +1142,12 @@ def verdict(
     root_cause: dict | None = None,
     right_size: dict | None = None,
     requests: dict | None = None,
+    started_from_line: tuple[LineStart, ...] = (),
 ) -> Verdict:
     """The verdict (``core.wire.Verdict``), as it rides back on a report's response.
-    ``root_cause`` is the governor's diagnosis, ``right_size`` a smaller tier its use fits and
-    ``requests`` what the server is asked to do (``hub/outbound.py``; none by default), passed
-    in."""
+    ``root_cause`` is the governor's diagnosis, ``right_size`` a smaller tier its use fits,
+    ``requests`` what the server is asked to do (``hub/outbound.py``; none by default) and
+    ``started_from_line`` the owner's other servers the spawn queue started, passed in."""
     from .clock import isoformat
 
     record = decision.record
@@ -1181,4 +1170,5 @@ def verdict(
         root_cause=root_cause,
         right_size=right_size,
         requests=requests or {},
+        started_from_line=started_from_line,
     )

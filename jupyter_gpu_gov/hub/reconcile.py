@@ -33,6 +33,7 @@ from .hubapi import HubApi, HubApiError, HubServer
 from .options import Options
 from .ownership import resolve
 from .people import PeoplesRequests
+from .queue import line_starts
 from .records import Records
 from .scopes import HubAccess
 from .store import Store
@@ -255,6 +256,7 @@ class Governor(
         for pending in (self._shutdowns, self._interrupts):
             outbound.forget_answered(pending, self.reports, now, self.options.report_stale_after)
         self.spawns_waiting = waiting
+        self.line_starts = line_starts(self._servers, rows, self.reports)
         self.health.finish_pass(seen, now)
         for node, patch, action, why in self.health.node_changes():
             batch.audits.append(self._audit_row(None, action, why, dry_run=self.options.dry_run))

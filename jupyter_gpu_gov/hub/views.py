@@ -6,17 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from types import MappingProxyType
 
 from ..core import clock, policy, rightsize
 from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Policy, Record
 from ..core.vocabulary import UNKNOWN
-from ..core.wire import Verdict
+from ..core.wire import LineStart, Verdict
 from ..diagnose.cluster import Demand
 from . import outbound, showback, trusted
 from .checkpoints import checkpoint_fields, result_status
 from .diagnosis import allocation
 from .evidence import Received
+from .queue import Unopened
 from .tables import AuditRow, ExtensionRow, ServerRow, record_of
 
 
@@ -46,6 +48,7 @@ def verdict_of(
     root_cause: dict | None = None,
     right_size: dict | None = None,
     requests: dict | None = None,
+    started_from_line: tuple[LineStart, ...] = (),
 ) -> Verdict:
     decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
     return policy.verdict(
@@ -55,6 +58,7 @@ def verdict_of(
         root_cause=root_cause,
         right_size=right_size,
         requests=requests,
+        started_from_line=started_from_line,
     )
 
 
@@ -119,6 +123,9 @@ def row_view(
 class Views:
     """What the governor shows (a part of ``Governor``)."""
 
+    # By user: their servers the spawn queue started, not opened yet (set each pass).
+    line_starts: Mapping[str, tuple[Unopened, ...]] = MappingProxyType({})
+
     def verdict(self, key: str) -> dict:
         """The verdict the server's next report gets back (``core.wire.Verdict``, as JSON)."""
         row = self.row(key)
@@ -131,9 +138,10 @@ class Views:
                 root_cause=self.root_cause(key),
             ).to_json()
         # What the server is asked to do: the governor never calls it (see hub/outbound.py).
-        # A dry run asks nothing.
-        asked = None
+        # A dry run asks nothing, and starts nothing from the line.
+        asked, started = None, ()
         if not self.options.dry_run:
+            started = self.started_from_line(row)
             asked = outbound.requests(
                 row.checkpoint_status,
                 row.checkpoint_requested_at,
@@ -148,7 +156,18 @@ class Views:
             root_cause=self.root_cause(key),
             right_size=self.right_size(row),
             requests=asked,
+            started_from_line=started,
         ).to_json()
+
+    def started_from_line(self, row: ServerRow) -> tuple[LineStart, ...]:
+        """The owner's other servers the spawn queue started and nobody has opened yet (as of
+        the last pass: ``hub.queue.line_starts``)."""
+        now = clock.utcnow()
+        return tuple(
+            unopened.notice
+            for unopened in self.line_starts.get(row.user, ())
+            if unopened.key != row.key and now < unopened.claim_by
+        )
 
     def root_cause(self, key: str) -> dict | None:
         """What the diagnosis says of the server's last report (``None`` once it is stale)."""
