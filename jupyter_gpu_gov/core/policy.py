@@ -105,9 +105,8 @@ class Policy:
     # A GPU below this activity (0..1) is idle; DCGM evidence also needs PCIe under its floor.
     # Idle contexts read 0 and sampling noise about 1 %; a data-starved loop can read 2-5 %.
     idle_threshold: float = 0.02
-    # Of GPU idleness; the warning's lead is cull_after - warn_after. With the holds below and
-    # ``away_after``, this reclaims 95 % of the idle-held GPU-hours of a month of notebooks
-    # (benchmarks/replay) and cuts no live work there; two hours reclaimed 90 %.
+    # Of GPU idleness; the warning's lead is cull_after - warn_after. What these defaults
+    # reclaim, and what they cost, is measured in docs/benchmarks.md ("Reclamation replay").
     warn_after: timedelta = timedelta(minutes=30)
     cull_after: timedelta = timedelta(hours=1)
     user_activity_grace: timedelta = timedelta(minutes=15)
@@ -296,8 +295,8 @@ _T = TypeVar("_T")
 
 def evolve(obj: _T, /, **changes: Any) -> _T:
     """``dataclasses.replace`` for the frozen dataclasses below (plain fields, no
-    ``__post_init__``): copies the instance's fields rather than calling ``__init__``, 0.6 µs
-    against 6 µs; a pass makes about five per server."""
+    ``__post_init__``): copies the instance's fields rather than calling ``__init__`` (a pass
+    makes about five per server; the saving: docs/benchmarks.md, "With the usage ledger")."""
     fields_ = obj.__dict__
     if not changes.keys() <= fields_.keys():
         raise TypeError(

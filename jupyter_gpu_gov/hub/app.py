@@ -32,7 +32,6 @@ from .batching import BatchingHTTPServer
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
-from .diagnosis import preload as preload_diagnosis
 from .health import HealthOptions
 from .history import HistoryOptions
 from .hubapi import HubApi
@@ -129,7 +128,16 @@ class GpuGovernor(GovernorSettings, Application):
                 timeout_s=self.dcgm_timeout,
                 max_bytes=self.dcgm_max_bytes,
             )
-        options = Options(
+        options = self.make_options()
+        governor = Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
+        source = {"policies": list(self.policies), "policy_defaults": dict(self.policy_defaults)}
+        policy_admin(governor).source = source  # what the policy page edits (policy_admin.py)
+        return governor
+
+    def make_options(self) -> Options:
+        """The settings the governor's parts read, as one frozen value (docs/architecture.md,
+        "Configuration": read once, at start; tests build the parts from it without traitlets)."""
+        return Options(
             dry_run=self.dry_run,
             report_stale_after=parse_duration(self.report_stale_after),
             cull_default_servers=self.cull_default_servers,
@@ -179,10 +187,6 @@ class GpuGovernor(GovernorSettings, Application):
                 timedelta(seconds=self.history_retention), self.history_max_rows
             ),
         )
-        governor = Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
-        source = {"policies": list(self.policies), "policy_defaults": dict(self.policy_defaults)}
-        policy_admin(governor).source = source  # what the policy page edits (policy_admin.py)
-        return governor
 
     def make_web_app(self, governor: Governor) -> web.Application:
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
@@ -203,11 +207,6 @@ class GpuGovernor(GovernorSettings, Application):
     async def run(self) -> None:
         self.governor = self.make_governor()
         self.queue = QueueSync(self.governor.hub, self.governor.store, self.dry_run)
-        if self.diagnose and not preload_diagnosis():
-            self.log.warning(
-                "gpu-gov: scikit-learn is not installed: root causes come from the threshold "
-                "rules only (pip install 'jupyter-gpu-gov[hub]')"
-            )
         server = BatchingHTTPServer(
             self.make_web_app(self.governor),
             max_body_size=MAX_BODY_BYTES,
