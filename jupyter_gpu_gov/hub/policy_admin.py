@@ -34,8 +34,8 @@ from ..replay import parse_lines, replay
 from ..replay.history import DEFAULT_STEP_S, Pseudonyms, export_trace, parse_since
 from ..replay.trace import Sample
 from ..replay.whatif import Outcome, Setup, compare, figure_rows, recorded_actions, report
+from .api_handler import MAX_TEXT, ApiHandler
 from .history import read_history
-from .routes import MAX_TEXT, ApiHandler
 from .tables import AuditRow
 
 MAX_DAYS = 31  # what-if over at most this many days of history

@@ -14,7 +14,8 @@ from tornado import web
 from ..core import clock
 from ..core.durations import format_duration, parse_duration
 from . import policy_admin as admin_
-from .pages import FLASH_COOKIE, DashboardHandler, PageHandler
+from .page_handler import PageHandler
+from .pages import FLASH_COOKIE, DashboardHandler
 from .tables import AuditRow
 
 SPANS = ("1h", "6h", "1d", "7d", "14d")  # what-if over the last ...
