@@ -253,14 +253,15 @@ class HubHarness:
                 self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        """Stop servers, hub and proxy; then kill anything left with our marker. Idempotent."""
-        if self.proc is not None and self.proc.poll() is None:
-            for user, name in list(self.started):
-                with contextlib.suppress(Exception):
-                    self.stop_server(user, name, timeout=15)
-            self._stop_hub()  # the hub stops servers (unless cleanup_servers is off) and its proxy
-        self.started.clear()
+        """End the hub, its proxy and services, the servers and their kernels all at once
+        (SIGTERM, then SIGKILL for any left after a grace): the test is over, and stopping each
+        server in turn through the Hub costs seconds each (a server waits for its busy kernels).
+        Idempotent."""
         self._kill_leftovers()
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)  # reaped
+        self.started.clear()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -576,8 +577,9 @@ class HubHarness:
             time.sleep(0.2)
 
     def _kill_leftovers(self) -> None:
+        # A second to end by themselves; then killed (the hub's own cleanup takes seconds).
         pids = self.pids()
-        for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
             if not pids:
                 return
             for pid in pids:

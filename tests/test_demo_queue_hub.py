@@ -1,7 +1,9 @@
 """The README's "Wait in line" step on the demo's own configuration (hub_config/, with the
 governor's timers in seconds): alice and bob hold both H100s; erin's spawn form offers the line,
 with her place and what would start her sooner; she waits in line, and her home page says so; bob's borrowed server, left
-idle, is culled, and erin's server starts by itself and answers."""
+idle, is culled, and erin's server starts by itself and answers. Then the README's "When a GPU
+fails": erin fails her GPU from a notebook (``simulate.fail(xid=79)``), her server says so and
+the admin sees the GPU."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 import requests
 from demo_harness import PASSWORD, demo_hub
 from governor_harness import join, queue_line, server_running, start_all, wait
+from hub_harness import REPO
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,6 +33,15 @@ c.GpuGovernor.policies = [
     dict(p, warn_after="3s", cull_after="15s") for p in c.GpuGovernor.policies
 ]
 """
+
+
+# The README's "When a GPU fails" cell, as a reader would paste it.
+_FAILS = (REPO / "README.md").read_text().split("## When a GPU fails", 1)[1]
+README_FAIL = re.search(r"```python\n(.*?)```", _FAILS, re.S)[1]
+GPU_FAILED = (
+    "Your GPU failed (XID 79: the GPU fell off the bus); your work was checkpointed; "
+    "restart your server to get another GPU"
+)
 
 
 @pytest.fixture
@@ -92,3 +104,24 @@ def test_a_queued_spawn_starts_by_itself_in_the_demo(hub) -> None:
     erin = hub.wait_for_server("erin")
     assert hub.get(erin.url + "api/status", token=hub.token("erin")).status_code == 200
     assert server_running(hub, "alice") and "erin" not in queue_line(hub)
+
+    # "When a GPU fails": the README's cell in erin's notebook, as a researcher would run it.
+    hub.execute("erin", hub.start_kernel("erin"), README_FAIL)
+    status = erin.url + "jupyter-gpu-gov/status"
+    failed = wait(
+        lambda: (
+            (v := hub.get(status, token=hub.token("erin")).json().get("verdict"))
+            and v["reason"] == GPU_FAILED
+            and v
+        ),
+        60,
+        "erin's verdict to say her GPU failed",
+    )
+    assert failed["state"] == "gpu-failed" and failed["cull_at"] is None
+    r = requests.get(
+        f"{hub.url}/services/gpu-gov/api/health",
+        headers={"Authorization": f"token {hub.token('admin')}"},
+        timeout=30,
+    )
+    (gpu,) = [g for g in r.json()["gpus"] if g["server"] == "erin/"]
+    assert gpu["reasons"][0] == "XID 79: the GPU fell off the bus", gpu

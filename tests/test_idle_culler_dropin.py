@@ -109,12 +109,16 @@ def script_activity(hub: HubHarness, last_active: Mapping[tuple[str, str], float
     return started
 
 
-def watch(hubs: list[HubHarness], keys, until: float) -> list[dict]:
+def watch(hubs: list[HubHarness], keys, until: float, culled) -> list[dict]:
     """When each hub stopped each server (first seen stopping, or gone) and deleted each user
     (``("user", name)``), in seconds since the epoch (None: not by ``until``), polling every
-    POLL seconds. A key a hub never had stays None."""
+    POLL seconds, until then or until each hub has culled what it should (``culled``, by
+    hub: the latest of them come after the others would have been culled by mistake). A key
+    a hub never had stays None."""
     seen: list[dict] = [dict.fromkeys(keys) for _ in hubs]
-    while time.time() < until:
+    while time.time() < until and not all(
+        found[key] is not None for found, keys in zip(seen, culled, strict=True) for key in keys
+    ):
         for hub, found in zip(hubs, seen, strict=True):
             now = time.time()
             users = {m["name"]: m for m in hub.api("GET", "users").json()}
@@ -216,6 +220,7 @@ def test_the_governor_culls_who_and_when_jupyterhub_idle_culler_does(tmp_path):
             every,
             [key for name in pairs for key in (*expected[name], *kept[name])],
             until=last + MAX_AGE + 2 * CULL_EVERY,
+            culled=[expected[name] for name, pair in hubs.items() for _ in pair],
         )
         logs = [hubs["max-age"][1].log_tail(200_000), hubs["cull-users"][1].log_tail(200_000)]
     finally:

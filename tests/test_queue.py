@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from traitlets import TraitError
 
-from jupyter_gpu_gov.core import policy
+from jupyter_gpu_gov.core import clock, policy
 from jupyter_gpu_gov.core.queue import (
     CLAIM_WITHIN_LABEL,
     EXPIRED,
@@ -32,11 +32,13 @@ from jupyter_gpu_gov.core.queue import (
 )
 from jupyter_gpu_gov.core.vocabulary import CULL_REASONS
 from jupyter_gpu_gov.hub import showback
-from jupyter_gpu_gov.hub.hubapi import HubApiError
+from jupyter_gpu_gov.hub.evidence import Received
+from jupyter_gpu_gov.hub.hubapi import HubApiError, HubServer
 from jupyter_gpu_gov.hub.options import Options
-from jupyter_gpu_gov.hub.queue import QueueSync, releases
+from jupyter_gpu_gov.hub.queue import QueueSync, line_starts, releases
 from jupyter_gpu_gov.hub.store import Store
 from jupyter_gpu_gov.hub.tables import ServerRow
+from jupyter_gpu_gov.hub.views import Views
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.queue import (
     QUEUEABLE,
@@ -278,6 +280,56 @@ def test_a_server_started_from_the_line_that_nobody_opens_is_given_back():
     # The Hub's own stamp while the server starts does not count as opening it.
     stamped = replace(view, hub_last_activity=started + timedelta(seconds=20))
     assert policy.decide(stamped, policy.Record(), rules, late).cull_reason == "unclaimed"
+
+
+def test_the_owners_other_servers_are_told_a_server_started_from_the_line_until_it_is_opened(
+    monkeypatch,
+):
+    """ben's default server started from the line; the verdicts of his other servers carry it
+    (his JupyterLab tab there says so), never his own, nobody else's, and not once he opened
+    it, it was given back, or its path is not one of the Hub's."""
+    labels = {QUEUED_AT_LABEL: "2026-03-02T08:30:00.000Z", CLAIM_WITHIN_LABEL: "900"}
+    gpu = HubServer("ben", "", url="/user/ben/", started=T0, ready=True)
+    notes = HubServer("ben", "notes", url="/user/ben/notes/", started=T0, ready=True)
+    other = HubServer("ann", "", url="/user/ann/", started=T0, ready=True)
+    servers = {s.key: s for s in (gpu, notes, other)}
+    rows = {
+        "ben/": ServerRow(key="ben/", user="ben", tier="h100", labels=labels, running=True),
+        "ben/notes": ServerRow(key="ben/notes", user="ben", running=True),
+        "ann/": ServerRow(key="ann/", user="ann", running=True),
+    }
+    index = line_starts(servers, rows, {})
+    assert set(index) == {"ben"}
+    (unopened,) = index["ben"]
+    assert unopened.notice.to_json() == {
+        "name": "",
+        "url": "/user/ben/",
+        "tier": "h100",
+        "started": "2026-03-02T09:00:00.000Z",
+        "claim_by": "2026-03-02T09:15:00.000Z",
+    }
+    # A person's request to one of its kernels (its report) opens it; so does the Hub's
+    # activity after its start (its own stamp while starting does not).
+    report = {"server": {"user": "ben", "last_activity": "2026-03-02T09:01:00Z"}}
+    assert line_starts(servers, rows, {"ben/": Received(report, T0)}) == {}
+    seen = {**servers, "ben/": replace(gpu, last_activity=T0 + timedelta(minutes=2))}
+    assert line_starts(seen, rows, {}) == {}
+    stamped = {**servers, "ben/": replace(gpu, last_activity=T0 + timedelta(seconds=20))}
+    assert line_starts(stamped, rows, {}) == index
+    for url in ("//evil.example/", "https://evil.example/", ""):
+        assert line_starts({**servers, "ben/": replace(gpu, url=url)}, rows, {}) == {}
+
+    class Governor(Views):
+        options = Options()
+
+    governor = Governor()
+    governor.line_starts = index
+    monkeypatch.setattr(clock, "utcnow", lambda: T0 + timedelta(minutes=5))
+    assert governor.started_from_line(rows["ben/notes"]) == (unopened.notice,)
+    assert governor.started_from_line(rows["ben/"]) == ()  # its own tab needs no notice
+    assert governor.started_from_line(rows["ann/"]) == ()
+    monkeypatch.setattr(clock, "utcnow", lambda: T0 + timedelta(minutes=15))  # given back now
+    assert governor.started_from_line(rows["ben/notes"]) == ()
 
 
 def test_queue_time_is_metered_in_showback_per_team_and_tier(tmp_path):

@@ -4,7 +4,8 @@
 carol holds the one H100 with a server that never reports (the governor culls it by the idle
 culler's rule after 10 s); ben asks for the H100, is offered a place in line and takes it; when
 carol's server is culled, ben's starts by itself (the governor, through the Hub, with ben's
-choices) and answers. erin waits behind ben (exempt from culling: he keeps the GPU) and her
+choices) and answers, and the verdict of ben's other server (no GPU) tells his JupyterLab there,
+until he opens the new one. erin waits behind ben (exempt from culling: he keeps the GPU) and her
 request expires; dave waits through a hub
 restart and cancels. Queue time is metered (Prometheus) with how each request left the line.
 """
@@ -15,6 +16,8 @@ import contextlib
 import html
 import re
 import time
+from datetime import timedelta
+from urllib.parse import urlsplit
 
 import pytest
 from browser import browser as chromium
@@ -33,6 +36,7 @@ PROFILES = f"""
 from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
 
 c.JupyterHub.cleanup_servers = False
+c.JupyterHub.allow_named_servers = True
 c.LocalGpus.backend = "simulated"
 c.LocalGpus.simulated_devices = {[H100]!r}
 c.LocalGpus.sim_state_path = HARNESS_ENV["JUPYTER_GPU_GOV_SIM_STATE"]
@@ -60,7 +64,12 @@ def hub(tmp_path_factory):
         hub.create_user("govadmin")
         for user in ("ben", "carol", "dave", "erin", "fay"):
             hub.create_user(user)
+        # ben works on a server without a GPU ("notes") meanwhile: up before the first test
+        # starts carol's, which is culled 10 s after it starts (nothing else slows that start).
+        r = hub.api("POST", "users/ben/servers/notes", json={})
+        assert r.status_code in (201, 202), r.text
         Gov(hub).wait_up()
+        hub.wait_for_server("ben", "notes")
         yield hub
 
 
@@ -78,6 +87,17 @@ def queue_metric(hub, user_token: str, outcome: str) -> float:
         rf'jupyter_gpu_gov_queue_wait_seconds_count\{{[^}}]*outcome="{outcome}"[^}}]*\}} (\S+)'
     )
     return sum(float(v) for v in re.findall(pattern, r.text))
+
+
+def verdict_on(hub, user: str, server: str) -> dict | None:
+    """The verdict a server holds, as its JupyterLab reads it; None before the first."""
+    status = hub.user_url(user, "jupyter-gpu-gov/status", server)
+    return hub.get(status, token=hub.token(user)).json().get("verdict")
+
+
+def told_on(hub, user: str, server: str) -> list[dict] | None:
+    """What a server's verdict says of its owner's other servers started from the line."""
+    return (verdict_on(hub, user, server) or {}).get("started_from_line")
 
 
 def showback(gov: Gov) -> list[dict]:
@@ -131,6 +151,13 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     wait(lambda: not server_running(hub, "carol"), 90, "carol's idle server to be culled")
     wait(lambda: server_running(hub, "ben"), 90, "ben's server to start from the line")
     hub.wait_for_server("ben")
+    # JupyterLab open on ben's other server is told, on the verdict that server gets anyway.
+    (told,) = wait(lambda: told_on(hub, "ben", "notes"), 30, "ben's notes to be told")
+    assert (told["name"], told["tier"]) == ("", "h100"), told
+    assert told["url"] == urlsplit(hub.user_url("ben")).path
+    assert parse(told["claim_by"]) - parse(told["started"]) == timedelta(minutes=15)
+    own = wait(lambda: verdict_on(hub, "ben", ""), 30, "the new server's verdict")
+    assert own["started_from_line"] == []  # its own tab needs no notice
     r = hub.get(hub.user_url("ben", "api/status"), token=hub.token("ben"))
     assert r.status_code == 200, r.text
     state = hub.api("GET", "users/ben").json()["servers"][""]["state"]
@@ -143,6 +170,9 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     started = [a for a in gov.audit("ben/") if a["action"] == "queue-start"]
     assert started and "started on its owner's behalf" in started[0]["reason"], started
     assert set(queue_line(hub)) == {"erin"}  # erin now waits for ben's GPU
+    # ben opens it (runs a cell): his other server is no longer told.
+    hub.execute("ben", hub.start_kernel("ben"), "1 + 1")
+    wait(lambda: told_on(hub, "ben", "notes") == [], 30, "the notice to end")
     admin = hub.token("govadmin")
     assert queue_metric(hub, admin, "started") >= 1
     lab = {r["team"]: r for r in showback(gov)}["lab"]

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from .clock import parse as parse_time
 from .durations import format_duration, parse_duration
+from .queue import claim_by
 from .vocabulary import (
     ACTIVE,
     ADMIN,
@@ -51,7 +52,6 @@ from .vocabulary import (
     MAX_AGE_LABEL,
     MAX_AGE_WARN,
     OVERRUN_NOTICE,
-    QUEUED_AT_LABEL,
     RECLAIM,
     RECLAIM_FOR_LABEL,
     RECLAIM_LABEL,
@@ -66,11 +66,7 @@ from .vocabulary import (
     WARNED,
     server_key,
 )
-from .wire import Verdict
-
-# A server the spawn queue started counts as opened once Hub activity comes this long after its
-# start (the Hub stamps activity itself while a server starts).
-CLAIM_SLACK = timedelta(seconds=60)
+from .wire import LineStart, Verdict
 
 # -- policies ----------------------------------------------------------------------------------
 
@@ -109,9 +105,8 @@ class Policy:
     # A GPU below this activity (0..1) is idle; DCGM evidence also needs PCIe under its floor.
     # Idle contexts read 0 and sampling noise about 1 %; a data-starved loop can read 2-5 %.
     idle_threshold: float = 0.02
-    # Of GPU idleness; the warning's lead is cull_after - warn_after. With the holds below and
-    # ``away_after``, this reclaims 95 % of the idle-held GPU-hours of a month of notebooks
-    # (benchmarks/replay) and cuts no live work there; two hours reclaimed 90 %.
+    # Of GPU idleness; the warning's lead is cull_after - warn_after. What these defaults
+    # reclaim, and what they cost, is measured in docs/benchmarks.md ("Reclamation replay").
     warn_after: timedelta = timedelta(minutes=30)
     cull_after: timedelta = timedelta(hours=1)
     user_activity_grace: timedelta = timedelta(minutes=15)
@@ -300,8 +295,8 @@ _T = TypeVar("_T")
 
 def evolve(obj: _T, /, **changes: Any) -> _T:
     """``dataclasses.replace`` for the frozen dataclasses below (plain fields, no
-    ``__post_init__``): copies the instance's fields rather than calling ``__init__``, 0.6 µs
-    against 6 µs; a pass makes about five per server."""
+    ``__post_init__``): copies the instance's fields rather than calling ``__init__`` (a pass
+    makes about five per server; the saving: docs/benchmarks.md, "With the usage ledger")."""
     fields_ = obj.__dict__
     if not changes.keys() <= fields_.keys():
         raise TypeError(
@@ -647,24 +642,16 @@ def holds_until(
 
 def _unclaimed(view: ServerView, now: datetime) -> str | None:
     """Why a server the spawn queue started on its owner's behalf is given back: nobody opened
-    it within the time the grant allows (``gpu-gov/claim-within``), else None. Opened: a
-    person's request to a kernel or terminal (its report), or Hub activity after its start.
-    A server that does not report abstains: its kernels cannot be seen."""
-    within = view.labels.get(CLAIM_WITHIN_LABEL)
-    if not within or QUEUED_AT_LABEL not in view.labels or view.started is None:
+    it within the time the grant allows (``core.queue.claim_by``), else None. A server that
+    does not report abstains: its kernels cannot be seen."""
+    if view.gpu is None:
         return None
-    if view.gpu is None or view.user_last_activity is not None:
-        return None
-    try:
-        window = parse_duration(within)
-    except ValueError:
-        return None
-    hub = view.hub_last_activity
-    if now < view.started + window or (hub is not None and hub > view.started + CLAIM_SLACK):
+    due = claim_by(view.labels, view.started, view.user_last_activity, view.hub_last_activity)
+    if due is None or now < due:
         return None
     return (
         f"started from the spawn queue at {_at(view.started)} and not opened within "
-        f"{format_duration(window)}: its GPU is given back to the line"
+        f"{format_duration(due - view.started)}: its GPU is given back to the line"
     )
 
 
@@ -1154,11 +1141,12 @@ def verdict(
     root_cause: dict | None = None,
     right_size: dict | None = None,
     requests: dict | None = None,
+    started_from_line: tuple[LineStart, ...] = (),
 ) -> Verdict:
     """The verdict (``core.wire.Verdict``), as it rides back on a report's response.
-    ``root_cause`` is the governor's diagnosis, ``right_size`` a smaller tier its use fits and
-    ``requests`` what the server is asked to do (``hub/outbound.py``; none by default), passed
-    in."""
+    ``root_cause`` is the governor's diagnosis, ``right_size`` a smaller tier its use fits,
+    ``requests`` what the server is asked to do (``hub/outbound.py``; none by default) and
+    ``started_from_line`` the owner's other servers the spawn queue started, passed in."""
     from .clock import isoformat
 
     record = decision.record
@@ -1181,4 +1169,5 @@ def verdict(
         root_cause=root_cause,
         right_size=right_size,
         requests=requests or {},
+        started_from_line=started_from_line,
     )

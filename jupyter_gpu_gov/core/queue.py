@@ -25,8 +25,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .clock import isoformat, parse
-from .durations import format_duration
-from .vocabulary import CLAIM_WITHIN_LABEL, QUEUED_AT_LABEL  # noqa: F401 (the queue's labels)
+from .durations import format_duration, parse_duration
+from .vocabulary import CLAIM_WITHIN_LABEL, QUEUED_AT_LABEL
 
 QUEUE_STATE = "gpu_gov_queue"  # the spawner-state key of a waiting request
 # How a request left the line (the governor's record of it).
@@ -34,6 +34,10 @@ STARTED, EXPIRED, CANCELLED = "started", "expired", "cancelled"
 OUTCOMES = (STARTED, EXPIRED, CANCELLED)
 # The hub scope of the governor's sync with the line (``POST /hub/api/gpu-gov/queue``).
 QUEUE_SCOPE = "custom:gpu-gov:queue"
+
+# A server the spawn queue started counts as opened once Hub activity comes this long after its
+# start (the Hub stamps activity itself while a server starts).
+CLAIM_SLACK = timedelta(seconds=60)
 
 # Bounds on what crosses between the hub and the governor: a damaged record is ignored, never
 # a reason to fail a pass.
@@ -270,6 +274,30 @@ class Waiting:
             estimate=_text(data.get("estimate")),
             sooner=tuple(sooner[:16]),
         )
+
+
+def claim_by(
+    labels: Mapping[str, str],
+    started: datetime | None,
+    user_last_activity: datetime | None,
+    hub_last_activity: datetime | None,
+) -> datetime | None:
+    """Until when its owner may open a server the spawn queue started on their behalf before
+    it is given back (its grant's ``gpu-gov/claim-within`` after its start); None when it did
+    not start from the line, was opened already (a person's request to a kernel or terminal,
+    in its report; or Hub activity after its start), or the label cannot be read. From the
+    grant and the Hub: a user's choices cannot make a server look started from the line."""
+    within = labels.get(CLAIM_WITHIN_LABEL)
+    if not within or QUEUED_AT_LABEL not in labels or started is None:
+        return None
+    if user_last_activity is not None or (
+        hub_last_activity is not None and hub_last_activity > started + CLAIM_SLACK
+    ):
+        return None
+    try:
+        return started + parse_duration(within)
+    except ValueError:
+        return None
 
 
 def releases_to_json(releases: Mapping[str, Release]) -> dict[str, Any]:

@@ -360,6 +360,29 @@ class Report(Wire):
 
 # -- the verdict (governor -> server) -----------------------------------------------------------
 
+MAX_LINE_STARTS = 16  # a user's servers started from the line, on one verdict
+
+
+@dataclass(frozen=True)
+class LineStart(Wire):
+    """Another server of the same owner that the spawn queue started on their behalf."""
+
+    name: str = spec('the server name (`""` for the default server)', "", maxLength=MAX_TEXT)
+    url: str = spec(
+        "its path on the Hub, as the Hub names it (`/user/alice/gpu/`)",
+        "",
+        required=True,
+        maxLength=MAX_TEXT,
+    )
+    tier: str | None = spec("the GPU tier it waited for", maxLength=MAX_TEXT)
+    started: str = spec("when it started", "", required=True, **TIME)
+    claim_by: str = spec(
+        "when it is given back unless someone opens it (`queue_claim_within` after its start)",
+        "",
+        required=True,
+        **TIME,
+    )
+
 
 @dataclass(frozen=True)
 class Verdict(Wire):
@@ -423,6 +446,14 @@ class Verdict(Wire):
         "nothing (always in a dry run). The server does each once per `requested_at`",
         dict,
         tsType="IVerdictRequests",
+    )
+    started_from_line: tuple[LineStart, ...] = spec(
+        "the owner's *other* servers that the spawn queue started on their behalf and nobody "
+        "has opened yet, until one is opened or given back (`[]` when none): JupyterLab on "
+        "this server tells the owner, with a link. From the Hub's records, carried on the "
+        "verdict this server polls anyway: no server is given a credential to see another",
+        tuple,
+        maxItems=MAX_LINE_STARTS,
     )
 
     @classmethod

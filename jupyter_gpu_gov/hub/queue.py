@@ -7,7 +7,9 @@ server in use), and gets the line back. Each request admission would let in now 
 through the Hub's REST API, as its owner would start it, with the choices recorded: the spawner
 decides again from a fresh count (a stale line overshoots nothing), audited before it is taken.
 Queue time — started, expired or cancelled — is metered per team, tier and task type
-(``jupyter_gpu_gov_queue_wait_seconds``). A hub without the profile layer has no line: the sync
+(``jupyter_gpu_gov_queue_wait_seconds``). A server started from the line that nobody has opened
+yet rides on the verdicts of its owner's other servers (``line_starts``), so JupyterLab open on
+one of them says so. A hub without the profile layer has no line: the sync
 answers 404 and the governor stops asking until it restarts.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from prometheus_client import Gauge, Histogram
@@ -23,15 +26,20 @@ from ..core import clock, ledger
 from ..core.ledger import Bucket, Owner
 from ..core.queue import (
     EXPIRED,
+    QUEUED_AT_LABEL,
     STARTED,
     Departure,
     QueueFormatError,
     Release,
     Waiting,
+    claim_by,
     releases_to_json,
 )
+from ..core.report import user_last_activity
+from ..core.wire import MAX_LINE_STARTS, MAX_TEXT, LineStart
 from . import metrics
-from .hubapi import HubApi, HubApiError, _q
+from .evidence import Received
+from .hubapi import HubApi, HubApiError, HubServer, _q
 from .store import Store
 from .tables import AuditRow, ServerRow
 
@@ -68,6 +76,51 @@ def releases(rows: Mapping[str, ServerRow]) -> dict[str, Release]:
         else:
             found[key] = Release(None, "")
     return found
+
+
+@dataclass(frozen=True)
+class Unopened:
+    """A running server the spawn queue started on its owner's behalf, not opened yet."""
+
+    key: str
+    claim_by: datetime
+    notice: LineStart  # as the verdicts of the owner's other servers carry it
+
+
+def line_starts(
+    servers: Mapping[str, HubServer],
+    rows: Mapping[str, ServerRow],
+    reports: Mapping[str, Received],
+) -> dict[str, tuple[Unopened, ...]]:
+    """By user, their running servers the spawn queue started that nobody has opened yet
+    (``core.queue.claim_by``), from the grant's labels and the Hub's model of each: worked out
+    once a pass, read by every verdict (``Views.verdict``)."""
+    found: dict[str, list[Unopened]] = {}
+    for key, server in servers.items():
+        row = rows.get(key)
+        labels = row.labels if row is not None else None
+        if not labels or QUEUED_AT_LABEL not in labels:
+            continue  # most servers: one look-up
+        received = reports.get(key)
+        due = claim_by(
+            labels,
+            server.started,
+            user_last_activity(received.report) if received is not None else None,
+            server.last_activity,
+        )
+        # The Hub's path to the server: a relative link, never another origin.
+        url = server.url
+        if due is None or not url.startswith("/") or url.startswith("//") or len(url) > MAX_TEXT:
+            continue
+        notice = LineStart(
+            name=server.name,
+            url=url,
+            tier=row.tier,
+            started=clock.isoformat(server.started),
+            claim_by=clock.isoformat(due),
+        )
+        found.setdefault(server.user, []).append(Unopened(key, due, notice))
+    return {user: tuple(entries[:MAX_LINE_STARTS]) for user, entries in found.items()}
 
 
 class QueueSync:

@@ -448,7 +448,16 @@ class GpuGovApp(ExtensionApp):
         previous, self.verdict = self.verdict, verdict
         if self.report is not None:
             self.report["verdict"] = verdict
-        watched = ("state", "warn_at", "cull_at", "checkpoint", "approval_pending")
+        # The frontend polls at once on a change of these (the started servers: a tab on this
+        # server tells the owner another one started from the line).
+        watched = (
+            "state",
+            "warn_at",
+            "cull_at",
+            "checkpoint",
+            "approval_pending",
+            "started_from_line",
+        )
         if previous is None or any(previous.get(k) != verdict.get(k) for k in watched):
             self.serverapp.event_logger.emit(
                 schema_id=VERDICT_SCHEMA_ID,

@@ -1,7 +1,8 @@
 /**
  * jupyter-gpu-gov: this server's GPU in the status bar, a GPU panel, idle warnings with Extend /
  * Checkpoint / Stop server, saving dirty documents before a checkpoint, what was saved after
- * the governor stopped the previous server, and one clear state once this one is stopped.
+ * the governor stopped the previous server, that another of the owner's servers started from
+ * the line for a GPU, and one clear state once this one is stopped.
  * Talks only to its own server extension (`/jupyter-gpu-gov/...`).
  */
 import {
@@ -26,6 +27,7 @@ import { StatusPoller } from './poller';
 import { DEFAULT_SETTINGS, IGpuGovSettings, readSettings } from './settings';
 import { IVerdict } from './types';
 import { announceComingBack } from './ui/comeback';
+import { LineStartNotifier } from './ui/linestarts';
 import { WarningNotifier } from './ui/warning';
 import { GpuPanel, GpuStatusItem, StoppedOverlay } from './ui/widgets';
 
@@ -132,6 +134,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         );
     }
 
+    // Another of the owner's servers started from the line: said once, for all their tabs.
+    const lineStarts = new LineStartNotifier({
+      trans,
+      storageKey: `jupyter-gpu-gov:line-starts:${PageConfig.getOption('hubUser')}`
+    });
+
     const overlay = new StoppedOverlay({
       poller,
       trans,
@@ -154,6 +162,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       const verdict = poller.report?.verdict ?? null;
       warnings.update(verdict);
+      lineStarts.update(verdict);
       const decided = approvalOutcome(previousVerdict, verdict, {
         now: Date.now(),
         trans

@@ -10,6 +10,7 @@ export type {
   GovState,
   ICheckpointState,
   IDevice,
+  ILineStart,
   IReport,
   ITarget,
   ITargetCpu,

@@ -63,6 +63,20 @@ export interface IDevice {
   health?: IDeviceHealth | null;
 }
 
+/** Another server of the same owner that the spawn queue started on their behalf. */
+export interface ILineStart {
+  /** the server name (`""` for the default server) */
+  name?: string;
+  /** its path on the Hub, as the Hub names it (`/user/alice/gpu/`) */
+  url?: string;
+  /** the GPU tier it waited for */
+  tier?: string | null;
+  /** when it started */
+  started?: string;
+  /** when it is given back unless someone opens it (`queue_claim_within` after its start) */
+  claim_by?: string;
+}
+
 /** What a server knows of its GPUs, kernels and terminals. */
 export interface IReport {
   /** report format version, `1` */
@@ -262,6 +276,13 @@ export interface IVerdict {
    * `{}` when nothing (always in a dry run). The server does each once per `requested_at`
    */
   requests?: IVerdictRequests;
+  /**
+   * the owner's *other* servers that the spawn queue started on their behalf and nobody has
+   * opened yet, until one is opened or given back (`[]` when none): JupyterLab on this server
+   * tells the owner, with a link. From the Hub's records, carried on the verdict this server
+   * polls anyway: no server is given a credential to see another
+   */
+  started_from_line?: ILineStart[];
 }
 
 /** The rolling window, for the whole server. */

@@ -16,6 +16,7 @@ import {
   manifestDetails,
   rememberDismissed
 } from '../model/comeback';
+import { readStored, safeLocalStorage, writeStored } from '../storage';
 import { ITrans } from '../trans';
 
 export interface IComingBackOptions {
@@ -44,7 +45,7 @@ export async function announceComingBack(
   const summary = comingBackCheckpoint(listed.body.checkpoints, {
     started,
     now: Date.now(),
-    dismissed: dismissedIds(read(storage, storageKey))
+    dismissed: dismissedIds(readStored(storage, storageKey))
   });
   if (!summary) {
     return null;
@@ -91,10 +92,13 @@ export async function announceComingBack(
     label: trans.__('Dismiss'),
     caption: trans.__('Do not show this checkpoint again'),
     callback: () =>
-      write(
+      writeStored(
         storage,
         storageKey,
-        rememberDismissed(dismissedIds(read(storage, storageKey)), view.id)
+        rememberDismissed(
+          dismissedIds(readStored(storage, storageKey)),
+          view.id
+        )
       )
   });
   return Notification.emit(view.message, view.kind, {
@@ -176,28 +180,4 @@ function heading(text: string): HTMLElement {
   const h = document.createElement('h3');
   h.textContent = text;
   return h;
-}
-
-function read(storage: Storage | null, key: string): string | null {
-  try {
-    return storage?.getItem(key) ?? null;
-  } catch {
-    return null;
-  }
-}
-
-function write(storage: Storage | null, key: string, ids: string[]): void {
-  try {
-    storage?.setItem(key, JSON.stringify(ids));
-  } catch {
-    // Storage full or disabled: it will be announced again next time.
-  }
-}
-
-function safeLocalStorage(): Storage | null {
-  try {
-    return window.localStorage;
-  } catch {
-    return null;
-  }
 }

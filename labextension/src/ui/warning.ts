@@ -12,6 +12,7 @@ import { parseTime } from '../format';
 import { isWarning } from '../model/verdict';
 import { warningAction, warningView } from '../model/warning';
 import { NotificationStyle } from '../settings';
+import { safeLocalStorage } from '../storage';
 import { ITrans } from '../trans';
 import { IVerdict } from '../types';
 
@@ -258,12 +259,4 @@ export class WarningNotifier implements IDisposable {
   private _userClosed = false;
   private _timer: number | null = null;
   private _disposed = false;
-}
-
-function safeLocalStorage(): Storage | null {
-  try {
-    return window.localStorage;
-  } catch {
-    return null;
-  }
 }
