@@ -33,10 +33,13 @@ from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
 from .health import HealthOptions
+from .history import HistoryOptions
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .options import Options
 from .pages import page_handlers
+from .policy_admin import policy_admin, policy_handlers
+from .policy_page import policy_page_handlers
 from .queue import QueueSync
 from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers
@@ -126,7 +129,10 @@ class GpuGovernor(GovernorSettings, Application):
                 max_bytes=self.dcgm_max_bytes,
             )
         options = self.make_options()
-        return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
+        governor = Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
+        source = {"policies": list(self.policies), "policy_defaults": dict(self.policy_defaults)}
+        policy_admin(governor).source = source  # what the policy page edits (policy_admin.py)
+        return governor
 
     def make_options(self) -> Options:
         """The settings the governor's parts read, as one frozen value (docs/architecture.md,
@@ -177,6 +183,9 @@ class GpuGovernor(GovernorSettings, Application):
             tier_sizes=self.tier_sizes,
             right_size_after=timedelta(seconds=self.right_size_after),
             full_pass_every=self.full_pass_every,
+            history=HistoryOptions(
+                timedelta(seconds=self.history_retention), self.history_max_rows
+            ),
         )
 
     def make_web_app(self, governor: Governor) -> web.Application:
@@ -185,6 +194,8 @@ class GpuGovernor(GovernorSettings, Application):
             [
                 *page_handlers(prefix, governor),
                 *handlers(prefix, governor),
+                *policy_handlers(prefix, governor),
+                *policy_page_handlers(prefix, governor),
                 (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
             ],
             cookie_secret=os.urandom(32),

@@ -29,6 +29,7 @@ from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisService
 from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
+from .history import History
 from .hubapi import HubApi, HubServer
 from .ingest import Ingest
 from .listing import HubListing
@@ -90,11 +91,12 @@ class Governor(
     PeoplesRequests,
     HubAccess,
     ClockStep,
+    History,
 ):
     """The governor: takes reports in and runs the pass. Each concern lives in its own module
     (``ingest``, ``views``, ``evidence``, ``checkpoints``, ``actions``, ``usage``, ``records``,
-    ``people``, ``scopes``, ``clock_step``); this class holds the state they share and the pass
-    that joins them."""
+    ``people``, ``scopes``, ``clock_step``, ``history``); this class holds the state they share
+    and the pass that joins them."""
 
     def __init__(
         self,
@@ -229,6 +231,7 @@ class Governor(
         if self.options.cull_users:
             batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await self._settle(batch)
+        self._record_pass(batch.audits if batch.saved else (), seen, now)
         self._save_usage()
         self._forget_stale_reports(seen)
         self.diagnosis.maybe_train(now)  # in a worker; the pass does not wait for it
@@ -259,6 +262,7 @@ class Governor(
             if view is None:
                 view = self._govern(server, rows.get(key), now, batch)
             self._observe(server, view, now)
+            self._record(server, view, now)  # its history (hub/history.py)
         except Exception as error:  # one server's bad data never stops the pass
             self._skipped(key, server.user, error, batch)
         else:

@@ -259,6 +259,22 @@ class GovernorSettings(HasTraits):
         "Scale"). 1: every server at every pass.""",
     ).tag(config=True)
 
+    # -- history and what-if (hub/history.py, docs/api.md "History and what-if") ---------------
+    history_retention = Float(
+        14 * 86400,
+        min=0,
+        help="""Seconds of the governor's own history kept for ``export-trace`` and the policy
+        page's what-if (about 52 bytes a kept row: an idle server keeps four rows an hour, a
+        working one a row a pass). 0: none is recorded.""",
+    ).tag(config=True)
+    history_max_rows = Int(
+        60_000_000,
+        min=0,
+        help="""Most history rows kept (about 3 GB in SQLite: 10,000 servers for 14 days at a
+        pass a minute), the oldest deleted first, whatever history_retention says. 0: none is
+        recorded.""",
+    ).tag(config=True)
+
     @validate("gpu_hour_cost", "tier_weights", "team_quotas")
     def _numbers(self, proposal):
         for key, value in proposal["value"].items():
