@@ -94,6 +94,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CHANGED = 0.1  # the share of GPU servers that change state between two passes
+# Passes over which the GPU servers' first reports are spread (staggered starts): more than the
+# default checkpoint timeout (5 min) at a 60 s cycle, so the zombies' checkpoint requests and
+# timeouts spread over as many passes as a real fleet's would.
+DEFAULT_STAGGER = 6
 NAMESPACE = "jhub"
 PROFILES = (("a100", 0.6), ("mig-1g.10gb", 0.25), ("cpu", 0.15))  # cpu: no GPU, no report
 TEAMS = ("team-a", "team-b", "team-c")  # populate()'s groups
@@ -417,6 +421,7 @@ async def _bench(
     timers: Timers,
     changed: list[float],
     full_every: int = 1,
+    stagger: int = 1,
 ) -> dict:
     from jupyterhub_idle_culler import cull_idle, default_cull_arbiter
 
@@ -465,7 +470,7 @@ async def _bench(
 
     dcgm.fetch = fetch_noting_cpu
     timers.wrap(store, "servers", "store_read")
-    timers.wrap(gov, "_govern", "decide")
+    timers.wrap(gov, "_govern", "decide", count=lambda *_, **__: 1)
     # A pass's rows and audit rows go in one transaction (decisions on record before acting).
     timers.wrap(store, "save", "store_write", count=lambda rows=(), *_, **__: len(rows))
     timers.wrap(store, "audit", "store_audit")
@@ -492,10 +497,21 @@ async def _bench(
         next_flip = (next_flip + count) % max(1, len(fleet))
         return count
 
-    def ingest_all() -> float:
-        """Every GPU server re-sends its report (outside the timed pass); seconds per report."""
+    # Staggered starts: a fleet's servers start, and first report, at different times. Each GPU
+    # server's reports begin at one of the first ``stagger`` passes (unmeasured), so their
+    # diagnoses, checkpoint requests and checkpoint timeouts do not all fall in one pass.
+    stagger_rng = random.Random(seed + 2)
+    joins = {p.user: stagger_rng.randrange(max(1, stagger)) for p in fleet}
+
+    def ingest_all(joined: int = stagger) -> float:
+        """Every GPU server that joined by pass ``joined`` of the stagger re-sends its report
+        (outside the timed pass); seconds per report."""
         now = clock.utcnow()
-        reports = [report_of(p, *times[p.user], now, *gpu_state[p.user]) for p in fleet]
+        reports = [
+            report_of(p, *times[p.user], now, *gpu_state[p.user])
+            for p in fleet
+            if joins[p.user] <= joined
+        ]
         started = time.perf_counter()
         for report in reports:
             gov.ingest(validate(report))  # as the report route does
@@ -544,8 +560,14 @@ async def _bench(
         )
         return time.perf_counter() - started, culler_seen
 
-    ingest_s = [ingest_all()]
+    ingest_s = [ingest_all(0)]
     first_s, first_seen, first_parts, first_counts = await governor_pass()
+    # Unmeasured: the servers join, then as many passes again settle them (the last to join
+    # have their diagnoses, checkpoint requests and timeouts in these).
+    for joined in range(1, 2 * stagger if stagger > 1 else 1):
+        clock.advance(cycle_s)
+        ingest_all(joined)
+        await governor_pass()
     gc.collect()
     governor_rss = _rss_mb()  # the governor alone: its first pass done, the culler not yet run
     culler_first_s, _ = await culler_pass()
@@ -563,6 +585,7 @@ async def _bench(
             for name, seconds in pass_parts.items():
                 parts[name].append(seconds)
             written.append(counts.get("store_write", 0))
+            parts["decided"].append(counts.get("decide", 0))
             parts["listed_whole"].append(float(gov.hub_listing.full))
             elapsed, cul_seen = await culler_pass()
             cul_s.append(elapsed)
@@ -702,6 +725,8 @@ def _share_figures(
         "ledger_write_s": med("ledger_write"),  # per write (one pass in five)
         "metrics_s": med("metrics"),
         "rows_written": int(statistics.median(written)) if written else 0,
+        # Servers decided a pass (the others kept their decision: hub/unchanged.py), median.
+        "decided": int(med("decided")),
         # Passes that listed every user from the Hub (hub/listing.py), of ``len(gov_s)``.
         "listed_whole": int(sum(parts["listed_whole"])),
     }
@@ -719,6 +744,7 @@ def run(
     profile_top: int = 0,
     changed: list[float] | None = None,
     full_every: int = 1,
+    stagger: int = 1,
 ) -> dict:
     """Start the fake Hub and exporter, time the passes, return the figures. ``changed``: the
     shares of GPU servers whose GPU changes state (active <-> idle) between two passes, each
@@ -770,6 +796,7 @@ def run(
                     timers,
                     changed or [DEFAULT_CHANGED],
                     full_every,
+                    stagger,
                 )
             )
     finally:
@@ -854,6 +881,14 @@ def main(argv: list[str] | None = None) -> None:
         "service's default)",
     )
     parser.add_argument(
+        "--stagger",
+        type=int,
+        default=DEFAULT_STAGGER,
+        metavar="N",
+        help="the GPU servers' first reports spread over N unmeasured passes, then N more "
+        "settle them before the measured ones (1: every report from the first pass)",
+    )
+    parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="cProfile one more pass, top N"
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -874,6 +909,7 @@ def main(argv: list[str] | None = None) -> None:
             profile_top=args.profile,
             changed=args.changed,
             full_every=args.full_every or _default_full_every(),
+            stagger=args.stagger,
         )
         profile = figures.pop("profile", "")
         by_changed = figures.pop("by_changed")

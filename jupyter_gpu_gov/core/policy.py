@@ -607,7 +607,14 @@ def holds_until(
         or view.excluded is not None
         or record.cull_requested_at is not None
         or record.exempt_until is not None
-        or (record.checkpoint_requested_at is not None and not waiting)
+        # A request still open that is not waited on here; one settled (status cleared, the
+        # cull postponed after it failed or timed out) is read no more: the postponed cull
+        # is ``cull_at``, below.
+        or (
+            record.checkpoint_requested_at is not None
+            and record.checkpoint_status is not None
+            and not waiting
+        )
         or record.paused_at is not None
         or record.interrupted_at is not None
     ):
