@@ -591,6 +591,39 @@ async def test_source_scrapes_every_exporter_and_records_the_one_that_is_down():
         assert request.headers["X-Scope-OrgID"] == "gpu"
 
 
+class SwitchingHandler(RequestHandler):
+    """An exporter whose body is whichever fixture ``current["name"]`` names now."""
+
+    def initialize(self, current: dict) -> None:
+        self.current = current
+
+    def get(self) -> None:
+        self.write((FIXTURES / self.current["name"]).read_bytes())
+
+
+async def test_an_exporter_body_unchanged_is_not_parsed_again_and_a_changed_one_is():
+    current = {"name": H100_TEXT}
+    with serve([("/metrics", SwitchingHandler, {"current": current})]) as base:
+        url = f"{base}/metrics"
+        source = DcgmSource(exporter_urls=[url])
+        first = await source.fetch()
+        # The worker, given the digest of the body the service holds parsed, sends nothing back.
+        known = {url: source._last[url][0]}
+        ((_, digest, found, _),), _ = await asyncio.to_thread(source.reader.read, known)
+        assert found is None and digest == source._last[url][0]
+        again = await source.fetch()
+        current["name"] = A100_MIG  # the exporter collected: a new body
+        changed = await source.fetch()
+    # The same body reads as the same evidence, from the one parse.
+    assert len(first.evidence) == 8 and again.evidence == first.evidence
+    assert len(changed.evidence) == 2 and changed.evidence != first.evidence
+    # An exporter that stops answering is no longer read from its last body.
+    with closed_port() as down:
+        source.reader = replace(source.reader, exporter_urls=(f"{down}/metrics",))
+        gone = await source.fetch()
+    assert gone.evidence == () and len(gone.errors) == 1
+
+
 async def test_source_queries_prometheus_once_for_every_metric():
     seen: list = []
     routes = [("/prom/api/v1/query", FixtureHandler, {"name": H100_JSON, "seen": seen})]

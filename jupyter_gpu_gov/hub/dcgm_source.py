@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import http.client
 import json
 import multiprocessing
@@ -45,6 +46,10 @@ class DcgmSource:
     10,000-GPU fleet is about 40 MB of text and most of a second of CPU, which in a thread would
     still hold the service's GIL for that long, slowing the pass and every report meanwhile.
     The service only unpickles the evidence (the figures: docs/benchmarks.md).
+
+    An exporter whose body is byte-for-byte the last one's (it has not collected since: its
+    ``-c`` interval is longer than the cycle) is not parsed again nor sent back: the service
+    keeps what that body said (``_last``, by URL).
     """
 
     def __init__(
@@ -75,17 +80,34 @@ class DcgmSource:
             ca_certs=ca_certs,
             max_bytes=max_bytes,
         )
+        # Per exporter URL: its last body's digest, and the evidence and errors it gave.
+        self._last: dict[str, tuple[bytes, tuple[GpuEvidence, ...], tuple[str, ...]]] = {}
 
     async def fetch(self) -> DcgmSnapshot:
         # Stamped when the read starts, on the service's clock: what a slow answer says is as
         # old as the question (the governor ignores evidence past its dcgm_max_age).
         asked, asked_monotonic = clock.utcnow(), time.monotonic()
         loop = asyncio.get_running_loop()
+        known = {url: last[0] for url, last in self._last.items()}
         try:
-            evidence, errors, cpu_s = await loop.run_in_executor(_worker(), self.reader.read)
+            reads, cpu_s = await loop.run_in_executor(_worker(), self.reader.read, known)
         except BrokenProcessPool as e:  # the worker died (killed, out of memory): start afresh
             _reset_worker()
-            evidence, errors, cpu_s = [], [f"DCGM worker: {type(e).__name__}: {e}"], 0.0
+            self._last.clear()
+            return DcgmSnapshot(
+                (), asked, (f"DCGM worker: {type(e).__name__}: {e}",), 0.0, asked_monotonic
+            )
+        evidence: list[GpuEvidence] = []
+        errors: list[str] = []
+        for source, digest, found, said in reads:
+            if found is None:  # the body this service parsed last time
+                _, found, said = self._last[source]
+            elif digest is None:  # a failed read, or Prometheus (its answers always move)
+                self._last.pop(source, None)
+            else:
+                self._last[source] = (digest, tuple(found), tuple(said))
+            evidence += found
+            errors += said
         return DcgmSnapshot(tuple(evidence), asked, tuple(errors), cpu_s, asked_monotonic)
 
 
@@ -102,19 +124,23 @@ class DcgmReader:
     ca_certs: str | None
     max_bytes: int = DEFAULT_MAX_BYTES
 
-    def read(self) -> tuple[list[GpuEvidence], list[str], float]:
-        """The blocking read, run in the worker: evidence, errors, and the CPU seconds it took."""
+    def read(self, known: Mapping[str, bytes] | None = None) -> tuple[list[Read], float]:
+        """The blocking read, run in the worker: what each source said, and the CPU seconds it
+        took. ``known``: each exporter's last body's digest, as the service holds it parsed; a
+        body the same is neither parsed nor sent back (its evidence ``None``)."""
         started = time.process_time()
         if self.prometheus_url:
-            results = [self._query_prometheus(self.prometheus_url)]
+            found, errors = self._query_prometheus(self.prometheus_url)
+            reads = [(self.prometheus_url, None, found, errors)]
         else:
+            known = known or {}
             with ThreadPoolExecutor(min(16, len(self.exporter_urls))) as pool:
-                results = list(pool.map(self._scrape, self.exporter_urls))
-        evidence = [e for found, _ in results for e in found]
-        errors = [error for _, errs in results for error in errs]
-        return evidence, errors, time.process_time() - started
+                reads = list(
+                    pool.map(self._scrape, self.exporter_urls, map(known.get, self.exporter_urls))
+                )
+        return reads, time.process_time() - started
 
-    def _get(self, url: str, accept: str) -> str:
+    def _get(self, url: str, accept: str) -> bytes:
         """The body of a GET, within ``timeout_s`` in all (connecting, headers, body: a server
         that trickles bytes is cut off at the deadline), at most ``max_bytes`` once
         decompressed. Plain ``http.client``: no proxy from the environment (the exporters are
@@ -156,25 +182,30 @@ class DcgmReader:
             connection.close()
         if expired.is_set():
             raise TimeoutError(f"no whole answer within {self.timeout_s:g}s")
-        text = body.text()
+        data = body.bytes()
         if response.status != 200:
-            raise OSError(f"HTTP {response.status} {response.reason}: {text[:200].strip()}")
-        return text
+            text = _text(data[:200])
+            raise OSError(f"HTTP {response.status} {response.reason}: {text.strip()}")
+        return data
 
-    def _scrape(self, url: str) -> tuple[list[GpuEvidence], list[str]]:
+    def _scrape(self, url: str, known: bytes | None = None) -> Read:
         rejected: list[str] = []
         try:
-            evidence = parse_exposition(self._get(url, "text/plain"), self.config, rejected)
+            data = self._get(url, "text/plain")
+            digest = hashlib.blake2b(data, digest_size=16).digest()
+            if digest == known:
+                return url, digest, None, []
+            evidence = parse_exposition(_text(data), self.config, rejected)
         except Exception as e:  # any failure degrades to "no DCGM for this node", never a crash
-            return [], [f"{url}: {type(e).__name__}: {e}"]
-        return evidence, _rejections(url, rejected)
+            return url, None, [], [f"{url}: {type(e).__name__}: {e}"]
+        return url, digest, evidence, _rejections(url, rejected)
 
     def _query_prometheus(self, base: str) -> tuple[list[GpuEvidence], list[str]]:
         query = urlencode({"query": prometheus_query(self.config)})
         url = f"{base.rstrip('/')}/api/v1/query?{query}"
         rejected: list[str] = []
         try:
-            payload = json.loads(self._get(url, "application/json"))
+            payload = json.loads(_text(self._get(url, "application/json")))
             evidence = parse_prometheus_query(payload, self.config, rejected)
         except Exception as e:  # any failure degrades to "no DCGM", never a crash
             return [], [f"{base}: {type(e).__name__}: {e}"]
@@ -222,8 +253,18 @@ class _Body:
             raise ValueError(f"the answer is over {self.limit} bytes (decompressed)")
         self.chunks.append(data)
 
-    def text(self) -> str:
-        return b"".join(self.chunks).decode("utf-8", errors="replace")
+    def bytes(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+# What the worker read from one source: the source, its body's digest (``None``: not kept, a
+# failed read or Prometheus), its evidence (``None``: the body the service already parsed)
+# and its errors.
+Read = tuple[str, bytes | None, list[GpuEvidence] | None, list[str]]
 
 
 def _rejections(source: str, rejected: list[str], shown: int = 3) -> list[str]:
