@@ -12,8 +12,10 @@ rest the kept rows are built directly (the same rule: a row every pass while wor
 change and every ``KEYFRAME_S`` while idle), as the filter is not what is timed here.
 
 The servers' rows are merged in time order, as the passes write them. It then stores them as
-the governor would (``pack``, SQLite, ``STORAGE_COLUMNS``, one index on (t)), reads them back (``unpack``) and times ``export_trace`` at ``--step`` seconds,
-lines written to a null sink. Prints the rows kept per server-day, the bytes per kept row and
+the governor does (``hub.history.HistoryLog.append``: SQLite, ``STORAGE_COLUMNS``, one index on
+(t); ``append_us_per_row`` is its cost per kept row), reads them back as ``export-trace`` does
+(``read_history``) and times ``export_trace`` at ``--step`` seconds, lines written to a null
+sink. Prints the rows kept per server-day, the bytes per kept row and
 per server-pass in SQLite (the database file's size over its rows), the estimate for 10,000
 servers x 14 days, and the export's wall time, reading the store in time order included (the
 median of ``--repeat`` runs). Rows stream from the generator to the store and from the store to
@@ -26,22 +28,20 @@ import argparse
 import heapq
 import os
 import random
-import sqlite3
 import statistics
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 
+from sqlalchemy import create_engine
+
+from jupyter_gpu_gov.hub.history import HistoryLog, HistoryOptions, read_history
 from jupyter_gpu_gov.replay.engine import EPOCH
 from jupyter_gpu_gov.replay.history import (
     KEYFRAME_S,
-    STORAGE_COLUMNS,
     HistoryRow,
-    context_of,
     export_trace,
-    pack,
-    parse_context,
-    unpack,
     worth_recording,
 )
 
@@ -123,44 +123,31 @@ def kept_rows(servers: int, days: float, every: float, check: int, seed: int, co
     return heapq.merge(*(server(i) for i in range(servers)), key=lambda row: row.t)
 
 
-def store(rows: Iterable[HistoryRow], path: str) -> tuple[int, int]:
-    """Write ``rows`` as the governor's store would: (rows, the file's size in bytes)."""
-    db = sqlite3.connect(path)
-    columns = ", ".join(f"{name} {kind}" for name, kind in STORAGE_COLUMNS)
-    db.execute(f"CREATE TABLE history ({columns})")
-    db.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, server TEXT, started REAL)")
-    db.execute("CREATE TABLE contexts (id INTEGER PRIMARY KEY, json TEXT UNIQUE)")
-    runs: dict = {}
-    contexts: dict = {}
-    marks = ", ".join("?" * len(STORAGE_COLUMNS))
-    written = 0
-    batch = []
+def store(rows: Iterable[HistoryRow], path: str) -> tuple[int, int, float]:
+    """Write ``rows`` as the governor does (``hub.history.HistoryLog.append``, a batch at a
+    time): (rows, the file's size in bytes, seconds spent appending)."""
+    engine = create_engine(f"sqlite:///{path}")
+    # Rows from the replay clock (2026-01-01): no retention deletes them here.
+    history = HistoryLog(engine, HistoryOptions(retention=timedelta(days=3650)))
+    written, spent, batch = 0, 0.0, []
     for row in rows:
-        run = runs.setdefault(row.session, len(runs) + 1)
-        ctx = contexts.setdefault(context_of(row), len(contexts) + 1)
-        batch.append(pack(row, run, ctx))
+        batch.append(row)
         if len(batch) >= 50_000:
-            db.executemany(f"INSERT INTO history VALUES ({marks})", batch)
-            written += len(batch)
+            started = time.perf_counter()
+            written += history.append(batch)
+            spent += time.perf_counter() - started
             batch.clear()
-    db.executemany(f"INSERT INTO history VALUES ({marks})", batch)
-    written += len(batch)
-    db.executemany("INSERT INTO runs VALUES (?, ?, ?)", [(i, *k) for k, i in runs.items()])
-    db.executemany("INSERT INTO contexts VALUES (?, ?)", [(i, c) for c, i in contexts.items()])
-    db.execute("CREATE INDEX history_t ON history (t)")
-    db.commit()
-    db.execute("VACUUM")
-    db.close()
-    return written, os.path.getsize(path)
+    started = time.perf_counter()
+    written += history.append(batch)
+    spent += time.perf_counter() - started
+    with engine.connect() as db:
+        db.exec_driver_sql("VACUUM")
+    engine.dispose()
+    return written, os.path.getsize(path), spent
 
 
 def read(path: str) -> Iterator[HistoryRow]:
-    db = sqlite3.connect(path)
-    runs = {i: (s, st) for i, s, st in db.execute("SELECT id, server, started FROM runs")}
-    contexts = {i: parse_context(text) for i, text in db.execute("SELECT id, json FROM contexts")}
-    for values in db.execute("SELECT * FROM history ORDER BY t"):
-        yield unpack(values, runs[values[1]], contexts[values[2]])
-    db.close()
+    return read_history(create_engine(f"sqlite:///{path}"))
 
 
 def main(argv=None) -> None:
@@ -178,7 +165,7 @@ def main(argv=None) -> None:
     rows = kept_rows(args.servers, args.days, args.pass_every, args.check, args.seed, count)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "history.sqlite")
-        kept, size = store(rows, path)
+        kept, size, append_s = store(rows, path)
         passes = count[0]
         times, lines, chars = [], 0, 0
         for _ in range(args.repeat):  # read back in time order, export, write to nowhere
@@ -200,6 +187,7 @@ def main(argv=None) -> None:
         "kept_per_server_day": round(kept / server_days),
         "bytes_per_row": round(per_row, 1),
         "bytes_per_server_pass": round(per_pass, 1),
+        "append_us_per_row": round(append_s / kept * 1e6, 1),
         "sqlite_mb": round(size / 1e6, 1),
         "estimate_10000x14d_gb": round(fortnight / 1e9, 2),
         "export_s": round(statistics.median(times), 2),

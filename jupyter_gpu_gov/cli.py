@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_replay(commands)
     _add_what_if(commands)
+    _add_export_trace(commands)
     _add_estimate(commands)
     _add_diagnose(commands)
     _add_usage(commands)
@@ -370,6 +371,94 @@ def _what_if_tiers(config, fallback):
         max_age={t.name: t.max_age.total_seconds() if t.max_age else None for t in tiers.values()},
         right_size_after=timedelta(seconds=after) if after else Tiers().right_size_after,
     )
+
+
+# -- export-trace ------------------------------------------------------------------------------
+
+
+def _add_export_trace(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "export-trace",
+        help="write the governor's own history as a trace that replay and what-if read",
+        description=(
+            "Write the history the governor records as it runs (its store, --db-url) as a\n"
+            "replay trace (JSON Lines, a sample per server every --step), ready for\n"
+            "'jupyter-gpu-gov what-if'. The format is in docs/api.md (History and what-if)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  jupyter-gpu-gov export-trace --since 14d -o last-fortnight.jsonl\n"
+            "  jupyter-gpu-gov export-trace --since 1h --pseudonymise | \\\n"
+            "      jupyter-gpu-gov what-if - --policy candidate.py\n"
+            "  jupyter-gpu-gov export-trace --since 2026-01-05T00:00Z --until 2026-01-06T00:00Z \\\n"
+            "      --db-url postgresql://gov@db/gpu_gov"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--since",
+        required=True,
+        help="a duration back from now (14d, 1h) or a UTC time (2026-01-05T09:00:00Z)",
+    )
+    parser.add_argument("--until", help="as --since (default: now)")
+    parser.add_argument(
+        "--db-url",
+        default="sqlite:///jupyter_gpu_gov.sqlite",
+        help="the governor's store, as c.GpuGovernor.db_url (default: %(default)s)",
+    )
+    parser.add_argument("--step", default="5m", help="one sample every (default: %(default)s)")
+    parser.add_argument(
+        "--pseudonymise",
+        action="store_true",
+        help="replace user and server names by pseudonyms (HMAC under a fresh random key)",
+    )
+    parser.add_argument("-o", "--output", metavar="FILE", help="where to write (default: stdout)")
+    parser.set_defaults(run=_export_trace)
+
+
+def _export_trace(args: argparse.Namespace) -> int:
+    import time
+
+    from .core.durations import parse_duration
+    from .replay.history import Pseudonyms, export_trace, parse_since
+
+    fail = partial(_fail, command="export-trace")
+    now = time.time()
+    try:
+        since = parse_since(args.since, now)
+        until = parse_since(args.until, now, "--until") if args.until else now
+        step = parse_duration(args.step, "--step").total_seconds()
+    except ValueError as error:
+        return fail(str(error))
+    if until < since:
+        return fail(f"--until is before --since ({args.until} < {args.since})")
+    if not step > 0:
+        return fail(f"--step must be > 0 seconds, got {args.step!r}")
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    try:
+        url = make_url(args.db_url)
+    except ArgumentError as error:
+        return fail(f"--db-url: {error}")
+    database = url.database if url.drivername.startswith("sqlite") else None
+    if database is not None and not os.path.exists(database):
+        return fail(f"--db-url: no such database {database} (the governor's c.GpuGovernor.db_url)")
+    from .hub.history import read_history
+
+    pseudonyms = Pseudonyms(os.urandom(32)) if args.pseudonymise else None
+    rows = read_history(create_engine(url), since, until)
+    out = open(args.output, "w") if args.output else contextlib.nullcontext(sys.stdout)  # noqa: SIM115
+    try:
+        with out as stream:
+            for line in export_trace(
+                rows, step=step, since=since, until=until, pseudonyms=pseudonyms
+            ):
+                stream.write(line + "\n")
+    except (DBAPIError, OSError) as error:
+        return fail(str(getattr(error, "orig", None) or error))
+    return 0
 
 
 # -- estimate ----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ breaks one fails here with the line that does."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,7 +193,8 @@ def test_routes_and_pages_talk_to_the_governor_not_its_internals():
     """The REST API and the pages read what the governor shows (``hub/views.py``), never its
     store, its reports or its ledger: those may change without touching the web layer."""
     bad = []
-    for path in (PACKAGE / "hub" / "routes.py", PACKAGE / "hub" / "pages.py"):
+    web = ("routes.py", "pages.py", "api_handler.py", "page_handler.py")
+    for path in (PACKAGE / "hub" / name for name in web):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Attribute) or node.attr not in (
                 "store",
@@ -205,3 +207,18 @@ def test_routes_and_pages_talk_to_the_governor_not_its_internals():
             if name in ("governor", "gov"):
                 bad.append(f"{path.name}:{node.lineno}: governor.{node.attr}")
     assert not bad, "\n".join(bad)
+
+
+def test_every_module_is_named_in_the_architecture_doc():
+    """docs/architecture.md, "Modules", says what every module of the package owns: a module
+    added without a word there fails here."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## 6. Modules") : doc.index("\n## 7.")]
+    unnamed = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.stem not in ("__init__", "_version")
+        and "labextension" not in path.parts
+        and not re.search(rf"\b{re.escape(path.stem)}\b", section)
+    ]
+    assert not unnamed, f"modules docs/architecture.md does not name: {unnamed}"

@@ -27,7 +27,8 @@ from jupyter_gpu_gov.diagnose import faults
 from jupyter_gpu_gov.diagnose.labels import HINTS
 from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import TargetRoot
-from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService, History
+from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService
+from jupyter_gpu_gov.hub.diagnosis_windows import History
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
@@ -385,7 +386,8 @@ async def test_an_idle_kernel_holding_memory_is_a_zombie_in_its_verdict(tmp_path
         await gov.reconcile()
         verdict = gov.verdict("alice/")
         listed = {
-            s.key: row_view(s, gov.reports[s.key], gov.root_cause(s.key)) for s in gov.server_rows()
+            s.key: row_view(s, gov.reports[s.key], gov.root_cause(s.key))
+            for s in gov.known_servers()
         }
         summary = gov.diagnosis_summary()
 

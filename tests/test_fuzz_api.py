@@ -193,6 +193,7 @@ PARAMETERS = {
     "api/audit": {"limit": texts, "server": texts, "user": texts},
     "api/usage": {"group_by": texts, "since": texts, "until": texts, "format": texts},
     "api/extensions": {"status": texts},
+    "api/history/trace": {"since": texts, "until": texts, "step": texts},
 }
 
 
@@ -236,3 +237,21 @@ def test_action_bodies_never_make_a_500_and_refusals_change_nothing(service, dat
     if r.status_code < 300 or r.status_code == 409:  # valid: it acted, or had nothing to do
         return
     assert_refused_unchanged(service, r, before, "reason", "duration", "body", "JSON")
+
+
+@FUZZ
+@given(candidate=json_values | st.text(max_size=60), days=json_values)
+def test_a_candidate_policy_never_makes_a_500_and_changes_nothing(service, candidate, days):
+    """Validate and what-if take any candidate: valid, or a 400 naming what is wrong; the
+    live policies stay."""
+    live = call(service, "GET", "api/policy").json()
+    for path, body in (
+        ("api/policy/validate", {"candidate": candidate}),
+        ("api/policy/what-if", {"candidate": candidate, "days": days}),
+        ("api/policy/apply", {"candidate": candidate}),  # no reason: never applied
+    ):
+        r = call(service, "POST", path, data=json.dumps(body))
+        assert r.status_code in (200, 400), (path, r.status_code, r.text[:500])
+        if r.status_code == 400:
+            assert r.json()["message"]
+    assert call(service, "GET", "api/policy").json() == live

@@ -249,7 +249,7 @@ def test_the_user_prepare_found_is_answered_without_a_thread_hop(monkeypatch):
     answer on the handler comes back as it is, without a hop to HubAuth's thread."""
     from types import SimpleNamespace
 
-    from jupyter_gpu_gov.hub.routes import PreparedHubOAuth
+    from jupyter_gpu_gov.hub.prepared_auth import PreparedHubOAuth
 
     auth = PreparedHubOAuth(api_token="secret", api_url="http://127.0.0.1:9/hub/api")
 
@@ -262,3 +262,19 @@ def test_the_user_prepare_found_is_answered_without_a_thread_hop(monkeypatch):
     asked = []
     monkeypatch.setattr(auth, "_synchronize", lambda f, *a, **k: asked.append(f) or "asked")
     assert auth.get_user(SimpleNamespace()) == "asked" and asked  # not asked yet: HubAuth's way
+
+
+def test_the_prepared_path_answers_as_hub_oauth_does():
+    """The speed-up and the plain path side by side: for a handler ``prepare`` has asked about
+    (someone, or nobody), ``PreparedHubOAuth`` answers what JupyterHub's ``HubOAuth`` answers."""
+    from types import SimpleNamespace
+
+    from jupyterhub.services.auth import HubOAuth
+
+    from jupyter_gpu_gov.hub.prepared_auth import PreparedHubOAuth
+
+    settings = {"api_token": "secret", "api_url": "http://127.0.0.1:9/hub/api"}
+    plain, prepared = HubOAuth(**settings), PreparedHubOAuth(**settings)
+    for asked in ({"name": "ann", "kind": "user", "scopes": ["access:services"]}, None):
+        handler = SimpleNamespace(_cached_hub_user=asked)
+        assert prepared.get_user(handler) == plain.get_user(handler) == asked

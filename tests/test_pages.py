@@ -3,7 +3,7 @@ shows in the reader's clock (UTC stays the text without JavaScript, and the tool
 
 from datetime import datetime, timezone
 
-from jupyter_gpu_gov.hub.pages import time_tag, times_in_text
+from jupyter_gpu_gov.hub.page_handler import time_tag, times_in_text
 
 NOW = datetime(2026, 1, 5, 0, 10, tzinfo=timezone.utc)
 

@@ -19,6 +19,7 @@ import pytest
 from fake_pynvml import FakeGpu, FakeProcess, install
 
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.wire import Report
 from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import TargetRoot
 from jupyter_gpu_gov.gpu.nvml import NvmlBackend
@@ -149,9 +150,10 @@ def world(tmp_path, monkeypatch):
     return fake, gpus, advance
 
 
+A, B = "0a0a0a0a-0000-4000-8000-00000000000a", "0b0b0b0b-0000-4000-8000-00000000000b"
 ROOTS = [
-    TargetRoot("kernel", "a", KERNEL_A),
-    TargetRoot("kernel", "b", KERNEL_B),
+    TargetRoot("kernel", A, KERNEL_A),
+    TargetRoot("kernel", B, KERNEL_B),
     TargetRoot("terminal", "1", SHELL),
 ]
 
@@ -173,6 +175,8 @@ def tick(plain: Sampler, fast: Sampler, targets, opened: list[int]):
     opened.append(len(fast._files._fds))
     # Kept descriptors are never inherited by the kernels and terminals the server starts.
     assert not any(os.get_inheritable(fd) for fd in fast._files._fds.values())
+    # What the sampler sends is the report of core/wire.py (the governor validates the dict by it).
+    assert Report.from_json(b.report).to_json() == Report.from_json(a.report).to_json()
     return b.report
 
 
@@ -225,7 +229,7 @@ def test_the_fast_path_reports_what_the_plain_path_reports(world, pid_namespace)
 
     by_id = {t["id"]: t for t in report["targets"]}
     # The ticks above said something: kernel a's CPU and reads, a GPU held by the server.
-    assert by_id["a"]["cpu"]["cores"] > 0 and by_id["a"]["cpu"]["read_mb_s"] > 0
+    assert by_id[A]["cpu"]["cores"] > 0 and by_id[A]["cpu"]["read_mb_s"] > 0
     assert by_id["server"]["gpu"]["holds_context"]
     # The fast path kept its files open between ticks, and closed those of processes that went.
     assert min(opened[1:]) > 0 and opened[-1] < max(opened)
@@ -267,7 +271,9 @@ def test_kept_files_follow_real_processes_that_exit(tmp_path, monkeypatch):
     kernels = [int(pid) for pid in server.stdout.readline().split()]
     plain, fast = side_by_side("/proc", lambda: backend, "host", server.pid)
     targets = [
-        TargetInfo(TargetRoot("kernel", f"k{i}", pid), name=f"k{i}")
+        TargetInfo(
+            TargetRoot("kernel", f"0000000{i}-0000-4000-8000-000000000000", pid), name=f"k{i}"
+        )
         for i, pid in enumerate(kernels)
     ]
     opened: list[int] = []

@@ -53,7 +53,7 @@ class Actions:
         server: HubServer,
         row: ServerRow,
         decision: Decision,
-        chosen: Policy,
+        server_policy: Policy,
         batch: _Batch,
     ):
         """Put an action on record (``batch.audits``, written before anything is done); return
@@ -95,17 +95,17 @@ class Actions:
             manifest = row.checkpoint_manifest if checkpointed else None
             fields = checkpoint_fields(manifest)
             details = {
-                "cull_action": chosen.cull_action,
+                "cull_action": server_policy.cull_action,
                 "cull_reason": decision.cull_reason,
                 "checkpoint": manifest,
                 "checkpoint_id": fields["id"],
                 "checkpoint_path": fields["path"],
-                "policy": chosen.name,
+                "policy": server_policy.name,
             }
             audit = self._audit_row(row, "cull", decision.reason, dry_run=dry, details=details)
             audits.append(audit)
             if not dry:
-                return self._carry_out_cull(server, row, decision, chosen, audit, batch)
+                return self._carry_out_cull(server, row, decision, server_policy, audit, batch)
         return None
 
     def _cull_again(
@@ -113,7 +113,7 @@ class Actions:
         server: HubServer,
         row: ServerRow,
         decision: Decision,
-        chosen: Policy,
+        server_policy: Policy,
         now: datetime,
         batch: _Batch,
     ) -> None:
@@ -126,16 +126,18 @@ class Actions:
         set_record(row, replace(record_of(row), culled_at=now))
         batch.changed.append(row)
         why = f"{row.reason} (still running {format_duration(now - culled_at)} later: asked again)"
-        audit = self._audit_row(row, "cull-retry", why, details={"cull_action": chosen.cull_action})
+        audit = self._audit_row(
+            row, "cull-retry", why, details={"cull_action": server_policy.cull_action}
+        )
         batch.audits.append(audit)
-        batch.jobs.append(self._carry_out_cull(server, row, decision, chosen, audit, batch))
+        batch.jobs.append(self._carry_out_cull(server, row, decision, server_policy, audit, batch))
 
     async def _carry_out_cull(
         self,
         server: HubServer,
         row: ServerRow,
         decision: Decision,
-        chosen: Policy,
+        server_policy: Policy,
         audit: AuditRow,
         batch: _Batch,
     ) -> None:
@@ -143,7 +145,7 @@ class Actions:
         # Counted first: shutting kernels down drops the server's report.
         gpus = self._gpus_held(row.key, server)
         try:
-            outcome = await self._cull(server, row, chosen)
+            outcome = await self._cull(server, row, server_policy)
         except Exception as error:  # recorded, retried next cycle
             log.error("gpu-gov: cull of %s failed: %s", row.key, error)
             set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
@@ -157,12 +159,12 @@ class Actions:
         audit.details = {**audit.details, "outcome": outcome}
         batch.completed.append(audit)
         batch.after.append(row)
-        metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, chosen.cull_action).inc()
+        metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, server_policy.cull_action).inc()
         if decision.cull_reason == GPU_IDLE:
             metrics.GPUS_RECLAIMED.inc(gpus)
 
-    async def _cull(self, server: HubServer, row: ServerRow, chosen: Policy) -> str:
-        if chosen.cull_action == SHUTDOWN_KERNELS and row.key in self.reports:
+    async def _cull(self, server: HubServer, row: ServerRow, server_policy: Policy) -> str:
+        if server_policy.cull_action == SHUTDOWN_KERNELS and row.key in self.reports:
             # Asked in the server's verdict: the governor never calls a user's server.
             kernels = outbound.kernels_on_gpu(self.reports[row.key].report)
             self._shutdowns[row.key] = outbound.KernelRequest(

@@ -32,12 +32,14 @@ from .batching import BatchingHTTPServer
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
-from .diagnosis import preload as preload_diagnosis
 from .health import HealthOptions
+from .history import HistoryOptions
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .options import Options
 from .pages import page_handlers
+from .policy_admin import policy_admin, policy_handlers
+from .policy_page import policy_page_handlers
 from .queue import QueueSync
 from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers
@@ -126,7 +128,16 @@ class GpuGovernor(GovernorSettings, Application):
                 timeout_s=self.dcgm_timeout,
                 max_bytes=self.dcgm_max_bytes,
             )
-        options = Options(
+        options = self.make_options()
+        governor = Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
+        source = {"policies": list(self.policies), "policy_defaults": dict(self.policy_defaults)}
+        policy_admin(governor).source = source  # what the policy page edits (policy_admin.py)
+        return governor
+
+    def make_options(self) -> Options:
+        """The settings the governor's parts read, as one frozen value (docs/architecture.md,
+        "Configuration": read once, at start; tests build the parts from it without traitlets)."""
+        return Options(
             dry_run=self.dry_run,
             report_stale_after=parse_duration(self.report_stale_after),
             cull_default_servers=self.cull_default_servers,
@@ -172,8 +183,10 @@ class GpuGovernor(GovernorSettings, Application):
             tier_sizes=self.tier_sizes,
             right_size_after=timedelta(seconds=self.right_size_after),
             full_pass_every=self.full_pass_every,
+            history=HistoryOptions(
+                timedelta(seconds=self.history_retention), self.history_max_rows
+            ),
         )
-        return Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
 
     def make_web_app(self, governor: Governor) -> web.Application:
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
@@ -181,6 +194,8 @@ class GpuGovernor(GovernorSettings, Application):
             [
                 *page_handlers(prefix, governor),
                 *handlers(prefix, governor),
+                *policy_handlers(prefix, governor),
+                *policy_page_handlers(prefix, governor),
                 (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
             ],
             cookie_secret=os.urandom(32),
@@ -192,11 +207,6 @@ class GpuGovernor(GovernorSettings, Application):
     async def run(self) -> None:
         self.governor = self.make_governor()
         self.queue = QueueSync(self.governor.hub, self.governor.store, self.dry_run)
-        if self.diagnose and not preload_diagnosis():
-            self.log.warning(
-                "gpu-gov: scikit-learn is not installed: root causes come from the threshold "
-                "rules only (pip install 'jupyter-gpu-gov[hub]')"
-            )
         server = BatchingHTTPServer(
             self.make_web_app(self.governor),
             max_body_size=MAX_BODY_BYTES,

@@ -14,10 +14,9 @@ class BatchingHTTPServer(HTTPServer):
     came meanwhile at once.
 
     Why: at 10,000 servers a report arrives every 6 ms, each on its own connection, and a lone
-    request costs the service about three times the CPU of one answered right after another
-    (the interpreter's caches have gone cold in between; measured, docs/benchmarks.md). Taken
-    a few at a time, the reports cost about a quarter less CPU, for at most ``accept_interval``
-    more latency. It batches only while connections come fast enough for a pause to gather two
+    request costs the service several times the CPU of one answered right after another (the
+    interpreter's caches have gone cold in between). Taken a few at a time, the reports cost
+    less CPU, for at most ``accept_interval`` more latency (the figures: docs/benchmarks.md). It batches only while connections come fast enough for a pause to gather two
     or more (over the last second, at least ``2 / accept_interval`` a second); slower, each is
     accepted at once. Connections already accepted (keep-alive) are never held back, nor is
     anything the service itself sends (Hub API calls, checkpoint requests).

@@ -1,6 +1,7 @@
 """A performance measure, kept apart: one prepared statement run over many rows straight
 through the driver, for the usage ledger's writes every pass (docs/benchmarks.md, "With the
-usage ledger"). ``tests/test_usage_service.py`` checks it stores what SQLAlchemy's ORM would."""
+usage ledger"). The plain path is SQLAlchemy's ``Connection.execute`` of the same statement;
+``tests/test_usage_service.py`` checks both store the same."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class Executemany:
     rows given as tuples in the order of ``names`` (its bind parameters).
 
     Through ``Connection.execute`` SQLAlchemy checks and converts every row's parameters one by
-    one: for the ledger's 20,000 rows a pass that cost 0.4 s, more than SQLite's writing. Here
+    one, which for the ledger's rows cost more than SQLite's writing (docs/benchmarks.md). Here
     the only per-row work is the column types' own conversions (UTC datetimes); ``Float``
     parameters must be given as ``float`` (their conversion is only ``float()``)."""
 

@@ -147,7 +147,12 @@ class Checkpoints:
         return replace(record, checkpoint_status=result.status)
 
     def _checkpoint_timeout(
-        self, row: ServerRow, record: Record, chosen: Policy, now: datetime, audits: list[AuditRow]
+        self,
+        row: ServerRow,
+        record: Record,
+        server_policy: Policy,
+        now: datetime,
+        audits: list[AuditRow],
     ) -> Record:
         """No answer within the policy's checkpoint_timeout: a failed checkpoint, on record
         like one, so the admin view says so instead of showing an older checkpoint."""
@@ -155,10 +160,10 @@ class Checkpoints:
         if (
             record.checkpoint_status != CHECKPOINT_REQUESTED
             or asked is None
-            or now - asked < chosen.checkpoint_timeout
+            or now - asked < server_policy.checkpoint_timeout
         ):
             return record
-        error = f"no answer within {format_duration(chosen.checkpoint_timeout)}"
+        error = f"no answer within {format_duration(server_policy.checkpoint_timeout)}"
         row.checkpoint_manifest = {"error": error}
         audits.append(
             self._audit_row(

@@ -44,7 +44,7 @@ class DcgmSource:
     ``fetch`` runs the whole read (HTTP, decompression, parsing) in a worker *process*: a
     10,000-GPU fleet is about 40 MB of text and most of a second of CPU, which in a thread would
     still hold the service's GIL for that long, slowing the pass and every report meanwhile.
-    The service only unpickles the evidence (about 25 ms for 10,000 GPUs).
+    The service only unpickles the evidence (the figures: docs/benchmarks.md).
     """
 
     def __init__(

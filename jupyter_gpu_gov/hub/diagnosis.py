@@ -46,6 +46,7 @@ from ..diagnose.features import (
 from ..diagnose.labels import HEALTHY, UNCERTAIN, UNKNOWN, Diagnosis
 from . import metrics
 from .dcgm import GpuEvidence
+from .diagnosis_windows import History, dcgm_fields, node_of
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -122,71 +123,6 @@ class _Booking:
     at: float  # when its last window was booked (epoch seconds)
     team: str = ""
     gpus: float | None = None
-
-
-def node_of(report: Mapping, evidence: Sequence[GpuEvidence]) -> str | None:
-    """The window's ``node``: DCGM's hostname of the server's GPUs; without DCGM, the kind of
-    GPU it uses ("NVIDIA H100 80GB HBM3", "… MIG 1g.18gb"), so servers on the same kind of card
-    share a model (a report does not name its machine)."""
-    hostnames = sorted({e.hostname for e in evidence if e.hostname})
-    if hostnames:
-        return hostnames[0]
-    for device in report.get("devices") or ():
-        name = device.get("name")
-        if name:
-            profile = device.get("mig_profile")
-            return f"{name} MIG {profile}" if profile and profile not in name else name
-    return None
-
-
-def dcgm_fields(evidence: Sequence[GpuEvidence]) -> dict:
-    """A server's DCGM columns from the evidence of its GPUs: the busiest GPU's SM, GR-engine,
-    DRAM and tensor activity (as the report's ``sm`` is its busiest device's), PCIe summed, in
-    MB/s. Missing stays missing."""
-
-    def busiest(values: Iterable[float | None]) -> float | None:
-        known = [v for v in values if v is not None and math.isfinite(v)]
-        return max(known) if known else None
-
-    pcie = [e.pcie_bytes_per_s for e in evidence if e.pcie_bytes_per_s is not None]
-    return {
-        "sm_active": busiest(e.sm_active for e in evidence),
-        "gr_active": busiest(e.gr_active for e in evidence),
-        "dram_active": busiest(e.dram_active for e in evidence),
-        "tensor_active": busiest(e.tensor_active for e in evidence),
-        "pcie_mb_s": round(sum(pcie) / 1e6, 3) if pcie else None,
-    }
-
-
-class History:
-    """Windows per server, oldest out first once older than ``max_age`` or beyond ``limit`` in
-    all: one FIFO over every server, so a cap costs O(1) per window."""
-
-    def __init__(self, max_age: timedelta, limit: int):
-        self.max_age = max_age.total_seconds()
-        self.limit = limit
-        self.by_server: dict[str, deque[Window]] = {}
-        self._order: deque[tuple[float, str]] = deque()  # (when added, server) per window
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def add(self, key: str, window: Window, now: float) -> None:
-        self.by_server.setdefault(key, deque()).append(window)
-        self._order.append((now, key))
-        self.trim(now)
-
-    def trim(self, now: float) -> None:
-        order = self._order
-        while order and (len(order) > self.limit or now - order[0][0] > self.max_age):
-            _, key = order.popleft()
-            windows = self.by_server[key]
-            windows.popleft()
-            if not windows:
-                del self.by_server[key]
-
-    def windows(self) -> list[Window]:
-        return [w for windows in self.by_server.values() for w in windows]
 
 
 class DiagnosisService:
@@ -472,56 +408,3 @@ class DiagnosisService:
                 "max_age_s": int(self.options.history.total_seconds()),
             },
         }
-
-
-def preload() -> bool:
-    """Nothing to load any more: the model is plain Python (kept so a hub that calls it at
-    start still can)."""
-    return True
-
-
-def allocation(reports: Iterable[Mapping], evidence: Iterable[GpuEvidence] = ()) -> list[float]:
-    """Per physical card, the share allocated (``diagnose.cluster.card_shares``): DCGM's view
-    where it sees the card (a whole card or MIG instance held by a pod: allocated; none: free;
-    a time-sliced card: its memory in use), else the running servers' reports (a device a
-    server holds alone: allocated in full, whatever memory it uses; a shared one: its memory
-    share; a MIG slice: its profile's share)."""
-    seen: dict[tuple, tuple[str, str | None, float | None]] = {}
-    for e in evidence:
-        card = e.uuid
-        slot = (card, e.mig_profile, e.gpu_instance_id)
-        held = e.pod is not None
-        if e.mig_profile:
-            share = cluster.mig_share(e.mig_profile) if held else 0.0
-        elif not held:
-            share = 0.0
-        else:
-            share = 1.0
-        if slot in seen and held and not e.mig_profile:  # several pods: time-sliced
-            share = _memory_share(e.memory_used_mb, e.memory_free_mb)
-        seen[slot] = (card, e.mig_profile, share)
-    dcgm_cards = {card for card, _, _ in seen.values()}
-    for report in reports:
-        for d in report.get("devices") or ():
-            card = d.get("parent_uuid") or d.get("uuid")
-            if not card or card in dcgm_cards:
-                continue
-            profile = d.get("mig_profile")
-            if profile:
-                share = cluster.mig_share(profile)
-            elif d.get("shared"):
-                share = _memory_share(
-                    d.get("memory_used_mb"),
-                    None if d.get("memory_total_mb") is None or d.get("memory_used_mb") is None
-                    else d["memory_total_mb"] - d["memory_used_mb"],
-                )  # fmt: skip
-            else:
-                share = 1.0
-            seen[(card, profile, d.get("uuid"))] = (card, profile, share)
-    return cluster.card_shares(seen.values())
-
-
-def _memory_share(used: float | None, free: float | None) -> float | None:
-    if used is None or free is None or used + free <= 0:
-        return None
-    return min(1.0, used / (used + free))

@@ -90,7 +90,7 @@ class Evidence:
     def _with_gpu(
         self,
         base: ServerView,
-        chosen: Policy,
+        server_policy: Policy,
         now: datetime,
         reported: bool,
         server: HubServer | None = None,
@@ -119,7 +119,7 @@ class Evidence:
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's GPUs,
             # else jupyterhub-idle-culler's rule.
-            dcgm = self._dcgm_only(evidence, chosen)
+            dcgm = self._dcgm_only(evidence, server_policy)
             return base if dcgm is None else evolve(base, gpu=dcgm)
         report = received.report
         stale = now - received.at > self.options.report_stale_after
@@ -129,22 +129,26 @@ class Evidence:
         elif self._distrusted.get(base.key):
             # Its report contradicts the Hub's records: not believed. DCGM alone on the GPUs
             # the records name, else as a server that sends no report (the Hub's activity).
-            dcgm = self._dcgm_only(evidence, chosen, "its report is not believed")
+            dcgm = self._dcgm_only(evidence, server_policy, "its report is not believed")
             return evolve(base, reports=True, gpu=dcgm)
         else:
             gpu = gpu_signal(
-                report, idle_threshold=chosen.idle_threshold, cull_action=chosen.cull_action
+                report,
+                idle_threshold=server_policy.idle_threshold,
+                cull_action=server_policy.cull_action,
             )
             if granted is not None:
                 # The records' GPUs: DCGM's word on them is final, busy or idle; an allocation
                 # is held whatever the report says of contexts (stop-server).
-                dcgm = self._dcgm_activity(evidence, chosen)
-                allocated = bool(evidence) and chosen.cull_action == STOP_SERVER
+                dcgm = self._dcgm_activity(evidence, server_policy)
+                allocated = bool(evidence) and server_policy.cull_action == STOP_SERVER
                 gpu = evolve(gpu, holds_gpu=gpu.holds_gpu or allocated)
             else:
                 # GPUs named by the report alone: DCGM can prove them idle, never busy.
                 context = self._context
-                dcgm = self._dcgm_activity(self._evidence(report, context.by_uuid, {}), chosen)
+                dcgm = self._dcgm_activity(
+                    self._evidence(report, context.by_uuid, {}), server_policy
+                )
                 dcgm = None if dcgm else dcgm
             if dcgm is not None and gpu.holds_gpu:
                 active, disagreement = policy.merge_evidence(gpu.active, dcgm)
@@ -187,19 +191,20 @@ class Evidence:
             self._distrusted.pop(key, None)
 
     def _dcgm_only(
-        self, evidence: list[GpuEvidence], chosen: Policy, why: str = "no report"
+        self, evidence: list[GpuEvidence], server_policy: Policy, why: str = "no report"
     ) -> policy.GpuSignal | None:
         """A server as DCGM alone sees its GPUs (None: it does not). DCGM sees the card, not
         the kernels: the policy assumes a cell may be running."""
         if not evidence:
             return None
-        active = self._dcgm_activity(evidence, chosen)
+        active = self._dcgm_activity(evidence, server_policy)
         detail = f"DCGM, {why}" + ("" if active is not None else ": no activity data")
         return policy.GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
 
-    def _dcgm_activity(self, evidence: list[GpuEvidence], chosen: Policy) -> bool | None:
+    def _dcgm_activity(self, evidence: list[GpuEvidence], server_policy: Policy) -> bool | None:
         verdicts = [
-            is_idle(e, chosen.idle_threshold, self.options.pcie_floor_bytes_per_s) for e in evidence
+            is_idle(e, server_policy.idle_threshold, self.options.pcie_floor_bytes_per_s)
+            for e in evidence
         ]
         if not verdicts:
             return None

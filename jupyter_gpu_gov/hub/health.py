@@ -182,7 +182,7 @@ class HealthWatch:
         self,
         decision: Decision,
         failure: Health | None,
-        chosen: Policy,
+        server_policy: Policy,
         now: datetime,
         checkpointable: bool = True,
     ) -> Decision:
@@ -199,7 +199,7 @@ class HealthWatch:
                 return decision
             return evolve(decision, record=evolve(record, reason=f"{record.reason}; {note}"))
         actions = decision.actions
-        if chosen.checkpoint and checkpointable and record.checkpoint_status is None:
+        if server_policy.checkpoint and checkpointable and record.checkpoint_status is None:
             record = evolve(
                 record, checkpoint_status=CHECKPOINT_REQUESTED, checkpoint_requested_at=now
             )

@@ -132,8 +132,9 @@ def observe_states(rows: Iterable, gpus: dict | None = None, pods: dict | None =
         gauge.clear()
         for (team, state), count in counts.items():
             gauge.labels(team, state).set(count)
-    # Update in place: a series made anew costs a label check, 0.5 s a pass at 10,000 servers;
-    # and only where the value changed (most do not, pass after pass): labels() costs 3 µs.
+    # Update in place (a series made anew costs a label check) and only where the value changed
+    # (most do not, pass after pass): labels() is not free (docs/benchmarks.md, "Performance
+    # measures, one place each").
     for gone in _server_series.keys() - series.keys():
         with suppress(KeyError):  # already gone
             SERVER_INFO.remove(*gone)

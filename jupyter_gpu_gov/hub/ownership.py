@@ -20,10 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core import grant
+from ..core.policy import ServerView
 from ..core.vocabulary import PROJECT_LABEL, TEAM_LABEL, TIER_LABEL, USER_LABEL
+
+if TYPE_CHECKING:
+    from .hubapi import HubServer
 
 
 @dataclass(frozen=True)
@@ -64,3 +68,18 @@ def _text(value: Any) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def base_view(server: HubServer, ownership: Ownership) -> ServerView:
+    """Who the server is, and what the Hub knows of it."""
+    return ServerView(
+        user=server.user,
+        name=server.name,
+        profile=ownership.profile,
+        tier=ownership.tier,
+        team=ownership.team,
+        project=ownership.project,
+        labels=ownership.labels,
+        started=server.started,
+        hub_last_activity=server.last_activity,
+    )

@@ -12,19 +12,15 @@ Forms post to ``/services/gpu-gov/actions`` with JupyterHub's XSRF token (HubOAu
 for every cookie-authenticated POST). Actions call the same Governor methods as the REST API;
 "Cull now" asks first, on a page of its own (it works without JavaScript).
 
-Times are written as ``<time datetime="…Z">2026-01-05 09:14 UTC</time>``; ``static/pages.js``
-shows them in the reader's clock, like JupyterLab does. Only the API and CSV stay in UTC.
+How a page is rendered (templates, times in the reader's clock, errors) is
+``hub/page_handler.py``'s.
 """
 
 from __future__ import annotations
 
-import re
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
-from jinja2 import Environment, PackageLoader, select_autoescape
-from jupyterhub.services.auth import HubOAuthenticated
 from markupsafe import Markup
 from tornado import web
 
@@ -32,135 +28,22 @@ from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
 from ..diagnose.labels import HINTS
 from . import showback
-from .routes import ADMIN_SCOPE, HUB_ADMIN_SCOPES, ApiHandler, error_message, policy_view
+from .page_handler import STATIC, PageHandler, StaticHandler, ago, until
+from .views import policy_view
 
-_env = Environment(
-    loader=PackageLoader("jupyter_gpu_gov.hub", "templates"),
-    autoescape=select_autoescape(["html"], default=True),
-)
-_env.filters["dur"] = lambda s: "—" if s is None else format_duration(int(s))
-# What an action did, shown once on the dashboard it redirects to: a cookie signed by this
-# service, never a query parameter (anyone could link an admin to ``?msg=<any text>``).
-FLASH_COOKIE = "gpu-gov-flash"
-
-STATIC = Path(__file__).parent / "static"
-# What the governor writes into reasons: "2026-01-05 09:14 UTC", or "09:14 UTC" (about now).
-_UTC_IN_TEXT = re.compile(r"\b(?:(\d{4}-\d{2}-\d{2})[ T])?(\d{2}):(\d{2})(?::(\d{2}))? UTC\b")
-
-
-def time_tag(when: datetime | None) -> Markup:
-    """A moment for people: the page's script shows it in their clock; UTC without it."""
-    if when is None:
-        return Markup("")
-    when = when.astimezone(timezone.utc)
-    return Markup('<time datetime="{}">{} UTC</time>').format(
-        when.strftime("%Y-%m-%dT%H:%M:%SZ"), when.strftime("%Y-%m-%d %H:%M")
-    )
-
-
-def times_in_text(text: str | None, now: datetime | None = None) -> Markup:
-    """``text`` escaped, each UTC time in it a :func:`time_tag` (a time without a day is the
-    one nearest ``now``)."""
-    now = (now or clock.utcnow()).astimezone(timezone.utc)
-    out, last = [], 0
-    for match in _UTC_IN_TEXT.finditer(text or ""):
-        day, hour, minute, second = match.groups()
-        try:
-            if day:
-                at = datetime.fromisoformat(f"{day}T{hour}:{minute}:{second or '00'}+00:00")
-            else:
-                base = now.replace(hour=int(hour), minute=int(minute), second=0, microsecond=0)
-                at = min((base + timedelta(days=d) for d in (-1, 0, 1)), key=lambda t: abs(t - now))
-        except ValueError:  # 25:99 UTC: left as written
-            continue
-        out += [Markup.escape(text[last : match.start()]), time_tag(at)]
-        last = match.end()
-    out.append(Markup.escape((text or "")[last:]))
-    return Markup("").join(out)
-
-
-_env.filters["time"] = time_tag
-_env.filters["times"] = times_in_text
 SORTS = ("user", "team", "project", "tier", "state", "idle_for", "memory", "activity", "deadline")
 EXEMPT_CHOICES = ("1h", "8h", "1d", "3d", "7d")
 
-
-class PageHandler(ApiHandler):
-    """HTML pages: a browser that is not logged in is sent to the Hub's login (GET); errors
-    are pages, not JSON."""
-
-    def get_login_url(self):
-        if self.request.method in ("GET", "HEAD"):
-            return HubOAuthenticated.get_login_url(self)  # the Hub's OAuth, with its state
-        raise web.HTTPError(403, "log in again: this form has expired (XSRF)")
-
-    @property
-    def prefix(self) -> str:
-        return self.settings["gpu_gov_prefix"]
-
-    def render_page(self, template: str, status: int = 200, **context) -> None:
-        self.set_status(status)
-        self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.set_header("Content-Security-Policy", "default-src 'self'")  # no inline code
-        self.set_header("X-Content-Type-Options", "nosniff")
-        user = self.current_user or {}
-        self.finish(
-            _env.get_template(template).render(
-                prefix=self.prefix,
-                me=user.get("name", ""),
-                is_admin=bool(user) and self.is_admin,
-                xsrf=Markup(self.xsrf_form_html()),
-                dry_run=self.governor.options.dry_run,
-                currency=self.governor.options.currency,
-                **context,
-            )
-        )
-
-    def write_error(self, status_code: int, **kwargs):
-        message = error_message(self._reason, kwargs)
-        user = getattr(self, "_hub_auth_user_cache", None) or {}
-        scopes = set(user.get("scopes", ()))
-        self.set_status(status_code)
-        self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.set_header("Content-Security-Policy", "default-src 'self'")
-        self.finish(
-            _env.get_template("error.html").render(
-                prefix=self.prefix,
-                status=status_code,
-                message=message,
-                me=user.get("name", ""),
-                is_admin=bool(scopes & ({ADMIN_SCOPE} | HUB_ADMIN_SCOPES)),
-                dry_run=self.governor.options.dry_run,
-            )
-        )
-
-    def require_admin(self) -> None:
-        if not self.is_admin:
-            raise web.HTTPError(
-                403,
-                "the GPU dashboard is for Hub admins and governor admins "
-                "(scope custom:gpu-gov:admin); your own usage is on “My GPU usage”",
-            )
-
-
-def _ago(when: datetime | None, now: datetime) -> str:
-    if when is None:
-        return ""
-    return format_duration(max(0, int((now - when).total_seconds())))
-
-
-def _until(when: datetime | None, now: datetime) -> str:
-    if when is None:
-        return ""
-    seconds = int((when - now).total_seconds())
-    return f"in {format_duration(seconds)}" if seconds > 0 else "due"
+# What an action did, shown once on the dashboard it redirects to: a cookie signed by this
+# service, never a query parameter (anyone could link an admin to ``?msg=<any text>``).
+FLASH_COOKIE = "gpu-gov-flash"
 
 
 def server_lines(governor, now: datetime) -> list[dict]:
     """The running servers as the dashboard shows them (GPU-holding ones flagged)."""
     lines = []
     pending_ext = {e.server_key for e in governor.extensions("pending")}
-    for row in governor.server_rows(running_only=True):
+    for row in governor.known_servers(running_only=True):
         view = governor.listing(row)
         gpu = view["gpu"] or {}
         session = governor.open_session(row.key)
@@ -182,15 +65,15 @@ def server_lines(governor, now: datetime) -> list[dict]:
                 "state": row.state,
                 "reason": row.reason,
                 "idle_for": idle_for,
-                "idle_for_text": _ago(row.idle_since, now),
+                "idle_for_text": ago(row.idle_since, now),
                 "memory": (gpu.get("memory_mb") or 0) / 1024 if gpu else None,
                 "activity": activity,
                 "root_cause": (view["root_cause"] or {}).get("label", ""),
                 "root_cause_hint": (view["root_cause"] or {}).get("hint", ""),
                 "right_size": view["right_size"],
                 "deadline": row.cull_at,
-                "deadline_text": _until(row.cull_at, now),
-                "warn_text": _until(row.warn_at, now),
+                "deadline_text": until(row.cull_at, now),
+                "warn_text": until(row.warn_at, now),
                 "extensions_used": row.extensions_used,
                 "approval_pending": row.approval_pending or row.key in pending_ext,
                 "exempt_until": row.exempt_until,
@@ -268,7 +151,7 @@ class DashboardHandler(PageHandler):
                 "server": e.server_key,
                 "requested_by": e.requested_by,
                 "requested_at": e.requested_at,
-                "ago": _ago(e.requested_at, now),
+                "ago": ago(e.requested_at, now),
                 "reason": e.reason,
             }
             for e in gov.extensions("pending")
@@ -368,13 +251,13 @@ class ActionHandler(PageHandler):
     def _confirm_cull(self, key: str, reason: str) -> None:
         """Cull now takes a person's work away: say what it will do, and ask."""
         row = self.governor.row(key)
-        chosen = self.governor.policy_named(row.policy)
+        server_policy = self.governor.policy_named(row.policy)
         self.render_page(
             "confirm_cull.html",
             server=key,
             reason=reason,
             state=row.state,
-            policy=policy_view(chosen),
+            policy=policy_view(server_policy),
         )
 
 
@@ -518,13 +401,6 @@ class MyUsageHandler(PageHandler):
             now=now,
             timedelta=timedelta,
         )
-
-
-class StaticHandler(web.StaticFileHandler):
-    """The pages' stylesheet and script (no CDN): public, like any page's assets."""
-
-    def set_extra_headers(self, path):
-        self.set_header("X-Content-Type-Options", "nosniff")
 
 
 def page_handlers(prefix: str, governor) -> list[tuple]:

@@ -24,9 +24,9 @@ class PeoplesRequests:
 
     async def extend(self, key: str, actor: str, reason: str) -> tuple[int, dict]:
         row = self._known_row(key)
-        chosen = self.policy_named(row.policy)
-        outcome = policy.extend(record_of(row), chosen, reason)
-        seconds = chosen.extension_step.total_seconds() if outcome.status == "granted" else 0
+        server_policy = self.policy_named(row.policy)
+        outcome = policy.extend(record_of(row), server_policy, reason)
+        seconds = server_policy.extension_step.total_seconds() if outcome.status == "granted" else 0
         request = ExtensionRow(
             server_key=key,
             requested_by=actor,
@@ -56,8 +56,8 @@ class PeoplesRequests:
         pending = [e for e in self.store.extensions("pending", key)]
         if not row.approval_pending or not pending:
             raise LookupError(f"no extension of {key} is waiting for approval")
-        chosen = self.policy_named(row.policy)
-        seconds = seconds if seconds is not None else chosen.extension_step.total_seconds()
+        server_policy = self.policy_named(row.policy)
+        seconds = seconds if seconds is not None else server_policy.extension_step.total_seconds()
         record = policy.approve(record_of(row), seconds) if approve else policy.deny(record_of(row))
         for extension in pending:
             extension.status = "approved" if approve else "denied"
@@ -96,7 +96,7 @@ class PeoplesRequests:
         server that must go now), on record as such."""
         row = self._known_row(key)
         user, name = key.split("/", 1)
-        chosen = self.policy_named(row.policy)
+        server_policy = self.policy_named(row.policy)
         why = f"culled by {actor}: {reason}"
         if self.options.dry_run:
             self.save_audits([self._audit_row(row, "cull", why, actor=actor, dry_run=True)])
@@ -120,17 +120,17 @@ class PeoplesRequests:
         audit = self._audit_row(row, "cull", why, actor=actor, details={})
         self._commit(row, culled, [audit], cull_reason=ADMIN)
         try:
-            outcome = await self._cull(server, row, chosen)
+            outcome = await self._cull(server, row, server_policy)
         except Exception as error:
             set_record(row, before)
             failed = self._audit_row(row, "cull-failed", f"{why}; {error}", actor=actor)
             self.save_outcomes([row], [failed], [])
             raise
-        if chosen.cull_action == STOP_SERVER:  # shutdown-kernels already started it afresh
+        if server_policy.cull_action == STOP_SERVER:  # shutdown-kernels already started it afresh
             set_record(row, culled)
         audit.details = {"outcome": outcome}
         self.save_outcomes([row], [], [audit])
-        metrics.CULLS.labels(ADMIN, chosen.cull_action).inc()
+        metrics.CULLS.labels(ADMIN, server_policy.cull_action).inc()
         return {"status": outcome, "verdict": self.verdict(key)}
 
     async def stop_by_owner(self, key: str, actor: str, reason: str) -> dict:

@@ -14,11 +14,13 @@ Sample = tuple[str, Mapping[str, str], float]  # metric name, labels, value
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
-# The text exposition format (0.0.4), read by hand: prometheus_client's parser takes ~9 s over a
-# 10,000-GPU body, mostly on series the table never reads. Names are read as written, as
-# Prometheus does; prometheus_client would rename a counter's samples to ``<name>_total``.
+# The text exposition format (0.0.4), read by hand: prometheus_client's parser (the plain path,
+# tests/test_dcgm.py reads every fixture with both) spends most of its time on series the table
+# never reads (the figures: docs/benchmarks.md, "Governor reconcile pass"). Names are read as
+# written, as Prometheus does; prometheus_client would rename a counter's samples to
+# ``<name>_total``.
 # One label and its separator. A value escapes only \\, \" and \n (any other escape is an error,
-# as in Prometheus); unrolled as runs between escapes, which ``re`` scans far faster than a char
+# as in Prometheus); unrolled as runs between escapes, which ``re`` scans faster than a char
 # alternation.
 _LABEL = re.compile(
     r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*(?:\\[\\"n][^"\\]*)*)"[ \t]*(?:,|\Z)'
@@ -130,9 +132,9 @@ def exposition_samples(text: str, metrics: Collection[str]) -> Iterator[Sample]:
     """(name, labels, value) for each sample of a metric in ``metrics``; other lines unparsed.
 
     Samples, their order, shared label dicts and errors are those of ``_line_samples`` over
-    every line: a 38 MB exposition is scanned in C and only wanted lines reach Python (5x
-    faster); an exposition with any line the scanner does not read plainly is read by
-    ``_line_samples`` instead.
+    every line: the exposition is scanned in C and only wanted lines reach Python; an
+    exposition with any line the scanner does not read plainly is read by ``_line_samples``
+    instead (tests/test_dcgm.py checks both read alike).
     """
     label_sets: dict[str, dict[str, str]] = {}
     first_end = text.find("\n")

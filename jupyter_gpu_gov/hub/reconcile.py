@@ -22,15 +22,19 @@ from ..core.teams import group_teams
 from ..core.vocabulary import CULLED, TIER_LABEL, server_key
 from . import metrics, outbound
 from .actions import Actions
-from .checkpoints import CheckpointResult, Checkpoints, reported_checkpoint
+from .checkpoints import CheckpointResult, Checkpoints
+from .clock_step import ClockStep
 from .dcgm import DcgmSnapshot, index_by_pod, index_by_uuid
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisService
 from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
-from .hubapi import HubApi, HubApiError, HubServer
+from .history import History
+from .hubapi import HubApi, HubServer
+from .ingest import Ingest
+from .listing import HubListing
 from .options import Options
-from .ownership import resolve
+from .ownership import base_view, resolve
 from .people import PeoplesRequests
 from .queue import line_starts
 from .records import Records
@@ -42,10 +46,6 @@ from .usage import Usage, _Use
 from .views import Views, cause_of
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
-
-
-# How often a report for a server the last pass did not see may ask the Hub about its user.
-HUB_LOOKUP_EVERY = 10.0
 
 
 @dataclass
@@ -64,6 +64,14 @@ class _Batch:
 
 
 @dataclass
+class _Kept:
+    """Between full listings: the kept views of servers not to decide, the users to ask for."""
+
+    views: dict[str, ServerView] = field(default_factory=dict)
+    ask: set[str] = field(default_factory=set)
+
+
+@dataclass
 class CycleResult:
     servers: int = 0
     actions: dict[str, int] = field(default_factory=dict)
@@ -72,10 +80,23 @@ class CycleResult:
     errors: Sequence[str] = ()
 
 
-class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesRequests, HubAccess):
+class Governor(
+    Ingest,
+    Views,
+    Evidence,
+    Checkpoints,
+    Actions,
+    Usage,
+    Records,
+    PeoplesRequests,
+    HubAccess,
+    ClockStep,
+    History,
+):
     """The governor: takes reports in and runs the pass. Each concern lives in its own module
-    (``views``, ``evidence``, ``checkpoints``, ``actions``, ``usage``, ``records``, ``people``,
-    ``scopes``); this class holds the state they share and the pass that joins them."""
+    (``ingest``, ``views``, ``evidence``, ``checkpoints``, ``actions``, ``usage``, ``records``,
+    ``people``, ``scopes``, ``clock_step``, ``history``); this class holds the state they share
+    and the pass that joins them."""
 
     def __init__(
         self,
@@ -109,6 +130,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         self._interrupts: dict[str, outbound.KernelRequest] = {}
         self._context = PassContext()
         self.unchanged = Unchanged(options.full_pass_every)
+        self.hub_listing = HubListing(options.full_pass_every)
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
@@ -121,55 +143,6 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         self.spawns_waiting: int | None = None
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None
-
-    # -- reports ------------------------------------------------------------------------------
-
-    def ingest(self, report: dict) -> dict:
-        """Keep a validated, authorised report; answer the server's current verdict."""
-        key = server_key(report["server"]["user"], report["server"].get("name", ""))
-        now = clock.utcnow()
-        self.reports[key] = Received(report, now)
-        session = report["server"].get("started")
-        use = self.use.get(key)
-        if use is None or use.session != session:
-            use = self.use[key] = _Use(session)
-        use.add(report, now)
-        context = self._context
-        row = self.row(key)
-        billed = self.ledger.open.get(key)
-        self.diagnosis.observe(
-            key,
-            report,
-            self._evidence(report, context.by_uuid, context.by_pod),
-            now,
-            team=(row.team or "") if row is not None else None,
-            gpus=billed.gpus if billed is not None else None,
-        )
-        result = reported_checkpoint(report.get("checkpoint"))
-        if result is not None and row is not None and result.answers(record_of(row)):
-            self._checkpoints[key] = result  # a stale one never replaces the answer
-        return self.verdict(key)
-
-    async def hub_runs(self, key: str) -> bool:
-        """Whether the Hub runs (or is starting) this server: reports for any other are refused,
-        so no token can fill the governor's memory with servers that do not exist. Servers the
-        last pass saw answer at once; others from the Hub, asked at most every
-        ``HUB_LOOKUP_EVERY`` per user."""
-        if key in self._servers:
-            return True
-        user, name = key.split("/", 1)
-        now = time.monotonic()
-        asked = self._hub_lookups.get(user)
-        if asked is None or now - asked[0] > HUB_LOOKUP_EVERY:
-            try:
-                model = await self.hub.get_user(user)
-            except HubApiError as error:
-                log.warning("gpu-gov: cannot ask the Hub about %s: %s", key, error)
-                return False
-            if len(self._hub_lookups) > 10_000:
-                self._hub_lookups.clear()
-            asked = self._hub_lookups[user] = (now, frozenset((model or {}).get("servers") or ()))
-        return name in asked[1]
 
     # -- the cycle ----------------------------------------------------------------------------
 
@@ -210,27 +183,24 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         batch = _Batch()
         now = clock.utcnow()
         self.health.observe_dcgm(snapshot, self._context.by_uuid, now)
-        self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
+        full = self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
+        kept = await self._plan_listing(full, groups, rows, now)
         seen = set()
         waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
         # "active": ready servers and those the Hub is starting, which may wait for a GPU.
-        async for server in self.hub.iter_servers(state="active"):
+        async for server in self.hub_listing.servers(self.hub, kept.ask):
             if server.pending or not server.ready:
                 waiting += _queued_for_a_gpu(server, now)
                 continue  # the Hub is starting or stopping it
             key = server_key(server.user, server.name)
-            seen.add(key)
-            self._servers[key] = server
-            try:
-                view = self._kept_view(key, server, rows.get(key), now)
-                if view is None:
-                    view = self._govern(server, rows.get(key), now, batch)
-                self._observe(server, view, now)
-            except Exception as error:  # one server's bad data never stops the pass
-                self._skipped(key, server.user, error, batch)
-            else:
-                self._failing.pop(key, None)
+            self._decide_one(key, server, None, rows, now, batch, seen)
+        for key, view in kept.views.items():  # not listed: their users did nothing
+            server = self._servers[key]
+            if server.user not in self.hub_listing.listed:
+                self._decide_one(key, server, view, rows, now, batch, seen)
+        for key in [k for k in self._servers if k not in seen]:
+            del self._servers[key]  # stopped, or starting or stopping again
         for key, row in rows.items():
             if row.running and key not in seen:
                 row.running = False  # stopped (by its owner, the Hub or us)
@@ -261,6 +231,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         if self.options.cull_users:
             batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await self._settle(batch)
+        self._record_pass(batch.audits if batch.saved else (), seen, now)
         self._save_usage()
         self._forget_stale_reports(seen)
         self.diagnosis.maybe_train(now)  # in a worker; the pass does not wait for it
@@ -280,6 +251,42 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         dcgm_errors = snapshot.errors if snapshot else ()
         return CycleResult(len(seen), counts, dcgm_errors=dcgm_errors, errors=errors)
 
+    def _decide_one(self, key, server, view, rows, now, batch: _Batch, seen: set) -> None:
+        """Decide one running server (unless ``view``, kept from its last decision), and
+        observe it for the ledger and the diagnosis."""
+        seen.add(key)
+        self._servers[key] = server
+        try:
+            if view is None:
+                view = self._kept_view(key, server, rows.get(key), now)
+            if view is None:
+                view = self._govern(server, rows.get(key), now, batch)
+            self._observe(server, view, now)
+            self._record(server, view, now)  # its history (hub/history.py)
+        except Exception as error:  # one server's bad data never stops the pass
+            self._skipped(key, server.user, error, batch)
+        else:
+            self._failing.pop(key, None)
+
+    async def _plan_listing(self, full: bool, groups, rows, now: datetime) -> _Kept:
+        """Which servers this pass lists from the Hub (hub/listing.py): between full passes,
+        the users active since the last listing, and the users of every server to decide —
+        so each decision rests on a Hub model read in this pass."""
+        await self.hub_listing.plan(self.hub, full, groups)
+        kept = _Kept()
+        if self.hub_listing.full:
+            return kept
+        for key, server in self._servers.items():
+            view = self._kept_view(key, server, rows.get(key), now)
+            if view is None:
+                kept.ask.add(server.user)
+            else:
+                kept.views[key] = view
+        if not self.hub_listing.worth_asking(kept.ask, len(self._servers), self.hub.page_size):
+            self.hub_listing.full = True
+            return _Kept()
+        return kept
+
     async def _settle(self, batch: _Batch) -> None:
         """Every decision and its audit row go on record before anything is done: when the store
         cannot take them, nothing is done (the next pass decides again from the store)."""
@@ -290,51 +297,6 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
             return
         await asyncio.gather(*batch.jobs)
         self.save_outcomes(batch.after, batch.outcomes, batch.completed)
-
-    def _clock_stepped(self, delta: timedelta) -> None:
-        """The wall clock stepped by ``delta`` since the last pass: move every time the governor
-        keeps by as much, so each idle stretch, warning's notice, exemption and billed interval
-        lasts what was observed (on the monotonic clock), not what the step made of it."""
-        log.warning(
-            "gpu-gov: the wall clock stepped by %+.0f s; times kept as observed",
-            delta.total_seconds(),
-        )
-        rows = list(self.rows.values())
-        for row in rows:
-            set_record(row, clock.shifted(record_of(row), delta))
-            row.warn_at = row.warn_at and row.warn_at + delta
-            row.cull_at = row.cull_at and row.cull_at + delta
-        self.reports = {k: Received(r.report, r.at + delta) for k, r in self.reports.items()}
-        self._checkpoints = {k: clock.shifted(c, delta) for k, c in self._checkpoints.items()}
-        self._shutdowns = {k: clock.shifted(s, delta) for k, s in self._shutdowns.items()}
-        self._interrupts = {k: clock.shifted(s, delta) for k, s in self._interrupts.items()}
-        for session in self.ledger.open.values():
-            session.at += delta
-        if self._usage_written_at is not None:
-            self._usage_written_at += delta
-        if self._dcgm_latest is not None:
-            self._dcgm_latest = clock.shifted(self._dcgm_latest, delta)
-        why = f"the wall clock stepped by {delta.total_seconds():+.0f} s: deadlines, idle times and billed intervals kept as observed"
-        audit = AuditRow(at=clock.utcnow(), action="clock-step", reason=why, actor="governor")
-        self.save_decisions(rows, [audit])
-
-    def _skipped(self, key: str, user: str, error: Exception, batch: _Batch) -> None:
-        """A server whose decision failed: logged, audited (once per distinct error), skipped
-        this pass; the others are decided as usual."""
-        what = f"{type(error).__name__}: {error}"[:500]
-        log.error("gpu-gov: deciding %s failed, skipped this pass: %s", key, what, exc_info=True)
-        if self._failing.get(key) != what:
-            self._failing[key] = what
-            batch.audits.append(
-                AuditRow(
-                    at=clock.utcnow(),
-                    server_key=key,
-                    user=user,
-                    action="error",
-                    reason=f"not decided (skipped until it can be): {what}",
-                    actor="governor",
-                )
-            )
 
     async def redecide(self, key: str) -> None:
         """Decide one server again now (after an extension, approval or exemption), with what
@@ -388,11 +350,11 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         if key in self.reports and not row.reports:
             row.reports = True
             batch.changed.append(row)
-        base = _base_view(server, ownership)
-        chosen = policy.select(self.policies, base)  # policies match on who, not on the GPU
-        record = self._checkpoint_timeout(row, record, chosen, now, batch.audits)
+        base = base_view(server, ownership)
+        server_policy = policy.select(self.policies, base)  # policies match on who, not on the GPU
+        record = self._checkpoint_timeout(row, record, server_policy, now, batch.audits)
         self._distrust(server, key, now, batch)
-        view = self._with_gpu(base, chosen, now, row.reports, server)
+        view = self._with_gpu(base, server_policy, now, row.reports, server)
         received = self.reports.get(key)
         evidence = (
             self._evidence(received.report, context.by_uuid, context.by_pod)
@@ -403,20 +365,20 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         cause, confident = cause_of(self.root_cause(key))
         view = evolve(view, cause=cause, cause_confident=confident, excluded=self._excluded(server))
         view, record = self.health.prepare(view, record, failure)
-        decided = policy.decide(view, record, chosen, now)
-        decision = self.health.review(decided, failure, chosen, now, view.checkpointable)
+        decided = policy.decide(view, record, server_policy, now)
+        decision = self.health.review(decided, failure, server_policy, now, view.checkpointable)
         flagged = self.health.flag(key, decision.record, now)
         if flagged:
             batch.audits.append(self._audit_row(row, "gpu-unknown", flagged))
         # Most servers change nothing in a pass: touch the row (and the database) only if so.
-        outputs = (decision.warn_at, decision.cull_at, chosen.name)
+        outputs = (decision.warn_at, decision.cull_at, server_policy.name)
         if (
             decision.record != before
             or decision.actions
             or outputs != (row.warn_at, row.cull_at, row.policy)
             or (decision.cull_reason and decision.cull_reason != row.cull_reason)
         ):
-            apply_decision(row, decision, chosen.name)
+            apply_decision(row, decision, server_policy.name)
             batch.changed.append(row)
         if decision.state != before.state:
             batch.audits.append(
@@ -425,14 +387,14 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
                 )
             )
         for action in decision.actions:
-            job = self._act(action, server, row, decision, chosen, batch)
+            job = self._act(action, server, row, decision, server_policy, batch)
             if job is not None:
                 batch.jobs.append(job)
         if before.state == decision.state == CULLED:
-            self._cull_again(server, row, decision, chosen, now, batch)
+            self._cull_again(server, row, decision, server_policy, now, batch)
         steady = marks == (len(batch.changed), len(batch.audits), len(batch.jobs))
         if steady and failure is None and self.unchanged.enabled:
-            until = policy.holds_until(view, record, chosen, decision, now)
+            until = policy.holds_until(view, record, server_policy, decision, now)
             self._keep(key, server, row, received, view, until, now)
         else:
             self.unchanged.forget(key)
@@ -494,7 +456,7 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
         kept = Kept(server, received, inputs, row, record_of(row), view, until)
         self.unchanged.keep(key, kept)
 
-    # -- the usage ledger -----------------------------------------------------------------------
+    # -- which servers are governed -------------------------------------------------------------
 
     def _excluded(self, server: HubServer) -> str | None:
         """Why jupyterhub-idle-culler's flags leave a server alone (its maximum age still
@@ -507,39 +469,12 @@ class Governor(Views, Evidence, Checkpoints, Actions, Usage, Records, PeoplesReq
             return "not governed: named servers are excluded (cull_named_servers=False)"
         return None
 
-    def _forget_stale_reports(self, running: set[str]) -> None:
-        for key in list(self.reports):
-            if (
-                key not in running
-                and clock.utcnow() - self.reports[key].at > self.options.report_stale_after
-            ):
-                del self.reports[key]
-
-    # -- actions ------------------------------------------------------------------------------
-
-    # -- people's requests --------------------------------------------------------------------
-
     async def close(self) -> None:
         self.flush_usage()
         for task in [*self._tasks, self._dcgm_task]:
             if task is not None:
                 task.cancel()
         await self.diagnosis.close()
-
-
-def _base_view(server: HubServer, ownership) -> ServerView:
-    """Who the server is, and what the Hub knows of it."""
-    return ServerView(
-        user=server.user,
-        name=server.name,
-        profile=ownership.profile,
-        tier=ownership.tier,
-        team=ownership.team,
-        project=ownership.project,
-        labels=ownership.labels,
-        started=server.started,
-        hub_last_activity=server.last_activity,
-    )
 
 
 SPAWN_QUEUED_AFTER = timedelta(minutes=1)

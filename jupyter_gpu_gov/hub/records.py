@@ -6,12 +6,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..core import clock
 from ..core.policy import Record
 from . import metrics
 from .store import StoreUnavailable
 from .tables import AuditRow, ExtensionRow, ServerRow, record_of, set_record
+
+if TYPE_CHECKING:
+    from .reconcile import _Batch
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -107,3 +111,21 @@ class Records:
             dry_run=dry_run,
             details=details,
         )
+
+    def _skipped(self, key: str, user: str, error: Exception, batch: _Batch) -> None:
+        """A server whose decision failed: logged, audited (once per distinct error), skipped
+        this pass; the others are decided as usual."""
+        what = f"{type(error).__name__}: {error}"[:500]
+        log.error("gpu-gov: deciding %s failed, skipped this pass: %s", key, what, exc_info=True)
+        if self._failing.get(key) != what:
+            self._failing[key] = what
+            batch.audits.append(
+                AuditRow(
+                    at=clock.utcnow(),
+                    server_key=key,
+                    user=user,
+                    action="error",
+                    reason=f"not decided (skipped until it can be): {what}",
+                    actor="governor",
+                )
+            )

@@ -1,157 +1,29 @@
 """The governor's REST API under ``/services/gpu-gov/api/`` (docs/api.md, "Governor service").
 
-Every handler authenticates with the Hub (a token, or the browser's Hub login) and needs the
-service's access scope; admin verbs also need ``custom:gpu-gov:admin`` (or Hub admin scopes),
-which a single-user server's own token never has.
+Who may call what, and how bodies and errors look, is ``hub/api_handler.py``'s; the handlers
+here read and change the governor through its views and requests, never its store.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from typing import Any
-
-from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
-from tornado.log import app_log
 
-from ..core import clock, policy
+from ..core import clock
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from ..core.vocabulary import server_key
 from . import metrics, showback
+from .api_handler import ApiHandler
 from .reconcile import Governor
-from .store import StoreUnavailable
+from .views import policy_view
 
-ADMIN_SCOPE = "custom:gpu-gov:admin"
-# Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
-# (admin-ui: what a Hub admin's login to the dashboard carries; only Hub admins hold it.)
-HUB_ADMIN_SCOPES = {"admin:servers", "admin:users", "admin-ui"}
 # A real report is a few kB (about 600 bytes a GPU process): this bounds what one report, and
 # so one server, can make the governor hold.
 MAX_REPORT_BYTES = 256 * 1024
 MAX_BODY_BYTES = 1024 * 1024  # any request; a larger one is refused before it is read
-MAX_TEXT = 2000  # characters of a reason
 MAX_AUDIT_ROWS = 5000
 EXTENSION_STATUSES = ("granted", "pending", "approved", "denied", "refused")
-
-
-def error_message(reason: str, kwargs: dict) -> str:
-    """What went wrong, in words: an ``HTTPError``'s message, the store's, else the reason."""
-    error = kwargs.get("exc_info", (None, None, None))[1]
-    if isinstance(error, web.HTTPError) and error.log_message:
-        return error.log_message % error.args if error.args else error.log_message
-    if isinstance(error, StoreUnavailable):
-        return f"{error}. Nothing was changed; try again."
-    return reason
-
-
-class PreparedHubOAuth(HubOAuth):
-    """``HubOAuth`` whose synchronous ``get_user`` answers from the handler once ``prepare``
-    has asked: HubAuth's synchronous path hops to its own thread and back on every request,
-    even for the answer already kept on the handler (``_cached_hub_user``, where
-    ``HubAuth._get_user`` keeps it and looks first) — 7 % of the service's CPU under reports."""
-
-    def get_user(self, handler, *, sync=True):
-        if sync and hasattr(handler, "_cached_hub_user"):
-            return handler._cached_hub_user
-        return super().get_user(handler, sync=sync)
-
-
-class ApiHandler(HubOAuthenticated, web.RequestHandler):
-    hub_auth_class = PreparedHubOAuth
-
-    def initialize(self, governor: Governor):
-        self.governor = governor
-
-    def get_login_url(self):
-        raise web.HTTPError(403, "authenticate with a JupyterHub token")  # an API never redirects
-
-    async def prepare(self):
-        # Ask the Hub who this is without blocking the event loop: tornado's current_user is
-        # synchronous, and HubAuth would otherwise wait for the Hub's answer to a token it has
-        # not cached (a server's first report, or one after the cache expired) with every other
-        # request standing still. current_user then finds the answer cached on the handler.
-        await self.hub_auth.get_user(self, sync=False)
-
-    def check_xsrf_cookie(self):
-        # A request the Hub authenticated by its token needs no XSRF check; every other write
-        # does, whatever headers it carries: HubAuth falls back on the login cookie when a
-        # token is bogus, so "has an Authorization header" proves nothing.
-        if not getattr(self, "_token_authenticated", False):
-            super().check_xsrf_cookie()
-
-    @property
-    def scopes(self) -> set[str]:
-        return set(self.current_user.get("scopes", ()))
-
-    @property
-    def actor(self) -> str:
-        model = self.current_user
-        return f"{model.get('kind', 'user')}:{model['name']}"
-
-    @property
-    def is_admin(self) -> bool:
-        return bool(self.scopes & ({ADMIN_SCOPE} | HUB_ADMIN_SCOPES))
-
-    def require_admin(self) -> None:
-        if not self.is_admin:
-            raise web.HTTPError(403, f"this needs the {ADMIN_SCOPE} scope (governor admins)")
-
-    def require_owner_or_admin(self, user: str) -> None:
-        model = self.current_user
-        if self.is_admin or (model.get("kind", "user") == "user" and model["name"] == user):
-            return
-        raise web.HTTPError(403, f"only {user} or a governor admin may do this")
-
-    def body(self) -> dict[str, Any]:
-        if not self.request.body:
-            return {}
-        try:
-            data = json.loads(self.request.body)
-        except ValueError as error:
-            raise web.HTTPError(400, f"the body is not JSON: {error}") from None
-        except RecursionError:
-            raise web.HTTPError(400, "the body is not JSON we read: nested too deeply") from None
-        if not isinstance(data, dict):
-            raise web.HTTPError(400, "the body must be a JSON object")
-        return data
-
-    def text_field(self, data: dict, key: str, required: bool = False) -> str:
-        value = data.get(key, "")
-        if not isinstance(value, str):
-            raise web.HTTPError(400, f"'{key}' must be a string")
-        if required and not value.strip():
-            raise web.HTTPError(400, f"'{key}' is required")
-        if len(value) > MAX_TEXT:
-            raise web.HTTPError(400, f"'{key}' may be at most {MAX_TEXT} characters")
-        return value.strip()
-
-    def write_json(self, data: Any, status: int = 200) -> None:
-        self.set_status(status)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(data))
-
-    def _handle_request_exception(self, e: BaseException) -> None:
-        if isinstance(e, StoreUnavailable) and not self._finished:
-            # All or nothing: the request changed nothing. A 503 says so (not a 500).
-            app_log.error("gpu-gov: %s %s: %s", self.request.method, self.request.path, e)
-            self.send_error(503, exc_info=sys.exc_info())
-            return
-        super()._handle_request_exception(e)
-
-    def write_error(self, status_code: int, **kwargs):
-        self.set_header("Content-Type", "application/json")
-        message = error_message(self._reason, kwargs)
-        self.finish(json.dumps({"status": status_code, "message": message}))
-
-    def server_row(self, user: str, name: str):
-        key = server_key(user, name or "")
-        row = self.governor.row(key)
-        if row is None:
-            raise web.HTTPError(404, f"the governor knows no server {key}")
-        return key, row
 
 
 class ReportsHandler(ApiHandler):
@@ -189,7 +61,7 @@ class ServersHandler(ApiHandler):
     def get(self):
         user = None if self.is_admin else self.current_user["name"]
         running_only = self.get_argument("all", "0") not in ("1", "true")
-        rows = self.governor.server_rows(running_only)
+        rows = self.governor.known_servers(running_only)
         items = [
             self.governor.listing(row)
             for row in sorted(rows, key=lambda r: r.key)
@@ -204,7 +76,7 @@ class ServerHandler(ApiHandler):
     @web.authenticated
     def get(self, user: str, name: str | None = None):
         self.require_owner_or_admin(user)
-        key, row = self.server_row(user, name)
+        key, row = self.known_server(user, name)
         self.write_json({**self.governor.listing(row), "verdict": self.governor.verdict(key)})
 
 
@@ -212,7 +84,7 @@ class ExtendHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_owner_or_admin(user)
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason")
         status, outcome = await self.governor.extend(key, self.actor, reason)
         self.write_json(outcome, status)
@@ -226,7 +98,7 @@ class DecideExtensionHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_admin()
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         data = self.body()
         reason = self.text_field(data, "reason", required=True)
         seconds = None
@@ -250,7 +122,7 @@ class ExemptHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_admin()
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         data = self.body()
         reason = self.text_field(data, "reason", required=True)
         try:
@@ -264,7 +136,7 @@ class ExemptHandler(ApiHandler):
     @web.authenticated
     async def delete(self, user: str, name: str | None = None):
         self.require_admin()
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason") or "lifted"
         self.write_json(await self.governor.exempt(key, self.actor, None, reason))
 
@@ -276,7 +148,7 @@ class CullHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_admin()
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         data = self.body()
         reason = self.text_field(data, "reason", required=True)
         immediately = data.get("immediately", False)
@@ -293,7 +165,7 @@ class StopHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
         self.require_owner_or_admin(user)
-        key, _ = self.server_row(user, name)
+        key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason")
         self.write_json(await self.governor.stop_by_owner(key, self.actor, reason))
 
@@ -473,40 +345,6 @@ class UsageHandler(ApiHandler):
             )
         else:
             raise web.HTTPError(400, f"'format' must be csv or json, got {fmt!r}")
-
-
-def policy_view(p: policy.Policy) -> dict:
-    def seconds(value):
-        return None if value is None else int(value.total_seconds())
-
-    return {
-        "name": p.name,
-        "match": {
-            k: (dict(v) if k == "labels" else list(v)) for k, v in vars(p.match).items() if v
-        },
-        "idle_threshold": p.idle_threshold,
-        "warn_after_s": seconds(p.warn_after),
-        "cull_after_s": seconds(p.cull_after),
-        "user_activity_grace_s": seconds(p.user_activity_grace),
-        "busy_grace_s": seconds(p.busy_grace),
-        "busy_limit_s": seconds(p.busy_limit),
-        "on_busy_limit": p.on_busy_limit,
-        "away_after_s": seconds(p.away_after),
-        "extension_step_s": seconds(p.extension_step),
-        "max_extensions": p.max_extensions,
-        "extension_reason": p.extension_reason,
-        "max_age_s": seconds(p.max_age),
-        "max_age_warning_s": seconds(p.max_age_warning),
-        "checkpoint": p.checkpoint,
-        "checkpoint_timeout_s": seconds(p.checkpoint_timeout),
-        "on_checkpoint_failure": p.on_checkpoint_failure,
-        "checkpoint_retries": p.checkpoint_retries,
-        "checkpoint_max_delay_s": seconds(p.checkpoint_max_delay),
-        "cull_action": p.cull_action,
-        "exempt": p.exempt,
-        "inactive_timeout_s": seconds(p.inactive_timeout),
-        "expected_duration_notice": p.expected_duration_notice,
-    }
 
 
 _SERVER = r"users/(?P<user>[^/]+)/(?:server|servers/(?P<name>[^/]+))"

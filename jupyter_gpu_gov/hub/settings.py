@@ -136,6 +136,7 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     dcgm_max_age = Float(
         0,
+        min=0,
         help="""Seconds after which DCGM evidence no longer counts (its GPUs are unknown, never
         idle): a read still under way, stuck or failing leaves no old "idle" behind. 0: three
         reconcile intervals, at least 60 s.""",
@@ -213,6 +214,7 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     usage_max_gap = Float(
         0,
+        min=0,
         help="""Seconds: the longest gap between two looks at a server that the usage ledger
         still bills (as the state seen at the first look). A longer gap (the service was down)
         is counted as unobserved, never as idle or active. 0: three reconcile intervals, at
@@ -221,6 +223,7 @@ class GovernorSettings(HasTraits):
 
     usage_write_every = Float(
         300,
+        min=0,
         help="""Seconds: how often the usage ledger is written to the database (also whenever
         a page or the API reads it, and when the service stops). Each write updates a row per
         running server, so at 10,000 servers every pass would spend 0.2 s on it. If the service
@@ -241,17 +244,35 @@ class GovernorSettings(HasTraits):
 
     right_size_after = Float(
         3600,
+        min=0,
         help="""Seconds of reports with the GPU held before a right-sizing hint: the peak of a
         shorter stretch says too little (default 3600).""",
     ).tag(config=True)
 
     # -- the pass ----------------------------------------------------------------------------
     full_pass_every = Int(
-        1,
+        10,
         min=1,
-        help="""Decide every server at one reconcile pass in this many; between them, only the
-        servers whose inputs changed (Hub model, report, DCGM evidence, record) or whose
-        deadline fell due (docs/benchmarks.md, "Scale"). 1: every server at every pass.""",
+        help="""Decide every server at one reconcile pass in this many (default 10: every 10
+        minutes at cull_every=60); between them, only the servers whose inputs changed (Hub
+        model, report, DCGM evidence, record) or whose deadline fell due (docs/benchmarks.md,
+        "Scale"). 1: every server at every pass.""",
+    ).tag(config=True)
+
+    # -- history and what-if (hub/history.py, docs/api.md "History and what-if") ---------------
+    history_retention = Float(
+        14 * 86400,
+        min=0,
+        help="""Seconds of the governor's own history kept for ``export-trace`` and the policy
+        page's what-if (about 52 bytes a kept row: an idle server keeps four rows an hour, a
+        working one a row a pass). 0: none is recorded.""",
+    ).tag(config=True)
+    history_max_rows = Int(
+        60_000_000,
+        min=0,
+        help="""Most history rows kept (about 3 GB in SQLite: 10,000 servers for 14 days at a
+        pass a minute), the oldest deleted first, whatever history_retention says. 0: none is
+        recorded.""",
     ).tag(config=True)
 
     @validate("gpu_hour_cost", "tier_weights", "team_quotas")
@@ -267,6 +288,7 @@ class GovernorSettings(HasTraits):
     # -- GPU health (docs/health.md) -----------------------------------------------------------
     gpu_unknown_alert_after = Float(
         1800,
+        min=0,
         help="""Seconds a server's GPU state may stay unknown (or failed) before the server is
         flagged for admins: audited once, listed by ``GET api/health`` and the dashboard,
         counted in ``jupyter_gpu_gov_servers_gpu_unknown_too_long`` (an alert rule fires on
@@ -309,6 +331,8 @@ class GovernorSettings(HasTraits):
 
     accept_interval = Float(
         0.04,
+        min=0,
+        max=1,
         help="""Seconds the service leaves new connections waiting once it has accepted one, to
         take all that came meanwhile together (a report, an API call or a dashboard page then
         waits at most this much longer). Each server reports on a new connection; answered a
@@ -337,32 +361,10 @@ class GovernorSettings(HasTraits):
     def _ip_default(self):
         return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).hostname or "127.0.0.1"
 
-    # Seconds that must be > 0 (traitlets' bounds include theirs); whole numbers say min=1.
+    # Seconds that must be > 0: traitlets' bounds include theirs (min=0 admits 0), so these keep
+    # a check of their own; seconds that may be 0 say min=0, whole numbers min=1.
     @validate("dcgm_timeout", "diagnose_train_every", "diagnose_history")
     def _positive(self, proposal):
         if proposal["value"] <= 0:
             raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
-        return proposal["value"]
-
-    @validate(
-        "usage_write_every",
-        "usage_max_gap",
-        "gpu_unknown_alert_after",
-        "right_size_after",
-        "dcgm_max_age",
-    )
-    def _not_negative(self, proposal):
-        if proposal["value"] < 0:
-            raise ValueError(
-                f"GpuGovernor.{proposal['trait'].name} must be >= 0 seconds, "
-                f"got {proposal['value']!r}"
-            )
-        return proposal["value"]
-
-    @validate("accept_interval")
-    def _accept_interval(self, proposal):
-        if not 0 <= proposal["value"] <= 1:
-            raise ValueError(
-                f"GpuGovernor.accept_interval must be 0 to 1 seconds, got {proposal['value']!r}"
-            )
         return proposal["value"]

@@ -15,8 +15,8 @@ from ..core.vocabulary import UNKNOWN
 from ..core.wire import LineStart, Verdict
 from ..diagnose.cluster import Demand
 from . import outbound, showback, trusted
+from .allocation import allocation
 from .checkpoints import checkpoint_fields, result_status
-from .diagnosis import allocation
 from .evidence import Received
 from .queue import Unopened
 from .tables import AuditRow, ExtensionRow, ServerRow, record_of
@@ -40,9 +40,45 @@ def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:
 CONFIDENT = 0.9
 
 
+def policy_view(p: Policy) -> dict:
+    """A policy as the API and the dashboard show it (durations in seconds)."""
+
+    def seconds(value):
+        return None if value is None else int(value.total_seconds())
+
+    return {
+        "name": p.name,
+        "match": {
+            k: (dict(v) if k == "labels" else list(v)) for k, v in vars(p.match).items() if v
+        },
+        "idle_threshold": p.idle_threshold,
+        "warn_after_s": seconds(p.warn_after),
+        "cull_after_s": seconds(p.cull_after),
+        "user_activity_grace_s": seconds(p.user_activity_grace),
+        "busy_grace_s": seconds(p.busy_grace),
+        "busy_limit_s": seconds(p.busy_limit),
+        "on_busy_limit": p.on_busy_limit,
+        "away_after_s": seconds(p.away_after),
+        "extension_step_s": seconds(p.extension_step),
+        "max_extensions": p.max_extensions,
+        "extension_reason": p.extension_reason,
+        "max_age_s": seconds(p.max_age),
+        "max_age_warning_s": seconds(p.max_age_warning),
+        "checkpoint": p.checkpoint,
+        "checkpoint_timeout_s": seconds(p.checkpoint_timeout),
+        "on_checkpoint_failure": p.on_checkpoint_failure,
+        "checkpoint_retries": p.checkpoint_retries,
+        "checkpoint_max_delay_s": seconds(p.checkpoint_max_delay),
+        "cull_action": p.cull_action,
+        "exempt": p.exempt,
+        "inactive_timeout_s": seconds(p.inactive_timeout),
+        "expected_duration_notice": p.expected_duration_notice,
+    }
+
+
 def verdict_of(
     row: ServerRow,
-    chosen: Policy,
+    server_policy: Policy,
     *,
     dry_run: bool = False,
     root_cause: dict | None = None,
@@ -53,7 +89,7 @@ def verdict_of(
     decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
     return policy.verdict(
         decision,
-        chosen,
+        server_policy,
         dry_run=dry_run,
         root_cause=root_cause,
         right_size=right_size,
@@ -201,9 +237,11 @@ class Views:
         return self._rows
 
     def row(self, key: str) -> ServerRow | None:
+        """What the governor keeps of one server (``None``: a server it never saw)."""
         return self.rows.get(key)
 
-    def server_rows(self, running_only: bool = True) -> list[ServerRow]:
+    def known_servers(self, running_only: bool = True) -> list[ServerRow]:
+        """The rows of the servers the governor knows: those running, or all of them."""
         return [r for r in self.rows.values() if r.running or not running_only]
 
     def policy_named(self, name: str | None) -> Policy:

@@ -96,25 +96,44 @@ class HistoryRow:
 # -- what to keep ------------------------------------------------------------------------------
 
 
-def _content(row: HistoryRow) -> tuple:
-    """What a kept row must differ in, rounded as the store keeps it."""
+# The fields a kept row must differ in, in the order ``content_of`` takes them.
+CONTENT_FIELDS = (
+    "profile",
+    "team",
+    "labels",
+    "reports",
+    "gpu_sm",
+    "dcgm_sm",
+    "gpu_mem_mb",
+    "holds_context",
+    "kernel_busy",
+    "connections",
+    "user_last",
+    "hub_last",
+    "state",
+    "policy",
+    "cause",
+)
+_SM_STEP = round(SM_QUANTUM * 1000)
+
+
+def content_of(values: tuple) -> tuple:
+    """``values`` of ``CONTENT_FIELDS``, rounded as the store keeps them: what a kept row must
+    differ in (the governor compares a pass's with the last kept row's before it builds a
+    row)."""
+    sm, dcgm, memory = values[4:7]
     return (
-        row.profile,
-        row.team,
-        row.labels,
-        row.reports,
-        _permille(row.gpu_sm) // round(SM_QUANTUM * 1000) if row.gpu_sm is not None else None,
-        _permille(row.dcgm_sm) // round(SM_QUANTUM * 1000) if row.dcgm_sm is not None else None,
-        int(row.gpu_mem_mb // MEMORY_QUANTUM_MB),
-        row.holds_context,
-        row.kernel_busy,
-        row.connections,
-        row.user_last,
-        row.hub_last,
-        row.state,
-        row.policy,
-        row.cause,
+        *values[:4],
+        None if sm is None else _permille(sm) // _SM_STEP,
+        None if dcgm is None else _permille(dcgm) // _SM_STEP,
+        int(memory // MEMORY_QUANTUM_MB),
+        *values[7:],
     )
+
+
+def content(row: HistoryRow) -> tuple:
+    """``content_of`` a row."""
+    return content_of(tuple(getattr(row, name) for name in CONTENT_FIELDS))
 
 
 def worth_recording(
@@ -128,7 +147,7 @@ def worth_recording(
         or row.checkpoint is not None
         or row.stopped
         or row.t - previous.t >= keyframe
-        or _content(row) != _content(previous)
+        or content(row) != content(previous)
     )
 
 
@@ -153,7 +172,6 @@ STORAGE_COLUMNS = (
     ("cull_reason", "TEXT"),
     ("checkpoint", "TEXT"),
 )
-_FLAGS = ("holds_context", "kernel_busy", "reports", "stopped")  # bits 1, 2, 4, 8 (unpack)
 
 
 def context_of(row: HistoryRow) -> str:
@@ -167,7 +185,7 @@ def context_of(row: HistoryRow) -> str:
 def pack(row: HistoryRow, run: int, context: int) -> tuple:
     """The values of ``STORAGE_COLUMNS`` for ``row``; ``run`` and ``context`` are the ids the
     store gave ``row.session`` and ``context_of(row)``."""
-    flags = sum(1 << i for i, name in enumerate(_FLAGS) if getattr(row, name))
+    flags = row.holds_context | row.kernel_busy << 1 | row.reports << 2 | row.stopped << 3
     return (
         int(row.t),
         run,
@@ -309,7 +327,8 @@ def export_trace(
     ``max_gap`` with no row from anyone is an outage: the runs then running get lines with no
     GPU reading (unknown) until rows come again. ``since``/``until`` (Unix seconds) bound the
     lines; pass rows from ``since - KEYFRAME_S`` on so that every run's state at ``since`` is
-    known. The governor's own columns (``state``, ``policy``, ``actions``, ``cull_reason``,
+    known; the last line may fall up to a ``step`` after ``until``, to carry the actions
+    since the line before. The governor's own columns (``state``, ``policy``, ``actions``, ``cull_reason``,
     ``cause``) come as keys replay ignores (the what-if reads ``actions`` as what was done).
     """
     if not step > 0:
@@ -340,7 +359,11 @@ def export_trace(
             run.stopped_at = row.t
     if grid is None or last_t is None:
         return
-    end = last_t if until is None else until
+    # To ``until``, and at least to the grid point after the last row (within a step past
+    # ``until``): the actions since the last line get theirs.
+    end = math.ceil(last_t / step) * step
+    if until is not None:
+        end = until if last_t > until else max(end, until)
     while grid <= end:
         yield from _lines(runs, grid, step, max_gap, grid - last_t > max_gap)
         grid += step
@@ -435,3 +458,30 @@ def _number(value: float) -> str:
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
+
+
+# -- what an export covers ---------------------------------------------------------------------
+
+
+def parse_since(text: str, now: float, option: str = "--since") -> float:
+    """A moment, in Unix seconds, from ``text``: a duration back from ``now`` (``14d``, ``1h``,
+    ``90m``) or an ISO 8601 time (``2026-01-05T09:00:00Z``, UTC without a zone). ``ValueError``
+    naming ``option`` and what it cannot read."""
+    from datetime import datetime, timezone
+
+    from ..core.durations import parse_duration
+
+    text = (text or "").strip()
+    try:
+        return now - parse_duration(text).total_seconds()
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"{option} {text}: not a duration (14d, 1h) nor a time (2026-01-05T09:00:00Z)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()

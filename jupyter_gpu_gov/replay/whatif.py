@@ -540,9 +540,9 @@ _TEAM_COLUMNS = (
 )
 
 
-def table(outcomes: Sequence[Outcome], title: str = "") -> str:
-    """The comparison as text: every figure per run, the change from the current setup to the
-    candidate, then per team the figures that differ most between teams."""
+def figure_rows(outcomes: Sequence[Outcome]) -> list[list[str]]:
+    """The figures as rows of text cells: a header (the runs, then "change" from the current
+    setup to the candidate), then one row per figure that any run has."""
     names = [o.name for o in outcomes]
     header = ["", *names] + (["change"] if len(outcomes) >= 3 else [])
     lines = [header]
@@ -556,6 +556,13 @@ def table(outcomes: Sequence[Outcome], title: str = "") -> str:
         if len(outcomes) >= 3:
             cells.append(_delta(values[1], values[-1], kind))
         lines.append([label, *cells])
+    return lines
+
+
+def table(outcomes: Sequence[Outcome], title: str = "") -> str:
+    """The comparison as text: every figure per run, the change from the current setup to the
+    candidate, then per team the figures that differ most between teams."""
+    lines = figure_rows(outcomes)
     text = [title] if title else []
     text += _columns(lines)
     teams = sorted({team for o in outcomes for team in o.teams})

@@ -1,0 +1,138 @@
+"""What every handler of the service shares (the REST API's and the pages'): who is asking
+(the Hub's answer, asked once per request without blocking), whether they are the owner or a
+governor admin, the JSON body and its bounded text fields, and errors that say what is wrong.
+
+Every handler authenticates with the Hub (a token, or the browser's Hub login) and needs the
+service's access scope; admin verbs also need ``custom:gpu-gov:admin`` (or Hub admin scopes),
+which a single-user server's own token never has.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+from tornado.log import app_log
+
+from ..core.vocabulary import server_key
+from .prepared_auth import PreparedHubOAuth
+from .store import StoreUnavailable
+
+if TYPE_CHECKING:
+    from .reconcile import Governor
+    from .tables import ServerRow
+
+ADMIN_SCOPE = "custom:gpu-gov:admin"
+# Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
+# (admin-ui: what a Hub admin's login to the dashboard carries; only Hub admins hold it.)
+HUB_ADMIN_SCOPES = {"admin:servers", "admin:users", "admin-ui"}
+MAX_TEXT = 2000  # characters of a reason
+
+
+def error_message(reason: str, kwargs: dict) -> str:
+    """What went wrong, in words: an ``HTTPError``'s message, the store's, else the reason."""
+    error = kwargs.get("exc_info", (None, None, None))[1]
+    if isinstance(error, web.HTTPError) and error.log_message:
+        return error.log_message % error.args if error.args else error.log_message
+    if isinstance(error, StoreUnavailable):
+        return f"{error}. Nothing was changed; try again."
+    return reason
+
+
+class ApiHandler(HubOAuthenticated, web.RequestHandler):
+    hub_auth_class = PreparedHubOAuth
+
+    def initialize(self, governor: Governor):
+        self.governor = governor
+
+    def get_login_url(self):
+        raise web.HTTPError(403, "authenticate with a JupyterHub token")  # an API never redirects
+
+    async def prepare(self):
+        # Ask the Hub who this is without blocking the event loop: tornado's current_user is
+        # synchronous, and HubAuth would otherwise wait for the Hub's answer to a token it has
+        # not cached (a server's first report, or one after the cache expired) with every other
+        # request standing still. current_user then finds the answer cached on the handler.
+        await self.hub_auth.get_user(self, sync=False)
+
+    def check_xsrf_cookie(self):
+        # A request the Hub authenticated by its token needs no XSRF check; every other write
+        # does, whatever headers it carries: HubAuth falls back on the login cookie when a
+        # token is bogus, so "has an Authorization header" proves nothing.
+        if not getattr(self, "_token_authenticated", False):
+            super().check_xsrf_cookie()
+
+    @property
+    def scopes(self) -> set[str]:
+        return set(self.current_user.get("scopes", ()))
+
+    @property
+    def actor(self) -> str:
+        model = self.current_user
+        return f"{model.get('kind', 'user')}:{model['name']}"
+
+    @property
+    def is_admin(self) -> bool:
+        return bool(self.scopes & ({ADMIN_SCOPE} | HUB_ADMIN_SCOPES))
+
+    def require_admin(self) -> None:
+        if not self.is_admin:
+            raise web.HTTPError(403, f"this needs the {ADMIN_SCOPE} scope (governor admins)")
+
+    def require_owner_or_admin(self, user: str) -> None:
+        model = self.current_user
+        if self.is_admin or (model.get("kind", "user") == "user" and model["name"] == user):
+            return
+        raise web.HTTPError(403, f"only {user} or a governor admin may do this")
+
+    def body(self) -> dict[str, Any]:
+        if not self.request.body:
+            return {}
+        try:
+            data = json.loads(self.request.body)
+        except ValueError as error:
+            raise web.HTTPError(400, f"the body is not JSON: {error}") from None
+        except RecursionError:
+            raise web.HTTPError(400, "the body is not JSON we read: nested too deeply") from None
+        if not isinstance(data, dict):
+            raise web.HTTPError(400, "the body must be a JSON object")
+        return data
+
+    def text_field(self, data: dict, key: str, required: bool = False) -> str:
+        value = data.get(key, "")
+        if not isinstance(value, str):
+            raise web.HTTPError(400, f"'{key}' must be a string")
+        if required and not value.strip():
+            raise web.HTTPError(400, f"'{key}' is required")
+        if len(value) > MAX_TEXT:
+            raise web.HTTPError(400, f"'{key}' may be at most {MAX_TEXT} characters")
+        return value.strip()
+
+    def write_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, StoreUnavailable) and not self._finished:
+            # All or nothing: the request changed nothing. A 503 says so (not a 500).
+            app_log.error("gpu-gov: %s %s: %s", self.request.method, self.request.path, e)
+            self.send_error(503, exc_info=sys.exc_info())
+            return
+        super()._handle_request_exception(e)
+
+    def write_error(self, status_code: int, **kwargs):
+        self.set_header("Content-Type", "application/json")
+        message = error_message(self._reason, kwargs)
+        self.finish(json.dumps({"status": status_code, "message": message}))
+
+    def known_server(self, user: str, name: str | None) -> tuple[str, ServerRow]:
+        """The key and row of a server named in the URL, or a 404."""
+        key = server_key(user, name or "")
+        row = self.governor.row(key)
+        if row is None:
+            raise web.HTTPError(404, f"the governor knows no server {key}")
+        return key, row

@@ -1,0 +1,44 @@
+"""A step of the wall clock (NTP, a VM resumed), adopted at a pass: every time the governor
+keeps moves by the step, so what was observed on the monotonic clock is what counts."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from ..core import clock
+from .evidence import Received
+from .tables import AuditRow, record_of, set_record
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+
+class ClockStep:
+    """Times kept as observed across a step of the wall clock (a part of ``Governor``)."""
+
+    def _clock_stepped(self, delta: timedelta) -> None:
+        """The wall clock stepped by ``delta`` since the last pass: move every time the governor
+        keeps by as much, so each idle stretch, warning's notice, exemption and billed interval
+        lasts what was observed (on the monotonic clock), not what the step made of it."""
+        log.warning(
+            "gpu-gov: the wall clock stepped by %+.0f s; times kept as observed",
+            delta.total_seconds(),
+        )
+        rows = list(self.rows.values())
+        for row in rows:
+            set_record(row, clock.shifted(record_of(row), delta))
+            row.warn_at = row.warn_at and row.warn_at + delta
+            row.cull_at = row.cull_at and row.cull_at + delta
+        self.reports = {k: Received(r.report, r.at + delta) for k, r in self.reports.items()}
+        self._checkpoints = {k: clock.shifted(c, delta) for k, c in self._checkpoints.items()}
+        self._shutdowns = {k: clock.shifted(s, delta) for k, s in self._shutdowns.items()}
+        self._interrupts = {k: clock.shifted(s, delta) for k, s in self._interrupts.items()}
+        for session in self.ledger.open.values():
+            session.at += delta
+        if self._usage_written_at is not None:
+            self._usage_written_at += delta
+        if self._dcgm_latest is not None:
+            self._dcgm_latest = clock.shifted(self._dcgm_latest, delta)
+        why = f"the wall clock stepped by {delta.total_seconds():+.0f} s: deadlines, idle times and billed intervals kept as observed"
+        audit = AuditRow(at=clock.utcnow(), action="clock-step", reason=why, actor="governor")
+        self.save_decisions(rows, [audit])

@@ -1,0 +1,397 @@
+"""The governor's own history (``replay.history``'s format), recorded as it runs.
+
+At each pass the governor records, per running server, what it decided on and what it did, in
+three tables of its store (``gpu_gov_history``, with the ``gpu_gov_history_runs`` and
+``gpu_gov_history_contexts`` dictionaries): ``replay.history.STORAGE_COLUMNS``, about 52 bytes a
+kept row. Cheap per pass: a server whose kept view (``hub/unchanged.py``) and report did not
+move since its last kept row costs one identity check until its keyframe is due, and only rows
+``worth_recording`` keeps are written, in one bulk insert a pass (what changed, not a copy of
+the world). Bounded: rows older than ``history_retention`` and beyond ``history_max_rows`` are
+deleted, at most once every ``PRUNE_EVERY``; ``history_retention = 0`` records nothing.
+
+``read_history`` reads rows back in time order for ``export-trace`` and the admin API
+(``replay.history.export_trace`` turns them into a replay trace).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from sqlalchemy import (
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
+
+from ..core import clock
+from ..core.policy import ServerView
+from ..core.vocabulary import (
+    ADMIN_WARN,
+    BUSY_NOTICE,
+    CHECKPOINT,
+    CULL,
+    INTERRUPT,
+    MAX_AGE_WARN,
+    OVERRUN_NOTICE,
+    RECLAIM_WARN,
+    WARN,
+)
+from ..replay.history import (
+    CHECKPOINT_OUTCOMES,
+    CONTENT_FIELDS,
+    KEYFRAME_S,
+    STORAGE_COLUMNS,
+    HistoryRow,
+    content_of,
+    context_of,
+    pack,
+    parse_context,
+    unpack,
+)
+from .bulk_sql import Executemany
+from .hubapi import HubServer
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+PRUNE_EVERY = 3600.0  # seconds (monotonic) between two prunes
+# The audit's actions that are the policy's (what replay and what-if count).
+POLICY_ACTIONS = frozenset(
+    {WARN, CHECKPOINT, CULL, INTERRUPT, MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN}
+    | {BUSY_NOTICE, OVERRUN_NOTICE}
+)
+
+_TYPES = {"INTEGER": Integer, "TEXT": Text}
+metadata = MetaData()
+HISTORY = Table(
+    "gpu_gov_history",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    *(
+        Column(name, _TYPES[kind.split()[0]], nullable="NOT NULL" not in kind)
+        for name, kind in STORAGE_COLUMNS
+    ),
+    Index("gpu_gov_history_t", "t"),
+)
+RUNS = Table(
+    "gpu_gov_history_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("server", String(512), nullable=False),
+    Column("started", Float, nullable=False),
+)
+CONTEXTS = Table(
+    "gpu_gov_history_contexts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("json", Text, nullable=False, unique=True),
+)
+_ROW_NAMES = [name for name, _ in STORAGE_COLUMNS]
+
+
+@dataclass(frozen=True)
+class HistoryOptions:
+    """How much history the governor keeps (``GpuGovernor.history_*``)."""
+
+    retention: timedelta = timedelta(days=14)  # zero: none is recorded
+    max_rows: int = 60_000_000  # about 3 GB in SQLite; the oldest go first
+
+    @property
+    def enabled(self) -> bool:
+        return self.retention > timedelta(0) and self.max_rows > 0
+
+
+class HistoryLog:
+    """The history tables of one store: appends, prunes, reads."""
+
+    def __init__(self, engine: Engine, options: HistoryOptions):
+        self.engine = engine
+        self.options = options
+        metadata.create_all(engine)
+        self._runs: dict[tuple[str, float], int] = {}
+        self._contexts: dict[str, int] = {}
+        self._context_of: dict[tuple, int] = {}  # context values -> id (_resolve)
+        self._insert = Executemany(
+            insert(HISTORY).values({name: bindparam(name) for name in _ROW_NAMES}),
+            engine.dialect,
+            _ROW_NAMES,
+        )
+        self._pruned_at = -PRUNE_EVERY  # monotonic: prune at the first write
+
+    def append(self, rows: Iterable[HistoryRow]) -> int:
+        """Write kept rows (one transaction, one ``executemany``, the ids of new runs and
+        contexts found or made in bulk); how many. Raises ``DBAPIError``."""
+        rows = list(rows)
+        if not rows:
+            return 0
+        with self.engine.begin() as db:
+            contexts = self._resolve(db, rows)
+            runs = self._runs
+            values = [pack(r, runs[r.session], c) for r, c in zip(rows, contexts, strict=True)]
+            self._insert.run(db, values)
+            if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
+                self._prune(db)
+        return len(rows)
+
+    def _resolve(self, db, rows: list[HistoryRow]) -> list[int]:
+        """Make sure every row's run has its id in ``_runs``; each row's context id."""
+        for cache in (self._runs, self._contexts, self._context_of):
+            if len(cache) > 100_000:  # an id is a query away: the caches stay bounded
+                cache.clear()
+        runs = {row.session for row in rows} - self._runs.keys()
+        if runs:
+            self._runs.update(_ids(db, RUNS, runs))
+        # A context seen before is found by its values, without writing its JSON again.
+        keys, texts = [], {}
+        for row in rows:
+            labels = frozenset(row.labels.items())
+            key = (labels, row.profile, row.team, row.policy, row.state, row.cause)
+            if key not in self._context_of:
+                texts[key] = context_of(row)
+            keys.append(key)
+        missing = set(texts.values()) - self._contexts.keys()
+        if missing:
+            self._contexts.update(_ids(db, CONTEXTS, missing))
+        for key, text in texts.items():
+            self._context_of[key] = self._contexts[text]
+        return [self._context_of[key] for key in keys]
+
+    def _prune(self, db) -> None:
+        """Rows past the retention, then beyond ``max_rows`` (ids grow with time: the oldest)."""
+        self._pruned_at = time.monotonic()
+        cutoff = clock.utcnow().timestamp() - self.options.retention.total_seconds()
+        db.execute(delete(HISTORY).where(HISTORY.c.t < int(cutoff)))
+        last = db.execute(select(func.max(HISTORY.c.id))).scalar()
+        if last is not None and last > self.options.max_rows:
+            db.execute(delete(HISTORY).where(HISTORY.c.id <= last - self.options.max_rows))
+
+    def prune(self) -> None:
+        with self.engine.begin() as db:
+            self._prune(db)
+
+
+def _ids(db, table: Table, keys: set) -> dict:
+    """The ids of ``keys`` (runs: (server, started); contexts: their JSON), inserting those
+    the table lacks: a few statements for any number of keys."""
+
+    def select_ids(chunk: list) -> dict:
+        if table is RUNS:
+            servers = {server for server, _ in chunk}
+            query = select(RUNS.c.id, RUNS.c.server, RUNS.c.started)
+            found = db.execute(query.where(RUNS.c.server.in_(servers)))
+            return {(s, st): i for i, s, st in found if (s, st) in keys}
+        query = select(CONTEXTS.c.id, CONTEXTS.c.json).where(CONTEXTS.c.json.in_(chunk))
+        return {text: i for i, text in db.execute(query)}
+
+    def select_all(wanted: list) -> dict:
+        found = {}
+        for start in range(0, len(wanted), 500):
+            found.update(select_ids(wanted[start : start + 500]))
+        return found
+
+    found = select_all(list(keys))
+    new = [key for key in keys if key not in found]
+    if new:
+        if table is RUNS:
+            values = [{"server": server, "started": started} for server, started in new]
+        else:
+            values = [{"json": text} for text in new]
+        db.execute(insert(table), values)
+        found.update(select_all(new))
+    return found
+
+
+def read_history(
+    engine: Engine, since: float | None = None, until: float | None = None
+) -> Iterator[HistoryRow]:
+    """Kept rows in time order from ``since - KEYFRAME_S`` (so that every run's state at
+    ``since`` is known) to ``until`` (Unix seconds), streamed."""
+    metadata.create_all(engine)
+    with engine.connect() as db:
+        runs = {i: (s, st) for i, s, st in db.execute(select(RUNS))}
+        contexts = {i: parse_context(text) for i, text in db.execute(select(CONTEXTS))}
+        query = select(*(HISTORY.c[name] for name in _ROW_NAMES)).order_by(
+            HISTORY.c.t, HISTORY.c.id
+        )
+        if since is not None:
+            query = query.where(HISTORY.c.t >= int(since - KEYFRAME_S))
+        if until is not None:
+            query = query.where(HISTORY.c.t <= int(until))
+        result = db.execution_options(stream_results=True, yield_per=10_000).execute(query)
+        for values in result:
+            yield unpack(tuple(values), runs[values[1]], contexts[values[2]])
+
+
+class _Last:
+    """A server's last kept row and its ``content``, and what the last look was built from
+    (to skip building the next)."""
+
+    __slots__ = ("content", "row", "view")
+
+    def __init__(self, row: HistoryRow, view: ServerView, content: tuple):
+        self.row, self.content, self.view = row, content, view
+
+
+class History:
+    """The governor's recording of its passes (a part of ``Governor``)."""
+
+    def _history_log(self) -> HistoryLog | None:
+        log_ = getattr(self, "_history", None)
+        if log_ is None and self.options.history.enabled:
+            log_ = self._history = HistoryLog(self.store.engine, self.options.history)
+            self._history_last: dict[str, _Last] = {}
+            self._history_pending: dict[str, HistoryRow] = {}
+        return log_
+
+    def _record(self, server: HubServer, view: ServerView, now: datetime) -> None:
+        """This pass's look at a running server. A failure is logged (once a pass) and
+        dropped: the history never fails a server's decision nor stops the pass."""
+        try:
+            self._look(server, view, now)
+        except Exception:
+            if not self._history_failed:
+                self._history_failed = True
+                log.exception("gpu-gov: a server's history row not recorded")
+
+    _history_failed = False  # this pass already logged a failure
+
+    def _look(self, server: HubServer, view: ServerView, now: datetime) -> None:
+        """Its row, kept if ``worth_recording`` (the same rule, against the last kept row's
+        ``content``, computed once)."""
+        if self._history_log() is None:
+            return
+        key = view.key
+        last = self._history_last.get(key)
+        t = now.timestamp()
+        due = last is None or t - last.row.t >= KEYFRAME_S
+        if not due and last.view is view:
+            # The kept view (hub/unchanged.py): nothing it reads moved, the report's GPU
+            # figures, DCGM's and the record included (``same_report``).
+            return
+        values = self._history_values(server, view, self.reports.get(key), now)
+        started = server.started.timestamp() if server.started else 0.0
+        changed = content_of(values)
+        if due or last.row.started != started or changed != last.content:
+            row = HistoryRow(t, key, started, **dict(zip(CONTENT_FIELDS, values, strict=True)))
+            self._history_pending[key] = row
+            self._history_last[key] = _Last(row, view, changed)
+        else:
+            last.view = view
+
+    def _history_values(self, server: HubServer, view: ServerView, received, now) -> tuple:
+        """What the pass saw of a server, as ``CONTENT_FIELDS``."""
+        fresh = received is not None and now - received.at <= self.options.report_stale_after
+        report = received.report if fresh else None
+        context = self._context
+        evidence = (
+            self._evidence(report, context.by_uuid, context.by_pod)
+            if report is not None
+            else self._granted_evidence(server)
+        )
+        dcgm = [e.activity for e in evidence if e.activity is not None]
+        gpu_sm, memory, holds, busy, connections = _reported(report)
+        if not memory:
+            memory = sum(e.memory_used_mb or 0.0 for e in evidence)
+        row = self.rows.get(view.key)
+        return (
+            view.profile,
+            view.team,
+            view.labels,
+            bool(row and row.reports) or received is not None,
+            gpu_sm,
+            max(dcgm) if dcgm else None,
+            memory,
+            holds,
+            busy,
+            connections,
+            _seconds(view.user_last_activity),
+            _seconds(view.hub_last_activity),
+            (row.state if row is not None else None) or "active",
+            (row.policy if row is not None else None) or "default",
+            view.cause,
+        )
+
+    def _record_pass(self, audits: Iterable, seen: set[str], now: datetime) -> None:
+        """After the pass acted: its policy actions on their servers' rows, a last row for each
+        server that stopped, and the kept rows written. A failed write is logged and dropped:
+        the history never stops a pass."""
+        try:
+            self._write_pass(audits, seen, now)
+        except Exception:  # as _record: logged, dropped
+            log.exception("gpu-gov: this pass's history not recorded")
+        self._history_failed = False
+
+    def _write_pass(self, audits: Iterable, seen: set[str], now: datetime) -> None:
+        if self._history_log() is None:
+            return
+        pending = self._history_pending
+        t = now.timestamp()
+        for audit in audits:
+            key = audit.server_key
+            details = audit.details or {}
+            outcome = details.get("status") if audit.action.startswith("checkpoint-") else None
+            acted = audit.action in POLICY_ACTIONS
+            if audit.dry_run or key not in seen or not (acted or outcome in CHECKPOINT_OUTCOMES):
+                continue
+            row = pending.get(key)
+            if row is None:  # nothing else moved: the last kept row again, at this pass
+                last = self._history_last.get(key)
+                if last is None:
+                    continue
+                row = replace(last.row, t=t, actions=(), cull_reason=None, checkpoint=None)
+            if acted:
+                reason = details.get("cull_reason") or self.rows[key].cull_reason
+                cull_reason = reason if audit.action == CULL else row.cull_reason
+                row = replace(row, actions=(*row.actions, audit.action), cull_reason=cull_reason)
+            else:
+                row = replace(row, checkpoint=outcome)
+            pending[key] = self._history_last[key].row = row
+        for key in [k for k in self._history_last if k not in seen]:
+            last = self._history_last.pop(key).row  # its last values, as the export holds them
+            stop = replace(last, t=t, stopped=True, actions=(), cull_reason=None, checkpoint=None)
+            pending[key] = stop
+        self._history_pending = {}
+        try:
+            self._history.append(sorted(pending.values(), key=lambda r: r.server))
+        except DBAPIError as error:
+            log.error("gpu-gov: %d history rows not recorded: %s", len(pending), error)
+
+
+def _seconds(when: datetime | None) -> float | None:
+    return None if when is None else when.timestamp()
+
+
+def _reported(report: Mapping | None) -> tuple:
+    """(SM activity, memory MiB, holds a context, a kernel runs a cell, connections) of a
+    fresh report; unknown activity without one."""
+    if report is None:
+        return None, 0.0, False, False, 0
+    holders = [t for t in report["targets"] if t["gpu"]["holds_context"]]
+    sms = [t["gpu"]["sm"] for t in holders if t["gpu"]["sm"] is not None]
+    fraction = report["window"].get("gpu_active_fraction") or 0.0
+    if report["backend"] == "unavailable" or (holders and not sms and not fraction):
+        sm = None
+    else:  # the instant's SM activity; else the window's (a burst between samples)
+        sm = max(sms, default=0.0) or fraction
+    memory = float(sum(t["gpu"].get("memory_mb") or 0 for t in holders))
+    busy = any(t["kind"] == "kernel" and t.get("execution_state") == "busy" for t in holders)
+    connections = sum(t.get("connections") or 0 for t in report["targets"] if t["kind"] == "kernel")
+    return sm, memory, bool(holders), busy, int(connections)
+
+
+__all__ = ["History", "HistoryLog", "HistoryOptions", "read_history"]

@@ -1,0 +1,80 @@
+"""Reports in: a validated report kept (its arrival on the governor's clock), measured for
+right-sizing, fed to the diagnosis, its finished checkpoint taken; the server's verdict
+answered. Reports are accepted only for servers the Hub runs, and forgotten once stale."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..core import clock
+from ..core.vocabulary import server_key
+from .checkpoints import reported_checkpoint
+from .evidence import Received
+from .hubapi import HubApiError
+from .tables import record_of
+from .usage import _Use
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+# How often a report for a server the last pass did not see may ask the Hub about its user.
+HUB_LOOKUP_EVERY = 10.0
+
+
+class Ingest:
+    """Reports in (a part of ``Governor``)."""
+
+    def ingest(self, report: dict) -> dict:
+        """Keep a validated, authorised report; answer the server's current verdict."""
+        key = server_key(report["server"]["user"], report["server"].get("name", ""))
+        now = clock.utcnow()
+        self.reports[key] = Received(report, now)
+        session = report["server"].get("started")
+        use = self.use.get(key)
+        if use is None or use.session != session:
+            use = self.use[key] = _Use(session)
+        use.add(report, now)
+        context = self._context
+        row = self.row(key)
+        billed = self.ledger.open.get(key)
+        self.diagnosis.observe(
+            key,
+            report,
+            self._evidence(report, context.by_uuid, context.by_pod),
+            now,
+            team=(row.team or "") if row is not None else None,
+            gpus=billed.gpus if billed is not None else None,
+        )
+        result = reported_checkpoint(report.get("checkpoint"))
+        if result is not None and row is not None and result.answers(record_of(row)):
+            self._checkpoints[key] = result  # a stale one never replaces the answer
+        return self.verdict(key)
+
+    async def hub_runs(self, key: str) -> bool:
+        """Whether the Hub runs (or is starting) this server: reports for any other are refused,
+        so no token can fill the governor's memory with servers that do not exist. Servers the
+        last pass saw answer at once; others from the Hub, asked at most every
+        ``HUB_LOOKUP_EVERY`` per user."""
+        if key in self._servers:
+            return True
+        user, name = key.split("/", 1)
+        now = time.monotonic()
+        asked = self._hub_lookups.get(user)
+        if asked is None or now - asked[0] > HUB_LOOKUP_EVERY:
+            try:
+                model = await self.hub.get_user(user)
+            except HubApiError as error:
+                log.warning("gpu-gov: cannot ask the Hub about %s: %s", key, error)
+                return False
+            if len(self._hub_lookups) > 10_000:
+                self._hub_lookups.clear()
+            asked = self._hub_lookups[user] = (now, frozenset((model or {}).get("servers") or ()))
+        return name in asked[1]
+
+    def _forget_stale_reports(self, running: set[str]) -> None:
+        for key in list(self.reports):
+            if (
+                key not in running
+                and clock.utcnow() - self.reports[key].at > self.options.report_stale_after
+            ):
+                del self.reports[key]

@@ -1,0 +1,164 @@
+"""The governor records its own history as it runs (``hub/history.py``), bounded by its
+retention, and ``jupyter-gpu-gov export-trace`` writes it as a trace ``what-if`` reads."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from fake_hub_api import FakeHub
+from test_governor import H100_IDLE_GPU, Exporter, governor, report_for
+
+from jupyter_gpu_gov import cli
+from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub.history import HistoryOptions, read_history
+from jupyter_gpu_gov.replay import parse_lines
+from jupyter_gpu_gov.replay.history import export_trace
+from jupyter_gpu_gov.replay.whatif import recorded_actions
+
+POD = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
+
+
+@pytest.fixture
+def restore_clock():
+    yield
+    clock.reset()
+
+
+async def test_the_governor_records_what_it_saw_and_did_and_exports_it(tmp_path, restore_clock):
+    """Two hours of passes a minute apart: alice's GPU idle (DCGM, no report) until she is
+    warned and culled; bob's report says busy. Idle minutes are not all kept; the warning and
+    the cull are, and the export replays as the what-if reads it."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    started = clock.utcnow()
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=POD)
+        hub.add_server("bob")
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.policies = load_policies([], {"checkpoint": False})
+        passes = 0
+        for _ in range(125):
+            gov.ingest(report_for("bob", H100_IDLE_GPU.replace("bc", "aa"), sm=0.8))
+            await gov.reconcile()
+            passes += 1
+            clock.advance(60)
+        assert not hub.running("alice")
+    exporter.server.stop()
+
+    rows = list(read_history(gov.store.engine))
+    alice = [r for r in rows if r.server == "alice/"]
+    bob = [r for r in rows if r.server == "bob/"]
+    assert len(alice) < passes / 3  # an idle stretch is a keyframe every 15 min
+    assert alice[0].dcgm_sm == 0.0 and alice[0].gpu_sm is None and not alice[0].reports
+    assert [a for r in alice for a in r.actions] == ["warn", "cull"]
+    assert next(r for r in alice if "cull" in r.actions).cull_reason == "gpu-idle"
+    # Her last row says she stopped, with what was last seen (not a report she never sent).
+    assert alice[-1].stopped and not alice[-1].reports and alice[-1].dcgm_sm == 0.0
+    assert bob[0].gpu_sm == pytest.approx(0.8) and bob[0].holds_context and bob[0].reports
+    assert all(r.team is None and r.state == "active" for r in bob)
+
+    since = started.timestamp()
+    lines = list(export_trace(read_history(gov.store.engine, since), since=since))
+    samples = list(parse_lines(lines))
+    assert {s.server for s in samples} == {"alice/", "bob/"}
+    done = [(a.server, a.action) for a in recorded_actions(samples)]
+    assert done == [("alice/", "warn"), ("alice/", "cull")]
+
+
+async def test_history_past_its_retention_is_deleted_and_zero_records_none(tmp_path, restore_clock):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, history=HistoryOptions(retention=timedelta(hours=1)))
+        await gov.reconcile()
+        first = [r.t for r in read_history(gov.store.engine)]
+        clock.advance(2 * 3600)
+        gov._history._pruned_at = -1e9  # the next write prunes (once an hour)
+        await gov.reconcile()
+        assert min(r.t for r in read_history(gov.store.engine)) > max(first)
+
+        (tmp_path / "off").mkdir()
+        off = governor(hub, tmp_path / "off", history=HistoryOptions(retention=timedelta(0)))
+        await off.reconcile()
+    assert list(read_history(off.store.engine)) == []
+
+
+def test_export_trace_writes_the_stores_history_and_names_bad_input(tmp_path, capsys):
+    from jupyter_gpu_gov.hub.history import HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    from sqlalchemy import create_engine
+
+    now = clock.utcnow().timestamp()
+    log = HistoryLog(create_engine(db), HistoryOptions())
+    log.append(
+        HistoryRow(t=now - 3000 + 60 * i, server="ada/", started=now - 3000, gpu_sm=0.5)
+        for i in range(40)
+    )
+    out = tmp_path / "trace.jsonl"
+    assert cli.main(["export-trace", "--since", "1h", "--db-url", db, "-o", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines and {json.loads(line)["server"] for line in lines} == {"ada/"}
+    assert cli.main(["export-trace", "--since", "1h", "--db-url", db, "--pseudonymise"]) == 0
+    hidden = capsys.readouterr().out
+    assert "ada" not in hidden and '"server":"u-' in hidden
+    # The trace is what what-if reads.
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text('c.GpuGovernor.policy_defaults = {"cull_after": "45m"}\n')
+    assert cli.main(["what-if", str(out), "--policy", str(candidate)]) == 0
+    capsys.readouterr()
+    for bad, words in (
+        (["--since", "yesterday"], "--since yesterday: not a duration (14d, 1h) nor a time"),
+        (["--since", "2h", "--until", "2001-01-01T00:00:00Z"], "--until is before --since"),
+        (["--since", "1h", "--step", "0"], "--step must be > 0 seconds"),
+    ):
+        assert cli.main(["export-trace", "--db-url", db, *bad]) == 2
+        assert words in capsys.readouterr().err
+    missing = f"sqlite:///{tmp_path / 'none.sqlite'}"
+    assert cli.main(["export-trace", "--since", "1h", "--db-url", missing]) == 2
+    assert "no such database" in capsys.readouterr().err
+
+
+async def test_what_if_on_the_recorded_history_predicts_the_candidates_difference(
+    tmp_path, restore_clock
+):
+    """The policy admin's what-if reads the history the governor recorded: alice's idle GPU
+    was culled after an hour; a candidate that waits three hours culls nobody on that past,
+    and the live policy, replayed, culls her as the governor did."""
+    from jupyter_gpu_gov.hub.policy_admin import what_if
+
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    since = clock.utcnow().timestamp()
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=POD)
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.policies = load_policies([], {"checkpoint": False})
+        for _ in range(150):
+            await gov.reconcile()
+            clock.advance(60)
+        assert not hub.running("alice")
+    exporter.server.stop()
+    patient = load_policies([], {"checkpoint": False, "cull_after": "3h", "busy_grace": "3h"})
+    result = what_if(gov, patient, since, clock.utcnow().timestamp())
+    culls = {run["name"]: run["total"]["culls"] for run in result["runs"]}
+    assert culls == {"recorded": 1, "current": 1, "candidate": 0}
+    assert result["change"]["culls"] == -1
+    assert result["trace"]["servers"] == 1
+
+
+async def test_a_failing_history_never_fails_a_servers_decision(tmp_path, monkeypatch, caplog):
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+
+        def broken(*args):
+            raise RuntimeError("history broke")
+
+        monkeypatch.setattr(type(gov), "_history_values", broken)
+        result = await gov.reconcile()
+    assert result.servers == 1 and not result.errors
+    assert gov.row("alice/").state != "error" and "alice/" not in gov._failing
+    assert not [a for a in gov.store.audit_rows("alice/") if a.action == "error"]
+    assert "history row not recorded" in caplog.text
