@@ -2,7 +2,7 @@
 
     python -m benchmarks.reconcile [--servers 10000] [--passes 5] [--changed 0.1]
                                    [--page-size 200] [--concurrency 10]
-                                   [--gpus-per-exporter 0] [--profile N]
+                                   [--gpus-per-exporter 0] [--stagger 6] [--profile N]
 
 ``--servers 1000,10000,50000`` runs each size apart and ``--changed 0.01,0.1,1`` each share of
 servers changed between passes (``passes`` passes each); with more than one row the run ends
@@ -40,7 +40,12 @@ Fairness:
   turn through the fleet): their reports say so from then on. The others report what they did
   (an idle one from the same ``idle_since``). ``changed_servers`` is how many; a pass that
   decides only what changed would cost in proportion to it (``governor_ms_per_changed``).
-- The governor's first pass, which inserts every row, is reported on its own (``first_pass_s``).
+- Staggered starts (``--stagger N``, default 6): each GPU server's first report arrives at one
+  of the first N passes, and N more settle them, all unmeasured, so the zombies' checkpoint
+  requests and timeouts do not fall in one pass as one wave (docs/benchmarks.md, "Wave 4,
+  round two"). ``decided`` is how many servers a pass decided (the rest kept their decision).
+- The governor's first pass, which inserts every row, is reported on its own (``first_pass_s``;
+  with a stagger, only the first pass's share of the servers report by then).
 
 The breakdown of the governor's pass wraps methods of *this* benchmark's objects (DCGM fetch,
 store reads, the decide loop, store writes); ``reconcile.py`` is untouched. The Hub listing
