@@ -101,7 +101,8 @@ class DcgmSource:
         errors: list[str] = []
         for source, digest, found, said in reads:
             if found is None:  # the body this service parsed last time
-                _, found, said = self._last[source]
+                last = self._last.get(source)  # (gone only if another read cleared it meanwhile)
+                found, said = last[1:] if last else ((), (f"{source}: read again next time",))
             elif digest is None:  # a failed read, or Prometheus (its answers always move)
                 self._last.pop(source, None)
             else:
