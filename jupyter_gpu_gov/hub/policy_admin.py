@@ -4,14 +4,13 @@
   with the errors the service gives at start-up;
 - what-if: replay the last N days of the governor's own history (``hub/history.py``) through
   the live policies and the candidate, side by side (``replay.whatif``);
-- apply: audited first (who, why, the diff), then the governor decides with the candidate from
-  its next pass, without a restart; or a dry run beside the live policy: the candidate's
-  decisions on the history recorded since it began, next to what the live policy did, acting
-  on nothing.
-
-What apply changes lasts until the service restarts: the config file stays the source of truth
-at start-up (an admin who keeps the change pastes the ``config`` the answer gives into it). The
-API and the page say so on every apply.
+- apply: audited first (who, why, the diff), then kept in the governor's store
+  (``hub/applied_policy.py``) and governing from the next pass, without a restart; or a dry run
+  beside the live policy: the candidate's decisions on the history recorded since it began,
+  next to what the live policy did, acting on nothing;
+- at start-up, the config file's policies, then the applied one, unless the config file's
+  policies changed since it was applied: then the config file wins, and says so;
+- revert to the config file's policies (audited).
 """
 
 from __future__ import annotations
@@ -34,16 +33,19 @@ from ..replay import parse_lines, replay
 from ..replay.history import DEFAULT_STEP_S, Pseudonyms, export_trace, parse_since
 from ..replay.trace import Sample
 from ..replay.whatif import Outcome, Setup, compare, figure_rows, recorded_actions, report
+from . import applied_policy as kept
 from .api_handler import MAX_TEXT, ApiHandler
 from .history import read_history
+from .store import StoreUnavailable
 from .tables import AuditRow
 
 MAX_DAYS = 31  # what-if over at most this many days of history
 MAX_ACTIONS_SHOWN = 500  # a dry run's actions, each side
 APPLY, DRY_RUN, DRY_RUN_STOP = "policy-apply", "policy-dry-run", "policy-dry-run-stop"
-NOT_KEPT = (
-    "in effect until the service restarts: at start-up the config file's policies govern. "
-    "To keep it, put the 'config' lines into the service's config file."
+REVERT, SUPERSEDED = "policy-revert", "policy-superseded"
+KEPT = (
+    "kept: it governs after a restart too, unless the config file's policies change "
+    "(then the config file wins, and says so)"
 )
 
 
@@ -65,8 +67,16 @@ class PolicyAdmin:
     """What the governor knows of its policies' source, and a dry run under way."""
 
     source: dict = field(default_factory=lambda: {"policies": [], "policy_defaults": {}})
-    applied: dict | None = None  # the last apply: by whom, when (None: the config file's)
+    applied: dict | None = None  # the apply in force: by, at, reason (None: the config file's)
+    superseded: dict | None = None  # the apply the config file superseded, and since when
     dry_run: DryRun | None = None
+    config: dict | None = None  # the config file's source and policies (``start``)
+    config_policies: list[Policy] = field(default_factory=list)
+    fingerprint: str = ""
+
+    @property
+    def origin(self) -> str:
+        return "applied" if self.applied else "config"
 
 
 def policy_admin(governor) -> PolicyAdmin:
@@ -228,11 +238,12 @@ def _action(action) -> dict:
 
 
 def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool) -> dict:
-    """Audit the change (who, why, the diff), then make it: the candidate governs from the next
-    pass, or runs as a dry run beside the live policy. ``StoreUnavailable`` when the audit
-    cannot be written: then nothing changed."""
+    """Audit the change (who, why, the diff), then make it: the candidate is kept in the store
+    (in the audit's transaction) and governs from the next pass, or runs as a dry run beside
+    the live policy. ``StoreUnavailable`` when either cannot be written: then nothing changed."""
     policies = validate(candidate, governor.options)
     admin = policy_admin(governor)
+    config_of(governor)
     changes = diff(admin.source, candidate)
     now = clock.utcnow()
     row = AuditRow(
@@ -243,21 +254,135 @@ def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool) -> 
         dry_run=dry_run,
         details={"diff": changes, "candidate": candidate, "policies": _names(policies)},
     )
-    governor.store.audit([row])  # on record before it takes effect
     if dry_run:
+        governor.store.audit([row])  # on record before it runs
         admin.dry_run = DryRun(candidate, policies, now, actor, reason)
         return {"dry_run": True, "since": clock.isoformat(now), "diff": changes}
+    entry = kept.Entry(kept.APPLIED, now, actor, reason, admin.fingerprint, candidate)
+    kept.record(governor.store, row, entry)  # on record and kept before it governs
     governor.policies = policies
     admin.source = candidate
-    admin.applied = {"by": actor, "at": clock.isoformat(now), "reason": reason}
+    admin.applied = entry.summary()
+    admin.superseded = None
     return {
         "applied": True,
         "policies": _names(policies),
         "diff": changes,
-        "persists": False,
-        "note": NOT_KEPT,
+        "persists": True,
+        "note": KEPT,
         "config": config_lines(candidate),
     }
+
+
+def revert(governor, actor: str, reason: str) -> dict:
+    """Back to the config file's policies, audited and kept; ``CandidateError`` when they
+    already govern."""
+    admin = policy_admin(governor)
+    config = config_of(governor)
+    if admin.applied is None:
+        raise CandidateError("the config file's policies already govern: nothing to revert")
+    changes = diff(admin.source, config)
+    now = clock.utcnow()
+    row = AuditRow(at=now, action=REVERT, reason=reason, actor=actor, details={"diff": changes})
+    kept.record(
+        governor.store, row, kept.Entry(kept.REVERTED, now, actor, reason, admin.fingerprint)
+    )
+    governor.policies = list(admin.config_policies)
+    admin.source, admin.applied = config, None
+    return {"reverted": True, "policies": _names(governor.policies), "diff": changes}
+
+
+def config_of(governor) -> dict:
+    """The config file's policies' source (``start`` sets it; a governor built without the
+    service, as in tests, has its start-up policies)."""
+    admin = policy_admin(governor)
+    if admin.config is None:
+        admin.config, admin.config_policies = admin.source, list(governor.policies)
+        admin.fingerprint = _fingerprint(admin.config, governor.options)
+    return admin.config
+
+
+def _fingerprint(config: Mapping, options) -> str:
+    max_age = options.max_age.total_seconds() if options.max_age else None
+    return kept.fingerprint(config, options.timeout.total_seconds(), max_age)
+
+
+def start(governor, config: dict, log) -> None:
+    """At start-up: the config file's policies, then the applied one, if it was applied over
+    these same config policies; else the config file wins, and a ``superseded`` row and audit
+    row say so (once: the stale apply does not come back)."""
+    admin = policy_admin(governor)
+    admin.source, admin.config = config, None
+    config_of(governor)
+    entry = kept.newest(governor.store.engine)
+    if entry is None or entry.kind == kept.REVERTED:
+        log.info("policies: the config file's (%s)", ", ".join(_names(governor.policies)))
+        return
+    if entry.kind == kept.SUPERSEDED:
+        admin.superseded = _superseded(entry.of, entry.at, entry.reason)
+        log.warning(_superseded_line(admin.superseded))
+        return
+    why = "the config file's policies changed since it was applied"
+    if entry.config_fingerprint == admin.fingerprint:
+        try:
+            policies = validate(entry.candidate, governor.options)
+        except CandidateError as error:
+            why = f"it is no longer valid ({error})"
+        else:
+            governor.policies, admin.source, admin.applied = (
+                policies,
+                entry.candidate,
+                entry.summary(),
+            )
+            log.info(
+                "policies: applied by %s at %s (%s) in force over the config file's: %s",
+                entry.actor,
+                admin.applied["at"],
+                entry.reason,
+                ", ".join(_names(policies)),
+            )
+            return
+    now = clock.utcnow()
+    admin.superseded = _superseded(entry, now, why)
+    log.warning(_superseded_line(admin.superseded))
+    row = AuditRow(at=now, action=SUPERSEDED, reason=why, details=admin.superseded)
+    try:
+        kept.record(
+            governor.store,
+            row,
+            kept.Entry(kept.SUPERSEDED, now, "governor", why, admin.fingerprint, of=entry),
+        )
+    except StoreUnavailable as error:  # the config file governs anyway; said again next start
+        log.error("policies: the supersession is not on record: %s", error)
+
+
+def policy_view(governor) -> dict:
+    """The live policies' source, where they come from (``origin``: config or applied), the
+    apply in force or the one the config file superseded, and a dry run under way."""
+    admin = policy_admin(governor)
+    dry = admin.dry_run
+    return {
+        "source": admin.source,
+        "policies": _names(governor.policies),
+        "origin": admin.origin,
+        "applied": admin.applied,
+        "superseded": admin.superseded,
+        "dry_run": None
+        if dry is None
+        else {"since": clock.isoformat(dry.since), "by": dry.actor, "candidate": dry.source},
+    }
+
+
+def _superseded(applied: kept.Entry, since: datetime, why: str) -> dict:
+    return {**applied.summary(), "since": clock.isoformat(since), "why": why}
+
+
+def _superseded_line(superseded: dict) -> str:
+    return (
+        f"policies: the config file's govern; the policy applied by {superseded['by']} at "
+        f"{superseded['at']} ({superseded['reason']}) was superseded by the config file at "
+        f"{superseded['since']}: {superseded['why']}"
+    )
 
 
 def stop_dry_run(governor, actor: str, reason: str) -> bool:
@@ -282,9 +407,9 @@ def days_of(text: Any) -> float:
     return days
 
 
-def reason_of(text: Any) -> str:
+def reason_of(text: Any, what: str = "apply a policy") -> str:
     if not isinstance(text, str) or not text.strip():
-        raise CandidateError("say why: a reason is required to apply a policy")
+        raise CandidateError(f"say why: a reason is required to {what}")
     return text.strip()[:MAX_TEXT]
 
 
@@ -306,28 +431,12 @@ class _PolicyApi(ApiHandler):
 
 
 class PolicyHandler(_PolicyApi):
-    """``GET api/policy``: the live policies' source, the last apply, a dry run under way."""
+    """``GET api/policy``: ``policy_view``."""
 
     @web.authenticated
     def get(self):
         self.require_admin()
-        admin = policy_admin(self.governor)
-        dry = admin.dry_run
-        self.write_json(
-            {
-                "source": admin.source,
-                "policies": _names(self.governor.policies),
-                "applied": admin.applied,
-                "persists": admin.applied is None,
-                "dry_run": None
-                if dry is None
-                else {
-                    "since": clock.isoformat(dry.since),
-                    "by": dry.actor,
-                    "candidate": dry.source,
-                },
-            }
-        )
+        self.write_json(policy_view(self.governor))
 
 
 class ValidateHandler(_PolicyApi):
@@ -373,6 +482,20 @@ class ApplyHandler(_PolicyApi):
         if not isinstance(dry_run, bool):
             raise web.HTTPError(400, f"dry_run must be true or false, got {dry_run!r}")
         self.write_json(apply(self.governor, candidate, self.actor, reason, dry_run))
+
+
+class RevertHandler(_PolicyApi):
+    """``POST api/policy/revert`` ``{"reason": "..."}``: back to the config file's policies;
+    409 when they already govern."""
+
+    @web.authenticated
+    def post(self):
+        self.require_admin()
+        try:
+            reason = reason_of(self.body().get("reason"), "revert")
+            self.write_json(revert(self.governor, self.actor, reason))
+        except CandidateError as error:
+            raise web.HTTPError(409 if "already" in str(error) else 400, str(error)) from None
 
 
 class DryRunHandler(_PolicyApi):
@@ -453,6 +576,7 @@ def policy_handlers(prefix: str, governor) -> list[tuple]:
         (rf"{p}/api/policy/validate", ValidateHandler, args),
         (rf"{p}/api/policy/what-if", WhatIfHandler, args),
         (rf"{p}/api/policy/apply", ApplyHandler, args),
+        (rf"{p}/api/policy/revert", RevertHandler, args),
         (rf"{p}/api/policy/dry-run", DryRunHandler, args),
         (rf"{p}/api/history/trace", TraceHandler, args),
     ]

@@ -19,7 +19,13 @@ from .pages import FLASH_COOKIE, DashboardHandler
 from .tables import AuditRow
 
 SPANS = ("1h", "6h", "1d", "7d", "14d")  # what-if over the last ...
-POLICY_AUDIT = (admin_.APPLY, admin_.DRY_RUN, admin_.DRY_RUN_STOP)
+POLICY_AUDIT = (
+    admin_.APPLY,
+    admin_.DRY_RUN,
+    admin_.DRY_RUN_STOP,
+    admin_.REVERT,
+    admin_.SUPERSEDED,
+)
 
 
 def policy_audit(store, limit: int = 20) -> list[AuditRow]:
@@ -31,7 +37,7 @@ def policy_audit(store, limit: int = 20) -> list[AuditRow]:
 
 class PolicyPageHandler(PageHandler):
     """``GET`` the page; ``POST`` its form (``action``: validate, predict, apply, dry-run,
-    stop-dry-run)."""
+    stop-dry-run, revert)."""
 
     _flash = DashboardHandler._flash  # what the last apply did, once
 
@@ -52,6 +58,19 @@ class PolicyPageHandler(PageHandler):
         if action == "stop-dry-run":
             admin_.stop_dry_run(gov, self.actor, reason or "dry run ended")
             self._flash_then_back("dry run ended")
+            return
+        if action == "revert":
+            try:
+                done = admin_.revert(gov, self.actor, admin_.reason_of(reason, "revert"))
+            except admin_.CandidateError as error:
+                await self.show(
+                    _pretty(admin_.policy_admin(gov).source),
+                    span=span,
+                    error=str(error),
+                    status=400,
+                )
+                return
+            self._flash_then_back(f"reverted to the config file: {', '.join(done['policies'])}")
             return
         try:
             candidate = admin_.candidate_of(text)
@@ -108,6 +127,7 @@ class PolicyPageHandler(PageHandler):
             live=_pretty(admin.source),
             live_names=[p.name for p in gov.policies],
             applied=admin.applied,
+            superseded=admin.superseded,
             figures=admin_.figure_rows(outcomes) if outcomes else None,
             trace=outcomes and outcomes[0],
             dry=dry,
