@@ -1,22 +1,29 @@
-"""Policies changed at run time (``hub/policy_admin.py``): a candidate is refused with the
+"""Policies changed at run time (``hub/policy_admin.py``, ``hub/applied_policy.py``): a candidate is refused with the
 service's start-up error, and an apply is on the audit trail before it governs; when the
 audit cannot be written, nothing changes."""
 
 from __future__ import annotations
 
+import html
+import json
 import logging
 from datetime import timedelta
 
 import pytest
 from fake_hub_api import FakeHub
 from test_governor import governor
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.hub import applied_policy as kept
 from jupyter_gpu_gov.hub import policy_admin as admin
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.prepared_auth import PreparedHubOAuth
 from jupyter_gpu_gov.hub.store import StoreUnavailable
 
+PREFIX, ACCESS = "/services/gpu-gov/", "access:services!service=gpu-gov"
 CANDIDATE = {
     "policies": [{"name": "vision", "match": {"teams": ["vision"]}, "cull_after": "45m"}],
     "policy_defaults": {"warn_after": "20m"},
@@ -59,7 +66,7 @@ async def test_apply_is_audited_and_kept_in_one_transaction_or_changes_nothing(t
     async with FakeHub() as hub:
         gov = governor(hub, tmp_path)
         before = list(gov.policies)
-        admin.apply(gov, CANDIDATE, "user:ada", "dry run first", dry_run=True)  # makes the tables
+        kept.apply(gov, CANDIDATE, "user:ada", "dry run first", dry_run=True)  # makes the tables
         for table in ("audit", "applied_policies"):
             with gov.store.engine.begin() as db:
                 db.exec_driver_sql(
@@ -67,14 +74,14 @@ async def test_apply_is_audited_and_kept_in_one_transaction_or_changes_nothing(t
                     "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
                 )
             with pytest.raises(StoreUnavailable, match="disk full"):
-                admin.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
+                kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
             assert gov.policies == before  # nothing changed
             assert [a.action for a in gov.store.audit_rows()] == ["policy-dry-run"]
             assert kept.newest(gov.store.engine) is None
             with gov.store.engine.begin() as db:
                 db.exec_driver_sql("DROP TRIGGER refuse")
 
-        done = admin.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
+        done = kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
     assert [p.name for p in gov.policies] == ["vision", "default"]
     assert done["persists"] is True and "c.GpuGovernor.policies = [" in done["config"]
     (row,) = [a for a in gov.store.audit_rows() if a.action == "policy-apply"]
@@ -116,27 +123,61 @@ async def restart(tmp_path, vision_cull_after: str):
 @pytest.fixture
 def service_env(monkeypatch):
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "never-sent")  # no hub is asked at start-up
+    return monkeypatch
+
+
+async def served(gov, monkeypatch, *paths: str) -> list[str]:
+    """``paths`` of the service's web app over HTTP, as a governor admin whom a Hub (its API,
+    faked at the HTTP level) vouches for."""
+    async with FakeHub() as hub:
+        hub.add_user_token("root", "admin-token", extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
+        for key, value in {
+            "JUPYTERHUB_API_URL": hub.api_url,
+            "JUPYTERHUB_API_TOKEN": hub.token,
+            "JUPYTERHUB_SERVICE_NAME": "gpu-gov",
+            "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
+            "JUPYTERHUB_CLIENT_ID": "service-gpu-gov",
+            "JUPYTERHUB_BASE_URL": "/",
+        }.items():
+            monkeypatch.setenv(key, value)
+        sockets = bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(GpuGovernor().make_web_app(gov))
+        server.add_sockets(sockets)
+        base = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{PREFIX}"
+        try:
+            client = AsyncHTTPClient()
+            headers = {"Authorization": "token admin-token"}
+            return [
+                (await client.fetch(base + path, headers=headers)).body.decode() for path in paths
+            ]
+        finally:
+            server.stop()
+            PreparedHubOAuth.clear_instance()  # the handlers' HubAuth is one a process: this Hub's
 
 
 def cull_after(gov) -> timedelta:
     return next(p for p in gov.policies if p.name == "vision").cull_after
 
 
-@pytest.mark.usefixtures("service_env")
-async def test_an_applied_policy_governs_after_a_restart_until_the_config_file_changes(tmp_path):
+async def test_an_applied_policy_governs_after_a_restart_until_the_config_file_changes(
+    tmp_path, service_env
+):
     gov, said = await restart(tmp_path, "2h")
-    assert cull_after(gov) == timedelta(hours=2) and admin.policy_view(gov)["origin"] == "config"
-    admin.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
+    assert cull_after(gov) == timedelta(hours=2) and kept.policy_view(gov)["origin"] == "config"
+    kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
 
     gov, said = await restart(tmp_path, "2h")  # the same config file: the apply is in force
-    view = admin.policy_view(gov)
+    view = kept.policy_view(gov)
     assert cull_after(gov) == timedelta(minutes=45)
     assert view["origin"] == "applied" and view["source"] == CANDIDATE
     assert (view["applied"]["by"], view["applied"]["reason"]) == ("user:ada", "tighter for vision")
     assert "applied by user:ada" in said[0] and "in force over the config file" in said[0]
+    page, api = await served(gov, service_env, "policy", "api/policy")
+    assert json.loads(api)["applied"] == view["applied"]
+    assert "Applied by user:ada at " + view["applied"]["at"] in html.unescape(page)
 
     gov, said = await restart(tmp_path, "3h")  # the config file changed since: it wins
-    view = admin.policy_view(gov)
+    view = kept.policy_view(gov)
     assert cull_after(gov) == timedelta(hours=3)
     assert view["origin"] == "config" and view["applied"] is None
     superseded = view["superseded"]
@@ -145,35 +186,41 @@ async def test_an_applied_policy_governs_after_a_restart_until_the_config_file_c
     assert "was superseded by the config file at " + superseded["since"] in said[0]
     (row,) = [a for a in gov.store.audit_rows() if a.action == "policy-superseded"]
     assert row.details["by"] == "user:ada"
+    page, api = await served(gov, service_env, "policy", "api/policy")
+    assert json.loads(api)["superseded"] == superseded
+    assert (
+        "The policy applied by user:ada at " + superseded["at"] + " (tighter for vision) was "
+        "superseded by the config file at " + superseded["since"]
+    ) in html.unescape(page)
 
     # The config file put back as it was: the stale apply stays superseded, and said so.
     gov, said = await restart(tmp_path, "2h")
     assert cull_after(gov) == timedelta(hours=2)
-    assert admin.policy_view(gov)["superseded"]["since"] == superseded["since"]
+    assert kept.policy_view(gov)["superseded"]["since"] == superseded["since"]
     assert "superseded by the config file" in said[0]
 
     # Applied again over this config file: in force at once, and after a restart.
-    admin.apply(gov, CANDIDATE, "user:bo", "vision agreed", dry_run=False)
-    assert admin.policy_view(gov)["superseded"] is None
+    kept.apply(gov, CANDIDATE, "user:bo", "vision agreed", dry_run=False)
+    assert kept.policy_view(gov)["superseded"] is None
     gov, _ = await restart(tmp_path, "2h")
-    assert admin.policy_view(gov)["applied"]["by"] == "user:bo"
+    assert kept.policy_view(gov)["applied"]["by"] == "user:bo"
 
 
 @pytest.mark.usefixtures("service_env")
 async def test_revert_to_the_config_file_is_audited_and_kept(tmp_path):
     gov, _ = await restart(tmp_path, "2h")
     with pytest.raises(admin.CandidateError, match="already govern"):
-        admin.revert(gov, "user:ada", "nothing applied")
-    admin.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
-    done = admin.revert(gov, "user:bo", "vision complained")
+        kept.revert(gov, "user:ada", "nothing applied")
+    kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
+    done = kept.revert(gov, "user:bo", "vision complained")
     assert done["reverted"] and cull_after(gov) == timedelta(hours=2)
-    assert admin.policy_view(gov)["origin"] == "config"
+    assert kept.policy_view(gov)["origin"] == "config"
     (row,) = [a for a in gov.store.audit_rows() if a.action == "policy-revert"]
     assert (row.actor, row.reason) == ("user:bo", "vision complained")
     assert any('"cull_after": "45m"' in line for line in row.details["diff"])
 
     gov, said = await restart(tmp_path, "2h")
     assert cull_after(gov) == timedelta(hours=2)
-    view = admin.policy_view(gov)
+    view = kept.policy_view(gov)
     assert (view["origin"], view["applied"], view["superseded"]) == ("config", None, None)
     assert said == ["policies: the config file's (vision, default)"]

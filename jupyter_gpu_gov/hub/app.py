@@ -28,6 +28,7 @@ from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
 from . import metrics
+from .applied_policy import start as start_policies
 from .batching import BatchingHTTPServer
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
@@ -38,8 +39,7 @@ from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .options import Options
 from .pages import page_handlers
-from .policy_admin import policy_handlers
-from .policy_admin import start as start_policies
+from .policy_api import policy_handlers
 from .policy_page import policy_page_handlers
 from .queue import QueueSync
 from .reconcile import Governor
@@ -132,7 +132,7 @@ class GpuGovernor(GovernorSettings, Application):
         options = self.make_options()
         governor = Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
         source = {"policies": list(self.policies), "policy_defaults": dict(self.policy_defaults)}
-        start_policies(governor, source, self.log)  # then the applied one (policy_admin.py)
+        start_policies(governor, source, self.log)  # then the applied one (applied_policy.py)
         return governor
 
     def make_options(self) -> Options:

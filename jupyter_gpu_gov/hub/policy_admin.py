@@ -4,13 +4,11 @@
   with the errors the service gives at start-up;
 - what-if: replay the last N days of the governor's own history (``hub/history.py``) through
   the live policies and the candidate, side by side (``replay.whatif``);
-- apply: audited first (who, why, the diff), then kept in the governor's store
-  (``hub/applied_policy.py``) and governing from the next pass, without a restart; or a dry run
-  beside the live policy: the candidate's decisions on the history recorded since it began,
-  next to what the live policy did, acting on nothing;
-- at start-up, the config file's policies, then the applied one, unless the config file's
-  policies changed since it was applied: then the config file wins, and says so;
-- revert to the config file's policies (audited).
+- a dry run beside the live policy: the candidate's decisions on the history recorded since it
+  began, next to what the live policy did, acting on nothing.
+
+Apply, revert and what governs after a restart are ``hub/applied_policy.py``'s; the API's
+routes are ``hub/policy_api.py``'s.
 """
 
 from __future__ import annotations
@@ -21,32 +19,23 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from itertools import islice
 from pprint import pformat
 from typing import Any
-
-from tornado import web
 
 from ..core import clock
 from ..core.policy import Policy, PolicyError, load_policies
 from ..replay import parse_lines, replay
-from ..replay.history import DEFAULT_STEP_S, Pseudonyms, export_trace, parse_since
+from ..replay.history import DEFAULT_STEP_S, export_trace
 from ..replay.trace import Sample
-from ..replay.whatif import Outcome, Setup, compare, figure_rows, recorded_actions, report
-from . import applied_policy as kept
-from .api_handler import MAX_TEXT, ApiHandler
+from ..replay.whatif import Outcome, Setup, compare, recorded_actions, report
+from .api_handler import MAX_TEXT
 from .history import read_history
-from .store import StoreUnavailable
 from .tables import AuditRow
 
 MAX_DAYS = 31  # what-if over at most this many days of history
 MAX_ACTIONS_SHOWN = 500  # a dry run's actions, each side
 APPLY, DRY_RUN, DRY_RUN_STOP = "policy-apply", "policy-dry-run", "policy-dry-run-stop"
-REVERT, SUPERSEDED = "policy-revert", "policy-superseded"
-KEPT = (
-    "kept: it governs after a restart too, unless the config file's policies change "
-    "(then the config file wins, and says so)"
-)
+REVERT, SUPERSEDE = "policy-revert", "policy-superseded"  # audit actions
 
 
 class CandidateError(ValueError):
@@ -177,8 +166,8 @@ def compared(governor, candidate: list[Policy], since: float, until: float) -> l
     candidate would have done: ``replay.whatif.compare``."""
     samples = history_samples(governor.store.engine, since, until)
     setups = [
-        Setup("current", _run(governor.policies), policies=_names(governor.policies)),
-        Setup("candidate", _run(candidate), policies=_names(candidate)),
+        Setup("current", _run(governor.policies), policies=policy_names(governor.policies)),
+        Setup("candidate", _run(candidate), policies=policy_names(candidate)),
     ]
     return compare(samples, setups)
 
@@ -219,7 +208,7 @@ def _run(policies: Sequence[Policy]):
     return lambda samples: replay(samples, policies)
 
 
-def _names(policies: Sequence[Policy]) -> tuple[str, ...]:
+def policy_names(policies: Sequence[Policy]) -> tuple[str, ...]:
     return tuple(p.name for p in policies)
 
 
@@ -234,155 +223,22 @@ def _action(action) -> dict:
     }
 
 
-# -- apply ---------------------------------------------------------------------------------------
-
-
-def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool) -> dict:
-    """Audit the change (who, why, the diff), then make it: the candidate is kept in the store
-    (in the audit's transaction) and governs from the next pass, or runs as a dry run beside
-    the live policy. ``StoreUnavailable`` when either cannot be written: then nothing changed."""
+def start_dry_run(governor, candidate: dict, actor: str, reason: str) -> dict:
+    """Audit the dry run (who, why, the diff), then run the candidate beside the live policy."""
     policies = validate(candidate, governor.options)
     admin = policy_admin(governor)
-    config_of(governor)
     changes = diff(admin.source, candidate)
     now = clock.utcnow()
-    row = AuditRow(
-        at=now,
-        action=DRY_RUN if dry_run else APPLY,
-        reason=reason,
-        actor=actor,
-        dry_run=dry_run,
-        details={"diff": changes, "candidate": candidate, "policies": _names(policies)},
-    )
-    if dry_run:
-        governor.store.audit([row])  # on record before it runs
-        admin.dry_run = DryRun(candidate, policies, now, actor, reason)
-        return {"dry_run": True, "since": clock.isoformat(now), "diff": changes}
-    entry = kept.Entry(kept.APPLIED, now, actor, reason, admin.fingerprint, candidate)
-    kept.record(governor.store, row, entry)  # on record and kept before it governs
-    governor.policies = policies
-    admin.source = candidate
-    admin.applied = entry.summary()
-    admin.superseded = None
-    return {
-        "applied": True,
-        "policies": _names(policies),
-        "diff": changes,
-        "persists": True,
-        "note": KEPT,
-        "config": config_lines(candidate),
-    }
-
-
-def revert(governor, actor: str, reason: str) -> dict:
-    """Back to the config file's policies, audited and kept; ``CandidateError`` when they
-    already govern."""
-    admin = policy_admin(governor)
-    config = config_of(governor)
-    if admin.applied is None:
-        raise CandidateError("the config file's policies already govern: nothing to revert")
-    changes = diff(admin.source, config)
-    now = clock.utcnow()
-    row = AuditRow(at=now, action=REVERT, reason=reason, actor=actor, details={"diff": changes})
-    kept.record(
-        governor.store, row, kept.Entry(kept.REVERTED, now, actor, reason, admin.fingerprint)
-    )
-    governor.policies = list(admin.config_policies)
-    admin.source, admin.applied = config, None
-    return {"reverted": True, "policies": _names(governor.policies), "diff": changes}
-
-
-def config_of(governor) -> dict:
-    """The config file's policies' source (``start`` sets it; a governor built without the
-    service, as in tests, has its start-up policies)."""
-    admin = policy_admin(governor)
-    if admin.config is None:
-        admin.config, admin.config_policies = admin.source, list(governor.policies)
-        admin.fingerprint = _fingerprint(admin.config, governor.options)
-    return admin.config
-
-
-def _fingerprint(config: Mapping, options) -> str:
-    max_age = options.max_age.total_seconds() if options.max_age else None
-    return kept.fingerprint(config, options.timeout.total_seconds(), max_age)
-
-
-def start(governor, config: dict, log) -> None:
-    """At start-up: the config file's policies, then the applied one, if it was applied over
-    these same config policies; else the config file wins, and a ``superseded`` row and audit
-    row say so (once: the stale apply does not come back)."""
-    admin = policy_admin(governor)
-    admin.source, admin.config = config, None
-    config_of(governor)
-    entry = kept.newest(governor.store.engine)
-    if entry is None or entry.kind == kept.REVERTED:
-        log.info("policies: the config file's (%s)", ", ".join(_names(governor.policies)))
-        return
-    if entry.kind == kept.SUPERSEDED:
-        admin.superseded = _superseded(entry.of, entry.at, entry.reason)
-        log.warning(_superseded_line(admin.superseded))
-        return
-    why = "the config file's policies changed since it was applied"
-    if entry.config_fingerprint == admin.fingerprint:
-        try:
-            policies = validate(entry.candidate, governor.options)
-        except CandidateError as error:
-            why = f"it is no longer valid ({error})"
-        else:
-            governor.policies, admin.source, admin.applied = (
-                policies,
-                entry.candidate,
-                entry.summary(),
+    details = {"diff": changes, "candidate": candidate, "policies": policy_names(policies)}
+    governor.store.audit(
+        [
+            AuditRow(
+                at=now, action=DRY_RUN, reason=reason, actor=actor, dry_run=True, details=details
             )
-            log.info(
-                "policies: applied by %s at %s (%s) in force over the config file's: %s",
-                entry.actor,
-                admin.applied["at"],
-                entry.reason,
-                ", ".join(_names(policies)),
-            )
-            return
-    now = clock.utcnow()
-    admin.superseded = _superseded(entry, now, why)
-    log.warning(_superseded_line(admin.superseded))
-    row = AuditRow(at=now, action=SUPERSEDED, reason=why, details=admin.superseded)
-    try:
-        kept.record(
-            governor.store,
-            row,
-            kept.Entry(kept.SUPERSEDED, now, "governor", why, admin.fingerprint, of=entry),
-        )
-    except StoreUnavailable as error:  # the config file governs anyway; said again next start
-        log.error("policies: the supersession is not on record: %s", error)
-
-
-def policy_view(governor) -> dict:
-    """The live policies' source, where they come from (``origin``: config or applied), the
-    apply in force or the one the config file superseded, and a dry run under way."""
-    admin = policy_admin(governor)
-    dry = admin.dry_run
-    return {
-        "source": admin.source,
-        "policies": _names(governor.policies),
-        "origin": admin.origin,
-        "applied": admin.applied,
-        "superseded": admin.superseded,
-        "dry_run": None
-        if dry is None
-        else {"since": clock.isoformat(dry.since), "by": dry.actor, "candidate": dry.source},
-    }
-
-
-def _superseded(applied: kept.Entry, since: datetime, why: str) -> dict:
-    return {**applied.summary(), "since": clock.isoformat(since), "why": why}
-
-
-def _superseded_line(superseded: dict) -> str:
-    return (
-        f"policies: the config file's govern; the policy applied by {superseded['by']} at "
-        f"{superseded['at']} ({superseded['reason']}) was superseded by the config file at "
-        f"{superseded['since']}: {superseded['why']}"
+        ]
     )
+    admin.dry_run = DryRun(candidate, policies, now, actor, reason)
+    return {"dry_run": True, "since": clock.isoformat(now), "diff": changes}
 
 
 def stop_dry_run(governor, actor: str, reason: str) -> bool:
@@ -416,170 +272,3 @@ def reason_of(text: Any, what: str = "apply a policy") -> str:
 async def in_worker(function, *args):
     """A replay is CPU work: off the event loop, so passes and reports go on meanwhile."""
     return await asyncio.get_running_loop().run_in_executor(None, function, *args)
-
-
-# -- the API -------------------------------------------------------------------------------------
-
-
-class _PolicyApi(ApiHandler):
-    def candidate(self, body: Mapping) -> tuple[dict, list[Policy]]:
-        try:
-            candidate = candidate_of(body.get("candidate"))
-            return candidate, validate(candidate, self.governor.options)
-        except CandidateError as error:
-            raise web.HTTPError(400, str(error)) from None
-
-
-class PolicyHandler(_PolicyApi):
-    """``GET api/policy``: ``policy_view``."""
-
-    @web.authenticated
-    def get(self):
-        self.require_admin()
-        self.write_json(policy_view(self.governor))
-
-
-class ValidateHandler(_PolicyApi):
-    """``POST api/policy/validate`` ``{"candidate": ...}``: 200 with the policies, or 400."""
-
-    @web.authenticated
-    def post(self):
-        self.require_admin()
-        _, policies = self.candidate(self.body())
-        self.write_json({"valid": True, "policies": _names(policies)})
-
-
-class WhatIfHandler(_PolicyApi):
-    """``POST api/policy/what-if`` ``{"candidate": ..., "days": 7}``."""
-
-    @web.authenticated
-    async def post(self):
-        self.require_admin()
-        body = self.body()
-        _, policies = self.candidate(body)
-        try:
-            days = days_of(body.get("days", 7))
-        except CandidateError as error:
-            raise web.HTTPError(400, str(error)) from None
-        until = clock.utcnow().timestamp()
-        result = await in_worker(what_if, self.governor, policies, until - days * 86400, until)
-        self.write_json(result)
-
-
-class ApplyHandler(_PolicyApi):
-    """``POST api/policy/apply`` ``{"candidate": ..., "reason": "...", "dry_run": false}``."""
-
-    @web.authenticated
-    def post(self):
-        self.require_admin()
-        body = self.body()
-        candidate, _ = self.candidate(body)
-        try:
-            reason = reason_of(body.get("reason"))
-        except CandidateError as error:
-            raise web.HTTPError(400, str(error)) from None
-        dry_run = body.get("dry_run", False)
-        if not isinstance(dry_run, bool):
-            raise web.HTTPError(400, f"dry_run must be true or false, got {dry_run!r}")
-        self.write_json(apply(self.governor, candidate, self.actor, reason, dry_run))
-
-
-class RevertHandler(_PolicyApi):
-    """``POST api/policy/revert`` ``{"reason": "..."}``: back to the config file's policies;
-    409 when they already govern."""
-
-    @web.authenticated
-    def post(self):
-        self.require_admin()
-        try:
-            reason = reason_of(self.body().get("reason"), "revert")
-            self.write_json(revert(self.governor, self.actor, reason))
-        except CandidateError as error:
-            raise web.HTTPError(409 if "already" in str(error) else 400, str(error)) from None
-
-
-class DryRunHandler(_PolicyApi):
-    """``GET api/policy/dry-run``: the dry run so far; ``DELETE`` (``?reason=``) ends it."""
-
-    @web.authenticated
-    async def get(self):
-        self.require_admin()
-        dry = policy_admin(self.governor).dry_run
-        if dry is None:
-            raise web.HTTPError(404, "no dry run is under way")
-        until = clock.utcnow().timestamp()
-        self.write_json(await in_worker(dry_run_view, self.governor, dry, until))
-
-    @web.authenticated
-    def delete(self):
-        self.require_admin()
-        reason = self.get_argument("reason", "").strip() or "dry run ended"
-        if not stop_dry_run(self.governor, self.actor, reason[:MAX_TEXT]):
-            raise web.HTTPError(404, "no dry run is under way")
-        self.write_json({"stopped": True})
-
-
-class TraceHandler(ApiHandler):
-    """``GET api/history/trace?since=1h[&until=][&step=5m][&pseudonymise=1]``: the governor's
-    history as a replay trace (JSON Lines), as ``jupyter-gpu-gov export-trace`` writes it."""
-
-    @web.authenticated
-    async def get(self):
-        self.require_admin()
-        now = clock.utcnow().timestamp()
-        try:
-            since = parse_since(self.get_argument("since", "1h"), now, "since")
-            until_text = self.get_argument("until", "")
-            until = parse_since(until_text, now, "until") if until_text else now
-            step = _step(self.get_argument("step", "5m"))
-        except ValueError as error:
-            raise web.HTTPError(400, str(error)) from None
-        if until < since:
-            raise web.HTTPError(400, "until is before since")
-        pseudonyms = None
-        if self.get_argument("pseudonymise", "") in ("1", "true", "yes"):
-            import os
-
-            pseudonyms = Pseudonyms(os.urandom(32))
-        self.set_header("Content-Type", "application/x-ndjson")
-        self.set_header("Content-Disposition", 'attachment; filename="gpu-gov-trace.jsonl"')
-        rows = read_history(self.governor.store.engine, since, until)
-        lines = export_trace(rows, step=step, since=since, until=until, pseudonyms=pseudonyms)
-        # Read and written a chunk at a time in the worker: a fortnight of a big hub streams
-        # out without holding it, or the event loop.
-        while chunk := await in_worker(_chunk, lines):
-            self.write(chunk)
-            await self.flush()
-        self.finish()
-
-
-def _chunk(lines: Iterator[str], size: int = 5000) -> str:
-    """The next ``size`` lines, newline-terminated ("" at the end)."""
-    return "".join(line + "\n" for line in islice(lines, size))
-
-
-def _step(text: str) -> float:
-    from ..core.durations import parse_duration
-
-    step = parse_duration(text, "step").total_seconds()
-    if not step >= 60:
-        raise ValueError(f"step must be at least 60 seconds, got {text!r}")
-    return step
-
-
-def policy_handlers(prefix: str, governor) -> list[tuple]:
-    """The policy admin's routes under the service prefix."""
-    args = {"governor": governor}
-    p = prefix.rstrip("/")
-    return [
-        (rf"{p}/api/policy", PolicyHandler, args),
-        (rf"{p}/api/policy/validate", ValidateHandler, args),
-        (rf"{p}/api/policy/what-if", WhatIfHandler, args),
-        (rf"{p}/api/policy/apply", ApplyHandler, args),
-        (rf"{p}/api/policy/revert", RevertHandler, args),
-        (rf"{p}/api/policy/dry-run", DryRunHandler, args),
-        (rf"{p}/api/history/trace", TraceHandler, args),
-    ]
-
-
-__all__ = ["figure_rows", "policy_admin", "policy_handlers"]

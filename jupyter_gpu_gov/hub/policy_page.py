@@ -2,7 +2,7 @@
 other pages: the live policies, an editor for a candidate, validate, what-if over the
 governor's own history beside the live policy, apply (audited first) and a dry run beside the
 live policy. Each button posts the form (XSRF-protected, no script needed); the work is
-``hub/policy_admin.py``'s, as the API's."""
+``hub/policy_admin.py``'s and ``hub/applied_policy.py``'s, as the API's."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from tornado import web
 
 from ..core import clock
 from ..core.durations import format_duration, parse_duration
+from ..replay.whatif import figure_rows
+from . import applied_policy as kept
 from . import policy_admin as admin_
 from .page_handler import PageHandler
 from .pages import FLASH_COOKIE, DashboardHandler
@@ -24,7 +26,7 @@ POLICY_AUDIT = (
     admin_.DRY_RUN,
     admin_.DRY_RUN_STOP,
     admin_.REVERT,
-    admin_.SUPERSEDED,
+    admin_.SUPERSEDE,
 )
 
 
@@ -61,7 +63,7 @@ class PolicyPageHandler(PageHandler):
             return
         if action == "revert":
             try:
-                done = admin_.revert(gov, self.actor, admin_.reason_of(reason, "revert"))
+                done = kept.revert(gov, self.actor, admin_.reason_of(reason, "revert"))
             except admin_.CandidateError as error:
                 await self.show(
                     _pretty(admin_.policy_admin(gov).source),
@@ -92,7 +94,7 @@ class PolicyPageHandler(PageHandler):
             if not reason:
                 await self.show(text, span=span, error="say why: a reason is required", status=400)
                 return
-            done = admin_.apply(gov, candidate, self.actor, reason[:2000], action == "dry-run")
+            done = kept.apply(gov, candidate, self.actor, reason[:2000], action == "dry-run")
             if action == "dry-run":
                 self._flash_then_back("dry run started beside the live policy: nothing is acted on")
             else:
@@ -128,7 +130,7 @@ class PolicyPageHandler(PageHandler):
             live_names=[p.name for p in gov.policies],
             applied=admin.applied,
             superseded=admin.superseded,
-            figures=admin_.figure_rows(outcomes) if outcomes else None,
+            figures=figure_rows(outcomes) if outcomes else None,
             trace=outcomes and outcomes[0],
             dry=dry,
             audit=[_audit_line(row) for row in policy_audit(gov.store)],
