@@ -96,11 +96,8 @@ def test_export_edit_predict_apply_and_the_audit_in_a_browser(hub, tmp_path):
             page.click("button[value=apply]")
             expect(page.locator("#flash")).to_contain_text("governs after a restart too")
             expect(page.locator("#origin")).to_contain_text("Applied by user:govadmin")
-            first = page.locator("#policy-audit tr").nth(1)
-            expect(first).to_contain_text("policy-apply")
-            expect(first).to_contain_text("govadmin")
-            expect(first).to_contain_text("carol runs long evaluations")
-            expect(first.locator("pre")).to_contain_text('"inactive_timeout": "1h"')
+            latest = latest_change(page, "policy-apply", "carol runs long evaluations")
+            expect(latest.locator("pre")).to_contain_text('"inactive_timeout": "1h"')
             expect(page.locator("#live-source")).to_contain_text('"inactive_timeout": "1h"')
             assert page.locator("main img, main script").count() == 0
             policies = Gov(hub).admin("GET", "policy").json()
@@ -112,14 +109,21 @@ def test_export_edit_predict_apply_and_the_audit_in_a_browser(hub, tmp_path):
             page.click("button[value=revert]")
             expect(page.locator("#flash")).to_contain_text("reverted to the config file")
             expect(page.locator("#origin")).to_have_text("From the service's config file.")
-            first = page.locator("#policy-audit tr").nth(1)
-            expect(first).to_contain_text("policy-revert")
-            expect(first).to_contain_text("back to the agreed policy")
+            latest = latest_change(page, "policy-revert", "back to the agreed policy")
+            expect(latest.locator("pre")).to_contain_text('-      "inactive_timeout": "1h"')
             expect(page.locator("#live-source")).not_to_contain_text('"inactive_timeout": "1h"')
     assert dialogs == []  # no script ran
     policies = Gov(hub).admin("GET", "policy").json()
     assert (policies["origin"], policies["applied"]) == ("config", None)
     assert policies["source"] == live
+
+
+def latest_change(page, action: str, reason: str):
+    """The policy page's latest audited change: ``action`` by govadmin for ``reason``."""
+    latest = page.locator("#policy-audit tr").nth(1)
+    for text in (action, "govadmin", reason):
+        expect(latest).to_contain_text(text)
+    return latest
 
 
 def test_the_api_dry_run_beside_live_and_bad_input(hub):
