@@ -563,6 +563,7 @@ async def _bench(
             for name, seconds in pass_parts.items():
                 parts[name].append(seconds)
             written.append(counts.get("store_write", 0))
+            parts["listed_whole"].append(float(gov.hub_listing.full))
             elapsed, cul_seen = await culler_pass()
             cul_s.append(elapsed)
         by_share.append((share, changed_n, gov_s, cul_s, parts, written))
@@ -701,6 +702,8 @@ def _share_figures(
         "ledger_write_s": med("ledger_write"),  # per write (one pass in five)
         "metrics_s": med("metrics"),
         "rows_written": int(statistics.median(written)) if written else 0,
+        # Passes that listed every user from the Hub (hub/listing.py), of ``len(gov_s)``.
+        "listed_whole": int(sum(parts["listed_whole"])),
     }
 
 
@@ -813,6 +816,12 @@ def curve(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _default_full_every() -> int:
+    from jupyter_gpu_gov.hub.options import Options
+
+    return Options.full_pass_every
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -838,10 +847,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--full-every",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="the governor's full_pass_every: decide every server one pass in N, else only "
-        "what changed or fell due (1: every server every pass)",
+        help="the governor's full_pass_every: decide and list every server one pass in N, "
+        "else only what changed or fell due (1: every server every pass; default: the "
+        "service's default)",
     )
     parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="cProfile one more pass, top N"
@@ -863,7 +873,7 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             profile_top=args.profile,
             changed=args.changed,
-            full_every=args.full_every,
+            full_every=args.full_every or _default_full_every(),
         )
         profile = figures.pop("profile", "")
         by_changed = figures.pop("by_changed")

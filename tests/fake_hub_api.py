@@ -2,7 +2,8 @@
 
 It follows JupyterHub 5/6 where the governor depends on it:
 
-- ``GET /users?state=ready|active|inactive&offset=&limit=``: users in id order; with
+- ``GET /users?state=ready|active|inactive&sort=&offset=&limit=``: users in id order (or
+  ``sort``: ``name``, ``last_activity``, ``-`` for descending, as JupyterHub 5+); with
   ``Accept: application/jupyterhub-pagination+json`` a ``{"items", "_pagination"}`` page whose
   ``next`` is ``{"offset", "limit", "url"}`` or null, without it a plain list of up to
   ``page_max`` users. Like the Hub, ``ready`` is applied *after* slicing (pages may be short)
@@ -125,6 +126,8 @@ class FakeHub:
         self.page_default = page_default
         self.page_max = page_max
         self.paginate = paginate
+        self.version = "6.1.0-fake"  # what GET / says
+        self.sorts = True  # honours ?sort= (JupyterHub 5+; earlier ones ignore it)
         self.named_servers = named_servers
         self.latency = latency
         self.users: dict[str, FakeUser] = {}
@@ -208,6 +211,10 @@ class FakeHub:
             slow_stop=slow_stop,
         )
         u.servers[name] = server
+        # The Hub moves the user's last_activity at a spawn and with every activity posted.
+        moved = last_activity or server.started
+        if u.last_activity is None or moved > u.last_activity:
+            u.last_activity = moved
         self._reindex(u)
         return server
 
@@ -293,6 +300,7 @@ class FakeHub:
     def _finish_stop(self, user: FakeUser, name: str) -> None:
         server = user.servers[name]
         server.active = server.ready = False
+        user.last_activity = clock.utcnow()  # as User.stop does
         server.pending = None
         self.counters["stopped"] += 1
         # A stopped default server needs no record (a DELETE for it answers 204 either way);
@@ -496,7 +504,7 @@ class _RootHandler(_Handler):
         self.hub.counters["requests"] += 1
 
     def get(self) -> None:
-        self.finish(json.dumps({"version": "6.1.0-fake"}))
+        self.finish(json.dumps({"version": self.hub.version}))
 
 
 class _NotFoundHandler(_Handler):
@@ -530,6 +538,20 @@ class _UserListHandler(_Handler):
             raise web.HTTPError(400, f"Unrecognized state filter: {state!r}")
         else:
             ids = hub._ids
+        sort = self.get_argument("sort", "id")
+        if sort.lstrip("-") not in ("id", "name", "last_activity"):
+            raise web.HTTPError(400, f"sort must be 'id', 'name', or 'last_activity', not {sort!r}")
+        if not hub.sorts:
+            pass
+        elif sort.lstrip("-") != "id":  # the Hub's order: NULLs first ascending, last descending
+            field = sort.lstrip("-")
+            desc = sort.startswith("-")
+            values = {uid: getattr(hub._by_id[uid], field) for uid in ids}
+            present = sorted((u for u in ids if values[u] is not None), key=values.__getitem__)
+            absent = [u for u in ids if values[u] is None]
+            ids = present[::-1] + absent if desc else absent + present
+        elif sort == "-id":
+            ids = ids[::-1]
         items = []
         for uid in ids[offset : offset + limit]:
             user = hub._by_id[uid]

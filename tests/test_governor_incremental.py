@@ -16,7 +16,9 @@ from test_governor import report_for
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.grant import GRANT_STATE
+from jupyter_gpu_gov.core.health import DRAIN, RESET, UNHEALTHY, Health
 from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.dcgm import DcgmSnapshot, GpuEvidence
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
 from jupyter_gpu_gov.hub.hubapi import HubApi
@@ -37,6 +39,7 @@ class Dcgm:
     unknown); ``down`` reads nothing."""
 
     activity: dict[str, float | None] = field(default_factory=dict)
+    health: dict[str, Health] = field(default_factory=dict)  # GPUs DCGM says are not well
     down: bool = False
 
     async def fetch(self) -> DcgmSnapshot:
@@ -44,7 +47,12 @@ class Dcgm:
             return DcgmSnapshot((), clock.utcnow(), errors=("exporter down",))
         evidence = tuple(
             GpuEvidence(
-                uuid=uuid, gpu_index=i, hostname="node-1", activity=a, activity_source="gpu_util"
+                uuid=uuid,
+                gpu_index=i,
+                hostname="node-1",
+                activity=a,
+                activity_source="gpu_util",
+                health=self.health.get(uuid, Health()),
             )
             for i, (uuid, a) in enumerate(sorted(self.activity.items()))
         )
@@ -63,19 +71,31 @@ class Server:
 
 
 SHORT = [f"user{i}" for i in range(1, 200, 3)]  # a maximum age: a deadline of their own
+KERNELS = [f"user{i}" for i in range(2, 200, 3)]  # culled by shutting their kernels down
+
+
+FAILURES = [
+    Health(UNHEALTHY, ("XID 79: the GPU fell off the bus",), RESET),
+    Health(UNHEALTHY, ("XID 48: a double-bit ECC error",), DRAIN),
+    Health(),
+    Health(),
+]
 
 
 def governor(hub: FakeHub, tmp_path, name: str, dcgm: Dcgm, full_every: int) -> Governor:
     policies = load_policies(
         [
             {"name": "short", "match": {"users": SHORT}, "max_age": "3h"},
+            {"name": "kernels", "match": {"users": KERNELS}, "cull_action": "shutdown-kernels"},
         ],
         {"warn_after": "20m", "cull_after": "40m", "away_after": "1h", "inactive_timeout": "90m"},
     )
     # The diagnosis on (a zombie is an owner away), its training (hours apart) off.
     options = Options(full_pass_every=full_every, diagnosis=DiagnosisOptions(min_windows=10**9))
     store = Store(f"sqlite:///{tmp_path / name}.sqlite")
-    return Governor(store, HubApi(hub.api_url, hub.token), policies, options, dcgm)
+    # Pages of 3 users: a full listing of this small fleet takes as many requests as a large
+    # one's, so asking for the users of the servers to decide is worth it (hub/listing.py).
+    return Governor(store, HubApi(hub.api_url, hub.token, page_size=3), policies, options, dcgm)
 
 
 def columns(row) -> tuple:
@@ -88,11 +108,26 @@ def everything(gov: Governor, hub: FakeHub) -> dict:
     return {
         "verdicts": {k: gov.verdict(k) for k in keys},
         "rows": {k: columns(gov.rows[k]) for k in keys},
-        "audit": [columns(a) for a in gov.store.audit_rows(limit=100_000)],
+        # Every row, in any order: a pass decides servers in the order the Hub lists them,
+        # which listing only the users active since the last listing changes.
+        "audit": sorted((columns(a) for a in gov.store.audit_rows(limit=100_000)), key=repr),
         "running": sorted(
             (u.name, s.name) for u in hub.users.values() for s in u.servers.values() if s.active
         ),
         "stops": hub.counters["stops"],
+    }
+
+
+def samples() -> dict[tuple, tuple[str, float]]:
+    """The governor's /metrics as Prometheus reads it, but its timing series (histograms of
+    durations) and counters' creation times: series -> (type, value). Both governors share the
+    process's registry: gauges are set whole by each pass, counters only add."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): (family.type, s.value)
+        for family in metrics.REGISTRY.collect()  # what /metrics writes out
+        if family.type != "histogram"
+        for s in family.samples
+        if not s.name.endswith("_created")
     }
 
 
@@ -144,6 +179,7 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
 
         for i in range(24):
             start(i)
+        listed_some = 0  # passes that listed only the users active since the last listing
         for n in range(80):
             # The world moves on: time, work, reports, DCGM, the Hub.
             clock.advance(rng.choice([60] * 12 + [20, 300, 900, 2400]))
@@ -157,6 +193,8 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                         s.idle_since = clock.isoformat(clock.utcnow())
                 if rng.random() < 0.05:
                     dcgm.activity[s.uuid] = rng.choice([None, 0.0, 0.9])
+                if rng.random() < 0.02:  # the GPU fails (an XID), needs a drain, or recovers
+                    dcgm.health[s.uuid] = rng.choice(FAILURES)
                 elif rng.random() < 0.2:
                     dcgm.activity[s.uuid] = 0.9 if s.active else 0.0
                 if s.reports and rng.random() < 0.9:
@@ -170,6 +208,9 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                         kernel = report["targets"][0]
                         kernel["execution_state"] = "busy"
                         kernel["busy_since"] = clock.isoformat(clock.utcnow() - timedelta(hours=1))
+                    answer = checkpoint_answer(full, f"{s.user}/", rng)
+                    if answer is not None:
+                        report["checkpoint"] = answer
                     for gov in (full, inc):
                         if await gov.hub_runs(f"{s.user}/"):
                             gov.ingest(copy.deepcopy(report))
@@ -181,13 +222,14 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                 for hub in hubs:
                     user = hub.users[gone]
                     user.servers.pop("", None)
+                    user.last_activity = clock.utcnow()  # as the Hub's User.stop does
                     hub._reindex(user)
             if rng.random() < 0.1 and servers:
                 touched = rng.choice(sorted(servers))
                 for hub in hubs:
                     server = hub.users[touched].servers.get("")
-                    if server is not None:
-                        server.last_activity = clock.utcnow()
+                    if server is not None:  # activity posted: the server's and its user's
+                        server.last_activity = hub.users[touched].last_activity = clock.utcnow()
             # People's requests, between passes: an extension, an exemption, a cull now.
             if rng.random() < 0.2:
                 key = f"{rng.choice(sorted(servers))}/"
@@ -204,17 +246,52 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                         await gov.exempt(key, "admin", None, "over")
                     else:
                         await gov.cull_now(key, "admin", "needed elsewhere")
+            exposed = [samples()]
             for gov in (full, inc):
                 await gov.reconcile()
                 await gov.background_done()
+                exposed.append(samples())
+            listed_some += not inc.hub_listing.full
             a, b = everything(full, full_hub), everything(inc, inc_hub)
             for part in a:
                 assert a[part] == b[part], f"pass {n}: {part} differ (seed {seed})"
+            # /metrics: the same gauges, and each counter moved as much in either pass.
+            before, after_full, after_inc = exposed
+            assert after_full.keys() == after_inc.keys(), f"pass {n}: series differ"
+            for series, kind in after_full.items():
+                if kind[0] == "counter":
+                    moved = after_full[series][1] - before.get(series, ("", 0.0))[1]
+                    # (the shared counter's float sum rounds: the difference, not the amount)
+                    assert after_inc[series][1] - after_full[series][1] == pytest.approx(moved)
+                else:
+                    assert after_inc[series] == after_full[series], f"pass {n}: {series}"
         await full.close()
         await inc.close()
-    # It did decide less: the comparison is not between two full passes.
+    # It did decide and list less: the comparison is not between two full passes.
+    assert listed_some > 40, listed_some
     assert decided_inc[0] < 0.9 * decided_full[0], (decided_inc, decided_full)
-    assert {a.action for a in full.store.audit_rows(limit=100_000)} >= {"warn", "state"}
+    names = {name for name, _ in samples()}  # the comparison saw what it is about
+    assert {"jupyter_gpu_gov_server_gpu_equivalents", "jupyter_gpu_gov_warnings_total"} <= names
+    trail = full.store.audit_rows(limit=100_000)
+    said = {a.action for a in trail}
+    assert said >= {"warn", "state", "checkpoint", "checkpoint-done", "checkpoint-failed"}, said
+    assert any("→ gpu-failed" in a.reason for a in trail if a.action == "state")
+    assert any((a.details or {}).get("cull_action") == "shutdown-kernels" for a in trail)
+
+
+def checkpoint_answer(gov: Governor, key: str, rng: random.Random) -> dict | None:
+    """Now and then, the checkpoint a server took for the governor's request (done or failed),
+    or one it took before the request (which answers nothing); else none yet."""
+    row = gov.rows.get(key)
+    if row is None or row.checkpoint_status != "requested" or rng.random() < 0.5:
+        return None
+    asked = row.checkpoint_requested_at
+    if rng.random() < 0.2:
+        asked -= timedelta(hours=1)  # an older checkpoint: no answer to this request
+    status = rng.choice(["done", "failed"])
+    errors = ["disk full"] if status == "failed" else []
+    manifest = {"format": 1, "id": "c1", "source": "governor", "status": status, "errors": errors}
+    return {"requested_at": clock.isoformat(asked), "status": status, "manifest": manifest}
 
 
 async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_path, monkeypatch):
@@ -244,3 +321,26 @@ async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_pat
     assert "max-age-warn" in said[2 * 60]
     assert said[3 * 60] & {"checkpoint", "cull"}, said
     assert decided[0] < 12  # and not decided in between
+
+
+@pytest.mark.parametrize("version, sorts", [("4.1.6", True), ("6.1.0", False)])
+async def test_a_hub_that_cannot_sort_by_activity_is_listed_whole(
+    tmp_path, monkeypatch, version, sorts
+):
+    """Listing only the users active since the last listing needs a Hub that sorts them by
+    activity: one older than JupyterHub 5 (which ignores ``sort``), or one whose listing comes
+    back out of that order, is listed whole at every pass."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    async with FakeHub() as hub:
+        hub.version, hub.sorts = version, sorts
+        for i in range(12):  # in id order, the most recently active last
+            hub.add_server(f"user{i}", last_activity=frozen[0] - timedelta(seconds=60 - i))
+        gov = governor(hub, tmp_path, "gov", Dcgm(), full_every=1000)
+        for _ in range(4):
+            frozen[0] += timedelta(minutes=1)
+            await gov.reconcile()
+            assert gov.hub_listing.full
+            assert len(gov.hub_listing.listed) == 12
+        await gov.close()
+    assert gov.hub_listing.sorts is False

@@ -586,44 +586,53 @@ def holds_until(
     Worked out for the steady states most servers are in, with nothing to do: a GPU known
     active; known idle, before the warning (until ``warn_at``) or warned (until ``cull_at``),
     with no cell running; no GPU, active by jupyterhub-idle-culler's rule (until its
-    ``cull_at``). Every other state (unknown, exempt, checkpointing, culled, a cell
-    running, ...) answers ``now``. Besides those, the times that can move a steady decision on
+    ``cull_at``); waiting for a checkpoint before an idle or hard-deadline cull (until the
+    request times out). Every other state (unknown, exempt, culled, a cell running, ...)
+    answers ``now``. Besides those, the times that can move a steady decision on
     are the hard deadlines (and their warnings), the expected duration's notice, a queued
     spawn's time to be claimed and the owner becoming away; ``decide`` reads no other time on
     these paths: a new rule in ``decide`` that reads one must add it here
     (tests/test_governor_incremental.py compares the two paths)."""
     gpu = view.gpu
+    # A checkpoint asked for before a cull, not answered yet: its answer arrives as a new
+    # input (the report); without one, the request times out at a time of its own.
+    waiting = (
+        decision.state == CHECKPOINTING
+        and record.checkpoint_status == CHECKPOINT_REQUESTED
+        and record.checkpoint_requested_at is not None
+    )
     if (
         decision.actions
         or decision.record != record
         or view.excluded is not None
         or record.cull_requested_at is not None
         or record.exempt_until is not None
-        or record.checkpoint_requested_at is not None  # the service times it out
+        or (record.checkpoint_requested_at is not None and not waiting)
         or record.paused_at is not None
         or record.interrupted_at is not None
     ):
         return now
     times = []
-    if gpu is None or not gpu.holds_gpu:  # jupyterhub-idle-culler's rule: its deadline
+    deadline = _hard_deadline(policy, view, record)
+    if waiting:
+        times.append(record.checkpoint_requested_at + policy.checkpoint_timeout)
+        if deadline is not None and now >= deadline.at:
+            pass  # past a hard deadline ``decide`` reads no activity: it stays past
+        elif _steady_idle(gpu, record):
+            _away_at(view, policy, times)
+        else:
+            return now
+    elif gpu is None or not gpu.holds_gpu:  # jupyterhub-idle-culler's rule: its deadline
         if decision.state != ACTIVE:
             return now
         times.append(decision.cull_at)
     elif decision.state == ACTIVE and gpu.active is True:
         pass
-    elif (
-        decision.state in (IDLE, WARNED)
-        and gpu.active is False
-        and record.idle_since is not None
-        and _running_cell(gpu, record.idle_since) is None
-    ):
+    elif decision.state in (IDLE, WARNED) and _steady_idle(gpu, record):
         times.append(decision.warn_at if decision.state == IDLE else decision.cull_at)
-        back = view.user_last_activity
-        if policy.away_after is not None and back is not None:
-            times.append(back + policy.away_after)
+        _away_at(view, policy, times)
     else:
         return now
-    deadline = _hard_deadline(policy, view, record)
     if deadline is not None:
         times += [deadline.warn_from, deadline.at]
     # The expected duration's notice, and a queued spawn's time to be claimed (``_unclaimed``).
@@ -638,6 +647,24 @@ def holds_until(
     # A time already past changes nothing more: the comparisons it settles stay settled.
     later = [t for t in times if t is not None and t > now]
     return min(later) if later else None
+
+
+def _steady_idle(gpu: GpuSignal | None, record: Record) -> bool:
+    """A GPU known idle, on a stretch already started, no cell running."""
+    return (
+        gpu is not None
+        and gpu.holds_gpu
+        and gpu.active is False
+        and record.idle_since is not None
+        and _running_cell(gpu, record.idle_since) is None
+    )
+
+
+def _away_at(view: ServerView, policy: Policy, times: list) -> None:
+    """When the owner becomes away (``away_after`` past their last activity)."""
+    back = view.user_last_activity
+    if policy.away_after is not None and back is not None:
+        times.append(back + policy.away_after)
 
 
 def _unclaimed(view: ServerView, now: datetime) -> str | None:

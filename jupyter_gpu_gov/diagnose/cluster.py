@@ -141,7 +141,7 @@ class Demand:
 def mig_share(profile: str | None) -> float:
     """A MIG profile's share of its card's compute (``3g.40gb``: 3/7); 1 for a whole card."""
     head = (profile or "").split("g.", 1)[0]
-    return round(int(head) / 7, 4) if head.isdigit() else 1.0
+    return round(int(head) / 7, 4) if head.isascii() and head.isdigit() else 1.0  # not '²'
 
 
 def card_shares(slices: Iterable[tuple[str, str | None, float | None]]) -> list[float]:

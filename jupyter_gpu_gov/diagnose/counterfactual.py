@@ -25,7 +25,13 @@ another node's. What the model decides with is what defines each cause physicall
    loop that starves it is held back by something else, whatever its kernels do meanwhile.
    Busy tensor pipes rule it out (the kernels compute). A node whose ordinary loops already
    read near the peak (``saturated``: NVML's memory utilisation saturates early) cannot show
-   it at all; NVML's time share counts less than DCGM's DRAM activity.
+   it at all; NVML's time share counts less than DCGM's DRAM activity. NVML's memory
+   utilisation is also read as what it is, a time share with a ceiling: at ``ceiling`` of the
+   most this node's counter reads (its *DRAM ceiling*, learnt from its own windows) the memory
+   was busy nearly all the time, which is memory-bound wherever the node's loops do not all
+   read so (the intensity's peak alone is a ratio of two time shares sampled apart: its tail
+   runs past 1 wherever a window's kernel time reads low, and set the bar above what the
+   node's memory-bound loops read).
 2. **Fed or starved.** The kernel-time share (``gr_active``; NVML's utilisation where that is
    all there is) against the node's *fed level* (the median of its fed group of loops, never
    below ``reference.TIME_SHARE_FED`` where it is a share of time): at ``fed`` of it or more
@@ -119,7 +125,10 @@ from .reference import (
     tensor_share,
 )
 
-FORMAT = 7  # 7: a DCGM node's fed level floored (6: compute-loop DRAM anchor; 5: online references)
+FORMAT = 8  # 8: a node's DRAM ceiling (7: a DCGM node's fed level floored; 6: compute-loop anchor)
+# Formats still read: 7's node references lack the DRAM ceiling and learn it from their next
+# windows (``reference.NodeReference.__setstate__``); older ones are refused (retrain).
+READS = (7, FORMAT)
 UNEXPLAINED = "unexplained"
 # The contribution each cause's signal carries.
 SIGNAL_OF = {
@@ -150,6 +159,7 @@ class Params:
     memory_floor_nvml: float = 0.8
     nvml_memory_weight: float = 0.85  # a time share is weaker evidence than DCGM's DRAM activity
     memory_width: float = 0.05
+    ceiling: float = 0.9  # NVML's memory utilisation at this share of the node's ceiling: busy
     saturated: float = 1.0  # the node's fed loops' DRAM intensity at this share of its peak
     tensor_busy: float = 0.35  # tensor pipes at this share of SM activity: the kernels compute
     memory_fed: float = 0.6  # memory-bound: the GPU busy at least this share of its fed level
@@ -195,13 +205,14 @@ PRIOR = {
     ENGINE: {"fed_level": 0.9, "occupancy": 0.85, "peak": 0.9, "dram_intensity": 0.3,
              "compute_dram": 0.2},
     NVML: {"fed_level": 0.9, "occupancy": math.nan, "peak": 1.0, "dram_intensity": 0.6,
-           "compute_dram": 0.4},
+           "compute_dram": 0.4, "dram_ceiling": 1.0},
     DCGM: {"fed_level": math.nan, "occupancy": math.nan, "peak": 0.9, "dram_intensity": 0.3,
            "compute_dram": 0.2},
 }  # fmt: skip
 
 
-REFERENCE_FIGURES = ("fed_level", "peak", "compute_dram")  # the rest are fed-state means
+# The node figures read by name; the rest are fed-state means.
+REFERENCE_FIGURES = ("fed_level", "peak", "compute_dram", "dram_ceiling")
 
 
 def _gate(x: float, centre: float, width: float) -> float:
@@ -442,12 +453,12 @@ class Diagnoser:
         busy = _gate(x, KERNEL_TIME_MIN, 0.05)
         if not math.isnan(fed):
             busy *= _gate(fed, p.memory_fed, p.fed_width)
-        memory = (
-            _gate(di / peak, p.memory_bound_nvml if nvml else p.memory_bound, p.memory_width)
-            * heavy
-            * busy
-            * (p.nvml_memory_weight if nvml else 1.0)
-        )
+        near = _gate(di / peak, p.memory_bound_nvml if nvml else p.memory_bound, p.memory_width)
+        if nvml:  # or the time share at this node's own ceiling: busy nearly all the time
+            ceiling = self._reference(ref, kind, "dram_ceiling")
+            if ceiling > 0:
+                near = max(near, _gate(w.dram_active / ceiling, p.ceiling, p.memory_width))
+        memory = near * heavy * busy * (p.nvml_memory_weight if nvml else 1.0)
         if ts is not None:
             memory *= 1.0 - _gate(ts, p.tensor_busy, 0.05)
         fed_di = self._reference(ref, kind, "dram_intensity")
@@ -564,8 +575,9 @@ class Diagnoser:
                 data = pickle.load(file)
             except Exception as error:
                 raise ValueError(f"{path}: not a diagnosis model ({error})") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a jupyter-gpu-gov diagnosis model (format {FORMAT})")
+        if not isinstance(data, dict) or data.get("format") not in READS:
+            formats = " or ".join(map(str, READS))
+            raise ValueError(f"{path}: not a jupyter-gpu-gov diagnosis model (format {formats})")
         model = data.get("diagnoser")
         if not isinstance(model, cls):
             raise ValueError(f"{path}: not a jupyter-gpu-gov diagnosis model")

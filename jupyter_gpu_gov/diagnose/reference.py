@@ -25,15 +25,23 @@ loops show. Its *peak* DRAM intensity is the 98th percentile over windows whose 
 least 30 % of the time (DCGM's: at most 1, the interface busy all the time); its *compute
 DRAM* the lower quartile over its fed windows (its compute loops', as long as a quarter of
 them compute); its *read peak* the 98th percentile of what its loops read (MB/s): what its
-storage gives at most. Its *idle floor* is what SM activity reads
+storage gives at most. Its *DRAM ceiling* is the 98th percentile of the DRAM counter itself over
+the same windows as the peak: the most *this node's* counter reads, whatever its scale. NVML's
+memory utilisation is a time share that saturates (GDDR cards, a driver's sampling), and its
+ceiling differs per node (1.0 on one, 0.9 on another): a memory-bound loop keeps it at that
+ceiling, which a fleet constant would not know. Its *idle floor* is what SM activity reads
 in windows whose kernel runs nothing.
+
+A reference pickled before a figure existed (model format 7: no DRAM ceiling) is read with
+that figure's empty default (``__setstate__``): it learns it from the node's next windows,
+and the model uses its prior until then.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 from .features import Window
 
@@ -200,6 +208,8 @@ class NodeReference:
     servers: set = field(default_factory=set)  # distinct servers seen running (up to MANY)
     kernel: Histogram = field(default_factory=lambda: Histogram(100))
     intensity: Histogram = field(default_factory=lambda: Histogram(100, 0.0, 2.0))
+    # the DRAM counter itself over the same windows (``dram_ceiling``; NVML's: a time share)
+    busy_dram: Histogram = field(default_factory=lambda: Histogram(50))
     # DRAM intensity of the fed group's windows, memory-bound ones included (``compute_dram``)
     fed_intensity: Histogram = field(default_factory=lambda: Histogram(100, 0.0, 2.0))
     idle: Histogram = field(default_factory=lambda: Histogram(50, 0.0, 0.25))
@@ -215,7 +225,16 @@ class NodeReference:
     idle_floor: float = math.nan  # median SM activity of idle kernels
     read_peak: float = math.nan  # log1p of the most the node's loops read (MB/s): its storage
     compute_dram: float = math.nan  # DRAM intensity of its compute loops (see COMPUTE_QUANTILE)
+    dram_ceiling: float = math.nan  # the most its DRAM counter reads (PEAK_QUANTILE)
     _since: int = 0
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickle, giving any field an older model lacks its default (the migration)."""
+        self.__dict__.update(state)
+        for f in fields(self):
+            if f.name not in state:
+                default = f.default_factory() if f.default_factory is not MISSING else f.default
+                setattr(self, f.name, default)
 
     def observe(self, w: Window) -> None:
         """One window of this node and kind (running or idle; in its server's context)."""
@@ -237,6 +256,7 @@ class NodeReference:
             self.kernel.add(x)
         if di is not None and x >= KERNEL_TIME_MIN:
             self.intensity.add(di)
+            self.busy_dram.add(w.dram_active)
             if x >= max(self.threshold, FED_SHARE * self.fed_level):  # false while unknown
                 self.fed_intensity.add(di)
         if w.read_mb_s is not None:
@@ -248,7 +268,8 @@ class NodeReference:
                     row[2 * j] += 1.0
                     row[2 * j + 1] += value
         if self.windows > CAP:
-            for h in (self.kernel, self.intensity, self.fed_intensity, self.idle, self.reads):
+            for h in (self.kernel, self.intensity, self.busy_dram, self.fed_intensity,
+                      self.idle, self.reads):  # fmt: skip
                 h.halve()
             self.sums = [[v / 2 for v in row] for row in self.sums]
             self.windows /= 2
@@ -293,6 +314,7 @@ class NodeReference:
         self.idle_floor = self.idle.quantile(0.5)
         self.read_peak = self.reads.quantile(PEAK_QUANTILE)
         self.compute_dram = self.fed_intensity.quantile(COMPUTE_QUANTILE)
+        self.dram_ceiling = self.busy_dram.quantile(PEAK_QUANTILE)
 
 
 TASK_KEEP = 32  # running windows a task keeps for its own best

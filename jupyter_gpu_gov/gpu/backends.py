@@ -103,7 +103,7 @@ def select_visible(devices: Sequence[Device], entries: Sequence[str] | None) -> 
         return None
     chosen: set[str] = set()
     for entry in entries:
-        if entry.lstrip("-").isdigit():
+        if entry.isascii() and entry.lstrip("-").isdigit():
             index = int(entry)
             if index < 0:
                 break  # CUDA stops at the first invalid index

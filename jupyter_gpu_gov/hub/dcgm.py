@@ -224,7 +224,7 @@ def _label(labels: Mapping[str, str], *names: str) -> str | None:
 
 
 def _int(value: str | None) -> int | None:
-    return int(value) if value is not None and value.isdigit() else None
+    return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
 
 _Owner = tuple[str | None, str, str | None]  # namespace, pod, container
@@ -363,7 +363,7 @@ def health_of(values: Mapping[str, float]) -> Health | None:
     if "xid_count" in values:
         for key in values:
             number = key[len("xid_count:") :] if key.startswith("xid_count:") else ""
-            if number.isdigit():
+            if number.isascii() and number.isdigit():
                 xids.append(int(number))
 
     def flag(signal: str) -> bool | None:

@@ -52,7 +52,7 @@ class Options:
     right_size_after: timedelta = rightsize.MIN_OBSERVED  # of reports, before a hint
     # Decide every server at one pass in this many, and between them only those whose inputs
     # changed or whose time came (``hub/unchanged.py``); 1: every server at every pass.
-    full_pass_every: int = 1
+    full_pass_every: int = 10
     history: HistoryOptions = field(default_factory=HistoryOptions)  # hub/history.py
 
     def cost_per_hour(self, tier: str) -> float:

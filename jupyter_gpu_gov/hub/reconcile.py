@@ -32,6 +32,7 @@ from .health import HealthWatch
 from .history import History
 from .hubapi import HubApi, HubServer
 from .ingest import Ingest
+from .listing import HubListing
 from .options import Options
 from .ownership import base_view, resolve
 from .people import PeoplesRequests
@@ -60,6 +61,14 @@ class _Batch:
     outcomes: list[AuditRow] = field(default_factory=list)
     completed: list[AuditRow] = field(default_factory=list)
     saved: bool = False
+
+
+@dataclass
+class _Kept:
+    """Between full listings: the kept views of servers not to decide, the users to ask for."""
+
+    views: dict[str, ServerView] = field(default_factory=dict)
+    ask: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -121,6 +130,7 @@ class Governor(
         self._interrupts: dict[str, outbound.KernelRequest] = {}
         self._context = PassContext()
         self.unchanged = Unchanged(options.full_pass_every)
+        self.hub_listing = HubListing(options.full_pass_every)
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
@@ -173,28 +183,24 @@ class Governor(
         batch = _Batch()
         now = clock.utcnow()
         self.health.observe_dcgm(snapshot, self._context.by_uuid, now)
-        self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
+        full = self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
+        kept = await self._plan_listing(full, groups, rows, now)
         seen = set()
         waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
         # "active": ready servers and those the Hub is starting, which may wait for a GPU.
-        async for server in self.hub.iter_servers(state="active"):
+        async for server in self.hub_listing.servers(self.hub, kept.ask):
             if server.pending or not server.ready:
                 waiting += _queued_for_a_gpu(server, now)
                 continue  # the Hub is starting or stopping it
             key = server_key(server.user, server.name)
-            seen.add(key)
-            self._servers[key] = server
-            try:
-                view = self._kept_view(key, server, rows.get(key), now)
-                if view is None:
-                    view = self._govern(server, rows.get(key), now, batch)
-                self._observe(server, view, now)
-                self._record(server, view, now)  # its history (hub/history.py)
-            except Exception as error:  # one server's bad data never stops the pass
-                self._skipped(key, server.user, error, batch)
-            else:
-                self._failing.pop(key, None)
+            self._decide_one(key, server, None, rows, now, batch, seen)
+        for key, view in kept.views.items():  # not listed: their users did nothing
+            server = self._servers[key]
+            if server.user not in self.hub_listing.listed:
+                self._decide_one(key, server, view, rows, now, batch, seen)
+        for key in [k for k in self._servers if k not in seen]:
+            del self._servers[key]  # stopped, or starting or stopping again
         for key, row in rows.items():
             if row.running and key not in seen:
                 row.running = False  # stopped (by its owner, the Hub or us)
@@ -244,6 +250,42 @@ class Governor(
         errors = () if batch.saved else ("the store is unavailable: this pass acted on nothing",)
         dcgm_errors = snapshot.errors if snapshot else ()
         return CycleResult(len(seen), counts, dcgm_errors=dcgm_errors, errors=errors)
+
+    def _decide_one(self, key, server, view, rows, now, batch: _Batch, seen: set) -> None:
+        """Decide one running server (unless ``view``, kept from its last decision), and
+        observe it for the ledger and the diagnosis."""
+        seen.add(key)
+        self._servers[key] = server
+        try:
+            if view is None:
+                view = self._kept_view(key, server, rows.get(key), now)
+            if view is None:
+                view = self._govern(server, rows.get(key), now, batch)
+            self._observe(server, view, now)
+            self._record(server, view, now)  # its history (hub/history.py)
+        except Exception as error:  # one server's bad data never stops the pass
+            self._skipped(key, server.user, error, batch)
+        else:
+            self._failing.pop(key, None)
+
+    async def _plan_listing(self, full: bool, groups, rows, now: datetime) -> _Kept:
+        """Which servers this pass lists from the Hub (hub/listing.py): between full passes,
+        the users active since the last listing, and the users of every server to decide —
+        so each decision rests on a Hub model read in this pass."""
+        await self.hub_listing.plan(self.hub, full, groups)
+        kept = _Kept()
+        if self.hub_listing.full:
+            return kept
+        for key, server in self._servers.items():
+            view = self._kept_view(key, server, rows.get(key), now)
+            if view is None:
+                kept.ask.add(server.user)
+            else:
+                kept.views[key] = view
+        if not self.hub_listing.worth_asking(kept.ask, len(self._servers), self.hub.page_size):
+            self.hub_listing.full = True
+            return _Kept()
+        return kept
 
     async def _settle(self, batch: _Batch) -> None:
         """Every decision and its audit row go on record before anything is done: when the store

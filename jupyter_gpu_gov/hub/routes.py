@@ -214,7 +214,7 @@ class AuditHandler(ApiHandler):
                     403, f"only {server.split('/')[0]} or a governor admin may read this"
                 )
         text = self.get_argument("limit", "200")
-        if not text.isdigit() or not 1 <= int(text) <= MAX_AUDIT_ROWS:
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_AUDIT_ROWS:
             raise web.HTTPError(400, f"'limit' must be a whole number from 1 to {MAX_AUDIT_ROWS}")
         limit = int(text)
         rows = self.governor.audit_trail(server, user, limit)

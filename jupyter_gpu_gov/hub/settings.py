@@ -251,11 +251,12 @@ class GovernorSettings(HasTraits):
 
     # -- the pass ----------------------------------------------------------------------------
     full_pass_every = Int(
-        1,
+        10,
         min=1,
-        help="""Decide every server at one reconcile pass in this many; between them, only the
-        servers whose inputs changed (Hub model, report, DCGM evidence, record) or whose
-        deadline fell due (docs/benchmarks.md, "Scale"). 1: every server at every pass.""",
+        help="""Decide every server at one reconcile pass in this many (default 10: every 10
+        minutes at cull_every=60); between them, only the servers whose inputs changed (Hub
+        model, report, DCGM evidence, record) or whose deadline fell due (docs/benchmarks.md,
+        "Scale"). 1: every server at every pass.""",
     ).tag(config=True)
 
     # -- history and what-if (hub/history.py, docs/api.md "History and what-if") ---------------

@@ -11,6 +11,7 @@ from datetime import datetime
 from ..core import clock, ledger, rightsize
 from ..core.policy import ServerView
 from ..core.vocabulary import WEIGHT_LABEL
+from ..diagnose import cluster
 from . import metrics
 from .hubapi import HubServer
 from .store import StoreUnavailable
@@ -45,14 +46,6 @@ _BILLED = (*ledger.STATES, ledger.UNOBSERVED)  # what GPU_SECONDS counts, by sta
 
 def owner_of(view: ServerView) -> ledger.Owner:
     return ledger.Owner(view.user, view.team or "", view.project or "", view.tier or "")
-
-
-def _device_share(device: Mapping) -> float:
-    """A reported device in GPU-equivalents: 1, or a MIG slice's compute share (``3g.40gb``:
-    3/7)."""
-    profile = device.get("mig_profile") or ""
-    head = profile.split("g.", 1)[0]
-    return round(int(head) / 7, 4) if head.isdigit() else 1.0
 
 
 class Usage:
@@ -103,7 +96,7 @@ class Usage:
         if tier in self.options.tier_weights:
             return float(self.options.tier_weights[tier])
         if report is not None and report["backend"] not in ("none", "unavailable"):
-            return float(sum(_device_share(d) for d in report["devices"]))
+            return float(sum(cluster.mig_share(d.get("mig_profile")) for d in report["devices"]))
         return 1.0 if tier and tier != "no-gpu" else 0.0
 
     def _count(self, audits: Sequence[AuditRow]) -> None:

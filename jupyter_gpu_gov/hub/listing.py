@@ -1,0 +1,151 @@
+"""Listing the Hub incrementally (issue 26; docs/benchmarks.md, "Scale").
+
+A full listing (``GET /users?state=active``, every page) costs what jupyterhub-idle-culler's
+whole pass costs. Between two full listings the governor asks only for the users whose
+``last_activity`` moved since the last listing: ``GET /users?sort=-last_activity`` (JupyterHub
+5 and later), page by page, stopping at the first user older than that. The Hub
+moves a user's ``last_activity`` when a server starts, when it stops (``User.stop``), and with
+every activity its proxy or servers post, so a change of a server's model that a decision
+reads shows up there. Activity arrives late: a single-user server posts its last activity
+every few minutes, and the proxy's is gathered every ``last_activity_interval`` (5 min), so
+the cut-off is the last listing's start less ``ACTIVITY_LAG``.
+
+What ``last_activity`` does not show is caught otherwise:
+
+- a server that becomes ready long after its spawn began: users with a server starting or
+  stopping at the last listing are asked for again (``GET /users/{name}``);
+- a change of groups (which team a server bills to): the groups are read every pass; any
+  change lists everything;
+- any server the pass must decide whose user was not listed (its report or DCGM changed, or a
+  deadline fell due): its user is asked for, so every decision rests on a model read this pass;
+  when that would take more requests than a full listing, the pass lists everything;
+- anything else: a full listing every ``full_every`` passes (``full_pass_every``), and
+  whenever the Hub cannot sort by activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Collection, Sequence
+from datetime import datetime, timedelta
+
+from ..core import clock
+from .hubapi import HubApi, HubServer
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
+
+# How late an activity may reach the Hub's ``last_activity``: a server's posts (every 5 min
+# by default) and the proxy's (``last_activity_interval``, 5 min), with room for clock skew.
+ACTIVITY_LAG = timedelta(minutes=15)
+# Asking for one user costs about a page's request; a page carries many users. Up to this many
+# users asked for one by one per page a full listing would take, rather than listing all.
+LOOKUPS_PER_PAGE = 4
+
+
+class HubListing:
+    """Which servers a pass reads from the Hub, and the reading."""
+
+    def __init__(self, full_every: int = 1, lag: timedelta = ACTIVITY_LAG):
+        self.full_every = max(1, int(full_every))
+        self.lag = lag
+        self.sorts: bool | None = None  # the Hub sorts users by activity (None: not asked)
+        self._since: datetime | None = None  # users active since then: the next listing's
+        self._groups: Sequence[dict] | None = None
+        self.waiting: set[str] = set()  # users with a server starting or stopping
+        self.listed: set[str] = set()  # users this pass's listing returned (their whole model)
+        self.full = True
+
+    async def plan(self, hub: HubApi, full_pass: bool, groups: Sequence[dict]) -> None:
+        """Before a pass's listing: list everything (a full decision pass, the first listing,
+        a change of groups, a Hub that cannot sort), or only what moved."""
+        changed = groups != self._groups
+        self._groups = groups
+        self.full = full_pass or changed or self._since is None or self.full_every == 1
+        if not self.full and self.sorts is None:
+            self.sorts = await _sorts_by_activity(hub)
+        self.full = self.full or not self.sorts
+
+    def worth_asking(self, users: Collection[str], servers: int, page_size: int) -> bool:
+        """Whether asking for these users one by one costs less than a full listing."""
+        pages = -(-servers // max(page_size or 200, 1))
+        return len(users) <= LOOKUPS_PER_PAGE * max(pages, 1)
+
+    async def servers(self, hub: HubApi, ask: Collection[str] = ()) -> AsyncIterator[HubServer]:
+        """This pass's servers: every active one (a full listing), or those of the users
+        active since the last listing, of ``ask`` and of users waiting on a spawn or stop."""
+        started = clock.utcnow()
+        self.listed = set()
+        waiting: set[str] = set()
+        users = None
+        if not self.full:
+            try:  # a few pages at most: read whole, so an order the Hub ignored lists all
+                users = [user async for user in self._active_since(hub, self._since)]
+            except UnsortedListing:
+                self.full = True
+        async for user in _each(users) if users is not None else hub.iter_users("active"):
+            self.listed.add(user["name"])
+            for server in _servers_of(user, waiting):
+                yield server
+        if not self.full:
+            for user in await _ask(hub, (set(ask) | self.waiting) - self.listed):
+                self.listed.add(user["name"])
+                for server in _servers_of(user, waiting):
+                    yield server
+            waiting |= self.waiting - self.listed  # asked for, gone: nothing waits
+        self.waiting = waiting
+        self._since = started - self.lag
+
+    async def _active_since(self, hub: HubApi, since: datetime) -> AsyncIterator[dict]:
+        # Every user, not only active ones: a user whose last server stopped is no longer
+        # "active", and is listed so (no servers) when their activity moved.
+        params = {"sort": "-last_activity"}
+        newest: datetime | None = None
+        async for user in hub.paginate("/users", params):
+            when = clock.parse(user.get("last_activity"))
+            if when is not None and newest is not None and when > newest:
+                # Not in the order asked for: never stop early on a listing out of order.
+                log.warning("gpu-gov: the Hub does not sort users by activity: listing all")
+                self.sorts = False
+                raise UnsortedListing
+            if when is None or when < since:
+                return
+            newest = when
+            yield user
+
+
+async def _each(items: Sequence[dict]) -> AsyncIterator[dict]:
+    for item in items:
+        yield item
+
+
+class UnsortedListing(Exception):
+    """The Hub ignored ``sort``: the pass lists everything instead."""
+
+
+def _servers_of(user: dict, waiting: set[str]) -> list[HubServer]:
+    servers = []
+    for name, model in (user.get("servers") or {}).items():
+        server = HubServer.from_models(user, name, model)
+        if server.pending or not server.ready:
+            waiting.add(server.user)
+        servers.append(server)
+    return servers
+
+
+async def _ask(hub: HubApi, users: Collection[str]) -> list[dict]:
+    """The models of these users (the Hub client bounds the requests in flight); a user the
+    Hub no longer has is left out (their servers are gone)."""
+    models = await asyncio.gather(*(hub.get_user(name) for name in sorted(users)))
+    return [model for model in models if model]
+
+
+async def _sorts_by_activity(hub: HubApi) -> bool:
+    """JupyterHub 5 and later sort ``/users`` by ``last_activity``; earlier ones ignore it."""
+    try:
+        info = await hub.request("GET", "/")
+        major = int(str((info or {}).get("version", "0")).split(".")[0])
+    except Exception as error:  # an unknown Hub lists everything, as before
+        log.warning("gpu-gov: cannot read the Hub's version (%s): listing every pass", error)
+        return False
+    return major >= 5
