@@ -1,9 +1,10 @@
 """The spawn queue end to end: a real hub with the profile layer on a one-GPU workstation
 (simulated), the governor service, real single-user servers, real HTTP.
 
-carol holds the one H100 with a server that never reports (the governor culls it by the idle
-culler's rule after 10 s); ben asks for the H100, is offered a place in line and takes it; when
-carol's server is culled, ben's starts by itself (the governor, through the Hub, with ben's
+carol holds the one H100 with a server that never reports: she works on it (its activity
+reaches the Hub) until ben and erin wait in line, then leaves it, and the governor culls it by the
+idle culler's rule 10 s after her last activity. ben asks for the H100, is offered a place in
+line and takes it; when carol's server is culled, ben's starts by itself (the governor, through the Hub, with ben's
 choices) and answers, and the verdict of ben's other server (no GPU) tells his JupyterLab there,
 until he opens the new one. erin waits behind ben (exempt from culling: he keeps the GPU) and her
 request expires; dave waits through a hub
@@ -15,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import html
 import re
+import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 import pytest
+import requests
 from browser import browser as chromium
 from browser import log_in, requires_browser, screenshot_path
 from governor_harness import Gov, governed_hub, join, queue_line, server_running, wait
@@ -64,13 +67,38 @@ def hub(tmp_path_factory):
         hub.create_user("govadmin")
         for user in ("ben", "carol", "dave", "erin", "fay"):
             hub.create_user(user)
-        # ben works on a server without a GPU ("notes") meanwhile: up before the first test
-        # starts carol's, which is culled 10 s after it starts (nothing else slows that start).
+        # ben works on a server without a GPU ("notes") meanwhile.
         r = hub.api("POST", "users/ben/servers/notes", json={})
         assert r.status_code in (201, 202), r.text
         Gov(hub).wait_up()
         hub.wait_for_server("ben", "notes")
         yield hub
+
+
+@contextlib.contextmanager
+def working(hub, user: str):
+    """``user`` works on their default server meanwhile: its activity reaches the Hub every
+    second, as jupyterhub-singleuser reports it (the idle culler's rule reads it), so the
+    governor culls it only ``inactive_timeout`` after the block ends, however slow the
+    machine is inside it."""
+    stop = threading.Event()
+    url = f"{hub.hub_api_url}/users/{user}/activity"
+    auth = {"Authorization": f"token {hub.api_token}"}
+
+    def beat():
+        while not stop.is_set():
+            body = {"servers": {"": {"last_activity": datetime.now(UTC).isoformat()}}}
+            with contextlib.suppress(requests.RequestException):  # starting: not yet known
+                requests.post(url, json=body, headers=auth, timeout=10)
+            stop.wait(1)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def offer(hub, user: str) -> str:
@@ -108,46 +136,48 @@ def showback(gov: Gov) -> list[dict]:
 
 def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     gov = Gov(hub)
-    r = hub.api("POST", "users/carol/server", json={"profile": "h100"})
-    assert r.status_code in (201, 202), r.text
-    hub.wait_for_server("carol")
+    # carol works on her server until ben and erin wait in line: nothing culls it before.
+    with working(hub, "carol"):
+        r = hub.api("POST", "users/carol/server", json={"profile": "h100"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_for_server("carol")
 
-    # ben's spawn form offers the line for the taken H100, once the governor syncs.
-    sentence = wait(
-        lambda: (o := offer(hub, "ben")).startswith("queue:") and o, 30, "the queue offer"
-    )
-    assert "Or wait in line: 1st for H100 80 GB" in sentence, sentence
-    # Starting anyway is refused, and says the line is there.
-    r = hub.spawn_form("ben", fields={"profile": "h100"})
-    assert r.status_code == 403 and "Or wait in line for it" in html.unescape(r.text)
+        # ben's spawn form offers the line for the taken H100, once the governor syncs.
+        sentence = wait(
+            lambda: (o := offer(hub, "ben")).startswith("queue:") and o, 30, "the queue offer"
+        )
+        assert "Or wait in line: 1st for H100 80 GB" in sentence, sentence
+        # Starting anyway is refused, and says the line is there.
+        r = hub.spawn_form("ben", fields={"profile": "h100"})
+        assert r.status_code == 403 and "Or wait in line for it" in html.unescape(r.text)
 
-    r = join(hub, "ben", {"profile": "h100", "task_type": "batch", "expected_duration": "2h"})
-    assert r.status_code == 302 and r.headers["Location"].endswith("/hub/gpu-gov/queue"), r.text
-    r = join(hub, "erin", {"profile": "h100"})
-    assert r.status_code == 302, r.text
-    waiting = queue_line(hub)
-    assert (waiting["ben"]["position"], waiting["erin"]["position"]) == (1, 2), waiting
-    assert waiting["ben"]["options"]["task_type"] == "batch"
-    # ben's page: his place, and the estimate from carol's planned cull (she is inactive).
-    session = hub.login("ben")
+        r = join(hub, "ben", {"profile": "h100", "task_type": "batch", "expected_duration": "2h"})
+        assert r.status_code == 302 and r.headers["Location"].endswith("/hub/gpu-gov/queue"), r.text
+        r = join(hub, "erin", {"profile": "h100"})
+        assert r.status_code == 302, r.text
+        waiting = queue_line(hub)
+        assert (waiting["ben"]["position"], waiting["erin"]["position"]) == (1, 2), waiting
+        assert waiting["ben"]["options"]["task_type"] == "batch"
+        # ben's page: his place, and the estimate from carol's planned cull (10 s after her
+        # last activity).
+        session = hub.login("ben")
 
-    def place() -> str | None:
-        page = session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
-        page = html.unescape(page.replace("'", '"'))
-        estimate = re.search(r'class="estimate">([^<]*)<', page)
-        due = "a server holding it is due to stop by"
-        return due in (estimate[1] if estimate else "") and page
+        def place() -> str | None:
+            page = session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
+            page = html.unescape(page.replace("'", '"'))
+            estimate = re.search(r'class="estimate">([^<]*)<', page)
+            due = "a server holding it is due to stop by"
+            return due in (estimate[1] if estimate else "") and page
 
-    page = wait(place, 30, "an estimate from carol's planned cull")
-    assert 'data-server="ben/"' in page and 'class="position">1<' in page, page
-    estimate = re.search(r'class="estimate">([^<]*)<', page)[1]
-    due = r"\(a server holding it is due to stop by \d\d:\d\d UTC\)"
-    assert re.fullmatch(rf"(about \d+s|any moment now) {due}", estimate), estimate
-    assert "erin" not in page and "carol" not in page  # nor who else waits, nor who holds it
-    r = hub.get(f"{hub.url}/hub/api/gpu-gov/queue", token=hub.token("ben"))
-    assert r.status_code == 403  # the whole line is for admins
-
-    # carol's silent server is culled for idleness; ben's starts by itself and answers.
+        page = wait(place, 30, "an estimate from carol's planned cull")
+        assert 'data-server="ben/"' in page and 'class="position">1<' in page, page
+        estimate = re.search(r'class="estimate">([^<]*)<', page)[1]
+        due = r"\(a server holding it is due to stop by \d\d:\d\d UTC\)"
+        assert re.fullmatch(rf"(about \d+s|any moment now) {due}", estimate), estimate
+        assert "erin" not in page and "carol" not in page  # nor who else waits, nor who holds it
+        r = hub.get(f"{hub.url}/hub/api/gpu-gov/queue", token=hub.token("ben"))
+        assert r.status_code == 403  # the whole line is for admins
+    # carol leaves: her silent server is culled for idleness; ben's starts by itself and answers.
     wait(lambda: not server_running(hub, "carol"), 90, "carol's idle server to be culled")
     wait(lambda: server_running(hub, "ben"), 90, "ben's server to start from the line")
     hub.wait_for_server("ben")

@@ -573,7 +573,21 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         decision = evolve(
             decision, record=evolve(decision.record, reason=f"{decision.reason}; {overrun}")
         )
+    if deadline is not None and decision.state != CULLED:
+        decision = _with_hard_deadline(decision, deadline, now)
     return evolve(decision, notice=notice) if notice else decision
+
+
+def _with_hard_deadline(decision: Decision, deadline: _Deadline, now: datetime) -> Decision:
+    """A hard deadline, whatever the GPU does, is when the server stops if nothing stops it
+    sooner: its verdict says so (and the spawn queue's estimate counts on it); once announced,
+    its reason says why, like the warning."""
+    if decision.cull_at is not None and decision.cull_at <= deadline.at:
+        return decision
+    reason = decision.reason
+    if now >= deadline.warn_from:
+        reason = f"{reason}; {deadline.notice()}"
+    return evolve(decision, record=evolve(decision.record, reason=reason), cull_at=deadline.at)
 
 
 def holds_until(

@@ -1,0 +1,219 @@
+"""The spawn queue from the profile layer to the governor's pass, without a real hub: the real
+workstation spawner (``GpuSimpleLocalProcessSpawner`` on simulated H100s) decides over an
+in-memory JupyterHub database, as the hub would; the governor's pass reads the servers it
+recorded through the fake Hub API (tests/fake_hub_api.py), with their spawner state, and acts.
+
+- A team within its guarantee that joins the line asks borrowed servers back: the borrowed
+  server is warned, then stopped after ``reclaim_grace``, and the audit says why.
+- A server started from the line that nobody opens is given back after the claim window and
+  counted (``jupyter_gpu_gov_culls_total{reason="unclaimed"}``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from fake_hub_api import FakeHub as FakeHubApi
+from jupyterhub import orm
+from jupyterhub.objects import Hub
+from jupyterhub.user import UserDict
+from test_governor import governor, report_for
+from traitlets.config import Config
+
+from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.clock import parse
+from jupyter_gpu_gov.core.grant import DEVICES_STATE, GRANT_STATE
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.core.vocabulary import STOP_SERVER
+from jupyter_gpu_gov.hub import metrics
+from jupyter_gpu_gov.hub.queue import releases
+from jupyter_gpu_gov.profiles import queue as profile_queue
+from jupyter_gpu_gov.profiles.config import GpuProfiles
+from jupyter_gpu_gov.profiles.local import GpuSimpleLocalProcessSpawner, LocalGpus
+from jupyter_gpu_gov.profiles.quota import CAPACITY
+from jupyter_gpu_gov.profiles.spawner import waiting_requests
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559}
+MINUTE = timedelta(minutes=1)
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """Two simulated H100s; vision is guaranteed one, interns may borrow both; lab (ben and
+    carol) is guaranteed one. The governor was heard from: the line is offered."""
+    config = Config()
+    config.LocalGpus.backend = "simulated"
+    config.LocalGpus.simulated_devices = [H100, H100]
+    config.GpuProfiles.tiers = [{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"}]
+    config.GpuProfiles.quotas = {
+        "vision": {"guaranteed": {"h100": 1}},
+        "interns": {"borrowing_limit": {"h100": 2}, "tiers": ["h100"]},
+        "lab": {"guaranteed": {"h100": 1}},
+    }
+    config.GpuProfiles.team_map = {
+        "vera": "vision", "ivan": "interns", "ines": "interns", "ben": "lab", "carol": "lab",
+    }  # fmt: skip
+    config.GpuProfiles.require_project = False
+    for singleton in (GpuProfiles, LocalGpus):
+        singleton.clear_instance()
+    monkeypatch.setattr(profile_queue.FORECAST, "at", clock.utcnow())
+    world = InMemoryHub(config)
+    yield world
+    world.db.close()
+    clock.reset()
+    for singleton in (GpuProfiles, LocalGpus):
+        singleton.clear_instance()
+
+
+class InMemoryHub:
+    """A JupyterHub database in memory, its users wrapped as the hub wraps them."""
+
+    def __init__(self, config: Config):
+        self.db = orm.new_session_factory("sqlite://")()
+        self.settings = {
+            "spawner_class": GpuSimpleLocalProcessSpawner,
+            "config": config,
+            "hub": Hub(base_url="/hub/"),
+        }
+        self.users = self.settings["users"] = UserDict(lambda: self.db, self.settings)
+
+    def spawner(self, name: str) -> GpuSimpleLocalProcessSpawner:
+        row = orm.User.find(self.db, name)
+        if row is None:
+            row = orm.User(name=name)
+            self.db.add(row)
+            self.db.commit()
+        return self.users[row].get_or_create_spawner("", "")
+
+    async def start(self, name: str, options: dict, started: datetime | None = None):
+        """What ``User.spawn`` does up to the spawner's start: admission, then the record of a
+        started server (the process itself is not needed here)."""
+        spawner = self.spawner(name)
+        spawner.user_options = dict(options)
+        spawner._gpu_admit(await spawner.gpu_teams())
+        spawner.orm_spawner.started = (started or clock.utcnow()).replace(tzinfo=None)
+        spawner.orm_spawner.state = spawner.get_state()
+        self.db.commit()
+        return spawner
+
+    def stop(self, name: str) -> None:
+        """What the Hub does when a server stops: not started, its state cleared."""
+        spawner = self.spawner(name)
+        spawner.clear_state()
+        spawner.orm_spawner.started = None
+        spawner.orm_spawner.state = spawner.get_state()
+        self.db.commit()
+
+    def serve(self, api: FakeHubApi, name: str, **server) -> str:
+        """The server as the Hub's REST API shows the governor: its state from the database."""
+        row = self.spawner(name).orm_spawner
+        started = row.started.replace(tzinfo=clock.utcnow().tzinfo)
+        api.add_server(name, started=started, state=dict(row.state), **server)
+        return row.state[DEVICES_STATE][0]  # the card the allocator gave it
+
+
+def grant(hub: InMemoryHub, name: str) -> dict:
+    return dict(hub.spawner(name).orm_spawner.state.get(GRANT_STATE) or {})
+
+
+def audit(gov, key: str) -> list[tuple[str, str]]:
+    return [(a.action, a.reason) for a in gov.store.audit_rows(key)]
+
+
+def culls(reason: str) -> float:
+    return metrics.CULLS.labels(reason, STOP_SERVER)._value.get()
+
+
+async def test_a_team_within_its_guarantee_joining_the_line_asks_a_borrowed_gpu_back(hub, tmp_path):
+    """interns borrow both H100s; vera (vision, within its guarantee) joins the line instead
+    of retrying: the most recently started borrowed server is asked back (the other keeps its
+    GPU), its owner is warned with the reason and the time, and it is stopped after the grace
+    even though its GPU is busy; the audit says why at each step."""
+    now = clock.utcnow()
+    await hub.start("ivan", {"profile": "h100"}, started=now - timedelta(hours=2))
+    await hub.start("ines", {"profile": "h100"}, started=now - timedelta(hours=1))
+    assert (
+        grant(hub, "ivan")["gpu-gov/borrowed"] == grant(hub, "ines")["gpu-gov/borrowed"] == "true"
+    )
+
+    admission = await hub.spawner("vera").gpu_enqueue({"profile": "h100"})
+    assert not admission.allowed and admission.limit == CAPACITY
+    assert "Team vision is within its guarantee" in admission.reason
+    assert [(q.user, q.team) for q in waiting_requests(hub.db)] == [("vera", "vision")]
+    asked = grant(hub, "ines")
+    assert asked["gpu-gov/reclaim-for"] == "vision" and "gpu-gov/reclaim" in asked
+    assert "gpu-gov/reclaim" not in grant(hub, "ivan")  # one card is all vera needs
+
+    reclaimed = culls("reclaim")
+    async with FakeHubApi() as api:
+        cards = {user: hub.serve(api, user) for user in ("ivan", "ines")}
+        gov = governor(api, tmp_path)
+        gov.policies = load_policies([], {"checkpoint": False, "reclaim_grace": "15m"})
+
+        async def governor_pass():
+            for user, card in cards.items():  # both at work on their GPUs
+                gov.ingest(report_for(user, card, sm=0.9))
+            await gov.reconcile()
+
+        await governor_pass()
+        notice = "team vision, within its guarantee, needs this borrowed GPU back"
+        (warning,) = [why for action, why in audit(gov, "ines/") if action == "reclaim-warn"]
+        assert warning.startswith(f"{notice}: it will be given back at ")
+        # Her JupyterLab's verdict: her work goes on, with the deadline and why.
+        told = gov.verdict("ines/")
+        due = now + timedelta(minutes=15)
+        assert told["state"] == "active" and abs(parse(told["cull_at"]) - due) < MINUTE, told
+        assert warning in told["reason"], told
+        # vera's estimate in line counts on it.
+        forecast = releases(gov.store.servers(running_only=True))
+        assert forecast["ines/"].at == parse(told["cull_at"]) and forecast["ivan/"].at is None
+        assert gov.verdict("ivan/")["state"] == "active"
+
+        clock.advance(14 * 60)
+        await governor_pass()
+        assert api.running("ines")  # the grace is not over: her work goes on
+        clock.advance(61)
+        await governor_pass()
+        assert not api.running("ines") and api.running("ivan")
+    (cull,) = [why for action, why in audit(gov, "ines/") if action == "cull"]
+    assert notice in cull, cull
+    assert culls("reclaim") - reclaimed == 1
+    assert "reclaim-warn" not in dict(audit(gov, "ivan/"))
+
+
+async def test_a_server_started_from_the_line_that_nobody_opens_is_given_back_and_counted(
+    hub, tmp_path
+):
+    """carol holds lab's card; ben waits in line. Her server stops, his starts from the line
+    (admission records when he joined and how long he has to open it). Nobody opens it: the
+    governor's pass gives it back once the claim window (15 minutes) is over, and counts it."""
+    await hub.start("carol", {"profile": "h100"})
+    await hub.start("ivan", {"profile": "h100"})  # the second card: borrowed
+    refused = await hub.spawner("ben").gpu_enqueue({"profile": "h100"})
+    assert not refused.allowed and [q.user for q in waiting_requests(hub.db)] == ["ben"]
+    hub.stop("carol")
+    ben = await hub.start("ben", hub.spawner("ben").gpu_queued.options)
+    assert waiting_requests(hub.db) == [] and ben.gpu_grant["gpu-gov/claim-within"] == "900"
+    assert "gpu-gov/queued-at" in ben.gpu_grant
+
+    unclaimed = culls("unclaimed")
+    async with FakeHubApi() as api:
+        # The Hub stamps activity as the server starts; nobody uses it after that.
+        card = hub.serve(api, "ben", last_activity=clock.utcnow())
+        gov = governor(api, tmp_path)
+
+        async def governor_pass():
+            gov.ingest(report_for("ben", card, sm=0.0))  # no person's request in its report
+            await gov.reconcile()
+
+        await governor_pass()
+        clock.advance(14 * 60)
+        await governor_pass()
+        assert api.running("ben") and culls("unclaimed") == unclaimed
+        clock.advance(61)
+        await governor_pass()
+        assert not api.running("ben")
+    (cull,) = [why for action, why in audit(gov, "ben/") if action == "cull"]
+    assert "not opened within 15m: its GPU is given back to the line" in cull, cull
+    assert culls("unclaimed") - unclaimed == 1
