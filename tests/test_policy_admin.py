@@ -47,6 +47,23 @@ async def test_a_bad_candidate_is_refused_naming_what_is_wrong(tmp_path, data, w
         admin.validate(admin.candidate_of(data), gov.options)
 
 
+@pytest.mark.parametrize(
+    ("days", "words"),
+    [
+        pytest.param(10**400, "a number of days, got 1000000", id="past-floats-range"),  # a 500
+        (True, "a number of days, got True"),
+        ("nan", "more than 0 and at most 31"),
+        (0, "more than 0"),
+        (32, "at most 31"),
+        ([], "a number of days"),
+    ],
+)
+def test_a_bad_what_if_span_is_refused_naming_it(days, words):
+    with pytest.raises(admin.CandidateError, match=words) as refused:
+        admin.days_of(days)
+    assert len(str(refused.value)) < 120  # a huge number is not echoed whole
+
+
 def test_the_error_is_the_services_own_at_start_up(tmp_path):
     bad = {"policies": [{"name": "x", "cull_after": "soon"}], "policy_defaults": {}}
     config = tmp_path / "config.py"

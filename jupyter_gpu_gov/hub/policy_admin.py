@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import json
+import reprlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -252,14 +253,17 @@ def stop_dry_run(governor, actor: str, reason: str) -> bool:
     return True
 
 
-def days_of(text: Any) -> float:
+def days_of(value: Any) -> float:
     """``days`` of a what-if: a number from 0 (exclusive) to ``MAX_DAYS``."""
+    shown = reprlib.repr(value)  # bounded: a 300-digit number is not echoed whole
     try:
-        days = float(text)
-    except (TypeError, ValueError):
-        raise CandidateError(f"days must be a number of days, got {text!r}") from None
+        if isinstance(value, bool):
+            raise TypeError(value)
+        days = float(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
+        raise CandidateError(f"days must be a number of days, got {shown}") from None
     if not 0 < days <= MAX_DAYS:
-        raise CandidateError(f"days must be more than 0 and at most {MAX_DAYS}, got {text!r}")
+        raise CandidateError(f"days must be more than 0 and at most {MAX_DAYS}, got {shown}")
     return days
 
 
