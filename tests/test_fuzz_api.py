@@ -250,7 +250,7 @@ def test_action_bodies_never_make_a_500_and_refusals_change_nothing(service, dat
     assert_refused_unchanged(service, r, before, "reason", "duration", "body", "JSON")
 
 
-@FUZZ
+@settings(FUZZ, max_examples=40)  # each example replays history: 120 took ~50 s under load
 @given(candidate=json_values | st.text(max_size=60), days=json_values)
 def test_a_candidate_policy_never_makes_a_500_and_changes_nothing(service, candidate, days):
     """Validate and what-if take any candidate: valid, or a 400 naming what is wrong; the

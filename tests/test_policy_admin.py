@@ -1,18 +1,29 @@
-"""Policies changed at run time (``hub/policy_admin.py``): a candidate is refused with the
+"""Policies changed at run time (``hub/policy_admin.py``, ``hub/applied_policy.py``): a candidate is refused with the
 service's start-up error, and an apply is on the audit trail before it governs; when the
 audit cannot be written, nothing changes."""
 
 from __future__ import annotations
 
+import html
+import json
+import logging
+from datetime import timedelta
+
 import pytest
 from fake_hub_api import FakeHub
 from test_governor import governor
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
 
+from jupyter_gpu_gov.hub import applied_policy as kept
 from jupyter_gpu_gov.hub import policy_admin as admin
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.prepared_auth import PreparedHubOAuth
 from jupyter_gpu_gov.hub.store import StoreUnavailable
 
+PREFIX, ACCESS = "/services/gpu-gov/", "access:services!service=gpu-gov"
 CANDIDATE = {
     "policies": [{"name": "vision", "match": {"teams": ["vision"]}, "cull_after": "45m"}],
     "policy_defaults": {"warn_after": "20m"},
@@ -36,6 +47,23 @@ async def test_a_bad_candidate_is_refused_naming_what_is_wrong(tmp_path, data, w
         admin.validate(admin.candidate_of(data), gov.options)
 
 
+@pytest.mark.parametrize(
+    ("days", "words"),
+    [
+        pytest.param(10**400, "a number of days, got 1000000", id="past-floats-range"),  # a 500
+        (True, "a number of days, got True"),
+        ("nan", "more than 0 and at most 31"),
+        (0, "more than 0"),
+        (32, "at most 31"),
+        ([], "a number of days"),
+    ],
+)
+def test_a_bad_what_if_span_is_refused_naming_it(days, words):
+    with pytest.raises(admin.CandidateError, match=words) as refused:
+        admin.days_of(days)
+    assert len(str(refused.value)) < 120  # a huge number is not echoed whole
+
+
 def test_the_error_is_the_services_own_at_start_up(tmp_path):
     bad = {"policies": [{"name": "x", "cull_after": "soon"}], "policy_defaults": {}}
     config = tmp_path / "config.py"
@@ -48,31 +76,168 @@ def test_the_error_is_the_services_own_at_start_up(tmp_path):
     assert str(start_up.value).endswith(str(refused.value))
 
 
-async def test_apply_is_audited_before_it_governs_and_not_at_all_without_the_audit(tmp_path):
+async def test_apply_is_audited_and_kept_in_one_transaction_or_changes_nothing(tmp_path):
+    """The audit row and the kept policy are written together: when either write fails
+    (here SQLite refuses it, as a full disk or a lost database would), neither is on record and
+    the live policies are as they were."""
     async with FakeHub() as hub:
         gov = governor(hub, tmp_path)
         before = list(gov.policies)
-        real_audit = gov.store.audit
+        kept.apply(gov, CANDIDATE, "user:ada", "dry run first", dry_run=True)  # makes the tables
+        for table in ("audit", "applied_policies"):
+            with gov.store.engine.begin() as db:
+                db.exec_driver_sql(
+                    f"CREATE TRIGGER refuse BEFORE INSERT ON {table} "
+                    "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+                )
+            with pytest.raises(StoreUnavailable, match="disk full"):
+                kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
+            assert gov.policies == before  # nothing changed
+            assert [a.action for a in gov.store.audit_rows()] == ["policy-dry-run"]
+            assert kept.newest(gov.store.engine) is None
+            with gov.store.engine.begin() as db:
+                db.exec_driver_sql("DROP TRIGGER refuse")
 
-        def down(rows):
-            raise StoreUnavailable(gov.store.url, OSError("disk full"))
-
-        gov.store.audit = down
-        with pytest.raises(StoreUnavailable):
-            admin.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
-        assert gov.policies == before  # nothing changed
-
-        seen = []
-
-        def audit(rows):
-            seen.append([p.name for p in gov.policies])  # what governs as it is written
-            real_audit(rows)
-
-        gov.store.audit = audit
-        done = admin.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
-    assert seen == [[p.name for p in before]]
+        done = kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
     assert [p.name for p in gov.policies] == ["vision", "default"]
-    assert done["persists"] is False and "c.GpuGovernor.policies = [" in done["config"]
+    assert done["persists"] is True and "c.GpuGovernor.policies = [" in done["config"]
     (row,) = [a for a in gov.store.audit_rows() if a.action == "policy-apply"]
     assert (row.actor, row.reason) == ("user:ada", "tighter for vision")
     assert any('"cull_after": "45m"' in line for line in row.details["diff"])
+    assert kept.newest(gov.store.engine).candidate == CANDIDATE
+
+
+# -- across restarts: the service's own start-up (GpuGovernor.initialize, make_governor) ----------
+
+
+class Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+async def restart(tmp_path, vision_cull_after: str):
+    """The service started afresh on the same database, its config file's vision policy culling
+    after ``vision_cull_after``: its governor, and what it logged about its policies."""
+    config = tmp_path / "gpu_gov_config.py"
+    config.write_text(
+        f"c.GpuGovernor.db_url = 'sqlite:///{tmp_path / 'gov.sqlite'}'\n"
+        "c.GpuGovernor.policies = [{'name': 'vision', 'match': {'teams': ['vision']}, "
+        f"'cull_after': '{vision_cull_after}'}}]\n"
+    )
+    app = GpuGovernor()
+    app.initialize([f"--config={config}"])
+    lines = Lines()
+    app.log.addHandler(lines)
+    gov = app.make_governor()
+    await gov.close()
+    return gov, [line for line in lines.lines if line.startswith("policies:")]
+
+
+@pytest.fixture
+def service_env(monkeypatch):
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "never-sent")  # no hub is asked at start-up
+    return monkeypatch
+
+
+async def served(gov, monkeypatch, *paths: str) -> list[str]:
+    """``paths`` of the service's web app over HTTP, as a governor admin whom a Hub (its API,
+    faked at the HTTP level) vouches for."""
+    async with FakeHub() as hub:
+        hub.add_user_token("root", "admin-token", extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
+        for key, value in {
+            "JUPYTERHUB_API_URL": hub.api_url,
+            "JUPYTERHUB_API_TOKEN": hub.token,
+            "JUPYTERHUB_SERVICE_NAME": "gpu-gov",
+            "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
+            "JUPYTERHUB_CLIENT_ID": "service-gpu-gov",
+            "JUPYTERHUB_BASE_URL": "/",
+        }.items():
+            monkeypatch.setenv(key, value)
+        sockets = bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(GpuGovernor().make_web_app(gov))
+        server.add_sockets(sockets)
+        base = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{PREFIX}"
+        try:
+            client = AsyncHTTPClient()
+            headers = {"Authorization": "token admin-token"}
+            return [
+                (await client.fetch(base + path, headers=headers)).body.decode() for path in paths
+            ]
+        finally:
+            server.stop()
+            PreparedHubOAuth.clear_instance()  # the handlers' HubAuth is one a process: this Hub's
+
+
+def cull_after(gov) -> timedelta:
+    return next(p for p in gov.policies if p.name == "vision").cull_after
+
+
+async def test_an_applied_policy_governs_after_a_restart_until_the_config_file_changes(
+    tmp_path, service_env
+):
+    gov, said = await restart(tmp_path, "2h")
+    assert cull_after(gov) == timedelta(hours=2) and kept.policy_view(gov)["origin"] == "config"
+    kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
+
+    gov, said = await restart(tmp_path, "2h")  # the same config file: the apply is in force
+    view = kept.policy_view(gov)
+    assert cull_after(gov) == timedelta(minutes=45)
+    assert view["origin"] == "applied" and view["source"] == CANDIDATE
+    assert (view["applied"]["by"], view["applied"]["reason"]) == ("user:ada", "tighter for vision")
+    assert "applied by user:ada" in said[0] and "in force over the config file" in said[0]
+    page, api = await served(gov, service_env, "policy", "api/policy")
+    assert json.loads(api)["applied"] == view["applied"]
+    assert "Applied by user:ada at " + view["applied"]["at"] in html.unescape(page)
+
+    gov, said = await restart(tmp_path, "3h")  # the config file changed since: it wins
+    view = kept.policy_view(gov)
+    assert cull_after(gov) == timedelta(hours=3)
+    assert view["origin"] == "config" and view["applied"] is None
+    superseded = view["superseded"]
+    assert superseded["by"] == "user:ada" and superseded["since"]
+    assert "config file's policies changed since it was applied" in superseded["why"]
+    assert "was superseded by the config file at " + superseded["since"] in said[0]
+    (row,) = [a for a in gov.store.audit_rows() if a.action == "policy-superseded"]
+    assert row.details["by"] == "user:ada"
+    page, api = await served(gov, service_env, "policy", "api/policy")
+    assert json.loads(api)["superseded"] == superseded
+    assert (
+        "The policy applied by user:ada at " + superseded["at"] + " (tighter for vision) was "
+        "superseded by the config file at " + superseded["since"]
+    ) in html.unescape(page)
+
+    # The config file put back as it was: the stale apply stays superseded, and said so.
+    gov, said = await restart(tmp_path, "2h")
+    assert cull_after(gov) == timedelta(hours=2)
+    assert kept.policy_view(gov)["superseded"]["since"] == superseded["since"]
+    assert "superseded by the config file" in said[0]
+
+    # Applied again over this config file: in force at once, and after a restart.
+    kept.apply(gov, CANDIDATE, "user:bo", "vision agreed", dry_run=False)
+    assert kept.policy_view(gov)["superseded"] is None
+    gov, _ = await restart(tmp_path, "2h")
+    assert kept.policy_view(gov)["applied"]["by"] == "user:bo"
+
+
+@pytest.mark.usefixtures("service_env")
+async def test_revert_to_the_config_file_is_audited_and_kept(tmp_path):
+    gov, _ = await restart(tmp_path, "2h")
+    with pytest.raises(admin.CandidateError, match="already govern"):
+        kept.revert(gov, "user:ada", "nothing applied")
+    kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", dry_run=False)
+    done = kept.revert(gov, "user:bo", "vision complained")
+    assert done["reverted"] and cull_after(gov) == timedelta(hours=2)
+    assert kept.policy_view(gov)["origin"] == "config"
+    (row,) = [a for a in gov.store.audit_rows() if a.action == "policy-revert"]
+    assert (row.actor, row.reason) == ("user:bo", "vision complained")
+    assert any('"cull_after": "45m"' in line for line in row.details["diff"])
+
+    gov, said = await restart(tmp_path, "2h")
+    assert cull_after(gov) == timedelta(hours=2)
+    view = kept.policy_view(gov)
+    assert (view["origin"], view["applied"], view["superseded"]) == ("config", None, None)
+    assert said == ["policies: the config file's (vision, default)"]

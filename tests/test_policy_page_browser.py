@@ -91,21 +91,39 @@ def test_export_edit_predict_apply_and_the_audit_in_a_browser(hub, tmp_path):
             expect(culls.locator("td").nth(3)).to_have_text("0")  # an hour's patience: none
             page.screenshot(path=str(screenshot_path("policy.png", tmp_path)), full_page=True)
 
-            # Apply, with a reason: audited (who, why, the diff), then live, until a restart.
+            # Apply, with a reason: audited (who, why, the diff), kept, then live.
             page.fill("input[name=reason]", "carol runs long evaluations")
             page.click("button[value=apply]")
-            expect(page.locator("#flash")).to_contain_text("until the service restarts")
-            first = page.locator("#policy-audit tr").nth(1)
-            expect(first).to_contain_text("policy-apply")
-            expect(first).to_contain_text("govadmin")
-            expect(first).to_contain_text("carol runs long evaluations")
-            expect(first.locator("pre")).to_contain_text('"inactive_timeout": "1h"')
+            expect(page.locator("#flash")).to_contain_text("governs after a restart too")
+            expect(page.locator("#origin")).to_contain_text("Applied by user:govadmin")
+            latest = latest_change(page, "policy-apply", "carol runs long evaluations")
+            expect(latest.locator("pre")).to_contain_text('"inactive_timeout": "1h"')
             expect(page.locator("#live-source")).to_contain_text('"inactive_timeout": "1h"')
             assert page.locator("main img, main script").count() == 0
+            policies = Gov(hub).admin("GET", "policy").json()
+            assert (policies["origin"], policies["applied"]["by"]) == ("applied", "user:govadmin")
+            assert policies["source"] == candidate
+
+            # Revert to the config file: audited, and the config file's policies are live.
+            page.fill("input[aria-label='revert reason']", "back to the agreed policy")
+            page.click("button[value=revert]")
+            expect(page.locator("#flash")).to_contain_text("reverted to the config file")
+            expect(page.locator("#origin")).to_have_text("From the service's config file.")
+            latest = latest_change(page, "policy-revert", "back to the agreed policy")
+            expect(latest.locator("pre")).to_contain_text('-      "inactive_timeout": "1h"')
+            expect(page.locator("#live-source")).not_to_contain_text('"inactive_timeout": "1h"')
     assert dialogs == []  # no script ran
     policies = Gov(hub).admin("GET", "policy").json()
-    assert policies["applied"]["by"] == "user:govadmin"
-    assert policies["source"] == candidate
+    assert (policies["origin"], policies["applied"]) == ("config", None)
+    assert policies["source"] == live
+
+
+def latest_change(page, action: str, reason: str):
+    """The policy page's latest audited change: ``action`` by govadmin for ``reason``."""
+    latest = page.locator("#policy-audit tr").nth(1)
+    for text in (action, "govadmin", reason):
+        expect(latest).to_contain_text(text)
+    return latest
 
 
 def test_the_api_dry_run_beside_live_and_bad_input(hub):
@@ -118,6 +136,8 @@ def test_the_api_dry_run_beside_live_and_bad_input(hub):
     assert r.status_code == 400 and "at most 31" in r.json()["message"]
     r = gov.admin("POST", "policy/apply", json={"candidate": strict})
     assert r.status_code == 400 and "a reason is required" in r.json()["message"]
+    r = gov.admin("POST", "policy/revert", json={})
+    assert r.status_code == 400 and "a reason is required to revert" in r.json()["message"]
     r = gov.admin("GET", "history/trace", params={"since": "last tuesday"})
     assert r.status_code == 400 and "not a duration" in r.json()["message"]
     hub.create_user("erin")

@@ -28,6 +28,7 @@ from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
 from . import metrics
+from .applied_policy import start as start_policies
 from .batching import BatchingHTTPServer
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
@@ -38,7 +39,7 @@ from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .options import Options
 from .pages import page_handlers
-from .policy_admin import policy_admin, policy_handlers
+from .policy_api import policy_handlers
 from .policy_page import policy_page_handlers
 from .queue import QueueSync
 from .reconcile import Governor
@@ -131,7 +132,7 @@ class GpuGovernor(GovernorSettings, Application):
         options = self.make_options()
         governor = Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
         source = {"policies": list(self.policies), "policy_defaults": dict(self.policy_defaults)}
-        policy_admin(governor).source = source  # what the policy page edits (policy_admin.py)
+        start_policies(governor, source, self.log)  # then the applied one (applied_policy.py)
         return governor
 
     def make_options(self) -> Options:
@@ -217,7 +218,7 @@ class GpuGovernor(GovernorSettings, Application):
             "jupyter-gpu-gov %s governing (reconcile every %ss, %d policies%s)",
             __version__,
             self.reconcile_interval,
-            len(self.policy_list),
+            len(self.governor.policies),
             ", DRY RUN" if self.dry_run else "",
         )
         # On the monotonic clock: a step of the wall clock neither stalls nor hurries a pass.

@@ -4,14 +4,11 @@
   with the errors the service gives at start-up;
 - what-if: replay the last N days of the governor's own history (``hub/history.py``) through
   the live policies and the candidate, side by side (``replay.whatif``);
-- apply: audited first (who, why, the diff), then the governor decides with the candidate from
-  its next pass, without a restart; or a dry run beside the live policy: the candidate's
-  decisions on the history recorded since it began, next to what the live policy did, acting
-  on nothing.
+- a dry run beside the live policy: the candidate's decisions on the history recorded since it
+  began, next to what the live policy did, acting on nothing.
 
-What apply changes lasts until the service restarts: the config file stays the source of truth
-at start-up (an admin who keeps the change pastes the ``config`` the answer gives into it). The
-API and the page say so on every apply.
+Apply, revert and what governs after a restart are ``hub/applied_policy.py``'s; the API's
+routes are ``hub/policy_api.py``'s.
 """
 
 from __future__ import annotations
@@ -19,32 +16,27 @@ from __future__ import annotations
 import asyncio
 import difflib
 import json
+import reprlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from itertools import islice
 from pprint import pformat
 from typing import Any
-
-from tornado import web
 
 from ..core import clock
 from ..core.policy import Policy, PolicyError, load_policies
 from ..replay import parse_lines, replay
-from ..replay.history import DEFAULT_STEP_S, Pseudonyms, export_trace, parse_since
+from ..replay.history import DEFAULT_STEP_S, export_trace
 from ..replay.trace import Sample
-from ..replay.whatif import Outcome, Setup, compare, figure_rows, recorded_actions, report
-from .api_handler import MAX_TEXT, ApiHandler
+from ..replay.whatif import Outcome, Setup, compare, recorded_actions, report
+from .api_handler import MAX_TEXT
 from .history import read_history
 from .tables import AuditRow
 
 MAX_DAYS = 31  # what-if over at most this many days of history
 MAX_ACTIONS_SHOWN = 500  # a dry run's actions, each side
 APPLY, DRY_RUN, DRY_RUN_STOP = "policy-apply", "policy-dry-run", "policy-dry-run-stop"
-NOT_KEPT = (
-    "in effect until the service restarts: at start-up the config file's policies govern. "
-    "To keep it, put the 'config' lines into the service's config file."
-)
+REVERT, SUPERSEDE = "policy-revert", "policy-superseded"  # audit actions
 
 
 class CandidateError(ValueError):
@@ -65,8 +57,16 @@ class PolicyAdmin:
     """What the governor knows of its policies' source, and a dry run under way."""
 
     source: dict = field(default_factory=lambda: {"policies": [], "policy_defaults": {}})
-    applied: dict | None = None  # the last apply: by whom, when (None: the config file's)
+    applied: dict | None = None  # the apply in force: by, at, reason (None: the config file's)
+    superseded: dict | None = None  # the apply the config file superseded, and since when
     dry_run: DryRun | None = None
+    config: dict | None = None  # the config file's source and policies (``start``)
+    config_policies: list[Policy] = field(default_factory=list)
+    fingerprint: str = ""
+
+    @property
+    def origin(self) -> str:
+        return "applied" if self.applied else "config"
 
 
 def policy_admin(governor) -> PolicyAdmin:
@@ -167,8 +167,8 @@ def compared(governor, candidate: list[Policy], since: float, until: float) -> l
     candidate would have done: ``replay.whatif.compare``."""
     samples = history_samples(governor.store.engine, since, until)
     setups = [
-        Setup("current", _run(governor.policies), policies=_names(governor.policies)),
-        Setup("candidate", _run(candidate), policies=_names(candidate)),
+        Setup("current", _run(governor.policies), policies=policy_names(governor.policies)),
+        Setup("candidate", _run(candidate), policies=policy_names(candidate)),
     ]
     return compare(samples, setups)
 
@@ -209,7 +209,7 @@ def _run(policies: Sequence[Policy]):
     return lambda samples: replay(samples, policies)
 
 
-def _names(policies: Sequence[Policy]) -> tuple[str, ...]:
+def policy_names(policies: Sequence[Policy]) -> tuple[str, ...]:
     return tuple(p.name for p in policies)
 
 
@@ -224,40 +224,22 @@ def _action(action) -> dict:
     }
 
 
-# -- apply ---------------------------------------------------------------------------------------
-
-
-def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool) -> dict:
-    """Audit the change (who, why, the diff), then make it: the candidate governs from the next
-    pass, or runs as a dry run beside the live policy. ``StoreUnavailable`` when the audit
-    cannot be written: then nothing changed."""
+def start_dry_run(governor, candidate: dict, actor: str, reason: str) -> dict:
+    """Audit the dry run (who, why, the diff), then run the candidate beside the live policy."""
     policies = validate(candidate, governor.options)
     admin = policy_admin(governor)
     changes = diff(admin.source, candidate)
     now = clock.utcnow()
-    row = AuditRow(
-        at=now,
-        action=DRY_RUN if dry_run else APPLY,
-        reason=reason,
-        actor=actor,
-        dry_run=dry_run,
-        details={"diff": changes, "candidate": candidate, "policies": _names(policies)},
+    details = {"diff": changes, "candidate": candidate, "policies": policy_names(policies)}
+    governor.store.audit(
+        [
+            AuditRow(
+                at=now, action=DRY_RUN, reason=reason, actor=actor, dry_run=True, details=details
+            )
+        ]
     )
-    governor.store.audit([row])  # on record before it takes effect
-    if dry_run:
-        admin.dry_run = DryRun(candidate, policies, now, actor, reason)
-        return {"dry_run": True, "since": clock.isoformat(now), "diff": changes}
-    governor.policies = policies
-    admin.source = candidate
-    admin.applied = {"by": actor, "at": clock.isoformat(now), "reason": reason}
-    return {
-        "applied": True,
-        "policies": _names(policies),
-        "diff": changes,
-        "persists": False,
-        "note": NOT_KEPT,
-        "config": config_lines(candidate),
-    }
+    admin.dry_run = DryRun(candidate, policies, now, actor, reason)
+    return {"dry_run": True, "since": clock.isoformat(now), "diff": changes}
 
 
 def stop_dry_run(governor, actor: str, reason: str) -> bool:
@@ -271,191 +253,26 @@ def stop_dry_run(governor, actor: str, reason: str) -> bool:
     return True
 
 
-def days_of(text: Any) -> float:
+def days_of(value: Any) -> float:
     """``days`` of a what-if: a number from 0 (exclusive) to ``MAX_DAYS``."""
+    shown = reprlib.repr(value)  # bounded: a 300-digit number is not echoed whole
     try:
-        days = float(text)
-    except (TypeError, ValueError):
-        raise CandidateError(f"days must be a number of days, got {text!r}") from None
+        if isinstance(value, bool):
+            raise TypeError(value)
+        days = float(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
+        raise CandidateError(f"days must be a number of days, got {shown}") from None
     if not 0 < days <= MAX_DAYS:
-        raise CandidateError(f"days must be more than 0 and at most {MAX_DAYS}, got {text!r}")
+        raise CandidateError(f"days must be more than 0 and at most {MAX_DAYS}, got {shown}")
     return days
 
 
-def reason_of(text: Any) -> str:
+def reason_of(text: Any, what: str = "apply a policy") -> str:
     if not isinstance(text, str) or not text.strip():
-        raise CandidateError("say why: a reason is required to apply a policy")
+        raise CandidateError(f"say why: a reason is required to {what}")
     return text.strip()[:MAX_TEXT]
 
 
 async def in_worker(function, *args):
     """A replay is CPU work: off the event loop, so passes and reports go on meanwhile."""
     return await asyncio.get_running_loop().run_in_executor(None, function, *args)
-
-
-# -- the API -------------------------------------------------------------------------------------
-
-
-class _PolicyApi(ApiHandler):
-    def candidate(self, body: Mapping) -> tuple[dict, list[Policy]]:
-        try:
-            candidate = candidate_of(body.get("candidate"))
-            return candidate, validate(candidate, self.governor.options)
-        except CandidateError as error:
-            raise web.HTTPError(400, str(error)) from None
-
-
-class PolicyHandler(_PolicyApi):
-    """``GET api/policy``: the live policies' source, the last apply, a dry run under way."""
-
-    @web.authenticated
-    def get(self):
-        self.require_admin()
-        admin = policy_admin(self.governor)
-        dry = admin.dry_run
-        self.write_json(
-            {
-                "source": admin.source,
-                "policies": _names(self.governor.policies),
-                "applied": admin.applied,
-                "persists": admin.applied is None,
-                "dry_run": None
-                if dry is None
-                else {
-                    "since": clock.isoformat(dry.since),
-                    "by": dry.actor,
-                    "candidate": dry.source,
-                },
-            }
-        )
-
-
-class ValidateHandler(_PolicyApi):
-    """``POST api/policy/validate`` ``{"candidate": ...}``: 200 with the policies, or 400."""
-
-    @web.authenticated
-    def post(self):
-        self.require_admin()
-        _, policies = self.candidate(self.body())
-        self.write_json({"valid": True, "policies": _names(policies)})
-
-
-class WhatIfHandler(_PolicyApi):
-    """``POST api/policy/what-if`` ``{"candidate": ..., "days": 7}``."""
-
-    @web.authenticated
-    async def post(self):
-        self.require_admin()
-        body = self.body()
-        _, policies = self.candidate(body)
-        try:
-            days = days_of(body.get("days", 7))
-        except CandidateError as error:
-            raise web.HTTPError(400, str(error)) from None
-        until = clock.utcnow().timestamp()
-        result = await in_worker(what_if, self.governor, policies, until - days * 86400, until)
-        self.write_json(result)
-
-
-class ApplyHandler(_PolicyApi):
-    """``POST api/policy/apply`` ``{"candidate": ..., "reason": "...", "dry_run": false}``."""
-
-    @web.authenticated
-    def post(self):
-        self.require_admin()
-        body = self.body()
-        candidate, _ = self.candidate(body)
-        try:
-            reason = reason_of(body.get("reason"))
-        except CandidateError as error:
-            raise web.HTTPError(400, str(error)) from None
-        dry_run = body.get("dry_run", False)
-        if not isinstance(dry_run, bool):
-            raise web.HTTPError(400, f"dry_run must be true or false, got {dry_run!r}")
-        self.write_json(apply(self.governor, candidate, self.actor, reason, dry_run))
-
-
-class DryRunHandler(_PolicyApi):
-    """``GET api/policy/dry-run``: the dry run so far; ``DELETE`` (``?reason=``) ends it."""
-
-    @web.authenticated
-    async def get(self):
-        self.require_admin()
-        dry = policy_admin(self.governor).dry_run
-        if dry is None:
-            raise web.HTTPError(404, "no dry run is under way")
-        until = clock.utcnow().timestamp()
-        self.write_json(await in_worker(dry_run_view, self.governor, dry, until))
-
-    @web.authenticated
-    def delete(self):
-        self.require_admin()
-        reason = self.get_argument("reason", "").strip() or "dry run ended"
-        if not stop_dry_run(self.governor, self.actor, reason[:MAX_TEXT]):
-            raise web.HTTPError(404, "no dry run is under way")
-        self.write_json({"stopped": True})
-
-
-class TraceHandler(ApiHandler):
-    """``GET api/history/trace?since=1h[&until=][&step=5m][&pseudonymise=1]``: the governor's
-    history as a replay trace (JSON Lines), as ``jupyter-gpu-gov export-trace`` writes it."""
-
-    @web.authenticated
-    async def get(self):
-        self.require_admin()
-        now = clock.utcnow().timestamp()
-        try:
-            since = parse_since(self.get_argument("since", "1h"), now, "since")
-            until_text = self.get_argument("until", "")
-            until = parse_since(until_text, now, "until") if until_text else now
-            step = _step(self.get_argument("step", "5m"))
-        except ValueError as error:
-            raise web.HTTPError(400, str(error)) from None
-        if until < since:
-            raise web.HTTPError(400, "until is before since")
-        pseudonyms = None
-        if self.get_argument("pseudonymise", "") in ("1", "true", "yes"):
-            import os
-
-            pseudonyms = Pseudonyms(os.urandom(32))
-        self.set_header("Content-Type", "application/x-ndjson")
-        self.set_header("Content-Disposition", 'attachment; filename="gpu-gov-trace.jsonl"')
-        rows = read_history(self.governor.store.engine, since, until)
-        lines = export_trace(rows, step=step, since=since, until=until, pseudonyms=pseudonyms)
-        # Read and written a chunk at a time in the worker: a fortnight of a big hub streams
-        # out without holding it, or the event loop.
-        while chunk := await in_worker(_chunk, lines):
-            self.write(chunk)
-            await self.flush()
-        self.finish()
-
-
-def _chunk(lines: Iterator[str], size: int = 5000) -> str:
-    """The next ``size`` lines, newline-terminated ("" at the end)."""
-    return "".join(line + "\n" for line in islice(lines, size))
-
-
-def _step(text: str) -> float:
-    from ..core.durations import parse_duration
-
-    step = parse_duration(text, "step").total_seconds()
-    if not step >= 60:
-        raise ValueError(f"step must be at least 60 seconds, got {text!r}")
-    return step
-
-
-def policy_handlers(prefix: str, governor) -> list[tuple]:
-    """The policy admin's routes under the service prefix."""
-    args = {"governor": governor}
-    p = prefix.rstrip("/")
-    return [
-        (rf"{p}/api/policy", PolicyHandler, args),
-        (rf"{p}/api/policy/validate", ValidateHandler, args),
-        (rf"{p}/api/policy/what-if", WhatIfHandler, args),
-        (rf"{p}/api/policy/apply", ApplyHandler, args),
-        (rf"{p}/api/policy/dry-run", DryRunHandler, args),
-        (rf"{p}/api/history/trace", TraceHandler, args),
-    ]
-
-
-__all__ = ["figure_rows", "policy_admin", "policy_handlers"]

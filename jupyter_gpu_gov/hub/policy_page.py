@@ -2,7 +2,7 @@
 other pages: the live policies, an editor for a candidate, validate, what-if over the
 governor's own history beside the live policy, apply (audited first) and a dry run beside the
 live policy. Each button posts the form (XSRF-protected, no script needed); the work is
-``hub/policy_admin.py``'s, as the API's."""
+``hub/policy_admin.py``'s and ``hub/applied_policy.py``'s, as the API's."""
 
 from __future__ import annotations
 
@@ -13,13 +13,21 @@ from tornado import web
 
 from ..core import clock
 from ..core.durations import format_duration, parse_duration
+from ..replay.whatif import figure_rows
+from . import applied_policy as kept
 from . import policy_admin as admin_
 from .page_handler import PageHandler
 from .pages import FLASH_COOKIE, DashboardHandler
 from .tables import AuditRow
 
 SPANS = ("1h", "6h", "1d", "7d", "14d")  # what-if over the last ...
-POLICY_AUDIT = (admin_.APPLY, admin_.DRY_RUN, admin_.DRY_RUN_STOP)
+POLICY_AUDIT = (
+    admin_.APPLY,
+    admin_.DRY_RUN,
+    admin_.DRY_RUN_STOP,
+    admin_.REVERT,
+    admin_.SUPERSEDE,
+)
 
 
 def policy_audit(store, limit: int = 20) -> list[AuditRow]:
@@ -31,7 +39,7 @@ def policy_audit(store, limit: int = 20) -> list[AuditRow]:
 
 class PolicyPageHandler(PageHandler):
     """``GET`` the page; ``POST`` its form (``action``: validate, predict, apply, dry-run,
-    stop-dry-run)."""
+    stop-dry-run, revert)."""
 
     _flash = DashboardHandler._flash  # what the last apply did, once
 
@@ -53,6 +61,19 @@ class PolicyPageHandler(PageHandler):
             admin_.stop_dry_run(gov, self.actor, reason or "dry run ended")
             self._flash_then_back("dry run ended")
             return
+        if action == "revert":
+            try:
+                done = kept.revert(gov, self.actor, admin_.reason_of(reason, "revert"))
+            except admin_.CandidateError as error:
+                await self.show(
+                    _pretty(admin_.policy_admin(gov).source),
+                    span=span,
+                    error=str(error),
+                    status=400,
+                )
+                return
+            self._flash_then_back(f"reverted to the config file: {', '.join(done['policies'])}")
+            return
         try:
             candidate = admin_.candidate_of(text)
             policies = admin_.validate(candidate, gov.options)
@@ -73,7 +94,7 @@ class PolicyPageHandler(PageHandler):
             if not reason:
                 await self.show(text, span=span, error="say why: a reason is required", status=400)
                 return
-            done = admin_.apply(gov, candidate, self.actor, reason[:2000], action == "dry-run")
+            done = kept.apply(gov, candidate, self.actor, reason[:2000], action == "dry-run")
             if action == "dry-run":
                 self._flash_then_back("dry run started beside the live policy: nothing is acted on")
             else:
@@ -108,7 +129,8 @@ class PolicyPageHandler(PageHandler):
             live=_pretty(admin.source),
             live_names=[p.name for p in gov.policies],
             applied=admin.applied,
-            figures=admin_.figure_rows(outcomes) if outcomes else None,
+            superseded=admin.superseded,
+            figures=figure_rows(outcomes) if outcomes else None,
             trace=outcomes and outcomes[0],
             dry=dry,
             audit=[_audit_line(row) for row in policy_audit(gov.store)],

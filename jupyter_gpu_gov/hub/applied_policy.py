@@ -1,0 +1,281 @@
+"""Applied policies, kept where the service reads its policies at start-up: the governor's store
+(docs/api.md, "Policy admin", says why the store and not a file).
+
+Each apply, revert to the config file, and supersession by the config file is a row of
+``applied_policies``; the newest says what governs after a restart. A row is written in the
+same transaction as its audit row: there is never an applied policy the audit does not show,
+nor an audit row of an apply that was not kept.
+
+An apply carries the fingerprint of the config file's policies it was applied over. At start-up,
+if the config file's policies are no longer those, the config file wins: a ``superseded`` row
+says so and when, so the stale apply never comes back, even if the config file is later put
+back as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, Text, insert, select
+from sqlalchemy.exc import DBAPIError
+
+from ..core import clock
+from .policy_admin import (
+    APPLY,
+    REVERT,
+    SUPERSEDE,
+    CandidateError,
+    config_lines,
+    diff,
+    policy_admin,
+    policy_names,
+    start_dry_run,
+    validate,
+)
+from .store import StoreUnavailable
+from .tables import AuditRow, UtcDateTime
+
+APPLIED, REVERTED, SUPERSEDED = "applied", "reverted", "superseded"  # kinds of kept rows
+KEPT = (
+    "kept: it governs after a restart too, unless the config file's policies change "
+    "(then the config file wins, and says so)"
+)
+
+metadata = MetaData()
+APPLIED_POLICIES = Table(
+    "applied_policies",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UtcDateTime(), nullable=False),
+    Column("kind", String(16), nullable=False),  # applied | reverted | superseded
+    Column("actor", String(255), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("candidate", JSON),  # an apply's {"policies": [...], "policy_defaults": {...}}
+    Column("config_fingerprint", String(64), nullable=False),
+    Column("of_id", Integer),  # a supersession's apply
+    Column("audit_id", Integer),
+)
+
+
+def fingerprint(config: Mapping, timeout_s: float, max_age_s: float | None) -> str:
+    """The config file's policies, hashed: ``policies`` and ``policy_defaults`` and the timeout
+    and max_age they are built over (a change to any of them changes what the file asks for)."""
+    material = {**config, "timeout_s": timeout_s, "max_age_s": max_age_s}
+    text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str
+    at: datetime
+    actor: str
+    reason: str
+    config_fingerprint: str
+    candidate: dict | None = None
+    of: Entry | None = None  # a supersession's apply
+    id: int | None = None
+
+    def summary(self) -> dict:
+        return {"by": self.actor, "at": clock.isoformat(self.at), "reason": self.reason}
+
+
+def record(store, audit: AuditRow, entry: Entry) -> None:
+    """The audit row, then the entry, in one transaction: both on record, or neither and
+    ``StoreUnavailable`` says why."""
+    metadata.create_all(store.engine)
+    try:
+        with store.session() as session, session.begin():
+            session.add(audit)
+            session.flush()  # the audit row's id
+            session.execute(
+                insert(APPLIED_POLICIES).values(
+                    at=entry.at,
+                    kind=entry.kind,
+                    actor=entry.actor,
+                    reason=entry.reason,
+                    candidate=entry.candidate,
+                    config_fingerprint=entry.config_fingerprint,
+                    of_id=entry.of.id if entry.of else None,
+                    audit_id=audit.id,
+                )
+            )
+    except DBAPIError as error:
+        raise StoreUnavailable(store.url, error) from error
+
+
+def newest(engine) -> Entry | None:
+    """The last apply, revert or supersession (None: nothing was ever applied here)."""
+    metadata.create_all(engine)
+    with engine.connect() as db:
+        row = db.execute(
+            select(APPLIED_POLICIES).order_by(APPLIED_POLICIES.c.id.desc()).limit(1)
+        ).first()
+        of = None
+        if row is not None and row.of_id is not None:
+            of = db.execute(
+                select(APPLIED_POLICIES).where(APPLIED_POLICIES.c.id == row.of_id)
+            ).first()
+    return _entry(row, _entry(of)) if row is not None else None
+
+
+def _entry(row, of: Entry | None = None) -> Entry | None:
+    if row is None:
+        return None
+    return Entry(
+        kind=row.kind,
+        at=row.at,
+        actor=row.actor,
+        reason=row.reason,
+        config_fingerprint=row.config_fingerprint,
+        candidate=row.candidate,
+        of=of,
+        id=row.id,
+    )
+
+
+# -- apply, revert, start-up ---------------------------------------------------------------------
+
+
+def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool = False) -> dict:
+    """Audit the change (who, why, the diff), then make it: the candidate is kept in the store
+    (in the audit's transaction) and governs from the next pass, or runs as a dry run beside
+    the live policy. ``StoreUnavailable`` when either cannot be written: then nothing changed."""
+    if dry_run:
+        return start_dry_run(governor, candidate, actor, reason)
+    policies = validate(candidate, governor.options)
+    admin = policy_admin(governor)
+    config_of(governor)
+    changes = diff(admin.source, candidate)
+    now = clock.utcnow()
+    row = AuditRow(
+        at=now,
+        action=APPLY,
+        reason=reason,
+        actor=actor,
+        details={"diff": changes, "candidate": candidate, "policies": policy_names(policies)},
+    )
+    entry = Entry(APPLIED, now, actor, reason, admin.fingerprint, candidate)
+    record(governor.store, row, entry)  # on record and kept before it governs
+    governor.policies = policies
+    admin.source = candidate
+    admin.applied = entry.summary()
+    admin.superseded = None
+    return {
+        "applied": True,
+        "policies": policy_names(policies),
+        "diff": changes,
+        "persists": True,
+        "note": KEPT,
+        "config": config_lines(candidate),
+    }
+
+
+def revert(governor, actor: str, reason: str) -> dict:
+    """Back to the config file's policies, audited and kept; ``CandidateError`` when they
+    already govern."""
+    admin = policy_admin(governor)
+    config = config_of(governor)
+    if admin.applied is None:
+        raise CandidateError("the config file's policies already govern: nothing to revert")
+    changes = diff(admin.source, config)
+    now = clock.utcnow()
+    row = AuditRow(at=now, action=REVERT, reason=reason, actor=actor, details={"diff": changes})
+    record(governor.store, row, Entry(REVERTED, now, actor, reason, admin.fingerprint))
+    governor.policies = list(admin.config_policies)
+    admin.source, admin.applied = config, None
+    return {"reverted": True, "policies": policy_names(governor.policies), "diff": changes}
+
+
+def config_of(governor) -> dict:
+    """The config file's policies' source (``start`` sets it; a governor built without the
+    service, as in tests, has its start-up policies)."""
+    admin = policy_admin(governor)
+    if admin.config is None:
+        admin.config, admin.config_policies = admin.source, list(governor.policies)
+        admin.fingerprint = _fingerprint(admin.config, governor.options)
+    return admin.config
+
+
+def _fingerprint(config: Mapping, options) -> str:
+    max_age = options.max_age.total_seconds() if options.max_age else None
+    return fingerprint(config, options.timeout.total_seconds(), max_age)
+
+
+def start(governor, config: dict, log) -> None:
+    """At start-up: the config file's policies, then the applied one, if it was applied over
+    these same config policies; else the config file wins, and a ``superseded`` row and audit
+    row say so (once: the stale apply does not come back)."""
+    admin = policy_admin(governor)
+    admin.source, admin.config = config, None
+    config_of(governor)
+    entry = newest(governor.store.engine)
+    if entry is None or entry.kind == REVERTED:
+        log.info("policies: the config file's (%s)", ", ".join(policy_names(governor.policies)))
+        return
+    if entry.kind == SUPERSEDED:
+        admin.superseded = _superseded(entry.of or entry, entry.at, entry.reason)
+        log.warning(_superseded_line(admin.superseded))
+        return
+    why = "the config file's policies changed since it was applied"
+    if entry.config_fingerprint == admin.fingerprint:
+        try:
+            policies = validate(entry.candidate, governor.options)
+        except CandidateError as error:
+            why = f"it is no longer valid ({error})"
+        else:
+            governor.policies = policies
+            admin.source, admin.applied = entry.candidate, entry.summary()
+            log.info(
+                "policies: applied by %s at %s (%s) in force over the config file's: %s",
+                entry.actor,
+                admin.applied["at"],
+                entry.reason,
+                ", ".join(policy_names(policies)),
+            )
+            return
+    now = clock.utcnow()
+    admin.superseded = _superseded(entry, now, why)
+    log.warning(_superseded_line(admin.superseded))
+    row = AuditRow(at=now, action=SUPERSEDE, reason=why, details=admin.superseded)
+    try:
+        record(
+            governor.store,
+            row,
+            Entry(SUPERSEDED, now, "governor", why, admin.fingerprint, of=entry),
+        )
+    except StoreUnavailable as error:  # the config file governs anyway; said again next start
+        log.error("policies: the supersession is not on record: %s", error)
+
+
+def policy_view(governor) -> dict:
+    """The live policies' source, where they come from (``origin``: config or applied), the
+    apply in force or the one the config file superseded, and a dry run under way."""
+    admin = policy_admin(governor)
+    dry = admin.dry_run
+    return {
+        "source": admin.source,
+        "policies": policy_names(governor.policies),
+        "origin": admin.origin,
+        "applied": admin.applied,
+        "superseded": admin.superseded,
+        "dry_run": None
+        if dry is None
+        else {"since": clock.isoformat(dry.since), "by": dry.actor, "candidate": dry.source},
+    }
+
+
+def _superseded(applied: Entry, since: datetime, why: str) -> dict:
+    return {**applied.summary(), "since": clock.isoformat(since), "why": why}
+
+
+def _superseded_line(superseded: dict) -> str:
+    return (
+        f"policies: the config file's govern; the policy applied by {superseded['by']} at "
+        f"{superseded['at']} ({superseded['reason']}) was superseded by the config file at "
+        f"{superseded['since']}: {superseded['why']}"
+    )
