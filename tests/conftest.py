@@ -1,6 +1,7 @@
 import contextlib
 import os
 import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +25,16 @@ def pytest_configure(config):
 def _isolated_sim_state(tmp_path, monkeypatch):
     """Every test gets its own simulated-GPU state file, never the user's runtime dir."""
     monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", str(tmp_path / "sim-gpus.json"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_service_login():
+    """The service's HubAuth is one a process (a traitlets singleton, as in a real service): a
+    test that serves the web app against its own Hub must not find the previous test's."""
+    yield
+    prepared = sys.modules.get("jupyter_gpu_gov.hub.prepared_auth")
+    if prepared is not None:
+        prepared.PreparedHubOAuth.clear_instance()
 
 
 # This interpreter's own multiprocessing helpers (the resource tracker, a reusable pool's
