@@ -419,21 +419,13 @@ def _add_export_trace(commands: argparse._SubParsersAction) -> None:
 def _export_trace(args: argparse.Namespace) -> int:
     import time
 
-    from .core.durations import parse_duration
-    from .replay.history import Pseudonyms, export_trace, parse_since
+    from .replay.history import Pseudonyms, export_span, export_trace
 
     fail = partial(_fail, command="export-trace")
-    now = time.time()
     try:
-        since = parse_since(args.since, now)
-        until = parse_since(args.until, now, "--until") if args.until else now
-        step = parse_duration(args.step, "--step").total_seconds()
+        since, until, step = export_span(args.since, args.until, args.step, time.time())
     except ValueError as error:
         return fail(str(error))
-    if until < since:
-        return fail(f"--until is before --since ({args.until} < {args.since})")
-    if not step > 0:
-        return fail(f"--step must be > 0 seconds, got {args.step!r}")
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, DBAPIError

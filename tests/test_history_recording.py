@@ -112,7 +112,7 @@ def test_export_trace_writes_the_stores_history_and_names_bad_input(tmp_path, ca
     for bad, words in (
         (["--since", "yesterday"], "--since yesterday: not a duration (14d, 1h) nor a time"),
         (["--since", "2h", "--until", "2001-01-01T00:00:00Z"], "--until is before --since"),
-        (["--since", "1h", "--step", "0"], "--step must be > 0 seconds"),
+        (["--since", "1h", "--step", "0"], "--step must be at least 60 seconds"),
     ):
         assert cli.main(["export-trace", "--db-url", db, *bad]) == 2
         assert words in capsys.readouterr().err

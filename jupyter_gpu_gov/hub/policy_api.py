@@ -11,9 +11,8 @@ from itertools import islice
 from tornado import web
 
 from ..core import clock
-from ..core.durations import parse_duration
 from ..core.policy import Policy
-from ..replay.history import Pseudonyms, export_trace, parse_since
+from ..replay.history import Pseudonyms, export_span, export_trace
 from .api_handler import MAX_TEXT, ApiHandler
 from .applied_policy import apply, policy_view, revert
 from .history import read_history
@@ -137,16 +136,16 @@ class TraceHandler(ApiHandler):
     @web.authenticated
     async def get(self):
         self.require_admin()
-        now = clock.utcnow().timestamp()
         try:
-            since = parse_since(self.get_argument("since", "1h"), now, "since")
-            until_text = self.get_argument("until", "")
-            until = parse_since(until_text, now, "until") if until_text else now
-            step = _step(self.get_argument("step", "5m"))
+            since, until, step = export_span(
+                self.get_argument("since", "1h"),
+                self.get_argument("until", ""),
+                self.get_argument("step", "5m"),
+                clock.utcnow().timestamp(),
+                flag="",
+            )
         except ValueError as error:
             raise web.HTTPError(400, str(error)) from None
-        if until < since:
-            raise web.HTTPError(400, "until is before since")
         pseudonyms = None
         if self.get_argument("pseudonymise", "") in ("1", "true", "yes"):
             pseudonyms = Pseudonyms(os.urandom(32))
@@ -165,13 +164,6 @@ class TraceHandler(ApiHandler):
 def _chunk(lines: Iterator[str], size: int = 5000) -> str:
     """The next ``size`` lines, newline-terminated ("" at the end)."""
     return "".join(line + "\n" for line in islice(lines, size))
-
-
-def _step(text: str) -> float:
-    step = parse_duration(text, "step").total_seconds()
-    if not step >= 60:
-        raise ValueError(f"step must be at least 60 seconds, got {text!r}")
-    return step
 
 
 def policy_handlers(prefix: str, governor) -> list[tuple]:

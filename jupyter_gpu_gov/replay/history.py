@@ -463,6 +463,27 @@ def _bool(value: bool) -> str:
 # -- what an export covers ---------------------------------------------------------------------
 
 
+MIN_STEP_S = 60  # the governor records at most once a pass: a finer step only repeats rows
+
+
+def export_span(
+    since: str, until: str | None, step: str, now: float, flag: str = "--"
+) -> tuple[float, float, float]:
+    """An export's ``since``, ``until`` (``now`` when empty) and ``step`` in seconds, as the
+    command line (``flag`` ``--``) and the admin API (``flag`` empty) take them. ``ValueError``
+    naming the option and what is wrong."""
+    from ..core.durations import parse_duration
+
+    start = parse_since(since, now, f"{flag}since")
+    end = parse_since(until, now, f"{flag}until") if until else now
+    if end < start:
+        raise ValueError(f"{flag}until is before {flag}since ({until} < {since})")
+    seconds = parse_duration(step, f"{flag}step").total_seconds()
+    if not seconds >= MIN_STEP_S:
+        raise ValueError(f"{flag}step must be at least {MIN_STEP_S} seconds, got {step!r}")
+    return start, end, seconds
+
+
 def parse_since(text: str, now: float, option: str = "--since") -> float:
     """A moment, in Unix seconds, from ``text``: a duration back from ``now`` (``14d``, ``1h``,
     ``90m``) or an ISO 8601 time (``2026-01-05T09:00:00Z``, UTC without a zone). ``ValueError``
