@@ -323,14 +323,20 @@ def test_store_keeps_records_across_restarts_and_refuses_a_newer_schema(tmp_path
 
 def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
     """Schema 2 adds the columns of bounded checkpoint retries, running cells, culls asked for
-    and right-sizing; a store written by the previous version gains them and loses nothing."""
+    and right-sizing, schema 3 the quiet cell's clock; a store written by an earlier version
+    gains them and loses nothing."""
     url = f"sqlite:///{tmp_path / 'gov.sqlite'}"
     store = Store(url)
     row = ServerRow(key="alice/", user="alice", name="")
     set_record(row, Record(state="warned", extensions_used=1))
     store.save_servers([row])
     added = {
-        "servers": [c.split()[5] for c in MIGRATIONS[2] if c.startswith("ALTER TABLE servers")],
+        "servers": [
+            c.split()[5]
+            for version in sorted(MIGRATIONS)
+            for c in MIGRATIONS[version]
+            if c.startswith("ALTER TABLE servers")
+        ],
         "usage": ["right_size_freed"],
         "usage_sessions": ["right_size_freed"],
     }
@@ -344,9 +350,12 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
     migrated = Store(url)
     again = migrated.server("alice/")
     assert (again.state, again.extensions_used, again.checkpoint_failures) == ("warned", 1, 0)
-    set_record(again, Record(state="busy", cull_request_why="why", busy_noticed_at=clock.utcnow()))
+    now = clock.utcnow()
+    set_record(again, Record(state="busy", cull_request_why="why", busy_noticed_at=now))
+    again.quiet_since = now
     migrated.save_servers([again])
     assert Store(url).server("alice/").state == "busy"
+    assert Store(url).server("alice/").quiet_since is not None
     with migrated.session() as session:
         assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION)
 
