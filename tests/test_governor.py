@@ -29,7 +29,7 @@ from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import MIGRATIONS, SCHEMA_VERSION, Store
 from jupyter_gpu_gov.hub.tables import MetaRow, ServerRow, set_record
-from jupyter_gpu_gov.hub.views import row_view
+from jupyter_gpu_gov.hub.views import policy_view, row_view
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed
 T4_BUSY_GPU = "GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"
@@ -764,3 +764,14 @@ async def test_a_wall_clock_step_moves_every_kept_time_by_as_much(tmp_path, monk
     assert [b - a for a, b in zip(before, after, strict=True)] == [timedelta(hours=1)] * 2
     (step,) = [a for a in gov.store.audit_rows() if a.action == "clock-step"]
     assert "stepped by +3600 s" in step.reason
+
+
+def test_the_policy_view_shows_the_cause_matched_limits():
+    (default,) = load_policies([])
+    view = policy_view(default)
+    assert (view["quiet_cell_limit_s"], view["zombie_idle_s"]) == (7200, 1800)
+    (off,) = load_policies([], {"quiet_cell_limit": None, "zombie_idle": None})
+    assert (policy_view(off)["quiet_cell_limit_s"], policy_view(off)["zombie_idle_s"]) == (
+        None,
+        None,
+    )
