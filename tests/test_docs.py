@@ -97,3 +97,118 @@ def test_no_reference_outside_the_repository():
                 if outside.search(line):
                     bad.append(f"{name.decode()}:{n}")
     assert not bad, f"references to files outside the repository: {bad}"
+
+
+# -- settings and endpoints: each one a user or admin can use is documented, and each the
+# documents name exists ------------------------------------------------------------------------
+
+
+def _text(*names: str) -> str:
+    return "\n".join((ROOT / name).read_text(encoding="utf-8") for name in names)
+
+
+def _settings() -> dict[str, set[str]]:
+    from jupyter_server.extension.application import ExtensionApp
+
+    from jupyter_gpu_gov.hub.settings import GovernorSettings
+    from jupyter_gpu_gov.profiles.cluster import ClusterGpus
+    from jupyter_gpu_gov.profiles.config import GpuProfiles
+    from jupyter_gpu_gov.profiles.local import LocalGpus
+    from jupyter_gpu_gov.server.app import GpuGovApp
+
+    inherited = set(ExtensionApp.class_trait_names(config=True))
+    return {
+        "GpuGovernor": set(GovernorSettings.class_trait_names(config=True)),
+        "GpuGovApp": set(GpuGovApp.class_trait_names(config=True)) - inherited,
+        "GpuProfiles": set(GpuProfiles.class_own_traits(config=True)),
+        "LocalGpus": set(LocalGpus.class_own_traits(config=True)),
+        "ClusterGpus": set(ClusterGpus.class_own_traits(config=True)),
+    }
+
+
+def test_every_setting_is_documented():
+    """A setting is named in README.md or docs/api.md (the profile layer's may be in
+    docs/profiles.md, its reference)."""
+    governor = _text("README.md", "docs/api.md")
+    profiles = governor + _text("docs/profiles.md")
+    missing = [
+        f"{cls}.{name}"
+        for cls, names in _settings().items()
+        for name in sorted(names)
+        if not re.search(
+            rf"\b{name}\b", governor if cls in ("GpuGovernor", "GpuGovApp") else profiles
+        )
+    ]
+    assert not missing, f"settings no document names: {missing}"
+
+
+def test_every_setting_the_documents_name_exists():
+    settings = _settings()
+    bad = [
+        f"{doc.relative_to(ROOT)}: c.{cls}.{name}"
+        for doc in (ROOT / p for p in ("README.md", *(f"docs/{d}.md" for d in OWN_DOCS)))
+        for cls, name in re.findall(r"\bc\.(\w+)\.(\w+)", doc.read_text(encoding="utf-8"))
+        if cls in settings and name not in settings[cls]
+    ]
+    assert not bad, f"documented settings that do not exist: {bad}"
+
+
+OWN_DOCS = ("api", "architecture", "security", "profiles")
+
+
+def _routes() -> list[tuple[str, str]]:
+    """(route, the text that must document it) of every HTTP route we serve."""
+    from traitlets.config import Config
+
+    from jupyter_gpu_gov.hub.pages import page_handlers
+    from jupyter_gpu_gov.hub.policy_api import policy_handlers
+    from jupyter_gpu_gov.hub.policy_page import policy_page_handlers
+    from jupyter_gpu_gov.hub.routes import handlers
+    from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+    from jupyter_gpu_gov.server import routes as server_routes
+
+    service = "/services/gpu-gov/"
+    c = Config()
+    c.JupyterHub.extra_handlers = []
+    add_gpu_profiles(c, spawner="simple")
+    routes = [
+        route[0]
+        for make in (handlers, page_handlers, policy_handlers, policy_page_handlers)
+        for route in make(service, None)
+    ]
+    routes += [route[0] for route in server_routes.handlers()]
+    routes += ["/hub" + route[0] for route in c.JupyterHub.extra_handlers]
+    return routes
+
+
+def _documented(path: str, api: str) -> bool:
+    """``path`` as docs/api.md writes it: in full, relative to the governor service
+    (`GET api/reports`), or as a sibling of a documented route (`…/extend`)."""
+    relative = path.removeprefix("/services/gpu-gov/")
+    parent, _, last = path.rpartition("/")
+    return (
+        path in api
+        or bool(relative and re.search(rf"`(?:[A-Z]+ )?{re.escape(relative)}\b", api))
+        or (parent in api and f"…/{last}" in api)
+    )
+
+
+# A group of a route's pattern: (?P<name>...), (...) or (?:...(...)...), maybe optional.
+GROUP = re.compile(r"\((?:\?P<\w+>|\?:)?[^()]*(?:\([^()]*\)[^()]*)*\)\??")
+
+
+def test_every_endpoint_is_in_the_api_reference():
+    """Every route we serve (the governor's, the server extension's, the profile layer's in
+    the hub) is in docs/api.md: its path up to the first parameter, then each part after one
+    as `…/part`."""
+    api = _text("docs/api.md")
+    missing = []
+    for route in _routes():
+        first, *rest = [
+            part.rstrip("/?").replace("\\.", ".") for part in GROUP.sub("\0", route).split("\0")
+        ]
+        if not _documented(first, api) or any(
+            f"…{part}" not in api for part in rest if part.strip("/")
+        ):
+            missing.append(route)
+    assert not missing, f"routes docs/api.md does not document: {missing}"
