@@ -216,3 +216,18 @@ def test_every_endpoint_is_in_the_api_reference():
         ):
             missing.append(route)
     assert not missing, f"routes docs/api.md does not document: {missing}"
+
+
+def test_every_policy_key_is_in_the_api_reference():
+    """docs/api.md's "Policy keys" table names every key a policy may have, and no other."""
+    import dataclasses
+
+    from jupyter_gpu_gov.core.policy import Policy
+
+    api = _text("docs/api.md")
+    table = api[api.index("### Policy keys") : api.index("### GPU health")]
+    documented = {
+        k for row in re.findall(r"^\| (`.+?`) \|", table, re.M) for k in CODE.findall(row)
+    }
+    keys = {f.name for f in dataclasses.fields(Policy)}
+    assert documented == keys, f"missing: {keys - documented}, not keys: {documented - keys}"
