@@ -362,6 +362,9 @@ def test_a_zombie_by_the_hubs_record_gets_zombie_idle_an_open_tab_or_dcgm_alone_
     closed = idle_view(hub_last_activity=T0 + 20 * MIN)
     actions, _ = run(closed, policy, minutes=60, on_checkpoint="done")
     assert actions[:2] == [(30, "warn", "warned"), (50, "checkpoint", "checkpointing")]
+    # A person's interaction the report names (here after the Hub's) only delays it.
+    later = idle_view(hub_last_activity=T0, user_last_activity=T0 + 20 * MIN)
+    assert run(later, policy, minutes=60, on_checkpoint="done")[0][1][:2] == (50, "checkpoint")
     # No Hub activity known, DCGM alone, or the rule off: the usual clock.
     for view, rule in (
         (idle_view(), policy),

@@ -920,14 +920,16 @@ def _silent_since(
     view: ServerView, gpu: GpuSignal, policy: Policy, idle_since: datetime
 ) -> datetime | None:
     """Since when the server has been a zombie by the Hub's own record (``zombie_idle``): its
-    GPU idle and held, no cell running as its report shows, and no Hub activity — the later
-    of the idle start and the Hub's last activity; None when the rule does not apply."""
+    GPU idle and held, no cell running as its report shows, and no Hub activity — the latest
+    of the idle start, the Hub's last activity and a person's last interaction; None when the
+    rule does not apply."""
     last = view.hub_last_activity  # unknown is never "nobody"
     if policy.zombie_idle is None or last is None:
         return None
     if not (view.reports and gpu.sees_cells and gpu.holds_gpu):
         return None
-    return max(idle_since, last)
+    # A person's interaction the report names may only make the clock more patient.
+    return max(idle_since, last, view.user_last_activity or last)
 
 
 @dataclass(frozen=True)
