@@ -768,8 +768,10 @@ async def test_a_wall_clock_step_moves_every_kept_time_by_as_much(tmp_path, monk
 
 def test_the_policy_view_shows_the_cause_matched_limits():
     (default,) = load_policies([])
-    view = policy_view(default)
-    assert (view["quiet_cell_limit_s"], view["zombie_idle_s"]) == (7200, 1800)
+    assert policy_view(default)["quiet_cell_limit_s"] == 7200
+    assert policy_view(default)["zombie_idle_s"] is None  # opt-in
+    (on,) = load_policies([], {"zombie_idle": "30m"})
+    assert policy_view(on)["zombie_idle_s"] == 1800
     (off,) = load_policies([], {"quiet_cell_limit": None, "zombie_idle": None})
     assert (policy_view(off)["quiet_cell_limit_s"], policy_view(off)["zombie_idle_s"]) == (
         None,

@@ -377,7 +377,9 @@ def test_a_zombie_by_the_hubs_record_gets_zombie_idle_an_open_tab_or_dcgm_alone_
 def test_the_new_limits_are_policy_keys():
     (default,) = p.load_policies([])
     assert default.quiet_cell_limit == timedelta(hours=2)
-    assert default.zombie_idle == timedelta(minutes=30)
+    assert default.zombie_idle is None  # opt-in: the owner is not there to see its warning
+    (on,) = p.load_policies([], {"zombie_idle": "30m"})
+    assert on.zombie_idle == timedelta(minutes=30)
     (off,) = p.load_policies([], {"quiet_cell_limit": None, "zombie_idle": None})
     assert off.quiet_cell_limit is None and off.zombie_idle is None
     with pytest.raises(p.PolicyError, match="'zombie_idle'"):

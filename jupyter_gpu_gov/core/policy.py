@@ -120,8 +120,10 @@ class Policy:
     # Hub activity fresher, never older) — is culled this long after the later of its GPU's
     # idle start and the Hub's last activity, if sooner than cull_after. It is warned once the
     # silence outlasts the Hub's own lag (15 minutes): the rest is the warning's notice (at
-    # least 15 minutes). None: the same clock for every idle server.
-    zombie_idle: timedelta | None = timedelta(minutes=30)
+    # least 15 minutes). Off by default (None: the same clock for every idle server): the
+    # owner is by definition not there to see the warning, so a shorter clock is the admin's
+    # choice to make, not a surprise to ship.
+    zombie_idle: timedelta | None = None
     # How long a running cell may leave its GPU idle (a CPU stage before its next GPU stage),
     # from when the GPU went idle: CPU stages of an hour or more are common in pipelines.
     busy_grace: timedelta = timedelta(hours=2)
