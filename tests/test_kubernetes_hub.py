@@ -254,6 +254,9 @@ def test_a_pod_stays_pending_when_no_node_has_room_and_the_user_sees_why(hub, k8
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
         },
     }
+    # bob opens the spawn page first: the hub reads the cluster (both H100s free) and keeps it.
+    page = hub.login("bob").get(hub.spawn_page_url("bob"), timeout=60)
+    assert page.status_code == 200 and "H100 80 GB" in page.text, page.text[:500]
     k8s.create("pods", batch, NAMESPACE)
     try:
         wait(
