@@ -148,6 +148,43 @@ async def test_what_if_on_the_recorded_history_predicts_the_candidates_differenc
     assert result["trace"]["servers"] == 1
 
 
+async def test_what_if_weighs_a_tier_as_the_governor_does(tmp_path, restore_clock):
+    """alice holds a MIG slice (the grant names the tier, no weight): the governor's ledger counts
+    it as the quarter of a GPU ``tier_weights`` says, and the policy for that tier culls her idle
+    server after 30 minutes. The policy page's what-if replays the same history on the same
+    tiers: the same cull, the same GPU-hours as the ledger's."""
+    from jupyter_gpu_gov.hub.policy_admin import what_if
+
+    tiered = [{"name": "mig", "match": {"tiers": ["mig-1g"]}, "warn_after": "10m", "cull_after": "30m", "busy_grace": "30m"}]  # fmt: skip
+    policies = load_policies(tiered, {"checkpoint": False, "warn_after": "2h", "cull_after": "3h"})
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    since = clock.utcnow().timestamp()
+    grant = {"gpu_gov_grant": {"gpu-gov/tier": "mig-1g", "gpu-gov/team": "vision"}}
+    async with FakeHub() as hub:
+        hub.add_server("alice", state={**POD, **grant})
+        gov = governor(hub, tmp_path, exporter.url, tier_weights={"mig-1g": 0.25})
+        gov.policies = policies
+        for _ in range(45):
+            await gov.reconcile()
+            clock.advance(60)
+        assert not hub.running("alice")
+        gov.flush_usage()
+    exporter.server.stop()
+    (session,) = gov.store.usage_sessions(user="alice")
+    ledger_hours = session.allocated / 3600
+    assert 0.25 * 0.5 <= ledger_hours <= 0.25 * 0.6  # a quarter GPU for 30-36 minutes
+
+    result = what_if(gov, policies, since, clock.utcnow().timestamp())
+    runs = {run["name"]: run["total"] for run in result["runs"]}
+    assert {name: run["culls"] for name, run in runs.items()} == {
+        "recorded": 1,
+        "current": 1,
+        "candidate": 1,
+    }
+    for run in runs.values():  # within a history step (a minute) of a quarter GPU
+        assert run["allocated_gpu_hours"] == pytest.approx(ledger_hours, abs=0.25 / 60 + 1e-4)
+
+
 async def test_a_failing_history_never_fails_a_servers_decision(tmp_path, monkeypatch, caplog):
     async with FakeHub() as hub:
         hub.add_server("alice")

@@ -123,8 +123,22 @@ def hub(k8s, tmp_path_factory):
     with harness:
         # The documented file makes the Hub group gpu-admins the governor's admins.
         harness.api("POST", "groups/gpu-admins/users", json={"users": ["govadmin"]})
+        add_team_vision(harness)
         Gov(harness).wait_up(90)
         yield harness
+
+
+def add_team_vision(hub: HubHarness) -> None:
+    """The team every test's users belong to (ivan, an intern, excepted): set up with the Hub,
+    so that each test holds when it runs alone."""
+    for user in ("alice", "bob", "dave", "ivan", "vera", "vic"):
+        hub.create_user(user)
+    hub.api("POST", "groups/vision", json={})
+    hub.api("PUT", "groups/vision/properties", json={"gpu-gov/team": True})
+    r = hub.api(
+        "POST", "groups/vision/users", json={"users": ["alice", "bob", "dave", "vera", "vic"]}
+    )
+    assert r.status_code == 200, r.text
 
 
 @pytest.fixture(scope="module")
@@ -165,14 +179,6 @@ def progress(hub: HubHarness, user: str, until: str) -> list[str]:
 
 
 def test_a_tier_spawns_a_pod_that_is_governed_and_culled(hub, gov, k8s):
-    for user in ("alice", "bob", "dave", "ivan", "vera", "vic"):
-        hub.create_user(user)
-    hub.api("POST", "groups/vision", json={})
-    hub.api("PUT", "groups/vision/properties", json={"gpu-gov/team": True})
-    r = hub.api(
-        "POST", "groups/vision/users", json={"users": ["alice", "bob", "dave", "vera", "vic"]}
-    )
-    assert r.status_code == 200, r.text
     hub.start_server("alice", options={"profile": "h100", "project": "detection"})
 
     pod = pod_of(k8s, "alice")
@@ -248,6 +254,9 @@ def test_a_pod_stays_pending_when_no_node_has_room_and_the_user_sees_why(hub, k8
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
         },
     }
+    # bob opens the spawn page first: the hub reads the cluster (both H100s free) and keeps it.
+    page = hub.login("bob").get(hub.spawn_page_url("bob"), timeout=60)
+    assert page.status_code == 200 and "H100 80 GB" in page.text, page.text[:500]
     k8s.create("pods", batch, NAMESPACE)
     try:
         wait(

@@ -443,6 +443,23 @@ def test_extensions_postpone_then_need_an_admin():
     assert decision.state == "idle" and decision.cull_at == T0 + 150 * MIN
 
 
+def test_an_extension_counts_from_the_deadline_the_owner_was_told():
+    # The pass that warns comes 10 minutes late (a slow pass, a loaded hub): the warning's full
+    # notice puts the deadline at 70, not 60. "Extend 30m" then means 100, and the admin's
+    # hour after the next warning (late again) an hour past that one's deadline.
+    idle = p.decide(idle_view(), p.Record(), POLICY, T0)
+    warned = p.decide(idle_view(), idle.record, POLICY, T0 + 40 * MIN)
+    assert warned.actions == ("warn",) and warned.cull_at == T0 + 70 * MIN
+    extended = p.extend(warned.record, POLICY, "a figure").record
+    assert p.decide(idle_view(), extended, POLICY, T0 + 41 * MIN).cull_at == T0 + 100 * MIN
+
+    warned = p.decide(idle_view(), extended, POLICY, T0 + 75 * MIN)  # due at 70: late again
+    assert warned.actions == ("warn",) and warned.cull_at == T0 + 105 * MIN
+    pending = p.extend(warned.record, POLICY, "one more").record
+    approved = p.approve(pending, 3600, POLICY)
+    assert p.decide(idle_view(), approved, POLICY, T0 + 76 * MIN).cull_at == T0 + 165 * MIN
+
+
 def test_extension_refusals_say_why():
     assert p.extend(p.Record(state="active"), POLICY, None).status == "refused"
     strict = replace(POLICY, extension_reason="required")

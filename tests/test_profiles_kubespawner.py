@@ -21,6 +21,7 @@ import asyncio
 import json
 import re
 import time
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,7 +44,7 @@ from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.hubconfig import TEMPLATES as QUEUE_TEMPLATES
 from jupyter_gpu_gov.profiles.kubespawner import GpuKubeSpawner, gpu_profile_list
-from jupyter_gpu_gov.profiles.spawner import GpuRefused
+from jupyter_gpu_gov.profiles.spawner import GpuRefused, waiting_requests
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "hub_config" / "kubernetes"
 UNICODE_USER = "Ünïcode.User@example.org"
@@ -654,6 +655,22 @@ async def test_start_beyond_the_guarantee_is_borrowed_and_labelled(hub, pod_api)
 
     assert third.user_options["gpu-gov/borrowed"] == "true"
     assert ownership(pod_api[third._log_name])[0]["gpu-gov/borrowed"] == "true"
+
+
+async def test_reading_the_hubs_servers_warns_of_nothing(hub, pod_api):
+    """Admission reads every started server's options, the queue every spawner's state: both
+    select JupyterHub's JSONDict columns, for which SQLAlchemy warns that JupyterHub's type
+    sets no ``cache_ok`` (filtered in pyproject.toml, narrowly). Anything else warns here."""
+    hub.user("v1", "vision")
+    hub.user("v2", "vision")
+    await hub.started(hub.spawner("v1"), {"profile": "h100"}).start()
+
+    with warnings.catch_warnings(record=True) as seen:  # under the test run's own filters
+        held = hub.spawner("v2").gpu_usage()
+        waiting = waiting_requests(hub.db)
+
+    assert [grant.tier for grant in held] == ["h100"] and waiting == []
+    assert [f"{w.category.__name__}: {w.message}" for w in seen] == []
 
 
 async def test_start_over_quota_is_refused_with_what_to_do(hub, pod_api):

@@ -1266,7 +1266,7 @@ def extend(record: Record, policy: Policy, reason: str | None) -> ExtensionOutco
             "pending",
             f"all {policy.max_extensions} extensions used: an admin must approve this one",
         )
-    record = _grant(record, policy.extension_step.total_seconds())
+    record = _grant(record, policy.extension_step.total_seconds(), policy)
     record = evolve(record, extensions_used=record.extensions_used + 1)
     left = policy.max_extensions - record.extensions_used
     return ExtensionOutcome(
@@ -1274,16 +1274,24 @@ def extend(record: Record, policy: Policy, reason: str | None) -> ExtensionOutco
     )
 
 
-def approve(record: Record, seconds: float) -> Record:
+def approve(record: Record, seconds: float, policy: Policy | None = None) -> Record:
     """An admin grants ``seconds`` more (beyond the owner's own extensions)."""
-    return evolve(_grant(record, seconds), approval_pending=False)
+    return evolve(_grant(record, seconds, policy), approval_pending=False)
 
 
 def deny(record: Record) -> Record:
     return evolve(record, approval_pending=False)
 
 
-def _grant(record: Record, seconds: float) -> Record:
+def _grant(record: Record, seconds: float, policy: Policy | None = None) -> Record:
+    # The time counts from the deadline the owner was told: a warning that went out late (a
+    # slow pass) gave its full notice, past the idle clock's deadline by as much; granting
+    # drops the warning, so that lateness joins the extension.
+    if policy is not None and record.warned_at is not None and record.idle_since is not None:
+        clock_warn_at = (
+            record.idle_since + policy.warn_after + timedelta(seconds=record.extension_s)
+        )
+        seconds += max(0.0, (record.warned_at - clock_warn_at).total_seconds())
     # A pending checkpoint is called off and the next warning announces the new deadline.
     return evolve(
         record,

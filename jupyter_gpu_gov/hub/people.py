@@ -58,7 +58,11 @@ class PeoplesRequests:
             raise LookupError(f"no extension of {key} is waiting for approval")
         server_policy = self.policy_named(row.policy)
         seconds = seconds if seconds is not None else server_policy.extension_step.total_seconds()
-        record = policy.approve(record_of(row), seconds) if approve else policy.deny(record_of(row))
+        record = (
+            policy.approve(record_of(row), seconds, server_policy)
+            if approve
+            else policy.deny(record_of(row))
+        )
         for extension in pending:
             extension.status = "approved" if approve else "denied"
             extension.decided_by, extension.decided_at = actor, clock.utcnow()

@@ -28,7 +28,7 @@ from ..core.policy import Policy, PolicyError, load_policies
 from ..replay import parse_lines, replay
 from ..replay.history import DEFAULT_STEP_S, export_trace
 from ..replay.trace import Sample
-from ..replay.whatif import Outcome, Setup, compare, recorded_actions, report
+from ..replay.whatif import Outcome, Setup, Tiers, compare, recorded_actions, report
 from .api_handler import MAX_TEXT
 from .history import read_history
 from .tables import AuditRow
@@ -162,13 +162,26 @@ def history_samples(engine, since: float, until: float) -> Callable[[], Iterator
     return samples
 
 
+def governor_tiers(options) -> Tiers:
+    """The tiers as the governor sees them: its right-sizing catalogue and the usage ledger's
+    tier weights. A tier's maximum age is not here: the governor reads it from each server's
+    grant (``gpu-gov/max-age``), which its history keeps, and the profile layer's capacities
+    are not the governor's to know (no queue model)."""
+    return Tiers(
+        sizes=options.tier_sizes,
+        right_size_after=options.right_size_after,
+        weights=options.tier_weights,
+    )
+
+
 def compared(governor, candidate: list[Policy], since: float, until: float) -> list[Outcome]:
     """What the governor did over the history (recorded), what the live policies and the
-    candidate would have done: ``replay.whatif.compare``."""
+    candidate would have done, on the governor's tiers: ``replay.whatif.compare``."""
     samples = history_samples(governor.store.engine, since, until)
+    tiers = governor_tiers(governor.options)
     setups = [
-        Setup("current", _run(governor.policies), policies=policy_names(governor.policies)),
-        Setup("candidate", _run(candidate), policies=policy_names(candidate)),
+        Setup("current", _run(governor.policies), tiers, policy_names(governor.policies)),
+        Setup("candidate", _run(candidate), tiers, policy_names(candidate)),
     ]
     return compare(samples, setups)
 

@@ -83,6 +83,9 @@ class Tiers:
     # its gpu-gov/max-age label, as the profile layer writes it at admission.
     max_age: Mapping[str, float | None] = field(default_factory=dict)
     right_size_after: timedelta = rightsize.MIN_OBSERVED
+    # GPU-equivalents a server of the tier holds when its grant says none, where they are not
+    # the size's (the governor's ``c.GpuGovernor.tier_weights``, as its usage ledger counts).
+    weights: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,8 @@ def weight_of(sample: Sample, tiers: Tiers) -> float:
         except ValueError:
             pass
     tier = tier_of(sample)
+    if tier in tiers.weights:
+        return float(tiers.weights[tier])
     if tier in tiers.sizes:
         return tiers.sizes[tier].weight
     if (tier and tier != "no-gpu") or sample.holds_gpu_memory:
