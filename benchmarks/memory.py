@@ -7,8 +7,9 @@ jupyter_gpu_gov.hub``, its start-up pass over the N servers done); then every se
 twice (two bursts of ``ingest_load.report_for``'s reports, so every server's previous report has
 been replaced once: the steady state), and the service is asked for its figures: resident
 memory (``VmRSS``), the objects the garbage collector tracks, and how long one full collection
-takes there (``full_gc_ms``: what a full collection holds the event loop for,
-``hub/heap.py``).
+takes there (``full_gc_ms``: what a full collection holds the event loop for, ``hub/heap.py``)
+and what it frees (``full_gc_freed``: garbage in cycles since start-up that no young collection
+freed).
 
 With ``--top N`` the service runs under ``tracemalloc`` from its first import (its resident
 memory is then larger by tracemalloc's own) and prints the N lines that hold the most, by
@@ -56,7 +57,7 @@ def _serve(argv: list[str]) -> None:
                     for stat in snapshot.statistics(kind)[:top]
                 ]
         started = time.perf_counter()
-        gc.collect()
+        out["full_gc_freed"] = gc.collect()  # cycles no young collection could free
         out["full_gc_ms"] = 1000 * (time.perf_counter() - started)
         Path(os.environ[FIGURES_ENV]).write_text(json.dumps(out))
 
