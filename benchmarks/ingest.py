@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -42,9 +43,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .ingest_load import Sent, encode, post, report_for
 
@@ -120,9 +122,19 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def start_service(ready: dict, workdir: str, port: int, log: IO[str]) -> subprocess.Popen:
+def start_service(
+    ready: dict,
+    workdir: str,
+    port: int,
+    log: IO[str],
+    command: tuple[str, ...] = ("-m", "jupyter_gpu_gov.hub"),
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """The service as JupyterHub starts it (``command``: the interpreter's arguments before the
+    service's own, e.g. a wrapper that runs it)."""
     env = {
         **os.environ,
+        **(env or {}),
         "JUPYTERHUB_API_URL": ready["api_url"],
         "JUPYTERHUB_API_TOKEN": ready["token"],
         "JUPYTERHUB_SERVICE_NAME": SERVICE,
@@ -134,8 +146,7 @@ def start_service(ready: dict, workdir: str, port: int, log: IO[str]) -> subproc
     return subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "jupyter_gpu_gov.hub",
+            *command,
             f"--db-url=sqlite:///{workdir}/gov.sqlite",
             f"--timeout={ten_years}",  # the start-up pass culls nothing
             "--cull-every=86400",  # and no other pass runs while we measure
@@ -269,8 +280,10 @@ async def _bench(ready: dict, service_pid: int, port: int, seconds: float, concu
     return [idle, cold, warm, restart, steady], rss_started, rss_reported
 
 
-def run(servers: int = 2000, seconds: float = 15.0, concurrency: int = 16) -> dict:
-    """Start the fake Hub and the service, send the phases' reports, return the figures."""
+@contextlib.contextmanager
+def fake_hub(servers: int, seconds: float) -> Iterator[dict]:
+    """The fake Hub in its own process, with ``servers`` users (tokens for ``seconds`` of steady
+    phases); yields what it printed: its URL, token, users and counters' URL."""
     hub = subprocess.Popen(
         [
             sys.executable,
@@ -289,24 +302,7 @@ def run(servers: int = 2000, seconds: float = 15.0, concurrency: int = 16) -> di
         line = hub.stdout.readline()
         if not line:
             raise RuntimeError("the fake Hub subprocess did not start")
-        ready = json.loads(line)
-        with (
-            tempfile.TemporaryDirectory(prefix="bench-ingest-") as workdir,
-            open(os.path.join(workdir, "service.log"), "w+") as log,
-        ):
-            port = _free_port()
-            service = start_service(ready, workdir, port, log)
-            try:
-                wait_until_reconciled(service, port)
-                phases, rss_started, rss_reported = asyncio.run(
-                    _bench(ready, service.pid, port, seconds, concurrency)
-                )
-            except Exception as error:
-                log.seek(0)
-                raise RuntimeError(f"{error}; the service's log:\n{log.read()[-3000:]}") from None
-            finally:
-                service.terminate()
-                service.wait(timeout=30)
+        yield json.loads(line)
     finally:
         hub.stdin.close()
         try:
@@ -314,6 +310,35 @@ def run(servers: int = 2000, seconds: float = 15.0, concurrency: int = 16) -> di
         except subprocess.TimeoutExpired:
             hub.kill()
             hub.wait()
+
+
+@contextlib.contextmanager
+def service(ready: dict, **start: Any) -> Iterator[tuple[subprocess.Popen, int]]:
+    """The service started (``start_service``'s keywords) and its start-up pass done; yields
+    it and its port. A failure inside shows the end of the service's log."""
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-ingest-") as workdir,
+        open(os.path.join(workdir, "service.log"), "w+") as log,
+    ):
+        port = _free_port()
+        process = start_service(ready, workdir, port, log, **start)
+        try:
+            wait_until_reconciled(process, port)
+            yield process, port
+        except Exception as error:
+            log.seek(0)
+            raise RuntimeError(f"{error}; the service's log:\n{log.read()[-3000:]}") from None
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def run(servers: int = 2000, seconds: float = 15.0, concurrency: int = 16) -> dict:
+    """Start the fake Hub and the service, send the phases' reports, return the figures."""
+    with fake_hub(servers, seconds) as ready, service(ready) as (process, port):
+        phases, rss_started, rss_reported = asyncio.run(
+            _bench(ready, process.pid, port, seconds, concurrency)
+        )
     return figures(servers, seconds, concurrency, phases, rss_started, rss_reported)
 
 

@@ -149,15 +149,20 @@ async def post(port: int, path: str, token: str, body: bytes, due: float | None 
     """One report on a new connection; the latency counts from ``due`` when the sender was
     late (no coordinated omission at the steady rate)."""
     started = time.perf_counter() if due is None else due
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     head = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Authorization: token {token}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
-    writer.write(head.encode() + body)
-    answer = await reader.read()  # the service closes the connection after its answer
+    writer = None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head.encode() + body)
+        answer = await reader.read()  # the service closes the connection after its answer
+    except OSError:  # refused or reset (a listen queue that overflowed): a failed report
+        answer = b""
     elapsed = time.perf_counter() - started
-    writer.close()
+    if writer is not None:
+        writer.close()
     status = int(answer.split(b" ", 2)[1]) if answer else 0
     return Sent(status, elapsed, b'"verdict"' in answer)

@@ -766,6 +766,25 @@ async def test_a_wall_clock_step_moves_every_kept_time_by_as_much(tmp_path, monk
     assert "stepped by +3600 s" in step.reason
 
 
+async def test_kept_reports_are_the_reports_sent_sharing_one_copy_of_each_word(tmp_path):
+    """The governor keeps every server's last report: as sent (equal, every field), but with
+    one string for each name and enumerated value across all of them, not a copy per report
+    (what JSON decoding makes), so 10,000 kept reports hold a third less."""
+    import json
+
+    async with FakeHub() as hub:
+        gov = governor(hub, tmp_path)
+        sent = [report_for(user, H100_IDLE_GPU, sm=0.5) for user in ("alice", "bob")]
+        for report in sent:
+            gov.ingest(json.loads(json.dumps(report)))  # decoded apart, as each request is
+    alice, bob = gov.reports["alice/"].report, gov.reports["bob/"].report
+    assert [alice, bob] == sent
+    a, b = alice["targets"][0], bob["targets"][0]
+    assert all(x is y for x, y in zip(sorted(a), sorted(b), strict=True))  # the names
+    assert a["kind"] is b["kind"] and a["gpu"]["confidence"] is b["gpu"]["confidence"]
+    assert next(iter(alice["server"])) is next(iter(bob["server"]))
+
+
 def test_the_policy_view_shows_the_cause_matched_limits():
     (default,) = load_policies([])
     assert policy_view(default)["quiet_cell_limit_s"] == 7200

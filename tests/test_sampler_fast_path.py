@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import wait
 from datetime import timedelta
 from pathlib import Path
 
@@ -325,3 +326,36 @@ def wait_gone(pid: int) -> procs.ProcessTable:
             return table
         time.sleep(0.05)
     pytest.fail(f"process {pid} did not exit")
+
+
+@pytest.mark.parametrize("outside", [False, True])
+def test_the_first_tick_reads_only_what_start_up_did_not(world, monkeypatch, outside):
+    """Start-up reads every process once, so the first tick reads only the server's own (issue
+    26: first tick < 10 ms) and reports what a first tick reading everything reports; a
+    kernel outside the server's tree (here the stranger, with a daemon in its session) is
+    still found: that tick reads everything again."""
+    fake, _, _ = world
+    roots = [*ROOTS]
+    if outside:
+        fake.add(903, 1, STRANGER, cpu=4)  # the stranger's daemonised child
+        roots.append(TargetRoot("kernel", "0c0c0c0c-0000-4000-8000-00000000000c", STRANGER))
+    targets = [TargetInfo(root, name=root.id, execution_state="idle") for root in roots]
+    common = {"proc_root": str(fake.root), "pid_namespace": "host", "server_pid": SERVER}
+    started = Sampler(NvmlBackend, **common)
+    everything = Sampler(NvmlBackend, **common)
+    read: list[str] = []
+    real_read = procs._read
+    monkeypatch.setattr(procs, "_read", lambda path, *a: read.append(path) or real_read(path, *a))
+    try:
+        wait([started._started, everything._started])
+        everything._scanner.foreign.clear()  # as before: the first tick reads every process
+        read.clear()
+        first = started.measure(targets, {"user": "alice"})
+        strangers_read = any(f"/{STRANGER}/stat" in path for path in read)
+        assert first.report == everything.measure(targets, {"user": "alice"}).report
+    finally:
+        started.close()
+        everything.close()
+    assert strangers_read == outside
+    by_id = {t["id"]: t for t in first.report["targets"]}
+    assert by_id[A]["gpu"]["holds_context"]  # kernel a's worker holds GPU-0

@@ -358,6 +358,26 @@ class Report(Wire):
         return cls._from_checked(validate(obj, now))
 
 
+@functools.cache
+def report_words() -> dict[str, str]:
+    """Every name and enumerated value of the report (its fields, at every depth, and values
+    such as ``"kernel"`` or ``"exact"``), each as one string: a governor keeping thousands of
+    reports keeps one copy of each word instead of one per report (``hub/ingest.py``)."""
+    words: set[str] = set()
+    todo: list[type] = [Report]
+    while todo:
+        cls = todo.pop()
+        for field in dataclasses.fields(cls):
+            words.add(field.name)
+            words.update(v for v in field.metadata.get("enum", ()) if isinstance(v, str))
+        for hint in _hints(cls).values():
+            for part in (hint, *typing.get_args(hint)):
+                for inner in (part, *typing.get_args(part)):
+                    if isinstance(inner, type) and issubclass(inner, Wire) and inner not in todo:
+                        todo.append(inner)
+    return {word: word for word in words}
+
+
 # -- the verdict (governor -> server) -----------------------------------------------------------
 
 MAX_LINE_STARTS = 16  # a user's servers started from the line, on one verdict

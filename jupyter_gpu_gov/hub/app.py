@@ -27,7 +27,7 @@ from ..core import clock
 from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
-from . import metrics
+from . import heap, metrics
 from .applied_policy import start as start_policies
 from .batching import BatchingHTTPServer
 from .dcgm import DcgmConfig
@@ -221,6 +221,7 @@ class GpuGovernor(GovernorSettings, Application):
             len(self.governor.policies),
             ", DRY RUN" if self.dry_run else "",
         )
+        collections = heap.start()  # no full garbage collection stalls the reports at random
         # On the monotonic clock: a step of the wall clock neither stalls nor hurries a pass.
         passes = asyncio.ensure_future(clock.every(self.reconcile_interval, self._reconcile))
         listening = asyncio.ensure_future(self._listen(server))
@@ -231,6 +232,7 @@ class GpuGovernor(GovernorSettings, Application):
         await stop.wait()
         passes.cancel()
         listening.cancel()
+        heap.stop(collections)
         server.stop()
         await self.governor.close()
 

@@ -9,6 +9,7 @@ import time
 
 from ..core import clock
 from ..core.vocabulary import server_key
+from ..core.wire import report_words
 from .checkpoints import reported_checkpoint
 from .evidence import Received
 from .hubapi import HubApiError
@@ -21,11 +22,47 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 HUB_LOOKUP_EVERY = 10.0
 
 
+# How deep a report's words are shared: its own objects lie at most 2 deep (targets[].gpu,
+# devices[].health); a checkpoint's manifest may nest deeper, and below 4 is kept as it came.
+SHARED_DEPTH = 4
+
+
+def shared_words(obj: dict, depth: int = 0) -> dict:
+    """A validated report with its names and enumerated values (``core.wire.report_words``)
+    as the one string each, not the copies every report's JSON decoding makes: the governor
+    keeps every server's last report, and a third of what each held was its ~120 names
+    (docs/benchmarks.md, "The service's memory"). Strings inline, a call per object only."""
+    words = _WORDS
+    out = {}
+    for key, value in obj.items():
+        kind = type(value)
+        if kind is str:
+            value = words.get(value, value)
+        elif depth < SHARED_DEPTH:
+            if kind is dict:
+                value = shared_words(value, depth + 1)
+            elif kind is list:
+                value = [
+                    shared_words(v, depth + 1)
+                    if type(v) is dict
+                    else words.get(v, v)
+                    if type(v) is str
+                    else v
+                    for v in value
+                ]
+        out[words.get(key, key)] = value
+    return out
+
+
+_WORDS = report_words()
+
+
 class Ingest:
     """Reports in (a part of ``Governor``)."""
 
     def ingest(self, report: dict) -> dict:
         """Keep a validated, authorised report; answer the server's current verdict."""
+        report = shared_words(report)
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
         now = clock.utcnow()
         self.reports[key] = Received(report, now)

@@ -12,7 +12,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic, thread_time
@@ -160,9 +160,28 @@ class Sampler:
         self._usage: dict[str, UsageWindow] = {}  # target -> its CPU and I/O over the window
         self._prev_at: float | None = None
         self._local_pids: bool | None = None
-        # Open the backend now (in the worker thread): the simulated one publishes its devices,
-        # and a driver problem shows in the log at start-up rather than at the first request.
-        self._executor.submit(self._open_backend)
+        self._first_tick = False  # the first tick after ``_learn_foreign``
+        # Start-up, in the worker thread before any tick: every process on the machine read
+        # once (the first tick then reads only what is new, as every later one does), and the
+        # backend opened (the simulated one publishes its devices, and a driver problem shows
+        # in the log at start-up rather than at the first request).
+        self._started = self._executor.submit(self._start)
+
+    def _start(self) -> None:
+        self._learn_foreign()
+        self._open_backend()
+
+    def _learn_foreign(self) -> None:
+        """Every process read once: those outside the server's tree and outside every session
+        of its processes can never be a target's (``procs.ProcScanner``), and are not read
+        again. Where a first tick's target is among them after all (a kernel the server did
+        not start), that tick forgets this and reads everything, as without it."""
+        table = self._scanner.scan()
+        ours = table.descendants(self.server_pid)
+        for sid in {table.procs[pid].sid for pid in ours}:
+            ours |= table.in_session(sid)
+        self._scanner.settle(table, ours)
+        self._first_tick = True
 
     def _open_backend(self) -> GpuBackend:
         if self.backend is None:
@@ -193,7 +212,12 @@ class Sampler:
     # -- one tick, in the worker thread ------------------------------------------------------
 
     def measure(self, targets: list[TargetInfo], server: dict) -> TickResult:
+        wait([self._started])  # called from another thread (tests, benchmarks): start-up first
         started = thread_time()
+        if self._first_tick:
+            self._first_tick = False
+            if any(t.root.pid in self._scanner.foreign for t in targets):
+                self._scanner.foreign.clear()
         snapshot = self._open_backend().sample()
         now = snapshot.sampled_at
         table = self._scanner.scan()

@@ -1,0 +1,127 @@
+"""Where the governor service's memory goes at N servers (issue 26: under 300 MB at 10,000).
+
+    python -m benchmarks.memory [--servers 10000] [--top 25]
+
+The fake Hub and the service as ``benchmarks.ingest`` starts them (``python -m
+jupyter_gpu_gov.hub``, its start-up pass over the N servers done); then every server reports
+twice (two bursts of ``ingest_load.report_for``'s reports, so every server's previous report has
+been replaced once: the steady state), and the service is asked for its figures: resident
+memory (``VmRSS``), the objects the garbage collector tracks, and how long one full collection
+takes there (``full_gc_ms``: what a full collection holds the event loop for, ``hub/heap.py``)
+and what it frees (``full_gc_freed``: garbage in cycles since start-up that no young collection
+freed).
+
+With ``--top N`` the service runs under ``tracemalloc`` from its first import (its resident
+memory is then larger by tracemalloc's own) and prints the N lines that hold the most, by
+file:line, and the N files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .ingest import REPO, Load, fake_hub, rss_mb, service
+
+FIGURES_ENV = "BENCH_MEMORY_FIGURES"  # where the service writes its figures when signalled
+
+
+def _serve(argv: list[str]) -> None:
+    """The service, as ``python -m jupyter_gpu_gov.hub`` runs it, answering SIGUSR1 with its
+    figures (written to ``$BENCH_MEMORY_FIGURES``)."""
+    top = int(os.environ.get("BENCH_MEMORY_TOP", "0"))
+    if top:
+        import tracemalloc
+
+        tracemalloc.start()
+
+    def figures(*_: object) -> None:
+        out: dict = {
+            "rss_mb": rss_mb(os.getpid()),
+            "gc_tracked": len(gc.get_objects()),
+            "gc_frozen": gc.get_freeze_count(),
+        }
+        if top:
+            snapshot = tracemalloc.take_snapshot()
+            out["traced_mb"] = tracemalloc.get_traced_memory()[0] / 1e6
+            for kind in ("lineno", "filename"):
+                out[kind] = [
+                    (stat.size / 1e6, stat.count, str(stat.traceback))
+                    for stat in snapshot.statistics(kind)[:top]
+                ]
+        started = time.perf_counter()
+        out["full_gc_freed"] = gc.collect()  # cycles no young collection could free
+        out["full_gc_ms"] = 1000 * (time.perf_counter() - started)
+        Path(os.environ[FIGURES_ENV]).write_text(json.dumps(out))
+
+    signal.signal(signal.SIGUSR1, figures)
+    from jupyter_gpu_gov.hub.app import main
+
+    sys.argv = ["jupyter_gpu_gov.hub", *argv]
+    main()
+
+
+def run(servers: int = 10000, top: int = 0) -> dict:
+    with fake_hub(servers, 0) as ready:
+        figures_path = Path(REPO, f".bench-memory-{os.getpid()}.json")
+        env = {
+            FIGURES_ENV: str(figures_path),
+            "BENCH_MEMORY_TOP": str(top),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+        command = ("-m", "benchmarks.memory", "--serve")
+        try:
+            with service(ready, command=command, env=env) as (process, port):
+                started_mb = rss_mb(process.pid)
+                load = Load(ready["users"], port)
+                for _ in range(2):
+                    sent = asyncio.run(load.burst(16))
+                    failed = sum(1 for s in sent if s.status != 200)
+                    if failed:
+                        raise RuntimeError(f"{failed} of {len(sent)} reports refused")
+                time.sleep(2)
+                process.send_signal(signal.SIGUSR1)
+                deadline = time.monotonic() + 300
+                while not figures_path.exists() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                time.sleep(0.5)  # written whole
+                out = json.loads(figures_path.read_text())
+        finally:
+            figures_path.unlink(missing_ok=True)
+    return {"servers": servers, "rss_mb_started": started_mb, **out}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=10000)
+    parser.add_argument("--top", type=int, default=0, help="tracemalloc's top N lines and files")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args(argv)
+    if args.serve:
+        _serve(rest)
+        return
+    out = run(args.servers, args.top)
+    print(
+        "memory:",
+        " ".join(
+            f"{k}={round(v, 1) if isinstance(v, float) else v}"
+            for k, v in out.items()
+            if k not in ("lineno", "filename")
+        ),
+    )
+    for kind in ("lineno", "filename"):
+        for size, count, where in out.get(kind, ()):
+            print(f"  {size:8.1f} MB {count:9,d}  {where}")
+        if kind in out:
+            print()
+
+
+if __name__ == "__main__":
+    main()
