@@ -218,10 +218,12 @@ def report_of(
     now: datetime,
     active: bool | None = None,
     idle_since: datetime | None = None,
+    checkpoint: dict | None = None,
 ) -> dict:
     """A valid report: one device, one kernel holding it. ``active``: the GPU's state
     now (default: the plan's), idle since ``idle_since`` (default: three hours ago), or since
-    the server started if that is later."""
+    the server started if that is later. ``checkpoint``: the server's last checkpoint (none
+    taken: ``None``), which every later report carries, as the extension's do."""
 
     def iso(dt: datetime | None) -> str | None:
         return None if dt is None else dt.isoformat().replace("+00:00", "Z")
@@ -281,8 +283,32 @@ def report_of(
             "gpu_active_fraction": 0.8 if active else 0.0,
             "gpu_idle_since": iso(idle_since),
         },
-        "checkpoint": {"requested_at": None, "status": None, "manifest": None},
+        "checkpoint": checkpoint or {"requested_at": None, "status": None, "manifest": None},
     }
+
+
+# One fake server in this many fails its checkpoint (a hook that raised), as some real ones do.
+CHECKPOINT_FAILS_ONE_IN = 10
+
+
+def answer_checkpoint(p: Planned, verdict: dict) -> dict | None:
+    """What a server's extension does with a checkpoint request in its verdict
+    (``server/app.py``, ``_take_up_requests``): it checkpoints and reports the result, with the
+    request's ``requested_at``, from its next report on. ``None``: nothing asked."""
+    asked = (verdict.get("requests") or {}).get("checkpoint")
+    if not isinstance(asked, dict) or not isinstance(asked.get("requested_at"), str):
+        return None
+    fails = int(uuid.uuid5(uuid.NAMESPACE_URL, p.user)) % CHECKPOINT_FAILS_ONE_IN == 0
+    status = "failed" if fails else "done"
+    manifest = {
+        "id": f"{p.user}-ckpt",
+        "path": f"/home/{p.user}/.gpu-gov/checkpoints/{p.user}-ckpt",
+        "status": status,
+        "requested_at": asked["requested_at"],
+        "notebooks": [] if fails else ["train.ipynb"],
+        "errors": ["hook save_model: CUDA error: out of memory"] if fails else [],
+    }
+    return {"requested_at": asked["requested_at"], "status": status, "manifest": manifest}
 
 
 # -- the subprocess: fake Hub and DCGM exporter ---------------------------------------------------
@@ -433,6 +459,7 @@ async def _bench(
     from jupyter_gpu_gov.core import clock
     from jupyter_gpu_gov.core.policy import load_policies
     from jupyter_gpu_gov.core.report import validate
+    from jupyter_gpu_gov.core.vocabulary import CULLED
     from jupyter_gpu_gov.hub import metrics as metrics_module
     from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
     from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
@@ -508,19 +535,37 @@ async def _bench(
     stagger_rng = random.Random(seed + 2)
     joins = {p.user: stagger_rng.randrange(max(1, stagger)) for p in fleet}
 
+    # Each fake server's last checkpoint, taken when a verdict asked for one (``answer_
+    # checkpoint``); servers the governor stopped (culled) report no more.
+    checkpoints: dict[str, dict] = {}
+
+    def running(p: Planned) -> bool:
+        row = gov.rows.get(f"{p.user}/")
+        return row is None or (row.running and row.state != CULLED)
+
     def ingest_all(joined: int = stagger) -> float:
-        """Every GPU server that joined by pass ``joined`` of the stagger re-sends its report
-        (outside the timed pass); seconds per report."""
+        """Every GPU server that joined by pass ``joined`` of the stagger, and still runs,
+        re-sends its report (outside the timed pass) and takes up what its verdict asks, as
+        the extension does; seconds per report."""
         now = clock.utcnow()
+        sending = [p for p in fleet if joins[p.user] <= joined and running(p)]
         reports = [
-            report_of(p, *times[p.user], now, *gpu_state[p.user])
-            for p in fleet
-            if joins[p.user] <= joined
+            report_of(p, *times[p.user], now, *gpu_state[p.user], checkpoints.get(p.user))
+            for p in sending
         ]
+        verdicts = []
         started = time.perf_counter()
         for report in reports:
-            gov.ingest(validate(report))  # as the report route does
-        return (time.perf_counter() - started) / max(1, len(reports))
+            verdicts.append(gov.ingest(validate(report)))  # as the report route does
+        elapsed = time.perf_counter() - started
+        for p, verdict in zip(sending, verdicts, strict=True):
+            answer = answer_checkpoint(p, verdict)
+            if (
+                answer is not None
+                and checkpoints.get(p.user, {}).get("requested_at") != (answer["requested_at"])
+            ):
+                checkpoints[p.user] = answer  # in its next report, a minute later
+        return elapsed / max(1, len(reports))
 
     culler_seen = 0
 
