@@ -641,6 +641,21 @@ async def _bench(
             cul_s.append(elapsed)
         by_share.append((share, changed_n, gov_s, cul_s, parts, written))
 
+    profile = ""
+    if profile_top:  # one more steady pass, as the measured ones
+        clock.advance(cycle_s)
+        ingest_all()
+        gc.collect()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        await gov.reconcile()
+        profiler.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out).strip_dirs()
+        stats.sort_stats("tottime").print_stats(profile_top)
+        stats.sort_stats("cumulative").print_stats(profile_top)
+        profile = out.getvalue()
+
     # The store a day later: the same fleet's passes open one ledger bucket per owner and day
     # (the whole file also grows by the audit rows of the zombies' warnings and culls).
     def usage_rows() -> int:
@@ -678,21 +693,6 @@ async def _bench(
         return time.perf_counter() - started
 
     hub_list_s = statistics.median([await list_alone() for _ in range(3)])
-
-    profile = ""
-    if profile_top:
-        clock.advance(cycle_s)
-        ingest_all()
-        gc.collect()
-        profiler = cProfile.Profile()
-        profiler.enable()
-        await gov.reconcile()
-        profiler.disable()
-        out = io.StringIO()
-        stats = pstats.Stats(profiler, stream=out).strip_dirs()
-        stats.sort_stats("tottime").print_stats(profile_top)
-        stats.sort_stats("cumulative").print_stats(profile_top)
-        profile = out.getvalue()
 
     # What was decided, so a run shows the mix it measured (and a test that nothing is unknown).
     states: dict[str, int] = defaultdict(int)
@@ -939,7 +939,11 @@ def main(argv: list[str] | None = None) -> None:
         "settle them before the measured ones (1: every report from the first pass)",
     )
     parser.add_argument(
-        "--profile", type=int, default=0, metavar="N", help="cProfile one more pass, top N"
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cProfile one more pass after the measured ones (before the day later), top N",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -26,6 +26,7 @@ from .checkpoints import CheckpointResult, Checkpoints
 from .clock_step import ClockStep
 from .dcgm import DcgmSnapshot, index_by_pod, index_by_uuid
 from .dcgm_source import DcgmSource
+from .deadlines import Due, Reports
 from .diagnosis import DiagnosisService
 from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
@@ -41,7 +42,7 @@ from .records import Records
 from .scopes import HubAccess
 from .store import Store
 from .tables import AuditRow, ServerRow, apply_decision, record_of, set_record
-from .unchanged import Kept, Unchanged
+from .unchanged import Kept, Unchanged, same_report
 from .usage import Usage, _Use
 from .views import Views, cause_of
 
@@ -65,9 +66,11 @@ class _Batch:
 
 @dataclass
 class _Kept:
-    """Between full listings: the kept views of servers not to decide, the users to ask for."""
+    """Between full passes: the kept views of servers not to decide (those looked at, and
+    ``untouched``: neither marked nor due), the users to ask for."""
 
     views: dict[str, ServerView] = field(default_factory=dict)
+    untouched: list[str] = field(default_factory=list)
     ask: set[str] = field(default_factory=set)
 
 
@@ -111,7 +114,8 @@ class Governor(
         self.policies = list(policies)
         self.options = options
         self.dcgm = dcgm
-        self.reports: dict[str, Received] = {}
+        self.due = Due()  # between full passes, the servers to look at (hub/deadlines.py)
+        self.reports = {}
         self.use: dict[str, _Use] = {}  # measured this session, for right-sizing
         self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
@@ -130,6 +134,7 @@ class Governor(
         self._interrupts: dict[str, outbound.KernelRequest] = {}
         self._context = PassContext()
         self.unchanged = Unchanged(options.full_pass_every)
+        self._world: tuple = ()  # what reaches every server at once, as of the last pass
         self.hub_listing = HubListing(options.full_pass_every)
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
@@ -143,6 +148,15 @@ class Governor(
         self.spawns_waiting: int | None = None
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None
+
+    @property
+    def reports(self) -> dict[str, Received]:
+        """The latest report of each server; a write marks the server (``hub/deadlines.py``)."""
+        return self._reports
+
+    @reports.setter
+    def reports(self, reports: dict[str, Received]) -> None:
+        self._reports = Reports(reports, self.due)
 
     # -- the cycle ----------------------------------------------------------------------------
 
@@ -184,7 +198,7 @@ class Governor(
         now = clock.utcnow()
         self.health.observe_dcgm(snapshot, self._context.by_uuid, now)
         full = self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
-        kept = await self._plan_listing(full, groups, rows, now)
+        kept = await self._plan_listing(full, groups, rows, now, self._world_changed(snapshot))
         seen = set()
         waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
@@ -195,10 +209,16 @@ class Governor(
                 continue  # the Hub is starting or stopping it
             key = server_key(server.user, server.name)
             self._decide_one(key, server, None, rows, now, batch, seen)
+        listed = self.hub_listing.listed
         for key, view in kept.views.items():  # not listed: their users did nothing
             server = self._servers[key]
-            if server.user not in self.hub_listing.listed:
+            if server.user not in listed:
                 self._decide_one(key, server, view, rows, now, batch, seen)
+        kept_now = self.unchanged.kept
+        for key in kept.untouched:  # nothing marked them, nor is their time come
+            server = self._servers[key]
+            if server.user not in listed:
+                self._decide_one(key, server, kept_now[key].view, rows, now, batch, seen)
         for key in [k for k in self._servers if k not in seen]:
             del self._servers[key]  # stopped, or starting or stopping again
         for key, row in rows.items():
@@ -207,6 +227,7 @@ class Governor(
                 self._servers.pop(key, None)
                 self.use.pop(key, None)
                 self.unchanged.forget(key)
+                self.due.forget(key)
                 self.diagnosis.forget(key)
                 batch.changed.append(row)
         for key in [k for k in self.ledger.open if k not in seen]:
@@ -265,27 +286,66 @@ class Governor(
             self._record(server, view, now)  # its history (hub/history.py)
         except Exception as error:  # one server's bad data never stops the pass
             self._skipped(key, server.user, error, batch)
+            self.due.mark(key)
         else:
             self._failing.pop(key, None)
 
-    async def _plan_listing(self, full: bool, groups, rows, now: datetime) -> _Kept:
+    async def _plan_listing(
+        self, full: bool, groups, rows, now: datetime, everyone: bool = False
+    ) -> _Kept:
         """Which servers this pass lists from the Hub (hub/listing.py): between full passes,
         the users active since the last listing, and the users of every server to decide —
-        so each decision rests on a Hub model read in this pass."""
+        so each decision rests on a Hub model read in this pass. Only the servers marked or
+        due since the last pass are looked at (hub/deadlines.py); ``everyone``: every kept
+        server is (DCGM's evidence or the diagnosis model changed)."""
+        if full:
+            self.due.clear()
         await self.hub_listing.plan(self.hub, full, groups)
         kept = _Kept()
+        look = self.due.take(now)
+        written = self.due.take_written()
         if self.hub_listing.full:
             return kept
-        for key, server in self._servers.items():
+        if everyone:
+            look.update(self.unchanged.kept)
+        else:
+            look.update(k for k in written if k not in look and self._report_moved(k))
+        servers = self._servers
+        for key in look:
+            server = servers.get(key)
+            if server is None:
+                continue  # stopped
             view = self._kept_view(key, server, rows.get(key), now)
             if view is None:
                 kept.ask.add(server.user)
             else:
                 kept.views[key] = view
-        if not self.hub_listing.worth_asking(kept.ask, len(self._servers), self.hub.page_size):
+        if not self.hub_listing.worth_asking(kept.ask, len(servers), self.hub.page_size):
             self.hub_listing.full = True
             return _Kept()
+        kept.untouched = [k for k in self.unchanged.kept if k not in look and k in servers]
         return kept
+
+    def _report_moved(self, key: str) -> bool:
+        """Whether the report that arrived, or the diagnosis it brought, differs from what the
+        server's kept decision read (most say again what the last one did)."""
+        kept = self.unchanged.kept.get(key)
+        return (
+            kept is None
+            or self._special(key)
+            or not same_report(self.reports.get(key), kept.received)
+            or cause_of(self.root_cause(key)) != kept.evidence[0]
+        )
+
+    def _world_changed(self, snapshot: DcgmSnapshot | None) -> bool:
+        """Whether what every kept decision read at once moved since the last pass: DCGM's
+        evidence (a GPU's activity, memory or health), the diagnosis model."""
+        evidence = snapshot.evidence if snapshot else ()
+        trained = self.diagnosis.training.trained_at
+        last, self._world = self._world, (evidence, trained)
+        if not last or trained != last[1]:
+            return True
+        return evidence is not last[0] and evidence != last[0]
 
     async def _settle(self, batch: _Batch) -> None:
         """Every decision and its audit row go on record before anything is done: when the store
@@ -397,7 +457,7 @@ class Governor(
             until = policy.holds_until(view, record, server_policy, decision, now)
             self._keep(key, server, row, received, view, until, now)
         else:
-            self.unchanged.forget(key)
+            self._unkeep(key)
         return view
 
     # -- deciding only what changed (hub/unchanged.py) ----------------------------------------
@@ -429,12 +489,16 @@ class Governor(
     ) -> ServerView | None:
         """The view of a server whose inputs did not change since its last steady decision
         (nothing to decide), else ``None``."""
-        if not self.unchanged.kept or key not in self.unchanged.kept or self._special(key):
+        kept = self.unchanged.kept.get(key)
+        if kept is None or self._special(key):
             return None
         received = self.reports.get(key)
         inputs = self._inputs(key, server, received)
         stale_at = self._stale_at(key, received)
-        return self.unchanged.view(key, server, row, received, inputs, now, stale_at)
+        view = self.unchanged.view(key, server, row, received, inputs, now, stale_at)
+        if view is not None:
+            self.due.at(key, _earliest(kept.until, stale_at))
+        return view
 
     def _stale_at(self, key: str, received: Received | None) -> datetime | None:
         """When the server's latest report, or its diagnosis, goes stale (a later report the
@@ -450,11 +514,17 @@ class Governor(
             or (stale_at is not None and stale_at <= now)
             or self._special(key)
         ):
-            self.unchanged.forget(key)
+            self._unkeep(key)
             return
         inputs = self._inputs(key, server, received)
         kept = Kept(server, received, inputs, row, record_of(row), view, until)
         self.unchanged.keep(key, kept)
+        self.due.at(key, _earliest(until, stale_at))
+
+    def _unkeep(self, key: str) -> None:
+        """Its decision is not kept: decide it again at the next pass."""
+        self.unchanged.forget(key)
+        self.due.mark(key)
 
     # -- which servers are governed -------------------------------------------------------------
 
@@ -478,6 +548,11 @@ class Governor(
 
 
 SPAWN_QUEUED_AFTER = timedelta(minutes=1)
+
+
+def _earliest(*times: datetime | None) -> datetime | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
 
 
 def _queued_for_a_gpu(server: HubServer, now: datetime) -> bool:
