@@ -214,11 +214,7 @@ class Governor(
             server = self._servers[key]
             if server.user not in listed:
                 self._decide_one(key, server, view, rows, now, batch, seen)
-        kept_now = self.unchanged.kept
-        for key in kept.untouched:  # nothing marked them, nor is their time come
-            server = self._servers[key]
-            if server.user not in listed:
-                self._decide_one(key, server, kept_now[key].view, rows, now, batch, seen)
+        self._observe_untouched(kept.untouched, now, batch, seen)
         for key in [k for k in self._servers if k not in seen]:
             del self._servers[key]  # stopped, or starting or stopping again
         for key, row in rows.items():
@@ -289,6 +285,24 @@ class Governor(
             self.due.mark(key)
         else:
             self._failing.pop(key, None)
+
+    def _observe_untouched(self, keys: list[str], now: datetime, batch: _Batch, seen: set) -> None:
+        """The servers neither marked nor due, whose users the Hub did not list: nothing they
+        read changed, so they keep their decision and view, and the ledger bills their last
+        state on (``_observe_kept``); their history row is due only at a keyframe."""
+        kept, servers, listed = self.unchanged.kept, self._servers, self.hub_listing.listed
+        for key in keys:
+            server = servers[key]
+            if server.user in listed:
+                continue  # decided with the listing
+            view = kept[key].view
+            seen.add(key)
+            try:
+                self._observe_kept(server, view, now)
+                self._record(server, view, now)
+            except Exception as error:  # as _decide_one: never stops the pass
+                self._skipped(key, server.user, error, batch)
+                self.due.mark(key)
 
     async def _plan_listing(
         self, full: bool, groups, rows, now: datetime, everyone: bool = False
