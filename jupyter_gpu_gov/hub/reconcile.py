@@ -70,7 +70,7 @@ class _Kept:
     ``untouched``: neither marked nor due), the users to ask for."""
 
     views: dict[str, ServerView] = field(default_factory=dict)
-    untouched: list[str] = field(default_factory=list)
+    untouched: set[str] = field(default_factory=set)
     ask: set[str] = field(default_factory=set)
 
 
@@ -208,13 +208,23 @@ class Governor(
                 waiting += _queued_for_a_gpu(server, now)
                 continue  # the Hub is starting or stopping it
             key = server_key(server.user, server.name)
-            self._decide_one(key, server, None, rows, now, batch, seen)
+            held = self.unchanged.kept.get(key)
+            if held is None or server != held.server:  # a new model: compare everything
+                self._decide_one(key, server, None, rows, now, batch, seen)
+            elif key in kept.untouched:
+                self._observe_untouched(key, server, held.view, now, batch, seen)
+            else:  # looked at this pass: its kept view, or decide
+                self._decide_one(key, server, kept.views.get(key), rows, now, batch, seen)
         listed = self.hub_listing.listed
         for key, view in kept.views.items():  # not listed: their users did nothing
             server = self._servers[key]
             if server.user not in listed:
                 self._decide_one(key, server, view, rows, now, batch, seen)
-        self._observe_untouched(kept.untouched, now, batch, seen)
+        held_now = self.unchanged.kept
+        for key in kept.untouched:
+            server = self._servers[key]
+            if server.user not in listed:
+                self._observe_untouched(key, server, held_now[key].view, now, batch, seen)
         for key in [k for k in self._servers if k not in seen]:
             del self._servers[key]  # stopped, or starting or stopping again
         for key, row in rows.items():
@@ -286,23 +296,18 @@ class Governor(
         else:
             self._failing.pop(key, None)
 
-    def _observe_untouched(self, keys: list[str], now: datetime, batch: _Batch, seen: set) -> None:
-        """The servers neither marked nor due, whose users the Hub did not list: nothing they
-        read changed, so they keep their decision and view, and the ledger bills their last
-        state on (``_observe_kept``); their history row is due only at a keyframe."""
-        kept, servers, listed = self.unchanged.kept, self._servers, self.hub_listing.listed
-        for key in keys:
-            server = servers[key]
-            if server.user in listed:
-                continue  # decided with the listing
-            view = kept[key].view
-            seen.add(key)
-            try:
-                self._observe_kept(server, view, now)
-                self._record(server, view, now)
-            except Exception as error:  # as _decide_one: never stops the pass
-                self._skipped(key, server.user, error, batch)
-                self.due.mark(key)
+    def _observe_untouched(self, key, server, view, now, batch: _Batch, seen: set) -> None:
+        """A server neither marked nor due, whose Hub model (if listed) did not change: nothing
+        it reads changed, so it keeps its decision and view, and the ledger bills its last
+        state on (``_observe_kept``); its history row is due only at a keyframe."""
+        seen.add(key)
+        self._servers[key] = server
+        try:
+            self._observe_kept(server, view, now)
+            self._record(server, view, now)
+        except Exception as error:  # as _decide_one: never stops the pass
+            self._skipped(key, server.user, error, batch)
+            self.due.mark(key)
 
     async def _plan_listing(
         self, full: bool, groups, rows, now: datetime, everyone: bool = False
@@ -311,14 +316,15 @@ class Governor(
         the users active since the last listing, and the users of every server to decide —
         so each decision rests on a Hub model read in this pass. Only the servers marked or
         due since the last pass are looked at (hub/deadlines.py); ``everyone``: every kept
-        server is (DCGM's evidence or the diagnosis model changed)."""
+        server is (DCGM's evidence or the diagnosis model changed). When the pass lists the
+        whole Hub anyway, the others keep their view if their model did not change."""
         if full:
             self.due.clear()
         await self.hub_listing.plan(self.hub, full, groups)
         kept = _Kept()
         look = self.due.take(now)
         written = self.due.take_written()
-        if self.hub_listing.full:
+        if full:
             return kept
         if everyone:
             look.update(self.unchanged.kept)
@@ -334,10 +340,11 @@ class Governor(
                 kept.ask.add(server.user)
             else:
                 kept.views[key] = view
-        if not self.hub_listing.worth_asking(kept.ask, len(servers), self.hub.page_size):
+        if not self.hub_listing.full and not self.hub_listing.worth_asking(
+            kept.ask, len(servers), self.hub.page_size
+        ):
             self.hub_listing.full = True
-            return _Kept()
-        kept.untouched = [k for k in self.unchanged.kept if k not in look and k in servers]
+        kept.untouched = {k for k in self.unchanged.kept if k not in look and k in servers}
         return kept
 
     def _report_moved(self, key: str) -> bool:
