@@ -542,6 +542,12 @@ class Governor(
         self.unchanged.keep(key, kept)
         self.due.at(key, _earliest(until, stale_at))
 
+    def _commit(self, row: ServerRow, record, audits, **changes) -> None:
+        """A person's request (``Records._commit``) changed the row's record outside a pass:
+        its kept decision read the old one, so the next pass looks at it."""
+        super()._commit(row, record, audits, **changes)
+        self.due.mark(row.key)
+
     def _unkeep(self, key: str) -> None:
         """Its decision is not kept: decide it again at the next pass."""
         self.unchanged.forget(key)
