@@ -44,6 +44,10 @@ Fairness:
   of the first N passes, and N more settle them, all unmeasured, so the zombies' checkpoint
   requests and timeouts do not fall in one pass as one wave (docs/benchmarks.md, "Wave 4,
   round two"). ``decided`` is how many servers a pass decided (the rest kept their decision).
+- The fake servers answer checkpoint requests as the extension does (``answer_checkpoint``:
+  the result, with the request's ``requested_at``, in the next report and every later one; one
+  in ten fails), and a server the governor culled reports no more: a zombie is checkpointed once
+  and culled, and the fleet both passes list shrinks as the zombies go.
 - The governor's first pass, which inserts every row, is reported on its own (``first_pass_s``;
   with a stagger, only the first pass's share of the servers report by then).
 
