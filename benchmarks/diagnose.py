@@ -1,6 +1,7 @@
 """Root-cause diagnosis, held out: every parameter chosen on one world, measured on the others.
 
     python -m benchmarks.diagnose [--servers 180] [--windows 60] [--seed 1] [--quick]
+    python -m benchmarks.diagnose --tune-on --confusion    # the shipped constants alone, ~15 s
 
 Worlds (``benchmarks/worlds``): ``project`` (the project's own simulator), ``roofline``,
 ``fleet``, ``pipeline``, ``archetypes``, ``traces``, ``degraded``, ``sixteen`` and
@@ -25,7 +26,9 @@ answers), accuracy per label, zombie recall, the share of healthy windows called
 "strict" accuracy (``uncertain`` counted wrong); the rules (``rules.baseline``) on the same
 windows; the shipped constants again on every test set with only the base columns (no
 ``gr_active``, no ``cpu_top_thread``: what a hub that does not report them, or a simulator that
-does not write them, gives); then the online cost per window.
+does not write them, gives); then the online cost per window. ``--confusion`` adds every
+world's confusion matrix (shipped constants, online: truth by row, answer by column,
+``uncertain`` last), the cells the wrong answers are in.
 """
 
 from __future__ import annotations
@@ -113,12 +116,13 @@ def batch(rows, params: Params, min_node_windows: int = 30) -> list:
 
 def figures(rows, diagnoses) -> dict:
     """Accuracy over answered windows, coverage, per label; zombie recall and false zombies."""
-    hits, answered, total = Counter(), Counter(), Counter()
+    hits, answered, total, confusion = Counter(), Counter(), Counter(), Counter()
     false_zombie = 0
     for (_, truth), d in zip(rows, diagnoses, strict=True):
         if truth == UNKNOWN:
             continue
         total[truth] += 1
+        confusion[truth, d.label] += 1
         if d.label == UNCERTAIN:
             continue
         answered[truth] += 1
@@ -134,6 +138,7 @@ def figures(rows, diagnoses) -> dict:
         "zombie_recall": hits[ZOMBIE] / max(1, total[ZOMBIE]),
         "healthy_as_zombie": false_zombie / max(1, total[HEALTHY]),
         "windows": n,
+        "confusion": dict(confusion),  # (truth, answer) -> windows
     }
 
 
@@ -236,11 +241,13 @@ def run(args) -> dict:
 
 def latency(rows, params: Params, n: int = 2000) -> dict:
     """Online cost of one window: context, ``observe`` and ``score`` (the service's work per
-    report), median and 99th percentile over ``n`` windows after a warm-up."""
+    report), median and 99th percentile over ``n`` windows after a warm-up (2,000 windows, or
+    half of a smaller set)."""
     model = Diagnoser(params)
     recent: dict = {}
     times = []
-    for i, (w, _) in enumerate(sorted(rows, key=lambda r: r[0].t or 0.0)[: n + 2000]):
+    warm = min(2000, len(rows) // 2)
+    for i, (w, _) in enumerate(sorted(rows, key=lambda r: r[0].t or 0.0)[: n + warm]):
         started = time.perf_counter()
         earlier = recent.setdefault((w.node, w.server), deque(maxlen=model.context))
         read = model.with_context(w, earlier)
@@ -248,7 +255,7 @@ def latency(rows, params: Params, n: int = 2000) -> dict:
         model.score(read)
         if is_running(w):
             earlier.append(w)
-        if i >= 2000:
+        if i >= warm:
             times.append(time.perf_counter() - started)
     times.sort()
     return {
@@ -277,6 +284,16 @@ def _labels_table(title: str, cells: dict) -> None:
         )  # fmt: skip
 
 
+def _confusion_table(world: str, f: dict) -> None:
+    answers = (*LABELS, UNCERTAIN, UNKNOWN)
+    cells = f["confusion"]
+    shown = [a for a in answers if any(cells.get((t, a)) for t in LABELS)]
+    print(f"\n{world} (rows: truth; columns: answer)")
+    print(f"{'':<17}" + "".join(f"{a[:10]:>11}" for a in shown))
+    for truth in LABELS:
+        print(f"{truth:<17}" + "".join(f"{cells.get((truth, a), 0):>11}" for a in shown))
+
+
 def _print(result: dict, args) -> None:
     table, tuned = result["table"], result["tuned"]
     evaluated = list(result["sizes"])
@@ -298,6 +315,10 @@ def _print(result: dict, args) -> None:
         cells = {e: table[(protocol, SHIPPED, e)] for e in evaluated}
         _labels_table(f"shipped constants, per label ({protocol})", cells)
     _labels_table("shipped constants, base columns only (online)", result["design"])
+    if args.confusion:
+        print("\n## confusion matrices, shipped constants (online)")
+        for e in evaluated:
+            _confusion_table(e, table[("online", SHIPPED, e)])
     print("\n## constants chosen on each world (differences from the physical values)")
     for t, params in tuned.items():
         if t == SHIPPED:
@@ -325,6 +346,9 @@ def main(argv=None) -> None:
         help="worlds to tune on (default: --worlds; none given: the shipped constants alone)",
     )  # fmt: skip
     parser.add_argument("--history", action="store_true", help="also the batch protocol")
+    parser.add_argument(
+        "--confusion", action="store_true", help="every world's confusion matrix (shipped)"
+    )
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)
     if args.quick:

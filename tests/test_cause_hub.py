@@ -9,7 +9,9 @@ gil  a checkpoint hook that always raises does not hold back the maximum age: on
      the cull, and one warning (gil's server starts with the module: its clock runs while
      the others' tests do)
 sam  a notebook on a small model on a whole card: the governor names the MIG slice it fits,
-     in the admin list, on the dashboard and in JupyterLab's GPU panel (Debian's chromium)
+     in the admin list, on the dashboard and in JupyterLab's GPU panel (Debian's chromium);
+     its GPU at work, it is told of its maximum age (announced from the start) in JupyterLab's
+     notification, not only in the panel
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ c.GpuGovernor.right_size_after = 4  # seconds of reports (real hubs: an hour)
 # gil's server reaches its maximum age 40 s after it starts, warned 15 s before.
 MAX_AGE = {"name": "max-age", "match": {"users": ["gil"]}, "max_age": "40s"}
 MAX_AGE["max_age_warning"] = "15s"
+# sam's reaches its maximum age in 30 minutes, announced from the start: a hard deadline on a
+# server whose GPU works.
+SAM_DEADLINE = {"name": "sam-max-age", "match": {"users": ["sam"]}, "max_age": "30m"}
+SAM_DEADLINE["max_age_warning"] = "30m"
 
 RUNNING_CELL = (
     "from jupyter_gpu_gov import simulate; import time\nsimulate.hold(2048)\ntime.sleep(40)"
@@ -88,7 +94,7 @@ def hub(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("cause")
     with governed_hub(
         workdir,
-        extra_policies=[MAX_AGE],
+        extra_policies=[MAX_AGE, SAM_DEADLINE],
         governor_config=GOVERNOR,
         hub_config=PROFILES,
         singleuser_config=f"c.GpuGovApp.simulated_devices = {DEVICES!r}\n",
@@ -229,6 +235,11 @@ def test_a_small_model_on_a_whole_card_is_told_the_slice_it_fits(hub, gov, tmp_p
         assert listed["right_size"] == fit
         dashboard = hub.login("govadmin").get(f"{hub.url}/services/gpu-gov/", timeout=30)
         assert "fits Small H100 slice" in dashboard.text
+        # Its GPU works (5 %), and its maximum age is announced: a hard deadline.
+        verdict = wait(
+            lambda: (v := gov.verdict("sam"))["hard_deadline"] and v, 30, "the deadline notice"
+        )
+        assert verdict["state"] == "active" and verdict["cull_at"], verdict
 
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=str(CHROMIUM))
@@ -240,6 +251,13 @@ def test_a_small_model_on_a_whole_card_is_told_the_slice_it_fits(hub, gov, tmp_p
                 page.fill("#password_input", "any password")
                 page.click("#login_submit")
                 page.wait_for_url(re.compile(r"/user/sam/lab"))
+                # The owner is told in a notification, as for an idle warning, not only in
+                # the panel; Extend is not offered (it cannot move the deadline).
+                toast = page.locator(".jp-Notification-Toast-warning", has_text="Hard deadline")
+                toast.first.wait_for()
+                notice = toast.first.inner_text()
+                extend = toast.first.locator("button.jp-toast-button", has_text="Extend")
+                offered = extend.count()
                 page.locator(".jp-GpuGov-status").click()
                 hint = page.locator(".jp-GpuGov-panel .jp-GpuGov-line", has_text="would fit")
                 hint.wait_for()
@@ -250,3 +268,5 @@ def test_a_small_model_on_a_whole_card_is_told_the_slice_it_fits(hub, gov, tmp_p
     finally:
         tab.close()
     assert text.startswith("This work would fit Small H100 slice: at most 4.3 GB"), text
+    assert "this server will be stopped in" in notice and "whatever the GPU does" in notice
+    assert offered == 0, notice

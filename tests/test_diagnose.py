@@ -507,6 +507,31 @@ def test_held_out_worlds_and_the_h200(held_out):
     assert h200["zombie_recall"] == 1.0 and h200["healthy_as_zombie"] == 0.0
 
 
+def test_the_confusion_matrix_puts_every_window_in_its_cell(capsys):
+    """``benchmarks.diagnose --confusion`` prints each set's (truth, answer) counts: every
+    labelled window in exactly one cell, the right answers on the diagonal."""
+    from benchmarks import diagnose as bench
+    from benchmarks.worlds import generate
+
+    bench.main(["--tune-on", "--confusion", "--worlds", "sixteen", "--servers", "8",
+                "--windows", "10"])  # fmt: skip
+    out = capsys.readouterr().out
+    table = out.split("\nsixteen (rows: truth; columns: answer)\n")[1].split("\n\n")[0]
+    header, *lines = table.splitlines()
+    answers = header.split()
+    counts = {}
+    for line in lines:
+        truth, *cells = line.split()
+        counts[truth] = dict(zip(answers, map(int, cells), strict=True))
+    rows = generate("sixteen", 8, 10, 101, first_server=50_000)
+    truths = Counter(truth for _, truth in rows)
+    assert {k: sum(v.values()) for k, v in counts.items()} == {k: truths[k] for k in LABELS}
+    f = bench.figures(rows, bench.online(rows, Params()))
+    right = sum(counts[k].get(k[:10], 0) for k in LABELS)
+    assert right == round(f["strict"] * f["windows"])
+    assert "h200 (rows: truth; columns: answer)" in out
+
+
 def test_tuning_on_one_world_and_scoring_another():
     """``tune`` chooses constants on one world's labels; they score the tuning set at least as
     well as the physical starting values, and hold on a world it never saw."""

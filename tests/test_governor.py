@@ -29,7 +29,7 @@ from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import MIGRATIONS, SCHEMA_VERSION, Store
 from jupyter_gpu_gov.hub.tables import MetaRow, ServerRow, set_record
-from jupyter_gpu_gov.hub.views import row_view
+from jupyter_gpu_gov.hub.views import policy_view, row_view
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed
 T4_BUSY_GPU = "GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"
@@ -323,14 +323,20 @@ def test_store_keeps_records_across_restarts_and_refuses_a_newer_schema(tmp_path
 
 def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
     """Schema 2 adds the columns of bounded checkpoint retries, running cells, culls asked for
-    and right-sizing; a store written by the previous version gains them and loses nothing."""
+    and right-sizing, schema 3 the quiet cell's clock; a store written by an earlier version
+    gains them and loses nothing."""
     url = f"sqlite:///{tmp_path / 'gov.sqlite'}"
     store = Store(url)
     row = ServerRow(key="alice/", user="alice", name="")
     set_record(row, Record(state="warned", extensions_used=1))
     store.save_servers([row])
     added = {
-        "servers": [c.split()[5] for c in MIGRATIONS[2] if c.startswith("ALTER TABLE servers")],
+        "servers": [
+            c.split()[5]
+            for version in sorted(MIGRATIONS)
+            for c in MIGRATIONS[version]
+            if c.startswith("ALTER TABLE servers")
+        ],
         "usage": ["right_size_freed"],
         "usage_sessions": ["right_size_freed"],
     }
@@ -344,9 +350,12 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
     migrated = Store(url)
     again = migrated.server("alice/")
     assert (again.state, again.extensions_used, again.checkpoint_failures) == ("warned", 1, 0)
-    set_record(again, Record(state="busy", cull_request_why="why", busy_noticed_at=clock.utcnow()))
+    now = clock.utcnow()
+    set_record(again, Record(state="busy", cull_request_why="why", busy_noticed_at=now))
+    again.quiet_since = now
     migrated.save_servers([again])
     assert Store(url).server("alice/").state == "busy"
+    assert Store(url).server("alice/").quiet_since is not None
     with migrated.session() as session:
         assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION)
 
@@ -755,3 +764,14 @@ async def test_a_wall_clock_step_moves_every_kept_time_by_as_much(tmp_path, monk
     assert [b - a for a, b in zip(before, after, strict=True)] == [timedelta(hours=1)] * 2
     (step,) = [a for a in gov.store.audit_rows() if a.action == "clock-step"]
     assert "stepped by +3600 s" in step.reason
+
+
+def test_the_policy_view_shows_the_cause_matched_limits():
+    (default,) = load_policies([])
+    view = policy_view(default)
+    assert (view["quiet_cell_limit_s"], view["zombie_idle_s"]) == (7200, 1800)
+    (off,) = load_policies([], {"quiet_cell_limit": None, "zombie_idle": None})
+    assert (policy_view(off)["quiet_cell_limit_s"], policy_view(off)["zombie_idle_s"]) == (
+        None,
+        None,
+    )

@@ -305,3 +305,34 @@ def test_the_options_are_checked_at_start(monkeypatch):
         app.make_governor()
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     assert GpuGovernor().kubernetes_api_url == "https://10.0.0.1:443"
+
+
+async def test_a_failed_gpu_keeps_its_hard_deadline_in_the_verdict(tmp_path):
+    """A server on a failed GPU is never culled as idle, but its maximum age still holds: its
+    verdict says when (the spawn queue counts on ``cull_at``), the owner reads why once it is
+    announced, and the cull comes at the deadline."""
+    uuid = "GPU-0000-lost"
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        started = clock.utcnow().replace(microsecond=0)
+        hub.add_server("bob", started=started)
+        gov = await stack.enter_async_context(governed(hub, tmp_path))
+        gov.policies = load_policies([], {"max_age": "2d"})
+        gov.ingest(failed_report("bob", uuid))
+        await gov.reconcile()
+        verdict = gov.verdict("bob/")
+        deadline = started + timedelta(days=2)
+        assert verdict["state"] == "gpu-failed"
+        assert abs(clock.parse(verdict["cull_at"]) - deadline) < timedelta(seconds=1)
+        assert "maximum age" not in verdict["reason"]  # not announced yet
+        clock.advance(2 * 86400 - 1800)  # within max_age_warning (1 h) of the deadline
+        gov.ingest(failed_report("bob", uuid))
+        await gov.reconcile()
+        verdict = gov.verdict("bob/")
+        assert verdict["state"] == "gpu-failed"
+        assert abs(clock.parse(verdict["cull_at"]) - deadline) < timedelta(seconds=1)
+        assert verdict["reason"].startswith("Your GPU failed")
+        assert "will reach the maximum age of 2d for this profile at" in verdict["reason"]
+        clock.advance(1800)
+        gov.ingest(failed_report("bob", uuid))
+        await gov.reconcile()
+        assert gov.row("bob/").cull_reason == "max-age"

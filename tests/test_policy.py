@@ -292,6 +292,107 @@ def test_restarting_cells_does_not_reset_the_busy_limit():
     assert (150, "interrupt", "checkpointing") in actions
 
 
+def quiet_view(since, quiet, **kw) -> p.ServerView:
+    """A cell running since ``since``, its GPU idle, its kernel's CPU and I/O as ``quiet`` says
+    (True: a sleep or poll loop; False: a CPU stage; None: no CPU section in the report)."""
+    gpu = p.GpuSignal(True, False, kernel_busy_since=since, cell_quiet=quiet)
+    return replace(idle_view(**kw), gpu=gpu)
+
+
+def test_a_quiet_cell_is_warned_at_its_own_limit_then_interrupted_a_cpu_stage_is_not():
+    """A `time.sleep` poll (its kernel does nothing) gets quiet_cell_limit (at least busy_grace)
+    from when it went quiet, a warning with the notice, then the interrupt and a checkpoint,
+    never a server stop; a CPU stage, or a report without CPU figures, keeps busy_limit."""
+    policy = replace(POLICY, busy_grace=timedelta(hours=1), busy_limit=timedelta(hours=8))
+    policy = replace(policy, quiet_cell_limit=timedelta(hours=2))
+    actions, last = run(quiet_view(T0, True), policy, minutes=151, on_checkpoint="done")
+    assert [a[:2] for a in actions][:4] == [
+        (60, "busy-notice"),
+        (120, "warn"),
+        (150, "interrupt"),
+        (150, "checkpoint"),
+    ]
+    assert "the quiet-cell limit of 2h" in last.reason and "no CPU, no I/O" in last.reason
+    for quiet in (False, None):
+        actions, last = run(quiet_view(T0, quiet), policy, minutes=400)
+        assert actions == [(60, "busy-notice", "busy")] and last.state == "busy"
+        assert "busy limit of 8h" in last.reason
+
+
+def test_the_quiet_clock_restarts_whenever_the_kernel_works_and_never_undercuts_busy_grace():
+    policy = replace(POLICY, busy_grace=timedelta(hours=1), quiet_cell_limit=timedelta(hours=2))
+
+    def view(minute):  # a poll loop that works for a minute every 90 minutes
+        return quiet_view(T0, minute % 90 != 89)
+
+    actions, _ = run(view, policy, minutes=400)
+    assert [a[1] for a in actions] == ["busy-notice"]
+    # A limit shorter than busy_grace is read as busy_grace: "quiet", which only the report
+    # says, never makes the governor less patient than DCGM alone.
+    short = replace(policy, quiet_cell_limit=timedelta(minutes=10))
+    actions, _ = run(quiet_view(T0, True), short, minutes=100)
+    assert [a[:2] for a in actions][:3] == [(60, "warn"), (90, "interrupt"), (90, "checkpoint")]
+    off = replace(policy, quiet_cell_limit=None)
+    assert run(quiet_view(T0, True), off, minutes=400)[0] == [(60, "busy-notice", "busy")]
+
+
+def test_a_zombie_by_the_hubs_record_gets_zombie_idle_an_open_tab_or_dcgm_alone_does_not():
+    """The GPU idle, no cell running and no Hub activity since it went idle: warned once the
+    silence outlasts the Hub's activity lag (15 min), culled zombie_idle (30 min) after it
+    began, after a checkpoint. Hub activity (an open tab polls the API) keeps the usual
+    clock; so does a server DCGM alone sees (a cell may run)."""
+    policy = replace(POLICY, zombie_idle=timedelta(minutes=30))
+    actions, last = run(idle_view(hub_last_activity=T0), policy, minutes=31, on_checkpoint="done")
+    assert actions == [
+        (15, "warn", "warned"),
+        (30, "checkpoint", "checkpointing"),
+        (31, "cull", "culled"),
+    ]
+    record = p.Record(idle_since=T0)
+    warned = p.decide(idle_view(hub_last_activity=T0), record, policy, T0 + 15 * MIN)
+    assert "the Hub has seen no activity" in warned.reason and warned.cull_at == T0 + 30 * MIN
+    assert last.cull_reason == "gpu-idle"
+
+    def tab_open(minute):
+        return idle_view(hub_last_activity=T0 + minute * MIN)
+
+    assert run(tab_open, policy, minutes=61, on_checkpoint="done")[0][0] == (30, "warn", "warned")
+    assert run(tab_open, policy, minutes=61, on_checkpoint="done")[0][-1] == (61, "cull", "culled")
+    # The tab closed at minute 20: the zombie clock runs from then.
+    closed = idle_view(hub_last_activity=T0 + 20 * MIN)
+    actions, _ = run(closed, policy, minutes=60, on_checkpoint="done")
+    assert actions[:2] == [(30, "warn", "warned"), (50, "checkpoint", "checkpointing")]
+    # A person's interaction the report names (here after the Hub's) only delays it.
+    later = idle_view(hub_last_activity=T0, user_last_activity=T0 + 20 * MIN)
+    assert run(later, policy, minutes=60, on_checkpoint="done")[0][1][:2] == (50, "checkpoint")
+    # No Hub activity known, DCGM alone, or the rule off: the usual clock.
+    for view, rule in (
+        (idle_view(), policy),
+        (dcgm_view(hub_last_activity=T0), policy),
+        (idle_view(hub_last_activity=T0), replace(policy, zombie_idle=None)),
+    ):
+        assert run(view, rule, minutes=31)[0] == [(30, "warn", "warned")]
+
+
+def test_the_new_limits_are_policy_keys():
+    (default,) = p.load_policies([])
+    assert default.quiet_cell_limit == timedelta(hours=2)
+    assert default.zombie_idle == timedelta(minutes=30)
+    (off,) = p.load_policies([], {"quiet_cell_limit": None, "zombie_idle": None})
+    assert off.quiet_cell_limit is None and off.zombie_idle is None
+    with pytest.raises(p.PolicyError, match="'zombie_idle'"):
+        p.load_policies([], {"zombie_idle": "soon"})
+
+
+def test_quiet_means_no_cpu_no_io_wait_no_reads():
+    assert p.is_quiet(0.004, 0.0, 0.0) is True
+    assert p.is_quiet(0.004, None, None) is True  # I/O not readable: CPU decides
+    assert p.is_quiet(None, 0.0, 0.0) is None  # CPU unknown: nothing is decided
+    assert p.is_quiet(0.3, 0.0, 0.0) is False  # a CPU stage, a download
+    assert p.is_quiet(0.01, 0.4, 0.0) is False  # blocked on a disk
+    assert p.is_quiet(0.01, 0.0, 80.0) is False  # reading a dataset
+
+
 def test_a_confident_zombie_is_warned_at_once_an_unsure_diagnosis_decides_nothing():
     sure = idle_view(cause="zombie", cause_confident=True)
     actions, _ = run(sure, minutes=31, on_checkpoint="done")

@@ -148,14 +148,19 @@ def test_unknown_gpu_is_never_idle():
     ]
 
 
-def cell_rows(busy_hours: float, then: str = "idle", hours: float = 12) -> list[str]:
+def cell_rows(
+    busy_hours: float, then: str = "idle", hours: float = 12, cpu: float | None = None
+) -> list[str]:
     """A server that holds its GPU idle while a cell runs on the CPU for ``busy_hours``, then
-    the kernel goes idle (``then``: "idle") or the GPU works ("gpu"), a step every 10 min."""
+    the kernel goes idle (``then``: "idle") or the GPU works ("gpu"), a step every 10 min;
+    ``cpu``: the cell's kernel's CPU cores, as the report's ``targets[].cpu`` says."""
     rows = []
     for i in range(int(hours * 6)):
         busy = i < busy_hours * 6
         sm = 0.8 if not busy and then == "gpu" else 0.0
         row = {"t": i * 600, "server": "ann/", "gpu_sm": sm, "gpu_mem_mb": 4096}
+        if cpu is not None:
+            row |= {"cpu_cores": cpu if busy else 0.003, "iowait": 0.0, "read_mb_s": 0.0}
         rows.append(json.dumps(row | {"holds_context": True, "kernel_busy": busy}))
     return rows
 
@@ -180,6 +185,22 @@ def test_a_cell_that_never_ends_is_interrupted_at_the_busy_limit():
         (33000, "checkpoint"),
         (33600, "cull"),
     ]
+
+
+def test_a_quiet_cell_is_interrupted_at_its_own_limit_a_cpu_stage_is_not():
+    # `while not done(): time.sleep(60)`, its kernel at 0.2 % of a core: warned at
+    # quiet_cell_limit (2 h), interrupted and checkpointed after the notice, then the idle
+    # rules. A CPU stage (two cores) of the same length only gets the notice.
+    policies = policies_from_config(None)
+    actions = list(replay(parse_lines(cell_rows(24, hours=6, cpu=0.002)), policies))
+    assert [(a.t, a.action) for a in actions][:3] == [
+        (7200, "warn"),
+        (9000, "interrupt"),
+        (9000, "checkpoint"),
+    ]
+    assert "the quiet-cell limit of 2h" in actions[0].reason
+    actions = list(replay(parse_lines(cell_rows(24, hours=6, cpu=2.0)), policies))
+    assert [(a.t, a.action) for a in actions] == [(7200, "notice")]
 
 
 def test_exempt_label_is_never_culled():
@@ -307,6 +328,9 @@ def test_reader_defaults_and_unknown_keys():
         ('{"t": 0, "server": "a/"}', ["line 2", "'t'", "does not come after"]),
         ('{"t": 60, "server": "a/", "reports": "yes"}', ["line 2", "'reports'"]),
         ('{"t": 60, "server": "a/", "labels": {"x": [1]}}', ["line 2", "'labels.x'"]),
+        ('{"t": 60, "server": "a/", "cpu_cores": -1}', ["line 2", "'cpu_cores'", ">= 0"]),
+        ('{"t": 60, "server": "a/", "iowait": 2}', ["line 2", "'iowait'", "[0, 1]"]),
+        ('{"t": 60, "server": "a/", "read_mb_s": "fast"}', ["line 2", "'read_mb_s'"]),
         ('{"t": 60, "server": "a/"', ["line 2", "not valid JSON"]),
     ],
 )

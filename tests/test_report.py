@@ -163,6 +163,21 @@ def test_busy_kernel_reports_since_when():
     assert signal(r).kernel_busy_since.isoformat().startswith("2026-01-05T08:55")
 
 
+def test_a_running_cell_whose_kernel_does_nothing_is_quiet_from_its_cpu_figures():
+    busy = {"targets__0__execution_state": "busy"}
+
+    def cpu(cores, iowait=0.0, read=0.0):
+        return {"cores": cores, "iowait": iowait, "read_mb_s": read, "seconds": 60}
+
+    assert signal(report(**busy, targets__0__cpu=cpu(0.003))).cell_quiet is True
+    assert signal(report(**busy, targets__0__cpu=cpu(1.5))).cell_quiet is False
+    assert signal(report(**busy, targets__0__cpu=cpu(0.01, read=50.0))).cell_quiet is False
+    # No CPU section (an older server, the first sample): not known, so never quiet.
+    assert signal(report(**busy)).cell_quiet is None
+    # No cell running: the question does not arise.
+    assert signal(report(targets__0__cpu=cpu(0.003))).cell_quiet is None
+
+
 def test_a_shared_cards_own_activity_says_nothing_about_us():
     r = report(devices__0__activity=0.9, devices__0__shared=True)
     assert signal(r).active is False

@@ -9,7 +9,8 @@ GPU-hours:
 
 - ``grace``: within ``cull_after`` (1 h) of the GPU's idle start (the step SM went under the
   idle threshold, or the signal came back): the hour every idle stretch is given;
-- ``running cell``: a cell runs (``kernel_busy``): held to ``busy_limit`` (a sleep loop);
+- ``running cell``: a cell runs (``kernel_busy``): a sleep loop, held to ``quiet_cell_limit``
+  where the trace has the kernels' CPU figures, else to ``busy_limit``, and its notices;
 - ``failing hook``: the server's checkpoint hook fails: the cull's bounded postponement;
 - ``no extension``: the server sends no report (DCGM's reading: ``busy_grace``, 2 h);
 - ``notice``: the rest, the warning's notice and the checkpoint's step beyond the first hour,

@@ -79,6 +79,16 @@ measured data; U is uniform, logU log-uniform):
   those rows have no ``gpu_sm`` (unknown). Memory and truth are always given (the evaluator's
   view, not the governor's).
 
+CPU and I/O (``cpu_cores``, ``iowait``, ``read_mb_s``: what the report's ``targets[].cpu``
+says of the kernel over the sampler's window; servers that send reports only), drawn from a
+stream of their own so the scenarios above stay as they were: an idle kernel U(0.001, 0.006)
+cores (heartbeats); GPU work U(0.5, 1.5) cores; a starved loader U(1, 6) cores, reading
+U(10, 300) MB/s; a person's CPU cell U(0.8, 8) cores; a CPU stage computes (60 %: U(0.8, 8)
+cores), reads from disk (25 %: U(0.05, 0.5) cores, I/O wait U(0.1, 0.6), U(5, 200) MB/s) or
+downloads over the network (15 %: logU(0.03, 0.3) cores, no disk reads); a ``sleep_loop``
+U(0.0005, 0.008) cores. Assumptions, like the rest: a CPU stage quieter than a download (a
+cell waiting on a job elsewhere) is not modelled as live work here.
+
 A session opens with 1-10 min without a GPU context (``idle_free``), then its first GPU cell
 loads a model: memory U(25 %, 95 %) of the card, held until the server stops (frameworks keep
 their caches). Idle steps report SM 0.
@@ -124,15 +134,43 @@ MAX_AGE = {
 TEAMS = ("vision", "nlp", "speech", "rl", "bio")
 EXEMPT = {"gpu-gov/exempt": "true"}
 
-# One step: (gpu_sm, kernel_busy, user_active, connections, truth); memory is per session.
-Step = tuple[float, bool, bool, int, str]
+# One step: (gpu_sm, kernel_busy, user_active, connections, truth, usage); memory is per
+# session; usage is (cpu_cores, iowait, read_mb_s) of the kernel, as its report's cpu says.
+Usage = tuple[float, float, float]
+Step = tuple[float, bool, bool, int, str, Usage]
+
+
+def _usage(kind: str) -> Callable[[random.Random], Usage]:
+    """What a kernel's process tree does, per step (the sampler's window), by what it runs."""
+    return {
+        # An idle kernel: heartbeats and ZMQ polling.
+        "idle": lambda r: (r.uniform(0.001, 0.006), 0.0, 0.0),
+        # Driving the GPU: a core's Python thread launching kernels, reading batches.
+        "gpu": lambda r: (r.uniform(0.5, 1.5), r.uniform(0.0, 0.05), r.uniform(0.0, 20.0)),
+        # A starved loader: its workers parse and read all the time.
+        "loader": lambda r: (r.uniform(1.0, 6.0), r.uniform(0.0, 0.3), r.uniform(10.0, 300.0)),
+        # A CPU stage: tokenising, features, a join (one to eight cores)...
+        "cpu": lambda r: (r.uniform(0.8, 8.0), r.uniform(0.0, 0.05), r.uniform(0.0, 50.0)),
+        # ... reading a dataset from disk (waits on I/O, little CPU) ...
+        "disk": lambda r: (r.uniform(0.05, 0.5), r.uniform(0.1, 0.6), r.uniform(5.0, 200.0)),
+        # ... or downloading one over the network (no disk reads, a few percent of a core).
+        "network": lambda r: (
+            math.exp(r.uniform(math.log(0.03), math.log(0.3))),
+            0.0,
+            0.0,
+        ),
+        # A time.sleep()/poll loop, an input(): nothing.
+        "sleep": lambda r: (r.uniform(0.0005, 0.008), 0.0, 0.0),
+    }[kind]
 
 
 class Session:
     """One server's run, built phase by phase into steps."""
 
-    def __init__(self, rng: random.Random, step: int, card_mb: int):
+    def __init__(self, rng: random.Random, step: int, card_mb: int, usage_rng: random.Random):
         self.rng = rng
+        # CPU and I/O draw from their own stream: the scenarios' draws stay as they were.
+        self.usage_rng = usage_rng
         self.step = step
         self.card_mb = card_mb
         self.memory_mb = 0  # set by the first GPU cell
@@ -149,9 +187,15 @@ class Session:
         busy: bool = False,
         connections: int = 1,
         user_first: bool = False,
+        usage: str | None = None,
     ) -> None:
+        draw = _usage(usage or ("gpu" if truth == "active" else "cpu" if busy else "idle"))
         for i in range(self.count(seconds)):
-            self.steps.append((round(sm(), 3), busy, user_first and i == 0, connections, truth))
+            cores, iowait, read = draw(self.usage_rng)
+            use = (round(cores, 4), round(iowait, 3), round(read, 2))
+            self.steps.append(
+                (round(sm(), 3), busy, user_first and i == 0, connections, truth, use)
+            )
 
     def open(self) -> None:
         self.add(self.rng.uniform(1, 10) * MINUTE, "idle_free", user_first=True)
@@ -183,7 +227,7 @@ class Session:
         def sm() -> float:
             return min(max(level * math.exp(self.rng.gauss(0, 0.35)), 0.001), 1.0)
 
-        self.add(seconds, "active", sm, busy=True, connections=connections)
+        self.add(seconds, "active", sm, busy=True, connections=connections, usage="loader")
 
     def jitter(self, level: float) -> Callable[[], float]:
         return lambda: min(level * self.rng.uniform(0.85, 1.15), 1.0)
@@ -233,7 +277,8 @@ def cpu_pipeline(s: Session) -> None:
     s.work(s.rng.uniform(10, 30) * MINUTE)
     tab = s.connections()
     for _ in range(s.rng.randint(2, 6)):
-        s.add(s.rng.uniform(10, 90) * MINUTE, "cpu_phase", busy=True, connections=tab)
+        stage = _cpu_stage(s)
+        s.add(s.rng.uniform(10, 90) * MINUTE, "cpu_phase", busy=True, connections=tab, usage=stage)
         level = s.rng.uniform(0.5, 0.9)
         s.train(s.rng.uniform(20, 180) * MINUTE, level, busy=True, connections=tab)
     _come_back(s, s.log_uniform(1, 14) * HOUR, tab)
@@ -251,7 +296,8 @@ def long_cpu_stage(s: Session) -> None:
     s.open()
     s.work(s.rng.uniform(10, 30) * MINUTE)
     tab = s.connections()
-    s.add(s.rng.uniform(1, 5) * HOUR, "cpu_phase", busy=True, connections=tab)
+    stage = _cpu_stage(s)
+    s.add(s.rng.uniform(1, 5) * HOUR, "cpu_phase", busy=True, connections=tab, usage=stage)
     s.train(s.rng.uniform(1, 6) * HOUR, s.rng.uniform(0.5, 0.9), busy=True, connections=tab)
     _come_back(s, s.log_uniform(1, 14) * HOUR, tab)
 
@@ -260,8 +306,14 @@ def sleep_loop(s: Session) -> None:
     s.open()
     s.work(s.rng.uniform(10, 30) * MINUTE)
     tab = s.connections()
-    s.add(s.log_uniform(12 * HOUR, 3 * DAY), RECLAIMABLE, busy=True, connections=tab)
+    s.add(s.log_uniform(12 * HOUR, 3 * DAY), RECLAIMABLE, busy=True, connections=tab, usage="sleep")
     s.work(s.rng.uniform(10, 30) * MINUTE)
+
+
+def _cpu_stage(s: Session) -> str:
+    """What a CPU stage spends its time on: computing (60 %), reading from disk (25 %) or
+    downloading (15 %)."""
+    return s.usage_rng.choices(("cpu", "disk", "network"), (0.6, 0.25, 0.15))[0]
 
 
 def batch_standby(s: Session) -> None:
@@ -294,6 +346,7 @@ SCENARIOS: dict[str, tuple[Callable[[Session], None], float]] = {
 def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) -> Iterator[dict]:
     """One user's servers over the trace, in time order."""
     rng = random.Random(f"{seed}:{index}")
+    usage_rng = random.Random(f"{seed}:{index}:usage")
     user = f"u{index:03d}"
     team = TEAMS[index % len(TEAMS)]
     profile, card_mb = rng.choice(PROFILES)
@@ -314,14 +367,14 @@ def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) ->
         if t >= end:
             return
         scenario = "batch_standby" if standby else rng.choices(names, weights)[0]
-        session = Session(rng, step, card_mb)
+        session = Session(rng, step, card_mb, usage_rng)
         (batch_standby if standby else SCENARIOS[scenario][0])(session)
         server = f"{user}/s{number:03d}"
         reclaim_at = None  # a team within its guarantee asks this borrowed GPU back
         if borrows and rng.random() < 1 / 3:
             reclaim_at = t + rng.randrange(len(session.steps)) * step
             asked = {"gpu-gov/reclaim": isoformat(at(reclaim_at)), "gpu-gov/reclaim-for": "vision"}
-        for i, (sm, busy, active, connections, truth) in enumerate(session.steps):
+        for i, (sm, busy, active, connections, truth, use) in enumerate(session.steps):
             now = t + i * step
             if now >= end:
                 return
@@ -330,6 +383,8 @@ def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) ->
             row_labels = labels if reclaim_at is None or now < reclaim_at else labels | asked
             if reports or dcgm:
                 row["gpu_sm"] = sm  # the report's, or DCGM's for a server without the extension
+            if reports:  # the report's targets[].cpu of the kernel
+                row["cpu_cores"], row["iowait"], row["read_mb_s"] = use
             row |= {
                 "gpu_mem_mb": memory,
                 "holds_context": memory > 0,

@@ -115,6 +115,13 @@ class Policy:
     # the cull follows after the notice. ``warn_after`` spares a person at the notebook warnings
     # about short pauses; nobody is there to spare. None: the clock is the same for everyone.
     away_after: timedelta | None = timedelta(hours=2)
+    # A zombie by the Hub's own record — the GPU idle and held, no cell running (the report),
+    # and no Hub activity (no open tab, no kernel message, no request: a server can make its
+    # Hub activity fresher, never older) — is culled this long after the later of its GPU's
+    # idle start and the Hub's last activity, if sooner than cull_after. It is warned once the
+    # silence outlasts the Hub's own lag (15 minutes): the rest is the warning's notice (at
+    # least 15 minutes). None: the same clock for every idle server.
+    zombie_idle: timedelta | None = timedelta(minutes=30)
     # How long a running cell may leave its GPU idle (a CPU stage before its next GPU stage),
     # from when the GPU went idle: CPU stages of an hour or more are common in pipelines.
     busy_grace: timedelta = timedelta(hours=2)
@@ -124,6 +131,13 @@ class Policy:
     # checkpoint taken (``on_busy_limit: interrupt``), or the server culled (``cull``).
     busy_limit: timedelta = timedelta(hours=8)
     on_busy_limit: str = "interrupt"  # or "cull"
+    # A running cell whose kernel does nothing — no CPU, no I/O wait, no reads over the report's
+    # window: a ``time.sleep``/poll loop, an ``input()`` — is held this long from when it went
+    # quiet (and its GPU idle), then warned and, after the notice, acted on as at busy_limit.
+    # Read as at least busy_grace, so a report saying "quiet" never makes the governor less
+    # patient than DCGM alone (which holds every cull busy_grace in case a cell runs), and at
+    # most busy_limit. None: busy_limit for every running cell.
+    quiet_cell_limit: timedelta | None = timedelta(hours=2)
     extension_step: timedelta = timedelta(hours=1)
     max_extensions: int = 2
     extension_reason: str = "optional"  # or "required"
@@ -170,6 +184,8 @@ _DURATIONS = {
     "away_after",
     "busy_limit",
     "checkpoint_max_delay",
+    "quiet_cell_limit",
+    "zombie_idle",
 }
 _CHOICES = {
     "extension_reason": ("optional", "required"),
@@ -259,7 +275,9 @@ def _convert(key: str, value):
     if key in _DURATIONS:
         return (
             None
-            if value is None and key in ("max_age", "inactive_timeout", "away_after")
+            if value is None
+            and key
+            in ("max_age", "inactive_timeout", "away_after", "quiet_cell_limit", "zombie_idle")
             else parse_duration(value, repr(key))
         )
     if key in _CHOICES:
@@ -319,6 +337,9 @@ class GpuSignal:
     active: bool | None  # None: unknown (no data, stale data, an API that cannot say)
     idle_since: datetime | None = None  # when the current idle stretch began, if known
     kernel_busy_since: datetime | None = None  # a GPU-holding kernel is executing a cell
+    # Every such kernel did nothing over the report's window (``is_quiet``): True; one
+    # worked: False; None: not known (no CPU section, no cell running, DCGM alone).
+    cell_quiet: bool | None = None
     # A report shows running cells; a trusted source alone (DCGM, for a server without the
     # extension) cannot, and then the policy assumes one runs (it holds a cull for busy_grace).
     sees_cells: bool = True
@@ -365,6 +386,33 @@ class ServerView:
         return self.reports and self.reachable and self.gpu is not None
 
 
+# JupyterHub's activity of a server lags what happens by up to this: the server posts its
+# activity every 5 minutes (JUPYTERHUB_ACTIVITY_INTERVAL), the Hub gathers the proxy's every 5
+# (last_activity_interval), with room for clock skew (as hub/listing.py's ACTIVITY_LAG). A
+# shorter silence says nothing about who is there.
+HUB_ACTIVITY_LAG = timedelta(minutes=15)
+
+# A kernel's process tree "does nothing" under these, over the sampler's window: an idle
+# Python kernel reads 0.1-0.5 % of a core (heartbeats, ZMQ); a cell that computes, parses,
+# or moves data at a few MB/s reads several percent or more, or waits on I/O, or reads.
+QUIET_CORES = 0.02
+QUIET_IOWAIT = 0.05
+QUIET_READ_MB_S = 1.0
+
+
+def is_quiet(cores: float | None, iowait: float | None, read_mb_s: float | None) -> bool | None:
+    """Whether a process tree did nothing over a window (no CPU, no I/O wait, no reads), from
+    the report's ``targets[].cpu``; None when its CPU is not known. An I/O figure the platform
+    cannot read says nothing either way."""
+    if cores is None:
+        return None
+    return (
+        cores <= QUIET_CORES
+        and (iowait is None or iowait <= QUIET_IOWAIT)
+        and (read_mb_s is None or read_mb_s <= QUIET_READ_MB_S)
+    )
+
+
 def merge_evidence(
     report_active: bool | None, trusted_active: bool | None
 ) -> tuple[bool | None, str]:
@@ -399,6 +447,7 @@ class Record:
     paused_at: datetime | None = None  # GPU data became unknown: the idle clock stopped here
     exempt_until: datetime | None = None  # an admin grant
     busy_noticed_at: datetime | None = None  # the notice of a cell running past busy_grace
+    quiet_since: datetime | None = None  # the running cell's kernel has done nothing since
     interrupted_at: datetime | None = None  # the running cell was interrupted at busy_limit
     overrun_noticed_at: datetime | None = None  # it ran past the duration its owner expected
     # A cull asked for now (an admin's, or a cell the busy limit could not stop): a hard
@@ -425,6 +474,7 @@ class Record:
             paused_at=None,
             busy_noticed_at=None,
             interrupted_at=None,
+            quiet_since=None,
         )
 
     def exempted(self) -> Record:
@@ -445,6 +495,9 @@ class Decision:
     cull_at: datetime | None = None
     cull_reason: str | None = None  # one of CULL_REASONS
     notice: str | None = None  # what a hard deadline's warning, or a notice, tells the user
+    # The hard deadline that sets ``cull_at``, in words once announced (its reason says it
+    # too): whatever replaces this decision's state and reason keeps both.
+    deadline_notice: str | None = None
 
     @property
     def state(self) -> str:
@@ -584,10 +637,28 @@ def _with_hard_deadline(decision: Decision, deadline: _Deadline, now: datetime) 
     its reason says why, like the warning."""
     if decision.cull_at is not None and decision.cull_at <= deadline.at:
         return decision
-    reason = decision.reason
+    reason, words = decision.reason, None
     if now >= deadline.warn_from:
-        reason = f"{reason}; {deadline.notice()}"
-    return evolve(decision, record=evolve(decision.record, reason=reason), cull_at=deadline.at)
+        words = deadline.notice()
+        reason = f"{reason}; {words}"
+    record = evolve(decision.record, reason=reason)
+    return evolve(decision, record=record, cull_at=deadline.at, deadline_notice=words)
+
+
+def keep_hard_deadline(replacement: Decision, decided: Decision) -> Decision:
+    """``replacement`` (a decision another rule put in place of ``decided``, e.g. a failed GPU's
+    notice) with ``decided``'s hard deadline: its ``cull_at`` and, once announced, its words."""
+    if decided.cull_at is None or replacement.cull_at is not None:
+        return replacement
+    record = replacement.record
+    if decided.deadline_notice and decided.deadline_notice not in record.reason:
+        record = evolve(record, reason=f"{record.reason}; {decided.deadline_notice}")
+    return evolve(
+        replacement,
+        record=record,
+        cull_at=decided.cull_at,
+        deadline_notice=decided.deadline_notice,
+    )
 
 
 def holds_until(
@@ -779,6 +850,9 @@ def _decide_on_activity(
     present_until = _plus(back, grace)
 
     cell = _running_cell(gpu, idle_since)
+    quiet = cell is not None and gpu.cell_quiet is True
+    if quiet != (record.quiet_since is not None):
+        record = evolve(record, quiet_since=now if quiet else None)
     if cell is not None:
         return _decide_running(view, record, policy, now, actions, idle, cell, present_until)
 
@@ -786,8 +860,20 @@ def _decide_on_activity(
     # admin) was there and was told a deadline, which a later reading must not bring forward.
     extended = record.extension_s > 0 or record.extensions_used > 0
     first_stage = timedelta(0) if away and not extended else policy.warn_after
-    cull_at = idle_since + first_stage + policy.notice + timedelta(seconds=record.extension_s)
-    warn_at = cull_at - policy.notice
+    extension = timedelta(seconds=record.extension_s)
+    cull_at = idle_since + first_stage + policy.notice + extension
+    notice = policy.notice
+    warn_at = cull_at - notice
+    silent = _silent_since(view, gpu, policy, idle_since)
+    if silent is not None:
+        # Nobody there by the Hub's record: the shorter clock. The Hub's activity lags by up
+        # to HUB_ACTIVITY_LAG, so a silence is a silence only past it: the warning goes out
+        # then, with the rest of zombie_idle (at least as long again) as its notice.
+        window = max(policy.zombie_idle, 2 * HUB_ACTIVITY_LAG)
+        if silent + window + extension < cull_at:
+            zombie, cull_at = True, silent + window + extension
+            warn_at = min(warn_at, silent + HUB_ACTIVITY_LAG + extension)
+            notice = cull_at - warn_at
     holds = []
     for not_before, what in (
         (present_until, "recent user activity"),
@@ -798,7 +884,7 @@ def _decide_on_activity(
             cull_at = not_before
             holds.append(what)
     if record.warned_at is not None:
-        cull_at = max(cull_at, record.warned_at + policy.notice)  # every warning gets its notice
+        cull_at = max(cull_at, record.warned_at + notice)  # every warning gets its notice
     due = cull_at  # what failed checkpoints postpone, within checkpoint_max_delay
     if record.postponed_until is not None and record.postponed_until > cull_at:
         cull_at = record.postponed_until
@@ -810,12 +896,12 @@ def _decide_on_activity(
     if record.warned_at is None:
         actions.append(WARN)
         record = evolve(record, warned_at=now)
-        cull_at = max(cull_at, now + policy.notice)
+        cull_at = max(cull_at, now + notice)
         due = max(due, cull_at)
     if now < cull_at:
         why = f"{idle}; {_cull_words(policy)} at {_at(cull_at)} unless extended"
         if zombie:
-            why += " (nobody is there: the GPU holds memory and does no work)"
+            why += " (nobody is there: the GPU holds memory and does no work, and the Hub has seen no activity)"
         elif away:
             why += f" (nobody has used the notebook since {_at(back)})"
         if holds:
@@ -828,6 +914,22 @@ def _decide_on_activity(
         record, policy, view, now, why, GPU_IDLE, warn_at, cull_at, final, due=due
     )
     return evolve(decision, actions=tuple(actions) + decision.actions)
+
+
+def _silent_since(
+    view: ServerView, gpu: GpuSignal, policy: Policy, idle_since: datetime
+) -> datetime | None:
+    """Since when the server has been a zombie by the Hub's own record (``zombie_idle``): its
+    GPU idle and held, no cell running as its report shows, and no Hub activity — the latest
+    of the idle start, the Hub's last activity and a person's last interaction; None when the
+    rule does not apply."""
+    last = view.hub_last_activity  # unknown is never "nobody"
+    if policy.zombie_idle is None or last is None:
+        return None
+    if not (view.reports and gpu.sees_cells and gpu.holds_gpu):
+        return None
+    # A person's interaction the report names may only make the clock more patient.
+    return max(idle_since, last, view.user_last_activity or last)
 
 
 @dataclass(frozen=True)
@@ -871,7 +973,20 @@ def _decide_running(
     start, so that restarting cells does not reset it) a warning; after the notice the cell is
     interrupted and a checkpoint taken, or the server culled."""
     idle_since = record.idle_since
-    limit = idle_since + policy.busy_limit + timedelta(seconds=record.extension_s)
+    extension = timedelta(seconds=record.extension_s)
+    limit = idle_since + policy.busy_limit + extension
+    name = f"the busy limit of {format_duration(policy.busy_limit)}"
+    if record.quiet_since is not None and policy.quiet_cell_limit is not None:
+        hold = min(max(policy.quiet_cell_limit, policy.busy_grace), policy.busy_limit)
+        quiet_limit = max(cell.since, record.quiet_since) + hold + extension
+        if quiet_limit < limit:
+            limit = quiet_limit
+            name = f"the quiet-cell limit of {format_duration(hold)}"
+            cell = _Cell(
+                cell.since,
+                f"{cell.words} whose kernel has done nothing (no CPU, no I/O: a sleep or poll "
+                f"loop, an input()) since {_at(record.quiet_since)}",
+            )
     if record.warned_at is not None and record.warned_at < limit:
         # A warning of an idle cull (or of a limit since extended) does not stand for this one.
         record = evolve(record, warned_at=None)
@@ -898,7 +1013,7 @@ def _decide_running(
             record = evolve(record, busy_noticed_at=now)
         why = (
             f"{running}: if it will use the GPU again, press Extend; if not, stop it and give "
-            f"the GPU back. {outcome.capitalize()} at {_at(act_at)} (busy limit) unless extended"
+            f"the GPU back. {outcome.capitalize()} at {_at(act_at)} ({name}) unless extended"
         )
         return Decision(evolve(record, state=BUSY, reason=why), tuple(actions), grace_end, act_at)
 
@@ -907,15 +1022,12 @@ def _decide_running(
         record = evolve(record, warned_at=now)
         act_at = max(act_at, now + policy.notice)
     if now < act_at:
-        why = (
-            f"{running}, past the busy limit of {format_duration(policy.busy_limit)}: "
-            f"{outcome} at {_at(act_at)} unless extended"
-        )
+        why = f"{running}, past {name}: {outcome} at {_at(act_at)} unless extended"
         return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), limit, act_at)
 
     why = (
         f"{cell.words} since {_at(cell.since)} with its GPU idle since {_at(idle_since)}: "
-        f"past the busy limit of {format_duration(policy.busy_limit)}"
+        f"past {name}"
     )
     interrupted = record.interrupted_at is not None and record.interrupted_at >= cell.since
     first = ()
@@ -964,6 +1076,7 @@ def _resume(record: Record, now: datetime) -> Record:
         idle_since=_plus(record.idle_since, pause),
         warned_at=_plus(record.warned_at, pause),
         postponed_until=_plus(record.postponed_until, pause),
+        quiet_since=_plus(record.quiet_since, pause),
     )
 
 
@@ -1181,6 +1294,17 @@ def _grant(record: Record, seconds: float) -> Record:
     )
 
 
+def _hard_deadline_announced(decision: Decision) -> bool:
+    """The owner was warned of a hard deadline (``max_age_warned_at``, set by its warning) and
+    a cull is due: it comes whatever the GPU does, in any state but these."""
+    record = decision.record
+    return (
+        record.max_age_warned_at is not None
+        and decision.cull_at is not None
+        and record.state not in (CULLED, EXEMPT)
+    )
+
+
 def verdict(
     decision: Decision,
     policy: Policy,
@@ -1204,6 +1328,7 @@ def verdict(
         warn_at=isoformat(decision.warn_at),
         cull_at=isoformat(decision.cull_at),
         reason=record.reason,
+        hard_deadline=_hard_deadline_announced(decision),
         extensions_left=max(0, policy.max_extensions - record.extensions_used),
         extension_step_s=int(policy.extension_step.total_seconds()),
         extension_reason=policy.extension_reason,

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from . import health
 from .clock import parse, utcnow
-from .policy import GpuSignal
+from .policy import GpuSignal, is_quiet
 from .vocabulary import STOP_SERVER
 from .wire import (
     BACKENDS,
@@ -174,17 +174,29 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
             detail=f"{unknown['kind']} {unknown.get('name') or unknown['id']}: no activity data",
         )
 
-    busy = [
-        parse(t.get("busy_since")) or parse(report["sampled_at"])
-        for t in holders
-        if t["kind"] == "kernel" and t.get("execution_state") == "busy"
-    ]
+    running = [t for t in holders if t["kind"] == "kernel" and t.get("execution_state") == "busy"]
+    busy = [parse(t.get("busy_since")) or parse(report["sampled_at"]) for t in running]
     return GpuSignal(
         holds_gpu,
         False,
         idle_since=parse(window.get("gpu_idle_since")),
         kernel_busy_since=min(busy, default=None),
+        cell_quiet=_cells_quiet(running),
     )
+
+
+def _cells_quiet(running: list[Mapping]) -> bool | None:
+    """Whether every kernel running a cell did nothing over the window (``is_quiet`` of its
+    ``cpu``): one that worked makes it False; one whose CPU is not known, None."""
+    if not running:
+        return None
+    verdicts = []
+    for target in running:
+        cpu = target_cpu(target) or {}
+        verdicts.append(is_quiet(cpu.get("cores"), cpu.get("iowait"), cpu.get("read_mb_s")))
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True
 
 
 def target_cpu(target: Mapping) -> Mapping | None:

@@ -404,6 +404,12 @@ class Verdict(Wire):
         "why, in words: e.g. `GPU idle since 2026-01-05 09:14 UTC; server stopped at 2026-01-05 "
         "11:14 UTC unless extended`"
     )
+    hard_deadline: bool = spec(
+        "a hard deadline — the maximum age, a borrowed GPU given back, an admin's cull — has "
+        "been announced to the owner: the cull at `cull_at` comes whatever the GPU does and "
+        "Extend does not move it (`reason` says why)",
+        False,
+    )
     extensions_left: int = spec("how many more times Extend gives time", 0, minimum=0)
     extension_step_s: int = spec("seconds each Extend gives", 0, minimum=0)
     extension_reason: str = spec(

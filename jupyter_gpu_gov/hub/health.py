@@ -205,7 +205,8 @@ class HealthWatch:
             )
             actions = (*actions, CHECKPOINT)
         notice = owner_notice(failure, record.checkpoint_status)
-        return Decision(evolve(record, state=GPU_FAILED, reason=notice), actions)
+        failed = Decision(evolve(record, state=GPU_FAILED, reason=notice), actions)
+        return policy.keep_hard_deadline(failed, decision)  # a hard deadline still holds
 
     def flag(self, key: str, record: Record, now: datetime) -> str | None:
         """Whether the server's GPU state has been unknown too long: the reason to audit when

@@ -91,7 +91,7 @@ class GovernorSettings(HasTraits):
         on_busy_limit (interrupt|cull), away_after, extension_step, max_extensions,
         extension_reason (optional|required), max_age, max_age_warning, checkpoint,
         checkpoint_timeout, on_checkpoint_failure (postpone|proceed), checkpoint_retries,
-        checkpoint_max_delay, cull_action (stop-server|shutdown-kernels), exempt,
+        checkpoint_max_delay, cull_action (stop-server|shutdown-kernels), exempt, reclaim_grace,
         inactive_timeout, expected_duration_notice. Durations are seconds or strings like
         "90m", "2h".""",
     ).tag(config=True)

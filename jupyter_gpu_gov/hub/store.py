@@ -41,7 +41,7 @@ from .tables import (
     UsageSessionRow,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class StoreUnavailable(RuntimeError):
@@ -127,6 +127,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE usage ADD COLUMN right_size_freed FLOAT DEFAULT 0",
         "ALTER TABLE usage_sessions ADD COLUMN right_size_freed FLOAT DEFAULT 0",
     ],
+    3: [f"ALTER TABLE servers ADD COLUMN quiet_since {_TIME}"],
 }
 
 

@@ -79,6 +79,8 @@ class ServerRow(Base):
     cull_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     cull_request_reason: Mapped[str | None] = mapped_column(String(32))
     cull_request_why: Mapped[str] = mapped_column(Text, default="")
+    # Schema 3: since when a running cell's kernel has done nothing (quiet_cell_limit).
+    quiet_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
     # Decision outputs, so verdicts and listings need no recomputation.
     warn_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     cull_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

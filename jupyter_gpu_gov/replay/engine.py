@@ -27,6 +27,7 @@ from ..core.policy import (
     Record,
     ServerView,
     decide,
+    is_quiet,
     load_policies,
     max_age_of,
     select,
@@ -234,7 +235,10 @@ def gpu_signal(
     if not sample.reports and active is not False:
         return GpuSignal(holds_gpu=holds, active=active, sees_cells=False, detail="DCGM")
     detail = "" if sample.reports else "DCGM"
-    return GpuSignal(holds, active, kernel_busy_since=kernel_busy_since, detail=detail)
+    quiet = is_quiet(sample.cpu_cores, sample.iowait, sample.read_mb_s) if sample.reports else None
+    return GpuSignal(
+        holds, active, kernel_busy_since=kernel_busy_since, cell_quiet=quiet, detail=detail
+    )
 
 
 def _observe(server: _Server, sample: Sample, now: datetime) -> Sample:

@@ -30,6 +30,9 @@ _KNOWN = {
     "labels",
     "checkpoint_fails",
     "started",
+    "cpu_cores",
+    "iowait",
+    "read_mb_s",
 }
 _NOTHING: Mapping[str, Any] = MappingProxyType({})
 # Far enough for epoch seconds, near enough that a datetime can hold it.
@@ -61,6 +64,12 @@ class Sample:
     # name from one start to the next, and each start is a session of its own. None: the
     # server's rows are one session, started at its first row.
     started: float | None = None
+    # What the server's GPU-holding kernels' process trees did over the sampler's window, as
+    # the report's ``targets[].cpu`` says (summed over those kernels): CPU in cores, the share
+    # of it waiting on I/O, disk reads in MB/s. None: not known (a trace without them).
+    cpu_cores: float | None = None
+    iowait: float | None = None
+    read_mb_s: float | None = None
     extra: Mapping[str, Any] = field(
         default_factory=dict
     )  # keys the format does not define, e.g. "truth"
@@ -143,6 +152,13 @@ def _sample(row: dict, line: int) -> Sample:
     connections = row.get("connections", 0)
     if isinstance(connections, bool) or not isinstance(connections, int) or connections < 0:
         raise ValueError(f"field 'connections': expected a whole number >= 0, got {connections!r}")
+    usage = {}
+    for key, high in (("cpu_cores", None), ("iowait", 1), ("read_mb_s", None)):
+        value = None if row.get(key) is None else _number(row, key)
+        if value is not None and not (value >= 0 and (high is None or value <= high)):
+            bound = f"in [0, {high}]" if high else ">= 0"
+            raise ValueError(f"field {key!r}: expected a number {bound}, got {row[key]!r}")
+        usage[key] = value
     extra = {k: v for k, v in row.items() if k not in _KNOWN}
     return Sample(
         t=t,
@@ -160,6 +176,7 @@ def _sample(row: dict, line: int) -> Sample:
         labels=_labels(row),
         checkpoint_fails=_flag(row, "checkpoint_fails", False),
         started=started,
+        **usage,
         extra=extra or _NOTHING,
         line=line,
     )

@@ -239,6 +239,12 @@ export interface IVerdict {
    * 11:14 UTC unless extended`
    */
   reason?: string | null;
+  /**
+   * a hard deadline — the maximum age, a borrowed GPU given back, an admin's cull — has been
+   * announced to the owner: the cull at `cull_at` comes whatever the GPU does and Extend does
+   * not move it (`reason` says why)
+   */
+  hard_deadline?: boolean;
   /** how many more times Extend gives time */
   extensions_left?: number;
   /** seconds each Extend gives */

@@ -33,6 +33,29 @@ describe('warning', () => {
     ).toContain('saving a checkpoint');
   });
 
+  it('warns a busy or active server of a hard deadline, which Extend cannot move', () => {
+    for (const state of ['busy', 'active', 'idle', 'unknown', 'gpu-failed']) {
+      const v = verdict({ state, hard_deadline: true });
+      const view = warningView(v, opts);
+      expect(view?.toast).toBe(
+        'Hard deadline: this server will be stopped in 4m 9s (at 11:04), whatever the GPU does. Save your work.'
+      );
+      expect(view?.extend.enabled).toBe(false);
+      expect(view?.extend.hint).toContain('extending does not move it');
+      expect(warningAction(null, v)).toBe('raise');
+    }
+    // Announced, but the server is already going, or exempt: nothing to warn of.
+    for (const state of ['culled', 'exempt']) {
+      expect(
+        warningView(verdict({ state, hard_deadline: true }), opts)
+      ).toBeNull();
+    }
+    // Warned of an idle cull as well: the idle warning's words.
+    expect(
+      warningView(verdict({ hard_deadline: true }), opts)?.toast
+    ).toContain('GPU idle');
+  });
+
   it('keeps the toast within JupyterLab’s 140 characters', () => {
     const view = warningView(
       verdict({

@@ -87,11 +87,23 @@ export function stateLabel(state: GovState | string, trans: ITrans): string {
   }
 }
 
-/** Whether the verdict calls for a warning to the user. */
+/** Whether the verdict calls for a warning to the user: an idle cull, or a hard deadline
+ * announced, whatever the GPU does (a busy or active server's maximum age, a reclaim). */
 export function isWarning(verdict: IVerdict | null | undefined): boolean {
   return (
     !!verdict &&
-    (verdict.state === 'warned' || verdict.state === 'checkpointing')
+    (verdict.state === 'warned' ||
+      verdict.state === 'checkpointing' ||
+      isHardDeadline(verdict))
+  );
+}
+
+/** A hard deadline announced to the owner, still ahead of the server. */
+export function isHardDeadline(verdict: IVerdict | null | undefined): boolean {
+  return (
+    !!verdict?.hard_deadline &&
+    !!verdict.cull_at &&
+    !['culled', 'exempt'].includes(verdict.state ?? 'unknown')
   );
 }
 

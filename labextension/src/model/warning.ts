@@ -13,7 +13,7 @@ import {
 } from '../format';
 import { ITrans, nullTrans } from '../trans';
 import { IVerdict } from '../types';
-import { isWarning } from './verdict';
+import { isHardDeadline, isWarning } from './verdict';
 
 /** Identifies one warning (one deadline): a new cull_at is a new warning. */
 export function warningKey(
@@ -82,6 +82,16 @@ export function extendView(
   const reason = reasonMode(verdict);
   const step = formatDuration(verdict?.extension_step_s);
   const label = trans.__('Extend %1', step);
+  if (isHardDeadline(verdict)) {
+    return {
+      enabled: false,
+      label,
+      hint: trans.__(
+        'A hard deadline (see the GPU panel for why): extending does not move it.'
+      ),
+      reason
+    };
+  }
   if (!hasDeadline(verdict)) {
     return {
       enabled: false,
@@ -146,7 +156,21 @@ export function warningView(
   const deadline = cull === null ? null : formatTime(cull, options);
   const what = whatHappens(verdict, trans);
   let toast: string;
-  if (verdict.state === 'checkpointing') {
+  if (
+    isHardDeadline(verdict) &&
+    !['warned', 'checkpointing'].includes(verdict.state ?? '')
+  ) {
+    // Running work too: the owner must save it before the deadline.
+    toast =
+      cull === null || cull <= options.now
+        ? trans.__('Hard deadline: %1 now. Save your work.', what)
+        : trans.__(
+            'Hard deadline: %1 in %2 (at %3), whatever the GPU does. Save your work.',
+            what,
+            countdown,
+            deadline
+          );
+  } else if (verdict.state === 'checkpointing') {
     toast = trans.__(
       'GPU idle: saving a checkpoint, then %1 in %2.',
       what,

@@ -1,0 +1,233 @@
+"""The documents are true of the repository: every relative markdown link (and its #anchor) in
+README.md and docs/ resolves, every repository path they name in backticks exists, no tracked
+file names a path of the authors' machine, every setting and route is documented, and every
+setting the documents name exists."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "jupyter_gpu_gov"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CODE = re.compile(r"`([^`\s]+)`")
+# A backticked name is a repository path when it starts at a folder the repository has (the
+# top level or a subpackage, which the docs name without the `jupyter_gpu_gov/` prefix) and
+# ends like a file or a folder; `<placeholders>` and generated folders (dist/, .demo/) are not.
+FILE_LIKE = re.compile(r"\.(py|md|ts|tsx|json|ya?ml|toml|css|html|sh|txt|cfg|jsonl)$|/$")
+
+
+def _tops() -> set[str]:
+    tops = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    tops |= {p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_")}
+    return tops - {"node_modules", "dist"}
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`|\*\*|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(doc: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    anchors = set()
+    in_code = False
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and (m := re.match(r"#{1,6} (.+)", line)):
+            slug = _slug(m.group(1))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def _exists(name: str, doc: Path) -> bool:
+    roots = [ROOT, doc.parent, PACKAGE, ROOT / "labextension"]
+    return any(any(root.glob(name.rstrip("/"))) for root in roots)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(doc):
+    bad = []
+    for target in LINK.findall(doc.read_text(encoding="utf-8")):
+        if re.match(r"[a-z][a-z+.-]*:", target):
+            continue  # http:, https:, mailto:
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path).resolve() if path else doc
+        if not file.exists():
+            bad.append(f"{target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            bad.append(f"{target}: no heading #{anchor} in {file.relative_to(ROOT)}")
+    assert not bad, f"{doc.relative_to(ROOT)}: dangling links: {bad}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_named_repository_paths_exist(doc):
+    tops = _tops()
+    missing = [
+        name
+        for name in CODE.findall(doc.read_text(encoding="utf-8"))
+        if "/" in name
+        and "<" not in name
+        and name.split("/")[0] in tops
+        and FILE_LIKE.search(name)
+        and not _exists(name, doc)
+    ]
+    assert not missing, f"{doc.relative_to(ROOT)} names paths the repository lacks: {missing}"
+
+
+def test_no_path_of_the_authors_machine():
+    """No tracked file names a path that exists only where it was written (the workspace's
+    folders); tests/test_architecture.py keeps out the design file and sibling folders."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    outside = "/" + "work/"  # in two halves, so this file does not name it
+    bad = []
+    for name in filter(None, tracked.split("\0")):
+        path = ROOT / name
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # binary files
+        bad += [f"{name}:{n}" for n, line in enumerate(text.splitlines(), 1) if outside in line]
+    assert not bad, f"paths of the authors' machine: {bad}"
+
+
+# -- settings and endpoints: each one a user or admin can use is documented, and each the
+# documents name exists ------------------------------------------------------------------------
+
+
+def _text(*names: str) -> str:
+    return "\n".join((ROOT / name).read_text(encoding="utf-8") for name in names)
+
+
+def _settings() -> dict[str, set[str]]:
+    from jupyter_server.extension.application import ExtensionApp
+
+    from jupyter_gpu_gov.hub.settings import GovernorSettings
+    from jupyter_gpu_gov.profiles.cluster import ClusterGpus
+    from jupyter_gpu_gov.profiles.config import GpuProfiles
+    from jupyter_gpu_gov.profiles.local import LocalGpus
+    from jupyter_gpu_gov.server.app import GpuGovApp
+
+    inherited = set(ExtensionApp.class_trait_names(config=True))
+    return {
+        "GpuGovernor": set(GovernorSettings.class_trait_names(config=True)),
+        "GpuGovApp": set(GpuGovApp.class_trait_names(config=True)) - inherited,
+        "GpuProfiles": set(GpuProfiles.class_own_traits(config=True)),
+        "LocalGpus": set(LocalGpus.class_own_traits(config=True)),
+        "ClusterGpus": set(ClusterGpus.class_own_traits(config=True)),
+    }
+
+
+def test_every_setting_is_documented():
+    """A setting is named in README.md or docs/api.md (the profile layer's may be in
+    docs/profiles.md, its reference)."""
+    governor = _text("README.md", "docs/api.md")
+    profiles = governor + _text("docs/profiles.md")
+    missing = [
+        f"{cls}.{name}"
+        for cls, names in _settings().items()
+        for name in sorted(names)
+        if not re.search(
+            rf"\b{name}\b", governor if cls in ("GpuGovernor", "GpuGovApp") else profiles
+        )
+    ]
+    assert not missing, f"settings no document names: {missing}"
+
+
+def test_every_setting_the_documents_name_exists():
+    settings = _settings()
+    bad = [
+        f"{doc.relative_to(ROOT)}: c.{cls}.{name}"
+        for doc in (ROOT / p for p in ("README.md", *(f"docs/{d}.md" for d in OWN_DOCS)))
+        for cls, name in re.findall(r"\bc\.(\w+)\.(\w+)", doc.read_text(encoding="utf-8"))
+        if cls in settings and name not in settings[cls]
+    ]
+    assert not bad, f"documented settings that do not exist: {bad}"
+
+
+OWN_DOCS = ("api", "architecture", "security", "profiles")
+
+
+def _routes() -> list[tuple[str, str]]:
+    """(route, the text that must document it) of every HTTP route we serve."""
+    from traitlets.config import Config
+
+    from jupyter_gpu_gov.hub.pages import page_handlers
+    from jupyter_gpu_gov.hub.policy_api import policy_handlers
+    from jupyter_gpu_gov.hub.policy_page import policy_page_handlers
+    from jupyter_gpu_gov.hub.routes import handlers
+    from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+    from jupyter_gpu_gov.server import routes as server_routes
+
+    service = "/services/gpu-gov/"
+    c = Config()
+    c.JupyterHub.extra_handlers = []
+    add_gpu_profiles(c, spawner="simple")
+    routes = [
+        route[0]
+        for make in (handlers, page_handlers, policy_handlers, policy_page_handlers)
+        for route in make(service, None)
+    ]
+    routes += [route[0] for route in server_routes.handlers()]
+    routes += ["/hub" + route[0] for route in c.JupyterHub.extra_handlers]
+    return routes
+
+
+def _documented(path: str, api: str) -> bool:
+    """``path`` as docs/api.md writes it: in full, relative to the governor service
+    (`GET api/reports`), or as a sibling of a documented route (`…/extend`)."""
+    relative = path.removeprefix("/services/gpu-gov/")
+    parent, _, last = path.rpartition("/")
+    return (
+        path in api
+        or bool(relative and re.search(rf"`(?:[A-Z]+ )?{re.escape(relative)}\b", api))
+        or (parent in api and f"…/{last}" in api)
+    )
+
+
+# A group of a route's pattern: (?P<name>...), (...) or (?:...(...)...), maybe optional.
+GROUP = re.compile(r"\((?:\?P<\w+>|\?:)?[^()]*(?:\([^()]*\)[^()]*)*\)\??")
+
+
+def test_every_endpoint_is_in_the_api_reference():
+    """Every route we serve (the governor's, the server extension's, the profile layer's in
+    the hub) is in docs/api.md: its path up to the first parameter, then each part after one
+    as `…/part`."""
+    api = _text("docs/api.md")
+    missing = []
+    for route in _routes():
+        first, *rest = [
+            part.rstrip("/?").replace("\\.", ".") for part in GROUP.sub("\0", route).split("\0")
+        ]
+        if not _documented(first, api) or any(
+            f"…{part}" not in api for part in rest if part.strip("/")
+        ):
+            missing.append(route)
+    assert not missing, f"routes docs/api.md does not document: {missing}"
+
+
+def test_every_policy_key_is_in_the_api_reference():
+    """docs/api.md's "Policy keys" table names every key a policy may have, and no other."""
+    import dataclasses
+
+    from jupyter_gpu_gov.core.policy import Policy
+
+    api = _text("docs/api.md")
+    table = api[api.index("### Policy keys") : api.index("### GPU health")]
+    documented = {
+        k for row in re.findall(r"^\| (`.+?`) \|", table, re.M) for k in CODE.findall(row)
+    }
+    keys = {f.name for f in dataclasses.fields(Policy)}
+    assert documented == keys, f"missing: {keys - documented}, not keys: {documented - keys}"
