@@ -44,6 +44,10 @@ Fairness:
   of the first N passes, and N more settle them, all unmeasured, so the zombies' checkpoint
   requests and timeouts do not fall in one pass as one wave (docs/benchmarks.md, "Wave 4,
   round two"). ``decided`` is how many servers a pass decided (the rest kept their decision).
+- The fake servers answer checkpoint requests as the extension does (``answer_checkpoint``:
+  the result, with the request's ``requested_at``, in the next report and every later one; one
+  in ten fails), and a server the governor culled reports no more: a zombie is checkpointed once
+  and culled, and the fleet both passes list shrinks as the zombies go.
 - The governor's first pass, which inserts every row, is reported on its own (``first_pass_s``;
   with a stagger, only the first pass's share of the servers report by then).
 
@@ -218,10 +222,12 @@ def report_of(
     now: datetime,
     active: bool | None = None,
     idle_since: datetime | None = None,
+    checkpoint: dict | None = None,
 ) -> dict:
     """A valid report: one device, one kernel holding it. ``active``: the GPU's state
     now (default: the plan's), idle since ``idle_since`` (default: three hours ago), or since
-    the server started if that is later."""
+    the server started if that is later. ``checkpoint``: the server's last checkpoint (none
+    taken: ``None``), which every later report carries, as the extension's do."""
 
     def iso(dt: datetime | None) -> str | None:
         return None if dt is None else dt.isoformat().replace("+00:00", "Z")
@@ -281,8 +287,32 @@ def report_of(
             "gpu_active_fraction": 0.8 if active else 0.0,
             "gpu_idle_since": iso(idle_since),
         },
-        "checkpoint": {"requested_at": None, "status": None, "manifest": None},
+        "checkpoint": checkpoint or {"requested_at": None, "status": None, "manifest": None},
     }
+
+
+# One fake server in this many fails its checkpoint (a hook that raised), as some real ones do.
+CHECKPOINT_FAILS_ONE_IN = 10
+
+
+def answer_checkpoint(p: Planned, verdict: dict) -> dict | None:
+    """What a server's extension does with a checkpoint request in its verdict
+    (``server/app.py``, ``_take_up_requests``): it checkpoints and reports the result, with the
+    request's ``requested_at``, from its next report on. ``None``: nothing asked."""
+    asked = (verdict.get("requests") or {}).get("checkpoint")
+    if not isinstance(asked, dict) or not isinstance(asked.get("requested_at"), str):
+        return None
+    fails = int(uuid.uuid5(uuid.NAMESPACE_URL, p.user)) % CHECKPOINT_FAILS_ONE_IN == 0
+    status = "failed" if fails else "done"
+    manifest = {
+        "id": f"{p.user}-ckpt",
+        "path": f"/home/{p.user}/.gpu-gov/checkpoints/{p.user}-ckpt",
+        "status": status,
+        "requested_at": asked["requested_at"],
+        "notebooks": [] if fails else ["train.ipynb"],
+        "errors": ["hook save_model: CUDA error: out of memory"] if fails else [],
+    }
+    return {"requested_at": asked["requested_at"], "status": status, "manifest": manifest}
 
 
 # -- the subprocess: fake Hub and DCGM exporter ---------------------------------------------------
@@ -433,6 +463,7 @@ async def _bench(
     from jupyter_gpu_gov.core import clock
     from jupyter_gpu_gov.core.policy import load_policies
     from jupyter_gpu_gov.core.report import validate
+    from jupyter_gpu_gov.core.vocabulary import CULLED
     from jupyter_gpu_gov.hub import metrics as metrics_module
     from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
     from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
@@ -508,19 +539,37 @@ async def _bench(
     stagger_rng = random.Random(seed + 2)
     joins = {p.user: stagger_rng.randrange(max(1, stagger)) for p in fleet}
 
+    # Each fake server's last checkpoint, taken when a verdict asked for one (``answer_
+    # checkpoint``); servers the governor stopped (culled) report no more.
+    checkpoints: dict[str, dict] = {}
+
+    def running(p: Planned) -> bool:
+        row = gov.rows.get(f"{p.user}/")
+        return row is None or (row.running and row.state != CULLED)
+
     def ingest_all(joined: int = stagger) -> float:
-        """Every GPU server that joined by pass ``joined`` of the stagger re-sends its report
-        (outside the timed pass); seconds per report."""
+        """Every GPU server that joined by pass ``joined`` of the stagger, and still runs,
+        re-sends its report (outside the timed pass) and takes up what its verdict asks, as
+        the extension does; seconds per report."""
         now = clock.utcnow()
+        sending = [p for p in fleet if joins[p.user] <= joined and running(p)]
         reports = [
-            report_of(p, *times[p.user], now, *gpu_state[p.user])
-            for p in fleet
-            if joins[p.user] <= joined
+            report_of(p, *times[p.user], now, *gpu_state[p.user], checkpoints.get(p.user))
+            for p in sending
         ]
+        verdicts = []
         started = time.perf_counter()
         for report in reports:
-            gov.ingest(validate(report))  # as the report route does
-        return (time.perf_counter() - started) / max(1, len(reports))
+            verdicts.append(gov.ingest(validate(report)))  # as the report route does
+        elapsed = time.perf_counter() - started
+        for p, verdict in zip(sending, verdicts, strict=True):
+            answer = answer_checkpoint(p, verdict)
+            if (
+                answer is not None
+                and checkpoints.get(p.user, {}).get("requested_at") != (answer["requested_at"])
+            ):
+                checkpoints[p.user] = answer  # in its next report, a minute later
+        return elapsed / max(1, len(reports))
 
     culler_seen = 0
 
@@ -596,6 +645,21 @@ async def _bench(
             cul_s.append(elapsed)
         by_share.append((share, changed_n, gov_s, cul_s, parts, written))
 
+    profile = ""
+    if profile_top:  # one more steady pass, as the measured ones
+        clock.advance(cycle_s)
+        ingest_all()
+        gc.collect()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        await gov.reconcile()
+        profiler.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out).strip_dirs()
+        stats.sort_stats("tottime").print_stats(profile_top)
+        stats.sort_stats("cumulative").print_stats(profile_top)
+        profile = out.getvalue()
+
     # The store a day later: the same fleet's passes open one ledger bucket per owner and day
     # (the whole file also grows by the audit rows of the zombies' warnings and culls).
     def usage_rows() -> int:
@@ -633,21 +697,6 @@ async def _bench(
         return time.perf_counter() - started
 
     hub_list_s = statistics.median([await list_alone() for _ in range(3)])
-
-    profile = ""
-    if profile_top:
-        clock.advance(cycle_s)
-        ingest_all()
-        gc.collect()
-        profiler = cProfile.Profile()
-        profiler.enable()
-        await gov.reconcile()
-        profiler.disable()
-        out = io.StringIO()
-        stats = pstats.Stats(profiler, stream=out).strip_dirs()
-        stats.sort_stats("tottime").print_stats(profile_top)
-        stats.sort_stats("cumulative").print_stats(profile_top)
-        profile = out.getvalue()
 
     # What was decided, so a run shows the mix it measured (and a test that nothing is unknown).
     states: dict[str, int] = defaultdict(int)
@@ -894,7 +943,11 @@ def main(argv: list[str] | None = None) -> None:
         "settle them before the measured ones (1: every report from the first pass)",
     )
     parser.add_argument(
-        "--profile", type=int, default=0, metavar="N", help="cProfile one more pass, top N"
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cProfile one more pass after the measured ones (before the day later), top N",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

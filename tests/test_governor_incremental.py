@@ -131,23 +131,26 @@ def samples() -> dict[tuple, tuple[str, float]]:
     }
 
 
-def counting(gov: Governor) -> list[int]:
-    decided = [0]
-    govern = gov._govern
+def counting(gov: Governor, method: str = "_govern") -> list[int]:
+    calls = [0]
+    original = getattr(gov, method)
 
     def counted(*args, **kwargs):
-        decided[0] += 1
-        return govern(*args, **kwargs)
+        calls[0] += 1
+        return original(*args, **kwargs)
 
-    gov._govern = counted
-    return decided
+    setattr(gov, method, counted)
+    return calls
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed, quiet", [(1, False), (2, False), (3, False), (4, True)])
 async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
-    tmp_path, monkeypatch, seed
+    tmp_path, monkeypatch, seed, quiet
 ):
+    """``quiet``: DCGM changes a tenth as often, so most passes look only at the servers
+    marked or due (hub/deadlines.py) rather than at every kept one."""
     rng = random.Random(seed)
+    odds = 0.1 if quiet else 1.0  # of DCGM's changes
     dcgm = Dcgm()
     servers: dict[str, Server] = {}
     step = [0.0]
@@ -191,11 +194,11 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                     s.active = not s.active
                     if not s.active:  # kept once active again, as a window's last idle time
                         s.idle_since = clock.isoformat(clock.utcnow())
-                if rng.random() < 0.05:
+                if rng.random() < 0.05 * odds:
                     dcgm.activity[s.uuid] = rng.choice([None, 0.0, 0.9])
-                if rng.random() < 0.02:  # the GPU fails (an XID), needs a drain, or recovers
+                if rng.random() < 0.02 * odds:  # the GPU fails (an XID), needs a drain, or recovers
                     dcgm.health[s.uuid] = rng.choice(FAILURES)
-                elif rng.random() < 0.2:
+                elif rng.random() < 0.2 * odds:
                     dcgm.activity[s.uuid] = 0.9 if s.active else 0.0
                 if s.reports and rng.random() < 0.9:
                     report = report_for(s.user, s.uuid, sm=0.9 if s.active else 0.0)
@@ -214,7 +217,7 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                     for gov in (full, inc):
                         if await gov.hub_runs(f"{s.user}/"):
                             gov.ingest(copy.deepcopy(report))
-            dcgm.down = rng.random() < 0.05
+            dcgm.down = rng.random() < 0.05 * odds
             if rng.random() < 0.15:
                 start(100 + n)
             if rng.random() < 0.1 and servers:
@@ -275,7 +278,8 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
     trail = full.store.audit_rows(limit=100_000)
     said = {a.action for a in trail}
     assert said >= {"warn", "state", "checkpoint", "checkpoint-done", "checkpoint-failed"}, said
-    assert any("→ gpu-failed" in a.reason for a in trail if a.action == "state")
+    if not quiet:  # GPUs fail in the busy worlds
+        assert any("→ gpu-failed" in a.reason for a in trail if a.action == "state")
     assert any((a.details or {}).get("cull_action") == "shutdown-kernels" for a in trail)
 
 

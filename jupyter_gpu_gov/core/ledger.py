@@ -139,6 +139,18 @@ class Ledger:
         current.right_size_share = obs.right_size_share
         self._changed[(current.server, current.session)] = current
 
+    def observe_again(self, server: str, at: datetime, right_size_share: float | None) -> bool:
+        """The server seen again at ``at`` as at its last observation (same session, owner,
+        GPUs and state): what ``observe`` would do with those, without rebuilding them.
+        ``False``: no session open (observe it whole)."""
+        current = self.open.get(server)
+        if current is None:
+            return False
+        self._bill(current, at)
+        current.right_size_share = right_size_share
+        self._changed[(current.server, current.session)] = current
+        return True
+
     def close(self, server: str, at: datetime) -> Session | None:
         """The server stopped at ``at`` (or was found gone then): bill up to it, end the
         session."""
@@ -204,6 +216,8 @@ class Ledger:
 def split_days(start: datetime, end: datetime) -> list[tuple[date, float]]:
     """``[start, end)`` as (UTC day, seconds) pieces."""
     start, end = start.astimezone(timezone.utc), end.astimezone(timezone.utc)
+    if start.date() == end.date():  # the usual case: a pass's minute, within one day
+        return [(start.date(), (end - start).total_seconds())] if start < end else []
     pieces = []
     while start < end:
         midnight = datetime.combine(start.date() + timedelta(days=1), time(), timezone.utc)

@@ -26,11 +26,13 @@ from .checkpoints import CheckpointResult, Checkpoints
 from .clock_step import ClockStep
 from .dcgm import DcgmSnapshot, index_by_pod, index_by_uuid
 from .dcgm_source import DcgmSource
+from .deadlines import Due, Reports
 from .diagnosis import DiagnosisService
 from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
 from .history import History
 from .hubapi import HubApi, HubServer
+from .incremental import Incremental
 from .ingest import Ingest
 from .listing import HubListing
 from .options import Options
@@ -41,7 +43,7 @@ from .records import Records
 from .scopes import HubAccess
 from .store import Store
 from .tables import AuditRow, ServerRow, apply_decision, record_of, set_record
-from .unchanged import Kept, Unchanged
+from .unchanged import Unchanged
 from .usage import Usage, _Use
 from .views import Views, cause_of
 
@@ -65,9 +67,11 @@ class _Batch:
 
 @dataclass
 class _Kept:
-    """Between full listings: the kept views of servers not to decide, the users to ask for."""
+    """Between full passes: the kept views of servers not to decide (those looked at, and
+    ``untouched``: neither marked nor due), the users to ask for."""
 
     views: dict[str, ServerView] = field(default_factory=dict)
+    untouched: set[str] = field(default_factory=set)
     ask: set[str] = field(default_factory=set)
 
 
@@ -81,6 +85,7 @@ class CycleResult:
 
 
 class Governor(
+    Incremental,
     Ingest,
     Views,
     Evidence,
@@ -94,8 +99,8 @@ class Governor(
     History,
 ):
     """The governor: takes reports in and runs the pass. Each concern lives in its own module
-    (``ingest``, ``views``, ``evidence``, ``checkpoints``, ``actions``, ``usage``, ``records``,
-    ``people``, ``scopes``, ``clock_step``, ``history``); this class holds the state they share
+    (``incremental``, ``ingest``, ``views``, ``evidence``, ``checkpoints``, ``actions``,
+    ``usage``, ``records``, ``people``, ``scopes``, ``clock_step``, ``history``); this class holds the state they share
     and the pass that joins them."""
 
     def __init__(
@@ -111,7 +116,8 @@ class Governor(
         self.policies = list(policies)
         self.options = options
         self.dcgm = dcgm
-        self.reports: dict[str, Received] = {}
+        self.due = Due()  # between full passes, the servers to look at (hub/deadlines.py)
+        self.reports = {}
         self.use: dict[str, _Use] = {}  # measured this session, for right-sizing
         self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
@@ -130,6 +136,7 @@ class Governor(
         self._interrupts: dict[str, outbound.KernelRequest] = {}
         self._context = PassContext()
         self.unchanged = Unchanged(options.full_pass_every)
+        self._world: tuple = ()  # what reaches every server at once, as of the last pass
         self.hub_listing = HubListing(options.full_pass_every)
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
@@ -143,6 +150,15 @@ class Governor(
         self.spawns_waiting: int | None = None
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None
+
+    @property
+    def reports(self) -> dict[str, Received]:
+        """The latest report of each server; a write marks the server (``hub/deadlines.py``)."""
+        return self._reports
+
+    @reports.setter
+    def reports(self, reports: dict[str, Received]) -> None:
+        self._reports = Reports(reports, self.due)
 
     # -- the cycle ----------------------------------------------------------------------------
 
@@ -184,7 +200,7 @@ class Governor(
         now = clock.utcnow()
         self.health.observe_dcgm(snapshot, self._context.by_uuid, now)
         full = self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
-        kept = await self._plan_listing(full, groups, rows, now)
+        kept = await self._plan_listing(full, groups, rows, now, self._world_changed(snapshot))
         seen = set()
         waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
@@ -194,11 +210,23 @@ class Governor(
                 waiting += _queued_for_a_gpu(server, now)
                 continue  # the Hub is starting or stopping it
             key = server_key(server.user, server.name)
-            self._decide_one(key, server, None, rows, now, batch, seen)
+            held = self.unchanged.kept.get(key)
+            if held is None or server != held.server:  # a new model: compare everything
+                self._decide_one(key, server, None, rows, now, batch, seen)
+            elif key in kept.untouched:
+                self._observe_untouched(key, server, held.view, now, batch, seen)
+            else:  # looked at this pass: its kept view, or decide
+                self._decide_one(key, server, kept.views.get(key), rows, now, batch, seen)
+        listed = self.hub_listing.listed
         for key, view in kept.views.items():  # not listed: their users did nothing
             server = self._servers[key]
-            if server.user not in self.hub_listing.listed:
+            if server.user not in listed:
                 self._decide_one(key, server, view, rows, now, batch, seen)
+        held_now = self.unchanged.kept
+        for key in kept.untouched:
+            server = self._servers[key]
+            if server.user not in listed:
+                self._observe_untouched(key, server, held_now[key].view, now, batch, seen)
         for key in [k for k in self._servers if k not in seen]:
             del self._servers[key]  # stopped, or starting or stopping again
         for key, row in rows.items():
@@ -207,6 +235,7 @@ class Governor(
                 self._servers.pop(key, None)
                 self.use.pop(key, None)
                 self.unchanged.forget(key)
+                self.due.forget(key)
                 self.diagnosis.forget(key)
                 batch.changed.append(row)
         for key in [k for k in self.ledger.open if k not in seen]:
@@ -265,26 +294,59 @@ class Governor(
             self._record(server, view, now)  # its history (hub/history.py)
         except Exception as error:  # one server's bad data never stops the pass
             self._skipped(key, server.user, error, batch)
+            self.due.mark(key)
         else:
             self._failing.pop(key, None)
 
-    async def _plan_listing(self, full: bool, groups, rows, now: datetime) -> _Kept:
+    def _observe_untouched(self, key, server, view, now, batch: _Batch, seen: set) -> None:
+        """A server neither marked nor due, whose Hub model (if listed) did not change: nothing
+        it reads changed, so it keeps its decision and view, and the ledger bills its last
+        state on (``_observe_kept``); its history row is due only at a keyframe."""
+        seen.add(key)
+        self._servers[key] = server
+        try:
+            self._observe_kept(server, view, now)
+            self._record(server, view, now)
+        except Exception as error:  # as _decide_one: never stops the pass
+            self._skipped(key, server.user, error, batch)
+            self.due.mark(key)
+
+    async def _plan_listing(
+        self, full: bool, groups, rows, now: datetime, everyone: bool = False
+    ) -> _Kept:
         """Which servers this pass lists from the Hub (hub/listing.py): between full passes,
         the users active since the last listing, and the users of every server to decide —
-        so each decision rests on a Hub model read in this pass."""
+        so each decision rests on a Hub model read in this pass. Only the servers marked or
+        due since the last pass are looked at (hub/deadlines.py); ``everyone``: every kept
+        server is (DCGM's evidence or the diagnosis model changed). When the pass lists the
+        whole Hub anyway, the others keep their view if their model did not change."""
+        if full:
+            self.due.clear()
         await self.hub_listing.plan(self.hub, full, groups)
         kept = _Kept()
-        if self.hub_listing.full:
+        look = self.due.take(now)
+        written = self.due.take_written()
+        if full:
             return kept
-        for key, server in self._servers.items():
+        if everyone:
+            look.update(self.unchanged.kept)
+        else:
+            look.update(k for k in written if k not in look and self._report_moved(k))
+        servers = self._servers
+        for key in look:
+            server = servers.get(key)
+            if server is None:
+                continue  # stopped
             view = self._kept_view(key, server, rows.get(key), now)
             if view is None:
                 kept.ask.add(server.user)
             else:
                 kept.views[key] = view
-        if not self.hub_listing.worth_asking(kept.ask, len(self._servers), self.hub.page_size):
+        if not self.hub_listing.full and not self.hub_listing.worth_asking(
+            kept.ask, len(servers), self.hub.page_size
+        ):
             self.hub_listing.full = True
-            return _Kept()
+        kept.untouched = {k for k in self.unchanged.kept if k not in look and k in servers}
         return kept
 
     async def _settle(self, batch: _Batch) -> None:
@@ -397,64 +459,8 @@ class Governor(
             until = policy.holds_until(view, record, server_policy, decision, now)
             self._keep(key, server, row, received, view, until, now)
         else:
-            self.unchanged.forget(key)
+            self._unkeep(key)
         return view
-
-    # -- deciding only what changed (hub/unchanged.py) ----------------------------------------
-
-    def _inputs(self, key: str, server: HubServer, received: Received | None) -> tuple:
-        """What a decision of this server reads besides its Hub model, report and record: the
-        diagnosis's cause, and DCGM's evidence (the Hub's records' GPUs, the report's by pod
-        and by UUID)."""
-        context = self._context
-        evidence = (cause_of(self.root_cause(key)), *self._granted_evidence(server))
-        if received is not None:
-            report = received.report
-            evidence += (None, *self._evidence(report, context.by_uuid, context.by_pod))
-            evidence += (None, *self._evidence(report, context.by_uuid, {}))
-        return evidence
-
-    def _special(self, key: str) -> bool:
-        """Something is waiting on the server that the kept inputs do not show."""
-        return (
-            key in self._checkpoints
-            or key in self._shutdowns
-            or key in self._interrupts
-            or key in self._distrusted
-            or key in self._failing
-        )
-
-    def _kept_view(
-        self, key: str, server: HubServer, row: ServerRow | None, now: datetime
-    ) -> ServerView | None:
-        """The view of a server whose inputs did not change since its last steady decision
-        (nothing to decide), else ``None``."""
-        if not self.unchanged.kept or key not in self.unchanged.kept or self._special(key):
-            return None
-        received = self.reports.get(key)
-        inputs = self._inputs(key, server, received)
-        stale_at = self._stale_at(key, received)
-        return self.unchanged.view(key, server, row, received, inputs, now, stale_at)
-
-    def _stale_at(self, key: str, received: Received | None) -> datetime | None:
-        """When the server's latest report, or its diagnosis, goes stale (a later report the
-        same for a decision moves it on)."""
-        scored = self.diagnosis.results.get(key)
-        times = [r.at for r in (received, scored) if r is not None]
-        return min(times) + self.options.report_stale_after if times else None
-
-    def _keep(self, key, server, row, received, view, until, now) -> None:
-        stale_at = self._stale_at(key, received)
-        if (
-            (until is not None and until <= now)
-            or (stale_at is not None and stale_at <= now)
-            or self._special(key)
-        ):
-            self.unchanged.forget(key)
-            return
-        inputs = self._inputs(key, server, received)
-        kept = Kept(server, received, inputs, row, record_of(row), view, until)
-        self.unchanged.keep(key, kept)
 
     # -- which servers are governed -------------------------------------------------------------
 

@@ -66,9 +66,6 @@ class Usage:
             state = ledger.IDLE_HELD
         else:
             state = ledger.IDLE_FREE
-        row = self.rows.get(key)
-        fit = self._right_size_fit(row) if row is not None else None
-        current = self.options.tier_sizes.get(view.tier or "")
         self.ledger.observe(
             ledger.Observation(
                 server=key,
@@ -78,9 +75,26 @@ class Usage:
                 gpus=gpus,
                 state=state,
                 started=server.started,
-                right_size_share=fit[0].weight / current.weight if fit and current else None,
+                right_size_share=self._right_size_share(view),
             )
         )
+
+    def _observe_kept(self, server: HubServer, view: ServerView, now: datetime) -> None:
+        """``_observe`` of a server neither marked nor due (``hub/deadlines.py``): its kept view
+        and a report that says what the last did, fresh, so the same session, owner, GPUs and
+        state as its last observation; only the time (and right-sizing's share) moves."""
+        if not self.ledger.observe_again(view.key, now, self._right_size_share(view)):
+            self._observe(server, view, now)
+
+    def _right_size_share(self, view: ServerView) -> float | None:
+        """The share of its tier the server's measured use fits in (``None``: no smaller tier
+        fits, or none is configured)."""
+        if not self.options.tier_sizes:
+            return None
+        row = self.rows.get(view.key)
+        fit = self._right_size_fit(row) if row is not None else None
+        current = self.options.tier_sizes.get(view.tier or "")
+        return fit[0].weight / current.weight if fit and current else None
 
     def gpu_equivalents(self, view: ServerView, report: Mapping | None) -> float:
         """GPU-equivalents a server holds: its grant's ``gpu-gov/weight``, else the tier's

@@ -1,0 +1,108 @@
+"""Which servers a pass between two full passes looks at (issue 26; docs/benchmarks.md,
+"Scale"): those marked since the last pass, and those whose next time has come.
+
+A server is marked when an input its kept decision read changed: its decision was not kept
+(``hub/unchanged.py``: something waits on it, or it changed), its report was removed. A server
+whose report arrived is ``written`` (``Reports``, the governor's table of reports, notes every
+write): the pass compares that report with the kept one (``same_report``, and the diagnosis's
+cause) and looks at the server only if it differs — most reports say again what the last one
+did. Its next time is the earlier of ``policy.holds_until`` and when its report or diagnosis
+goes stale, kept in a heap: a pass pops what fell due instead of comparing every server's
+inputs.
+
+What reaches every server at once is not marked server by server: a change of DCGM's evidence
+or a new diagnosis model has the pass check every kept server (``Unchanged.view``, cheap); a
+change of the policies or team map, a step of the wall clock, and every ``full_pass_every``-th
+pass decide every server.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from datetime import datetime
+
+
+class Due:
+    """The marked servers and a heap of each kept server's next time."""
+
+    def __init__(self) -> None:
+        self.marked: set[str] = set()
+        self.written: set[str] = set()  # a report arrived since the last pass
+        self._heap: list[tuple[float, str]] = []
+        self._next: dict[str, float] = {}  # key -> its live entry's time (others are stale)
+
+    def mark(self, key: str) -> None:
+        self.marked.add(key)
+
+    def wrote(self, key: str) -> None:
+        self.written.add(key)
+
+    def take_written(self) -> set[str]:
+        taken, self.written = self.written, set()
+        return taken
+
+    def at(self, key: str, when: datetime | None) -> None:
+        """Look at ``key`` again at ``when`` (``None``: only once marked)."""
+        if when is None:
+            self._next.pop(key, None)
+            return
+        t = when.timestamp()
+        if self._next.get(key) != t:
+            self._next[key] = t
+            heapq.heappush(self._heap, (t, key))
+        if len(self._heap) > 4 * len(self._next) + 1024:  # stale entries: rebuild, once in a while
+            self._heap = [(t, k) for k, t in self._next.items()]
+            heapq.heapify(self._heap)
+
+    def forget(self, key: str) -> None:
+        self._next.pop(key, None)
+        self.marked.discard(key)
+
+    def take(self, now: datetime) -> set[str]:
+        """The servers to look at now: every one marked, and every one whose time came (each
+        taken off the heap: looking at it sets its next time again)."""
+        t = now.timestamp()
+        taken, self.marked = self.marked, set()
+        heap, live = self._heap, self._next
+        while heap and heap[0][0] <= t:
+            when, key = heapq.heappop(heap)
+            if live.get(key) == when:
+                del live[key]
+                taken.add(key)
+        return taken
+
+    def clear(self) -> None:
+        self.marked.clear()
+        self.written.clear()
+        self._heap.clear()
+        self._next.clear()
+
+
+class Reports(dict):
+    """The governor's latest report by server key; every write is noted (``Due.wrote``), every
+    removal marks the server (its kept decision read the report removed)."""
+
+    __slots__ = ("_mark", "_wrote")
+
+    def __init__(self, items: Iterable = (), due: Due | None = None):
+        super().__init__(items)
+        self._mark = due.mark if due is not None else _nothing
+        self._wrote = due.wrote if due is not None else _nothing
+
+    def __setitem__(self, key: str, value) -> None:
+        super().__setitem__(key, value)
+        self._wrote(key)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self._mark(key)
+
+    def pop(self, key: str, *default):
+        if key in self:
+            self._mark(key)
+        return super().pop(key, *default)
+
+
+def _nothing(key: str) -> None:
+    pass
