@@ -390,8 +390,8 @@ class ServerView:
 
 # JupyterHub's activity of a server lags what happens by up to this: the server posts its
 # activity every 5 minutes (JUPYTERHUB_ACTIVITY_INTERVAL), the Hub gathers the proxy's every 5
-# (last_activity_interval), with room for clock skew (as hub/listing.py's ACTIVITY_LAG). A
-# shorter silence says nothing about who is there.
+# (last_activity_interval), with room for clock skew; hub/listing.py's incremental listing
+# reads back this far. A shorter silence says nothing about who is there.
 HUB_ACTIVITY_LAG = timedelta(minutes=15)
 
 # A kernel's process tree "does nothing" under these, over the sampler's window: an idle

@@ -31,13 +31,13 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from datetime import datetime, timedelta
 
 from ..core import clock
+from ..core.policy import HUB_ACTIVITY_LAG
 from .hubapi import HubApi, HubServer
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
-# How late an activity may reach the Hub's ``last_activity``: a server's posts (every 5 min
-# by default) and the proxy's (``last_activity_interval``, 5 min), with room for clock skew.
-ACTIVITY_LAG = timedelta(minutes=15)
+# How late an activity may reach the Hub's ``last_activity`` (one figure, core.policy's).
+ACTIVITY_LAG = HUB_ACTIVITY_LAG
 # Asking for one user costs a request; a page carries many users. Up to this many users asked
 # for one by one per page a full listing would take, rather than listing all: measured against
 # the benchmark's fake Hub at 10,000 users, a page of 200 cost this client 6.7 times a lookup's
