@@ -307,6 +307,9 @@ async def test_a_gpu_lost_mid_run_is_unhealthy_and_its_kernel_unknown_never_idle
 
 
 async def test_gpu_processes_of_the_server_itself_are_other(jp_fetch):
+    # The extension publishes its simulated devices from its worker thread at start-up: a
+    # report with devices says it has (a loaded machine may take a while).
+    await wait_for(jp_fetch, lambda r: r["devices"])
     simulate.hold(512)  # this test process is the server process
     try:
         report = await wait_for(jp_fetch, lambda r: any(t["kind"] == "other" for t in r["targets"]))

@@ -161,15 +161,15 @@ class Sampler:
         self._prev_at: float | None = None
         self._local_pids: bool | None = None
         self._first_tick = False  # the first tick after ``_learn_foreign``
-        # Start-up, in the worker thread before any tick: every process on the machine read
-        # once (the first tick then reads only what is new, as every later one does), and the
-        # backend opened (the simulated one publishes its devices, and a driver problem shows
-        # in the log at start-up rather than at the first request).
+        # Start-up, in the worker thread before any tick: the backend opened (the simulated one
+        # publishes its devices, and a driver problem shows in the log at start-up rather than
+        # at the first request), then every process on the machine read once (the first tick
+        # then reads only what is new, as every later one does).
         self._started = self._executor.submit(self._start)
 
     def _start(self) -> None:
+        self._open_backend()  # first: the simulated devices are published as soon as can be
         self._learn_foreign()
-        self._open_backend()
 
     def _learn_foreign(self) -> None:
         """Every process read once: those outside the server's tree and outside every session
