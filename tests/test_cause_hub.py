@@ -69,9 +69,17 @@ MAX_AGE["max_age_warning"] = "15s"
 SAM_DEADLINE = {"name": "sam-max-age", "match": {"users": ["sam"]}, "max_age": "30m"}
 SAM_DEADLINE["max_age_warning"] = "30m"
 
-RUNNING_CELL = (
-    "from jupyter_gpu_gov import simulate; import time\nsimulate.hold(2048)\ntime.sleep(40)"
-)
+# A CPU stage: some work on the CPU every 20 ms (well over the quiet-cell threshold of 2 % of a
+# core, without loading a 2-core machine), the GPU held and idle, for 40 s.
+RUNNING_CELL = """
+from jupyter_gpu_gov import simulate
+import time
+simulate.hold(2048)
+end = time.monotonic() + 40
+while time.monotonic() < end:
+    sum(range(200_000))
+    time.sleep(0.02)
+"""
 FAILING_HOOK = """
 from jupyter_gpu_gov import checkpoint, simulate
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import time
 from datetime import timedelta
 
 import pytest
@@ -173,6 +174,7 @@ async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
         before = totals(gov.store)
 
         clock.advance(3600)  # the governor died and was down for an hour
+        real_start = time.monotonic()
         again = make(hub, db)
         again.ingest(report_for("alice", GPU, sm=0.0))
         await again.reconcile()
@@ -183,12 +185,14 @@ async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
         clock.advance(STEP)
         await again.reconcile()  # the server is gone (culled): billed to the cull
         again.flush_usage()
+        real = time.monotonic() - real_start  # the clock moves on by the real time too
 
     after = totals(again.store)
     # The first pass wrote the ledger, the second had not yet (usage_write_every): the pass it
     # had not written is unobserved with the hour down, nothing is lost and nobody pays idle.
     assert after[ledger.UNOBSERVED] == pytest.approx(3600 + STEP, abs=0.5)
-    assert after[ledger.IDLE_HELD] == pytest.approx(before[ledger.IDLE_HELD] + 0, abs=0.5)
+    # Idle after the restart is only the real seconds the test took (a loaded machine: ~1 s).
+    assert after[ledger.IDLE_HELD] == pytest.approx(before[ledger.IDLE_HELD], abs=0.5 + real)
     assert after["culls"] == 1 and after["extensions"] == 1
     (row,) = showback.usage(again.store, again.options, ["team"], "all", None)
     assert (row["culls"], row["extensions"]) == (1, 1)
