@@ -670,13 +670,18 @@ async def test_source_times_out_on_an_exporter_that_never_answers():
 class FleetHandler(RequestHandler):
     """A whole fleet's exposition, gzipped: a reader that does not ask for that cannot read it."""
 
-    def initialize(self, body: bytes, seen: list) -> None:
-        self.body, self.seen = body, seen
+    def initialize(self, body: bytes, seen: list, fresh: bool = False) -> None:
+        self.body, self.seen, self.fresh = body, seen, fresh
 
     def get(self) -> None:
         self.seen.append(self.request)
         self.set_header("Content-Encoding", "gzip")
-        self.write(self.body)
+        if not self.fresh:
+            self.write(self.body)
+            return
+        # Each read a new body (the exporter refreshed): an unchanged one is not parsed again.
+        text = gzip.decompress(self.body) + f"# read {len(self.seen)}\n".encode()
+        self.write(gzip.compress(text, compresslevel=1))
 
 
 def fleet_of_h100_nodes(nodes: int) -> bytes:
@@ -698,7 +703,9 @@ async def test_source_reads_a_large_fleet_in_a_worker_process():
     # At 10,000 GPUs a read is most of a second of CPU: in the service (even in a thread) it
     # would hold the GIL that the pass and every incoming report need.
     seen: list = []
-    routes = [("/metrics", FleetHandler, {"body": fleet_of_h100_nodes(250), "seen": seen})]
+    routes = [
+        ("/metrics", FleetHandler, {"body": fleet_of_h100_nodes(250), "seen": seen, "fresh": True})
+    ]
     with serve(routes) as base:
         source = DcgmSource(exporter_urls=[f"{base}/metrics"], timeout_s=30)
         await source.fetch()  # the first fetch starts the worker
