@@ -27,23 +27,25 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 
 FULL_COLLECTION_EVERY_S = 600.0
 _NEVER = 1 << 30  # the oldest generation's threshold: CPython never starts a full collection
+_oldest = gc.get_threshold()[2]  # the threshold ``start`` replaced, for ``stop``
 
 
 def start() -> asyncio.Future:
     """Freeze what is alive now and take full collections over; returns the timer's task
     for ``stop``. Call once the service's imports and app are set up."""
+    global _oldest
     gc.collect()
     gc.freeze()
-    young, middle, _ = gc.get_threshold()
+    young, middle, _oldest = gc.get_threshold()
     gc.set_threshold(young, middle, _NEVER)
     return asyncio.ensure_future(_collect_every(FULL_COLLECTION_EVERY_S))
 
 
 def stop(timer: asyncio.Future) -> None:
-    """CPython's own rule again, as before ``start``."""
+    """The oldest generation's threshold as it was before ``start`` (CPython's own rule)."""
     timer.cancel()
     young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, 10)
+    gc.set_threshold(young, middle, _oldest)
     gc.unfreeze()
 
 
