@@ -719,6 +719,12 @@ async def _bench(
     states: dict[str, int] = defaultdict(int)
     for row in store.servers(running_only=True).values():
         states[row.state] += 1
+    with store.engine.connect() as connection:  # the whole run's culls, and those not made
+        said = dict(
+            connection.exec_driver_sql(
+                "SELECT action, COUNT(*) FROM audit WHERE action LIKE 'cull%' GROUP BY action"
+            ).all()
+        )
     hub.close()
     store.engine.dispose()
 
@@ -749,6 +755,7 @@ async def _bench(
         "dcgm_mb": round(ready["dcgm_bytes"] / 2**20, 1),
         "exporters": len(ready["exporter_urls"]),
         "states": ",".join(f"{k}:{v}" for k, v in sorted(states.items())),
+        "culls": ",".join(f"{k}:{v}" for k, v in sorted(said.items())),
         "governor_seen": gov_seen,
         "idle_culler_seen": cul_seen,
         "first_pass_seen": first_seen,
