@@ -277,6 +277,10 @@ def test_the_busy_limit_warns_then_interrupts_and_checkpoints_then_culls_as_anno
     )
     warned = p.decide(busy_view(T0), p.Record(idle_since=T0), limited, T0 + 121 * MIN)
     assert "the cell interrupted and checkpointed, then the server stopped at" in warned.reason
+    # While the checkpoint is taken, the stop is due (JupyterLab: "saving a checkpoint, then
+    # this server will be stopped").
+    _, waiting = run_sleep_loop(limited, on_checkpoint="requested", minutes=153)
+    assert (waiting.state, waiting.cull_at) == ("checkpointing", T0 + 150 * MIN)
     shutdown = replace(limited, cull_action="shutdown-kernels")
     warned = p.decide(busy_view(T0), p.Record(idle_since=T0), shutdown, T0 + 121 * MIN)
     assert "then the kernels shut down at" in warned.reason

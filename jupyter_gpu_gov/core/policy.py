@@ -860,7 +860,10 @@ def _decide_on_activity(
         status = _checkpoint_status(record, policy, now)
         if status == CHECKPOINT_REQUESTED:
             why = f"{idle}; the cell was interrupted past its limit; waiting for the checkpoint"
-            return Decision(evolve(record, state=CHECKPOINTING, reason=why), tuple(actions))
+            # The stop the warning announced is due once it is saved (the interrupt's time).
+            due = record.interrupted_at if policy.after_interrupt == "cull" else None
+            record = evolve(record, state=CHECKPOINTING, reason=why)
+            return Decision(record, tuple(actions), record.warned_at, due)
         record = _hook_answered(record, status)
         warned = record.warned_at
         if (
