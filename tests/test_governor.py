@@ -568,6 +568,7 @@ async def test_a_new_session_of_a_server_keeps_its_hooks_record_and_nothing_else
         answer(gov, manifest("failed", "kernel python3: hook 'upload' failed: timeout"))
         await gov.reconcile()
         assert record_of(gov.row("alice/")).hook_failures == 1
+        assert row_view(gov.row("alice/"), None)["checkpoint"]["failures_in_row"] == 1
         hub.add_server("alice", started=clock.utcnow() + timedelta(seconds=1))  # started again
         await gov.reconcile()
         record = record_of(gov.row("alice/"))

@@ -152,6 +152,7 @@ def row_view(
             "status": row.checkpoint_status or result_status(row.checkpoint_manifest),
             **checkpoint_fields(row.checkpoint_manifest),
             "manifest": row.checkpoint_manifest,
+            "failures_in_row": row.hook_failures,  # checkpoint_broken_after
         },
         "culled_at": clock.isoformat(row.culled_at),
         "gpu": gpu,
