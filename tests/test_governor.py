@@ -828,10 +828,13 @@ def test_the_policy_view_shows_the_cause_matched_limits():
         policy_view(default)["checkpoint_broken_after"],
     ) == (
         "cull",
-        2,
+        None,  # opt-in
     )
-    (old,) = load_policies([], {"after_interrupt": "warn", "checkpoint_broken_after": None})
-    assert (policy_view(old)["after_interrupt"], policy_view(old)["checkpoint_broken_after"]) == (
+    (other,) = load_policies([], {"after_interrupt": "warn", "checkpoint_broken_after": 2})
+    assert (
+        policy_view(other)["after_interrupt"],
+        policy_view(other)["checkpoint_broken_after"],
+    ) == (
         "warn",
-        None,
+        2,
     )

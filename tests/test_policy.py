@@ -580,11 +580,18 @@ def test_a_hook_that_failed_at_earlier_deadlines_is_taken_as_broken_and_not_wait
     """The governor counts the failed checkpoints its requests got, across deadlines (and
     sessions: next_session keeps the count). After checkpoint_broken_after (2) in a row, the
     next failure culls at once, saying why; fewer, or a saved checkpoint since, keep the
-    bounded backoff. A timeout neither counts nor clears."""
+    bounded backoff. A timeout neither counts nor clears. Off by default: the count is kept,
+    the backoff stays."""
     actions, last = run(idle_view(), minutes=400, on_checkpoint="failed")
     assert last.record.hook_failures == 3  # this deadline's three attempts
     broken = p.Record(hook_failures=2)
-    actions, last = run(idle_view(), minutes=400, record=broken, on_checkpoint="failed")
+    assert run(idle_view(), minutes=400, record=broken, on_checkpoint="failed")[0][-1] == (
+        121,
+        "cull",
+        "culled",
+    )
+    two = replace(POLICY, checkpoint_broken_after=2)
+    actions, last = run(idle_view(), two, minutes=400, record=broken, on_checkpoint="failed")
     assert actions == [
         (30, "warn", "warned"),
         (60, "checkpoint", "checkpointing"),
@@ -596,18 +603,16 @@ def test_a_hook_that_failed_at_earlier_deadlines_is_taken_as_broken_and_not_wait
     )
     assert last.record.hook_failures == 3
     once = p.Record(hook_failures=1)
-    actions, _ = run(idle_view(), minutes=400, record=once, on_checkpoint="failed")
+    actions, _ = run(idle_view(), two, minutes=400, record=once, on_checkpoint="failed")
     assert actions[-1] == (121, "cull", "culled")  # the bounded backoff, as for a new hook
-    off = replace(POLICY, checkpoint_broken_after=None)
-    actions, _ = run(idle_view(), off, minutes=400, record=broken, on_checkpoint="failed")
-    assert actions[-1] == (121, "cull", "culled")
     # It works again: a saved checkpoint clears the count.
-    _, last = run(idle_view(), minutes=400, record=broken, on_checkpoint="done")
+    _, last = run(idle_view(), two, minutes=400, record=broken, on_checkpoint="done")
     assert last.record.hook_failures == 0 and "checkpoint saved" in last.reason
-    _, last = run(idle_view(), minutes=400, record=broken, on_checkpoint="timeout")
+    _, last = run(idle_view(), two, minutes=400, record=broken, on_checkpoint="timeout")
     assert last.record.hook_failures == 2
     # A hard deadline skips its one retry for a broken hook, and never waits longer.
-    actions, last = run(active_view(), CAPPED, minutes=300, record=broken, on_checkpoint="failed")
+    capped = replace(CAPPED, checkpoint_broken_after=2)
+    actions, last = run(active_view(), capped, minutes=300, record=broken, on_checkpoint="failed")
     assert [a[:2] for a in actions] == [(150, "max-age-warn"), (180, "checkpoint"), (181, "cull")]
     assert "taken as broken" in last.reason
     # What a new session keeps of the server: its hook's record, nothing else.

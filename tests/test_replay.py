@@ -235,19 +235,21 @@ def test_failed_checkpoint_postpones_the_cull_a_bounded_time():
 
 def test_a_hook_that_failed_last_session_is_not_waited_for_again():
     # The same server, started again after its cull (its hook still raises): the governor
-    # remembers the three failures in a row, so the next session's first failure culls.
+    # remembers the three failures in a row, so with checkpoint_broken_after (off by default)
+    # the next session's first failure culls.
     text = (TRACES / "checkpoint_fails.jsonl").read_text().splitlines()
     first = [json.loads(line) | {"started": 0} for line in text if line.strip()]
     again = [r | {"t": r["t"] + 86400, "started": 86400} for r in first]
     lines = [json.dumps(r) for r in first + again]
-    actions = list(replay(parse_lines(lines), policies_from_config(None)))
+    two = load_policies([], {"checkpoint_broken_after": 2})
+    actions = list(replay(parse_lines(lines), two))
     second = [(a.t - 86400, a.action) for a in actions if a.t >= 86400]
     assert second == [(1800, "warn"), (3600, "checkpoint"), (4200, "cull")]
     assert "its hook had failed 3 times in a row before: taken as broken" in actions[-1].reason
     # Another server of the same user learns nothing from it.
     other = [r | {"server": "hal/other"} for r in again]
     lines = [json.dumps(r) for r in first + other]
-    actions = list(replay(parse_lines(lines), policies_from_config(None)))
+    actions = list(replay(parse_lines(lines), two))
     assert [a.action for a in actions if a.t >= 86400][-1:] == ["cull"]
     assert len([a for a in actions if a.t >= 86400]) == 7
 

@@ -192,7 +192,7 @@ def test_on_default_servers_the_governor_remembers_a_broken_hook_from_one_start_
     ]
     assert strip == [{k: v for k, v in json.loads(line).items() if k != "server"} for line in keyed]
     forgets = load_policies([], {"checkpoint_broken_after": None})
-    default = load_policies([])
+    default = load_policies([], {"checkpoint_broken_after": 2})
 
     def left(lines, policies):
         return missed(parse_lines(lines), list(replay(parse_lines(lines), policies)))[1]

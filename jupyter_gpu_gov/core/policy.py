@@ -168,8 +168,10 @@ class Policy:
     # the failures its own requests got, across this server's deadlines and sessions; a saved
     # checkpoint resets the count) is taken as broken: waiting for it again saves nothing, so
     # its next failure culls at once, without the backoff above or a hard deadline's retry.
-    # None: never.
-    checkpoint_broken_after: int | None = 2
+    # Off by default (None): the backoff is also the only patience a server whose state cannot
+    # be saved gets, and where a server is reused its owners came back to more stopped
+    # servers without a checkpoint (docs/benchmarks.md, round seven); 2 is the measured value.
+    checkpoint_broken_after: int | None = None
     cull_action: str = STOP_SERVER  # or SHUTDOWN_KERNELS
     exempt: bool = False
     # jupyterhub-idle-culler's rule for servers with no GPU data: no report, no DCGM (None: never
