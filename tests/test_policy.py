@@ -281,6 +281,8 @@ def test_the_busy_limit_warns_then_interrupts_and_checkpoints_then_culls_as_anno
     # this server will be stopped").
     _, waiting = run_sleep_loop(limited, on_checkpoint="requested", minutes=153)
     assert (waiting.state, waiting.cull_at) == ("checkpointing", T0 + 150 * MIN)
+    # Its checkpoint request says why the cull follows (the owner's "stopped because").
+    assert waiting.cull_reason == "busy-limit"
     shutdown = replace(limited, cull_action="shutdown-kernels")
     warned = p.decide(busy_view(T0), p.Record(idle_since=T0), shutdown, T0 + 121 * MIN)
     assert "then the kernels shut down at" in warned.reason

@@ -863,9 +863,10 @@ def _decide_on_activity(
         if status == CHECKPOINT_REQUESTED:
             why = f"{idle}; the cell was interrupted past its limit; waiting for the checkpoint"
             # The stop the warning announced is due once it is saved (the interrupt's time).
-            due = record.interrupted_at if policy.after_interrupt == "cull" else None
+            then = policy.after_interrupt == "cull"
+            due, reason = (record.interrupted_at, BUSY_LIMIT) if then else (None, None)
             record = evolve(record, state=CHECKPOINTING, reason=why)
-            return Decision(record, tuple(actions), record.warned_at, due)
+            return Decision(record, tuple(actions), record.warned_at, due, reason)
         record = _hook_answered(record, status)
         warned = record.warned_at
         if (
@@ -1102,7 +1103,10 @@ def _decide_running(
                 checkpoint_requested_at=now,
                 reason=f"{why}: the cell was interrupted; saving a checkpoint",
             )
-            return Decision(record, (*actions, INTERRUPT, CHECKPOINT), limit, act_at)
+            # The checkpoint precedes a cull when after_interrupt says so: its request, and
+            # the owner's "stopped because" at the next start, name the cull's reason.
+            then = BUSY_LIMIT if policy.after_interrupt == "cull" else None
+            return Decision(record, (*actions, INTERRUPT, CHECKPOINT), limit, act_at, then)
     # The policy culls at the limit, the cell cannot be interrupted, or it ran on after the
     # interrupt: a hard deadline from now on.
     record = evolve(
