@@ -75,7 +75,7 @@ class DiagnosisOptions:
     zombie_idle: timedelta | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per server: no __dict__ each
 class Scored:
     """A server's latest diagnosis, and the window it is about."""
 
@@ -116,7 +116,7 @@ class TrainingState:
     runs: int = 0
 
 
-@dataclass
+@dataclass(slots=True)  # one per server: no __dict__ each
 class _Booking:
     """Where a server's time goes in the cost ledger."""
 
