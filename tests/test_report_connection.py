@@ -4,6 +4,7 @@ nothing a kept connection can do wrong loses a report or hides an error."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -48,99 +49,90 @@ async def _stop(server: BatchingHTTPServer) -> None:
     await server.close_all_connections()
 
 
-def _reporter(port: int, timeout: float = 20.0, report_interval: float = 5.0) -> Reporter:
-    url = f"http://127.0.0.1:{port}/services/gpu-gov/"
-    log = logging.getLogger("test")
-    return Reporter(url, "server-token", log, timeout=timeout, report_interval=report_interval)
+class Setup:
+    """A governor endpoint and a server's reporter; ``restart`` serves the port anew."""
+
+    def __init__(self, timeout: float, report_interval: float):
+        self.seen: list = []
+        self.server, self.port = _serve(self.seen)
+        url = f"http://127.0.0.1:{self.port}/services/gpu-gov/"
+        self.reporter = Reporter(
+            url, "server-token", logging.getLogger("test"), timeout, report_interval
+        )
+
+    async def restart(self, **settings) -> None:
+        await _stop(self.server)  # closes every connection it holds
+        self.server, _ = _serve(self.seen, self.port, **settings)
+
+    def streams(self) -> list[int]:
+        return [id(stream) for stream, _ in self.seen]
+
+
+@contextlib.asynccontextmanager
+async def reporting(timeout: float = 20.0, report_interval: float = 5.0):
+    setup = Setup(timeout, report_interval)
+    try:
+        yield setup
+    finally:
+        setup.reporter.close()
+        await _stop(setup.server)
 
 
 async def test_reports_share_one_connection_and_errors_still_name_the_field():
-    seen: list = []
-    server, port = _serve(seen)
-    reporter = _reporter(port)
-    try:
-        verdicts = [await reporter.send({"n": n}) for n in range(3)]
+    async with reporting() as s:
+        verdicts = [await s.reporter.send({"n": n}) for n in range(3)]
         assert verdicts == [{"n": n, "auth": "token server-token"} for n in range(3)]
         with pytest.raises(GovernorError) as refused:
-            await reporter.send({"bad": True})
+            await s.reporter.send({"bad": True})
         assert refused.value.status == 400 and "'server.user'" in refused.value.message
-        assert (await reporter.send({"n": 9}))["n"] == 9  # a 400 does not cost the connection
-        assert len({id(stream) for stream, _ in seen}) == 1
-    finally:
-        reporter.close()
-        await _stop(server)
+        assert (await s.reporter.send({"n": 9}))["n"] == 9  # a 400 does not cost the connection
+        assert len(set(s.streams())) == 1
 
 
 async def test_a_connection_the_governor_closed_meanwhile_costs_no_report():
     """A restart, or the governor's idle timeout: the report goes out on a new connection."""
-    seen: list = []
-    server, port = _serve(seen)
-    reporter = _reporter(port)
-    try:
-        await reporter.send({"n": 1})
-        await _stop(server)  # closes every connection it holds
-        server, _ = _serve(seen, port)
-        assert await reporter.send({"n": 2}) == {"n": 2, "auth": "token server-token"}
-        assert seen[0][0] is not seen[1][0]
+    async with reporting() as s:
+        await s.reporter.send({"n": 1})
+        await s.restart()
+        assert await s.reporter.send({"n": 2}) == {"n": 2, "auth": "token server-token"}
+        assert s.streams()[0] != s.streams()[1]
 
-        await _stop(server)
-        server, _ = _serve(seen, port, idle_connection_timeout=0.2)
-        await reporter.send({"n": 3})
+        await s.restart(idle_connection_timeout=0.2)
+        await s.reporter.send({"n": 3})
         await asyncio.sleep(0.5)  # the governor closes the idle connection
-        assert (await reporter.send({"n": 4}))["n"] == 4
-        assert seen[-1][0] is not seen[-2][0]
-    finally:
-        reporter.close()
-        await _stop(server)
+        assert (await s.reporter.send({"n": 4}))["n"] == 4
+        assert s.streams()[-1] != s.streams()[-2]
 
 
 async def test_no_governor_and_a_silent_governor_are_errors_then_reports_resume():
-    seen: list = []
-    server, port = _serve(seen)
-    reporter = _reporter(port, timeout=0.5)
-    try:
+    async with reporting(timeout=0.5) as s:
         with pytest.raises(GovernorError) as silent:
-            await reporter.send({"n": 1, "slow": 2})
+            await s.reporter.send({"n": 1, "slow": 2})
         assert silent.value.status == 599
-        assert (await reporter.send({"n": 2}))["n"] == 2  # on a new connection
-        assert seen[-1][0] is not seen[0][0]
-        await _stop(server)
+        assert (await s.reporter.send({"n": 2}))["n"] == 2  # on a new connection
+        assert s.streams()[-1] != s.streams()[0]
+        await _stop(s.server)
         with pytest.raises(GovernorError) as gone:
-            await reporter.send({"n": 3})
+            await s.reporter.send({"n": 3})
         assert gone.value.status == 599 and "did not answer" in gone.value.message
-    finally:
-        reporter.close()
-        await _stop(server)
 
 
 async def test_a_report_sent_while_one_is_unanswered_goes_on_a_connection_of_its_own():
-    seen: list = []
-    server, port = _serve(seen)
-    reporter = _reporter(port)
-    try:
-        slow = asyncio.ensure_future(reporter.send({"n": 1, "slow": 0.5}))
+    async with reporting() as s:
+        slow = asyncio.ensure_future(s.reporter.send({"n": 1, "slow": 0.5}))
         await asyncio.sleep(0.1)
-        assert (await reporter.send({"n": 2}))["n"] == 2
+        assert (await s.reporter.send({"n": 2}))["n"] == 2
         assert (await slow)["n"] == 1
-        assert (await reporter.send({"n": 3}))["n"] == 3
-        streams = [id(stream) for stream, _ in seen]
+        assert (await s.reporter.send({"n": 3}))["n"] == 3
+        streams = s.streams()
         assert streams[1] != streams[0] and streams[2] == streams[0]  # the kept one again
-    finally:
-        reporter.close()
-        await _stop(server)
 
 
 async def test_a_server_that_reports_seldom_holds_no_connection_between_reports():
     """At the default interval (60 s, past the governor's idle timeout) each report has its
     own connection, closed after the answer: the governor holds none per server."""
-    seen: list = []
-    server, port = _serve(seen)
-    reporter = _reporter(port, report_interval=60.0)
-    try:
-        assert [(await reporter.send({"n": n}))["n"] for n in range(3)] == [0, 1, 2]
-        assert len({id(stream) for stream, _ in seen}) == 3
+    async with reporting(report_interval=60.0) as s:
+        assert [(await s.reporter.send({"n": n}))["n"] for n in range(3)] == [0, 1, 2]
+        assert len(set(s.streams())) == 3
         await asyncio.sleep(0.1)
-        assert all(stream.closed() for stream, _ in seen)
-    finally:
-        reporter.close()
-        await _stop(server)
+        assert all(stream.closed() for stream, _ in s.seen)
