@@ -172,6 +172,13 @@ def execute(ws: websocket.WebSocket, user: str, code: str) -> str:
     return header["msg_id"]
 
 
+def verdict_when(gov: Gov, user: str, state: str, timeout: float) -> dict:
+    """``user``'s verdict once it is in ``state``."""
+    return wait(
+        lambda: (v := gov.verdict(user))["state"] == state and v, timeout, f"{user} to be {state}"
+    )
+
+
 def actions(gov: Gov, user: str) -> list[str]:
     return [a for a in gov.actions(f"{user}/") if a != "extend"]
 
@@ -192,9 +199,7 @@ def test_a_cell_running_on_the_cpu_is_notified_listed_busy_and_not_culled(hub, g
     tab = run_in_background(hub, "cpu", RUNNING_CELL)
     try:
         # Past busy_grace (5 s of GPU idleness under a running cell): a notice, not a cull.
-        verdict = wait(
-            lambda: (v := gov.verdict("cpu"))["state"] == "busy" and v, 40, "cpu to be busy"
-        )
+        verdict = verdict_when(gov, "cpu", "busy", 40)
         assert "a kernel is executing a cell" in verdict["reason"]
         assert "press Extend" in verdict["reason"] and "busy limit" in verdict["reason"]
         # The owner's own server hears it too (the status JupyterLab's panel shows).
@@ -266,9 +271,7 @@ def test_a_quiet_cell_is_warned_then_interrupted_and_checkpointed_not_stopped(hu
     try:
         # Quiet (the sampler's 4 s window), then past the quiet-cell limit (5 s): warned, in
         # the quiet cell's words, of an interrupt and a checkpoint, not of a stop.
-        verdict = wait(
-            lambda: (v := gov.verdict("quiet"))["state"] == "warned" and v, 60, "quiet warned"
-        )
+        verdict = verdict_when(gov, "quiet", "warned", 60)
         assert "whose kernel has done nothing" in verdict["reason"], verdict
         assert "past the quiet-cell limit of 5s" in verdict["reason"], verdict
         assert "the cell interrupted and checkpointed at" in verdict["reason"], verdict
