@@ -11,11 +11,13 @@ The service checks each token with the Hub (``GET /hub/api/user``) the first tim
 then answers from HubAuth's cache for ``cache_max_age`` (300 s); the check runs in HubAuth's
 thread while the request waits for it (``get_current_user`` is synchronous). So the phases:
 
-- **cold burst**: every server's first report, as fast as ``--concurrency`` connections allow:
-  a Hub round trip each (a service restart, or the first minute of N new servers);
-- **warm burst**: every server again, tokens cached: the throughput ceiling;
+- **cold burst**: every server's first report, as fast as ``--concurrency`` servers at a time
+  allow: a Hub round trip and a new connection each (a service restart, or the first minute of N
+  new servers);
+- **warm burst**: every server again, tokens cached (on its kept connection with
+  ``--keep-connections``): the throughput ceiling;
 - **restart minute**: ``--seconds`` at the steady rate (N reports every 60 s) with tokens the
-  service has not seen, as in the minute after a restart;
+  service has not seen and new connections, as in the minute after a restart;
 - **steady**: ``--seconds`` at the steady rate, tokens cached except one report in 6: a cached
   answer lives 300 s and a server reports every 60 s, so each token is checked again every
   sixth report (a fresh token stands for the expired one: same Hub round trip, same cost).
@@ -48,7 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .ingest_load import Sent, encode, post, report_for
+from .ingest_load import Connections, Sent, encode, report_for
+from .ingest_probe import PROBE_ENV, SLOW_MS
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICE = "gpu-gov"
@@ -187,6 +190,7 @@ class Phase:
     wall_s: float
     cpu_s: float
     hub_checks: int
+    began_at: float = 0.0  # wall clock (time.time), to place the probe's lines
 
     @property
     def ok(self) -> int:
@@ -204,9 +208,9 @@ class Phase:
 class Load:
     """The N servers: who reports next, with which token."""
 
-    def __init__(self, users: list[str], port: int):
+    def __init__(self, users: list[str], port: int, keep: bool = False):
         self.users = users
-        self.port = port
+        self.connections = Connections(port, keep)
         self.path = f"{PREFIX}api/reports"
         self.generation = dict.fromkeys(users, 0)
 
@@ -226,7 +230,7 @@ class Load:
         async def worker() -> None:
             for user, body in queue:
                 token = token_for(user, self.generation[user])
-                sent.append(await post(self.port, self.path, token, body))
+                sent.append(await self.connections.post(user, self.path, token, body))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return sent
@@ -251,7 +255,8 @@ class Load:
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(post(self.port, self.path, token, body, due)))
+            post = self.connections.post(user, self.path, token, body, due)
+            tasks.append(asyncio.create_task(post))
         return list(await asyncio.gather(*tasks))
 
 
@@ -262,19 +267,24 @@ def hub_checks(counters_url: str) -> int:
 
 async def measure(name: str, pid: int, counters_url: str, send) -> Phase:
     checks, cpu, started = hub_checks(counters_url), cpu_seconds(pid), time.perf_counter()
+    began_at = time.time()
     sent = await send
     wall = time.perf_counter() - started
-    return Phase(name, sent, wall, cpu_seconds(pid) - cpu, hub_checks(counters_url) - checks)
+    used = cpu_seconds(pid) - cpu
+    return Phase(name, sent, wall, used, hub_checks(counters_url) - checks, began_at)
 
 
-async def _bench(ready: dict, service_pid: int, port: int, seconds: float, concurrency: int):
-    load = Load(ready["users"], port)
+async def _bench(
+    ready: dict, service_pid: int, port: int, seconds: float, concurrency: int, keep: bool
+):
+    load = Load(ready["users"], port, keep)
     url = ready["counters_url"]
     rss_started = rss_mb(service_pid)
     idle = await measure("idle", service_pid, url, asyncio.sleep(IDLE_S, []))
     cold = await measure("cold_burst", service_pid, url, load.burst(concurrency))
     warm = await measure("warm_burst", service_pid, url, load.burst(concurrency))
     rss_reported = rss_mb(service_pid)
+    load.connections.drop_all()  # a restart closes them: the servers connect anew
     restart = await measure("restart", service_pid, url, load.steady(seconds, 1))
     steady = await measure("steady", service_pid, url, load.steady(seconds, EXPIRED_EVERY))
     return [idle, cold, warm, restart, steady], rss_started, rss_reported
@@ -333,13 +343,50 @@ def service(ready: dict, **start: Any) -> Iterator[tuple[subprocess.Popen, int]]
             process.wait(timeout=30)
 
 
-def run(servers: int = 2000, seconds: float = 15.0, concurrency: int = 16) -> dict:
-    """Start the fake Hub and the service, send the phases' reports, return the figures."""
-    with fake_hub(servers, seconds) as ready, service(ready) as (process, port):
+def run(
+    servers: int = 2000,
+    seconds: float = 15.0,
+    concurrency: int = 16,
+    keep: bool = False,
+    probe: bool = False,
+) -> dict:
+    """Start the fake Hub and the service, send the phases' reports, return the figures (with
+    ``probe``, what held the service's event loop in each phase: ``benchmarks.ingest_probe``)."""
+    with contextlib.ExitStack() as stack:
+        start: dict[str, Any] = {}
+        if probe:
+            lines = Path(stack.enter_context(tempfile.TemporaryDirectory()), "probe.jsonl")
+            pythonpath = [str(REPO), os.environ.get("PYTHONPATH", "")]
+            start["command"] = ("-m", "benchmarks.ingest_probe")
+            start["env"] = {PROBE_ENV: str(lines), "PYTHONPATH": os.pathsep.join(pythonpath)}
+        ready = stack.enter_context(fake_hub(servers, seconds))
+        process, port = stack.enter_context(service(ready, **start))
         phases, rss_started, rss_reported = asyncio.run(
-            _bench(ready, process.pid, port, seconds, concurrency)
+            _bench(ready, process.pid, port, seconds, concurrency, keep)
         )
-    return figures(servers, seconds, concurrency, phases, rss_started, rss_reported)
+        held = held_loop(phases, lines) if probe else {}
+    result = figures(servers, seconds, concurrency, phases, rss_started, rss_reported)
+    return {**result, "connections": "kept" if keep else "one per report", **held}
+
+
+def held_loop(phases: list[Phase], lines: Path) -> dict:
+    """Per measured phase, the callbacks that held the service's loop ``SLOW_MS`` or more:
+    how many, their total and longest, and the three that held it longest in all, by name."""
+    events = [json.loads(line) for line in lines.read_text().splitlines() if line]
+    out = {}
+    for phase in phases[1:]:
+        ended = phase.began_at + phase.wall_s
+        held = [e for e in events if phase.began_at <= e["at"] <= ended and e["ms"] >= SLOW_MS]
+        by_what: dict[str, float] = {}
+        for e in held:
+            by_what[e["what"]] = by_what.get(e["what"], 0.0) + e["ms"]
+        top = sorted(by_what.items(), key=lambda kv: -kv[1])[:3]
+        out[f"held_{phase.name}"] = (
+            f"{len(held)}x/{sum(e['ms'] for e in held):.0f}ms"
+            f"/max{max((e['ms'] for e in held), default=0):.0f}ms"
+            f"[{'; '.join(f'{w} {ms:.0f}ms' for w, ms in top)}]"
+        )
+    return out
 
 
 def figures(
@@ -393,12 +440,23 @@ def main(argv: list[str] | None = None) -> None:
         "--seconds", type=float, default=15.0, help="length of each steady-rate phase"
     )
     parser.add_argument("--concurrency", type=int, default=16, help="connections in a burst")
+    parser.add_argument(
+        "--keep-connections",
+        action="store_true",
+        help="each server keeps its connection between reports (as a server that reports more"
+        " often than every REPORT_CONNECTION_IDLE_S does), with the service keeping it as long",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="time the service's event-loop callbacks and collections (benchmarks.ingest_probe)",
+    )
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_hub:
         asyncio.run(_serve_hub(args.servers, args.seconds))
         return
-    result = run(args.servers, args.seconds, args.concurrency)
+    result = run(args.servers, args.seconds, args.concurrency, args.keep_connections, args.probe)
     print("ingest:", " ".join(f"{k}={v}" for k, v in result.items()))
 
 

@@ -1,8 +1,12 @@
 """The load side of ``benchmarks.ingest``: servers' reports and a small HTTP client.
 
-Each report goes out on a connection of its own (``Connection: close``), as each single-user
-server opens its own connection to the service; the client is raw asyncio streams so that the
-load generator's CPU stays small next to the service's on a 2-core machine.
+Each server connects as the server extension does (``server/reporter.py``'s
+``ReportConnection``): a server that reports every 60 s sends each report on a connection of
+its own (``Connection: close``); with ``Connections(port, keep=True)``, as a server that reports
+more often than the governor's ``REPORT_CONNECTION_IDLE_S``, it keeps one connection, opened at
+its first report, reused while the service keeps it, with a one-off connection for a report sent
+while the last one is still unanswered. The client is raw asyncio streams so that the load
+generator's CPU stays small next to the service's on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -145,24 +149,62 @@ class Sent:
     verdict: bool  # the answer carries a verdict
 
 
-async def post(port: int, path: str, token: str, body: bytes, due: float | None = None) -> Sent:
-    """One report on a new connection; the latency counts from ``due`` when the sender was
-    late (no coordinated omission at the steady rate)."""
-    started = time.perf_counter() if due is None else due
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Authorization: token {token}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    writer = None
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(head.encode() + body)
-        answer = await reader.read()  # the service closes the connection after its answer
-    except OSError:  # refused or reset (a listen queue that overflowed): a failed report
-        answer = b""
-    elapsed = time.perf_counter() - started
-    if writer is not None:
-        writer.close()
-    status = int(answer.split(b" ", 2)[1]) if answer else 0
-    return Sent(status, elapsed, b'"verdict"' in answer)
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class Connections:
+    """Every server's connection to the service (``keep``), or none kept."""
+
+    def __init__(self, port: int, keep: bool = False):
+        self.port = port
+        self.keep = keep
+        self.idle: dict[str, Stream] = {}  # server -> its connection, between two reports
+
+    def drop_all(self) -> None:
+        """What a restart of the service does to the kept connections."""
+        for _, writer in self.idle.values():
+            writer.close()
+        self.idle.clear()
+
+    async def post(
+        self, user: str, path: str, token: str, body: bytes, due: float | None = None
+    ) -> Sent:
+        """One report of ``user``'s; the latency counts from ``due`` when the sender was late
+        (no coordinated omission at the steady rate)."""
+        started = time.perf_counter() if due is None else due
+        close = "" if self.keep else "Connection: close\r\n"
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+            f"Authorization: token {token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{close}\r\n"
+        ).encode()
+        kept = self.idle.pop(user, None)  # taken while in use: another report opens its own
+        answer, stream = await self._exchange(kept, head + body)
+        if not answer and kept is not None:  # closed by the service meanwhile: once more
+            answer, stream = await self._exchange(None, head + body)
+        elapsed = time.perf_counter() - started
+        if stream is not None:
+            if self.keep and answer and user not in self.idle:
+                self.idle[user] = stream
+            else:
+                stream[1].close()
+        status = int(answer.split(b" ", 2)[1]) if answer else 0
+        return Sent(status, elapsed, b'"verdict"' in answer)
+
+    async def _exchange(self, stream: Stream | None, request: bytes) -> tuple[bytes, Stream | None]:
+        try:
+            if stream is None:
+                stream = await asyncio.open_connection("127.0.0.1", self.port)
+            reader, writer = stream
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            return head + await reader.readexactly(length), stream
+        except (OSError, asyncio.IncompleteReadError):
+            # Refused or reset (a listen queue that overflowed), or closed: a failed report.
+            if stream is not None:
+                stream[1].close()
+            return b"", None

@@ -28,7 +28,7 @@ from jupyter_gpu_gov.hub.idle_culler_args import normalise_argv
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import MIGRATIONS, SCHEMA_VERSION, Store
-from jupyter_gpu_gov.hub.tables import MetaRow, ServerRow, set_record
+from jupyter_gpu_gov.hub.tables import MetaRow, ServerRow, record_of, set_record
 from jupyter_gpu_gov.hub.views import policy_view, row_view
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed
@@ -356,6 +356,9 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
     migrated.save_servers([again])
     assert Store(url).server("alice/").state == "busy"
     assert Store(url).server("alice/").quiet_since is not None
+    again.hook_failures = 2  # schema 4
+    migrated.save_servers([again])
+    assert Store(url).server("alice/").hook_failures == 2
     with migrated.session() as session:
         assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION)
 
@@ -551,6 +554,30 @@ async def test_a_failed_checkpoint_postpones_the_cull_and_names_its_errors(tmp_p
 
     listed = row_view(gov.row("alice/"), None)["checkpoint"]
     assert listed["status"] == "failed" and listed["errors"] == list(errors)
+
+
+async def test_a_new_session_of_a_server_keeps_its_hooks_record_and_nothing_else(
+    tmp_path, restore_clock
+):
+    """checkpoint_broken_after counts a server's failed checkpoints across its sessions: the
+    governor's row for the server carries the count into the next start."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        await idle_until_checkpoint(gov)
+        answer(gov, manifest("failed", "kernel python3: hook 'upload' failed: timeout"))
+        await gov.reconcile()
+        assert record_of(gov.row("alice/")).hook_failures == 1
+        assert row_view(gov.row("alice/"), None)["checkpoint"]["failures_in_row"] == 1
+        hub.add_server("alice", started=clock.utcnow() + timedelta(seconds=1))  # started again
+        await gov.reconcile()
+        record = record_of(gov.row("alice/"))
+        assert record.hook_failures == 1
+        assert (record.warned_at, record.checkpoint_failures, record.postponed_until) == (
+            None,
+            0,
+            None,
+        )
 
 
 async def test_a_saved_checkpoint_leads_to_the_cull_with_its_path_on_record(
@@ -795,4 +822,19 @@ def test_the_policy_view_shows_the_cause_matched_limits():
     assert (policy_view(off)["quiet_cell_limit_s"], policy_view(off)["zombie_idle_s"]) == (
         None,
         None,
+    )
+    assert (
+        policy_view(default)["after_interrupt"],
+        policy_view(default)["checkpoint_broken_after"],
+    ) == (
+        "cull",
+        None,  # opt-in
+    )
+    (other,) = load_policies([], {"after_interrupt": "warn", "checkpoint_broken_after": 2})
+    assert (
+        policy_view(other)["after_interrupt"],
+        policy_view(other)["checkpoint_broken_after"],
+    ) == (
+        "warn",
+        2,
     )

@@ -230,34 +230,89 @@ def test_a_cell_running_with_its_gpu_idle_gets_a_notice_naming_the_cause_not_a_c
     assert later.state == "busy" and later.cull_at == T0 + (480 + 30 + 30) * MIN
 
 
-def test_the_busy_limit_warns_then_interrupts_and_checkpoints_then_the_idle_rules_apply():
-    limited = replace(POLICY, busy_limit=timedelta(hours=2))
+def run_sleep_loop(policy, on_checkpoint="done", owner_back=None, minutes=200):
+    """A `while True: time.sleep(1)` cell until it is interrupted; the owner interacts at
+    minute ``owner_back``, if given. Returns the actions and the last decision."""
     interrupted = []
 
-    def view(minute):  # a `while True: time.sleep(1)` cell, until it is interrupted
-        return idle_view() if interrupted else busy_view(T0)
+    def view(minute):
+        back = (
+            {}
+            if owner_back is None or minute < owner_back
+            else {"user_last_activity": T0 + owner_back * MIN}
+        )
+        return idle_view(**back) if interrupted else busy_view(T0, **back)
 
     record, seen = p.Record(), []
-    for minute in range(0, 200):
+    for minute in range(0, minutes):
         if record.checkpoint_status == "requested":
-            record = replace(record, checkpoint_status="done")
-        decision = p.decide(view(minute), record, limited, T0 + minute * MIN)
+            record = replace(record, checkpoint_status=on_checkpoint)
+        decision = p.decide(view(minute), record, policy, T0 + minute * MIN)
         record = decision.record
         seen += [(minute, a, decision.state) for a in decision.actions]
         interrupted += [minute] if "interrupt" in decision.actions else []
         if decision.state == "culled":
             break
+    return seen, decision
+
+
+def test_the_busy_limit_warns_then_interrupts_and_checkpoints_then_culls_as_announced():
+    """after_interrupt "cull" (the default): the warning says the cell is interrupted and
+    checkpointed, then the server stopped; once the interrupt's checkpoint is saved, the
+    server is culled at once: no second warning, no second checkpoint."""
+    limited = replace(POLICY, busy_limit=timedelta(hours=2))
+    seen, decision = run_sleep_loop(limited)
     assert seen == [
         (20, "busy-notice", "busy"),
         (120, "warn", "warned"),
         (150, "interrupt", "checkpointing"),
+        (150, "checkpoint", "checkpointing"),
+        (151, "cull", "culled"),
+    ]
+    assert decision.cull_reason == "busy-limit"
+    assert decision.warn_at == T0 + 120 * MIN  # the warning that announced it
+    assert "its cell was interrupted at 2026-01-05 11:30 UTC past its limit" in decision.reason
+    assert "checkpoint saved: server stopped, as the warning of 2026-01-05 11:00 UTC said" in (
+        decision.reason
+    )
+    warned = p.decide(busy_view(T0), p.Record(idle_since=T0), limited, T0 + 121 * MIN)
+    assert "the cell interrupted and checkpointed, then the server stopped at" in warned.reason
+    # While the checkpoint is taken, the stop is due (JupyterLab: "saving a checkpoint, then
+    # this server will be stopped").
+    _, waiting = run_sleep_loop(limited, on_checkpoint="requested", minutes=153)
+    assert (waiting.state, waiting.cull_at) == ("checkpointing", T0 + 150 * MIN)
+    # Its checkpoint request says why the cull follows (the owner's "stopped because").
+    assert waiting.cull_reason == "busy-limit"
+    shutdown = replace(limited, cull_action="shutdown-kernels")
+    warned = p.decide(busy_view(T0), p.Record(idle_since=T0), shutdown, T0 + 121 * MIN)
+    assert "then the kernels shut down at" in warned.reason
+
+
+def test_after_interrupt_warn_the_idle_rules_start_over_as_they_do_when_nobody_was_told():
+    """after_interrupt "warn"; and, whatever the key, an owner back since the warning, or a
+    checkpoint that failed: the idle rules warn with their own notice and checkpoint again."""
+    warn = replace(POLICY, busy_limit=timedelta(hours=2), after_interrupt="warn")
+    seen, decision = run_sleep_loop(warn)
+    assert seen[3:] == [
         (150, "checkpoint", "checkpointing"),
         (151, "warn", "warned"),  # the cell stopped: the idle rules warn with their own notice
         (181, "checkpoint", "checkpointing"),
         (182, "cull", "culled"),
     ]
     assert decision.cull_reason == "gpu-idle"
-    assert "its cell was interrupted at 2026-01-05 11:30 UTC (busy limit)" in decision.reason
+    warned = p.decide(busy_view(T0), p.Record(idle_since=T0), warn, T0 + 121 * MIN)
+    assert "the cell interrupted and checkpointed at" in warned.reason
+    assert "then the" not in warned.reason
+    limited = replace(warn, after_interrupt="cull")
+    # The owner interacted after the warning (without Extend): present, so no cull at once.
+    # (Back after the warning: the interrupt waits the notice from then, 135 + 30.)
+    seen, decision = run_sleep_loop(limited, owner_back=135)
+    assert [a[:2] for a in seen][2:5] == [(165, "interrupt"), (165, "checkpoint"), (166, "warn")]
+    assert decision.cull_reason == "gpu-idle"
+    # The interrupt's checkpoint failed: the work is not saved, the idle rules take over.
+    seen, decision = run_sleep_loop(limited, on_checkpoint="failed", minutes=400)
+    assert [a[:2] for a in seen][3:5] == [(150, "checkpoint"), (151, "warn")]
+    assert decision.cull_reason == "gpu-idle"
 
 
 def test_a_cell_the_interrupt_does_not_stop_is_culled_after_another_notice():
@@ -523,6 +578,50 @@ def test_a_failing_checkpoint_postpones_a_hard_deadline_by_one_retry_at_most():
     ]
 
 
+def test_a_hook_that_failed_at_earlier_deadlines_is_taken_as_broken_and_not_waited_for():
+    """The governor counts the failed checkpoints its requests got, across deadlines (and
+    sessions: next_session keeps the count). After checkpoint_broken_after (2) in a row, the
+    next failure culls at once, saying why; fewer, or a saved checkpoint since, keep the
+    bounded backoff. A timeout neither counts nor clears. Off by default: the count is kept,
+    the backoff stays."""
+    actions, last = run(idle_view(), minutes=400, on_checkpoint="failed")
+    assert last.record.hook_failures == 3  # this deadline's three attempts
+    broken = p.Record(hook_failures=2)
+    assert run(idle_view(), minutes=400, record=broken, on_checkpoint="failed")[0][-1] == (
+        121,
+        "cull",
+        "culled",
+    )
+    two = replace(POLICY, checkpoint_broken_after=2)
+    actions, last = run(idle_view(), two, minutes=400, record=broken, on_checkpoint="failed")
+    assert actions == [
+        (30, "warn", "warned"),
+        (60, "checkpoint", "checkpointing"),
+        (61, "cull", "culled"),
+    ]
+    assert (
+        "checkpoint failed, culling anyway (its hook had failed 2 times in a row before: taken "
+        "as broken (checkpoint_broken_after 2), so no retry)" in last.reason
+    )
+    assert last.record.hook_failures == 3
+    once = p.Record(hook_failures=1)
+    actions, _ = run(idle_view(), two, minutes=400, record=once, on_checkpoint="failed")
+    assert actions[-1] == (121, "cull", "culled")  # the bounded backoff, as for a new hook
+    # It works again: a saved checkpoint clears the count.
+    _, last = run(idle_view(), two, minutes=400, record=broken, on_checkpoint="done")
+    assert last.record.hook_failures == 0 and "checkpoint saved" in last.reason
+    _, last = run(idle_view(), two, minutes=400, record=broken, on_checkpoint="timeout")
+    assert last.record.hook_failures == 2
+    # A hard deadline skips its one retry for a broken hook, and never waits longer.
+    capped = replace(CAPPED, checkpoint_broken_after=2)
+    actions, last = run(active_view(), capped, minutes=300, record=broken, on_checkpoint="failed")
+    assert [a[:2] for a in actions] == [(150, "max-age-warn"), (180, "checkpoint"), (181, "cull")]
+    assert "taken as broken" in last.reason
+    # What a new session keeps of the server: its hook's record, nothing else.
+    fresh = replace(last.record, warned_at=T0, extensions_used=2).next_session()
+    assert fresh == p.Record(hook_failures=3)
+
+
 def test_a_server_without_a_report_or_out_of_reach_is_never_asked_for_a_checkpoint():
     capped = replace(POLICY, max_age=timedelta(minutes=75), max_age_warning=timedelta(0))
     silent = p.ServerView("carol", started=T0, hub_last_activity=T0 + 70 * MIN)
@@ -714,6 +813,8 @@ def test_policies_match_first_and_always_end_with_a_catch_all():
         ({"name": "x", "max_extensions": -1}, "'max_extensions' must be a whole number"),
         ({"name": "x", "busy_limit": "1h"}, "'busy_limit' must not be shorter than 'busy_grace'"),
         ({"name": "x", "on_busy_limit": "kill"}, "'on_busy_limit' must be one of interrupt, cull"),
+        ({"name": "x", "after_interrupt": "stop"}, "'after_interrupt' must be one of cull, warn"),
+        ({"name": "x", "checkpoint_broken_after": 0}, "'checkpoint_broken_after' must be a whole"),
         ({"name": "x", "checkpoint_retries": 1.5}, "'checkpoint_retries' must be a whole number"),
         ({"name": "x", "checkpoint_max_delay": "later"}, "'checkpoint_max_delay': 'later' is not"),
         ({"name": "x", "match": {"task_types": "training"}}, "'match.task_types' must name"),

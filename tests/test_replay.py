@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu_gov.core.policy import PolicyError
+from jupyter_gpu_gov.core.policy import PolicyError, load_policies
 from jupyter_gpu_gov.replay import (
     Action,
     TraceError,
@@ -174,13 +174,20 @@ def test_a_long_cpu_stage_is_not_culled_and_gets_a_notice():
 
 def test_a_cell_that_never_ends_is_interrupted_at_the_busy_limit():
     # `while True: time.sleep(60)`: notice at 2 h, warning at 8 h, interrupt and checkpoint
-    # at 8 h 30 min; the kernel idles and the idle rules cull after their notice.
+    # at 8 h 30 min; once the checkpoint is saved the server is culled, as the warning said
+    # (after_interrupt "cull"); with "warn", the idle rules cull after their own notice.
     actions = list(replay(parse_lines(cell_rows(24, hours=12)), policies_from_config(None)))
     assert [(a.t, a.action) for a in actions] == [
         (7200, "notice"),
         (28800, "warn"),
         (30600, "interrupt"),
         (30600, "checkpoint"),
+        (31200, "cull"),
+    ]
+    assert "the cell interrupted and checkpointed, then the server stopped" in actions[1].reason
+    warn = load_policies([], {"after_interrupt": "warn"})
+    actions = list(replay(parse_lines(cell_rows(24, hours=12)), warn))
+    assert [(a.t, a.action) for a in actions][4:] == [
         (31200, "warn"),
         (33000, "checkpoint"),
         (33600, "cull"),
@@ -189,14 +196,15 @@ def test_a_cell_that_never_ends_is_interrupted_at_the_busy_limit():
 
 def test_a_quiet_cell_is_interrupted_at_its_own_limit_a_cpu_stage_is_not():
     # `while not done(): time.sleep(60)`, its kernel at 0.2 % of a core: warned at
-    # quiet_cell_limit (2 h), interrupted and checkpointed after the notice, then the idle
-    # rules. A CPU stage (two cores) of the same length only gets the notice.
+    # quiet_cell_limit (2 h), interrupted and checkpointed after the notice, then culled. A
+    # CPU stage (two cores) of the same length only gets the notice.
     policies = policies_from_config(None)
     actions = list(replay(parse_lines(cell_rows(24, hours=6, cpu=0.002)), policies))
-    assert [(a.t, a.action) for a in actions][:3] == [
+    assert [(a.t, a.action) for a in actions] == [
         (7200, "warn"),
         (9000, "interrupt"),
         (9000, "checkpoint"),
+        (9600, "cull"),  # its checkpoint saved, as the warning said
     ]
     assert "the quiet-cell limit of 2h" in actions[0].reason
     actions = list(replay(parse_lines(cell_rows(24, hours=6, cpu=2.0)), policies))
@@ -223,6 +231,27 @@ def test_failed_checkpoint_postpones_the_cull_a_bounded_time():
     ]
     assert "checkpoint failed (2 of 2 retries): cull postponed to" in actions[4].reason
     assert "culling anyway (after 3 failed checkpoints)" in actions[-1].reason
+
+
+def test_a_hook_that_failed_last_session_is_not_waited_for_again():
+    # The same server, started again after its cull (its hook still raises): the governor
+    # remembers the three failures in a row, so with checkpoint_broken_after (off by default)
+    # the next session's first failure culls.
+    text = (TRACES / "checkpoint_fails.jsonl").read_text().splitlines()
+    first = [json.loads(line) | {"started": 0} for line in text if line.strip()]
+    again = [r | {"t": r["t"] + 86400, "started": 86400} for r in first]
+    lines = [json.dumps(r) for r in first + again]
+    two = load_policies([], {"checkpoint_broken_after": 2})
+    actions = list(replay(parse_lines(lines), two))
+    second = [(a.t - 86400, a.action) for a in actions if a.t >= 86400]
+    assert second == [(1800, "warn"), (3600, "checkpoint"), (4200, "cull")]
+    assert "its hook had failed 3 times in a row before: taken as broken" in actions[-1].reason
+    # Another server of the same user learns nothing from it.
+    other = [r | {"server": "hal/other"} for r in again]
+    lines = [json.dumps(r) for r in first + other]
+    actions = list(replay(parse_lines(lines), two))
+    assert [a.action for a in actions if a.t >= 86400][-1:] == ["cull"]
+    assert len([a for a in actions if a.t >= 86400]) == 7
 
 
 def test_max_age_by_tier_label(config):

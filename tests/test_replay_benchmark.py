@@ -171,3 +171,33 @@ def test_the_gap_study_accounts_for_every_idle_held_hour_the_default_leaves():
     _, after = missed(parse_lines(lines), proceed)
     assert after["failing hook"] < left["failing hook"] / 4
     assert after["running cell"] == pytest.approx(left["running cell"])
+
+
+def test_on_default_servers_the_governor_remembers_a_broken_hook_from_one_start_to_the_next():
+    """``--default-servers``: each user's sessions on ``user/`` (with their ``started``), the
+    rows otherwise the same. Rules that keep nothing from one start to the next score exactly
+    as on per-session keys; a hook that failed before is not waited for again, so the failing
+    hooks' share falls, the running cells' does not move."""
+    from benchmarks.replay.gap import missed
+    from jupyter_gpu_gov.core.policy import load_policies
+    from jupyter_gpu_gov.replay import replay
+
+    keyed = [json.dumps(row) for row in generate(16, 7, seed=2, step=300)]
+    reused = [json.dumps(row) for row in generate(16, 7, seed=2, step=300, default_servers=True)]
+    names = {json.loads(line)["server"] for line in reused}
+    assert all(name.endswith("/") for name in names) and len(names) == 16
+    strip = [
+        {k: v for k, v in json.loads(line).items() if k not in ("server", "started")}
+        for line in reused
+    ]
+    assert strip == [{k: v for k, v in json.loads(line).items() if k != "server"} for line in keyed]
+    forgets = load_policies([], {"checkpoint_broken_after": None})
+    default = load_policies([], {"checkpoint_broken_after": 2})
+
+    def left(lines, policies):
+        return missed(parse_lines(lines), list(replay(parse_lines(lines), policies)))[1]
+
+    assert left(reused, forgets) == pytest.approx(left(keyed, forgets))
+    remembered, fresh = left(reused, default), left(keyed, default)
+    assert remembered["failing hook"] < fresh["failing hook"] / 2
+    assert remembered["running cell"] == pytest.approx(fresh["running cell"])

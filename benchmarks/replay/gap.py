@@ -1,7 +1,7 @@
 """Where the idle-held GPU-hours a policy does not reclaim go (issue 21's 95 % target).
 
     python -m benchmarks.replay.gap [--servers 40 --days 30 --seeds 1 2 3 --step 300]
-        [--candidate NAME=JSON ...] [--json]
+        [--candidate NAME=JSON ...] [--default-servers] [--json]
 
 Every idle-held step (the trace's truth: GPU memory held, nothing and nobody using it) that the
 run does not reclaim is put in the first of these that holds, in points of all idle-held
@@ -90,7 +90,10 @@ def main(argv=None) -> None:
     runs = {"default": {}, **dict(args.candidate)}
     out = []
     for seed in args.seeds:
-        lines = [json.dumps(r) for r in generate(args.servers, args.days, seed, args.step)]
+        rows = generate(
+            args.servers, args.days, seed, args.step, default_servers=args.default_servers
+        )
+        lines = [json.dumps(r) for r in rows]
         for name, defaults in runs.items():
             run = partial(replay, policies=load_policies([], defaults))
             held, left = missed(parse_lines(lines), list(run(parse_lines(lines))))

@@ -4,8 +4,11 @@
 
 ``--servers`` is the number of users; each runs one server at a time and starts and stops it
 over the month (gaps of 2 h - 3 days, starts snapped to working hours, 08:00-18:00 UTC). Every
-session is its own server key ``user/sNNN``: a hub reuses ``user/``, and the governor starts a
-fresh record on every start, which a new key gives the replay too. While a server runs it has
+session is its own server key ``user/sNNN``, a fresh record on every start. A hub reuses
+``user/`` (JupyterHub's ``allow_named_servers`` is off by default), and the governor keeps what
+it learned of a server from one start to the next (how its checkpoint hook fared:
+``checkpoint_broken_after``): ``--default-servers`` writes every session as ``user/`` with its
+``started`` time, the same rows otherwise. While a server runs it has
 one sample per step (``--step`` seconds, default 300; the governor reconciles every 60 s, which
 ``--step 60`` gives at five times the size: 1 M rows, 285 MB for the default month); a stopped
 server has none. Rows are ordered by ``t``. Each user's random stream is seeded from
@@ -343,7 +346,9 @@ SCENARIOS: dict[str, tuple[Callable[[Session], None], float]] = {
 }
 
 
-def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) -> Iterator[dict]:
+def user_rows(
+    index: int, days: int, seed: int, step: int, dcgm: bool = True, default_servers: bool = False
+) -> Iterator[dict]:
     """One user's servers over the trace, in time order."""
     rng = random.Random(f"{seed}:{index}")
     usage_rng = random.Random(f"{seed}:{index}:usage")
@@ -369,7 +374,8 @@ def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) ->
         scenario = "batch_standby" if standby else rng.choices(names, weights)[0]
         session = Session(rng, step, card_mb, usage_rng)
         (batch_standby if standby else SCENARIOS[scenario][0])(session)
-        server = f"{user}/s{number:03d}"
+        server = f"{user}/" if default_servers else f"{user}/s{number:03d}"
+        started = {"started": t} if default_servers else {}
         reclaim_at = None  # a team within its guarantee asks this borrowed GPU back
         if borrows and rng.random() < 1 / 3:
             reclaim_at = t + rng.randrange(len(session.steps)) * step
@@ -379,7 +385,7 @@ def user_rows(index: int, days: int, seed: int, step: int, dcgm: bool = True) ->
             if now >= end:
                 return
             memory = 0 if truth == "idle_free" else session.memory_mb
-            row = {"t": now, "server": server, "profile": profile, "team": team}
+            row = {"t": now, "server": server, **started, "profile": profile, "team": team}
             row_labels = labels if reclaim_at is None or now < reclaim_at else labels | asked
             if reports or dcgm:
                 row["gpu_sm"] = sm  # the report's, or DCGM's for a server without the extension
@@ -418,10 +424,15 @@ def _working_hours(t: float, rng: random.Random, step: int) -> int:
 
 
 def generate(
-    servers: int, days: int, seed: int, step: int = DEFAULT_STEP, dcgm: bool = True
+    servers: int,
+    days: int,
+    seed: int,
+    step: int = DEFAULT_STEP,
+    dcgm: bool = True,
+    default_servers: bool = False,
 ) -> Iterator[dict]:
     """Every user's rows, merged in time order (ties in user order)."""
-    users = [user_rows(i, days, seed, step, dcgm) for i in range(servers)]
+    users = [user_rows(i, days, seed, step, dcgm, default_servers) for i in range(servers)]
     return heapq.merge(*users, key=lambda row: row["t"])
 
 
@@ -438,9 +449,17 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="a cluster without dcgm-exporter: servers without the extension have no gpu_sm",
     )
+    parser.add_argument(
+        "--default-servers",
+        action="store_true",
+        help="every session on the user's default server user/ (with its started time)",
+    )
     args = parser.parse_args(argv)
     write = sys.stdout.write
-    for row in generate(args.servers, args.days, args.seed, args.step, not args.no_dcgm):
+    rows = generate(
+        args.servers, args.days, args.seed, args.step, not args.no_dcgm, args.default_servers
+    )
+    for row in rows:
         write(json.dumps(row, separators=(",", ":")) + "\n")
 
 

@@ -2,7 +2,7 @@
 over jupyterhub-idle-culler, on the reclamation benchmark's month-long traces.
 
     python -m benchmarks.replay.lift [--servers 40 --days 30 --seeds 1 2 3 --step 300]
-        [--candidate NAME=JSON ...] [--json]
+        [--candidate NAME=JSON ...] [--default-servers] [--json]
 
 Each run is measured twice on the same trace: by ``replay.whatif.measure`` (what
 ``jupyter-gpu-gov what-if`` prints: utilisation of the GPU-hours given out, right-sizing,
@@ -48,7 +48,8 @@ def runs(candidates: dict[str, dict]) -> dict:
 
 
 def one_seed(args, seed: int, candidates: dict[str, dict]) -> list[dict]:
-    lines = [json.dumps(r) for r in generate(args.servers, args.days, seed, args.step)]
+    rows = generate(args.servers, args.days, seed, args.step, default_servers=args.default_servers)
+    lines = [json.dumps(r) for r in rows]
     slots = max(1, args.servers // args.slots)
     tiers = Tiers(sizes=SIZES, slots=dict.fromkeys(SIZES, slots))
     out = []
@@ -132,6 +133,11 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--step", type=int, default=300)
     parser.add_argument("--candidate", type=_candidate, action="append", default=[])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--default-servers",
+        action="store_true",
+        help="sessions on each user's default server, as a hub reuses it (generate.py)",
+    )
     return parser
 
 

@@ -1,6 +1,7 @@
 """Reclamation replay: one trace through every policy, scored against its ground truth.
 
-    python -m benchmarks.replay [--servers 40 --days 30 --seed 1 --step 300 [--no-dcgm] | --trace FILE]
+    python -m benchmarks.replay [--servers 40 --days 30 --seed 1 --step 300 [--no-dcgm]
+                                 [--default-servers] | --trace FILE]
                                 [--policy-defaults JSON] [--json]
 
 The trace (generated, see ``generate.py``, or a file with ``truth`` on every row) is replayed
@@ -400,6 +401,11 @@ def main(argv: list[str] | None = None) -> None:
         help="generate a cluster without dcgm-exporter (generate.py --no-dcgm)",
     )
     parser.add_argument(
+        "--default-servers",
+        action="store_true",
+        help="each user's sessions on user/, as a hub reuses it (generate.py --default-servers)",
+    )
+    parser.add_argument(
         "--policy-defaults",
         metavar="JSON",
         type=_json_object,
@@ -413,7 +419,17 @@ def main(argv: list[str] | None = None) -> None:
     else:
         source = {k: getattr(args, k) for k in ("servers", "days", "seed", "step")}
         source["dcgm"] = not args.no_dcgm
-        rows = partial(generate, args.servers, args.days, args.seed, args.step, source["dcgm"])
+        if args.default_servers:
+            source["default_servers"] = True
+        rows = partial(
+            generate,
+            args.servers,
+            args.days,
+            args.seed,
+            args.step,
+            source["dcgm"],
+            args.default_servers,
+        )
         samples = lambda: parse_lines(json.dumps(row) for row in rows())  # noqa: E731
     if args.policy_defaults is not None:
         try:

@@ -34,6 +34,7 @@ from .vocabulary import (
     BUSY_NOTICE,
     CHECKPOINT,
     CHECKPOINT_DONE,
+    CHECKPOINT_FAILED,
     CHECKPOINT_REQUESTED,
     CHECKPOINT_TIMEOUT,
     CHECKPOINTING,
@@ -133,6 +134,12 @@ class Policy:
     # checkpoint taken (``on_busy_limit: interrupt``), or the server culled (``cull``).
     busy_limit: timedelta = timedelta(hours=8)
     on_busy_limit: str = "interrupt"  # or "cull"
+    # After that announced interrupt, its checkpoint saved: ``cull`` stops the server (or shuts
+    # its kernels down) at once, as the warning said it would, unless its owner has been back
+    # since the warning went out; the GPU has been idle for the limit and the notice, and the
+    # state the cell left is saved. ``warn``: the idle rules start over with a warning and
+    # notice of their own, then a second checkpoint. A failed checkpoint always takes ``warn``.
+    after_interrupt: str = "cull"
     # A running cell whose kernel does nothing — no CPU, no I/O wait, no reads over the report's
     # window: a ``time.sleep``/poll loop, an ``input()`` — is held this long from when it went
     # quiet (and its GPU idle), then warned and, after the notice, acted on as at busy_limit.
@@ -157,6 +164,14 @@ class Policy:
     # A hard deadline waits for one retry.
     checkpoint_retries: int = 2
     checkpoint_max_delay: timedelta = timedelta(hours=1)
+    # A hook that failed this many times in a row at earlier deadlines (the governor counts
+    # the failures its own requests got, across this server's deadlines and sessions; a saved
+    # checkpoint resets the count) is taken as broken: waiting for it again saves nothing, so
+    # its next failure culls at once, without the backoff above or a hard deadline's retry.
+    # Off by default (None): the backoff is also the only patience a server whose state cannot
+    # be saved gets, and where a server is reused its owners came back to more stopped
+    # servers without a checkpoint (docs/benchmarks.md, round seven); 2 is the measured value.
+    checkpoint_broken_after: int | None = None
     cull_action: str = STOP_SERVER  # or SHUTDOWN_KERNELS
     exempt: bool = False
     # jupyterhub-idle-culler's rule for servers with no GPU data: no report, no DCGM (None: never
@@ -194,6 +209,7 @@ _CHOICES = {
     "on_checkpoint_failure": ("postpone", "proceed"),
     "cull_action": CULL_ACTIONS,
     "on_busy_limit": ("interrupt", "cull"),
+    "after_interrupt": ("cull", "warn"),
 }
 _MATCH_KEYS = {f.name for f in fields(Match)}
 _POLICY_KEYS = {f.name for f in fields(Policy)}
@@ -293,6 +309,12 @@ def _convert(key: str, value):
     if key in ("max_extensions", "checkpoint_retries"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{key!r} must be a whole number >= 0, got {value!r}")
+        return value
+    if key == "checkpoint_broken_after":
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{key!r} must be a whole number >= 1 or null, got {value!r}")
         return value
     if key in ("checkpoint", "exempt", "expected_duration_notice"):
         if not isinstance(value, bool):
@@ -445,6 +467,9 @@ class Record:
     checkpoint_status: str | None = None  # requested | done | failed | timeout
     checkpoint_requested_at: datetime | None = None
     checkpoint_failures: int = 0  # of the current deadline
+    # Failed checkpoints in a row, whatever the deadline or session (checkpoint_broken_after):
+    # what the governor saw of its own requests, reset by a saved checkpoint.
+    hook_failures: int = 0
     max_age_warned_at: datetime | None = None  # the warning of a hard deadline went out
     paused_at: datetime | None = None  # GPU data became unknown: the idle clock stopped here
     exempt_until: datetime | None = None  # an admin grant
@@ -478,6 +503,11 @@ class Record:
             interrupted_at=None,
             quiet_since=None,
         )
+
+    def next_session(self) -> Record:
+        """A fresh record for the server's next session, keeping what the governor learned of
+        the server itself: how its checkpoint hook has fared."""
+        return Record(hook_failures=self.hook_failures)
 
     def exempted(self) -> Record:
         """Out of the idle policy's reach for a while: its clock and deadlines stop, the count
@@ -824,20 +854,44 @@ def _decide_on_activity(
     # happens (the store then writes only transitions).
     idle = f"GPU idle since {_at(idle_since)}" + (f" ({gpu.detail})" if gpu.detail else "")
 
+    back = view.user_last_activity
     if _interrupt_checkpoint_pending(record, policy):
-        # The busy limit interrupted the cell and asked for a checkpoint: once it has answered
-        # (or not, in time), the idle rules take over, with a warning of their own.
+        # A cell's limit interrupted it and asked for a checkpoint: once it has answered (or
+        # not, in time), the server is culled as its warning said (after_interrupt), or the
+        # idle rules take over with a warning of their own.
         status = _checkpoint_status(record, policy, now)
         if status == CHECKPOINT_REQUESTED:
-            why = f"{idle}; the cell was interrupted (busy limit); waiting for the checkpoint"
-            return Decision(evolve(record, state=CHECKPOINTING, reason=why), tuple(actions))
+            why = f"{idle}; the cell was interrupted past its limit; waiting for the checkpoint"
+            # The stop the warning announced is due once it is saved (the interrupt's time).
+            then = policy.after_interrupt == "cull"
+            due, reason = (record.interrupted_at, BUSY_LIMIT) if then else (None, None)
+            record = evolve(record, state=CHECKPOINTING, reason=why)
+            return Decision(record, tuple(actions), record.warned_at, due, reason)
+        record = _hook_answered(record, status)
+        warned = record.warned_at
+        if (
+            status == CHECKPOINT_DONE
+            and policy.after_interrupt == "cull"
+            and warned is not None
+            and (back is None or back <= warned)  # nobody back since the warning
+            and _running_cell(gpu, idle_since) is None  # the interrupt stopped the cell
+        ):
+            why = (
+                f"{idle}; its cell was interrupted at {_at(record.interrupted_at)} past its "
+                f"limit and a checkpoint saved: {_cull_words(policy)}, as the warning of "
+                f"{_at(warned)} said"
+            )
+            record = evolve(record, checkpoint_status=None, checkpoint_requested_at=None)
+            return evolve(
+                _cull(record, now, why, warned, now, BUSY_LIMIT),
+                actions=(*actions, CULL),
+            )
         record = evolve(
             record, checkpoint_status=None, checkpoint_requested_at=None, warned_at=None
         )
     if record.interrupted_at is not None:
-        idle += f"; its cell was interrupted at {_at(record.interrupted_at)} (busy limit)"
+        idle += f"; its cell was interrupted at {_at(record.interrupted_at)} past its limit"
 
-    back = view.user_last_activity
     # A confident diagnosis of a zombie (memory held, no GPU work, nobody there) is an owner
     # away; any other cause only explains.
     zombie = view.cause == "zombie" and view.cause_confident
@@ -978,16 +1032,16 @@ def _decide_running(
     extension = timedelta(seconds=record.extension_s)
     limit = idle_since + policy.busy_limit + extension
     name = f"the busy limit of {format_duration(policy.busy_limit)}"
+    doing = ""
     if record.quiet_since is not None and policy.quiet_cell_limit is not None:
         hold = min(max(policy.quiet_cell_limit, policy.busy_grace), policy.busy_limit)
         quiet_limit = max(cell.since, record.quiet_since) + hold + extension
         if quiet_limit < limit:
             limit = quiet_limit
             name = f"the quiet-cell limit of {format_duration(hold)}"
-            cell = _Cell(
-                cell.since,
-                f"{cell.words} whose kernel has done nothing (no CPU, no I/O: a sleep or poll "
-                f"loop, an input()) since {_at(record.quiet_since)}",
+            doing = (
+                ", its kernel doing nothing (no CPU, no I/O: a sleep or poll loop, an input()) "
+                f"since {_at(record.quiet_since)}"
             )
     if record.warned_at is not None and record.warned_at < limit:
         # A warning of an idle cull (or of a limit since extended) does not stand for this one.
@@ -1000,8 +1054,13 @@ def _decide_running(
     grace_end = cell.since + policy.busy_grace
     interruptible = view.checkpointable
     interrupt = interruptible and policy.on_busy_limit == "interrupt"
-    outcome = "the cell interrupted and checkpointed" if interrupt else _cull_words(policy)
-    running = f"{idle}; {cell.words} since {_at(cell.since)}"
+    outcome = _cull_words(policy)
+    if interrupt:
+        # What after_interrupt does once the checkpoint is saved, said before it happens.
+        outcome = "the cell interrupted and checkpointed" + (
+            f", then the {outcome}" if policy.after_interrupt == "cull" else ""
+        )
+    running = f"{idle}; {cell.words} since {_at(cell.since)}{doing}"
     cause = _CAUSE_WORDS.get(view.cause or "")
     if cause:
         running += f" ({'the diagnosis' if view.cause_confident else 'maybe'}: {cause})"
@@ -1028,7 +1087,7 @@ def _decide_running(
         return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), limit, act_at)
 
     why = (
-        f"{cell.words} since {_at(cell.since)} with its GPU idle since {_at(idle_since)}: "
+        f"{cell.words} since {_at(cell.since)}{doing} with its GPU idle since {_at(idle_since)}: "
         f"past {name}"
     )
     interrupted = record.interrupted_at is not None and record.interrupted_at >= cell.since
@@ -1044,7 +1103,10 @@ def _decide_running(
                 checkpoint_requested_at=now,
                 reason=f"{why}: the cell was interrupted; saving a checkpoint",
             )
-            return Decision(record, (*actions, INTERRUPT, CHECKPOINT), limit, act_at)
+            # The checkpoint precedes a cull when after_interrupt says so: its request, and
+            # the owner's "stopped because" at the next start, name the cull's reason.
+            then = BUSY_LIMIT if policy.after_interrupt == "cull" else None
+            return Decision(record, (*actions, INTERRUPT, CHECKPOINT), limit, act_at, then)
     # The policy culls at the limit, the cell cannot be interrupted, or it ran on after the
     # interrupt: a hard deadline from now on.
     record = evolve(
@@ -1176,11 +1238,16 @@ def _cull_with_checkpoint(
         record = evolve(record, state=CHECKPOINTING, reason=f"{why}; waiting for the checkpoint")
         return Decision(record, (), warn_at, cull_at, cull_reason)
     if status == CHECKPOINT_DONE:
+        record = _hook_answered(record, status)
         return _cull(record, now, f"{final}; checkpoint saved", warn_at, cull_at, cull_reason)
 
     failures = record.checkpoint_failures + 1
+    broken = _broken_hook(record, policy)  # by the failures before this one
+    record = _hook_answered(record, status)
     if policy.on_checkpoint_failure == "proceed":
         anyway = "on_checkpoint_failure=proceed"
+    elif broken:
+        anyway = broken
     elif hard:
         if failures <= 1:  # one bounded retry, no new warning
             record = evolve(
@@ -1217,6 +1284,29 @@ def _cull_with_checkpoint(
         )
     final = f"{final}; checkpoint {status}, culling anyway ({anyway})"
     return _cull(record, now, final, warn_at, cull_at, cull_reason)
+
+
+def _hook_answered(record: Record, status: str | None) -> Record:
+    """Count the server's failed checkpoints in a row: a saved one resets the count, a timeout
+    (perhaps the network's, not the hook's) leaves it as it is."""
+    if status == CHECKPOINT_DONE and record.hook_failures:
+        return evolve(record, hook_failures=0)
+    if status == CHECKPOINT_FAILED:
+        return evolve(record, hook_failures=record.hook_failures + 1)
+    return record
+
+
+def _broken_hook(record: Record, policy: Policy) -> str | None:
+    """Why waiting for this server's checkpoint again saves nothing — the first failure of
+    this deadline, after ``checkpoint_broken_after`` failures in a row at earlier ones (within
+    one deadline ``checkpoint_retries`` rules) — else None."""
+    after = policy.checkpoint_broken_after
+    if after is None or record.checkpoint_failures or record.hook_failures < after:
+        return None
+    return (
+        f"its hook had failed {record.hook_failures} times in a row before: taken as broken "
+        f"(checkpoint_broken_after {after}), so no retry"
+    )
 
 
 def _cull(

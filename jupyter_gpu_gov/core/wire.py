@@ -31,6 +31,12 @@ MAX_TEXT = 1024  # characters of a name, id or path
 MAX_ERROR = 4096  # characters of an error message
 CHECKPOINT_STATES = (CHECKPOINT_REQUESTED, "none")  # the verdict's "checkpoint"
 EXTENSION_REASONS = ("optional", "required")
+# How long the governor keeps a server's report connection open without a request (HTTP/1.1
+# keep-alive). A server whose reports come closer together keeps its connection between them; one
+# that reports less often (the default, 60 s) closes it after each answer: an idle connection
+# held per server costs the governor ~9 kB (88 MB at 10,000 servers) and saved no CPU at the
+# steady rate (docs/benchmarks.md, "Issue 26, wave 7").
+REPORT_CONNECTION_IDLE_S = 30.0
 
 
 def spec(doc: str, default: Any = None, **schema: Any) -> Any:

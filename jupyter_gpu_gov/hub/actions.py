@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..core import clock
 from ..core.durations import format_duration
-from ..core.policy import Decision, Policy, Record
+from ..core.policy import Decision, Policy
 from ..core.vocabulary import (
     CHECKPOINT,
     CHECKPOINT_DONE,
@@ -171,7 +171,8 @@ class Actions:
                 outbound.SHUTDOWN, kernels, clock.utcnow(), row.reason
             )
             # The server keeps running without a GPU: start over with a fresh record.
-            set_record(row, replace(Record(), reason=f"kernels shut down: {row.reason}"))
+            fresh = record_of(row).next_session()
+            set_record(row, replace(fresh, reason=f"kernels shut down: {row.reason}"))
             self.reports.pop(row.key, None)
             return f"asked the server to shut down {len(kernels)} kernel(s)"
         remove = self.options.remove_named_servers and bool(server.name)

@@ -13,12 +13,11 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 from tornado.log import app_log
 
 from ..core.vocabulary import server_key
-from .prepared_auth import PreparedHubOAuth
+from .prepared_auth import PreparedHubAuthenticated
 from .store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -42,9 +41,7 @@ def error_message(reason: str, kwargs: dict) -> str:
     return reason
 
 
-class ApiHandler(HubOAuthenticated, web.RequestHandler):
-    hub_auth_class = PreparedHubOAuth
-
+class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
     def initialize(self, governor: Governor):
         self.governor = governor
 

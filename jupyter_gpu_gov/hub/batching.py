@@ -4,8 +4,13 @@ plain ``HTTPServer``."""
 
 from __future__ import annotations
 
+import contextlib
+import resource
+
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop
+
+from ..core.wire import REPORT_CONNECTION_IDLE_S
 
 
 class BatchingHTTPServer(HTTPServer):
@@ -23,6 +28,10 @@ class BatchingHTTPServer(HTTPServer):
     """
 
     def initialize(self, *args, accept_interval: float = 0.0, **kwargs) -> None:
+        # Each server keeps its report connection open between reports (server/reporter.py):
+        # closed once idle longer than a report interval, and a file descriptor per server.
+        kwargs.setdefault("idle_connection_timeout", REPORT_CONNECTION_IDLE_S)
+        _allow_open_files()
         super().initialize(*args, **kwargs)
         self.accept_interval = accept_interval
         self._batch_fds: list[int] = []
@@ -66,3 +75,13 @@ class BatchingHTTPServer(HTTPServer):
     def stop(self) -> None:
         self._batch_stopped = True
         super().stop()
+
+
+def _allow_open_files() -> None:
+    """Raise the soft limit on open files to the hard one: a connection kept per reporting
+    server would pass a soft limit of 1,024 at about a thousand servers (accept then fails)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # ValueError: an unlimited hard limit above the kernel's ceiling; then the soft one stays.
+    with contextlib.suppress(ValueError, OSError):
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

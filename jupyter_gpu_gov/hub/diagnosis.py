@@ -25,7 +25,7 @@ import asyncio
 import logging
 import math
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -75,7 +75,7 @@ class DiagnosisOptions:
     zombie_idle: timedelta | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per server: no __dict__ each
 class Scored:
     """A server's latest diagnosis, and the window it is about."""
 
@@ -116,7 +116,7 @@ class TrainingState:
     runs: int = 0
 
 
-@dataclass
+@dataclass(slots=True)  # one per server: no __dict__ each
 class _Booking:
     """Where a server's time goes in the cost ledger."""
 
@@ -136,7 +136,9 @@ class DiagnosisService:
         self.results: dict[str, Scored] = {}
         self.costs = cluster.CostLedger(max(1, self.options.history.days or 1))
         self.score_seconds: float | None = None  # one report's window: context, learn, score
-        self._recent: dict[str, deque[Window]] = {}  # each server's last running windows
+        # Each server's last running windows, at most CONTEXT_KEEP: a list, not a deque (an
+        # empty deque holds a 0.5 kB block; 10,000 servers' were 10 MB: docs/benchmarks.md).
+        self._recent: dict[str, list[Window]] = {}
         self._previous: dict[str, dict] = {}  # the last report of each server
         self._last_kept: dict[str, float] = {}  # when each server's last window was kept
         self._booked: dict[str, _Booking] = {}
@@ -207,10 +209,14 @@ class DiagnosisService:
         model = self.model
         k = getattr(model, "context", CONTEXT_K)
         horizon = getattr(model, "context_horizon_s", CONTEXT_HORIZON_S)
-        recent = self._recent.setdefault(key, deque(maxlen=CONTEXT_KEEP))
+        recent = self._recent.get(key, ())
         scored = with_context(window, recent, k, horizon)
         if is_running(window) and window.t is not None:
+            if not recent:
+                recent = self._recent[key] = []
             recent.append(window)
+            if len(recent) > CONTEXT_KEEP:
+                del recent[0]
         return scored
 
     def _score(self, model: Diagnoser, window: Window) -> Diagnosis:

@@ -1,11 +1,13 @@
-"""A speed-up of JupyterHub's ``HubOAuth`` for the service's handlers, kept apart from them:
+"""Speed-ups of JupyterHub's ``HubOAuth`` for the service's handlers, kept apart from them:
 the answer to "who sent this request", once ``prepare`` has asked the Hub, without a second
-trip through HubAuth's thread (the saving: docs/benchmarks.md, "Report ingest over HTTP").
-The plain path is ``HubOAuth`` itself; tests/test_governor_hub.py checks both answer alike."""
+trip through HubAuth's thread, and the scope check answered at once when the caller holds a
+required scope as it is written (the savings: docs/benchmarks.md, "Report ingest over HTTP" and
+"Issue 26, wave 7"). The plain path is ``HubOAuth`` and ``HubOAuthenticated`` themselves;
+tests/test_governor_hub.py and tests/test_prepared_auth.py check both answer alike."""
 
 from __future__ import annotations
 
-from jupyterhub.services.auth import HubOAuth
+from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
 
 
 class PreparedHubOAuth(HubOAuth):
@@ -18,3 +20,21 @@ class PreparedHubOAuth(HubOAuth):
         if sync and hasattr(handler, "_cached_hub_user"):
             return handler._cached_hub_user
         return super().get_user(handler, sync=sync)
+
+
+class PreparedHubAuthenticated(HubOAuthenticated):
+    """``HubOAuthenticated`` with ``PreparedHubOAuth``, whose scope check takes a short path
+    for the common case: a caller whose scopes hold one of the required ones (the service's
+    access scope) exactly as written is allowed, which is what ``check_scopes`` answers for
+    it, without expanding every scope's filters and formatting its debug lines anew for each
+    request (a server's token is checked on every report). Every other caller (a filtered or
+    broader scope, or none) takes HubOAuthenticated's full check, refusals included."""
+
+    hub_auth_class = PreparedHubOAuth
+
+    def check_hub_user(self, model):
+        required = self.hub_scopes
+        if required and not required.isdisjoint(model.get("scopes") or ()):
+            model.setdefault("kind", "user")
+            return model
+        return super().check_hub_user(model)

@@ -392,10 +392,12 @@ class Governor(
             self.options.team_map,
         )
         if row is None or (server.started and row.session_started != server.started):
+            # A new session keeps what the governor learned of the server (its hook's record).
+            fresh = Record() if row is None else record_of(row).next_session()
             row = ServerRow(
                 key=key, user=server.user, name=server.name, session_started=server.started
             )
-            set_record(row, Record())
+            set_record(row, fresh)
             self.rows[key] = row
         before = record_of(row)
         owners = (ownership.team, ownership.project, ownership.tier, ownership.profile)

@@ -41,7 +41,7 @@ from .tables import (
     UsageSessionRow,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class StoreUnavailable(RuntimeError):
@@ -128,6 +128,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE usage_sessions ADD COLUMN right_size_freed FLOAT DEFAULT 0",
     ],
     3: [f"ALTER TABLE servers ADD COLUMN quiet_since {_TIME}"],
+    4: ["ALTER TABLE servers ADD COLUMN hook_failures INTEGER DEFAULT 0"],
 }
 
 

@@ -81,6 +81,8 @@ class ServerRow(Base):
     cull_request_why: Mapped[str] = mapped_column(Text, default="")
     # Schema 3: since when a running cell's kernel has done nothing (quiet_cell_limit).
     quiet_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # Schema 4: the server's failed checkpoints in a row, across sessions (checkpoint_broken_after).
+    hook_failures: Mapped[int] = mapped_column(Integer, default=0)
     # Decision outputs, so verdicts and listings need no recomputation.
     warn_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     cull_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

@@ -58,6 +58,7 @@ def policy_view(p: Policy) -> dict:
         "busy_grace_s": seconds(p.busy_grace),
         "busy_limit_s": seconds(p.busy_limit),
         "on_busy_limit": p.on_busy_limit,
+        "after_interrupt": p.after_interrupt,
         "quiet_cell_limit_s": seconds(p.quiet_cell_limit),
         "away_after_s": seconds(p.away_after),
         "zombie_idle_s": seconds(p.zombie_idle),
@@ -71,6 +72,7 @@ def policy_view(p: Policy) -> dict:
         "on_checkpoint_failure": p.on_checkpoint_failure,
         "checkpoint_retries": p.checkpoint_retries,
         "checkpoint_max_delay_s": seconds(p.checkpoint_max_delay),
+        "checkpoint_broken_after": p.checkpoint_broken_after,
         "cull_action": p.cull_action,
         "exempt": p.exempt,
         "inactive_timeout_s": seconds(p.inactive_timeout),
@@ -150,6 +152,7 @@ def row_view(
             "status": row.checkpoint_status or result_status(row.checkpoint_manifest),
             **checkpoint_fields(row.checkpoint_manifest),
             "manifest": row.checkpoint_manifest,
+            "failures_in_row": row.hook_failures,  # checkpoint_broken_after
         },
         "culled_at": clock.isoformat(row.culled_at),
         "gpu": gpu,

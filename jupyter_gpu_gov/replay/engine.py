@@ -163,12 +163,17 @@ class _Server:
 def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Action]:
     """Yield the actions the service would take, sample by sample (first policy match wins)."""
     servers: dict[tuple[str, float | None], _Server] = {}
+    latest: dict[str, _Server] = {}  # each server's latest session, as the store keeps its row
     for sample in samples:
         now = at(sample.t)
         server = servers.get(sample.session)
         if server is None:
             started = now if sample.started is None else at(sample.started)
             server = servers[sample.session] = _Server(started)
+            previous = latest.get(sample.server)
+            if previous is not None:  # what the governor learned of the server, as it does
+                server.record = previous.record.next_session()
+            latest[sample.server] = server
         if server.culled:
             continue
         sample = _observe(server, sample, now)

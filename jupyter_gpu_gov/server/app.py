@@ -267,7 +267,9 @@ class GpuGovApp(ExtensionApp):
         self._last_report_at = 0.0
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         if self.governor_url and token:
-            self.reporter = Reporter(self.governor_url, token, self.log)
+            self.reporter = Reporter(
+                self.governor_url, token, self.log, report_interval=self.report_interval
+            )
         elif self.governor_url:
             self.log.warning(
                 "jupyter-gpu-gov: no $JUPYTERHUB_API_TOKEN, not reporting to %s", self.governor_url
@@ -317,6 +319,8 @@ class GpuGovApp(ExtensionApp):
         if self._timer is not None:
             self._timer.cancel()
         self._person_activity.close()
+        if isinstance(self.reporter, Reporter):
+            self.reporter.close()
         await asyncio.get_running_loop().run_in_executor(None, self.sampler.close)
         # Leave the process as we found it (servers started in-process, e.g. by tests).
         if os.environ.get(ROOT_ENV) == self.checkpoint_dir:

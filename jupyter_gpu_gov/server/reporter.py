@@ -1,16 +1,30 @@
 """Pushes this server's report to the governor and keeps the verdict that comes back.
 
 Reports are pushed (like the Hub's activity reports), so the governor never fans out a request
-per server per cycle; the verdict rides back on the response.
+per server per cycle; the verdict rides back on the response. A server that reports often
+sends its reports on one connection kept open from one report to the next
+(``ReportConnection``); the rare other calls (a user's Extend or Stop) go on a connection of
+their own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from urllib.parse import quote
+import ssl
+import time
+from urllib.parse import quote, urlsplit
 
+from tornado import httputil
+from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.iostream import IOStream, StreamClosedError
+from tornado.tcpclient import TCPClient
+
+from ..core.wire import REPORT_CONNECTION_IDLE_S
+
+MAX_ANSWER_BYTES = 1024 * 1024  # a verdict is a few hundred bytes
 
 
 class GovernorError(Exception):
@@ -21,17 +35,45 @@ class GovernorError(Exception):
 
 
 class Reporter:
-    def __init__(self, governor_url: str, token: str, log: logging.Logger, timeout: float = 20.0):
+    def __init__(
+        self,
+        governor_url: str,
+        token: str,
+        log: logging.Logger,
+        timeout: float = 20.0,
+        report_interval: float = 0.0,
+    ):
         self.base = governor_url.rstrip("/") + "/"
         self.token = token
         self.log = log
         self.timeout = timeout
         self.http = AsyncHTTPClient()
+        keep = report_interval < ReportConnection.REUSE_WITHIN_S
+        self.connection = ReportConnection(self.base, timeout, keep)
 
     async def send(self, report: dict) -> dict:
         """POST the report; return the verdict."""
-        body = await self._call("POST", "api/reports", report)
-        return body["verdict"]
+        if self.connection.busy:  # a report still in flight on it (a slow governor)
+            body = await self._call("POST", "api/reports", report)
+            return body["verdict"]
+        try:
+            status, answer = await self.connection.post(
+                "api/reports",
+                json.dumps(report).encode(),
+                {"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            )
+        except (OSError, StreamClosedError, httputil.HTTPInputError, asyncio.TimeoutError) as error:
+            why = getattr(error, "real_error", None) or error
+            raise GovernorError(
+                599, f"the governor at {self.base} did not answer: {why!r}"
+            ) from None
+        data = _answer_json(answer)
+        if status >= 400:
+            raise GovernorError(status, data.get("message", ""))
+        return data["verdict"]
+
+    def close(self) -> None:
+        self.connection.close()
 
     async def extend(self, user: str, name: str, reason: str) -> tuple[int, dict]:
         return await self._call_with_status(
@@ -68,11 +110,131 @@ class Reporter:
             raise GovernorError(
                 599, f"the governor at {self.base} did not answer: {response.error}"
             )
+        return response.code, _answer_json(response.body)
+
+
+def _answer_json(body: bytes | None) -> dict:
+    try:
+        return json.loads(body) if body else {}
+    except ValueError:
+        return {"message": body[:200].decode(errors="replace")}
+
+
+class ReportConnection:
+    """One HTTP/1.1 connection to the governor, kept open from one report to the next
+    (``keep``), or one per report, closed after its answer.
+
+    tornado's ``AsyncHTTPClient`` opens a connection per request and closes it after the
+    answer. Kept, a report costs the governor about a quarter less CPU in a burst, but each
+    idle connection held costs it memory (docs/benchmarks.md, "Issue 26, wave 7"): a server
+    keeps it only when it reports within ``REPORT_CONNECTION_IDLE_S``, what the governor keeps
+    an idle connection for; one idle for most of that is not reused (the governor may be
+    closing it). A request the governor never answered because it had closed the connection
+    first (its idle timeout, a restart) is sent once more on a new connection: a report is a
+    snapshot, so sending it twice does no harm. One request at a time.
+    """
+
+    REUSE_WITHIN_S = 0.8 * REPORT_CONNECTION_IDLE_S
+
+    def __init__(self, base_url: str, timeout: float, keep: bool = True):
+        url = urlsplit(base_url)
+        self.keep = keep
+        self.host = url.hostname or "localhost"
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.ssl = ssl.create_default_context() if url.scheme == "https" else None
+        self.netloc = url.netloc
+        self.prefix = url.path
+        self.timeout = timeout
+        self.busy = False
+        self._stream: IOStream | None = None
+        self._used_at = 0.0
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        """POST ``body`` to ``path`` (under the base URL); the status and the answer's body."""
+        self.busy = True
         try:
-            data = json.loads(response.body) if response.body else {}
-        except ValueError:
-            data = {"message": response.body[:200].decode(errors="replace")}
-        return response.code, data
+            reused = self._reusable()
+            if not reused:
+                self.close()
+            try:
+                return await asyncio.wait_for(self._exchange(path, body, headers), self.timeout)
+            except _NotAnswered:
+                self.close()
+                if not reused:
+                    raise StreamClosedError() from None
+            return await asyncio.wait_for(self._exchange(path, body, headers), self.timeout)
+        except BaseException:
+            self.close()  # whatever state the connection was left in, it is not used again
+            raise
+        finally:
+            self.busy = False
+            self._used_at = time.monotonic()
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def _reusable(self) -> bool:
+        stream = self._stream
+        fresh = time.monotonic() - self._used_at < self.REUSE_WITHIN_S
+        return stream is not None and not stream.closed() and fresh
+
+    async def _exchange(self, path: str, body: bytes, headers: dict[str, str]):
+        if self._stream is None:
+            self._stream = await TCPClient().connect(self.host, self.port, ssl_options=self.ssl)
+        stream = self._stream
+        stream.set_nodelay(True)  # the answer is awaited: no delayed ACK on the request
+        connection = HTTP1Connection(
+            stream, True, HTTP1ConnectionParameters(max_body_size=MAX_ANSWER_BYTES)
+        )
+        head = httputil.HTTPHeaders(headers)
+        head["Host"] = self.netloc
+        head["Content-Length"] = str(len(body))
+        if not self.keep:
+            head["Connection"] = "close"
+        answer = _Answer()
+        try:
+            # The body rides with the headers: one write, one segment.
+            connection.write_headers(
+                httputil.RequestStartLine("POST", self.prefix + path, "HTTP/1.1"), head, body
+            )
+            connection.finish()
+            await connection.read_response(answer)
+        except StreamClosedError:
+            if answer.code is None:
+                raise _NotAnswered() from None
+            raise
+        if answer.code is None or not answer.finished:
+            raise _NotAnswered()
+        if not (self.keep and answer.keep_alive) or stream.closed():
+            self.close()
+        return answer.code, b"".join(answer.chunks)
+
+
+class _NotAnswered(Exception):
+    """The connection closed before any answer: the governor did not take the request."""
+
+
+class _Answer(httputil.HTTPMessageDelegate):
+    def __init__(self) -> None:
+        self.code: int | None = None
+        self.keep_alive = True
+        self.finished = False
+        self.chunks: list[bytes] = []
+
+    def headers_received(self, start_line, headers) -> None:
+        assert isinstance(start_line, httputil.ResponseStartLine)
+        self.code = start_line.code
+        self.keep_alive = start_line.version == "HTTP/1.1" and (
+            headers.get("Connection", "").lower() != "close"
+        )
+
+    def data_received(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+
+    def finish(self) -> None:
+        self.finished = True
 
 
 def _server_path(user: str, name: str) -> str:

@@ -28,9 +28,17 @@ describe('warning', () => {
     expect(
       warningView(verdict(), { ...opts, now: NOW + 3_600_000 })?.toast
     ).toBe('GPU idle: this server will be stopped now.');
-    expect(
-      warningView(verdict({ state: 'checkpointing' }), opts)?.toast
-    ).toContain('saving a checkpoint');
+    expect(warningView(verdict({ state: 'checkpointing' }), opts)?.toast).toBe(
+      'GPU idle: saving a checkpoint, then this server will be stopped in 4m 9s.'
+    );
+    // A cell interrupted as its warning said: the stop is due once the checkpoint is saved.
+    for (const cull_at of [null, '2026-01-05T10:30:00Z']) {
+      expect(
+        warningView(verdict({ state: 'checkpointing', cull_at }), opts)?.toast
+      ).toBe(
+        'GPU idle: saving a checkpoint, then this server will be stopped.'
+      );
+    }
   });
 
   it('warns a busy or active server of a hard deadline, which Extend cannot move', () => {

@@ -171,11 +171,15 @@ export function warningView(
             deadline
           );
   } else if (verdict.state === 'checkpointing') {
-    toast = trans.__(
-      'GPU idle: saving a checkpoint, then %1 in %2.',
-      what,
-      countdown
-    );
+    // Due already (a running cell interrupted as announced): the stop follows the save.
+    toast =
+      cull === null || cull <= options.now
+        ? trans.__('GPU idle: saving a checkpoint, then %1.', what)
+        : trans.__(
+            'GPU idle: saving a checkpoint, then %1 in %2.',
+            what,
+            countdown
+          );
   } else if (cull === null) {
     toast = trans.__('GPU idle: %1 soon unless you extend.', what);
   } else if (cull <= options.now) {

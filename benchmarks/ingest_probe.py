@@ -1,0 +1,65 @@
+"""What holds the service's event loop while ``benchmarks.ingest --probe`` measures: the service
+as ``python -m jupyter_gpu_gov.hub`` runs it, with every event-loop callback that runs longer
+than ``SLOW_MS`` and every garbage collection timed and written, one JSON line each, to
+``$BENCH_INGEST_PROBE`` (wall-clock time, milliseconds, what it was). The benchmark reads them
+back per phase. A report waits for whatever callback runs when it arrives: these are the p99.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import sys
+import time
+
+PROBE_ENV = "BENCH_INGEST_PROBE"
+SLOW_MS = 20.0
+
+
+def _what(handle: asyncio.Handle) -> str:
+    callback = getattr(handle, "_callback", None)
+    task = getattr(callback, "__self__", None)
+    if isinstance(task, asyncio.Task):  # a coroutine's step: name the coroutine
+        coro = task.get_coro()
+        return f"task {getattr(coro, '__qualname__', coro)}"
+    return getattr(callback, "__qualname__", repr(callback))[:120]
+
+
+def install(path: str) -> None:
+    out = open(path, "a", buffering=1)  # noqa: SIM115 (open for the process's life)
+    run = asyncio.events.Handle._run
+
+    def timed(handle: asyncio.Handle) -> None:
+        started = time.perf_counter()
+        run(handle)
+        ms = 1000 * (time.perf_counter() - started)
+        if ms >= SLOW_MS:
+            out.write(json.dumps({"at": time.time(), "ms": ms, "what": _what(handle)}) + "\n")
+
+    asyncio.events.Handle._run = timed
+    collecting: dict = {}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            collecting["at"] = time.perf_counter()
+        elif "at" in collecting:
+            ms = 1000 * (time.perf_counter() - collecting.pop("at"))
+            if ms >= 1.0 or info["generation"] == 2:
+                what = f"gc generation {info['generation']} collected {info['collected']}"
+                out.write(json.dumps({"at": time.time(), "ms": ms, "what": what}) + "\n")
+
+    gc.callbacks.append(on_gc)
+
+
+def main() -> None:
+    install(os.environ[PROBE_ENV])
+    from jupyter_gpu_gov.hub.app import main as service
+
+    sys.argv = ["jupyter_gpu_gov.hub", *sys.argv[1:]]
+    service()
+
+
+if __name__ == "__main__":
+    main()
