@@ -92,8 +92,10 @@ time.sleep(600)
 """
 # Quiet past 2 s, read as busy_grace (5 s), then a 6 s notice (cull_after - warn_after; the
 # idle clock's own warning comes no sooner than 50 s, after this test's cell was interrupted).
+# After the interrupt's checkpoint the idle rules start over (``after_interrupt: warn``; the
+# default stops the server then, as its warning says).
 QUIET = {"name": "quiet", "match": {"users": ["quiet"]}, "quiet_cell_limit": "2s"}
-QUIET |= {"warn_after": "50s", "cull_after": "56s"}
+QUIET |= {"warn_after": "50s", "cull_after": "56s", "after_interrupt": "warn"}
 # quiet's server reads its kernels' CPU over 4 s instead of a minute: its kernel's start-up
 # leaves the window in seconds.
 QUIET_WINDOW = """
@@ -272,9 +274,10 @@ def test_a_quiet_cell_is_warned_then_interrupted_and_checkpointed_not_stopped(hu
         # Quiet (the sampler's 4 s window), then past the quiet-cell limit (5 s): warned, in
         # the quiet cell's words, of an interrupt and a checkpoint, not of a stop.
         verdict = verdict_when(gov, "quiet", "warned", 60)
-        assert "whose kernel has done nothing" in verdict["reason"], verdict
+        assert "its kernel doing nothing (no CPU, no I/O" in verdict["reason"], verdict
         assert "past the quiet-cell limit of 5s" in verdict["reason"], verdict
         assert "the cell interrupted and checkpointed at" in verdict["reason"], verdict
+        assert "stopped" not in verdict["reason"], verdict
         # After the notice the cell is interrupted (the tab sees its KeyboardInterrupt); the
         # kernel and what the notebook computed stay.
         error = next_output(tab, 60)
