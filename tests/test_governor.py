@@ -827,14 +827,14 @@ def test_the_policy_view_shows_the_cause_matched_limits():
         policy_view(default)["after_interrupt"],
         policy_view(default)["checkpoint_broken_after"],
     ) == (
-        "cull",
+        "warn",
         None,  # opt-in
     )
-    (other,) = load_policies([], {"after_interrupt": "warn", "checkpoint_broken_after": 2})
+    (other,) = load_policies([], {"after_interrupt": "cull", "checkpoint_broken_after": 2})
     assert (
         policy_view(other)["after_interrupt"],
         policy_view(other)["checkpoint_broken_after"],
     ) == (
-        "warn",
+        "cull",
         2,
     )

@@ -257,10 +257,10 @@ def run_sleep_loop(policy, on_checkpoint="done", owner_back=None, minutes=200):
 
 
 def test_the_busy_limit_warns_then_interrupts_and_checkpoints_then_culls_as_announced():
-    """after_interrupt "cull" (the default): the warning says the cell is interrupted and
+    """after_interrupt "cull" (opt-in): the warning says the cell is interrupted and
     checkpointed, then the server stopped; once the interrupt's checkpoint is saved, the
     server is culled at once: no second warning, no second checkpoint."""
-    limited = replace(POLICY, busy_limit=timedelta(hours=2))
+    limited = replace(POLICY, busy_limit=timedelta(hours=2), after_interrupt="cull")
     seen, decision = run_sleep_loop(limited)
     assert seen == [
         (20, "busy-notice", "busy"),
@@ -289,9 +289,11 @@ def test_the_busy_limit_warns_then_interrupts_and_checkpoints_then_culls_as_anno
 
 
 def test_after_interrupt_warn_the_idle_rules_start_over_as_they_do_when_nobody_was_told():
-    """after_interrupt "warn"; and, whatever the key, an owner back since the warning, or a
-    checkpoint that failed: the idle rules warn with their own notice and checkpoint again."""
-    warn = replace(POLICY, busy_limit=timedelta(hours=2), after_interrupt="warn")
+    """after_interrupt "warn" (the default: the interrupt keeps the kernel and its state); and,
+    whatever the key, an owner back since the warning, or a checkpoint that failed: the idle
+    rules warn with their own notice and checkpoint again."""
+    warn = replace(POLICY, busy_limit=timedelta(hours=2))
+    assert warn.after_interrupt == "warn"
     seen, decision = run_sleep_loop(warn)
     assert seen[3:] == [
         (150, "checkpoint", "checkpointing"),

@@ -174,37 +174,40 @@ def test_a_long_cpu_stage_is_not_culled_and_gets_a_notice():
 
 def test_a_cell_that_never_ends_is_interrupted_at_the_busy_limit():
     # `while True: time.sleep(60)`: notice at 2 h, warning at 8 h, interrupt and checkpoint
-    # at 8 h 30 min; once the checkpoint is saved the server is culled, as the warning said
-    # (after_interrupt "cull"); with "warn", the idle rules cull after their own notice.
+    # at 8 h 30 min; the kernel and its state stay, and the idle rules cull after their own
+    # notice (after_interrupt "warn", the default). With "cull" the server is culled once the
+    # checkpoint is saved, as the warning then says.
     actions = list(replay(parse_lines(cell_rows(24, hours=12)), policies_from_config(None)))
     assert [(a.t, a.action) for a in actions] == [
         (7200, "notice"),
         (28800, "warn"),
         (30600, "interrupt"),
         (30600, "checkpoint"),
-        (31200, "cull"),
-    ]
-    assert "the cell interrupted and checkpointed, then the server stopped" in actions[1].reason
-    warn = load_policies([], {"after_interrupt": "warn"})
-    actions = list(replay(parse_lines(cell_rows(24, hours=12)), warn))
-    assert [(a.t, a.action) for a in actions][4:] == [
         (31200, "warn"),
         (33000, "checkpoint"),
         (33600, "cull"),
     ]
+    assert "the cell interrupted and checkpointed at" in actions[1].reason
+    cull = load_policies([], {"after_interrupt": "cull"})
+    actions = list(replay(parse_lines(cell_rows(24, hours=12)), cull))
+    assert [(a.t, a.action) for a in actions][4:] == [(31200, "cull")]
+    assert "the cell interrupted and checkpointed, then the server stopped" in actions[1].reason
 
 
 def test_a_quiet_cell_is_interrupted_at_its_own_limit_a_cpu_stage_is_not():
     # `while not done(): time.sleep(60)`, its kernel at 0.2 % of a core: warned at
-    # quiet_cell_limit (2 h), interrupted and checkpointed after the notice, then culled. A
-    # CPU stage (two cores) of the same length only gets the notice.
+    # quiet_cell_limit (2 h), interrupted and checkpointed after the notice, then culled by
+    # the idle rules after their own notice. A CPU stage (two cores) of the same length only
+    # gets the notice.
     policies = policies_from_config(None)
     actions = list(replay(parse_lines(cell_rows(24, hours=6, cpu=0.002)), policies))
     assert [(a.t, a.action) for a in actions] == [
         (7200, "warn"),
         (9000, "interrupt"),
         (9000, "checkpoint"),
-        (9600, "cull"),  # its checkpoint saved, as the warning said
+        (9600, "warn"),  # the kernel kept: the idle rules' own notice
+        (11400, "checkpoint"),
+        (12000, "cull"),
     ]
     assert "the quiet-cell limit of 2h" in actions[0].reason
     actions = list(replay(parse_lines(cell_rows(24, hours=6, cpu=2.0)), policies))

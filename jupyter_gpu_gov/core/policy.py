@@ -139,7 +139,7 @@ class Policy:
     # since the warning went out; the GPU has been idle for the limit and the notice, and the
     # state the cell left is saved. ``warn``: the idle rules start over with a warning and
     # notice of their own, then a second checkpoint. A failed checkpoint always takes ``warn``.
-    after_interrupt: str = "cull"
+    after_interrupt: str = "warn"
     # A running cell whose kernel does nothing — no CPU, no I/O wait, no reads over the report's
     # window: a ``time.sleep``/poll loop, an ``input()`` — is held this long from when it went
     # quiet (and its GPU idle), then warned and, after the notice, acted on as at busy_limit.
