@@ -92,10 +92,9 @@ time.sleep(600)
 """
 # Quiet past 2 s, read as busy_grace (5 s), then a 6 s notice (cull_after - warn_after; the
 # idle clock's own warning comes no sooner than 50 s, after this test's cell was interrupted).
-# After the interrupt's checkpoint the idle rules start over (``after_interrupt: warn``; the
-# default stops the server then, as its warning says).
+# After the interrupt's checkpoint the idle rules start over (``after_interrupt``'s default).
 QUIET = {"name": "quiet", "match": {"users": ["quiet"]}, "quiet_cell_limit": "2s"}
-QUIET |= {"warn_after": "50s", "cull_after": "56s", "after_interrupt": "warn"}
+QUIET |= {"warn_after": "50s", "cull_after": "56s"}
 # quiet's server reads its kernels' CPU over 4 s instead of a minute: its kernel's start-up
 # leaves the window in seconds.
 QUIET_WINDOW = """
