@@ -645,6 +645,31 @@ async def test_no_answer_in_time_is_a_failed_checkpoint_and_a_late_one_is_droppe
     assert listed["status"] == "failed" and listed["errors"] == ["no answer within 5m"]
 
 
+async def test_a_cells_limit_rides_on_the_verdict_as_an_interrupt_not_a_stop(
+    tmp_path, restore_clock
+):
+    """The default policy interrupts and checkpoints a cell past busy_limit and keeps the
+    server: the verdict JupyterLab words its warning from says so, pass after pass."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies(
+            [], {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
+        )
+        started = clock.utcnow()
+        for step in (0, 31 * 60, 60):
+            clock.advance(step)
+            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+            report["window"]["gpu_idle_since"] = clock.isoformat(started)
+            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(started))
+            gov.ingest(report)
+            await gov.reconcile()
+    verdict = gov.verdict("alice/")
+    assert (verdict["state"], verdict["at_deadline"]) == ("warned", "interrupt")
+    assert verdict["cull_at"] is not None
+    assert "the cell interrupted and checkpointed at" in verdict["reason"]
+
+
 def test_only_a_result_of_the_current_request_answers_it():
     asked = clock.utcnow()
     pending = Record(checkpoint_status="requested", checkpoint_requested_at=asked)
