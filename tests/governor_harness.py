@@ -17,6 +17,8 @@ import requests
 import websocket
 from hub_harness import MARKER_ENV, HubHarness
 
+from jupyter_gpu_gov.core.clock import parse
+
 GOVERNOR_CONFIG = """
 c = get_config()  # noqa: F821
 c.GpuGovernor.db_url = "sqlite:///{db}"
@@ -144,6 +146,32 @@ class Gov:
         r = self.admin("GET", f"users/{user}/server")
         assert r.status_code == 200, r.text
         return r.json()["verdict"]
+
+    def passes(self) -> int:
+        """How many passes the governor has finished (its metrics)."""
+        r = self.hub.get(
+            f"{self.hub.url.rstrip('/')}/services/gpu-gov/metrics", token=self.hub.token("govadmin")
+        )
+        assert r.status_code == 200, r.text
+        found = re.search(r"^jupyter_gpu_gov_reconcile_duration_seconds_count (\S+)$", r.text, re.M)
+        assert found, "no pass count in the governor's metrics"
+        return int(float(found[1]))
+
+    def judged_after(self, user: str, seconds: float, timeout: float = 90) -> None:
+        """Wait until the governor has judged ``user``'s server on a report made ``seconds``
+        after this call: that report on record, then two passes over it. A test that asserts
+        something did not happen has thereby given it its chance, on a machine however
+        loaded, and waits no longer than that on an idle one."""
+        since = time.time() + seconds
+
+        def reported() -> bool:
+            r = self.admin("GET", f"users/{user}/server")
+            gpu = r.status_code == 200 and r.json().get("gpu")
+            return bool(gpu) and parse(gpu["reported_at"]).timestamp() >= since
+
+        wait(reported, seconds + timeout, f"a report of {user}'s made {seconds:g} s from now")
+        passes = self.passes()
+        wait(lambda: self.passes() >= passes + 2, timeout, "two passes over that report")
 
     def wait_up(self, timeout: float = 60) -> None:
         wait(lambda: self.admin("GET", "").status_code == 200, timeout, "the governor to answer")

@@ -3,15 +3,17 @@ deploys them (``add_gpu_profiles(c, spawner="simple")`` hands out simulated H100
 governor's right-sizing knows the tiers through configuration), real servers and kernels.
 Timers are seconds instead of hours (the policies are the same code).
 
-cpu  a cell runs on the CPU while its kernel holds the GPU idle: past busy_grace a notice
-     names it, it is listed busy, Extend works, and it is not culled
-gil  a checkpoint hook that always raises does not hold back the maximum age: one retry, then
-     the cull, and one warning (gil's server starts with the module: its clock runs while
-     the others' tests do)
-sam  a notebook on a small model on a whole card: the governor names the MIG slice it fits,
-     in the admin list, on the dashboard and in JupyterLab's GPU panel (Debian's chromium);
-     its GPU at work, it is told of its maximum age (announced from the start) in JupyterLab's
-     notification, not only in the panel
+cpu    a cell runs on the CPU while its kernel holds the GPU idle: past busy_grace a notice
+       names it, it is listed busy, Extend works, and it is not culled
+quiet  a cell sleeps (no CPU, no I/O) while its kernel holds the GPU idle: past the quiet-cell
+       limit it is warned in those words, then interrupted and checkpointed; the server stays
+gil    a checkpoint hook that always raises does not hold back the maximum age: one retry, then
+       the cull, and one warning (gil's server starts with the module: its clock runs while
+       the others' tests do)
+sam    a notebook on a small model on a whole card: the governor names the MIG slice it fits,
+       in the admin list, on the dashboard and in JupyterLab's GPU panel (Debian's chromium);
+       its GPU at work, it is told of its maximum age (announced from the start) in
+       JupyterLab's notification, not only in the panel
 """
 
 from __future__ import annotations
@@ -39,20 +41,20 @@ pytestmark = pytest.mark.timeout(420)
 CHROMIUM = Path("/usr/bin/chromium")
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559}
-DEVICES = [H100, H100, H100]
+DEVICES = [H100] * 4
 TIERS = [
     {"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"},
     {"name": "h100-3g", "display_name": "Half an H100", "gpu": "H100-80GB", "mig": "3g.40gb"},
     {"name": "h100-1g", "display_name": "Small H100 slice", "gpu": "H100-80GB", "mig": "1g.10gb"},
 ]
-USERS = ("cpu", "gil", "sam")
+USERS = ("cpu", "quiet", "gil", "sam")
 PROFILES = f"""
     from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
     c.LocalGpus.backend = "simulated"
     c.LocalGpus.simulated_devices = {DEVICES!r}
     c.LocalGpus.sim_state_path = HARNESS_ENV["JUPYTER_GPU_GOV_SIM_STATE"]
     c.GpuProfiles.tiers = {TIERS!r}
-    c.GpuProfiles.quotas = {{"lab": {{"guaranteed": {{"h100": 3}}, "tiers": "*"}}}}
+    c.GpuProfiles.quotas = {{"lab": {{"guaranteed": {{"h100": {len(DEVICES)}}}, "tiers": "*"}}}}
     c.GpuProfiles.team_map = {dict.fromkeys(USERS, "lab")!r}
     add_gpu_profiles(c, spawner="simple")
 """
@@ -80,6 +82,26 @@ while time.monotonic() < end:
     sum(range(200_000))
     time.sleep(0.02)
 """
+# A cell waiting on something that never comes: its kernel does nothing, the GPU held idle.
+QUIET_CELL = """
+from jupyter_gpu_gov import simulate
+import time
+simulate.hold(2048)
+x = 41
+time.sleep(600)
+"""
+# Quiet past 2 s, read as busy_grace (5 s), then a 6 s notice (cull_after - warn_after; the
+# idle clock's own warning comes no sooner than 50 s, after this test's cell was interrupted).
+# After the interrupt's checkpoint the idle rules start over (``after_interrupt``'s default).
+QUIET = {"name": "quiet", "match": {"users": ["quiet"]}, "quiet_cell_limit": "2s"}
+QUIET |= {"warn_after": "50s", "cull_after": "56s"}
+# quiet's server reads its kernels' CPU over 4 s instead of a minute: its kernel's start-up
+# leaves the window in seconds.
+QUIET_WINDOW = """
+import os
+if os.environ.get("JUPYTERHUB_USER") == "quiet":
+    c.GpuGovApp.window_seconds = 4
+"""
 FAILING_HOOK = """
 from jupyter_gpu_gov import checkpoint, simulate
 
@@ -102,10 +124,10 @@ def hub(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("cause")
     with governed_hub(
         workdir,
-        extra_policies=[MAX_AGE, SAM_DEADLINE],
+        extra_policies=[MAX_AGE, SAM_DEADLINE, QUIET],
         governor_config=GOVERNOR,
         hub_config=PROFILES,
-        singleuser_config=f"c.GpuGovApp.simulated_devices = {DEVICES!r}\n",
+        singleuser_config=f"c.GpuGovApp.simulated_devices = {DEVICES!r}\n" + QUIET_WINDOW,
         timeout=180,
     ) as hub:
         hub.create_user("govadmin")
@@ -136,13 +158,26 @@ def run_in_background(hub: HubHarness, user: str, code: str) -> websocket.WebSoc
     ws = websocket.create_connection(
         "ws" + url[len("http") :], header=[f"Authorization: token {hub.token(user)}"], timeout=30
     )
+    execute(ws, user, code)
+    return ws
+
+
+def execute(ws: websocket.WebSocket, user: str, code: str) -> str:
+    """Send ``code`` to run on a tab's kernel, as JupyterLab does; its message id."""
     header = {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": user}
     header |= {"session": uuid.uuid4().hex, "version": "5.3"}
     content = {"code": code, "silent": False, "store_history": False}
     content |= {"user_expressions": {}, "allow_stdin": False}
     msg = {"header": header, "parent_header": {}, "metadata": {}, "channel": "shell"}
     ws.send(json.dumps(msg | {"content": content}))
-    return ws
+    return header["msg_id"]
+
+
+def verdict_when(gov: Gov, user: str, state: str, timeout: float) -> dict:
+    """``user``'s verdict once it is in ``state``."""
+    return wait(
+        lambda: (v := gov.verdict(user))["state"] == state and v, timeout, f"{user} to be {state}"
+    )
 
 
 def actions(gov: Gov, user: str) -> list[str]:
@@ -165,9 +200,7 @@ def test_a_cell_running_on_the_cpu_is_notified_listed_busy_and_not_culled(hub, g
     tab = run_in_background(hub, "cpu", RUNNING_CELL)
     try:
         # Past busy_grace (5 s of GPU idleness under a running cell): a notice, not a cull.
-        verdict = wait(
-            lambda: (v := gov.verdict("cpu"))["state"] == "busy" and v, 40, "cpu to be busy"
-        )
+        verdict = verdict_when(gov, "cpu", "busy", 40)
         assert "a kernel is executing a cell" in verdict["reason"]
         assert "press Extend" in verdict["reason"] and "busy limit" in verdict["reason"]
         # The owner's own server hears it too (the status JupyterLab's panel shows).
@@ -188,7 +221,7 @@ def test_a_cell_running_on_the_cpu_is_notified_listed_busy_and_not_culled(hub, g
             timeout=30,
         )
         assert r.status_code == 200 and r.json()["status"] == "granted", r.text
-        time.sleep(12)  # past cull_after (7 s) and busy_grace: still running, still busy
+        gov.judged_after("cpu", 8)  # past cull_after (7 s) and busy_grace: still running, busy
         assert server_running(hub, "cpu") and gov.verdict("cpu")["state"] == "busy"
     finally:
         tab.close()
@@ -198,6 +231,71 @@ def test_a_cell_running_on_the_cpu_is_notified_listed_busy_and_not_culled(hub, g
     assert done.count("busy-notice") == 1, done  # one notice for the stage, not every pass
     since = done[done.index("busy-notice") :]
     assert not {"warn", "checkpoint", "cull"} & set(since), done
+
+
+def next_output(tab: websocket.WebSocket, timeout: float) -> dict:
+    """The next error or stream output the tab's kernel sends (its IOPub)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = json.loads(tab.recv())
+        if msg.get("msg_type") in ("error", "stream"):
+            return msg["content"]
+    raise AssertionError(f"no output on the tab within {timeout:g} s")
+
+
+def printed(tab: websocket.WebSocket, user: str, code: str, timeout: float) -> str:
+    """What ``code`` prints on the tab's kernel, sent again while the kernel aborts requests
+    (as it does for a moment after a cell ends in an error)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sent = execute(tab, user, code)
+        text, status, idle = "", None, False
+        while status is None or not idle:  # the reply (shell) and all output (IOPub)
+            msg = json.loads(tab.recv())
+            if msg["parent_header"].get("msg_id") != sent:
+                continue
+            if msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
+            elif msg["msg_type"] == "execute_reply":
+                status = msg["content"]["status"]
+            elif msg["msg_type"] == "status":
+                idle = msg["content"]["execution_state"] == "idle"
+        if status != "aborted":
+            assert status == "ok", status
+            return text
+    raise AssertionError(f"{code!r} did not run within {timeout:g} s")
+
+
+def test_a_quiet_cell_is_warned_then_interrupted_and_checkpointed_not_stopped(hub, gov):
+    spawn(hub, "quiet")
+    tab = run_in_background(hub, "quiet", QUIET_CELL)
+    try:
+        # Quiet (the sampler's 4 s window), then past the quiet-cell limit (5 s): warned, in
+        # the quiet cell's words, of an interrupt and a checkpoint, not of a stop.
+        verdict = verdict_when(gov, "quiet", "warned", 60)
+        assert "its kernel doing nothing (no CPU, no I/O" in verdict["reason"], verdict
+        assert "past the quiet-cell limit of 5s" in verdict["reason"], verdict
+        assert "the cell interrupted and checkpointed at" in verdict["reason"], verdict
+        assert "stopped" not in verdict["reason"], verdict
+        # After the notice the cell is interrupted (the tab sees its KeyboardInterrupt); the
+        # kernel and what the notebook computed stay.
+        error = next_output(tab, 60)
+        assert error.get("ename") == "KeyboardInterrupt", error
+        assert printed(tab, "quiet", "print(x + 1)", 30) == "42\n"
+
+        def saved():
+            rows = [a["action"] for a in gov.audit("quiet/") if a["action"] != "state"]
+            return "checkpoint-done" in rows and rows
+
+        audit = wait(saved, 60, "quiet's checkpoint to be saved")
+    finally:
+        tab.close()
+    warned = audit.index("warn")
+    assert {"checkpoint", "cull"}.isdisjoint(audit[:warned]), audit
+    assert audit[warned : warned + 4] == ["warn", "interrupt", "checkpoint", "checkpoint-done"]
+    # Then the server idles, nobody there: the idle rules take over, with a warning of their
+    # own before any stop.
+    assert audit[warned + 4 : warned + 5] in ([], ["warn"]), audit
 
 
 def test_a_failing_hook_does_not_hold_back_the_maximum_age(hub, gov, gil_started):

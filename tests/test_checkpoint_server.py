@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -54,7 +56,8 @@ class Kernel:
 
     def __init__(self, serverapp, kernel_id: str, notebook: str):
         self.id, self.notebook = kernel_id, notebook
-        self.client = serverapp.kernel_manager.get_kernel(kernel_id).client()
+        self.managed = serverapp.kernel_manager.get_kernel(kernel_id)
+        self.client = self.managed.client()
 
     async def run(self, code: str, timeout: float = 60) -> str:
         outputs: list[str] = []
@@ -67,6 +70,14 @@ class Kernel:
 
         reply = await self.client.execute_interactive(code, output_hook=collect, timeout=timeout)
         assert reply["content"]["status"] == "ok", "".join(outputs)
+        # The reply can reach us before the cell's idle status reaches Jupyter Server: until it
+        # does, the server still shows this finished cell busy (and would take the next cell's
+        # busy for it).
+        for _ in range(200):
+            if self.managed.execution_state == "idle":
+                break
+            await asyncio.sleep(0.05)
+        assert self.managed.execution_state == "idle"
         return "".join(outputs)
 
 
@@ -198,7 +209,11 @@ async def test_hooks_saved_then_restored_equal_after_a_server_restart(
 
     # A server restart: this server goes away, a new one starts on the same root and
     # checkpoint directory, and the notebook gets a new kernel.
-    kernel.client.stop_channels()
+    # Every client of ours goes first: they share the kernel manager's ZMQ context, and a
+    # client still running when it is destroyed keeps a heartbeat thread on a dead context
+    # (ZMQ errors, "Too many open files", on a later socket).
+    for client in (kernel.client, other.client):
+        client.stop_channels()
     await jp_serverapp._cleanup()
     jp_serverapp.kernel_manager.context.destroy()
     type(jp_serverapp).clear_instance()
@@ -395,6 +410,18 @@ async def test_kernels_without_hooks_or_gpu(jp_fetch, notebook_kernel):
         "imported.ipynb",
         "cpu.ipynb",
     }
+
+    # Each checkpoint opens a client per GPU kernel (sockets, a heartbeat thread) and closes it:
+    # a server checkpointed again and again holds no more of them than after the first.
+    def held() -> tuple[int, int]:
+        beating = [t for t in threading.enumerate() if type(t).__name__ == "HBChannel"]
+        return len(os.listdir("/proc/self/fd")), len(beating)
+
+    fds, heartbeats = held()
+    assert heartbeats == 3  # this test's own clients
+    for _ in range(6):
+        assert (await checkpoint(jp_fetch, reason="again"))["status"] == "done"
+    assert held()[0] <= fds + 2 and held()[1] == heartbeats, (held(), fds)
 
 
 async def test_the_checkpoint_is_not_taken_for_the_owner_at_work(

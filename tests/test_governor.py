@@ -28,8 +28,8 @@ from jupyter_gpu_gov.hub.idle_culler_args import normalise_argv
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import MIGRATIONS, SCHEMA_VERSION, Store
-from jupyter_gpu_gov.hub.tables import MetaRow, ServerRow, record_of, set_record
-from jupyter_gpu_gov.hub.views import policy_view, row_view
+from jupyter_gpu_gov.hub.tables import MetaRow, ServerRow, apply_decision, record_of, set_record
+from jupyter_gpu_gov.hub.views import policy_view, row_view, verdict_of
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed
 T4_BUSY_GPU = "GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"
@@ -359,6 +359,12 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
     again.hook_failures = 2  # schema 4
     migrated.save_servers([again])
     assert Store(url).server("alice/").hook_failures == 2
+    # Schema 5: what comes at cull_at rides from the decision, through the row, to the verdict.
+    warned = policy_module.Decision(Record(state="warned"), cull_at=now, at_deadline="interrupt")
+    apply_decision(again, warned, "default")
+    migrated.save_servers([again])
+    verdict = verdict_of(Store(url).server("alice/"), policy_module.Policy(name="default"))
+    assert verdict.at_deadline == "interrupt"
     with migrated.session() as session:
         assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION)
 
@@ -637,6 +643,31 @@ async def test_no_answer_in_time_is_a_failed_checkpoint_and_a_late_one_is_droppe
     assert failed.details["status"] == "timeout"
     listed = row_view(gov.row("alice/"), None)["checkpoint"]
     assert listed["status"] == "failed" and listed["errors"] == ["no answer within 5m"]
+
+
+async def test_a_cells_limit_rides_on_the_verdict_as_an_interrupt_not_a_stop(
+    tmp_path, restore_clock
+):
+    """The default policy interrupts and checkpoints a cell past busy_limit and keeps the
+    server: the verdict JupyterLab words its warning from says so, pass after pass."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies(
+            [], {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
+        )
+        started = clock.utcnow()
+        for step in (0, 31 * 60, 60):
+            clock.advance(step)
+            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+            report["window"]["gpu_idle_since"] = clock.isoformat(started)
+            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(started))
+            gov.ingest(report)
+            await gov.reconcile()
+    verdict = gov.verdict("alice/")
+    assert (verdict["state"], verdict["at_deadline"]) == ("warned", "interrupt")
+    assert verdict["cull_at"] is not None
+    assert "the cell interrupted and checkpointed at" in verdict["reason"]
 
 
 def test_only_a_result_of_the_current_request_answers_it():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from datetime import timedelta
 
 import pytest
@@ -97,7 +96,9 @@ def test_silent_training_loop_is_never_warned(hub, gov):
     )
     tab.close()  # the researcher closed the tab; the kernel is idle in Jupyter's eyes
     wait(lambda: gov.verdict("bob")["state"] == "active", 30, "bob's GPU work to be seen")
-    time.sleep(12)  # longer than cull_after (7 s)
+    # Judged on a report made past cull_after (7 s) from here: an idle reading would have
+    # been warned (3 s) and checkpointed by then.
+    gov.judged_after("bob", 8)
 
     verdict = gov.verdict("bob")
     assert verdict["state"] == "active" and "GPU active" in verdict["reason"]

@@ -315,7 +315,11 @@ def run_story(
     # --- the warning survives a page reload, once ----------------------------------------------
     page.reload()
     warning.first.wait_for(timeout=SLOW)
-    time.sleep(3)  # a poll comes in after the restored warning: it must not add a second one
+    # Two polls come in after the restored warning (the first one handled by the time the
+    # second arrives): neither may add a second warning.
+    for _ in range(2):
+        with page.expect_response(lambda r: "/jupyter-gpu-gov/status" in r.url, timeout=SLOW):
+            pass
     assert warning.count() == 1, f"{warning.count()} warnings after a reload"
     reloaded_left, reloaded_deadline = countdown_seconds(message.first.inner_text())
     # A reload reconnects the kernel, which is the owner back at the notebook: the deadline

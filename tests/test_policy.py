@@ -317,6 +317,33 @@ def test_after_interrupt_warn_the_idle_rules_start_over_as_they_do_when_nobody_w
     assert decision.cull_reason == "gpu-idle"
 
 
+def test_the_verdict_says_a_cells_limit_interrupts_it_where_an_idle_warning_culls():
+    """JupyterLab words the deadline from the verdict: with the default policy a cell's limit
+    interrupts and checkpoints it and keeps the server (at_deadline "interrupt"), from the
+    notice through the interrupt; an idle warning, after_interrupt "cull" and an earlier hard
+    deadline are culls (null)."""
+    limited = replace(POLICY, busy_limit=timedelta(hours=2))
+    assert (limited.on_busy_limit, limited.after_interrupt) == ("interrupt", "warn")
+
+    def at_deadline(policy, minute, record=None, view=None):
+        view = view or busy_view(T0)
+        decision = p.decide(view, record or p.Record(idle_since=T0), policy, T0 + minute * MIN)
+        return decision.state, p.verdict(decision, policy).to_json()["at_deadline"]
+
+    assert at_deadline(limited, 21) == ("busy", "interrupt")
+    assert at_deadline(limited, 121) == ("warned", "interrupt")
+    warned = p.Record(idle_since=T0, warned_at=T0 + 120 * MIN)
+    assert at_deadline(limited, 150, warned) == ("checkpointing", "interrupt")
+    _, waiting = run_sleep_loop(limited, on_checkpoint="requested", minutes=153)
+    assert waiting.state == "checkpointing" and waiting.at_deadline == "interrupt"
+    assert at_deadline(limited, 31, view=idle_view()) == ("warned", None)
+    assert at_deadline(replace(limited, after_interrupt="cull"), 121) == ("warned", None)
+    assert at_deadline(replace(limited, on_busy_limit="cull"), 121) == ("warned", None)
+    # A maximum age due before the interrupt: the cull comes first.
+    capped = replace(limited, max_age=timedelta(minutes=140))
+    assert at_deadline(capped, 121) == ("warned", None)
+
+
 def test_a_cell_the_interrupt_does_not_stop_is_culled_after_another_notice():
     limited = replace(POLICY, busy_limit=timedelta(hours=2))
     actions, last = run(busy_view(T0), limited, minutes=190, on_checkpoint="done")

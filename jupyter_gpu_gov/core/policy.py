@@ -530,6 +530,9 @@ class Decision:
     # The hard deadline that sets ``cull_at``, in words once announced (its reason says it
     # too): whatever replaces this decision's state and reason keeps both.
     deadline_notice: str | None = None
+    # What comes at ``cull_at`` when it is not a cull (the verdict's ``at_deadline``): INTERRUPT,
+    # a running cell's limit that interrupts it and keeps the server (after_interrupt: warn).
+    at_deadline: str | None = None
 
     @property
     def state(self) -> str:
@@ -674,7 +677,9 @@ def _with_hard_deadline(decision: Decision, deadline: _Deadline, now: datetime) 
         words = deadline.notice()
         reason = f"{reason}; {words}"
     record = evolve(decision.record, reason=reason)
-    return evolve(decision, record=record, cull_at=deadline.at, deadline_notice=words)
+    return evolve(
+        decision, record=record, cull_at=deadline.at, deadline_notice=words, at_deadline=None
+    )
 
 
 def keep_hard_deadline(replacement: Decision, decided: Decision) -> Decision:
@@ -690,6 +695,7 @@ def keep_hard_deadline(replacement: Decision, decided: Decision) -> Decision:
         record=record,
         cull_at=decided.cull_at,
         deadline_notice=decided.deadline_notice,
+        at_deadline=decided.at_deadline,
     )
 
 
@@ -866,7 +872,10 @@ def _decide_on_activity(
             then = policy.after_interrupt == "cull"
             due, reason = (record.interrupted_at, BUSY_LIMIT) if then else (None, None)
             record = evolve(record, state=CHECKPOINTING, reason=why)
-            return Decision(record, tuple(actions), record.warned_at, due, reason)
+            at_deadline = None if then else INTERRUPT
+            return Decision(
+                record, tuple(actions), record.warned_at, due, reason, at_deadline=at_deadline
+            )
         record = _hook_answered(record, status)
         warned = record.warned_at
         if (
@@ -1054,6 +1063,10 @@ def _decide_running(
     grace_end = cell.since + policy.busy_grace
     interruptible = view.checkpointable
     interrupt = interruptible and policy.on_busy_limit == "interrupt"
+    interrupted = record.interrupted_at is not None and record.interrupted_at >= cell.since
+    # The deadline interrupts the cell and keeps the server, unless a cull follows it.
+    keeps = interrupt and not interrupted and policy.after_interrupt != "cull"
+    at_deadline = INTERRUPT if keeps else None
     outcome = _cull_words(policy)
     if interrupt:
         # What after_interrupt does once the checkpoint is saved, said before it happens.
@@ -1068,7 +1081,7 @@ def _decide_running(
     if now < limit and record.warned_at is None:
         if now < grace_end:
             record = evolve(record, state=IDLE, reason=running)
-            return Decision(record, tuple(actions), grace_end, act_at)
+            return Decision(record, tuple(actions), grace_end, act_at, at_deadline=at_deadline)
         if record.busy_noticed_at is None or record.busy_noticed_at < cell.since:
             actions.append(BUSY_NOTICE)
             record = evolve(record, busy_noticed_at=now)
@@ -1076,7 +1089,8 @@ def _decide_running(
             f"{running}: if it will use the GPU again, press Extend; if not, stop it and give "
             f"the GPU back. {outcome.capitalize()} at {_at(act_at)} ({name}) unless extended"
         )
-        return Decision(evolve(record, state=BUSY, reason=why), tuple(actions), grace_end, act_at)
+        record = evolve(record, state=BUSY, reason=why)
+        return Decision(record, tuple(actions), grace_end, act_at, at_deadline=at_deadline)
 
     if record.warned_at is None:
         actions.append(WARN)
@@ -1084,13 +1098,13 @@ def _decide_running(
         act_at = max(act_at, now + policy.notice)
     if now < act_at:
         why = f"{running}, past {name}: {outcome} at {_at(act_at)} unless extended"
-        return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), limit, act_at)
+        record = evolve(record, state=WARNED, reason=why)
+        return Decision(record, tuple(actions), limit, act_at, at_deadline=at_deadline)
 
     why = (
         f"{cell.words} since {_at(cell.since)}{doing} with its GPU idle since {_at(idle_since)}: "
         f"past {name}"
     )
-    interrupted = record.interrupted_at is not None and record.interrupted_at >= cell.since
     first = ()
     if interruptible and not interrupted:
         first = (INTERRUPT,)  # the hooks of a checkpoint can run only once the cell stops
@@ -1106,7 +1120,8 @@ def _decide_running(
             # The checkpoint precedes a cull when after_interrupt says so: its request, and
             # the owner's "stopped because" at the next start, name the cull's reason.
             then = BUSY_LIMIT if policy.after_interrupt == "cull" else None
-            return Decision(record, (*actions, INTERRUPT, CHECKPOINT), limit, act_at, then)
+            acts = (*actions, INTERRUPT, CHECKPOINT)
+            return Decision(record, acts, limit, act_at, then, at_deadline=at_deadline)
     # The policy culls at the limit, the cell cannot be interrupted, or it ran on after the
     # interrupt: a hard deadline from now on.
     record = evolve(
@@ -1435,6 +1450,7 @@ def verdict(
         approval_pending=record.approval_pending,
         policy=policy.name,
         cull_action=policy.cull_action,
+        at_deadline=decision.at_deadline,
         checkpoint=CHECKPOINT_REQUESTED
         if record.checkpoint_status == CHECKPOINT_REQUESTED
         else "none",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .vocabulary import CHECKPOINT_REQUESTED, CULL_ACTIONS, STATES
+from .vocabulary import CHECKPOINT_REQUESTED, CULL_ACTIONS, INTERRUPT, STATES
 
 REPORT_FORMAT = 1  # the report's "schema"
 # Report bounds (a report comes from a process its user controls).
@@ -31,6 +31,7 @@ MAX_TEXT = 1024  # characters of a name, id or path
 MAX_ERROR = 4096  # characters of an error message
 CHECKPOINT_STATES = (CHECKPOINT_REQUESTED, "none")  # the verdict's "checkpoint"
 EXTENSION_REASONS = ("optional", "required")
+AT_DEADLINES = (INTERRUPT,)  # the verdict's "at_deadline": what comes at cull_at, if not a cull
 # How long the governor keeps a server's report connection open without a request (HTTP/1.1
 # keep-alive). A server whose reports come closer together keeps its connection between them; one
 # that reports less often (the default, 60 s) closes it after each answer: an idle connection
@@ -447,6 +448,13 @@ class Verdict(Wire):
     policy: str | None = spec("the policy that applies")
     cull_action: str | None = spec(
         "what a cull does (`stop-server` or `shutdown-kernels`)", enum=CULL_ACTIONS
+    )
+    at_deadline: str | None = spec(
+        "what comes at `cull_at` when it is not a cull: `interrupt` (a running cell's limit, "
+        "`on_busy_limit: interrupt` with `after_interrupt: warn`: the cell is interrupted and "
+        "a checkpoint saved, the server and kernel stay; while `checkpointing`, that interrupt "
+        "has happened and no stop follows); `null` when `cull_at` is a cull (`cull_action`)",
+        enum=AT_DEADLINES,
     )
     checkpoint: str = spec(
         "`requested` while the governor waits for a checkpoint, else `none`",

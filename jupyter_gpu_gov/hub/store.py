@@ -41,7 +41,7 @@ from .tables import (
     UsageSessionRow,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class StoreUnavailable(RuntimeError):
@@ -129,6 +129,7 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
     3: [f"ALTER TABLE servers ADD COLUMN quiet_since {_TIME}"],
     4: ["ALTER TABLE servers ADD COLUMN hook_failures INTEGER DEFAULT 0"],
+    5: ["ALTER TABLE servers ADD COLUMN at_deadline VARCHAR(32)"],
 }
 
 

@@ -87,6 +87,8 @@ class ServerRow(Base):
     warn_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     cull_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     cull_reason: Mapped[str | None] = mapped_column(String(32))
+    # Schema 5: what comes at cull_at when it is not a cull (the verdict's at_deadline).
+    at_deadline: Mapped[str | None] = mapped_column(String(32))
     checkpoint_manifest: Mapped[dict | None] = mapped_column(JSON)
     # It has sent GPU reports this session: until the next one arrives (after a service
     # restart) its GPU is unknown rather than "no extension".
@@ -197,6 +199,7 @@ def apply_decision(row: ServerRow, decision: Decision, policy_name: str) -> None
     set_record(row, decision.record)
     row.warn_at = decision.warn_at
     row.cull_at = decision.cull_at
+    row.at_deadline = decision.at_deadline
     row.cull_reason = decision.cull_reason or row.cull_reason
     row.policy = policy_name
 

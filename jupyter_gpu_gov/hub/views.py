@@ -90,7 +90,9 @@ def verdict_of(
     requests: dict | None = None,
     started_from_line: tuple[LineStart, ...] = (),
 ) -> Verdict:
-    decision = Decision(record_of(row), warn_at=row.warn_at, cull_at=row.cull_at)
+    decision = Decision(
+        record_of(row), warn_at=row.warn_at, cull_at=row.cull_at, at_deadline=row.at_deadline
+    )
     return policy.verdict(
         decision,
         server_policy,

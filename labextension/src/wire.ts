@@ -257,6 +257,13 @@ export interface IVerdict {
   policy?: string | null;
   /** what a cull does (`stop-server` or `shutdown-kernels`) */
   cull_action?: 'stop-server' | 'shutdown-kernels' | null | string;
+  /**
+   * what comes at `cull_at` when it is not a cull: `interrupt` (a running cell's limit,
+   * `on_busy_limit: interrupt` with `after_interrupt: warn`: the cell is interrupted and a
+   * checkpoint saved, the server and kernel stay; while `checkpointing`, that interrupt has
+   * happened and no stop follows); `null` when `cull_at` is a cull (`cull_action`)
+   */
+  at_deadline?: 'interrupt' | null | string;
   /** `requested` while the governor waits for a checkpoint, else `none` */
   checkpoint?: 'requested' | 'none' | string;
   /** the governor records decisions but acts on none */

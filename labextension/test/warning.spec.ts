@@ -41,6 +41,35 @@ describe('warning', () => {
     }
   });
 
+  it('says a running cell’s limit interrupts and checkpoints it, not that the server stops', () => {
+    // on_busy_limit: interrupt, after_interrupt: warn (the default): the server and kernel stay.
+    const interrupt = verdict({ at_deadline: 'interrupt' });
+    const view = warningView(interrupt, opts);
+    expect(view?.toast).toBe(
+      'GPU idle: the running cell will be interrupted and checkpointed in 4m 9s (at 11:04) unless you extend.'
+    );
+    expect(view?.toast).not.toContain('stopped');
+    expect(view?.extend.enabled).toBe(true);
+    expect(
+      warningView(
+        verdict({ at_deadline: 'interrupt', state: 'checkpointing' }),
+        opts
+      )?.toast
+    ).toBe(
+      'GPU idle: the running cell was interrupted; saving a checkpoint. The server and kernel stay.'
+    );
+    // after_interrupt: cull (no at_deadline): the stop follows the interrupt, as today.
+    expect(warningView(verdict({ at_deadline: null }), opts)?.toast).toBe(
+      'GPU idle: this server will be stopped in 4m 9s (at 11:04) unless you extend.'
+    );
+    expect(
+      warningView(verdict({ at_deadline: null, state: 'checkpointing' }), opts)
+        ?.toast
+    ).toBe(
+      'GPU idle: saving a checkpoint, then this server will be stopped in 4m 9s.'
+    );
+  });
+
   it('warns a busy or active server of a hard deadline, which Extend cannot move', () => {
     for (const state of ['busy', 'active', 'idle', 'unknown', 'gpu-failed']) {
       const v = verdict({ state, hard_deadline: true });

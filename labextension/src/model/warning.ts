@@ -45,8 +45,14 @@ export function warningAction(
   return shownKey === key ? 'update' : 'raise';
 }
 
-/** What a cull does to this server, as the end of "… in 4m 12s". */
+/**
+ * What comes at the deadline, as the start of "… in 4m 12s": a running cell's limit that
+ * interrupts it and keeps the server (`at_deadline`), else what a cull does to this server.
+ */
 export function whatHappens(verdict: IVerdict, trans: ITrans): string {
+  if (verdict.at_deadline === 'interrupt') {
+    return trans.__('the running cell will be interrupted and checkpointed');
+  }
   return verdict.cull_action === 'shutdown-kernels'
     ? trans.__('its GPU kernels will be shut down')
     : trans.__('this server will be stopped');
@@ -170,6 +176,14 @@ export function warningView(
             countdown,
             deadline
           );
+  } else if (
+    verdict.state === 'checkpointing' &&
+    verdict.at_deadline === 'interrupt'
+  ) {
+    // The interrupt came as announced; nothing is stopped after the save.
+    toast = trans.__(
+      'GPU idle: the running cell was interrupted; saving a checkpoint. The server and kernel stay.'
+    );
   } else if (verdict.state === 'checkpointing') {
     // Due already (a running cell interrupted as announced): the stop follows the save.
     toast =
