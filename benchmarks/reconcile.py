@@ -48,6 +48,9 @@ Fairness:
   the result, with the request's ``requested_at``, in the next report and every later one; one
   in ten fails), and a server the governor culled reports no more: a zombie is checkpointed once
   and culled, and the fleet both passes list shrinks as the zombies go.
+- The fake Hub's clock moves with the governor's (``advance``): a stop stamps its user's
+  activity in the governor's time, as one clock would in a deployment, so the incremental
+  listing finds the servers it culled gone.
 - The governor's first pass, which inserts every row, is reported on its own (``first_pass_s``;
   with a stagger, only the first pass's share of the servers report by then).
 
@@ -358,13 +361,20 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
             self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.finish(shards[int(node)])
 
+    class Clock(web.RequestHandler):
+        def put(self, seconds: str) -> None:
+            clock.advance(float(seconds))  # the benchmark moved the governor's clock this much
+
     sockets = bind_sockets(0, "127.0.0.1")
-    HTTPServer(web.Application([(r"/metrics/(\d+)", Metrics)])).add_sockets(sockets)
-    dcgm = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/metrics"
+    routes = [(r"/metrics/(\d+)", Metrics), (r"/clock/([-0-9.e]+)", Clock)]
+    HTTPServer(web.Application(routes)).add_sockets(sockets)
+    served = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    dcgm = f"{served}/metrics"
     ready = {
         "api_url": hub.api_url,
         "token": hub.token,
         "exporter_urls": [f"{dcgm}/{i}" for i in range(len(shards))],
+        "clock_url": f"{served}/clock",
         "servers": servers,  # user -> [started, last_activity], for the reports
         "dcgm_bytes": sum(len(s) for s in shards),
     }
@@ -459,6 +469,7 @@ async def _bench(
     stagger: int = 1,
 ) -> dict:
     from jupyterhub_idle_culler import cull_idle, default_cull_arbiter
+    from tornado.httpclient import AsyncHTTPClient
 
     from jupyter_gpu_gov.core import clock
     from jupyter_gpu_gov.core.policy import load_policies
@@ -538,6 +549,12 @@ async def _bench(
     # diagnoses, checkpoint requests and checkpoint timeouts do not all fall in one pass.
     stagger_rng = random.Random(seed + 2)
     joins = {p.user: stagger_rng.randrange(max(1, stagger)) for p in fleet}
+
+    async def advance(seconds: float) -> None:
+        """The governor's clock moves on, and the fake Hub's with it: the Hub stamps a stop as
+        its user's activity, which the incremental listing reads in the governor's time."""
+        clock.advance(seconds)
+        await AsyncHTTPClient().fetch(f"{ready['clock_url']}/{seconds}", method="PUT", body=b"")
 
     # Each fake server's last checkpoint, taken when a verdict asked for one (``answer_
     # checkpoint``); servers the governor stopped (culled) report no more.
@@ -619,7 +636,7 @@ async def _bench(
     # Unmeasured: the servers join, then as many passes again settle them (the last to join
     # have their diagnoses, checkpoint requests and timeouts in these).
     for joined in range(1, 2 * stagger if stagger > 1 else 1):
-        clock.advance(cycle_s)
+        await advance(cycle_s)
         ingest_all(joined)
         await governor_pass()
     gc.collect()
@@ -631,7 +648,7 @@ async def _bench(
         gov_s, cul_s, parts, written = [], [], defaultdict(list), []
         changed_n = 0
         for _ in range(passes):
-            clock.advance(cycle_s)
+            await advance(cycle_s)
             changed_n = change(share)
             ingest_s.append(ingest_all())
             elapsed, gov_seen, pass_parts, counts = await governor_pass()
@@ -647,7 +664,7 @@ async def _bench(
 
     profile = ""
     if profile_top:  # one more steady pass, as the measured ones
-        clock.advance(cycle_s)
+        await advance(cycle_s)
         ingest_all()
         gc.collect()
         profiler = cProfile.Profile()
@@ -680,11 +697,11 @@ async def _bench(
             ).scalar()
 
     rows_before, bytes_before, ledger_before = usage_rows(), db_bytes(), ledger_bytes()
-    clock.advance(86_400)
+    await advance(86_400)
     for _ in range(2):
         ingest_all()
         await governor_pass()
-        clock.advance(cycle_s)
+        await advance(cycle_s)
     day_rows, day_bytes = usage_rows() - rows_before, db_bytes() - bytes_before
     day_ledger_bytes = ledger_bytes() - ledger_before
 
@@ -702,6 +719,12 @@ async def _bench(
     states: dict[str, int] = defaultdict(int)
     for row in store.servers(running_only=True).values():
         states[row.state] += 1
+    with store.engine.connect() as connection:  # the whole run's culls, and those not made
+        said = dict(
+            connection.exec_driver_sql(
+                "SELECT action, COUNT(*) FROM audit WHERE action LIKE 'cull%' GROUP BY action"
+            ).all()
+        )
     hub.close()
     store.engine.dispose()
 
@@ -732,6 +755,7 @@ async def _bench(
         "dcgm_mb": round(ready["dcgm_bytes"] / 2**20, 1),
         "exporters": len(ready["exporter_urls"]),
         "states": ",".join(f"{k}:{v}" for k, v in sorted(states.items())),
+        "culls": ",".join(f"{k}:{v}" for k, v in sorted(said.items())),
         "governor_seen": gov_seen,
         "idle_culler_seen": cul_seen,
         "first_pass_seen": first_seen,

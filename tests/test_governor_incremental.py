@@ -165,6 +165,7 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
         full = governor(full_hub, tmp_path, "full", dcgm, full_every=1)
         inc = governor(inc_hub, tmp_path, "inc", dcgm, full_every=1000)
         decided_full, decided_inc = counting(full), counting(inc)
+        fresh_reads = counting(inc.hub, "get_server")  # culls on models not listed this pass
 
         def start(i: int) -> None:
             user = f"user{i}"
@@ -273,6 +274,7 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
     # It did decide and list less: the comparison is not between two full passes.
     assert listed_some > 40, listed_some
     assert decided_inc[0] < 0.9 * decided_full[0], (decided_inc, decided_full)
+    assert fresh_reads[0] > 0  # and culled servers its listing did not bring
     names = {name for name, _ in samples()}  # the comparison saw what it is about
     assert {"jupyter_gpu_gov_server_gpu_equivalents", "jupyter_gpu_gov_warnings_total"} <= names
     trail = full.store.audit_rows(limit=100_000)
@@ -348,3 +350,95 @@ async def test_a_hub_that_cannot_sort_by_activity_is_listed_whole(
             assert len(gov.hub_listing.listed) == 12
         await gov.close()
     assert gov.hub_listing.sorts is False
+
+
+def inactive_governor(hub: FakeHub, tmp_path, name: str) -> Governor:
+    """Servers without reports, culled by jupyterhub-idle-culler's rule (``inactive_timeout``)
+    on their Hub activity, deciding only what changed."""
+    return governor(hub, tmp_path, name, Dcgm(), full_every=1000)
+
+
+@pytest.mark.parametrize("change", ["none", "activity", "restart"])
+async def test_a_cull_rests_on_the_hub_model_read_just_before_it(tmp_path, monkeypatch, change):
+    """Between full listings a server is decided on the model its user's last listing brought;
+    its cull reads the user afresh first. A server with new activity on the Hub, or restarted,
+    that the listing missed (its user's activity did not move: late, past the listing's lag) is
+    not culled: the cull is skipped on record and the next pass, asking for that user, decides
+    on what the Hub says. Nothing changed: the cull goes ahead at its deadline."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    async with FakeHub() as hub:
+        start = frozen[0]
+        hub.add_server("user0", last_activity=start)  # the default policy: inactive after 90m
+        gov = inactive_governor(hub, tmp_path, "gov")
+        fresh_reads = counting(gov.hub, "get_server")
+        for _ in range(8):  # 80 minutes: no cull yet
+            frozen[0] += timedelta(minutes=10)
+            await gov.reconcile()
+        assert not gov.hub_listing.full  # the user's activity is old: not listed
+        assert "user0" not in gov.hub_listing.listed
+        server = hub.users["user0"].servers[""]
+        if change == "activity":  # reached the Hub's server model, not (yet) the user's
+            server.last_activity = frozen[0]
+        elif change == "restart":  # a new session, which the Hub saw start
+            server.started = server.last_activity = frozen[0]
+        frozen[0] += timedelta(minutes=11)  # 91 minutes: inactive, as the model last listed
+        await gov.reconcile()
+        await gov.background_done()
+        said = [(a.action, a.reason) for a in gov.store.audit_rows("user0/", limit=100)]
+        assert fresh_reads[0] == 1
+        if change == "none":
+            assert not hub.running("user0")
+            assert said[0][0] == "cull" and "inactive since" in said[0][1]
+            await gov.close()
+            return
+        assert hub.running("user0")
+        assert hub.counters["stops"] == 0
+        action, why = said[0]
+        assert action == "cull-skipped"
+        assert ("new activity on the Hub" if change == "activity" else "restarted") in why
+        # The next pass asks for the user and decides on the Hub's model: not inactive now.
+        frozen[0] += timedelta(minutes=1)
+        await gov.reconcile()
+        await gov.background_done()
+        assert "user0" in gov.hub_listing.listed
+        assert hub.running("user0")
+        assert gov.verdict("user0/")["state"] == "active"
+        await gov.close()
+
+
+async def test_culls_past_a_pass_s_bound_of_fresh_reads_wait_for_the_next_pass(
+    tmp_path, monkeypatch
+):
+    """A pass asks for at most ``fresh_reads`` users before their culls (hub/listing.py): the
+    culls past it are not decided this pass (``cull-waits`` on record, the server still
+    running and warned of nothing new) and are made, one pass later, at the next pass."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    monkeypatch.setattr("jupyter_gpu_gov.hub.reconcile.fresh_reads", lambda *_: 2)
+    async with FakeHub() as hub:
+        users = [f"user{i}" for i in (0, 3, 6, 9, 12)]  # the default policy
+        for user in users:
+            hub.add_server(user, last_activity=frozen[0])
+        gov = inactive_governor(hub, tmp_path, "gov")
+        for _ in range(8):
+            frozen[0] += timedelta(minutes=10)
+            await gov.reconcile()
+        assert all(hub.running(u) for u in users)
+        frozen[0] += timedelta(minutes=11)  # 91 minutes: all five inactive at once
+        await gov.reconcile()
+        await gov.background_done()
+        culled = [u for u in users if not hub.running(u)]
+        waiting = [u for u in users if hub.running(u)]
+        assert len(culled) == 2 and len(waiting) == 3
+        for user in waiting:
+            (action, why), *_ = [(a.action, a.reason) for a in gov.store.audit_rows(f"{user}/")]
+            assert action == "cull-waits" and "waits for the next pass" in why, why
+            assert gov.verdict(f"{user}/")["state"] == "active"
+        # The culls past the bound move by one pass: two more culled at the next, then the last.
+        for remaining in (1, 0):
+            frozen[0] += timedelta(minutes=1)
+            await gov.reconcile()
+            await gov.background_done()
+            assert sum(hub.running(u) for u in users) == remaining
+        await gov.close()

@@ -154,6 +154,42 @@ def test_a_restarted_ledger_bills_on_from_the_saved_cursor():
     assert session.totals == {IDLE_HELD: 120, ACTIVE: 60}
 
 
+def test_a_server_seen_again_as_it_was_is_billed_at_the_drain_as_each_look_would_bill():
+    """``observe_again`` defers the billing of a server seen as it was to its next change, its
+    stop or the drain: the same totals as billing every look, the whole span observed although
+    it is longer than ``max_gap``; a gap longer than that between two looks is unobserved, and
+    a new right-sizing share bills the time before it at the old one."""
+    every, deferred = Ledger(GAP), Ledger(GAP)
+    for led in (every, deferred):
+        led.observe(Observation("alice/", "s1", at(0), ALICE, 1.0, IDLE_HELD, None, 0.5))
+    for t in range(60, 901, 60):  # 15 minutes of looks, a minute apart
+        every.observe(Observation("alice/", "s1", at(t), ALICE, 1.0, IDLE_HELD, None, 0.5))
+        assert deferred.observe_again("alice/", at(t), 0.5)
+    assert deferred.open["alice/"].at == at(0)  # nothing billed yet
+    for led in (every, deferred):
+        led.observe(Observation("alice/", "s1", at(1500), ALICE, 1.0, IDLE_HELD, None, 0.5))
+    deferred.observe_again("alice/", at(1560), 0.25)  # a new share: 1500..1560 at 0.5
+    every.observe(Observation("alice/", "s1", at(1560), ALICE, 1.0, IDLE_HELD, None, 0.25))
+    deferred.observe_again("alice/", at(1620), 0.25)
+    every.observe(Observation("alice/", "s1", at(1620), ALICE, 1.0, IDLE_HELD, None, 0.25))
+    (a, sa), (b, sb) = every.drain(), deferred.drain()
+    assert totals(b) == pytest.approx(totals(a))
+    assert totals(b) == pytest.approx(
+        {
+            IDLE_HELD: 900 + 120,
+            UNOBSERVED: 600,
+            ledger.RIGHT_SIZE_FREED: 900 * 0.5 + 60 * 0.5 + 60 * 0.75,
+        }
+    )
+    assert sb[0].at == sa[0].at == at(1620) and sb[0].totals == pytest.approx(sa[0].totals)
+    # Stopped: billed up to the stop, what was deferred first.
+    deferred.observe_again("alice/", at(1680), 0.25)
+    deferred.close("alice/", at(1700))
+    assert totals(deferred.drain()[0]) == pytest.approx(
+        {IDLE_HELD: 80, ledger.RIGHT_SIZE_FREED: 60}
+    )
+
+
 def test_intervals_across_midnight_split_between_days():
     led = Ledger(timedelta(hours=1))
     start = datetime(2025, 3, 3, 23, 59, tzinfo=timezone.utc)

@@ -23,6 +23,12 @@ Rules that keep the sums honest:
   moment it was stopped (``close``), when that is within ``max_gap`` of the last observation.
 - Intervals that cross UTC midnight are split between the two days.
 
+A server seen again as it was (``observe_again``: the same session, owner, GPUs, state and
+right-sizing share, within ``max_gap`` of its last observation) is not billed at once: its
+cursor ``seen`` moves, and the time up to it is billed, as observed, when anything changes, when
+it stops, or when the ledger is drained (its write, every few minutes) — what billing every
+observation would bill, in fewer and longer pieces.
+
 Right-sizing: while a smaller tier would hold the server's measured use (``right_size_share``,
 its share of the GPU-equivalents held), the GPU-equivalent seconds it would have freed are
 counted too (``right_size_freed``), beside the state, never instead of it.
@@ -81,12 +87,13 @@ class Session:
     session: str
     owner: Owner
     first_at: datetime
-    at: datetime  # the last observation
+    at: datetime  # billed up to here
     gpus: float
     state: str
     totals: dict[str, float] = field(default_factory=dict)  # FIELDS -> GPU-eq s, or counts
     ended_at: datetime | None = None
     right_size_share: float | None = None  # as last observed (not stored)
+    seen: datetime | None = None  # seen as it was up to here, not billed yet (not stored)
 
     @property
     def allocated(self) -> float:
@@ -122,6 +129,8 @@ class Ledger:
         if obs.state not in STATES:
             raise ValueError(f"unknown ledger state {obs.state!r}")
         current = self.open.get(obs.server)
+        if current is not None:
+            self._settle(current)
         if current is not None and current.session != obs.session:
             end = obs.at if obs.started is None else max(current.at, min(obs.at, obs.started))
             self.close(obs.server, end)
@@ -146,8 +155,13 @@ class Ledger:
         current = self.open.get(server)
         if current is None:
             return False
-        self._bill(current, at)
-        current.right_size_share = right_size_share
+        last = current.seen or current.at
+        if at - last > self.max_gap or right_size_share != current.right_size_share:
+            self._settle(current)
+            self._bill(current, at)
+            current.right_size_share = right_size_share
+        elif at > last:
+            current.seen = at  # billed at the next change, stop or drain
         self._changed[(current.server, current.session)] = current
         return True
 
@@ -157,6 +171,7 @@ class Ledger:
         current = self.open.pop(server, None)
         if current is None:
             return None
+        self._settle(current)
         self._bill(current, at)
         current.ended_at = max(at, current.at)
         self._changed[(current.server, current.session)] = current
@@ -173,13 +188,26 @@ class Ledger:
             self._changed[(current.server, current.session)] = current
         self._add((at.astimezone(timezone.utc).date(), owner), name, count)
 
-    def _bill(self, s: Session, until: datetime) -> None:
+    def shift(self, delta: timedelta) -> None:
+        """The wall clock stepped by ``delta``: every open session's cursors move with it."""
+        for s in self.open.values():
+            s.at += delta
+            if s.seen is not None:
+                s.seen += delta
+
+    def _settle(self, s: Session) -> None:
+        """Bill what ``observe_again`` left: seen as it was, every step within ``max_gap``."""
+        if s.seen is not None:
+            seen, s.seen = s.seen, None
+            self._bill(s, seen, observed=True)
+
+    def _bill(self, s: Session, until: datetime, observed: bool = False) -> None:
         if until <= s.at:
             return  # a second is billed at most once
         start, s.at = s.at, until
         if s.gpus <= 0:
             return
-        what = UNOBSERVED if until - start > self.max_gap else s.state
+        what = UNOBSERVED if until - start > self.max_gap and not observed else s.state
         share = s.right_size_share if what != UNOBSERVED else None
         for day, seconds in split_days(start, until):
             amount = seconds * s.gpus
@@ -198,6 +226,8 @@ class Ledger:
 
     def drain(self) -> tuple[dict[BucketKey, dict[str, float]], list[Session]]:
         """The bucket deltas and changed sessions since the last drain (then forgotten)."""
+        for s in self.open.values():
+            self._settle(s)
         deltas, changed = self._deltas, list(self._changed.values())
         self._deltas, self._changed = {}, {}
         return deltas, [s.snapshot() for s in changed]

@@ -105,7 +105,10 @@ class Actions:
             audit = self._audit_row(row, "cull", decision.reason, dry_run=dry, details=details)
             audits.append(audit)
             if not dry:
-                return self._carry_out_cull(server, row, decision, server_policy, audit, batch)
+                fresh = self._read_this_pass(server)
+                return self._carry_out_cull(
+                    server, row, decision, server_policy, audit, batch, fresh
+                )
         return None
 
     def _cull_again(
@@ -130,7 +133,10 @@ class Actions:
             row, "cull-retry", why, details={"cull_action": server_policy.cull_action}
         )
         batch.audits.append(audit)
-        batch.jobs.append(self._carry_out_cull(server, row, decision, server_policy, audit, batch))
+        fresh = self._read_this_pass(server)
+        batch.jobs.append(
+            self._carry_out_cull(server, row, decision, server_policy, audit, batch, fresh)
+        )
 
     async def _carry_out_cull(
         self,
@@ -140,11 +146,18 @@ class Actions:
         server_policy: Policy,
         audit: AuditRow,
         batch: _Batch,
+        fresh: bool = True,
     ) -> None:
-        """The cull whose decision and audit row are on record; its outcome goes on that row."""
+        """The cull whose decision and audit row are on record; its outcome goes on that row.
+        Not ``fresh``: decided on a Hub model not read in this pass, which is read first
+        (``Incremental._still_as_decided``)."""
         # Counted first: shutting kernels down drops the server's report.
         gpus = self._gpus_held(row.key, server)
         try:
+            if not fresh and not await self._still_as_decided(
+                server, row, decision.reason, audit, batch
+            ):
+                return
             outcome = await self._cull(server, row, server_policy)
         except Exception as error:  # recorded, retried next cycle
             log.error("gpu-gov: cull of %s failed: %s", row.key, error)

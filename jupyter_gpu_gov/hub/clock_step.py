@@ -33,8 +33,7 @@ class ClockStep:
         self._checkpoints = {k: clock.shifted(c, delta) for k, c in self._checkpoints.items()}
         self._shutdowns = {k: clock.shifted(s, delta) for k, s in self._shutdowns.items()}
         self._interrupts = {k: clock.shifted(s, delta) for k, s in self._interrupts.items()}
-        for session in self.ledger.open.values():
-            session.at += delta
+        self.ledger.shift(delta)
         if self._usage_written_at is not None:
             self._usage_written_at += delta
         if self._dcgm_latest is not None:

@@ -383,6 +383,15 @@ class HubApi:
             raise self._error("GET", reply)
         return reply.data
 
+    async def get_server(self, user: str, name: str = "") -> tuple[HubServer | None, dict | None]:
+        """One server's model read now (``GET /users/{name}``), and its user's model: ``None``
+        for the server when the Hub no longer runs it (the user, or the server, is gone)."""
+        model = await self.get_user(user)
+        servers = (model or {}).get("servers") or {}
+        if name not in servers:
+            return None, model
+        return HubServer.from_models(model, name, servers[name]), model
+
     async def get_groups(self) -> list[dict[str, Any]]:
         """All group models (``name``, ``users``, ``properties``)."""
         return [group async for group in self.paginate("/groups")]

@@ -1,22 +1,72 @@
 """Deciding only what changed (issue 26; a part of ``Governor``): which kept decisions hold
-(``hub/unchanged.py``), and which servers a pass between full passes looks at
-(``hub/deadlines.py``: the marks and the heap of next times)."""
+(``hub/unchanged.py``), which servers a pass between full passes looks at
+(``hub/deadlines.py``: the marks and the heap of next times), and the Hub model a cull rests on.
+
+Between full listings a server is decided on the Hub model its user's listing last brought
+(``hub/listing.py``: a model that moved moves the user's activity, and the pass lists the users
+active since the last listing). A warning, a checkpoint request or an interrupt may rest on
+that model; a cull, which takes a GPU away, rests on a model read in this pass: the pass's
+listing when it brought the user, else one ``GET /users/{name}`` just before the cull, which is
+skipped (``cull-skipped``) when the server changed since (stopped, restarted, new activity).
+A pass reads at most ``listing.fresh_reads`` users so; the culls past it wait for the next pass
+(``cull-waits``), their decision not taken."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from ..core.policy import ServerView
+from ..core import policy
+from ..core.policy import Decision, Policy, Record, ServerView, evolve
+from ..core.vocabulary import CULL, WARNED
 from .dcgm import DcgmSnapshot
 from .evidence import Received
 from .hubapi import HubServer
-from .tables import ServerRow, record_of
+from .tables import AuditRow, ServerRow, record_of, set_record
 from .unchanged import Kept, same_report
 from .views import cause_of
 
 
+@dataclass
+class LookedAt:
+    """Between full passes: the servers looked at, with their kept views (``None``: decide
+    it), and ``untouched``: those neither marked nor due."""
+
+    views: dict[str, ServerView | None] = field(default_factory=dict)
+    untouched: set[str] = field(default_factory=set)
+
+
 class Incremental:
     """Kept decisions and the servers to look at (a part of ``Governor``)."""
+
+    async def _plan_listing(
+        self, full: bool, groups, rows, now: datetime, everyone: bool = False
+    ) -> LookedAt:
+        """Which servers this pass lists from the Hub (hub/listing.py): every one, or between
+        full passes the users active since the last listing. Only the servers marked or due
+        since the last pass are looked at (hub/deadlines.py); ``everyone``: every kept server
+        is (DCGM's evidence or the diagnosis model changed). The others keep their view, if
+        listed, while their model did not change."""
+        if full:
+            self.due.clear()
+        await self.hub_listing.plan(self.hub, full, groups)
+        kept = LookedAt()
+        look = self.due.take(now)
+        written = self.due.take_written()
+        if full:
+            return kept
+        if everyone:
+            look.update(self.unchanged.kept)
+        else:
+            look.update(k for k in written if k not in look and self._report_moved(k))
+        servers = self._servers
+        for key in look:
+            server = servers.get(key)
+            if server is None:
+                continue  # stopped
+            kept.views[key] = self._kept_view(key, server, rows.get(key), now)
+        kept.untouched = {k for k in self.unchanged.kept if k not in look and k in servers}
+        return kept
 
     def _inputs(self, key: str, server: HubServer, received: Received | None) -> tuple:
         """What a decision of this server reads besides its Hub model, report and record: the
@@ -99,6 +149,62 @@ class Incremental:
             or cause_of(self.root_cause(key)) != kept.evidence[0]
         )
 
+    def _read_this_pass(self, server: HubServer) -> bool:
+        """Whether the pass deciding now read this server's model (its user's listing)."""
+        return self._deciding and server.user in self.hub_listing.listed
+
+    def _cull_waits(
+        self, server: HubServer, row: ServerRow, decided: DecidedOn, decision: Decision, audits
+    ) -> Decision:
+        """A cull decided on a model not read in this pass needs one read of its user before
+        it (``_still_as_decided``, which is given what was decided on); past this pass's bound
+        of those reads, the decision is not taken (its deadlines are): the record stays as it
+        was, on record as such, and the next pass decides the server again."""
+        if CULL not in decision.actions or self._read_this_pass(server):
+            return decision
+        if self._fresh_reads_left > 0:
+            self._fresh_reads_left -= 1
+            self._decided_on[row.key] = decided
+            return decision
+        why = (
+            f"{decision.reason}: waits for the next pass (this pass read its most users before"
+            f" their culls, {self._fresh_reads})"
+        )
+        audits.append(self._audit_row(row, "cull-waits", why))
+        return evolve(decision, record=decided.record, actions=())
+
+    async def _still_as_decided(
+        self, server: HubServer, row: ServerRow, reason: str, audit: AuditRow, batch
+    ) -> bool:
+        """Just before a cull decided on a model not read in this pass: the server's model read
+        now. A server stopped, restarted or otherwise changed since, or with new activity on
+        the Hub that its policy, deciding again, would not cull, is not culled: the cull is
+        skipped on record, the server warned again, and the next pass asks for its user and
+        decides it on what the Hub says then."""
+        decided = self._decided_on.pop(row.key, None)
+        now, _ = await self.hub.get_server(server.user, server.name)
+        if now == server:
+            return True
+        if now is None:
+            what = "the server stopped"
+        elif now.started != server.started:
+            what = "the server restarted"
+        elif now.pending or not now.ready:
+            what = f"the Hub is busy with it ({now.pending or 'not ready'})"
+        elif replace(now, last_activity=server.last_activity) != server:
+            what = "its Hub model changed"
+        elif decided is None or not decided.culls(now.last_activity):
+            what = "new activity on the Hub"
+        else:  # activity that does not reset the policy's clock (a tab open on an idle GPU)
+            return True
+        set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
+        batch.after.append(row)
+        why = f"{reason}; not culled: {what} since it was decided"
+        batch.outcomes.append(self._audit_row(row, "cull-skipped", why, details=audit.details))
+        self.hub_listing.waiting.add(server.user)  # asked for at the next pass
+        self._unkeep(row.key)
+        return False
+
     def _world_changed(self, snapshot: DcgmSnapshot | None) -> bool:
         """Whether what every kept decision read at once moved since the last pass: DCGM's
         evidence (a GPU's activity, memory or health), the diagnosis model."""
@@ -108,6 +214,21 @@ class Incremental:
         if not last or trained != last[1]:
             return True
         return evidence is not last[0] and evidence != last[0]
+
+
+@dataclass(frozen=True)
+class DecidedOn:
+    """What a cull was decided on: the policy's inputs, to decide again on the Hub's activity
+    read just before it."""
+
+    view: ServerView
+    record: Record
+    policy: Policy
+    now: datetime
+
+    def culls(self, hub_last_activity: datetime | None) -> bool:
+        view = evolve(self.view, hub_last_activity=hub_last_activity)
+        return CULL in policy.decide(view, self.record, self.policy, self.now).actions
 
 
 def _earliest(*times: datetime | None) -> datetime | None:

@@ -16,9 +16,12 @@ What ``last_activity`` does not show is caught otherwise:
   stopping at the last listing are asked for again (``GET /users/{name}``);
 - a change of groups (which team a server bills to): the groups are read every pass; any
   change lists everything;
-- any server the pass must decide whose user was not listed (its report or DCGM changed, or a
-  deadline fell due): its user is asked for, so every decision rests on a model read this pass;
-  when that would take more requests than a full listing, the pass lists everything;
+- a server decided on a model its user's listing did not bring this pass (its report or DCGM
+  changed, or a deadline fell due): a warning, a checkpoint request or an interrupt rests on
+  the model last read, which the listing of users active since then would have replaced had it
+  moved; a cull, which takes a GPU away, rests on a model read this pass: its user is asked
+  for (``GET /users/{name}``) just before it is carried out, and the cull is skipped if the
+  server changed (``hub/incremental.py``), at most ``fresh_reads(...)`` users a pass;
 - anything else: a full listing every ``full_every`` passes (``full_pass_every``), and
   whenever the Hub cannot sort by activity.
 """
@@ -38,11 +41,21 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 
 # How late an activity may reach the Hub's ``last_activity`` (one figure, core.policy's).
 ACTIVITY_LAG = HUB_ACTIVITY_LAG
-# Asking for one user costs a request; a page carries many users. Up to this many users asked
-# for one by one per page a full listing would take, rather than listing all: measured against
-# the benchmark's fake Hub at 10,000 users, a page of 200 cost this client 6.7 times a lookup's
-# CPU (3.2 ms against 0.48 ms) and 13 times its wall time (10 requests in flight).
+# Asking for one user costs a request; a page carries many users. Measured against the
+# benchmark's fake Hub at 10,000 users, a page of 200 cost this client 6.7 times a lookup's CPU
+# (3.2 ms against 0.48 ms) and 13 times its wall time (10 requests in flight): the users a pass
+# asks for one by one before its culls are bounded by what a full listing would cost, this
+# many a page, and at least ``FRESH_READS_LEAST`` (a small Hub's burst of culls).
 LOOKUPS_PER_PAGE = 6
+FRESH_READS_LEAST = 100
+
+
+def fresh_reads(servers: int, page_size: int) -> int:
+    """The most users a pass asks for one by one before a cull (``LOOKUPS_PER_PAGE`` a page a
+    full listing of ``servers`` would take, at least ``FRESH_READS_LEAST``); the culls past
+    it wait for the next pass."""
+    pages = -(-servers // max(page_size or 200, 1))
+    return max(FRESH_READS_LEAST, LOOKUPS_PER_PAGE * pages)
 
 
 class HubListing:
@@ -68,14 +81,9 @@ class HubListing:
             self.sorts = await _sorts_by_activity(hub)
         self.full = self.full or not self.sorts
 
-    def worth_asking(self, users: Collection[str], servers: int, page_size: int) -> bool:
-        """Whether asking for these users one by one costs less than a full listing."""
-        pages = -(-servers // max(page_size or 200, 1))
-        return len(users) <= LOOKUPS_PER_PAGE * max(pages, 1)
-
-    async def servers(self, hub: HubApi, ask: Collection[str] = ()) -> AsyncIterator[HubServer]:
+    async def servers(self, hub: HubApi) -> AsyncIterator[HubServer]:
         """This pass's servers: every active one (a full listing), or those of the users
-        active since the last listing, of ``ask`` and of users waiting on a spawn or stop."""
+        active since the last listing and of users waiting on a spawn or stop."""
         started = clock.utcnow()
         self.listed = set()
         waiting: set[str] = set()
@@ -90,7 +98,7 @@ class HubListing:
             for server in _servers_of(user, waiting):
                 yield server
         if not self.full:
-            for user in await _ask(hub, (set(ask) | self.waiting) - self.listed):
+            for user in await _ask(hub, self.waiting - self.listed):
                 self.listed.add(user["name"])
                 for server in _servers_of(user, waiting):
                     yield server

@@ -32,9 +32,9 @@ from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
 from .history import History
 from .hubapi import HubApi, HubServer
-from .incremental import Incremental
+from .incremental import DecidedOn, Incremental, LookedAt
 from .ingest import Ingest
-from .listing import HubListing
+from .listing import FRESH_READS_LEAST, HubListing, fresh_reads
 from .options import Options
 from .ownership import base_view, resolve
 from .people import PeoplesRequests
@@ -63,16 +63,6 @@ class _Batch:
     outcomes: list[AuditRow] = field(default_factory=list)
     completed: list[AuditRow] = field(default_factory=list)
     saved: bool = False
-
-
-@dataclass
-class _Kept:
-    """Between full passes: the kept views of servers not to decide (those looked at, and
-    ``untouched``: neither marked nor due), the users to ask for."""
-
-    views: dict[str, ServerView] = field(default_factory=dict)
-    untouched: set[str] = field(default_factory=set)
-    ask: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -138,6 +128,10 @@ class Governor(
         self.unchanged = Unchanged(options.full_pass_every)
         self._world: tuple = ()  # what reaches every server at once, as of the last pass
         self.hub_listing = HubListing(options.full_pass_every)
+        self._deciding = False  # a pass is deciding: the users its listing brought are fresh
+        # Users a pass may read one by one before its culls (hub/incremental.py), and left.
+        self._fresh_reads = self._fresh_reads_left = FRESH_READS_LEAST
+        self._decided_on: dict = {}  # key -> what a cull to read the Hub before was decided on
         self._cycle = asyncio.Lock()
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
@@ -202,31 +196,15 @@ class Governor(
         full = self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
         kept = await self._plan_listing(full, groups, rows, now, self._world_changed(snapshot))
         seen = set()
-        waiting = 0
-        # Decide each page of servers while the Hub API client fetches the next.
-        # "active": ready servers and those the Hub is starting, which may wait for a GPU.
-        async for server in self.hub_listing.servers(self.hub, kept.ask):
-            if server.pending or not server.ready:
-                waiting += _queued_for_a_gpu(server, now)
-                continue  # the Hub is starting or stopping it
-            key = server_key(server.user, server.name)
-            held = self.unchanged.kept.get(key)
-            if held is None or server != held.server:  # a new model: compare everything
-                self._decide_one(key, server, None, rows, now, batch, seen)
-            elif key in kept.untouched:
-                self._observe_untouched(key, server, held.view, now, batch, seen)
-            else:  # looked at this pass: its kept view, or decide
-                self._decide_one(key, server, kept.views.get(key), rows, now, batch, seen)
-        listed = self.hub_listing.listed
-        for key, view in kept.views.items():  # not listed: their users did nothing
-            server = self._servers[key]
-            if server.user not in listed:
-                self._decide_one(key, server, view, rows, now, batch, seen)
-        held_now = self.unchanged.kept
-        for key in kept.untouched:
-            server = self._servers[key]
-            if server.user not in listed:
-                self._observe_untouched(key, server, held_now[key].view, now, batch, seen)
+        self._fresh_reads = self._fresh_reads_left = fresh_reads(
+            len(self._servers), self.hub.page_size
+        )
+        self._decided_on.clear()  # of culls a failed write never carried out
+        self._deciding = True
+        try:
+            waiting = await self._decide_listed(kept, rows, now, batch, seen)
+        finally:
+            self._deciding = False
         for key in [k for k in self._servers if k not in seen]:
             del self._servers[key]  # stopped, or starting or stopping again
         for key, row in rows.items():
@@ -280,6 +258,38 @@ class Governor(
         dcgm_errors = snapshot.errors if snapshot else ()
         return CycleResult(len(seen), counts, dcgm_errors=dcgm_errors, errors=errors)
 
+    async def _decide_listed(self, kept: LookedAt, rows, now, batch: _Batch, seen: set) -> int:
+        """Decide (or keep) the servers this pass lists, then those looked at or untouched
+        whose users the listing did not bring: they did nothing on the Hub since it last
+        listed them (hub/incremental.py: what a cull on such a model needs). Returns how many
+        spawns wait for a GPU."""
+        waiting = 0
+        # Decide each page of servers while the Hub API client fetches the next.
+        # "active": ready servers and those the Hub is starting, which may wait for a GPU.
+        async for server in self.hub_listing.servers(self.hub):
+            if server.pending or not server.ready:
+                waiting += _queued_for_a_gpu(server, now)
+                continue  # the Hub is starting or stopping it
+            key = server_key(server.user, server.name)
+            held = self.unchanged.kept.get(key)
+            if held is None or server != held.server:  # a new model: compare everything
+                self._decide_one(key, server, None, rows, now, batch, seen)
+            elif key in kept.untouched:
+                self._observe_untouched(key, server, held.view, now, batch, seen)
+            else:  # looked at this pass: its kept view, or decide
+                self._decide_one(key, server, kept.views.get(key), rows, now, batch, seen)
+        listed = self.hub_listing.listed
+        for key, view in kept.views.items():
+            server = self._servers[key]
+            if server.user not in listed:
+                self._decide_one(key, server, view, rows, now, batch, seen)
+        held_now = self.unchanged.kept
+        for key in kept.untouched:
+            server = self._servers[key]
+            if server.user not in listed:
+                self._observe_untouched(key, server, held_now[key].view, now, batch, seen)
+        return waiting
+
     def _decide_one(self, key, server, view, rows, now, batch: _Batch, seen: set) -> None:
         """Decide one running server (unless ``view``, kept from its last decision), and
         observe it for the ledger and the diagnosis."""
@@ -310,44 +320,6 @@ class Governor(
         except Exception as error:  # as _decide_one: never stops the pass
             self._skipped(key, server.user, error, batch)
             self.due.mark(key)
-
-    async def _plan_listing(
-        self, full: bool, groups, rows, now: datetime, everyone: bool = False
-    ) -> _Kept:
-        """Which servers this pass lists from the Hub (hub/listing.py): between full passes,
-        the users active since the last listing, and the users of every server to decide —
-        so each decision rests on a Hub model read in this pass. Only the servers marked or
-        due since the last pass are looked at (hub/deadlines.py); ``everyone``: every kept
-        server is (DCGM's evidence or the diagnosis model changed). When the pass lists the
-        whole Hub anyway, the others keep their view if their model did not change."""
-        if full:
-            self.due.clear()
-        await self.hub_listing.plan(self.hub, full, groups)
-        kept = _Kept()
-        look = self.due.take(now)
-        written = self.due.take_written()
-        if full:
-            return kept
-        if everyone:
-            look.update(self.unchanged.kept)
-        else:
-            look.update(k for k in written if k not in look and self._report_moved(k))
-        servers = self._servers
-        for key in look:
-            server = servers.get(key)
-            if server is None:
-                continue  # stopped
-            view = self._kept_view(key, server, rows.get(key), now)
-            if view is None:
-                kept.ask.add(server.user)
-            else:
-                kept.views[key] = view
-        if not self.hub_listing.full and not self.hub_listing.worth_asking(
-            kept.ask, len(servers), self.hub.page_size
-        ):
-            self.hub_listing.full = True
-        kept.untouched = {k for k in self.unchanged.kept if k not in look and k in servers}
-        return kept
 
     async def _settle(self, batch: _Batch) -> None:
         """Every decision and its audit row go on record before anything is done: when the store
@@ -431,6 +403,8 @@ class Governor(
         view, record = self.health.prepare(view, record, failure)
         decided = policy.decide(view, record, server_policy, now)
         decision = self.health.review(decided, failure, server_policy, now, view.checkpointable)
+        decided = DecidedOn(view, record, server_policy, now)  # a cull's, to check before it
+        decision = self._cull_waits(server, row, decided, decision, batch.audits)
         flagged = self.health.flag(key, decision.record, now)
         if flagged:
             batch.audits.append(self._audit_row(row, "gpu-unknown", flagged))
