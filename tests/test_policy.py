@@ -342,6 +342,14 @@ def test_the_verdict_says_a_cells_limit_interrupts_it_where_an_idle_warning_cull
     # A maximum age due before the interrupt: the cull comes first.
     capped = replace(limited, max_age=timedelta(minutes=140))
     assert at_deadline(capped, 121) == ("warned", None)
+    # A hard deadline announced that falls after the interrupt: the deadline shown is the
+    # interrupt, which Extend moves, so the verdict does not call it hard (JupyterLab would
+    # say "Hard deadline: the running cell will be interrupted" and disable Extend).
+    announced = p.Record(idle_since=T0, state="warned", max_age_warned_at=T0 + 100 * MIN)
+    interrupt = p.Decision(announced, cull_at=T0 + 150 * MIN, at_deadline="interrupt")
+    assert p.verdict(interrupt, limited).to_json()["hard_deadline"] is False
+    stop = replace(interrupt, at_deadline=None)
+    assert p.verdict(stop, limited).to_json()["hard_deadline"] is True
 
 
 def test_a_cell_the_interrupt_does_not_stop_is_culled_after_another_notice():

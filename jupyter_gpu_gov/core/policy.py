@@ -1411,11 +1411,13 @@ def _grant(record: Record, seconds: float, policy: Policy | None = None) -> Reco
 
 def _hard_deadline_announced(decision: Decision) -> bool:
     """The owner was warned of a hard deadline (``max_age_warned_at``, set by its warning) and
-    a cull is due: it comes whatever the GPU does, in any state but these."""
+    a cull is due: it comes whatever the GPU does, in any state but these. Not while a cell's
+    limit comes first (``at_deadline``): ``cull_at`` is then its interrupt, which Extend moves."""
     record = decision.record
     return (
         record.max_age_warned_at is not None
         and decision.cull_at is not None
+        and decision.at_deadline is None
         and record.state not in (CULLED, EXEMPT)
     )
 
