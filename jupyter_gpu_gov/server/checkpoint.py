@@ -245,7 +245,9 @@ async def run_kernel_hooks(
     client = None
     try:
         client = managed.client(session=_own_session(managed.session))
-        client.start_channels()
+        # Shell for the reply, IOPub for "started": no heartbeat thread, stdin or control
+        # socket to start and stop again for every checkpoint of every GPU kernel.
+        client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         msg_id = client.execute(
             "",
             silent=True,
