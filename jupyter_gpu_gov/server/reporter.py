@@ -48,12 +48,15 @@ class Reporter:
         self.log = log
         self.timeout = timeout
         self.http = AsyncHTTPClient()
-        keep = report_interval < ReportConnection.REUSE_WITHIN_S
-        self.connection = ReportConnection(self.base, timeout, keep)
+        # Only a server that reports within the governor's idle timeout keeps a connection;
+        # one that reports less often (the default) gains nothing from it: tornado's client,
+        # a connection per report.
+        keeps = report_interval < ReportConnection.REUSE_WITHIN_S
+        self.connection = ReportConnection(self.base, timeout) if keeps else None
 
     async def send(self, report: dict) -> dict:
         """POST the report; return the verdict."""
-        if self.connection.busy:  # a report still in flight on it (a slow governor)
+        if self.connection is None or self.connection.busy:  # busy: a slow governor
             body = await self._call("POST", "api/reports", report)
             return body["verdict"]
         try:
@@ -73,7 +76,8 @@ class Reporter:
         return data["verdict"]
 
     def close(self) -> None:
-        self.connection.close()
+        if self.connection is not None:
+            self.connection.close()
 
     async def extend(self, user: str, name: str, reason: str) -> tuple[int, dict]:
         return await self._call_with_status(
@@ -121,8 +125,7 @@ def _answer_json(body: bytes | None) -> dict:
 
 
 class ReportConnection:
-    """One HTTP/1.1 connection to the governor, kept open from one report to the next
-    (``keep``), or one per report, closed after its answer.
+    """One HTTP/1.1 connection to the governor, kept open from one report to the next.
 
     tornado's ``AsyncHTTPClient`` opens a connection per request and closes it after the
     answer. Kept, a report costs the governor about a quarter less CPU in a burst, but each
@@ -136,9 +139,8 @@ class ReportConnection:
 
     REUSE_WITHIN_S = 0.8 * REPORT_CONNECTION_IDLE_S
 
-    def __init__(self, base_url: str, timeout: float, keep: bool = True):
+    def __init__(self, base_url: str, timeout: float):
         url = urlsplit(base_url)
-        self.keep = keep
         self.host = url.hostname or "localhost"
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.ssl = ssl.create_default_context() if url.scheme == "https" else None
@@ -191,8 +193,6 @@ class ReportConnection:
         head = httputil.HTTPHeaders(headers)
         head["Host"] = self.netloc
         head["Content-Length"] = str(len(body))
-        if not self.keep:
-            head["Connection"] = "close"
         answer = _Answer()
         try:
             # The body rides with the headers: one write, one segment.
@@ -207,7 +207,7 @@ class ReportConnection:
             raise
         if answer.code is None or not answer.finished:
             raise _NotAnswered()
-        if not (self.keep and answer.keep_alive) or stream.closed():
+        if not answer.keep_alive or stream.closed():
             self.close()
         return answer.code, b"".join(answer.chunks)
 
