@@ -32,6 +32,8 @@ from ..core.ledger import FIELDS, Bucket, Owner
 from ..core.ledger import Session as LedgerSession
 from .bulk_sql import Executemany
 from .tables import (
+    SERVER_COLUMNS,
+    SERVERS,
     AuditRow,
     Base,
     ExtensionRow,
@@ -98,15 +100,18 @@ _UPDATE_SESSION_PARAMS = (
 )
 
 
-_SERVER_COLUMNS = [c.key for c in ServerRow.__table__.columns]
-_DEFAULTED = {c.key for c in ServerRow.__table__.columns if c.default is not None}
+_DEFAULTED = {c.key for c in SERVERS.columns if c.default is not None}
 # Plain values of those defaults, set on a new row in memory too: its later updates then
 # write them back, not None.
 _SCALAR_DEFAULTS = {
-    c.key: c.default.arg
-    for c in ServerRow.__table__.columns
-    if c.default is not None and c.default.is_scalar
+    c.key: c.default.arg for c in SERVERS.columns if c.default is not None and c.default.is_scalar
 }
+# A stored row's update, by its key (bound as k_key; the columns as v_*).
+_UPDATE_SERVER = (
+    update(SERVERS)
+    .where(SERVERS.c.key == bindparam("k_key"))
+    .values({c.key: bindparam(f"v_{c.key}") for c in SERVERS.columns if c.key != "key"})
+)
 
 # Forward migrations: version -> statements bringing the previous version up to it.
 _TIME = "TIMESTAMP WITH TIME ZONE"
@@ -180,17 +185,19 @@ class Store:
     # -- servers --------------------------------------------------------------------------------
 
     def servers(self, running_only: bool = False) -> dict[str, ServerRow]:
-        with self.session() as session:
-            query = select(ServerRow)
-            if running_only:
-                query = query.where(ServerRow.running.is_(True))
-            rows = {row.key: row for row in session.scalars(query)}
+        query = select(SERVERS)
+        if running_only:
+            query = query.where(SERVERS.c.running.is_(True))
+        with self.engine.connect() as connection:
+            rows = {row.key: ServerRow(**row) for row in connection.execute(query).mappings()}
         self._stored |= rows.keys()
         return rows
 
     def server(self, key: str) -> ServerRow | None:
-        with self.session() as session:
-            return session.get(ServerRow, key)
+        with self.engine.connect() as connection:
+            row = connection.execute(select(SERVERS).where(SERVERS.c.key == key)).mappings()
+            found = row.first()
+        return ServerRow(**found) if found is not None else None
 
     def save(
         self,
@@ -238,23 +245,28 @@ class Store:
             for column, default in _SCALAR_DEFAULTS.items():
                 if getattr(row, column) is None:
                     setattr(row, column, default)
-            values[key] = {c: getattr(row, c) for c in _SERVER_COLUMNS}
+            values[key] = {c: getattr(row, c) for c in SERVER_COLUMNS}
         unknown = [k for k in values if k not in self._stored]
         stored = set(self._stored)
         if unknown:  # rows of an earlier run, or loaded elsewhere: ask once
-            query = select(ServerRow.key).where(ServerRow.key.in_(unknown))
+            query = select(SERVERS.c.key).where(SERVERS.c.key.in_(unknown))
             stored |= set(session.scalars(query))
-        # An unset column (None) of a new row takes its column default.
-        new = [
-            {c: v for c, v in row.items() if v is not None or c not in _DEFAULTED}
+        # An unset column (None) of a new row takes its column default; one statement for the
+        # rows that leave the same columns unset.
+        new: dict[frozenset, list[dict]] = {}
+        for key, row in values.items():
+            if key not in stored:
+                row = {c: v for c, v in row.items() if v is not None or c not in _DEFAULTED}
+                new.setdefault(frozenset(row), []).append(row)
+        old = [
+            {f"{'k' if c == 'key' else 'v'}_{c}": v for c, v in row.items()}
             for k, row in values.items()
-            if k not in stored
+            if k in stored
         ]
-        old = [v for k, v in values.items() if k in stored]
-        if new:
-            session.execute(insert(ServerRow), new)
+        for rows in new.values():
+            session.execute(insert(SERVERS), rows)
         if old:
-            session.execute(update(ServerRow), old)
+            session.execute(_UPDATE_SERVER, old)
         return values.keys() | (stored - self._stored)
 
     # -- audit and extensions -------------------------------------------------------------------

@@ -10,10 +10,12 @@ from datetime import datetime, timezone
 from sqlalchemy import (
     JSON,
     Boolean,
+    Column,
     DateTime,
     Float,
     Integer,
     String,
+    Table,
     Text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -42,58 +44,93 @@ class UtcDateTime(TypeDecorator):
         return value
 
 
-class ServerRow(Base):
-    __tablename__ = "servers"
+def _time(name: str) -> Column:
+    return Column(name, UtcDateTime())
 
-    key: Mapped[str] = mapped_column(String(255), primary_key=True)  # "user/name"
-    user: Mapped[str] = mapped_column(String(255), index=True)
-    name: Mapped[str] = mapped_column(String(255), default="")
-    session_started: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    team: Mapped[str | None] = mapped_column(String(255))
-    project: Mapped[str | None] = mapped_column(String(255))
-    tier: Mapped[str | None] = mapped_column(String(255))
-    profile: Mapped[str | None] = mapped_column(String(255))
-    labels: Mapped[dict] = mapped_column(JSON, default=dict)
-    policy: Mapped[str | None] = mapped_column(String(255))
-    running: Mapped[bool] = mapped_column(Boolean, default=True)
+
+def _string(name: str, size: int) -> Column:
+    return Column(name, String(size))
+
+
+# A server's row. Read and written with Core statements (``hub/store.py``), held in memory as
+# a ``ServerRow``: not an ORM class, whose bookkeeping cost ~3 kB a server more
+# (docs/benchmarks.md, "Issue 26, wave 8").
+SERVERS = Table(
+    "servers",
+    Base.metadata,
+    Column("key", String(255), primary_key=True),  # "user/name"
+    Column("user", String(255), nullable=False, index=True),
+    Column("name", String(255), nullable=False, default=""),
+    _time("session_started"),
+    _string("team", 255),
+    _string("project", 255),
+    _string("tier", 255),
+    _string("profile", 255),
+    Column("labels", JSON, nullable=False, default=dict),
+    _string("policy", 255),
+    Column("running", Boolean, nullable=False, default=True),
     # The policy Record, one column per field (see _RECORD_FIELDS).
-    state: Mapped[str] = mapped_column(String(32), default="active")
-    idle_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    warned_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    extension_s: Mapped[float] = mapped_column(Float, default=0.0)
-    extensions_used: Mapped[int] = mapped_column(Integer, default=0)
-    approval_pending: Mapped[bool] = mapped_column(Boolean, default=False)
-    postponed_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    checkpoint_status: Mapped[str | None] = mapped_column(String(32))
-    checkpoint_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    max_age_warned_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    paused_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    exempt_until: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    culled_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    reason: Mapped[str] = mapped_column(Text, default="")
+    Column("state", String(32), nullable=False, default="active"),
+    _time("idle_since"),
+    _time("warned_at"),
+    Column("extension_s", Float, nullable=False, default=0.0),
+    Column("extensions_used", Integer, nullable=False, default=0),
+    Column("approval_pending", Boolean, nullable=False, default=False),
+    _time("postponed_until"),
+    _string("checkpoint_status", 32),
+    _time("checkpoint_requested_at"),
+    _time("max_age_warned_at"),
+    _time("paused_at"),
+    _time("exempt_until"),
+    _time("culled_at"),
+    Column("reason", Text, nullable=False, default=""),
     # Schema 2: bounded checkpoint retries, running cells, expected durations, culls asked for.
-    checkpoint_failures: Mapped[int] = mapped_column(Integer, default=0)
-    busy_noticed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    interrupted_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    overrun_noticed_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    cull_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    cull_request_reason: Mapped[str | None] = mapped_column(String(32))
-    cull_request_why: Mapped[str] = mapped_column(Text, default="")
+    Column("checkpoint_failures", Integer, nullable=False, default=0),
+    _time("busy_noticed_at"),
+    _time("interrupted_at"),
+    _time("overrun_noticed_at"),
+    _time("cull_requested_at"),
+    _string("cull_request_reason", 32),
+    Column("cull_request_why", Text, nullable=False, default=""),
     # Schema 3: since when a running cell's kernel has done nothing (quiet_cell_limit).
-    quiet_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    _time("quiet_since"),
     # Schema 4: the server's failed checkpoints in a row, across sessions (checkpoint_broken_after).
-    hook_failures: Mapped[int] = mapped_column(Integer, default=0)
+    Column("hook_failures", Integer, nullable=False, default=0),
     # Decision outputs, so verdicts and listings need no recomputation.
-    warn_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    cull_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    cull_reason: Mapped[str | None] = mapped_column(String(32))
+    _time("warn_at"),
+    _time("cull_at"),
+    _string("cull_reason", 32),
     # Schema 5: what comes at cull_at when it is not a cull (the verdict's at_deadline).
-    at_deadline: Mapped[str | None] = mapped_column(String(32))
-    checkpoint_manifest: Mapped[dict | None] = mapped_column(JSON)
+    _string("at_deadline", 32),
+    Column("checkpoint_manifest", JSON),
     # It has sent GPU reports this session: until the next one arrives (after a service
     # restart) its GPU is unknown rather than "no extension".
-    reports: Mapped[bool] = mapped_column(Boolean, default=False)
-    updated_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    Column("reports", Boolean, nullable=False, default=False),
+    _time("updated_at"),
+)
+SERVER_COLUMNS = tuple(c.key for c in SERVERS.columns)
+
+
+class ServerRow:
+    """What the governor remembers of a server (a row of ``servers``): a slot per column,
+    unset columns ``None`` until stored (then their defaults), as an ORM instance's were."""
+
+    __slots__ = (*SERVER_COLUMNS, "_record")
+    __table__ = SERVERS
+
+    def __init__(self, **columns) -> None:
+        unknown = columns.keys() - _COLUMN_SET
+        if unknown:
+            raise TypeError(f"ServerRow has no column {sorted(unknown)}")
+        for name in SERVER_COLUMNS:
+            setattr(self, name, columns.get(name))
+        self._record: Record | None = None  # record_of's cache
+
+    def __repr__(self) -> str:
+        return f"<ServerRow {self.key!r}>"
+
+
+_COLUMN_SET = frozenset(SERVER_COLUMNS)
 
 
 class ExtensionRow(Base):
@@ -188,10 +225,9 @@ _RECORD_FIELDS = [f.name for f in fields(Record)]
 def record_of(row: ServerRow) -> Record:
     """The policy Record a row holds (cached on the row: the row's record columns change only
     through ``set_record``)."""
-    cached = row.__dict__.get("_record")
+    cached = row._record
     if cached is None:
-        cached = Record(**{name: getattr(row, name) for name in _RECORD_FIELDS})
-        row.__dict__["_record"] = cached
+        cached = row._record = Record(**{name: getattr(row, name) for name in _RECORD_FIELDS})
     return cached
 
 
@@ -207,4 +243,4 @@ def apply_decision(row: ServerRow, decision: Decision, policy_name: str) -> None
 def set_record(row: ServerRow, record: Record) -> None:
     for name in _RECORD_FIELDS:
         setattr(row, name, getattr(record, name))
-    row.__dict__["_record"] = record
+    row._record = record
