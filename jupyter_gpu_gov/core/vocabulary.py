@@ -97,4 +97,17 @@ CHECKPOINT_TIMEOUT = "timeout"  # no answer within the policy's checkpoint_timeo
 def server_key(user: str, name: str = "") -> str:
     """A server's one name across the project: ``user/`` for the default server, ``user/name``
     for a named one (the store, the audit trail, the API, the replay trace format)."""
-    return f"{user}/{name}"
+    key = f"{user}/{name}"
+    shared = _KEYS.get(key)
+    if shared is None:
+        if len(_KEYS) >= KEYS_SHARED:
+            _KEYS.clear()
+        shared = _KEYS[key] = key
+    return shared
+
+
+# Each key made is one string however often it is made again: a report and each pass make a
+# server's key anew, and the governor keeps it in some ten maps (3 MB at 10,000 servers:
+# docs/benchmarks.md, "Issue 26, wave 8"). Bounded: all forgotten at once past KEYS_SHARED.
+KEYS_SHARED = 50_000
+_KEYS: dict[str, str] = {}

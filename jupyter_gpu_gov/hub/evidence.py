@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     from .reconcile import _Batch
 
 
-@dataclass
+@dataclass(slots=True)  # one per server: no __dict__ each
 class Received:
-    """A server's last report as the governor keeps it: validated, and when it arrived (the
-    governor's clock, never the server's)."""
+    """A server's last report as the governor keeps it: validated (``hub.ingest.compact_report``),
+    and when it arrived (the governor's clock, never the server's)."""
 
     report: dict
     at: datetime

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from math import copysign
 
 from ..core import clock
 from ..core.vocabulary import server_key
@@ -22,31 +23,47 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 HUB_LOOKUP_EVERY = 10.0
 
 
-# How deep a report's words are shared: its own objects lie at most 2 deep (targets[].gpu,
+# How deep a report is compacted: its own objects lie at most 2 deep (targets[].gpu,
 # devices[].health); a checkpoint's manifest may nest deeper, and below 4 is kept as it came.
 SHARED_DEPTH = 4
 
 
-def shared_words(obj: dict, depth: int = 0) -> dict:
-    """A validated report with its names and enumerated values (``core.wire.report_words``)
-    as the one string each, not the copies every report's JSON decoding makes: the governor
-    keeps every server's last report, and a third of what each held was its ~120 names
-    (docs/benchmarks.md, "The service's memory"). Strings inline, a call per object only."""
+def compact_report(report: dict) -> dict:
+    """A validated report as the governor keeps it, equal to it in every field, with its names
+    and enumerated values (``core.wire.report_words``) as the one string each, and any other
+    string or number that occurs more than once in it (a time in three fields, a GPU's UUID in
+    its device and its kernels, an idle kernel's twelve 0.0 samples) as one object, and the
+    names that most servers send alike (a GPU's model, a kernel's, the namespace:
+    ``FLEET_FIELDS``) as one string across reports: JSON decoding makes a copy of each, and the
+    governor keeps every server's last report (docs/benchmarks.md, "Issue 26, wave 6" and
+    "wave 8")."""
+    return _compact(report, {}, 0)
+
+
+def _compact(obj: dict, seen: dict, depth: int) -> dict:
+    # ``seen``: this report's strings and floats (never equal to one another), by value;
+    # zeros apart, as -0.0 == 0.0 but is not the same number.
     words = _WORDS
     out = {}
     for key, value in obj.items():
         kind = type(value)
         if kind is str:
-            value = words.get(value, value)
+            value = words.get(value) or (
+                _fleet_word(value) if key in FLEET_FIELDS else seen.setdefault(value, value)
+            )
+        elif kind is float:
+            value = seen.setdefault(value, value) if value else _zero(value)
         elif depth < SHARED_DEPTH:
             if kind is dict:
-                value = shared_words(value, depth + 1)
+                value = _compact(value, seen, depth + 1)
             elif kind is list:
                 value = [
-                    shared_words(v, depth + 1)
+                    _compact(v, seen, depth + 1)
                     if type(v) is dict
-                    else words.get(v, v)
+                    else (words.get(v) or seen.setdefault(v, v))
                     if type(v) is str
+                    else (seen.setdefault(v, v) if v else _zero(v))
+                    if type(v) is float
                     else v
                     for v in value
                 ]
@@ -54,6 +71,28 @@ def shared_words(obj: dict, depth: int = 0) -> dict:
     return out
 
 
+def _zero(value: float) -> float:
+    return _ZERO if copysign(1.0, value) > 0 else value
+
+
+def _fleet_word(value: str) -> str:
+    shared = _FLEET_WORDS.get(value)
+    if shared is None:
+        if len(_FLEET_WORDS) >= FLEET_WORDS_KEPT:
+            _FLEET_WORDS.clear()  # bounded, whatever servers send
+        shared = _FLEET_WORDS[value] = value
+    return shared
+
+
+# Fields whose values most servers share: a device's and a target's name (the GPU's model,
+# "python3"), a MIG profile, the namespace; their values, one string each, the first
+# FLEET_WORDS_KEPT of them (then forgotten all at once and learnt again).
+FLEET_FIELDS = frozenset(("name", "mig_profile", "namespace"))
+FLEET_WORDS_KEPT = 4096
+_FLEET_WORDS: dict[str, str] = {}
+
+
+_ZERO = 0.0
 _WORDS = report_words()
 
 
@@ -62,7 +101,7 @@ class Ingest:
 
     def ingest(self, report: dict) -> dict:
         """Keep a validated, authorised report; answer the server's current verdict."""
-        report = shared_words(report)
+        report = compact_report(report)
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
         now = clock.utcnow()
         self.reports[key] = Received(report, now)
