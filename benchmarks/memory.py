@@ -1,6 +1,6 @@
 """Where the governor service's memory goes at N servers (issue 26: under 300 MB at 10,000).
 
-    python -m benchmarks.memory [--servers 10000] [--top 25]
+    python -m benchmarks.memory [--servers 10000] [--top 25 [--frames 8]]
 
 The fake Hub and the service as ``benchmarks.ingest`` starts them (``python -m
 jupyter_gpu_gov.hub``, its start-up pass over the N servers done); then every server reports
@@ -13,7 +13,8 @@ freed).
 
 With ``--top N`` the service runs under ``tracemalloc`` from its first import (its resident
 memory is then larger by tracemalloc's own) and prints the N lines that hold the most, by
-file:line, and the N files.
+file:line, and the N files; with ``--frames K`` also the N call stacks (K frames deep, the
+allocating line first) that hold the most: whose, where one line (the JSON decoder's) serves many.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ def _serve(argv: list[str]) -> None:
     """The service, as ``python -m jupyter_gpu_gov.hub`` runs it, answering SIGUSR1 with its
     figures (written to ``$BENCH_MEMORY_FIGURES``)."""
     top = int(os.environ.get("BENCH_MEMORY_TOP", "0"))
+    frames = int(os.environ.get("BENCH_MEMORY_FRAMES", "1"))
     if top:
         import tracemalloc
 
-        tracemalloc.start()
+        tracemalloc.start(frames)
 
     def figures(*_: object) -> None:
         out: dict = {
@@ -51,9 +53,9 @@ def _serve(argv: list[str]) -> None:
         if top:
             snapshot = tracemalloc.take_snapshot()
             out["traced_mb"] = tracemalloc.get_traced_memory()[0] / 1e6
-            for kind in ("lineno", "filename"):
+            for kind in ("lineno", "filename", *(("traceback",) if frames > 1 else ())):
                 out[kind] = [
-                    (stat.size / 1e6, stat.count, str(stat.traceback))
+                    (stat.size / 1e6, stat.count, _where(stat.traceback))
                     for stat in snapshot.statistics(kind)[:top]
                 ]
         started = time.perf_counter()
@@ -68,12 +70,18 @@ def _serve(argv: list[str]) -> None:
     main()
 
 
-def run(servers: int = 10000, top: int = 0) -> dict:
+def _where(traceback) -> str:
+    """A traceback's frames, where it allocated first and its callers under it."""
+    return ("\n" + " " * 25).join(map(str, reversed(traceback)))
+
+
+def run(servers: int = 10000, top: int = 0, frames: int = 1) -> dict:
     with fake_hub(servers, 0) as ready:
         figures_path = Path(REPO, f".bench-memory-{os.getpid()}.json")
         env = {
             FIGURES_ENV: str(figures_path),
             "BENCH_MEMORY_TOP": str(top),
+            "BENCH_MEMORY_FRAMES": str(frames),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         }
         command = ("-m", "benchmarks.memory", "--serve")
@@ -88,7 +96,8 @@ def run(servers: int = 10000, top: int = 0) -> dict:
                         raise RuntimeError(f"{failed} of {len(sent)} reports refused")
                 time.sleep(2)
                 process.send_signal(signal.SIGUSR1)
-                deadline = time.monotonic() + 300
+                # Statistics by call stack (--frames) take minutes at 10,000 servers.
+                deadline = time.monotonic() + (300 if frames <= 1 else 1800)
                 while not figures_path.exists() and time.monotonic() < deadline:
                     time.sleep(0.5)
                 time.sleep(0.5)  # written whole
@@ -102,21 +111,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", type=int, default=10000)
     parser.add_argument("--top", type=int, default=0, help="tracemalloc's top N lines and files")
+    parser.add_argument("--frames", type=int, default=1, help="with --top: the top call stacks")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     if args.serve:
         _serve(rest)
         return
-    out = run(args.servers, args.top)
+    out = run(args.servers, args.top, args.frames)
     print(
         "memory:",
         " ".join(
             f"{k}={round(v, 1) if isinstance(v, float) else v}"
             for k, v in out.items()
-            if k not in ("lineno", "filename")
+            if k not in ("lineno", "filename", "traceback")
         ),
     )
-    for kind in ("lineno", "filename"):
+    for kind in ("lineno", "filename", "traceback"):
         for size, count, where in out.get(kind, ()):
             print(f"  {size:8.1f} MB {count:9,d}  {where}")
         if kind in out:

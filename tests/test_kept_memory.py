@@ -85,15 +85,14 @@ def test_a_server_row_reads_back_as_it_was_saved(tmp_path):
     store = Store(url)
     fresh = ServerRow(key="carol/", user="carol")
     assert fresh.state is None and fresh.labels is None  # unset until stored, as before
-    store.save_servers([fresh])
-    assert (fresh.state, fresh.reports, fresh.name) == ("active", False, "")
-
     row = ServerRow(key="alice/gpu", user="alice", name="gpu", session_started=NOW)
     set_record(row, Record(state="warned", extension_s=1800.0, exempt_until=NOW))
     row.team, row.labels = "vision", {"gpu-gov/tier": "h100"}
     row.checkpoint_manifest = {"files": ["a.ipynb"]}
     row.cull_at = NOW + timedelta(hours=1)
-    store.save_servers([row])
+    store.save_servers([fresh, row])  # new rows that leave different columns unset
+    assert (fresh.state, fresh.reports, fresh.name) == ("active", False, "")
+    assert Store(url).server("carol/").labels == {}  # a callable default, in the store
     set_record(row, replace(record_of(row), warned_at=NOW))  # an update of a stored row
     store.save_servers([row])
 
