@@ -130,6 +130,7 @@ class Governor(
         # Cells asked to be interrupted (the busy limit), until their reports show it done.
         self._interrupts: dict[str, outbound.KernelRequest] = {}
         self._context = PassContext()
+        self._indexed: tuple = ()  # the DCGM evidence the context's indexes are of
         self.unchanged = Unchanged(options.full_pass_every)
         self._world: tuple = ()  # what reaches every server at once, as of the last pass
         self.hub_listing = HubListing(options.full_pass_every)
@@ -190,11 +191,12 @@ class Governor(
         else:
             groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
         snapshot = self._fresh(snapshot)
-        self._context = PassContext(
-            teams_by_group=group_teams(groups),
-            by_uuid=index_by_uuid(snapshot.evidence) if snapshot else {},
-            by_pod=index_by_pod(snapshot.evidence) if snapshot else {},
-        )
+        evidence = snapshot.evidence if snapshot else ()
+        by_uuid, by_pod = self._context.by_uuid, self._context.by_pod
+        if evidence != self._indexed:  # (a record the read kept is the same object: quick)
+            self._indexed = evidence
+            by_uuid, by_pod = index_by_uuid(evidence), index_by_pod(evidence)
+        self._context = PassContext(group_teams(groups), by_uuid, by_pod)
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()
