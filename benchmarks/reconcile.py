@@ -475,7 +475,6 @@ async def _bench(
     from jupyter_gpu_gov.core.policy import load_policies
     from jupyter_gpu_gov.core.report import validate
     from jupyter_gpu_gov.core.vocabulary import CULLED
-    from jupyter_gpu_gov.hub import metrics as metrics_module
     from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
     from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
     from jupyter_gpu_gov.hub.hubapi import HubApi
@@ -522,7 +521,7 @@ async def _bench(
     timers.wrap(store, "save", "store_write", count=lambda rows=(), *_, **__: len(rows))
     timers.wrap(store, "audit", "store_audit")
     timers.wrap(store, "save_usage", "ledger_write")
-    timers.wrap(metrics_module, "observe_states", "metrics")
+    timers.wrap(gov, "_publish_gauges", "metrics")
 
     fleet = [p for p in plan(n, seed) if p.gpu_uuid]
     times = {user: [clock.parse(s), clock.parse(a)] for user, (s, a) in ready["servers"].items()}

@@ -25,6 +25,7 @@ from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
+from jupyter_gpu_gov.replay.history import KEYFRAME_S
 
 
 @pytest.fixture(autouse=True)
@@ -411,8 +412,8 @@ async def test_culls_past_a_pass_s_bound_of_fresh_reads_wait_for_the_next_pass(
     tmp_path, monkeypatch
 ):
     """A pass asks for at most ``fresh_reads`` users before their culls (hub/listing.py): the
-    culls past it are not decided this pass (``cull-waits`` on record, the server still
-    running and warned of nothing new) and are made, one pass later, at the next pass."""
+    culls past it are not decided this pass (``cull-waits`` on record once per wait, the
+    server still running and warned of nothing new) and are made at a later pass."""
     frozen = [clock.utcnow()]
     monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
     monkeypatch.setattr("jupyter_gpu_gov.hub.reconcile.fresh_reads", lambda *_: 2)
@@ -441,4 +442,65 @@ async def test_culls_past_a_pass_s_bound_of_fresh_reads_wait_for_the_next_pass(
             await gov.reconcile()
             await gov.background_done()
             assert sum(hub.running(u) for u in users) == remaining
+        # Three culls waited, the last for two passes: each wait on record once.
+        waits = [
+            a for u in users for a in gov.store.audit_rows(f"{u}/") if a.action == "cull-waits"
+        ]
+        assert len(waits) == 3
+        await gov.close()
+
+
+async def test_a_pass_visits_only_the_servers_whose_inputs_moved(tmp_path, monkeypatch):
+    """Between full passes, servers that report what they did are not visited: each report was
+    compared as it arrived, and the ledger, the history and the gauges take the others as they
+    were without a look at each. A pass looks at the one server whose report moved, and at the
+    servers whose history keyframe falls due; the ledger still bills every server to the last
+    pass, and the gauges still count every one."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    users = [f"user{i}" for i in range(0, 60, 3)]  # 20 servers, the default policy
+    uuids = {u: f"GPU-{i:08d}-0000-0000-0000-000000000000" for i, u in enumerate(users)}
+    async with FakeHub() as hub:
+        start = frozen[0]
+        for user in users:
+            hub.add_server(user, last_activity=start)
+        gov = governor(hub, tmp_path, "gov", Dcgm(), full_every=1000)
+        observed, recorded = counting(gov, "_observe"), counting(gov, "_look")
+        compared, gauged = counting(gov, "_report_moved"), counting(gov.gauges, "set")
+        visits = []  # per pass: (observed, recorded, compared in the pass, gauges set)
+
+        async def minute(moved: str | None = None) -> None:
+            frozen[0] += timedelta(minutes=1)
+            for user in users:
+                gov.ingest(report_for(user, uuids[user], sm=0.0 if user == moved else 0.9))
+            before = observed[0], recorded[0], compared[0], gauged[0]
+            await gov.reconcile()
+            after = observed[0], recorded[0], compared[0], gauged[0]
+            visits.append(tuple(b - a for a, b in zip(before, after, strict=True)))
+
+        for _ in range(6):
+            await minute()
+        await minute(moved="user3")
+        # The first pass decides every server, and the second again (the first wrote rows).
+        assert visits[:2] == [(20, 20, 0, 20)] * 2
+        assert visits[2:6] == [(0, 0, 0, 0)] * 4  # then none: nothing moved
+        assert visits[6] == (1, 1, 0, 1)  # only the server whose report moved
+        gov.flush_usage()  # the ledger's write: billed to the last pass, every one
+        for user in users:
+            session = gov.ledger.open[f"{user}/"]
+            assert session.at == frozen[0]
+            assert session.allocated == pytest.approx(7 * 60 * session.gpus, abs=1)
+        team = {
+            labels: value
+            for (name, labels), (_, value) in samples().items()
+            if name == "jupyter_gpu_gov_team_servers"
+        }
+        assert sum(team.values()) == 20
+        while frozen[0] - start < timedelta(seconds=KEYFRAME_S + 60):
+            await minute()  # user3 active again: decided, and again after its row's write
+        assert visits[7:9] == [(1, 1, 0, 1)] * 2
+        assert set(visits[9:-1]) == {(0, 0, 0, 0)}
+        # The others' history keyframes fell due (15 minutes after their first rows): recorded
+        # then, on their kept views, without being observed again.
+        assert visits[-1] == (0, 19, 0, 0)
         await gov.close()

@@ -154,25 +154,31 @@ def test_a_restarted_ledger_bills_on_from_the_saved_cursor():
     assert session.totals == {IDLE_HELD: 120, ACTIVE: 60}
 
 
-def test_a_server_seen_again_as_it_was_is_billed_at_the_drain_as_each_look_would_bill():
-    """``observe_again`` defers the billing of a server seen as it was to its next change, its
-    stop or the drain: the same totals as billing every look, the whole span observed although
-    it is longer than ``max_gap``; a gap longer than that between two looks is unobserved, and
-    a new right-sizing share bills the time before it at the old one."""
-    every, deferred = Ledger(GAP), Ledger(GAP)
-    for led in (every, deferred):
-        led.observe(Observation("alice/", "s1", at(0), ALICE, 1.0, IDLE_HELD, None, 0.5))
-    for t in range(60, 901, 60):  # 15 minutes of looks, a minute apart
-        every.observe(Observation("alice/", "s1", at(t), ALICE, 1.0, IDLE_HELD, None, 0.5))
-        assert deferred.observe_again("alice/", at(t), 0.5)
-    assert deferred.open["alice/"].at == at(0)  # nothing billed yet
-    for led in (every, deferred):
-        led.observe(Observation("alice/", "s1", at(1500), ALICE, 1.0, IDLE_HELD, None, 0.5))
-    deferred.observe_again("alice/", at(1560), 0.25)  # a new share: 1500..1560 at 0.5
-    every.observe(Observation("alice/", "s1", at(1560), ALICE, 1.0, IDLE_HELD, None, 0.25))
-    deferred.observe_again("alice/", at(1620), 0.25)
-    every.observe(Observation("alice/", "s1", at(1620), ALICE, 1.0, IDLE_HELD, None, 0.25))
-    (a, sa), (b, sb) = every.drain(), deferred.drain()
+def test_held_servers_are_billed_at_the_drain_as_observing_each_at_every_pass_would_bill():
+    """``sweep`` sees every held session (observed, not skipped since) as it was at a pass,
+    without visiting it: billed at its next observation, its stop or the drain, the same totals
+    as observing it at every pass, the whole span observed although it is longer than
+    ``max_gap``; a gap longer than that between two sweeps is unobserved, and a server skipped
+    (its decision failed) is seen by no sweep until it is observed again."""
+
+    def look(led: Ledger, t: float, share: float = 0.5) -> None:
+        led.observe(Observation("alice/", "s1", at(t), ALICE, 1.0, IDLE_HELD, None, share))
+
+    every, swept = Ledger(GAP), Ledger(GAP)
+    for led in (every, swept):
+        look(led, 0)
+    swept.sweep(at(0))
+    for t in range(60, 901, 60):  # 15 minutes of passes, a minute apart
+        look(every, t)
+        swept.sweep(at(t))
+    assert swept.open["alice/"].at == at(0)  # nothing billed yet
+    swept.sweep(at(1500))  # the service was down 10 minutes: unobserved, for each held one
+    look(every, 1500)
+    for led in (every, swept):
+        look(led, 1560, 0.25)  # a new share: the server is observed (1500..1560 at 0.5)
+    swept.sweep(at(1620))
+    look(every, 1620, 0.25)
+    (a, sa), (b, sb) = every.drain(), swept.drain()
     assert totals(b) == pytest.approx(totals(a))
     assert totals(b) == pytest.approx(
         {
@@ -182,12 +188,23 @@ def test_a_server_seen_again_as_it_was_is_billed_at_the_drain_as_each_look_would
         }
     )
     assert sb[0].at == sa[0].at == at(1620) and sb[0].totals == pytest.approx(sa[0].totals)
-    # Stopped: billed up to the stop, what was deferred first.
-    deferred.observe_again("alice/", at(1680), 0.25)
-    deferred.close("alice/", at(1700))
-    assert totals(deferred.drain()[0]) == pytest.approx(
-        {IDLE_HELD: 80, ledger.RIGHT_SIZE_FREED: 60}
+    # Skipped at 1680 (not observed), then observed at 1860: 1620..1860 is one gap, unobserved.
+    swept.sweep(at(1640))
+    swept.skip("alice/")
+    for t in (1680, 1740, 1800):
+        swept.sweep(at(t))
+    look(every, 1640, 0.25)
+    for led in (every, swept):
+        look(led, 1860, 0.25)
+    (a, _), (b, _) = every.drain(), swept.drain()
+    assert totals(b) == pytest.approx(totals(a))
+    assert totals(b) == pytest.approx(
+        {IDLE_HELD: 20, UNOBSERVED: 220, ledger.RIGHT_SIZE_FREED: 20 * 0.75}
     )
+    # Stopped: billed up to the stop, what the sweeps saw first.
+    swept.sweep(at(1920))
+    swept.close("alice/", at(1940))
+    assert totals(swept.drain()[0]) == pytest.approx({IDLE_HELD: 80, ledger.RIGHT_SIZE_FREED: 60})
 
 
 def test_intervals_across_midnight_split_between_days():

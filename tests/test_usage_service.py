@@ -288,7 +288,10 @@ def test_the_per_server_series_follow_the_servers():
     def by_state():
         return series("jupyter_gpu_gov_team_gpu_equivalents", "state")
 
-    metrics.observe_states([row("ann", "active"), row("ben", "idle")], {"ann/": 1.0, "ben/": 2.0})
+    gauges = metrics.StateGauges()
+    gauges.set("ann/", row("ann", "active"), 1.0, ("", ""))
+    gauges.set("ben/", row("ben", "idle"), 2.0, ("", ""))
+    gauges.publish()
     assert series() == {"ann": 1.0, "ben": 2.0}
     assert by_state() == {"active": 1.0, "idle": 2.0}
     before = [
@@ -297,7 +300,9 @@ def test_the_per_server_series_follow_the_servers():
         for s in f.samples
         if s.labels.get("user") == "ann"
     ]
-    metrics.observe_states([row("ann", "warned")], {"ann/": 1.0})
+    gauges.set("ann/", row("ann", "warned"), 1.0, ("", ""))
+    gauges.drop("ben/")
+    gauges.publish()
     assert series() == {"ann": 1.0}
     assert by_state() == {"warned": 1.0}
     after = [
@@ -307,7 +312,8 @@ def test_the_per_server_series_follow_the_servers():
         if s.labels.get("user") == "ann"
     ]
     assert before == after  # the same series, not a new one per state
-    metrics.observe_states([], {})
+    gauges.drop("ann/")
+    gauges.publish()
     assert series() == {} and by_state() == {}
 
 

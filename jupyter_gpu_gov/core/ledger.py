@@ -23,11 +23,14 @@ Rules that keep the sums honest:
   moment it was stopped (``close``), when that is within ``max_gap`` of the last observation.
 - Intervals that cross UTC midnight are split between the two days.
 
-A server seen again as it was (``observe_again``: the same session, owner, GPUs, state and
-right-sizing share, within ``max_gap`` of its last observation) is not billed at once: its
-cursor ``seen`` moves, and the time up to it is billed, as observed, when anything changes, when
-it stops, or when the ledger is drained (its write, every few minutes) — what billing every
-observation would bill, in fewer and longer pieces.
+A server not observed in a pass while it runs as it was (the governor looked at nothing it
+reads: the same session, owner, GPUs, state and right-sizing share) is *held*: each pass ends
+with one ``sweep`` that sees every held session as it was, without visiting any of them. The
+time up to the last sweep is billed, as observed, when the session is next observed, when it
+stops, or when the ledger is drained (its write, every few minutes) — what observing each of
+them at every pass would bill, in fewer and longer pieces. A sweep more than ``max_gap`` after
+the last (the service was down) bills that gap to every held session as ``unobserved``; a
+server the pass could not decide is not seen (``skip``) until observed again.
 
 Right-sizing: while a smaller tier would hold the server's measured use (``right_size_share``,
 its share of the GPU-equivalents held), the GPU-equivalent seconds it would have freed are
@@ -93,7 +96,7 @@ class Session:
     totals: dict[str, float] = field(default_factory=dict)  # FIELDS -> GPU-eq s, or counts
     ended_at: datetime | None = None
     right_size_share: float | None = None  # as last observed (not stored)
-    seen: datetime | None = None  # seen as it was up to here, not billed yet (not stored)
+    held: bool = False  # seen as it was by every sweep since its last observation (not stored)
 
     @property
     def allocated(self) -> float:
@@ -122,6 +125,7 @@ class Ledger:
         self.open: dict[str, Session] = {s.server: s for s in sessions if s.ended_at is None}
         self._deltas: dict[BucketKey, dict[str, float]] = {}
         self._changed: dict[tuple[str, str], Session] = {}
+        self.swept: datetime | None = None  # the last sweep: held sessions are seen up to it
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -146,24 +150,29 @@ class Ledger:
         self._bill(current, obs.at)
         current.owner, current.gpus, current.state = obs.owner, obs.gpus, obs.state
         current.right_size_share = obs.right_size_share
+        current.held = True
         self._changed[(current.server, current.session)] = current
 
-    def observe_again(self, server: str, at: datetime, right_size_share: float | None) -> bool:
-        """The server seen again at ``at`` as at its last observation (same session, owner,
-        GPUs and state): what ``observe`` would do with those, without rebuilding them.
-        ``False``: no session open (observe it whole)."""
+    def sweep(self, at: datetime) -> None:
+        """A pass at ``at`` saw every held session as it was (their servers run, nothing they
+        bill moved): each is seen up to ``at`` without a visit. After a gap longer than
+        ``max_gap`` since the last sweep, the gap is billed to each as ``unobserved``."""
+        last = self.swept
+        if last is not None and at - last > self.max_gap:
+            for s in self.open.values():
+                if s.held:
+                    self._settle(s)
+                    self._bill(s, at)
+        if last is None or at > last:
+            self.swept = at
+
+    def skip(self, server: str) -> None:
+        """A running server this pass could not observe (its decision failed): seen up to the
+        last sweep, and by none after it until it is observed again."""
         current = self.open.get(server)
-        if current is None:
-            return False
-        last = current.seen or current.at
-        if at - last > self.max_gap or right_size_share != current.right_size_share:
+        if current is not None:
             self._settle(current)
-            self._bill(current, at)
-            current.right_size_share = right_size_share
-        elif at > last:
-            current.seen = at  # billed at the next change, stop or drain
-        self._changed[(current.server, current.session)] = current
-        return True
+            current.held = False
 
     def close(self, server: str, at: datetime) -> Session | None:
         """The server stopped at ``at`` (or was found gone then): bill up to it, end the
@@ -192,19 +201,20 @@ class Ledger:
         """The wall clock stepped by ``delta``: every open session's cursors move with it."""
         for s in self.open.values():
             s.at += delta
-            if s.seen is not None:
-                s.seen += delta
+        if self.swept is not None:
+            self.swept += delta
 
     def _settle(self, s: Session) -> None:
-        """Bill what ``observe_again`` left: seen as it was, every step within ``max_gap``."""
-        if s.seen is not None:
-            seen, s.seen = s.seen, None
-            self._bill(s, seen, observed=True)
+        """Bill what the sweeps saw of a held session: as it was, every step within
+        ``max_gap``."""
+        if s.held and self.swept is not None:
+            self._bill(s, self.swept, observed=True)
 
     def _bill(self, s: Session, until: datetime, observed: bool = False) -> None:
         if until <= s.at:
             return  # a second is billed at most once
         start, s.at = s.at, until
+        self._changed[(s.server, s.session)] = s  # written at the next drain
         if s.gpus <= 0:
             return
         what = UNOBSERVED if until - start > self.max_gap and not observed else s.state

@@ -3,10 +3,11 @@
 
 A server is marked when an input its kept decision read changed: its decision was not kept
 (``hub/unchanged.py``: something waits on it, or it changed), its report was removed. A server
-whose report arrived is ``written`` (``Reports``, the governor's table of reports, notes every
-write): the pass compares that report with the kept one (``same_report``, and the diagnosis's
-cause) and looks at the server only if it differs — most reports say again what the last one
-did. Its next time is the earlier of ``policy.holds_until`` and when its report or diagnosis
+whose report arrived is compared with what its kept decision read once, as it arrives
+(``Governor.ingest`` calls ``Incremental._note_report``: ``same_report``, the diagnosis's cause),
+and marked only if it differs — most reports say again what the last one did, and the pass never
+compares them again (a write other than ingest's, noted by ``Reports``, is compared at the next
+pass). Its next time is the earlier of ``policy.holds_until`` and when its report or diagnosis
 goes stale, kept in a heap: a pass pops what fell due instead of comparing every server's
 inputs.
 
@@ -23,14 +24,52 @@ from collections.abc import Iterable
 from datetime import datetime
 
 
+class NextTimes:
+    """A heap of each key's next time: a pass pops what fell due instead of comparing every
+    key's time (the governor's kept decisions, the history's keyframes)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, str]] = []
+        self._next: dict[str, float] = {}  # key -> its live entry's time (others are stale)
+
+    def at(self, key: str, when: float | None) -> None:
+        """``key`` is due at ``when`` (Unix seconds; ``None``: not by time)."""
+        if when is None:
+            self._next.pop(key, None)
+            return
+        if self._next.get(key) != when:
+            self._next[key] = when
+            heapq.heappush(self._heap, (when, key))
+        if len(self._heap) > 4 * len(self._next) + 1024:  # stale entries: rebuild, once in a while
+            self._heap = [(t, k) for k, t in self._next.items()]
+            heapq.heapify(self._heap)
+
+    def forget(self, key: str) -> None:
+        self._next.pop(key, None)
+
+    def take(self, now: float) -> set[str]:
+        """The keys whose time came, each taken off the heap (until set again)."""
+        taken = set()
+        heap, live = self._heap, self._next
+        while heap and heap[0][0] <= now:
+            when, key = heapq.heappop(heap)
+            if live.get(key) == when:
+                del live[key]
+                taken.add(key)
+        return taken
+
+    def clear(self) -> None:
+        self._heap.clear()
+        self._next.clear()
+
+
 class Due:
     """The marked servers and a heap of each kept server's next time."""
 
     def __init__(self) -> None:
         self.marked: set[str] = set()
-        self.written: set[str] = set()  # a report arrived since the last pass
-        self._heap: list[tuple[float, str]] = []
-        self._next: dict[str, float] = {}  # key -> its live entry's time (others are stale)
+        self.written: set[str] = set()  # a report arrived, not yet compared (``_note_report``)
+        self._times = NextTimes()
 
     def mark(self, key: str) -> None:
         self.marked.add(key)
@@ -44,39 +83,23 @@ class Due:
 
     def at(self, key: str, when: datetime | None) -> None:
         """Look at ``key`` again at ``when`` (``None``: only once marked)."""
-        if when is None:
-            self._next.pop(key, None)
-            return
-        t = when.timestamp()
-        if self._next.get(key) != t:
-            self._next[key] = t
-            heapq.heappush(self._heap, (t, key))
-        if len(self._heap) > 4 * len(self._next) + 1024:  # stale entries: rebuild, once in a while
-            self._heap = [(t, k) for k, t in self._next.items()]
-            heapq.heapify(self._heap)
+        self._times.at(key, None if when is None else when.timestamp())
 
     def forget(self, key: str) -> None:
-        self._next.pop(key, None)
+        self._times.forget(key)
         self.marked.discard(key)
 
     def take(self, now: datetime) -> set[str]:
         """The servers to look at now: every one marked, and every one whose time came (each
         taken off the heap: looking at it sets its next time again)."""
-        t = now.timestamp()
         taken, self.marked = self.marked, set()
-        heap, live = self._heap, self._next
-        while heap and heap[0][0] <= t:
-            when, key = heapq.heappop(heap)
-            if live.get(key) == when:
-                del live[key]
-                taken.add(key)
+        taken |= self._times.take(now.timestamp())
         return taken
 
     def clear(self) -> None:
         self.marked.clear()
         self.written.clear()
-        self._heap.clear()
-        self._next.clear()
+        self._times.clear()
 
 
 class Reports(dict):

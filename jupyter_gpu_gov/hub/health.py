@@ -285,14 +285,12 @@ class HealthWatch:
             problem.since = self._since.setdefault(uuid, problem.since)
         return sorted(found.values(), key=lambda p: (p.node or "", p.index or 0, p.uuid))
 
-    def finish_pass(self, running: Iterable[str], now: datetime) -> list[GpuProblem]:
-        """After every server was governed: forget what stopped servers reported, publish the
-        metrics; returns the GPUs that are not healthy."""
-        running = set(running)
-        for key in [k for k in self.flagged if k not in running]:
-            del self.flagged[key]
-        for key in [k for k in self.reported if k not in running]:
-            del self.reported[key]
+    def finish_pass(self, stopped: Iterable[str], now: datetime) -> list[GpuProblem]:
+        """After every server was governed: forget what the servers that stopped reported,
+        publish the metrics; returns the GPUs that are not healthy."""
+        for key in stopped:
+            self.flagged.pop(key, None)
+            self.reported.pop(key, None)
         found = self.problems(now)
         metrics.observe_gpu_health(
             [

@@ -3,8 +3,9 @@
 At each pass the governor records, per running server, what it decided on and what it did, in
 three tables of its store (``gpu_gov_history``, with the ``gpu_gov_history_runs`` and
 ``gpu_gov_history_contexts`` dictionaries): ``replay.history.STORAGE_COLUMNS``, about 52 bytes a
-kept row. Cheap per pass: a server whose kept view (``hub/unchanged.py``) and report did not
-move since its last kept row costs one identity check until its keyframe is due, and only rows
+kept row. Cheap per pass: a server the pass did not look at (its kept view, ``hub/unchanged.py``,
+and report did not move) costs nothing until its keyframe is due (a heap of due times), and only
+rows
 ``worth_recording`` keeps are written, in one bulk insert a pass (what changed, not a copy of
 the world). Bounded: rows older than ``history_retention`` and beyond ``history_max_rows`` are
 deleted, at most once every ``PRUNE_EVERY``; ``history_retention = 0`` records nothing.
@@ -65,6 +66,7 @@ from ..replay.history import (
     unpack,
 )
 from .bulk_sql import Executemany
+from .deadlines import NextTimes
 from .hubapi import HubServer
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
@@ -256,6 +258,8 @@ class History:
             log_ = self._history = HistoryLog(self.store.engine, self.options.history)
             self._history_last: dict[str, _Last] = {}
             self._history_pending: dict[str, HistoryRow] = {}
+            self._keyframes = NextTimes()  # when each server's next keyframe is due
+            self._history_retry: set[str] = set()  # a look failed: again at the next pass
         return log_
 
     def _record(self, server: HubServer, view: ServerView, now: datetime) -> None:
@@ -264,6 +268,8 @@ class History:
         try:
             self._look(server, view, now)
         except Exception:
+            if getattr(self, "_history", None) is not None:
+                self._history_retry.add(view.key)  # tried again at the next pass
             if not self._history_failed:
                 self._history_failed = True
                 log.exception("gpu-gov: a server's history row not recorded")
@@ -290,8 +296,24 @@ class History:
             row = HistoryRow(t, key, started, **dict(zip(CONTENT_FIELDS, values, strict=True)))
             self._history_pending[key] = row
             self._history_last[key] = _Last(row, view, changed)
+            self._keyframes.at(key, t + KEYFRAME_S)
         else:
             last.view = view
+
+    def _record_keyframes(self, kept: Mapping, now: datetime) -> None:
+        """After the pass decided: the servers it did not look at whose keyframe is due, on
+        their kept views (``kept``: ``hub/unchanged.Kept`` by key; a server the pass looked at
+        has its next keyframe set already)."""
+        if self._history_log() is None:
+            return
+        t = now.timestamp()
+        for key in self._keyframes.take(t):
+            server, held = self._servers.get(key), kept.get(key)
+            if server is not None and held is not None:
+                self._record(server, held.view, now)
+        for key in self._history_retry:
+            self._keyframes.at(key, t)
+        self._history_retry.clear()
 
     def _history_values(self, server: HubServer, view: ServerView, received, now) -> tuple:
         """What the pass saw of a server, as ``CONTENT_FIELDS``."""
@@ -326,19 +348,20 @@ class History:
             view.cause,
         )
 
-    def _record_pass(self, audits: Iterable, seen: set[str], now: datetime) -> None:
+    def _record_pass(self, audits: Iterable, stopped: Iterable[str], now: datetime) -> None:
         """After the pass acted: its policy actions on their servers' rows, a last row for each
         server that stopped, and the kept rows written. A failed write is logged and dropped:
         the history never stops a pass."""
         try:
-            self._write_pass(audits, seen, now)
+            self._write_pass(audits, stopped, now)
         except Exception:  # as _record: logged, dropped
             log.exception("gpu-gov: this pass's history not recorded")
         self._history_failed = False
 
-    def _write_pass(self, audits: Iterable, seen: set[str], now: datetime) -> None:
+    def _write_pass(self, audits: Iterable, stopped: Iterable[str], now: datetime) -> None:
         if self._history_log() is None:
             return
+        running = self._servers
         pending = self._history_pending
         t = now.timestamp()
         for audit in audits:
@@ -346,7 +369,7 @@ class History:
             details = audit.details or {}
             outcome = details.get("status") if audit.action.startswith("checkpoint-") else None
             acted = audit.action in POLICY_ACTIONS
-            if audit.dry_run or key not in seen or not (acted or outcome in CHECKPOINT_OUTCOMES):
+            if audit.dry_run or key not in running or not (acted or outcome in CHECKPOINT_OUTCOMES):
                 continue
             row = pending.get(key)
             if row is None:  # nothing else moved: the last kept row again, at this pass
@@ -361,7 +384,10 @@ class History:
             else:
                 row = replace(row, checkpoint=outcome)
             pending[key] = self._history_last[key].row = row
-        for key in [k for k in self._history_last if k not in seen]:
+        for key in stopped:
+            self._keyframes.forget(key)
+            if key not in self._history_last:
+                continue
             last = self._history_last.pop(key).row  # its last values, as the export holds them
             stop = replace(last, t=t, stopped=True, actions=(), cull_reason=None, checkpoint=None)
             pending[key] = stop

@@ -9,14 +9,22 @@ that model; a cull, which takes a GPU away, rests on a model read in this pass: 
 listing when it brought the user, else one ``GET /users/{name}`` just before the cull, which is
 skipped (``cull-skipped``) when the server changed since (stopped, restarted, new activity).
 A pass reads at most ``listing.fresh_reads`` users so; the culls past it wait for the next pass
-(``cull-waits``), their decision not taken."""
+(``cull-waits``, on record once per wait), their decision not taken.
+
+A pass between full listings visits only the servers its listing brought or it looks at: a
+report is compared with what its server's kept decision read as it arrives (``_note_report``),
+the running servers are what the last pass knew less the listed users' servers the listing did
+not bring (``Running``: by user), and what the others would have done at every pass is done
+once for all of them (the ledger's sweep, the history's keyframes in a heap, the gauges kept
+per server)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from ..core import policy
+from ..core import clock, policy
 from ..core.policy import Decision, Policy, Record, ServerView, evolve
 from ..core.vocabulary import CULL, WARNED
 from .dcgm import DcgmSnapshot
@@ -30,10 +38,38 @@ from .views import cause_of
 @dataclass
 class LookedAt:
     """Between full passes: the servers looked at, with their kept views (``None``: decide
-    it), and ``untouched``: those neither marked nor due."""
+    it); the others, neither marked nor due, keep their decisions."""
 
     views: dict[str, ServerView | None] = field(default_factory=dict)
-    untouched: set[str] = field(default_factory=set)
+
+
+class Running(dict):
+    """The running servers by key, as of the last pass, and their keys by user: a pass that
+    listed only some users finds which of their servers stopped without walking every one."""
+
+    __slots__ = ("by_user",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_user: dict[str, set[str]] = {}
+
+    def __setitem__(self, key: str, server: HubServer) -> None:
+        if key not in self:
+            self.by_user.setdefault(server.user, set()).add(key)
+        super().__setitem__(key, server)
+
+    def __delitem__(self, key: str) -> None:
+        self.pop(key)
+
+    def pop(self, key: str, *default):
+        if key not in self:
+            return super().pop(key, *default)
+        server = super().pop(key)
+        keys = self.by_user[server.user]
+        keys.discard(key)
+        if not keys:
+            del self.by_user[server.user]
+        return server
 
 
 class Incremental:
@@ -47,25 +83,23 @@ class Incremental:
         since the last pass are looked at (hub/deadlines.py); ``everyone``: every kept server
         is (DCGM's evidence or the diagnosis model changed). The others keep their view, if
         listed, while their model did not change."""
+        for key in self.due.take_written():  # reports not written by ingest (which notes its own)
+            self._note_report(key)
         if full:
             self.due.clear()
         await self.hub_listing.plan(self.hub, full, groups)
         kept = LookedAt()
         look = self.due.take(now)
-        written = self.due.take_written()
         if full:
             return kept
         if everyone:
             look.update(self.unchanged.kept)
-        else:
-            look.update(k for k in written if k not in look and self._report_moved(k))
         servers = self._servers
         for key in look:
             server = servers.get(key)
             if server is None:
                 continue  # stopped
             kept.views[key] = self._kept_view(key, server, rows.get(key), now)
-        kept.untouched = {k for k in self.unchanged.kept if k not in look and k in servers}
         return kept
 
     def _inputs(self, key: str, server: HubServer, received: Received | None) -> tuple:
@@ -88,6 +122,7 @@ class Incremental:
             or key in self._interrupts
             or key in self._distrusted
             or key in self._failing
+            or key in self._cull_waiting
         )
 
     def _kept_view(
@@ -138,6 +173,44 @@ class Incremental:
         self.unchanged.forget(key)
         self.due.mark(key)
 
+    def _note_report(self, key: str) -> None:
+        """A report was just kept (``Governor.ingest``): compared once, now, with what its
+        server's kept decision read, and the server marked for the next pass only if it moved
+        — the pass never compares reports; else its kept decision holds until the new report
+        goes stale. One of a server no pass saw running is forgotten once stale, unless a pass
+        finds its server running (``_forget_stale_reports``)."""
+        self.due.written.discard(key)
+        if key not in self._servers:
+            self._orphan_reports.add(key)
+        elif self._report_moved(key) or self._share_moved(key):
+            self.due.mark(key)
+        else:  # the same again: it goes stale later (else every server is due every few passes)
+            kept = self.unchanged.kept[key]
+            self.due.at(key, _earliest(kept.until, self._stale_at(key, self.reports.get(key))))
+
+    def _share_moved(self, key: str) -> bool:
+        """Whether the report moved the server's right-sizing share (its measured use) from
+        what the ledger bills: the ledger's sweep bills a server not looked at as it was."""
+        if not self.options.tier_sizes:
+            return False  # no share to move
+        kept, billed = self.unchanged.kept.get(key), self.ledger.open.get(key)
+        if kept is None or billed is None:
+            return False  # decided at the next pass anyway, or not billed yet
+        return self._right_size_share(kept.view) != billed.right_size_share
+
+    def _forget_stale_reports(self, stopped: Iterable[str]) -> None:
+        """Reports of servers not running (stopped, or not yet seen by a pass) are forgotten
+        once stale; only those are looked at, not every report."""
+        orphans = self._orphan_reports
+        orphans.update(stopped)
+        for key in list(orphans):
+            received = self.reports.get(key)
+            if received is None or key in self._servers:
+                orphans.discard(key)
+            elif clock.utcnow() - received.at > self.options.report_stale_after:
+                del self.reports[key]
+                orphans.discard(key)
+
     def _report_moved(self, key: str) -> bool:
         """Whether the report that arrived, or the diagnosis it brought, differs from what the
         server's kept decision read (most say again what the last one did)."""
@@ -161,16 +234,20 @@ class Incremental:
         of those reads, the decision is not taken (its deadlines are): the record stays as it
         was, on record as such, and the next pass decides the server again."""
         if CULL not in decision.actions or self._read_this_pass(server):
+            self._cull_waiting.discard(row.key)
             return decision
         if self._fresh_reads_left > 0:
             self._fresh_reads_left -= 1
             self._decided_on[row.key] = decided
+            self._cull_waiting.discard(row.key)
             return decision
-        why = (
-            f"{decision.reason}: waits for the next pass (this pass read its most users before"
-            f" their culls, {self._fresh_reads})"
-        )
-        audits.append(self._audit_row(row, "cull-waits", why))
+        if row.key not in self._cull_waiting:  # on record once, when it first waits
+            self._cull_waiting.add(row.key)
+            why = (
+                f"{decision.reason}: waits for the next pass (this pass read its most users"
+                f" before their culls, {self._fresh_reads})"
+            )
+            audits.append(self._audit_row(row, "cull-waits", why))
         return evolve(decision, record=decided.record, actions=())
 
     async def _still_as_decided(

@@ -124,6 +124,7 @@ class Ingest:
         result = reported_checkpoint(report.get("checkpoint"))
         if result is not None and row is not None and result.answers(record_of(row)):
             self._checkpoints[key] = result  # a stale one never replaces the answer
+        self._note_report(key)  # compared once, here: the pass looks only at what moved
         return self.verdict(key)
 
     async def hub_runs(self, key: str) -> bool:
@@ -146,11 +147,3 @@ class Ingest:
                 self._hub_lookups.clear()
             asked = self._hub_lookups[user] = (now, frozenset((model or {}).get("servers") or ()))
         return name in asked[1]
-
-    def _forget_stale_reports(self, running: set[str]) -> None:
-        for key in list(self.reports):
-            if (
-                key not in running
-                and clock.utcnow() - self.reports[key].at > self.options.report_stale_after
-            ):
-                del self.reports[key]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter as Tally
 from collections.abc import Iterable
 from contextlib import suppress
@@ -104,45 +105,79 @@ TEAM_GPUS = Gauge(
     registry=REGISTRY,
 )
 
-# SERVER_INFO's series and their values, as last set (only observe_states writes SERVER_INFO).
-_server_series: dict[tuple[str, ...], float] = {}
 
-
-def observe_states(rows: Iterable, gpus: dict | None = None, pods: dict | None = None) -> None:
+class StateGauges:
     """Servers by state, by team and state, GPU-equivalents by team and state, and one series
-    per server (its GPU-equivalents, from ``gpus``: server key -> GPU-equivalents; ``pods``:
-    key -> (namespace, pod)). A server's own series carries no state, so a change of state
-    moves a count, never makes a new series."""
-    gpus, pods = gpus or {}, pods or {}
-    by_state: Tally = Tally()
-    by_team: Tally = Tally()
-    held: Tally = Tally()
-    series = {}
-    for row in rows:  # each attribute read once: rows are ORM objects, 10,000 of them
-        key, state, team = row.key, row.state, row.team or ""
-        by_state[state] += 1
-        by_team[team, state] += 1
-        namespace, pod = pods.get(key) or ("", "")
-        labels = (row.user, row.name, team, row.project or "", row.tier or "")
-        series[(*labels, pod, namespace)] = gpus.get(key, 0.0)
-        held[team, state] += gpus.get(key, 0.0)
-    for state in STATES:
-        SERVERS.labels(state).set(by_state.get(state, 0))
-    for gauge, counts in ((TEAM_SERVERS, by_team), (TEAM_GPUS, held)):
-        gauge.clear()
-        for (team, state), count in counts.items():
-            gauge.labels(team, state).set(count)
-    # Update in place (a series made anew costs a label check) and only where the value changed
-    # (most do not, pass after pass): labels() is not free (docs/benchmarks.md, "Performance
-    # measures, one place each").
-    for gone in _server_series.keys() - series.keys():
-        with suppress(KeyError):  # already gone
-            SERVER_INFO.remove(*gone)
-    for labels, value in series.items():
-        if _server_series.get(labels) != value:
-            SERVER_INFO.labels(*labels).set(value)
-    _server_series.clear()
-    _server_series.update(series)
+    per server (its GPU-equivalents; its pod), kept per server: a pass sets the servers it
+    decided or found stopped (``set``, ``drop``), not every running one, and ``publish``es.
+    A server's own series carries no state, so a change of state moves a count, never makes a
+    new series. A team's GPU-equivalents are summed exactly (``math.fsum``): the same figure
+    whatever order the servers came in."""
+
+    def __init__(self) -> None:
+        self._each: dict[str, tuple] = {}  # key -> ((team, state), gpus, series labels)
+        self._groups: dict[tuple[str, str], dict[str, float]] = {}  # (team, state) -> key -> gpus
+        self._sums: dict[tuple[str, str], float] = {}  # each group's GPU-equivalents
+        self._moved: dict[tuple, float | None] = {}  # SERVER_INFO to set (None: remove)
+
+    def __iter__(self):
+        return iter(list(self._each))
+
+    def set(self, key: str, row, gpus: float, pod: tuple[str, str]) -> None:
+        """A running server as its row (state, ownership), ledger and report say now
+        (``pod``: (namespace, pod))."""
+        team, state = row.team or "", row.state  # each attribute read once: ORM rows
+        namespace, name = pod
+        labels = (row.user, row.name, team, row.project or "", row.tier or "", name, namespace)
+        entry = ((team, state), gpus, labels)
+        old = self._each.get(key)
+        if old == entry:
+            return
+        if old is not None:
+            self._leave(key, old)
+        self._each[key] = entry
+        self._groups.setdefault(entry[0], {})[key] = gpus
+        self._sums.pop(entry[0], None)
+        self._moved[labels] = gpus
+
+    def drop(self, key: str) -> None:
+        """A server no longer running."""
+        old = self._each.pop(key, None)
+        if old is not None:
+            self._leave(key, old)
+
+    def _leave(self, key: str, old: tuple) -> None:
+        group, _, labels = old
+        members = self._groups[group]
+        del members[key]
+        if not members:
+            del self._groups[group]
+        self._sums.pop(group, None)
+        self._moved[labels] = None  # removed, unless set again before the next publish
+
+    def publish(self) -> None:
+        by_state: Tally = Tally()
+        for (_, state), members in self._groups.items():
+            by_state[state] += len(members)
+        for state in STATES:
+            SERVERS.labels(state).set(by_state.get(state, 0))
+        TEAM_SERVERS.clear()
+        TEAM_GPUS.clear()
+        for group, members in sorted(self._groups.items()):
+            total = self._sums.get(group)
+            if total is None:
+                total = self._sums[group] = math.fsum(members.values())
+            TEAM_SERVERS.labels(*group).set(len(members))
+            TEAM_GPUS.labels(*group).set(total)
+        # Only the series that moved: labels() is not free (docs/benchmarks.md, "Performance
+        # measures, one place each").
+        for labels, value in self._moved.items():
+            if value is None:
+                with suppress(KeyError):  # already gone
+                    SERVER_INFO.remove(*labels)
+            else:
+                SERVER_INFO.labels(*labels).set(value)
+        self._moved.clear()
 
 
 # -- GPU health (hub/health.py; the alert rules in hub_config/prometheus/ read these) ----------

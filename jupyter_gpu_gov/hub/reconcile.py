@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from ..core import clock, grant, ledger, policy
 from ..core.policy import Policy, Record, ServerView, evolve
 from ..core.teams import group_teams
-from ..core.vocabulary import CULLED, TIER_LABEL, server_key
+from ..core.vocabulary import CULLED, QUEUED_AT_LABEL, TIER_LABEL, server_key
 from . import metrics, outbound
 from .actions import Actions
 from .checkpoints import CheckpointResult, Checkpoints
@@ -32,7 +32,7 @@ from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
 from .history import History
 from .hubapi import HubApi, HubServer
-from .incremental import DecidedOn, Incremental, LookedAt
+from .incremental import DecidedOn, Incremental, LookedAt, Running
 from .ingest import Ingest
 from .listing import FRESH_READS_LEAST, HubListing, fresh_reads
 from .options import Options
@@ -107,6 +107,7 @@ class Governor(
         self.options = options
         self.dcgm = dcgm
         self.due = Due()  # between full passes, the servers to look at (hub/deadlines.py)
+        self._orphan_reports: set[str] = set()  # reports of servers no pass saw running (yet)
         self.reports = {}
         self.use: dict[str, _Use] = {}  # measured this session, for right-sizing
         self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
@@ -114,7 +115,11 @@ class Governor(
         self._rows: dict[str, ServerRow] | None = None
         self._dcgm_task: asyncio.Future | None = None
         self._dcgm_latest: DcgmSnapshot | None = None
-        self._servers: dict[str, HubServer] = {}  # running servers, as of the last cycle
+        self._servers = Running()  # running servers, as of the last cycle
+        self._looked: set[str] = set()  # servers decided since the gauges were last published
+        self._queued: set[str] = set()  # running servers the spawn queue started (their labels)
+        self._cull_waiting: set[str] = set()  # culls waiting for a fresh read, on record once
+        self.gauges = metrics.StateGauges()
         self._failing: dict[str, str] = {}  # servers whose decision failed: the error, audited
         self._distrusted: dict[str, list[str]] = {}  # reports contradicting the Hub's records
         clock.watch_steps()  # a step of the wall clock is adopted at a pass, all at once
@@ -125,6 +130,7 @@ class Governor(
         # Cells asked to be interrupted (the busy limit), until their reports show it done.
         self._interrupts: dict[str, outbound.KernelRequest] = {}
         self._context = PassContext()
+        self._indexed: tuple = ()  # the DCGM evidence the context's indexes are of
         self.unchanged = Unchanged(options.full_pass_every)
         self._world: tuple = ()  # what reaches every server at once, as of the last pass
         self.hub_listing = HubListing(options.full_pass_every)
@@ -153,6 +159,7 @@ class Governor(
     @reports.setter
     def reports(self, reports: dict[str, Received]) -> None:
         self._reports = Reports(reports, self.due)
+        self._orphan_reports.update(reports)  # the next pass keeps those of running servers
 
     # -- the cycle ----------------------------------------------------------------------------
 
@@ -184,18 +191,19 @@ class Governor(
         else:
             groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
         snapshot = self._fresh(snapshot)
-        self._context = PassContext(
-            teams_by_group=group_teams(groups),
-            by_uuid=index_by_uuid(snapshot.evidence) if snapshot else {},
-            by_pod=index_by_pod(snapshot.evidence) if snapshot else {},
-        )
+        evidence = snapshot.evidence if snapshot else ()
+        by_uuid, by_pod = self._context.by_uuid, self._context.by_pod
+        if evidence != self._indexed:  # (a record the read kept is the same object: quick)
+            self._indexed = evidence
+            by_uuid, by_pod = index_by_uuid(evidence), index_by_pod(evidence)
+        self._context = PassContext(group_teams(groups), by_uuid, by_pod)
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()
         self.health.observe_dcgm(snapshot, self._context.by_uuid, now)
         full = self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
         kept = await self._plan_listing(full, groups, rows, now, self._world_changed(snapshot))
-        seen = set()
+        seen: set[str] = set()  # running servers this pass listed or looked at
         self._fresh_reads = self._fresh_reads_left = fresh_reads(
             len(self._servers), self.hub.page_size
         )
@@ -205,32 +213,33 @@ class Governor(
             waiting = await self._decide_listed(kept, rows, now, batch, seen)
         finally:
             self._deciding = False
-        for key in [k for k in self._servers if k not in seen]:
-            del self._servers[key]  # stopped, or starting or stopping again
-        for key, row in rows.items():
-            if row.running and key not in seen:
+        stopped = self._stopped(seen, rows)
+        for key in stopped:
+            self._servers.pop(key, None)
+            row = rows.get(key)
+            if row is not None and row.running:
                 row.running = False  # stopped (by its owner, the Hub or us)
-                self._servers.pop(key, None)
                 self.use.pop(key, None)
                 self.unchanged.forget(key)
                 self.due.forget(key)
                 self.diagnosis.forget(key)
                 batch.changed.append(row)
-        for key in [k for k in self.ledger.open if k not in seen]:
-            row = rows.get(key)
-            # Stopped by us: billed to that moment; else to this pass, which found it gone.
-            stopped = row.culled_at if row is not None and row.culled_at else now
-            self.ledger.close(key, min(stopped, now))
-
-        self._failing = {k: v for k, v in self._failing.items() if k in seen}
-        self._distrusted = {k: v for k, v in self._distrusted.items() if k in seen}
-        self._shutdowns = {k: v for k, v in self._shutdowns.items() if k in seen}
-        self._interrupts = {k: v for k, v in self._interrupts.items() if k in seen}
+            if key in self.ledger.open:
+                # Stopped by us: billed to that moment; else to this pass, which found it gone.
+                at = row.culled_at if row is not None and row.culled_at else now
+                self.ledger.close(key, min(at, now))
+            for pending in (self._failing, self._distrusted, self._shutdowns, self._interrupts):
+                pending.pop(key, None)
+            self._queued.discard(key)
+            self._cull_waiting.discard(key)
+        self.ledger.sweep(now)  # the servers not looked at: as they were (core/ledger.py)
+        self._record_keyframes(self.unchanged.kept, now)
         for pending in (self._shutdowns, self._interrupts):
             outbound.forget_answered(pending, self.reports, now, self.options.report_stale_after)
         self.spawns_waiting = waiting
-        self.line_starts = line_starts(self._servers, rows, self.reports)
-        self.health.finish_pass(seen, now)
+        queued = {k: self._servers[k] for k in sorted(self._queued) if k in self._servers}
+        self.line_starts = line_starts(queued, rows, self.reports)
+        self.health.finish_pass(stopped, now)
         for node, patch, action, why in self.health.node_changes():
             batch.audits.append(self._audit_row(None, action, why, dry_run=self.options.dry_run))
             if not self.options.dry_run:
@@ -238,31 +247,28 @@ class Governor(
         if self.options.cull_users:
             batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await self._settle(batch)
-        self._record_pass(batch.audits if batch.saved else (), seen, now)
+        self._record_pass(batch.audits if batch.saved else (), stopped, now)
         self._save_usage()
-        self._forget_stale_reports(seen)
+        self._forget_stale_reports(stopped)
         self.diagnosis.maybe_train(now)  # in a worker; the pass does not wait for it
-        pods = {}
-        for key, received in self.reports.items():
-            info = received.report["server"]
-            pods[key] = (info.get("namespace") or "", info.get("pod") or "")
-        metrics.observe_states(
-            (row for row in rows.values() if row.running),
-            {key: s.gpus for key, s in self.ledger.open.items()},
-            pods,
-        )
+        if self.hub_listing.full:  # every server, as a safety net
+            moved = {*rows, *self.gauges}
+        else:
+            moved = {*self._looked, *stopped, *(r.key for r in (*batch.changed, *batch.after))}
+        self._publish_gauges(moved)
         counts: dict[str, int] = {}
         for row in batch.audits if batch.saved else ():
             counts[row.action] = counts.get(row.action, 0) + 1
         errors = () if batch.saved else ("the store is unavailable: this pass acted on nothing",)
         dcgm_errors = snapshot.errors if snapshot else ()
-        return CycleResult(len(seen), counts, dcgm_errors=dcgm_errors, errors=errors)
+        return CycleResult(len(self._servers), counts, dcgm_errors=dcgm_errors, errors=errors)
 
     async def _decide_listed(self, kept: LookedAt, rows, now, batch: _Batch, seen: set) -> int:
-        """Decide (or keep) the servers this pass lists, then those looked at or untouched
-        whose users the listing did not bring: they did nothing on the Hub since it last
-        listed them (hub/incremental.py: what a cull on such a model needs). Returns how many
-        spawns wait for a GPU."""
+        """Decide (or keep) the servers this pass lists, then those looked at whose users the
+        listing did not bring: they did nothing on the Hub since it last listed them
+        (hub/incremental.py: what a cull on such a model needs). The others, neither listed nor
+        looked at, are not visited: nothing they read moved. Returns how many spawns wait for
+        a GPU."""
         waiting = 0
         # Decide each page of servers while the Hub API client fetches the next.
         # "active": ready servers and those the Hub is starting, which may wait for a GPU.
@@ -274,26 +280,36 @@ class Governor(
             held = self.unchanged.kept.get(key)
             if held is None or server != held.server:  # a new model: compare everything
                 self._decide_one(key, server, None, rows, now, batch, seen)
-            elif key in kept.untouched:
-                self._observe_untouched(key, server, held.view, now, batch, seen)
-            else:  # looked at this pass: its kept view, or decide
-                self._decide_one(key, server, kept.views.get(key), rows, now, batch, seen)
-        listed = self.hub_listing.listed
-        for key, view in kept.views.items():
-            server = self._servers[key]
-            if server.user not in listed:
-                self._decide_one(key, server, view, rows, now, batch, seen)
-        held_now = self.unchanged.kept
-        for key in kept.untouched:
-            server = self._servers[key]
-            if server.user not in listed:
-                self._observe_untouched(key, server, held_now[key].view, now, batch, seen)
+            elif key in kept.views:  # looked at this pass: its kept view, or decide
+                self._decide_one(key, server, kept.views[key], rows, now, batch, seen)
+            else:  # neither marked nor due, its model as it was: it keeps its decision
+                seen.add(key)
+                self._servers[key] = server
+        if not self.hub_listing.full:  # (a full listing brought every running server)
+            listed = self.hub_listing.listed
+            for key, view in kept.views.items():
+                server = self._servers[key]
+                if server.user not in listed:
+                    self._decide_one(key, server, view, rows, now, batch, seen)
         return waiting
+
+    def _stopped(self, seen: set[str], rows) -> list[str]:
+        """The servers running at the last pass that this one found gone. A full listing
+        brought every running server: any other on record (running, billed) stopped. Between
+        full listings, only a listed user's servers can have stopped (a stop moves its user's
+        activity): those the listing did not bring ready."""
+        if self.hub_listing.full:
+            known = (*self._servers, *(k for k, r in rows.items() if r.running), *self.ledger.open)
+            return [k for k in dict.fromkeys(known) if k not in seen]
+        by_user = self._servers.by_user
+        found = (k for u in self.hub_listing.listed for k in by_user.get(u, ()) if k not in seen)
+        return sorted(found)
 
     def _decide_one(self, key, server, view, rows, now, batch: _Batch, seen: set) -> None:
         """Decide one running server (unless ``view``, kept from its last decision), and
         observe it for the ledger and the diagnosis."""
         seen.add(key)
+        self._looked.add(key)
         self._servers[key] = server
         try:
             if view is None:
@@ -305,21 +321,9 @@ class Governor(
         except Exception as error:  # one server's bad data never stops the pass
             self._skipped(key, server.user, error, batch)
             self.due.mark(key)
+            self.ledger.skip(key)  # not seen this pass
         else:
             self._failing.pop(key, None)
-
-    def _observe_untouched(self, key, server, view, now, batch: _Batch, seen: set) -> None:
-        """A server neither marked nor due, whose Hub model (if listed) did not change: nothing
-        it reads changed, so it keeps its decision and view, and the ledger bills its last
-        state on (``_observe_kept``); its history row is due only at a keyframe."""
-        seen.add(key)
-        self._servers[key] = server
-        try:
-            self._observe_kept(server, view, now)
-            self._record(server, view, now)
-        except Exception as error:  # as _decide_one: never stops the pass
-            self._skipped(key, server.user, error, batch)
-            self.due.mark(key)
 
     async def _settle(self, batch: _Batch) -> None:
         """Every decision and its audit row go on record before anything is done: when the store
@@ -343,6 +347,7 @@ class Governor(
         if server is None:
             return
         batch = _Batch()
+        self._looked.add(key)
         self._govern(server, self.rows.get(key), clock.utcnow(), batch)
         await self._settle(batch)
         self._save_usage()
@@ -381,6 +386,10 @@ class Governor(
             row.team, row.project, row.tier, row.profile = owners
             row.labels, row.running = dict(ownership.labels), True
             batch.changed.append(row)
+        if row.labels and QUEUED_AT_LABEL in row.labels:  # read by line_starts each pass
+            self._queued.add(key)
+        else:
+            self._queued.discard(key)
 
         record = self._apply_checkpoint_result(key, before, row, batch.audits)
         if key in self.reports and not row.reports:
@@ -437,6 +446,23 @@ class Governor(
         else:
             self._unkeep(key)
         return view
+
+    def _publish_gauges(self, keys) -> None:
+        """The running servers' gauges (``metrics.StateGauges``): those of ``keys`` (the
+        servers decided or stopped since the last publish, or every one) set again, then
+        published."""
+        rows, billed, reports, gauges = self.rows, self.ledger.open, self.reports, self.gauges
+        for key in keys:
+            row = rows.get(key)
+            if row is None or not row.running:
+                gauges.drop(key)
+                continue
+            session, received = billed.get(key), reports.get(key)
+            info = received.report["server"] if received is not None else {}
+            pod = (info.get("namespace") or "", info.get("pod") or "")
+            gauges.set(key, row, session.gpus if session is not None else 0.0, pod)
+        self._looked.clear()
+        gauges.publish()
 
     # -- which servers are governed -------------------------------------------------------------
 

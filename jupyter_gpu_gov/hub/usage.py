@@ -1,6 +1,6 @@
-"""The usage ledger's side of the governor: one observation per running server per pass,
-culls and extensions counted, the ledger written to the store every ``usage_write_every``; and
-each session's measured use, for right-sizing."""
+"""The usage ledger's side of the governor: an observation of each server a pass looks at (the
+others the ledger's sweep sees as they were), culls and extensions counted, the ledger written
+to the store every ``usage_write_every``; and each session's measured use, for right-sizing."""
 
 from __future__ import annotations
 
@@ -78,13 +78,6 @@ class Usage:
                 right_size_share=self._right_size_share(view),
             )
         )
-
-    def _observe_kept(self, server: HubServer, view: ServerView, now: datetime) -> None:
-        """``_observe`` of a server neither marked nor due (``hub/deadlines.py``): its kept view
-        and a report that says what the last did, fresh, so the same session, owner, GPUs and
-        state as its last observation; only the time (and right-sizing's share) moves."""
-        if not self.ledger.observe_again(view.key, now, self._right_size_share(view)):
-            self._observe(server, view, now)
 
     def _right_size_share(self, view: ServerView) -> float | None:
         """The share of its tier the server's measured use fits in (``None``: no smaller tier
