@@ -193,8 +193,8 @@ class GpuGovernor(GovernorSettings, Application):
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
         return web.Application(
             [
+                *handlers(prefix, governor),  # the reports' route first (hub/routes.py)
                 *page_handlers(prefix, governor),
-                *handlers(prefix, governor),
                 *policy_handlers(prefix, governor),
                 *policy_page_handlers(prefix, governor),
                 (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
