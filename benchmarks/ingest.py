@@ -1,6 +1,7 @@
 """Report ingest over HTTP on loopback: the governor service under N servers' reports.
 
-    python -m benchmarks.ingest [--servers 2000] [--seconds 15] [--concurrency 16]
+    python -m benchmarks.ingest [--servers 2000] [--seconds 15] [--concurrency 16] [--nice 19]
+        [--accept-interval 0.04]
 
 Three processes, as in a deployment: the fake Hub (``tests/fake_hub_api.FakeHub`` with N users,
 each with a running server and tokens like a server's ``$JUPYTERHUB_API_TOKEN``), the service
@@ -23,7 +24,8 @@ thread while the request waits for it (``get_current_user`` is synchronous). So 
   sixth report (a fresh token stands for the expired one: same Hub round trip, same cost).
 
 Figures: reports/s in the bursts; latency p50/p99 at the steady rate (from when each report was
-due, so a late sender shows); the service's CPU as % of one core over each phase (utime + stime
+due, so a late sender shows; ``steady_sent_*``: from when it was sent, the load generator's own
+lateness left out); the service's CPU as % of one core over each phase (utime + stime
 of every thread, ``/proc/<pid>/stat``), and over 3 s idle before any report; its resident
 memory when started and once N servers have reported; the Hub checks each phase caused (the
 fake Hub's ``GET /user`` count). The service
@@ -132,6 +134,7 @@ def start_service(
     log: IO[str],
     command: tuple[str, ...] = ("-m", "jupyter_gpu_gov.hub"),
     env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """The service as JupyterHub starts it (``command``: the interpreter's arguments before the
     service's own, e.g. a wrapper that runs it)."""
@@ -153,6 +156,7 @@ def start_service(
             f"--db-url=sqlite:///{workdir}/gov.sqlite",
             f"--timeout={ten_years}",  # the start-up pass culls nothing
             "--cull-every=86400",  # and no other pass runs while we measure
+            *args,
         ],
         cwd=workdir,
         env=env,
@@ -196,8 +200,10 @@ class Phase:
     def ok(self) -> int:
         return sum(1 for s in self.sent if s.status == 200 and s.verdict)
 
-    def latency_ms(self, q: float) -> float:
-        ordered = sorted(s.seconds for s in self.sent)
+    def latency_ms(self, q: float, sent: bool = False) -> float:
+        """The ``q`` quantile of the latency, from when each report was due (``sent``: from
+        when it was sent, leaving out how late the load generator sent it)."""
+        ordered = sorted(s.round_trip if sent else s.seconds for s in self.sent)
         return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
     @property
@@ -312,7 +318,7 @@ def fake_hub(servers: int, seconds: float) -> Iterator[dict]:
         line = hub.stdout.readline()
         if not line:
             raise RuntimeError("the fake Hub subprocess did not start")
-        yield json.loads(line)
+        yield {**json.loads(line), "pid": hub.pid}
     finally:
         hub.stdin.close()
         try:
@@ -349,11 +355,18 @@ def run(
     concurrency: int = 16,
     keep: bool = False,
     probe: bool = False,
+    accept_interval: float | None = None,
+    nice: int = 0,
 ) -> dict:
     """Start the fake Hub and the service, send the phases' reports, return the figures (with
-    ``probe``, what held the service's event loop in each phase: ``benchmarks.ingest_probe``)."""
+    ``probe``, what held the service's event loop in each phase: ``benchmarks.ingest_probe``;
+    ``accept_interval``: the service's ``GpuGovernor.accept_interval``, else its default;
+    ``nice``: the load generator and the fake Hub run at that niceness, the service at its own,
+    so the service's latency shows what it costs the service, not its neighbours on the CPU)."""
     with contextlib.ExitStack() as stack:
         start: dict[str, Any] = {}
+        if accept_interval is not None:
+            start["args"] = (f"--GpuGovernor.accept_interval={accept_interval}",)
         if probe:
             lines = Path(stack.enter_context(tempfile.TemporaryDirectory()), "probe.jsonl")
             pythonpath = [str(REPO), os.environ.get("PYTHONPATH", "")]
@@ -361,12 +374,21 @@ def run(
             start["env"] = {PROBE_ENV: str(lines), "PYTHONPATH": os.pathsep.join(pythonpath)}
         ready = stack.enter_context(fake_hub(servers, seconds))
         process, port = stack.enter_context(service(ready, **start))
+        if nice:  # the service started at ours: only the Hub's process and this one yield
+            os.setpriority(os.PRIO_PROCESS, ready["pid"], nice)
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
         phases, rss_started, rss_reported = asyncio.run(
             _bench(ready, process.pid, port, seconds, concurrency, keep)
         )
         held = held_loop(phases, lines) if probe else {}
     result = figures(servers, seconds, concurrency, phases, rss_started, rss_reported)
-    return {**result, "connections": "kept" if keep else "one per report", **held}
+    return {
+        **result,
+        "connections": "kept" if keep else "one per report",
+        "accept_interval": "default" if accept_interval is None else accept_interval,
+        "load_nice": nice,
+        **held,
+    }
 
 
 def held_loop(phases: list[Phase], lines: Path) -> dict:
@@ -412,8 +434,13 @@ def figures(
         "restart_cpu_pct": restart.cpu_pct,
         "steady_p50_ms": steady.latency_ms(0.5),
         "steady_p99_ms": steady.latency_ms(0.99),
+        "steady_sent_p50_ms": steady.latency_ms(0.5, sent=True),
+        "steady_sent_p99_ms": steady.latency_ms(0.99, sent=True),
         "steady_checked_p50_ms": round(statistics.median(fresh_ms), 2) if fresh_ms else None,
         "steady_cpu_pct": steady.cpu_pct,
+        # Per report: comparable when the service falls behind on a busy machine (the phase
+        # then lasts longer than ``seconds`` and its CPU share reads lower than it costs).
+        "steady_cpu_ms_per_report": round(1000 * steady.cpu_s / len(steady.sent), 3),
         "idle_cpu_pct": idle.cpu_pct,
         "rss_mb_started": round(rss_started, 1),
         "rss_mb_reported": round(rss_reported, 1),
@@ -451,12 +478,33 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="time the service's event-loop callbacks and collections (benchmarks.ingest_probe)",
     )
+    parser.add_argument(
+        "--accept-interval",
+        type=float,
+        default=None,
+        help="the service's GpuGovernor.accept_interval in seconds (default: its own, 0.04)",
+    )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run the load generator and the fake Hub at this niceness (e.g. 19), the service"
+        " at its own: on a machine with few cores, latency then shows the service's own",
+    )
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_hub:
         asyncio.run(_serve_hub(args.servers, args.seconds))
         return
-    result = run(args.servers, args.seconds, args.concurrency, args.keep_connections, args.probe)
+    result = run(
+        args.servers,
+        args.seconds,
+        args.concurrency,
+        args.keep_connections,
+        args.probe,
+        args.accept_interval,
+        args.nice,
+    )
     print("ingest:", " ".join(f"{k}={v}" for k, v in result.items()))
 
 

@@ -147,6 +147,9 @@ class Sent:
     status: int
     seconds: float  # from when it was due (steady) or sent (burst) to the whole answer
     verdict: bool  # the answer carries a verdict
+    # From when it was sent (connect) to the whole answer: without the sender's own lateness,
+    # which ``seconds`` counts when the load generator is starved of CPU.
+    round_trip: float = 0.0
 
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -171,7 +174,8 @@ class Connections:
     ) -> Sent:
         """One report of ``user``'s; the latency counts from ``due`` when the sender was late
         (no coordinated omission at the steady rate)."""
-        started = time.perf_counter() if due is None else due
+        sent = time.perf_counter()
+        started = sent if due is None else due
         close = "" if self.keep else "Connection: close\r\n"
         head = (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
@@ -182,14 +186,14 @@ class Connections:
         answer, stream = await self._exchange(kept, head + body)
         if not answer and kept is not None:  # closed by the service meanwhile: once more
             answer, stream = await self._exchange(None, head + body)
-        elapsed = time.perf_counter() - started
+        answered = time.perf_counter()
         if stream is not None:
             if self.keep and answer and user not in self.idle:
                 self.idle[user] = stream
             else:
                 stream[1].close()
         status = int(answer.split(b" ", 2)[1]) if answer else 0
-        return Sent(status, elapsed, b'"verdict"' in answer)
+        return Sent(status, answered - started, b'"verdict"' in answer, answered - sent)
 
     async def _exchange(self, stream: Stream | None, request: bytes) -> tuple[bytes, Stream | None]:
         try:

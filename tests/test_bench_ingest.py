@@ -21,4 +21,7 @@ def test_ingest_benchmark_runs_every_phase_through_the_service():
     for name in ("cold_burst_rps", "warm_burst_rps", "steady_p50_ms", "steady_p99_ms"):
         assert figures[name] > 0, name
     assert figures["steady_p99_ms"] >= figures["steady_p50_ms"]
+    # From when sent, not when due: never longer (a report is sent once due, not before).
+    assert 0 < figures["steady_sent_p50_ms"] <= figures["steady_p50_ms"]
+    assert figures["steady_sent_p99_ms"] <= figures["steady_p99_ms"]
     assert figures["rss_mb_reported"] >= figures["rss_mb_started"] > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -92,6 +93,38 @@ async def test_stopping_while_paused_leaves_the_listener_closed():
     await asyncio.sleep(0.2)  # the resume after the interval must not watch a closed socket
     with pytest.raises(OSError):
         await _get(port)
+
+
+async def test_connections_wait_in_line_while_the_service_is_stalled():
+    """While the service's loop does not run (a starved CPU), a second's reports at 10,000
+    servers and more (167) wait in its listen queue, each then answered: none is dropped for its
+    server's kernel to try again seconds later (tornado's queue held 128)."""
+    app = GpuGovernor()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        app.ip, app.port = "127.0.0.1", probe.getsockname()[1]
+    server = BatchingHTTPServer(web.Application([(r"/", Hello)]))
+    await app._listen(server)
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(300):  # the loop does not run meanwhile: the kernel holds them all
+            clients.append(socket.create_connection(("127.0.0.1", app.port), timeout=0.5))
+        for client in clients:
+            client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            client.setblocking(False)
+
+        async def answer(client: socket.socket) -> bytes:
+            reader, writer = await asyncio.open_connection(sock=client)
+            data = await reader.read()
+            writer.close()
+            return data
+
+        answers = await asyncio.gather(*(answer(c) for c in clients))
+        assert all(a.endswith(b"hello") for a in answers)
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
 
 
 def test_accept_interval_is_checked(capsys):

@@ -29,7 +29,7 @@ from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
 from . import heap, metrics
 from .applied_policy import start as start_policies
-from .batching import BatchingHTTPServer
+from .batching import LISTEN_BACKLOG, BatchingHTTPServer
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
@@ -193,8 +193,8 @@ class GpuGovernor(GovernorSettings, Application):
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
         return web.Application(
             [
+                *handlers(prefix, governor),  # the reports' route first (hub/routes.py)
                 *page_handlers(prefix, governor),
-                *handlers(prefix, governor),
                 *policy_handlers(prefix, governor),
                 *policy_page_handlers(prefix, governor),
                 (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
@@ -249,7 +249,7 @@ class GpuGovernor(GovernorSettings, Application):
             return
         while True:
             try:
-                server.add_sockets(bind_sockets(self.port, self.ip))
+                server.add_sockets(bind_sockets(self.port, self.ip, backlog=LISTEN_BACKLOG))
             except OSError as error:
                 self.log.error(
                     "gpu-gov: cannot listen on %s:%s (%s): no reports, API or dashboard until "

@@ -12,6 +12,13 @@ from tornado.ioloop import IOLoop
 
 from ..core.wire import REPORT_CONNECTION_IDLE_S
 
+# Connections the kernel keeps waiting for the service to accept (tornado's default: 128). At
+# 10,000 servers 167 come a second, and the batching leaves them waiting by design; when the
+# loop stalls longer than 0.8 s (a starved CPU), 128 overflow, and a dropped connection is
+# tried again by the server's kernel only 1, 3, 7, 15... s later: a report late by seconds
+# (docs/benchmarks.md, "Issue 26, wave 8"). The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 1024
+
 
 class BatchingHTTPServer(HTTPServer):
     """An ``HTTPServer`` that accepts connections in batches: once it has accepted, it leaves

@@ -355,8 +355,10 @@ def handlers(prefix: str, governor: Governor) -> list[tuple]:
     args = {"governor": governor}
     p = prefix.rstrip("/")
     return [
-        (rf"{p}/api/?", InfoHandler, args),
+        # First: tornado tries the rules in order for every request, and at 10,000 servers
+        # reports are nearly all of them (167 a second). No other rule matches their path.
         (rf"{p}/api/reports", ReportsHandler, args),
+        (rf"{p}/api/?", InfoHandler, args),
         (rf"{p}/api/servers", ServersHandler, args),
         (rf"{p}/api/{_SERVER}", ServerHandler, args),
         (rf"{p}/api/{_SERVER}/extend", ExtendHandler, args),
