@@ -345,6 +345,62 @@ async def test_hanging_hook_times_out_the_kernel_is_interrupted_and_usable(
     assert not (Path(manifest["path"]) / "kernels" / busy.id).exists()
 
 
+async def test_a_cell_submitted_just_before_the_checkpoint_is_never_interrupted(
+    jp_serverapp, notebook_kernel, tmp_path
+):
+    """The owner submits a cell a moment before the checkpoint's hooks request, so Jupyter
+    Server does not show the kernel busy yet: the request waits behind the cell, and when the
+    hook timeout falls the cell is left alone (it is not the checkpoint's to interrupt) and the
+    checkpoint says its hooks did not run."""
+    import logging
+
+    from jupyter_client import BlockingKernelClient
+
+    from jupyter_gpu_gov.server.checkpoint import GpuKernel, run_kernel_hooks
+
+    kernel = await notebook_kernel("race.ipynb")
+    await kernel.run(
+        ON_GPU + "from jupyter_gpu_gov import checkpoint\ny = 2\ncheckpoint.save_variables('y')\n"
+    )
+    owner = BlockingKernelClient()
+    owner.load_connection_info(kernel.managed.get_connection_info())
+    owner.session.key = kernel.managed.session.key
+    owner.start_channels()
+    try:
+        owner.wait_for_ready(timeout=60)
+        cell = owner.execute("import time; time.sleep(6); y = 3")
+        # Wait, holding this event loop, until the kernel runs the cell: Jupyter Server reads
+        # the kernel's busy status on this loop, so it still shows the kernel idle — the
+        # moment between a cell's submission and its busy status reaching the server.
+        while True:
+            msg = owner.get_iopub_msg(timeout=30)
+            if (
+                msg["parent_header"].get("msg_id") == cell
+                and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "busy"
+            ):
+                break
+        assert kernel.managed.execution_state == "idle"
+
+        entry, errors = await run_kernel_hooks(
+            jp_serverapp,
+            GpuKernel(kernel.id, None, "race.ipynb"),
+            tmp_path / "race",
+            "race",
+            2.0,
+            logging.getLogger("test"),
+        )
+
+        assert entry["status"] == "timeout" and entry["hooks"] == []
+        assert errors and "the cell was not interrupted" in errors[0]
+        reply = owner.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == cell
+        assert reply["content"]["status"] == "ok"  # not a KeyboardInterrupt
+    finally:
+        owner.stop_channels()
+    assert (await kernel.run("print(y)", timeout=20)).strip() == "3"
+
+
 async def test_governor_waits_for_the_frontends_checkpoint_past_the_grace(
     jp_fetch, jp_serverapp, notebook_kernel, checkpoint_root
 ):
