@@ -679,3 +679,21 @@ def test_checkpoint_dir_default_is_expanded(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert GpuGovApp().checkpoint_dir == str(tmp_path / ".jupyter-gpu-gov" / "checkpoints")
     assert GpuGovApp(checkpoint_dir="~/ckpt").checkpoint_dir == str(tmp_path / "ckpt")
+
+
+def test_a_kernel_just_done_with_the_checkpoints_hooks_is_not_shown_running_a_cell(monkeypatch):
+    """Jupyter Server shows a kernel busy until the hooks' idle status reaches it, which can be
+    after their reply, when the checkpoint has ended: the report must not show that as a cell
+    (the governor would take it for a cell changing the state just saved). A kernel that was
+    busy before the checkpoint, or one busy after the margin for late messages, is a cell."""
+    from jupyter_gpu_gov.core import clock
+    from jupyter_gpu_gov.server.own_activity import MARGIN, OwnActivity
+
+    monkeypatch.setattr(clock, "_offset_s", clock._offset_s)  # restored after the test
+    own = OwnActivity()
+    own.begin({"training"})
+    assert own.hides_busy("hooks") and not own.hides_busy("training")
+    own.end()
+    assert own.hides_busy("hooks") and not own.hides_busy("training")
+    clock.advance(MARGIN.total_seconds() + 0.5)
+    assert not own.hides_busy("hooks")

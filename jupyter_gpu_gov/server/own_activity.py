@@ -43,5 +43,12 @@ class OwnActivity:
         return any(start <= at <= end for start, end in self._windows)
 
     def hides_busy(self, kernel_id: str) -> bool:
-        """A kernel busy only because the extension is running its hooks."""
-        return self._since is not None and kernel_id not in self._busy_before
+        """A kernel busy only because the extension is running its hooks, or ran them a moment
+        ago: Jupyter Server shows it busy until the hooks' idle status reaches it, which can be
+        after their reply. Shown busy then, the governor would take the checkpoint's own work
+        for a cell that changes the state it has just saved."""
+        if kernel_id in self._busy_before:
+            return False
+        if self._since is not None:
+            return True
+        return bool(self._windows) and clock.utcnow() <= self._windows[-1][1]
