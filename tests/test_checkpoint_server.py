@@ -526,6 +526,58 @@ async def test_the_checkpoint_is_not_taken_for_the_owner_at_work(
     assert app.report["server"]["last_activity"] > person
 
 
+async def test_a_cell_a_person_starts_during_a_checkpoint_is_reported_running_and_theirs(
+    jp_fetch, jp_serverapp, notebook_kernel, tmp_path
+):
+    """The checkpoint's own work in a kernel is not a person's, but a cell a person starts
+    in another kernel while the hooks run is: reported running (the governor holds the cull
+    and voids the checkpoint) and counted as their activity."""
+    app = gov_app(jp_serverapp)
+    km = jp_serverapp.kernel_manager
+    release = tmp_path / "release"
+    until_released = (
+        f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n"
+    )
+    hooks = await notebook_kernel("hooks.ipynb")
+    await hooks.run(
+        ON_GPU + "from jupyter_gpu_gov import checkpoint\n"
+        "@checkpoint.register\n"
+        "def wait(directory):\n" + "".join(f"    {line}\n" for line in until_released.splitlines())
+    )
+    work = await notebook_kernel("work.ipynb")
+    for _ in range(50):  # Jupyter Server may still show the last cells busy (see above)
+        await app.sample_now()
+        states = {t["id"]: t["execution_state"] for t in app.report["targets"]}
+        if states[hooks.id] == states[work.id] == "idle":
+            break
+        await asyncio.sleep(0.1)
+    person = app.report["server"]["last_activity"]
+
+    running = asyncio.ensure_future(checkpoint(jp_fetch, reason="test"))
+    try:
+        for _ in range(200):  # the hooks run
+            if km.get_kernel(hooks.id).execution_state == "busy":
+                break
+            await asyncio.sleep(0.05)
+        work.client.execute(until_released)
+        for _ in range(200):
+            if km.get_kernel(work.id).execution_state == "busy":
+                break
+            await asyncio.sleep(0.05)
+        assert not running.done()  # the hooks still run: the checkpoint's window is open
+        await app.sample_now()
+        during = {t["id"]: t for t in app.report["targets"]}
+        last_activity = app.report["server"]["last_activity"]
+    finally:
+        release.touch()
+    manifest = await running
+
+    assert kernel_entry(manifest, hooks)["status"] == "done"
+    assert during[hooks.id]["execution_state"] == "idle"  # the checkpoint's own work
+    assert during[work.id]["execution_state"] == "busy" and during[work.id]["busy_since"]
+    assert last_activity > person
+
+
 async def test_terminal_scrollback_is_saved(jp_fetch, jp_serverapp):
     manager = jp_serverapp.web_app.settings.get("terminal_manager")
     if manager is None:
@@ -681,19 +733,28 @@ def test_checkpoint_dir_default_is_expanded(monkeypatch, tmp_path):
     assert GpuGovApp(checkpoint_dir="~/ckpt").checkpoint_dir == str(tmp_path / "ckpt")
 
 
-def test_a_kernel_just_done_with_the_checkpoints_hooks_is_not_shown_running_a_cell(monkeypatch):
-    """Jupyter Server shows a kernel busy until the hooks' idle status reaches it, which can be
-    after their reply, when the checkpoint has ended: the report must not show that as a cell
-    (the governor would take it for a cell changing the state just saved). A kernel that was
-    busy before the checkpoint, or one busy after the margin for late messages, is a cell."""
+def test_a_kernel_busy_with_the_checkpoints_hooks_is_not_a_cell_one_a_person_started_is(
+    monkeypatch,
+):
+    """Jupyter Server shows a kernel busy while the hooks run and until their idle status
+    reaches it, which can be after their reply: the report must not show that as a cell (the
+    governor would take it for one changing the state just saved). A kernel busy before the
+    checkpoint, one where a person started a cell meanwhile (it ran behind or before the
+    hooks), or one busy past the margin for late messages, is running a cell."""
     from jupyter_gpu_gov.core import clock
     from jupyter_gpu_gov.server.own_activity import MARGIN, OwnActivity
 
     monkeypatch.setattr(clock, "_offset_s", clock._offset_s)  # restored after the test
     own = OwnActivity()
+    before = clock.utcnow()
     own.begin({"training"})
-    assert own.hides_busy("hooks") and not own.hides_busy("training")
+    assert own.hides_busy("hooks", None) and not own.hides_busy("training", None)
+    assert own.hides_busy("hooks", before)  # a person's cell that ended before
+    clock.advance(0.5)
+    person = clock.utcnow()
+    assert not own.hides_busy("hooks", person)
     own.end()
-    assert own.hides_busy("hooks") and not own.hides_busy("training")
+    assert own.hides_busy("hooks", None) and not own.hides_busy("training", None)
+    assert not own.hides_busy("hooks", person)
     clock.advance(MARGIN.total_seconds() + 0.5)
-    assert not own.hides_busy("hooks")
+    assert not own.hides_busy("hooks", None)

@@ -22,6 +22,7 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,7 +197,13 @@ def _answer(reply: dict) -> tuple[dict | None, str | None]:
 
 
 async def run_kernel_hooks(
-    serverapp, kernel: GpuKernel, directory: Path, reason: str, timeout: float, log
+    serverapp,
+    kernel: GpuKernel,
+    directory: Path,
+    reason: str,
+    timeout: float,
+    log,
+    own_request: Callable[[str], None] | None = None,
 ) -> tuple[dict | None, list[str]]:
     """Run one kernel's hooks into ``directory``; answer (its manifest entry, error lines).
 
@@ -257,6 +264,8 @@ async def run_kernel_hooks(
             allow_stdin=False,
             stop_on_error=False,
         )
+        if own_request is not None:  # before its busy status can be read: no await between
+            own_request(msg_id)
         reply = await _await_reply(client, msg_id, timeout)
         hooks, running, started, finishing = None, [], False, False
         if reply is None:
@@ -497,8 +506,10 @@ async def take_checkpoint(
     keep: int,
     max_bytes: int,
     log,
+    own_request: Callable[[str], None] | None = None,
 ) -> dict:
-    """One checkpoint (contract steps 1 to 4); answers its manifest."""
+    """One checkpoint (contract steps 1 to 4); answers its manifest. ``own_request`` hears
+    the id of each request sent to a kernel (a person's requests are told from ours by it)."""
     requested = clock.utcnow()
     errors: list[str] = []
     manifest: dict = {
@@ -531,7 +542,9 @@ async def take_checkpoint(
 
     if directory is not None:
         runs = [
-            run_kernel_hooks(serverapp, k, kernel_dir(directory, k.id), reason, hook_timeout, log)
+            run_kernel_hooks(
+                serverapp, k, kernel_dir(directory, k.id), reason, hook_timeout, log, own_request
+            )
             for k in gpu_kernels(report)
         ]
         for entry, lines in await asyncio.gather(*runs):
