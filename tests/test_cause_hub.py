@@ -10,6 +10,8 @@ quiet  a cell sleeps (no CPU, no I/O) while its kernel holds the GPU idle: past 
 gil    a checkpoint hook that always raises does not hold back the maximum age: one retry, then
        the cull, and one warning (gil's server starts with the module: its clock runs while
        the others' tests do)
+short  warned, its owner runs a short CPU cell (the GPU idle throughout): one warning, shown
+       in JupyterLab all along with its deadline, and the cull at that deadline after the cell
 sam    a notebook on a small model on a whole card: the governor names the MIG slice it fits,
        in the admin list, on the dashboard and in JupyterLab's GPU panel (Debian's chromium);
        its GPU at work, it is told of its maximum age (announced from the start) in
@@ -47,7 +49,7 @@ TIERS = [
     {"name": "h100-3g", "display_name": "Half an H100", "gpu": "H100-80GB", "mig": "3g.40gb"},
     {"name": "h100-1g", "display_name": "Small H100 slice", "gpu": "H100-80GB", "mig": "1g.10gb"},
 ]
-USERS = ("cpu", "quiet", "gil", "sam")
+USERS = ("cpu", "quiet", "gil", "short", "sam")
 PROFILES = f"""
     from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
     c.LocalGpus.backend = "simulated"
@@ -95,6 +97,17 @@ time.sleep(600)
 # After the interrupt's checkpoint the idle rules start over (``after_interrupt``'s default).
 QUIET = {"name": "quiet", "match": {"users": ["quiet"]}, "quiet_cell_limit": "2s"}
 QUIET |= {"warn_after": "50s", "cull_after": "56s"}
+# short's notice (40 s) outlasts a loaded machine's passes over its cell and after it.
+SHORT = {"name": "short-cells", "match": {"users": ["short"]}, "warn_after": "3s"}
+SHORT["cull_after"] = "43s"
+# A short CPU step: CPU work until the test says it is done, the GPU held idle (the kernel's
+# earlier cell took it).
+SHORT_CELL = """
+import os, time
+while not os.path.exists({done!r}):
+    sum(range(200_000))
+    time.sleep(0.02)
+"""
 # quiet's server reads its kernels' CPU over 4 s instead of a minute: its kernel's start-up
 # leaves the window in seconds.
 QUIET_WINDOW = """
@@ -124,7 +137,7 @@ def hub(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("cause")
     with governed_hub(
         workdir,
-        extra_policies=[MAX_AGE, SAM_DEADLINE, QUIET],
+        extra_policies=[MAX_AGE, SAM_DEADLINE, QUIET, SHORT],
         governor_config=GOVERNOR,
         hub_config=PROFILES,
         singleuser_config=f"c.GpuGovApp.simulated_devices = {DEVICES!r}\n" + QUIET_WINDOW,
@@ -323,6 +336,55 @@ def test_a_failing_hook_does_not_hold_back_the_maximum_age(hub, gov, gil_started
     assert "culling anyway (a hard deadline waits for one retry only)" in cull["reason"]
     late = (parse(cull["at"]) - parse(gil_started)).total_seconds() - 40  # past the deadline
     assert 0 <= late < 2 * 20, late
+
+
+def test_a_short_cpu_cell_after_the_warning_keeps_one_warning_and_no_cull_lands_during_it(
+    hub, gov, tmp_path
+):
+    spawn(hub, "short")
+    tab = run_in_background(
+        hub, "short", "from jupyter_gpu_gov import simulate\nsimulate.hold(2048)"
+    )
+    status = hub.user_url("short", "jupyter-gpu-gov/status")
+
+    def lab() -> dict:
+        """The verdict JupyterLab shows: the one the server got back on its last report."""
+        return hub.get(status, token=hub.token("short")).json().get("verdict") or {}
+
+    try:
+        warned = wait(lambda: (v := lab()).get("state") == "warned" and v, 60, "the warning")
+        done = tmp_path / "stage-done"
+        execute(tab, "short", SHORT_CELL.format(done=str(done)))
+        during = wait(
+            lambda: "a kernel is executing a cell" in (v := lab()).get("reason", "") and v,
+            60,
+            "JupyterLab's verdict to see the cell",
+        )
+        # The warning stands while the cell runs: the same warning on the same idle stretch
+        # (a CPU cell does not make the GPU busy), its deadline no sooner (the owner was at
+        # the notebook: their full notice counts from the cell they ran).
+        assert during["state"] == "warned", during
+        assert during["idle_since"] == warned["idle_since"], (warned, during)
+        assert parse(during["cull_at"]) >= parse(warned["cull_at"]), (warned, during)
+        assert "not while the cell runs" in during["reason"], during
+        assert server_running(hub, "short")
+        done.touch()
+        wait(lambda: "executing a cell" not in lab().get("reason", ""), 60, "the cell's end")
+        gov.judged_after("short", 1)
+        after = lab()
+        assert (after["state"], after["idle_since"], after["cull_at"]) == (
+            "warned",
+            warned["idle_since"],
+            during["cull_at"],
+        ), (during, after)
+        assert actions(gov, "short") == ["warn"]  # one warning, not one after every cell
+        # The cull comes at that deadline, after a checkpoint of its own.
+        wait(lambda: not server_running(hub, "short"), 120, "short's cull")
+    finally:
+        tab.close()
+    audit = [a for a in gov.audit("short/") if a["action"] != "state"]
+    assert [a["action"] for a in audit] == ["warn", "checkpoint", "checkpoint-done", "cull"], audit
+    assert parse(audit[1]["at"]) >= parse(during["cull_at"]), (audit, during)
 
 
 @pytest.mark.skipif(sync_playwright is None, reason="the playwright Python package is missing")

@@ -191,7 +191,10 @@ def test_jupyterlab_says_why_the_server_stopped_and_how_to_restore(hub):
         page.set_default_timeout(90_000)
         log_in(page, hub.url, "erin", "any", "/user/erin/lab")
         notice = page.locator(".jp-toast-message").filter(has_text="checkpoint saved")
-        expect(notice).to_contain_text(re.compile(r"Stopped at .+ because its GPU was idle"))
+        # JupyterLab starting on a loaded machine takes longer than expect's 5 s.
+        expect(notice).to_contain_text(
+            re.compile(r"Stopped at .+ because its GPU was idle"), timeout=90_000
+        )
         toast = page.locator(".Toastify__toast").filter(has_text="checkpoint saved")
         expect(toast.get_by_role("button", name=f"Open {NOTEBOOK}")).to_be_visible()
         toast.get_by_role("button", name="Copy restore code").click()

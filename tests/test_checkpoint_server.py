@@ -345,6 +345,62 @@ async def test_hanging_hook_times_out_the_kernel_is_interrupted_and_usable(
     assert not (Path(manifest["path"]) / "kernels" / busy.id).exists()
 
 
+async def test_a_cell_submitted_just_before_the_checkpoint_is_never_interrupted(
+    jp_serverapp, notebook_kernel, tmp_path
+):
+    """The owner submits a cell a moment before the checkpoint's hooks request, so Jupyter
+    Server does not show the kernel busy yet: the request waits behind the cell, and when the
+    hook timeout falls the cell is left alone (it is not the checkpoint's to interrupt) and the
+    checkpoint says its hooks did not run."""
+    import logging
+
+    from jupyter_client import BlockingKernelClient
+
+    from jupyter_gpu_gov.server.checkpoint import GpuKernel, run_kernel_hooks
+
+    kernel = await notebook_kernel("race.ipynb")
+    await kernel.run(
+        ON_GPU + "from jupyter_gpu_gov import checkpoint\ny = 2\ncheckpoint.save_variables('y')\n"
+    )
+    owner = BlockingKernelClient()
+    owner.load_connection_info(kernel.managed.get_connection_info())
+    owner.session.key = kernel.managed.session.key
+    owner.start_channels()
+    try:
+        owner.wait_for_ready(timeout=60)
+        cell = owner.execute("import time; time.sleep(6); y = 3")
+        # Wait, holding this event loop, until the kernel runs the cell: Jupyter Server reads
+        # the kernel's busy status on this loop, so it still shows the kernel idle — the
+        # moment between a cell's submission and its busy status reaching the server.
+        while True:
+            msg = owner.get_iopub_msg(timeout=30)
+            if (
+                msg["parent_header"].get("msg_id") == cell
+                and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "busy"
+            ):
+                break
+        assert kernel.managed.execution_state == "idle"
+
+        entry, errors = await run_kernel_hooks(
+            jp_serverapp,
+            GpuKernel(kernel.id, None, "race.ipynb"),
+            tmp_path / "race",
+            "race",
+            2.0,
+            logging.getLogger("test"),
+        )
+
+        assert entry["status"] == "timeout" and entry["hooks"] == []
+        assert errors and "the cell was not interrupted" in errors[0]
+        reply = owner.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == cell
+        assert reply["content"]["status"] == "ok"  # not a KeyboardInterrupt
+    finally:
+        owner.stop_channels()
+    assert (await kernel.run("print(y)", timeout=20)).strip() == "3"
+
+
 async def test_governor_waits_for_the_frontends_checkpoint_past_the_grace(
     jp_fetch, jp_serverapp, notebook_kernel, checkpoint_root
 ):
@@ -468,6 +524,58 @@ async def test_the_checkpoint_is_not_taken_for_the_owner_at_work(
             break
         await asyncio.sleep(0.1)
     assert app.report["server"]["last_activity"] > person
+
+
+async def test_a_cell_a_person_starts_during_a_checkpoint_is_reported_running_and_theirs(
+    jp_fetch, jp_serverapp, notebook_kernel, tmp_path
+):
+    """The checkpoint's own work in a kernel is not a person's, but a cell a person starts
+    in another kernel while the hooks run is: reported running (the governor holds the cull
+    and voids the checkpoint) and counted as their activity."""
+    app = gov_app(jp_serverapp)
+    km = jp_serverapp.kernel_manager
+    release = tmp_path / "release"
+    until_released = (
+        f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n"
+    )
+    hooks = await notebook_kernel("hooks.ipynb")
+    await hooks.run(
+        ON_GPU + "from jupyter_gpu_gov import checkpoint\n"
+        "@checkpoint.register\n"
+        "def wait(directory):\n" + "".join(f"    {line}\n" for line in until_released.splitlines())
+    )
+    work = await notebook_kernel("work.ipynb")
+    for _ in range(50):  # Jupyter Server may still show the last cells busy (see above)
+        await app.sample_now()
+        states = {t["id"]: t["execution_state"] for t in app.report["targets"]}
+        if states[hooks.id] == states[work.id] == "idle":
+            break
+        await asyncio.sleep(0.1)
+    person = app.report["server"]["last_activity"]
+
+    running = asyncio.ensure_future(checkpoint(jp_fetch, reason="test"))
+    try:
+        for _ in range(200):  # the hooks run
+            if km.get_kernel(hooks.id).execution_state == "busy":
+                break
+            await asyncio.sleep(0.05)
+        work.client.execute(until_released)
+        for _ in range(200):
+            if km.get_kernel(work.id).execution_state == "busy":
+                break
+            await asyncio.sleep(0.05)
+        assert not running.done()  # the hooks still run: the checkpoint's window is open
+        await app.sample_now()
+        during = {t["id"]: t for t in app.report["targets"]}
+        last_activity = app.report["server"]["last_activity"]
+    finally:
+        release.touch()
+    manifest = await running
+
+    assert kernel_entry(manifest, hooks)["status"] == "done"
+    assert during[hooks.id]["execution_state"] == "idle"  # the checkpoint's own work
+    assert during[work.id]["execution_state"] == "busy" and during[work.id]["busy_since"]
+    assert last_activity > person
 
 
 async def test_terminal_scrollback_is_saved(jp_fetch, jp_serverapp):
@@ -623,3 +731,30 @@ def test_checkpoint_dir_default_is_expanded(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert GpuGovApp().checkpoint_dir == str(tmp_path / ".jupyter-gpu-gov" / "checkpoints")
     assert GpuGovApp(checkpoint_dir="~/ckpt").checkpoint_dir == str(tmp_path / "ckpt")
+
+
+def test_a_kernel_busy_with_the_checkpoints_hooks_is_not_a_cell_one_a_person_started_is(
+    monkeypatch,
+):
+    """Jupyter Server shows a kernel busy while the hooks run and until their idle status
+    reaches it, which can be after their reply: the report must not show that as a cell (the
+    governor would take it for one changing the state just saved). A kernel busy before the
+    checkpoint, one where a person started a cell meanwhile (it ran behind or before the
+    hooks), or one busy past the margin for late messages, is running a cell."""
+    from jupyter_gpu_gov.core import clock
+    from jupyter_gpu_gov.server.own_activity import MARGIN, OwnActivity
+
+    monkeypatch.setattr(clock, "_offset_s", clock._offset_s)  # restored after the test
+    own = OwnActivity()
+    before = clock.utcnow()
+    own.begin({"training"})
+    assert own.hides_busy("hooks", None) and not own.hides_busy("training", None)
+    assert own.hides_busy("hooks", before)  # a person's cell that ended before
+    clock.advance(0.5)
+    person = clock.utcnow()
+    assert not own.hides_busy("hooks", person)
+    own.end()
+    assert own.hides_busy("hooks", None) and not own.hides_busy("training", None)
+    assert not own.hides_busy("hooks", person)
+    clock.advance(MARGIN.total_seconds() + 0.5)
+    assert not own.hides_busy("hooks", None)

@@ -230,6 +230,105 @@ def test_a_cell_running_with_its_gpu_idle_gets_a_notice_naming_the_cause_not_a_c
     assert later.state == "busy" and later.cull_at == T0 + (480 + 30 + 30) * MIN
 
 
+def test_a_short_cpu_cell_after_the_warning_keeps_one_warning_and_its_deadline():
+    """Warned at minute 30 (cull at 60), the owner runs a 5-minute CPU cell, the GPU idle
+    throughout: the warning stands through the cell — the same state, warning time and
+    deadline in JupyterLab, no second ``warn`` — and the cull comes at 60, after the cell.
+    Someone working on CPU cells with a GPU held is not warned again after every cell."""
+
+    def cell(start, end, person=False):
+        def view(minute):
+            back = {"user_last_activity": T0 + start * MIN} if person and minute >= start else {}
+            return (
+                busy_view(T0 + start * MIN, **back) if start <= minute < end else idle_view(**back)
+            )
+
+        return view
+
+    actions, _ = run(cell(40, 45), minutes=70, on_checkpoint="done")
+    assert actions == [
+        (30, "warn", "warned"),
+        (60, "checkpoint", "checkpointing"),
+        (61, "cull", "culled"),
+    ]
+    # What JupyterLab shows, minute by minute, from the warning to the deadline.
+    record, shown = p.Record(), set()
+    for minute in range(0, 60):
+        decision = p.decide(cell(40, 45)(minute), record, POLICY, T0 + minute * MIN)
+        record = decision.record
+        verdict = p.verdict(decision, POLICY).to_json()
+        if minute >= 30:
+            shown.add((verdict["state"], verdict["warn_at"], verdict["cull_at"]))
+        if minute == 42:
+            assert "a kernel is executing a cell since 2026-01-05 09:40 UTC" in decision.reason
+            assert "server stopped at 2026-01-05 10:00 UTC unless extended, not while" in (
+                decision.reason
+            )
+            during = decision
+    assert shown == {("warned", "2026-01-05T09:30:00.000Z", "2026-01-05T10:00:00.000Z")}
+    # The owner ran the cell: present, they get the warning's full notice from their last
+    # interaction (as with any interaction), still one warning; the deadline only moves later.
+    actions, _ = run(cell(40, 45, person=True), minutes=80, on_checkpoint="done")
+    assert actions[:2] == [(30, "warn", "warned"), (70, "checkpoint", "checkpointing")]
+    # Extend works during the cell as at any time: the next warning announces the new deadline.
+    granted = p.extend(during.record, POLICY, "one more stage")
+    assert granted.status == "granted"
+    record, seen = granted.record, []
+    for minute in range(43, 100):
+        decision = p.decide(cell(40, 45)(minute), record, POLICY, T0 + minute * MIN)
+        record = decision.record
+        seen += [(minute, a) for a in decision.actions]
+    assert seen[:2] == [(60, "warn"), (90, "checkpoint")]
+
+
+def test_a_cell_that_outlives_the_warned_deadline_is_never_culled_and_warned_afresh_after():
+    """A cell still running at the deadline it was warned of holds the cull: its own rules
+    take over (the notice past busy_grace), and when it ends the owner gets a new warning
+    with a full notice, not a cull as the cell finishes."""
+
+    def view(minute):
+        return busy_view(T0 + 50 * MIN) if 50 <= minute < 90 else idle_view()
+
+    actions, _ = run(view, minutes=130, on_checkpoint="done")
+    assert actions == [
+        (30, "warn", "warned"),
+        (70, "busy-notice", "busy"),
+        (90, "warn", "warned"),
+        (120, "checkpoint", "checkpointing"),
+        (121, "cull", "culled"),
+    ]
+
+
+def test_a_checkpoint_asked_for_before_a_cell_ran_is_not_taken_as_the_culls():
+    """The cull's checkpoint was asked for at minute 60 and a cell started as it went out (a
+    cell submitted a moment before, the kernel not shown busy yet): whatever the answer, it
+    does not describe the state the cell leaves. No cull while the cell runs, and after it the
+    cull asks for a checkpoint of its own before it lands."""
+
+    def view(minute, person=False):
+        back = {"user_last_activity": T0 + 60 * MIN} if person and minute > 60 else {}
+        return busy_view(T0 + 60 * MIN, **back) if 61 <= minute < 63 else idle_view(**back)
+
+    actions, last = run(view, minutes=100, on_checkpoint="done")
+    assert actions == [
+        (30, "warn", "warned"),
+        (60, "checkpoint", "checkpointing"),
+        # The cell outlived the deadline it was warned of: a new warning with its notice.
+        (63, "warn", "warned"),
+        (93, "checkpoint", "checkpointing"),
+        (94, "cull", "culled"),
+    ]
+    assert "checkpoint saved" in last.reason
+    # The owner ran it: present, the warning stands (no second one) with their full notice.
+    actions, _ = run(lambda m: view(m, person=True), minutes=100, on_checkpoint="done")
+    assert actions == [
+        (30, "warn", "warned"),
+        (60, "checkpoint", "checkpointing"),
+        (90, "checkpoint", "checkpointing"),
+        (91, "cull", "culled"),
+    ]
+
+
 def run_sleep_loop(policy, on_checkpoint="done", owner_back=None, minutes=200):
     """A `while True: time.sleep(1)` cell until it is interrupted; the owner interacts at
     minute ``owner_back``, if given. Returns the actions and the last decision."""

@@ -918,11 +918,77 @@ def _decide_on_activity(
     quiet = cell is not None and gpu.cell_quiet is True
     if quiet != (record.quiet_since is not None):
         record = evolve(record, quiet_since=now if quiet else None)
+    clock = _idle_clock(view, gpu, record, policy, idle_since, away, present_until)
     if cell is not None:
-        return _decide_running(view, record, policy, now, actions, idle, cell, present_until)
+        if record.checkpoint_status is not None:
+            # The checkpoint asked for before the cull no longer holds the kernel's state: the
+            # cell is changing it (a cell submitted as the request went out runs before the
+            # hooks, or they wait behind it). No cull lands while it runs; after it, the cull
+            # asks for a checkpoint of its own, and a late answer to this one is dropped.
+            record = evolve(record, checkpoint_status=None, checkpoint_requested_at=None)
+        return _decide_running(view, record, policy, now, actions, idle, cell, clock, present_until)
+    warn_at, cull_at, due, notice = clock.warn_at, clock.cull_at, clock.due, clock.notice
 
+    if now < warn_at and record.warned_at is None:
+        return Decision(evolve(record, state=IDLE, reason=idle), tuple(actions), warn_at, cull_at)
+
+    if record.warned_at is None:
+        actions.append(WARN)
+        record = evolve(record, warned_at=now)
+        cull_at = max(cull_at, now + notice)
+        due = max(due, cull_at)
+    if now < cull_at:
+        why = f"{idle}; {_cull_words(policy)} at {_at(cull_at)} unless extended"
+        why += clock.why(back)
+        return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)
+
+    why = f"{idle} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
+    final = f"GPU idle for {format_duration(now - idle_since)}" + why[len("GPU idle") :]
+    decision = _cull_with_checkpoint(
+        record, policy, view, now, why, GPU_IDLE, warn_at, cull_at, final, due=due
+    )
+    return evolve(decision, actions=tuple(actions) + decision.actions)
+
+
+@dataclass(frozen=True)
+class _IdleClock:
+    """The idle cull's times for the stretch so far: when the warning is due, the cull
+    (``due``: before a failed checkpoint postponed it) and the warning's notice."""
+
+    warn_at: datetime
+    cull_at: datetime
+    due: datetime
+    notice: timedelta
+    zombie: bool
+    away: bool
+    holds: tuple[str, ...]
+
+    def why(self, back: datetime | None) -> str:
+        """What the reason adds to the deadline: who is (not) there, what holds it back."""
+        why = ""
+        if self.zombie:
+            why += " (nobody is there: the GPU holds memory and does no work, and the Hub has seen no activity)"
+        elif self.away:
+            why += f" (nobody has used the notebook since {_at(back)})"
+        if self.holds:
+            why += f" (held back by {', '.join(self.holds)})"
+        return why
+
+
+def _idle_clock(
+    view: ServerView,
+    gpu: GpuSignal,
+    record: Record,
+    policy: Policy,
+    idle_since: datetime,
+    away: bool,
+    present_until: datetime | None,
+) -> _IdleClock:
+    """The idle cull's clock: a GPU fact, the same whether or not a cell runs meanwhile, so a
+    warning given before a short cell keeps its deadline through it."""
     # An away owner is warned at once. Not once the stretch was extended: the owner (or an
     # admin) was there and was told a deadline, which a later reading must not bring forward.
+    zombie = view.cause == "zombie" and view.cause_confident
     extended = record.extension_s > 0 or record.extensions_used > 0
     first_stage = timedelta(0) if away and not extended else policy.warn_after
     extension = timedelta(seconds=record.extension_s)
@@ -954,31 +1020,7 @@ def _decide_on_activity(
     if record.postponed_until is not None and record.postponed_until > cull_at:
         cull_at = record.postponed_until
         holds.append("a failed checkpoint")
-
-    if now < warn_at and record.warned_at is None:
-        return Decision(evolve(record, state=IDLE, reason=idle), tuple(actions), warn_at, cull_at)
-
-    if record.warned_at is None:
-        actions.append(WARN)
-        record = evolve(record, warned_at=now)
-        cull_at = max(cull_at, now + notice)
-        due = max(due, cull_at)
-    if now < cull_at:
-        why = f"{idle}; {_cull_words(policy)} at {_at(cull_at)} unless extended"
-        if zombie:
-            why += " (nobody is there: the GPU holds memory and does no work, and the Hub has seen no activity)"
-        elif away:
-            why += f" (nobody has used the notebook since {_at(back)})"
-        if holds:
-            why += f" (held back by {', '.join(holds)})"
-        return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)
-
-    why = f"{idle} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
-    final = f"GPU idle for {format_duration(now - idle_since)}" + why[len("GPU idle") :]
-    decision = _cull_with_checkpoint(
-        record, policy, view, now, why, GPU_IDLE, warn_at, cull_at, final, due=due
-    )
-    return evolve(decision, actions=tuple(actions) + decision.actions)
+    return _IdleClock(warn_at, cull_at, due, notice, zombie, away, tuple(holds))
 
 
 def _silent_since(
@@ -1031,12 +1073,18 @@ def _decide_running(
     actions: list[str],
     idle: str,
     cell: _Cell,
+    clock: _IdleClock,
     present_until: datetime | None,
 ) -> Decision:
     """A cell runs while its GPU idles. It is never culled for idleness: past ``busy_grace``
     the owner gets a notice naming the cause, and past ``busy_limit`` (from the GPU's idle
     start, so that restarting cells does not reset it) a warning; after the notice the cell is
-    interrupted and a checkpoint taken, or the server culled."""
+    interrupted and a checkpoint taken, or the server culled.
+
+    A warning of the idle cull given before the cell started stands through it, deadline and
+    all (``clock``): a short CPU cell neither withdraws it nor earns a second one. Only a cell
+    still running at that deadline ends it: the cell's own rules take over, and once it ends
+    the idle rules warn again with a full notice, so no cull lands as a long cell finishes."""
     idle_since = record.idle_since
     extension = timedelta(seconds=record.extension_s)
     limit = idle_since + policy.busy_limit + extension
@@ -1052,8 +1100,14 @@ def _decide_running(
                 ", its kernel doing nothing (no CPU, no I/O: a sleep or poll loop, an input()) "
                 f"since {_at(record.quiet_since)}"
             )
-    if record.warned_at is not None and record.warned_at < limit:
-        # A warning of an idle cull (or of a limit since extended) does not stand for this one.
+    warned = record.warned_at
+    # The idle cull's warning: given before this cell ran (a warning of the cell's own limit
+    # comes busy_grace after its start at the earliest, and stands once given).
+    idle_warning = warned is not None and warned < limit and warned < cell.since + policy.busy_grace
+    standing = idle_warning and now < min(limit, clock.cull_at)
+    if warned is not None and warned < limit and not standing:
+        # A warning of an idle cull whose deadline the cell outlived, or of a limit since
+        # moved later, does not stand for this one.
         record = evolve(record, warned_at=None)
     act_at = limit + policy.notice
     if record.warned_at is not None:
@@ -1078,6 +1132,13 @@ def _decide_running(
     if cause:
         running += f" ({'the diagnosis' if view.cause_confident else 'maybe'}: {cause})"
 
+    if standing:
+        why = (
+            f"{running}; {_cull_words(policy)} at {_at(clock.cull_at)} unless extended, not "
+            f"while the cell runs{clock.why(view.user_last_activity)}"
+        )
+        record = evolve(record, state=WARNED, reason=why)
+        return Decision(record, tuple(actions), clock.warn_at, clock.cull_at)
     if now < limit and record.warned_at is None:
         if now < grace_end:
             record = evolve(record, state=IDLE, reason=running)

@@ -254,7 +254,7 @@ class GpuGovApp(ExtensionApp):
         self.server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
         self._busy_since: dict[str, object] = {}
         self._own_activity = OwnActivity()  # checkpoint hooks are not a person at work
-        self._person_activity = PersonActivity(self._own_activity.ours)
+        self._person_activity = PersonActivity(self._own_activity)
         self.verdict: dict | None = None
         self.checkpoint: dict = {"requested_at": None, "status": None, "manifest": None}
         self._frontend_first = FrontendFirst()
@@ -526,7 +526,16 @@ class GpuGovApp(ExtensionApp):
                     "status": RUNNING,
                     "manifest": None,
                 }
-                self._own_activity.begin(self._busy_since)
+                # Busy before: as last sampled, or as Jupyter Server shows it now.
+                km = self.serverapp.kernel_manager
+                self._own_activity.begin(
+                    {*self._busy_since}
+                    | {
+                        k
+                        for k in km.list_kernel_ids()
+                        if getattr(km.get_kernel(k), "execution_state", None) == "busy"
+                    }
+                )
                 try:
                     manifest = await take_checkpoint(
                         self.serverapp,
@@ -539,6 +548,7 @@ class GpuGovApp(ExtensionApp):
                         keep=self.checkpoint_keep,
                         max_bytes=self.checkpoint_max_bytes,
                         log=self.log,
+                        own_request=self._own_activity.asked,
                     )
                 except BaseException:
                     self.checkpoint = {**self.checkpoint, "status": FAILED}
@@ -593,7 +603,8 @@ class GpuGovApp(ExtensionApp):
         for kernel_id in kernel_ids:
             kernel = km.get_kernel(kernel_id)
             state = getattr(kernel, "execution_state", None)
-            if state == "busy" and self._own_activity.hides_busy(kernel_id):
+            cell_since = self._person_activity.cells.get(kernel_id)
+            if state == "busy" and self._own_activity.hides_busy(kernel_id, cell_since):
                 state = "idle"  # running our checkpoint hooks, not a cell
             if state == "busy":
                 busy[kernel_id] = self._busy_since.get(kernel_id, now)

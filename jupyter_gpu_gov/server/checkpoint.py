@@ -22,6 +22,7 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,20 +153,19 @@ async def _await_reply(client, msg_id: str, timeout: float) -> dict | None:
             return msg
 
 
-async def _started(client, msg_id: str) -> bool:
-    """Whether the kernel's iopub said it began our request (drains what is buffered)."""
-    started = False
+async def _progress(client, msg_id: str) -> tuple[bool, bool]:
+    """Whether the kernel's IOPub said it began our request, and ended it (drains what is
+    buffered)."""
+    began = ended = False
     while True:
         try:
             msg = await client.get_iopub_msg(timeout=0)
         except queue.Empty:
-            return started
-        if (
-            msg.get("parent_header", {}).get("msg_id") == msg_id
-            and msg.get("msg_type") == "status"
-            and msg.get("content", {}).get("execution_state") == "busy"
-        ):
-            started = True
+            return began, ended
+        if msg.get("parent_header", {}).get("msg_id") == msg_id and msg.get("msg_type") == "status":
+            state = msg.get("content", {}).get("execution_state")
+            began = began or state == "busy"
+            ended = ended or state == "idle"
 
 
 def _own_session(session):
@@ -197,14 +197,23 @@ def _answer(reply: dict) -> tuple[dict | None, str | None]:
 
 
 async def run_kernel_hooks(
-    serverapp, kernel: GpuKernel, directory: Path, reason: str, timeout: float, log
+    serverapp,
+    kernel: GpuKernel,
+    directory: Path,
+    reason: str,
+    timeout: float,
+    log,
+    own_request: Callable[[str], None] | None = None,
 ) -> tuple[dict | None, list[str]]:
     """Run one kernel's hooks into ``directory``; answer (its manifest entry, error lines).
 
     The entry is None when the kernel is gone. A request that runs past ``timeout`` seconds is
-    interrupted (so a postponed cull leaves a usable kernel), unless it never started because a
-    cell of the user's still runs: that cell is left alone, and the queued request does nothing
-    when its turn comes (it carries the deadline).
+    interrupted (so a postponed cull leaves a usable kernel), but only when the kernel is seen
+    running it (its hooks.json written, or IOPub saying it began it) and not finishing it: a
+    request that never started waits behind a cell of the user's — perhaps one submitted a
+    moment before, which Jupyter Server does not show busy yet — and an interrupt would stop
+    that cell. It is left alone, and the queued request does nothing when its turn comes (it
+    carries the deadline).
     """
     km = serverapp.kernel_manager
     try:
@@ -238,7 +247,6 @@ async def run_kernel_hooks(
     if language.lower() != "python":
         entry["note"] = f"a {language} kernel: checkpoint hooks are Python only"
         return entry, errors
-    busy_before = getattr(managed, "execution_state", None) == "busy"
     expression = HOOKS_EXPRESSION.format(
         deadline=time.time() + timeout, directory=str(directory), reason=reason
     )
@@ -256,18 +264,37 @@ async def run_kernel_hooks(
             allow_stdin=False,
             stop_on_error=False,
         )
+        if own_request is not None:  # before its busy status can be read: no await between
+            own_request(msg_id)
         reply = await _await_reply(client, msg_id, timeout)
+        hooks, running, started, finishing = None, [], False, False
         if reply is None:
             hooks = _read_hooks(directory)
             running = [
                 h.get("name") for h in (hooks or {}).get("hooks", []) if h.get("status") == RUNNING
             ]
-            started = await _started(client, msg_id) or hooks is not None or not busy_before
+            # Jupyter Server's execution state cannot tell whether our request runs: it lags
+            # the kernel (a cell submitted a moment before shows busy only once its status
+            # arrives). Only the request's own traces can.
+            began, ended = await _progress(client, msg_id)
+            started = began or hooks is not None
+            finishing = ended or (hooks is not None and not running)
+            if finishing:
+                # Its reply is on the way: an interrupt now would land on whatever the
+                # kernel runs next (a cell of the owner's waiting behind it).
+                reply = await _await_reply(client, msg_id, INTERRUPT_GRACE)
+        if reply is None:
             if not started:
                 fail(
                     TIMEOUT,
                     f"timeout: {where} was busy running a cell; its checkpoint hooks did not "
                     f"start within {timeout:g} s (the cell was not interrupted)",
+                )
+            elif finishing:
+                fail(
+                    TIMEOUT,
+                    f"timeout: the checkpoint hooks ({where}) ended but gave no answer within "
+                    f"{timeout + INTERRUPT_GRACE:g} s (the kernel was not interrupted)",
                 )
             else:
                 entry["running_hook"] = running[0] if running else None
@@ -479,8 +506,10 @@ async def take_checkpoint(
     keep: int,
     max_bytes: int,
     log,
+    own_request: Callable[[str], None] | None = None,
 ) -> dict:
-    """One checkpoint (contract steps 1 to 4); answers its manifest."""
+    """One checkpoint (contract steps 1 to 4); answers its manifest. ``own_request`` hears
+    the id of each request sent to a kernel (a person's requests are told from ours by it)."""
     requested = clock.utcnow()
     errors: list[str] = []
     manifest: dict = {
@@ -513,7 +542,9 @@ async def take_checkpoint(
 
     if directory is not None:
         runs = [
-            run_kernel_hooks(serverapp, k, kernel_dir(directory, k.id), reason, hook_timeout, log)
+            run_kernel_hooks(
+                serverapp, k, kernel_dir(directory, k.id), reason, hook_timeout, log, own_request
+            )
             for k in gpu_kernels(report)
         ]
         for entry, lines in await asyncio.gather(*runs):

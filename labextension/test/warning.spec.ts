@@ -133,6 +133,23 @@ describe('warning', () => {
     expect(warningAction(null, verdict({ state: 'active' }))).toBe('none');
     expect(warningAction(warningKey(v), null)).toBe('dismiss');
   });
+
+  it('updates, not raises again, a warning whose deadline the owner’s own work moved later', () => {
+    // Warned, the owner runs a short CPU cell: the warning stands, its notice now counting
+    // from the cell (a later deadline). Still one warning: a closed notification stays closed.
+    const v = verdict();
+    const later = verdict({ cull_at: '2026-01-05T11:20:00Z' });
+    expect(warningAction(warningKey(v), later, v)).toBe('update');
+    // An extension, a new idle stretch, a hard deadline or an earlier deadline is a new one.
+    for (const next of [
+      verdict({ cull_at: '2026-01-05T11:20:00Z', extensions_left: 0 }),
+      verdict({ cull_at: '2026-01-05T11:20:00Z', idle_since: '2026-01-05T10:40:00Z' }),
+      verdict({ cull_at: '2026-01-05T11:20:00Z', hard_deadline: true }),
+      verdict({ cull_at: '2026-01-05T11:00:00Z' })
+    ]) {
+      expect(warningAction(warningKey(v), next, v)).toBe('raise');
+    }
+  });
 });
 
 describe('extend button', () => {

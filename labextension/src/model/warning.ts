@@ -28,12 +28,14 @@ export function warningKey(
 export type WarningAction = 'raise' | 'update' | 'dismiss' | 'none';
 
 /**
- * What to do with the notification given the key of the one shown (or null) and the new
- * verdict. A changed deadline (extension granted, new idle stretch) replaces the warning.
+ * What to do with the notification given the key of the one shown (or null), its verdict, and
+ * the new verdict. A changed deadline (extension granted, new idle stretch) replaces the
+ * warning; one only moved later on the same warning is updated in place.
  */
 export function warningAction(
   shownKey: string | null,
-  verdict: IVerdict | null | undefined
+  verdict: IVerdict | null | undefined,
+  shown?: IVerdict | null
 ): WarningAction {
   const key = warningKey(verdict);
   if (key === null) {
@@ -42,7 +44,32 @@ export function warningAction(
   if (shownKey === null) {
     return 'raise';
   }
-  return shownKey === key ? 'update' : 'raise';
+  return shownKey === key || movedLater(shown, verdict) ? 'update' : 'raise';
+}
+
+/**
+ * Whether `next` is the warning `shown` with only its deadline moved later, as the owner's own
+ * work does (a cell they run after the warning: its full notice counts from then): the same
+ * idle stretch and kind of deadline, no extension. Still one warning, not a new one.
+ */
+function movedLater(
+  shown: IVerdict | null | undefined,
+  next: IVerdict | null | undefined
+): boolean {
+  const before = parseTime(shown?.cull_at);
+  const after = parseTime(next?.cull_at);
+  return (
+    !!shown &&
+    !!next &&
+    before !== null &&
+    after !== null &&
+    after > before &&
+    shown.idle_since === next.idle_since &&
+    shown.extensions_left === next.extensions_left &&
+    shown.approval_pending === next.approval_pending &&
+    !!shown.hard_deadline === !!next.hard_deadline &&
+    (shown.at_deadline ?? null) === (next.at_deadline ?? null)
+  );
 }
 
 /**

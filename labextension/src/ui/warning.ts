@@ -10,7 +10,7 @@ import { IDisposable } from '@lumino/disposable';
 
 import { parseTime } from '../format';
 import { isWarning } from '../model/verdict';
-import { warningAction, warningView } from '../model/warning';
+import { warningAction, warningKey, warningView } from '../model/warning';
 import { NotificationStyle } from '../settings';
 import { safeLocalStorage } from '../storage';
 import { ITrans } from '../trans';
@@ -66,13 +66,15 @@ export class WarningNotifier implements IDisposable {
     if (this._disposed) {
       return;
     }
-    const action = warningAction(this._key, verdict);
+    const action = warningAction(this._key, verdict, this._verdict);
     switch (action) {
       case 'raise':
         this._raise(verdict as IVerdict);
         break;
       case 'update':
+        // The same warning, its deadline perhaps later: a notification closed stays closed.
         this._verdict = verdict as IVerdict;
+        this._key = warningKey(verdict) ?? this._key;
         this._write({ key: this._key as string, verdict: this._verdict });
         this._refresh();
         break;
