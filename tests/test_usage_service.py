@@ -168,6 +168,7 @@ async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
         gov = make(hub, db)
         gov.ingest(report_for("alice", GPU, sm=0.0))
         await gov.reconcile()
+        written_at = time.monotonic()  # the ledger's last write before the outage
         clock.advance(STEP)
         gov.ingest(report_for("alice", GPU, sm=0.0))
         await gov.reconcile()
@@ -178,6 +179,7 @@ async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
         again = make(hub, db)
         again.ingest(report_for("alice", GPU, sm=0.0))
         await again.reconcile()
+        outage_real = time.monotonic() - written_at  # real seconds inside the unobserved span
         status, _ = await again.extend("alice/", "user:alice", "one more hour")
         assert status == 200
         await again.extend("alice/", "user:alice", "and another")  # waits for an admin
@@ -190,14 +192,14 @@ async def test_an_outage_is_unobserved_and_culls_and_extensions_count(tmp_path):
     after = totals(again.store)
     # The first pass wrote the ledger, the second had not yet (usage_write_every): the pass it
     # had not written is unobserved with the hour down, nothing is lost and nobody pays idle.
-    assert after[ledger.UNOBSERVED] == pytest.approx(3600 + STEP, abs=0.5)
+    # The clock moves on by the real time the test takes too: the span is longer by that much.
+    assert 3600 + STEP - 0.5 <= after[ledger.UNOBSERVED] <= 3600 + STEP + outage_real + 0.5
     # Idle after the restart is only the real seconds the test took (a loaded machine: ~1 s).
     assert after[ledger.IDLE_HELD] == pytest.approx(before[ledger.IDLE_HELD], abs=0.5 + real)
     assert after["culls"] == 1 and after["extensions"] == 1
     (row,) = showback.usage(again.store, again.options, ["team"], "all", None)
     assert (row["culls"], row["extensions"]) == (1, 1)
-    # The clock moves on by the real time the test takes too (a second or so on a loaded machine).
-    assert row["gpu_hours_unobserved"] == pytest.approx((3600 + STEP) / 3600, abs=2 / 3600)
+    assert row["gpu_hours_unobserved"] == pytest.approx(after[ledger.UNOBSERVED] / 3600, abs=1e-4)
 
 
 async def test_the_ledger_is_written_every_few_minutes_and_whenever_it_is_read(tmp_path):
@@ -209,6 +211,7 @@ async def test_the_ledger_is_written_every_few_minutes_and_whenever_it_is_read(t
         gov = make(hub, f"sqlite:///{tmp_path / 'gov.sqlite'}")
         assert gov.options.usage_write_every == timedelta(minutes=5)
         written = []
+        started = time.monotonic()
         for _ in range(4):
             gov.ingest(report_for("alice", GPU, sm=0.0))
             await gov.reconcile()
@@ -217,7 +220,10 @@ async def test_the_ledger_is_written_every_few_minutes_and_whenever_it_is_read(t
         assert written[1:] == [written[0]] * 3  # the first pass wrote, the next three did not
         gov.flush_usage()  # a page or the API reads it
         flushed = totals(gov.store)[ledger.IDLE_HELD]
-        assert flushed == pytest.approx(written[0] + 3 * STEP, abs=0.5)
+        # The clock moves on by the real time the test takes too (seconds on a loaded machine).
+        real = time.monotonic() - started
+        assert written[0] + 3 * STEP - 0.5 <= flushed <= written[0] + 3 * STEP + real + 0.5
+        started = time.monotonic()
         passes = 0  # a pass every 30 s: the one five minutes on writes
         while totals(gov.store)[ledger.IDLE_HELD] == flushed and passes < 20:
             clock.advance(STEP)
@@ -225,7 +231,9 @@ async def test_the_ledger_is_written_every_few_minutes_and_whenever_it_is_read(t
             await gov.reconcile()
             passes += 1
         assert passes == 10
-        assert totals(gov.store)[ledger.IDLE_HELD] == pytest.approx(flushed + 11 * STEP, abs=0.5)
+        real = time.monotonic() - started
+        assert flushed + 11 * STEP - 0.5 <= totals(gov.store)[ledger.IDLE_HELD]
+        assert totals(gov.store)[ledger.IDLE_HELD] <= flushed + 11 * STEP + real + 0.5
 
 
 def test_the_ledger_write_interval_is_checked(capsys):
