@@ -28,7 +28,8 @@ windows; the shipped constants again on every test set with only the base column
 ``gr_active``, no ``cpu_top_thread``: what a hub that does not report them, or a simulator that
 does not write them, gives); then the online cost per window. ``--confusion`` adds every
 world's confusion matrix (shipped constants, online: truth by row, answer by column,
-``uncertain`` last), the cells the wrong answers are in.
+``uncertain`` last), the cells the wrong answers are in; ``--startup`` the figures of each
+server's first running windows (its start-up: the model and data loaded) apart from the rest.
 """
 
 from __future__ import annotations
@@ -193,6 +194,25 @@ def score_world(rows, params: Params, protocol: str, small_nodes: bool = False) 
     return figures(rows, run(rows, params, minimum))
 
 
+# A server's first running windows: its start-up (the model and data loaded, kernels compiled).
+STARTUP = 3
+
+
+def startup_split(rows, diagnoses, first: int = STARTUP) -> dict:
+    """``figures`` of each server's first ``first`` running windows (in time order) and of
+    every other window: how far the start-up is what the model gets wrong."""
+    seen: Counter = Counter()
+    parts: dict = {"start-up": ([], []), "rest": ([], [])}
+    for i in sorted(range(len(rows)), key=lambda i: (rows[i][0].t or 0.0, i)):
+        w = rows[i][0]
+        running = is_running(w)
+        part = parts["start-up" if running and seen[w.node, w.server] < first else "rest"]
+        seen[w.node, w.server] += running
+        part[0].append(rows[i])
+        part[1].append(diagnoses[i])
+    return {name: figures(r, d) for name, (r, d) in parts.items()}
+
+
 def design_columns(rows) -> list:
     """``rows`` with the columns beyond the base ones (``OPTIONAL``) missing."""
     return [(replace(w, **dict.fromkeys(OPTIONAL)), truth) for w, truth in rows]
@@ -224,6 +244,10 @@ def run(args) -> dict:
         e: score_world(design_columns(rows), PHYSICAL, "online", e == H200)
         for e, rows in tests.items()
     }
+    startup = {}
+    if args.startup:
+        for e, rows in tests.items():
+            startup[e] = startup_split(rows, online(rows, PHYSICAL, 10 if e == H200 else 30))
     rules_figures = {
         e: figures(rows, [rules.baseline(w) for w, _ in rows]) for e, rows in tests.items()
     }
@@ -233,6 +257,7 @@ def run(args) -> dict:
         "table": table,
         "design": design,
         "rules": rules_figures,
+        "startup": startup,
         "protocols": protocols,
         "latency": latency(tests[names[0]], PHYSICAL),
         "sizes": {e: len(rows) for e, rows in tests.items()},
@@ -319,6 +344,16 @@ def _print(result: dict, args) -> None:
         print("\n## confusion matrices, shipped constants (online)")
         for e in evaluated:
             _confusion_table(e, table[("online", SHIPPED, e)])
+    if result["startup"]:
+        print(f"\n## each server's first {STARTUP} running windows against the rest"
+              " (shipped constants, online): accuracy / coverage (strict), windows")  # fmt: skip
+        for e, parts in result["startup"].items():
+            cells = [
+                f"{name} {_pct(f['accuracy'])}/{_pct(f['coverage'])} ({_pct(f['strict'])}) "
+                f"{f['windows']:>6}"
+                for name, f in parts.items()
+            ]
+            print(f"{e:<11} " + "   ".join(cells))
     print("\n## constants chosen on each world (differences from the physical values)")
     for t, params in tuned.items():
         if t == SHIPPED:
@@ -349,6 +384,10 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--confusion", action="store_true", help="every world's confusion matrix (shipped)"
     )
+    parser.add_argument(
+        "--startup", action="store_true",
+        help=f"each server's first {STARTUP} running windows against the rest (shipped)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)
     if args.quick:

@@ -29,6 +29,7 @@ from jupyter_gpu_gov.diagnose.features import (
     FEATURES,
     Window,
     in_context,
+    is_running,
     read_windows,
     to_vector,
     windows_from_report,
@@ -530,6 +531,21 @@ def test_the_confusion_matrix_puts_every_window_in_its_cell(capsys):
     right = sum(counts[k].get(k[:10], 0) for k in LABELS)
     assert right == round(f["strict"] * f["windows"])
     assert "h200 (rows: truth; columns: answer)" in out
+
+
+def test_the_start_up_split_counts_each_servers_first_running_windows():
+    """``benchmarks.diagnose --startup`` scores each server's first running windows (its
+    start-up) apart from the rest: every labelled window in one part, and the start-up part
+    exactly the first ``STARTUP`` running windows of each server."""
+    from benchmarks import diagnose as bench
+    from benchmarks.worlds import generate
+
+    rows = generate("fleet", 12, 10, 101)
+    parts = bench.startup_split(rows, bench.online(rows, Params()))
+    running = Counter((w.node, w.server) for w, truth in rows if is_running(w) and truth != UNKNOWN)
+    assert parts["start-up"]["windows"] == sum(min(n, bench.STARTUP) for n in running.values())
+    everything = bench.figures(rows, bench.online(rows, Params()))
+    assert parts["start-up"]["windows"] + parts["rest"]["windows"] == everything["windows"]
 
 
 def test_tuning_on_one_world_and_scoring_another():
