@@ -197,6 +197,20 @@ def test_an_outage_of_the_governor_is_unknown_never_idle():
     assert culls and culls[0] > 180 * 60
 
 
+def test_a_start_within_a_second_of_a_minute_exports_a_trace_what_if_reads():
+    # The Hub gives ``started`` to the millisecond; history keeps ``t`` in whole seconds. A
+    # server started 0.85 s past a minute, first seen on that pass, once exported a first line
+    # whose ``t`` came before its ``started``, and what-if refused the whole trace.
+    started = T0 + 600 + 0.85
+    rows = [
+        HistoryRow(t=started + 60 * i, server="ada/", started=started, gpu_sm=0.5) for i in range(5)
+    ]
+    lines = list(export_trace(through_sqlite(rows), step=60))
+    samples = list(parse_lines(lines))
+    assert [s.t for s in samples][:2] == [600, 660]
+    assert all(s.started == 600 for s in samples)
+
+
 def test_an_idle_server_costs_a_row_each_keyframe_a_working_one_a_row_each_pass():
     idle = [
         HistoryRow(t=T0 + 60 * m, server="a/", started=T0, gpu_sm=0.0, gpu_mem_mb=9000)

@@ -23,7 +23,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -73,10 +73,21 @@ def parse_utc(when: str) -> datetime:
     return datetime.fromisoformat(when.replace("Z", "+00:00"))
 
 
-def clock_minutes(deadline: str) -> int:
-    """'10:04 AM' → minutes since midnight (the test runs for minutes, never across midnight)."""
-    at = datetime.strptime(deadline, "%I:%M %p")
-    return at.hour * 60 + at.minute
+def deadline_at(deadline: str) -> datetime:
+    """'10:04 AM' (today) or 'Dec 3, 12:01 AM' (another day: a deadline across midnight) → the
+    local time it names, the day that puts it nearest to now (a deadline is minutes away)."""
+    day, _, clock = deadline.rpartition(", ")
+    at = datetime.strptime(clock, "%I:%M %p").time()
+    now = datetime.now()
+    dates = [(now + timedelta(days=shift)).date() for shift in (-1, 0, 1)]
+    if day:
+        dates = [d for d in dates if f"{d:%b} {d.day}" == day]
+        assert dates, f"{deadline!r} is not within a day of now"
+    return min((datetime.combine(d, at) for d in dates), key=lambda t: abs(t - now))
+
+
+def minutes_between(earlier: str, later: str) -> float:
+    return (deadline_at(later) - deadline_at(earlier)).total_seconds() / 60
 
 
 def notebook_json(source: str) -> dict:
@@ -306,7 +317,7 @@ def run_story(
     # The warning goes out at the first pass once the new notice is due, and every warning
     # gets its full notice: the deadline is the granted one, or later by the pass's lateness
     # (seconds, but the clock shows minutes: it may read a minute later, never earlier).
-    late = clock_minutes(again_deadline) - clock_minutes(granted_deadline)
+    late = minutes_between(granted_deadline, again_deadline)
     assert 0 <= late <= 1, (again_deadline, granted_deadline)
     assert 200 < again_left <= 300
     assert gov.verdict(USER)["state"] == "warned"
@@ -324,7 +335,7 @@ def run_story(
     reloaded_left, reloaded_deadline = countdown_seconds(message.first.inner_text())
     # A reload reconnects the kernel, which is the owner back at the notebook: the deadline
     # stands or moves later (an owner back after a warning gets its full notice), never earlier.
-    assert clock_minutes(reloaded_deadline) >= clock_minutes(again_deadline), reloaded_deadline
+    assert minutes_between(again_deadline, reloaded_deadline) >= 0, reloaded_deadline
     assert reloaded_left > 0
     notebook_tab.first.wait_for(timeout=SLOW)
     editor = page.locator(".jp-NotebookPanel .jp-Cell .cm-content").first

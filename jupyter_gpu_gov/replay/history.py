@@ -437,7 +437,10 @@ def _fixed(pseudonyms: Pseudonyms | None) -> Callable[[HistoryRow], str]:
             user, name = pseudonyms.user(user), pseudonyms.server_name(name)
             if USER_LABEL in labels:
                 labels[USER_LABEL] = pseudonyms.user(labels[USER_LABEL])
-        values = {"server": f"{user}/{name}", "started": _json_number(row.started - _EPOCH_S)}
+        # Whole seconds, as ``t`` is kept, and never after the row: a start 0.85 s past a
+        # minute, with its first row kept as that minute, made a line that began before it.
+        started = min(math.floor(row.started), math.floor(row.t))
+        values = {"server": f"{user}/{name}", "started": _json_number(started - _EPOCH_S)}
         if row.profile is not None:
             values["profile"] = row.profile
         if row.team is not None:
