@@ -140,9 +140,18 @@ async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(
     assert sessions["alice/"].allocated == pytest.approx(sum(alice.values()))
 
     # The CSV export says what the ledger holds, to the hundredth of a second.
-    rows = showback.usage(restarted.store, restarted.options, ["user", "tier"], "day", None)
+    rows = showback.usage(restarted.store, restarted.options, ["user", "tier"], "all", None)
     parsed = list(csv.DictReader(io.StringIO(showback.to_csv(rows, ["user", "tier"]))))
     by_user = {r["user"]: r for r in parsed}
+    # By day, the same hours: a test run across midnight splits them between two days.
+    days = showback.usage(restarted.store, restarted.options, ["user", "tier"], "day", None)
+    days_csv = list(csv.DictReader(io.StringIO(showback.to_csv(days, ["user", "tier"]))))
+    for name, user in by_user.items():
+        mine = [r for r in days_csv if r["user"] == name]
+        assert 1 <= len(mine) <= 2
+        for column in ("gpu_hours_idle_held", "gpu_hours_active", "gpu_hours_unknown"):
+            by_day = sum(float(r[column]) for r in mine)
+            assert by_day == pytest.approx(float(user[column]), abs=1e-4), (name, column)
     assert float(by_user["alice"]["gpu_hours_idle_held"]) == pytest.approx(
         alice[ledger.IDLE_HELD] / 3600, abs=1e-4
     )
