@@ -28,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,19 +100,24 @@ async def _governor(workdir: str, servers: int):
     return hub, gov, users
 
 
-def _round(gov, bodies: list[bytes], clock: Clock) -> None:
+def _round(gov, bodies: list[bytes], clock: Clock) -> Counter:
+    """Every body through the handler's steps; the verdicts' states."""
     from jupyter_gpu_gov.core.report import validate
 
     loads = clock.wrap("json.loads", json.loads)
     check = clock.wrap("validate", validate)
     ingest = clock.wrap("ingest", gov.ingest)
     dumps = clock.wrap("json.dumps", json.dumps)
+    states: Counter = Counter()
     gc.callbacks.append(clock.on_gc)
     try:
         for body in bodies:
-            dumps({"verdict": ingest(check(loads(body)))})
+            verdict = ingest(check(loads(body)))
+            dumps({"verdict": verdict})
+            states[verdict["state"]] += 1
     finally:
         gc.callbacks.remove(clock.on_gc)
+    return states
 
 
 def _wrap_parts(gov, clock: Clock) -> Callable[[], None]:
@@ -137,7 +142,7 @@ def _wrap_parts(gov, clock: Clock) -> Callable[[], None]:
     return lambda: [u() for u in undo]
 
 
-async def _repeat(servers: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+async def _repeat(servers: int, rounds: int) -> tuple[dict[str, float], dict[str, float], Counter]:
     from jupyter_gpu_gov.core import clock as gov_clock
 
     with tempfile.TemporaryDirectory(prefix="bench-ingest-steps-") as workdir:
@@ -145,6 +150,7 @@ async def _repeat(servers: int, rounds: int) -> tuple[dict[str, float], dict[str
         try:
             totals: dict[str, list[float]] = defaultdict(list)
             parts: dict[str, list[float]] = defaultdict(list)
+            states: Counter = Counter()
             for phase in ("totals", "parts"):
                 undo = None
                 for k in range(rounds):
@@ -157,9 +163,10 @@ async def _repeat(servers: int, rounds: int) -> tuple[dict[str, float], dict[str
                         if undo is not None:
                             undo()
                         undo = _wrap_parts(gov, clock)
-                    _round(gov, bodies, clock)
+                    said = _round(gov, bodies, clock)
                     if k == 0:
                         continue  # the diagnosis's context fills
+                    states.update(said)
                     out = totals if phase == "totals" else parts
                     for name, ns in clock.ns.items():
                         out[name].append(ns / 1000 / len(bodies))
@@ -171,11 +178,13 @@ async def _repeat(servers: int, rounds: int) -> tuple[dict[str, float], dict[str
     return (
         {k: statistics.median(v) for k, v in totals.items()},
         {k: statistics.median(v) for k, v in parts.items()},
+        states,
     )
 
 
 def run(servers: int = 2000, rounds: int = 5, repeats: int = 3) -> dict:
-    """Median CPU µs per report of each step, over ``repeats`` fresh governors."""
+    """Median CPU µs per report of each step, over ``repeats`` fresh governors, and the
+    measured reports' verdicts by state."""
     runs = []
     for _ in range(repeats):
         runs.append(asyncio.run(_repeat(servers, rounds)))
@@ -187,6 +196,8 @@ def run(servers: int = 2000, rounds: int = 5, repeats: int = 3) -> dict:
     out["total_us"] = round(sum(out[f"{n}_us"] for n in TOTALS if n != "gc"), 1)
     for name in ("ingest", "gc", *(name for name, _ in PARTS)):
         out[f"ingest.{name}_us"] = round(statistics.median(r[1].get(name, 0.0) for r in runs), 1)
+    states = sum((r[2] for r in runs), Counter())
+    out["verdicts"] = ",".join(f"{k}:{v}" for k, v in sorted(states.items()))
     return out
 
 
