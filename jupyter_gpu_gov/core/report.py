@@ -91,8 +91,8 @@ def validate(report: object, now: datetime | None = None) -> dict:
         _number(device, "activity", where, low=0, high=1)
         _number(device, "memory_activity", where, low=0, high=1)
         _expect(device.get("shared", False), bool, where, "shared", "true or false")
-        health_ = device.get("health")
-        wrong = None if health_ is None else health.validate(health_, f"{where}.health")
+        device_health = device.get("health")  # absent: nothing to check, no name to write
+        wrong = None if device_health is None else health.validate(device_health, f"{where}.health")
         if wrong:
             raise ReportError(f"{where}.health", wrong)
 
@@ -277,7 +277,7 @@ def _number(
             raise ReportError(_field(where, key), "is required")
         return
     kind = type(value)
-    if kind is float:  # JSON's numbers: floats and ints, checked at once
+    if kind is float:  # what JSON decodes to first: no bool or odd subclass to rule out
         finite = isfinite(value)
     elif kind is int:
         finite = _finite(value)
