@@ -25,3 +25,18 @@ def test_ingest_benchmark_runs_every_phase_through_the_service():
     assert 0 < figures["steady_sent_p50_ms"] <= figures["steady_p50_ms"]
     assert figures["steady_sent_p99_ms"] <= figures["steady_p99_ms"]
     assert figures["rss_mb_reported"] >= figures["rss_mb_started"] > 0
+
+
+def test_ingest_steps_times_each_step_of_every_report_answered():
+    from benchmarks import ingest_steps
+
+    figures = ingest_steps.run(servers=30, rounds=3, repeats=1)
+    # 30 servers, 2 measured rounds in each of the two sets (totals, then parts): every report
+    # answered with a verdict the governor decided (none "not assessed yet").
+    states = dict(pair.split(":") for pair in figures["verdicts"].split(","))
+    assert sum(map(int, states.values())) == 120 and "unknown" not in states
+    for name in ("json.loads", "validate", "ingest", "json.dumps"):
+        assert figures[f"{name}_us"] > 0, name
+    parts = [figures[f"ingest.{name}_us"] for name, _ in ingest_steps.PARTS]
+    assert all(p > 0 for p in parts)
+    assert sum(parts) <= figures["ingest.ingest_us"]  # the parts are inside ingest

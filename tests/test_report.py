@@ -84,6 +84,22 @@ def test_a_good_report_validates():
         ({"targets__0__gpu__holds_context": "yes"}, "targets[0].gpu.holds_context"),
         ({"targets__0__gpu__confidence": "sure"}, "targets[0].gpu.confidence"),
         ({"window__seconds": None}, "window.seconds"),
+        # Each kind of place a field is named from (validate writes the name only on an error)
+        ({"devices": "GPU-a"}, "devices"),
+        ({"devices__0": "GPU-a"}, "devices[0]"),
+        ({"devices__0__shared": "no"}, "devices[0].shared"),
+        ({"devices__0__health": {"status": "fine"}}, "devices[0].health"),
+        ({"targets__0": 5}, "targets[0]"),
+        ({"targets__0__connections": True}, "targets[0].connections"),
+        ({"targets__0__gpu": []}, "targets[0].gpu"),
+        ({"targets__0__gpu__devices": "GPU-a"}, "targets[0].gpu.devices"),
+        ({"targets__0__gpu__memory_mb": 10**400}, "targets[0].gpu.memory_mb"),
+        ({"targets__0__gpu__sm": float("nan")}, "targets[0].gpu.sm"),
+        ({"targets__0__cpu": "busy"}, "targets[0].cpu"),
+        ({"targets__0__cpu": {"cores": 1.0, "iowait": 2.0}}, "targets[0].cpu.iowait"),
+        ({"error": "x" * 5000}, "error"),
+        ({"server__name": 5}, "server.name"),
+        ({"checkpoint": {"requested_at": "soon"}}, "checkpoint.requested_at"),
     ],
 )
 def test_bad_reports_name_the_field(changes, field):

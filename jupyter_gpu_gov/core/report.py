@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from math import isfinite
 
 from . import health
 from .clock import parse, utcnow
@@ -50,89 +51,92 @@ def validate(report: object, now: datetime | None = None) -> dict:
     """Check a decoded report; return it unchanged or raise ``ReportError``.
 
     ``now`` (default: the clock) bounds its times: none may be later than ``now`` plus
-    ``MAX_CLOCK_SKEW``, and none but ``server.started`` earlier than the server's start."""
-    _expect(report, Mapping, "report", "an object")
+    ``MAX_CLOCK_SKEW``, and none but ``server.started`` earlier than the server's start.
+
+    Each check is given where the field is (``targets[2].gpu``) and its key (``sm``) apart: the
+    field's name is written only on an error (a report has about a hundred fields, and this
+    runs for each of them on every report)."""
+    _expect(report, Mapping, "", "report", "an object")
     if report.get("schema") != SCHEMA:
         raise ReportError("schema", f"must be {SCHEMA}, got {report.get('schema')!r}")
-    server = _expect(report.get("server"), Mapping, "server", "an object")
+    server = _expect(report.get("server"), Mapping, "", "server", "an object")
     latest = (now or utcnow()) + MAX_CLOCK_SKEW
-    started = _time(server, "started", "server.started", None, latest)
+    started = _time(server, "started", "server", None, latest)
     earliest = started - MAX_CLOCK_SKEW if started is not None else None
 
-    def time(obj: Mapping, key: str, field: str, required: bool = False) -> None:
-        _time(obj, key, field, earliest, latest, required)
-
-    time(report, "sampled_at", "sampled_at", required=True)
+    _time(report, "sampled_at", "", earliest, latest, required=True)
     if report.get("backend") not in BACKENDS:
         raise ReportError("backend", f"must be one of {', '.join(BACKENDS)}")
-    _optional_str(report, "error", "error", MAX_ERROR)
+    _optional_str(report, "error", "", MAX_ERROR)
 
     if not isinstance(server.get("user"), str) or not server["user"]:
         raise ReportError("server.user", "must be a non-empty string")
-    _optional_str(server, "user", "server.user")
-    _expect(server.get("name", ""), str, "server.name", "a string")
-    _optional_str(server, "name", "server.name")
-    time(server, "last_activity", "server.last_activity")
+    _optional_str(server, "user", "server")
+    _expect(server.get("name", ""), str, "server", "name", "a string")
+    _optional_str(server, "name", "server")
+    _time(server, "last_activity", "server", earliest, latest)
     for key in ("pod", "namespace"):
-        _optional_str(server, key, f"server.{key}")
-    _expect(server.get("gpu_allocated", False), bool, "server.gpu_allocated", "true or false")
+        _optional_str(server, key, "server")
+    _expect(server.get("gpu_allocated", False), bool, "server", "gpu_allocated", "true or false")
 
     devices = _list(report, "devices", MAX_DEVICES)
     for i, device in enumerate(devices):
-        where = f"devices[{i}]"
-        _expect(device, Mapping, where, "an object")
-        _expect(device.get("uuid"), str, f"{where}.uuid", "a string")
+        where = _Where("devices", i)
+        _expect(device, Mapping, where, "", "an object")
+        _expect(device.get("uuid"), str, where, "uuid", "a string")
         for key in ("uuid", "parent_uuid", "name", "mig_profile"):
-            _optional_str(device, key, f"{where}.{key}")
+            _optional_str(device, key, where)
         for key in ("memory_total_mb", "memory_used_mb"):
-            _number(device, key, f"{where}.{key}", low=0)
-        _number(device, "activity", f"{where}.activity", low=0, high=1)
-        _number(device, "memory_activity", f"{where}.memory_activity", low=0, high=1)
-        _expect(device.get("shared", False), bool, f"{where}.shared", "true or false")
-        wrong = health.validate(device.get("health"), f"{where}.health")
+            _number(device, key, where, low=0)
+        _number(device, "activity", where, low=0, high=1)
+        _number(device, "memory_activity", where, low=0, high=1)
+        _expect(device.get("shared", False), bool, where, "shared", "true or false")
+        device_health = device.get("health")  # absent: nothing to check, no name to write
+        wrong = None if device_health is None else health.validate(device_health, f"{where}.health")
         if wrong:
             raise ReportError(f"{where}.health", wrong)
 
     targets = _list(report, "targets", MAX_TARGETS)
     for i, target in enumerate(targets):
-        where = f"targets[{i}]"
-        _expect(target, Mapping, where, "an object")
+        where = _Where("targets", i)
+        _expect(target, Mapping, where, "", "an object")
         if target.get("kind") not in TARGET_KINDS:
             raise ReportError(f"{where}.kind", f"must be one of {', '.join(TARGET_KINDS)}")
-        _expect(target.get("id"), str, f"{where}.id", "a string")
+        _expect(target.get("id"), str, where, "id", "a string")
         if target["kind"] == "kernel" and not KERNEL_ID.fullmatch(target["id"]):
             raise ReportError(
                 f"{where}.id", f"must be a kernel id (a UUID), got {target['id']!r:.80}"
             )
         for key in ("id", "name", "path", "execution_state"):
-            _optional_str(target, key, f"{where}.{key}")
-        time(target, "last_activity", f"{where}.last_activity")
-        time(target, "busy_since", f"{where}.busy_since")
-        _number(target, "connections", f"{where}.connections", low=0)
-        gpu = _expect(target.get("gpu"), Mapping, f"{where}.gpu", "an object")
-        gpu_devices = _expect(gpu.get("devices", []), list, f"{where}.gpu.devices", "a list")
+            _optional_str(target, key, where)
+        _time(target, "last_activity", where, earliest, latest)
+        _time(target, "busy_since", where, earliest, latest)
+        _number(target, "connections", where, low=0)
+        gpu = _expect(target.get("gpu"), Mapping, where, "gpu", "an object")
+        in_gpu = _Where("targets", i, ".gpu")
+        gpu_devices = _expect(gpu.get("devices", []), list, in_gpu, "devices", "a list")
         if len(gpu_devices) > MAX_DEVICES or not all(
             isinstance(d, str) and len(d) <= MAX_TEXT for d in gpu_devices
         ):
-            raise ReportError(f"{where}.gpu.devices", "must be a list of device UUIDs")
-        _number(gpu, "memory_mb", f"{where}.gpu.memory_mb", low=0)
-        _number(gpu, "sm", f"{where}.gpu.sm", low=0, high=1)
-        _expect(gpu.get("holds_context"), bool, f"{where}.gpu.holds_context", "true or false")
+            raise ReportError(f"{in_gpu}.devices", "must be a list of device UUIDs")
+        _number(gpu, "memory_mb", in_gpu, low=0)
+        _number(gpu, "sm", in_gpu, low=0, high=1)
+        _expect(gpu.get("holds_context"), bool, in_gpu, "holds_context", "true or false")
         if gpu.get("confidence") not in CONFIDENCES:
-            raise ReportError(f"{where}.gpu.confidence", f"must be one of {', '.join(CONFIDENCES)}")
-        for key in ("last_active", "idle_since"):
-            time(gpu, key, f"{where}.gpu.{key}")
-        _cpu(target.get("cpu"), f"{where}.cpu")
+            raise ReportError(f"{in_gpu}.confidence", f"must be one of {', '.join(CONFIDENCES)}")
+        _time(gpu, "last_active", in_gpu, earliest, latest)
+        _time(gpu, "idle_since", in_gpu, earliest, latest)
+        _cpu(target.get("cpu"), _Where("targets", i, ".cpu"))
 
-    window = _expect(report.get("window"), Mapping, "window", "an object")
-    _number(window, "seconds", "window.seconds", low=0, required=True)
-    _number(window, "gpu_active_fraction", "window.gpu_active_fraction", low=0, high=1)
+    window = _expect(report.get("window"), Mapping, "", "window", "an object")
+    _number(window, "seconds", "window", low=0, required=True)
+    _number(window, "gpu_active_fraction", "window", low=0, high=1)
     for key in ("gpu_last_active", "gpu_idle_since"):
-        time(window, key, f"window.{key}")
+        _time(window, key, "window", earliest, latest)
     if report.get("checkpoint") is not None:
-        checkpoint = _expect(report["checkpoint"], Mapping, "checkpoint", "an object or null")
-        _optional_str(checkpoint, "status", "checkpoint.status")
-        time(checkpoint, "requested_at", "checkpoint.requested_at")
+        checkpoint = _expect(report["checkpoint"], Mapping, "", "checkpoint", "an object or null")
+        _optional_str(checkpoint, "status", "checkpoint")
+        _time(checkpoint, "requested_at", "checkpoint", earliest, latest)
     return dict(report)
 
 
@@ -213,49 +217,77 @@ def user_last_activity(report: Mapping) -> datetime | None:
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _expect(value, kind, field: str, words: str):
+class _Where:
+    """Where a field is, written out only when it is named in an error: ``targets[2].gpu``."""
+
+    __slots__ = ("index", "inside", "items")
+
+    def __init__(self, items: str, index: int, inside: str = ""):
+        self.items, self.index, self.inside = items, index, inside
+
+    def __str__(self) -> str:
+        return f"{self.items}[{self.index}]{self.inside}"
+
+
+def _field(where: str | _Where, key: str) -> str:
+    """The field's name: ``where.key``, ``where`` alone (no key), ``key`` alone (top level)."""
+    if not key:
+        return str(where)
+    return f"{where}.{key}" if where else key
+
+
+def _expect(value, kind, where: str | _Where, key: str, words: str):
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise ReportError(field, f"must be {words}")
+        raise ReportError(_field(where, key), f"must be {words}")
     return value
 
 
-def _cpu(cpu, field: str) -> None:
+def _cpu(cpu, where: _Where) -> None:
     """``targets[].cpu``: optional; ``{"cores", "iowait", "read_mb_s", "seconds",
     "top_thread"}``, each a number or null. An older server's ``{"percent", "iowait"}`` (iowait in %) is accepted and
     ignored, so a governor upgraded first keeps taking its reports."""
     if cpu is None:
         return
-    _expect(cpu, Mapping, field, "an object or null")
+    _expect(cpu, Mapping, where, "", "an object or null")
     if "cores" not in cpu and "percent" in cpu:
         return
-    _number(cpu, "cores", f"{field}.cores", low=0)
-    _number(cpu, "iowait", f"{field}.iowait", low=0, high=1)
-    _number(cpu, "read_mb_s", f"{field}.read_mb_s", low=0)
-    _number(cpu, "seconds", f"{field}.seconds", low=0)
-    _number(cpu, "top_thread", f"{field}.top_thread", low=0, high=1)
+    _number(cpu, "cores", where, low=0)
+    _number(cpu, "iowait", where, low=0, high=1)
+    _number(cpu, "read_mb_s", where, low=0)
+    _number(cpu, "seconds", where, low=0)
+    _number(cpu, "top_thread", where, low=0, high=1)
 
 
-def _optional_str(obj: Mapping, key: str, field: str, limit: int = MAX_TEXT) -> None:
+def _optional_str(obj: Mapping, key: str, where: str | _Where, limit: int = MAX_TEXT) -> None:
     value = obj.get(key)
-    if value is None:
+    if value is None or (type(value) is str and len(value) <= limit):
         return
     if not isinstance(value, str):
-        raise ReportError(field, "must be a string or null")
+        raise ReportError(_field(where, key), "must be a string or null")
     if len(value) > limit:
-        raise ReportError(field, f"is {len(value)} characters long, more than {limit}")
+        raise ReportError(_field(where, key), f"is {len(value)} characters long, more than {limit}")
 
 
-def _number(obj: Mapping, key: str, field: str, low=None, high=None, required=False) -> None:
+def _number(
+    obj: Mapping, key: str, where: str | _Where, low=None, high=None, required=False
+) -> None:
     value = obj.get(key)
     if value is None:
         if required:
-            raise ReportError(field, "is required")
+            raise ReportError(_field(where, key), "is required")
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
-        raise ReportError(field, "must be a number or null")
+    kind = type(value)
+    if kind is float:  # what JSON decodes to first: no bool or odd subclass to rule out
+        finite = isfinite(value)
+    elif kind is int:
+        finite = _finite(value)
+    else:
+        finite = not isinstance(value, bool) and isinstance(value, int | float) and _finite(value)
+    if not finite:
+        raise ReportError(_field(where, key), "must be a number or null")
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ReportError(field, f"must be in {bounds}, got {value}")
+        raise ReportError(_field(where, key), f"must be in {bounds}, got {value}")
 
 
 def _finite(value: int | float) -> bool:
@@ -268,7 +300,7 @@ def _finite(value: int | float) -> bool:
 def _time(
     obj: Mapping,
     key: str,
-    field: str,
+    where: str | _Where,
     earliest: datetime | None,
     latest: datetime,
     required: bool = False,
@@ -276,23 +308,27 @@ def _time(
     value = obj.get(key)
     if value is None:
         if required:
-            raise ReportError(field, "is required")
+            raise ReportError(_field(where, key), "is required")
         return None
     try:
         if not isinstance(value, str) or len(value) > 64:
             raise ValueError
         when = parse(value)
     except (ValueError, OverflowError):
-        raise ReportError(field, f"must be an ISO 8601 time, got {value!r:.80}") from None
+        raise ReportError(
+            _field(where, key), f"must be an ISO 8601 time, got {value!r:.80}"
+        ) from None
     if when > latest:
-        raise ReportError(field, f"{value} is in the future (the governor's clock is earlier)")
+        raise ReportError(
+            _field(where, key), f"{value} is in the future (the governor's clock is earlier)"
+        )
     if earliest is not None and when < earliest:
-        raise ReportError(field, f"{value} is before the server started")
+        raise ReportError(_field(where, key), f"{value} is before the server started")
     return when
 
 
 def _list(obj: Mapping, key: str, limit: int) -> list:
-    value = _expect(obj.get(key), list, key, "a list")
+    value = _expect(obj.get(key), list, "", key, "a list")
     if len(value) > limit:
         raise ReportError(key, f"has {len(value)} entries, more than {limit}")
     return value

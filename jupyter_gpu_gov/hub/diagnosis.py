@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from ..core import clock
@@ -238,7 +238,7 @@ class DiagnosisService:
         booking.team = team if team is not None else booking.team
         booking.gpus = gpus if gpus is not None else booking.gpus
         if booking.gpus:
-            day = datetime.fromtimestamp(stamp, tz=clock.utcnow().tzinfo).date()
+            day = datetime.fromtimestamp(stamp, tz=timezone.utc).date()
             window = scored.window
             self.costs.add(
                 day,

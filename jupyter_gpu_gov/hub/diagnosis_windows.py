@@ -17,9 +17,9 @@ def node_of(report: Mapping, evidence: Sequence[GpuEvidence]) -> str | None:
     """The window's ``node``: DCGM's hostname of the server's GPUs; without DCGM, the kind of
     GPU it uses ("NVIDIA H100 80GB HBM3", "… MIG 1g.18gb"), so servers on the same kind of card
     share a model (a report does not name its machine)."""
-    hostnames = sorted({e.hostname for e in evidence if e.hostname})
+    hostnames = [e.hostname for e in evidence if e.hostname]
     if hostnames:
-        return hostnames[0]
+        return min(hostnames)
     for device in report.get("devices") or ():
         name = device.get("name")
         if name:
@@ -31,7 +31,9 @@ def node_of(report: Mapping, evidence: Sequence[GpuEvidence]) -> str | None:
 def dcgm_fields(evidence: Sequence[GpuEvidence]) -> dict:
     """A server's DCGM columns from the evidence of its GPUs: the busiest GPU's SM, GR-engine,
     DRAM and tensor activity (as the report's ``sm`` is its busiest device's), PCIe summed, in
-    MB/s. Missing stays missing."""
+    MB/s. Missing stays missing (none at all without evidence: most reports, without DCGM)."""
+    if not evidence:
+        return {}
 
     def busiest(values: Iterable[float | None]) -> float | None:
         known = [v for v in values if v is not None and math.isfinite(v)]

@@ -52,27 +52,35 @@ def _compact(obj: dict, seen: dict, depth: int) -> dict:
                 _fleet_word(value) if key in FLEET_FIELDS else seen.setdefault(value, value)
             )
         elif kind is float:
-            value = seen.setdefault(value, value) if value else _zero(value)
+            if value:
+                value = seen.setdefault(value, value)
+            elif copysign(1.0, value) > 0:
+                value = _ZERO
         elif depth < SHARED_DEPTH:
             if kind is dict:
                 value = _compact(value, seen, depth + 1)
             elif kind is list:
-                value = [
-                    _compact(v, seen, depth + 1)
-                    if type(v) is dict
-                    else (words.get(v) or seen.setdefault(v, v))
-                    if type(v) is str
-                    else (seen.setdefault(v, v) if v else _zero(v))
-                    if type(v) is float
-                    else v
-                    for v in value
-                ]
+                value = _compact_list(value, seen, depth + 1)
         out[words.get(key, key)] = value
     return out
 
 
-def _zero(value: float) -> float:
-    return _ZERO if copysign(1.0, value) > 0 else value
+def _compact_list(items: list, seen: dict, depth: int) -> list:
+    words = _WORDS
+    out = []
+    for value in items:
+        kind = type(value)
+        if kind is dict:
+            value = _compact(value, seen, depth)
+        elif kind is str:
+            value = words.get(value) or seen.setdefault(value, value)
+        elif kind is float:
+            if value:
+                value = seen.setdefault(value, value)
+            elif copysign(1.0, value) > 0:
+                value = _ZERO
+        out.append(value)
+    return out
 
 
 def _fleet_word(value: str) -> str:

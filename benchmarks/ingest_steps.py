@@ -1,0 +1,217 @@
+"""Where a report's CPU goes in the governor's own code, step by step, in one process.
+
+    python -m benchmarks.ingest_steps [--servers 2000] [--rounds 5] [--repeats 3]
+
+The service as ``python -m jupyter_gpu_gov.hub`` builds it (``GpuGovernor.make_governor``, the
+same arguments as ``benchmarks.ingest``), against the fake Hub in this process, its start-up
+pass done; then ``--rounds`` rounds, each after a pass (untimed, as the service runs one a
+minute), in which every server sends ``benchmarks.ingest_load``'s
+report, a minute after the last on the governor's clock, through what ``ReportsHandler.post``
+runs: the body decoded (``json.loads``), ``validate``, ``Governor.ingest`` and the answer
+encoded (``json.dumps``). Each step's CPU (``time.thread_time``: this thread's only, so other
+work on the machine does not count) per report, the median over the rounds after the first
+(which fills the diagnosis's context); ``--repeats`` times, each a fresh governor. A second
+set of rounds times the parts of ``Governor.ingest`` (each wrapped; the wrappers' own cost
+counts in ``ingest`` there, not in the first set's). tornado's side of a request (the
+connection, headers, routing, ``finish``) is not here: ``benchmarks.ingest`` measures the
+whole over HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .ingest_load import encode, report_for
+
+REPO = Path(__file__).resolve().parent.parent
+ROUND_S = 60.0  # a server reports every minute
+TOTALS = ("json.loads", "validate", "ingest", "json.dumps", "gc")
+# Parts of ``Governor.ingest`` (the governor's attribute, or the ingest module's name).
+PARTS = (
+    ("compact_report", "module"),
+    ("_Use.add", "class"),
+    ("_evidence", "governor"),
+    ("observe", "diagnosis"),
+    ("reported_checkpoint", "module"),
+    ("_note_report", "governor"),
+    ("verdict", "governor"),
+)
+
+
+class Clock:
+    """CPU nanoseconds per step name, per round; ``gc``: the garbage collections within them
+    (counted in the step that set them off, too)."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = defaultdict(int)
+        self._gc_started = 0
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.thread_time_ns()
+        else:
+            self.ns["gc"] += time.thread_time_ns() - self._gc_started
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        ns, now = self.ns, time.thread_time_ns
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ns[name] += now() - started
+
+        return timed
+
+
+async def _governor(workdir: str, servers: int):
+    sys.path.insert(0, str(REPO / "tests"))
+    from fake_hub_api import FakeHub
+
+    from jupyter_gpu_gov.hub.app import GpuGovernor
+
+    hub = FakeHub(service_name="gpu-gov")
+    users = hub.populate(servers)
+    hub.start()
+    os.environ.update(
+        JUPYTERHUB_API_URL=hub.api_url,
+        JUPYTERHUB_API_TOKEN=hub.token,
+        JUPYTERHUB_SERVICE_NAME="gpu-gov",
+        JUPYTERHUB_SERVICE_PREFIX="/services/gpu-gov/",
+    )
+    app = GpuGovernor()
+    ten_years = str(10 * 365 * 86400)
+    app.initialize([f"--db-url=sqlite:///{workdir}/gov.sqlite", f"--timeout={ten_years}"])
+    gov = app.make_governor()
+    await gov.reconcile()  # the service's start-up pass
+    return hub, gov, users
+
+
+def _round(gov, bodies: list[bytes], clock: Clock) -> Counter:
+    """Every body through the handler's steps; the verdicts' states."""
+    from jupyter_gpu_gov.core.report import validate
+
+    loads = clock.wrap("json.loads", json.loads)
+    check = clock.wrap("validate", validate)
+    ingest = clock.wrap("ingest", gov.ingest)
+    dumps = clock.wrap("json.dumps", json.dumps)
+    states: Counter = Counter()
+    gc.callbacks.append(clock.on_gc)
+    try:
+        for body in bodies:
+            verdict = ingest(check(loads(body)))
+            dumps({"verdict": verdict})
+            states[verdict["state"]] += 1
+    finally:
+        gc.callbacks.remove(clock.on_gc)
+    return states
+
+
+def _wrap_parts(gov, clock: Clock) -> Callable[[], None]:
+    """Time ``Governor.ingest``'s parts; returns what undoes it."""
+    from jupyter_gpu_gov.hub import ingest as module
+    from jupyter_gpu_gov.hub import usage
+
+    undo = []
+    for name, where in PARTS:
+        if where == "module":
+            fn = getattr(module, name)
+            setattr(module, name, clock.wrap(name, fn))
+            undo.append(lambda n=name, f=fn: setattr(module, n, f))
+        elif where == "class":
+            fn = usage._Use.add
+            usage._Use.add = clock.wrap(name, fn)
+            undo.append(lambda f=fn: setattr(usage._Use, "add", f))
+        else:
+            owner = gov.diagnosis if where == "diagnosis" else gov
+            setattr(owner, name, clock.wrap(name, getattr(owner, name)))
+            undo.append(lambda o=owner, n=name: delattr(o, n))
+    return lambda: [u() for u in undo]
+
+
+async def _repeat(servers: int, rounds: int) -> tuple[dict[str, float], dict[str, float], Counter]:
+    from jupyter_gpu_gov.core import clock as gov_clock
+
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-steps-") as workdir:
+        hub, gov, users = await _governor(workdir, servers)
+        try:
+            totals: dict[str, list[float]] = defaultdict(list)
+            parts: dict[str, list[float]] = defaultdict(list)
+            states: Counter = Counter()
+            for phase in ("totals", "parts"):
+                undo = None
+                for k in range(rounds):
+                    await gov.reconcile()  # a pass a minute, as deployed: untimed
+                    gov_clock.advance(ROUND_S)
+                    now = gov_clock.utcnow()
+                    bodies = [encode(report_for(u, i, now)) for i, u in enumerate(users)]
+                    clock = Clock()
+                    if phase == "parts":
+                        if undo is not None:
+                            undo()
+                        undo = _wrap_parts(gov, clock)
+                    said = _round(gov, bodies, clock)
+                    if k == 0:
+                        continue  # the diagnosis's context fills
+                    states.update(said)
+                    out = totals if phase == "totals" else parts
+                    for name, ns in clock.ns.items():
+                        out[name].append(ns / 1000 / len(bodies))
+                if undo is not None:
+                    undo()
+        finally:
+            await gov.close()
+            hub.stop()
+    return (
+        {k: statistics.median(v) for k, v in totals.items()},
+        {k: statistics.median(v) for k, v in parts.items()},
+        states,
+    )
+
+
+def run(servers: int = 2000, rounds: int = 5, repeats: int = 3) -> dict:
+    """Median CPU µs per report of each step, over ``repeats`` fresh governors, and the
+    measured reports' verdicts by state."""
+    runs = []
+    for _ in range(repeats):
+        runs.append(asyncio.run(_repeat(servers, rounds)))
+    out: dict[str, Any] = {"servers": servers, "rounds": rounds, "repeats": repeats}
+    for name in TOTALS:
+        values = [r[0].get(name, 0.0) for r in runs]
+        out[f"{name}_us"] = round(statistics.median(values), 1)
+        out[f"{name}_us_runs"] = "/".join(f"{v:.0f}" for v in values)
+    out["total_us"] = round(sum(out[f"{n}_us"] for n in TOTALS if n != "gc"), 1)
+    for name in ("ingest", "gc", *(name for name, _ in PARTS)):
+        out[f"ingest.{name}_us"] = round(statistics.median(r[1].get(name, 0.0) for r in runs), 1)
+    states = sum((r[2] for r in runs), Counter())
+    out["verdicts"] = ",".join(f"{k}:{v}" for k, v in sorted(states.items()))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=2000)
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="reports per server (the 1st unmeasured)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="fresh governors")
+    args = parser.parse_args(argv)
+    result = run(args.servers, args.rounds, args.repeats)
+    print("ingest_steps:", " ".join(f"{k}={v}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+    main()
