@@ -106,12 +106,14 @@ _DEFAULTED = {c.key for c in SERVERS.columns if c.default is not None}
 _SCALAR_DEFAULTS = {
     c.key: c.default.arg for c in SERVERS.columns if c.default is not None and c.default.is_scalar
 }
-# A stored row's update, by its key (bound as k_key; the columns as v_*).
+# A stored row's update, by its key (bound as k_key; the columns as v_*, in this order).
+_UPDATED_COLUMNS = tuple(c for c in SERVER_COLUMNS if c != "key")
 _UPDATE_SERVER = (
     update(SERVERS)
     .where(SERVERS.c.key == bindparam("k_key"))
-    .values({c.key: bindparam(f"v_{c.key}") for c in SERVERS.columns if c.key != "key"})
+    .values({c: bindparam(f"v_{c}") for c in _UPDATED_COLUMNS})
 )
+_UPDATE_SERVER_PARAMS = (*(f"v_{c}" for c in _UPDATED_COLUMNS), "k_key")
 
 # Forward migrations: version -> statements bringing the previous version up to it.
 _TIME = "TIMESTAMP WITH TIME ZONE"
@@ -159,6 +161,7 @@ class Store:
         dialect = self.engine.dialect
         self._add_to_usage = Executemany(_ADD_TO_USAGE, dialect, _ADD_TO_USAGE_PARAMS)
         self._update_session = Executemany(_UPDATE_SESSION, dialect, _UPDATE_SESSION_PARAMS)
+        self._update_server = Executemany(_UPDATE_SERVER, dialect, _UPDATE_SERVER_PARAMS)
         self.migrate()
 
     def migrate(self) -> None:
@@ -259,14 +262,14 @@ class Store:
                 row = {c: v for c, v in row.items() if v is not None or c not in _DEFAULTED}
                 new.setdefault(frozenset(row), []).append(row)
         old = [
-            {f"{'k' if c == 'key' else 'v'}_{c}": v for c, v in row.items()}
-            for k, row in values.items()
-            if k in stored
+            (*map(row.__getitem__, _UPDATED_COLUMNS), key)  # as _UPDATE_SERVER_PARAMS
+            for key, row in values.items()
+            if key in stored
         ]
         for rows in new.values():
             session.execute(insert(SERVERS), rows)
         if old:
-            session.execute(_UPDATE_SERVER, old)
+            self._update_server.run(session.connection(), old)
         return values.keys() | (stored - self._stored)
 
     # -- audit and extensions -------------------------------------------------------------------
