@@ -114,6 +114,13 @@ _UPDATE_SERVER = (
     .values({c: bindparam(f"v_{c}") for c in _UPDATED_COLUMNS})
 )
 _UPDATE_SERVER_PARAMS = (*(f"v_{c}" for c in _UPDATED_COLUMNS), "k_key")
+# An audit row's outcome (a cull's, once carried out), by its id.
+_AUDIT = AuditRow.__table__
+_UPDATE_AUDIT = (
+    update(_AUDIT)
+    .where(_AUDIT.c.id == bindparam("k_id"))
+    .values(reason=bindparam("v_reason"), details=bindparam("v_details"))
+)
 
 # Forward migrations: version -> statements bringing the previous version up to it.
 _TIME = "TIMESTAMP WITH TIME ZONE"
@@ -162,6 +169,7 @@ class Store:
         self._add_to_usage = Executemany(_ADD_TO_USAGE, dialect, _ADD_TO_USAGE_PARAMS)
         self._update_session = Executemany(_UPDATE_SESSION, dialect, _UPDATE_SESSION_PARAMS)
         self._update_server = Executemany(_UPDATE_SERVER, dialect, _UPDATE_SERVER_PARAMS)
+        self._update_audit = Executemany(_UPDATE_AUDIT, dialect, ("v_reason", "v_details", "k_id"))
         self.migrate()
 
     def migrate(self) -> None:
@@ -223,12 +231,9 @@ class Store:
                 session.add_all([*audits, *extensions])
                 for extension in updated_extensions:
                     session.merge(extension)
-                for row in updated_audits:
-                    session.execute(
-                        update(AuditRow)
-                        .where(AuditRow.id == row.id)
-                        .values(reason=row.reason, details=row.details)
-                    )
+                if updated_audits:  # a pass's culls' outcomes: one statement
+                    completed = [(row.reason, row.details, row.id) for row in updated_audits]
+                    self._update_audit.run(session.connection(), completed)
         except DBAPIError as error:
             raise StoreUnavailable(self.url, error) from error
         self._stored |= saved
