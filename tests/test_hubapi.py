@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from fake_hub_api import ADMIN_SCOPES, FakeHub
 from hub_harness import hub_fixture
+from tornado.httpserver import HTTPServer
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.hub.hubapi import NO_RESPONSE, HubApi, HubApiError, HubServer
@@ -319,6 +320,28 @@ async def test_request_returns_json_and_errors_carry_the_hubs_message():
     assert "state=sleepy" in e.value.url
 
 
+async def test_connections_to_the_hub_are_kept_between_requests(monkeypatch):
+    """A pass's requests (a page, a user read and a stop per cull) reuse the client's
+    connections: not one new TCP connection (and DNS lookup) per request."""
+    accepted = []
+    handle_stream = HTTPServer.handle_stream
+
+    def counted(self, stream, address):
+        accepted.append(address)
+        return handle_stream(self, stream, address)
+
+    monkeypatch.setattr(HTTPServer, "handle_stream", counted)
+    async with FakeHub() as hub:
+        hub.add_user("alice")
+        api = client(hub, concurrency=4)
+        for _ in range(20):
+            await api.get_user("alice")
+        await asyncio.gather(*(api.get_user("alice") for _ in range(20)))
+        api.close()
+    assert api.request_count == 40
+    assert 1 <= len(accepted) <= 4  # at most one a request in flight
+
+
 async def test_unreachable_hub():
     async with FakeHub() as hub:
         url = hub.api_url
@@ -379,7 +402,7 @@ async def test_tls_kwargs_reach_the_request(monkeypatch, tmp_path):
         seen.append(request)
         raise OSError("no TLS server here")
 
-    monkeypatch.setattr("tornado.simple_httpclient.SimpleAsyncHTTPClient.fetch", fake_fetch)
+    monkeypatch.setattr("tornado.httpclient.AsyncHTTPClient.fetch", fake_fetch)
     api = HubApi(
         "https://127.0.0.1:1/hub/api", "t", ssl_enabled=True, internal_certs_location=tmp_path
     )
@@ -394,9 +417,10 @@ async def test_tls_kwargs_reach_the_request(monkeypatch, tmp_path):
 
 # --- a real JupyterHub -------------------------------------------------------------------------
 hub = hub_fixture(
-    users=["carol"],
+    users=["carol", "dan"],
     servers=["alice", "bob"],
-    extra_config="c.JupyterHub.allow_named_servers = True\n",
+    # The servers outlive a restart of the Hub (test_a_cull_reaches_a_hub_that_restarted).
+    extra_config="c.JupyterHub.allow_named_servers = True\nc.JupyterHub.cleanup_servers = False\n",
 )
 
 
@@ -443,3 +467,15 @@ async def test_real_hub_named_server_removed(hub):
     remembered = await api.request("GET", "/users/carol", params={"include_stopped_servers": "1"})
     assert "gpu" not in remembered["servers"]
     assert await api.stop_server("carol", "gpu") == "gone"
+
+
+async def test_a_cull_reaches_a_hub_that_restarted(hub):
+    """The client keeps its connections to the Hub between requests: after the Hub restarted,
+    the one it kept is closed, and the next request (a cull) still reaches the new Hub."""
+    hub.start_server("dan")
+    api = HubApi(hub.hub_api_url, hub.api_token)
+    assert "" in (await api.get_user("dan"))["servers"]  # a connection to the Hub, kept
+    hub.restart()  # the same address, a new process: the kept connection is dead
+    assert await api.stop_server("dan") in ("stopped", "stopping")
+    await wait_until_gone(api, "dan")
+    assert api.request_count >= 3

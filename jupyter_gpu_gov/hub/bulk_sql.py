@@ -1,14 +1,14 @@
 """A performance measure, kept apart: one prepared statement run over many rows straight
-through the driver, for the usage ledger's writes every pass (docs/benchmarks.md, "With the
-usage ledger"). The plain path is SQLAlchemy's ``Connection.execute`` of the same statement;
-``tests/test_usage_service.py`` checks both store the same."""
+through the driver, for the usage ledger's writes and a pass's server rows (docs/benchmarks.md,
+"With the usage ledger", "Wave 9"). The plain path is SQLAlchemy's ``Connection.execute`` of
+the same statement; ``tests/test_usage_service.py`` checks both store the same."""
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
 
-from sqlalchemy import Float
+from sqlalchemy import JSON, Float
 
 
 class Executemany:
@@ -38,12 +38,16 @@ class Executemany:
             kind = compiled.binds[name].type
             processor = kind.dialect_impl(dialect).bind_processor(dialect)
             if processor is not None and not isinstance(kind, Float):
-                self._convert.append((i, processor))
+                self._convert.append((i, processor, isinstance(kind, JSON)))
 
     def run(self, connection, rows: Sequence[tuple]) -> None:
         if self._convert:
             rows = [list(row) for row in rows]
-            for i, processor in self._convert:
+            for i, processor, each in self._convert:
+                if each:  # JSON documents (dicts) cannot be looked up: each is converted
+                    for row in rows:
+                        row[i] = processor(row[i])
+                    continue
                 # Rows of one call share values (every session's ``at`` is the pass's time):
                 # each distinct value is converted once (these columns hold datetimes, strings).
                 done: dict = {}

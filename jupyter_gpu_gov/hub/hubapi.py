@@ -22,6 +22,11 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.httputil import url_concat
 
+try:  # libcurl keeps connections to the Hub open between requests; tornado's own client does not
+    from tornado.curl_httpclient import CurlAsyncHTTPClient as _Client
+except ImportError:  # pycurl not installed: a new connection (and DNS lookup) per request
+    from tornado.simple_httpclient import SimpleAsyncHTTPClient as _Client
+
 from ..core import clock
 from ..core.vocabulary import server_key
 
@@ -195,7 +200,10 @@ class HubApi:
                 self._client.close()
             # Our own instance (not tornado's per-loop shared one) with room for every permitted
             # request, so none waits in tornado's queue, where waiting counts against its timeout.
-            self._client = AsyncHTTPClient(force_instance=True, max_clients=self.concurrency)
+            # With pycurl (as jupyterhub-idle-culler and z2jh's hub use it), its connections are
+            # kept between requests and passes, at most a few per request slot; a connection the
+            # Hub closed (a restart) is noticed by libcurl, which opens a new one.
+            self._client = _Client(force_instance=True, max_clients=self.concurrency)
             self._semaphore = asyncio.Semaphore(self.concurrency)
             self._loop = loop
         return self._client, self._semaphore

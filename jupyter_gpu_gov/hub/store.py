@@ -106,11 +106,20 @@ _DEFAULTED = {c.key for c in SERVERS.columns if c.default is not None}
 _SCALAR_DEFAULTS = {
     c.key: c.default.arg for c in SERVERS.columns if c.default is not None and c.default.is_scalar
 }
-# A stored row's update, by its key (bound as k_key; the columns as v_*).
+# A stored row's update, by its key (bound as k_key; the columns as v_*, in this order).
+_UPDATED_COLUMNS = tuple(c for c in SERVER_COLUMNS if c != "key")
 _UPDATE_SERVER = (
     update(SERVERS)
     .where(SERVERS.c.key == bindparam("k_key"))
-    .values({c.key: bindparam(f"v_{c.key}") for c in SERVERS.columns if c.key != "key"})
+    .values({c: bindparam(f"v_{c}") for c in _UPDATED_COLUMNS})
+)
+_UPDATE_SERVER_PARAMS = (*(f"v_{c}" for c in _UPDATED_COLUMNS), "k_key")
+# An audit row's outcome (a cull's, once carried out), by its id.
+_AUDIT = AuditRow.__table__
+_UPDATE_AUDIT = (
+    update(_AUDIT)
+    .where(_AUDIT.c.id == bindparam("k_id"))
+    .values(reason=bindparam("v_reason"), details=bindparam("v_details"))
 )
 
 # Forward migrations: version -> statements bringing the previous version up to it.
@@ -159,6 +168,8 @@ class Store:
         dialect = self.engine.dialect
         self._add_to_usage = Executemany(_ADD_TO_USAGE, dialect, _ADD_TO_USAGE_PARAMS)
         self._update_session = Executemany(_UPDATE_SESSION, dialect, _UPDATE_SESSION_PARAMS)
+        self._update_server = Executemany(_UPDATE_SERVER, dialect, _UPDATE_SERVER_PARAMS)
+        self._update_audit = Executemany(_UPDATE_AUDIT, dialect, ("v_reason", "v_details", "k_id"))
         self.migrate()
 
     def migrate(self) -> None:
@@ -220,12 +231,9 @@ class Store:
                 session.add_all([*audits, *extensions])
                 for extension in updated_extensions:
                     session.merge(extension)
-                for row in updated_audits:
-                    session.execute(
-                        update(AuditRow)
-                        .where(AuditRow.id == row.id)
-                        .values(reason=row.reason, details=row.details)
-                    )
+                if updated_audits:  # a pass's culls' outcomes: one statement
+                    completed = [(row.reason, row.details, row.id) for row in updated_audits]
+                    self._update_audit.run(session.connection(), completed)
         except DBAPIError as error:
             raise StoreUnavailable(self.url, error) from error
         self._stored |= saved
@@ -259,14 +267,14 @@ class Store:
                 row = {c: v for c, v in row.items() if v is not None or c not in _DEFAULTED}
                 new.setdefault(frozenset(row), []).append(row)
         old = [
-            {f"{'k' if c == 'key' else 'v'}_{c}": v for c, v in row.items()}
-            for k, row in values.items()
-            if k in stored
+            (*map(row.__getitem__, _UPDATED_COLUMNS), key)  # as _UPDATE_SERVER_PARAMS
+            for key, row in values.items()
+            if key in stored
         ]
         for rows in new.values():
             session.execute(insert(SERVERS), rows)
         if old:
-            session.execute(_UPDATE_SERVER, old)
+            self._update_server.run(session.connection(), old)
         return values.keys() | (stored - self._stored)
 
     # -- audit and extensions -------------------------------------------------------------------
