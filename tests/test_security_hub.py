@@ -68,7 +68,8 @@ class SlowHub:
         self.holding = threading.Event()
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self.thread.start()
         ready.wait(10)
 
     def _run(self, ready: threading.Event) -> None:
@@ -79,22 +80,28 @@ class SlowHub:
         ready.set()
         self.loop.run_forever()
         server.close()
+        # Its relays end before its loop does: a relay left in its sleep would be finalised
+        # later, on a closed loop, in the middle of whatever the test process does then.
+        relays = asyncio.all_tasks(self.loop)
+        for relay in relays:
+            relay.cancel()
+        self.loop.run_until_complete(asyncio.gather(*relays, return_exceptions=True))
 
     async def _relay(self, client_r, client_w) -> None:
-        head = await client_r.read(65536)
-        if self.delay and head.startswith(b"GET /hub/api/users?"):
-            self.holding.set()
-            await asyncio.sleep(self.delay)
         try:
             hub_r, hub_w = await asyncio.open_connection("127.0.0.1", self.hub.hub_port)
         except OSError:
             client_w.close()
             return
-        hub_w.write(head)
 
-        async def pipe(reader, writer):
+        async def pipe(reader, writer, hold: bool = False):
             try:
                 while data := await reader.read(65536):
+                    # Every request on the connection, not its first alone: the governor keeps
+                    # its connections to the Hub (with pycurl), so a listing may be the tenth.
+                    if hold and self.delay and data.startswith(b"GET /hub/api/users?"):
+                        self.holding.set()
+                        await asyncio.sleep(self.delay)
                     writer.write(data)
                     await writer.drain()
             except OSError:
@@ -102,10 +109,11 @@ class SlowHub:
             finally:
                 writer.close()
 
-        await asyncio.gather(pipe(client_r, hub_w), pipe(hub_r, client_w))
+        await asyncio.gather(pipe(client_r, hub_w, hold=True), pipe(hub_r, client_w))
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
