@@ -451,6 +451,42 @@ async def test_the_users_of_culled_servers_are_read_once_and_a_new_server_of_the
         await gov.close()
 
 
+async def test_reports_of_servers_not_running_are_forgotten_once_stale(tmp_path, monkeypatch):
+    """A report of a server no pass sees running (stopped, or not started yet) is kept until it
+    goes stale (``report_stale_after``, 5 minutes) and then forgotten; a later report keeps it
+    that much longer; a running server's report is kept (hub/incremental.py: a heap of stale
+    times, not every such report looked at every pass)."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    uuid = "GPU-00000000-0000-0000-0000-000000000000"
+    async with FakeHub() as hub:
+        for user in ("user0", "user3"):
+            hub.add_server(user, last_activity=frozen[0])
+        gov = governor(hub, tmp_path, "gov", Dcgm(), full_every=1000)
+
+        async def minute(*reporting: str) -> None:
+            frozen[0] += timedelta(minutes=1)
+            for user in reporting:
+                gov.ingest(report_for(user, uuid, sm=0.9))
+            await gov.reconcile()
+
+        await minute("user0", "user3", "user6")  # user6 has no server on the Hub
+        user = hub.users["user0"]  # user0's server stops, as the Hub's User.stop does
+        user.servers.pop("")
+        user.last_activity = frozen[0]
+        hub._reindex(user)
+        await minute("user3", "user6")
+        assert not gov.rows["user0/"].running and "user0/" in gov.reports  # not stale yet
+        for _ in range(5):  # user0's report 6 minutes old, user6's (renewed a minute later) 5
+            await minute()
+        assert "user0/" not in gov.reports
+        assert "user6/" in gov.reports and "user3/" in gov.reports
+        await minute()
+        assert "user6/" not in gov.reports  # 6 minutes old now
+        assert "user3/" in gov.reports  # its server runs (stale, and said so in its verdict)
+        await gov.close()
+
+
 async def test_culls_past_a_pass_s_bound_of_fresh_reads_wait_for_the_next_pass(
     tmp_path, monkeypatch
 ):
