@@ -408,6 +408,85 @@ async def test_a_cull_rests_on_the_hub_model_read_just_before_it(tmp_path, monke
         await gov.close()
 
 
+async def test_the_users_of_culled_servers_are_read_once_and_a_new_server_of_theirs_is_seen(
+    tmp_path, monkeypatch
+):
+    """A stop stamps its user's activity as it happens (``User.stop``), not late: the users
+    of the servers a pass culled, without a server now, are read at the next pass (their
+    servers found gone) and not again at each pass while their activity is within the Hub's
+    lag (hub/listing.py). One who starts a server again is active, and read back that lag: the
+    next pass sees the new server, even if the Hub's activity of it is a few minutes old."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    async with FakeHub() as hub:
+        users = [f"user{i}" for i in (0, 3, 6, 9)]  # the default policy: inactive after 90m
+        for user in users:
+            hub.add_server(user, last_activity=frozen[0])
+        hub.add_server("user12", last_activity=frozen[0] + timedelta(minutes=90))  # stays
+        gov = inactive_governor(hub, tmp_path, "gov")
+        for _ in range(9):  # 90 minutes
+            frozen[0] += timedelta(minutes=10)
+            await gov.reconcile()
+        frozen[0] += timedelta(minutes=1)
+        await gov.reconcile()
+        await gov.background_done()
+        assert not any(hub.running(u) for u in users)  # culled
+        frozen[0] += timedelta(minutes=1)
+        await gov.reconcile()  # finds them gone
+        assert set(users) <= gov.hub_listing.listed
+        assert not any(gov.rows[f"{u}/"].running for u in users)
+        for _ in range(3):  # within the Hub's activity lag of the culls
+            frozen[0] += timedelta(minutes=1)
+            await gov.reconcile()
+            assert not gov.hub_listing.full
+            assert not set(users) & gov.hub_listing.listed
+        # user3 starts a server again; the Hub's activity of it lags by 4 minutes.
+        hub.add_server("user3", started=frozen[0], last_activity=frozen[0] - timedelta(minutes=4))
+        frozen[0] += timedelta(minutes=1)
+        await gov.reconcile()
+        assert not gov.hub_listing.full
+        assert gov.hub_listing.listed & set(users) == {"user3"}
+        assert gov.rows["user3/"].running
+        assert gov.verdict("user3/")["state"] == "active"
+        await gov.close()
+
+
+async def test_reports_of_servers_not_running_are_forgotten_once_stale(tmp_path, monkeypatch):
+    """A report of a server no pass sees running (stopped, or not started yet) is kept until it
+    goes stale (``report_stale_after``, 5 minutes) and then forgotten; a later report keeps it
+    that much longer; a running server's report is kept (hub/incremental.py: a heap of stale
+    times, not every such report looked at every pass)."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    uuid = "GPU-00000000-0000-0000-0000-000000000000"
+    async with FakeHub() as hub:
+        for user in ("user0", "user3"):
+            hub.add_server(user, last_activity=frozen[0])
+        gov = governor(hub, tmp_path, "gov", Dcgm(), full_every=1000)
+
+        async def minute(*reporting: str) -> None:
+            frozen[0] += timedelta(minutes=1)
+            for user in reporting:
+                gov.ingest(report_for(user, uuid, sm=0.9))
+            await gov.reconcile()
+
+        await minute("user0", "user3", "user6")  # user6 has no server on the Hub
+        user = hub.users["user0"]  # user0's server stops, as the Hub's User.stop does
+        user.servers.pop("")
+        user.last_activity = frozen[0]
+        hub._reindex(user)
+        await minute("user3", "user6")
+        assert not gov.rows["user0/"].running and "user0/" in gov.reports  # not stale yet
+        for _ in range(5):  # user0's report 6 minutes old, user6's (renewed a minute later) 5
+            await minute()
+        assert "user0/" not in gov.reports
+        assert "user6/" in gov.reports and "user3/" in gov.reports
+        await minute()
+        assert "user6/" not in gov.reports  # 6 minutes old now
+        assert "user3/" in gov.reports  # its server runs (stale, and said so in its verdict)
+        await gov.close()
+
+
 async def test_culls_past_a_pass_s_bound_of_fresh_reads_wait_for_the_next_pass(
     tmp_path, monkeypatch
 ):

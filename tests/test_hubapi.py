@@ -13,6 +13,7 @@ from tornado.httpserver import HTTPServer
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.hub.hubapi import NO_RESPONSE, HubApi, HubApiError, HubServer
+from jupyter_gpu_gov.hub.listing import STOP_LAG, HubListing
 
 
 def client(hub: FakeHub, **kwargs) -> HubApi:
@@ -479,3 +480,33 @@ async def test_a_cull_reaches_a_hub_that_restarted(hub):
     assert await api.stop_server("dan") in ("stopped", "stopping")
     await wait_until_gone(api, "dan")
     assert api.request_count >= 3
+
+
+async def test_real_hub_incremental_listing_reads_a_stopped_server_s_user_once(hub, monkeypatch):
+    """Between full listings only the users whose activity moved are listed (hub/listing.py):
+    on a real JupyterHub (5 and later sort ``/users`` by ``last_activity``, with ``state``) a
+    user whose server stopped is listed by the next listing, without a server, and not by one
+    that starts past ``STOP_LAG`` after it, although the stop is within the activity lag."""
+    hub.start_server("carol")
+    api = HubApi(hub.hub_api_url, hub.api_token, page_size=1)
+    listing = HubListing(full_every=100)
+    await listing.plan(api, False, [])
+    assert listing.full  # the first listing: everything
+    assert "carol/" in [s.key async for s in listing.servers(api)]
+    assert await api.stop_server("carol") in ("stopped", "stopping")
+    await wait_until_gone(api, "carol")
+
+    await listing.plan(api, False, [])
+    assert not listing.full and listing.sorts
+    assert "carol/" not in [s.key async for s in listing.servers(api)]
+    assert "carol" in listing.listed  # found without a server: it stopped
+
+    later = clock.utcnow() + STOP_LAG + timedelta(seconds=30)
+    monkeypatch.setattr(clock, "utcnow", lambda: later)
+    await listing.plan(api, False, [])
+    [s async for s in listing.servers(api)]  # starts past STOP_LAG after the stop
+    assert "carol" in listing.listed  # (the last listing began just after the stop)
+    await listing.plan(api, False, [])
+    [s async for s in listing.servers(api)]
+    assert not listing.full
+    assert "carol" not in listing.listed

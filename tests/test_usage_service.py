@@ -103,6 +103,7 @@ async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(
 
         # alice's server stops; bob starts a second server, overlapping his first.
         hub.users["alice"].servers.pop("")
+        hub.users["alice"].last_activity = clock.utcnow()  # as the Hub's User.stop does
         hub._reindex(hub.users["alice"])
         hub.add_server(
             "bob",

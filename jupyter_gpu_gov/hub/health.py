@@ -123,6 +123,7 @@ class HealthWatch:
     _gone: dict[str, datetime] = field(default_factory=dict)  # since when DCGM misses it
     _since: dict[str, datetime] = field(default_factory=dict)  # uuid -> unhealthy since
     _nodes: dict[str, str] = field(default_factory=dict)  # node -> what we did to it
+    _patching: dict[str, str] = field(default_factory=dict)  # node -> a patch under way
     _http: AsyncHTTPClient | None = None
 
     # -- one server ---------------------------------------------------------------------------
@@ -357,7 +358,9 @@ class HealthWatch:
         for node, problems in sorted(bad.items()):
             cordon = mode == "cordon" and any(p.health.failed for p in problems)
             action = "node-cordon" if cordon else "node-label"
-            if self._nodes.get(node) == action or not _NODE_NAME.fullmatch(node):
+            if action in (self._nodes.get(node), self._patching.get(node)):
+                continue  # done, or under way: a patch still in flight is not sent again
+            if not _NODE_NAME.fullmatch(node):
                 continue
             reasons = "; ".join(
                 f"GPU {p.index} ({p.uuid}): {', '.join(p.health.reasons)}" for p in problems
@@ -371,7 +374,7 @@ class HealthWatch:
             if cordon:
                 patch["spec"] = {"unschedulable": True}
             changes.append((node, patch, action, f"unhealthy GPU on node {node}: {reasons}"))
-        for node in [n for n in self._nodes if n not in bad]:
+        for node in [n for n in self._nodes if n not in bad and n not in self._patching]:
             patch = {
                 "metadata": {
                     "labels": {NODE_UNHEALTHY_LABEL: None},
@@ -384,7 +387,15 @@ class HealthWatch:
 
     async def patch_node(self, node: str, patch: dict, action: str) -> None:
         """Send one merge patch to the Kubernetes API (the service account needs ``patch`` on
-        ``nodes``); remembered only once it succeeded, so a failure is retried next pass."""
+        ``nodes``); remembered only once it succeeded, so a failure is retried next pass, and
+        while it is in flight the next pass does not ask for it again."""
+        self._patching[node] = action
+        try:
+            await self._patch_node(node, patch, action)
+        finally:
+            self._patching.pop(node, None)
+
+    async def _patch_node(self, node: str, patch: dict, action: str) -> None:
         url = self.options.kubernetes_api_url.rstrip("/")
         token_file = Path(self.options.kubernetes_token_file)
         headers = {"Content-Type": "application/merge-patch+json"}

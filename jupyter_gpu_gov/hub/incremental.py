@@ -181,7 +181,7 @@ class Incremental:
         finds its server running (``_forget_stale_reports``)."""
         self.due.written.discard(key)
         if key not in self._servers:
-            self._orphan_reports.add(key)
+            self._orphan(key)
         elif self._report_moved(key) or self._share_moved(key):
             self.due.mark(key)
         else:  # the same again: it goes stale later (else every server is due every few passes)
@@ -198,18 +198,28 @@ class Incremental:
             return False  # decided at the next pass anyway, or not billed yet
         return self._right_size_share(kept.view) != billed.right_size_share
 
+    def _orphan(self, key: str) -> None:
+        """A report of a server no pass sees running: looked at when it goes stale."""
+        received = self.reports.get(key)
+        if received is not None:
+            stale_at = received.at + self.options.report_stale_after
+            self._orphan_reports.at(key, stale_at.timestamp())
+
     def _forget_stale_reports(self, stopped: Iterable[str]) -> None:
         """Reports of servers not running (stopped, or not yet seen by a pass) are forgotten
-        once stale; only those are looked at, not every report."""
-        orphans = self._orphan_reports
-        orphans.update(stopped)
-        for key in list(orphans):
+        once stale; only those whose stale time came are looked at (a heap), not every one at
+        every pass (thousands, after a wave of culls)."""
+        for key in stopped:
+            self._orphan(key)
+        now = clock.utcnow()
+        for key in self._orphan_reports.take(now.timestamp()):
             received = self.reports.get(key)
             if received is None or key in self._servers:
-                orphans.discard(key)
-            elif clock.utcnow() - received.at > self.options.report_stale_after:
+                continue  # gone already, or its server runs: kept
+            if now - received.at > self.options.report_stale_after:
                 del self.reports[key]
-                orphans.discard(key)
+            else:  # a later report: looked at when it goes stale
+                self._orphan(key)
 
     def _report_moved(self, key: str) -> bool:
         """Whether the report that arrived, or the diagnosis it brought, differs from what the

@@ -2,13 +2,18 @@
 
 A full listing (``GET /users?state=active``, every page) costs what jupyterhub-idle-culler's
 whole pass costs. Between two full listings the governor asks only for the users whose
-``last_activity`` moved since the last listing: ``GET /users?sort=-last_activity`` (JupyterHub
-5 and later), page by page, stopping at the first user older than that. The Hub
-moves a user's ``last_activity`` when a server starts, when it stops (``User.stop``), and with
-every activity its proxy or servers post, so a change of a server's model that a decision
-reads shows up there. Activity arrives late: a single-user server posts its last activity
-every few minutes, and the proxy's is gathered every ``last_activity_interval`` (5 min), so
-the cut-off is the last listing's start less ``ACTIVITY_LAG``.
+``last_activity`` moved since the last listing: ``GET /users?state=active&sort=-last_activity``
+(JupyterHub 5 and later), page by page, stopping at the first user older than that, then the
+same with ``state=inactive``. The Hub moves a user's ``last_activity`` when a server starts,
+when it stops (``User.stop``), and with every activity its proxy or servers post, so a change
+of a server's model that a decision reads shows up there. Activity arrives late: a
+single-user server posts its last activity every few minutes, and the proxy's is gathered
+every ``last_activity_interval`` (5 min), so the cut-off of users with a server is the last
+listing's start less ``ACTIVITY_LAG``. A user without one (their last server stopped) has
+nothing left to post: a stop stamps the user's activity as it is committed, with the Hub's
+clock, so the cut-off of those is the last listing's start less ``STOP_LAG`` (clock skew and a
+listing in flight). The users of the servers a pass culled are so read once, not at every pass
+for ``ACTIVITY_LAG``; one who starts a server again is active, read back ``ACTIVITY_LAG``.
 
 What ``last_activity`` does not show is caught otherwise:
 
@@ -41,6 +46,10 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 
 # How late an activity may reach the Hub's ``last_activity`` (one figure, core.policy's).
 ACTIVITY_LAG = HUB_ACTIVITY_LAG
+# How late a stop may reach the listing of users without a server: ``User.stop`` stamps the
+# activity and removes the server in one commit, so only a skew between the Hub's clock and the
+# governor's, and the listing's own pages, are covered.
+STOP_LAG = timedelta(minutes=2)
 # Asking for one user costs a request; a page carries many users. Measured against the
 # benchmark's fake Hub at 10,000 users, a page of 200 cost this client 6.7 times a lookup's CPU
 # (3.2 ms against 0.48 ms) and 13 times its wall time (10 requests in flight): the users a pass
@@ -61,11 +70,14 @@ def fresh_reads(servers: int, page_size: int) -> int:
 class HubListing:
     """Which servers a pass reads from the Hub, and the reading."""
 
-    def __init__(self, full_every: int = 1, lag: timedelta = ACTIVITY_LAG):
+    def __init__(
+        self, full_every: int = 1, lag: timedelta = ACTIVITY_LAG, stop_lag: timedelta = STOP_LAG
+    ):
         self.full_every = max(1, int(full_every))
         self.lag = lag
+        self.stop_lag = min(stop_lag, lag)
         self.sorts: bool | None = None  # the Hub sorts users by activity (None: not asked)
-        self._since: datetime | None = None  # users active since then: the next listing's
+        self._since: datetime | None = None  # the last listing's start: the next one's cut-offs
         self._groups: Sequence[dict] | None = None
         self.waiting: set[str] = set()  # users with a server starting or stopping
         self.listed: set[str] = set()  # users this pass's listing returned (their whole model)
@@ -90,7 +102,10 @@ class HubListing:
         users = None
         if not self.full:
             try:  # a few pages at most: read whole, so an order the Hub ignored lists all
-                users = [user async for user in self._active_since(hub, self._since)]
+                since = self._since
+                users = [u async for u in self._moved_since(hub, "active", since - self.lag)]
+                stopped = self._moved_since(hub, "inactive", since - self.stop_lag)
+                users += [user async for user in stopped]
             except UnsortedListing:
                 self.full = True
         async for user in _each(users) if users is not None else hub.iter_users("active"):
@@ -104,12 +119,12 @@ class HubListing:
                     yield server
             waiting |= self.waiting - self.listed  # asked for, gone: nothing waits
         self.waiting = waiting
-        self._since = started - self.lag
+        self._since = started
 
-    async def _active_since(self, hub: HubApi, since: datetime) -> AsyncIterator[dict]:
-        # Every user, not only active ones: a user whose last server stopped is no longer
-        # "active", and is listed so (no servers) when their activity moved.
-        params = {"sort": "-last_activity"}
+    async def _moved_since(self, hub: HubApi, state: str, since: datetime) -> AsyncIterator[dict]:
+        # Inactive users too: a user whose last server stopped is no longer "active", and is
+        # listed so (no servers) when their activity moved.
+        params = {"state": state, "sort": "-last_activity"}
         newest: datetime | None = None
         async for user in hub.paginate("/users", params):
             when = clock.parse(user.get("last_activity"))

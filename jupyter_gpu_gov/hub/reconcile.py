@@ -26,7 +26,7 @@ from .checkpoints import CheckpointResult, Checkpoints
 from .clock_step import ClockStep
 from .dcgm import DcgmSnapshot, index_by_pod, index_by_uuid
 from .dcgm_source import DcgmSource
-from .deadlines import Due, Reports
+from .deadlines import Due, NextTimes, Reports
 from .diagnosis import DiagnosisService
 from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
@@ -107,7 +107,8 @@ class Governor(
         self.options = options
         self.dcgm = dcgm
         self.due = Due()  # between full passes, the servers to look at (hub/deadlines.py)
-        self._orphan_reports: set[str] = set()  # reports of servers no pass saw running (yet)
+        # Reports of servers no pass saw running (yet), by when each goes stale.
+        self._orphan_reports = NextTimes()
         self.reports = {}
         self.use: dict[str, _Use] = {}  # measured this session, for right-sizing
         self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
@@ -159,7 +160,8 @@ class Governor(
     @reports.setter
     def reports(self, reports: dict[str, Received]) -> None:
         self._reports = Reports(reports, self.due)
-        self._orphan_reports.update(reports)  # the next pass keeps those of running servers
+        for key in reports:  # a pass keeps those of running servers
+            self._orphan(key)
 
     # -- the cycle ----------------------------------------------------------------------------
 
