@@ -63,6 +63,11 @@ REPORT_EVERY_S = 60.0  # the server extension's report_interval
 TOKEN_CACHE_S = 300.0  # HubAuth.cache_max_age's default
 EXPIRED_EVERY = round((TOKEN_CACHE_S + REPORT_EVERY_S) / REPORT_EVERY_S)  # 6: a report in 6
 PROBE_TOKEN = "bench-probe"
+# What the servers send: every report moved from the last (its times relative to now: every
+# report a change, the worst case), or idle servers' reports the same as their last but for
+# ``sampled_at``, busy ones' moved (``ingest_load.report_for``'s ``idle_as_of``).
+MOVING, IDLE_REPEAT = "moving", "idle-repeat"
+NO_PASS_S = 86400  # ``--cull-every`` by default: no pass runs while the phases are measured
 IDLE_S = 3.0  # the service's own background cost, before any report
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -135,9 +140,10 @@ def start_service(
     command: tuple[str, ...] = ("-m", "jupyter_gpu_gov.hub"),
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
+    cull_every: float = NO_PASS_S,
 ) -> subprocess.Popen:
     """The service as JupyterHub starts it (``command``: the interpreter's arguments before the
-    service's own, e.g. a wrapper that runs it)."""
+    service's own, e.g. a wrapper that runs it; ``cull_every``: its passes' interval)."""
     env = {
         **os.environ,
         **(env or {}),
@@ -155,7 +161,7 @@ def start_service(
             *command,
             f"--db-url=sqlite:///{workdir}/gov.sqlite",
             f"--timeout={ten_years}",  # the start-up pass culls nothing
-            "--cull-every=86400",  # and no other pass runs while we measure
+            f"--cull-every={cull_every}",  # by default no other pass runs while we measure
             *args,
         ],
         cwd=workdir,
@@ -214,11 +220,18 @@ class Phase:
 class Load:
     """The N servers: who reports next, with which token."""
 
-    def __init__(self, users: list[str], port: int, keep: bool = False):
+    def __init__(self, users: list[str], port: int, keep: bool = False, mix: str = MOVING):
+        from jupyter_gpu_gov.core import clock
+
         self.users = users
         self.connections = Connections(port, keep)
         self.path = f"{PREFIX}api/reports"
         self.generation = dict.fromkeys(users, 0)
+        # With IDLE_REPEAT, idle servers went quiet before the first burst and stay so.
+        self.idle_as_of = clock.utcnow() if mix == IDLE_REPEAT else None
+
+    def report(self, user: str, index: int, now) -> bytes:
+        return encode(report_for(user, index, now, self.idle_as_of))
 
     def fresh_token(self, user: str) -> str:
         self.generation[user] += 1
@@ -229,7 +242,7 @@ class Load:
         from jupyter_gpu_gov.core import clock
 
         now = clock.utcnow()
-        bodies = [(u, encode(report_for(u, i, now))) for i, u in enumerate(self.users)]
+        bodies = [(u, self.report(u, i, now)) for i, u in enumerate(self.users)]
         queue = iter(bodies)
         sent: list[Sent] = []
 
@@ -256,7 +269,7 @@ class Load:
                 token = self.fresh_token(user)
             else:
                 token = token_for(user, self.generation[user])
-            body = encode(report_for(user, index, clock.utcnow()))
+            body = self.report(user, index, clock.utcnow())
             due = start + k * interval
             delay = due - time.perf_counter()
             if delay > 0:
@@ -281,9 +294,15 @@ async def measure(name: str, pid: int, counters_url: str, send) -> Phase:
 
 
 async def _bench(
-    ready: dict, service_pid: int, port: int, seconds: float, concurrency: int, keep: bool
+    ready: dict,
+    service_pid: int,
+    port: int,
+    seconds: float,
+    concurrency: int,
+    keep: bool,
+    mix: str = MOVING,
 ):
-    load = Load(ready["users"], port, keep)
+    load = Load(ready["users"], port, keep, mix)
     url = ready["counters_url"]
     rss_started = rss_mb(service_pid)
     idle = await measure("idle", service_pid, url, asyncio.sleep(IDLE_S, []))
@@ -357,19 +376,24 @@ def run(
     probe: bool = False,
     accept_interval: float | None = None,
     nice: int = 0,
+    mix: str = MOVING,
+    cull_every: float = NO_PASS_S,
 ) -> dict:
     """Start the fake Hub and the service, send the phases' reports, return the figures (with
     ``probe``, what held the service's event loop in each phase: ``benchmarks.ingest_probe``;
     ``accept_interval``: the service's ``GpuGovernor.accept_interval``, else its default;
     ``nice``: the load generator and the fake Hub run at that niceness, the service at its own,
-    so the service's latency shows what it costs the service, not its neighbours on the CPU)."""
+    so the service's latency shows what it costs the service, not its neighbours on the CPU;
+    ``mix``: ``MOVING`` or ``IDLE_REPEAT``; ``cull_every``: the service's pass interval, the
+    start-up pass's end its first tick)."""
     with contextlib.ExitStack() as stack:
-        start: dict[str, Any] = {}
+        start: dict[str, Any] = {"cull_every": cull_every}
         if accept_interval is not None:
             start["args"] = (f"--GpuGovernor.accept_interval={accept_interval}",)
         if probe:
             lines = Path(stack.enter_context(tempfile.TemporaryDirectory()), "probe.jsonl")
-            pythonpath = [str(REPO), os.environ.get("PYTHONPATH", "")]
+            # The service's code from $PYTHONPATH when set (a baseline's tree), the probe here.
+            pythonpath = [p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p]
             start["command"] = ("-m", "benchmarks.ingest_probe")
             start["env"] = {PROBE_ENV: str(lines), "PYTHONPATH": os.pathsep.join(pythonpath)}
         ready = stack.enter_context(fake_hub(servers, seconds))
@@ -378,7 +402,7 @@ def run(
             os.setpriority(os.PRIO_PROCESS, ready["pid"], nice)
             os.setpriority(os.PRIO_PROCESS, 0, nice)
         phases, rss_started, rss_reported = asyncio.run(
-            _bench(ready, process.pid, port, seconds, concurrency, keep)
+            _bench(ready, process.pid, port, seconds, concurrency, keep, mix)
         )
         held = held_loop(phases, lines) if probe else {}
     result = figures(servers, seconds, concurrency, phases, rss_started, rss_reported)
@@ -387,6 +411,8 @@ def run(
         "connections": "kept" if keep else "one per report",
         "accept_interval": "default" if accept_interval is None else accept_interval,
         "load_nice": nice,
+        "mix": mix,
+        "cull_every": cull_every,
         **held,
     }
 
@@ -491,6 +517,21 @@ def main(argv: list[str] | None = None) -> None:
         help="run the load generator and the fake Hub at this niceness (e.g. 19), the service"
         " at its own: on a machine with few cores, latency then shows the service's own",
     )
+    parser.add_argument(
+        "--mix",
+        choices=(MOVING, IDLE_REPEAT),
+        default=MOVING,
+        help=f"{MOVING}: every report differs from its server's last (the worst case);"
+        f" {IDLE_REPEAT}: idle servers (60 %%) repeat their last but for sampled_at, busy ones"
+        " move",
+    )
+    parser.add_argument(
+        "--cull-every",
+        type=float,
+        default=NO_PASS_S,
+        help="the service's pass interval in seconds (default a day: no pass while measuring;"
+        " 60: passes as deployed, which the latency then includes)",
+    )
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_hub:
@@ -504,6 +545,8 @@ def main(argv: list[str] | None = None) -> None:
         args.probe,
         args.accept_interval,
         args.nice,
+        args.mix,
+        args.cull_every,
     )
     print("ingest:", " ".join(f"{k}={v}" for k, v in result.items()))
 

@@ -23,9 +23,24 @@ from jupyter_gpu_gov.core import clock
 SAMPLE_WINDOW_S = 60
 
 
-def report_for(user: str, index: int, now: datetime) -> dict:
+def is_busy(index: int) -> bool:
+    """40 % of servers are computing (their kernel busy, the GPU active)."""
+    return index % 5 < 2
+
+
+def report_for(user: str, index: int, now: datetime, idle_as_of: datetime | None = None) -> dict:
     """A report (docs/api.md, "The report") like a real server's: one or two devices (a whole card or two MIG
-    slices), two to four kernels of which one holds the GPU, a terminal on every fourth."""
+    slices), two to four kernels of which one holds the GPU, a terminal on every fourth.
+
+    Its times are relative to ``now`` (``sampled_at``), so each report of the same server
+    differs from its last: every report "moves" (the worst case for the governor). With
+    ``idle_as_of``, an idle server's other times are relative to that instead (its kernels,
+    its user and its GPU went quiet before then and stayed so): its reports repeat the last but
+    for ``sampled_at``, as a real idle server's do; busy servers' still move."""
+    if idle_as_of is not None and not is_busy(index):
+        report = report_for(user, index, idle_as_of)
+        report["sampled_at"] = clock.isoformat(now)
+        return report
     ns = uuid.NAMESPACE_URL
     mig = index % 2 == 1
     parent = f"GPU-{uuid.uuid5(ns, f'{user}/gpu')}"
@@ -42,7 +57,7 @@ def report_for(user: str, index: int, now: datetime) -> dict:
         }
         for k in range(2 if mig else 1)
     ]
-    active = index % 5 < 2  # 40 % of servers are computing
+    active = is_busy(index)
     idle_since = None if active else now - timedelta(minutes=40 + index % 180)
     iso = clock.isoformat
     if active:

@@ -40,3 +40,32 @@ def test_ingest_steps_times_each_step_of_every_report_answered():
     parts = [figures[f"ingest.{name}_us"] for name, _ in ingest_steps.PARTS]
     assert all(p > 0 for p in parts)
     assert sum(parts) <= figures["ingest.ingest_us"]  # the parts are inside ingest
+
+
+def test_the_idle_repeat_mix_repeats_idle_servers_reports_and_moves_busy_ones():
+    """``--mix idle-repeat``: an idle server's next report is the same as its last for every
+    decision (only ``sampled_at`` moves), a busy one's is not; the worst case (``moving``)
+    moves every report. Both valid."""
+    from datetime import timedelta
+
+    from benchmarks.ingest_load import is_busy, report_for
+    from jupyter_gpu_gov.core import clock
+    from jupyter_gpu_gov.core.report import validate
+    from jupyter_gpu_gov.hub.evidence import Received
+    from jupyter_gpu_gov.hub.unchanged import same_report
+
+    quiet_since = clock.utcnow() - timedelta(minutes=2)
+    minute = timedelta(minutes=1)
+
+    def same(idle_as_of, index: int) -> bool:
+        first, second = (
+            validate(report_for(f"user{index}", index, at, idle_as_of), at)
+            for at in (quiet_since + minute, quiet_since + 2 * minute)
+        )
+        assert first["sampled_at"] != second["sampled_at"]
+        return same_report(Received(first, quiet_since), Received(second, quiet_since))
+
+    indexes = range(10)
+    assert [same(quiet_since, i) for i in indexes] == [not is_busy(i) for i in indexes]
+    assert not any(same(None, i) for i in indexes)
+    assert 0 < sum(map(is_busy, indexes)) < len(indexes)

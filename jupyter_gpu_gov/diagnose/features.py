@@ -44,7 +44,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import IO, Any
 
@@ -184,17 +184,19 @@ def with_context(
         recent.append(w)
     if len(recent) == 1:
         return window
-    values = {}
+    values = vars(window).copy()  # every column is an init field: a copy, as ``replace`` makes
+    columns = [vars(w) for w in recent]
     for column in CONTEXT_COLUMNS:
-        known = sorted(v for v in (getattr(w, column) for w in recent) if v is not None)
+        known = [v for c in columns if (v := c[column]) is not None]
         if not known:
             values[column] = None
             continue
+        known.sort()
         middle = len(known) // 2
         values[column] = (
             known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
         )
-    return replace(window, **values)
+    return type(window)(**values)
 
 
 def in_context(
@@ -376,16 +378,28 @@ def windows_from_report(
 
     server = report.get("server") or {}
     key = f"{server.get('user', '')}/{server.get('name') or ''}"
-    targets = [t_ for t_ in report.get("targets") or () if isinstance(t_, Mapping)]
+    # One walk per list, in the report's order (every report is scored: issue 26), with the
+    # same rules as the comprehensions they replaced (Mapping items only; a section that is
+    # missing or null reads as empty).
+    targets = []
+    holders = []
+    kernels = []
+    for target in report.get("targets") or ():
+        if isinstance(target, Mapping):
+            targets.append(target)
+            if (target.get("gpu") or _EMPTY).get("holds_context"):
+                holders.append(target)
+            if target.get("kind") == "kernel":
+                kernels.append(target)
     devices = {d.get("uuid"): d for d in report.get("devices") or () if isinstance(d, Mapping)}
-    holders = [t_ for t_ in targets if (t_.get("gpu") or {}).get("holds_context")]
     if not holders and not (devices and server.get("gpu_allocated")):
         return []
 
+    holder_gpus = [h.get("gpu") or _EMPTY for h in holders]
     if report.get("backend") == "unavailable":
         sm = None
     elif holders:
-        sms = [(t_.get("gpu") or {}).get("sm") for t_ in holders]
+        sms = [g.get("sm") for g in holder_gpus]
         known = [s for s in sms if isinstance(s, int | float)]
         sm = max(known) if known and (len(known) == len(sms) or max(known) > 0) else None
     else:
@@ -396,9 +410,9 @@ def windows_from_report(
         ]
         sm = max(activity) if activity else None
 
-    used = {u for t_ in holders for u in (t_.get("gpu") or {}).get("devices") or ()}
+    used = {u for g in holder_gpus for u in g.get("devices") or ()}
     totals = [devices[u].get("memory_total_mb") for u in used if u in devices]
-    held = [(t_.get("gpu") or {}).get("memory_mb") for t_ in holders]
+    held = [g.get("memory_mb") for g in holder_gpus]
     mem_frac = None
     if totals and all(isinstance(x, int | float) for x in totals) and sum(totals) > 0:
         if held and all(isinstance(x, int | float) for x in held):
@@ -416,15 +430,15 @@ def windows_from_report(
             mem_frac = min(1.0, sum(u for u, _ in pairs) / total) if total > 0 else None
 
     mine = [devices[u] for u in used if u in devices] if holders else list(devices.values())
-    memory_activity = _max(d.get("memory_activity") for d in mine if not d.get("shared"))
+    memory_activity = _max([d.get("memory_activity") for d in mine if not d.get("shared")])
 
-    kernels = [t_ for t_ in targets if t_.get("kind") == "kernel"]
-    cpu_from = holders or kernels
-    cpus = [c for c in (_cpu(t_) for t_ in cpu_from) if c is not None]
-    cores = _sum(c.get("cores") for c in cpus) if cpus else None
-    iowait = _max(c.get("iowait") for c in cpus) if cpus else None
-    reads = _sum(c.get("read_mb_s") for c in cpus) if cpus else None
-    top_thread = _max(c.get("top_thread") for c in cpus) if cpus else None
+    cores = iowait = reads = top_thread = None
+    cpus = [c for c in (_cpu(t_) for t_ in holders or kernels) if c is not None]
+    if cpus:
+        cores = _sum([c.get("cores") for c in cpus])
+        iowait = _max([c.get("iowait") for c in cpus])
+        reads = _sum([c.get("read_mb_s") for c in cpus])
+        top_thread = _max([c.get("top_thread") for c in cpus])
 
     busy_from = [t_ for t_ in holders if t_.get("kind") == "kernel"] or kernels
     kernel_busy = (
@@ -436,17 +450,16 @@ def windows_from_report(
     if last is not None and t is not None:
         user_idle = max(0.0, t - last.timestamp())
 
-    dcgm = dcgm or {}
-    return [
-        Window(
+    if dcgm:
+        dcgm_sm = dcgm.get("sm_active")
+        dram = dcgm.get("dram_active")
+        window = Window(
             node=node or dcgm.get("node"),
             server=key,
             t=t,
-            sm_active=_fraction(sm if dcgm.get("sm_active") is None else dcgm["sm_active"]),
+            sm_active=_fraction(sm if dcgm_sm is None else dcgm_sm),
             gr_active=_fraction(dcgm.get("gr_active")),
-            dram_active=_fraction(
-                memory_activity if dcgm.get("dram_active") is None else dcgm["dram_active"]
-            ),
+            dram_active=_fraction(memory_activity if dram is None else dram),
             tensor_active=_fraction(dcgm.get("tensor_active")),
             pcie_mb_s=_positive(dcgm.get("pcie_mb_s")),
             gpu_mem_frac=_fraction(mem_frac),
@@ -457,7 +470,25 @@ def windows_from_report(
             kernel_busy=kernel_busy,
             user_idle_s=user_idle,
         )
-    ]
+    else:  # most reports: no DCGM, its columns missing
+        window = Window(
+            node=node or None,
+            server=key,
+            t=t,
+            sm_active=_fraction(sm),
+            dram_active=_fraction(memory_activity),
+            gpu_mem_frac=_fraction(mem_frac),
+            cpu_cores=_positive(cores),
+            cpu_iowait=_fraction(iowait),
+            read_mb_s=_positive(reads),
+            cpu_top_thread=_fraction(top_thread),
+            kernel_busy=kernel_busy,
+            user_idle_s=user_idle,
+        )
+    return [window]
+
+
+_EMPTY: Mapping = {}
 
 
 def _cpu(target: Mapping) -> Mapping | None:
@@ -466,27 +497,35 @@ def _cpu(target: Mapping) -> Mapping | None:
 
 
 def _known(values: Iterable[Any]) -> list[float]:
-    return [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    return [float(v) for v in values if (type(v) is float or type(v) is int) or _number(v)]
 
 
-def _sum(values: Iterable[Any]) -> float | None:
-    values = list(values)
+def _number(v: Any) -> bool:
+    """A number other than a bool (``int`` and ``float`` subclasses included)."""
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _sum(values: list[Any]) -> float | None:
     known = _known(values)
     return sum(known) if known and len(known) == len(values) else None
 
 
-def _max(values: Iterable[Any]) -> float | None:
+def _max(values: list[Any]) -> float | None:
     known = _known(values)
     return max(known) if known else None
 
 
 def _fraction(value: Any) -> float | None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+    if value is None:
+        return None
+    if not _number(value) or not math.isfinite(value):
         return None
     return min(1.0, max(0.0, float(value)))
 
 
 def _positive(value: Any) -> float | None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+    if value is None:
+        return None
+    if not _number(value) or not math.isfinite(value):
         return None
     return max(0.0, float(value))

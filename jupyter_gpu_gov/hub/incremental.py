@@ -20,6 +20,7 @@ per server)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -33,6 +34,11 @@ from .hubapi import HubServer
 from .tables import AuditRow, ServerRow, record_of, set_record
 from .unchanged import Kept, same_report
 from .views import cause_of
+
+# A pass looks at (here) or decides (hub/reconcile.py) this many servers, then lets the event
+# loop run, reports waiting above all: 10,000 servers at once held it 1-12 s (docs/benchmarks.md,
+# "Issue 26, wave 10").
+YIELD_EVERY = 32
 
 
 @dataclass
@@ -95,7 +101,9 @@ class Incremental:
         if everyone:
             look.update(self.unchanged.kept)
         servers = self._servers
-        for key in look:
+        for turn, key in enumerate(look, 1):
+            if turn % YIELD_EVERY == 0:  # reports come in meanwhile (``look`` is this pass's)
+                await asyncio.sleep(0)
             server = servers.get(key)
             if server is None:
                 continue  # stopped

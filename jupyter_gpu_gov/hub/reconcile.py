@@ -32,7 +32,7 @@ from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
 from .history import History
 from .hubapi import HubApi, HubServer
-from .incremental import DecidedOn, Incremental, LookedAt, Running
+from .incremental import YIELD_EVERY, DecidedOn, Incremental, LookedAt, Running
 from .ingest import Ingest
 from .listing import FRESH_READS_LEAST, HubListing, fresh_reads
 from .options import Options
@@ -272,9 +272,12 @@ class Governor(
         looked at, are not visited: nothing they read moved. Returns how many spawns wait for
         a GPU."""
         waiting = 0
+        turns = 0  # reports come in every YIELD_EVERY servers, as between two listing pages
         # Decide each page of servers while the Hub API client fetches the next.
         # "active": ready servers and those the Hub is starting, which may wait for a GPU.
         async for server in self.hub_listing.servers(self.hub):
+            if (turns := turns + 1) % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             if server.pending or not server.ready:
                 waiting += _queued_for_a_gpu(server, now)
                 continue  # the Hub is starting or stopping it
@@ -290,6 +293,8 @@ class Governor(
         if not self.hub_listing.full:  # (a full listing brought every running server)
             listed = self.hub_listing.listed
             for key, view in kept.views.items():
+                if (turns := turns + 1) % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
                 server = self._servers[key]
                 if server.user not in listed:
                     self._decide_one(key, server, view, rows, now, batch, seen)

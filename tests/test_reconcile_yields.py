@@ -1,0 +1,68 @@
+"""A pass over many servers lets the event loop run while it decides them, so reports arriving
+meanwhile are answered then, not once the whole pass is done (issue 26: at 10,000 servers a
+pass held the loop 1-12 s, every report in that time waited; docs/benchmarks.md, "Issue 26,
+wave 10")."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from fake_hub_api import FakeHub
+from test_governor import report_for
+from test_governor_incremental import counting
+
+from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.incremental import YIELD_EVERY
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
+from jupyter_gpu_gov.hub.store import Store
+
+
+@pytest.fixture(autouse=True)
+def restore_clock():
+    yield
+    clock.reset()
+
+
+def uuid(i: int) -> str:
+    return f"GPU-{i:08d}-0000-0000-0000-000000000000"
+
+
+@pytest.mark.parametrize("full_every", [1, 1000])  # every server decided; only those that moved
+async def test_reports_get_in_between_a_passs_decisions(tmp_path, monkeypatch, full_every):
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    servers = 3 * YIELD_EVERY
+    users = [f"user{i}" for i in range(servers)]
+    async with FakeHub() as hub:
+        for user in users:
+            hub.add_server(user, started=frozen[0], last_activity=frozen[0])
+        gov = Governor(
+            Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"),
+            HubApi(hub.api_url, hub.token),
+            load_policies([], {"warn_after": "10h", "cull_after": "20h"}),
+            Options(full_pass_every=full_every),
+        )
+        await gov.reconcile()
+        frozen[0] += timedelta(minutes=1)
+        for i, user in enumerate(users):  # every server's report moved: each is decided
+            gov.ingest(report_for(user, uuid(i), sm=0.9 if i % 2 else 0.0))
+        decided = counting(gov, "_decide_one")
+        between: list[int] = []  # how many the pass had decided whenever the loop ran
+
+        async def meanwhile(deciding: asyncio.Future) -> None:
+            while not deciding.done():
+                between.append(decided[0])
+                await asyncio.sleep(0)
+
+        deciding = asyncio.ensure_future(gov.reconcile())
+        await asyncio.gather(deciding, meanwhile(deciding))
+        await gov.close()
+    assert decided[0] == servers
+    # The loop ran after the pass had decided some servers and before it had decided all: at
+    # least once every YIELD_EVERY of them.
+    assert len({n for n in between if 0 < n < servers}) >= servers // YIELD_EVERY - 1, between
