@@ -450,41 +450,25 @@ def windows_from_report(
     if last is not None and t is not None:
         user_idle = max(0.0, t - last.timestamp())
 
-    if dcgm:
-        dcgm_sm = dcgm.get("sm_active")
-        dram = dcgm.get("dram_active")
-        window = Window(
-            node=node or dcgm.get("node"),
-            server=key,
-            t=t,
-            sm_active=_fraction(sm if dcgm_sm is None else dcgm_sm),
-            gr_active=_fraction(dcgm.get("gr_active")),
-            dram_active=_fraction(memory_activity if dram is None else dram),
-            tensor_active=_fraction(dcgm.get("tensor_active")),
-            pcie_mb_s=_positive(dcgm.get("pcie_mb_s")),
-            gpu_mem_frac=_fraction(mem_frac),
-            cpu_cores=_positive(cores),
-            cpu_iowait=_fraction(iowait),
-            read_mb_s=_positive(reads),
-            cpu_top_thread=_fraction(top_thread),
-            kernel_busy=kernel_busy,
-            user_idle_s=user_idle,
-        )
-    else:  # most reports: no DCGM, its columns missing
-        window = Window(
-            node=node or None,
-            server=key,
-            t=t,
-            sm_active=_fraction(sm),
-            dram_active=_fraction(memory_activity),
-            gpu_mem_frac=_fraction(mem_frac),
-            cpu_cores=_positive(cores),
-            cpu_iowait=_fraction(iowait),
-            read_mb_s=_positive(reads),
-            cpu_top_thread=_fraction(top_thread),
-            kernel_busy=kernel_busy,
-            user_idle_s=user_idle,
-        )
+    dcgm = dcgm or _EMPTY  # most reports: no DCGM, its columns missing
+    dcgm_sm, dram = dcgm.get("sm_active"), dcgm.get("dram_active")
+    window = Window(
+        node=node or dcgm.get("node"),
+        server=key,
+        t=t,
+        sm_active=_fraction(sm if dcgm_sm is None else dcgm_sm),
+        gr_active=_fraction(dcgm.get("gr_active")),
+        dram_active=_fraction(memory_activity if dram is None else dram),
+        tensor_active=_fraction(dcgm.get("tensor_active")),
+        pcie_mb_s=_positive(dcgm.get("pcie_mb_s")),
+        gpu_mem_frac=_fraction(mem_frac),
+        cpu_cores=_positive(cores),
+        cpu_iowait=_fraction(iowait),
+        read_mb_s=_positive(reads),
+        cpu_top_thread=_fraction(top_thread),
+        kernel_busy=kernel_busy,
+        user_idle_s=user_idle,
+    )
     return [window]
 
 
