@@ -143,7 +143,10 @@ describe('warning', () => {
     // An extension, a new idle stretch, a hard deadline or an earlier deadline is a new one.
     for (const next of [
       verdict({ cull_at: '2026-01-05T11:20:00Z', extensions_left: 0 }),
-      verdict({ cull_at: '2026-01-05T11:20:00Z', idle_since: '2026-01-05T10:40:00Z' }),
+      verdict({
+        cull_at: '2026-01-05T11:20:00Z',
+        idle_since: '2026-01-05T10:40:00Z'
+      }),
       verdict({ cull_at: '2026-01-05T11:20:00Z', hard_deadline: true }),
       verdict({ cull_at: '2026-01-05T11:00:00Z' })
     ]) {
