@@ -378,15 +378,12 @@ def windows_from_report(
 
     server = report.get("server") or {}
     key = f"{server.get('user', '')}/{server.get('name') or ''}"
-    # One walk per list, in the report's order (every report is scored: issue 26), with the
-    # same rules as the comprehensions they replaced (Mapping items only; a section that is
-    # missing or null reads as empty).
-    targets = []
+    # One walk over the targets, in the report's order (every report is scored: issue 26):
+    # objects only; a section that is missing or null reads as empty.
     holders = []
     kernels = []
     for target in report.get("targets") or ():
         if isinstance(target, Mapping):
-            targets.append(target)
             if (target.get("gpu") or _EMPTY).get("holds_context"):
                 holders.append(target)
             if target.get("kind") == "kernel":
