@@ -236,6 +236,30 @@ def test_the_fast_path_reports_what_the_plain_path_reports(world, pid_namespace)
     assert min(opened[1:]) > 0 and opened[-1] < max(opened)
 
 
+def test_the_servers_session_does_not_take_the_kept_files_from_its_kernels(world):
+    """Start-up counts the server's whole session as its own (the shell that started it and
+    that shell's other jobs may yet join a kernel); once the first tick finds them outside
+    every target, their files must not hold the places the kernels' files need (a CI run with
+    many jobs in the test's session once kept no file open on the second tick)."""
+    fake, _, advance = world
+    for pid in range(500, 580):  # more jobs in the server's session than files may be kept
+        fake.add(pid, 1, SERVER, "bash")
+    plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
+    fast._files.keep = 32
+    targets = [TargetInfo(root, name=root.id, execution_state="idle") for root in ROOTS]
+    opened: list[int] = []
+    try:
+        for _ in range(4):
+            advance()
+            tick(plain, fast, targets, opened)
+        kept = {int(path.split("/")[-2]) for path in fast._files._fds if path.endswith("/stat")}
+    finally:
+        plain.close()
+        fast.close()
+    assert min(opened) > 0
+    assert kept and kept.isdisjoint(range(500, 580))
+
+
 def test_kept_files_follow_real_processes_that_exit(tmp_path, monkeypatch):
     """The real /proc: kernels with threads and children on simulated GPUs; children exit
     between ticks. Every process sleeps, so both samplers read the same counters."""

@@ -227,6 +227,15 @@ class ProcFiles:
             os.close(self._fds.pop(path))
         self._read_now = set()
 
+    def forget(self, pids: set[int]) -> None:
+        """Close now the descriptors of processes no longer read, so that until the next sweep
+        they do not take the places of the files this tick does read."""
+        if not pids:
+            return
+        start = len(self.proc_root) + 1
+        for path in [p for p in self._fds if int(p[start : p.index("/", start)]) in pids]:
+            os.close(self._fds.pop(path))
+
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
@@ -298,6 +307,9 @@ class ProcScanner:
         self._ours = {
             pid: known.get(pid) or (b"", info) for pid, info in table.procs.items() if pid in ours
         }
+        # Start-up counts the whole session of the server as its own (a process there may yet
+        # join a kernel); the first tick reads those files and then no longer needs them.
+        self.files.forget(known.keys() - self._ours.keys())
 
 
 def delay_accounting(proc_root: str = "/proc") -> bool:
