@@ -228,8 +228,10 @@ class Sampler:
         members = target_members(table, roots, self.server_pid)
         self._scanner.settle(table, set().union(*members.values()))
         device_files = None
-        if snapshot.available and not local_pids and snapshot.devices:
-            # Host PIDs: learn holders from the open device files of our own processes only.
+        if not local_pids and _lists_processes(snapshot, visible):
+            # Host PIDs: learn holders from the open device files of our own processes only,
+            # when a device of ours lists a process (a link read per descriptor, ~4 µs each,
+            # of every process of the server: a GPU nobody runs on needs none of it).
             device_files = {
                 pid: procs.nvidia_device_files(pid, self.proc_root)
                 for pids in members.values()
@@ -517,6 +519,15 @@ def _describe(target: TargetInfo) -> dict:
         "last_activity": clock.isoformat(target.last_activity),
         "connections": target.connections,
     }
+
+
+def _lists_processes(snapshot: GpuSnapshot, visible: set[str] | None) -> bool:
+    """Whether a device this server may use lists a process (only those are attributed)."""
+    return snapshot.available and any(
+        sample.processes
+        for uuid, sample in snapshot.samples.items()
+        if visible is None or uuid in visible
+    )
 
 
 def _health(snapshot: GpuSnapshot, uuid: str) -> dict | None:
