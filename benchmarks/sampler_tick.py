@@ -8,7 +8,10 @@ unrelated to the server), has every kernel hold simulated GPU memory, and times
 
 Prints the median and p90 CPU milliseconds per tick (thread CPU time, the cost the server pays);
 ``--phases`` also the median CPU of each phase of a tick (the GPU sample, the ``/proc`` scan,
-the targets' members, attribution, the CPU and I/O counters, the report), timed in the same run.
+the targets' members, attribution, the CPU and I/O counters, the report), timed in the same run,
+and what a sampler in a container adds where a GPU lists a process: the open files of the
+kernels' processes read to find the GPUs' holders (``container_device_files_ms``; NVML's PIDs
+are the host's there), with how many descriptors they had.
 Targets (issue 26): median under 2 ms, first tick under 10 ms (the sampler reads every process
 on the machine once at start-up, before it; the first tick then reads what is new).
 """
@@ -26,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
+from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import TargetRoot
 from jupyter_gpu_gov.gpu.simulated import DEFAULT_DEVICES, SimulatedBackend
 from jupyter_gpu_gov.server import sampler as sampler_module
@@ -77,6 +81,24 @@ def _phases_timed(sampler: Sampler, backend: SimulatedBackend) -> Iterator[dict[
                 del owner.__dict__[name]  # the class's method again
 
 
+def _device_files_cost(roots: list[TargetRoot], repeat: int = 20) -> dict:
+    """What a sampler in a container adds to a tick where a GPU lists a process: the open
+    files of every process of the kernels read, to find the GPUs' holders (host PIDs)."""
+    table = procs.scan()
+    pids = set().union(*(table.descendants(root.pid) for root in roots))
+    descriptors = sum(len(os.listdir(f"/proc/{pid}/fd")) for pid in pids)
+    spent = []
+    for _ in range(repeat):
+        started = time.thread_time()
+        for pid in pids:
+            procs.nvidia_device_files(pid)
+        spent.append(time.thread_time() - started)
+    return {
+        "container_device_files_ms": round(statistics.median(spent) * 1000, 3),
+        "descriptors": descriptors,
+    }
+
+
 def run(ticks: int, kernels: int, processes: int, phases: bool = False) -> dict:
     state = os.path.join(tempfile.mkdtemp(), "sim-gpus.json")
     os.environ["JUPYTER_GPU_GOV_SIM_STATE"] = state
@@ -123,6 +145,8 @@ def run(ticks: int, kernels: int, processes: int, phases: bool = False) -> dict:
             f"{label}_ms": round(statistics.median(seconds) * 1000, 3)
             for label, seconds in spent.items()
         }
+        if phases:
+            by_phase.update(_device_files_cost(roots))
         return {
             "kernels": kernels,
             "processes_on_machine": len(os.listdir("/proc")),
