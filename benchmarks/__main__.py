@@ -15,6 +15,7 @@ from . import (
     history_export,
     ingest,
     kernel_overhead,
+    nvml_calls,
     reconcile,
     sampler_tick,
 )
@@ -23,6 +24,7 @@ from .replay import score as reclamation_replay
 H200_RUNS = sorted(str(p) for p in (Path(__file__).parent / "data").glob("gpu-faults-*.csv"))
 QUICK = [
     (sampler_tick, []),  # 20 kernels, 300 processes
+    (nvml_calls, []),  # NVML calls a tick, on the fake driver
     (reconcile, []),  # 2,000 servers
     (admission, []),  # 10,000 started servers
     (diagnose, ["--quick"]),  # eight worlds of 60 servers, tuned on each, one round
@@ -35,6 +37,7 @@ QUICK = [
 ]
 FULL = [
     (sampler_tick, []),
+    (nvml_calls, []),
     (reconcile, ["--servers=10000"]),
     (admission, []),
     (diagnose, []),

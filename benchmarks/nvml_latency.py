@@ -7,7 +7,9 @@ hold 1 GiB and run matrix products now and then, as kernels on a shared card wou
 process lists and per-process utilisation have something to report. Then times
 
 - ``NvmlBackend.sample()``: what the server extension asks the driver every tick (devices,
-  memory, utilisation, processes and their SM samples), wall time and thread CPU;
+  memory, utilisation, processes and their SM samples), wall time and thread CPU; then, in as
+  many more samples, the NVML C calls each makes and the time spent in each C function (the
+  calls ``benchmarks.nvml_calls`` counts on the fake driver), to show which of them cost;
 - ``nvidia-smi`` asked for the same (``--query-gpu`` and ``--query-compute-apps``), as a tool
   that shells out to it would;
 - ``Sampler.measure`` with the holders as kernels: the whole tick (GPU sample, ``/proc`` scan,
@@ -23,6 +25,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 HOLDER = """
 import time, torch
@@ -44,6 +48,38 @@ def _median_ms(values: list[float]) -> float:
 
 def _p90_ms(values: list[float]) -> float:
     return round(statistics.quantiles(values, n=10)[-1] * 1000, 3)
+
+
+@contextmanager
+def c_calls() -> Iterator[dict[str, list]]:
+    """Every NVML C function called inside, by name: ``[calls, seconds]`` (pynvml's two-call
+    dance counts two)."""
+    import pynvml
+
+    seen: dict[str, list] = {}
+    lookup = pynvml._nvmlGetFunctionPointer
+
+    def timed(name: str):
+        function = lookup(name)
+        if name == "nvmlErrorString":
+            return function  # pynvml sets its restype, which a wrapper would not pass on
+
+        def call(*args):
+            started = time.perf_counter()
+            try:
+                return function(*args)
+            finally:
+                entry = seen.setdefault(name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - started
+
+        return call
+
+    pynvml._nvmlGetFunctionPointer = timed
+    try:
+        yield seen
+    finally:
+        pynvml._nvmlGetFunctionPointer = lookup
 
 
 def run(samples: int, smi: int, holders: int, ticks: int) -> dict:
@@ -71,7 +107,17 @@ def run(samples: int, smi: int, holders: int, ticks: int) -> dict:
             cpus.append(time.thread_time() - cpu)
             time.sleep(0.05)
         processes = sum(len(s.processes) for s in snapshot.samples.values())
+        with c_calls() as calls:
+            for _ in range(samples):
+                backend.sample()
+                time.sleep(0.05)
         backend.close()
+        # the costliest C functions, microseconds a sample (and calls a sample)
+        costliest = sorted(calls.items(), key=lambda item: -item[1][1])[:8]
+        per_function = {
+            name: f"{seconds / samples * 1e6:.0f} us ({count / samples:g})"
+            for name, (count, seconds) in costliest
+        }
 
         query = [
             "nvidia-smi",
@@ -108,6 +154,11 @@ def run(samples: int, smi: int, holders: int, ticks: int) -> dict:
             "nvml_sample_wall_ms": _median_ms(walls),
             "nvml_sample_wall_p90_ms": _p90_ms(walls),
             "nvml_sample_cpu_ms": _median_ms(cpus),
+            "nvml_calls_per_sample": sum(count for count, _ in calls.values()) / samples,
+            "nvml_c_time_per_sample_ms": round(
+                sum(seconds for _, seconds in calls.values()) / samples * 1000, 3
+            ),
+            **{f"  {name}": cost for name, cost in per_function.items()},
             "nvidia_smi_wall_ms": _median_ms(smi_walls) if smi_walls else None,
             "ratio_smi_over_nvml": (
                 round(statistics.median(smi_walls) / statistics.median(walls))
@@ -131,7 +182,7 @@ def main(argv=None) -> None:
     parser.add_argument("--ticks", type=int, default=30)
     args = parser.parse_args(argv)
     for key, value in run(args.samples, args.smi, args.holders, args.ticks).items():
-        print(f"{key:<26} {value}")
+        print(f"{key:<42} {value}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ So a test sees what the backend would see from a real driver with that topology.
     fake.advance()          # the driver takes its per-process and GPM samples
     NvmlBackend().sample()
 
+``fake.calls`` counts the C functions called, by name (pynvml's two-call dance counts two).
 Configure before the first call, or mutate the dataclasses between calls (a GPU gets lost, a
 process starts, the driver gets loaded); ``drop_function`` removes a C function at any time.
 Health: ``FakeGpu``'s ECC, retired-page, remapped-row and clocks-event fields, and
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,7 @@ class FakeNvml:
         self.now_s = 1000.0
         self.gpm_samples: dict[int, _GpmSample] = {}  # allocated and not yet freed, by address
         self.event_sets: dict[int, _EventSet] = {}  # created and not yet freed, by address
+        self.calls: Counter[str] = Counter()  # C functions called, by name (clear it at will)
         self._addresses = itertools.count(0x100000, 0x10)
         self.functions = _c_functions(self)
         self.lib = _Library(self)
@@ -605,4 +607,12 @@ def _c_functions(fake: FakeNvml) -> dict[str, Callable[..., Any]]:
     for version in ("v2", "v3"):
         functions[f"nvmlDeviceGetComputeRunningProcesses_{version}"] = running_processes(False)
         functions[f"nvmlDeviceGetGraphicsRunningProcesses_{version}"] = running_processes(True)
-    return functions
+    return {name: _counted(fake, name, function) for name, function in functions.items()}
+
+
+def _counted(fake: FakeNvml, name: str, function: Callable[..., int]) -> Callable[..., int]:
+    def call(*args: Any) -> int:
+        fake.calls[name] += 1
+        return function(*args)
+
+    return call

@@ -219,6 +219,40 @@ def test_sampler_in_a_container_reads_only_its_own_processes(fake_proc, monkeypa
     assert kernel["gpu"]["memory_mb"] == 20000 and kernel["gpu"]["pids"] == [host_pid]
 
 
+def test_a_container_server_whose_gpus_run_nothing_reads_no_device_files(fake_proc, monkeypatch):
+    looked_up: list[int] = []
+    real = procs.nvidia_device_files
+    monkeypatch.setattr(
+        procs, "nvidia_device_files", lambda pid, root: looked_up.append(pid) or real(pid, root)
+    )
+    idle = DeviceSample(GPU0.uuid, 0, 0.0, ())
+    # a process on a GPU of this node that the server may not use asks nothing either
+    other = DeviceSample(GPU1.uuid, 9000, 0.5, (GpuProcess(4_000_124, 9000, 0.5),))
+
+    class Backend:
+        name = "nvml"
+
+        def sample(self):
+            return snapshot(idle, other, devices=(GPU0, GPU1))
+
+        def close(self):
+            pass
+
+    sampler = Sampler(
+        lambda: Backend(),
+        server_pid=SERVER,
+        proc_root=str(fake_proc.root),
+        visible_devices=[GPU0.uuid],
+    )
+    targets = [TargetInfo(root, name=root.id) for root in ROOTS]
+    report = sampler.measure(targets, {"user": "alice"}).report
+    sampler.close()
+
+    assert looked_up == []
+    assert [d["uuid"] for d in report["devices"]] == [GPU0.uuid]
+    assert not any(t["gpu"]["holds_context"] for t in report["targets"])
+
+
 def test_scan_sees_a_real_child_process_and_its_parent():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

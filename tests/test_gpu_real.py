@@ -100,6 +100,16 @@ def test_lists_devices_with_uuid_and_memory(backend):
     assert set(snap.samples) == {d.uuid for d in devices}
 
 
+def test_a_steady_tick_names_the_devices_as_the_driver_does(backend):
+    backend.sample()
+    steady = backend.sample()  # each GPU's identity kept from the first tick
+    fresh = NvmlBackend()  # asks the driver for everything
+    try:
+        assert steady.devices == tuple(fresh.devices())
+    finally:
+        fresh.close()
+
+
 @needs_torch
 def test_a_process_holding_memory_is_listed_with_pid_and_memory(backend):
     before = set(processes(backend.sample()))

@@ -367,6 +367,64 @@ def test_mig_layout_change_is_followed(monkeypatch, backend):
     assert len(fake.gpm_samples) == 1  # the vanished instance's sample was freed
 
 
+def test_an_instance_created_in_the_place_of_another_is_seen_on_the_next_tick(monkeypatch, backend):
+    fake = install(monkeypatch, mig_gpu(gpm=True))
+    backend.sample()
+    gpu = fake.gpus[0]
+    # slot 0 destroyed and a larger instance created there; a new one in an empty slot
+    gpu.migs[0] = FakeMig("MIG-cccc", "2g.20gb", 5, 19968, slot=0, activity=0.5)
+    gpu.migs.append(FakeMig("MIG-dddd", "1g.10gb", 13, 9984, slot=6))
+    snap = backend.sample()
+    assert [(d.uuid, d.mig_profile, d.memory_total_mb) for d in snap.devices] == [
+        ("MIG-cccc", "2g.20gb", 19968),
+        ("MIG-bbbb", "3g.40gb", 40192),
+        ("MIG-dddd", "1g.10gb", 9984),
+    ]
+    fake.advance()
+    # GPM asked about the new instance's own GPU instance, not the one it replaced
+    assert backend.sample().samples["MIG-cccc"].activity == pytest.approx(0.5)
+
+
+def test_mig_mode_switched_while_running_is_seen_on_the_next_tick(monkeypatch, backend):
+    fake = install(monkeypatch, FakeGpu("GPU-h100", mig_capable=True))
+    assert [d.uuid for d in backend.sample().devices] == ["GPU-h100"]
+    fake.gpus[0].migs = mig_gpu().migs
+    assert [d.uuid for d in backend.sample().devices] == ["MIG-aaaa", "MIG-bbbb"]
+    fake.gpus[0].migs = None
+    snap = backend.sample()
+    assert [d.uuid for d in snap.devices] == ["GPU-h100"] and set(snap.samples) == {"GPU-h100"}
+
+
+def test_a_steady_tick_asks_the_driver_only_what_moves(monkeypatch, backend):
+    fake = install(
+        monkeypatch,
+        FakeGpu("GPU-a", mig_capable=True, processes=[FakeProcess(41, 1024, sm=0.5)]),
+        mig_gpu(gpm=True),
+        FakeGpu("GPU-v100", name="Tesla V100", minor_number=None),  # no MIG, no minor
+    )
+    backend.sample()
+    fake.advance()
+    fake.calls.clear()
+    snap = backend.sample()
+    # Each GPU's handle, uuid, name, minor and MIG slots are kept from the first tick; only
+    # MIG instances are asked their uuid again (one created in another's place differs).
+    asked = {name for name, count in fake.calls.items() if count}
+    assert not asked & {
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetMaxMigDeviceCount",
+    }
+    assert fake.calls["nvmlDeviceGetUUID"] == 2  # the two instances
+    assert fake.calls["nvmlDeviceGetMinorNumber"] == 1  # the V100, whose minor is unknown
+    assert fake.calls["nvmlDeviceGetMigMode"] == 2  # the V100 said NotSupported: not again
+    # and it says what a backend reading everything afresh says
+    fresh = NvmlBackend()
+    assert snap.devices == tuple(fresh.devices())
+    fresh.close()
+    assert snap.samples["GPU-a"].processes[0].sm == pytest.approx(0.5)
+
+
 # -- failures ----------------------------------------------------------------------------------
 
 
@@ -398,8 +456,10 @@ def test_a_gpu_lost_mid_run_is_unhealthy_and_the_others_are_still_read(
     assert snap.health["GPU-a"].status == "ok"
     assert [d.uuid for d in backend.devices()] == ["GPU-a", "GPU-b"]
     fake.gpus[1].error = None  # the GPU was reset
+    fake.calls.clear()
     snap = backend.sample()
     assert snap.samples["GPU-b"].activity == pytest.approx(0.5)
+    assert fake.calls["nvmlDeviceGetHandleByIndex_v2"] == 1  # opened afresh, the other kept
     assert snap.health["GPU-b"].status == "ok"
     backend.close()
     assert fake.init_count == 0 and fake.event_sets == {}  # nothing leaked
@@ -483,6 +543,20 @@ def test_nvml_shut_down_behind_our_back_is_recovered(monkeypatch, backend):
     fake.init_count = 0  # e.g. another component called nvmlShutdown once too often
     assert backend.sample().backend == "unavailable"
     assert backend.sample().backend == "nvml"
+
+
+def test_after_a_driver_reload_the_gpus_are_named_afresh(monkeypatch, backend):
+    fake = install(monkeypatch, FakeGpu("GPU-a"), FakeGpu("GPU-b", name="Tesla T4"))
+    assert backend.sample().available
+    fake.gpus[0].error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED  # the driver is being reloaded
+    assert backend.sample().backend == "unavailable"
+    # it came back with another card first (a node rebuilt under a long-running server)
+    fake.gpus[:] = [FakeGpu("GPU-b", name="Tesla T4"), FakeGpu("GPU-z", name="NVIDIA H200")]
+    snap = backend.sample()
+    assert [(d.uuid, d.name, d.index) for d in snap.devices] == [
+        ("GPU-b", "Tesla T4", 0),
+        ("GPU-z", "NVIDIA H200", 1),
+    ]
 
 
 @pytest.mark.parametrize("code", sorted(pynvml.NVMLError._valClassMapping))

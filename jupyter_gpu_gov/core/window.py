@@ -11,7 +11,9 @@ class ActivityWindow:
     def __init__(self, seconds: float, threshold: float):
         self.span = timedelta(seconds=seconds)
         self.threshold = threshold
-        self.samples: deque[tuple[datetime, float | None]] = deque()
+        # the samples in the window, as two deques kept in step: history() copies the second
+        self._times: deque[datetime] = deque()
+        self._sms: deque[float | None] = deque()
         self.last_active: datetime | None = None
         self.started: datetime | None = None
         self._known = self._active = 0  # samples in the window: known, at or above threshold
@@ -19,13 +21,16 @@ class ActivityWindow:
     def add(self, at: datetime, sm: float | None) -> None:
         if self.started is None:
             self.started = at
-        self.samples.append((at, sm))
+        self._times.append(at)
+        self._sms.append(sm)
         self._count(sm, 1)
         if sm is not None and sm >= self.threshold:
             self.last_active = at
         oldest = at - self.span
-        while self.samples and self.samples[0][0] < oldest:
-            self._count(self.samples.popleft()[1], -1)
+        times = self._times
+        while times and times[0] < oldest:
+            times.popleft()
+            self._count(self._sms.popleft(), -1)
 
     def _count(self, sm: float | None, sign: int) -> None:
         if sm is not None:
@@ -35,7 +40,7 @@ class ActivityWindow:
 
     @property
     def latest(self) -> float | None:
-        return self.samples[-1][1] if self.samples else None
+        return self._sms[-1] if self._sms else None
 
     @property
     def state(self) -> str:
@@ -59,4 +64,4 @@ class ActivityWindow:
         return self._active / self._known
 
     def history(self) -> list[float | None]:
-        return [sm for _, sm in self.samples]
+        return list(self._sms)

@@ -24,6 +24,12 @@ What each API can say, and what we report when it cannot (``None``, never a made
   (``nvmlDeviceGetCurrentClocksEventReasons``, else the older ``...ThrottleReasons``). A query
   the GPU does not support says nothing.
 
+What cannot change while a GPU's handle lives (its handle, uuid, name, minor number, MIG slots
+and each MIG instance's name and GPU instance id) is asked on the tick that first sees it and
+kept (``_Gpu``); a steady tick asks the device count, MIG mode (it can be switched while we run),
+each MIG instance's uuid (an instance created in another's place differs) and what moves. What
+is kept goes when NVML starts again, and a lost GPU's when it is lost.
+
 ``GpuIsLost`` or ``ResetRequired`` on one GPU that was seen before marks that GPU lost: its leaves
 stay listed with unknown readings and an unhealthy health, and the other GPUs are sampled as
 usual. These errors on a GPU never seen, ``DriverNotLoaded``, ``LibraryNotFound``,
@@ -37,7 +43,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -79,6 +85,23 @@ class _Unavailable(Exception):
 
 
 @dataclass
+class _Gpu:
+    """What NVML says of a physical GPU that cannot change while its handle lives, asked on the
+    tick that first sees it and kept: until NVML starts again, the GPU is lost, or (for its MIG
+    instances) its MIG mode or layout changes. A steady tick asks only what moves."""
+
+    handle: Any
+    uuid: str
+    name: str
+    minor: int | None  # asked again while unknown
+    mig_capable: bool = True  # False once nvmlDeviceGetMigMode said NotSupported (before Ampere)
+    mig_slots: int | None = None  # nvmlDeviceGetMaxMigDeviceCount, while MIG mode is on
+    # MIG instance uuid -> its name and GPU instance id; a slot holding another uuid (the
+    # layout changed) is named afresh
+    migs: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+
+
+@dataclass
 class _Leaf:
     device: Device
     handle: Any
@@ -112,6 +135,7 @@ class NvmlBackend:
         # kept across re-initialisation, to name a GPU that got lost before its uuid is read
         self._uuid_by_index: dict[int, str] = {}
         self._devices_by_index: dict[int, list[Device]] = {}  # and its leaves, to list them lost
+        self._gpus: dict[int, _Gpu] = {}  # by index, while NVML stays initialised
         self._event_sets: dict[str, Any] = {}  # physical GPU uuid -> its XID event set
         self._no_events: set[str] = set()  # GPUs whose XID events cannot be registered
         self._xids: dict[str, dict[int, None]] = {}  # GPU uuid -> XIDs seen (kept for good)
@@ -137,8 +161,9 @@ class NvmlBackend:
                         samples[leaf.device.uuid] = self._sample_leaf(leaf)
             healths = self._health(leaves)
             for leaf in leaves:
-                if leaf.lost is not None:  # lost while its health was read
+                if leaf.lost is not None:  # lost while it was read: opened afresh when back
                     samples.pop(leaf.device.uuid, None)
+                    self._gpus.pop(leaf.device.index, None)
         except _Unavailable as e:
             self._reset()
             return GpuSnapshot(backend="unavailable", sampled_at=sampled_at, error=str(e))
@@ -197,6 +222,7 @@ class NvmlBackend:
         self._last_seen.clear()
         self._gpm_prev.clear()
         self._gpm_support.clear()
+        self._gpus.clear()  # handles die with NVML; after a driver reload GPUs may differ
 
     def _forget_except(self, present: Iterable[_Leaf]) -> None:
         """Drop per-device state of leaves that went away (e.g. the MIG layout changed)."""
@@ -246,25 +272,24 @@ class NvmlBackend:
     # -- devices ------------------------------------------------------------------------------
 
     def _leaves(self) -> list[_Leaf]:
-        # Enumerated on every tick: cheap, and MIG instances come and go without a restart.
+        # Listed on every tick (MIG instances come and go without a restart), but each GPU's
+        # identity is asked once (``_Gpu``): a steady tick asks only what moves.
         nv = self._init()
         leaves: list[_Leaf] = []
         with self._about("the device list"):
             count = nv.nvmlDeviceGetCount()
         for index in range(count):
-            known = self._uuid_by_index.get(index)
+            gpu = self._gpus.get(index)
             try:
-                with self._about(f"GPU {index} ({known})" if known else f"GPU {index}"):
-                    try:
-                        handle = nv.nvmlDeviceGetHandleByIndex(index)
-                    except nv.NVMLError_NoPermission:
+                if gpu is None:
+                    gpu = self._open_gpu(index)
+                    if gpu is None:
                         continue  # a GPU of this host that was not given to us
-                    uuid = _text(nv.nvmlDeviceGetUUID(handle))
-                self._uuid_by_index[index] = uuid
-                with self._about(f"GPU {index} ({uuid})"):
-                    found = self._gpu_leaves(index, handle, uuid)
+                with self._about(f"GPU {index} ({gpu.uuid})"):
+                    found = self._gpu_leaves(index, gpu)
             except _Unavailable as e:
                 # A GPU seen before stays listed, lost; one never seen cannot even be named.
+                self._gpus.pop(index, None)
                 lost, before = _lost(e), self._devices_by_index.get(index)
                 if lost is None or not before:
                     raise
@@ -274,38 +299,84 @@ class NvmlBackend:
             leaves.extend(found)
         return leaves
 
-    def _gpu_leaves(self, index: int, handle: Any, uuid: str) -> list[_Leaf]:
+    def _open_gpu(self, index: int) -> _Gpu | None:
+        """GPU ``index`` named and kept; ``None`` when it is not ours to read."""
         nv = self._nv
         assert nv is not None
-        name = _text(nv.nvmlDeviceGetName(handle))
-        mig_mode = self._optional(nv.nvmlDeviceGetMigMode, handle)  # NotSupported before Ampere
-        if mig_mode is None or mig_mode[0] != nv.NVML_DEVICE_MIG_ENABLE:
+        known = self._uuid_by_index.get(index)
+        with self._about(f"GPU {index} ({known})" if known else f"GPU {index}"):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+            except nv.NVMLError_NoPermission:
+                return None
+            uuid = _text(nv.nvmlDeviceGetUUID(handle))
+        self._uuid_by_index[index] = uuid
+        with self._about(f"GPU {index} ({uuid})"):
+            name = _text(nv.nvmlDeviceGetName(handle))
+        gpu = self._gpus[index] = _Gpu(handle, uuid, name, None)
+        return gpu
+
+    def _gpu_leaves(self, index: int, gpu: _Gpu) -> list[_Leaf]:
+        nv = self._nv
+        assert nv is not None
+        handle = gpu.handle
+        if gpu.minor is None:
+            # Processes on a MIG instance open the parent's /dev/nvidia<minor>.
+            gpu.minor = self._optional(nv.nvmlDeviceGetMinorNumber, handle)
+        if not self._mig_enabled(gpu):
+            gpu.mig_slots = None
+            gpu.migs.clear()
             total, used = self._memory(handle)
-            minor = self._optional(nv.nvmlDeviceGetMinorNumber, handle)
-            return [_Leaf(Device(uuid, name, index, total, minor_number=minor), handle, used)]
+            device = Device(gpu.uuid, gpu.name, index, total, minor_number=gpu.minor)
+            return [_Leaf(device, handle, used)]
+        if gpu.mig_slots is None:
+            gpu.mig_slots = nv.nvmlDeviceGetMaxMigDeviceCount(handle)
         leaves = []
-        # Processes on a MIG instance open the parent's /dev/nvidia<minor>.
-        parent_minor = self._optional(nv.nvmlDeviceGetMinorNumber, handle)
-        for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        named: dict[str, tuple[str, int | None]] = {}
+        for slot in range(gpu.mig_slots):
             try:
                 mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except (nv.NVMLError_NotFound, nv.NVMLError_NoPermission):
                 continue  # an empty slot, or an instance given to someone else
-            mig_name = _text(nv.nvmlDeviceGetName(mig))
+            # The uuid tells an instance from another created in its place since the last tick.
+            uuid = _text(nv.nvmlDeviceGetUUID(mig))
+            known = gpu.migs.get(uuid)
+            if known is None:
+                gpu_instance_id = self._optional(nv.nvmlDeviceGetGpuInstanceId, mig)
+                known = (_text(nv.nvmlDeviceGetName(mig)), gpu_instance_id)
+            named[uuid] = known
+            mig_name, gpu_instance_id = known
             profile = _MIG_PROFILE.search(mig_name)
             total, used = self._memory(mig)
             device = Device(
-                uuid=_text(nv.nvmlDeviceGetUUID(mig)),
+                uuid=uuid,
                 name=mig_name,
                 index=index,  # the physical GPU's: MIG instances have no index of their own
                 memory_total_mb=total,
                 mig_profile=profile.group(1) if profile else None,
-                parent_uuid=uuid,
-                minor_number=parent_minor,
+                parent_uuid=gpu.uuid,
+                minor_number=gpu.minor,
             )
-            gpu_instance_id = self._optional(nv.nvmlDeviceGetGpuInstanceId, mig)
             leaves.append(_Leaf(device, mig, used, handle, gpu_instance_id))
+        gpu.migs = named
         return leaves
+
+    def _mig_enabled(self, gpu: _Gpu) -> bool:
+        """Whether MIG mode is on now (asked every tick: it can be switched while we run)."""
+        nv = self._nv
+        assert nv is not None
+        if not gpu.mig_capable:
+            return False
+        try:
+            mode = nv.nvmlDeviceGetMigMode(gpu.handle)
+        except nv.NVMLError_NotSupported:
+            gpu.mig_capable = False  # before Ampere: never
+            return False
+        except self._fatal:
+            raise
+        except nv.NVMLError:
+            return False
+        return mode[0] == nv.NVML_DEVICE_MIG_ENABLE
 
     def _memory(self, handle: Any) -> tuple[int | None, int | None]:
         """(total, used) in MiB."""

@@ -228,8 +228,10 @@ class Sampler:
         members = target_members(table, roots, self.server_pid)
         self._scanner.settle(table, set().union(*members.values()))
         device_files = None
-        if snapshot.available and not local_pids and snapshot.devices:
-            # Host PIDs: learn holders from the open device files of our own processes only.
+        if not local_pids and _lists_processes(snapshot, visible):
+            # Host PIDs: learn holders from the open device files of our own processes only,
+            # when a device of ours lists a process (a link read per descriptor, ~4 µs each,
+            # of every process of the server: a GPU nobody runs on needs none of it).
             device_files = {
                 pid: procs.nvidia_device_files(pid, self.proc_root)
                 for pids in members.values()
@@ -270,18 +272,20 @@ class Sampler:
         current: dict[int, tuple[int, int, int | None, dict | None]] = {}
         usage = {}
         files, get, last = self._files, table.procs.get, self._cpu_prev.get
+        read_bytes_of, thread_ticks_of = files.read_bytes, files.thread_ticks
         for key, pids in attribution.members.items():
             cpu = iowait = read = 0
             ours = key != OTHER  # only the targets' own processes' I/O and threads are read
             read_known = ours
             top: float | None = 0.0 if ours else None
+            busiest = 0  # the most CPU ticks one thread of this target took since the last tick
             for pid in pids:
                 info = get(pid)
                 if info is None:
                     continue
                 if ours:
-                    read_bytes = files.read_bytes(pid)
-                    threads = files.thread_ticks(pid, info.num_threads)
+                    read_bytes = read_bytes_of(pid)
+                    threads = thread_ticks_of(pid, info.num_threads)
                 else:
                     read_bytes = threads = None
                 current[pid] = (info.cpu_ticks, info.iowait_ticks, read_bytes, threads)
@@ -290,11 +294,9 @@ class Sampler:
                     continue  # new since the last tick: counted from the next one
                 if top is not None and threads is not None and prev[3] is not None:
                     before = prev[3]
-                    busiest = max(
-                        (t - before[tid] for tid, t in threads.items() if tid in before),
-                        default=0,
-                    )
-                    top = max(top, busiest / (procs.CLOCK_TICKS * elapsed)) if elapsed else top
+                    for tid, ticks in threads.items():
+                        if ticks - before.get(tid, ticks) > busiest:
+                            busiest = ticks - before[tid]
                 elif ours:
                     top = None
                 # Counters never go back for one process; a PID reused reads less: count 0.
@@ -308,6 +310,8 @@ class Sampler:
                     read += read_bytes - prev[2]
             if not elapsed:
                 continue
+            if top is not None:
+                top = busiest / (procs.CLOCK_TICKS * elapsed)
             window = self._usage.get(key)
             if window is None:
                 window = self._usage[key] = UsageWindow(self.window_seconds)
@@ -515,6 +519,15 @@ def _describe(target: TargetInfo) -> dict:
         "last_activity": clock.isoformat(target.last_activity),
         "connections": target.connections,
     }
+
+
+def _lists_processes(snapshot: GpuSnapshot, visible: set[str] | None) -> bool:
+    """Whether a device this server may use lists a process (only those are attributed)."""
+    return snapshot.available and any(
+        sample.processes
+        for uuid, sample in snapshot.samples.items()
+        if visible is None or uuid in visible
+    )
 
 
 def _health(snapshot: GpuSnapshot, uuid: str) -> dict | None:
