@@ -132,7 +132,10 @@ def cluster(tmp_path, monkeypatch, jp_asyncio_loop):
         yield k8s
         # A task cancelled here may start another as it ends (KubeSpawner's shared client
         # opens its closing task when first asked for): cancel until none is left, and forget
-        # the clients, which are cached per loop and not per API host.
+        # the clients, which are cached per loop and not per API host, and the loaded configs:
+        # ``load_config`` is cached per host and sets the API host only when first called for
+        # it, so a later test whose server got a port an earlier one had would keep talking to
+        # the test just before it (a CI run: "Connect call failed", every start refused).
         for _ in range(10):
             pending = [t for t in asyncio.all_tasks(jp_asyncio_loop) if not t.done()]
             if not pending:
@@ -141,6 +144,7 @@ def cluster(tmp_path, monkeypatch, jp_asyncio_loop):
                 task.cancel()
             jp_asyncio_loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         kubespawner_clients._client_cache.clear()
+        kubespawner_clients.load_config.cache_clear()
         KubeSpawner.reflectors.clear()
         ClusterGpus.clear_instance()
 
