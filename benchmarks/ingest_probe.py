@@ -51,6 +51,43 @@ def install(path: str) -> None:
                 out.write(json.dumps({"at": time.time(), "ms": ms, "what": what}) + "\n")
 
     gc.callbacks.append(on_gc)
+    _time_steps(out)
+
+
+# Synchronous steps of a pass, timed inside the callback that runs them (lines "step ...").
+STEPS = {
+    "jupyter_gpu_gov.hub.store": ("Store.save", "Store.save_usage", "Store._server_values"),
+    "jupyter_gpu_gov.hub.history": ("HistoryLog.append",),
+    "jupyter_gpu_gov.hub.reconcile": ("Governor._publish_gauges", "Governor._record_keyframes"),
+    "jupyter_gpu_gov.hub.records": ("Records.save_decisions", "Records.save_outcomes"),
+    "jupyter_gpu_gov.hub.usage": ("Usage._save_usage",),
+}
+
+
+def _time_steps(out) -> None:
+    import functools
+    import importlib
+
+    for module_name, names in STEPS.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            owner_name, method = name.split(".")
+            owner = getattr(module, owner_name)
+            original = owner.__dict__.get(method)
+            if original is None:
+                continue
+
+            def timed(*args, _f=original, _name=name, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return _f(*args, **kwargs)
+                finally:
+                    ms = 1000 * (time.perf_counter() - started)
+                    if ms >= 1.0:
+                        line = {"at": time.time(), "ms": ms, "what": f"step {_name}"}
+                        out.write(json.dumps(line) + "\n")
+
+            setattr(owner, method, functools.wraps(original)(timed))
 
 
 def main() -> None:
