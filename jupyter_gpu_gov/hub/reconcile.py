@@ -184,7 +184,7 @@ class Governor(
             return CycleResult(errors=("the store is unavailable: this pass acts on nothing",))
         stepped = clock.adopt_step()
         if stepped:
-            self._clock_stepped(timedelta(seconds=stepped))
+            await self._clock_stepped(timedelta(seconds=stepped))
         if self.missing_scopes is None:  # the first pass: which scopes, beside the rest
             scopes, groups, snapshot = await asyncio.gather(
                 self._check_scopes(), self._groups(), self._dcgm_snapshot()
@@ -249,8 +249,8 @@ class Governor(
         if self.options.cull_users:
             batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await self._settle(batch)
-        self._record_pass(batch.audits if batch.saved else (), stopped, now)
-        self._save_usage()
+        await self._record_pass(batch.audits if batch.saved else (), stopped, now)
+        await self._save_usage_async()
         self._forget_stale_reports(stopped)
         self.diagnosis.maybe_train(now)  # in a worker; the pass does not wait for it
         if self.hub_listing.full:  # every server, as a safety net
@@ -335,13 +335,13 @@ class Governor(
     async def _settle(self, batch: _Batch) -> None:
         """Every decision and its audit row go on record before anything is done: when the store
         cannot take them, nothing is done (the next pass decides again from the store)."""
-        batch.saved = self.save_decisions(batch.changed, batch.audits)
+        batch.saved = await self.save_decisions(batch.changed, batch.audits)
         if not batch.saved:
             for job in batch.jobs:
                 job.close()
             return
         await asyncio.gather(*batch.jobs)
-        self.save_outcomes(batch.after, batch.outcomes, batch.completed)
+        await self.save_outcomes_async(batch.after, batch.outcomes, batch.completed)
 
     async def redecide(self, key: str) -> None:
         """Decide one server again now (after an extension, approval or exemption), with what
@@ -357,7 +357,7 @@ class Governor(
         self._looked.add(key)
         self._govern(server, self.rows.get(key), clock.utcnow(), batch)
         await self._settle(batch)
-        self._save_usage()
+        await self._save_usage_async()
 
     def _govern(
         self, server: HubServer, row: ServerRow | None, now: datetime, batch: _Batch
