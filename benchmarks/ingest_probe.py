@@ -56,7 +56,7 @@ def install(path: str) -> None:
 
 # Synchronous steps of a pass, timed inside the callback that runs them (lines "step ...").
 STEPS = {
-    "jupyter_gpu_gov.hub.store": ("Store.save", "Store.save_usage", "Store._server_values"),
+    "jupyter_gpu_gov.hub.store": ("Store.save", "Store.save_usage", "Store._saving"),
     "jupyter_gpu_gov.hub.history": ("HistoryLog.append",),
     "jupyter_gpu_gov.hub.reconcile": ("Governor._publish_gauges", "Governor._record_keyframes"),
     "jupyter_gpu_gov.hub.records": ("Records.save_decisions", "Records.save_outcomes"),
