@@ -213,7 +213,8 @@ class Store:
         loop runs meanwhile. ``fn`` must not read what the loop may change while it runs."""
         if self._writer is None:
             return fn()
-        return await asyncio.wrap_future(self._writer.submit(fn))
+        # Made even if the awaiting pass is cancelled (the service stopping), as on the loop.
+        return await asyncio.shield(asyncio.wrap_future(self._writer.submit(fn)))
 
     # -- servers --------------------------------------------------------------------------------
 
