@@ -67,6 +67,9 @@ STEPS = {
 def _time_steps(out) -> None:
     import functools
     import importlib
+    import threading
+
+    main = threading.main_thread()
 
     for module_name, names in STEPS.items():
         module = importlib.import_module(module_name)
@@ -84,7 +87,8 @@ def _time_steps(out) -> None:
                 finally:
                     ms = 1000 * (time.perf_counter() - started)
                     if ms >= 1.0:
-                        line = {"at": time.time(), "ms": ms, "what": f"step {_name}"}
+                        where = "" if threading.current_thread() is main else " (off the loop)"
+                        line = {"at": time.time(), "ms": ms, "what": f"step {_name}{where}"}
                         out.write(json.dumps(line) + "\n")
 
             setattr(owner, method, functools.wraps(original)(timed))
