@@ -393,6 +393,8 @@ class History:
             stop = replace(last, t=t, stopped=True, actions=(), cull_reason=None, checkpoint=None)
             pending[key] = stop
         self._history_pending = {}
+        if not pending:
+            return
         rows = sorted(pending.values(), key=lambda r: r.server)  # (HistoryRow: immutable)
         try:
             await self.store.write_async(lambda: self._history.append(rows))

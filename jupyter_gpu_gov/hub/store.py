@@ -157,8 +157,8 @@ class Store:
         kwargs: dict[str, Any] = {"echo": echo, "future": True}
         if url.startswith("sqlite"):
             # The governor is its only writer: a lock held elsewhere (a backup, an admin's
-            # sqlite3) is waited for a second, not five, on the event loop; then the write
-            # fails and nothing is acted on.
+            # sqlite3) is waited for a second, not five (a request waits so on the event
+            # loop); then the write fails and nothing is acted on.
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 1.0}
         self.engine = create_engine(url, **kwargs)
         if url.startswith("sqlite"):
