@@ -87,7 +87,7 @@ def _time_steps(out) -> None:
                 finally:
                     ms = 1000 * (time.perf_counter() - started)
                     if ms >= 1.0:
-                        where = "" if threading.current_thread() is main else " (off the loop)"
+                        where = "" if threading.current_thread() is main else "(off-loop)"
                         line = {"at": time.time(), "ms": ms, "what": f"step {_name}{where}"}
                         out.write(json.dumps(line) + "\n")
 
