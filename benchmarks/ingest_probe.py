@@ -3,6 +3,8 @@ as ``python -m jupyter_gpu_gov.hub`` runs it, with every event-loop callback tha
 than ``SLOW_MS`` and every garbage collection timed and written, one JSON line each, to
 ``$BENCH_INGEST_PROBE`` (wall-clock time, milliseconds, what it was). The benchmark reads them
 back per phase. A report waits for whatever callback runs when it arrives: these are the p99.
+Inside those callbacks, the pass's named steps (``STEPS``: its store writes, history, gauges)
+are timed too (``step ...``, ``(off-loop)`` when the store's writer thread ran them).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ STEPS = {
 def _time_steps(out) -> None:
     import functools
     import importlib
+    import inspect
     import threading
 
     main = threading.main_thread()
@@ -77,8 +80,8 @@ def _time_steps(out) -> None:
             owner_name, method = name.split(".")
             owner = getattr(module, owner_name)
             original = owner.__dict__.get(method)
-            if original is None:
-                continue
+            if original is None or inspect.iscoroutinefunction(original):
+                continue  # (not in this tree; a coroutine's steps are callbacks, timed above)
 
             def timed(*args, _f=original, _name=name, **kwargs):
                 started = time.perf_counter()
