@@ -59,10 +59,13 @@ def install(path: str) -> None:
 # Synchronous steps of a pass, timed inside the callback that runs them (lines "step ...").
 STEPS = {
     "jupyter_gpu_gov.hub.store": ("Store.save", "Store.save_usage", "Store._saving"),
-    "jupyter_gpu_gov.hub.history": ("HistoryLog.append",),
-    "jupyter_gpu_gov.hub.reconcile": ("Governor._publish_gauges", "Governor._record_keyframes"),
+    "jupyter_gpu_gov.hub.history": ("HistoryLog.append", "History._record_keyframes"),
+    "jupyter_gpu_gov.hub.reconcile": ("Governor._publish_gauges", "Governor._stopped"),
     "jupyter_gpu_gov.hub.records": ("Records.save_decisions", "Records.save_outcomes"),
-    "jupyter_gpu_gov.hub.usage": ("Usage._save_usage",),
+    "jupyter_gpu_gov.hub.usage": ("Usage._save_usage", "Usage._count"),
+    "jupyter_gpu_gov.hub.incremental": ("Incremental._forget_stale_reports",),
+    "jupyter_gpu_gov.hub.health": ("HealthWatch.finish_pass",),
+    "jupyter_gpu_gov.core.ledger": ("Ledger.drain", "Ledger.sweep"),
 }
 
 
@@ -80,7 +83,7 @@ def _time_steps(out) -> None:
             owner_name, method = name.split(".")
             owner = getattr(module, owner_name)
             original = owner.__dict__.get(method)
-            if original is None or inspect.iscoroutinefunction(original):
+            if not inspect.isfunction(original) or inspect.iscoroutinefunction(original):
                 continue  # (not in this tree; a coroutine's steps are callbacks, timed above)
 
             def timed(*args, _f=original, _name=name, **kwargs):
