@@ -424,7 +424,10 @@ def held_loop(phases: list[Phase], lines: Path) -> dict:
     out = {}
     for phase in phases[1:]:
         ended = phase.began_at + phase.wall_s
-        held = [e for e in events if phase.began_at <= e["at"] <= ended and e["ms"] >= SLOW_MS]
+        during = [e for e in events if phase.began_at <= e["at"] <= ended]
+        # The pass's steps run inside a callback already counted: shown apart, not added.
+        steps = [e for e in during if e["what"].startswith("step ")]
+        held = [e for e in during if e["ms"] >= SLOW_MS and not e["what"].startswith("step ")]
         by_what: dict[str, float] = {}
         for e in held:
             by_what[e["what"]] = by_what.get(e["what"], 0.0) + e["ms"]
@@ -433,6 +436,13 @@ def held_loop(phases: list[Phase], lines: Path) -> dict:
             f"{len(held)}x/{sum(e['ms'] for e in held):.0f}ms"
             f"/max{max((e['ms'] for e in held), default=0):.0f}ms"
             f"[{'; '.join(f'{w} {ms:.0f}ms' for w, ms in top)}]"
+        )
+        longest: dict[str, float] = {}
+        for e in steps:
+            name = e["what"].removeprefix("step ")
+            longest[name] = max(longest.get(name, 0.0), e["ms"])
+        out[f"steps_{phase.name}"] = ",".join(
+            f"{w}:max{ms:.0f}ms" for w, ms in sorted(longest.items(), key=lambda kv: -kv[1])
         )
     return out
 

@@ -415,6 +415,8 @@ class Timers:
                     return await fn(*args, **kwargs)
                 finally:
                     self._add(name, time.perf_counter() - started)
+                    if count is not None:
+                        self.counts[name] += count(*args, **kwargs)
 
         else:
 
@@ -518,9 +520,13 @@ async def _bench(
     timers.wrap(store, "servers", "store_read")
     timers.wrap(gov, "_govern", "decide", count=lambda *_, **__: 1)
     # A pass's rows and audit rows go in one transaction (decisions on record before acting).
-    timers.wrap(store, "save", "store_write", count=lambda rows=(), *_, **__: len(rows))
+    # A pass's writes run in the store's writer thread (``save_async``, ``save_usage_async``),
+    # a person's on the loop: both counted, the pass's as the wall time it awaits.
+    for write in ("save", "save_async"):
+        timers.wrap(store, write, "store_write", count=lambda rows=(), *_, **__: len(rows))
     timers.wrap(store, "audit", "store_audit")
-    timers.wrap(store, "save_usage", "ledger_write")
+    for write in ("save_usage", "save_usage_async"):
+        timers.wrap(store, write, "ledger_write")
     timers.wrap(gov, "_publish_gauges", "metrics")
 
     fleet = [p for p in plan(n, seed) if p.gpu_uuid]

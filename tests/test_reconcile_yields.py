@@ -6,6 +6,8 @@ wave 10")."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
 from datetime import timedelta
 
 import pytest
@@ -66,3 +68,53 @@ async def test_reports_get_in_between_a_passs_decisions(tmp_path, monkeypatch, f
     # The loop ran after the pass had decided some servers and before it had decided all: at
     # least once every YIELD_EVERY of them.
     assert len({n for n in between if 0 < n < servers}) >= servers // YIELD_EVERY - 1, between
+
+
+async def test_reports_get_in_while_a_pass_waits_for_the_database(tmp_path, monkeypatch):
+    """A pass's decisions are written off the event loop: while the write waits for the
+    database (here a backup or an admin's sqlite3 holding its lock for a moment) reports are
+    taken, and the decisions go on record once the lock is let go (on the loop, the write
+    waited out its second and failed: the pass acted on nothing)."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    path = tmp_path / "gov.sqlite"
+    users = [f"user{i}" for i in range(4)]
+    async with FakeHub() as hub:
+        for user in users:
+            hub.add_server(user, started=frozen[0], last_activity=frozen[0])
+        gov = Governor(
+            Store(f"sqlite:///{path}"),
+            HubApi(hub.api_url, hub.token),
+            load_policies([], {"warn_after": "10h", "cull_after": "20h"}),
+            Options(),
+        )
+        await gov.reconcile()
+        frozen[0] += timedelta(minutes=1)
+        for i, user in enumerate(users[:3]):  # their first reports: rows to write
+            gov.ingest(report_for(user, uuid(i), sm=0.5))
+        writing = threading.Event()
+        save_servers = gov.store._save_servers
+
+        def entered(*args):
+            writing.set()
+            return save_servers(*args)
+
+        gov.store._save_servers = entered
+        backup = sqlite3.connect(path)
+        backup.execute("BEGIN IMMEDIATE")  # the database's write lock, held
+        taken_during_pass: list[bool] = []
+
+        async def meanwhile(deciding: asyncio.Future) -> None:
+            while not writing.is_set():
+                await asyncio.sleep(0.01)
+            gov.ingest(report_for(users[3], uuid(3), sm=0.5))
+            taken_during_pass.append(not deciding.done())
+            backup.rollback()
+
+        deciding = asyncio.ensure_future(gov.reconcile())
+        result, _ = await asyncio.gather(deciding, meanwhile(deciding))
+        backup.close()
+        await gov.close()
+    assert taken_during_pass == [True]
+    assert result.errors == ()
+    assert all(gov.store.server(f"{user}/").reports for user in users[:3])

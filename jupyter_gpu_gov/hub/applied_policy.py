@@ -88,7 +88,8 @@ def record(store, audit: AuditRow, entry: Entry) -> None:
     """The audit row, then the entry, in one transaction: both on record, or neither and
     ``StoreUnavailable`` says why."""
     metadata.create_all(store.engine)
-    try:
+
+    def write() -> None:
         with store.session() as session, session.begin():
             session.add(audit)
             session.flush()  # the audit row's id
@@ -104,6 +105,9 @@ def record(store, audit: AuditRow, entry: Entry) -> None:
                     audit_id=audit.id,
                 )
             )
+
+    try:
+        store.write(write)  # after a pass's write in progress, not beside it
     except DBAPIError as error:
         raise StoreUnavailable(store.url, error) from error
 

@@ -16,7 +16,7 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 class ClockStep:
     """Times kept as observed across a step of the wall clock (a part of ``Governor``)."""
 
-    def _clock_stepped(self, delta: timedelta) -> None:
+    async def _clock_stepped(self, delta: timedelta) -> None:
         """The wall clock stepped by ``delta`` since the last pass: move every time the governor
         keeps by as much, so each idle stretch, warning's notice, exemption and billed interval
         lasts what was observed (on the monotonic clock), not what the step made of it."""
@@ -40,4 +40,4 @@ class ClockStep:
             self._dcgm_latest = clock.shifted(self._dcgm_latest, delta)
         why = f"the wall clock stepped by {delta.total_seconds():+.0f} s: deadlines, idle times and billed intervals kept as observed"
         audit = AuditRow(at=clock.utcnow(), action="clock-step", reason=why, actor="governor")
-        self.save_decisions(rows, [audit])
+        await self.save_decisions(rows, [audit])

@@ -348,17 +348,18 @@ class History:
             view.cause,
         )
 
-    def _record_pass(self, audits: Iterable, stopped: Iterable[str], now: datetime) -> None:
+    async def _record_pass(self, audits: Iterable, stopped: Iterable[str], now: datetime) -> None:
         """After the pass acted: its policy actions on their servers' rows, a last row for each
-        server that stopped, and the kept rows written. A failed write is logged and dropped:
-        the history never stops a pass."""
+        server that stopped, and the kept rows written (in the store's writer thread, the loop
+        running meanwhile). A failed write is logged and dropped: the history never stops a
+        pass."""
         try:
-            self._write_pass(audits, stopped, now)
+            await self._write_pass(audits, stopped, now)
         except Exception:  # as _record: logged, dropped
             log.exception("gpu-gov: this pass's history not recorded")
         self._history_failed = False
 
-    def _write_pass(self, audits: Iterable, stopped: Iterable[str], now: datetime) -> None:
+    async def _write_pass(self, audits: Iterable, stopped: Iterable[str], now: datetime) -> None:
         if self._history_log() is None:
             return
         running = self._servers
@@ -392,8 +393,11 @@ class History:
             stop = replace(last, t=t, stopped=True, actions=(), cull_reason=None, checkpoint=None)
             pending[key] = stop
         self._history_pending = {}
+        if not pending:
+            return
+        rows = sorted(pending.values(), key=lambda r: r.server)  # (HistoryRow: immutable)
         try:
-            self._history.append(sorted(pending.values(), key=lambda r: r.server))
+            await self.store.write_async(lambda: self._history.append(rows))
         except DBAPIError as error:
             log.error("gpu-gov: %d history rows not recorded: %s", len(pending), error)
 

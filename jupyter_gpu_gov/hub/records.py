@@ -33,21 +33,25 @@ class Records:
         self._count(audits)
         self._save_usage()
 
-    def save_decisions(self, rows: Sequence[ServerRow], audits: Sequence[AuditRow]) -> bool:
-        """A pass's decisions and their audit rows, on record before any is acted on. False
-        when the store cannot take them: nothing is acted on, and what this service holds in
-        memory is dropped, so the next pass decides again from what the store has."""
+    async def save_decisions(self, rows: Sequence[ServerRow], audits: Sequence[AuditRow]) -> bool:
+        """A pass's decisions and their audit rows, on record before any is acted on (written
+        in the store's writer thread while the loop answers reports). False when the store
+        cannot take them: nothing is acted on, and what this service holds in memory is
+        dropped, so the next pass decides again from what the store has."""
         try:
-            self.store.save(rows, audits)
+            await self.store.save_async(rows, audits)
         except StoreUnavailable as error:
-            log.error("gpu-gov: %s; acting on nothing until it can be written", error)
-            metrics.STORE_ERRORS.inc()
-            self._rows = None
-            self._store_down_until = time.monotonic() + STORE_RETRY_AFTER
+            self._refused(error)
             return False
         self._count(audits)
-        self._save_usage()
+        await self._save_usage_async()
         return True
+
+    def _refused(self, error: StoreUnavailable) -> None:
+        log.error("gpu-gov: %s; acting on nothing until it can be written", error)
+        metrics.STORE_ERRORS.inc()
+        self._rows = None
+        self._store_down_until = time.monotonic() + STORE_RETRY_AFTER
 
     def save_outcomes(
         self, rows: Sequence[ServerRow], audits: Sequence[AuditRow], completed: Sequence[AuditRow]
@@ -55,15 +59,25 @@ class Records:
         """What the actions came to: a cull's outcome on its audit row, a failed cull's row."""
         try:
             self.store.save(rows, audits, updated_audits=completed)
-        except StoreUnavailable as error:  # done, and its decision is on record: say so
-            log.error(
-                "gpu-gov: %s; the outcome of %d action(s) is not on record",
-                error,
-                len(completed) + len(audits),
-            )
-            metrics.STORE_ERRORS.inc()
-            self._rows = None
+        except StoreUnavailable as error:
+            self._outcomes_lost(error, len(completed) + len(audits))
         self._count(completed)
+
+    async def save_outcomes_async(
+        self, rows: Sequence[ServerRow], audits: Sequence[AuditRow], completed: Sequence[AuditRow]
+    ) -> None:
+        """``save_outcomes``, the event loop running while they are written (a pass's)."""
+        try:
+            await self.store.save_async(rows, audits, updated_audits=completed)
+        except StoreUnavailable as error:
+            self._outcomes_lost(error, len(completed) + len(audits))
+        self._count(completed)
+
+    def _outcomes_lost(self, error: StoreUnavailable, actions: int) -> None:
+        # done, and its decision is on record: say so
+        log.error("gpu-gov: %s; the outcome of %d action(s) is not on record", error, actions)
+        metrics.STORE_ERRORS.inc()
+        self._rows = None
 
     def _commit(
         self,

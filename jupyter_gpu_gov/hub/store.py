@@ -8,9 +8,11 @@ memory by the service, not here: they are re-sent every minute and need no durab
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, time, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     and_,
@@ -44,6 +46,8 @@ from .tables import (
 )
 
 SCHEMA_VERSION = 5
+
+T = TypeVar("T")
 
 
 class StoreUnavailable(RuntimeError):
@@ -153,8 +157,8 @@ class Store:
         kwargs: dict[str, Any] = {"echo": echo, "future": True}
         if url.startswith("sqlite"):
             # The governor is its only writer: a lock held elsewhere (a backup, an admin's
-            # sqlite3) is waited for a second, not five, on the event loop; then the write
-            # fails and nothing is acted on.
+            # sqlite3) is waited for a second, not five (a request waits so on the event
+            # loop); then the write fails and nothing is acted on.
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 1.0}
         self.engine = create_engine(url, **kwargs)
         if url.startswith("sqlite"):
@@ -170,6 +174,11 @@ class Store:
         self._update_session = Executemany(_UPDATE_SESSION, dialect, _UPDATE_SESSION_PARAMS)
         self._update_server = Executemany(_UPDATE_SERVER, dialect, _UPDATE_SERVER_PARAMS)
         self._update_audit = Executemany(_UPDATE_AUDIT, dialect, ("v_reason", "v_details", "k_id"))
+        # Every write runs in one thread, in the order asked: a pass awaits its writes while the
+        # event loop answers reports; a request's write waits for those asked before it, as
+        # when the pass wrote on the loop. (SQLite in WAL lets the loop read meanwhile.) A
+        # database in memory is one connection per thread: written where asked.
+        self._writer = None if _in_memory(url) else ThreadPoolExecutor(1, "gpu-gov-store")
         self.migrate()
 
     def migrate(self) -> None:
@@ -192,6 +201,20 @@ class Store:
 
     def session(self) -> Session:
         return self._session()
+
+    def write(self, fn: Callable[[], T]) -> T:
+        """``fn()``, a write, in the writer thread after the writes asked before it; waits."""
+        if self._writer is None:
+            return fn()
+        return self._writer.submit(fn).result()
+
+    async def write_async(self, fn: Callable[[], T]) -> T:
+        """``fn()``, a write, in the writer thread after the writes asked before it; the event
+        loop runs meanwhile. ``fn`` must not read what the loop may change while it runs."""
+        if self._writer is None:
+            return fn()
+        # Made even if the awaiting pass is cancelled (the service stopping), as on the loop.
+        return await asyncio.shield(asyncio.wrap_future(self._writer.submit(fn)))
 
     # -- servers --------------------------------------------------------------------------------
 
@@ -221,31 +244,58 @@ class Store:
         """Server rows, new audit rows and extension requests, and audit rows and requests
         that changed since, in one transaction: all of it is on record, or none of it and
         ``StoreUnavailable`` says why."""
-        rows, audits, extensions = list(rows), list(audits), list(extensions)
-        updated_audits, updated_extensions = list(updated_audits), list(updated_extensions)
-        if not (rows or audits or extensions or updated_audits or updated_extensions):
-            return
-        try:
-            with self._session.begin() as session:
-                saved = self._save_servers(session, rows)
-                session.add_all([*audits, *extensions])
-                for extension in updated_extensions:
-                    session.merge(extension)
-                if updated_audits:  # a pass's culls' outcomes: one statement
-                    completed = [(row.reason, row.details, row.id) for row in updated_audits]
-                    self._update_audit.run(session.connection(), completed)
-        except DBAPIError as error:
-            raise StoreUnavailable(self.url, error) from error
-        self._stored |= saved
+        write = self._saving(rows, audits, extensions, updated_audits, updated_extensions)
+        if write is not None:
+            self.write(write)
+
+    async def save_async(
+        self,
+        rows: Iterable[ServerRow] = (),
+        audits: Iterable[AuditRow] = (),
+        updated_audits: Iterable[AuditRow] = (),
+    ) -> None:
+        """``save``, the event loop running while it is written (a pass's decisions, their
+        outcomes)."""
+        write = self._saving(rows, audits, updated_audits=updated_audits)
+        if write is not None:
+            await self.write_async(write)
+
+    def _saving(
+        self, rows, audits, extensions=(), updated_audits=(), updated_extensions=()
+    ) -> Callable[[], None] | None:
+        """``save``'s transaction, its server rows' values and audits' outcomes taken now (the
+        loop may change the rows while the writer writes them)."""
+        values = self._server_values(rows)
+        audits, extensions = list(audits), list(extensions)
+        updated_extensions = list(updated_extensions)
+        completed = [(row.reason, row.details, row.id) for row in updated_audits]
+        if not (values or audits or extensions or completed or updated_extensions):
+            return None
+
+        def write() -> None:
+            try:
+                with self._session.begin() as session:
+                    saved = self._save_servers(session, values)
+                    session.add_all([*audits, *extensions])
+                    for extension in updated_extensions:
+                        session.merge(extension)
+                    if completed:  # a pass's culls' outcomes: one statement
+                        self._update_audit.run(session.connection(), completed)
+            except DBAPIError as error:
+                raise StoreUnavailable(self.url, error) from error
+            self._stored |= saved
+
+        return write
 
     def save_servers(self, rows: Iterable[ServerRow]) -> None:
         """Insert or update rows in bulk: one statement each, not one round trip per row."""
         self.save(rows)
 
-    def _save_servers(self, session: Session, rows: Iterable[ServerRow]) -> set[str]:
+    @staticmethod
+    def _server_values(rows: Iterable[ServerRow]) -> dict[str, dict]:
+        """Each row's columns by its key, stamped ``updated_at`` now (a new row's unset
+        columns take their defaults, in memory too: its later updates write them back)."""
         unique = {row.key: row for row in rows}
-        if not unique:
-            return set()
         now = clock.utcnow()
         values = {}
         for key, row in unique.items():
@@ -254,6 +304,11 @@ class Store:
                 if getattr(row, column) is None:
                     setattr(row, column, default)
             values[key] = {c: getattr(row, c) for c in SERVER_COLUMNS}
+        return values
+
+    def _save_servers(self, session: Session, values: dict[str, dict]) -> set[str]:
+        if not values:
+            return set()
         unknown = [k for k in values if k not in self._stored]
         stored = set(self._stored)
         if unknown:  # rows of an earlier run, or loaded elsewhere: ask once
@@ -331,13 +386,29 @@ class Store:
         """Add the ledger's bucket deltas to their rows and write the changed sessions, in one
         transaction and a few bulk statements (the governor is the only writer: rows it has
         seen or written are known to exist)."""
+        write = self._usage_write(deltas, sessions)
+        if write is not None:
+            self.write(write)
+
+    async def save_usage_async(self, deltas: dict, sessions: Iterable[LedgerSession]) -> None:
+        """``save_usage``, the event loop running while it is written (``deltas`` and
+        ``sessions`` are the ledger's drained copies: nothing changes them meanwhile)."""
+        write = self._usage_write(deltas, sessions)
+        if write is not None:
+            await self.write_async(write)
+
+    def _usage_write(self, deltas: dict, sessions: Iterable[LedgerSession]):
         sessions = list(sessions)
         if not deltas and not sessions:
-            return
-        try:
-            self._save_usage(deltas, sessions)
-        except DBAPIError as error:
-            raise StoreUnavailable(self.url, error) from error
+            return None
+
+        def write() -> None:
+            try:
+                self._save_usage(deltas, sessions)
+            except DBAPIError as error:
+                raise StoreUnavailable(self.url, error) from error
+
+        return write
 
     def _save_usage(self, deltas: dict, sessions: list[LedgerSession]) -> None:
         day_names = {day: day.isoformat() for day in {day for day, _ in deltas}}
@@ -456,6 +527,11 @@ class Store:
                 )
                 for r in db.scalars(query)
             ]
+
+
+def _in_memory(url: str) -> bool:
+    parsed = make_url(url)
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -130,19 +130,45 @@ class Usage:
         self._save_usage(force=True)
 
     def _save_usage(self, force: bool = False) -> None:
+        """The ledger's accruals, written every ``usage_write_every`` (``force``: now)."""
+        drained = self._drain_usage(force)
+        if drained is not None:
+            try:
+                self.store.save_usage(*drained[1:])
+            except StoreUnavailable as error:
+                self._usage_refused(error, *drained)
+            else:
+                self._usage_written(drained[1])
+
+    async def _save_usage_async(self) -> None:
+        """``_save_usage``, the event loop running while it is written (a pass's)."""
+        drained = self._drain_usage(False)
+        if drained is not None:
+            try:
+                await self.store.save_usage_async(*drained[1:])
+            except StoreUnavailable as error:
+                self._usage_refused(error, *drained)
+            else:
+                self._usage_written(drained[1])
+
+    def _drain_usage(self, force: bool) -> tuple | None:
+        """(when last written, deltas, sessions) if a write is due. Drained now, written at
+        ``now``: another write asked before this one is on record is not due yet."""
         now = clock.utcnow()
         last = self._usage_written_at
         if not force and last is not None and now - last < self.options.usage_write_every:
-            return
-        deltas, sessions = self.ledger.drain()
-        try:
-            self.store.save_usage(deltas, sessions)
-        except StoreUnavailable as error:  # kept for the next write
-            log.error("gpu-gov: %s; the usage ledger is written later", error)
-            metrics.STORE_ERRORS.inc()
-            self.ledger.give_back(deltas, sessions)
-            return
+            return None
         self._usage_written_at = now
+        return (last, *self.ledger.drain())
+
+    def _usage_refused(self, error: StoreUnavailable, last, deltas, sessions) -> None:
+        """Kept for the next write, which is due again."""
+        log.error("gpu-gov: %s; the usage ledger is written later", error)
+        metrics.STORE_ERRORS.inc()
+        self.ledger.give_back(deltas, sessions)
+        self._usage_written_at = last
+
+    def _usage_written(self, deltas: dict) -> None:
         counters = {}  # (team, state) -> its series, looked up once (labels() is not free)
         for (_, owner), values in deltas.items():
             for state in _BILLED:
