@@ -41,14 +41,7 @@ async def test_reports_get_in_between_a_passs_decisions(tmp_path, monkeypatch, f
     servers = 3 * YIELD_EVERY
     users = [f"user{i}" for i in range(servers)]
     async with FakeHub() as hub:
-        for user in users:
-            hub.add_server(user, started=frozen[0], last_activity=frozen[0])
-        gov = Governor(
-            Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"),
-            HubApi(hub.api_url, hub.token),
-            load_policies([], {"warn_after": "10h", "cull_after": "20h"}),
-            Options(full_pass_every=full_every),
-        )
+        gov = patient_governor(hub, users, frozen[0], tmp_path / "gov.sqlite", full_every)
         await gov.reconcile()
         frozen[0] += timedelta(minutes=1)
         for i, user in enumerate(users):  # every server's report moved: each is decided
@@ -80,14 +73,7 @@ async def test_reports_get_in_while_a_pass_waits_for_the_database(tmp_path, monk
     path = tmp_path / "gov.sqlite"
     users = [f"user{i}" for i in range(4)]
     async with FakeHub() as hub:
-        for user in users:
-            hub.add_server(user, started=frozen[0], last_activity=frozen[0])
-        gov = Governor(
-            Store(f"sqlite:///{path}"),
-            HubApi(hub.api_url, hub.token),
-            load_policies([], {"warn_after": "10h", "cull_after": "20h"}),
-            Options(),
-        )
+        gov = patient_governor(hub, users, frozen[0], path)
         await gov.reconcile()
         frozen[0] += timedelta(minutes=1)
         for i, user in enumerate(users[:3]):  # their first reports: rows to write
@@ -118,3 +104,19 @@ async def test_reports_get_in_while_a_pass_waits_for_the_database(tmp_path, monk
     assert taken_during_pass == [True]
     assert result.errors == ()
     assert all(gov.store.server(f"{user}/").reports for user in users[:3])
+
+
+def patient_governor(
+    hub: FakeHub, users: list[str], at, path, full_pass_every: int | None = None
+) -> Governor:
+    """A server for each of ``users``, started ``at``, and a governor of them that warns
+    nobody within the test (its policy waits hours), storing in ``path``."""
+    for user in users:
+        hub.add_server(user, started=at, last_activity=at)
+    options = {} if full_pass_every is None else {"full_pass_every": full_pass_every}
+    return Governor(
+        Store(f"sqlite:///{path}"),
+        HubApi(hub.api_url, hub.token),
+        load_policies([], {"warn_after": "10h", "cull_after": "20h"}),
+        Options(**options),
+    )
