@@ -5,13 +5,18 @@ unrelated to the server), has every kernel hold simulated GPU memory, and times
 ``Sampler.measure`` (one GPU sample, one /proc scan, attribution, windows, the report).
 
     python -m benchmarks.sampler_tick [--ticks 200] [--kernels 20] [--processes 300] [--phases]
+        [--threads 1] [--busy 0] [--forks]
 
 Prints the median and p90 CPU milliseconds per tick (thread CPU time, the cost the server pays);
 ``--phases`` also the median CPU of each phase of a tick (the GPU sample, the ``/proc`` scan,
 the targets' members, attribution, the CPU and I/O counters, the report), timed in the same run,
 and what a sampler in a container adds where a GPU lists a process: the open files of the
 kernels' processes read to find the GPUs' holders (``container_device_files_ms``; NVML's PIDs
-are the host's there), with how many descriptors they had.
+are the host's there), with how many descriptors they had. ``--threads`` gives each kernel
+that many threads, ``--busy`` has that many of them run a cell: a process that did not run
+since the last tick has its threads and reads taken as they were, so idle kernels cost less than
+busy ones. ``--forks`` starts a process between every two ticks, as on a busy host: ``/proc``
+is listed only when a PID was allocated since the last tick, so this is the tick's worst case.
 Targets (issue 26): median under 2 ms, first tick under 10 ms (the sampler reads every process
 on the machine once at start-up, before it; the first tick then reads what is new).
 """
@@ -36,11 +41,18 @@ from jupyter_gpu_gov.server import sampler as sampler_module
 from jupyter_gpu_gov.server.sampler import Sampler, TargetInfo
 
 KERNEL = """
-import os, subprocess, sys, time
+import os, subprocess, sys, threading, time
 from jupyter_gpu_gov import simulate
 simulate.hold(1024 + 10 * (os.getpid() % 50), device=int(sys.argv[1]))
 children = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+for _ in range(int(sys.argv[2]) - 1):  # an ipykernel has a few (heartbeat, IOPub, control)
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
 print("ready", flush=True)
+while sys.argv[3] == "busy":  # a cell running: 2 ms of work every 20 ms
+    until = time.perf_counter() + 0.002
+    while time.perf_counter() < until:
+        pass
+    time.sleep(0.018)
 time.sleep(600)
 """
 
@@ -99,7 +111,15 @@ def _device_files_cost(roots: list[TargetRoot], repeat: int = 20) -> dict:
     }
 
 
-def run(ticks: int, kernels: int, processes: int, phases: bool = False) -> dict:
+def run(
+    ticks: int,
+    kernels: int,
+    processes: int,
+    phases: bool = False,
+    threads: int = 1,
+    busy: int = 0,
+    forks: bool = False,
+) -> dict:
     state = os.path.join(tempfile.mkdtemp(), "sim-gpus.json")
     os.environ["JUPYTER_GPU_GOV_SIM_STATE"] = state
     backend = SimulatedBackend(DEFAULT_DEVICES, state)
@@ -108,7 +128,7 @@ def run(ticks: int, kernels: int, processes: int, phases: bool = False) -> dict:
         roots = []
         for k in range(kernels):
             proc = subprocess.Popen(
-                [sys.executable, "-c", KERNEL, str(k % 2)],
+                [sys.executable, "-c", KERNEL, str(k % 2), str(threads), _running(k, busy)],
                 stdout=subprocess.PIPE,
                 start_new_session=True,
             )
@@ -133,6 +153,8 @@ def run(ticks: int, kernels: int, processes: int, phases: bool = False) -> dict:
             for tick in range(ticks):
                 if phases and tick == 1:  # the first tick's own figure is printed apart
                     spent = timing.enter_context(_phases_timed(sampler, backend))
+                if forks:  # a PID allocated since the last tick: /proc is listed again
+                    subprocess.run(["true"], check=True)
                 started = time.perf_counter()
                 result = sampler.measure(targets, {"user": "bench"})
                 wall_ms.append((time.perf_counter() - started) * 1000)
@@ -149,6 +171,9 @@ def run(ticks: int, kernels: int, processes: int, phases: bool = False) -> dict:
             by_phase.update(_device_files_cost(roots))
         return {
             "kernels": kernels,
+            "busy": busy,
+            "threads": threads,
+            "forks": forks,
             "processes_on_machine": len(os.listdir("/proc")),
             "ticks": ticks,
             "first_tick_cpu_ms": round(cpu_ms[0], 3),
@@ -168,14 +193,33 @@ def run(ticks: int, kernels: int, processes: int, phases: bool = False) -> dict:
         os.unlink(state)
 
 
+def _running(kernel: int, busy: int) -> str:
+    return "busy" if kernel < busy else "idle"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ticks", type=int, default=200)
     parser.add_argument("--kernels", type=int, default=20)
     parser.add_argument("--processes", type=int, default=300)
     parser.add_argument("--phases", action="store_true", help="also each phase's median CPU")
+    parser.add_argument("--threads", type=int, default=1, help="threads of each kernel")
+    parser.add_argument(
+        "--busy", type=int, default=0, help="kernels running a cell (2 ms of work every 20 ms)"
+    )
+    parser.add_argument(
+        "--forks", action="store_true", help="a process started between every two ticks"
+    )
     args = parser.parse_args(argv)
-    figures = run(args.ticks, args.kernels, args.processes, args.phases)
+    figures = run(
+        args.ticks,
+        args.kernels,
+        args.processes,
+        args.phases,
+        args.threads,
+        args.busy,
+        args.forks,
+    )
     print("sampler tick:", " ".join(f"{k}={v}" for k, v in figures.items()))
 
 

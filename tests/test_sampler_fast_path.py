@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -49,6 +50,11 @@ class FakeProc:
         (root / "sys" / "kernel").mkdir(parents=True)
         (root / "sys" / "kernel" / "task_delayacct").write_text("1\n")
         self.procs: dict[int, dict] = {}
+        self.allocated = 0  # PIDs allocated: the last field of loadavg moves with each
+        self._write_loadavg()
+
+    def _write_loadavg(self):
+        (self.root / "loadavg").write_text(f"0.50 0.40 0.30 1/{len(self.procs)} {self.allocated}\n")
 
     def add(self, pid, ppid, sid, comm="python", devices=(), threads=1, cpu=0, read=0, iowait=0):
         self.procs[pid] = {
@@ -61,6 +67,8 @@ class FakeProc:
             "read": read,
             "iowait": iowait,
         }
+        self.allocated += 1
+        self._write_loadavg()
         d = self.root / str(pid)
         (d / "fd").mkdir(parents=True)
         for n, dev in enumerate(("/dev/nvidiactl", *devices)):
@@ -236,6 +244,85 @@ def test_the_fast_path_reports_what_the_plain_path_reports(world, pid_namespace)
     assert min(opened[1:]) > 0 and opened[-1] < max(opened)
 
 
+def test_processes_that_did_not_run_are_not_read_again(world):
+    """Most of a server's processes, most of the time, are idle kernels: a process whose
+    ``stat`` line is the last tick's did not run, so its I/O and threads are taken as they were
+    (their files kept open, unread) and the report is still the plain path's."""
+    fake, _, advance = world
+    plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
+    targets = [TargetInfo(root, name=root.id, execution_state="idle") for root in ROOTS]
+    opened: list[int] = []
+    read_paths: list[str] = []
+    read = fast._files.read
+
+    def counted(path, size=4096):
+        read_paths.append(path)
+        return read(path, size)
+
+    fast._files.read = counted
+    try:
+        for _ in range(2):
+            advance()
+            tick(plain, fast, targets, opened)
+        read_paths.clear()
+        advance()  # nothing ran
+        tick(plain, fast, targets, opened)
+        idle_reads = [p for p in read_paths if not re.fullmatch(r".*/proc/\d+/stat", p)]
+        read_paths.clear()
+        advance()  # kernel a's worker runs and reads from storage
+        fake.update(
+            WORKER, cpu=fake.procs[WORKER]["cpu"] + 300, read=fake.procs[WORKER]["read"] + (8 << 20)
+        )
+        report = tick(plain, fast, targets, opened)
+    finally:
+        plain.close()
+        fast.close()
+    assert idle_reads == []  # only the scan's stat lines
+    assert opened[-2] == opened[-3]  # the idle processes' files stayed open
+    worker_files = {p.split(f"/{WORKER}/", 1)[1] for p in read_paths if f"/{WORKER}/" in p}
+    assert worker_files == {"stat", "io", f"task/{WORKER}/stat"}
+    a = next(t for t in report["targets"] if t["id"] == A)
+    assert a["cpu"]["cores"] > 0 and a["cpu"]["read_mb_s"] > 0
+
+
+def test_new_processes_are_seen_though_the_newest_pid_lies(tmp_path):
+    """``/proc`` is not listed again while no PID was allocated since its last listing; a file
+    that never moves (not the kernel's ``loadavg``) costs at most ``LIST_EVERY`` ticks, once:
+    the listing that finds a process the file did not announce stops trusting it. A target's
+    root that is not among ours is listed for at once."""
+    fake = FakeProc(tmp_path / "proc")
+    fake.add(SERVER, 1, SERVER, threads=4)
+    loadavg = fake.root / "loadavg"
+    files = procs.ProcFiles(str(fake.root), keep=16)
+    scanner = procs.ProcScanner(str(fake.root), files, procs.newest_pid_file(str(fake.root)))
+    assert scanner.newest_pid == str(loadavg)
+
+    def tick(expect=()) -> set[int]:
+        table = scanner.scan(expect)
+        scanner.settle(table, set(table.procs))  # every process is the server's here
+        return set(table.procs)
+
+    tick()
+    fake.add(KERNEL_A, SERVER, KERNEL_A)  # the kernel's file moves: seen at once
+    assert KERNEL_A in tick()
+    frozen = loadavg.read_text()
+    fake.add(KERNEL_B, SERVER, KERNEL_B)
+    loadavg.write_text(frozen)  # a file that does not move
+    seen = [KERNEL_B in tick() for _ in range(procs.ProcScanner.LIST_EVERY + 1)]
+    assert seen == [False] * procs.ProcScanner.LIST_EVERY + [True]
+    assert scanner.newest_pid is None  # found out: listed at every scan from now on
+    fake.add(SHELL, SERVER, SHELL)
+    loadavg.write_text(frozen)
+    assert SHELL in tick()
+
+    scanner = procs.ProcScanner(str(fake.root), files, procs.newest_pid_file(str(fake.root)))
+    tick()
+    fake.add(SHELL_CHILD, SHELL, SHELL)
+    loadavg.write_text(frozen)
+    assert SHELL_CHILD in tick(expect=[SHELL_CHILD])  # a target's root is looked for at once
+    files.close()
+
+
 def test_the_servers_session_does_not_take_the_kept_files_from_its_kernels(world):
     """Start-up counts the server's whole session as its own (the shell that started it and
     that shell's other jobs may yet join a kernel); once the first tick finds them outside
@@ -372,7 +459,7 @@ def test_the_first_tick_reads_only_what_start_up_did_not(world, monkeypatch, out
     monkeypatch.setattr(procs, "_read", lambda path, *a: read.append(path) or real_read(path, *a))
     try:
         wait([started._started, everything._started])
-        everything._scanner.foreign.clear()  # as before: the first tick reads every process
+        everything._scanner.forget_foreign()  # as before: the first tick reads every process
         read.clear()
         first = started.measure(targets, {"user": "alice"})
         strangers_read = any(f"/{STRANGER}/stat" in path for path in read)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+from collections.abc import Iterable
 from functools import cached_property
 from typing import NamedTuple
 
@@ -35,9 +36,17 @@ class ProcInfo(NamedTuple):  # a tuple: made for every process of the first scan
 class ProcessTable:
     """Every process visible in this PID namespace at one instant."""
 
-    def __init__(self, procs: dict[int, ProcInfo], proc_root: str = "/proc"):
+    def __init__(
+        self,
+        procs: dict[int, ProcInfo],
+        proc_root: str = "/proc",
+        unchanged: frozenset[int] = frozenset(),
+    ):
         self.procs = procs
         self.proc_root = proc_root
+        # Processes whose ``stat`` line is the last tick's, byte for byte: they did not run
+        # (same CPU ticks, faults, state and last CPU), so their other counters did not move.
+        self.unchanged = unchanged
 
     def __contains__(self, pid: int) -> bool:
         return pid in self.procs
@@ -221,6 +230,13 @@ class ProcFiles:
                 found[int(name)] = cpu
         return found
 
+    def keep_unread(self, pid: int, tids) -> None:
+        """Keep open, unread this tick, the I/O and thread files of a process that did not run
+        since the last one (their numbers are the last ones read)."""
+        base = f"{self.proc_root}/{pid}"
+        self._read_now.add(f"{base}/io")
+        self._read_now.update(f"{base}/task/{tid}/stat" for tid in tids)
+
     def sweep(self) -> None:
         """Close the descriptors no read used since the last sweep (processes that went)."""
         for path in self._fds.keys() - self._read_now:
@@ -265,6 +281,17 @@ def scan(proc_root: str = "/proc") -> ProcessTable:
     return ProcScanner(proc_root).scan()
 
 
+def newest_pid_file(proc_root: str = "/proc") -> str | None:
+    """``<proc_root>/loadavg``, whose last field is the PID most recently allocated in the
+    reader's PID namespace, where it is the kernel's own file: not where another filesystem
+    (LXCFS, a FUSE mount) is mounted over it, nor where it is missing."""
+    path = f"{proc_root}/loadavg"
+    try:
+        return path if os.stat(path).st_dev == os.stat(proc_root).st_dev else None
+    except OSError:
+        return None
+
+
 class ProcScanner:
     """Repeated scans that skip processes already known not to be ours.
 
@@ -272,20 +299,67 @@ class ProcScanner:
     to init (or a subreaper), and ``setsid()`` only starts a new session. So once a PID is seen
     to be foreign, its ``stat`` is not read again while the PID exists; only the server's own
     processes (whose CPU time we need) and new PIDs are read each tick, ours through ``files``.
+
+    Nor is ``proc_root`` listed again while no PID was allocated since its last listing (the
+    newest PID, ``newest_pid_file``, is the same): a process can only join the server's tree
+    by being forked from one of its processes, which allocates a PID in the server's
+    namespace. That listing is most of a quiet tick's cost (every PID on the machine). It is
+    still listed every ``LIST_EVERY`` scans, when a PID the caller expects is not among ours,
+    and always once a listing shows a PID that appeared while the newest did not change (a
+    file that does not say what the kernel's says).
     """
 
-    def __init__(self, proc_root: str = "/proc", files: ProcFiles | None = None):
+    LIST_EVERY = 12  # a minute at the sampler's default 5 s
+
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        files: ProcFiles | None = None,
+        newest_pid: str | None = None,
+    ):
         self.proc_root = proc_root
         self.files = files or ProcFiles(proc_root)
         self.foreign: set[int] = set()
         self._ours: dict[int, tuple[bytes, ProcInfo]] = {}  # our processes' last stat, parsed
+        self.newest_pid = newest_pid  # the file that names the newest PID; None: list always
+        self._listed: set[int] = set()  # the PIDs of the last listing
+        self._listed_newest: bytes | None = None  # and the newest PID then
+        self._unlisted = 0  # scans since that listing
 
-    def scan(self) -> ProcessTable:
+    def forget_foreign(self) -> None:
+        """Read every process again at the next scan."""
+        self.foreign.clear()
+        self._listed_newest = None
+
+    def _newest(self) -> bytes | None:
+        raw = _read(self.newest_pid) if self.newest_pid else None
+        return raw.rsplit(None, 1)[-1] if raw else None
+
+    def _candidates(self, expect: Iterable[int]) -> Iterable[int]:
+        """The PIDs that may be ours: ours, and any new since the last listing."""
+        newest = self._newest()
+        if (
+            newest is not None
+            and newest == self._listed_newest
+            and self._unlisted < self.LIST_EVERY
+            and all(pid in self._ours for pid in expect)
+        ):
+            self._unlisted += 1
+            return list(self._ours)  # no PID was allocated since the listing: none is new
         pids = _pids(self.proc_root)
+        if newest is not None and newest == self._listed_newest and pids - self._listed:
+            self.newest_pid = None  # it said no PID was allocated, and one was: list always
+        self._listed, self._listed_newest, self._unlisted = pids, newest, 0
         self.foreign &= pids  # a PID that went away may come back as someone else
+        return pids - self.foreign
+
+    def scan(self, expect: Iterable[int] = ()) -> ProcessTable:
+        """Our processes and any new ones; ``expect``: PIDs the caller knows (a target's root),
+        listed if not among ours."""
         procs: dict[int, ProcInfo] = {}
+        unchanged: set[int] = set()
         ours, read, fast = self._ours, self.files.read, self.files.keep > 0
-        for pid in pids - self.foreign:
+        for pid in self._candidates(expect):
             path = f"{self.proc_root}/{pid}/stat"
             last = ours.get(pid)
             raw = read(path) if last is not None else _read(path)
@@ -293,12 +367,14 @@ class ProcScanner:
                 continue  # the process exited meanwhile
             # A process that did not run since the last tick reads the same line.
             same = fast and last is not None and last[0] == raw
+            if same:
+                unchanged.add(pid)
             info = last[1] if same else parse_stat(raw)
             if info is not None:
                 procs[info.pid] = info
                 if last is not None:
                     ours[pid] = (raw, info)
-        return ProcessTable(procs, self.proc_root)
+        return ProcessTable(procs, self.proc_root, frozenset(unchanged))
 
     def settle(self, table: ProcessTable, ours: set[int]) -> None:
         """Remember which processes of this scan are not ours (and which are)."""

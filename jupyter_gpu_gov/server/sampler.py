@@ -149,7 +149,9 @@ class Sampler:
         # 0: open every file at every read, the plain path).
         keep = procs.open_files_budget() if open_files is None else open_files
         self._files = procs.ProcFiles(proc_root, keep)
-        self._scanner = procs.ProcScanner(proc_root, self._files)
+        self._scanner = procs.ProcScanner(
+            proc_root, self._files, procs.newest_pid_file(proc_root) if keep else None
+        )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-sampler")
         self._windows: dict[str, ActivityWindow] = {}
         self._server_window = ActivityWindow(window_seconds, active_threshold)
@@ -217,10 +219,10 @@ class Sampler:
         if self._first_tick:
             self._first_tick = False
             if any(t.root.pid in self._scanner.foreign for t in targets):
-                self._scanner.foreign.clear()
+                self._scanner.forget_foreign()
         snapshot = self._open_backend().sample()
         now = snapshot.sampled_at
-        table = self._scanner.scan()
+        table = self._scanner.scan(t.root.pid for t in targets)
         local_pids = self._pids_are_local()
         visible = select_visible(snapshot.devices, self.visible_devices)
         roots = [t.root for t in targets]
@@ -273,6 +275,7 @@ class Sampler:
         usage = {}
         files, get, last = self._files, table.procs.get, self._cpu_prev.get
         read_bytes_of, thread_ticks_of = files.read_bytes, files.thread_ticks
+        unchanged = table.unchanged
         for key, pids in attribution.members.items():
             cpu = iowait = read = 0
             ours = key != OTHER  # only the targets' own processes' I/O and threads are read
@@ -283,13 +286,18 @@ class Sampler:
                 info = get(pid)
                 if info is None:
                     continue
-                if ours:
+                prev = last(pid)
+                if not ours:
+                    read_bytes = threads = None
+                elif pid in unchanged and prev is not None and None not in prev:
+                    # It did not run since the last tick: its reads and threads stand still
+                    # (most of a server's processes, most of the time: idle kernels).
+                    read_bytes, threads = prev[2], prev[3]
+                    files.keep_unread(pid, threads)
+                else:
                     read_bytes = read_bytes_of(pid)
                     threads = thread_ticks_of(pid, info.num_threads)
-                else:
-                    read_bytes = threads = None
                 current[pid] = (info.cpu_ticks, info.iowait_ticks, read_bytes, threads)
-                prev = last(pid)
                 if prev is None:
                     continue  # new since the last tick: counted from the next one
                 if top is not None and threads is not None and prev[3] is not None:
