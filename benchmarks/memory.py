@@ -1,15 +1,26 @@
 """Where the governor service's memory goes at N servers (issue 26: under 300 MB at 10,000).
 
     python -m benchmarks.memory [--servers 10000] [--top 25 [--frames 8]]
+        [--rounds 2] [--cull-every S] [--mix moving|idle-repeat] [--sample-every S]
 
 The fake Hub and the service as ``benchmarks.ingest`` starts them (``python -m
 jupyter_gpu_gov.hub``, its start-up pass over the N servers done); then every server reports
 twice (two bursts of ``ingest_load.report_for``'s reports, so every server's previous report has
-been replaced once: the steady state), and the service is asked for its figures: resident
+been replaced once), and the service is asked for its figures: resident
 memory (``VmRSS``), the objects the garbage collector tracks, and how long one full collection
 takes there (``full_gc_ms``: what a full collection holds the event loop for, ``hub/heap.py``)
 and what it frees (``full_gc_freed``: garbage in cycles since start-up that no young collection
-freed).
+freed), then its resident memory after that collection and after the C allocator gave back
+what it held free (``malloc_trim``: memory freed by Python but kept by glibc's heaps).
+
+``--rounds R --cull-every S``: every server reports R times, with the service's pass every S
+seconds and a pass after each round, as deployed (by default no pass after the start-up one);
+the resident memory after each round is printed. The diagnosis keeps a window per server per
+``diagnose_sample_every`` (a minute), up to ``diagnose_max_windows`` (250,000: 25 at 10,000
+servers), so two rounds are not the steady state: ``--sample-every 1 --rounds 26`` reaches it
+in minutes instead of 25 of them. Also printed: what Python's small-object allocator holds in
+arenas and in live objects (``obmalloc_*``); with ``BENCH_MEMORY_TYPES=1`` in the environment,
+the reports the service holds and its most numerous object types.
 
 With ``--top N`` the service runs under ``tracemalloc`` from its first import (its resident
 memory is then larger by tracemalloc's own) and prints the N lines that hold the most, by
@@ -21,15 +32,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import gc
 import json
 import os
+import re
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from .ingest import REPO, Load, fake_hub, rss_mb, service
+from .ingest import IDLE_REPEAT, MOVING, NO_PASS_S, REPO, Load, fake_hub, rss_mb, service
 
 FIGURES_ENV = "BENCH_MEMORY_FIGURES"  # where the service writes its figures when signalled
 
@@ -61,6 +75,21 @@ def _serve(argv: list[str]) -> None:
         started = time.perf_counter()
         out["full_gc_freed"] = gc.collect()  # cycles no young collection could free
         out["full_gc_ms"] = 1000 * (time.perf_counter() - started)
+        out["rss_mb_after_gc"] = rss_mb(os.getpid())
+        if os.environ.get("BENCH_MEMORY_TYPES"):
+            import collections
+
+            objects = gc.get_objects()
+            out["reports_alive"] = sum(
+                1 for o in objects if type(o) is dict and "targets" in o and "server" in o
+            )
+            out["types"] = collections.Counter(type(o).__name__ for o in objects).most_common(12)
+        out.update(_python_allocator())
+        try:  # what the C allocator holds free, not yet given back to the system
+            ctypes.CDLL(None).malloc_trim(0)
+            out["rss_mb_after_malloc_trim"] = rss_mb(os.getpid())
+        except (OSError, AttributeError):
+            pass
         Path(os.environ[FIGURES_ENV]).write_text(json.dumps(out))
 
     signal.signal(signal.SIGUSR1, figures)
@@ -70,30 +99,72 @@ def _serve(argv: list[str]) -> None:
     main()
 
 
+def _python_allocator() -> dict:
+    """What Python's small-object allocator holds (``sys._debugmallocstats``, which writes to
+    the C stderr): in arenas, and of it in live objects; the rest is free space in partly used
+    arenas, which the system does not get back (fragmentation)."""
+    with tempfile.TemporaryFile() as captured:
+        saved = os.dup(2)
+        try:
+            os.dup2(captured.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        text = captured.read().decode(errors="replace")
+    figures = {}
+    for name, pattern in (
+        ("obmalloc_arenas_mb", r"arenas \* \d+ bytes/arena\s*=\s*([\d,]+)"),
+        ("obmalloc_live_mb", r"# bytes in allocated blocks\s*=\s*([\d,]+)"),
+    ):
+        found = re.search(pattern, text)
+        if found:
+            figures[name] = int(found.group(1).replace(",", "")) / 1e6
+    return figures
+
+
 def _where(traceback) -> str:
     """A traceback's frames, where it allocated first and its callers under it."""
     return ("\n" + " " * 25).join(map(str, reversed(traceback)))
 
 
-def run(servers: int = 10000, top: int = 0, frames: int = 1) -> dict:
+def run(
+    servers: int = 10000,
+    top: int = 0,
+    frames: int = 1,
+    rounds: int = 2,
+    cull_every: float = NO_PASS_S,
+    mix: str = MOVING,
+    sample_every: float | None = None,
+) -> dict:
     with fake_hub(servers, 0) as ready:
         figures_path = Path(REPO, f".bench-memory-{os.getpid()}.json")
         env = {
             FIGURES_ENV: str(figures_path),
             "BENCH_MEMORY_TOP": str(top),
             "BENCH_MEMORY_FRAMES": str(frames),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            # The service's code from $PYTHONPATH when set (a baseline's), this benchmark's here.
+            "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)])),
         }
         command = ("-m", "benchmarks.memory", "--serve")
         try:
-            with service(ready, command=command, env=env) as (process, port):
+            args = (f"--GpuGovernor.diagnose_sample_every={sample_every}",) if sample_every else ()
+            with service(ready, command=command, env=env, cull_every=cull_every, args=args) as (
+                process,
+                port,
+            ):
                 started_mb = rss_mb(process.pid)
-                load = Load(ready["users"], port)
-                for _ in range(2):
+                load = Load(ready["users"], port, mix=mix)
+                by_round = []
+                for _ in range(rounds):
                     sent = asyncio.run(load.burst(16))
                     failed = sum(1 for s in sent if s.status != 200)
                     if failed:
                         raise RuntimeError(f"{failed} of {len(sent)} reports refused")
+                    if cull_every < NO_PASS_S:  # a pass runs after each round's reports
+                        time.sleep(cull_every + 5)
+                    by_round.append(round(rss_mb(process.pid)))
                 time.sleep(2)
                 process.send_signal(signal.SIGUSR1)
                 # Statistics by call stack (--frames) take minutes at 10,000 servers.
@@ -104,7 +175,7 @@ def run(servers: int = 10000, top: int = 0, frames: int = 1) -> dict:
                 out = json.loads(figures_path.read_text())
         finally:
             figures_path.unlink(missing_ok=True)
-    return {"servers": servers, "rss_mb_started": started_mb, **out}
+    return {"servers": servers, "rss_mb_started": started_mb, "rss_mb_by_round": by_round, **out}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,12 +183,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--servers", type=int, default=10000)
     parser.add_argument("--top", type=int, default=0, help="tracemalloc's top N lines and files")
     parser.add_argument("--frames", type=int, default=1, help="with --top: the top call stacks")
+    parser.add_argument("--rounds", type=int, default=2, help="every server reports this often")
+    parser.add_argument(
+        "--cull-every",
+        type=float,
+        default=NO_PASS_S,
+        help="the service's pass interval; a pass runs after each round (default: none)",
+    )
+    parser.add_argument("--mix", choices=(MOVING, IDLE_REPEAT), default=MOVING)
+    parser.add_argument(
+        "--sample-every",
+        type=float,
+        help="the service's diagnose_sample_every: 1 keeps a window of every report, so that "
+        "the diagnosis's history reaches its size in fewer rounds (default: the service's)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     if args.serve:
         _serve(rest)
         return
-    out = run(args.servers, args.top, args.frames)
+    out = run(
+        args.servers,
+        args.top,
+        args.frames,
+        args.rounds,
+        args.cull_every,
+        args.mix,
+        args.sample_every,
+    )
     print(
         "memory:",
         " ".join(

@@ -102,7 +102,13 @@ def targets(
         )
     memory = []
     if ingested and ingested["servers"] == SIZE:
-        memory.append((ingested["rss_mb_reported"], "the service process, every server reported"))
+        memory.append(
+            (
+                ingested["rss_mb_reported"],
+                "the service process, every server reported: a floor, before the diagnosis's"
+                " history fills (`benchmarks.memory --rounds 26 --sample-every 1`)",
+            )
+        )
     if SIZE in runs:
         memory.append((runs[SIZE]["governor_rss_mb"], "the governor with DCGM, first pass done"))
     if memory:

@@ -670,18 +670,21 @@ async def test_source_times_out_on_an_exporter_that_never_answers():
 class FleetHandler(RequestHandler):
     """A whole fleet's exposition, gzipped: a reader that does not ask for that cannot read it."""
 
-    def initialize(self, body: bytes, seen: list, fresh: bool = False) -> None:
-        self.body, self.seen, self.fresh = body, seen, fresh
+    def initialize(self, body: bytes | list[bytes], seen: list) -> None:
+        self.bodies = body if isinstance(body, list) else [body]
+        self.seen = seen
 
     def get(self) -> None:
         self.seen.append(self.request)
         self.set_header("Content-Encoding", "gzip")
-        if not self.fresh:
-            self.write(self.body)
-            return
-        # Each read a new body (the exporter refreshed): an unchanged one is not parsed again.
-        text = gzip.decompress(self.body) + f"# read {len(self.seen)}\n".encode()
-        self.write(gzip.compress(text, compresslevel=1))
+        self.write(self.bodies[min(len(self.seen), len(self.bodies)) - 1])
+
+
+def refreshed(body: bytes, reads: int) -> list[bytes]:
+    """``body`` as an exporter serves it ``reads`` times, refreshed between two (an unchanged
+    one is not parsed again); made before the test, so its CPU is not the service's."""
+    text = gzip.decompress(body)
+    return [gzip.compress(text + f"# read {n}\n".encode(), compresslevel=1) for n in range(reads)]
 
 
 def fleet_of_h100_nodes(nodes: int) -> bytes:
@@ -704,7 +707,7 @@ async def test_source_reads_a_large_fleet_in_a_worker_process():
     # would hold the GIL that the pass and every incoming report need.
     seen: list = []
     routes = [
-        ("/metrics", FleetHandler, {"body": fleet_of_h100_nodes(250), "seen": seen, "fresh": True})
+        ("/metrics", FleetHandler, {"body": refreshed(fleet_of_h100_nodes(250), 2), "seen": seen})
     ]
     with serve(routes) as base:
         source = DcgmSource(exporter_urls=[f"{base}/metrics"], timeout_s=30)

@@ -28,7 +28,7 @@ from jupyter_gpu_gov.diagnose.labels import HINTS
 from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import TargetRoot
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService
-from jupyter_gpu_gov.hub.diagnosis_windows import History
+from jupyter_gpu_gov.hub.diagnosis_windows import History, unpack
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
@@ -535,7 +535,7 @@ def test_a_new_window_is_scored_in_its_servers_context():
     assert scored[4].window.sm_active == pytest.approx(0.4)  # the last four: 0.12 dropped
     assert scored[4].window.cpu_cores == pytest.approx(0.75)
     assert paused.window.sm_active == 0.0 and paused.window.kernel_busy is False
-    assert [w.sm_active for w in service.history.by_server["carol/"]] == [
+    assert [w.sm_active for w in service.history.of("carol/")] == [
         0.12,
         0.6,
         0.3,
@@ -554,7 +554,33 @@ def test_the_history_is_bounded_by_count_and_age():
         history.add(f"u{i % 2}/", replace(window, t=float(i)), now=float(i))
     assert len(history) == 5 and [w.t for w in history.windows()] == [4.0, 6.0, 3.0, 5.0, 7.0]
     history.add("u0/", replace(window, t=8.0), now=8 + 7 * 86400.0)  # a week later
-    assert len(history) == 1 and list(history.by_server) == ["u0/"]
+    assert len(history) == 1 and history.servers == 1 and history.of("u0/")[0].t == 8.0
+
+
+def test_the_history_gives_back_the_windows_it_was_given():
+    """The history packs its windows (numbers in an array, ``nan`` for missing); what training
+    reads back is equal to what came in, column by column, in each server's order."""
+    history = History(timedelta(days=7), limit=1000)
+    generated = [window for window, _label in faults.generate(4, 50, seed=5)]
+    kept = []
+    for i, window in enumerate(generated):
+        window = replace(
+            window,
+            server=f"u{i % 3}/",
+            node=None if i % 7 == 0 else window.node,
+            kernel_busy=(True, False, None)[i % 3],
+            dram_active=None if i % 2 else 0.1 * (i % 10),
+            user_idle_s=float(i) if i % 5 else None,
+        )
+        history.add(window.server, window, now=float(i))
+        kept.append(window)
+    for server in ("u0/", "u1/", "u2/"):
+        assert history.of(server) == [w for w in kept if w.server == server]
+    assert history.windows() == sorted(kept, key=lambda w: w.server)  # server by server
+    assert list(unpack(history.snapshot())) == history.windows()
+    with pytest.raises(TypeError):  # not a number: refused whole
+        history.add("u9/", replace(kept[0], server="u9/", sm_active="busy"), now=1000.0)
+    assert len(history) == len(kept) and history.servers == 3
 
 
 async def test_training_runs_in_a_worker_while_the_model_goes_on_learning(tmp_path):

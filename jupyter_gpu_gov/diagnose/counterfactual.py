@@ -97,7 +97,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
 from . import rules
-from .features import CONTEXT_HORIZON_S, CONTEXT_K, Window, in_context, with_context
+from .features import (
+    CONTEXT_HORIZON_S,
+    CONTEXT_K,
+    Window,
+    in_context,
+    iter_in_context,
+    with_context,
+)
 from .labels import (
     CPU_SERIAL,
     DATA_IO,
@@ -250,7 +257,7 @@ class Diagnoser:
         """Learn the references from ``windows`` (every server's oldest first; labels, if the
         source has them, are never read), forgetting what was learned before."""
         self.nodes, self.tasks, self.trained_on = {}, {}, 0
-        for w in self.in_context(windows):
+        for w in iter_in_context(windows, self.context, self.context_horizon_s):
             self.observe(w)
         for ref in self.nodes.values():
             ref.refresh()  # figures as of the last window, not of the last REFRESH

@@ -205,18 +205,24 @@ def in_context(
     """Every window read in its server's context (``with_context``), in order: a window's
     context is the *earlier rows* of the same ``(node, server)``. ``k <= 1``: the windows as
     they are."""
-    windows = list(windows)
+    return list(iter_in_context(windows, k, horizon_s))
+
+
+def iter_in_context(
+    windows: Iterable[Window], k: int = CONTEXT_K, horizon_s: float = CONTEXT_HORIZON_S
+) -> Iterator[Window]:
+    """``in_context``, one window at a time (training reads a history of 250,000 without
+    holding a second copy of it)."""
     if k <= 1:
-        return windows
+        yield from windows
+        return
     recent: dict[tuple, deque[Window]] = {}
-    out = []
     for w in windows:
         key = context_key(w)
         earlier = recent.setdefault(key, deque(maxlen=k))
-        out.append(with_context(w, earlier, k, horizon_s))
+        yield with_context(w, earlier, k, horizon_s)
         if is_running(w) and w.t is not None:
             earlier.append(w)
-    return out
 
 
 # -- reading files -------------------------------------------------------------------------------

@@ -46,12 +46,13 @@ from ..diagnose.features import (
 from ..diagnose.labels import HEALTHY, UNCERTAIN, UNKNOWN, Diagnosis
 from . import metrics
 from .dcgm import GpuEvidence
-from .diagnosis_windows import History, dcgm_fields, node_of
+from .diagnosis_windows import History, dcgm_fields, node_of, unpack
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
-# A server's recent running windows kept for its context (``with_context`` reads the last
-# ``Diagnoser.context`` of them).
+# A server's recent running windows kept for its context: the model's ``context`` of them, as
+# ``features.in_context`` keeps reading a file (so a window scored online reads as it does
+# there), and never more than this.
 CONTEXT_KEEP = 16
 
 # Labels that name no cause: no root cause in the verdict (nor an uncertain answer between two
@@ -215,7 +216,7 @@ class DiagnosisService:
             if not recent:
                 recent = self._recent[key] = []
             recent.append(window)
-            if len(recent) > CONTEXT_KEEP:
+            if len(recent) > min(max(k, 1), CONTEXT_KEEP):  # as many as a file's reading keeps
                 del recent[0]
         return scored
 
@@ -305,12 +306,12 @@ class DiagnosisService:
 
     async def train(self, now: datetime | None = None) -> None:
         now = now or clock.utcnow()
-        windows = self.history.windows()
+        count, windows = len(self.history), self.history.snapshot()
         self.training.running_since = now
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            model = await loop.run_in_executor(self._executor, self._fit, windows)
+            model = await loop.run_in_executor(self._executor, self._fit, unpack(windows))
         except Exception as error:
             self.training.error = f"{type(error).__name__}: {error}"
             log.error("gpu-gov: training the diagnosis model failed: %s", error, exc_info=True)
@@ -318,12 +319,12 @@ class DiagnosisService:
         seconds = time.perf_counter() - started
         self.model = model
         self.training = TrainingState(
-            trained_at=now, windows=len(windows), seconds=seconds, runs=self.training.runs + 1
+            trained_at=now, windows=count, seconds=seconds, runs=self.training.runs + 1
         )
         metrics.DIAGNOSIS_TRAIN_SECONDS.observe(seconds)
-        log.info("gpu-gov: diagnosis model trained on %d windows in %.1f s", len(windows), seconds)
+        log.info("gpu-gov: diagnosis model trained on %d windows in %.1f s", count, seconds)
 
-    def _fit(self, windows: list[Window]) -> Diagnoser:
+    def _fit(self, windows: Iterable[Window]) -> Diagnoser:
         """In the worker thread: learn the references from the history and save the model.
         (Windows that arrive meanwhile are learnt by the model in use; the history keeps them
         for the next run.)"""
@@ -409,7 +410,7 @@ class DiagnosisService:
             },
             "history": {
                 "windows": len(self.history),
-                "servers": len(self.history.by_server),
+                "servers": self.history.servers,
                 "max_windows": self.options.max_windows,
                 "max_age_s": int(self.options.history.total_seconds()),
             },

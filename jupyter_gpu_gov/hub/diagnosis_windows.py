@@ -5,11 +5,12 @@ for the server's GPUs, and the bounded history of windows that training rebuilds
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 
-from ..diagnose.features import Window
+from ..diagnose.features import COLUMNS, Window
 from .dcgm import GpuEvidence
 
 
@@ -51,38 +52,108 @@ def dcgm_fields(evidence: Sequence[GpuEvidence]) -> dict:
 
 class History:
     """Windows per server, oldest out first once older than ``max_age`` or beyond ``limit`` in
-    all: one FIFO over every server, so a cap costs O(1) per window (and a move of the pointers
-    to the server's own windows: a week of one a minute is 10,080, 80 kB).
+    all: one FIFO over every server, so a cap costs O(1) per window (and a move of the server's
+    own packed windows: a week of one a minute is 10,080, 1.1 MB).
 
-    A server's windows are a list, not a deque: a deque holds a 0.5 kB block from its first
-    item, and most servers hold a few windows (10,000 servers' deques were 10 MB)."""
+    Packed, because at 10,000 servers the history is most of the service's memory: its default
+    250,000 windows fill in 25 minutes at one a minute each. A window is kept as its numbers in
+    the server's ``array('d')`` (``nan`` for missing, ``kernel_busy`` as 1 or 0) with when it
+    was added, and one reference to its ``(node, server)`` (shared with the window before it
+    when the same): 120 bytes, against 520 as a ``Window`` object and its place in the FIFO
+    (docs/benchmarks.md, "Issue 26, wave 12"). ``of``, ``windows`` and ``unpack`` give back
+    windows equal to those added."""
 
     def __init__(self, max_age: timedelta, limit: int):
         self.max_age = max_age.total_seconds()
         self.limit = limit
-        self.by_server: dict[str, list[Window]] = {}
-        self._order: deque[tuple[float, str]] = deque()  # (when added, server) per window
+        self._by_server: dict[str, _Packed] = {}
+        self._order: deque[str] = deque()  # the server of each window, oldest first
 
     def __len__(self) -> int:
         return len(self._order)
 
+    @property
+    def servers(self) -> int:
+        return len(self._by_server)
+
     def add(self, key: str, window: Window, now: float) -> None:
-        windows = self.by_server.get(key)
-        if windows is None:
-            self.by_server[key] = [window]
-        else:
-            windows.append(window)
-        self._order.append((now, key))
+        packed = self._by_server.get(key) or _Packed()
+        packed.add(window, now)  # a window it cannot keep raises before anything changed
+        self._by_server[key] = packed
+        self._order.append(key)
         self.trim(now)
 
     def trim(self, now: float) -> None:
-        order = self._order
-        while order and (len(order) > self.limit or now - order[0][0] > self.max_age):
-            _, key = order.popleft()
-            windows = self.by_server[key]
-            del windows[0]
-            if not windows:
-                del self.by_server[key]
+        order, by_server = self._order, self._by_server
+        while order:
+            key = order[0]
+            packed = by_server[key]
+            if len(order) <= self.limit and now - packed.numbers[0] <= self.max_age:
+                break
+            order.popleft()
+            packed.drop_oldest()
+            if not packed.labels:
+                del by_server[key]
+
+    def of(self, key: str) -> list[Window]:
+        """One server's windows, oldest first."""
+        packed = self._by_server.get(key)
+        return list(packed.windows()) if packed is not None else []
 
     def windows(self) -> list[Window]:
-        return [w for windows in self.by_server.values() for w in windows]
+        """Every window, server by server, each server's oldest first."""
+        return list(unpack(self.snapshot()))
+
+    def snapshot(self) -> list[tuple[array, list]]:
+        """A copy of the packed windows (``unpack`` reads it), cheap enough to take on the event
+        loop and read in another thread while this history goes on."""
+        return [(array("d", p.numbers), p.labels[:]) for p in self._by_server.values()]
+
+
+def unpack(snapshot: Iterable[tuple[array, list]]) -> Iterator[Window]:
+    """The windows of a ``History.snapshot``, one at a time."""
+    for numbers, labels in snapshot:
+        yield from _Packed.read(numbers, labels)
+
+
+_NUMBERS = COLUMNS[2:]  # after node and server
+_BUSY = _NUMBERS.index("kernel_busy")
+_STRIDE = 1 + len(_NUMBERS)  # when added, then the window's numbers
+assert COLUMNS[:2] == ("node", "server")
+
+
+class _Packed:
+    """One server's windows: ``numbers`` (``_STRIDE`` a window) and a label each."""
+
+    __slots__ = ("labels", "numbers")
+
+    def __init__(self) -> None:
+        self.numbers = array("d")
+        self.labels: list[tuple[str | None, str | None]] = []
+
+    def add(self, window: Window, now: float) -> None:
+        values = [now]
+        for name in _NUMBERS:
+            value = getattr(window, name)
+            values.append(math.nan if value is None else value)
+        self.numbers.extend(array("d", values))
+        label = (window.node, window.server)
+        labels = self.labels
+        labels.append(labels[-1] if labels and labels[-1] == label else label)
+
+    def drop_oldest(self) -> None:
+        del self.numbers[:_STRIDE]
+        del self.labels[0]
+
+    def windows(self) -> Iterator[Window]:
+        return self.read(self.numbers, self.labels)
+
+    @staticmethod
+    def read(numbers: array, labels: list) -> Iterator[Window]:
+        for i, (node, server) in enumerate(labels):
+            row = numbers[i * _STRIDE + 1 : (i + 1) * _STRIDE]
+            values: list = [None if v != v else v for v in row]  # nan: missing
+            busy = values[_BUSY]
+            if busy is not None:
+                values[_BUSY] = busy == 1.0
+            yield Window(node, server, *values)

@@ -173,8 +173,9 @@ class GovernorSettings(HasTraits):
     diagnose_max_windows = Int(
         250_000,
         min=1,
-        help="""Most windows kept in memory for training (about 100 MB at 250,000); beyond it
-        the oldest go first, whatever their age.""",
+        help="""Most windows kept in memory for training (packed: about 36 MB at 250,000, which
+        10,000 servers fill in 25 minutes); beyond it the oldest go first, whatever their
+        age.""",
     ).tag(config=True)
     diagnose_zombie_idle = Float(
         0,
