@@ -230,7 +230,7 @@ class ProcFiles:
                 found[int(name)] = cpu
         return found
 
-    def keep_unread(self, pid: int, tids) -> None:
+    def keep_unread(self, pid: int, tids: Iterable[int]) -> None:
         """Keep open, unread this tick, the I/O and thread files of a process that did not run
         since the last one (their numbers are the last ones read)."""
         base = f"{self.proc_root}/{pid}"
