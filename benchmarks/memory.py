@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import ctypes
 import gc
 import json
@@ -77,8 +78,6 @@ def _serve(argv: list[str]) -> None:
         out["full_gc_ms"] = 1000 * (time.perf_counter() - started)
         out["rss_mb_after_gc"] = rss_mb(os.getpid())
         if os.environ.get("BENCH_MEMORY_TYPES"):
-            import collections
-
             objects = gc.get_objects()
             out["reports_alive"] = sum(
                 1 for o in objects if type(o) is dict and "targets" in o and "server" in o

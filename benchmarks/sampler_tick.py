@@ -128,7 +128,14 @@ def run(
         roots = []
         for k in range(kernels):
             proc = subprocess.Popen(
-                [sys.executable, "-c", KERNEL, str(k % 2), str(threads), _running(k, busy)],
+                [
+                    sys.executable,
+                    "-c",
+                    KERNEL,
+                    str(k % 2),
+                    str(threads),
+                    "busy" if k < busy else "idle",
+                ],
                 stdout=subprocess.PIPE,
                 start_new_session=True,
             )
@@ -191,10 +198,6 @@ def run(
         for proc in spawned:
             proc.wait()
         os.unlink(state)
-
-
-def _running(kernel: int, busy: int) -> str:
-    return "busy" if kernel < busy else "idle"
 
 
 def main(argv=None) -> None:

@@ -149,6 +149,7 @@ class Sampler:
         # 0: open every file at every read, the plain path).
         keep = procs.open_files_budget() if open_files is None else open_files
         self._files = procs.ProcFiles(proc_root, keep)
+        # The plain path lists /proc at every tick, as the code before the newest-PID check.
         self._scanner = procs.ProcScanner(
             proc_root, self._files, procs.newest_pid_file(proc_root) if keep else None
         )
