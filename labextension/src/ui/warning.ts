@@ -22,6 +22,9 @@ export interface IWarningActions {
   stop(): Promise<void>;
 }
 
+/** Longer than the toast library's deferral of an update (a 0 ms timer, 4 ms once nested). */
+const DISMISS_AFTER_UPDATES_MS = 50;
+
 interface IStored {
   key: string;
   verdict: IVerdict;
@@ -208,7 +211,15 @@ export class WarningNotifier implements IDisposable {
   private _clear(): void {
     this._stopTimer();
     if (this._id) {
-      Notification.dismiss(this._id);
+      // The toast library applies an update on a later timer (react-toastify's toast.update
+      // is a setTimeout) and re-shows a closing toast it updates: a countdown tick just before
+      // a dismissal would bring the warning back for good. Dismissing on a timer due after any
+      // such update keeps the order.
+      const id = this._id;
+      window.setTimeout(
+        () => Notification.dismiss(id),
+        DISMISS_AFTER_UPDATES_MS
+      );
     }
     this._id = null;
     this._key = null;
