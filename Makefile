@@ -91,8 +91,13 @@ demo: demo-venv node_modules labextension
 	mkdir -p .demo
 	$(VENV)/bin/jupyterhub -f hub_config/jupyterhub_config.py
 
+# pytest-xdist: the real-hub tests mostly wait on hubs, servers and the governor's timers, so
+# two workers (a test file each, its module fixtures kept) halve the run on a 2-core machine.
+# TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 2
+
 test: venv node_modules labextension
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	cd labextension && npm test --silent && npm run lint:check

@@ -883,7 +883,11 @@ class FakeKubernetes:
         task.add_done_callback(self._tasks.discard)
 
     def _address_pool(self):
-        base = random.randrange(1, 254)
+        # A /16 of 127/8 of its own: under pytest-xdist each worker draws from its share, so
+        # two fake clusters running at once never give two pods one address.
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+        base = random.choice([b for b in range(1, 254) if b % workers == worker % workers])
         for third in range(1, 255):
             for fourth in range(2, 255):
                 yield f"127.{base}.{third}.{fourth}"
