@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from python_source import parse
 
 PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_gpu_gov"
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
@@ -20,7 +21,7 @@ def _imports(path: Path, top_level_only: bool = False) -> list[tuple[int, str]]:
     ``top_level_only``: those that run on import (not inside a function)."""
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     package = parts[:-1]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parse(path)
     found = []
     for node in tree.body if top_level_only else ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -116,7 +117,7 @@ def test_modules_loaded_in_kernels_and_both_images_stay_light(module):
 
 def _string_constants(path: Path) -> list[tuple[int, str]]:
     """(line, value) of every string constant in a file that is not a docstring."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parse(path)
     docstrings = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
@@ -195,7 +196,7 @@ def test_routes_and_pages_talk_to_the_governor_not_its_internals():
     bad = []
     web = ("routes.py", "pages.py", "api_handler.py", "page_handler.py")
     for path in (PACKAGE / "hub" / name for name in web):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse(path)):
             if not isinstance(node, ast.Attribute) or node.attr not in (
                 "store",
                 "reports",

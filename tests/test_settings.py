@@ -9,6 +9,8 @@ import dataclasses
 import re
 from pathlib import Path
 
+from python_source import parse
+
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
 from jupyter_gpu_gov.hub.health import HealthOptions
@@ -31,7 +33,7 @@ def test_every_setting_is_read_by_the_service():
 
 def _keywords(call_name: str) -> set[str]:
     """The keywords ``make_options`` passes to ``call_name(...)``."""
-    tree = ast.parse((HUB / "app.py").read_text(encoding="utf-8"))
+    tree = parse(HUB / "app.py")
     (method,) = [n for n in ast.walk(tree) if getattr(n, "name", None) == "make_options"]
     calls = [
         n
