@@ -140,10 +140,11 @@ def start_service(
     command: tuple[str, ...] = ("-m", "jupyter_gpu_gov.hub"),
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
-    cull_every: float = NO_PASS_S,
+    cull_every: float | None = NO_PASS_S,
 ) -> subprocess.Popen:
     """The service as JupyterHub starts it (``command``: the interpreter's arguments before the
-    service's own, e.g. a wrapper that runs it; ``cull_every``: its passes' interval)."""
+    service's own, e.g. a wrapper that runs it; ``cull_every``: its passes' interval, ``None``
+    its own default: 60 s here)."""
     env = {
         **os.environ,
         **(env or {}),
@@ -161,7 +162,8 @@ def start_service(
             *command,
             f"--db-url=sqlite:///{workdir}/gov.sqlite",
             f"--timeout={ten_years}",  # the start-up pass culls nothing
-            f"--cull-every={cull_every}",  # by default no other pass runs while we measure
+            # By default no other pass runs while we measure.
+            *(() if cull_every is None else (f"--cull-every={cull_every}",)),
             *args,
         ],
         cwd=workdir,

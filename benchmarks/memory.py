@@ -14,8 +14,9 @@ freed), then its resident memory after that collection and after the C allocator
 what it held free (``malloc_trim``: memory freed by Python but kept by glibc's heaps).
 
 ``--rounds R --cull-every S``: every server reports R times, with the service's pass every S
-seconds and a pass after each round, as deployed (by default no pass after the start-up one);
-the resident memory after each round is printed. The diagnosis keeps a window per server per
+seconds and a pass after each round (the benchmark waits S + 5 s after each); by default the
+service's own interval (60 s here, as deployed) without waiting, ``--cull-every 86400``: no pass
+after the start-up one; the resident memory after each round is printed, and the passes done. The diagnosis keeps a window per server per
 ``diagnose_sample_every`` (a minute), up to ``diagnose_max_windows`` (250,000: 25 at 10,000
 servers), so two rounds are not the steady state: ``--sample-every 1 --rounds 26`` reaches it
 in minutes instead of 25 of them. Also printed: what Python's small-object allocator holds in
@@ -42,6 +43,7 @@ import signal
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 from .ingest import IDLE_REPEAT, MOVING, NO_PASS_S, REPO, Load, fake_hub, rss_mb, service
@@ -83,19 +85,69 @@ def _serve(argv: list[str]) -> None:
                 1 for o in objects if type(o) is dict and "targets" in o and "server" in o
             )
             out["types"] = collections.Counter(type(o).__name__ for o in objects).most_common(12)
+        if os.environ.get("BENCH_MEMORY_PARTS"):
+            out["parts"] = _parts()
         out.update(_python_allocator())
         try:  # what the C allocator holds free, not yet given back to the system
             ctypes.CDLL(None).malloc_trim(0)
             out["rss_mb_after_malloc_trim"] = rss_mb(os.getpid())
         except (OSError, AttributeError):
             pass
-        Path(os.environ[FIGURES_ENV]).write_text(json.dumps(out))
+        _write(Path(os.environ[FIGURES_ENV]), out)
+
+    def heaps(*_: object) -> None:  # after each round: cheap, no collection
+        from jupyter_gpu_gov.hub.metrics import REGISTRY
+
+        passes = REGISTRY.get_sample_value("jupyter_gpu_gov_reconcile_duration_seconds_count")
+        out = {**_python_allocator(), **_c_allocator(), "passes": round(passes or 0)}
+        _write(Path(os.environ[FIGURES_ENV] + ".round"), out)
 
     signal.signal(signal.SIGUSR1, figures)
+    signal.signal(signal.SIGUSR2, heaps)
     from jupyter_gpu_gov.hub.app import main
 
     sys.argv = ["jupyter_gpu_gov.hub", *argv]
     main()
+
+
+def _parts() -> list[tuple[str, float, int, str]]:
+    """The service's objects by what holds them: each of the governor's attributes, then
+    HubAuth's token cache, the Prometheus registry, and the rest the collector tracks (each
+    object counted once, in the first part that reaches it; code, classes and modules in none
+    but the rest): (name, MB by ``sys.getsizeof``, objects, its three largest types), largest
+    first."""
+    gc.unfreeze()  # what ``hub/heap.py`` froze at start-up (the governor among it) is counted
+    skip = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
+    seen: set[int] = set()
+    objects = gc.get_objects()
+    seen.update((id(seen), id(objects)))  # this walk's own
+
+    def size(name: str, *roots: object) -> tuple[str, float, int, str]:
+        by_type: collections.Counter = collections.Counter()
+        count = 0
+        stack = [r for r in roots if id(r) not in seen]
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen or isinstance(obj, skip):
+                continue
+            seen.add(id(obj))
+            by_type[type(obj).__name__] += sys.getsizeof(obj)
+            count += 1
+            stack.extend(o for o in gc.get_referents(obj) if id(o) not in seen)
+        largest = ", ".join(f"{t} {b / 1e6:.1f}" for t, b in by_type.most_common(3))
+        return name, sum(by_type.values()) / 1e6, count, largest
+
+    governor = next(o for o in objects if type(o).__name__ == "Governor")
+    seen.add(id(governor))
+    parts = [size(f"governor.{name}", value) for name, value in vars(governor).items()]
+    from jupyterhub.services.auth import HubAuth
+    from prometheus_client import REGISTRY
+
+    parts.append(size("HubAuth caches", *(o.cache for o in objects if isinstance(o, HubAuth))))
+    parts.append(size("prometheus registry", REGISTRY))
+    seen.difference_update(id(o) for o in objects if isinstance(o, skip))
+    parts.append(size("the rest (gc-tracked)", *objects))
+    return sorted(parts, key=lambda p: -p[1])
 
 
 def _python_allocator() -> dict:
@@ -123,6 +175,40 @@ def _python_allocator() -> dict:
     return figures
 
 
+def _c_allocator() -> dict:
+    """What glibc's malloc holds (``mallinfo2``): in use, and free but kept (its heaps do not
+    shrink below their top chunk in use); the memory of objects over 512 bytes, which Python's
+    small-object allocator hands to it (a large dict's or list's table, an ``array``)."""
+
+    class Info(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
+
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    mallinfo2.restype = Info
+    info = mallinfo2()
+    return {
+        "malloc_used_mb": (info.uordblks + info.hblkhd) / 1e6,
+        "malloc_free_mb": info.fordblks / 1e6,
+    }
+
+
 def _where(traceback) -> str:
     """A traceback's frames, where it allocated first and its callers under it."""
     return ("\n" + " " * 25).join(map(str, reversed(traceback)))
@@ -133,7 +219,7 @@ def run(
     top: int = 0,
     frames: int = 1,
     rounds: int = 2,
-    cull_every: float = NO_PASS_S,
+    cull_every: float | None = None,
     mix: str = MOVING,
     sample_every: float | None = None,
 ) -> dict:
@@ -155,26 +241,47 @@ def run(
             ):
                 started_mb = rss_mb(process.pid)
                 load = Load(ready["users"], port, mix=mix)
-                by_round = []
+                by_round, heaps = [], []
                 for _ in range(rounds):
                     sent = asyncio.run(load.burst(16))
                     failed = sum(1 for s in sent if s.status != 200)
                     if failed:
                         raise RuntimeError(f"{failed} of {len(sent)} reports refused")
-                    if cull_every < NO_PASS_S:  # a pass runs after each round's reports
+                    if cull_every is not None and cull_every < NO_PASS_S:  # a pass after each
                         time.sleep(cull_every + 5)
                     by_round.append(round(rss_mb(process.pid)))
+                    heaps.append(_ask(process, signal.SIGUSR2, Path(f"{figures_path}.round"), 60))
                 time.sleep(2)
-                process.send_signal(signal.SIGUSR1)
                 # Statistics by call stack (--frames) take minutes at 10,000 servers.
-                deadline = time.monotonic() + (300 if frames <= 1 else 1800)
-                while not figures_path.exists() and time.monotonic() < deadline:
-                    time.sleep(0.5)
-                time.sleep(0.5)  # written whole
-                out = json.loads(figures_path.read_text())
+                out = _ask(process, signal.SIGUSR1, figures_path, 300 if frames <= 1 else 1800)
         finally:
             figures_path.unlink(missing_ok=True)
-    return {"servers": servers, "rss_mb_started": started_mb, "rss_mb_by_round": by_round, **out}
+    by_heap = {k: [round(h.get(k, 0)) for h in heaps] for k in (heaps[0] if heaps else ())}
+    return {
+        "servers": servers,
+        "rss_mb_started": started_mb,
+        "rss_mb_by_round": by_round,
+        **{f"{k}_by_round": v for k, v in by_heap.items()},
+        **out,
+    }
+
+
+def _write(path: Path, figures: dict) -> None:
+    """Written whole before the benchmark sees it."""
+    Path(f"{path}.part").write_text(json.dumps(figures))
+    os.replace(f"{path}.part", path)
+
+
+def _ask(process, signum: int, path: Path, wait_s: float) -> dict:
+    """Signal the service and read the figures it writes to ``path``."""
+    process.send_signal(signum)
+    deadline = time.monotonic() + wait_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        return json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,8 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cull-every",
         type=float,
-        default=NO_PASS_S,
-        help="the service's pass interval; a pass runs after each round (default: none)",
+        help="the service's pass interval, a pass waited for after each round (default: the "
+        "service's own, 60 s here, not waited for; 86400: none)",
     )
     parser.add_argument("--mix", choices=(MOVING, IDLE_REPEAT), default=MOVING)
     parser.add_argument(
@@ -196,11 +303,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the service's diagnose_sample_every: 1 keeps a window of every report, so that "
         "the diagnosis's history reaches its size in fewer rounds (default: the service's)",
     )
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    args, rest = parser.parse_known_args(argv)
-    if args.serve:
-        _serve(rest)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"]:  # the service's own arguments, --cull-every among them
+        _serve(argv[1:])
         return
+    args = parser.parse_args(argv)
     out = run(
         args.servers,
         args.top,
@@ -215,9 +322,12 @@ def main(argv: list[str] | None = None) -> None:
         " ".join(
             f"{k}={round(v, 1) if isinstance(v, float) else v}"
             for k, v in out.items()
-            if k not in ("lineno", "filename", "traceback")
+            if k not in ("lineno", "filename", "traceback", "parts")
         ),
     )
+    for name, size, count, largest in out.get("parts", ()):
+        if size >= 0.05:
+            print(f"  {size:8.1f} MB {count:9,d}  {name} ({largest})")
     for kind in ("lineno", "filename", "traceback"):
         for size, count, where in out.get(kind, ()):
             print(f"  {size:8.1f} MB {count:9,d}  {where}")

@@ -330,6 +330,40 @@ async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_pat
     assert decided[0] < 12  # and not decided in between
 
 
+async def test_a_kept_decision_keeps_no_report_but_the_latest(tmp_path, monkeypatch):
+    """A server's kept decision holds no older report than its latest (one report a server in
+    memory, not two: docs/benchmarks.md, "Issue 26, wave 13"): a report the same for a decision
+    takes the old one's place, and the decision still holds; one that moved drops the kept
+    decision, and the next pass decides the server on it."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    uuid = "GPU-00000001-0000-0000-0000-000000000000"
+    async with FakeHub() as hub:
+        hub.add_server("user0", last_activity=frozen[0])
+        gov = governor(hub, tmp_path, "gov", Dcgm(), full_every=1000)
+        decided = counting(gov)
+        for _ in range(3):  # the first report's pass marks the row as reporting: not kept
+            frozen[0] += timedelta(minutes=1)
+            gov.ingest(report_for("user0", uuid, sm=0.9))
+            await gov.reconcile()
+        key, before = "user0/", decided[0]
+        assert gov.unchanged.kept[key].received is gov.reports[key]
+
+        frozen[0] += timedelta(minutes=1)
+        gov.ingest(report_for("user0", uuid, sm=0.9))  # the same but for its time
+        assert gov.unchanged.kept[key].received is gov.reports[key]
+        await gov.reconcile()
+        assert decided[0] == before  # its decision held
+
+        frozen[0] += timedelta(minutes=1)
+        gov.ingest(report_for("user0", uuid, sm=0.0))  # its GPU went idle
+        assert key not in gov.unchanged.kept
+        await gov.reconcile()
+        assert decided[0] == before + 1
+        assert gov.verdict(key)["state"] == "idle"
+        await gov.close()
+
+
 @pytest.mark.parametrize("version, sorts", [("4.1.6", True), ("6.1.0", False)])
 async def test_a_hub_that_cannot_sort_by_activity_is_listed_whole(
     tmp_path, monkeypatch, version, sorts

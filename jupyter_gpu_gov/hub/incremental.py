@@ -186,15 +186,25 @@ class Incremental:
         server's kept decision read, and the server marked for the next pass only if it moved
         — the pass never compares reports; else its kept decision holds until the new report
         goes stale. One of a server no pass saw running is forgotten once stale, unless a pass
-        finds its server running (``_forget_stale_reports``)."""
+        finds its server running (``_forget_stale_reports``).
+
+        A kept decision holds no report but the latest (one report a server in memory, not two:
+        docs/benchmarks.md, "Issue 26, wave 13"): one that read another report is forgotten
+        now, as the pass would find it moved and decide the server; one that read the same (as
+        far as a decision reads, ``same_report``: equal in what it compares) takes the new one
+        in its place, which compares as the old did with any later report."""
         self.due.written.discard(key)
         if key not in self._servers:
             self._orphan(key)
-        elif self._report_moved(key) or self._share_moved(key):
+            return
+        kept, received = self.unchanged.kept.get(key), self.reports.get(key)
+        if kept is not None and not same_report(received, kept.received):
+            self._unkeep(key)
+        elif self._report_moved(key, kept) or self._share_moved(key):
             self.due.mark(key)
         else:  # the same again: it goes stale later (else every server is due every few passes)
-            kept = self.unchanged.kept[key]
-            self.due.at(key, _earliest(kept.until, self._stale_at(key, self.reports.get(key))))
+            kept.received = received
+            self.due.at(key, _earliest(kept.until, self._stale_at(key, received)))
 
     def _share_moved(self, key: str) -> bool:
         """Whether the report moved the server's right-sizing share (its measured use) from
@@ -229,15 +239,11 @@ class Incremental:
             else:  # a later report: looked at when it goes stale
                 self._orphan(key)
 
-    def _report_moved(self, key: str) -> bool:
-        """Whether the report that arrived, or the diagnosis it brought, differs from what the
-        server's kept decision read (most say again what the last one did)."""
-        kept = self.unchanged.kept.get(key)
+    def _report_moved(self, key: str, kept: Kept | None) -> bool:
+        """Whether the diagnosis the report brought differs from what the server's kept
+        decision (which read the same report) read, or something waits that it does not show."""
         return (
-            kept is None
-            or self._special(key)
-            or not same_report(self.reports.get(key), kept.received)
-            or cause_of(self.root_cause(key)) != kept.evidence[0]
+            kept is None or self._special(key) or cause_of(self.root_cause(key)) != kept.evidence[0]
         )
 
     def _read_this_pass(self, server: HubServer) -> bool:

@@ -30,6 +30,8 @@ class Kept:
     """What a server's last steady decision read, and the view it decided on."""
 
     server: HubServer
+    # The report it read, or a later one the same for a decision (``same_report``): the latest
+    # is kept in its place, so that no server's older report stays in memory for this.
     received: Received | None
     evidence: tuple  # what else it read: the cause, DCGM's evidence
     row: ServerRow
