@@ -15,11 +15,11 @@ what it held free (``malloc_trim``: memory freed by Python but kept by glibc's h
 
 ``--rounds R --cull-every S``: every server reports R times, with the service's pass every S
 seconds and a pass after each round (the benchmark waits S + 5 s after each); by default the
-service's own interval (60 s here, as deployed) without waiting, ``--cull-every 86400``: no pass
-after the start-up one; the resident memory after each round is printed, and the passes done. The diagnosis keeps a window per server per
-``diagnose_sample_every`` (a minute), up to ``diagnose_max_windows`` (250,000: 25 at 10,000
-servers), so two rounds are not the steady state: ``--sample-every 1 --rounds 26`` reaches it
-in minutes instead of 25 of them. Also printed: what Python's small-object allocator holds in
+service's own interval (60 s here, as deployed) without waiting, ``--cull-every 86400``: no
+pass after the start-up one; the resident memory after each round is printed, and the passes
+done. The diagnosis keeps a window per server per ``diagnose_sample_every`` (a minute), up to
+``diagnose_max_windows`` (250,000: 25 at 10,000 servers), so two rounds are not the steady
+state: ``--sample-every 1 --rounds 26`` reaches it in minutes instead of 25 of them. Also printed: what Python's small-object allocator holds in
 arenas and in live objects (``obmalloc_*``); with ``BENCH_MEMORY_TYPES=1`` in the environment,
 the reports the service holds and its most numerous object types.
 
