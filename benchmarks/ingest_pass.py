@@ -22,7 +22,8 @@ not measured; then ``--minutes``. Printed:
 - ``gc<g>_<phase>``: the garbage collections of each generation while a pass runs and between
   passes: per minute, their CPU per minute, the longest (with ``--young-sizes``, the objects
   the generations it scanned held at its start: ``gc.get_objects``, which slows them);
-- ``pass_cpu_ms``: a pass's CPU on this thread (its store writes run in the writer's);
+- ``steps_max``: the pass's named synchronous steps (``ingest_probe.STEPS``), the longest of
+  each (wall clock; ``(off-loop)``: in the store's writer thread);
 - ``objects_gen*``: the objects each generation tracks at the end.
 
 ``--tree``: the governor's code from that tree (a baseline's ``git worktree``), this
@@ -148,26 +149,22 @@ async def _run(servers: int, minutes: int, idle_repeat: bool, sizes: bool, trim:
     from jupyter_gpu_gov.hub import heap
 
     from .ingest_load import encode, report_for
+    from .ingest_probe import _time_steps
 
     collections = Collections(sizes)
     holds = Holds(collections)
     late: list[float] = []
     report_cpu: list[float] = []
-    pass_cpu: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-ingest-pass-") as workdir:
         app, hub, gov, users = await _governor(workdir, servers)
         idle_as_of = clock.utcnow() if idle_repeat else None
         loop = asyncio.get_running_loop()
         start = loop.time() + 0.1
-        measure_from = start + MINUTE_S
         interval = MINUTE_S / servers
 
         async def a_pass() -> None:
             collections.phase = "pass"
-            began = time.thread_time()
             await app._reconcile()
-            if loop.time() >= measure_from:
-                pass_cpu.append(1000 * (time.thread_time() - began))
             collections.phase = "reports" if holds.on else "unmeasured"
 
         trims: list[tuple[float, float, float]] = []  # CPU ms, resident MB before, after
@@ -181,6 +178,8 @@ async def _run(servers: int, minutes: int, idle_repeat: bool, sizes: bool, trim:
                 trims.append((1000 * (time.thread_time() - began), rss, _rss_mb()))
 
             heap.after_pass = timed_after_pass
+        steps = _Steps(holds)
+        _time_steps(steps)
         gc.callbacks.append(collections)
         timers = [heap.start()]
         app.governor = gov
@@ -221,7 +220,8 @@ async def _run(servers: int, minutes: int, idle_repeat: bool, sizes: bool, trim:
                 heap.after_pass = after_pass
             await gov.close()
             hub.stop()
-    out = _figures(servers, minutes, late, report_cpu, pass_cpu, holds, collections, sizes)
+    out = _figures(servers, minutes, late, report_cpu, holds, collections, sizes)
+    out["steps_max"] = steps.summary()
     out["rss_mb_after_passes"] = ",".join(f"{t[1]:.0f}>{t[2]:.0f}" for t in trims) or None
     out["after_pass_ms"] = ",".join(f"{t[0]:.1f}" for t in trims) or None
     out["rss_mb_end"] = round(_rss_mb(), 1)
@@ -235,19 +235,37 @@ def _rss_mb() -> float:
     return float("nan")
 
 
+class _Steps:
+    """The pass's named steps (``ingest_probe.STEPS``, timed in wall-clock ms by the probe's
+    wrappers) while measuring: the longest of each."""
+
+    def __init__(self, holds: Holds) -> None:
+        self._holds = holds
+        self.longest: dict[str, float] = {}
+
+    def write(self, line: str) -> None:
+        if self._holds.on:
+            step = json.loads(line)
+            name = step["what"].removeprefix("step ")
+            self.longest[name] = max(self.longest.get(name, 0.0), step["ms"])
+
+    def summary(self) -> str:
+        ordered = sorted(self.longest.items(), key=lambda kv: -kv[1])
+        return ",".join(f"{name}:max{ms:.0f}ms" for name, ms in ordered)
+
+
 class _NoQueue:
     async def sync(self) -> None:  # (no spawn queue in this benchmark)
         return None
 
 
-def _figures(servers, minutes, late, report_cpu, pass_cpu, holds, collections, sizes) -> dict:
+def _figures(servers, minutes, late, report_cpu, holds, collections, sizes) -> dict:
     out: dict[str, Any] = {"servers": servers, "minutes": minutes}
     late.sort()
     for q in (0.5, 0.99):
         out[f"late_p{round(100 * q)}_ms"] = round(late[min(len(late) - 1, int(q * len(late)))], 1)
     out["late_max_ms"] = round(late[-1], 1)
     out["report_cpu_ms"] = round(statistics.mean(report_cpu), 4)
-    out["pass_cpu_ms"] = round(statistics.median(pass_cpu), 1) if pass_cpu else None
     by_what: dict[str, list[float]] = defaultdict(list)
     gc_ms = 0.0
     for what, ms, in_gc in holds.ms:

@@ -1,5 +1,5 @@
-"""A performance measure, kept apart: the garbage collector's full collections on a timer
-instead of CPython's own rule (docs/benchmarks.md, "Ingest: the event loop's pauses").
+"""A performance measure, kept apart: the garbage collector's collections on timers instead of
+CPython's own rule alone (docs/benchmarks.md, "Ingest: the event loop's pauses").
 
 Why: the service keeps some 50 objects the collector tracks per server (its last report, the
 diagnosis's windows, the rows, the views), and every report replaces a few dozen of them.
@@ -16,15 +16,13 @@ reference cycles that die young (nearly all: a request's, an exception's) are fr
 only cycles that outlived two young collections wait, at most that long.
 
 The young generations are also collected on a clock (``YOUNG_EVERY_S``, the middle one every
-``MIDDLE_EVERY`` of those). CPython starts a young collection when the objects it tracks that
-were made, less those freed (of any age), since the last one exceed 700; a report frees the
-server's last report as it keeps the new one (and, when it moved, the kept decision that read
-the last: docs/benchmarks.md, "Issue 26, wave 13"), so that count barely moves while the young
-generation fills with every report's new objects: at 10,000 servers a young collection came
-every ~700 reports and scanned ~10,000 objects (45 ms held), a middle one once a minute and
-~165,000-200,000 (270 ms held), which the pass's first allocations set off
-("Issue 26, wave 14"). On the clock each scans what a tenth of a second made: the same objects
-scanned as often in all, in slices of a few ms.
+``MIDDLE_EVERY`` of those). CPython starts a young collection when the objects it tracks made
+since the last one, less those freed (of any age), exceed 700; a report frees the server's last
+report as it keeps the new one (and, when it moved, the kept decision that read the last), so
+that count barely moves while the young generation fills with every report's new objects:
+young collections came rarely and scanned many objects at once, a middle one a minute's worth,
+holding the loop tens to hundreds of ms (docs/benchmarks.md, "Issue 26, wave 14"). On the clock
+each scans what a tenth of a second made: the same objects scanned in all, in small slices.
 """
 
 from __future__ import annotations
