@@ -396,7 +396,8 @@ def run(
             lines = Path(stack.enter_context(tempfile.TemporaryDirectory()), "probe.jsonl")
             # The service's code from $PYTHONPATH when set (a baseline's tree), the probe here.
             pythonpath = [p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p]
-            start["command"] = ("-m", "benchmarks.ingest_probe")
+            # By its path: ``-m`` would take a baseline's own ``benchmarks`` first.
+            start["command"] = (str(REPO / "benchmarks" / "ingest_probe.py"),)
             start["env"] = {PROBE_ENV: str(lines), "PYTHONPATH": os.pathsep.join(pythonpath)}
         ready = stack.enter_context(fake_hub(servers, seconds))
         process, port = stack.enter_context(service(ready, **start))

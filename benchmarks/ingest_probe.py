@@ -65,6 +65,8 @@ STEPS = {
     "jupyter_gpu_gov.hub.usage": ("Usage._save_usage", "Usage._count"),
     "jupyter_gpu_gov.hub.incremental": ("Incremental._forget_stale_reports",),
     "jupyter_gpu_gov.hub.health": ("HealthWatch.finish_pass",),
+    "jupyter_gpu_gov.hub.metrics": ("StateGauges.publish",),
+    "jupyter_gpu_gov.hub.heap": ("after_pass",),
     "jupyter_gpu_gov.core.ledger": ("Ledger.drain", "Ledger.sweep"),
 }
 
@@ -80,9 +82,9 @@ def _time_steps(out) -> None:
     for module_name, names in STEPS.items():
         module = importlib.import_module(module_name)
         for name in names:
-            owner_name, method = name.split(".")
-            owner = getattr(module, owner_name)
-            original = owner.__dict__.get(method)
+            owner_name, _, method = name.rpartition(".")
+            owner = getattr(module, owner_name) if owner_name else module
+            original = vars(owner).get(method)
             if not inspect.isfunction(original) or inspect.iscoroutinefunction(original):
                 continue  # (not in this tree; a coroutine's steps are callbacks, timed above)
 

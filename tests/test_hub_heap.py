@@ -45,3 +45,31 @@ def test_full_collections_run_on_the_timer_only(monkeypatch):
     assert not freed_before_timer
     assert freed_by_timer
     assert gc.get_threshold() == threshold and gc.get_freeze_count() == 0  # as before
+
+
+def test_young_collections_run_on_the_clock_while_new_objects_replace_old(monkeypatch):
+    """Each report replaces its server's last (made objects less freed ones barely move, the
+    count CPython starts a young collection on): a young reference cycle is still freed within
+    a few ticks of the clock, not when that count happens to reach 700."""
+    monkeypatch.setattr(heap, "YOUNG_EVERY_S", 0.01)
+
+    async def scenario() -> int | None:
+        timers = heap.start()
+        try:
+            state = [[] for _ in range(2000)]  # long-lived: one object a server
+            gc.collect(1)
+            gc.collect(1)
+            young = Cycle()
+            gone = weakref.ref(young)
+            del young
+            for turn in range(len(state)):
+                state[turn] = []  # a new one made, the old one freed
+                if gone() is None:
+                    return turn
+                await asyncio.sleep(0.001)
+            return None
+        finally:
+            heap.stop(timers)
+
+    freed_after = asyncio.run(scenario())
+    assert freed_after is not None  # (on CPython's count alone: not in 2,000 turns)

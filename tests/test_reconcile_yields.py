@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -17,6 +18,7 @@ from test_governor_incremental import counting
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub import reconcile
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.incremental import YIELD_EVERY
 from jupyter_gpu_gov.hub.options import Options
@@ -61,6 +63,45 @@ async def test_reports_get_in_between_a_passs_decisions(tmp_path, monkeypatch, f
     # The loop ran after the pass had decided some servers and before it had decided all: at
     # least once every YIELD_EVERY of them.
     assert len({n for n in between if 0 < n < servers}) >= servers // YIELD_EVERY - 1, between
+
+
+async def test_a_slow_pass_lets_reports_in_every_few_milliseconds(tmp_path, monkeypatch):
+    """Where deciding is slow (a loaded machine, a server with much to read), the loop runs
+    once a slice of ``SLICE_S`` is spent, however few servers it decided: a report waits for
+    one slice, not for ``YIELD_EVERY`` slow decisions (docs/benchmarks.md, "Issue 26, wave
+    14")."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    servers = YIELD_EVERY
+    users = [f"user{i}" for i in range(servers)]
+    async with FakeHub() as hub:
+        gov = patient_governor(hub, users, frozen[0], tmp_path / "gov.sqlite", 1000)
+        await gov.reconcile()
+        frozen[0] += timedelta(minutes=1)
+        for i, user in enumerate(users):
+            gov.ingest(report_for(user, uuid(i), sm=0.9 if i % 2 else 0.0))
+        decide_one = gov._decide_one
+        decided = [0]
+
+        def slowly(*args):  # each decision longer than half a slice
+            time.sleep(0.6 * reconcile.SLICE_S)
+            decided[0] += 1
+            return decide_one(*args)
+
+        gov._decide_one = slowly
+        between: list[int] = []
+
+        async def meanwhile(deciding: asyncio.Future) -> None:
+            while not deciding.done():
+                between.append(decided[0])
+                await asyncio.sleep(0)
+
+        deciding = asyncio.ensure_future(gov.reconcile())
+        await asyncio.gather(deciding, meanwhile(deciding))
+        await gov.close()
+    assert decided[0] == servers
+    # At least once every two decisions (a slice holds at most two of 0.6 of one).
+    assert len({n for n in between if 0 < n < servers}) >= servers // 2 - 1, between
 
 
 async def test_reports_get_in_while_a_pass_waits_for_the_database(tmp_path, monkeypatch):

@@ -278,6 +278,7 @@ class GpuGovernor(GovernorSettings, Application):
             await self.queue.sync()
         except Exception:
             self.log.exception("gpu-gov: spawn queue sync failed; trying again next cycle")
+        heap.after_pass()  # the pass's burst of memory back to the system
 
     @default("log_level")
     def _log_level(self):
