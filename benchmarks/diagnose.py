@@ -29,7 +29,9 @@ windows; the shipped constants again on every test set with only the base column
 does not write them, gives); then the online cost per window. ``--confusion`` adds every
 world's confusion matrix (shipped constants, online: truth by row, answer by column,
 ``uncertain`` last), the cells the wrong answers are in; ``--startup`` the figures of each
-server's first running windows (its start-up: the model and data loaded) apart from the rest.
+server's first running windows (its start-up: the model and data loaded) apart from the rest;
+``--calibration`` how often the answers are right in each band of confidence (is a sure
+answer surer?) and how often an ``uncertain`` window's likelier candidate is the truth.
 """
 
 from __future__ import annotations
@@ -213,6 +215,29 @@ def startup_split(rows, diagnoses, first: int = STARTUP) -> dict:
     return {name: figures(r, d) for name, (r, d) in parts.items()}
 
 
+# Bands of confidence, from the threshold of an answer (``Params.confident``) up.
+BANDS = (0.7, 0.85, 1.0)
+
+
+def calibration(rows, diagnoses, confident: float = PHYSICAL.confident) -> dict:
+    """How often the answers are right in each band of confidence — ``(low, high)`` ->
+    ``(right, answered)``, zombies apart (a definition, not a reading) — and, under
+    ``"uncertain"``, how often an uncertain window's likelier candidate is the truth."""
+    ranges = list(zip((confident, *BANDS[:-1]), BANDS, strict=True))
+    right, counted = Counter(), Counter()
+    for (_, truth), d in zip(rows, diagnoses, strict=True):
+        if truth in (UNKNOWN, ZOMBIE) or d.label in (UNKNOWN, ZOMBIE):
+            continue
+        if d.label == UNCERTAIN:
+            band, said = "uncertain", d.cause
+        else:
+            band = next((b for b in ranges if d.confidence < b[1]), ranges[-1])
+            said = d.label
+        right[band] += said == truth
+        counted[band] += 1
+    return {band: (right[band], counted[band]) for band in (*ranges, "uncertain")}
+
+
 def design_columns(rows) -> list:
     """``rows`` with the columns beyond the base ones (``OPTIONAL``) missing."""
     return [(replace(w, **dict.fromkeys(OPTIONAL)), truth) for w, truth in rows]
@@ -248,6 +273,10 @@ def run(args) -> dict:
     if args.startup:
         for e, rows in tests.items():
             startup[e] = startup_split(rows, online(rows, PHYSICAL, 10 if e == H200 else 30))
+    calibrated = {}
+    if args.calibration:
+        for e, rows in tests.items():
+            calibrated[e] = calibration(rows, online(rows, PHYSICAL, 10 if e == H200 else 30))
     rules_figures = {
         e: figures(rows, [rules.baseline(w) for w, _ in rows]) for e, rows in tests.items()
     }
@@ -258,6 +287,7 @@ def run(args) -> dict:
         "design": design,
         "rules": rules_figures,
         "startup": startup,
+        "calibration": calibrated,
         "protocols": protocols,
         "latency": latency(tests[names[0]], PHYSICAL),
         "sizes": {e: len(rows) for e, rows in tests.items()},
@@ -354,6 +384,16 @@ def _print(result: dict, args) -> None:
                 for name, f in parts.items()
             ]
             print(f"{e:<11} " + "   ".join(cells))
+    if result["calibration"]:
+        print("\n## calibration, shipped constants (online): % right (answers) in each band of"
+              " confidence, zombies apart; uncertain: its likelier candidate")  # fmt: skip
+        for e, bands in result["calibration"].items():
+            cells = [
+                f"{band if band == 'uncertain' else f'{band[0]:.2f}-{band[1]:.2f}'} "
+                f"{_pct(right / answered) if answered else '    -'} ({answered:>5})"
+                for band, (right, answered) in bands.items()
+            ]
+            print(f"{e:<11} " + "   ".join(cells))
     print("\n## constants chosen on each world (differences from the physical values)")
     for t, params in tuned.items():
         if t == SHIPPED:
@@ -387,6 +427,10 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--startup", action="store_true",
         help=f"each server's first {STARTUP} running windows against the rest (shipped)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--calibration", action="store_true",
+        help="answers right in each band of confidence, and uncertain's likelier candidate",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)

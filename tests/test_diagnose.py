@@ -548,6 +548,34 @@ def test_the_start_up_split_counts_each_servers_first_running_windows():
     assert parts["start-up"]["windows"] + parts["rest"]["windows"] == everything["windows"]
 
 
+def test_calibration_counts_each_answer_in_its_band_of_confidence(capsys):
+    """``benchmarks.diagnose --calibration``: every answered window but the zombies in exactly
+    one band of confidence, its right answers counted there, and the uncertain ones apart."""
+    from benchmarks import diagnose as bench
+    from benchmarks.worlds import generate
+
+    rows = generate("traces", 12, 20, 101)
+    said = bench.online(rows, Params())
+    bands = bench.calibration(rows, said)
+    kept = [
+        (truth, d)
+        for (_, truth), d in zip(rows, said, strict=True)
+        if truth not in (UNKNOWN, "zombie") and d.label not in (UNKNOWN, "zombie")
+    ]
+    answered = [(truth, d) for truth, d in kept if d.label != UNCERTAIN]
+    assert list(bands) == [(Params().confident, 0.7), (0.7, 0.85), (0.85, 1.0), "uncertain"]
+    assert sum(n for band, (_, n) in bands.items() if band != "uncertain") == len(answered)
+    assert sum(r for band, (r, _) in bands.items() if band != "uncertain") == sum(
+        d.label == truth for truth, d in answered
+    )
+    sure = [(truth, d) for truth, d in answered if d.confidence >= 0.85]
+    assert bands[(0.85, 1.0)] == (sum(d.label == truth for truth, d in sure), len(sure))
+    assert bands["uncertain"][1] == len(kept) - len(answered)
+    bench.main(["--tune-on", "--calibration", "--worlds", "traces", "--servers", "8",
+                "--windows", "10"])  # fmt: skip
+    assert "\ntraces      0.55-0.70 " in capsys.readouterr().out
+
+
 def test_tuning_on_one_world_and_scoring_another():
     """``tune`` chooses constants on one world's labels; they score the tuning set at least as
     well as the physical starting values, and hold on a world it never saw."""
