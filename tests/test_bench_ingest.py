@@ -52,6 +52,7 @@ def test_the_idle_repeat_mix_repeats_idle_servers_reports_and_moves_busy_ones():
     from jupyter_gpu_gov.core import clock
     from jupyter_gpu_gov.core.report import validate
     from jupyter_gpu_gov.hub.evidence import Received
+    from jupyter_gpu_gov.hub.ingest import compact_report
     from jupyter_gpu_gov.hub.unchanged import same_report
 
     quiet_since = clock.utcnow() - timedelta(minutes=2)
@@ -63,7 +64,8 @@ def test_the_idle_repeat_mix_repeats_idle_servers_reports_and_moves_busy_ones():
             for at in (quiet_since + minute, quiet_since + 2 * minute)
         )
         assert first["sampled_at"] != second["sampled_at"]
-        return same_report(Received(first, quiet_since), Received(second, quiet_since))
+        kept = [Received(compact_report(r), quiet_since) for r in (first, second)]
+        return same_report(*kept)
 
     indexes = range(10)
     assert [same(quiet_since, i) for i in indexes] == [not is_busy(i) for i in indexes]
