@@ -43,8 +43,10 @@ def _reads_as(kept, sent) -> bool:
             and all(_reads_as(kept[k], sent[k]) for k in sent)
         )
     if isinstance(sent, list):
-        return type(kept) in (list, tuple) and len(kept) == len(sent) and all(
-            map(_reads_as, kept, sent)
+        return (
+            type(kept) in (list, tuple)
+            and len(kept) == len(sent)
+            and all(map(_reads_as, kept, sent))
         )
     if type(kept) is not type(sent):
         return False
