@@ -114,17 +114,23 @@ def _section_classes() -> dict[type, type[Section]]:
     def section_of(wire: type) -> type[Section]:
         if wire not in classes:
             names = tuple(f.name for f in dataclasses.fields(wire))
-            kept = classes[wire] = type(
+            # A dataclass for its ``__init__`` (one assignment a slot: fast, each report makes
+            # ~16 of these); equality, hash and repr are ``Section``'s.
+            kept = classes[wire] = dataclasses.make_dataclass(
                 wire.__name__,
-                (Section,),
-                {
-                    "__slots__": names,
+                [(name, Any) for name in names],
+                bases=(Section,),
+                namespace={
                     "__module__": __name__,
                     "__doc__": f"``core.wire.{wire.__name__}`` as the governor keeps it.",
                     "FIELDS": frozenset(names),
                     "_names": names,
                     "_values": attrgetter(*names),
                 },
+                slots=True,
+                eq=False,
+                repr=False,
+                match_args=False,
             )
             hints = typing.get_type_hints(wire)
             kept._layout = tuple((name, *how(hints[name])) for name in names)
@@ -163,7 +169,7 @@ def compact_report(report: Mapping) -> Section:
 
 def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
     words = _WORDS
-    out = object.__new__(kind)
+    values = []
     for name, one, many in kind._layout:
         value = obj.get(name, ABSENT)
         type_ = type(value)
@@ -186,11 +192,11 @@ def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
             if many is tuple:
                 value = tuple(_compact_list(value, seen, depth + 1))
             elif many is not None:  # validated: objects
-                value = tuple(_keep(many, item, seen, depth + 1) for item in value)
+                value = tuple([_keep(many, item, seen, depth + 1) for item in value])
             else:
                 value = _compact_list(value, seen, depth + 1)
-        setattr(out, name, value)
-    return out
+        values.append(value)
+    return kind(*values)
 
 
 def _compact(obj: dict, seen: dict, depth: int) -> dict:
