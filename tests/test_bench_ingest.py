@@ -71,3 +71,14 @@ def test_the_idle_repeat_mix_repeats_idle_servers_reports_and_moves_busy_ones():
     assert [same(quiet_since, i) for i in indexes] == [not is_busy(i) for i in indexes]
     assert not any(same(None, i) for i in indexes)
     assert 0 < sum(map(is_busy, indexes)) < len(indexes)
+
+
+def test_report_reads_times_the_reads_of_kept_reports(capsys):
+    from benchmarks import report_reads
+
+    report_reads.main(["--reports", "20", "--repeats", "1"])
+    line = capsys.readouterr().out
+    figures = dict(word.split("=") for word in line.split()[1:])
+    assert figures["reports"] == "20"
+    for name in ("pass_reads", "same_report", "windows_from_report"):
+        assert float(figures[f"{name}_us"]) > 0
