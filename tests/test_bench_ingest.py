@@ -52,6 +52,7 @@ def test_the_idle_repeat_mix_repeats_idle_servers_reports_and_moves_busy_ones():
     from jupyter_gpu_gov.core import clock
     from jupyter_gpu_gov.core.report import validate
     from jupyter_gpu_gov.hub.evidence import Received
+    from jupyter_gpu_gov.hub.ingest import compact_report
     from jupyter_gpu_gov.hub.unchanged import same_report
 
     quiet_since = clock.utcnow() - timedelta(minutes=2)
@@ -63,9 +64,21 @@ def test_the_idle_repeat_mix_repeats_idle_servers_reports_and_moves_busy_ones():
             for at in (quiet_since + minute, quiet_since + 2 * minute)
         )
         assert first["sampled_at"] != second["sampled_at"]
-        return same_report(Received(first, quiet_since), Received(second, quiet_since))
+        kept = [Received(compact_report(r), quiet_since) for r in (first, second)]
+        return same_report(*kept)
 
     indexes = range(10)
     assert [same(quiet_since, i) for i in indexes] == [not is_busy(i) for i in indexes]
     assert not any(same(None, i) for i in indexes)
     assert 0 < sum(map(is_busy, indexes)) < len(indexes)
+
+
+def test_report_reads_times_the_reads_of_kept_reports(capsys):
+    from benchmarks import report_reads
+
+    report_reads.main(["--reports", "20", "--repeats", "1"])
+    line = capsys.readouterr().out
+    figures = dict(word.split("=") for word in line.split()[1:])
+    assert figures["reports"] == "20"
+    for name in ("pass_reads", "same_report", "windows_from_report"):
+        assert float(figures[f"{name}_us"]) > 0

@@ -836,7 +836,7 @@ async def test_kept_reports_are_the_reports_sent_sharing_one_copy_of_each_word(t
         for report in sent:
             gov.ingest(json.loads(json.dumps(report)))  # decoded apart, as each request is
     alice, bob = gov.reports["alice/"].report, gov.reports["bob/"].report
-    assert [alice, bob] == sent
+    assert [alice.to_json(), bob.to_json()] == sent
     a, b = alice["targets"][0], bob["targets"][0]
     assert all(x is y for x, y in zip(sorted(a), sorted(b), strict=True))  # the names
     assert a["kind"] is b["kind"] and a["gpu"]["confidence"] is b["gpu"]["confidence"]

@@ -29,10 +29,11 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)  # one per server: no __dict__ each
 class Received:
-    """A server's last report as the governor keeps it: validated (``hub.ingest.compact_report``),
-    and when it arrived (the governor's clock, never the server's)."""
+    """A server's last report as the governor keeps it: validated, compact and read as the JSON
+    object it was (``hub.ingest.compact_report``), and when it arrived (the governor's clock,
+    never the server's)."""
 
-    report: dict
+    report: Mapping  # a ``hub.ingest.KeptReport``
     at: datetime
 
 

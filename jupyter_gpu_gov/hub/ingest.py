@@ -4,13 +4,18 @@ answered. Reports are accepted only for servers the Hub runs, and forgotten once
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+import typing
+from collections.abc import Iterator, Mapping
 from math import copysign
+from operator import attrgetter
+from typing import Any
 
 from ..core import clock
 from ..core.vocabulary import server_key
-from ..core.wire import report_words
+from ..core.wire import Report, Wire, report_words
 from .checkpoints import reported_checkpoint
 from .evidence import Received
 from .hubapi import HubApiError
@@ -23,26 +28,181 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 HUB_LOOKUP_EVERY = 10.0
 
 
-# How deep a report is compacted: its own objects lie at most 2 deep (targets[].gpu,
-# devices[].health); a checkpoint's manifest may nest deeper, and below 4 is kept as it came.
+# How deep a report's free-form objects (a device's health, a checkpoint's manifest, which may
+# nest deeper) are compacted, counting from the report: below 4 they are kept as they came.
 SHARED_DEPTH = 4
 
 
-def compact_report(report: dict) -> dict:
-    """A validated report as the governor keeps it, equal to it in every field, with its names
-    and enumerated values (``core.wire.report_words``) as the one string each, and any other
-    string or number that occurs more than once in it (a time in three fields, a GPU's UUID in
-    its device and its kernels, an idle kernel's twelve 0.0 samples) as one object, and the
-    names that most servers send alike (a GPU's model, a kernel's, the namespace:
-    ``FLEET_FIELDS``) as one string across reports: JSON decoding makes a copy of each, and the
-    governor keeps every server's last report (docs/benchmarks.md, "Issue 26, wave 6" and
-    "wave 8")."""
-    return _compact(report, {}, 0)
+class _Absent:
+    """A field the report did not send: ``in``, ``get`` and ``[]`` read it as the JSON object
+    did (absent is not ``null``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()
+
+
+class Section(Mapping):
+    """One object of a kept report (the report, its server, a device, a target and its ``gpu``
+    and ``cpu``, the window, the checkpoint), read as the validated JSON object it was
+    (``section["kind"]``, ``get``, ``in``, iterating the fields it sent), with one slot per
+    field of its ``core.wire`` dataclass instead of a dict: a target's is 112 bytes, its dict
+    272 (docs/benchmarks.md, "Issue 26, wave 14"). Read-only. What the wire does not define
+    is not kept (nothing reads it); lists are tuples; sections compare equal field by field."""
+
+    __slots__ = ()
+    FIELDS: frozenset[str] = frozenset()
+    _names: tuple[str, ...] = ()  # the wire's fields, in its order
+    # How each field is kept: (name, its section's class where it is an object, the class of
+    # its items' sections, or ``tuple``, where it is a list).
+    _layout: tuple[tuple[str, type | None, type | None], ...] = ()
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.FIELDS:  # only fields: never a method's name
+            value = getattr(self, key)
+            if value is not ABSENT:
+                return value
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.FIELDS:
+            value = getattr(self, key)
+            if value is not ABSENT:
+                return value
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.FIELDS and getattr(self, key) is not ABSENT
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._names if getattr(self, name) is not ABSENT)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            return self._values(self) == self._values(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self)!r})"
+
+    def to_json(self) -> dict:
+        """The JSON object it was (tuples as lists)."""
+        return {name: _to_json(value) for name, value in self.items()}
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, Section):
+        return value.to_json()
+    if type(value) is tuple:
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _section_classes() -> dict[type, type[Section]]:
+    """A ``Section`` class for each object of the report, from its ``core.wire`` dataclass."""
+    classes: dict[type, type[Section]] = {}
+
+    def section_of(wire: type) -> type[Section]:
+        if wire not in classes:
+            names = tuple(f.name for f in dataclasses.fields(wire))
+            # A dataclass for its ``__init__`` (one assignment a slot: fast, each report makes
+            # ~16 of these); equality, hash and repr are ``Section``'s.
+            kept = classes[wire] = dataclasses.make_dataclass(
+                wire.__name__,
+                [(name, Any) for name in names],
+                bases=(Section,),
+                namespace={
+                    "__module__": __name__,
+                    "__doc__": f"``core.wire.{wire.__name__}`` as the governor keeps it.",
+                    "FIELDS": frozenset(names),
+                    "_names": names,
+                    "_values": attrgetter(*names),
+                },
+                slots=True,
+                eq=False,
+                repr=False,
+                match_args=False,
+            )
+            hints = typing.get_type_hints(wire)
+            kept._layout = tuple((name, *how(hints[name])) for name in names)
+        return classes[wire]
+
+    def how(hint: Any) -> tuple[type | None, type | None]:
+        for part in (hint, *typing.get_args(hint)):  # X, X | None, tuple[X, ...]
+            if isinstance(part, type) and issubclass(part, Wire):
+                return section_of(part), None
+            if typing.get_origin(part) is tuple:
+                item = typing.get_args(part)[0]
+                nested = isinstance(item, type) and issubclass(item, Wire)
+                return None, section_of(item) if nested else tuple
+        return None, None
+
+    section_of(Report)
+    return classes
+
+
+SECTIONS = _section_classes()
+KeptReport = SECTIONS[Report]
+
+
+def compact_report(report: Mapping) -> Section:
+    """A validated report as the governor keeps it (``KeptReport``), equal to it in every field
+    the wire defines, read as it is: its objects as ``Section``s, its names and enumerated
+    values (``core.wire.report_words``) as the one string each, and any other string or
+    number that occurs more than once in it (a time in three fields, a GPU's UUID in its
+    device and its kernels, an idle kernel's twelve 0.0 samples) as one object, and the names
+    that most servers send alike (a GPU's model, a kernel's, the namespace: ``FLEET_FIELDS``)
+    as one string across reports: JSON decoding makes a copy of each, and the governor keeps
+    every server's last report (docs/benchmarks.md, "Issue 26, wave 6", "wave 8" and
+    "wave 14")."""
+    return _keep(KeptReport, report, {}, 0)
+
+
+def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
+    words = _WORDS
+    values = []
+    for name, one, many in kind._layout:
+        value = obj.get(name, ABSENT)
+        type_ = type(value)
+        if type_ is str:
+            value = words.get(value) or (
+                _fleet_word(value) if name in FLEET_FIELDS else seen.setdefault(value, value)
+            )
+        elif type_ is float:
+            if value:
+                value = seen.setdefault(value, value)
+            elif copysign(1.0, value) > 0:
+                value = _ZERO
+        elif type_ is dict:
+            value = (
+                _keep(one, value, seen, depth + 1)
+                if one is not None
+                else _compact(value, seen, depth + 1)
+            )
+        elif type_ is list:
+            if many is tuple:
+                value = tuple(_compact_list(value, seen, depth + 1))
+            elif many is not None:  # validated: objects
+                value = tuple([_keep(many, item, seen, depth + 1) for item in value])
+            else:
+                value = _compact_list(value, seen, depth + 1)
+        values.append(value)
+    return kind(*values)
 
 
 def _compact(obj: dict, seen: dict, depth: int) -> dict:
-    # ``seen``: this report's strings and floats (never equal to one another), by value;
-    # zeros apart, as -0.0 == 0.0 but is not the same number.
+    """A free-form object of a report, its strings and numbers shared. ``seen``: this report's
+    strings and floats (never equal to one another), by value; zeros apart, as -0.0 == 0.0 but
+    is not the same number."""
     words = _WORDS
     out = {}
     for key, value in obj.items():

@@ -18,10 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import attrgetter
 
 from ..core.policy import Policy, Record, ServerView
+from ..core.wire import Target, TargetGpu
 from .evidence import Received
 from .hubapi import HubServer
+from .ingest import SECTIONS, KeptReport, Section
 from .tables import ServerRow, record_of
 
 
@@ -43,9 +46,20 @@ class Kept:
 
 # What moves in every report without changing any decision: when it was taken, and each
 # target's last activity and CPU use (read by the diagnosis, whose cause is compared apart, and
-# by right-sizing, which the verdict reads live). ``decide`` reads neither.
+# by right-sizing, which the verdict reads live). ``decide`` reads neither. The rest of each
+# kept section (``hub.ingest.Section``, absent fields too), compared at once.
 _MOVING = frozenset(("sampled_at", "targets"))
 _MOVING_TARGET = frozenset(("cpu", "gpu"))
+_MOVING_GPU = frozenset(("last_active",))
+
+
+def _steady(kind: type, moving: frozenset) -> attrgetter:
+    return attrgetter(*(name for name in kind._names if name not in moving))
+
+
+_STEADY_REPORT = _steady(KeptReport, _MOVING)
+_STEADY_TARGET = _steady(SECTIONS[Target], _MOVING_TARGET)
+_STEADY_GPU = _steady(SECTIONS[TargetGpu], _MOVING_GPU)
 
 
 def same_report(a: Received | None, b: Received | None) -> bool:
@@ -56,17 +70,14 @@ def same_report(a: Received | None, b: Received | None) -> bool:
     if a is None or b is None:
         return False
     x, y = a.report, b.report
-    if x.keys() != y.keys() or any(x[k] != y[k] for k in x if k not in _MOVING):
+    if _STEADY_REPORT(x) != _STEADY_REPORT(y):
         return False
-    xs, ys = x["targets"], y["targets"]
+    xs, ys = x.targets, y.targets
     return len(xs) == len(ys) and all(map(_same_target, xs, ys))
 
 
-def _same_target(x: Mapping, y: Mapping) -> bool:
-    if x.keys() != y.keys() or any(x[k] != y[k] for k in x if k not in _MOVING_TARGET):
-        return False
-    gx, gy = x["gpu"], y["gpu"]
-    return gx.keys() == gy.keys() and all(gx[k] == gy[k] for k in gx if k != "last_active")
+def _same_target(x: Section, y: Section) -> bool:
+    return _STEADY_TARGET(x) == _STEADY_TARGET(y) and _STEADY_GPU(x.gpu) == _STEADY_GPU(y.gpu)
 
 
 class Unchanged:
