@@ -150,13 +150,23 @@ class _Server:
 
 
 def _earlier(recent: array | None) -> list[Window]:
-    """The running windows ``_Server.recent`` holds, as ``with_context`` reads them."""
+    """The running windows ``_Server.recent`` holds, as ``with_context`` reads them: ``Window``s
+    equal to those kept but for the columns it does not read (missing)."""
     n = len(CONTEXT_READS)
     windows = []
     for i in range(0, len(recent) if recent else 0, n):
         row = zip(CONTEXT_READS, recent[i : i + n], strict=True)
-        windows.append(Window(**{name: None if v != v else v for name, v in row}))  # nan: missing
+        columns = _MISSING.copy()
+        columns.update({name: None if v != v else v for name, v in row})  # nan: missing
+        # Read back on every running report: made as ``replace`` would copy one, without the
+        # dataclass's 15 frozen setattrs (half the time).
+        window = object.__new__(Window)
+        object.__setattr__(window, "__dict__", columns)
+        windows.append(window)
     return windows
+
+
+_MISSING = vars(Window()).copy()  # every column of a window, missing
 
 
 class DiagnosisService:
