@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +26,8 @@ from jupyter_gpu_gov.core.models import GpuSnapshot
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.report import ReportError, target_cpu, validate
 from jupyter_gpu_gov.diagnose import faults
-from jupyter_gpu_gov.diagnose.labels import HINTS
+from jupyter_gpu_gov.diagnose.features import Window
+from jupyter_gpu_gov.diagnose.labels import HINTS, Diagnosis
 from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import TargetRoot
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService
@@ -514,27 +517,30 @@ def test_a_new_window_is_scored_in_its_servers_context():
     """The service reads a report's window with the server's recent running windows, as the
     model is trained (``features.with_context``); the history keeps the windows as they came."""
     service = DiagnosisService(DiagnosisOptions(sample_every=timedelta(0)))
-    scored = []
+    scored = []  # the windows the model scores
+    score = service.model.score
+    service.model.score = lambda window: scored.append(window) or score(window)
     try:
         for sm, cores in [(0.12, 1.0), (0.6, 0.2), (0.3, 0.9), (0.2, 0.8), (0.5, 0.7)]:
             clock.advance(60)
             r = starved_report("carol")
             r["targets"][0]["gpu"]["sm"] = sm
             r["targets"][0]["cpu"]["cores"] = cores
-            scored.append(service.observe("carol/", validate(r)))
+            service.observe("carol/", validate(r))
         clock.advance(60)
         idle = zombie_report("carol", away=timedelta(seconds=20))  # a pause: not smoothed
-        paused = service.observe("carol/", validate(idle))
+        service.observe("carol/", validate(idle))
     finally:
         clock.reset()
-    assert scored[0].window.sm_active == 0.12  # nothing earlier
-    assert scored[1].window.sm_active == pytest.approx(0.36)  # median of two
-    assert scored[2].window.sm_active == 0.3 and scored[2].window.cpu_cores == 0.9
-    assert scored[3].window.sm_active == pytest.approx(0.25)  # median of four
-    assert scored[3].window.cpu_cores == pytest.approx(0.85)
-    assert scored[4].window.sm_active == pytest.approx(0.4)  # the last four: 0.12 dropped
-    assert scored[4].window.cpu_cores == pytest.approx(0.75)
-    assert paused.window.sm_active == 0.0 and paused.window.kernel_busy is False
+    scored, paused = scored[:5], scored[5]
+    assert scored[0].sm_active == 0.12  # nothing earlier
+    assert scored[1].sm_active == pytest.approx(0.36)  # median of two
+    assert scored[2].sm_active == 0.3 and scored[2].cpu_cores == 0.9
+    assert scored[3].sm_active == pytest.approx(0.25)  # median of four
+    assert scored[3].cpu_cores == pytest.approx(0.85)
+    assert scored[4].sm_active == pytest.approx(0.4)  # the last four: 0.12 dropped
+    assert scored[4].cpu_cores == pytest.approx(0.75)
+    assert paused.sm_active == 0.0 and paused.kernel_busy is False
     assert [w.sm_active for w in service.history.of("carol/")] == [
         0.12,
         0.6,
@@ -544,7 +550,42 @@ def test_a_new_window_is_scored_in_its_servers_context():
         0.0,
     ]
     service.forget("carol/")
-    assert "carol/" not in service._recent
+    assert "carol/" not in service._servers and "carol/" not in service.results
+
+
+def test_the_diagnosis_keeps_no_report_no_window_and_no_silent_diagnosis_a_server():
+    """Between reports the service keeps, per server, the numbers the next window's context
+    reads and the verdict's cause: not the report (the governor's), not a ``Window`` (~470
+    bytes with its floats), not a healthy server's diagnosis (two dicts); 10,000 servers' were
+    ~20 MB (docs/benchmarks.md, "Issue 26, wave 14")."""
+    service = DiagnosisService(DiagnosisOptions(sample_every=timedelta(0)))
+    reports = []
+    try:
+        for _ in range(3):
+            clock.advance(60)
+            for report in (starved_report("carol"), zombie_report("dave")):
+                reports.append(validate(report))
+                service.observe(report["server"]["user"] + "/", reports[-1])
+    finally:
+        clock.reset()
+    assert service.root_cause("carol/") is not None  # both name a cause ...
+    assert service.root_cause("dave/")["label"] == "zombie"
+    healthy = validate(starved_report("erin"))
+    healthy["targets"][0]["gpu"]["sm"] = 0.95
+    healthy["targets"][0]["execution_state"] = "busy"
+    service.observe("erin/", healthy)
+    assert service.results["erin/"].label == "healthy"
+    held, stack, seen = [], [service], set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) not in seen and not isinstance(obj, type | types.ModuleType):
+            seen.add(id(obj))
+            held.append(obj)
+            stack.extend(gc.get_referents(obj))
+    assert not [o for o in held if isinstance(o, Window)]
+    assert not [o for o in held if any(o is r for r in (*reports, healthy))]
+    causes = sorted(service.results[key].label for key in ("carol/", "dave/"))
+    assert sorted(o.label for o in held if isinstance(o, Diagnosis)) == causes  # not erin's
 
 
 def test_the_history_is_bounded_by_count_and_age():

@@ -4,11 +4,11 @@ underused, how sure we are, and what each cause costs the cluster.
 Every report becomes a diagnosis window (``diagnose.features.windows_from_report``), with
 DCGM's DRAM, tensor and PCIe activity when a DCGM snapshot covers the server's GPUs, read in its
 server's context (``features.with_context``: the median with the server's last running windows,
-at most ``CONTEXT_KEEP`` kept). The model (``diagnose.counterfactual.Diagnoser``) learns each
-node's reference online from that window (``observe``: O(1); at most one window per server per
-``diagnose_sample_every``, so no server weighs more than another by reporting more often) and
-scores it (``score``: tens of microseconds), so the verdict that answers the report names the
-cause, with its confidence.
+of which the numbers it reads are kept, packed: ``_Server.recent``). The model
+(``diagnose.counterfactual.Diagnoser``) learns each node's reference online from that window
+(``observe``: O(1); at most one window per server per ``diagnose_sample_every``, so no server
+weighs more than another by reporting more often) and scores it (``score``: tens of
+microseconds), so the verdict that answers the report names the cause, with its confidence.
 Windows also go into a bounded history (oldest first out: by age, by count); every
 ``diagnose_train_every`` a worker thread rebuilds the model from it (``fit``: the references
 then reflect exactly the history kept) and saves it; the event loop only hands over the list
@@ -25,6 +25,7 @@ import asyncio
 import logging
 import math
 import time
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,7 @@ from ..core import clock
 from ..diagnose import cluster, rules
 from ..diagnose.counterfactual import Diagnoser
 from ..diagnose.features import (
+    CONTEXT_COLUMNS,
     CONTEXT_HORIZON_S,
     CONTEXT_K,
     Window,
@@ -54,6 +56,9 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 # ``features.in_context`` keeps reading a file (so a window scored online reads as it does
 # there), and never more than this.
 CONTEXT_KEEP = 16
+# What ``with_context`` reads of an earlier running window (that it runs: it was kept for it),
+# kept as numbers: a ``Window`` is ~470 bytes with its floats and strings, these 88.
+CONTEXT_READS = ("t", *CONTEXT_COLUMNS)
 
 # Labels that name no cause: no root cause in the verdict (nor an uncertain answer between two
 # of them).
@@ -78,27 +83,34 @@ class DiagnosisOptions:
 
 @dataclass(frozen=True, slots=True)  # one per server: no __dict__ each
 class Scored:
-    """A server's latest diagnosis, and the window it is about."""
+    """A server's latest diagnosis: its label, and the diagnosis itself only where it names a
+    cause (what ``root_cause`` reads; most servers' are healthy, and a diagnosis is two dicts)."""
 
-    diagnosis: Diagnosis
-    window: Window  # as scored: in its server's context
+    label: str
+    cause: Diagnosis | None  # None: it names no cause
     at: datetime  # when the report arrived
+    # the window's (node, server), whose task reference the model forgets when it stops
+    node: str | None
+    server: str | None
 
-    @property
-    def label(self) -> str:
-        return self.diagnosis.label
+    @classmethod
+    def of(cls, d: Diagnosis, window: Window, at: datetime, before: Scored | None) -> Scored:
+        silent = d.label in SILENT_LABELS or (
+            d.label == UNCERTAIN and all(c in SILENT_LABELS for c in d.candidates)
+        )
+        node, server = window.node, window.server
+        if before is not None and (before.node, before.server) == (node, server):
+            node, server = before.node, before.server  # one string each, not one a report
+        return cls(d.label, None if silent else d, at, node, server)
 
     def root_cause(self) -> dict | None:
         """The verdict's ``root_cause``: ``label``, ``hint``, ``contributions``, ``source``,
         and ``cause`` (the most likely label), ``confidence``, ``confident``, ``candidates``,
         ``gain``; ``None`` when it names no cause (healthy, unknown, or uncertain between
         those)."""
-        d = self.diagnosis
-        if d.label in SILENT_LABELS:
+        if self.cause is None:
             return None
-        if d.label == UNCERTAIN and all(c in SILENT_LABELS for c in d.candidates):
-            return None
-        out = d.as_dict()
+        out = self.cause.as_dict()
         out["contributions"] = {
             k: round(float(v), 4)
             for k, v in out["contributions"].items()
@@ -118,12 +130,43 @@ class TrainingState:
 
 
 @dataclass(slots=True)  # one per server: no __dict__ each
-class _Booking:
-    """Where a server's time goes in the cost ledger."""
+class _Server:
+    """What the diagnosis keeps of a server between its reports (one record, not a dict each)."""
 
-    at: float  # when its last window was booked (epoch seconds)
+    sampled_at: object = None  # its last report's: the same report again is nothing new
+    kept_at: float | None = None  # when its last window was kept (epoch seconds)
+    # its last running windows' CONTEXT_READS, oldest first (``_in_context``)
+    recent: array | None = None
+    # where its time goes in the cost ledger: when its last window was booked, whose, how many
+    # GPU-equivalents (none: not booked)
+    booked_at: float | None = None
     team: str = ""
     gpus: float | None = None
+
+    def drop(self) -> None:
+        """What it is now forgotten (not which report it sent last, nor when one was kept)."""
+        self.recent = None
+        self.booked_at, self.team, self.gpus = None, "", None
+
+
+def _earlier(recent: array | None) -> list[Window]:
+    """The running windows ``_Server.recent`` holds, as ``with_context`` reads them: ``Window``s
+    equal to those kept but for the columns it does not read (missing)."""
+    n = len(CONTEXT_READS)
+    windows = []
+    for i in range(0, len(recent) if recent else 0, n):
+        row = zip(CONTEXT_READS, recent[i : i + n], strict=True)
+        columns = _MISSING.copy()
+        columns.update({name: None if v != v else v for name, v in row})  # nan: missing
+        # Read back on every running report: made as ``replace`` would copy one, without the
+        # dataclass's 15 frozen setattrs (half the time).
+        window = object.__new__(Window)
+        object.__setattr__(window, "__dict__", columns)
+        windows.append(window)
+    return windows
+
+
+_MISSING = vars(Window()).copy()  # every column of a window, missing
 
 
 class DiagnosisService:
@@ -137,12 +180,7 @@ class DiagnosisService:
         self.results: dict[str, Scored] = {}
         self.costs = cluster.CostLedger(max(1, self.options.history.days or 1))
         self.score_seconds: float | None = None  # one report's window: context, learn, score
-        # Each server's last running windows, at most CONTEXT_KEEP: a list, not a deque (an
-        # empty deque holds a 0.5 kB block; 10,000 servers' were 10 MB: docs/benchmarks.md).
-        self._recent: dict[str, list[Window]] = {}
-        self._previous: dict[str, dict] = {}  # the last report of each server
-        self._last_kept: dict[str, float] = {}  # when each server's last window was kept
-        self._booked: dict[str, _Booking] = {}
+        self._servers: dict[str, _Server] = {}
         self._task: asyncio.Future | None = None
         self._loaded = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-train")
@@ -167,32 +205,36 @@ class DiagnosisService:
         now = now or clock.utcnow()
         try:
             started = time.perf_counter()
-            previous = self._previous.get(key)
-            if previous is not None and previous.get("sampled_at") == report.get("sampled_at"):
+            server = self._servers.get(key)
+            sampled_at = report.get("sampled_at")
+            if server is not None and server.sampled_at == sampled_at:
                 return self.results.get(key)  # the same report again: nothing new
             # t is the report's sampled_at: user_idle_s then reads one clock, the server's.
             windows = windows_from_report(
-                report, previous, node=node_of(report, evidence), dcgm=dcgm_fields(evidence)
+                report, node=node_of(report, evidence), dcgm=dcgm_fields(evidence)
             )
-            self._previous[key] = report
+            if server is None:
+                server = self._servers[key] = _Server()
+            server.sampled_at = sampled_at
             if not windows:  # it holds no GPU: nothing to diagnose
                 self._drop(key)
                 return None
             raw = windows[-1]
             stamp = now.timestamp()
-            window = self._in_context(key, raw)
+            window = self._in_context(server, raw)
             model = self.model
-            last = self._last_kept.get(key)
+            last = server.kept_at
             if last is None or stamp - last >= self.options.sample_every.total_seconds():
                 # At most one window per server per sample_every is learnt (and kept): a
                 # server that reports often weighs no more in its node's reference than one
                 # that does not.
                 self.history.add(key, raw, stamp)
-                self._last_kept[key] = stamp
+                server.kept_at = stamp
                 model.observe(window)
-            scored = Scored(self._score(model, window), window, now)
+            diagnosis = self._score(model, window)
+            scored = Scored.of(diagnosis, window, now, self.results.get(key))
             self.results[key] = scored
-            self._book(key, scored, stamp, team, gpus)
+            self._book(server, window, diagnosis, stamp, team, gpus)
             cost = time.perf_counter() - started
             self.score_seconds = cost if self.score_seconds is None else (
                 0.9 * self.score_seconds + 0.1 * cost
@@ -204,20 +246,22 @@ class DiagnosisService:
             self._drop(key)
             return None
 
-    def _in_context(self, key: str, window: Window) -> Window:
+    def _in_context(self, server: _Server, window: Window) -> Window:
         """``window`` read with the server's recent running windows (as the model reads its
         training windows); it joins them when it is running."""
+        if not is_running(window) or window.t is None:
+            return window  # as ``with_context`` reads it; and it joins no context
         model = self.model
         k = getattr(model, "context", CONTEXT_K)
         horizon = getattr(model, "context_horizon_s", CONTEXT_HORIZON_S)
-        recent = self._recent.get(key, ())
-        scored = with_context(window, recent, k, horizon)
-        if is_running(window) and window.t is not None:
-            if not recent:
-                recent = self._recent[key] = []
-            recent.append(window)
-            if len(recent) > min(max(k, 1), CONTEXT_KEEP):  # as many as a file's reading keeps
-                del recent[0]
+        scored = with_context(window, _earlier(server.recent), k, horizon)
+        row = [getattr(window, name) for name in CONTEXT_READS]
+        row = array("d", [math.nan if v is None else v for v in row])
+        # as many as a file's reading keeps; a new array each time, its size exact (one that
+        # grows keeps room for more)
+        keep = (min(max(k, 1), CONTEXT_KEEP) - 1) * len(CONTEXT_READS)
+        recent = server.recent
+        server.recent = row if not recent or not keep else recent[-keep:] + row
         return scored
 
     def _score(self, model: Diagnoser, window: Window) -> Diagnosis:
@@ -229,31 +273,25 @@ class DiagnosisService:
             window = replace(window, user_idle_s=rules.ZOMBIE_IDLE_S if away else 0.0)
         return model.score(window)
 
-    def _book(self, key: str, scored: Scored, stamp: float, team, gpus) -> None:
-        booking = self._booked.get(key)
-        if booking is None:
-            self._booked[key] = _Booking(stamp, team or "", gpus)
+    def _book(self, server: _Server, window: Window, d: Diagnosis, stamp, team, gpus) -> None:
+        """The time since the server's last booked window, to this window's cause."""
+        at = server.booked_at
+        server.booked_at = stamp
+        server.team = team if team is not None else server.team
+        server.gpus = gpus if gpus is not None else server.gpus
+        if at is None or not server.gpus:
             return
-        seconds = min(max(0.0, stamp - booking.at), cluster.MAX_GAP_S)
-        booking.at = stamp
-        booking.team = team if team is not None else booking.team
-        booking.gpus = gpus if gpus is not None else booking.gpus
-        if booking.gpus:
-            day = datetime.fromtimestamp(stamp, tz=timezone.utc).date()
-            window = scored.window
-            self.costs.add(
-                day,
-                booking.team,
-                window.node or "",
-                scored.diagnosis,
-                seconds * booking.gpus,
-                window.sm_active,
-            )
+        seconds = min(max(0.0, stamp - at), cluster.MAX_GAP_S)
+        day = datetime.fromtimestamp(stamp, tz=timezone.utc).date()
+        self.costs.add(
+            day, server.team, window.node or "", d, seconds * server.gpus, window.sm_active
+        )
 
     def _drop(self, key: str) -> None:
-        self._recent.pop(key, None)
         self.results.pop(key, None)
-        self._booked.pop(key, None)
+        server = self._servers.get(key)
+        if server is not None:
+            server.drop()
 
     def root_cause(self, key: str, stale_after: timedelta | None = None) -> dict | None:
         """The verdict's ``root_cause`` (``Scored.root_cause``): ``None`` when it names no
@@ -267,12 +305,10 @@ class DiagnosisService:
 
     def forget(self, key: str) -> None:
         """A server stopped: drop what it is now (its windows stay, for training)."""
-        scored = self.results.get(key)
+        scored = self.results.pop(key, None)
         if scored is not None:
-            self.model.forget_task(scored.window.node, scored.window.server)
-        self._drop(key)
-        self._previous.pop(key, None)
-        self._last_kept.pop(key, None)
+            self.model.forget_task(scored.node, scored.server)
+        self._servers.pop(key, None)
 
     # -- training, in the worker ----------------------------------------------------------------
 

@@ -175,7 +175,9 @@ class GovernorSettings(HasTraits):
         min=1,
         help="""Most windows kept in memory for training (packed: about 36 MB at 250,000, which
         10,000 servers fill in 25 minutes); beyond it the oldest go first, whatever their
-        age.""",
+        age. The rebuilt model learns each node from its windows: at 600 nodes its accuracy
+        still rises from 100,000 windows to 250,000 (docs/benchmarks.md, "Issue 26, wave
+        14"), so keep about 400 a node.""",
     ).tag(config=True)
     diagnose_zombie_idle = Float(
         0,
