@@ -269,7 +269,11 @@ class Ingest:
 
     def ingest(self, report: dict) -> dict:
         """Keep a validated, authorised report; answer the server's current verdict."""
-        report = compact_report(report)
+        # What is kept is the compact form; what only reads the report now (the use meter,
+        # DCGM's evidence, the diagnosis: each keeps numbers, not the report) reads the
+        # decoded JSON, whose ``get`` is C's, not a section's (docs/benchmarks.md, "Issue 26,
+        # wave 14: the kept reports").
+        decoded, report = report, compact_report(report)
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
         now = clock.utcnow()
         self.reports[key] = Received(report, now)
@@ -277,14 +281,14 @@ class Ingest:
         use = self.use.get(key)
         if use is None or use.session != session:
             use = self.use[key] = _Use(session)
-        use.add(report, now)
+        use.add(decoded, now)
         context = self._context
         row = self.row(key)
         billed = self.ledger.open.get(key)
         self.diagnosis.observe(
             key,
-            report,
-            self._evidence(report, context.by_uuid, context.by_pod),
+            decoded,
+            self._evidence(decoded, context.by_uuid, context.by_pod),
             now,
             team=(row.team or "") if row is not None else None,
             gpus=billed.gpus if billed is not None else None,
