@@ -1235,3 +1235,29 @@ def test_copies_outside_kernels_do_not_raise_the_nodes_dram_peak():
     assert model.nodes["fast", "engine"].peak <= 1.0
     memory = [r for r in rows if "-memory-" in r.server]
     assert _labels(model, memory) == {"memory": "memory_bandwidth"}
+
+
+def test_a_tasks_reference_keeps_its_last_readings_packed():
+    """A server's own best (the 90th percentile of its last ``TASK_KEEP`` running windows) is
+    kept as numbers, not float objects: the service keeps one per running server (0.3 kB
+    against a deque's 2.4; docs/benchmarks.md, "Issue 26, wave 14"). A model saved with the
+    deque still learns."""
+    import gc as collector
+    from collections import deque
+
+    from jupyter_gpu_gov.diagnose.reference import TASK_KEEP, TaskReference
+
+    window = faults.generate(1, 1, seed=3)[0][0]
+    task = TaskReference()
+    for i in range(TASK_KEEP + 8):
+        task.observe(replace(window, sm_active=i / 100, kernel_busy=True))
+    task.observe(
+        replace(window, sm_active=0.99, kernel_busy=False)
+    )  # a waiting kernel: not its best
+    last = [i / 100 for i in range(8, TASK_KEEP + 8)]
+    assert list(task.sm) == last
+    assert task.best_sm == sorted(last)[int(0.9 * TASK_KEEP)]
+    assert not [o for o in collector.get_referents(task.sm) if isinstance(o, float)]
+    old = TaskReference(sm=deque(last, maxlen=TASK_KEEP))  # as a format 8 model pickled it
+    old.observe(replace(window, sm_active=0.5, kernel_busy=True))
+    assert list(old.sm) == [*last[1:], 0.5]

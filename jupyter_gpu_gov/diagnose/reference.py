@@ -40,7 +40,7 @@ and the model uses its prior until then.
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from dataclasses import MISSING, dataclass, field, fields
 
 from .features import Window
@@ -325,11 +325,17 @@ class TaskReference:
     """A server's (task's) own recent running windows: its best SM activity (the 90th
     percentile of the last ``TASK_KEEP``)."""
 
-    sm: deque = field(default_factory=lambda: deque(maxlen=TASK_KEEP))
+    # Packed, not a deque of float objects: the service keeps one a running server (0.3 kB
+    # against 2.4 kB; docs/benchmarks.md, "Issue 26, wave 14"). A model saved with a deque
+    # here still loads and learns: both append, index and sort alike.
+    sm: array = field(default_factory=lambda: array("d"))
 
     def observe(self, w: Window) -> None:
         if w.sm_active is not None and w.kernel_busy is not False:
-            self.sm.append(w.sm_active)
+            sm = self.sm
+            sm.append(w.sm_active)
+            if len(sm) > TASK_KEEP:
+                del sm[0]
 
     @property
     def best_sm(self) -> float:
