@@ -577,18 +577,32 @@ class HubHarness:
             time.sleep(0.2)
 
     def _kill_leftovers(self) -> None:
-        # A second to end by themselves; then killed (the hub's own cleanup takes seconds).
+        # A second to end by themselves; then killed, and killed again while any appears for
+        # a few seconds more: a hub dying under load may restart its proxy in its last moment
+        # (seen once as an orphaned configurable-http-proxy outliving the run).
         pids = self.pids()
-        for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
-            if not pids:
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 1.0
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = self.pids()
+        deadline, quiet_since = time.monotonic() + 10.0, None
+        while time.monotonic() < deadline:
+            if pids:
+                quiet_since = None
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= 0.3:
                 return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + grace
-            while pids and time.monotonic() < deadline:
-                time.sleep(0.1)
-                pids = self.pids()
+            time.sleep(0.1)
+            pids = self.pids()
 
 
 def processes_with(name: str, value: str) -> list[int]:

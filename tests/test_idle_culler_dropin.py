@@ -29,6 +29,10 @@ pytestmark = pytest.mark.timeout(300)
 
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 TIMEOUT, CULL_EVERY, MAX_AGE = 10, 5, 25
+# How late the reference itself may cull on a loaded machine (a real process whose passes
+# and the Hub's DELETE run late: seen 16.1 s for a 15 s bound under a load of 13 on 2 cores).
+# What this test holds the governor to is the next assert: within one --cull-every of it.
+REFERENCE_LATE = 3
 FLAGS = [f"--timeout={TIMEOUT}", f"--cull-every={CULL_EVERY}", f"--max-age={MAX_AGE}"]
 POLL = 0.5
 
@@ -151,7 +155,7 @@ def compare(hubs, started, stopped, expected: Mapping) -> dict:
         low, high = expected[key]
         assert culler is not None and ours is not None, (key, table, hubs[1].log_tail())
         # Where jupyterhub-idle-culler culls it (its rule, give or take a pass)...
-        assert low <= culler <= high + CULL_EVERY + 2 * POLL, (key, table)
+        assert low <= culler <= high + CULL_EVERY + 2 * POLL + REFERENCE_LATE, (key, table)
         # ...the governor does too, within one --cull-every.
         assert abs(ours - culler) <= CULL_EVERY + 2 * POLL, (key, table, hubs[1].log_tail())
     return table
