@@ -53,7 +53,8 @@ class PreparedHubOAuth(HubOAuth):
             return self.kept(await super()._check_hub_authorization(url, api_token, None, False))
         if cache_key is None:
             raise ValueError("cache_key is required when using cache")
-        key = hashlib.sha256(cache_key.encode("utf8", "replace")).digest()  # 32 bytes, not 70
+        # A 32-byte digest of HubAuth's key (71 characters and more): as distinct, half the size.
+        key = hashlib.sha256(cache_key.encode("utf8", "replace")).digest()
         try:
             return self.cache[key]
         except KeyError:
