@@ -3,12 +3,23 @@ JupyterHub's own ``HubOAuthenticated.check_hub_user`` allows and refuses."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import json
+import sys
+import types
+
 import pytest
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
 
-from jupyter_gpu_gov.hub.prepared_auth import PreparedHubAuthenticated
+from jupyter_gpu_gov.hub.prepared_auth import (
+    TESTED_SCOPES,
+    PreparedHubAuthenticated,
+    PreparedHubOAuth,
+)
 
-ACCESS = {"access:services", "access:services!service=gpu-gov"}  # what the Hub sets for us
+SERVICE_ACCESS = "access:services!service=gpu-gov"
+ACCESS = {"access:services", SERVICE_ACCESS}  # what the Hub sets for us
 
 CALLERS = {
     "a server's token": ["access:services!service=gpu-gov", "users:activity!user=ann"],
@@ -17,6 +28,17 @@ CALLERS = {
     "a filter the check must expand": ["access:services!user=ann"],
     "a look-alike": ["access:services!service=gpu-gov-x", "access:services!service=gpu"],
     "no scopes": [],
+    "a governor admin": ["custom:gpu-gov:admin", SERVICE_ACCESS, "read:users!user=ann"],
+    "a Hub admin's login": ["admin-ui", "admin:users", "admin:servers", "access:services"],
+    "a filtered admin scope": ["admin:users!group=x", "admin-ui!user=ann", SERVICE_ACCESS],
+    "a metrics reader": ["read:metrics", "access:services!service=gpu-gov-x"],
+}
+ALLOWED = {
+    "a server's token",
+    "any service's access",
+    "a governor admin",
+    "a Hub admin's login",
+    "a filtered admin scope",  # by its access scope (not an admin: admin:users as it is written)
 }
 
 
@@ -37,7 +59,102 @@ def test_the_short_path_answers_as_hub_oauthenticated_does(caller):
     plain = _check(HubOAuthenticated, dict(model))
     short = _check(PreparedHubAuthenticated, dict(model))
     assert short == plain
-    expected = "allowed" if caller in ("a server's token", "any service's access") else "refused"
+    expected = "allowed" if caller in ALLOWED else "refused"
     assert ("refused" if plain == "refused" else "allowed") == expected
     if plain != "refused":
         assert short["kind"] == "user"
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_what_is_kept_of_a_token_decides_as_the_whole_answer(caller):
+    """HubAuth keeps of the Hub's answer the scopes the service tests: allowed, refused, an admin
+    or a metrics reader with them exactly as with the Hub's whole answer."""
+    whole = {
+        "kind": "user",
+        "name": "ann",
+        "admin": False,
+        "groups": ["x"],
+        "scopes": CALLERS[caller],
+    }
+    kept = _hub_answering({}, []).kept(whole)
+    assert set(kept["scopes"]) <= set(whole["scopes"]) and kept["name"] == "ann"
+    for handler_class in (HubOAuthenticated, PreparedHubAuthenticated):
+        verdicts = [_check(handler_class, dict(m)) != "refused" for m in (whole, kept)]
+        assert verdicts == [caller in ALLOWED] * 2
+    assert set(kept["scopes"]) & TESTED_SCOPES == set(whole["scopes"]) & TESTED_SCOPES
+
+
+def _deep_size(root: object) -> int:
+    """Bytes of ``root`` and everything it holds (``sys.getsizeof``, each object once)."""
+    seen, stack, total = set(), [root], 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType)):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        stack.extend(gc.get_referents(obj))
+    return total
+
+
+def _hub_answering(models: dict[str, dict | None], asked: list[str]) -> PreparedHubOAuth:
+    """The service's HubAuth, the Hub's ``GET /user`` answering ``models`` by token."""
+    auth = PreparedHubOAuth(
+        api_token="secret", api_url="http://127.0.0.1:9/hub/api", access_scopes=ACCESS
+    )
+
+    async def api_request(method, url, /, headers, allow_403):
+        token = headers["Authorization"].split()[1]
+        asked.append(token)
+        return json.loads(json.dumps(models[token]))  # as HubAuth decodes it
+
+    auth._api_request = api_request
+    return auth
+
+
+def test_a_token_is_kept_small_whatever_the_hub_says_of_its_user():
+    """HubAuth keeps each token's answer for ``cache_max_age``: a user whose model is huge (many
+    servers with large ``user_options``, many groups) costs the service no more memory per
+    token than any other, and is allowed and refused exactly as before."""
+    user_options = {"profile": "a100", "notes": "x" * 100_000}
+    huge = {
+        "kind": "user",
+        "name": "ann",
+        "admin": False,
+        "groups": [f"group-{i}" for i in range(1000)],
+        "servers": {f"s{i}": {"user_options": user_options} for i in range(100)},
+        "last_activity": "2026-12-03T18:00:00.000000Z",
+        "scopes": [SERVICE_ACCESS, "users:activity!user=ann", "read:users:activity!user=ann"],
+        "session_id": None,
+        "token_id": "a1",
+    }
+    asked: list[str] = []
+    auth = _hub_answering({"huge": huge, "bogus": None}, asked)
+    first = asyncio.run(auth.user_for_token("huge", sync=False))
+    again = asyncio.run(auth.user_for_token("huge", sync=False))
+    refused = [asyncio.run(auth.user_for_token("bogus", sync=False)) for _ in range(2)]
+    assert asked == ["huge", "bogus"]  # each asked once: the answer, and a refusal, are kept
+    assert refused == [None, None]
+    assert _deep_size(auth.cache) < 3000  # both tokens; the Hub's answer was over 10 MB
+    kept = {"kind": "user", "name": "ann", "admin": False, "scopes": (SERVICE_ACCESS,)}
+    assert first == again == kept
+    for handler_class in (HubOAuthenticated, PreparedHubAuthenticated):
+        assert _check(handler_class, again) is again  # allowed, as with the whole model
+        assert _check(handler_class, dict(huge)) == dict(huge, kind="user")
+
+
+def test_a_kept_token_expires_as_hubauth_s_cache_does(monkeypatch):
+    """The kept answers live in HubAuth's own cache: asked again once ``cache_max_age`` has
+    passed, and purged; ``use_cache=False`` asks the Hub and keeps nothing."""
+    now = [1000.0]
+    monkeypatch.setattr("jupyterhub.services.auth.time.monotonic", lambda: now[0])
+    model = {"kind": "user", "name": "ann", "scopes": ["access:services!service=gpu-gov"]}
+    asked: list[str] = []
+    auth = _hub_answering({"ann": model, "bob": dict(model, name="bob")}, asked)
+    assert asyncio.run(auth.user_for_token("ann", sync=False))["name"] == "ann"
+    now[0] += auth.cache_max_age + 1
+    assert asyncio.run(auth.user_for_token("bob", sync=False))["name"] == "bob"  # purges ann's
+    assert len(auth.cache) == 1
+    assert asyncio.run(auth.user_for_token("ann", sync=False))["name"] == "ann"
+    assert asyncio.run(auth.user_for_token("ann", use_cache=False, sync=False))["name"] == "ann"
+    assert asked == ["ann", "bob", "ann", "ann"] and len(auth.cache) == 2

@@ -17,17 +17,13 @@ from tornado import web
 from tornado.log import app_log
 
 from ..core.vocabulary import server_key
-from .prepared_auth import PreparedHubAuthenticated
+from .prepared_auth import ADMIN_SCOPE, HUB_ADMIN_SCOPES, PreparedHubAuthenticated
 from .store import StoreUnavailable
 
 if TYPE_CHECKING:
     from .reconcile import Governor
     from .tables import ServerRow
 
-ADMIN_SCOPE = "custom:gpu-gov:admin"
-# Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
-# (admin-ui: what a Hub admin's login to the dashboard carries; only Hub admins hold it.)
-HUB_ADMIN_SCOPES = {"admin:servers", "admin:users", "admin-ui"}
 MAX_TEXT = 2000  # characters of a reason
 
 
@@ -64,6 +60,8 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
 
     @property
     def scopes(self) -> set[str]:
+        """The caller's scopes the service tests (``prepared_auth.TESTED_SCOPES``, and any of its
+        access scopes' base): HubAuth keeps no others."""
         return set(self.current_user.get("scopes", ()))
 
     @property

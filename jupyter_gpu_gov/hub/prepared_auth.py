@@ -2,24 +2,89 @@
 the answer to "who sent this request", once ``prepare`` has asked the Hub, without a second
 trip through HubAuth's thread, and the scope check answered at once when the caller holds a
 required scope as it is written (the savings: docs/benchmarks.md, "Report ingest over HTTP" and
-"Issue 26, wave 7"). The plain path is ``HubOAuth`` and ``HubOAuthenticated`` themselves;
-tests/test_governor_hub.py and tests/test_prepared_auth.py check both answer alike."""
+"Issue 26, wave 7"); and, per token HubAuth keeps for ``cache_max_age``, only what is read of
+the Hub's answer (issue 26, wave 15). The plain path is ``HubOAuth`` and ``HubOAuthenticated``
+themselves; tests/test_governor_hub.py and tests/test_prepared_auth.py check both answer alike."""
 
 from __future__ import annotations
 
+import hashlib
+
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
+
+# The scopes the service's handlers test by name (``api_handler.py``, ``routes.py``; HubAuth
+# keeps no others, but for the access scopes'): its admins, who may read its Prometheus metrics.
+# Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
+# (admin-ui: what a Hub admin's login to the dashboard carries; only Hub admins hold it.)
+ADMIN_SCOPE = "custom:gpu-gov:admin"
+HUB_ADMIN_SCOPES = frozenset({"admin:servers", "admin:users", "admin-ui"})
+METRICS_SCOPE = "read:metrics"
+TESTED_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, METRICS_SCOPE})
+
+# What anything reads of the Hub's user model: the handlers (name, kind, and of the scopes
+# those above) and HubAuthenticated's ``check_hub_user`` (name, kind, admin for its
+# ``allow_admin``, and of the scopes those of the access scopes' base, which its check compares
+# filter by filter; its ``hub_groups``, the one reader of groups, is never set here). The rest
+# (groups, servers with their user_options, activity, ids, other scopes) is ~1 kB a token.
+KEPT_FIELDS = ("kind", "name", "admin", "scopes")
+KINDS = {kind: kind for kind in ("user", "service")}
+# Kept scopes made of those strings alone, one tuple for each set of them: a server's token
+# keeps its access scope and nothing else (at most as many as the sets of a few scopes).
+SHARED_SCOPES: dict[frozenset[str], tuple[str, ...]] = {}
 
 
 class PreparedHubOAuth(HubOAuth):
     """``HubOAuth`` whose synchronous ``get_user`` answers from the handler once ``prepare``
     has asked: HubAuth's synchronous path hops to its own thread and back on every request,
     even for the answer already kept on the handler (``_cached_hub_user``, where
-    ``HubAuth._get_user`` keeps it and looks first). Anything else takes HubOAuth's path."""
+    ``HubAuth._get_user`` keeps it and looks first). Anything else takes HubOAuth's path.
+
+    Its ``cache`` keeps a token's answer small (``kept``), under the SHA-256 of HubAuth's key
+    (``token:<session id>:<token's SHA-256 in hex>``)."""
 
     def get_user(self, handler, *, sync=True):
         if sync and hasattr(handler, "_cached_hub_user"):
             return handler._cached_hub_user
         return super().get_user(handler, sync=sync)
+
+    async def _check_hub_authorization(self, url, api_token, cache_key=None, use_cache=True):
+        # HubAuth's, caching (expiry, purge, a refusal as None) the kept model instead.
+        if not use_cache:
+            return self.kept(await super()._check_hub_authorization(url, api_token, None, False))
+        if cache_key is None:
+            raise ValueError("cache_key is required when using cache")
+        # A 32-byte digest of HubAuth's key (71 characters and more): as distinct, half the size.
+        key = hashlib.sha256(cache_key.encode("utf8", "replace")).digest()
+        try:
+            return self.cache[key]
+        except KeyError:
+            pass
+        model = self.kept(await super()._check_hub_authorization(url, api_token, None, False))
+        self.cache[key] = model
+        return model
+
+    def kept(self, model: dict | None) -> dict | None:
+        """What is kept of the Hub's answer for a token (None: a refusal): the fields in
+        ``KEPT_FIELDS``, of the scopes those the service tests (``TESTED_SCOPES``) or compares
+        with its access scopes (any with their base), a tuple of the service's own strings
+        where it holds them (every server's token holds the access scope)."""
+        if model is None:
+            return None
+        kept = {field: model[field] for field in KEPT_FIELDS if field in model}
+        if "kind" in kept:
+            kept["kind"] = KINDS.get(kept["kind"], kept["kind"])
+        if "scopes" in kept:
+            shared = {scope: scope for scope in (*self.access_scopes, *TESTED_SCOPES)}
+            bases = {scope.partition("!")[0] for scope in self.access_scopes}
+            scopes = tuple(
+                shared.get(scope, scope)
+                for scope in kept["scopes"]
+                if scope in shared or scope.partition("!")[0] in bases
+            )
+            if all(scope in shared for scope in scopes):
+                scopes = SHARED_SCOPES.setdefault(frozenset(scopes), scopes)
+            kept["scopes"] = scopes
+        return kept
 
 
 class PreparedHubAuthenticated(HubOAuthenticated):

@@ -15,6 +15,7 @@ from ..core.report import ReportError, validate
 from ..core.vocabulary import server_key
 from . import metrics, showback
 from .api_handler import ApiHandler
+from .prepared_auth import METRICS_SCOPE
 from .reconcile import Governor
 from .views import policy_view
 
@@ -282,8 +283,8 @@ class MetricsHandler(ApiHandler):
 
     @web.authenticated
     def get(self):
-        if not (self.is_admin or "read:metrics" in self.scopes):
-            raise web.HTTPError(403, "this needs the read:metrics scope")
+        if not (self.is_admin or METRICS_SCOPE in self.scopes):
+            raise web.HTTPError(403, f"this needs the {METRICS_SCOPE} scope")
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         self.finish(generate_latest(metrics.REGISTRY))
 
