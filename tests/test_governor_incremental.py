@@ -364,6 +364,37 @@ async def test_a_kept_decision_keeps_no_report_but_the_latest(tmp_path, monkeypa
         await gov.close()
 
 
+async def test_a_server_listed_as_it_was_is_kept_once(tmp_path, monkeypatch):
+    """A full listing brings every server's Hub model anew (here at every pass: a Hub older
+    than JupyterHub 5); one equal to what its kept decision read is that one: one model a
+    server in memory, not two (docs/benchmarks.md, "Issue 26, wave 15"). A model that moved
+    is taken and decided on."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    users = [f"user{i}" for i in range(0, 30, 3)]
+    async with FakeHub() as hub:
+        hub.version, hub.sorts = "4.1.6", False
+        for user in users:
+            hub.add_server(user, last_activity=frozen[0])
+        gov = governor(hub, tmp_path, "gov", Dcgm(), full_every=1000)
+        decided = counting(gov)
+        for _ in range(4):
+            frozen[0] += timedelta(minutes=1)
+            await gov.reconcile()
+            assert gov.hub_listing.full
+        keys = [f"{user}/" for user in users]
+        assert all(gov._servers[k] is gov.unchanged.kept[k].server for k in keys)
+        before, model = decided[0], gov._servers["user3/"]
+        hub.users["user3"].servers[""].last_activity = frozen[0]  # activity on the Hub
+        frozen[0] += timedelta(minutes=1)
+        await gov.reconcile()
+        assert decided[0] == before + 1
+        assert gov._servers["user3/"].last_activity > model.last_activity
+        kept = gov.unchanged.kept
+        assert len(kept) >= 9 and all(gov._servers[k] is kept[k].server for k in kept)
+        await gov.close()
+
+
 @pytest.mark.parametrize("version, sorts", [("4.1.6", True), ("6.1.0", False)])
 async def test_a_hub_that_cannot_sort_by_activity_is_listed_whole(
     tmp_path, monkeypatch, version, sorts

@@ -70,6 +70,22 @@ def test_gpu_equivalents_scale_the_seconds_and_ownership_changes_bill_the_old_ow
     assert by_team == {"vision": 50.0, "nlp": 200.0}
 
 
+def test_a_running_server_s_owner_is_kept_once_however_often_it_is_seen():
+    """Every pass observes a server with an owner of its own making; an equal one is the same
+    owner: the session and the day's bucket hold one object (memory: docs/benchmarks.md,
+    "Issue 26, wave 15"), and a changed owner is taken, as before."""
+    led = Ledger(GAP)
+    for t in (0, 60, 120):
+        look(led, t, ACTIVE, owner=Owner("alice", "vision", "seg", "h100"))
+    ((_, billed),) = led.drain()[0]  # the day's bucket, by its owner
+    assert led.open["alice/"].owner is billed
+    look(led, 180, ACTIVE, owner=Owner("alice", "vision", "seg", "h100"))
+    ((_, billed_next),) = led.drain()[0]
+    assert billed_next is billed and led.open["alice/"].owner is billed
+    look(led, 240, ACTIVE, owner=Owner("alice", "nlp", "seg", "h100"))
+    assert led.open["alice/"].owner == Owner("alice", "nlp", "seg", "h100")
+
+
 def test_a_second_is_never_billed_twice():
     led = Ledger(GAP)
     look(led, 0, ACTIVE)

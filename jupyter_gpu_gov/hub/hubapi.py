@@ -54,7 +54,7 @@ class HubApiError(Exception):
         super().__init__(f"{where}{status} {message}".rstrip())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per running server: no __dict__ each
 class HubServer:
     """One running (or pending) server of a user, flattened from the Hub's user model."""
 

@@ -57,11 +57,12 @@ class Running(dict):
 
     def __init__(self) -> None:
         super().__init__()
-        self.by_user: dict[str, set[str]] = {}
+        # A tuple of keys, not a set: most users run one server (a set of one: 216 bytes).
+        self.by_user: dict[str, tuple[str, ...]] = {}
 
     def __setitem__(self, key: str, server: HubServer) -> None:
         if key not in self:
-            self.by_user.setdefault(server.user, set()).add(key)
+            self.by_user[server.user] = (*self.by_user.get(server.user, ()), key)
         super().__setitem__(key, server)
 
     def __delitem__(self, key: str) -> None:
@@ -71,9 +72,10 @@ class Running(dict):
         if key not in self:
             return super().pop(key, *default)
         server = super().pop(key)
-        keys = self.by_user[server.user]
-        keys.discard(key)
-        if not keys:
+        keys = tuple(k for k in self.by_user[server.user] if k != key)
+        if keys:
+            self.by_user[server.user] = keys
+        else:
             del self.by_user[server.user]
         return server
 

@@ -284,7 +284,9 @@ class Governor(
             held = self.unchanged.kept.get(key)
             if held is None or server != held.server:  # a new model: compare everything
                 self._decide_one(key, server, None, rows, now, batch, seen)
-            elif key in kept.views:  # looked at this pass: its kept view, or decide
+                continue
+            server = held.server  # the same model: its kept decision's, not a second copy
+            if key in kept.views:  # looked at this pass: its kept view, or decide
                 self._decide_one(key, server, kept.views[key], rows, now, batch, seen)
             else:  # neither marked nor due, its model as it was: it keeps its decision
                 seen.add(key)
