@@ -7,18 +7,25 @@ Runs ``benchmarks.reconcile`` (its fake Hub, DCGM exporter and reports, unchange
 kept rows written) timed, and prints, for the first pass (which writes every run's id) and the
 median of the later ones, the time in each and their share of the pass. ``--off`` runs the
 same with the history disabled, for a side-by-side run: alternate the two.
+
+After the passes, what only the history holds (``held_kb_a_server``): the objects reached from
+the governor's history attributes (``HELD``) and from nothing else of the governor, by
+``sys.getsizeof`` (as ``benchmarks.memory`` walks them), in kB a running server.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import time
+import types
 
 from jupyter_gpu_gov.hub.history import HistoryOptions
 from jupyter_gpu_gov.hub.reconcile import Governor
 
 PARTS = ("_record", "_record_pass")
+HELD = ("_history", "_history_last", "_history_pending", "_keyframes", "_history_retry")
 
 
 def main(argv: list[str]) -> None:
@@ -31,7 +38,10 @@ def main(argv: list[str]) -> None:
 
     reconcile = Governor.reconcile
 
+    governors = []
+
     async def timed_reconcile(self, *args, **kwargs):
+        governors[:] = [self]
         looks[0] = 0.0
         started = time.perf_counter()
         try:
@@ -79,7 +89,30 @@ def main(argv: list[str]) -> None:
         "record_pass_s": round(later["_record_pass"], 4),
         "share": f"{share:.1%}",
     }
+    if governors and "--off" not in sys.argv:
+        governor = governors[0]
+        figures["held_kb_a_server"] = round(_held(governor) / len(governor._servers) / 1e3, 3)
     print("history pass:", " ".join(f"{k}={v}" for k, v in figures.items()))
+
+
+def _held(governor) -> int:
+    """Bytes of the objects that only the governor's ``HELD`` attributes reach."""
+    skip = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
+    seen: set[int] = {id(governor)}
+
+    def walk(*roots: object) -> int:
+        total, stack = 0, list(roots)
+        while stack:
+            obj = stack.pop()
+            if id(obj) in seen or isinstance(obj, skip):
+                continue
+            seen.add(id(obj))
+            total += sys.getsizeof(obj)
+            stack.extend(gc.get_referents(obj))
+        return total
+
+    walk(*(value for name, value in vars(governor).items() if name not in HELD))
+    return walk(*(getattr(governor, name) for name in HELD if hasattr(governor, name)))
 
 
 if __name__ == "__main__":

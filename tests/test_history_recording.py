@@ -199,3 +199,78 @@ async def test_a_failing_history_never_fails_a_servers_decision(tmp_path, monkey
     assert gov.row("alice/").state != "error" and "alice/" not in gov._failing
     assert not [a for a in gov.store.audit_rows("alice/") if a.action == "error"]
     assert "history row not recorded" in caplog.text
+
+
+def test_a_failed_write_leaves_no_run_or_context_id_behind(tmp_path, monkeypatch):
+    """The ids a write made for its runs and contexts go with its transaction when it fails
+    (SQLite gives them to the next insert): the next write makes them again, and every row
+    reads back as its own server's, in its own context."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import OperationalError
+
+    from jupyter_gpu_gov.hub.history import HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    log = HistoryLog(engine, HistoryOptions())
+    now = clock.utcnow().timestamp()
+    ada = HistoryRow(t=now, server="ada/", started=now - 60, team="vision")
+
+    def locked(db, values):
+        raise OperationalError("INSERT INTO gpu_gov_history", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(log._insert, "run", locked)
+    with pytest.raises(OperationalError):
+        log.append([ada])
+    monkeypatch.undo()
+    bob = HistoryRow(t=now + 60, server="bob/", started=now, team="speech")
+    log.append([bob, HistoryRow(t=now + 60, server="ada/", started=now - 60, team="vision")])
+    rows = read_history(engine)
+    assert sorted((r.server, r.started, r.team) for r in rows) == [
+        ("ada/", now - 60, "vision"),
+        ("bob/", now, "speech"),
+    ]
+
+
+def test_a_servers_context_read_back_as_it_changes_and_changes_back(tmp_path):
+    """A server's context (state, cause, labels) flips and flips back: each row reads back in
+    its own, and each context's JSON is stored once."""
+    from sqlalchemy import create_engine, func, select
+
+    from jupyter_gpu_gov.hub.history import CONTEXTS, HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    log = HistoryLog(engine, HistoryOptions())
+    now = clock.utcnow().timestamp()
+    labels = {"gpu-gov/user": "ada"}
+    states = [("active", None), ("idle", "zombie"), ("active", None), ("idle", "zombie")]
+    for i, (state, cause) in enumerate(states):
+        # (with bob, whose context stays)
+        ada = HistoryRow(now + i, "ada/", now, labels=labels, state=state, cause=cause)
+        log.append([ada, HistoryRow(now + i, "bob/", now, labels={"gpu-gov/user": "bob"})])
+    log.append([HistoryRow(t=now + 9, server="ada/", started=now, labels={**labels, "x": "1"})])
+    ada = [r for r in read_history(engine) if r.server == "ada/"]
+    assert [(r.state, r.cause, dict(r.labels)) for r in ada] == [
+        *((state, cause, labels) for state, cause in states),
+        ("active", None, {**labels, "x": "1"}),
+    ]
+    with engine.connect() as db:
+        assert db.execute(select(func.count()).select_from(CONTEXTS)).scalar() == 4
+
+
+async def test_the_history_holds_no_view_no_pass_keeps(tmp_path, restore_clock):
+    """The history skips a look at the view a pass keeps (``hub/unchanged.py``) without
+    holding that view itself: once the pass lets it go, it is freed."""
+    import weakref
+
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        await gov.reconcile()
+        clock.advance(60)
+        await gov.reconcile()
+        assert len(list(read_history(gov.store.engine))) == 1  # the second pass: nothing new
+        view = weakref.ref(gov.unchanged.kept["alice/"].view)
+        gov.unchanged.forget("alice/")
+        assert view() is None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -59,7 +60,9 @@ from ..replay.history import (
     KEYFRAME_S,
     STORAGE_COLUMNS,
     HistoryRow,
+    content,
     content_of,
+    content_values,
     context_of,
     pack,
     parse_context,
@@ -125,9 +128,11 @@ class HistoryLog:
         self.engine = engine
         self.options = options
         metadata.create_all(engine)
-        self._runs: dict[tuple[str, float], int] = {}
-        self._contexts: dict[str, int] = {}
-        self._context_of: dict[tuple, int] = {}  # context values -> id (_resolve)
+        self._runs: dict[tuple[str, float], int] = {}  # (server, started) -> id
+        # server -> (the context values of its last row, their id): a server's context seldom
+        # changes, and is found by its values without writing its JSON (one entry a server,
+        # not one a context it ever had). Labels are never changed in place.
+        self._contexts: dict[str, tuple[tuple, int]] = {}
         self._insert = Executemany(
             insert(HISTORY).values({name: bindparam(name) for name in _ROW_NAMES}),
             engine.dialect,
@@ -142,36 +147,41 @@ class HistoryLog:
         if not rows:
             return 0
         with self.engine.begin() as db:
-            contexts = self._resolve(db, rows)
-            runs = self._runs
-            values = [pack(r, runs[r.session], c) for r, c in zip(rows, contexts, strict=True)]
+            runs, contexts = self._resolve(db, rows)
+            values = [pack(r, runs[r.session], c[1]) for r, c in zip(rows, contexts, strict=True)]
             self._insert.run(db, values)
             if time.monotonic() - self._pruned_at >= PRUNE_EVERY:
                 self._prune(db)
+        # Cached once committed: an id made in a transaction rolled back names nothing (and
+        # SQLite gives it again to the next insert).
+        self._runs.update(runs)
+        self._contexts.update((r.server, c) for r, c in zip(rows, contexts, strict=True))
         return len(rows)
 
-    def _resolve(self, db, rows: list[HistoryRow]) -> list[int]:
-        """Make sure every row's run has its id in ``_runs``; each row's context id."""
-        for cache in (self._runs, self._contexts, self._context_of):
+    def _resolve(self, db, rows: list[HistoryRow]) -> tuple[dict, list[tuple[tuple, int]]]:
+        """The ids of the rows' runs by session, and each row's (context values, id)."""
+        for cache in (self._runs, self._contexts):
             if len(cache) > 100_000:  # an id is a query away: the caches stay bounded
                 cache.clear()
-        runs = {row.session for row in rows} - self._runs.keys()
-        if runs:
-            self._runs.update(_ids(db, RUNS, runs))
-        # A context seen before is found by its values, without writing its JSON again.
-        keys, texts = [], {}
-        for row in rows:
-            labels = frozenset(row.labels.items())
-            key = (labels, row.profile, row.team, row.policy, row.state, row.cause)
-            if key not in self._context_of:
-                texts[key] = context_of(row)
-            keys.append(key)
-        missing = set(texts.values()) - self._contexts.keys()
-        if missing:
-            self._contexts.update(_ids(db, CONTEXTS, missing))
-        for key, text in texts.items():
-            self._context_of[key] = self._contexts[text]
-        return [self._context_of[key] for key in keys]
+        runs = {row.session: self._runs.get(row.session) for row in rows}
+        new = {session for session, id_ in runs.items() if id_ is None}
+        if new:
+            runs.update(_ids(db, RUNS, new))
+        # A row's context is its server's last one (the same values), or its JSON's id.
+        contexts, texts = [], {}  # each row's (values, id); the JSON of those not known
+        for i, row in enumerate(rows):
+            values = (row.profile, row.team, row.labels, row.policy, row.state, row.cause)
+            last = self._contexts.get(row.server)
+            if last is not None and last[0] == values:
+                contexts.append(last)
+            else:
+                contexts.append((values, None))
+                texts[i] = context_of(row)
+        if texts:
+            ids = _ids(db, CONTEXTS, set(texts.values()))
+            for i, text in texts.items():
+                contexts[i] = (contexts[i][0], ids[text])
+        return runs, contexts
 
     def _prune(self, db) -> None:
         """Rows past the retention, then beyond ``max_rows`` (ids grow with time: the oldest)."""
@@ -240,13 +250,13 @@ def read_history(
 
 
 class _Last:
-    """A server's last kept row and its ``content``, and what the last look was built from
-    (to skip building the next)."""
+    """A server's last kept row, and (weakly: once no pass keeps it, it cannot come again) the
+    view its last look was on, to skip building the next look's row from the same view."""
 
-    __slots__ = ("content", "row", "view")
+    __slots__ = ("row", "view")
 
-    def __init__(self, row: HistoryRow, view: ServerView, content: tuple):
-        self.row, self.content, self.view = row, content, view
+    def __init__(self, row: HistoryRow, view: ServerView):
+        self.row, self.view = row, weakref.ref(view)
 
 
 class History:
@@ -277,28 +287,27 @@ class History:
     _history_failed = False  # this pass already logged a failure
 
     def _look(self, server: HubServer, view: ServerView, now: datetime) -> None:
-        """Its row, kept if ``worth_recording`` (the same rule, against the last kept row's
-        ``content``, computed once)."""
+        """Its row, kept if ``worth_recording`` (the same rule: this look's ``content_of``
+        against the last kept row's ``content``, worked out again rather than held)."""
         if self._history_log() is None:
             return
         key = view.key
         last = self._history_last.get(key)
         t = now.timestamp()
         due = last is None or t - last.row.t >= KEYFRAME_S
-        if not due and last.view is view:
+        if not due and last.view() is view:
             # The kept view (hub/unchanged.py): nothing it reads moved, the report's GPU
             # figures, DCGM's and the record included (``same_report``).
             return
         values = self._history_values(server, view, self.reports.get(key), now)
         started = server.started.timestamp() if server.started else 0.0
-        changed = content_of(values)
-        if due or last.row.started != started or changed != last.content:
+        if due or last.row.started != started or _moved(values, last.row):
             row = HistoryRow(t, key, started, **dict(zip(CONTENT_FIELDS, values, strict=True)))
             self._history_pending[key] = row
-            self._history_last[key] = _Last(row, view, changed)
+            self._history_last[key] = _Last(row, view)
             self._keyframes.at(key, t + KEYFRAME_S)
         else:
-            last.view = view
+            last.view = weakref.ref(view)
 
     def _record_keyframes(self, kept: Mapping, now: datetime) -> None:
         """After the pass decided: the servers it did not look at whose keyframe is due, on
@@ -400,6 +409,12 @@ class History:
             await self.store.write_async(lambda: self._history.append(rows))
         except DBAPIError as error:
             log.error("gpu-gov: %d history rows not recorded: %s", len(pending), error)
+
+
+def _moved(values: tuple, row: HistoryRow) -> bool:
+    """Whether ``values`` (``CONTENT_FIELDS``) differ from ``row``'s as kept rows must differ:
+    equal values have the same ``content``, and are the most looks of a server that holds."""
+    return values != content_values(row) and content_of(values) != content(row)
 
 
 def _seconds(when: datetime | None) -> float | None:

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from hashlib import sha256
+from operator import attrgetter
 from types import MappingProxyType
 
 from ..core.vocabulary import (
@@ -131,9 +132,12 @@ def content_of(values: tuple) -> tuple:
     )
 
 
+content_values = attrgetter(*CONTENT_FIELDS)  # a row's, as a tuple
+
+
 def content(row: HistoryRow) -> tuple:
     """``content_of`` a row."""
-    return content_of(tuple(getattr(row, name) for name in CONTENT_FIELDS))
+    return content_of(content_values(row))
 
 
 def worth_recording(
