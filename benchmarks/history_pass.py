@@ -15,12 +15,11 @@ the governor's history attributes (``HELD``) and from nothing else of the govern
 
 from __future__ import annotations
 
-import gc
 import statistics
 import sys
 import time
-import types
 
+from benchmarks.memory import Reach
 from jupyter_gpu_gov.hub.history import HistoryOptions
 from jupyter_gpu_gov.hub.reconcile import Governor
 
@@ -99,22 +98,10 @@ def main(argv: list[str]) -> None:
 
 def _held(governor) -> int:
     """Bytes of the objects that only the governor's ``HELD`` attributes reach."""
-    skip = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
-    seen: set[int] = {id(governor)}
-
-    def walk(*roots: object) -> int:
-        total, stack = 0, list(roots)
-        while stack:
-            obj = stack.pop()
-            if id(obj) in seen or isinstance(obj, skip):
-                continue
-            seen.add(id(obj))
-            total += sys.getsizeof(obj)
-            stack.extend(gc.get_referents(obj))
-        return total
-
-    walk(*(value for name, value in vars(governor).items() if name not in HELD))
-    return walk(*(getattr(governor, name) for name in HELD if hasattr(governor, name)))
+    reach = Reach(governor)
+    reach.walk(*(value for name, value in vars(governor).items() if name not in HELD))
+    by_type, _ = reach.walk(*(getattr(governor, name) for name in HELD if hasattr(governor, name)))
+    return sum(by_type.values())
 
 
 if __name__ == "__main__":

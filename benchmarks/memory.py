@@ -110,42 +110,55 @@ def _serve(argv: list[str]) -> None:
     main()
 
 
-def _parts() -> list[tuple[str, float, int, str]]:
-    """The service's objects by what holds them: each of the governor's attributes, then
-    HubAuth's token cache, the Prometheus registry, and the rest the collector tracks (each
-    object counted once, in the first part that reaches it; code, classes and modules in none
-    but the rest): (name, MB by ``sys.getsizeof``, objects, its three largest types), largest
-    first."""
-    gc.unfreeze()  # what ``hub/heap.py`` froze at start-up (the governor among it) is counted
-    skip = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
-    seen: set[int] = set()
-    objects = gc.get_objects()
-    seen.update((id(seen), id(objects)))  # this walk's own
+# Never counted in a walk: code, classes and modules are the program, not its state.
+SKIP = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
 
-    def size(name: str, *roots: object) -> tuple[str, float, int, str]:
-        by_type: collections.Counter = collections.Counter()
-        count = 0
+
+class Reach:
+    """Walks of what objects reach (``gc.get_referents``), by ``sys.getsizeof``, each object
+    counted once over every walk: the first walk that reaches it has it."""
+
+    def __init__(self, *exclude: object):
+        self.seen: set[int] = {id(o) for o in (self, *exclude)}
+        self.seen.add(id(self.seen))  # the walk's own
+
+    def walk(self, *roots: object) -> tuple[collections.Counter, int]:
+        """Bytes by type name, and the number of objects, reached from ``roots`` and not
+        counted before."""
+        seen, by_type, count = self.seen, collections.Counter(), 0
         stack = [r for r in roots if id(r) not in seen]
         while stack:
             obj = stack.pop()
-            if id(obj) in seen or isinstance(obj, skip):
+            if id(obj) in seen or isinstance(obj, SKIP):
                 continue
             seen.add(id(obj))
             by_type[type(obj).__name__] += sys.getsizeof(obj)
             count += 1
             stack.extend(o for o in gc.get_referents(obj) if id(o) not in seen)
+        return by_type, count
+
+
+def _parts() -> list[tuple[str, float, int, str]]:
+    """The service's objects by what holds them: each of the governor's attributes, then
+    HubAuth's token cache, the Prometheus registry, and the rest the collector tracks (each
+    object counted once, in the first part that reaches it; code, classes and modules in none):
+    (name, MB by ``sys.getsizeof``, objects, its three largest types), largest first."""
+    gc.unfreeze()  # what ``hub/heap.py`` froze at start-up (the governor among it) is counted
+    objects = gc.get_objects()
+    governor = next(o for o in objects if type(o).__name__ == "Governor")
+    reach = Reach(objects, governor)  # the list is this walk's own
+
+    def size(name: str, *roots: object) -> tuple[str, float, int, str]:
+        by_type, count = reach.walk(*roots)
         largest = ", ".join(f"{t} {b / 1e6:.1f}" for t, b in by_type.most_common(3))
         return name, sum(by_type.values()) / 1e6, count, largest
 
-    governor = next(o for o in objects if type(o).__name__ == "Governor")
-    seen.add(id(governor))
     parts = [size(f"governor.{name}", value) for name, value in vars(governor).items()]
     from jupyterhub.services.auth import HubAuth
     from prometheus_client import REGISTRY
 
     parts.append(size("HubAuth caches", *(o.cache for o in objects if isinstance(o, HubAuth))))
     parts.append(size("prometheus registry", REGISTRY))
-    seen.difference_update(id(o) for o in objects if isinstance(o, skip))
     parts.append(size("the rest (gc-tracked)", *objects))
     return sorted(parts, key=lambda p: -p[1])
 
