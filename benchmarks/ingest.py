@@ -1,7 +1,7 @@
 """Report ingest over HTTP on loopback: the governor service under N servers' reports.
 
     python -m benchmarks.ingest [--servers 2000] [--seconds 15] [--concurrency 16] [--nice 19]
-        [--accept-interval 0.04]
+        [--accept-interval 0.02] [--event-loop auto|uvloop|asyncio]
 
 Three processes, as in a deployment: the fake Hub (``tests/fake_hub_api.FakeHub`` with N users,
 each with a running server and tokens like a server's ``$JUPYTERHUB_API_TOKEN``), the service
@@ -31,6 +31,8 @@ memory when started and once N servers have reported; the Hub checks each phase 
 fake Hub's ``GET /user`` count). The service
 reconciles once at start (its first pass over the N servers, before anything is measured) and
 then not again (``--cull-every`` a day): the reconcile pass is ``benchmarks.reconcile``'s figure.
+It runs on its default event loop (uvloop where installed) unless ``--event-loop`` names one;
+with ``--probe`` on the standard library's, whose callbacks the probe times.
 """
 
 from __future__ import annotations
@@ -380,6 +382,7 @@ def run(
     nice: int = 0,
     mix: str = MOVING,
     cull_every: float = NO_PASS_S,
+    event_loop: str | None = None,
 ) -> dict:
     """Start the fake Hub and the service, send the phases' reports, return the figures (with
     ``probe``, what held the service's event loop in each phase: ``benchmarks.ingest_probe``;
@@ -387,11 +390,20 @@ def run(
     ``nice``: the load generator and the fake Hub run at that niceness, the service at its own,
     so the service's latency shows what it costs the service, not its neighbours on the CPU;
     ``mix``: ``MOVING`` or ``IDLE_REPEAT``; ``cull_every``: the service's pass interval, the
-    start-up pass's end its first tick)."""
+    start-up pass's end its first tick; ``event_loop``: the service's ``GpuGovernor.event_loop``,
+    else its default, ``asyncio`` with ``probe``, which times the standard loop's callbacks)."""
+    if probe and event_loop not in (None, "asyncio"):
+        raise SystemExit("--probe times the standard loop's callbacks: use --event-loop asyncio")
     with contextlib.ExitStack() as stack:
         start: dict[str, Any] = {"cull_every": cull_every}
+        args = []
         if accept_interval is not None:
-            start["args"] = (f"--GpuGovernor.accept_interval={accept_interval}",)
+            args.append(f"--GpuGovernor.accept_interval={accept_interval}")
+        if probe:
+            event_loop = "asyncio"
+        if event_loop is not None:
+            args.append(f"--GpuGovernor.event_loop={event_loop}")
+        start["args"] = tuple(args)
         if probe:
             lines = Path(stack.enter_context(tempfile.TemporaryDirectory()), "probe.jsonl")
             # The service's code from $PYTHONPATH when set (a baseline's tree), the probe here.
@@ -416,6 +428,7 @@ def run(
         "load_nice": nice,
         "mix": mix,
         "cull_every": cull_every,
+        "event_loop": event_loop or "default",
         **held,
     }
 
@@ -521,7 +534,7 @@ def main(argv: list[str] | None = None) -> None:
         "--accept-interval",
         type=float,
         default=None,
-        help="the service's GpuGovernor.accept_interval in seconds (default: its own, 0.04)",
+        help="the service's GpuGovernor.accept_interval in seconds (default: its own, 0.02)",
     )
     parser.add_argument(
         "--nice",
@@ -545,6 +558,12 @@ def main(argv: list[str] | None = None) -> None:
         help="the service's pass interval in seconds (default a day: no pass while measuring;"
         " 60: passes as deployed, which the latency then includes)",
     )
+    parser.add_argument(
+        "--event-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default=None,
+        help="the service's GpuGovernor.event_loop (default: its own, auto; asyncio with --probe)",
+    )
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_hub:
@@ -560,6 +579,7 @@ def main(argv: list[str] | None = None) -> None:
         args.nice,
         args.mix,
         args.cull_every,
+        args.event_loop,
     )
     print("ingest:", " ".join(f"{k}={v}" for k, v in result.items()))
 

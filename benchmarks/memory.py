@@ -2,6 +2,7 @@
 
     python -m benchmarks.memory [--servers 10000] [--top 25 [--frames 8]]
         [--rounds 2] [--cull-every S] [--mix moving|idle-repeat] [--sample-every S]
+        [--event-loop auto|uvloop|asyncio]
 
 The fake Hub and the service as ``benchmarks.ingest`` starts them (``python -m
 jupyter_gpu_gov.hub``, its start-up pass over the N servers done); then every server reports
@@ -235,6 +236,7 @@ def run(
     cull_every: float | None = None,
     mix: str = MOVING,
     sample_every: float | None = None,
+    event_loop: str | None = None,
 ) -> dict:
     with fake_hub(servers, 0) as ready:
         figures_path = Path(REPO, f".bench-memory-{os.getpid()}.json")
@@ -248,6 +250,8 @@ def run(
         command = ("-m", "benchmarks.memory", "--serve")
         try:
             args = (f"--GpuGovernor.diagnose_sample_every={sample_every}",) if sample_every else ()
+            if event_loop:
+                args += (f"--GpuGovernor.event_loop={event_loop}",)
             with service(ready, command=command, env=env, cull_every=cull_every, args=args) as (
                 process,
                 port,
@@ -316,6 +320,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the service's diagnose_sample_every: 1 keeps a window of every report, so that "
         "the diagnosis's history reaches its size in fewer rounds (default: the service's)",
     )
+    parser.add_argument(
+        "--event-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        help="the service's GpuGovernor.event_loop (default: its own, auto)",
+    )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve"]:  # the service's own arguments, --cull-every among them
         _serve(argv[1:])
@@ -329,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         args.cull_every,
         args.mix,
         args.sample_every,
+        args.event_loop,
     )
     print(
         "memory:",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's benchmarks/
 
 from benchmarks import ingest
@@ -82,3 +84,17 @@ def test_report_reads_times_the_reads_of_kept_reports(capsys):
     assert figures["reports"] == "20"
     for name in ("pass_reads", "same_report", "windows_from_report"):
         assert float(figures[f"{name}_us"]) > 0
+
+
+def test_the_http_floor_benchmark_gets_each_servers_answer():
+    """Each bare server answers a report-sized request (``measure`` raises on any other answer);
+    the figure is CPU, so only its sign is checked here."""
+    from benchmarks import http_floor
+
+    for kind in http_floor.SERVERS:
+        assert http_floor.measure(kind, requests=30, rate=300) >= 0, kind
+
+
+def test_the_probe_refuses_a_loop_it_cannot_time():
+    with pytest.raises(SystemExit, match="--probe times the standard loop's callbacks"):
+        ingest.run(servers=10, seconds=1, probe=True, event_loop="uvloop")

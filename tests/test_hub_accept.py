@@ -128,7 +128,7 @@ async def test_connections_wait_in_line_while_the_service_is_stalled():
 
 
 def test_accept_interval_is_checked(capsys):
-    assert GpuGovernor().accept_interval == 0.04
+    assert GpuGovernor().accept_interval == 0.02
     app = GpuGovernor()
     app.initialize(["--GpuGovernor.accept_interval=0"])
     assert app.accept_interval == 0

@@ -33,6 +33,7 @@ from .batching import LISTEN_BACKLOG, BatchingHTTPServer
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
+from .event_loop import EventLoopUnavailable, loop_factory, running_loop_name
 from .health import HealthOptions
 from .history import HistoryOptions
 from .hubapi import HubApi
@@ -215,10 +216,11 @@ class GpuGovernor(GovernorSettings, Application):
             accept_interval=self.accept_interval,
         )
         self.log.info(
-            "jupyter-gpu-gov %s governing (reconcile every %ss, %d policies%s)",
+            "jupyter-gpu-gov %s governing (reconcile every %ss, %d policies, %s event loop%s)",
             __version__,
             self.reconcile_interval,
             len(self.governor.policies),
+            running_loop_name(),
             ", DRY RUN" if self.dry_run else "",
         )
         collections = heap.start()  # no full garbage collection stalls the reports at random
@@ -285,7 +287,12 @@ class GpuGovernor(GovernorSettings, Application):
         return logging.INFO
 
     def start(self):
-        asyncio.run(self.run())
+        try:
+            factory = loop_factory(self.event_loop)
+        except EventLoopUnavailable as error:
+            raise SystemExit(f"jupyter-gpu-gov: {error}") from None
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(self.run())
 
 
 def open_store(url: str) -> Store:

@@ -7,8 +7,20 @@ from __future__ import annotations
 import os
 from urllib.parse import urlparse
 
-from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default, validate
+from traitlets import (
+    Bool,
+    Dict,
+    Float,
+    HasTraits,
+    Int,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    validate,
+)
 
+from .event_loop import EVENT_LOOPS
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT
 
 
@@ -282,7 +294,7 @@ class GovernorSettings(HasTraits):
     def _numbers(self, proposal):
         for key, value in proposal["value"].items():
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(
+                raise TraitError(
                     f"GpuGovernor.{proposal['trait'].name}[{key!r}] must be a number >= 0, "
                     f"got {value!r}"
                 )
@@ -326,24 +338,43 @@ class GovernorSettings(HasTraits):
     @validate("unhealthy_node_action")
     def _node_action(self, proposal):
         if proposal["value"] not in NODE_ACTIONS:
-            raise ValueError(
+            raise TraitError(
                 f"GpuGovernor.unhealthy_node_action must be one of {', '.join(NODE_ACTIONS)}, "
                 f"got {proposal['value']!r}"
             )
         return proposal["value"]
 
     accept_interval = Float(
-        0.04,
+        0.02,
         min=0,
         max=1,
         help="""Seconds the service leaves new connections waiting once it has accepted one, to
         take all that came meanwhile together (a report, an API call or a dashboard page then
         waits at most this much longer). Each server reports on a new connection; answered a
-        few at a time they cost the service about a quarter less CPU than one by one
-        (docs/benchmarks.md, 10,000 servers). Only while connections come at 2 /
-        accept_interval a second or more (at 0.04: 50 a second, 3,000 servers reporting
-        every minute); slower, each is accepted at once. 0: never wait.""",
+        few at a time they cost the service about a sixth less CPU than one by one at 10,000
+        servers (0.04 takes 12-17 % less CPU again and doubles the wait; docs/benchmarks.md,
+        "Issue 26, wave 16"). Only while connections come at 2 / accept_interval a second or more (at
+        0.02: 100 a second, 6,000 servers reporting every minute); slower, each is accepted at
+        once. 0: never wait.""",
     ).tag(config=True)
+
+    event_loop = Unicode(
+        "auto",
+        help="""The service's event loop: ``uvloop`` (libuv's; the ``hub`` extra installs it on
+        Linux and macOS), ``asyncio`` (the standard library's), or ``auto``: uvloop when it can
+        be imported, else asyncio. With uvloop a report costs the service 4-7 % less CPU
+        (docs/benchmarks.md, 10,000 servers); the governor decides the same either way.""",
+    ).tag(config=True)
+
+    @validate("event_loop")
+    def _check_event_loop(self, proposal):
+        value = proposal["value"].strip().lower()
+        if value not in EVENT_LOOPS:
+            raise TraitError(
+                f"GpuGovernor.event_loop must be one of {', '.join(EVENT_LOOPS)}, "
+                f"got {proposal['value']!r}"
+            )
+        return value
 
     port = Int(
         help="""Port to listen on (default: from $JUPYTERHUB_SERVICE_URL, the URL of the
@@ -369,5 +400,5 @@ class GovernorSettings(HasTraits):
     @validate("dcgm_timeout", "diagnose_train_every", "diagnose_history")
     def _positive(self, proposal):
         if proposal["value"] <= 0:
-            raise ValueError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
+            raise TraitError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
         return proposal["value"]

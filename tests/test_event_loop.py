@@ -1,0 +1,68 @@
+"""The service's event loop (``c.GpuGovernor.event_loop``): uvloop where it is installed, the
+standard library's on request, and a clear refusal where uvloop is asked for and missing."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+import test_hub_accept as accept
+
+from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.hub.event_loop import loop_factory, running_loop_name
+
+uvloop = pytest.importorskip("uvloop", reason="uvloop is installed with the hub extra")
+
+
+def _run_on(choice: str, main):
+    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+        return runner.run(main)
+
+
+async def _name() -> str:
+    return running_loop_name()
+
+
+def test_auto_and_uvloop_run_on_uvloop_asyncio_on_the_standard_loop():
+    assert GpuGovernor().event_loop == "auto"
+    assert _run_on("auto", _name()) == "uvloop"
+    assert _run_on("uvloop", _name()) == "uvloop"
+    assert _run_on("asyncio", _name()) == "asyncio"
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_refuses_to_start(monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # `import uvloop` now raises ImportError
+    assert _run_on("auto", _name()) == "asyncio"
+    app = GpuGovernor(event_loop="uvloop")
+    with pytest.raises(SystemExit) as stopped:
+        app.start()  # refused before anything runs
+    said = str(stopped.value)
+    assert "event_loop = 'uvloop', but uvloop cannot be imported" in said
+    assert "pip install uvloop" in said and "'asyncio'" in said
+
+
+def test_an_unknown_loop_is_named_in_the_error(capsys):
+    with pytest.raises(SystemExit):
+        GpuGovernor().initialize(["--GpuGovernor.event_loop=tokio"])
+    assert "GpuGovernor.event_loop must be one of auto, uvloop, asyncio, got 'tokio'" in (
+        capsys.readouterr().err
+    )
+    app = GpuGovernor()
+    app.initialize(["--GpuGovernor.event_loop=AsyncIO"])
+    assert app.event_loop == "asyncio"
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        accept.test_while_connections_come_fast_those_that_come_meanwhile_wait_then_are_all_answered,
+        accept.test_stopping_while_paused_leaves_the_listener_closed,
+        accept.test_connections_wait_in_line_while_the_service_is_stalled,
+    ],
+    ids=["batched", "stopped-while-paused", "stalled"],
+)
+def test_batched_accept_holds_on_uvloop(scenario):
+    """The one part of the service that drives the loop by hand (pausing the listener between
+    batches) does the same on libuv's loop as on the standard one."""
+    _run_on("uvloop", scenario())
