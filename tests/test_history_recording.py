@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from itertools import pairwise
 
 import pytest
 from fake_hub_api import FakeHub
@@ -274,3 +275,34 @@ async def test_the_history_holds_no_view_no_pass_keeps(tmp_path, restore_clock):
         view = weakref.ref(gov.unchanged.kept["alice/"].view)
         gov.unchanged.forget("alice/")
         assert view() is None
+
+
+# (a full pass looks at every server: the default every 10th, or next to never)
+@pytest.mark.parametrize("full_every", [10, 1000])
+async def test_a_server_warned_once_still_has_a_keyframe_every_15_minutes(
+    tmp_path, restore_clock, full_every
+):
+    """alice's server runs for hours, nothing she does moves; at ten minutes she is warned of
+    its maximum age (her state stays: the warning is the pass's only news of her). The
+    warning is a row of its own, and the history still holds a row of hers at least every
+    ``KEYFRAME_S`` (and a pass) after it: an admin reading it sees her running all along, not
+    a gap from the warning on."""
+    from jupyter_gpu_gov.replay.history import KEYFRAME_S
+
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, full_pass_every=full_every)
+        gov.policies = load_policies(
+            [], {"max_age": "3h", "max_age_warning": "170m", "inactive_timeout": "6h"}
+        )
+        for _ in range(90):  # an hour and a half, a pass a minute
+            await gov.reconcile()
+            clock.advance(60)
+        assert hub.running("alice")
+
+    rows = list(read_history(gov.store.engine))
+    times = [r.t for r in rows if r.server == "alice/"]
+    (warned,) = [r.t for r in rows if "max-age-warn" in r.actions]
+    assert times[-1] - warned > 2 * KEYFRAME_S
+    gaps = [b - a for a, b in pairwise(times)]
+    assert max(gaps) <= KEYFRAME_S + 60, gaps

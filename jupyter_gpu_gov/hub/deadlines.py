@@ -47,6 +47,10 @@ class NextTimes:
     def forget(self, key: str) -> None:
         self._next.pop(key, None)
 
+    def __contains__(self, key: str) -> bool:
+        """Whether ``key`` has a next time."""
+        return key in self._next
+
     def take(self, now: float) -> set[str]:
         """The keys whose time came, each taken off the heap (until set again)."""
         taken = set()

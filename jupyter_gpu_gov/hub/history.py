@@ -312,16 +312,25 @@ class History:
     def _record_keyframes(self, kept: Mapping, now: datetime) -> None:
         """After the pass decided: the servers it did not look at whose keyframe is due, on
         their kept views (``kept``: ``hub/unchanged.Kept`` by key; a server the pass looked at
-        has its next keyframe set already)."""
+        has its next keyframe set already). A running server's keyframe is never dropped: one
+        taken and not recorded is due again from its last kept row."""
         if self._history_log() is None:
             return
         t = now.timestamp()
-        for key in self._keyframes.take(t):
+        keyframes = self._keyframes
+        for key in keyframes.take(t):
             server, held = self._servers.get(key), kept.get(key)
-            if server is not None and held is not None:
+            if server is None:
+                continue  # stopped: its keyframes end
+            if held is not None:
                 self._record(server, held.view, now)
+            last = self._history_last.get(key)
+            if key not in keyframes and last is not None:
+                # Not recorded: its last kept row is later than this keyframe was set from
+                # (a row of a policy action alone), or no kept view. Due again from that row.
+                keyframes.at(key, last.row.t + KEYFRAME_S)
         for key in self._history_retry:
-            self._keyframes.at(key, t)
+            keyframes.at(key, t)
         self._history_retry.clear()
 
     def _history_values(self, server: HubServer, view: ServerView, received, now) -> tuple:
