@@ -360,6 +360,13 @@ def test_a_short_cpu_cell_after_the_warning_keeps_one_warning_and_no_cull_lands_
             60,
             "JupyterLab's verdict to see the cell",
         )
+        # The first report to show the cell may not yet carry its start as the owner's
+        # activity (jupyter_server and the extension read the kernel's IOPub on two sockets,
+        # in either order): its deadline then moves by that moment at the next report. What
+        # holds is the deadline once the governor has judged a report made after the start.
+        gov.judged_after("short", 1)
+        during = gov.verdict("short")
+        assert "a kernel is executing a cell" in during["reason"], during
         # The warning stands while the cell runs: the same warning on the same idle stretch
         # (a CPU cell does not make the GPU busy), its deadline no sooner (the owner was at
         # the notebook: their full notice counts from the cell they ran).
