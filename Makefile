@@ -103,12 +103,12 @@ test: venv node_modules labextension
 	cd labextension && npm test --silent && npm run lint:check
 
 # The lowest versions the metadata claims (JupyterHub, KubeSpawner, jupyter_server, JupyterLab,
-# ...: .ci/lowest_constraints.py) in a venv of their own, then the fast tests and one real-hub
-# test (a GPU tier spawned by KubeSpawner under a real hub, governed and culled).
+# uvloop, ...: .ci/lowest_constraints.py) in a venv of their own, then the fast tests and one
+# real-hub test (a GPU tier spawned by KubeSpawner under a real hub, governed and culled).
 LOWEST := .venv-lowest
 LOWEST_TESTS := tests/test_tiers.py tests/test_quota.py tests/test_policy.py tests/test_report.py \
 	tests/test_backend_choice.py tests/test_kubernetes_files.py tests/test_profiles_kubespawner.py \
-	tests/test_server_extension.py \
+	tests/test_server_extension.py tests/test_event_loop.py \
 	tests/test_kubernetes_hub.py::test_a_tier_spawns_a_pod_that_is_governed_and_culled
 
 test-lowest: node_modules labextension
