@@ -36,7 +36,7 @@ SERVERS = ("tornado", "tornado-uvloop", "protocol", "protocol-uvloop")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _serve_tornado(port: int) -> None:
+def _serve_tornado(port: int, loop_factory) -> None:
     from tornado import httpserver, web
 
     class Reports(web.RequestHandler):
@@ -49,7 +49,8 @@ def _serve_tornado(port: int) -> None:
         httpserver.HTTPServer(app, xheaders=True).listen(port, "127.0.0.1")
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
 
 
 class _Answer(asyncio.Protocol):
@@ -77,21 +78,23 @@ class _Answer(asyncio.Protocol):
         self.transport.close()
 
 
-def _serve_protocol(port: int) -> None:
+def _serve_protocol(port: int, loop_factory) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         await loop.create_server(_Answer, "127.0.0.1", port, backlog=1024)
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
 
 
 def serve(kind: str, port: int) -> None:
+    loop_factory = None  # the standard loop; uvloop made as the service makes it
     if kind.endswith("-uvloop"):
         import uvloop
 
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    (_serve_tornado if kind.startswith("tornado") else _serve_protocol)(port)
+        loop_factory = uvloop.new_event_loop
+    (_serve_tornado if kind.startswith("tornado") else _serve_protocol)(port, loop_factory)
 
 
 def _cpu_s(pid: int) -> float:

@@ -353,9 +353,9 @@ class GovernorSettings(HasTraits):
         waits at most this much longer). Each server reports on a new connection; answered a
         few at a time they cost the service about a sixth less CPU than one by one at 10,000
         servers (0.04 takes 12-17 % less CPU again and doubles the wait; docs/benchmarks.md,
-        "Issue 26, wave 16"). Only while connections come at 2 / accept_interval a second or more (at
-        0.02: 100 a second, 6,000 servers reporting every minute); slower, each is accepted at
-        once. 0: never wait.""",
+        "Issue 26, wave 16"). Only while connections come at 2 / accept_interval a second or
+        more (at 0.02: 100 a second, 6,000 servers reporting every minute); slower, each is
+        accepted at once. 0: never wait.""",
     ).tag(config=True)
 
     event_loop = Unicode(
