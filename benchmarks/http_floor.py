@@ -32,12 +32,22 @@ import time
 
 PATH = "/services/gpu-gov/api/reports"
 ANSWER = b'{"ok": true}'
-SERVERS = ("tornado", "tornado-uvloop", "protocol", "protocol-uvloop")
+SERVERS = (
+    "tornado",
+    "tornado-uvloop",
+    "service-server",
+    "service-server-uvloop",
+    "service-direct-uvloop",
+    "protocol",
+    "protocol-uvloop",
+)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _serve_tornado(port: int, loop_factory) -> None:
-    from tornado import httpserver, web
+def _serve_tornado(port: int, loop_factory, on_protocol: bool = False, direct=False) -> None:
+    from tornado import httpserver, netutil, web
+
+    from jupyter_gpu_gov.hub.protocol_server import ProtocolHTTPServer
 
     class Reports(web.RequestHandler):
         def post(self):
@@ -46,7 +56,16 @@ def _serve_tornado(port: int, loop_factory) -> None:
 
     async def main() -> None:
         app = web.Application([(PATH, Reports)], log_function=lambda handler: None)
-        httpserver.HTTPServer(app, xheaders=True).listen(port, "127.0.0.1")
+        if on_protocol:
+
+            async def answer(request):
+                return 200, ANSWER
+
+            routes = {("POST", PATH): answer} if direct else {}
+            server = ProtocolHTTPServer(app, max_body_size=1 << 20, xheaders=True, direct=routes)
+            await server.add_sockets(netutil.bind_sockets(port, "127.0.0.1", backlog=1024))
+        else:
+            httpserver.HTTPServer(app, xheaders=True).listen(port, "127.0.0.1")
         await asyncio.Event().wait()
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
@@ -94,7 +113,11 @@ def serve(kind: str, port: int) -> None:
         import uvloop
 
         loop_factory = uvloop.new_event_loop
-    (_serve_tornado if kind.startswith("tornado") else _serve_protocol)(port, loop_factory)
+    if kind.startswith("protocol"):
+        _serve_protocol(port, loop_factory)
+    else:
+        on_protocol = kind.startswith("service-")
+        _serve_tornado(port, loop_factory, on_protocol, direct=kind.startswith("service-direct"))
 
 
 def _cpu_s(pid: int) -> float:

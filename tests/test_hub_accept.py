@@ -11,7 +11,7 @@ from tornado import web
 from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.hub.app import GpuGovernor
-from jupyter_gpu_gov.hub.batching import BatchingHTTPServer
+from jupyter_gpu_gov.hub.protocol_server import ProtocolHTTPServer
 
 
 class Hello(web.RequestHandler):
@@ -28,21 +28,23 @@ async def _get(port: int) -> tuple[bytes, float]:
     return answer, time.perf_counter()
 
 
-def _serve(interval: float) -> tuple[BatchingHTTPServer, int]:
-    server = BatchingHTTPServer(web.Application([(r"/", Hello)]), accept_interval=interval)
+def _serve(interval: float) -> tuple[ProtocolHTTPServer, int]:
+    server = ProtocolHTTPServer(
+        web.Application([(r"/", Hello)]), max_body_size=1024, accept_interval=interval
+    )
     sockets = bind_sockets(0, "127.0.0.1")
     server.add_sockets(sockets)
     return server, sockets[0].getsockname()[1]
 
 
-async def _busy(server: BatchingHTTPServer, port: int, n: int = 10) -> None:
+async def _busy(server: ProtocolHTTPServer, port: int, n: int = 10) -> None:
     """``n`` connections one after another (none held back: the rate is not known yet), then
     past the end of the one-second window, so the server knows it gets ``n`` a second."""
     started = time.perf_counter()
     for _ in range(n):
         answer, _ = await _get(port)
         assert answer.endswith(b"hello")
-        assert not server._batch_paused
+        assert not server._paused
     await asyncio.sleep(max(0.0, 1.05 - (time.perf_counter() - started)))
 
 
@@ -52,7 +54,7 @@ async def test_while_connections_come_fast_those_that_come_meanwhile_wait_then_a
         await _busy(server, port)  # 10 a second
         started = time.perf_counter()
         first, first_at = await _get(port)
-        assert first.endswith(b"hello") and server._batch_paused
+        assert first.endswith(b"hello") and server._paused
         # Accepting it paused the listener: these wait until the interval is over, then are
         # taken together.
         answers = await asyncio.gather(*(_get(port) for _ in range(5)))
@@ -69,7 +71,7 @@ async def test_slower_connections_are_accepted_at_once():
         await _busy(server, port, n=3)  # 3 a second: a pause would gather about one
         for _ in range(3):
             answer, _ = await _get(port)
-            assert answer.endswith(b"hello") and not server._batch_paused
+            assert answer.endswith(b"hello") and not server._paused
     finally:
         server.stop()
 
@@ -79,7 +81,7 @@ async def test_no_interval_accepts_each_connection_at_once():
     try:
         await _busy(server, port)
         answer, _ = await _get(port)
-        assert answer.endswith(b"hello") and not server._batch_paused
+        assert answer.endswith(b"hello") and not server._paused
     finally:
         server.stop()
 
@@ -88,7 +90,7 @@ async def test_stopping_while_paused_leaves_the_listener_closed():
     server, port = _serve(0.1)  # batching pays from 20 connections a second
     await _busy(server, port, n=25)
     answer, _ = await _get(port)
-    assert answer.endswith(b"hello") and server._batch_paused
+    assert answer.endswith(b"hello") and server._paused
     server.stop()
     await asyncio.sleep(0.2)  # the resume after the interval must not watch a closed socket
     with pytest.raises(OSError):
@@ -98,12 +100,12 @@ async def test_stopping_while_paused_leaves_the_listener_closed():
 async def test_connections_wait_in_line_while_the_service_is_stalled():
     """While the service's loop does not run (a starved CPU), a second's reports at 10,000
     servers and more (167) wait in its listen queue, each then answered: none is dropped for its
-    server's kernel to try again seconds later (tornado's queue held 128)."""
+    server's kernel to try again seconds later (tornado's default queue held 128)."""
     app = GpuGovernor()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         app.ip, app.port = "127.0.0.1", probe.getsockname()[1]
-    server = BatchingHTTPServer(web.Application([(r"/", Hello)]))
+    server = ProtocolHTTPServer(web.Application([(r"/", Hello)]), max_body_size=1024)
     await app._listen(server)
     clients: list[socket.socket] = []
     try:

@@ -12,7 +12,7 @@ import pytest
 from tornado import web
 from tornado.netutil import bind_sockets
 
-from jupyter_gpu_gov.hub.batching import BatchingHTTPServer
+from jupyter_gpu_gov.hub.protocol_server import ProtocolHTTPServer
 from jupyter_gpu_gov.server.reporter import GovernorError, Reporter
 
 
@@ -25,7 +25,7 @@ class Governor(web.RequestHandler):
 
     async def post(self):
         report = json.loads(self.request.body)
-        self.seen.append((self.request.connection.stream, report))
+        self.seen.append((self.request.connection, report))
         if "slow" in report:
             await asyncio.sleep(report["slow"])
         if "bad" in report:
@@ -36,15 +36,15 @@ class Governor(web.RequestHandler):
         self.finish({"verdict": {"n": report["n"], "auth": auth}})
 
 
-def _serve(seen: list, port: int = 0, **settings) -> tuple[BatchingHTTPServer, int]:
+def _serve(seen: list, port: int = 0, **settings) -> tuple[ProtocolHTTPServer, int]:
     app = web.Application([(r"/services/gpu-gov/api/reports", Governor, {"seen": seen})])
-    server = BatchingHTTPServer(app, **settings)
+    server = ProtocolHTTPServer(app, max_body_size=1 << 20, **settings)
     sockets = bind_sockets(port, "127.0.0.1")
     server.add_sockets(sockets)
     return server, sockets[0].getsockname()[1]
 
 
-async def _stop(server: BatchingHTTPServer) -> None:
+async def _stop(server: ProtocolHTTPServer) -> None:
     server.stop()
     await server.close_all_connections()
 
@@ -97,7 +97,7 @@ async def test_a_connection_the_governor_closed_meanwhile_costs_no_report():
         assert await s.reporter.send({"n": 2}) == {"n": 2, "auth": "token server-token"}
         assert s.streams()[0] != s.streams()[1]
 
-        await s.restart(idle_connection_timeout=0.2)
+        await s.restart(idle_timeout=0.2)
         await s.reporter.send({"n": 3})
         await asyncio.sleep(0.5)  # the governor closes the idle connection
         assert (await s.reporter.send({"n": 4}))["n"] == 4

@@ -37,6 +37,19 @@ def error_message(reason: str, kwargs: dict) -> str:
     return reason
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request's body as a JSON object, or ``ValueError`` saying why it is not one."""
+    try:
+        data = json.loads(body)
+    except ValueError as error:
+        raise ValueError(f"the body is not JSON: {error}") from None
+    except RecursionError:
+        raise ValueError("the body is not JSON we read: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise ValueError("the body must be a JSON object")
+    return data
+
+
 class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
     def initialize(self, governor: Governor):
         self.governor = governor
@@ -87,14 +100,9 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         if not self.request.body:
             return {}
         try:
-            data = json.loads(self.request.body)
+            return json_object(self.request.body)
         except ValueError as error:
-            raise web.HTTPError(400, f"the body is not JSON: {error}") from None
-        except RecursionError:
-            raise web.HTTPError(400, "the body is not JSON we read: nested too deeply") from None
-        if not isinstance(data, dict):
-            raise web.HTTPError(400, "the body must be a JSON object")
-        return data
+            raise web.HTTPError(400, str(error)) from None
 
     def text_field(self, data: dict, key: str, required: bool = False) -> str:
         value = data.get(key, "")

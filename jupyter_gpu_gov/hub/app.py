@@ -17,7 +17,6 @@ from datetime import timedelta
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from sqlalchemy.exc import DBAPIError
 from tornado import web
-from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from traitlets import default
 from traitlets.config import Application
@@ -29,7 +28,6 @@ from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
 from . import heap, metrics
 from .applied_policy import start as start_policies
-from .batching import LISTEN_BACKLOG, BatchingHTTPServer
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
@@ -42,9 +40,11 @@ from .options import Options
 from .pages import page_handlers
 from .policy_api import policy_handlers
 from .policy_page import policy_page_handlers
+from .prepared_auth import PreparedHubOAuth
+from .protocol_server import LISTEN_BACKLOG, ProtocolHTTPServer
 from .queue import QueueSync
 from .reconcile import Governor
-from .routes import MAX_BODY_BYTES, handlers
+from .routes import MAX_BODY_BYTES, handlers, report_route
 from .settings import GovernorSettings
 from .store import Store, StoreUnavailable, safe_url
 
@@ -190,8 +190,23 @@ class GpuGovernor(GovernorSettings, Application):
             ),
         )
 
+    def make_server(self, governor: Governor) -> ProtocolHTTPServer:
+        """The service's HTTP server: the web app, and servers' reports as a direct route."""
+        reports = f"{self.service_prefix.rstrip('/')}/api/reports"
+        return ProtocolHTTPServer(
+            self.make_web_app(governor),
+            max_body_size=MAX_BODY_BYTES,
+            xheaders=True,
+            accept_interval=self.accept_interval,
+            direct={("POST", reports): report_route(governor, PreparedHubOAuth.instance())},
+        )
+
+    @property
+    def service_prefix(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
+
     def make_web_app(self, governor: Governor) -> web.Application:
-        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
+        prefix = self.service_prefix
         return web.Application(
             [
                 *handlers(prefix, governor),  # the reports' route first (hub/routes.py)
@@ -209,12 +224,7 @@ class GpuGovernor(GovernorSettings, Application):
     async def run(self) -> None:
         self.governor = self.make_governor()
         self.queue = QueueSync(self.governor.hub, self.governor.store, self.dry_run)
-        server = BatchingHTTPServer(
-            self.make_web_app(self.governor),
-            max_body_size=MAX_BODY_BYTES,
-            xheaders=True,
-            accept_interval=self.accept_interval,
-        )
+        server = self.make_server(self.governor)
         self.log.info(
             "jupyter-gpu-gov %s governing (reconcile every %ss, %d policies, %s event loop%s)",
             __version__,
@@ -238,7 +248,7 @@ class GpuGovernor(GovernorSettings, Application):
         server.stop()
         await self.governor.close()
 
-    async def _listen(self, server: HTTPServer, retry_every: float = 30) -> None:
+    async def _listen(self, server: ProtocolHTTPServer, retry_every: float = 30) -> None:
         """Serve reports, the API and the pages where the service entry says; governing never
         waits for it. A port in use is said and tried again, not a crash (a crash-looping
         service culls nothing)."""
@@ -251,7 +261,7 @@ class GpuGovernor(GovernorSettings, Application):
             return
         while True:
             try:
-                server.add_sockets(bind_sockets(self.port, self.ip, backlog=LISTEN_BACKLOG))
+                await server.add_sockets(bind_sockets(self.port, self.ip, backlog=LISTEN_BACKLOG))
             except OSError as error:
                 self.log.error(
                     "gpu-gov: cannot listen on %s:%s (%s): no reports, API or dashboard until "

@@ -299,6 +299,10 @@ class Ingest:
         self._note_report(key)  # compared once, here: the pass looks only at what moved
         return self.verdict(key)
 
+    def hub_ran(self, key: str) -> bool:
+        """Whether the last pass saw the Hub run this server (``hub_runs`` without asking)."""
+        return key in self._servers
+
     async def hub_runs(self, key: str) -> bool:
         """Whether the Hub runs (or is starting) this server: reports for any other are refused,
         so no token can fill the governor's memory with servers that do not exist. Servers the

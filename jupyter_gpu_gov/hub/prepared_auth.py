@@ -33,6 +33,14 @@ KINDS = {kind: kind for kind in ("user", "service")}
 SHARED_SCOPES: dict[frozenset[str], tuple[str, ...]] = {}
 
 
+ASK_THE_HUB = object()  # ``cached_user``: not cached
+
+
+def _digest(cache_key: str) -> bytes:
+    # A 32-byte digest of HubAuth's key (71 characters and more): as distinct, half the size.
+    return hashlib.sha256(cache_key.encode("utf8", "replace")).digest()
+
+
 class PreparedHubOAuth(HubOAuth):
     """``HubOAuth`` whose synchronous ``get_user`` answers from the handler once ``prepare``
     has asked: HubAuth's synchronous path hops to its own thread and back on every request,
@@ -53,8 +61,7 @@ class PreparedHubOAuth(HubOAuth):
             return self.kept(await super()._check_hub_authorization(url, api_token, None, False))
         if cache_key is None:
             raise ValueError("cache_key is required when using cache")
-        # A 32-byte digest of HubAuth's key (71 characters and more): as distinct, half the size.
-        key = hashlib.sha256(cache_key.encode("utf8", "replace")).digest()
+        key = _digest(cache_key)
         try:
             return self.cache[key]
         except KeyError:
@@ -62,6 +69,15 @@ class PreparedHubOAuth(HubOAuth):
         model = self.kept(await super()._check_hub_authorization(url, api_token, None, False))
         self.cache[key] = model
         return model
+
+    def cached_user(self, token: str, session_id: str = "") -> dict | object | None:
+        """``user_for_token``'s answer where HubAuth has it cached, without asking the Hub: the
+        model, None for a refusal, or ``ASK_THE_HUB``."""
+        token_hash = hashlib.sha256(token.encode("utf8", "replace")).hexdigest()
+        try:
+            return self.cache[_digest(f"token:{session_id}:{token_hash}")]  # user_for_token's key
+        except KeyError:
+            return ASK_THE_HUB
 
     def kept(self, model: dict | None) -> dict | None:
         """What is kept of the Hub's answer for a token (None: a refusal): the fields in
@@ -87,19 +103,55 @@ class PreparedHubOAuth(HubOAuth):
         return kept
 
 
+def has_access(hub_auth: HubOAuth, model: dict) -> bool:
+    """Whether an identified caller may use the service: what ``HubOAuthenticated``'s
+    ``check_hub_user`` allows with the service's access scopes as ``hub_scopes`` (none set:
+    any identified caller). A caller holding one exactly as written is allowed at once, which
+    is what ``check_scopes`` answers for it, without expanding every scope's filters and
+    formatting its debug lines anew for each request (a server's token is checked on every
+    report); any other takes HubAuth's full check."""
+    required = hub_auth.access_scopes
+    if not required or not required.isdisjoint(model.get("scopes") or ()):
+        return True
+    return bool(hub_auth.check_scopes(required, model))
+
+
+def token_caller(hub_auth: PreparedHubOAuth, authorization: str) -> dict | object | None:
+    """Who a request's ``Authorization`` header (``token <t>`` or ``bearer <t>``) names, if they
+    may use the service, as a handler's ``prepare`` and ``current_user`` find it for a token
+    and no session cookie: HubAuth's answer (``user_for_token``), then ``has_access``. None
+    for no token, one the Hub refuses, or a caller without access; ``ASK_THE_HUB`` where the
+    answer is not cached (then ``asked_token_caller``)."""
+    match = hub_auth.auth_header_pat.match(authorization)
+    if not match:
+        return None
+    model = hub_auth.cached_user(match.group(1))
+    return model if model is ASK_THE_HUB else _allowed(hub_auth, model)
+
+
+async def asked_token_caller(hub_auth: PreparedHubOAuth, authorization: str) -> dict | None:
+    """``token_caller``, asking the Hub where HubAuth has no answer cached (and caching it)."""
+    match = hub_auth.auth_header_pat.match(authorization)
+    if not match:
+        return None
+    return _allowed(hub_auth, await hub_auth.user_for_token(match.group(1), sync=False))
+
+
+def _allowed(hub_auth: HubOAuth, model: dict | None) -> dict | None:
+    if not model or not has_access(hub_auth, model):
+        return None
+    model.setdefault("kind", "user")
+    return model
+
+
 class PreparedHubAuthenticated(HubOAuthenticated):
-    """``HubOAuthenticated`` with ``PreparedHubOAuth``, whose scope check takes a short path
-    for the common case: a caller whose scopes hold one of the required ones (the service's
-    access scope) exactly as written is allowed, which is what ``check_scopes`` answers for
-    it, without expanding every scope's filters and formatting its debug lines anew for each
-    request (a server's token is checked on every report). Every other caller (a filtered or
-    broader scope, or none) takes HubOAuthenticated's full check, refusals included."""
+    """``HubOAuthenticated`` with ``PreparedHubOAuth``, whose scope check is ``has_access``
+    (HubOAuthenticated's own check, refusals included, for every caller it does not allow)."""
 
     hub_auth_class = PreparedHubOAuth
 
     def check_hub_user(self, model):
-        required = self.hub_scopes
-        if required and not required.isdisjoint(model.get("scopes") or ()):
+        if self.hub_scopes and has_access(self.hub_auth, model):
             model.setdefault("kind", "user")
             return model
-        return super().check_hub_user(model)
+        return super().check_hub_user(model)  # refusals, with HubAuth's own log lines

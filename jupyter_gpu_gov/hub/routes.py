@@ -6,6 +6,9 @@ here read and change the governor through its views and requests, never its stor
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable
+
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
@@ -14,8 +17,15 @@ from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from ..core.vocabulary import server_key
 from . import metrics, showback
-from .api_handler import ApiHandler
-from .prepared_auth import METRICS_SCOPE
+from .api_handler import ApiHandler, json_object
+from .prepared_auth import (
+    ASK_THE_HUB,
+    METRICS_SCOPE,
+    PreparedHubOAuth,
+    asked_token_caller,
+    token_caller,
+)
+from .protocol_server import DirectRequest, DirectRoute
 from .reconcile import Governor
 from .views import policy_view
 
@@ -27,32 +37,70 @@ MAX_AUDIT_ROWS = 5000
 EXTENSION_STATUSES = ("granted", "pending", "approved", "denied", "refused")
 
 
-class ReportsHandler(ApiHandler):
-    """``POST api/reports``: a server's report in, its verdict out."""
+def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
+    """``POST api/reports``: a server's report in, its verdict out. A direct route of the
+    service's server (``hub/protocol_server.py``): a report is nearly every request the service
+    gets, and tornado's request machinery cost more than the report's own work (docs/benchmarks.md,
+    "Issue 26, wave 17"). Who sent it is asked as every handler asks (``token_caller``: the
+    Hub's answer for the token, HubAuth's cache, the access scopes); a server's token is the
+    only credential that reports, so no cookie is read. It answers at once when HubAuth has the
+    token's answer cached and the last pass saw the server, as for nearly every report; else it
+    waits for the Hub."""
 
-    @web.authenticated
-    async def post(self):
-        if len(self.request.body) > MAX_REPORT_BYTES:
+    def receive(request: DirectRequest) -> Answer | Awaitable[Answer]:
+        authorization = request.head.fields.get("authorization", "")
+        caller = token_caller(hub_auth, authorization)
+        if caller is ASK_THE_HUB:
+            return _asked(request, asked_token_caller(hub_auth, authorization))
+        return _report(caller, request)
+
+    async def _asked(request: DirectRequest, caller: Awaitable[dict | None]) -> Answer:
+        answer = _report(await caller, request)
+        return answer if type(answer) is tuple else await answer
+
+    def _report(caller: dict | None, request: DirectRequest) -> Answer | Awaitable[Answer]:
+        if caller is None:
+            return _refused(403, "authenticate with a JupyterHub token")
+        if len(request.body) > MAX_REPORT_BYTES:
             metrics.REPORTS.labels("invalid").inc()
-            raise web.HTTPError(413, f"a report may be at most {MAX_REPORT_BYTES} bytes")
+            return _refused(413, f"a report may be at most {MAX_REPORT_BYTES} bytes")
         try:
-            report = validate(self.body())
+            report = validate(json_object(request.body) if request.body else {})
         except ReportError as error:
             metrics.REPORTS.labels("invalid").inc()
-            raise web.HTTPError(400, f"invalid report: {error}") from None
+            return _refused(400, f"invalid report: {error}")
+        except ValueError as error:  # not JSON, not an object
+            metrics.REPORTS.labels("invalid").inc()
+            return _refused(400, str(error))
         owner = report["server"]["user"]
-        model = self.current_user
-        if model.get("kind", "user") != "user" or model["name"] != owner:
+        if caller["kind"] != "user" or caller["name"] != owner:
             metrics.REPORTS.labels("forbidden").inc()
-            raise web.HTTPError(403, f"{self.actor} may not report on a server of {owner}")
+            actor = f"{caller['kind']}:{caller['name']}"
+            return _refused(403, f"{actor} may not report on a server of {owner}")
         key = server_key(owner, report["server"].get("name", ""))
-        if not await self.governor.hub_runs(key):
+        if governor.hub_ran(key):
+            return _accepted(report)
+        return _if_the_hub_runs(key, report)
+
+    async def _if_the_hub_runs(key: str, report: dict) -> Answer:
+        if not await governor.hub_runs(key):
             metrics.REPORTS.labels("forbidden").inc()
-            raise web.HTTPError(
-                404, f"the Hub runs no server {key}: reports are for servers it runs"
-            )
+            return _refused(404, f"the Hub runs no server {key}: reports are for servers it runs")
+        return _accepted(report)
+
+    def _accepted(report: dict) -> Answer:
         metrics.REPORTS.labels("accepted").inc()
-        self.write_json({"verdict": self.governor.ingest(report)})
+        return 200, json.dumps({"verdict": governor.ingest(report)}).encode()
+
+    return receive
+
+
+Answer = tuple[int, bytes]
+
+
+def _refused(code: int, message: str) -> tuple[int, bytes]:
+    """An error's answer, as every handler's (``ApiHandler.write_error``)."""
+    return code, json.dumps({"status": code, "message": message}).encode()
 
 
 class ServersHandler(ApiHandler):
@@ -356,9 +404,6 @@ def handlers(prefix: str, governor: Governor) -> list[tuple]:
     args = {"governor": governor}
     p = prefix.rstrip("/")
     return [
-        # First: tornado tries the rules in order for every request, and at 10,000 servers
-        # reports are nearly all of them (167 a second). No other rule matches their path.
-        (rf"{p}/api/reports", ReportsHandler, args),
         (rf"{p}/api/?", InfoHandler, args),
         (rf"{p}/api/servers", ServersHandler, args),
         (rf"{p}/api/{_SERVER}", ServerHandler, args),
