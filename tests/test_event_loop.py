@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import test_hub_accept as accept
+import test_protocol_server as protocol
 
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.event_loop import loop_factory, running_loop_name
@@ -57,12 +58,29 @@ def test_an_unknown_loop_is_named_in_the_error(capsys):
     "scenario",
     [
         accept.test_while_connections_come_fast_those_that_come_meanwhile_wait_then_are_all_answered,
-        accept.test_stopping_while_paused_leaves_the_listener_closed,
+        accept.test_stopping_while_holding_leaves_the_listener_closed,
         accept.test_connections_wait_in_line_while_the_service_is_stalled,
     ],
-    ids=["batched", "stopped-while-paused", "stalled"],
+    ids=["batched", "stopped-while-holding", "stalled"],
 )
-def test_batched_accept_holds_on_uvloop(scenario):
-    """The one part of the service that drives the loop by hand (pausing the listener between
-    batches) does the same on libuv's loop as on the standard one."""
+def test_batched_requests_hold_on_uvloop(scenario):
+    """The service's server (its own protocol, the batches' timer, the listen queue) does the
+    same on libuv's loop as on the standard one."""
+    _run_on("uvloop", scenario())
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        protocol.test_http11_keeps_the_connection_and_close_or_http10_ends_it,
+        protocol.test_pipelined_requests_are_answered_in_order_each_complete,
+        protocol.test_a_streamed_answer_is_chunked_for_http11_and_close_delimited_for_http10,
+        protocol.test_a_direct_route_answers_with_its_status_and_a_content_length,
+        protocol.test_bytes_sent_while_an_answer_is_pending_are_not_buffered_without_bound,
+    ],
+    ids=["keep-alive", "pipelined", "streamed", "direct", "bounded"],
+)
+def test_the_http_server_serves_alike_on_uvloop(scenario):
+    """uvloop's transports (its own flow control, pause and resume of reading) under the
+    service's HTTP server, as the service runs by default."""
     _run_on("uvloop", scenario())

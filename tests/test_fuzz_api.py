@@ -50,7 +50,6 @@ class Service:
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(60)
 
     async def _start(self) -> None:
-        from tornado.httpserver import HTTPServer
         from tornado.netutil import bind_sockets
 
         self.hub = FakeHub()
@@ -76,8 +75,8 @@ class Service:
         await self.governor.reconcile()
         sockets = bind_sockets(0, "127.0.0.1")
         self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{PREFIX}"
-        self.server = HTTPServer(GpuGovernor().make_web_app(self.governor))
-        self.server.add_sockets(sockets)
+        self.server = GpuGovernor().make_server(self.governor)
+        await self.server.add_sockets(sockets)
 
     def stop(self) -> None:
         async def stop():

@@ -1,4 +1,5 @@
-"""The service's HTTP server accepts connections in batches (``GpuGovernor.accept_interval``)."""
+"""The service's HTTP server handles requests in batches while they come fast
+(``GpuGovernor.accept_interval``), and no connection is dropped while it is stalled."""
 
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ async def _get(port: int) -> tuple[bytes, float]:
     return answer, time.perf_counter()
 
 
-def _serve(interval: float) -> tuple[ProtocolHTTPServer, int]:
+async def _serve(interval: float) -> tuple[ProtocolHTTPServer, int]:
     server = ProtocolHTTPServer(
         web.Application([(r"/", Hello)]), max_body_size=1024, accept_interval=interval
     )
     sockets = bind_sockets(0, "127.0.0.1")
-    server.add_sockets(sockets)
+    await server.add_sockets(sockets)
     return server, sockets[0].getsockname()[1]
 
 
@@ -44,19 +45,19 @@ async def _busy(server: ProtocolHTTPServer, port: int, n: int = 10) -> None:
     for _ in range(n):
         answer, _ = await _get(port)
         assert answer.endswith(b"hello")
-        assert not server._paused
+        assert not server.holding
     await asyncio.sleep(max(0.0, 1.05 - (time.perf_counter() - started)))
 
 
 async def test_while_connections_come_fast_those_that_come_meanwhile_wait_then_are_all_answered():
-    server, port = _serve(0.3)  # batching pays from 2 / 0.3 = 6.7 connections a second
+    server, port = await _serve(0.3)  # batching pays from 2 / 0.3 = 6.7 connections a second
     try:
         await _busy(server, port)  # 10 a second
         started = time.perf_counter()
         first, first_at = await _get(port)
-        assert first.endswith(b"hello") and server._paused
-        # Accepting it paused the listener: these wait until the interval is over, then are
-        # taken together.
+        assert first.endswith(b"hello") and server.holding
+        # Handling it started a batch: these wait until the interval is over, then are
+        # handled together.
         answers = await asyncio.gather(*(_get(port) for _ in range(5)))
         assert all(answer.endswith(b"hello") for answer, _ in answers)
         assert min(at for _, at in answers) - started >= 0.25
@@ -66,33 +67,33 @@ async def test_while_connections_come_fast_those_that_come_meanwhile_wait_then_a
 
 
 async def test_slower_connections_are_accepted_at_once():
-    server, port = _serve(0.3)
+    server, port = await _serve(0.3)
     try:
         await _busy(server, port, n=3)  # 3 a second: a pause would gather about one
         for _ in range(3):
             answer, _ = await _get(port)
-            assert answer.endswith(b"hello") and not server._paused
+            assert answer.endswith(b"hello") and not server.holding
     finally:
         server.stop()
 
 
 async def test_no_interval_accepts_each_connection_at_once():
-    server, port = _serve(0.0)
+    server, port = await _serve(0.0)
     try:
         await _busy(server, port)
         answer, _ = await _get(port)
-        assert answer.endswith(b"hello") and not server._paused
+        assert answer.endswith(b"hello") and not server.holding
     finally:
         server.stop()
 
 
-async def test_stopping_while_paused_leaves_the_listener_closed():
-    server, port = _serve(0.1)  # batching pays from 20 connections a second
+async def test_stopping_while_holding_leaves_the_listener_closed():
+    server, port = await _serve(0.1)  # batching pays from 20 connections a second
     await _busy(server, port, n=25)
     answer, _ = await _get(port)
-    assert answer.endswith(b"hello") and server._paused
+    assert answer.endswith(b"hello") and server.holding
     server.stop()
-    await asyncio.sleep(0.2)  # the resume after the interval must not watch a closed socket
+    await asyncio.sleep(0.2)  # the release after the interval must not reopen anything
     with pytest.raises(OSError):
         await _get(port)
 

@@ -13,7 +13,6 @@ import pytest
 from fake_hub_api import FakeHub
 from test_governor import governor
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.hub import applied_policy as kept
@@ -158,8 +157,8 @@ async def served(gov, monkeypatch, *paths: str) -> list[str]:
         }.items():
             monkeypatch.setenv(key, value)
         sockets = bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(GpuGovernor().make_web_app(gov))
-        server.add_sockets(sockets)
+        server = GpuGovernor().make_server(gov)
+        await server.add_sockets(sockets)
         base = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{PREFIX}"
         try:
             client = AsyncHTTPClient()

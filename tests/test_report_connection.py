@@ -36,11 +36,11 @@ class Governor(web.RequestHandler):
         self.finish({"verdict": {"n": report["n"], "auth": auth}})
 
 
-def _serve(seen: list, port: int = 0, **settings) -> tuple[ProtocolHTTPServer, int]:
+async def _serve(seen: list, port: int = 0, **settings) -> tuple[ProtocolHTTPServer, int]:
     app = web.Application([(r"/services/gpu-gov/api/reports", Governor, {"seen": seen})])
     server = ProtocolHTTPServer(app, max_body_size=1 << 20, **settings)
     sockets = bind_sockets(port, "127.0.0.1")
-    server.add_sockets(sockets)
+    await server.add_sockets(sockets)
     return server, sockets[0].getsockname()[1]
 
 
@@ -52,9 +52,9 @@ async def _stop(server: ProtocolHTTPServer) -> None:
 class Setup:
     """A governor endpoint and a server's reporter; ``restart`` serves the port anew."""
 
-    def __init__(self, timeout: float, report_interval: float):
-        self.seen: list = []
-        self.server, self.port = _serve(self.seen)
+    def __init__(self, timeout: float, report_interval: float, server, port: int, seen):
+        self.seen: list = seen
+        self.server, self.port = server, port
         url = f"http://127.0.0.1:{self.port}/services/gpu-gov/"
         self.reporter = Reporter(
             url, "server-token", logging.getLogger("test"), timeout, report_interval
@@ -62,15 +62,17 @@ class Setup:
 
     async def restart(self, **settings) -> None:
         await _stop(self.server)  # closes every connection it holds
-        self.server, _ = _serve(self.seen, self.port, **settings)
+        self.server, _ = await _serve(self.seen, self.port, **settings)
 
     def streams(self) -> list[int]:
-        return [id(stream) for stream, _ in self.seen]
+        """Which connection each report came on."""
+        return [id(connection) for connection, _ in self.seen]
 
 
 @contextlib.asynccontextmanager
 async def reporting(timeout: float = 20.0, report_interval: float = 5.0):
-    setup = Setup(timeout, report_interval)
+    seen: list = []
+    setup = Setup(timeout, report_interval, *await _serve(seen), seen)
     try:
         yield setup
     finally:
@@ -135,4 +137,4 @@ async def test_a_server_that_reports_seldom_holds_no_connection_between_reports(
         assert [(await s.reporter.send({"n": n}))["n"] for n in range(3)] == [0, 1, 2]
         assert len(set(s.streams())) == 3
         await asyncio.sleep(0.1)
-        assert all(stream.closed() for stream, _ in s.seen)
+        assert all(connection.closed for connection, _ in s.seen)

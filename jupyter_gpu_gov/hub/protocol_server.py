@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import resource
@@ -184,6 +185,10 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
+        if self.answering and len(self.buffer) > self.server.max_header_size:
+            # A request sent before the last is answered waits; more than a head of it waits
+            # in the kernel, not here (resumed by finish).
+            self.transport.pause_reading()
         try:
             self._advance()
         except _Refusal as refusal:
@@ -248,7 +253,7 @@ class Connection(asyncio.Protocol):
         if "transfer-encoding" in fields:
             raise _Refusal(411, "a request body needs a Content-Length (no Transfer-Encoding)")
         length = fields.get("content-length", "0")
-        if not length.isdigit() or len(length) > 12:
+        if not (length.isascii() and length.isdigit()) or len(length) > 12:
             raise _Refusal(400, "Content-Length is not a number")
         if int(length) > self.server.max_body_size:
             raise _Refusal(
@@ -269,13 +274,17 @@ class Connection(asyncio.Protocol):
         try:
             start_line = httputil.RequestStartLine(head.method, head.target, head.version)
             headers = httputil.HTTPHeaders.parse(head.text)
-        except httputil.HTTPInputError as error:
+        except (httputil.HTTPInputError, ValueError) as error:  # ValueError: older tornado's
             raise _Refusal(400, f"malformed request: {error}") from None
         if self.server.xheaders:
             self.context.apply_xheaders(headers)
-        self.delegate = self.server.app.start_request(self.server, self)
-        # A RequestHandler's route returns no awaitable here (the service streams no body in).
-        self.delegate.headers_received(start_line, headers)
+        delegate = self.server.app.start_request(self.server, self)
+        try:  # tornado's request checks the head too (a missing or bad Host)
+            # A RequestHandler's route returns no awaitable here (no body is streamed in).
+            delegate.headers_received(start_line, headers)
+        except httputil.HTTPInputError as error:
+            raise _Refusal(400, f"malformed request: {error}") from None
+        self.delegate = delegate
 
     # -- tornado's HTTPConnection: what a RequestHandler writes through
 
@@ -289,12 +298,15 @@ class Connection(asyncio.Protocol):
             headers["Transfer-Encoding"] = "chunked"
         if not self.keep_alive:
             headers["Connection"] = "close"
-        lines = [b"HTTP/1.1 %d %s" % (code, start_line.reason.encode("latin1"))]
-        for name, value in headers.get_all():
-            line = f"{name}: {value}".encode("latin1")
-            if b"\r" in line or b"\n" in line:
-                raise ValueError(f"illegal characters (CR or LF) in header: {line!r}")
-            lines.append(line)
+        try:
+            lines = [b"HTTP/1.1 %d %s" % (code, start_line.reason.encode("latin1"))]
+            lines += [f"{name}: {value}".encode("latin1") for name, value in headers.get_all()]
+            if any(b"\r" in line or b"\n" in line for line in lines):
+                raise ValueError("CR or LF in the answer's head")
+        except (ValueError, UnicodeEncodeError) as error:
+            # The client gets a 500 and the connection ends, not a head it would misread.
+            self._refuse(500, "Internal Server Error")
+            raise ValueError(f"the answer's head cannot be sent: {error}") from None
         self.head_only = bodyless
         self._send(_CRLF.join(lines) + _END_OF_HEAD)
         return self.write(chunk) if chunk else self._written()
@@ -316,6 +328,7 @@ class Connection(asyncio.Protocol):
             self._close()
             return
         self._expect_head()
+        self.transport.resume_reading()
         if self.buffer:  # a request sent before this answer was finished
             asyncio.get_running_loop().call_soon(self.data_received, b"")
 
@@ -359,7 +372,7 @@ class Connection(asyncio.Protocol):
         self._close()  # a slow or idle client: closed, as tornado closes them, unanswered
 
     def _refuse(self, code: int, message: str) -> None:
-        body = f'{{"status": {code}, "message": "{message}"}}'.encode()
+        body = json.dumps({"status": code, "message": message}).encode()
         reason = httputil.responses.get(code, "Error").encode()
         self._send(
             b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
@@ -512,9 +525,9 @@ class ProtocolHTTPServer:
             self._window, self._count = now, 0
         self._count += 1
         if self._rate * self.accept_interval >= 2 and not self._stopped:
-            self._held = [request]
+            # This one now, those that come meanwhile together after the interval.
+            self._held = []
             asyncio.get_running_loop().call_later(self.accept_interval, self._release)
-            return
         request()
 
     @property
@@ -524,7 +537,7 @@ class ProtocolHTTPServer:
 
     def _release(self) -> None:
         held, self._held = self._held or [], None
-        self._count += len(held) - 1  # the first was counted when it came
+        self._count += len(held)
         for request in held:
             try:
                 request()

@@ -348,14 +348,13 @@ class GovernorSettings(HasTraits):
         0.02,
         min=0,
         max=1,
-        help="""Seconds the service leaves new connections waiting once it has accepted one, to
-        take all that came meanwhile together (a report, an API call or a dashboard page then
+        help="""Seconds the service leaves new requests waiting once it has handled one, to
+        handle all that came meanwhile together (a report, an API call or a dashboard page then
         waits at most this much longer). Each server reports on a new connection; answered a
-        few at a time they cost the service about a sixth less CPU than one by one at 10,000
-        servers (0.04 takes 12-17 % less CPU again and doubles the wait; docs/benchmarks.md,
-        "Issue 26, wave 16"). Only while connections come at 2 / accept_interval a second or
-        more (at 0.02: 100 a second, 6,000 servers reporting every minute); slower, each is
-        accepted at once. 0: never wait.""",
+        few at a time, reports cost the service less CPU than one by one at 10,000 servers
+        (docs/benchmarks.md, "Issue 26, wave 16" and "wave 17"). Only while requests come at
+        2 / accept_interval a second or more (at 0.02: 100 a second, 6,000 servers reporting
+        every minute); slower, each is handled at once. 0: never wait.""",
     ).tag(config=True)
 
     event_loop = Unicode(

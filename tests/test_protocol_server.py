@@ -1,0 +1,427 @@
+"""The service's HTTP server (``hub/protocol_server.py``) as a client sees it, over real sockets:
+raw bytes in, so that malformed requests can be sent, and answers read as HTTP/1.1 frames them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import pytest
+from tornado import web
+from tornado.netutil import bind_sockets
+
+from jupyter_gpu_gov.hub.protocol_server import MAX_HEADER_BYTES, ProtocolHTTPServer
+
+MAX_BODY = 1024
+PART = b"x" * 65536
+PARTS = 8  # the streamed answer: 512 kB in 8 flushes
+
+
+class Text(web.RequestHandler):
+    def initialize(self, text: str) -> None:
+        self.text = text
+
+    def get(self):
+        self.finish(self.text)
+
+    head = get
+
+
+class Echo(web.RequestHandler):
+    def post(self):
+        self.finish(self.request.body)
+
+
+class Stream(web.RequestHandler):
+    async def get(self):
+        for _ in range(PARTS):
+            self.write(PART)
+            await self.flush()
+        self.finish()
+
+
+class Slow(web.RequestHandler):
+    async def get(self):
+        await asyncio.sleep(0.3)
+        self.finish("slow")
+
+
+class Inject(web.RequestHandler):
+    def get(self, how):
+        value = "\u20ac" if how == "euro" else "a\r\nInjected: yes"  # € is not Latin-1
+        if how == "set_header":
+            self.set_header("X-Value", value)  # tornado's own check refuses it
+        else:  # past tornado's check: this layer's is the last
+            self._headers["X-Value"] = value
+        self.finish("body")
+
+
+async def _echo(request):  # a coroutine: awaited
+    return 201, b'{"echo": "%s"}' % request.body
+
+
+async def _slow(request):
+    await asyncio.sleep(0.2)
+    return 200, b"{}"
+
+
+def _fails(request):
+    raise RuntimeError("the route broke")
+
+
+DIRECT = {
+    ("POST", "/direct"): lambda request: (202, b'{"n": %d}' % len(request.body)),
+    ("POST", "/direct/async"): _echo,
+    ("POST", "/direct/fails"): _fails,
+    ("POST", "/direct/slow"): _slow,
+}
+ROUTES = [
+    (r"/", Text, {"text": "hello"}),
+    (r"/direct", Text, {"text": "tornado"}),  # GET only; POST /direct is the direct route's
+    (r"/echo", Echo),
+    (r"/stream", Stream),
+    (r"/slow", Slow),
+    (r"/inject/(\w+)", Inject),
+]
+
+
+@contextlib.asynccontextmanager
+async def serving(**settings):
+    settings.setdefault("idle_timeout", 2.0)
+    server = ProtocolHTTPServer(
+        web.Application(ROUTES), max_body_size=MAX_BODY, xheaders=True, direct=DIRECT, **settings
+    )
+    sockets = bind_sockets(0, "127.0.0.1")
+    await server.add_sockets(sockets)
+    server.port = sockets[0].getsockname()[1]
+    try:
+        yield server
+    finally:
+        server.stop()
+        await server.close_all_connections()
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    head: bytes
+
+    def json(self) -> dict:
+        assert self.headers["content-type"] == "application/json"
+        return json.loads(self.body)
+
+
+async def within(awaitable, seconds: float = 2.0):
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+async def connect(server):
+    return await asyncio.open_connection("127.0.0.1", server.port)
+
+
+async def read_answer(reader, head_only: bool = False) -> Answer:
+    """One answer, its body framed as its headers say (chunks decoded)."""
+    head = await within(reader.readuntil(b"\r\n\r\n"))
+    line, *lines = head.decode("latin1").split("\r\n")
+    headers = {}
+    for field in filter(None, lines):
+        name, _, value = field.partition(":")
+        headers[name.lower()] = value.strip()
+    status = int(line.split(" ")[1])
+    if head_only or status < 200:
+        body = b""
+    elif "content-length" in headers:
+        body = await within(reader.readexactly(int(headers["content-length"])))
+    elif headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while size := int(await within(reader.readuntil(b"\r\n")), 16):
+            body += await within(reader.readexactly(size))
+            assert await within(reader.readexactly(2)) == b"\r\n"
+        assert await within(reader.readexactly(2)) == b"\r\n"
+    else:
+        body = await within(reader.read())
+    return Answer(status, headers, body, head)
+
+
+async def is_closed(reader, seconds: float = 2.0) -> bool:
+    """Whether the server closes the connection (no more bytes) within ``seconds``."""
+    try:
+        return await asyncio.wait_for(reader.read(), seconds) == b""
+    except asyncio.TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+async def ask(server, raw: bytes) -> tuple[Answer, bool]:
+    """``raw`` on a new connection: the answer, and whether the connection then closed."""
+    reader, writer = await connect(server)
+    writer.write(raw)
+    answer = await read_answer(reader, head_only=raw.startswith(b"HEAD"))
+    closed = await is_closed(reader, 0.2)
+    writer.close()
+    return answer, closed
+
+
+GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+async def test_http11_keeps_the_connection_and_close_or_http10_ends_it():
+    async with serving() as server:
+        reader, writer = await connect(server)
+        for _ in range(2):
+            writer.write(GET)
+            answer = await read_answer(reader)
+            assert (answer.status, answer.body) == (200, b"hello")
+            assert "connection" not in answer.headers
+        writer.close()
+        for raw in (
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+        ):
+            answer, closed = await ask(server, raw)
+            assert (answer.status, answer.body) == (200, b"hello")
+            assert answer.headers["connection"] == "close" and closed
+
+
+async def test_pipelined_requests_are_answered_in_order_each_complete():
+    async with serving() as server:
+        reader, writer = await connect(server)
+        writer.write(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nfirst"
+            b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /direct HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc" + GET
+        )
+        answers = [await read_answer(reader) for _ in range(4)]
+        assert [(a.status, a.body) for a in answers] == [
+            (200, b"first"),
+            (200, b"slow"),
+            (202, b'{"n": 3}'),
+            (200, b"hello"),
+        ]
+        writer.close()
+
+
+P = b"POST /echo HTTP/1.1\r\nHost: x\r\n"
+BAD = [  # what is sent, the answer's status, words of its message
+    ((b"GET / HTTP/1.1\r\nX: " + b"a" * MAX_HEADER_BYTES)[: MAX_HEADER_BYTES + 1], 431, "head"),
+    (P + b"Content-Length: 1025\r\n\r\n", 413, "at most 1024 bytes"),  # the body not sent
+    (P + b"Transfer-Encoding: chunked\r\n\r\n", 411, "Content-Length"),
+    (P + b"Content-Length: 1\r\nContent-Length: 1\r\n\r\n", 400, "more than one"),
+    (P + b"Content-Length: 1x\r\n\r\n", 400, "Content-Length is not a number"),
+    # Latin-1's superscript two: a digit to str.isdigit, not to int()
+    (P + b"Content-Length: \xb2\r\n\r\n", 400, "Content-Length is not a number"),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400, "folded"),
+    (b"GARBAGE\r\nHost: x\r\n\r\n", 400, "request line"),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n", 400, "header value"),
+    (b"GET / HTTP/1.1\r\n\r\n", 400, "Missing Host header"),
+    (b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400, "Invalid Host header"),
+    (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/2.0"),
+    (b'GET / HTTP/"2\r\nHost: x\r\n\r\n', 505, "is not served"),
+]
+BAD_IDS = "head body chunked lengths nan superscript folded line ctl nohost host v2 quote"
+
+
+@pytest.mark.parametrize("raw, code, words", BAD, ids=BAD_IDS.split())
+async def test_a_bad_request_is_refused_with_json_naming_it_and_closed(raw, code, words):
+    async with serving() as server:
+        # A well-behaved client served meanwhile, on a kept connection.
+        good_reader, good_writer = await connect(server)
+        good_writer.write(GET)
+        assert (await read_answer(good_reader)).status == 200
+
+        answer, closed = await ask(server, raw)
+        assert answer.status == code
+        assert answer.json()["status"] == code and words in answer.json()["message"]
+        assert answer.headers["connection"] == "close" and closed
+
+        good_writer.write(GET)
+        assert (await read_answer(good_reader)).body == b"hello"
+        good_writer.close()
+
+
+async def test_expect_100_continue_is_answered_before_the_body_is_sent():
+    async with serving() as server:
+        reader, writer = await connect(server)
+        writer.write(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
+        )
+        assert (await read_answer(reader)).status == 100
+        writer.write(b"body")
+        answer = await read_answer(reader)
+        assert (answer.status, answer.body) == (200, b"body")
+        writer.close()
+
+
+async def test_a_streamed_answer_is_chunked_for_http11_and_close_delimited_for_http10():
+    async with serving() as server:
+        reader, writer = await connect(server)
+        writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await read_answer(reader)
+        assert answer.headers["transfer-encoding"] == "chunked"
+        assert answer.body == PART * PARTS
+        writer.write(GET)  # the connection is still good
+        assert (await read_answer(reader)).body == b"hello"
+        writer.close()
+
+        answer, closed = await ask(server, b"GET /stream HTTP/1.0\r\n\r\n")
+        assert "transfer-encoding" not in answer.headers and "content-length" not in answer.headers
+        assert answer.headers["connection"] == "close"
+        assert answer.body == PART * PARTS and closed
+
+
+async def test_head_gets_headers_without_a_body_and_the_connection_stays_usable():
+    async with serving() as server:
+        reader, writer = await connect(server)
+        writer.write(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n" + GET)
+        head = await read_answer(reader, head_only=True)
+        assert head.status == 200 and head.headers["content-length"] == "5"
+        answer = await read_answer(reader)  # had HEAD sent a body, it would be read here
+        assert answer.head.startswith(b"HTTP/1.1 200") and answer.body == b"hello"
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"",
+        b"GET / HTTP/1.1\r\nHost:",
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc",
+    ],
+    ids=["idle", "half a head", "short body"],
+)
+async def test_a_silent_or_stalled_client_is_closed_after_its_timeout(sent):
+    async with serving(idle_timeout=0.2, body_timeout=0.2) as server:
+        reader, writer = await connect(server)
+        writer.write(sent)
+        started = time.monotonic()
+        assert await is_closed(reader, 1.0)  # unanswered: read() sees the end, no bytes
+        assert 0.15 < time.monotonic() - started < 0.8
+        assert not server.connections
+        writer.close()
+
+
+@pytest.mark.parametrize("how", ["set_header", "raw", "euro"])
+async def test_a_header_value_with_crlf_or_not_latin1_gets_the_client_an_error_not_a_header(how):
+    async with serving() as server:
+        reader, writer = await connect(server)
+        writer.write(b"GET /inject/%s HTTP/1.1\r\nHost: x\r\n\r\n" % how.encode())
+        answer = await read_answer(reader)
+        assert answer.status == 500
+        assert b"Injected" not in answer.head and "injected" not in answer.headers
+        writer.close()
+
+
+async def test_a_direct_route_answers_with_its_status_and_a_content_length():
+    async with serving() as server:
+        post = b"POST /direct HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+        answer, closed = await ask(server, post)
+        assert (answer.status, answer.body) == (202, b'{"n": 3}')
+        assert answer.headers["content-length"] == "8" and not closed
+        post = b"POST /direct/async HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+        answer, _ = await ask(server, post)
+        assert (answer.status, answer.json()) == (201, {"echo": "hi"})
+
+
+async def test_a_failing_direct_route_answers_500_and_the_server_keeps_serving(caplog):
+    async with serving() as server:
+        reader, writer = await connect(server)
+        writer.write(b"POST /direct/fails HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        answer = await read_answer(reader)
+        assert answer.status == 500 and answer.json()["status"] == 500
+        assert "the route broke" not in answer.body.decode()
+        writer.write(GET)
+        assert (await read_answer(reader)).body == b"hello"
+        writer.close()
+        assert "POST /direct/fails failed" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "raw, status, body",
+    [
+        (b"GET /direct HTTP/1.1\r\nHost: x\r\n\r\n", 200, b"tornado"),
+        (b"PUT /direct HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405, None),
+        (b"POST /direct/ HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 404, None),
+        (b"POST /directly HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 404, None),
+    ],
+)
+async def test_other_methods_and_paths_go_to_the_application(raw, status, body):
+    async with serving() as server:
+        answer, _ = await ask(server, raw)
+        assert answer.status == status
+        assert body is None or answer.body == body
+        assert b'"n":' not in answer.body
+
+
+async def _get(server) -> Answer:
+    reader, writer = await connect(server)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer = await read_answer(reader)
+    writer.close()
+    return answer
+
+
+async def test_fast_requests_are_held_then_answered_together_and_stop_answers_the_held():
+    async with serving(accept_interval=0.2) as server:  # holds from 2 / 0.2 = 10 a second
+        started = time.monotonic()
+        reader, writer = await connect(server)
+        for _ in range(12):
+            writer.write(GET)
+            assert (await read_answer(reader)).body == b"hello"
+            assert not server.holding  # the rate is not known before a second has passed
+        await asyncio.sleep(1.02 - (time.monotonic() - started))
+
+        held_at = time.monotonic()
+        assert (await _get(server)).body == b"hello"  # answered at once; it starts a batch
+        assert server.holding
+        later = asyncio.gather(*(_get(server) for _ in range(4)))
+        await asyncio.sleep(0.05)
+        assert not later.done()
+        assert all(a.body == b"hello" for a in await later)  # together, after the interval
+        assert time.monotonic() - held_at >= 0.18
+
+        held_at = time.monotonic()
+        assert (await _get(server)).body == b"hello"  # still 12 a second: the next batch
+        writer.write(GET)
+        answer = asyncio.ensure_future(read_answer(reader))
+        await asyncio.sleep(0.02)
+        assert server.holding and not answer.done()
+        server.stop()
+        assert (await answer).body == b"hello"  # at once, not after the interval
+        assert time.monotonic() - held_at < 0.2 + 0.3
+        with pytest.raises(OSError):
+            await connect(server)
+        writer.close()
+
+
+@pytest.mark.parametrize("path", [b"GET /slow", b"GET /stream", b"POST /direct/slow"])
+async def test_a_client_leaving_mid_answer_logs_no_traceback_and_the_server_serves_on(path, caplog):
+    caplog.set_level(logging.DEBUG)
+    async with serving() as server:
+        _, writer = await connect(server)
+        writer.write(path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        await asyncio.sleep(0.05)
+        writer.transport.abort()
+        await asyncio.sleep(0.35)  # the slow handlers finish, to a closed connection
+        assert (await _get(server)).body == b"hello"
+        assert not server.connections
+    assert [
+        r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR
+    ] == []
+
+
+async def test_bytes_sent_while_an_answer_is_pending_are_not_buffered_without_bound():
+    async with serving() as server:
+        _, writer = await connect(server)
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" + b"y" * (16 << 20))
+        await asyncio.sleep(0.2)
+        (connection,) = server.connections
+        # Room for the next request (its head and body) and a read's worth over: not 16 MB.
+        assert len(connection.buffer) <= MAX_HEADER_BYTES + MAX_BODY + (1 << 20)
+        writer.transport.abort()
