@@ -7,8 +7,8 @@ thread's CPU (``time.thread_time``: other work on a loaded machine does not coun
 The service as ``benchmarks.ingest_steps`` builds it (``GpuGovernor.make_governor`` against
 the fake Hub in this process, its start-up pass done, then ``heap.start()`` as the service
 calls it), in real time: N servers' reports every 60 s, evenly spaced, each in a callback of
-its own through what ``ReportsHandler.post`` runs (``json.loads``, ``validate``,
-``Governor.ingest``, ``json.dumps``; tornado's side of a request is not here:
+its own through what the report route (``routes.report_route``) runs (``json.loads``,
+``validate``, ``Governor.ingest``, ``json.dumps``; the HTTP side of a request is not here:
 ``benchmarks.ingest`` measures it), and a pass every 60 s (``Governor.reconcile`` on
 ``clock.every``, as the service's timer, mid-minute). The first minute (every server's first report) is
 not measured; then ``--minutes``. Printed:

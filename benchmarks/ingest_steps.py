@@ -6,14 +6,14 @@ The service as ``python -m jupyter_gpu_gov.hub`` builds it (``GpuGovernor.make_g
 same arguments as ``benchmarks.ingest``), against the fake Hub in this process, its start-up
 pass done; then ``--rounds`` rounds, each after a pass (untimed, as the service runs one a
 minute), in which every server sends ``benchmarks.ingest_load``'s
-report, a minute after the last on the governor's clock, through what ``ReportsHandler.post``
-runs: the body decoded (``json.loads``), ``validate``, ``Governor.ingest`` and the answer
-encoded (``json.dumps``). Each step's CPU (``time.thread_time``: this thread's only, so other
-work on the machine does not count) per report, the median over the rounds after the first
+report, a minute after the last on the governor's clock, through what the report route
+(``hub/routes.py``, ``report_route``) runs: the body decoded (``json.loads``), ``validate``,
+``Governor.ingest`` and the answer encoded (``json.dumps``). Each step's CPU
+(``time.thread_time``: this thread's only, so other work on the machine does not count) per report, the median over the rounds after the first
 (which fills the diagnosis's context); ``--repeats`` times, each a fresh governor. A second
 set of rounds times the parts of ``Governor.ingest`` (each wrapped; the wrappers' own cost
-counts in ``ingest`` there, not in the first set's). tornado's side of a request (the
-connection, headers, routing, ``finish``) is not here: ``benchmarks.ingest`` measures the
+counts in ``ingest`` there, not in the first set's). The HTTP server's side of a request (the
+connection, the head, the answer) is not here: ``benchmarks.ingest`` measures the
 whole over HTTP.
 """
 

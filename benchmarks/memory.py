@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--event-loop",
         choices=("auto", "uvloop", "asyncio"),
-        help="the service's GpuGovernor.event_loop (default: its own, auto)",
+        help="the service's GpuGovernor.event_loop (default: its own, asyncio)",
     )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve"]:  # the service's own arguments, --cull-every among them

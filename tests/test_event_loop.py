@@ -25,8 +25,8 @@ async def _name() -> str:
     return running_loop_name()
 
 
-def test_auto_and_uvloop_run_on_uvloop_asyncio_on_the_standard_loop():
-    assert GpuGovernor().event_loop == "auto"
+def test_the_default_is_asyncio_and_auto_or_uvloop_run_on_uvloop():
+    assert GpuGovernor().event_loop == "asyncio"
     assert _run_on("auto", _name()) == "uvloop"
     assert _run_on("uvloop", _name()) == "uvloop"
     assert _run_on("asyncio", _name()) == "asyncio"

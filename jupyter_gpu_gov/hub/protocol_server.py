@@ -79,7 +79,6 @@ class DirectRequest:
 
     head: Head
     body: bytes
-    remote_ip: str
 
 
 # A direct route: the answer's status and JSON body (bytes) for a request, or an awaitable of
@@ -404,7 +403,7 @@ class _Direct(httputil.HTTPMessageDelegate):
 
     def finish(self) -> None:
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        request = DirectRequest(self.head, body, self.connection.context.remote_ip)
+        request = DirectRequest(self.head, body)
         try:
             answer = self.route(request)
         except Exception:

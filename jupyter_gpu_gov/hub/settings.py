@@ -358,11 +358,13 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
 
     event_loop = Unicode(
-        "auto",
-        help="""The service's event loop: ``uvloop`` (libuv's; the ``hub`` extra installs it on
-        Linux and macOS), ``asyncio`` (the standard library's), or ``auto``: uvloop when it can
-        be imported, else asyncio. With uvloop a report costs the service 4-7 % less CPU
-        (docs/benchmarks.md, 10,000 servers); the governor decides the same either way.""",
+        "asyncio",
+        help="""The service's event loop: ``asyncio`` (the standard library's), ``uvloop``
+        (libuv's; the ``hub`` extra installs it on Linux and macOS), or ``auto``: uvloop when
+        it can be imported, else asyncio. With uvloop a report costs the service 10-20 % less
+        CPU, but while a pass's worker threads run, reports wait on it for the interpreter's
+        lock, once per socket event: at 10,000 servers their p99 rose from 60 ms to 98-294 ms
+        (docs/benchmarks.md, "Issue 26, wave 17"). The governor decides the same either way.""",
     ).tag(config=True)
 
     @validate("event_loop")
