@@ -7,6 +7,7 @@ here read and change the governor through its views and requests, never its stor
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -35,6 +36,9 @@ MAX_REPORT_BYTES = 256 * 1024
 MAX_BODY_BYTES = 1024 * 1024  # any request; a larger one is refused before it is read
 MAX_AUDIT_ROWS = 5000
 EXTENSION_STATUSES = ("granted", "pending", "approved", "denied", "refused")
+Answer = tuple[int, bytes]  # a direct route's status and JSON body
+
+log = logging.getLogger("jupyter_gpu_gov.hub")
 
 
 def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
@@ -95,11 +99,10 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
     return receive
 
 
-Answer = tuple[int, bytes]
-
-
 def _refused(code: int, message: str) -> tuple[int, bytes]:
-    """An error's answer, as every handler's (``ApiHandler.write_error``)."""
+    """A refused report's answer, as every handler's error (``ApiHandler.write_error``), and
+    its log line, as tornado's access log wrote one for each refusal."""
+    log.warning("gpu-gov: POST api/reports refused (%d): %s", code, message)
     return code, json.dumps({"status": code, "message": message}).encode()
 
 
