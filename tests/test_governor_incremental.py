@@ -18,7 +18,7 @@ from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.grant import GRANT_STATE
 from jupyter_gpu_gov.core.health import DRAIN, RESET, UNHEALTHY, Health
 from jupyter_gpu_gov.core.policy import load_policies
-from jupyter_gpu_gov.hub import metrics
+from jupyter_gpu_gov.hub import ingest, metrics
 from jupyter_gpu_gov.hub.dcgm import DcgmSnapshot, GpuEvidence
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
 from jupyter_gpu_gov.hub.hubapi import HubApi
@@ -156,6 +156,10 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
     servers: dict[str, Server] = {}
     step = [0.0]
     monkeypatch.setattr(clock, "adopt_step", lambda: step[0])
+    # Both governors ask the Hub about every server their last pass did not see: its answers
+    # kept for HUB_LOOKUP_EVERY seconds of real time would expire at different passes for the
+    # two on a loaded machine, and the same report be taken by one and refused by the other.
+    monkeypatch.setattr(ingest, "HUB_LOOKUP_EVERY", -1.0)
     frozen = [clock.utcnow()]  # both governors decide at the very same times
     monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
     monkeypatch.setattr(
