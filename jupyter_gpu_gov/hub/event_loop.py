@@ -1,9 +1,10 @@
 """Which event loop the service runs on (``c.GpuGovernor.event_loop``).
 
 The standard library's loop is the default. uvloop (libuv's loop, in C) takes 10-20 % less of
-the service's CPU a report at 10,000 servers, but takes the interpreter's lock once for each
-socket event, so while a pass's worker threads hold it reports wait: their p99 rose from 60 ms
-to 98-294 ms (docs/benchmarks.md, "Issue 26, wave 17"). It stays one setting away.
+the service's CPU a report at 10,000 servers, but with a pass running the reports' p99 rose
+from 60 ms to 98-294 ms (docs/benchmarks.md, "Issue 26, wave 17": read there as uvloop taking
+the interpreter's lock once per socket event while the pass's worker threads hold it). It
+stays one setting away.
 """
 
 from __future__ import annotations
