@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from governor_harness import free_port
-from hub_harness import MARKER_ENV, REPO, HubHarness
+from hub_harness import REPO, HubHarness
 
 DEMO = REPO / "hub_config"
 PASSWORD = "gpu-gov-demo"
@@ -38,9 +38,7 @@ _governor["command"] = [
     arg if not arg.startswith("--config=") else "--config={gov_config}"
     for arg in _governor["command"]
 ]
-_governor["environment"].update(
-    {{"JUPYTER_GPU_GOV_PROXY_URL": c.JupyterHub.bind_url, {marker!r}: HARNESS_ENV[{marker!r}]}}
-)
+_governor["environment"]["JUPYTER_GPU_GOV_PROXY_URL"] = c.JupyterHub.bind_url
 c.JupyterHub.services = _services + [_governor]
 c.JupyterHub.load_roles = _roles + list(c.JupyterHub.load_roles)
 c.Spawner.environment.update(
@@ -63,6 +61,5 @@ def demo_hub(workdir: Path, governor_config: str, timeout: float = 180) -> HubHa
         demo_hub=str(DEMO / "jupyterhub_config.py"),
         gov_port=gov_port,
         gov_config=gov_config,
-        marker=MARKER_ENV,
     )
     return HubHarness(workdir=workdir / "hub", extra_config=extra, timeout=timeout)

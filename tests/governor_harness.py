@@ -15,7 +15,7 @@ from pathlib import Path
 
 import requests
 import websocket
-from hub_harness import MARKER_ENV, HubHarness
+from hub_harness import HubHarness
 
 from jupyter_gpu_gov.core.clock import parse
 
@@ -84,10 +84,7 @@ def governed_hub(
             c,
             url="http://127.0.0.1:{port}",
             args={args!r},
-            environment={{
-                {MARKER_ENV!r}: HARNESS_ENV[{MARKER_ENV!r}],
-                **{dict(governor_environment or {})!r},
-            }},
+            environment={dict(governor_environment or {})!r},
             admin_users=["govadmin"],
         )
 

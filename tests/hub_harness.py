@@ -37,8 +37,10 @@ Browser-like use: ``login(user)`` gives a ``requests.Session`` logged in through
 hub process and starts it again on the same ports and directory (with
 ``c.JupyterHub.cleanup_servers = False`` the servers keep running).
 
-Teardown stops the servers, stops the hub (which stops the proxy), then kills every process
-still carrying this harness's marker in its environment: no orphans, even on failure.
+Teardown ends, all at once (SIGTERM, then SIGKILL), every process carrying this harness's marker
+in its environment: the hub and its proxy, the managed services and the servers with their
+kernels (the harness puts the marker in the services' and the servers' environments, which the
+Hub does not pass on by itself): no orphans, even on failure or when the hub died first.
 """
 
 from __future__ import annotations
@@ -497,10 +499,13 @@ class HubHarness:
 
     # --- internals ---------------------------------------------------------------------------
     def _config_text(self) -> str:
-        su_env = {
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+        markers = {
             MARKER_ENV: self.marker,
             **({RUN_MARKER: os.environ[RUN_MARKER]} if RUN_MARKER in os.environ else {}),
+        }
+        su_env = {
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+            **markers,
             "JUPYTER_GPU_GOV_BACKEND": "simulated",
             "JUPYTER_GPU_GOV_SIM_STATE": str(self.sim_state),
         }
@@ -550,8 +555,20 @@ class HubHarness:
 
             # --- extra_config ---
             """
-        parts = [text, spawner if self.spawner_config else "", service]
-        return "".join(map(textwrap.dedent, parts)) + textwrap.dedent(self.extra_config) + "\n"
+        # Last, after every line that adds services (extra_config's, a chart's): the Hub starts
+        # a managed service with only its entry's environment (plus a few kept variables such
+        # as PATH), so without this a service would carry no marker, and a hub killed before
+        # it stopped its services (teardown's sweep kills it after a second) left them running.
+        marked = f"""\
+
+            # --- every managed service carries the harness's markers (added by the harness) ---
+            _markers = {markers!r}
+            for _service in c.JupyterHub.services:
+                if _service.get("command"):
+                    _service["environment"] = {{**(_service.get("environment") or {{}}), **_markers}}
+            """
+        parts = [text, spawner if self.spawner_config else "", service, self.extra_config, marked]
+        return "".join(map(textwrap.dedent, parts)) + "\n"
 
     def _hub_up(self) -> bool:
         try:

@@ -4,6 +4,9 @@ The single-user servers use the demo's own settings (hub_config/singleuser), so 
 that the demo configuration loads.
 """
 
+import contextlib
+import os
+import signal
 import time
 
 from hub_harness import REPO, HubHarness, hub_fixture
@@ -76,6 +79,41 @@ def test_harness_leaves_no_processes():
     assert not alive, f"left running: {alive}"
     assert not h.pids()
     assert not workdir.exists()
+
+
+# A managed service that writes its pid and waits, as jupyterhub-idle-culler waits between its
+# passes. The Hub starts it in a session of its own with only its entry's environment.
+SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+
+
+def test_harness_ends_managed_services_when_the_hub_died_first(tmp_path):
+    """A hub killed before it stopped its managed services (teardown's sweep kills a hub still
+    stopping after a second: under load, the full run left two jupyterhub-idle-cullers behind
+    that way) leaves them to the sweep, which must find them."""
+    pid_file = tmp_path / "service.pid"
+    extra = f"""
+        c.JupyterHub.services.append(
+            {{"name": "sleeper", "command": [sys.executable, "-c", {SLEEPER!r}, {str(pid_file)!r}]}}
+        )
+    """
+    service = None
+    try:
+        with HubHarness(workdir=tmp_path / "hub", extra_config=extra, timeout=60) as h:
+            deadline = time.monotonic() + 60
+            while not (pid_file.exists() and pid_file.read_text()):
+                assert time.monotonic() < deadline, h.log_tail()
+                time.sleep(0.2)
+            service = int(pid_file.read_text())
+            h.proc.kill()  # the hub dies without stopping its services
+            h.proc.wait()
+        deadline = time.monotonic() + 5  # SIGKILLed by then, but reaped by its reaper
+        while _alive(service) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(service), "the hub's managed service outlived the harness"
+    finally:
+        if service is not None and _alive(service):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(service, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

@@ -23,14 +23,13 @@ pytestmark = pytest.mark.timeout(300)
 ENTRIES = """
 import sys
 command = [sys.executable, "-m", "jupyter_gpu_gov.hub", "--cull-every=0.5"]
-env = {{{marker!r}: HARNESS_ENV[{marker!r}]}}
 c.JupyterHub.services += [
     # Like jupyterhub-idle-culler's entry in zero-to-jupyterhub: no URL.
     {{"name": "gov-culler", "command": [*command, "--timeout=6",
-      "--db-url=sqlite:///{culler_db}"], "environment": env}},
+      "--db-url=sqlite:///{culler_db}"]}},
     # A URL whose port another program holds; a dry run, so the two never cull twice.
     {{"name": "gov-blocked", "url": "http://127.0.0.1:{taken}", "command": [*command,
-      "--timeout=3", "--dry-run", "--db-url=sqlite:///{blocked_db}"], "environment": env}},
+      "--timeout=3", "--dry-run", "--db-url=sqlite:///{blocked_db}"]}},
 ]
 c.JupyterHub.load_roles += [
     {{"name": "govs", "services": ["gov-culler", "gov-blocked"], "scopes": {scopes!r}}},
@@ -89,7 +88,6 @@ def test_no_url_means_no_port_and_a_taken_port_means_no_crash_loop(tmp_path):
     taken = holder.server_address[1]
     culler_db, blocked_db = tmp_path / "culler.sqlite", tmp_path / "blocked.sqlite"
     extra = ENTRIES.format(
-        marker=MARKER_ENV,
         culler_db=culler_db,
         blocked_db=blocked_db,
         taken=taken,
