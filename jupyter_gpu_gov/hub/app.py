@@ -245,6 +245,8 @@ class GpuGovernor(GovernorSettings, Application):
         passes.cancel()
         listening.cancel()
         heap.stop(collections)
+        # Each one ended (a pass stopped where it was) before the server and the store close.
+        await asyncio.wait((passes, listening, collections))
         server.stop()
         await self.governor.close()
 

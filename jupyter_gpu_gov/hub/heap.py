@@ -42,20 +42,27 @@ _NEVER = 1 << 30  # the oldest generation's threshold: CPython never starts a fu
 _oldest = gc.get_threshold()[2]  # the threshold ``start`` replaced, for ``stop``
 
 
-def start() -> asyncio.Future:
-    """Freeze what is alive now and take full collections over; returns the timer's task
+def start() -> asyncio.Task:
+    """Freeze what is alive now and take full collections over; returns the timers' task
     for ``stop``. Call once the service's imports and app are set up."""
     global _oldest
     gc.collect()
     gc.freeze()
     young, middle, _oldest = gc.get_threshold()
     gc.set_threshold(young, middle, _NEVER)
-    return asyncio.gather(
+    return asyncio.ensure_future(_timers())
+
+
+async def _timers() -> None:
+    # Inside a task, not gather's own future: cancelled, that future ends with a CancelledError
+    # as its exception, which asyncio logs at exit ("exception was never retrieved") unless
+    # someone awaits it; the task awaits it, and itself simply ends cancelled.
+    await asyncio.gather(
         _collect_every(FULL_COLLECTION_EVERY_S), _collect_young_every(YOUNG_EVERY_S)
     )
 
 
-def stop(timers: asyncio.Future) -> None:
+def stop(timers: asyncio.Task) -> None:
     """The oldest generation's threshold as it was before ``start`` (CPython's own rule)."""
     timers.cancel()
     young, middle, _ = gc.get_threshold()
