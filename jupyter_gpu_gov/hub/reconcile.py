@@ -32,7 +32,7 @@ from .evidence import Evidence, PassContext, Received
 from .health import HealthWatch
 from .history import History
 from .hubapi import HubApi, HubServer
-from .incremental import YIELD_EVERY, DecidedOn, Incremental, LookedAt, Running
+from .incremental import YIELD_EVERY, DecidedOn, Incremental, LookedAt, Running, let_reports_in
 from .ingest import Ingest
 from .listing import FRESH_READS_LEAST, HubListing, fresh_reads
 from .options import Options
@@ -462,7 +462,7 @@ class Governor(
         rows, billed, reports, gauges = self.rows, self.ledger.open, self.reports, self.gauges
         for turn, key in enumerate(keys, 1):
             if turn % GAUGES_PER_TURN == 0:
-                await asyncio.sleep(0)
+                await let_reports_in()
             row = rows.get(key)
             if row is None or not row.running:
                 gauges.drop(key)
@@ -495,10 +495,10 @@ class Governor(
 
 
 class _Turns:
-    """A pass's deciding in slices, the event loop running between two: ``YIELD_EVERY``
-    servers or ``SLICE_S``, whichever comes first. 32 decisions took 10-30 ms of CPU at 10,000
-    servers (more on a loaded machine), each report arriving meanwhile waiting for all of them
-    (docs/benchmarks.md, "Issue 26, wave 14")."""
+    """A pass's deciding in slices, the event loop running between two (``let_reports_in``):
+    ``YIELD_EVERY`` servers or ``SLICE_S``, whichever comes first. 32 decisions took 10-30 ms of
+    CPU at 10,000 servers (more on a loaded machine), each report arriving meanwhile waiting for
+    all of them (docs/benchmarks.md, "Issue 26, wave 14")."""
 
     __slots__ = ("_left", "_until")
 
@@ -509,7 +509,7 @@ class _Turns:
         """Before each server: the loop runs if this slice is over."""
         self._left -= 1
         if self._left < 0 or time.perf_counter() >= self._until:
-            await asyncio.sleep(0)
+            await let_reports_in()
             self._left, self._until = YIELD_EVERY - 1, time.perf_counter() + SLICE_S
 
 
