@@ -9,6 +9,7 @@ import sys
 import pytest
 import test_hub_accept as accept
 import test_protocol_server as protocol
+import test_reconcile_yields as yields
 
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.event_loop import loop_factory, running_loop_name
@@ -25,8 +26,8 @@ async def _name() -> str:
     return running_loop_name()
 
 
-def test_the_default_is_asyncio_and_auto_or_uvloop_run_on_uvloop():
-    assert GpuGovernor().event_loop == "asyncio"
+def test_the_default_is_auto_and_auto_or_uvloop_run_on_uvloop():
+    assert GpuGovernor().event_loop == "auto"
     assert _run_on("auto", _name()) == "uvloop"
     assert _run_on("uvloop", _name()) == "uvloop"
     assert _run_on("asyncio", _name()) == "asyncio"
@@ -84,3 +85,11 @@ def test_the_http_server_serves_alike_on_uvloop(scenario):
     """uvloop's transports (its own flow control, pause and resume of reading) under the
     service's HTTP server, as the service runs by default."""
     _run_on("uvloop", scenario())
+
+
+def test_a_report_sent_during_a_pass_is_answered_before_its_next_slice_on_uvloop(
+    tmp_path, monkeypatch
+):
+    """The pass's turns for the reports (``incremental.let_reports_in``) on libuv's loop too."""
+    scenario = yields.test_a_report_sent_during_a_pass_is_answered_before_its_next_slice
+    _run_on("uvloop", scenario(tmp_path, monkeypatch))

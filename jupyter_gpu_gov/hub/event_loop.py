@@ -1,10 +1,11 @@
 """Which event loop the service runs on (``c.GpuGovernor.event_loop``).
 
-The standard library's loop is the default. uvloop (libuv's loop, in C) takes 10-20 % less of
-the service's CPU a report at 10,000 servers, but with a pass running the reports' p99 rose
-from 60 ms to 98-294 ms (docs/benchmarks.md, "Issue 26, wave 17": read there as uvloop taking
-the interpreter's lock once per socket event while the pass's worker threads hold it). It
-stays one setting away.
+uvloop (libuv's loop, in C) where it can be imported, the default (``auto``): it takes 10-20 %
+less of the service's CPU a report at 10,000 servers. Wave 17 made the standard loop the
+default for a while, reading uvloop's p99 with passes (98-294 ms) as waits for the
+interpreter's lock. That reading did not hold: since a pass lets the loop turn four times
+between two slices, uvloop's p99 with passes is 26-36 ms, the standard loop's 35-49 ms
+(docs/benchmarks.md, "Issue 26, wave 18"). The standard loop stays one setting away.
 """
 
 from __future__ import annotations

@@ -358,13 +358,12 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
 
     event_loop = Unicode(
-        "asyncio",
-        help="""The service's event loop: ``asyncio`` (the standard library's), ``uvloop``
-        (libuv's; the ``hub`` extra installs it on Linux and macOS), or ``auto``: uvloop when
-        it can be imported, else asyncio. With uvloop a report costs the service 10-20 % less
-        CPU, but while a pass's worker threads run, reports wait on it for the interpreter's
-        lock, once per socket event: at 10,000 servers their p99 rose from 60 ms to 98-294 ms
-        (docs/benchmarks.md, "Issue 26, wave 17"). The governor decides the same either way.""",
+        "auto",
+        help="""The service's event loop: ``auto`` (uvloop when it can be imported, else
+        asyncio), ``uvloop`` (libuv's; the ``hub`` extra installs it on Linux and macOS), or
+        ``asyncio`` (the standard library's). On uvloop a report costs the service 10-20 % less
+        CPU at 10,000 servers, and the p99 with passes was 26-36 ms against 35-49 ms on asyncio
+        (docs/benchmarks.md, "Issue 26, wave 18"). The governor decides the same either way.""",
     ).tag(config=True)
 
     @validate("event_loop")
