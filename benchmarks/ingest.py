@@ -31,8 +31,8 @@ memory when started and once N servers have reported; the Hub checks each phase 
 fake Hub's ``GET /user`` count). The service
 reconciles once at start (its first pass over the N servers, before anything is measured) and
 then not again (``--cull-every`` a day): the reconcile pass is ``benchmarks.reconcile``'s figure.
-It runs on its default event loop (the standard one) unless ``--event-loop`` names one;
-with ``--probe`` on the standard library's, whose callbacks the probe times.
+It runs on its default event loop (``auto``: uvloop where installed) unless ``--event-loop``
+names one; with ``--probe`` on the standard library's, whose callbacks the probe times.
 """
 
 from __future__ import annotations
@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> None:
         "--event-loop",
         choices=("auto", "uvloop", "asyncio"),
         default=None,
-        help="the service's GpuGovernor.event_loop (default: its own, asyncio)",
+        help="the service's GpuGovernor.event_loop (default: its own, auto)",
     )
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
