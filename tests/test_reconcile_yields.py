@@ -74,25 +74,10 @@ async def test_a_slow_pass_lets_reports_in_every_few_milliseconds(tmp_path, monk
     once a slice of ``SLICE_S`` is spent, however few servers it decided: a report waits for
     one slice, not for ``YIELD_EVERY`` slow decisions (docs/benchmarks.md, "Issue 26, wave
     14")."""
-    frozen = [clock.utcnow()]
-    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
     servers = YIELD_EVERY
-    users = [f"user{i}" for i in range(servers)]
     async with FakeHub() as hub:
-        gov = patient_governor(hub, users, frozen[0], tmp_path / "gov.sqlite", 1000)
-        await gov.reconcile()
-        frozen[0] += timedelta(minutes=1)
-        for i, user in enumerate(users):
-            gov.ingest(report_for(user, uuid(i), sm=0.9 if i % 2 else 0.0))
-        decide_one = gov._decide_one
-        decided = [0]
-
-        def slowly(*args):  # each decision longer than half a slice
-            time.sleep(0.6 * reconcile.SLICE_S)
-            decided[0] += 1
-            return decide_one(*args)
-
-        gov._decide_one = slowly
+        # Each decision longer than half a slice.
+        gov, decided = await deciding_slowly(hub, servers, tmp_path, monkeypatch, 0.6)
         between: list[int] = []
 
         async def meanwhile(deciding: asyncio.Future) -> None:
@@ -114,25 +99,10 @@ async def test_a_report_sent_during_a_pass_is_answered_before_its_next_slice(tmp
     connection made, then read: at 10,000 servers 4-5 slices of 5 ms for every report arriving
     during a pass; docs/benchmarks.md, "Issue 26, wave 18"). Each decision here outlasts a
     slice, so the decisions counted are the slices, however loaded the machine."""
-    frozen = [clock.utcnow()]
-    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
     servers = 2 * YIELD_EVERY
-    users = [f"user{i}" for i in range(servers)]
     async with FakeHub() as hub:
-        gov = patient_governor(hub, users, frozen[0], tmp_path / "gov.sqlite", 1000)
-        await gov.reconcile()
-        frozen[0] += timedelta(minutes=1)
-        for i, user in enumerate(users):
-            gov.ingest(report_for(user, uuid(i), sm=0.9 if i % 2 else 0.0))
-        decide_one = gov._decide_one
-        decided = [0]
-
-        def slowly(*args):  # one decision a slice
-            time.sleep(1.2 * reconcile.SLICE_S)
-            decided[0] += 1
-            return decide_one(*args)
-
-        gov._decide_one = slowly
+        # One decision a slice.
+        gov, decided = await deciding_slowly(hub, servers, tmp_path, monkeypatch, 1.2)
         answered_at: list[int] = []  # the decisions made when the report was answered
 
         def report(request):
@@ -212,6 +182,32 @@ async def test_reports_get_in_while_a_pass_waits_for_the_database(tmp_path, monk
     assert taken_during_pass == [True]
     assert result.errors == ()
     assert all(gov.store.server(f"{user}/").reports for user in users[:3])
+
+
+async def deciding_slowly(
+    hub: FakeHub, servers: int, tmp_path, monkeypatch, slices: float
+) -> tuple[Governor, list[int]]:
+    """A governor of ``servers`` servers after its first pass; a minute on, every server's
+    report moved (the next pass decides each), and each decision made ``slices`` of a slice
+    longer. Returns it and the count of decisions made since."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    users = [f"user{i}" for i in range(servers)]
+    gov = patient_governor(hub, users, frozen[0], tmp_path / "gov.sqlite", 1000)
+    await gov.reconcile()
+    frozen[0] += timedelta(minutes=1)
+    for i, user in enumerate(users):
+        gov.ingest(report_for(user, uuid(i), sm=0.9 if i % 2 else 0.0))
+    decide_one = gov._decide_one
+    decided = [0]
+
+    def slowly(*args):
+        time.sleep(slices * reconcile.SLICE_S)
+        decided[0] += 1
+        return decide_one(*args)
+
+    gov._decide_one = slowly
+    return gov, decided
 
 
 def patient_governor(
