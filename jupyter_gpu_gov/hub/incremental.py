@@ -39,8 +39,9 @@ from .views import cause_of
 # loop run, reports waiting above all: 10,000 servers at once held it 1-12 s (docs/benchmarks.md,
 # "Issue 26, wave 10").
 YIELD_EVERY = 32
-# Turns of the standard event loop a report takes from its connection to its answer: accepted,
-# its connection made, then read and answered (``asyncio``'s selector loop, one turn each).
+# Turns of the standard event loop a report takes from its connection to its answer, one each:
+# the connection accepted, its transport made (asyncio's own task), the protocol told, then the
+# request read and answered.
 REPORT_TURNS = 4
 
 
