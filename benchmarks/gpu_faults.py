@@ -79,13 +79,25 @@ VARIANTS = {
         "width": 6144, "host_s": 0.04, "zombie_gib": 4, "elements": 2**27,
         "small": (512, 32), "loader_batch": 2, "workers": 0,
     },
+    # Collected after format 8 (2026-12-04), held out like "fresh": a wider model at a smaller
+    # batch, a large zombie, two loader workers over batches of eight files; then a narrower
+    # model at a large batch, a 1 GiB zombie, a small MLP at a large batch, three workers.
+    "wide": {
+        "width": 12288, "batch": 2048, "host_s": 0.03, "zombie_gib": 40, "elements": 2**26,
+        "small": (384, 24), "loader_batch": 8, "workers": 2,
+    },
+    "batch": {
+        "width": 4096, "batch": 16384, "host_s": 0.01, "zombie_gib": 1, "elements": 2**24,
+        "small": (768, 512), "loader_batch": 3, "workers": 3,
+    },
 }  # fmt: skip
+BATCH = 4096  # the healthy loop's batch where a variant names none
 
 # name -> (truth, what the loop does). The issue's five faults, a healthy loop to give the node
 # its best state, and a CPU-bound loop: a ``time.sleep`` stands for host work in the issue, but
 # a sleeping process computes nothing, so a loop that really computes on the CPU is here too.
 SCENARIOS = {
-    "healthy": (HEALTHY, "bf16 MLP (4 layers, `width` wide, batch 4096), AdamW, data on the GPU"),
+    "healthy": (HEALTHY, "bf16 MLP (4 layers, `width` wide, batch `batch`), AdamW, data on the GPU"),
     "zombie": (ZOMBIE, "`zombie_gib` GiB allocated, then nothing; the owner left two hours ago"),
     "data_io": (
         DATA_IO,
@@ -140,8 +152,8 @@ def workload(name: str, data_dir: str, variant: str = "strong") -> None:
 
         return step
 
-    v = VARIANTS[variant]
-    width = v["width"]
+    v = {"batch": BATCH, **VARIANTS[variant]}
+    width, batch = v["width"], v["batch"]
     if name == "zombie":
         held = torch.empty(v["zombie_gib"] * 2**30 // 4, device=device)
         held.fill_(1.0)
@@ -149,7 +161,7 @@ def workload(name: str, data_dir: str, variant: str = "strong") -> None:
         while True:
             time.sleep(3600)
     elif name in ("healthy", "cpu_serial", "sleep"):
-        step = trainer(mlp(width, 4, torch.bfloat16), 4096, width, torch.bfloat16)
+        step = trainer(mlp(width, 4, torch.bfloat16), batch, width, torch.bfloat16)
         step()
         ready()
         while True:
@@ -173,7 +185,7 @@ def workload(name: str, data_dir: str, variant: str = "strong") -> None:
             c = (c + y * 1e-3).clamp_(0, 1)
             c.sum().item()
     elif name == "data_io":
-        step = trainer(mlp(width, 4, torch.bfloat16), 4096, width, torch.bfloat16)
+        step = trainer(mlp(width, 4, torch.bfloat16), batch, width, torch.bfloat16)
         loader = torch.utils.data.DataLoader(
             UncachedFiles(data_dir),
             batch_size=v["loader_batch"],
@@ -351,7 +363,7 @@ async def collect(args) -> None:
     try:
         for scenario in scenarios:
             truth, what = SCENARIOS[scenario]
-            for key, value in VARIANTS[args.variant].items():
+            for key, value in {"batch": BATCH, **VARIANTS[args.variant]}.items():
                 what = what.replace(f"`{key}`", str(value))
             print(f"== {scenario}: {what}", flush=True)
             child = subprocess.Popen(
