@@ -29,6 +29,7 @@ from jupyter_gpu_gov.gpu.simulated import SimulatedBackend
 from jupyter_gpu_gov.server import sampler as sampler_module
 from jupyter_gpu_gov.server.sampler import Sampler, TargetInfo
 
+CLK = procs.CLOCK_TICKS
 SERVER, HELPER = 100, 101
 KERNEL_A, WORKER, DAEMON = 200, 201, 202
 KERNEL_B = 300
@@ -43,8 +44,12 @@ class FakeProc:
     empties the files before unlinking them (the kernel answers ESRCH), so a PID reused by
     ``add`` is only seen through its new files."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, schedstat: str | None = None):
         self.root = root
+        # Threads' schedstat files: None, none (an older kernel's stat alone); "real": each
+        # thread's run time in ns, at a finer grain than stat's ticks; "zeros": "0 0 0", what
+        # a kernel keeping no scheduler statistics writes.
+        self.schedstat = schedstat
         (root / "self" / "ns").mkdir(parents=True)
         (root / "self" / "ns" / "pid").write_text("")  # not the host namespace's inode
         (root / "sys" / "kernel").mkdir(parents=True)
@@ -63,6 +68,7 @@ class FakeProc:
             "comm": comm,
             "devices": devices,
             "threads": threads,
+            "tids": None,  # the threads' ids (None: pid, pid + 1, …)
             "cpu": cpu,
             "read": read,
             "iowait": iowait,
@@ -92,14 +98,21 @@ class FakeProc:
         else:
             (d / "io").write_text(f"rchar: 1\nsyscr: 2\nread_bytes: {p['read']}\nwrite_bytes: 0\n")
         task = d / "task"
+        tids = p["tids"] or [pid + k for k in range(p["threads"])]
+        assert len(tids) == p["threads"] and tids[0] == pid
         for old in task.glob("*") if task.exists() else ():
-            if int(old.name) - pid >= p["threads"]:
-                self._empty(old / "stat")
-                (old / "stat").unlink()
+            if int(old.name) not in tids:
+                for path in old.iterdir():
+                    self._empty(path)
+                    path.unlink()
                 old.rmdir()
-        for k, share in enumerate(shares):
-            (task / str(pid + k)).mkdir(parents=True, exist_ok=True)
-            (task / str(pid + k) / "stat").write_text(self._stat(pid + k, p, share, p["threads"]))
+        for tid, share in zip(tids, shares, strict=True):
+            (task / str(tid)).mkdir(parents=True, exist_ok=True)
+            (task / str(tid) / "stat").write_text(self._stat(tid, p, share, p["threads"]))
+            if self.schedstat:
+                # a tenth more than stat says, so a report shows which file it was read from
+                ns = 0 if self.schedstat == "zeros" else share * (10**9 // CLK) * 11 // 10
+                (task / str(tid) / "schedstat").write_text(f"{ns} 0 {min(ns, 1)}\n")
 
     def remove(self, pid):
         d = self.root / str(pid)
@@ -130,7 +143,11 @@ class FakeProc:
 def world(tmp_path, monkeypatch):
     """A server with two kernels and a terminal in a fake /proc, GPUs from the fake driver, and
     a clock both samplers share."""
-    fake = FakeProc(tmp_path / "proc")
+    return make_world(tmp_path, monkeypatch)
+
+
+def make_world(tmp_path, monkeypatch, schedstat=None):
+    fake = FakeProc(tmp_path / "proc", schedstat)
     fake.add(1, 0, 1, "init", threads=1)
     fake.add(SERVER, 1, SERVER, "jupyter-server", threads=4, cpu=500)
     fake.add(HELPER, SERVER, SERVER, threads=1)
@@ -283,6 +300,76 @@ def test_processes_that_did_not_run_are_not_read_again(world):
     assert worker_files == {"stat", "io", f"task/{WORKER}/stat"}
     a = next(t for t in report["targets"] if t["id"] == A)
     assert a["cpu"]["cores"] > 0 and a["cpu"]["read_mb_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "schedstat, thread_file, busiest",
+    [(None, "stat", 0.16), ("real", "schedstat", 0.176), ("zeros", "stat", 0.16)],
+)
+def test_threads_are_timed_from_schedstat_where_the_kernel_keeps_it(
+    tmp_path, monkeypatch, schedstat, thread_file, busiest
+):
+    """A thread's CPU time comes from ``schedstat`` (a third of ``stat``'s cost to read, in ns)
+    where the kernel writes it; from ``stat`` where the file is missing or all zeros (a kernel
+    keeping no scheduler statistics), never a busy thread read as idle."""
+    fake, _, advance = make_world(tmp_path, monkeypatch, schedstat)
+    plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
+    targets = [TargetInfo(root, name=root.id, execution_state="busy") for root in ROOTS]
+    read_paths: list[str] = []
+    read = fast._files.read
+    fast._files.read = lambda path, size=4096: read_paths.append(path) or read(path, size)
+    try:
+        tick(plain, fast, targets, [])
+        for _ in range(4):
+            advance()  # 5 s: kernel a's three threads take 120 ticks, 80 of them its last one's
+            fake.update(KERNEL_A, cpu=fake.procs[KERNEL_A]["cpu"] + 120)
+            report = tick(plain, fast, targets, [])
+    finally:
+        plain.close()
+        fast.close()
+    assert {path.rsplit("/", 1)[1] for path in read_paths if "/task/" in path} == {thread_file}
+    a = next(t for t in report["targets"] if t["id"] == A)
+    assert a["cpu"]["top_thread"] == pytest.approx(busiest * 100 / CLK, abs=0.001)
+
+
+def test_a_thread_that_ends_as_another_starts_is_read_in_the_same_tick(world):
+    """Threads as many as last listed are read without listing ``task/`` again; when one of
+    them has ended, another may have started in its place: the threads are listed again at
+    once, so the newcomer's time counts from this tick, as on the plain path."""
+    fake, _, advance = world
+    plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
+    targets = [TargetInfo(root, name=root.id, execution_state="busy") for root in ROOTS]
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def listdir(path):
+        listed.append(str(path))
+        return real_listdir(path)
+
+    tops = []
+    try:
+        tick(plain, fast, targets, [])
+        for step in range(5):
+            advance()
+            if step == 2:  # thread 2 ends; thread 9 starts, and takes the larger share
+                fake.procs[KERNEL_A]["tids"] = [KERNEL_A, KERNEL_A + 1, KERNEL_A + 9]
+            listed.clear()
+            procs.os.listdir = listdir
+            try:
+                fake.update(KERNEL_A, cpu=fake.procs[KERNEL_A]["cpu"] + 120)
+                report = tick(plain, fast, targets, [])
+            finally:
+                procs.os.listdir = real_listdir
+            task_lists = [path for path in listed if path.endswith(f"/{KERNEL_A}/task")]
+            # the plain path lists every tick; the fast one only on the change
+            assert len(task_lists) == (2 if step == 2 else 1), (step, task_lists)
+            tops.append(
+                (next(t for t in report["targets"] if t["id"] == A)["cpu"] or {}).get("top_thread")
+            )
+    finally:
+        plain.close()
+        fast.close()
+    assert tops[-1] > 0
 
 
 def test_new_processes_are_seen_though_the_newest_pid_lies(tmp_path):

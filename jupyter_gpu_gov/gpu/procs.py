@@ -136,13 +136,32 @@ def _cpu_ticks(raw: bytes) -> int | None:
 MAX_THREADS = 512  # threads of one process read for their CPU, at most (bounds a tick's cost)
 
 
+# Kept descriptors, at most: a busy PyTorch kernel has 40-80 threads (its intra-op pool, CUDA's
+# and the loader's), each a file read every tick; 20 of them need about 1,600. A kept file is
+# read in one pread (1 us for a thread's schedstat) where a fresh one costs an open and a close
+# besides (8-10 us).
+MAX_KEPT_FILES = 4096
+
+
 def open_files_budget() -> int:
-    """Descriptors a sampler may keep open: a quarter of the soft limit, at most 256."""
+    """Descriptors a sampler may keep open: a quarter of the soft limit, at most
+    ``MAX_KEPT_FILES``."""
     try:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (OSError, ValueError):
         return 0
-    return 256 if soft == resource.RLIM_INFINITY else max(0, min(256, soft // 4))
+    if soft == resource.RLIM_INFINITY:
+        return MAX_KEPT_FILES
+    return max(0, min(MAX_KEPT_FILES, soft // 4))
+
+
+def _run_ticks(raw: bytes) -> float | None:
+    """A ``schedstat`` line's time on a CPU (nanoseconds), in clock ticks."""
+    head = raw.split(None, 1)
+    try:
+        return int(head[0]) * CLOCK_TICKS / 1e9
+    except (ValueError, IndexError):
+        return None
 
 
 class ProcFiles:
@@ -164,6 +183,12 @@ class ProcFiles:
         self.keep = keep
         self._fds: dict[str, int] = {}
         self._read_now: set[str] = set()
+        # A thread's CPU time: "schedstat" (one number, a third of stat's cost to read) where
+        # the kernel fills it in, else "stat"; chosen at the first read and kept, so a thread's
+        # two ends of a tick come from the same file.
+        self._thread_file: str | None = None
+        self._tids: dict[int, list[str]] = {}  # each process's threads, as last listed
+        self._tids_now: set[int] = set()  # the processes whose threads this tick used
 
     def read(self, path: str, size: int = 4096) -> bytes | None:
         fd = self._fds.get(path)
@@ -206,42 +231,77 @@ class ProcFiles:
         end = raw.find(b"\n", start)
         return int(raw[start : end if end >= 0 else None].split()[1])
 
-    def thread_ticks(self, pid: int, num_threads: int = 0) -> dict[int, int] | None:
-        """CPU ticks (utime + stime) of each of a process's threads, from
-        ``/proc/<pid>/task/<tid>/stat`` (at most ``MAX_THREADS``); ``None`` when unreadable.
-        ``num_threads``: from the process's ``stat``; a single thread is the process's own
-        task, read without listing ``task/``."""
+    def thread_ticks(self, pid: int, num_threads: int = 0) -> dict[int, float] | None:
+        """CPU time, in clock ticks, of each of a process's threads (at most ``MAX_THREADS``),
+        from ``/proc/<pid>/task/<tid>/schedstat`` or ``stat``; ``None`` when unreadable.
+        ``num_threads``: from the process's ``stat``. A single thread is the process's own
+        task, read without listing ``task/``; so are threads as many as last listed, all
+        still there (a set of that size holding every one listed is the same set)."""
         task = f"{self.proc_root}/{pid}/task"
+        if self._thread_file is None:
+            self._thread_file = self._choose_thread_file(task, pid)
+        kind = self._thread_file
+        parse = _run_ticks if kind == "schedstat" else _cpu_ticks
         if num_threads == 1 and self.keep:
-            ticks = self.read(f"{task}/{pid}/stat")
-            cpu = _cpu_ticks(ticks) if ticks else None
+            raw = self.read(f"{task}/{pid}/{kind}")
+            cpu = parse(raw) if raw else None
             return None if cpu is None else {pid: cpu}
+        kept = self._tids.get(pid) if self.keep else None
+        names = kept if kept is not None and len(kept) == num_threads else self._list(task)
+        if names is None:
+            return None
+        found = self._read_threads(task, names, kind, parse)
+        if len(found) < len(names) and names is kept:
+            # One ended since the last listing (and another may have started): list again,
+            # as the plain path would have.
+            names = self._list(task)
+            if names is None:
+                return None
+            missing = [name for name in names if int(name) not in found]
+            found.update(self._read_threads(task, missing, kind, parse))
+        if self.keep:
+            self._tids[pid] = names
+            self._tids_now.add(pid)
+        return found
+
+    @staticmethod
+    def _list(task: str) -> list[str] | None:
         try:
-            names = os.listdir(task)
+            return [name for name in os.listdir(task) if name.isdigit()][:MAX_THREADS]
         except OSError:
             return None
+
+    def _read_threads(self, task: str, names: list[str], kind: str, parse) -> dict:
         found = {}
-        for name in names[:MAX_THREADS]:
-            if not name.isdigit():
-                continue
-            raw = self.read(f"{task}/{name}/stat")
-            cpu = _cpu_ticks(raw) if raw else None  # the thread may have exited meanwhile
+        for name in names:
+            raw = self.read(f"{task}/{name}/{kind}")
+            cpu = parse(raw) if raw else None  # the thread may have exited meanwhile
             if cpu is not None:
                 found[int(name)] = cpu
         return found
+
+    def _choose_thread_file(self, task: str, pid: int) -> str:
+        # "0 0 0" where the kernel keeps no scheduler statistics (older kernels with delay
+        # accounting off): a thread that has run has run for more than 0 ns.
+        raw = _read(f"{task}/{pid}/schedstat", 128)
+        return "schedstat" if raw and (_run_ticks(raw) or 0) > 0 else "stat"
 
     def keep_unread(self, pid: int, tids: Iterable[int]) -> None:
         """Keep open, unread this tick, the I/O and thread files of a process that did not run
         since the last one (their numbers are the last ones read)."""
         base = f"{self.proc_root}/{pid}"
         self._read_now.add(f"{base}/io")
-        self._read_now.update(f"{base}/task/{tid}/stat" for tid in tids)
+        self._read_now.update(f"{base}/task/{tid}/{self._thread_file}" for tid in tids)
+        self._tids_now.add(pid)
 
     def sweep(self) -> None:
         """Close the descriptors no read used since the last sweep (processes that went)."""
         for path in self._fds.keys() - self._read_now:
             os.close(self._fds.pop(path))
         self._read_now = set()
+        for pid in self._tids.keys() - self._tids_now:
+            del self._tids[pid]
+        self._tids_now = set()
 
     def forget(self, pids: set[int]) -> None:
         """Close now the descriptors of processes no longer read, so that until the next sweep
@@ -251,12 +311,15 @@ class ProcFiles:
         start = len(self.proc_root) + 1
         for path in [p for p in self._fds if int(p[start : p.index("/", start)]) in pids]:
             os.close(self._fds.pop(path))
+        for pid in pids:
+            self._tids.pop(pid, None)
 
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
         self._read_now = set()
+        self._tids.clear()
 
 
 def thread_ticks(pid: int, proc_root: str = "/proc") -> dict[int, int] | None:
