@@ -108,7 +108,7 @@ test: venv node_modules labextension
 LOWEST := .venv-lowest
 LOWEST_TESTS := tests/test_tiers.py tests/test_quota.py tests/test_policy.py tests/test_report.py \
 	tests/test_backend_choice.py tests/test_kubernetes_files.py tests/test_profiles_kubespawner.py \
-	tests/test_server_extension.py tests/test_event_loop.py \
+	tests/test_server_extension.py tests/test_event_loop.py tests/test_nvml_backend.py \
 	tests/test_kubernetes_hub.py::test_a_tier_spawns_a_pod_that_is_governed_and_culled
 
 test-lowest: node_modules labextension

@@ -380,7 +380,7 @@ def _c_functions(fake: FakeNvml) -> dict[str, Callable[..., Any]]:
         if out is None or count._obj.value < len(samples):
             count._obj.value = len(samples)
             return nv.NVML_ERROR_INSUFFICIENT_SIZE
-        for entry, (timestamp, pid, sm) in zip(out, samples, strict=True):
+        for entry, (timestamp, pid, sm) in zip(out, samples, strict=False):  # the first entries
             entry.pid, entry.timeStamp, entry.smUtil = pid, timestamp, sm
         count._obj.value = len(samples)
         return SUCCESS

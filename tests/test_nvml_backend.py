@@ -256,6 +256,10 @@ def test_no_samples_since_last_time_means_zero_for_every_process(monkeypatch, ba
     assert [p.sm for p in s.processes] == [0.0, 0.0]
 
 
+@pytest.mark.skipif(
+    not hasattr(pynvml, "nvmlDeviceGetProcessesUtilizationInfo"),
+    reason="these bindings (nvidia-ml-py 12.535) predate nvmlDeviceGetProcessesUtilizationInfo",
+)
 def test_not_supported_falls_back_to_processes_utilization_info(monkeypatch, backend):
     fake = install(
         monkeypatch,
@@ -393,6 +397,40 @@ def test_mig_mode_switched_while_running_is_seen_on_the_next_tick(monkeypatch, b
     fake.gpus[0].migs = None
     snap = backend.sample()
     assert [d.uuid for d in snap.devices] == ["GPU-h100"] and set(snap.samples) == {"GPU-h100"}
+
+
+def test_a_steady_tick_asks_each_process_list_once(monkeypatch, backend):
+    """The bindings ask a process list (and the per-process samples) twice, its size and then
+    its entries; the backend asks once into the array the last answer filled, and again only
+    when the list outgrew it, so every process is still listed."""
+    gpu = FakeGpu("GPU-a", processes=[FakeProcess(pid, 1024, sm=0.4) for pid in (41, 42)])
+    fake = install(monkeypatch, gpu)
+    for _ in range(2):  # the first ticks size the arrays (the first has no samples yet)
+        backend.sample()
+        fake.advance()
+    fake.calls.clear()
+    snap = backend.sample()
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 1
+    assert fake.calls["nvmlDeviceGetProcessUtilization"] == 1
+    assert [p.pid for p in snap.samples["GPU-a"].processes] == [41, 42]
+
+    gpu.processes += [FakeProcess(pid, 512, sm=0.1) for pid in range(100, 120)]  # 22 now
+    fake.advance()
+    fake.calls.clear()
+    snap = backend.sample()
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 2  # outgrown: asked again
+    assert fake.calls["nvmlDeviceGetProcessUtilization"] == 2
+    processes = snap.samples["GPU-a"].processes
+    assert [p.pid for p in processes] == [41, 42, *range(100, 120)]
+    assert {p.pid: p.sm for p in processes}[119] == pytest.approx(0.1)
+    assert {p.pid: p.memory_mb for p in processes}[119] == 512
+
+    gpu.processes = gpu.processes[:1]  # fewer: the larger array serves, in one call each
+    fake.advance()
+    fake.calls.clear()
+    snap = backend.sample()
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 1
+    assert [p.pid for p in snap.samples["GPU-a"].processes] == [41]
 
 
 def test_a_steady_tick_asks_the_driver_only_what_moves(monkeypatch, backend):
