@@ -237,7 +237,8 @@ class TargetCpu(Wire):
     seconds: float | None = spec("the span these figures cover", minimum=0)
     top_thread: float | None = spec(
         "share 0..1 of a core the tree's busiest thread used, tick by tick, averaged over the "
-        "window (`/proc/<pid>/task/<tid>/stat`, at most 512 threads a process): a serial loop "
+        "window (`/proc/<pid>/task/<tid>/schedstat` where the kernel keeps it, else `stat`; "
+        "at most 512 threads a process): a serial loop "
         "saturates one thread (1.0) where workers sharing a load each read less; `null` when a "
         "task list is unreadable",
         **SHARE,

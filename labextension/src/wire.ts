@@ -186,9 +186,9 @@ export interface ITargetCpu {
   seconds?: number | null;
   /**
    * share 0..1 of a core the tree's busiest thread used, tick by tick, averaged over the window
-   * (`/proc/<pid>/task/<tid>/stat`, at most 512 threads a process): a serial loop saturates one
-   * thread (1.0) where workers sharing a load each read less; `null` when a task list is
-   * unreadable
+   * (`/proc/<pid>/task/<tid>/schedstat` where the kernel keeps it, else `stat`; at most 512
+   * threads a process): a serial loop saturates one thread (1.0) where workers sharing a load
+   * each read less; `null` when a task list is unreadable
    */
   top_thread?: number | null;
 }
