@@ -537,22 +537,16 @@ class NvmlBackend:
         nv = self._nv
         assert nv is not None
         call = nv._nvmlGetFunctionPointer(function)  # FunctionNotFound on old drivers
-        key = (leaf.device.uuid, function)
-        array = self._arrays.get(key)
-        count = ctypes.c_uint(len(array) if array is not None else 0)
-        result = call(leaf.handle, ctypes.byref(count), array)
-        if result == nv.NVML_ERROR_INSUFFICIENT_SIZE:
-            count.value = count.value * 2 + 5  # room for processes starting meanwhile
-            array = self._arrays[key] = (_process_info_v3(nv) * count.value)()
-            result = call(leaf.handle, ctypes.byref(count), array)
-        if result != nv.NVML_SUCCESS:
-            raise nv.NVMLError(result)
-        if not count.value:
-            return []
+        listed = self._asked_into(
+            leaf,
+            function,
+            _process_info_v3(nv),
+            lambda array, count: call(leaf.handle, ctypes.byref(count), array),
+        )
         not_available = nv.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
         return [
             (info.pid, None if info.usedGpuMemory == not_available else info.usedGpuMemory)
-            for info in array[: count.value]
+            for info in listed
         ]
 
     def _process_utilization(self, leaf: _Leaf, last_seen: int) -> list[tuple[int, int, int]]:
@@ -562,18 +556,35 @@ class NvmlBackend:
         assert nv is not None
         function = "nvmlDeviceGetProcessUtilization"
         call = nv._nvmlGetFunctionPointer(function)
+        since = ctypes.c_ulonglong(last_seen)
+        samples = self._asked_into(
+            leaf,
+            function,
+            nv.c_nvmlProcessUtilizationSample_t,
+            lambda array, count: call(leaf.handle, array, ctypes.byref(count), since),
+        )
+        return [(s.pid, s.timeStamp, s.smUtil) for s in samples]
+
+    def _asked_into(self, leaf: _Leaf, function: str, entry: type, ask: Callable) -> list:
+        """The entries ``ask(array, count)`` fills, into the array of its last answer; asked
+        again into a larger one when it says that is too small."""
+        nv = self._nv
+        assert nv is not None
         key = (leaf.device.uuid, function)
         array = self._arrays.get(key)
-        count = ctypes.c_uint(len(array) if array is not None else 0)
-        since = ctypes.c_ulonglong(last_seen)
-        result = call(leaf.handle, array, ctypes.byref(count), since)
+        count = ctypes.c_uint(0 if array is None else len(array))
+        result = ask(array, count)
         if result == nv.NVML_ERROR_INSUFFICIENT_SIZE:
-            count.value = count.value * 2 + 5
-            array = self._arrays[key] = (nv.c_nvmlProcessUtilizationSample_t * count.value)()
-            result = call(leaf.handle, array, ctypes.byref(count), since)
+            count.value = count.value * 2 + 5  # room for processes starting meanwhile
+            array = self._arrays[key] = (entry * count.value)()
+            result = ask(array, count)
         if result != nv.NVML_SUCCESS:
             raise nv.NVMLError(result)
-        return [(s.pid, s.timeStamp, s.smUtil) for s in array[: count.value]]
+        if not count.value:
+            return []
+        if array is None:  # entries announced, none given: not "no processes"
+            raise nv.NVMLError(nv.NVML_ERROR_UNKNOWN)
+        return array[: min(count.value, len(array))]
 
     def _utilisation(self, leaf: _Leaf) -> tuple[float | None, float | None]:
         """Activity and memory activity (utilisation rates' ``gpu`` and ``memory``)."""
