@@ -187,7 +187,8 @@ class ProcFiles:
         # the kernel fills it in, else "stat"; chosen at the first read and kept, so a thread's
         # two ends of a tick come from the same file.
         self._thread_file: str | None = None
-        self._tids: dict[int, list[str]] = {}  # each process's threads, as last listed
+        # each process's threads, as last listed: their ids and their files' paths
+        self._tids: dict[int, list[tuple[int, str]]] = {}
         self._tids_now: set[int] = set()  # the processes whose threads this tick used
 
     def read(self, path: str, size: int = 4096) -> bytes | None:
@@ -247,37 +248,39 @@ class ProcFiles:
             cpu = parse(raw) if raw else None
             return None if cpu is None else {pid: cpu}
         kept = self._tids.get(pid) if self.keep else None
-        names = kept if kept is not None and len(kept) == num_threads else self._list(task)
-        if names is None:
+        listed = kept if kept is not None and len(kept) == num_threads else self._list(task, kind)
+        if listed is None:
             return None
-        found = self._read_threads(task, names, kind, parse)
-        if len(found) < len(names) and names is kept:
+        found = self._read_threads(listed, parse)
+        if len(found) < len(listed) and listed is kept:
             # One ended since the last listing (and another may have started): list again,
             # as the plain path would have.
-            names = self._list(task)
-            if names is None:
+            listed = self._list(task, kind)
+            if listed is None:
                 return None
-            missing = [name for name in names if int(name) not in found]
-            found.update(self._read_threads(task, missing, kind, parse))
+            found.update(self._read_threads([t for t in listed if t[0] not in found], parse))
         if self.keep:
-            self._tids[pid] = names
+            self._tids[pid] = listed
             self._tids_now.add(pid)
         return found
 
     @staticmethod
-    def _list(task: str) -> list[str] | None:
+    def _list(task: str, kind: str) -> list[tuple[int, str]] | None:
+        """A process's threads: each one's id and its file's path."""
         try:
-            return [name for name in os.listdir(task) if name.isdigit()][:MAX_THREADS]
+            names = [name for name in os.listdir(task) if name.isdigit()][:MAX_THREADS]
         except OSError:
             return None
+        return [(int(name), f"{task}/{name}/{kind}") for name in names]
 
-    def _read_threads(self, task: str, names: list[str], kind: str, parse) -> dict:
+    def _read_threads(self, threads: list[tuple[int, str]], parse) -> dict:
         found = {}
-        for name in names:
-            raw = self.read(f"{task}/{name}/{kind}")
+        read = self.read
+        for tid, path in threads:
+            raw = read(path)
             cpu = parse(raw) if raw else None  # the thread may have exited meanwhile
             if cpu is not None:
-                found[int(name)] = cpu
+                found[tid] = cpu
         return found
 
     def _choose_thread_file(self, task: str, pid: int) -> str:
@@ -291,7 +294,11 @@ class ProcFiles:
         since the last one (their numbers are the last ones read)."""
         base = f"{self.proc_root}/{pid}"
         self._read_now.add(f"{base}/io")
-        self._read_now.update(f"{base}/task/{tid}/{self._thread_file}" for tid in tids)
+        kept = self._tids.get(pid)
+        if kept is not None:
+            self._read_now.update(path for _, path in kept)
+        else:
+            self._read_now.update(f"{base}/task/{tid}/{self._thread_file}" for tid in tids)
         self._tids_now.add(pid)
 
     def sweep(self) -> None:
