@@ -492,6 +492,9 @@ class Governor(
             if task is not None:
                 task.cancel()
         await self.diagnosis.close()
+        # Its HTTP client is tied to this event loop (libcurl's timers among it); a later
+        # request on another loop opens a new one.
+        self.hub.close()
 
 
 class _Turns:
