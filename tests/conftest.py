@@ -37,6 +37,28 @@ def _fresh_service_login():
         prepared.PreparedHubOAuth.clear_instance()
 
 
+@pytest.fixture(autouse=True)
+def _hub_clients_closed(monkeypatch):
+    """A test's Hub clients are closed when it ends, as the service closes its own: a libcurl
+    client left behind fires a timer on a closed event loop when it is collected, and pytest
+    names whichever test happens to run then."""
+    hubapi = sys.modules.get("jupyter_gpu_gov.hub.hubapi")
+    if hubapi is None:  # no test module imported it: nothing to close
+        yield
+        return
+    made = []
+    original = hubapi.HubApi.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(hubapi.HubApi, "__init__", init)
+    yield
+    for api in made:
+        api.close()
+
+
 # This interpreter's own helpers: multiprocessing's (the resource tracker, a reusable pool's
 # workers, e.g. scikit-learn's loky), which watch this process and end with it, and
 # pytest-xdist's workers (execnet's bootstrap command), which end as the run does.
