@@ -97,7 +97,8 @@ BATCH = 4096  # the healthy loop's batch where a variant names none
 # its best state, and a CPU-bound loop: a ``time.sleep`` stands for host work in the issue, but
 # a sleeping process computes nothing, so a loop that really computes on the CPU is here too.
 SCENARIOS = {
-    "healthy": (HEALTHY, "bf16 MLP (4 layers, `width` wide, batch `batch`), AdamW, data on the GPU"),
+    "healthy": (HEALTHY, "bf16 MLP (4 layers, `width` wide, batch `batch`), AdamW, data on "
+                "the GPU"),
     "zombie": (ZOMBIE, "`zombie_gib` GiB allocated, then nothing; the owner left two hours ago"),
     "data_io": (
         DATA_IO,

@@ -95,10 +95,11 @@ async def test_a_slow_pass_lets_reports_in_every_few_milliseconds(tmp_path, monk
 
 async def test_a_report_sent_during_a_pass_is_answered_before_its_next_slice(tmp_path, monkeypatch):
     """A report over a real connection to the service's own HTTP server, sent while a pass
-    decides: answered once the slice under way ends, not one step a slice (accepted, its transport
-    made, the protocol told, read and answered: at 10,000 servers 4-5 slices of 5 ms for every report arriving
-    during a pass; docs/benchmarks.md, "Issue 26, wave 18"). Each decision here outlasts a
-    slice, so the decisions counted are the slices, however loaded the machine."""
+    decides: answered once the slice under way ends, not one step a slice (accepted, its
+    transport made, the protocol told, read and answered: at 10,000 servers 4-5 slices of 5 ms
+    for every report arriving during a pass; docs/benchmarks.md, "Issue 26, wave 18"). Each
+    decision here outlasts a slice, so the decisions counted are the slices, however loaded
+    the machine."""
     servers = 2 * YIELD_EVERY
     async with FakeHub() as hub:
         # One decision a slice.
