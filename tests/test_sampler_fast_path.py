@@ -477,16 +477,22 @@ def test_kept_files_follow_real_processes_that_exit(tmp_path, monkeypatch):
     ]
     opened: list[int] = []
     try:
-        # Until every kernel holds its GPU memory and has started its children.
-        for _ in range(600):
+        # Until every kernel holds its GPU memory and has started its children: a deadline in
+        # wall-clock time, not a count of scans, since a scan of a loaded machine's /proc is slow.
+        deadline = time.monotonic() + 120
+        while True:
             table = procs.scan()
-            if all(len(table.descendants(pid)) == 3 for pid in kernels):
-                held = {p["pid"] for p in simulated_processes(state)}
-                if set(kernels) <= held:
-                    break
+            started = {pid for pid in kernels if len(table.descendants(pid)) == 3}
+            held = {p["pid"] for p in simulated_processes(state)} & set(kernels)
+            if started == held == set(kernels):
+                break
+            if time.monotonic() > deadline:
+                gone = [pid for pid in kernels if pid not in table.procs]
+                pytest.fail(
+                    f"the kernels did not start in 120 s: {sorted(started)} of {kernels} have "
+                    f"their children, {sorted(held)} hold GPU memory, {gone} are gone"
+                )
             time.sleep(0.05)
-        else:
-            pytest.fail("the kernels did not start")
         table = procs.scan()
         for _ in range(6):
             mono[0] += 5
