@@ -174,6 +174,25 @@ def test_read_jsonl_and_by_content(tmp_path):
     assert read_windows(io.StringIO(text)) == rows
 
 
+def test_files_written_by_other_tools_read_the_same(tmp_path):
+    """What spreadsheets, pandas and csv.writer write: a byte-order mark, capitalised headers,
+    ``nan``/``NA``/``null`` for a missing value, ``True``, ISO times; in JSON Lines ``NaN`` and a
+    numbered node. Each reads as the plain file does."""
+    plain = "node,server,t,sm_active,gpu_mem_frac,kernel_busy\nn1,a/,1796378400,,0.5,true\n"
+    other = (
+        "\ufeffNode, Server ,T,SM_Active,GPU_MEM_FRAC,Kernel_Busy\r\n"
+        "n1,a/,2026-12-04T10:00:00Z,nan,0.5,True\r\n"
+    )
+    path = tmp_path / "excel.csv"
+    path.write_bytes(other.encode("utf-8"))
+    assert read_windows(path) == read_windows(io.StringIO(plain), name="plain.csv")
+    for missing in ("NaN", "NA", "N/A", "null", "None", " "):
+        text = f"server,sm_active,kernel_busy\na/,{missing},{missing}\n"
+        assert read_windows(io.StringIO(text)) == [Window(server="a/")]
+    jsonl = '{"node": 3, "server": "a/", "t": "2026-12-04T10:00:00", "sm_active": NaN}\n'
+    assert read_windows(io.StringIO(jsonl)) == [Window(node="3", server="a/", t=1796378400.0)]
+
+
 @pytest.mark.parametrize(
     "text, where",
     [
@@ -181,10 +200,11 @@ def test_read_jsonl_and_by_content(tmp_path):
         ("server,sm_active\na/,1.5\n", "line 2, column sm_active: must be in [0, 1]"),
         ("server,cpu_cores\na/,-1\n", "line 2, column cpu_cores: must be >= 0"),
         ("server,kernel_busy\na/,maybe\n", "line 2, column kernel_busy: expected true or false"),
-        ("server,sm_active\na/,nan\n", "line 2, column sm_active: expected a finite number"),
+        ("server,sm_active\na/,inf\n", "line 2, column sm_active: expected a finite number"),
+        ("server,t\na/,yesterday\n", "line 2, column t: expected seconds since 1970 or an ISO"),
         ("a,b\n1,2\n", "line 1: no diagnosis columns"),
         ('{"sm_active": 0.1}\n{"sm_active": true}\n', "line 2, column sm_active"),
-        ('{"server": 3}\n', "line 1, column server: expected a string"),
+        ('{"server": 3.5}\n', "line 1, column server: expected a string"),
         ('{"sm_active": 0.1}\n[1]\n', "line 2: expected a JSON object"),
         ('{"sm_active": 0.1}\n{bad\n', "line 2: not JSON"),
     ],

@@ -45,7 +45,7 @@ import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import IO, Any
 
 COLUMNS = (
@@ -86,6 +86,8 @@ _NON_NEGATIVE = frozenset({"pcie_mb_s", "cpu_cores", "read_mb_s", "user_idle_s"}
 _BOOLEANS = frozenset({"kernel_busy"})
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
+# Cells that say "no value", as spreadsheets, pandas and Python's own str(float("nan")) write it.
+_MISSING = frozenset({"", "nan", "na", "n/a", "null", "none"})
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,7 @@ def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None
             return read_windows(sys.stdin, name="<stdin>")
         with open(path, encoding="utf-8", newline="") as file:
             return read_windows(file, name=path)
-    text = source.read()
+    text = source.read().removeprefix("\ufeff")  # a byte-order mark (Excel's "CSV UTF-8")
     name = name or getattr(source, "name", "<input>")
     lower = str(name).lower()
     if lower.endswith(".csv"):
@@ -259,7 +261,7 @@ def _csv_rows(text: str) -> Iterator[tuple[int, dict]]:
         header = next(reader)
     except StopIteration:
         return
-    header = [h.strip() for h in header]
+    header = [h.strip().lower() for h in header]
     if not set(header) & set(COLUMNS):
         raise ValueError(
             f"line 1: no diagnosis columns in the header (expected {', '.join(COLUMNS)})"
@@ -271,7 +273,7 @@ def _csv_rows(text: str) -> Iterator[tuple[int, dict]]:
             raise ValueError(
                 f"line {reader.line_num}: {len(row)} cells, the header has {len(header)}"
             )
-        yield reader.line_num, {h: (c.strip() or None) for h, c in zip(header, row, strict=False)}
+        yield reader.line_num, dict(zip(header, row, strict=False))
 
 
 def _jsonl_rows(text: str) -> Iterator[tuple[int, dict]]:
@@ -299,13 +301,24 @@ def _window(row: Mapping[str, Any], line: int, name: str) -> Window:
 
 
 def parse_value(column: str, raw: Any) -> Any:
-    """One cell (a CSV string or a JSON value) as the column's type; ``None`` stays missing."""
-    if raw is None:
-        return None
+    """One cell (a CSV string or a JSON value) as the column's type; ``None``, an empty cell,
+    ``nan``, ``NA``, ``null`` and the like are missing (a NaN number too: JSON's ``NaN``)."""
     if column in _TEXT:
         if isinstance(raw, str):
-            return raw
+            return raw.strip() or None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return str(raw)  # a node numbered in JSON
+        if raw is None:
+            return None
         raise ValueError(f"expected a string, got {raw!r}")
+    if isinstance(raw, str):
+        raw = raw.strip()
+        if raw.lower() in _MISSING:
+            return None
+    if raw is None or (isinstance(raw, float) and math.isnan(raw)):
+        return None
+    if column == "t" and isinstance(raw, str) and not _is_float(raw):
+        return _timestamp(raw)
     if column in _BOOLEANS:
         if isinstance(raw, bool):
             return raw
@@ -332,6 +345,25 @@ def parse_value(column: str, raw: Any) -> Any:
     if column in _NON_NEGATIVE and value < 0:
         raise ValueError(f"must be >= 0, got {raw!r}")
     return value
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _timestamp(text: str) -> float:
+    """An ISO 8601 time (``2026-12-04T10:00:00Z``; without a zone, UTC) as seconds since 1970."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"expected seconds since 1970 or an ISO 8601 time, got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
 
 
 # -- from a server's report ----------------------------------------------------------------------
