@@ -338,6 +338,9 @@ def test_in_context_is_the_median_of_a_servers_last_running_windows():
     assert in_context(rows[:6], k=3, horizon_s=600) == out[:6]
     # A later window listed earlier does not count.
     assert with_context(rows[2], [rows[5]], 3, 600) == rows[2]
+    # A file in another row order (newest first, by server) reads each window as in time order.
+    shuffled = [rows[i] for i in (7, 5, 1, 3, 0, 6, 4, 2)]
+    assert in_context(shuffled, k=3, horizon_s=600) == [out[i] for i in (7, 5, 1, 3, 0, 6, 4, 2)]
 
 
 def test_windows_from_reports_that_say_less():
@@ -1063,6 +1066,20 @@ def test_cli_learns_from_the_file_and_prints_one_line_per_row(windows_file, caps
         for line, (w_, _) in zip(lines, rows, strict=True)
         if w_.sm_active is None
     )
+
+
+def test_cli_reads_a_file_in_any_row_order_as_in_time_order(windows_file, tmp_path, capsys):
+    """Another tool may write windows grouped by server or newest first: each row keeps its
+    diagnosis, since its context and the node's learning follow ``t``, not the lines."""
+    path, rows = windows_file
+    assert main(["diagnose", str(path)]) == 0
+    in_time = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    order = sorted(range(len(rows)), key=lambda i: (rows[i][0].server, -(rows[i][0].t or 0)))
+    shuffled = tmp_path / "by-server-newest-first.jsonl"
+    shuffled.write_text("".join(json.dumps(rows[i][0].as_dict()) + "\n" for i in order))
+    assert main(["diagnose", str(shuffled)]) == 0
+    by_server = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert by_server == [in_time[i] for i in order]
 
 
 def test_cli_baseline_and_a_saved_model(windows_file, tmp_path, capsys):

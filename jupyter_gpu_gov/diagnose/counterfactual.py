@@ -103,6 +103,7 @@ from .features import (
     Window,
     in_context,
     iter_in_context,
+    time_key,
     with_context,
 )
 from .labels import (
@@ -323,7 +324,7 @@ class Diagnoser:
                 for key in young:
                     old = self.nodes.get(key)
                     model.nodes[key] = copy.deepcopy(old) if old else NodeReference(key[1])
-                for w in windows:
+                for w in sorted(windows, key=time_key):  # as they came, whatever the file's order
                     if w.sm_active is not None and (w.node or "", kind_of(w)) in young:
                         model.nodes[(w.node or "", kind_of(w))].observe(w)
                 for key in young:

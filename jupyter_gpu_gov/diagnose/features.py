@@ -204,10 +204,25 @@ def with_context(
 def in_context(
     windows: Iterable[Window], k: int = CONTEXT_K, horizon_s: float = CONTEXT_HORIZON_S
 ) -> list[Window]:
-    """Every window read in its server's context (``with_context``), in order: a window's
-    context is the *earlier rows* of the same ``(node, server)``. ``k <= 1``: the windows as
-    they are."""
-    return list(iter_in_context(windows, k, horizon_s))
+    """Every window read in its server's context (``with_context``), in the order given: a
+    window's context is the windows of the same ``(node, server)`` before it in time, so a file
+    in any row order (by server, newest first) reads as one in time order. ``k <= 1``: the
+    windows as they are."""
+    windows = list(windows)
+    # Windows without ``t`` get no context and give none: where they sort does not matter.
+    order = sorted(range(len(windows)), key=lambda i: time_key(windows[i]))
+    if all(i == at for at, i in enumerate(order)):
+        return list(iter_in_context(windows, k, horizon_s))
+    read: list[Window] = windows.copy()
+    timed = iter_in_context([windows[i] for i in order], k, horizon_s)
+    for i, window in zip(order, timed, strict=True):
+        read[i] = window
+    return read
+
+
+def time_key(window: Window) -> float:
+    """Sorts windows by time; those without ``t`` first."""
+    return -math.inf if window.t is None else window.t
 
 
 def iter_in_context(
