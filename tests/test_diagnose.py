@@ -753,8 +753,12 @@ def test_a_zombie_tolerates_a_few_percent_of_sm_noise(sm):
     assert model.diagnose(replace(idle, sm_active=0.2)).label != "zombie"
     assert model.diagnose(replace(idle, user_idle_s=600.0)).label == "healthy"
     assert model.diagnose(replace(idle, gpu_mem_frac=0.0)).label == "healthy"
-    assert model.diagnose(replace(idle, user_idle_s=None)).label == "healthy"
     assert model.diagnose(replace(idle, sm_active=None)).label == "unknown"
+    # Presence or memory not measured: not sure either way, and both causes named (a cull
+    # needs a sure zombie; calling it healthy surely would be wrong as often as not).
+    for unknown in (replace(idle, user_idle_s=None), replace(idle, gpu_mem_frac=None)):
+        d = model.diagnose(unknown)
+        assert d.label == "uncertain" and set(d.candidates) == {"zombie", "healthy"}
 
 
 def test_a_terminal_holding_memory_and_doing_nothing_is_a_zombie():

@@ -355,15 +355,19 @@ class Diagnoser:
         """Nothing running: the zombie definition, with its confidence (SM activity up to
         ``zombie_sm`` above the node's idle floor is noise, not work)."""
         p = self.params
-        held = w.gpu_mem_frac is not None and w.gpu_mem_frac > rules.ZOMBIE_MEM_FRAC
-        away = w.user_idle_s is not None and w.user_idle_s >= rules.ZOMBIE_IDLE_S
-        if not (held and away):
-            return diagnosis(HEALTHY)
+        if (w.gpu_mem_frac is not None and w.gpu_mem_frac <= rules.ZOMBIE_MEM_FRAC) or (
+            w.user_idle_s is not None and w.user_idle_s < rules.ZOMBIE_IDLE_S
+        ):
+            return diagnosis(HEALTHY)  # no memory held, or somebody there
         floor = ref.idle_floor if ref is not None and ref.idle_floor > 0 else 0.0
         # The floor is learnt from every server's idle windows, reports included: it may
         # raise the bound by 2 % at most, whatever anyone reports.
         idle = 1.0 - _gate(w.sm_active, p.zombie_sm + min(floor, 0.02), p.zombie_width)
         idle *= certainty
+        if (w.gpu_mem_frac is None or w.user_idle_s is None) and idle >= 0.5:
+            # Memory held or presence not measured: a quiet kernel may be a zombie or its owner
+            # thinking. Say so; never call it either surely (a cull takes only a sure zombie).
+            idle = 0.5
         return self._decide({ZOMBIE: idle, HEALTHY: 1.0 - idle}, {}, {}, source="rules")
 
     def _maturity(self, ref: NodeReference | None) -> float:
