@@ -261,7 +261,26 @@ def test_the_fast_path_reports_what_the_plain_path_reports(world, pid_namespace)
     assert min(opened[1:]) > 0 and opened[-1] < max(opened)
 
 
-def test_processes_that_did_not_run_are_not_read_again(world):
+def reads_of(files: procs.ProcFiles, monkeypatch) -> list[str]:
+    """The paths of the files ``files`` reads from now on: through ``read``, and the threads'
+    files it keeps open, read by descriptor (one ``pread`` each, not through ``read``)."""
+    paths: list[str] = []
+    read, pread = files.read, os.pread
+
+    def counted_read(path, size=4096):
+        paths.append(path)
+        return read(path, size)
+
+    def counted_pread(fd, *args):
+        paths.extend(path for path, kept in files._fds.items() if kept == fd)
+        return pread(fd, *args)
+
+    monkeypatch.setattr(files, "read", counted_read)
+    monkeypatch.setattr(os, "pread", counted_pread)
+    return paths
+
+
+def test_processes_that_did_not_run_are_not_read_again(world, monkeypatch):
     """Most of a server's processes, most of the time, are idle kernels: a process whose
     ``stat`` line is the last tick's did not run, so its I/O and threads are taken as they were
     (their files kept open, unread) and the report is still the plain path's."""
@@ -269,14 +288,7 @@ def test_processes_that_did_not_run_are_not_read_again(world):
     plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
     targets = [TargetInfo(root, name=root.id, execution_state="idle") for root in ROOTS]
     opened: list[int] = []
-    read_paths: list[str] = []
-    read = fast._files.read
-
-    def counted(path, size=4096):
-        read_paths.append(path)
-        return read(path, size)
-
-    fast._files.read = counted
+    read_paths = reads_of(fast._files, monkeypatch)
     try:
         for _ in range(2):
             advance()
@@ -315,9 +327,7 @@ def test_threads_are_timed_from_schedstat_where_the_kernel_keeps_it(
     fake, _, advance = make_world(tmp_path, monkeypatch, schedstat)
     plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
     targets = [TargetInfo(root, name=root.id, execution_state="busy") for root in ROOTS]
-    read_paths: list[str] = []
-    read = fast._files.read
-    fast._files.read = lambda path, size=4096: read_paths.append(path) or read(path, size)
+    read_paths = reads_of(fast._files, monkeypatch)
     try:
         tick(plain, fast, targets, [])
         for _ in range(4):

@@ -155,6 +155,15 @@ def open_files_budget() -> int:
     return max(0, min(MAX_KEPT_FILES, soft // 4))
 
 
+def _list(task: str, kind: str) -> tuple[list[int], list[str]] | None:
+    """A process's threads: their ids, and their files' paths."""
+    try:
+        names = [name for name in os.listdir(task) if name.isdigit()][:MAX_THREADS]
+    except OSError:
+        return None
+    return [int(name) for name in names], [f"{task}/{name}/{kind}" for name in names]
+
+
 def _run_ticks(raw: bytes) -> float | None:
     """A ``schedstat`` line's time on a CPU (nanoseconds), in clock ticks."""
     head = raw.split(None, 1)
@@ -188,7 +197,7 @@ class ProcFiles:
         # two ends of a tick come from the same file.
         self._thread_file: str | None = None
         # each process's threads, as last listed: their ids and their files' paths
-        self._tids: dict[int, list[tuple[int, str]]] = {}
+        self._tids: dict[int, tuple[list[int], list[str]]] = {}
         self._tids_now: set[int] = set()  # the processes whose threads this tick used
 
     def read(self, path: str, size: int = 4096) -> bytes | None:
@@ -242,42 +251,50 @@ class ProcFiles:
         if self._thread_file is None:
             self._thread_file = self._choose_thread_file(task, pid)
         kind = self._thread_file
-        parse = _run_ticks if kind == "schedstat" else _cpu_ticks
+        parse, size = (_run_ticks, 128) if kind == "schedstat" else (_cpu_ticks, 4096)
         if num_threads == 1 and self.keep:
-            raw = self.read(f"{task}/{pid}/{kind}")
+            raw = self.read(f"{task}/{pid}/{kind}", size)
             cpu = parse(raw) if raw else None
             return None if cpu is None else {pid: cpu}
         kept = self._tids.get(pid) if self.keep else None
-        listed = kept if kept is not None and len(kept) == num_threads else self._list(task, kind)
+        listed = kept if kept is not None and len(kept[0]) == num_threads else _list(task, kind)
         if listed is None:
             return None
-        found = self._read_threads(listed, parse)
-        if len(found) < len(listed) and listed is kept:
+        found = self._read_threads(*listed, parse, size)
+        if len(found) < len(listed[0]) and listed is kept:
             # One ended since the last listing (and another may have started): list again,
             # as the plain path would have.
-            listed = self._list(task, kind)
+            listed = _list(task, kind)
             if listed is None:
                 return None
-            found.update(self._read_threads([t for t in listed if t[0] not in found], parse))
+            tids, paths = listed
+            left = [i for i, tid in enumerate(tids) if tid not in found]
+            found.update(
+                self._read_threads([tids[i] for i in left], [paths[i] for i in left], parse, size)
+            )
         if self.keep:
             self._tids[pid] = listed
             self._tids_now.add(pid)
         return found
 
-    @staticmethod
-    def _list(task: str, kind: str) -> list[tuple[int, str]] | None:
-        """A process's threads: each one's id and its file's path."""
+    def _read_threads(self, tids: list[int], paths: list[str], parse, size: int) -> dict:
+        """Each thread's time, through its kept descriptor or else by its path."""
+        fds, pread = self._fds, os.pread
         try:
-            names = [name for name in os.listdir(task) if name.isdigit()][:MAX_THREADS]
-        except OSError:
-            return None
-        return [(int(name), f"{task}/{name}/{kind}") for name in names]
-
-    def _read_threads(self, threads: list[tuple[int, str]], parse) -> dict:
+            # The usual tick: every file kept open and every thread still there, one pread
+            # each and nothing else (a thread that ended fails here, or reads nothing).
+            raws = [pread(fds[path], size, 0) for path in paths]
+        except (KeyError, OSError):
+            raws = None
+        if raws and all(raws):
+            cpus = list(map(parse, raws))
+            if None not in cpus:
+                self._read_now.update(paths)
+                return dict(zip(tids, cpus, strict=True))
         found = {}
         read = self.read
-        for tid, path in threads:
-            raw = read(path)
+        for tid, path in zip(tids, paths, strict=True):
+            raw = read(path, size)
             cpu = parse(raw) if raw else None  # the thread may have exited meanwhile
             if cpu is not None:
                 found[tid] = cpu
@@ -296,7 +313,7 @@ class ProcFiles:
         self._read_now.add(f"{base}/io")
         kept = self._tids.get(pid)
         if kept is not None:
-            self._read_now.update(path for _, path in kept)
+            self._read_now.update(kept[1])
         else:
             self._read_now.update(f"{base}/task/{tid}/{self._thread_file}" for tid in tids)
         self._tids_now.add(pid)
