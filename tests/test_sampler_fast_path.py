@@ -573,3 +573,39 @@ def test_the_first_tick_reads_only_what_start_up_did_not(world, monkeypatch, out
     assert strangers_read == outside
     by_id = {t["id"]: t for t in first.report["targets"]}
     assert by_id[A]["gpu"]["holds_context"]  # kernel a's worker holds GPU-0
+
+
+def test_start_up_opens_the_files_of_kernels_and_terminals_for_the_first_tick(world, monkeypatch):
+    """Start-up opens, and keeps, the files a tick reads of the server's kernels and terminals
+    (the processes in sessions of their own: their ``stat``, ``io`` and each thread's), so the
+    first tick opens none of them (issue 26: 20 running kernels of 40 threads took 12-15 ms a
+    first tick, most of it opening their threads' files) and reports what the plain path does.
+    The server's own session is left to the tick that reads it."""
+    fake, _, advance = world
+    fake.update(KERNEL_B, threads=5)
+    plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
+    targets = [TargetInfo(root, name=root.id, execution_state="idle") for root in ROOTS]
+    theirs = [KERNEL_A, WORKER, DAEMON, KERNEL_B, SHELL, SHELL_CHILD]
+    opened: list[str] = []
+    real_open = os.open
+    try:
+        wait([plain._started, fast._started])
+        kept = {path.split("/proc/", 1)[1] for path in fast._files._fds}
+        monkeypatch.setattr(
+            os, "open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k)
+        )
+        first = plain.measure(targets, {"user": "alice"})
+        opened.clear()  # the plain path opens every file at every tick
+        assert fast.measure(targets, {"user": "alice"}).report == first.report
+        fast_opened = list(opened)
+        for _ in range(2):
+            advance()
+            fake.update(KERNEL_B, cpu=fake.procs[KERNEL_B]["cpu"] + 40)
+            tick(plain, fast, targets, [])
+    finally:
+        plain.close()
+        fast.close()
+    threads_b = {f"{KERNEL_B}/task/{KERNEL_B + k}/stat" for k in range(5)}
+    assert {f"{KERNEL_A}/stat", f"{KERNEL_A}/io", f"{SHELL}/io"} | threads_b <= kept
+    assert not any(path.startswith((f"{SERVER}/", f"{HELPER}/")) for path in kept)
+    assert not [path for path in fast_opened for pid in theirs if f"/proc/{pid}/" in path]

@@ -306,6 +306,18 @@ class ProcFiles:
         raw = _read(f"{task}/{pid}/schedstat", 128)
         return "schedstat" if raw and (_run_ticks(raw) or 0) > 0 else "stat"
 
+    def open_ahead(self, procs: Iterable[ProcInfo]) -> None:
+        """Open and keep now the files a tick reads of these processes (``stat``, ``io``, each
+        thread's), so that the first tick to read them only reads them: start-up does this for
+        the server's kernels and terminals, whose threads are most of the files."""
+        if not self.keep:
+            return
+        for info in procs:
+            self.read(f"{self.proc_root}/{info.pid}/stat")
+            self.read_bytes(info.pid)
+            self.thread_ticks(info.pid, info.num_threads)
+        self.sweep()  # the files the next tick does not read are closed at its end
+
     def keep_unread(self, pid: int, tids: Iterable[int]) -> None:
         """Keep open, unread this tick, the I/O and thread files of a process that did not run
         since the last one (their numbers are the last ones read)."""
