@@ -309,7 +309,8 @@ class Sampler:
                     continue  # new since the last tick: counted from the next one
                 if top is not None and threads is not None and prev[3] is not None:
                     before = prev[3]
-                    for tid, ticks in threads.items():
+                    # the same readings where it did not run: no thread took a tick
+                    for tid, ticks in threads.items() if threads is not before else ():
                         if ticks - before.get(tid, ticks) > busiest:
                             busiest = ticks - before[tid]
                 elif ours:
