@@ -609,3 +609,99 @@ def test_start_up_opens_the_files_of_kernels_and_terminals_for_the_first_tick(wo
     assert {f"{KERNEL_A}/stat", f"{KERNEL_A}/io", f"{SHELL}/io"} | threads_b <= kept
     assert not any(path.startswith((f"{SERVER}/", f"{HELPER}/")) for path in kept)
     assert not [path for path in fast_opened for pid in theirs if f"/proc/{pid}/" in path]
+
+
+WORKERS = """
+import sys, threading, time
+go = [threading.Event() for _ in range(6)]
+done = threading.Event()
+def work(event):
+    while True:
+        event.wait()
+        event.clear()
+        until = time.thread_time() + 0.03  # clock ticks: the process's stat line moves
+        while time.thread_time() < until:
+            pass
+        done.set()
+for event in go:
+    threading.Thread(target=work, args=(event,), daemon=True).start()
+print("ready", flush=True)
+for line in sys.stdin:
+    go[int(line)].set()
+    done.wait()
+    done.clear()
+    print("ok", flush=True)
+"""
+
+
+def test_threads_that_did_not_run_are_known_by_the_process_cpu_clock(tmp_path, monkeypatch):
+    """The real /proc: a kernel of seven threads (six workers, each run on request, and the
+    main one that takes the requests). A tick reads again only the threads that ran at the last
+    one where the process's CPU clock moved by exactly what they did (so no other thread ran),
+    and every thread where it did not; the report is the plain path's, tick by tick. Every
+    thread is blocked while the two samplers read, so both read the same counters."""
+    state = str(tmp_path / "sim-gpus.json")
+    monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", state)
+    backend = SimulatedBackend(state_path=state)
+    now, mono = [clock.utcnow()], [1000.0]
+    monkeypatch.setattr(clock, "utcnow", lambda: now[0])
+    monkeypatch.setattr(sampler_module, "monotonic", lambda: mono[0])
+    # No thread starts in the kernel once it is ready: the machine's other processes may
+    # start some, which would only have the fast path read every thread, as the plain one.
+    monkeypatch.setattr(procs.ProcScanner, "_newest", lambda self: b"1")
+    server = subprocess.Popen(  # a sleeping server whose child the kernel is
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            f"k = subprocess.Popen([sys.executable, '-c', {WORKERS!r}], start_new_session=True)\n"
+            "print(k.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    kernel = int(server.stdout.readline())
+    assert server.stdout.readline() == "ready\n"
+    quiet(kernel)
+    plain, fast = side_by_side("/proc", lambda: backend, "host", server.pid)
+    assert fast._files.cpu_clock is procs.process_cpu_ns and plain._files.cpu_clock is None
+    targets = [TargetInfo(TargetRoot("kernel", A, kernel), name="k")]
+    read_paths = reads_of(fast._files, monkeypatch)
+    threads_read, tops = [], []
+    try:
+        tick(plain, fast, targets, [])
+        for worker in (0, 0, 0, 1, 1, 0, 5):
+            server.stdin.write(f"{worker}\n")
+            server.stdin.flush()
+            assert server.stdout.readline() == "ok\n"
+            quiet(kernel)
+            mono[0] += 5
+            now[0] += timedelta(seconds=5)
+            read_paths.clear()
+            report = tick(plain, fast, targets, [])
+            threads_read.append(sum(f"/proc/{kernel}/task/" in path for path in read_paths))
+            tops.append(report["targets"][0]["cpu"]["top_thread"])
+    finally:
+        plain.close()
+        fast.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(kernel, 9)
+        server.kill()
+        server.wait()
+    # A worker that runs again after running at the last tick: it and the main thread only;
+    # one that did not run at the last tick: every thread (the clock moved by more).
+    assert threads_read == [7, 2, 2, 2 + 7, 2, 2 + 7, 2 + 7]
+    assert all(top and top > 0 for top in tops)
+
+
+def quiet(pid: int) -> None:
+    """Once no thread of ``pid`` runs (a worker that is done still returns to its wait)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        before = procs.process_cpu_ns(pid)
+        time.sleep(0.02)
+        if procs.process_cpu_ns(pid) == before:
+            return
+    pytest.fail(f"process {pid} did not go quiet")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import time
 from collections.abc import Iterable
 from functools import cached_property
 from typing import NamedTuple
@@ -164,6 +165,23 @@ def _list(task: str, kind: str) -> tuple[list[int], list[str]] | None:
     return [int(name) for name in names], [f"{task}/{name}/{kind}" for name in names]
 
 
+def process_cpu_ns(pid: int) -> int:
+    """A process's CPU time in ns: every thread's, the ended ones' included, from the counters
+    each thread's ``schedstat`` shows (its CPU clock, ``(~pid << 3) | CPUCLOCK_SCHED``, which
+    ``clock_gettime`` reads for any process; a thread's own clock only within its process).
+    ``OSError`` once the process is gone."""
+    return time.clock_gettime_ns(((~pid) << 3) | 2)
+
+
+def reads_own_pids(proc_root: str) -> bool:
+    """Whether ``proc_root`` shows this process's PID namespace (so a PID there names the
+    process a CPU clock of that PID reads)."""
+    try:
+        return os.readlink(f"{proc_root}/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
 def _run_ticks(raw: bytes) -> float | None:
     """A ``schedstat`` line's time on a CPU (nanoseconds), in clock ticks."""
     head = raw.split(None, 1)
@@ -198,6 +216,11 @@ class ProcFiles:
         self._thread_file: str | None = None
         # each process's threads, as last listed: their ids and their files' paths
         self._tids: dict[int, tuple[list[int], list[str]]] = {}
+        # Where threads' times are schedstat's: each process's CPU clock before its threads'
+        # last reads, the lines read, the times, and which threads ran (``_only_those_that_ran``)
+        self._runs: dict[int, tuple[int, list[bytes], dict[int, float], list[int]]] = {}
+        self.cpu_clock = process_cpu_ns if keep and reads_own_pids(proc_root) else None
+        self.no_new_threads = False  # no PID (a thread's id is one) allocated since the last tick
         self._tids_now: set[int] = set()  # the processes whose threads this tick used
 
     def read(self, path: str, size: int = 4096) -> bytes | None:
@@ -257,10 +280,21 @@ class ProcFiles:
             cpu = parse(raw) if raw else None
             return None if cpu is None else {pid: cpu}
         kept = self._tids.get(pid) if self.keep else None
-        listed = kept if kept is not None and len(kept[0]) == num_threads else _list(task, kind)
+        same = kept is not None and len(kept[0]) == num_threads
+        clock = self.cpu_clock if kind == "schedstat" else None
+        if same and clock is not None and pid in self._runs:
+            found = self._only_those_that_ran(pid, *kept)
+            if found is not None:
+                self._tids_now.add(pid)
+                return found
+        try:
+            before = clock(pid) if clock is not None else None  # before any thread is read
+        except OSError:
+            before = None
+        listed = kept if same else _list(task, kind)
         if listed is None:
             return None
-        found = self._read_threads(*listed, parse, size)
+        found, raws = self._read_threads(*listed, parse, size)
         if len(found) < len(listed[0]) and listed is kept:
             # One ended since the last listing (and another may have started): list again,
             # as the plain path would have.
@@ -270,15 +304,56 @@ class ProcFiles:
             tids, paths = listed
             left = [i for i, tid in enumerate(tids) if tid not in found]
             found.update(
-                self._read_threads([tids[i] for i in left], [paths[i] for i in left], parse, size)
+                self._read_threads([tids[i] for i in left], [paths[i] for i in left], parse, size)[
+                    0
+                ]
             )
+            raws = None  # not one listing's lines: the next tick reads every thread
         if self.keep:
+            last = self._runs.pop(pid, None)  # of the last listing: only its lines compare
+            if before is not None and raws is not None:
+                old = last[1] if last is not None and listed is kept else None
+                ran = [i for i, raw in enumerate(raws) if old is None or raw != old[i]]
+                self._runs[pid] = (before, raws, found, ran)
             self._tids[pid] = listed
             self._tids_now.add(pid)
         return found
 
-    def _read_threads(self, tids: list[int], paths: list[str], parse, size: int) -> dict:
-        """Each thread's time, through its kept descriptor or else by its path."""
+    def _only_those_that_ran(self, pid: int, tids: list[int], paths: list[str]) -> dict | None:
+        """The threads that ran at the last read read again, the others' times as they were,
+        where the process's CPU clock proves that no other thread ran since: the clock (every
+        thread's time summed, ended ones' included), read before the last read and after this
+        one, moved by exactly what those threads' files did, and no PID (a thread's id is one)
+        was allocated since the last tick. Every thread's time only grows, so each of the
+        others moved by 0. ``None`` (read them all) otherwise."""
+        if not self.no_new_threads:
+            return None
+        clock, (last, raws, found, ran) = self.cpu_clock, self._runs[pid]
+        fds, pread = self._fds, os.pread
+        try:
+            before = clock(pid)  # the next tick's start: before this tick's reads
+            now = [pread(fds[paths[i]], 128, 0) for i in ran]
+            moved = [
+                int(raw.split(None, 1)[0]) - int(raws[i].split(None, 1)[0])
+                for raw, i in zip(now, ran, strict=True)
+            ]
+            after = clock(pid)
+        except (KeyError, OSError, ValueError, IndexError):
+            return None  # a file not kept, a thread gone (reads nothing), the process gone
+        if after - last != sum(moved):
+            return None
+        found, raws = dict(found), list(raws)
+        for i, raw in zip(ran, now, strict=True):
+            found[tids[i]], raws[i] = _run_ticks(raw), raw
+        self._runs[pid] = (before, raws, found, [i for i, n in zip(ran, moved, strict=True) if n])
+        self._read_now.update(paths)
+        return found
+
+    def _read_threads(
+        self, tids: list[int], paths: list[str], parse, size: int
+    ) -> tuple[dict, list[bytes] | None]:
+        """Each thread's time, through its kept descriptor or else by its path; and the lines
+        read where every file was kept."""
         fds, pread = self._fds, os.pread
         try:
             # The usual tick: every file kept open and every thread still there, one pread
@@ -290,7 +365,7 @@ class ProcFiles:
             cpus = list(map(parse, raws))
             if None not in cpus:
                 self._read_now.update(paths)
-                return dict(zip(tids, cpus, strict=True))
+                return dict(zip(tids, cpus, strict=True)), raws
         found = {}
         read = self.read
         for tid, path in zip(tids, paths, strict=True):
@@ -298,7 +373,7 @@ class ProcFiles:
             cpu = parse(raw) if raw else None  # the thread may have exited meanwhile
             if cpu is not None:
                 found[tid] = cpu
-        return found
+        return found, None
 
     def _choose_thread_file(self, task: str, pid: int) -> str:
         # "0 0 0" where the kernel keeps no scheduler statistics (older kernels with delay
@@ -337,6 +412,7 @@ class ProcFiles:
         self._read_now = set()
         for pid in self._tids.keys() - self._tids_now:
             del self._tids[pid]
+            self._runs.pop(pid, None)
         self._tids_now = set()
 
     def forget(self, pids: set[int]) -> None:
@@ -349,6 +425,7 @@ class ProcFiles:
             os.close(self._fds.pop(path))
         for pid in pids:
             self._tids.pop(pid, None)
+            self._runs.pop(pid, None)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -356,6 +433,7 @@ class ProcFiles:
         self._fds.clear()
         self._read_now = set()
         self._tids.clear()
+        self._runs.clear()
 
 
 def thread_ticks(pid: int, proc_root: str = "/proc") -> dict[int, int] | None:
@@ -437,6 +515,8 @@ class ProcScanner:
     def _candidates(self, expect: Iterable[int]) -> Iterable[int]:
         """The PIDs that may be ours: ours, and any new since the last listing."""
         newest = self._newest()
+        # The newest PID as at the last tick: no process, and no thread, started since.
+        self.files.no_new_threads = newest is not None and newest == self._listed_newest
         if (
             newest is not None
             and newest == self._listed_newest
