@@ -69,6 +69,9 @@ class FakeProc:
             "devices": devices,
             "threads": threads,
             "tids": None,  # the threads' ids (None: pid, pid + 1, …)
+            "thread_ns": None,  # each thread's schedstat time, where not its share of cpu
+            "written_ns": {},  # each thread's schedstat time as last written
+            "ended_ns": 0,  # the time of the threads that ended, as the kernel keeps it
             "cpu": cpu,
             "read": read,
             "iowait": iowait,
@@ -100,8 +103,13 @@ class FakeProc:
         task = d / "task"
         tids = p["tids"] or [pid + k for k in range(p["threads"])]
         assert len(tids) == p["threads"] and tids[0] == pid
+        started = set(tids) - {pid} - {int(t.name) for t in task.glob("*")} if task.exists() else ()
+        if started:  # a thread's id is a PID: allocated as a process's
+            self.allocated += len(started)
+            self._write_loadavg()
         for old in task.glob("*") if task.exists() else ():
             if int(old.name) not in tids:
+                p["ended_ns"] += p["written_ns"].pop(int(old.name), 0)
                 for path in old.iterdir():
                     self._empty(path)
                     path.unlink()
@@ -112,7 +120,17 @@ class FakeProc:
             if self.schedstat:
                 # a tenth more than stat says, so a report shows which file it was read from
                 ns = 0 if self.schedstat == "zeros" else share * (10**9 // CLK) * 11 // 10
+                if p["thread_ns"] is not None:
+                    ns = p["thread_ns"][tid]
+                p["written_ns"][tid] = ns
                 (task / str(tid) / "schedstat").write_text(f"{ns} 0 {min(ns, 1)}\n")
+
+    def cpu_ns(self, pid) -> int:
+        """The process's CPU clock: its threads' schedstat times summed, ended ones' too."""
+        if pid not in self.procs:
+            raise OSError(22, "no such process")
+        p = self.procs[pid]
+        return sum(p["written_ns"].values()) + p["ended_ns"]
 
     def remove(self, pid):
         d = self.root / str(pid)
@@ -705,3 +723,56 @@ def quiet(pid: int) -> None:
         if procs.process_cpu_ns(pid) == before:
             return
     pytest.fail(f"process {pid} did not go quiet")
+
+
+def test_a_thread_started_in_an_ended_ones_place_is_listed_though_the_clock_holds(
+    tmp_path, monkeypatch
+):
+    """The process's CPU clock cannot show a thread that has not run yet: where a thread that
+    never ran takes an idle one's place (as many threads, the clock moved by exactly what the
+    threads that ran did), the PID allocated for it has every thread read and ``task/``
+    listed, so its first run counts from the tick it started, as on the plain path."""
+    fake, _, advance = make_world(tmp_path, monkeypatch, "real")
+    a = [KERNEL_A, 210, 211, 212]
+    fake.procs[KERNEL_A]["tids"] = a
+    fake.update(KERNEL_A, threads=4, thread_ns={a[0]: 5 * 10**8, a[1]: 0, a[2]: 0, a[3]: 0})
+    plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
+    fast._files.cpu_clock = fake.cpu_ns
+    targets = [TargetInfo(root, name=root.id, execution_state="busy") for root in ROOTS]
+    read_paths = reads_of(fast._files, monkeypatch)
+
+    def run(**ns):  # threads of kernel a run for these ns
+        p = fake.procs[KERNEL_A]
+        for tid, more in ns.items():
+            p["thread_ns"][int(tid[1:])] = p["thread_ns"].get(int(tid[1:]), 0) + more
+        fake.update(KERNEL_A, cpu=p["cpu"] + 1)  # and its stat line moves
+
+    steps = [
+        {"t211": 2 * 10**8},  # every thread read (the first tick saw none run)
+        {"t211": 2 * 10**8},  # 211 again: it alone read
+        {"t211": 10**8, "t212": 10**8},  # 212 too: the clock moved by more, all read
+        "swap",  # 210 (never ran) ends, 213 starts and has not run yet; 211 and 212 run
+        {"t213": 4 * 10**8},  # 213's first run: the busiest thread of this tick
+    ]
+    reads, tops = [], []
+    try:
+        tick(plain, fast, targets, [])
+        for step in steps:
+            advance()
+            if step == "swap":
+                p = fake.procs[KERNEL_A]
+                p["tids"] = [KERNEL_A, 211, 212, 213]
+                del p["thread_ns"][210]
+                p["thread_ns"][213] = 0
+                step = {"t211": 10**8, "t212": 10**8}
+            read_paths.clear()
+            run(**step)
+            report = tick(plain, fast, targets, [])
+            reads.append(sum(f"/{KERNEL_A}/task/" in path for path in read_paths))
+            tops.append(next(t for t in report["targets"] if t["id"] == A)["cpu"]["top_thread"])
+    finally:
+        plain.close()
+        fast.close()
+    assert reads[1] == 1 and reads[2] == 1 + 4  # only 211; then 211, and every thread
+    assert reads[3] >= 4  # the PID allocated for 213: every thread read, not the clock's
+    assert tops[-1] > tops[-2]  # 213's 0.4 s counted (as the plain path counts it)
