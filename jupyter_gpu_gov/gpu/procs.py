@@ -201,8 +201,11 @@ class ProcFiles:
     tick is closed at its end (``sweep``). Descriptors are close-on-exec (Python's default), so
     kernels and terminals started by the server never inherit them.
 
+    A running process's threads that did not run since the last tick are known by its CPU
+    clock rather than read (``_only_those_that_ran``).
+
     ``keep=0`` is the plain path: every read opens and closes its file, and every process's
-    threads are listed; the tests compare the two.
+    threads are listed and read; the tests compare the two.
     """
 
     def __init__(self, proc_root: str = "/proc", keep: int = 0):
@@ -216,12 +219,12 @@ class ProcFiles:
         self._thread_file: str | None = None
         # each process's threads, as last listed: their ids and their files' paths
         self._tids: dict[int, tuple[list[int], list[str]]] = {}
+        self._tids_now: set[int] = set()  # the processes whose threads this tick used
         # Where threads' times are schedstat's: each process's CPU clock before its threads'
         # last reads, the lines read, the times, and which threads ran (``_only_those_that_ran``)
         self._runs: dict[int, tuple[int, list[bytes], dict[int, float], list[int]]] = {}
         self.cpu_clock = process_cpu_ns if keep and reads_own_pids(proc_root) else None
         self.no_new_threads = False  # no PID (a thread's id is one) allocated since the last tick
-        self._tids_now: set[int] = set()  # the processes whose threads this tick used
 
     def read(self, path: str, size: int = 4096) -> bytes | None:
         fd = self._fds.get(path)
@@ -303,11 +306,10 @@ class ProcFiles:
                 return None
             tids, paths = listed
             left = [i for i, tid in enumerate(tids) if tid not in found]
-            found.update(
-                self._read_threads([tids[i] for i in left], [paths[i] for i in left], parse, size)[
-                    0
-                ]
+            more, _ = self._read_threads(
+                [tids[i] for i in left], [paths[i] for i in left], parse, size
             )
+            found.update(more)
             raws = None  # not one listing's lines: the next tick reads every thread
         if self.keep:
             last = self._runs.pop(pid, None)  # of the last listing: only its lines compare
