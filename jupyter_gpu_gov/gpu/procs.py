@@ -182,6 +182,11 @@ def reads_own_pids(proc_root: str) -> bool:
         return False
 
 
+def _ns(raw: bytes) -> int:
+    """A ``schedstat`` line's time on a CPU, in ns (``ValueError``, ``IndexError`` if none)."""
+    return int(raw.split(None, 1)[0])
+
+
 def _run_ticks(raw: bytes) -> float | None:
     """A ``schedstat`` line's time on a CPU (nanoseconds), in clock ticks."""
     head = raw.split(None, 1)
@@ -322,32 +327,42 @@ class ProcFiles:
         return found
 
     def _only_those_that_ran(self, pid: int, tids: list[int], paths: list[str]) -> dict | None:
-        """The threads that ran at the last read read again, the others' times as they were,
-        where the process's CPU clock proves that no other thread ran since: the clock (every
-        thread's time summed, ended ones' included), read before the last read and after this
-        one, moved by exactly what those threads' files did, and no PID (a thread's id is one)
-        was allocated since the last tick. Every thread's time only grows, so each of the
-        others moved by 0. ``None`` (read them all) otherwise."""
+        """The threads that ran at the last read read again, and the others' times as they
+        were where the process's CPU clock proves that none of them ran since: the clock
+        (every thread's time summed, ended ones' included), read before the last read and
+        after this one, moved by exactly what those threads' files did, and no PID (a thread's
+        id is one) was allocated since the last tick. Every thread's time only grows, so each
+        of the others moved by 0. Where the clock moved by more, the others are read too.
+        ``None`` (the caller reads them all) where a file is not kept, a thread has ended or
+        no PID may have been allocated."""
         if not self.no_new_threads:
             return None
         clock, (last, raws, found, ran) = self.cpu_clock, self._runs[pid]
         fds, pread = self._fds, os.pread
+        lines = list(raws)
         try:
             before = clock(pid)  # the next tick's start: before this tick's reads
-            now = [pread(fds[paths[i]], 128, 0) for i in ran]
-            moved = [
-                int(raw.split(None, 1)[0]) - int(raws[i].split(None, 1)[0])
-                for raw, i in zip(now, ran, strict=True)
-            ]
-            after = clock(pid)
+            for i in ran:
+                lines[i] = pread(fds[paths[i]], 128, 0)
+            moved = sum(map(_ns, (lines[i] for i in ran))) - sum(map(_ns, (raws[i] for i in ran)))
+            if clock(pid) - last == moved:
+                found = dict(found)
+                found.update((tids[i], _run_ticks(lines[i])) for i in ran)
+            else:  # another ran too: read the others (those that ran were, after ``before``)
+                for i in set(range(len(tids))).difference(ran):
+                    lines[i] = pread(fds[paths[i]], 128, 0)
+                cpus = list(map(_run_ticks, lines))
+                if None in cpus:
+                    return None
+                found = dict(zip(tids, cpus, strict=True))
         except (KeyError, OSError, ValueError, IndexError):
             return None  # a file not kept, a thread gone (reads nothing), the process gone
-        if after - last != sum(moved):
-            return None
-        found, raws = dict(found), list(raws)
-        for i, raw in zip(ran, now, strict=True):
-            found[tids[i]], raws[i] = _run_ticks(raw), raw
-        self._runs[pid] = (before, raws, found, [i for i, n in zip(ran, moved, strict=True) if n])
+        self._runs[pid] = (
+            before,
+            lines,
+            found,
+            [i for i, raw in enumerate(lines) if raw != raws[i]],
+        )
         self._read_now.update(paths)
         return found
 
