@@ -69,6 +69,9 @@ class FakeProc:
             "devices": devices,
             "threads": threads,
             "tids": None,  # the threads' ids (None: pid, pid + 1, …)
+            "thread_ns": None,  # each thread's schedstat time, where not its share of cpu
+            "written_ns": {},  # each thread's schedstat time as last written
+            "ended_ns": 0,  # the time of the threads that ended, as the kernel keeps it
             "cpu": cpu,
             "read": read,
             "iowait": iowait,
@@ -100,8 +103,13 @@ class FakeProc:
         task = d / "task"
         tids = p["tids"] or [pid + k for k in range(p["threads"])]
         assert len(tids) == p["threads"] and tids[0] == pid
+        started = set(tids) - {pid} - {int(t.name) for t in task.glob("*")} if task.exists() else ()
+        if started:  # a thread's id is a PID: allocated as a process's
+            self.allocated += len(started)
+            self._write_loadavg()
         for old in task.glob("*") if task.exists() else ():
             if int(old.name) not in tids:
+                p["ended_ns"] += p["written_ns"].pop(int(old.name), 0)
                 for path in old.iterdir():
                     self._empty(path)
                     path.unlink()
@@ -112,7 +120,17 @@ class FakeProc:
             if self.schedstat:
                 # a tenth more than stat says, so a report shows which file it was read from
                 ns = 0 if self.schedstat == "zeros" else share * (10**9 // CLK) * 11 // 10
+                if p["thread_ns"] is not None:
+                    ns = p["thread_ns"][tid]
+                p["written_ns"][tid] = ns
                 (task / str(tid) / "schedstat").write_text(f"{ns} 0 {min(ns, 1)}\n")
+
+    def cpu_ns(self, pid) -> int:
+        """The process's CPU clock: its threads' schedstat times summed, ended ones' too."""
+        if pid not in self.procs:
+            raise OSError(22, "no such process")
+        p = self.procs[pid]
+        return sum(p["written_ns"].values()) + p["ended_ns"]
 
     def remove(self, pid):
         d = self.root / str(pid)
@@ -261,7 +279,26 @@ def test_the_fast_path_reports_what_the_plain_path_reports(world, pid_namespace)
     assert min(opened[1:]) > 0 and opened[-1] < max(opened)
 
 
-def test_processes_that_did_not_run_are_not_read_again(world):
+def reads_of(files: procs.ProcFiles, monkeypatch) -> list[str]:
+    """The paths of the files ``files`` reads from now on: through ``read``, and the threads'
+    files it keeps open, read by descriptor (one ``pread`` each, not through ``read``)."""
+    paths: list[str] = []
+    read, pread = files.read, os.pread
+
+    def counted_read(path, size=4096):
+        paths.append(path)
+        return read(path, size)
+
+    def counted_pread(fd, *args):
+        paths.extend(path for path, kept in files._fds.items() if kept == fd)
+        return pread(fd, *args)
+
+    monkeypatch.setattr(files, "read", counted_read)
+    monkeypatch.setattr(os, "pread", counted_pread)
+    return paths
+
+
+def test_processes_that_did_not_run_are_not_read_again(world, monkeypatch):
     """Most of a server's processes, most of the time, are idle kernels: a process whose
     ``stat`` line is the last tick's did not run, so its I/O and threads are taken as they were
     (their files kept open, unread) and the report is still the plain path's."""
@@ -269,14 +306,7 @@ def test_processes_that_did_not_run_are_not_read_again(world):
     plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
     targets = [TargetInfo(root, name=root.id, execution_state="idle") for root in ROOTS]
     opened: list[int] = []
-    read_paths: list[str] = []
-    read = fast._files.read
-
-    def counted(path, size=4096):
-        read_paths.append(path)
-        return read(path, size)
-
-    fast._files.read = counted
+    read_paths = reads_of(fast._files, monkeypatch)
     try:
         for _ in range(2):
             advance()
@@ -315,9 +345,7 @@ def test_threads_are_timed_from_schedstat_where_the_kernel_keeps_it(
     fake, _, advance = make_world(tmp_path, monkeypatch, schedstat)
     plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
     targets = [TargetInfo(root, name=root.id, execution_state="busy") for root in ROOTS]
-    read_paths: list[str] = []
-    read = fast._files.read
-    fast._files.read = lambda path, size=4096: read_paths.append(path) or read(path, size)
+    read_paths = reads_of(fast._files, monkeypatch)
     try:
         tick(plain, fast, targets, [])
         for _ in range(4):
@@ -563,3 +591,189 @@ def test_the_first_tick_reads_only_what_start_up_did_not(world, monkeypatch, out
     assert strangers_read == outside
     by_id = {t["id"]: t for t in first.report["targets"]}
     assert by_id[A]["gpu"]["holds_context"]  # kernel a's worker holds GPU-0
+
+
+def test_start_up_opens_the_files_of_kernels_and_terminals_for_the_first_tick(world, monkeypatch):
+    """Start-up opens, and keeps, the files a tick reads of the server's kernels and terminals
+    (the processes in sessions of their own: their ``stat``, ``io`` and each thread's), so the
+    first tick opens none of them (issue 26: 20 running kernels of 40 threads took 12-15 ms a
+    first tick, most of it opening their threads' files) and reports what the plain path does.
+    The server's own session is left to the tick that reads it."""
+    fake, _, advance = world
+    fake.update(KERNEL_B, threads=5)
+    plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
+    targets = [TargetInfo(root, name=root.id, execution_state="idle") for root in ROOTS]
+    theirs = [KERNEL_A, WORKER, DAEMON, KERNEL_B, SHELL, SHELL_CHILD]
+    opened: list[str] = []
+    real_open = os.open
+    try:
+        wait([plain._started, fast._started])
+        kept = {path.split("/proc/", 1)[1] for path in fast._files._fds}
+        monkeypatch.setattr(
+            os, "open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k)
+        )
+        first = plain.measure(targets, {"user": "alice"})
+        opened.clear()  # the plain path opens every file at every tick
+        assert fast.measure(targets, {"user": "alice"}).report == first.report
+        fast_opened = list(opened)
+        for _ in range(2):
+            advance()
+            fake.update(KERNEL_B, cpu=fake.procs[KERNEL_B]["cpu"] + 40)
+            tick(plain, fast, targets, [])
+    finally:
+        plain.close()
+        fast.close()
+    threads_b = {f"{KERNEL_B}/task/{KERNEL_B + k}/stat" for k in range(5)}
+    assert {f"{KERNEL_A}/stat", f"{KERNEL_A}/io", f"{SHELL}/io"} | threads_b <= kept
+    assert not any(path.startswith((f"{SERVER}/", f"{HELPER}/")) for path in kept)
+    assert not [path for path in fast_opened for pid in theirs if f"/proc/{pid}/" in path]
+
+
+WORKERS = """
+import sys, threading, time
+go = [threading.Event() for _ in range(6)]
+done = threading.Event()
+def work(event):
+    while True:
+        event.wait()
+        event.clear()
+        until = time.thread_time() + 0.03  # clock ticks: the process's stat line moves
+        while time.thread_time() < until:
+            pass
+        done.set()
+for event in go:
+    threading.Thread(target=work, args=(event,), daemon=True).start()
+print("ready", flush=True)
+for line in sys.stdin:
+    go[int(line)].set()
+    done.wait()
+    done.clear()
+    print("ok", flush=True)
+"""
+
+
+def test_threads_that_did_not_run_are_known_by_the_process_cpu_clock(tmp_path, monkeypatch):
+    """The real /proc: a kernel of seven threads (six workers, each run on request, and the
+    main one that takes the requests). A tick reads again only the threads that ran at the last
+    one where the process's CPU clock moved by exactly what they did (so no other thread ran),
+    and every thread where it did not; the report is the plain path's, tick by tick. Every
+    thread is blocked while the two samplers read, so both read the same counters."""
+    state = str(tmp_path / "sim-gpus.json")
+    monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", state)
+    backend = SimulatedBackend(state_path=state)
+    now, mono = [clock.utcnow()], [1000.0]
+    monkeypatch.setattr(clock, "utcnow", lambda: now[0])
+    monkeypatch.setattr(sampler_module, "monotonic", lambda: mono[0])
+    # No thread starts in the kernel once it is ready: the machine's other processes may
+    # start some, which would only have the fast path read every thread, as the plain one.
+    monkeypatch.setattr(procs.ProcScanner, "_newest", lambda self: b"1")
+    server = subprocess.Popen(  # a sleeping server whose child the kernel is
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            f"k = subprocess.Popen([sys.executable, '-c', {WORKERS!r}], start_new_session=True)\n"
+            "print(k.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    kernel = int(server.stdout.readline())
+    assert server.stdout.readline() == "ready\n"
+    quiet(kernel)
+    plain, fast = side_by_side("/proc", lambda: backend, "host", server.pid)
+    assert fast._files.cpu_clock is procs.process_cpu_ns and plain._files.cpu_clock is None
+    targets = [TargetInfo(TargetRoot("kernel", A, kernel), name="k")]
+    read_paths = reads_of(fast._files, monkeypatch)
+    threads_read, tops = [], []
+    try:
+        tick(plain, fast, targets, [])
+        for worker in (0, 0, 0, 1, 1, 0, 5):
+            server.stdin.write(f"{worker}\n")
+            server.stdin.flush()
+            assert server.stdout.readline() == "ok\n"
+            quiet(kernel)
+            mono[0] += 5
+            now[0] += timedelta(seconds=5)
+            read_paths.clear()
+            report = tick(plain, fast, targets, [])
+            threads_read.append(sum(f"/proc/{kernel}/task/" in path for path in read_paths))
+            tops.append(report["targets"][0]["cpu"]["top_thread"])
+    finally:
+        plain.close()
+        fast.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(kernel, 9)
+        server.kill()
+        server.wait()
+    # A worker that runs again after running at the last tick: it and the main thread only;
+    # one that did not run at the last tick: those two, then every other (the clock moved by
+    # more than they did).
+    assert threads_read == [7, 2, 2, 7, 2, 7, 7]
+    assert all(top and top > 0 for top in tops)
+
+
+def quiet(pid: int) -> None:
+    """Once no thread of ``pid`` runs (a worker that is done still returns to its wait)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        before = procs.process_cpu_ns(pid)
+        time.sleep(0.02)
+        if procs.process_cpu_ns(pid) == before:
+            return
+    pytest.fail(f"process {pid} did not go quiet")
+
+
+def test_a_thread_started_in_an_ended_ones_place_is_listed_though_the_clock_holds(
+    tmp_path, monkeypatch
+):
+    """The process's CPU clock cannot show a thread that has not run yet: where a thread that
+    never ran takes an idle one's place (as many threads, the clock moved by exactly what the
+    threads that ran did), the PID allocated for it has every thread read and ``task/``
+    listed, so its first run counts from the tick it started, as on the plain path."""
+    fake, _, advance = make_world(tmp_path, monkeypatch, "real")
+    a = [KERNEL_A, 210, 211, 212]
+    fake.procs[KERNEL_A]["tids"] = a
+    fake.update(KERNEL_A, threads=4, thread_ns={a[0]: 5 * 10**8, a[1]: 0, a[2]: 0, a[3]: 0})
+    plain, fast = side_by_side(str(fake.root), NvmlBackend, "host", SERVER)
+    fast._files.cpu_clock = fake.cpu_ns
+    targets = [TargetInfo(root, name=root.id, execution_state="busy") for root in ROOTS]
+    read_paths = reads_of(fast._files, monkeypatch)
+
+    def run(**ns):  # threads of kernel a run for these ns
+        p = fake.procs[KERNEL_A]
+        for tid, more in ns.items():
+            p["thread_ns"][int(tid[1:])] = p["thread_ns"].get(int(tid[1:]), 0) + more
+        fake.update(KERNEL_A, cpu=p["cpu"] + 1)  # and its stat line moves
+
+    steps = [
+        {"t211": 2 * 10**8},  # every thread read (the first tick saw none run)
+        {"t211": 2 * 10**8},  # 211 again: it alone read
+        {"t211": 10**8, "t212": 10**8},  # 212 too: the clock moved by more, all read
+        "swap",  # 210 (never ran) ends, 213 starts and has not run yet; 211 and 212 run
+        {"t213": 4 * 10**8},  # 213's first run: the busiest thread of this tick
+    ]
+    reads, tops = [], []
+    try:
+        tick(plain, fast, targets, [])
+        for step in steps:
+            advance()
+            if step == "swap":
+                p = fake.procs[KERNEL_A]
+                p["tids"] = [KERNEL_A, 211, 212, 213]
+                del p["thread_ns"][210]
+                p["thread_ns"][213] = 0
+                step = {"t211": 10**8, "t212": 10**8}
+            read_paths.clear()
+            run(**step)
+            report = tick(plain, fast, targets, [])
+            reads.append(sum(f"/{KERNEL_A}/task/" in path for path in read_paths))
+            tops.append(next(t for t in report["targets"] if t["id"] == A)["cpu"]["top_thread"])
+    finally:
+        plain.close()
+        fast.close()
+    assert reads[1] == 1 and reads[2] == 4  # only 211; then 211, and the three others
+    assert reads[3] >= 4  # the PID allocated for 213: every thread read, not the clock's
+    assert tops[-1] > tops[-2]  # 213's 0.4 s counted (as the plain path counts it)

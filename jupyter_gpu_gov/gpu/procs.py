@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import time
 from collections.abc import Iterable
 from functools import cached_property
 from typing import NamedTuple
@@ -155,6 +156,37 @@ def open_files_budget() -> int:
     return max(0, min(MAX_KEPT_FILES, soft // 4))
 
 
+def _list(task: str, kind: str) -> tuple[list[int], list[str]] | None:
+    """A process's threads: their ids, and their files' paths."""
+    try:
+        names = [name for name in os.listdir(task) if name.isdigit()][:MAX_THREADS]
+    except OSError:
+        return None
+    return [int(name) for name in names], [f"{task}/{name}/{kind}" for name in names]
+
+
+def process_cpu_ns(pid: int) -> int:
+    """A process's CPU time in ns: every thread's, the ended ones' included, from the counters
+    each thread's ``schedstat`` shows (its CPU clock, ``(~pid << 3) | CPUCLOCK_SCHED``, which
+    ``clock_gettime`` reads for any process; a thread's own clock only within its process).
+    ``OSError`` once the process is gone."""
+    return time.clock_gettime_ns(((~pid) << 3) | 2)
+
+
+def reads_own_pids(proc_root: str) -> bool:
+    """Whether ``proc_root`` shows this process's PID namespace (so a PID there names the
+    process a CPU clock of that PID reads)."""
+    try:
+        return os.readlink(f"{proc_root}/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
+def _ns(raw: bytes) -> int:
+    """A ``schedstat`` line's time on a CPU, in ns (``ValueError``, ``IndexError`` if none)."""
+    return int(raw.split(None, 1)[0])
+
+
 def _run_ticks(raw: bytes) -> float | None:
     """A ``schedstat`` line's time on a CPU (nanoseconds), in clock ticks."""
     head = raw.split(None, 1)
@@ -174,8 +206,11 @@ class ProcFiles:
     tick is closed at its end (``sweep``). Descriptors are close-on-exec (Python's default), so
     kernels and terminals started by the server never inherit them.
 
+    A running process's threads that did not run since the last tick are known by its CPU
+    clock rather than read (``_only_those_that_ran``).
+
     ``keep=0`` is the plain path: every read opens and closes its file, and every process's
-    threads are listed; the tests compare the two.
+    threads are listed and read; the tests compare the two.
     """
 
     def __init__(self, proc_root: str = "/proc", keep: int = 0):
@@ -188,8 +223,13 @@ class ProcFiles:
         # two ends of a tick come from the same file.
         self._thread_file: str | None = None
         # each process's threads, as last listed: their ids and their files' paths
-        self._tids: dict[int, list[tuple[int, str]]] = {}
+        self._tids: dict[int, tuple[list[int], list[str]]] = {}
         self._tids_now: set[int] = set()  # the processes whose threads this tick used
+        # Where threads' times are schedstat's: each process's CPU clock before its threads'
+        # last reads, the lines read, the times, and which threads ran (``_only_those_that_ran``)
+        self._runs: dict[int, tuple[int, list[bytes], dict[int, float], list[int]]] = {}
+        self.cpu_clock = process_cpu_ns if keep and reads_own_pids(proc_root) else None
+        self.no_new_threads = False  # no PID (a thread's id is one) allocated since the last tick
 
     def read(self, path: str, size: int = 4096) -> bytes | None:
         fd = self._fds.get(path)
@@ -242,52 +282,133 @@ class ProcFiles:
         if self._thread_file is None:
             self._thread_file = self._choose_thread_file(task, pid)
         kind = self._thread_file
-        parse = _run_ticks if kind == "schedstat" else _cpu_ticks
+        parse, size = (_run_ticks, 128) if kind == "schedstat" else (_cpu_ticks, 4096)
         if num_threads == 1 and self.keep:
-            raw = self.read(f"{task}/{pid}/{kind}")
+            raw = self.read(f"{task}/{pid}/{kind}", size)
             cpu = parse(raw) if raw else None
             return None if cpu is None else {pid: cpu}
         kept = self._tids.get(pid) if self.keep else None
-        listed = kept if kept is not None and len(kept) == num_threads else self._list(task, kind)
+        same = kept is not None and len(kept[0]) == num_threads
+        clock = self.cpu_clock if kind == "schedstat" else None
+        if same and clock is not None and pid in self._runs:
+            found = self._only_those_that_ran(pid, *kept)
+            if found is not None:
+                self._tids_now.add(pid)
+                return found
+        try:
+            before = clock(pid) if clock is not None else None  # before any thread is read
+        except OSError:
+            before = None
+        listed = kept if same else _list(task, kind)
         if listed is None:
             return None
-        found = self._read_threads(listed, parse)
-        if len(found) < len(listed) and listed is kept:
+        found, raws = self._read_threads(*listed, parse, size)
+        if len(found) < len(listed[0]) and listed is kept:
             # One ended since the last listing (and another may have started): list again,
             # as the plain path would have.
-            listed = self._list(task, kind)
+            listed = _list(task, kind)
             if listed is None:
                 return None
-            found.update(self._read_threads([t for t in listed if t[0] not in found], parse))
+            tids, paths = listed
+            left = [i for i, tid in enumerate(tids) if tid not in found]
+            more, _ = self._read_threads(
+                [tids[i] for i in left], [paths[i] for i in left], parse, size
+            )
+            found.update(more)
+            raws = None  # not one listing's lines: the next tick reads every thread
         if self.keep:
+            last = self._runs.pop(pid, None)  # of the last listing: only its lines compare
+            if before is not None and raws is not None:
+                old = last[1] if last is not None and listed is kept else None
+                ran = [i for i, raw in enumerate(raws) if old is None or raw != old[i]]
+                self._runs[pid] = (before, raws, found, ran)
             self._tids[pid] = listed
             self._tids_now.add(pid)
         return found
 
-    @staticmethod
-    def _list(task: str, kind: str) -> list[tuple[int, str]] | None:
-        """A process's threads: each one's id and its file's path."""
-        try:
-            names = [name for name in os.listdir(task) if name.isdigit()][:MAX_THREADS]
-        except OSError:
+    def _only_those_that_ran(self, pid: int, tids: list[int], paths: list[str]) -> dict | None:
+        """The threads that ran at the last read read again, and the others' times as they
+        were where the process's CPU clock proves that none of them ran since: the clock
+        (every thread's time summed, ended ones' included), read before the last read and
+        after this one, moved by exactly what those threads' files did, and no PID (a thread's
+        id is one) was allocated since the last tick. Every thread's time only grows, so each
+        of the others moved by 0. Where the clock moved by more, the others are read too.
+        ``None`` (the caller reads them all) where a file is not kept, a thread has ended or
+        no PID may have been allocated."""
+        if not self.no_new_threads:
             return None
-        return [(int(name), f"{task}/{name}/{kind}") for name in names]
+        clock, (last, raws, found, ran) = self.cpu_clock, self._runs[pid]
+        fds, pread = self._fds, os.pread
+        lines = list(raws)
+        try:
+            before = clock(pid)  # the next tick's start: before this tick's reads
+            for i in ran:
+                lines[i] = pread(fds[paths[i]], 128, 0)
+            moved = sum(map(_ns, (lines[i] for i in ran))) - sum(map(_ns, (raws[i] for i in ran)))
+            if clock(pid) - last == moved:
+                found = dict(found)
+                found.update((tids[i], _run_ticks(lines[i])) for i in ran)
+            else:  # another ran too: read the others (those that ran were, after ``before``)
+                for i in set(range(len(tids))).difference(ran):
+                    lines[i] = pread(fds[paths[i]], 128, 0)
+                cpus = list(map(_run_ticks, lines))
+                if None in cpus:
+                    return None
+                found = dict(zip(tids, cpus, strict=True))
+        except (KeyError, OSError, ValueError, IndexError):
+            return None  # a file not kept, a thread gone (reads nothing), the process gone
+        self._runs[pid] = (
+            before,
+            lines,
+            found,
+            [i for i, raw in enumerate(lines) if raw != raws[i]],
+        )
+        self._read_now.update(paths)
+        return found
 
-    def _read_threads(self, threads: list[tuple[int, str]], parse) -> dict:
+    def _read_threads(
+        self, tids: list[int], paths: list[str], parse, size: int
+    ) -> tuple[dict, list[bytes] | None]:
+        """Each thread's time, through its kept descriptor or else by its path; and the lines
+        read where every file was kept."""
+        fds, pread = self._fds, os.pread
+        try:
+            # The usual tick: every file kept open and every thread still there, one pread
+            # each and nothing else (a thread that ended fails here, or reads nothing).
+            raws = [pread(fds[path], size, 0) for path in paths]
+        except (KeyError, OSError):
+            raws = None
+        if raws and all(raws):
+            cpus = list(map(parse, raws))
+            if None not in cpus:
+                self._read_now.update(paths)
+                return dict(zip(tids, cpus, strict=True)), raws
         found = {}
         read = self.read
-        for tid, path in threads:
-            raw = read(path)
+        for tid, path in zip(tids, paths, strict=True):
+            raw = read(path, size)
             cpu = parse(raw) if raw else None  # the thread may have exited meanwhile
             if cpu is not None:
                 found[tid] = cpu
-        return found
+        return found, None
 
     def _choose_thread_file(self, task: str, pid: int) -> str:
         # "0 0 0" where the kernel keeps no scheduler statistics (older kernels with delay
         # accounting off): a thread that has run has run for more than 0 ns.
         raw = _read(f"{task}/{pid}/schedstat", 128)
         return "schedstat" if raw and (_run_ticks(raw) or 0) > 0 else "stat"
+
+    def open_ahead(self, procs: Iterable[ProcInfo]) -> None:
+        """Open and keep now the files a tick reads of these processes (``stat``, ``io``, each
+        thread's), so that the first tick to read them only reads them: start-up does this for
+        the server's kernels and terminals, whose threads are most of the files."""
+        if not self.keep:
+            return
+        for info in procs:
+            self.read(f"{self.proc_root}/{info.pid}/stat")
+            self.read_bytes(info.pid)
+            self.thread_ticks(info.pid, info.num_threads)
+        self.sweep()  # the files the next tick does not read are closed at its end
 
     def keep_unread(self, pid: int, tids: Iterable[int]) -> None:
         """Keep open, unread this tick, the I/O and thread files of a process that did not run
@@ -296,7 +417,7 @@ class ProcFiles:
         self._read_now.add(f"{base}/io")
         kept = self._tids.get(pid)
         if kept is not None:
-            self._read_now.update(path for _, path in kept)
+            self._read_now.update(kept[1])
         else:
             self._read_now.update(f"{base}/task/{tid}/{self._thread_file}" for tid in tids)
         self._tids_now.add(pid)
@@ -308,6 +429,7 @@ class ProcFiles:
         self._read_now = set()
         for pid in self._tids.keys() - self._tids_now:
             del self._tids[pid]
+            self._runs.pop(pid, None)
         self._tids_now = set()
 
     def forget(self, pids: set[int]) -> None:
@@ -320,6 +442,7 @@ class ProcFiles:
             os.close(self._fds.pop(path))
         for pid in pids:
             self._tids.pop(pid, None)
+            self._runs.pop(pid, None)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -327,6 +450,7 @@ class ProcFiles:
         self._fds.clear()
         self._read_now = set()
         self._tids.clear()
+        self._runs.clear()
 
 
 def thread_ticks(pid: int, proc_root: str = "/proc") -> dict[int, int] | None:
@@ -408,6 +532,8 @@ class ProcScanner:
     def _candidates(self, expect: Iterable[int]) -> Iterable[int]:
         """The PIDs that may be ours: ours, and any new since the last listing."""
         newest = self._newest()
+        # The newest PID as at the last tick: no process, and no thread, started since.
+        self.files.no_new_threads = newest is not None and newest == self._listed_newest
         if (
             newest is not None
             and newest == self._listed_newest
