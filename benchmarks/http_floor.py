@@ -11,6 +11,11 @@ them. The servers:
 
 - ``tornado``: a ``tornado.web.RequestHandler`` behind ``HTTPServer`` (what the service uses),
   on the standard library's event loop, and ``tornado-uvloop`` on uvloop;
+- ``service-server``: the same handler on the service's own server
+  (``hub/protocol_server.ProtocolHTTPServer``), ``-uvloop`` on uvloop;
+  ``service-direct-uvloop``: a direct route of that server answering by a coroutine (a task a
+  request), ``service-direct-sync-uvloop`` at once, as the report route answers nearly every
+  report: the floor under a report in the service;
 - ``protocol``: an ``asyncio.Protocol`` that finds the end of the head and the body by hand,
   on the standard loop, and ``protocol-uvloop`` on uvloop: the least a Python server can do.
 
@@ -38,13 +43,16 @@ SERVERS = (
     "service-server",
     "service-server-uvloop",
     "service-direct-uvloop",
+    "service-direct-sync-uvloop",
     "protocol",
     "protocol-uvloop",
 )
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _serve_tornado(port: int, loop_factory, on_protocol: bool = False, direct=False) -> None:
+def _serve_tornado(
+    port: int, loop_factory, on_protocol: bool = False, direct: bool | str = False
+) -> None:
     from tornado import httpserver, netutil, web
 
     from jupyter_gpu_gov.hub.protocol_server import ProtocolHTTPServer
@@ -58,10 +66,13 @@ def _serve_tornado(port: int, loop_factory, on_protocol: bool = False, direct=Fa
         app = web.Application([(PATH, Reports)], log_function=lambda handler: None)
         if on_protocol:
 
-            async def answer(request):
+            async def answer(request):  # awaited: a task a request
                 return 200, ANSWER
 
-            routes = {("POST", PATH): answer} if direct else {}
+            def at_once(request):  # as the report route answers nearly every report
+                return 200, ANSWER
+
+            routes = {("POST", PATH): at_once if direct == "sync" else answer} if direct else {}
             server = ProtocolHTTPServer(app, max_body_size=1 << 20, xheaders=True, direct=routes)
             await server.add_sockets(netutil.bind_sockets(port, "127.0.0.1", backlog=1024))
         else:
@@ -117,7 +128,8 @@ def serve(kind: str, port: int) -> None:
         _serve_protocol(port, loop_factory)
     else:
         on_protocol = kind.startswith("service-")
-        _serve_tornado(port, loop_factory, on_protocol, direct=kind.startswith("service-direct"))
+        direct = kind.startswith("service-direct") and ("sync" if "-sync" in kind else True)
+        _serve_tornado(port, loop_factory, on_protocol, direct=direct)
 
 
 def _cpu_s(pid: int) -> float:

@@ -44,6 +44,11 @@ class Stream(web.RequestHandler):
         self.finish()
 
 
+class Caller(web.RequestHandler):
+    def get(self):
+        self.finish(f"{self.request.remote_ip} {self.request.protocol}")
+
+
 class Slow(web.RequestHandler):
     async def get(self):
         await asyncio.sleep(0.3)
@@ -85,6 +90,7 @@ ROUTES = [
     (r"/echo", Echo),
     (r"/stream", Stream),
     (r"/slow", Slow),
+    (r"/caller", Caller),
     (r"/inject/(\w+)", Inject),
 ]
 
@@ -293,8 +299,9 @@ async def test_head_gets_headers_without_a_body_and_the_connection_stays_usable(
         b"",
         b"GET / HTTP/1.1\r\nHost:",
         b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc",
+        b"POST /direct HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc",
     ],
-    ids=["idle", "half a head", "short body"],
+    ids=["idle", "half a head", "short body", "short body, direct route"],
 )
 async def test_a_silent_or_stalled_client_is_closed_after_its_timeout(sent):
     async with serving(idle_timeout=0.2, body_timeout=0.2) as server:
@@ -327,6 +334,20 @@ async def test_a_direct_route_answers_with_its_status_and_a_content_length():
         post = b"POST /direct/async HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
         answer, _ = await ask(server, post)
         assert (answer.status, answer.json()) == (201, {"echo": "hi"})
+
+
+async def test_tornado_requests_see_the_callers_address_and_forwarded_headers_per_request():
+    # Each request's own X-Forwarded-* (the Hub's proxy), after a direct route's request on
+    # the same connection too (that one makes no tornado request, nor its context).
+    async with serving() as server:
+        reader, writer = await connect(server)
+        writer.write(b"POST /direct HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
+        assert (await read_answer(reader)).status == 202
+        forwarded = b"X-Forwarded-For: 10.1.2.3\r\nX-Forwarded-Proto: https\r\n"
+        for extra, seen in ((forwarded, b"10.1.2.3 https"), (b"", b"127.0.0.1 http")):
+            writer.write(b"GET /caller HTTP/1.1\r\nHost: x\r\n%s\r\n" % extra)
+            assert (await read_answer(reader)).body == seen
+        writer.close()
 
 
 async def test_a_failing_direct_route_answers_500_and_the_server_keeps_serving(caplog):

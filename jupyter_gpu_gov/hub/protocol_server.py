@@ -161,7 +161,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: ProtocolHTTPServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.context: RequestContext | None = None
+        self.context: RequestContext | None = None  # made for tornado's first request
         self.buffer = bytearray()
         self.delegate: httputil.HTTPMessageDelegate | None = None  # the request being answered
         self.body_left = 0  # bytes of the current request's body not yet read
@@ -178,7 +178,6 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.context = RequestContext(transport.get_extra_info("peername"))
         self.server.connections.add(self)
         self._expect_head()
 
@@ -265,11 +264,14 @@ class Connection(asyncio.Protocol):
         self.head_only = head.method == "HEAD"
         if self.body_left and fields.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 (Continue)\r\n\r\n")
-        self._set_timer(self.server.body_timeout if self.body_left else None)
+        # A body already read needs no timer: nearly every report comes in one read.
+        self._set_timer(self.server.body_timeout if self.body_left > len(self.buffer) else None)
         route = self.server.direct.get((head.method, head.path))
         if route is not None:
             self.delegate = _Direct(self, route, head)
             return
+        if self.context is None:  # what tornado's request reads (a direct route reads none)
+            self.context = RequestContext(self.transport.get_extra_info("peername"))
         try:
             start_line = httputil.RequestStartLine(head.method, head.target, head.version)
             headers = httputil.HTTPHeaders.parse(head.text)

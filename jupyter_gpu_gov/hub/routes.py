@@ -37,6 +37,7 @@ MAX_BODY_BYTES = 1024 * 1024  # any request; a larger one is refused before it i
 MAX_AUDIT_ROWS = 5000
 EXTENSION_STATUSES = ("granted", "pending", "approved", "denied", "refused")
 Answer = tuple[int, bytes]  # a direct route's status and JSON body
+REPORT_RESULTS = ("accepted", "invalid", "forbidden")  # metrics.REPORTS's ``result`` label
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -50,6 +51,8 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
     only credential that reports, so no cookie is read. It answers at once when HubAuth has the
     token's answer cached and the last pass saw the server, as for nearly every report; else it
     waits for the Hub."""
+    # The counter's children, found once (``labels`` looks one up under a lock each call).
+    accepted, invalid, forbidden = (metrics.REPORTS.labels(r) for r in REPORT_RESULTS)
 
     def receive(request: DirectRequest) -> Answer | Awaitable[Answer]:
         authorization = request.head.fields.get("authorization", "")
@@ -66,19 +69,19 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
         if caller is None:
             return _refused(403, "authenticate with a JupyterHub token")
         if len(request.body) > MAX_REPORT_BYTES:
-            metrics.REPORTS.labels("invalid").inc()
+            invalid.inc()
             return _refused(413, f"a report may be at most {MAX_REPORT_BYTES} bytes")
         try:
             report = validate(json_object(request.body) if request.body else {})
         except ReportError as error:
-            metrics.REPORTS.labels("invalid").inc()
+            invalid.inc()
             return _refused(400, f"invalid report: {error}")
         except ValueError as error:  # not JSON, not an object
-            metrics.REPORTS.labels("invalid").inc()
+            invalid.inc()
             return _refused(400, str(error))
         owner = report["server"]["user"]
         if caller["kind"] != "user" or caller["name"] != owner:
-            metrics.REPORTS.labels("forbidden").inc()
+            forbidden.inc()
             actor = f"{caller['kind']}:{caller['name']}"
             return _refused(403, f"{actor} may not report on a server of {owner}")
         key = server_key(owner, report["server"].get("name", ""))
@@ -88,12 +91,12 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
 
     async def _if_the_hub_runs(key: str, report: dict) -> Answer:
         if not await governor.hub_runs(key):
-            metrics.REPORTS.labels("forbidden").inc()
+            forbidden.inc()
             return _refused(404, f"the Hub runs no server {key}: reports are for servers it runs")
         return _accepted(report)
 
     def _accepted(report: dict) -> Answer:
-        metrics.REPORTS.labels("accepted").inc()
+        accepted.inc()
         return 200, json.dumps({"verdict": governor.ingest(report)}).encode()
 
     return receive
