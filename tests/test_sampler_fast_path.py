@@ -462,15 +462,22 @@ def test_the_servers_session_does_not_take_the_kept_files_from_its_kernels(world
     assert kept and kept.isdisjoint(range(500, 580))
 
 
-def test_kept_files_follow_real_processes_that_exit(tmp_path, monkeypatch):
-    """The real /proc: kernels with threads and children on simulated GPUs; children exit
-    between ticks. Every process sleeps, so both samplers read the same counters."""
+def simulated_clocks(tmp_path, monkeypatch):
+    """Simulated GPUs whose state file the test's processes inherit, and the wall and
+    monotonic clocks the samplers read, moved by hand: (state, backend, now, mono)."""
     state = str(tmp_path / "sim-gpus.json")
     monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", state)
     backend = SimulatedBackend(state_path=state)
     now, mono = [clock.utcnow()], [1000.0]
     monkeypatch.setattr(clock, "utcnow", lambda: now[0])
     monkeypatch.setattr(sampler_module, "monotonic", lambda: mono[0])
+    return state, backend, now, mono
+
+
+def test_kept_files_follow_real_processes_that_exit(tmp_path, monkeypatch):
+    """The real /proc: kernels with threads and children on simulated GPUs; children exit
+    between ticks. Every process sleeps, so both samplers read the same counters."""
+    state, backend, now, mono = simulated_clocks(tmp_path, monkeypatch)
     kernel = (
         "import subprocess, sys, threading, time\n"
         "from jupyter_gpu_gov import simulate\n"
@@ -658,12 +665,7 @@ def test_threads_that_did_not_run_are_known_by_the_process_cpu_clock(tmp_path, m
     one where the process's CPU clock moved by exactly what they did (so no other thread ran),
     and every thread where it did not; the report is the plain path's, tick by tick. Every
     thread is blocked while the two samplers read, so both read the same counters."""
-    state = str(tmp_path / "sim-gpus.json")
-    monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", state)
-    backend = SimulatedBackend(state_path=state)
-    now, mono = [clock.utcnow()], [1000.0]
-    monkeypatch.setattr(clock, "utcnow", lambda: now[0])
-    monkeypatch.setattr(sampler_module, "monotonic", lambda: mono[0])
+    _, backend, now, mono = simulated_clocks(tmp_path, monkeypatch)
     # No thread starts in the kernel once it is ready: the machine's other processes may
     # start some, which would only have the fast path read every thread, as the plain one.
     monkeypatch.setattr(procs.ProcScanner, "_newest", lambda self: b"1")
