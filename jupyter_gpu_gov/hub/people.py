@@ -4,6 +4,7 @@ with who and why, and re-decides the server so the answer carries the new verdic
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 from datetime import datetime
@@ -17,6 +18,8 @@ from .hubapi import HubApiError, HubServer
 from .tables import ExtensionRow, ServerRow, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
+# Seconds between the governor's "stopping" and the Hub's stop of a server its owner stopped.
+OWNER_STOP_DELAY_S = 1.0
 
 
 class PeoplesRequests:
@@ -151,6 +154,9 @@ class PeoplesRequests:
         return {"status": "stopping", "verdict": self.verdict(key)}
 
     async def _stop_quietly(self, key: str, user: str, name: str) -> None:
+        # The answer goes back through the server being stopped: let it get home before the
+        # Hub stops that server (on record as stopped already, so a restart carries it out).
+        await asyncio.sleep(OWNER_STOP_DELAY_S)
         try:
             await self.hub.stop_server(user, name)
         except HubApiError as error:
