@@ -211,8 +211,6 @@ def in_context(
     windows = list(windows)
     # Windows without ``t`` get no context and give none: where they sort does not matter.
     order = sorted(range(len(windows)), key=lambda i: time_key(windows[i]))
-    if all(i == at for at, i in enumerate(order)):
-        return list(iter_in_context(windows, k, horizon_s))
     read: list[Window] = windows.copy()
     timed = iter_in_context([windows[i] for i in order], k, horizon_s)
     for i, window in zip(order, timed, strict=True):
@@ -332,15 +330,13 @@ def parse_value(column: str, raw: Any) -> Any:
             return None
     if raw is None or (isinstance(raw, float) and math.isnan(raw)):
         return None
-    if column == "t" and isinstance(raw, str) and not _is_float(raw):
-        return _timestamp(raw)
     if column in _BOOLEANS:
         if isinstance(raw, bool):
             return raw
         if isinstance(raw, int) and raw in (0, 1):
             return bool(raw)
-        if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
-            return raw.strip().lower() in _TRUE
+        if isinstance(raw, str) and raw.lower() in _TRUE | _FALSE:
+            return raw.lower() in _TRUE
         raise ValueError(f"expected true or false, got {raw!r}")
     if isinstance(raw, bool):
         raise ValueError(f"expected a number, got {raw!r}")
@@ -348,6 +344,8 @@ def parse_value(column: str, raw: Any) -> Any:
         try:
             value = float(raw)
         except ValueError:
+            if column == "t":
+                return _timestamp(raw)
             raise ValueError(f"expected a number, got {raw!r}") from None
     elif isinstance(raw, int | float):
         value = float(raw)
@@ -360,14 +358,6 @@ def parse_value(column: str, raw: Any) -> Any:
     if column in _NON_NEGATIVE and value < 0:
         raise ValueError(f"must be >= 0, got {raw!r}")
     return value
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _timestamp(text: str) -> float:
