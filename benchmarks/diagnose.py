@@ -31,7 +31,9 @@ world's confusion matrix (shipped constants, online: truth by row, answer by col
 ``uncertain`` last), the cells the wrong answers are in; ``--startup`` the figures of each
 server's first running windows (its start-up: the model and data loaded) apart from the rest;
 ``--calibration`` how often the answers are right in each band of confidence (is a sure
-answer surer?) and how often an ``uncertain`` window's likelier candidate is the truth.
+answer surer?) and how often an ``uncertain`` window's likelier candidate is the truth;
+``--abstentions`` the ``uncertain`` windows by candidate pair (their truths, how many on young
+nodes) and what answering the likelier candidate would give at lower thresholds.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from jupyter_gpu_gov.diagnose import rules
 from jupyter_gpu_gov.diagnose.counterfactual import Diagnoser, Params
 from jupyter_gpu_gov.diagnose.features import is_running, read_windows
 from jupyter_gpu_gov.diagnose.labels import HEALTHY, LABELS, UNCERTAIN, UNKNOWN, ZOMBIE
+from jupyter_gpu_gov.diagnose.reference import kind_of
 
 from .worlds import WORLDS, generate
 
@@ -92,12 +95,16 @@ MIN_GAIN = 0.003  # a constant moves from its physical value only for this much 
 # -- scoring ---------------------------------------------------------------------------------------
 
 
-def online(rows, params: Params, min_node_windows: int = 30) -> list:
+def online(rows, params: Params, min_node_windows: int = 30, maturity: list | None = None) -> list:
     """Each window scored as it arrives, in time order (ties: as given), the model learning
-    each node from its first windows on; diagnoses in the order of ``rows``."""
+    each node from its first windows on; diagnoses in the order of ``rows``. ``maturity``, a
+    list: filled with how far each window's node (and kind) had replaced the prior by then
+    (``NodeReference.maturity``; 0 where it has none), in the order of ``rows``."""
     model = Diagnoser(params, min_node_windows=min_node_windows)
     recent: dict = {}
     out = [None] * len(rows)
+    if maturity is not None:
+        maturity[:] = [0.0] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0].t or 0.0, i))
     for i in order:
         w = rows[i][0]
@@ -105,6 +112,8 @@ def online(rows, params: Params, min_node_windows: int = 30) -> list:
         read = model.with_context(w, earlier)
         model.observe(read)
         out[i] = model.score(read)
+        if maturity is not None and (ref := model.nodes.get((w.node or "", kind_of(w)))):
+            maturity[i] = ref.maturity(model.min_node_windows, model.min_node_servers)
         if is_running(w) and w.t is not None:
             earlier.append(w)
     return out
@@ -238,6 +247,43 @@ def calibration(rows, diagnoses, confident: float = PHYSICAL.confident) -> dict:
     return {band: (right[band], counted[band]) for band in (*ranges, "uncertain")}
 
 
+# Confidences down to which ``abstentions`` answers the likelier candidate (0: every window).
+FRONTIER = (0.5, 0.45, 0.4, 0.0)
+
+
+def abstentions(rows, diagnoses, maturity) -> dict:
+    """Where the model says ``uncertain``: its windows by candidate pair (their truths, and how
+    often the likelier candidate is the truth), how many are on young nodes (``maturity`` under
+    1: the node not yet its own reference), and what answering the likelier candidate down to
+    each confidence of ``FRONTIER`` would give — ``figures`` of the model with
+    ``Params.confident`` lowered there, as an uncertain window's likelier candidate is the label
+    it would then say."""
+    truths: dict = {}  # candidate pair -> Counter of the truths
+    right, young = Counter(), 0
+    for (_, truth), d, mature in zip(rows, diagnoses, maturity, strict=True):
+        if truth == UNKNOWN or d.label != UNCERTAIN:
+            continue
+        pair = "/".join(sorted(d.candidates))
+        truths.setdefault(pair, Counter())[truth] += 1
+        right[pair] += d.cause == truth
+        young += mature < 1.0
+    frontier = {}
+    for lowest in FRONTIER:
+        said = [
+            replace(d, label=d.cause) if d.label == UNCERTAIN and d.confidence >= lowest else d
+            for d in diagnoses
+        ]
+        frontier[lowest] = figures(rows, said)
+    ranked = sorted(truths, key=lambda pair: -truths[pair].total())
+    return {
+        "uncertain": sum(c.total() for c in truths.values()),
+        "likelier_right": right.total(),
+        "young": young,
+        "pairs": {pair: (truths[pair], right[pair]) for pair in ranked},
+        "frontier": frontier,
+    }
+
+
 def design_columns(rows) -> list:
     """``rows`` with the columns beyond the base ones (``OPTIONAL``) missing."""
     return [(replace(w, **dict.fromkeys(OPTIONAL)), truth) for w, truth in rows]
@@ -277,6 +323,12 @@ def run(args) -> dict:
     if args.calibration:
         for e, rows in tests.items():
             calibrated[e] = calibration(rows, online(rows, PHYSICAL, 10 if e == H200 else 30))
+    abstained = {}
+    if args.abstentions:
+        for e, rows in tests.items():
+            maturity: list = []
+            said = online(rows, PHYSICAL, 10 if e == H200 else 30, maturity)
+            abstained[e] = abstentions(rows, said, maturity)
     rules_figures = {
         e: figures(rows, [rules.baseline(w) for w, _ in rows]) for e, rows in tests.items()
     }
@@ -288,6 +340,7 @@ def run(args) -> dict:
         "rules": rules_figures,
         "startup": startup,
         "calibration": calibrated,
+        "abstentions": abstained,
         "protocols": protocols,
         "latency": latency(tests[names[0]], PHYSICAL),
         "sizes": {e: len(rows) for e, rows in tests.items()},
@@ -394,6 +447,24 @@ def _print(result: dict, args) -> None:
                 for band, (right, answered) in bands.items()
             ]
             print(f"{e:<11} " + "   ".join(cells))
+    if result["abstentions"]:
+        print("\n## abstentions, shipped constants (online): uncertain windows (on young nodes),"
+              " likelier candidate right; by candidate pair, the truths; answering the likelier"
+              " candidate down to a confidence: accuracy / coverage")  # fmt: skip
+        for e, a in result["abstentions"].items():
+            n = a["uncertain"]
+            print(f"{e:<11} {n:>5} uncertain ({a['young']} on young nodes), likelier right "
+                  f"{_pct(a['likelier_right'] / n) if n else '    -'} %")  # fmt: skip
+            for pair, (truths, right) in list(a["pairs"].items())[:6]:
+                n = truths.total()
+                said = ", ".join(f"{k} {v}" for k, v in truths.most_common(4))
+                print(f"{'':<11} {pair:<28} {n:>5}  likelier right {_pct(right / n)} %  {said}")
+            cells = [
+                f"{'all' if lowest == 0 else f'{lowest:.2f}'}: "
+                f"{_pct(f['accuracy'])}/{_pct(f['coverage'])}"
+                for lowest, f in a["frontier"].items()
+            ]
+            print(f"{'':<11} answered down to " + "   ".join(cells))
     print("\n## constants chosen on each world (differences from the physical values)")
     for t, params in tuned.items():
         if t == SHIPPED:
@@ -431,6 +502,10 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--calibration", action="store_true",
         help="answers right in each band of confidence, and uncertain's likelier candidate",
+    )  # fmt: skip
+    parser.add_argument(
+        "--abstentions", action="store_true",
+        help="uncertain windows by candidate pair, and what answering them would give",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)

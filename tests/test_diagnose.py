@@ -599,6 +599,38 @@ def test_calibration_counts_each_answer_in_its_band_of_confidence(capsys):
     assert "\ntraces      0.55-0.70 " in capsys.readouterr().out
 
 
+def test_abstentions_count_each_uncertain_window_and_answer_as_a_lower_threshold(capsys):
+    """``benchmarks.diagnose --abstentions``: every uncertain window in one candidate pair, its
+    likelier candidate counted right when it is the truth, the young nodes' share from the
+    node's maturity at the time; and answering the likelier candidate down to a confidence is
+    exactly the model with ``Params.confident`` lowered there."""
+    from benchmarks import diagnose as bench
+    from benchmarks.worlds import generate
+
+    rows = generate("fleet", 30, 20, 101)
+    maturity: list = []
+    said = bench.online(rows, Params(), maturity=maturity)
+    assert said == bench.online(rows, Params())  # recording maturity changes no answer
+    assert len(maturity) == len(rows) and all(0.0 <= m <= 1.0 for m in maturity)
+    found = bench.abstentions(rows, said, maturity)
+    uncertain = [
+        (truth, d, m)
+        for (_, truth), d, m in zip(rows, said, maturity, strict=True)
+        if truth != UNKNOWN and d.label == UNCERTAIN
+    ]
+    assert uncertain and found["uncertain"] == len(uncertain)
+    assert sum(sum(truths.values()) for truths, _ in found["pairs"].values()) == len(uncertain)
+    assert found["likelier_right"] == sum(d.cause == truth for truth, d, _ in uncertain)
+    assert found["young"] == sum(m < 1.0 for _, _, m in uncertain)
+    for lowest in (0.45, 0.0):
+        lowered = bench.online(rows, Params(confident=lowest))
+        assert found["frontier"][lowest] == bench.figures(rows, lowered)
+    assert found["frontier"][0.0]["coverage"] == 1.0
+    bench.main(["--tune-on", "--abstentions", "--worlds", "fleet", "--servers", "8",
+                "--windows", "10"])  # fmt: skip
+    assert "answered down to 0.50: " in capsys.readouterr().out
+
+
 def test_tuning_on_one_world_and_scoring_another():
     """``tune`` chooses constants on one world's labels; they score the tuning set at least as
     well as the physical starting values, and hold on a world it never saw."""
