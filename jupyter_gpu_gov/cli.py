@@ -688,7 +688,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 
     from .diagnose import rules
     from .diagnose.counterfactual import Diagnoser
-    from .diagnose.features import read_windows
+    from .diagnose.features import read_windows, unmeasured
 
     if args.cluster:
         if args.file or args.model or args.save_model or args.baseline:
@@ -709,6 +709,8 @@ def _diagnose(args: argparse.Namespace) -> int:
         return fail(f"cannot read {args.file}: {error.strerror or error}")
 
     summary: dict = {"windows": len(windows)}
+    if missing := unmeasured(windows):
+        summary["not_measured"] = missing
     if args.baseline:
         results = [rules.baseline(w) for w in windows]
         summary["by"] = "rules"

@@ -1118,6 +1118,43 @@ def test_cli_reads_a_file_in_any_row_order_as_in_time_order(windows_file, tmp_pa
     assert by_server == [in_time[i] for i in order]
 
 
+def test_cli_says_once_what_a_file_does_not_measure(windows_file, tmp_path, capsys):
+    """A column with no value in the whole file is named in the summary with what its absence
+    costs; without presence no window is a sure zombie (a cull needs one)."""
+    path, rows = windows_file
+    assert main(["diagnose", str(path)]) == 0
+    assert "not_measured" not in json.loads(capsys.readouterr().err)
+    assert any(truth == "zombie" for _, truth in rows)
+    partial = tmp_path / "no-node-no-presence.jsonl"
+    partial.write_text(
+        "".join(
+            json.dumps({k: v for k, v in w.as_dict().items() if k not in ("node", "user_idle_s")})
+            + "\n"
+            for w, _ in rows
+        )
+    )
+    assert main(["diagnose", str(partial)]) == 0
+    out, err = capsys.readouterr()
+    missing = json.loads(err)["not_measured"]
+    assert set(missing) == {"node", "user_idle_s"}
+    assert "one reference for all nodes" in missing["node"] and "no cull" in missing["user_idle_s"]
+    assert "zombie" not in {json.loads(line)["label"] for line in out.splitlines()}
+
+
+def test_windows_of_unnamed_servers_are_not_read_as_one_servers(windows_file):
+    """Without ``server`` a window's earlier windows are not known: it is read alone, not
+    smoothed with other servers' windows on its node, and no task's best is learnt from it."""
+    _, rows = windows_file
+    running = [w for w, _ in rows if is_running(w) and w.t is not None]
+    a, b = (replace(w, server=None, node="n1") for w in running[:2])
+    a, b = replace(a, t=60.0, cpu_cores=0.1), replace(b, t=120.0, cpu_cores=3.0)
+    assert in_context([a, b]) == [a, b]
+    named = [replace(a, server="alice/"), replace(b, server="alice/")]
+    assert in_context(named)[1].cpu_cores == pytest.approx(1.55)  # the same server's: smoothed
+    model = Diagnoser().fit([replace(w, server=None) for w, _ in rows])
+    assert model.tasks == {} and model.trained_on > 0
+
+
 def test_cli_baseline_and_a_saved_model(windows_file, tmp_path, capsys):
     path, _ = windows_file
     saved = tmp_path / "m.pkl"

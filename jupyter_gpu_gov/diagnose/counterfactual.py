@@ -276,7 +276,9 @@ class Diagnoser:
         ref.observe(window)
         if window.kernel_busy is not False:
             self.trained_on += 1
-            task = (window.node or "", window.server or "")
+            if window.server is None:
+                return  # no task to learn: windows of unnamed servers are not one task
+            task = (window.node or "", window.server)
             if task not in self.tasks:
                 self.tasks[task] = TaskReference()
             self.tasks[task].observe(window)
@@ -432,7 +434,7 @@ class Diagnoser:
         if fed_sm > 0:
             gain["node"] = round(max(0.0, fed_sm - w.sm_active), 4)
             gain["share"] = round(gain["node"] / fed_sm, 4)  # of the node's fed GPU work
-        task = self.tasks.get((w.node or "", w.server or ""))
+        task = self.tasks.get((w.node or "", w.server)) if w.server is not None else None
         if task is not None and task.sm:
             gain["task"] = round(max(0.0, task.best_sm - w.sm_active), 4)
         shortfall = gain.get("node", 0.0)

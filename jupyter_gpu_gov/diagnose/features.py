@@ -206,8 +206,8 @@ def in_context(
 ) -> list[Window]:
     """Every window read in its server's context (``with_context``), in the order given: a
     window's context is the windows of the same ``(node, server)`` before it in time, so a file
-    in any row order (by server, newest first) reads as one in time order. ``k <= 1``: the
-    windows as they are."""
+    in any row order (by server, newest first) reads as one in time order; a window without
+    ``server`` has none. ``k <= 1``: the windows as they are."""
     windows = list(windows)
     # Windows without ``t`` get no context and give none: where they sort does not matter.
     order = sorted(range(len(windows)), key=lambda i: time_key(windows[i]))
@@ -233,6 +233,9 @@ def iter_in_context(
         return
     recent: dict[tuple, deque[Window]] = {}
     for w in windows:
+        if w.server is None:
+            yield w  # whose earlier windows these are is not known: none are its context
+            continue
         key = context_key(w)
         earlier = recent.setdefault(key, deque(maxlen=k))
         yield with_context(w, earlier, k, horizon_s)
@@ -241,6 +244,36 @@ def iter_in_context(
 
 
 # -- reading files -------------------------------------------------------------------------------
+
+
+# What a file loses when a column has no value in any of its windows (``unmeasured``): the
+# model still answers, but these readings cannot be made.
+WITHOUT = {
+    "node": "every window is read against one reference for all nodes (name each window's "
+    "machine or card to read it against its own)",
+    "server": "no window is read with its server's earlier windows or its task's best ones",
+    "t": "no window is read with its server's earlier windows (they are found by time)",
+    "sm_active": "no window is diagnosed: every cause is read from SM activity",
+    "kernel_busy": "every window counts as code running (as a terminal does): none can be a zombie",
+    "gpu_mem_frac": "a quiet kernel is at best uncertain between zombie and healthy (memory held "
+    "defines a zombie): no cull follows from the file",
+    "user_idle_s": "a quiet kernel is at best uncertain between zombie and healthy (nobody there "
+    "defines a zombie): no cull follows from the file",
+    "read_mb_s+cpu_iowait": "a starved loop is uncertain between data_io and cpu_serial (what its "
+    "input waits on is not measured)",
+}
+
+
+def unmeasured(windows: Sequence[Window]) -> dict[str, str]:
+    """The columns (of ``WITHOUT``) with no value in any window, and what that costs: said once
+    for a file, where a missing cell only makes its window uncertain."""
+    if not windows:
+        return {}
+    missing = {}
+    for key, effect in WITHOUT.items():
+        if all(getattr(w, c) is None for c in key.split("+") for w in windows):
+            missing[key] = effect
+    return missing
 
 
 def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None) -> list[Window]:
