@@ -33,7 +33,9 @@ server's first running windows (its start-up: the model and data loaded) apart f
 ``--calibration`` how often the answers are right in each band of confidence (is a sure
 answer surer?) and how often an ``uncertain`` window's likelier candidate is the truth;
 ``--abstentions`` the ``uncertain`` windows by candidate pair (their truths, how many on young
-nodes) and what answering the likelier candidate would give at lower thresholds.
+nodes) and what answering the likelier candidate would give at lower thresholds;
+``--without COLUMN ...`` scores the test sets with those columns missing from every window, as a
+file without them reads.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from pathlib import Path
 
 from jupyter_gpu_gov.diagnose import rules
 from jupyter_gpu_gov.diagnose.counterfactual import Diagnoser, Params
-from jupyter_gpu_gov.diagnose.features import is_running, read_windows
+from jupyter_gpu_gov.diagnose.features import COLUMNS, is_running, read_windows
 from jupyter_gpu_gov.diagnose.labels import HEALTHY, LABELS, UNCERTAIN, UNKNOWN, ZOMBIE
 from jupyter_gpu_gov.diagnose.reference import kind_of
 
@@ -299,6 +301,9 @@ def run(args) -> dict:
         for n in names
     }
     tests[H200] = h200_rows()
+    if args.without:  # as a file without those columns reads (``features.unmeasured``)
+        tests = {e: [(replace(w, **dict.fromkeys(args.without)), t) for w, t in rows]
+                 for e, rows in tests.items()}  # fmt: skip
     tuned, seconds = {SHIPPED: PHYSICAL}, {SHIPPED: 0.0}
     for name in args.tune_on if args.tune_on is not None else names:
         started = time.perf_counter()
@@ -506,6 +511,10 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--abstentions", action="store_true",
         help="uncertain windows by candidate pair, and what answering them would give",
+    )  # fmt: skip
+    parser.add_argument(
+        "--without", nargs="+", default=[], metavar="COLUMN", choices=COLUMNS,
+        help="score the test sets with these columns missing from every window",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)

@@ -166,14 +166,14 @@ def with_context(
     ``CONTEXT_COLUMNS`` becomes its median over this window and the running windows of
     ``earlier`` (the same server's, oldest first) among the last ``k`` running ones whose ``t``
     is at most ``horizon_s`` before this one's and not after it (missing values left out;
-    all missing: missing). Windows that are not running, and windows without ``t``, are
-    returned as they are. Causal: only earlier windows count, so a window in a file and the
+    all missing: missing). Windows that are not running, and windows without ``t`` or
+    ``server`` (whose earlier windows they are is not known), are returned as they are. Causal: only earlier windows count, so a window in a file and the
     same window scored online read the same.
 
     Why: a single window is blurred by what the workload does in it (a warm-up, an evaluation
     or a checkpoint pause, per-window noise); a few minutes of the same server say what it
     usually does. Idle windows are not smoothed: a pause is what it is."""
-    if k <= 1 or not is_running(window) or window.t is None:
+    if k <= 1 or not is_running(window) or window.t is None or window.server is None:
         return window
     recent = [window]
     for w in reversed(earlier):
@@ -233,9 +233,6 @@ def iter_in_context(
         return
     recent: dict[tuple, deque[Window]] = {}
     for w in windows:
-        if w.server is None:
-            yield w  # whose earlier windows these are is not known: none are its context
-            continue
         key = context_key(w)
         earlier = recent.setdefault(key, deque(maxlen=k))
         yield with_context(w, earlier, k, horizon_s)
