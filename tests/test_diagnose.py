@@ -1137,7 +1137,9 @@ def test_cli_says_once_what_a_file_does_not_measure(windows_file, tmp_path, caps
     out, err = capsys.readouterr()
     missing = json.loads(err)["not_measured"]
     assert set(missing) == {"node", "user_idle_s"}
-    assert "one reference for all nodes" in missing["node"] and "no cull" in missing["user_idle_s"]
+    assert (
+        "one reference for all nodes" in missing["node"] and "sure zombie" in missing["user_idle_s"]
+    )
     assert "zombie" not in {json.loads(line)["label"] for line in out.splitlines()}
 
 

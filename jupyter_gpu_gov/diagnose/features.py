@@ -167,8 +167,9 @@ def with_context(
     ``earlier`` (the same server's, oldest first) among the last ``k`` running ones whose ``t``
     is at most ``horizon_s`` before this one's and not after it (missing values left out;
     all missing: missing). Windows that are not running, and windows without ``t`` or
-    ``server`` (whose earlier windows they are is not known), are returned as they are. Causal: only earlier windows count, so a window in a file and the
-    same window scored online read the same.
+    ``server`` (whose earlier windows they are is not known), are returned as they are.
+    Causal: only earlier windows count, so a window in a file and the same window scored
+    online read the same.
 
     Why: a single window is blurred by what the workload does in it (a warm-up, an evaluation
     or a checkpoint pause, per-window noise); a few minutes of the same server say what it
@@ -251,11 +252,11 @@ WITHOUT = {
     "server": "no window is read with its server's earlier windows or its task's best ones",
     "t": "no window is read with its server's earlier windows (they are found by time)",
     "sm_active": "no window is diagnosed: every cause is read from SM activity",
-    "kernel_busy": "every window counts as code running (as a terminal does): none can be a zombie",
-    "gpu_mem_frac": "a quiet kernel is at best uncertain between zombie and healthy (memory held "
-    "defines a zombie): no cull follows from the file",
-    "user_idle_s": "a quiet kernel is at best uncertain between zombie and healthy (nobody there "
-    "defines a zombie): no cull follows from the file",
+    "kernel_busy": "every window counts as code running (as a terminal's does): none is a zombie",
+    "gpu_mem_frac": "a quiet kernel is at best uncertain between zombie and healthy: memory held "
+    "defines a zombie, and only a sure zombie is culled",
+    "user_idle_s": "a quiet kernel is at best uncertain between zombie and healthy: nobody there "
+    "defines a zombie, and only a sure zombie is culled",
     "read_mb_s+cpu_iowait": "a starved loop is uncertain between data_io and cpu_serial (what its "
     "input waits on is not measured)",
 }
