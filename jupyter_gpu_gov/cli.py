@@ -792,12 +792,22 @@ def cluster_text(report: dict) -> str:
             f"{s.get('confidence', 1.0) * 100:>4.0f}%{sure}"
         )
     frag = report.get("fragmentation") or {}
+    demand = frag.get("demand") or {}
+    kinds = (
+        ("pending", "starting"),
+        ("queued", "in line"),
+        ("refused", "refused in the last hour"),
+    )
+    detail = ", ".join(
+        f"{words} {'unknown' if demand.get(key) is None else demand[key]}" for key, words in kinds
+    )
     lines += [
         "",
         f"fragmentation: {'YES' if frag.get('flag') else 'no'} — "
         f"{frag.get('devices_partly_used', 0)} of {frag.get('devices', 0)} cards partly "
         f"allocated, {frag.get('free_scattered', 0)} cards' worth free on them, "
-        f"{frag.get('devices_free', 0)} free; spawns waiting: {frag.get('spawns_waiting')}",
+        f"{frag.get('devices_free', 0)} free; spawns waiting: {frag.get('spawns_waiting')} "
+        f"({detail})",
     ]
     if frag.get("hint"):
         lines.append(f"  {frag['hint']}")

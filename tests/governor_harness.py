@@ -227,14 +227,18 @@ def service_pid(hub: HubHarness) -> int | None:
     return None
 
 
-def join(hub: HubHarness, user: str, fields: Mapping[str, str], password: str = ""):
+def join(
+    hub: HubHarness, user: str, fields: Mapping[str, str], password: str = "", server: str = ""
+):
     """Post the spawn form's choices to "Wait in line" (with the XSRF token the spawn form's
-    action carries), as the button does; the answer, redirects not followed."""
+    action carries), as the button does, for ``user``'s default or named ``server``; the
+    answer, redirects not followed."""
     session = hub.login(user, password)
-    page = session.get(hub.spawn_page_url(user), timeout=30)
+    page = session.get(hub.spawn_page_url(user, server), timeout=30)
     xsrf = re.search(r"_xsrf=([^&\"']+)", page.text)
     assert xsrf, page.text[:2000]
-    url = f"{hub.url}/hub/gpu-gov/queue/join/{user}?_xsrf={html.unescape(xsrf[1])}"
+    path = f"{user}/{server}" if server else user
+    url = f"{hub.url}/hub/gpu-gov/queue/join/{path}?_xsrf={html.unescape(xsrf[1])}"
     return session.post(url, data=dict(fields), allow_redirects=False, timeout=60)
 
 

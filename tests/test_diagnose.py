@@ -1233,7 +1233,8 @@ def test_cli_cluster_report_from_the_service(capsys):
                      "candidates": ["data_io", "cpu_serial"]}],
         "fragmentation": {"flag": True, "hint": "consolidate", "devices": 4,
                           "devices_partly_used": 2, "free_scattered": 1.0, "devices_free": 0,
-                          "spawns_waiting": 1},
+                          "spawns_waiting": 1,
+                          "demand": {"pending": 0, "queued": 1, "refused": None}},
     }  # fmt: skip
     seen = {}
 
@@ -1270,6 +1271,7 @@ def test_cli_cluster_report_from_the_service(capsys):
     assert "zombie" in text and "4.0 GPU-h" in text and "vision" in text
     assert "not sure: data_io or cpu_serial" in text
     assert "fragmentation: YES" in text
+    assert "spawns waiting: 1 (starting 0, in line 1, refused in the last hour unknown)" in text
 
 
 # -- windows measured on a real GPU --------------------------------------------------------------

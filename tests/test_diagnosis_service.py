@@ -25,6 +25,7 @@ from test_report import REPORT, report
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.models import GpuSnapshot
 from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.core.queue import BORROWING, CAPACITY, USER_CAP, QueuedRequest, Waiting
 from jupyter_gpu_gov.core.report import ReportError, target_cpu, validate
 from jupyter_gpu_gov.diagnose import faults
 from jupyter_gpu_gov.diagnose.features import Window
@@ -445,6 +446,48 @@ async def test_gpu_spawns_waiting_while_cards_are_partly_allocated_flag_fragment
     assert found["flag"] is True and found["label"] == "fragmentation"
     assert found["free_scattered"] == pytest.approx(8 / 7, abs=0.01)  # cards' worth, scattered
     assert "consolidate" in found["hint"], found
+
+
+class QueueAnswer:
+    """The hub's answer to the governor's spawn queue sync (``profiles/queue_pages.py``)."""
+
+    def __init__(self, line: list, refused: int):
+        self.answer = {"line": [w.to_json() for w in line], "left": [], "refused": refused}
+
+    async def request(self, method, path, body=None):
+        return self.answer
+
+
+def in_line(user: str, limit: str) -> Waiting:
+    now = clock.utcnow()
+    asked = QueuedRequest(user, "", "lab", "h100", {}, now, now + timedelta(hours=1))
+    return Waiting(asked, position=1, ready=False, reason="…", limit=limit)
+
+
+async def test_spawns_in_line_or_refused_for_want_of_a_gpu_flag_fragmentation(tmp_path):
+    """Nothing pending; the spawn queue's last sync says who waits: one request in line for a
+    card flags the partly allocated slices, as does one spawn refused for want of one; requests
+    waiting for a quota (a user's cap, a team's borrowing limit) do not."""
+    quota_only = [in_line("ann", USER_CAP), in_line("bob", BORROWING)]
+    cases = [
+        (quota_only, 0, False, {"pending": 0, "queued": 0, "refused": 0}),
+        ([*quota_only, in_line("cat", CAPACITY)], 0, True, {"pending": 0, "queued": 1, "refused": 0}),
+        (quota_only, 1, True, {"pending": 0, "queued": 0, "refused": 1}),
+    ]  # fmt: skip
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        hub.add_server("bob")
+        gov = governor(hub, tmp_path)
+        assert gov.diagnosis_summary()["fragmentation"]["demand"]["queued"] is None  # no sync yet
+        gov.ingest(on_slice(zombie_report("alice"), "GPU-a"))
+        gov.ingest(on_slice(starved_report("bob"), "GPU-b"))
+        await gov.reconcile()
+        for line, refused, flagged, demand in cases:
+            gov.spawn_queue.hub = QueueAnswer(line, refused)
+            await gov.spawn_queue.sync()
+            found = gov.diagnosis_summary()["fragmentation"]
+            assert found["demand"] == demand and found["flag"] is flagged, (demand, found)
+            assert found["spawns_waiting"] == sum(demand.values())
 
 
 async def test_causes_cost_gpu_hours_per_team_and_node(tmp_path):

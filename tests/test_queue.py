@@ -13,11 +13,15 @@ import pytest
 from traitlets import TraitError
 
 from jupyter_gpu_gov.core import clock, policy
+from jupyter_gpu_gov.core import queue as records
 from jupyter_gpu_gov.core.queue import (
     CLAIM_WITHIN_LABEL,
     EXPIRED,
+    LINE,
+    MAX_REFUSED,
     QUEUE_STATE,
     QUEUED_AT_LABEL,
+    REFUSED_WITHIN,
     STARTED,
     Departure,
     QueuedRequest,
@@ -27,8 +31,10 @@ from jupyter_gpu_gov.core.queue import (
     estimate,
     from_state,
     ordinal,
+    refused_from_json,
     releases_from_json,
     releases_to_json,
+    waiting_for_a_gpu,
 )
 from jupyter_gpu_gov.core.vocabulary import CULL_REASONS
 from jupyter_gpu_gov.hub import showback
@@ -42,13 +48,14 @@ from jupyter_gpu_gov.hub.views import Views
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.queue import (
     QUEUEABLE,
+    Refusals,
     admit_in_line,
     line,
     offer,
     offer_words,
     ordered,
 )
-from jupyter_gpu_gov.profiles.quota import LINE, Grant, Request, admit, load_quotas
+from jupyter_gpu_gov.profiles.quota import Grant, Request, admit, load_quotas
 from jupyter_gpu_gov.profiles.tiers import load_tiers
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -195,6 +202,50 @@ def test_the_line_as_the_governor_reads_it_round_trips_and_bounds_what_it_reads(
     assert releases_from_json(junk) == {"a/": Release(None, "")}
     with pytest.raises(QueueFormatError):
         releases_from_json([])
+
+
+def test_each_request_in_line_says_what_it_waits_for_and_an_older_hub_is_not_guessed():
+    """The line carries admission's ``limit``: the cluster report's ``queued`` counts those
+    waiting for a card (n1 and v2), not for a quota (o2, at ops' borrowing limit). A hub that
+    does not send it (older) leaves the count unknown; a value outside the list is refused."""
+    order = line(
+        [waiting("v2", "vision", 0), waiting("o2", "ops", 1), waiting("n1", "nlp", 2)],
+        FULL, CAPACITY, QUOTAS, TIERS, {}, NOW,
+    )  # fmt: skip
+    limits = {w.request.user: w.limit for w in order}
+    assert limits == {"n1": records.CAPACITY, "v2": records.CAPACITY, "o2": records.BORROWING}
+    assert waiting_for_a_gpu(order) == 2
+    read = [Waiting.from_json(w.to_json()) for w in order]
+    assert read == order and waiting_for_a_gpu(read) == 2
+    older = [
+        Waiting.from_json({k: v for k, v in w.to_json().items() if k != "limit"}) for w in order
+    ]
+    assert {w.limit for w in older} == {None} and waiting_for_a_gpu(older) is None
+    (ready,) = line([waiting("v2", "vision", 0)], [], CAPACITY, QUOTAS, TIERS, {}, NOW)
+    assert ready.ready and ready.limit == "" and waiting_for_a_gpu([ready]) == 0
+    # A ready request from an older hub says nothing, and needs not: it does not wait.
+    assert waiting_for_a_gpu([replace(ready, limit=None)]) == 0
+    for bad in ("cpacity", 3, ["capacity"], {"limit": "capacity"}):
+        with pytest.raises(QueueFormatError, match="'limit' must be one of"):
+            Waiting.from_json({**order[0].to_json(), "limit": bad})
+
+
+def test_the_refusals_the_hub_counts_are_per_server_recent_and_bounded():
+    refusals = Refusals()
+    refusals.refused("ann/", NOW)
+    refusals.refused("ann/", NOW + timedelta(minutes=5))  # retried: one server, once
+    refusals.refused("bob/", NOW + timedelta(minutes=10))
+    refusals.refused("cat/x", NOW + timedelta(minutes=20))
+    assert refusals.count(NOW + timedelta(minutes=30)) == 3
+    refusals.forget("cat/x")  # joined the line, or started
+    assert refusals.count(NOW + timedelta(minutes=30)) == 2
+    assert refusals.count(NOW + REFUSED_WITHIN + timedelta(minutes=7)) == 1  # ann's is old now
+    assert refusals.count(NOW + REFUSED_WITHIN + timedelta(minutes=11)) == 0
+    assert refused_from_json(None) is None  # an older hub does not count them
+    assert refused_from_json(0) == 0 and refused_from_json(MAX_REFUSED) == MAX_REFUSED
+    for bad in (-1, 1.5, True, "3", MAX_REFUSED + 1, [1]):
+        with pytest.raises(QueueFormatError, match="'refused' must be a whole number"):
+            refused_from_json(bad)
 
 
 def test_the_estimate_is_the_kth_earliest_known_release():
@@ -365,8 +416,9 @@ def test_the_queues_settings_are_checked_at_startup():
 class FakeHubApi:
     """The Hub API as the governor's sync uses it: the line, and starts (refused or not)."""
 
-    def __init__(self, line, sync_status=200, start_status=201):
+    def __init__(self, line, sync_status=200, start_status=201, **answer):
         self.line, self.sync_status, self.start_status = line, sync_status, start_status
+        self.answer = answer  # more of the sync's answer (``refused``)
         self.calls: list[tuple[str, str, dict]] = []
 
     async def request(self, method, path, body=None):
@@ -374,7 +426,7 @@ class FakeHubApi:
         if path == "gpu-gov/queue":
             if self.sync_status != 200:
                 raise HubApiError(self.sync_status, "no", method=method, url=path)
-            return {"line": self.line, "left": [{"outcome": "lost"}]}
+            return {"line": self.line, "left": [{"outcome": "lost"}], **self.answer}
         if self.start_status >= 400:
             raise HubApiError(self.start_status, "refused", method=method, url=path)
         return {}
@@ -405,3 +457,34 @@ async def test_the_governor_starts_ready_requests_and_does_not_hammer_a_refusing
         sync = QueueSync(quiet, store)
         assert await sync.sync(NOW) == [] and await sync.sync(NOW) == []
         assert len(quiet.calls) == 1
+
+
+async def test_the_governor_keeps_the_lines_demand_for_the_cluster_report(tmp_path, caplog):
+    """After each sync: the requests waiting for a card and the hub's recent refusals for want
+    of one; unknown (None) before the first sync, from a hub without a line, after a failed
+    sync, and where an older hub does not say."""
+    order = line(
+        [waiting("v2", "vision", 0), waiting("o2", "ops", 1)], FULL, CAPACITY, QUOTAS, TIERS,
+        {}, NOW,
+    )  # fmt: skip
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    hub = FakeHubApi([w.to_json() for w in order], refused=3)
+    sync = QueueSync(hub, store)
+    assert (sync.queued, sync.refused) == (None, None)
+    await sync.sync(NOW)
+    assert (sync.queued, sync.refused) == (1, 3)  # v2 waits for a card, o2 for ops' limit
+    hub.answer["refused"] = -2  # damaged: said, and not counted
+    await sync.sync(NOW)
+    assert (sync.queued, sync.refused) == (1, None)
+    assert "'refused' must be a whole number" in caplog.text
+    older = [{k: v for k, v in w.to_json().items() if k != "limit"} for w in order]
+    sync = QueueSync(FakeHubApi(older), store)
+    assert len(await sync.sync(NOW)) == 2 and (sync.queued, sync.refused) == (None, None)
+    failing = FakeHubApi([], sync_status=502)
+    sync = QueueSync(failing, store)
+    sync.queued = sync.refused = 4  # as of an earlier sync
+    assert await sync.sync(NOW) == [] and (sync.queued, sync.refused) == (None, None)
+    for status in (404, 403):  # no line in this hub
+        sync = QueueSync(FakeHubApi([], sync_status=status), store)
+        await sync.sync(NOW)
+        assert sync.absent and (sync.queued, sync.refused) == (None, None)

@@ -32,7 +32,7 @@ from jupyter_gpu_gov.profiles import queue as profile_queue
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.local import GpuSimpleLocalProcessSpawner, LocalGpus
 from jupyter_gpu_gov.profiles.quota import CAPACITY
-from jupyter_gpu_gov.profiles.spawner import waiting_requests
+from jupyter_gpu_gov.profiles.spawner import GpuRefused, waiting_requests
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559}
 MINUTE = timedelta(minutes=1)
@@ -52,12 +52,14 @@ def hub(monkeypatch):
         "lab": {"guaranteed": {"h100": 1}},
     }
     config.GpuProfiles.team_map = {
-        "vera": "vision", "ivan": "interns", "ines": "interns", "ben": "lab", "carol": "lab",
+        "vera": "vision", "ivan": "interns", "ines": "interns", "iris": "interns", "ben": "lab",
+        "carol": "lab",
     }  # fmt: skip
     config.GpuProfiles.require_project = False
     for singleton in (GpuProfiles, LocalGpus):
         singleton.clear_instance()
     monkeypatch.setattr(profile_queue.FORECAST, "at", clock.utcnow())
+    monkeypatch.setattr(profile_queue.REFUSED, "_at", {})  # the hub process's, per test
     world = InMemoryHub(config)
     yield world
     world.db.close()
@@ -217,3 +219,34 @@ async def test_a_server_started_from_the_line_that_nobody_opens_is_given_back_an
     (cull,) = [why for action, why in audit(gov, "ben/") if action == "cull"]
     assert "not opened within 15m: its GPU is given back to the line" in cull, cull
     assert culls("unclaimed") - unclaimed == 1
+
+
+async def test_spawns_refused_for_want_of_a_card_are_counted_until_they_wait_in_line_or_start(hub):
+    """What the hub sends the governor as ``refused`` (the cluster report's demand): servers
+    the spawner refused for want of a free card, once each however often retried, until they
+    join the line (counted there) or start; a refusal for a quota is not counted."""
+    await hub.start("ivan", {"profile": "h100"})
+    await hub.start("ines", {"profile": "h100"})  # interns borrow both cards
+
+    def refused() -> int:
+        return profile_queue.REFUSED.count(clock.utcnow())
+
+    for _ in range(2):  # ben retries: one server, counted once
+        with pytest.raises(GpuRefused, match="All 2 H100 80 GB"):
+            await hub.start("ben", {"profile": "h100"})
+    with pytest.raises(GpuRefused, match="All 2 H100 80 GB"):
+        await hub.start("carol", {"profile": "h100"})
+    assert refused() == 2
+    with pytest.raises(GpuRefused, match="may borrow at most 2 more"):  # a quota, not a card
+        await hub.start("iris", {"profile": "h100"})
+    assert refused() == 2
+    await hub.spawner("ben").gpu_enqueue({"profile": "h100"})
+    assert refused() == 1  # ben waits in line now: counted as queued, not refused
+    hub.stop("ines")  # a card frees for lab's guarantee: ben is first in line for it
+    with pytest.raises(GpuRefused, match="1 request is waiting in line for H100 80 GB before"):
+        await hub.start("carol", {"profile": "h100"})
+    assert refused() == 1  # carol, for want of a card the line takes first
+    await hub.start("ben", hub.spawner("ben").gpu_queued.options)
+    hub.stop("ben")
+    await hub.start("carol", {"profile": "h100"})
+    assert refused() == 0  # she started

@@ -9,6 +9,8 @@ choices) and answers, and the verdict of ben's other server (no GPU) tells his J
 until he opens the new one. erin waits behind ben (exempt from culling: he keeps the GPU) and her
 request expires; dave waits through a hub
 restart and cancels. Queue time is metered (Prometheus) with how each request left the line.
+The cluster report counts who waits for the card (in line, or refused and not waiting), not who
+waits for a quota, and does not call the one whole card fragmented.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from browser import browser as chromium
 from browser import log_in, requires_browser, screenshot_path
 from governor_harness import Gov, governed_hub, join, queue_line, server_running, wait
 
+from jupyter_gpu_gov import cli
 from jupyter_gpu_gov.core.clock import parse
 
 with contextlib.suppress(ImportError):  # without playwright, requires_browser skips
@@ -47,7 +50,7 @@ c.GpuProfiles.tiers = [
     {{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB",
       "task_types": ["interactive", "batch"]}},
 ]
-c.GpuProfiles.quotas = {{"lab": {{"guaranteed": {{"h100": 1}}}}}}
+c.GpuProfiles.quotas = {{"lab": {{"guaranteed": {{"h100": 1}}, "user_cap": 1}}}}
 c.GpuProfiles.team_map = {{u: "lab" for u in ("ben", "carol", "dave", "erin", "fay")}}
 c.GpuProfiles.queue_expire_after = "40s"
 add_gpu_profiles(c, spawner="simple")
@@ -293,3 +296,43 @@ def test_the_spawn_form_offers_the_line_and_the_page_shows_the_place(hub, tmp_pa
         row.locator("button", has_text="Cancel").click()
         expect(page.locator(".empty")).to_have_text("No server of yours waits in line.")
     assert "fay" not in queue_line(hub)
+
+
+def test_the_cluster_report_counts_spawns_waiting_for_a_gpu_not_for_a_quota(hub, capsys):
+    """``GET api/diagnosis``'s demand, from the spawn queue's sync: fay waits in line for the
+    H100 ben keeps (``queued``); dave's spawn is refused for want of it and he does not wait
+    (``refused``); ben's second server waits for his own cap of one GPU (neither). The H100 is
+    an exclusive whole card, allocated in full: not fragmented, however many wait. When dave
+    joins the line after all, he counts once, in line."""
+    assert server_running(hub, "ben"), "needs ben's server from the first test"
+    gov = Gov(hub)
+    assert join(hub, "fay", {"profile": "h100"}).status_code == 302
+    assert join(hub, "ben", {"profile": "h100"}, server="more").status_code == 302
+    r = hub.spawn_form("dave", fields={"profile": "h100"})
+    assert r.status_code == 403 and "Or wait in line for it" in html.unescape(r.text)
+    waiting = queue_line(hub)
+    assert (waiting["fay"]["limit"], waiting["ben"]["limit"]) == ("capacity", "user-cap")
+
+    def demand(queued: int, refused: int):
+        r = gov.admin("GET", "diagnosis")
+        assert r.status_code == 200, r.text
+        found = r.json()["fragmentation"]
+        expected = {"pending": 0, "queued": queued, "refused": refused}
+        return found["demand"] == expected and found
+
+    found = wait(lambda: demand(1, 1), 30, "fay in line and dave refused, counted")
+    assert found["spawns_waiting"] == 2 and found["flag"] is False, found
+    assert (found["devices"], found["devices_partly_used"], found["devices_free"]) == (1, 0, 0)
+    assert join(hub, "dave", {"profile": "h100"}).status_code == 302
+    wait(lambda: demand(2, 0), 30, "dave counted in line, no longer as refused")
+    # The dashboard's "Why GPUs are underused" and the command line say the same.
+    dashboard = hub.login("govadmin").get(f"{hub.url}/services/gpu-gov/", timeout=30)
+    assert dashboard.status_code == 200, dashboard.text[:500]
+    said = re.search(r'id="fragmentation">(.*?)</p>', html.unescape(dashboard.text), re.S)
+    assert said and "Not fragmented." in said[1], dashboard.text[:3000]
+    words = "spawns waiting for a GPU: 2 (starting 0, in line 2, refused in the last hour 0)."
+    assert words in " ".join(said[1].split()), said[1]
+    url, token = f"{hub.url}/services/gpu-gov/", hub.token("govadmin")
+    assert cli.main(["diagnose", "--cluster", "--url", url, "--token", token]) == 0
+    text = capsys.readouterr().out
+    assert "spawns waiting: 2 (starting 0, in line 2, refused in the last hour 0)" in text, text

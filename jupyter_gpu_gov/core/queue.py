@@ -12,7 +12,9 @@ a fresh count, and keeps only the user's choices (``core.grant.USER_CHOICES``).
 The line: a team within its guarantee first, then the team's priority, then arrival
 (:func:`rank`). Each pass the governor sends the profile layer when it expects the servers that
 hold GPUs to give them back (:class:`Release`, from their deadlines and idle state) and gets the
-line back (:class:`Waiting`: position, whether to start it now, the estimated wait).
+line back (:class:`Waiting`: position, whether to start it now, the estimated wait, what holds
+it back), with how many spawns the hub refused lately for want of a free GPU: the cluster
+report's demand (:func:`waiting_for_a_gpu`, :func:`refused_from_json`).
 
 Pure: the standard library only.
 """
@@ -34,6 +36,19 @@ STARTED, EXPIRED, CANCELLED = "started", "expired", "cancelled"
 OUTCOMES = (STARTED, EXPIRED, CANCELLED)
 # The hub scope of the governor's sync with the line (``POST /hub/api/gpu-gov/queue``).
 QUEUE_SCOPE = "custom:gpu-gov:queue"
+
+# What held a refused request back (``profiles.quota.Admission.limit``, sent with each request
+# in line): the cards (or the line for them), the user's cap, the team's borrowing limit; "" for a
+# refusal that waiting cannot change (no such tier, no quota, a tier not offered to the team).
+CAPACITY, USER_CAP, BORROWING, LINE = "capacity", "user-cap", "borrowing", "line"
+LIMITS = ("", CAPACITY, USER_CAP, BORROWING, LINE)
+# Waiting for a free GPU, not for a quota or a policy: the demand that makes partly allocated
+# cards fragmentation (``diagnose.cluster.Demand``).
+FOR_A_GPU = frozenset({CAPACITY, LINE})
+# The hub counts the spawns it refused for want of a free GPU over this window (``refused`` in
+# the sync's answer): long enough to see a morning's retries, short enough to be now.
+REFUSED_WITHIN = timedelta(hours=1)
+MAX_REFUSED = 100_000
 
 # A server the spawn queue started counts as opened once Hub activity comes this long after its
 # start (the Hub stamps activity itself while a server starts).
@@ -239,6 +254,7 @@ class Waiting:
     until: datetime | None = None  # the estimate (None: none known)
     estimate: str = ""  # the estimate in words
     sooner: tuple[str, ...] = field(default_factory=tuple)  # smaller tiers free now
+    limit: str | None = None  # what holds it back (LIMITS); None: not said (an older hub)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -251,6 +267,7 @@ class Waiting:
             "estimate_until": isoformat(self.until),
             "estimate": self.estimate,
             "sooner": list(self.sooner),
+            "limit": self.limit,
         }
 
     @classmethod
@@ -262,7 +279,9 @@ class Waiting:
         sooner = data.get("sooner") or []
         if not isinstance(sooner, list) or not all(_short(s) for s in sooner[:16]):
             raise QueueFormatError("'sooner' must be a list of tier names")
-        until = data.get("estimate_until")
+        until, limit = data.get("estimate_until"), data.get("limit")
+        if limit is not None and limit not in LIMITS:
+            raise QueueFormatError(f"'limit' must be one of {LIMITS} or null")
         return cls(
             request=request,
             position=position,
@@ -273,7 +292,27 @@ class Waiting:
             until=None if until is None else _time(data, "estimate_until"),
             estimate=_text(data.get("estimate")),
             sooner=tuple(sooner[:16]),
+            limit=limit,
         )
+
+
+def waiting_for_a_gpu(line: Sequence[Waiting]) -> int | None:
+    """How many requests in ``line`` wait for a free GPU (``FOR_A_GPU``), not for a quota or a
+    policy; None when one that waits does not say what for (an older hub): the count would
+    then be a guess."""
+    waiting = [w for w in line if not w.ready]
+    if any(w.limit is None for w in waiting):
+        return None
+    return sum(w.limit in FOR_A_GPU for w in waiting)
+
+
+def refused_from_json(value: Any) -> int | None:
+    """The sync answer's ``refused`` (None: an older hub, which does not count them)."""
+    if value is None:
+        return None
+    if not _whole(value) or not 0 <= value <= MAX_REFUSED:
+        raise QueueFormatError(f"'refused' must be a whole number from 0 to {MAX_REFUSED}")
+    return value
 
 
 def claim_by(

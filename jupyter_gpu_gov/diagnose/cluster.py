@@ -8,8 +8,9 @@ back, its shortfall against its node's fed state). Days are kept apart, so a rep
 last N days. O(1) per window; the report is O(teams x nodes x causes).
 
 ``fragmentation`` flags GPUs partly allocated while spawns wait for one: pending (the Hub is
-starting them, e.g. pods waiting for a node), queued (a spawn queue; none exists yet — the
-input is there for it) or refused for want of a free GPU (not for a quota: that is a policy).
+starting them, e.g. pods waiting for a node), queued (in the spawn queue for a card) or
+refused lately for want of a free GPU — not waiting for a quota: that is a policy
+(``core.queue.FOR_A_GPU``).
 A card counts by what is *allocated* on it, not by the memory in use: an exclusive whole card
 is allocated in full, however little memory its server uses, so it is never fragmented.
 """
@@ -127,8 +128,8 @@ class Demand:
     """Spawns that wait for a GPU; ``None``: not known (not measured where this runs)."""
 
     pending: int | None = None  # the Hub has been starting them a while (pods waiting)
-    queued: int | None = None  # in a spawn queue
-    refused: int | None = None  # refused for want of a free GPU (not for a quota)
+    queued: int | None = None  # in the spawn queue for a card (not for a quota)
+    refused: int | None = None  # refused lately for want of a free GPU, and not waiting in line
 
     @property
     def waiting(self) -> int:

@@ -42,7 +42,6 @@ from .policy_api import policy_handlers
 from .policy_page import policy_page_handlers
 from .prepared_auth import PreparedHubOAuth
 from .protocol_server import LISTEN_BACKLOG, ProtocolHTTPServer
-from .queue import QueueSync
 from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers, report_route
 from .settings import GovernorSettings
@@ -223,7 +222,6 @@ class GpuGovernor(GovernorSettings, Application):
 
     async def run(self) -> None:
         self.governor = self.make_governor()
-        self.queue = QueueSync(self.governor.hub, self.governor.store, self.dry_run)
         server = self.make_server(self.governor)
         self.log.info(
             "jupyter-gpu-gov %s governing (reconcile every %ss, %d policies, %s event loop%s)",
@@ -289,7 +287,7 @@ class GpuGovernor(GovernorSettings, Application):
         except Exception:
             self.log.exception("gpu-gov: reconcile failed; trying again next cycle")
         try:  # after the pass: its planned culls are the queue's estimates
-            await self.queue.sync()
+            await self.governor.spawn_queue.sync()
         except Exception:
             self.log.exception("gpu-gov: spawn queue sync failed; trying again next cycle")
         heap.after_pass()  # the pass's burst of memory back to the system

@@ -10,7 +10,9 @@ Queue time — started, expired or cancelled — is metered per team, tier and t
 (``jupyter_gpu_gov_queue_wait_seconds``). A server started from the line that nobody has opened
 yet rides on the verdicts of its owner's other servers (``line_starts``), so JupyterLab open on
 one of them says so. A hub without the profile layer has no line: the sync
-answers 404 and the governor stops asking until it restarts.
+answers 404 and the governor stops asking until it restarts. The last sync's requests waiting
+for a free GPU and the hub's recent refusals for want of one are the cluster report's demand
+(``queued``, ``refused``: fragmentation).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from ..core.queue import (
     Release,
     Waiting,
     claim_by,
+    refused_from_json,
     releases_to_json,
+    waiting_for_a_gpu,
 )
 from ..core.report import user_last_activity
 from ..core.wire import MAX_LINE_STARTS, MAX_TEXT, LineStart
@@ -129,6 +133,10 @@ class QueueSync:
     def __init__(self, hub: HubApi, store: Store, dry_run: bool = False):
         self.hub, self.store, self.dry_run = hub, store, dry_run
         self.absent = False  # no profile layer in this hub (or no scope for it): stop asking
+        # The cluster report's demand as of the last sync (``core.queue.waiting_for_a_gpu``,
+        # ``refused_from_json``): None before one, without a line, or when the hub cannot say.
+        self.queued: int | None = None
+        self.refused: int | None = None
         # Starts the Hub refused, by server: tried again after RETRY_AFTER, not every pass.
         self._refused: dict[str, datetime] = {}
 
@@ -137,6 +145,7 @@ class QueueSync:
             return []
         now = now or clock.utcnow()
         body = {"releases": releases_to_json(releases(self.store.servers(running_only=True)))}
+        self.queued = self.refused = None  # until this sync answers
         try:
             answer = await self.hub.request("POST", "gpu-gov/queue", body)
         except HubApiError as error:
@@ -171,6 +180,11 @@ class QueueSync:
                 line.append(Waiting.from_json(entry))
             except QueueFormatError as error:  # one bad entry never stops the others
                 log.warning("gpu-gov: spawn queue: an entry cannot be read: %s", error)
+        self.queued = waiting_for_a_gpu(line)
+        try:
+            self.refused = refused_from_json(answer.get("refused"))
+        except QueueFormatError as error:
+            log.warning("gpu-gov: spawn queue: %s", error)
         for entry in (answer.get("left") or [])[:10_000]:
             try:
                 departure = Departure.from_json(entry)

@@ -38,7 +38,7 @@ from .listing import FRESH_READS_LEAST, HubListing, fresh_reads
 from .options import Options
 from .ownership import base_view, resolve
 from .people import PeoplesRequests
-from .queue import line_starts
+from .queue import QueueSync, line_starts
 from .records import Records
 from .scopes import HubAccess
 from .store import Store
@@ -149,6 +149,8 @@ class Governor(
         # pods waiting for a GPU node), as of the last pass (``None`` before the first):
         # fragmentation is "GPUs partly used while spawns wait".
         self.spawns_waiting: int | None = None
+        # The spawn queue's sync after each pass (hub/app.py): the line's demand, too.
+        self.spawn_queue = QueueSync(hub, store, options.dry_run)
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None
 

@@ -272,15 +272,15 @@ class Views:
 
     def diagnosis_summary(self, days: int = 7) -> dict:
         """``GET api/diagnosis``: causes, their cost per team and node, fragmentation (cards by
-        what is allocated on them; spawns pending a GPU; no spawn queue or refusal record
-        exists yet to count)."""
+        what is allocated on them; spawns pending a GPU, waiting in line for one, or refused
+        for want of one lately: the spawn queue's last sync)."""
         running = [key for key, row in self.rows.items() if row.running]
         reports = [self.reports[key].report for key in running if key in self.reports]
         evidence = [e for records in self._context.by_uuid.values() for e in records]
         return self.diagnosis.summary(
             running,
             allocation(reports, evidence),
-            Demand(pending=self.spawns_waiting),
+            Demand(self.spawns_waiting, self.spawn_queue.queued, self.spawn_queue.refused),
             self.options.report_stale_after,
             teams={key: row.team or "" for key, row in self.rows.items()},
             days=days,

@@ -18,6 +18,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from ..core.queue import (
+    BORROWING,
+    CAPACITY,
+    LINE,
+    MAX_REFUSED,
+    REFUSED_WITHIN,
+    USER_CAP,
     Estimate,
     QueuedRequest,
     Release,
@@ -27,10 +33,6 @@ from ..core.queue import (
     rank,
 )
 from .quota import (
-    BORROWING,
-    CAPACITY,
-    LINE,
-    USER_CAP,
     Admission,
     Grant,
     Request,
@@ -61,6 +63,36 @@ class Forecast:
 
 
 FORECAST = Forecast()  # one hub process, one forecast
+
+
+class Refusals:
+    """Servers whose spawn admission refused for want of a free GPU (``FOR_A_GPU``) and that
+    neither joined the line nor started since, by when last refused: the cluster report's
+    ``refused`` demand, sent on each sync. Kept in the hub process, where the spawner refuses
+    (a restart forgets them); per server, so retrying one spawn counts once."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, datetime] = {}  # oldest refusal first
+
+    def refused(self, server: str, now: datetime) -> None:
+        self._at.pop(server, None)
+        self._at[server] = now
+        if len(self._at) > MAX_REFUSED:
+            del self._at[next(iter(self._at))]
+
+    def forget(self, server: str) -> None:
+        """It joined the line (counted there) or started."""
+        self._at.pop(server, None)
+
+    def count(self, now: datetime) -> int:
+        """Those refused within ``REFUSED_WITHIN`` (older ones are dropped)."""
+        since = now - REFUSED_WITHIN
+        while self._at and next(iter(self._at.values())) < since:
+            del self._at[next(iter(self._at))]
+        return len(self._at)
+
+
+REFUSED = Refusals()  # one hub process, one record
 
 
 def within_guarantee(
@@ -204,6 +236,7 @@ def line(
                 until=guess.until,
                 estimate=guess.words(now),
                 sooner=sooner(asked, usage, capacity, quotas, tiers, queued, now),
+                limit=admission.limit,
             )
         )
     return result

@@ -12,9 +12,12 @@ admission and the waiting requests (spawner state) live.
   as JSON.
 - ``POST /hub/api/gpu-gov/queue`` (the governor's sync, with ``custom:gpu-gov:queue``): it sends
   when it expects the servers holding GPUs to release them (``core.queue.releases_to_json``);
-  the hub gives expired requests back, and answers the line (ready ones first to start) and the
-  requests that left it since the last sync. The governor then starts the ready ones through the
-  Hub's REST API, with the choices recorded; the spawner decides again from a fresh count.
+  the hub gives expired requests back, and answers the line (ready ones first to start, each
+  with what holds it back: ``limit``), the requests that left it since the last sync, and how
+  many servers it refused for want of a free GPU within ``core.queue.REFUSED_WITHIN`` that did
+  not join the line or start since (``refused``: ``queue.Refusals``). The governor then starts
+  the ready ones through the Hub's REST API, with the choices recorded; the spawner decides
+  again from a fresh count.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from ..core.queue import (
 )
 from . import form
 from .config import GpuProfiles
-from .queue import FORECAST
+from .queue import FORECAST, REFUSED
 from .spawner import GOVERNOR_HEARD_WITHIN, GpuRefused, waiting_requests
 
 MAX_SYNC_BODY = 8 * 1024 * 1024
@@ -243,4 +246,6 @@ class QueueApiHandler(APIHandler):
         FORECAST.releases, FORECAST.at = releases, now
         _give_back_expired(self, now)
         left, FORECAST.left[:] = list(FORECAST.left), []
-        self.finish(json.dumps({"line": [w.to_json() for w in _line(self, now)], "left": left}))
+        line = [w.to_json() for w in _line(self, now)]
+        refused = REFUSED.count(now)
+        self.finish(json.dumps({"line": line, "left": left, "refused": refused}))

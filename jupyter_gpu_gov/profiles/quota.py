@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+# What held a refused request back (``Admission.limit``): defined with the queue's records,
+# which carry it to the governor.
+from ..core.queue import BORROWING, CAPACITY, USER_CAP
 from .tiers import Tier, check_entry
 
 _EPS = 1e-9
@@ -67,12 +70,6 @@ class Request:
     tier: str
 
 
-# What held a refused request back (``Admission.limit``): the cards (or the line for them), the
-# user's cap, the team's borrowing limit; "" for a refusal that waiting cannot change (no such
-# tier, no quota, a tier not offered to the team).
-CAPACITY, USER_CAP, BORROWING, LINE = "capacity", "user-cap", "borrowing", "line"
-
-
 @dataclass(frozen=True)
 class Admission:
     allowed: bool
@@ -80,7 +77,7 @@ class Admission:
     borrowed: bool = False
     # Borrowed grants whose release would let this request in, best to reclaim first.
     reclaim: tuple[Grant, ...] = ()
-    limit: str = ""  # why refused: CAPACITY, USER_CAP, BORROWING, LINE or "" (see above)
+    limit: str = ""  # why refused: CAPACITY, USER_CAP, BORROWING, LINE or "" (core.queue)
 
 
 @dataclass(frozen=True)

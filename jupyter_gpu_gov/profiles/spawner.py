@@ -38,6 +38,7 @@ from ..core.durations import parse_duration
 from ..core.grant import GRANT_STATE, user_may_choose
 from ..core.queue import (
     CANCELLED,
+    FOR_A_GPU,
     QUEUE_STATE,
     QueuedRequest,
     Waiting,
@@ -62,7 +63,7 @@ from ..core.vocabulary import (
 )
 from . import form
 from .config import GpuProfiles
-from .queue import FORECAST, QUEUEABLE, admit_in_line, line, offer, offer_words
+from .queue import FORECAST, QUEUEABLE, REFUSED, admit_in_line, line, offer, offer_words
 from .quota import Admission, Grant, Request, tier_use
 from .tiers import Tier
 
@@ -325,6 +326,12 @@ class GpuProfilesMixin:
         admission = self._gpu_admission(tier, team)
         if not admission.allowed:
             self.log.info("gpu-gov: refused %s: %s", self._log_name, admission.reason)
+            now = clock.utcnow()
+            waits = self._gpu_queued is not None and self._gpu_queued.live(now)
+            if admission.limit in FOR_A_GPU and not waits:  # one in line is counted there
+                REFUSED.refused(self._gpu_server_key(), now)
+            else:  # it now waits for a quota, or in line
+                REFUSED.forget(self._gpu_server_key())
             if admission.reclaim:
                 self._gpu_request_reclaim(admission.reclaim, team)
             message = admission.reason
@@ -352,6 +359,7 @@ class GpuProfilesMixin:
             decided = self._gpu_decide(options, teams)
             # Admitted: a server waiting in line leaves it (whatever it now starts with).
             waited, self._gpu_queued = self._gpu_queued, None
+            REFUSED.forget(self._gpu_server_key())
             if decided is not None:
                 tier, team, admission = decided
                 self.gpu_assign(tier)
@@ -502,6 +510,7 @@ class GpuProfilesMixin:
             team,
             admission.reason,
         )
+        REFUSED.forget(mine)  # counted in line from now on
         self.user_options = choices
         self._gpu_save(choices)
         return admission
