@@ -145,10 +145,11 @@ class QueueSync:
             return []
         now = now or clock.utcnow()
         body = {"releases": releases_to_json(releases(self.store.servers(running_only=True)))}
-        self.queued = self.refused = None  # until this sync answers
         try:
             answer = await self.hub.request("POST", "gpu-gov/queue", body)
         except HubApiError as error:
+            # Not known now (the last sync's figures kept while this one was under way).
+            self.queued = self.refused = None
             if error.status == 404:
                 self.absent = True
                 log.info("gpu-gov: the hub has no spawn queue (no profile layer)")
@@ -173,6 +174,7 @@ class QueueSync:
 
     def _read(self, answer) -> list[Waiting]:
         if not isinstance(answer, Mapping):
+            self.queued = self.refused = None
             return []
         line = []
         for entry in (answer.get("line") or [])[:10_000]:
@@ -184,6 +186,7 @@ class QueueSync:
         try:
             self.refused = refused_from_json(answer.get("refused"))
         except QueueFormatError as error:
+            self.refused = None
             log.warning("gpu-gov: spawn queue: %s", error)
         for entry in (answer.get("left") or [])[:10_000]:
             try:
