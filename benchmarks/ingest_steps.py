@@ -1,6 +1,6 @@
 """Where a report's CPU goes in the governor's own code, step by step, in one process.
 
-    python -m benchmarks.ingest_steps [--servers 2000] [--rounds 5] [--repeats 3]
+    python -m benchmarks.ingest_steps [--servers 2000] [--rounds 5] [--repeats 3] [--mix idle-repeat]
 
 The service as ``python -m jupyter_gpu_gov.hub`` builds it (``GpuGovernor.make_governor``, the
 same arguments as ``benchmarks.ingest``), against the fake Hub in this process, its start-up
@@ -15,6 +15,13 @@ set of rounds times the parts of ``Governor.ingest`` (each wrapped; the wrappers
 counts in ``ingest`` there, not in the first set's). The HTTP server's side of a request (the
 connection, the head, the answer) is not here: ``benchmarks.ingest`` measures the
 whole over HTTP.
+
+``--mix``: what the servers send, as ``benchmarks.ingest``'s (``moving``: every report moved
+from the last; ``idle-repeat``: idle servers repeat theirs but for ``sampled_at``). The passes
+between rounds are timed too (``pass_*``: this thread's CPU a pass, the servers it decided
+anew, and the pass per report, a pass a minute), from the third on (the first two see the
+servers' first reports); the collector runs as the service runs it (``hub.heap.start``: no
+full collection in a pass). The store's writer thread is not counted.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .ingest import IDLE_REPEAT, MOVING
 from .ingest_load import encode, report_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,22 +150,50 @@ def _wrap_parts(gov, clock: Clock) -> Callable[[], None]:
     return lambda: [u() for u in undo]
 
 
-async def _repeat(servers: int, rounds: int) -> tuple[dict[str, float], dict[str, float], Counter]:
+async def _pass(gov, passes: dict[str, list[float]], timed: bool) -> None:
+    """A pass, as the service runs one a minute; timed: its CPU and the servers it decided."""
+    govern, decided = gov._govern, 0
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal decided
+        decided += 1
+        return govern(*args, **kwargs)
+
+    gov._govern = counted
+    started = time.thread_time()
+    try:
+        await gov.reconcile()
+    finally:
+        del gov._govern
+    if timed:
+        passes["pass_ms"].append((time.thread_time() - started) * 1000)
+        passes["pass_decided"].append(decided)
+
+
+async def _repeat(
+    servers: int, rounds: int, mix: str = MOVING
+) -> tuple[dict[str, float], dict[str, float], Counter, dict[str, float]]:
     from jupyter_gpu_gov.core import clock as gov_clock
+    from jupyter_gpu_gov.hub import heap
 
     with tempfile.TemporaryDirectory(prefix="bench-ingest-steps-") as workdir:
         hub, gov, users = await _governor(workdir, servers)
+        collections = heap.start()
+        idle_as_of = gov_clock.utcnow() if mix == IDLE_REPEAT else None
         try:
             totals: dict[str, list[float]] = defaultdict(list)
             parts: dict[str, list[float]] = defaultdict(list)
+            passes: dict[str, list[float]] = defaultdict(list)
             states: Counter = Counter()
             for phase in ("totals", "parts"):
                 undo = None
                 for k in range(rounds):
-                    await gov.reconcile()  # a pass a minute, as deployed: untimed
+                    await _pass(gov, passes, timed=k >= 2)  # a pass a minute, as deployed
                     gov_clock.advance(ROUND_S)
                     now = gov_clock.utcnow()
-                    bodies = [encode(report_for(u, i, now)) for i, u in enumerate(users)]
+                    bodies = [
+                        encode(report_for(u, i, now, idle_as_of)) for i, u in enumerate(users)
+                    ]
                     clock = Clock()
                     if phase == "parts":
                         if undo is not None:
@@ -173,22 +209,25 @@ async def _repeat(servers: int, rounds: int) -> tuple[dict[str, float], dict[str
                 if undo is not None:
                     undo()
         finally:
+            heap.stop(collections)
             await gov.close()
             hub.stop()
     return (
         {k: statistics.median(v) for k, v in totals.items()},
         {k: statistics.median(v) for k, v in parts.items()},
         states,
+        {k: statistics.median(v) for k, v in passes.items()},
     )
 
 
-def run(servers: int = 2000, rounds: int = 5, repeats: int = 3) -> dict:
-    """Median CPU µs per report of each step, over ``repeats`` fresh governors, and the
-    measured reports' verdicts by state."""
+def run(servers: int = 2000, rounds: int = 5, repeats: int = 3, mix: str = MOVING) -> dict:
+    """Median CPU µs per report of each step, over ``repeats`` fresh governors, the measured
+    reports' verdicts by state, and the passes' CPU (from the third pass, with ``rounds`` of 3
+    or more)."""
     runs = []
     for _ in range(repeats):
-        runs.append(asyncio.run(_repeat(servers, rounds)))
-    out: dict[str, Any] = {"servers": servers, "rounds": rounds, "repeats": repeats}
+        runs.append(asyncio.run(_repeat(servers, rounds, mix)))
+    out: dict[str, Any] = {"servers": servers, "rounds": rounds, "repeats": repeats, "mix": mix}
     for name in TOTALS:
         values = [r[0].get(name, 0.0) for r in runs]
         out[f"{name}_us"] = round(statistics.median(values), 1)
@@ -198,6 +237,13 @@ def run(servers: int = 2000, rounds: int = 5, repeats: int = 3) -> dict:
         out[f"ingest.{name}_us"] = round(statistics.median(r[1].get(name, 0.0) for r in runs), 1)
     states = sum((r[2] for r in runs), Counter())
     out["verdicts"] = ",".join(f"{k}:{v}" for k, v in sorted(states.items()))
+    if all(r[3] for r in runs):
+        pass_ms = [r[3]["pass_ms"] for r in runs]
+        out["pass_ms"] = round(statistics.median(pass_ms), 1)
+        out["pass_ms_runs"] = "/".join(f"{v:.0f}" for v in pass_ms)
+        out["pass_decided"] = round(statistics.median(r[3]["pass_decided"] for r in runs))
+        # A pass a minute, a report a server a minute: the pass's CPU per report.
+        out["pass_us_per_report"] = round(out["pass_ms"] * 1000 / servers, 1)
     return out
 
 
@@ -208,8 +254,9 @@ def main(argv: list[str] | None = None) -> None:
         "--rounds", type=int, default=5, help="reports per server (the 1st unmeasured)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="fresh governors")
+    parser.add_argument("--mix", default=MOVING, choices=(MOVING, IDLE_REPEAT))
     args = parser.parse_args(argv)
-    result = run(args.servers, args.rounds, args.repeats)
+    result = run(args.servers, args.rounds, args.repeats, args.mix)
     print("ingest_steps:", " ".join(f"{k}={v}" for k, v in result.items()))
 
 

@@ -42,6 +42,31 @@ def test_ingest_steps_times_each_step_of_every_report_answered():
     parts = [figures[f"ingest.{name}_us"] for name, _ in ingest_steps.PARTS]
     assert all(p > 0 for p in parts)
     assert sum(parts) <= figures["ingest.ingest_us"]  # the parts are inside ingest
+    # Every report moved: each pass from the third decides every server anew.
+    assert figures["pass_decided"] == 30 and figures["pass_ms"] > 0
+
+
+def test_ingest_steps_idle_repeat_passes_decide_the_busy_servers_not_every_one():
+    from benchmarks import ingest_steps
+    from benchmarks.ingest_load import is_busy
+
+    figures = ingest_steps.run(servers=30, rounds=3, repeats=1, mix="idle-repeat")
+    assert figures["mix"] == "idle-repeat"
+    # Busy servers' reports move: decided anew. Idle ones' repeat: their kept decisions hold
+    # (but those whose time came: some of these 30 reach their warning in these minutes).
+    assert sum(map(is_busy, range(30))) <= figures["pass_decided"] < 30
+    assert figures["pass_us_per_report"] > 0
+
+
+def test_hub_check_times_both_ways_of_asking_the_hub_who_a_token_is():
+    """Each check's answer names the token's user (``run`` asserts it); only the sign of the CPU
+    figures is checked here."""
+    from benchmarks import hub_check
+
+    figures = hub_check.run(checks=30, rounds=1, event_loop="asyncio")
+    assert figures["checks"] == 30
+    for name in ("hubauth", "raw"):
+        assert figures[f"{name}_us"] > 0 and figures[f"{name}_us_per_report"] > 0, name
 
 
 def test_the_idle_repeat_mix_repeats_idle_servers_reports_and_moves_busy_ones():
