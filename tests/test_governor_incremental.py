@@ -359,6 +359,16 @@ async def test_a_kept_decision_keeps_no_report_but_the_latest(tmp_path, monkeypa
         await gov.reconcile()
         assert decided[0] == before  # its decision held
 
+        # A kernel message moved the kernel's own last activity (a widget's comm, an output):
+        # no decision reads it (the owner's presence is the server's last_activity).
+        frozen[0] += timedelta(minutes=1)
+        moved = report_for("user0", uuid, sm=0.9)
+        moved["targets"][0]["last_activity"] = clock.isoformat(frozen[0])
+        gov.ingest(moved)
+        assert gov.unchanged.kept[key].received is gov.reports[key]
+        await gov.reconcile()
+        assert decided[0] == before
+
         frozen[0] += timedelta(minutes=1)
         gov.ingest(report_for("user0", uuid, sm=0.0))  # its GPU went idle
         assert key not in gov.unchanged.kept

@@ -49,7 +49,7 @@ class Kept:
 # by right-sizing, which the verdict reads live). ``decide`` reads neither. The rest of each
 # kept section (``hub.ingest.Section``, absent fields too), compared at once.
 _MOVING = frozenset(("sampled_at", "targets"))
-_MOVING_TARGET = frozenset(("cpu", "gpu"))
+_MOVING_TARGET = frozenset(("last_activity", "cpu", "gpu"))
 _MOVING_GPU = frozenset(("last_active",))
 
 
