@@ -30,6 +30,7 @@ from jupyter_gpu_gov.diagnose.features import (
     Window,
     in_context,
     is_running,
+    parse_value,
     read_windows,
     to_vector,
     windows_from_report,
@@ -1116,6 +1117,32 @@ def test_cli_reads_a_file_in_any_row_order_as_in_time_order(windows_file, tmp_pa
     assert main(["diagnose", str(shuffled)]) == 0
     by_server = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert by_server == [in_time[i] for i in order]
+
+
+def test_times_in_milliseconds_to_nanoseconds_read_as_seconds(windows_file, tmp_path, capsys):
+    """pandas writes times in JSON as milliseconds since 1970 (``date_unit`` may say micro- or
+    nanoseconds): their size tells the unit, and the file reads as one in seconds does (its
+    windows' context is found by time)."""
+    path, rows = windows_file
+    assert main(["diagnose", str(path)]) == 0
+    in_seconds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert all(w.t is None or w.t > 1e9 for w, _ in rows)  # since 1970, as a real file's
+    for unit in (1_000, 1_000_000, 1_000_000_000):
+        scaled = tmp_path / f"t-{unit}.jsonl"
+        scaled.write_text(
+            "".join(
+                json.dumps({**w.as_dict(), "t": None if w.t is None else w.t * unit}) + "\n"
+                for w, _ in rows
+            )
+        )
+        assert main(["diagnose", str(scaled)]) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [line.pop("t") for line in lines] == [
+            None if w.t is None else pytest.approx(w.t) for w, _ in rows
+        ]
+        assert lines == [{k: v for k, v in line.items() if k != "t"} for line in in_seconds]
+    assert parse_value("t", "1764892800000") == 1_764_892_800.0
+    assert parse_value("t", 120.0) == 120.0  # a trace's own clock, in seconds
 
 
 def test_cli_says_once_what_a_file_does_not_measure(windows_file, tmp_path, capsys):

@@ -6,7 +6,9 @@ Columns (every value may be missing, ``None``):
 =============== ============================================================================
 ``node``        the machine (or card) the server runs on; models are per node
 ``server``      ``user/`` or ``user/name``
-``t``           seconds, the window's end
+``t``           seconds, the window's end (since 1970, or on the trace's own clock; an ISO
+                8601 time; milliseconds to nanoseconds since 1970, as pandas writes times
+                in JSON, are told by their size)
 ``sm_active``   0..1, SM activity of the server's GPU work (DCGM ``SM_ACTIVE`` where there is
                 one, else the report's per-target ``sm``)
 ``dram_active`` 0..1, DCGM ``DRAM_ACTIVE`` (the share of cycles the device memory interface
@@ -388,7 +390,22 @@ def parse_value(column: str, raw: Any) -> Any:
         raise ValueError(f"must be in [0, 1], got {raw!r}")
     if column in _NON_NEGATIVE and value < 0:
         raise ValueError(f"must be >= 0, got {raw!r}")
+    if column == "t":
+        return _seconds(value)
     return value
+
+
+# A time since 1970 in seconds stays under 1e11 until the year 5138, and one in milliseconds has
+# been over it since 1973: a time's size tells its unit (pandas writes times in JSON as
+# milliseconds; ``date_unit`` may make them micro- or nanoseconds).
+_TIME_UNITS = ((1e17, 1e-9), (1e14, 1e-6), (1e11, 1e-3))
+
+
+def _seconds(t: float) -> float:
+    for above, scale in _TIME_UNITS:
+        if abs(t) >= above:
+            return t * scale
+    return t
 
 
 def _timestamp(text: str) -> float:
