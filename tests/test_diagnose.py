@@ -178,7 +178,7 @@ def test_read_jsonl_and_by_content(tmp_path):
 def test_files_written_by_other_tools_read_the_same(tmp_path):
     """What spreadsheets, pandas and csv.writer write: a byte-order mark, capitalised headers,
     ``nan``/``NA``/``null`` for a missing value, ``True``, ISO times; in JSON Lines ``NaN`` and a
-    numbered node. Each reads as the plain file does."""
+    numbered node; a flag as ``1.0``, ``t`` or ``busy``. Each reads as the plain file does."""
     plain = "node,server,t,sm_active,gpu_mem_frac,kernel_busy\nn1,a/,1796378400,,0.5,true\n"
     other = (
         "\ufeffNode, Server ,T,SM_Active,GPU_MEM_FRAC,Kernel_Busy\r\n"
@@ -192,6 +192,12 @@ def test_files_written_by_other_tools_read_the_same(tmp_path):
         assert read_windows(io.StringIO(text)) == [Window(server="a/")]
     jsonl = '{"node": 3, "server": "a/", "t": "2026-12-04T10:00:00", "sm_active": NaN}\n'
     assert read_windows(io.StringIO(jsonl)) == [Window(node="3", server="a/", t=1796378400.0)]
+    # A flag as pandas (a column with gaps made numbers), SQL exports and Jupyter say it.
+    for busy, idle in (("1.0", "0.0"), ("t", "f"), ("Y", "N"), ("busy", "idle")):
+        text = f"server,kernel_busy\na/,{busy}\nb/,{idle}\n"
+        assert [w.kernel_busy for w in read_windows(io.StringIO(text))] == [True, False]
+    flags = '{"server": "a/", "kernel_busy": 1.0}\n{"server": "b/", "kernel_busy": 0.0}\n'
+    assert [w.kernel_busy for w in read_windows(io.StringIO(flags))] == [True, False]
 
 
 @pytest.mark.parametrize(

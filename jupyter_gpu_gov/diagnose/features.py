@@ -86,8 +86,10 @@ _FRACTIONS = frozenset(
 )
 _NON_NEGATIVE = frozenset({"pcie_mb_s", "cpu_cores", "read_mb_s", "user_idle_s"})
 _BOOLEANS = frozenset({"kernel_busy"})
-_TRUE = frozenset({"true", "1", "yes"})
-_FALSE = frozenset({"false", "0", "no"})
+# As other tools write a flag: pandas (1.0 where a column with gaps became numbers), SQL
+# exports (t/f), and the kernel's own state.
+_TRUE = frozenset({"true", "1", "1.0", "yes", "y", "t", "busy"})
+_FALSE = frozenset({"false", "0", "0.0", "no", "n", "f", "idle"})
 # Cells that say "no value", as spreadsheets, pandas and Python's own str(float("nan")) write it.
 _MISSING = frozenset({"", "nan", "na", "n/a", "null", "none"})
 
@@ -366,7 +368,7 @@ def parse_value(column: str, raw: Any) -> Any:
     if column in _BOOLEANS:
         if isinstance(raw, bool):
             return raw
-        if isinstance(raw, int) and raw in (0, 1):
+        if isinstance(raw, int | float) and raw in (0, 1):
             return bool(raw)
         if isinstance(raw, str) and raw.lower() in _TRUE | _FALSE:
             return raw.lower() in _TRUE
