@@ -1178,7 +1178,8 @@ def test_cli_says_once_what_a_file_does_not_measure(windows_file, tmp_path, caps
 
 def test_windows_of_unnamed_servers_are_not_read_as_one_servers(windows_file):
     """Without ``server`` a window's earlier windows are not known: it is read alone, not
-    smoothed with other servers' windows on its node, and no task's best is learnt from it."""
+    smoothed with other servers' windows on its node, and no task's best is learnt from it;
+    its node becomes its own reference by its windows."""
     _, rows = windows_file
     running = [w for w, _ in rows if is_running(w) and w.t is not None]
     a, b = (replace(w, server=None, node="n1") for w in running[:2])
@@ -1188,6 +1189,15 @@ def test_windows_of_unnamed_servers_are_not_read_as_one_servers(windows_file):
     assert in_context(named)[1].cpu_cores == pytest.approx(1.55)  # the same server's: smoothed
     model = Diagnoser().fit([replace(w, server=None) for w, _ in rows])
     assert model.tasks == {} and model.trained_on > 0
+    # How many servers a node has seen is unknown: it becomes its own reference by its
+    # windows alone. One named server's windows never make a node's reference.
+    one = Diagnoser().fit([replace(w, server="a/") for w, _ in rows])
+    for fitted, mature in ((model, True), (one, False)):
+        refs = [r for r in fitted.nodes.values() if r.windows >= fitted.min_node_windows]
+        assert refs and all(
+            (r.maturity(fitted.min_node_windows, fitted.min_node_servers) == 1.0) is mature
+            for r in refs
+        )
 
 
 def test_cli_baseline_and_a_saved_model(windows_file, tmp_path, capsys):

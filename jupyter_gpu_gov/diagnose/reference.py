@@ -280,6 +280,8 @@ class NodeReference:
     def maturity(self, windows: int, servers: int) -> float:
         """0..1: how far this reference has seen enough windows *and* enough servers (a node
         whose only history is one server knows that server, not the node)."""
+        if self.servers == {None}:  # no window names its server: how many there are is unknown
+            return min(1.0, self.windows / windows)
         return min(1.0, self.windows / windows, len(self.servers) / servers)
 
     def refresh(self) -> None:
