@@ -9,7 +9,9 @@ from datetime import timedelta
 import pytest
 from fake_hub_api import ADMIN_SCOPES, FakeHub
 from hub_harness import hub_fixture
+from tornado import web
 from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.hub.hubapi import NO_RESPONSE, HubApi, HubApiError, HubServer
@@ -341,6 +343,32 @@ async def test_connections_to_the_hub_are_kept_between_requests(monkeypatch):
         api.close()
     assert api.request_count == 40
     assert 1 <= len(accepted) <= 4  # at most one a request in flight
+
+
+async def test_closing_with_a_request_in_flight_leaves_nothing_to_fire(caplog):
+    """The service stops mid-pass: closing the client while a request to the Hub is in flight
+    leaves no timer behind to fire on the closed client (with libcurl: a traceback at exit)."""
+
+    class Slow(web.RequestHandler):
+        async def get(self, *_):
+            await asyncio.sleep(1)
+            self.finish("{}")
+
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(web.Application([(r"/hub/api/(.*)", Slow)]))
+    server.add_sockets(sockets)
+    api = HubApi(f"http://127.0.0.1:{sockets[0].getsockname()[1]}/hub/api", "t")
+    try:
+        for _ in range(3):
+            request = asyncio.ensure_future(api.request("GET", "users"))
+            await asyncio.sleep(0.05)  # sent, not answered
+            api.close()
+            await asyncio.sleep(0.3)  # where the left timer fired
+            request.cancel()
+    finally:
+        server.stop()
+    errors = [r for r in caplog.records if r.name == "tornado.application"]
+    assert errors == [], errors[0].getMessage()
 
 
 async def test_unreachable_hub():

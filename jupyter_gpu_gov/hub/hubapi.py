@@ -23,7 +23,18 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.httputil import url_concat
 
 try:  # libcurl keeps connections to the Hub open between requests; tornado's own client does not
-    from tornado.curl_httpclient import CurlAsyncHTTPClient as _Client
+    from tornado.curl_httpclient import CurlAsyncHTTPClient
+
+    class _Client(CurlAsyncHTTPClient):
+        def close(self) -> None:
+            super().close()
+            # libcurl, closing a request still in flight (the service stopping mid-pass), asks
+            # for one more timer after tornado removed the last: it would fire on the closed
+            # client, a traceback as the service exits.
+            if self._timeout is not None:
+                self.io_loop.remove_timeout(self._timeout)
+                self._timeout = None
+
 except ImportError:  # pycurl not installed: a new connection (and DNS lookup) per request
     from tornado.simple_httpclient import SimpleAsyncHTTPClient as _Client
 
