@@ -68,6 +68,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hub_harness import MARKER_ENV, RUN_MARKER  # processes the sweeps end
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop
@@ -75,7 +76,6 @@ from tornado.netutil import bind_sockets
 
 KUBERNETES_VERSION = "1.32"  # the schemas objects are validated against
 HISTORY = 1000  # watch events kept for resourceVersion replays
-MARKER_ENV = "JUPYTER_GPU_GOV_HARNESS_ID"  # processes the harness's sweep ends (hub_harness)
 
 KINDS = {  # plural -> (kind, namespaced)
     "pods": ("Pod", True),
@@ -901,7 +901,7 @@ class FakeKubernetes:
             "KUBERNETES_SERVICE_HOST": "",
             **self.extra_env,
         }
-        for marker in (MARKER_ENV,):
+        for marker in (MARKER_ENV, RUN_MARKER):  # a pod's processes are the test run's
             if marker in os.environ:
                 env[marker] = os.environ[marker]
         for var in container.get("env") or []:
