@@ -286,9 +286,14 @@ def abstentions(rows, diagnoses, maturity) -> dict:
     }
 
 
+def without_columns(rows, columns) -> list:
+    """``rows`` with ``columns`` missing from every window, as a file without them reads."""
+    return [(replace(w, **dict.fromkeys(columns)), truth) for w, truth in rows]
+
+
 def design_columns(rows) -> list:
     """``rows`` with the columns beyond the base ones (``OPTIONAL``) missing."""
-    return [(replace(w, **dict.fromkeys(OPTIONAL)), truth) for w, truth in rows]
+    return without_columns(rows, OPTIONAL)
 
 
 # -- the table -------------------------------------------------------------------------------------
@@ -302,8 +307,7 @@ def run(args) -> dict:
     }
     tests[H200] = h200_rows()
     if args.without:  # as a file without those columns reads (``features.unmeasured``)
-        tests = {e: [(replace(w, **dict.fromkeys(args.without)), t) for w, t in rows]
-                 for e, rows in tests.items()}  # fmt: skip
+        tests = {e: without_columns(rows, args.without) for e, rows in tests.items()}
     tuned, seconds = {SHIPPED: PHYSICAL}, {SHIPPED: 0.0}
     for name in args.tune_on if args.tune_on is not None else names:
         started = time.perf_counter()
