@@ -275,10 +275,11 @@ class GpuProfilesMixin:
             if conf.allow_no_gpu:
                 return None
             raise GpuRefused("Choose a GPU tier: this hub offers no server without a GPU.")
-        tier = conf.tier_map.get(profile)
+        # Any JSON through the REST API: a list or an object is no tier's name.
+        tier = conf.tier_map.get(profile) if isinstance(profile, str) else None
         if tier is None:
             offered = ", ".join(conf.tier_map) or "none"
-            raise GpuRefused(f"There is no GPU tier {profile!r}. Choose one of: {offered}.")
+            raise GpuRefused(f"There is no GPU tier {profile!r:.60}. Choose one of: {offered}.")
         if not teams:
             raise GpuRefused(
                 "You are in no team with GPU access. Ask your hub admin to add you to a team "
@@ -287,7 +288,7 @@ class GpuProfilesMixin:
         team = options.get("team") or (teams[0] if len(teams) == 1 else None)
         if team not in teams:
             raise GpuRefused(
-                f"You are not in team {team!r}; choose one of: {', '.join(teams)}."
+                f"You are not in team {team!r:.60}; choose one of: {', '.join(teams)}."
                 if team
                 else f"Choose the team this server is for: {', '.join(teams)}."
             )
