@@ -165,6 +165,8 @@ def _sample(row: dict, line: int) -> Sample:
     started = None if row.get("started") is None else _number(row, "started")
     if started is not None and not started <= t:
         raise ValueError(f"field 'started': {row['started']!r} is after 't' (seconds)")
+    if started is not None and not abs(started) < _T_LIMIT:
+        raise ValueError(f"field 'started': {row['started']!r} is out of range (seconds)")
     connections = row.get("connections", 0)
     if isinstance(connections, bool) or not isinstance(connections, int) or connections < 0:
         raise ValueError(f"field 'connections': expected a whole number >= 0, got {connections!r}")
