@@ -214,6 +214,7 @@ def test_files_written_by_other_tools_read_the_same(tmp_path):
         ('{"server": 3.5}\n', "line 1, column server: expected a string"),
         ('{"sm_active": 0.1}\n[1]\n', "line 2: expected a JSON object"),
         ('{"sm_active": 0.1}\n{bad\n', "line 2: not JSON"),
+        ('{"sm_active": 0.1}\n' + "[" * 100_000 + "\n", "line 2: not JSON (nested"),
     ],
 )
 def test_a_bad_value_names_line_and_column(text, where):

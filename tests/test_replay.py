@@ -359,6 +359,7 @@ def test_reader_defaults_and_unknown_keys():
         ('{"server": "a/"}', ["line 2", "'t'"]),
         ('{"t": 0, "server": "a/"}', ["line 2", "'t'", "does not come after"]),
         ('{"t": 60, "server": "a/", "started": -1e20}', ["line 2", "'started'", "out of range"]),
+        ("[" * 100_000, ["line 2", "not valid JSON", "nested"]),
         ('{"t": 60, "server": "a/", "reports": "yes"}', ["line 2", "'reports'"]),
         ('{"t": 60, "server": "a/", "labels": {"x": [1]}}', ["line 2", "'labels.x'"]),
         ('{"t": 60, "server": "a/", "cpu_cores": -1}', ["line 2", "'cpu_cores'", ">= 0"]),

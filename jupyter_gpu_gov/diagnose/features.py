@@ -350,6 +350,8 @@ def _jsonl_rows(text: str) -> Iterator[tuple[int, dict]]:
             row = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"line {number}: not JSON ({error.msg})") from None
+        except RecursionError:
+            raise ValueError(f"line {number}: not JSON (nested too deep)") from None
         if not isinstance(row, dict):
             raise ValueError(f"line {number}: expected a JSON object, got {type(row).__name__}")
         yield number, row

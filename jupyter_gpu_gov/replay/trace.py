@@ -114,6 +114,8 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Iterator[Sampl
             row = json.loads(text)
         except json.JSONDecodeError as error:
             raise TraceError(f"{source}: line {number}: not valid JSON ({error.msg})") from None
+        except RecursionError:
+            raise TraceError(f"{source}: line {number}: not valid JSON (nested too deep)") from None
         if not isinstance(row, dict):
             raise TraceError(f"{source}: line {number}: expected a JSON object")
         try:
