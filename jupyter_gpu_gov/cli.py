@@ -177,9 +177,10 @@ def _trace(path: str) -> Callable[[], Iterator[Sample]]:
     if path != "-" and os.path.isfile(path):
         return lambda: read_trace(path)
     if path == "-":
+        sys.stdin.reconfigure(errors="surrogateescape")  # a byte not UTF-8: its line is named
         lines, source = sys.stdin.readlines(), "<stdin>"
     else:
-        with open(path, encoding="utf-8") as file:
+        with open(path, encoding="utf-8", errors="surrogateescape") as file:
             lines, source = file.readlines(), path
     return lambda: parse_lines(lines, source=source)
 

@@ -214,6 +214,7 @@ def test_files_written_by_other_tools_read_the_same(tmp_path):
         ('{"server": 3.5}\n', "line 1, column server: expected a string"),
         ('{"sm_active": 0.1}\n[1]\n', "line 2: expected a JSON object"),
         ('{"sm_active": 0.1}\n{bad\n', "line 2: not JSON"),
+        ('{"sm_active": 0.1}\n' + "[" * 100_000 + "\n", "line 2: not JSON (nested"),
     ],
 )
 def test_a_bad_value_names_line_and_column(text, where):
@@ -1235,6 +1236,27 @@ def test_cli_bad_file_exits_2_naming_line_and_column(tmp_path, capsys, name, tex
     assert main(["diagnose", str(path)]) == EXIT_USAGE
     out, err = capsys.readouterr()
     assert out == "" and where in err
+
+
+@pytest.mark.parametrize(
+    "name, text, where",
+    [
+        ("latin1.csv", "server,sm_active\na/,0.5\njos\xe9/,0.5\n", "line 3, character 4"),
+        (
+            "latin1.jsonl",
+            '{"server": "a/", "sm_active": 0.5}\n{"server": "jos\xe9/", "sm_active": 0.5}\n',
+            "line 2, character 16",
+        ),
+    ],
+)
+def test_cli_a_file_that_is_not_utf8_names_its_line_and_column(tmp_path, capsys, name, text, where):
+    """A file saved as Latin-1 (``josé`` as one byte) is refused naming the file and where, as
+    a bad value is; nothing is printed."""
+    path = tmp_path / name
+    path.write_bytes(text.encode("latin-1"))
+    assert main(["diagnose", str(path)]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and f"{path}: {where}: not UTF-8" in err, err
 
 
 def test_cli_missing_file_and_bad_model(tmp_path, capsys):

@@ -371,6 +371,32 @@ async def test_closing_with_a_request_in_flight_leaves_nothing_to_fire(caplog):
     assert errors == [], errors[0].getMessage()
 
 
+async def test_a_page_that_is_not_json_is_an_error_naming_what_came():
+    """A proxy in front of the Hub answers its own HTML page (a login, a maintenance page)
+    with 200: each read is a HubApiError that says so, as for a Hub that does not answer;
+    once an AttributeError ('str' object has no attribute 'get') from deep in a pass, and
+    a 500 to the report that asked whether the Hub runs its server."""
+
+    class Page(web.RequestHandler):
+        def get(self, *_):
+            self.set_header("Content-Type", "text/html")
+            self.finish("<html><title>Sign in</title></html>")
+
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(web.Application([(r"/hub/api/(.*)", Page)]))
+    server.add_sockets(sockets)
+    api = HubApi(f"http://127.0.0.1:{sockets[0].getsockname()[1]}/hub/api", "t")
+    try:
+        for read in (api.list_servers, lambda: api.get_user("alice"), api.get_groups):
+            with pytest.raises(HubApiError) as e:
+                await read()
+            assert e.value.status == 200
+            assert "not JSON" in str(e.value) and "<title>Sign in</title>" in str(e.value)
+    finally:
+        api.close()
+        server.stop()
+
+
 async def test_unreachable_hub():
     async with FakeHub() as hub:
         url = hub.api_url

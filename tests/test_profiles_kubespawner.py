@@ -711,6 +711,60 @@ async def test_start_over_the_per_user_cap_names_what_the_user_holds(hub, pod_ap
     assert "Stop one of your servers" in message
 
 
+async def test_a_spawn_not_yet_admitted_counts_as_nothing_whatever_its_options_say(hub, pod_api):
+    """JupyterHub records a spawn's ``user_options`` as the user sent them, and marks the
+    server started, before ``Spawner.start`` admits it (``FakeHub.started``). Until admission
+    rewrites them they are the user's words: grant keys forged there must neither use up
+    a team's quota nor break the admission of anyone else."""
+    for name in ("v1", "v2", "mallory", "alice"):
+        hub.user(name, "vision")
+    for name in ("v1", "v2"):  # the team's guarantee; one more may be borrowed
+        await hub.started(hub.spawner(name), {"profile": "h100"}).start()
+    forged = {"profile": "h100", "gpu-gov/tier": "h100", "gpu-gov/team": "vision"}
+    hub.started(hub.spawner("mallory"), {**forged, "gpu-gov/borrowed": "true"})
+    hub.started(hub.spawner("mallory", "odd"), {**forged, "gpu-gov/tier": ["h100"]})
+
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100"})
+    await alice.start()
+
+    assert alice.user_options["gpu-gov/borrowed"] == "true"  # the one borrowed card is hers
+    assert alice._log_name in pod_api
+
+
+HUGE = "x" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"profile": ["h100"]}, "There is no GPU tier ['h100']. Choose one of: h100,"),
+        ({"profile": {"slug": "h100"}}, "There is no GPU tier {'slug': 'h100'}. Choose one of"),
+        ({"profile": HUGE}, "There is no GPU tier 'xxxxx"),
+        ({"profile": "h100", "team": HUGE}, "You are not in team 'xxxxx"),
+        ({"profile": "h100", "project": HUGE}, "Project 'xxxxx"),
+        ({"profile": "h100", "task_type": HUGE}, "A H100 80 GB server may be for: interactive;"),
+        ({"profile": "h100", "expected_duration": HUGE}, "Expected duration 'xxxxx"),
+    ],
+    ids=["list", "object", "huge-profile", "team", "project", "task-type", "duration"],
+)
+async def test_a_choice_that_cannot_be_granted_is_refused_naming_it_briefly(
+    hub, pod_api, options, words
+):
+    """The REST API takes any JSON as ``user_options``: a profile that is a list or an object
+    is no tier, and a choice of 100,000 characters is named in a few dozen (the refusal shows
+    on the spawn page, in the API's answer and in the Hub's log). Nothing starts."""
+    hub.user("alice", "vision")
+    alice = hub.started(hub.spawner("alice"), options)
+
+    with pytest.raises(GpuRefused) as refused:
+        await alice.start()
+
+    message = refused.value.jupyterhub_message
+    assert message.startswith(words), message[:300]
+    assert len(message) < 400, len(message)
+    assert alice._log_name not in pod_api
+
+
 async def test_user_in_no_team_is_refused_a_gpu_but_may_start_without_one(hub, pod_api):
     hub.user("eve")
     hub.group("staff", team=False)

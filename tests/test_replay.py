@@ -358,6 +358,8 @@ def test_reader_defaults_and_unknown_keys():
         ('{"t": 60, "server": "a"}', ["line 2", "'server'"]),
         ('{"server": "a/"}', ["line 2", "'t'"]),
         ('{"t": 0, "server": "a/"}', ["line 2", "'t'", "does not come after"]),
+        ('{"t": 60, "server": "a/", "started": -1e20}', ["line 2", "'started'", "out of range"]),
+        ("[" * 100_000, ["line 2", "not valid JSON", "nested"]),
         ('{"t": 60, "server": "a/", "reports": "yes"}', ["line 2", "'reports'"]),
         ('{"t": 60, "server": "a/", "labels": {"x": [1]}}', ["line 2", "'labels.x'"]),
         ('{"t": 60, "server": "a/", "cpu_cores": -1}', ["line 2", "'cpu_cores'", ">= 0"]),
@@ -415,6 +417,29 @@ def test_cli_malformed_trace_prints_nothing_and_exits_2(tmp_path):
     assert result.returncode == 2
     assert result.stdout == ""
     assert f"line {len(good)}" in result.stderr and "gpu_sm" in result.stderr
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_cli_a_trace_that_is_not_utf8_names_its_line(tmp_path, source):
+    """A trace saved as Latin-1 (``josé`` as one byte): the line and column are named, exit 2,
+    nothing printed; once a traceback."""
+    good = (TRACES / "zombie_open_tab.jsonl").read_bytes().splitlines()
+    latin1 = '{"t": 0, "server": "jos\xe9/"}'.encode("latin-1")
+    trace = b"\n".join([*good[:2], latin1, *good[2:]]) + b"\n"
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(trace)
+    args = [str(path)] if source == "file" else ["-"]
+    result = subprocess.run(
+        [*CLI, "replay", *args],
+        input=trace if source == "stdin" else None,
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = result.stderr.decode()
+    assert (result.returncode, result.stdout) == (2, b""), stderr
+    assert "line 3, character 24: not UTF-8 (byte 0xe9)" in stderr and "Traceback" not in stderr, (
+        stderr
+    )
 
 
 def test_cli_bad_policy_exits_2(config):

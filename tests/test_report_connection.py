@@ -28,6 +28,13 @@ class Governor(web.RequestHandler):
         self.seen.append((self.request.connection, report))
         if "slow" in report:
             await asyncio.sleep(report["slow"])
+        if "answer" in report:  # not the governor: a proxy's page, a redirect to a login
+            status, body = report["answer"]
+            self.set_status(status)
+            if status == 302:
+                self.set_header("Location", "/hub/login")
+            self.finish(body)
+            return
         if "bad" in report:
             self.set_status(400)
             self.finish({"status": 400, "message": "invalid report: 'server.user' is required"})
@@ -89,6 +96,31 @@ async def test_reports_share_one_connection_and_errors_still_name_the_field():
         assert refused.value.status == 400 and "'server.user'" in refused.value.message
         assert (await s.reporter.send({"n": 9}))["n"] == 9  # a 400 does not cost the connection
         assert len(set(s.streams())) == 1
+
+
+@pytest.mark.parametrize("report_interval", [5.0, 600.0], ids=["kept", "per-report"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (200, "<html><title>Sign in</title></html>"),
+        (302, ""),
+        (200, "[1, 2]"),
+        (200, "{}"),
+        (200, '{"verdict": null}'),
+        (200, '{"verdict": "active"}'),
+    ],
+    ids=["page", "redirect", "list", "no-verdict", "null", "text"],
+)
+async def test_an_answer_without_a_verdict_is_an_error_naming_it(report_interval, answer):
+    """What answers in the governor's place (a proxy's page, a redirect to a login, JSON that
+    is no verdict) is a GovernorError, which the server logs as a report not accepted; once a
+    KeyError or TypeError out of the sampling tick, or a verdict that was not one."""
+    async with reporting(report_interval=report_interval) as s:
+        with pytest.raises(GovernorError) as error:
+            await s.reporter.send({"n": 1, "answer": answer})
+        assert error.value.status == answer[0]
+        assert "no verdict" in error.value.message, error.value.message
+        assert (await s.reporter.send({"n": 2}))["n"] == 2
 
 
 async def test_a_connection_the_governor_closed_meanwhile_costs_no_report():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -17,6 +18,8 @@ from tornado.httpclient import HTTPClientError
 
 from jupyter_gpu_gov import simulate
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.vocabulary import STATES
+from jupyter_gpu_gov.events import VERDICT_SCHEMA_ID
 
 pytestmark = pytest.mark.timeout(120)
 SECOND = timedelta(seconds=1)
@@ -469,6 +472,43 @@ class GovernorAsking:
     async def send(self, report: dict) -> dict:
         self.reports.append(report)
         return {"state": "checkpointing", "checkpoint": "requested", "requests": self.requests}
+
+
+@pytest.mark.parametrize("state", [*STATES, "hibernated"])
+async def test_a_verdict_in_any_state_reaches_the_frontend_and_its_requests_are_done(
+    jp_serverapp, start_kernel, monkeypatch, state
+):
+    """With JupyterLab open (a subscriber to the server's events), each verdict is emitted as
+    an event, which validates it against the verdict schema. A state the schema did not list
+    (``busy``: the busy limit; ``gpu-failed``) failed the emit, so the verdict's requests
+    were never done: the busy limit's interrupt never came. A state this server does not know
+    (a newer governor's) is no event, and its requests are still done."""
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    kernel = await start_kernel()
+    interrupted = []
+    monkeypatch.setattr(jp_serverapp.kernel_manager, "interrupt_kernel", interrupted.append)
+    when = "2026-01-05T09:00:00.000Z"
+    asked = {"interrupt_kernels": {"requested_at": when, "kernels": [kernel.id]}}
+
+    class Governor:
+        async def send(self, report: dict) -> dict:
+            return {"state": state, "checkpoint": "none", "requests": asked}
+
+    emitted = []
+    handler = logging.Handler()
+    handler.emit = emitted.append  # as the frontend's subscription: a handler of the events
+    jp_serverapp.event_logger.register_handler(handler)
+    app.reporter = Governor()
+    try:
+        await app.send_report(await app.latest_report(refresh=True))
+        deadline = time.monotonic() + 20
+        while app._request_tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        jp_serverapp.event_logger.remove_handler(handler)
+    assert interrupted == [kernel.id]
+    verdicts = [r.msg for r in emitted if r.msg.get("__schema__") == VERDICT_SCHEMA_ID]
+    assert [v["state"] for v in verdicts] == ([state] if state in STATES else [])
 
 
 async def test_the_server_does_what_its_verdict_asks_and_only_to_its_own_kernels(

@@ -287,11 +287,15 @@ def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None
     if isinstance(source, str | os.PathLike):
         path = os.fspath(source)
         if path == "-":
+            sys.stdin.reconfigure(errors="surrogateescape")  # as a file: see below
             return read_windows(sys.stdin, name="<stdin>")
-        with open(path, encoding="utf-8", newline="") as file:
+        # A byte that is not UTF-8 is read as a surrogate, so its line can be named.
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as file:
             return read_windows(file, name=path)
     text = source.read().removeprefix("\ufeff")  # a byte-order mark (Excel's "CSV UTF-8")
     name = name or getattr(source, "name", "<input>")
+    if not text.isascii():
+        _utf8(text, name)
     lower = str(name).lower()
     if lower.endswith(".csv"):
         kind = "csv"
@@ -301,6 +305,20 @@ def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None
         kind = "jsonl" if text.lstrip().startswith("{") else "csv"
     rows = _csv_rows(text) if kind == "csv" else _jsonl_rows(text)
     return [_window(row, line, name) for line, row in rows]
+
+
+def _utf8(text: str, name: str) -> None:
+    """Raise ``ValueError`` naming the line and character of the first byte of ``text`` that
+    was not UTF-8 (a surrogate, as ``errors="surrogateescape"`` reads it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        at = error.start
+        line, start = text.count("\n", 0, at) + 1, text.rfind("\n", 0, at) + 1
+        raise ValueError(
+            f"{name}: line {line}, character {at - start + 1}: not UTF-8 (byte "
+            f"{ord(text[at]) & 0xFF:#04x}): save the file as UTF-8"
+        ) from None
 
 
 def _csv_rows(text: str) -> Iterator[tuple[int, dict]]:
@@ -332,6 +350,8 @@ def _jsonl_rows(text: str) -> Iterator[tuple[int, dict]]:
             row = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"line {number}: not JSON ({error.msg})") from None
+        except RecursionError:
+            raise ValueError(f"line {number}: not JSON (nested too deep)") from None
         if not isinstance(row, dict):
             raise ValueError(f"line {number}: expected a JSON object, got {type(row).__name__}")
         yield number, row

@@ -287,11 +287,14 @@ class HubApi:
 
     @staticmethod
     def _error(method: str, reply: _Reply) -> HubApiError:
+        """An error status, or an answer that is not JSON (a proxy's own page, even with 200:
+        the Hub's API answers JSON or nothing)."""
         data = reply.data
         if isinstance(data, dict) and data.get("message"):
             message = str(data["message"])  # JupyterHub's {"status": …, "message": …}
         elif isinstance(data, str) and data.strip():
             message = data.strip()[:500]
+            message = f"not JSON: {message}" if reply.status < 400 else message
         else:
             message = reply.reason
         return HubApiError(reply.status, message, method=method, url=reply.url)
@@ -310,7 +313,7 @@ class HubApi:
         ``body`` is sent as JSON. Raises :class:`HubApiError` for any status from 400 on.
         """
         reply = await self._send(method, path, body, params=params, headers=headers)
-        if reply.status >= 400:
+        if reply.status >= 400 or isinstance(reply.data, str):
             raise self._error(method, reply)
         return reply.data
 
@@ -398,7 +401,7 @@ class HubApi:
         reply = await self._send("GET", f"/users/{_q(user)}")
         if reply.status == 404:
             return None
-        if reply.status >= 400:
+        if reply.status >= 400 or isinstance(reply.data, str):
             raise self._error("GET", reply)
         return reply.data
 

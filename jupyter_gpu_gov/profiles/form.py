@@ -61,7 +61,7 @@ def check_task_type(task_type: Any, tier: Tier) -> None:
     if task_type is not None and task_type not in tier.task_types:
         allowed = ", ".join(tier.task_types)
         raise FormError(
-            f"A {tier.display_name} server may be for: {allowed}; {task_type!r} is not one of "
+            f"A {tier.display_name} server may be for: {allowed}; {task_type!r:.60} is not one of "
             f"them (task types: {', '.join(TASK_TYPES)})."
         )
 
@@ -77,7 +77,7 @@ def check_expected_duration(value: Any, tier: Tier, bound: timedelta) -> timedel
         limit, what = tier.max_age, f"{tier.display_name}'s maximum age"
     if expected < timedelta(minutes=1) or expected > limit:
         raise FormError(
-            f"Expected duration {value!r}: give 1m to {format_duration(limit)} ({what}), or "
+            f"Expected duration {value!r:.60}: give 1m to {format_duration(limit)} ({what}), or "
             "leave it empty."
         )
     return expected
@@ -85,12 +85,12 @@ def check_expected_duration(value: Any, tier: Tier, bound: timedelta) -> timedel
 
 def _duration(value: Any) -> timedelta:
     if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise FormError(f"Expected duration {value!r} is not a duration: use e.g. 90m, 6h, 2d.")
+        raise FormError(f"Expected duration {value!r:.60} is not a duration: use e.g. 90m, 6h, 2d.")
     try:
         return parse_duration(value, "Expected duration")
     except ValueError:
         raise FormError(
-            f"Expected duration {value!r} is not a duration: use e.g. 90m, 6h, 2d."
+            f"Expected duration {value!r:.60} is not a duration: use e.g. 90m, 6h, 2d."
         ) from None
 
 
@@ -104,7 +104,7 @@ def check_project(project: Any) -> None:
     """Raise ``FormError`` unless ``project`` can be a label value (and a showback key)."""
     if not isinstance(project, str) or not _PROJECT.match(project):
         raise FormError(
-            f"Project {project!r} cannot be used: use letters, digits, '-', '_' and '.', "
+            f"Project {project!r:.60} cannot be used: use letters, digits, '-', '_' and '.', "
             "starting and ending with a letter or digit, at most 63 characters."
         )
 

@@ -6,8 +6,9 @@ Mix ``GpuProfilesMixin`` in front of a spawner class. It gives the spawner
   whether a server would borrow (``options_form`` / ``options_from_form``);
 - admission at ``start()``: a fresh count of the hub's started servers, ``quota.admit``, and the
   grant (``gpu-gov/tier``, ``team``, ``project``, ``borrowed``, ``max-age``) recorded in the
-  spawner's *state*, which only the Hub writes and where the governor and the pod labels read
-  it (``core.grant``), with a copy in ``user_options`` for the Hub's pages and quota counts. Of
+  spawner's *state*, which only the Hub writes and where the governor, the pod labels and
+  the next admission's count read it (``core.grant``), with a copy in ``user_options`` for the
+  Hub's pages. Of
   what a user sends in ``user_options`` only their choices are kept (``core.grant.
   USER_CHOICES``): a ``gpu-gov/exempt`` sent through the REST API is dropped. The count, the
   decision and the record happen without an ``await`` in between, so concurrent spawns in the
@@ -36,6 +37,7 @@ from tornado import web
 from ..core import clock
 from ..core.durations import parse_duration
 from ..core.grant import GRANT_STATE, user_may_choose
+from ..core.grant import labels as granted
 from ..core.queue import (
     CANCELLED,
     FOR_A_GPU,
@@ -220,16 +222,21 @@ class GpuProfilesMixin:
         return teams or ([conf.default_team] if conf.default_team else [])
 
     def gpu_usage(self) -> list[Grant]:
-        """Every started server of the hub that holds a tier (this one excluded)."""
+        """Every started server of the hub that holds a tier (this one excluded).
+
+        Each grant is read from the spawner's state, where admission recorded it: JupyterHub
+        saves a spawn's ``user_options`` as the user sent them, and marks the server started,
+        before ``start()`` admits it, so until then they are the user's words (forged grant keys
+        there once used up a team's quota, and a tier that was a list failed every admission)."""
         conf = self.gpu_profiles
         tiers, quotas = conf.tier_map, conf.quota_map
         grants = []
-        for row_id, name, user, options, started in (
+        for row_id, name, user, state, started in (
             self.user.db.query(
                 orm.Spawner.id,
                 orm.Spawner.name,
                 orm.User.name,
-                orm.Spawner.user_options,
+                orm.Spawner.state,
                 orm.Spawner.started,
             )
             .join(orm.User, orm.Spawner.user_id == orm.User.id)
@@ -237,7 +244,7 @@ class GpuProfilesMixin:
         ):  # columns in one query: loading each row's user would be a query per server
             if self.orm_spawner is not None and row_id == self.orm_spawner.id:
                 continue
-            options = options or {}
+            options = granted(state)
             tier, team = tiers.get(options.get(TIER)), options.get(TEAM)
             if tier is None:
                 continue
@@ -268,10 +275,11 @@ class GpuProfilesMixin:
             if conf.allow_no_gpu:
                 return None
             raise GpuRefused("Choose a GPU tier: this hub offers no server without a GPU.")
-        tier = conf.tier_map.get(profile)
+        # Any JSON through the REST API: a list or an object is no tier's name.
+        tier = conf.tier_map.get(profile) if isinstance(profile, str) else None
         if tier is None:
             offered = ", ".join(conf.tier_map) or "none"
-            raise GpuRefused(f"There is no GPU tier {profile!r}. Choose one of: {offered}.")
+            raise GpuRefused(f"There is no GPU tier {profile!r:.60}. Choose one of: {offered}.")
         if not teams:
             raise GpuRefused(
                 "You are in no team with GPU access. Ask your hub admin to add you to a team "
@@ -280,7 +288,7 @@ class GpuProfilesMixin:
         team = options.get("team") or (teams[0] if len(teams) == 1 else None)
         if team not in teams:
             raise GpuRefused(
-                f"You are not in team {team!r}; choose one of: {', '.join(teams)}."
+                f"You are not in team {team!r:.60}; choose one of: {', '.join(teams)}."
                 if team
                 else f"Choose the team this server is for: {', '.join(teams)}."
             )

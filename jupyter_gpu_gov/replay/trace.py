@@ -96,7 +96,8 @@ class Sample:
 
 def read_trace(path: str) -> Iterator[Sample]:
     """Stream the samples of a trace file; raise ``TraceError`` at the first bad line."""
-    with open(path, encoding="utf-8") as file:
+    # A byte that is not UTF-8 reaches parse_lines as a surrogate: it names the line.
+    with open(path, encoding="utf-8", errors="surrogateescape") as file:
         yield from parse_lines(file, source=path)
 
 
@@ -107,10 +108,14 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Iterator[Sampl
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
+        if not text.isascii():
+            _utf8(text, f"{source}: line {number}")
         try:
             row = json.loads(text)
         except json.JSONDecodeError as error:
             raise TraceError(f"{source}: line {number}: not valid JSON ({error.msg})") from None
+        except RecursionError:
+            raise TraceError(f"{source}: line {number}: not valid JSON (nested too deep)") from None
         if not isinstance(row, dict):
             raise TraceError(f"{source}: line {number}: expected a JSON object")
         try:
@@ -126,6 +131,19 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Iterator[Sampl
             )
         last_t[sample.server] = sample.t
         yield sample
+
+
+def _utf8(text: str, where: str) -> None:
+    """Raise ``TraceError`` where ``text`` (read with ``errors="surrogateescape"``) holds a byte
+    that is not UTF-8: JSON would take it as part of a server's name."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        byte = ord(text[error.start]) & 0xFF
+        raise TraceError(
+            f"{where}, character {error.start + 1}: not UTF-8 (byte {byte:#04x}): save the "
+            "trace as UTF-8"
+        ) from None
 
 
 def _sample(row: dict, line: int) -> Sample:
@@ -149,6 +167,8 @@ def _sample(row: dict, line: int) -> Sample:
     started = None if row.get("started") is None else _number(row, "started")
     if started is not None and not started <= t:
         raise ValueError(f"field 'started': {row['started']!r} is after 't' (seconds)")
+    if started is not None and not abs(started) < _T_LIMIT:
+        raise ValueError(f"field 'started': {row['started']!r} is out of range (seconds)")
     connections = row.get("connections", 0)
     if isinstance(connections, bool) or not isinstance(connections, int) or connections < 0:
         raise ValueError(f"field 'connections': expected a whole number >= 0, got {connections!r}")

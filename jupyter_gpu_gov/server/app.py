@@ -465,21 +465,18 @@ class GpuGovApp(ExtensionApp):
             "started_from_line",
         )
         if previous is None or any(previous.get(k) != verdict.get(k) for k in watched):
+            self._emit_verdict(verdict)
+
+    def _emit_verdict(self, verdict: dict) -> None:
+        # The event is validated against its schema when the frontend listens: a verdict it
+        # refuses (a newer governor's state) must not stop the verdict's requests being done.
+        keys = ("state", "reason", "warn_at", "cull_at", "extensions_left", "checkpoint", "policy")
+        try:
             self.serverapp.event_logger.emit(
-                schema_id=VERDICT_SCHEMA_ID,
-                data={
-                    k: verdict.get(k)
-                    for k in (
-                        "state",
-                        "reason",
-                        "warn_at",
-                        "cull_at",
-                        "extensions_left",
-                        "checkpoint",
-                        "policy",
-                    )
-                },
+                schema_id=VERDICT_SCHEMA_ID, data={k: verdict.get(k) for k in keys}
             )
+        except Exception as error:
+            self.log.warning("jupyter-gpu-gov: verdict event not sent: %s", str(error)[:300])
 
     async def run_checkpoint(
         self,

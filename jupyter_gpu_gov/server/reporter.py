@@ -57,8 +57,7 @@ class Reporter:
     async def send(self, report: dict) -> dict:
         """POST the report; return the verdict."""
         if self.connection is None or self.connection.busy:  # busy: a slow governor
-            body = await self._call("POST", "api/reports", report)
-            return body["verdict"]
+            return _verdict(*await self._call_with_status("POST", "api/reports", report))
         try:
             status, answer = await self.connection.post(
                 "api/reports",
@@ -70,10 +69,7 @@ class Reporter:
             raise GovernorError(
                 599, f"the governor at {self.base} did not answer: {why!r}"
             ) from None
-        data = _answer_json(answer)
-        if status >= 400:
-            raise GovernorError(status, data.get("message", ""))
-        return data["verdict"]
+        return _verdict(status, _answer_json(answer))
 
     def close(self) -> None:
         if self.connection is not None:
@@ -88,12 +84,6 @@ class Reporter:
         return await self._call_with_status(
             "POST", f"{_server_path(user, name)}/stop", {"reason": reason}
         )
-
-    async def _call(self, method: str, path: str, body: dict) -> dict:
-        status, data = await self._call_with_status(method, path, body)
-        if status >= 400:
-            raise GovernorError(status, data.get("message", ""))
-        return data
 
     async def _call_with_status(self, method: str, path: str, body: dict) -> tuple[int, dict]:
         request = HTTPRequest(
@@ -118,10 +108,26 @@ class Reporter:
 
 
 def _answer_json(body: bytes | None) -> dict:
+    """The answer's JSON object; anything else (a proxy's page) as a message, its start."""
     try:
-        return json.loads(body) if body else {}
+        data = json.loads(body) if body else {}
     except ValueError:
-        return {"message": body[:200].decode(errors="replace")}
+        data = None
+    if isinstance(data, dict):
+        return data
+    return {"message": (body or b"")[:200].decode(errors="replace")}
+
+
+def _verdict(status: int, data: dict) -> dict:
+    """The verdict an answer carries; a ``GovernorError`` for an error, or for an answer with
+    none (what answers in the governor's place: a proxy's page, a redirect to a login)."""
+    verdict = data.get("verdict")
+    if status < 400 and isinstance(verdict, dict):
+        return verdict
+    message = str(data.get("message") or "")
+    if status < 400:
+        message = f"no verdict in the answer{': ' if message else ''}{message}"
+    raise GovernorError(status, message)
 
 
 class ReportConnection:
