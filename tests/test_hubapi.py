@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import timedelta
 
@@ -392,6 +393,59 @@ async def test_a_page_that_is_not_json_is_an_error_naming_what_came():
                 await read()
             assert e.value.status == 200
             assert "not JSON" in str(e.value) and "<title>Sign in</title>" in str(e.value)
+    finally:
+        api.close()
+        server.stop()
+
+
+async def test_a_model_that_cannot_be_read_leaves_out_that_server_not_the_others(caplog):
+    """One odd model in the Hub's listing (a time that is not ISO 8601, groups that are not a
+    list, a user without a name, servers that are not an object) once stopped the whole pass
+    with a ValueError or TypeError: no server was governed. Now that server is left out of the
+    pass, named in the log, and every other server is listed as before; an activity the
+    incremental listing cannot read lists everything rather than stopping early."""
+    now = clock.utcnow().replace(microsecond=0)
+    good = {"name": "", "ready": True, "url": "/user/ann/", "started": clock.isoformat(now)}
+    users = [
+        {"name": "ann", "last_activity": clock.isoformat(now), "groups": [], "servers": {"": good}},
+        {"name": "bob", "last_activity": "yesterday", "servers": {"": good | {"started": "x1"}}},
+        {"name": "cy", "groups": 5, "servers": {"": good}},
+        {"name": "dee", "servers": ["not", "an", "object"]},
+        {"name": "eve", "servers": {"": good, "gpu": good | {"user_options": "a100"}}},
+        {"servers": {"": good}},
+        "a string",
+    ]
+
+    class Users(web.RequestHandler):
+        def get(self):
+            self.finish(json.dumps(users))
+
+    class Root(web.RequestHandler):
+        def get(self):
+            self.finish({"version": "5.2.1"})
+
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(web.Application([(r"/hub/api/users", Users), (r"/hub/api/?", Root)]))
+    server.add_sockets(sockets)
+    api = HubApi(f"http://127.0.0.1:{sockets[0].getsockname()[1]}/hub/api", "t")
+    try:
+        with caplog.at_level("WARNING"):
+            assert sorted(s.key for s in await api.list_servers()) == ["ann/", "eve/"]
+        said = caplog.text
+        assert "'started' is not an ISO 8601 time: 'x1'" in said and "'bob'" in said
+        assert "'groups' is not a list of names" in said and "'cy'" in said
+        assert "'servers' is not an object" in said and "'dee'" in said
+        assert "'user_options' is a str" in said and "'gpu'" in said
+        assert said.count("a user without a name") == 2
+
+        listing = HubListing(full_every=100)
+        await listing.plan(api, False, [])
+        assert [s.key async for s in listing.servers(api)] == ["ann/", "eve/"]
+        await listing.plan(api, False, [])
+        assert not listing.full  # between full listings: what moved, sorted by activity
+        keys = [s.key async for s in listing.servers(api)]
+        assert listing.full and sorted(keys) == ["ann/", "eve/"]  # bob's activity: list all
+        assert listing.sorts  # only this pass: the Hub still sorts
     finally:
         api.close()
         server.stop()

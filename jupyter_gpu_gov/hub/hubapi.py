@@ -91,20 +91,68 @@ class HubServer:
     def from_models(
         cls, user: Mapping[str, Any], name: str, server: Mapping[str, Any]
     ) -> HubServer:
+        """The server ``name`` of a user model; ``ValueError`` naming the field that is not
+        what JupyterHub sends (the listing leaves that server out, not the pass)."""
+        where = f"the Hub's model of server {name!r:.80} of user {user.get('name')!r:.80}"
+        if not isinstance(user.get("name"), str) or not user["name"] or not isinstance(name, str):
+            raise ValueError(f"{where}: no user or server name")
+        if not isinstance(server, Mapping):
+            raise ValueError(f"{where}: not an object")
+        groups = user.get("groups") or ()
+        if not isinstance(groups, list | tuple) or not all(isinstance(g, str) for g in groups):
+            raise ValueError(f"{where}: 'groups' is not a list of names")
+        for key, kind in (("url", str), ("pending", str), ("user_options", Mapping)):
+            if server.get(key) is not None and not isinstance(server[key], kind):
+                raise ValueError(f"{where}: {key!r} is a {type(server[key]).__name__}")
+        if not isinstance(server.get("state"), Mapping | None):
+            raise ValueError(f"{where}: 'state' is a {type(server['state']).__name__}")
         return cls(
             user=user["name"],
             name=name,
             admin=bool(user.get("admin")),
-            groups=tuple(user.get("groups") or ()),
+            groups=tuple(groups),
             url=server.get("url") or "",
-            started=clock.parse(server.get("started")),
-            last_activity=clock.parse(server.get("last_activity")),
+            started=_time(server, "started", where),
+            last_activity=_time(server, "last_activity", where),
             user_options=server.get("user_options") or {},
             pending=server.get("pending"),
             # Hubs before 0.9 had no 'ready': a URL meant the server was up.
             ready=bool(server.get("ready", bool(server.get("url")))),
             spawner_state=server.get("state"),
         )
+
+
+def _time(model: Mapping[str, Any], key: str, where: str) -> datetime | None:
+    """An ISO 8601 time of the Hub's (UTC where it names no offset), or None."""
+    try:
+        return clock.parse(model.get(key))
+    except (TypeError, ValueError, AttributeError):
+        raise ValueError(f"{where}: {key!r} is not an ISO 8601 time: {model[key]!r:.60}") from None
+
+
+def is_user_model(user: Any) -> bool:
+    """Whether a listed item is a user model with a name (else logged: the listing skips it)."""
+    if isinstance(user, Mapping) and isinstance(user.get("name"), str) and user["name"]:
+        return True
+    log.warning("gpu-gov: the Hub listed a user without a name, left out: %.120r", user)
+    return False
+
+
+def servers_of(user: Mapping[str, Any]) -> list[HubServer]:
+    """The servers of a user model the Hub listed. One that cannot be read is logged and left
+    out: one odd model must not stop the pass for every other server (a server left out is
+    not decided this pass: nothing is done to it)."""
+    models = user.get("servers") or {}
+    if not isinstance(models, Mapping):
+        log.warning("gpu-gov: the Hub's model of user %.80r: 'servers' is not an object", user)
+        return []
+    servers = []
+    for name, model in models.items():
+        try:
+            servers.append(HubServer.from_models(user, name, model))
+        except ValueError as error:
+            log.warning("gpu-gov: %s: left out of this pass", error)
+    return servers
 
 
 class _Reply(NamedTuple):
@@ -375,7 +423,7 @@ class HubApi:
         seen: set[str] = set()
         async for user in self.paginate("/users", {"state": state}):
             # Offset pages shift when users come and go between two requests: skip repeats.
-            if user["name"] not in seen:
+            if is_user_model(user) and user["name"] not in seen:
                 seen.add(user["name"])
                 yield user
 
@@ -391,8 +439,7 @@ class HubApi:
         """Like ``list_servers``, page by page: a caller can work on one page while the next
         is fetched."""
         async for user in self.iter_users(state):
-            for name, model in (user.get("servers") or {}).items():
-                server = HubServer.from_models(user, name, model)
+            for server in servers_of(user):
                 if state != "ready" or server.ready:
                     yield server
 

@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 
 from ..core import clock
 from ..core.policy import HUB_ACTIVITY_LAG
-from .hubapi import HubApi, HubServer
+from .hubapi import HubApi, HubServer, is_user_model, servers_of
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -127,7 +127,17 @@ class HubListing:
         params = {"state": state, "sort": "-last_activity"}
         newest: datetime | None = None
         async for user in hub.paginate("/users", params):
-            when = clock.parse(user.get("last_activity"))
+            if not is_user_model(user):
+                continue
+            try:
+                when = clock.parse(user.get("last_activity"))
+            except (TypeError, ValueError, AttributeError):  # no order to trust: list all
+                log.warning(
+                    "gpu-gov: user %.80r: activity %.60r unread",
+                    user["name"],
+                    user["last_activity"],
+                )
+                raise UnsortedListing from None
             if when is not None and newest is not None and when > newest:
                 # Not in the order asked for: never stop early on a listing out of order.
                 log.warning("gpu-gov: the Hub does not sort users by activity: listing all")
@@ -149,12 +159,8 @@ class UnsortedListing(Exception):
 
 
 def _servers_of(user: dict, waiting: set[str]) -> list[HubServer]:
-    servers = []
-    for name, model in (user.get("servers") or {}).items():
-        server = HubServer.from_models(user, name, model)
-        if server.pending or not server.ready:
-            waiting.add(server.user)
-        servers.append(server)
+    servers = servers_of(user)
+    waiting.update(server.user for server in servers if server.pending or not server.ready)
     return servers
 
 
@@ -162,7 +168,7 @@ async def _ask(hub: HubApi, users: Collection[str]) -> list[dict]:
     """The models of these users (the Hub client bounds the requests in flight); a user the
     Hub no longer has is left out (their servers are gone)."""
     models = await asyncio.gather(*(hub.get_user(name) for name in sorted(users)))
-    return [model for model in models if model]
+    return [model for model in models if model and is_user_model(model)]
 
 
 async def _sorts_by_activity(hub: HubApi) -> bool:
