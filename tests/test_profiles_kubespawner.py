@@ -765,6 +765,27 @@ async def test_a_choice_that_cannot_be_granted_is_refused_naming_it_briefly(
     assert alice._log_name not in pod_api
 
 
+async def test_keys_a_user_may_not_set_are_dropped_and_named_in_one_short_line(
+    hub, pod_api, caplog
+):
+    """Keys a user may not set (a grant's, or any other) are dropped at admission and named
+    in the Hub's log; 10,000 of them, each 1,000 characters long, once made a 10 MB line."""
+    hub.user("alice", "vision")
+    junk = {f"k{i:05d}" + "x" * 1000: 1 for i in range(10_000)}
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100", "gpu-gov/exempt": "true", **junk})
+
+    with caplog.at_level("WARNING"):
+        await alice.start()
+
+    assert "gpu-gov/exempt" not in alice.user_options
+    assert not any(k.startswith("k0") for k in alice.user_options)
+    [line] = [r.getMessage() for r in caplog.records if "may not set" in r.getMessage()]
+    assert line.startswith(
+        "gpu-gov: alice: ignored user_options a user may not set: gpu-gov/exempt, k00000"
+    )
+    assert line.count("k0000") == 9 and line.endswith(" and 9991 more") and len(line) < 1000
+
+
 async def test_user_in_no_team_is_refused_a_gpu_but_may_start_without_one(hub, pod_api):
     hub.user("eve")
     hub.group("staff", team=False)

@@ -22,6 +22,7 @@ from traitlets.config import SingletonConfigurable
 
 from ..core import health
 from ..core.grant import DEVICES_STATE, GPUS_STATE
+from ..core.grant import labels as granted
 from ..core.models import Device
 from ..gpu.backends import CHOICES, make_backend
 from .quota import Grant
@@ -128,15 +129,16 @@ class LocalGpuMixin(GpuProfilesMixin):
         return LocalGpus.instance(config=self.config)
 
     def _held(self) -> dict[str, list[str]]:
-        """Device UUID → tiers of the other started servers holding it."""
+        """Device UUID → tiers of the other started servers holding it, as admission recorded
+        them in the state (``user_options`` are the user's words until admission)."""
         held: dict[str, list[str]] = {}
-        rows = self.user.db.query(
-            orm.Spawner.id, orm.Spawner.user_options, orm.Spawner.state
-        ).filter(orm.Spawner.started.isnot(None))
-        for row_id, options, state in rows:
+        rows = self.user.db.query(orm.Spawner.id, orm.Spawner.state).filter(
+            orm.Spawner.started.isnot(None)
+        )
+        for row_id, state in rows:
             if self.orm_spawner is not None and row_id == self.orm_spawner.id:
                 continue
-            tier = (options or {}).get(TIER, "")
+            tier = granted(state).get(TIER, "")
             for uuid in (state or {}).get(DEVICES_STATE, ()):
                 held.setdefault(uuid, []).append(tier)
         return held

@@ -356,11 +356,12 @@ class GpuProfilesMixin:
         # The user's choices only; what an earlier spawn was granted is decided anew.
         options = {k: v for k, v in sent.items() if user_may_choose(k)}
         ignored = sorted(str(k) for k in sent.keys() - options.keys() - set(GRANT_KEYS))
-        if ignored:
+        if ignored:  # named in one bounded line: the keys are the user's
             self.log.warning(
                 "gpu-gov: %s: ignored user_options a user may not set: %s",
                 self._log_name,
-                ", ".join(ignored),
+                ", ".join(k[:40] for k in ignored[:10])
+                + (f" and {len(ignored) - 10} more" if len(ignored) > 10 else ""),
             )
         self._gpu_granted = None
         try:
