@@ -881,16 +881,28 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
     failure (said on stderr)."""
     from urllib.error import HTTPError, URLError
     from urllib.parse import urlencode
-    from urllib.request import Request, urlopen
+    from urllib.request import HTTPRedirectHandler, Request, build_opener
+
+    class NotFollowed(HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None  # urllib would send the token on, to wherever the answer points
 
     if not args.token:
         return _fail("a token is needed: --token or $JUPYTERHUB_API_TOKEN", command)
     url = f"{args.url.rstrip('/')}/api/{path}?{urlencode(query)}"
     request = Request(url, headers={"Authorization": f"token {args.token}"})
     try:
-        with urlopen(request, timeout=60) as response:
+        with build_opener(NotFollowed).open(request, timeout=60) as response:
             return response.read().decode()
     except HTTPError as error:
+        if 300 <= error.code < 400:
+            where = str(error.headers.get("Location", "?"))[:200]
+            return _fail(
+                f"{url}: HTTP {error.code}: redirected to {where}, not followed (the token goes "
+                "only to --url): give the governor's own URL, e.g. "
+                "https://HUB/services/gpu-gov/",
+                command,
+            )
         detail = error.read().decode(errors="replace")
         with contextlib.suppress(ValueError, AttributeError):
             detail = json.loads(detail).get("message", detail)

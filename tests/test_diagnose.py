@@ -1339,6 +1339,42 @@ def test_cli_cluster_report_from_the_service(capsys):
     assert "spawns waiting: 1 (starting 0, in line 1, refused in the last hour unknown)" in text
 
 
+def test_cli_cluster_report_never_sends_the_token_where_a_redirect_points(capsys):
+    """A wrong ``--url`` (a login page, a proxy sending the client elsewhere) answers with a
+    redirect. urllib followed it with the ``Authorization`` header, to any host: the admin's
+    token went wherever the answer pointed. Now the redirect is not followed and is named."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path.startswith("/services/"):
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/steal")
+                self.end_headers()
+            else:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Elsewhere)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/services/gpu-gov/"
+    try:
+        assert main(["diagnose", "--cluster", "--url", url, "--token", "s3cret"]) == 2
+    finally:
+        server.shutdown()
+    assert [path for path, _ in seen] == ["/services/gpu-gov/api/diagnosis?days=7"]
+    said = capsys.readouterr().err
+    assert "HTTP 302: redirected to http://127.0.0.1:" in said and "/steal, not followed" in said
+
+
 # -- windows measured on a real GPU --------------------------------------------------------------
 
 H200_DATA = Path(__file__).parent.parent / "benchmarks" / "data"
