@@ -144,7 +144,9 @@ def servers_of(user: Mapping[str, Any]) -> list[HubServer]:
     not decided this pass: nothing is done to it)."""
     models = user.get("servers") or {}
     if not isinstance(models, Mapping):
-        log.warning("gpu-gov: the Hub's model of user %.80r: 'servers' is not an object", user)
+        log.warning(
+            "gpu-gov: the Hub's model of user %.80r: 'servers' is not an object", user["name"]
+        )
         return []
     servers = []
     for name, model in models.items():
