@@ -265,3 +265,47 @@ def test_a_candidate_policy_never_makes_a_500_and_changes_nothing(service, candi
         if r.status_code == 400:
             assert r.json()["message"]
     assert call(service, "GET", "api/policy").json() == live
+
+
+def test_a_hub_slow_or_failing_to_check_a_token_gets_the_report_a_clear_answer(
+    tmp_path, monkeypatch, caplog
+):
+    """A report whose token the Hub is asked about (a server's first report, then one in six)
+    waited as long as JupyterHub's client does (5 minutes) for a Hub that does not answer,
+    and a Hub that failed the check made a 500 and a traceback. Now the wait is bounded and
+    the answer says what happened, with the status HubAuth gives it."""
+    import time
+
+    from fake_hub_api import _SelfHandler
+    from tornado import web
+
+    from jupyter_gpu_gov.hub import routes
+
+    monkeypatch.setattr(routes, "HUB_CHECK_TIMEOUT_S", 0.5)
+    service = Service(tmp_path, monkeypatch)
+    try:
+        service.hub.latency = 3  # the Hub takes 3 s for any request
+        began = time.monotonic()
+        slow = call(service, "POST", "api/reports", token=OWNER, json=fresh_report())
+        assert time.monotonic() - began < 2.5
+        assert slow.status_code == 503, slow.text
+        assert slow.json()["message"] == "the Hub did not say who this token is within 0.5 s"
+
+        service.hub.latency = 0
+
+        def fails(self):
+            raise web.HTTPError(500)
+
+        answers = _SelfHandler.get
+        monkeypatch.setattr(_SelfHandler, "get", fails)
+        with caplog.at_level("INFO"):
+            failed = call(service, "POST", "api/reports", token=OWNER, json=fresh_report())
+        assert failed.status_code == 502, failed.text
+        assert failed.json()["message"] == "Failed to check authorization (upstream problem)"
+        assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+
+        monkeypatch.setattr(_SelfHandler, "get", answers)  # it answers again: report taken
+        ok = call(service, "POST", "api/reports", token=OWNER, json=fresh_report())
+        assert ok.status_code == 200 and "verdict" in ok.json(), ok.text
+    finally:
+        service.stop()

@@ -6,6 +6,7 @@ here read and change the governor through its views and requests, never its stor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable
@@ -35,6 +36,9 @@ from .views import policy_view
 MAX_REPORT_BYTES = 256 * 1024
 MAX_BODY_BYTES = 1024 * 1024  # any request; a larger one is refused before it is read
 MAX_AUDIT_ROWS = 5000
+# How long a report waits for the Hub to say who its token is (JupyterHub's client waits up
+# to 5 minutes; the server gives up on its report after 20 s and sends the next one).
+HUB_CHECK_TIMEOUT_S = 10.0
 EXTENSION_STATUSES = ("granted", "pending", "approved", "denied", "refused")
 Answer = tuple[int, bytes]  # a direct route's status and JSON body
 REPORT_RESULTS = ("accepted", "invalid", "forbidden")  # metrics.REPORTS's ``result`` label
@@ -62,7 +66,15 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
         return _report(caller, request)
 
     async def _asked(request: DirectRequest, caller: Awaitable[dict | None]) -> Answer:
-        answer = _report(await caller, request)
+        try:
+            who = await asyncio.wait_for(caller, HUB_CHECK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return _refused(
+                503, f"the Hub did not say who this token is within {HUB_CHECK_TIMEOUT_S:g} s"
+            )
+        except web.HTTPError as error:  # HubAuth's for a Hub it could not ask (500, 502)
+            return _refused(error.status_code, error.log_message or "the token was not checked")
+        answer = _report(who, request)
         return answer if type(answer) is tuple else await answer
 
     def _report(caller: dict | None, request: DirectRequest) -> Answer | Awaitable[Answer]:
