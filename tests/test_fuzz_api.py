@@ -265,3 +265,48 @@ def test_a_candidate_policy_never_makes_a_500_and_changes_nothing(service, candi
         if r.status_code == 400:
             assert r.json()["message"]
     assert call(service, "GET", "api/policy").json() == live
+
+
+def _lone_surrogate_report(where: str) -> bytes:
+    report = fresh_report()
+    if where == "escape":  # as json.dumps writes it
+        report["targets"][0]["name"] = "\ud800<b>"
+        return json.dumps(report).encode()
+    report["targets"][0]["name"] = "SURROGATE"  # its CESU-8 bytes, which json.loads takes
+    return json.dumps(report).encode().replace(b"SURROGATE", b"\xed\xa0\x80")
+
+
+@pytest.mark.parametrize(
+    "token, path, body, where",
+    [
+        (OWNER, "api/reports", _lone_surrogate_report("escape"), "targets[0].name"),
+        (OWNER, "api/reports", _lone_surrogate_report("bytes"), "targets[0].name"),
+        (OWNER, "api/users/alice/server/stop", b'{"reason": "x\\ud800"}', "reason"),
+        (OWNER, "api/users/alice/server/extend", b'{"reason": "x\\udfff"}', "reason"),
+        (
+            ADMIN,
+            "api/users/alice/server/cull",
+            b'{"reason": "x\\ud800", "immediately": true}',
+            "reason",
+        ),
+        (ADMIN, "api/users/alice/server/cull", b'{"reason": "x", "\\udc80": 1}', "\\udc80"),
+    ],
+)
+def test_text_that_is_not_unicode_is_a_400_naming_where_and_changes_nothing(
+    service, token, path, body, where
+):
+    """A lone surrogate (``\\ud800``: valid JSON, not text) reached the store: SQLite cannot
+    write it, so the owner's Stop answered 500 with the server marked culled in memory only,
+    and a report's text in an audit row made the pass's whole write fail, for every server."""
+    before = service.snapshot()
+    r = call(service, "POST", path, token, data=body)
+    assert_refused_unchanged(service, r, before, "not text")
+    assert f"'{where}'" in r.json()["message"]
+
+
+def test_text_with_a_surrogate_pair_is_text(service):
+    """A character beyond the BMP, as json.dumps escapes it (a pair), is a report's name."""
+    report = fresh_report()
+    report["targets"][0]["name"] = "\U0001f680 rocket.ipynb"
+    r = call(service, "POST", "api/reports", OWNER, data=json.dumps(report))
+    assert r.status_code == 200, r.text
