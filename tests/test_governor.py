@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_hub_api import FakeHub
+from prometheus_client import generate_latest
 from test_dcgm import FIXTURES
 from test_report import REPORT
 from tornado import web
@@ -155,6 +156,26 @@ async def test_unreachable_dcgm_degrades_to_reports(tmp_path):
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))
         result = await gov.reconcile()
     assert result.dcgm_errors and gov.verdict("alice/")["state"] == "active"
+
+
+async def test_a_project_or_profile_a_user_sent_is_kept_as_bounded_text(tmp_path):
+    """Without a grant, the project and profile are the user's ``user_options``, any JSON the
+    REST API took. A lone surrogate (``\\ud800``: JSON, not text) once made the pass's write
+    fail for every server; 100,000 characters went into the store (whose columns hold 255:
+    PostgreSQL refuses more, and so the pass) and into every /metrics scrape."""
+    async with FakeHub() as hub:
+        hub.add_server("alice", user_options={"project": "vision\ud800", "profile": "\udfff"})
+        hub.add_server("bob", user_options={"project": "p" * 100_000, "profile": "h" * 300})
+        hub.add_server("carol", user_options={"project": "llm", "profile": "a100"})
+        gov = governor(hub, tmp_path)
+        result = await gov.reconcile()
+    assert result.errors == () and result.servers == 3
+    alice, bob, carol = (gov.store.server(f"{u}/") for u in ("alice", "bob", "carol"))
+    assert (alice.project, alice.profile, alice.tier) == ("vision\ufffd", "\ufffd", "\ufffd")
+    assert (bob.project, bob.profile) == ("p" * 255, "h" * 255)
+    assert (carol.project, carol.profile, carol.tier) == ("llm", "a100", "a100")
+    scrape = generate_latest(metrics.REGISTRY).decode()
+    assert 'project="vision\ufffd"' in scrape and "p" * 256 not in scrape
 
 
 async def test_team_from_group_properties_and_the_grant_never_from_user_options(tmp_path):
