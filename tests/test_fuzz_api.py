@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import threading
 from datetime import timedelta
 
@@ -310,3 +311,21 @@ def test_text_with_a_surrogate_pair_is_text(service):
     report["targets"][0]["name"] = "\U0001f680 rocket.ipynb"
     r = call(service, "POST", "api/reports", OWNER, data=json.dumps(report))
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "field, status", [("user", 403), ("name", 404)], ids=["another-user", "no-such-server"]
+)
+def test_a_refused_report_names_what_it_sent_on_one_log_line(service, caplog, field, status):
+    """The report's user and server name are the sender's words: written as they came, a
+    newline in one forged a line of the service's log."""
+    forged = "x\n[W 2026-01-01 00:00:00.000 JupyterHub gpu-gov] forged line"
+    report = fresh_report()
+    report["server"][field] = forged
+    with caplog.at_level(logging.WARNING, logger="jupyter_gpu_gov"):
+        r = call(service, "POST", "api/reports", OWNER, data=json.dumps(report))
+    assert r.status_code == status, r.text
+    message = r.json()["message"]
+    assert "x\\n[W 2026" in message and "\n" not in message
+    (line,) = [m for m in caplog.messages if "api/reports refused" in m]
+    assert "x\\n[W 2026" in line and "\n" not in line

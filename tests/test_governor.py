@@ -4,6 +4,7 @@ dcgm-exporter samples; its command line; its store across restarts."""
 from __future__ import annotations
 
 import copy
+import logging
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -762,10 +763,26 @@ async def test_a_report_that_contradicts_the_allocators_record_is_not_believed(t
     assert states == dict.fromkeys(states, "idle"), states
     assert "its report is not believed" in gov.verdict("alice/")["reason"]
     (alice,) = [a.reason for a in gov.store.audit_rows("alice/") if a.action == "report-distrusted"]
-    assert f"it reports GPU {T4_BUSY_GPU}, which is not its own" in alice
+    assert f"it reports GPU {T4_BUSY_GPU!r}, which is not its own" in alice
     (bob,) = [a.reason for a in gov.store.audit_rows("bob/") if a.action == "report-distrusted"]
     assert "it reports no GPU; the Hub's records give it 1" in bob
     assert not [a for a in gov.store.audit_rows("carol/") if a.action == "report-distrusted"]
+
+
+async def test_a_distrusted_report_is_quoted_on_one_line(tmp_path, caplog):
+    """A report's GPU UUID is its sender's words: written as they came, a newline in one forged
+    a line of the service's log (and of the audit row the dashboard shows)."""
+    forged = "GPU-x\n[W 2026-01-01 00:00:00.000 JupyterHub gpu-gov] bob/: culled"
+    async with FakeHub() as hub:
+        hub.add_server("alice", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        gov = governor(hub, tmp_path)
+        gov.ingest(held(report_for("alice", forged, sm=0.9), forged))
+        with caplog.at_level(logging.WARNING, logger="jupyter_gpu_gov"):
+            await gov.reconcile()
+    (audit,) = [a.reason for a in gov.store.audit_rows("alice/") if a.action == "report-distrusted"]
+    (line,) = [m for m in caplog.messages if "report not believed" in m]
+    for text in (audit, line):
+        assert "\n" not in text and "it reports GPU 'GPU-x\\n[W 2026" in text, text
 
 
 async def test_one_server_that_cannot_be_decided_is_skipped_and_audited(tmp_path, monkeypatch):

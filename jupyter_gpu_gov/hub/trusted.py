@@ -70,5 +70,5 @@ def contradictions(report: Mapping, granted: Granted, evidence: Sequence[GpuEvid
         found.append(f"it reports no GPU; the Hub's records give it {len(held)}")
     for device in named:
         if device["uuid"] not in held and (device.get("parent_uuid") or "") not in held:
-            found.append(f"it reports GPU {device['uuid']}, which is not its own")
+            found.append(f"it reports GPU {device['uuid']!r:.80}, which is not its own")
     return found
