@@ -769,6 +769,32 @@ async def test_a_report_that_contradicts_the_allocators_record_is_not_believed(t
     assert not [a for a in gov.store.audit_rows("carol/") if a.action == "report-distrusted"]
 
 
+async def test_an_allocated_gpu_dcgm_no_longer_sees_is_unknown_never_idle(tmp_path):
+    """The allocator pinned two GPUs to each server; DCGM sees the first idle and has lost the
+    second (fallen off the bus, its exporter down). What the second does is unknown: neither
+    the server whose report says it works on it, nor the one that sends no report, is idle
+    (the first was, and so culled by DCGM's word on half its GPUs)."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    lost = "GPU-00000000-0000-0000-0000-00000000dead"
+    granted = {"gpu_gov_devices": [H100_IDLE_GPU, lost]}
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=granted)
+        hub.add_server("bob", state=granted, last_activity=clock.utcnow() - timedelta(days=1))
+        hub.add_server("carol", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        gov = governor(hub, tmp_path, exporter.url)
+        report = report_for("alice", H100_IDLE_GPU, sm=0.9)
+        report["devices"].append({**report["devices"][0], "uuid": lost})
+        report["targets"][0]["gpu"]["devices"] = [H100_IDLE_GPU, lost]
+        gov.ingest(report)
+        gov.ingest(report_for("carol", H100_IDLE_GPU, sm=0.9))
+        await gov.reconcile()
+    exporter.server.stop()
+    alice, bob = gov.verdict("alice/"), gov.verdict("bob/")
+    assert alice["state"] == "active", alice["reason"]
+    assert bob["state"] != "idle" and "no activity data" in bob["reason"], bob["reason"]
+    assert gov.verdict("carol/")["state"] == "idle"  # every GPU it holds seen idle: idle
+
+
 async def test_a_distrusted_report_is_quoted_on_one_line(tmp_path, caplog):
     """A report's GPU UUID is its sender's words: written as they came, a newline in one forged
     a line of the service's log (and of the audit row the dashboard shows)."""
