@@ -795,6 +795,36 @@ async def test_an_allocated_gpu_dcgm_no_longer_sees_is_unknown_never_idle(tmp_pa
     assert gov.verdict("carol/")["state"] == "idle"  # every GPU it holds seen idle: idle
 
 
+async def test_a_server_whose_reports_stop_is_governed_on_dcgm_alone(tmp_path, restore_clock):
+    """DCGM's word on the GPUs the records name is final, whatever a report says. A report that
+    stopped coming (the extension turned off, or every report refused) once made the GPU
+    unknown for ever, and an idle GPU was never culled: after the service restarted too."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    async with FakeHub() as hub:
+        hub.add_server("alice", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        hub.add_server("bob", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.policies = load_policies([])  # the shipped defaults: warn at 30 min, cull at 1 h
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))  # its last report
+        gov.ingest(report_for("bob", H100_IDLE_GPU, sm=0.9))
+        await gov.reconcile()
+        clock.advance(10 * 60)  # past report_stale_after
+        await gov.reconcile()
+        stale = (gov.row("alice/").state, gov.row("alice/").reason)
+        restarted = governor(hub, tmp_path, exporter.url)  # the same store: bob reported
+        restarted.policies = gov.policies
+        await restarted.reconcile()
+        waiting = (restarted.row("bob/").state, restarted.row("bob/").reason)
+        for minutes in (21, 30, 60):  # idle since the first pass; busy_grace (2 h) holds it
+            clock.advance(60 * minutes)
+            await gov.reconcile()
+        assert not hub.running("alice")
+    exporter.server.stop()
+    assert stale[0] == "idle" and "DCGM, no report since" in stale[1], stale
+    assert waiting[0] == "idle" and "DCGM, waiting for its report" in waiting[1], waiting
+    assert gov.row("alice/").state == "culled"
+
+
 async def test_a_distrusted_report_is_quoted_on_one_line(tmp_path, caplog):
     """A report's GPU UUID is its sender's words: written as they came, a newline in one forged
     a line of the service's log (and of the audit row the dashboard shows)."""

@@ -111,13 +111,16 @@ class Evidence:
                 holds_gpu=True, active=None, detail="waiting for the server to shut kernels down"
             )
             return evolve(base, reports=True, gpu=waiting)
-        if received is None and reported:
-            # It reported before (this service restarted): unknown until the next report.
-            waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
-            return evolve(base, reports=True, gpu=waiting, reachable=False)
         granted = trusted.Granted.of(server.spawner_state) if server else None
         evidence = granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
         complete = not (evidence and granted.unseen(self._context.by_uuid))
+        if received is None and reported:
+            # It reported before (this service restarted): DCGM alone on the GPUs the records
+            # name, else unknown until the next report.
+            why = "waiting for its report"
+            waiting = self._dcgm_only(evidence, server_policy, why, complete=complete)
+            waiting = waiting or policy.GpuSignal(holds_gpu=True, active=None, detail=why)
+            return evolve(base, reports=True, gpu=waiting, reachable=False)
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's GPUs,
             # else jupyterhub-idle-culler's rule.
@@ -126,8 +129,11 @@ class Evidence:
         report = received.report
         stale = now - received.at > self.options.report_stale_after
         if stale:
-            since = f"{received.at:%Y-%m-%d %H:%M} UTC"  # a time, so the reason stays put
-            gpu = policy.GpuSignal(holds_gpu=True, active=None, detail=f"no report since {since}")
+            # DCGM alone on the GPUs the records name (a report that stops coming keeps no
+            # GPU), else unknown.
+            why = f"no report since {received.at:%Y-%m-%d %H:%M} UTC"  # a time: it stays put
+            gpu = self._dcgm_only(evidence, server_policy, why, complete=complete)
+            gpu = gpu or policy.GpuSignal(holds_gpu=True, active=None, detail=why)
         elif self._distrusted.get(base.key):
             # Its report contradicts the Hub's records: not believed. DCGM alone on the GPUs
             # the records name, else as a server that sends no report (the Hub's activity).
