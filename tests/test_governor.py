@@ -918,6 +918,48 @@ async def test_a_wall_clock_step_moves_every_kept_time_by_as_much(tmp_path, monk
     assert "stepped by +3600 s" in step.reason
 
 
+async def test_a_clock_step_the_store_could_not_record_is_adopted_when_it_can(
+    tmp_path, monkeypatch
+):
+    """The wall clock steps an hour ahead (a VM resumed) at a pass whose write the store
+    refuses (its disk back a moment later). The rows were then read again as stored, the step
+    already taken: alice's few idle seconds became an hour and she was warned at once."""
+    import time
+    from types import SimpleNamespace
+
+    from jupyter_gpu_gov.hub import records
+    from jupyter_gpu_gov.hub.store import StoreUnavailable
+
+    jump = [0.0]
+    wall = SimpleNamespace(time=lambda: time.time() + jump[0], monotonic=time.monotonic)
+    monkeypatch.setattr(clock, "time", wall)
+    monkeypatch.setattr(clock, "_frame", None)  # this governor's own, on that wall clock
+    monkeypatch.setattr(records, "STORE_RETRY_AFTER", 0.0)
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        idle_since = gov.row("alice/").idle_since
+        jump[0] = 3600.0
+        save = gov.store.save_async
+
+        async def full_disk(*args, **kwargs):
+            monkeypatch.setattr(gov.store, "save_async", save)  # refused once
+            raise StoreUnavailable(gov.store.url, OSError("database or disk is full"))
+
+        monkeypatch.setattr(gov.store, "save_async", full_disk)
+        await gov.reconcile()
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        row = gov.row("alice/")
+        assert row.state == "idle", row.reason
+        assert row.idle_since - idle_since == timedelta(hours=1)
+        assert clock.utcnow() - row.idle_since < timedelta(minutes=1)
+    (step,) = [a for a in gov.store.audit_rows() if a.action == "clock-step"]
+    assert "stepped by +3600 s" in step.reason
+
+
 async def test_kept_reports_are_the_reports_sent_sharing_one_copy_of_each_word(tmp_path):
     """The governor keeps every server's last report: as sent (equal, every field), but with
     one string for each name and enumerated value across all of them, not a copy per report
