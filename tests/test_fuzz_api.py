@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import threading
 from datetime import timedelta
 
@@ -309,3 +310,66 @@ def test_a_hub_slow_or_failing_to_check_a_token_gets_the_report_a_clear_answer(
         assert ok.status_code == 200 and "verdict" in ok.json(), ok.text
     finally:
         service.stop()
+
+
+def _lone_surrogate_report(where: str) -> bytes:
+    report = fresh_report()
+    if where == "escape":  # as json.dumps writes it
+        report["targets"][0]["name"] = "\ud800<b>"
+        return json.dumps(report).encode()
+    report["targets"][0]["name"] = "SURROGATE"  # its CESU-8 bytes, which json.loads takes
+    return json.dumps(report).encode().replace(b"SURROGATE", b"\xed\xa0\x80")
+
+
+@pytest.mark.parametrize(
+    "token, path, body, where",
+    [
+        (OWNER, "api/reports", _lone_surrogate_report("escape"), "targets[0].name"),
+        (OWNER, "api/reports", _lone_surrogate_report("bytes"), "targets[0].name"),
+        (OWNER, "api/users/alice/server/stop", b'{"reason": "x\\ud800"}', "reason"),
+        (OWNER, "api/users/alice/server/extend", b'{"reason": "x\\udfff"}', "reason"),
+        (
+            ADMIN,
+            "api/users/alice/server/cull",
+            b'{"reason": "x\\ud800", "immediately": true}',
+            "reason",
+        ),
+        (ADMIN, "api/users/alice/server/cull", b'{"reason": "x", "\\udc80": 1}', "\\udc80"),
+    ],
+)
+def test_text_that_is_not_unicode_is_a_400_naming_where_and_changes_nothing(
+    service, token, path, body, where
+):
+    """A lone surrogate (``\\ud800``: valid JSON, not text) reached the store: SQLite cannot
+    write it, so the owner's Stop answered 500 with the server marked culled in memory only,
+    and a report's text in an audit row made the pass's whole write fail, for every server."""
+    before = service.snapshot()
+    r = call(service, "POST", path, token, data=body)
+    assert_refused_unchanged(service, r, before, "not text")
+    assert f"'{where}'" in r.json()["message"]
+
+
+def test_text_with_a_surrogate_pair_is_text(service):
+    """A character beyond the BMP, as json.dumps escapes it (a pair), is a report's name."""
+    report = fresh_report()
+    report["targets"][0]["name"] = "\U0001f680 rocket.ipynb"
+    r = call(service, "POST", "api/reports", OWNER, data=json.dumps(report))
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "field, status", [("user", 403), ("name", 404)], ids=["another-user", "no-such-server"]
+)
+def test_a_refused_report_names_what_it_sent_on_one_log_line(service, caplog, field, status):
+    """The report's user and server name are the sender's words: written as they came, a
+    newline in one forged a line of the service's log."""
+    forged = "x\n[W 2026-01-01 00:00:00.000 JupyterHub gpu-gov] forged line"
+    report = fresh_report()
+    report["server"][field] = forged
+    with caplog.at_level(logging.WARNING, logger="jupyter_gpu_gov"):
+        r = call(service, "POST", "api/reports", OWNER, data=json.dumps(report))
+    assert r.status_code == status, r.text
+    message = r.json()["message"]
+    assert "x\\n[W 2026" in message and "\n" not in message
+    (line,) = [m for m in caplog.messages if "api/reports refused" in m]
+    assert "x\\n[W 2026" in line and "\n" not in line

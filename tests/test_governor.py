@@ -4,12 +4,14 @@ dcgm-exporter samples; its command line; its store across restarts."""
 from __future__ import annotations
 
 import copy
+import logging
 import socket
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from fake_hub_api import FakeHub
+from prometheus_client import generate_latest
 from test_dcgm import FIXTURES
 from test_report import REPORT
 from tornado import web
@@ -155,6 +157,26 @@ async def test_unreachable_dcgm_degrades_to_reports(tmp_path):
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))
         result = await gov.reconcile()
     assert result.dcgm_errors and gov.verdict("alice/")["state"] == "active"
+
+
+async def test_a_project_or_profile_a_user_sent_is_kept_as_bounded_text(tmp_path):
+    """Without a grant, the project and profile are the user's ``user_options``, any JSON the
+    REST API took. A lone surrogate (``\\ud800``: JSON, not text) once made the pass's write
+    fail for every server; 100,000 characters went into the store (whose columns hold 255:
+    PostgreSQL refuses more, and so the pass) and into every /metrics scrape."""
+    async with FakeHub() as hub:
+        hub.add_server("alice", user_options={"project": "vision\ud800", "profile": "\udfff"})
+        hub.add_server("bob", user_options={"project": "p" * 100_000, "profile": "h" * 300})
+        hub.add_server("carol", user_options={"project": "llm", "profile": "a100"})
+        gov = governor(hub, tmp_path)
+        result = await gov.reconcile()
+    assert result.errors == () and result.servers == 3
+    alice, bob, carol = (gov.store.server(f"{u}/") for u in ("alice", "bob", "carol"))
+    assert (alice.project, alice.profile, alice.tier) == ("vision\ufffd", "\ufffd", "\ufffd")
+    assert (bob.project, bob.profile) == ("p" * 255, "h" * 255)
+    assert (carol.project, carol.profile, carol.tier) == ("llm", "a100", "a100")
+    scrape = generate_latest(metrics.REGISTRY).decode()
+    assert 'project="vision\ufffd"' in scrape and "p" * 256 not in scrape
 
 
 async def test_team_from_group_properties_and_the_grant_never_from_user_options(tmp_path):
@@ -741,10 +763,82 @@ async def test_a_report_that_contradicts_the_allocators_record_is_not_believed(t
     assert states == dict.fromkeys(states, "idle"), states
     assert "its report is not believed" in gov.verdict("alice/")["reason"]
     (alice,) = [a.reason for a in gov.store.audit_rows("alice/") if a.action == "report-distrusted"]
-    assert f"it reports GPU {T4_BUSY_GPU}, which is not its own" in alice
+    assert f"it reports GPU {T4_BUSY_GPU!r}, which is not its own" in alice
     (bob,) = [a.reason for a in gov.store.audit_rows("bob/") if a.action == "report-distrusted"]
     assert "it reports no GPU; the Hub's records give it 1" in bob
     assert not [a for a in gov.store.audit_rows("carol/") if a.action == "report-distrusted"]
+
+
+async def test_an_allocated_gpu_dcgm_no_longer_sees_is_unknown_never_idle(tmp_path):
+    """The allocator pinned two GPUs to each server; DCGM sees the first idle and has lost the
+    second (fallen off the bus, its exporter down). What the second does is unknown: neither
+    the server whose report says it works on it, nor the one that sends no report, is idle
+    (the first was, and so culled by DCGM's word on half its GPUs)."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    lost = "GPU-00000000-0000-0000-0000-00000000dead"
+    granted = {"gpu_gov_devices": [H100_IDLE_GPU, lost]}
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=granted)
+        hub.add_server("bob", state=granted, last_activity=clock.utcnow() - timedelta(days=1))
+        hub.add_server("carol", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        gov = governor(hub, tmp_path, exporter.url)
+        report = report_for("alice", H100_IDLE_GPU, sm=0.9)
+        report["devices"].append({**report["devices"][0], "uuid": lost})
+        report["targets"][0]["gpu"]["devices"] = [H100_IDLE_GPU, lost]
+        gov.ingest(report)
+        gov.ingest(report_for("carol", H100_IDLE_GPU, sm=0.9))
+        await gov.reconcile()
+    exporter.server.stop()
+    alice, bob = gov.verdict("alice/"), gov.verdict("bob/")
+    assert alice["state"] == "active", alice["reason"]
+    assert bob["state"] != "idle" and "no activity data" in bob["reason"], bob["reason"]
+    assert gov.verdict("carol/")["state"] == "idle"  # every GPU it holds seen idle: idle
+
+
+async def test_a_server_whose_reports_stop_is_governed_on_dcgm_alone(tmp_path, restore_clock):
+    """DCGM's word on the GPUs the records name is final, whatever a report says. A report that
+    stopped coming (the extension turned off, or every report refused) once made the GPU
+    unknown for ever, and an idle GPU was never culled: after the service restarted too."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    async with FakeHub() as hub:
+        hub.add_server("alice", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        hub.add_server("bob", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.policies = load_policies([])  # the shipped defaults: warn at 30 min, cull at 1 h
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))  # its last report
+        gov.ingest(report_for("bob", H100_IDLE_GPU, sm=0.9))
+        await gov.reconcile()
+        clock.advance(10 * 60)  # past report_stale_after
+        await gov.reconcile()
+        stale = (gov.row("alice/").state, gov.row("alice/").reason)
+        restarted = governor(hub, tmp_path, exporter.url)  # the same store: bob reported
+        restarted.policies = gov.policies
+        await restarted.reconcile()
+        waiting = (restarted.row("bob/").state, restarted.row("bob/").reason)
+        for minutes in (21, 30, 60):  # idle since the first pass; busy_grace (2 h) holds it
+            clock.advance(60 * minutes)
+            await gov.reconcile()
+        assert not hub.running("alice")
+    exporter.server.stop()
+    assert stale[0] == "idle" and "DCGM, no report since" in stale[1], stale
+    assert waiting[0] == "idle" and "DCGM, waiting for its report" in waiting[1], waiting
+    assert gov.row("alice/").state == "culled"
+
+
+async def test_a_distrusted_report_is_quoted_on_one_line(tmp_path, caplog):
+    """A report's GPU UUID is its sender's words: written as they came, a newline in one forged
+    a line of the service's log (and of the audit row the dashboard shows)."""
+    forged = "GPU-x\n[W 2026-01-01 00:00:00.000 JupyterHub gpu-gov] bob/: culled"
+    async with FakeHub() as hub:
+        hub.add_server("alice", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        gov = governor(hub, tmp_path)
+        gov.ingest(held(report_for("alice", forged, sm=0.9), forged))
+        with caplog.at_level(logging.WARNING, logger="jupyter_gpu_gov"):
+            await gov.reconcile()
+    (audit,) = [a.reason for a in gov.store.audit_rows("alice/") if a.action == "report-distrusted"]
+    (line,) = [m for m in caplog.messages if "report not believed" in m]
+    for text in (audit, line):
+        assert "\n" not in text and "it reports GPU 'GPU-x\\n[W 2026" in text, text
 
 
 async def test_one_server_that_cannot_be_decided_is_skipped_and_audited(tmp_path, monkeypatch):
@@ -820,6 +914,48 @@ async def test_a_wall_clock_step_moves_every_kept_time_by_as_much(tmp_path, monk
         await gov.reconcile()
     after = gov.row("alice/").idle_since, gov.reports["alice/"].at
     assert [b - a for a, b in zip(before, after, strict=True)] == [timedelta(hours=1)] * 2
+    (step,) = [a for a in gov.store.audit_rows() if a.action == "clock-step"]
+    assert "stepped by +3600 s" in step.reason
+
+
+async def test_a_clock_step_the_store_could_not_record_is_adopted_when_it_can(
+    tmp_path, monkeypatch
+):
+    """The wall clock steps an hour ahead (a VM resumed) at a pass whose write the store
+    refuses (its disk back a moment later). The rows were then read again as stored, the step
+    already taken: alice's few idle seconds became an hour and she was warned at once."""
+    import time
+    from types import SimpleNamespace
+
+    from jupyter_gpu_gov.hub import records
+    from jupyter_gpu_gov.hub.store import StoreUnavailable
+
+    jump = [0.0]
+    wall = SimpleNamespace(time=lambda: time.time() + jump[0], monotonic=time.monotonic)
+    monkeypatch.setattr(clock, "time", wall)
+    monkeypatch.setattr(clock, "_frame", None)  # this governor's own, on that wall clock
+    monkeypatch.setattr(records, "STORE_RETRY_AFTER", 0.0)
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        idle_since = gov.row("alice/").idle_since
+        jump[0] = 3600.0
+        save = gov.store.save_async
+
+        async def full_disk(*args, **kwargs):
+            monkeypatch.setattr(gov.store, "save_async", save)  # refused once
+            raise StoreUnavailable(gov.store.url, OSError("database or disk is full"))
+
+        monkeypatch.setattr(gov.store, "save_async", full_disk)
+        await gov.reconcile()
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        row = gov.row("alice/")
+        assert row.state == "idle", row.reason
+        assert row.idle_since - idle_since == timedelta(hours=1)
+        assert clock.utcnow() - row.idle_since < timedelta(minutes=1)
     (step,) = [a for a in gov.store.audit_rows() if a.action == "clock-step"]
     assert "stepped by +3600 s" in step.reason
 

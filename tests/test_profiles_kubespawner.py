@@ -786,6 +786,19 @@ async def test_keys_a_user_may_not_set_are_dropped_and_named_in_one_short_line(
     assert line.count("k0000") == 9 and line.endswith(" and 9991 more") and len(line) < 1000
 
 
+async def test_a_key_a_user_may_not_set_is_named_on_one_log_line(hub, pod_api, caplog):
+    """The keys are the user's words: a newline in one forged a line of the Hub's log."""
+    hub.user("alice", "vision")
+    forged = "x\n[W 2026-01-01 JupyterHub] forged"
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100", forged: 1})
+
+    with caplog.at_level("WARNING"):
+        await alice.start()
+
+    [line] = [r.getMessage() for r in caplog.records if "may not set" in r.getMessage()]
+    assert line.endswith("may not set: x\\n[W 2026-01-01 JupyterHub] forged"), line
+
+
 async def test_user_in_no_team_is_refused_a_gpu_but_may_start_without_one(hub, pod_api):
     hub.user("eve")
     hub.group("staff", team=False)

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from jupyter_gpu_gov.core.clock import isoformat, utcnow
 from jupyter_gpu_gov.core.clock import parse as clock_parse
 from jupyter_gpu_gov.core.report import ReportError, gpu_signal, validate
 
@@ -207,3 +208,37 @@ def test_device_health_is_validated():
         validate(report(devices__0__health={"status": "broken"}))
     with pytest.raises(ReportError, match=r"devices\[0\]\.health: reasons must hold strings"):
         validate(report(devices__0__health={"status": "ok", "reasons": ["x" * 5000]}))
+
+
+def test_a_notebook_deep_in_folders_is_reported_in_a_report_the_governor_takes():
+    """A session path is as long as the folders make it (Linux allows 4,096 bytes); the
+    governor takes at most 1,024 characters. A notebook 1,100 characters deep once made each
+    of its server's reports a 400: no verdict, no warning, no checkpoint before a cull."""
+    from jupyter_gpu_gov.core.models import GpuSnapshot
+    from jupyter_gpu_gov.core.wire import MAX_TEXT
+    from jupyter_gpu_gov.gpu.attribution import TargetRoot
+    from jupyter_gpu_gov.server.sampler import Sampler, TargetInfo
+
+    class NoGpus:
+        name = "none"
+
+        def sample(self):
+            return GpuSnapshot("none", utcnow())
+
+        def close(self):
+            pass
+
+    path = "/".join(["experiments-2026-with-a-long-name"] * 32) + "/train.ipynb"
+    kernel = REPORT["targets"][0]["id"]
+    sampler = Sampler(NoGpus)
+    try:
+        report = sampler.measure(
+            [TargetInfo(TargetRoot("kernel", kernel, None), "python3", path=path)],
+            {"user": "alice", "name": "", "started": isoformat(utcnow())},
+        ).report
+    finally:
+        sampler.close()
+    assert len(path) > MAX_TEXT
+    validate(report)
+    (target,) = report["targets"]
+    assert len(target["path"]) <= MAX_TEXT and target["path"].endswith("/train.ipynb")

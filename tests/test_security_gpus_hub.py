@@ -171,7 +171,9 @@ def test_a_user_cannot_exempt_herself(hub, gov, exporter):
     assert seen == {what: {"warned"} for what in lies}, seen
     distrusted = [a["reason"] for a in gov.audit("mallory/") if a["action"] == "report-distrusted"]
     assert any("it reports no GPU" in reason for reason in distrusted), distrusted
-    assert any(f"it reports GPU {busy}, which is not its own" in r for r in distrusted), distrusted
+    assert any(f"it reports GPU {busy!r}, which is not its own" in r for r in distrusted), (
+        distrusted
+    )
 
 
 def test_stale_dcgm_is_unknown_never_idle(hub, gov, exporter):

@@ -340,7 +340,7 @@ def test_reports_for_servers_that_do_not_exist_are_refused_and_kept_nowhere(hub,
         )
         statuses.add(r.status_code)
     assert statuses == {404}, statuses
-    assert "runs no server mallory/made-up-" in r.json()["message"]
+    assert "runs no server 'mallory/made-up-" in r.json()["message"]
     huge = copy.deepcopy(big)
     huge["targets"] *= 2
     r = session.post(

@@ -132,3 +132,25 @@ def test_a_damaged_database_says_what_is_wrong_and_how_to_recover(tmp_path):
     assert "Traceback" not in done.stderr, done.stderr
     assert f"cannot use its database sqlite:///{db}" in done.stderr
     assert "move it aside" in done.stderr and "creates a new, empty database" in done.stderr
+
+
+def test_a_database_of_a_newer_version_says_so_without_a_traceback(tmp_path):
+    """A service rolled back to an older version, on the database a newer one migrated: an
+    exit naming both versions, not a traceback at every restart (a crash loop)."""
+    db = tmp_path / "gpu-gov.sqlite"
+    with sqlite3.connect(db) as connection:
+        connection.execute("CREATE TABLE meta (key VARCHAR(64) PRIMARY KEY, value TEXT)")
+        connection.execute("INSERT INTO meta VALUES ('schema_version', '99')")
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter_gpu_gov.hub", f"--db-url=sqlite:///{db}"],
+        env={"PATH": "/usr/bin:/bin", "JUPYTERHUB_API_TOKEN": "unused"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"cannot use its database sqlite:///{db}" in done.stderr
+    assert "schema version 99, newer than" in done.stderr and "upgrade the service" in done.stderr
+    with sqlite3.connect(db) as connection:  # left as it was
+        assert connection.execute("SELECT value FROM meta").fetchall() == [("99",)]

@@ -62,6 +62,13 @@ def adopt_step() -> float:
     return _frame.adopt() if _frame is not None else 0.0
 
 
+def defer_step(seconds: float) -> None:
+    """Put back a step ``adopt_step()`` said, that what is kept could not be moved by:
+    ``utcnow()`` keeps to the old time, and the next ``adopt_step()`` says it again."""
+    if _frame is not None:
+        _frame.wall -= seconds
+
+
 def utcnow() -> datetime:
     """Timezone-aware UTC now, shifted by any offset a test has set."""
     if _frame is None:

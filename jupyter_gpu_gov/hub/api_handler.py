@@ -10,6 +10,7 @@ which a single-user server's own token never has.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,55 @@ def json_object(body: bytes) -> dict[str, Any]:
         raise ValueError("the body is not JSON we read: nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError("the body must be a JSON object")
+    if _may_hold_a_surrogate(body):
+        try:
+            where = _not_text(data, "")
+        except RecursionError:
+            raise ValueError("the body is not JSON we read: nested too deeply") from None
+        if where is not None:
+            raise ValueError(
+                f"the body is not text at '{where}': a lone surrogate (\\ud800-\\udfff); "
+                "send Unicode text"
+            )
     return data
+
+
+# JSON may escape a lone surrogate (\ud800), and json.loads takes its UTF-8-like bytes too: a
+# str that is no text, which nothing writes (SQLite, a UTF-8 log) — it once made the pass's
+# whole write fail. A body that is ASCII without a backslash holds none: checked at C speed.
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]")
+
+
+def _may_hold_a_surrogate(body: bytes) -> bool:
+    return (b"\\" in body or not body.isascii()) and _SURROGATE.search(body) is not None
+
+
+def _not_text(value: Any, where: str) -> str | None:
+    """Where in decoded JSON a string or a key holds a lone surrogate (None: nowhere)."""
+    if isinstance(value, str):
+        return None if _encodes(value) else where
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{where}.{key}" if where else key
+            if not _encodes(key):
+                return ascii(name)[1:-1]
+            found = _not_text(item, name)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _not_text(item, f"{where}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):

@@ -45,7 +45,7 @@ from .protocol_server import LISTEN_BACKLOG, ProtocolHTTPServer
 from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers, report_route
 from .settings import GovernorSettings
-from .store import Store, StoreUnavailable, safe_url
+from .store import Store, StoreTooNew, StoreUnavailable, safe_url
 
 
 class GpuGovernor(GovernorSettings, Application):
@@ -308,11 +308,13 @@ class GpuGovernor(GovernorSettings, Application):
 def open_store(url: str) -> Store:
     """The store, or an exit that says what is wrong with it and how to recover (not a
     traceback, again at every restart)."""
+    where = safe_url(url)
     try:
         return Store(url)
+    except StoreTooNew as error:  # a service rolled back: the newer one's data stays whole
+        raise SystemExit(f"jupyter-gpu-gov: cannot use its database {where}: {error}") from None
     except (StoreUnavailable, DBAPIError, OSError) as error:
         cause = getattr(error, "orig", None) or error
-        where = safe_url(url)
         fix = (
             "If the file is damaged, move it aside (it keeps the audit trail and the usage "
             "ledger) and start the service again: it creates a new, empty database there. "

@@ -29,6 +29,18 @@ class ClockStep:
             set_record(row, clock.shifted(record_of(row), delta))
             row.warn_at = row.warn_at and row.warn_at + delta
             row.cull_at = row.cull_at and row.cull_at + delta
+        self._shift_kept(delta)
+        why = f"the wall clock stepped by {delta.total_seconds():+.0f} s: deadlines, idle times and billed intervals kept as observed"
+        audit = AuditRow(at=clock.utcnow(), action="clock-step", reason=why, actor="governor")
+        if not await self.save_decisions(rows, [audit]):
+            # Not on record: the rows are read again from the store, as they were. The rest is
+            # put back, and the step left to a pass that can record it (else those rows would
+            # keep their times across it: a notice cut short by a forward step).
+            self._shift_kept(-delta)
+            clock.defer_step(delta.total_seconds())
+
+    def _shift_kept(self, delta: timedelta) -> None:
+        """Move the times kept in memory beside the rows by ``delta``."""
         self.reports = {k: Received(r.report, r.at + delta) for k, r in self.reports.items()}
         self._checkpoints = {k: clock.shifted(c, delta) for k, c in self._checkpoints.items()}
         self._shutdowns = {k: clock.shifted(s, delta) for k, s in self._shutdowns.items()}
@@ -38,6 +50,3 @@ class ClockStep:
             self._usage_written_at += delta
         if self._dcgm_latest is not None:
             self._dcgm_latest = clock.shifted(self._dcgm_latest, delta)
-        why = f"the wall clock stepped by {delta.total_seconds():+.0f} s: deadlines, idle times and billed intervals kept as observed"
-        audit = AuditRow(at=clock.utcnow(), action="clock-step", reason=why, actor="governor")
-        await self.save_decisions(rows, [audit])

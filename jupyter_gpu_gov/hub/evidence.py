@@ -111,26 +111,35 @@ class Evidence:
                 holds_gpu=True, active=None, detail="waiting for the server to shut kernels down"
             )
             return evolve(base, reports=True, gpu=waiting)
-        if received is None and reported:
-            # It reported before (this service restarted): unknown until the next report.
-            waiting = policy.GpuSignal(holds_gpu=True, active=None, detail="waiting for its report")
-            return evolve(base, reports=True, gpu=waiting, reachable=False)
         granted = trusted.Granted.of(server.spawner_state) if server else None
         evidence = granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
+        complete = not (evidence and granted.unseen(self._context.by_uuid))
+        if received is None and reported:
+            # It reported before (this service restarted): DCGM alone on the GPUs the records
+            # name, else unknown until the next report.
+            why = "waiting for its report"
+            waiting = self._dcgm_only(evidence, server_policy, why, complete=complete)
+            waiting = waiting or policy.GpuSignal(holds_gpu=True, active=None, detail=why)
+            return evolve(base, reports=True, gpu=waiting, reachable=False)
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's GPUs,
             # else jupyterhub-idle-culler's rule.
-            dcgm = self._dcgm_only(evidence, server_policy)
+            dcgm = self._dcgm_only(evidence, server_policy, complete=complete)
             return base if dcgm is None else evolve(base, gpu=dcgm)
         report = received.report
         stale = now - received.at > self.options.report_stale_after
         if stale:
-            since = f"{received.at:%Y-%m-%d %H:%M} UTC"  # a time, so the reason stays put
-            gpu = policy.GpuSignal(holds_gpu=True, active=None, detail=f"no report since {since}")
+            # DCGM alone on the GPUs the records name (a report that stops coming keeps no
+            # GPU), else unknown.
+            why = f"no report since {received.at:%Y-%m-%d %H:%M} UTC"  # a time: it stays put
+            gpu = self._dcgm_only(evidence, server_policy, why, complete=complete)
+            gpu = gpu or policy.GpuSignal(holds_gpu=True, active=None, detail=why)
         elif self._distrusted.get(base.key):
             # Its report contradicts the Hub's records: not believed. DCGM alone on the GPUs
             # the records name, else as a server that sends no report (the Hub's activity).
-            dcgm = self._dcgm_only(evidence, server_policy, "its report is not believed")
+            dcgm = self._dcgm_only(
+                evidence, server_policy, "its report is not believed", complete=complete
+            )
             return evolve(base, reports=True, gpu=dcgm)
         else:
             gpu = gpu_signal(
@@ -141,7 +150,7 @@ class Evidence:
             if granted is not None:
                 # The records' GPUs: DCGM's word on them is final, busy or idle; an allocation
                 # is held whatever the report says of contexts (stop-server).
-                dcgm = self._dcgm_activity(evidence, server_policy)
+                dcgm = self._dcgm_activity(evidence, server_policy, complete)
                 allocated = bool(evidence) and server_policy.cull_action == STOP_SERVER
                 gpu = evolve(gpu, holds_gpu=gpu.holds_gpu or allocated)
             else:
@@ -192,17 +201,25 @@ class Evidence:
             self._distrusted.pop(key, None)
 
     def _dcgm_only(
-        self, evidence: list[GpuEvidence], server_policy: Policy, why: str = "no report"
+        self,
+        evidence: list[GpuEvidence],
+        server_policy: Policy,
+        why: str = "no report",
+        complete: bool = True,
     ) -> policy.GpuSignal | None:
         """A server as DCGM alone sees its GPUs (None: it does not). DCGM sees the card, not
         the kernels: the policy assumes a cell may be running."""
         if not evidence:
             return None
-        active = self._dcgm_activity(evidence, server_policy)
+        active = self._dcgm_activity(evidence, server_policy, complete)
         detail = f"DCGM, {why}" + ("" if active is not None else ": no activity data")
         return policy.GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
 
-    def _dcgm_activity(self, evidence: list[GpuEvidence], server_policy: Policy) -> bool | None:
+    def _dcgm_activity(
+        self, evidence: list[GpuEvidence], server_policy: Policy, complete: bool = True
+    ) -> bool | None:
+        """Busy if DCGM sees one of the GPUs busy; idle only if it sees them all (``complete``:
+        it has a record of each), and each idle."""
         verdicts = [
             is_idle(e, server_policy.idle_threshold, self.options.pcie_floor_bytes_per_s)
             for e in evidence
@@ -211,7 +228,7 @@ class Evidence:
             return None
         if any(v is False for v in verdicts):
             return True
-        if all(v is True for v in verdicts):
+        if complete and all(v is True for v in verdicts):
             return False
         return None
 

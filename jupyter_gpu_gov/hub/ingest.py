@@ -317,7 +317,7 @@ class Ingest:
             try:
                 model = await self.hub.get_user(user)
             except HubApiError as error:
-                log.warning("gpu-gov: cannot ask the Hub about %s: %s", key, error)
+                log.warning("gpu-gov: cannot ask the Hub about %.80r: %s", key, error)
                 return False
             if len(self._hub_lookups) > 10_000:
                 self._hub_lookups.clear()

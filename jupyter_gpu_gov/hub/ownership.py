@@ -62,12 +62,21 @@ def resolve(
     return Ownership(team=team, project=project, tier=tier, profile=profile, labels=labels)
 
 
+# A choice's characters kept: the store's columns (team, project, tier, profile) hold 255.
+MAX_CHOICE = 255
+
+
 def _text(value: Any) -> str | None:
+    """A user's choice as text the store and /metrics can take: at most ``MAX_CHOICE``
+    characters, a lone surrogate (JSON can escape one: no text) as U+FFFD."""
     if value is None or value == "":
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    text = str(value)[:MAX_CHOICE]
+    if text.isascii():
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def base_view(server: HubServer, ownership: Ownership) -> ServerView:

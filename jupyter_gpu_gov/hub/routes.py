@@ -95,7 +95,7 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
         if caller["kind"] != "user" or caller["name"] != owner:
             forbidden.inc()
             actor = f"{caller['kind']}:{caller['name']}"
-            return _refused(403, f"{actor} may not report on a server of {owner}")
+            return _refused(403, f"{actor} may not report on a server of {owner!r:.80}")
         key = server_key(owner, report["server"].get("name", ""))
         if governor.hub_ran(key):
             return _accepted(report)
@@ -104,7 +104,9 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
     async def _if_the_hub_runs(key: str, report: dict) -> Answer:
         if not await governor.hub_runs(key):
             forbidden.inc()
-            return _refused(404, f"the Hub runs no server {key}: reports are for servers it runs")
+            return _refused(
+                404, f"the Hub runs no server {key!r:.80}: reports are for servers it runs"
+            )
         return _accepted(report)
 
     def _accepted(report: dict) -> Answer:

@@ -59,6 +59,10 @@ class StoreUnavailable(RuntimeError):
         super().__init__(f"the governor's database ({safe_url(url)}) is unavailable: {cause}")
 
 
+class StoreTooNew(RuntimeError):
+    """A newer jupyter-gpu-gov migrated the store: this one leaves it as it is."""
+
+
 def safe_url(url: str) -> str:
     """A database URL without its password, for messages."""
     try:
@@ -193,9 +197,9 @@ class Store:
                     session.execute(text(statement))
                 version = target
             if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"the database {self.url} has schema version {version}, newer than this "
-                    f"jupyter-gpu-gov understands ({SCHEMA_VERSION}): upgrade the service"
+                raise StoreTooNew(
+                    f"it has schema version {version}, newer than this jupyter-gpu-gov "
+                    f"understands ({SCHEMA_VERSION}): upgrade the service"
                 )
             session.merge(MetaRow(key="schema_version", value=str(version)))
 
@@ -544,4 +548,4 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 # -- Record <-> row ----------------------------------------------------------------------------
 
 
-__all__ = ["Store", "StoreUnavailable", "safe_url"]
+__all__ = ["Store", "StoreTooNew", "StoreUnavailable", "safe_url"]

@@ -46,6 +46,14 @@ class Granted:
             found += device_evidence(by_uuid, device.parent_uuid or device.uuid, device.mig_profile)
         return found
 
+    def unseen(self, by_uuid: Mapping) -> bool:
+        """Whether DCGM has no record of an allocated device: what it does is unknown, so the
+        others' records cannot prove the server idle."""
+        return any(
+            not device_evidence(by_uuid, d.parent_uuid or d.uuid, d.mig_profile)
+            for d in self.devices
+        )
+
 
 def device_evidence(by_uuid: Mapping, uuid: str, mig_profile: str | None) -> list[GpuEvidence]:
     """DCGM's records of a leaf GPU: a whole GPU's, or the instances of a MIG profile on its
@@ -70,5 +78,5 @@ def contradictions(report: Mapping, granted: Granted, evidence: Sequence[GpuEvid
         found.append(f"it reports no GPU; the Hub's records give it {len(held)}")
     for device in named:
         if device["uuid"] not in held and (device.get("parent_uuid") or "") not in held:
-            found.append(f"it reports GPU {device['uuid']}, which is not its own")
+            found.append(f"it reports GPU {device['uuid']!r:.80}, which is not its own")
     return found

@@ -360,7 +360,7 @@ class GpuProfilesMixin:
             self.log.warning(
                 "gpu-gov: %s: ignored user_options a user may not set: %s",
                 self._log_name,
-                ", ".join(k[:40] for k in ignored[:10])
+                ", ".join(repr(k[:40])[1:-1] for k in ignored[:10])  # a newline as \n
                 + (f" and {len(ignored) - 10} more" if len(ignored) > 10 else ""),
             )
         self._gpu_granted = None

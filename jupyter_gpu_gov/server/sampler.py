@@ -20,6 +20,7 @@ from time import monotonic, thread_time
 from ..core import clock, health
 from ..core.models import GpuSnapshot
 from ..core.window import ActivityWindow
+from ..core.wire import MAX_TEXT
 from ..gpu import procs
 from ..gpu.attribution import (
     OTHER,
@@ -515,6 +516,14 @@ class Sampler:
         return changes
 
 
+def _within(text: str | None) -> str | None:
+    """A name or path as the governor takes it (``MAX_TEXT``: a longer one made the whole report
+    a 400): its end, where a path names the notebook."""
+    if text is None or len(text) <= MAX_TEXT:
+        return text
+    return "…" + text[1 - MAX_TEXT :]
+
+
 def gpu_state(gpu: dict, threshold: float) -> str:
     """``none`` (holds no GPU), ``active``, ``idle`` or ``unknown``: what a person would call it."""
     if not gpu["holds_context"]:
@@ -528,8 +537,8 @@ def _describe(target: TargetInfo) -> dict:
     return {
         "kind": target.root.kind,
         "id": target.root.id,
-        "name": target.name,
-        "path": target.path,
+        "name": _within(target.name),
+        "path": _within(target.path),
         "execution_state": target.execution_state,
         "busy_since": clock.isoformat(target.busy_since),
         "last_activity": clock.isoformat(target.last_activity),
