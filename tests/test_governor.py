@@ -18,7 +18,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core import clock, ledger
 from jupyter_gpu_gov.core import policy as policy_module
 from jupyter_gpu_gov.core.policy import Record, load_policies
 from jupyter_gpu_gov.hub import metrics
@@ -1005,3 +1005,30 @@ def test_the_policy_view_shows_the_cause_matched_limits():
         "cull",
         2,
     )
+
+
+async def test_showback_bills_the_gpus_dcgm_sees_a_server_hold(tmp_path, restore_clock):
+    """A KubeSpawner pod holding a GPU with no extension, and a server whose report names no
+    GPU though the allocator pinned one, were billed 0 GPU-equivalents: their hours were in no
+    team's showback. Now each is billed the GPUs DCGM attributes to the Hub's records."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    pod = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=pod)  # no extension
+        hub.add_server("bob", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        gov = governor(hub, tmp_path, exporter.url, ledger_max_gap=timedelta(minutes=10))
+        for _ in range(3):
+            report = report_for("bob", H100_IDLE_GPU, sm=0.0)
+            report["devices"], report["targets"][0]["gpu"]["devices"] = [], []
+            gov.ingest(report)  # "no GPU here": not believed, nor billed on
+            await gov.reconcile()
+            clock.advance(300)
+        await gov.reconcile()
+        gov.flush_usage()
+    exporter.server.stop()
+    assert gov.row("bob/").reason and "DCGM" in gov.row("bob/").reason
+    for user in ("alice", "bob"):
+        billed = sum(
+            sum(b.values.get(s, 0) for s in ledger.STATES) for b in gov.store.usage(user=user)
+        )
+        assert billed == pytest.approx(900, abs=30), user  # 15 minutes of one GPU

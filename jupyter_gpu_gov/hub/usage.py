@@ -12,7 +12,7 @@ from ..core import clock, ledger, rightsize
 from ..core.policy import ServerView
 from ..core.vocabulary import WEIGHT_LABEL
 from ..diagnose import cluster
-from . import metrics
+from . import metrics, trusted
 from .hubapi import HubServer
 from .store import StoreUnavailable
 from .tables import AuditRow
@@ -56,8 +56,9 @@ class Usage:
         key = view.key
         received = self.reports.get(key)
         fresh = received is not None and now - received.at <= self.options.report_stale_after
-        report = received.report if fresh else None
-        gpus = self.gpu_equivalents(view, report)
+        # A report that contradicts the Hub's records is not believed (``trusted``): nor billed.
+        report = received.report if fresh and not self._distrusted.get(key) else None
+        gpus = self.gpu_equivalents(view, report, server)
         if view.gpu is None or view.gpu.active is None:
             state = ledger.UNKNOWN
         elif view.gpu.active:
@@ -89,10 +90,13 @@ class Usage:
         current = self.options.tier_sizes.get(view.tier or "")
         return fit[0].weight / current.weight if fit and current else None
 
-    def gpu_equivalents(self, view: ServerView, report: Mapping | None) -> float:
+    def gpu_equivalents(
+        self, view: ServerView, report: Mapping | None, server: HubServer | None = None
+    ) -> float:
         """GPU-equivalents a server holds: its grant's ``gpu-gov/weight``, else the tier's
         configured weight, else its reported devices (a whole GPU 1, a MIG slice its share of
-        compute), else 1 for a server with a GPU tier, else 0 (no GPU)."""
+        compute), else the GPUs DCGM attributes to what the Hub's records name (its pod, its
+        pinned devices), else 1 for a server with a GPU tier, else 0 (no GPU)."""
         weight = view.labels.get(WEIGHT_LABEL)
         try:
             if weight is not None and float(weight) >= 0:
@@ -104,6 +108,12 @@ class Usage:
             return float(self.options.tier_weights[tier])
         if report is not None and report["backend"] not in ("none", "unavailable"):
             return float(sum(cluster.mig_share(d.get("mig_profile")) for d in report["devices"]))
+        granted = trusted.Granted.of(server.spawner_state) if server is not None else None
+        if granted is not None:  # a pod holding GPUs with no report (to believe) is billed them
+            found = granted.evidence(self._context.by_uuid, self._context.by_pod)
+            leaves = {(e.uuid, e.gpu_instance_id): e.mig_profile for e in found}
+            if leaves:
+                return float(sum(cluster.mig_share(profile) for profile in leaves.values()))
         return 1.0 if tier and tier != "no-gpu" else 0.0
 
     def _count(self, audits: Sequence[AuditRow]) -> None:
