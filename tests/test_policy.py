@@ -992,3 +992,16 @@ def test_evolve_is_dataclasses_replace_for_the_decision_records():
     assert p.evolve(record, state=p.ACTIVE).state == p.ACTIVE and record.state == p.IDLE
     with pytest.raises(TypeError, match="no field"):
         p.evolve(record, sate=p.ACTIVE)
+
+
+def test_reason_times_read_as_strftime_writes_them():
+    """Reasons name times as ``%Y-%m-%d %H:%M UTC`` (``_at`` formats them without strftime)."""
+    zones = (timezone.utc, timezone(timedelta(hours=-7)), None)
+    times = [
+        datetime(2026, 12, 31, 23, 59, 59, 999999),
+        datetime(1970, 1, 1),
+        datetime(9999, 1, 2, 3, 4),
+    ]
+    times += [T0 + k * 7919 * MIN for k in range(200)]
+    for when in (t.replace(tzinfo=z) for t in times for z in zones):
+        assert p._at(when) == f"{when:%Y-%m-%d %H:%M} UTC"

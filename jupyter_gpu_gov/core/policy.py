@@ -1221,7 +1221,9 @@ def _resume(record: Record, now: datetime) -> Record:
 
 
 def _at(when: datetime) -> str:
-    return f"{when:%Y-%m-%d %H:%M} UTC"
+    # f"{when:%Y-%m-%d %H:%M} UTC", the same text without strftime (0.8 µs, not 1.9): a pass
+    # writes one or two into each decided server's reason.
+    return f"{when.year}-{when.month:02d}-{when.day:02d} {when.hour:02d}:{when.minute:02d} UTC"
 
 
 def _plus(when: datetime | None, delta: timedelta) -> datetime | None:
