@@ -485,6 +485,14 @@ class Record:
     culled_at: datetime | None = None
     reason: str = ""
 
+    def __eq__(self, other: object) -> bool:
+        # Field by field, as the generated one, without its two tuples of every field (0.3 µs,
+        # not 1.2: a pass compares each decided server's records twice). Its fields are all
+        # an instance holds (frozen; ``evolve`` copies them).
+        if other.__class__ is self.__class__:
+            return self.__dict__ == other.__dict__
+        return NotImplemented
+
     def new_idle_stretch(self) -> Record:
         """GPU work resumed: deadlines, warnings and extensions start over."""
         return evolve(
