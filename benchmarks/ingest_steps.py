@@ -21,7 +21,8 @@ from the last; ``idle-repeat``: idle servers repeat theirs but for ``sampled_at`
 between rounds are timed too (``pass_*``: this thread's CPU a pass, the servers it decided
 anew, and the pass per report, a pass a minute), from the third on (the first two see the
 servers' first reports); the collector runs as the service runs it (``hub.heap.start``: no
-full collection in a pass). The store's writer thread is not counted.
+full collection in a pass; a round's objects collected at its end, in its ``gc``, as the
+service's clock collects them between passes). The store's writer thread is not counted.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ PARTS = (
 
 class Clock:
     """CPU nanoseconds per step name, per round; ``gc``: the garbage collections within them
-    (counted in the step that set them off, too)."""
+    (counted in the step that set them off, too) and the round's own at its end."""
 
     def __init__(self) -> None:
         self.ns: dict[str, int] = defaultdict(int)
@@ -123,6 +124,13 @@ def _round(gov, bodies: list[bytes], clock: Clock) -> Counter:
             verdict = ingest(check(loads(body)))
             dumps({"verdict": verdict})
             states[verdict["state"]] += 1
+        # What the service's collections on the clock (``hub.heap``) scan over the minute, each
+        # object once young, once middle-aged: a report frees about what it makes, so CPython's
+        # own count seldom starts one here and the next pass's first collections scanned the
+        # whole round (~300 ms of a 10,000-server idle-repeat pass; docs/benchmarks.md, "Issue
+        # 26, wave 22").
+        gc.collect(0)
+        gc.collect(1)
     finally:
         gc.callbacks.remove(clock.on_gc)
     return states

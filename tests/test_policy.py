@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -992,3 +992,39 @@ def test_evolve_is_dataclasses_replace_for_the_decision_records():
     assert p.evolve(record, state=p.ACTIVE).state == p.ACTIVE and record.state == p.IDLE
     with pytest.raises(TypeError, match="no field"):
         p.evolve(record, sate=p.ACTIVE)
+
+
+def test_records_compare_field_by_field():
+    """``Record.__eq__`` (its fields' dicts, not the generated tuples): equal exactly when every
+    field is, whichever way the record was made; hashes agree with it."""
+    t = T0 + 5 * MIN
+    record = p.Record(state=p.WARNED, idle_since=T0, warned_at=t, reason="idle")
+    same = p.evolve(p.Record(), state=p.WARNED, idle_since=T0, warned_at=t, reason="idle")
+    assert record == same and hash(record) == hash(same)
+    assert record == replace(record) and p.Record() == p.Record()
+    others = {
+        f.name: ("other" if f.type == "str" else 3 if f.type == "int" else 2.5)
+        for f in fields(p.Record)
+        if f.type in ("str", "int", "float")
+    }
+    others.update({f.name: t + MIN for f in fields(p.Record) if "datetime" in f.type})
+    others.update(approval_pending=True, checkpoint_status="done", cull_request_reason="admin")
+    assert set(others) == {f.name for f in fields(p.Record)}  # every field moved once below
+    for name, value in others.items():
+        moved = p.evolve(record, **{name: value})
+        assert moved != record, name
+        assert moved == replace(record, **{name: value}) and moved != same, name
+    assert record != "idle" and record != p.Decision(record)
+
+
+def test_reason_times_read_as_strftime_writes_them():
+    """Reasons name times as ``%Y-%m-%d %H:%M UTC`` (``_at`` formats them without strftime)."""
+    zones = (timezone.utc, timezone(timedelta(hours=-7)), None)
+    times = [
+        datetime(2026, 12, 31, 23, 59, 59, 999999),
+        datetime(1970, 1, 1),
+        datetime(9999, 1, 2, 3, 4),
+    ]
+    times += [T0 + k * 7919 * MIN for k in range(200)]
+    for when in (t.replace(tzinfo=z) for t in times for z in zones):
+        assert p._at(when) == f"{when:%Y-%m-%d %H:%M} UTC"

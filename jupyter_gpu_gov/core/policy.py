@@ -485,6 +485,14 @@ class Record:
     culled_at: datetime | None = None
     reason: str = ""
 
+    def __eq__(self, other: object) -> bool:
+        # Field by field, as the generated one, without its two tuples of every field (0.3 µs,
+        # not 1.2: a pass compares each decided server's records twice). Its fields are all
+        # an instance holds (frozen; ``evolve`` copies them).
+        if other.__class__ is self.__class__:
+            return self.__dict__ == other.__dict__
+        return NotImplemented
+
     def new_idle_stretch(self) -> Record:
         """GPU work resumed: deadlines, warnings and extensions start over."""
         return evolve(
@@ -1221,7 +1229,9 @@ def _resume(record: Record, now: datetime) -> Record:
 
 
 def _at(when: datetime) -> str:
-    return f"{when:%Y-%m-%d %H:%M} UTC"
+    # f"{when:%Y-%m-%d %H:%M} UTC", the same text without strftime (0.8 µs, not 1.9): a pass
+    # writes one or two into each decided server's reason.
+    return f"{when.year}-{when.month:02d}-{when.day:02d} {when.hour:02d}:{when.minute:02d} UTC"
 
 
 def _plus(when: datetime | None, delta: timedelta) -> datetime | None:

@@ -297,8 +297,8 @@ class DiagnosisService:
         """The verdict's ``root_cause`` (``Scored.root_cause``): ``None`` when it names no
         cause, when not diagnosed, or when the last report is older than ``stale_after``."""
         scored = self.results.get(key)
-        if scored is None:
-            return None
+        if scored is None or scored.cause is None:
+            return None  # stale or not: most servers, twice a pass, without a clock read
         if stale_after is not None and clock.utcnow() - scored.at > stale_after:
             return None
         return scored.root_cause()

@@ -235,6 +235,8 @@ class Evidence:
     @staticmethod
     def _evidence(report: Mapping, by_uuid, by_pod) -> list[GpuEvidence]:
         """DCGM's records of this server's GPUs: by its pod, else by its devices' UUIDs."""
+        if not by_uuid and not by_pod:
+            return []  # no DCGM evidence (a pass asks up to five times a server)
         server = report["server"]
         evidence = list(by_pod.get((server.get("namespace"), server.get("pod")), ()))
         if not evidence:
