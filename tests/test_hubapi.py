@@ -23,6 +23,15 @@ def client(hub: FakeHub, **kwargs) -> HubApi:
     return HubApi(hub.api_url, kwargs.pop("token", hub.token), **kwargs)
 
 
+def scripted_hub(routes: list) -> tuple[HTTPServer, HubApi]:
+    """A Hub API answering as ``routes`` (tornado handlers under ``/hub/api``) script it, and a
+    client of it."""
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(web.Application(routes))
+    server.add_sockets(sockets)
+    return server, HubApi(f"http://127.0.0.1:{sockets[0].getsockname()[1]}/hub/api", "t")
+
+
 # --- listing -----------------------------------------------------------------------------------
 async def test_servers_listed_across_pages():
     now = clock.utcnow().replace(microsecond=0)
@@ -355,10 +364,7 @@ async def test_closing_with_a_request_in_flight_leaves_nothing_to_fire(caplog):
             await asyncio.sleep(1)
             self.finish("{}")
 
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(web.Application([(r"/hub/api/(.*)", Slow)]))
-    server.add_sockets(sockets)
-    api = HubApi(f"http://127.0.0.1:{sockets[0].getsockname()[1]}/hub/api", "t")
+    server, api = scripted_hub([(r"/hub/api/(.*)", Slow)])
     try:
         for _ in range(3):
             request = asyncio.ensure_future(api.request("GET", "users"))
@@ -383,10 +389,7 @@ async def test_a_page_that_is_not_json_is_an_error_naming_what_came():
             self.set_header("Content-Type", "text/html")
             self.finish("<html><title>Sign in</title></html>")
 
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(web.Application([(r"/hub/api/(.*)", Page)]))
-    server.add_sockets(sockets)
-    api = HubApi(f"http://127.0.0.1:{sockets[0].getsockname()[1]}/hub/api", "t")
+    server, api = scripted_hub([(r"/hub/api/(.*)", Page)])
     try:
         for read in (api.list_servers, lambda: api.get_user("alice"), api.get_groups):
             with pytest.raises(HubApiError) as e:
@@ -424,10 +427,7 @@ async def test_a_model_that_cannot_be_read_leaves_out_that_server_not_the_others
         def get(self):
             self.finish({"version": "5.2.1"})
 
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(web.Application([(r"/hub/api/users", Users), (r"/hub/api/?", Root)]))
-    server.add_sockets(sockets)
-    api = HubApi(f"http://127.0.0.1:{sockets[0].getsockname()[1]}/hub/api", "t")
+    server, api = scripted_hub([(r"/hub/api/users", Users), (r"/hub/api/?", Root)])
     try:
         with caplog.at_level("WARNING"):
             assert sorted(s.key for s in await api.list_servers()) == ["ann/", "eve/"]

@@ -118,16 +118,21 @@ def test_no_url_means_no_port_and_a_taken_port_means_no_crash_loop(tmp_path):
     assert "its service entry has no URL" in log
 
 
-def test_a_damaged_database_says_what_is_wrong_and_how_to_recover(tmp_path):
-    db = tmp_path / "gpu-gov.sqlite"
-    db.write_bytes(b"SQLite format 3\x00" + b"\x17" * 4096)  # a header, then garbage
-    done = subprocess.run(
+def start_on(db) -> subprocess.CompletedProcess:
+    """The service started on the SQLite file ``db`` (it stops before reaching the Hub)."""
+    return subprocess.run(
         [sys.executable, "-m", "jupyter_gpu_gov.hub", f"--db-url=sqlite:///{db}"],
         env={"PATH": "/usr/bin:/bin", "JUPYTERHUB_API_TOKEN": "unused"},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_a_damaged_database_says_what_is_wrong_and_how_to_recover(tmp_path):
+    db = tmp_path / "gpu-gov.sqlite"
+    db.write_bytes(b"SQLite format 3\x00" + b"\x17" * 4096)  # a header, then garbage
+    done = start_on(db)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr, done.stderr
     assert f"cannot use its database sqlite:///{db}" in done.stderr
@@ -141,13 +146,7 @@ def test_a_database_of_a_newer_version_says_so_without_a_traceback(tmp_path):
     with sqlite3.connect(db) as connection:
         connection.execute("CREATE TABLE meta (key VARCHAR(64) PRIMARY KEY, value TEXT)")
         connection.execute("INSERT INTO meta VALUES ('schema_version', '99')")
-    done = subprocess.run(
-        [sys.executable, "-m", "jupyter_gpu_gov.hub", f"--db-url=sqlite:///{db}"],
-        env={"PATH": "/usr/bin:/bin", "JUPYTERHUB_API_TOKEN": "unused"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = start_on(db)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr, done.stderr
     assert f"cannot use its database sqlite:///{db}" in done.stderr
