@@ -898,3 +898,84 @@ async def test_the_source_says_which_values_it_ignored():
     assert gpu.activity is None
     (error,) = snapshot.errors
     assert "1 value(s) out of range ignored (unknown): DCGM_FI_DEV_GPU_UTIL=-5" in error
+
+
+class SelectingPrometheus(RequestHandler):
+    """``/api/v1/query`` over dcgm-exporter's series and a user pod's: what Prometheus answers
+    to the governor's query, whose ``job`` matcher (when it has one) it applies."""
+
+    def get(self) -> None:
+        query = self.get_argument("query")
+        job = re.search(r'job="([^"]*)"', query)
+        now = time.time()
+
+        def series(job_name: str, pod: str, uuid: str, node: str, name: str, value: str) -> dict:
+            labels = {"__name__": name, "job": job_name, "namespace": "jhub", "pod": pod}
+            labels.update(UUID=uuid, Hostname=node, gpu="0", modelName="NVIDIA H100 80GB HBM3")
+            return {"metric": labels, "value": [now, value]}
+
+        result = [
+            series(
+                "dcgm-exporter", "jupyter-bob", "GPU-bob", "gpu-node-3", "DCGM_FI_DEV_GPU_UTIL", "0"
+            ),
+            series(
+                "dcgm-exporter",
+                "jupyter-bob",
+                "GPU-bob",
+                "gpu-node-3",
+                "DCGM_FI_DEV_XID_ERRORS",
+                "0",
+            ),
+            # mallory's pod, scraped for its own /metrics, says bob's GPU fell off the bus
+            series(
+                "jupyter-users",
+                "jupyter-mallory",
+                "GPU-bob",
+                "gpu-node-3",
+                "DCGM_FI_DEV_XID_ERRORS",
+                "79",
+            ),
+        ]
+        if job:
+            result = [r for r in result if r["metric"]["job"] == job[1]]
+        self.finish({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+
+async def test_with_a_selector_only_the_exporters_series_are_dcgms_word():
+    """A Prometheus that also scrapes users' pods: without a selector, the XID 79 mallory's
+    pod exports makes bob's healthy GPU failed (his server gpu-failed, his node cordoned);
+    with ``prometheus_selector`` only dcgm-exporter's series are read."""
+    with serve([("/api/v1/query", SelectingPrometheus)]) as base:
+        open_query = await DcgmSource(prometheus_url=base).fetch()
+        config = DcgmConfig(prometheus_selector='job="dcgm-exporter"')
+        selected = await DcgmSource(prometheus_url=base, config=config).fetch()
+    failed = {(e.uuid, e.owner) for e in open_query.evidence if e.health.failed}
+    assert ("GPU-bob", ("jhub", "jupyter-bob")) in failed  # bob's own record, as it stands
+    assert [(e.uuid, e.owner, e.health.failed) for e in selected.evidence] == [
+        ("GPU-bob", ("jhub", "jupyter-bob"), False)
+    ]
+
+
+@pytest.mark.parametrize(
+    "selector", ["job=dcgm", 'job="a"} or vector(1) or {x="b"', 'job="a",', '{job="a"}']
+)
+def test_a_selector_that_is_not_label_matchers_is_refused(selector):
+    with pytest.raises(ValueError, match="prometheus_selector"):
+        DcgmConfig(prometheus_selector=selector)
+
+
+async def test_the_selector_is_a_setting_checked_at_start(tmp_path, monkeypatch):
+    from jupyter_gpu_gov.hub.app import GpuGovernor
+
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t")
+    args = [f"--GpuGovernor.db_url=sqlite:///{tmp_path / 'gov.sqlite'}"]
+    args.append("--GpuGovernor.dcgm_prometheus_url=http://prometheus:9090")
+    app = GpuGovernor()
+    app.initialize([*args, '--GpuGovernor.dcgm_prometheus_selector=job="dcgm-exporter"'])
+    gov = app.make_governor()
+    await gov.close()
+    assert prometheus_query(gov.dcgm.reader.config).endswith(',job="dcgm-exporter"}')
+    app = GpuGovernor()
+    app.initialize([*args, "--GpuGovernor.dcgm_prometheus_selector=job=dcgm-exporter"])
+    with pytest.raises(SystemExit, match="is not PromQL label matchers"):  # one line, no traceback
+        app.make_governor()

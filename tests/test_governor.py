@@ -1032,3 +1032,23 @@ async def test_showback_bills_the_gpus_dcgm_sees_a_server_hold(tmp_path, restore
             sum(b.values.get(s, 0) for s in ledger.STATES) for b in gov.store.usage(user=user)
         )
         assert billed == pytest.approx(900, abs=30), user  # 15 minutes of one GPU
+
+
+async def test_asking_again_while_an_extension_waits_for_an_admin_adds_no_request(tmp_path):
+    """Past max_extensions a request waits for an admin. The owner (or a script with their
+    token) pressing Extend again must not fill the admins' list of pending requests: one
+    server, one request waiting, however often it is asked."""
+    async with FakeHub() as hub:
+        hub.add_server("mallory")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("mallory", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        statuses = [(await gov.extend("mallory/", "user:mallory", "x" * 2000))[0] for _ in range(8)]
+        pending = gov.extensions("pending")
+        assert statuses == [200, 200, 202, 202, 202, 202, 202, 202]
+        assert [e.server_key for e in pending] == ["mallory/"]
+        await gov.decide_extension("mallory/", "user:admin", True, 3600.0, "ok")
+        assert gov.extensions("pending") == []
+        assert [e.status for e in gov.extensions()] == ["approved", "granted", "granted"]
+        asked = [a for a in gov.store.audit_rows("mallory/") if a.action == "extend"]
+        assert len(asked) == 8  # each ask is still on record

@@ -214,6 +214,10 @@ async def test_a_reported_failure_dcgm_reads_as_healthy_is_not_believed(tmp_path
         http.server.stop()
     # DCGM reads its health fields and activity: healthy, idle (and the report says so)
     assert gov.row("mallory/").state == "idle"
+    # Nor is the claim shown or alerted on: an admin would drain or reset a healthy GPU (on
+    # which, on a shared card, other users' servers run) on mallory's word.
+    assert gov.health_view()["gpus"] == []
+    assert metrics.GPU_UNHEALTHY.collect()[0].samples == []
 
 
 async def test_a_gpu_that_needs_draining_is_said_and_governed_as_usual(tmp_path):

@@ -121,10 +121,15 @@ class GpuGovernor(GovernorSettings, Application):
         )
         dcgm = None
         if self.dcgm_prometheus_url or self.dcgm_exporter_urls:
+            try:
+                config = DcgmConfig(prometheus_selector=self.dcgm_prometheus_selector)
+                config = config.with_metrics(self.dcgm_metric_names)
+            except ValueError as error:
+                raise SystemExit(f"jupyter-gpu-gov: {error}") from None
             dcgm = DcgmSource(
                 prometheus_url=self.dcgm_prometheus_url or None,
                 exporter_urls=self.dcgm_exporter_urls,
-                config=DcgmConfig().with_metrics(self.dcgm_metric_names),
+                config=config,
                 bearer_token=self.dcgm_bearer_token or None,
                 timeout_s=self.dcgm_timeout,
                 max_bytes=self.dcgm_max_bytes,

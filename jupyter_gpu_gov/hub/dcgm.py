@@ -118,6 +118,9 @@ _CLAMP = {"gr_engine_active": 1.0, "sm_active": 1.0, "dram_active": 1.0, "tensor
 _CLAMP["gpu_util"] = 100.0
 # The most a read may decompress to (a whole 10,000-GPU fleet through Prometheus is ~40 MB).
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+# PromQL label matchers, e.g. ``job="nvidia-dcgm-exporter", namespace="gpu-operator"``.
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*'
+LABEL_MATCHERS = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*")
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,10 @@ class DcgmConfig:
     # The exporter's own pod, seen through Prometheus target labels, is never an owner.
     exporter_pod_regex: str = DEFAULT_EXPORTER_POD_REGEX  # full match against the pod name
     exporter_containers: frozenset[str] = DEFAULT_EXPORTER_CONTAINERS  # and its container's
+    # Prometheus: label matchers only the exporter's series meet (its job, its namespace), so
+    # that series of these names from any other target (a user's pod scraped for its own
+    # metrics, a Pushgateway) are never read as DCGM's word.
+    prometheus_selector: str = ""
     _exporter_pod: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +146,11 @@ class DcgmConfig:
                     f"DcgmConfig.metrics[{name!r}]: unknown field {signal!r}; "
                     f"one of {', '.join(sorted(SIGNALS))}"
                 )
+        if self.prometheus_selector and not LABEL_MATCHERS.fullmatch(self.prometheus_selector):
+            raise ValueError(
+                f"DcgmConfig.prometheus_selector: {self.prometheus_selector!r:.200} is not "
+                'PromQL label matchers, e.g. job="nvidia-dcgm-exporter"'
+            )
         try:
             pattern = re.compile(self.exporter_pod_regex)
         except re.error as e:
@@ -418,9 +430,12 @@ def parse_prometheus_query(
 
 
 def prometheus_query(config: DcgmConfig | None = None) -> str:
-    """One instant query for every metric in the table, e.g. ``{__name__=~"A|B"}``."""
-    names = "|".join(sorted((config or DcgmConfig()).metrics))
-    return f'{{__name__=~"{names}"}}'
+    """One instant query for every metric in the table, e.g. ``{__name__=~"A|B"}``, of the
+    series the config's ``prometheus_selector`` matches."""
+    config = config or DcgmConfig()
+    names = "|".join(sorted(config.metrics))
+    selector = f",{config.prometheus_selector}" if config.prometheus_selector else ""
+    return f'{{__name__=~"{names}"{selector}}}'
 
 
 # --- judgement and lookup (pure) --------------------------------------------------------------

@@ -150,19 +150,20 @@ class HealthWatch:
                 model=device.get("name"),
                 server=key,
             )
-        if noted:
+        trusted = [e.health for e in evidence if e.health is not None]
+        readable = evidence and all(e.activity is not None for e in evidence)
+        # DCGM reads its GPUs healthy: the report's claims are neither believed nor shown (an
+        # admin would take a healthy GPU out of service on the owner's word).
+        dismissed = trusted and readable and all(h.status == health.OK for h in trusted)
+        if noted and not dismissed:
             self.reported[key] = noted
         elif self.reported:
             self.reported.pop(key, None)
         claimed = [p.health for p in noted.values() if p.health.status == health.UNHEALTHY]
-        trusted = [e.health for e in evidence if e.health is not None]
         failing = [h for h in trusted if h.status == health.UNHEALTHY]
         if failing:
             return health.combine(failing + claimed)
-        if not claimed:
-            return None
-        readable = evidence and all(e.activity is not None for e in evidence)
-        if trusted and readable and all(h.status == health.OK for h in trusted):
+        if not claimed or dismissed:
             return None
         return health.combine(claimed)
 

@@ -28,7 +28,8 @@ class PeoplesRequests:
     async def extend(self, key: str, actor: str, reason: str) -> tuple[int, dict]:
         row = self._known_row(key)
         server_policy = self.policy_named(row.policy)
-        outcome = policy.extend(record_of(row), server_policy, reason)
+        before = record_of(row)
+        outcome = policy.extend(before, server_policy, reason)
         seconds = server_policy.extension_step.total_seconds() if outcome.status == "granted" else 0
         request = ExtensionRow(
             server_key=key,
@@ -41,8 +42,10 @@ class PeoplesRequests:
         why = f"{outcome.status}: {outcome.message}; reason: {reason or '-'}"
         audit = self._audit_row(row, "extend", why, actor=actor)
         # A refused request changes nothing but is on record; a granted or pending one, all of
-        # it or none (a store failure must not use an extension up without granting it).
-        self._commit(row, outcome.record, [audit], extensions=[request])
+        # it or none (a store failure must not use an extension up without granting it). Asking
+        # again while one waits for an admin is audited, not a second request in their list.
+        again = before.approval_pending and outcome.status == "pending"
+        self._commit(row, outcome.record, [audit], extensions=[] if again else [request])
         metrics.EXTENSIONS.labels(outcome.status).inc()
         await self.redecide(key)
         code = {"granted": 200, "pending": 202, "refused": 409}[outcome.status]

@@ -128,6 +128,12 @@ class GovernorSettings(HasTraits):
     dcgm_prometheus_url = Unicode(
         "", help="Prometheus base URL to query dcgm-exporter series (e.g. http://prometheus:9090)."
     ).tag(config=True)
+    dcgm_prometheus_selector = Unicode(
+        "",
+        help="PromQL label matchers only dcgm-exporter's series meet (e.g. "
+        'job="nvidia-dcgm-exporter"): without them, a series of a DCGM name from any target '
+        "of that Prometheus (a user's pod, a Pushgateway) is read as DCGM's word.",
+    ).tag(config=True)
     dcgm_exporter_urls = List(
         Unicode(), help="dcgm-exporter /metrics URLs to scrape directly (instead of Prometheus)."
     ).tag(config=True)
