@@ -343,3 +343,23 @@ async def test_a_failed_gpu_keeps_its_hard_deadline_in_the_verdict(tmp_path):
         gov.ingest(failed_report("bob", uuid))
         await gov.reconcile()
         assert gov.row("bob/").cull_reason == "max-age"
+
+
+async def test_a_failure_claimed_on_a_gpu_not_its_own_keeps_nothing(tmp_path):
+    """Mallory's records give her one L4 that DCGM reads healthy and idle. Her report says
+    another GPU, which DCGM does not know, fell off the bus: the report contradicts the records
+    (distrusted), so its failure must not keep her idle GPU from the cull."""
+    http = Http((FIXTURES / L4).read_text())
+    try:
+        async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+            hub.add_server("mallory", state={"gpu_gov_devices": [L4_GPU]})
+            gov = await stack.enter_async_context(governed(hub, tmp_path, f"{http.base}/metrics"))
+            gov.ingest(failed_report("mallory", "GPU-made-up-and-lost"))
+            await gov.reconcile()
+            row = gov.row("mallory/")
+            actions = [a.action for a in gov.store.audit_rows("mallory/")]
+    finally:
+        http.server.stop()
+    assert "report-distrusted" in actions
+    assert row.state == "idle" and row.cull_at is not None
+    assert gov.health_view()["gpus"] == []  # nor is a GPU it does not hold shown as failed

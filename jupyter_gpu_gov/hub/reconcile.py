@@ -410,12 +410,14 @@ class Governor(
         self._distrust(server, key, now, batch)
         view = self._with_gpu(base, server_policy, now, row.reports, server)
         received = self.reports.get(key)
+        # A report the records contradict is not believed, its health claims neither.
+        report = received.report if received and key not in self._distrusted else None
         evidence = (
-            self._evidence(received.report, context.by_uuid, context.by_pod)
-            if received is not None
+            self._evidence(report, context.by_uuid, context.by_pod)
+            if report is not None
             else self._granted_evidence(server)
         )
-        failure = self.health.of_server(key, received and received.report, evidence, now)
+        failure = self.health.of_server(key, report, evidence, now)
         cause, confident = cause_of(self.root_cause(key))
         view = evolve(view, cause=cause, cause_confident=confident, excluded=self._excluded(server))
         view, record = self.health.prepare(view, record, failure)
