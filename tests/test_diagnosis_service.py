@@ -632,6 +632,32 @@ def test_the_diagnosis_keeps_no_report_no_window_and_no_silent_diagnosis_a_serve
     assert sorted(o.label for o in held if isinstance(o, Diagnosis)) == causes  # not erin's
 
 
+def test_a_server_renaming_its_gpu_in_every_report_trains_one_node():
+    """Without DCGM a window's node is the kind of card its report names: the server's own
+    words. A new name in every report made a node reference and a task each, kept for good
+    (~10 kB a report: 97 MB a week from one server). The first name a server gives is kept for
+    its session; DCGM's hostname, where DCGM sees the GPU, is still the node."""
+    service = DiagnosisService(DiagnosisOptions(sample_every=timedelta(0)))
+    try:
+        for i in range(60):
+            clock.advance(60)
+            report = validate(starved_report("mallory"))
+            report["devices"][0]["name"] = f"NVIDIA H100 {i}"
+            service.observe("mallory/", report)
+        assert len(service.model.nodes) == 1 and len(service.model.tasks) == 1
+        assert service.results["mallory/"].node == "NVIDIA H100 0"
+        assert {w.node for w in service.history.windows()} == {"NVIDIA H100 0"}
+
+        service.forget("mallory/")  # a new session may run on another card
+        clock.advance(60)
+        report = validate(starved_report("mallory"))
+        report["devices"][0]["name"] = "NVIDIA L4"
+        service.observe("mallory/", report)
+        assert service.results["mallory/"].node == "NVIDIA L4"
+    finally:
+        clock.reset()
+
+
 def test_the_history_is_bounded_by_count_and_age():
     history = History(timedelta(days=7), limit=5)
     window = faults.generate(1, 1, seed=3)[0][0]

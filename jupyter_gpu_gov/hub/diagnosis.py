@@ -142,6 +142,10 @@ class _Server:
     booked_at: float | None = None
     team: str = ""
     gpus: float | None = None
+    # the card kind its first report named (without DCGM: the report's own words), kept for
+    # the session: a server does not change its GPUs while it runs, and a new name in every
+    # report would have made a node reference and a task each (~10 kB a report, for good)
+    named_node: str | None = None
 
     def drop(self) -> None:
         """What it is now forgotten (not which report it sent last, nor when one was kept)."""
@@ -209,12 +213,13 @@ class DiagnosisService:
             sampled_at = report.get("sampled_at")
             if server is not None and server.sampled_at == sampled_at:
                 return self.results.get(key)  # the same report again: nothing new
-            # t is the report's sampled_at: user_idle_s then reads one clock, the server's.
-            windows = windows_from_report(
-                report, node=node_of(report, evidence), dcgm=dcgm_fields(evidence)
-            )
             if server is None:
                 server = self._servers[key] = _Server()
+            node = node_of(report, evidence)
+            if not any(e.hostname for e in evidence):  # named by the report, not by DCGM
+                node = server.named_node = server.named_node or node
+            # t is the report's sampled_at: user_idle_s then reads one clock, the server's.
+            windows = windows_from_report(report, node=node, dcgm=dcgm_fields(evidence))
             server.sampled_at = sampled_at
             if not windows:  # it holds no GPU: nothing to diagnose
                 self._drop(key)
