@@ -168,6 +168,13 @@ c.GpuGovernor.db_url = os.environ.get("GPU_GOV_DB_URL", "sqlite:////srv/jupyterh
 c.GpuGovernor.dcgm_prometheus_url = os.environ.get(
     "GPU_GOV_PROMETHEUS_URL", "http://prometheus-operated.monitoring.svc:9090"
 )
+# Only the exporter's series are DCGM's word: any other target of that Prometheus (a user's pod
+# scraped by annotation, a Pushgateway) could publish a series of a DCGM name. The GPU
+# operator's exporter is scraped as job "nvidia-dcgm-exporter", the standalone chart's as
+# "dcgm-exporter"; set yours (docs/kubernetes.md).
+c.GpuGovernor.dcgm_prometheus_selector = os.environ.get(
+    "GPU_GOV_DCGM_SELECTOR", 'job=~"(nvidia-)?dcgm-exporter"'
+)
 c.GpuGovernor.timeout = 3600  # servers that send no GPU report: jupyterhub-idle-culler's rule
 c.GpuGovernor.policy_defaults = {
     "warn_after": "1h",  # of GPU idleness
