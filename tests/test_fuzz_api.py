@@ -31,7 +31,8 @@ from jupyter_gpu_gov.hub.store import Store
 
 PREFIX = "/services/gpu-gov/"
 ACCESS = "access:services!service=gpu-gov"
-OWNER, ADMIN = "owner-token", "admin-token"
+OWNER, ADMIN = "owner-token", "admin-token"  # alice's server's own token; root's, an admin
+ALICE = "alice-token"  # alice's own: any of her servers (access:servers!user=alice)
 FUZZ = settings(
     max_examples=120,
     deadline=None,
@@ -57,6 +58,7 @@ class Service:
         self.hub.start()
         self.hub.add_server("alice", started=clock.utcnow() - timedelta(minutes=5))
         self.hub.add_user_token("alice", OWNER, extra_scopes=[ACCESS])
+        self.hub.add_user_token("alice", ALICE, extra_scopes=[ACCESS, "access:servers!user=alice"])
         self.hub.add_user_token("root", ADMIN, extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
         for key, value in {
             "JUPYTERHUB_API_URL": self.hub.api_url,
@@ -367,9 +369,38 @@ def test_a_refused_report_names_what_it_sent_on_one_log_line(service, caplog, fi
     report = fresh_report()
     report["server"][field] = forged
     with caplog.at_level(logging.WARNING, logger="jupyter_gpu_gov"):
-        r = call(service, "POST", "api/reports", OWNER, data=json.dumps(report))
+        r = call(service, "POST", "api/reports", ALICE, data=json.dumps(report))
     assert r.status_code == status, r.text
     message = r.json()["message"]
     assert "x\\n[W 2026" in message and "\n" not in message
     (line,) = [m for m in caplog.messages if "api/reports refused" in m]
     assert "x\\n[W 2026" in line and "\n" not in line
+
+
+def test_a_servers_own_token_acts_for_that_server_only(tmp_path, monkeypatch):
+    """A server's ``$JUPYTERHUB_API_TOKEN`` reaches only that server on the Hub
+    (``access:servers!server=alice/``), and whoever the server is shared with can read it. The
+    governor took it for alice herself: it stopped, extended and reported for her other
+    servers. Now such a token acts for its own server only; her own token, for any of hers."""
+    service = Service(tmp_path, monkeypatch)
+    try:
+        service.hub.add_server("alice", "gpu", started=clock.utcnow() - timedelta(minutes=5))
+        asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        other = fresh_report()
+        other["server"]["name"] = "gpu"
+        r = call(service, "POST", "api/reports", token=OWNER, json=other)
+        assert r.status_code == 403, r.text
+        assert r.json()["message"] == "a token of server 'alice/' may not act for 'alice/gpu'"
+        for action in ("stop", "extend"):
+            r = call(service, "POST", f"api/users/alice/servers/gpu/{action}", token=OWNER, json={})
+            assert r.status_code == 403, (action, r.text)
+        assert service.hub.running("alice", "gpu")
+        listed = call(service, "GET", "api/servers", token=OWNER).json()["servers"]
+        assert [(s["user"], s["name"]) for s in listed] == [("alice", "")]
+
+        assert call(service, "POST", "api/reports", token=OWNER, json=fresh_report()).ok
+        assert call(service, "POST", "api/reports", token=ALICE, json=other).ok
+        r = call(service, "POST", "api/users/alice/servers/gpu/stop", token=ALICE, json={})
+        assert r.ok, r.text
+    finally:
+        service.stop()

@@ -199,6 +199,20 @@ def test_users_and_server_tokens_stay_in_their_lane(hub, gov):
         == 200
     )
     assert gov.call("GET", "policies", server_token).status_code == 403
+    # ...for its own server only: whoever bob's server is shared with can read that token.
+    other = report | {"server": {**report["server"], "user": "bob", "name": "other"}}
+    r = gov.call("POST", "reports", server_token, json=other)
+    assert (
+        r.status_code == 403
+        and "a token of server 'bob/' may not act for 'bob/other'" in r.json()["message"]
+    ), r.text
+    r = gov.call("POST", "users/bob/servers/other/stop", server_token, json={"reason": "x"})
+    assert (
+        r.status_code == 403
+        and "a token of server 'bob/' may not act for 'bob/other'" in r.json()["message"]
+    ), r.text
+    listed = gov.call("GET", "servers", server_token).json()["servers"]
+    assert [(s["user"], s["name"]) for s in listed] == [("bob", "")]
     assert (
         gov.call("POST", "users/dave/server/cull", server_token, json={"reason": "x"}).status_code
         == 403

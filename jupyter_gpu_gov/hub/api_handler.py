@@ -18,7 +18,7 @@ from tornado import web
 from tornado.log import app_log
 
 from ..core.vocabulary import server_key
-from .prepared_auth import ADMIN_SCOPE, HUB_ADMIN_SCOPES, PreparedHubAuthenticated
+from .prepared_auth import ADMIN_SCOPE, HUB_ADMIN_SCOPES, PreparedHubAuthenticated, may_act_for
 from .store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -139,11 +139,20 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         if not self.is_admin:
             raise web.HTTPError(403, f"this needs the {ADMIN_SCOPE} scope (governor admins)")
 
-    def require_owner_or_admin(self, user: str) -> None:
+    def require_owner_or_admin(self, user: str, name: str | None = None) -> None:
+        """The caller is a governor admin, or ``user`` with a token that reaches the server
+        ``name`` (a server's own token reaches only its server: ``bound_servers``)."""
         model = self.current_user
-        if self.is_admin or (model.get("kind", "user") == "user" and model["name"] == user):
+        if self.is_admin:
             return
-        raise web.HTTPError(403, f"only {user} or a governor admin may do this")
+        if model.get("kind", "user") != "user" or model["name"] != user:
+            raise web.HTTPError(403, f"only {user} or a governor admin may do this")
+        key = server_key(user, name or "")
+        if not may_act_for(model, key):
+            raise web.HTTPError(
+                403,
+                f"a token of server {', '.join(model['servers'])!r:.80} may not act for {key!r:.80}",
+            )
 
     def body(self) -> dict[str, Any]:
         if not self.request.body:

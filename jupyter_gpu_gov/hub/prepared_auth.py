@@ -87,6 +87,9 @@ class PreparedHubOAuth(HubOAuth):
         if model is None:
             return None
         kept = {field: model[field] for field in KEPT_FIELDS if field in model}
+        servers = bound_servers(model.get("scopes") or ())
+        if servers is not None:
+            kept["servers"] = servers
         if "kind" in kept:
             kept["kind"] = KINDS.get(kept["kind"], kept["kind"])
         if "scopes" in kept:
@@ -101,6 +104,28 @@ class PreparedHubOAuth(HubOAuth):
                 scopes = SHARED_SCOPES.setdefault(frozenset(scopes), scopes)
             kept["scopes"] = scopes
         return kept
+
+
+def bound_servers(scopes) -> tuple[str, ...] | None:
+    """The servers (``user/name`` keys) a token may act for when the Hub lets it reach only
+    those: its every ``access:servers`` scope filtered to a server. A server's own
+    ``$JUPYTERHUB_API_TOKEN`` is (``access:servers!server=alice/``): whoever that server is
+    shared with can read it, and it must not stop, extend or report for its owner's other
+    servers. None: not bound (no such scope, or one to a user or to all)."""
+    servers = []
+    for scope in scopes:
+        base, _, which = str(scope).partition("!")
+        if base == "access:servers":
+            if not which.startswith("server="):
+                return None
+            servers.append(which.removeprefix("server="))
+    return tuple(sorted(servers)) or None
+
+
+def may_act_for(model: dict, key: str) -> bool:
+    """Whether the caller's token reaches the server ``key`` (``bound_servers``)."""
+    servers = model.get("servers")
+    return servers is None or key in servers
 
 
 def has_access(hub_auth: HubOAuth, model: dict) -> bool:

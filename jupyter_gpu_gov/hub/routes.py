@@ -25,6 +25,7 @@ from .prepared_auth import (
     METRICS_SCOPE,
     PreparedHubOAuth,
     asked_token_caller,
+    may_act_for,
     token_caller,
 )
 from .protocol_server import DirectRequest, DirectRoute
@@ -97,6 +98,12 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
             actor = f"{caller['kind']}:{caller['name']}"
             return _refused(403, f"{actor} may not report on a server of {owner!r:.80}")
         key = server_key(owner, report["server"].get("name", ""))
+        if not may_act_for(caller, key):
+            forbidden.inc()
+            return _refused(
+                403,
+                f"a token of server {', '.join(caller['servers'])!r:.80} may not act for {key!r:.80}",
+            )
         if governor.hub_ran(key):
             return _accepted(report)
         return _if_the_hub_runs(key, report)
@@ -134,7 +141,7 @@ class ServersHandler(ApiHandler):
         items = [
             self.governor.listing(row)
             for row in sorted(rows, key=lambda r: r.key)
-            if user is None or row.user == user
+            if user is None or (row.user == user and may_act_for(self.current_user, row.key))
         ]
         self.write_json({"servers": items})
 
@@ -144,7 +151,7 @@ class ServerHandler(ApiHandler):
 
     @web.authenticated
     def get(self, user: str, name: str | None = None):
-        self.require_owner_or_admin(user)
+        self.require_owner_or_admin(user, name)
         key, row = self.known_server(user, name)
         self.write_json({**self.governor.listing(row), "verdict": self.governor.verdict(key)})
 
@@ -152,7 +159,7 @@ class ServerHandler(ApiHandler):
 class ExtendHandler(ApiHandler):
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
-        self.require_owner_or_admin(user)
+        self.require_owner_or_admin(user, name)
         key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason")
         status, outcome = await self.governor.extend(key, self.actor, reason)
@@ -233,7 +240,7 @@ class StopHandler(ApiHandler):
 
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
-        self.require_owner_or_admin(user)
+        self.require_owner_or_admin(user, name)
         key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason")
         self.write_json(await self.governor.stop_by_owner(key, self.actor, reason))
