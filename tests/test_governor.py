@@ -1052,3 +1052,23 @@ async def test_asking_again_while_an_extension_waits_for_an_admin_adds_no_reques
         assert [e.status for e in gov.extensions()] == ["approved", "granted", "granted"]
         asked = [a for a in gov.store.audit_rows("mallory/") if a.action == "extend"]
         assert len(asked) == 8  # each ask is still on record
+
+
+async def test_a_report_not_believed_teaches_the_diagnosis_nothing(tmp_path, restore_clock):
+    """A report that contradicts the Hub's records may name another node's GPU, and its windows
+    trained that node's reference, which the node's other servers are read against (a zombie
+    line, a fed level). Once it is not believed its windows are scored, never learnt."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt", "t4-default-counters-busy.txt")
+    async with FakeHub() as hub:
+        hub.add_server("mallory", state={"gpu_gov_devices": [H100_IDLE_GPU]})
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.ingest(held(report_for("mallory", T4_BUSY_GPU, sm=0.0), T4_BUSY_GPU))
+        await gov.reconcile()  # the T4 is not hers: not believed from here on
+        learnt = len(gov.diagnosis.history)
+        for _ in range(5):
+            clock.advance(120)
+            gov.ingest(held(report_for("mallory", T4_BUSY_GPU, sm=0.0), T4_BUSY_GPU))
+        assert "report-distrusted" in [a.action for a in gov.store.audit_rows("mallory/")]
+        assert len(gov.diagnosis.history) == learnt == 1
+        assert gov.diagnosis.results["mallory/"] is not None  # still scored
+    exporter.server.stop()

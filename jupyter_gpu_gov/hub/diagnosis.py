@@ -200,9 +200,11 @@ class DiagnosisService:
         *,
         team: str | None = None,
         gpus: float | None = None,
+        learn: bool = True,
     ) -> Scored | None:
         """A report came in: its window learnt, scored and booked (``team``, ``gpus``: whose
-        and how many GPU-equivalents, for the cost ledger; ``gpus`` unknown: not booked).
+        and how many GPU-equivalents, for the cost ledger; ``gpus`` unknown: not booked;
+        ``learn`` False: scored, not learnt or kept, as for a report not believed).
         Never raises."""
         if not self.options.enabled:
             return None
@@ -229,7 +231,9 @@ class DiagnosisService:
             window = self._in_context(server, raw)
             model = self.model
             last = server.kept_at
-            if last is None or stamp - last >= self.options.sample_every.total_seconds():
+            if learn and (
+                last is None or stamp - last >= self.options.sample_every.total_seconds()
+            ):
                 # At most one window per server per sample_every is learnt (and kept): a
                 # server that reports often weighs no more in its node's reference than one
                 # that does not.

@@ -292,6 +292,9 @@ class Ingest:
             now,
             team=(row.team or "") if row is not None else None,
             gpus=billed.gpus if billed is not None else None,
+            # A report that contradicts the Hub's records may name another node's GPU: it
+            # would teach that node's reference what its neighbours are read against.
+            learn=key not in self._distrusted,
         )
         result = reported_checkpoint(report.get("checkpoint"))
         if result is not None and row is not None and result.answers(record_of(row)):
