@@ -1218,23 +1218,30 @@ class FakeKubernetes:
                 self.finish(api._dcgm_text(node))
 
         class Prometheus(web.RequestHandler):
-            """``/prometheus/api/v1/query`` for ``{__name__=~"A|B"}``: the exporters' series as
-            Prometheus keeps them when it scrapes dcgm-exporter with ``honorLabels: true``."""
+            """``/prometheus/api/v1/query`` for ``{__name__=~"A|B"[,label="v"|=~"re"]...}``: the
+            exporters' series as Prometheus keeps them when it scrapes dcgm-exporter (the GPU
+            operator's job) with ``honorLabels: true``."""
 
             def get(self):
                 query = self.get_argument("query")
-                match = re.fullmatch(r'\{__name__=~"([^"]*)"\}', query)
+                match = re.fullmatch(r'\{__name__=~"([^"]*)"((?:,\w+=~?"[^"]*")*)\}', query)
                 if not match:
                     self.set_status(400)
                     return self.finish({"status": "error", "errorType": "bad_data",
                                         "error": f"unsupported query {query!r}"})  # fmt: skip
                 names = set(match[1].split("|"))
+                matchers = re.findall(r',(\w+)(=~?)"([^"]*)"', match[2])
                 result = []
                 for node in list(api.devices):
                     for name, labels, value in api._dcgm_samples(node):
-                        if name in names:
-                            metric = {"__name__": name, **labels, "instance": f"{node}:9400",
-                                      "job": "nvidia-dcgm-exporter"}  # fmt: skip
+                        metric = {"__name__": name, **labels, "instance": f"{node}:9400",
+                                  "job": "nvidia-dcgm-exporter"}  # fmt: skip
+                        if name in names and all(
+                            re.fullmatch(want, metric.get(label, ""))
+                            if op == "=~"
+                            else metric.get(label, "") == want
+                            for label, op, want in matchers
+                        ):
                             result.append({"metric": metric, "value": [time.time(), str(value)]})
                 self.finish({"status": "success",
                              "data": {"resultType": "vector", "result": result}})  # fmt: skip
