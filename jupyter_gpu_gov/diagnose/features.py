@@ -50,6 +50,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import IO, Any
 
+from ..core.text import not_text_at, not_utf8
+
 COLUMNS = (
     "node",
     "server",
@@ -294,8 +296,13 @@ def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None
             return read_windows(file, name=path)
     text = source.read().removeprefix("\ufeff")  # a byte-order mark (Excel's "CSV UTF-8")
     name = name or getattr(source, "name", "<input>")
-    if not text.isascii():
-        _utf8(text, name)
+    at = not_text_at(text)
+    if at is not None:
+        line, start = text.count("\n", 0, at) + 1, text.rfind("\n", 0, at) + 1
+        raise ValueError(
+            f"{name}: line {line}, character {at - start + 1}: {not_utf8(text, at)}: save the "
+            "file as UTF-8"
+        )
     lower = str(name).lower()
     if lower.endswith(".csv"):
         kind = "csv"
@@ -305,20 +312,6 @@ def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None
         kind = "jsonl" if text.lstrip().startswith("{") else "csv"
     rows = _csv_rows(text) if kind == "csv" else _jsonl_rows(text)
     return [_window(row, line, name) for line, row in rows]
-
-
-def _utf8(text: str, name: str) -> None:
-    """Raise ``ValueError`` naming the line and character of the first byte of ``text`` that
-    was not UTF-8 (a surrogate, as ``errors="surrogateescape"`` reads it)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        at = error.start
-        line, start = text.count("\n", 0, at) + 1, text.rfind("\n", 0, at) + 1
-        raise ValueError(
-            f"{name}: line {line}, character {at - start + 1}: not UTF-8 (byte "
-            f"{ord(text[at]) & 0xFF:#04x}): save the file as UTF-8"
-        ) from None
 
 
 def _csv_rows(text: str) -> Iterator[tuple[int, dict]]:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 from tornado import web
 from tornado.log import app_log
 
+from ..core.text import not_text_at
 from ..core.vocabulary import server_key
-from .prepared_auth import ADMIN_SCOPE, HUB_ADMIN_SCOPES, PreparedHubAuthenticated, may_act_for
+from .prepared_auth import ADMIN_SCOPE, HUB_ADMIN_SCOPES, PreparedHubAuthenticated, out_of_reach
 from .store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -74,11 +75,11 @@ def _may_hold_a_surrogate(body: bytes) -> bool:
 def _not_text(value: Any, where: str) -> str | None:
     """Where in decoded JSON a string or a key holds a lone surrogate (None: nowhere)."""
     if isinstance(value, str):
-        return None if _encodes(value) else where
+        return None if not_text_at(value) is None else where
     if isinstance(value, dict):
         for key, item in value.items():
             name = f"{where}.{key}" if where else key
-            if not _encodes(key):
+            if not_text_at(key) is not None:
                 return ascii(name)[1:-1]
             found = _not_text(item, name)
             if found is not None:
@@ -89,14 +90,6 @@ def _not_text(value: Any, where: str) -> str | None:
             if found is not None:
                 return found
     return None
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
@@ -147,12 +140,9 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
             return
         if model.get("kind", "user") != "user" or model["name"] != user:
             raise web.HTTPError(403, f"only {user} or a governor admin may do this")
-        key = server_key(user, name or "")
-        if not may_act_for(model, key):
-            raise web.HTTPError(
-                403,
-                f"a token of server {', '.join(model['servers'])!r:.80} may not act for {key!r:.80}",
-            )
+        unreached = out_of_reach(model, server_key(user, name or ""))
+        if unreached:
+            raise web.HTTPError(403, unreached)
 
     def body(self) -> dict[str, Any]:
         if not self.request.body:

@@ -122,10 +122,13 @@ def bound_servers(scopes) -> tuple[str, ...] | None:
     return tuple(sorted(servers)) or None
 
 
-def may_act_for(model: dict, key: str) -> bool:
-    """Whether the caller's token reaches the server ``key`` (``bound_servers``)."""
+def out_of_reach(model: dict, key: str) -> str | None:
+    """Why the caller's token does not reach the server ``key`` (``bound_servers``), in the
+    words of its refusal; None: it does."""
     servers = model.get("servers")
-    return servers is None or key in servers
+    if servers is None or key in servers:
+        return None
+    return f"a token of server {', '.join(servers)!r:.80} may not act for {key!r:.80}"
 
 
 def has_access(hub_auth: HubOAuth, model: dict) -> bool:

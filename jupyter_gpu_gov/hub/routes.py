@@ -25,7 +25,7 @@ from .prepared_auth import (
     METRICS_SCOPE,
     PreparedHubOAuth,
     asked_token_caller,
-    may_act_for,
+    out_of_reach,
     token_caller,
 )
 from .protocol_server import DirectRequest, DirectRoute
@@ -98,12 +98,10 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
             actor = f"{caller['kind']}:{caller['name']}"
             return _refused(403, f"{actor} may not report on a server of {owner!r:.80}")
         key = server_key(owner, report["server"].get("name", ""))
-        if not may_act_for(caller, key):
+        unreached = out_of_reach(caller, key)
+        if unreached:
             forbidden.inc()
-            return _refused(
-                403,
-                f"a token of server {', '.join(caller['servers'])!r:.80} may not act for {key!r:.80}",
-            )
+            return _refused(403, unreached)
         if governor.hub_ran(key):
             return _accepted(report)
         return _if_the_hub_runs(key, report)
@@ -141,7 +139,7 @@ class ServersHandler(ApiHandler):
         items = [
             self.governor.listing(row)
             for row in sorted(rows, key=lambda r: r.key)
-            if user is None or (row.user == user and may_act_for(self.current_user, row.key))
+            if user is None or (row.user == user and not out_of_reach(self.current_user, row.key))
         ]
         self.write_json({"servers": items})
 

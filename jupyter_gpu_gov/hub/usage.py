@@ -12,7 +12,7 @@ from ..core import clock, ledger, rightsize
 from ..core.policy import ServerView
 from ..core.vocabulary import WEIGHT_LABEL
 from ..diagnose import cluster
-from . import metrics, trusted
+from . import metrics
 from .hubapi import HubServer
 from .store import StoreUnavailable
 from .tables import AuditRow
@@ -108,12 +108,11 @@ class Usage:
             return float(self.options.tier_weights[tier])
         if report is not None and report["backend"] not in ("none", "unavailable"):
             return float(sum(cluster.mig_share(d.get("mig_profile")) for d in report["devices"]))
-        granted = trusted.Granted.of(server.spawner_state) if server is not None else None
-        if granted is not None:  # a pod holding GPUs with no report (to believe) is billed them
-            found = granted.evidence(self._context.by_uuid, self._context.by_pod)
-            leaves = {(e.uuid, e.gpu_instance_id): e.mig_profile for e in found}
-            if leaves:
-                return float(sum(cluster.mig_share(profile) for profile in leaves.values()))
+        # A pod holding GPUs with no report (to believe) is billed them.
+        found = self._granted_evidence(server) if server is not None else []
+        leaves = {(e.uuid, e.gpu_instance_id): e.mig_profile for e in found}
+        if leaves:
+            return float(sum(cluster.mig_share(profile) for profile in leaves.values()))
         return 1.0 if tier and tier != "no-gpu" else 0.0
 
     def _count(self, audits: Sequence[AuditRow]) -> None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ..core.text import not_text_at, not_utf8
+
 _KNOWN = {
     "t",
     "server",
@@ -108,8 +110,12 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Iterator[Sampl
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
-        if not text.isascii():
-            _utf8(text, f"{source}: line {number}")
+        at = not_text_at(text)  # JSON would take such a byte as part of a server's name
+        if at is not None:
+            raise TraceError(
+                f"{source}: line {number}, character {at + 1}: {not_utf8(text, at)}: save the "
+                "trace as UTF-8"
+            )
         try:
             row = json.loads(text)
         except json.JSONDecodeError as error:
@@ -131,19 +137,6 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Iterator[Sampl
             )
         last_t[sample.server] = sample.t
         yield sample
-
-
-def _utf8(text: str, where: str) -> None:
-    """Raise ``TraceError`` where ``text`` (read with ``errors="surrogateescape"``) holds a byte
-    that is not UTF-8: JSON would take it as part of a server's name."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        byte = ord(text[error.start]) & 0xFF
-        raise TraceError(
-            f"{where}, character {error.start + 1}: not UTF-8 (byte {byte:#04x}): save the "
-            "trace as UTF-8"
-        ) from None
 
 
 def _sample(row: dict, line: int) -> Sample:
