@@ -392,7 +392,7 @@ def _add_export_trace(commands: argparse._SubParsersAction) -> None:
             "  jupyter-gpu-gov export-trace --since 1h --pseudonymise | \\\n"
             "      jupyter-gpu-gov what-if - --policy candidate.py\n"
             "  jupyter-gpu-gov export-trace --since 2026-01-05T00:00Z --until 2026-01-06T00:00Z \\\n"
-            "      --db-url postgresql://gov@db/gpu_gov"
+            "      --db-url postgresql+psycopg://gov@db/gpu_gov"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -415,6 +415,8 @@ async def test_a_model_that_cannot_be_read_leaves_out_that_server_not_the_others
         {"name": "cy", "groups": 5, "servers": {"": good}},
         {"name": "dee", "servers": ["not", "an", "object"]},
         {"name": "eve", "servers": {"": good, "gpu": good | {"user_options": "a100"}}},
+        # Longer than JupyterHub keeps (a Hub on SQLite lets it be): the store holds no such key.
+        {"name": "fay", "servers": {"n" * 256: good}},
         {"servers": {"": good}},
         "a string",
     ]
@@ -436,6 +438,7 @@ async def test_a_model_that_cannot_be_read_leaves_out_that_server_not_the_others
         assert "'groups' is not a list of names" in said and "'cy'" in said
         assert "'servers' is not an object" in said and "'dee'" in said
         assert "'user_options' is a str" in said and "'gpu'" in said
+        assert "'fay': a name longer than JupyterHub's 255 characters" in said
         assert said.count("a user without a name") == 2
 
         listing = HubListing(full_every=100)

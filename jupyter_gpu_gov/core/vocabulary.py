@@ -94,6 +94,12 @@ CHECKPOINT_FAILED = "failed"
 CHECKPOINT_TIMEOUT = "timeout"  # no answer within the policy's checkpoint_timeout
 
 
+# JupyterHub keeps a user's and a server's name in 255 characters each (``Unicode(255)``; a
+# Hub on SQLite does not enforce it): a server's key takes up to 511.
+NAME_LENGTH = 255
+KEY_LENGTH = 2 * NAME_LENGTH + 1
+
+
 def server_key(user: str, name: str = "") -> str:
     """A server's one name across the project: ``user/`` for the default server, ``user/name``
     for a named one (the store, the audit trail, the API, the replay trace format)."""

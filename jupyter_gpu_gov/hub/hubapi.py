@@ -39,7 +39,7 @@ except ImportError:  # pycurl not installed: a new connection (and DNS lookup) p
     from tornado.simple_httpclient import SimpleAsyncHTTPClient as _Client
 
 from ..core import clock
-from ..core.vocabulary import server_key
+from ..core.vocabulary import NAME_LENGTH, server_key
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,10 @@ class HubServer:
         where = f"the Hub's model of server {name!r:.80} of user {user.get('name')!r:.80}"
         if not isinstance(user.get("name"), str) or not user["name"] or not isinstance(name, str):
             raise ValueError(f"{where}: no user or server name")
+        if len(user["name"]) > NAME_LENGTH or len(name) > NAME_LENGTH:
+            # JupyterHub's own limit, unenforced on a Hub on SQLite: the store holds no longer
+            # key (PostgreSQL would refuse the pass's whole write for it).
+            raise ValueError(f"{where}: a name longer than JupyterHub's {NAME_LENGTH} characters")
         if not isinstance(server, Mapping):
             raise ValueError(f"{where}: not an object")
         groups = user.get("groups") or ()

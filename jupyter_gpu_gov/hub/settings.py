@@ -116,7 +116,7 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     db_url = Unicode(
         "sqlite:///jupyter_gpu_gov.sqlite",
-        help="SQLAlchemy URL of the store, e.g. postgresql://gov@db/gpu_gov.",
+        help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://gov@db/gpu_gov.",
     ).tag(config=True)
     report_stale_after = Float(
         300,

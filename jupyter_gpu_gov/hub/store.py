@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..core import clock
 from ..core.ledger import FIELDS, Bucket, Owner
 from ..core.ledger import Session as LedgerSession
+from ..core.vocabulary import KEY_LENGTH
 from .bulk_sql import Executemany
 from .tables import (
     SERVER_COLUMNS,
@@ -45,7 +46,7 @@ from .tables import (
     UsageSessionRow,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 T = TypeVar("T")
 
@@ -152,6 +153,24 @@ MIGRATIONS: dict[int, list[str]] = {
     3: [f"ALTER TABLE servers ADD COLUMN quiet_since {_TIME}"],
     4: ["ALTER TABLE servers ADD COLUMN hook_failures INTEGER DEFAULT 0"],
     5: ["ALTER TABLE servers ADD COLUMN at_deadline VARCHAR(32)"],
+    6: [],  # RETYPED's only
+}
+# Migrations that change a column's type: where the database enforces it (SQLite neither
+# enforces a VARCHAR's length nor alters a column). Schema 6: a server's key holds JupyterHub's
+# longest, a user's and a server's name of 255 characters each; so does an actor ("user:name").
+RETYPED: dict[int, list[str]] = {
+    6: [
+        f"ALTER TABLE {table} ALTER COLUMN {column} TYPE VARCHAR({KEY_LENGTH})"
+        for table, column in (
+            ("servers", "key"),
+            ("extensions", "server_key"),
+            ("extensions", "requested_by"),
+            ("extensions", "decided_by"),
+            ("audit", "server_key"),
+            ("audit", "actor"),
+            ("usage_sessions", "server"),
+        )
+    ]
 }
 
 
@@ -192,8 +211,9 @@ class Store:
         with self._session.begin() as session:
             row = session.get(MetaRow, "schema_version")
             version = int(row.value) if row else (SCHEMA_VERSION if not existed else 1)
+            retyped = RETYPED if self.engine.dialect.name != "sqlite" else {}
             for target in sorted(v for v in MIGRATIONS if v > version):
-                for statement in MIGRATIONS[target]:
+                for statement in (*MIGRATIONS[target], *retyped.get(target, ())):
                     session.execute(text(statement))
                 version = target
             if version > SCHEMA_VERSION:

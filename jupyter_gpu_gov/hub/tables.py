@@ -22,6 +22,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from ..core.policy import Decision, Record
+from ..core.vocabulary import KEY_LENGTH, NAME_LENGTH
 
 
 class Base(DeclarativeBase):
@@ -58,9 +59,9 @@ def _string(name: str, size: int) -> Column:
 SERVERS = Table(
     "servers",
     Base.metadata,
-    Column("key", String(255), primary_key=True),  # "user/name"
-    Column("user", String(255), nullable=False, index=True),
-    Column("name", String(255), nullable=False, default=""),
+    Column("key", String(KEY_LENGTH), primary_key=True),  # "user/name"
+    Column("user", String(NAME_LENGTH), nullable=False, index=True),
+    Column("name", String(NAME_LENGTH), nullable=False, default=""),
     _time("session_started"),
     _string("team", 255),
     _string("project", 255),
@@ -137,15 +138,15 @@ class ExtensionRow(Base):
     __tablename__ = "extensions"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    server_key: Mapped[str] = mapped_column(String(255), index=True)
-    requested_by: Mapped[str] = mapped_column(String(255))
+    server_key: Mapped[str] = mapped_column(String(KEY_LENGTH), index=True)
+    requested_by: Mapped[str] = mapped_column(String(KEY_LENGTH))  # an actor
     requested_at: Mapped[datetime] = mapped_column(UtcDateTime())
     seconds: Mapped[float] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(Text, default="")
     status: Mapped[str] = mapped_column(
         String(16)
     )  # granted | pending | approved | denied | refused
-    decided_by: Mapped[str | None] = mapped_column(String(255))
+    decided_by: Mapped[str | None] = mapped_column(String(KEY_LENGTH))
     decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     decision_reason: Mapped[str | None] = mapped_column(Text)
 
@@ -155,11 +156,11 @@ class AuditRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
-    server_key: Mapped[str | None] = mapped_column(String(255), index=True)
+    server_key: Mapped[str | None] = mapped_column(String(KEY_LENGTH), index=True)
     user: Mapped[str | None] = mapped_column(String(255))
     action: Mapped[str] = mapped_column(String(32))  # warn, checkpoint, cull, extend, exempt, ...
     reason: Mapped[str] = mapped_column(Text, default="")
-    actor: Mapped[str] = mapped_column(String(255), default="governor")
+    actor: Mapped[str] = mapped_column(String(KEY_LENGTH), default="governor")  # "user:name"
     dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
     details: Mapped[dict | None] = mapped_column(JSON)
 
@@ -191,7 +192,7 @@ class UsageSessionRow(Base):
 
     __tablename__ = "usage_sessions"
 
-    server: Mapped[str] = mapped_column(String(255), primary_key=True)  # "user/name"
+    server: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)  # "user/name"
     session: Mapped[str] = mapped_column(String(64), primary_key=True)
     user: Mapped[str] = mapped_column(String(255), index=True)
     team: Mapped[str] = mapped_column(String(255), default="")

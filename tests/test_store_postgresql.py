@@ -1,0 +1,149 @@
+"""The store on a real PostgreSQL server, the database the docs name for production.
+
+A throwaway cluster (``initdb``, on a Unix socket in a temporary folder) is started for this
+module; without PostgreSQL's programs or the ``psycopg`` driver the tests skip and say why
+(``.ci/run`` installs both)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fake_hub_api import FakeHub
+from sqlalchemy import create_engine, inspect, text
+
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.core.vocabulary import KEY_LENGTH
+from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.reconcile import Governor
+from jupyter_gpu_gov.hub.store import RETYPED, SCHEMA_VERSION, Store
+
+pytest.importorskip("psycopg", reason="the PostgreSQL driver (psycopg) is not installed")
+
+
+def _pg_bin() -> Path | None:
+    found = shutil.which("initdb") or next(
+        iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)), None
+    )
+    return Path(found).parent if found else None
+
+
+@pytest.fixture(scope="module")
+def postgresql() -> Iterator[str]:
+    """The URL of an empty database on a PostgreSQL server of this module's own."""
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL's initdb is not installed")
+    # Not under pytest's temporary folder, which only root may enter.
+    root = Path(tempfile.mkdtemp(prefix="gpu-gov-postgresql-"))
+    # PostgreSQL will not run as root: as its own user, where the tests run as root (CI).
+    as_owner: list[str] = []
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root, and there is no user 'postgres' to run PostgreSQL")
+        shutil.chown(root, "postgres")
+        as_owner = ["runuser", "-u", "postgres", "--"]
+    data, port = root / "data", 54329 + os.getpid() % 500
+
+    def pg(*args: str) -> None:
+        done = subprocess.run([*as_owner, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{args[0]}: {done.stderr}"
+
+    pg(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres")
+    options = f"-p {port} -k {root} -c listen_addresses=''"
+    pg(
+        str(bin_dir / "pg_ctl"),
+        "-D",
+        str(data),
+        "-o",
+        options,
+        "-w",
+        "-l",
+        str(root / "log"),
+        "start",
+    )
+    try:
+        yield f"postgresql+psycopg://postgres@/postgres?host={root}&port={port}"
+    finally:
+        pg(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def database(postgresql: str) -> Iterator[str]:
+    """A fresh database for one test."""
+    admin = create_engine(postgresql, isolation_level="AUTOCOMMIT")
+    with admin.connect() as db:
+        db.execute(text("DROP DATABASE IF EXISTS gov WITH (FORCE)"))
+        db.execute(text("CREATE DATABASE gov"))
+    admin.dispose()
+    yield postgresql.replace("/postgres?", "/gov?")
+
+
+async def test_a_server_with_jupyterhubs_longest_names_is_governed(database):
+    """JupyterHub keeps a user's and a server's name in 255 characters each, so a server's
+    key takes 511. The store's key columns held 255: on PostgreSQL one user who named a
+    server 255 characters long made the pass's whole write fail, and no server was governed
+    (on SQLite, which ignores the length, the tests never saw it)."""
+    user, name = "u" * 255, "n" * 255
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        hub.add_server(user, name)
+        gov = Governor(
+            Store(database),
+            HubApi(hub.api_url, hub.token),
+            load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
+            Options(),
+        )
+        result = await gov.reconcile()
+        assert result.errors == () and result.servers == 2
+        key = f"{user}/{name}"
+        assert gov.store.server(key).name == name and gov.store.server("alice/") is not None
+        # The audit trail, the extension requests and the ledger's sessions take the key too.
+        await gov.extend(key, f"user:{user}", "a long run")  # refused or granted: on record
+    with gov.store.session() as session:
+        keys = {
+            table: session.execute(text(f"SELECT {column} FROM {table}")).scalars().all()
+            for table, column in (
+                ("audit", "server_key"),
+                ("extensions", "server_key"),
+                ("usage_sessions", "server"),
+            )
+        }
+    assert all(key in found for found in keys.values()), keys
+
+
+def test_a_store_of_schema_5_is_widened_and_keeps_its_rows(database):
+    store = Store(database)
+    with store.engine.begin() as db:  # back to schema 5's key columns, as it wrote them
+        for statement in RETYPED[6]:
+            db.execute(text(statement.replace(f"({KEY_LENGTH})", "(255)")))
+        db.execute(
+            text(
+                'INSERT INTO servers (key, "user", name, labels, running, state, '
+                "extension_s, extensions_used, approval_pending, reason, "
+                "checkpoint_failures, cull_request_why, hook_failures, reports) "
+                "VALUES ('alice/', 'alice', '', '{}', true, 'warned', 0, 1, false, '', "
+                "0, '', 0, false)"
+            )
+        )
+        db.execute(text("UPDATE meta SET value = '5' WHERE key = 'schema_version'"))
+    store.engine.dispose()
+
+    migrated = Store(database)
+    columns = {c["name"]: c["type"] for c in inspect(migrated.engine).get_columns("servers")}
+    assert columns["key"].length == KEY_LENGTH
+    assert migrated.server("alice/").state == "warned"
+    with migrated.session() as session:
+        version = session.execute(text("SELECT value FROM meta WHERE key = 'schema_version'"))
+        assert version.scalar() == str(SCHEMA_VERSION)
