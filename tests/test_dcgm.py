@@ -964,7 +964,7 @@ def test_a_selector_that_is_not_label_matchers_is_refused(selector):
         DcgmConfig(prometheus_selector=selector)
 
 
-async def test_the_selector_is_a_setting_checked_at_start(tmp_path, monkeypatch):
+async def test_the_selector_is_a_setting_checked_at_start(tmp_path, monkeypatch, capfd):
     from jupyter_gpu_gov.hub.app import GpuGovernor
 
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t")
@@ -979,3 +979,11 @@ async def test_the_selector_is_a_setting_checked_at_start(tmp_path, monkeypatch)
     app.initialize([*args, "--GpuGovernor.dcgm_prometheus_selector=job=dcgm-exporter"])
     with pytest.raises(SystemExit, match="is not PromQL label matchers"):  # one line, no traceback
         app.make_governor()
+    # Without one, the admin is told at start what any scraped target can then say.
+    app = GpuGovernor()
+    app.initialize(args)
+    capfd.readouterr()
+    gov = app.make_governor()
+    await gov.close()
+    said = capfd.readouterr().err
+    assert "dcgm_prometheus_selector is not set: a series of DCGM's names from any target" in said

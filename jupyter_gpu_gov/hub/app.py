@@ -126,6 +126,13 @@ class GpuGovernor(GovernorSettings, Application):
                 config = config.with_metrics(self.dcgm_metric_names)
             except ValueError as error:
                 raise SystemExit(f"jupyter-gpu-gov: {error}") from None
+            if self.dcgm_prometheus_url and not self.dcgm_prometheus_selector:
+                self.log.warning(
+                    "gpu-gov: dcgm_prometheus_selector is not set: a series of DCGM's names from "
+                    "any target of %s (a user's pod, a Pushgateway) is read as DCGM's word; set "
+                    'it to the exporter\'s labels, e.g. job="nvidia-dcgm-exporter"',
+                    self.dcgm_prometheus_url,
+                )
             dcgm = DcgmSource(
                 prometheus_url=self.dcgm_prometheus_url or None,
                 exporter_urls=self.dcgm_exporter_urls,
