@@ -825,6 +825,48 @@ async def test_a_server_whose_reports_stop_is_governed_on_dcgm_alone(tmp_path, r
     assert gov.row("alice/").state == "culled"
 
 
+async def test_a_pods_gpu_dcgm_no_longer_sees_is_unknown_never_idle(tmp_path):
+    """KubeSpawner's pod holds two GPUs and DCGM saw both idle; then it loses the second
+    (fallen off the bus, its series gone). A pod's GPUs are fixed for its life: what the lost
+    one does is unknown, so DCGM's idle on the other cannot prove the server idle (it was: the
+    server was culled on DCGM's word on half its GPUs). A new session starts over."""
+    fixture = (FIXTURES / "h100-8gpu-k8s-pod-attributed.txt").read_text().splitlines()
+    pod = 'container="main",namespace="dynamo-workload",pod="vllm-agg-0-vllmdecodeworker-s65j5"'
+    both = "\n".join(  # the pod holds GPUs 0 and 1
+        line.replace('580.105.08"}', f'580.105.08",{pod}}}') if 'gpu="1"' in line else line
+        for line in fixture
+    )
+    lost = "\n".join(line for line in both.splitlines() if 'gpu="1"' not in line)
+    served = [both + "\n"]
+
+    class Metrics(web.RequestHandler):
+        def get(self):
+            self.finish(served[0])
+
+    sockets = bind_sockets(0, "127.0.0.1")
+    exporter = HTTPServer(web.Application([(r"/metrics", Metrics)]))
+    exporter.add_sockets(sockets)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/metrics"
+    state = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
+    away = clock.utcnow() - timedelta(days=1)
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=state, last_activity=away)  # sends no report
+        gov = governor(hub, tmp_path, url)
+        await gov.reconcile()
+        assert gov.verdict("alice/")["state"] == "idle"  # both GPUs seen idle
+        served[0] = lost + "\n"
+        await gov.background_done()  # the read the last pass started
+        await gov.reconcile()
+        verdict = gov.verdict("alice/")
+        assert verdict["state"] != "idle" and "no activity data" in verdict["reason"], verdict
+        # A new session of the server (a new pod, the same name): what DCGM sees now is all.
+        hub.add_server("alice", state=state)  # (a spawn moves the Hub's activity)
+        await gov.background_done()
+        await gov.reconcile()
+        assert gov.verdict("alice/")["state"] == "idle", gov.verdict("alice/")["reason"]
+    exporter.stop()
+
+
 async def test_a_distrusted_report_is_quoted_on_one_line(tmp_path, caplog):
     """A report's GPU UUID is its sender's words: written as they came, a newline in one forged
     a line of the service's log (and of the audit row the dashboard shows)."""

@@ -113,7 +113,7 @@ class Evidence:
             return evolve(base, reports=True, gpu=waiting)
         granted = trusted.Granted.of(server.spawner_state) if server else None
         evidence = granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
-        complete = not (evidence and granted.unseen(self._context.by_uuid))
+        complete = not evidence or self._sees_all(base.key, server, granted, evidence)
         if received is None and reported:
             # It reported before (this service restarted): DCGM alone on the GPUs the records
             # name, else unknown until the next report.
@@ -199,6 +199,25 @@ class Evidence:
             self._distrusted[key] = found
         else:
             self._distrusted.pop(key, None)
+
+    def _sees_all(
+        self, key: str, server: HubServer, granted: trusted.Granted, evidence: list[GpuEvidence]
+    ) -> bool:
+        """Whether DCGM has a record of every GPU the records give the server: each device the
+        allocator pinned, and each GPU it attributed to the server's pod earlier in this session
+        (a pod's GPUs are fixed for its life: one gone from DCGM fell off the bus, or its series
+        did). A GPU it lost is unknown, so the others' idle cannot prove the server idle."""
+        kept = self._pod_gpus.get(key)
+        if granted.pod is not None and (len(evidence) > 1 or kept is not None):
+            # Kept only for pods seen with several GPUs (one lost from one: no evidence at all).
+            leaves = frozenset((e.uuid, e.gpu_instance_id) for e in evidence)
+            session, seen = kept or (None, frozenset())
+            if session != server.started:
+                seen = frozenset()
+            self._pod_gpus[key] = (server.started, seen | leaves)
+            if not seen <= leaves:
+                return False
+        return not granted.unseen(self._context.by_uuid)
 
     def _dcgm_only(
         self,

@@ -123,6 +123,9 @@ class Governor(
         self.gauges = metrics.StateGauges()
         self._failing: dict[str, str] = {}  # servers whose decision failed: the error, audited
         self._distrusted: dict[str, list[str]] = {}  # reports contradicting the Hub's records
+        # The GPUs DCGM has attributed to a server's pod this session (its start): all of them,
+        # or the server cannot be proved idle (evidence._sees_all).
+        self._pod_gpus: dict[str, tuple[datetime | None, frozenset]] = {}
         clock.watch_steps()  # a step of the wall clock is adopted at a pass, all at once
         self._store_down_until = 0.0  # monotonic: after a failed write, passes pause until then
         self._hub_lookups: dict[str, tuple[float, frozenset[str]]] = {}  # user -> (when, servers)
@@ -232,8 +235,14 @@ class Governor(
                 # Stopped by us: billed to that moment; else to this pass, which found it gone.
                 at = row.culled_at if row is not None and row.culled_at else now
                 self.ledger.close(key, min(at, now))
-            for pending in (self._failing, self._distrusted, self._shutdowns, self._interrupts):
-                pending.pop(key, None)
+            for kept in (
+                self._failing,
+                self._distrusted,
+                self._shutdowns,
+                self._interrupts,
+                self._pod_gpus,
+            ):
+                kept.pop(key, None)
             self._queued.discard(key)
             self._cull_waiting.discard(key)
         self.ledger.sweep(now)  # the servers not looked at: as they were (core/ledger.py)
