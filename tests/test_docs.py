@@ -231,3 +231,68 @@ def test_every_policy_key_is_in_the_api_reference():
     }
     keys = {f.name for f in dataclasses.fields(Policy)}
     assert documented == keys, f"missing: {keys - documented}, not keys: {documented - keys}"
+
+
+# -- command lines: each `jupyter-gpu-gov COMMAND --option` the documents show is one the
+# command line has, and each jupyterhub-idle-culler option the README lists is the service's --
+
+
+def _code_spans(text: str) -> list[str]:
+    """The documents' code: each line of a fenced block (with its `\\` continuations) and each
+    inline code span (which may wrap onto the next line)."""
+    spans = []
+    for n, part in enumerate(re.split(r"^ *```.*$", text, flags=re.M)):
+        if n % 2:
+            spans += part.replace("\\\n", " ").splitlines()
+        else:
+            spans += [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", part)]
+    return spans
+
+
+def _cli_options() -> dict[str, set[str]]:
+    """Each subcommand's options, as its --help lists them."""
+    import contextlib
+    import io
+
+    from jupyter_gpu_gov import cli
+
+    def help_of(*argv: str) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            cli.main([*argv, "--help"])
+        return out.getvalue()
+
+    names = re.findall(r"^    ([a-z][\w-]*)", help_of(), re.M)  # COMMAND's list
+    return {name: set(re.findall(r"(?<![\w-])--?[a-z][\w-]*", help_of(name))) for name in names}
+
+
+def test_every_command_line_the_documents_show_exists():
+    """`jupyter-gpu-gov usage --group-by …`: a subcommand the CLI has, with options it has.
+    docs/benchmarks.md is left out: it quotes the command lines of its day."""
+    options = _cli_options()
+    assert {"replay", "what-if", "usage"} <= options.keys(), options.keys()
+    bad = []
+    for doc in (d for d in DOCS if d.name != "benchmarks.md"):
+        for span in _code_spans(doc.read_text(encoding="utf-8")):
+            for command in re.split(r"(?=\bjupyter-gpu-gov )", span)[1:]:
+                name, _, rest = command.removeprefix("jupyter-gpu-gov ").partition(" ")
+                rest = rest.split(" | ")[0]  # a pipe's next command is not this one's
+                if name not in options:
+                    bad.append(f"{doc.name}: `jupyter-gpu-gov {name}`: no such command")
+                    continue
+                bad += [
+                    f"{doc.name}: `jupyter-gpu-gov {name} … {flag}`: no such option"
+                    for flag in re.findall(r"(?<![\w-])--?[a-z][\w-]*", rest)
+                    if flag not in options[name]
+                ]
+    assert not bad, bad
+
+
+def test_the_idle_culler_options_the_readme_lists_are_the_services():
+    from jupyter_gpu_gov.hub.app import GpuGovernor
+
+    readme = _text("README.md")
+    sentence = readme[readme.index("It accepts jupyterhub-idle-culler") :].split("), as")[0]
+    listed = set(re.findall(r"`--([\w-]+)`", sentence))
+    assert {"timeout", "cull-every", "url"} <= listed, sentence
+    assert listed <= set(GpuGovernor.aliases), listed - set(GpuGovernor.aliases)
