@@ -296,3 +296,34 @@ def test_the_idle_culler_options_the_readme_lists_are_the_services():
     listed = set(re.findall(r"`--([\w-]+)`", sentence))
     assert {"timeout", "cull-every", "url"} <= listed, sentence
     assert listed <= set(GpuGovernor.aliases), listed - set(GpuGovernor.aliases)
+
+
+def test_the_documents_configuration_examples_are_accepted():
+    """Each document's `python` examples that configure the hub (`c.…`), run in order on one
+    config, are what the hub would start with: tiers, quotas and cards as `add_gpu_profiles`
+    checks them, policies as the governor loads them. A `[...]` placeholder block is left out."""
+    import textwrap
+
+    from traitlets.config import Config
+
+    from jupyter_gpu_gov.core.policy import load_policies
+    from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+
+    checked = []
+    for doc in DOCS:
+        blocks = re.findall(
+            r"^ *```python\n(.*?)^ *```", doc.read_text(encoding="utf-8"), re.M | re.S
+        )
+        blocks = [textwrap.dedent(b) for b in blocks if "c.Gpu" in b and "[...]" not in b]
+        if not blocks:
+            continue
+        c = Config()
+        for block in blocks:
+            exec(block, {"c": c})  # as a reader pastes it into jupyterhub_config.py
+        if "GpuProfiles" in c:
+            c.JupyterHub.extra_handlers = []
+            add_gpu_profiles(c, spawner="simple")
+        gov = c.GpuGovernor
+        load_policies(gov.get("policies", []), gov.get("policy_defaults", {}))
+        checked.append(doc.name)
+    assert {"README.md", "profiles.md"} <= set(checked), checked
