@@ -327,3 +327,25 @@ def test_the_documents_configuration_examples_are_accepted():
         load_policies(gov.get("policies", []), gov.get("policy_defaults", {}))
         checked.append(doc.name)
     assert {"README.md", "profiles.md"} <= set(checked), checked
+
+
+def test_every_make_target_and_module_the_documents_run_exists():
+    """`make bench-full` is a target of the Makefile; `python -m benchmarks.replay.generate` a
+    module of the repository (or the one tool the docs install from outside: `build`)."""
+    import importlib.util
+
+    targets = set(re.findall(r"^([\w-]+):", _text("Makefile"), re.M))
+    bad = []
+    for doc in DOCS:
+        for span in _code_spans(doc.read_text(encoding="utf-8")):
+            bad += [
+                f"{doc.name}: `make {t}`: no such target"
+                for t in re.findall(r"(?:^|&&|;)\s*make ([a-z][\w-]*)", span.strip())
+                if t not in targets
+            ]
+            bad += [
+                f"{doc.name}: `python -m {m}`: no such module"
+                for m in re.findall(r"\bpython -m ([\w.]+)", span)
+                if m != "build" and importlib.util.find_spec(m) is None
+            ]
+    assert not bad, bad
