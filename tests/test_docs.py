@@ -349,3 +349,14 @@ def test_every_make_target_and_module_the_documents_run_exists():
                 if m != "build" and importlib.util.find_spec(m) is None
             ]
     assert not bad, bad
+
+
+def test_every_event_the_server_emits_is_in_the_api_reference():
+    api = _text("docs/api.md")
+    missing = [
+        schema.name
+        for schema in sorted((PACKAGE / "events").glob("*.yaml"))
+        if re.search(r'^"\$id": (\S+)', schema.read_text(encoding="utf-8"), re.M)[1] not in api
+        or schema.name not in api
+    ]
+    assert not missing, f"event schemas docs/api.md does not describe: {missing}"
