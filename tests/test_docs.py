@@ -360,3 +360,16 @@ def test_every_event_the_server_emits_is_in_the_api_reference():
         or schema.name not in api
     ]
     assert not missing, f"event schemas docs/api.md does not describe: {missing}"
+
+
+def test_every_metric_is_documented_and_every_documented_metric_exists():
+    """Prometheus metric names: those the package defines, and those README.md and docs/ name
+    (docs/benchmarks.md, a log of its day, left out)."""
+    source = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
+    defined = set(re.findall(r'"(jupyter_gpu_gov_[a-z_]+)"', source))
+    docs = "\n".join(d.read_text(encoding="utf-8") for d in DOCS if d.name != "benchmarks.md")
+    named = set(re.findall(r"\bjupyter_gpu_gov_[a-z_]+", docs))
+    named = {re.sub(r"_(bucket|count|sum|created)$", "", n) for n in named}
+    assert len(defined) > 20, defined
+    assert defined <= named, f"metrics no document names: {defined - named}"
+    assert named <= defined, f"documented metrics the package lacks: {named - defined}"
