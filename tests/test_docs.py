@@ -373,3 +373,11 @@ def test_every_metric_is_documented_and_every_documented_metric_exists():
     assert len(defined) > 20, defined
     assert defined <= named, f"metrics no document names: {defined - named}"
     assert named <= defined, f"documented metrics the package lacks: {named - defined}"
+
+
+def test_every_environment_variable_is_documented_and_every_documented_one_is_read():
+    source = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
+    read = set(re.findall(r"\bJUPYTER_GPU_GOV_[A-Z_]+", source))
+    docs = "\n".join(d.read_text(encoding="utf-8") for d in DOCS)
+    named = set(re.findall(r"\bJUPYTER_GPU_GOV_[A-Z_]+", docs))
+    assert read == named, f"not documented: {read - named}, not read: {named - read}"
