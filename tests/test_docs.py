@@ -1,7 +1,9 @@
 """The documents are true of the repository: every relative markdown link (and its #anchor) in
 README.md and docs/ resolves, every repository path they name in backticks exists, no tracked
 file names a path of the authors' machine, every setting and route is documented, and every
-setting the documents name exists."""
+setting the documents name exists; so does every command line (`jupyter-gpu-gov` subcommand and
+option, `make` target, `python -m` module), event, metric and environment variable, both ways
+where the package has a list; and the configuration examples are what the hub accepts."""
 
 from __future__ import annotations
 
