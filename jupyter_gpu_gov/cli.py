@@ -49,9 +49,10 @@ def _add_replay(commands: argparse._SubParsersAction) -> None:
         description=(
             "Replay a trace (JSON Lines, one sample per server per step) through the same\n"
             "policy code as the hub service. Prints one JSON line per action to stdout, in\n"
-            'time order: {"t": seconds, "server": "user/name", "action": "warn|checkpoint|cull",\n'
-            '"reason": "..."}; then a JSON summary of the run to stderr. A bad trace or policy\n'
-            "prints no actions and exits with status 2."
+            'time order: {"t": seconds, "server": "user/name", "action": "warn|notice|\n'
+            'checkpoint|interrupt|cull", "reason": "..."} (and "started" where the trace\n'
+            "says when each run started); then a JSON summary of the run to stderr. A bad\n"
+            "trace or policy prints no actions and exits with status 2."
         ),
         epilog=(
             "examples:\n"

@@ -1,7 +1,9 @@
 """The documents are true of the repository: every relative markdown link (and its #anchor) in
 README.md and docs/ resolves, every repository path they name in backticks exists, no tracked
 file names a path of the authors' machine, every setting and route is documented, and every
-setting the documents name exists."""
+setting the documents name exists; so does every command line (`jupyter-gpu-gov` subcommand and
+option, `make` target, `python -m` module), event, metric and environment variable, both ways
+where the package has a list; and the configuration examples are what the hub accepts."""
 
 from __future__ import annotations
 
@@ -231,3 +233,153 @@ def test_every_policy_key_is_in_the_api_reference():
     }
     keys = {f.name for f in dataclasses.fields(Policy)}
     assert documented == keys, f"missing: {keys - documented}, not keys: {documented - keys}"
+
+
+# -- command lines: each `jupyter-gpu-gov COMMAND --option` the documents show is one the
+# command line has, and each jupyterhub-idle-culler option the README lists is the service's --
+
+
+def _code_spans(text: str) -> list[str]:
+    """The documents' code: each line of a fenced block (with its `\\` continuations) and each
+    inline code span (which may wrap onto the next line)."""
+    spans = []
+    for n, part in enumerate(re.split(r"^ *```.*$", text, flags=re.M)):
+        if n % 2:
+            spans += part.replace("\\\n", " ").splitlines()
+        else:
+            spans += [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", part)]
+    return spans
+
+
+def _cli_options() -> dict[str, set[str]]:
+    """Each subcommand's options, as its --help lists them."""
+    import contextlib
+    import io
+
+    from jupyter_gpu_gov import cli
+
+    def help_of(*argv: str) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            cli.main([*argv, "--help"])
+        return out.getvalue()
+
+    names = re.findall(r"^    ([a-z][\w-]*)", help_of(), re.M)  # COMMAND's list
+    return {name: set(re.findall(r"(?<![\w-])--?[a-z][\w-]*", help_of(name))) for name in names}
+
+
+def test_every_command_line_the_documents_show_exists():
+    """`jupyter-gpu-gov usage --group-by …`: a subcommand the CLI has, with options it has.
+    docs/benchmarks.md is left out: it quotes the command lines of its day."""
+    options = _cli_options()
+    assert {"replay", "what-if", "usage"} <= options.keys(), options.keys()
+    bad = []
+    for doc in (d for d in DOCS if d.name != "benchmarks.md"):
+        for span in _code_spans(doc.read_text(encoding="utf-8")):
+            for command in re.split(r"(?=\bjupyter-gpu-gov )", span)[1:]:
+                name, _, rest = command.removeprefix("jupyter-gpu-gov ").partition(" ")
+                rest = rest.split(" | ")[0]  # a pipe's next command is not this one's
+                if name not in options:
+                    bad.append(f"{doc.name}: `jupyter-gpu-gov {name}`: no such command")
+                    continue
+                bad += [
+                    f"{doc.name}: `jupyter-gpu-gov {name} … {flag}`: no such option"
+                    for flag in re.findall(r"(?<![\w-])--?[a-z][\w-]*", rest)
+                    if flag not in options[name]
+                ]
+    assert not bad, bad
+
+
+def test_the_idle_culler_options_the_readme_lists_are_the_services():
+    from jupyter_gpu_gov.hub.app import GpuGovernor
+
+    readme = _text("README.md")
+    sentence = readme[readme.index("It accepts jupyterhub-idle-culler") :].split("), as")[0]
+    listed = set(re.findall(r"`--([\w-]+)`", sentence))
+    assert {"timeout", "cull-every", "url"} <= listed, sentence
+    assert listed <= set(GpuGovernor.aliases), listed - set(GpuGovernor.aliases)
+
+
+def test_the_documents_configuration_examples_are_accepted():
+    """Each document's `python` examples that configure the hub (`c.…`), run in order on one
+    config, are what the hub would start with: tiers, quotas and cards as `add_gpu_profiles`
+    checks them, policies as the governor loads them. A `[...]` placeholder block is left out."""
+    import textwrap
+
+    from traitlets.config import Config
+
+    from jupyter_gpu_gov.core.policy import load_policies
+    from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+
+    checked = []
+    for doc in DOCS:
+        blocks = re.findall(
+            r"^ *```python\n(.*?)^ *```", doc.read_text(encoding="utf-8"), re.M | re.S
+        )
+        blocks = [textwrap.dedent(b) for b in blocks if "c.Gpu" in b and "[...]" not in b]
+        if not blocks:
+            continue
+        c = Config()
+        for block in blocks:
+            exec(block, {"c": c})  # as a reader pastes it into jupyterhub_config.py
+        if "GpuProfiles" in c:
+            c.JupyterHub.extra_handlers = []
+            add_gpu_profiles(c, spawner="simple")
+        gov = c.GpuGovernor
+        load_policies(gov.get("policies", []), gov.get("policy_defaults", {}))
+        checked.append(doc.name)
+    assert {"README.md", "profiles.md"} <= set(checked), checked
+
+
+def test_every_make_target_and_module_the_documents_run_exists():
+    """`make bench-full` is a target of the Makefile; `python -m benchmarks.replay.generate` a
+    module of the repository (or the one tool the docs install from outside: `build`)."""
+    import importlib.util
+
+    targets = set(re.findall(r"^([\w-]+):", _text("Makefile"), re.M))
+    bad = []
+    for doc in DOCS:
+        for span in _code_spans(doc.read_text(encoding="utf-8")):
+            bad += [
+                f"{doc.name}: `make {t}`: no such target"
+                for t in re.findall(r"(?:^|&&|;)\s*make ([a-z][\w-]*)", span.strip())
+                if t not in targets
+            ]
+            bad += [
+                f"{doc.name}: `python -m {m}`: no such module"
+                for m in re.findall(r"\bpython -m ([\w.]+)", span)
+                if m != "build" and importlib.util.find_spec(m) is None
+            ]
+    assert not bad, bad
+
+
+def test_every_event_the_server_emits_is_in_the_api_reference():
+    api = _text("docs/api.md")
+    missing = [
+        schema.name
+        for schema in sorted((PACKAGE / "events").glob("*.yaml"))
+        if re.search(r'^"\$id": (\S+)', schema.read_text(encoding="utf-8"), re.M)[1] not in api
+        or schema.name not in api
+    ]
+    assert not missing, f"event schemas docs/api.md does not describe: {missing}"
+
+
+def test_every_metric_is_documented_and_every_documented_metric_exists():
+    """Prometheus metric names: those the package defines, and those README.md and docs/ name
+    (docs/benchmarks.md, a log of its day, left out)."""
+    source = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
+    defined = set(re.findall(r'"(jupyter_gpu_gov_[a-z_]+)"', source))
+    docs = "\n".join(d.read_text(encoding="utf-8") for d in DOCS if d.name != "benchmarks.md")
+    named = set(re.findall(r"\bjupyter_gpu_gov_[a-z_]+", docs))
+    named = {re.sub(r"_(bucket|count|sum|created)$", "", n) for n in named}
+    assert len(defined) > 20, defined
+    assert defined <= named, f"metrics no document names: {defined - named}"
+    assert named <= defined, f"documented metrics the package lacks: {named - defined}"
+
+
+def test_every_environment_variable_is_documented_and_every_documented_one_is_read():
+    source = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
+    read = set(re.findall(r"\bJUPYTER_GPU_GOV_[A-Z_]+", source))
+    docs = "\n".join(d.read_text(encoding="utf-8") for d in DOCS)
+    named = set(re.findall(r"\bJUPYTER_GPU_GOV_[A-Z_]+", docs))
+    assert read == named, f"not documented: {read - named}, not read: {named - read}"

@@ -211,6 +211,36 @@ def test_a_start_within_a_second_of_a_minute_exports_a_trace_what_if_reads():
     assert all(s.started == 600 for s in samples)
 
 
+def test_a_server_culled_and_started_again_within_a_step_exports_a_trace_what_if_reads():
+    # The README's "export the last hour, then what-if" on the demo hub: alice's server is
+    # culled at 4 min and she starts it again at 4 min 40 s. The culled run's last line (with
+    # its cull) and the new run's first line share a 5-minute step; what-if once refused the
+    # export for it ("does not come after"), though each (server, started) is a run of its own.
+    first = [
+        HistoryRow(t=T0 + 60 * i, server="ada/", started=T0, gpu_sm=0.0, gpu_mem_mb=9000)
+        for i in range(4)
+    ]
+    first.append(
+        HistoryRow(
+            t=T0 + 240,
+            server="ada/",
+            started=T0,
+            actions=("cull",),
+            cull_reason="gpu-idle",
+            stopped=True,
+        )
+    )
+    again = T0 + 280
+    second = [
+        HistoryRow(t=again + 60 * i, server="ada/", started=again, gpu_sm=0.5) for i in range(6)
+    ]
+    lines = list(export_trace([*first, *second], step=300))
+    samples = list(parse_lines(lines))
+    assert [(s.t, s.started) for s in samples][:3] == [(0, 0), (300, 0), (300, 280)]
+    (recorded,) = compare(lambda: parse_lines(lines), [])
+    assert recorded.total.culls == 1
+
+
 def test_an_idle_server_costs_a_row_each_keyframe_a_working_one_a_row_each_pass():
     idle = [
         HistoryRow(t=T0 + 60 * m, server="a/", started=T0, gpu_sm=0.0, gpu_mem_mb=9000)

@@ -104,9 +104,9 @@ def read_trace(path: str) -> Iterator[Sample]:
 
 
 def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Iterator[Sample]:
-    """Validate JSON Lines into samples. Blank lines are skipped. Each server's ``t`` must
-    increase; servers may interleave in any way."""
-    last_t: dict[str, float] = {}
+    """Validate JSON Lines into samples. Blank lines are skipped. Each run's ``t`` (a
+    server's, or a ``(server, started)``'s) must increase; runs may interleave in any way."""
+    last_t: dict[tuple[str, float | None], float] = {}
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
@@ -128,14 +128,16 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Iterator[Sampl
             sample = _sample(row, number)
         except ValueError as error:
             raise TraceError(f"{source}: line {number}: {error}") from None
-        previous = last_t.get(sample.server)
+        # Per run: a server culled and started again within a step has two runs at that step
+        # (the old one's last line, with its cull, and the new one's first), as exported.
+        previous = last_t.get(sample.session)
         if previous is not None and sample.t <= previous:
             raise TraceError(
                 f"{source}: line {number}: field 't': {sample.t!r} does not come after "
                 f"{previous!r}, the previous sample of {sample.server!r} (one sample per "
                 "server per step, in time order)"
             )
-        last_t[sample.server] = sample.t
+        last_t[sample.session] = sample.t
         yield sample
 
 
