@@ -516,6 +516,39 @@ async def test_causes_cost_gpu_hours_per_team_and_node(tmp_path):
     assert list(cost["teams"]) == ["vision"]
 
 
+async def test_an_idle_kernel_with_its_owner_around_is_booked_idle_not_healthy(tmp_path):
+    """A kernel running no cell whose owner was just here is no zombie and no fault (its
+    diagnosis is `healthy`), but its GPU waits: its time was booked `healthy` at 0 % SM, so a
+    team lead read a demo's idle hours as working loops. Now it is `idle`; a working loop's
+    time stays `healthy`."""
+    async with FakeHub() as hub:
+        hub.add_server("alice", state={"gpu_gov_grant": {"gpu-gov/team": "vision"}})
+        hub.add_server("bob", state={"gpu_gov_grant": {"gpu-gov/team": "vision"}})
+        gov = governor(hub, tmp_path)
+
+        def working(user: str) -> dict:
+            r = starved_report(user)
+            r["targets"][0]["gpu"]["sm"] = r["devices"][0]["activity"] = 0.95
+            r["targets"][0]["cpu"]["cores"] = 0.3
+            return r
+
+        gov.ingest(zombie_report("alice", away=timedelta(minutes=2)))
+        gov.ingest(working("bob"))
+        await gov.reconcile()  # the usage ledger knows the servers' GPUs from then on
+        try:
+            for _ in range(4):
+                clock.advance(300)
+                gov.ingest(zombie_report("alice", away=timedelta(minutes=2)))
+                gov.ingest(working("bob"))
+            causes = gov.diagnosis_summary()["cost"]["causes"]
+        finally:
+            clock.reset()
+    assert causes["idle"]["gpu_hours"] == pytest.approx(1 / 3, abs=0.01)
+    assert causes["idle"]["utilisation"] == 0.0 and causes["idle"]["recoverable_gpu_hours"] == 0
+    assert causes["healthy"]["gpu_hours"] == pytest.approx(1 / 3, abs=0.01)
+    assert causes["healthy"]["utilisation"] > 0.9
+
+
 async def test_a_healthy_or_unknown_server_has_no_root_cause(tmp_path):
     async with FakeHub() as hub:
         hub.add_server("alice")

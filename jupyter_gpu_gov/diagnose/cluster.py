@@ -25,9 +25,25 @@ from datetime import date
 from .labels import FRAGMENTATION, HEALTHY, HINTS, LABELS, UNCERTAIN, ZOMBIE, Diagnosis, diagnosis
 
 CAUSES = tuple(label for label in LABELS if label != HEALTHY)
-# What a window's time is booked to: its label (uncertain ones apart), and the GPU time of
-# servers whose diagnosis was unknown (no GPU signal) is not booked at all.
-BOOKED = (*LABELS, UNCERTAIN)
+# A healthy window whose kernel runs no cell: a GPU held and waiting (someone there, or not
+# away long enough for a zombie), not a loop working: booked apart, so that `healthy` is the
+# GPU time of working loops (a team lead read 39 % of a demo's hours "healthy" at 0 % SM).
+IDLE = "idle"
+IDLE_HINT = (
+    "GPUs held by kernels running no cell, their owners still around (or not away long "
+    "enough for a zombie): the idle policy reclaims them after its warning."
+)
+# What a window's time is booked to: its label (uncertain ones apart; idle as above), and the
+# GPU time of servers whose diagnosis was unknown (no GPU signal) is not booked at all.
+BOOKED = (*LABELS, IDLE, UNCERTAIN)
+
+
+def booked_as(d: Diagnosis, kernel_busy: bool | None) -> str:
+    """What a window's time is booked to: its label, or ``idle`` for a healthy one whose kernel
+    is known to run no cell."""
+    return IDLE if d.label == HEALTHY and kernel_busy is False else d.label
+
+
 MAX_GAP_S = 600.0  # a window stands for at most this long (a server that stopped reporting)
 
 
@@ -57,15 +73,17 @@ class CostLedger:
         d: Diagnosis,
         gpu_seconds: float,
         sm: float | None,
+        kernel_busy: bool | None = None,
     ) -> None:
-        if d.label not in BOOKED or not gpu_seconds > 0:
+        label = booked_as(d, kernel_busy)
+        if label not in BOOKED or not gpu_seconds > 0:
             return
         bucket = self.days.get(day)
         if bucket is None:
             bucket = self.days[day] = {}
             for old in sorted(self.days)[: -self.keep_days]:
                 del self.days[old]
-        row = bucket.setdefault((team, node, d.label), [0.0, 0.0, 0.0])
+        row = bucket.setdefault((team, node, label), [0.0, 0.0, 0.0])
         row[0] += gpu_seconds
         row[1] += gpu_seconds * (sm or 0.0)
         row[2] += gpu_seconds * recoverable_share(d)

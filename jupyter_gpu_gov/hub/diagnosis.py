@@ -293,7 +293,13 @@ class DiagnosisService:
         seconds = min(max(0.0, stamp - at), cluster.MAX_GAP_S)
         day = datetime.fromtimestamp(stamp, tz=timezone.utc).date()
         self.costs.add(
-            day, server.team, window.node or "", d, seconds * server.gpus, window.sm_active
+            day,
+            server.team,
+            window.node or "",
+            d,
+            seconds * server.gpus,
+            window.sm_active,
+            window.kernel_busy,
         )
 
     def _drop(self, key: str) -> None:

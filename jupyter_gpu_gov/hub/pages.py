@@ -26,6 +26,7 @@ from tornado import web
 
 from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
+from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
 from . import showback
 from .page_handler import STATIC, PageHandler, StaticHandler, ago, until
@@ -183,7 +184,7 @@ class DashboardHandler(PageHandler):
             now=now,
             gpu_health=gov.health_view(),
             diagnosis=gov.diagnosis_summary(),  # the root causes' section (diagnosis.html)
-            hints=HINTS,
+            hints={**HINTS, IDLE: IDLE_HINT},
         )
 
     def _flash(self) -> str:
