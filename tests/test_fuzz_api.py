@@ -404,3 +404,39 @@ def test_a_servers_own_token_acts_for_that_server_only(tmp_path, monkeypatch):
         assert r.ok, r.text
     finally:
         service.stop()
+
+
+def test_a_servers_own_token_reads_that_servers_records_only(tmp_path, monkeypatch):
+    """Whoever alice's server is shared with can read its ``$JUPYTERHUB_API_TOKEN``: it read
+    her audit trail about her other servers (what they run, why they were warned, her reasons
+    for extending them) and her usage and page, which show them all. Now it reads its own
+    server's audit only; her own token still reads all of hers."""
+    service = Service(tmp_path, monkeypatch)
+    try:
+        service.hub.add_server("alice", "gpu", started=clock.utcnow() - timedelta(minutes=5))
+        asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        for server in ("servers/gpu", "server"):  # refused (active), and audited
+            r = call(
+                service,
+                "POST",
+                f"api/users/alice/{server}/extend",
+                token=ALICE,
+                json={"reason": f"thesis run on {server}"},
+            )
+            assert r.status_code == 409, r.text
+
+        mine = call(service, "GET", "api/audit", token=ALICE).json()["audit"]
+        assert {a["server"] for a in mine} >= {"alice/", "alice/gpu"}
+        seen = call(service, "GET", "api/audit", token=OWNER).json()["audit"]
+        assert seen and {a["server"] for a in seen} == {"alice/"}, seen
+        r = call(service, "GET", "api/audit?server=alice/gpu", token=OWNER)
+        assert r.status_code == 403, r.text
+        assert r.json()["message"] == "a token of server 'alice/' may not act for 'alice/gpu'"
+        assert call(service, "GET", "api/audit?server=alice/", token=OWNER).ok
+        for path in ("api/usage", "api/usage?format=csv", "me"):
+            r = call(service, "GET", path, token=OWNER)
+            assert r.status_code == 403, (path, r.status_code, r.text[:300])
+            assert call(service, "GET", path, token=ALICE).ok, path
+    finally:
+        service.stop()
+

@@ -29,6 +29,7 @@ from ..core.durations import format_duration, parse_duration
 from ..diagnose.labels import HINTS
 from . import showback
 from .page_handler import STATIC, PageHandler, StaticHandler, ago, until
+from .prepared_auth import owner_wide
 from .views import policy_view
 
 SORTS = ("user", "team", "project", "tier", "state", "idle_for", "memory", "activity", "deadline")
@@ -326,6 +327,8 @@ class MyUsageHandler(PageHandler):
     def get(self):
         gov = self.governor
         now = clock.utcnow()
+        if refused := owner_wide(self.current_user, "its owner's page"):
+            raise web.HTTPError(403, refused)
         me = self.current_user["name"]
         if self.is_admin and self.get_argument("user", ""):
             me = self.get_argument("user")  # admins may look at anyone's page
