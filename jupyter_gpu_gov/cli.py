@@ -32,7 +32,7 @@ _NOT_SHOWN = {
 def shown(text: str) -> str:
     """``text`` as a terminal shows it, whatever names users chose in it (a project, a server):
     each control character written as its escape, as ``repr`` writes it."""
-    return text.translate(_NOT_SHOWN)
+    return text.replace("\r\n", "\n").translate(_NOT_SHOWN)  # CSV's lines end in CRLF
 
 
 def main(argv: Sequence[str] | None = None) -> int:

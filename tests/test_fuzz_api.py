@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import csv
+import io
 import json
 import logging
 import threading
@@ -504,3 +506,29 @@ def test_the_cluster_report_shows_names_not_terminal_controls(capsys):
     out = capsys.readouterr().out
     assert "  x\\x1b]0;pwned" in out and "alice/x\\x1b]0;pwned" in out, out
     assert "".join(c for c in out if c != "\n").isprintable(), repr(out)
+
+
+def test_the_usage_csv_keeps_each_name_in_its_cell(tmp_path, monkeypatch):
+    """A project name holding a carriage return was written unquoted (the CSV's lines end in
+    LF): a spreadsheet, which ends a row at CR too, read what followed as a new row, its first
+    cell a formula (DDE's ``=cmd|…``) that no leading-character check saw. Every name stays in its
+    own cell now, and no cell begins a formula."""
+    service = Service(tmp_path, monkeypatch)
+    project = "Lab\r=cmd|' /C calc'!A0"  # no comma, quote or LF: those had it quoted
+    try:
+        service.hub.add_server(
+            "alice",
+            "gpu",
+            started=clock.utcnow() - timedelta(minutes=5),
+            user_options={"project": project, "profile": "a100"},
+        )
+        for _ in range(2):  # billed from the second look
+            asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        r = call(service, "GET", "api/usage?group_by=project&format=csv")
+        assert r.ok, r.text
+        # As a spreadsheet splits rows: at CR, LF or CRLF outside quotes (so does csv.reader).
+        rows = list(csv.reader(io.StringIO(r.text, newline="")))
+        assert [row[1] for row in rows[1:]] == [project], rows
+        assert all(not cell.startswith(("=", "+", "-", "@")) for row in rows for cell in row)
+    finally:
+        service.stop()

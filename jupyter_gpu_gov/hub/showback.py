@@ -92,7 +92,10 @@ def usage(
 
 def to_csv(rows: Iterable[Mapping], group_by: Sequence[str]) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # RFC 4180's CRLF: the writer quotes a field holding CR as well as LF. With LF alone a name's
+    # bare CR went out unquoted, and a spreadsheet, which ends a row there, read what followed
+    # as a new row: its first cell a formula that ``_csv_safe`` never saw.
+    writer = csv.writer(out, lineterminator="\r\n")
     header = ["period", *group_by, *COLUMNS]
     writer.writerow(header)
     for row in rows:
