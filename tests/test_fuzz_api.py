@@ -224,6 +224,23 @@ def test_a_number_in_other_scripts_is_a_400_naming_it(service, digit):
     assert_refused_unchanged(service, r, before, "limit")
 
 
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"until": "9999-12-31"}, "'until'"),
+        ({"since": "0001-01-01T00:00:00+14:00"}, "'since'"),
+        ({"until": "9999-12-31T23:59:59-14:00", "format": "csv"}, "'until'"),
+        ({"since": "2026-03-02", "until": "2026-03-01"}, "'until' is before 'since'"),
+    ],
+)
+def test_a_usage_span_out_of_range_is_a_400_naming_it(service, params, named):
+    """A day at the calendar's end (its next day, or its UTC time, is past year 9999) made a
+    500; a ``since`` after its ``until`` answered an empty 200 (the trace's API says 400)."""
+    before = service.snapshot()
+    r = call(service, "GET", "api/usage", params=params)
+    assert_refused_unchanged(service, r, before, named)
+
+
 VERBS = {
     "extend": {"reason": json_values},
     "exempt": {"reason": json_values, "duration": json_values},

@@ -401,8 +401,9 @@ class UsageHandler(ApiHandler):
     def get(self):
         try:
             group_by, period = showback.parse_group_by(self.get_argument("group_by", "team"))
-            since = showback.parse_when(self.get_argument("since", None), "since")
-            until = showback.parse_when(self.get_argument("until", None), "until")
+            since, until = showback.parse_span(
+                self.get_argument("since", None), self.get_argument("until", None)
+            )
         except showback.UsageQueryError as error:
             raise web.HTTPError(400, str(error)) from None
         owner = {k: self.get_argument(k, None) for k in ("user", "team", "project", "tier")}
