@@ -879,6 +879,22 @@ def _usage(args: argparse.Namespace) -> int:
 # -- the governor service's API ----------------------------------------------------------------
 
 
+def _url_problem(url: str) -> str | None:
+    """Why ``--url`` is not a URL to ask (None: it is one), said before urllib says it with a
+    traceback."""
+    from urllib.parse import urlsplit
+
+    if not url.isprintable() or " " in url:
+        return "a space or a control character"
+    try:
+        where = urlsplit(url)
+        if where.scheme not in ("http", "https") or not where.hostname or where.port == 0:
+            return "not an http(s) URL"
+    except ValueError as error:  # a bracket left open, a port out of range
+        return str(error)
+    return None
+
+
 def _add_service(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
@@ -905,6 +921,10 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
 
     if not args.token:
         return _fail("a token is needed: --token or $JUPYTERHUB_API_TOKEN", command)
+    if not args.token.isprintable() or not args.token.isascii():  # never echoed: a secret
+        return _fail("--token: not a token (a control character or a non-ASCII one)", command)
+    if problem := _url_problem(args.url):
+        return _fail(f"--url {args.url!r}: {problem}; e.g. https://HUB/services/gpu-gov/", command)
     url = f"{args.url.rstrip('/')}/api/{path}?{urlencode(query)}"
     request = Request(url, headers={"Authorization": f"token {args.token}"})
     try:
