@@ -333,7 +333,7 @@ def _what_if(args: argparse.Namespace) -> int:
         f"over {format_duration(span)}; current: {args.current or 'the default policy'}, "
         f"candidate: {args.policy}"
     )
-    print(table(outcomes, title))
+    print(shown(table(outcomes, title)))  # a trace's team names are anyone's words
     return 0
 
 
