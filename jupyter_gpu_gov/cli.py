@@ -19,6 +19,21 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2  # bad input: a malformed trace, a bad policy, a bad option
 
+# What a terminal acts on rather than shows: C0 controls but newline and tab, DEL, C1 controls
+# (U+009B is a CSI on many terminals) and the bidi controls (they reorder a line as shown).
+_BIDI = (0x61C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_NOT_SHOWN = {
+    c: repr(chr(c))[1:-1]
+    for c in (*range(0x20), *range(0x7F, 0xA0), *_BIDI)
+    if chr(c) not in "\n\t"
+}
+
+
+def shown(text: str) -> str:
+    """``text`` as a terminal shows it, whatever names users chose in it (a project, a server):
+    each control character written as its escape, as ``repr`` writes it."""
+    return text.replace("\r\n", "\n").translate(_NOT_SHOWN)  # CSV's lines end in CRLF
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -187,7 +202,7 @@ def _trace(path: str) -> Callable[[], Iterator[Sample]]:
 
 
 def _fail(message: str, command: str = "replay") -> int:
-    print(f"jupyter-gpu-gov {command}: error: {message}", file=sys.stderr)
+    print(f"jupyter-gpu-gov {command}: error: {shown(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -319,7 +334,7 @@ def _what_if(args: argparse.Namespace) -> int:
         f"over {format_duration(span)}; current: {args.current or 'the default policy'}, "
         f"candidate: {args.policy}"
     )
-    print(table(outcomes, title))
+    print(shown(table(outcomes, title)))  # a trace's team names are anyone's words
     return 0
 
 
@@ -755,7 +770,7 @@ def _cluster(args: argparse.Namespace) -> int:
         report = json.loads(body)
     except ValueError:
         return _fail("the service did not answer with JSON", "diagnose")
-    sys.stdout.write(cluster_text(report))
+    sys.stdout.write(shown(cluster_text(report)))
     return 0
 
 
@@ -857,11 +872,28 @@ def _usage(args: argparse.Namespace) -> int:
     body = _service_get(args, "usage", query, "usage")
     if isinstance(body, int):
         return body
+    body = shown(body)  # CSV has names users chose as they are (JSON has them escaped)
     sys.stdout.write(body if body.endswith("\n") else body + "\n")
     return 0
 
 
 # -- the governor service's API ----------------------------------------------------------------
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``--url`` is not a URL to ask (None: it is one), said before urllib says it with a
+    traceback."""
+    from urllib.parse import urlsplit
+
+    if not url.isprintable() or " " in url:
+        return "a space or a control character"
+    try:
+        where = urlsplit(url)
+        if where.scheme not in ("http", "https") or not where.hostname or where.port == 0:
+            return "not an http(s) URL"
+    except ValueError as error:  # a bracket left open, a port out of range
+        return str(error)
+    return None
 
 
 def _add_service(parser: argparse.ArgumentParser) -> None:
@@ -890,6 +922,10 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
 
     if not args.token:
         return _fail("a token is needed: --token or $JUPYTERHUB_API_TOKEN", command)
+    if not args.token.isprintable() or not args.token.isascii():  # never echoed: a secret
+        return _fail("--token: not a token (a control character or a non-ASCII one)", command)
+    if problem := _url_problem(args.url):
+        return _fail(f"--url {args.url!r}: {problem}; e.g. https://HUB/services/gpu-gov/", command)
     url = f"{args.url.rstrip('/')}/api/{path}?{urlencode(query)}"
     request = Request(url, headers={"Authorization": f"token {args.token}"})
     try:

@@ -58,3 +58,22 @@ def test_the_replay_benchmark_names_itself():
     assert done.returncode == 2
     assert "python -m benchmarks.replay: error: unrecognized arguments" in done.stderr
     assert "__main__.py" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "not a url", "ftp://hub/services/gpu-gov/", "http://exa mple/"]
+)
+@pytest.mark.parametrize("command", [["usage"], ["diagnose", "--cluster"]])
+def test_a_bad_url_is_named_not_a_traceback(command, url):
+    done = run("jupyter_gpu_gov.cli", *command, "--url", url, "--token", "t")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"error: --url {url!r}: " in done.stderr, done.stderr
+
+
+def test_a_token_that_cannot_be_sent_is_named_and_not_printed():
+    secret = "s3cret\nX-Injected: 1"
+    done = run("jupyter_gpu_gov.cli", "usage", "--url", "http://127.0.0.1:1/", "--token", secret)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "s3cret" not in done.stderr
+    assert "error: --token: " in done.stderr, done.stderr

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import csv
+import io
 import json
 import logging
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -222,6 +225,23 @@ def test_a_number_in_other_scripts_is_a_400_naming_it(service, digit):
     assert_refused_unchanged(service, r, before, "limit")
 
 
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"until": "9999-12-31"}, "'until'"),
+        ({"since": "0001-01-01T00:00:00+14:00"}, "'since'"),
+        ({"until": "9999-12-31T23:59:59-14:00", "format": "csv"}, "'until'"),
+        ({"since": "2026-03-02", "until": "2026-03-01"}, "'until' is before 'since'"),
+    ],
+)
+def test_a_usage_span_out_of_range_is_a_400_naming_it(service, params, named):
+    """A day at the calendar's end (its next day, or its UTC time, is past year 9999) made a
+    500; a ``since`` after its ``until`` answered an empty 200 (the trace's API says 400)."""
+    before = service.snapshot()
+    r = call(service, "GET", "api/usage", params=params)
+    assert_refused_unchanged(service, r, before, named)
+
+
 VERBS = {
     "extend": {"reason": json_values},
     "exempt": {"reason": json_values, "duration": json_values},
@@ -402,5 +422,183 @@ def test_a_servers_own_token_acts_for_that_server_only(tmp_path, monkeypatch):
         assert call(service, "POST", "api/reports", token=ALICE, json=other).ok
         r = call(service, "POST", "api/users/alice/servers/gpu/stop", token=ALICE, json={})
         assert r.ok, r.text
+    finally:
+        service.stop()
+
+
+def test_a_servers_own_token_reads_that_servers_records_only(tmp_path, monkeypatch):
+    """Whoever alice's server is shared with can read its ``$JUPYTERHUB_API_TOKEN``: it read
+    her audit trail about her other servers (what they run, why they were warned, her reasons
+    for extending them) and her usage and page, which show them all. Now it reads its own
+    server's audit only; her own token still reads all of hers."""
+    service = Service(tmp_path, monkeypatch)
+    try:
+        service.hub.add_server("alice", "gpu", started=clock.utcnow() - timedelta(minutes=5))
+        asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        for server in ("servers/gpu", "server"):  # refused (active), and audited
+            r = call(
+                service,
+                "POST",
+                f"api/users/alice/{server}/extend",
+                token=ALICE,
+                json={"reason": f"thesis run on {server}"},
+            )
+            assert r.status_code == 409, r.text
+
+        mine = call(service, "GET", "api/audit", token=ALICE).json()["audit"]
+        assert {a["server"] for a in mine} >= {"alice/", "alice/gpu"}
+        seen = call(service, "GET", "api/audit", token=OWNER).json()["audit"]
+        assert seen and {a["server"] for a in seen} == {"alice/"}, seen
+        r = call(service, "GET", "api/audit?server=alice/gpu", token=OWNER)
+        assert r.status_code == 403, r.text
+        assert r.json()["message"] == "a token of server 'alice/' may not act for 'alice/gpu'"
+        assert call(service, "GET", "api/audit?server=alice/", token=OWNER).ok
+        for path in ("api/usage", "api/usage?format=csv", "me"):
+            r = call(service, "GET", path, token=OWNER)
+            assert r.status_code == 403, (path, r.status_code, r.text[:300])
+            assert call(service, "GET", path, token=ALICE).ok, path
+    finally:
+        service.stop()
+
+
+# A project name that, printed raw, sets the admin's terminal title, writes their clipboard
+# (OSC 52), hides the rest of the line and reorders it (a right-to-left override).
+HOSTILE = "x\x1b]0;pwned\x07\x1b]52;c;Y3VybCBldmlsfHNo\x07\x1b[8mhidden\u202eevil\r\x9b2J"
+
+
+def test_the_command_line_shows_names_not_terminal_controls(tmp_path, monkeypatch, capsys):
+    """``jupyter-gpu-gov usage`` printed the names users chose (a project) raw to the admin's
+    terminal: escape sequences in one ran there. Now every control character and bidi override
+    is shown as its escape; the rest of the name, and every figure, as before."""
+    from jupyter_gpu_gov import cli
+
+    service = Service(tmp_path, monkeypatch)
+    try:
+        service.hub.add_server(
+            "alice",
+            "gpu",
+            started=clock.utcnow() - timedelta(minutes=5),
+            user_options={"project": HOSTILE, "profile": "a100"},
+        )
+        for _ in range(2):  # billed from the second look
+            asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        argv = ["usage", "--url", service.url, "--token", ADMIN, "--group-by", "project"]
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "x\\x1b]0;pwned\\x07\\x1b]52;c;Y3VybCBldmlsfHNo\\x07\\x1b[8mhidden" in out, out
+        assert "\\u202eevil\\r\\x9b2J" in out, out
+        shown = "".join(c for c in out if c not in "\n")
+        assert shown.isprintable(), repr(out)
+        assert "\u202e" not in out
+    finally:
+        service.stop()
+
+
+def test_the_cluster_report_shows_names_not_terminal_controls(capsys):
+    """``diagnose --cluster`` printed server, team and node names raw: the same escapes. (The
+    governor's answer, with such names, from a plain HTTP server.)"""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from jupyter_gpu_gov import cli
+
+    report = {
+        "cost": {"days": 7, "gpu_hours": 1.0, "teams": {HOSTILE: {}}, "nodes": {}},
+        "servers": [{"server": f"alice/{HOSTILE}", "label": "zombie", "confident": True}],
+    }
+
+    class Governor(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(report).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Governor)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/services/gpu-gov/"
+        assert cli.main(["diagnose", "--cluster", "--url", url, "--token", "t"]) == 0
+    finally:
+        server.shutdown()
+    out = capsys.readouterr().out
+    assert "  x\\x1b]0;pwned" in out and "alice/x\\x1b]0;pwned" in out, out
+    assert "".join(c for c in out if c != "\n").isprintable(), repr(out)
+
+
+def test_the_usage_csv_keeps_each_name_in_its_cell(tmp_path, monkeypatch):
+    """A project name holding a carriage return was written unquoted (the CSV's lines end in
+    LF): a spreadsheet, which ends a row at CR too, read what followed as a new row, its first
+    cell a formula (DDE's ``=cmd|…``) that no leading-character check saw. Every name stays in its
+    own cell now, and no cell begins a formula."""
+    service = Service(tmp_path, monkeypatch)
+    project = "Lab\r=cmd|' /C calc'!A0"  # no comma, quote or LF: those had it quoted
+    try:
+        service.hub.add_server(
+            "alice",
+            "gpu",
+            started=clock.utcnow() - timedelta(minutes=5),
+            user_options={"project": project, "profile": "a100"},
+        )
+        for _ in range(2):  # billed from the second look
+            asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        r = call(service, "GET", "api/usage?group_by=project&format=csv")
+        assert r.ok, r.text
+        # As a spreadsheet splits rows: at CR, LF or CRLF outside quotes (so does csv.reader).
+        rows = list(csv.reader(io.StringIO(r.text, newline="")))
+        assert [row[1] for row in rows[1:]] == [project], rows
+        assert all(not cell.startswith(("=", "+", "-", "@")) for row in rows for cell in row)
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize(
+    "path", ["api/usage?group_by=user,day&format=csv", "showback?group_by=user&days=366"]
+)
+def test_a_big_usage_export_does_not_stop_the_service(tmp_path, monkeypatch, path):
+    """A year of a big hub's ledger read for one export or the showback page took seconds on
+    the event loop (100,000 buckets: 2.5-3.8 s here), and every report, verdict and page waited
+    for it. It is read in a worker now: the service answers meanwhile."""
+    import sqlite3
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import date
+
+    service = Service(tmp_path, monkeypatch)
+    try:
+        with sqlite3.connect(tmp_path / "gov.sqlite") as db:
+            db.executemany(
+                "INSERT INTO usage (day, user, team, project, tier, active, idle_held, idle_free,"
+                " unknown, unobserved, culls, extensions, right_size_freed)"
+                " VALUES (?, ?, 'vision', 'p', 'a100', 3600, 60, 60, 0, 0, 0, 0, 0)",
+                [
+                    ((date.today() - timedelta(days=d)).isoformat(), f"user{u}")
+                    for d in range(100)
+                    for u in range(1000)
+                ],
+            )
+        took = {}
+
+        def get(name: str, path: str) -> None:
+            sent = time.monotonic()
+            r = call(service, "GET", path)
+            took[name] = time.monotonic() - sent
+            assert r.ok, r.text
+
+        def poll() -> float:
+            """The longest a request to api/ waited while the export ran."""
+            longest = 0.0
+            while not export.done():
+                sent = time.monotonic()
+                assert call(service, "GET", "api/").ok
+                longest = max(longest, time.monotonic() - sent)
+                time.sleep(0.1)
+            return longest
+
+        with ThreadPoolExecutor(2) as pool:
+            export = pool.submit(get, "export", path)
+            took["info"] = pool.submit(poll).result(120)
+            export.result(120)
+        # On the event loop, a request waited for most of the export (api/usage: 3.7 s of 4.2).
+        assert took["info"] < took["export"] / 4, took
     finally:
         service.stop()

@@ -407,3 +407,39 @@ def test_the_bulk_ledger_writes_store_what_sqlalchemy_would(statement):
             stored.append(connection.exec_driver_sql(f"SELECT * FROM {table.name}").fetchall())
     assert stored[0] == stored[1]
     assert len(stored[0]) == 3
+
+
+def test_names_users_chose_leave_the_exposition_readable():
+    """Quotes, backslashes, newlines, CR and bidi controls in the names users choose (a
+    project, a server) and the Hub passes on: Prometheus's text parser reads every series back
+    with its names as they were, and a stopped server's series is gone."""
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = ['a"b', "c\\d", "e\nf", "g\rh", "\u202eevil", '} 1\nx{y="', "ü\\n"]
+    gauges = metrics.StateGauges()
+    for i, name in enumerate(names):
+        row = SimpleNamespace(user=f"exp{i}", name=name, team=name, project=name, tier=name)
+        gauges.set(f"exp{i}/{name}", SimpleNamespace(**vars(row), state="idle"), 1.0, (name, name))
+    gauges.publish()
+
+    def read() -> dict:
+        text = generate_latest(metrics.REGISTRY).decode()
+        return {
+            s.labels["user"]: s.labels
+            for family in text_string_to_metric_families(text)
+            if family.name == "jupyter_gpu_gov_server_gpu_equivalents"
+            for s in family.samples
+            if s.labels["user"].startswith("exp")
+        }
+
+    seen = read()
+    for i, name in enumerate(names):
+        labels = seen[f"exp{i}"]
+        assert [labels[k] for k in ("server", "team", "project", "tier", "pod")] == [name] * 5
+    for i, name in enumerate(names):
+        gauges.drop(f"exp{i}/{name}")
+    gauges.publish()
+    assert read() == {}

@@ -289,3 +289,19 @@ def test_against_jupyterhub_idle_culler_as_deployed_today(trace, tmp_path):
     result = what_if(trace, "--policy", candidate, "--current", "idle-culler:soon")
     assert (result.returncode, result.stdout) == (2, "")
     assert "idle-culler:soon" in result.stderr
+
+
+def test_the_table_shows_a_traces_names_not_terminal_controls(tmp_path):
+    """A trace is a file admins pass around: a team named with escape sequences ran them in the
+    terminal of whoever printed the what-if table. They are shown as escapes now."""
+    trace = tmp_path / "trace.jsonl"
+    source = Path(__file__).parent / "data" / "traces" / "background_training.jsonl"
+    with source.open() as rows, trace.open("w") as out:
+        for line in rows:
+            out.write(json.dumps({**json.loads(line), "team": "nlp\x1b]0;pwned\x07\u202e"}) + "\n")
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(SOONER)
+    result = what_if(trace, "--policy", candidate)
+    assert result.returncode == 0, result.stderr
+    assert "nlp\\x1b]0;pwned\\x07\\u202e" in result.stdout
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout

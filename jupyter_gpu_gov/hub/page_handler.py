@@ -8,8 +8,11 @@ shows them in the reader's clock, like JupyterLab does. Only the API and CSV sta
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -81,21 +84,30 @@ class PageHandler(ApiHandler):
         return self.settings["gpu_gov_prefix"]
 
     def render_page(self, template: str, status: int = 200, **context) -> None:
+        self.finish(self._page(template, status, context)())
+
+    async def render_page_in_worker(self, template: str, status: int = 200, **context) -> None:
+        """``render_page``, rendered in a worker thread: a page of a year of a big hub's usage
+        is seconds of work (its tables and charts), which held every report on the event loop."""
+        render = self._page(template, status, context)
+        self.finish(await asyncio.get_running_loop().run_in_executor(None, render))
+
+    def _page(self, template: str, status: int, context: dict) -> Callable[[], str]:
+        """The page's headers set, and its rendering, to call."""
         self.set_status(status)
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Content-Security-Policy", "default-src 'self'")  # no inline code
         self.set_header("X-Content-Type-Options", "nosniff")
         user = self.current_user or {}
-        self.finish(
-            env.get_template(template).render(
-                prefix=self.prefix,
-                me=user.get("name", ""),
-                is_admin=bool(user) and self.is_admin,
-                xsrf=Markup(self.xsrf_form_html()),
-                dry_run=self.governor.options.dry_run,
-                currency=self.governor.options.currency,
-                **context,
-            )
+        return partial(
+            env.get_template(template).render,
+            prefix=self.prefix,
+            me=user.get("name", ""),
+            is_admin=bool(user) and self.is_admin,
+            xsrf=Markup(self.xsrf_form_html()),
+            dry_run=self.governor.options.dry_run,
+            currency=self.governor.options.currency,
+            **context,
         )
 
     def write_error(self, status_code: int, **kwargs):

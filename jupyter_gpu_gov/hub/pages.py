@@ -18,6 +18,7 @@ How a page is rendered (templates, times in the reader's clock, errors) is
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
@@ -30,6 +31,7 @@ from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
 from . import showback
 from .page_handler import STATIC, PageHandler, StaticHandler, ago, until
+from .prepared_auth import owner_wide
 from .views import policy_view
 
 SORTS = ("user", "team", "project", "tier", "state", "idle_for", "memory", "activity", "deadline")
@@ -266,7 +268,7 @@ class ShowbackHandler(PageHandler):
     """``GET /services/gpu-gov/showback?group_by=team&period=day&days=14``."""
 
     @web.authenticated
-    def get(self):
+    async def get(self):
         self.require_admin()
         gov = self.governor
         now = clock.utcnow()
@@ -279,15 +281,14 @@ class ShowbackHandler(PageHandler):
             days = 14
         since = showback.days_back(days, now)
         gov.flush_usage()
-        rows = gov.usage([dim], period, since)
-        totals = gov.usage([dim], "all", since)
-        idle_series, periods = showback.series_by(rows, dim, "gpu_hours_idle")
-        active_series, _ = showback.series_by(rows, dim, "gpu_hours_active")
-        sessions = gov.usage_sessions(since=since)
-        hist = ledger.utilisation_histogram(sessions)
-        per = "day" if period == "day" else "week"
+
+        # Read, drawn and rendered in a worker, as the usage API's export: a year of a big
+        # hub's ledger is seconds of each, which held every report and page on the event loop.
+        rows, totals, charts = await asyncio.get_running_loop().run_in_executor(
+            None, _showback, gov, dim, period, since
+        )
         query = urlencode({"group_by": f"{dim},{period}", "since": since.date().isoformat()})
-        self.render_page(
+        await self.render_page_in_worker(
             "showback.html",
             dim=dim,
             dims=ledger.DIMENSIONS,
@@ -295,29 +296,34 @@ class ShowbackHandler(PageHandler):
             days=days,
             rows=rows,
             totals=totals,
-            idle_chart=Markup(
-                showback.stacked_bars(
-                    idle_series, periods, title=f"Idle GPU-hours by {dim} per {per}", unit="GPU-h"
-                )
-            ),
-            active_chart=Markup(
-                showback.stacked_bars(
-                    active_series,
-                    periods,
-                    title=f"Active GPU-hours by {dim} per {per}",
-                    unit="GPU-h",
-                )
-            ),
-            hist_chart=Markup(
-                showback.histogram(
-                    hist,
-                    title="Utilisation distribution: GPU-hours by how busy their session was",
-                    unit="GPU-h",
-                )
-            ),
+            **charts,
             csv_url=f"{self.prefix}api/usage?{query}&format=csv",
             json_url=f"{self.prefix}api/usage?{query}",
         )
+
+
+def _showback(gov, dim: str, period: str, since: datetime) -> tuple[list, list, dict]:
+    """The showback page's rows, totals and charts."""
+    rows = gov.usage([dim], period, since)
+    totals = gov.usage([dim], "all", since)
+    hist = ledger.utilisation_histogram(gov.usage_sessions(since=since))
+    idle_series, periods = showback.series_by(rows, dim, "gpu_hours_idle")
+    active_series, _ = showback.series_by(rows, dim, "gpu_hours_active")
+    per = "day" if period == "day" else "week"
+    charts = {
+        "idle_chart": showback.stacked_bars(
+            idle_series, periods, title=f"Idle GPU-hours by {dim} per {per}", unit="GPU-h"
+        ),
+        "active_chart": showback.stacked_bars(
+            active_series, periods, title=f"Active GPU-hours by {dim} per {per}", unit="GPU-h"
+        ),
+        "hist_chart": showback.histogram(
+            hist,
+            title="Utilisation distribution: GPU-hours by how busy their session was",
+            unit="GPU-h",
+        ),
+    }
+    return rows, totals, {name: Markup(chart) for name, chart in charts.items()}
 
 
 class MyUsageHandler(PageHandler):
@@ -327,6 +333,8 @@ class MyUsageHandler(PageHandler):
     def get(self):
         gov = self.governor
         now = clock.utcnow()
+        if refused := owner_wide(self.current_user, "its owner's page"):
+            raise web.HTTPError(403, refused)
         me = self.current_user["name"]
         if self.is_admin and self.get_argument("user", ""):
             me = self.get_argument("user")  # admins may look at anyone's page

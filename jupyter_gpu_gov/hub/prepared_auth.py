@@ -131,6 +131,16 @@ def out_of_reach(model: dict, key: str) -> str | None:
     return f"a token of server {', '.join(servers)!r:.80} may not act for {key!r:.80}"
 
 
+def owner_wide(model: dict, what: str) -> str | None:
+    """Why the caller's token may not read ``what``, a record of its owner's every server (their
+    usage, their page): a server's own token reads its own server's records only. None: it
+    may."""
+    servers = model.get("servers")
+    if servers is None:
+        return None
+    return f"a token of server {', '.join(servers)!r:.80} may not read {what}: only its own records"
+
+
 def has_access(hub_auth: HubOAuth, model: dict) -> bool:
     """Whether an identified caller may use the service: what ``HubOAuthenticated``'s
     ``check_hub_user`` allows with the service's access scopes as ``hub_scopes`` (none set:

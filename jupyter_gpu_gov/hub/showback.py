@@ -8,7 +8,7 @@ import csv
 import io
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from html import escape
 
 from ..core import clock, ledger
@@ -63,13 +63,40 @@ def parse_when(text: str | None, name: str, now: datetime | None = None) -> date
     now = now or clock.utcnow()
     try:
         if _DATE.match(text):
-            return clock.parse(text if "T" in text else f"{text}T00:00:00Z")
-        return now - parse_duration(text, f"'{name}'")
-    except (ValueError, OverflowError):
+            when = clock.parse(text if "T" in text else f"{text}T00:00:00Z")
+        else:
+            when = now - parse_duration(text, f"'{name}'")
+        day = _day(when)
+    except ValueError:
         raise UsageQueryError(
             f"'{name}' must be a date (2025-03-01), an ISO time or a duration back from now "
             f"(7d, 12h); got {text!r}"
         ) from None
+    except OverflowError:  # its UTC time is out of the calendar
+        day = date.max
+    # Its UTC day and the day after are what the ledger and the queue's buckets are read by.
+    if day >= date.max:
+        raise UsageQueryError(
+            f"'{name}' must fall from {date.min} to {date.max - timedelta(days=1)} (UTC); "
+            f"got {text!r}"
+        )
+    return when
+
+
+def _day(when: datetime) -> date:
+    return when.astimezone(timezone.utc).date()
+
+
+def parse_span(
+    since: str | None, until: str | None, now: datetime | None = None
+) -> tuple[datetime | None, datetime | None]:
+    """``since`` and ``until`` (``parse_when``), days inclusive: ``until``'s day not before
+    ``since``'s."""
+    now = now or clock.utcnow()
+    start, end = parse_when(since, "since", now), parse_when(until, "until", now)
+    if start and end and _day(end) < _day(start):
+        raise UsageQueryError(f"'until' is before 'since' ({until} < {since})")
+    return start, end
 
 
 def usage(
@@ -92,7 +119,10 @@ def usage(
 
 def to_csv(rows: Iterable[Mapping], group_by: Sequence[str]) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # RFC 4180's CRLF: the writer quotes a field holding CR as well as LF. With LF alone a name's
+    # bare CR went out unquoted, and a spreadsheet, which ends a row there, read what followed
+    # as a new row: its first cell a formula that ``_csv_safe`` never saw.
+    writer = csv.writer(out, lineterminator="\r\n")
     header = ["period", *group_by, *COLUMNS]
     writer.writerow(header)
     for row in rows:
