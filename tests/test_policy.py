@@ -943,7 +943,13 @@ def test_policies_match_first_and_always_end_with_a_catch_all():
         ({"name": "x", "match": {"team": "a"}}, "policy 0 ('x'): unknown key 'match.team'"),
         (
             {"name": "x", "warn_after": "3h", "cull_after": "2h"},
-            "must not be shorter than 'warn_after'",
+            "'cull_after' must be longer than 'warn_after' (the notice)",
+        ),
+        # No notice: every server already past the limit was warned and culled in one pass
+        # when an admin applied such a policy.
+        (
+            {"name": "x", "warn_after": "5m", "cull_after": "5m"},
+            "'cull_after' must be longer than 'warn_after' (the notice)",
         ),
         ({"cull_after": "2h"}, "policy 0: 'name' is required"),
         ({"name": "x", "max_extensions": -1}, "'max_extensions' must be a whole number"),

@@ -254,8 +254,10 @@ def _policy(label: str, entry: dict, base: Policy) -> Policy:
         except (TypeError, ValueError) as error:
             raise PolicyError(f"{label}: {error}") from None
     policy = replace(base, **values)
-    if policy.cull_after < policy.warn_after:
-        raise PolicyError(f"{label}: 'cull_after' must not be shorter than 'warn_after'")
+    if policy.cull_after <= policy.warn_after:
+        # The difference is the warning's notice: none would warn and cull in one pass (every
+        # server already past the limit when such a policy is applied).
+        raise PolicyError(f"{label}: 'cull_after' must be longer than 'warn_after' (the notice)")
     if policy.busy_limit < policy.busy_grace:
         raise PolicyError(f"{label}: 'busy_limit' must not be shorter than 'busy_grace'")
     return policy
