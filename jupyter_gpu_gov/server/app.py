@@ -21,7 +21,7 @@ from ..events import GPU_STATE_SCHEMA, GPU_STATE_SCHEMA_ID, VERDICT_SCHEMA, VERD
 from ..gpu.attribution import TargetRoot
 from ..gpu.backends import CHOICES, make_backend, parse_visible_devices, resolve_choice
 from . import metrics, routes
-from .checkpoint import take_checkpoint
+from .checkpoint import for_report, take_checkpoint
 from .frontend_first import FrontendFirst
 from .own_activity import OwnActivity
 from .person_activity import PersonActivity
@@ -373,6 +373,7 @@ class GpuGovApp(ExtensionApp):
     async def send_report(self, report: dict) -> None:
         """Push a report; keep the verdict (and tell the frontend when it changes)."""
         outgoing = {k: v for k, v in report.items() if k != "verdict"}
+        outgoing["checkpoint"] = for_report(report.get("checkpoint"))  # within the report's size
         try:
             verdict = await self.reporter.send(outgoing)
         except GovernorError as error:
