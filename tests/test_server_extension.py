@@ -543,3 +543,54 @@ async def test_the_server_does_what_its_verdict_asks_and_only_to_its_own_kernels
     await app.send_report(await app.latest_report(refresh=True))
     await asyncio.sleep(0.5)
     assert not app._request_tasks and len(governor.reports) == sent + 1
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (200, b"<html><body>Sign in to continue</body></html>"),  # an auth proxy's page
+        (302, b""),  # a redirect to a login, not followed
+        (200, b'{"status": "granted", "verdict": "granted"}'),  # a verdict that is no object
+        (200, b'{"status": "granted", "verdict": null}'),
+        (200, b"[1, 2]"),
+    ],
+)
+async def test_an_extend_or_stop_answered_by_something_else_than_the_governor_is_a_502(
+    jp_fetch, jp_serverapp, status, body
+):
+    """The owner's Extend and Stop are forwarded to the governor; what answered in its place
+    (a proxy's login page, a redirect) was passed on with its status, and JupyterLab said
+    "Extension granted" for a page that granted nothing: the GPU was then culled at the
+    deadline the owner thought extended. A verdict that is not an object was kept, and the
+    next verdict's comparison with it failed, so the governor's requests were never done."""
+    from tornado import web
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+
+    from jupyter_gpu_gov.server.reporter import Reporter
+
+    class Page(web.RequestHandler):
+        def post(self, *_):
+            self.set_status(status)
+            if status == 302:
+                self.set_header("Location", "/hub/login")
+            self.finish(body)
+
+    sock, port = bind_unused_port()
+    http = HTTPServer(web.Application([(r"/(.*)", Page)]))
+    http.add_sockets([sock])
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    app.reporter = Reporter(f"http://127.0.0.1:{port}/services/gpu-gov/", "t", app.log)
+    before = {"state": "warned", "cull_at": "2026-01-05T09:00:00.000Z"}
+    app.verdict = before
+    try:
+        for verb in ("extend", "stop"):
+            with pytest.raises(HTTPClientError) as info:
+                await jp_fetch(
+                    "jupyter-gpu-gov", verb, method="POST", body=json.dumps({"reason": "x"})
+                )
+            assert info.value.code == 502, (verb, info.value.response.body)
+            assert b"not the governor's" in info.value.response.body
+            assert app.verdict is before
+    finally:
+        http.stop()

@@ -125,8 +125,14 @@ class ForwardHandler(GpuGovHandler):
             status, outcome = await call(identity["user"], identity["name"], reason)
         except Exception as error:
             raise web.HTTPError(502, f"the governor did not answer: {error}") from None
-        if outcome.get("verdict"):
-            app.set_verdict(outcome["verdict"])
+        verdict = outcome.get("verdict")
+        if status < 400 and not isinstance(verdict, dict):
+            # What answered in the governor's place (a proxy's login page, a redirect) granted
+            # nothing: passed on with its 200, JupyterLab said "Extension granted".
+            what = str(outcome.get("message") or json.dumps(outcome))[:200]
+            raise web.HTTPError(502, f"the answer (HTTP {status}) is not the governor's: {what}")
+        if isinstance(verdict, dict):
+            app.set_verdict(verdict)
         self.set_status(status)
         self.finish(json.dumps(outcome))
 
