@@ -521,7 +521,11 @@ async def test_the_server_does_what_its_verdict_asks_and_only_to_its_own_kernels
     governor = GovernorAsking(
         {
             "checkpoint": {"requested_at": asked_at, "reason": "idle", "cull_reason": "gpu-idle"},
-            "shutdown_kernels": {"requested_at": asked_at, "kernels": [ours.id, bobs, "../x"]},
+            # Ids that are not its own, nor strings, are passed over, not the end of the request.
+            "shutdown_kernels": {
+                "requested_at": asked_at,
+                "kernels": [["x"], {"id": ours.id}, None, bobs, "../x", ours.id],
+            },
         }
     )
     app.reporter = governor

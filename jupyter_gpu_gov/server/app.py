@@ -438,8 +438,8 @@ class GpuGovApp(ExtensionApp):
         manager = self.serverapp.kernel_manager
         ours = set(manager.list_kernel_ids())
         for kernel_id in kernel_ids if isinstance(kernel_ids, list) else ():
-            if kernel_id not in ours:
-                continue
+            if not isinstance(kernel_id, str) or kernel_id not in ours:
+                continue  # a list or an object is unhashable: it would end the request here
             self.log.info("jupyter-gpu-gov: %s kernel %s (governor)", doing, kernel_id)
             try:
                 await ensure_async(getattr(manager, method)(kernel_id))
