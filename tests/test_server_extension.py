@@ -598,3 +598,22 @@ async def test_an_extend_or_stop_answered_by_something_else_than_the_governor_is
             assert app.verdict is before
     finally:
         http.stop()
+
+
+@pytest.mark.parametrize("route", ["checkpoint", "extend", "stop"])
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"[" * 100_000, b"nested too deep"),
+        (b'{"reason": ', b"not JSON"),
+        (b"[1]", b"a JSON object"),
+        (b'{"reason": 7}', b"'reason' must be a string"),
+    ],
+)
+async def test_a_body_that_is_not_a_request_is_a_400_naming_why(jp_fetch, route, body, says):
+    """A body nested past Python's recursion limit raised RecursionError (not a ValueError):
+    a 500 'Unhandled error' where every other bad body is a 400 naming what is wrong."""
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("jupyter-gpu-gov", route, method="POST", body=body)
+    assert info.value.code == 400, info.value.response.body
+    assert says in info.value.response.body

@@ -48,6 +48,10 @@ def _body(handler: APIHandler) -> dict:
         data = json.loads(handler.request.body or b"{}")
     except ValueError as error:
         raise web.HTTPError(400, f"the body is not JSON: {error}") from None
+    except RecursionError:  # not a ValueError: it was a 500
+        raise web.HTTPError(
+            400, "the body is not JSON this server reads: nested too deep"
+        ) from None
     if not isinstance(data, dict):
         raise web.HTTPError(400, "the body must be a JSON object")
     return data
