@@ -617,3 +617,70 @@ async def test_a_body_that_is_not_a_request_is_a_400_naming_why(jp_fetch, route,
         await jp_fetch("jupyter-gpu-gov", route, method="POST", body=body)
     assert info.value.code == 400, info.value.response.body
     assert says in info.value.response.body
+
+
+async def test_a_gpu_driver_that_hangs_neither_hangs_a_checkpoint_nor_shows_as_the_gpu_now(
+    jp_fetch, jp_serverapp, jp_root_dir, monkeypatch
+):
+    """A lost GPU (XID 79) or GSP timeouts can make every NVML call wait for minutes. The tick
+    then holds the sampling lock, and the checkpoint, which wants a fresh sample first (and
+    is wanted most when a GPU fails), waited behind it for good: no notebook or kernel state
+    was saved, the Checkpoint button never answered, and the governor's request timed out as
+    failed. Meanwhile the status showed the last sample, minutes old, as the GPU now."""
+    import threading
+
+    import nbformat
+
+    from jupyter_gpu_gov.server import app as server_app
+
+    monkeypatch.setattr(server_app, "FRESH_SAMPLE_WAIT_S", 2.0, raising=False)
+    monkeypatch.setattr(server_app, "STALE_AFTER_S", 2.0, raising=False)
+    nbformat.write(nbformat.v4.new_notebook(), jp_root_dir / "train.ipynb")
+    body = {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    before = await status(jp_fetch)
+    assert before["backend"] == "simulated"
+
+    class SlowGovernor:  # a report waits on it, and the ticks with it: the driver answers
+        async def send(self, report: dict) -> dict:
+            await asyncio.sleep(4)
+            return {"state": "idle"}
+
+    app.reporter, app._last_report_at = SlowGovernor(), 0.0
+    await asyncio.sleep(3.5)
+    assert (await jp_fetch("jupyter-gpu-gov", "status")).body.count(b'"backend": "simulated"')
+    app.reporter = None
+
+    backend = app.sampler.backend
+    answer = backend.sample
+    driver = threading.Event()
+    monkeypatch.setattr(backend, "sample", lambda: driver.wait(60) and answer())
+    try:
+        await asyncio.sleep(1.0)  # the timer's tick is now stuck in the driver
+        started = time.monotonic()
+        response = await jp_fetch(
+            "jupyter-gpu-gov",
+            "checkpoint",
+            method="POST",
+            body=json.dumps({"reason": "the GPU failed"}),
+            request_timeout=30,
+        )
+        assert time.monotonic() - started < 10
+        manifest = json.loads(response.body)
+        assert [n["path"] for n in manifest["notebooks"]] == ["train.ipynb"]
+
+        await asyncio.sleep(2.5)
+        for params in ({}, {"refresh": "1"}):
+            started = time.monotonic()
+            response = await jp_fetch(
+                "jupyter-gpu-gov", "status", params=params, request_timeout=30
+            )
+            assert time.monotonic() - started < 10
+            shown = json.loads(response.body)
+            assert shown["backend"] == "unavailable", params
+            assert "no GPU sample since" in shown["error"]
+    finally:
+        driver.set()
+    report = await wait_for(jp_fetch, lambda r: r["backend"] == "simulated")
+    assert report["error"] is None

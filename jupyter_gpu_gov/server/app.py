@@ -26,12 +26,18 @@ from .frontend_first import FrontendFirst
 from .own_activity import OwnActivity
 from .person_activity import PersonActivity
 from .reporter import GovernorError, Reporter
-from .sampler import Sampler, TargetInfo, TickResult
+from .sampler import NoSample, Sampler, TargetInfo, TickResult
 
 K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # jupyter_server calls extensions' start hook (`_start_jupyter_server_extension`, once the event
 # loop runs) from 2.16; older servers never call it, so sampling and reports would never start.
 _SERVER_CALLS_START_HOOKS = hasattr(ExtensionApp, "_start_jupyter_server_extension")
+# A tick waits on the GPU driver, which can hang for minutes (a GPU lost from the bus, GSP
+# timeouts). A checkpoint (wanted most then) or a status read waits this long at most for a
+# fresh sample, then goes on with the last one; and while a tick has waited on the driver
+# longer than STALE_AFTER_S, the last sample is shown as unavailable, never as the GPU now.
+FRESH_SAMPLE_WAIT_S = 10.0
+STALE_AFTER_S = 10.0
 
 
 class GpuGovApp(ExtensionApp):
@@ -249,6 +255,8 @@ class GpuGovApp(ExtensionApp):
             log=self.log,
         )
         self.report: dict | None = None
+        self._sampling_since: float | None = None  # time.monotonic() a tick began, while it runs
+        self._refresh: asyncio.Future | None = None  # a sample asked for and not taken yet
         self._timer: asyncio.Future | None = None
         self._tick_lock = asyncio.Lock()
         self.server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
@@ -334,19 +342,50 @@ class GpuGovApp(ExtensionApp):
     # -- sampling ----------------------------------------------------------------------------
 
     async def latest_report(self, refresh: bool = False) -> dict:
+        """The last report (sampled now with ``refresh``), as the GPU's state now only while
+        it is fresh; ``NoSample`` when the driver never answered."""
         self.ensure_sampling()
         if refresh or self.report is None:
-            await self.sample_now()
-        assert self.report is not None
-        return self.report
+            await self._sample_within(FRESH_SAMPLE_WAIT_S)
+        report = self.report
+        if report is None:
+            raise NoSample(
+                f"no GPU sample yet: the GPU driver has not answered within {FRESH_SAMPLE_WAIT_S:g} s"
+            )
+        # Only the tick itself counts: a report to a slow governor delays ticks, not the driver.
+        since = self._sampling_since
+        waited = 0.0 if since is None else time.monotonic() - since
+        if waited <= STALE_AFTER_S:
+            return report
+        return {
+            **report,
+            "backend": "unavailable",
+            "error": f"no GPU sample since {report.get('sampled_at')}: the GPU driver has not "
+            f"answered for {waited:.0f} s",
+        }
+
+    async def _sample_within(self, seconds: float) -> None:
+        """A sample now, waited for ``seconds`` at most (it goes on; one at a time)."""
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self.sample_now())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._refresh), seconds)
+        except asyncio.TimeoutError:
+            self.log.warning(
+                "jupyter-gpu-gov: no GPU sample within %g s (the GPU driver does not answer)",
+                seconds,
+            )
 
     async def sample_now(self) -> None:
         async with self._tick_lock:  # a refresh and the timer never measure at once
+            self._sampling_since = time.monotonic()
             try:
                 result = await self.sampler.tick(await self._targets(), self._server_section())
             except Exception:
                 self.log.exception("jupyter-gpu-gov: sampling failed")
                 return
+            finally:
+                self._sampling_since = None
             self._publish(result)
             report_now = self._report_due(result)
             if report_now:
@@ -571,7 +610,7 @@ class GpuGovApp(ExtensionApp):
     async def _fresh_report(self) -> dict | None:
         """A sample taken now (which kernels hold a GPU this moment), else the last one."""
         try:
-            await self.sample_now()
+            await self._sample_within(FRESH_SAMPLE_WAIT_S)
         except Exception:
             self.log.warning("jupyter-gpu-gov: no fresh sample for the checkpoint", exc_info=True)
         return self.report

@@ -14,6 +14,7 @@ from tornado import web
 from ..checkpoint_layout import SOURCE_USER, SOURCES, is_checkpoint_id
 from ..core.vocabulary import CULL_REASONS
 from .checkpoint import list_checkpoints, read_manifest
+from .sampler import NoSample
 
 AUTH_RESOURCE = "gpu-gov"
 
@@ -38,7 +39,10 @@ class StatusHandler(GpuGovHandler):
     @authorized
     async def get(self):
         refresh = self.get_query_argument("refresh", "0").lower() in ("1", "true", "yes")
-        report = await self.gpu_gov.latest_report(refresh=refresh)
+        try:
+            report = await self.gpu_gov.latest_report(refresh=refresh)
+        except NoSample as error:
+            raise web.HTTPError(503, str(error)) from None
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(report))
 

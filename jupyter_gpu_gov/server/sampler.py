@@ -36,6 +36,10 @@ from ..gpu.base import GpuBackend
 REPORT_SCHEMA = 1
 
 
+class NoSample(Exception):
+    """Not one GPU sample yet (the driver hangs): nothing to show."""
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     """What Jupyter knows about a kernel or terminal, gathered on the event loop."""
