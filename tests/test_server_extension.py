@@ -684,3 +684,57 @@ async def test_a_gpu_driver_that_hangs_neither_hangs_a_checkpoint_nor_shows_as_t
         driver.set()
     report = await wait_for(jp_fetch, lambda r: r["backend"] == "simulated")
     assert report["error"] is None
+
+
+async def test_a_server_whose_gpu_driver_hangs_still_reports_and_takes_the_checkpoint_asked(
+    jp_fetch, jp_serverapp, jp_root_dir, monkeypatch
+):
+    """Reports rode on ticks: with the driver hung, the server sent none, so no verdict came
+    back, nor the checkpoint the governor asks for when a GPU fails (its request timed out
+    as failed). While a tick is stuck, the server reports what a failing backend reports
+    (``unavailable``: every reading unknown, never idle), and takes up the requests."""
+    import threading
+
+    import nbformat
+
+    from jupyter_gpu_gov.core.report import gpu_signal, validate
+    from jupyter_gpu_gov.server import app as server_app
+
+    monkeypatch.setattr(server_app, "FRESH_SAMPLE_WAIT_S", 2.0, raising=False)
+    monkeypatch.setattr(server_app, "STALE_AFTER_S", 2.0, raising=False)
+    nbformat.write(nbformat.v4.new_notebook(), jp_root_dir / "train.ipynb")
+    body = {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    await status(jp_fetch)
+    asked_at = clock.isoformat(clock.utcnow())
+    governor = GovernorAsking(
+        {"checkpoint": {"requested_at": asked_at, "reason": "gpu failed", "cull_reason": None}}
+    )
+    app.frontend_checkpoint_grace = 0
+
+    backend = app.sampler.backend
+    answer = backend.sample
+    driver = threading.Event()
+    monkeypatch.setattr(backend, "sample", lambda: driver.wait(60) and answer())
+    try:
+        await asyncio.sleep(1.0)  # the timer's tick is now stuck in the driver
+        app.reporter, app.report_interval, app._last_report_at = governor, 1.0, 0.0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+            (r.get("checkpoint") or {}).get("requested_at") == asked_at
+            and r["checkpoint"]["status"] == "done"
+            for r in governor.reports
+        ):
+            await asyncio.sleep(0.2)
+    finally:
+        driver.set()
+    assert governor.reports, "no report while the driver hung"
+    first = governor.reports[0]
+    validate(first)
+    assert first["backend"] == "unavailable" and "has not answered" in first["error"]
+    assert gpu_signal(first, idle_threshold=0.02, cull_action="stop-server").active is None
+    done = [r for r in governor.reports if (r.get("checkpoint") or {}).get("status") == "done"]
+    assert done, [r.get("checkpoint") for r in governor.reports]
+    manifest = done[0]["checkpoint"]["manifest"]
+    assert [n["path"] for n in manifest["notebooks"]] == ["train.ipynb"]

@@ -26,7 +26,7 @@ from .frontend_first import FrontendFirst
 from .own_activity import OwnActivity
 from .person_activity import PersonActivity
 from .reporter import GovernorError, Reporter
-from .sampler import NoSample, Sampler, TargetInfo, TickResult
+from .sampler import NoSample, Sampler, TargetInfo, TickResult, unreadable
 
 K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # jupyter_server calls extensions' start hook (`_start_jupyter_server_extension`, once the event
@@ -258,6 +258,7 @@ class GpuGovApp(ExtensionApp):
         self._sampling_since: float | None = None  # time.monotonic() a tick began, while it runs
         self._refresh: asyncio.Future | None = None  # a sample asked for and not taken yet
         self._timer: asyncio.Future | None = None
+        self._watch: asyncio.Future | None = None  # reports while a tick is stuck
         self._tick_lock = asyncio.Lock()
         self.server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
         self._busy_since: dict[str, object] = {}
@@ -324,10 +325,14 @@ class GpuGovApp(ExtensionApp):
         if self._timer is None:
             # On the monotonic clock: a step of the wall clock never stalls sampling.
             self._timer = asyncio.ensure_future(clock.every(self.sample_interval, self.sample_now))
+            self._watch = asyncio.ensure_future(
+                clock.every(self.sample_interval, self._report_while_stuck)
+            )
 
     async def stop_extension(self):
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._watch):
+            if timer is not None:
+                timer.cancel()
         self._person_activity.close()
         if isinstance(self.reporter, Reporter):
             self.reporter.close()
@@ -352,17 +357,32 @@ class GpuGovApp(ExtensionApp):
             raise NoSample(
                 f"no GPU sample yet: the GPU driver has not answered within {FRESH_SAMPLE_WAIT_S:g} s"
             )
-        # Only the tick itself counts: a report to a slow governor delays ticks, not the driver.
-        since = self._sampling_since
+        stuck = self._stuck()
+        return report if stuck is None else stuck
+
+    def _stuck(self) -> dict | None:
+        """While a tick has waited on the driver over ``STALE_AFTER_S``, the last report as a
+        failing backend's (every reading unknown), with this server's checkpoint and verdict
+        now; else None. Only the tick counts: a report to a slow governor delays ticks too."""
+        since, report = self._sampling_since, self.report
         waited = 0.0 if since is None else time.monotonic() - since
-        if waited <= STALE_AFTER_S:
-            return report
-        return {
-            **report,
-            "backend": "unavailable",
-            "error": f"no GPU sample since {report.get('sampled_at')}: the GPU driver has not "
-            f"answered for {waited:.0f} s",
-        }
+        if waited <= STALE_AFTER_S or report is None:
+            return None
+        error = (
+            f"no GPU sample since {report.get('sampled_at')}: the GPU driver has not answered "
+            f"for {waited:.0f} s"
+        )
+        stuck = unreadable(report, error, clock.utcnow())
+        return {**stuck, "checkpoint": self.checkpoint, "verdict": self.verdict}
+
+    async def _report_while_stuck(self) -> None:
+        """Reports ride on ticks: while one is stuck in the driver, none would go out, so no
+        verdict would come back, nor the checkpoint the governor asks for a failed GPU."""
+        due = time.monotonic() - self._last_report_at >= self.report_interval
+        stuck = self._stuck() if self.reporter is not None and due else None
+        if stuck is not None:
+            self._last_report_at = time.monotonic()
+            await self.send_report(stuck)
 
     async def _sample_within(self, seconds: float) -> None:
         """A sample now, waited for ``seconds`` at most (it goes on; one at a time)."""

@@ -520,6 +520,26 @@ class Sampler:
         return changes
 
 
+def unreadable(report: dict, error: str, now: datetime) -> dict:
+    """``report`` as a backend that fails is reported (``Sampler._report``): its devices named
+    with every reading unknown, what each target held unknown, never idle."""
+    unknown = health.unknown(f"the GPU cannot be read: {error}").as_dict()
+    readings = {"memory_used_mb": None, "activity": None, "memory_activity": None}
+    held = {"memory_mb": None, "sm": None, "confidence": "unknown"}
+    return {
+        **report,
+        "sampled_at": clock.isoformat(now),
+        "backend": "unavailable",
+        "error": error,
+        "devices": [{**d, **readings, "health": unknown} for d in report["devices"]],
+        "targets": [
+            {**t, "gpu": {**t["gpu"], **held}} if t["gpu"]["holds_context"] else t
+            for t in report["targets"]
+        ],
+        "window": {**report["window"], "gpu_active_fraction": None},
+    }
+
+
 def _within(text: str | None) -> str | None:
     """A name or path as the governor takes it (``MAX_TEXT``: a longer one made the whole report
     a 400): its end, where a path names the notebook."""
