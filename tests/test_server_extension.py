@@ -727,6 +727,10 @@ async def test_a_server_whose_gpu_driver_hangs_still_reports_and_takes_the_check
             for r in governor.reports
         ):
             await asyncio.sleep(0.2)
+        # Prometheus too: the GPU cannot be read (it kept the last tick's gauges, backend up).
+        metrics = (await jp_fetch("metrics")).body.decode()
+        assert 'jupyter_gpu_gov_backend_up{backend="unavailable"} 0.0' in metrics
+        assert "jupyter_gpu_gov_device_activity_ratio{" not in metrics
     finally:
         driver.set()
     assert governor.reports, "no report while the driver hung"

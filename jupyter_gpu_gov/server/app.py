@@ -377,10 +377,14 @@ class GpuGovApp(ExtensionApp):
 
     async def _report_while_stuck(self) -> None:
         """Reports ride on ticks: while one is stuck in the driver, none would go out, so no
-        verdict would come back, nor the checkpoint the governor asks for a failed GPU."""
+        verdict would come back, nor the checkpoint the governor asks for a failed GPU; and
+        Prometheus would read the last tick's gauges, the backend up."""
+        stuck = self._stuck()
+        if stuck is None:
+            return
+        metrics.update(stuck, clock.utcnow().timestamp(), None)  # backend down, readings gone
         due = time.monotonic() - self._last_report_at >= self.report_interval
-        stuck = self._stuck() if self.reporter is not None and due else None
-        if stuck is not None:
+        if self.reporter is not None and due:
             self._last_report_at = time.monotonic()
             await self.send_report(stuck)
 
