@@ -774,3 +774,64 @@ def test_a_kernel_busy_with_the_checkpoints_hooks_is_not_a_cell_one_a_person_sta
     assert not own.hides_busy("hooks", person)
     clock.advance(MARGIN.total_seconds() + 0.5)
     assert not own.hides_busy("hooks", None)
+
+
+class Capturing:
+    """The governor as the server's reporter meets it: takes each report, answers a verdict."""
+
+    def __init__(self):
+        self.reports: list[dict] = []
+
+    async def send(self, report: dict) -> dict:
+        self.reports.append(json.loads(json.dumps(report)))  # what goes on the wire
+        return {"state": "idle", "checkpoint": "none"}
+
+
+async def test_a_checkpoint_of_many_files_or_long_errors_leaves_reports_the_governor_takes(
+    jp_fetch, jp_serverapp, notebook_kernel
+):
+    """The report carries the last checkpoint's manifest, which lists every file of every
+    hook. A hook that copies a folder of thousands of files (or fails with a long message) made
+    it larger than the governor takes (256 KiB): every report after the checkpoint was refused
+    (413), so the governor never heard that the checkpoint was saved (its request timed out as
+    failed), nor anything else, and the owner saw no more verdicts or warnings."""
+    from jupyter_gpu_gov.core.report import validate
+    from jupyter_gpu_gov.hub.checkpoints import checkpoint_summary, reported_checkpoint
+    from jupyter_gpu_gov.hub.routes import MAX_REPORT_BYTES
+
+    app = gov_app(jp_serverapp)
+    kernel = await notebook_kernel("samples.ipynb")
+    await kernel.run(
+        ON_GPU + "from jupyter_gpu_gov import checkpoint\n"
+        "@checkpoint.register\n"
+        "def samples(directory):\n"
+        "    for i in range(8000):\n"
+        "        (directory / f'generated-sample-{i:05d}.png').touch()\n"
+        "@checkpoint.register\n"
+        "def config(directory):\n"
+        "    raise ValueError('bad config: ' + 'x' * 300_000)\n"
+    )
+    manifest = await checkpoint(jp_fetch, reason="before the weekend")
+    assert manifest["status"] == "failed"  # the long error, told truthfully
+
+    app.reporter = governor = Capturing()
+    await app.send_report(await app.latest_report(refresh=True))
+
+    sent = governor.reports[-1]
+    assert len(json.dumps(sent).encode()) <= MAX_REPORT_BYTES
+    validate(sent)  # the governor takes it
+    result = reported_checkpoint(sent["checkpoint"])
+    assert result.status == "failed"
+    summary = checkpoint_summary(result.status, result.manifest)
+    assert (
+        summary.startswith("checkpoint failed: hook 'config' failed (kernel ") and "xxx" in summary
+    )
+    assert len(summary) < 3 * 4096
+    assert result.manifest["id"] == manifest["id"] and result.manifest["path"] == manifest["path"]
+    # The server's own status (JupyterLab's) still has the whole manifest.
+    local = (await status_report(jp_fetch))["checkpoint"]["manifest"]
+    assert local == manifest and len(kernel_entry(local, kernel)["hooks"][0]["files"]) == 8000
+
+
+async def status_report(jp_fetch) -> dict:
+    return json.loads((await jp_fetch("jupyter-gpu-gov", "status")).body)

@@ -521,7 +521,11 @@ async def test_the_server_does_what_its_verdict_asks_and_only_to_its_own_kernels
     governor = GovernorAsking(
         {
             "checkpoint": {"requested_at": asked_at, "reason": "idle", "cull_reason": "gpu-idle"},
-            "shutdown_kernels": {"requested_at": asked_at, "kernels": [ours.id, bobs, "../x"]},
+            # Ids that are not its own, nor strings, are passed over, not the end of the request.
+            "shutdown_kernels": {
+                "requested_at": asked_at,
+                "kernels": [["x"], {"id": ours.id}, None, bobs, "../x", ours.id],
+            },
         }
     )
     app.reporter = governor
@@ -543,3 +547,198 @@ async def test_the_server_does_what_its_verdict_asks_and_only_to_its_own_kernels
     await app.send_report(await app.latest_report(refresh=True))
     await asyncio.sleep(0.5)
     assert not app._request_tasks and len(governor.reports) == sent + 1
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (200, b"<html><body>Sign in to continue</body></html>"),  # an auth proxy's page
+        (302, b""),  # a redirect to a login, not followed
+        (200, b'{"status": "granted", "verdict": "granted"}'),  # a verdict that is no object
+        (200, b'{"status": "granted", "verdict": null}'),
+        (200, b"[1, 2]"),
+    ],
+)
+async def test_an_extend_or_stop_answered_by_something_else_than_the_governor_is_a_502(
+    jp_fetch, jp_serverapp, status, body
+):
+    """The owner's Extend and Stop are forwarded to the governor; what answered in its place
+    (a proxy's login page, a redirect) was passed on with its status, and JupyterLab said
+    "Extension granted" for a page that granted nothing: the GPU was then culled at the
+    deadline the owner thought extended. A verdict that is not an object was kept, and the
+    next verdict's comparison with it failed, so the governor's requests were never done."""
+    from tornado import web
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+
+    from jupyter_gpu_gov.server.reporter import Reporter
+
+    class Page(web.RequestHandler):
+        def post(self, *_):
+            self.set_status(status)
+            if status == 302:
+                self.set_header("Location", "/hub/login")
+            self.finish(body)
+
+    sock, port = bind_unused_port()
+    http = HTTPServer(web.Application([(r"/(.*)", Page)]))
+    http.add_sockets([sock])
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    app.reporter = Reporter(f"http://127.0.0.1:{port}/services/gpu-gov/", "t", app.log)
+    before = {"state": "warned", "cull_at": "2026-01-05T09:00:00.000Z"}
+    app.verdict = before
+    try:
+        for verb in ("extend", "stop"):
+            with pytest.raises(HTTPClientError) as info:
+                await jp_fetch(
+                    "jupyter-gpu-gov", verb, method="POST", body=json.dumps({"reason": "x"})
+                )
+            assert info.value.code == 502, (verb, info.value.response.body)
+            assert b"not the governor's" in info.value.response.body
+            assert app.verdict is before
+    finally:
+        http.stop()
+
+
+@pytest.mark.parametrize("route", ["checkpoint", "extend", "stop"])
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"[" * 100_000, b"nested too deep"),
+        (b'{"reason": ', b"not JSON"),
+        (b"[1]", b"a JSON object"),
+        (b'{"reason": 7}', b"'reason' must be a string"),
+    ],
+)
+async def test_a_body_that_is_not_a_request_is_a_400_naming_why(jp_fetch, route, body, says):
+    """A body nested past Python's recursion limit raised RecursionError (not a ValueError):
+    a 500 'Unhandled error' where every other bad body is a 400 naming what is wrong."""
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("jupyter-gpu-gov", route, method="POST", body=body)
+    assert info.value.code == 400, info.value.response.body
+    assert says in info.value.response.body
+
+
+async def test_a_gpu_driver_that_hangs_neither_hangs_a_checkpoint_nor_shows_as_the_gpu_now(
+    jp_fetch, jp_serverapp, jp_root_dir, monkeypatch
+):
+    """A lost GPU (XID 79) or GSP timeouts can make every NVML call wait for minutes. The tick
+    then holds the sampling lock, and the checkpoint, which wants a fresh sample first (and
+    is wanted most when a GPU fails), waited behind it for good: no notebook or kernel state
+    was saved, the Checkpoint button never answered, and the governor's request timed out as
+    failed. Meanwhile the status showed the last sample, minutes old, as the GPU now."""
+    import threading
+
+    import nbformat
+
+    from jupyter_gpu_gov.server import app as server_app
+
+    monkeypatch.setattr(server_app, "FRESH_SAMPLE_WAIT_S", 2.0, raising=False)
+    monkeypatch.setattr(server_app, "STALE_AFTER_S", 2.0, raising=False)
+    nbformat.write(nbformat.v4.new_notebook(), jp_root_dir / "train.ipynb")
+    body = {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    before = await status(jp_fetch)
+    assert before["backend"] == "simulated"
+
+    class SlowGovernor:  # a report waits on it, and the ticks with it: the driver answers
+        async def send(self, report: dict) -> dict:
+            await asyncio.sleep(4)
+            return {"state": "idle"}
+
+    app.reporter, app._last_report_at = SlowGovernor(), 0.0
+    await asyncio.sleep(3.5)
+    assert (await jp_fetch("jupyter-gpu-gov", "status")).body.count(b'"backend": "simulated"')
+    app.reporter = None
+
+    backend = app.sampler.backend
+    answer = backend.sample
+    driver = threading.Event()
+    monkeypatch.setattr(backend, "sample", lambda: driver.wait(60) and answer())
+    try:
+        await asyncio.sleep(1.0)  # the timer's tick is now stuck in the driver
+        started = time.monotonic()
+        response = await jp_fetch(
+            "jupyter-gpu-gov",
+            "checkpoint",
+            method="POST",
+            body=json.dumps({"reason": "the GPU failed"}),
+            request_timeout=30,
+        )
+        assert time.monotonic() - started < 10
+        manifest = json.loads(response.body)
+        assert [n["path"] for n in manifest["notebooks"]] == ["train.ipynb"]
+
+        await asyncio.sleep(2.5)
+        for params in ({}, {"refresh": "1"}):
+            started = time.monotonic()
+            response = await jp_fetch(
+                "jupyter-gpu-gov", "status", params=params, request_timeout=30
+            )
+            assert time.monotonic() - started < 10
+            shown = json.loads(response.body)
+            assert shown["backend"] == "unavailable", params
+            assert "no GPU sample since" in shown["error"]
+    finally:
+        driver.set()
+    report = await wait_for(jp_fetch, lambda r: r["backend"] == "simulated")
+    assert report["error"] is None
+
+
+async def test_a_server_whose_gpu_driver_hangs_still_reports_and_takes_the_checkpoint_asked(
+    jp_fetch, jp_serverapp, jp_root_dir, monkeypatch
+):
+    """Reports rode on ticks: with the driver hung, the server sent none, so no verdict came
+    back, nor the checkpoint the governor asks for when a GPU fails (its request timed out
+    as failed). While a tick is stuck, the server reports what a failing backend reports
+    (``unavailable``: every reading unknown, never idle), and takes up the requests."""
+    import threading
+
+    import nbformat
+
+    from jupyter_gpu_gov.core.report import gpu_signal, validate
+    from jupyter_gpu_gov.server import app as server_app
+
+    monkeypatch.setattr(server_app, "FRESH_SAMPLE_WAIT_S", 2.0, raising=False)
+    monkeypatch.setattr(server_app, "STALE_AFTER_S", 2.0, raising=False)
+    nbformat.write(nbformat.v4.new_notebook(), jp_root_dir / "train.ipynb")
+    body = {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    await status(jp_fetch)
+    asked_at = clock.isoformat(clock.utcnow())
+    governor = GovernorAsking(
+        {"checkpoint": {"requested_at": asked_at, "reason": "gpu failed", "cull_reason": None}}
+    )
+    app.frontend_checkpoint_grace = 0
+
+    backend = app.sampler.backend
+    answer = backend.sample
+    driver = threading.Event()
+    monkeypatch.setattr(backend, "sample", lambda: driver.wait(60) and answer())
+    try:
+        await asyncio.sleep(1.0)  # the timer's tick is now stuck in the driver
+        app.reporter, app.report_interval, app._last_report_at = governor, 1.0, 0.0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+            (r.get("checkpoint") or {}).get("requested_at") == asked_at
+            and r["checkpoint"]["status"] == "done"
+            for r in governor.reports
+        ):
+            await asyncio.sleep(0.2)
+        # Prometheus too: the GPU cannot be read (it kept the last tick's gauges, backend up).
+        metrics = (await jp_fetch("metrics")).body.decode()
+        assert 'jupyter_gpu_gov_backend_up{backend="unavailable"} 0.0' in metrics
+        assert "jupyter_gpu_gov_device_activity_ratio{" not in metrics
+    finally:
+        driver.set()
+    assert governor.reports, "no report while the driver hung"
+    first = governor.reports[0]
+    validate(first)
+    assert first["backend"] == "unavailable" and "has not answered" in first["error"]
+    assert gpu_signal(first, idle_threshold=0.02, cull_action="stop-server").active is None
+    done = [r for r in governor.reports if (r.get("checkpoint") or {}).get("status") == "done"]
+    assert done, [r.get("checkpoint") for r in governor.reports]
+    manifest = done[0]["checkpoint"]["manifest"]
+    assert [n["path"] for n in manifest["notebooks"]] == ["train.ipynb"]

@@ -21,17 +21,23 @@ from ..events import GPU_STATE_SCHEMA, GPU_STATE_SCHEMA_ID, VERDICT_SCHEMA, VERD
 from ..gpu.attribution import TargetRoot
 from ..gpu.backends import CHOICES, make_backend, parse_visible_devices, resolve_choice
 from . import metrics, routes
-from .checkpoint import take_checkpoint
+from .checkpoint import for_report, take_checkpoint
 from .frontend_first import FrontendFirst
 from .own_activity import OwnActivity
 from .person_activity import PersonActivity
 from .reporter import GovernorError, Reporter
-from .sampler import Sampler, TargetInfo, TickResult
+from .sampler import NoSample, Sampler, TargetInfo, TickResult, unreadable
 
 K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # jupyter_server calls extensions' start hook (`_start_jupyter_server_extension`, once the event
 # loop runs) from 2.16; older servers never call it, so sampling and reports would never start.
 _SERVER_CALLS_START_HOOKS = hasattr(ExtensionApp, "_start_jupyter_server_extension")
+# A tick waits on the GPU driver, which can hang for minutes (a GPU lost from the bus, GSP
+# timeouts). A checkpoint (wanted most then) or a status read waits this long at most for a
+# fresh sample, then goes on with the last one; and while a tick has waited on the driver
+# longer than STALE_AFTER_S, the last sample is shown as unavailable, never as the GPU now.
+FRESH_SAMPLE_WAIT_S = 10.0
+STALE_AFTER_S = 10.0
 
 
 class GpuGovApp(ExtensionApp):
@@ -249,7 +255,10 @@ class GpuGovApp(ExtensionApp):
             log=self.log,
         )
         self.report: dict | None = None
+        self._sampling_since: float | None = None  # time.monotonic() a tick began, while it runs
+        self._refresh: asyncio.Future | None = None  # a sample asked for and not taken yet
         self._timer: asyncio.Future | None = None
+        self._watch: asyncio.Future | None = None  # reports while a tick is stuck
         self._tick_lock = asyncio.Lock()
         self.server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
         self._busy_since: dict[str, object] = {}
@@ -316,10 +325,14 @@ class GpuGovApp(ExtensionApp):
         if self._timer is None:
             # On the monotonic clock: a step of the wall clock never stalls sampling.
             self._timer = asyncio.ensure_future(clock.every(self.sample_interval, self.sample_now))
+            self._watch = asyncio.ensure_future(
+                clock.every(self.sample_interval, self._report_while_stuck)
+            )
 
     async def stop_extension(self):
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._watch):
+            if timer is not None:
+                timer.cancel()
         self._person_activity.close()
         if isinstance(self.reporter, Reporter):
             self.reporter.close()
@@ -334,19 +347,69 @@ class GpuGovApp(ExtensionApp):
     # -- sampling ----------------------------------------------------------------------------
 
     async def latest_report(self, refresh: bool = False) -> dict:
+        """The last report (sampled now with ``refresh``), as the GPU's state now only while
+        it is fresh; ``NoSample`` when the driver never answered."""
         self.ensure_sampling()
         if refresh or self.report is None:
-            await self.sample_now()
-        assert self.report is not None
-        return self.report
+            await self._sample_within(FRESH_SAMPLE_WAIT_S)
+        report = self.report
+        if report is None:
+            raise NoSample(
+                f"no GPU sample yet: the GPU driver has not answered within {FRESH_SAMPLE_WAIT_S:g} s"
+            )
+        stuck = self._stuck()
+        return report if stuck is None else stuck
+
+    def _stuck(self) -> dict | None:
+        """While a tick has waited on the driver over ``STALE_AFTER_S``, the last report as a
+        failing backend's (every reading unknown), with this server's checkpoint and verdict
+        now; else None. Only the tick counts: a report to a slow governor delays ticks too."""
+        since, report = self._sampling_since, self.report
+        waited = 0.0 if since is None else time.monotonic() - since
+        if waited <= STALE_AFTER_S or report is None:
+            return None
+        error = (
+            f"no GPU sample since {report.get('sampled_at')}: the GPU driver has not answered "
+            f"for {waited:.0f} s"
+        )
+        stuck = unreadable(report, error, clock.utcnow())
+        return {**stuck, "checkpoint": self.checkpoint, "verdict": self.verdict}
+
+    async def _report_while_stuck(self) -> None:
+        """Reports ride on ticks: while one is stuck in the driver, none would go out, so no
+        verdict would come back, nor the checkpoint the governor asks for a failed GPU; and
+        Prometheus would read the last tick's gauges, the backend up."""
+        stuck = self._stuck()
+        if stuck is None:
+            return
+        metrics.update(stuck, clock.utcnow().timestamp(), None)  # backend down, readings gone
+        due = time.monotonic() - self._last_report_at >= self.report_interval
+        if self.reporter is not None and due:
+            self._last_report_at = time.monotonic()
+            await self.send_report(stuck)
+
+    async def _sample_within(self, seconds: float) -> None:
+        """A sample now, waited for ``seconds`` at most (it goes on; one at a time)."""
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self.sample_now())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._refresh), seconds)
+        except asyncio.TimeoutError:
+            self.log.warning(
+                "jupyter-gpu-gov: no GPU sample within %g s (the GPU driver does not answer)",
+                seconds,
+            )
 
     async def sample_now(self) -> None:
         async with self._tick_lock:  # a refresh and the timer never measure at once
+            self._sampling_since = time.monotonic()
             try:
                 result = await self.sampler.tick(await self._targets(), self._server_section())
             except Exception:
                 self.log.exception("jupyter-gpu-gov: sampling failed")
                 return
+            finally:
+                self._sampling_since = None
             self._publish(result)
             report_now = self._report_due(result)
             if report_now:
@@ -373,6 +436,7 @@ class GpuGovApp(ExtensionApp):
     async def send_report(self, report: dict) -> None:
         """Push a report; keep the verdict (and tell the frontend when it changes)."""
         outgoing = {k: v for k, v in report.items() if k != "verdict"}
+        outgoing["checkpoint"] = for_report(report.get("checkpoint"))  # within the report's size
         try:
             verdict = await self.reporter.send(outgoing)
         except GovernorError as error:
@@ -437,8 +501,8 @@ class GpuGovApp(ExtensionApp):
         manager = self.serverapp.kernel_manager
         ours = set(manager.list_kernel_ids())
         for kernel_id in kernel_ids if isinstance(kernel_ids, list) else ():
-            if kernel_id not in ours:
-                continue
+            if not isinstance(kernel_id, str) or kernel_id not in ours:
+                continue  # a list or an object is unhashable: it would end the request here
             self.log.info("jupyter-gpu-gov: %s kernel %s (governor)", doing, kernel_id)
             try:
                 await ensure_async(getattr(manager, method)(kernel_id))
@@ -570,7 +634,7 @@ class GpuGovApp(ExtensionApp):
     async def _fresh_report(self) -> dict | None:
         """A sample taken now (which kernels hold a GPU this moment), else the last one."""
         try:
-            await self.sample_now()
+            await self._sample_within(FRESH_SAMPLE_WAIT_S)
         except Exception:
             self.log.warning("jupyter-gpu-gov: no fresh sample for the checkpoint", exc_info=True)
         return self.report

@@ -50,10 +50,12 @@ SAMPLER_CPU = Summary(
 MIB = 1024 * 1024
 
 
-def update(report: dict, now_ts: float, cpu_seconds: float) -> None:
+def update(report: dict, now_ts: float, cpu_seconds: float | None) -> None:
+    """The gauges from a report; ``cpu_seconds`` None: no tick was measured (a stuck one)."""
     from ..core import clock
 
-    SAMPLER_CPU.observe(cpu_seconds)
+    if cpu_seconds is not None:
+        SAMPLER_CPU.observe(cpu_seconds)
     BACKEND_UP.clear()
     BACKEND_UP.labels(report["backend"]).set(
         0 if report["backend"] in ("unavailable", "none") else 1

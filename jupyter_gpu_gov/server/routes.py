@@ -14,6 +14,7 @@ from tornado import web
 from ..checkpoint_layout import SOURCE_USER, SOURCES, is_checkpoint_id
 from ..core.vocabulary import CULL_REASONS
 from .checkpoint import list_checkpoints, read_manifest
+from .sampler import NoSample
 
 AUTH_RESOURCE = "gpu-gov"
 
@@ -38,7 +39,10 @@ class StatusHandler(GpuGovHandler):
     @authorized
     async def get(self):
         refresh = self.get_query_argument("refresh", "0").lower() in ("1", "true", "yes")
-        report = await self.gpu_gov.latest_report(refresh=refresh)
+        try:
+            report = await self.gpu_gov.latest_report(refresh=refresh)
+        except NoSample as error:
+            raise web.HTTPError(503, str(error)) from None
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(report))
 
@@ -48,6 +52,10 @@ def _body(handler: APIHandler) -> dict:
         data = json.loads(handler.request.body or b"{}")
     except ValueError as error:
         raise web.HTTPError(400, f"the body is not JSON: {error}") from None
+    except RecursionError:  # not a ValueError: it was a 500
+        raise web.HTTPError(
+            400, "the body is not JSON this server reads: nested too deep"
+        ) from None
     if not isinstance(data, dict):
         raise web.HTTPError(400, "the body must be a JSON object")
     return data
@@ -125,8 +133,14 @@ class ForwardHandler(GpuGovHandler):
             status, outcome = await call(identity["user"], identity["name"], reason)
         except Exception as error:
             raise web.HTTPError(502, f"the governor did not answer: {error}") from None
-        if outcome.get("verdict"):
-            app.set_verdict(outcome["verdict"])
+        verdict = outcome.get("verdict")
+        if status < 400 and not isinstance(verdict, dict):
+            # What answered in the governor's place (a proxy's login page, a redirect) granted
+            # nothing: passed on with its 200, JupyterLab said "Extension granted".
+            what = str(outcome.get("message") or json.dumps(outcome))[:200]
+            raise web.HTTPError(502, f"the answer (HTTP {status}) is not the governor's: {what}")
+        if isinstance(verdict, dict):
+            app.set_verdict(verdict)
         self.set_status(status)
         self.finish(json.dumps(outcome))
 

@@ -36,6 +36,10 @@ from ..gpu.base import GpuBackend
 REPORT_SCHEMA = 1
 
 
+class NoSample(Exception):
+    """Not one GPU sample yet (the driver hangs): nothing to show."""
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     """What Jupyter knows about a kernel or terminal, gathered on the event loop."""
@@ -514,6 +518,26 @@ class Sampler:
         for key in set(self._states) - seen:
             del self._states[key]
         return changes
+
+
+def unreadable(report: dict, error: str, now: datetime) -> dict:
+    """``report`` as a backend that fails is reported (``Sampler._report``): its devices named
+    with every reading unknown, what each target held unknown, never idle."""
+    unknown = health.unknown(f"the GPU cannot be read: {error}").as_dict()
+    readings = {"memory_used_mb": None, "activity": None, "memory_activity": None}
+    held = {"memory_mb": None, "sm": None, "confidence": "unknown"}
+    return {
+        **report,
+        "sampled_at": clock.isoformat(now),
+        "backend": "unavailable",
+        "error": error,
+        "devices": [{**d, **readings, "health": unknown} for d in report["devices"]],
+        "targets": [
+            {**t, "gpu": {**t["gpu"], **held}} if t["gpu"]["holds_context"] else t
+            for t in report["targets"]
+        ],
+        "window": {**report["window"], "gpu_active_fraction": None},
+    }
 
 
 def _within(text: str | None) -> str | None:

@@ -97,6 +97,10 @@ describe('lineStartViews', () => {
       '//evil.example/user/ben/',
       'javascript:alert(1)',
       '/\\evil.example',
+      // A browser drops tabs and newlines from a URL: each of these is //evil.example.
+      '/\t/evil.example/',
+      '/\n/evil.example/',
+      '/\r/evil.example/',
       ''
     ]) {
       expect(safeHubPath(url)).toBeNull();
@@ -108,6 +112,9 @@ describe('lineStartViews', () => {
         )
       ).toEqual([]);
     }
+    expect(new URL('/\t/evil.example/', 'https://hub.example/').origin).toBe(
+      'https://evil.example'
+    );
     expect(lineStartViews(verdict(), [], opts)).toEqual([]);
     expect(lineStartViews(null, [], opts)).toEqual([]);
     expect(

@@ -134,6 +134,29 @@ describe('outcomes in plain words', () => {
     ).toBe('Checkpoint failed: HTTP 500');
   });
 
+  it('a checkpoint with many or long errors says the first few, briefly', () => {
+    // A hook that raised with a message of pages (a tensor in the text), in a loop of
+    // kernels: the notification, which stays until closed, held all of it.
+    const errors = Array.from(
+      { length: 40 },
+      (_, i) =>
+        `hook 'config' failed (kernel ${i}): ValueError: ${'x'.repeat(300000)}`
+    );
+    const out = checkpointOutcome(
+      { status: 'failed', notebooks: [], errors },
+      { saved: 0, failed: [] },
+      null
+    );
+    expect(out.kind).toBe('error');
+    expect(out.message.length).toBeLessThan(1500);
+    expect(out.message).toContain(
+      "hook 'config' failed (kernel 0): ValueError: xxx"
+    );
+    expect(out.message).toContain("hook 'config' failed (kernel 2)");
+    expect(out.message).not.toContain('(kernel 3)');
+    expect(out.message).toContain('and 37 more');
+  });
+
   it('stop', () => {
     expect(stopOutcome(200, { status: 'stopping' }).kind).toBe('success');
     expect(stopOutcome(409, { message: 'no governor' }).kind).toBe('warning');

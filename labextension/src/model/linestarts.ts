@@ -23,12 +23,16 @@ export interface ILineStartView {
   open: string;
 }
 
-/** Only a path on this origin: never another site, nor a `javascript:` link. */
+/**
+ * Only a path on this origin: never another site, nor a `javascript:` link. No control
+ * character either: a browser drops tabs and newlines, so `/\t/evil.example` is `//evil.example`.
+ */
 export function safeHubPath(url: string | null | undefined): string | null {
   return typeof url === 'string' &&
     url.startsWith('/') &&
     !url.startsWith('//') &&
-    !url.includes('\\')
+    !url.includes('\\') &&
+    !Array.from(url).some(c => c < ' ' || c === '\u007f')
     ? url
     : null;
 }

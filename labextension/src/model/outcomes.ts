@@ -7,6 +7,7 @@ import {
   formatTime,
   IViewOptions,
   parseTime,
+  shorten,
   transOf
 } from '../format';
 import { ITrans, nullTrans } from '../trans';
@@ -159,12 +160,17 @@ export function checkpointOutcome(
         ) + savedText
     };
   }
+  // The first few, briefly: a notification stays until closed, and a hook's error can be
+  // pages long (the whole manifest is in the checkpoint's details).
   const errors = checkpointErrors(manifest.errors);
+  const shown = errors.slice(0, 3).map(error => shorten(error, 300));
+  const more = errors.length - shown.length;
   return {
     kind: manifest.status === 'done' ? 'warning' : 'error',
     message:
       trans.__('Checkpoint incomplete (%1 notebooks saved).', count) +
-      (errors.length ? ' ' + errors.join('; ') : '') +
+      (shown.length ? ' ' + shown.join('; ') : '') +
+      (more > 0 ? '; ' + trans.__('and %1 more', more) : '') +
       savedText +
       failedSaves
   };
