@@ -484,7 +484,6 @@ def test_kept_files_follow_real_processes_that_exit(tmp_path, monkeypatch):
         "simulate.hold(2048, device=0)\n"
         "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
         "children = [subprocess.Popen(['sleep', '600']) for _ in range(2)]\n"
-        "print(' '.join(str(c.pid) for c in children), flush=True)\n"
         "time.sleep(600)\n"
     )
     # The "server": a sleeping process whose children are the kernels (the test process's
@@ -494,8 +493,10 @@ def test_kept_files_follow_real_processes_that_exit(tmp_path, monkeypatch):
             sys.executable,
             "-c",
             "import subprocess, sys, time\n"
-            f"ks = [subprocess.Popen([sys.executable, '-c', {kernel!r}], start_new_session=True)"
-            " for _ in range(3)]\n"
+            # The kernels' own output not into the server's: under load a kernel printed its
+            # children before the server printed the kernels, and was read as the kernels.
+            f"ks = [subprocess.Popen([sys.executable, '-c', {kernel!r}], start_new_session=True,"
+            " stdout=subprocess.DEVNULL) for _ in range(3)]\n"
             "print(' '.join(str(k.pid) for k in ks), flush=True)\n"
             "time.sleep(600)\n",
         ],
