@@ -145,8 +145,8 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
 
     A server holds a GPU while a process holds a context; with ``stop-server`` it also holds
     the GPUs allocated to it (a Kubernetes GPU request, the workstation allocator's devices),
-    context or not. A device nobody holds a context on cannot be busy; shared devices' own
-    activity says nothing about this server.
+    context or not, and their activity is its own. Otherwise a device none of its processes
+    holds a context on is not its work; shared devices' own activity says nothing about it.
     """
     backend = report["backend"]
     if backend == "none":
@@ -165,6 +165,11 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
         return GpuSignal(holds_gpu, True)
     sms = [t["gpu"]["sm"] for t in holders]
     held = {d for t in holders for d in t["gpu"]["devices"]}
+    if cull_action == STOP_SERVER and allocated:
+        # The server's own allocation: no one else's process on it, so its activity is the
+        # server's even where NVML lists no process (WSL2, a driver hiding the list) or ours is
+        # not found (a nohup'd run whose terminal closed). It was idle: a working card culled.
+        held |= {d["uuid"] for d in devices}
     own_activity = [d["activity"] for d in devices if not d.get("shared") and d["uuid"] in held]
     if any(sm is not None and sm >= idle_threshold for sm in sms) or any(
         a is not None and a >= idle_threshold for a in own_activity
