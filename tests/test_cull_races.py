@@ -139,3 +139,44 @@ async def test_an_extension_asked_once_the_cull_is_decided_is_refused_truthfully
         assert not hub.running("alice") and hub.counters["stops"] == 1
     assert code == 409 and "nothing to extend: the server is culled" in answer_["message"]
     assert [a.action for a in actions_of(gov) if a.action.startswith("cull")] == ["cull"]
+
+
+async def test_an_interrupt_the_store_could_not_record_is_not_asked(
+    tmp_path, restore_clock, monkeypatch
+):
+    """A cell past busy_limit: the interrupt is asked in the server's verdict only once it is
+    on record. The store refused the pass's write (a full disk): nothing is on record, so the
+    server must not be asked to interrupt its cell (it was, until its report showed it done)."""
+    from jupyter_gpu_gov.core.policy import load_policies
+    from jupyter_gpu_gov.hub import records
+    from jupyter_gpu_gov.hub.store import StoreUnavailable
+
+    monkeypatch.setattr(records, "STORE_RETRY_AFTER", 0.0)
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies(
+            [], {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
+        )
+        started = clock.utcnow()
+        save = gov.store.save_async
+
+        async def full_disk(*args, **kwargs):
+            monkeypatch.setattr(gov.store, "save_async", save)  # refused once
+            raise StoreUnavailable(gov.store.url, OSError("database or disk is full"))
+
+        for step in (0, 31 * 60, 61 * 60):  # busy, warned, the interrupt (after its notice)
+            clock.advance(step)
+            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+            report["window"]["gpu_idle_since"] = clock.isoformat(started)
+            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(started))
+            gov.ingest(report)
+            if step == 61 * 60:
+                monkeypatch.setattr(gov.store, "save_async", full_disk)
+            result = await gov.reconcile()
+        assert result.errors, "the store should have refused this pass"
+        assert gov.verdict("alice/")["requests"] == {}
+        assert not [a for a in gov.store.audit_rows("alice/") if a.action == "interrupt"]
+        await gov.reconcile()  # the store takes it now: on record, then asked
+        assert [a.action for a in gov.store.audit_rows("alice/")].count("interrupt") == 1
+        assert {"checkpoint", "interrupt_kernels"} <= set(gov.verdict("alice/")["requests"])
