@@ -180,3 +180,53 @@ async def test_an_interrupt_the_store_could_not_record_is_not_asked(
         await gov.reconcile()  # the store takes it now: on record, then asked
         assert [a.action for a in gov.store.audit_rows("alice/")].count("interrupt") == 1
         assert {"checkpoint", "interrupt_kernels"} <= set(gov.verdict("alice/")["requests"])
+
+
+async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
+    tmp_path, restore_clock
+):
+    """The busy limit: the interrupt and its checkpoint went on record, and the service
+    restarted before the server fetched its verdict. The record says the cell was interrupted
+    and the checkpoint is asked again; the interrupt, held in memory, was lost: the checkpoint
+    was asked alone while the cell ran on. Asked again for that cell, not for one started
+    since."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    limits = {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies([], limits)
+        started = clock.utcnow()
+
+        def running(since):
+            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+            report["window"]["gpu_idle_since"] = clock.isoformat(started)
+            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(since))
+            return report
+
+        for step in (0, 31 * 60, 61 * 60):  # busy, warned, the interrupt (after its notice)
+            clock.advance(step)
+            gov.ingest(running(started))
+            await gov.reconcile()
+        asked = gov.verdict("alice/")["requests"]
+        assert {"checkpoint", "interrupt_kernels"} <= set(asked)
+        await gov.close()
+
+        gov = governor(hub, tmp_path)  # the service restarted
+        gov.policies = load_policies([], limits)
+        clock.advance(30)
+        gov.ingest(running(started))
+        await gov.reconcile()
+        again = gov.verdict("alice/")["requests"]
+        assert again["checkpoint"]["requested_at"] == asked["checkpoint"]["requested_at"]
+        assert again["interrupt_kernels"]["kernels"] == asked["interrupt_kernels"]["kernels"]
+
+        # That cell ended; another started since: it is not the one interrupted.
+        await gov.close()
+        gov2 = governor(hub, tmp_path)
+        gov2.policies = load_policies([], limits)
+        clock.advance(30)
+        gov2.ingest(running(clock.utcnow()))
+        await gov2.reconcile()
+        assert "interrupt_kernels" not in gov2.verdict("alice/")["requests"]

@@ -20,6 +20,7 @@ from ..core.vocabulary import (
     CHECKPOINT,
     CHECKPOINT_DONE,
     CHECKPOINT_FAILED,
+    CHECKPOINT_REQUESTED,
     CHECKPOINT_TIMEOUT,
     CULL,
     GPU_IDLE,
@@ -111,6 +112,35 @@ class Actions:
                     server, row, decision, server_policy, audit, batch, fresh, self._as_of(row)
                 )
         return None
+
+    def _interrupt_again(self, row: ServerRow) -> None:
+        """The interrupt asked with a checkpoint is held in memory only: a service restart
+        before the server fetched it lost it, and the checkpoint was asked alone while the
+        record says the cell was interrupted and the cell ran on. The kernels still running
+        the cell they ran when the interrupt went on record are asked again (not one started
+        since: that cell is not the one interrupted)."""
+        record = record_of(row)
+        if (
+            self.options.dry_run
+            or row.key in self._interrupts
+            or record.interrupted_at is None
+            or record.checkpoint_status != CHECKPOINT_REQUESTED
+            or record.checkpoint_requested_at != record.interrupted_at
+            or row.key not in self.reports
+        ):
+            return
+        kernels = tuple(
+            t["id"]
+            for t in self.reports[row.key].report["targets"]
+            if t["kind"] == "kernel"
+            and t["gpu"]["holds_context"]
+            and t.get("execution_state") == "busy"
+            and (clock.parse(t.get("busy_since")) or record.interrupted_at) < record.interrupted_at
+        )
+        if kernels:
+            self._interrupts[row.key] = outbound.KernelRequest(
+                outbound.INTERRUPT, kernels, clock.utcnow(), row.reason
+            )
 
     def _cull_again(
         self,

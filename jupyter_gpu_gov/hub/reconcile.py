@@ -459,6 +459,7 @@ class Governor(
                 batch.jobs.append(job)
         if before.state == decision.state == CULLED:
             self._cull_again(server, row, decision, server_policy, now, batch)
+        self._interrupt_again(row)  # (after a restart)
         steady = marks == (len(batch.changed), len(batch.audits), len(batch.jobs))
         if steady and failure is None and self.unchanged.enabled:
             until = policy.holds_until(view, record, server_policy, decision, now)
