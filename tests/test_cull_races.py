@@ -230,3 +230,28 @@ async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
         gov2.ingest(running(clock.utcnow()))
         await gov2.reconcile()
         assert "interrupt_kernels" not in gov2.verdict("alice/")["requests"]
+
+
+async def test_an_extension_during_the_passs_write_of_the_same_row_is_kept(tmp_path, restore_clock):
+    """The pass warns alice and writes its decisions in the store's writer thread; the owner's
+    Extend lands meanwhile, on the same row. The pass must not write its older copy over it:
+    the extension holds in memory, in the store, and at the next pass."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        clock.advance(61 * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        task = asyncio.ensure_future(gov.reconcile())
+        while gov.row("alice/").state != "warned":
+            assert not task.done()
+            await asyncio.sleep(0)
+        code, _ = await gov.extend("alice/", "user:alice", "a figure")
+        extended = gov.row("alice/").extension_s
+        await task
+        assert code == 200 and extended > 0
+        stored = gov.store.server("alice/")
+        assert (stored.extensions_used, stored.extension_s) == (1, extended)
+        await gov.reconcile()
+        assert gov.row("alice/").extension_s == extended
