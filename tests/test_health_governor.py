@@ -363,3 +363,38 @@ async def test_a_failure_claimed_on_a_gpu_not_its_own_keeps_nothing(tmp_path):
     assert "report-distrusted" in actions
     assert row.state == "idle" and row.cull_at is not None
     assert gov.health_view()["gpus"] == []  # nor is a GPU it does not hold shown as failed
+
+
+async def test_a_node_is_cordoned_only_once_its_audit_is_on_record(tmp_path, http, monkeypatch):
+    """Every action is audited before it is taken: a pass whose write the store refused (a
+    full disk) cordoned the node all the same, with nothing on record. Now the cordon waits
+    for its audit row; the next pass, whose write the store takes, records it and cordons."""
+    from jupyter_gpu_gov.hub import records
+    from jupyter_gpu_gov.hub.store import StoreUnavailable
+
+    monkeypatch.setattr(records, "STORE_RETRY_AFTER", 0.0)
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        gov = await stack.enter_async_context(
+            governed(
+                hub,
+                tmp_path,
+                f"{http.base}/metrics",
+                node_action="cordon",
+                kubernetes_api_url=http.base,
+            )
+        )
+        save = gov.store.save_async
+
+        async def full_disk(*args, **kwargs):
+            monkeypatch.setattr(gov.store, "save_async", save)  # refused once
+            raise StoreUnavailable(gov.store.url, OSError("database or disk is full"))
+
+        monkeypatch.setattr(gov.store, "save_async", full_disk)
+        result = await gov.reconcile()
+        await gov.background_done()
+        assert result.errors and http.patches == []
+        assert not [a for a in gov.store.audit_rows() if a.action.startswith("node-")]
+        await gov.reconcile()
+        await gov.background_done()
+        (audit,) = [a for a in gov.store.audit_rows() if a.action.startswith("node-")]
+        assert audit.action == "node-cordon" and len(http.patches) == 1

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 from ..core import clock
 from ..core.durations import format_duration
 from ..core.policy import Decision, Policy
+from ..core.report import gpu_signal, user_last_activity
 from ..core.vocabulary import (
     CHECKPOINT,
     CHECKPOINT_DONE,
     CHECKPOINT_FAILED,
+    CHECKPOINT_REQUESTED,
     CHECKPOINT_TIMEOUT,
     CULL,
     GPU_IDLE,
@@ -107,9 +109,38 @@ class Actions:
             if not dry:
                 fresh = self._read_this_pass(server)
                 return self._carry_out_cull(
-                    server, row, decision, server_policy, audit, batch, fresh
+                    server, row, decision, server_policy, audit, batch, fresh, self._as_of(row)
                 )
         return None
+
+    def _interrupt_again(self, row: ServerRow) -> None:
+        """The interrupt asked with a checkpoint is held in memory only: a service restart
+        before the server fetched it lost it, and the checkpoint was asked alone while the
+        record says the cell was interrupted and the cell ran on. The kernels still running
+        the cell they ran when the interrupt went on record are asked again (not one started
+        since: that cell is not the one interrupted)."""
+        record = record_of(row)
+        if (
+            self.options.dry_run
+            or row.key in self._interrupts
+            or record.interrupted_at is None
+            or record.checkpoint_status != CHECKPOINT_REQUESTED
+            or record.checkpoint_requested_at != record.interrupted_at
+            or row.key not in self.reports
+        ):
+            return
+        kernels = tuple(
+            t["id"]
+            for t in self.reports[row.key].report["targets"]
+            if t["kind"] == "kernel"
+            and t["gpu"]["holds_context"]
+            and t.get("execution_state") == "busy"
+            and (clock.parse(t.get("busy_since")) or record.interrupted_at) < record.interrupted_at
+        )
+        if kernels:
+            self._interrupts[row.key] = outbound.KernelRequest(
+                outbound.INTERRUPT, kernels, clock.utcnow(), row.reason
+            )
 
     def _cull_again(
         self,
@@ -135,8 +166,49 @@ class Actions:
         batch.audits.append(audit)
         fresh = self._read_this_pass(server)
         batch.jobs.append(
-            self._carry_out_cull(server, row, decision, server_policy, audit, batch, fresh)
+            self._carry_out_cull(
+                server, row, decision, server_policy, audit, batch, fresh, self._as_of(row)
+            )
         )
+
+    def _as_of(self, row: ServerRow) -> tuple:
+        """What a cull is decided on that may change before it is carried out: the row's
+        record and the server's latest report (``_changed_since``)."""
+        return record_of(row), self.reports.get(row.key)
+
+    def _changed_since(
+        self, row: ServerRow, as_of: tuple, decision: Decision, server_policy: Policy
+    ) -> str | None:
+        """Why a cull no longer stands, or None. The event loop ran between its decision and
+        now (the rest of the pass, the store's write, a slow Hub): a person's request changed
+        the record (an admin's exemption or cull, an approval, the owner's Stop), or, for an
+        idle GPU, a report since shows a cell running, GPU work or the owner at work — what
+        the decision would have held the cull for (a hard deadline is not held)."""
+        decided, received = as_of
+        if record_of(row) is not decided:
+            return f"its record changed since it was decided ({row.state}: {row.reason})"
+        latest = self.reports.get(row.key)
+        if (
+            decision.cull_reason != GPU_IDLE
+            or latest is None
+            or latest is received
+            or row.key in self._distrusted  # a report the records contradict is not believed
+        ):
+            return None
+        signal = gpu_signal(
+            latest.report,
+            idle_threshold=server_policy.idle_threshold,
+            cull_action=server_policy.cull_action,
+        )
+        if signal.kernel_busy_since is not None:
+            return "a cell started since it was decided"
+        if signal.active:
+            return "the GPU worked since it was decided"
+        before = user_last_activity(received.report) if received is not None else None
+        now = user_last_activity(latest.report)
+        if now is not None and (before is None or now > before):
+            return "its owner was at work since it was decided"
+        return None
 
     async def _carry_out_cull(
         self,
@@ -146,22 +218,27 @@ class Actions:
         server_policy: Policy,
         audit: AuditRow,
         batch: _Batch,
-        fresh: bool = True,
+        fresh: bool,
+        as_of: tuple,
     ) -> None:
         """The cull whose decision and audit row are on record; its outcome goes on that row.
         Not ``fresh``: decided on a Hub model not read in this pass, which is read first
-        (``Incremental._still_as_decided``)."""
+        (``Incremental._still_as_decided``). Then what changed here since it was decided
+        (``as_of``, ``_changed_since``) is read, the last thing before the Hub is asked."""
         # Counted first: shutting kernels down drops the server's report.
         gpus = self._gpus_held(row.key, server)
         try:
-            if not fresh and not await self._still_as_decided(
-                server, row, decision.reason, audit, batch
-            ):
+            changed = None if fresh else await self._still_as_decided(server, row)
+            changed = changed or self._changed_since(row, as_of, decision, server_policy)
+            if changed is not None:
+                why = f"{decision.reason}; not culled: {changed}"
+                self._not_culled(row, as_of[0], why, audit, batch)
                 return
             outcome = await self._cull(server, row, server_policy)
         except Exception as error:  # recorded, retried next cycle
             log.error("gpu-gov: cull of %s failed: %s", row.key, error)
-            set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
+            if record_of(row) is as_of[0]:  # (not a person's record made meanwhile)
+                set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
             batch.after.append(row)
             batch.outcomes.append(
                 self._audit_row(
@@ -175,6 +252,15 @@ class Actions:
         metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, server_policy.cull_action).inc()
         if decision.cull_reason == GPU_IDLE:
             metrics.GPUS_RECLAIMED.inc(gpus)
+
+    def _not_culled(self, row: ServerRow, decided, why: str, audit: AuditRow, batch) -> None:
+        """A cull skipped, on record; the server is warned again (its record left as a person
+        made it) and decided at the next pass."""
+        if record_of(row) is decided:
+            set_record(row, replace(decided, state=WARNED, culled_at=None))
+        batch.after.append(row)
+        batch.outcomes.append(self._audit_row(row, "cull-skipped", why, details=audit.details))
+        self._unkeep(row.key)
 
     async def _cull(self, server: HubServer, row: ServerRow, server_policy: Policy) -> str:
         if server_policy.cull_action == SHUTDOWN_KERNELS and row.key in self.reports:

@@ -27,11 +27,11 @@ from datetime import datetime
 
 from ..core import clock, policy
 from ..core.policy import Decision, Policy, Record, ServerView, evolve
-from ..core.vocabulary import CULL, WARNED
+from ..core.vocabulary import CULL
 from .dcgm import DcgmSnapshot
 from .evidence import Received
 from .hubapi import HubServer
-from .tables import AuditRow, ServerRow, record_of, set_record
+from .tables import ServerRow, record_of
 from .unchanged import Kept, same_report
 from .views import cause_of
 
@@ -290,18 +290,16 @@ class Incremental:
             audits.append(self._audit_row(row, "cull-waits", why))
         return evolve(decision, record=decided.record, actions=())
 
-    async def _still_as_decided(
-        self, server: HubServer, row: ServerRow, reason: str, audit: AuditRow, batch
-    ) -> bool:
+    async def _still_as_decided(self, server: HubServer, row: ServerRow) -> str | None:
         """Just before a cull decided on a model not read in this pass: the server's model read
         now. A server stopped, restarted or otherwise changed since, or with new activity on
-        the Hub that its policy, deciding again, would not cull, is not culled: the cull is
-        skipped on record, the server warned again, and the next pass asks for its user and
-        decides it on what the Hub says then."""
+        the Hub that its policy, deciding again, would not cull, is not culled: this says why
+        (the cull is skipped on record, ``Actions._not_culled``), and the next pass asks for
+        its user and decides it on what the Hub says then. None: the cull stands."""
         decided = self._decided_on.pop(row.key, None)
         now, _ = await self.hub.get_server(server.user, server.name)
         if now == server:
-            return True
+            return None
         if now is None:
             what = "the server stopped"
         elif now.started != server.started:
@@ -313,14 +311,9 @@ class Incremental:
         elif decided is None or not decided.culls(now.last_activity):
             what = "new activity on the Hub"
         else:  # activity that does not reset the policy's clock (a tab open on an idle GPU)
-            return True
-        set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
-        batch.after.append(row)
-        why = f"{reason}; not culled: {what} since it was decided"
-        batch.outcomes.append(self._audit_row(row, "cull-skipped", why, details=audit.details))
+            return None
         self.hub_listing.waiting.add(server.user)  # asked for at the next pass
-        self._unkeep(row.key)
-        return False
+        return f"{what} since it was decided"
 
     def _world_changed(self, snapshot: DcgmSnapshot | None) -> bool:
         """Whether what every kept decision read at once moved since the last pass: DCGM's

@@ -253,13 +253,19 @@ class Governor(
         queued = {k: self._servers[k] for k in sorted(self._queued) if k in self._servers}
         self.line_starts = line_starts(queued, rows, self.reports)
         self.health.finish_pass(stopped, now)
+        patches = []  # sent once their audit rows are on record, not awaited by the pass
         for node, patch, action, why in self.health.node_changes():
             batch.audits.append(self._audit_row(None, action, why, dry_run=self.options.dry_run))
             if not self.options.dry_run:
-                self._in_background(self.health.patch_node(node, patch, action))
+                patches.append(self.health.patch_node(node, patch, action))
         if self.options.cull_users:
             batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await self._settle(batch)
+        for patch in patches:
+            if batch.saved:
+                self._in_background(patch)
+            else:  # not on record: asked again at the next pass
+                patch.close()
         await self._record_pass(batch.audits if batch.saved else (), stopped, now)
         await self._save_usage_async()
         self._forget_stale_reports(stopped)
@@ -459,6 +465,7 @@ class Governor(
                 batch.jobs.append(job)
         if before.state == decision.state == CULLED:
             self._cull_again(server, row, decision, server_policy, now, batch)
+        self._interrupt_again(row)  # (after a restart)
         steady = marks == (len(batch.changed), len(batch.audits), len(batch.jobs))
         if steady and failure is None and self.unchanged.enabled:
             until = policy.holds_until(view, record, server_policy, decision, now)

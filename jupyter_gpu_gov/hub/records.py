@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from ..core import clock
 from ..core.policy import Record
-from . import metrics
+from ..core.vocabulary import INTERRUPT
+from . import metrics, outbound
 from .store import StoreUnavailable
 from .tables import AuditRow, ExtensionRow, ServerRow, record_of, set_record
 
@@ -42,6 +43,11 @@ class Records:
             await self.store.save_async(rows, audits)
         except StoreUnavailable as error:
             self._refused(error)
+            # An interrupt rides on the verdict from its decision, with the checkpoint asked
+            # with it (the rows, read again from the store, no longer ask it): not on record,
+            # it is not asked.
+            asked = (a.server_key for a in audits if a.action == INTERRUPT and not a.dry_run)
+            outbound.dropped(asked, self._interrupts)
             return False
         self._count(audits)
         await self._save_usage_async()

@@ -1,0 +1,257 @@
+"""What happens between a cull's decision and the Hub's DELETE: the pass decides, writes its
+decisions (in the store's writer thread, the event loop answering reports and people
+meanwhile), then culls. Against the fake Hub over real HTTP and a real SQLite store."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from fake_hub_api import FakeHub
+from test_governor import H100_IDLE_GPU, actions_of, answer, governor, manifest, report_for
+
+from jupyter_gpu_gov.core import clock
+
+
+@pytest.fixture
+def restore_clock():
+    yield
+    clock.reset()
+
+
+async def ready_to_cull(hub: FakeHub, tmp_path, **options):
+    """alice's GPU idle two hours, her checkpoint saved: the next pass culls her server."""
+    hub.add_server("alice")
+    gov = governor(hub, tmp_path, **options)
+    for step in (0, 61 * 60, 60 * 60):
+        clock.advance(step)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+    answer(gov, manifest("done"))
+    return gov
+
+
+async def once_decided(gov, key: str = "alice/"):
+    """Start a pass and return (its task) once it has decided the cull, before the DELETE."""
+    task = asyncio.ensure_future(gov.reconcile())
+    while gov.row(key).state != "culled":
+        assert not task.done(), "the pass ended without deciding the cull"
+        await asyncio.sleep(0)
+    return task
+
+
+async def test_an_admins_exemption_between_the_decision_and_the_delete_holds(
+    tmp_path, restore_clock
+):
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        task = await once_decided(gov)
+        until = clock.utcnow() + timedelta(days=1)
+        outcome = await gov.exempt("alice/", "user:root", until, "the demo is tomorrow")
+        assert outcome["status"] == "exempt"
+        await task
+        assert hub.running("alice"), "culled although an admin exempted it"
+        assert gov.row("alice/").state == "exempt"
+        await gov.reconcile()
+        assert hub.running("alice") and gov.row("alice/").state == "exempt"
+    actions = [a.action for a in actions_of(gov) if a.action != "state"]
+    assert actions[-3:] == ["cull", "exempt", "cull-skipped"]
+
+
+async def test_an_admins_immediate_cull_racing_the_pass_stops_the_server_once(
+    tmp_path, restore_clock
+):
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        task = await once_decided(gov)
+        await gov.cull_now("alice/", "user:root", "runaway", immediately=True)
+        await task
+        assert not hub.running("alice")
+        assert hub.counters["stops"] == 1
+    culls = [a for a in actions_of(gov) if a.action == "cull"]
+    assert [c.actor for c in culls] == ["governor", "user:root"]
+    assert "outcome" in culls[1].details
+    # the pass's cull is on record as not carried out: the admin's came first
+    (skipped,) = [a for a in actions_of(gov) if a.action == "cull-skipped"]
+    assert "not culled" in skipped.reason
+
+
+def cell_started(report: dict) -> str:
+    report["targets"][0].update(execution_state="busy", busy_since=report["sampled_at"])
+    return "a cell started"
+
+
+def owner_typed(report: dict) -> str:
+    report["server"]["last_activity"] = report["sampled_at"]
+    return "its owner was at work"
+
+
+# full_pass_every=1: the pass's own listing brought alice (no read of the Hub before the cull).
+@pytest.mark.parametrize("full_pass_every", [10, 1])
+@pytest.mark.parametrize("since", [cell_started, owner_typed])
+async def test_a_report_between_the_decision_and_the_delete_holds_an_idle_cull(
+    tmp_path, restore_clock, since, full_pass_every
+):
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path, full_pass_every=full_pass_every)
+        task = await once_decided(gov)
+        report = report_for("alice", H100_IDLE_GPU, sm=0.0)  # the GPU still idle
+        what = since(report)
+        gov.ingest(report)
+        await task
+        assert hub.running("alice"), f"culled although {what} after it was decided"
+        assert gov.row("alice/").state == "warned"
+    (skipped,) = [a for a in actions_of(gov) if a.action == "cull-skipped"]
+    assert f"not culled: {what} since it was decided" in skipped.reason
+
+
+async def test_a_cell_started_after_a_hard_deadline_was_decided_does_not_hold_it(
+    tmp_path, restore_clock
+):
+    """A hard deadline (here an admin's cull now, after its notice and checkpoint) is not
+    put off by work: a cell that starts at the last moment does not hold it."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))
+        await gov.reconcile()
+        await gov.cull_now("alice/", "user:root", "the node is drained")
+        answer(gov, manifest("done"))
+        task = await once_decided(gov)
+        report = report_for("alice", H100_IDLE_GPU, sm=0.9)
+        cell_started(report)
+        gov.ingest(report)
+        await task
+        assert not hub.running("alice")
+
+
+async def test_an_extension_asked_once_the_cull_is_decided_is_refused_truthfully(
+    tmp_path, restore_clock
+):
+    """The deadline came: the owner's Extend a moment later is refused as such (not granted
+    and then culled anyway), and the cull is carried out once."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        task = await once_decided(gov)
+        code, answer_ = await gov.extend("alice/", "user:alice", "one more minute")
+        await task
+        assert not hub.running("alice") and hub.counters["stops"] == 1
+    assert code == 409 and "nothing to extend: the server is culled" in answer_["message"]
+    assert [a.action for a in actions_of(gov) if a.action.startswith("cull")] == ["cull"]
+
+
+async def test_an_interrupt_the_store_could_not_record_is_not_asked(
+    tmp_path, restore_clock, monkeypatch
+):
+    """A cell past busy_limit: the interrupt is asked in the server's verdict only once it is
+    on record. The store refused the pass's write (a full disk): nothing is on record, so the
+    server must not be asked to interrupt its cell (it was, until its report showed it done)."""
+    from jupyter_gpu_gov.core.policy import load_policies
+    from jupyter_gpu_gov.hub import records
+    from jupyter_gpu_gov.hub.store import StoreUnavailable
+
+    monkeypatch.setattr(records, "STORE_RETRY_AFTER", 0.0)
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies(
+            [], {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
+        )
+        started = clock.utcnow()
+        save = gov.store.save_async
+
+        async def full_disk(*args, **kwargs):
+            monkeypatch.setattr(gov.store, "save_async", save)  # refused once
+            raise StoreUnavailable(gov.store.url, OSError("database or disk is full"))
+
+        for step in (0, 31 * 60, 61 * 60):  # busy, warned, the interrupt (after its notice)
+            clock.advance(step)
+            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+            report["window"]["gpu_idle_since"] = clock.isoformat(started)
+            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(started))
+            gov.ingest(report)
+            if step == 61 * 60:
+                monkeypatch.setattr(gov.store, "save_async", full_disk)
+            result = await gov.reconcile()
+        assert result.errors, "the store should have refused this pass"
+        assert gov.verdict("alice/")["requests"] == {}
+        assert not [a for a in gov.store.audit_rows("alice/") if a.action == "interrupt"]
+        await gov.reconcile()  # the store takes it now: on record, then asked
+        assert [a.action for a in gov.store.audit_rows("alice/")].count("interrupt") == 1
+        assert {"checkpoint", "interrupt_kernels"} <= set(gov.verdict("alice/")["requests"])
+
+
+async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
+    tmp_path, restore_clock
+):
+    """The busy limit: the interrupt and its checkpoint went on record, and the service
+    restarted before the server fetched its verdict. The record says the cell was interrupted
+    and the checkpoint is asked again; the interrupt, held in memory, was lost: the checkpoint
+    was asked alone while the cell ran on. Asked again for that cell, not for one started
+    since."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    limits = {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies([], limits)
+        started = clock.utcnow()
+
+        def running(since):
+            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+            report["window"]["gpu_idle_since"] = clock.isoformat(started)
+            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(since))
+            return report
+
+        for step in (0, 31 * 60, 61 * 60):  # busy, warned, the interrupt (after its notice)
+            clock.advance(step)
+            gov.ingest(running(started))
+            await gov.reconcile()
+        asked = gov.verdict("alice/")["requests"]
+        assert {"checkpoint", "interrupt_kernels"} <= set(asked)
+        await gov.close()
+
+        gov = governor(hub, tmp_path)  # the service restarted
+        gov.policies = load_policies([], limits)
+        clock.advance(30)
+        gov.ingest(running(started))
+        await gov.reconcile()
+        again = gov.verdict("alice/")["requests"]
+        assert again["checkpoint"]["requested_at"] == asked["checkpoint"]["requested_at"]
+        assert again["interrupt_kernels"]["kernels"] == asked["interrupt_kernels"]["kernels"]
+
+        # That cell ended; another started since: it is not the one interrupted.
+        await gov.close()
+        gov2 = governor(hub, tmp_path)
+        gov2.policies = load_policies([], limits)
+        clock.advance(30)
+        gov2.ingest(running(clock.utcnow()))
+        await gov2.reconcile()
+        assert "interrupt_kernels" not in gov2.verdict("alice/")["requests"]
+
+
+async def test_an_extension_during_the_passs_write_of_the_same_row_is_kept(tmp_path, restore_clock):
+    """The pass warns alice and writes its decisions in the store's writer thread; the owner's
+    Extend lands meanwhile, on the same row. The pass must not write its older copy over it:
+    the extension holds in memory, in the store, and at the next pass."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        clock.advance(61 * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        task = asyncio.ensure_future(gov.reconcile())
+        while gov.row("alice/").state != "warned":
+            assert not task.done()
+            await asyncio.sleep(0)
+        code, _ = await gov.extend("alice/", "user:alice", "a figure")
+        extended = gov.row("alice/").extension_s
+        await task
+        assert code == 200 and extended > 0
+        stored = gov.store.server("alice/")
+        assert (stored.extensions_used, stored.extension_s) == (1, extended)
+        await gov.reconcile()
+        assert gov.row("alice/").extension_s == extended
