@@ -12,7 +12,8 @@ admission and the waiting requests (spawner state) live.
   as JSON.
 - ``POST /hub/api/gpu-gov/queue`` (the governor's sync, with ``custom:gpu-gov:queue``): it sends
   when it expects the servers holding GPUs to release them (``core.queue.releases_to_json``);
-  the hub gives expired requests back, and answers the line (ready ones first to start, each
+  the hub gives back expired requests and those that can no longer
+  start (``_give_back_unstartable``), and answers the line (ready ones first to start, each
   with what holds it back: ``limit``), the requests that left it since the last sync, and how
   many servers it refused for want of a free GPU within ``core.queue.REFUSED_WITHIN`` that did
   not join the line or start since (``refused``: ``queue.Refusals``). The governor then starts
@@ -110,6 +111,25 @@ def _give_back_expired(handler: BaseHandler, now) -> None:
         spawner = _spawner(handler, request)
         if spawner is not None and spawner.gpu_cancel(EXPIRED):
             FORECAST.left.append(request.left(EXPIRED, now))
+
+
+async def _give_back_unstartable(handler: BaseHandler, now) -> None:
+    """Take out of the line the requests that can no longer start (their owner left the team,
+    the tier was removed, the quota lowered below them: ``gpu_unstartable``), counted as
+    cancelled: admission would let such a request in and its start be refused, each pass,
+    while everyone behind it on the tier waited until it expired."""
+    for request in waiting_requests(handler.db):
+        spawner = _spawner(handler, request)
+        if spawner is None or not request.live(now):
+            continue
+        waiting = spawner.gpu_queued
+        why = await spawner.gpu_unstartable()
+        # Unless it changed meanwhile (started, cancelled, asked again).
+        if why is not None and spawner.gpu_queued is waiting and spawner.gpu_cancel(CANCELLED):
+            log.warning(
+                "gpu-gov: %s left the line: it can no longer start: %s", request.server, why
+            )
+            FORECAST.left.append(request.left(CANCELLED, now))
 
 
 def _owner_spawner(handler: BaseHandler, user_name: str, server_name: str):
@@ -245,6 +265,7 @@ class QueueApiHandler(APIHandler):
         now = clock.utcnow()
         FORECAST.releases, FORECAST.at = releases, now
         _give_back_expired(self, now)
+        await _give_back_unstartable(self, now)
         left, FORECAST.left[:] = list(FORECAST.left), []
         line = [w.to_json() for w in _line(self, now)]
         refused = REFUSED.count(now)
