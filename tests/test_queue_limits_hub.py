@@ -10,7 +10,9 @@ would every pass): the line is offered only while it is heard from.
   sync, counted as cancelled, and the request behind it is next, instead of being refused
   "1 request is waiting in line before you" until the dead one expires;
 - the team decided when joining goes with the request, so joining a second team meanwhile
-  does not make its start ask "which team?".
+  does not make its start ask "which team?";
+- joining the line names servers under JupyterHub's own rules (``named_server_limit_per_user``,
+  valid names), and cancelling makes no server.
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ def line(hub: HubHarness) -> dict[str, dict]:
     return {w["user"]: w for w in r.json()["line"]}
 
 
+def server_names(hub: HubHarness, user: str) -> set[str]:
+    r = hub.api("GET", f"users/{user}", params={"include_stopped_servers": "1"})
+    assert r.status_code == 200, r.text
+    return set(r.json()["servers"])
+
+
 def test_a_request_that_can_never_start_is_refused_at_the_line(hub):
     sync(hub)
     # A pair counts 2 GPU-equivalents; lab's per-user cap is 1: never, whatever frees.
@@ -122,3 +130,27 @@ def test_a_request_that_can_no_longer_start_leaves_the_line(hub):
     waiting = line(hub)
     assert "fay" not in waiting
     assert waiting["erin"]["position"] == 1 and waiting["erin"]["ready"], waiting["erin"]
+
+
+def test_joining_the_line_follows_jupyterhub_s_rules_for_server_names(hub):
+    sync(hub)
+    for name in ("a", "b"):  # two named servers: the limit
+        r = join(hub, "hal", {"profile": "h100", "team": "lab"}, server=name)
+        assert r.status_code in (302, 403), r.text[:3000]
+    assert server_names(hub, "hal") >= {"a", "b"}
+    before = server_names(hub, "hal")
+    r = join(hub, "hal", {"profile": "h100", "team": "lab"}, server="c")
+    assert r.status_code == 400 and "maximum of 2 named servers" in r.text, r.text[:2000]
+    r = join(hub, "hal", {"profile": "h100", "team": "lab"}, server="a" * 300)
+    assert r.status_code == 400, r.text[:2000]
+    # Cancelling a server that does not exist makes none.
+    session = hub.login("hal")
+    xsrf = session.cookies.get("_xsrf")
+    r = session.post(
+        f"{hub.url}/hub/gpu-gov/queue/cancel/hal/zzz",
+        data={"_xsrf": xsrf} if xsrf else {},
+        allow_redirects=False,
+        timeout=30,
+    )
+    assert r.status_code == 404, r.status_code
+    assert server_names(hub, "hal") == before

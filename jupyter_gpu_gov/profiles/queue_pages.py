@@ -29,6 +29,7 @@ from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.handlers import BaseHandler
+from jupyterhub.utils import maybe_future
 from tornado import web
 
 from ..core import clock
@@ -132,20 +133,39 @@ async def _give_back_unstartable(handler: BaseHandler, now) -> None:
             FORECAST.left.append(request.left(CANCELLED, now))
 
 
-def _owner_spawner(handler: BaseHandler, user_name: str, server_name: str):
+async def _owner_spawner(handler: BaseHandler, user_name: str, server_name: str, new: bool):
+    """The spawner of ``user_name``'s server, for its owner or an admin. ``new``: joining the
+    line may name a server that does not exist yet, under JupyterHub's own rules for a new
+    named server (its name, ``named_server_limit_per_user``), as its spawn page and REST API
+    apply them: every name asked for makes a spawner row that stays (JupyterHub 6's
+    ``get_spawner`` makes none: a new name failed with a 500)."""
     user = handler.find_user(user_name)
     me = handler.current_user
     if user is None or (user.name != me.name and not me.admin):
         raise web.HTTPError(404, f"No server {user_name}/{server_name} of yours")
     if server_name and not handler.allow_named_servers:
         raise web.HTTPError(404, "Named servers are not enabled on this hub")
+    if server_name and server_name not in user.orm_spawners:
+        if not new:
+            raise web.HTTPError(404, f"No server {user_name}/{server_name} of yours")
+        check = getattr(handler, "_check_named_server_request", None)  # newer JupyterHubs
+        if check is not None:
+            await check(user, server_name, server_name)  # its display name, as JupyterHub's
+        else:
+            limit = handler.named_server_limit_per_user
+            limit = await maybe_future(limit(handler)) if callable(limit) else limit
+            if limit and len(set(user.orm_spawners) - {""}) >= limit:
+                raise web.HTTPError(400, f"You already have the maximum of {limit} named servers")
+        create = getattr(user, "get_or_create_spawner", None)  # JupyterHub 6
+        if create is not None:
+            return user, create(server_name, server_name, replace_failed=True)
     return user, user.get_spawner(server_name, replace_failed=True)
 
 
 class QueueJoinHandler(BaseHandler):
     @web.authenticated
     async def post(self, user_name: str, server_name: str = ""):
-        user, spawner = _owner_spawner(self, user_name, server_name or "")
+        user, spawner = await _owner_spawner(self, user_name, server_name or "", new=True)
         if spawner.active:
             raise web.HTTPError(409, "This server is running or starting already")
         data = {k: self.get_body_arguments(k) for k in self.request.body_arguments}
@@ -165,7 +185,7 @@ class QueueJoinHandler(BaseHandler):
 class QueueCancelHandler(BaseHandler):
     @web.authenticated
     async def post(self, user_name: str, server_name: str = ""):
-        _, spawner = _owner_spawner(self, user_name, server_name or "")
+        _, spawner = await _owner_spawner(self, user_name, server_name or "", new=False)
         request = spawner.gpu_queued
         now = clock.utcnow()
         if request is not None and spawner.gpu_cancel(CANCELLED):
