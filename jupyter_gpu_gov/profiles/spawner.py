@@ -102,6 +102,15 @@ def waiting_requests(db) -> list[QueuedRequest]:
     return waiting
 
 
+def _weight(recorded: str | None) -> float:
+    """A grant's recorded GPU-equivalents (0 when unreadable; at most a node's worth)."""
+    try:
+        weight = float(recorded or 0)
+    except ValueError:
+        return 0.0
+    return min(weight, 64.0) if weight > 0 else 0.0  # nan and negatives: 0
+
+
 class GpuRefused(web.HTTPError):
     """A spawn the profile layer refuses; JupyterHub shows ``jupyterhub_message`` to the user."""
 
@@ -247,6 +256,15 @@ class GpuProfilesMixin:
             options = granted(state)
             tier, team = tiers.get(options.get(TIER)), options.get(TEAM)
             if tier is None:
+                # A tier an admin removed while the server runs: it holds nothing any tier
+                # counts, but its grant's weight still counts against its owner's cap.
+                weight = _weight(options.get(WEIGHT))
+                if options.get(TIER) and weight:
+                    grants.append(
+                        Grant(
+                            server_key(user, name or ""), user, team or "", options[TIER], 0, weight
+                        )
+                    )
                 continue
             grants.append(
                 Grant(
