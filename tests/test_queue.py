@@ -15,6 +15,7 @@ from traitlets import TraitError
 from jupyter_gpu_gov.core import clock, policy
 from jupyter_gpu_gov.core import queue as records
 from jupyter_gpu_gov.core.queue import (
+    CANCELLED,
     CLAIM_WITHIN_LABEL,
     EXPIRED,
     LINE,
@@ -399,6 +400,20 @@ def test_queue_time_is_metered_in_showback_per_team_and_tier(tmp_path):
     assert (mine["tier"], mine["queue_starts"], mine["queue_hours"]) == ("h100", 1, 0.5)
     assert mine["gpu_hours_allocated"] == 0  # waiting holds no GPU
     assert {"queue_starts", "queue_hours", "queue_expired"} <= set(showback.COLUMNS)
+
+
+def test_a_request_the_hub_took_out_tells_its_owner_why_in_the_audit_trail(tmp_path):
+    """A request that can no longer start leaves the line with the hub's reason, which the
+    owner reads in their own audit trail (``GET api/audit``); bounded like any text read."""
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    request = waiting("v2", "vision", 0)
+    why = "it can no longer start: You are not in team 'vision'; choose one of: nlp."
+    gone = request.left(CANCELLED, request.queued_at + timedelta(minutes=5), why)
+    assert Departure.from_json({**gone, "why": "x" * 10_000}).why == "x" * 500
+    QueueSync(hub=None, store=store)._read({"line": [], "left": [gone]})
+    (row,) = store.audit_rows(user="v2")
+    assert row.action == "queue-left"
+    assert row.reason == f"left the line (cancelled: {why}) after 300s"
 
 
 def test_the_queues_settings_are_checked_at_startup():

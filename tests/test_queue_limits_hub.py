@@ -127,6 +127,8 @@ def test_a_request_that_can_no_longer_start_leaves_the_line(hub):
     answer = sync(hub)
     left = [d for d in answer["left"] if d["server"] == "fay/"]
     assert [d["outcome"] for d in left] == ["cancelled"], answer["left"]
+    # Why, for the owner's audit trail (the governor records it).
+    assert left[0]["why"].startswith("it can no longer start: You are in no team with GPU access")
     waiting = line(hub)
     assert "fay" not in waiting
     assert waiting["erin"]["position"] == 1 and waiting["erin"]["ready"], waiting["erin"]

@@ -130,7 +130,7 @@ async def _give_back_unstartable(handler: BaseHandler, now) -> None:
             log.warning(
                 "gpu-gov: %s left the line: it can no longer start: %s", request.server, why
             )
-            FORECAST.left.append(request.left(CANCELLED, now))
+            FORECAST.left.append(request.left(CANCELLED, now, f"it can no longer start: {why}"))
 
 
 async def _owner_spawner(handler: BaseHandler, user_name: str, server_name: str, new: bool):
