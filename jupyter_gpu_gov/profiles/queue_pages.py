@@ -124,7 +124,11 @@ async def _give_back_unstartable(handler: BaseHandler, now) -> None:
         if spawner is None or not request.live(now):
             continue
         waiting = spawner.gpu_queued
-        why = await spawner.gpu_unstartable()
+        try:
+            why = await spawner.gpu_unstartable()
+        except Exception:  # one user's teams unreadable (auth state) never stops the sync
+            log.exception("gpu-gov: whether %s can still start", request.server)
+            continue
         # Unless it changed meanwhile (started, cancelled, asked again).
         if why is not None and spawner.gpu_queued is waiting and spawner.gpu_cancel(CANCELLED):
             log.warning(
