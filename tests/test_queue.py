@@ -290,6 +290,31 @@ def test_the_offer_names_the_place_the_estimate_and_a_smaller_tier_free_now():
     ]  # fmt: skip
 
 
+def test_what_would_start_sooner_is_worked_out_only_for_the_requests_shown():
+    """Each request's "sooner" costs a pass over the line per smaller tier: the line is the
+    same when it is worked out only for the requests a page shows (the sync shows none), and
+    theirs is the same too."""
+    queued = [waiting(u, "vision", m) for u, m in (("v2", 0), ("v3", 1), ("v4", 2))]
+    queued += [waiting("n2", "nlp", 3), waiting("o2", "ops", 4)]
+    full = line(queued, FULL, CAPACITY, QUOTAS, TIERS, {}, NOW)
+    slice_ = ("Small slice",)  # vision may take one; nlp and ops have no slices
+    assert {w.request.user: w.sooner for w in full} == {
+        "n2": (), "o2": (), "v2": slice_, "v3": slice_, "v4": slice_
+    }  # fmt: skip
+    for shown in ("v3", "o2", None):
+        part = line(
+            queued,
+            FULL,
+            CAPACITY,
+            QUOTAS,
+            TIERS,
+            {},
+            NOW,
+            sooner_for=lambda q, s=shown: q.user == s,
+        )
+        assert part == [w if w.request.user == shown else replace(w, sooner=()) for w in full]
+
+
 def test_a_departure_is_read_back_bounded_and_the_governors_forecast_from_planned_stops():
     request = waiting("v2", "vision", 0)
     gone = request.left(EXPIRED, request.expires_at)

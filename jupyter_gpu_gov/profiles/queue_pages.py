@@ -57,12 +57,12 @@ def _spawner(handler: BaseHandler, request):
     return None if owner is None else owner.get_spawner(request.name)
 
 
-def _line(handler: BaseHandler, now) -> list:
+def _line(handler: BaseHandler, now, sooner_for=None) -> list:
     """The line now, as admission sees it (through a waiting server's spawner: the count and
-    the waiting requests are the hub's)."""
+    the waiting requests are the hub's); ``sooner_for``: ``gpu_line``'s."""
     queued = waiting_requests(handler.db)
     spawner = next(filter(None, (_spawner(handler, q) for q in queued)), None)
-    return [] if spawner is None else spawner.gpu_line(queued, now)
+    return [] if spawner is None else spawner.gpu_line(queued, now, sooner_for)
 
 
 def places(user) -> dict[str, dict[str, str]]:
@@ -88,7 +88,7 @@ def _places(user) -> dict[str, dict[str, str]]:
     spawner = user.spawners[mine[0].name]
     tiers = spawner.gpu_profiles.tier_map
     found = {}
-    for waiting in spawner.gpu_line(queued, now):
+    for waiting in spawner.gpu_line(queued, now, lambda q: q.user == user.name):
         request = waiting.request
         if request.user != user.name:
             continue
@@ -206,7 +206,11 @@ class QueuePageHandler(BaseHandler):
     async def get(self):
         now = clock.utcnow()
         me = self.current_user
-        order = [w for w in _line(self, now) if me.admin or w.request.user == me.name]
+
+        def shown(request) -> bool:  # the viewer's own; an admin sees everyone's
+            return me.admin or request.user == me.name
+
+        order = [w for w in _line(self, now, shown) if shown(w.request)]
         if not order:
             body = "<p class='empty'>No server of yours waits in line.</p>"
         else:
@@ -291,6 +295,7 @@ class QueueApiHandler(APIHandler):
         _give_back_expired(self, now)
         await _give_back_unstartable(self, now)
         left, FORECAST.left[:] = list(FORECAST.left), []
-        line = [w.to_json() for w in _line(self, now)]
+        # The governor reads no "sooner" (it is for the owner's pages): not worked out here.
+        line = [w.to_json() for w in _line(self, now, lambda q: False)]
         refused = REFUSED.count(now)
         self.finish(json.dumps({"line": line, "left": left, "refused": refused}))

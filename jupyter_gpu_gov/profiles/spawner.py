@@ -478,12 +478,22 @@ class GpuProfilesMixin:
         """Every request waiting in line in this hub."""
         return waiting_requests(self.user.db)
 
-    def gpu_line(self, queued: list[QueuedRequest], now) -> list[Waiting]:
-        """The line now, as admission sees it (the hub's count, any waiting server's spawner)."""
+    def gpu_line(self, queued: list[QueuedRequest], now, sooner_for=None) -> list[Waiting]:
+        """The line now, as admission sees it (the hub's count, any waiting server's spawner);
+        what would start sooner only for the requests ``sooner_for`` names (default all)."""
         conf = self.gpu_profiles
         usage = self.gpu_usage()
         capacity = self.gpu_capacity(usage)
-        return line(queued, usage, capacity, conf.quota_map, conf.tier_map, FORECAST.releases, now)
+        return line(
+            queued,
+            usage,
+            capacity,
+            conf.quota_map,
+            conf.tier_map,
+            FORECAST.releases,
+            now,
+            sooner_for=sooner_for,
+        )
 
     async def gpu_enqueue(self, options: Mapping[str, Any]) -> Admission:
         """Put this server in line for what ``options`` ask (the spawn form's choices), when
