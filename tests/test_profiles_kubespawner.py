@@ -600,6 +600,52 @@ async def test_capacity_is_what_the_nodes_hold_less_gpu_pods_the_hub_did_not_sta
     assert "vision: 1 of 2 guaranteed left" in by_slug(refused)["h100"]["description"]
 
 
+async def test_a_card_the_hubs_server_holds_on_another_tier_is_not_free(make_hub, cluster):
+    """Tiers that share cards (one H100, a pair, any 80 GB card) are counted per tier by
+    admission: the cards of the hub's pair are not free for a single H100, or 8 single H100s
+    were admitted beside it on 8 cards and 2 stayed Pending. Nor are the cards of a server
+    whose tier an admin removed (its grant counts on no tier)."""
+    hub = make_hub(profiles_config(capacity={}))
+    hub.user("alice", "vision")
+    alice = hub.spawner("alice", "pair")
+    await hub.started(alice, {"profile": "h100x2"}).start()
+    wait_for(lambda: (cluster.get("pods", alice.pod_name) or {}).get("spec", {}).get("nodeName"))
+    await read_again(alice)
+    capacity = alice.gpu_capacity([])
+    assert (capacity["h100"], capacity["big-memory"]) == (6, 6)
+    assert capacity["h100x2"] == 8  # its own tier's servers: admission counts them
+
+    # The hub restarts without the pair tier; alice's pair runs on.
+    GpuProfiles.clear_instance()
+    tiers = [t for t in TIERS if t["name"] != "h100x2"]
+    vision = {**QUOTAS["vision"], "guaranteed": {"h100": 2}}
+    vision["tiers"] = [t for t in vision["tiers"] if t != "h100x2"]
+    later = make_hub(profiles_config(tiers=tiers, quotas={**QUOTAS, "vision": vision}, capacity={}))
+    bob = later.spawner(later.user("bob", "vision"))
+    await read_again(bob)
+    assert bob.gpu_capacity(bob.gpu_usage())["h100"] == 6
+
+
+async def test_a_server_on_a_removed_tier_still_counts_against_its_owners_cap(make_hub, pod_api):
+    """An admin removes a tier while alice holds a server on it: it runs on, and still counts
+    against her per-user cap (its grant's weight), or she could start a second one beyond it."""
+    hub = make_hub(profiles_config(capacity={}))
+    hub.user("alice", "vision")
+    await hub.started(hub.spawner("alice", "pair"), {"profile": "h100x2"}).start()
+
+    GpuProfiles.clear_instance()  # the hub restarts without the pair tier
+    hub.config.GpuProfiles.tiers = [t for t in TIERS if t["name"] != "h100x2"]
+    vision = {**QUOTAS["vision"], "guaranteed": {"h100": 2}}
+    vision["tiers"] = [t for t in vision["tiers"] if t != "h100x2"]
+    hub.config.GpuProfiles.quotas = {**QUOTAS, "vision": vision}
+    more = hub.started(hub.spawner("alice", "more"), {"profile": "h100"})
+    with pytest.raises(GpuRefused) as refused:
+        await more.start()
+    message = refused.value.jupyterhub_message
+    assert "you hold 2 (server 'pair' on h100x2)" in message, message
+    assert more._log_name not in pod_api
+
+
 async def test_without_rbac_for_nodes_the_configured_capacity_stands(make_hub, cluster):
     cluster.forbidden.add("nodes")
     hub = make_hub()

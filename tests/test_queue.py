@@ -15,6 +15,7 @@ from traitlets import TraitError
 from jupyter_gpu_gov.core import clock, policy
 from jupyter_gpu_gov.core import queue as records
 from jupyter_gpu_gov.core.queue import (
+    CANCELLED,
     CLAIM_WITHIN_LABEL,
     EXPIRED,
     LINE,
@@ -289,6 +290,31 @@ def test_the_offer_names_the_place_the_estimate_and_a_smaller_tier_free_now():
     ]  # fmt: skip
 
 
+def test_what_would_start_sooner_is_worked_out_only_for_the_requests_shown():
+    """Each request's "sooner" costs a pass over the line per smaller tier: the line is the
+    same when it is worked out only for the requests a page shows (the sync shows none), and
+    theirs is the same too."""
+    queued = [waiting(u, "vision", m) for u, m in (("v2", 0), ("v3", 1), ("v4", 2))]
+    queued += [waiting("n2", "nlp", 3), waiting("o2", "ops", 4)]
+    full = line(queued, FULL, CAPACITY, QUOTAS, TIERS, {}, NOW)
+    slice_ = ("Small slice",)  # vision may take one; nlp and ops have no slices
+    assert {w.request.user: w.sooner for w in full} == {
+        "n2": (), "o2": (), "v2": slice_, "v3": slice_, "v4": slice_
+    }  # fmt: skip
+    for shown in ("v3", "o2", None):
+        part = line(
+            queued,
+            FULL,
+            CAPACITY,
+            QUOTAS,
+            TIERS,
+            {},
+            NOW,
+            sooner_for=lambda q, s=shown: q.user == s,
+        )
+        assert part == [w if w.request.user == shown else replace(w, sooner=()) for w in full]
+
+
 def test_a_departure_is_read_back_bounded_and_the_governors_forecast_from_planned_stops():
     request = waiting("v2", "vision", 0)
     gone = request.left(EXPIRED, request.expires_at)
@@ -399,6 +425,20 @@ def test_queue_time_is_metered_in_showback_per_team_and_tier(tmp_path):
     assert (mine["tier"], mine["queue_starts"], mine["queue_hours"]) == ("h100", 1, 0.5)
     assert mine["gpu_hours_allocated"] == 0  # waiting holds no GPU
     assert {"queue_starts", "queue_hours", "queue_expired"} <= set(showback.COLUMNS)
+
+
+def test_a_request_the_hub_took_out_tells_its_owner_why_in_the_audit_trail(tmp_path):
+    """A request that can no longer start leaves the line with the hub's reason, which the
+    owner reads in their own audit trail (``GET api/audit``); bounded like any text read."""
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    request = waiting("v2", "vision", 0)
+    why = "it can no longer start: You are not in team 'vision'; choose one of: nlp."
+    gone = request.left(CANCELLED, request.queued_at + timedelta(minutes=5), why)
+    assert Departure.from_json({**gone, "why": "x" * 10_000}).why == "x" * 500
+    QueueSync(hub=None, store=store)._read({"line": [], "left": [gone]})
+    (row,) = store.audit_rows(user="v2")
+    assert row.action == "queue-left"
+    assert row.reason == f"left the line (cancelled: {why}) after 300s"
 
 
 def test_the_queues_settings_are_checked_at_startup():

@@ -353,3 +353,23 @@ def test_load_refuses_what_is_not_a_dict_of_teams():
         load_quotas([QUOTAS["vision"]], TIERS)
     with pytest.raises(QuotaError, match="non-empty strings"):
         load_quotas({"": {}}, TIERS)
+
+
+def test_a_tier_beyond_a_limit_on_its_own_is_not_told_to_stop_servers():
+    """Nothing held: stopping a server cannot help, the refusal says to pick another tier."""
+    tiers = load_tiers(
+        [
+            {"name": "h100", "display_name": "H100", "gpu": "H100-80GB"},
+            {"name": "pair", "display_name": "H100 pair", "gpu": "H100-80GB", "count": 2},
+        ]
+    )
+    capped = load_quotas({"lab": {"guaranteed": {"h100": 1}, "user_cap": 1, "tiers": "*"}}, tiers)
+    refused = admit(Request("gus/", "gus", "lab", "pair"), [], {}, capped, tiers)
+    assert refused.reason.endswith(
+        "you hold 0 (nothing) and H100 pair counts 2. Pick a smaller tier (H100 fits)."
+    )
+    no_borrowing = load_quotas(
+        {"lab": {"guaranteed": {"h100": 1}, "borrowing_limit": {"pair": 0}, "tiers": "*"}}, tiers
+    )
+    refused = admit(Request("gus/", "gus", "lab", "pair"), [], {}, no_borrowing, tiers)
+    assert refused.reason.endswith("(borrowing 0 now). Pick another tier.")

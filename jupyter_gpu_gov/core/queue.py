@@ -85,8 +85,9 @@ class QueuedRequest:
     def live(self, now: datetime) -> bool:
         return now < self.expires_at
 
-    def left(self, outcome: str, now: datetime) -> dict[str, Any]:
-        """How it left the line, for the governor's metering (``Departure``)."""
+    def left(self, outcome: str, now: datetime, why: str = "") -> dict[str, Any]:
+        """How it left the line, for the governor's metering (``Departure``); ``why``: what
+        its owner reads in the audit trail when the hub took it out."""
         return Departure(
             server=self.server,
             team=self.team,
@@ -94,6 +95,7 @@ class QueuedRequest:
             task_type=self.options.get("task_type", ""),
             outcome=outcome,
             waited_s=max(0.0, (now - self.queued_at).total_seconds()),
+            why=why[:MAX_TEXT],
         ).to_json()
 
     def to_json(self) -> dict[str, Any]:
@@ -145,6 +147,7 @@ class Departure:
     task_type: str
     outcome: str
     waited_s: float
+    why: str = ""  # the hub's reason, when it took the request out (it can no longer start)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -154,6 +157,7 @@ class Departure:
             "task_type": self.task_type,
             "outcome": self.outcome,
             "waited_s": self.waited_s,
+            "why": self.why,
         }
 
     @classmethod
@@ -170,6 +174,7 @@ class Departure:
             task_type=_text(data.get("task_type"))[:32],
             outcome=data["outcome"],
             waited_s=min(max(0.0, float(waited)), 366 * 86400.0),
+            why=_text(data.get("why")),
         )
 
 

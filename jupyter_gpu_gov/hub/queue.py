@@ -194,7 +194,8 @@ class QueueSync:
             except QueueFormatError as error:
                 log.warning("gpu-gov: spawn queue: a departure cannot be read: %s", error)
                 continue
-            self._meter(departure, LEFT, f"left the line ({departure.outcome})")
+            why = f": {departure.why}" if departure.why else ""
+            self._meter(departure, LEFT, f"left the line ({departure.outcome}{why})")
         return line
 
     def _meter(self, departure: Departure, action: str, why: str) -> None:

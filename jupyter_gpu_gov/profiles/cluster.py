@@ -1,13 +1,13 @@
-"""GPU capacity as the cluster has it: what the nodes each tier selects can hold, less what pods
-the hub did not start hold there.
+"""GPU capacity as the cluster has it: what the nodes each tier selects can hold, less what other
+pods hold there (the hub's own servers on the tier excepted: admission counts those).
 
-``capacity(tiers, nodes, pods, scheduling, is_own)`` is pure: nodes and pods are the API
+``capacity(tiers, nodes, pods, scheduling, tier_of)`` is pure: nodes and pods are the API
 server's JSON (``list_node``, ``list_namespaced_pod``). A tier counts the allocatable amount of
 its extended resource (``nvidia.com/gpu``, ``nvidia.com/mig-<profile>``,
 ``nvidia.com/gpu.shared``) on every schedulable, ready node that its pods could land on (node
 selector, required node affinity, taints against tolerations: the tier's joined with what
-KubeSpawner is configured with), minus what the GPU pods bound there that the hub did not start
-ask for. The hub's own servers are not subtracted: admission counts them per tier.
+KubeSpawner is configured with), minus what the GPU pods bound there ask for, except the hub's
+own servers on that tier: admission counts those.
 
 ``ClusterGpus`` reads nodes and the namespace's pods every ``refresh_every`` seconds (one read at
 a time, awaited before the spawn form and admission; admission itself then awaits nothing).
@@ -37,21 +37,25 @@ def capacity(
     nodes: Iterable[Mapping],
     pods: Iterable[Mapping],
     scheduling: Callable[[Tier], Mapping[str, Any]],
-    is_own: Callable[[Mapping], bool],
+    tier_of: Callable[[Mapping], str | None],
 ) -> dict[str, int]:
     """Devices per tier that exist and the hub may use. ``scheduling(tier)`` gives the pod's
     ``node_selector``, ``tolerations`` and required ``node_affinity`` terms (lists of match
-    expressions, ORed) for that tier; ``is_own(pod)`` says whether the hub started the pod."""
+    expressions, ORed) for that tier; ``tier_of(pod)`` is the tier of a pod the hub started
+    ("" without one) and None for any other pod. A tier's count leaves out only its own
+    servers' pods, which admission counts: the hub's servers on another tier sharing the cards
+    (a pair, any 80 GB card, a tier since removed) hold them as any other pod does."""
     nodes = [n for n in nodes if _usable(n)]
-    held: dict[str, dict[str, int]] = {}  # node -> resource -> amount held by foreign pods
+    # node -> the pod's tier (None: not the hub's) -> resource -> amount held
+    held: dict[str, dict[str | None, dict[str, int]]] = {}
     for pod in pods:
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         node = spec.get("nodeName")
-        if not node or status.get("phase") in _DONE or is_own(pod):
+        if not node or status.get("phase") in _DONE:
             continue
         for resource, amount in _extended_requests(spec).items():
-            per_node = held.setdefault(node, {})
-            per_node[resource] = per_node.get(resource, 0) + amount
+            per_tier = held.setdefault(node, {}).setdefault(tier_of(pod), {})
+            per_tier[resource] = per_tier.get(resource, 0) + amount
     result = {}
     for name, tier in tiers.items():
         wanted = scheduling(tier)
@@ -60,7 +64,8 @@ def capacity(
             if not _fits(node, wanted):
                 continue
             allocatable = _quantity((node["status"].get("allocatable") or {}).get(tier.resource))
-            taken = held.get(node["metadata"]["name"], {}).get(tier.resource, 0)
+            on_node = held.get(node["metadata"]["name"], {})
+            taken = sum(r.get(tier.resource, 0) for t, r in on_node.items() if t != name)
             free += max(0, allocatable - taken)
         if tier.kind != "shared":
             free -= free % tier.count  # whole servers only (a pair needs two cards of one node)
@@ -187,17 +192,22 @@ class ClusterGpus(SingletonConfigurable):
                 self.error, self.nodes, self.pods = None, nodes, pods
             self.read_at = time.monotonic()
 
-    def capacity(self, tiers: Mapping[str, Tier], spawner, own_labels: Mapping[str, str]):
+    def capacity(
+        self, tiers: Mapping[str, Tier], spawner, own_labels: Mapping[str, str], tier_label: str
+    ):
         """Devices per tier from the last read, for ``spawner``'s configured scheduling; None
-        when nodes could not be read."""
+        when nodes could not be read. The hub's pods carry ``own_labels``, and their tier as
+        ``tier_label``."""
         if self.nodes is None:
             return None
 
-        def is_own(pod: Mapping) -> bool:
+        def tier_of(pod: Mapping) -> str | None:
             labels = (pod.get("metadata") or {}).get("labels") or {}
-            return all(labels.get(k) == v for k, v in own_labels.items())
+            if not all(labels.get(k) == v for k, v in own_labels.items()):
+                return None
+            return labels.get(tier_label, "")
 
-        return capacity(tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), is_own)
+        return capacity(tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), tier_of)
 
 
 class _Serializer:

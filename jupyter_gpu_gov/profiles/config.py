@@ -72,7 +72,7 @@ class GpuProfiles(SingletonConfigurable):
 
     capacity = Dict(
         help="""Devices per tier, e.g. ``{"h100": 16}``. On Kubernetes, GpuKubeSpawner counts the
-        devices of the nodes each tier selects (less what pods the hub did not start hold) when it
+        devices of the nodes each tier selects (less what other pods hold there) when it
         may read nodes; an entry here then caps that count (a share of the cluster for this hub),
         and stands in for it while nodes cannot be read. A tier without an entry or a count is
         bounded by quotas alone. Workstation spawners count their own devices.""",

@@ -11,7 +11,8 @@
   ``borrowed``, ``max-age``; the prefix is ``GpuProfiles.label_prefix``) that dcgm-exporter's
   pod-label feature and dashboards read, with the raw values in annotations of the same names;
 - capacity comes from the cluster (``profiles/cluster.py``): the devices of the nodes each tier
-  selects, less what GPU pods the hub did not start hold, read every ``cluster_refresh`` seconds.
+  selects, less what other GPU pods hold (the hub's servers on other tiers sharing the cards
+  included), read every ``cluster_refresh`` seconds.
 
 Use it with ``c.JupyterHub.spawner_class = "jupyter_gpu_gov.profiles.kubespawner.GpuKubeSpawner"``
 (``add_gpu_profiles(c, spawner="kubernetes")`` does that). The Zero to JupyterHub chart always
@@ -28,7 +29,7 @@ from kubespawner import KubeSpawner
 from kubespawner.slugs import is_valid_label, safe_slug
 from traitlets import TraitError, default, validate
 
-from ..core.vocabulary import LABEL_PREFIX, USER_LABEL
+from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL
 from .cluster import ClusterGpus
 from .hubconfig import profile_list_refusal
 from .quota import tier_use
@@ -153,9 +154,13 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         return ClusterGpus.instance(config=self.config)
 
     def gpu_capacity(self, usage):
-        static = dict(self.gpu_profiles.capacity)
+        conf = self.gpu_profiles
+        static = dict(conf.capacity)
         counted = self.gpu_cluster.capacity(
-            self.gpu_profiles.tier_map, self, own_labels=self._gpu_own_labels()
+            conf.tier_map,
+            self,
+            own_labels=self._gpu_own_labels(),
+            tier_label=conf.label_prefix + TIER_LABEL.removeprefix(LABEL_PREFIX),
         )
         if counted is None:  # nodes not readable (yet): the configured numbers
             return static

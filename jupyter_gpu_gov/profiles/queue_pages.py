@@ -12,7 +12,8 @@ admission and the waiting requests (spawner state) live.
   as JSON.
 - ``POST /hub/api/gpu-gov/queue`` (the governor's sync, with ``custom:gpu-gov:queue``): it sends
   when it expects the servers holding GPUs to release them (``core.queue.releases_to_json``);
-  the hub gives expired requests back, and answers the line (ready ones first to start, each
+  the hub gives back expired requests and those that can no longer
+  start (``_give_back_unstartable``), and answers the line (ready ones first to start, each
   with what holds it back: ``limit``), the requests that left it since the last sync, and how
   many servers it refused for want of a free GPU within ``core.queue.REFUSED_WITHIN`` that did
   not join the line or start since (``refused``: ``queue.Refusals``). The governor then starts
@@ -28,6 +29,7 @@ from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.handlers import BaseHandler
+from jupyterhub.utils import maybe_future
 from tornado import web
 
 from ..core import clock
@@ -55,12 +57,12 @@ def _spawner(handler: BaseHandler, request):
     return None if owner is None else owner.get_spawner(request.name)
 
 
-def _line(handler: BaseHandler, now) -> list:
+def _line(handler: BaseHandler, now, sooner_for=None) -> list:
     """The line now, as admission sees it (through a waiting server's spawner: the count and
-    the waiting requests are the hub's)."""
+    the waiting requests are the hub's); ``sooner_for``: ``gpu_line``'s."""
     queued = waiting_requests(handler.db)
     spawner = next(filter(None, (_spawner(handler, q) for q in queued)), None)
-    return [] if spawner is None else spawner.gpu_line(queued, now)
+    return [] if spawner is None else spawner.gpu_line(queued, now, sooner_for)
 
 
 def places(user) -> dict[str, dict[str, str]]:
@@ -86,7 +88,7 @@ def _places(user) -> dict[str, dict[str, str]]:
     spawner = user.spawners[mine[0].name]
     tiers = spawner.gpu_profiles.tier_map
     found = {}
-    for waiting in spawner.gpu_line(queued, now):
+    for waiting in spawner.gpu_line(queued, now, lambda q: q.user == user.name):
         request = waiting.request
         if request.user != user.name:
             continue
@@ -112,20 +114,62 @@ def _give_back_expired(handler: BaseHandler, now) -> None:
             FORECAST.left.append(request.left(EXPIRED, now))
 
 
-def _owner_spawner(handler: BaseHandler, user_name: str, server_name: str):
+async def _give_back_unstartable(handler: BaseHandler, now) -> None:
+    """Take out of the line the requests that can no longer start (their owner left the team,
+    the tier was removed, the quota lowered below them: ``gpu_unstartable``), counted as
+    cancelled: admission would let such a request in and its start be refused, each pass,
+    while everyone behind it on the tier waited until it expired."""
+    for request in waiting_requests(handler.db):
+        spawner = _spawner(handler, request)
+        if spawner is None or not request.live(now):
+            continue
+        waiting = spawner.gpu_queued
+        try:
+            why = await spawner.gpu_unstartable()
+        except Exception:  # one user's teams unreadable (auth state) never stops the sync
+            log.exception("gpu-gov: whether %s can still start", request.server)
+            continue
+        # Unless it changed meanwhile (started, cancelled, asked again).
+        if why is not None and spawner.gpu_queued is waiting and spawner.gpu_cancel(CANCELLED):
+            log.warning(
+                "gpu-gov: %s left the line: it can no longer start: %s", request.server, why
+            )
+            FORECAST.left.append(request.left(CANCELLED, now, f"it can no longer start: {why}"))
+
+
+async def _owner_spawner(handler: BaseHandler, user_name: str, server_name: str, new: bool):
+    """The spawner of ``user_name``'s server, for its owner or an admin. ``new``: joining the
+    line may name a server that does not exist yet, under JupyterHub's own rules for a new
+    named server (its name, ``named_server_limit_per_user``), as its spawn page and REST API
+    apply them: every name asked for makes a spawner row that stays (JupyterHub 6's
+    ``get_spawner`` makes none: a new name failed with a 500)."""
     user = handler.find_user(user_name)
     me = handler.current_user
     if user is None or (user.name != me.name and not me.admin):
         raise web.HTTPError(404, f"No server {user_name}/{server_name} of yours")
     if server_name and not handler.allow_named_servers:
         raise web.HTTPError(404, "Named servers are not enabled on this hub")
+    if server_name and server_name not in user.orm_spawners:
+        if not new:
+            raise web.HTTPError(404, f"No server {user_name}/{server_name} of yours")
+        check = getattr(handler, "_check_named_server_request", None)  # newer JupyterHubs
+        if check is not None:
+            await check(user, server_name, server_name)  # its display name, as JupyterHub's
+        else:
+            limit = handler.named_server_limit_per_user
+            limit = await maybe_future(limit(handler)) if callable(limit) else limit
+            if limit and len(set(user.orm_spawners) - {""}) >= limit:
+                raise web.HTTPError(400, f"You already have the maximum of {limit} named servers")
+        create = getattr(user, "get_or_create_spawner", None)  # JupyterHub 6
+        if create is not None:
+            return user, create(server_name, server_name, replace_failed=True)
     return user, user.get_spawner(server_name, replace_failed=True)
 
 
 class QueueJoinHandler(BaseHandler):
     @web.authenticated
     async def post(self, user_name: str, server_name: str = ""):
-        user, spawner = _owner_spawner(self, user_name, server_name or "")
+        user, spawner = await _owner_spawner(self, user_name, server_name or "", new=True)
         if spawner.active:
             raise web.HTTPError(409, "This server is running or starting already")
         data = {k: self.get_body_arguments(k) for k in self.request.body_arguments}
@@ -145,7 +189,7 @@ class QueueJoinHandler(BaseHandler):
 class QueueCancelHandler(BaseHandler):
     @web.authenticated
     async def post(self, user_name: str, server_name: str = ""):
-        _, spawner = _owner_spawner(self, user_name, server_name or "")
+        _, spawner = await _owner_spawner(self, user_name, server_name or "", new=False)
         request = spawner.gpu_queued
         now = clock.utcnow()
         if request is not None and spawner.gpu_cancel(CANCELLED):
@@ -162,7 +206,11 @@ class QueuePageHandler(BaseHandler):
     async def get(self):
         now = clock.utcnow()
         me = self.current_user
-        order = [w for w in _line(self, now) if me.admin or w.request.user == me.name]
+
+        def shown(request) -> bool:  # the viewer's own; an admin sees everyone's
+            return me.admin or request.user == me.name
+
+        order = [w for w in _line(self, now, shown) if shown(w.request)]
         if not order:
             body = "<p class='empty'>No server of yours waits in line.</p>"
         else:
@@ -245,7 +293,9 @@ class QueueApiHandler(APIHandler):
         now = clock.utcnow()
         FORECAST.releases, FORECAST.at = releases, now
         _give_back_expired(self, now)
+        await _give_back_unstartable(self, now)
         left, FORECAST.left[:] = list(FORECAST.left), []
-        line = [w.to_json() for w in _line(self, now)]
+        # The governor reads no "sooner" (it is for the owner's pages): not worked out here.
+        line = [w.to_json() for w in _line(self, now, lambda q: False)]
         refused = REFUSED.count(now)
         self.finish(json.dumps({"line": line, "left": left, "refused": refused}))

@@ -242,10 +242,15 @@ def admit(
             if guaranteed == 0
             else f"uses {team_used}, its guarantee is {guaranteed}"
         )
+        advice = (
+            f"Stop one of the team's servers on {name}, or pick another tier."
+            if team_used
+            else "Pick another tier."  # beyond the limit on its own: stopping nothing helps
+        )
         return Admission(
             False,
             f"Team {quota.team} {held} and it may borrow at most {limit} more {_devices(tier, limit)} "
-            f"(borrowing {already} now). Stop one of the team's servers on {name}, or pick another tier.",
+            f"(borrowing {already} now). {advice}",
             limit=BORROWING,
         )
     if guaranteed:
@@ -340,8 +345,10 @@ def _over_user_cap(request, tier, quota, others, tiers) -> Admission | None:
         and t.weight < tier.weight
         and held + t.weight <= quota.user_cap + _EPS
     ]
-    if fits:
-        largest = max(fits, key=lambda t: t.weight).display_name
+    largest = max(fits, key=lambda t: t.weight).display_name if fits else ""
+    if not mine:  # beyond the cap on its own: stopping nothing helps
+        advice = f"Pick a smaller tier ({largest} fits)." if fits else "Pick a smaller tier."
+    elif fits:
         advice = f"Stop one of your servers, or pick a smaller tier ({largest} fits)."
     else:
         advice = "Stop one of your servers first."

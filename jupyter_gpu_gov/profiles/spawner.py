@@ -66,7 +66,7 @@ from ..core.vocabulary import (
 from . import form
 from .config import GpuProfiles
 from .queue import FORECAST, QUEUEABLE, REFUSED, admit_in_line, line, offer, offer_words
-from .quota import Admission, Grant, Request, tier_use
+from .quota import Admission, Grant, Request, admit, tier_use
 from .tiers import Tier
 
 NO_GPU = "no-gpu"  # the form's CPU-only choice
@@ -100,6 +100,15 @@ def waiting_requests(db) -> list[QueuedRequest]:
         if request is not None:  # the row says whose it is, whatever the record says
             waiting.append(replace(request, user=user, name=name or ""))
     return waiting
+
+
+def _weight(recorded: str | None) -> float:
+    """A grant's recorded GPU-equivalents (0 when unreadable; at most a node's worth)."""
+    try:
+        weight = float(recorded or 0)
+    except ValueError:
+        return 0.0
+    return min(weight, 64.0) if weight > 0 else 0.0  # nan and negatives: 0
 
 
 class GpuRefused(web.HTTPError):
@@ -170,7 +179,7 @@ class GpuProfilesMixin:
                         FORECAST.releases,
                         now,
                     )
-                    if place is not None:
+                    if place is not None and self._gpu_never(conf.tier_map[use.tier], team) is None:
                         offers[team, use.tier] = offer_words(place, conf.tier_map)
         previous = (self.orm_spawner.user_options or {}) if self.orm_spawner else {}
         base = self.hub.base_url if self.hub else "/hub/"
@@ -247,6 +256,15 @@ class GpuProfilesMixin:
             options = granted(state)
             tier, team = tiers.get(options.get(TIER)), options.get(TEAM)
             if tier is None:
+                # A tier an admin removed while the server runs: it holds nothing any tier
+                # counts, but its grant's weight still counts against its owner's cap.
+                weight = _weight(options.get(WEIGHT))
+                if options.get(TIER) and weight:
+                    grants.append(
+                        Grant(
+                            server_key(user, name or ""), user, team or "", options[TIER], 0, weight
+                        )
+                    )
                 continue
             grants.append(
                 Grant(
@@ -343,7 +361,11 @@ class GpuProfilesMixin:
             if admission.reclaim:
                 self._gpu_request_reclaim(admission.reclaim, team)
             message = admission.reason
-            if admission.limit in QUEUEABLE and self.gpu_queue_offered(clock.utcnow()):
+            if (
+                admission.limit in QUEUEABLE
+                and self.gpu_queue_offered(clock.utcnow())
+                and self._gpu_never(tier, team) is None
+            ):
                 message += (
                     " Or wait in line for it (the spawn form's “Wait in line”): the server "
                     "starts by itself when the GPU frees."
@@ -456,12 +478,22 @@ class GpuProfilesMixin:
         """Every request waiting in line in this hub."""
         return waiting_requests(self.user.db)
 
-    def gpu_line(self, queued: list[QueuedRequest], now) -> list[Waiting]:
-        """The line now, as admission sees it (the hub's count, any waiting server's spawner)."""
+    def gpu_line(self, queued: list[QueuedRequest], now, sooner_for=None) -> list[Waiting]:
+        """The line now, as admission sees it (the hub's count, any waiting server's spawner);
+        what would start sooner only for the requests ``sooner_for`` names (default all)."""
         conf = self.gpu_profiles
         usage = self.gpu_usage()
         capacity = self.gpu_capacity(usage)
-        return line(queued, usage, capacity, conf.quota_map, conf.tier_map, FORECAST.releases, now)
+        return line(
+            queued,
+            usage,
+            capacity,
+            conf.quota_map,
+            conf.tier_map,
+            FORECAST.releases,
+            now,
+            sooner_for=sooner_for,
+        )
 
     async def gpu_enqueue(self, options: Mapping[str, Any]) -> Admission:
         """Put this server in line for what ``options`` ask (the spawn form's choices), when
@@ -487,6 +519,12 @@ class GpuProfilesMixin:
             return admission
         if admission.limit not in QUEUEABLE:
             raise GpuRefused(admission.reason)
+        never = self._gpu_never(tier, team)
+        if never is not None:  # it would wait until it expires, and start nothing
+            raise GpuRefused(f"{never} It cannot wait in line.")
+        # The team decided now goes with the choices: the start must not decide another (the
+        # user may have joined a second team meanwhile, and then must name one).
+        choices["team"] = team
         mine = self._gpu_server_key()
         others = [
             q
@@ -523,6 +561,37 @@ class GpuProfilesMixin:
         self.user_options = choices
         self._gpu_save(choices)
         return admission
+
+    def _gpu_never(self, tier: Tier, team: str) -> str | None:
+        """Why a server of ``tier`` for ``team`` can never start as the hub is configured —
+        refused with every GPU free: beyond the team's quota or the user's cap, or the
+        configured capacity (``GpuProfiles.capacity``; a count from the cluster can grow) —
+        or None. Such a request must not wait in line."""
+        conf = self.gpu_profiles
+        request = Request(self._gpu_server_key(), self.user.name, team, tier.name)
+        alone = admit(request, [], conf.capacity, conf.quota_map, conf.tier_map)
+        if alone.allowed:
+            return None
+        return (
+            f"{tier.display_name} can never start for team {team} as this hub is configured, "
+            f"even with every GPU free: {alone.reason}"
+        )
+
+    async def gpu_unstartable(self) -> str | None:
+        """Why this server's place in line can no longer start (the user left the team, an
+        admin removed the tier or lowered the quota, ...: the start's own checks), or None.
+        The line gives such a request back rather than let it stand ahead of others."""
+        request = self._gpu_queued
+        if request is None:
+            return None
+        teams = await self.gpu_teams()
+        try:
+            checked = self._gpu_check(request.options, teams)
+        except GpuRefused as refusal:
+            return refusal.jupyterhub_message
+        if checked is None:
+            return "It asks for no GPU."
+        return self._gpu_never(*checked)
 
     def gpu_cancel(self, outcome: str = CANCELLED) -> bool:
         """Take this server out of the line (``outcome``: cancelled, expired); False when it
