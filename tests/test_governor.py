@@ -867,6 +867,49 @@ async def test_a_pods_gpu_dcgm_no_longer_sees_is_unknown_never_idle(tmp_path):
     exporter.stop()
 
 
+@pytest.mark.parametrize("on_failure", ["proceed", "postpone"])
+async def test_a_checkpoint_asked_before_an_outage_is_asked_again_at_the_restart(
+    tmp_path, on_failure
+):
+    """A server hears a checkpoint request only in the verdicts the service answers. One
+    asked just before the service went down for longer than `checkpoint_timeout` timed out
+    unheard at the restart: a false `checkpoint-failed`, and with `proceed` the server was
+    culled at its first report without a checkpoint. Now it is asked again from the restart."""
+    policies = load_policies(
+        [], {"warn_after": "1h", "cull_after": "2h", "on_checkpoint_failure": on_failure}
+    )
+    try:
+        async with FakeHub() as hub:
+            hub.add_server("alice")
+            gov = governor(hub, tmp_path)
+            gov.policies = policies
+            for step in (0, 61 * 60, 60 * 60):  # idle, warned, due: the checkpoint is asked
+                clock.advance(step)
+                gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+                await gov.reconcile()
+            assert "checkpoint" in gov.verdict("alice/")["requests"]
+            await gov.close()
+            clock.advance(10 * 60)  # the service was down for twice checkpoint_timeout
+            gov = governor(hub, tmp_path)
+            gov.policies = policies
+            await gov.reconcile()
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))  # its first report since
+            await gov.reconcile()
+            row = gov.row("alice/")
+            assert row.state == "checkpointing" and hub.running("alice"), row.reason
+            assert "checkpoint" in gov.verdict("alice/")["requests"]
+            actions = [a.action for a in gov.store.audit_rows("alice/")]
+            assert "checkpoint-failed" not in actions and "cull" not in actions
+            clock.advance(5 * 60)  # unanswered for checkpoint_timeout since the restart
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+            await gov.reconcile()
+            actions = [a.action for a in gov.store.audit_rows("alice/")]
+            assert "checkpoint-failed" in actions
+            await gov.close()
+    finally:
+        clock.reset()
+
+
 async def test_a_distrusted_report_is_quoted_on_one_line(tmp_path, caplog):
     """A report's GPU UUID is its sender's words: written as they came, a newline in one forged
     a line of the service's log (and of the audit row the dashboard shows)."""

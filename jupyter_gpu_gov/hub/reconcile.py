@@ -103,6 +103,7 @@ class Governor(
     ):
         self.store = store
         self.hub = hub
+        self._started = clock.utcnow()  # checkpoints asked before are asked again (views.py)
         self.policies = list(policies)
         self.options = options
         self.dcgm = dcgm

@@ -11,7 +11,7 @@ from types import MappingProxyType
 from ..core import clock, policy, rightsize
 from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Policy, Record
-from ..core.vocabulary import UNKNOWN
+from ..core.vocabulary import CHECKPOINT_REQUESTED, UNKNOWN
 from ..core.wire import LineStart, Verdict
 from ..diagnose.cluster import Demand
 from . import outbound, showback, trusted
@@ -19,7 +19,7 @@ from .allocation import allocation
 from .checkpoints import checkpoint_fields, result_status
 from .evidence import Received
 from .queue import Unopened
-from .tables import AuditRow, ExtensionRow, ServerRow, record_of
+from .tables import AuditRow, ExtensionRow, ServerRow, record_of, set_record
 
 
 def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:
@@ -241,6 +241,8 @@ class Views:
         database is read once, at start."""
         if self._rows is None:
             self._rows = self.store.servers()
+            for row in self._rows.values():
+                _asked_again_at_start(row, self._started)
         return self._rows
 
     def row(self, key: str) -> ServerRow | None:
@@ -324,3 +326,13 @@ class Views:
     def open_session(self, key: str) -> LedgerSession | None:
         """The ledger's session of a running server (None: not billed yet)."""
         return self.ledger.open.get(key)
+
+
+def _asked_again_at_start(row: ServerRow, started: datetime) -> None:
+    """A checkpoint asked before this service started is asked again at its start: its server
+    hears a request only in the verdicts this service answers, so an outage longer than
+    ``checkpoint_timeout`` timed it out unheard (a false failure: a retry used up, or with
+    ``on_checkpoint_failure: proceed`` a cull without a checkpoint)."""
+    asked = row.checkpoint_requested_at
+    if row.checkpoint_status == CHECKPOINT_REQUESTED and asked and asked < started:
+        set_record(row, policy.evolve(record_of(row), checkpoint_requested_at=started))
