@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .core import clock
 from .core.vocabulary import CHECKPOINT_DONE, CHECKPOINT_FAILED, CHECKPOINT_TIMEOUT
+from .core.wire import MAX_TEXT
 
 ROOT_ENV = "JUPYTER_GPU_GOV_CHECKPOINT_DIR"
 DEFAULT_ROOT = "~/.jupyter-gpu-gov/checkpoints"
@@ -49,6 +50,73 @@ SOURCE_GOVERNOR = "governor"
 SOURCE_FRONTEND = "frontend"
 SOURCE_USER = "user"
 SOURCES = (SOURCE_USER, SOURCE_FRONTEND, SOURCE_GOVERNOR)
+
+# The governor refuses a report over 256 KiB (hub/routes.py). A manifest lists every file of
+# every hook and each error whole: a hook that copies a folder of thousands of files, or fails
+# with a long message, made every later report a 413, so the governor never heard that the
+# checkpoint ended, nor anything else. A report carries at most this much of it, and the
+# governor keeps (in its store, audit trail and API) at most this much of what a server sent.
+MANIFEST_REPORTED_BYTES = 64 * 1024
+
+# A manifest's fields that are one value each (docs/api.md, "The manifest"), what an abridged
+# one keeps of them, and how many of its errors and notebooks.
+SCALAR_FIELDS = (
+    "format",
+    "id",
+    "path",
+    "reason",
+    "cull_reason",
+    "source",
+    "requested_at",
+    "completed_at",
+    "status",
+    "saved_by_frontend_first",
+    "bytes",
+    "dry_run",
+    "error",
+    "abridged",
+)
+ABRIDGED_ERRORS = 10
+ABRIDGED_NOTEBOOKS = 20
+
+
+def abridged(manifest: Mapping, max_bytes: int) -> Mapping:
+    """The manifest itself when its JSON is at most ``max_bytes``; else its one-value fields
+    (each text at most ``MAX_TEXT``), its first errors and notebooks, and ``"abridged"``, which
+    says where the whole one is. The server sends a report within the governor's size so; the
+    governor keeps what a server sent within its own."""
+    if len(json.dumps(manifest, default=str)) <= max_bytes:
+        return manifest
+    errors = manifest.get("errors")
+    errors = [str(e) for e in errors] if isinstance(errors, list | tuple) else []
+    notebooks = manifest.get("notebooks")
+    notebooks = notebooks if isinstance(notebooks, list | tuple) else []
+    short = {
+        k: _clip(manifest[k]) for k in SCALAR_FIELDS if k in manifest and _is_scalar(manifest[k])
+    }
+    short["errors"] = [_clip(e) for e in errors[:ABRIDGED_ERRORS]]
+    if len(errors) > ABRIDGED_ERRORS:
+        short["errors"].append(f"and {len(errors) - ABRIDGED_ERRORS} more error(s) in the manifest")
+    short["notebooks"] = [
+        {"path": _clip(n.get("path")), "checkpoint_id": _clip(n.get("checkpoint_id"))}
+        for n in notebooks[:ABRIDGED_NOTEBOOKS]
+        if isinstance(n, Mapping)
+    ]
+    path = manifest.get("path")
+    where = f"{_clip(path)}/{MANIFEST}" if isinstance(path, str) and path else "the server's status"
+    short.setdefault("abridged", _clip(f"the whole manifest is in {where}"))
+    return short
+
+
+def _is_scalar(value: object) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def _clip(value):
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        return value[: MAX_TEXT - 1] + "…"
+    return value
+
 
 _ID = re.compile(r"^(\d{8}T\d{6}Z)(?:-([1-9]\d*))?$")
 _MAX_SUFFIX = 10_000  # ids taken within one second before giving up

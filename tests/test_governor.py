@@ -4,6 +4,7 @@ dcgm-exporter samples; its command line; its store across restarts."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import socket
 from datetime import timedelta
@@ -18,6 +19,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from jupyter_gpu_gov.checkpoint_layout import MANIFEST_REPORTED_BYTES, abridged
 from jupyter_gpu_gov.core import clock, ledger
 from jupyter_gpu_gov.core import policy as policy_module
 from jupyter_gpu_gov.core.policy import Record, load_policies
@@ -553,6 +555,33 @@ async def test_an_earlier_checkpoint_does_not_answer_the_governors_request(tmp_p
         assert not hub.running("alice")
     (done,) = [a for a in actions_of(gov) if a.action == "checkpoint-done"]
     assert done.details["id"] == "20260105T110000Z"
+
+
+async def test_a_huge_manifest_is_kept_within_what_an_honest_report_carries(
+    tmp_path, restore_clock
+):
+    """A server's manifest is its words: 200 kB of them (6,000 errors, one of 100,000
+    characters, and 3,000 fields of its own) went whole into the store, the audit row,
+    every cull's details and `api/servers`. Now what a report carries of a manifest
+    (checkpoint_layout.abridged): its fields, its first errors, and where the whole one is."""
+    huge = manifest("failed", "x" * 100_000, *(f"hook {i} failed" for i in range(6_000)))
+    huge.update({f"field{i}": i for i in range(3_000)})
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        await idle_until_checkpoint(gov)
+        answer(gov, huge)
+        await gov.reconcile()
+    kept = gov.store.server("alice/").checkpoint_manifest
+    assert len(json.dumps(kept)) < MANIFEST_REPORTED_BYTES / 4
+    assert kept["id"] == huge["id"] and "field1" not in kept
+    assert kept["errors"][1:3] == ["hook 0 failed", "hook 1 failed"]
+    assert kept["errors"][-1] == "and 5991 more error(s) in the manifest"
+    (failed,) = [a for a in actions_of(gov) if a.action == "checkpoint-failed"]
+    assert len(failed.reason) < 1_000 and len(json.dumps(failed.details)) < 20_000
+    # A manifest within the bound is kept whole.
+    small = manifest("failed", "hook 'torch' failed")
+    assert abridged(small, MANIFEST_REPORTED_BYTES) is small
 
 
 async def test_a_failed_checkpoint_postpones_the_cull_and_names_its_errors(tmp_path, restore_clock):

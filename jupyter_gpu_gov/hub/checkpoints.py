@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from ..checkpoint_layout import MANIFEST_REPORTED_BYTES, abridged
 from ..core import clock
 from ..core.durations import format_duration
 from ..core.policy import Policy, Record
@@ -115,7 +116,7 @@ def checkpoint_summary(status: str, manifest: Mapping | None, shown: int = 3) ->
     if not errors:
         return f"checkpoint {status} (no error given)"
     more = len(errors) - shown
-    text = "; ".join(errors[:shown]) + (f"; and {more} more" if more > 0 else "")
+    text = "; ".join(e[:300] for e in errors[:shown]) + (f"; and {more} more" if more > 0 else "")
     return f"checkpoint {status}: {text}"
 
 
@@ -130,15 +131,19 @@ class Checkpoints:
         result = self._checkpoints.pop(key, None)
         if result is None or not result.answers(record):
             return record
-        row.checkpoint_manifest = result.manifest
+        # A server's words: kept (store, audit, API) within what an honest report carries.
+        manifest = result.manifest
+        if isinstance(manifest, Mapping):
+            manifest = abridged(manifest, MANIFEST_REPORTED_BYTES)
+        row.checkpoint_manifest = manifest
         audits.append(
             self._audit_row(
                 row,
                 f"checkpoint-{result.status}",
-                checkpoint_summary(result.status, result.manifest),
+                checkpoint_summary(result.status, manifest),
                 dry_run=result.dry_run,
                 details={
-                    **checkpoint_fields(result.manifest),
+                    **checkpoint_fields(manifest),
                     "status": result.status,
                     "requested_at": clock.isoformat(record.checkpoint_requested_at),
                 },

@@ -34,12 +34,14 @@ from ..checkpoint_layout import (
     FORMAT,
     HOOKS_FILE,
     MANIFEST,
+    MANIFEST_REPORTED_BYTES,
     NO_HOOKS,
     RESTORE_HINT,
     RUNNING,
     SOURCE_FRONTEND,
     TERMINALS_DIR,
     TIMEOUT,
+    abridged,
     id_key,
     is_checkpoint_id,
     kernel_dir,
@@ -47,7 +49,6 @@ from ..checkpoint_layout import (
     write_json,
 )
 from ..core import clock
-from ..core.wire import MAX_TEXT
 
 # Seconds to wait for a kernel's answer after interrupting a hook that ran past its timeout.
 INTERRUPT_GRACE = 10.0
@@ -494,46 +495,16 @@ def plan_prune(root: Path, newest: str, newest_bytes: int, keep: int, max_bytes:
 
 # -- in the report ----------------------------------------------------------------------------
 
-# The governor refuses a report over 256 KiB (hub/routes.py). A manifest lists every file of
-# every hook and each error whole: a hook that copies a folder of thousands of files, or fails
-# with a long message, made every later report a 413, so the governor never heard that the
-# checkpoint ended, nor anything else. Above this size the report carries what the governor
-# reads of it; the whole manifest stays on disk and in the server's own status.
-MANIFEST_IN_REPORT_BYTES = 64 * 1024
-ERRORS_IN_REPORT = 10
-NOTEBOOKS_IN_REPORT = 20
-
-
-def _clip(value):
-    if isinstance(value, str) and len(value) > MAX_TEXT:
-        return value[: MAX_TEXT - 1] + "…"
-    return value
-
 
 def for_report(state: dict | None) -> dict | None:
     """The last checkpoint (``{"requested_at", "status", "manifest"}``) as a report carries it:
-    a small manifest whole; a large one as its fields (each text at most ``MAX_TEXT``), its
-    first errors and notebooks, and ``"abridged"``, which says where the whole one is."""
+    its manifest within ``MANIFEST_REPORTED_BYTES`` (``checkpoint_layout.abridged``); the whole
+    one stays on disk and in the server's own status."""
     manifest = state.get("manifest") if isinstance(state, dict) else None
     if not isinstance(manifest, dict):
         return state
-    if len(json.dumps(manifest, default=str)) <= MANIFEST_IN_REPORT_BYTES:
-        return state
-    errors = [str(e) for e in manifest.get("errors") or ()]
-    notebooks = manifest.get("notebooks") or []
-    left_out = len(errors) - ERRORS_IN_REPORT
-    short = {k: _clip(v) for k, v in manifest.items() if not isinstance(v, (list, dict))}
-    short["errors"] = [_clip(e) for e in errors[:ERRORS_IN_REPORT]]
-    if left_out > 0:
-        short["errors"].append(f"and {left_out} more error(s) in the manifest")
-    short["notebooks"] = [
-        {"path": _clip(n.get("path")), "checkpoint_id": _clip(n.get("checkpoint_id"))}
-        for n in notebooks[:NOTEBOOKS_IN_REPORT]
-        if isinstance(n, dict)
-    ]
-    where = f"{manifest.get('path')}/{MANIFEST}" if manifest.get("path") else "the server's status"
-    short["abridged"] = _clip(f"the whole manifest is in {where}")
-    return {**state, "manifest": short}
+    short = abridged(manifest, MANIFEST_REPORTED_BYTES)
+    return state if short is manifest else {**state, "manifest": short}
 
 
 # -- the whole checkpoint ----------------------------------------------------------------------
