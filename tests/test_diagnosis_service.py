@@ -434,13 +434,23 @@ async def test_gpu_spawns_waiting_while_cards_are_partly_allocated_flag_fragment
         hub.add_server("carol", started=asked, ready=False, state=gpu)  # queued
         hub.add_server("dave", ready=False, state=gpu)  # asked just now: starting
         hub.add_server("erin", started=asked, ready=False)  # no GPU asked: not waiting for one
+        # The allocator gave mallory one card; her report names five whole cards it made up
+        # (not believed: they are not hers), which counted as five cards allocated in full.
+        hub.add_server("mallory", state={"gpu_gov_devices": ["GPU-m"]})
         gov = governor(hub, tmp_path)
         gov.ingest(on_slice(zombie_report("alice"), "GPU-a"))  # 3/7 of one card
         gov.ingest(on_slice(starved_report("bob"), "GPU-b"))  # 3/7 of another
+        forged = zombie_report("mallory")
+        made_up = [f"GPU-made-up-{i}" for i in range(5)]
+        forged["devices"] = [{**forged["devices"][0], "uuid": uuid} for uuid in made_up]
+        forged["targets"][0]["gpu"]["devices"] = made_up
+        gov.ingest(forged)
         await gov.reconcile()
+        gov.ingest(forged)
         summary = gov.diagnosis_summary()
 
     found = summary["fragmentation"]
+    assert found["devices"] == 2  # alice's and bob's cards; none of mallory's words
     assert (found["spawns_waiting"], found["devices_partly_used"]) == (1, 2)
     assert found["demand"] == {"pending": 1, "queued": None, "refused": None}
     assert found["flag"] is True and found["label"] == "fragmentation"

@@ -277,7 +277,12 @@ class Views:
         what is allocated on them; spawns pending a GPU, waiting in line for one, or refused
         for want of one lately: the spawn queue's last sync)."""
         running = [key for key, row in self.rows.items() if row.running]
-        reports = [self.reports[key].report for key in running if key in self.reports]
+        # Not the reports that contradict the Hub's records: their devices may be made up.
+        reports = [
+            self.reports[key].report
+            for key in running
+            if key in self.reports and not self._distrusted.get(key)
+        ]
         evidence = [e for records in self._context.by_uuid.values() for e in records]
         return self.diagnosis.summary(
             running,
