@@ -198,7 +198,7 @@ texts = st.text(max_size=30) | st.sampled_from(
     ["-1", "0", "5001", "1e999", "99999999d", "9" * 50, "²", "٣"]
 )
 PARAMETERS = {
-    "api/audit": {"limit": texts, "server": texts, "user": texts},
+    "api/audit": {"limit": texts, "server": texts, "user": texts, "before": texts},
     "api/usage": {"group_by": texts, "since": texts, "until": texts, "format": texts},
     "api/extensions": {"status": texts},
     "api/history/trace": {"since": texts, "until": texts, "step": texts},
@@ -457,6 +457,32 @@ def test_a_servers_own_token_reads_that_servers_records_only(tmp_path, monkeypat
             r = call(service, "GET", path, token=OWNER)
             assert r.status_code == 403, (path, r.status_code, r.text[:300])
             assert call(service, "GET", path, token=ALICE).ok, path
+    finally:
+        service.stop()
+
+
+def test_the_audit_trail_is_read_page_by_page_past_its_newest_rows(tmp_path, monkeypatch):
+    """`limit` stops at 5,000: nothing older than the newest 5,000 rows could be read. Each row
+    now says its `id`, and `before=<id>` reads the page after it."""
+    service = Service(tmp_path, monkeypatch)
+    try:
+        service.hub.add_server("alice", "gpu", started=clock.utcnow() - timedelta(minutes=5))
+        asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        for _ in range(5):  # refused (active), and audited
+            call(service, "POST", "api/users/alice/servers/gpu/extend", token=ALICE, json={})
+        whole = call(service, "GET", "api/audit", token=ALICE).json()["audit"]
+        pages, before = [], None
+        while True:
+            params = {"limit": 2, **({"before": before} if before else {})}
+            page = call(service, "GET", "api/audit", token=ALICE, params=params).json()["audit"]
+            if not page:
+                break
+            pages += page
+            before = page[-1]["id"]
+        assert len(whole) >= 5 and pages == whole
+        for bad in ("0", "-1", "x", "1" * 19):
+            r = call(service, "GET", "api/audit", token=ALICE, params={"before": bad})
+            assert r.status_code == 400 and "'before'" in r.json()["message"], r.text
     finally:
         service.stop()
 

@@ -276,7 +276,8 @@ class ExtensionsHandler(ApiHandler):
 
 
 class AuditHandler(ApiHandler):
-    """``GET api/audit?server=user/name``: decisions and actions with their reasons."""
+    """``GET api/audit?server=user/name[&before=id]``: decisions and actions with their
+    reasons, newest first, a page at a time."""
 
     @web.authenticated
     def get(self):
@@ -298,13 +299,22 @@ class AuditHandler(ApiHandler):
         if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_AUDIT_ROWS:
             raise web.HTTPError(400, f"'limit' must be a whole number from 1 to {MAX_AUDIT_ROWS}")
         limit = int(text)
-        rows = [row for key in servers for row in self.governor.audit_trail(key, user, limit)]
+        # The next page: the rows older than the last one read (its "id").
+        before = self.get_argument("before", None)
+        if before is not None:
+            if not (before.isascii() and before.isdigit() and len(before) <= 18) or not int(before):
+                raise web.HTTPError(400, "'before' must be an audit row's id (a whole number)")
+            before = int(before)
+        rows = [
+            row for key in servers for row in self.governor.audit_trail(key, user, limit, before)
+        ]
         if len(servers) > 1:  # newest first, as one trail
             rows = sorted(rows, key=lambda row: row.id, reverse=True)[:limit]
         self.write_json(
             {
                 "audit": [
                     {
+                        "id": row.id,
                         "at": clock.isoformat(row.at),
                         "server": row.server_key,
                         "action": row.action,

@@ -362,10 +362,17 @@ class Store:
         self.save(audits=rows)
 
     def audit_rows(
-        self, server_key: str | None = None, user: str | None = None, limit: int = 200
+        self,
+        server_key: str | None = None,
+        user: str | None = None,
+        limit: int = 200,
+        before: int | None = None,
     ) -> list[AuditRow]:
+        """Newest first, at most ``limit``; ``before``: only rows older than that id (a page)."""
         with self.session() as session:
             query = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit)
+            if before is not None:
+                query = query.where(AuditRow.id < before)
             if server_key is not None:
                 query = query.where(AuditRow.server_key == server_key)
             if user is not None:

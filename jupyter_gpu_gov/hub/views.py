@@ -300,10 +300,14 @@ class Views:
         return self.store.extensions(status, key)
 
     def audit_trail(
-        self, key: str | None = None, user: str | None = None, limit: int = 200
+        self,
+        key: str | None = None,
+        user: str | None = None,
+        limit: int = 200,
+        before: int | None = None,
     ) -> list[AuditRow]:
-        """The audit trail, newest first: of one server, of one user."""
-        return self.store.audit_rows(server_key=key, user=user, limit=limit)
+        """The audit trail, newest first: of one server, of one user; older than ``before``."""
+        return self.store.audit_rows(server_key=key, user=user, limit=limit, before=before)
 
     def usage(
         self,
