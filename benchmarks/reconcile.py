@@ -494,7 +494,7 @@ async def _bench(
         [],
         defaults={
             "warn_after": never,
-            "cull_after": never,
+            "cull_after": "3651d",
             "inactive_timeout": never,
             "away_after": None,
         },
