@@ -138,6 +138,38 @@ def test_an_owner_back_after_the_warning_gets_its_full_notice():
     assert [a for a in actions if a[1] == "warn"] == [(30, "warn", "warned")]  # warned once
 
 
+def test_a_presence_limit_bounds_how_long_interaction_alone_holds_an_idle_gpu():
+    """A person at the notebook (or a server that says so: its word is all there is) holds an
+    idle GPU's cull for as long as they interact. With `presence_limit`, that hold ends that
+    long after the GPU went idle, plus what Extend granted: the warning's notice runs then."""
+    typing = lambda m: replace(idle_view(), user_last_activity=T0 + (m // 10) * 10 * MIN)  # noqa: E731
+    actions, last = run(typing, minutes=24 * 60, on_checkpoint="done")
+    assert [a[1] for a in actions] == ["warn"] and last.state == "warned"  # never culled
+
+    limited = replace(POLICY, presence_limit=timedelta(hours=4))
+    actions, last = run(typing, limited, minutes=24 * 60, on_checkpoint="done")
+    assert [a for a in actions if a[1] != "warn"] == [
+        (240, "checkpoint", "checkpointing"),
+        (241, "cull", "culled"),
+    ]
+    assert [a[1] for a in actions].count("warn") == 1  # warned once, at 30 minutes
+    # An Extend moves the limit by its step (30 minutes here), as it moves the idle clock.
+    record = p.Record()
+    for minute in range(0, 100):
+        record = p.decide(typing(minute), record, limited, T0 + minute * MIN).record
+    record = p.extend(record, limited, "writing the paper").record
+    checkpointed = None
+    for minute in range(100, 24 * 60):
+        record = p.decide(typing(minute), record, limited, T0 + minute * MIN).record
+        if record.checkpoint_status == "requested":
+            checkpointed = minute
+            break
+    assert checkpointed == 240 + 30
+    with pytest.raises(p.PolicyError, match="'presence_limit': 'soon' is not a duration"):
+        p.load_policies([], {"presence_limit": "soon"})
+    assert p.load_policies([], {"presence_limit": None})[0].presence_limit is None
+
+
 def test_an_owner_away_for_hours_is_warned_as_soon_as_the_gpu_goes_idle():
     # A training run finished unattended at T0; its owner last touched the notebook 3 h before.
     away = replace(idle_view(), user_last_activity=T0 - 3 * 60 * MIN)

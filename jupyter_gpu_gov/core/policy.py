@@ -125,6 +125,13 @@ class Policy:
     # owner is by definition not there to see the warning, so a shorter clock is the admin's
     # choice to make, not a surprise to ship.
     zombie_idle: timedelta | None = None
+    # The longest a person's interaction holds an idle GPU's cull, from the GPU's idle start
+    # (plus the extensions granted): past it the warning's notice runs even while someone is
+    # at the notebook, and only Extend (``max_extensions``) holds the GPU longer. A server's
+    # word is all that says a person is there (docs/security.md), so without it a server
+    # claiming an interaction every few minutes keeps an idle GPU until ``max_age``. None
+    # (the default): a person at the notebook holds the cull for as long as they interact.
+    presence_limit: timedelta | None = None
     # How long a running cell may leave its GPU idle (a CPU stage before its next GPU stage),
     # from when the GPU went idle: CPU stages of an hour or more are common in pipelines.
     busy_grace: timedelta = timedelta(hours=2)
@@ -203,6 +210,16 @@ _DURATIONS = {
     "checkpoint_max_delay",
     "quiet_cell_limit",
     "zombie_idle",
+    "presence_limit",
+}
+# Durations that may be null (off).
+_OPTIONAL_DURATIONS = {
+    "max_age",
+    "inactive_timeout",
+    "away_after",
+    "quiet_cell_limit",
+    "zombie_idle",
+    "presence_limit",
 }
 _CHOICES = {
     "extension_reason": ("optional", "required"),
@@ -295,9 +312,7 @@ def _convert(key: str, value):
     if key in _DURATIONS:
         return (
             None
-            if value is None
-            and key
-            in ("max_age", "inactive_timeout", "away_after", "quiet_cell_limit", "zombie_idle")
+            if value is None and key in _OPTIONAL_DURATIONS
             else parse_duration(value, repr(key))
         )
     if key in _CHOICES:
@@ -1015,6 +1030,8 @@ def _idle_clock(
             zombie, cull_at = True, silent + window + extension
             warn_at = min(warn_at, silent + HUB_ACTIVITY_LAG + extension)
             notice = cull_at - warn_at
+    if present_until is not None and policy.presence_limit is not None:
+        present_until = min(present_until, idle_since + policy.presence_limit + extension)
     holds = []
     for not_before, what in (
         (present_until, "recent user activity"),

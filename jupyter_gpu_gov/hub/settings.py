@@ -100,7 +100,7 @@ class GovernorSettings(HasTraits):
 
         Keys: match (profiles, tiers, teams, users, server_names, labels, task_types),
         idle_threshold, warn_after, cull_after, user_activity_grace, busy_grace, busy_limit,
-        on_busy_limit (interrupt|cull), after_interrupt (cull|warn), away_after, extension_step, max_extensions,
+        on_busy_limit (interrupt|cull), after_interrupt (cull|warn), away_after, presence_limit, extension_step, max_extensions,
         extension_reason (optional|required), max_age, max_age_warning, checkpoint,
         checkpoint_timeout, on_checkpoint_failure (postpone|proceed), checkpoint_retries,
         checkpoint_max_delay, checkpoint_broken_after, cull_action (stop-server|shutdown-kernels), exempt, reclaim_grace,

@@ -62,6 +62,7 @@ def policy_view(p: Policy) -> dict:
         "quiet_cell_limit_s": seconds(p.quiet_cell_limit),
         "away_after_s": seconds(p.away_after),
         "zombie_idle_s": seconds(p.zombie_idle),
+        "presence_limit_s": seconds(p.presence_limit),
         "extension_step_s": seconds(p.extension_step),
         "max_extensions": p.max_extensions,
         "extension_reason": p.extension_reason,
