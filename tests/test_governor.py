@@ -534,6 +534,34 @@ async def test_the_checkpoint_request_rides_on_the_verdict_with_its_reasons(
     assert gov._tasks == set()  # nothing was sent to the server: it asks with its own token
 
 
+async def test_a_checkpoint_is_asked_only_once_its_decision_is_on_record(
+    tmp_path, restore_clock, monkeypatch
+):
+    """The pass writes its decisions in the store's thread while the event loop answers
+    reports: a report answered meanwhile got the checkpoint the write was still recording (and
+    kept it had the write failed). Now a server's verdict asks nothing new of it until then."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        for step in (0, 61 * 60):  # idle, then warned
+            clock.advance(step)
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+            await gov.reconcile()
+        clock.advance(60 * 60)  # due: this pass asks for the checkpoint
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        save, meanwhile = gov.store.save_async, []
+
+        async def writing(rows=(), audits=(), **kwargs):
+            if any(a.action == "checkpoint" for a in audits):
+                meanwhile.append(gov.verdict("alice/")["requests"])  # a report answered now
+            await save(rows, audits, **kwargs)
+
+        monkeypatch.setattr(gov.store, "save_async", writing)
+        await gov.reconcile()
+    assert meanwhile == [{}]
+    assert "checkpoint" in gov.verdict("alice/")["requests"]  # on record: asked
+
+
 async def test_an_earlier_checkpoint_does_not_answer_the_governors_request(tmp_path, restore_clock):
     async with FakeHub() as hub:
         hub.add_server("alice")

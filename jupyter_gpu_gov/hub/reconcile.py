@@ -124,6 +124,7 @@ class Governor(
         self.gauges = metrics.StateGauges()
         self._failing: dict[str, str] = {}  # servers whose decision failed: the error, audited
         self._distrusted: dict[str, list[str]] = {}  # reports contradicting the Hub's records
+        self._unrecorded: frozenset[str] = frozenset()  # decisions the store is writing
         # The GPUs DCGM has attributed to a server's pod this session (its start): all of them,
         # or the server cannot be proved idle (evidence._sees_all).
         self._pod_gpus: dict[str, tuple[datetime | None, frozenset]] = {}

@@ -39,6 +39,9 @@ class Records:
         in the store's writer thread while the loop answers reports). False when the store
         cannot take them: nothing is acted on, and what this service holds in memory is
         dropped, so the next pass decides again from what the store has."""
+        # Until they are on record, the servers' verdicts ask nothing new of them (a report
+        # answered meanwhile got the checkpoint a write then failed to record).
+        self._unrecorded = frozenset(row.key for row in rows)
         try:
             await self.store.save_async(rows, audits)
         except StoreUnavailable as error:
@@ -49,6 +52,8 @@ class Records:
             asked = (a.server_key for a in audits if a.action == INTERRUPT and not a.dry_run)
             outbound.dropped(asked, self._interrupts)
             return False
+        finally:
+            self._unrecorded = frozenset()
         self._count(audits)
         await self._save_usage_async()
         return True
