@@ -86,6 +86,7 @@ DIRECT = {
 }
 ROUTES = [
     (r"/", Text, {"text": "hello"}),
+    (r"/big", Text, {"text": "b" * (256 << 10)}),  # one answer, written at once
     (r"/direct", Text, {"text": "tornado"}),  # GET only; POST /direct is the direct route's
     (r"/echo", Echo),
     (r"/stream", Stream),
@@ -446,3 +447,18 @@ async def test_bytes_sent_while_an_answer_is_pending_are_not_buffered_without_bo
         # Room for the next request (its head and body) and a read's worth over: not 16 MB.
         assert len(connection.buffer) <= MAX_HEADER_BYTES + MAX_BODY + (1 << 20)
         writer.transport.abort()
+
+
+async def test_pipelined_requests_wait_for_a_client_that_does_not_read_its_answers():
+    # A user's process sends many small requests and reads nothing back: each answer would
+    # be buffered in the service (64 x 256 KiB here) while the next request was read.
+    async with serving() as server:
+        reader, writer = await connect(server)
+        writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 64)
+        await asyncio.sleep(0.5)
+        (connection,) = server.connections
+        # One answer and the transport's high-water mark, beyond what the kernels hold.
+        assert connection.transport.get_write_buffer_size() <= (256 << 10) + (64 << 10)
+        for _ in range(64):  # once the client reads, every answer comes, in order
+            assert (await read_answer(reader)).body == b"b" * (256 << 10)
+        writer.close()

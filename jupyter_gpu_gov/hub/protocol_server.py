@@ -322,13 +322,24 @@ class Connection(asyncio.Protocol):
             self._send(b"0\r\n\r\n")
         self.chunked = False
         self.close_callback = None
-        self.answering = False
         if self.context is not None:
             self.context.reset()
         if not self.keep_alive or self.closed:
             self._close()
             return
         self._expect_head()
+        if self.writable is not None and not self.writable.done():
+            # The client is not reading its answers: a pipelined request waits until it does
+            # (a handler's finish does not wait for its flush), else each one's answer would
+            # be buffered here without end.
+            self.writable.add_done_callback(lambda _: self._next_request())
+        else:
+            self._next_request()
+
+    def _next_request(self) -> None:
+        self.answering = False
+        if self.closed:
+            return
         self.transport.resume_reading()
         if self.buffer:  # a request sent before this answer was finished
             asyncio.get_running_loop().call_soon(self.data_received, b"")
