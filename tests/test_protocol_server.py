@@ -231,8 +231,20 @@ BAD = [  # what is sent, the answer's status, words of its message
     (b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400, "Invalid Host header"),
     (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/2.0"),
     (b'GET / HTTP/"2\r\nHost: x\r\n\r\n', 505, "is not served"),
+    # A lone LF, where node's parser (the Hub's proxy) refuses the request: read on, this
+    # layer would find a Content-Length (and a body) the proxy never saw.
+    (P + b"X-A: a\nContent-Length: 3\r\n\r\nabc", 400, "without CR"),
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\nContent-Length: 3\r\n\r\nabc", 400, "without CR"),
+    # Bytes node's parser refuses in the request line (and tornado's log would print raw).
+    (b"GET /a\x00b HTTP/1.1\r\nHost: x\r\n\r\n", 400, "request line"),
+    (b"GET /a\rb HTTP/1.1\r\nHost: x\r\n\r\n", 400, "request line"),
+    (b"GET /caf\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n", 400, "request line"),
+    (b"G\x1b[1mT / HTTP/1.1\r\nHost: x\r\n\r\n", 400, "request line"),
 ]
-BAD_IDS = "head body chunked lengths nan superscript folded line ctl nohost host v2 quote"
+BAD_IDS = (
+    "head body chunked lengths nan superscript folded line ctl nohost host v2 quote"
+    " lf crlflf nul cr latin1 method"
+)
 
 
 @pytest.mark.parametrize("raw, code, words", BAD, ids=BAD_IDS.split())

@@ -53,6 +53,8 @@ LISTEN_BACKLOG = 1024
 _CRLF = b"\r\n"
 _END_OF_HEAD = b"\r\n\r\n"
 _FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# A request target as node's parser (the Hub's proxy) reads one: visible ASCII only.
+_TARGET = re.compile(r"[!-~]+")
 # The fields that frame a request, read by this layer alone (one reading: no smuggling).
 _FRAMING = ("content-length", "transfer-encoding", "connection", "expect")
 
@@ -88,12 +90,17 @@ DirectRoute = Callable[[DirectRequest], "tuple[int, bytes] | Awaitable[tuple[int
 
 def parse_head(head: bytes) -> Head:
     """The request line and fields of a head (without its blank line), or ``_Refusal(400)``
-    naming what is wrong: a request line of three parts, field names that are tokens, no
-    folded lines, at most one ``Content-Length``."""
+    naming what is wrong: lines ending in CRLF, a request line of three parts (a token, a
+    target of visible ASCII, the version), field names that are tokens, no folded lines, at
+    most one ``Content-Length``."""
     text = head.decode("latin1").lstrip("\r\n")
+    if text.count("\n") != text.count("\r\n"):
+        # A lone LF would end a line here (a blank one: a head read on) where the proxy's
+        # parser refuses the request: a Content-Length only this layer sees.
+        raise _Refusal(400, "a header line ends in LF without CR")
     line, _, rest = text.partition("\n")
     parts = line.rstrip("\r").split(" ")
-    if len(parts) != 3 or not parts[0] or not parts[1]:
+    if len(parts) != 3 or not _FIELD_NAME.fullmatch(parts[0]) or not _TARGET.fullmatch(parts[1]):
         raise _Refusal(400, "malformed request line")
     method, target, version = parts
     if version not in ("HTTP/1.1", "HTTP/1.0"):
