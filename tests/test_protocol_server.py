@@ -87,6 +87,7 @@ DIRECT = {
 ROUTES = [
     (r"/", Text, {"text": "hello"}),
     (r"/big", Text, {"text": "b" * (256 << 10)}),  # one answer, written at once
+    (r"/huge", Text, {"text": "h" * (32 << 20)}),  # more than the kernels' buffers hold
     (r"/direct", Text, {"text": "tornado"}),  # GET only; POST /direct is the direct route's
     (r"/echo", Echo),
     (r"/stream", Stream),
@@ -474,3 +475,14 @@ async def test_pipelined_requests_wait_for_a_client_that_does_not_read_its_answe
         for _ in range(64):  # once the client reads, every answer comes, in order
             assert (await read_answer(reader)).body == b"b" * (256 << 10)
         writer.close()
+
+
+async def test_a_client_that_never_reads_is_let_go_after_its_timeout():
+    # Closing waits for the answer to be read: a client that never reads would keep its
+    # socket and the answer's bytes in the service for ever, past every timeout.
+    async with serving(idle_timeout=0.5) as server:
+        _, writer = await connect(server)
+        writer.write(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(1.5)
+        assert not server.connections
+        writer.transport.abort()

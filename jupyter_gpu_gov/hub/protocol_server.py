@@ -388,6 +388,12 @@ class Connection(asyncio.Protocol):
 
     def _timed_out(self) -> None:
         self.timer = None
+        if self.transport.get_write_buffer_size() and not self.closed:
+            # Closing would wait for the client to read what is left: one that never reads
+            # would keep its socket and those bytes here for ever.
+            self.closed = True
+            self.transport.abort()
+            return
         self._close()  # a slow or idle client: closed, as tornado closes them, unanswered
 
     def _refuse(self, code: int, message: str) -> None:
