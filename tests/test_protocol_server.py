@@ -486,3 +486,32 @@ async def test_a_client_that_never_reads_is_let_go_after_its_timeout():
         await asyncio.sleep(1.5)
         assert not server.connections
         writer.transport.abort()
+
+
+@pytest.mark.parametrize("cut", range(1, 5))
+async def test_a_head_whose_end_is_split_across_reads_is_answered(cut):
+    async with serving() as server:
+        reader, writer = await connect(server)
+        head = GET[: len(GET) - cut]
+        writer.write(head)
+        await asyncio.sleep(0.05)  # read apart from the rest of the blank line
+        writer.write(GET[len(GET) - cut :])
+        assert (await read_answer(reader)).body == b"hello"
+        writer.close()
+
+
+async def test_a_head_sent_a_byte_at_a_time_costs_little_cpu():
+    # A user's process sends a 64 KiB head in one-byte segments, each read alone: searching
+    # the whole head again for its end on every read cost a second of CPU a connection.
+    async with serving() as server:
+        reader, writer = await connect(server)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nX: ")
+        await asyncio.sleep(0.05)
+        (connection,) = server.connections
+        started = time.process_time()
+        for _ in range(MAX_HEADER_BYTES - 100):  # each as the loop hands a read to it
+            connection.data_received(b"a")
+        assert time.process_time() - started < 0.3
+        connection.data_received(b"\r\n\r\n")
+        assert (await read_answer(reader)).body == b"hello"
+        writer.close()
