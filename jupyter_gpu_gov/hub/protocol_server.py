@@ -16,8 +16,8 @@ What this layer owns, and bounds (a user owns the server that sends reports):
   100-continue`` is answered;
 - the answer's framing: ``Content-Length`` when the handler gave one, chunked otherwise (HTTP/1.1),
   else the connection closes after it; header lines with CR or LF are refused (no injection);
-- keep-alive for HTTP/1.1, one request at a time (a pipelined one waits its turn); a connection
-  idle ``idle_timeout`` is closed;
+- keep-alive for HTTP/1.1, one request at a time (a pipelined one waits its turn, and for the
+  client to take the last answer); a connection idle ``idle_timeout`` is closed;
 - writes wait while the client does not read (flow control), so a large answer streams;
 - requests handled in batches while they come fast (``accept_interval``).
 """
