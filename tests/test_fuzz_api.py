@@ -487,6 +487,17 @@ def test_the_audit_trail_is_read_page_by_page_past_its_newest_rows(tmp_path, mon
         service.stop()
 
 
+def test_a_token_in_the_url_is_not_written_to_the_log(service, caplog):
+    """tornado's access log wrote a request's whole URL: a client's `?token=` (HubAuth reads it
+    in some cases) went into the service's log, which more people read than the token's owner."""
+    with caplog.at_level("INFO", logger="tornado.access"):
+        for path in ("api/nothing?token=SECRET-TOKEN-1&x=1", "api/?Token=SECRET-TOKEN-2"):
+            call(service, "GET", path)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tornado.access"]
+    assert any("/api/nothing?token=[secret]&x=1" in line for line in lines), lines
+    assert "SECRET-TOKEN" not in caplog.text
+
+
 # A project name that, printed raw, sets the admin's terminal title, writes their clipboard
 # (OSC 52), hides the rest of the line and reorders it (a right-to-left override).
 HOSTILE = "x\x1b]0;pwned\x07\x1b]52;c;Y3VybCBldmlsfHNo\x07\x1b[8mhidden\u202eevil\r\x9b2J"

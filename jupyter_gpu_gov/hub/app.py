@@ -12,11 +12,13 @@ import logging
 import os
 import signal
 import sys
+import urllib.parse
 from datetime import timedelta
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from sqlalchemy.exc import DBAPIError
 from tornado import web
+from tornado.log import access_log
 from tornado.netutil import bind_sockets
 from traitlets import default
 from traitlets.config import Application
@@ -46,6 +48,40 @@ from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers, report_route
 from .settings import GovernorSettings
 from .store import Store, StoreTooNew, StoreUnavailable, safe_url
+
+# Query parameters that carry a credential: tornado's access log wrote the whole URL, so a
+# token a client put in it (?token=, which HubAuth reads in some cases) was in the service's log.
+_SECRET_PARAMETERS = frozenset({"token", "access_token", "_xsrf", "code", "state"})
+
+
+def scrubbed(uri: str) -> str:
+    """A request's URI with the values of its credential parameters left out."""
+    path, _, query = uri.partition("?")
+    if not query:
+        return uri
+    parts = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    if not any(name.lower() in _SECRET_PARAMETERS for name, _ in parts):
+        return uri
+    kept = [(n, "[secret]" if n.lower() in _SECRET_PARAMETERS else v) for n, v in parts]
+    return f"{path}?{urllib.parse.urlencode(kept, safe='[]')}"
+
+
+def log_request(handler: web.RequestHandler) -> None:
+    """tornado's access log line, without the credentials a URL may carry."""
+    status, request = handler.get_status(), handler.request
+    if status < 400:
+        write = access_log.info
+    else:
+        write = access_log.warning if status < 500 else access_log.error
+    took = 1000.0 * request.request_time()
+    write(
+        "%d %s %s (%s) %.2fms",
+        status,
+        request.method,
+        scrubbed(request.uri),
+        request.remote_ip,
+        took,
+    )
 
 
 class GpuGovernor(GovernorSettings, Application):
@@ -227,6 +263,7 @@ class GpuGovernor(GovernorSettings, Application):
                 (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
             ],
             cookie_secret=os.urandom(32),
+            log_function=log_request,
             gpu_gov_prefix=prefix.rstrip("/") + "/",
             hub_auth=HubOAuth(),
             xsrf_cookies=False,  # API handlers check XSRF for cookie-authenticated writes
