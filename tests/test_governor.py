@@ -37,6 +37,8 @@ from jupyter_gpu_gov.hub.views import policy_view, row_view, verdict_of
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed
 T4_BUSY_GPU = "GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"
+# A cell that leaves its GPU idle: its notice at 10 minutes, its limit at 30.
+BUSY_LIMITS = {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
 
 
 def report_for(user: str, uuid: str, sm: float) -> dict:
@@ -732,9 +734,7 @@ async def test_a_cells_limit_rides_on_the_verdict_as_an_interrupt_not_a_stop(
     async with FakeHub() as hub:
         hub.add_server("alice")
         gov = governor(hub, tmp_path)
-        gov.policies = load_policies(
-            [], {"warn_after": "1h", "cull_after": "2h", "busy_grace": "10m", "busy_limit": "30m"}
-        )
+        gov.policies = load_policies([], BUSY_LIMITS)
         started = clock.utcnow()
         for step in (0, 31 * 60, 60):
             clock.advance(step)
