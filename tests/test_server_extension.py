@@ -600,6 +600,21 @@ async def test_an_extend_or_stop_answered_by_something_else_than_the_governor_is
         http.stop()
 
 
+async def a_kernel_stuck_after_2s(jp_fetch, jp_serverapp, jp_root_dir, monkeypatch):
+    """A notebook's kernel on the simulated GPU, with a sample taken as stuck after 2 s (not
+    10): the extension app."""
+    import nbformat
+
+    from jupyter_gpu_gov.server import app as server_app
+
+    monkeypatch.setattr(server_app, "FRESH_SAMPLE_WAIT_S", 2.0, raising=False)
+    monkeypatch.setattr(server_app, "STALE_AFTER_S", 2.0, raising=False)
+    nbformat.write(nbformat.v4.new_notebook(), jp_root_dir / "train.ipynb")
+    body = {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    return next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+
+
 @pytest.mark.parametrize("route", ["checkpoint", "extend", "stop"])
 @pytest.mark.parametrize(
     ("body", "says"),
@@ -629,16 +644,7 @@ async def test_a_gpu_driver_that_hangs_neither_hangs_a_checkpoint_nor_shows_as_t
     failed. Meanwhile the status showed the last sample, minutes old, as the GPU now."""
     import threading
 
-    import nbformat
-
-    from jupyter_gpu_gov.server import app as server_app
-
-    monkeypatch.setattr(server_app, "FRESH_SAMPLE_WAIT_S", 2.0, raising=False)
-    monkeypatch.setattr(server_app, "STALE_AFTER_S", 2.0, raising=False)
-    nbformat.write(nbformat.v4.new_notebook(), jp_root_dir / "train.ipynb")
-    body = {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
-    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
-    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    app = await a_kernel_stuck_after_2s(jp_fetch, jp_serverapp, jp_root_dir, monkeypatch)
     before = await status(jp_fetch)
     assert before["backend"] == "simulated"
 
@@ -695,17 +701,9 @@ async def test_a_server_whose_gpu_driver_hangs_still_reports_and_takes_the_check
     (``unavailable``: every reading unknown, never idle), and takes up the requests."""
     import threading
 
-    import nbformat
-
     from jupyter_gpu_gov.core.report import gpu_signal, validate
-    from jupyter_gpu_gov.server import app as server_app
 
-    monkeypatch.setattr(server_app, "FRESH_SAMPLE_WAIT_S", 2.0, raising=False)
-    monkeypatch.setattr(server_app, "STALE_AFTER_S", 2.0, raising=False)
-    nbformat.write(nbformat.v4.new_notebook(), jp_root_dir / "train.ipynb")
-    body = {"path": "train.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
-    await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
-    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    app = await a_kernel_stuck_after_2s(jp_fetch, jp_serverapp, jp_root_dir, monkeypatch)
     await status(jp_fetch)
     asked_at = clock.isoformat(clock.utcnow())
     governor = GovernorAsking(
