@@ -196,10 +196,9 @@ def test_a_running_cell_whose_kernel_does_nothing_is_quiet_from_its_cpu_figures(
 
 
 def test_an_allocated_cards_own_activity_is_the_servers_with_no_process_listed():
-    """The server's own allocation, no one else's process on it, runs at 90 % while NVML
-    lists no process (WSL2, a driver hiding the list) or ours is not found (a run nohup'd from
-    a terminal since closed): its activity is the server's. It read idle, and a working card
-    was culled under stop-server."""
+    """The server's own allocation, no one else's process seen on it, runs at 90 % while
+    NVML lists no process on it (WSL2, a driver hiding the list): its activity is the
+    server's. It read idle, and a working card was culled under stop-server."""
     working = report(targets=[], devices__0__activity=0.9)
     assert (signal(working).holds_gpu, signal(working).active) == (True, True)
     # No kernel to shut down under shutdown-kernels; a card others use says nothing about us.

@@ -166,9 +166,9 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
     sms = [t["gpu"]["sm"] for t in holders]
     held = {d for t in holders for d in t["gpu"]["devices"]}
     if cull_action == STOP_SERVER and allocated:
-        # The server's own allocation: no one else's process on it, so its activity is the
-        # server's even where NVML lists no process (WSL2, a driver hiding the list) or ours is
-        # not found (a nohup'd run whose terminal closed). It was idle: a working card culled.
+        # The server's own allocation, no one else's process seen on it ("shared" otherwise):
+        # its activity is the server's even where NVML lists no process on it (WSL2, a driver
+        # hiding the list). It read idle: a working card culled.
         held |= {d["uuid"] for d in devices}
     own_activity = [d["activity"] for d in devices if not d.get("shared") and d["uuid"] in held]
     if any(sm is not None and sm >= idle_threshold for sm in sms) or any(
