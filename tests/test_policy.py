@@ -181,6 +181,11 @@ def test_an_owner_away_for_hours_is_warned_as_soon_as_the_gpu_goes_idle():
     ]
     warned = p.decide(away, p.Record(), POLICY, T0 + 10 * MIN)
     assert "nobody has used the notebook since 2026-01-05 06:00 UTC" in warned.reason
+    # The cull's reason says why it came at 31 minutes, not "cull after 1h".
+    culled = run(away, minutes=31, on_checkpoint="done")[1]
+    assert "cull after the warning's notice of 30m" in culled.reason, culled.reason
+    assert "nobody has used the notebook since 2026-01-05 06:00 UTC" in culled.reason
+    assert "cull after 1h" not in culled.reason
 
 
 def test_an_owner_away_for_less_than_away_after_gets_the_whole_idle_clock():

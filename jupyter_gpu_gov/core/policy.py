@@ -968,6 +968,11 @@ def _decide_on_activity(
         return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)
 
     why = f"{idle} (policy {policy.name!r}: cull after {format_duration(policy.cull_after)})"
+    if warn_at < idle_since + policy.warn_after:
+        # Warned early (nobody there: away_after, zombie_idle), culled after the notice, before
+        # cull_after: the reason said "cull after 1h" of a cull at 31 minutes.
+        rule = f"cull after the warning's notice of {format_duration(notice)}"
+        why = f"{idle} (policy {policy.name!r}: {rule})" + clock.why(back)
     final = f"GPU idle for {format_duration(now - idle_since)}" + why[len("GPU idle") :]
     decision = _cull_with_checkpoint(
         record, policy, view, now, why, GPU_IDLE, warn_at, cull_at, final, due=due
