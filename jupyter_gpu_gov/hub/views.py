@@ -186,7 +186,7 @@ class Views:
         asked, started = None, ()
         if not self.options.dry_run:
             started = self.started_from_line(row)
-        if not self.options.dry_run and key not in self._unrecorded:
+        if not self.options.dry_run and key not in self._unrecorded:  # (hub/records.py)
             asked = outbound.requests(
                 row.checkpoint_status,
                 row.checkpoint_requested_at,

@@ -385,17 +385,7 @@ class Sampler:
             devices = []
         else:
             # Keep naming the devices we had, with every reading unknown.
-            unknown = health.unknown(f"the GPU cannot be read: {snapshot.error}").as_dict()
-            devices = [
-                {
-                    **d,
-                    "memory_used_mb": None,
-                    "activity": None,
-                    "memory_activity": None,
-                    "health": unknown,
-                }
-                for d in self._last_devices
-            ]
+            devices = unreadable_devices(self._last_devices, snapshot.error)
 
         entries: list[tuple[str, dict, TargetGpu | None]] = [
             (t.root.key, _describe(t), attribution.gpu.get(t.root.key)) for t in targets
@@ -520,18 +510,23 @@ class Sampler:
         return changes
 
 
+def unreadable_devices(devices: list[dict], error: str | None) -> list[dict]:
+    """The devices still named, with every reading unknown (a backend that fails)."""
+    unknown = health.unknown(f"the GPU cannot be read: {error}").as_dict()
+    readings = {"memory_used_mb": None, "activity": None, "memory_activity": None}
+    return [{**d, **readings, "health": unknown} for d in devices]
+
+
 def unreadable(report: dict, error: str, now: datetime) -> dict:
     """``report`` as a backend that fails is reported (``Sampler._report``): its devices named
     with every reading unknown, what each target held unknown, never idle."""
-    unknown = health.unknown(f"the GPU cannot be read: {error}").as_dict()
-    readings = {"memory_used_mb": None, "activity": None, "memory_activity": None}
     held = {"memory_mb": None, "sm": None, "confidence": "unknown"}
     return {
         **report,
         "sampled_at": clock.isoformat(now),
         "backend": "unavailable",
         "error": error,
-        "devices": [{**d, **readings, "health": unknown} for d in report["devices"]],
+        "devices": unreadable_devices(report["devices"], error),
         "targets": [
             {**t, "gpu": {**t["gpu"], **held}} if t["gpu"]["holds_context"] else t
             for t in report["targets"]
