@@ -4,6 +4,7 @@ level for the node actions."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from datetime import timedelta
@@ -51,7 +52,8 @@ class Http:
                 self.finish(outer.text)
 
         class Node(web.RequestHandler):
-            def patch(self, name):
+            async def patch(self, name):
+                await asyncio.sleep(0.2)  # an API server that takes its time: nothing waits on it
                 assert self.request.headers["Content-Type"] == "application/merge-patch+json"
                 auth = self.request.headers.get("Authorization")
                 outer.patches.append((name, auth, json.loads(self.request.body)))

@@ -76,11 +76,6 @@ class Evidence:
         )
         return replace(snapshot, evidence=(), errors=(*snapshot.errors, error))
 
-    async def background_done(self) -> None:
-        """Wait for the work a pass leaves running (the next DCGM read)."""
-        if self._dcgm_task is not None:
-            await asyncio.wait([self._dcgm_task])
-
     def _read_dcgm_next(self) -> None:
         """Start the next pass's DCGM read now that this pass is done: it runs in the worker
         between passes, not alongside one, and is fresher when the next pass uses it than a read

@@ -508,6 +508,13 @@ class Governor(
             return "not governed: named servers are excluded (cull_named_servers=False)"
         return None
 
+    async def background_done(self) -> None:
+        """Wait for the work a pass leaves running: the next DCGM read, and what it handed
+        to the background once on record (node patches, a user's servers stopped)."""
+        running = [t for t in (*self._tasks, self._dcgm_task) if t is not None]
+        if running:
+            await asyncio.wait(running)
+
     async def close(self) -> None:
         self.flush_usage()
         for task in [*self._tasks, self._dcgm_task]:
