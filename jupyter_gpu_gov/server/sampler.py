@@ -28,6 +28,7 @@ from ..gpu.attribution import (
     TargetGpu,
     TargetRoot,
     attribute,
+    stray_gpu_pids,
     target_members,
 )
 from ..gpu.backends import select_visible
@@ -252,6 +253,15 @@ class Sampler:
                 for pid in pids
             }
 
+        own_user = ()
+        if local_pids:
+            # A GPU process outside the server is its owner's if it runs as the server's user.
+            uid = os.getuid()
+            own_user = [
+                pid
+                for pid in stray_gpu_pids(snapshot, members, visible)
+                if procs.uid_of(pid, self.proc_root) == uid
+            ]
         attribution = attribute(
             snapshot,
             members,
@@ -259,6 +269,7 @@ class Sampler:
             visible=visible,
             time_sliced=self.time_sliced,
             device_files=device_files,
+            own_user=own_user,
         )
         usage = self._cpu_io(table, attribution, monotonic())
         report = self._report(snapshot, visible, targets, attribution, usage, server, now)
