@@ -261,11 +261,14 @@ def test_an_orphan_of_the_owner_on_a_workstation_is_the_servers_not_a_strangers(
     # was re-parented to init and its session has no target. It runs as the server's own Unix
     # user, on the card the allocator gave the server; another user's process still marks the
     # card shared.
-    orphan, other_user = 4321, 4322
-    fake_proc.add(orphan, 1, 4300, devices=["/dev/nvidia0"], uid=os.getuid())
-    fake_proc.add(other_user, 1, other_user, devices=["/dev/nvidia1"], uid=os.getuid() + 1)
+    orphan, other_user, root = 4321, 4322, 4323
+    fake_proc.add(orphan, 1, 4300, devices=["/dev/nvidia0"], uid=1000)
+    fake_proc.add(other_user, 1, other_user, devices=["/dev/nvidia1"], uid=1001)
+    fake_proc.add(root, 1, root, "Xorg", devices=["/dev/nvidia1"], uid=0)
     ours = DeviceSample(GPU0.uuid, 20000, 0.9, (GpuProcess(orphan, 20000, 0.9),))
-    theirs = DeviceSample(GPU1.uuid, 8000, 0.9, (GpuProcess(other_user, 8000, 0.9),))
+    theirs = DeviceSample(
+        GPU1.uuid, 8000, 0.9, (GpuProcess(other_user, 8000, 0.9), GpuProcess(root, 100, 0.0))
+    )
 
     class Backend:
         name = "nvml"
@@ -283,10 +286,19 @@ def test_an_orphan_of_the_owner_on_a_workstation_is_the_servers_not_a_strangers(
         visible_devices=[GPU0.uuid, GPU1.uuid],
         pid_namespace="host",
     )
-    targets = [TargetInfo(root, name=root.id) for root in ROOTS]
+    sampler.uid = 1000  # the server runs as alice
+    targets = [TargetInfo(r, name=r.id) for r in ROOTS]
     sampler.measure(targets, {"user": "alice", "gpu_allocated": True})
     report = sampler.measure(targets, {"user": "alice", "gpu_allocated": True}).report
+
+    sampler.uid = 0  # a server run as root: root's processes are the system's, not its owner's
+    fake_proc.add(root + 1, 1, root + 1, "Xorg", devices=["/dev/nvidia0"], uid=0)
+    xorg = DeviceSample(GPU0.uuid, 100, 0.0, (GpuProcess(root + 1, 100, 0.0),))
+    ours, theirs = xorg, DeviceSample(GPU1.uuid, 0, 0.0, ())
+    as_root = sampler.measure(targets, {"user": "alice", "gpu_allocated": True}).report
     sampler.close()
+    assert [d["shared"] for d in as_root["devices"]] == [True, False]
+    assert not any(t["gpu"]["holds_context"] for t in as_root["targets"])
 
     shared = {d["uuid"]: d["shared"] for d in report["devices"]}
     assert shared == {GPU0.uuid: False, GPU1.uuid: True}

@@ -149,6 +149,7 @@ class Sampler:
         self.pid_namespace = pid_namespace
         self.time_sliced = time_sliced
         self.server_pid = server_pid or os.getpid()
+        self.uid = os.getuid()  # the server's Unix user: the owner's, on a workstation
         self.proc_root = proc_root
         self.log = log or logging.getLogger(__name__)
         # The server's own /proc files, kept open between ticks (None: as the limit allows;
@@ -254,13 +255,13 @@ class Sampler:
             }
 
         own_user = ()
-        if local_pids:
-            # A GPU process outside the server is its owner's if it runs as the server's user.
-            uid = os.getuid()
+        if local_pids and self.uid != 0:
+            # A GPU process outside the server is its owner's if it runs as the server's user
+            # (root's are the system's: a display server, other containers).
             own_user = [
                 pid
                 for pid in stray_gpu_pids(snapshot, members, visible)
-                if procs.uid_of(pid, self.proc_root) == uid
+                if procs.uid_of(pid, self.proc_root) == self.uid
             ]
         attribution = attribute(
             snapshot,
