@@ -107,13 +107,12 @@ def stray_gpu_pids(
     snapshot: GpuSnapshot, members: dict[str, set[int]], visible: set[str] | None
 ) -> set[int]:
     """GPU processes on the server's devices that are in none of its targets (local PIDs)."""
-    ours = set().union(*members.values())
     return {
         p.pid
         for uuid, sample in snapshot.samples.items()
         if visible is None or uuid in visible
         for p in sample.processes
-        if p.pid not in ours
+        if not any(p.pid in pids for pids in members.values())
     }
 
 
