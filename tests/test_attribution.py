@@ -13,6 +13,7 @@ import pytest
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.models import Device, DeviceSample, GpuProcess, GpuSnapshot
+from jupyter_gpu_gov.core.report import gpu_signal
 from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import OTHER, TargetRoot, attribute, target_members
 from jupyter_gpu_gov.server.sampler import Sampler, TargetInfo
@@ -36,11 +37,13 @@ class FakeProc:
         (root / "self" / "ns").mkdir(parents=True)
         (root / "self" / "ns" / "pid").write_text("")  # not the host namespace's inode
 
-    def add(self, pid, ppid, sid, comm="python", devices=(), cpu=(0, 0)):
+    def add(self, pid, ppid, sid, comm="python", devices=(), cpu=(0, 0), uid=None):
         d = self.root / str(pid)
         (d / "fd").mkdir(parents=True)
         fields = ["S", ppid, sid, sid, 0, 0, 0, 0, 0, 0, 0, cpu[0], cpu[1]] + [0] * 27 + [0]
         (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(map(str, fields)) + "\n")
+        if uid is not None:  # without it, a process whose user cannot be read (a stranger)
+            (d / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
         (d / "io").write_text("rchar: 0\nread_bytes: 0\n")
         for n, dev in enumerate(("/dev/nvidiactl", "/dev/nvidia-uvm", *devices)):
             os.symlink(dev, d / "fd" / str(10 + n))
@@ -253,12 +256,67 @@ def test_a_container_server_whose_gpus_run_nothing_reads_no_device_files(fake_pr
     assert not any(t["gpu"]["holds_context"] for t in report["targets"])
 
 
+def test_an_orphan_of_the_owner_on_a_workstation_is_the_servers_not_a_strangers(fake_proc):
+    # `nohup python train.py &` from a JupyterLab terminal, the terminal since closed: the run
+    # was re-parented to init and its session has no target. It runs as the server's own Unix
+    # user, on the card the allocator gave the server; another user's process still marks the
+    # card shared.
+    orphan, other_user, root = 4321, 4322, 4323
+    fake_proc.add(orphan, 1, 4300, devices=["/dev/nvidia0"], uid=1000)
+    fake_proc.add(other_user, 1, other_user, devices=["/dev/nvidia1"], uid=1001)
+    fake_proc.add(root, 1, root, "Xorg", devices=["/dev/nvidia1"], uid=0)
+    ours = DeviceSample(GPU0.uuid, 20000, 0.9, (GpuProcess(orphan, 20000, 0.9),))
+    theirs = DeviceSample(
+        GPU1.uuid, 8000, 0.9, (GpuProcess(other_user, 8000, 0.9), GpuProcess(root, 100, 0.0))
+    )
+
+    class Backend:
+        name = "nvml"
+
+        def sample(self):
+            return snapshot(ours, theirs)
+
+        def close(self):
+            pass
+
+    sampler = Sampler(
+        lambda: Backend(),
+        server_pid=SERVER,
+        proc_root=str(fake_proc.root),
+        visible_devices=[GPU0.uuid, GPU1.uuid],
+        pid_namespace="host",
+    )
+    sampler.uid = 1000  # the server runs as alice
+    targets = [TargetInfo(r, name=r.id) for r in ROOTS]
+    sampler.measure(targets, {"user": "alice", "gpu_allocated": True})
+    report = sampler.measure(targets, {"user": "alice", "gpu_allocated": True}).report
+
+    sampler.uid = 0  # a server run as root: root's processes are the system's, not its owner's
+    fake_proc.add(root + 1, 1, root + 1, "Xorg", devices=["/dev/nvidia0"], uid=0)
+    xorg = DeviceSample(GPU0.uuid, 100, 0.0, (GpuProcess(root + 1, 100, 0.0),))
+    ours, theirs = xorg, DeviceSample(GPU1.uuid, 0, 0.0, ())
+    as_root = sampler.measure(targets, {"user": "alice", "gpu_allocated": True}).report
+    sampler.close()
+    assert [d["shared"] for d in as_root["devices"]] == [True, False]
+    assert not any(t["gpu"]["holds_context"] for t in as_root["targets"])
+
+    shared = {d["uuid"]: d["shared"] for d in report["devices"]}
+    assert shared == {GPU0.uuid: False, GPU1.uuid: True}
+    other = next(t for t in report["targets"] if t["kind"] == "other")
+    assert other["gpu"]["devices"] == [GPU0.uuid] and other["gpu"]["pids"] == [orphan]
+    assert other["gpu"]["sm"] == 0.9
+    for action in ("stop-server", "shutdown-kernels"):
+        signal = gpu_signal(report, idle_threshold=0.02, cull_action=action)
+        assert (signal.holds_gpu, signal.active) == (True, True), action
+
+
 def test_scan_sees_a_real_child_process_and_its_parent():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         table = procs.scan()
         assert table.get(child.pid).ppid == os.getpid()
         assert child.pid in table.descendants(os.getpid())
+        assert procs.uid_of(child.pid) == os.getuid()
     finally:
         child.kill()
         child.wait()

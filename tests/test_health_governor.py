@@ -204,6 +204,38 @@ async def test_a_reported_failure_without_dcgm_is_believed_then_recovers(tmp_pat
         assert gov.health_view()["gpus"] == []
 
 
+async def test_a_failed_card_of_the_allocator_stays_listed_once_its_server_stops(tmp_path):
+    """A workstation without DCGM: bob's server reports its allocated card failed, then stops.
+    The allocator withholds the card from every new server, so the admin must still see why;
+    a failure claimed on a GPU the records do not give the server goes with its server."""
+    uuid, other = "GPU-0000-lost", "GPU-0000-claimed"
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("bob", state={"gpu_gov_devices": [uuid]})
+        hub.add_server("dave")  # no records (another spawner)
+        gov = await stack.enter_async_context(governed(hub, tmp_path))
+        gov.ingest(failed_report("bob", uuid))
+        gov.ingest(failed_report("dave", other))
+        await gov.reconcile()
+        listed = {g["uuid"]: g["server"] for g in gov.health_view()["gpus"]}
+        assert listed == {uuid: "bob/", other: "dave/"}
+        since = gov.health_view()["gpus"][0]["since"]
+        for user in ("bob", "dave"):
+            hub._finish_stop(hub.users[user], "")
+            hub._reindex(hub.users[user])
+        clock.advance(60)
+        await gov.reconcile()
+        assert gov.row("bob/").running is False
+        (gpu,) = gov.health_view()["gpus"]
+        assert (gpu["uuid"], gpu["source"], gpu["server"]) == (uuid, "report", "bob/")
+        assert gpu["status"] == "unhealthy" and gpu["since"] == since
+        assert [s.labels["uuid"] for s in metrics.GPU_UNHEALTHY.collect()[0].samples] == [uuid]
+        # reset by an admin and handed out again: the next server's report says it is healthy
+        hub.add_server("carol", state={"gpu_gov_devices": [uuid]})
+        gov.ingest(report_for("carol", uuid, sm=0.0))
+        await gov.reconcile()
+        assert gov.health_view()["gpus"] == []
+
+
 async def test_a_reported_failure_dcgm_reads_as_healthy_is_not_believed(tmp_path):
     http = Http((FIXTURES / L4).read_text())
     try:

@@ -503,6 +503,51 @@ def test_a_gpu_lost_mid_run_is_unhealthy_and_the_others_are_still_read(
     assert fake.init_count == 0 and fake.event_sets == {}  # nothing leaked
 
 
+def test_a_gpu_of_ours_that_refuses_us_after_a_reset_is_unknown_not_gone(monkeypatch, backend):
+    # A GPU this server read answers NoPermission once NVML started again (a driver being
+    # reloaded, a reset): its holders' work is unknown, never "no GPU here". A GPU never read
+    # that answers so is another's, left out as before.
+    fake = install(
+        monkeypatch,
+        FakeGpu("GPU-a", activity=0.9, processes=[FakeProcess(1, sm=0.9)]),
+        FakeGpu("GPU-b", activity=0.5),
+    )
+    fake.advance()
+    assert [d.uuid for d in backend.sample().devices] == ["GPU-a", "GPU-b"]
+    fake.gpus[0].error = pynvml.NVML_ERROR_UNKNOWN
+    fake.advance()
+    assert backend.sample().backend == "unavailable"  # NVML is started again at the next tick
+    fake.gpus[0].error = pynvml.NVML_ERROR_NO_PERMISSION
+    fake.advance()
+    snap = backend.sample()
+    assert snap.backend == "nvml" and snap.error is None
+    assert [d.uuid for d in snap.devices] == ["GPU-a", "GPU-b"]  # still listed...
+    assert "GPU-a" not in snap.samples  # ...with nothing known of it
+    refused = snap.health["GPU-a"]
+    assert refused.status == "unknown" and not refused.failed
+    assert "Insufficient Permissions" in refused.reasons[0]
+    assert snap.samples["GPU-b"].activity == pytest.approx(0.5)
+    fake.gpus[0].error = None
+    fake.advance()
+    snap = backend.sample()
+    assert snap.samples["GPU-a"].activity == pytest.approx(0.9)
+    assert snap.health["GPU-a"].status == "ok"
+
+    fake.gpus.append(FakeGpu("GPU-c"))
+    fake.gpus[2].error = pynvml.NVML_ERROR_NO_PERMISSION  # never ours
+    assert [d.uuid for d in backend.sample().devices] == ["GPU-a", "GPU-b"]
+    # renumbered by a driver reload: GPU-a is read at index 2, index 0 now refuses us
+    fake.gpus[0].error = pynvml.NVML_ERROR_UNKNOWN
+    assert backend.sample().backend == "unavailable"
+    fake.gpus[:] = [fake.gpus[2], fake.gpus[1], fake.gpus[0]]
+    fake.gpus[2].error = None
+    snap = backend.sample()
+    assert sorted(d.uuid for d in snap.devices) == ["GPU-a", "GPU-b"]
+    assert snap.samples["GPU-a"].activity == pytest.approx(0.9)
+    backend.close()
+    assert fake.init_count == 0
+
+
 def test_a_gpu_lost_before_it_was_ever_read_makes_the_backend_unavailable(monkeypatch, backend):
     fake = install(monkeypatch, FakeGpu("GPU-a"), FakeGpu("GPU-b"))
     fake.gpus[1].error = pynvml.NVML_ERROR_GPU_IS_LOST

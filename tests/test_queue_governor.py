@@ -11,6 +11,10 @@ recorded through the fake Hub API (tests/fake_hub_api.py), with their spawner st
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+import time
 from datetime import datetime, timedelta
 
 import pytest
@@ -250,3 +254,31 @@ async def test_spawns_refused_for_want_of_a_card_are_counted_until_they_wait_in_
     hub.stop("ben")
     await hub.start("carol", {"profile": "h100"})
     assert refused() == 0  # she started
+
+
+async def test_a_card_a_leftover_run_works_on_is_handed_out_last(hub, tmp_path, monkeypatch):
+    """Vera's `nohup python train.py &` outlives her server: the Hub's stop frees the card in
+    the records, but the run still holds 20 GB and works at 90 %. The next server gets the
+    other card while one is free (only when none is does it get the busy one)."""
+    monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", str(tmp_path / "sim.json"))
+    card = (await hub.start("vera", {"profile": "h100"})).gpu_devices[0]
+    hub.stop("vera")
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from jupyter_gpu_gov import simulate; simulate.hold(20000, device={card!r}); "
+            f"simulate.load(0.9, device={card!r}); import time; time.sleep(120)",
+        ]
+    )
+    try:
+        gpus = LocalGpus.instance()
+        deadline = time.monotonic() + 60
+        while not gpus._backend.sample().samples[card].processes:
+            assert time.monotonic() < deadline, "the run never showed on its card"
+            await asyncio.sleep(0.1)
+        assert (await hub.start("ben", {"profile": "h100"})).gpu_devices[0] != card
+        assert (await hub.start("ivan", {"profile": "h100"})).gpu_devices[0] == card
+    finally:
+        run.kill()
+        run.wait()

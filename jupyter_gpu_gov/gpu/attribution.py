@@ -86,6 +86,7 @@ def attribute(
     visible: set[str] | None = None,
     time_sliced: bool = False,
     device_files: Mapping[int, set[int] | None] | None = None,
+    own_user: Iterable[int] = (),
 ) -> Attribution:
     """Attribute every GPU process on the server's devices to a target.
 
@@ -93,17 +94,40 @@ def attribute(
     ``visible``: the devices this server may use (``None``: every device the backend sees).
     ``device_files``: for host-PID mode, local PID → open GPU device minors (see
     ``procs.nvidia_device_files``); ignored with local PIDs.
+    ``own_user``: with local PIDs, GPU processes outside the server that run as its own Unix
+    user (``stray_gpu_pids``): ``OTHER``'s, never a stranger's.
     """
     devices = [d for d in snapshot.devices if visible is None or d.uuid in visible]
     if local_pids:
-        return _attribute_local(snapshot, devices, members, time_sliced)
+        return _attribute_local(snapshot, devices, members, time_sliced, set(own_user))
     return _attribute_host(snapshot, devices, members, time_sliced, device_files or {})
 
 
+def stray_gpu_pids(
+    snapshot: GpuSnapshot, members: dict[str, set[int]], visible: set[str] | None
+) -> set[int]:
+    """GPU processes on the server's devices that are in none of its targets (local PIDs)."""
+    return {
+        p.pid
+        for uuid, sample in snapshot.samples.items()
+        if visible is None or uuid in visible
+        for p in sample.processes
+        if not any(p.pid in pids for pids in members.values())
+    }
+
+
 def _attribute_local(
-    snapshot: GpuSnapshot, devices: list[Device], members: dict[str, set[int]], time_sliced: bool
+    snapshot: GpuSnapshot,
+    devices: list[Device],
+    members: dict[str, set[int]],
+    time_sliced: bool,
+    own_user: set[int],
 ) -> Attribution:
-    owner = {pid: key for key, pids in members.items() for pid in pids}
+    # The owner's process outside the server's tree (a `nohup` run whose terminal closed,
+    # re-parented to init) is theirs: as another user's, it made their own card read shared
+    # and the server idle while it trained (and, once culled, the card handed out in use).
+    owner = {pid: OTHER for pid in own_user}
+    owner.update((pid, key) for key, pids in members.items() for pid in pids)
     found: dict[str, dict[str, list[GpuProcess]]] = {}
     shared: set[str] = set()
     for device in devices:

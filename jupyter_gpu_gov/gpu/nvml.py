@@ -32,7 +32,9 @@ is kept goes when NVML starts again, and a lost GPU's when it is lost.
 
 ``GpuIsLost`` or ``ResetRequired`` on one GPU that was seen before marks that GPU lost: its leaves
 stay listed with unknown readings and an unhealthy health, and the other GPUs are sampled as
-usual. These errors on a GPU never seen, ``DriverNotLoaded``, ``LibraryNotFound``,
+usual. ``NoPermission`` on a GPU seen before (after NVML started again) lists it the same way
+with an unknown health: what runs on it is unknown, never gone; on a GPU never seen it leaves the
+GPU out (another's). These errors on a GPU never seen, ``DriverNotLoaded``, ``LibraryNotFound``,
 ``Uninitialized``, ``Unknown`` and a failing ``nvmlInit`` make ``sample()`` report
 ``backend="unavailable"``; NVML is shut down and initialised again on the next call, so a
 recovered driver comes back.
@@ -110,6 +112,7 @@ class _Leaf:
     parent_handle: Any = None  # MIG: the physical GPU, which GPM is asked about
     gpu_instance_id: int | None = None  # MIG: the GPU instance, for GPM
     lost: str | None = None  # its GPU is lost: why (its other fields are then unknown)
+    refused: str | None = None  # its GPU, read before, now refuses us: why (all unknown)
 
     @property
     def gpu_handle(self) -> Any:
@@ -159,7 +162,7 @@ class NvmlBackend:
             leaves = self._leaves()
             samples = {}
             for leaf in leaves:
-                if leaf.lost is None:
+                if leaf.lost is None and leaf.refused is None:
                     with self._losing(leaf):
                         samples[leaf.device.uuid] = self._sample_leaf(leaf)
             healths = self._health(leaves)
@@ -294,15 +297,24 @@ class NvmlBackend:
                 with self._about(f"GPU {index} ({gpu.uuid})"):
                     found = self._gpu_leaves(index, gpu)
             except _Unavailable as e:
-                # A GPU seen before stays listed, lost; one never seen cannot even be named.
+                # A GPU seen before stays listed, lost or refusing us; one never seen cannot
+                # even be named.
                 self._gpus.pop(index, None)
-                lost, before = _lost(e), self._devices_by_index.get(index)
-                if lost is None or not before:
+                lost, refused = _lost(e), _refused(e)
+                before = self._devices_by_index.get(index)
+                if (lost is None and refused is None) or not before:
                     raise
-                leaves.extend(_Leaf(device, None, None, lost=lost) for device in before)
+                leaves.extend(
+                    _Leaf(device, None, None, lost=lost, refused=refused) for device in before
+                )
                 continue
             self._devices_by_index[index] = [leaf.device for leaf in found]
             leaves.extend(found)
+        if any(leaf.refused for leaf in leaves):  # renumbered: read at another index now
+            read = {leaf.device.uuid for leaf in leaves if leaf.refused is None}
+            leaves = [
+                leaf for leaf in leaves if leaf.refused is None or leaf.device.uuid not in read
+            ]
         return leaves
 
     def _open_gpu(self, index: int) -> _Gpu | None:
@@ -314,6 +326,10 @@ class NvmlBackend:
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
             except nv.NVMLError_NoPermission:
+                if index in self._devices_by_index:
+                    # Ours until NVML started again (a reset, a driver reload): what runs on
+                    # it is unknown now, never "no GPU here" (dropped, its holders read idle).
+                    raise
                 return None
             uuid = _text(nv.nvmlDeviceGetUUID(handle))
         self._uuid_by_index[index] = uuid
@@ -408,6 +424,8 @@ class NvmlBackend:
         result = {}
         for leaf in leaves:
             gpu = leaf.gpu_uuid
+            if gpu not in by_gpu and leaf.refused is not None:
+                by_gpu[gpu] = health.unknown(f"it cannot be read ({leaf.refused})")
             if gpu not in by_gpu:
                 if leaf.lost is None:
                     with self._losing(leaf):
@@ -733,6 +751,14 @@ def _lost(error: _Unavailable) -> str | None:
     """What NVML said, when ``error`` is a lost GPU (not the whole driver)."""
     cause = error.__cause__
     if cause is None or type(cause).__name__ not in _LOST_ERRORS:
+        return None
+    return f"NVML: {cause}"
+
+
+def _refused(error: _Unavailable) -> str | None:
+    """What NVML said, when ``error`` is a GPU refusing us (NoPermission)."""
+    cause = error.__cause__
+    if cause is None or type(cause).__name__ != "NVMLError_NoPermission":
         return None
     return f"NVML: {cause}"
 

@@ -584,6 +584,17 @@ class ProcScanner:
         self.files.forget(known.keys() - self._ours.keys())
 
 
+def uid_of(pid: int, proc_root: str = "/proc") -> int | None:
+    """The real user ID a process runs as (``Uid:`` in ``/proc/<pid>/status``); ``None`` when it
+    cannot be read (the process is gone, or hidden by ``hidepid``)."""
+    raw = _read(f"{proc_root}/{pid}/status")
+    for line in (raw or b"").splitlines():
+        if line.startswith(b"Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
 def delay_accounting(proc_root: str = "/proc") -> bool:
     """Whether the kernel accounts I/O delay per task, so ``delayacct_blkio_ticks`` (field 42 of
     ``/proc/<pid>/stat``) means something. Since Linux 5.14 it is off by default

@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from ..core import clock, health, policy
+from ..core import clock, grant, health, policy
 from ..core.health import Health
 from ..core.policy import Decision, Policy, Record, ServerView, evolve
 from ..core.vocabulary import (
@@ -83,6 +83,7 @@ class GpuProblem:
     mig_profile: str | None = None
     pod: tuple[str | None, str] | None = None  # (namespace, pod) DCGM sees on it
     server: str | None = None  # the server holding it, where known
+    allocated: bool = False  # a report's, on a GPU the Hub's records gave its server
 
     def view(self, now: datetime) -> dict:
         return {
@@ -115,6 +116,10 @@ class HealthWatch:
     # the reports' GPUs that are not healthy, by server key and uuid, as of its last pass
     reported: dict[str, dict[str, GpuProblem]] = field(default_factory=dict)
     flagged: dict[str, datetime] = field(default_factory=dict)  # server key -> unknown since
+    # What a stopped server reported of a GPU the Hub's records gave it, by uuid: the
+    # workstation allocator withholds such a card from every new server, so an admin must
+    # still see why; kept until a report of it (or DCGM) says otherwise.
+    left: dict[str, GpuProblem] = field(default_factory=dict)
     _snapshot: DcgmSnapshot | None = None
     # The DCGM records (by uuid) last read for problems, and the problems they showed.
     _indexed: Mapping | None = None
@@ -129,14 +134,22 @@ class HealthWatch:
     # -- one server ---------------------------------------------------------------------------
 
     def of_server(
-        self, key: str, report: Mapping | None, evidence: Sequence[GpuEvidence], now: datetime
+        self,
+        key: str,
+        report: Mapping | None,
+        evidence: Sequence[GpuEvidence],
+        now: datetime,
+        records: Mapping | None = None,
     ) -> Health | None:
         """The health of the GPUs a server holds when one is unhealthy, else ``None``.
 
         DCGM's word wins where it reads the GPU: a report saying a GPU failed that DCGM reads
-        as healthy and working is not believed (it would keep the server from idle culls)."""
+        as healthy and working is not believed (it would keep the server from idle culls).
+        ``records``: the server's spawner state (which GPUs the Hub's records give it)."""
         noted = {}
         for device in report["devices"] if report is not None else ():
+            if self.left:  # a card a stopped server left failed, reported on again
+                self.left.pop(device.get("parent_uuid") or device["uuid"], None)
             sent = device.get("health")
             if sent is None or sent["status"] == health.OK:  # most devices: nothing to do
                 continue
@@ -156,6 +169,9 @@ class HealthWatch:
         # admin would take a healthy GPU out of service on the owner's word).
         dismissed = trusted and readable and all(h.status == health.OK for h in trusted)
         if noted and not dismissed:
+            allocated = {d.parent_uuid or d.uuid for d in grant.devices(records)}
+            for uuid, problem in noted.items():
+                problem.allocated = uuid in allocated
             self.reported[key] = noted
         elif self.reported:
             self.reported.pop(key, None)
@@ -256,6 +272,8 @@ class HealthWatch:
         gone = self._seen.keys() - by_uuid.keys()
         for uuid in self._gone.keys() - gone:  # back
             del self._gone[uuid]
+        for uuid in self.left.keys() & by_uuid.keys():  # DCGM reads it: its word
+            del self.left[uuid]
         nodes = {records[0].hostname for records in by_uuid.values()} if gone else set()
         for uuid in gone:
             seen, since = self._seen[uuid], self._gone.setdefault(uuid, now)
@@ -294,7 +312,8 @@ class HealthWatch:
     def problems(self, now: datetime) -> list[GpuProblem]:
         """Every GPU that is not healthy: DCGM's, then the reports' of GPUs DCGM does not
         know, each with the time it was first seen so (kept while it stays so)."""
-        found = {u: p for noted in self.reported.values() for u, p in noted.items()}
+        found = dict(self.left)
+        found.update((u, p) for noted in self.reported.values() for u, p in noted.items())
         found.update(self.dcgm)
         for uuid in list(self._since):
             if uuid not in found:
@@ -308,7 +327,9 @@ class HealthWatch:
         publish the metrics; returns the GPUs that are not healthy."""
         for key in stopped:
             self.flagged.pop(key, None)
-            self.reported.pop(key, None)
+            for uuid, problem in self.reported.pop(key, {}).items():
+                if problem.allocated and problem.health.status != health.OK:
+                    self.left[uuid] = problem
         found = self.problems(now)
         metrics.observe_gpu_health(
             [

@@ -434,7 +434,7 @@ class Governor(
             if report is not None
             else self._granted_evidence(server)
         )
-        failure = self.health.of_server(key, report, evidence, now)
+        failure = self.health.of_server(key, report, evidence, now, server.spawner_state)
         cause, confident = cause_of(self.root_cause(key))
         view = evolve(view, cause=cause, cause_confident=confident, excluded=self._excluded(server))
         view, record = self.health.prepare(view, record, failure)

@@ -13,7 +13,7 @@ in the same step as admission.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -55,6 +55,9 @@ class LocalGpus(SingletonConfigurable):
         return DEFAULT_DEVICES
 
     _backend = None
+    # Of the last ``devices()``, those a process runs on: a run left behind by a stopped server
+    # (``nohup``, which the Hub's stop does not end) or work outside the Hub.
+    in_use: frozenset[str] = frozenset()
 
     def devices(self) -> list[Device]:
         """The devices a new server may get: a GPU with a fault (docs/health.md), or one whose
@@ -67,6 +70,7 @@ class LocalGpus(SingletonConfigurable):
             )
         snapshot = self._backend.sample()
         checked = snapshot.health
+        self.in_use = frozenset(u for u, sample in snapshot.samples.items() if sample.processes)
         return [
             d
             for d in snapshot.devices
@@ -106,15 +110,21 @@ def capacity(
     return result
 
 
-def pick(tier: Tier, devices: Sequence[Device], held: Mapping[str, Sequence[str]]) -> list[str]:
-    """UUIDs for a new server of ``tier``: the least shared fitting devices, lowest index first;
-    empty when there are not enough."""
+def pick(
+    tier: Tier,
+    devices: Sequence[Device],
+    held: Mapping[str, Sequence[str]],
+    in_use: Collection[str] = (),
+) -> list[str]:
+    """UUIDs for a new server of ``tier``: the least shared fitting devices, those no process
+    runs on first (a run left behind would share the card with the new server unawares), then
+    lowest index first; empty when there are not enough."""
     slots = [
-        (len(held.get(d.uuid, ())), d.index, d.uuid)
+        (len(held.get(d.uuid, ())), d.uuid in in_use, d.index, d.uuid)
         for d in devices
         if _free_for(tier, d, held.get(d.uuid, ()))
     ]
-    chosen = [uuid for _, _, uuid in sorted(slots)[: tier.count]]
+    chosen = [uuid for *_, uuid in sorted(slots)[: tier.count]]
     return chosen if len(chosen) == tier.count else []
 
 
@@ -148,7 +158,7 @@ class LocalGpuMixin(GpuProfilesMixin):
 
     def gpu_assign(self, tier: Tier) -> None:
         devices = self.local_gpus.devices()
-        chosen = pick(tier, devices, self._held())
+        chosen = pick(tier, devices, self._held(), self.local_gpus.in_use)
         if not chosen:  # admission counted them free: only a vanished device gets here
             raise GpuRefused(f"No {tier.display_name} device of this machine is free right now.")
         self.gpu_devices = tuple(chosen)

@@ -28,6 +28,7 @@ from ..gpu.attribution import (
     TargetGpu,
     TargetRoot,
     attribute,
+    stray_gpu_pids,
     target_members,
 )
 from ..gpu.backends import select_visible
@@ -148,6 +149,7 @@ class Sampler:
         self.pid_namespace = pid_namespace
         self.time_sliced = time_sliced
         self.server_pid = server_pid or os.getpid()
+        self.uid = os.getuid()  # the server's Unix user: the owner's, on a workstation
         self.proc_root = proc_root
         self.log = log or logging.getLogger(__name__)
         # The server's own /proc files, kept open between ticks (None: as the limit allows;
@@ -252,6 +254,15 @@ class Sampler:
                 for pid in pids
             }
 
+        own_user = ()
+        if local_pids and self.uid != 0:
+            # A GPU process outside the server is its owner's if it runs as the server's user
+            # (root's are the system's: a display server, other containers).
+            own_user = [
+                pid
+                for pid in stray_gpu_pids(snapshot, members, visible)
+                if procs.uid_of(pid, self.proc_root) == self.uid
+            ]
         attribution = attribute(
             snapshot,
             members,
@@ -259,6 +270,7 @@ class Sampler:
             visible=visible,
             time_sliced=self.time_sliced,
             device_files=device_files,
+            own_user=own_user,
         )
         usage = self._cpu_io(table, attribution, monotonic())
         report = self._report(snapshot, visible, targets, attribution, usage, server, now)
