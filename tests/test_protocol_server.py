@@ -535,3 +535,52 @@ async def test_a_body_sent_a_byte_at_a_time_is_held_as_its_bytes():
         connection.data_received(b"a")
         assert (await read_answer(reader)).json() == {"n": MAX_BODY}
         writer.close()
+
+
+async def _from(server, address: str):
+    """A connection from ``address`` (a loopback address of its own: another peer)."""
+    return await asyncio.open_connection("127.0.0.1", server.port, local_addr=(address, 0))
+
+
+async def _answered(reader, writer) -> bool:
+    writer.write(GET)
+    return (await read_answer(reader)).body == b"hello"
+
+
+async def test_one_peer_cannot_hold_every_connection_others_are_still_served():
+    # A user's process opens connection after connection and sends nothing: without a cap it
+    # held every file the service may open (others' connections reset, and the service could
+    # not open a socket or a file of its own: the Hub's API, DCGM, its store).
+    async with serving(idle_timeout=30.0, max_connections_per_peer=4, max_connections=8) as server:
+        kept = await _from(server, "127.0.0.2")  # another server's kept connection
+        assert await _answered(*kept)
+        slow_reader, slow_writer = await _from(server, "127.0.0.1")
+        slow_writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")  # being answered
+        await asyncio.sleep(0.05)
+        flood = [await _from(server, "127.0.0.1") for _ in range(10)]
+        # Past the peer's 4, the oldest idle ones of that peer are let go, not the one being
+        # answered nor anyone else's.
+        for reader, _ in flood[:7]:
+            assert await is_closed(reader, 10.0)
+        assert (await read_answer(slow_reader)).body == b"slow"
+        for connection in (kept, *flood[7:]):
+            assert await _answered(*connection)
+        other = await _from(server, "127.0.0.3")
+        assert await _answered(*other)
+        # Past 8 in all: the connection idle the longest goes first (the one answered the
+        # longest ago: /slow's; the kept one was answered since).
+        more = [await _from(server, "127.0.0.4") for _ in range(3)]
+        assert await is_closed(slow_reader, 10.0)
+        for connection in (kept, *flood[7:], *more):
+            assert await _answered(*connection)
+        for _, writer in (kept, other, *flood, *more):
+            writer.close()
+        slow_writer.close()
+
+
+def test_the_connections_in_all_stay_below_the_open_file_limit():
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    server = ProtocolHTTPServer(web.Application(ROUTES), max_body_size=MAX_BODY)
+    assert server.max_connections <= soft - min(1024, soft // 4)
