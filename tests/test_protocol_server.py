@@ -45,6 +45,14 @@ class Stream(web.RequestHandler):
         self.finish()
 
 
+class StreamHuge(web.RequestHandler):
+    async def get(self):
+        for _ in range(64):  # 64 MiB: more than the kernels' buffers hold
+            self.write(b"s" * (1 << 20))
+            await self.flush()
+        self.finish()
+
+
 class Caller(web.RequestHandler):
     def get(self):
         self.finish(f"{self.request.remote_ip} {self.request.protocol}")
@@ -92,6 +100,7 @@ ROUTES = [
     (r"/direct", Text, {"text": "tornado"}),  # GET only; POST /direct is the direct route's
     (r"/echo", Echo),
     (r"/stream", Stream),
+    (r"/stream-huge", StreamHuge),
     (r"/slow", Slow),
     (r"/caller", Caller),
     (r"/inject/(\w+)", Inject),
@@ -487,6 +496,38 @@ async def test_a_client_that_never_reads_is_let_go_after_its_timeout():
         await asyncio.sleep(1.5)
         assert not server.connections
         writer.transport.abort()
+
+
+async def test_a_client_that_never_reads_a_streamed_answer_is_let_go():
+    # A streaming handler waits on its flush for the client: no timer ran there, so a client
+    # that never reads kept the connection and the handler for as long as it liked.
+    async with serving(body_timeout=0.5) as server:
+        _, writer = await connect(server)
+        writer.write(b"GET /stream-huge HTTP/1.1\r\nHost: x\r\n\r\n")
+        deadline = time.monotonic() + 20
+        while server.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not server.connections
+        writer.transport.abort()
+
+
+async def test_a_client_that_reads_a_streamed_answer_slowly_gets_it_whole():
+    # The timer runs only while the client takes nothing: reading for longer is fine.
+    async with serving(body_timeout=1.5) as server:
+        reader, writer = await connect(server)
+        started = time.monotonic()
+        writer.write(b"GET /stream-huge HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await within(reader.readuntil(b"\r\n\r\n"))
+        assert b"chunked" in head
+        got = reads = 0
+        while chunk := await within(reader.read(1 << 20), 20):
+            got, reads = got + len(chunk), reads + 1
+            if chunk.endswith(b"0\r\n\r\n"):
+                break
+            if reads <= 25:  # slow (a megabyte a second), but taking some all along
+                await asyncio.sleep(0.1)
+        assert got > 64 << 20 and time.monotonic() - started > 1.5
+        writer.close()
 
 
 @pytest.mark.parametrize("cut", range(1, 5))

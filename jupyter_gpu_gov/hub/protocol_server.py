@@ -18,7 +18,8 @@ What this layer owns, and bounds (a user owns the server that sends reports):
   else the connection closes after it; header lines with CR or LF are refused (no injection);
 - keep-alive for HTTP/1.1, one request at a time (a pipelined one waits its turn, and for the
   client to take the last answer); a connection idle ``idle_timeout`` is closed;
-- writes wait while the client does not read (flow control), so a large answer streams;
+- writes wait while the client does not read (flow control), so a large answer streams; a
+  client that takes none of it for ``body_timeout`` is let go;
 - requests handled in batches while they come fast (``accept_interval``);
 - how many connections are open: at most ``max_connections_per_peer`` from one address and
   ``max_connections`` in all (below the open-file limit); past either, the connection idle the
@@ -192,6 +193,8 @@ class Connection(asyncio.Protocol):
         self.head_only = False
         self.writable: asyncio.Future | None = None  # set while the client reads too slowly
         self.timer: asyncio.TimerHandle | None = None
+        self.stalled: asyncio.TimerHandle | None = None  # while the client takes nothing
+        self.unsent = 0  # what was left to send when that timer was set
         self.closed = False
         self.answering = False  # a request read, its answer not finished: the next one waits
         self.peer = ""  # the address it comes from (the socket's: no header can name another)
@@ -220,6 +223,7 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.server.forget(self)
         self._cancel_timer()
+        self._cancel_stalled()
         if self.writable is not None and not self.writable.done():
             self.writable.set_result(None)
         if self.delegate is not None:
@@ -230,10 +234,16 @@ class Connection(asyncio.Protocol):
             callback()
 
     def pause_writing(self) -> None:
+        loop = asyncio.get_running_loop()
         if self.writable is None or self.writable.done():
-            self.writable = asyncio.get_running_loop().create_future()
+            self.writable = loop.create_future()
+        if self.stalled is None:
+            # A streamed answer waits here for the client: one that never reads would hold
+            # the connection and the handler for ever.
+            self._watch_stall()
 
     def resume_writing(self) -> None:
+        self._cancel_stalled()
         if self.writable is not None and not self.writable.done():
             self.writable.set_result(None)
 
@@ -420,6 +430,29 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
             return
         self._close()  # a slow or idle client: closed, as tornado closes them, unanswered
+
+    def _watch_stall(self) -> None:
+        self.unsent = self.transport.get_write_buffer_size()
+        self.stalled = asyncio.get_running_loop().call_later(
+            self.server.body_timeout, self._stalled
+        )
+
+    def _stalled(self) -> None:
+        """Let the client go if it took none of its answer for ``body_timeout`` (a close
+        would wait for it to read); one that reads slowly, however slowly, is waited for."""
+        self.stalled = None
+        if self.closed:
+            return
+        if self.transport.get_write_buffer_size() < self.unsent:
+            self._watch_stall()
+            return
+        self.closed = True
+        self.transport.abort()
+
+    def _cancel_stalled(self) -> None:
+        if self.stalled is not None:
+            self.stalled.cancel()
+            self.stalled = None
 
     def _refuse(self, code: int, message: str) -> None:
         body = json.dumps({"status": code, "message": message}).encode()
