@@ -158,3 +158,35 @@ def test_a_kept_token_expires_as_hubauth_s_cache_does(monkeypatch):
     assert asyncio.run(auth.user_for_token("ann", sync=False))["name"] == "ann"
     assert asyncio.run(auth.user_for_token("ann", use_cache=False, sync=False))["name"] == "ann"
     assert asked == ["ann", "bob", "ann", "ann"] and len(auth.cache) == 2
+
+
+async def test_a_flood_of_unknown_tokens_from_one_address_does_not_hold_up_anothers_check():
+    """Each token no one sent before costs a check with the Hub: a process sending thousands
+    held up every other server's first check behind its whole flood (aiohttp asks 100 at a
+    time; the report then got a 503 after 10 s). An address's checks now take turns, at most
+    ``MAX_CHECKS_PER_ADDRESS`` at a time; nothing is refused or cached for it."""
+    from fake_hub_api import FakeHub
+
+    from jupyter_gpu_gov.hub.prepared_auth import ASKING, MAX_CHECKS_PER_ADDRESS
+
+    async def asking(address: str, token: str):
+        ASKING.set(address)  # as the report route and every handler's prepare set it
+        return await auth.user_for_token(token, sync=False)
+
+    async with FakeHub(latency=0.1) as hub:
+        hub.add_user_token("ann", "ann-token", extra_scopes=[SERVICE_ACCESS])
+        auth = PreparedHubOAuth(api_token=hub.token, api_url=hub.api_url, access_scopes=ACCESS)
+        flood = [asyncio.ensure_future(asking("10.0.0.9", f"bogus-{i}")) for i in range(300)]
+        await asyncio.sleep(0.05)  # the flood is being asked
+        model = await asyncio.wait_for(asking("10.0.0.2", "ann-token"), 30)
+        done = sum(f.done() for f in flood)
+        assert model["name"] == "ann"
+        # Answered while most of the flood still waits (behind it, at least 200 were done).
+        assert done < 150
+        assert await asyncio.wait_for(asyncio.gather(*flood), 60) == [None] * 300
+        assert hub.max_in_flight <= MAX_CHECKS_PER_ADDRESS + 1
+        # The flood's tokens are refused as the Hub said; ann's is kept as the Hub said.
+        assert (
+            auth.cached_user("bogus-0") is None and auth.cached_user("ann-token")["name"] == "ann"
+        )
+        assert not auth._turns  # nothing kept for an address once its checks are answered

@@ -92,6 +92,7 @@ DIRECT = {
     ("POST", "/direct/async"): _echo,
     ("POST", "/direct/fails"): _fails,
     ("POST", "/direct/slow"): _slow,
+    ("POST", "/direct/peer"): lambda request: (200, json.dumps(request.peer).encode()),
 }
 ROUTES = [
     (r"/", Text, {"text": "hello"}),
@@ -586,6 +587,18 @@ async def _from(server, address: str):
 async def _answered(reader, writer) -> bool:
     writer.write(GET)
     return (await read_answer(reader)).body == b"hello"
+
+
+async def test_a_direct_route_is_told_the_address_of_the_socket_not_of_a_header():
+    # The report route's Hub checks take turns by it (prepared_auth.ASKING).
+    async with serving() as server:
+        reader, writer = await _from(server, "127.0.0.5")
+        writer.write(
+            b"POST /direct/peer HTTP/1.1\r\nHost: x\r\nX-Real-Ip: 10.1.1.1\r\n"
+            b"X-Forwarded-For: 10.2.2.2\r\nContent-Length: 0\r\n\r\n"
+        )
+        assert (await read_answer(reader)).json() == "127.0.0.5"
+        writer.close()
 
 
 async def test_one_peer_cannot_hold_every_connection_others_are_still_served():

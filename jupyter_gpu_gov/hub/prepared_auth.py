@@ -8,7 +8,9 @@ themselves; tests/test_governor_hub.py and tests/test_prepared_auth.py check bot
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from contextvars import ContextVar
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
 
@@ -35,6 +37,15 @@ SHARED_SCOPES: dict[frozenset[str], tuple[str, ...]] = {}
 
 ASK_THE_HUB = object()  # ``cached_user``: not cached
 
+# The address (its socket's) of the request that asks the Hub about a token, where the request
+# says so (the report route, every handler's ``prepare``): at most MAX_CHECKS_PER_ADDRESS of its
+# checks are asked at a time, the others wait their turn. Each token no one sent before costs
+# one; a process sending a flood of them (aiohttp asks at most 100 at a time) held up the
+# first check of every other server's token behind the whole flood (its report 503 after
+# 10 s: its GPU data unknown, the governor blind). Nothing is cached that the Hub did not say.
+ASKING: ContextVar[str | None] = ContextVar("gpu_gov_asking", default=None)
+MAX_CHECKS_PER_ADDRESS = 8
+
 
 def _digest(cache_key: str) -> bytes:
     # A 32-byte digest of HubAuth's key (71 characters and more): as distinct, half the size.
@@ -48,7 +59,12 @@ class PreparedHubOAuth(HubOAuth):
     ``HubAuth._get_user`` keeps it and looks first). Anything else takes HubOAuth's path.
 
     Its ``cache`` keeps a token's answer small (``kept``), under the SHA-256 of HubAuth's key
-    (``token:<session id>:<token's SHA-256 in hex>``)."""
+    (``token:<session id>:<token's SHA-256 in hex>``). The Hub is asked about tokens in turn
+    by address (``ASKING``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._turns: dict[str, _Turns] = {}
 
     def get_user(self, handler, *, sync=True):
         if sync and hasattr(handler, "_cached_hub_user"):
@@ -66,9 +82,25 @@ class PreparedHubOAuth(HubOAuth):
             return self.cache[key]
         except KeyError:
             pass
-        model = self.kept(await super()._check_hub_authorization(url, api_token, None, False))
+        model = self.kept(await self._asked_in_turn(url, api_token))
         self.cache[key] = model
         return model
+
+    async def _asked_in_turn(self, url, api_token):
+        address = ASKING.get()
+        if address is None:  # no request's address (HubAuth's own thread): asked at once
+            return await super()._check_hub_authorization(url, api_token, None, False)
+        turns = self._turns.get(address)
+        if turns is None:
+            turns = self._turns[address] = _Turns()
+        turns.asking += 1
+        try:
+            async with turns.semaphore:
+                return await super()._check_hub_authorization(url, api_token, None, False)
+        finally:
+            turns.asking -= 1
+            if not turns.asking:
+                del self._turns[address]
 
     def cached_user(self, token: str, session_id: str = "") -> dict | object | None:
         """``user_for_token``'s answer where HubAuth has it cached, without asking the Hub: the
@@ -104,6 +136,16 @@ class PreparedHubOAuth(HubOAuth):
                 scopes = SHARED_SCOPES.setdefault(frozenset(scopes), scopes)
             kept["scopes"] = scopes
         return kept
+
+
+class _Turns:
+    """An address's checks: how many are asked or wait, and the turns they take."""
+
+    __slots__ = ("asking", "semaphore")
+
+    def __init__(self) -> None:
+        self.asking = 0
+        self.semaphore = asyncio.Semaphore(MAX_CHECKS_PER_ADDRESS)
 
 
 def bound_servers(scopes) -> tuple[str, ...] | None:

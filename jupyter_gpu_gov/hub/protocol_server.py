@@ -91,10 +91,12 @@ class Head:
 
 @dataclass(slots=True)
 class DirectRequest:
-    """What a direct route is given: the head and the whole body."""
+    """What a direct route is given: the head, the whole body, and the address it came from
+    (the socket's)."""
 
     head: Head
     body: bytes
+    peer: str = ""
 
 
 # A direct route: the answer's status and JSON body (bytes) for a request, or an awaitable of
@@ -487,7 +489,7 @@ class _Direct(httputil.HTTPMessageDelegate):
 
     def finish(self) -> None:
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        request = DirectRequest(self.head, body)
+        request = DirectRequest(self.head, body, self.connection.peer)
         try:
             answer = self.route(request)
         except Exception:
