@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
+from functools import partial
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
 
@@ -37,9 +39,10 @@ SHARED_SCOPES: dict[frozenset[str], tuple[str, ...]] = {}
 
 ASK_THE_HUB = object()  # ``cached_user``: not cached
 
-# The address (its socket's) of the request that asks the Hub about a token, where the request
-# says so (the report route, every handler's ``prepare``): at most MAX_CHECKS_PER_ADDRESS of its
-# checks are asked at a time, the others wait their turn. Each token no one sent before costs
+# The address (its socket's) of the request that asks the Hub about a token or a login's code,
+# where the request says so (the report route, every handler's ``prepare``, the OAuth
+# callback): at most MAX_CHECKS_PER_ADDRESS of its checks are asked at a time, the others wait
+# their turn. Each token no one sent before costs
 # one; a process sending a flood of them (aiohttp asks at most 100 at a time) held up the
 # first check of every other server's token behind the whole flood (its report 503 after
 # 10 s: its GPU data unknown, the governor blind). Nothing is cached that the Hub did not say.
@@ -82,21 +85,31 @@ class PreparedHubOAuth(HubOAuth):
             return self.cache[key]
         except KeyError:
             pass
-        model = self.kept(await self._asked_in_turn(url, api_token))
+        model = self.kept(
+            await self._in_turn(
+                partial(super()._check_hub_authorization, url, api_token, None, False)
+            )
+        )
         self.cache[key] = model
         return model
 
-    async def _asked_in_turn(self, url, api_token):
+    async def _token_for_code(self, code, code_verifier=None):
+        # A login's code (the OAuth callback: one state cookie replays for weeks) is checked
+        # with the Hub as a token is: in turn.
+        return await self._in_turn(partial(super()._token_for_code, code, code_verifier))
+
+    async def _in_turn(self, ask: Callable[[], Awaitable]):
+        """``ask()`` (a request to the Hub) in its turn among ``ASKING``'s."""
         address = ASKING.get()
         if address is None:  # no request's address (HubAuth's own thread): asked at once
-            return await super()._check_hub_authorization(url, api_token, None, False)
+            return await ask()
         turns = self._turns.get(address)
         if turns is None:
             turns = self._turns[address] = _Turns()
         turns.asking += 1
         try:
             async with turns.semaphore:
-                return await super()._check_hub_authorization(url, api_token, None, False)
+                return await ask()
         finally:
             turns.asking -= 1
             if not turns.asking:
