@@ -13,6 +13,7 @@ import pytest
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
 
 from jupyter_gpu_gov.hub.prepared_auth import (
+    ADMIN_SCOPE,
     TESTED_SCOPES,
     PreparedHubAuthenticated,
     PreparedHubOAuth,
@@ -291,3 +292,26 @@ async def test_a_replayed_login_callback_takes_its_turns_with_the_hub():
         for server in (service, hub_server):
             server.stop()
             await server.close_all_connections()
+
+
+async def test_admin_rights_taken_away_at_the_hub_end_here_soon(monkeypatch):
+    """HubAuth keeps the Hub's answer for a token 300 s: a governor admin whose token was
+    revoked (or who left the admins' group) could cull anyone's server for five minutes more.
+    An admin's answer is kept ``ADMIN_KEPT_S``; anyone else's as HubAuth keeps it."""
+    from fake_hub_api import FakeHub
+
+    from jupyter_gpu_gov.hub import prepared_auth
+
+    monkeypatch.setattr(prepared_auth, "ADMIN_KEPT_S", 0.3)
+    async with FakeHub() as hub:
+        hub.add_user_token("root", "admin-token", extra_scopes=[SERVICE_ACCESS, ADMIN_SCOPE])
+        hub.add_user_token("ann", "ann-token", extra_scopes=[SERVICE_ACCESS])
+        auth = PreparedHubOAuth(api_token=hub.token, api_url=hub.api_url, access_scopes=ACCESS)
+        admin = await auth.user_for_token("admin-token", sync=False)
+        assert ADMIN_SCOPE in admin["scopes"]
+        assert (await auth.user_for_token("ann-token", sync=False))["name"] == "ann"
+        del hub.tokens["admin-token"], hub.tokens["ann-token"]  # revoked at the Hub
+        assert await auth.user_for_token("admin-token", sync=False) == admin  # kept a while
+        await asyncio.sleep(0.4)
+        assert await auth.user_for_token("admin-token", sync=False) is None  # asked again
+        assert (await auth.user_for_token("ann-token", sync=False))["name"] == "ann"  # 300 s

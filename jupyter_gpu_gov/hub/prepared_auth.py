@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from functools import partial
@@ -24,6 +25,7 @@ ADMIN_SCOPE = "custom:gpu-gov:admin"
 HUB_ADMIN_SCOPES = frozenset({"admin:servers", "admin:users", "admin-ui"})
 METRICS_SCOPE = "read:metrics"
 TESTED_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, METRICS_SCOPE})
+ADMIN_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES})  # any of them: a governor admin
 
 # What anything reads of the Hub's user model: the handlers (name, kind, and of the scopes
 # those above) and HubAuthenticated's ``check_hub_user`` (name, kind, admin for its
@@ -38,6 +40,12 @@ SHARED_SCOPES: dict[frozenset[str], tuple[str, ...]] = {}
 
 
 ASK_THE_HUB = object()  # ``cached_user``: not cached
+
+# How long the Hub's word that a token is an admin's is kept (HubAuth keeps every answer for
+# ``cache_max_age``, 300 s): admin rights taken away at the Hub (a revoked token, a group or
+# role left) ended here five minutes later, while they could cull any server. Admins' requests
+# are few: a check each ADMIN_KEPT_S costs nothing.
+ADMIN_KEPT_S = 30.0
 
 # The address (its socket's) of the request that asks the Hub about a token or a login's code,
 # where the request says so (the report route, every handler's ``prepare``, the OAuth
@@ -68,6 +76,7 @@ class PreparedHubOAuth(HubOAuth):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._turns: dict[str, _Turns] = {}
+        self._admin_asked: dict[bytes, float] = {}  # an admin's token (its key): when asked
 
     def get_user(self, handler, *, sync=True):
         if sync and hasattr(handler, "_cached_hub_user"):
@@ -82,15 +91,27 @@ class PreparedHubOAuth(HubOAuth):
             raise ValueError("cache_key is required when using cache")
         key = _digest(cache_key)
         try:
-            return self.cache[key]
+            model = self.cache[key]
         except KeyError:
             pass
+        else:
+            asked = self._admin_asked.get(key)
+            if asked is None or time.monotonic() - asked < ADMIN_KEPT_S:
+                return model
+        self._admin_asked.pop(key, None)
         model = self.kept(
             await self._in_turn(
                 partial(super()._check_hub_authorization, url, api_token, None, False)
             )
         )
         self.cache[key] = model
+        if model and ADMIN_SCOPES.intersection(model.get("scopes") or ()):
+            now = self._admin_asked[key] = time.monotonic()
+            if len(self._admin_asked) > 1000 and self.cache_max_age > 0:
+                # Months of admins' logins: those the cache has forgotten too.
+                self._admin_asked = {
+                    k: t for k, t in self._admin_asked.items() if now - t <= self.cache_max_age
+                }
         return model
 
     async def _token_for_code(self, code, code_verifier=None):
