@@ -13,6 +13,7 @@ import pytest
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
 
 from jupyter_gpu_gov.hub.prepared_auth import (
+    ADMIN_SCOPE,
     TESTED_SCOPES,
     PreparedHubAuthenticated,
     PreparedHubOAuth,
@@ -158,3 +159,159 @@ def test_a_kept_token_expires_as_hubauth_s_cache_does(monkeypatch):
     assert asyncio.run(auth.user_for_token("ann", sync=False))["name"] == "ann"
     assert asyncio.run(auth.user_for_token("ann", use_cache=False, sync=False))["name"] == "ann"
     assert asked == ["ann", "bob", "ann", "ann"] and len(auth.cache) == 2
+
+
+async def test_a_flood_of_unknown_tokens_from_one_address_does_not_hold_up_anothers_check():
+    """Each token no one sent before costs a check with the Hub: a process sending thousands
+    held up every other server's first check behind its whole flood (aiohttp asks 100 at a
+    time; the report then got a 503 after 10 s). An address's checks now take turns, at most
+    ``MAX_CHECKS_PER_ADDRESS`` at a time; nothing is refused or cached for it."""
+    from fake_hub_api import FakeHub
+
+    from jupyter_gpu_gov.hub.prepared_auth import ASKING, MAX_CHECKS_PER_ADDRESS
+
+    async def asking(address: str, token: str):
+        ASKING.set(address)  # as the report route and every handler's prepare set it
+        return await auth.user_for_token(token, sync=False)
+
+    async with FakeHub(latency=0.1) as hub:
+        hub.add_user_token("ann", "ann-token", extra_scopes=[SERVICE_ACCESS])
+        auth = PreparedHubOAuth(api_token=hub.token, api_url=hub.api_url, access_scopes=ACCESS)
+        flood = [asyncio.ensure_future(asking("10.0.0.9", f"bogus-{i}")) for i in range(300)]
+        await asyncio.sleep(0.05)  # the flood is being asked
+        model = await asyncio.wait_for(asking("10.0.0.2", "ann-token"), 30)
+        done = sum(f.done() for f in flood)
+        assert model["name"] == "ann"
+        # Answered while most of the flood still waits (behind it, at least 200 were done).
+        assert done < 150
+        assert await asyncio.wait_for(asyncio.gather(*flood), 60) == [None] * 300
+        assert hub.max_in_flight <= MAX_CHECKS_PER_ADDRESS + 1
+        # The flood's tokens are refused as the Hub said; ann's is kept as the Hub said.
+        assert (
+            auth.cached_user("bogus-0") is None and auth.cached_user("ann-token")["name"] == "ann"
+        )
+        assert not auth._turns  # nothing kept for an address once its checks are answered
+
+
+class _TokenEndpoint:
+    """The Hub's ``POST /hub/api/oauth2/token`` refusing every code, 0.1 s each, and ``GET
+    /hub/api/user`` knowing one token: a real HTTP server, counting what it is asked at once."""
+
+    def __init__(self) -> None:
+        from tornado import web
+
+        self.in_flight = self.max_in_flight = 0
+        endpoint = self
+
+        class Counted(web.RequestHandler):
+            async def prepare(self):
+                endpoint.in_flight += 1
+                endpoint.max_in_flight = max(endpoint.max_in_flight, endpoint.in_flight)
+                await asyncio.sleep(0.1)
+
+            def on_finish(self):
+                endpoint.in_flight -= 1
+
+        class Token(Counted):
+            def post(self):
+                self.set_status(400)
+                self.finish({"error": "invalid_grant", "error_description": "no such code"})
+
+        class User(Counted):
+            def get(self):
+                if self.request.headers.get("Authorization") != "token ann-token":
+                    raise web.HTTPError(403)
+                self.finish({"kind": "user", "name": "ann", "scopes": [SERVICE_ACCESS]})
+
+        self.app = web.Application([(r"/hub/api/oauth2/token", Token), (r"/hub/api/user", User)])
+
+
+async def test_a_replayed_login_callback_takes_its_turns_with_the_hub():
+    """A login's state cookie replays for weeks, and each callback with a bogus code asks the
+    Hub: a flood of them held up every server's first token check as bogus tokens did."""
+    from tornado import web
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.netutil import bind_sockets
+
+    from jupyter_gpu_gov.hub.app import OAuthCallbackHandler
+    from jupyter_gpu_gov.hub.prepared_auth import ASKING, MAX_CHECKS_PER_ADDRESS
+    from jupyter_gpu_gov.hub.protocol_server import ProtocolHTTPServer
+
+    hub = _TokenEndpoint()
+    hub_server = ProtocolHTTPServer(hub.app, max_body_size=1 << 20)
+    sockets = bind_sockets(0, "127.0.0.1")
+    await hub_server.add_sockets(sockets)
+    api_url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/hub/api"
+    auth = PreparedHubOAuth.instance(
+        api_token="service-token",
+        api_url=api_url,
+        access_scopes=ACCESS,
+        oauth_client_id="service-gpu-gov",
+        base_url="/services/gpu-gov/",
+    )
+    secret = b"s" * 32
+    service = ProtocolHTTPServer(
+        web.Application(
+            [(r"/services/gpu-gov/oauth_callback", OAuthCallbackHandler)], cookie_secret=secret
+        ),
+        max_body_size=1 << 20,
+    )
+    sockets = bind_sockets(0, "127.0.0.1")
+    await service.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    state = auth.generate_state("/services/gpu-gov/")  # one login's state, kept by the client
+    cookie = web.create_signed_value(secret, auth.get_state_cookie_name(state), state).decode()
+    client = AsyncHTTPClient(force_instance=True, max_clients=300)
+    try:
+        flood = [
+            asyncio.ensure_future(
+                client.fetch(
+                    f"http://127.0.0.1:{port}/services/gpu-gov/oauth_callback"
+                    f"?code=bogus-{i}&state={state}",
+                    headers={"Cookie": f"{auth.get_state_cookie_name(state)}={cookie}"},
+                    raise_error=False,
+                    request_timeout=60,
+                )
+            )
+            for i in range(300)
+        ]
+        while hub.in_flight == 0:
+            await asyncio.sleep(0.01)
+
+        async def ann():
+            ASKING.set("10.0.0.2")  # another address's first report
+            return await auth.user_for_token("ann-token", sync=False)
+
+        assert (await asyncio.wait_for(ann(), 30))["name"] == "ann"
+        assert sum(f.done() for f in flood) < 150  # not behind the whole flood
+        answers = await asyncio.wait_for(asyncio.gather(*flood), 60)
+        assert {a.code for a in answers} == {500}  # HubAuth's answer for a refused code
+        assert hub.max_in_flight <= MAX_CHECKS_PER_ADDRESS + 1
+    finally:
+        client.close()
+        for server in (service, hub_server):
+            server.stop()
+            await server.close_all_connections()
+
+
+async def test_admin_rights_taken_away_at_the_hub_end_here_soon(monkeypatch):
+    """HubAuth keeps the Hub's answer for a token 300 s: a governor admin whose token was
+    revoked (or who left the admins' group) could cull anyone's server for five minutes more.
+    An admin's answer is kept ``ADMIN_KEPT_S``; anyone else's as HubAuth keeps it."""
+    from fake_hub_api import FakeHub
+
+    from jupyter_gpu_gov.hub import prepared_auth
+
+    monkeypatch.setattr(prepared_auth, "ADMIN_KEPT_S", 0.3)
+    async with FakeHub() as hub:
+        hub.add_user_token("root", "admin-token", extra_scopes=[SERVICE_ACCESS, ADMIN_SCOPE])
+        hub.add_user_token("ann", "ann-token", extra_scopes=[SERVICE_ACCESS])
+        auth = PreparedHubOAuth(api_token=hub.token, api_url=hub.api_url, access_scopes=ACCESS)
+        admin = await auth.user_for_token("admin-token", sync=False)
+        assert ADMIN_SCOPE in admin["scopes"]
+        assert (await auth.user_for_token("ann-token", sync=False))["name"] == "ann"
+        del hub.tokens["admin-token"], hub.tokens["ann-token"]  # revoked at the Hub
+        assert await auth.user_for_token("admin-token", sync=False) == admin  # kept a while
+        await asyncio.sleep(0.4)
+        assert await auth.user_for_token("admin-token", sync=False) is None  # asked again
+        assert (await auth.user_for_token("ann-token", sync=False))["name"] == "ann"  # 300 s

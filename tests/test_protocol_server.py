@@ -45,6 +45,14 @@ class Stream(web.RequestHandler):
         self.finish()
 
 
+class StreamHuge(web.RequestHandler):
+    async def get(self):
+        for _ in range(64):  # 64 MiB: more than the kernels' buffers hold
+            self.write(b"s" * (1 << 20))
+            await self.flush()
+        self.finish()
+
+
 class Caller(web.RequestHandler):
     def get(self):
         self.finish(f"{self.request.remote_ip} {self.request.protocol}")
@@ -84,6 +92,7 @@ DIRECT = {
     ("POST", "/direct/async"): _echo,
     ("POST", "/direct/fails"): _fails,
     ("POST", "/direct/slow"): _slow,
+    ("POST", "/direct/peer"): lambda request: (200, json.dumps(request.peer).encode()),
 }
 ROUTES = [
     (r"/", Text, {"text": "hello"}),
@@ -92,6 +101,7 @@ ROUTES = [
     (r"/direct", Text, {"text": "tornado"}),  # GET only; POST /direct is the direct route's
     (r"/echo", Echo),
     (r"/stream", Stream),
+    (r"/stream-huge", StreamHuge),
     (r"/slow", Slow),
     (r"/caller", Caller),
     (r"/inject/(\w+)", Inject),
@@ -489,6 +499,38 @@ async def test_a_client_that_never_reads_is_let_go_after_its_timeout():
         writer.transport.abort()
 
 
+async def test_a_client_that_never_reads_a_streamed_answer_is_let_go():
+    # A streaming handler waits on its flush for the client: no timer ran there, so a client
+    # that never reads kept the connection and the handler for as long as it liked.
+    async with serving(body_timeout=0.5) as server:
+        _, writer = await connect(server)
+        writer.write(b"GET /stream-huge HTTP/1.1\r\nHost: x\r\n\r\n")
+        deadline = time.monotonic() + 20
+        while server.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not server.connections
+        writer.transport.abort()
+
+
+async def test_a_client_that_reads_a_streamed_answer_slowly_gets_it_whole():
+    # The timer runs only while the client takes nothing: reading for longer is fine.
+    async with serving(body_timeout=1.5) as server:
+        reader, writer = await connect(server)
+        started = time.monotonic()
+        writer.write(b"GET /stream-huge HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await within(reader.readuntil(b"\r\n\r\n"))
+        assert b"chunked" in head
+        got = reads = 0
+        while chunk := await within(reader.read(1 << 20), 20):
+            got, reads = got + len(chunk), reads + 1
+            if chunk.endswith(b"0\r\n\r\n"):
+                break
+            if reads <= 25:  # slow (a megabyte a second), but taking some all along
+                await asyncio.sleep(0.1)
+        assert got > 64 << 20 and time.monotonic() - started > 1.5
+        writer.close()
+
+
 @pytest.mark.parametrize("cut", range(1, 5))
 async def test_a_head_whose_end_is_split_across_reads_is_answered(cut):
     async with serving() as server:
@@ -535,3 +577,64 @@ async def test_a_body_sent_a_byte_at_a_time_is_held_as_its_bytes():
         connection.data_received(b"a")
         assert (await read_answer(reader)).json() == {"n": MAX_BODY}
         writer.close()
+
+
+async def _from(server, address: str):
+    """A connection from ``address`` (a loopback address of its own: another peer)."""
+    return await asyncio.open_connection("127.0.0.1", server.port, local_addr=(address, 0))
+
+
+async def _answered(reader, writer) -> bool:
+    writer.write(GET)
+    return (await read_answer(reader)).body == b"hello"
+
+
+async def test_a_direct_route_is_told_the_address_of_the_socket_not_of_a_header():
+    # The report route's Hub checks take turns by it (prepared_auth.ASKING).
+    async with serving() as server:
+        reader, writer = await _from(server, "127.0.0.5")
+        writer.write(
+            b"POST /direct/peer HTTP/1.1\r\nHost: x\r\nX-Real-Ip: 10.1.1.1\r\n"
+            b"X-Forwarded-For: 10.2.2.2\r\nContent-Length: 0\r\n\r\n"
+        )
+        assert (await read_answer(reader)).json() == "127.0.0.5"
+        writer.close()
+
+
+async def test_one_peer_cannot_hold_every_connection_others_are_still_served():
+    # A user's process opens connection after connection and sends nothing: without a cap it
+    # held every file the service may open (others' connections reset, and the service could
+    # not open a socket or a file of its own: the Hub's API, DCGM, its store).
+    async with serving(idle_timeout=30.0, max_connections_per_peer=4, max_connections=8) as server:
+        kept = await _from(server, "127.0.0.2")  # another server's kept connection
+        assert await _answered(*kept)
+        slow_reader, slow_writer = await _from(server, "127.0.0.1")
+        slow_writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")  # being answered
+        await asyncio.sleep(0.05)
+        flood = [await _from(server, "127.0.0.1") for _ in range(10)]
+        # Past the peer's 4, the oldest idle ones of that peer are let go, not the one being
+        # answered nor anyone else's.
+        for reader, _ in flood[:7]:
+            assert await is_closed(reader, 10.0)
+        assert (await read_answer(slow_reader)).body == b"slow"
+        for connection in (kept, *flood[7:]):
+            assert await _answered(*connection)
+        other = await _from(server, "127.0.0.3")
+        assert await _answered(*other)
+        # Past 8 in all: the connection idle the longest goes first (the one answered the
+        # longest ago: /slow's; the kept one was answered since).
+        more = [await _from(server, "127.0.0.4") for _ in range(3)]
+        assert await is_closed(slow_reader, 10.0)
+        for connection in (kept, *flood[7:], *more):
+            assert await _answered(*connection)
+        for _, writer in (kept, other, *flood, *more):
+            writer.close()
+        slow_writer.close()
+
+
+def test_the_connections_in_all_stay_below_the_open_file_limit():
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    server = ProtocolHTTPServer(web.Application(ROUTES), max_body_size=MAX_BODY)
+    assert server.max_connections <= soft - min(1024, soft // 4)

@@ -19,7 +19,13 @@ from tornado.log import app_log
 
 from ..core.text import not_text_at
 from ..core.vocabulary import server_key
-from .prepared_auth import ADMIN_SCOPE, HUB_ADMIN_SCOPES, PreparedHubAuthenticated, out_of_reach
+from .prepared_auth import (
+    ADMIN_SCOPE,
+    ASKING,
+    HUB_ADMIN_SCOPES,
+    PreparedHubAuthenticated,
+    out_of_reach,
+)
 from .store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -104,6 +110,8 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         # synchronous, and HubAuth would otherwise wait for the Hub's answer to a token it has
         # not cached (a server's first report, or one after the cache expired) with every other
         # request standing still. current_user then finds the answer cached on the handler.
+        # A token the Hub is asked about takes its turn among its address's (prepared_auth).
+        ASKING.set(getattr(self.request.connection, "peer", ""))
         await self.hub_auth.get_user(self, sync=False)
 
     def check_xsrf_cookie(self):

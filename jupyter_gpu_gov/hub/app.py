@@ -42,7 +42,7 @@ from .options import Options
 from .pages import page_handlers
 from .policy_api import policy_handlers
 from .policy_page import policy_page_handlers
-from .prepared_auth import PreparedHubOAuth
+from .prepared_auth import ASKING, PreparedHubOAuth
 from .protocol_server import LISTEN_BACKLOG, ProtocolHTTPServer
 from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers, report_route
@@ -82,6 +82,15 @@ def log_request(handler: web.RequestHandler) -> None:
         request.remote_ip,
         took,
     )
+
+
+class OAuthCallbackHandler(HubOAuthCallbackHandler):
+    """HubOAuth's login callback. The Hub's check of its code takes its turn among its
+    address's (``prepared_auth.ASKING``): a state cookie replays for weeks, each time with a
+    check, and a flood of them held up every server's first token check."""
+
+    def prepare(self):
+        ASKING.set(getattr(self.request.connection, "peer", ""))
 
 
 class GpuGovernor(GovernorSettings, Application):
@@ -260,7 +269,7 @@ class GpuGovernor(GovernorSettings, Application):
                 *page_handlers(prefix, governor),
                 *policy_handlers(prefix, governor),
                 *policy_page_handlers(prefix, governor),
-                (rf"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
+                (rf"{prefix.rstrip('/')}/oauth_callback", OAuthCallbackHandler),
             ],
             cookie_secret=os.urandom(32),
             log_function=log_request,

@@ -8,7 +8,12 @@ themselves; tests/test_governor_hub.py and tests/test_prepared_auth.py check bot
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from functools import partial
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
 
@@ -20,6 +25,7 @@ ADMIN_SCOPE = "custom:gpu-gov:admin"
 HUB_ADMIN_SCOPES = frozenset({"admin:servers", "admin:users", "admin-ui"})
 METRICS_SCOPE = "read:metrics"
 TESTED_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, METRICS_SCOPE})
+ADMIN_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES})  # any of them: a governor admin
 
 # What anything reads of the Hub's user model: the handlers (name, kind, and of the scopes
 # those above) and HubAuthenticated's ``check_hub_user`` (name, kind, admin for its
@@ -35,6 +41,22 @@ SHARED_SCOPES: dict[frozenset[str], tuple[str, ...]] = {}
 
 ASK_THE_HUB = object()  # ``cached_user``: not cached
 
+# How long the Hub's word that a token is an admin's is kept (HubAuth keeps every answer for
+# ``cache_max_age``, 300 s): admin rights taken away at the Hub (a revoked token, a group or
+# role left) ended here five minutes later, while they could cull any server. Admins' requests
+# are few: a check each ADMIN_KEPT_S costs nothing.
+ADMIN_KEPT_S = 30.0
+
+# The address (its socket's) of the request that asks the Hub about a token or a login's code,
+# where the request says so (the report route, every handler's ``prepare``, the OAuth
+# callback): at most MAX_CHECKS_PER_ADDRESS of its checks are asked at a time, the others wait
+# their turn. Each token no one sent before costs
+# one; a process sending a flood of them (aiohttp asks at most 100 at a time) held up the
+# first check of every other server's token behind the whole flood (its report 503 after
+# 10 s: its GPU data unknown, the governor blind). Nothing is cached that the Hub did not say.
+ASKING: ContextVar[str | None] = ContextVar("gpu_gov_asking", default=None)
+MAX_CHECKS_PER_ADDRESS = 8
+
 
 def _digest(cache_key: str) -> bytes:
     # A 32-byte digest of HubAuth's key (71 characters and more): as distinct, half the size.
@@ -48,7 +70,13 @@ class PreparedHubOAuth(HubOAuth):
     ``HubAuth._get_user`` keeps it and looks first). Anything else takes HubOAuth's path.
 
     Its ``cache`` keeps a token's answer small (``kept``), under the SHA-256 of HubAuth's key
-    (``token:<session id>:<token's SHA-256 in hex>``)."""
+    (``token:<session id>:<token's SHA-256 in hex>``). The Hub is asked about tokens in turn
+    by address (``ASKING``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._turns: dict[str, _Turns] = {}
+        self._admin_asked: dict[bytes, float] = {}  # an admin's token (its key): when asked
 
     def get_user(self, handler, *, sync=True):
         if sync and hasattr(handler, "_cached_hub_user"):
@@ -63,12 +91,50 @@ class PreparedHubOAuth(HubOAuth):
             raise ValueError("cache_key is required when using cache")
         key = _digest(cache_key)
         try:
-            return self.cache[key]
+            model = self.cache[key]
         except KeyError:
             pass
-        model = self.kept(await super()._check_hub_authorization(url, api_token, None, False))
+        else:
+            asked = self._admin_asked.get(key)
+            if asked is None or time.monotonic() - asked < ADMIN_KEPT_S:
+                return model
+        self._admin_asked.pop(key, None)
+        model = self.kept(
+            await self._in_turn(
+                partial(super()._check_hub_authorization, url, api_token, None, False)
+            )
+        )
         self.cache[key] = model
+        if model and ADMIN_SCOPES.intersection(model.get("scopes") or ()):
+            now = self._admin_asked[key] = time.monotonic()
+            if len(self._admin_asked) > 1000 and self.cache_max_age > 0:
+                # Months of admins' logins: those the cache has forgotten too.
+                self._admin_asked = {
+                    k: t for k, t in self._admin_asked.items() if now - t <= self.cache_max_age
+                }
         return model
+
+    async def _token_for_code(self, code, code_verifier=None):
+        # A login's code (the OAuth callback: one state cookie replays for weeks) is checked
+        # with the Hub as a token is: in turn.
+        return await self._in_turn(partial(super()._token_for_code, code, code_verifier))
+
+    async def _in_turn(self, ask: Callable[[], Awaitable]):
+        """``ask()`` (a request to the Hub) in its turn among ``ASKING``'s."""
+        address = ASKING.get()
+        if address is None:  # no request's address (HubAuth's own thread): asked at once
+            return await ask()
+        turns = self._turns.get(address)
+        if turns is None:
+            turns = self._turns[address] = _Turns()
+        turns.asking += 1
+        try:
+            async with turns.semaphore:
+                return await ask()
+        finally:
+            turns.asking -= 1
+            if not turns.asking:
+                del self._turns[address]
 
     def cached_user(self, token: str, session_id: str = "") -> dict | object | None:
         """``user_for_token``'s answer where HubAuth has it cached, without asking the Hub: the
@@ -104,6 +170,16 @@ class PreparedHubOAuth(HubOAuth):
                 scopes = SHARED_SCOPES.setdefault(frozenset(scopes), scopes)
             kept["scopes"] = scopes
         return kept
+
+
+class _Turns:
+    """An address's checks: how many are asked or wait, and the turns they take."""
+
+    __slots__ = ("asking", "semaphore")
+
+    def __init__(self) -> None:
+        self.asking = 0
+        self.semaphore = asyncio.Semaphore(MAX_CHECKS_PER_ADDRESS)
 
 
 def bound_servers(scopes) -> tuple[str, ...] | None:

@@ -18,8 +18,12 @@ What this layer owns, and bounds (a user owns the server that sends reports):
   else the connection closes after it; header lines with CR or LF are refused (no injection);
 - keep-alive for HTTP/1.1, one request at a time (a pipelined one waits its turn, and for the
   client to take the last answer); a connection idle ``idle_timeout`` is closed;
-- writes wait while the client does not read (flow control), so a large answer streams;
-- requests handled in batches while they come fast (``accept_interval``).
+- writes wait while the client does not read (flow control), so a large answer streams; a
+  client that takes none of it for ``body_timeout`` is let go;
+- requests handled in batches while they come fast (``accept_interval``);
+- how many connections are open: at most ``max_connections_per_peer`` from one address and
+  ``max_connections`` in all (below the open-file limit); past either, the connection idle the
+  longest (not being answered) is let go, so new ones, others' reports among them, are served.
 """
 
 from __future__ import annotations
@@ -50,6 +54,16 @@ BODY_TIMEOUT_S = 60.0
 # tried again by the server's kernel only 1, 3, 7, 15... s later: a report late by seconds
 # (docs/benchmarks.md, "Issue 26, wave 8"). The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 1024
+# Open connections, from one address and in all. Idle, each costs a few kB; holding a head of
+# 64 KiB, 64 KiB for 30 s. Without a cap a user's process held every file the service may open:
+# other servers' connections were reset, and the service could not open a socket or a file (the
+# Hub's API, DCGM, its store). A pod is one address, a server keeps one connection: 512 leaves
+# room for a proxy's or a workstation's many (all of theirs from one address).
+MAX_CONNECTIONS = 20_000
+MAX_CONNECTIONS_PER_PEER = 512
+# Open files the service keeps for itself (the Hub's API, DCGM, its store, logs): of a low
+# limit, a quarter.
+FILES_KEPT = 1024
 _CRLF = b"\r\n"
 _END_OF_HEAD = b"\r\n\r\n"
 _FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -77,10 +91,12 @@ class Head:
 
 @dataclass(slots=True)
 class DirectRequest:
-    """What a direct route is given: the head and the whole body."""
+    """What a direct route is given: the head, the whole body, and the address it came from
+    (the socket's)."""
 
     head: Head
     body: bytes
+    peer: str = ""
 
 
 # A direct route: the answer's status and JSON body (bytes) for a request, or an awaitable of
@@ -179,15 +195,20 @@ class Connection(asyncio.Protocol):
         self.head_only = False
         self.writable: asyncio.Future | None = None  # set while the client reads too slowly
         self.timer: asyncio.TimerHandle | None = None
+        self.stalled: asyncio.TimerHandle | None = None  # while the client takes nothing
+        self.unsent = 0  # what was left to send when that timer was set
         self.closed = False
         self.answering = False  # a request read, its answer not finished: the next one waits
+        self.peer = ""  # the address it comes from (the socket's: no header can name another)
 
     # -- asyncio.Protocol
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.server.connections.add(self)
+        address = transport.get_extra_info("peername")
+        self.peer = str(address[0]) if isinstance(address, tuple) and address else ""
         self._expect_head()
+        self.server.opened(self)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -202,8 +223,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        self.server.connections.discard(self)
+        self.server.forget(self)
         self._cancel_timer()
+        self._cancel_stalled()
         if self.writable is not None and not self.writable.done():
             self.writable.set_result(None)
         if self.delegate is not None:
@@ -214,10 +236,16 @@ class Connection(asyncio.Protocol):
             callback()
 
     def pause_writing(self) -> None:
+        loop = asyncio.get_running_loop()
         if self.writable is None or self.writable.done():
-            self.writable = asyncio.get_running_loop().create_future()
+            self.writable = loop.create_future()
+        if self.stalled is None:
+            # A streamed answer waits here for the client: one that never reads would hold
+            # the connection and the handler for ever.
+            self._watch_stall()
 
     def resume_writing(self) -> None:
+        self._cancel_stalled()
         if self.writable is not None and not self.writable.done():
             self.writable.set_result(None)
 
@@ -342,6 +370,7 @@ class Connection(asyncio.Protocol):
             self._close()
             return
         self._expect_head()
+        self.server.answered(self)
         if self.writable is not None and not self.writable.done():
             # The client is not reading its answers: a pipelined request waits until it does
             # (a handler's finish does not wait for its flush), else each one's answer would
@@ -394,6 +423,7 @@ class Connection(asyncio.Protocol):
             self.timer = None
 
     def _timed_out(self) -> None:
+        """Let the client go, unanswered (a timeout, or a cap on connections)."""
         self.timer = None
         if self.transport.get_write_buffer_size() and not self.closed:
             # Closing would wait for the client to read what is left: one that never reads
@@ -402,6 +432,29 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
             return
         self._close()  # a slow or idle client: closed, as tornado closes them, unanswered
+
+    def _watch_stall(self) -> None:
+        self.unsent = self.transport.get_write_buffer_size()
+        self.stalled = asyncio.get_running_loop().call_later(
+            self.server.body_timeout, self._stalled
+        )
+
+    def _stalled(self) -> None:
+        """Let the client go if it took none of its answer for ``body_timeout`` (a close
+        would wait for it to read); one that reads slowly, however slowly, is waited for."""
+        self.stalled = None
+        if self.closed:
+            return
+        if self.transport.get_write_buffer_size() < self.unsent:
+            self._watch_stall()
+            return
+        self.closed = True
+        self.transport.abort()
+
+    def _cancel_stalled(self) -> None:
+        if self.stalled is not None:
+            self.stalled.cancel()
+            self.stalled = None
 
     def _refuse(self, code: int, message: str) -> None:
         body = json.dumps({"status": code, "message": message}).encode()
@@ -436,7 +489,7 @@ class _Direct(httputil.HTTPMessageDelegate):
 
     def finish(self) -> None:
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        request = DirectRequest(self.head, body)
+        request = DirectRequest(self.head, body, self.connection.peer)
         try:
             answer = self.route(request)
         except Exception:
@@ -501,6 +554,8 @@ class ProtocolHTTPServer:
         idle_timeout: float = IDLE_TIMEOUT_S,
         body_timeout: float = BODY_TIMEOUT_S,
         direct: dict[tuple[str, str], DirectRoute] | None = None,
+        max_connections: int | None = None,
+        max_connections_per_peer: int = MAX_CONNECTIONS_PER_PEER,
     ) -> None:
         self.app = app
         self.direct = dict(direct or {})
@@ -510,15 +565,54 @@ class ProtocolHTTPServer:
         self.body_timeout = body_timeout
         self.xheaders = xheaders
         self.accept_interval = accept_interval
-        self.connections: set[Connection] = set()
+        # Open connections, least recently answered (or opened) first; and by address.
+        self.connections: dict[Connection, None] = {}
+        self._peers: dict[str, dict[Connection, None]] = {}
         self._tasks: set[asyncio.Task] = set()
-        _allow_open_files()
+        files = _allow_open_files()
+        kept = min(FILES_KEPT, files // 4)
+        self.max_connections = max_connections or min(MAX_CONNECTIONS, files - kept)
+        self.max_connections_per_peer = max_connections_per_peer
         self._servers: list[asyncio.AbstractServer] = []
         self._held: list[Callable[[], None]] | None = None  # requests waiting for their batch
         self._stopped = False
         self._rate = 0.0  # connections a second over the last window (>= 1 s)
         self._count = 0
         self._window = 0.0
+
+    def opened(self, connection: Connection) -> None:
+        """Count a new connection; past a cap, let go the one of its address, then of all,
+        idle the longest (a request being answered is never cut off)."""
+        self.connections[connection] = None
+        peers = self._peers.setdefault(connection.peer, {})
+        peers[connection] = None
+        if len(peers) > self.max_connections_per_peer:
+            self._let_go_one(peers)
+        if len(self.connections) > self.max_connections:
+            self._let_go_one(self.connections)
+
+    def answered(self, connection: Connection) -> None:
+        """A connection waits for its next request: idle from now (last in line to be let go)."""
+        for kept in (self.connections, self._peers.get(connection.peer)):
+            if kept is not None and connection in kept:
+                del kept[connection]
+                kept[connection] = None
+
+    def forget(self, connection: Connection) -> None:
+        self.connections.pop(connection, None)
+        peers = self._peers.get(connection.peer)
+        if peers is not None:
+            peers.pop(connection, None)
+            if not peers:
+                del self._peers[connection.peer]
+
+    def _let_go_one(self, connections: dict[Connection, None]) -> None:
+        # The newest is let go only where every older one is being answered.
+        for connection in connections:
+            if not connection.answering:
+                self.forget(connection)
+                connection._timed_out()
+                return
 
     def spawn(self, coroutine) -> None:
         """Run ``coroutine`` as a task, kept until it is done (asyncio keeps only a weak
@@ -592,11 +686,14 @@ class ProtocolHTTPServer:
             self._release()
 
 
-def _allow_open_files() -> None:
+def _allow_open_files() -> int:
     """Raise the soft limit on open files to the hard one: a connection kept per reporting
-    server would pass a soft limit of 1,024 at about a thousand servers (accept then fails)."""
+    server would pass a soft limit of 1,024 at about a thousand servers (accept then fails).
+    The limit now (unlimited: ``MAX_CONNECTIONS`` and what the service keeps)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # ValueError: an unlimited hard limit above the kernel's ceiling; then the soft one stays.
     with contextlib.suppress(ValueError, OSError):
         if soft != hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_CONNECTIONS + FILES_KEPT if soft == resource.RLIM_INFINITY else soft

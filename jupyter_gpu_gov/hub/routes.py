@@ -22,6 +22,7 @@ from . import metrics, showback
 from .api_handler import ApiHandler, json_object
 from .prepared_auth import (
     ASK_THE_HUB,
+    ASKING,
     METRICS_SCOPE,
     PreparedHubOAuth,
     asked_token_caller,
@@ -68,6 +69,7 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
         return _report(caller, request)
 
     async def _asked(request: DirectRequest, caller: Awaitable[dict | None]) -> Answer:
+        ASKING.set(request.peer)  # its turn among its address's checks (prepared_auth)
         try:
             who = await asyncio.wait_for(caller, HUB_CHECK_TIMEOUT_S)
         except asyncio.TimeoutError:
