@@ -260,3 +260,32 @@ async def test_an_extension_during_the_passs_write_of_the_same_row_is_kept(tmp_p
         assert (stored.extensions_used, stored.extension_s) == (1, extended)
         await gov.reconcile()
         assert gov.row("alice/").extension_s == extended
+
+
+async def test_the_owners_stop_retried_under_shutdown_kernels_stops_the_server(
+    tmp_path, restore_clock
+):
+    """The owner pressed Stop; the Hub failed to stop the server (its spawner raised). The
+    stop is on record and sent again later: it must stop the server the owner asked to stop,
+    not shut its kernels down because the policy's cull action says so."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies(
+            [], {"warn_after": "1h", "cull_after": "2h", "cull_action": "shutdown-kernels"}
+        )
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        hub.stop_errors.append(500)
+        await gov.stop_by_owner("alice/", "user:alice", "done for today")
+        await gov.background_done()
+        assert hub.running("alice")
+        clock.advance(3 * 60)  # past CULL_RETRY_AFTER
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert not hub.running("alice"), gov.row("alice/").reason
+        assert "shutdown_kernels" not in gov.verdict("alice/")["requests"]
+    (retry,) = [a for a in actions_of(gov) if a.action == "cull-retry"]
+    assert retry.details["cull_action"] == "stop-server", retry.details

@@ -26,7 +26,9 @@ from ..core.vocabulary import (
     GPU_IDLE,
     INTERRUPT,
     NOTICES,
+    OWNER_STOP,
     SHUTDOWN_KERNELS,
+    STOP_SERVER,
     WARNED,
     WARNINGS,
 )
@@ -157,6 +159,8 @@ class Actions:
         culled_at = record_of(row).culled_at
         if self.options.dry_run or culled_at is None or now - culled_at < CULL_RETRY_AFTER:
             return
+        if row.cull_reason == OWNER_STOP:  # the owner asked for the server to stop, not its kernels
+            server_policy = replace(server_policy, cull_action=STOP_SERVER)
         set_record(row, replace(record_of(row), culled_at=now))
         batch.changed.append(row)
         why = f"{row.reason} (still running {format_duration(now - culled_at)} later: asked again)"
