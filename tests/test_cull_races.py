@@ -289,3 +289,22 @@ async def test_the_owners_stop_retried_under_shutdown_kernels_stops_the_server(
         assert "shutdown_kernels" not in gov.verdict("alice/")["requests"]
     (retry,) = [a for a in actions_of(gov) if a.action == "cull-retry"]
     assert retry.details["cull_action"] == "stop-server", retry.details
+
+
+async def test_an_immediate_cull_of_a_server_already_culled_sends_nothing_again(
+    tmp_path, restore_clock
+):
+    """The pass culled alice's server; an admin's immediate cull a moment later (the admin
+    view not yet refreshed) answers that it is culled: no second cull on record, no second
+    DELETE sent to the Hub."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        hub.users["alice"].servers[""].slow_stop = 3  # the Hub still stopping it
+        await gov.reconcile()
+        deletes = hub.counters["DELETE /users/{name}/server(s)"]
+        assert deletes == 1 and gov.row("alice/").state == "culled"
+        outcome = await gov.cull_now("alice/", "user:root", "runaway", immediately=True)
+        assert outcome["status"] == "culled"
+        assert hub.counters["DELETE /users/{name}/server(s)"] == deletes
+    culls = [a for a in actions_of(gov) if a.action.startswith("cull")]
+    assert [(c.action, c.actor) for c in culls] == [("cull", "governor")]

@@ -284,6 +284,7 @@ class Actions:
         # activity); after a slow stop, a later pass finds them among the inactive users.
         user = await self.hub.get_user(server.user) if self.options.cull_users else None
         outcome = await self.hub.stop_server(server.user, server.name, remove=remove)
+        self._stops[row.key] = row.session_started  # (an admin's cull now sends it no more)
         if user is not None and outcome == "stopped" and self._user_expired(user):
             now = await self.hub.get_user(server.user)
             if now is not None and not now.get("servers"):

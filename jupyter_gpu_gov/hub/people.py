@@ -122,6 +122,10 @@ class PeoplesRequests:
             await self.redecide(key)
             status = "culled" if row.state == CULLED else "requested"
             return {"status": status, "verdict": self.verdict(key)}
+        if row.state == CULLED and self._stops.get(key, row) == row.session_started:
+            # The Hub took its stop already (perhaps still stopping): asking again would put
+            # a second cull on record and send a second DELETE.
+            return {"status": "culled", "verdict": self.verdict(key)}
         server = self._servers.get(key) or HubServer(user=user, name=name)
         why += " (immediately, no checkpoint)"
         # On record before it is done (then its outcome), like the pass's culls.

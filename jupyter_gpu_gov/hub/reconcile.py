@@ -135,6 +135,8 @@ class Governor(
         self._shutdowns: dict[str, outbound.KernelRequest] = {}
         # Cells asked to be interrupted (the busy limit), until their reports show it done.
         self._interrupts: dict[str, outbound.KernelRequest] = {}
+        # The session of each server the Hub took a stop of, until a pass finds it gone.
+        self._stops: dict[str, datetime | None] = {}
         self._context = PassContext()
         self._indexed: tuple = ()  # the DCGM evidence the context's indexes are of
         self.unchanged = Unchanged(options.full_pass_every)
@@ -243,6 +245,7 @@ class Governor(
                 self._shutdowns,
                 self._interrupts,
                 self._pod_gpus,
+                self._stops,
             ):
                 kept.pop(key, None)
             self._queued.discard(key)
