@@ -308,3 +308,27 @@ async def test_an_immediate_cull_of_a_server_already_culled_sends_nothing_again(
         assert hub.counters["DELETE /users/{name}/server(s)"] == deletes
     culls = [a for a in actions_of(gov) if a.action.startswith("cull")]
     assert [(c.action, c.actor) for c in culls] == [("cull", "governor")]
+
+
+async def test_an_exemption_during_a_failed_immediate_cull_is_kept(tmp_path, restore_clock):
+    """An admin's immediate cull waits for the Hub; another admin exempts the server
+    meanwhile, and the Hub fails the stop: the exemption stays (the failed cull put the record
+    back as it was before it, over the exemption)."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        hub.latency, hub.stop_errors = 0.5, [500]
+        cull = asyncio.ensure_future(
+            gov.cull_now("alice/", "user:root", "runaway", immediately=True)
+        )
+        while hub.in_flight == 0:
+            assert not cull.done()
+            await asyncio.sleep(0.01)
+        until = clock.utcnow() + timedelta(days=1)
+        await gov.exempt("alice/", "user:bob", until, "the demo is tomorrow")
+        with pytest.raises(Exception, match="500"):
+            await cull
+        assert gov.row("alice/").state == "exempt"
+        assert gov.store.servers()["alice/"].state == "exempt"

@@ -136,7 +136,8 @@ class PeoplesRequests:
         try:
             outcome = await self._cull(server, row, server_policy)
         except Exception as error:
-            set_record(row, before)
+            if record_of(row) is culled:  # (not a person's record made during the DELETE)
+                set_record(row, before)
             failed = self._audit_row(row, "cull-failed", f"{why}; {error}", actor=actor)
             self.save_outcomes([row], [failed], [])
             raise
