@@ -332,3 +332,44 @@ async def test_an_exemption_during_a_failed_immediate_cull_is_kept(tmp_path, res
             await cull
         assert gov.row("alice/").state == "exempt"
         assert gov.store.servers()["alice/"].state == "exempt"
+
+
+async def test_a_hub_failing_a_cull_is_asked_again_with_a_growing_pause(tmp_path, restore_clock):
+    """The Hub answers 503 to a cull (its spawner cannot reach the cluster). The cull is
+    retried after 2 minutes, then 4, ... (not at every pass, each writing its cull and its
+    failure again); each failure says when it is tried again, the server's reason says why
+    it still runs; once the Hub stops it, it is culled."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        hub.stop_errors = [503] * 20
+
+        async def a_pass(seconds: float) -> None:
+            clock.advance(seconds)
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+            await gov.reconcile()
+
+        def tries() -> int:
+            return hub.counters["DELETE /users/{name}/server(s)"]
+
+        await a_pass(0)
+        assert tries() == 1 and hub.running("alice")
+        (failed,) = [a for a in actions_of(gov) if a.action == "cull-failed"]
+        assert "503" in failed.reason and "tried again at" in failed.reason, failed.reason
+        row = gov.row("alice/")
+        assert "503" in row.reason and "tried again at" in row.reason, row.reason
+        audits = len(actions_of(gov))
+        for _ in range(3):  # passes every 30 s: within the pause, nothing is sent or recorded
+            await a_pass(30)
+        assert tries() == 1 and len(actions_of(gov)) == audits
+        await a_pass(40)  # 2 min 10 s after the failure
+        assert tries() == 2
+        for _ in range(7):  # then 4 minutes
+            await a_pass(30)
+        assert tries() == 2
+        await a_pass(40)
+        assert tries() == 3
+        hub.stop_errors.clear()
+        await a_pass(8 * 60 + 10)
+        assert not hub.running("alice") and tries() == 4
+    failures = [a for a in actions_of(gov) if a.action == "cull-failed"]
+    assert len(failures) == 3

@@ -10,11 +10,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..core import clock
 from ..core.durations import format_duration
-from ..core.policy import Decision, Policy
+from ..core.policy import Decision, Policy, evolve
 from ..core.report import gpu_signal, user_last_activity
 from ..core.vocabulary import (
     CHECKPOINT,
@@ -41,11 +41,23 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 
 
 if TYPE_CHECKING:
+    from .incremental import DecidedOn
     from .reconcile import _Batch
 
 
 # A culled server the Hub still lists as ready this long after its cull was not stopped.
 CULL_RETRY_AFTER = timedelta(minutes=2)
+# A cull the Hub failed (5xx, no answer) is tried again after CULL_RETRY_AFTER, twice as long
+# after each failure in a row up to this: not at every pass, each on record again.
+CULL_BACKOFF_MOST = timedelta(minutes=30)
+
+
+class CullFailed(NamedTuple):
+    """The Hub failed this session's cull ``failures`` times in a row; tried again at ``at``."""
+
+    session: datetime | None
+    failures: int
+    at: datetime
 
 
 class Actions:
@@ -239,23 +251,48 @@ class Actions:
                 self._not_culled(row, as_of[0], why, audit, batch)
                 return
             outcome = await self._cull(server, row, server_policy)
-        except Exception as error:  # recorded, retried next cycle
+        except Exception as error:  # recorded, decided and tried again after a pause
             log.error("gpu-gov: cull of %s failed: %s", row.key, error)
-            if record_of(row) is as_of[0]:  # (not a person's record made meanwhile)
-                set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
-            batch.after.append(row)
-            batch.outcomes.append(
-                self._audit_row(
-                    row, "cull-failed", f"{decision.reason}; {error}", details=audit.details
-                )
+            again = self._cull_failed(row)
+            why = (
+                f"{decision.reason}; not culled: {error}; tried again at {again:%Y-%m-%d %H:%M} UTC"
             )
+            if record_of(row) is as_of[0]:  # (not a person's record made meanwhile)
+                set_record(row, replace(record_of(row), state=WARNED, culled_at=None, reason=why))
+            batch.after.append(row)
+            batch.outcomes.append(self._audit_row(row, "cull-failed", why, details=audit.details))
             return
+        self._cull_failures.pop(row.key, None)
         audit.details = {**audit.details, "outcome": outcome}
         batch.completed.append(audit)
         batch.after.append(row)
         metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, server_policy.cull_action).inc()
         if decision.cull_reason == GPU_IDLE:
             metrics.GPUS_RECLAIMED.inc(gpus)
+
+    def _cull_failed(self, row: ServerRow) -> datetime:
+        """When a cull the Hub just failed is tried again."""
+        last = self._cull_failures.get(row.key)
+        failures = last.failures + 1 if last and last.session == row.session_started else 1
+        pause = min(CULL_RETRY_AFTER * 2 ** (failures - 1), CULL_BACKOFF_MOST)
+        at = clock.utcnow() + pause
+        self._cull_failures[row.key] = CullFailed(row.session_started, failures, at)
+        return at
+
+    def _cull_held(
+        self, row: ServerRow, decided: DecidedOn, decision: Decision, now: datetime
+    ) -> Decision:
+        """A cull the Hub failed is not taken again before its time (``_cull_failed``): the
+        server stays warned, its reason saying why and when, with nothing more on record."""
+        failed = self._cull_failures.get(row.key)
+        if (
+            CULL not in decision.actions
+            or failed is None
+            or failed.session != row.session_started
+            or now >= failed.at
+        ):
+            return decision
+        return evolve(decision, record=decided.record, actions=())
 
     def _not_culled(self, row: ServerRow, decided, why: str, audit: AuditRow, batch) -> None:
         """A cull skipped, on record; the server is warned again (its record left as a person
