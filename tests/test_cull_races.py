@@ -224,7 +224,9 @@ async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
         gov.ingest(running(started))
         await gov.reconcile()
         again = gov.verdict("alice/")["requests"]
-        assert again["checkpoint"]["requested_at"] == asked["checkpoint"]["requested_at"]
+        row = gov.row("alice/")  # asked again from the restart, still one request
+        assert row.checkpoint_requested_at == row.interrupted_at
+        assert again["checkpoint"]["requested_at"] > asked["checkpoint"]["requested_at"]
         assert again["interrupt_kernels"]["kernels"] == asked["interrupt_kernels"]["kernels"]
 
         # That cell ended; another started since: it is not the one interrupted.
@@ -373,3 +375,45 @@ async def test_a_hub_failing_a_cull_is_asked_again_with_a_growing_pause(tmp_path
         assert not hub.running("alice") and tries() == 4
     failures = [a for a in actions_of(gov) if a.action == "cull-failed"]
     assert len(failures) == 3
+
+
+async def test_an_interrupt_and_its_checkpoint_asked_before_an_outage_are_asked_again(
+    tmp_path, restore_clock
+):
+    """The busy limit asked for an interrupt and a checkpoint, and the service went down for
+    longer than checkpoint_timeout before the server fetched them. The server could not hear
+    them meanwhile: at the restart both are asked again, still paired, from the restart (they
+    timed out unheard: a false checkpoint-failed, and the warning's path instead)."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies([], BUSY_LIMITS)
+        started = clock.utcnow()
+
+        def running():
+            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+            report["window"]["gpu_idle_since"] = clock.isoformat(started)
+            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(started))
+            return report
+
+        for step in (0, 31 * 60, 61 * 60):  # busy, warned, the interrupt (after its notice)
+            clock.advance(step)
+            gov.ingest(running())
+            await gov.reconcile()
+        assert {"checkpoint", "interrupt_kernels"} <= set(gov.verdict("alice/")["requests"])
+        await gov.close()
+
+        clock.advance(10 * 60)  # down for twice checkpoint_timeout
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies([], BUSY_LIMITS)
+        await gov.reconcile()
+        gov.ingest(running())  # its first report since: the cell runs on
+        await gov.reconcile()
+        actions = [a.action for a in actions_of(gov)]
+        assert "checkpoint-failed" not in actions, gov.row("alice/").reason
+        assert gov.row("alice/").state == "checkpointing", gov.row("alice/").reason
+        assert {"checkpoint", "interrupt_kernels"} <= set(gov.verdict("alice/")["requests"])
+        row = gov.row("alice/")
+        assert row.checkpoint_requested_at == row.interrupted_at  # still one request
