@@ -417,3 +417,42 @@ async def test_an_interrupt_and_its_checkpoint_asked_before_an_outage_are_asked_
         assert {"checkpoint", "interrupt_kernels"} <= set(gov.verdict("alice/")["requests"])
         row = gov.row("alice/")
         assert row.checkpoint_requested_at == row.interrupted_at  # still one request
+
+
+async def test_a_kernel_shutdown_asked_before_a_restart_is_still_asked_after_it(
+    tmp_path, restore_clock
+):
+    """Under shutdown-kernels the cull asks the server (in its verdict) to shut its GPU
+    kernels down. The service restarted before the server fetched it: the request, held in
+    memory, was lost, and the idle kernel kept its GPU for a whole new warn-and-cull cycle.
+    It is asked again after the restart, of the same kernels (a kernel id names one kernel:
+    one started since is never asked)."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    shutdown = {"warn_after": "1h", "cull_after": "2h", "cull_action": "shutdown-kernels"}
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        gov.policies = load_policies([], shutdown)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        asked = gov.verdict("alice/")["requests"]["shutdown_kernels"]
+        assert hub.running("alice") and asked["kernels"]
+        await gov.close()
+
+        clock.advance(30)
+        gov = governor(hub, tmp_path)  # the service restarted
+        gov.policies = load_policies([], shutdown)
+        await gov.reconcile()
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))  # the kernel is still there
+        again = gov.verdict("alice/")["requests"].get("shutdown_kernels")
+        assert again is not None and again["kernels"] == asked["kernels"]
+        await gov.reconcile()
+        assert "waiting for the server to shut kernels down" in gov.row("alice/").reason
+
+        done = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        done["targets"] = [t for t in done["targets"] if t["kind"] != "kernel"]
+        clock.advance(30)
+        gov.ingest(done)  # shut down: they are asked no more
+        await gov.reconcile()
+        now = gov.verdict("alice/")["requests"].get("shutdown_kernels") or {"kernels": []}
+        assert not set(now["kernels"]) & set(asked["kernels"])

@@ -263,12 +263,42 @@ class Actions:
             batch.outcomes.append(self._audit_row(row, "cull-failed", why, details=audit.details))
             return
         self._cull_failures.pop(row.key, None)
-        audit.details = {**audit.details, "outcome": outcome}
+        audit.details = {**audit.details, **self._cull_outcome(row, server_policy, outcome)}
         batch.completed.append(audit)
         batch.after.append(row)
         metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, server_policy.cull_action).inc()
         if decision.cull_reason == GPU_IDLE:
             metrics.GPUS_RECLAIMED.inc(gpus)
+
+    def _cull_outcome(self, row: ServerRow, server_policy: Policy, outcome: str) -> dict:
+        """A cull's outcome for its audit row; a kernel shutdown's kernels with it, on record
+        for a restart (``_shutdowns_on_record``)."""
+        asked = self._shutdowns.get(row.key)
+        if server_policy.cull_action == SHUTDOWN_KERNELS and asked is not None:
+            return {"outcome": outcome, "kernels": list(asked.kernels)}
+        return {"outcome": outcome}
+
+    def _shutdowns_on_record(self, now: datetime) -> None:
+        """The kernel shutdowns asked before this service started, still within their time
+        (``report_stale_after``, as ``outbound.forget_answered``): held in memory only, they
+        were lost at the restart, and the idle kernels kept their GPUs for a new cycle. Each is
+        asked again as it was (its kernels' ids name those kernels only); a report showing them
+        gone answers it."""
+        if self.options.dry_run:
+            return
+        for audit in self.store.audit_since("cull", now - self.options.report_stale_after):
+            details = audit.details if isinstance(audit.details, Mapping) else {}
+            kernels = details.get("kernels")
+            row = self.rows.get(audit.server_key or "")
+            if (
+                row is not None
+                and row.running
+                and details.get("cull_action") == SHUTDOWN_KERNELS
+                and isinstance(kernels, list)
+            ):
+                self._shutdowns[row.key] = outbound.KernelRequest(
+                    outbound.SHUTDOWN, tuple(map(str, kernels)), audit.at, audit.reason
+                )
 
     def _cull_failed(self, row: ServerRow) -> datetime:
         """When a cull the Hub just failed is tried again."""

@@ -143,7 +143,7 @@ class PeoplesRequests:
             raise
         if server_policy.cull_action == STOP_SERVER:  # shutdown-kernels already started it afresh
             set_record(row, culled)
-        audit.details = {"outcome": outcome}
+        audit.details = self._cull_outcome(row, server_policy, outcome)
         self.save_outcomes([row], [], [audit])
         metrics.CULLS.labels(ADMIN, server_policy.cull_action).inc()
         return {"status": outcome, "verdict": self.verdict(key)}

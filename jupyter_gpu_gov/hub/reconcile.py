@@ -201,6 +201,7 @@ class Governor(
                 self._check_scopes(), self._groups(), self._dcgm_snapshot()
             )
             self.missing_scopes = scopes | (self.missing_scopes or frozenset())
+            self._shutdowns_on_record(clock.utcnow())
         else:
             groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
         snapshot = self._fresh(snapshot)
