@@ -456,3 +456,39 @@ async def test_a_kernel_shutdown_asked_before_a_restart_is_still_asked_after_it(
         await gov.reconcile()
         now = gov.verdict("alice/")["requests"].get("shutdown_kernels") or {"kernels": []}
         assert not set(now["kernels"]) & set(asked["kernels"])
+
+
+async def test_a_server_restarted_between_the_decision_and_the_delete_is_not_culled(
+    tmp_path, restore_clock
+):
+    """The pass's own listing brought alice's idle server and decided its cull; before the
+    DELETE (the rest of the pass, the store's write) she stopped it and started it again. The
+    new session's first report says so (its server started since): only a claim, so the
+    Hub is asked, and the new session is not culled for the old one's idleness."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path, full_pass_every=1)  # listed this pass
+        task = await once_decided(gov)
+        restarted = clock.utcnow() + timedelta(seconds=5)
+        hub.users["alice"].servers[""].started = restarted  # the Hub's new session
+        report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        report["server"]["started"] = clock.isoformat(restarted)
+        gov.ingest(report)  # the new server's first report
+        await task
+        assert hub.running("alice"), "the new session was culled for the old one's idleness"
+    (skipped,) = [a for a in actions_of(gov) if a.action == "cull-skipped"]
+    assert "not culled: the server restarted since it was decided" in skipped.reason
+
+
+async def test_a_report_claiming_a_restart_does_not_hold_a_cull_the_hub_contradicts(
+    tmp_path, restore_clock
+):
+    """The same claim, false (the Hub runs the same session): the cull is carried out."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path, full_pass_every=1)
+        task = await once_decided(gov)
+        report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        report["server"]["started"] = report["sampled_at"]
+        gov.ingest(report)
+        await task
+        assert not hub.running("alice")
+        assert hub.counters["GET /users/{name}"] == 1  # the claim cost one read

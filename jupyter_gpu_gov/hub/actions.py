@@ -245,6 +245,8 @@ class Actions:
         gpus = self._gpus_held(row.key, server)
         try:
             changed = None if fresh else await self._still_as_decided(server, row)
+            if fresh and self._new_process(row.key, as_of[1]):
+                changed = await self._restarted(server)
             changed = changed or self._changed_since(row, as_of, decision, server_policy)
             if changed is not None:
                 why = f"{decision.reason}; not culled: {changed}"
@@ -269,6 +271,29 @@ class Actions:
         metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, server_policy.cull_action).inc()
         if decision.cull_reason == GPU_IDLE:
             metrics.GPUS_RECLAIMED.inc(gpus)
+
+    def _new_process(self, key: str, received) -> bool:
+        """Whether a report since the decision comes from a server process started since: the
+        owner may have stopped and started the server between the pass's listing and now."""
+        latest = self.reports.get(key)
+        if latest is None or latest is received:
+            return False
+        before = received.report["server"].get("started") if received is not None else None
+        return latest.report["server"].get("started") != before
+
+    async def _restarted(self, server: HubServer) -> str | None:
+        """A report claims a new process (the user's word: it only makes the governor ask):
+        the Hub's model read now, within the pass's bound of reads (``_cull_waits``), says
+        whether this is the session the cull was decided for. Past the bound, the cull
+        stands on the pass's listing."""
+        if self._fresh_reads_left <= 0:
+            return None
+        self._fresh_reads_left -= 1
+        now, _ = await self.hub.get_server(server.user, server.name)
+        if now is not None and now.started == server.started:
+            return None
+        self.hub_listing.waiting.add(server.user)  # asked for at the next pass
+        return f"the server {'stopped' if now is None else 'restarted'} since it was decided"
 
     def _cull_outcome(self, row: ServerRow, server_policy: Policy, outcome: str) -> dict:
         """A cull's outcome for its audit row; a kernel shutdown's kernels with it, on record
