@@ -492,3 +492,33 @@ async def test_a_report_claiming_a_restart_does_not_hold_a_cull_the_hub_contradi
         await task
         assert not hub.running("alice")
         assert hub.counters["GET /users/{name}"] == 1  # the claim cost one read
+
+
+async def test_a_cull_waiting_for_a_slow_hub_is_checked_when_it_is_sent(tmp_path, restore_clock):
+    """A burst of culls against a slow Hub: the requests wait for a slot (the client's bound
+    on requests in flight), minutes with a Hub answering in 30 s. An admin exempts a server
+    whose cull is waiting: it is not culled (the last check ran before the wait, and the
+    DELETE went out whatever landed during it)."""
+    async with FakeHub() as hub:
+        gov = governor(hub, tmp_path, full_pass_every=1)
+        for user in ("alice", "bob"):
+            hub.add_server(user)
+        for step in (0, 61 * 60, 60 * 60):
+            clock.advance(step)
+            for user in ("alice", "bob"):
+                gov.ingest(report_for(user, H100_IDLE_GPU, sm=0.0))
+            await gov.reconcile()
+        for user in ("alice", "bob"):
+            answer(gov, manifest("done"), user=user)
+        gov.hub.close()
+        gov.hub.concurrency, hub.latency = 1, 3.0  # one request at a time, each 3 s
+        task = asyncio.ensure_future(gov.reconcile())
+        while hub.counters["DELETE /users/{name}/server(s)"] == 0:  # the first cull is sent
+            assert not task.done()
+            await asyncio.sleep(0.01)
+        until = clock.utcnow() + timedelta(days=1)
+        for key in ("alice/", "bob/"):  # (the one sent already is culled all the same)
+            await gov.exempt(key, "user:root", until, "the demo is tomorrow")
+        await task
+        assert hub.counters["DELETE /users/{name}/server(s)"] == 1
+        assert hub.running("alice") != hub.running("bob")

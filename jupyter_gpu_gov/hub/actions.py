@@ -10,6 +10,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..core import clock
@@ -34,7 +35,7 @@ from ..core.vocabulary import (
 )
 from . import metrics, outbound
 from .checkpoints import CheckpointResult, checkpoint_fields
-from .hubapi import HubApiError, HubServer
+from .hubapi import HubApiError, HubServer, NotSent
 from .tables import AuditRow, ServerRow, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
@@ -240,7 +241,8 @@ class Actions:
         """The cull whose decision and audit row are on record; its outcome goes on that row.
         Not ``fresh``: decided on a Hub model not read in this pass, which is read first
         (``Incremental._still_as_decided``). Then what changed here since it was decided
-        (``as_of``, ``_changed_since``) is read, the last thing before the Hub is asked."""
+        (``as_of``, ``_changed_since``) is read, again once the DELETE holds its slot to the
+        Hub, the last thing before the Hub is asked."""
         # Counted first: shutting kernels down drops the server's report.
         gpus = self._gpus_held(row.key, server)
         try:
@@ -248,11 +250,13 @@ class Actions:
             if fresh and self._new_process(row.key, as_of[1]):
                 changed = await self._restarted(server)
             changed = changed or self._changed_since(row, as_of, decision, server_policy)
-            if changed is not None:
-                why = f"{decision.reason}; not culled: {changed}"
-                self._not_culled(row, as_of[0], why, audit, batch)
-                return
-            outcome = await self._cull(server, row, server_policy)
+            if changed is None:
+                # Checked again once the DELETE holds its slot to the Hub (a burst of culls
+                # waits for slots, minutes against a slow Hub).
+                still = partial(self._changed_since, row, as_of, decision, server_policy)
+                outcome = await self._cull(server, row, server_policy, still)
+        except NotSent as withdrawn:
+            changed = str(withdrawn)
         except Exception as error:  # recorded, decided and tried again after a pause
             log.error("gpu-gov: cull of %s failed: %s", row.key, error)
             again = self._cull_failed(row)
@@ -263,6 +267,10 @@ class Actions:
                 set_record(row, replace(record_of(row), state=WARNED, culled_at=None, reason=why))
             batch.after.append(row)
             batch.outcomes.append(self._audit_row(row, "cull-failed", why, details=audit.details))
+            return
+        if changed is not None:
+            why = f"{decision.reason}; not culled: {changed}"
+            self._not_culled(row, as_of[0], why, audit, batch)
             return
         self._cull_failures.pop(row.key, None)
         audit.details = {**audit.details, **self._cull_outcome(row, server_policy, outcome)}
@@ -358,7 +366,9 @@ class Actions:
         batch.outcomes.append(self._audit_row(row, "cull-skipped", why, details=audit.details))
         self._unkeep(row.key)
 
-    async def _cull(self, server: HubServer, row: ServerRow, server_policy: Policy) -> str:
+    async def _cull(
+        self, server: HubServer, row: ServerRow, server_policy: Policy, last_check=None
+    ) -> str:
         if server_policy.cull_action == SHUTDOWN_KERNELS and row.key in self.reports:
             # Asked in the server's verdict: the governor never calls a user's server.
             kernels = outbound.kernels_on_gpu(self.reports[row.key].report)
@@ -375,7 +385,7 @@ class Actions:
         # inactive (or created) long enough as the Hub saw them before the stop (a stop is
         # activity); after a slow stop, a later pass finds them among the inactive users.
         user = await self.hub.get_user(server.user) if self.options.cull_users else None
-        outcome = await self.hub.stop_server(server.user, server.name, remove=remove)
+        outcome = await self.hub.stop_server(server.user, server.name, remove, last_check)
         self._stops[row.key] = row.session_started  # (an admin's cull now sends it no more)
         if user is not None and outcome == "stopped" and self._user_expired(user):
             now = await self.hub.get_user(server.user)
