@@ -522,3 +522,26 @@ async def test_a_cull_waiting_for_a_slow_hub_is_checked_when_it_is_sent(tmp_path
         await task
         assert hub.counters["DELETE /users/{name}/server(s)"] == 1
         assert hub.running("alice") != hub.running("bob")
+
+
+async def test_the_owners_stop_stands_while_the_hub_fails_it(tmp_path, restore_clock):
+    """The owner pressed Stop and the Hub failed the stop, twice: the owner's request stands
+    (on record as stopped, sent again after a growing pause) until the Hub takes it. The
+    second failure turned it into a governed server, warned, running on with its GPU."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))  # working, not idle
+        await gov.reconcile()
+        hub.stop_errors = [500, 500]
+        await gov.stop_by_owner("alice/", "user:alice", "done for today")
+        await gov.background_done()
+        for _ in range(8):  # passes every minute: the stop is sent again, and again
+            clock.advance(60)
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))
+            await gov.reconcile()
+            if not hub.running("alice"):
+                break
+            assert gov.row("alice/").state == "culled", gov.row("alice/").reason
+        assert not hub.running("alice")
+        assert hub.counters["DELETE /users/{name}/server(s)"] == 3

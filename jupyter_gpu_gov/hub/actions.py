@@ -18,6 +18,7 @@ from ..core.durations import format_duration
 from ..core.policy import Decision, Policy, evolve
 from ..core.report import gpu_signal, user_last_activity
 from ..core.vocabulary import (
+    ADMIN,
     CHECKPOINT,
     CHECKPOINT_DONE,
     CHECKPOINT_FAILED,
@@ -172,6 +173,9 @@ class Actions:
         culled_at = record_of(row).culled_at
         if self.options.dry_run or culled_at is None or now - culled_at < CULL_RETRY_AFTER:
             return
+        failed = self._cull_failures.get(row.key)
+        if failed is not None and failed.session == row.session_started and now < failed.at:
+            return  # the Hub failed it: tried again after a pause (``_cull_failed``)
         if row.cull_reason == OWNER_STOP:  # the owner asked for the server to stop, not its kernels
             server_policy = replace(server_policy, cull_action=STOP_SERVER)
         set_record(row, replace(record_of(row), culled_at=now))
@@ -263,7 +267,10 @@ class Actions:
             why = (
                 f"{decision.reason}; not culled: {error}; tried again at {again:%Y-%m-%d %H:%M} UTC"
             )
-            if record_of(row) is as_of[0]:  # (not a person's record made meanwhile)
+            if record_of(row) is as_of[0] and row.cull_reason in (OWNER_STOP, ADMIN):
+                # A person's stop stands: sent again (``_cull_again``), never decided anew.
+                set_record(row, replace(record_of(row), reason=why))
+            elif record_of(row) is as_of[0]:  # (not a person's record made meanwhile)
                 set_record(row, replace(record_of(row), state=WARNED, culled_at=None, reason=why))
             batch.after.append(row)
             batch.outcomes.append(self._audit_row(row, "cull-failed", why, details=audit.details))
