@@ -545,3 +545,22 @@ async def test_the_owners_stop_stands_while_the_hub_fails_it(tmp_path, restore_c
             assert gov.row("alice/").state == "culled", gov.row("alice/").reason
         assert not hub.running("alice")
         assert hub.counters["DELETE /users/{name}/server(s)"] == 3
+
+
+async def test_a_wall_clock_step_moves_a_failed_culls_pause_with_it(
+    tmp_path, restore_clock, monkeypatch
+):
+    """The Hub failed a cull, tried again in 2 minutes; the wall clock then jumped an hour
+    ahead: the pause is still 2 minutes of real time, not over at once."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        hub.stop_errors = [503] * 5
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert hub.counters["DELETE /users/{name}/server(s)"] == 1
+        steps = iter([3600.0])
+        monkeypatch.setattr(clock, "adopt_step", lambda: next(steps, 0.0))
+        clock.advance(3600 + 30)  # the jump, and 30 s
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert hub.counters["DELETE /users/{name}/server(s)"] == 1
