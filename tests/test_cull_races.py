@@ -564,3 +564,27 @@ async def test_a_wall_clock_step_moves_a_failed_culls_pause_with_it(
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         await gov.reconcile()
         assert hub.counters["DELETE /users/{name}/server(s)"] == 1
+
+
+async def test_an_admins_kernel_shutdown_is_asked_again_after_a_restart(tmp_path, restore_clock):
+    """The same for an admin's immediate cull under shutdown-kernels."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    shutdown = {"warn_after": "1h", "cull_after": "2h", "cull_action": "shutdown-kernels"}
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies([], shutdown)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        await gov.cull_now("alice/", "user:root", "the node is drained", immediately=True)
+        asked = gov.verdict("alice/")["requests"]["shutdown_kernels"]
+        await gov.close()
+
+        clock.advance(30)
+        gov = governor(hub, tmp_path)  # the service restarted
+        gov.policies = load_policies([], shutdown)
+        await gov.reconcile()
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        again = gov.verdict("alice/")["requests"].get("shutdown_kernels")
+        assert again is not None and again["kernels"] == asked["kernels"]

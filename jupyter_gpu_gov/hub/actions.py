@@ -330,12 +330,8 @@ class Actions:
             details = audit.details if isinstance(audit.details, Mapping) else {}
             kernels = details.get("kernels")
             row = self.rows.get(audit.server_key or "")
-            if (
-                row is not None
-                and row.running
-                and details.get("cull_action") == SHUTDOWN_KERNELS
-                and isinstance(kernels, list)
-            ):
+            # (only a kernel shutdown's outcome names kernels: an admin's has no cull_action)
+            if row is not None and row.running and isinstance(kernels, list):
                 self._shutdowns[row.key] = outbound.KernelRequest(
                     outbound.SHUTDOWN, tuple(map(str, kernels)), audit.at, audit.reason
                 )
