@@ -321,7 +321,7 @@ async def test_an_exemption_during_a_failed_immediate_cull_is_kept(tmp_path, res
         gov = governor(hub, tmp_path)
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         await gov.reconcile()
-        hub.latency, hub.stop_errors = 0.5, [500]
+        hub.latency, hub.stop_errors = 2.0, [500]  # the exemption lands during the DELETE
         cull = asyncio.ensure_future(
             gov.cull_now("alice/", "user:root", "runaway", immediately=True)
         )
