@@ -17,6 +17,8 @@ It follows JupyterHub 5/6 where the governor depends on it:
 - ``DELETE /users/{name}/server`` and ``/users/{name}/servers/{server}`` with ``{"remove": true}``:
   204, or 202 for a server set to stop slowly (it then answers 202 and shows ``pending: "stop"``
   until it has been polled ``slow_stop`` times, then stops).
+- ``stop_errors``: statuses the next DELETEs of a server answer instead (a spawner whose stop
+  raises: the Hub's 500), one each, in order.
 - Tokens: ``Authorization: token X`` (or ``bearer X``); anything else is a 403 with the Hub's JSON
   error body. Server models carry ``state`` only for tokens with ``admin:server_state``.
 
@@ -138,6 +140,7 @@ class FakeHub:
         self._inactive_ids: list[int] = []  # sorted
         self._next_id = 1
         self.counters: Counter[str] = Counter()
+        self.stop_errors: list[int] = []  # what the next DELETEs of a server answer instead
         self.in_flight = 0
         self.max_in_flight = 0
         self.port = 0
@@ -594,6 +597,8 @@ class _ServerHandler(_Handler):
     def delete(self, name: str, server_name: str = "") -> None:
         hub = self.hub
         user = self.find_user(name)
+        if hub.stop_errors:
+            raise web.HTTPError(hub.stop_errors.pop(0), "the spawner failed to stop the server")
         body = json.loads(self.request.body or b"null") or {}
         remove = bool(body.get("remove"))
         if server_name:

@@ -224,7 +224,9 @@ async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
         gov.ingest(running(started))
         await gov.reconcile()
         again = gov.verdict("alice/")["requests"]
-        assert again["checkpoint"]["requested_at"] == asked["checkpoint"]["requested_at"]
+        row = gov.row("alice/")  # asked again from the restart, still one request
+        assert row.checkpoint_requested_at == row.interrupted_at
+        assert again["checkpoint"]["requested_at"] > asked["checkpoint"]["requested_at"]
         assert again["interrupt_kernels"]["kernels"] == asked["interrupt_kernels"]["kernels"]
 
         # That cell ended; another started since: it is not the one interrupted.
@@ -260,3 +262,329 @@ async def test_an_extension_during_the_passs_write_of_the_same_row_is_kept(tmp_p
         assert (stored.extensions_used, stored.extension_s) == (1, extended)
         await gov.reconcile()
         assert gov.row("alice/").extension_s == extended
+
+
+async def test_the_owners_stop_retried_under_shutdown_kernels_stops_the_server(
+    tmp_path, restore_clock
+):
+    """The owner pressed Stop; the Hub failed to stop the server (its spawner raised). The
+    stop is on record and sent again later: it must stop the server the owner asked to stop,
+    not shut its kernels down because the policy's cull action says so."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies(
+            [], {"warn_after": "1h", "cull_after": "2h", "cull_action": "shutdown-kernels"}
+        )
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        hub.stop_errors.append(500)
+        await gov.stop_by_owner("alice/", "user:alice", "done for today")
+        await gov.background_done()
+        assert hub.running("alice")
+        clock.advance(3 * 60)  # past CULL_RETRY_AFTER
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert not hub.running("alice"), gov.row("alice/").reason
+        assert "shutdown_kernels" not in gov.verdict("alice/")["requests"]
+    (retry,) = [a for a in actions_of(gov) if a.action == "cull-retry"]
+    assert retry.details["cull_action"] == "stop-server", retry.details
+
+
+async def test_an_immediate_cull_of_a_server_already_culled_sends_nothing_again(
+    tmp_path, restore_clock
+):
+    """The pass culled alice's server; an admin's immediate cull a moment later (the admin
+    view not yet refreshed) answers that it is culled: no second cull on record, no second
+    DELETE sent to the Hub."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        hub.users["alice"].servers[""].slow_stop = 3  # the Hub still stopping it
+        await gov.reconcile()
+        deletes = hub.counters["DELETE /users/{name}/server(s)"]
+        assert deletes == 1 and gov.row("alice/").state == "culled"
+        outcome = await gov.cull_now("alice/", "user:root", "runaway", immediately=True)
+        assert outcome["status"] == "culled"
+        assert hub.counters["DELETE /users/{name}/server(s)"] == deletes
+    culls = [a for a in actions_of(gov) if a.action.startswith("cull")]
+    assert [(c.action, c.actor) for c in culls] == [("cull", "governor")]
+
+
+async def test_an_exemption_during_a_failed_immediate_cull_is_kept(tmp_path, restore_clock):
+    """An admin's immediate cull waits for the Hub; another admin exempts the server
+    meanwhile, and the Hub fails the stop: the exemption stays (the failed cull put the record
+    back as it was before it, over the exemption)."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        hub.latency, hub.stop_errors = 2.0, [500]  # the exemption lands during the DELETE
+        cull = asyncio.ensure_future(
+            gov.cull_now("alice/", "user:root", "runaway", immediately=True)
+        )
+        while hub.in_flight == 0:
+            assert not cull.done()
+            await asyncio.sleep(0.01)
+        until = clock.utcnow() + timedelta(days=1)
+        await gov.exempt("alice/", "user:bob", until, "the demo is tomorrow")
+        with pytest.raises(Exception, match="500"):
+            await cull
+        assert gov.row("alice/").state == "exempt"
+        assert gov.store.servers()["alice/"].state == "exempt"
+
+
+async def test_a_hub_failing_a_cull_is_asked_again_with_a_growing_pause(tmp_path, restore_clock):
+    """The Hub answers 503 to a cull (its spawner cannot reach the cluster). The cull is
+    retried after 2 minutes, then 4, ... (not at every pass, each writing its cull and its
+    failure again); each failure says when it is tried again, the server's reason says why
+    it still runs; once the Hub stops it, it is culled."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        hub.stop_errors = [503] * 20
+
+        async def a_pass(seconds: float) -> None:
+            clock.advance(seconds)
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+            await gov.reconcile()
+
+        def tries() -> int:
+            return hub.counters["DELETE /users/{name}/server(s)"]
+
+        await a_pass(0)
+        assert tries() == 1 and hub.running("alice")
+        (failed,) = [a for a in actions_of(gov) if a.action == "cull-failed"]
+        assert "503" in failed.reason and "tried again at" in failed.reason, failed.reason
+        row = gov.row("alice/")
+        assert "503" in row.reason and "tried again at" in row.reason, row.reason
+        audits = len(actions_of(gov))
+        for _ in range(3):  # passes every 30 s: within the pause, nothing is sent or recorded
+            await a_pass(30)
+        assert tries() == 1 and len(actions_of(gov)) == audits
+        await a_pass(40)  # 2 min 10 s after the failure
+        assert tries() == 2
+        for _ in range(7):  # then 4 minutes
+            await a_pass(30)
+        assert tries() == 2
+        await a_pass(40)
+        assert tries() == 3
+        hub.stop_errors.clear()
+        await a_pass(8 * 60 + 10)
+        assert not hub.running("alice") and tries() == 4
+    failures = [a for a in actions_of(gov) if a.action == "cull-failed"]
+    assert len(failures) == 3
+
+
+async def test_an_interrupt_and_its_checkpoint_asked_before_an_outage_are_asked_again(
+    tmp_path, restore_clock
+):
+    """The busy limit asked for an interrupt and a checkpoint, and the service went down for
+    longer than checkpoint_timeout before the server fetched them. The server could not hear
+    them meanwhile: at the restart both are asked again, still paired, from the restart (they
+    timed out unheard: a false checkpoint-failed, and the warning's path instead)."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies([], BUSY_LIMITS)
+        started = clock.utcnow()
+
+        def running():
+            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+            report["window"]["gpu_idle_since"] = clock.isoformat(started)
+            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(started))
+            return report
+
+        for step in (0, 31 * 60, 61 * 60):  # busy, warned, the interrupt (after its notice)
+            clock.advance(step)
+            gov.ingest(running())
+            await gov.reconcile()
+        assert {"checkpoint", "interrupt_kernels"} <= set(gov.verdict("alice/")["requests"])
+        await gov.close()
+
+        clock.advance(10 * 60)  # down for twice checkpoint_timeout
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies([], BUSY_LIMITS)
+        await gov.reconcile()
+        gov.ingest(running())  # its first report since: the cell runs on
+        await gov.reconcile()
+        actions = [a.action for a in actions_of(gov)]
+        assert "checkpoint-failed" not in actions, gov.row("alice/").reason
+        assert gov.row("alice/").state == "checkpointing", gov.row("alice/").reason
+        assert {"checkpoint", "interrupt_kernels"} <= set(gov.verdict("alice/")["requests"])
+        row = gov.row("alice/")
+        assert row.checkpoint_requested_at == row.interrupted_at  # still one request
+
+
+async def test_a_kernel_shutdown_asked_before_a_restart_is_still_asked_after_it(
+    tmp_path, restore_clock
+):
+    """Under shutdown-kernels the cull asks the server (in its verdict) to shut its GPU
+    kernels down. The service restarted before the server fetched it: the request, held in
+    memory, was lost, and the idle kernel kept its GPU for a whole new warn-and-cull cycle.
+    It is asked again after the restart, of the same kernels (a kernel id names one kernel:
+    one started since is never asked)."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    shutdown = {"warn_after": "1h", "cull_after": "2h", "cull_action": "shutdown-kernels"}
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        gov.policies = load_policies([], shutdown)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        asked = gov.verdict("alice/")["requests"]["shutdown_kernels"]
+        assert hub.running("alice") and asked["kernels"]
+        await gov.close()
+
+        clock.advance(30)
+        gov = governor(hub, tmp_path)  # the service restarted
+        gov.policies = load_policies([], shutdown)
+        await gov.reconcile()
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))  # the kernel is still there
+        again = gov.verdict("alice/")["requests"].get("shutdown_kernels")
+        assert again is not None and again["kernels"] == asked["kernels"]
+        await gov.reconcile()
+        assert "waiting for the server to shut kernels down" in gov.row("alice/").reason
+
+        done = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        done["targets"] = [t for t in done["targets"] if t["kind"] != "kernel"]
+        clock.advance(30)
+        gov.ingest(done)  # shut down: they are asked no more
+        await gov.reconcile()
+        now = gov.verdict("alice/")["requests"].get("shutdown_kernels") or {"kernels": []}
+        assert not set(now["kernels"]) & set(asked["kernels"])
+
+
+async def test_a_server_restarted_between_the_decision_and_the_delete_is_not_culled(
+    tmp_path, restore_clock
+):
+    """The pass's own listing brought alice's idle server and decided its cull; before the
+    DELETE (the rest of the pass, the store's write) she stopped it and started it again. The
+    new session's first report says so (its server started since): only a claim, so the
+    Hub is asked, and the new session is not culled for the old one's idleness."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path, full_pass_every=1)  # listed this pass
+        task = await once_decided(gov)
+        restarted = clock.utcnow() + timedelta(seconds=5)
+        hub.users["alice"].servers[""].started = restarted  # the Hub's new session
+        report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        report["server"]["started"] = clock.isoformat(restarted)
+        gov.ingest(report)  # the new server's first report
+        await task
+        assert hub.running("alice"), "the new session was culled for the old one's idleness"
+    (skipped,) = [a for a in actions_of(gov) if a.action == "cull-skipped"]
+    assert "not culled: the server restarted since it was decided" in skipped.reason
+
+
+async def test_a_report_claiming_a_restart_does_not_hold_a_cull_the_hub_contradicts(
+    tmp_path, restore_clock
+):
+    """The same claim, false (the Hub runs the same session): the cull is carried out."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path, full_pass_every=1)
+        task = await once_decided(gov)
+        report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        report["server"]["started"] = report["sampled_at"]
+        gov.ingest(report)
+        await task
+        assert not hub.running("alice")
+        assert hub.counters["GET /users/{name}"] == 1  # the claim cost one read
+
+
+async def test_a_cull_waiting_for_a_slow_hub_is_checked_when_it_is_sent(tmp_path, restore_clock):
+    """A burst of culls against a slow Hub: the requests wait for a slot (the client's bound
+    on requests in flight), minutes with a Hub answering in 30 s. An admin exempts a server
+    whose cull is waiting: it is not culled (the last check ran before the wait, and the
+    DELETE went out whatever landed during it)."""
+    async with FakeHub() as hub:
+        gov = governor(hub, tmp_path, full_pass_every=1)
+        for user in ("alice", "bob"):
+            hub.add_server(user)
+        for step in (0, 61 * 60, 60 * 60):
+            clock.advance(step)
+            for user in ("alice", "bob"):
+                gov.ingest(report_for(user, H100_IDLE_GPU, sm=0.0))
+            await gov.reconcile()
+        for user in ("alice", "bob"):
+            answer(gov, manifest("done"), user=user)
+        gov.hub.close()
+        gov.hub.concurrency, hub.latency = 1, 3.0  # one request at a time, each 3 s
+        task = asyncio.ensure_future(gov.reconcile())
+        while hub.counters["DELETE /users/{name}/server(s)"] == 0:  # the first cull is sent
+            assert not task.done()
+            await asyncio.sleep(0.01)
+        until = clock.utcnow() + timedelta(days=1)
+        for key in ("alice/", "bob/"):  # (the one sent already is culled all the same)
+            await gov.exempt(key, "user:root", until, "the demo is tomorrow")
+        await task
+        assert hub.counters["DELETE /users/{name}/server(s)"] == 1
+        assert hub.running("alice") != hub.running("bob")
+
+
+async def test_the_owners_stop_stands_while_the_hub_fails_it(tmp_path, restore_clock):
+    """The owner pressed Stop and the Hub failed the stop, twice: the owner's request stands
+    (on record as stopped, sent again after a growing pause) until the Hub takes it. The
+    second failure turned it into a governed server, warned, running on with its GPU."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))  # working, not idle
+        await gov.reconcile()
+        hub.stop_errors = [500, 500]
+        await gov.stop_by_owner("alice/", "user:alice", "done for today")
+        await gov.background_done()
+        for _ in range(8):  # passes every minute: the stop is sent again, and again
+            clock.advance(60)
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))
+            await gov.reconcile()
+            if not hub.running("alice"):
+                break
+            assert gov.row("alice/").state == "culled", gov.row("alice/").reason
+        assert not hub.running("alice")
+        assert hub.counters["DELETE /users/{name}/server(s)"] == 3
+
+
+async def test_a_wall_clock_step_moves_a_failed_culls_pause_with_it(
+    tmp_path, restore_clock, monkeypatch
+):
+    """The Hub failed a cull, tried again in 2 minutes; the wall clock then jumped an hour
+    ahead: the pause is still 2 minutes of real time, not over at once."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path)
+        hub.stop_errors = [503] * 5
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert hub.counters["DELETE /users/{name}/server(s)"] == 1
+        steps = iter([3600.0])
+        monkeypatch.setattr(clock, "adopt_step", lambda: next(steps, 0.0))
+        clock.advance(3600 + 30)  # the jump, and 30 s
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert hub.counters["DELETE /users/{name}/server(s)"] == 1
+
+
+async def test_an_admins_kernel_shutdown_is_asked_again_after_a_restart(tmp_path, restore_clock):
+    """The same for an admin's immediate cull under shutdown-kernels."""
+    from jupyter_gpu_gov.core.policy import load_policies
+
+    shutdown = {"warn_after": "1h", "cull_after": "2h", "cull_action": "shutdown-kernels"}
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies([], shutdown)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        await gov.cull_now("alice/", "user:root", "the node is drained", immediately=True)
+        asked = gov.verdict("alice/")["requests"]["shutdown_kernels"]
+        await gov.close()
+
+        clock.advance(30)
+        gov = governor(hub, tmp_path)  # the service restarted
+        gov.policies = load_policies([], shutdown)
+        await gov.reconcile()
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        again = gov.verdict("alice/")["requests"].get("shutdown_kernels")
+        assert again is not None and again["kernels"] == asked["kernels"]

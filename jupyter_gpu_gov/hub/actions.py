@@ -10,13 +10,15 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..core import clock
 from ..core.durations import format_duration
-from ..core.policy import Decision, Policy
+from ..core.policy import Decision, Policy, evolve
 from ..core.report import gpu_signal, user_last_activity
 from ..core.vocabulary import (
+    ADMIN,
     CHECKPOINT,
     CHECKPOINT_DONE,
     CHECKPOINT_FAILED,
@@ -26,24 +28,38 @@ from ..core.vocabulary import (
     GPU_IDLE,
     INTERRUPT,
     NOTICES,
+    OWNER_STOP,
     SHUTDOWN_KERNELS,
+    STOP_SERVER,
     WARNED,
     WARNINGS,
 )
 from . import metrics, outbound
 from .checkpoints import CheckpointResult, checkpoint_fields
-from .hubapi import HubApiError, HubServer
+from .hubapi import HubApiError, HubServer, NotSent
 from .tables import AuditRow, ServerRow, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
 
 if TYPE_CHECKING:
+    from .incremental import DecidedOn
     from .reconcile import _Batch
 
 
 # A culled server the Hub still lists as ready this long after its cull was not stopped.
 CULL_RETRY_AFTER = timedelta(minutes=2)
+# A cull the Hub failed (5xx, no answer) is tried again after CULL_RETRY_AFTER, twice as long
+# after each failure in a row up to this: not at every pass, each on record again.
+CULL_BACKOFF_MOST = timedelta(minutes=30)
+
+
+class CullFailed(NamedTuple):
+    """The Hub failed this session's cull ``failures`` times in a row; tried again at ``at``."""
+
+    session: datetime | None
+    failures: int
+    at: datetime
 
 
 class Actions:
@@ -157,6 +173,11 @@ class Actions:
         culled_at = record_of(row).culled_at
         if self.options.dry_run or culled_at is None or now - culled_at < CULL_RETRY_AFTER:
             return
+        failed = self._cull_failures.get(row.key)
+        if failed is not None and failed.session == row.session_started and now < failed.at:
+            return  # the Hub failed it: tried again after a pause (``_cull_failed``)
+        if row.cull_reason == OWNER_STOP:  # the owner asked for the server to stop, not its kernels
+            server_policy = replace(server_policy, cull_action=STOP_SERVER)
         set_record(row, replace(record_of(row), culled_at=now))
         batch.changed.append(row)
         why = f"{row.reason} (still running {format_duration(now - culled_at)} later: asked again)"
@@ -224,34 +245,120 @@ class Actions:
         """The cull whose decision and audit row are on record; its outcome goes on that row.
         Not ``fresh``: decided on a Hub model not read in this pass, which is read first
         (``Incremental._still_as_decided``). Then what changed here since it was decided
-        (``as_of``, ``_changed_since``) is read, the last thing before the Hub is asked."""
+        (``as_of``, ``_changed_since``) is read, again once the DELETE holds its slot to the
+        Hub, the last thing before the Hub is asked."""
         # Counted first: shutting kernels down drops the server's report.
         gpus = self._gpus_held(row.key, server)
         try:
             changed = None if fresh else await self._still_as_decided(server, row)
+            if fresh and self._new_process(row.key, as_of[1]):
+                changed = await self._restarted(server)
             changed = changed or self._changed_since(row, as_of, decision, server_policy)
-            if changed is not None:
-                why = f"{decision.reason}; not culled: {changed}"
-                self._not_culled(row, as_of[0], why, audit, batch)
-                return
-            outcome = await self._cull(server, row, server_policy)
-        except Exception as error:  # recorded, retried next cycle
+            if changed is None:
+                # Checked again once the DELETE holds its slot to the Hub (a burst of culls
+                # waits for slots, minutes against a slow Hub).
+                still = partial(self._changed_since, row, as_of, decision, server_policy)
+                outcome = await self._cull(server, row, server_policy, still)
+        except NotSent as withdrawn:
+            changed = str(withdrawn)
+        except Exception as error:  # recorded, decided and tried again after a pause
             log.error("gpu-gov: cull of %s failed: %s", row.key, error)
-            if record_of(row) is as_of[0]:  # (not a person's record made meanwhile)
-                set_record(row, replace(record_of(row), state=WARNED, culled_at=None))
-            batch.after.append(row)
-            batch.outcomes.append(
-                self._audit_row(
-                    row, "cull-failed", f"{decision.reason}; {error}", details=audit.details
-                )
+            again = self._cull_failed(row)
+            why = (
+                f"{decision.reason}; not culled: {error}; tried again at {again:%Y-%m-%d %H:%M} UTC"
             )
+            if record_of(row) is as_of[0] and row.cull_reason in (OWNER_STOP, ADMIN):
+                # A person's stop stands: sent again (``_cull_again``), never decided anew.
+                set_record(row, replace(record_of(row), reason=why))
+            elif record_of(row) is as_of[0]:  # (not a person's record made meanwhile)
+                set_record(row, replace(record_of(row), state=WARNED, culled_at=None, reason=why))
+            batch.after.append(row)
+            batch.outcomes.append(self._audit_row(row, "cull-failed", why, details=audit.details))
             return
-        audit.details = {**audit.details, "outcome": outcome}
+        if changed is not None:
+            why = f"{decision.reason}; not culled: {changed}"
+            self._not_culled(row, as_of[0], why, audit, batch)
+            return
+        self._cull_failures.pop(row.key, None)
+        audit.details = {**audit.details, **self._cull_outcome(row, server_policy, outcome)}
         batch.completed.append(audit)
         batch.after.append(row)
         metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, server_policy.cull_action).inc()
         if decision.cull_reason == GPU_IDLE:
             metrics.GPUS_RECLAIMED.inc(gpus)
+
+    def _new_process(self, key: str, received) -> bool:
+        """Whether a report since the decision comes from a server process started since: the
+        owner may have stopped and started the server between the pass's listing and now."""
+        latest = self.reports.get(key)
+        if latest is None or latest is received:
+            return False
+        before = received.report["server"].get("started") if received is not None else None
+        return latest.report["server"].get("started") != before
+
+    async def _restarted(self, server: HubServer) -> str | None:
+        """A report claims a new process (the user's word: it only makes the governor ask):
+        the Hub's model read now, within the pass's bound of reads (``_cull_waits``), says
+        whether this is the session the cull was decided for. Past the bound, the cull
+        stands on the pass's listing."""
+        if self._fresh_reads_left <= 0:
+            return None
+        self._fresh_reads_left -= 1
+        now, _ = await self.hub.get_server(server.user, server.name)
+        if now is not None and now.started == server.started:
+            return None
+        self.hub_listing.waiting.add(server.user)  # asked for at the next pass
+        return f"the server {'stopped' if now is None else 'restarted'} since it was decided"
+
+    def _cull_outcome(self, row: ServerRow, server_policy: Policy, outcome: str) -> dict:
+        """A cull's outcome for its audit row; a kernel shutdown's kernels with it, on record
+        for a restart (``_shutdowns_on_record``)."""
+        asked = self._shutdowns.get(row.key)
+        if server_policy.cull_action == SHUTDOWN_KERNELS and asked is not None:
+            return {"outcome": outcome, "kernels": list(asked.kernels)}
+        return {"outcome": outcome}
+
+    def _shutdowns_on_record(self, now: datetime) -> None:
+        """The kernel shutdowns asked before this service started, still within their time
+        (``report_stale_after``, as ``outbound.forget_answered``): held in memory only, they
+        were lost at the restart, and the idle kernels kept their GPUs for a new cycle. Each is
+        asked again as it was (its kernels' ids name those kernels only); a report showing them
+        gone answers it."""
+        if self.options.dry_run:
+            return
+        for audit in self.store.audit_since("cull", now - self.options.report_stale_after):
+            details = audit.details if isinstance(audit.details, Mapping) else {}
+            kernels = details.get("kernels")
+            row = self.rows.get(audit.server_key or "")
+            # (only a kernel shutdown's outcome names kernels: an admin's has no cull_action)
+            if row is not None and row.running and isinstance(kernels, list):
+                self._shutdowns[row.key] = outbound.KernelRequest(
+                    outbound.SHUTDOWN, tuple(map(str, kernels)), audit.at, audit.reason
+                )
+
+    def _cull_failed(self, row: ServerRow) -> datetime:
+        """When a cull the Hub just failed is tried again."""
+        last = self._cull_failures.get(row.key)
+        failures = last.failures + 1 if last and last.session == row.session_started else 1
+        pause = min(CULL_RETRY_AFTER * 2 ** (failures - 1), CULL_BACKOFF_MOST)
+        at = clock.utcnow() + pause
+        self._cull_failures[row.key] = CullFailed(row.session_started, failures, at)
+        return at
+
+    def _cull_held(
+        self, row: ServerRow, decided: DecidedOn, decision: Decision, now: datetime
+    ) -> Decision:
+        """A cull the Hub failed is not taken again before its time (``_cull_failed``): the
+        server stays warned, its reason saying why and when, with nothing more on record."""
+        failed = self._cull_failures.get(row.key)
+        if (
+            CULL not in decision.actions
+            or failed is None
+            or failed.session != row.session_started
+            or now >= failed.at
+        ):
+            return decision
+        return evolve(decision, record=decided.record, actions=())
 
     def _not_culled(self, row: ServerRow, decided, why: str, audit: AuditRow, batch) -> None:
         """A cull skipped, on record; the server is warned again (its record left as a person
@@ -262,7 +369,9 @@ class Actions:
         batch.outcomes.append(self._audit_row(row, "cull-skipped", why, details=audit.details))
         self._unkeep(row.key)
 
-    async def _cull(self, server: HubServer, row: ServerRow, server_policy: Policy) -> str:
+    async def _cull(
+        self, server: HubServer, row: ServerRow, server_policy: Policy, last_check=None
+    ) -> str:
         if server_policy.cull_action == SHUTDOWN_KERNELS and row.key in self.reports:
             # Asked in the server's verdict: the governor never calls a user's server.
             kernels = outbound.kernels_on_gpu(self.reports[row.key].report)
@@ -279,7 +388,8 @@ class Actions:
         # inactive (or created) long enough as the Hub saw them before the stop (a stop is
         # activity); after a slow stop, a later pass finds them among the inactive users.
         user = await self.hub.get_user(server.user) if self.options.cull_users else None
-        outcome = await self.hub.stop_server(server.user, server.name, remove=remove)
+        outcome = await self.hub.stop_server(server.user, server.name, remove, last_check)
+        self._stops[row.key] = row.session_started  # (an admin's cull now sends it no more)
         if user is not None and outcome == "stopped" and self._user_expired(user):
             now = await self.hub.get_user(server.user)
             if now is not None and not now.get("servers"):

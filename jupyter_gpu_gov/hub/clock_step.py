@@ -45,6 +45,10 @@ class ClockStep:
         self._checkpoints = {k: clock.shifted(c, delta) for k, c in self._checkpoints.items()}
         self._shutdowns = {k: clock.shifted(s, delta) for k, s in self._shutdowns.items()}
         self._interrupts = {k: clock.shifted(s, delta) for k, s in self._interrupts.items()}
+        # (the session is the Hub's start, compared with the row's: not moved)
+        self._cull_failures = {
+            k: f._replace(at=f.at + delta) for k, f in self._cull_failures.items()
+        }
         self.ledger.shift(delta)
         if self._usage_written_at is not None:
             self._usage_written_at += delta

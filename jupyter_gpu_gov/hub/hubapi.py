@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
@@ -63,6 +63,10 @@ class HubApiError(Exception):
         self.url = url
         where = f"{method} {url}: " if method else ""
         super().__init__(f"{where}{status} {message}".rstrip())
+
+
+class NotSent(Exception):
+    """A request its caller withdrew at the last moment (``_send``'s ``last_check``)."""
 
 
 @dataclass(frozen=True, slots=True)  # one per running server: no __dict__ each
@@ -301,8 +305,12 @@ class HubApi:
         *,
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        last_check: Callable[[], str | None] | None = None,
     ) -> _Reply:
-        """One request; any HTTP status comes back, only a missing answer raises."""
+        """One request; any HTTP status comes back, only a missing answer raises.
+        ``last_check``: run once the request holds its slot, just before it is sent (a
+        burst waits for slots, minutes against a slow Hub); a reason it returns withdraws
+        the request (``NotSent``)."""
         url = self._url(path, params)
         hdrs = {"Authorization": f"token {self.token}", "Accept": "application/json"}
         hdrs.update(headers or {})
@@ -323,6 +331,9 @@ class HubApi:
         )
         client, semaphore = self._bind()
         async with semaphore:
+            why = last_check() if last_check is not None else None
+            if why is not None:
+                raise NotSent(why)
             self.request_count += 1
             try:
                 resp = await client.fetch(req, raise_error=False)
@@ -472,8 +483,15 @@ class HubApi:
         return [group async for group in self.paginate("/groups")]
 
     # --- actions -----------------------------------------------------------------------------
-    async def stop_server(self, user: str, name: str = "", remove: bool = False) -> StopResult:
-        """Ask the Hub to stop a server; ``remove`` also deletes a named server's record.
+    async def stop_server(
+        self,
+        user: str,
+        name: str = "",
+        remove: bool = False,
+        last_check: Callable[[], str | None] | None = None,
+    ) -> StopResult:
+        """Ask the Hub to stop a server; ``remove`` also deletes a named server's record;
+        ``last_check`` as ``_send``'s.
 
         Returns "stopped" (204), "stopping" (202: the Hub is still stopping it; check again
         later, as a repeated DELETE answers 202 until it is done) or "gone" (404, or 400 from a
@@ -488,7 +506,7 @@ class HubApi:
         else:
             # The Hub refuses to remove a default server: it is stopped only.
             path = f"/users/{_q(user)}/server"
-        reply = await self._send("DELETE", path, body)
+        reply = await self._send("DELETE", path, body, last_check=last_check)
         if reply.status == 202:
             return "stopping"
         if reply.status in (200, 204):

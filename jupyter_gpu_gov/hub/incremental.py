@@ -147,6 +147,7 @@ class Incremental:
             or key in self._distrusted
             or key in self._failing
             or key in self._cull_waiting
+            or key in self._cull_failures
         )
 
     def _kept_view(

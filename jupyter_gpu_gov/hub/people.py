@@ -122,6 +122,10 @@ class PeoplesRequests:
             await self.redecide(key)
             status = "culled" if row.state == CULLED else "requested"
             return {"status": status, "verdict": self.verdict(key)}
+        if row.state == CULLED and self._stops.get(key, row) == row.session_started:
+            # The Hub took its stop already (perhaps still stopping): asking again would put
+            # a second cull on record and send a second DELETE.
+            return {"status": "culled", "verdict": self.verdict(key)}
         server = self._servers.get(key) or HubServer(user=user, name=name)
         why += " (immediately, no checkpoint)"
         # On record before it is done (then its outcome), like the pass's culls.
@@ -132,13 +136,14 @@ class PeoplesRequests:
         try:
             outcome = await self._cull(server, row, server_policy)
         except Exception as error:
-            set_record(row, before)
+            if record_of(row) is culled:  # (not a person's record made during the DELETE)
+                set_record(row, before)
             failed = self._audit_row(row, "cull-failed", f"{why}; {error}", actor=actor)
             self.save_outcomes([row], [failed], [])
             raise
         if server_policy.cull_action == STOP_SERVER:  # shutdown-kernels already started it afresh
             set_record(row, culled)
-        audit.details = {"outcome": outcome}
+        audit.details = self._cull_outcome(row, server_policy, outcome)
         self.save_outcomes([row], [], [audit])
         metrics.CULLS.labels(ADMIN, server_policy.cull_action).inc()
         return {"status": outcome, "verdict": self.verdict(key)}

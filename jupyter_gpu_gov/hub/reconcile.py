@@ -21,7 +21,7 @@ from ..core.policy import Policy, Record, ServerView, evolve
 from ..core.teams import group_teams
 from ..core.vocabulary import CULLED, QUEUED_AT_LABEL, TIER_LABEL, server_key
 from . import metrics, outbound
-from .actions import Actions
+from .actions import Actions, CullFailed
 from .checkpoints import CheckpointResult, Checkpoints
 from .clock_step import ClockStep
 from .dcgm import DcgmSnapshot, index_by_pod, index_by_uuid
@@ -135,6 +135,10 @@ class Governor(
         self._shutdowns: dict[str, outbound.KernelRequest] = {}
         # Cells asked to be interrupted (the busy limit), until their reports show it done.
         self._interrupts: dict[str, outbound.KernelRequest] = {}
+        # Culls the Hub failed, until it takes one (hub/actions.py: tried again after a pause).
+        self._cull_failures: dict[str, CullFailed] = {}
+        # The session of each server the Hub took a stop of, until a pass finds it gone.
+        self._stops: dict[str, datetime | None] = {}
         self._context = PassContext()
         self._indexed: tuple = ()  # the DCGM evidence the context's indexes are of
         self.unchanged = Unchanged(options.full_pass_every)
@@ -197,6 +201,7 @@ class Governor(
                 self._check_scopes(), self._groups(), self._dcgm_snapshot()
             )
             self.missing_scopes = scopes | (self.missing_scopes or frozenset())
+            self._shutdowns_on_record(clock.utcnow())
         else:
             groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
         snapshot = self._fresh(snapshot)
@@ -243,6 +248,8 @@ class Governor(
                 self._shutdowns,
                 self._interrupts,
                 self._pod_gpus,
+                self._stops,
+                self._cull_failures,
             ):
                 kept.pop(key, None)
             self._queued.discard(key)
@@ -441,6 +448,7 @@ class Governor(
         decided = policy.decide(view, record, server_policy, now)
         decision = self.health.review(decided, failure, server_policy, now, view.checkpointable)
         decided = DecidedOn(view, record, server_policy, now)  # a cull's, to check before it
+        decision = self._cull_held(row, decided, decision, now)
         decision = self._cull_waits(server, row, decided, decision, batch.audits)
         flagged = self.health.flag(key, decision.record, now)
         if flagged:

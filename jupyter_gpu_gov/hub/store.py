@@ -379,6 +379,12 @@ class Store:
                 query = query.where(AuditRow.user == user)
             return list(session.scalars(query))
 
+    def audit_since(self, action: str, since: datetime) -> list[AuditRow]:
+        """The audit rows of one action from ``since`` on, oldest first."""
+        with self.session() as session:
+            query = select(AuditRow).where(AuditRow.action == action, AuditRow.at >= since)
+            return list(session.scalars(query.order_by(AuditRow.id)))
+
     def queue_audit(
         self, since: datetime | None = None, until: datetime | None = None
     ) -> list[AuditRow]:

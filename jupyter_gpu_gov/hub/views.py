@@ -343,9 +343,12 @@ def _asked_again_at_start(row: ServerRow, started: datetime) -> None:
     """A checkpoint asked before this service started is asked again at its start: its server
     hears a request only in the verdicts this service answers, so an outage longer than
     ``checkpoint_timeout`` timed it out unheard (a false failure: a retry used up, or with
-    ``on_checkpoint_failure: proceed`` a cull without a checkpoint). Not one asked with an
-    interrupt: the two are one request (paired by their time), re-asked as it was."""
+    ``on_checkpoint_failure: proceed`` a cull without a checkpoint). One asked with an
+    interrupt moves with it: the two are one request, paired by their time (the interrupt is
+    asked again of the cell running before it, ``Actions._interrupt_again``)."""
     asked = row.checkpoint_requested_at
-    paired = asked is not None and asked == row.interrupted_at
-    if row.checkpoint_status == CHECKPOINT_REQUESTED and asked and asked < started and not paired:
-        set_record(row, policy.evolve(record_of(row), checkpoint_requested_at=started))
+    if row.checkpoint_status == CHECKPOINT_REQUESTED and asked and asked < started:
+        again = {"checkpoint_requested_at": started}
+        if asked == row.interrupted_at:
+            again["interrupted_at"] = started
+        set_record(row, policy.evolve(record_of(row), **again))
