@@ -15,6 +15,7 @@ from test_governor import governor
 from tornado.httpclient import AsyncHTTPClient
 from tornado.netutil import bind_sockets
 
+from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.hub import applied_policy as kept
 from jupyter_gpu_gov.hub import policy_admin as admin
 from jupyter_gpu_gov.hub.app import GpuGovernor
@@ -37,6 +38,7 @@ CANDIDATE = {
         ({"policy": []}, "unknown keys 'policy'"),
         ({"policies": {"a": 1}}, "'policies' must be a list"),
         ({"policies": [{"name": "x", "cull_after": "soon"}]}, "bad policy configuration: "),
+        ({"policies": [{"name": "x", "in_force_since": 0}]}, "unknown key 'in_force_since'"),
     ],
 )
 async def test_a_bad_candidate_is_refused_naming_what_is_wrong(tmp_path, data, words):
@@ -240,3 +242,35 @@ async def test_revert_to_the_config_file_is_audited_and_kept(tmp_path):
     view = kept.policy_view(gov)
     assert (view["origin"], view["applied"], view["superseded"]) == ("config", None, None)
     assert said == ["policies: the config file's (vision, default)"]
+
+
+async def test_a_maximum_age_applied_at_run_time_warns_first_with_its_full_notice(tmp_path):
+    """An apply that brings in (or shortens) a maximum age: a server already past it is warned
+    at the next pass and stopped ``max_age_warning`` later, as any server reaching its maximum
+    age is; before, the pass that first read the new policy warned and stopped it at once, its
+    running work with it. (A config file's maximum age at start-up keeps jupyterhub-idle-
+    culler's ``--max-age`` meaning: tests/test_governor.py.)"""
+    ten_hours_ago = clock.utcnow() - timedelta(hours=10)
+    capped = {"policies": [], "policy_defaults": {"max_age": "8h", "max_age_warning": "30m"}}
+    try:
+        async with FakeHub() as hub:
+            hub.add_server("carol", last_activity=clock.utcnow(), started=ten_hours_ago)
+            gov = governor(hub, tmp_path)
+            await gov.reconcile()
+            kept.apply(gov, capped, "user:ada", "cap the age of GPU servers", dry_run=False)
+            await gov.reconcile()
+            assert hub.running("carol")
+            actions = [a.action for a in gov.store.audit_rows("carol/")]
+            assert "max-age-warn" in actions and "cull" not in actions
+            verdict = gov.verdict("carol/")
+            assert "past the maximum age of 8h" in verdict["reason"]
+            stop_at = gov.row("carol/").cull_at
+            assert stop_at - clock.utcnow() > timedelta(minutes=29)
+            clock.advance(28 * 60)
+            await gov.reconcile()
+            assert hub.running("carol")
+            clock.advance(3 * 60)  # past the warning's notice: stopped, as it said
+            await gov.reconcile()
+            assert not hub.running("carol") and gov.row("carol/").cull_reason == "max-age"
+    finally:
+        clock.reset()

@@ -187,6 +187,10 @@ class Policy:
     # A notice when a server runs past the duration its owner expected at spawn (label
     # gpu-gov/expected-duration); it never culls.
     expected_duration_notice: bool = True
+    # Not a key: when an admin applied this policy while the service ran (hub/applied_policy.py;
+    # None: in force since start-up, as the config file's). A maximum age it brings in is not
+    # due before its warning's notice from then.
+    in_force_since: datetime | None = None
 
     @property
     def notice(self) -> timedelta:
@@ -229,7 +233,7 @@ _CHOICES = {
     "after_interrupt": ("cull", "warn"),
 }
 _MATCH_KEYS = {f.name for f in fields(Match)}
-_POLICY_KEYS = {f.name for f in fields(Policy)}
+_POLICY_KEYS = {f.name for f in fields(Policy)} - {"in_force_since"}
 
 
 class PolicyError(ValueError):
@@ -593,8 +597,11 @@ class _Deadline:
     why: str
     cull_reason: str
     warning: str  # the warning action
+    past: bool = False  # a maximum age the server was already past when its policy came in
 
     def notice(self) -> str:
+        if self.past:
+            return f"{self.why}: it will be stopped at {self.at:%H:%M} UTC"
         if self.cull_reason == MAX_AGE:
             return f"{self.why.replace('reached', 'will reach')} at {self.at:%H:%M} UTC"
         if self.cull_reason == RECLAIM:
@@ -610,7 +617,16 @@ def _hard_deadline(policy: Policy, view: ServerView, record: Record) -> _Deadlin
     if max_age and view.started:
         at = view.started + max_age
         why = f"reached the maximum age of {format_duration(max_age)} for this {whose}"
-        found.append(_Deadline(at, at - policy.max_age_warning, why, MAX_AGE, MAX_AGE_WARN))
+        since, warned = policy.in_force_since, record.max_age_warned_at
+        floor = since and since + policy.max_age_warning
+        if floor and at < floor and (warned is None or warned >= since):
+            # Applied while the server ran, not yet announced: the warning's full notice from
+            # the apply, not a warning and a cull in the pass that first reads the policy.
+            why = f"past the maximum age of {format_duration(max_age)} for this {whose}"
+            why += f" (a policy applied at {_at(since)})"
+            found.append(_Deadline(floor, since, why, MAX_AGE, MAX_AGE_WARN, past=True))
+        else:
+            found.append(_Deadline(at, at - policy.max_age_warning, why, MAX_AGE, MAX_AGE_WARN))
     asked = _timestamp(view.labels.get(RECLAIM_LABEL))
     if asked is not None and view.labels.get(BORROWED_LABEL) == "true":
         team = view.labels.get(RECLAIM_FOR_LABEL) or "another team"

@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, Text, insert, select
 from sqlalchemy.exc import DBAPIError
 
 from ..core import clock
+from ..core.policy import Policy
 from .policy_admin import (
     APPLY,
     REVERT,
@@ -165,7 +166,7 @@ def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool = Fa
     )
     entry = Entry(APPLIED, now, actor, reason, admin.fingerprint, candidate)
     record(governor.store, row, entry)  # on record and kept before it governs
-    governor.policies = policies
+    governor.policies = in_force(policies, now)
     admin.source = candidate
     admin.applied = entry.summary()
     admin.superseded = None
@@ -190,9 +191,15 @@ def revert(governor, actor: str, reason: str) -> dict:
     now = clock.utcnow()
     row = AuditRow(at=now, action=REVERT, reason=reason, actor=actor, details={"diff": changes})
     record(governor.store, row, Entry(REVERTED, now, actor, reason, admin.fingerprint))
-    governor.policies = list(admin.config_policies)
+    governor.policies = in_force(admin.config_policies, now)
     admin.source, admin.applied = config, None
     return {"reverted": True, "policies": policy_names(governor.policies), "diff": changes}
+
+
+def in_force(policies: list[Policy], since: datetime) -> list[Policy]:
+    """``policies`` as applied at ``since``: a maximum age they bring in gives a server already
+    past it its warning's full notice from then (``Policy.in_force_since``)."""
+    return [replace(p, in_force_since=since) for p in policies]
 
 
 def config_of(governor) -> dict:
@@ -218,6 +225,8 @@ def start(governor, config: dict, log) -> None:
     admin.source, admin.config = config, None
     config_of(governor)
     entry = newest(governor.store.engine)
+    if entry is not None and entry.kind == REVERTED:
+        governor.policies = in_force(admin.config_policies, entry.at)
     if entry is None or entry.kind == REVERTED:
         log.info("policies: the config file's (%s)", ", ".join(policy_names(governor.policies)))
         return
@@ -232,7 +241,7 @@ def start(governor, config: dict, log) -> None:
         except CandidateError as error:
             why = f"it is no longer valid ({error})"
         else:
-            governor.policies = policies
+            governor.policies = in_force(policies, entry.at)
             admin.source, admin.applied = entry.candidate, entry.summary()
             log.info(
                 "policies: applied by %s at %s (%s) in force over the config file's: %s",
