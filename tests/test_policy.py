@@ -998,6 +998,14 @@ def test_policies_match_first_and_always_end_with_a_catch_all():
         ({"name": "x", "checkpoint_max_delay": "later"}, "'checkpoint_max_delay': 'later' is not"),
         ({"name": "x", "match": {"task_types": "training"}}, "'match.task_types' must name"),
         ({"name": "x", "expected_duration_notice": "yes"}, "must be true or false"),
+        # Read as the text 'True' before, which no label's value is: the policy for borrowed
+        # GPUs silently matched none of them.
+        (
+            {"name": "x", "match": {"labels": {"gpu-gov/borrowed": True}}},
+            "'match.labels' must map label names to strings, got 'gpu-gov/borrowed': True",
+        ),
+        ({"name": "x", "match": {"labels": {"a": None}}}, "got 'a': None"),
+        ({"name": "x", "match": {"labels": {"a": ["b"]}}}, "got 'a': ['b']"),
     ],
 )
 def test_bad_policies_name_the_entry_and_key(entry, message):

@@ -296,7 +296,15 @@ def _convert(key: str, value):
             if k == "labels":
                 if not isinstance(v, Mapping):
                     raise ValueError("'match.labels' must be a dict of label: value")
-                criteria[k] = {str(a): str(b) for a, b in v.items()}
+                for a, b in v.items():
+                    # Labels are strings: True was read as 'True', which no label's value
+                    # is ('true'), and the policy matched nothing, saying nothing.
+                    if not isinstance(a, str) or not isinstance(b, str):
+                        raise ValueError(
+                            "'match.labels' must map label names to strings, got "
+                            f"{a!r:.60}: {b!r:.60}"
+                        )
+                criteria[k] = dict(v)
             elif k == "task_types":
                 items = [v] if isinstance(v, str) else v
                 if not isinstance(items, list | tuple) or not all(i in TASK_TYPES for i in items):
