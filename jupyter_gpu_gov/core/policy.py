@@ -236,6 +236,9 @@ _MATCH_KEYS = {f.name for f in fields(Match)}
 _POLICY_KEYS = {f.name for f in fields(Policy)} - {"in_force_since"}
 
 
+MAX_NAME = 255  # the store's column for the policy that governs a server (hub/tables.py)
+
+
 class PolicyError(ValueError):
     """A policy entry that cannot be used; the message names the entry and the key."""
 
@@ -252,9 +255,13 @@ def load_policies(entries: Iterable[Mapping], defaults: Mapping | None = None) -
     for index, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise PolicyError(f"policy {index}: expected a dict, got {type(entry).__name__}")
-        label = f"policy {index} ({entry.get('name', '?')!r})"
+        label = f"policy {index} ({entry.get('name', '?')!r:.60})"
         if not entry.get("name") or not isinstance(entry["name"], str):
             raise PolicyError(f"policy {index}: 'name' is required (a non-empty string)")
+        if len(entry["name"]) > MAX_NAME:
+            # A server's row keeps its policy's name: longer, and every pass's write failed
+            # on PostgreSQL (SQLite ignores the length), no server governed.
+            raise PolicyError(f"{label}: 'name' may be at most {MAX_NAME} characters")
         if entry["name"] in names:
             raise PolicyError(f"{label}: the name is used twice")
         names.add(entry["name"])
