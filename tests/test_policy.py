@@ -1079,3 +1079,26 @@ def test_reason_times_read_as_strftime_writes_them():
     times += [T0 + k * 7919 * MIN for k in range(200)]
     for when in (t.replace(tzinfo=z) for t in times for z in zones):
         assert p._at(when) == f"{when:%Y-%m-%d %H:%M} UTC"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "warn_after",
+        "idle_threshold",
+        "cull_action",
+        "max_extensions",
+        "checkpoint_broken_after",
+        "checkpoint",
+        "match.task_types",
+        "match.users",
+    ],
+)
+def test_a_huge_bad_value_is_named_briefly(key):
+    """A policy error quotes at most a few dozen characters of the value: a pasted 100,000
+    characters came back whole in the start-up error, the API's 400 and the policy page."""
+    huge = "x" * 100_000
+    entry = {"name": "x", "match": {key[6:]: [huge, 1]}} if "." in key else {"name": "x", key: huge}
+    with pytest.raises(p.PolicyError) as info:
+        p.load_policies([entry])
+    assert key.split(".")[-1] in str(info.value) and len(str(info.value)) < 300

@@ -39,13 +39,16 @@ CANDIDATE = {
         ({"policies": {"a": 1}}, "'policies' must be a list"),
         ({"policies": [{"name": "x", "cull_after": "soon"}]}, "bad policy configuration: "),
         ({"policies": [{"name": "x", "in_force_since": 0}]}, "unknown key 'in_force_since'"),
+        ({"policies": "x" * 100_000}, "'policies' must be a list, got 'xxx"),
+        ({"policy_defaults": ["x" * 100_000]}, "'policy_defaults' must be an object"),
     ],
 )
 async def test_a_bad_candidate_is_refused_naming_what_is_wrong(tmp_path, data, words):
     async with FakeHub() as hub:
         gov = governor(hub, tmp_path)
-    with pytest.raises(admin.CandidateError, match=words):
+    with pytest.raises(admin.CandidateError, match=words) as refused:
         admin.validate(admin.candidate_of(data), gov.options)
+    assert len(str(refused.value)) < 300  # what is wrong, not the whole value again
 
 
 @pytest.mark.parametrize(

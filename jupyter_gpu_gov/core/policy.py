@@ -274,7 +274,7 @@ def load_policies(entries: Iterable[Mapping], defaults: Mapping | None = None) -
 def _policy(label: str, entry: dict, base: Policy) -> Policy:
     unknown = set(entry) - _POLICY_KEYS
     if unknown:
-        raise PolicyError(f"{label}: unknown key {sorted(unknown)[0]!r}")
+        raise PolicyError(f"{label}: unknown key {sorted(unknown)[0]!r:.60}")
     values = {}
     for key, value in entry.items():
         try:
@@ -317,7 +317,7 @@ def _convert(key: str, value):
                 if not isinstance(items, list | tuple) or not all(i in TASK_TYPES for i in items):
                     raise ValueError(
                         f"'match.task_types' must name task types out of {', '.join(TASK_TYPES)},"
-                        f" got {v!r}"
+                        f" got {v!r:.60}"
                     )
                 criteria[k] = tuple(items)
             else:
@@ -336,25 +336,27 @@ def _convert(key: str, value):
         )
     if key in _CHOICES:
         if value not in _CHOICES[key]:
-            raise ValueError(f"{key!r} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
+            raise ValueError(
+                f"{key!r} must be one of {', '.join(_CHOICES[key])}, got {value!r:.60}"
+            )
         return value
     if key == "idle_threshold":
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-            raise ValueError(f"'idle_threshold' must be a number in [0, 1], got {value!r}")
+            raise ValueError(f"'idle_threshold' must be a number in [0, 1], got {value!r:.60}")
         return float(value)
     if key in ("max_extensions", "checkpoint_retries"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{key!r} must be a whole number >= 0, got {value!r}")
+            raise ValueError(f"{key!r} must be a whole number >= 0, got {value!r:.60}")
         return value
     if key == "checkpoint_broken_after":
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
-            raise ValueError(f"{key!r} must be a whole number >= 1 or null, got {value!r}")
+            raise ValueError(f"{key!r} must be a whole number >= 1 or null, got {value!r:.60}")
         return value
     if key in ("checkpoint", "exempt", "expected_duration_notice"):
         if not isinstance(value, bool):
-            raise ValueError(f"{key!r} must be true or false, got {value!r}")
+            raise ValueError(f"{key!r} must be true or false, got {value!r:.60}")
         return value
     if key == "name":
         return value
