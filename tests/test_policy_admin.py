@@ -277,3 +277,23 @@ async def test_a_maximum_age_applied_at_run_time_warns_first_with_its_full_notic
             assert not hub.running("carol") and gov.row("carol/").cull_reason == "max-age"
     finally:
         clock.reset()
+
+
+async def test_an_apply_over_policies_that_changed_since_they_were_read_is_refused(tmp_path):
+    """Two admins edit from the same live policies: the second apply, and an apply after a
+    prediction made on the live policies before another admin changed them, would silently
+    undo the first. An apply naming the version it was read over (``GET api/policy``'s, the
+    policy page's form) is refused while the live policies are another: nothing changes."""
+    async with FakeHub() as hub:
+        gov = governor(hub, tmp_path)
+    read = kept.policy_view(gov)["version"]
+    kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", over=read)
+    other = {"policies": [], "policy_defaults": {"cull_after": "3h"}}
+    with pytest.raises(kept.StalePolicies, match=r"changed since you read them.*user:ada"):
+        kept.apply(gov, other, "user:bo", "looser for all", over=read)
+    assert kept.policy_view(gov)["source"] == CANDIDATE
+    assert [a.actor for a in gov.store.audit_rows() if a.action == "policy-apply"] == ["user:ada"]
+    now = kept.policy_view(gov)["version"]
+    assert now != read
+    kept.apply(gov, other, "user:bo", "looser for all, having read ada's", over=now)
+    assert kept.policy_view(gov)["source"] == other

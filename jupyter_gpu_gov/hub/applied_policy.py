@@ -146,14 +146,52 @@ def _entry(row, of: Entry | None = None) -> Entry | None:
 # -- apply, revert, start-up ---------------------------------------------------------------------
 
 
-def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool = False) -> dict:
+class StalePolicies(CandidateError):
+    """The live policies are no longer those the change was made over (another admin's)."""
+
+
+def version(source: Mapping) -> str:
+    """The live policies' source, hashed: what an admin read them as (``GET api/policy``, the
+    policy page), to change them over."""
+    text = json.dumps(source, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_over(admin, over: str | None) -> None:
+    """Refuse a change made over policies that are no longer live: two admins editing from the
+    same page, or an apply after a prediction on policies another admin has since changed,
+    silently undid the other's change."""
+    if over is None or over == version(admin.source):
+        return
+    latest = (
+        f"applied by {admin.applied['by']} at {admin.applied['at']} ({admin.applied['reason']})"
+        if admin.applied
+        else "the config file's govern"
+    )
+    raise StalePolicies(
+        f"the live policies changed since you read them (now: {latest}): compare them with "
+        "your candidate, then apply again"
+    )
+
+
+def apply(
+    governor,
+    candidate: dict,
+    actor: str,
+    reason: str,
+    dry_run: bool = False,
+    over: str | None = None,
+) -> dict:
     """Audit the change (who, why, the diff), then make it: the candidate is kept in the store
     (in the audit's transaction) and governs from the next pass, or runs as a dry run beside
-    the live policy. ``StoreUnavailable`` when either cannot be written: then nothing changed."""
+    the live policy. ``StoreUnavailable`` when either cannot be written: then nothing changed.
+    ``over``: the ``version`` of the live policies it was made over (``StalePolicies`` if they
+    changed since; None: not checked)."""
     if dry_run:
         return start_dry_run(governor, candidate, actor, reason)
     policies = validate(candidate, governor.options)
     admin = policy_admin(governor)
+    _check_over(admin, over)  # no await from here to the record: one change at a time
     config_of(governor)
     changes = diff(admin.source, candidate)
     now = clock.utcnow()
@@ -180,13 +218,14 @@ def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool = Fa
     }
 
 
-def revert(governor, actor: str, reason: str) -> dict:
+def revert(governor, actor: str, reason: str, over: str | None = None) -> dict:
     """Back to the config file's policies, audited and kept; ``CandidateError`` when they
-    already govern."""
+    already govern (``StalePolicies``: not those read, ``over``)."""
     admin = policy_admin(governor)
     config = config_of(governor)
     if admin.applied is None:
         raise CandidateError("the config file's policies already govern: nothing to revert")
+    _check_over(admin, over)
     changes = diff(admin.source, config)
     now = clock.utcnow()
     row = AuditRow(at=now, action=REVERT, reason=reason, actor=actor, details={"diff": changes})
@@ -272,6 +311,7 @@ def policy_view(governor) -> dict:
     dry = admin.dry_run
     return {
         "source": admin.source,
+        "version": version(admin.source),
         "policies": policy_names(governor.policies),
         "origin": admin.origin,
         "applied": admin.applied,
