@@ -1014,6 +1014,15 @@ def test_bad_policies_name_the_entry_and_key(entry, message):
     assert message in str(info.value)
 
 
+def test_defaults_cannot_set_what_each_policy_is():
+    """``match`` in the defaults was every policy's, the catch-all's too: a server it did not
+    match had no policy, and every pass logged "deciding alice/ failed" and governed it not at
+    all (never warned, never culled)."""
+    for key, value in (("match", {"users": ["x"]}), ("name", "all")):
+        with pytest.raises(p.PolicyError, match=f"defaults: {key!r} is not a default"):
+            p.load_policies([], {key: value})
+
+
 def test_durations():
     assert parse_duration("1h30m") == timedelta(minutes=90)
     assert parse_duration(90) == timedelta(seconds=90)

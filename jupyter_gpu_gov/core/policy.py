@@ -249,6 +249,11 @@ def load_policies(entries: Iterable[Mapping], defaults: Mapping | None = None) -
     ``defaults`` fill every key an entry leaves out. A catch-all ``default`` policy built from
     the defaults is appended unless the last entry already matches everything.
     """
+    for key in ("name", "match"):
+        if key in (defaults or {}):
+            # Each policy's own: a match here was the catch-all's too, and a server it did
+            # not match had no policy at all (never warned, never culled; an error each pass).
+            raise PolicyError(f"defaults: {key!r} is not a default: each policy has its own")
     base = _policy("defaults", dict(defaults or {}), Policy())
     policies = []
     names = set()
