@@ -4,6 +4,7 @@ audit cannot be written, nothing changes."""
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import logging
@@ -297,3 +298,26 @@ async def test_an_apply_over_policies_that_changed_since_they_were_read_is_refus
     assert now != read
     kept.apply(gov, other, "user:bo", "looser for all, having read ada's", over=now)
     assert kept.policy_view(gov)["source"] == other
+
+
+async def test_a_policy_applied_during_a_pass_governs_from_the_next_one(tmp_path):
+    """The pass decides every server on the policies it began with: an apply while it waits
+    for the Hub's listing governs from the next pass, as api.md says. Before, the servers
+    decided after the apply in that pass were decided on it, their warnings recorded at the
+    pass's time, before the apply's own audit row."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        await gov.reconcile()
+        hub.latency = 0.5
+        listed = hub.counters["GET /users"]
+        passing = asyncio.create_task(gov.reconcile())
+        while hub.counters["GET /users"] == listed:  # the pass waits for the listing
+            await asyncio.sleep(0.01)
+        later = {"policies": [{"name": "later"}], "policy_defaults": {}}
+        kept.apply(gov, later, "user:ada", "mid-pass")
+        await passing
+        assert gov.row("alice/").policy == "default"
+        hub.latency = 0
+        await gov.reconcile()
+        assert gov.row("alice/").policy == "later"
