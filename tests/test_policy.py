@@ -998,12 +998,29 @@ def test_policies_match_first_and_always_end_with_a_catch_all():
         ({"name": "x", "checkpoint_max_delay": "later"}, "'checkpoint_max_delay': 'later' is not"),
         ({"name": "x", "match": {"task_types": "training"}}, "'match.task_types' must name"),
         ({"name": "x", "expected_duration_notice": "yes"}, "must be true or false"),
+        # Read as the text 'True' before, which no label's value is: the policy for borrowed
+        # GPUs silently matched none of them.
+        (
+            {"name": "x", "match": {"labels": {"gpu-gov/borrowed": True}}},
+            "'match.labels' must map label names to strings, got 'gpu-gov/borrowed': True",
+        ),
+        ({"name": "x", "match": {"labels": {"a": None}}}, "got 'a': None"),
+        ({"name": "x", "match": {"labels": {"a": ["b"]}}}, "got 'a': ['b']"),
     ],
 )
 def test_bad_policies_name_the_entry_and_key(entry, message):
     with pytest.raises(p.PolicyError) as info:
         p.load_policies([entry])
     assert message in str(info.value)
+
+
+def test_defaults_cannot_set_what_each_policy_is():
+    """``match`` in the defaults was every policy's, the catch-all's too: a server it did not
+    match had no policy, and every pass logged "deciding alice/ failed" and governed it not at
+    all (never warned, never culled)."""
+    for key, value in (("match", {"users": ["x"]}), ("name", "all")):
+        with pytest.raises(p.PolicyError, match=f"defaults: {key!r} is not a default"):
+            p.load_policies([], {key: value})
 
 
 def test_durations():
@@ -1071,3 +1088,26 @@ def test_reason_times_read_as_strftime_writes_them():
     times += [T0 + k * 7919 * MIN for k in range(200)]
     for when in (t.replace(tzinfo=z) for t in times for z in zones):
         assert p._at(when) == f"{when:%Y-%m-%d %H:%M} UTC"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "warn_after",
+        "idle_threshold",
+        "cull_action",
+        "max_extensions",
+        "checkpoint_broken_after",
+        "checkpoint",
+        "match.task_types",
+        "match.users",
+    ],
+)
+def test_a_huge_bad_value_is_named_briefly(key):
+    """A policy error quotes at most a few dozen characters of the value: a pasted 100,000
+    characters came back whole in the start-up error, the API's 400 and the policy page."""
+    huge = "x" * 100_000
+    entry = {"name": "x", "match": {key[6:]: [huge, 1]}} if "." in key else {"name": "x", key: huge}
+    with pytest.raises(p.PolicyError) as info:
+        p.load_policies([entry])
+    assert key.split(".")[-1] in str(info.value) and len(str(info.value)) < 300

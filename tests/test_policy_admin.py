@@ -4,6 +4,7 @@ audit cannot be written, nothing changes."""
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import logging
@@ -15,6 +16,7 @@ from test_governor import governor
 from tornado.httpclient import AsyncHTTPClient
 from tornado.netutil import bind_sockets
 
+from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.hub import applied_policy as kept
 from jupyter_gpu_gov.hub import policy_admin as admin
 from jupyter_gpu_gov.hub.app import GpuGovernor
@@ -37,13 +39,17 @@ CANDIDATE = {
         ({"policy": []}, "unknown keys 'policy'"),
         ({"policies": {"a": 1}}, "'policies' must be a list"),
         ({"policies": [{"name": "x", "cull_after": "soon"}]}, "bad policy configuration: "),
+        ({"policies": [{"name": "x", "in_force_since": 0}]}, "unknown key 'in_force_since'"),
+        ({"policies": "x" * 100_000}, "'policies' must be a list, got 'xxx"),
+        ({"policy_defaults": ["x" * 100_000]}, "'policy_defaults' must be an object"),
     ],
 )
 async def test_a_bad_candidate_is_refused_naming_what_is_wrong(tmp_path, data, words):
     async with FakeHub() as hub:
         gov = governor(hub, tmp_path)
-    with pytest.raises(admin.CandidateError, match=words):
+    with pytest.raises(admin.CandidateError, match=words) as refused:
         admin.validate(admin.candidate_of(data), gov.options)
+    assert len(str(refused.value)) < 300  # what is wrong, not the whole value again
 
 
 @pytest.mark.parametrize(
@@ -240,3 +246,78 @@ async def test_revert_to_the_config_file_is_audited_and_kept(tmp_path):
     view = kept.policy_view(gov)
     assert (view["origin"], view["applied"], view["superseded"]) == ("config", None, None)
     assert said == ["policies: the config file's (vision, default)"]
+
+
+async def test_a_maximum_age_applied_at_run_time_warns_first_with_its_full_notice(tmp_path):
+    """An apply that brings in (or shortens) a maximum age: a server already past it is warned
+    at the next pass and stopped ``max_age_warning`` later, as any server reaching its maximum
+    age is; before, the pass that first read the new policy warned and stopped it at once, its
+    running work with it. (A config file's maximum age at start-up keeps jupyterhub-idle-
+    culler's ``--max-age`` meaning: tests/test_governor.py.)"""
+    ten_hours_ago = clock.utcnow() - timedelta(hours=10)
+    capped = {"policies": [], "policy_defaults": {"max_age": "8h", "max_age_warning": "30m"}}
+    try:
+        async with FakeHub() as hub:
+            hub.add_server("carol", last_activity=clock.utcnow(), started=ten_hours_ago)
+            gov = governor(hub, tmp_path)
+            await gov.reconcile()
+            kept.apply(gov, capped, "user:ada", "cap the age of GPU servers", dry_run=False)
+            await gov.reconcile()
+            assert hub.running("carol")
+            actions = [a.action for a in gov.store.audit_rows("carol/")]
+            assert "max-age-warn" in actions and "cull" not in actions
+            verdict = gov.verdict("carol/")
+            assert "past the maximum age of 8h" in verdict["reason"]
+            stop_at = gov.row("carol/").cull_at
+            assert stop_at - clock.utcnow() > timedelta(minutes=29)
+            clock.advance(28 * 60)
+            await gov.reconcile()
+            assert hub.running("carol")
+            clock.advance(3 * 60)  # past the warning's notice: stopped, as it said
+            await gov.reconcile()
+            assert not hub.running("carol") and gov.row("carol/").cull_reason == "max-age"
+    finally:
+        clock.reset()
+
+
+async def test_an_apply_over_policies_that_changed_since_they_were_read_is_refused(tmp_path):
+    """Two admins edit from the same live policies: the second apply, and an apply after a
+    prediction made on the live policies before another admin changed them, would silently
+    undo the first. An apply naming the version it was read over (``GET api/policy``'s, the
+    policy page's form) is refused while the live policies are another: nothing changes."""
+    async with FakeHub() as hub:
+        gov = governor(hub, tmp_path)
+    read = kept.policy_view(gov)["version"]
+    kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", over=read)
+    other = {"policies": [], "policy_defaults": {"cull_after": "3h"}}
+    with pytest.raises(kept.StalePolicies, match=r"changed since you read them.*user:ada"):
+        kept.apply(gov, other, "user:bo", "looser for all", over=read)
+    assert kept.policy_view(gov)["source"] == CANDIDATE
+    assert [a.actor for a in gov.store.audit_rows() if a.action == "policy-apply"] == ["user:ada"]
+    now = kept.policy_view(gov)["version"]
+    assert now != read
+    kept.apply(gov, other, "user:bo", "looser for all, having read ada's", over=now)
+    assert kept.policy_view(gov)["source"] == other
+
+
+async def test_a_policy_applied_during_a_pass_governs_from_the_next_one(tmp_path):
+    """The pass decides every server on the policies it began with: an apply while it waits
+    for the Hub's listing governs from the next pass, as api.md says. Before, the servers
+    decided after the apply in that pass were decided on it, their warnings recorded at the
+    pass's time, before the apply's own audit row."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        await gov.reconcile()
+        hub.latency = 0.5
+        listed = hub.counters["GET /users"]
+        passing = asyncio.create_task(gov.reconcile())
+        while hub.counters["GET /users"] == listed:  # the pass waits for the listing
+            await asyncio.sleep(0.01)
+        later = {"policies": [{"name": "later"}], "policy_defaults": {}}
+        kept.apply(gov, later, "user:ada", "mid-pass")
+        await passing
+        assert gov.row("alice/").policy == "default"
+        hub.latency = 0
+        await gov.reconcile()
+        assert gov.row("alice/").policy == "later"

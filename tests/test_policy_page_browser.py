@@ -91,8 +91,23 @@ def test_export_edit_predict_apply_and_the_audit_in_a_browser(hub, tmp_path):
             expect(culls.locator("td").nth(3)).to_have_text("0")  # an hour's patience: none
             page.screenshot(path=str(screenshot_path("policy.png", tmp_path)), full_page=True)
 
-            # Apply, with a reason: audited (who, why, the diff), kept, then live.
+            # Meanwhile another admin applies a change: this page's apply, made over the live
+            # policies it showed (and predicted against), is refused rather than undo it
+            # unseen; the candidate stays, beside the policies now live.
+            other = {**live, "policy_defaults": {**live["policy_defaults"], "max_extensions": 3}}
+            r = Gov(hub).admin(
+                "POST", "policy/apply", json={"candidate": other, "reason": "more extensions"}
+            )
+            assert r.status_code == 200, r.text
             page.fill("input[name=reason]", "carol runs long evaluations")
+            page.click("button[value=apply]")
+            expect(page.locator("#validation")).to_contain_text("changed since you read them")
+            expect(page.locator("#live-source")).to_contain_text('"max_extensions": 3')
+            assert json.loads(page.locator("#candidate").input_value()) == candidate
+            assert Gov(hub).admin("GET", "policy").json()["source"] == other
+
+            # Apply, with a reason: audited (who, why, the diff), kept, then live.
+            page.fill("#candidate-form input[name=reason]", "carol runs long evaluations")
             page.click("button[value=apply]")
             expect(page.locator("#flash")).to_contain_text("governs after a restart too")
             expect(page.locator("#origin")).to_contain_text("Applied by user:govadmin")
@@ -138,6 +153,11 @@ def test_the_api_dry_run_beside_live_and_bad_input(hub):
     assert r.status_code == 400 and "a reason is required" in r.json()["message"]
     r = gov.admin("POST", "policy/revert", json={})
     assert r.status_code == 400 and "a reason is required to revert" in r.json()["message"]
+    stale = {"candidate": strict, "reason": "try", "over": "a version since replaced"}
+    r = gov.admin("POST", "policy/apply", json=stale)
+    assert r.status_code == 409 and "changed since you read them" in r.json()["message"]
+    r = gov.admin("POST", "policy/apply", json={**stale, "over": 7})
+    assert r.status_code == 400 and "over must be the version" in r.json()["message"]
     r = gov.admin("GET", "history/trace", params={"since": "last tuesday"})
     assert r.status_code == 400 and "not a duration" in r.json()["message"]
     hub.create_user("erin")

@@ -450,3 +450,30 @@ def test_cli_bad_policy_exits_2(config):
     assert result.returncode == 2
     assert result.stdout == ""
     assert "policy 0 ('short')" in result.stderr and "'cull_after'" in result.stderr
+
+
+def test_a_server_without_a_tier_label_is_matched_as_the_service_matches_it(tmp_path, config):
+    """The service reads a server with no grant as on the tier its ``profile`` names, labelled
+    with its team and tier (``hub/ownership.py``); a replay read its tier from the label alone,
+    so a trace written with ``profile`` (architecture.md's example) never matched a policy on
+    ``tiers`` or on those labels: what-if predicted nothing for a candidate that the apply then
+    enforced."""
+    path = config(
+        "c.GpuGovernor.policies = ["
+        '{"name": "tier-a", "match": {"tiers": ["A"]}, "max_age": "3h"},'
+        '{"name": "vision", "match": {"labels": {"gpu-gov/team": "vision"}}, "max_age": "2h"}]'
+    )
+    trace = tmp_path / "profiles.jsonl"
+    rows = (TRACES / "max_age.jsonl").read_text()
+    rows = rows.replace('"labels": {"gpu-gov/tier": "A"}', '"profile": "A", "labels": {}')
+    rows = rows.replace('"labels": {"gpu-gov/tier": "C"}', '"team": "vision", "labels": {}')
+    trace.write_text(rows)
+    actions = list(replay(read_trace(str(trace)), policies_from_config(str(path))))
+    assert steps(actions) == [
+        (3600, "jo/", "warn"),
+        (7200, "ian/", "warn"),
+        (7200, "jo/", "checkpoint"),
+        (7800, "jo/", "cull"),
+        (10800, "ian/", "checkpoint"),
+        (11400, "ian/", "cull"),
+    ]

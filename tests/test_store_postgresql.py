@@ -19,7 +19,7 @@ import pytest
 from fake_hub_api import FakeHub
 from sqlalchemy import create_engine, inspect, text
 
-from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.core.policy import PolicyError, load_policies
 from jupyter_gpu_gov.core.vocabulary import KEY_LENGTH
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
@@ -147,3 +147,22 @@ def test_a_store_of_schema_5_is_widened_and_keeps_its_rows(database):
     with migrated.session() as session:
         version = session.execute(text("SELECT value FROM meta WHERE key = 'schema_version'"))
         assert version.scalar() == str(SCHEMA_VERSION)
+
+
+async def test_a_policy_with_the_longest_name_the_store_holds_governs(database):
+    """A server's row keeps the name of the policy that governs it in 255 characters. A
+    policy named longer (an admin's typo, a paste, an apply through the API) made every
+    pass's write fail on PostgreSQL — no server was governed — while SQLite, which ignores
+    the length, said nothing. Such a name is now refused with the policy's other errors."""
+    with pytest.raises(PolicyError, match="'name' may be at most 255 characters"):
+        load_policies([{"name": "p" * 256}])
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = Governor(
+            Store(database),
+            HubApi(hub.api_url, hub.token),
+            load_policies([{"name": "p" * 255}]),
+            Options(),
+        )
+        result = await gov.reconcile()
+    assert result.errors == () and gov.store.server("alice/").policy == "p" * 255

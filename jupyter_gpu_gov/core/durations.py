@@ -19,7 +19,7 @@ def parse_duration(value: object, name: str = "duration") -> timedelta:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, bool):
-        raise ValueError(f"{name}: expected a duration, got {value!r}")
+        raise ValueError(f"{name}: expected a duration, got {value!r:.60}")
     elif isinstance(value, int | float):
         seconds = float(value) if abs(value) < 1e300 else math.inf
     elif isinstance(value, str):
@@ -30,12 +30,12 @@ def parse_duration(value: object, name: str = "duration") -> timedelta:
             seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
         else:
             raise ValueError(
-                f"{name}: {value!r} is not a duration (use e.g. 90, '15m', '2h', '1h30m')"
+                f"{name}: {value!r:.60} is not a duration (use e.g. 90, '15m', '2h', '1h30m')"
             )
     else:
-        raise ValueError(f"{name}: expected a duration, got {type(value).__name__} {value!r}")
+        raise ValueError(f"{name}: expected a duration, got {type(value).__name__} {value!r:.60}")
     if seconds < 0:
-        raise ValueError(f"{name}: {value!r} is negative")
+        raise ValueError(f"{name}: {value!r:.60} is negative")
     if not math.isfinite(seconds) or seconds > MAX_SECONDS:
         raise ValueError(f"{name}: {value!r:.40} is longer than 100 years")
     return timedelta(seconds=seconds)

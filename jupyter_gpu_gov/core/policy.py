@@ -187,6 +187,10 @@ class Policy:
     # A notice when a server runs past the duration its owner expected at spawn (label
     # gpu-gov/expected-duration); it never culls.
     expected_duration_notice: bool = True
+    # Not a key: when an admin applied this policy while the service ran (hub/applied_policy.py;
+    # None: in force since start-up, as the config file's). A maximum age it brings in is not
+    # due before its warning's notice from then.
+    in_force_since: datetime | None = None
 
     @property
     def notice(self) -> timedelta:
@@ -229,7 +233,10 @@ _CHOICES = {
     "after_interrupt": ("cull", "warn"),
 }
 _MATCH_KEYS = {f.name for f in fields(Match)}
-_POLICY_KEYS = {f.name for f in fields(Policy)}
+_POLICY_KEYS = {f.name for f in fields(Policy)} - {"in_force_since"}
+
+
+MAX_NAME = 255  # the store's column for the policy that governs a server (hub/tables.py)
 
 
 class PolicyError(ValueError):
@@ -242,15 +249,24 @@ def load_policies(entries: Iterable[Mapping], defaults: Mapping | None = None) -
     ``defaults`` fill every key an entry leaves out. A catch-all ``default`` policy built from
     the defaults is appended unless the last entry already matches everything.
     """
+    for key in ("name", "match"):
+        if key in (defaults or {}):
+            # Each policy's own: a match here was the catch-all's too, and a server it did
+            # not match had no policy at all (never warned, never culled; an error each pass).
+            raise PolicyError(f"defaults: {key!r} is not a default: each policy has its own")
     base = _policy("defaults", dict(defaults or {}), Policy())
     policies = []
     names = set()
     for index, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise PolicyError(f"policy {index}: expected a dict, got {type(entry).__name__}")
-        label = f"policy {index} ({entry.get('name', '?')!r})"
+        label = f"policy {index} ({entry.get('name', '?')!r:.60})"
         if not entry.get("name") or not isinstance(entry["name"], str):
             raise PolicyError(f"policy {index}: 'name' is required (a non-empty string)")
+        if len(entry["name"]) > MAX_NAME:
+            # A server's row keeps its policy's name: longer, and every pass's write failed
+            # on PostgreSQL (SQLite ignores the length), no server governed.
+            raise PolicyError(f"{label}: 'name' may be at most {MAX_NAME} characters")
         if entry["name"] in names:
             raise PolicyError(f"{label}: the name is used twice")
         names.add(entry["name"])
@@ -263,7 +279,7 @@ def load_policies(entries: Iterable[Mapping], defaults: Mapping | None = None) -
 def _policy(label: str, entry: dict, base: Policy) -> Policy:
     unknown = set(entry) - _POLICY_KEYS
     if unknown:
-        raise PolicyError(f"{label}: unknown key {sorted(unknown)[0]!r}")
+        raise PolicyError(f"{label}: unknown key {sorted(unknown)[0]!r:.60}")
     values = {}
     for key, value in entry.items():
         try:
@@ -292,13 +308,21 @@ def _convert(key: str, value):
             if k == "labels":
                 if not isinstance(v, Mapping):
                     raise ValueError("'match.labels' must be a dict of label: value")
-                criteria[k] = {str(a): str(b) for a, b in v.items()}
+                for a, b in v.items():
+                    # Labels are strings: True was read as 'True', which no label's value
+                    # is ('true'), and the policy matched nothing, saying nothing.
+                    if not isinstance(a, str) or not isinstance(b, str):
+                        raise ValueError(
+                            "'match.labels' must map label names to strings, got "
+                            f"{a!r:.60}: {b!r:.60}"
+                        )
+                criteria[k] = dict(v)
             elif k == "task_types":
                 items = [v] if isinstance(v, str) else v
                 if not isinstance(items, list | tuple) or not all(i in TASK_TYPES for i in items):
                     raise ValueError(
                         f"'match.task_types' must name task types out of {', '.join(TASK_TYPES)},"
-                        f" got {v!r}"
+                        f" got {v!r:.60}"
                     )
                 criteria[k] = tuple(items)
             else:
@@ -317,25 +341,27 @@ def _convert(key: str, value):
         )
     if key in _CHOICES:
         if value not in _CHOICES[key]:
-            raise ValueError(f"{key!r} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
+            raise ValueError(
+                f"{key!r} must be one of {', '.join(_CHOICES[key])}, got {value!r:.60}"
+            )
         return value
     if key == "idle_threshold":
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-            raise ValueError(f"'idle_threshold' must be a number in [0, 1], got {value!r}")
+            raise ValueError(f"'idle_threshold' must be a number in [0, 1], got {value!r:.60}")
         return float(value)
     if key in ("max_extensions", "checkpoint_retries"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{key!r} must be a whole number >= 0, got {value!r}")
+            raise ValueError(f"{key!r} must be a whole number >= 0, got {value!r:.60}")
         return value
     if key == "checkpoint_broken_after":
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
-            raise ValueError(f"{key!r} must be a whole number >= 1 or null, got {value!r}")
+            raise ValueError(f"{key!r} must be a whole number >= 1 or null, got {value!r:.60}")
         return value
     if key in ("checkpoint", "exempt", "expected_duration_notice"):
         if not isinstance(value, bool):
-            raise ValueError(f"{key!r} must be true or false, got {value!r}")
+            raise ValueError(f"{key!r} must be true or false, got {value!r:.60}")
         return value
     if key == "name":
         return value
@@ -593,8 +619,11 @@ class _Deadline:
     why: str
     cull_reason: str
     warning: str  # the warning action
+    past: bool = False  # a maximum age the server was already past when its policy came in
 
     def notice(self) -> str:
+        if self.past:
+            return f"{self.why}: it will be stopped at {self.at:%H:%M} UTC"
         if self.cull_reason == MAX_AGE:
             return f"{self.why.replace('reached', 'will reach')} at {self.at:%H:%M} UTC"
         if self.cull_reason == RECLAIM:
@@ -610,7 +639,16 @@ def _hard_deadline(policy: Policy, view: ServerView, record: Record) -> _Deadlin
     if max_age and view.started:
         at = view.started + max_age
         why = f"reached the maximum age of {format_duration(max_age)} for this {whose}"
-        found.append(_Deadline(at, at - policy.max_age_warning, why, MAX_AGE, MAX_AGE_WARN))
+        since, warned = policy.in_force_since, record.max_age_warned_at
+        floor = since and since + policy.max_age_warning
+        if floor and at < floor and (warned is None or warned >= since):
+            # Applied while the server ran, not yet announced: the warning's full notice from
+            # the apply, not a warning and a cull in the pass that first reads the policy.
+            why = f"past the maximum age of {format_duration(max_age)} for this {whose}"
+            why += f" (a policy applied at {_at(since)})"
+            found.append(_Deadline(floor, since, why, MAX_AGE, MAX_AGE_WARN, past=True))
+        else:
+            found.append(_Deadline(at, at - policy.max_age_warning, why, MAX_AGE, MAX_AGE_WARN))
     asked = _timestamp(view.labels.get(RECLAIM_LABEL))
     if asked is not None and view.labels.get(BORROWED_LABEL) == "true":
         team = view.labels.get(RECLAIM_FOR_LABEL) or "another team"

@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, Text, insert, select
 from sqlalchemy.exc import DBAPIError
 
 from ..core import clock
+from ..core.policy import Policy
 from .policy_admin import (
     APPLY,
     REVERT,
@@ -145,14 +146,52 @@ def _entry(row, of: Entry | None = None) -> Entry | None:
 # -- apply, revert, start-up ---------------------------------------------------------------------
 
 
-def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool = False) -> dict:
+class StalePolicies(CandidateError):
+    """The live policies are no longer those the change was made over (another admin's)."""
+
+
+def version(source: Mapping) -> str:
+    """The live policies' source, hashed: what an admin read them as (``GET api/policy``, the
+    policy page), to change them over."""
+    text = json.dumps(source, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_over(admin, over: str | None) -> None:
+    """Refuse a change made over policies that are no longer live: two admins editing from the
+    same page, or an apply after a prediction on policies another admin has since changed,
+    silently undid the other's change."""
+    if over is None or over == version(admin.source):
+        return
+    latest = (
+        f"applied by {admin.applied['by']} at {admin.applied['at']} ({admin.applied['reason']})"
+        if admin.applied
+        else "the config file's govern"
+    )
+    raise StalePolicies(
+        f"the live policies changed since you read them (now: {latest}): compare them with "
+        "your candidate, then apply again"
+    )
+
+
+def apply(
+    governor,
+    candidate: dict,
+    actor: str,
+    reason: str,
+    dry_run: bool = False,
+    over: str | None = None,
+) -> dict:
     """Audit the change (who, why, the diff), then make it: the candidate is kept in the store
     (in the audit's transaction) and governs from the next pass, or runs as a dry run beside
-    the live policy. ``StoreUnavailable`` when either cannot be written: then nothing changed."""
+    the live policy. ``StoreUnavailable`` when either cannot be written: then nothing changed.
+    ``over``: the ``version`` of the live policies it was made over (``StalePolicies`` if they
+    changed since; None: not checked)."""
     if dry_run:
         return start_dry_run(governor, candidate, actor, reason)
     policies = validate(candidate, governor.options)
     admin = policy_admin(governor)
+    _check_over(admin, over)  # no await from here to the record: one change at a time
     config_of(governor)
     changes = diff(admin.source, candidate)
     now = clock.utcnow()
@@ -165,7 +204,7 @@ def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool = Fa
     )
     entry = Entry(APPLIED, now, actor, reason, admin.fingerprint, candidate)
     record(governor.store, row, entry)  # on record and kept before it governs
-    governor.policies = policies
+    governor.policies = in_force(policies, now)
     admin.source = candidate
     admin.applied = entry.summary()
     admin.superseded = None
@@ -179,20 +218,27 @@ def apply(governor, candidate: dict, actor: str, reason: str, dry_run: bool = Fa
     }
 
 
-def revert(governor, actor: str, reason: str) -> dict:
+def revert(governor, actor: str, reason: str, over: str | None = None) -> dict:
     """Back to the config file's policies, audited and kept; ``CandidateError`` when they
-    already govern."""
+    already govern (``StalePolicies``: not those read, ``over``)."""
     admin = policy_admin(governor)
     config = config_of(governor)
     if admin.applied is None:
         raise CandidateError("the config file's policies already govern: nothing to revert")
+    _check_over(admin, over)
     changes = diff(admin.source, config)
     now = clock.utcnow()
     row = AuditRow(at=now, action=REVERT, reason=reason, actor=actor, details={"diff": changes})
     record(governor.store, row, Entry(REVERTED, now, actor, reason, admin.fingerprint))
-    governor.policies = list(admin.config_policies)
+    governor.policies = in_force(admin.config_policies, now)
     admin.source, admin.applied = config, None
     return {"reverted": True, "policies": policy_names(governor.policies), "diff": changes}
+
+
+def in_force(policies: list[Policy], since: datetime) -> list[Policy]:
+    """``policies`` as applied at ``since``: a maximum age they bring in gives a server already
+    past it its warning's full notice from then (``Policy.in_force_since``)."""
+    return [replace(p, in_force_since=since) for p in policies]
 
 
 def config_of(governor) -> dict:
@@ -218,6 +264,8 @@ def start(governor, config: dict, log) -> None:
     admin.source, admin.config = config, None
     config_of(governor)
     entry = newest(governor.store.engine)
+    if entry is not None and entry.kind == REVERTED:
+        governor.policies = in_force(admin.config_policies, entry.at)
     if entry is None or entry.kind == REVERTED:
         log.info("policies: the config file's (%s)", ", ".join(policy_names(governor.policies)))
         return
@@ -232,7 +280,7 @@ def start(governor, config: dict, log) -> None:
         except CandidateError as error:
             why = f"it is no longer valid ({error})"
         else:
-            governor.policies = policies
+            governor.policies = in_force(policies, entry.at)
             admin.source, admin.applied = entry.candidate, entry.summary()
             log.info(
                 "policies: applied by %s at %s (%s) in force over the config file's: %s",
@@ -263,6 +311,7 @@ def policy_view(governor) -> dict:
     dry = admin.dry_run
     return {
         "source": admin.source,
+        "version": version(admin.source),
         "policies": policy_names(governor.policies),
         "origin": admin.origin,
         "applied": admin.applied,

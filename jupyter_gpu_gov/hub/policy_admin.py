@@ -113,11 +113,11 @@ def validate(candidate: Mapping, options) -> list[Policy]:
     policies, defaults = candidate["policies"], candidate["policy_defaults"]
     if not isinstance(policies, list):
         raise CandidateError(
-            f"bad policy configuration: 'policies' must be a list, got {policies!r}"
+            f"bad policy configuration: 'policies' must be a list, got {policies!r:.60}"
         )
     if not isinstance(defaults, dict):
         raise CandidateError(
-            f"bad policy configuration: 'policy_defaults' must be an object, got {defaults!r}"
+            f"bad policy configuration: 'policy_defaults' must be an object, got {defaults!r:.60}"
         )
     base: dict[str, Any] = {"inactive_timeout": options.timeout.total_seconds()}
     if options.max_age:

@@ -14,7 +14,7 @@ from ..core import clock
 from ..core.policy import Policy
 from ..replay.history import Pseudonyms, export_span, export_trace
 from .api_handler import MAX_TEXT, ApiHandler
-from .applied_policy import apply, policy_view, revert
+from .applied_policy import StalePolicies, apply, policy_view, revert
 from .history import read_history
 from .policy_admin import (
     CandidateError,
@@ -38,6 +38,14 @@ class _PolicyApi(ApiHandler):
             return candidate, validate(candidate, self.governor.options)
         except CandidateError as error:
             raise web.HTTPError(400, str(error)) from None
+
+
+def over_of(body: Mapping) -> str | None:
+    """The ``version`` of the live policies a change was made over (``GET api/policy``)."""
+    over = body.get("over")
+    if over is not None and not isinstance(over, str):
+        raise web.HTTPError(400, f"over must be the version GET api/policy gave, got {over!r:.60}")
+    return over
 
 
 class PolicyHandler(_PolicyApi):
@@ -90,8 +98,12 @@ class ApplyHandler(_PolicyApi):
             raise web.HTTPError(400, str(error)) from None
         dry_run = body.get("dry_run", False)
         if not isinstance(dry_run, bool):
-            raise web.HTTPError(400, f"dry_run must be true or false, got {dry_run!r}")
-        self.write_json(apply(self.governor, candidate, self.actor, reason, dry_run))
+            raise web.HTTPError(400, f"dry_run must be true or false, got {dry_run!r:.60}")
+        over = over_of(body)
+        try:
+            self.write_json(apply(self.governor, candidate, self.actor, reason, dry_run, over))
+        except StalePolicies as error:
+            raise web.HTTPError(409, str(error)) from None
 
 
 class RevertHandler(_PolicyApi):
@@ -101,11 +113,13 @@ class RevertHandler(_PolicyApi):
     @web.authenticated
     def post(self):
         self.require_admin()
+        body = self.body()
         try:
-            reason = reason_of(self.body().get("reason"), "revert")
-            self.write_json(revert(self.governor, self.actor, reason))
+            reason = reason_of(body.get("reason"), "revert")
+            self.write_json(revert(self.governor, self.actor, reason, over_of(body)))
         except CandidateError as error:
-            raise web.HTTPError(409 if "already" in str(error) else 400, str(error)) from None
+            conflict = "already" in str(error) or isinstance(error, StalePolicies)
+            raise web.HTTPError(409 if conflict else 400, str(error)) from None
 
 
 class DryRunHandler(_PolicyApi):

@@ -57,19 +57,20 @@ class PolicyPageHandler(PageHandler):
         text = self.get_body_argument("candidate", "")
         span = self.get_body_argument("span", "1d")
         reason = self.get_body_argument("reason", "").strip()
+        over = self.get_body_argument("over", None)  # the live policies the page showed
         if action == "stop-dry-run":
             admin_.stop_dry_run(gov, self.actor, reason or "dry run ended")
             self._flash_then_back("dry run ended")
             return
         if action == "revert":
             try:
-                done = kept.revert(gov, self.actor, admin_.reason_of(reason, "revert"))
+                done = kept.revert(gov, self.actor, admin_.reason_of(reason, "revert"), over)
             except admin_.CandidateError as error:
                 await self.show(
                     _pretty(admin_.policy_admin(gov).source),
                     span=span,
                     error=str(error),
-                    status=400,
+                    status=409 if isinstance(error, kept.StalePolicies) else 400,
                 )
                 return
             self._flash_then_back(f"reverted to the config file: {', '.join(done['policies'])}")
@@ -94,7 +95,13 @@ class PolicyPageHandler(PageHandler):
             if not reason:
                 await self.show(text, span=span, error="say why: a reason is required", status=400)
                 return
-            done = kept.apply(gov, candidate, self.actor, reason[:2000], action == "dry-run")
+            try:
+                done = kept.apply(
+                    gov, candidate, self.actor, reason[:2000], action == "dry-run", over
+                )
+            except kept.StalePolicies as error:  # the candidate stays, beside the new live
+                await self.show(text, span=span, error=str(error), status=409)
+                return
             if action == "dry-run":
                 self._flash_then_back("dry run started beside the live policy: nothing is acted on")
             else:
@@ -127,6 +134,7 @@ class PolicyPageHandler(PageHandler):
             span=span,
             spans=SPANS,
             live=_pretty(admin.source),
+            version=kept.version(admin.source),
             live_names=[p.name for p in gov.policies],
             applied=admin.applied,
             superseded=admin.superseded,

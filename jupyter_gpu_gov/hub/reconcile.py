@@ -105,6 +105,9 @@ class Governor(
         self.hub = hub
         self._started = clock.utcnow()  # checkpoints asked before are asked again (views.py)
         self.policies = list(policies)
+        # What this pass decides on: an apply while it waits for the Hub governs from the next
+        # pass (else servers decided after it were warned on it before its audit row's time).
+        self._pass_policies = self.policies
         self.options = options
         self.dcgm = dcgm
         self.due = Due()  # between full passes, the servers to look at (hub/deadlines.py)
@@ -215,7 +218,10 @@ class Governor(
         batch = _Batch()
         now = clock.utcnow()
         self.health.observe_dcgm(snapshot, self._context.by_uuid, now)
-        full = self.unchanged.begin_pass(self.policies, self._context.teams_by_group, bool(stepped))
+        self._pass_policies = self.policies
+        full = self.unchanged.begin_pass(
+            self._pass_policies, self._context.teams_by_group, bool(stepped)
+        )
         kept = await self._plan_listing(full, groups, rows, now, self._world_changed(snapshot))
         seen: set[str] = set()  # running servers this pass listed or looked at
         self._fresh_reads = self._fresh_reads_left = fresh_reads(
@@ -429,7 +435,8 @@ class Governor(
             row.reports = True
             batch.changed.append(row)
         base = base_view(server, ownership)
-        server_policy = policy.select(self.policies, base)  # policies match on who, not on the GPU
+        # Policies match on who, not on the GPU.
+        server_policy = policy.select(self._pass_policies, base)
         record = self._checkpoint_timeout(row, record, server_policy, now, batch.audits)
         self._distrust(server, key, now, batch)
         view = self._with_gpu(base, server_policy, now, row.reports, server)

@@ -108,8 +108,8 @@ class GovernorSettings(HasTraits):
         "90m", "2h".""",
     ).tag(config=True)
     policy_defaults = Dict(
-        help="""Defaults for every policy key (same keys as a policy). ``inactive_timeout``
-        defaults to --timeout and ``max_age`` to --max-age.""",
+        help="""Defaults for every policy key but ``name`` and ``match`` (each policy's own).
+        ``inactive_timeout`` defaults to --timeout and ``max_age`` to --max-age.""",
     ).tag(config=True)
     dry_run = Bool(
         False, help="Record every decision and act on none (no checkpoint requests, no culls)."

@@ -21,7 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from ..core.policy import Decision, Record
+from ..core.policy import MAX_NAME, Decision, Record
 from ..core.vocabulary import KEY_LENGTH, NAME_LENGTH
 
 
@@ -68,7 +68,7 @@ SERVERS = Table(
     _string("tier", 255),
     _string("profile", 255),
     Column("labels", JSON, nullable=False, default=dict),
-    _string("policy", 255),
+    _string("policy", MAX_NAME),
     Column("running", Boolean, nullable=False, default=True),
     # The policy Record, one column per field (see _RECORD_FIELDS).
     Column("state", String(32), nullable=False, default="active"),

@@ -27,6 +27,7 @@ from ..core.policy import (
     Record,
     ServerView,
     decide,
+    evolve,
     is_quiet,
     load_policies,
     max_age_of,
@@ -42,7 +43,9 @@ from ..core.vocabulary import (
     PROJECT_LABEL,
     RECLAIM_WARN,
     SHUTDOWN_KERNELS,
+    TEAM_LABEL,
     TIER_LABEL,
+    USER_LABEL,
     WARN,
     WARNINGS,
 )
@@ -182,8 +185,8 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
         if sample.reports and sample.gpu_sm is not None and sample.gpu_sm >= policy.idle_threshold:
             server.gpu_last = now  # our extension reports GPU activity to the Hub
         hub_last = _latest(server.hub_last, server.gpu_last if sample.reports else None)
-        view = server_view(
-            sample,
+        view = evolve(
+            identity,
             started=server.started,
             hub_last_activity=hub_last,
             # People's interaction is read from reports; the Hub's activity includes open tabs.
@@ -211,15 +214,24 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
 
 
 def server_view(sample: Sample, **state: Any) -> ServerView:
-    """Who the server is (all ``select`` needs to choose its policy), plus any ``state``."""
+    """Who the server is (all ``select`` needs to choose its policy), plus any ``state``: as
+    the service reads it (``hub/ownership.py``), on the tier its ``profile`` names where no
+    label says, and labelled with its team, tier and user. Read from the label alone, a trace
+    written with ``profile`` matched no policy on ``tiers`` (nor on those labels) that the
+    service then applied."""
+    labels = sample.labels
+    tier = labels.get(TIER_LABEL) or sample.profile
+    owner = ((TEAM_LABEL, sample.team), (TIER_LABEL, tier), (USER_LABEL, sample.user))
+    if any(value and label not in labels for label, value in owner):
+        labels = {**{label: value for label, value in owner if value}, **labels}
     return ServerView(
         user=sample.user,
         name=sample.name,
         profile=sample.profile,
-        tier=sample.labels.get(TIER_LABEL),
+        tier=tier,
         team=sample.team,
-        project=sample.labels.get(PROJECT_LABEL),
-        labels=sample.labels,
+        project=labels.get(PROJECT_LABEL),
+        labels=labels,
         **state,
     )
 
