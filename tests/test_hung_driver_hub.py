@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import html
 import re
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -38,17 +40,17 @@ from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
 _H100 = dict(name="NVIDIA H100 80GB HBM3", memory_total_mb=81559)
 _fake = install(pytest.MonkeyPatch(), FakeGpu("GPU-a", **_H100), FakeGpu("GPU-b", **_H100))
 _hang = os.path.join(HARNESS_DIR, "hang")
-_stuck = set()  # the threads a call blocks, written to the file "stuck"
+_stuck = set()  # the threads a call blocked, counted in the file "stuck" at each block
 
 
 def _blocking(function):
     def call(*args):
-        while os.path.exists(_hang):
-            if threading.get_ident() not in _stuck:
-                _stuck.add(threading.get_ident())
-                with open(os.path.join(HARNESS_DIR, "stuck"), "w") as f:
-                    f.write(str(len(_stuck)))
-            time.sleep(0.05)
+        if os.path.exists(_hang):
+            _stuck.add(threading.get_ident())
+            with open(os.path.join(HARNESS_DIR, "stuck"), "w") as f:
+                f.write(str(len(_stuck)))
+            while os.path.exists(_hang):
+                time.sleep(0.05)
         return function(*args)
 
     return call
@@ -144,3 +146,23 @@ def test_a_hung_driver_neither_freezes_the_hub_nor_hands_out_a_card(hub):
     assert server is not None
     state = hub.api("GET", "users/bob").json()["servers"][""]["state"]
     assert state["gpu_gov_devices"] in (["GPU-a"], ["GPU-b"]), state
+
+
+def test_a_hub_whose_driver_hangs_still_stops(hub):
+    """The read waiting in the driver ran in an executor's thread, which Python joins at exit:
+    the Hub, stopped or restarted (an admin's first move with a GPU in a bad state), never
+    exited while the driver hung (systemd kills it after its stop timeout)."""
+    hang, stuck = hub.workdir / "hang", hub.workdir / "stuck"
+    stuck.unlink(missing_ok=True)
+    hang.touch()
+    try:
+        assert h100_line(hub, "alice")[0] == "refused"  # a read now waits in the driver
+        assert stuck.exists()
+        hub.proc.send_signal(signal.SIGTERM)
+        try:
+            hub.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the hub did not exit while its GPU driver hung")
+    finally:
+        hang.unlink()
+    hub.restart()  # the module's hub, for whatever comes after

@@ -19,9 +19,10 @@ admission hands out no GPU, naming why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -66,7 +67,6 @@ class LocalGpus(SingletonConfigurable):
         return DEFAULT_DEVICES
 
     _backend = None
-    _executor: ThreadPoolExecutor | None = None
     _reading: asyncio.Future | None = None  # the read in flight: one at a time
     _reading_since = 0.0
     # Of the last read: the devices a new server may get (None: unknown), and why unknown.
@@ -81,10 +81,8 @@ class LocalGpus(SingletonConfigurable):
         read still running is joined, never started again: a hung driver holds one thread, not
         one per request, and once it has hung that long callers are answered at once."""
         if self._reading is None or self._reading.done():
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpu-gov-local-gpus")
             self._reading_since = time.monotonic()
-            self._reading = asyncio.get_running_loop().run_in_executor(self._executor, self._read)
+            self._reading = self._in_a_thread()
             # Kept when it comes back late: a recovered driver is read again by itself.
             self._reading.add_done_callback(self._done)
         left = self._reading_since + READ_WAIT_S - time.monotonic()
@@ -97,6 +95,31 @@ class LocalGpus(SingletonConfigurable):
             self._devices, self._why = None, f"have not answered for {waited:.0f} s"
         except Exception:  # ``_done`` (called before this wait ends) says why
             pass
+
+    def _in_a_thread(self) -> asyncio.Future:
+        """``_read`` in a daemon thread: Python joins an executor's threads at exit, so a read
+        stuck in the driver kept the Hub from stopping (or restarting) until it came back."""
+        loop = asyncio.get_running_loop()
+        reading = loop.create_future()
+
+        def settle(result, error) -> None:
+            if reading.done():
+                return
+            if error is None:
+                reading.set_result(result)
+            else:
+                reading.set_exception(error)
+
+        def work() -> None:
+            try:
+                result, error = self._read(), None
+            except Exception as failure:
+                result, error = None, failure
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=work, name="gpu-gov-local-gpus", daemon=True).start()
+        return reading
 
     def _read(self) -> tuple[list[Device], frozenset[str]]:
         """The devices a new server may get: a GPU with a fault (docs/health.md), or one whose
