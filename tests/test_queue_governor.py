@@ -18,8 +18,10 @@ import sys
 import time
 from datetime import datetime, timedelta
 
+import pynvml
 import pytest
 from fake_hub_api import FakeHub as FakeHubApi
+from fake_pynvml import FakeGpu, install
 from jupyterhub import orm
 from jupyterhub.objects import Hub
 from jupyterhub.user import UserDict
@@ -320,3 +322,28 @@ async def test_cards_that_cannot_be_read_are_never_handed_out(hub, tmp_path, mon
 
     monkeypatch.setattr(gpus._backend, "sample", answer)
     assert len((await hub.start("ben", {"profile": "h100"})).gpu_devices) == 1
+
+
+async def test_cards_nvml_fails_on_are_unknown_not_all_in_use(hub, monkeypatch):
+    """NVML fails (the driver unloaded, the GPUs lost): the backend reads ``unavailable``,
+    which is unknown, not no cards. The allocator counted no devices: 'All H100 80 GB cards are
+    in use', and the line was offered for cards that may all be free once the driver is back
+    (ben joined it). Now the spawn and the line are refused naming NVML's words; once NVML
+    answers, the card is handed out."""
+    fake = install(monkeypatch, FakeGpu("GPU-a", name=H100["name"], memory_total_mb=81559))
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    hub.spawner("ben").local_gpus.backend = "nvml"
+    with pytest.raises(GpuRefused) as refused:
+        await hub.start("ben", {"profile": "h100"})
+    message = refused.value.jupyterhub_message
+    assert message.startswith("GPU state unknown: the GPUs of this machine could not be read ("), (
+        message
+    )
+    assert "Driver Not Loaded" in message, message
+    with pytest.raises(GpuRefused) as refused:
+        await hub.spawner("ben").gpu_enqueue({"profile": "h100"})
+    assert refused.value.jupyterhub_message == message
+    assert waiting_requests(hub.db) == []
+
+    fake.init_error = None  # the driver is loaded again
+    assert (await hub.start("ben", {"profile": "h100"})).gpu_devices == ("GPU-a",)

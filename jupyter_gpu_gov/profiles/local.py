@@ -42,6 +42,10 @@ from .tiers import Tier
 READ_WAIT_S = 10.0
 
 
+class _Unreadable(Exception):
+    """The backend says the cards cannot be read now (NVML's words)."""
+
+
 class LocalGpus(SingletonConfigurable):
     """The hub's view of this machine's GPUs: one backend per hub process."""
 
@@ -131,11 +135,11 @@ class LocalGpus(SingletonConfigurable):
                 sim_state_path=self.sim_state_path or None,
             )
         snapshot = self._backend.sample()
+        if snapshot.backend == "unavailable":  # NVML failed: unknown, not a machine without cards
+            raise _Unreadable(snapshot.error or "NVML failed")
         checked = snapshot.health
         devices = [
-            d
-            for d in snapshot.devices
-            if snapshot.available and checked.get(d.uuid, health.HEALTHY).status == health.OK
+            d for d in snapshot.devices if checked.get(d.uuid, health.HEALTHY).status == health.OK
         ]
         busy = frozenset(u for u, sample in snapshot.samples.items() if sample.processes)
         return devices, busy
@@ -145,7 +149,10 @@ class LocalGpus(SingletonConfigurable):
             return
         error = reading.exception()
         if error is not None:
-            why = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            why = (
+                str(error) if isinstance(error, _Unreadable) else f"{type(error).__name__}: {error}"
+            )
+            why = why.splitlines()[0][:300]
             self.log.warning("gpu-gov: cannot read the GPUs of this machine: %s", why)
             self._devices, self._why = None, f"could not be read ({why})"
             return
