@@ -12,13 +12,16 @@ recorded through the fake Hub API (tests/fake_hub_api.py), with their spawner st
 from __future__ import annotations
 
 import asyncio
+import html
 import subprocess
 import sys
 import time
 from datetime import datetime, timedelta
 
+import pynvml
 import pytest
 from fake_hub_api import FakeHub as FakeHubApi
+from fake_pynvml import FakeGpu, install
 from jupyterhub import orm
 from jupyterhub.objects import Hub
 from jupyterhub.user import UserDict
@@ -97,7 +100,9 @@ class InMemoryHub:
         started server (the process itself is not needed here)."""
         spawner = self.spawner(name)
         spawner.user_options = dict(options)
-        spawner._gpu_admit(await spawner.gpu_teams())
+        teams = await spawner.gpu_teams()
+        await spawner.gpu_refresh()
+        spawner._gpu_admit(teams)
         spawner.orm_spawner.started = (started or clock.utcnow()).replace(tzinfo=None)
         spawner.orm_spawner.state = spawner.get_state()
         self.db.commit()
@@ -282,3 +287,63 @@ async def test_a_card_a_leftover_run_works_on_is_handed_out_last(hub, tmp_path, 
     finally:
         run.kill()
         run.wait()
+
+
+async def test_cards_that_cannot_be_read_are_never_handed_out(hub, tmp_path, monkeypatch):
+    """NVML fails (a driver in a bad state; one that hangs: tests/test_hung_driver_hub.py).
+    The cards' state is unknown, and unknown is never free: the spawn is refused naming why,
+    not offered a place in line (it would not say why, nor could it be ranked), and the form
+    says it on each tier. The failure raised out of admission before: a 500 for the user.
+    Once NVML answers, the cards are handed out again without a restart."""
+    monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", str(tmp_path / "sim.json"))
+    await hub.start("vera", {"profile": "h100"})
+    gpus = LocalGpus.instance()
+    answer = gpus._backend.sample
+
+    def failing():
+        raise RuntimeError("NVML: Unknown Error")
+
+    monkeypatch.setattr(gpus._backend, "sample", failing)
+    why = (
+        "GPU state unknown: the GPUs of this machine could not be read (RuntimeError: NVML: "
+        "Unknown Error), so none is handed out until they answer. Try again in a few minutes."
+    )
+    with pytest.raises(GpuRefused) as refused:
+        await hub.start("ben", {"profile": "h100"})
+    assert refused.value.jupyterhub_message == why
+    with pytest.raises(GpuRefused) as refused:
+        await hub.spawner("ben").gpu_enqueue({"profile": "h100"})
+    assert refused.value.jupyterhub_message == why
+    assert waiting_requests(hub.db) == []
+    assert why.replace("(", "").split(",")[0] in html.unescape(
+        (await hub.spawner("ben").get_options_form()).replace("(", "")
+    )
+    assert DEVICES_STATE not in (hub.spawner("ben").orm_spawner.state or {})
+
+    monkeypatch.setattr(gpus._backend, "sample", answer)
+    assert len((await hub.start("ben", {"profile": "h100"})).gpu_devices) == 1
+
+
+async def test_cards_nvml_fails_on_are_unknown_not_all_in_use(hub, monkeypatch):
+    """NVML fails (the driver unloaded, the GPUs lost): the backend reads ``unavailable``,
+    which is unknown, not no cards. The allocator counted no devices: 'All H100 80 GB cards are
+    in use', and the line was offered for cards that may all be free once the driver is back
+    (ben joined it). Now the spawn and the line are refused naming NVML's words; once NVML
+    answers, the card is handed out."""
+    fake = install(monkeypatch, FakeGpu("GPU-a", name=H100["name"], memory_total_mb=81559))
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    hub.spawner("ben").local_gpus.backend = "nvml"
+    with pytest.raises(GpuRefused) as refused:
+        await hub.start("ben", {"profile": "h100"})
+    message = refused.value.jupyterhub_message
+    assert message.startswith("GPU state unknown: the GPUs of this machine could not be read ("), (
+        message
+    )
+    assert "Driver Not Loaded" in message, message
+    with pytest.raises(GpuRefused) as refused:
+        await hub.spawner("ben").gpu_enqueue({"profile": "h100"})
+    assert refused.value.jupyterhub_message == message
+    assert waiting_requests(hub.db) == []
+
+    fake.init_error = None  # the driver is loaded again
+    assert (await hub.start("ben", {"profile": "h100"})).gpu_devices == ("GPU-a",)

@@ -85,7 +85,7 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
     """KubeSpawner's ``profile_list``: the tiers offered to the user's teams, with what is left."""
     conf = spawner.gpu_profiles
     teams = await spawner.gpu_teams()
-    await spawner.gpu_cluster.refresh(spawner.api, spawner.namespace, spawner.log)
+    await spawner.gpu_refresh()
     usage = spawner.gpu_usage()
     capacity = spawner.gpu_capacity(usage)
     descriptions: dict[str, list[str]] = {}
@@ -170,14 +170,9 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         """Labels every pod this hub starts carries (KubeSpawner's and the chart's)."""
         return {**self.common_labels, "component": self.component_label}
 
-    async def get_options_form(self):
-        await self.gpu_cluster.refresh(self.api, self.namespace, self.log)
-        return await super().get_options_form()
-
-    async def start(self):
+    async def gpu_refresh(self):
         # A fresh enough reading of the cluster before admission counts (and awaits nothing).
         await self.gpu_cluster.refresh(self.api, self.namespace, self.log)
-        return await super().start()
 
     async def load_user_options(self):
         # JupyterHub keeps a server's Spawner across stop and start, and KubeSpawner merges a

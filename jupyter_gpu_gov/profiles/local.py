@@ -9,10 +9,19 @@ The devices a server holds live in its spawner state, which JupyterHub keeps in 
 they survive hub restarts (with ``c.JupyterHub.cleanup_servers = False``) and are freed when the
 server stops. Which devices are free is decided from the started servers in that database,
 in the same step as admission.
+
+The devices are read (NVML) in a worker thread, never in the Hub's event loop: a GPU driver in a
+bad state can block every call for minutes, and the Hub would serve nothing meanwhile. A read
+is awaited for ``READ_WAIT_S`` at most; while none comes back the GPU state is unknown, and
+admission hands out no GPU, naming why.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+import time
 from collections.abc import Collection, Mapping, Sequence
 
 from jupyterhub import orm
@@ -28,6 +37,13 @@ from ..gpu.backends import CHOICES, make_backend
 from .quota import Grant
 from .spawner import TIER, GpuProfilesMixin, GpuRefused
 from .tiers import Tier
+
+# As long as a single-user server waits for a fresh sample (server/app.py FRESH_SAMPLE_WAIT_S).
+READ_WAIT_S = 10.0
+
+
+class _Unreadable(Exception):
+    """The backend says the cards cannot be read now (NVML's words)."""
 
 
 class LocalGpus(SingletonConfigurable):
@@ -55,13 +71,63 @@ class LocalGpus(SingletonConfigurable):
         return DEFAULT_DEVICES
 
     _backend = None
-    # Of the last ``devices()``, those a process runs on: a run left behind by a stopped server
+    _reading: asyncio.Future | None = None  # the read in flight: one at a time
+    _reading_since = 0.0
+    # Of the last read: the devices a new server may get (None: unknown), and why unknown.
+    _devices: list[Device] | None = None
+    _why = _NOT_READ = "have not been read yet"
+    # Of the last read, those a process runs on: a run left behind by a stopped server
     # (``nohup``, which the Hub's stop does not end) or work outside the Hub.
     in_use: frozenset[str] = frozenset()
 
-    def devices(self) -> list[Device]:
+    async def read(self) -> None:
+        """Read the devices now, waiting ``READ_WAIT_S`` at most from when the read began. A
+        read still running is joined, never started again: a hung driver holds one thread, not
+        one per request, and once it has hung that long callers are answered at once."""
+        if self._reading is None or self._reading.done():
+            self._reading_since = time.monotonic()
+            self._reading = self._in_a_thread()
+            # Kept when it comes back late: a recovered driver is read again by itself.
+            self._reading.add_done_callback(self._done)
+        left = self._reading_since + READ_WAIT_S - time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reading), max(0.0, left))
+        except asyncio.TimeoutError:
+            waited = time.monotonic() - self._reading_since
+            if self._devices is not None or self._why == self._NOT_READ:
+                self.log.warning("gpu-gov: the GPUs of this machine do not answer (NVML)")
+            self._devices, self._why = None, f"have not answered for {waited:.0f} s"
+        except Exception:  # ``_done`` (called before this wait ends) says why
+            pass
+
+    def _in_a_thread(self) -> asyncio.Future:
+        """``_read`` in a daemon thread: Python joins an executor's threads at exit, so a read
+        stuck in the driver kept the Hub from stopping (or restarting) until it came back."""
+        loop = asyncio.get_running_loop()
+        reading = loop.create_future()
+
+        def settle(result, error) -> None:
+            if reading.done():
+                return
+            if error is None:
+                reading.set_result(result)
+            else:
+                reading.set_exception(error)
+
+        def work() -> None:
+            try:
+                result, error = self._read(), None
+            except Exception as failure:
+                result, error = None, failure
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=work, name="gpu-gov-local-gpus", daemon=True).start()
+        return reading
+
+    def _read(self) -> tuple[list[Device], frozenset[str]]:
         """The devices a new server may get: a GPU with a fault (docs/health.md), or one whose
-        health cannot be read, is never handed out."""
+        health cannot be read, is never handed out. In the worker thread."""
         if self._backend is None:
             self._backend = make_backend(
                 self.backend,
@@ -69,13 +135,44 @@ class LocalGpus(SingletonConfigurable):
                 sim_state_path=self.sim_state_path or None,
             )
         snapshot = self._backend.sample()
+        if snapshot.backend == "unavailable":  # NVML failed: unknown, not a machine without cards
+            raise _Unreadable(snapshot.error or "NVML failed")
         checked = snapshot.health
-        self.in_use = frozenset(u for u, sample in snapshot.samples.items() if sample.processes)
-        return [
-            d
-            for d in snapshot.devices
-            if snapshot.available and checked.get(d.uuid, health.HEALTHY).status == health.OK
+        devices = [
+            d for d in snapshot.devices if checked.get(d.uuid, health.HEALTHY).status == health.OK
         ]
+        busy = frozenset(u for u, sample in snapshot.samples.items() if sample.processes)
+        return devices, busy
+
+    def _done(self, reading: asyncio.Future) -> None:
+        if reading.cancelled():
+            return
+        error = reading.exception()
+        if error is not None:
+            why = (
+                str(error) if isinstance(error, _Unreadable) else f"{type(error).__name__}: {error}"
+            )
+            why = why.splitlines()[0][:300]
+            self.log.warning("gpu-gov: cannot read the GPUs of this machine: %s", why)
+            self._devices, self._why = None, f"could not be read ({why})"
+            return
+        if self._devices is None and self._why != self._NOT_READ:
+            self.log.info("gpu-gov: the GPUs of this machine answer again")
+        self._devices, self.in_use = reading.result()
+
+    def devices(self) -> list[Device] | None:
+        """The devices a new server may get, from the last read; None while unknown."""
+        return self._devices
+
+    def unknown(self) -> str | None:
+        """Why no GPU may be handed out whatever the count (the last read did not come back
+        within ``READ_WAIT_S``, or failed), or None."""
+        if self._devices is not None:
+            return None
+        return (
+            f"GPU state unknown: the GPUs of this machine {self._why}, so none is handed out "
+            "until they answer. Try again in a few minutes."
+        )
 
 
 def _fits(tier: Tier, device: Device) -> bool:
@@ -153,11 +250,20 @@ class LocalGpuMixin(GpuProfilesMixin):
                 held.setdefault(uuid, []).append(tier)
         return held
 
+    async def gpu_refresh(self) -> None:
+        await self.local_gpus.read()
+
+    def gpu_unknown(self) -> str | None:
+        return self.local_gpus.unknown()
+
     def gpu_capacity(self, usage: list[Grant]) -> dict[str, int | None]:
-        return capacity(self.gpu_profiles.tier_map, self.local_gpus.devices(), self._held(), usage)
+        devices = self.local_gpus.devices() or []  # unknown is never free
+        return capacity(self.gpu_profiles.tier_map, devices, self._held(), usage)
 
     def gpu_assign(self, tier: Tier) -> None:
         devices = self.local_gpus.devices()
+        if devices is None:  # admission refused already (nothing awaited in between)
+            raise GpuRefused(self.local_gpus.unknown())
         chosen = pick(tier, devices, self._held(), self.local_gpus.in_use)
         if not chosen:  # admission counted them free: only a vanished device gets here
             raise GpuRefused(f"No {tier.display_name} device of this machine is free right now.")

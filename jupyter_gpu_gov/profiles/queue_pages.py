@@ -57,12 +57,17 @@ def _spawner(handler: BaseHandler, request):
     return None if owner is None else owner.get_spawner(request.name)
 
 
-def _line(handler: BaseHandler, now, sooner_for=None) -> list:
+async def _line(handler: BaseHandler, now, sooner_for=None) -> list:
     """The line now, as admission sees it (through a waiting server's spawner: the count and
-    the waiting requests are the hub's); ``sooner_for``: ``gpu_line``'s."""
+    the waiting requests are the hub's, the devices read as admission reads them: bounded,
+    off the event loop); ``sooner_for``: ``gpu_line``'s."""
     queued = waiting_requests(handler.db)
     spawner = next(filter(None, (_spawner(handler, q) for q in queued)), None)
-    return [] if spawner is None else spawner.gpu_line(queued, now, sooner_for)
+    if spawner is None:
+        return []
+    await spawner.gpu_refresh()
+    queued = waiting_requests(handler.db)  # as it is after the wait
+    return spawner.gpu_line(queued, now, sooner_for)
 
 
 def places(user) -> dict[str, dict[str, str]]:
@@ -210,7 +215,7 @@ class QueuePageHandler(BaseHandler):
         def shown(request) -> bool:  # the viewer's own; an admin sees everyone's
             return me.admin or request.user == me.name
 
-        order = [w for w in _line(self, now, shown) if shown(w.request)]
+        order = [w for w in await _line(self, now, shown) if shown(w.request)]
         if not order:
             body = "<p class='empty'>No server of yours waits in line.</p>"
         else:
@@ -276,7 +281,7 @@ class QueueApiHandler(APIHandler):
     async def get(self):
         self._check()
         now = clock.utcnow()
-        self.finish(json.dumps({"line": [w.to_json() for w in _line(self, now)]}))
+        self.finish(json.dumps({"line": [w.to_json() for w in await _line(self, now)]}))
 
     @web.authenticated
     async def post(self):
@@ -296,6 +301,6 @@ class QueueApiHandler(APIHandler):
         await _give_back_unstartable(self, now)
         left, FORECAST.left[:] = list(FORECAST.left), []
         # The governor reads no "sooner" (it is for the owner's pages): not worked out here.
-        line = [w.to_json() for w in _line(self, now, lambda q: False)]
+        line = [w.to_json() for w in await _line(self, now, lambda q: False)]
         refused = REFUSED.count(now)
         self.finish(json.dumps({"line": line, "left": left, "refused": refused}))

@@ -18,8 +18,10 @@ Mix ``GpuProfilesMixin`` in front of a spawner class. It gives the spawner
   (``gpu_enqueue``), recorded in the spawner's state; admission measures every request against
   the requests ranked ahead of it, and a waiting server leaves the line when it starts.
 
-Subclasses say how many devices a tier has (``gpu_capacity``) and may pin devices
-(``gpu_assign``).
+Subclasses say how many devices a tier has (``gpu_capacity``), read what they count from before
+the steps that count (``gpu_refresh``, awaited; a slow source waits there, bounded, never in
+the steps themselves), say when it cannot be counted (``gpu_unknown``: admission then hands
+out no GPU, naming why) and may pin devices (``gpu_assign``).
 """
 
 from __future__ import annotations
@@ -131,6 +133,15 @@ class GpuProfilesMixin:
 
     # -- hooks for the glue ------------------------------------------------------------------
 
+    async def gpu_refresh(self) -> None:
+        """Read what ``gpu_capacity`` counts from, before the form, admission and the line
+        (which then await nothing); a bounded wait. Default: nothing to read."""
+
+    def gpu_unknown(self) -> str | None:
+        """Why the devices cannot be counted now (no GPU is then admitted; the form and the
+        refusal say this), or None."""
+        return None
+
     def gpu_capacity(self, usage: list[Grant]) -> dict[str, int | None]:
         """Devices per tier (in use or free). Default: ``GpuProfiles.capacity``."""
         return dict(self.gpu_profiles.capacity)
@@ -143,6 +154,7 @@ class GpuProfilesMixin:
     async def get_options_form(self) -> str:
         conf = self.gpu_profiles
         teams = await self.gpu_teams()
+        await self.gpu_refresh()
         usage = self.gpu_usage()
         capacity = self.gpu_capacity(usage)
         name = self._gpu_server_key()
@@ -150,6 +162,12 @@ class GpuProfilesMixin:
         queued = self.gpu_waiting()
         mine = self._gpu_queued if self._gpu_queued and self._gpu_queued.live(now) else None
         decide = partial(admit_in_line, queued=queued, now=now, queued_at=mine and mine.queued_at)
+        unknown = self.gpu_unknown()
+        if unknown is not None:
+
+            def decide(*_, **__) -> Admission:  # every tier says why, as admission would
+                return Admission(False, unknown)
+
         lines = {
             team: tier_use(
                 self.user.name,
@@ -205,13 +223,16 @@ class GpuProfilesMixin:
         except form.FormError as error:
             raise GpuRefused(str(error)) from None
         # A quick answer on the form itself; start() decides again and records, atomically.
-        self._gpu_decide(options, await self.gpu_teams())
+        teams = await self.gpu_teams()
+        await self.gpu_refresh()
+        self._gpu_decide(options, teams)
         return options
 
     # -- admission ---------------------------------------------------------------------------
 
     async def start(self):
         teams = await self.gpu_teams()
+        await self.gpu_refresh()
         # From here to super().start(), no await: count, decide and record as one step.
         self._gpu_admit(teams)
         return await super().start()
@@ -326,6 +347,9 @@ class GpuProfilesMixin:
     def _gpu_admission(self, tier: Tier, team: str) -> Admission:
         """Admission from a fresh count, behind the requests waiting in line ahead of this one
         (this server's own place, if it waits, is kept)."""
+        unknown = self.gpu_unknown()
+        if unknown is not None:  # unknown is never free; waiting in line would not say why
+            return Admission(False, unknown)
         conf = self.gpu_profiles
         usage = self.gpu_usage()
         now = clock.utcnow()
@@ -501,6 +525,7 @@ class GpuProfilesMixin:
         nothing recorded, start it instead). Raises ``GpuRefused`` when it cannot wait."""
         conf = self.gpu_profiles
         teams = await self.gpu_teams()
+        await self.gpu_refresh()
         # From here on no await: check, decide and record as one step.
         now = whole_ms(clock.utcnow())
         if not self.gpu_queue_offered(now):
