@@ -16,6 +16,7 @@ import logging
 import time
 from datetime import timedelta
 
+import pytest
 from fake_hub_api import FakeHub
 from test_fuzz_api import ACCESS, PREFIX, fresh_report
 from tornado.httpclient import AsyncHTTPClient
@@ -30,6 +31,7 @@ from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.prepared_auth import PreparedHubOAuth
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
+from jupyter_gpu_gov.server.reporter import GovernorError, Held, Reporter
 
 ALICE, BOB = "alice-server-token", "bob-server-token"
 SLOW = 0.01  # units a second: nothing comes back within a test, so no timing is assumed
@@ -155,3 +157,32 @@ async def test_a_flood_of_refusals_costs_the_log_a_line_then_a_count(tmp_path, m
         # A minute on, the address's first refusal is written in full again.
         assert (await post(url, "bogus", report_of("alice"))).code == 403
         assert "refused (403)" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize("report_interval", [5.0, 600.0], ids=["kept", "per-report"])
+async def test_the_reporter_sends_nothing_before_the_retry_after(
+    tmp_path, monkeypatch, report_interval
+):
+    async with service(tmp_path, monkeypatch, report_budget=SLOW, report_burst=1) as (
+        url,
+        governor,
+        _,
+    ):
+        reporter = Reporter(url, ALICE, logging.getLogger("test"), report_interval=report_interval)
+        try:
+            verdict = await reporter.send(json.loads(report_of("alice")))
+            assert verdict == governor.verdict("alice/")
+            with pytest.raises(GovernorError) as refused:
+                await reporter.send(json.loads(report_of("alice")))
+            assert refused.value.status == 429 and refused.value.retry_after >= 90
+            before = throttled()
+            with pytest.raises(Held) as held:
+                await reporter.send(json.loads(report_of("alice")))
+            assert held.value.status == 429 and held.value.retry_after > 80
+            assert throttled() == before  # nothing was sent
+            reporter.held_until = 0.0  # as if the Retry-After had passed: it sends again
+            with pytest.raises(GovernorError) as again:
+                await reporter.send(json.loads(report_of("alice")))
+            assert again.value.status == 429 and throttled() == before + 1
+        finally:
+            reporter.close()
