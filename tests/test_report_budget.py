@@ -186,3 +186,25 @@ async def test_the_reporter_sends_nothing_before_the_retry_after(
             assert again.value.status == 429 and throttled() == before + 1
         finally:
             reporter.close()
+
+
+def test_the_buckets_kept_stay_bounded_and_one_being_drawn_on_is_kept(monkeypatch):
+    """Addresses are many (IPv6): past ``MAX_KEYS`` buckets the full ones are forgotten (a
+    full bucket is what an unknown key gets) and, where most are being drawn on, all; below
+    that, a drained bucket stays drained."""
+    from jupyter_gpu_gov.hub import budget
+
+    monkeypatch.setattr(budget, "MAX_KEYS", 100)
+    refusals = budget.Budget(SLOW, 3)
+    for _ in range(3):
+        assert refusals.take("flood") == 0.0
+    for n in range(40):
+        refusals.take(f"other-{n}")
+    assert refusals.take("flood") > 0  # 41 buckets: none forgotten
+    for n in range(1000):
+        refusals.take(f"address-{n}")
+        assert len(refusals._buckets) <= 100
+    fast = budget.Budget(1e6, 3)  # each bucket full again at once: forgotten, not cleared
+    for n in range(1000):
+        fast.take(f"address-{n}")
+    assert len(fast._buckets) < 100

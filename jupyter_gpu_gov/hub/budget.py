@@ -56,8 +56,10 @@ class Budget:
     def _forget_full(self, now: float) -> None:
         """A bucket that has filled up again is as good as none. Where most are still being
         drawn on (many addresses at once), all are forgotten: memory stays bounded."""
-        full = self.burst / self.rate
-        self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < full}
+        burst, rate = self.burst, self.rate
+        self._buckets = {
+            k: v for k, v in self._buckets.items() if v[0] + (now - v[1]) * rate < burst
+        }
         if len(self._buckets) >= MAX_KEYS // 2:
             self._buckets.clear()
 
