@@ -119,6 +119,22 @@ async def test_a_caller_past_its_budget_gets_429_and_its_report_is_not_taken(tmp
         assert (await post(url, BOB, report_of("bob"))).code == 200
 
 
+async def test_a_body_over_the_report_limit_costs_what_the_largest_report_costs(
+    tmp_path, monkeypatch
+):
+    """Refused 413 unparsed, it counts as the largest report taken (17), not by its size (a
+    1 MiB body: 65, the whole burst, and the owner's other servers then waited)."""
+    async with service(tmp_path, monkeypatch, report_budget=SLOW, report_burst=20) as (
+        url,
+        _,
+        _,
+    ):
+        assert (await post(url, ALICE, report_of("alice", 300_000))).code == 413
+        for _ in range(3):
+            assert (await post(url, ALICE, report_of("alice"))).code == 200
+        assert (await post(url, ALICE, report_of("alice"))).code == 429
+
+
 async def test_an_address_whose_requests_keep_being_refused_waits_without_hub_checks(
     tmp_path, monkeypatch
 ):

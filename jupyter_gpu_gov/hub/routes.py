@@ -113,10 +113,10 @@ def report_route(
         if caller is None:
             refusals.take(request.peer)
             return _refused(request.peer, 403, "authenticate with a JupyterHub token")
-        # Before the body is parsed: its parse is most of what a large report costs.
-        wait = budget.take(
-            f"{caller['kind']}:{caller['name']}", 1 + len(request.body) // UNIT_BYTES
-        )
+        # Before the body is parsed: its parse is most of what a large report costs (one over
+        # the limit is not parsed: it costs what the largest one does, not the whole burst).
+        size = min(len(request.body), MAX_REPORT_BYTES)
+        wait = budget.take(f"{caller['kind']}:{caller['name']}", 1 + size // UNIT_BYTES)
         if wait:
             return _throttled(request.peer, wait, f"reports from {caller['name']!r:.80}")
         if len(request.body) > MAX_REPORT_BYTES:
