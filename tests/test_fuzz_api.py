@@ -26,6 +26,7 @@ from test_report import REPORT
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub import routes
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
@@ -81,7 +82,10 @@ class Service:
         await self.governor.reconcile()
         sockets = bind_sockets(0, "127.0.0.1")
         self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{PREFIX}"
-        self.server = GpuGovernor().make_server(self.governor)
+        # Hundreds of reports a second from one token: no budget, and every refusal's log line
+        # written (tests/test_report_budget.py has both).
+        self.monkeypatch.setattr(routes, "REFUSAL_LINES_EVERY_S", 0)
+        self.server = GpuGovernor(report_budget=0, refused_budget=0).make_server(self.governor)
         await self.server.add_sockets(sockets)
 
     def stop(self) -> None:

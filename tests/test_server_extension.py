@@ -740,3 +740,52 @@ async def test_a_server_whose_gpu_driver_hangs_still_reports_and_takes_the_check
     assert done, [r.get("checkpoint") for r in governor.reports]
     manifest = done[0]["checkpoint"]["manifest"]
     assert [n["path"] for n in manifest["notebooks"]] == ["train.ipynb"]
+
+
+async def test_a_throttled_server_keeps_its_verdict_and_reports_only_past_the_retry_after(
+    jp_fetch, jp_serverapp, caplog
+):
+    """Answered 429 (the governor's report budget), the server keeps its verdict (the
+    JupyterLab panel reads the status as before, no error), sends nothing before the
+    ``Retry-After``, says so once in its log, and reports at the first sample past it."""
+    from tornado import web
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+
+    from jupyter_gpu_gov.server.reporter import Reporter
+
+    posts = []
+
+    class Throttling(web.RequestHandler):
+        def post(self, *_):
+            posts.append(self.request.body)
+            self.set_status(429)
+            self.set_header("Retry-After", "100")
+            self.finish(
+                {"status": 429, "message": "too many reports from 'x': send again in 100 s"}
+            )
+
+    sock, port = bind_unused_port()
+    http = HTTPServer(web.Application([(r"/(.*)", Throttling)]))
+    http.add_sockets([sock])
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    reporter = app.reporter = Reporter(f"http://127.0.0.1:{port}/services/gpu-gov/", "t", app.log)
+    before = {"state": "warned", "cull_at": "2026-01-05T09:00:00.000Z"}
+    app.verdict = before
+    try:
+        with caplog.at_level(logging.DEBUG, logger=app.log.name):
+            await app.send_report(await app.latest_report(refresh=True))
+            sent = len(posts)  # the sample timer's report may have gone out beside ours
+            for _ in range(2):
+                await app.send_report(await app.latest_report(refresh=True))
+        assert len(posts) == sent  # none past the 429 before its Retry-After
+        assert app.verdict is before
+        refused = [m for m in caplog.messages if "report not accepted" in m]
+        assert len(refused) == sent and "429" in refused[0]  # not one per held report
+        assert (await status(jp_fetch))["verdict"] == before  # the panel's status, as it was
+        reporter.held_until = 0.0  # the Retry-After has passed: the next sample reports
+        app.report_interval = 3600.0
+        await app.sample_now()
+        assert len(posts) > sent
+    finally:
+        http.stop()

@@ -30,6 +30,7 @@ from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
 from . import heap, metrics
 from .applied_policy import start as start_policies
+from .budget import Budget
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
@@ -254,7 +255,14 @@ class GpuGovernor(GovernorSettings, Application):
             max_body_size=MAX_BODY_BYTES,
             xheaders=True,
             accept_interval=self.accept_interval,
-            direct={("POST", reports): report_route(governor, PreparedHubOAuth.instance())},
+            direct={
+                ("POST", reports): report_route(
+                    governor,
+                    PreparedHubOAuth.instance(),
+                    Budget(self.report_budget, self.report_burst),
+                    Budget(self.refused_budget, self.refused_burst),
+                )
+            },
         )
 
     @property

@@ -21,7 +21,7 @@ SERVERS = Gauge(
 )
 REPORTS = Counter(
     "jupyter_gpu_gov_reports_total",
-    "Reports received from servers, by result (accepted, invalid, forbidden)",
+    "Reports received from servers, by result (accepted, invalid, forbidden, throttled)",
     ("result",),
     registry=REGISTRY,
 )

@@ -99,9 +99,10 @@ class DirectRequest:
     peer: str = ""
 
 
-# A direct route: the answer's status and JSON body (bytes) for a request, or an awaitable of
-# them where it must wait (the Hub's answer for a token it has not cached).
-DirectRoute = Callable[[DirectRequest], "tuple[int, bytes] | Awaitable[tuple[int, bytes]]"]
+# A direct route: the answer's status and JSON body (bytes), and optionally header lines each
+# ending in CRLF (``Retry-After``), for a request, or an awaitable of them where it must wait
+# (the Hub's answer for a token it has not cached).
+DirectRoute = Callable[[DirectRequest], "tuple | Awaitable[tuple]"]
 
 
 def parse_head(head: bytes) -> Head:
@@ -502,18 +503,19 @@ class _Direct(httputil.HTTPMessageDelegate):
     def on_connection_close(self) -> None:
         pass
 
-    async def _await(self, answer: Awaitable[tuple[int, bytes]]) -> None:
+    async def _await(self, answer: Awaitable[tuple]) -> None:
         try:
-            code, body = await answer
+            answer = await answer
         except Exception:
-            code, body = self._failed()
-        self._write(code, body)
+            answer = self._failed()
+        self._write(*answer)
 
     def _failed(self) -> tuple[int, bytes]:
         log.exception("gpu-gov: %s %s failed", self.head.method, self.head.path)
         return 500, b'{"status": 500, "message": "Internal Server Error"}'
 
-    def _write(self, code: int, body: bytes) -> None:
+    def _write(self, code: int, body: bytes, lines: bytes = b"") -> None:
+        """``lines``: the route's own header lines, each ending in CRLF (``Retry-After``)."""
         connection = self.connection
         if connection.closed:
             return
@@ -521,7 +523,7 @@ class _Direct(httputil.HTTPMessageDelegate):
         close = b"" if connection.keep_alive else b"Connection: close\r\n"
         connection._send(
             b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-            b"%s\r\n%s" % (code, reason, len(body), close, body)
+            b"%s%s\r\n%s" % (code, reason, len(body), lines, close, body)
         )
         connection.finish()
 

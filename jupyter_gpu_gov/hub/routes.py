@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Awaitable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,6 +21,7 @@ from ..core.report import ReportError, validate
 from ..core.vocabulary import server_key
 from . import metrics, showback
 from .api_handler import ApiHandler, json_object
+from .budget import UNIT_BYTES, Budget, RefusalLog
 from .prepared_auth import (
     ASK_THE_HUB,
     ASKING,
@@ -43,13 +45,19 @@ MAX_AUDIT_ROWS = 5000
 # to 5 minutes; the server gives up on its report after 20 s and sends the next one).
 HUB_CHECK_TIMEOUT_S = 10.0
 EXTENSION_STATUSES = ("granted", "pending", "approved", "denied", "refused")
-Answer = tuple[int, bytes]  # a direct route's status and JSON body
-REPORT_RESULTS = ("accepted", "invalid", "forbidden")  # metrics.REPORTS's ``result`` label
+Answer = tuple[int, bytes] | tuple[int, bytes, bytes]  # status, JSON body, header lines
+REPORT_RESULTS = ("accepted", "invalid", "forbidden", "throttled")  # metrics.REPORTS's label
+REFUSAL_LINES_EVERY_S = 60.0  # an address's refusals: its first line, then a count this often
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
 
-def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
+def report_route(
+    governor: Governor,
+    hub_auth: PreparedHubOAuth,
+    budget: Budget | None = None,
+    refusals: Budget | None = None,
+) -> DirectRoute:
     """``POST api/reports``: a server's report in, its verdict out. A direct route of the
     service's server (``hub/protocol_server.py``): a report is nearly every request the service
     gets, and tornado's request machinery cost more than the report's own work (docs/benchmarks.md,
@@ -57,13 +65,29 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
     Hub's answer for the token, HubAuth's cache, the access scopes); a server's token is the
     only credential that reports, so no cookie is read. It answers at once when HubAuth has the
     token's answer cached and the last pass saw the server, as for nearly every report; else it
-    waits for the Hub."""
+    waits for the Hub.
+
+    ``budget``: what one caller (a Hub user or service, whichever of its tokens) may send, in
+    units of a report (``hub/budget.py``); ``refusals``: how many requests an address may have
+    refused for want of a caller before the next one from it that names no known caller is
+    answered 429 without asking the Hub. Either over: 429 and ``Retry-After``, the report not
+    taken, the server's verdict as it was."""
     # The counter's children, found once (``labels`` looks one up under a lock each call).
-    accepted, invalid, forbidden = (metrics.REPORTS.labels(r) for r in REPORT_RESULTS)
+    accepted, invalid, forbidden, throttled = (metrics.REPORTS.labels(r) for r in REPORT_RESULTS)
+    budget = budget or Budget(0, 0)
+    refusals = refusals or Budget(0, 0)
+    refused_log = RefusalLog(log, REFUSAL_LINES_EVERY_S)
 
     def receive(request: DirectRequest) -> Answer | Awaitable[Answer]:
         authorization = request.head.fields.get("authorization", "")
         caller = token_caller(hub_auth, authorization)
+        if type(caller) is dict:
+            return _report(caller, request)
+        # Nobody known yet: an address whose requests keep being refused waits its turn before
+        # any more of them costs a Hub check or a log line.
+        wait = refusals.short(request.peer)
+        if wait:
+            return _throttled(request.peer, wait, "requests refused from this address")
         if caller is ASK_THE_HUB:
             return _asked(request, asked_token_caller(hub_auth, authorization))
         return _report(caller, request)
@@ -74,46 +98,59 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
             who = await asyncio.wait_for(caller, HUB_CHECK_TIMEOUT_S)
         except asyncio.TimeoutError:
             return _refused(
-                503, f"the Hub did not say who this token is within {HUB_CHECK_TIMEOUT_S:g} s"
+                request.peer,
+                503,
+                f"the Hub did not say who this token is within {HUB_CHECK_TIMEOUT_S:g} s",
             )
         except web.HTTPError as error:  # HubAuth's for a Hub it could not ask (500, 502)
-            return _refused(error.status_code, error.log_message or "the token was not checked")
+            return _refused(
+                request.peer, error.status_code, error.log_message or "the token was not checked"
+            )
         answer = _report(who, request)
         return answer if type(answer) is tuple else await answer
 
     def _report(caller: dict | None, request: DirectRequest) -> Answer | Awaitable[Answer]:
         if caller is None:
-            return _refused(403, "authenticate with a JupyterHub token")
+            refusals.take(request.peer)
+            return _refused(request.peer, 403, "authenticate with a JupyterHub token")
+        # Before the body is parsed: its parse is most of what a large report costs (one over
+        # the limit is not parsed: it costs what the largest one does, not the whole burst).
+        size = min(len(request.body), MAX_REPORT_BYTES)
+        wait = budget.take(f"{caller['kind']}:{caller['name']}", 1 + size // UNIT_BYTES)
+        if wait:
+            return _throttled(request.peer, wait, f"reports from {caller['name']!r:.80}")
         if len(request.body) > MAX_REPORT_BYTES:
             invalid.inc()
-            return _refused(413, f"a report may be at most {MAX_REPORT_BYTES} bytes")
+            return _refused(request.peer, 413, f"a report may be at most {MAX_REPORT_BYTES} bytes")
         try:
             report = validate(json_object(request.body) if request.body else {})
         except ReportError as error:
             invalid.inc()
-            return _refused(400, f"invalid report: {error}")
+            return _refused(request.peer, 400, f"invalid report: {error}")
         except ValueError as error:  # not JSON, not an object
             invalid.inc()
-            return _refused(400, str(error))
+            return _refused(request.peer, 400, str(error))
         owner = report["server"]["user"]
         if caller["kind"] != "user" or caller["name"] != owner:
             forbidden.inc()
             actor = f"{caller['kind']}:{caller['name']}"
-            return _refused(403, f"{actor} may not report on a server of {owner!r:.80}")
+            return _refused(
+                request.peer, 403, f"{actor} may not report on a server of {owner!r:.80}"
+            )
         key = server_key(owner, report["server"].get("name", ""))
         unreached = out_of_reach(caller, key)
         if unreached:
             forbidden.inc()
-            return _refused(403, unreached)
+            return _refused(request.peer, 403, unreached)
         if governor.hub_ran(key):
             return _accepted(report)
-        return _if_the_hub_runs(key, report)
+        return _if_the_hub_runs(request.peer, key, report)
 
-    async def _if_the_hub_runs(key: str, report: dict) -> Answer:
+    async def _if_the_hub_runs(peer: str, key: str, report: dict) -> Answer:
         if not await governor.hub_runs(key):
             forbidden.inc()
             return _refused(
-                404, f"the Hub runs no server {key!r:.80}: reports are for servers it runs"
+                peer, 404, f"the Hub runs no server {key!r:.80}: reports are for servers it runs"
             )
         return _accepted(report)
 
@@ -121,14 +158,19 @@ def report_route(governor: Governor, hub_auth: PreparedHubOAuth) -> DirectRoute:
         accepted.inc()
         return 200, json.dumps({"verdict": governor.ingest(report)}).encode()
 
+    def _throttled(peer: str, wait: float, what: str) -> Answer:
+        throttled.inc()
+        seconds = max(1, math.ceil(wait))
+        code, body = _refused(peer, 429, f"too many {what}: send again in {seconds} s")
+        return code, body, b"Retry-After: %d\r\n" % seconds
+
+    def _refused(peer: str, code: int, message: str) -> tuple[int, bytes]:
+        """A refused report's answer, as every handler's error (``ApiHandler.write_error``),
+        and its log line: an address's first in a minute, then how many more (``RefusalLog``)."""
+        refused_log.warning(peer, "gpu-gov: POST api/reports refused (%d): %s", code, message)
+        return code, json.dumps({"status": code, "message": message}).encode()
+
     return receive
-
-
-def _refused(code: int, message: str) -> tuple[int, bytes]:
-    """A refused report's answer, as every handler's error (``ApiHandler.write_error``), and
-    its log line, as tornado's access log wrote one for each refusal."""
-    log.warning("gpu-gov: POST api/reports refused (%d): %s", code, message)
-    return code, json.dumps({"status": code, "message": message}).encode()
 
 
 class ServersHandler(ApiHandler):

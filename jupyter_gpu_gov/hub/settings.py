@@ -350,6 +350,37 @@ class GovernorSettings(HasTraits):
             )
         return proposal["value"]
 
+    report_budget = Float(
+        5.0,
+        min=0,
+        help="""Reports a second one caller (a Hub user or service, all its tokens together) may
+        send on average; past it and ``report_burst``, a report is answered 429 with
+        ``Retry-After`` and not taken (the server's verdict stays as it was). A report counts one
+        more per 16 KiB (the largest taken, 256 KiB: 17), as its parse costs that much more. A
+        server sends one every ``report_interval`` and at a change of its kernels' GPU state (at
+        most one a ``sample_interval``, 5 s by default): 5 a second is 25 such servers of one
+        user at once. 0: no budget.""",
+    ).tag(config=True)
+    report_burst = Float(
+        60.0,
+        min=1,
+        help="""Reports (as counted for ``report_budget``) one caller may send at once before
+        ``report_budget`` applies: every server of one user reporting after a restart.""",
+    ).tag(config=True)
+    refused_budget = Float(
+        1.0,
+        min=0,
+        help="""Requests a second from one address that no known caller sent (no token, or one the
+        Hub refuses) the report route refuses before it answers that address's next such request
+        429 with ``Retry-After``, without asking the Hub: a flood of bogus tokens costs neither
+        Hub checks nor log lines. A known caller's report is never held back by it. 0: no
+        budget.""",
+    ).tag(config=True)
+    refused_burst = Float(
+        30.0,
+        min=1,
+        help="Refused requests one address may have at once before ``refused_budget`` applies.",
+    ).tag(config=True)
     accept_interval = Float(
         0.02,
         min=0,

@@ -25,7 +25,7 @@ from .checkpoint import for_report, take_checkpoint
 from .frontend_first import FrontendFirst
 from .own_activity import OwnActivity
 from .person_activity import PersonActivity
-from .reporter import GovernorError, Reporter
+from .reporter import GovernorError, Held, Reporter
 from .sampler import NoSample, Sampler, TargetInfo, TickResult, unreadable
 
 K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -440,7 +440,10 @@ class GpuGovApp(ExtensionApp):
         try:
             verdict = await self.reporter.send(outgoing)
         except GovernorError as error:
-            self.log.warning("jupyter-gpu-gov: report not accepted: %s", error)
+            if error.status == 429:  # too fast: the first sample past its Retry-After reports
+                self._last_report_at = 0.0
+            if not isinstance(error, Held):  # a held one was not sent: said when the 429 came
+                self.log.warning("jupyter-gpu-gov: report not accepted: %s", error)
             return
         self.set_verdict(verdict)
         self._take_up_requests(verdict)

@@ -25,13 +25,19 @@ from tornado.tcpclient import TCPClient
 from ..core.wire import REPORT_CONNECTION_IDLE_S
 
 MAX_ANSWER_BYTES = 1024 * 1024  # a verdict is a few hundred bytes
+MAX_RETRY_AFTER_S = 600.0  # a Retry-After is the governor's word, but not for longer than this
 
 
 class GovernorError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: float = 0.0):
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+        self.retry_after = retry_after  # 429: the seconds the governor asked to wait
+
+
+class Held(GovernorError):
+    """Not sent: the governor's last answer was 429 and its ``Retry-After`` has not passed."""
 
 
 class Reporter:
@@ -53,13 +59,26 @@ class Reporter:
         # a connection per report.
         keeps = report_interval < ReportConnection.REUSE_WITHIN_S
         self.connection = ReportConnection(self.base, timeout) if keeps else None
+        self.held_until = 0.0  # time.monotonic() before which no report is sent (a 429)
 
     async def send(self, report: dict) -> dict:
-        """POST the report; return the verdict."""
-        if self.connection is None or self.connection.busy:  # busy: a slow governor
-            return _verdict(*await self._call_with_status("POST", "api/reports", report))
+        """POST the report; return the verdict. Answered 429, no report is sent before its
+        ``Retry-After`` has passed (``Held``): sending sooner would only be refused again."""
+        wait = self.held_until - time.monotonic()
+        if wait > 0:
+            raise Held(429, f"not sent: the governor asked for none for {wait:.0f} s more", wait)
         try:
-            status, answer = await self.connection.post(
+            return await self._send(report)
+        except GovernorError as error:
+            if error.status == 429:
+                self.held_until = time.monotonic() + error.retry_after
+            raise
+
+    async def _send(self, report: dict) -> dict:
+        if self.connection is None or self.connection.busy:  # busy: a slow governor
+            return _verdict(*await self._call("POST", "api/reports", report))
+        try:
+            status, answer, retry_after = await self.connection.post(
                 "api/reports",
                 json.dumps(report).encode(),
                 {"Authorization": f"token {self.token}", "Content-Type": "application/json"},
@@ -69,7 +88,7 @@ class Reporter:
             raise GovernorError(
                 599, f"the governor at {self.base} did not answer: {why!r}"
             ) from None
-        return _verdict(status, _answer_json(answer))
+        return _verdict(status, _answer_json(answer), retry_after)
 
     def close(self) -> None:
         if self.connection is not None:
@@ -86,6 +105,11 @@ class Reporter:
         )
 
     async def _call_with_status(self, method: str, path: str, body: dict) -> tuple[int, dict]:
+        status, data, _ = await self._call(method, path, body)
+        return status, data
+
+    async def _call(self, method: str, path: str, body: dict) -> tuple[int, dict, float]:
+        """The answer's status and JSON object, and its ``Retry-After`` in seconds (0.0: none)."""
         request = HTTPRequest(
             self.base + path,
             method=method,
@@ -104,7 +128,11 @@ class Reporter:
             raise GovernorError(
                 599, f"the governor at {self.base} did not answer: {response.error}"
             )
-        return response.code, _answer_json(response.body)
+        return (
+            response.code,
+            _answer_json(response.body),
+            _retry_after(response.headers.get("Retry-After", "")),
+        )
 
 
 def _answer_json(body: bytes | None) -> dict:
@@ -118,7 +146,16 @@ def _answer_json(body: bytes | None) -> dict:
     return {"message": (body or b"")[:200].decode(errors="replace")}
 
 
-def _verdict(status: int, data: dict) -> dict:
+def _retry_after(value: str) -> float:
+    """A ``Retry-After`` of seconds, within reason; an HTTP date or anything else: 0.0 (the
+    governor sends seconds; a proxy's date is not worth parsing: the next interval waits)."""
+    value = value.strip()
+    if not (value.isascii() and value.isdigit()):
+        return 0.0
+    return min(float(value[:6]), MAX_RETRY_AFTER_S)
+
+
+def _verdict(status: int, data: dict, retry_after: float = 0.0) -> dict:
     """The verdict an answer carries; a ``GovernorError`` for an error, or for an answer with
     none (what answers in the governor's place: a proxy's page, a redirect to a login)."""
     verdict = data.get("verdict")
@@ -127,7 +164,7 @@ def _verdict(status: int, data: dict) -> dict:
     message = str(data.get("message") or "")
     if status < 400:
         message = f"no verdict in the answer{': ' if message else ''}{message}"
-    raise GovernorError(status, message)
+    raise GovernorError(status, message, retry_after if status == 429 else 0.0)
 
 
 class ReportConnection:
@@ -157,8 +194,9 @@ class ReportConnection:
         self._stream: IOStream | None = None
         self._used_at = 0.0
 
-    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        """POST ``body`` to ``path`` (under the base URL); the status and the answer's body."""
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple:
+        """POST ``body`` to ``path`` (under the base URL); the status, the answer's body and its
+        ``Retry-After`` in seconds (0.0: none)."""
         self.busy = True
         try:
             reused = self._reusable()
@@ -215,7 +253,7 @@ class ReportConnection:
             raise _NotAnswered()
         if not answer.keep_alive or stream.closed():
             self.close()
-        return answer.code, b"".join(answer.chunks)
+        return answer.code, b"".join(answer.chunks), answer.retry_after
 
 
 class _NotAnswered(Exception):
@@ -227,6 +265,7 @@ class _Answer(httputil.HTTPMessageDelegate):
         self.code: int | None = None
         self.keep_alive = True
         self.finished = False
+        self.retry_after = 0.0
         self.chunks: list[bytes] = []
 
     def headers_received(self, start_line, headers) -> None:
@@ -235,6 +274,7 @@ class _Answer(httputil.HTTPMessageDelegate):
         self.keep_alive = start_line.version == "HTTP/1.1" and (
             headers.get("Connection", "").lower() != "close"
         )
+        self.retry_after = _retry_after(headers.get("Retry-After", ""))
 
     def data_received(self, chunk: bytes) -> None:
         self.chunks.append(chunk)

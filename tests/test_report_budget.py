@@ -1,0 +1,226 @@
+"""One caller cannot slow the governor service for everyone with requests it accepts: past its
+budget a report is answered 429 with ``Retry-After`` and not taken, an address whose requests
+keep being refused costs no more Hub checks, a flood costs the log one line a minute, and the
+server's reporter waits as it is told (``hub/budget.py``, docs/security.md "Report budget").
+
+The real service (its ``make_server``: the report route, HubOAuth against a fake Hub over
+HTTP, the SQLite store) serves on the test's event loop; reports go over real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from datetime import timedelta
+
+import pytest
+from fake_hub_api import FakeHub
+from test_fuzz_api import ACCESS, PREFIX, fresh_report
+from tornado.httpclient import AsyncHTTPClient
+from tornado.netutil import bind_sockets
+
+from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.hub import metrics, routes
+from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.prepared_auth import PreparedHubOAuth
+from jupyter_gpu_gov.hub.reconcile import Governor
+from jupyter_gpu_gov.hub.store import Store
+from jupyter_gpu_gov.server.reporter import GovernorError, Held, Reporter
+
+ALICE, BOB = "alice-server-token", "bob-server-token"
+SLOW = 0.01  # units a second: nothing comes back within a test, so no timing is assumed
+
+
+@contextlib.asynccontextmanager
+async def service(tmp_path, monkeypatch, **settings):
+    """The governor's server with ``settings`` (``GpuGovernor``'s), alice and bob each running
+    a server; yields (url, governor, hub)."""
+    hub = FakeHub()
+    hub.start()
+    for user, token in (("alice", ALICE), ("bob", BOB)):
+        hub.add_server(user, started=clock.utcnow() - timedelta(minutes=5))
+        hub.add_user_token(user, token, extra_scopes=[ACCESS])
+    for key, value in {
+        "JUPYTERHUB_API_URL": hub.api_url,
+        "JUPYTERHUB_API_TOKEN": hub.token,
+        "JUPYTERHUB_SERVICE_NAME": "gpu-gov",
+        "JUPYTERHUB_SERVICE_PREFIX": PREFIX,
+        "JUPYTERHUB_CLIENT_ID": "service-gpu-gov",
+        "JUPYTERHUB_BASE_URL": "/",
+    }.items():
+        monkeypatch.setenv(key, value)
+    governor = Governor(
+        Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"),
+        HubApi(hub.api_url, hub.token),
+        load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
+        Options(),
+    )
+    await governor.reconcile()
+    PreparedHubOAuth.clear_instance()  # HubAuth for this test's Hub
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = GpuGovernor(**settings).make_server(governor)
+    await server.add_sockets(sockets)
+    try:
+        yield f"http://127.0.0.1:{sockets[0].getsockname()[1]}{PREFIX}", governor, hub
+    finally:
+        server.stop()
+        await server.close_all_connections()
+        hub.stop()
+        PreparedHubOAuth.clear_instance()
+
+
+def report_of(user: str, padding: int = 0) -> bytes:
+    report = fresh_report()
+    report["server"]["user"] = user
+    return json.dumps(report).encode() + b" " * padding  # spaces: still the same report
+
+
+async def post(url: str, token: str, body: bytes):
+    return await AsyncHTTPClient().fetch(
+        url + "api/reports",
+        method="POST",
+        body=body,
+        headers={"Authorization": f"token {token}"},
+        raise_error=False,
+        request_timeout=60,
+    )
+
+
+def throttled() -> float:
+    return metrics.REPORTS.labels("throttled")._value.get()
+
+
+async def test_a_caller_past_its_budget_gets_429_and_its_report_is_not_taken(tmp_path, monkeypatch):
+    async with service(tmp_path, monkeypatch, report_budget=SLOW, report_burst=20) as (
+        url,
+        governor,
+        _,
+    ):
+        # A report of 180 kB counts 12 (one and one a 16 KiB), the usual ones 1 each: 20 in all.
+        assert (await post(url, ALICE, report_of("alice", 180_000))).code == 200
+        for _ in range(8):
+            assert (await post(url, ALICE, report_of("alice"))).code == 200
+        kept, verdict = governor.reports["alice/"], governor.verdict("alice/")
+        before = throttled()
+        answer = await post(url, ALICE, report_of("alice"))
+        assert answer.code == 429, answer.body
+        assert 90 <= int(answer.headers["Retry-After"]) <= 101  # a unit at 0.01 a second
+        assert "too many reports from 'alice'" in json.loads(answer.body)["message"]
+        assert throttled() == before + 1
+        # Not taken: the governor keeps the last report it took, and its verdict.
+        assert governor.reports["alice/"] is kept and governor.verdict("alice/") == verdict
+        # Another caller is not held back by alice's budget.
+        assert (await post(url, BOB, report_of("bob"))).code == 200
+
+
+async def test_a_body_over_the_report_limit_costs_what_the_largest_report_costs(
+    tmp_path, monkeypatch
+):
+    """Refused 413 unparsed, it counts as the largest report taken (17), not by its size (a
+    1 MiB body: 65, the whole burst, and the owner's other servers then waited)."""
+    async with service(tmp_path, monkeypatch, report_budget=SLOW, report_burst=20) as (
+        url,
+        _,
+        _,
+    ):
+        assert (await post(url, ALICE, report_of("alice", 300_000))).code == 413
+        for _ in range(3):
+            assert (await post(url, ALICE, report_of("alice"))).code == 200
+        assert (await post(url, ALICE, report_of("alice"))).code == 429
+
+
+async def test_an_address_whose_requests_keep_being_refused_waits_without_hub_checks(
+    tmp_path, monkeypatch
+):
+    async with service(tmp_path, monkeypatch, refused_budget=SLOW, refused_burst=5) as (
+        url,
+        _,
+        hub,
+    ):
+        assert (await post(url, ALICE, report_of("alice"))).code == 200  # alice's token cached
+        for n in range(5):
+            assert (await post(url, f"bogus-{n}", report_of("alice"))).code == 403
+        checks = hub.counters["GET /user"]
+        answer = await post(url, "bogus-5", report_of("alice"))
+        assert answer.code == 429 and int(answer.headers["Retry-After"]) >= 90
+        assert (await post(url, "", report_of("alice"))).code == 429  # no token at all
+        assert hub.counters["GET /user"] == checks  # the Hub was not asked
+        # A known caller from the same address is not held back.
+        assert (await post(url, ALICE, report_of("alice"))).code == 200
+
+
+async def test_a_flood_of_refusals_costs_the_log_a_line_then_a_count(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(routes, "REFUSAL_LINES_EVERY_S", 0.5)
+    caplog.set_level(logging.WARNING, "jupyter_gpu_gov.hub")
+    async with service(tmp_path, monkeypatch, refused_budget=0) as (url, _, _):
+        for _ in range(30):
+            assert (await post(url, "", report_of("alice"))).code == 403
+        lines = [r.getMessage() for r in caplog.records if r.name == "jupyter_gpu_gov.hub"]
+        assert lines == [
+            "gpu-gov: POST api/reports refused (403): authenticate with a JupyterHub token"
+        ]
+        summary = "gpu-gov: 29 more refused from 127.0.0.1 in the last minute"
+        deadline = time.monotonic() + 30
+        while summary not in [r.getMessage() for r in caplog.records]:
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            await asyncio.sleep(0.05)
+        # A minute on, the address's first refusal is written in full again.
+        assert (await post(url, "bogus", report_of("alice"))).code == 403
+        assert "refused (403)" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize("report_interval", [5.0, 600.0], ids=["kept", "per-report"])
+async def test_the_reporter_sends_nothing_before_the_retry_after(
+    tmp_path, monkeypatch, report_interval
+):
+    async with service(tmp_path, monkeypatch, report_budget=SLOW, report_burst=1) as (
+        url,
+        governor,
+        _,
+    ):
+        reporter = Reporter(url, ALICE, logging.getLogger("test"), report_interval=report_interval)
+        try:
+            verdict = await reporter.send(json.loads(report_of("alice")))
+            assert verdict == governor.verdict("alice/")
+            with pytest.raises(GovernorError) as refused:
+                await reporter.send(json.loads(report_of("alice")))
+            assert refused.value.status == 429 and refused.value.retry_after >= 90
+            before = throttled()
+            with pytest.raises(Held) as held:
+                await reporter.send(json.loads(report_of("alice")))
+            assert held.value.status == 429 and held.value.retry_after > 80
+            assert throttled() == before  # nothing was sent
+            reporter.held_until = 0.0  # as if the Retry-After had passed: it sends again
+            with pytest.raises(GovernorError) as again:
+                await reporter.send(json.loads(report_of("alice")))
+            assert again.value.status == 429 and throttled() == before + 1
+        finally:
+            reporter.close()
+
+
+def test_the_buckets_kept_stay_bounded_and_one_being_drawn_on_is_kept(monkeypatch):
+    """Addresses are many (IPv6): past ``MAX_KEYS`` buckets the full ones are forgotten (a
+    full bucket is what an unknown key gets) and, where most are being drawn on, all; below
+    that, a drained bucket stays drained."""
+    from jupyter_gpu_gov.hub import budget
+
+    monkeypatch.setattr(budget, "MAX_KEYS", 100)
+    refusals = budget.Budget(SLOW, 3)
+    for _ in range(3):
+        assert refusals.take("flood") == 0.0
+    for n in range(40):
+        refusals.take(f"other-{n}")
+    assert refusals.take("flood") > 0  # 41 buckets: none forgotten
+    for n in range(1000):
+        refusals.take(f"address-{n}")
+        assert len(refusals._buckets) <= 100
+    fast = budget.Budget(1e6, 3)  # each bucket full again at once: forgotten, not cleared
+    for n in range(1000):
+        fast.take(f"address-{n}")
+    assert len(fast._buckets) < 100
