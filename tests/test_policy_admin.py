@@ -336,6 +336,37 @@ async def test_a_warned_server_keeps_a_shorter_applied_policys_full_notice_warne
         clock.reset()
 
 
+async def test_a_wall_clock_step_after_an_apply_keeps_its_notice_as_observed(tmp_path, monkeypatch):
+    """A maximum age applied at run time stops a training run past it 30 minutes after the
+    apply. The wall clock then jumps an hour ahead (NTP, a VM resumed) 5 minutes on: the stop
+    still comes 30 minutes after the apply as observed, as every kept time moves with the
+    step. Before, the apply's time stayed put: the next pass began the stop at once."""
+    capped = {"policies": [], "policy_defaults": {"max_age": "8h", "max_age_warning": "30m"}}
+    steps = iter([3600.0])
+
+    async def working():  # a training run: its GPU busy
+        gov.ingest(report_for("carol", H100_IDLE_GPU, sm=0.9))
+        await gov.reconcile()
+
+    try:
+        async with FakeHub() as hub:
+            hub.add_server("carol", started=clock.utcnow() - timedelta(hours=10))
+            gov = governor(hub, tmp_path)
+            await working()
+            kept.apply(gov, capped, "user:ada", "cap the age of GPU servers")
+            await working()
+            clock.advance(5 * 60 + 3600)  # 5 minutes on, the wall clock an hour ahead
+            monkeypatch.setattr(clock, "adopt_step", lambda: next(steps, 0.0))
+            await working()
+            assert hub.running("carol")
+            assert gov.row("carol/").cull_at - clock.utcnow() > timedelta(minutes=24)
+            clock.advance(26 * 60)
+            await working()  # due: its checkpoint is asked for, then the stop
+            assert gov.verdict("carol/")["state"] == "checkpointing"
+    finally:
+        clock.reset()
+
+
 async def test_an_apply_over_policies_that_changed_since_they_were_read_is_refused(tmp_path):
     """Two admins edit from the same live policies: the second apply, and an apply after a
     prediction made on the live policies before another admin changed them, would silently
