@@ -1160,6 +1160,10 @@ def test_a_warned_server_gets_a_shorter_applied_policys_full_notice_from_the_app
     # A longer policy withdraws the warning of the shorter one: its own comes in its time.
     seen, _ = run_applied(idle_view(), POLICY, LONG, applied=40, minutes=250)
     assert seen == [(30, "warn"), (120, "warn"), (240, "checkpoint"), (241, "cull")]
+    # Applied once the announced deadline came (its checkpoint asked for): the cull goes on as
+    # announced, with that checkpoint, not a later one over a checkpoint saved before it.
+    seen, _ = run_applied(idle_view(), LONG, POLICY, applied=241, minutes=250)
+    assert seen == [(120, "warn"), (240, "checkpoint"), (241, "cull")]
 
 
 @pytest.mark.parametrize("quiet", [None, True])
@@ -1214,6 +1218,9 @@ def test_a_maximum_age_warned_of_then_shortened_gets_its_warning_again_from_the_
             (191, "cull"),
         ]
         assert words in told[0][2] and "stopped at 12:10 UTC" in told[0][2]
+    # Applied once the stop it announced came (its checkpoint asked for): it goes on.
+    seen, _ = run_applied(active_view(), CAPPED, new, applied=181, minutes=200)
+    assert seen == [(150, "max-age-warn"), (180, "checkpoint"), (181, "cull")]
 
 
 def test_a_policy_in_force_since_start_up_decides_as_before():

@@ -648,7 +648,8 @@ def _hard_deadline(policy: Policy, view: ServerView, record: Record) -> _Deadlin
     # its warning's full notice from then, not a warning and a cull in the pass that first
     # reads it, nor the new notice counted from a warning an older policy gave (at once).
     # The warning goes out again (``warn_from``: after the older one), naming the new time.
-    since = policy.in_force_since
+    # A cull under way (its checkpoint asked for) met the deadline it announced: it goes on.
+    since = policy.in_force_since if record.checkpoint_status is None else None
     max_age, whose = max_age_of(policy, view)
     if max_age and view.started:
         at = view.started + max_age
@@ -702,7 +703,12 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
     actions: list[str] = []
     notice = None
     since, warned_before = policy.in_force_since, record.warned_at
-    rewarn = since is not None and warned_before is not None and warned_before < since
+    rewarn = (
+        since is not None
+        and warned_before is not None
+        and warned_before < since
+        and record.checkpoint_status is None  # else its deadline came: its cull goes on
+    )
     if rewarn:
         # Warned of the deadline of the policy this one replaced: this policy's clock decides
         # afresh and warns again, once, with its full notice (never its notice counted from
