@@ -1155,7 +1155,8 @@ def test_a_warned_server_gets_a_shorter_applied_policys_full_notice_from_the_app
     assert seen == [(120, "warn"), (160, "warn"), (190, "checkpoint"), (191, "cull")]
     _, cull_at, notice = told[0]
     assert cull_at == T0 + 190 * MIN and "stopped at 2026-01-05 12:10 UTC" in notice
-    assert "a policy applied at 2026-01-05 11:40 UTC replaced the deadline" in notice
+    assert "(set by a policy applied at 2026-01-05 11:40 UTC)" in notice
+    assert notice.endswith("it replaces the deadline warned of at 2026-01-05 11:00 UTC")
     assert all(notice is None for _, _, notice in told[1:])  # said once, not every pass
     # A longer policy withdraws the warning of the shorter one: its own comes in its time.
     seen, _ = run_applied(idle_view(), POLICY, LONG, applied=40, minutes=250)
@@ -1183,7 +1184,7 @@ def test_a_warned_cells_limit_gets_a_shorter_applied_policys_full_notice(quiet):
         (130, "interrupt"),
         (130, "checkpoint"),
     ]
-    assert told[0][1] == T0 + 130 * MIN and "replaced the deadline" in told[0][2]
+    assert told[0][1] == T0 + 130 * MIN and "it replaces the deadline" in told[0][2]
 
 
 def test_a_reclaim_under_way_gets_a_shorter_applied_grace_from_the_apply():

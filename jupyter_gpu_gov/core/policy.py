@@ -748,6 +748,18 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         record = evolve(record, overrun_noticed_at=now)
         notice = notice or overrun
     decision = _decide_on_activity(view, record, policy, now, actions)
+    kept = decision.record
+    if (
+        since is not None
+        and decision.state == WARNED
+        and kept.idle_since is not None
+        and kept.warned_at is not None
+        and kept.idle_since < since <= kept.warned_at
+    ):
+        # Warned under a policy applied during this stretch: the owner's panel says where
+        # the deadline comes from (warned before it, that it changed).
+        why = f"{kept.reason} (set by a policy applied at {_at(since)})"
+        decision = evolve(decision, record=evolve(kept, reason=why))
     if overrun is not None:
         decision = evolve(
             decision, record=evolve(decision.record, reason=f"{decision.reason}; {overrun}")
@@ -755,8 +767,10 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
     if deadline is not None and decision.state != CULLED:
         decision = _with_hard_deadline(decision, deadline, now)
     if rewarn and WARN in decision.actions:
-        changed = f"a policy applied at {_at(since)} replaced the deadline warned of at {_at(warned_before)}"
-        notice = notice or f"{decision.reason} ({changed})"
+        notice = (
+            notice
+            or f"{decision.reason}; it replaces the deadline warned of at {_at(warned_before)}"
+        )
     return evolve(decision, notice=notice) if notice else decision
 
 
