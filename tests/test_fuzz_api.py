@@ -295,6 +295,19 @@ def test_a_candidate_policy_never_makes_a_500_and_changes_nothing(service, candi
     assert call(service, "GET", "api/policy").json() == live
 
 
+def test_a_candidate_of_more_policies_than_the_limit_is_a_400_naming_it(service):
+    """About 20,000 policies fit the 1 MiB body: checked twice on the event loop (seconds
+    while reports and passes wait), then every server's decision tried them all."""
+    many = [{"name": f"p{i}", "match": {"users": [f"u{i}"]}} for i in range(20_000)]
+    live = call(service, "GET", "api/policy").json()
+    for path in ("api/policy/validate", "api/policy/apply"):
+        body = {"candidate": {"policies": many}, "reason": "every user their own"}
+        r = call(service, "POST", path, data=json.dumps(body))
+        assert r.status_code == 400, (path, r.status_code, r.text[:500])
+        assert "at most 1000 policies, got 20000" in r.json()["message"]
+    assert call(service, "GET", "api/policy").json() == live
+
+
 def test_a_hub_slow_or_failing_to_check_a_token_gets_the_report_a_clear_answer(
     tmp_path, monkeypatch, caplog
 ):

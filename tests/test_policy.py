@@ -1014,6 +1014,15 @@ def test_bad_policies_name_the_entry_and_key(entry, message):
     assert message in str(info.value)
 
 
+def test_a_policy_list_longer_than_the_limit_is_refused_naming_it():
+    """Each server's decision tries the policies in order: 20,000 of them (a 1 MiB body)
+    took seconds to check on the service's event loop, then ~15 ms each server decision."""
+    many = [{"name": f"p{i}", "match": {"users": [f"u{i}"]}} for i in range(p.MAX_POLICIES)]
+    assert len(p.load_policies(many)) == p.MAX_POLICIES + 1  # the catch-all
+    with pytest.raises(p.PolicyError, match=r"at most 1000 policies, got 20000"):
+        p.load_policies(many * 20)
+
+
 def test_defaults_cannot_set_what_each_policy_is():
     """``match`` in the defaults was every policy's, the catch-all's too: a server it did not
     match had no policy, and every pass logged "deciding alice/ failed" and governed it not at
@@ -1111,3 +1120,112 @@ def test_a_huge_bad_value_is_named_briefly(key):
     with pytest.raises(p.PolicyError) as info:
         p.load_policies([entry])
     assert key.split(".")[-1] in str(info.value) and len(str(info.value)) < 300
+
+
+# -- a policy applied while servers run (Policy.in_force_since) ---------------------------------
+
+
+def run_applied(view, old, new, applied, minutes, on_checkpoint="done"):
+    """``run`` under ``old``, then under ``new`` as an admin applied it at minute ``applied``;
+    also returns each decision's (minute, cull_at, notice) from then on."""
+    new = replace(new, in_force_since=T0 + applied * MIN)
+    record, seen, told = p.Record(), [], []
+    for minute in range(minutes + 1):
+        if record.checkpoint_status == "requested":
+            record = replace(record, checkpoint_status=on_checkpoint)
+        decision = p.decide(view, record, old if minute < applied else new, T0 + minute * MIN)
+        record = decision.record
+        seen += [(minute, action) for action in decision.actions]
+        if minute >= applied:
+            told.append((minute, decision.cull_at, decision.notice))
+        if decision.state == "culled":
+            break
+    return seen, told
+
+
+LONG = replace(POLICY, warn_after=timedelta(hours=2), cull_after=timedelta(hours=4))
+
+
+def test_a_warned_server_gets_a_shorter_applied_policys_full_notice_from_the_apply():
+    """Warned at 11:00 of a cull at 13:00 (notice 2h); a policy with a 30-minute notice is
+    applied at 11:40: the server is warned again, once, naming the new time (12:10), and culled
+    then. Before, the new notice counted from the old warning (11:30), already past: the pass
+    that first read the policy asked a checkpoint and stopped the server at once."""
+    seen, told = run_applied(idle_view(), LONG, POLICY, applied=160, minutes=240)
+    assert seen == [(120, "warn"), (160, "warn"), (190, "checkpoint"), (191, "cull")]
+    _, cull_at, notice = told[0]
+    assert cull_at == T0 + 190 * MIN and "stopped at 2026-01-05 12:10 UTC" in notice
+    assert "(set by a policy applied at 2026-01-05 11:40 UTC)" in notice
+    assert notice.endswith("it replaces the deadline warned of at 2026-01-05 11:00 UTC")
+    assert all(notice is None for _, _, notice in told[1:])  # said once, not every pass
+    # A longer policy withdraws the warning of the shorter one: its own comes in its time.
+    seen, _ = run_applied(idle_view(), POLICY, LONG, applied=40, minutes=250)
+    assert seen == [(30, "warn"), (120, "warn"), (240, "checkpoint"), (241, "cull")]
+    # Applied once the announced deadline came (its checkpoint asked for): the cull goes on as
+    # announced, with that checkpoint, not a later one over a checkpoint saved before it.
+    seen, _ = run_applied(idle_view(), LONG, POLICY, applied=241, minutes=250)
+    assert seen == [(120, "warn"), (240, "checkpoint"), (241, "cull")]
+
+
+@pytest.mark.parametrize("quiet", [None, True])
+def test_a_warned_cells_limit_gets_a_shorter_applied_policys_full_notice(quiet):
+    """A cell warned at its limit (the busy limit, or the quiet-cell limit of a sleep loop) of
+    an interrupt 2 h later; an apply with a 30-minute notice 10 minutes on: interrupted 30
+    minutes after the apply, not 20."""
+    limits = {"busy_limit": timedelta(minutes=90), "quiet_cell_limit": timedelta(minutes=90)}
+    if quiet is None:
+        limits["quiet_cell_limit"] = None
+    old = replace(LONG, warn_after=timedelta(hours=1), cull_after=timedelta(hours=3), **limits)
+    new = replace(POLICY, **limits)
+    seen, told = run_applied(quiet_view(T0, quiet), old, new, applied=100, minutes=140)
+    assert [s for s in seen if s[1] != "busy-notice"][:4] == [
+        (90, "warn"),
+        (100, "warn"),
+        (130, "interrupt"),
+        (130, "checkpoint"),
+    ]
+    assert told[0][1] == T0 + 130 * MIN and "it replaces the deadline" in told[0][2]
+
+
+def test_a_reclaim_under_way_gets_a_shorter_applied_grace_from_the_apply():
+    """Reclaimed at 09:10 with a grace of 1h (given back at 10:10); a grace of 15 minutes
+    applied at 09:30: given back at 09:45, warned again of it. Before: at once (09:25)."""
+    labels = {
+        "gpu-gov/borrowed": "true",
+        "gpu-gov/reclaim": (T0 + 10 * MIN).isoformat(),
+        "gpu-gov/reclaim-for": "nlp",
+    }
+    busy = replace(idle_view(labels=labels), gpu=p.GpuSignal(True, True))
+    old = replace(POLICY, reclaim_grace=timedelta(hours=1))
+    seen, told = run_applied(busy, old, POLICY, applied=30, minutes=60)
+    assert seen == [(10, "reclaim-warn"), (30, "reclaim-warn"), (45, "checkpoint"), (46, "cull")]
+    assert told[0][2] == (
+        "team nlp, within its guarantee, needs this borrowed GPU back (its grace of 15m from a "
+        "policy applied at 2026-01-05 09:30 UTC): it will be given back at 09:45 UTC"
+    )
+
+
+def test_a_maximum_age_warned_of_then_shortened_gets_its_warning_again_from_the_apply():
+    """Warned at 11:30 of its maximum age (3h) at 12:00; a maximum age of 2h (past) or 2h50m
+    (at 11:50, too soon for the 30 minutes' warning) applied at 11:40: stopped at 12:10. Before,
+    a server warned before the apply was stopped in the pass that first read the policy."""
+    for max_age, words in (("2h", "past the maximum age of 2h"), ("2h50m", "reaching at")):
+        new = replace(CAPPED, max_age=parse_duration(max_age))
+        seen, told = run_applied(active_view(), CAPPED, new, applied=160, minutes=200)
+        assert seen == [
+            (150, "max-age-warn"),
+            (160, "max-age-warn"),
+            (190, "checkpoint"),
+            (191, "cull"),
+        ]
+        assert words in told[0][2] and "stopped at 12:10 UTC" in told[0][2]
+    # Applied once the stop it announced came (its checkpoint asked for): it goes on.
+    seen, _ = run_applied(active_view(), CAPPED, new, applied=181, minutes=200)
+    assert seen == [(150, "max-age-warn"), (180, "checkpoint"), (181, "cull")]
+
+
+def test_a_policy_in_force_since_start_up_decides_as_before():
+    """No apply (``in_force_since`` None): a shorter policy governs a warned server as it
+    always has — the config file's policies at start-up mean what they say."""
+    record = run(idle_view(), LONG, minutes=150)[1].record
+    assert p.decide(idle_view(), record, POLICY, T0 + 160 * MIN).actions == ("checkpoint",)

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 from fake_hub_api import FakeHub
-from test_governor import governor
+from test_governor import H100_IDLE_GPU, governor, report_for
 from tornado.httpclient import AsyncHTTPClient
 from tornado.netutil import bind_sockets
 
@@ -276,6 +276,92 @@ async def test_a_maximum_age_applied_at_run_time_warns_first_with_its_full_notic
             clock.advance(3 * 60)  # past the warning's notice: stopped, as it said
             await gov.reconcile()
             assert not hub.running("carol") and gov.row("carol/").cull_reason == "max-age"
+    finally:
+        clock.reset()
+
+
+async def test_a_warned_server_keeps_a_shorter_applied_policys_full_notice_warned_once(tmp_path):
+    """Alice is warned of a cull an hour away (notice 1h); 20 minutes on, an admin applies a
+    policy with a 10-minute notice for her. Her server is warned again at the next pass, the
+    warning naming the change, and her verdict (JupyterLab's panel) names the new deadline: 10
+    minutes from the apply, not 10 minutes from the first warning (already past: before, the
+    next pass asked the checkpoint and stopped it). An apply that leaves her policy as it was
+    warns her of nothing."""
+    short = {
+        "policies": [
+            {
+                "name": "alice",
+                "match": {"users": ["alice"]},
+                "warn_after": "5m",
+                "cull_after": "15m",
+            }
+        ],
+        "policy_defaults": {},
+    }
+    bob = {"name": "bob", "match": {"users": ["bob"]}}
+    elsewhere = {"policies": [*short["policies"], bob], "policy_defaults": {}}
+
+    async def at(minutes):
+        clock.advance(minutes * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        rows = gov.store.audit_rows("alice/")[::-1]  # oldest first
+        return [a for a in rows if a.action in ("warn", "checkpoint")]
+
+    try:
+        async with FakeHub() as hub:
+            hub.add_server("alice")
+            gov = governor(hub, tmp_path)
+            await at(0)
+            assert [a.action for a in await at(61)] == ["warn"]
+            await at(20)
+            kept.apply(gov, short, "user:ada", "shorter for alice")
+            applied = clock.utcnow()
+            warnings = await at(1)
+            assert [a.action for a in warnings] == ["warn", "warn"]
+            assert "it replaces the deadline warned of" in warnings[1].reason
+            verdict = gov.verdict("alice/")  # what her panel shows, at every pass
+            assert verdict["state"] == "warned" and verdict["policy"] == "alice"
+            assert f"set by a policy applied at {applied:%Y-%m-%d %H:%M} UTC" in verdict["reason"]
+            deadline = clock.parse(verdict["cull_at"])
+            assert deadline - applied >= timedelta(minutes=10)
+            kept.apply(gov, elsewhere, "user:ada", "bob too")
+            assert [a.action for a in await at(1)] == ["warn", "warn"]  # no third
+            assert clock.parse(gov.verdict("alice/")["cull_at"]) == deadline
+            assert hub.running("alice")
+            actions = [a.action for a in await at(9)]
+            assert actions == ["warn", "warn", "checkpoint"]  # due as the second warning said
+    finally:
+        clock.reset()
+
+
+async def test_a_wall_clock_step_after_an_apply_keeps_its_notice_as_observed(tmp_path, monkeypatch):
+    """A maximum age applied at run time stops a training run past it 30 minutes after the
+    apply. The wall clock then jumps an hour ahead (NTP, a VM resumed) 5 minutes on: the stop
+    still comes 30 minutes after the apply as observed, as every kept time moves with the
+    step. Before, the apply's time stayed put: the next pass began the stop at once."""
+    capped = {"policies": [], "policy_defaults": {"max_age": "8h", "max_age_warning": "30m"}}
+    steps = iter([3600.0])
+
+    async def working():  # a training run: its GPU busy
+        gov.ingest(report_for("carol", H100_IDLE_GPU, sm=0.9))
+        await gov.reconcile()
+
+    try:
+        async with FakeHub() as hub:
+            hub.add_server("carol", started=clock.utcnow() - timedelta(hours=10))
+            gov = governor(hub, tmp_path)
+            await working()
+            kept.apply(gov, capped, "user:ada", "cap the age of GPU servers")
+            await working()
+            clock.advance(5 * 60 + 3600)  # 5 minutes on, the wall clock an hour ahead
+            monkeypatch.setattr(clock, "adopt_step", lambda: next(steps, 0.0))
+            await working()
+            assert hub.running("carol")
+            assert gov.row("carol/").cull_at - clock.utcnow() > timedelta(minutes=24)
+            clock.advance(26 * 60)
+            await working()  # due: its checkpoint is asked for, then the stop
+            assert gov.verdict("carol/")["state"] == "checkpointing"
     finally:
         clock.reset()
 

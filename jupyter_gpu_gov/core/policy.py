@@ -187,9 +187,12 @@ class Policy:
     # A notice when a server runs past the duration its owner expected at spawn (label
     # gpu-gov/expected-duration); it never culls.
     expected_duration_notice: bool = True
-    # Not a key: when an admin applied this policy while the service ran (hub/applied_policy.py;
-    # None: in force since start-up, as the config file's). A maximum age it brings in is not
-    # due before its warning's notice from then.
+    # Not a key: since when this policy governs the servers it matches, when an admin's apply
+    # or revert brought it in while the service ran (hub/applied_policy.py; None: in force
+    # since start-up, as the config file's). No deadline it brings in falls before its full
+    # notice from then: a warning given before it (of another policy's deadline) is given
+    # again, once, with this policy's notice, and a maximum age or a reclaim's grace it
+    # shortens counts its warning's notice from then.
     in_force_since: datetime | None = None
 
     @property
@@ -237,6 +240,9 @@ _POLICY_KEYS = {f.name for f in fields(Policy)} - {"in_force_since"}
 
 
 MAX_NAME = 255  # the store's column for the policy that governs a server (hub/tables.py)
+# Each server's decision tries the policies in order; 20,000 (what a 1 MiB body holds) took
+# seconds to check on the service's event loop, then about 15 ms each server decision.
+MAX_POLICIES = 1000
 
 
 class PolicyError(ValueError):
@@ -254,6 +260,9 @@ def load_policies(entries: Iterable[Mapping], defaults: Mapping | None = None) -
             # Each policy's own: a match here was the catch-all's too, and a server it did
             # not match had no policy at all (never warned, never culled; an error each pass).
             raise PolicyError(f"defaults: {key!r} is not a default: each policy has its own")
+    entries = list(entries)
+    if len(entries) > MAX_POLICIES:
+        raise PolicyError(f"at most {MAX_POLICIES} policies, got {len(entries)}")
     base = _policy("defaults", dict(defaults or {}), Policy())
     policies = []
     names = set()
@@ -619,7 +628,7 @@ class _Deadline:
     why: str
     cull_reason: str
     warning: str  # the warning action
-    past: bool = False  # a maximum age the server was already past when its policy came in
+    past: bool = False  # a maximum age its policy came in too late to announce in full
 
     def notice(self) -> str:
         if self.past:
@@ -635,16 +644,20 @@ def _hard_deadline(policy: Policy, view: ServerView, record: Record) -> _Deadlin
     """The earliest hard deadline — the maximum age, a reclaim of a borrowed GPU, a cull asked
     for (by an admin, or at the busy limit) — or None when there is none."""
     found = []
+    # Applied while the server ran: a deadline the policy brings in (or brings forward) has
+    # its warning's full notice from then, not a warning and a cull in the pass that first
+    # reads it, nor the new notice counted from a warning an older policy gave (at once).
+    # The warning goes out again (``warn_from``: after the older one), naming the new time.
+    # A cull under way (its checkpoint asked for) met the deadline it announced: it goes on.
+    since = policy.in_force_since if record.checkpoint_status is None else None
     max_age, whose = max_age_of(policy, view)
     if max_age and view.started:
         at = view.started + max_age
         why = f"reached the maximum age of {format_duration(max_age)} for this {whose}"
-        since, warned = policy.in_force_since, record.max_age_warned_at
         floor = since and since + policy.max_age_warning
-        if floor and at < floor and (warned is None or warned >= since):
-            # Applied while the server ran, not yet announced: the warning's full notice from
-            # the apply, not a warning and a cull in the pass that first reads the policy.
-            why = f"past the maximum age of {format_duration(max_age)} for this {whose}"
+        if floor and at < floor:
+            past = "past" if at <= since else f"reaching at {_at(at)}"
+            why = f"{past} the maximum age of {format_duration(max_age)} for this {whose}"
             why += f" (a policy applied at {_at(since)})"
             found.append(_Deadline(floor, since, why, MAX_AGE, MAX_AGE_WARN, past=True))
         else:
@@ -653,8 +666,11 @@ def _hard_deadline(policy: Policy, view: ServerView, record: Record) -> _Deadlin
     if asked is not None and view.labels.get(BORROWED_LABEL) == "true":
         team = view.labels.get(RECLAIM_FOR_LABEL) or "another team"
         why = f"team {team}, within its guarantee, needs this borrowed GPU back"
-        at = asked + policy.reclaim_grace
-        found.append(_Deadline(at, asked, why, RECLAIM, RECLAIM_WARN))
+        if since is not None and asked < since:
+            grace = format_duration(policy.reclaim_grace)
+            why += f" (its grace of {grace} from a policy applied at {_at(since)})"
+            asked = since
+        found.append(_Deadline(asked + policy.reclaim_grace, asked, why, RECLAIM, RECLAIM_WARN))
     if record.cull_requested_at is not None:
         at = record.cull_requested_at
         why = record.cull_request_why or "a cull was asked for"
@@ -686,6 +702,18 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
 
     actions: list[str] = []
     notice = None
+    since, warned_before = policy.in_force_since, record.warned_at
+    rewarn = (
+        since is not None
+        and warned_before is not None
+        and warned_before < since
+        and record.checkpoint_status is None  # else its deadline came: its cull goes on
+    )
+    if rewarn:
+        # Warned of the deadline of the policy this one replaced: this policy's clock decides
+        # afresh and warns again, once, with its full notice (never its notice counted from
+        # the older warning: at once, under a shorter one). A longer one withdraws it.
+        record = evolve(record, warned_at=None)
     deadline = _hard_deadline(policy, view, record)
     if deadline is not None:
         warned = record.max_age_warned_at
@@ -720,12 +748,29 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         record = evolve(record, overrun_noticed_at=now)
         notice = notice or overrun
     decision = _decide_on_activity(view, record, policy, now, actions)
+    kept = decision.record
+    if (
+        since is not None
+        and decision.state == WARNED
+        and kept.idle_since is not None
+        and kept.warned_at is not None
+        and kept.idle_since < since <= kept.warned_at
+    ):
+        # Warned under a policy applied during this stretch: the owner's panel says where
+        # the deadline comes from (warned before it, that it changed).
+        why = f"{kept.reason} (set by a policy applied at {_at(since)})"
+        decision = evolve(decision, record=evolve(kept, reason=why))
     if overrun is not None:
         decision = evolve(
             decision, record=evolve(decision.record, reason=f"{decision.reason}; {overrun}")
         )
     if deadline is not None and decision.state != CULLED:
         decision = _with_hard_deadline(decision, deadline, now)
+    if rewarn and WARN in decision.actions:
+        notice = (
+            notice
+            or f"{decision.reason}; it replaces the deadline warned of at {_at(warned_before)}"
+        )
     return evolve(decision, notice=notice) if notice else decision
 
 

@@ -204,7 +204,7 @@ def apply(
     )
     entry = Entry(APPLIED, now, actor, reason, admin.fingerprint, candidate)
     record(governor.store, row, entry)  # on record and kept before it governs
-    governor.policies = in_force(policies, now)
+    governor.policies = in_force(policies, now, governor.policies)
     admin.source = candidate
     admin.applied = entry.summary()
     admin.superseded = None
@@ -230,15 +230,22 @@ def revert(governor, actor: str, reason: str, over: str | None = None) -> dict:
     now = clock.utcnow()
     row = AuditRow(at=now, action=REVERT, reason=reason, actor=actor, details={"diff": changes})
     record(governor.store, row, Entry(REVERTED, now, actor, reason, admin.fingerprint))
-    governor.policies = in_force(admin.config_policies, now)
+    governor.policies = in_force(admin.config_policies, now, governor.policies)
     admin.source, admin.applied = config, None
     return {"reverted": True, "policies": policy_names(governor.policies), "diff": changes}
 
 
-def in_force(policies: list[Policy], since: datetime) -> list[Policy]:
-    """``policies`` as applied at ``since``: a maximum age they bring in gives a server already
-    past it its warning's full notice from then (``Policy.in_force_since``)."""
-    return [replace(p, in_force_since=since) for p in policies]
+def in_force(policies: list[Policy], since: datetime, live: list[Policy] = ()) -> list[Policy]:
+    """``policies`` as applied at ``since`` over ``live``: a deadline they bring in has its
+    full notice from then (``Policy.in_force_since``). A policy that governs the same servers
+    as before (it and every one before it unchanged: ``select`` takes the first that matches)
+    keeps its time, so that an apply elsewhere gives its warned servers no second warning."""
+    kept, changed = [], False
+    for i, p in enumerate(policies):
+        before = live[i] if i < len(live) else None
+        changed = changed or before is None or replace(before, in_force_since=None) != p
+        kept.append(replace(p, in_force_since=since) if changed else before)
+    return kept
 
 
 def config_of(governor) -> dict:

@@ -4,6 +4,7 @@ keeps moves by the step, so what was observed on the monotonic clock is what cou
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import timedelta
 
 from ..core import clock
@@ -50,6 +51,11 @@ class ClockStep:
             k: f._replace(at=f.at + delta) for k, f in self._cull_failures.items()
         }
         self.ledger.shift(delta)
+        # When an applied policy came in force: the notices it gives count from then.
+        self.policies = [
+            p if p.in_force_since is None else replace(p, in_force_since=p.in_force_since + delta)
+            for p in self.policies
+        ]
         if self._usage_written_at is not None:
             self._usage_written_at += delta
         if self._dcgm_latest is not None:
