@@ -11,6 +11,7 @@ import test_hub_accept as accept
 import test_protocol_server as protocol
 import test_reconcile_yields as yields
 
+from jupyter_gpu_gov.hub import protocol_server
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.event_loop import loop_factory, running_loop_name
 
@@ -64,9 +65,10 @@ def test_an_unknown_loop_is_named_in_the_error(capsys):
     ],
     ids=["batched", "stopped-while-holding", "stalled"],
 )
-def test_batched_requests_hold_on_uvloop(scenario):
+def test_batched_requests_hold_on_uvloop(scenario, monkeypatch):
     """The service's server (its own protocol, the batches' timer, the listen queue) does the
     same on libuv's loop as on the standard one."""
+    monkeypatch.setattr(protocol_server, "time", accept.RateClock())  # as test_hub_accept's
     _run_on("uvloop", scenario())
 
 

@@ -12,9 +12,11 @@ import tracemalloc
 from dataclasses import dataclass
 
 import pytest
+from test_hub_accept import RateClock
 from tornado import web
 from tornado.netutil import bind_sockets
 
+from jupyter_gpu_gov.hub import protocol_server
 from jupyter_gpu_gov.hub.protocol_server import MAX_HEADER_BYTES, ProtocolHTTPServer
 
 MAX_BODY = 1024
@@ -413,15 +415,18 @@ async def _get(server) -> Answer:
     return answer
 
 
-async def test_fast_requests_are_held_then_answered_together_and_stop_answers_the_held():
+async def test_fast_requests_are_held_then_answered_together_and_stop_answers_the_held(
+    monkeypatch,
+):
+    clock = RateClock()  # the second the rate is measured over ends when the test says
+    monkeypatch.setattr(protocol_server, "time", clock)
     async with serving(accept_interval=0.2) as server:  # holds from 2 / 0.2 = 10 a second
-        started = time.monotonic()
         reader, writer = await connect(server)
         for _ in range(12):
             writer.write(GET)
             assert (await read_answer(reader)).body == b"hello"
             assert not server.holding  # the rate is not known before a second has passed
-        await asyncio.sleep(1.02 - (time.monotonic() - started))
+        clock.now += 1.02
 
         held_at = time.monotonic()
         assert (await _get(server)).body == b"hello"  # answered at once; it starts a batch
@@ -494,7 +499,11 @@ async def test_a_client_that_never_reads_is_let_go_after_its_timeout():
     async with serving(idle_timeout=0.5) as server:
         _, writer = await connect(server)
         writer.write(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n")
-        await asyncio.sleep(1.5)
+        # Let go once the answer is written and its timeout has passed: on a loaded machine
+        # the 32 MB answer (its ETag, its copy) alone outlasted a fixed 1.5 s.
+        deadline = time.monotonic() + 30
+        while server.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         assert not server.connections
         writer.transport.abort()
 

@@ -148,6 +148,9 @@ def test_a_user_cannot_exempt_herself(hub, gov, exporter):
     assert "gpu-gov/exempt" not in listed["labels"], listed["labels"]
     assert listed["labels"]["gpu-gov/tier"] == "h100" and listed["project"] == "demo"
 
+    # Each lie must find her warned (DCGM reads her card idle; her policy warns after 1 s):
+    # only bea's spawn, after hers, gave the governor that time before.
+    wait(lambda: gov.verdict("mallory")["state"] == "warned", 60, "mallory's idle card warned")
     token = hub.token("mallory")
     own = forged(hub, "mallory")
     device = {**own["devices"][0], "uuid": busy, "activity": 0.97}

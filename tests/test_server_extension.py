@@ -136,6 +136,26 @@ async def test_idle_kernel_holding_memory_is_reported_holding_with_no_activity(
     assert report["window"]["gpu_active_fraction"] == 0.0
 
 
+async def test_a_gpu_just_taken_is_idle_since_it_was_taken_not_since_the_server_started(
+    jp_fetch, start_kernel
+):
+    # The server's idle stretch started with the server: a notebook that worked on the CPU
+    # for an hour, then moved its model to the GPU, read "GPU idle since" that hour's start
+    # until its training cell ran, and the governor warned it at once (warn_after long past).
+    # On a loaded machine the governed hub's silent training loop was warned so: a sample
+    # between its hold() and its thread's first load().
+    kernel = await start_kernel()
+    await status(jp_fetch)  # sampled without a GPU
+    await asyncio.sleep(0.1)
+    before = clock.utcnow()
+    await kernel.run("from jupyter_gpu_gov import simulate; simulate.hold(4096)")
+    report = await wait_for(
+        jp_fetch, lambda r: target(r, "kernel", kernel.id)["gpu"]["holds_context"]
+    )
+    assert report["window"]["gpu_active_fraction"] == 0.0
+    assert clock.parse(report["window"]["gpu_idle_since"]) >= before, report["window"]
+
+
 async def test_background_gpu_thread_counts_as_active_while_kernel_is_idle(
     jp_fetch, start_kernel, jp_serverapp
 ):

@@ -305,7 +305,11 @@ class Window(Wire):
         **SHARE,
     )
     gpu_last_active: str | None = spec("the last active sample, for the whole server", **TIME)
-    gpu_idle_since: str | None = spec("start of the server's idle stretch", **TIME)
+    gpu_idle_since: str | None = spec(
+        "start of the server's idle stretch, no earlier than it took a GPU (a context, or the "
+        "GPUs allocated to it)",
+        **TIME,
+    )
 
 
 @dataclass(frozen=True)

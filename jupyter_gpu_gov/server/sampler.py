@@ -163,6 +163,7 @@ class Sampler:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-sampler")
         self._windows: dict[str, ActivityWindow] = {}
         self._server_window = ActivityWindow(window_seconds, active_threshold)
+        self._holding_since: datetime | None = None  # the server holds a GPU since (see _report)
         self._states: dict[str, str] = {}
         self._last_known: dict[str, TargetGpu] = {}  # for reporting "unknown" after a failure
         self._last_devices: list[dict] = []
@@ -427,6 +428,16 @@ class Sampler:
         else:
             server_sm = max(server_sms, default=0.0)
         self._server_window.add(now, server_sm)
+        # Its idle stretch starts no earlier than it took a GPU (a context, or GPUs allocated to
+        # it): a notebook that worked on the CPU for an hour, then moved its model to the GPU,
+        # read idle for that hour until its training ran, and was warned at once.
+        if server_sms or (devices and server.get("gpu_allocated")):
+            self._holding_since = self._holding_since or now
+        else:
+            self._holding_since = None
+        idle_since = self._server_window.idle_since
+        if idle_since is not None and self._holding_since is not None:
+            idle_since = max(idle_since, self._holding_since)
 
         return {
             "schema": REPORT_SCHEMA,
@@ -440,7 +451,7 @@ class Sampler:
                 "seconds": self.window_seconds,
                 "gpu_active_fraction": self._server_window.active_fraction(),
                 "gpu_last_active": clock.isoformat(self._server_window.last_active),
-                "gpu_idle_since": clock.isoformat(self._server_window.idle_since),
+                "gpu_idle_since": clock.isoformat(idle_since),
             },
             "checkpoint": {"requested_at": None, "status": None, "manifest": None},
         }

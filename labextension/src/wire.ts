@@ -309,6 +309,9 @@ export interface IWindow {
   gpu_active_fraction?: number | null;
   /** the last active sample, for the whole server */
   gpu_last_active?: string | null;
-  /** start of the server's idle stretch */
+  /**
+   * start of the server's idle stretch, no earlier than it took a GPU (a context, or the GPUs
+   * allocated to it)
+   */
   gpu_idle_since?: string | null;
 }
