@@ -169,7 +169,10 @@ class Device(Wire):
     )
     memory_activity: float | None = spec("memory controller activity 0..1", **SHARE)
     shared: bool = spec(
-        "other people's processes use this card (workstation), or it is time-sliced", False
+        "other people's processes use this card (workstation: processes of another Unix user; "
+        "the server's own user's outside the server are its `other` target), or it is "
+        "time-sliced",
+        False,
     )
     health: dict | None = spec(
         "the GPU's health (a MIG instance: its GPU's), [GPU health](#gpu-health): "

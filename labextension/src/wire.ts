@@ -53,7 +53,10 @@ export interface IDevice {
   activity?: number | null;
   /** memory controller activity 0..1 */
   memory_activity?: number | null;
-  /** other people's processes use this card (workstation), or it is time-sliced */
+  /**
+   * other people's processes use this card (workstation: processes of another Unix user; the
+   * server's own user's outside the server are its `other` target), or it is time-sliced
+   */
   shared?: boolean;
   /**
    * the GPU's health (a MIG instance: its GPU's), [GPU health](#gpu-health): `{"status":
