@@ -82,10 +82,12 @@ class Service:
         await self.governor.reconcile()
         sockets = bind_sockets(0, "127.0.0.1")
         self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}{PREFIX}"
-        # Hundreds of reports a second from one token: no budget, and every refusal's log line
-        # written (tests/test_report_budget.py has both).
+        # Hundreds of reports and API requests a second from one token: no budget, and every
+        # refusal's log line written (tests/test_report_budget.py has both).
         self.monkeypatch.setattr(routes, "REFUSAL_LINES_EVERY_S", 0)
-        self.server = GpuGovernor(report_budget=0, refused_budget=0).make_server(self.governor)
+        self.server = GpuGovernor(report_budget=0, refused_budget=0, api_budget=0).make_server(
+            self.governor
+        )
         await self.server.add_sockets(sockets)
 
     def stop(self) -> None:

@@ -224,3 +224,56 @@ def test_the_buckets_kept_stay_bounded_and_one_being_drawn_on_is_kept(monkeypatc
     for n in range(1000):
         fast.take(f"address-{n}")
     assert len(fast._buckets) < 100
+
+
+async def get(url: str, path: str, token: str, **headers):
+    return await AsyncHTTPClient().fetch(
+        url + path,
+        headers={"Authorization": f"token {token}", **headers},
+        raise_error=False,
+        follow_redirects=False,
+        request_timeout=60,
+    )
+
+
+async def test_a_caller_looping_over_the_api_and_pages_gets_429_and_one_log_line(
+    tmp_path, monkeypatch, caplog
+):
+    """The API and the pages have a budget per caller (``api_budget``): all the caller's tokens
+    share it, a header the client sets gains nothing, admins have one too, other callers are
+    not held back, and the 429s cost the log one line (``RefusalLog``), not one each."""
+    caplog.set_level(logging.INFO)
+    async with service(tmp_path, monkeypatch, api_budget=SLOW, api_burst=5) as (url, _, hub):
+        other = "alice-own-token"  # hers, not her server's: it reads her page too
+        hub.add_user_token("alice", other, extra_scopes=[ACCESS, "access:servers!user=alice"])
+        hub.add_user_token("root", "root-token", extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
+        for path, token in [("api/servers", ALICE), ("api/", ALICE), ("me", other)] + [
+            ("api/servers", ALICE)
+        ] * 2:
+            assert (await get(url, path, token)).code == 200, path
+        answer = await get(url, "api/servers", ALICE)
+        assert answer.code == 429, answer.body
+        assert 90 <= int(answer.headers["Retry-After"]) <= 101  # a unit at 0.01 a second
+        assert json.loads(answer.body)["message"].startswith("too many requests from 'alice'")
+        # Her other token (all hers share the budget) on a page: 429, said as a page.
+        page = await get(url, "me", other)
+        assert page.code == 429 and b"too many requests from" in page.body
+        assert page.headers["Content-Type"].startswith("text/html")
+        assert "Retry-After" in page.headers
+        assert (await get(url, "api/", ALICE, **{"X-Forwarded-For": "10.9.8.7"})).code == 429
+        # Another address in a header she sets gains nothing; bob is not held back; an admin
+        # has a budget of its own, as big.
+        assert (await get(url, "api/servers", BOB)).code == 200
+        for _ in range(5):
+            assert (await get(url, "api/servers", "root-token")).code == 200
+        assert (await get(url, "api/servers", "root-token")).code == 429
+        # The report route has a budget of its own: alice still reports.
+        assert (await post(url, ALICE, report_of("alice"))).code == 200
+        refused = [r.getMessage() for r in caplog.records if "(429)" in r.getMessage()]
+        assert refused == [
+            "gpu-gov: GET /services/gpu-gov/api/servers refused (429): too many requests from "
+            "'alice': send again in 100 s",
+            "gpu-gov: GET /services/gpu-gov/api/servers refused (429): too many requests from "
+            "'root': send again in 100 s",
+        ], refused
+        assert not [r for r in caplog.records if r.getMessage().startswith("429 ")]  # access log

@@ -10,6 +10,7 @@ which a single-user server's own token never has.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from typing import TYPE_CHECKING, Any
@@ -112,7 +113,39 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         # request standing still. current_user then finds the answer cached on the handler.
         # A token the Hub is asked about takes its turn among its address's (prepared_auth).
         ASKING.set(getattr(self.request.connection, "peer", ""))
-        await self.hub_auth.get_user(self, sync=False)
+        caller = await self.hub_auth.get_user(self, sync=False)
+        if caller:
+            self._take_from_budget(caller)
+
+    throttled = False  # answered 429 for its caller's budget (its log line: ``RefusalLog``)
+
+    def _take_from_budget(self, caller: dict) -> None:
+        """One request from the caller's budget (``api_budget``), else 429 with ``Retry-After``:
+        one user's loop of requests, each about 1 ms of the event loop every report waits on,
+        would slow the service for everyone. Keyed by who the Hub says the caller is (all
+        their tokens and their login share it), never by anything the request says; admins
+        too, whose listings cost the most. A flood of 429s costs the log a line a minute."""
+        budget = self.settings.get("gpu_gov_budget")
+        who = f"{caller.get('kind', 'user')}:{caller.get('name', '')}"
+        wait = budget.take(who) if budget is not None else 0.0
+        if not wait:
+            return
+        seconds = max(1, math.ceil(wait))
+        name = caller.get("name", "")
+        error = web.HTTPError(
+            429, f"too many requests from {name!r:.80}: send again in {seconds} s"
+        )
+        self.settings["gpu_gov_refusals"].warning(
+            who,
+            "gpu-gov: %s %.200s refused (429): %s",
+            self.request.method,
+            self.request.path,
+            error.log_message,
+        )
+        self.throttled = True
+        self.set_status(429)
+        self.set_header("Retry-After", str(seconds))
+        self.write_error(429, exc_info=(web.HTTPError, error, None))  # finished: no handler runs
 
     def check_xsrf_cookie(self):
         # A request the Hub authenticated by its token needs no XSRF check; every other write

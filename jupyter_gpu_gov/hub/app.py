@@ -28,9 +28,9 @@ from ..core import clock
 from ..core.durations import parse_duration
 from ..core.policy import PolicyError, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
-from . import heap, metrics
+from . import heap, metrics, routes
 from .applied_policy import start as start_policies
-from .budget import Budget
+from .budget import Budget, RefusalLog
 from .dcgm import DcgmConfig
 from .dcgm_source import DcgmSource
 from .diagnosis import DiagnosisOptions
@@ -68,7 +68,10 @@ def scrubbed(uri: str) -> str:
 
 
 def log_request(handler: web.RequestHandler) -> None:
-    """tornado's access log line, without the credentials a URL may carry."""
+    """tornado's access log line, without the credentials a URL may carry. A request refused
+    for its caller's budget has its line from the handler (``RefusalLog``: one a minute)."""
+    if getattr(handler, "throttled", False):
+        return
     status, request = handler.get_status(), handler.request
     if status < 400:
         write = access_log.info
@@ -282,6 +285,8 @@ class GpuGovernor(GovernorSettings, Application):
             cookie_secret=os.urandom(32),
             log_function=log_request,
             gpu_gov_prefix=prefix.rstrip("/") + "/",
+            gpu_gov_budget=Budget(self.api_budget, self.api_burst),  # api_handler's prepare
+            gpu_gov_refusals=RefusalLog(routes.log, routes.REFUSAL_LINES_EVERY_S),
             hub_auth=HubOAuth(),
             xsrf_cookies=False,  # API handlers check XSRF for cookie-authenticated writes
         )

@@ -381,6 +381,22 @@ class GovernorSettings(HasTraits):
         min=1,
         help="Refused requests one address may have at once before ``refused_budget`` applies.",
     ).tag(config=True)
+    api_budget = Float(
+        10.0,
+        min=0,
+        help="""Requests a second one caller (a Hub user or service, all its tokens and its
+        login together; admins too) may make of the API and the pages on average; past it and
+        ``api_burst``, a request is answered 429 with ``Retry-After`` before it does anything.
+        A person clicking, the JupyterLab panel (Extend and Stop, a click each) and a
+        Prometheus scrape make one now and then; a request costs the service about 1 ms, and
+        an admin's listing of a big hub far more. 0: no budget.""",
+    ).tag(config=True)
+    api_burst = Float(
+        100.0,
+        min=1,
+        help="""Requests one caller may make of the API and the pages at once before
+        ``api_budget`` applies: a script's burst (an admin deciding a batch of extensions).""",
+    ).tag(config=True)
     accept_interval = Float(
         0.02,
         min=0,
