@@ -164,7 +164,10 @@ export class StatusPoller implements IDisposable {
         this.markStopped(false);
         return;
       }
-      this._error = error instanceof Error ? error.message : String(error);
+      // A 429 (asked to wait: too many requests) is no error to show; the poll backs off.
+      if ((error as { status?: number }).status !== 429) {
+        this._error = error instanceof Error ? error.message : String(error);
+      }
       // Keep the last report so a blip does not hide a warning; tell listeners anyway.
       this._changed.emit();
       throw error;

@@ -102,6 +102,24 @@ describe('outcomes in plain words', () => {
     );
   });
 
+  it('a 429 (the governor asks for a pause) is no error: it says to wait, and how long', () => {
+    const busy = "too many requests from 'alice': send again in 7 s";
+    for (const out of [
+      extendOutcome(429, { message: busy }, opts),
+      stopOutcome(429, { message: busy })
+    ]) {
+      expect(out).toEqual({
+        kind: 'info',
+        message:
+          'The GPU governor had many requests from you just now, so nothing was done. Try again in 7 s.'
+      });
+    }
+    expect(extendOutcome(429, null, opts)).toMatchObject({
+      kind: 'info',
+      message: expect.stringContaining('Try again in a minute.')
+    });
+  });
+
   it('checkpoint success and failure', () => {
     expect(
       checkpointOutcome(

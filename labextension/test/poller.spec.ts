@@ -76,6 +76,14 @@ it('keeps the last report through a failed poll, and says what failed', async ()
   expect(changes).toBe(1);
 });
 
+it('shows no error for a 429 (asked to wait), and keeps the last report', async () => {
+  const first = report({ verdict: verdict() });
+  await start(first, failure('too many requests', 429, false));
+  await poll();
+  expect(poller.report).toBe(first);
+  expect(poller.error).toBeNull();
+});
+
 it('knows the server stopped when the Hub answers for it, and stops polling', async () => {
   const last = report({ verdict: verdict({ state: 'checkpointing' }) });
   await start(last, failure('server no longer running', 424, true));

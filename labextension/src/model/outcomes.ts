@@ -47,6 +47,25 @@ function refusalInWords(message: string, trans: ITrans): string {
   return trans.__('Extension refused: %1', message);
 }
 
+/**
+ * A 429: the governor asked for a pause (too many requests from this user just now; its
+ * `api_budget`). Nothing was done, nothing is wrong: said as information, with the wait.
+ */
+function throttledOutcome(message: string, trans: ITrans): IOutcome {
+  const wait = /send again in (\d+) s/.exec(message)?.[1];
+  return {
+    kind: 'info',
+    message: wait
+      ? trans.__(
+          'The GPU governor had many requests from you just now, so nothing was done. Try again in %1 s.',
+          wait
+        )
+      : trans.__(
+          'The GPU governor had many requests from you just now, so nothing was done. Try again in a minute.'
+        )
+  };
+}
+
 /** The extend answer (200 granted / 202 pending / 409 refused, or an error) in plain words. */
 export function extendOutcome(
   httpStatus: number,
@@ -97,6 +116,9 @@ export function extendOutcome(
   }
   if (httpStatus === 409 || status === 'refused') {
     return { kind: 'warning', message: refusalInWords(message, trans) };
+  }
+  if (httpStatus === 429) {
+    return throttledOutcome(message, trans);
   }
   if (httpStatus === 502 || httpStatus === 503 || httpStatus === 504) {
     return {
@@ -188,6 +210,9 @@ export function stopOutcome(
         'The server is stopping and its GPU is given back. Thank you!'
       )
     };
+  }
+  if (httpStatus === 429) {
+    return throttledOutcome(body?.message ?? '', trans);
   }
   if (httpStatus === 409) {
     return {
