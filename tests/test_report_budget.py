@@ -277,3 +277,23 @@ async def test_a_caller_looping_over_the_api_and_pages_gets_429_and_one_log_line
             "'root': send again in 100 s",
         ], refused
         assert not [r for r in caplog.records if r.getMessage().startswith("429 ")]  # access log
+
+
+async def test_an_api_flood_is_counted_per_caller_in_the_log(tmp_path, monkeypatch, caplog):
+    """The 429s' count line names the caller (every browser's request comes from the proxy's
+    address, so an address would lump everyone together), its name escaped and bounded."""
+    monkeypatch.setattr(routes, "REFUSAL_LINES_EVERY_S", 0.5)
+    caplog.set_level(logging.WARNING, "jupyter_gpu_gov.hub")
+    async with service(tmp_path, monkeypatch, api_budget=SLOW, api_burst=1) as (url, _, _):
+        for token in (ALICE, BOB):
+            assert (await get(url, "api/", token)).code == 200
+            for _ in range(3):
+                assert (await get(url, "api/", token)).code == 429
+        summaries = {
+            "gpu-gov: 2 more refused from user:'alice' in the last minute",
+            "gpu-gov: 2 more refused from user:'bob' in the last minute",
+        }
+        deadline = time.monotonic() + 30
+        while not summaries <= {r.getMessage() for r in caplog.records}:
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            await asyncio.sleep(0.05)

@@ -126,17 +126,16 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         their tokens and their login share it), never by anything the request says; admins
         too, whose listings cost the most. A flood of 429s costs the log a line a minute."""
         budget = self.settings.get("gpu_gov_budget")
-        who = f"{caller.get('kind', 'user')}:{caller.get('name', '')}"
-        wait = budget.take(who) if budget is not None else 0.0
+        kind, name = caller.get("kind", "user"), caller.get("name", "")
+        wait = budget.take(f"{kind}:{name}") if budget is not None else 0.0
         if not wait:
             return
         seconds = max(1, math.ceil(wait))
-        name = caller.get("name", "")
         error = web.HTTPError(
             429, f"too many requests from {name!r:.80}: send again in {seconds} s"
         )
         self.settings["gpu_gov_refusals"].warning(
-            who,
+            f"{kind}:{name!r:.80}",  # named in its count's line: bounded, escaped
             "gpu-gov: %s %.200s refused (429): %s",
             self.request.method,
             self.request.path,
