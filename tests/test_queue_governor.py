@@ -384,3 +384,15 @@ async def test_a_waiting_servers_place_never_reads_a_stale_reading_as_the_cards_
     simulate.heal()
     await ben.gpu_refresh()
     assert places(ben.user)["ben/"]["estimate"] == "starting now"
+
+
+async def test_a_server_counts_gpus_by_index_as_nvml_does(hub):
+    """The allocator names its cards by UUID, which CUDA takes whatever its order; a card named
+    by index in the server (an admin's or the user's ``CUDA_VISIBLE_DEVICES=1``) must be the
+    card NVML, nvidia-smi and the server's sampler call 1: CUDA counts fastest first unless
+    told ``PCI_BUS_ID``, another card on a machine with mixed cards."""
+    env = (await hub.start("vera", {"profile": "h100"})).get_env()
+    card = hub.spawner("vera").gpu_devices[0]
+    assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"]) == (card, "PCI_BUS_ID")
+    hub.spawner("vera").environment = {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}  # an admin's word
+    assert hub.spawner("vera").get_env()["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"

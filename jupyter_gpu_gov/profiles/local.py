@@ -311,8 +311,13 @@ class LocalGpuMixin(GpuProfilesMixin):
 
     def get_env(self):
         env = super().get_env()
-        # Only the pinned devices; none (empty) for a server without a GPU.
+        # Only the pinned devices, by UUID, which CUDA takes in the order given whatever its
+        # CUDA_DEVICE_ORDER; none (empty) for a server without a GPU.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_devices)
+        # And a GPU named by index in the server (an admin's or a user's CUDA_VISIBLE_DEVICES=1
+        # in its place) counts as NVML, nvidia-smi and the server's sampler count: in PCI bus
+        # order, not fastest first (on a machine with mixed cards, another card).
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         return env
 
 
