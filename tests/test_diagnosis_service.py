@@ -820,3 +820,46 @@ async def test_a_saved_model_is_loaded_at_start(tmp_path):
     assert again.model.trained_on == service.model.trained_on
     # Trained when the file was written: the next training waits its full period.
     assert clock.utcnow() - again.training.trained_at < timedelta(minutes=1)
+
+
+def _named(report: dict, uuid: str, card: str) -> dict:
+    report["devices"][0].update(uuid=uuid, name=card)
+    report["targets"][0]["gpu"]["devices"] = [uuid]
+    return report
+
+
+async def test_a_report_cannot_choose_the_node_whose_reference_it_teaches(tmp_path):
+    """Without DCGM a window's node was the card its report names: the user's words. Mallory,
+    given an L4 by the allocator, named her card an H100 (her records' UUID, so believed) and
+    taught the H100s' reference, which every H100 server's windows are read against; eve, on
+    a spawner the Hub keeps no records of, the same. The node now comes from what the user
+    cannot write: DCGM's hostname of the GPUs the Hub's records give the server, else the tier
+    admission granted it, else the profile KubeSpawner runs its pod on; a server with none of
+    them is scored, never learnt."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    async with FakeHub() as hub:
+        for user, card, tier in (("alice", "GPU-a", "h100"), ("mallory", "GPU-m", "l4")):
+            state = {"gpu_gov_devices": [card], "gpu_gov_grant": {"gpu-gov/tier": tier}}
+            hub.add_server(user, state=state)
+        # KubeSpawner's pod, on the profile it enforces (no profile layer, no DCGM)
+        hub.add_server("kim", state={"pod_name": "jupyter-kim"}, user_options={"profile": "a100"})
+        hub.add_server("eve")
+        gov = governor(hub, tmp_path)
+        await gov.reconcile()
+        for user, card in (
+            ("alice", "GPU-a"),
+            ("mallory", "GPU-m"),
+            ("kim", "GPU-k"),
+            ("eve", "GPU-e"),
+        ):
+            gov.ingest(_named(starved_report(user), card, h100))
+        model = gov.diagnosis.model
+        learnt = {node: ref.servers for (node, _), ref in model.nodes.items()}
+
+    assert learnt == {
+        "tier h100": {"alice/"},
+        "tier l4": {"mallory/"},
+        "profile a100": {"kim/"},
+    }
+    assert gov.diagnosis.results["mallory/"].node == "tier l4"
+    assert "eve/" in gov.diagnosis.results  # scored all the same

@@ -389,14 +389,39 @@ def test_an_instance_created_in_the_place_of_another_is_seen_on_the_next_tick(mo
     assert backend.sample().samples["MIG-cccc"].activity == pytest.approx(0.5)
 
 
-def test_mig_mode_switched_while_running_is_seen_on_the_next_tick(monkeypatch, backend):
+def test_mig_mode_switched_is_seen_once_the_gpu_answers_after_its_reset(monkeypatch, backend):
+    """MIG mode changes only through a reset of the GPU, which NVML answers with an error: the
+    GPU is named afresh, its MIG mode with it. Switched off, asking for its instances fails:
+    the mode is asked again in the same tick."""
     fake = install(monkeypatch, FakeGpu("GPU-h100", mig_capable=True))
     assert [d.uuid for d in backend.sample().devices] == ["GPU-h100"]
-    fake.gpus[0].migs = mig_gpu().migs
+    fake.gpus[0].error = pynvml.NVML_ERROR_GPU_IS_LOST  # the reset that switches MIG mode on
+    assert backend.sample().samples == {}
+    fake.gpus[0].error, fake.gpus[0].migs = None, mig_gpu().migs
     assert [d.uuid for d in backend.sample().devices] == ["MIG-aaaa", "MIG-bbbb"]
     fake.gpus[0].migs = None
     snap = backend.sample()
     assert [d.uuid for d in snap.devices] == ["GPU-h100"] and set(snap.samples) == {"GPU-h100"}
+
+
+def test_mig_mode_is_asked_once_per_gpu_until_nvml_starts_again(monkeypatch, backend):
+    """One ``nvmlDeviceGetMigMode`` per GPU on every tick was a C call each for nothing: MIG
+    mode only changes with a reset of the GPU."""
+    fake = install(monkeypatch, mig_gpu(), FakeGpu("GPU-a", mig_capable=True), FakeGpu("GPU-v"))
+    first = backend.sample()
+    assert fake.calls["nvmlDeviceGetMigMode"] == 3
+    fake.calls.clear()
+    for _ in range(5):
+        fake.advance()
+        snap = backend.sample()
+    assert fake.calls["nvmlDeviceGetMigMode"] == 0
+    assert snap.devices == first.devices
+    fake.gpus[1].error = pynvml.NVML_ERROR_UNKNOWN  # NVML starts again on the next tick
+    assert backend.sample().backend == "unavailable"
+    fake.gpus[1].error = None
+    fake.calls.clear()
+    assert backend.sample().devices == first.devices
+    assert fake.calls["nvmlDeviceGetMigMode"] == 3
 
 
 def test_a_steady_tick_asks_each_process_list_once(monkeypatch, backend):
@@ -455,7 +480,7 @@ def test_a_steady_tick_asks_the_driver_only_what_moves(monkeypatch, backend):
     }
     assert fake.calls["nvmlDeviceGetUUID"] == 2  # the two instances
     assert fake.calls["nvmlDeviceGetMinorNumber"] == 1  # the V100, whose minor is unknown
-    assert fake.calls["nvmlDeviceGetMigMode"] == 2  # the V100 said NotSupported: not again
+    assert fake.calls["nvmlDeviceGetMigMode"] == 0  # asked on the first tick, once per GPU
     # and it says what a backend reading everything afresh says
     fresh = NvmlBackend()
     assert snap.devices == tuple(fresh.devices())

@@ -28,6 +28,7 @@ from jupyterhub.user import UserDict
 from test_governor import governor, report_for
 from traitlets.config import Config
 
+from jupyter_gpu_gov import simulate
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.clock import parse
 from jupyter_gpu_gov.core.grant import DEVICES_STATE, GRANT_STATE
@@ -35,9 +36,11 @@ from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.vocabulary import STOP_SERVER
 from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.queue import releases
+from jupyter_gpu_gov.profiles import local
 from jupyter_gpu_gov.profiles import queue as profile_queue
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.local import GpuSimpleLocalProcessSpawner, LocalGpus
+from jupyter_gpu_gov.profiles.queue_pages import places
 from jupyter_gpu_gov.profiles.quota import CAPACITY
 from jupyter_gpu_gov.profiles.spawner import GpuRefused, waiting_requests
 
@@ -347,3 +350,49 @@ async def test_cards_nvml_fails_on_are_unknown_not_all_in_use(hub, monkeypatch):
 
     fake.init_error = None  # the driver is loaded again
     assert (await hub.start("ben", {"profile": "h100"})).gpu_devices == ("GPU-a",)
+
+
+async def test_a_waiting_servers_place_never_reads_a_stale_reading_as_the_cards_now(
+    hub, tmp_path, monkeypatch
+):
+    """The Hub's pages show a waiting server's place from the allocator's last reading of the
+    cards, without reading them again (a page must not wait on the driver). That reading was
+    used however old: ben's home page said "starting now" for a card that had failed since
+    (the next read withholds it), and would as well for cards that no longer answer. Now a
+    reading older than ``FRESH_FOR_S`` is unknown, and the page says so; once the cards are
+    read again (every governor pass reads them for the line's sync) it is the cards' state."""
+    monkeypatch.setenv("JUPYTER_GPU_GOV_SIM_STATE", str(tmp_path / "sim.json"))
+    await hub.start("ivan", {"profile": "h100"})
+    card = (await hub.start("ines", {"profile": "h100"})).gpu_devices[0]
+    ben = hub.spawner("ben")
+    await ben.gpu_enqueue({"profile": "h100"})
+    hub.stop("ines")
+    await ben.gpu_refresh()  # the governor's sync reads the cards: ines's card is free
+    assert places(ben.user)["ben/"]["estimate"] == "starting now"
+
+    simulate.fail(xid=79, device=card)  # meanwhile, unread: the free card fell off the bus
+    gpus = LocalGpus.instance()
+    gpus._read_at -= local.FRESH_FOR_S + 1  # and nobody read the cards for two minutes
+    place = places(ben.user)["ben/"]
+    assert place["estimate"] == "GPU state unknown now (the cards have not been read lately)"
+    assert place["position"] == "1st" and place["sooner"] == ""
+    assert ben.gpu_unknown().startswith("GPU state unknown: the GPUs of this machine were last")
+
+    await ben.gpu_refresh()  # read again: the failed card is withheld, nothing is free
+    assert ben.gpu_unknown() is None
+    assert places(ben.user)["ben/"]["estimate"] not in ("starting now", "")
+    simulate.heal()
+    await ben.gpu_refresh()
+    assert places(ben.user)["ben/"]["estimate"] == "starting now"
+
+
+async def test_a_server_counts_gpus_by_index_as_nvml_does(hub):
+    """The allocator names its cards by UUID, which CUDA takes whatever its order; a card named
+    by index in the server (an admin's or the user's ``CUDA_VISIBLE_DEVICES=1``) must be the
+    card NVML, nvidia-smi and the server's sampler call 1: CUDA counts fastest first unless
+    told ``PCI_BUS_ID``, another card on a machine with mixed cards."""
+    env = (await hub.start("vera", {"profile": "h100"})).get_env()
+    card = hub.spawner("vera").gpu_devices[0]
+    assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"]) == (card, "PCI_BUS_ID")
+    hub.spawner("vera").environment = {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}  # an admin's word
+    assert hub.spawner("vera").get_env()["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"

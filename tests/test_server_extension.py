@@ -809,3 +809,27 @@ async def test_a_throttled_server_keeps_its_verdict_and_reports_only_past_the_re
         assert len(posts) > sent
     finally:
         http.stop()
+
+
+@pytest.fixture
+def _gpu_one_by_index(monkeypatch):
+    """The server is given ``CUDA_VISIBLE_DEVICES=1`` (an admin's ``c.Spawner.environment``),
+    with no ``CUDA_DEVICE_ORDER``: CUDA's own default, fastest first."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    yield
+    os.environ.pop("CUDA_DEVICE_ORDER", None)
+
+
+async def test_gpus_named_by_index_are_counted_by_the_kernels_as_by_the_sampler(
+    _gpu_one_by_index, jp_fetch, start_kernel
+):
+    """The sampler reads index 1 in NVML's order (PCI bus order); CUDA counts fastest first
+    unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: on a machine with mixed cards the kernel's GPU 1
+    was another card than the one the sampler watched (the kernel's work read as nobody's,
+    and its own card idle). The server's kernels now count as NVML does."""
+    report = await status(jp_fetch)
+    kernel = await start_kernel()
+    out = await kernel.run('import os; print(os.environ.get("CUDA_DEVICE_ORDER"))')
+    assert "".join(out).strip() == "PCI_BUS_ID"
+    assert [d["uuid"] for d in report["devices"]] == [simulate.devices()[1]["uuid"]]

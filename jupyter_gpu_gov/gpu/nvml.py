@@ -24,11 +24,14 @@ What each API can say, and what we report when it cannot (``None``, never a made
   (``nvmlDeviceGetCurrentClocksEventReasons``, else the older ``...ThrottleReasons``). A query
   the GPU does not support says nothing.
 
-What cannot change while a GPU's handle lives (its handle, uuid, name, minor number, MIG slots
-and each MIG instance's name and GPU instance id) is asked on the tick that first sees it and
-kept (``_Gpu``); a steady tick asks the device count, MIG mode (it can be switched while we run),
-each MIG instance's uuid (an instance created in another's place differs) and what moves. What
-is kept goes when NVML starts again, and a lost GPU's when it is lost.
+What cannot change while a GPU's handle lives (its handle, uuid, name, minor number, MIG mode,
+MIG slots and each MIG instance's name and GPU instance id) is asked on the tick that first sees
+it and kept (``_Gpu``); a steady tick asks the device count, each MIG instance's uuid (an
+instance created in another's place differs) and what moves. MIG mode changes only through a
+reset of the GPU (``nvmlDeviceSetMigMode`` resets or unbinds it; while a process such as this
+one holds it, the change waits as "pending"), which NVML answers with an error: what is kept
+goes when NVML starts again, a lost GPU's when it is lost, and the MIG mode also when asking
+for its instances fails.
 
 ``GpuIsLost`` or ``ResetRequired`` on one GPU that was seen before marks that GPU lost: its leaves
 stay listed with unknown readings and an unhealthy health, and the other GPUs are sampled as
@@ -97,7 +100,7 @@ class _Gpu:
     uuid: str
     name: str
     minor: int | None  # asked again while unknown
-    mig_capable: bool = True  # False once nvmlDeviceGetMigMode said NotSupported (before Ampere)
+    mig: bool | None = None  # MIG mode (False too where NotSupported: before Ampere); None: ask
     mig_slots: int | None = None  # nvmlDeviceGetMaxMigDeviceCount, while MIG mode is on
     # MIG instance uuid -> its name and GPU instance id; a slot holding another uuid (the
     # layout changed) is named afresh
@@ -338,7 +341,7 @@ class NvmlBackend:
         gpu = self._gpus[index] = _Gpu(handle, uuid, name, None)
         return gpu
 
-    def _gpu_leaves(self, index: int, gpu: _Gpu) -> list[_Leaf]:
+    def _gpu_leaves(self, index: int, gpu: _Gpu, retried: bool = False) -> list[_Leaf]:
         nv = self._nv
         assert nv is not None
         handle = gpu.handle
@@ -351,15 +354,23 @@ class NvmlBackend:
             total, used = self._memory(handle)
             device = Device(gpu.uuid, gpu.name, index, total, minor_number=gpu.minor)
             return [_Leaf(device, handle, used)]
-        if gpu.mig_slots is None:
-            gpu.mig_slots = nv.nvmlDeviceGetMaxMigDeviceCount(handle)
+        try:
+            if gpu.mig_slots is None:
+                gpu.mig_slots = nv.nvmlDeviceGetMaxMigDeviceCount(handle)
+            migs = []
+            for slot in range(gpu.mig_slots):
+                try:
+                    migs.append(nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+                except (nv.NVMLError_NotFound, nv.NVMLError_NoPermission):
+                    continue  # an empty slot, or an instance given to someone else
+        except (nv.NVMLError_InvalidArgument, nv.NVMLError_NotSupported):
+            if retried:
+                raise
+            gpu.mig = gpu.mig_slots = None  # MIG mode was switched off (a reset): ask again
+            return self._gpu_leaves(index, gpu, retried=True)
         leaves = []
         named: dict[str, tuple[str, int | None]] = {}
-        for slot in range(gpu.mig_slots):
-            try:
-                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except (nv.NVMLError_NotFound, nv.NVMLError_NoPermission):
-                continue  # an empty slot, or an instance given to someone else
+        for mig in migs:
             # The uuid tells an instance from another created in its place since the last tick.
             uuid = _text(nv.nvmlDeviceGetUUID(mig))
             known = gpu.migs.get(uuid)
@@ -384,21 +395,22 @@ class NvmlBackend:
         return leaves
 
     def _mig_enabled(self, gpu: _Gpu) -> bool:
-        """Whether MIG mode is on now (asked every tick: it can be switched while we run)."""
+        """Whether MIG mode is on, asked once per ``_Gpu``: it changes only with a reset of the
+        GPU (see the module docstring), and it was one C call per GPU on every tick."""
         nv = self._nv
         assert nv is not None
-        if not gpu.mig_capable:
-            return False
-        try:
-            mode = nv.nvmlDeviceGetMigMode(gpu.handle)
-        except nv.NVMLError_NotSupported:
-            gpu.mig_capable = False  # before Ampere: never
-            return False
-        except self._fatal:
-            raise
-        except nv.NVMLError:
-            return False
-        return mode[0] == nv.NVML_DEVICE_MIG_ENABLE
+        if gpu.mig is None:
+            try:
+                mode = nv.nvmlDeviceGetMigMode(gpu.handle)
+            except nv.NVMLError_NotSupported:
+                gpu.mig = False  # before Ampere: never
+                return False
+            except self._fatal:
+                raise
+            except nv.NVMLError:
+                return False  # asked again on the next tick
+            gpu.mig = mode[0] == nv.NVML_DEVICE_MIG_ENABLE
+        return gpu.mig
 
     def _memory(self, handle: Any) -> tuple[int | None, int | None]:
         """(total, used) in MiB."""

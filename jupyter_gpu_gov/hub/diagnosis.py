@@ -201,11 +201,13 @@ class DiagnosisService:
         team: str | None = None,
         gpus: float | None = None,
         learn: bool = True,
+        node: str | None = None,
     ) -> Scored | None:
         """A report came in: its window learnt, scored and booked (``team``, ``gpus``: whose
         and how many GPU-equivalents, for the cost ledger; ``gpus`` unknown: not booked;
-        ``learn`` False: scored, not learnt or kept, as for a report not believed).
-        Never raises."""
+        ``learn`` False: scored, not learnt or kept, as for a report not believed; ``node``:
+        the window's node from the Hub's records, ``trusted_node``, else the report's and
+        DCGM's, ``node_of``). Never raises."""
         if not self.options.enabled:
             return None
         now = now or clock.utcnow()
@@ -217,9 +219,10 @@ class DiagnosisService:
                 return self.results.get(key)  # the same report again: nothing new
             if server is None:
                 server = self._servers[key] = _Server()
-            node = node_of(report, evidence)
-            if not any(e.hostname for e in evidence):  # named by the report, not by DCGM
-                node = server.named_node = server.named_node or node
+            if node is None:
+                node = node_of(report, evidence)
+                if not any(e.hostname for e in evidence):  # named by the report, not by DCGM
+                    node = server.named_node = server.named_node or node
             # t is the report's sampled_at: user_idle_s then reads one clock, the server's.
             windows = windows_from_report(report, node=node, dcgm=dcgm_fields(evidence))
             server.sampled_at = sampled_at

@@ -10,7 +10,10 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 
+from ..core import grant
+from ..core.vocabulary import TIER_LABEL
 from ..diagnose.features import COLUMNS, Window
+from . import trusted
 from .dcgm import GpuEvidence
 
 
@@ -26,6 +29,29 @@ def node_of(report: Mapping, evidence: Sequence[GpuEvidence]) -> str | None:
         if name:
             profile = device.get("mig_profile")
             return f"{name} MIG {profile}" if profile and profile not in name else name
+    return None
+
+
+def trusted_node(
+    spawner_state: Mapping | None, profile: str | None, by_uuid: Mapping, by_pod: Mapping
+) -> str | None:
+    """A learnt window's node, from what its user cannot write: DCGM's hostname of the GPUs the
+    Hub's records give the server (the allocator's devices, KubeSpawner's pod); else the tier
+    admission granted it (``tier h100``: its kind of card, as the card a report named was);
+    else, for KubeSpawner's pod, the profile it runs (``profile a100``: KubeSpawner enforces
+    it); else None: nothing names it but the report, which a user writes at will (one naming
+    another card, or another pod's GPUs, taught that node's reference what its servers'
+    windows are read against)."""
+    granted = trusted.Granted.of(spawner_state)
+    if granted is not None:
+        hostnames = [e.hostname for e in granted.evidence(by_uuid, by_pod) if e.hostname]
+        if hostnames:
+            return min(hostnames)
+    tier = grant.labels(spawner_state).get(TIER_LABEL)
+    if tier:
+        return f"tier {tier}"
+    if granted is not None and granted.pod is not None and profile:
+        return f"profile {profile}"
     return None
 
 

@@ -17,6 +17,7 @@ from ..core import clock
 from ..core.vocabulary import server_key
 from ..core.wire import Report, Wire, report_words
 from .checkpoints import reported_checkpoint
+from .diagnosis_windows import trusted_node
 from .evidence import Received
 from .hubapi import HubApiError
 from .tables import record_of
@@ -285,6 +286,12 @@ class Ingest:
         context = self._context
         row = self.row(key)
         billed = self.ledger.open.get(key)
+        hub_server = self._servers.get(key)
+        # The node a window teaches, from the Hub's records, never from the report.
+        node = None
+        if hub_server is not None:
+            profile = row.profile if row is not None else None
+            node = trusted_node(hub_server.spawner_state, profile, context.by_uuid, context.by_pod)
         self.diagnosis.observe(
             key,
             decoded,
@@ -292,9 +299,11 @@ class Ingest:
             now,
             team=(row.team or "") if row is not None else None,
             gpus=billed.gpus if billed is not None else None,
-            # A report that contradicts the Hub's records may name another node's GPU: it
-            # would teach that node's reference what its neighbours are read against.
-            learn=key not in self._distrusted,
+            # A report that contradicts the Hub's records may name another node's GPU, and
+            # one nothing but the report places names what it likes: either would teach
+            # that node's reference what its neighbours are read against.
+            learn=key not in self._distrusted and node is not None,
+            node=node,
         )
         result = reported_checkpoint(report.get("checkpoint"))
         if result is not None and row is not None and result.answers(record_of(row)):

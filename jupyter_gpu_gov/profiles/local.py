@@ -40,6 +40,11 @@ from .tiers import Tier
 
 # As long as a single-user server waits for a fresh sample (server/app.py FRESH_SAMPLE_WAIT_S).
 READ_WAIT_S = 10.0
+# A reading older than this is not the cards' state now: the Hub's pages show a waiting
+# server's place from the last reading without reading again (``queue_pages.places``). Two
+# governor passes at their longest (``cull_every``, 60 s at most), each of which reads the
+# cards (the line's sync); every step that counts reads just before.
+FRESH_FOR_S = 120.0
 
 
 class _Unreadable(Exception):
@@ -76,6 +81,7 @@ class LocalGpus(SingletonConfigurable):
     # Of the last read: the devices a new server may get (None: unknown), and why unknown.
     _devices: list[Device] | None = None
     _why = _NOT_READ = "have not been read yet"
+    _read_at = 0.0  # time.monotonic() the last read that came back began
     # Of the last read, those a process runs on: a run left behind by a stopped server
     # (``nohup``, which the Hub's stop does not end) or work outside the Hub.
     in_use: frozenset[str] = frozenset()
@@ -159,18 +165,26 @@ class LocalGpus(SingletonConfigurable):
         if self._devices is None and self._why != self._NOT_READ:
             self.log.info("gpu-gov: the GPUs of this machine answer again")
         self._devices, self.in_use = reading.result()
+        self._read_at = self._reading_since
+
+    def _age(self) -> float:
+        return time.monotonic() - self._read_at
 
     def devices(self) -> list[Device] | None:
-        """The devices a new server may get, from the last read; None while unknown."""
-        return self._devices
+        """The devices a new server may get, from the last read; None while unknown (or
+        stale: read over ``FRESH_FOR_S`` ago; stale is never free)."""
+        return None if self._age() > FRESH_FOR_S else self._devices
 
     def unknown(self) -> str | None:
         """Why no GPU may be handed out whatever the count (the last read did not come back
-        within ``READ_WAIT_S``, or failed), or None."""
+        within ``READ_WAIT_S``, or failed, or is stale), or None."""
+        why = self._why
         if self._devices is not None:
-            return None
+            if self._age() <= FRESH_FOR_S:
+                return None
+            why = f"were last read {self._age():.0f} s ago"
         return (
-            f"GPU state unknown: the GPUs of this machine {self._why}, so none is handed out "
+            f"GPU state unknown: the GPUs of this machine {why}, so none is handed out "
             "until they answer. Try again in a few minutes."
         )
 
@@ -297,8 +311,13 @@ class LocalGpuMixin(GpuProfilesMixin):
 
     def get_env(self):
         env = super().get_env()
-        # Only the pinned devices; none (empty) for a server without a GPU.
+        # Only the pinned devices, by UUID, which CUDA takes in the order given whatever its
+        # CUDA_DEVICE_ORDER; none (empty) for a server without a GPU.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_devices)
+        # And a GPU named by index in the server (an admin's or a user's CUDA_VISIBLE_DEVICES=1
+        # in its place) counts as NVML, nvidia-smi and the server's sampler count: in PCI bus
+        # order, not fastest first (on a machine with mixed cards, another card).
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         return env
 
 

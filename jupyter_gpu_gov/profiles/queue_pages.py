@@ -92,18 +92,25 @@ def _places(user) -> dict[str, dict[str, str]]:
     now = clock.utcnow()
     spawner = user.spawners[mine[0].name]
     tiers = spawner.gpu_profiles.tier_map
+    # The last reading of the cards, not read again here (a page must not wait on the driver):
+    # while it is unknown or stale nothing is free, and the page says so, not an estimate.
+    unknown = spawner.gpu_unknown() is not None
     found = {}
     for waiting in spawner.gpu_line(queued, now, lambda q: q.user == user.name):
         request = waiting.request
         if request.user != user.name:
             continue
         tier = tiers.get(request.tier)
+        if unknown:
+            estimate = "GPU state unknown now (the cards have not been read lately)"
+        else:
+            estimate = "starting now" if waiting.ready else waiting.estimate
         found[request.server] = {
             "name": request.name,
             "tier": tier.display_name if tier else request.tier,
             "position": ordinal(waiting.position),
-            "estimate": "starting now" if waiting.ready else waiting.estimate,
-            "sooner": waiting.sooner[0] if waiting.sooner else "",
+            "estimate": estimate,
+            "sooner": waiting.sooner[0] if waiting.sooner and not unknown else "",
             "cancel": "gpu-gov/queue/cancel/" + form.server_path(request.user, request.name),
         }
     return found

@@ -38,6 +38,7 @@ _SERVER_CALLS_START_HOOKS = hasattr(ExtensionApp, "_start_jupyter_server_extensi
 # longer than STALE_AFTER_S, the last sample is shown as unavailable, never as the GPU now.
 FRESH_SAMPLE_WAIT_S = 10.0
 STALE_AFTER_S = 10.0
+DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
 
 
 class GpuGovApp(ExtensionApp):
@@ -274,6 +275,7 @@ class GpuGovApp(ExtensionApp):
         # Kernels inherit the server's environment: tell their checkpoint module where to write.
         self._previous_checkpoint_env = os.environ.get(ROOT_ENV)
         os.environ[ROOT_ENV] = self.checkpoint_dir
+        self._set_device_order = self._pci_bus_order()
         self.reporter = None
         self._last_report_at = 0.0
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
@@ -295,6 +297,32 @@ class GpuGovApp(ExtensionApp):
             self.backend_choice,
             self.sample_interval,
         )
+
+    def _pci_bus_order(self) -> bool:
+        """GPUs named by index count in NVML's order here (PCI bus order), and CUDA counts
+        fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: on a machine with mixed cards,
+        ``CUDA_VISIBLE_DEVICES=0`` was one card to the kernels and another to the sampler, which
+        then read the card the kernels worked on as nobody's and theirs as idle. The kernels
+        and terminals inherit the server's environment: they count as NVML does (as
+        nvidia-smi does). Whether it was set here (taken back at the stop)."""
+        entries = self.visible_devices or ()
+        if not any(e.isascii() and e.lstrip("-").isdigit() for e in entries):
+            return False  # UUIDs (the workstation allocator's), or every GPU: no order to agree
+        order = os.environ.get(DEVICE_ORDER_ENV)
+        if order is None:
+            os.environ[DEVICE_ORDER_ENV] = "PCI_BUS_ID"
+            return True
+        if order.strip() != "PCI_BUS_ID":
+            self.log.warning(
+                "jupyter-gpu-gov: GPUs named by index (%s) with %s=%s: CUDA may count them in "
+                "another order than NVML, so this server may watch another GPU than its kernels "
+                "use; name them by UUID, or set %s=PCI_BUS_ID",
+                ",".join(entries)[:200],
+                DEVICE_ORDER_ENV,
+                order[:40],
+                DEVICE_ORDER_ENV,
+            )
+        return False
 
     def initialize_handlers(self):
         self.handlers.extend(routes.handlers())
@@ -338,6 +366,8 @@ class GpuGovApp(ExtensionApp):
             self.reporter.close()
         await asyncio.get_running_loop().run_in_executor(None, self.sampler.close)
         # Leave the process as we found it (servers started in-process, e.g. by tests).
+        if self._set_device_order:
+            os.environ.pop(DEVICE_ORDER_ENV, None)
         if os.environ.get(ROOT_ENV) == self.checkpoint_dir:
             if self._previous_checkpoint_env is None:
                 os.environ.pop(ROOT_ENV, None)

@@ -3,16 +3,20 @@ report (docs/api.md, "The report").
 
 All measurement runs in one worker thread (NVML is never called from two threads, and the event
 loop never waits on the driver); the event loop only hands in what Jupyter knows about its
-kernels and terminals and takes back a finished, immutable report.
+kernels and terminals and takes back a finished, immutable report. The thread is a daemon: a
+tick stuck in a hung driver never keeps the server from exiting.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic, thread_time
@@ -35,6 +39,8 @@ from ..gpu.backends import select_visible
 from ..gpu.base import GpuBackend
 
 REPORT_SCHEMA = 1
+# How long closing waits for the tick in progress (its /proc files and NVML are closed after it).
+CLOSE_WAIT_S = 2.0
 
 
 class NoSample(Exception):
@@ -126,6 +132,35 @@ class UsageWindow:
         }
 
 
+class _Worker:
+    """One daemon thread that runs calls in order. ``ThreadPoolExecutor``'s threads are joined
+    at interpreter exit: a tick stuck in a hung driver (a lost GPU, GSP timeouts: minutes, or
+    for ever) kept ``jupyter server`` from exiting, and from shutting down its kernels, until
+    the spawner killed it."""
+
+    def __init__(self, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit(self, function: Callable, *args) -> Future:
+        future: Future = Future()
+        self._calls.put((future, function, args))
+        return future
+
+    def stop(self) -> None:
+        """No call after those submitted so far."""
+        self._calls.put(None)
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, function, args = call
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function(*args))
+                except BaseException as error:
+                    future.set_exception(error)
+
+
 class Sampler:
     def __init__(
         self,
@@ -160,7 +195,7 @@ class Sampler:
         self._scanner = procs.ProcScanner(
             proc_root, self._files, procs.newest_pid_file(proc_root) if keep else None
         )
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-sampler")
+        self._worker = _Worker("jupyter-gpu-gov-sampler")
         self._windows: dict[str, ActivityWindow] = {}
         self._server_window = ActivityWindow(window_seconds, active_threshold)
         self._holding_since: datetime | None = None  # the server holds a GPU since (see _report)
@@ -176,7 +211,7 @@ class Sampler:
         # publishes its devices, and a driver problem shows in the log at start-up rather than
         # at the first request), then every process on the machine read once (the first tick
         # then reads only what is new, as every later one does).
-        self._started = self._executor.submit(self._start)
+        self._started = self._worker.submit(self._start)
 
     def _start(self) -> None:
         self._open_backend()  # first: the simulated devices are published as soon as can be
@@ -214,17 +249,29 @@ class Sampler:
     async def tick(self, targets: Sequence[TargetInfo], server: dict) -> TickResult:
         import asyncio
 
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.measure, list(targets), server)
+        return await asyncio.wrap_future(self._worker.submit(self.measure, list(targets), server))
 
     def close(self) -> None:
+        """Close the backend and the /proc files in the worker, after the tick in progress,
+        waiting ``CLOSE_WAIT_S`` at most: a tick stuck in the driver is left there (NVML is
+        never called from another thread), and the process exits without it."""
+
         def _close():
             self._files.close()
             if self.backend is not None:
                 self.backend.close()
 
-        self._executor.submit(_close)
-        self._executor.shutdown(wait=True)
+        closed = self._worker.submit(_close)
+        self._worker.stop()
+        try:
+            closed.result(timeout=CLOSE_WAIT_S)
+        except FutureTimeout:
+            self.log.warning(
+                "jupyter-gpu-gov: the GPU driver has not answered for a sample in progress: "
+                "stopping without closing NVML"
+            )
+        except Exception as error:
+            self.log.warning("jupyter-gpu-gov: closing the GPU backend failed: %s", error)
 
     # -- one tick, in the worker thread ------------------------------------------------------
 
