@@ -443,7 +443,7 @@ def _export_trace(args: argparse.Namespace) -> int:
         since, until, step = export_span(args.since, args.until, args.step, time.time())
     except ValueError as error:
         return fail(str(error))
-    from sqlalchemy import create_engine
+    from sqlalchemy import create_engine, inspect
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
@@ -451,14 +451,32 @@ def _export_trace(args: argparse.Namespace) -> int:
         url = make_url(args.db_url)
     except ArgumentError as error:
         return fail(f"--db-url: {error}")
+    try:
+        engine = create_engine(url)
+    except (ArgumentError, ImportError) as error:  # a scheme unknown, its driver not installed
+        return fail(f"--db-url: cannot use {url.render_as_string()}: {error}")  # no password
     database = url.database if url.drivername.startswith("sqlite") else None
     if database is not None and not os.path.exists(database):
         return fail(f"--db-url: no such database {database} (the governor's c.GpuGovernor.db_url)")
-    from .hub.history import read_history
+    from .hub.history import HISTORY, read_history
 
+    # Read only: another database (the Hub's own, say) once got the history's tables made in
+    # it, and the export wrote nothing and said nothing.
+    try:
+        recorded = inspect(engine).has_table(HISTORY.name)
+    except DBAPIError as error:
+        return fail(str(getattr(error, "orig", None) or error))
+    if not recorded:
+        return fail(
+            f"--db-url: {url.render_as_string()} has no history of the governor's (is it "
+            "c.GpuGovernor.db_url? It records one while it runs, unless history_retention is 0)"
+        )
     pseudonyms = Pseudonyms(os.urandom(32)) if args.pseudonymise else None
-    rows = read_history(create_engine(url), since, until)
-    out = open(args.output, "w") if args.output else contextlib.nullcontext(sys.stdout)  # noqa: SIM115
+    rows = read_history(engine, since, until)
+    try:
+        out = open(args.output, "w") if args.output else contextlib.nullcontext(sys.stdout)  # noqa: SIM115
+    except OSError as error:
+        return fail(f"-o {args.output}: cannot write: {error.strerror or error}")
     try:
         with out as stream:
             for line in export_trace(

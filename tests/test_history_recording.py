@@ -122,6 +122,47 @@ def test_export_trace_writes_the_stores_history_and_names_bad_input(tmp_path, ca
     assert "no such database" in capsys.readouterr().err
 
 
+def test_export_trace_names_a_database_or_output_it_cannot_use_and_changes_nothing(
+    tmp_path, capsys
+):
+    """A --db-url that was not the governor's store (the Hub's own database, a typo) had the
+    history's tables created in it, and the export "succeeded" with nothing; a driver not
+    installed, a scheme SQLAlchemy does not know, or an -o it cannot write gave a traceback.
+    Each is now a line naming what is wrong, exit 2, and neither file is touched."""
+    import sqlite3
+
+    hub_db = tmp_path / "jupyterhub.sqlite"
+    with sqlite3.connect(hub_db) as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("an earlier export\n")
+    for url, output, words in (
+        (f"sqlite:///{hub_db}", kept, "has no history of the governor's"),
+        ("mysql://gov@db/gpu_gov", kept, "--db-url: cannot use"),
+        ("nosuch://gov@db/gpu_gov", kept, "--db-url: cannot use"),
+        (f"sqlite:///{hub_db}", tmp_path, "has no history of the governor's"),
+    ):
+        argv = ["export-trace", "--since", "1h", "--db-url", url, "-o", str(output)]
+        assert cli.main(argv) == 2, url
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err, err
+    with sqlite3.connect(hub_db) as db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+    assert tables == {"users"} and kept.read_text() == "an earlier export\n"
+
+    store = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.hub.history import HistoryLog
+
+    HistoryLog(create_engine(store), HistoryOptions())  # the governor's store, its tables
+    for output in (tmp_path, tmp_path / "no-such-folder" / "trace.jsonl"):
+        argv = ["export-trace", "--since", "1h", "--db-url", store, "-o", str(output)]
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"-o {output}: cannot write" in err and "Traceback" not in err, err
+
+
 async def test_what_if_on_the_recorded_history_predicts_the_candidates_difference(
     tmp_path, restore_clock
 ):
