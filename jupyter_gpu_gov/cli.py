@@ -372,8 +372,8 @@ def _what_if_tiers(config, fallback):
     from .profiles.config import GpuProfiles
     from .profiles.estimate import tier_memory_gb
 
-    profiles = GpuProfiles(config=source)
-    try:
+    try:  # tiers not a list of dicts: traitlets refuses them as the profiles are made
+        profiles = GpuProfiles(config=source)
         profiles.check()  # what add_gpu_profiles runs when the hub loads its config
     except TraitError as error:
         raise ValueError(str(error)) from None

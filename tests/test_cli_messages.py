@@ -77,3 +77,22 @@ def test_a_token_that_cannot_be_sent_is_named_and_not_printed():
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "s3cret" not in done.stderr
     assert "error: --token: " in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("c.GpuProfiles.tiers = 5", "The 'tiers' trait of a GpuProfiles instance expected a list"),
+        ("c.GpuProfiles.tiers = [5]", "expected a dict, not the int 5"),
+    ],
+)
+def test_what_if_names_tiers_of_the_wrong_type(tmp_path, capsys, setting, words):
+    """Tiers that are not a list of dicts gave traitlets' traceback (the profile layer's
+    check, which names them, ran only once they had a type)."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"t": 0, "server": "alice/", "gpu_sm": 0.0}\n')
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(setting + "\n")
+    assert cli.main(["what-if", str(trace), "--policy", str(candidate)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jupyter-gpu-gov what-if: error: ") and words in err, err
