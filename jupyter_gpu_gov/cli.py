@@ -788,7 +788,15 @@ def _cluster(args: argparse.Namespace) -> int:
         report = json.loads(body)
     except ValueError:
         return _fail("the service did not answer with JSON", "diagnose")
-    sys.stdout.write(shown(cluster_text(report)))
+    try:
+        text = cluster_text(report)
+    except (AttributeError, KeyError, TypeError, ValueError):  # another service's JSON
+        return _fail(
+            "the service's answer is not a cluster report (is --url the governor's, and of "
+            "this version? --format json prints the answer as it is)",
+            "diagnose",
+        )
+    sys.stdout.write(shown(text))
     return 0
 
 
@@ -930,6 +938,7 @@ def _add_service(parser: argparse.ArgumentParser) -> None:
 def _service_get(args: argparse.Namespace, path: str, query: dict, command: str) -> str | int:
     """``GET <url>api/<path>?<query>`` with the token: the body, or the exit status of a
     failure (said on stderr)."""
+    from http.client import HTTPException, RemoteDisconnected
     from urllib.error import HTTPError, URLError
     from urllib.parse import urlencode
     from urllib.request import HTTPRedirectHandler, Request, build_opener
@@ -949,6 +958,8 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
     try:
         with build_opener(NotFollowed).open(request, timeout=60) as response:
             return response.read().decode()
+    except UnicodeDecodeError:
+        return _fail(f"{url}: the answer is not UTF-8 text: is --url the governor's?", command)
     except HTTPError as error:
         if 300 <= error.code < 400:
             where = str(error.headers.get("Location", "?"))[:200]
@@ -970,6 +981,14 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
         return _fail(f"{url}: HTTP {error.code}: {detail}", command)
     except URLError as error:
         return _fail(f"{url}: {error.reason}", command)
+    # Raised by http.client past urllib's URLError: something that is not the governor
+    # (or no HTTP server) listens there, or the answer stopped half-way.
+    except RemoteDisconnected:
+        return _fail(f"{url}: the connection closed without an answer", command)
+    except HTTPException as error:
+        return _fail(f"{url}: not an HTTP answer ({type(error).__name__})", command)
+    except OSError as error:  # a timeout or a reset while reading the answer
+        return _fail(f"{url}: {error.strerror or error}", command)
 
 
 if __name__ == "__main__":

@@ -96,3 +96,64 @@ def test_what_if_names_tiers_of_the_wrong_type(tmp_path, capsys, setting, words)
     assert cli.main(["what-if", str(trace), "--policy", str(candidate)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("jupyter-gpu-gov what-if: error: ") and words in err, err
+
+
+def answering(answer: bytes):
+    """A server on a free local port that reads a request and answers ``answer`` (raw bytes;
+    none: it closes at once) and closes, for as many requests as come; its URL."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}/services/gpu-gov/"
+
+
+def http_200(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (b"", "the connection closed without an answer"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "not an HTTP answer"),
+        (http_200("caf\xe9".encode("latin-1")), "not UTF-8"),
+    ],
+)
+@pytest.mark.parametrize("command", [["usage"], ["diagnose", "--cluster"]])
+def test_a_url_that_is_not_the_governors_is_named_not_a_traceback(capsys, command, answer, words):
+    """--url pointing at something else (an SSH port, a server that hangs up, one answering
+    Latin-1) gave http.client's or the codec's traceback."""
+    listener, url = answering(answer)
+    try:
+        assert cli.main([*command, "--url", url, "--token", "t"]) == 2
+    finally:
+        listener.close()
+    err = capsys.readouterr().err
+    assert err.startswith(f"jupyter-gpu-gov {command[0]}: error: {url}api/"), err
+    assert words in err and "Traceback" not in err and "\n" not in err.rstrip("\n"), err
+
+
+@pytest.mark.parametrize("body", [b"[]", b'{"cost": {"causes": {"zombie": {}}}}', b'"x"'])
+def test_a_cluster_report_of_another_shape_is_named_not_a_traceback(capsys, body):
+    """JSON that is not a cluster report (another service, another version) raised
+    AttributeError or KeyError out of the text report."""
+    listener, url = answering(http_200(body))
+    try:
+        assert cli.main(["diagnose", "--cluster", "--url", url, "--token", "t"]) == 2
+    finally:
+        listener.close()
+    out, err = capsys.readouterr()
+    assert out == "" and "error: the service's answer is not a cluster report" in err, err
