@@ -163,6 +163,32 @@ def test_export_trace_names_a_database_or_output_it_cannot_use_and_changes_nothi
         assert f"-o {output}: cannot write" in err and "Traceback" not in err, err
 
 
+def test_an_export_until_a_time_to_come_ends_now(tmp_path, capsys):
+    """The history holds nothing later than now, yet ``--until 9999-01-01`` (or the API's
+    ``until=``) had every server still running written every step up to it, unknown: lines
+    without end (7,647 for one server until 2027; the export never finished). An ``until``
+    to come is now; a ``since`` to come is an error naming it."""
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.hub.history import HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow, export_span
+
+    now = clock.utcnow().timestamp()
+    assert export_span("1h", "9999-01-01T00:00:00Z", "5m", now) == (now - 3600, now, 300)
+    assert export_span("1h", "", "5m", now) == (now - 3600, now, 300)
+    with pytest.raises(ValueError, match="since 2999-01-01T00:00:00Z: is to come"):
+        export_span("2999-01-01T00:00:00Z", "", "5m", now, flag="")
+
+    db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    HistoryLog(create_engine(db), HistoryOptions()).append(
+        HistoryRow(t=now - 3000 + 60 * i, server="ada/", started=now - 3000, gpu_sm=0.5)
+        for i in range(40)
+    )
+    argv = ["export-trace", "--since", "1h", "--db-url", db, "--until", "9999-01-01T00:00:00Z"]
+    assert cli.main(argv) == 0
+    assert 9 <= len(capsys.readouterr().out.splitlines()) <= 12  # 50 minutes, a line per 5
+
+
 async def test_what_if_on_the_recorded_history_predicts_the_candidates_difference(
     tmp_path, restore_clock
 ):
