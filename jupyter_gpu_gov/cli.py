@@ -49,7 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_diagnose(commands)
     _add_usage(commands)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        status = args.run(args)
+        sys.stdout.flush()  # here, where a reader gone is caught, not at exit
+        return status
+    except BrokenPipeError:
+        # Whoever reads stdout has read what it wanted (``| head``): nothing to report. What
+        # is left unwritten goes nowhere, or Python's last flush raises again (Python's docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 # -- replay ------------------------------------------------------------------------------------
@@ -483,6 +491,8 @@ def _export_trace(args: argparse.Namespace) -> int:
                 rows, step=step, since=since, until=until, pseudonyms=pseudonyms
             ):
                 stream.write(line + "\n")
+    except BrokenPipeError:
+        raise  # stdout's reader is gone: main ends quietly
     except (DBAPIError, OSError) as error:
         return fail(str(getattr(error, "orig", None) or error))
     return 0

@@ -157,3 +157,48 @@ def test_a_cluster_report_of_another_shape_is_named_not_a_traceback(capsys, body
         listener.close()
     out, err = capsys.readouterr()
     assert out == "" and "error: the service's answer is not a cluster report" in err, err
+
+
+@pytest.mark.parametrize("command", ["diagnose", "export-trace"])
+def test_output_piped_into_head_ends_quietly(tmp_path, command):
+    """``jupyter-gpu-gov diagnose windows.jsonl | head`` ended in a BrokenPipeError traceback
+    (export-trace said "error: [Errno 32] Broken pipe", status 2): a reader that has read
+    enough is no error to report."""
+    import json
+
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.core import clock
+    from jupyter_gpu_gov.diagnose import faults
+    from jupyter_gpu_gov.hub.history import HistoryLog, HistoryOptions
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    if command == "diagnose":
+        path = tmp_path / "windows.jsonl"
+        with open(path, "w") as f:
+            for window, _ in faults.generate(30, 30, seed=4):
+                f.write(json.dumps(window.as_dict()) + "\n")
+        args = ["diagnose", str(path)]
+    else:
+        db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+        now = clock.utcnow().timestamp()
+        HistoryLog(create_engine(db), HistoryOptions()).append(
+            HistoryRow(t=now - 86_000 + 60 * i, server=f"u{s}/", started=now - 86_000)
+            for i in range(0, 1400, 5)
+            for s in range(20)
+        )
+        args = ["export-trace", "--since", "1d", "--step", "1m", "--db-url", db]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_gpu_gov.cli", *args],
+        cwd=REPO,
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert reader.stdout.readline()  # as head -1: one line, then the pipe is closed
+    reader.stdout.close()
+    err = reader.stderr.read()
+    assert reader.wait(timeout=120) == 1 and err.count("\n") <= 1, err
+    assert "Traceback" not in err and "error" not in err, err
