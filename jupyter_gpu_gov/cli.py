@@ -49,7 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_diagnose(commands)
     _add_usage(commands)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        status = args.run(args)
+        sys.stdout.flush()  # here, where a reader gone is caught, not at exit
+        return status
+    except BrokenPipeError:
+        # Whoever reads stdout has read what it wanted (``| head``): nothing to report. What
+        # is left unwritten goes nowhere, or Python's last flush raises again (Python's docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 # -- replay ------------------------------------------------------------------------------------
@@ -372,8 +380,8 @@ def _what_if_tiers(config, fallback):
     from .profiles.config import GpuProfiles
     from .profiles.estimate import tier_memory_gb
 
-    profiles = GpuProfiles(config=source)
-    try:
+    try:  # tiers not a list of dicts: traitlets refuses them as the profiles are made
+        profiles = GpuProfiles(config=source)
         profiles.check()  # what add_gpu_profiles runs when the hub loads its config
     except TraitError as error:
         raise ValueError(str(error)) from None
@@ -443,7 +451,7 @@ def _export_trace(args: argparse.Namespace) -> int:
         since, until, step = export_span(args.since, args.until, args.step, time.time())
     except ValueError as error:
         return fail(str(error))
-    from sqlalchemy import create_engine
+    from sqlalchemy import create_engine, inspect
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
@@ -451,20 +459,40 @@ def _export_trace(args: argparse.Namespace) -> int:
         url = make_url(args.db_url)
     except ArgumentError as error:
         return fail(f"--db-url: {error}")
+    try:
+        engine = create_engine(url)
+    except (ArgumentError, ImportError) as error:  # a scheme unknown, its driver not installed
+        return fail(f"--db-url: cannot use {url.render_as_string()}: {error}")  # no password
     database = url.database if url.drivername.startswith("sqlite") else None
     if database is not None and not os.path.exists(database):
         return fail(f"--db-url: no such database {database} (the governor's c.GpuGovernor.db_url)")
-    from .hub.history import read_history
+    from .hub.history import HISTORY, read_history
 
+    # Read only: another database (the Hub's own, say) once got the history's tables made in
+    # it, and the export wrote nothing and said nothing.
+    try:
+        recorded = inspect(engine).has_table(HISTORY.name)
+    except DBAPIError as error:
+        return fail(str(getattr(error, "orig", None) or error))
+    if not recorded:
+        return fail(
+            f"--db-url: {url.render_as_string()} has no history of the governor's (is it "
+            "c.GpuGovernor.db_url? It records one while it runs, unless history_retention is 0)"
+        )
     pseudonyms = Pseudonyms(os.urandom(32)) if args.pseudonymise else None
-    rows = read_history(create_engine(url), since, until)
-    out = open(args.output, "w") if args.output else contextlib.nullcontext(sys.stdout)  # noqa: SIM115
+    rows = read_history(engine, since, until)
+    try:
+        out = open(args.output, "w") if args.output else contextlib.nullcontext(sys.stdout)  # noqa: SIM115
+    except OSError as error:
+        return fail(f"-o {args.output}: cannot write: {error.strerror or error}")
     try:
         with out as stream:
             for line in export_trace(
                 rows, step=step, since=since, until=until, pseudonyms=pseudonyms
             ):
                 stream.write(line + "\n")
+    except BrokenPipeError:
+        raise  # stdout's reader is gone: main ends quietly
     except (DBAPIError, OSError) as error:
         return fail(str(getattr(error, "orig", None) or error))
     return 0
@@ -770,7 +798,15 @@ def _cluster(args: argparse.Namespace) -> int:
         report = json.loads(body)
     except ValueError:
         return _fail("the service did not answer with JSON", "diagnose")
-    sys.stdout.write(shown(cluster_text(report)))
+    try:
+        text = cluster_text(report)
+    except (AttributeError, KeyError, TypeError, ValueError):  # another service's JSON
+        return _fail(
+            "the service's answer is not a cluster report (is --url the governor's, and of "
+            "this version? --format json prints the answer as it is)",
+            "diagnose",
+        )
+    sys.stdout.write(shown(text))
     return 0
 
 
@@ -912,6 +948,7 @@ def _add_service(parser: argparse.ArgumentParser) -> None:
 def _service_get(args: argparse.Namespace, path: str, query: dict, command: str) -> str | int:
     """``GET <url>api/<path>?<query>`` with the token: the body, or the exit status of a
     failure (said on stderr)."""
+    from http.client import HTTPException, RemoteDisconnected
     from urllib.error import HTTPError, URLError
     from urllib.parse import urlencode
     from urllib.request import HTTPRedirectHandler, Request, build_opener
@@ -931,6 +968,8 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
     try:
         with build_opener(NotFollowed).open(request, timeout=60) as response:
             return response.read().decode()
+    except UnicodeDecodeError:
+        return _fail(f"{url}: the answer is not UTF-8 text: is --url the governor's?", command)
     except HTTPError as error:
         if 300 <= error.code < 400:
             where = str(error.headers.get("Location", "?"))[:200]
@@ -952,6 +991,14 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
         return _fail(f"{url}: HTTP {error.code}: {detail}", command)
     except URLError as error:
         return _fail(f"{url}: {error.reason}", command)
+    # Raised by http.client past urllib's URLError: something that is not the governor
+    # (or no HTTP server) listens there, or the answer stopped half-way.
+    except RemoteDisconnected:
+        return _fail(f"{url}: the connection closed without an answer", command)
+    except HTTPException as error:
+        return _fail(f"{url}: not an HTTP answer ({type(error).__name__})", command)
+    except OSError as error:  # a timeout or a reset while reading the answer
+        return _fail(f"{url}: {error.strerror or error}", command)
 
 
 if __name__ == "__main__":

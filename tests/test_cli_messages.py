@@ -77,3 +77,128 @@ def test_a_token_that_cannot_be_sent_is_named_and_not_printed():
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "s3cret" not in done.stderr
     assert "error: --token: " in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("c.GpuProfiles.tiers = 5", "The 'tiers' trait of a GpuProfiles instance expected a list"),
+        ("c.GpuProfiles.tiers = [5]", "expected a dict, not the int 5"),
+    ],
+)
+def test_what_if_names_tiers_of_the_wrong_type(tmp_path, capsys, setting, words):
+    """Tiers that are not a list of dicts gave traitlets' traceback (the profile layer's
+    check, which names them, ran only once they had a type)."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"t": 0, "server": "alice/", "gpu_sm": 0.0}\n')
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(setting + "\n")
+    assert cli.main(["what-if", str(trace), "--policy", str(candidate)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jupyter-gpu-gov what-if: error: ") and words in err, err
+
+
+def answering(answer: bytes):
+    """A server on a free local port that reads a request and answers ``answer`` (raw bytes;
+    none: it closes at once) and closes, for as many requests as come; its URL."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}/services/gpu-gov/"
+
+
+def http_200(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (b"", "the connection closed without an answer"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "not an HTTP answer"),
+        (http_200("caf\xe9".encode("latin-1")), "not UTF-8"),
+    ],
+)
+@pytest.mark.parametrize("command", [["usage"], ["diagnose", "--cluster"]])
+def test_a_url_that_is_not_the_governors_is_named_not_a_traceback(capsys, command, answer, words):
+    """--url pointing at something else (an SSH port, a server that hangs up, one answering
+    Latin-1) gave http.client's or the codec's traceback."""
+    listener, url = answering(answer)
+    try:
+        assert cli.main([*command, "--url", url, "--token", "t"]) == 2
+    finally:
+        listener.close()
+    err = capsys.readouterr().err
+    assert err.startswith(f"jupyter-gpu-gov {command[0]}: error: {url}api/"), err
+    assert words in err and "Traceback" not in err and "\n" not in err.rstrip("\n"), err
+
+
+@pytest.mark.parametrize("body", [b"[]", b'{"cost": {"causes": {"zombie": {}}}}', b'"x"'])
+def test_a_cluster_report_of_another_shape_is_named_not_a_traceback(capsys, body):
+    """JSON that is not a cluster report (another service, another version) raised
+    AttributeError or KeyError out of the text report."""
+    listener, url = answering(http_200(body))
+    try:
+        assert cli.main(["diagnose", "--cluster", "--url", url, "--token", "t"]) == 2
+    finally:
+        listener.close()
+    out, err = capsys.readouterr()
+    assert out == "" and "error: the service's answer is not a cluster report" in err, err
+
+
+@pytest.mark.parametrize("command", ["diagnose", "export-trace"])
+def test_output_piped_into_head_ends_quietly(tmp_path, command):
+    """``jupyter-gpu-gov diagnose windows.jsonl | head`` ended in a BrokenPipeError traceback
+    (export-trace said "error: [Errno 32] Broken pipe", status 2): a reader that has read
+    enough is no error to report."""
+    import json
+
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.core import clock
+    from jupyter_gpu_gov.diagnose import faults
+    from jupyter_gpu_gov.hub.history import HistoryLog, HistoryOptions
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    if command == "diagnose":
+        path = tmp_path / "windows.jsonl"
+        with open(path, "w") as f:
+            for window, _ in faults.generate(30, 30, seed=4):
+                f.write(json.dumps(window.as_dict()) + "\n")
+        args = ["diagnose", str(path)]
+    else:
+        db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+        now = clock.utcnow().timestamp()
+        HistoryLog(create_engine(db), HistoryOptions()).append(
+            HistoryRow(t=now - 86_000 + 60 * i, server=f"u{s}/", started=now - 86_000)
+            for i in range(0, 1400, 5)
+            for s in range(20)
+        )
+        args = ["export-trace", "--since", "1d", "--step", "1m", "--db-url", db]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_gpu_gov.cli", *args],
+        cwd=REPO,
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert reader.stdout.readline()  # as head -1: one line, then the pipe is closed
+    reader.stdout.close()
+    err = reader.stderr.read()
+    assert reader.wait(timeout=120) == 1 and err.count("\n") <= 1, err
+    assert "Traceback" not in err and "error" not in err, err

@@ -1241,6 +1241,24 @@ def test_cli_bad_file_exits_2_naming_line_and_column(tmp_path, capsys, name, tex
 @pytest.mark.parametrize(
     "name, text, where",
     [
+        # A cell over the csv module's 128 KiB limit (a log pasted into a note column).
+        ("huge.csv", "server,sm_active,note\na/,0.5,x\nb/,0.5," + "x" * 200_000 + "\n", "line 3"),
+        # An integer of 5,000 digits: past Python's limit on converting one.
+        ("huge.jsonl", '{"server": "a/", "sm_active": 0.5}\n{"t": ' + "1" * 5000 + "}\n", "line 2"),
+    ],
+)
+def test_cli_a_file_too_big_in_one_place_names_its_line(tmp_path, capsys, name, text, where):
+    """These gave the csv module's traceback, or Python's words without the line."""
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["diagnose", str(path)]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and f"error: {where}: " in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "name, text, where",
+    [
         ("latin1.csv", "server,sm_active\na/,0.5\njos\xe9/,0.5\n", "line 3, character 4"),
         (
             "latin1.jsonl",

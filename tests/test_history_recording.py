@@ -122,6 +122,73 @@ def test_export_trace_writes_the_stores_history_and_names_bad_input(tmp_path, ca
     assert "no such database" in capsys.readouterr().err
 
 
+def test_export_trace_names_a_database_or_output_it_cannot_use_and_changes_nothing(
+    tmp_path, capsys
+):
+    """A --db-url that was not the governor's store (the Hub's own database, a typo) had the
+    history's tables created in it, and the export "succeeded" with nothing; a driver not
+    installed, a scheme SQLAlchemy does not know, or an -o it cannot write gave a traceback.
+    Each is now a line naming what is wrong, exit 2, and neither file is touched."""
+    import sqlite3
+
+    hub_db = tmp_path / "jupyterhub.sqlite"
+    with sqlite3.connect(hub_db) as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("an earlier export\n")
+    for url, output, words in (
+        (f"sqlite:///{hub_db}", kept, "has no history of the governor's"),
+        ("mysql://gov@db/gpu_gov", kept, "--db-url: cannot use"),
+        ("nosuch://gov@db/gpu_gov", kept, "--db-url: cannot use"),
+        (f"sqlite:///{hub_db}", tmp_path, "has no history of the governor's"),
+    ):
+        argv = ["export-trace", "--since", "1h", "--db-url", url, "-o", str(output)]
+        assert cli.main(argv) == 2, url
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err, err
+    with sqlite3.connect(hub_db) as db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+    assert tables == {"users"} and kept.read_text() == "an earlier export\n"
+
+    store = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.hub.history import HistoryLog
+
+    HistoryLog(create_engine(store), HistoryOptions())  # the governor's store, its tables
+    for output in (tmp_path, tmp_path / "no-such-folder" / "trace.jsonl"):
+        argv = ["export-trace", "--since", "1h", "--db-url", store, "-o", str(output)]
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"-o {output}: cannot write" in err and "Traceback" not in err, err
+
+
+def test_an_export_until_a_time_to_come_ends_now(tmp_path, capsys):
+    """The history holds nothing later than now, yet ``--until 9999-01-01`` (or the API's
+    ``until=``) had every server still running written every step up to it, unknown: lines
+    without end (7,647 for one server until 2027; the export never finished). An ``until``
+    to come is now; a ``since`` to come is an error naming it."""
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.hub.history import HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow, export_span
+
+    now = clock.utcnow().timestamp()
+    assert export_span("1h", "9999-01-01T00:00:00Z", "5m", now) == (now - 3600, now, 300)
+    assert export_span("1h", "", "5m", now) == (now - 3600, now, 300)
+    with pytest.raises(ValueError, match="since 2999-01-01T00:00:00Z: is to come"):
+        export_span("2999-01-01T00:00:00Z", "", "5m", now, flag="")
+
+    db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    HistoryLog(create_engine(db), HistoryOptions()).append(
+        HistoryRow(t=now - 3000 + 60 * i, server="ada/", started=now - 3000, gpu_sm=0.5)
+        for i in range(40)
+    )
+    argv = ["export-trace", "--since", "1h", "--db-url", db, "--until", "9999-01-01T00:00:00Z"]
+    assert cli.main(argv) == 0
+    assert 9 <= len(capsys.readouterr().out.splitlines()) <= 12  # 50 minutes, a line per 5
+
+
 async def test_what_if_on_the_recorded_history_predicts_the_candidates_difference(
     tmp_path, restore_clock
 ):

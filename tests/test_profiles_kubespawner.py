@@ -708,9 +708,10 @@ async def test_start_beyond_the_guarantee_is_borrowed_and_labelled(hub, pod_api)
 
 
 async def test_reading_the_hubs_servers_warns_of_nothing(hub, pod_api):
-    """Admission reads every started server's options, the queue every spawner's state: both
-    select JupyterHub's JSONDict columns, for which SQLAlchemy warns that JupyterHub's type
-    sets no ``cache_ok`` (filtered in pyproject.toml, narrowly). Anything else warns here."""
+    """Admission reads every started server's state, the queue every spawner's: both select
+    JupyterHub's JSONDict column, whose type sets no ``cache_ok``. SQLAlchemy warned of it in
+    the Hub's log at every start (``make demo``'s one warning) unless the query says it is not
+    cached (``NOT_CACHED``)."""
     hub.user("v1", "vision")
     hub.user("v2", "vision")
     await hub.started(hub.spawner("v1"), {"profile": "h100"}).start()

@@ -12,6 +12,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,3 +167,29 @@ async def test_a_policy_with_the_longest_name_the_store_holds_governs(database):
         )
         result = await gov.reconcile()
     assert result.errors == () and gov.store.server("alice/").policy == "p" * 255
+
+
+def test_the_history_exports_while_the_governor_records_a_new_server(database, monkeypatch):
+    """PostgreSQL reads each statement as of its own start (READ COMMITTED): the export read
+    the runs, then the history, and a pass that recorded a new server's first row in between
+    (its run and its row in one transaction) gave a row whose run the export had not read —
+    a KeyError, and an export cut off (the CLI's traceback, the API's broken stream)."""
+    from jupyter_gpu_gov.hub import history
+    from jupyter_gpu_gov.hub.history import HistoryLog, HistoryOptions, read_history
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    engine = create_engine(database)
+    log = HistoryLog(engine, HistoryOptions())
+    now = time.time()  # within the history's retention
+    log.append([HistoryRow(t=now - 60, server="alice/", started=now - 600, gpu_sm=0.5)])
+    parse_context, written = history.parse_context, []
+
+    def a_pass_meanwhile(text: str):  # called between the export's reads of runs and rows
+        if not written:
+            written.append(1)
+            log.append([HistoryRow(t=now, server="bob/", started=now - 60, gpu_sm=0.1)])
+        return parse_context(text)
+
+    monkeypatch.setattr(history, "parse_context", a_pass_meanwhile)
+    servers = [row.server for row in read_history(engine)]
+    assert written and servers[0] == "alice/" and set(servers) <= {"alice/", "bob/"}, servers

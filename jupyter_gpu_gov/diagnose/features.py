@@ -320,12 +320,14 @@ def _csv_rows(text: str) -> Iterator[tuple[int, dict]]:
         header = next(reader)
     except StopIteration:
         return
+    except csv.Error as error:
+        raise ValueError(f"line {reader.line_num}: not CSV ({error})") from None
     header = [h.strip().lower() for h in header]
     if not set(header) & set(COLUMNS):
         raise ValueError(
             f"line 1: no diagnosis columns in the header (expected {', '.join(COLUMNS)})"
         )
-    for row in reader:
+    for row in _named(reader):
         if not row or all(not cell.strip() for cell in row):
             continue
         if len(row) > len(header):
@@ -333,6 +335,15 @@ def _csv_rows(text: str) -> Iterator[tuple[int, dict]]:
                 f"line {reader.line_num}: {len(row)} cells, the header has {len(header)}"
             )
         yield reader.line_num, dict(zip(header, row, strict=False))
+
+
+def _named(reader) -> Iterator[list[str]]:
+    """The rows of a csv ``reader``; its errors (a cell over its 128 KiB limit) as a
+    ``ValueError`` naming the line, as a bad value's."""
+    try:
+        yield from reader
+    except csv.Error as error:
+        raise ValueError(f"line {reader.line_num}: not CSV ({error})") from None
 
 
 def _jsonl_rows(text: str) -> Iterator[tuple[int, dict]]:
@@ -343,6 +354,8 @@ def _jsonl_rows(text: str) -> Iterator[tuple[int, dict]]:
             row = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"line {number}: not JSON ({error.msg})") from None
+        except ValueError:  # an integer longer than Python converts (4,300 digits)
+            raise ValueError(f"line {number}: not JSON (a number too long to read)") from None
         except RecursionError:
             raise ValueError(f"line {number}: not JSON (nested too deep)") from None
         if not isinstance(row, dict):

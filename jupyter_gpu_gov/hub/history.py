@@ -235,10 +235,17 @@ def read_history(
     ``since`` is known) to ``until`` (Unix seconds), streamed."""
     metadata.create_all(engine)
     with engine.connect() as db:
+        # Only rows written before the runs and contexts are read: PostgreSQL reads each
+        # statement as of its own start, and a pass that recorded a new server in between (its
+        # run and first row in one transaction, by the store's one writer) gave a row whose run
+        # was not read. (SQLite reads the whole transaction as of its first statement.)
+        last = db.execute(select(func.max(HISTORY.c.id))).scalar() or 0
         runs = {i: (s, st) for i, s, st in db.execute(select(RUNS))}
         contexts = {i: parse_context(text) for i, text in db.execute(select(CONTEXTS))}
-        query = select(*(HISTORY.c[name] for name in _ROW_NAMES)).order_by(
-            HISTORY.c.t, HISTORY.c.id
+        query = (
+            select(*(HISTORY.c[name] for name in _ROW_NAMES))
+            .where(HISTORY.c.id <= last)
+            .order_by(HISTORY.c.t, HISTORY.c.id)
         )
         if since is not None:
             query = query.where(HISTORY.c.t >= int(since - KEYFRAME_S))

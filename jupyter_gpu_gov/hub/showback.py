@@ -131,8 +131,9 @@ def to_csv(rows: Iterable[Mapping], group_by: Sequence[str]) -> str:
 
 
 def _csv_safe(value):
-    """Owner names come from users: never let one start a spreadsheet formula."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+    """Owner names come from users: never let one start a spreadsheet formula (ASVS 5.0's
+    leading characters, NUL included: a project without a grant is any text the user sent)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r", "\0"):
         return "'" + value
     return value
 

@@ -35,7 +35,7 @@ from ..core.grant import labels as granted
 from ..core.models import Device
 from ..gpu.backends import CHOICES, make_backend
 from .quota import Grant
-from .spawner import TIER, GpuProfilesMixin, GpuRefused
+from .spawner import NOT_CACHED, TIER, GpuProfilesMixin, GpuRefused
 from .tiers import Tier
 
 # As long as a single-user server waits for a fresh sample (server/app.py FRESH_SAMPLE_WAIT_S).
@@ -253,8 +253,10 @@ class LocalGpuMixin(GpuProfilesMixin):
         """Device UUID → tiers of the other started servers holding it, as admission recorded
         them in the state (``user_options`` are the user's words until admission)."""
         held: dict[str, list[str]] = {}
-        rows = self.user.db.query(orm.Spawner.id, orm.Spawner.state).filter(
-            orm.Spawner.started.isnot(None)
+        rows = (
+            self.user.db.query(orm.Spawner.id, orm.Spawner.state)
+            .filter(orm.Spawner.started.isnot(None))
+            .execution_options(**NOT_CACHED)
         )
         for row_id, state in rows:
             if self.orm_spawner is not None and row_id == self.orm_spawner.id:

@@ -86,6 +86,10 @@ TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = GRANT_KEY
 GRANT_KEYS += (TASK_TYPE_LABEL, EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL, CLAIM_WITHIN_LABEL)
 # The queue is offered while the governor (which starts waiting servers) was heard this recently.
 GOVERNOR_HEARD_WITHIN = timedelta(minutes=10)
+# The execution options of a query that selects JupyterHub's JSONDict columns (a spawner's
+# state): that type sets no ``cache_ok``, so SQLAlchemy cannot cache such a statement, and said
+# so in the Hub's log at every start. Not cached, on purpose: nothing to warn of.
+NOT_CACHED = {"compiled_cache": None}
 
 
 def waiting_requests(db) -> list[QueuedRequest]:
@@ -95,6 +99,7 @@ def waiting_requests(db) -> list[QueuedRequest]:
         db.query(orm.Spawner.state, orm.Spawner.name, orm.User.name)
         .join(orm.User, orm.Spawner.user_id == orm.User.id)
         .filter(type_coerce(orm.Spawner.state, Text).like(f'%"{QUEUE_STATE}"%'))
+        .execution_options(**NOT_CACHED)
     )
     waiting = []
     for state, name, user in rows:
@@ -271,6 +276,7 @@ class GpuProfilesMixin:
             )
             .join(orm.User, orm.Spawner.user_id == orm.User.id)
             .filter(orm.Spawner.started.isnot(None))
+            .execution_options(**NOT_CACHED)
         ):  # columns in one query: loading each row's user would be a query per server
             if self.orm_spawner is not None and row_id == self.orm_spawner.id:
                 continue

@@ -482,7 +482,11 @@ def export_span(
     from ..core.durations import parse_duration
 
     start = parse_since(since, now, f"{flag}since")
-    end = parse_since(until, now, f"{flag}until") if until else now
+    if start > now:
+        raise ValueError(f"{flag}since {since}: is to come (the history holds what has been)")
+    # The history holds nothing later than now: lines to a later ``until`` were made up, every
+    # running server's every step to it (to 9999: an export without end).
+    end = min(parse_since(until, now, f"{flag}until"), now) if until else now
     if end < start:
         raise ValueError(f"{flag}until is before {flag}since ({until} < {since})")
     seconds = parse_duration(step, f"{flag}step").total_seconds()
