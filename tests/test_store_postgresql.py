@@ -193,3 +193,21 @@ def test_the_history_exports_while_the_governor_records_a_new_server(database, m
     monkeypatch.setattr(history, "parse_context", a_pass_meanwhile)
     servers = [row.server for row in read_history(engine)]
     assert written and servers[0] == "alice/" and set(servers) <= {"alice/", "bob/"}, servers
+
+
+async def test_a_project_holding_nul_does_not_stop_the_pass_for_everyone(database):
+    """PostgreSQL refuses text holding NUL; a user who spawns with ``{"project": "\\u0000x"}``
+    (the Hub's REST API, no profile to grant) made every pass fail for every server."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        hub.add_server("bob", user_options={"project": "\0=cmd"})
+        gov = Governor(
+            Store(database),
+            HubApi(hub.api_url, hub.token),
+            load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
+            Options(),
+        )
+        for _ in range(2):
+            result = await gov.reconcile()
+    assert result.errors == ()
+    assert gov.store.server("bob/").project == "\ufffd=cmd"  # kept, the NUL replaced

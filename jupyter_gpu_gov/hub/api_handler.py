@@ -63,16 +63,17 @@ def json_object(body: bytes) -> dict[str, Any]:
             raise ValueError("the body is not JSON we read: nested too deeply") from None
         if where is not None:
             raise ValueError(
-                f"the body is not text at '{where}': a lone surrogate (\\ud800-\\udfff); "
-                "send Unicode text"
+                f"the body is not text at '{where}': a lone surrogate (\\ud800-\\udfff) or "
+                "NUL (\\u0000); send Unicode text"
             )
     return data
 
 
 # JSON may escape a lone surrogate (\ud800), and json.loads takes its UTF-8-like bytes too: a
 # str that is no text, which nothing writes (SQLite, a UTF-8 log) — it once made the pass's
-# whole write fail. A body that is ASCII without a backslash holds none: checked at C speed.
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]")
+# whole write fail. NUL too: PostgreSQL refuses text holding it. A body that is ASCII without
+# a backslash holds neither (JSON has no raw NUL in a string): checked at C speed.
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]|\\u0000")
 
 
 def _may_hold_a_surrogate(body: bytes) -> bool:
@@ -80,13 +81,13 @@ def _may_hold_a_surrogate(body: bytes) -> bool:
 
 
 def _not_text(value: Any, where: str) -> str | None:
-    """Where in decoded JSON a string or a key holds a lone surrogate (None: nowhere)."""
+    """Where in decoded JSON a string or a key holds a lone surrogate or NUL (None: nowhere)."""
     if isinstance(value, str):
-        return None if not_text_at(value) is None else where
+        return None if not_text_at(value) is None and "\0" not in value else where
     if isinstance(value, dict):
         for key, item in value.items():
             name = f"{where}.{key}" if where else key
-            if not_text_at(key) is not None:
+            if not_text_at(key) is not None or "\0" in key:
                 return ascii(name)[1:-1]
             found = _not_text(item, name)
             if found is not None:

@@ -68,12 +68,13 @@ MAX_CHOICE = 255
 
 def _text(value: Any) -> str | None:
     """A user's choice as text the store and /metrics can take: at most ``MAX_CHOICE``
-    characters, a lone surrogate (JSON can escape one: no text) as U+FFFD."""
+    characters, a lone surrogate (JSON can escape one: no text) and NUL (PostgreSQL refuses
+    text holding it: one user's project stopped every pass) as U+FFFD."""
     if value is None or value == "":
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
-    text = str(value)[:MAX_CHOICE]
+    text = str(value)[:MAX_CHOICE].replace("\0", "\ufffd")
     if text.isascii():
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
