@@ -36,6 +36,7 @@ from kubernetes_asyncio.client import ApiClient, V1Pod
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from kubespawner import clients as kubespawner_clients
+from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
 from jupyter_gpu_gov.core.policy import load_policies
@@ -655,6 +656,75 @@ async def test_without_rbac_for_nodes_the_configured_capacity_stands(make_hub, c
     assert alice.gpu_capacity([]) == CAPACITY
     error = ClusterGpus.instance().error  # what the hub's log says, once
     assert "403" in error and 'cannot list resource "nodes"' in error
+
+
+A100_POOL_TIER = {"name": "a100", "display_name": "A100 80 GB", "gpu": "A100-80GB"}
+
+
+def a100_pool_config(**changes) -> Config:
+    """The catalogue plus an A100 tier whose node pool the autoscaler has scaled to zero: no
+    A100 node exists. Vision is guaranteed one A100 and may borrow none."""
+    vision = {**QUOTAS["vision"], "tiers": [*QUOTAS["vision"]["tiers"], "a100"]}
+    vision["guaranteed"] = {**vision["guaranteed"], "a100": 1}
+    vision["borrowing_limit"] = {**vision["borrowing_limit"], "a100": 0}
+    return profiles_config(
+        tiers=[*TIERS, A100_POOL_TIER], quotas={**QUOTAS, "vision": vision}, **changes
+    )
+
+
+async def test_a_pool_scaled_to_zero_admits_a_spawn_that_waits_for_its_node(
+    make_hub, cluster, pod_api
+):
+    """A GPU node pool the cluster autoscaler scaled to zero has no node to count: without
+    ``node_pool_max`` every spawn on it is refused for want of a card, so no pod is ever
+    Pending and the autoscaler never adds the node. With it, the spawn is admitted against the
+    team's quota, its pod waits Pending, and runs once the autoscaler's node joins."""
+    hub = make_hub(a100_pool_config())
+    alice = hub.spawner(hub.user("alice", "vision"))
+    await read_again(alice)
+    assert alice.gpu_capacity([])["a100"] == 0
+    with pytest.raises(GpuRefused, match="There is no A100 80 GB card here"):
+        await hub.started(alice, {"profile": "a100"}).start()
+
+    GpuProfiles.clear_instance()
+    hub = make_hub(a100_pool_config(node_pool_max={"a100": 8}))
+    alice = hub.spawner(hub.user("alice2", "vision"))
+    await read_again(alice)
+    assert alice.gpu_capacity([])["a100"] == 8
+    offered = by_slug(await gpu_profile_list(alice))["a100"]["description"]
+    assert "vision: 1 of 1 guaranteed left" in offered, offered
+    starting = asyncio.ensure_future(hub.started(alice, {"profile": "a100"}).start())
+    pod = lambda: cluster.get("pods", alice.pod_name) or {}  # noqa: E731
+    deadline = time.monotonic() + 20  # the spawn runs on this loop: wait without blocking it
+    while "Unschedulable" not in json.dumps(pod().get("status")):
+        assert time.monotonic() < deadline and not starting.done(), "no Pending pod"
+        await asyncio.sleep(0.1)
+
+    # The team's quota still holds: its one A100 is taken by the Pending server.
+    bob = hub.started(hub.spawner(hub.user("bob", "vision")), {"profile": "a100"})
+    with pytest.raises(GpuRefused, match="may borrow at most 0 more"):
+        await bob.start()
+    assert bob._log_name not in pod_api
+
+    # The autoscaler adds an A100 node (its count joins at the next read): the pod runs.
+    cluster.add_node(gpu_node("a100-0", "NVIDIA-A100-SXM4-80GB", gpus=8, labels=USER_NODE))
+    await asyncio.wait_for(starting, 30)
+    assert pod_api[alice._log_name].spec.node_name == "a100-0"
+    await read_again(alice)
+    assert alice.gpu_capacity([])["a100"] == 8  # the node's 8, the pool's most
+
+
+def test_node_pool_max_names_a_tier_and_whole_servers():
+    for value, words in (
+        ({"a10": 8}, "GpuProfiles.node_pool_max: 'a10' is not a tier"),
+        ({"h100x2": 3}, "GpuProfiles.node_pool_max: 'h100x2' counts devices"),
+    ):
+        GpuProfiles.clear_instance()
+        with pytest.raises(TraitError, match=re.escape(words)):
+            GpuProfiles(config=profiles_config(node_pool_max=value)).check()
+    GpuProfiles.clear_instance()
+    with pytest.raises(TraitError, match="node_pool_max: 'h100' must be a whole number >= 0"):
+        GpuProfiles(config=profiles_config(node_pool_max={"h100": -8}))
 
 
 def wait_for(check, timeout: float = 20) -> None:

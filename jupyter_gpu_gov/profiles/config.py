@@ -78,6 +78,16 @@ class GpuProfiles(SingletonConfigurable):
         bounded by quotas alone. Workstation spawners count their own devices.""",
     ).tag(config=True)
 
+    node_pool_max = Dict(
+        help="""Devices per tier that the tier's nodes can hold at most once the cluster
+        autoscaler (or Karpenter) has added every node it may, e.g. ``{"h100": 16}`` for a pool
+        of up to two 8-card nodes, scaled to zero when idle. GpuKubeSpawner counts what the
+        nodes lack of this today as free: a spawn is admitted (team quotas and caps as ever)
+        and its pod waits Pending while the autoscaler adds a node (raise KubeSpawner's
+        ``start_timeout`` to cover that). A tier without an entry counts the nodes that exist.
+        ``capacity`` still caps the sum.""",
+    ).tag(config=True)
+
     label_prefix = Unicode(
         LABEL_PREFIX,
         help="""Prefix of the ownership labels and annotations on user pods (``<prefix>team``,
@@ -203,12 +213,13 @@ class GpuProfiles(SingletonConfigurable):
             )
         return proposal.value
 
-    @validate("capacity")
+    @validate("capacity", "node_pool_max")
     def _valid_capacity(self, proposal):
         for tier, devices in proposal.value.items():
             if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
                 raise TraitError(
-                    f"GpuProfiles.capacity: {tier!r} must be a whole number >= 0, got {devices!r}"
+                    f"GpuProfiles.{proposal.trait.name}: {tier!r} must be a whole number >= 0, "
+                    f"got {devices!r}"
                 )
         return proposal.value
 
@@ -230,15 +241,16 @@ class GpuProfiles(SingletonConfigurable):
     def check(self) -> None:
         """Raise ``TraitError`` naming what is wrong with the settings."""
         self.quota_map  # noqa: B018  (loads and validates tiers, then quotas)
-        for tier, devices in self.capacity.items():
-            if tier not in self.tier_map:
-                raise TraitError(f"GpuProfiles.capacity: {tier!r} is not a tier")
-            count = self.tier_map[tier].count
-            if devices % count:
-                raise TraitError(
-                    f"GpuProfiles.capacity: {tier!r} counts devices and a server takes {count}: "
-                    f"give a multiple of {count}, got {devices}"
-                )
+        for key in ("capacity", "node_pool_max"):
+            for tier, devices in getattr(self, key).items():
+                if tier not in self.tier_map:
+                    raise TraitError(f"GpuProfiles.{key}: {tier!r} is not a tier")
+                count = self.tier_map[tier].count
+                if devices % count:
+                    raise TraitError(
+                        f"GpuProfiles.{key}: {tier!r} counts devices and a server takes "
+                        f"{count}: give a multiple of {count}, got {devices}"
+                    )
 
 
 def _within(proposal, low: timedelta, high: timedelta, words: str) -> str:
