@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import warnings
@@ -645,6 +646,65 @@ async def test_a_server_on_a_removed_tier_still_counts_against_its_owners_cap(ma
     message = refused.value.jupyterhub_message
     assert "you hold 2 (server 'pair' on h100x2)" in message, message
     assert more._log_name not in pod_api
+
+
+async def test_servers_on_a_renamed_tier_count_against_the_guarantee_on_its_new_name(
+    make_hub, cluster, pod_api
+):
+    """An admin renames the tier ``h100`` to ``h100-sxm`` (the quotas with it) while vision's
+    two servers run on it. Those servers hold vision's guarantee of 2 and its cards: the
+    tier's ``formerly`` says so, or vision would get its guarantee, and its borrowing, again
+    on the new name (5 cards held against 3 allowed). Without it, the hub says which tier its
+    servers hold that is no longer configured."""
+    hub = make_hub(profiles_config(capacity={}))
+    for name in ("v1", "v2"):
+        await hub.started(hub.spawner(hub.user(name, "vision")), {"profile": "h100"}).start()
+
+    def renamed(**more) -> Config:
+        tiers = [{**t, "name": "h100-sxm", **more} if t["name"] == "h100" else t for t in TIERS]
+        vision = {**QUOTAS["vision"], "guaranteed": {"h100-sxm": 2, "h100x2": 2}}
+        vision["borrowing_limit"] = {"h100-sxm": 1}
+        vision["tiers"] = ["h100-sxm", "h100x2", "h200-3g", "big-memory"]
+        return profiles_config(tiers=tiers, quotas={**QUOTAS, "vision": vision}, capacity={})
+
+    GpuProfiles.clear_instance()  # the hub restarts with the tier renamed, and forgets nothing
+    hub.config.merge(renamed())
+    look = hub.spawner(hub.user("look", "vision"))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    look.log.addHandler(handler)  # the hub's log (a spawn before has set up its handlers)
+    try:
+        look.gpu_usage()
+        look.gpu_usage()  # said once
+    finally:
+        look.log.removeHandler(handler)
+    said = [r.getMessage() for r in records if "no longer configured" in r.getMessage()]
+    assert len(said) == 1 and "2 running server(s) hold tier 'h100'" in said[0], said
+    assert "'formerly'" in said[0]
+
+    GpuProfiles.clear_instance()
+    hub.config.merge(renamed(formerly=["h100"]))
+    carol = hub.started(hub.spawner(hub.user("carol", "vision")), {"profile": "h100-sxm"})
+    await carol.start()
+    assert carol.gpu_grant["gpu-gov/borrowed"] == "true"  # the guarantee is v1's and v2's
+    dave = hub.started(hub.spawner(hub.user("dave", "vision")), {"profile": "h100-sxm"})
+    with pytest.raises(GpuRefused, match="may borrow at most 1 more"):
+        await dave.start()
+    assert dave._log_name not in pod_api
+    # Their pods (labelled h100) are this tier's servers, counted by admission: not subtracted.
+    await read_again(carol)
+    assert carol.gpu_capacity([])["h100-sxm"] == 8
+
+    # A quota naming the old name is a start-up error naming it.
+    GpuProfiles.clear_instance()
+    config = renamed(formerly=["h100"])
+    config.GpuProfiles.quotas = {
+        **config.GpuProfiles.quotas,
+        "robotics": {"guaranteed": {"h100": 1}},
+    }
+    with pytest.raises(TraitError, match="'guaranteed' names tier 'h100', which is not defined"):
+        GpuProfiles(config=config).check()
 
 
 async def test_without_rbac_for_nodes_the_configured_capacity_stands(make_hub, cluster):

@@ -206,10 +206,12 @@ class ClusterGpus(SingletonConfigurable):
         own_labels: Mapping[str, str],
         tier_label: str,
         grow: Mapping[str, int] | None = None,
+        renamed: Mapping[str, str] | None = None,
     ):
         """Devices per tier from the last read, for ``spawner``'s configured scheduling (with
         ``grow``: the most an autoscaler may add up to); None when nodes could not be read. The
-        hub's pods carry ``own_labels``, and their tier as ``tier_label``."""
+        hub's pods carry ``own_labels``, and their tier as ``tier_label`` (a former name as
+        ``renamed`` maps it: such a pod is its renamed tier's server)."""
         if self.nodes is None:
             return None
 
@@ -217,7 +219,8 @@ class ClusterGpus(SingletonConfigurable):
             labels = (pod.get("metadata") or {}).get("labels") or {}
             if not all(labels.get(k) == v for k, v in own_labels.items()):
                 return None
-            return labels.get(tier_label, "")
+            tier = labels.get(tier_label, "")
+            return (renamed or {}).get(tier, tier)
 
         return capacity(
             tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), tier_of, grow

@@ -16,7 +16,7 @@ from traitlets.config import SingletonConfigurable
 from ..core.durations import parse_duration
 from ..core.vocabulary import LABEL_PREFIX
 from .quota import QuotaError, TeamQuota, load_quotas
-from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers
+from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers, renamed
 
 # A Kubernetes label prefix: a DNS subdomain, then '/'.
 _PREFIX = re.compile(
@@ -230,6 +230,16 @@ class GpuProfiles(SingletonConfigurable):
             return load_tiers(self.tiers, self.card_map)
         except TierError as error:
             raise TraitError(f"GpuProfiles.tiers: {error}") from None
+
+    @cached_property
+    def tier_renamed(self) -> dict[str, str]:
+        """Former tier name -> the tier's name now (a tier's ``formerly``)."""
+        return renamed(self.tier_map)
+
+    @cached_property
+    def said_gone(self) -> set[str]:
+        """Tiers no longer configured that running servers hold, already named in the log."""
+        return set()
 
     @cached_property
     def quota_map(self) -> dict[str, TeamQuota]:

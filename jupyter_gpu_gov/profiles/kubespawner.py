@@ -162,6 +162,7 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
             own_labels=self._gpu_own_labels(),
             tier_label=conf.label_prefix + TIER_LABEL.removeprefix(LABEL_PREFIX),
             grow=conf.node_pool_max,
+            renamed=conf.tier_renamed,
         )
         if counted is None:  # nodes not readable (yet): the configured numbers
             return static

@@ -259,8 +259,8 @@ class GpuProfilesMixin:
         before ``start()`` admits it, so until then they are the user's words (forged grant keys
         there once used up a team's quota, and a tier that was a list failed every admission)."""
         conf = self.gpu_profiles
-        tiers, quotas = conf.tier_map, conf.quota_map
-        grants = []
+        tiers, quotas, renamed = conf.tier_map, conf.quota_map, conf.tier_renamed
+        grants, gone = [], {}
         for row_id, name, user, state, started in (
             self.user.db.query(
                 orm.Spawner.id,
@@ -275,10 +275,13 @@ class GpuProfilesMixin:
             if self.orm_spawner is not None and row_id == self.orm_spawner.id:
                 continue
             options = granted(state)
-            tier, team = tiers.get(options.get(TIER)), options.get(TEAM)
+            granted_tier, team = options.get(TIER), options.get(TEAM)
+            tier = tiers.get(renamed.get(granted_tier, granted_tier))
             if tier is None:
                 # A tier an admin removed while the server runs: it holds nothing any tier
                 # counts, but its grant's weight still counts against its owner's cap.
+                if granted_tier:
+                    gone[granted_tier] = gone.get(granted_tier, 0) + 1
                 weight = _weight(options.get(WEIGHT))
                 if options.get(TIER) and weight:
                     grants.append(
@@ -300,7 +303,25 @@ class GpuProfilesMixin:
                     started=started,
                 )
             )
+        self._gpu_say_gone(gone)
         return grants
+
+    def _gpu_say_gone(self, gone: Mapping[str, int]) -> None:
+        """Once per tier name and process: running servers hold a tier no longer configured
+        (removed, or renamed without saying so: the team's guarantee then does not see them)."""
+        said = self.gpu_profiles.said_gone
+        for name, servers in gone.items():
+            if name in said or len(said) >= 1000:
+                continue
+            said.add(name)
+            self.log.warning(
+                "gpu-gov: %d running server(s) hold tier %s, which is no longer configured: "
+                "their devices count on no tier's quota. If it was renamed, give the new tier "
+                "'formerly': [%s]",
+                servers,
+                repr(name[:60]),
+                repr(name[:60]),
+            )
 
     def _gpu_server_key(self) -> str:
         return server_key(self.user.name, self.name or "")
