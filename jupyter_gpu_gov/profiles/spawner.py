@@ -113,6 +113,23 @@ def _weight(recorded: str | None) -> float:
     return min(weight, 64.0) if weight > 0 else 0.0  # nan and negatives: 0
 
 
+def _say_gone(log, said: set[str], gone: Mapping[str, int]) -> None:
+    """Once per tier name and process: running servers hold a tier no longer configured
+    (removed, or renamed without saying so: the team's guarantee then does not see them)."""
+    for name, servers in gone.items():
+        if name in said or len(said) >= 1000:
+            continue
+        said.add(name)
+        log.warning(
+            "gpu-gov: %d running server(s) hold tier %s, which is no longer configured: "
+            "their devices count on no tier's quota. If it was renamed, give the new tier "
+            "'formerly': [%s]",
+            servers,
+            repr(name[:60]),
+            repr(name[:60]),
+        )
+
+
 class GpuRefused(web.HTTPError):
     """A spawn the profile layer refuses; JupyterHub shows ``jupyterhub_message`` to the user."""
 
@@ -303,25 +320,9 @@ class GpuProfilesMixin:
                     started=started,
                 )
             )
-        self._gpu_say_gone(gone)
+        if gone:
+            _say_gone(self.log, conf.said_gone, gone)
         return grants
-
-    def _gpu_say_gone(self, gone: Mapping[str, int]) -> None:
-        """Once per tier name and process: running servers hold a tier no longer configured
-        (removed, or renamed without saying so: the team's guarantee then does not see them)."""
-        said = self.gpu_profiles.said_gone
-        for name, servers in gone.items():
-            if name in said or len(said) >= 1000:
-                continue
-            said.add(name)
-            self.log.warning(
-                "gpu-gov: %d running server(s) hold tier %s, which is no longer configured: "
-                "their devices count on no tier's quota. If it was renamed, give the new tier "
-                "'formerly': [%s]",
-                servers,
-                repr(name[:60]),
-                repr(name[:60]),
-            )
 
     def _gpu_server_key(self) -> str:
         return server_key(self.user.name, self.name or "")
