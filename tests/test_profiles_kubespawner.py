@@ -628,6 +628,31 @@ async def test_a_card_the_hubs_server_holds_on_another_tier_is_not_free(make_hub
     assert bob.gpu_capacity(bob.gpu_usage())["h100"] == 6
 
 
+async def test_a_pod_that_copies_the_hubs_labels_is_not_taken_for_its_server(make_hub, cluster):
+    """Where users may create pods in the hub's namespace (a Dask or Spark cluster started from
+    a notebook), a pod can carry the labels of the hub's servers and a tier's. Its cards were
+    left out of the tier's count as if admission counted it, so with all 8 H100s held the hub
+    admitted 8 more servers that stayed Pending. The hub's servers are known by their pods'
+    names, recorded in the hub's database; labels are anyone's."""
+    hub = make_hub(profiles_config(capacity={}))
+    alice = hub.spawner(hub.user("alice", "vision"), "pair")
+    await hub.started(alice, {"profile": "h100x2"}).start()
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    forged = batch_pod("dask-worker", "nvidia.com/gpu", 6, h100)
+    labels = cluster.get("pods", alice.pod_name)["metadata"]["labels"]
+    forged["metadata"]["labels"] = {**labels, "gpu-gov/tier": "h100"}
+    cluster.create("pods", forged)
+    wait_for(lambda: cluster.get("pods", "dask-worker")["status"]["phase"] == "Running")
+
+    bob = hub.spawner(hub.user("bob", "vision"))
+    await read_again(bob)
+    capacity = bob.gpu_capacity(bob.gpu_usage())
+    assert capacity["h100"] == 0  # 8 cards: alice's pair and the worker's 6
+    assert capacity["h100x2"] == 2  # the pair's own tier: admission counts alice's
+    with pytest.raises(GpuRefused, match="There is no H100 80 GB card here"):
+        await hub.started(bob, {"profile": "h100"}).start()
+
+
 async def test_a_server_on_a_removed_tier_still_counts_against_its_owners_cap(make_hub, pod_api):
     """An admin removes a tier while alice holds a server on it: it runs on, and still counts
     against her per-user cap (its grant's weight), or she could start a second one beyond it."""

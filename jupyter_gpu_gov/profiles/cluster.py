@@ -42,8 +42,8 @@ def capacity(
 ) -> dict[str, int]:
     """Devices per tier that exist and the hub may use. ``scheduling(tier)`` gives the pod's
     ``node_selector``, ``tolerations`` and required ``node_affinity`` terms (lists of match
-    expressions, ORed) for that tier; ``tier_of(pod)`` is the tier of a pod the hub started
-    ("" without one) and None for any other pod. A tier's count leaves out only its own
+    expressions, ORed) for that tier; ``tier_of(pod)`` is the tier of a server's pod the hub
+    started on one, None for any other pod. A tier's count leaves out only its own
     servers' pods, which admission counts: the hub's servers on another tier sharing the cards
     (a pair, any 80 GB card, a tier since removed) hold them as any other pod does. ``grow``:
     devices per tier its nodes can hold once an autoscaler has added all it may
@@ -203,24 +203,19 @@ class ClusterGpus(SingletonConfigurable):
         self,
         tiers: Mapping[str, Tier],
         spawner,
-        own_labels: Mapping[str, str],
-        tier_label: str,
+        hub_pods: Mapping[str, str],
         grow: Mapping[str, int] | None = None,
-        renamed: Mapping[str, str] | None = None,
     ):
         """Devices per tier from the last read, for ``spawner``'s configured scheduling (with
-        ``grow``: the most an autoscaler may add up to); None when nodes could not be read. The
-        hub's pods carry ``own_labels``, and their tier as ``tier_label`` (a former name as
-        ``renamed`` maps it: such a pod is its renamed tier's server)."""
+        ``grow``: the most an autoscaler may add up to); None when nodes could not be read.
+        ``hub_pods``: the pod name of each of the hub's started servers holding a tier -> that
+        tier, from the hub's records: a pod's labels are anyone's who may create pods in the
+        namespace, and one copying a server's would have its cards left out of the count."""
         if self.nodes is None:
             return None
 
         def tier_of(pod: Mapping) -> str | None:
-            labels = (pod.get("metadata") or {}).get("labels") or {}
-            if not all(labels.get(k) == v for k, v in own_labels.items()):
-                return None
-            tier = labels.get(tier_label, "")
-            return (renamed or {}).get(tier, tier)
+            return hub_pods.get((pod.get("metadata") or {}).get("name"))
 
         return capacity(
             tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), tier_of, grow

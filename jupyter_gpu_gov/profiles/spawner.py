@@ -143,6 +143,9 @@ class GpuProfilesMixin:
 
     _gpu_granted: dict[str, str] | None = None  # the grant, kept in the spawner's state
     _gpu_queued: QueuedRequest | None = None  # waiting in line, kept in the spawner's state
+    # The pod of each started server holding a tier (KubeSpawner's state: pod_name) -> the tier,
+    # from the last count: the cluster count knows the hub's pods by name, not by their labels.
+    _gpu_pods: Mapping[str, str] = {}
 
     @property
     def gpu_profiles(self) -> GpuProfiles:
@@ -277,7 +280,7 @@ class GpuProfilesMixin:
         there once used up a team's quota, and a tier that was a list failed every admission)."""
         conf = self.gpu_profiles
         tiers, quotas, renamed = conf.tier_map, conf.quota_map, conf.tier_renamed
-        grants, gone = [], {}
+        grants, gone, pods = [], {}, {}
         for row_id, name, user, state, started in (
             self.user.db.query(
                 orm.Spawner.id,
@@ -307,6 +310,9 @@ class GpuProfilesMixin:
                         )
                     )
                 continue
+            pod = (state or {}).get("pod_name")
+            if isinstance(pod, str):
+                pods[pod] = tier.name
             grants.append(
                 Grant(
                     server=server_key(user, name or ""),
@@ -322,6 +328,7 @@ class GpuProfilesMixin:
             )
         if gone:
             _say_gone(self.log, conf.said_gone, gone)
+        self._gpu_pods = pods
         return grants
 
     def _gpu_server_key(self) -> str:
