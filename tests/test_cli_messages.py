@@ -77,3 +77,11 @@ def test_a_token_that_cannot_be_sent_is_named_and_not_printed():
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "s3cret" not in done.stderr
     assert "error: --token: " in done.stderr, done.stderr
+
+
+def test_a_parameter_count_too_large_to_compute_with_is_named(capsys):
+    """``1e308`` parameters overflowed the arithmetic: a traceback (and on the hub's estimate
+    endpoint, an error page)."""
+    assert cli.main(["estimate", "1e308"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith("error: params: '1e308' is more than 1,000T parameters"), err
