@@ -202,3 +202,11 @@ def test_output_piped_into_head_ends_quietly(tmp_path, command):
     err = reader.stderr.read()
     assert reader.wait(timeout=120) == 1 and err.count("\n") <= 1, err
     assert "Traceback" not in err and "error" not in err, err
+
+
+def test_a_parameter_count_too_large_to_compute_with_is_named(capsys):
+    """``1e308`` parameters overflowed the arithmetic: a traceback (and on the hub's estimate
+    endpoint, an error page)."""
+    assert cli.main(["estimate", "1e308"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith("error: params: '1e308' is more than 1,000T parameters"), err

@@ -371,6 +371,16 @@ def test_estimate_for_a_logged_in_user(hub):
     r = session.get(url, params={"params": "lots", "precision": "bf16"}, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["message"].startswith("params: 'lots'"), r.text
+    # A count too large to compute with (an error page, 500, once) and a long one: a 400 that
+    # names the parameter briefly.
+    for huge in ("1e308", "9" * 5000, "precision"):
+        query = (
+            {"params": "7B", "precision": "x" * 5000} if huge == "precision" else {"params": huge}
+        )
+        r = session.get(url, params=query, timeout=30)
+        assert r.status_code == 400, (huge[:10], r.status_code, r.text[:200])
+        message = r.json()["message"]
+        assert message.split(":")[0] in ("params", "precision") and len(message) < 300, message
 
     anonymous = requests.Session()
     anonymous.trust_env = False

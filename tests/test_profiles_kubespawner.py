@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import warnings
@@ -36,6 +37,7 @@ from kubernetes_asyncio.client import ApiClient, V1Pod
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from kubespawner import clients as kubespawner_clients
+from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
 from jupyter_gpu_gov.core.policy import load_policies
@@ -626,6 +628,31 @@ async def test_a_card_the_hubs_server_holds_on_another_tier_is_not_free(make_hub
     assert bob.gpu_capacity(bob.gpu_usage())["h100"] == 6
 
 
+async def test_a_pod_that_copies_the_hubs_labels_is_not_taken_for_its_server(make_hub, cluster):
+    """Where users may create pods in the hub's namespace (a Dask or Spark cluster started from
+    a notebook), a pod can carry the labels of the hub's servers and a tier's. Its cards were
+    left out of the tier's count as if admission counted it, so with all 8 H100s held the hub
+    admitted 8 more servers that stayed Pending. The hub's servers are known by their pods'
+    names, recorded in the hub's database; labels are anyone's."""
+    hub = make_hub(profiles_config(capacity={}))
+    alice = hub.spawner(hub.user("alice", "vision"), "pair")
+    await hub.started(alice, {"profile": "h100x2"}).start()
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    forged = batch_pod("dask-worker", "nvidia.com/gpu", 6, h100)
+    labels = cluster.get("pods", alice.pod_name)["metadata"]["labels"]
+    forged["metadata"]["labels"] = {**labels, "gpu-gov/tier": "h100"}
+    cluster.create("pods", forged)
+    wait_for(lambda: cluster.get("pods", "dask-worker")["status"]["phase"] == "Running")
+
+    bob = hub.spawner(hub.user("bob", "vision"))
+    await read_again(bob)
+    capacity = bob.gpu_capacity(bob.gpu_usage())
+    assert capacity["h100"] == 0  # 8 cards: alice's pair and the worker's 6
+    assert capacity["h100x2"] == 2  # the pair's own tier: admission counts alice's
+    with pytest.raises(GpuRefused, match="There is no H100 80 GB card here"):
+        await hub.started(bob, {"profile": "h100"}).start()
+
+
 async def test_a_server_on_a_removed_tier_still_counts_against_its_owners_cap(make_hub, pod_api):
     """An admin removes a tier while alice holds a server on it: it runs on, and still counts
     against her per-user cap (its grant's weight), or she could start a second one beyond it."""
@@ -646,6 +673,65 @@ async def test_a_server_on_a_removed_tier_still_counts_against_its_owners_cap(ma
     assert more._log_name not in pod_api
 
 
+async def test_servers_on_a_renamed_tier_count_against_the_guarantee_on_its_new_name(
+    make_hub, cluster, pod_api
+):
+    """An admin renames the tier ``h100`` to ``h100-sxm`` (the quotas with it) while vision's
+    two servers run on it. Those servers hold vision's guarantee of 2 and its cards: the
+    tier's ``formerly`` says so, or vision would get its guarantee, and its borrowing, again
+    on the new name (5 cards held against 3 allowed). Without it, the hub says which tier its
+    servers hold that is no longer configured."""
+    hub = make_hub(profiles_config(capacity={}))
+    for name in ("v1", "v2"):
+        await hub.started(hub.spawner(hub.user(name, "vision")), {"profile": "h100"}).start()
+
+    def renamed(**more) -> Config:
+        tiers = [{**t, "name": "h100-sxm", **more} if t["name"] == "h100" else t for t in TIERS]
+        vision = {**QUOTAS["vision"], "guaranteed": {"h100-sxm": 2, "h100x2": 2}}
+        vision["borrowing_limit"] = {"h100-sxm": 1}
+        vision["tiers"] = ["h100-sxm", "h100x2", "h200-3g", "big-memory"]
+        return profiles_config(tiers=tiers, quotas={**QUOTAS, "vision": vision}, capacity={})
+
+    GpuProfiles.clear_instance()  # the hub restarts with the tier renamed, and forgets nothing
+    hub.config.merge(renamed())
+    look = hub.spawner(hub.user("look", "vision"))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    look.log.addHandler(handler)  # the hub's log (a spawn before has set up its handlers)
+    try:
+        look.gpu_usage()
+        look.gpu_usage()  # said once
+    finally:
+        look.log.removeHandler(handler)
+    said = [r.getMessage() for r in records if "no longer configured" in r.getMessage()]
+    assert len(said) == 1 and "2 running server(s) hold tier 'h100'" in said[0], said
+    assert "'formerly'" in said[0]
+
+    GpuProfiles.clear_instance()
+    hub.config.merge(renamed(formerly=["h100"]))
+    carol = hub.started(hub.spawner(hub.user("carol", "vision")), {"profile": "h100-sxm"})
+    await carol.start()
+    assert carol.gpu_grant["gpu-gov/borrowed"] == "true"  # the guarantee is v1's and v2's
+    dave = hub.started(hub.spawner(hub.user("dave", "vision")), {"profile": "h100-sxm"})
+    with pytest.raises(GpuRefused, match="may borrow at most 1 more"):
+        await dave.start()
+    assert dave._log_name not in pod_api
+    # Their pods (labelled h100) are this tier's servers, counted by admission: not subtracted.
+    await read_again(carol)
+    assert carol.gpu_capacity([])["h100-sxm"] == 8
+
+    # A quota naming the old name is a start-up error naming it.
+    GpuProfiles.clear_instance()
+    config = renamed(formerly=["h100"])
+    config.GpuProfiles.quotas = {
+        **config.GpuProfiles.quotas,
+        "robotics": {"guaranteed": {"h100": 1}},
+    }
+    with pytest.raises(TraitError, match="'guaranteed' names tier 'h100', which is not defined"):
+        GpuProfiles(config=config).check()
+
+
 async def test_without_rbac_for_nodes_the_configured_capacity_stands(make_hub, cluster):
     cluster.forbidden.add("nodes")
     hub = make_hub()
@@ -655,6 +741,75 @@ async def test_without_rbac_for_nodes_the_configured_capacity_stands(make_hub, c
     assert alice.gpu_capacity([]) == CAPACITY
     error = ClusterGpus.instance().error  # what the hub's log says, once
     assert "403" in error and 'cannot list resource "nodes"' in error
+
+
+A100_POOL_TIER = {"name": "a100", "display_name": "A100 80 GB", "gpu": "A100-80GB"}
+
+
+def a100_pool_config(**changes) -> Config:
+    """The catalogue plus an A100 tier whose node pool the autoscaler has scaled to zero: no
+    A100 node exists. Vision is guaranteed one A100 and may borrow none."""
+    vision = {**QUOTAS["vision"], "tiers": [*QUOTAS["vision"]["tiers"], "a100"]}
+    vision["guaranteed"] = {**vision["guaranteed"], "a100": 1}
+    vision["borrowing_limit"] = {**vision["borrowing_limit"], "a100": 0}
+    return profiles_config(
+        tiers=[*TIERS, A100_POOL_TIER], quotas={**QUOTAS, "vision": vision}, **changes
+    )
+
+
+async def test_a_pool_scaled_to_zero_admits_a_spawn_that_waits_for_its_node(
+    make_hub, cluster, pod_api
+):
+    """A GPU node pool the cluster autoscaler scaled to zero has no node to count: without
+    ``node_pool_max`` every spawn on it is refused for want of a card, so no pod is ever
+    Pending and the autoscaler never adds the node. With it, the spawn is admitted against the
+    team's quota, its pod waits Pending, and runs once the autoscaler's node joins."""
+    hub = make_hub(a100_pool_config())
+    alice = hub.spawner(hub.user("alice", "vision"))
+    await read_again(alice)
+    assert alice.gpu_capacity([])["a100"] == 0
+    with pytest.raises(GpuRefused, match="There is no A100 80 GB card here"):
+        await hub.started(alice, {"profile": "a100"}).start()
+
+    GpuProfiles.clear_instance()
+    hub = make_hub(a100_pool_config(node_pool_max={"a100": 8}))
+    alice = hub.spawner(hub.user("alice2", "vision"))
+    await read_again(alice)
+    assert alice.gpu_capacity([])["a100"] == 8
+    offered = by_slug(await gpu_profile_list(alice))["a100"]["description"]
+    assert "vision: 1 of 1 guaranteed left" in offered, offered
+    starting = asyncio.ensure_future(hub.started(alice, {"profile": "a100"}).start())
+    pod = lambda: cluster.get("pods", alice.pod_name) or {}  # noqa: E731
+    deadline = time.monotonic() + 20  # the spawn runs on this loop: wait without blocking it
+    while "Unschedulable" not in json.dumps(pod().get("status")):
+        assert time.monotonic() < deadline and not starting.done(), "no Pending pod"
+        await asyncio.sleep(0.1)
+
+    # The team's quota still holds: its one A100 is taken by the Pending server.
+    bob = hub.started(hub.spawner(hub.user("bob", "vision")), {"profile": "a100"})
+    with pytest.raises(GpuRefused, match="may borrow at most 0 more"):
+        await bob.start()
+    assert bob._log_name not in pod_api
+
+    # The autoscaler adds an A100 node (its count joins at the next read): the pod runs.
+    cluster.add_node(gpu_node("a100-0", "NVIDIA-A100-SXM4-80GB", gpus=8, labels=USER_NODE))
+    await asyncio.wait_for(starting, 30)
+    assert pod_api[alice._log_name].spec.node_name == "a100-0"
+    await read_again(alice)
+    assert alice.gpu_capacity([])["a100"] == 8  # the node's 8, the pool's most
+
+
+def test_node_pool_max_names_a_tier_and_whole_servers():
+    for value, words in (
+        ({"a10": 8}, "GpuProfiles.node_pool_max: 'a10' is not a tier"),
+        ({"h100x2": 3}, "GpuProfiles.node_pool_max: 'h100x2' counts devices"),
+    ):
+        GpuProfiles.clear_instance()
+        with pytest.raises(TraitError, match=re.escape(words)):
+            GpuProfiles(config=profiles_config(node_pool_max=value)).check()
+    GpuProfiles.clear_instance()
+    with pytest.raises(TraitError, match="node_pool_max: 'h100' must be a whole number >= 0"):
+        GpuProfiles(config=profiles_config(node_pool_max={"h100": -8}))
 
 
 def wait_for(check, timeout: float = 20) -> None:

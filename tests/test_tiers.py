@@ -176,6 +176,9 @@ GOOD = {"name": "ok", "gpu": "H100-80GB"}
         ({"name": "bad", "gpu": "H100-80GB", "tolerations": {}}, "'tolerations'"),
         ({"name": "bad", "gpu": "H100-80GB", "node_affinity": "x"}, "'node_affinity'"),
         ({"name": "bad", "gpu": "H100-80GB", "kubespawner_override": []}, "'kubespawner_override'"),
+        ({"name": "bad", "gpu": "H100-80GB", "formerly": "h100"}, "'formerly'"),
+        ({"name": "bad", "gpu": "H100-80GB", "formerly": ["bad"]}, "'formerly'"),
+        ({"name": "bad", "gpu": "H100-80GB", "formerly": ["Old Name"]}, "'formerly'"),
     ],
 )
 def test_errors_name_the_entry_and_the_key(entry, key):
@@ -184,6 +187,14 @@ def test_errors_name_the_entry_and_the_key(entry, key):
     message = str(error.value)
     assert message.startswith(f"tier 1 ({entry['name']!r}):")
     assert key in message
+
+
+def test_a_former_name_belongs_to_one_tier_and_no_tier_has_it_now():
+    with pytest.raises(TierError, match=r"tier 'new': 'formerly' names 'ok', which is also"):
+        load_tiers([GOOD, {"name": "new", "gpu": "H100-80GB", "formerly": ["ok"]}])
+    twice = [{**GOOD, "formerly": ["old"]}, {"name": "new", "gpu": "L4-24GB", "formerly": ["old"]}]
+    with pytest.raises(TierError, match=r"'formerly' names 'old'"):
+        load_tiers(twice)
 
 
 def test_a_name_used_twice_and_a_non_dict_entry_are_refused():

@@ -229,7 +229,12 @@ def estimate(position: int, releases: Sequence[Release], now: datetime) -> Estim
     expected releases: the ``position``-th earliest known release. Servers in use with no
     deadline free their GPUs at an unknown time: then there is no estimate, and it says so."""
     known = sorted((r for r in releases if r.at is not None), key=lambda r: r.at)
-    if position < 1 or not releases:
+    return estimate_known(position, known, len(releases), now)
+
+
+def estimate_known(position: int, known: Sequence[Release], count: int, now: datetime) -> Estimate:
+    """``estimate`` from ``count`` servers' known releases, sorted earliest first."""
+    if position < 1 or not count:
         return Estimate(now, "")
     if len(known) < position:
         return Estimate(

@@ -38,13 +38,16 @@ def capacity(
     pods: Iterable[Mapping],
     scheduling: Callable[[Tier], Mapping[str, Any]],
     tier_of: Callable[[Mapping], str | None],
+    grow: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Devices per tier that exist and the hub may use. ``scheduling(tier)`` gives the pod's
     ``node_selector``, ``tolerations`` and required ``node_affinity`` terms (lists of match
-    expressions, ORed) for that tier; ``tier_of(pod)`` is the tier of a pod the hub started
-    ("" without one) and None for any other pod. A tier's count leaves out only its own
+    expressions, ORed) for that tier; ``tier_of(pod)`` is the tier of a server's pod the hub
+    started on one, None for any other pod. A tier's count leaves out only its own
     servers' pods, which admission counts: the hub's servers on another tier sharing the cards
-    (a pair, any 80 GB card, a tier since removed) hold them as any other pod does."""
+    (a pair, any 80 GB card, a tier since removed) hold them as any other pod does. ``grow``:
+    devices per tier its nodes can hold once an autoscaler has added all it may
+    (``GpuProfiles.node_pool_max``); what its nodes lack of that today counts as free."""
     nodes = [n for n in nodes if _usable(n)]
     # node -> the pod's tier (None: not the hub's) -> resource -> amount held
     held: dict[str, dict[str | None, dict[str, int]]] = {}
@@ -59,7 +62,7 @@ def capacity(
     result = {}
     for name, tier in tiers.items():
         wanted = scheduling(tier)
-        free = 0
+        free = existing = 0
         for node in nodes:
             if not _fits(node, wanted):
                 continue
@@ -67,6 +70,10 @@ def capacity(
             on_node = held.get(node["metadata"]["name"], {})
             taken = sum(r.get(tier.resource, 0) for t, r in on_node.items() if t != name)
             free += max(0, allocatable - taken)
+            existing += allocatable
+        # A pool scaled to zero has no node to read: the nodes an autoscaler would add for a
+        # Pending pod count too, or no spawn ever makes it add one.
+        free += max(0, (grow or {}).get(name, 0) - existing)
         if tier.kind != "shared":
             free -= free % tier.count  # whole servers only (a pair needs two cards of one node)
         result[name] = free
@@ -193,21 +200,26 @@ class ClusterGpus(SingletonConfigurable):
             self.read_at = time.monotonic()
 
     def capacity(
-        self, tiers: Mapping[str, Tier], spawner, own_labels: Mapping[str, str], tier_label: str
+        self,
+        tiers: Mapping[str, Tier],
+        spawner,
+        hub_pods: Mapping[str, str],
+        grow: Mapping[str, int] | None = None,
     ):
-        """Devices per tier from the last read, for ``spawner``'s configured scheduling; None
-        when nodes could not be read. The hub's pods carry ``own_labels``, and their tier as
-        ``tier_label``."""
+        """Devices per tier from the last read, for ``spawner``'s configured scheduling (with
+        ``grow``: the most an autoscaler may add up to); None when nodes could not be read.
+        ``hub_pods``: the pod name of each of the hub's started servers holding a tier -> that
+        tier, from the hub's records: a pod's labels are anyone's who may create pods in the
+        namespace, and one copying a server's would have its cards left out of the count."""
         if self.nodes is None:
             return None
 
         def tier_of(pod: Mapping) -> str | None:
-            labels = (pod.get("metadata") or {}).get("labels") or {}
-            if not all(labels.get(k) == v for k, v in own_labels.items()):
-                return None
-            return labels.get(tier_label, "")
+            return hub_pods.get((pod.get("metadata") or {}).get("name"))
 
-        return capacity(tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), tier_of)
+        return capacity(
+            tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), tier_of, grow
+        )
 
 
 class _Serializer:

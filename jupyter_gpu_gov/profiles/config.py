@@ -16,7 +16,7 @@ from traitlets.config import SingletonConfigurable
 from ..core.durations import parse_duration
 from ..core.vocabulary import LABEL_PREFIX
 from .quota import QuotaError, TeamQuota, load_quotas
-from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers
+from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers, renamed
 
 # A Kubernetes label prefix: a DNS subdomain, then '/'.
 _PREFIX = re.compile(
@@ -76,6 +76,16 @@ class GpuProfiles(SingletonConfigurable):
         may read nodes; an entry here then caps that count (a share of the cluster for this hub),
         and stands in for it while nodes cannot be read. A tier without an entry or a count is
         bounded by quotas alone. Workstation spawners count their own devices.""",
+    ).tag(config=True)
+
+    node_pool_max = Dict(
+        help="""Devices per tier that the tier's nodes can hold at most once the cluster
+        autoscaler (or Karpenter) has added every node it may, e.g. ``{"h100": 16}`` for a pool
+        of up to two 8-card nodes, scaled to zero when idle. GpuKubeSpawner counts what the
+        nodes lack of this today as free: a spawn is admitted (team quotas and caps as ever)
+        and its pod waits Pending while the autoscaler adds a node (raise KubeSpawner's
+        ``start_timeout`` to cover that). A tier without an entry counts the nodes that exist.
+        ``capacity`` still caps the sum.""",
     ).tag(config=True)
 
     label_prefix = Unicode(
@@ -203,12 +213,13 @@ class GpuProfiles(SingletonConfigurable):
             )
         return proposal.value
 
-    @validate("capacity")
+    @validate("capacity", "node_pool_max")
     def _valid_capacity(self, proposal):
         for tier, devices in proposal.value.items():
             if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
                 raise TraitError(
-                    f"GpuProfiles.capacity: {tier!r} must be a whole number >= 0, got {devices!r}"
+                    f"GpuProfiles.{proposal.trait.name}: {tier!r} must be a whole number >= 0, "
+                    f"got {devices!r}"
                 )
         return proposal.value
 
@@ -221,6 +232,16 @@ class GpuProfiles(SingletonConfigurable):
             raise TraitError(f"GpuProfiles.tiers: {error}") from None
 
     @cached_property
+    def tier_renamed(self) -> dict[str, str]:
+        """Former tier name -> the tier's name now (a tier's ``formerly``)."""
+        return renamed(self.tier_map)
+
+    @cached_property
+    def said_gone(self) -> set[str]:
+        """Tiers no longer configured that running servers hold, already named in the log."""
+        return set()
+
+    @cached_property
     def quota_map(self) -> dict[str, TeamQuota]:
         try:
             return load_quotas(self.quotas, self.tier_map)
@@ -230,15 +251,16 @@ class GpuProfiles(SingletonConfigurable):
     def check(self) -> None:
         """Raise ``TraitError`` naming what is wrong with the settings."""
         self.quota_map  # noqa: B018  (loads and validates tiers, then quotas)
-        for tier, devices in self.capacity.items():
-            if tier not in self.tier_map:
-                raise TraitError(f"GpuProfiles.capacity: {tier!r} is not a tier")
-            count = self.tier_map[tier].count
-            if devices % count:
-                raise TraitError(
-                    f"GpuProfiles.capacity: {tier!r} counts devices and a server takes {count}: "
-                    f"give a multiple of {count}, got {devices}"
-                )
+        for key in ("capacity", "node_pool_max"):
+            for tier, devices in getattr(self, key).items():
+                if tier not in self.tier_map:
+                    raise TraitError(f"GpuProfiles.{key}: {tier!r} is not a tier")
+                count = self.tier_map[tier].count
+                if devices % count:
+                    raise TraitError(
+                        f"GpuProfiles.{key}: {tier!r} counts devices and a server takes "
+                        f"{count}: give a multiple of {count}, got {devices}"
+                    )
 
 
 def _within(proposal, low: timedelta, high: timedelta, words: str) -> str:

@@ -53,6 +53,8 @@ RESERVE_RANGE = (0.10, 0.15)
 _EPS = 1e-9
 
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+# Beyond any model (the largest have a few trillion); larger counts overflow the arithmetic.
+MAX_PARAMS = 10**15
 _PARAMS = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?([kmbt]?)$")
 
 # A built-in catalogue for the command line when no --tiers file is given: the MIG slices of an
@@ -223,16 +225,19 @@ def parse_params(value: int | float | str) -> int:
         match = _PARAMS.match(text)
         if match is None:
             raise ValueError(
-                f"params: {value!r} is not a number of parameters (use e.g. 7B, 350M, 1.3b, 70e9)"
+                f"params: {value!r:.60} is not a number of parameters (use e.g. 7B, 350M, 1.3b, "
+                "70e9)"
             )
         mantissa, exponent, suffix = match.groups()
         number = float(f"{mantissa}e{exponent or 0}") * _SUFFIXES[suffix]
     else:
         raise ValueError(
-            f"params: expected a number of parameters, got {type(value).__name__} {value!r}"
+            f"params: expected a number of parameters, got {type(value).__name__} {value!r:.60}"
         )
     if not math.isfinite(number) or round(number) < 1:
-        raise ValueError(f"params: {value!r} is not a positive, finite number of parameters")
+        raise ValueError(f"params: {value!r:.60} is not a positive, finite number of parameters")
+    if number > MAX_PARAMS:
+        raise ValueError(f"params: {value!r:.60} is more than 1,000T parameters")
     return round(number)
 
 
@@ -250,13 +255,13 @@ def _precision(value: Any) -> str:
         name = _PRECISION_ALIASES.get(name, name)
         if name in PRECISIONS:
             return name
-    raise ValueError(f"precision: {value!r} is not known (known: {', '.join(PRECISIONS)})")
+    raise ValueError(f"precision: {value!r:.60} is not known (known: {', '.join(PRECISIONS)})")
 
 
 def _mode(value: Any) -> str:
     if isinstance(value, str) and value.strip().lower() in MODES:
         return value.strip().lower()
-    raise ValueError(f"mode: {value!r} is not known (known: {', '.join(MODES)})")
+    raise ValueError(f"mode: {value!r:.60} is not known (known: {', '.join(MODES)})")
 
 
 def _number(value: Any, name: str) -> float:

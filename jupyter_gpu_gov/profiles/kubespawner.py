@@ -156,19 +156,17 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
     def gpu_capacity(self, usage):
         conf = self.gpu_profiles
         static = dict(conf.capacity)
+        hub_pods = dict(self._gpu_pods)  # the last count's (gpu_usage), this server's own too
+        granted = self.gpu_grant.get(TIER_LABEL)
+        own = conf.tier_map.get(conf.tier_renamed.get(granted, granted))
+        if own is not None:
+            hub_pods[self.pod_name] = own.name
         counted = self.gpu_cluster.capacity(
-            conf.tier_map,
-            self,
-            own_labels=self._gpu_own_labels(),
-            tier_label=conf.label_prefix + TIER_LABEL.removeprefix(LABEL_PREFIX),
+            conf.tier_map, self, hub_pods=hub_pods, grow=conf.node_pool_max
         )
         if counted is None:  # nodes not readable (yet): the configured numbers
             return static
         return {t: min(n, static[t]) if t in static else n for t, n in counted.items()}
-
-    def _gpu_own_labels(self) -> dict[str, str]:
-        """Labels every pod this hub starts carries (KubeSpawner's and the chart's)."""
-        return {**self.common_labels, "component": self.component_label}
 
     async def gpu_refresh(self):
         # A fresh enough reading of the cluster before admission counts (and awaits nothing).

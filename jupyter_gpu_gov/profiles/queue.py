@@ -28,16 +28,18 @@ from ..core.queue import (
     QueuedRequest,
     Release,
     Waiting,
-    estimate,
+    estimate_known,
     ordinal,
     rank,
 )
 from .quota import (
     Admission,
     Grant,
+    Held,
     Request,
     TeamQuota,
     admit,
+    indexed,
 )
 from .tiers import Tier
 
@@ -96,19 +98,26 @@ REFUSED = Refusals()  # one hub process, one record
 
 
 def within_guarantee(
-    team: str, tier: str, usage: Sequence[Grant], quotas: Mapping[str, TeamQuota], need: int = 1
+    team: str,
+    tier: str,
+    usage: Sequence[Grant] | Held,
+    quotas: Mapping[str, TeamQuota],
+    need: int = 1,
 ) -> bool:
     quota = quotas.get(team)
     if quota is None:
         return False
-    held = sum(g.devices for g in usage if g.team == team and g.tier == tier)
+    if isinstance(usage, Held):
+        held = usage.devices(tier, team)
+    else:
+        held = sum(g.devices for g in usage if g.team == team and g.tier == tier)
     return held + need <= quota.guaranteed.get(tier, 0)
 
 
 def _rank(
     request: Request,
     queued_at: datetime,
-    usage: Sequence[Grant],
+    usage: Held,
     quotas: Mapping[str, TeamQuota],
     tiers: Mapping[str, Tier],
 ) -> tuple:
@@ -152,19 +161,20 @@ def _holding(
 
 def ordered(
     queued: Sequence[QueuedRequest],
-    usage: Sequence[Grant],
+    usage: Sequence[Grant] | Held,
     quotas: Mapping[str, TeamQuota],
     tiers: Mapping[str, Tier],
     now: datetime,
 ) -> list[QueuedRequest]:
     """The live requests, first in line first."""
+    usage = indexed(usage)
     live = [q for q in queued if q.live(now) and q.tier in tiers]
     return sorted(live, key=lambda q: _rank(_of(q), q.queued_at, usage, quotas, tiers))
 
 
 def admit_in_line(
     request: Request,
-    usage: Sequence[Grant],
+    usage: Sequence[Grant] | Held,
     capacity: Mapping[str, int | None],
     quotas: Mapping[str, TeamQuota],
     tiers: Mapping[str, Tier],
@@ -175,8 +185,16 @@ def admit_in_line(
 ) -> Admission:
     """``quota.admit`` for ``request`` (waiting since ``queued_at``, or arriving now) behind the
     waiting requests ranked ahead of it. Refused only because of them: ``limit`` is LINE."""
+    if not isinstance(usage, Held):
+        live = [q for q in queued if q.live(now) and q.tier in tiers]
+        if not any(q.server != request.server for q in live):  # nobody ahead: admission alone
+            return admit(request, usage, capacity, quotas, tiers)
+        # Only what these admissions read (their tiers, their users): an index costs more.
+        on = {request.tier, *(q.tier for q in live)}
+        of = {request.user, *(q.user for q in live)}
+        usage = Held(g for g in usage if g.tier in on or g.user in of)
     mine = _rank(request, queued_at or now, usage, quotas, tiers)
-    held, ahead = list(usage), 0
+    held, ahead = Held(base=usage), 0
     for other in ordered(queued, usage, quotas, tiers, now):
         other_request = _of(other)
         if other.server == request.server:
@@ -185,7 +203,7 @@ def admit_in_line(
             break
         admission = admit(other_request, held, capacity, quotas, tiers)
         if admission.allowed:
-            held.append(_holding(other_request, admission, tiers, quotas, other.queued_at))
+            held.add(_holding(other_request, admission, tiers, quotas, other.queued_at))
             ahead += other.tier == request.tier
     decided = admit(request, held, capacity, quotas, tiers)
     if decided.allowed or not ahead or not admit(request, usage, capacity, quotas, tiers).allowed:
@@ -201,7 +219,7 @@ def admit_in_line(
 
 def line(
     queued: Sequence[QueuedRequest],
-    usage: Sequence[Grant],
+    usage: Sequence[Grant] | Held,
     capacity: Mapping[str, int | None],
     quotas: Mapping[str, TeamQuota],
     tiers: Mapping[str, Tier],
@@ -214,17 +232,21 @@ def line(
     requests for one freed GPU only the first is ready), its estimated wait and what would
     start it sooner — for the requests ``sooner_for`` names (default all): each costs a pass
     over the line per smaller tier, so the whole line's took seconds at a few hundred
-    requests, on the hub's event loop, at every Hub page a waiting user opened."""
-    held = list(usage)
+    requests, on the hub's event loop, at every Hub page a waiting user opened. The rest is
+    O(waiting + held): admission counts from an index (``quota.Held``) that the requests let
+    in are added to, and the estimates from the holders' releases sorted once per key."""
+    usage = indexed(usage)
+    held = Held(base=usage)
     result: list[Waiting] = []
     positions: dict[str, int] = {}
+    estimates = _Estimates(usage, releases, now)
     for request in ordered(queued, usage, quotas, tiers, now):
         asked = _of(request)
         admission = admit(asked, held, capacity, quotas, tiers)
         positions[request.tier] = positions.get(request.tier, 0) + 1
         if admission.allowed:
-            held.append(_holding(asked, admission, tiers, quotas, request.queued_at))
-        guess = wait_estimate(asked, admission, result, usage, releases, now)
+            held.add(_holding(asked, admission, tiers, quotas, request.queued_at))
+        guess = estimates.wait(asked, admission)
         quota = quotas.get(request.team)
         result.append(
             Waiting(
@@ -247,33 +269,40 @@ def line(
     return result
 
 
-def wait_estimate(
-    request: Request,
-    admission: Admission,
-    ahead: Sequence[Waiting],
-    usage: Sequence[Grant],
-    releases: Mapping[str, Release],
-    now: datetime,
-) -> Estimate:
-    """From the deadlines and idle state of the servers whose release would let ``request``
-    in (those of its tier; the user's own for their cap; the team's on the tier for its
-    borrowing limit): the k-th earliest, k its place among the requests waiting for the same."""
-    if admission.allowed:
-        return Estimate(now, "it starts now")
-    if admission.limit == USER_CAP:
-        holders = [g for g in usage if g.user == request.user]
-        before = [w for w in ahead if w.request.user == request.user]
-    elif admission.limit == BORROWING:
-        holders = [g for g in usage if g.team == request.team and g.tier == request.tier]
-        before = [
-            w for w in ahead if w.request.team == request.team and w.request.tier == request.tier
-        ]
-    else:
-        holders = [g for g in usage if g.tier == request.tier]
-        before = [w for w in ahead if w.request.tier == request.tier]
-    position = 1 + sum(not w.ready for w in before)
-    known = [releases.get(g.server, Release(None)) for g in holders]
-    return estimate(position, known, now)
+class _Estimates:
+    """The line's estimated waits (``wait``, in line order): from the deadlines and idle state
+    of the servers whose release would let a request in (those of its tier; the user's own for
+    their cap; the team's on the tier for its borrowing limit), the k-th earliest, k its place
+    among the requests not ready that wait for the same. Each key's releases are sorted once,
+    and the places counted as the line goes."""
+
+    def __init__(self, usage: Held, releases: Mapping[str, Release], now: datetime) -> None:
+        self.usage, self.releases, self.now = usage, releases, now
+        self.holders: dict[tuple, list[Grant]] | None = None  # per key, on first need
+        self.known: dict[tuple, tuple[list[Release], int]] = {}
+        self.waiting: dict[tuple, int] = {}  # requests not ready so far, per key
+
+    def wait(self, request: Request, admission: Admission) -> Estimate:
+        if admission.allowed:
+            return Estimate(self.now, "it starts now")
+        by_user = ("user", request.user)
+        by_team = ("team", request.tier, request.team)
+        by_tier = ("tier", request.tier)
+        for key in (by_user, by_team, by_tier):
+            self.waiting[key] = self.waiting.get(key, 0) + 1  # this one, and for those behind
+        key = {USER_CAP: by_user, BORROWING: by_team}.get(admission.limit, by_tier)
+        if key not in self.known:
+            if self.holders is None:
+                self.holders = {}
+                for g in self.usage.grants:
+                    for k in (("user", g.user), ("team", g.tier, g.team), ("tier", g.tier)):
+                        self.holders.setdefault(k, []).append(g)
+            holders = self.holders.get(key, ())
+            releases = [self.releases.get(g.server, Release(None)) for g in holders]
+            known = sorted((r for r in releases if r.at is not None), key=lambda r: r.at)
+            self.known[key] = (known, len(releases))
+        known, count = self.known[key]
+        return estimate_known(self.waiting[key], known, count, self.now)
 
 
 def sooner(

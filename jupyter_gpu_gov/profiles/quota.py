@@ -62,6 +62,51 @@ class Grant:
     started: datetime | None = None
 
 
+class Held:
+    """Grants indexed as admission counts them: per tier and team, by user, by server, and the
+    borrowed ones per tier; on top of ``base`` (an index shared, not copied) when given. The
+    spawn queue's line admits each request waiting with those let in ahead added as it goes:
+    from an index that is O(waiting + held), from the list of grants O(waiting x held)."""
+
+    def __init__(self, grants: Iterable[Grant] = (), base: Held | None = None) -> None:
+        self.base = base
+        self.grants: list[Grant] = []  # these, without the base's
+        self._devices: dict[tuple[str, str | None], int] = {}  # (tier, team); team None: all
+        self._users: dict[str, list[Grant]] = {}
+        self._servers: dict[str, list[Grant]] = {}
+        self._borrowed: dict[str, list[Grant]] = {}
+        for grant in grants:
+            self.add(grant)
+
+    def add(self, grant: Grant) -> None:
+        self.grants.append(grant)
+        devices = self._devices
+        for key in ((grant.tier, grant.team), (grant.tier, None)):
+            devices[key] = devices.get(key, 0) + grant.devices
+        self._users.setdefault(grant.user, []).append(grant)
+        self._servers.setdefault(grant.server, []).append(grant)
+        if grant.borrowed:
+            self._borrowed.setdefault(grant.tier, []).append(grant)
+
+    def devices(self, tier: str, team: str | None = None, but: str = "") -> int:
+        """Devices held on ``tier`` (by ``team``; None: by all), server ``but``'s left out."""
+        count = self._devices.get((tier, team), 0)
+        for grant in self._servers.get(but, ()):
+            if grant.tier == tier and (team is None or grant.team == team):
+                count -= grant.devices
+        return count + (self.base.devices(tier, team, but) if self.base else 0)
+
+    def of_user(self, user: str) -> list[Grant]:
+        return [*(self.base.of_user(user) if self.base else ()), *self._users.get(user, ())]
+
+    def borrowed(self, tier: str) -> list[Grant]:
+        return [*(self.base.borrowed(tier) if self.base else ()), *self._borrowed.get(tier, ())]
+
+
+def indexed(usage: Sequence[Grant] | Held) -> Held:
+    return usage if isinstance(usage, Held) else Held(usage)
+
+
 @dataclass(frozen=True)
 class Request:
     server: str
@@ -174,7 +219,7 @@ def _known(names: Iterable[str], tiers: Mapping[str, Tier], key: str) -> None:
 
 def admit(
     request: Request,
-    usage: Sequence[Grant],
+    usage: Sequence[Grant] | Held,
     capacity: Mapping[str, int | None],
     quotas: Mapping[str, TeamQuota],
     tiers: Mapping[str, Tier],
@@ -199,15 +244,15 @@ def admit(
         offered = ", ".join(tiers[t].display_name for t in tiers if t in quota.tiers) or "none"
         return Admission(False, f"{name} is not offered to team {quota.team} (offered: {offered}).")
 
-    others = [g for g in usage if g.server != request.server]
-    refusal = _over_user_cap(request, tier, quota, others, tiers)
+    if not isinstance(usage, Held):  # only what this admission reads: an index costs more
+        usage = Held(g for g in usage if g.tier == tier.name or g.user == request.user)
+    refusal = _over_user_cap(request, tier, quota, usage, tiers)
     if refusal:
         return refusal
 
     need = tier.count
-    on_tier = [g for g in others if g.tier == tier.name]
-    in_use = sum(g.devices for g in on_tier)
-    team_used = sum(g.devices for g in on_tier if g.team == quota.team)
+    in_use = usage.devices(tier.name, but=request.server)
+    team_used = usage.devices(tier.name, quota.team, but=request.server)
     guaranteed = quota.guaranteed.get(tier.name, 0)
     cap = capacity.get(tier.name)
     free_after = float("inf") if cap is None else cap - in_use - need
@@ -220,7 +265,7 @@ def admit(
                 f"{_devices(tier, guaranteed)} in use with this server.",
             )
         # Cards the team is guaranteed are held by other teams' borrowed servers.
-        reclaim = _reclaim(on_tier, quota, quotas, tier.name, -free_after, lambda g: True)
+        reclaim = _reclaim(usage, request, quota, quotas, -free_after, lambda g: True)
         if reclaim:
             return Admission(
                 False,
@@ -259,7 +304,7 @@ def admit(
         )
     else:
         state = f"team {quota.team} has no guarantee on {name}"
-    reserved = _reserved_for_others(on_tier, quota, quotas, tier.name)
+    reserved = _reserved_for_others(usage, request, quota, quotas)
     if free_after - reserved >= 0:
         return Admission(
             True,
@@ -268,12 +313,7 @@ def admit(
             borrowed=True,
         )
     reclaim = _reclaim(
-        on_tier,
-        quota,
-        quotas,
-        tier.name,
-        reserved - free_after,
-        lambda g: g.priority < quota.priority,
+        usage, request, quota, quotas, reserved - free_after, lambda g: g.priority < quota.priority
     )
     if reclaim:
         return Admission(
@@ -294,7 +334,7 @@ def admit(
 def tier_use(
     user: str,
     team: str,
-    usage: Sequence[Grant],
+    usage: Sequence[Grant] | Held,
     capacity: Mapping[str, int | None],
     quotas: Mapping[str, TeamQuota],
     tiers: Mapping[str, Tier],
@@ -308,17 +348,17 @@ def tier_use(
     quota = quotas.get(team)
     if quota is None:
         return []
+    usage = indexed(usage)
     lines = []
     for name in tiers:
         if name not in quota.tiers:
             continue
-        on_tier = [g for g in usage if g.tier == name and g.server != server]
         lines.append(
             TierUse(
                 tier=name,
-                team_used=sum(g.devices for g in on_tier if g.team == team),
+                team_used=usage.devices(name, team, but=server),
                 guaranteed=quota.guaranteed.get(name, 0),
-                in_use=sum(g.devices for g in on_tier),
+                in_use=usage.devices(name, but=server),
                 capacity=capacity.get(name),
                 admission=decide(Request(server, user, team, name), usage, capacity, quotas, tiers),
             )
@@ -326,10 +366,10 @@ def tier_use(
     return lines
 
 
-def _over_user_cap(request, tier, quota, others, tiers) -> Admission | None:
+def _over_user_cap(request, tier, quota, usage: Held, tiers) -> Admission | None:
     if quota.user_cap is None:
         return None
-    mine = [g for g in others if g.user == request.user]
+    mine = [g for g in usage.of_user(request.user) if g.server != request.server]
     held = sum(g.weight for g in mine)
     if held + tier.weight <= quota.user_cap + _EPS:
         return None
@@ -361,36 +401,41 @@ def _over_user_cap(request, tier, quota, others, tiers) -> Admission | None:
     )
 
 
-def _reserved_for_others(on_tier, quota, quotas, tier: str) -> float:
+def _reserved_for_others(usage: Held, request, quota, quotas) -> float:
     """Devices other teams keep for themselves: the unused guarantee they do not lend."""
-    reserved = 0
+    tier, reserved = request.tier, 0
     for other in quotas.values():
         if other.team == quota.team:
             continue
         unused = max(
             0,
-            other.guaranteed.get(tier, 0) - sum(g.devices for g in on_tier if g.team == other.team),
+            other.guaranteed.get(tier, 0) - usage.devices(tier, other.team, but=request.server),
         )
         lendable = other.lending_limit.get(tier)
         reserved += 0 if lendable is None else max(0, unused - lendable)
     return reserved
 
 
-def _reclaim(on_tier, quota, quotas, tier: str, shortfall: float, eligible) -> tuple[Grant, ...]:
+def _reclaim(usage: Held, request, quota, quotas, shortfall: float, eligible) -> tuple[Grant, ...]:
     """Borrowed grants of other teams that would cover ``shortfall`` devices: lowest priority
     first, then the most recently started (Kueue's order), or nothing if they cannot cover it.
     Only a team's excess over its guarantee is taken: a grant labelled borrowed at spawn is
     within the guarantee once enough of the team's other servers have stopped."""
-    excess: dict[str, int] = {}
-    for g in on_tier:
-        excess[g.team] = excess.get(g.team, 0) + g.devices
-    for team in excess:
-        other = quotas.get(team)
-        excess[team] -= other.guaranteed.get(tier, 0) if other else 0
+    tier = request.tier
     candidates = sorted(
-        (g for g in on_tier if g.borrowed and g.team != quota.team and eligible(g)),
+        (
+            g
+            for g in usage.borrowed(tier)
+            if g.server != request.server and g.team != quota.team and eligible(g)
+        ),
         key=lambda g: (g.priority, -(g.started.timestamp() if g.started else 0)),
     )
+    excess: dict[str, int] = {}
+    for team in {g.team for g in candidates}:
+        other = quotas.get(team)
+        excess[team] = usage.devices(tier, team, but=request.server) - (
+            other.guaranteed.get(tier, 0) if other else 0
+        )
     chosen, covered = [], 0
     for grant in candidates:
         if covered >= shortfall:

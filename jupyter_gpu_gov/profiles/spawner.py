@@ -118,6 +118,23 @@ def _weight(recorded: str | None) -> float:
     return min(weight, 64.0) if weight > 0 else 0.0  # nan and negatives: 0
 
 
+def _say_gone(log, said: set[str], gone: Mapping[str, int]) -> None:
+    """Once per tier name and process: running servers hold a tier no longer configured
+    (removed, or renamed without saying so: the team's guarantee then does not see them)."""
+    for name, servers in gone.items():
+        if name in said or len(said) >= 1000:
+            continue
+        said.add(name)
+        log.warning(
+            "gpu-gov: %d running server(s) hold tier %s, which is no longer configured: "
+            "their devices count on no tier's quota. If it was renamed, give the new tier "
+            "'formerly': [%s]",
+            servers,
+            repr(name[:60]),
+            repr(name[:60]),
+        )
+
+
 class GpuRefused(web.HTTPError):
     """A spawn the profile layer refuses; JupyterHub shows ``jupyterhub_message`` to the user."""
 
@@ -131,6 +148,9 @@ class GpuProfilesMixin:
 
     _gpu_granted: dict[str, str] | None = None  # the grant, kept in the spawner's state
     _gpu_queued: QueuedRequest | None = None  # waiting in line, kept in the spawner's state
+    # The pod of each started server holding a tier (KubeSpawner's state: pod_name) -> the tier,
+    # from the last count: the cluster count knows the hub's pods by name, not by their labels.
+    _gpu_pods: Mapping[str, str] = {}
 
     @property
     def gpu_profiles(self) -> GpuProfiles:
@@ -264,8 +284,8 @@ class GpuProfilesMixin:
         before ``start()`` admits it, so until then they are the user's words (forged grant keys
         there once used up a team's quota, and a tier that was a list failed every admission)."""
         conf = self.gpu_profiles
-        tiers, quotas = conf.tier_map, conf.quota_map
-        grants = []
+        tiers, quotas, renamed = conf.tier_map, conf.quota_map, conf.tier_renamed
+        grants, gone, pods = [], {}, {}
         for row_id, name, user, state, started in (
             self.user.db.query(
                 orm.Spawner.id,
@@ -281,10 +301,13 @@ class GpuProfilesMixin:
             if self.orm_spawner is not None and row_id == self.orm_spawner.id:
                 continue
             options = granted(state)
-            tier, team = tiers.get(options.get(TIER)), options.get(TEAM)
+            granted_tier, team = options.get(TIER), options.get(TEAM)
+            tier = tiers.get(renamed.get(granted_tier, granted_tier))
             if tier is None:
                 # A tier an admin removed while the server runs: it holds nothing any tier
                 # counts, but its grant's weight still counts against its owner's cap.
+                if granted_tier:
+                    gone[granted_tier] = gone.get(granted_tier, 0) + 1
                 weight = _weight(options.get(WEIGHT))
                 if options.get(TIER) and weight:
                     grants.append(
@@ -293,6 +316,9 @@ class GpuProfilesMixin:
                         )
                     )
                 continue
+            pod = (state or {}).get("pod_name")
+            if isinstance(pod, str):
+                pods[pod] = tier.name
             grants.append(
                 Grant(
                     server=server_key(user, name or ""),
@@ -306,6 +332,9 @@ class GpuProfilesMixin:
                     started=started,
                 )
             )
+        if gone:
+            _say_gone(self.log, conf.said_gone, gone)
+        self._gpu_pods = pods
         return grants
 
     def _gpu_server_key(self) -> str:

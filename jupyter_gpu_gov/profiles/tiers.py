@@ -117,6 +117,7 @@ _KEYS = {
     "max_age",
     "task_types",
     "kubespawner_override",
+    "formerly",
 }
 
 
@@ -147,6 +148,9 @@ class Tier:
     # first is the default, the owner may pick another of these on the spawn form.
     task_types: tuple[str, ...] = ("interactive",)
     kubespawner_override: Mapping[str, Any] = field(default_factory=dict)
+    # Names this tier had: servers granted under one (and their pods' gpu-gov/tier) are this
+    # tier's, or a rename would hand the team its guarantee again beside them.
+    formerly: tuple[str, ...] = ()
 
     @property
     def summary(self) -> str:
@@ -281,7 +285,20 @@ def load_tiers(
         if tier.name in tiers:
             raise TierError(f"{label}: the name is used twice")
         tiers[tier.name] = tier
+    names = [n for t in tiers.values() for n in (t.name, *t.formerly)]
+    for tier in tiers.values():
+        for old in tier.formerly:
+            if names.count(old) > 1:
+                raise TierError(
+                    f"tier {tier.name!r}: 'formerly' names {old!r}, which is also another "
+                    "tier's name or former name"
+                )
     return tiers
+
+
+def renamed(tiers: Mapping[str, Tier]) -> dict[str, str]:
+    """Former tier name -> the tier's name now (``formerly``)."""
+    return {old: t.name for t in tiers.values() for old in t.formerly}
 
 
 def _tier(entry: dict[str, Any], cards: Mapping[str, Card]) -> Tier:
@@ -384,7 +401,22 @@ def _tier(entry: dict[str, Any], cards: Mapping[str, Card]) -> Tier:
         else parse_duration(entry["max_age"], "'max_age'"),
         task_types=_task_types(entry),
         kubespawner_override=dict(_mapping(entry, "kubespawner_override")),
+        formerly=_formerly(entry, name),
     )
+
+
+def _formerly(entry: Mapping, name: str) -> tuple[str, ...]:
+    value = entry.get("formerly", [])
+    if (
+        not isinstance(value, list | tuple)
+        or not all(isinstance(v, str) and _NAME.match(v) and v != name for v in value)
+        or len(set(value)) != len(value)
+    ):
+        raise ValueError(
+            f"'formerly' must be a list of distinct earlier names of this tier (lower-case "
+            f"label values), got {value!r}"
+        )
+    return tuple(value)
 
 
 def _task_types(entry: Mapping) -> tuple[str, ...]:
