@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import time
+import urllib.parse
 from datetime import timedelta
 
 import pytest
@@ -21,6 +22,7 @@ from fake_hub_api import FakeHub
 from test_fuzz_api import ACCESS, PREFIX, fresh_report
 from tornado.httpclient import AsyncHTTPClient
 from tornado.netutil import bind_sockets
+from traitlets import TraitError
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
@@ -38,10 +40,10 @@ SLOW = 0.01  # units a second: nothing comes back within a test, so no timing is
 
 
 @contextlib.asynccontextmanager
-async def service(tmp_path, monkeypatch, **settings):
+async def service(tmp_path, monkeypatch, latency: float = 0.0, **settings):
     """The governor's server with ``settings`` (``GpuGovernor``'s), alice and bob each running
-    a server; yields (url, governor, hub)."""
-    hub = FakeHub()
+    a server, the Hub answering after ``latency`` s; yields (url, governor, hub)."""
+    hub = FakeHub(latency=latency)
     hub.start()
     for user, token in (("alice", ALICE), ("bob", BOB)):
         hub.add_server(user, started=clock.utcnow() - timedelta(minutes=5))
@@ -297,3 +299,69 @@ async def test_an_api_flood_is_counted_per_caller_in_the_log(tmp_path, monkeypat
         while not summaries <= {r.getMessage() for r in caplog.records}:
             assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
             await asyncio.sleep(0.05)
+
+
+# -- Where every server reaches the service from one address (a service mesh's sidecar, which
+# proxies from 127.0.0.1; SNAT on a node): the per-address caps are settings.
+
+
+async def test_servers_behind_one_address_keep_their_connections_as_the_setting_says(
+    tmp_path, monkeypatch
+):
+    """600 servers' kept connections from one address: with ``max_connections_per_address``
+    raised none is let go (at the default 512 the oldest were, and their reports churned)."""
+    async with service(tmp_path, monkeypatch, max_connections_per_address=600) as (url, _, _):
+        port = urllib.parse.urlsplit(url).port
+        streams = [await asyncio.open_connection("127.0.0.1", port) for _ in range(600)]
+        try:
+            # The last one answered first: every connection before it was taken by then.
+            for reader, writer in (streams[-1], streams[0]):
+                writer.write(
+                    f"GET {PREFIX}api/ HTTP/1.1\r\nHost: gov\r\n"
+                    f"Authorization: token {ALICE}\r\n\r\n".encode()
+                )
+                line = await asyncio.wait_for(reader.readline(), 30)
+                assert line.startswith(b"HTTP/1.1 200"), line
+        finally:
+            for _, writer in streams:
+                writer.close()
+
+
+async def test_servers_behind_one_address_are_checked_as_many_at_once_as_the_setting_says(
+    tmp_path, monkeypatch
+):
+    """After a restart every server's token is checked with the Hub once; from one address
+    they took turns 8 at a time (10,000 servers: seconds of queue, reports past 10 s 503).
+    ``hub_checks_per_address`` sets how many."""
+    async with service(tmp_path, monkeypatch, latency=0.5, hub_checks_per_address=40) as (
+        url,
+        _,
+        hub,
+    ):
+        tokens = [f"alice-token-{n}" for n in range(40)]
+        for token in tokens:
+            hub.add_user_token("alice", token, extra_scopes=[ACCESS])
+        hub.max_in_flight = 0
+        client = AsyncHTTPClient(force_instance=True, max_clients=len(tokens))
+        try:
+            answers = await asyncio.gather(
+                *(
+                    client.fetch(
+                        url + "api/",
+                        headers={"Authorization": f"token {token}"},
+                        raise_error=False,
+                        request_timeout=60,
+                    )
+                    for token in tokens
+                )
+            )
+        finally:
+            client.close()
+        assert [a.code for a in answers] == [200] * len(tokens)
+        assert hub.max_in_flight >= 20, hub.max_in_flight  # 8 at most before
+
+
+def test_a_bad_per_address_cap_stops_the_service_naming_it():
+    for name, value in (("max_connections_per_address", -1), ("hub_checks_per_address", 0)):
+        with pytest.raises(TraitError, match=f"'{name}' trait of a GpuGovernor"):
+            GpuGovernor(**{name: value})

@@ -253,15 +253,18 @@ class GpuGovernor(GovernorSettings, Application):
     def make_server(self, governor: Governor) -> ProtocolHTTPServer:
         """The service's HTTP server: the web app, and servers' reports as a direct route."""
         reports = f"{self.service_prefix.rstrip('/')}/api/reports"
+        hub_auth = PreparedHubOAuth.instance()  # the handlers' and the login callback's too
+        hub_auth.checks_per_address = self.hub_checks_per_address
         return ProtocolHTTPServer(
             self.make_web_app(governor),
             max_body_size=MAX_BODY_BYTES,
             xheaders=True,
             accept_interval=self.accept_interval,
+            max_connections_per_peer=self.max_connections_per_address,
             direct={
                 ("POST", reports): report_route(
                     governor,
-                    PreparedHubOAuth.instance(),
+                    hub_auth,
                     Budget(self.report_budget, self.report_burst),
                     Budget(self.refused_budget, self.refused_burst),
                 )

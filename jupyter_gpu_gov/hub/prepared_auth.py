@@ -54,6 +54,7 @@ ADMIN_KEPT_S = 30.0
 # one; a process sending a flood of them (aiohttp asks at most 100 at a time) held up the
 # first check of every other server's token behind the whole flood (its report 503 after
 # 10 s: its GPU data unknown, the governor blind). Nothing is cached that the Hub did not say.
+# (``hub_checks_per_address``: behind a mesh's sidecar or SNAT every server is one address).
 ASKING: ContextVar[str | None] = ContextVar("gpu_gov_asking", default=None)
 MAX_CHECKS_PER_ADDRESS = 8
 
@@ -72,6 +73,8 @@ class PreparedHubOAuth(HubOAuth):
     Its ``cache`` keeps a token's answer small (``kept``), under the SHA-256 of HubAuth's key
     (``token:<session id>:<token's SHA-256 in hex>``). The Hub is asked about tokens in turn
     by address (``ASKING``)."""
+
+    checks_per_address = MAX_CHECKS_PER_ADDRESS  # the service's ``hub_checks_per_address``
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -126,7 +129,7 @@ class PreparedHubOAuth(HubOAuth):
             return await ask()
         turns = self._turns.get(address)
         if turns is None:
-            turns = self._turns[address] = _Turns()
+            turns = self._turns[address] = _Turns(self.checks_per_address)
         turns.asking += 1
         try:
             async with turns.semaphore:
@@ -177,9 +180,9 @@ class _Turns:
 
     __slots__ = ("asking", "semaphore")
 
-    def __init__(self) -> None:
+    def __init__(self, at_once: int) -> None:
         self.asking = 0
-        self.semaphore = asyncio.Semaphore(MAX_CHECKS_PER_ADDRESS)
+        self.semaphore = asyncio.Semaphore(at_once)
 
 
 def bound_servers(scopes) -> tuple[str, ...] | None:

@@ -397,6 +397,26 @@ class GovernorSettings(HasTraits):
         help="""Requests one caller may make of the API and the pages at once before
         ``api_budget`` applies: a script's burst (an admin deciding a batch of extensions).""",
     ).tag(config=True)
+    max_connections_per_address = Int(
+        512,
+        min=0,
+        help="""Connections kept open from one address (its socket's); past it, that
+        address's connection idle the longest is let go (a server sends its report again on a
+        new one). A pod is one address and keeps one connection: 512 leaves room for a
+        workstation's or a proxy's servers. Where every server reaches the service from one
+        address (a service mesh's sidecar, which proxies from 127.0.0.1; SNAT on a node),
+        raise it to about the number of servers, or 0: only the cap on all connections
+        (20,000, below the open-file limit) holds.""",
+    ).tag(config=True)
+    hub_checks_per_address = Int(
+        8,
+        min=1,
+        help="""Tokens not yet known (and logins' codes) from one address the Hub is asked
+        about at a time; the others from that address wait their turn, so a flood of bogus
+        tokens waits behind itself, not in front of other servers' checks. Behind a service
+        mesh's sidecar or SNAT, every server's first check after a restart comes from one
+        address: raise it (e.g. 100, as many as the service asks the Hub at once).""",
+    ).tag(config=True)
     accept_interval = Float(
         0.02,
         min=0,
