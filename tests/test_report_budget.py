@@ -301,6 +301,54 @@ async def test_an_api_flood_is_counted_per_caller_in_the_log(tmp_path, monkeypat
             await asyncio.sleep(0.05)
 
 
+async def test_an_address_whose_api_requests_name_no_caller_waits_without_hub_checks_or_lines(
+    tmp_path, monkeypatch, caplog
+):
+    """Requests to the API and the pages that name no caller the Hub knows (no token, bogus
+    ones: each new one a Hub check) count against their address as the report route's do: past
+    ``refused_burst`` the next one is 429 without a Hub check, and the flood costs the log its
+    address's first line and then a count, not a WARNING each. A cached caller from the same
+    address is not held back, and a browser not logged in is still sent to the login."""
+    monkeypatch.setattr(routes, "REFUSAL_LINES_EVERY_S", 0.5)
+    caplog.set_level(logging.INFO)
+    async with service(tmp_path, monkeypatch, refused_budget=SLOW, refused_burst=5) as (
+        url,
+        _,
+        hub,
+    ):
+        assert (await get(url, "api/servers", ALICE)).code == 200  # alice's token cached
+        for n in range(4):
+            assert (await get(url, "api/servers", f"bogus-{n}")).code == 403
+        assert (await get(url, "api/nowhere", "")).code == 404  # no route: logged, not counted
+        assert (await get(url, "api/audit", "")).code == 403  # no token at all: the 5th
+        checks = hub.counters["GET /user"]
+        answer = await get(url, "api/servers", "bogus-5")
+        assert answer.code == 429 and int(answer.headers["Retry-After"]) >= 90
+        assert "too many requests refused from this address" in json.loads(answer.body)["message"]
+        assert (await get(url, "api/servers", "")).code == 429
+        assert hub.counters["GET /user"] == checks  # the Hub was not asked
+        assert (await get(url, "api/servers", ALICE)).code == 200
+        login = await get(url, "me", "")
+        assert login.code == 302 and "/hub/api/oauth2/authorize" in login.headers["Location"]
+        assert (await post(url, "bogus-6", report_of("alice"))).code == 429  # one budget
+        warned = [
+            (r.name, r.getMessage())
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and "/services/gpu-gov/" in r.getMessage()
+        ]  # not tornado's access line nor its HTTPError line for each: the address's first
+        assert [name for name, _ in warned] == ["tornado.access", "jupyter_gpu_gov.hub"], warned
+        assert warned[0][1].startswith("403 GET /services/gpu-gov/api/servers (127.0.0.1)")
+        assert warned[1][1].startswith("gpu-gov: GET /services/gpu-gov/api/servers refused (429)")
+        summaries = {
+            ("tornado.access", "gpu-gov: 5 more refused from 127.0.0.1 in the last minute"),
+            ("jupyter_gpu_gov.hub", "gpu-gov: 1 more refused from 127.0.0.1 in the last minute"),
+        }
+        deadline = time.monotonic() + 30
+        while not summaries <= {(r.name, r.getMessage()) for r in caplog.records}:
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            await asyncio.sleep(0.05)
+
+
 # -- Where every server reaches the service from one address (a service mesh's sidecar, which
 # proxies from 127.0.0.1; SNAT on a node): the per-address caps are settings.
 

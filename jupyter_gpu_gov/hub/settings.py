@@ -371,10 +371,11 @@ class GovernorSettings(HasTraits):
         1.0,
         min=0,
         help="""Requests a second from one address that no known caller sent (no token, or one the
-        Hub refuses) the report route refuses before it answers that address's next such request
-        429 with ``Retry-After``, without asking the Hub: a flood of bogus tokens costs neither
-        Hub checks nor log lines. A known caller's report is never held back by it. 0: no
-        budget.""",
+        Hub refuses) the service refuses (reports, the API and the pages together) before it
+        answers that address's next such request 429 with ``Retry-After``, without asking the
+        Hub: a flood of bogus tokens costs neither Hub checks nor log lines. A caller whose token
+        is cached, a browser's login, and a page's redirect to the login are never held back by
+        it. 0: no budget.""",
     ).tag(config=True)
     refused_burst = Float(
         30.0,
