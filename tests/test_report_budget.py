@@ -245,7 +245,8 @@ async def test_a_caller_looping_over_the_api_and_pages_gets_429_and_one_log_line
     share it, a header the client sets gains nothing, admins have one too, other callers are
     not held back, and the 429s cost the log one line (``RefusalLog``), not one each."""
     caplog.set_level(logging.INFO)
-    async with service(tmp_path, monkeypatch, api_budget=SLOW, api_burst=5) as (url, _, hub):
+    # A burst of 9 units: her page ("me") costs 5 (built from every server), a read 1.
+    async with service(tmp_path, monkeypatch, api_budget=SLOW, api_burst=9) as (url, _, hub):
         other = "alice-own-token"  # hers, not her server's: it reads her page too
         hub.add_user_token("alice", other, extra_scopes=[ACCESS, "access:servers!user=alice"])
         hub.add_user_token("root", "root-token", extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
@@ -266,8 +267,8 @@ async def test_a_caller_looping_over_the_api_and_pages_gets_429_and_one_log_line
         # Another address in a header she sets gains nothing; bob is not held back; an admin
         # has a budget of its own, as big.
         assert (await get(url, "api/servers", BOB)).code == 200
-        for _ in range(5):
-            assert (await get(url, "api/servers", "root-token")).code == 200
+        # An admin's listing of every server costs 5: one of 9, then 429.
+        assert (await get(url, "api/servers", "root-token")).code == 200
         assert (await get(url, "api/servers", "root-token")).code == 429
         # The report route has a budget of its own: alice still reports.
         assert (await post(url, ALICE, report_of("alice"))).code == 200
@@ -279,6 +280,33 @@ async def test_a_caller_looping_over_the_api_and_pages_gets_429_and_one_log_line
             "'root': send again in 100 s",
         ], refused
         assert not [r for r in caplog.records if r.getMessage().startswith("429 ")]  # access log
+
+
+async def test_an_export_costs_the_api_budget_more_than_a_status_read(tmp_path, monkeypatch):
+    """A year's usage export or a what-if costs the service hundreds of times a status read;
+    counted 1 each, a loop of them went through a budget sized for reads. Exports count
+    ``COST_EXPORT`` (10), listings of every server ``COST_LISTING`` (5), the rest 1."""
+    async with service(tmp_path, monkeypatch, api_budget=SLOW, api_burst=25) as (url, _, hub):
+        own = "alice-own-token"  # hers (her server's own may not read her usage)
+        hub.add_user_token("alice", own, extra_scopes=[ACCESS, "access:servers!user=alice"])
+        for _ in range(2):
+            assert (await get(url, "api/usage?since=365d&group_by=day", own)).code == 200
+        for _ in range(5):
+            assert (await get(url, "api/", own)).code == 200
+        answer = await get(url, "api/", own)
+        assert answer.code == 429, answer.body  # 2 x 10 + 5: the burst of 25 is spent
+
+
+async def test_an_admin_clicking_through_the_dashboard_stays_within_the_api_budget(
+    tmp_path, monkeypatch
+):
+    """The default budget (10 a second, 100 at once) with costs: ten loads of the dashboard
+    (a listing), a showback page (an export) and three listings of every server in a row are
+    all answered."""
+    async with service(tmp_path, monkeypatch) as (url, _, hub):
+        hub.add_user_token("root", "root-token", extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
+        for path in [""] * 10 + ["showback"] + ["api/servers"] * 3:
+            assert (await get(url, path, "root-token")).code == 200, path
 
 
 async def test_an_api_flood_is_counted_per_caller_in_the_log(tmp_path, monkeypatch, caplog):

@@ -35,6 +35,13 @@ if TYPE_CHECKING:
     from .tables import ServerRow
 
 MAX_TEXT = 2000  # characters of a reason
+# What a request costs, in units of its caller's ``api_budget`` (docs/api.md, "API budget"): a
+# status read, a page of the audit or a person's request, about 1 ms of the event loop; a
+# listing of every server (an admin's, the dashboard, the health view, a user's page built
+# from every server's lines), up to ~150 ms at 10,000 servers; an export or a replay (usage,
+# the trace, the diagnosis's costs, a what-if, showback), seconds of a worker. Counted alike,
+# a loop of exports went through a budget sized for reads at hundreds of times their cost.
+COST_READ, COST_LISTING, COST_EXPORT = 1, 5, 10
 
 
 def error_message(reason: str, kwargs: dict) -> str:
@@ -101,8 +108,14 @@ def _not_text(value: Any, where: str) -> str | None:
 
 
 class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
+    cost = COST_READ  # the route's cost class, in units of ``api_budget``
+
     def initialize(self, governor: Governor):
         self.governor = governor
+
+    def request_cost(self, caller: dict) -> int:
+        """This request's units of ``caller``'s ``api_budget`` (the route's ``cost``)."""
+        return self.cost
 
     def get_login_url(self):
         raise web.HTTPError(403, "authenticate with a JupyterHub token")  # an API never redirects
@@ -170,7 +183,9 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         too, whose listings cost the most. A flood of 429s costs the log a line a minute."""
         budget = self.settings.get("gpu_gov_budget")
         kind, name = caller.get("kind", "user"), caller.get("name", "")
-        wait = budget.take(f"{kind}:{name}") if budget is not None else 0.0
+        wait = (
+            budget.take(f"{kind}:{name}", self.request_cost(caller)) if budget is not None else 0.0
+        )
         if wait:
             # Named in its count's line: bounded, escaped.
             self._throttle(f"{kind}:{name!r:.80}", wait, f"requests from {name!r:.80}")

@@ -385,18 +385,21 @@ class GovernorSettings(HasTraits):
     api_budget = Float(
         10.0,
         min=0,
-        help="""Requests a second one caller (a Hub user or service, all its tokens and its
-        login together; admins too) may make of the API and the pages on average; past it and
+        help="""Units a second one caller (a Hub user or service, all its tokens and its login
+        together; admins too) may spend on the API and the pages on average; past it and
         ``api_burst``, a request is answered 429 with ``Retry-After`` before it does anything.
-        A person clicking, the JupyterLab panel (Extend and Stop, a click each) and a
-        Prometheus scrape make one now and then; a request costs the service about 1 ms, and
-        an admin's listing of a big hub far more. 0: no budget.""",
+        A request costs its route's class: a read 1 (about 1 ms of the service), a listing of
+        every server 5 (an admin's ``api/servers``, the dashboard), an export or a replay 10
+        (``api/usage``, the trace, a what-if, showback: seconds of a worker). A person
+        clicking, the JupyterLab panel (Extend and Stop, a click each) and a Prometheus scrape
+        spend a unit now and then. 0: no budget.""",
     ).tag(config=True)
     api_burst = Float(
         100.0,
         min=1,
-        help="""Requests one caller may make of the API and the pages at once before
-        ``api_budget`` applies: a script's burst (an admin deciding a batch of extensions).""",
+        help="""Units (a read 1, a listing 5, an export 10) one caller may spend on the API
+        and the pages at once before ``api_budget`` applies: a script's burst (an admin
+        deciding a batch of extensions).""",
     ).tag(config=True)
     max_connections_per_address = Int(
         512,
