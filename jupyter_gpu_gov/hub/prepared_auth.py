@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from functools import partial
 
+from jupyterhub.services import auth as hub_auth_module
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
 
 # The scopes the service's handlers test by name (``api_handler.py``, ``routes.py``; HubAuth
@@ -80,6 +82,8 @@ class PreparedHubOAuth(HubOAuth):
         super().__init__(**kwargs)
         self._turns: dict[str, _Turns] = {}
         self._admin_asked: dict[bytes, float] = {}  # an admin's token (its key): when asked
+        if self.certfile and self.keyfile:
+            _keep_ssl_contexts()
 
     def get_user(self, handler, *, sync=True):
         if sync and hasattr(handler, "_cached_hub_user"):
@@ -173,6 +177,29 @@ class PreparedHubOAuth(HubOAuth):
                 scopes = SHARED_SCOPES.setdefault(frozenset(scopes), scopes)
             kept["scopes"] = scopes
         return kept
+
+
+def _keep_ssl_contexts() -> None:
+    """Under the Hub's ``internal_ssl`` HubAuth (JupyterHub 5 and later) makes an SSL context
+    for every request to the Hub (``make_ssl_context``): the key, the certificate and the CA
+    read and parsed again, ~28 ms of the event loop for each token check, every server's every
+    5 minutes. The context made first serves them all, until one of its files changes on disk
+    (a renewed certificate). JupyterHub 4's HubAuth makes none here (tornado's client does)."""
+    make = getattr(hub_auth_module, "make_ssl_context", None)
+    if make is None or getattr(make, "kept", None) is not None:
+        return
+    kept: dict[tuple, object] = {}
+
+    def made_once(keyfile, certfile, cafile=None, **kwargs):
+        files = (keyfile, certfile, cafile)
+        key = (*files, *(os.stat(f).st_mtime_ns for f in files if f), tuple(sorted(kwargs.items())))
+        if key not in kept:
+            kept.clear()  # one set of files at a time: a renewed one replaces the last
+            kept[key] = make(keyfile, certfile, cafile=cafile, **kwargs)
+        return kept[key]
+
+    made_once.kept = kept
+    hub_auth_module.make_ssl_context = made_once
 
 
 class _Turns:
