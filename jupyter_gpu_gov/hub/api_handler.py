@@ -176,9 +176,10 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
             super().log_exception(typ, value, tb)
 
     def _take_from_budget(self, caller: dict) -> None:
-        """One request from the caller's budget (``api_budget``), else 429 with ``Retry-After``:
-        one user's loop of requests, each about 1 ms of the event loop every report waits on,
-        would slow the service for everyone. Keyed by who the Hub says the caller is (all
+        """The request's cost (``request_cost``) from the caller's budget (``api_budget``), else
+        429 with ``Retry-After``: one user's loop of requests, each about 1 ms of the event loop
+        every report waits on (an export seconds of a worker), would slow the service for
+        everyone. Keyed by who the Hub says the caller is (all
         their tokens and their login share it), never by anything the request says; admins
         too, whose listings cost the most. A flood of 429s costs the log a line a minute."""
         budget = self.settings.get("gpu_gov_budget")
