@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import time
+import urllib.parse
 from datetime import timedelta
 
 import pytest
@@ -21,6 +22,7 @@ from fake_hub_api import FakeHub
 from test_fuzz_api import ACCESS, PREFIX, fresh_report
 from tornado.httpclient import AsyncHTTPClient
 from tornado.netutil import bind_sockets
+from traitlets import TraitError
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
@@ -38,10 +40,10 @@ SLOW = 0.01  # units a second: nothing comes back within a test, so no timing is
 
 
 @contextlib.asynccontextmanager
-async def service(tmp_path, monkeypatch, **settings):
+async def service(tmp_path, monkeypatch, latency: float = 0.0, **settings):
     """The governor's server with ``settings`` (``GpuGovernor``'s), alice and bob each running
-    a server; yields (url, governor, hub)."""
-    hub = FakeHub()
+    a server, the Hub answering after ``latency`` s; yields (url, governor, hub)."""
+    hub = FakeHub(latency=latency)
     hub.start()
     for user, token in (("alice", ALICE), ("bob", BOB)):
         hub.add_server(user, started=clock.utcnow() - timedelta(minutes=5))
@@ -243,7 +245,8 @@ async def test_a_caller_looping_over_the_api_and_pages_gets_429_and_one_log_line
     share it, a header the client sets gains nothing, admins have one too, other callers are
     not held back, and the 429s cost the log one line (``RefusalLog``), not one each."""
     caplog.set_level(logging.INFO)
-    async with service(tmp_path, monkeypatch, api_budget=SLOW, api_burst=5) as (url, _, hub):
+    # A burst of 9 units: her page ("me") costs 5 (built from every server), a read 1.
+    async with service(tmp_path, monkeypatch, api_budget=SLOW, api_burst=9) as (url, _, hub):
         other = "alice-own-token"  # hers, not her server's: it reads her page too
         hub.add_user_token("alice", other, extra_scopes=[ACCESS, "access:servers!user=alice"])
         hub.add_user_token("root", "root-token", extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
@@ -264,8 +267,8 @@ async def test_a_caller_looping_over_the_api_and_pages_gets_429_and_one_log_line
         # Another address in a header she sets gains nothing; bob is not held back; an admin
         # has a budget of its own, as big.
         assert (await get(url, "api/servers", BOB)).code == 200
-        for _ in range(5):
-            assert (await get(url, "api/servers", "root-token")).code == 200
+        # An admin's listing of every server costs 5: one of 9, then 429.
+        assert (await get(url, "api/servers", "root-token")).code == 200
         assert (await get(url, "api/servers", "root-token")).code == 429
         # The report route has a budget of its own: alice still reports.
         assert (await post(url, ALICE, report_of("alice"))).code == 200
@@ -277,6 +280,33 @@ async def test_a_caller_looping_over_the_api_and_pages_gets_429_and_one_log_line
             "'root': send again in 100 s",
         ], refused
         assert not [r for r in caplog.records if r.getMessage().startswith("429 ")]  # access log
+
+
+async def test_an_export_costs_the_api_budget_more_than_a_status_read(tmp_path, monkeypatch):
+    """A year's usage export or a what-if costs the service hundreds of times a status read;
+    counted 1 each, a loop of them went through a budget sized for reads. Exports count
+    ``COST_EXPORT`` (10), listings of every server ``COST_LISTING`` (5), the rest 1."""
+    async with service(tmp_path, monkeypatch, api_budget=SLOW, api_burst=25) as (url, _, hub):
+        own = "alice-own-token"  # hers (her server's own may not read her usage)
+        hub.add_user_token("alice", own, extra_scopes=[ACCESS, "access:servers!user=alice"])
+        for _ in range(2):
+            assert (await get(url, "api/usage?since=365d&group_by=day", own)).code == 200
+        for _ in range(5):
+            assert (await get(url, "api/", own)).code == 200
+        answer = await get(url, "api/", own)
+        assert answer.code == 429, answer.body  # 2 x 10 + 5: the burst of 25 is spent
+
+
+async def test_an_admin_clicking_through_the_dashboard_stays_within_the_api_budget(
+    tmp_path, monkeypatch
+):
+    """The default budget (10 a second, 100 at once) with costs: ten loads of the dashboard
+    (a listing), a showback page (an export) and three listings of every server in a row are
+    all answered."""
+    async with service(tmp_path, monkeypatch) as (url, _, hub):
+        hub.add_user_token("root", "root-token", extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
+        for path in [""] * 10 + ["showback"] + ["api/servers"] * 3:
+            assert (await get(url, path, "root-token")).code == 200, path
 
 
 async def test_an_api_flood_is_counted_per_caller_in_the_log(tmp_path, monkeypatch, caplog):
@@ -297,3 +327,117 @@ async def test_an_api_flood_is_counted_per_caller_in_the_log(tmp_path, monkeypat
         while not summaries <= {r.getMessage() for r in caplog.records}:
             assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
             await asyncio.sleep(0.05)
+
+
+async def test_an_address_whose_api_requests_name_no_caller_waits_without_hub_checks_or_lines(
+    tmp_path, monkeypatch, caplog
+):
+    """Requests to the API and the pages that name no caller the Hub knows (no token, bogus
+    ones: each new one a Hub check) count against their address as the report route's do: past
+    ``refused_burst`` the next one is 429 without a Hub check, and the flood costs the log its
+    address's first line and then a count, not a WARNING each. A cached caller from the same
+    address is not held back, and a browser not logged in is still sent to the login."""
+    monkeypatch.setattr(routes, "REFUSAL_LINES_EVERY_S", 0.5)
+    caplog.set_level(logging.INFO)
+    async with service(tmp_path, monkeypatch, refused_budget=SLOW, refused_burst=5) as (
+        url,
+        _,
+        hub,
+    ):
+        assert (await get(url, "api/servers", ALICE)).code == 200  # alice's token cached
+        for n in range(4):
+            assert (await get(url, "api/servers", f"bogus-{n}")).code == 403
+        assert (await get(url, "api/nowhere", "")).code == 404  # no route: logged, not counted
+        assert (await get(url, "api/audit", "")).code == 403  # no token at all: the 5th
+        checks = hub.counters["GET /user"]
+        answer = await get(url, "api/servers", "bogus-5")
+        assert answer.code == 429 and int(answer.headers["Retry-After"]) >= 90
+        assert "too many requests refused from this address" in json.loads(answer.body)["message"]
+        assert (await get(url, "api/servers", "")).code == 429
+        assert hub.counters["GET /user"] == checks  # the Hub was not asked
+        assert (await get(url, "api/servers", ALICE)).code == 200
+        login = await get(url, "me", "")
+        assert login.code == 302 and "/hub/api/oauth2/authorize" in login.headers["Location"]
+        assert (await post(url, "bogus-6", report_of("alice"))).code == 429  # one budget
+        warned = [
+            (r.name, r.getMessage())
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and "/services/gpu-gov/" in r.getMessage()
+        ]  # not tornado's access line nor its HTTPError line for each: the address's first
+        assert [name for name, _ in warned] == ["tornado.access", "jupyter_gpu_gov.hub"], warned
+        assert warned[0][1].startswith("403 GET /services/gpu-gov/api/servers (127.0.0.1)")
+        assert warned[1][1].startswith("gpu-gov: GET /services/gpu-gov/api/servers refused (429)")
+        summaries = {
+            ("tornado.access", "gpu-gov: 5 more refused from 127.0.0.1 in the last minute"),
+            ("jupyter_gpu_gov.hub", "gpu-gov: 1 more refused from 127.0.0.1 in the last minute"),
+        }
+        deadline = time.monotonic() + 30
+        while not summaries <= {(r.name, r.getMessage()) for r in caplog.records}:
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            await asyncio.sleep(0.05)
+
+
+# -- Where every server reaches the service from one address (a service mesh's sidecar, which
+# proxies from 127.0.0.1; SNAT on a node): the per-address caps are settings.
+
+
+async def test_servers_behind_one_address_keep_their_connections_as_the_setting_says(
+    tmp_path, monkeypatch
+):
+    """600 servers' kept connections from one address: with ``max_connections_per_address``
+    raised none is let go (at the default 512 the oldest were, and their reports churned)."""
+    async with service(tmp_path, monkeypatch, max_connections_per_address=600) as (url, _, _):
+        port = urllib.parse.urlsplit(url).port
+        streams = [await asyncio.open_connection("127.0.0.1", port) for _ in range(600)]
+        try:
+            # The last one answered first: every connection before it was taken by then.
+            for reader, writer in (streams[-1], streams[0]):
+                writer.write(
+                    f"GET {PREFIX}api/ HTTP/1.1\r\nHost: gov\r\n"
+                    f"Authorization: token {ALICE}\r\n\r\n".encode()
+                )
+                line = await asyncio.wait_for(reader.readline(), 30)
+                assert line.startswith(b"HTTP/1.1 200"), line
+        finally:
+            for _, writer in streams:
+                writer.close()
+
+
+async def test_servers_behind_one_address_are_checked_as_many_at_once_as_the_setting_says(
+    tmp_path, monkeypatch
+):
+    """After a restart every server's token is checked with the Hub once; from one address
+    they took turns 8 at a time (10,000 servers: seconds of queue, reports past 10 s 503).
+    ``hub_checks_per_address`` sets how many."""
+    async with service(tmp_path, monkeypatch, latency=0.5, hub_checks_per_address=40) as (
+        url,
+        _,
+        hub,
+    ):
+        tokens = [f"alice-token-{n}" for n in range(40)]
+        for token in tokens:
+            hub.add_user_token("alice", token, extra_scopes=[ACCESS])
+        hub.max_in_flight = 0
+        client = AsyncHTTPClient(force_instance=True, max_clients=len(tokens))
+        try:
+            answers = await asyncio.gather(
+                *(
+                    client.fetch(
+                        url + "api/",
+                        headers={"Authorization": f"token {token}"},
+                        raise_error=False,
+                        request_timeout=60,
+                    )
+                    for token in tokens
+                )
+            )
+        finally:
+            client.close()
+        assert [a.code for a in answers] == [200] * len(tokens)
+        assert hub.max_in_flight >= 20, hub.max_in_flight  # 8 at most before
+
+
+def test_a_bad_per_address_cap_stops_the_service_naming_it():
+    for name, value in (("max_connections_per_address", -1), ("hub_checks_per_address", 0)):
+        with pytest.raises(TraitError, match=f"'{name}' trait of a GpuGovernor"):
+            GpuGovernor(**{name: value})

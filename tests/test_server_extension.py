@@ -620,6 +620,45 @@ async def test_an_extend_or_stop_answered_by_something_else_than_the_governor_is
         http.stop()
 
 
+async def test_the_governors_retry_after_is_passed_on_to_jupyterlab(
+    jp_fetch, jp_serverapp, tmp_path, monkeypatch
+):
+    """Extend and Stop are forwarded to the real governor service; past the owner's
+    ``api_budget`` it answers 429 with ``Retry-After``, which the forwarder dropped: JupyterLab
+    read the wait from the message's words. The header now comes through."""
+    from test_report_budget import ALICE, SLOW, service
+
+    from jupyter_gpu_gov.server.reporter import Reporter
+
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    monkeypatch.setattr(
+        app, "server_identity", {**app.server_identity, "user": "alice", "name": ""}
+    )
+    async with service(tmp_path, monkeypatch, api_budget=SLOW, api_burst=1) as (url, _, _):
+        monkeypatch.setattr(app, "reporter", Reporter(url, ALICE, app.log))
+        try:
+            first = await jp_fetch(
+                "jupyter-gpu-gov",
+                "extend",
+                method="POST",
+                body='{"reason": "x"}',
+                raise_error=False,
+            )
+            assert first.code != 429 and "Retry-After" not in first.headers
+            for verb in ("extend", "stop"):
+                answer = await jp_fetch(
+                    "jupyter-gpu-gov",
+                    verb,
+                    method="POST",
+                    body='{"reason": "x"}',
+                    raise_error=False,
+                )
+                assert answer.code == 429, (verb, answer.body)
+                assert 90 <= int(answer.headers["Retry-After"]) <= 101  # a unit at 0.01 a second
+        finally:
+            app.reporter.close()
+
+
 async def a_kernel_stuck_after_2s(jp_fetch, jp_serverapp, jp_root_dir, monkeypatch):
     """A notebook's kernel on the simulated GPU, with a sample taken as stuck after 2 s (not
     10): the extension app."""

@@ -175,6 +175,11 @@ c.GpuGovernor.dcgm_prometheus_url = os.environ.get(
 c.GpuGovernor.dcgm_prometheus_selector = os.environ.get(
     "GPU_GOV_DCGM_SELECTOR", 'job=~"(nvidia-)?dcgm-exporter"'
 )
+# Behind a service mesh's sidecar (Istio, Linkerd: it connects from 127.0.0.1) or SNAT, every
+# server reaches the governor from one address: raise the per-address caps (docs/api.md,
+# "Where every server is one address").
+# c.GpuGovernor.max_connections_per_address = 0  # only the cap on all connections
+# c.GpuGovernor.hub_checks_per_address = 100
 c.GpuGovernor.timeout = 3600  # servers that send no GPU report: jupyterhub-idle-culler's rule
 c.GpuGovernor.policy_defaults = {
     "warn_after": "1h",  # of GPU idleness

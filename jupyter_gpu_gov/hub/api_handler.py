@@ -22,6 +22,7 @@ from ..core.text import not_text_at
 from ..core.vocabulary import server_key
 from .prepared_auth import (
     ADMIN_SCOPE,
+    ASK_THE_HUB,
     ASKING,
     HUB_ADMIN_SCOPES,
     PreparedHubAuthenticated,
@@ -34,6 +35,13 @@ if TYPE_CHECKING:
     from .tables import ServerRow
 
 MAX_TEXT = 2000  # characters of a reason
+# What a request costs, in units of its caller's ``api_budget`` (docs/api.md, "API budget"): a
+# status read, a page of the audit or a person's request, about 1 ms of the event loop; a
+# listing of every server (an admin's, the dashboard, the health view, a user's page built
+# from every server's lines), up to ~150 ms at 10,000 servers; an export or a replay (usage,
+# the trace, the diagnosis's costs, a what-if, showback), seconds of a worker. Counted alike,
+# a loop of exports went through a budget sized for reads at hundreds of times their cost.
+COST_READ, COST_LISTING, COST_EXPORT = 1, 5, 10
 
 
 def error_message(reason: str, kwargs: dict) -> str:
@@ -101,8 +109,14 @@ def _not_text(value: Any, where: str) -> str | None:
 
 
 class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
+    cost = COST_READ  # the route's cost class, in units of ``api_budget``
+
     def initialize(self, governor: Governor):
         self.governor = governor
+
+    def request_cost(self, caller: dict) -> int:
+        """This request's units of ``caller``'s ``api_budget`` (the route's ``cost``)."""
+        return self.cost
 
     def get_login_url(self):
         raise web.HTTPError(403, "authenticate with a JupyterHub token")  # an API never redirects
@@ -113,30 +127,78 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         # not cached (a server's first report, or one after the cache expired) with every other
         # request standing still. current_user then finds the answer cached on the handler.
         # A token the Hub is asked about takes its turn among its address's (prepared_auth).
-        ASKING.set(getattr(self.request.connection, "peer", ""))
+        peer = getattr(self.request.connection, "peer", "")
+        ASKING.set(peer)
+        # An address whose requests keep naming no caller (no token, bogus ones: each new one
+        # a Hub check) waits, as the report route's does (``refused_budget``, shared): a token
+        # of the header or URL not cached is not asked about, and a request that names no
+        # caller gets 429, not 403. A cached caller, and the login cookie (signed: only a
+        # login sets it), are not held back; a page's GET still goes to the Hub's login.
+        refused = self.settings.get("gpu_gov_refused")
+        wait = refused.short(peer) if refused is not None else 0.0
+        if wait and self._would_ask_the_hub():
+            self._throttle(peer, wait, "requests refused from this address")
+            return
         caller = await self.hub_auth.get_user(self, sync=False)
         if caller:
             self._take_from_budget(caller)
+        elif wait and not self.sends_to_login():
+            self._throttle(peer, wait, "requests refused from this address")
 
-    throttled = False  # answered 429 for its caller's budget (its log line: ``RefusalLog``)
+    throttled = False  # answered 429 for a budget (its log line: ``RefusalLog``)
+
+    def sends_to_login(self) -> bool:
+        """Whether a request that names no caller is sent to the Hub's login (a page's GET):
+        every browser's first visit, through the proxy's one address: never held back."""
+        return False
+
+    def _would_ask_the_hub(self) -> bool:
+        """Whether the request's token (header or URL) costs a Hub check: not cached."""
+        token = self.hub_auth.get_token(self, in_cookie=False)
+        session = self.hub_auth.get_session_id(self)
+        return bool(token) and self.hub_auth.cached_user(token, session) is ASK_THE_HUB
+
+    def on_finish(self) -> None:
+        # A request refused for naming no caller counts against its address (the flood's
+        # log lines: ``log_request``).
+        if self.get_status() == 403 and getattr(self, "_cached_hub_user", None) is None:
+            refused = self.settings.get("gpu_gov_refused")
+            if refused is not None:
+                refused.take(getattr(self.request.connection, "peer", ""))
+
+    def log_exception(self, typ, value, tb) -> None:
+        # A refusal of a request that names no caller is logged once, as its address's
+        # (``log_request``), not also as tornado's line for each HTTPError.
+        if not (
+            isinstance(value, web.HTTPError)
+            and value.status_code < 500
+            and getattr(self, "_cached_hub_user", None) is None
+        ):
+            super().log_exception(typ, value, tb)
 
     def _take_from_budget(self, caller: dict) -> None:
-        """One request from the caller's budget (``api_budget``), else 429 with ``Retry-After``:
-        one user's loop of requests, each about 1 ms of the event loop every report waits on,
-        would slow the service for everyone. Keyed by who the Hub says the caller is (all
+        """The request's cost (``request_cost``) from the caller's budget (``api_budget``), else
+        429 with ``Retry-After``: one user's loop of requests, each about 1 ms of the event loop
+        every report waits on (an export seconds of a worker), would slow the service for
+        everyone. Keyed by who the Hub says the caller is (all
         their tokens and their login share it), never by anything the request says; admins
         too, whose listings cost the most. A flood of 429s costs the log a line a minute."""
         budget = self.settings.get("gpu_gov_budget")
         kind, name = caller.get("kind", "user"), caller.get("name", "")
-        wait = budget.take(f"{kind}:{name}") if budget is not None else 0.0
-        if not wait:
-            return
-        seconds = max(1, math.ceil(wait))
-        error = web.HTTPError(
-            429, f"too many requests from {name!r:.80}: send again in {seconds} s"
+        wait = (
+            budget.take(f"{kind}:{name}", self.request_cost(caller)) if budget is not None else 0.0
         )
+        if wait:
+            # Named in its count's line: bounded, escaped.
+            self._throttle(f"{kind}:{name!r:.80}", wait, f"requests from {name!r:.80}")
+
+    def _throttle(self, key: str, wait: float, what: str) -> None:
+        """Answer 429 with ``Retry-After``, before the handler runs; logged as ``key``'s first
+        in a minute, then a count (``RefusalLog``)."""
+        seconds = max(1, math.ceil(wait))
+        error = web.HTTPError(429, f"too many {what}: send again in {seconds} s")
         self.settings["gpu_gov_refusals"].warning(
-            f"{kind}:{name!r:.80}",  # named in its count's line: bounded, escaped
+            key,
             "gpu-gov: %s %.200s refused (429): %s",
             self.request.method,
             self.request.path,

@@ -14,6 +14,7 @@ import signal
 import sys
 import urllib.parse
 from datetime import timedelta
+from functools import partial
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from sqlalchemy.exc import DBAPIError
@@ -69,12 +70,17 @@ def scrubbed(uri: str) -> str:
 
 def log_request(handler: web.RequestHandler) -> None:
     """tornado's access log line, without the credentials a URL may carry. A request refused
-    for its caller's budget has its line from the handler (``RefusalLog``: one a minute)."""
+    for a budget has its line from the handler; one refused naming no caller the Hub knows
+    (no token, a bogus one, a path that is no route) has it as its address's first in a
+    minute, then a count (``RefusalLog``): a flood of them does not rotate the log away."""
     if getattr(handler, "throttled", False):
         return
     status, request = handler.get_status(), handler.request
     if status < 400:
         write = access_log.info
+    elif status < 500 and getattr(handler, "_cached_hub_user", None) is None:
+        peer = getattr(request.connection, "peer", "")
+        write = partial(handler.settings["gpu_gov_access_refusals"].warning, peer)
     else:
         write = access_log.warning if status < 500 else access_log.error
     took = 1000.0 * request.request_time()
@@ -253,17 +259,22 @@ class GpuGovernor(GovernorSettings, Application):
     def make_server(self, governor: Governor) -> ProtocolHTTPServer:
         """The service's HTTP server: the web app, and servers' reports as a direct route."""
         reports = f"{self.service_prefix.rstrip('/')}/api/reports"
+        hub_auth = PreparedHubOAuth.instance()  # the handlers' and the login callback's too
+        hub_auth.checks_per_address = self.hub_checks_per_address
+        # An address's requests refused for naming no caller: one budget for every route.
+        refused = Budget(self.refused_budget, self.refused_burst)
         return ProtocolHTTPServer(
-            self.make_web_app(governor),
+            self.make_web_app(governor, refused),
             max_body_size=MAX_BODY_BYTES,
             xheaders=True,
             accept_interval=self.accept_interval,
+            max_connections_per_peer=self.max_connections_per_address,
             direct={
                 ("POST", reports): report_route(
                     governor,
-                    PreparedHubOAuth.instance(),
+                    hub_auth,
                     Budget(self.report_budget, self.report_burst),
-                    Budget(self.refused_budget, self.refused_burst),
+                    refused,
                 )
             },
         )
@@ -272,7 +283,7 @@ class GpuGovernor(GovernorSettings, Application):
     def service_prefix(self) -> str:
         return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-gov/")
 
-    def make_web_app(self, governor: Governor) -> web.Application:
+    def make_web_app(self, governor: Governor, refused: Budget | None = None) -> web.Application:
         prefix = self.service_prefix
         return web.Application(
             [
@@ -286,7 +297,9 @@ class GpuGovernor(GovernorSettings, Application):
             log_function=log_request,
             gpu_gov_prefix=prefix.rstrip("/") + "/",
             gpu_gov_budget=Budget(self.api_budget, self.api_burst),  # api_handler's prepare
+            gpu_gov_refused=refused,  # the report route's too
             gpu_gov_refusals=RefusalLog(routes.log, routes.REFUSAL_LINES_EVERY_S),
+            gpu_gov_access_refusals=RefusalLog(access_log, routes.REFUSAL_LINES_EVERY_S),
             hub_auth=HubOAuth(),
             xsrf_cookies=False,  # API handlers check XSRF for cookie-authenticated writes
         )

@@ -1,6 +1,7 @@
 """What one caller may make the report route do: a token bucket per caller, and one line in
 the log per address and minute for what it refuses (docs/security.md, "Report budget"). The
-API and the pages have a ``Budget`` per caller too (``ApiHandler.prepare``, ``api_budget``).
+API and the pages have a ``Budget`` per caller too (``ApiHandler.prepare``, ``api_budget``), and
+their requests that name no caller count in the report route's per address (``refused_budget``).
 
 A report costs the governor's event loop about 0.1 ms, the largest one it takes about 15 ms,
 and every other report waits meanwhile: so one caller sending fast, even well-formed reports,

@@ -74,8 +74,11 @@ class PageHandler(ApiHandler):
     """HTML pages: a browser that is not logged in is sent to the Hub's login (GET); errors
     are pages, not JSON."""
 
+    def sends_to_login(self) -> bool:
+        return self.request.method in ("GET", "HEAD")
+
     def get_login_url(self):
-        if self.request.method in ("GET", "HEAD"):
+        if self.sends_to_login():
             return HubOAuthenticated.get_login_url(self)  # the Hub's OAuth, with its state
         raise web.HTTPError(403, "log in again: this form has expired (XSRF)")
 

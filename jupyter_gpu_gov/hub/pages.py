@@ -30,6 +30,7 @@ from ..core.durations import format_duration, parse_duration
 from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
 from . import showback
+from .api_handler import COST_EXPORT, COST_LISTING
 from .page_handler import STATIC, PageHandler, StaticHandler, ago, until
 from .prepared_auth import owner_wide
 from .views import policy_view
@@ -101,6 +102,8 @@ def _sort_key(name: str):
 
 class DashboardHandler(PageHandler):
     """``GET /services/gpu-gov/``: the admin dashboard."""
+
+    cost = COST_LISTING
 
     @web.authenticated
     def get(self):
@@ -267,6 +270,8 @@ class ActionHandler(PageHandler):
 class ShowbackHandler(PageHandler):
     """``GET /services/gpu-gov/showback?group_by=team&period=day&days=14``."""
 
+    cost = COST_EXPORT
+
     @web.authenticated
     async def get(self):
         self.require_admin()
@@ -328,6 +333,8 @@ def _showback(gov, dim: str, period: str, since: datetime) -> tuple[list, list, 
 
 class MyUsageHandler(PageHandler):
     """``GET /services/gpu-gov/me``: the logged-in user's servers, idle hours, team use."""
+
+    cost = COST_LISTING
 
     @web.authenticated
     def get(self):

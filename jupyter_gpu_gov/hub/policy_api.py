@@ -13,7 +13,7 @@ from tornado import web
 from ..core import clock
 from ..core.policy import Policy
 from ..replay.history import Pseudonyms, export_span, export_trace
-from .api_handler import MAX_TEXT, ApiHandler
+from .api_handler import COST_EXPORT, COST_READ, MAX_TEXT, ApiHandler
 from .applied_policy import StalePolicies, apply, policy_view, revert
 from .history import read_history
 from .policy_admin import (
@@ -70,6 +70,8 @@ class ValidateHandler(_PolicyApi):
 class WhatIfHandler(_PolicyApi):
     """``POST api/policy/what-if`` ``{"candidate": ..., "days": 7}``."""
 
+    cost = COST_EXPORT
+
     @web.authenticated
     async def post(self):
         self.require_admin()
@@ -125,6 +127,9 @@ class RevertHandler(_PolicyApi):
 class DryRunHandler(_PolicyApi):
     """``GET api/policy/dry-run``: the dry run so far; ``DELETE`` (``?reason=``) ends it."""
 
+    def request_cost(self, caller: dict) -> int:
+        return COST_EXPORT if self.request.method == "GET" else COST_READ  # a replay's view
+
     @web.authenticated
     async def get(self):
         self.require_admin()
@@ -146,6 +151,8 @@ class DryRunHandler(_PolicyApi):
 class TraceHandler(ApiHandler):
     """``GET api/history/trace?since=1h[&until=][&step=5m][&pseudonymise=1]``: the governor's
     history as a replay trace (JSON Lines), as ``jupyter-gpu-gov export-trace`` writes it."""
+
+    cost = COST_EXPORT
 
     @web.authenticated
     async def get(self):

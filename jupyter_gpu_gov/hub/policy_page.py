@@ -16,6 +16,7 @@ from ..core.durations import format_duration, parse_duration
 from ..replay.whatif import figure_rows
 from . import applied_policy as kept
 from . import policy_admin as admin_
+from .api_handler import COST_EXPORT
 from .page_handler import PageHandler
 from .pages import FLASH_COOKIE, DashboardHandler
 from .tables import AuditRow
@@ -42,6 +43,11 @@ class PolicyPageHandler(PageHandler):
     stop-dry-run, revert)."""
 
     _flash = DashboardHandler._flash  # what the last apply did, once
+
+    def request_cost(self, caller: dict) -> int:
+        if self.request.method == "POST" and self.get_body_argument("action", "") == "predict":
+            return COST_EXPORT  # a what-if: the span replayed through two policies
+        return self.cost
 
     @web.authenticated
     async def get(self):

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from functools import partial
 
+from jupyterhub.services import auth as hub_auth_module
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
 
 # The scopes the service's handlers test by name (``api_handler.py``, ``routes.py``; HubAuth
@@ -54,6 +56,7 @@ ADMIN_KEPT_S = 30.0
 # one; a process sending a flood of them (aiohttp asks at most 100 at a time) held up the
 # first check of every other server's token behind the whole flood (its report 503 after
 # 10 s: its GPU data unknown, the governor blind). Nothing is cached that the Hub did not say.
+# (``hub_checks_per_address``: behind a mesh's sidecar or SNAT every server is one address).
 ASKING: ContextVar[str | None] = ContextVar("gpu_gov_asking", default=None)
 MAX_CHECKS_PER_ADDRESS = 8
 
@@ -73,10 +76,14 @@ class PreparedHubOAuth(HubOAuth):
     (``token:<session id>:<token's SHA-256 in hex>``). The Hub is asked about tokens in turn
     by address (``ASKING``)."""
 
+    checks_per_address = MAX_CHECKS_PER_ADDRESS  # the service's ``hub_checks_per_address``
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._turns: dict[str, _Turns] = {}
         self._admin_asked: dict[bytes, float] = {}  # an admin's token (its key): when asked
+        if self.certfile and self.keyfile:
+            _keep_ssl_contexts()
 
     def get_user(self, handler, *, sync=True):
         if sync and hasattr(handler, "_cached_hub_user"):
@@ -126,7 +133,7 @@ class PreparedHubOAuth(HubOAuth):
             return await ask()
         turns = self._turns.get(address)
         if turns is None:
-            turns = self._turns[address] = _Turns()
+            turns = self._turns[address] = _Turns(self.checks_per_address)
         turns.asking += 1
         try:
             async with turns.semaphore:
@@ -172,14 +179,37 @@ class PreparedHubOAuth(HubOAuth):
         return kept
 
 
+def _keep_ssl_contexts() -> None:
+    """Under the Hub's ``internal_ssl`` HubAuth (JupyterHub 5 and later) makes an SSL context
+    for every request to the Hub (``make_ssl_context``): the key, the certificate and the CA
+    read and parsed again, ~28 ms of the event loop for each token check, every server's every
+    5 minutes. The context made first serves them all, until one of its files changes on disk
+    (a renewed certificate). JupyterHub 4's HubAuth makes none here (tornado's client does)."""
+    make = getattr(hub_auth_module, "make_ssl_context", None)
+    if make is None or getattr(make, "kept", None) is not None:
+        return
+    kept: dict[tuple, object] = {}
+
+    def made_once(keyfile, certfile, cafile=None, **kwargs):
+        files = (keyfile, certfile, cafile)
+        key = (*files, *(os.stat(f).st_mtime_ns for f in files if f), tuple(sorted(kwargs.items())))
+        if key not in kept:
+            kept.clear()  # one set of files at a time: a renewed one replaces the last
+            kept[key] = make(keyfile, certfile, cafile=cafile, **kwargs)
+        return kept[key]
+
+    made_once.kept = kept
+    hub_auth_module.make_ssl_context = made_once
+
+
 class _Turns:
     """An address's checks: how many are asked or wait, and the turns they take."""
 
     __slots__ = ("asking", "semaphore")
 
-    def __init__(self) -> None:
+    def __init__(self, at_once: int) -> None:
         self.asking = 0
-        self.semaphore = asyncio.Semaphore(MAX_CHECKS_PER_ADDRESS)
+        self.semaphore = asyncio.Semaphore(at_once)
 
 
 def bound_servers(scopes) -> tuple[str, ...] | None:

@@ -21,8 +21,9 @@ What this layer owns, and bounds (a user owns the server that sends reports):
 - writes wait while the client does not read (flow control), so a large answer streams; a
   client that takes none of it for ``body_timeout`` is let go;
 - requests handled in batches while they come fast (``accept_interval``);
-- how many connections are open: at most ``max_connections_per_peer`` from one address and
-  ``max_connections`` in all (below the open-file limit); past either, the connection idle the
+- how many connections are open: at most ``max_connections_per_peer`` from one address (0:
+  no such cap; ``max_connections_per_address``) and ``max_connections`` in all (below the
+  open-file limit); past either, the connection idle the
   longest (not being answered) is let go, so new ones, others' reports among them, are served.
 """
 
@@ -58,7 +59,8 @@ LISTEN_BACKLOG = 1024
 # 64 KiB, 64 KiB for 30 s. Without a cap a user's process held every file the service may open:
 # other servers' connections were reset, and the service could not open a socket or a file (the
 # Hub's API, DCGM, its store). A pod is one address, a server keeps one connection: 512 leaves
-# room for a proxy's or a workstation's many (all of theirs from one address).
+# room for a proxy's or a workstation's many (all of theirs from one address). Behind a mesh's
+# sidecar or SNAT every server is one address: the setting ``max_connections_per_address``.
 MAX_CONNECTIONS = 20_000
 MAX_CONNECTIONS_PER_PEER = 512
 # Open files the service keeps for itself (the Hub's API, DCGM, its store, logs): of a low
@@ -588,7 +590,7 @@ class ProtocolHTTPServer:
         self.connections[connection] = None
         peers = self._peers.setdefault(connection.peer, {})
         peers[connection] = None
-        if len(peers) > self.max_connections_per_peer:
+        if 0 < self.max_connections_per_peer < len(peers):  # 0: no cap per address
             self._let_go_one(peers)
         if len(self.connections) > self.max_connections:
             self._let_go_one(self.connections)

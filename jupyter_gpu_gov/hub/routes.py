@@ -20,9 +20,10 @@ from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from ..core.vocabulary import server_key
 from . import metrics, showback
-from .api_handler import ApiHandler, json_object
+from .api_handler import COST_EXPORT, COST_LISTING, COST_READ, ApiHandler, json_object
 from .budget import UNIT_BYTES, Budget, RefusalLog
 from .prepared_auth import (
+    ADMIN_SCOPES,
     ASK_THE_HUB,
     ASKING,
     METRICS_SCOPE,
@@ -176,6 +177,9 @@ def report_route(
 class ServersHandler(ApiHandler):
     """``GET api/servers``: every governed server (admins) or the caller's own."""
 
+    def request_cost(self, caller: dict) -> int:
+        return COST_LISTING if ADMIN_SCOPES.intersection(caller.get("scopes") or ()) else COST_READ
+
     @web.authenticated
     def get(self):
         user = None if self.is_admin else self.current_user["name"]
@@ -292,6 +296,8 @@ class StopHandler(ApiHandler):
 class ExtensionsHandler(ApiHandler):
     """``GET api/extensions?status=pending``: extension requests (admins)."""
 
+    cost = COST_LISTING
+
     @web.authenticated
     def get(self):
         self.require_admin()
@@ -378,6 +384,8 @@ class DiagnosisHandler(ApiHandler):
     what each cause cost per team and per node over the last ``days`` (1-366), the model,
     fragmentation (admins)."""
 
+    cost = COST_EXPORT
+
     @web.authenticated
     def get(self):
         self.require_admin()
@@ -393,6 +401,8 @@ class DiagnosisHandler(ApiHandler):
 class HealthHandler(ApiHandler):
     """``GET api/health``: GPUs that are not healthy (node, GPU, why, since when, who holds
     them) and servers whose GPU state has been unknown too long (admins)."""
+
+    cost = COST_LISTING
 
     @web.authenticated
     def get(self):
@@ -450,6 +460,8 @@ class UsageHandler(ApiHandler):
     """``GET api/usage?group_by=team,day&since=7d&until=…&format=csv|json``: showback from the
     usage ledger. Admins see everyone (``user=``, ``team=``, ``project=``, ``tier=`` filter);
     anyone else only their own usage."""
+
+    cost = COST_EXPORT
 
     @web.authenticated
     async def get(self):

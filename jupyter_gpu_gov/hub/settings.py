@@ -371,10 +371,11 @@ class GovernorSettings(HasTraits):
         1.0,
         min=0,
         help="""Requests a second from one address that no known caller sent (no token, or one the
-        Hub refuses) the report route refuses before it answers that address's next such request
-        429 with ``Retry-After``, without asking the Hub: a flood of bogus tokens costs neither
-        Hub checks nor log lines. A known caller's report is never held back by it. 0: no
-        budget.""",
+        Hub refuses) the service refuses (reports, the API and the pages together) before it
+        answers that address's next such request 429 with ``Retry-After``, without asking the
+        Hub: a flood of bogus tokens costs neither Hub checks nor log lines. A caller whose token
+        is cached, a browser's login, and a page's redirect to the login are never held back by
+        it. 0: no budget.""",
     ).tag(config=True)
     refused_burst = Float(
         30.0,
@@ -384,18 +385,41 @@ class GovernorSettings(HasTraits):
     api_budget = Float(
         10.0,
         min=0,
-        help="""Requests a second one caller (a Hub user or service, all its tokens and its
-        login together; admins too) may make of the API and the pages on average; past it and
+        help="""Units a second one caller (a Hub user or service, all its tokens and its login
+        together; admins too) may spend on the API and the pages on average; past it and
         ``api_burst``, a request is answered 429 with ``Retry-After`` before it does anything.
-        A person clicking, the JupyterLab panel (Extend and Stop, a click each) and a
-        Prometheus scrape make one now and then; a request costs the service about 1 ms, and
-        an admin's listing of a big hub far more. 0: no budget.""",
+        A request costs its route's class: a read 1 (about 1 ms of the service), a listing of
+        every server 5 (an admin's ``api/servers``, the dashboard), an export or a replay 10
+        (``api/usage``, the trace, a what-if, showback: seconds of a worker). A person
+        clicking, the JupyterLab panel (Extend and Stop, a click each) and a Prometheus scrape
+        spend a unit now and then. 0: no budget.""",
     ).tag(config=True)
     api_burst = Float(
         100.0,
         min=1,
-        help="""Requests one caller may make of the API and the pages at once before
-        ``api_budget`` applies: a script's burst (an admin deciding a batch of extensions).""",
+        help="""Units (a read 1, a listing 5, an export 10) one caller may spend on the API
+        and the pages at once before ``api_budget`` applies: a script's burst (an admin
+        deciding a batch of extensions).""",
+    ).tag(config=True)
+    max_connections_per_address = Int(
+        512,
+        min=0,
+        help="""Connections kept open from one address (its socket's); past it, that
+        address's connection idle the longest is let go (a server sends its report again on a
+        new one). A pod is one address and keeps one connection: 512 leaves room for a
+        workstation's or a proxy's servers. Where every server reaches the service from one
+        address (a service mesh's sidecar, which proxies from 127.0.0.1; SNAT on a node),
+        raise it to about the number of servers, or 0: only the cap on all connections
+        (20,000, below the open-file limit) holds.""",
+    ).tag(config=True)
+    hub_checks_per_address = Int(
+        8,
+        min=1,
+        help="""Tokens not yet known (and logins' codes) from one address the Hub is asked
+        about at a time; the others from that address wait their turn, so a flood of bogus
+        tokens waits behind itself, not in front of other servers' checks. Behind a service
+        mesh's sidecar or SNAT, every server's first check after a restart comes from one
+        address: raise it (e.g. 100, as many as the service asks the Hub at once).""",
     ).tag(config=True)
     accept_interval = Float(
         0.02,

@@ -94,19 +94,13 @@ class Reporter:
         if self.connection is not None:
             self.connection.close()
 
-    async def extend(self, user: str, name: str, reason: str) -> tuple[int, dict]:
-        return await self._call_with_status(
-            "POST", f"{_server_path(user, name)}/extend", {"reason": reason}
-        )
+    async def extend(self, user: str, name: str, reason: str) -> tuple[int, dict, float]:
+        """The governor's answer to the owner's Extend: status, JSON, ``Retry-After`` (s)."""
+        return await self._call("POST", f"{_server_path(user, name)}/extend", {"reason": reason})
 
-    async def stop(self, user: str, name: str, reason: str) -> tuple[int, dict]:
-        return await self._call_with_status(
-            "POST", f"{_server_path(user, name)}/stop", {"reason": reason}
-        )
-
-    async def _call_with_status(self, method: str, path: str, body: dict) -> tuple[int, dict]:
-        status, data, _ = await self._call(method, path, body)
-        return status, data
+    async def stop(self, user: str, name: str, reason: str) -> tuple[int, dict, float]:
+        """The governor's answer to the owner's Stop: status, JSON, ``Retry-After`` (s)."""
+        return await self._call("POST", f"{_server_path(user, name)}/stop", {"reason": reason})
 
     async def _call(self, method: str, path: str, body: dict) -> tuple[int, dict, float]:
         """The answer's status and JSON object, and its ``Retry-After`` in seconds (0.0: none)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 
 from jupyter_server.auth.decorator import authorized
@@ -130,7 +131,7 @@ class ForwardHandler(GpuGovHandler):
         identity = app.server_identity
         call = app.reporter.extend if self.verb == "extend" else app.reporter.stop
         try:
-            status, outcome = await call(identity["user"], identity["name"], reason)
+            status, outcome, retry_after = await call(identity["user"], identity["name"], reason)
         except Exception as error:
             raise web.HTTPError(502, f"the governor did not answer: {error}") from None
         verdict = outcome.get("verdict")
@@ -142,6 +143,9 @@ class ForwardHandler(GpuGovHandler):
         if isinstance(verdict, dict):
             app.set_verdict(verdict)
         self.set_status(status)
+        if status == 429 and retry_after:
+            # The governor's wait, passed on: JupyterLab reads it here, not from the words.
+            self.set_header("Retry-After", str(math.ceil(retry_after)))
         self.finish(json.dumps(outcome))
 
 

@@ -134,7 +134,8 @@ export function createActions(options: {
           extendOutcome(
             response.status,
             response.body ?? { message: response.message ?? undefined },
-            { now: Date.now(), trans }
+            { now: Date.now(), trans },
+            response.retryAfter ?? null
           )
         );
         void poller.refresh();
@@ -160,7 +161,12 @@ export function createActions(options: {
     }
     await saveDirtyDocuments(app, docManager);
     const response = await api.stop('stopped by the owner from JupyterLab');
-    const outcome = stopOutcome(response.status, response.body, trans);
+    const outcome = stopOutcome(
+      response.status,
+      response.body,
+      trans,
+      response.retryAfter ?? null
+    );
     if (outcome.kind === 'success') {
       poller.markStopped(true); // the tab says so at once; the Hub follows
     } else {

@@ -6,6 +6,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { parseTime } from './format';
+import { retryAfterSeconds } from './model/outcomes';
 import {
   ICheckpointManifest,
   ICheckpointSummary,
@@ -27,6 +28,8 @@ export interface IApiResponse<T> {
    * or a redirect to the Hub's pages while it stops).
    */
   gone: boolean;
+  /** A 429's `Retry-After` in seconds (the governor's, passed on by the server), or null. */
+  retryAfter?: number | null;
 }
 
 /** A status request that failed; `gone` when the server is not running any more. */
@@ -131,7 +134,13 @@ export class GpuGovApi {
     try {
       response = await ServerConnection.makeRequest(url, init, this._settings);
     } catch (error) {
-      return { status: 0, body: null, message: String(error), gone: false };
+      return {
+        status: 0,
+        body: null,
+        message: String(error),
+        gone: false,
+        retryAfter: null
+      };
     }
     // Sent to the Hub's pages: the proxy no longer routes to this server.
     const gone =
@@ -154,7 +163,13 @@ export class GpuGovApi {
         : response.ok
           ? null
           : response.statusText || null;
-    return { status: response.status, body: body as T | null, message, gone };
+    return {
+      status: response.status,
+      body: body as T | null,
+      message,
+      gone,
+      retryAfter: retryAfterSeconds(response.headers.get('Retry-After'))
+    };
   }
 
   private _settings: ServerConnection.ISettings;

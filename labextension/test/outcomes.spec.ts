@@ -3,6 +3,7 @@ import {
   checkpointDue,
   checkpointOutcome,
   extendOutcome,
+  retryAfterSeconds,
   stopOutcome
 } from '../src/model/outcomes';
 import { opts, verdict } from './helpers';
@@ -118,6 +119,34 @@ describe('outcomes in plain words', () => {
       kind: 'info',
       message: expect.stringContaining('Try again in a minute.')
     });
+  });
+
+  it("a 429's wait is its Retry-After header's, passed on by the server, not the message's words", () => {
+    const worded = {
+      message: "too many requests from 'alice': send again in 7 s"
+    };
+    for (const out of [
+      extendOutcome(429, worded, opts, 12),
+      stopOutcome(429, worded, undefined, 12),
+      extendOutcome(429, { message: 'Too Many Requests' }, opts, 12)
+    ]) {
+      expect(out).toEqual({
+        kind: 'info',
+        message:
+          'The GPU governor had many requests from you just now, so nothing was done. Try again in 12 s.'
+      });
+    }
+    expect(retryAfterSeconds(' 12 ')).toBe(12);
+    for (const value of [
+      null,
+      '',
+      'Wed, 21 Oct 2015 07:28:00 GMT',
+      '-1',
+      '1e3',
+      '9999999'
+    ]) {
+      expect(retryAfterSeconds(value)).toBeNull();
+    }
   });
 
   it('checkpoint success and failure', () => {

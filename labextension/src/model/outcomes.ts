@@ -48,11 +48,31 @@ function refusalInWords(message: string, trans: ITrans): string {
 }
 
 /**
- * A 429: the governor asked for a pause (too many requests from this user just now; its
- * `api_budget`). Nothing was done, nothing is wrong: said as information, with the wait.
+ * The seconds of a `Retry-After` header (the governor's, passed on by the server), or null:
+ * none, or an HTTP date (the governor sends seconds).
  */
-function throttledOutcome(message: string, trans: ITrans): IOutcome {
-  const wait = /send again in (\d+) s/.exec(message)?.[1];
+export function retryAfterSeconds(
+  value: string | null | undefined
+): number | null {
+  const text = (value ?? '').trim();
+  return /^\d{1,6}$/.test(text) ? Number(text) : null;
+}
+
+/**
+ * A 429: the governor asked for a pause (too many requests from this user just now; its
+ * `api_budget`). Nothing was done, nothing is wrong: said as information, with the wait: its
+ * `Retry-After`, else the seconds its message names (a server from before the header was
+ * passed on).
+ */
+function throttledOutcome(
+  message: string,
+  trans: ITrans,
+  retryAfter: number | null
+): IOutcome {
+  const wait =
+    retryAfter !== null
+      ? String(retryAfter)
+      : /send again in (\d+) s/.exec(message)?.[1];
   return {
     kind: 'info',
     message: wait
@@ -70,7 +90,8 @@ function throttledOutcome(message: string, trans: ITrans): IOutcome {
 export function extendOutcome(
   httpStatus: number,
   body: IExtendResponse | null,
-  options: IViewOptions
+  options: IViewOptions,
+  retryAfter: number | null = null
 ): IOutcome {
   const trans = transOf(options);
   const status = body?.status;
@@ -118,7 +139,7 @@ export function extendOutcome(
     return { kind: 'warning', message: refusalInWords(message, trans) };
   }
   if (httpStatus === 429) {
-    return throttledOutcome(message, trans);
+    return throttledOutcome(message, trans, retryAfter);
   }
   if (httpStatus === 502 || httpStatus === 503 || httpStatus === 504) {
     return {
@@ -201,7 +222,8 @@ export function checkpointOutcome(
 export function stopOutcome(
   httpStatus: number,
   body: IStopResponse | null,
-  trans: ITrans = nullTrans
+  trans: ITrans = nullTrans,
+  retryAfter: number | null = null
 ): IOutcome {
   if (httpStatus >= 200 && httpStatus < 300 && body?.status === 'stopping') {
     return {
@@ -212,7 +234,7 @@ export function stopOutcome(
     };
   }
   if (httpStatus === 429) {
-    return throttledOutcome(body?.message ?? '', trans);
+    return throttledOutcome(body?.message ?? '', trans, retryAfter);
   }
   if (httpStatus === 409) {
     return {
