@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from jupyterhub import orm
 from traitlets.config import Config
 
+from jupyter_gpu_gov.core.grant import GRANT_STATE
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.estimate import DEFAULT_TIERS
 from jupyter_gpu_gov.profiles.quota import Request, admit, tier_use
@@ -56,7 +57,9 @@ def run(servers: int, teams: int, repeat: int) -> dict:
         db.add(user)
         tier = rng.choice(list(tiers))
         spawner = orm.Spawner(name="", user=user, started=datetime(2026, 1, 1))
-        spawner.user_options = {TIER: tier, TEAM: rng.choice(names), BORROWED: "false"}
+        # The grant as the profile layer records it: in the spawner's state, which the
+        # count reads (user_options are the user's words, never read as a grant).
+        spawner.state = {GRANT_STATE: {TIER: tier, TEAM: rng.choice(names), BORROWED: "false"}}
         db.add(spawner)
     db.commit()
     db.expunge_all()  # the hub's session holds its live servers, not 2 x N objects just made
