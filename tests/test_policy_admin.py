@@ -407,3 +407,34 @@ async def test_a_policy_applied_during_a_pass_governs_from_the_next_one(tmp_path
         hub.latency = 0
         await gov.reconcile()
         assert gov.row("alice/").policy == "later"
+
+
+async def test_an_apply_to_one_policy_warns_no_one_governed_by_another_again(tmp_path):
+    """Bob, governed by the catch-all, is warned; an admin then lengthens the notice of the
+    policy for alice, ahead of it. Bob's policy, and the servers it governs, did not change:
+    he gets no second warning (before, every policy after the changed one was stamped anew,
+    as if applied then)."""
+    alice = {"name": "alice", "match": {"users": ["alice"]}, "warn_after": "3h"}
+    defaults = {"warn_after": "1h", "cull_after": "2h"}
+    first = {"policies": [{**alice, "cull_after": "4h"}], "policy_defaults": defaults}
+    second = {"policies": [{**alice, "cull_after": "5h"}], "policy_defaults": defaults}
+
+    async def at(minutes):
+        clock.advance(minutes * 60)
+        gov.ingest(report_for("bob", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        return [a.action for a in gov.store.audit_rows("bob/") if a.action == "warn"]
+
+    try:
+        async with FakeHub() as hub:
+            hub.add_server("bob")
+            gov = governor(hub, tmp_path)
+            kept.apply(gov, first, "user:ada", "alice's runs are long")
+            await at(0)
+            assert await at(61) == ["warn"]
+            deadline = gov.verdict("bob/")["cull_at"]
+            kept.apply(gov, second, "user:ada", "longer still for alice")
+            assert await at(1) == ["warn"], "bob was warned again for alice's policy"
+            assert gov.verdict("bob/")["cull_at"] == deadline
+    finally:
+        clock.reset()

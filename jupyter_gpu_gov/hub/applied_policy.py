@@ -62,6 +62,25 @@ APPLIED_POLICIES = Table(
 )
 
 
+@dataclass(frozen=True)
+class Stamp:
+    """What ``in_force`` compares of a policy that was in force."""
+
+    name: str
+    digest: str
+    match: str
+    since: datetime | None
+
+
+def stamp(policy: Policy) -> Stamp:
+    unstamped = replace(policy, in_force_since=None)
+    return Stamp(policy.name, _digest(unstamped), _digest(policy.match), policy.in_force_since)
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()
+
+
 def fingerprint(config: Mapping, timeout_s: float, max_age_s: float | None) -> str:
     """The config file's policies, hashed: ``policies`` and ``policy_defaults`` and the timeout
     and max_age they are built over (a change to any of them changes what the file asks for)."""
@@ -235,17 +254,33 @@ def revert(governor, actor: str, reason: str, over: str | None = None) -> dict:
     return {"reverted": True, "policies": policy_names(governor.policies), "diff": changes}
 
 
-def in_force(policies: list[Policy], since: datetime, live: list[Policy] = ()) -> list[Policy]:
-    """``policies`` as applied at ``since`` over ``live``: a deadline they bring in has its
-    full notice from then (``Policy.in_force_since``). A policy that governs the same servers
-    as before (it and every one before it unchanged: ``select`` takes the first that matches)
-    keeps its time, so that an apply elsewhere gives its warned servers no second warning."""
-    kept, changed = [], False
-    for i, p in enumerate(policies):
-        before = live[i] if i < len(live) else None
-        changed = changed or before is None or replace(before, in_force_since=None) != p
-        kept.append(replace(p, in_force_since=since) if changed else before)
+def in_force(
+    policies: list[Policy], since: datetime, live: list[Policy] | list[Stamp] = ()
+) -> list[Policy]:
+    """``policies`` as applied at ``since`` over ``live`` (those in force, or as kept at the
+    last run): a deadline they bring in has its full notice from then
+    (``Policy.in_force_since``). A policy that governs the same servers as before keeps its
+    time, so that an apply elsewhere gives its warned servers no second warning: the policy of
+    that name unchanged, and the same matches ahead of it (``select`` takes the first that
+    matches: a change to another's limits moves no server, one to its match may)."""
+    before = [s if isinstance(s, Stamp) else stamp(s) for s in live]
+    after = [stamp(p) for p in policies]
+    old = {s.name: (s, ahead) for s, ahead in zip(before, _aheads(before), strict=True)}
+    kept = []
+    for p, s, ahead in zip(policies, after, _aheads(after), strict=True):
+        found = old.get(p.name)
+        same = found is not None and found[0].digest == s.digest and found[1] == ahead
+        kept.append(replace(p, in_force_since=found[0].since if same else since))
     return kept
+
+
+def _aheads(stamps: list[Stamp]) -> list[str]:
+    """For each policy, the matches of those before it, hashed."""
+    ahead, out = hashlib.sha256(), []
+    for s in stamps:
+        out.append(ahead.hexdigest())
+        ahead.update(s.match.encode())
+    return out
 
 
 def config_of(governor) -> dict:
