@@ -438,3 +438,54 @@ async def test_an_apply_to_one_policy_warns_no_one_governed_by_another_again(tmp
             assert gov.verdict("bob/")["cull_at"] == deadline
     finally:
         clock.reset()
+
+
+async def test_a_policy_changed_in_the_config_file_warns_first_after_a_restart(
+    tmp_path, monkeypatch
+):
+    """Alice is warned of a cull 3 hours on; the service is restarted with a config file whose
+    notice is 30 minutes, 40 minutes after her warning. The changed policy governs as an
+    applied one does: she is warned again with its full notice, not stopped in the first pass
+    (the new notice counted from the old warning, already past)."""
+
+    async def start(cull_after: str):
+        config = tmp_path / "gpu_gov_config.py"
+        config.write_text(
+            f"c.GpuGovernor.db_url = 'sqlite:///{tmp_path / 'gov.sqlite'}'\n"
+            "c.GpuGovernor.policy_defaults = "
+            f"{{'warn_after': '1h', 'cull_after': '{cull_after}'}}\n"
+        )
+        app = GpuGovernor()
+        app.initialize([f"--config={config}"])
+        return app.make_governor()
+
+    async def at(gov, minutes):
+        clock.advance(minutes * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        rows = gov.store.audit_rows("alice/")[::-1]  # oldest first
+        return [a.action for a in rows if a.action in ("warn", "checkpoint", "cull")]
+
+    try:
+        async with FakeHub() as hub:
+            monkeypatch.setenv("JUPYTERHUB_API_URL", hub.api_url)
+            monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.token)
+            hub.add_server("alice")
+            gov = await start("4h")
+            await at(gov, 0)
+            assert await at(gov, 61) == ["warn"]
+            await gov.close()
+            clock.advance(40 * 60)
+            gov = await start("90m")  # a notice of 30 minutes
+            restarted = clock.utcnow()
+            assert await at(gov, 0) == ["warn", "warn"], "stopped in the first pass"
+            assert clock.parse(gov.verdict("alice/")["cull_at"]) >= restarted + timedelta(
+                minutes=30
+            )
+            assert hub.running("alice")
+            await gov.close()
+            gov = await start("90m")  # the same config file again: nothing new
+            assert await at(gov, 1) == ["warn", "warn"]
+            await gov.close()
+    finally:
+        clock.reset()
