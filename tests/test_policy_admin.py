@@ -386,6 +386,24 @@ async def test_an_apply_over_policies_that_changed_since_they_were_read_is_refus
     assert kept.policy_view(gov)["source"] == other
 
 
+async def test_a_dry_run_over_policies_that_changed_since_they_were_read_is_refused(tmp_path):
+    """A dry run shows the candidate beside the live policy: started from a page that showed
+    other live policies than those now in force, it would compare the admin's edit of the old
+    ones with another admin's. It is refused as the apply is, and starts nothing."""
+    async with FakeHub() as hub:
+        gov = governor(hub, tmp_path)
+    read = kept.policy_view(gov)["version"]
+    kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", over=read)
+    other = {"policies": [], "policy_defaults": {"cull_after": "3h"}}
+    with pytest.raises(kept.StalePolicies, match=r"changed since you read them.*user:ada"):
+        kept.apply(gov, other, "user:bo", "see it first", dry_run=True, over=read)
+    assert kept.policy_view(gov)["dry_run"] is None
+    assert not [a for a in gov.store.audit_rows() if a.action == "policy-dry-run"]
+    now = kept.policy_view(gov)["version"]
+    kept.apply(gov, other, "user:bo", "see it beside ada's", dry_run=True, over=now)
+    assert kept.policy_view(gov)["dry_run"]["by"] == "user:bo"
+
+
 async def test_a_policy_applied_during_a_pass_governs_from_the_next_one(tmp_path):
     """The pass decides every server on the policies it began with: an apply while it waits
     for the Hub's listing governs from the next pass, as api.md says. Before, the servers

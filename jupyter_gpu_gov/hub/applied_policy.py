@@ -246,11 +246,12 @@ def apply(
     the live policy. ``StoreUnavailable`` when either cannot be written: then nothing changed.
     ``over``: the ``version`` of the live policies it was made over (``StalePolicies`` if they
     changed since; None: not checked)."""
+    admin = policy_admin(governor)
+    # A dry run too: beside other live policies than those read, it compares the wrong ones.
+    _check_over(admin, over)  # no await from here to the record: one change at a time
     if dry_run:
         return start_dry_run(governor, candidate, actor, reason)
     policies = validate(candidate, governor.options)
-    admin = policy_admin(governor)
-    _check_over(admin, over)  # no await from here to the record: one change at a time
     config_of(governor)
     changes = diff(admin.source, candidate)
     now = clock.utcnow()
