@@ -17,6 +17,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.rightsize import load_tier_sizes
 from jupyter_gpu_gov.hub import applied_policy as kept
 from jupyter_gpu_gov.hub import policy_admin as admin
 from jupyter_gpu_gov.hub.app import GpuGovernor
@@ -507,3 +508,30 @@ async def test_a_policy_changed_in_the_config_file_warns_first_after_a_restart(
             await gov.close()
     finally:
         clock.reset()
+
+
+async def test_an_apply_naming_a_tier_or_team_nobody_has_says_so(tmp_path):
+    """An admin's typo in ``match.tiers`` or ``match.teams`` makes the policy match no server,
+    and before, nothing said so. The apply (and a validation) answers a warning naming the
+    policy, the name and those the governor knows; the policy is applied all the same, as a
+    team's first server or a new tier may yet come."""
+    tiers = load_tier_sizes([{"name": "h100", "memory_gb": 80, "weight": 1}])
+    async with FakeHub() as hub:
+        gov = governor(hub, tmp_path, tier_sizes=tiers, team_map={"alice": "vision"})
+    typo = {
+        "policies": [
+            {"name": "big", "match": {"tiers": ["h10"]}, "cull_after": "4h"},
+            {"name": "cv", "match": {"teams": ["vision", "visoin"]}, "cull_after": "3h"},
+            {"name": "fine", "match": {"tiers": ["h100"], "teams": ["vision"]}},
+        ],
+        "policy_defaults": {},
+    }
+    done = kept.apply(gov, typo, "user:ada", "longer for big GPUs")
+    assert done["applied"] and [p.name for p in gov.policies][:3] == ["big", "cv", "fine"]
+    assert done["warnings"] == [
+        "policy 'big': match.tiers names 'h10', a tier the governor does not know (known: "
+        "h100): it matches no server on it",
+        "policy 'cv': match.teams names 'visoin', a team the governor does not know (known: "
+        "vision): it matches no server of it",
+    ]
+    assert admin.match_warnings(gov, admin.validate(CANDIDATE, gov.options)) == []

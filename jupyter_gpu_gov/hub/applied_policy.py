@@ -33,6 +33,7 @@ from .policy_admin import (
     CandidateError,
     config_lines,
     diff,
+    match_warnings,
     policy_admin,
     policy_names,
     start_dry_run,
@@ -275,6 +276,7 @@ def apply(
         "diff": changes,
         "persists": True,
         "note": KEPT,
+        "warnings": match_warnings(governor, policies),
         "config": config_lines(candidate),
     }
 
