@@ -479,6 +479,23 @@ async def test_a_server_restarted_between_the_decision_and_the_delete_is_not_cul
     assert "not culled: the server restarted since it was decided" in skipped.reason
 
 
+async def test_a_server_restarted_before_the_delete_is_not_culled_before_it_reports(
+    tmp_path, restore_clock
+):
+    """The same restart, its new server not reporting yet when the DELETE goes out (a slow
+    start, or a server without the extension): the Hub's own ``started``, read once the
+    DELETE holds its slot, says the session is not the one the cull was decided for."""
+    async with FakeHub() as hub:
+        gov = await ready_to_cull(hub, tmp_path, full_pass_every=1)  # listed this pass
+        task = await once_decided(gov)
+        hub.users["alice"].servers[""].started = clock.utcnow() + timedelta(seconds=5)
+        await task
+        assert hub.running("alice"), "the new session was culled for the old one's idleness"
+        assert hub.counters["stops"] == 0
+    (skipped,) = [a for a in actions_of(gov) if a.action == "cull-skipped"]
+    assert "not culled: the server restarted since it was decided" in skipped.reason
+
+
 async def test_a_report_claiming_a_restart_does_not_hold_a_cull_the_hub_contradicts(
     tmp_path, restore_clock
 ):

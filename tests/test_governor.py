@@ -1217,3 +1217,36 @@ async def test_a_report_not_believed_teaches_the_diagnosis_nothing(tmp_path, res
         assert len(gov.diagnosis.history) == learnt == 0
         assert gov.diagnosis.results["mallory/"] is not None  # still scored
     exporter.server.stop()
+
+
+async def test_an_idle_stretch_starts_no_earlier_than_the_governor_saw_the_gpu_held(
+    tmp_path, restore_clock
+):
+    """A server (an older version, or one its owner changed) says its GPU has been idle since
+    it started, an hour before it took a GPU at all: the idle clock starts when the governor
+    first received a report of this process holding one, not at the report's word, and the
+    warning comes an hour after that, not at once."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        started = clock.utcnow()
+        cpu_only = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        cpu_only["server"].update(started=clock.isoformat(started), gpu_allocated=False)
+        cpu_only["targets"][0]["gpu"].update(holds_context=False, devices=[], sm=None)
+        gov.ingest(cpu_only)
+        await gov.reconcile()
+        clock.advance(61 * 60)  # an hour on the CPU, then the model moves to the GPU
+        on_gpu = report_for("alice", H100_IDLE_GPU, sm=0.0)
+        on_gpu["server"]["started"] = clock.isoformat(started)
+        on_gpu["window"]["gpu_idle_since"] = clock.isoformat(started)  # the report's word
+        took = clock.utcnow()
+        gov.ingest(on_gpu)
+        await gov.reconcile()
+        verdict = gov.verdict("alice/")
+        assert verdict["state"] == "idle", verdict["reason"]
+        assert abs(clock.parse(verdict["idle_since"]) - took) < timedelta(seconds=1)
+        clock.advance(61 * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0) | {"server": on_gpu["server"]})
+        await gov.reconcile()
+        assert gov.verdict("alice/")["state"] == "warned"
+        await gov.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from datetime import timedelta
 
 import pytest
@@ -257,6 +258,39 @@ def test_dry_run_records_decisions_and_culls_nothing(tmp_path):
         assert all(a["dry_run"] for a in audit)
         assert server_running(hub, "alice")
         assert gov.verdict("alice")["dry_run"] is True
+
+
+def test_a_policy_changed_in_the_config_file_warns_again_after_the_service_restarts(tmp_path):
+    """Erin is warned of a stop 5 minutes on. The config file's policy for her is then cut to a
+    15-second notice and the service restarted (killed; the Hub starts it again, on the new
+    file) once that notice, counted from her warning, is past. The changed policy comes in
+    force at the restart as an applied one does: she is warned again and stopped 15 seconds
+    after that warning, not checkpointed and stopped in the first pass."""
+    erin = {"name": "erin", "match": {"users": ["erin"]}, "warn_after": "2s"}
+    with governed_hub(tmp_path, extra_policies=[{**erin, "cull_after": "302s"}]) as hub:
+        hub.create_user("govadmin")
+        hub.start_server("erin")
+        gov = Gov(hub)
+        gov.wait_up()
+        tab = kernel_with(hub, "erin", "from jupyter_gpu_gov import simulate; simulate.hold(2048)")
+        try:
+            wait(lambda: gov.verdict("erin")["state"] == "warned", 60, "erin to be warned")
+            (warned,) = [a for a in gov.audit("erin/") if a["action"] == "warn"]
+            config = tmp_path / "gpu_gov_config.py"
+            config.write_text(config.read_text().replace("'302s'", "'17s'"))
+            past = parse(warned["at"]).timestamp() + 16  # the new notice from the old warning
+            wait(lambda: time.time() > past, 60, "the new notice from the warning to pass")
+            pid = service_pid(hub)
+            os.kill(pid, signal.SIGKILL)
+            wait(lambda: service_pid(hub) not in (None, pid), 60, "the hub to restart the governor")
+            gov.wait_up()
+            gov.carried_out_cull("erin/", timeout=120)
+        finally:
+            tab.close()
+        audit = [a for a in gov.audit("erin/") if a["action"] in ("warn", "checkpoint", "cull")]
+        assert [a["action"] for a in audit] == ["warn", "warn", "checkpoint", "cull"], audit
+        again, checkpoint = parse(audit[1]["at"]), parse(audit[2]["at"])
+        assert checkpoint - again >= timedelta(seconds=14), audit  # the new notice, in full
 
 
 def test_the_user_prepare_found_is_answered_without_a_thread_hop(monkeypatch):

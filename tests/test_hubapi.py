@@ -17,7 +17,7 @@ from tornado.log import app_log
 from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
-from jupyter_gpu_gov.hub.hubapi import NO_RESPONSE, HubApi, HubApiError, HubServer
+from jupyter_gpu_gov.hub.hubapi import NO_RESPONSE, HubApi, HubApiError, HubServer, NotSent
 from jupyter_gpu_gov.hub.listing import STOP_LAG, HubListing
 
 
@@ -626,3 +626,24 @@ async def test_real_hub_incremental_listing_reads_a_stopped_server_s_user_once(h
     [s async for s in listing.servers(api)]
     assert not listing.full
     assert "carol" not in listing.listed
+
+
+async def test_a_stop_for_a_session_its_owner_restarted_is_not_sent(hub):
+    """The Hub's DELETE names no session. A cull's stop, given the session it was decided for
+    (``session``: the listing's ``started``), reads the Hub's own model once it holds its slot:
+    a server its owner stopped and started again since is left running, whether or not its new
+    process has reported anything; the session it was decided for is stopped."""
+    hub.create_user("erin")
+    hub.start_server("erin")
+    api = HubApi(hub.hub_api_url, hub.api_token)
+    (old,) = [s for s in await api.list_servers() if s.user == "erin"]
+    hub.stop_server("erin")  # by its owner, then started again
+    hub.start_server("erin")
+    with pytest.raises(NotSent, match="the server restarted since it was decided"):
+        await api.stop_server("erin", session=old.started)
+    (new,) = [s for s in await api.list_servers() if s.user == "erin"]
+    assert new.started != old.started and new.ready, "the new session was stopped"
+    assert await api.stop_server("erin", session=new.started) in ("stopped", "stopping")
+    await wait_until_gone(api, "erin")
+    with pytest.raises(NotSent, match="the server stopped since it was decided"):
+        await api.stop_server("erin", session=new.started)

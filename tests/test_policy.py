@@ -1167,6 +1167,21 @@ def test_a_warned_server_gets_a_shorter_applied_policys_full_notice_from_the_app
     assert seen == [(120, "warn"), (240, "checkpoint"), (241, "cull")]
 
 
+def test_a_checkpoint_saved_for_a_deadline_a_longer_policy_moved_is_not_reused():
+    """The cull's checkpoint is saved at 10:00 when a policy with a 4-hour idle limit is
+    applied: the stop it was saved for no longer comes. The stop the new policy brings, hours
+    later, asks for a checkpoint of its own; before, it stopped the server on the one saved at
+    10:00, and what the owner did since (a notebook edited, no cell run) was lost unsaid."""
+    seen, _ = run_applied(idle_view(), POLICY, LONG, applied=61, minutes=250)
+    assert seen == [
+        (30, "warn"),
+        (60, "checkpoint"),
+        (120, "warn"),
+        (240, "checkpoint"),
+        (241, "cull"),
+    ]
+
+
 @pytest.mark.parametrize("quiet", [None, True])
 def test_a_warned_cells_limit_gets_a_shorter_applied_policys_full_notice(quiet):
     """A cell warned at its limit (the busy limit, or the quiet-cell limit of a sleep loop) of

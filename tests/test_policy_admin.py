@@ -17,6 +17,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.rightsize import load_tier_sizes
 from jupyter_gpu_gov.hub import applied_policy as kept
 from jupyter_gpu_gov.hub import policy_admin as admin
 from jupyter_gpu_gov.hub.app import GpuGovernor
@@ -386,6 +387,24 @@ async def test_an_apply_over_policies_that_changed_since_they_were_read_is_refus
     assert kept.policy_view(gov)["source"] == other
 
 
+async def test_a_dry_run_over_policies_that_changed_since_they_were_read_is_refused(tmp_path):
+    """A dry run shows the candidate beside the live policy: started from a page that showed
+    other live policies than those now in force, it would compare the admin's edit of the old
+    ones with another admin's. It is refused as the apply is, and starts nothing."""
+    async with FakeHub() as hub:
+        gov = governor(hub, tmp_path)
+    read = kept.policy_view(gov)["version"]
+    kept.apply(gov, CANDIDATE, "user:ada", "tighter for vision", over=read)
+    other = {"policies": [], "policy_defaults": {"cull_after": "3h"}}
+    with pytest.raises(kept.StalePolicies, match=r"changed since you read them.*user:ada"):
+        kept.apply(gov, other, "user:bo", "see it first", dry_run=True, over=read)
+    assert kept.policy_view(gov)["dry_run"] is None
+    assert not [a for a in gov.store.audit_rows() if a.action == "policy-dry-run"]
+    now = kept.policy_view(gov)["version"]
+    kept.apply(gov, other, "user:bo", "see it beside ada's", dry_run=True, over=now)
+    assert kept.policy_view(gov)["dry_run"]["by"] == "user:bo"
+
+
 async def test_a_policy_applied_during_a_pass_governs_from_the_next_one(tmp_path):
     """The pass decides every server on the policies it began with: an apply while it waits
     for the Hub's listing governs from the next pass, as api.md says. Before, the servers
@@ -407,3 +426,112 @@ async def test_a_policy_applied_during_a_pass_governs_from_the_next_one(tmp_path
         hub.latency = 0
         await gov.reconcile()
         assert gov.row("alice/").policy == "later"
+
+
+async def test_an_apply_to_one_policy_warns_no_one_governed_by_another_again(tmp_path):
+    """Bob, governed by the catch-all, is warned; an admin then lengthens the notice of the
+    policy for alice, ahead of it. Bob's policy, and the servers it governs, did not change:
+    he gets no second warning (before, every policy after the changed one was stamped anew,
+    as if applied then)."""
+    alice = {"name": "alice", "match": {"users": ["alice"]}, "warn_after": "3h"}
+    defaults = {"warn_after": "1h", "cull_after": "2h"}
+    first = {"policies": [{**alice, "cull_after": "4h"}], "policy_defaults": defaults}
+    second = {"policies": [{**alice, "cull_after": "5h"}], "policy_defaults": defaults}
+
+    async def at(minutes):
+        clock.advance(minutes * 60)
+        gov.ingest(report_for("bob", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        return [a.action for a in gov.store.audit_rows("bob/") if a.action == "warn"]
+
+    try:
+        async with FakeHub() as hub:
+            hub.add_server("bob")
+            gov = governor(hub, tmp_path)
+            kept.apply(gov, first, "user:ada", "alice's runs are long")
+            await at(0)
+            assert await at(61) == ["warn"]
+            deadline = gov.verdict("bob/")["cull_at"]
+            kept.apply(gov, second, "user:ada", "longer still for alice")
+            assert await at(1) == ["warn"], "bob was warned again for alice's policy"
+            assert gov.verdict("bob/")["cull_at"] == deadline
+    finally:
+        clock.reset()
+
+
+async def test_a_policy_changed_in_the_config_file_warns_first_after_a_restart(
+    tmp_path, monkeypatch
+):
+    """Alice is warned of a cull 3 hours on; the service is restarted with a config file whose
+    notice is 30 minutes, 40 minutes after her warning. The changed policy governs as an
+    applied one does: she is warned again with its full notice, not stopped in the first pass
+    (the new notice counted from the old warning, already past)."""
+
+    async def start(cull_after: str):
+        config = tmp_path / "gpu_gov_config.py"
+        config.write_text(
+            f"c.GpuGovernor.db_url = 'sqlite:///{tmp_path / 'gov.sqlite'}'\n"
+            "c.GpuGovernor.policy_defaults = "
+            f"{{'warn_after': '1h', 'cull_after': '{cull_after}'}}\n"
+        )
+        app = GpuGovernor()
+        app.initialize([f"--config={config}"])
+        return app.make_governor()
+
+    async def at(gov, minutes):
+        clock.advance(minutes * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        rows = gov.store.audit_rows("alice/")[::-1]  # oldest first
+        return [a.action for a in rows if a.action in ("warn", "checkpoint", "cull")]
+
+    try:
+        async with FakeHub() as hub:
+            monkeypatch.setenv("JUPYTERHUB_API_URL", hub.api_url)
+            monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.token)
+            hub.add_server("alice")
+            gov = await start("4h")
+            await at(gov, 0)
+            assert await at(gov, 61) == ["warn"]
+            await gov.close()
+            clock.advance(40 * 60)
+            gov = await start("90m")  # a notice of 30 minutes
+            restarted = clock.utcnow()
+            assert await at(gov, 0) == ["warn", "warn"], "stopped in the first pass"
+            assert clock.parse(gov.verdict("alice/")["cull_at"]) >= restarted + timedelta(
+                minutes=30
+            )
+            assert hub.running("alice")
+            await gov.close()
+            gov = await start("90m")  # the same config file again: nothing new
+            assert await at(gov, 1) == ["warn", "warn"]
+            await gov.close()
+    finally:
+        clock.reset()
+
+
+async def test_an_apply_naming_a_tier_or_team_nobody_has_says_so(tmp_path):
+    """An admin's typo in ``match.tiers`` or ``match.teams`` makes the policy match no server,
+    and before, nothing said so. The apply (and a validation) answers a warning naming the
+    policy, the name and those the governor knows; the policy is applied all the same, as a
+    team's first server or a new tier may yet come."""
+    tiers = load_tier_sizes([{"name": "h100", "memory_gb": 80, "weight": 1}])
+    async with FakeHub() as hub:
+        gov = governor(hub, tmp_path, tier_sizes=tiers, team_map={"alice": "vision"})
+    typo = {
+        "policies": [
+            {"name": "big", "match": {"tiers": ["h10"]}, "cull_after": "4h"},
+            {"name": "cv", "match": {"teams": ["vision", "visoin"]}, "cull_after": "3h"},
+            {"name": "fine", "match": {"tiers": ["h100"], "teams": ["vision"]}},
+        ],
+        "policy_defaults": {},
+    }
+    done = kept.apply(gov, typo, "user:ada", "longer for big GPUs")
+    assert done["applied"] and [p.name for p in gov.policies][:3] == ["big", "cv", "fine"]
+    assert done["warnings"] == [
+        "policy 'big': match.tiers names 'h10', a tier the governor does not know (known: "
+        "h100): it matches no server on it",
+        "policy 'cv': match.teams names 'visoin', a team the governor does not know (known: "
+        "vision): it matches no server of it",
+    ]
+    assert admin.match_warnings(gov, admin.validate(CANDIDATE, gov.options)) == []

@@ -1046,6 +1046,11 @@ def _decide_on_activity(
         cull_at = max(cull_at, now + notice)
         due = max(due, cull_at)
     if now < cull_at:
+        if record.checkpoint_status is not None:
+            # Asked for a cull that no longer comes now (a longer policy applied, the owner
+            # back): the cull at the new time asks for a checkpoint of its own, never stops
+            # the server on this one, saved before what was done since (as an extension does).
+            record = evolve(record, checkpoint_status=None, checkpoint_requested_at=None)
         why = f"{idle}; {_cull_words(policy)} at {_at(cull_at)} unless extended"
         why += clock.why(back)
         return Decision(evolve(record, state=WARNED, reason=why), tuple(actions), warn_at, cull_at)

@@ -251,16 +251,16 @@ class Actions:
         gpus = self._gpus_held(row.key, server)
         try:
             changed = None if fresh else await self._still_as_decided(server, row)
-            if fresh and self._new_process(row.key, as_of[1]):
-                changed = await self._restarted(server)
             changed = changed or self._changed_since(row, as_of, decision, server_policy)
             if changed is None:
                 # Checked again once the DELETE holds its slot to the Hub (a burst of culls
-                # waits for slots, minutes against a slow Hub).
+                # waits for slots, minutes against a slow Hub), then the Hub's own session:
+                # its owner may have stopped and started it since, its new process silent yet.
                 still = partial(self._changed_since, row, as_of, decision, server_policy)
-                outcome = await self._cull(server, row, server_policy, still)
+                outcome = await self._cull(server, row, server_policy, still, server.started)
         except NotSent as withdrawn:
             changed = str(withdrawn)
+            self.hub_listing.waiting.add(server.user)  # asked for at the next pass
         except Exception as error:  # recorded, decided and tried again after a pause
             log.error("gpu-gov: cull of %s failed: %s", row.key, error)
             again = self._cull_failed(row)
@@ -286,29 +286,6 @@ class Actions:
         metrics.CULLS.labels(decision.cull_reason or GPU_IDLE, server_policy.cull_action).inc()
         if decision.cull_reason == GPU_IDLE:
             metrics.GPUS_RECLAIMED.inc(gpus)
-
-    def _new_process(self, key: str, received) -> bool:
-        """Whether a report since the decision comes from a server process started since: the
-        owner may have stopped and started the server between the pass's listing and now."""
-        latest = self.reports.get(key)
-        if latest is None or latest is received:
-            return False
-        before = received.report["server"].get("started") if received is not None else None
-        return latest.report["server"].get("started") != before
-
-    async def _restarted(self, server: HubServer) -> str | None:
-        """A report claims a new process (the user's word: it only makes the governor ask):
-        the Hub's model read now, within the pass's bound of reads (``_cull_waits``), says
-        whether this is the session the cull was decided for. Past the bound, the cull
-        stands on the pass's listing."""
-        if self._fresh_reads_left <= 0:
-            return None
-        self._fresh_reads_left -= 1
-        now, _ = await self.hub.get_server(server.user, server.name)
-        if now is not None and now.started == server.started:
-            return None
-        self.hub_listing.waiting.add(server.user)  # asked for at the next pass
-        return f"the server {'stopped' if now is None else 'restarted'} since it was decided"
 
     def _cull_outcome(self, row: ServerRow, server_policy: Policy, outcome: str) -> dict:
         """A cull's outcome for its audit row; a kernel shutdown's kernels with it, on record
@@ -370,7 +347,12 @@ class Actions:
         self._unkeep(row.key)
 
     async def _cull(
-        self, server: HubServer, row: ServerRow, server_policy: Policy, last_check=None
+        self,
+        server: HubServer,
+        row: ServerRow,
+        server_policy: Policy,
+        last_check=None,
+        session: datetime | None = None,
     ) -> str:
         if server_policy.cull_action == SHUTDOWN_KERNELS and row.key in self.reports:
             # Asked in the server's verdict: the governor never calls a user's server.
@@ -388,7 +370,7 @@ class Actions:
         # inactive (or created) long enough as the Hub saw them before the stop (a stop is
         # activity); after a slow stop, a later pass finds them among the inactive users.
         user = await self.hub.get_user(server.user) if self.options.cull_users else None
-        outcome = await self.hub.stop_server(server.user, server.name, remove, last_check)
+        outcome = await self.hub.stop_server(server.user, server.name, remove, last_check, session)
         self._stops[row.key] = row.session_started  # (an admin's cull now sends it no more)
         if user is not None and outcome == "stopped" and self._user_expired(user):
             now = await self.hub.get_user(server.user)

@@ -19,12 +19,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 
 from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, Text, insert, select
 from sqlalchemy.exc import DBAPIError
 
 from ..core import clock
-from ..core.policy import Policy
+from ..core.policy import MAX_NAME, Policy
 from .policy_admin import (
     APPLY,
     REVERT,
@@ -32,6 +33,7 @@ from .policy_admin import (
     CandidateError,
     config_lines,
     diff,
+    match_warnings,
     policy_admin,
     policy_names,
     start_dry_run,
@@ -61,6 +63,62 @@ APPLIED_POLICIES = Table(
     Column("audit_id", Integer),
 )
 
+# The policies in force as the service last had them (at start-up, each apply and revert):
+# what a restart compares its policies with, so that one changed in the config file between two
+# runs comes in as an applied one does (``in_force``), and an unchanged one keeps its time.
+IN_FORCE = Table(
+    "policies_in_force",
+    metadata,
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    Column("name", String(MAX_NAME), nullable=False),
+    Column("digest", String(64), nullable=False),  # the policy, its in_force_since aside
+    Column("match_digest", String(64), nullable=False),
+    Column("since", UtcDateTime()),  # its in_force_since (None: since a start-up)
+)
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What ``in_force`` compares of a policy that was in force."""
+
+    name: str
+    digest: str
+    match: str
+    since: datetime | None
+
+
+def stamp(policy: Policy) -> Stamp:
+    unstamped = replace(policy, in_force_since=None)
+    return Stamp(policy.name, _digest(unstamped), _digest(policy.match), policy.in_force_since)
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()
+
+
+def _write_in_force(session, policies: list[Policy]) -> None:
+    session.execute(IN_FORCE.delete())
+    rows = [
+        {
+            "position": i,
+            "name": s.name,
+            "digest": s.digest,
+            "match_digest": s.match,
+            "since": s.since,
+        }
+        for i, s in enumerate(map(stamp, policies))
+    ]
+    if rows:
+        session.execute(insert(IN_FORCE), rows)
+
+
+def in_force_on_record(engine) -> list[Stamp] | None:
+    """The policies in force when the service last kept them (None: never, here)."""
+    metadata.create_all(engine)
+    with engine.connect() as db:
+        rows = db.execute(select(IN_FORCE).order_by(IN_FORCE.c.position)).all()
+    return [Stamp(r.name, r.digest, r.match_digest, r.since) for r in rows] or None
+
 
 def fingerprint(config: Mapping, timeout_s: float, max_age_s: float | None) -> str:
     """The config file's policies, hashed: ``policies`` and ``policy_defaults`` and the timeout
@@ -85,9 +143,9 @@ class Entry:
         return {"by": self.actor, "at": clock.isoformat(self.at), "reason": self.reason}
 
 
-def record(store, audit: AuditRow, entry: Entry) -> None:
-    """The audit row, then the entry, in one transaction: both on record, or neither and
-    ``StoreUnavailable`` says why."""
+def record(store, audit: AuditRow, entry: Entry, policies: list[Policy] | None = None) -> None:
+    """The audit row, then the entry (and the ``policies`` it puts in force), in one
+    transaction: all on record, or nothing and ``StoreUnavailable`` says why."""
     metadata.create_all(store.engine)
 
     def write() -> None:
@@ -106,6 +164,8 @@ def record(store, audit: AuditRow, entry: Entry) -> None:
                     audit_id=audit.id,
                 )
             )
+            if policies is not None:
+                _write_in_force(session, policies)
 
     try:
         store.write(write)  # after a pass's write in progress, not beside it
@@ -187,11 +247,12 @@ def apply(
     the live policy. ``StoreUnavailable`` when either cannot be written: then nothing changed.
     ``over``: the ``version`` of the live policies it was made over (``StalePolicies`` if they
     changed since; None: not checked)."""
+    admin = policy_admin(governor)
+    # A dry run too: beside other live policies than those read, it compares the wrong ones.
+    _check_over(admin, over)  # no await from here to the record: one change at a time
     if dry_run:
         return start_dry_run(governor, candidate, actor, reason)
     policies = validate(candidate, governor.options)
-    admin = policy_admin(governor)
-    _check_over(admin, over)  # no await from here to the record: one change at a time
     config_of(governor)
     changes = diff(admin.source, candidate)
     now = clock.utcnow()
@@ -203,8 +264,9 @@ def apply(
         details={"diff": changes, "candidate": candidate, "policies": policy_names(policies)},
     )
     entry = Entry(APPLIED, now, actor, reason, admin.fingerprint, candidate)
-    record(governor.store, row, entry)  # on record and kept before it governs
-    governor.policies = in_force(policies, now, governor.policies)
+    policies = in_force(policies, now, governor.policies)
+    record(governor.store, row, entry, policies)  # on record and kept before it governs
+    governor.policies = policies
     admin.source = candidate
     admin.applied = entry.summary()
     admin.superseded = None
@@ -214,6 +276,7 @@ def apply(
         "diff": changes,
         "persists": True,
         "note": KEPT,
+        "warnings": match_warnings(governor, policies),
         "config": config_lines(candidate),
     }
 
@@ -229,23 +292,40 @@ def revert(governor, actor: str, reason: str, over: str | None = None) -> dict:
     changes = diff(admin.source, config)
     now = clock.utcnow()
     row = AuditRow(at=now, action=REVERT, reason=reason, actor=actor, details={"diff": changes})
-    record(governor.store, row, Entry(REVERTED, now, actor, reason, admin.fingerprint))
-    governor.policies = in_force(admin.config_policies, now, governor.policies)
+    policies = in_force(admin.config_policies, now, governor.policies)
+    record(governor.store, row, Entry(REVERTED, now, actor, reason, admin.fingerprint), policies)
+    governor.policies = policies
     admin.source, admin.applied = config, None
     return {"reverted": True, "policies": policy_names(governor.policies), "diff": changes}
 
 
-def in_force(policies: list[Policy], since: datetime, live: list[Policy] = ()) -> list[Policy]:
-    """``policies`` as applied at ``since`` over ``live``: a deadline they bring in has its
-    full notice from then (``Policy.in_force_since``). A policy that governs the same servers
-    as before (it and every one before it unchanged: ``select`` takes the first that matches)
-    keeps its time, so that an apply elsewhere gives its warned servers no second warning."""
-    kept, changed = [], False
-    for i, p in enumerate(policies):
-        before = live[i] if i < len(live) else None
-        changed = changed or before is None or replace(before, in_force_since=None) != p
-        kept.append(replace(p, in_force_since=since) if changed else before)
+def in_force(
+    policies: list[Policy], since: datetime, live: list[Policy] | list[Stamp] = ()
+) -> list[Policy]:
+    """``policies`` as applied at ``since`` over ``live`` (those in force, or as kept at the
+    last run): a deadline they bring in has its full notice from then
+    (``Policy.in_force_since``). A policy that governs the same servers as before keeps its
+    time, so that an apply elsewhere gives its warned servers no second warning: the policy of
+    that name unchanged, and the same matches ahead of it (``select`` takes the first that
+    matches: a change to another's limits moves no server, one to its match may)."""
+    before = [s if isinstance(s, Stamp) else stamp(s) for s in live]
+    after = [stamp(p) for p in policies]
+    old = {s.name: (s, ahead) for s, ahead in zip(before, _aheads(before), strict=True)}
+    kept = []
+    for p, s, ahead in zip(policies, after, _aheads(after), strict=True):
+        found = old.get(p.name)
+        same = found is not None and found[0].digest == s.digest and found[1] == ahead
+        kept.append(replace(p, in_force_since=found[0].since if same else since))
     return kept
+
+
+def _aheads(stamps: list[Stamp]) -> list[str]:
+    """For each policy, the matches of those before it, hashed."""
+    ahead, out = hashlib.sha256(), []
+    for s in stamps:
+        out.append(ahead.hexdigest())
+        ahead.update(s.match.encode())
+    return out
 
 
 def config_of(governor) -> dict:
@@ -266,7 +346,34 @@ def _fingerprint(config: Mapping, options) -> str:
 def start(governor, config: dict, log) -> None:
     """At start-up: the config file's policies, then the applied one, if it was applied over
     these same config policies; else the config file wins, and a ``superseded`` row and audit
-    row say so (once: the stale apply does not come back)."""
+    row say so (once: the stale apply does not come back). A policy that differs from the one
+    of its name in force at the last run comes in as an applied one does, now: a server warned
+    under the old one is warned again with the full notice, not stopped in the first pass (the
+    new notice counted from the old warning), and a maximum age it brings in warns first."""
+    previous = in_force_on_record(governor.store.engine)
+    _start(governor, config, log)
+    if previous is not None:
+        governor.policies = in_force(governor.policies, clock.utcnow(), previous)
+        since = {s.name: s.since for s in previous}
+        changed = [p.name for p in governor.policies if p.in_force_since != since.get(p.name, 0)]
+        if changed:
+            log.warning(
+                "policies: in force from now, as if applied (changed since the service last "
+                "ran, or governing other servers): %s",
+                ", ".join(changed),
+            )
+    try:
+        governor.store.write(partial(_keep_in_force, governor.store, governor.policies))
+    except DBAPIError as error:  # compared with the last kept at the next start
+        log.error("policies: the policies in force are not on record: %s", error)
+
+
+def _keep_in_force(store, policies: list[Policy]) -> None:
+    with store.session() as session, session.begin():
+        _write_in_force(session, policies)
+
+
+def _start(governor, config: dict, log) -> None:
     admin = policy_admin(governor)
     admin.source, admin.config = config, None
     config_of(governor)

@@ -42,7 +42,10 @@ class ClockStep:
 
     def _shift_kept(self, delta: timedelta) -> None:
         """Move the times kept in memory beside the rows by ``delta``."""
-        self.reports = {k: Received(r.report, r.at + delta) for k, r in self.reports.items()}
+        self.reports = {
+            k: Received(r.report, r.at + delta, r.gpu_since and r.gpu_since + delta)
+            for k, r in self.reports.items()
+        }
         self._checkpoints = {k: clock.shifted(c, delta) for k, c in self._checkpoints.items()}
         self._shutdowns = {k: clock.shifted(s, delta) for k, s in self._shutdowns.items()}
         self._interrupts = {k: clock.shifted(s, delta) for k, s in self._interrupts.items()}

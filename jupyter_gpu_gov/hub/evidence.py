@@ -35,6 +35,9 @@ class Received:
 
     report: Mapping  # a ``hub.ingest.KeptReport``
     at: datetime
+    # When the governor received this server process's first report holding a GPU: an idle
+    # stretch starts no earlier (the report's ``gpu_idle_since`` is the server's word).
+    gpu_since: datetime | None = None
 
 
 @dataclass
@@ -142,6 +145,13 @@ class Evidence:
                 idle_threshold=server_policy.idle_threshold,
                 cull_action=server_policy.cull_action,
             )
+            if gpu.idle_since is not None:
+                # Not before the governor saw this process hold a GPU, nor before the Hub
+                # started its session: an older server's stretch (begun before it took the
+                # GPU), or one its owner wrote, does not make its GPU look idle longer.
+                hub_started = server.started if server is not None else None
+                floor = max(filter(None, (gpu.idle_since, received.gpu_since, hub_started)))
+                gpu = evolve(gpu, idle_since=floor)
             if granted is not None:
                 # The records' GPUs: DCGM's word on them is final, busy or idle; an allocation
                 # is held whatever the report says of contexts (stop-server).

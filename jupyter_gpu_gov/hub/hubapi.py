@@ -10,10 +10,11 @@ errors that carry the Hub's status and message, and one frozen :class:`HubServer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
@@ -305,12 +306,13 @@ class HubApi:
         *,
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
-        last_check: Callable[[], str | None] | None = None,
+        last_check: Callable[[], Awaitable[str | None]] | None = None,
+        held: bool = False,
     ) -> _Reply:
         """One request; any HTTP status comes back, only a missing answer raises.
-        ``last_check``: run once the request holds its slot, just before it is sent (a
+        ``last_check``: awaited once the request holds its slot, just before it is sent (a
         burst waits for slots, minutes against a slow Hub); a reason it returns withdraws
-        the request (``NotSent``)."""
+        the request (``NotSent``). ``held``: sent in a slot its caller holds (the check's)."""
         url = self._url(path, params)
         hdrs = {"Authorization": f"token {self.token}", "Accept": "application/json"}
         hdrs.update(headers or {})
@@ -330,8 +332,8 @@ class HubApi:
             **self.ssl_kwargs,
         )
         client, semaphore = self._bind()
-        async with semaphore:
-            why = last_check() if last_check is not None else None
+        async with contextlib.nullcontext() if held else semaphore:
+            why = await last_check() if last_check is not None else None
             if why is not None:
                 raise NotSent(why)
             self.request_count += 1
@@ -460,19 +462,21 @@ class HubApi:
                 if state != "ready" or server.ready:
                     yield server
 
-    async def get_user(self, user: str) -> dict[str, Any] | None:
-        """The user model, or None when the Hub has no such user."""
-        reply = await self._send("GET", f"/users/{_q(user)}")
+    async def get_user(self, user: str, held: bool = False) -> dict[str, Any] | None:
+        """The user model, or None when the Hub has no such user (``held``: ``_send``'s)."""
+        reply = await self._send("GET", f"/users/{_q(user)}", held=held)
         if reply.status == 404:
             return None
         if reply.status >= 400 or isinstance(reply.data, str):
             raise self._error("GET", reply)
         return reply.data
 
-    async def get_server(self, user: str, name: str = "") -> tuple[HubServer | None, dict | None]:
+    async def get_server(
+        self, user: str, name: str = "", held: bool = False
+    ) -> tuple[HubServer | None, dict | None]:
         """One server's model read now (``GET /users/{name}``), and its user's model: ``None``
         for the server when the Hub no longer runs it (the user, or the server, is gone)."""
-        model = await self.get_user(user)
+        model = await self.get_user(user, held)
         servers = (model or {}).get("servers") or {}
         if name not in servers:
             return None, model
@@ -489,9 +493,13 @@ class HubApi:
         name: str = "",
         remove: bool = False,
         last_check: Callable[[], str | None] | None = None,
+        session: datetime | None = None,
     ) -> StopResult:
         """Ask the Hub to stop a server; ``remove`` also deletes a named server's record;
-        ``last_check`` as ``_send``'s.
+        ``last_check`` as ``_send``'s, then, with ``session`` (the ``started`` of the session
+        to stop), the server's model read in the DELETE's slot: another session or none is
+        not stopped (``NotSent``). The Hub's DELETE has no session condition: without this,
+        a server its owner stopped and started again since was stopped for the old session.
 
         Returns "stopped" (204), "stopping" (202: the Hub is still stopping it; check again
         later, as a repeated DELETE answers 202 until it is done) or "gone" (404, or 400 from a
@@ -506,7 +514,16 @@ class HubApi:
         else:
             # The Hub refuses to remove a default server: it is stopped only.
             path = f"/users/{_q(user)}/server"
-        reply = await self._send("DELETE", path, body, last_check=last_check)
+
+        async def check() -> str | None:
+            why = last_check() if last_check is not None else None
+            if why is None and session is not None:
+                now, _ = await self.get_server(user, name, held=True)
+                if now is None or now.started != session:
+                    why = f"the server {'restarted' if now else 'stopped'} since it was decided"
+            return why
+
+        reply = await self._send("DELETE", path, body, last_check=check)
         if reply.status == 202:
             return "stopping"
         if reply.status in (200, 204):

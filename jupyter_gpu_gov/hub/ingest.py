@@ -265,6 +265,13 @@ _ZERO = 0.0
 _WORDS = report_words()
 
 
+def _holds_gpu(report: Mapping) -> bool:
+    """Whether a report shows its server holding a GPU: a context, or GPUs allocated to it."""
+    if any(t["gpu"]["holds_context"] for t in report["targets"]):
+        return True
+    return bool(report["devices"]) and bool(report["server"].get("gpu_allocated"))
+
+
 class Ingest:
     """Reports in (a part of ``Governor``)."""
 
@@ -277,8 +284,13 @@ class Ingest:
         decoded, report = report, compact_report(report)
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
         now = clock.utcnow()
-        self.reports[key] = Received(report, now)
         session = report["server"].get("started")
+        before = self.reports.get(key)
+        if before is not None and before.report["server"].get("started") == session:
+            gpu_since = before.gpu_since or (now if _holds_gpu(decoded) else None)
+        else:  # this process's first report here (or the governor's first since it started)
+            gpu_since = now if _holds_gpu(decoded) else None
+        self.reports[key] = Received(report, now, gpu_since)
         use = self.use.get(key)
         if use is None or use.session != session:
             use = self.use[key] = _Use(session)

@@ -106,6 +106,35 @@ def candidate_of(data: Any) -> dict:
     }
 
 
+def match_warnings(governor, policies: list[Policy]) -> list[str]:
+    """A policy's ``match.tiers`` or ``match.teams`` naming one the governor knows of nowhere
+    (the tiers it sizes, the teams of Hub groups and ``team_map``, those of the servers it has
+    governed): an admin's typo, which makes the policy match no server of it, said. Not an
+    error: a team's first server, or a new tier, may yet come."""
+    options, rows = governor.options, governor.rows.values()
+    known = {
+        "tiers": (set(options.tier_sizes) | {r.tier for r in rows if r.tier}, "a tier", "on"),
+        "teams": (
+            set(governor._context.teams_by_group.values())
+            | set(options.team_map.values())
+            | {r.team for r in rows if r.team},
+            "a team",
+            "of",
+        ),
+    }
+    said = []
+    for policy in policies:
+        for key, (names, what, prep) in known.items():
+            for name in getattr(policy.match, key):
+                if name not in names:
+                    listed = ", ".join(sorted(names)[:20])[:300] or "none yet"  # bounded
+                    said.append(
+                        f"policy {policy.name!r:.80}: match.{key} names {name!r:.80}, {what} the "
+                        f"governor does not know (known: {listed}): it matches no server {prep} it"
+                    )
+    return said
+
+
 def validate(candidate: Mapping, options) -> list[Policy]:
     """The candidate's policies, as the service would build them at start-up over its own
     timeout and max_age (``hub/app.py``: ``build_policies``); ``CandidateError`` with its

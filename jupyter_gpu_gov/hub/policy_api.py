@@ -22,6 +22,7 @@ from .policy_admin import (
     days_of,
     dry_run_view,
     in_worker,
+    match_warnings,
     policy_admin,
     policy_names,
     reason_of,
@@ -64,7 +65,8 @@ class ValidateHandler(_PolicyApi):
     def post(self):
         self.require_admin()
         _, policies = self.candidate(self.body())
-        self.write_json({"valid": True, "policies": policy_names(policies)})
+        warnings = match_warnings(self.governor, policies)
+        self.write_json({"valid": True, "policies": policy_names(policies), "warnings": warnings})
 
 
 class WhatIfHandler(_PolicyApi):

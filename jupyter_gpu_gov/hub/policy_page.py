@@ -89,7 +89,10 @@ class PolicyPageHandler(PageHandler):
             return
         if action == "validate":
             names = ", ".join(p.name for p in policies)
-            await self.show(text, span=span, valid=f"valid: {len(policies)} policies ({names})")
+            said = "".join(f"; {w}" for w in admin_.match_warnings(gov, policies))
+            await self.show(
+                text, span=span, valid=f"valid: {len(policies)} policies ({names}){said}"
+            )
         elif action == "predict":
             if span not in SPANS:
                 raise web.HTTPError(400, f"span must be one of {', '.join(SPANS)}, got {span!r}")
@@ -111,7 +114,12 @@ class PolicyPageHandler(PageHandler):
             if action == "dry-run":
                 self._flash_then_back("dry run started beside the live policy: nothing is acted on")
             else:
-                self._flash_then_back(f"applied: {', '.join(done['policies'])}; {done['note']}")
+                said = "".join(f"; {w}" for w in done["warnings"][:3])  # (a cookie's size)
+                if len(done["warnings"]) > 3:
+                    said += f"; {len(done['warnings']) - 3} more such warnings"
+                self._flash_then_back(
+                    f"applied: {', '.join(done['policies'])}; {done['note']}{said}"
+                )
         else:
             raise web.HTTPError(400, f"unknown action {action!r}")
 

@@ -41,6 +41,25 @@ describe('warning', () => {
     }
   });
 
+  it('says the deadline comes from a policy changed during the idle stretch', () => {
+    // The governor's reason: "… unless extended (set by a policy applied at …)".
+    const reason =
+      'GPU idle since 2026-01-05 09:00 UTC; server stopped at 2026-01-05 11:04 UTC unless ' +
+      'extended (set by a policy applied at 2026-01-05 10:34 UTC)';
+    expect(warningView(verdict({ reason }), opts)?.toast).toBe(
+      'GPU idle: this server will be stopped in 4m 9s (at 11:04) unless you extend. The GPU policy changed.'
+    );
+    // A maximum age a policy applied brought in: its reason says so too.
+    const hard = verdict({
+      hard_deadline: true,
+      state: 'active',
+      reason:
+        'GPU active; past the maximum age of 8h for this profile (a policy applied at 2026-01-05 10:34 UTC): it will be stopped at 11:04 UTC'
+    });
+    expect(warningView(hard, opts)?.toast).toContain('The GPU policy changed.');
+    expect(warningView(verdict(), opts)?.toast).not.toContain('policy');
+  });
+
   it('says a running cell’s limit interrupts and checkpoints it, not that the server stops', () => {
     // on_busy_limit: interrupt, after_interrupt: warn (the default): the server and kernel stay.
     const interrupt = verdict({ at_deadline: 'interrupt' });

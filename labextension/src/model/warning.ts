@@ -166,6 +166,16 @@ export function extendView(
   return { enabled: true, label, hint, reason };
 }
 
+/**
+ * Whether the deadline was set by a policy an admin applied during this idle stretch (or, for
+ * a maximum age or a reclaim, since it was asked): the governor's reason says so, "(set by a
+ * policy applied at …)", and the toast must too, or a deadline sooner than the owner was told
+ * reads as a mistake.
+ */
+export function policyChanged(verdict: IVerdict | null | undefined): boolean {
+  return (verdict?.reason ?? '').includes('a policy applied at');
+}
+
 export interface IWarningView {
   key: string;
   /** The notification's text (JupyterLab cuts it at 140 characters). */
@@ -232,6 +242,9 @@ export function warningView(
       countdown,
       deadline
     );
+  }
+  if (policyChanged(verdict)) {
+    toast += ' ' + trans.__('The GPU policy changed.');
   }
   if (verdict.approval_pending) {
     toast += ' ' + trans.__('Extension awaits admin approval.');
