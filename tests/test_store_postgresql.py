@@ -12,6 +12,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from sqlalchemy import create_engine, inspect, text
 from jupyter_gpu_gov.core.policy import PolicyError, load_policies
 from jupyter_gpu_gov.core.vocabulary import KEY_LENGTH
 from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.lease import Lease
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
-from jupyter_gpu_gov.hub.store import RETYPED, SCHEMA_VERSION, Store
+from jupyter_gpu_gov.hub.store import RETYPED, SCHEMA_VERSION, NotHolder, Store
 
 pytest.importorskip("psycopg", reason="the PostgreSQL driver (psycopg) is not installed")
 
@@ -166,3 +168,29 @@ async def test_a_policy_with_the_longest_name_the_store_holds_governs(database):
         )
         result = await gov.reconcile()
     assert result.errors == () and gov.store.server("alice/").policy == "p" * 255
+
+
+def test_the_lease_has_one_holder_on_postgresql(database):
+    """hub/lease.py's statements on PostgreSQL: one holder, its writes fenced, a release handed
+    over at once, an unrenewed lease taken after its duration and the old holder then refused."""
+    store, other = Store(database), create_engine(database)
+    first, second = Lease(store.engine, 3), Lease(other, 3)
+    assert first.step() and not second.step()
+    first.taking = False
+    with store.engine.begin() as db:
+        first.fence(db)
+    with pytest.raises(NotHolder), other.begin() as db:
+        second.fence(db)
+    first.release()
+    assert second.step()  # released: taken at once
+    second.taking = False
+    assert not first.step() and not first.lost  # (it let it go)
+    deadline = time.monotonic() + 30
+    while not first.step():  # the second no longer renews: the first takes it once expired
+        assert time.monotonic() < deadline, "the unrenewed lease was never taken"
+        time.sleep(0.2)
+    first.taking = False
+    assert not second.step() and second.lost
+    with pytest.raises(NotHolder), other.begin() as db:
+        second.fence(db)
+    other.dispose()
