@@ -20,7 +20,15 @@ from fake_hub_api import FakeHub
 from hub_harness import free_port
 from sqlalchemy import create_engine, select
 from test_cull_races import restore_clock  # noqa: F401
-from test_governor import H100_IDLE_GPU, answer, checkpoint_asked, governor, manifest, report_for
+from test_governor import (
+    H100_IDLE_GPU,
+    Exporter,
+    answer,
+    checkpoint_asked,
+    governor,
+    manifest,
+    report_for,
+)
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.ledger import STATES
@@ -302,3 +310,30 @@ async def test_a_store_that_cannot_renew_the_lease_acts_on_nothing(tmp_path):
         assert lease.step() and lease.held() and not lease.lost  # renewed: still ours
         result = await gov.reconcile()
         assert not result.errors and gov.store.audit_rows("alice/")
+
+
+async def test_a_takeover_governs_on_a_fresh_dcgm_read(tmp_path):
+    """A standby reads nothing from DCGM (it decides nothing); the governor that takes over
+    reads it before its first pass, as at a start, not a snapshot from its standby hours ago
+    (stale: the pass's GPUs unknown), nor stops on a read it did not start."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        fresh = {"dcgm_max_age": timedelta(seconds=1)}
+        first = governor(hub, tmp_path, exporter.url, **fresh)
+        second = governor(hub, tmp_path, exporter.url, **fresh)
+        with_lease(first)
+        lease = with_lease(second)
+        for _ in range(2):
+            assert (await second.reconcile()).errors == (STANDBY,)
+            await second.background_done()
+        await asyncio.sleep(1.5)  # what it read on standby, if anything, is stale by now
+        first.store.lease.release()
+        assert lease.step() and lease.taking
+        second.take_over()
+        lease.taking = False
+        result = await second.reconcile()
+        assert not result.errors and not result.dcgm_errors, result
+        for gov in (first, second):
+            await gov.close()
+    exporter.server.stop()

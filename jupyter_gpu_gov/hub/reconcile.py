@@ -185,7 +185,8 @@ class Governor(
             try:
                 result = await self._reconcile()
             finally:
-                self._read_dcgm_next()
+                if self.acting:  # (a standby decides nothing: it reads nothing from DCGM)
+                    self._read_dcgm_next()
             result.duration_s = time.perf_counter() - started
             metrics.RECONCILE_SECONDS.observe(result.duration_s)
             self.last_cycle = result
@@ -211,6 +212,8 @@ class Governor(
         )
         self._usage_written_at = None
         self.missing_scopes = None  # the first pass's checks, again
+        if self._dcgm_task is None:  # the first pass waits for a read, as at a start
+            self._dcgm_latest = None
 
     async def _reconcile(self) -> CycleResult:
         if not self.acting:
