@@ -14,11 +14,13 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from fake_hub_api import FakeHub
 from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import DBAPIError
 
 from jupyter_gpu_gov.core.policy import PolicyError, load_policies
 from jupyter_gpu_gov.core.vocabulary import KEY_LENGTH
@@ -194,3 +196,29 @@ def test_the_lease_has_one_holder_on_postgresql(database):
     with pytest.raises(NotHolder), other.begin() as db:
         second.fence(db)
     other.dispose()
+
+
+def test_a_holder_paused_in_a_write_does_not_hold_the_lease_for_ever(database):
+    """A holder paused (SIGSTOP, a frozen VM) inside a write transaction keeps the lease's row
+    locked (its fence): the other's takeover waited on that lock for as long as the pause
+    lasted, and no governor acted. Now the paused transaction is ended by PostgreSQL once idle
+    for the lease's duration, and the other takes over; the paused one's write is void."""
+    store, other = Store(database), create_engine(database)
+    first, second = Lease(store.engine, 3), Lease(other, 3)
+    assert first.step()
+    first.taking = False
+    paused = store.engine.connect()
+    paused.begin()
+    first.fence(paused)  # a write begun, and then nothing: the process is stopped
+    pool = ThreadPoolExecutor(1)
+    try:
+        deadline = time.monotonic() + 60
+        while not pool.submit(second.step).result(timeout=30):
+            assert time.monotonic() < deadline, "the lease was never taken over"
+            time.sleep(0.2)
+        with pytest.raises(DBAPIError):  # its transaction was ended: nothing it writes lands
+            paused.execute(text("SELECT 1"))
+    finally:
+        paused.invalidate()  # (a blocked step, if any, ends with it)
+        pool.shutdown(wait=True)
+        other.dispose()

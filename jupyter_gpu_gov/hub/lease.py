@@ -109,6 +109,7 @@ class Lease:
 
     def _renew(self) -> bool:
         with self.engine.begin() as db:
+            _wait_briefly(db)
             renewed = db.execute(
                 update(LEASE)
                 .where(LEASE.c.name == NAME, LEASE.c.holder == self.id)
@@ -138,6 +139,7 @@ class Lease:
         if row.holder and read - seen[2] < self.duration:
             return False
         with self.engine.begin() as db:  # only if it is still as read
+            _wait_briefly(db)
             taken = db.execute(
                 update(LEASE)
                 .where(LEASE.c.name == NAME, LEASE.c.holder == row.holder, LEASE.c.beat == row.beat)
@@ -187,6 +189,12 @@ class Lease:
         lease, on its clock and in the store (whose row this locks until the commit)."""
         if not self.held():
             raise NotHolder("this governor does not hold the lease (another one acts)")
+        if db.dialect.name == "postgresql":
+            # A holder paused inside this transaction (SIGSTOP, a frozen VM) would keep the
+            # row locked, and the takeover waiting, for as long as the pause: PostgreSQL ends
+            # the transaction (nothing of it lands) once idle for the lease's duration.
+            ms = int(self.duration * 1000)
+            db.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
         still = db.execute(
             update(LEASE)
             .where(LEASE.c.name == NAME, LEASE.c.holder == self.id)
@@ -194,6 +202,13 @@ class Lease:
         )
         if still.rowcount != 1:
             raise NotHolder("this governor no longer holds the lease (another one acts)")
+
+
+def _wait_briefly(db) -> None:
+    """A lease statement waits for a row lock a second at most, as SQLite's busy timeout
+    (``Store``): then it fails and is tried at the next step, not blocked for a pause's length."""
+    if db.dialect.name == "postgresql":
+        db.exec_driver_sql("SET LOCAL lock_timeout = 1000")
 
 
 __all__ = ["ACTING_SHARE", "RENEW_SHARE", "Holder", "Lease", "NotHolder"]
