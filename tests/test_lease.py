@@ -7,6 +7,7 @@ when it stops cleanly."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -29,10 +30,12 @@ from test_governor import (
     manifest,
     report_for,
 )
+from tornado.httpclient import AsyncHTTPClient
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.ledger import STATES
 from jupyter_gpu_gov.hub.lease import Lease
+from jupyter_gpu_gov.hub.prepared_auth import ADMIN_SCOPE, METRICS_SCOPE
 from jupyter_gpu_gov.hub.reconcile import STANDBY, Governor
 from jupyter_gpu_gov.hub.store import NotHolder, Store
 from jupyter_gpu_gov.hub.tables import LEASE
@@ -47,13 +50,14 @@ GRANT = {"gpu_gov_grant": {"gpu-gov/team": "vision", "gpu-gov/tier": "h100", "gp
 def start_governor(hub: FakeHub, db: Path, log: Path) -> subprocess.Popen:
     """The service as JupyterHub starts it; no reports (its servers are governed on the Hub's
     activity, jupyterhub-idle-culler's rule: culled after --timeout of inactivity)."""
+    port = free_port()
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
         "JUPYTERHUB_API_URL": hub.api_url,
         "JUPYTERHUB_API_TOKEN": hub.token,
         "JUPYTERHUB_SERVICE_NAME": "gpu-gov",
-        "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{free_port()}",
+        "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
         "JUPYTERHUB_SERVICE_PREFIX": "/services/gpu-gov/",
         "JUPYTERHUB_CLIENT_ID": "service-gpu-gov",
     }
@@ -65,13 +69,30 @@ def start_governor(hub: FakeHub, db: Path, log: Path) -> subprocess.Popen:
         "--GpuGovernor.usage_write_every=0",
     ]
     with open(log, "w") as out:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-m", "jupyter_gpu_gov.hub", *args],
             cwd=db.parent,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=out,
         )
+    process.port = port
+    return process
+
+
+PROBE = "lease-probe"  # a governor admin's token, with the metrics scope
+
+
+async def admin_reads(hub: FakeHub, process: subprocess.Popen) -> tuple[dict, str]:
+    """A governor's ``api/`` and ``metrics``, as an admin reads them (on this event loop: the
+    fake Hub answers the governor's token check on it)."""
+    hub.add_token(PROBE, {"access:services!service=gpu-gov", ADMIN_SCOPE, METRICS_SCOPE})
+    base = f"http://127.0.0.1:{process.port}/services/gpu-gov/"
+    client = AsyncHTTPClient()
+    headers = {"Authorization": f"token {PROBE}"}
+    info = await client.fetch(base + "api/", headers=headers)
+    metrics = await client.fetch(base + "metrics", headers=headers)
+    return json.loads(info.body), metrics.body.decode()
 
 
 def holder(db: Path) -> tuple[str, int, int] | None:
@@ -88,8 +109,8 @@ def holder(db: Path) -> tuple[str, int, int] | None:
 
 
 async def up(log: Path) -> None:
-    """Until the service's start-up line (it has read the lease, and holds it or stands by)."""
-    await until(lambda: log.exists() and "governing" in log.read_text(), f"{log.name}'s start")
+    """Until the service is up: it has read the lease (holds it or stands by) and listens."""
+    await until(lambda: log.exists() and "listening on" in log.read_text(), f"{log.name}'s start")
 
 
 async def until(check, what: str, timeout: float = 60.0):
@@ -147,6 +168,20 @@ async def test_two_governors_cull_once_and_bill_once(tmp_path):
             second = start_governor(hub, db, tmp_path / "second.log")
             await up(tmp_path / "second.log")
             assert "on standby" in (tmp_path / "second.log").read_text()
+            await up(tmp_path / "first.log")
+            # Which one acts, for an admin: each one's api/ and metrics say the same.
+            for gov, held, leader in ((first, True, 1), (second, False, 0)):
+                info, metrics = await admin_reads(hub, gov)
+                assert info["lease"]["held"] is held
+                assert info["lease"]["holder"]["pid"] == first.pid
+                assert f"jupyter_gpu_gov_leader {leader}.0" in metrics
+            # A user learns whether the one they reached acts, not which pod does.
+            hub.add_user_token("bob", "bob-token", extra_scopes=["access:services!service=gpu-gov"])
+            answer_ = await AsyncHTTPClient().fetch(
+                f"http://127.0.0.1:{second.port}/services/gpu-gov/api/",
+                headers={"Authorization": "token bob-token"},
+            )
+            assert json.loads(answer_.body)["lease"] == {"held": False}
             idle_server(hub, "alice")
             await until(lambda: not hub.running("alice"), "alice's idle server culled")
             # Several of the second one's passes: had it acted, it had by now.

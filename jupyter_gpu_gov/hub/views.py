@@ -206,19 +206,22 @@ class Views:
             started_from_line=started,
         ).to_json()
 
-    def lease_view(self) -> dict | None:
-        """Whether this governor acts (holds the store's lease, ``hub/lease.py``) and which one
-        does, as last read (``None``: a governor without a lease, built alone)."""
+    def lease_view(self, holder: bool = True) -> dict | None:
+        """Whether this governor acts (holds the store's lease, ``hub/lease.py``) and, with
+        ``holder`` (for admins: a pod's name is the cluster's, not a user's business), which
+        one does, as last read. ``None``: a governor without a lease, built alone."""
         lease = self.store.lease
         if lease is None:
             return None
-        holder = lease.holder
-        return {
-            "held": lease.held(),
-            "holder": None
-            if holder is None or not holder.id
-            else {"host": holder.host, "pid": holder.pid, "since": holder.since},
-        }
+        view: dict = {"held": self.acting}
+        if holder:
+            who = lease.holder
+            view["holder"] = (
+                {"host": who.host, "pid": who.pid, "since": who.since}
+                if who is not None and who.id
+                else None
+            )
+        return view
 
     def started_from_line(self, row: ServerRow) -> tuple[LineStart, ...]:
         """The owner's other servers the spawn queue started and nobody has opened yet (as of
