@@ -372,3 +372,23 @@ async def test_a_takeover_governs_on_a_fresh_dcgm_read(tmp_path):
         for gov in (first, second):
             await gov.close()
     exporter.server.stop()
+
+
+def test_a_store_with_no_connection_to_spare_is_a_failed_step_not_a_crash(tmp_path):
+    """Every connection of the pool in use (a slow PostgreSQL, a burst of requests): the
+    lease's step cannot run. It says so and is tried again at the next; it never raises (it
+    ended the service's task that renews the lease, and the governor stayed on standby, its
+    lease lapsed, without a word)."""
+    url = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    Store(url).engine.dispose()  # (the tables)
+    engine = create_engine(url, pool_size=1, max_overflow=0, pool_timeout=0.1)
+    lease = Lease(engine, 3)
+    assert lease.step()
+    lease.taking = False
+    busy = engine.connect()
+    try:
+        assert lease.step() is True  # not renewed, still within its time
+    finally:
+        busy.close()
+    assert lease.step() and lease.held()
+    engine.dispose()

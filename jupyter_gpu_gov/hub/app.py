@@ -368,11 +368,16 @@ class GpuGovernor(GovernorSettings, Application):
                 stop.set()
                 return
             if lease.taking:  # from another, which wrote meanwhile: read again, then act
+                try:
+                    self.governor.take_over()
+                    self.governor.policies = list(self.policy_list)  # then the applied one
+                    lease.taking = False
+                    self.start_policies(self.governor)
+                except Exception:  # (the store): held, not acting; read again at the next step
+                    lease.taking = True
+                    self.log.exception("gpu-gov: the store could not be read to take over")
+                    continue
                 self.log.info("gpu-gov: took the store's lease (%s): governing", lease.why)
-                self.governor.take_over()
-                self.governor.policies = list(self.policy_list)  # then the applied one
-                lease.taking = False
-                self.start_policies(self.governor)
 
     async def _listen(self, server: ProtocolHTTPServer, retry_every: float = 30) -> None:
         """Serve reports, the API and the pages where the service entry says; governing never

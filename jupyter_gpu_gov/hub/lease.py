@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import insert, select, update
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from ..core import clock
 from .store import NotHolder
@@ -103,8 +103,9 @@ class Lease:
                 log.error("gpu-gov: another governor took the lease: acting on nothing")
                 return False  # (the service stops: started again, it waits on standby)
             return self._contend(began)
-        except DBAPIError as error:
-            log.warning("gpu-gov: the lease could not be read or renewed: %s", error.orig or error)
+        except SQLAlchemyError as error:  # (a pool with no connection to spare, too)
+            cause = getattr(error, "orig", None) or error
+            log.warning("gpu-gov: the lease could not be read or renewed: %s", cause)
             return self.held()
 
     def _renew(self) -> bool:
