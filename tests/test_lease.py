@@ -392,3 +392,16 @@ def test_a_store_with_no_connection_to_spare_is_a_failed_step_not_a_crash(tmp_pa
         busy.close()
     assert lease.step() and lease.held()
     engine.dispose()
+
+
+def test_a_shorter_lease_elsewhere_waits_for_the_holders_own(tmp_path):
+    """A rolling update that shortens lease_duration: the new pod (2 s) watching the old one
+    (30 s) took the lease after 2 s of its own, while the old one still acted for 22.5 s: two
+    governors at once. Its expiry is the holder's own duration, as the store records it."""
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    old, new = Lease(store.engine, 30), Lease(store.engine, 2)
+    assert old.step() and not new.step()
+    old.taking = False
+    time.sleep(2.5)  # past the new one's duration, well within the old one's
+    assert old.held() and not new.step()
+    store.engine.dispose()

@@ -9,8 +9,8 @@ others take reports in and wait.
 No decision rests on two machines' clocks agreeing. Each side measures on its own monotonic
 clock (the boot clock, which a suspended machine's also counts): the holder acts until
 ``ACTING_SHARE`` of the lease after a renewal it *began*; a contender takes the lease only once
-it has seen the same ``(holder, beat)`` for a whole lease, counted from when it *read* it,
-which is after that renewal began. The quarter between covers the clocks' rates (a few parts
+it has seen the same ``(holder, beat)`` for a whole lease (the holder's, as the row records
+it, or its own if longer), counted from when it *read* it, which is after that renewal began. The quarter between covers the clocks' rates (a few parts
 in a million) and the time from a check to the request it lets through. A holder that cannot
 renew in time (a paused process, a slow database) has stopped acting before anyone can take
 over. Every statement is one conditional ``UPDATE`` (or an ``INSERT`` the primary key makes
@@ -136,8 +136,9 @@ class Lease:
         seen = self._seen
         if seen is None or seen[:2] != (row.holder, row.beat):
             seen = self._seen = (row.holder, row.beat, read)
-        # Released (a clean stop), or not renewed for a whole lease as this process counts.
-        if row.holder and read - seen[2] < self.duration:
+        # Released (a clean stop), or not renewed for a whole lease as this process counts: the
+        # holder's (a rolling update may change lease_duration; the old pod acts by its own).
+        if row.holder and read - seen[2] < max(row.duration, self.duration):
             return False
         with self.engine.begin() as db:  # only if it is still as read
             _wait_briefly(db)
@@ -147,7 +148,8 @@ class Lease:
                 .values(self._mine(beat=row.beat + 1))
             )
         if row.holder:
-            why = f"{row.host} pid {row.pid} did not renew it for {self.duration:g} s"
+            waited = max(row.duration, self.duration)
+            why = f"{row.host} pid {row.pid} did not renew it for {waited:g} s"
         else:
             why = "released"
         return taken.rowcount == 1 and self._took(row.beat + 1, began, why)
@@ -161,6 +163,7 @@ class Lease:
             "pid": self.pid,
             "since": since,
             "beat": beat,
+            "duration": self.duration,
         }
 
     def _took(self, beat: int, began: float, why: str) -> bool:

@@ -221,6 +221,7 @@ LEASE = Table(
     Column("name", String(32), primary_key=True),
     Column("holder", String(32), nullable=False),  # a process's random id; "": released
     Column("beat", Integer, nullable=False),  # one more at each renewal
+    Column("duration", Float, nullable=False),  # the holder's lease_duration: its expiry
     Column("host", String(255)),  # for the admin
     Column("pid", Integer),
     Column("since", String(40)),  # when it took the lease, on its clock (for people)
