@@ -21,9 +21,11 @@ import pytest
 from fake_hub_api import FakeHub
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
+from traitlets import TraitError
 
 from jupyter_gpu_gov.core.policy import PolicyError, load_policies
 from jupyter_gpu_gov.core.vocabulary import KEY_LENGTH
+from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.lease import Lease
 from jupyter_gpu_gov.hub.options import Options
@@ -222,3 +224,17 @@ def test_a_holder_paused_in_a_write_does_not_hold_the_lease_for_ever(database):
         paused.invalidate()  # (a blocked step, if any, ends with it)
         pool.shutdown(wait=True)
         other.dispose()
+
+
+def test_a_long_lease_still_lets_the_holder_write(database):
+    """PostgreSQL's idle-in-transaction timeout holds at most 2^31-1 ms (24.8 days): a lease
+    longer than that made every fenced write fail. A lease_duration beyond 600 s is refused at
+    start, naming the setting, and the fence keeps within PostgreSQL's range."""
+    store = Store(database)
+    lease = Lease(store.engine, 3_000_000)
+    assert lease.step()
+    lease.taking = False
+    with store.engine.begin() as db:
+        lease.fence(db)
+    with pytest.raises(TraitError, match="lease_duration"):
+        GpuGovernor(lease_duration=3_000_000)

@@ -138,7 +138,7 @@ class Lease:
             seen = self._seen = (row.holder, row.beat, read)
         # Released (a clean stop), or not renewed for a whole lease as this process counts: the
         # holder's (a rolling update may change lease_duration; the old pod acts by its own).
-        if row.holder and read - seen[2] < max(row.duration, self.duration):
+        if row.holder and read - seen[2] < max(row.duration or 0, self.duration):
             return False
         with self.engine.begin() as db:  # only if it is still as read
             _wait_briefly(db)
@@ -148,7 +148,7 @@ class Lease:
                 .values(self._mine(beat=row.beat + 1))
             )
         if row.holder:
-            waited = max(row.duration, self.duration)
+            waited = max(row.duration or 0, self.duration)
             why = f"{row.host} pid {row.pid} did not renew it for {waited:g} s"
         else:
             why = "released"
@@ -197,7 +197,7 @@ class Lease:
             # A holder paused inside this transaction (SIGSTOP, a frozen VM) would keep the
             # row locked, and the takeover waiting, for as long as the pause: PostgreSQL ends
             # the transaction (nothing of it lands) once idle for the lease's duration.
-            ms = int(self.duration * 1000)
+            ms = min(int(self.duration * 1000), 2**31 - 1)  # (PostgreSQL's range)
             db.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
         still = db.execute(
             update(LEASE)

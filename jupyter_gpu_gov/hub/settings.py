@@ -274,6 +274,7 @@ class GovernorSettings(HasTraits):
     lease_duration = Float(
         30,
         min=3,
+        max=600,  # a crashed holder keeps every governor from acting for as long
         help="""Seconds of the store's lease (hub/lease.py): only the governor holding it acts,
         renewing it every quarter of this; one that stops renewing (a crash, a pause) acts on
         nothing from three quarters on, and another takes over after the whole of it, counted on
