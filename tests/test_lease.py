@@ -405,3 +405,36 @@ def test_a_shorter_lease_elsewhere_waits_for_the_holders_own(tmp_path):
     time.sleep(2.5)  # past the new one's duration, well within the old one's
     assert old.held() and not new.step()
     store.engine.dispose()
+
+
+async def test_a_checkpoint_asked_by_the_old_holder_is_asked_again_by_the_new(
+    tmp_path,
+    restore_clock,  # noqa: F811
+):
+    """As at a restart: the server heard the old holder's request only in its verdicts, so
+    the governor that takes over asks it again from the takeover (its timeout counted from
+    then), and the server's answer to it is taken."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        old, new = governor(hub, tmp_path), governor(hub, tmp_path)
+        with_lease(old)
+        lease = with_lease(new)
+        for step in (0, 61 * 60, 60 * 60):
+            clock.advance(step)
+            for gov in (old, new):
+                gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+            await asyncio.gather(old.reconcile(), new.reconcile())
+        asked = checkpoint_asked(old, "alice")["requested_at"]
+        clock.advance(600)  # the old one stops; 10 minutes later the new one holds the lease
+        old.store.lease.release()
+        assert lease.step()
+        new.take_over()
+        lease.taking = False
+        new.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await new.reconcile()
+        again = checkpoint_asked(new, "alice")["requested_at"]
+        assert clock.parse(again) >= clock.parse(asked) + timedelta(minutes=10)
+        answer(new, manifest("done"), requested_at=again)
+        await new.reconcile()
+        assert hub.counters["DELETE /users/{name}/server(s)"] == 1
+    assert [a.action for a in new.store.audit_rows("alice/")].count("cull") == 1
