@@ -29,6 +29,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
@@ -53,6 +54,27 @@ def now_s() -> float:
     return time.monotonic()
 
 
+def _place() -> str:
+    """Where process ids mean the same: this boot of this machine and this pid namespace (""
+    where it cannot be told)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"[:80]
+    except OSError:
+        return ""
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process has this id (here: ``place``)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's: it runs
+        return False
+    return False
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds the lease, as the store says (for the admin: ``api/`` and the log)."""
@@ -73,6 +95,7 @@ class Lease:
         self.id = uuid.uuid4().hex
         self.host = socket.gethostname()[:255]
         self.pid = os.getpid()
+        self.place = _place()
         self._until = 0.0  # boot clock: acts until then
         self._beat: int | None = None  # the beat of our last renewal, while we hold it
         self._seen: tuple[str, int, float] | None = None  # another's (id, beat, read at)
@@ -136,9 +159,14 @@ class Lease:
         seen = self._seen
         if seen is None or seen[:2] != (row.holder, row.beat):
             seen = self._seen = (row.holder, row.beat, read)
+        # A holder whose process is gone where its pid means what ours do (JupyterHub starting
+        # a crashed service again): taken at once, as a release would be.
+        gone = bool(row.holder and self.place and row.place == self.place and row.pid)
+        gone = gone and _gone(row.pid)
         # Released (a clean stop), or not renewed for a whole lease as this process counts: the
         # holder's (a rolling update may change lease_duration; the old pod acts by its own).
-        if row.holder and read - seen[2] < max(row.duration or 0, self.duration):
+        waited = max(row.duration or 0, self.duration)
+        if row.holder and not gone and read - seen[2] < waited:
             return False
         with self.engine.begin() as db:  # only if it is still as read
             _wait_briefly(db)
@@ -147,8 +175,9 @@ class Lease:
                 .where(LEASE.c.name == NAME, LEASE.c.holder == row.holder, LEASE.c.beat == row.beat)
                 .values(self._mine(beat=row.beat + 1))
             )
-        if row.holder:
-            waited = max(row.duration or 0, self.duration)
+        if gone:
+            why = f"{row.host} pid {row.pid} is gone"
+        elif row.holder:
             why = f"{row.host} pid {row.pid} did not renew it for {waited:g} s"
         else:
             why = "released"
@@ -161,6 +190,7 @@ class Lease:
             "holder": self.id,
             "host": self.host,
             "pid": self.pid,
+            "place": self.place,
             "since": since,
             "beat": beat,
             "duration": self.duration,

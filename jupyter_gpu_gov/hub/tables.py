@@ -224,6 +224,7 @@ LEASE = Table(
     Column("duration", Float, nullable=False),  # the holder's lease_duration: its expiry
     Column("host", String(255)),  # for the admin
     Column("pid", Integer),
+    Column("place", String(80)),  # where its pid means what ours do (boot, pid namespace)
     Column("since", String(40)),  # when it took the lease, on its clock (for people)
 )
 
