@@ -43,7 +43,7 @@ from jupyter_gpu_gov.hub.tables import LEASE
 pytestmark = pytest.mark.timeout(240)
 
 REPO = Path(__file__).resolve().parent.parent
-LEASE_S = 4  # the lease's duration in these tests (seconds)
+LEASE_S = 6  # the lease's duration in these tests (seconds): renewed every 1.5 s
 GRANT = {"gpu_gov_grant": {"gpu-gov/team": "vision", "gpu-gov/tier": "h100", "gpu-gov/weight": "1"}}
 
 
@@ -111,6 +111,11 @@ def holder(db: Path) -> tuple[str, int, int] | None:
 async def up(log: Path) -> None:
     """Until the service is up: it has read the lease (holds it or stands by) and listens."""
     await until(lambda: log.exists() and "listening on" in log.read_text(), f"{log.name}'s start")
+
+
+async def said(log: Path, line: str) -> None:
+    """Until the service's log says ``line`` (its takeover's line follows the store's row)."""
+    await until(lambda: line in log.read_text(), f"{log.name} to say {line!r}")
 
 
 async def until(check, what: str, timeout: float = 60.0):
@@ -216,7 +221,7 @@ async def test_a_killed_holder_is_taken_over_within_the_lease(tmp_path):
             # the next step: its process is gone where the second can tell (the same machine
             # and pid namespace, as when JupyterHub starts a crashed service again).
             assert time.monotonic() - killed <= LEASE_S * 1.25 + 5
-            assert f"pid {first.pid} is gone" in (tmp_path / "second.log").read_text()
+            await said(tmp_path / "second.log", f"pid {first.pid} is gone)")
             await until(lambda: not hub.running("alice"), "alice's idle server culled")
         finally:
             stop(first, *([second] if second else []))
@@ -237,7 +242,7 @@ async def test_a_clean_stop_hands_over_at_once(tmp_path):
             assert first.wait(timeout=30) == 0
             # Released: taken at the other's next look, not once it expired.
             await until(lambda: held_by(db, second), "the second governor to take over")
-            assert "took the store's lease (released)" in (tmp_path / "second.log").read_text()
+            await said(tmp_path / "second.log", "took the store's lease (released)")
             idle_server(hub, "alice")
             await until(lambda: not hub.running("alice"), "alice's idle server culled")
         finally:
@@ -265,13 +270,13 @@ async def test_a_paused_holder_does_not_act_when_it_resumes(tmp_path):
                 lambda: first.poll() is not None and [first.returncode],
                 "the resumed governor to find the lease lost and stop",
             )
-            # (Alive, if stopped: the second waited for the lease to expire.)
-            assert f"pid {first.pid} did not renew it" in (tmp_path / "second.log").read_text()
             assert code == [1]
             assert hub.running("alice") and not culls(db, "alice/")
             assert "another governor took the store's lease" in (tmp_path / "first.log").read_text()
             second.send_signal(signal.SIGCONT)
             await until(lambda: not hub.running("alice"), "alice's idle server culled")
+            # (Alive, if stopped: the second waited for the lease to expire.)
+            await said(tmp_path / "second.log", f"pid {first.pid} did not renew it")
         finally:
             if second is not None:
                 second.send_signal(signal.SIGCONT)
