@@ -1,4 +1,4 @@
-"""The lease: exactly one governor acts on a store (docs/kubernetes.md, "Exactly one governor").
+"""The lease: exactly one governor acts on a store (docs/api.md, "One governor acts: the lease").
 
 Two governors on one store (a rolling update, a second replica, a pod restarted before the old
 one went, two hubs on one PostgreSQL) each warned, culled and billed the same servers. The store
@@ -10,10 +10,12 @@ No decision rests on two machines' clocks agreeing. Each side measures on its ow
 clock (the boot clock, which a suspended machine's also counts): the holder acts until
 ``ACTING_SHARE`` of the lease after a renewal it *began*; a contender takes the lease only once
 it has seen the same ``(holder, beat)`` for a whole lease (the holder's, as the row records
-it, or its own if longer), counted from when it *read* it, which is after that renewal began. The quarter between covers the clocks' rates (a few parts
-in a million) and the time from a check to the request it lets through. A holder that cannot
-renew in time (a paused process, a slow database) has stopped acting before anyone can take
-over. Every statement is one conditional ``UPDATE`` (or an ``INSERT`` the primary key makes
+it, or its own if longer), counted from when it *read* it, which is after that renewal began.
+The quarter between covers the clocks' rates (a few parts in a million) and the time from a
+check to the request it lets through. A holder that cannot renew in time (a paused process, a
+slow database) has stopped acting before anyone can take over. A released lease is taken at
+once, and so is one whose holder's process is gone where the contender can tell (the same boot
+and pid namespace: JupyterHub starting a crashed service again). Every statement is one conditional ``UPDATE`` (or an ``INSERT`` the primary key makes
 unique): the database decides who holds it, on SQLite and PostgreSQL alike.
 
 What the holder writes is fenced too (``Store.fence``): each write transaction first checks,
