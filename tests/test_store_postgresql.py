@@ -14,18 +14,23 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from fake_hub_api import FakeHub
 from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import DBAPIError
+from traitlets import TraitError
 
 from jupyter_gpu_gov.core.policy import PolicyError, load_policies
 from jupyter_gpu_gov.core.vocabulary import KEY_LENGTH
+from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.lease import Lease
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
-from jupyter_gpu_gov.hub.store import RETYPED, SCHEMA_VERSION, Store
+from jupyter_gpu_gov.hub.store import RETYPED, SCHEMA_VERSION, NotHolder, Store
 
 pytest.importorskip("psycopg", reason="the PostgreSQL driver (psycopg) is not installed")
 
@@ -211,3 +216,69 @@ async def test_a_project_holding_nul_does_not_stop_the_pass_for_everyone(databas
             result = await gov.reconcile()
     assert result.errors == ()
     assert gov.store.server("bob/").project == "\ufffd=cmd"  # kept, the NUL replaced
+
+
+def test_the_lease_has_one_holder_on_postgresql(database):
+    """hub/lease.py's statements on PostgreSQL: one holder, its writes fenced, a release handed
+    over at once, an unrenewed lease taken after its duration and the old holder then refused."""
+    store, other = Store(database), create_engine(database)
+    first, second = Lease(store.engine, 3), Lease(other, 3)
+    assert first.step() and not second.step()
+    first.taking = False
+    with store.engine.begin() as db:
+        first.fence(db)
+    with pytest.raises(NotHolder), other.begin() as db:
+        second.fence(db)
+    first.release()
+    assert second.step()  # released: taken at once
+    second.taking = False
+    assert not first.step() and not first.lost  # (it let it go)
+    deadline = time.monotonic() + 30
+    while not first.step():  # the second no longer renews: the first takes it once expired
+        assert time.monotonic() < deadline, "the unrenewed lease was never taken"
+        time.sleep(0.2)
+    first.taking = False
+    assert not second.step() and second.lost
+    with pytest.raises(NotHolder), other.begin() as db:
+        second.fence(db)
+    other.dispose()
+
+
+def test_a_holder_paused_in_a_write_does_not_hold_the_lease_for_ever(database):
+    """A holder paused (SIGSTOP, a frozen VM) inside a write transaction keeps the lease's row
+    locked (its fence): the other's takeover waited on that lock for as long as the pause
+    lasted, and no governor acted. Now the paused transaction is ended by PostgreSQL once idle
+    for the lease's duration, and the other takes over; the paused one's write is void."""
+    store, other = Store(database), create_engine(database)
+    first, second = Lease(store.engine, 3), Lease(other, 3)
+    assert first.step()
+    first.taking = False
+    paused = store.engine.connect()
+    paused.begin()
+    first.fence(paused)  # a write begun, and then nothing: the process is stopped
+    pool = ThreadPoolExecutor(1)
+    try:
+        deadline = time.monotonic() + 60
+        while not pool.submit(second.step).result(timeout=30):
+            assert time.monotonic() < deadline, "the lease was never taken over"
+            time.sleep(0.2)
+        with pytest.raises(DBAPIError):  # its transaction was ended: nothing it writes lands
+            paused.execute(text("SELECT 1"))
+    finally:
+        paused.invalidate()  # (a blocked step, if any, ends with it)
+        pool.shutdown(wait=True)
+        other.dispose()
+
+
+def test_a_long_lease_still_lets_the_holder_write(database):
+    """PostgreSQL's idle-in-transaction timeout holds at most 2^31-1 ms (24.8 days): a lease
+    longer than that made every fenced write fail. A lease_duration beyond 600 s is refused at
+    start, naming the setting, and the fence keeps within PostgreSQL's range."""
+    store = Store(database)
+    lease = Lease(store.engine, 3_000_000)
+    assert lease.step()
+    lease.taking = False
+    with store.engine.begin() as db:
+        lease.fence(db)
+    with pytest.raises(TraitError, match="lease_duration"):
+        GpuGovernor(lease_duration=3_000_000)

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
 
@@ -40,6 +41,7 @@ from .health import HealthOptions
 from .history import HistoryOptions
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
+from .lease import RENEW_SHARE, Lease
 from .options import Options
 from .pages import page_handlers
 from .policy_api import policy_handlers
@@ -160,7 +162,7 @@ class GpuGovernor(GovernorSettings, Application):
     def reconcile_interval(self) -> float:
         return self.cull_every or min(self.timeout / 2, 60)
 
-    def make_governor(self) -> Governor:
+    def make_governor(self, store: Store | None = None) -> Governor:
         if self.unhealthy_node_action != "none" and not self.kubernetes_api_url:
             raise SystemExit(
                 f"jupyter-gpu-gov: unhealthy_node_action={self.unhealthy_node_action!r} needs the "
@@ -197,10 +199,17 @@ class GpuGovernor(GovernorSettings, Application):
                 max_bytes=self.dcgm_max_bytes,
             )
         options = self.make_options()
-        governor = Governor(open_store(self.db_url), hub, self.policy_list, options, dcgm)
-        source = {"policies": list(self.policies), "policy_defaults": dict(self.policy_defaults)}
-        start_policies(governor, source, self.log)  # then the applied one (applied_policy.py)
+        store = store or open_store(self.db_url)
+        governor = Governor(store, hub, self.policy_list, options, dcgm)
+        hub.may_act = lambda: governor.acting
+        self.start_policies(governor)
         return governor
+
+    def start_policies(self, governor: Governor) -> None:
+        """The config file's policies, then the applied one (applied_policy.py): at start, and
+        again at a takeover of the lease (another governor may have applied one meanwhile)."""
+        source = {"policies": list(self.policies), "policy_defaults": dict(self.policy_defaults)}
+        start_policies(governor, source, self.log)
 
     def make_options(self) -> Options:
         """The settings the governor's parts read, as one frozen value (docs/architecture.md,
@@ -305,32 +314,83 @@ class GpuGovernor(GovernorSettings, Application):
         )
 
     async def run(self) -> None:
-        self.governor = self.make_governor()
+        store = open_store(self.db_url)
+        self.lease = Lease(store.engine, self.lease_duration)
+        # A database in memory is this process's alone (and one per thread: the lease's would
+        # be another): nothing to share, no lease to hold.
+        store.lease = None if store.in_memory else self.lease
+        leasing = ThreadPoolExecutor(1, "gpu-gov-lease")  # its steps in order, release last
+        loop = asyncio.get_running_loop()
+        # Taken (when free) before the governor is built: one alone governs from its first pass.
+        if store.lease is not None:
+            await loop.run_in_executor(leasing, self.lease.step)
+        self.lease.taking = False  # (nothing read yet to read again)
+        self.governor = self.make_governor(store)
         server = self.make_server(self.governor)
+        holder = self.lease.holder
         self.log.info(
-            "jupyter-gpu-gov %s governing (reconcile every %ss, %d policies, %s event loop%s)",
+            "jupyter-gpu-gov %s governing (reconcile every %ss, %d policies, %s event loop%s)%s",
             __version__,
             self.reconcile_interval,
             len(self.governor.policies),
             running_loop_name(),
             ", DRY RUN" if self.dry_run else "",
+            ""
+            if self.governor.acting
+            else f", on standby: {holder.host if holder else '?'} pid {holder.pid if holder else '?'}"
+            " holds the store's lease",
         )
         collections = heap.start()  # no full garbage collection stalls the reports at random
         # On the monotonic clock: a step of the wall clock neither stalls nor hurries a pass.
         passes = asyncio.ensure_future(clock.every(self.reconcile_interval, self._reconcile))
         listening = asyncio.ensure_future(self._listen(server))
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        metrics.LEADER.set_function(lambda: 1.0 if self.governor.acting else 0.0)
+        lease = asyncio.ensure_future(
+            self._keep_lease(leasing, stop) if store.lease else asyncio.sleep(0)
+        )
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         passes.cancel()
         listening.cancel()
+        lease.cancel()
         heap.stop(collections)
         # Each one ended (a pass stopped where it was) before the server and the store close.
-        await asyncio.wait((passes, listening, collections))
+        await asyncio.wait((passes, listening, collections, lease))
         server.stop()
         await self.governor.close()
+        # After the last write (the ledger's): the next governor takes over at once.
+        await loop.run_in_executor(leasing, self.lease.release)
+        leasing.shutdown()
+        if self.lease.lost:
+            raise SystemExit(
+                "jupyter-gpu-gov: another governor took the store's lease (this one could not "
+                "renew it in time): stopped, to start again on standby"
+            )
+
+    async def _keep_lease(self, leasing: ThreadPoolExecutor, stop: asyncio.Event) -> None:
+        """Renew the lease, or watch it and take it over once free or expired (hub/lease.py).
+        One that lost it stops: started again, it waits on standby with nothing kept from its
+        time as the holder."""
+        lease, loop = self.lease, asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(RENEW_SHARE * lease.duration)
+            await loop.run_in_executor(leasing, lease.step)
+            if lease.lost:
+                stop.set()
+                return
+            if lease.taking:  # from another, which wrote meanwhile: read again, then act
+                try:
+                    self.governor.take_over()
+                    self.governor.policies = list(self.policy_list)  # then the applied one
+                    lease.taking = False
+                    self.start_policies(self.governor)
+                except Exception:  # (the store): held, not acting; read again at the next step
+                    lease.taking = True
+                    self.log.exception("gpu-gov: the store could not be read to take over")
+                    continue
+                self.log.info("gpu-gov: took the store's lease (%s): governing", lease.why)
 
     async def _listen(self, server: ProtocolHTTPServer, retry_every: float = 30) -> None:
         """Serve reports, the API and the pages where the service entry says; governing never
@@ -361,6 +421,9 @@ class GpuGovernor(GovernorSettings, Application):
             return
 
     async def _reconcile(self) -> None:
+        if not self.governor.acting:  # on standby: nothing, not even the spawn queue's starts
+            await self.governor.reconcile()  # (it says so in its result, and counts the pass)
+            return
         try:
             result = await self.governor.reconcile()
             if result.actions:

@@ -150,6 +150,7 @@ def record(store, audit: AuditRow, entry: Entry, policies: list[Policy] | None =
 
     def write() -> None:
         with store.session() as session, session.begin():
+            store.fence(session.connection())
             session.add(audit)
             session.flush()  # the audit row's id
             session.execute(

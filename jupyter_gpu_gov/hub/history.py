@@ -71,6 +71,7 @@ from ..replay.history import (
 from .bulk_sql import Executemany
 from .deadlines import NextTimes
 from .hubapi import HubServer
+from .store import StoreUnavailable
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -124,8 +125,9 @@ class HistoryOptions:
 class HistoryLog:
     """The history tables of one store: appends, prunes, reads."""
 
-    def __init__(self, engine: Engine, options: HistoryOptions):
+    def __init__(self, engine: Engine, options: HistoryOptions, fence=None):
         self.engine = engine
+        self.fence = fence or (lambda db: None)  # Store.fence: only the lease's holder writes
         self.options = options
         metadata.create_all(engine)
         self._runs: dict[tuple[str, float], int] = {}  # (server, started) -> id
@@ -147,6 +149,7 @@ class HistoryLog:
         if not rows:
             return 0
         with self.engine.begin() as db:
+            self.fence(db)
             runs, contexts = self._resolve(db, rows)
             values = [pack(r, runs[r.session], c[1]) for r, c in zip(rows, contexts, strict=True)]
             self._insert.run(db, values)
@@ -194,6 +197,7 @@ class HistoryLog:
 
     def prune(self) -> None:
         with self.engine.begin() as db:
+            self.fence(db)
             self._prune(db)
 
 
@@ -272,7 +276,9 @@ class History:
     def _history_log(self) -> HistoryLog | None:
         log_ = getattr(self, "_history", None)
         if log_ is None and self.options.history.enabled:
-            log_ = self._history = HistoryLog(self.store.engine, self.options.history)
+            log_ = self._history = HistoryLog(
+                self.store.engine, self.options.history, self.store.fence
+            )
             self._history_last: dict[str, _Last] = {}
             self._history_pending: dict[str, HistoryRow] = {}
             self._keyframes = NextTimes()  # when each server's next keyframe is due
@@ -423,7 +429,7 @@ class History:
         rows = sorted(pending.values(), key=lambda r: r.server)  # (HistoryRow: immutable)
         try:
             await self.store.write_async(lambda: self._history.append(rows))
-        except DBAPIError as error:
+        except (DBAPIError, StoreUnavailable) as error:
             log.error("gpu-gov: %d history rows not recorded: %s", len(pending), error)
 
 

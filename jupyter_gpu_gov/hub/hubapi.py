@@ -249,6 +249,9 @@ class HubApi:
                     " explicit ca_certs, client_cert and client_key"
                 )
         self.request_count = 0  # requests sent, for metrics and tests
+        # Whether it may change anything (the service: while it holds the lease, hub/lease.py);
+        # checked once a request holds its slot, just before it is sent.
+        self.may_act: Callable[[], bool] = lambda: True
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: AsyncHTTPClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -334,6 +337,8 @@ class HubApi:
         client, semaphore = self._bind()
         async with contextlib.nullcontext() if held else semaphore:
             why = await last_check() if last_check is not None else None
+            if why is None and method != "GET" and not self.may_act():
+                why = "this governor no longer holds the store's lease (another one acts)"
             if why is not None:
                 raise NotSent(why)
             self.request_count += 1

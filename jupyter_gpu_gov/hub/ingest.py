@@ -334,6 +334,10 @@ class Ingest:
         ``HUB_LOOKUP_EVERY`` per user."""
         if key in self._servers:
             return True
+        if not self.acting:  # on standby: the holder's word, from the store (its last listing)
+            row = self.row(key)
+            if row is not None and row.running:
+                return True
         user, name = key.split("/", 1)
         now = time.monotonic()
         asked = self._hub_lookups.get(user)

@@ -45,6 +45,11 @@ GPUS_RECLAIMED = Counter(
     "GPUs (whole cards or MIG instances) given back by culls of idle servers",
     registry=REGISTRY,
 )
+LEADER = Gauge(
+    "jupyter_gpu_gov_leader",
+    "1 while this governor holds its store's lease and acts; 0 on standby (another one acts)",
+    registry=REGISTRY,
+)
 STORE_ERRORS = Counter(
     "jupyter_gpu_gov_store_errors_total",
     "Writes the store refused (locked, full, unreachable); their actions were not taken",

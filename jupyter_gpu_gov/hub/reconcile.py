@@ -185,13 +185,44 @@ class Governor(
             try:
                 result = await self._reconcile()
             finally:
-                self._read_dcgm_next()
+                if self.acting:  # (a standby decides nothing: it reads nothing from DCGM)
+                    self._read_dcgm_next()
             result.duration_s = time.perf_counter() - started
             metrics.RECONCILE_SECONDS.observe(result.duration_s)
             self.last_cycle = result
             return result
 
+    @property
+    def acting(self) -> bool:
+        """Whether this governor may act: it holds the store's lease (``hub/lease.py``), or
+        runs without one (built alone, as in tests)."""
+        lease = self.store.lease
+        return lease is None or lease.held()
+
+    def take_over(self) -> None:
+        """This governor took the lease from another, which wrote meanwhile: what a start-up
+        reads from the store is read again (the rows, the ledger's open sessions, which rows
+        exist), and checkpoints asked before now are asked again (views.py), as at a restart."""
+        self.store.forget_known()
+        self._started = clock.utcnow()
+        self._rows = None
+        self._checkpoints.clear()  # (they answered the rows as read before)
+        self.ledger = ledger.Ledger(
+            self.options.ledger_max_gap, self.store.usage_sessions(open_only=True)
+        )
+        self._usage_written_at = None
+        self.missing_scopes = None  # the first pass's checks, again
+        if self._dcgm_task is None:  # the first pass waits for a read, as at a start
+            self._dcgm_latest = None
+
     async def _reconcile(self) -> CycleResult:
+        if not self.acting:
+            # Another governor holds the lease: no decision, action, bill or history here.
+            # Reports are still taken in (warm for a takeover; forgotten once stale), answered
+            # and authorised from the store as the holder writes it (read again each pass).
+            self._rows = None
+            self._forget_stale_reports(())
+            return CycleResult(errors=(STANDBY,))
         if time.monotonic() < self._store_down_until:
             # The store refused the last pass's decisions: decide (and act) again only after a
             # pause, not a blocked write every pass.
@@ -277,7 +308,7 @@ class Governor(
             batch.jobs.append(self._cull_inactive_users(now, batch.audits))
         await self._settle(batch)
         for patch in patches:
-            if batch.saved:
+            if batch.saved and self.acting:  # (a pause since the write: the lease lapsed)
                 self._in_background(patch)
             else:  # not on record: asked again at the next pass
                 patch.close()
@@ -560,6 +591,7 @@ class _Turns:
             self._left, self._until = YIELD_EVERY - 1, time.perf_counter() + SLICE_S
 
 
+STANDBY = "on standby: another governor holds the store's lease; this one acts on nothing"
 SLICE_S = 0.005  # a pass's longest run of deciding between two turns of the event loop
 SPAWN_QUEUED_AFTER = timedelta(minutes=1)
 GAUGES_PER_TURN = 1000  # servers' gauges set between two turns of the event loop

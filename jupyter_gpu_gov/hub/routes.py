@@ -445,6 +445,7 @@ class InfoHandler(ApiHandler):
             {
                 "version": __version__,
                 "dry_run": self.governor.options.dry_run,
+                "lease": self.governor.lease_view(holder=self.is_admin),
                 "last_reconcile": None
                 if cycle is None
                 else {

@@ -271,6 +271,15 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
 
     # -- the pass ----------------------------------------------------------------------------
+    lease_duration = Float(
+        30,
+        min=3,
+        max=600,  # a crashed holder keeps every governor from acting for as long
+        help="""Seconds of the store's lease (hub/lease.py): only the governor holding it acts,
+        renewing it every quarter of this; one that stops renewing (a crash, a pause) acts on
+        nothing from three quarters on, and another takes over after the whole of it, counted on
+        its own clock. A clean stop hands it over at once.""",
+    ).tag(config=True)
     full_pass_every = Int(
         10,
         min=1,

@@ -60,6 +60,14 @@ class StoreUnavailable(RuntimeError):
         super().__init__(f"the governor's database ({safe_url(url)}) is unavailable: {cause}")
 
 
+class NotHolder(StoreUnavailable):
+    """A write of a governor that does not hold the lease (``hub/lease.py``): refused, like a
+    store that is down, so that nothing it would have recorded is done."""
+
+    def __init__(self, message: str):
+        RuntimeError.__init__(self, message)
+
+
 class StoreTooNew(RuntimeError):
     """A newer jupyter-gpu-gov migrated the store: this one leaves it as it is."""
 
@@ -187,6 +195,9 @@ class Store:
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        # The lease (hub/lease.py) the service holds to write: None, every write is let through
+        # (a governor built alone, as in tests and benchmarks).
+        self.lease = None
         self._stored: set[str] = set()  # keys known to have a row: update, not insert
         # The same for the usage ledger: days whose bucket keys are loaded, those keys, sessions.
         self._usage_days: set[str] = set()
@@ -201,7 +212,8 @@ class Store:
         # event loop answers reports; a request's write waits for those asked before it, as
         # when the pass wrote on the loop. (SQLite in WAL lets the loop read meanwhile.) A
         # database in memory is one connection per thread: written where asked.
-        self._writer = None if _in_memory(url) else ThreadPoolExecutor(1, "gpu-gov-store")
+        self.in_memory = _in_memory(url)  # (one process's alone: it needs no lease)
+        self._writer = None if self.in_memory else ThreadPoolExecutor(1, "gpu-gov-store")
         self.migrate()
 
     def migrate(self) -> None:
@@ -225,6 +237,19 @@ class Store:
 
     def session(self) -> Session:
         return self._session()
+
+    def fence(self, db) -> None:
+        """First in a write transaction (``db``, its connection): ``NotHolder`` unless this
+        governor holds the lease."""
+        if self.lease is not None:
+            self.lease.fence(db)
+
+    def forget_known(self) -> None:
+        """Forget which rows are known to exist: another governor wrote meanwhile (a takeover)."""
+        self._stored.clear()
+        self._usage_days.clear()
+        self._usage_keys.clear()
+        self._usage_sessions.clear()
 
     def write(self, fn: Callable[[], T]) -> T:
         """``fn()``, a write, in the writer thread after the writes asked before it; waits."""
@@ -299,6 +324,7 @@ class Store:
         def write() -> None:
             try:
                 with self._session.begin() as session:
+                    self.fence(session.connection())
                     saved = self._save_servers(session, values)
                     session.add_all([*audits, *extensions])
                     for extension in updated_extensions:
@@ -450,6 +476,7 @@ class Store:
     def _save_usage(self, deltas: dict, sessions: list[LedgerSession]) -> None:
         day_names = {day: day.isoformat() for day in {day for day, _ in deltas}}
         with self._session.begin() as db:
+            self.fence(db.connection())
             days = set(day_names.values()) - self._usage_days
             if days:  # a day not seen yet (or written by an earlier run): its keys, once
                 query = select(*_USAGE_KEY).where(UsageRow.day.in_(days))
@@ -581,4 +608,4 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
 # -- Record <-> row ----------------------------------------------------------------------------
 
 
-__all__ = ["Store", "StoreTooNew", "StoreUnavailable", "safe_url"]
+__all__ = ["NotHolder", "Store", "StoreTooNew", "StoreUnavailable", "safe_url"]

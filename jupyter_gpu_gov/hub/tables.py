@@ -1,5 +1,6 @@
 """The governor's tables (SQLAlchemy ORM): a server's row and the policy ``Record`` it holds,
-extension requests, the audit trail, the usage ledger's buckets and sessions, and ``meta``.
+extension requests, the audit trail, the usage ledger's buckets and sessions, the lease, and
+``meta``.
 ``hub/store.py`` reads and writes them, and migrates the schema."""
 
 from __future__ import annotations
@@ -211,6 +212,21 @@ class UsageSessionRow(Base):
     culls: Mapped[float] = mapped_column(Float, default=0.0)
     extensions: Mapped[float] = mapped_column(Float, default=0.0)
     right_size_freed: Mapped[float] = mapped_column(Float, default=0.0)  # schema 2
+
+
+# The lease (hub/lease.py): one row naming the governor that acts on this store.
+LEASE = Table(
+    "lease",
+    Base.metadata,
+    Column("name", String(32), primary_key=True),
+    Column("holder", String(32), nullable=False),  # a process's random id; "": released
+    Column("beat", Integer, nullable=False),  # one more at each renewal
+    Column("duration", Float, nullable=False),  # the holder's lease_duration: its expiry
+    Column("host", String(255)),  # for the admin
+    Column("pid", Integer),
+    Column("place", String(80)),  # where its pid means what ours do (boot, pid namespace)
+    Column("since", String(40)),  # when it took the lease, on its clock (for people)
+)
 
 
 class MetaRow(Base):

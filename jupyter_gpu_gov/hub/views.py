@@ -186,7 +186,9 @@ class Views:
         asked, started = None, ()
         if not self.options.dry_run:
             started = self.started_from_line(row)
-        if not self.options.dry_run and key not in self._unrecorded:  # (hub/records.py)
+        # A governor on standby asks nothing either: its rows may be a pass behind the
+        # holder's, which alone asks (hub/lease.py).
+        if not self.options.dry_run and key not in self._unrecorded and self.acting:
             asked = outbound.requests(
                 row.checkpoint_status,
                 row.checkpoint_requested_at,
@@ -203,6 +205,23 @@ class Views:
             requests=asked,
             started_from_line=started,
         ).to_json()
+
+    def lease_view(self, holder: bool = True) -> dict | None:
+        """Whether this governor acts (holds the store's lease, ``hub/lease.py``) and, with
+        ``holder`` (for admins: a pod's name is the cluster's, not a user's business), which
+        one does, as last read. ``None``: a governor without a lease, built alone."""
+        lease = self.store.lease
+        if lease is None:
+            return None
+        view: dict = {"held": self.acting}
+        if holder:
+            who = lease.holder
+            view["holder"] = (
+                {"host": who.host, "pid": who.pid, "since": who.since}
+                if who is not None and who.id
+                else None
+            )
+        return view
 
     def started_from_line(self, row: ServerRow) -> tuple[LineStart, ...]:
         """The owner's other servers the spawn queue started and nobody has opened yet (as of
