@@ -81,7 +81,7 @@ def validate(report: object, now: datetime | None = None) -> dict:
 
     devices = _list(report, "devices", MAX_DEVICES)
     for i, device in enumerate(devices):
-        where = _Where("devices", i)
+        where = ("devices", i, "")
         _expect(device, Mapping, where, "", "an object")
         _expect(device.get("uuid"), str, where, "uuid", "a string")
         for key in ("uuid", "parent_uuid", "name", "mig_profile"):
@@ -92,20 +92,22 @@ def validate(report: object, now: datetime | None = None) -> dict:
         _number(device, "memory_activity", where, low=0, high=1)
         _expect(device.get("shared", False), bool, where, "shared", "true or false")
         device_health = device.get("health")  # absent: nothing to check, no name to write
-        wrong = None if device_health is None else health.validate(device_health, f"{where}.health")
-        if wrong:
-            raise ReportError(f"{where}.health", wrong)
+        if device_health is not None:
+            field = _field(where, "health")
+            wrong = health.validate(device_health, field)
+            if wrong:
+                raise ReportError(field, wrong)
 
     targets = _list(report, "targets", MAX_TARGETS)
     for i, target in enumerate(targets):
-        where = _Where("targets", i)
+        where = ("targets", i, "")
         _expect(target, Mapping, where, "", "an object")
         if target.get("kind") not in TARGET_KINDS:
-            raise ReportError(f"{where}.kind", f"must be one of {', '.join(TARGET_KINDS)}")
+            raise ReportError(_field(where, "kind"), f"must be one of {', '.join(TARGET_KINDS)}")
         _expect(target.get("id"), str, where, "id", "a string")
         if target["kind"] == "kernel" and not KERNEL_ID.fullmatch(target["id"]):
             raise ReportError(
-                f"{where}.id", f"must be a kernel id (a UUID), got {target['id']!r:.80}"
+                _field(where, "id"), f"must be a kernel id (a UUID), got {target['id']!r:.80}"
             )
         for key in ("id", "name", "path", "execution_state"):
             _optional_str(target, key, where)
@@ -113,20 +115,22 @@ def validate(report: object, now: datetime | None = None) -> dict:
         _time(target, "busy_since", where, earliest, latest)
         _number(target, "connections", where, low=0)
         gpu = _expect(target.get("gpu"), Mapping, where, "gpu", "an object")
-        in_gpu = _Where("targets", i, ".gpu")
+        in_gpu = ("targets", i, ".gpu")
         gpu_devices = _expect(gpu.get("devices", []), list, in_gpu, "devices", "a list")
         if len(gpu_devices) > MAX_DEVICES or not all(
             isinstance(d, str) and len(d) <= MAX_TEXT for d in gpu_devices
         ):
-            raise ReportError(f"{in_gpu}.devices", "must be a list of device UUIDs")
+            raise ReportError(_field(in_gpu, "devices"), "must be a list of device UUIDs")
         _number(gpu, "memory_mb", in_gpu, low=0)
         _number(gpu, "sm", in_gpu, low=0, high=1)
         _expect(gpu.get("holds_context"), bool, in_gpu, "holds_context", "true or false")
         if gpu.get("confidence") not in CONFIDENCES:
-            raise ReportError(f"{in_gpu}.confidence", f"must be one of {', '.join(CONFIDENCES)}")
+            raise ReportError(
+                _field(in_gpu, "confidence"), f"must be one of {', '.join(CONFIDENCES)}"
+            )
         _time(gpu, "last_active", in_gpu, earliest, latest)
         _time(gpu, "idle_since", in_gpu, earliest, latest)
-        _cpu(target.get("cpu"), _Where("targets", i, ".cpu"))
+        _cpu(target.get("cpu"), ("targets", i, ".cpu"))
 
     window = _expect(report.get("window"), Mapping, "", "window", "an object")
     _number(window, "seconds", "window", low=0, required=True)
@@ -222,26 +226,25 @@ def user_last_activity(report: Mapping) -> datetime | None:
 # -- helpers -----------------------------------------------------------------------------------
 
 
-class _Where:
-    """Where a field is, written out only when it is named in an error: ``targets[2].gpu``."""
-
-    __slots__ = ("index", "inside", "items")
-
-    def __init__(self, items: str, index: int, inside: str = ""):
-        self.items, self.index, self.inside = items, index, inside
-
-    def __str__(self) -> str:
-        return f"{self.items}[{self.index}]{self.inside}"
+# Where a field is: "" (the top level), "server", or ``(items, index, inside)`` for
+# ``targets[2].gpu``, written out only when it is named in an error (a tuple: an object with
+# an ``__init__`` cost 0.3 µs, ten a report; docs/benchmarks.md, "Issue 26, wave 24").
+_Where = tuple[str, int, str]
 
 
 def _field(where: str | _Where, key: str) -> str:
     """The field's name: ``where.key``, ``where`` alone (no key), ``key`` alone (top level)."""
+    if type(where) is tuple:
+        items, index, inside = where
+        where = f"{items}[{index}]{inside}"
     if not key:
-        return str(where)
+        return where
     return f"{where}.{key}" if where else key
 
 
 def _expect(value, kind, where: str | _Where, key: str, words: str):
+    if type(value) is kind or (kind is Mapping and type(value) is dict):
+        return value  # JSON's own types (most): no ABC check, no bool to rule out
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise ReportError(_field(where, key), f"must be {words}")
     return value

@@ -50,6 +50,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import IO, Any
 
+from ..core.clock import parse as parse_time
 from ..core.text import not_text_at, not_utf8
 
 COLUMNS = (
@@ -205,7 +206,11 @@ def with_context(
         values[column] = (
             known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
         )
-    return type(window)(**values)
+    # What ``type(window)(**values)`` makes, without the frozen dataclass's setattrs: every
+    # running report of the service is read so (docs/benchmarks.md, "Issue 26, wave 24").
+    read = object.__new__(type(window))
+    object.__setattr__(read, "__dict__", values)
+    return read
 
 
 def in_context(
@@ -481,8 +486,7 @@ def windows_from_report(
 
     ``now``: a datetime or epoch seconds (default: the report's ``sampled_at``); it is ``t``.
     """
-    from ..core.clock import parse
-
+    parse = parse_time
     if previous is not None and previous.get("sampled_at") == report.get("sampled_at"):
         return []
     if report.get("backend") == "none":
@@ -502,12 +506,16 @@ def windows_from_report(
     holders = []
     kernels = []
     for target in report.get("targets") or ():
-        if isinstance(target, Mapping):
+        if type(target) is dict or isinstance(target, Mapping):  # JSON's first: no ABC check
             if (target.get("gpu") or _EMPTY).get("holds_context"):
                 holders.append(target)
             if target.get("kind") == "kernel":
                 kernels.append(target)
-    devices = {d.get("uuid"): d for d in report.get("devices") or () if isinstance(d, Mapping)}
+    devices = {
+        d.get("uuid"): d
+        for d in report.get("devices") or ()
+        if type(d) is dict or isinstance(d, Mapping)
+    }
     if not holders and not (devices and server.get("gpu_allocated")):
         return []
 
@@ -568,22 +576,30 @@ def windows_from_report(
 
     dcgm = dcgm or _EMPTY  # most reports: no DCGM, its columns missing
     dcgm_sm, dram = dcgm.get("sm_active"), dcgm.get("dram_active")
-    window = Window(
-        node=node or dcgm.get("node"),
-        server=key,
-        t=t,
-        sm_active=_fraction(sm if dcgm_sm is None else dcgm_sm),
-        gr_active=_fraction(dcgm.get("gr_active")),
-        dram_active=_fraction(memory_activity if dram is None else dram),
-        tensor_active=_fraction(dcgm.get("tensor_active")),
-        pcie_mb_s=_positive(dcgm.get("pcie_mb_s")),
-        gpu_mem_frac=_fraction(mem_frac),
-        cpu_cores=_positive(cores),
-        cpu_iowait=_fraction(iowait),
-        read_mb_s=_positive(reads),
-        cpu_top_thread=_fraction(top_thread),
-        kernel_busy=kernel_busy,
-        user_idle_s=user_idle,
+    # Every report is scored: the window is made as ``Window(...)`` makes it (its columns in
+    # their order), without the frozen dataclass's 15 setattrs (docs/benchmarks.md, "Issue 26,
+    # wave 24").
+    window = object.__new__(Window)
+    object.__setattr__(
+        window,
+        "__dict__",
+        {
+            "node": node or dcgm.get("node"),
+            "server": key,
+            "t": t,
+            "sm_active": _fraction(sm if dcgm_sm is None else dcgm_sm),
+            "dram_active": _fraction(memory_activity if dram is None else dram),
+            "tensor_active": _fraction(dcgm.get("tensor_active")),
+            "pcie_mb_s": _positive(dcgm.get("pcie_mb_s")),
+            "gpu_mem_frac": _fraction(mem_frac),
+            "cpu_cores": _positive(cores),
+            "cpu_iowait": _fraction(iowait),
+            "read_mb_s": _positive(reads),
+            "kernel_busy": kernel_busy,
+            "user_idle_s": user_idle,
+            "gr_active": _fraction(dcgm.get("gr_active")),
+            "cpu_top_thread": _fraction(top_thread),
+        },
     )
     return [window]
 
@@ -596,8 +612,11 @@ def _cpu(target: Mapping) -> Mapping | None:
     return cpu if isinstance(cpu, Mapping) and "cores" in cpu else None
 
 
-def _known(values: Iterable[Any]) -> list[float]:
-    return [float(v) for v in values if (type(v) is float or type(v) is int) or _number(v)]
+def _known(values: list[Any]) -> list[float]:
+    for v in values:
+        if type(v) is not float:
+            return [float(v) for v in values if (type(v) is float or type(v) is int) or _number(v)]
+    return values  # floats only (most): each its own float(), read, never changed
 
 
 def _number(v: Any) -> bool:
@@ -616,6 +635,8 @@ def _max(values: list[Any]) -> float | None:
 
 
 def _fraction(value: Any) -> float | None:
+    if type(value) is float and 0.0 < value < 1.0:
+        return value  # most values: what the rest gives them
     if value is None:
         return None
     if not _number(value) or not math.isfinite(value):
@@ -624,6 +645,8 @@ def _fraction(value: Any) -> float | None:
 
 
 def _positive(value: Any) -> float | None:
+    if type(value) is float and 0.0 < value < math.inf:
+        return value  # most values: what the rest gives them
     if value is None:
         return None
     if not _number(value) or not math.isfinite(value):

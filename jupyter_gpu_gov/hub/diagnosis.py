@@ -157,11 +157,13 @@ def _earlier(recent: array | None) -> list[Window]:
     """The running windows ``_Server.recent`` holds, as ``with_context`` reads them: ``Window``s
     equal to those kept but for the columns it does not read (missing)."""
     n = len(CONTEXT_READS)
+    values = recent.tolist() if recent else []
     windows = []
-    for i in range(0, len(recent) if recent else 0, n):
-        row = zip(CONTEXT_READS, recent[i : i + n], strict=True)
+    for i in range(0, len(values), n):
         columns = _MISSING.copy()
-        columns.update({name: None if v != v else v for name, v in row})  # nan: missing
+        for name, v in zip(CONTEXT_READS, values[i : i + n], strict=True):
+            if v == v:  # nan: missing, as _MISSING has it
+                columns[name] = v
         # Read back on every running report: made as ``replace`` would copy one, without the
         # dataclass's 15 frozen setattrs (half the time).
         window = object.__new__(Window)
@@ -220,11 +222,13 @@ class DiagnosisService:
             if server is None:
                 server = self._servers[key] = _Server()
             if node is None:
-                node = node_of(report, evidence)
-                if not any(e.hostname for e in evidence):  # named by the report, not by DCGM
-                    node = server.named_node = server.named_node or node
+                if any(e.hostname for e in evidence):
+                    node = node_of(report, evidence)
+                else:  # named by the report, not by DCGM: its first report's name (read once)
+                    node = server.named_node = server.named_node or node_of(report, evidence)
             # t is the report's sampled_at: user_idle_s then reads one clock, the server's.
-            windows = windows_from_report(report, node=node, dcgm=dcgm_fields(evidence))
+            dcgm = dcgm_fields(evidence) if evidence else None  # most: no DCGM
+            windows = windows_from_report(report, node=node, dcgm=dcgm)
             server.sampled_at = sampled_at
             if not windows:  # it holds no GPU: nothing to diagnose
                 self._drop(key)
@@ -267,8 +271,8 @@ class DiagnosisService:
         k = getattr(model, "context", CONTEXT_K)
         horizon = getattr(model, "context_horizon_s", CONTEXT_HORIZON_S)
         scored = with_context(window, _earlier(server.recent), k, horizon)
-        row = [getattr(window, name) for name in CONTEXT_READS]
-        row = array("d", [math.nan if v is None else v for v in row])
+        columns = vars(window)
+        row = array("d", [math.nan if (v := columns[c]) is None else v for c in CONTEXT_READS])
         # as many as a file's reading keeps; a new array each time, its size exact (one that
         # grows keeps room for more)
         keep = (min(max(k, 1), CONTEXT_KEEP) - 1) * len(CONTEXT_READS)
