@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .ingest_load import Connections, Sent, encode, report_for
+from .ingest_load import RUN_STARTED, Connections, Sent, encode, report_for
 from .ingest_probe import PROBE_ENV, SLOW_MS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -235,7 +235,7 @@ class Load:
         self.idle_as_of = clock.utcnow() if mix == IDLE_REPEAT else None
 
     def report(self, user: str, index: int, now) -> bytes:
-        return encode(report_for(user, index, now, self.idle_as_of))
+        return encode(report_for(user, index, now, self.idle_as_of, RUN_STARTED))
 
     def fresh_token(self, user: str) -> str:
         self.generation[user] += 1

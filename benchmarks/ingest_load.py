@@ -21,6 +21,10 @@ from datetime import datetime, timedelta
 from jupyter_gpu_gov.core import clock
 
 SAMPLE_WINDOW_S = 60
+# The load generators' servers started once, before the run: every report of a server names
+# the same session (``started``), as a real server's do; one moving with ``now`` read as a
+# new process at every report.
+RUN_STARTED = clock.utcnow() - timedelta(hours=6)
 
 
 def is_busy(index: int) -> bool:
@@ -28,7 +32,13 @@ def is_busy(index: int) -> bool:
     return index % 5 < 2
 
 
-def report_for(user: str, index: int, now: datetime, idle_as_of: datetime | None = None) -> dict:
+def report_for(
+    user: str,
+    index: int,
+    now: datetime,
+    idle_as_of: datetime | None = None,
+    started: datetime | None = None,
+) -> dict:
     """A report (docs/api.md, "The report") like a real server's: one or two devices (a whole card or two MIG
     slices), two to four kernels of which one holds the GPU, a terminal on every fourth.
 
@@ -36,9 +46,10 @@ def report_for(user: str, index: int, now: datetime, idle_as_of: datetime | None
     differs from its last: every report "moves" (the worst case for the governor). With
     ``idle_as_of``, an idle server's other times are relative to that instead (its kernels,
     its user and its GPU went quiet before then and stayed so): its reports repeat the last but
-    for ``sampled_at``, as a real idle server's do; busy servers' still move."""
+    for ``sampled_at``, as a real idle server's do; busy servers' still move. ``started``: the
+    session's start (default 6 h before ``now``; the load generators give ``RUN_STARTED``)."""
     if idle_as_of is not None and not is_busy(index):
-        report = report_for(user, index, idle_as_of)
+        report = report_for(user, index, idle_as_of, started=started)
         report["sampled_at"] = clock.isoformat(now)
         return report
     ns = uuid.NAMESPACE_URL
@@ -104,7 +115,7 @@ def report_for(user: str, index: int, now: datetime, idle_as_of: datetime | None
         "server": {
             "user": user,
             "name": "",
-            "started": iso(now - timedelta(hours=6)),
+            "started": iso(started or now - timedelta(hours=6)),
             "last_activity": iso(now - timedelta(minutes=5)),
             "pod": f"jupyter-{user}",
             "namespace": "jhub",

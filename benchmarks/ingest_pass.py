@@ -148,7 +148,7 @@ async def _run(servers: int, minutes: int, idle_repeat: bool, sizes: bool, trim:
     from jupyter_gpu_gov.core.report import validate
     from jupyter_gpu_gov.hub import heap
 
-    from .ingest_load import encode, report_for
+    from .ingest_load import RUN_STARTED, encode, report_for
     from .ingest_probe import _time_steps
 
     collections = Collections(sizes)
@@ -198,7 +198,9 @@ async def _run(servers: int, minutes: int, idle_repeat: bool, sizes: bool, trim:
                     if collections.phase == "unmeasured":
                         collections.phase = "reports"
                 index = k % servers
-                body = encode(report_for(users[index], index, clock.utcnow(), idle_as_of))
+                body = encode(
+                    report_for(users[index], index, clock.utcnow(), idle_as_of, RUN_STARTED)
+                )
                 delay = start + k * interval - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .ingest import IDLE_REPEAT, MOVING
-from .ingest_load import encode, report_for
+from .ingest_load import RUN_STARTED, encode, report_for
 
 REPO = Path(__file__).resolve().parent.parent
 ROUND_S = 60.0  # a server reports every minute
@@ -200,7 +200,8 @@ async def _repeat(
                     gov_clock.advance(ROUND_S)
                     now = gov_clock.utcnow()
                     bodies = [
-                        encode(report_for(u, i, now, idle_as_of)) for i, u in enumerate(users)
+                        encode(report_for(u, i, now, idle_as_of, RUN_STARTED))
+                        for i, u in enumerate(users)
                     ]
                     clock = Clock()
                     if phase == "parts":
