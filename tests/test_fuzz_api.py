@@ -764,3 +764,37 @@ def test_a_usage_export_that_fails_part_way_is_cut_off_not_ended_short(tmp_path,
         assert call(service, "GET", "api/").ok
     finally:
         service.stop()
+
+
+def test_a_history_export_that_fails_part_way_is_cut_off_not_ended_short(tmp_path, monkeypatch):
+    """As the usage export: a trace whose reading failed after its first lines ended as if
+    whole, and what-if would have read a shorter fortnight as the whole of it."""
+    from jupyter_gpu_gov.hub import policy_api
+    from jupyter_gpu_gov.hub.history import HistoryLog, HistoryOptions, read_history
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    service = Service(tmp_path, monkeypatch)
+
+    def failing(*args):  # the disk gone after 10,000 rows
+        for i, row in enumerate(read_history(*args)):
+            if i == 10_000:
+                raise OSError("disk I/O error")
+            yield row
+
+    try:
+        now = clock.utcnow().timestamp()
+        log = HistoryLog(service.governor.store.engine, HistoryOptions())
+        for minute in range(60):  # 200 servers working: a row each a minute
+            t = now - 3600 + 60 * minute
+            log.append(
+                HistoryRow(t, f"u{i}/", now - 3600, gpu_sm=0.1 + minute % 2 / 2) for i in range(200)
+            )
+        path = "api/history/trace?since=1h&step=1m"
+        whole = call(service, "GET", path, timeout=120)
+        assert whole.ok and whole.text.count("\n") > 10_000
+        monkeypatch.setattr(policy_api, "read_history", failing)
+        with pytest.raises(requests.exceptions.ChunkedEncodingError):
+            call(service, "GET", path, timeout=120)
+        assert call(service, "GET", "api/").ok
+    finally:
+        service.stop()

@@ -489,20 +489,7 @@ class UsageHandler(ApiHandler):
         # Read, summed and written a chunk at a time in a worker, as the trace's export: a year
         # of a big hub's ledger by user and day (millions of rows, seconds of reading) streams
         # out without being held, nor holding the event loop.
-        loop = asyncio.get_running_loop()
-        try:
-            while chunk := await loop.run_in_executor(None, _joined, parts):
-                self.write(chunk)
-                await self.flush()
-        except Exception:
-            if not self._headers_written:
-                raise  # nothing sent yet: a 500
-            # Tornado would end the chunked body as if whole: a shorter file that looks right
-            # to a finance team. Cut off without its last chunk, the client sees it incomplete.
-            log.exception("gpu-gov: a usage export failed part-way; its transfer is cut off")
-            self.request.connection.close()
-            return
-        self.finish()
+        await self.stream(lambda: _joined(parts), "a usage export")
 
 
 def _joined(parts: Iterator[str], size: int = 5000) -> str:
