@@ -798,3 +798,23 @@ def test_a_history_export_that_fails_part_way_is_cut_off_not_ended_short(tmp_pat
         assert call(service, "GET", "api/").ok
     finally:
         service.stop()
+
+
+def test_the_showback_page_past_its_row_cap_lists_totals_and_says_how_to_narrow(
+    tmp_path, monkeypatch
+):
+    """The page held, charted and rendered every row by group and period: 1,000 users x 100
+    days took 416 MB before its 100,000-row table was rendered, and a year of 10,000 users
+    gigabytes, from one click. Past ``PAGE_ROWS`` it lists the totals and says what to do."""
+    service = Service(tmp_path, monkeypatch)
+    try:
+        ledger_of(tmp_path / "gov.sqlite", users=200, days=30)  # 6,000 rows by user per day
+        page = call(service, "GET", "showback?group_by=user&days=30", timeout=120)
+        assert page.ok, page.text
+        assert "More than 5,000 rows by user per day: too many for this page" in page.text
+        assert page.text.count("<tr>") == 1 + 200  # the totals: their head, a row a user
+        assert 'id="rows"' not in page.text and "Idle GPU-hours by" not in page.text
+        weekly = call(service, "GET", "showback?group_by=user&days=30&period=week", timeout=120)
+        assert weekly.ok and 'id="rows"' in weekly.text and "too many" not in weekly.text
+    finally:
+        service.stop()
