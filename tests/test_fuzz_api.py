@@ -818,3 +818,44 @@ def test_the_showback_page_past_its_row_cap_lists_totals_and_says_how_to_narrow(
         assert weekly.ok and 'id="rows"' in weekly.text and "too many" not in weekly.text
     finally:
         service.stop()
+
+
+def test_a_usage_export_of_many_queue_departures_streams_in_bounded_memory(tmp_path, monkeypatch):
+    """The queue's columns came from every departure in the span read as ORM audit rows, all
+    held: 200,000 took 620 MB. They stream in time order beside the ledger now."""
+    import sqlite3
+    import tracemalloc
+    from datetime import datetime, timezone
+
+    service = Service(tmp_path, monkeypatch)
+    start = datetime(2026, 8, 1, tzinfo=timezone.utc)
+    departure = {"team": "vision", "tier": "a100", "task_type": "", "outcome": "started"}
+    try:
+        with sqlite3.connect(tmp_path / "gov.sqlite") as db:  # 20,000 over 20 days
+            db.executemany(
+                "INSERT INTO audit (at, server_key, user, action, reason, actor, dry_run, details)"
+                " VALUES (?, ?, ?, 'queue-started', '', 'governor', 0, ?)",
+                [
+                    (
+                        (start + timedelta(seconds=86.4 * i)).strftime("%Y-%m-%d %H:%M:%S.%f"),
+                        f"u{i % 1000}/",
+                        f"u{i % 1000}",
+                        json.dumps({**departure, "server": f"u{i % 1000}/", "waited_s": 90.0}),
+                    )
+                    for i in range(20_000)
+                ],
+            )
+        path = "api/usage?group_by=team&since=2026-08-01&until=2026-08-20&format=csv"
+        call(service, "GET", path)  # compiled, cached: not the export's
+        tracemalloc.start()
+        try:
+            r = call(service, "GET", path, timeout=120)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    finally:
+        service.stop()
+    assert r.ok, r.text
+    (row,) = csv.DictReader(io.StringIO(r.text, newline=""))
+    assert (row["team"], row["queue_starts"], row["queue_hours"]) == ("vision", "20000", "500.0")
+    assert peak < 15_000_000, f"{peak / 1e6:.1f} MB"  # held whole: 51 MB (here 2)

@@ -115,9 +115,11 @@ def usage_rows(
     prices), streamed: the ledger read a chunk at a time, summed a period at a time (a year of
     a big hub's buckets by user and day is millions of rows, each held as it went: 2.6 KB a
     bucket)."""
-    by_day = attrgetter("day")
-    queue = sorted(queue_buckets(store, since, until, **owner), key=by_day)
-    buckets = heapq.merge(store.usage(since, until, **owner), queue, key=by_day)
+    buckets = heapq.merge(  # both in day order
+        store.usage(since, until, **owner),
+        queue_buckets(store, since, until, **owner),
+        key=attrgetter("day"),
+    )
     for row in ledger.summarize_periods(buckets, group_by, period, options.cost_per_hour):
         row["currency"] = options.currency
         yield row

@@ -25,7 +25,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Row, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -387,17 +387,24 @@ class Store:
 
     def queue_audit(
         self, since: datetime | None = None, until: datetime | None = None
-    ) -> list[AuditRow]:
+    ) -> Iterator[Row]:
         """The spawn queue's departures (started, expired, cancelled) from the audit trail,
-        from ``since`` to the end of ``until``'s UTC day (``hub.queue.queue_buckets``)."""
-        with self.session() as session:
-            query = select(AuditRow).where(AuditRow.action.in_(("queue-started", "queue-left")))
-            if since is not None:
-                query = query.where(AuditRow.at >= since)
-            if until is not None:
-                end = until.astimezone(timezone.utc).date() + timedelta(days=1)
-                query = query.where(AuditRow.at < datetime.combine(end, time(), timezone.utc))
-            return list(session.scalars(query.order_by(AuditRow.id)))
+        from ``since`` to the end of ``until``'s UTC day (``hub.queue.queue_buckets``): their
+        ``user``, ``at`` and ``details``, in time order, streamed as ``usage`` (ORM rows, all
+        held: 200,000 departures took 620 MB).
+        """
+        audit = AuditRow.__table__
+        query = select(audit.c.user, audit.c.at, audit.c.details).where(
+            audit.c.action.in_(("queue-started", "queue-left"))
+        )
+        if since is not None:
+            query = query.where(audit.c.at >= since)
+        if until is not None:
+            end = until.astimezone(timezone.utc).date() + timedelta(days=1)
+            query = query.where(audit.c.at < datetime.combine(end, time(), timezone.utc))
+        query = query.order_by(audit.c.at, audit.c.id)
+        with self.engine.connect() as db:
+            yield from db.execute(query.execution_options(stream_results=True, yield_per=5000))
 
     def add_extension(self, row: ExtensionRow) -> ExtensionRow:
         self.save(extensions=[row])
