@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import csv
+import hashlib
 import io
 import json
 import logging
@@ -679,3 +680,182 @@ def test_a_big_usage_export_does_not_stop_the_service(tmp_path, monkeypatch, pat
         assert took["info"] < took["export"] / 4, took
     finally:
         service.stop()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_a_usage_export_by_user_and_day_streams_in_bounded_memory(tmp_path, monkeypatch, fmt):
+    """The export held every ledger bucket (ORM rows, and what was made of them) and every
+    row and the body before a byte went out: 2.6 KB a bucket, 994 MB for a year of 1,000
+    users by day, and 9.5 GB at the 10,000 servers the service is sized for (300 MB). It is
+    read, summed and written a chunk at a time: a day's rows at most are held."""
+    import tracemalloc
+
+    service = Service(tmp_path, monkeypatch)
+    try:
+        days = ledger_of(tmp_path / "gov.sqlite", users=200, days=100)
+        path = f"api/usage?group_by=user,day&since={days[-1]}&format={fmt}"
+        call(service, "GET", path + "&user=user000")  # compiled, cached: not the export's
+        tracemalloc.start()
+        try:
+            # Read as it comes (a finance tool saving it to a file): only the service holds it.
+            with call(service, "GET", path, stream=True, timeout=120) as r:
+                assert r.ok, r.text
+                digest, size = hashlib.sha256(), 0
+                for chunk in r.iter_content(1 << 16):
+                    digest.update(chunk)
+                    size += len(chunk)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        body = call(service, "GET", path, timeout=120).content
+        assert hashlib.sha256(body).digest() == digest.digest() and size == len(body)
+    finally:
+        service.stop()
+    if fmt == "csv":
+        rows = list(csv.DictReader(io.StringIO(body.decode(), newline="")))
+    else:
+        rows = json.loads(body)["usage"]
+    assert len(rows) == 20_000
+    assert [(r["period"], r["user"]) for r in rows[:2]] == [
+        (days[-1], "user000"),
+        (days[-1], "user001"),
+    ]
+    assert {float(r["gpu_hours_allocated"]) for r in rows} == {round(3720 / 3600, 4)}
+    assert peak < 20_000_000, f"{peak / 1e6:.1f} MB"  # held whole: 43 MB (here 4-7)
+
+
+def ledger_of(path, users: int, days: int) -> list[str]:
+    """A ledger of ``users`` x ``days`` buckets (an hour and two idle minutes each); its days,
+    newest first."""
+    import sqlite3
+    from datetime import date
+
+    named = [(date.today() - timedelta(days=d)).isoformat() for d in range(days)]
+    with sqlite3.connect(path) as db:
+        db.executemany(
+            "INSERT INTO usage (day, user, team, project, tier, active, idle_held, idle_free,"
+            " unknown, unobserved, culls, extensions, right_size_freed)"
+            " VALUES (?, ?, 'vision', 'p', 'a100', 3600, 60, 60, 0, 0, 0, 0, 0)",
+            [(day, f"user{u:03d}") for day in named for u in range(users)],
+        )
+    return named
+
+
+def test_a_usage_export_that_fails_part_way_is_cut_off_not_ended_short(tmp_path, monkeypatch):
+    """The export streams; Tornado ends a body whose writing failed after its first bytes as
+    if it were whole, and a finance team's CSV would have been a shorter file that looks
+    right. The transfer is cut off instead: the client sees it incomplete."""
+    from jupyter_gpu_gov.hub.store import Store
+
+    service = Service(tmp_path, monkeypatch)
+    read = Store.usage
+
+    def failing(self, *args, **kwargs):  # the disk gone after 10,000 buckets
+        for i, bucket in enumerate(read(self, *args, **kwargs)):
+            if i == 10_000:
+                raise OSError("disk I/O error")
+            yield bucket
+
+    try:
+        ledger_of(tmp_path / "gov.sqlite", users=200, days=100)
+        monkeypatch.setattr(Store, "usage", failing)
+        with pytest.raises(requests.exceptions.ChunkedEncodingError):
+            call(service, "GET", "api/usage?group_by=user,day&since=100d&format=csv", timeout=120)
+        assert call(service, "GET", "api/").ok
+    finally:
+        service.stop()
+
+
+def test_a_history_export_that_fails_part_way_is_cut_off_not_ended_short(tmp_path, monkeypatch):
+    """As the usage export: a trace whose reading failed after its first lines ended as if
+    whole, and what-if would have read a shorter fortnight as the whole of it."""
+    from jupyter_gpu_gov.hub import policy_api
+    from jupyter_gpu_gov.hub.history import HistoryLog, HistoryOptions, read_history
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    service = Service(tmp_path, monkeypatch)
+
+    def failing(*args):  # the disk gone after 10,000 rows
+        for i, row in enumerate(read_history(*args)):
+            if i == 10_000:
+                raise OSError("disk I/O error")
+            yield row
+
+    try:
+        now = clock.utcnow().timestamp()
+        log = HistoryLog(service.governor.store.engine, HistoryOptions())
+        for minute in range(60):  # 200 servers working: a row each a minute
+            t = now - 3600 + 60 * minute
+            log.append(
+                HistoryRow(t, f"u{i}/", now - 3600, gpu_sm=0.1 + minute % 2 / 2) for i in range(200)
+            )
+        path = "api/history/trace?since=1h&step=1m"
+        whole = call(service, "GET", path, timeout=120)
+        assert whole.ok and whole.text.count("\n") > 10_000
+        monkeypatch.setattr(policy_api, "read_history", failing)
+        with pytest.raises(requests.exceptions.ChunkedEncodingError):
+            call(service, "GET", path, timeout=120)
+        assert call(service, "GET", "api/").ok
+    finally:
+        service.stop()
+
+
+def test_the_showback_page_past_its_row_cap_lists_totals_and_says_how_to_narrow(
+    tmp_path, monkeypatch
+):
+    """The page held, charted and rendered every row by group and period: 1,000 users x 100
+    days took 416 MB before its 100,000-row table was rendered, and a year of 10,000 users
+    gigabytes, from one click. Past ``PAGE_ROWS`` it lists the totals and says what to do."""
+    service = Service(tmp_path, monkeypatch)
+    try:
+        ledger_of(tmp_path / "gov.sqlite", users=200, days=30)  # 6,000 rows by user per day
+        page = call(service, "GET", "showback?group_by=user&days=30", timeout=120)
+        assert page.ok, page.text
+        assert "More than 5,000 rows by user per day: too many for this page" in page.text
+        assert page.text.count("<tr>") == 1 + 200  # the totals: their head, a row a user
+        assert 'id="rows"' not in page.text and "Idle GPU-hours by" not in page.text
+        weekly = call(service, "GET", "showback?group_by=user&days=30&period=week", timeout=120)
+        assert weekly.ok and 'id="rows"' in weekly.text and "too many" not in weekly.text
+    finally:
+        service.stop()
+
+
+def test_a_usage_export_of_many_queue_departures_streams_in_bounded_memory(tmp_path, monkeypatch):
+    """The queue's columns came from every departure in the span read as ORM audit rows, all
+    held: 200,000 took 620 MB. They stream in time order beside the ledger now."""
+    import sqlite3
+    import tracemalloc
+    from datetime import datetime, timezone
+
+    service = Service(tmp_path, monkeypatch)
+    start = datetime(2026, 8, 1, tzinfo=timezone.utc)
+    departure = {"team": "vision", "tier": "a100", "task_type": "", "outcome": "started"}
+    try:
+        with sqlite3.connect(tmp_path / "gov.sqlite") as db:  # 20,000 over 20 days
+            db.executemany(
+                "INSERT INTO audit (at, server_key, user, action, reason, actor, dry_run, details)"
+                " VALUES (?, ?, ?, 'queue-started', '', 'governor', 0, ?)",
+                [
+                    (
+                        (start + timedelta(seconds=86.4 * i)).strftime("%Y-%m-%d %H:%M:%S.%f"),
+                        f"u{i % 1000}/",
+                        f"u{i % 1000}",
+                        json.dumps({**departure, "server": f"u{i % 1000}/", "waited_s": 90.0}),
+                    )
+                    for i in range(20_000)
+                ],
+            )
+        path = "api/usage?group_by=team&since=2026-08-01&until=2026-08-20&format=csv"
+        call(service, "GET", path)  # compiled, cached: not the export's
+        tracemalloc.start()
+        try:
+            r = call(service, "GET", path, timeout=120)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    finally:
+        service.stop()
+    assert r.ok, r.text
+    (row,) = csv.DictReader(io.StringIO(r.text, newline=""))
+    assert (row["team"], row["queue_starts"], row["queue_hours"]) == ("vision", "20000", "500.0")
+    assert peak < 15_000_000, f"{peak / 1e6:.1f} MB"  # held whole: 51 MB (here 2)

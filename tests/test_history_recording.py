@@ -373,3 +373,73 @@ async def test_a_server_warned_once_still_has_a_keyframe_every_15_minutes(
     assert times[-1] - warned > 2 * KEYFRAME_S
     gaps = [b - a for a, b in pairwise(times)]
     assert max(gaps) <= KEYFRAME_S + 60, gaps
+
+
+def test_an_hours_export_reads_the_runs_of_its_hour_not_every_run_ever(tmp_path):
+    """Every run and context was read for every export, whatever its span: an hour's export
+    of a store that had seen 1,000,000 sessions held 212 MB (the service's target is 300)."""
+    import sqlite3
+    import tracemalloc
+
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.hub.history import HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    path = tmp_path / "gov.sqlite"
+    engine = create_engine(f"sqlite:///{path}")
+    log = HistoryLog(engine, HistoryOptions())
+    now = clock.utcnow().timestamp()
+    with sqlite3.connect(path) as db:  # 200,000 past sessions, their rows long pruned
+        db.executemany(
+            "INSERT INTO gpu_gov_history_runs (server, started) VALUES (?, ?)",
+            ((f"user{i}/", now - 86400 * 400 + i) for i in range(200_000)),
+        )
+    log.append(
+        HistoryRow(t=now - 60 * i, server="ada/", started=now - 3600, gpu_sm=0.5) for i in range(60)
+    )
+    list(read_history(engine, now - 3600))  # SQLAlchemy's compiled statements cached
+    tracemalloc.start()
+    try:
+        rows = list(read_history(engine, now - 3600))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(rows) == 60 and {(r.server, r.started) for r in rows} == {("ada/", now - 3600)}
+    assert peak < 4_000_000, f"{peak / 1e6:.1f} MB"  # every run: 42 MB
+
+
+def test_the_prune_takes_the_runs_and_contexts_no_kept_row_names(tmp_path, restore_clock):
+    """Runs and contexts were never deleted: a run a session, 3.65 M a year at 10,000
+    servers. Those the kept rows name stay, and a server still running whose run went with
+    its rows (``max_rows``) is recorded under a new one."""
+    from sqlalchemy import create_engine, func, select
+
+    from jupyter_gpu_gov.hub.history import CONTEXTS, RUNS, HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    log = HistoryLog(engine, HistoryOptions(retention=timedelta(hours=1), max_rows=2))
+    now = float(int(clock.utcnow().timestamp()))  # (rows keep whole seconds)
+
+    def row(t, user, state="active"):
+        return HistoryRow(t=t, server=f"{user}/", started=now - 7200, team=user, state=state)
+
+    log.append([row(now - 7200, "old", "idle")])  # the first write prunes: past the retention
+    log.append([row(now - 60, "ada"), row(now - 60, "bob")])
+    kept = [(r.t, r.server, r.started, r.team, r.state) for r in read_history(engine)]
+    log._pruned_at = log._swept_at = -1e9  # the next write prunes, and sweeps (once a day)
+    log.append([row(now, "cy")])  # max_rows: ada's row goes, and its run and context
+    log.append([row(now + 60, "ada")])  # ada still runs: its run and context again
+    with engine.connect() as db:
+        named = {
+            table.name: db.execute(select(func.count()).select_from(table)).scalar()
+            for table in (RUNS, CONTEXTS)
+        }
+    assert named == {"gpu_gov_history_runs": 3, "gpu_gov_history_contexts": 3}  # bob, cy, ada
+    rows = [(r.t, r.server, r.started, r.team, r.state) for r in read_history(engine)]
+    assert rows == [
+        kept[1],
+        (now, "cy/", now - 7200, "cy", "active"),
+        (now + 60, "ada/", now - 7200, "ada", "active"),
+    ]

@@ -200,6 +200,35 @@ def test_the_history_exports_while_the_governor_records_a_new_server(database, m
     assert written and servers[0] == "alice/" and set(servers) <= {"alice/", "bob/"}, servers
 
 
+def test_the_history_exports_while_the_governor_prunes_the_runs_it_read(database, monkeypatch):
+    """The export reads the runs and contexts a chunk of rows at a time; READ COMMITTED read
+    each chunk's as of then, and a prune meanwhile (the rows read past their retention, their
+    runs with them) left a row read already without its run: a KeyError, the export cut off."""
+    from datetime import timedelta
+
+    from jupyter_gpu_gov.hub import history
+    from jupyter_gpu_gov.hub.history import HistoryLog, HistoryOptions, read_history
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    engine = create_engine(database)
+    log = HistoryLog(engine, HistoryOptions())
+    now = time.time()
+    for user in ("alice", "bob"):
+        log.append([HistoryRow(t=now - 120, server=f"{user}/", started=now - 600, gpu_sm=0.5)])
+    monkeypatch.setattr(history, "CHUNK", 1)  # a row at a time
+    parse_context, pruned = history.parse_context, []
+
+    def a_prune_meanwhile(text: str):  # after the first chunk's runs were read
+        if not pruned:
+            pruned.append(1)
+            HistoryLog(engine, HistoryOptions(retention=timedelta(seconds=60))).prune()
+        return parse_context(text)
+
+    monkeypatch.setattr(history, "parse_context", a_prune_meanwhile)
+    servers = [row.server for row in read_history(engine)]
+    assert pruned and servers == ["alice/", "bob/"]  # the export as it began
+
+
 async def test_a_project_holding_nul_does_not_stop_the_pass_for_everyone(database):
     """PostgreSQL refuses text holding NUL; a user who spawns with ``{"project": "\\u0000x"}``
     (the Hub's REST API, no profile to grant) made every pass fail for every server."""

@@ -9,10 +9,12 @@ which a single-user server's own token never has.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tornado import web
@@ -208,6 +210,25 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         self.set_status(429)
         self.set_header("Retry-After", str(seconds))
         self.write_error(429, exc_info=(web.HTTPError, error, None))  # finished: no handler runs
+
+    async def stream(self, next_chunk: Callable[[], str], what: str) -> None:
+        """Writes ``next_chunk()``, called in a worker, until it gives "", then finishes: an
+        export sent as it is made, neither held whole nor holding the event loop. A failure
+        before the first chunk is a 500; after it, the connection is cut off: tornado would
+        end the chunked body as if whole, a shorter file that looks right (a finance team's
+        CSV, a trace what-if reads), which the client now sees as incomplete."""
+        loop = asyncio.get_running_loop()
+        try:
+            while chunk := await loop.run_in_executor(None, next_chunk):
+                self.write(chunk)
+                await self.flush()
+        except Exception:
+            if not self._headers_written:
+                raise
+            app_log.exception("gpu-gov: %s failed part-way; its transfer is cut off", what)
+            self.request.connection.close()
+            return
+        self.finish()
 
     def check_xsrf_cookie(self):
         # A request the Hub authenticated by its token needs no XSRF check; every other write

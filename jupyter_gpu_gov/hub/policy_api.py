@@ -178,10 +178,7 @@ class TraceHandler(ApiHandler):
         lines = export_trace(rows, step=step, since=since, until=until, pseudonyms=pseudonyms)
         # Read and written a chunk at a time in the worker: a fortnight of a big hub streams
         # out without holding it, or the event loop.
-        while chunk := await in_worker(_chunk, lines):
-            self.write(chunk)
-            await self.flush()
-        self.finish()
+        await self.stream(lambda: _chunk(lines), "a history export")
 
 
 def _chunk(lines: Iterator[str], size: int = 5000) -> str:

@@ -390,6 +390,11 @@ class Connection(asyncio.Protocol):
         if self.buffer:  # a request sent before this answer was finished
             asyncio.get_running_loop().call_soon(self.data_received, b"")
 
+    def close(self) -> None:
+        """Ends the connection now, what was written flushed (tornado's ``HTTP1Connection``'s):
+        a streamed answer that failed part-way goes without its last chunk, incomplete."""
+        self._close()
+
     def set_close_callback(self, callback: Callable[[], None] | None) -> None:
         self.close_callback = callback
 

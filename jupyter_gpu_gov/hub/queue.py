@@ -18,7 +18,7 @@ for a free GPU and the hub's recent refusals for want of one are the cluster rep
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -263,11 +263,10 @@ class QueueSync:
 
 def queue_buckets(
     store: Store, since: datetime | None = None, until: datetime | None = None, **owner
-) -> list[Bucket]:
-    """Showback's queue columns, as ledger buckets from the audit trail: per UTC day, user,
-    team and tier, the seconds waited by requests that started, and the starts and expiries
-    (``owner``: only one user's, team's or tier's; queue time has no project)."""
-    buckets = []
+) -> Iterator[Bucket]:
+    """Showback's queue columns, as ledger buckets from the audit trail, in day order: per UTC
+    day, user, team and tier, the seconds waited by requests that started, and the starts and
+    expiries (``owner``: only one user's, team's or tier's; queue time has no project)."""
     for row in store.queue_audit(since, until):
         details = row.details if isinstance(row.details, dict) else {}
         try:
@@ -283,5 +282,4 @@ def queue_buckets(
             ledger.QUEUE_STARTS: 1.0 if started else 0.0,
             ledger.QUEUE_EXPIRED: 1.0 if departure.outcome == EXPIRED else 0.0,
         }
-        buckets.append(Bucket(row.at.astimezone(timezone.utc).date(), who, values))
-    return buckets
+        yield Bucket(row.at.astimezone(timezone.utc).date(), who, values)

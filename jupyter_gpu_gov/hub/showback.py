@@ -5,11 +5,14 @@ CDN, no JavaScript). Every text that goes into SVG is escaped here."""
 from __future__ import annotations
 
 import csv
+import heapq
 import io
+import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import date, datetime, timedelta, timezone
 from html import escape
+from operator import attrgetter
 
 from ..core import clock, ledger
 from ..core.durations import parse_duration
@@ -99,7 +102,7 @@ def parse_span(
     return start, end
 
 
-def usage(
+def usage_rows(
     store,
     options,
     group_by: Sequence[str],
@@ -107,17 +110,28 @@ def usage(
     since: datetime | None,
     until: datetime | None = None,
     **owner: str | None,
-) -> list[dict]:
+) -> Iterator[dict]:
     """Showback rows from the store's ledger (``options``: the governor's Options, for
-    prices)."""
-    buckets = [*store.usage(since, until, **owner), *queue_buckets(store, since, until, **owner)]
-    rows = ledger.summarize(buckets, group_by, period, options.cost_per_hour)
-    for row in rows:
+    prices), streamed: the ledger read a chunk at a time, summed a period at a time (a year of
+    a big hub's buckets by user and day is millions of rows, each held as it went: 2.6 KB a
+    bucket)."""
+    buckets = heapq.merge(  # both in day order
+        store.usage(since, until, **owner),
+        queue_buckets(store, since, until, **owner),
+        key=attrgetter("day"),
+    )
+    for row in ledger.summarize_periods(buckets, group_by, period, options.cost_per_hour):
         row["currency"] = options.currency
-    return rows
+        yield row
 
 
-def to_csv(rows: Iterable[Mapping], group_by: Sequence[str]) -> str:
+def usage(store, options, group_by, period, since, until=None, **owner) -> list[dict]:
+    """``usage_rows``, all of them (the pages' few)."""
+    return list(usage_rows(store, options, group_by, period, since, until, **owner))
+
+
+def csv_lines(rows: Iterable[Mapping], group_by: Sequence[str]) -> Iterator[str]:
+    """The CSV of showback rows, a line at a time (the header first)."""
     out = io.StringIO()
     # RFC 4180's CRLF: the writer quotes a field holding CR as well as LF. With LF alone a name's
     # bare CR went out unquoted, and a spreadsheet, which ends a row there, read what followed
@@ -125,9 +139,29 @@ def to_csv(rows: Iterable[Mapping], group_by: Sequence[str]) -> str:
     writer = csv.writer(out, lineterminator="\r\n")
     header = ["period", *group_by, *COLUMNS]
     writer.writerow(header)
+    yield _taken(out)
     for row in rows:
         writer.writerow(["" if row.get(c) is None else _csv_safe(row.get(c)) for c in header])
-    return out.getvalue()
+        yield _taken(out)
+
+
+def _taken(out: io.StringIO) -> str:
+    text = out.getvalue()
+    out.seek(0)
+    out.truncate()
+    return text
+
+
+def to_csv(rows: Iterable[Mapping], group_by: Sequence[str]) -> str:
+    return "".join(csv_lines(rows, group_by))
+
+
+def json_parts(head: Mapping, rows: Iterable[Mapping]) -> Iterator[str]:
+    """``json.dumps({**head, "usage": [*rows]})`` (``head`` not empty), a row at a time."""
+    yield json.dumps(head)[:-1] + ', "usage": ['
+    for i, row in enumerate(rows):
+        yield (", " if i else "") + json.dumps(row)
+    yield "]}"
 
 
 def _csv_safe(value):

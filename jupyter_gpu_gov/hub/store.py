@@ -9,7 +9,7 @@ memory by the service, not here: they are re-sent every minute and need no durab
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, time, timedelta, timezone
 from typing import Any, TypeVar
@@ -25,7 +25,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Row, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -413,17 +413,24 @@ class Store:
 
     def queue_audit(
         self, since: datetime | None = None, until: datetime | None = None
-    ) -> list[AuditRow]:
+    ) -> Iterator[Row]:
         """The spawn queue's departures (started, expired, cancelled) from the audit trail,
-        from ``since`` to the end of ``until``'s UTC day (``hub.queue.queue_buckets``)."""
-        with self.session() as session:
-            query = select(AuditRow).where(AuditRow.action.in_(("queue-started", "queue-left")))
-            if since is not None:
-                query = query.where(AuditRow.at >= since)
-            if until is not None:
-                end = until.astimezone(timezone.utc).date() + timedelta(days=1)
-                query = query.where(AuditRow.at < datetime.combine(end, time(), timezone.utc))
-            return list(session.scalars(query.order_by(AuditRow.id)))
+        from ``since`` to the end of ``until``'s UTC day (``hub.queue.queue_buckets``): their
+        ``user``, ``at`` and ``details``, in time order, streamed as ``usage`` (ORM rows, all
+        held: 200,000 departures took 620 MB).
+        """
+        audit = AuditRow.__table__
+        query = select(audit.c.user, audit.c.at, audit.c.details).where(
+            audit.c.action.in_(("queue-started", "queue-left"))
+        )
+        if since is not None:
+            query = query.where(audit.c.at >= since)
+        if until is not None:
+            end = until.astimezone(timezone.utc).date() + timedelta(days=1)
+            query = query.where(audit.c.at < datetime.combine(end, time(), timezone.utc))
+        query = query.order_by(audit.c.at, audit.c.id)
+        with self.engine.connect() as db:
+            yield from db.execute(query.execution_options(stream_results=True, yield_per=5000))
 
     def add_extension(self, row: ExtensionRow) -> ExtensionRow:
         self.save(extensions=[row])
@@ -538,30 +545,28 @@ class Store:
 
     def usage(
         self, since: datetime | None = None, until: datetime | None = None, **owner: str
-    ) -> list[Bucket]:
-        """Ledger buckets of the days from ``since`` to ``until`` (inclusive, UTC days),
-        optionally only one user's, team's, project's or tier's."""
-        with self.session() as db:
-            query = select(UsageRow)
-            if since is not None:
-                query = query.where(
-                    UsageRow.day >= since.astimezone(timezone.utc).date().isoformat()
+    ) -> Iterator[Bucket]:
+        """Ledger buckets of the days from ``since`` to ``until`` (inclusive, UTC days) in day
+        order, optionally only one user's, team's, project's or tier's. Streamed, Core rows a
+        chunk at a time: ORM rows were all held in the session (a year of 1,000 users' buckets
+        by day took 994 MB with what was made of them)."""
+        usage = UsageRow.__table__
+        query = select(*(usage.c[name] for name in (*_USAGE_KEY_NAMES, *FIELDS)))
+        if since is not None:
+            query = query.where(usage.c.day >= since.astimezone(timezone.utc).date().isoformat())
+        if until is not None:
+            query = query.where(usage.c.day <= until.astimezone(timezone.utc).date().isoformat())
+        for name, value in owner.items():
+            if value is not None:
+                query = query.where(usage.c[name] == value)
+        query = query.order_by(usage.c.day).execution_options(stream_results=True, yield_per=5000)
+        with self.engine.connect() as db:
+            for day, user, team, project, tier, *values in db.execute(query):
+                yield Bucket(
+                    datetime.fromisoformat(day).date(),
+                    Owner(user, team, project, tier),
+                    {f: value or 0.0 for f, value in zip(FIELDS, values, strict=True)},
                 )
-            if until is not None:
-                query = query.where(
-                    UsageRow.day <= until.astimezone(timezone.utc).date().isoformat()
-                )
-            for name, value in owner.items():
-                if value is not None:
-                    query = query.where(getattr(UsageRow, name) == value)
-            return [
-                Bucket(
-                    datetime.fromisoformat(r.day).date(),
-                    Owner(r.user, r.team, r.project, r.tier),
-                    {f: getattr(r, f) or 0.0 for f in FIELDS},
-                )
-                for r in db.scalars(query.order_by(UsageRow.day))
-            ]
 
     def usage_sessions(
         self, since: datetime | None = None, user: str | None = None, open_only: bool = False

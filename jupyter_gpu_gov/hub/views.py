@@ -4,7 +4,7 @@ views, and the reads the REST API and the pages make (``governor.audit_trail(...
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
 
@@ -341,6 +341,19 @@ class Views:
         """Showback rows (``hub/showback.py``) from what the store has (``flush_usage`` first
         for the ledger as of the last pass)."""
         return showback.usage(self.store, self.options, group_by, period, since, until, **owner)
+
+    def usage_rows(
+        self,
+        group_by: Sequence[str],
+        period: str,
+        since: datetime | None,
+        until: datetime | None = None,
+        **owner: str | None,
+    ) -> Iterator[dict]:
+        """``usage``'s rows, streamed (the exports: ``showback.usage_rows``)."""
+        return showback.usage_rows(
+            self.store, self.options, group_by, period, since, until, **owner
+        )
 
     def usage_sessions(self, since: datetime, user: str | None = None) -> list[LedgerSession]:
         """Ledger sessions still open or ended after ``since``, newest first."""
