@@ -310,7 +310,8 @@ class Window(Wire):
     gpu_last_active: str | None = spec("the last active sample, for the whole server", **TIME)
     gpu_idle_since: str | None = spec(
         "start of the server's idle stretch, no earlier than it took a GPU (a context, or the "
-        "GPUs allocated to it)",
+        "GPUs allocated to it); the governor reads it as no earlier than it received this "
+        "server process's first report holding a GPU, nor than the Hub's `started`",
         **TIME,
     )
 

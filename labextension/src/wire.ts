@@ -314,7 +314,8 @@ export interface IWindow {
   gpu_last_active?: string | null;
   /**
    * start of the server's idle stretch, no earlier than it took a GPU (a context, or the GPUs
-   * allocated to it)
+   * allocated to it); the governor reads it as no earlier than it received this server
+   * process's first report holding a GPU, nor than the Hub's `started`
    */
   gpu_idle_since?: string | null;
 }
