@@ -35,17 +35,20 @@ answer surer?) and how often an ``uncertain`` window's likelier candidate is the
 ``--abstentions`` the ``uncertain`` windows by candidate pair (their truths, how many on young
 nodes) and what answering the likelier candidate would give at lower thresholds;
 ``--without COLUMN ...`` scores the test sets with those columns missing from every window, as a
-file without them reads.
+file without them reads; ``--set NAME=VALUE ...`` scores the shipped row (and everything printed
+of it, and the start of tuning) with those constants of ``Params`` changed: a change of constant
+measured the way the shipped one is.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 import time
 from collections import Counter, deque
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from jupyter_gpu_gov.diagnose import rules
@@ -308,11 +311,12 @@ def run(args) -> dict:
     tests[H200] = h200_rows()
     if args.without:  # as a file without those columns reads (``features.unmeasured``)
         tests = {e: without_columns(rows, args.without) for e, rows in tests.items()}
-    tuned, seconds = {SHIPPED: PHYSICAL}, {SHIPPED: 0.0}
+    shipped = PHYSICAL.replace(**getattr(args, "set", None) or {})  # ``--set``: a change measured
+    tuned, seconds = {SHIPPED: shipped}, {SHIPPED: 0.0}
     for name in args.tune_on if args.tune_on is not None else names:
         started = time.perf_counter()
         rows = generate(name, args.servers, args.windows, args.seed)
-        tuned[name] = tune(rows, rounds=args.rounds) if args.rounds else PHYSICAL
+        tuned[name] = tune(rows, shipped, rounds=args.rounds) if args.rounds else shipped
         seconds[name] = time.perf_counter() - started
     protocols = ["online", "history"] if args.history else ["online"]
     table = {}
@@ -321,22 +325,23 @@ def run(args) -> dict:
             for e, rows in tests.items():
                 table[(protocol, t, e)] = score_world(rows, params, protocol, e == H200)
     design = {
-        e: score_world(design_columns(rows), PHYSICAL, "online", e == H200)
+        e: score_world(design_columns(rows), shipped, "online", e == H200)
         for e, rows in tests.items()
     }
     startup = {}
     if args.startup:
         for e, rows in tests.items():
-            startup[e] = startup_split(rows, online(rows, PHYSICAL, 10 if e == H200 else 30))
+            startup[e] = startup_split(rows, online(rows, shipped, 10 if e == H200 else 30))
     calibrated = {}
     if args.calibration:
         for e, rows in tests.items():
-            calibrated[e] = calibration(rows, online(rows, PHYSICAL, 10 if e == H200 else 30))
+            said = online(rows, shipped, 10 if e == H200 else 30)
+            calibrated[e] = calibration(rows, said, shipped.confident)
     abstained = {}
     if args.abstentions:
         for e, rows in tests.items():
             maturity: list = []
-            said = online(rows, PHYSICAL, 10 if e == H200 else 30, maturity)
+            said = online(rows, shipped, 10 if e == H200 else 30, maturity)
             abstained[e] = abstentions(rows, said, maturity)
     rules_figures = {
         e: figures(rows, [rules.baseline(w) for w, _ in rows]) for e, rows in tests.items()
@@ -351,7 +356,7 @@ def run(args) -> dict:
         "calibration": calibrated,
         "abstentions": abstained,
         "protocols": protocols,
-        "latency": latency(tests[names[0]], PHYSICAL),
+        "latency": latency(tests[names[0]], shipped),
         "sizes": {e: len(rows) for e, rows in tests.items()},
     }
 
@@ -424,6 +429,8 @@ def _print(result: dict, args) -> None:
                 mark = "*" if t == e else " "
                 cells.append(f"{_pct(f['accuracy'])}/{_pct(f['coverage'])}{mark}")
             name = f"{t} (shipped)" if t == SHIPPED else f"tuned {t}"
+            if t == SHIPPED and args.set:  # a change measured: say which
+                print("shipped row with " + ", ".join(f"{k}={v:g}" for k, v in args.set.items()))
             print(f"{name:<19}" + "".join(f"{c:>14}" for c in cells))
         print(f"{'rules':<19}" + "".join(
             f"{_pct(result['rules'][e]['accuracy']):>14}" for e in evaluated
@@ -489,6 +496,21 @@ def _print(result: dict, args) -> None:
     )
 
 
+def _constant(text: str) -> tuple[str, float]:
+    """``NAME=VALUE`` of ``--set``: a constant of ``Params`` and a finite number."""
+    name, sep, value = text.partition("=")
+    names = [f.name for f in fields(Params)]
+    if not sep or name not in names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, NAME one of {names}")
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not a finite number")
+    return name, number
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", type=int, default=180, help="servers per set")
@@ -520,8 +542,13 @@ def main(argv=None) -> None:
         "--without", nargs="+", default=[], metavar="COLUMN", choices=COLUMNS,
         help="score the test sets with these columns missing from every window",
     )  # fmt: skip
+    parser.add_argument(
+        "--set", nargs="+", default=[], metavar="NAME=VALUE", type=_constant,
+        help="score the shipped row (and start tuning) with these constants of Params changed",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)
+    args.set = dict(args.set)
     if args.quick:
         args.servers, args.windows, args.rounds = 60, 40, 1
     _print(run(args), args)

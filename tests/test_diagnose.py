@@ -8,6 +8,7 @@ import io
 import json
 import math
 import pickle
+import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -562,6 +563,34 @@ def test_the_confusion_matrix_puts_every_window_in_its_cell(capsys):
     right = sum(counts[k].get(k[:10], 0) for k in LABELS)
     assert right == round(f["strict"] * f["windows"])
     assert "h200 (rows: truth; columns: answer)" in out
+
+
+def test_a_constant_set_on_the_command_line_scores_the_shipped_row_with_it(capsys):
+    """``benchmarks.diagnose --set NAME=VALUE``: the shipped row is the model with that constant
+    changed (a round's change measured as the shipped one is), the output says so, and a name
+    that is not a constant, or a value that is not a number, is refused by name."""
+    from benchmarks import diagnose as bench
+    from benchmarks.worlds import generate
+
+    argv = ["--tune-on", "--worlds", "sixteen", "--servers", "8", "--windows", "10"]
+    bench.main([*argv, "--set", "confident=0.45", "launch_time=0.1"])
+    out = capsys.readouterr().out
+    assert "shipped row with confident=0.45, launch_time=0.1" in out
+    rows = generate("sixteen", 8, 10, 101, first_server=50_000)
+    changed = bench.figures(rows, bench.online(rows, Params(confident=0.45, launch_time=0.1)))
+    shipped = bench.figures(rows, bench.online(rows, Params()))
+    assert changed["coverage"] > shipped["coverage"]  # fewer windows left uncertain
+    row = next(line for line in out.splitlines() if line.startswith("physical (shipped)"))
+    accuracy, coverage = re.findall(r"(\d+\.\d)/\s*(\d+\.\d)", row)[0]  # the sixteen cell
+    assert (float(accuracy), float(coverage)) == (
+        round(changed["accuracy"] * 100, 1),
+        round(changed["coverage"] * 100, 1),
+    )
+    for bad in ("confidence=0.4", "confident", "confident=nan", "confident=x"):
+        with pytest.raises(SystemExit) as stopped:
+            bench.main([*argv, "--set", bad])
+        assert stopped.value.code == 2
+        assert repr(bad) in capsys.readouterr().err
 
 
 def test_the_start_up_split_counts_each_servers_first_running_windows():
