@@ -229,8 +229,13 @@ async def test_process_started_from_a_terminal_is_attributed_to_the_terminal(
     terminal.ptyproc.write(f"{hold}\r")
     pids: list[int] = []
     try:
+        # The holder takes its memory, then its load (two steps): a sample may fall between.
         report = await wait_for(
-            jp_fetch, lambda r: target(r, "terminal", name)["gpu"]["memory_mb"] == 3072
+            jp_fetch,
+            lambda r: (
+                target(r, "terminal", name)["gpu"]["memory_mb"] == 3072
+                and target(r, "terminal", name)["gpu"]["sm"]
+            ),
         )
         gpu = target(report, "terminal", name)["gpu"]
         pids = gpu["pids"]
@@ -843,7 +848,9 @@ async def test_a_throttled_server_keeps_its_verdict_and_reports_only_past_the_re
         assert len(refused) == sent and "429" in refused[0]  # not one per held report
         assert (await status(jp_fetch))["verdict"] == before  # the panel's status, as it was
         reporter.held_until = 0.0  # the Retry-After has passed: the next sample reports
-        app.report_interval = 3600.0
+        # An interval longer than this machine has been up (time.monotonic() counts from its
+        # boot): a node booted within one interval still reports at the first sample past it.
+        app.report_interval = time.monotonic() + 3600.0
         await app.sample_now()
         assert len(posts) > sent
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import math
 import os
 import socket
 import time
@@ -277,7 +278,9 @@ class GpuGovApp(ExtensionApp):
         os.environ[ROOT_ENV] = self.checkpoint_dir
         self._set_device_order = self._pci_bus_order()
         self.reporter = None
-        self._last_report_at = 0.0
+        # Never reported: due at the first sample. Not 0.0: time.monotonic() counts from the
+        # node's boot, and a node booted less than one report_interval ago would wait for it.
+        self._last_report_at = -math.inf
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         if self.governor_url and token:
             self.reporter = Reporter(
@@ -471,7 +474,7 @@ class GpuGovApp(ExtensionApp):
             verdict = await self.reporter.send(outgoing)
         except GovernorError as error:
             if error.status == 429:  # too fast: the first sample past its Retry-After reports
-                self._last_report_at = 0.0
+                self._last_report_at = -math.inf
             if not isinstance(error, Held):  # a held one was not sent: said when the 429 came
                 self.log.warning("jupyter-gpu-gov: report not accepted: %s", error)
             return
@@ -544,7 +547,7 @@ class GpuGovApp(ExtensionApp):
 
     async def _report_now(self) -> None:
         """Tell the governor at once (a new sample and report), not at the next interval."""
-        self._last_report_at = 0.0
+        self._last_report_at = -math.inf
         await self.sample_now()
 
     def set_verdict(self, verdict: dict) -> None:
