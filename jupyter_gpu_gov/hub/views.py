@@ -140,6 +140,8 @@ def row_view(
         "profile": row.profile,
         "labels": row.labels or {},
         "running": row.running,
+        # The Hub's ``started`` of the session governed: an admin's cull names it (``session``).
+        "session": clock.isoformat(row.session_started),
         "state": row.state,
         "reason": row.reason,
         "policy": row.policy,
