@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -243,6 +243,28 @@ MAX_NAME = 255  # the store's column for the policy that governs a server (hub/t
 # Each server's decision tries the policies in order; 20,000 (what a 1 MiB body holds) took
 # seconds to check on the service's event loop, then about 15 ms each server decision.
 MAX_POLICIES = 1000
+
+
+def canonical(value) -> Any:
+    """A policy (or its ``Match``) as plain JSON values, only what differs from the defaults:
+    what an unchanged policy is recognised by across releases (``hub/applied_policy.py``). A
+    release that adds a field whose default keeps the old behaviour leaves it as it was;
+    ``in_force_since`` is when, not what."""
+    if isinstance(value, Policy | Match):
+        out = {}
+        for f in fields(value):
+            v = getattr(value, f.name)
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            if f.name != "in_force_since" and v != default:
+                out[f.name] = canonical(v)
+        return out
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Mapping):
+        return {str(k): canonical(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [canonical(v) for v in value]
+    return value
 
 
 class PolicyError(ValueError):

@@ -25,7 +25,7 @@ from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, Text, ins
 from sqlalchemy.exc import DBAPIError
 
 from ..core import clock
-from ..core.policy import MAX_NAME, Policy
+from ..core.policy import MAX_NAME, Match, Policy, canonical
 from .policy_admin import (
     APPLY,
     REVERT,
@@ -88,12 +88,53 @@ class Stamp:
 
 
 def stamp(policy: Policy) -> Stamp:
-    unstamped = replace(policy, in_force_since=None)
-    return Stamp(policy.name, _digest(unstamped), _digest(policy.match), policy.in_force_since)
+    return Stamp(policy.name, _digest(policy), _digest(policy.match), policy.in_force_since)
 
 
-def _digest(value) -> str:
-    return hashlib.sha256(repr(value).encode()).hexdigest()
+def _digest(value: Policy | Match) -> str:
+    """The policy's values that differ from the defaults (``core.policy.canonical``), hashed:
+    a release adding a field with a default that keeps the old behaviour changes no digest,
+    so no policy reads "changed" (and no server is warned again) at the upgrade's restart."""
+    text = json.dumps(canonical(value), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ``Policy``'s fields in the releases that kept ``repr(Policy)``'s digest, in their order.
+_REPR_FIELDS = (
+    *("name", "match", "idle_threshold", "warn_after", "cull_after", "user_activity_grace"),
+    *("away_after", "zombie_idle", "presence_limit", "busy_grace", "busy_limit"),
+    *("on_busy_limit", "after_interrupt", "quiet_cell_limit", "extension_step"),
+    *("max_extensions", "extension_reason", "max_age", "max_age_warning", "reclaim_grace"),
+    *("checkpoint", "checkpoint_timeout", "on_checkpoint_failure", "checkpoint_retries"),
+    *("checkpoint_max_delay", "checkpoint_broken_after", "cull_action", "exempt"),
+    *("inactive_timeout", "expected_duration_notice", "in_force_since"),
+)
+
+
+def _repr_digest(value: Policy | Match) -> str:
+    """The digest those releases kept: the dataclass ``repr`` of the policy as they had it
+    (its ``in_force_since`` None), or of its match."""
+    if isinstance(value, Policy):
+        unstamped = replace(value, in_force_since=None)
+        text = ", ".join(f"{name}={getattr(unstamped, name)!r}" for name in _REPR_FIELDS)
+        text = f"Policy({text})"
+    else:
+        text = repr(value)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_as_now(kept: list[Stamp], policies: list[Policy]) -> list[Stamp]:
+    """Stamps kept in the ``repr`` form, read in today's: a kept digest that is the ``repr``
+    digest of one of ``policies`` (or of its match) stands for that policy's digest now. One
+    in today's form, or of a policy no longer there, is left as it is."""
+    now = {}
+    for p in policies:
+        now[_repr_digest(p)] = _digest(p)
+        now[_repr_digest(p.match)] = _digest(p.match)
+    return [
+        replace(s, digest=now.get(s.digest, s.digest), match=now.get(s.match, s.match))
+        for s in kept
+    ]
 
 
 def _write_in_force(session, policies: list[Policy]) -> None:
@@ -309,7 +350,7 @@ def in_force(
     time, so that an apply elsewhere gives its warned servers no second warning: the policy of
     that name unchanged, and the same matches ahead of it (``select`` takes the first that
     matches: a change to another's limits moves no server, one to its match may)."""
-    before = [s if isinstance(s, Stamp) else stamp(s) for s in live]
+    before = _read_as_now([s if isinstance(s, Stamp) else stamp(s) for s in live], policies)
     after = [stamp(p) for p in policies]
     old = {s.name: (s, ahead) for s, ahead in zip(before, _aheads(before), strict=True)}
     kept = []
