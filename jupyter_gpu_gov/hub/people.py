@@ -193,9 +193,7 @@ class PeoplesRequests:
         metrics.CULLS.labels(ADMIN, server_policy.cull_action).inc()
         return {"status": outcome, "verdict": self.verdict(key)}
 
-    async def _same_session(
-        self, row: ServerRow, user: str, name: str, seen: datetime
-    ) -> datetime:
+    async def _same_session(self, row: ServerRow, user: str, name: str, seen: datetime) -> datetime:
         """The Hub's ``started`` of the session ``seen``; ``SessionChanged`` unless it is the
         one the governor governs and the Hub runs now (asked: the governor's record is as of
         its last pass)."""
