@@ -507,6 +507,12 @@ async def test_a_policy_changed_in_the_config_file_warns_first_after_a_restart(
             assert clock.parse(gov.verdict("alice/")["cull_at"]) >= restarted + timedelta(
                 minutes=30
             )
+            # Nobody applied it: the audit and alice's notice say the config file changed, and
+            # her verdict says so as a code (JupyterLab's toast reads that, not the words).
+            warned = next(a for a in gov.store.audit_rows("alice/") if a.action == "warn")
+            assert "set by the policy changed in the config file, in force at" in warned.reason
+            assert "applied" not in warned.reason
+            assert gov.verdict("alice/")["policy_change"] == "config-changed"
             assert hub.running("alice")
             await gov.close()
             gov = await start("90m")  # the same config file again: nothing new

@@ -92,7 +92,11 @@ def verdict_of(
     started_from_line: tuple[LineStart, ...] = (),
 ) -> Verdict:
     decision = Decision(
-        record_of(row), warn_at=row.warn_at, cull_at=row.cull_at, at_deadline=row.at_deadline
+        record_of(row),
+        warn_at=row.warn_at,
+        cull_at=row.cull_at,
+        at_deadline=row.at_deadline,
+        policy_change=row.policy_change,
     )
     return policy.verdict(
         decision,
