@@ -288,6 +288,12 @@ def version(source: Mapping) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def check_over(governor, over: str | None) -> None:
+    """``StalePolicies`` when ``over`` (a version of the live policies a person read) is not
+    the live one: for what compares a candidate with the live policies (the what-if) too."""
+    _check_over(policy_admin(governor), over)
+
+
 def _check_over(admin, over: str | None) -> None:
     """Refuse a change made over policies that are no longer live: two admins editing from the
     same page, or an apply after a prediction on policies another admin has since changed,
