@@ -20,6 +20,8 @@ from test_governor import (
 )
 
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.clock import parse
+from jupyter_gpu_gov.hub.people import SessionChanged
 
 
 @pytest.fixture
@@ -605,3 +607,73 @@ async def test_an_admins_kernel_shutdown_is_asked_again_after_a_restart(tmp_path
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         again = gov.verdict("alice/")["requests"].get("shutdown_kernels")
         assert again is not None and again["kernels"] == asked["kernels"]
+
+
+@pytest.mark.parametrize("immediately", [True, False])
+@pytest.mark.parametrize("pass_since", [True, False])
+async def test_an_admins_cull_of_the_session_they_saw_spares_the_one_started_since(
+    tmp_path, restore_clock, immediately, pass_since
+):
+    """An admin opened the dashboard on alice's idle server; she stopped it and started it
+    again; the admin then clicks Cull now for the session they saw. Refused, naming the
+    change (409 on the page and the API), with nothing on record or sent to the Hub: the new
+    session is not the one they meant. ``pass_since``: the governor's pass saw the restart
+    (its record is the new session's); else only the Hub knows so far."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        seen = gov.listing(gov.row("alice/"))["session"]  # as the dashboard and the API list it
+        clock.advance(60)
+        restarted = clock.utcnow()
+        hub.users["alice"].servers[""].started = restarted  # the owner's new session
+        if pass_since:
+            await gov.reconcile()
+            assert gov.listing(gov.row("alice/"))["session"] == clock.isoformat(restarted)
+        before = [a.action for a in actions_of(gov)]
+        with pytest.raises(SessionChanged, match="it restarted since") as refused:
+            await gov.cull_now(
+                "alice/", "user:root", "runaway", immediately=immediately, session=parse(seen)
+            )
+        assert seen in str(refused.value) and clock.isoformat(restarted) in str(refused.value)
+        assert hub.running("alice") and hub.counters["stops"] == 0
+        assert gov.row("alice/").state != "culled" and gov.row("alice/").cull_requested_at is None
+        assert [a.action for a in actions_of(gov)] == before
+        if not pass_since:
+            return
+        # The session running now, as listed since: culled.
+        outcome = await gov.cull_now(
+            "alice/", "user:root", "runaway", immediately=True, session=restarted
+        )
+        assert outcome["status"] in ("stopped", "stopping"), outcome
+        assert not hub.running("alice")
+
+
+async def test_an_admins_immediate_cull_spares_a_session_started_during_it(tmp_path, restore_clock):
+    """The owner restarts while the admin's immediate cull waits for its slot to the Hub: the
+    Hub's model read in that slot names another session, so nothing is stopped; the cull is on
+    record as skipped, with why, and the admin hears it (409)."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        seen = gov.row("alice/").session_started
+        hub.latency = 0.5
+        reads = hub.counters["GET /users/{name}"]
+        cull = asyncio.ensure_future(
+            gov.cull_now("alice/", "user:root", "runaway", immediately=True, session=seen)
+        )
+        # The session checked as it was asked (one read), then in the DELETE's slot (another,
+        # answered after the Hub's latency: she restarts meanwhile).
+        while hub.counters["GET /users/{name}"] < reads + 2:
+            assert not cull.done()
+            await asyncio.sleep(0.01)
+        hub.users["alice"].servers[""].started = clock.utcnow() + timedelta(seconds=5)
+        with pytest.raises(SessionChanged, match="not culled: the server restarted"):
+            await cull
+        assert hub.running("alice") and hub.counters["stops"] == 0
+        assert gov.row("alice/").state != "culled"
+    culls = [(a.action, a.actor) for a in actions_of(gov) if a.action.startswith("cull")]
+    assert culls == [("cull", "user:root"), ("cull-skipped", "user:root")]

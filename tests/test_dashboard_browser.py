@@ -201,15 +201,55 @@ def cull_now_asks_first(page: Page, hub) -> None:
     expect(row).to_be_visible()
     culls = [a for a in Gov(hub).audit(f"{EVIL}/") if a["action"] == "cull"]
     assert culls == [], culls
+    # Its owner stops and starts the server while the admin reads the confirmation: the cull
+    # is of the session the page showed, refused (409, naming the change), nothing on record.
+    shown = listed_session(hub, EVIL)
+    row.locator("input[name=reason]").fill("maintenance")
+    row.locator("button[value=cull]").click()
+    restart_server(hub, EVIL)
+    confirm.get_by_role("button", name=f"Cull {EVIL}/ now").click()
+    expect(page.locator("#error-message")).to_contain_text("it restarted since")
+    expect(page.locator("#error-message")).to_contain_text(shown)
+    actions = [a["action"] for a in Gov(hub).audit(f"{EVIL}/")]
+    assert "cull" not in actions and "cull-request" not in actions, actions
+    assert server_ready(hub, EVIL)
+    # The dashboard once the governor has seen the new session: that one is culled.
+    wait(lambda: listed_session(hub, EVIL) != shown, 60, "the new session listed")
+    page.goto(f"{hub.url}/services/gpu-gov/")
     row.locator("input[name=reason]").fill("maintenance")
     row.locator("button[value=cull]").click()
     confirm.get_by_role("button", name=f"Cull {EVIL}/ now").click()
     expect(page.locator("#flash")).to_contain_text(f"cull of {EVIL}/")
     wait(
         lambda: any(a["action"] == "cull" for a in Gov(hub).audit(f"{EVIL}/")),
-        30,
+        60,
         "the confirmed cull on record",
     )
+
+
+def listed_session(hub, user: str) -> str:
+    """The session the governor lists for the user's default server (the Hub's ``started``)."""
+    r = Gov(hub).admin("GET", f"users/{quote(user, safe='')}/server")
+    assert r.status_code == 200, r.text
+    return r.json()["session"]
+
+
+def server_ready(hub, user: str) -> bool:
+    model = hub.api("GET", f"users/{quote(user, safe='')}").json()
+    return bool(model.get("servers", {}).get("", {}).get("ready"))
+
+
+def restart_server(hub, user: str) -> None:
+    """The owner stops the server and starts it again: a new session, as the Hub sees it."""
+    name = quote(user, safe="")
+    r = hub.api("DELETE", f"users/{name}/server")
+    assert r.status_code in (202, 204), r.text
+    wait(
+        lambda: not hub.api("GET", f"users/{name}").json().get("servers"), 60, "the server to stop"
+    )
+    r = hub.api("POST", f"users/{name}/server", json=USERS[user])
+    assert r.status_code in (201, 202), r.text
+    wait(lambda: server_ready(hub, user), 60, "the server to start again")
 
 
 def showback_reads_and_prints(page: Page, hub, shots) -> None:

@@ -425,10 +425,16 @@ def on_slice(report: dict, card: str, profile: str = "3g.40gb") -> dict:
     return report
 
 
+def pinned_slice(card: str, profile: str = "3g.40gb") -> dict:
+    """The workstation allocator's record (spawner state) of a MIG slice it pinned."""
+    slice_ = {"uuid": f"MIG-{card}-{profile}", "parent_uuid": card, "mig_profile": profile}
+    return {"gpu_gov_gpus": [slice_]}
+
+
 async def test_gpu_spawns_waiting_while_cards_are_partly_allocated_flag_fragmentation(tmp_path):
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        hub.add_server("bob")
+        hub.add_server("alice", state=pinned_slice("GPU-a"))
+        hub.add_server("bob", state=pinned_slice("GPU-b"))
         asked = clock.utcnow() - timedelta(minutes=5)
         gpu = {"gpu_gov_grant": {"gpu-gov/tier": "h100"}}  # admitted to a GPU tier
         hub.add_server("carol", started=asked, ready=False, state=gpu)  # queued
@@ -450,12 +456,35 @@ async def test_gpu_spawns_waiting_while_cards_are_partly_allocated_flag_fragment
         summary = gov.diagnosis_summary()
 
     found = summary["fragmentation"]
-    assert found["devices"] == 2  # alice's and bob's cards; none of mallory's words
+    assert found["devices"] == 3  # alice's and bob's slices, mallory's card; none of her words
     assert (found["spawns_waiting"], found["devices_partly_used"]) == (1, 2)
     assert found["demand"] == {"pending": 1, "queued": None, "refused": None}
     assert found["flag"] is True and found["label"] == "fragmentation"
     assert found["free_scattered"] == pytest.approx(8 / 7, abs=0.01)  # cards' worth, scattered
     assert "consolidate" in found["hint"], found
+
+
+async def test_a_report_alone_does_not_move_the_fragmentation_figure(tmp_path):
+    """Alice holds a slice the allocator pinned, spawns wait for a GPU: one partly used card,
+    no fragmentation. Eve's server has no allocator record and DCGM sees none of its cards; her
+    report names MIG slices on two more cards (made up, or other users' as she likes): they
+    counted as partly used cards, flagging a fragmentation the cluster does not have. Only the
+    allocator's records and DCGM's view count: her cards are not in the figure."""
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=pinned_slice("GPU-a"))
+        hub.add_server("eve")
+        gpu = {"gpu_gov_grant": {"gpu-gov/tier": "h100"}}
+        hub.add_server(
+            "carol", started=clock.utcnow() - timedelta(minutes=5), ready=False, state=gpu
+        )
+        gov = governor(hub, tmp_path)
+        gov.ingest(on_slice(zombie_report("alice"), "GPU-a"))
+        gov.ingest(on_slice(starved_report("eve"), "GPU-made-up-1"))
+        await gov.reconcile()
+        gov.ingest(on_slice(starved_report("eve"), "GPU-made-up-2", "4g.40gb"))
+        found = gov.diagnosis_summary()["fragmentation"]
+    assert found["devices"] == 1 and found["devices_partly_used"] == 1, found
+    assert found["spawns_waiting"] == 1 and found["flag"] is False, found
 
 
 class QueueAnswer:
@@ -485,8 +514,8 @@ async def test_spawns_in_line_or_refused_for_want_of_a_gpu_flag_fragmentation(tm
         (quota_only, 1, True, {"pending": 0, "queued": 0, "refused": 1}),
     ]  # fmt: skip
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        hub.add_server("bob")
+        hub.add_server("alice", state=pinned_slice("GPU-a"))
+        hub.add_server("bob", state=pinned_slice("GPU-b"))
         gov = governor(hub, tmp_path)
         assert gov.diagnosis_summary()["fragmentation"]["demand"]["queued"] is None  # no sync yet
         gov.ingest(on_slice(zombie_report("alice"), "GPU-a"))

@@ -291,6 +291,9 @@ def test_a_policy_changed_in_the_config_file_warns_again_after_the_service_resta
         assert [a["action"] for a in audit] == ["warn", "warn", "checkpoint", "cull"], audit
         again, checkpoint = parse(audit[1]["at"]), parse(audit[2]["at"])
         assert checkpoint - again >= timedelta(seconds=14), audit  # the new notice, in full
+        # Nobody applied it: the warning says the config file's policy changed.
+        assert "set by the policy changed in the config file" in audit[1]["reason"], audit
+        assert "applied" not in audit[1]["reason"], audit
 
 
 def test_the_user_prepare_found_is_answered_without_a_thread_hop(monkeypatch):

@@ -1202,6 +1202,49 @@ def test_a_warned_cells_limit_gets_a_shorter_applied_policys_full_notice(quiet):
     assert told[0][1] == T0 + 130 * MIN and "it replaces the deadline" in told[0][2]
 
 
+def the_change_told(view, old, new, applied, by, minutes):
+    """The reason, notice and verdict's ``policy_change`` of the first decision that tells the
+    owner of ``new``, brought in at minute ``applied`` (``by``: how)."""
+    new = replace(new, in_force_since=T0 + applied * MIN, in_force_by=by)
+    record = p.Record()
+    for minute in range(minutes + 1):
+        decision = p.decide(view, record, old if minute < applied else new, T0 + minute * MIN)
+        record = decision.record
+        if minute >= applied and decision.notice:
+            change = p.verdict(decision, new).to_json()["policy_change"]
+            return decision.reason, decision.notice, change
+    raise AssertionError("the owner was never told")
+
+
+@pytest.mark.parametrize(
+    ("by", "words"),
+    [
+        ("applied", "a policy applied at 2026-01-05 11:40 UTC"),
+        (
+            "config-changed",
+            "the policy changed in the config file, in force at 2026-01-05 11:40 UTC",
+        ),
+    ],
+)
+def test_the_owner_is_told_how_the_policy_that_moved_their_deadline_came_in(by, words):
+    """A policy brought in while a server was warned moves its deadline: by an admin's apply,
+    its reason says a policy was applied; by the config file changed at a restart (nobody
+    applied anything), it says so. The verdict carries it as a code (``policy_change``) for
+    JupyterLab's toast, whatever the words."""
+    reason, notice, change = the_change_told(idle_view(), LONG, POLICY, 160, by, 240)
+    assert f"(set by {words})" in reason and f"(set by {words})" in notice
+    assert change == by
+    assert by == "applied" or "applied" not in notice
+    # A maximum age brought in past its warning's time: the same words, the same code.
+    capped = replace(CAPPED, max_age=parse_duration("2h"))
+    reason, notice, change = the_change_told(active_view(), CAPPED, capped, 160, by, 200)
+    assert f"({words})" in notice and f"({words})" in reason
+    assert change == by
+    # Unchanged policy: no code.
+    decision = p.decide(idle_view(), p.Record(), POLICY, T0 + 40 * MIN)
+    assert p.verdict(decision, POLICY).to_json()["policy_change"] is None
+
+
 def test_a_reclaim_under_way_gets_a_shorter_applied_grace_from_the_apply():
     """Reclaimed at 09:10 with a grace of 1h (given back at 10:10); a grace of 15 minutes
     applied at 09:30: given back at 09:45, warned again of it. Before: at once (09:25)."""

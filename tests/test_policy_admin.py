@@ -5,18 +5,24 @@ audit cannot be written, nothing changes."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import html
 import json
 import logging
+from dataclasses import dataclass, make_dataclass, replace
+from dataclasses import field as dataclass_field
+from dataclasses import fields as dataclass_fields
 from datetime import timedelta
 
 import pytest
 from fake_hub_api import FakeHub
+from sqlalchemy import create_engine
 from test_governor import H100_IDLE_GPU, governor, report_for
 from tornado.httpclient import AsyncHTTPClient
 from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.policy import Match, Policy
 from jupyter_gpu_gov.core.rightsize import load_tier_sizes
 from jupyter_gpu_gov.hub import applied_policy as kept
 from jupyter_gpu_gov.hub import policy_admin as admin
@@ -501,6 +507,12 @@ async def test_a_policy_changed_in_the_config_file_warns_first_after_a_restart(
             assert clock.parse(gov.verdict("alice/")["cull_at"]) >= restarted + timedelta(
                 minutes=30
             )
+            # Nobody applied it: the audit and alice's notice say the config file changed, and
+            # her verdict says so as a code (JupyterLab's toast reads that, not the words).
+            warned = next(a for a in gov.store.audit_rows("alice/") if a.action == "warn")
+            assert "set by the policy changed in the config file, in force at" in warned.reason
+            assert "applied" not in warned.reason
+            assert gov.verdict("alice/")["policy_change"] == "config-changed"
             assert hub.running("alice")
             await gov.close()
             gov = await start("90m")  # the same config file again: nothing new
@@ -535,3 +547,75 @@ async def test_an_apply_naming_a_tier_or_team_nobody_has_says_so(tmp_path):
         "vision): it matches no server of it",
     ]
     assert admin.match_warnings(gov, admin.validate(CANDIDATE, gov.options)) == []
+
+
+# -- the policies in force, recognised across releases ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class NextReleasePolicy(Policy):
+    """``Policy`` as a later release has it: one more field, its default the old behaviour."""
+
+    new_knob: float | None = None
+
+
+def test_a_policy_a_release_adds_a_defaulted_field_to_reads_unchanged():
+    """The policies in force were kept by this release; the next one adds a field to
+    ``Policy`` whose default keeps the old behaviour. At its first start each policy is the
+    one that was in force, its time kept (no server warned again); a real edit, or the new
+    field set, is a change."""
+    since = clock.utcnow() - timedelta(days=3)
+    vision = Policy(name="vision", match=Match(teams=("vision",)), cull_after=timedelta(hours=2))
+    default = Policy(in_force_since=since)
+    kept_now = [kept.stamp(replace(vision, in_force_since=since)), kept.stamp(default)]
+    now = clock.utcnow()
+
+    def after_upgrade(**changes):
+        fields = {f.name: getattr(vision, f.name) for f in dataclass_fields(Policy)}
+        upgraded = [NextReleasePolicy(**{**fields, **changes}), NextReleasePolicy()]
+        return [p.in_force_since for p in kept.in_force(upgraded, now, kept_now)]
+
+    assert after_upgrade() == [since, since], "an unchanged policy read as changed"
+    assert after_upgrade(cull_after=timedelta(hours=3)) == [now, since]
+    assert after_upgrade(new_knob=0.5) == [now, since]
+    assert after_upgrade(match=Match(teams=("nlp",))) == [now, now]  # matched ahead of default
+
+
+async def test_policies_kept_in_the_repr_form_read_unchanged_after_the_upgrade(
+    tmp_path, service_env
+):
+    """The release before kept ``repr(Policy)``'s digest in ``policies_in_force``: the first
+    start after the upgrade reads the same policies as unchanged (none comes in as if applied,
+    no server is warned again), keeps them in today's form, and a real edit still reads as one."""
+    gov, _ = await restart(tmp_path, "2h")
+    policies = gov.policies
+    engine = create_engine(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    before = kept.in_force_on_record(engine)
+
+    # ``Policy`` as the release before had it: every field but in_force_by.
+    before_fields = [
+        (f.name, f.type, dataclass_field(default=getattr(Policy(), f.name)))
+        for f in dataclass_fields(Policy)
+        if f.name != "in_force_by"
+    ]
+    release_before = make_dataclass("Policy", before_fields, frozen=True)
+
+    def repr_digest(value) -> str:  # as the release before digested a policy
+        if isinstance(value, Policy):
+            kept_values = {name: getattr(value, name) for name, _, _ in before_fields}
+            value = release_before(**{**kept_values, "in_force_since": None})
+        return hashlib.sha256(repr(value).encode()).hexdigest()
+
+    with engine.begin() as db:
+        for i, p in enumerate(policies):
+            db.execute(
+                kept.IN_FORCE.update()
+                .where(kept.IN_FORCE.c.position == i)
+                .values(digest=repr_digest(p), match_digest=repr_digest(p.match))
+            )
+    assert [s.digest for s in kept.in_force_on_record(engine)] != [s.digest for s in before]
+    gov, said = await restart(tmp_path, "2h")
+    assert not [line for line in said if "in force from now" in line], said
+    assert kept.in_force_on_record(engine) == before  # kept in today's form again
+    gov, said = await restart(tmp_path, "3h")
+    assert [line for line in said if "in force from now" in line and "vision" in line], said

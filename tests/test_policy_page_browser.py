@@ -105,6 +105,18 @@ def test_export_edit_predict_apply_and_the_audit_in_a_browser(hub, tmp_path):
             expect(page.locator("#live-source")).to_contain_text('"max_extensions": 3')
             assert json.loads(page.locator("#candidate").input_value()) == candidate
             assert Gov(hub).admin("GET", "policy").json()["source"] == other
+            # A prediction over policies changed since (again) is refused too: its "current"
+            # would be policies other than those the page showed.
+            again = {**live, "policy_defaults": {**live["policy_defaults"], "max_extensions": 4}}
+            r = Gov(hub).admin(
+                "POST", "policy/apply", json={"candidate": again, "reason": "even more"}
+            )
+            assert r.status_code == 200, r.text
+            page.click("button[value=predict]")
+            expect(page.locator("#validation")).to_contain_text("changed since you read them")
+            expect(page.locator("#what-if")).to_have_count(0)
+            expect(page.locator("#live-source")).to_contain_text('"max_extensions": 4')
+            assert json.loads(page.locator("#candidate").input_value()) == candidate
 
             # Apply, with a reason: audited (who, why, the diff), kept, then live.
             page.fill("#candidate-form input[name=reason]", "carol runs long evaluations")
@@ -158,6 +170,14 @@ def test_the_api_dry_run_beside_live_and_bad_input(hub):
     assert r.status_code == 409 and "changed since you read them" in r.json()["message"]
     r = gov.admin("POST", "policy/apply", json={**stale, "over": 7})
     assert r.status_code == 400 and "over must be the version" in r.json()["message"]
+    # The what-if's "current" is the live policies: over others, refused as the apply is.
+    r = gov.admin("POST", "policy/what-if", json={**stale, "days": 1})
+    assert r.status_code == 409 and "changed since you read them" in r.json()["message"]
+    r = gov.admin("POST", "policy/what-if", json={**stale, "days": 1, "over": 7})
+    assert r.status_code == 400 and "over must be the version" in r.json()["message"]
+    read = gov.admin("GET", "policy").json()["version"]
+    r = gov.admin("POST", "policy/what-if", json={**stale, "days": 1, "over": read})
+    assert r.status_code == 200, r.text
     r = gov.admin("GET", "history/trace", params={"since": "last tuesday"})
     assert r.status_code == 400 and "not a duration" in r.json()["message"]
     hub.create_user("erin")

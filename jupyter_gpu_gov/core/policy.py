@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -53,6 +53,8 @@ from .vocabulary import (
     MAX_AGE_LABEL,
     MAX_AGE_WARN,
     OVERRUN_NOTICE,
+    POLICY_APPLIED,
+    POLICY_CONFIG_CHANGED,
     RECLAIM,
     RECLAIM_FOR_LABEL,
     RECLAIM_LABEL,
@@ -194,6 +196,18 @@ class Policy:
     # again, once, with this policy's notice, and a maximum age or a reclaim's grace it
     # shortens counts its warning's notice from then.
     in_force_since: datetime | None = None
+    # Not a key either: how it came in then, POLICY_APPLIED (an admin's apply or revert) or
+    # POLICY_CONFIG_CHANGED (the config file's, changed since the service last ran): what the
+    # owner is told brought a deadline in.
+    in_force_by: str = POLICY_APPLIED
+
+    @property
+    def brought_in(self) -> str:
+        """The words for how and when this policy came in (it has ``in_force_since``)."""
+        at = _at(self.in_force_since)
+        if self.in_force_by == POLICY_CONFIG_CHANGED:
+            return f"the policy changed in the config file, in force at {at}"
+        return f"a policy applied at {at}"
 
     @property
     def notice(self) -> timedelta:
@@ -236,13 +250,35 @@ _CHOICES = {
     "after_interrupt": ("cull", "warn"),
 }
 _MATCH_KEYS = {f.name for f in fields(Match)}
-_POLICY_KEYS = {f.name for f in fields(Policy)} - {"in_force_since"}
+_POLICY_KEYS = {f.name for f in fields(Policy)} - {"in_force_since", "in_force_by"}
 
 
 MAX_NAME = 255  # the store's column for the policy that governs a server (hub/tables.py)
 # Each server's decision tries the policies in order; 20,000 (what a 1 MiB body holds) took
 # seconds to check on the service's event loop, then about 15 ms each server decision.
 MAX_POLICIES = 1000
+
+
+def canonical(value) -> Any:
+    """A policy (or its ``Match``) as plain JSON values, only what differs from the defaults:
+    what an unchanged policy is recognised by across releases (``hub/applied_policy.py``). A
+    release that adds a field whose default keeps the old behaviour leaves it as it was;
+    ``in_force_since`` and ``in_force_by`` are when and how, not what."""
+    if isinstance(value, Policy | Match):
+        out = {}
+        for f in fields(value):
+            v = getattr(value, f.name)
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            if f.name not in ("in_force_since", "in_force_by") and v != default:
+                out[f.name] = canonical(v)
+        return out
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Mapping):
+        return {str(k): canonical(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [canonical(v) for v in value]
+    return value
 
 
 class PolicyError(ValueError):
@@ -593,6 +629,9 @@ class Decision:
     # What comes at ``cull_at`` when it is not a cull (the verdict's ``at_deadline``): INTERRUPT,
     # a running cell's limit that interrupts it and keeps the server (after_interrupt: warn).
     at_deadline: str | None = None
+    # Its reason says a policy brought in while the server ran set its deadline or warning:
+    # how it came in (``Policy.in_force_by``; the verdict's ``policy_change``), else None.
+    policy_change: str | None = None
 
     @property
     def state(self) -> str:
@@ -629,6 +668,7 @@ class _Deadline:
     cull_reason: str
     warning: str  # the warning action
     past: bool = False  # a maximum age its policy came in too late to announce in full
+    policy_change: str | None = None  # its time set by a policy brought in (``Decision``'s)
 
     def notice(self) -> str:
         if self.past:
@@ -658,19 +698,23 @@ def _hard_deadline(policy: Policy, view: ServerView, record: Record) -> _Deadlin
         if floor and at < floor:
             past = "past" if at <= since else f"reaching at {_at(at)}"
             why = f"{past} the maximum age of {format_duration(max_age)} for this {whose}"
-            why += f" (a policy applied at {_at(since)})"
-            found.append(_Deadline(floor, since, why, MAX_AGE, MAX_AGE_WARN, past=True))
+            why += f" ({policy.brought_in})"
+            found.append(
+                _Deadline(floor, since, why, MAX_AGE, MAX_AGE_WARN, True, policy.in_force_by)
+            )
         else:
             found.append(_Deadline(at, at - policy.max_age_warning, why, MAX_AGE, MAX_AGE_WARN))
     asked = _timestamp(view.labels.get(RECLAIM_LABEL))
     if asked is not None and view.labels.get(BORROWED_LABEL) == "true":
         team = view.labels.get(RECLAIM_FOR_LABEL) or "another team"
         why = f"team {team}, within its guarantee, needs this borrowed GPU back"
+        changed = None
         if since is not None and asked < since:
             grace = format_duration(policy.reclaim_grace)
-            why += f" (its grace of {grace} from a policy applied at {_at(since)})"
-            asked = since
-        found.append(_Deadline(asked + policy.reclaim_grace, asked, why, RECLAIM, RECLAIM_WARN))
+            why += f" (its grace of {grace} from {policy.brought_in})"
+            asked, changed = since, policy.in_force_by
+        at = asked + policy.reclaim_grace
+        found.append(_Deadline(at, asked, why, RECLAIM, RECLAIM_WARN, policy_change=changed))
     if record.cull_requested_at is not None:
         at = record.cull_requested_at
         why = record.cull_request_why or "a cull was asked for"
@@ -733,7 +777,12 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
                 deadline.at,
                 hard=True,
             )
-            return evolve(decision, actions=(*actions, *decision.actions), notice=notice)
+            return evolve(
+                decision,
+                actions=(*actions, *decision.actions),
+                notice=notice,
+                policy_change=deadline.policy_change,
+            )
     if view.excluded is not None:
         record = evolve(record.exempted(), state=EXEMPT, reason=view.excluded)
         return Decision(record, tuple(actions), cull_at=deadline and deadline.at, notice=notice)
@@ -758,8 +807,10 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
     ):
         # Warned under a policy applied during this stretch: the owner's panel says where
         # the deadline comes from (warned before it, that it changed).
-        why = f"{kept.reason} (set by a policy applied at {_at(since)})"
-        decision = evolve(decision, record=evolve(kept, reason=why))
+        why = f"{kept.reason} (set by {policy.brought_in})"
+        decision = evolve(
+            decision, record=evolve(kept, reason=why), policy_change=policy.in_force_by
+        )
     if overrun is not None:
         decision = evolve(
             decision, record=evolve(decision.record, reason=f"{decision.reason}; {overrun}")
@@ -780,13 +831,19 @@ def _with_hard_deadline(decision: Decision, deadline: _Deadline, now: datetime) 
     its reason says why, like the warning."""
     if decision.cull_at is not None and decision.cull_at <= deadline.at:
         return decision
-    reason, words = decision.reason, None
+    reason, words, changed = decision.reason, None, decision.policy_change
     if now >= deadline.warn_from:
         words = deadline.notice()
         reason = f"{reason}; {words}"
+        changed = changed or deadline.policy_change
     record = evolve(decision.record, reason=reason)
     return evolve(
-        decision, record=record, cull_at=deadline.at, deadline_notice=words, at_deadline=None
+        decision,
+        record=record,
+        cull_at=deadline.at,
+        deadline_notice=words,
+        at_deadline=None,
+        policy_change=changed,
     )
 
 
@@ -804,6 +861,8 @@ def keep_hard_deadline(replacement: Decision, decided: Decision) -> Decision:
         cull_at=decided.cull_at,
         deadline_notice=decided.deadline_notice,
         at_deadline=decided.at_deadline,
+        policy_change=replacement.policy_change
+        or (decided.policy_change if decided.deadline_notice else None),
     )
 
 
@@ -1636,6 +1695,7 @@ def verdict(
         policy=policy.name,
         cull_action=policy.cull_action,
         at_deadline=decision.at_deadline,
+        policy_change=decision.policy_change,
         checkpoint=CHECKPOINT_REQUESTED
         if record.checkpoint_status == CHECKPOINT_REQUESTED
         else "none",

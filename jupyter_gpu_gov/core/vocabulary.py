@@ -67,6 +67,12 @@ ADMIN_WARN = "admin-warn"
 BUSY_NOTICE = "busy-notice"
 OVERRUN_NOTICE = "overrun-notice"
 WARNINGS = frozenset({WARN, MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN})
+# How a policy came in while servers ran (``Policy.in_force_by``, the verdict's
+# ``policy_change``): an admin's apply or revert, or the config file's policy changed between
+# two runs of the service.
+POLICY_APPLIED = "applied"
+POLICY_CONFIG_CHANGED = "config-changed"
+POLICY_CHANGES = (POLICY_APPLIED, POLICY_CONFIG_CHANGED)
 NOTICES = frozenset({BUSY_NOTICE, OVERRUN_NOTICE})
 
 # What a cull does (a policy's ``cull_action``).

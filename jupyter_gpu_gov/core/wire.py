@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .vocabulary import CHECKPOINT_REQUESTED, CULL_ACTIONS, INTERRUPT, STATES
+from .vocabulary import CHECKPOINT_REQUESTED, CULL_ACTIONS, INTERRUPT, POLICY_CHANGES, STATES
 
 REPORT_FORMAT = 1  # the report's "schema"
 # Report bounds (a report comes from a process its user controls).
@@ -464,6 +464,14 @@ class Verdict(Wire):
         "a checkpoint saved, the server and kernel stay; while `checkpointing`, that interrupt "
         "has happened and no stop follows); `null` when `cull_at` is a cull (`cull_action`)",
         enum=AT_DEADLINES,
+    )
+    policy_change: str | None = spec(
+        "set while `reason` says a policy brought in as this server ran set its deadline or "
+        "warning (sooner than it was told before, perhaps): how it came in, `applied` (an "
+        "admin applied policies, or reverted to the config file's) or `config-changed` (the "
+        "config file's policy changed since the service last ran); `null` otherwise. "
+        "JupyterLab's toast says the policy changed on it, whatever the reason's words",
+        enum=POLICY_CHANGES,
     )
     checkpoint: str = spec(
         "`requested` while the governor waits for a checkpoint, else `none`",

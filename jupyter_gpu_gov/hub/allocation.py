@@ -1,20 +1,27 @@
 """How much of each physical GPU card is handed out, for the diagnosis's fragmentation figure
-(``GET api/diagnosis``): DCGM's view where it sees the card, else the running servers' reports."""
+(``GET api/diagnosis``): DCGM's view where it sees the card, else the workstation allocator's
+records of what it pinned for each server. Never a server's report: its user writes it, and a
+report naming made-up cards (or other users' cards as free) would move the figure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
+from ..core.grant import GrantedDevice
 from ..diagnose import cluster
 from .dcgm import GpuEvidence
 
 
-def allocation(reports: Iterable[Mapping], evidence: Iterable[GpuEvidence] = ()) -> list[float]:
+def allocation(
+    granted: Iterable[Iterable[GrantedDevice]], evidence: Iterable[GpuEvidence] = ()
+) -> list[float]:
     """Per physical card, the share allocated (``diagnose.cluster.card_shares``): DCGM's view
     where it sees the card (a whole card or MIG instance held by a pod: allocated; none: free;
-    a time-sliced card: its memory in use), else the running servers' reports (a device a
-    server holds alone: allocated in full, whatever memory it uses; a shared one: its memory
-    share; a MIG slice: its profile's share)."""
+    a time-sliced card: its memory in use), else the devices the allocator pinned for the
+    running servers (``granted``, one list a server, from its spawner's state: a whole card
+    held by one server is allocated in full; a MIG slice, its profile's share; a card pinned
+    for several servers, time-sliced, is unknown without DCGM and left out). A card neither
+    DCGM nor the allocator knows of is not in the figure."""
     seen: dict[tuple, tuple[str, str | None, float | None]] = {}
     for e in evidence:
         card = e.uuid
@@ -30,23 +37,16 @@ def allocation(reports: Iterable[Mapping], evidence: Iterable[GpuEvidence] = ())
             share = _memory_share(e.memory_used_mb, e.memory_free_mb)
         seen[slot] = (card, e.mig_profile, share)
     dcgm_cards = {card for card, _, _ in seen.values()}
-    for report in reports:
-        for d in report.get("devices") or ():
-            card = d.get("parent_uuid") or d.get("uuid")
-            if not card or card in dcgm_cards:
+    for devices in granted:
+        for d in devices:
+            card = d.parent_uuid or d.uuid
+            if card in dcgm_cards:
                 continue
-            profile = d.get("mig_profile")
-            if profile:
-                share = cluster.mig_share(profile)
-            elif d.get("shared"):
-                share = _memory_share(
-                    d.get("memory_used_mb"),
-                    None if d.get("memory_total_mb") is None or d.get("memory_used_mb") is None
-                    else d["memory_total_mb"] - d["memory_used_mb"],
-                )  # fmt: skip
-            else:
-                share = 1.0
-            seen[(card, profile, d.get("uuid"))] = (card, profile, share)
+            slot = (card, d.mig_profile, d.uuid)
+            share = cluster.mig_share(d.mig_profile) if d.mig_profile else 1.0
+            if slot in seen:  # pinned for several servers: time-sliced, its use unknown here
+                share = None
+            seen[slot] = (card, d.mig_profile, share)
     return cluster.card_shares(seen.values())
 
 

@@ -21,11 +21,24 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 
-from sqlalchemy import JSON, Column, Integer, MetaData, String, Table, Text, insert, select
+from sqlalchemy import (
+    JSON,
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    insert,
+    inspect,
+    select,
+    text,
+)
 from sqlalchemy.exc import DBAPIError
 
 from ..core import clock
-from ..core.policy import MAX_NAME, Policy
+from ..core.policy import MAX_NAME, Match, Policy, canonical
+from ..core.vocabulary import POLICY_APPLIED, POLICY_CONFIG_CHANGED
 from .policy_admin import (
     APPLY,
     REVERT,
@@ -74,6 +87,9 @@ IN_FORCE = Table(
     Column("digest", String(64), nullable=False),  # the policy, its in_force_since aside
     Column("match_digest", String(64), nullable=False),
     Column("since", UtcDateTime()),  # its in_force_since (None: since a start-up)
+    # Its in_force_by: an admin's apply or revert, or the config file changed (NULL: kept by a
+    # release before the column, which said "applied" of both).
+    Column("origin", String(32)),
 )
 
 
@@ -85,15 +101,63 @@ class Stamp:
     digest: str
     match: str
     since: datetime | None
+    by: str = POLICY_APPLIED  # how it came in at ``since``
 
 
 def stamp(policy: Policy) -> Stamp:
-    unstamped = replace(policy, in_force_since=None)
-    return Stamp(policy.name, _digest(unstamped), _digest(policy.match), policy.in_force_since)
+    return Stamp(
+        policy.name,
+        _digest(policy),
+        _digest(policy.match),
+        policy.in_force_since,
+        policy.in_force_by,
+    )
 
 
-def _digest(value) -> str:
-    return hashlib.sha256(repr(value).encode()).hexdigest()
+def _digest(value: Policy | Match) -> str:
+    """The policy's values that differ from the defaults (``core.policy.canonical``), hashed:
+    a release adding a field with a default that keeps the old behaviour changes no digest,
+    so no policy reads "changed" (and no server is warned again) at the upgrade's restart."""
+    text = json.dumps(canonical(value), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ``Policy``'s fields in the releases that kept ``repr(Policy)``'s digest, in their order.
+_REPR_FIELDS = (
+    *("name", "match", "idle_threshold", "warn_after", "cull_after", "user_activity_grace"),
+    *("away_after", "zombie_idle", "presence_limit", "busy_grace", "busy_limit"),
+    *("on_busy_limit", "after_interrupt", "quiet_cell_limit", "extension_step"),
+    *("max_extensions", "extension_reason", "max_age", "max_age_warning", "reclaim_grace"),
+    *("checkpoint", "checkpoint_timeout", "on_checkpoint_failure", "checkpoint_retries"),
+    *("checkpoint_max_delay", "checkpoint_broken_after", "cull_action", "exempt"),
+    *("inactive_timeout", "expected_duration_notice", "in_force_since"),
+)
+
+
+def _repr_digest(value: Policy | Match) -> str:
+    """The digest those releases kept: the dataclass ``repr`` of the policy as they had it
+    (its ``in_force_since`` None), or of its match."""
+    if isinstance(value, Policy):
+        unstamped = replace(value, in_force_since=None)
+        text = ", ".join(f"{name}={getattr(unstamped, name)!r}" for name in _REPR_FIELDS)
+        text = f"Policy({text})"
+    else:
+        text = repr(value)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_as_now(kept: list[Stamp], policies: list[Policy]) -> list[Stamp]:
+    """Stamps kept in the ``repr`` form, read in today's: a kept digest that is the ``repr``
+    digest of one of ``policies`` (or of its match) stands for that policy's digest now. One
+    in today's form, or of a policy no longer there, is left as it is."""
+    now = {}
+    for p in policies:
+        now[_repr_digest(p)] = _digest(p)
+        now[_repr_digest(p.match)] = _digest(p.match)
+    return [
+        replace(s, digest=now.get(s.digest, s.digest), match=now.get(s.match, s.match))
+        for s in kept
+    ]
 
 
 def _write_in_force(session, policies: list[Policy]) -> None:
@@ -105,6 +169,7 @@ def _write_in_force(session, policies: list[Policy]) -> None:
             "digest": s.digest,
             "match_digest": s.match,
             "since": s.since,
+            "origin": s.by,
         }
         for i, s in enumerate(map(stamp, policies))
     ]
@@ -115,9 +180,14 @@ def _write_in_force(session, policies: list[Policy]) -> None:
 def in_force_on_record(engine) -> list[Stamp] | None:
     """The policies in force when the service last kept them (None: never, here)."""
     metadata.create_all(engine)
+    if "origin" not in {c["name"] for c in inspect(engine).get_columns(IN_FORCE.name)}:
+        with engine.begin() as db:  # kept by a release before it
+            db.execute(text(f"ALTER TABLE {IN_FORCE.name} ADD COLUMN origin VARCHAR(32)"))
     with engine.connect() as db:
         rows = db.execute(select(IN_FORCE).order_by(IN_FORCE.c.position)).all()
-    return [Stamp(r.name, r.digest, r.match_digest, r.since) for r in rows] or None
+    return [
+        Stamp(r.name, r.digest, r.match_digest, r.since, r.origin or POLICY_APPLIED) for r in rows
+    ] or None
 
 
 def fingerprint(config: Mapping, timeout_s: float, max_age_s: float | None) -> str:
@@ -218,6 +288,12 @@ def version(source: Mapping) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def check_over(governor, over: str | None) -> None:
+    """``StalePolicies`` when ``over`` (a version of the live policies a person read) is not
+    the live one: for what compares a candidate with the live policies (the what-if) too."""
+    _check_over(policy_admin(governor), over)
+
+
 def _check_over(admin, over: str | None) -> None:
     """Refuse a change made over policies that are no longer live: two admins editing from the
     same page, or an apply after a prediction on policies another admin has since changed,
@@ -301,22 +377,30 @@ def revert(governor, actor: str, reason: str, over: str | None = None) -> dict:
 
 
 def in_force(
-    policies: list[Policy], since: datetime, live: list[Policy] | list[Stamp] = ()
+    policies: list[Policy],
+    since: datetime,
+    live: list[Policy] | list[Stamp] = (),
+    by: str = POLICY_APPLIED,
 ) -> list[Policy]:
     """``policies`` as applied at ``since`` over ``live`` (those in force, or as kept at the
     last run): a deadline they bring in has its full notice from then
-    (``Policy.in_force_since``). A policy that governs the same servers as before keeps its
-    time, so that an apply elsewhere gives its warned servers no second warning: the policy of
-    that name unchanged, and the same matches ahead of it (``select`` takes the first that
-    matches: a change to another's limits moves no server, one to its match may)."""
-    before = [s if isinstance(s, Stamp) else stamp(s) for s in live]
+    (``Policy.in_force_since``), and its owner is told how it came in (``by``: an admin's
+    apply or revert, or the config file changed). A policy that governs the same servers as
+    before keeps its time and how it came in, so that an apply elsewhere gives its warned
+    servers no second warning: the policy of that name unchanged, and the same matches ahead
+    of it (``select`` takes the first that matches: a change to another's limits moves no
+    server, one to its match may)."""
+    before = _read_as_now([s if isinstance(s, Stamp) else stamp(s) for s in live], policies)
     after = [stamp(p) for p in policies]
     old = {s.name: (s, ahead) for s, ahead in zip(before, _aheads(before), strict=True)}
     kept = []
     for p, s, ahead in zip(policies, after, _aheads(after), strict=True):
         found = old.get(p.name)
         same = found is not None and found[0].digest == s.digest and found[1] == ahead
-        kept.append(replace(p, in_force_since=found[0].since if same else since))
+        if same:
+            kept.append(replace(p, in_force_since=found[0].since, in_force_by=found[0].by))
+        else:
+            kept.append(replace(p, in_force_since=since, in_force_by=by))
     return kept
 
 
@@ -354,7 +438,9 @@ def start(governor, config: dict, log) -> None:
     previous = in_force_on_record(governor.store.engine)
     _start(governor, config, log)
     if previous is not None:
-        governor.policies = in_force(governor.policies, clock.utcnow(), previous)
+        governor.policies = in_force(
+            governor.policies, clock.utcnow(), previous, POLICY_CONFIG_CHANGED
+        )
         since = {s.name: s.since for s in previous}
         changed = [p.name for p in governor.policies if p.in_force_since != since.get(p.name, 0)]
         if changed:

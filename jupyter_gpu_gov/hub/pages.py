@@ -33,6 +33,7 @@ from ..diagnose.labels import HINTS
 from . import showback
 from .api_handler import COST_EXPORT, COST_LISTING
 from .page_handler import STATIC, PageHandler, StaticHandler, ago, until
+from .people import SessionChanged, parse_session
 from .prepared_auth import owner_wide
 from .views import policy_view
 
@@ -60,6 +61,7 @@ def server_lines(governor, now: datetime) -> list[dict]:
         lines.append(
             {
                 "key": row.key,
+                "session": clock.isoformat(row.session_started) or "",  # the session shown
                 "user": row.user,
                 "name": row.name,
                 "team": row.team or "",
@@ -232,10 +234,17 @@ class ActionHandler(PageHandler):
             await gov.exempt(key, actor, None, reason)
             done = f"exemption of {key} lifted"
         elif action == "cull":
+            # The session the admin saw (the dashboard's row): a restart since is not culled.
+            session = self.get_body_argument("session", "")
             if self.get_body_argument("confirm", "") != "yes":
-                self._confirm_cull(key, reason)
+                self._confirm_cull(key, reason, session)
                 return
-            outcome = await gov.cull_now(key, actor, reason)
+            try:
+                outcome = await gov.cull_now(key, actor, reason, session=parse_session(session))
+            except ValueError as error:
+                raise web.HTTPError(400, str(error)) from None
+            except SessionChanged as changed:
+                raise web.HTTPError(409, str(changed)) from None
             done = f"cull of {key}: {outcome['status']}"
         elif action in ("approve", "deny"):
             try:
@@ -255,13 +264,14 @@ class ActionHandler(PageHandler):
         )
         self.redirect(self.prefix)
 
-    def _confirm_cull(self, key: str, reason: str) -> None:
+    def _confirm_cull(self, key: str, reason: str, session: str) -> None:
         """Cull now takes a person's work away: say what it will do, and ask."""
         row = self.governor.row(key)
         server_policy = self.governor.policy_named(row.policy)
         self.render_page(
             "confirm_cull.html",
             server=key,
+            session=session,
             reason=reason,
             state=row.state,
             policy=policy_view(server_policy),

@@ -14,12 +14,35 @@ from ..core.durations import format_duration
 from ..core.policy import evolve
 from ..core.vocabulary import ADMIN, CULLED, EXEMPT, OWNER_STOP, STOP_SERVER
 from . import metrics
-from .hubapi import HubApiError, HubServer
+from .hubapi import HubApiError, HubServer, NotSent
 from .tables import ExtensionRow, ServerRow, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 # Seconds between the governor's "stopping" and the Hub's stop of a server its owner stopped.
 OWNER_STOP_DELAY_S = 1.0
+
+
+class SessionChanged(Exception):
+    """A person's action named a session of the server that no longer runs (answered 409)."""
+
+
+def parse_session(value) -> datetime | None:
+    """A cull's ``session`` as a request names it (the server's ``session`` as listed: the
+    Hub's ``started``); None when not given. ``ValueError`` naming it when it is not a time."""
+    if value is None or value == "":
+        return None
+    try:
+        if not isinstance(value, str) or len(value) > 64:
+            raise ValueError
+        return clock.parse(value)
+    except ValueError:
+        raise ValueError(
+            "'session' must be the server's session as listed (an ISO 8601 time)"
+        ) from None
+
+
+def _session_text(started: datetime | None) -> str:
+    return clock.isoformat(started) if started else "none"
 
 
 class PeoplesRequests:
@@ -98,14 +121,27 @@ class PeoplesRequests:
         return {"status": "exempt" if until else "governed", "verdict": self.verdict(key)}
 
     async def cull_now(
-        self, key: str, actor: str, reason: str, *, immediately: bool = False
+        self,
+        key: str,
+        actor: str,
+        reason: str,
+        *,
+        immediately: bool = False,
+        session: datetime | None = None,
     ) -> dict:
         """An admin takes the GPU back. As a hard deadline: the owner is told and a checkpoint
         taken first (bounded: ``checkpoint_timeout``, one retry), then the cull; a server
         without the extension is culled at once. ``immediately`` skips the checkpoint (a
-        server that must go now), on record as such."""
+        server that must go now), on record as such.
+
+        ``session``: the Hub's ``started`` of the session the admin saw (the dashboard's, or
+        the API's ``session``). Another session running now, or none, raises ``SessionChanged``
+        with nothing done: its owner restarted since, and the new session is not the one the
+        admin meant to stop. ``None``: whatever session runs now."""
         row = self._known_row(key)
         user, name = key.split("/", 1)
+        if session is not None:  # (then as the Hub writes it, to check again at the DELETE)
+            session = await self._same_session(row, user, name, session)
         server_policy = self.policy_named(row.policy)
         why = f"culled by {actor}: {reason}"
         if self.options.dry_run:
@@ -134,7 +170,16 @@ class PeoplesRequests:
         audit = self._audit_row(row, "cull", why, actor=actor, details={})
         self._commit(row, culled, [audit], cull_reason=ADMIN)
         try:
-            outcome = await self._cull(server, row, server_policy)
+            # The admin's session, checked again once the DELETE holds its slot to the Hub.
+            outcome = await self._cull(server, row, server_policy, None, session)
+        except NotSent as withdrawn:  # it restarted or stopped during the cull: nothing sent
+            if record_of(row) is culled:
+                set_record(row, before)
+            skipped = self._audit_row(
+                row, "cull-skipped", f"{why}; not culled: {withdrawn}", actor=actor
+            )
+            self.save_outcomes([row], [skipped], [])
+            raise SessionChanged(f"{key} was not culled: {withdrawn}") from None
         except Exception as error:
             if record_of(row) is culled:  # (not a person's record made during the DELETE)
                 set_record(row, before)
@@ -147,6 +192,24 @@ class PeoplesRequests:
         self.save_outcomes([row], [], [audit])
         metrics.CULLS.labels(ADMIN, server_policy.cull_action).inc()
         return {"status": outcome, "verdict": self.verdict(key)}
+
+    async def _same_session(self, row: ServerRow, user: str, name: str, seen: datetime) -> datetime:
+        """The Hub's ``started`` of the session ``seen``; ``SessionChanged`` unless it is the
+        one the governor governs and the Hub runs now (asked: the governor's record is as of
+        its last pass)."""
+        # As listed: to the millisecond (``clock.isoformat``); the Hub keeps microseconds.
+        now = row.session_started
+        if _session_text(now) == _session_text(seen):
+            hub_server, _ = await self.hub.get_server(user, name)
+            now = hub_server.started if hub_server is not None else None
+        if _session_text(now) != _session_text(seen):
+            change = "it stopped" if now is None else "it restarted"
+            raise SessionChanged(
+                f"the server {row.key} is not the session you asked about: {change} since "
+                f"(that session started {_session_text(seen)}; the running one "
+                f"{_session_text(now)}). Nothing was done: look again before culling"
+            )
+        return now
 
     async def stop_by_owner(self, key: str, actor: str, reason: str) -> dict:
         """The owner gives the GPU back now (the Stop button). Answers at once: the request

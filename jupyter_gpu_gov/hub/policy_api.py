@@ -14,7 +14,7 @@ from ..core import clock
 from ..core.policy import Policy
 from ..replay.history import Pseudonyms, export_span, export_trace
 from .api_handler import COST_EXPORT, COST_READ, MAX_TEXT, ApiHandler
-from .applied_policy import StalePolicies, apply, policy_view, revert
+from .applied_policy import StalePolicies, apply, check_over, policy_view, revert
 from .history import read_history
 from .policy_admin import (
     CandidateError,
@@ -70,7 +70,9 @@ class ValidateHandler(_PolicyApi):
 
 
 class WhatIfHandler(_PolicyApi):
-    """``POST api/policy/what-if`` ``{"candidate": ..., "days": 7}``."""
+    """``POST api/policy/what-if`` ``{"candidate": ..., "days": 7, "over": "<version>"}``:
+    409 when ``over`` is not the live policies' version, as an apply and a dry run (its
+    ``current`` would be other policies than those the candidate was edited from)."""
 
     cost = COST_EXPORT
 
@@ -83,6 +85,10 @@ class WhatIfHandler(_PolicyApi):
             days = days_of(body.get("days", 7))
         except CandidateError as error:
             raise web.HTTPError(400, str(error)) from None
+        try:
+            check_over(self.governor, over_of(body))
+        except StalePolicies as error:
+            raise web.HTTPError(409, str(error)) from None
         until = clock.utcnow().timestamp()
         result = await in_worker(what_if, self.governor, policies, until - days * 86400, until)
         self.write_json(result)

@@ -96,6 +96,11 @@ class PolicyPageHandler(PageHandler):
         elif action == "predict":
             if span not in SPANS:
                 raise web.HTTPError(400, f"span must be one of {', '.join(SPANS)}, got {span!r}")
+            try:  # "current" would be other policies than those the page showed
+                kept.check_over(gov, over)
+            except kept.StalePolicies as error:  # the candidate stays, beside the new live
+                await self.show(text, span=span, error=str(error), status=409)
+                return
             until = clock.utcnow().timestamp()
             since = until - parse_duration(span).total_seconds()
             outcomes = await admin_.in_worker(admin_.compared, gov, policies, since, until)

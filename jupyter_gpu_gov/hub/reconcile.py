@@ -492,11 +492,17 @@ class Governor(
         if flagged:
             batch.audits.append(self._audit_row(row, "gpu-unknown", flagged))
         # Most servers change nothing in a pass: touch the row (and the database) only if so.
-        outputs = (decision.warn_at, decision.cull_at, decision.at_deadline, server_policy.name)
+        outputs = (
+            decision.warn_at,
+            decision.cull_at,
+            decision.at_deadline,
+            decision.policy_change,
+            server_policy.name,
+        )
         if (
             decision.record != before
             or decision.actions
-            or outputs != (row.warn_at, row.cull_at, row.at_deadline, row.policy)
+            or outputs != (row.warn_at, row.cull_at, row.at_deadline, row.policy_change, row.policy)
             or (decision.cull_reason and decision.cull_reason != row.cull_reason)
         ):
             apply_decision(row, decision, server_policy.name)

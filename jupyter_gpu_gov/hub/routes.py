@@ -23,6 +23,7 @@ from ..core.vocabulary import server_key
 from . import metrics, showback
 from .api_handler import COST_EXPORT, COST_LISTING, COST_READ, ApiHandler, json_object
 from .budget import UNIT_BYTES, Budget, RefusalLog
+from .people import SessionChanged, parse_session
 from .prepared_auth import (
     ADMIN_SCOPES,
     ASK_THE_HUB,
@@ -266,8 +267,9 @@ class ExemptHandler(ApiHandler):
 
 
 class CullHandler(ApiHandler):
-    """``POST .../cull`` ``{"reason": …, "immediately": false}``: an admin culls now, after
-    the owner's notice and a (bounded) checkpoint; ``immediately``: without them."""
+    """``POST .../cull`` ``{"reason": …, "immediately": false, "session": …}``: an admin culls
+    now, after the owner's notice and a (bounded) checkpoint; ``immediately``: without them.
+    ``session`` (the server's ``session`` as listed): only that session, else 409."""
 
     @web.authenticated
     async def post(self, user: str, name: str | None = None):
@@ -278,9 +280,17 @@ class CullHandler(ApiHandler):
         immediately = data.get("immediately", False)
         if not isinstance(immediately, bool):
             raise web.HTTPError(400, "'immediately' must be true or false")
-        self.write_json(
-            await self.governor.cull_now(key, self.actor, reason, immediately=immediately)
-        )
+        try:
+            session = parse_session(data.get("session"))
+        except ValueError as error:
+            raise web.HTTPError(400, str(error)) from None
+        try:
+            outcome = await self.governor.cull_now(
+                key, self.actor, reason, immediately=immediately, session=session
+            )
+        except SessionChanged as changed:
+            raise web.HTTPError(409, str(changed)) from None
+        self.write_json(outcome)
 
 
 class StopHandler(ApiHandler):

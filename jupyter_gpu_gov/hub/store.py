@@ -46,7 +46,7 @@ from .tables import (
     UsageSessionRow,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 T = TypeVar("T")
 
@@ -162,6 +162,7 @@ MIGRATIONS: dict[int, list[str]] = {
     4: ["ALTER TABLE servers ADD COLUMN hook_failures INTEGER DEFAULT 0"],
     5: ["ALTER TABLE servers ADD COLUMN at_deadline VARCHAR(32)"],
     6: [],  # RETYPED's only
+    7: ["ALTER TABLE servers ADD COLUMN policy_change VARCHAR(32)"],
 }
 # Migrations that change a column's type: where the database enforces it (SQLite neither
 # enforces a VARCHAR's length nor alters a column). Schema 6: a server's key holds JupyterHub's

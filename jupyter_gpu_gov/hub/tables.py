@@ -104,6 +104,8 @@ SERVERS = Table(
     _string("cull_reason", 32),
     # Schema 5: what comes at cull_at when it is not a cull (the verdict's at_deadline).
     _string("at_deadline", 32),
+    # Schema 7: how a policy that set its deadline came in (the verdict's policy_change).
+    _string("policy_change", 32),
     Column("checkpoint_manifest", JSON),
     # It has sent GPU reports this session: until the next one arrives (after a service
     # restart) its GPU is unknown rather than "no extension".
@@ -253,6 +255,7 @@ def apply_decision(row: ServerRow, decision: Decision, policy_name: str) -> None
     row.warn_at = decision.warn_at
     row.cull_at = decision.cull_at
     row.at_deadline = decision.at_deadline
+    row.policy_change = decision.policy_change
     row.cull_reason = decision.cull_reason or row.cull_reason
     row.policy = policy_name
 

@@ -92,7 +92,11 @@ def verdict_of(
     started_from_line: tuple[LineStart, ...] = (),
 ) -> Verdict:
     decision = Decision(
-        record_of(row), warn_at=row.warn_at, cull_at=row.cull_at, at_deadline=row.at_deadline
+        record_of(row),
+        warn_at=row.warn_at,
+        cull_at=row.cull_at,
+        at_deadline=row.at_deadline,
+        policy_change=row.policy_change,
     )
     return policy.verdict(
         decision,
@@ -140,6 +144,8 @@ def row_view(
         "profile": row.profile,
         "labels": row.labels or {},
         "running": row.running,
+        # The Hub's ``started`` of the session governed: an admin's cull names it (``session``).
+        "session": clock.isoformat(row.session_started),
         "state": row.state,
         "reason": row.reason,
         "policy": row.policy,
@@ -298,16 +304,18 @@ class Views:
         what is allocated on them; spawns pending a GPU, waiting in line for one, or refused
         for want of one lately: the spawn queue's last sync)."""
         running = [key for key, row in self.rows.items() if row.running]
-        # Not the reports that contradict the Hub's records: their devices may be made up.
-        reports = [
-            self.reports[key].report
+        # The devices the allocator pinned (the spawner's state), never those a report names:
+        # its user writes it (docs/security.md).
+        granted = [
+            grant.devices
             for key in running
-            if key in self.reports and not self._distrusted.get(key)
+            if key in self._servers
+            and (grant := trusted.Granted.of(self._servers[key].spawner_state)) is not None
         ]
         evidence = [e for records in self._context.by_uuid.values() for e in records]
         return self.diagnosis.summary(
             running,
-            allocation(reports, evidence),
+            allocation(granted, evidence),
             Demand(self.spawns_waiting, self.spawn_queue.queued, self.spawn_queue.refused),
             self.options.report_stale_after,
             teams={key: row.team or "" for key, row in self.rows.items()},

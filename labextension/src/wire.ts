@@ -267,6 +267,14 @@ export interface IVerdict {
    * happened and no stop follows); `null` when `cull_at` is a cull (`cull_action`)
    */
   at_deadline?: 'interrupt' | null | string;
+  /**
+   * set while `reason` says a policy brought in as this server ran set its deadline or warning
+   * (sooner than it was told before, perhaps): how it came in, `applied` (an admin applied
+   * policies, or reverted to the config file's) or `config-changed` (the config file's policy
+   * changed since the service last ran); `null` otherwise. JupyterLab's toast says the policy
+   * changed on it, whatever the reason's words
+   */
+  policy_change?: 'applied' | 'config-changed' | null | string;
   /** `requested` while the governor waits for a checkpoint, else `none` */
   checkpoint?: 'requested' | 'none' | string;
   /** the governor records decisions but acts on none */

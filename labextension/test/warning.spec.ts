@@ -42,21 +42,39 @@ describe('warning', () => {
   });
 
   it('says the deadline comes from a policy changed during the idle stretch', () => {
-    // The governor's reason: "… unless extended (set by a policy applied at …)".
+    // The governor's reason: "… unless extended (set by a policy applied at …)", and its code.
     const reason =
       'GPU idle since 2026-01-05 09:00 UTC; server stopped at 2026-01-05 11:04 UTC unless ' +
       'extended (set by a policy applied at 2026-01-05 10:34 UTC)';
-    expect(warningView(verdict({ reason }), opts)?.toast).toBe(
+    expect(
+      warningView(verdict({ reason, policy_change: 'applied' }), opts)?.toast
+    ).toBe(
       'GPU idle: this server will be stopped in 4m 9s (at 11:04) unless you extend. The GPU policy changed.'
     );
-    // A maximum age a policy applied brought in: its reason says so too.
+    // The config file's policy changed at a restart: other words, the same code's toast.
+    const config = verdict({
+      reason:
+        'GPU idle since 2026-01-05 09:00 UTC; server stopped at 2026-01-05 11:04 UTC unless ' +
+        'extended (set by the policy changed in the config file, in force at 2026-01-05 10:34 UTC)',
+      policy_change: 'config-changed'
+    });
+    expect(warningView(config, opts)?.toast).toContain(
+      'The GPU policy changed.'
+    );
+    // A maximum age a policy applied brought in: the same.
     const hard = verdict({
       hard_deadline: true,
       state: 'active',
       reason:
-        'GPU active; past the maximum age of 8h for this profile (a policy applied at 2026-01-05 10:34 UTC): it will be stopped at 11:04 UTC'
+        'GPU active; past the maximum age of 8h for this profile (a policy applied at 2026-01-05 10:34 UTC): it will be stopped at 11:04 UTC',
+      policy_change: 'applied'
     });
     expect(warningView(hard, opts)?.toast).toContain('The GPU policy changed.');
+    // The code decides, not the reason's words (a governor whose wording differs, or a reason
+    // quoting them): none, no such toast.
+    expect(warningView(verdict({ reason }), opts)?.toast).not.toContain(
+      'policy'
+    );
     expect(warningView(verdict(), opts)?.toast).not.toContain('policy');
   });
 

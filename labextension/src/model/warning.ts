@@ -167,13 +167,14 @@ export function extendView(
 }
 
 /**
- * Whether the deadline was set by a policy an admin applied during this idle stretch (or, for
- * a maximum age or a reclaim, since it was asked): the governor's reason says so, "(set by a
- * policy applied at …)", and the toast must too, or a deadline sooner than the owner was told
- * reads as a mistake.
+ * Whether the deadline was set by a policy brought in during this idle stretch (or, for a
+ * maximum age or a reclaim, since it was asked), an admin's apply or the config file changed:
+ * the verdict's `policy_change` says so (its reason says it in words), and the toast must too,
+ * or a deadline sooner than the owner was told reads as a mistake. The code, not the words:
+ * those change with the wording and how the policy came in.
  */
 export function policyChanged(verdict: IVerdict | null | undefined): boolean {
-  return (verdict?.reason ?? '').includes('a policy applied at');
+  return Boolean(verdict?.policy_change);
 }
 
 export interface IWarningView {
