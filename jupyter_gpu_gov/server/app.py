@@ -304,7 +304,10 @@ class GpuGovApp(ExtensionApp):
         ``CUDA_VISIBLE_DEVICES=0`` was one card to the kernels and another to the sampler, which
         then read the card the kernels worked on as nobody's and theirs as idle. The kernels
         and terminals inherit the server's environment: they count as NVML does (as
-        nvidia-smi does). Whether it was set here (taken back at the stop)."""
+        nvidia-smi does). Where the environment names another order, the extension does not
+        guess CUDA's (NVIDIA documents FASTEST_FIRST only as "a simple heuristic"): with more
+        than one GPU, the GPUs read unknown, never idle (``Sampler.index_order_unknown``).
+        Whether it was set here (taken back at the stop)."""
         entries = self.visible_devices or ()
         if not any(e.isascii() and e.lstrip("-").isdigit() for e in entries):
             return False  # UUIDs (the workstation allocator's), or every GPU: no order to agree
@@ -313,14 +316,17 @@ class GpuGovApp(ExtensionApp):
             os.environ[DEVICE_ORDER_ENV] = "PCI_BUS_ID"
             return True
         if order.strip() != "PCI_BUS_ID":
+            why = (
+                f"GPUs named by index ({','.join(entries)[:200]}) with "
+                f"{DEVICE_ORDER_ENV}={order[:40]}: CUDA may count them in another order than "
+                f"NVML, so which GPU the kernels use is unknown; name them by UUID, or set "
+                f"{DEVICE_ORDER_ENV}=PCI_BUS_ID"
+            )
+            self.sampler.index_order_unknown = why
             self.log.warning(
-                "jupyter-gpu-gov: GPUs named by index (%s) with %s=%s: CUDA may count them in "
-                "another order than NVML, so this server may watch another GPU than its kernels "
-                "use; name them by UUID, or set %s=PCI_BUS_ID",
-                ",".join(entries)[:200],
-                DEVICE_ORDER_ENV,
-                order[:40],
-                DEVICE_ORDER_ENV,
+                "jupyter-gpu-gov: %s. Until then this server's GPU use reads unknown (never "
+                "idle) where the machine has more than one GPU",
+                why,
             )
         return False
 
