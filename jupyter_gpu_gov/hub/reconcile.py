@@ -437,6 +437,7 @@ class Governor(
             server.groups,
             context.teams_by_group,
             self.options.team_map,
+            self.options.tier_names,
         )
         if row is None or (server.started and row.session_started != server.started):
             # A new session keeps what the governor learned of the server (its hook's record).
