@@ -277,7 +277,9 @@ class GpuGovApp(ExtensionApp):
         os.environ[ROOT_ENV] = self.checkpoint_dir
         self._set_device_order = self._pci_bus_order()
         self.reporter = None
-        self._last_report_at = 0.0
+        # time.monotonic() of the last report sent; -inf: the next sample reports (0.0 read as
+        # "just now" on a machine up less than report_interval: its uptime is the clock).
+        self._last_report_at = float("-inf")
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         if self.governor_url and token:
             self.reporter = Reporter(
@@ -477,7 +479,7 @@ class GpuGovApp(ExtensionApp):
             verdict = await self.reporter.send(outgoing)
         except GovernorError as error:
             if error.status == 429:  # too fast: the first sample past its Retry-After reports
-                self._last_report_at = 0.0
+                self._last_report_at = float("-inf")
             if not isinstance(error, Held):  # a held one was not sent: said when the 429 came
                 self.log.warning("jupyter-gpu-gov: report not accepted: %s", error)
             return
@@ -550,7 +552,7 @@ class GpuGovApp(ExtensionApp):
 
     async def _report_now(self) -> None:
         """Tell the governor at once (a new sample and report), not at the next interval."""
-        self._last_report_at = 0.0
+        self._last_report_at = float("-inf")
         await self.sample_now()
 
     def set_verdict(self, verdict: dict) -> None:
