@@ -331,6 +331,46 @@ async def test_the_standby_warns_asks_culls_and_bills_nothing(tmp_path, restore_
     assert hours == pytest.approx(2 + 1 / 60, abs=0.05)  # 121 minutes of one GPU
 
 
+async def test_the_standby_reads_back_what_the_holder_wrote_not_every_row(
+    tmp_path,
+    restore_clock,  # noqa: F811
+):
+    """A standby answers reports and authorises them from the rows the holder writes. It read
+    every row of the store again at every pass (10,000 servers: every row read and built each
+    pass, for the few the holder changed); it now reads back what the holder wrote since its
+    last read, and sees it as before: a server the holder saw start, one it saw stop."""
+    async with FakeHub() as hub:
+        for n in range(20):
+            hub.add_server(f"user{n}")
+        holder_, standby = governor(hub, tmp_path), governor(hub, tmp_path)
+        assert with_lease(holder_).held() and not with_lease(standby).held()
+        await holder_.reconcile()  # the holder writes every row
+        read: list[int] = []
+        whole = standby.store.servers
+
+        def servers(*args, **kwargs):
+            rows = whole(*args, **kwargs)
+            read.append(len(rows))
+            return rows
+
+        standby.store.servers = servers
+        await standby.reconcile()
+        assert standby.row("user0/").running and read == [20]  # read whole, once
+        clock.advance(15 * 60)  # the rows written then are older than the read-back's overlap
+        hub.add_server("late")
+        hub.users["user3"].servers.pop("")  # user3 stops their server
+        hub.users["user3"].last_activity = clock.utcnow()  # as the Hub's User.stop does
+        hub._reindex(hub.users["user3"])
+        await holder_.reconcile()
+        for _ in range(3):
+            assert (await standby.reconcile()).errors == (STANDBY,)
+            standby.row("user0/")  # a report's look between passes
+        assert standby.row("late/").running and not standby.row("user3/").running
+        # Read whole once; then back from a little before the newest row read (the first
+        # read-back: the holder's first rows too); then what it wrote lately: 2 rows, not 21.
+        assert read == [20, 21, 2, 2], read
+
+
 async def test_a_store_that_cannot_renew_the_lease_acts_on_nothing(tmp_path):
     """The store locked (a backup, an admin's sqlite3) past three quarters of the lease: the
     holder is no longer sure it holds it, and its pass acts on nothing, records nothing; once

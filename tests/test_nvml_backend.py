@@ -9,6 +9,7 @@ import pynvml
 import pytest
 from fake_pynvml import DRIVER_RESERVED_MB, FakeGpu, FakeMig, FakeProcess, install
 
+from jupyter_gpu_gov.gpu.backends import select_visible
 from jupyter_gpu_gov.gpu.nvml import NvmlBackend, nvml_available
 
 
@@ -795,3 +796,22 @@ def test_older_drivers_give_throttle_reasons(monkeypatch, backend):
         missing=("nvmlDeviceGetCurrentClocksEventReasons",),
     )
     assert "power-brake" in backend.sample().health["GPU-a"].warnings[0]
+
+
+def test_gpus_named_by_index_are_the_gpus_cuda_counts_with_mig_on(monkeypatch, backend):
+    """``CUDA_VISIBLE_DEVICES`` indices count physical GPUs, as CUDA does: a GPU in MIG mode is
+    one index, whose first instance CUDA takes, and once CUDA enumerates a MIG instance it
+    enumerates nothing else (NVIDIA's MIG user guide, "CUDA Device Enumeration"). Counted as
+    leaves, index 2 was the H100's second instance, not the third card the kernels ran on:
+    their work read as nobody's, and a stranger's instance watched as theirs."""
+    install(monkeypatch, FakeGpu("GPU-a100"), mig_gpu(), FakeGpu("GPU-l4"))
+    devices = backend.devices()
+    assert [d.uuid for d in devices] == ["GPU-a100", "MIG-aaaa", "MIG-bbbb", "GPU-l4"]
+    assert select_visible(devices, ["2"]) == {"GPU-l4"}
+    assert select_visible(devices, ["0", "2"]) == {"GPU-a100", "GPU-l4"}
+    assert select_visible(devices, ["1"]) == {"MIG-aaaa"}  # the instance CUDA takes
+    assert select_visible(devices, ["GPU-h100"]) == {"MIG-aaaa"}  # its GPU's UUID: the same
+    assert select_visible(devices, ["0", "1"]) == {"MIG-aaaa"}  # one MIG device, nothing else
+    assert select_visible(devices, ["MIG-bbbb", "1"]) == {"MIG-bbbb"}
+    assert select_visible(devices, ["2", "3", "0"]) == {"GPU-l4"}  # 3: no such GPU, CUDA stops
+    assert select_visible(devices, ["0", "-1", "2"]) == {"GPU-a100"}

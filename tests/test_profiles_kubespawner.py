@@ -40,13 +40,16 @@ from kubespawner import clients as kubespawner_clients
 from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
+from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.hubconfig import TEMPLATES as QUEUE_TEMPLATES
 from jupyter_gpu_gov.profiles.kubespawner import GpuKubeSpawner, gpu_profile_list
-from jupyter_gpu_gov.profiles.spawner import GpuRefused, waiting_requests
+from jupyter_gpu_gov.profiles.queue import FORECAST
+from jupyter_gpu_gov.profiles.queue_pages import places
+from jupyter_gpu_gov.profiles.spawner import FRESH_FOR_S, GpuRefused, waiting_requests
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "hub_config" / "kubernetes"
 UNICODE_USER = "Ünïcode.User@example.org"
@@ -264,7 +267,9 @@ def pod_api(cluster, jp_asyncio_loop):
 async def admitted_pod(spawner: GpuKubeSpawner, options: dict) -> V1Pod:
     """Admit ``options`` as start() does, then build the pod KubeSpawner would create."""
     spawner.user_options = dict(options)
-    spawner._gpu_admit(await spawner.gpu_teams())
+    teams = await spawner.gpu_teams()
+    await spawner.gpu_refresh()
+    spawner._gpu_admit(teams)
     await spawner.load_user_options()
     return await spawner.get_pod_manifest()
 
@@ -743,6 +748,37 @@ async def test_without_rbac_for_nodes_the_configured_capacity_stands(make_hub, c
     assert "403" in error and 'cannot list resource "nodes"' in error
 
 
+async def test_a_waiting_servers_place_never_reads_a_stale_cluster_reading_as_the_cards_now(
+    make_hub, cluster, monkeypatch
+):
+    """The Hub's pages show a waiting server's place from the last reading of the cluster,
+    without reading it again (``queue_pages.places``). A workstation's reading older than
+    ``FRESH_FOR_S`` was unknown there; the cluster's was used however old (the hub's reading
+    is refreshed only by the steps that count): ben's page said "starting now" from nodes and
+    pods read an hour before. Both readings now follow one rule, and a step that counts reads
+    again first, whatever ``refresh_every`` says."""
+    monkeypatch.setattr(FORECAST, "at", clock.utcnow())  # the governor was heard: a line
+    hub = make_hub(profiles_config(capacity={**CAPACITY, "h100": 1}, queue=True))
+    hub.user("alice", "vision")
+    ben_user = hub.user("ben", "vision")
+    alice, ben = hub.spawner("alice"), hub.spawner("ben")
+    assert ben.gpu_unknown().startswith("GPU state unknown: the cluster's nodes and pods have")
+    await hub.started(alice, {"profile": "h100", "project": "p"}).start()
+    admission = await ben.gpu_enqueue({"profile": "h100", "project": "p"})
+    assert not admission.allowed and waiting_requests(hub.db)
+    assert places(ben_user)["ben/"]["estimate"] != UNKNOWN_NOW
+
+    ClusterGpus.instance().read_at -= FRESH_FOR_S + 1  # nobody counted for two minutes
+    assert places(ben_user)["ben/"]["estimate"] == UNKNOWN_NOW
+    assert "were last read 12" in ben.gpu_unknown()
+
+    ClusterGpus.instance().refresh_every = 3600
+    await ben.gpu_refresh()  # a step that counts: read again, however long refresh_every is
+    assert ben.gpu_unknown() is None
+    assert places(ben_user)["ben/"]["estimate"] != UNKNOWN_NOW
+
+
+UNKNOWN_NOW = "GPU state unknown now (the cards have not been read lately)"
 A100_POOL_TIER = {"name": "a100", "display_name": "A100 80 GB", "gpu": "A100-80GB"}
 
 

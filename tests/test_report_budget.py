@@ -445,3 +445,55 @@ def test_a_bad_per_address_cap_stops_the_service_naming_it():
     for name, value in (("max_connections_per_address", -1), ("hub_checks_per_address", 0)):
         with pytest.raises(TraitError, match=f"'{name}' trait of a GpuGovernor"):
             GpuGovernor(**{name: value})
+
+
+async def test_a_caller_without_the_access_scope_costs_the_log_a_line_and_a_count(
+    tmp_path, monkeypatch, caplog
+):
+    """A caller the Hub knows without the service's access scope (a user's token of another
+    service, a script with the wrong scopes) is refused 403 at every request: its token is
+    cached and its budget allows 10 a second, and each 403 wrote HubAuth's WARNING ("Not
+    allowing Hub user ..."), tornado's line for the HTTPError and the access log's: a loop of
+    them flooded the log. Now the caller's first refusal in a minute is a line, then a count,
+    and every one counts in ``jupyter_gpu_gov_callers_refused_total``."""
+    caplog.set_level(logging.INFO)
+    before = metrics.CALLERS_REFUSED._value.get()
+    async with service(tmp_path, monkeypatch) as (url, _, hub):
+        hub.add_user_token("carol", "carol-token")  # a server's scopes, not the service's
+        for path in ["api/servers", "api/", "me", "api/servers", "api/audit"]:
+            assert (await get(url, path, "carol-token")).code == 403, path
+        assert (await get(url, "api/servers", ALICE)).code == 200  # others are not held back
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "carol" in r.getMessage() + str(r.args)
+    ]
+    assert len(warned) == 1, warned  # the caller's first refusal; then a count a minute on
+    assert warned[0].startswith("gpu-gov: Hub user 'carol' refused (403): without the service")
+    access = [r.getMessage() for r in caplog.records if r.name == access_log.name]
+    assert len([m for m in access if m.startswith("403 ")]) == 1, access
+    assert metrics.CALLERS_REFUSED._value.get() - before == 5
+
+
+async def test_failed_logins_count_against_their_address_as_refused_requests_do(
+    tmp_path, monkeypatch
+):
+    """The login callback (a state cookie replays for weeks, each code a Hub check) was outside
+    the per-address budget of refused requests: an address could fail logins as fast as it
+    liked. Its failures now count against its address in ``refused_budget``, with the API's
+    and the reports' refusals: past it, 429 with ``Retry-After`` and no Hub check."""
+    async with service(tmp_path, monkeypatch, refused_budget=SLOW, refused_burst=3) as (
+        url,
+        _,
+        hub,
+    ):
+        assert (await get(url, "api/servers", ALICE)).code == 200  # alice's token cached
+        callback = "oauth_callback?code=bogus&state=forged"
+        for _ in range(3):
+            assert (await get(url, callback, "")).code == 403  # the state matches no cookie
+        answer = await get(url, callback, "")
+        assert answer.code == 429 and int(answer.headers["Retry-After"]) >= 90
+        checks = hub.counters["GET /user"]
+        assert (await get(url, "api/servers", "bogus-token")).code == 429  # one budget
+        assert hub.counters["GET /user"] == checks
+        assert (await get(url, "api/servers", ALICE)).code == 200  # a cached caller is served

@@ -84,6 +84,17 @@ def test_no_hint_without_enough_evidence_or_a_known_tier():
         ([{"name": "x", "memory_gb": 10, "weight": 1, "gpu": "H100"}], "unknown key 'gpu'"),
         ([{"memory_gb": 10, "weight": 1}], "'name' (and 'label') must be non-empty strings"),
         (["h100"], "tier 0: expected a dict"),
+        (
+            [{"name": "x", "memory_gb": 10, "weight": 1, "formerly": "old"}],
+            "tier 0 ('x'): 'formerly' must be a list of earlier names",
+        ),
+        (
+            [
+                {"name": "x", "memory_gb": 10, "weight": 1, "formerly": ["y"]},
+                {"name": "y", "memory_gb": 10, "weight": 1},
+            ],
+            "tier 'x': 'formerly' names 'y', which is also another tier's name",
+        ),
     ],
 )
 def test_a_bad_catalogue_entry_is_named(entries, message):
@@ -136,3 +147,16 @@ async def test_a_server_using_a_slice_of_its_card_is_told_and_showback_counts_th
     assert freed == pytest.approx(20 / 60 * (1 - 1 / 7), abs=0.03)
     assert row["gpu_hours_allocated"] == pytest.approx(80 / 60, abs=0.03)
     assert ledger.RIGHT_SIZE_FREED in ledger.FIELDS
+
+
+def test_a_renamed_tier_reaches_the_governor_with_its_former_names():
+    """The profile layer's ``formerly`` is passed on with the tiers the governor sizes
+    (``add_governor(c, tiers=tier_sizes(...))``): without it the governor could not tell a
+    server granted under the old name from one of an unknown tier."""
+    renamed = [{**TIERS[0], "name": "h100-sxm", "formerly": ["h100"]}, *TIERS[1:]]
+    sizes = load_tier_sizes(tier_sizes(renamed))
+    assert sizes["h100-sxm"].formerly == ("h100",) and sizes["h100-3g"].formerly == ()
+    options = Options(tier_sizes=sizes, gpu_hour_cost={"h100-sxm": 3.0})
+    assert options.tier_names("h100") == options.tier_names("h100-sxm") == ("h100-sxm", "h100")
+    assert options.tier_names("h100-3g") == ("h100-3g",)
+    assert options.cost_per_hour("h100") == 3.0  # a past row under the old name

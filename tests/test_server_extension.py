@@ -879,3 +879,26 @@ async def test_gpus_named_by_index_are_counted_by_the_kernels_as_by_the_sampler(
     out = await kernel.run('import os; print(os.environ.get("CUDA_DEVICE_ORDER"))')
     assert "".join(out).strip() == "PCI_BUS_ID"
     assert [d["uuid"] for d in report["devices"]] == [simulate.devices()[1]["uuid"]]
+
+
+@pytest.fixture
+def _gpu_one_by_index_fastest_first(monkeypatch):
+    """The server is given ``CUDA_VISIBLE_DEVICES=1`` and ``CUDA_DEVICE_ORDER=FASTEST_FIRST``
+    (an admin's ``c.Spawner.environment``), on a machine with two GPUs."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+
+
+async def test_gpus_named_by_index_in_cudas_own_order_read_unknown_never_idle(
+    _gpu_one_by_index_fastest_first, jp_fetch
+):
+    """CUDA counts fastest first there, by a heuristic NVIDIA does not spell out; the sampler
+    counts in NVML's order. It was only warned of, and the sampler went on watching NVML's
+    GPU 1: where that was not the kernels' card, their work read as nobody's and the card
+    the server was said to hold read idle. Which card it is cannot be told: the GPU use now
+    reads unknown (never idle), and the report says how to name the GPUs instead."""
+    report = await status(jp_fetch)
+    assert report["backend"] == "unavailable"
+    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST" in report["error"]
+    assert "name them by UUID" in report["error"]
+    assert report["devices"] == [] and report["window"]["gpu_idle_since"] is None

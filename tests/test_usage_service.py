@@ -16,6 +16,7 @@ from test_governor import report_for
 
 from jupyter_gpu_gov.core import clock, ledger
 from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.core.rightsize import load_tier_sizes
 from jupyter_gpu_gov.hub import metrics, showback
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubapi import HubApi
@@ -454,3 +455,50 @@ def test_names_users_chose_leave_the_exposition_readable():
         gauges.drop(f"exp{i}/{name}")
     gauges.publish()
     assert read() == {}
+
+
+async def test_a_renamed_tiers_policies_costs_and_weights_follow_it_by_either_name(tmp_path):
+    """``h100`` was renamed ``h100-sxm`` (``formerly: ["h100"]``, which the profile layer
+    passes the governor with the tiers it sizes). ann's server was granted under the old name,
+    ben's under the new one. A policy, a cost or a weight keyed by one name did not reach a
+    server of the other: ann fell to the default policy, and ben was billed at the default
+    price with no weight. The governor now resolves ``formerly`` as the profile layer does:
+    both servers are the tier's, under its name now, whichever name a setting uses."""
+    sizes = load_tier_sizes(
+        [{"name": "h100-sxm", "memory_gb": 80, "weight": 1, "formerly": ["h100"]}]
+    )
+    async with FakeHub() as hub:
+        for user, tier in (("ann", "h100"), ("ben", "h100-sxm")):
+            grant = {"gpu-gov/team": "vision", "gpu-gov/tier": tier}
+            hub.add_server(user, state={"gpu_gov_grant": grant})
+        policies = [
+            {"name": "sxm", "match": {"tiers": ["h100-sxm"]}, "warn_after": "3h"},
+            {"name": "old-card", "match": {"tiers": ["h100"]}, "warn_after": "2h"},
+        ]
+        gov = Governor(
+            Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"),
+            HubApi(hub.api_url, hub.token),
+            load_policies(policies, {"warn_after": "1h", "cull_after": "4h"}),
+            Options(tier_sizes=sizes, tier_weights={"h100": 0.5}, gpu_hour_cost={"h100": 2.0}),
+        )
+        await gov.reconcile()
+        rows = {user: gov.row(f"{user}/") for user in ("ann", "ben")}
+        assert {u: (r.tier, r.policy) for u, r in rows.items()} == {
+            "ann": ("h100-sxm", "sxm"),
+            "ben": ("h100-sxm", "sxm"),
+        }
+        assert gov.options.cost_per_hour("h100-sxm") == gov.options.cost_per_hour("h100") == 2.0
+        # The old name's policy (a config not yet changed) still matches both, by either name.
+        gov.policies = load_policies(policies[1:], {"warn_after": "1h", "cull_after": "4h"})
+        clock.advance(STEP)
+        await gov.reconcile()
+        assert {r.policy for r in (gov.row("ann/"), gov.row("ben/"))} == {"old-card"}
+        clock.advance(STEP)
+        await gov.reconcile()
+        gov.flush_usage()
+        held = {b.owner.user: b for b in gov.store.usage()}
+        assert set(held) == {"ann", "ben"}
+        assert {b.owner.tier for b in held.values()} == {"h100-sxm"}  # showback: one tier
+        seconds = {u: sum(b.values.values()) for u, b in held.items()}
+        assert seconds["ann"] == pytest.approx(seconds["ben"])  # both at the weight of 0.5
+        assert seconds["ben"] == pytest.approx(0.5 * 2 * STEP, rel=0.2)

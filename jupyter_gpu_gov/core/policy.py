@@ -90,7 +90,11 @@ class Match:
         return (
             (not self.task_types or view.task_type in self.task_types)
             and (not self.profiles or view.profile in self.profiles)
-            and (not self.tiers or view.tier in self.tiers)
+            and (
+                not self.tiers
+                or view.tier in self.tiers
+                or any(name in self.tiers for name in view.tier_formerly)
+            )
             and (not self.teams or view.team in self.teams)
             and (not self.users or view.user in self.users)
             and (
@@ -482,6 +486,8 @@ class ServerView:
     # Why the governor leaves it alone (jupyterhub-idle-culler's --cull-default-servers and
     # --cull-named-servers): only hard deadlines apply, as that culler applies --max-age.
     excluded: str | None = None
+    # Names the tier had (a renamed tier's ``formerly``): a policy naming one still matches.
+    tier_formerly: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

@@ -43,16 +43,18 @@ class TierSize:
     label: str
     memory_gb: float  # GPU memory one server can count on
     weight: float  # GPU-equivalents one server holds
+    formerly: tuple[str, ...] = ()  # names the tier had (the profile layer's ``formerly``)
 
 
 def load_tier_sizes(entries: Iterable[Mapping]) -> dict[str, TierSize]:
-    """Validate ``[{"name", "label", "memory_gb", "weight"}, ...]`` (``label`` optional)."""
+    """Validate ``[{"name", "label", "memory_gb", "weight", "formerly"}, ...]`` (``label`` and
+    ``formerly``, the names a renamed tier had, optional)."""
     sizes: dict[str, TierSize] = {}
     for index, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise TierSizeError(f"tier {index}: expected a dict, got {type(entry).__name__}")
         where = f"tier {index} ({entry.get('name', '?')!r})"
-        unknown = set(entry) - {"name", "label", "memory_gb", "weight"}
+        unknown = set(entry) - {"name", "label", "memory_gb", "weight", "formerly"}
         if unknown:
             raise TierSizeError(f"{where}: unknown key {sorted(unknown)[0]!r}")
         name, label = entry.get("name"), entry.get("label", entry.get("name"))
@@ -64,10 +66,36 @@ def load_tier_sizes(entries: Iterable[Mapping]) -> dict[str, TierSize]:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise TierSizeError(f"{where}: {key!r} must be a number > 0, got {value!r}")
             numbers.append(float(value))
+        formerly = entry.get("formerly", [])
+        if not isinstance(formerly, list | tuple) or not all(
+            isinstance(old, str) and old and old != name for old in formerly
+        ):
+            raise TierSizeError(f"{where}: 'formerly' must be a list of earlier names")
         if name in sizes:
             raise TierSizeError(f"{where}: the name is used twice")
-        sizes[name] = TierSize(name, label, *numbers)
+        sizes[name] = TierSize(name, label, *numbers, tuple(dict.fromkeys(formerly)))
+    names = [n for size in sizes.values() for n in (size.name, *size.formerly)]
+    for size in sizes.values():
+        for old in size.formerly:
+            if names.count(old) > 1:
+                raise TierSizeError(
+                    f"tier {size.name!r}: 'formerly' names {old!r}, which is also another "
+                    "tier's name or former name"
+                )
     return sizes
+
+
+def tier_names(sizes: Mapping[str, TierSize]) -> dict[str, tuple[str, ...]]:
+    """Every name of a renamed tier (its name now, then those it had) -> all its names, name
+    now first: a server granted under a former name, and a setting keyed by one, are that
+    tier's."""
+    names: dict[str, tuple[str, ...]] = {}
+    for size in sizes.values():
+        if size.formerly:
+            every = (size.name, *size.formerly)
+            for name in every:
+                names[name] = every
+    return names
 
 
 @dataclass(frozen=True)

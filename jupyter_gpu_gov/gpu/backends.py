@@ -94,23 +94,43 @@ def parse_visible_devices(spec: str | None) -> list[str] | None:
 
 
 def select_visible(devices: Sequence[Device], entries: Sequence[str] | None) -> set[str] | None:
-    """UUIDs of the leaf devices named by ``entries``; ``None`` means all of them.
+    """UUIDs of the leaf devices named by ``entries``, as CUDA enumerates them; ``None`` means
+    all of them.
 
-    An integer is a position in the leaf list (as CUDA enumerates them), anything else a UUID or
-    a unique UUID prefix, as CUDA accepts.
+    An integer is a physical GPU's index (``Device.index``: a MIG instance carries its GPU's),
+    not a position among the leaves: a GPU in MIG mode is one index however many instances it
+    has, and CUDA takes its first instance (NVIDIA's MIG user guide, "CUDA Device
+    Enumeration"). A negative index, or one past the last GPU, ends the list (CUDA stops at
+    the first invalid index). Anything else is a UUID (``GPU-``, ``MIG-``) or a unique prefix
+    of one; a GPU in MIG mode named so is its first instance. CUDA enumerates at most one MIG
+    instance, and no whole GPU once it enumerates one (the same section): where the entries
+    name a MIG instance, the first one named is the only device. Counting instances as
+    indices watched another card than the kernels used: their work read as nobody's, and
+    their own card as idle.
     """
     if entries is None:
         return None
-    chosen: set[str] = set()
+    by_index: dict[int, Device] = {}
+    for device in devices:
+        by_index.setdefault(device.index, device)  # a MIG GPU's first instance (NVML's order)
+    last_index = max(by_index, default=-1)
+    named: list[Device] = []
     for entry in entries:
         if entry.isascii() and entry.lstrip("-").isdigit():
             index = int(entry)
-            if index < 0:
-                break  # CUDA stops at the first invalid index
-            if index < len(devices):
-                chosen.add(devices[index].uuid)
+            if index < 0 or index > last_index:
+                break
+            if index in by_index:  # (none: a GPU in MIG mode without instances)
+                named.append(by_index[index])
             continue
-        matches = [d.uuid for d in devices if d.uuid.startswith(entry)]
+        matches = [d for d in devices if d.uuid.startswith(entry)]
+        if not matches:  # a GPU in MIG mode named by its UUID: as by its index
+            parents = {d.parent_uuid for d in devices if (d.parent_uuid or "").startswith(entry)}
+            if len(parents) == 1:
+                matches = [d for d in devices if d.parent_uuid in parents][:1]
         if len(matches) == 1:
-            chosen.add(matches[0])
-    return chosen
+            named.append(matches[0])
+    first_mig = next((d for d in named if d.parent_uuid is not None), None)
+    if first_mig is not None:
+        return {first_mig.uuid}
+    return {d.uuid for d in named}

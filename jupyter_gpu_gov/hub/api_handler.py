@@ -170,11 +170,12 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
 
     def log_exception(self, typ, value, tb) -> None:
         # A refusal of a request that names no caller is logged once, as its address's
-        # (``log_request``), not also as tornado's line for each HTTPError.
+        # (``log_request``), and one of a caller without the access scope as that caller's
+        # (``check_hub_user``): not also as tornado's line for each HTTPError.
         if not (
             isinstance(value, web.HTTPError)
             and value.status_code < 500
-            and getattr(self, "_cached_hub_user", None) is None
+            and (getattr(self, "_cached_hub_user", None) is None or self.refused_caller)
         ):
             super().log_exception(typ, value, tb)
 

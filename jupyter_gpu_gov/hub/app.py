@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -74,7 +75,8 @@ def log_request(handler: web.RequestHandler) -> None:
     """tornado's access log line, without the credentials a URL may carry. A request refused
     for a budget has its line from the handler; one refused naming no caller the Hub knows
     (no token, a bogus one, a path that is no route) has it as its address's first in a
-    minute, then a count (``RefusalLog``): a flood of them does not rotate the log away."""
+    minute, then a count (``RefusalLog``), and one of a caller without the service's access
+    scope as that caller's: a flood of them does not rotate the log away."""
     if getattr(handler, "throttled", False):
         return
     status, request = handler.get_status(), handler.request
@@ -83,6 +85,8 @@ def log_request(handler: web.RequestHandler) -> None:
     elif status < 500 and getattr(handler, "_cached_hub_user", None) is None:
         peer = getattr(request.connection, "peer", "")
         write = partial(handler.settings["gpu_gov_access_refusals"].warning, peer)
+    elif status < 500 and getattr(handler, "refused_caller", None):  # without the scope
+        write = partial(handler.settings["gpu_gov_access_refusals"].warning, handler.refused_caller)
     else:
         write = access_log.warning if status < 500 else access_log.error
     took = 1000.0 * request.request_time()
@@ -99,10 +103,38 @@ def log_request(handler: web.RequestHandler) -> None:
 class OAuthCallbackHandler(HubOAuthCallbackHandler):
     """HubOAuth's login callback. The Hub's check of its code takes its turn among its
     address's (``prepared_auth.ASKING``): a state cookie replays for weeks, each time with a
-    check, and a flood of them held up every server's first token check."""
+    check, and a flood of them held up every server's first token check. A login that fails
+    counts against its address in ``refused_budget`` (the requests refused for naming no
+    caller, ``api_handler``'s and the reports'); past it, 429 with ``Retry-After`` before
+    the Hub is asked."""
+
+    throttled = False  # answered 429 (its log line: ``RefusalLog``)
 
     def prepare(self):
-        ASKING.set(getattr(self.request.connection, "peer", ""))
+        peer = getattr(self.request.connection, "peer", "")
+        ASKING.set(peer)
+        refused = self.settings.get("gpu_gov_refused")
+        wait = refused.short(peer) if refused is not None else 0.0
+        if wait:
+            seconds = max(1, math.ceil(wait))
+            message = f"too many requests refused from this address: send again in {seconds} s"
+            self.settings["gpu_gov_refusals"].warning(
+                peer,
+                "gpu-gov: %s %.200s refused (429): %s",
+                self.request.method,
+                self.request.path,
+                message,
+            )
+            self.throttled = True
+            self.set_status(429)
+            self.set_header("Retry-After", str(seconds))
+            self.finish(message)
+
+    def on_finish(self) -> None:
+        if self.get_status() >= 400 and not self.throttled:
+            refused = self.settings.get("gpu_gov_refused")
+            if refused is not None:
+                refused.take(getattr(self.request.connection, "peer", ""))
 
 
 class GpuGovernor(GovernorSettings, Application):

@@ -25,6 +25,12 @@ REPORTS = Counter(
     ("result",),
     registry=REGISTRY,
 )
+CALLERS_REFUSED = Counter(
+    "jupyter_gpu_gov_callers_refused_total",
+    "Requests to the API and the pages refused (403) from callers the Hub knows that lack the "
+    "service's access scope (logged once per caller a minute, then a count)",
+    registry=REGISTRY,
+)
 WARNINGS = Counter(
     "jupyter_gpu_gov_warnings_total", "Idle and max-age warnings issued", registry=REGISTRY
 )

@@ -55,5 +55,23 @@ class Options:
     full_pass_every: int = 10
     history: HistoryOptions = field(default_factory=HistoryOptions)  # hub/history.py
 
+    def __post_init__(self) -> None:
+        # Read at every look at a server: a renamed tier's names, from ``tier_sizes``.
+        object.__setattr__(self, "_tier_names", rightsize.tier_names(self.tier_sizes))
+
+    def tier_names(self, tier: str) -> tuple[str, ...]:
+        """The names of ``tier``: its name now first, then those it had (``formerly``)."""
+        return self._tier_names.get(tier) or (tier,)
+
+    def by_tier(self, table: Mapping[str, float], tier: str | None) -> float | None:
+        """``table``'s value for ``tier`` (a cost, a weight), keyed by any of its names: by the
+        name given first, then its name now, then a former one; None where none is listed."""
+        if tier is None:
+            return None
+        if tier in table:
+            return table[tier]
+        return next((table[n] for n in self.tier_names(tier) if n in table), None)
+
     def cost_per_hour(self, tier: str) -> float:
-        return float(self.gpu_hour_cost.get(tier, self.gpu_hour_cost_default))
+        cost = self.by_tier(self.gpu_hour_cost, tier)
+        return float(self.gpu_hour_cost_default if cost is None else cost)

@@ -18,7 +18,7 @@ showback; it sets no label). ``gpu-gov/*`` keys and ``team`` there are never bel
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ class Ownership:
     tier: str | None = None
     profile: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    tier_formerly: tuple[str, ...] = ()  # names the tier had (a renamed tier's ``formerly``)
 
 
 def resolve(
@@ -46,7 +47,10 @@ def resolve(
     user_groups: Iterable[str],
     teams_by_group: Mapping[str, str],
     team_map: Mapping[str, str],
+    tier_names: Callable[[str], tuple[str, ...]] = lambda tier: (tier,),
 ) -> Ownership:
+    """``tier_names``: a tier's names, its name now first (``Options.tier_names``): a server
+    granted under a renamed tier's former name is that tier's, as the profile layer counts it."""
     user_options = user_options or {}
     labels = grant.labels(spawner_state)
     team = labels.get(TEAM_LABEL)
@@ -59,7 +63,11 @@ def resolve(
     for label, value in ((TEAM_LABEL, team), (TIER_LABEL, tier), (USER_LABEL, user)):
         if value:
             labels.setdefault(label, value)
-    return Ownership(team=team, project=project, tier=tier, profile=profile, labels=labels)
+    formerly: tuple[str, ...] = ()
+    if tier:
+        tier, *others = tier_names(tier)
+        formerly = tuple(others)
+    return Ownership(team, project, tier, profile, labels, formerly)
 
 
 # A choice's characters kept: the store's columns (team, project, tier, profile) hold 255.
@@ -87,6 +95,7 @@ def base_view(server: HubServer, ownership: Ownership) -> ServerView:
         name=server.name,
         profile=ownership.profile,
         tier=ownership.tier,
+        tier_formerly=ownership.tier_formerly,
         team=ownership.team,
         project=ownership.project,
         labels=ownership.labels,

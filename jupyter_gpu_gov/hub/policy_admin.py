@@ -113,7 +113,12 @@ def match_warnings(governor, policies: list[Policy]) -> list[str]:
     error: a team's first server, or a new tier, may yet come."""
     options, rows = governor.options, governor.rows.values()
     known = {
-        "tiers": (set(options.tier_sizes) | {r.tier for r in rows if r.tier}, "a tier", "on"),
+        "tiers": (
+            {n for size in options.tier_sizes.values() for n in (size.name, *size.formerly)}
+            | {r.tier for r in rows if r.tier},
+            "a tier",
+            "on",
+        ),
         "teams": (
             set(governor._context.teams_by_group.values())
             | set(options.team_map.values())

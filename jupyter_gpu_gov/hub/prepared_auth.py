@@ -17,7 +17,9 @@ from contextvars import ContextVar
 from functools import partial
 
 from jupyterhub.services import auth as hub_auth_module
-from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
+from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
+
+from . import metrics
 
 # The scopes the service's handlers test by name (``api_handler.py``, ``routes.py``; HubAuth
 # keeps no others, but for the access scopes'): its admins, who may read its Prometheus metrics.
@@ -293,9 +295,26 @@ class PreparedHubAuthenticated(HubOAuthenticated):
     (HubOAuthenticated's own check, refusals included, for every caller it does not allow)."""
 
     hub_auth_class = PreparedHubOAuth
+    refused_caller: str | None = None  # who was refused for want of the access scope
 
     def check_hub_user(self, model):
-        if self.hub_scopes and has_access(self.hub_auth, model):
-            model.setdefault("kind", "user")
-            return model
-        return super().check_hub_user(model)  # refusals, with HubAuth's own log lines
+        if not self.hub_scopes:
+            return super().check_hub_user(model)  # the pre-2.0 checks, with their own lines
+        kind = model.setdefault("kind", "user")
+        if has_access(self.hub_auth, model) or self.hub_auth.check_scopes(self.hub_scopes, model):
+            return model  # (the second: where a handler's hub_scopes are not the access scopes)
+        # A caller the Hub knows without the access scope: HubAuth wrote a WARNING for each of
+        # its requests, a loop of them a line each (its token cached, its budget 10 a second).
+        # One line per caller a minute, then a count (``RefusalLog``), and a counter.
+        self.refused_caller = f"{kind}:{model.get('name', '')!r:.80}"
+        metrics.CALLERS_REFUSED.inc()
+        refusals = getattr(self, "settings", {}).get("gpu_gov_refusals")  # (a handler's)
+        if refusals is not None:
+            refusals.warning(
+                self.refused_caller,
+                "gpu-gov: Hub %s %.80r refused (403): without the service's access scope (%s)",
+                kind,
+                model.get("name", ""),
+                ", ".join(sorted(self.hub_scopes))[:200],
+            )
+        raise UserNotAllowed(model)

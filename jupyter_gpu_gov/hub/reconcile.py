@@ -118,6 +118,9 @@ class Governor(
         self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
         self._rows: dict[str, ServerRow] | None = None
+        self._rows_read_at = 0.0  # time.monotonic() of the rows' last whole read
+        self._rows_read_to: datetime | None = None  # the newest updated_at read (on standby)
+        self._read_back_due = False  # on standby: the holder's writes read back at next look
         self._dcgm_task: asyncio.Future | None = None
         self._dcgm_latest: DcgmSnapshot | None = None
         self._servers = Running()  # running servers, as of the last cycle
@@ -219,8 +222,9 @@ class Governor(
         if not self.acting:
             # Another governor holds the lease: no decision, action, bill or history here.
             # Reports are still taken in (warm for a takeover; forgotten once stale), answered
-            # and authorised from the store as the holder writes it (read again each pass).
-            self._rows = None
+            # and authorised from the store as the holder writes it (what it wrote since the
+            # last pass read back each pass).
+            self.read_back_rows()
             self._forget_stale_reports(())
             return CycleResult(errors=(STANDBY,))
         if time.monotonic() < self._store_down_until:
@@ -437,6 +441,7 @@ class Governor(
             server.groups,
             context.teams_by_group,
             self.options.team_map,
+            self.options.tier_names,
         )
         if row is None or (server.started and row.session_started != server.started):
             # A new session keeps what the governor learned of the server (its hook's record).

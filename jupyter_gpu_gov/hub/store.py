@@ -268,10 +268,15 @@ class Store:
 
     # -- servers --------------------------------------------------------------------------------
 
-    def servers(self, running_only: bool = False) -> dict[str, ServerRow]:
+    def servers(
+        self, running_only: bool = False, changed_since: datetime | None = None
+    ) -> dict[str, ServerRow]:
+        """The server rows (``changed_since``: those written since, by their ``updated_at``)."""
         query = select(SERVERS)
         if running_only:
             query = query.where(SERVERS.c.running.is_(True))
+        if changed_since is not None:
+            query = query.where(SERVERS.c.updated_at >= changed_since)
         with self.engine.connect() as connection:
             rows = {row.key: ServerRow(**row) for row in connection.execute(query).mappings()}
         self._stored |= rows.keys()

@@ -103,9 +103,9 @@ class Usage:
                 return float(weight)
         except ValueError:
             pass
-        tier = view.tier
-        if tier in self.options.tier_weights:
-            return float(self.options.tier_weights[tier])
+        tier_weight = self.options.by_tier(self.options.tier_weights, view.tier)
+        if tier_weight is not None:
+            return float(tier_weight)
         if report is not None and report["backend"] not in ("none", "unavailable"):
             return float(sum(cluster.mig_share(d.get("mig_profile")) for d in report["devices"]))
         # A pod holding GPUs with no report (to believe) is billed them.
@@ -113,7 +113,7 @@ class Usage:
         leaves = {(e.uuid, e.gpu_instance_id): e.mig_profile for e in found}
         if leaves:
             return float(sum(cluster.mig_share(profile) for profile in leaves.values()))
-        return 1.0 if tier and tier != "no-gpu" else 0.0
+        return 1.0 if view.tier and view.tier != "no-gpu" else 0.0
 
     def _count(self, audits: Sequence[AuditRow]) -> None:
         """Culls (once done: their row has its outcome) and extensions count in the ledger."""

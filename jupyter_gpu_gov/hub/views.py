@@ -4,8 +4,9 @@ views, and the reads the REST API and the pages make (``governor.audit_trail(...
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
 from types import MappingProxyType
 
 from ..core import clock, policy, rightsize
@@ -38,6 +39,10 @@ def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:
 
 
 CONFIDENT = 0.9
+# On standby, the rows the holder wrote are read back from a little before the newest one read,
+# and whole this often (``read_back_rows``).
+READ_BACK_OVERLAP = timedelta(minutes=5)
+READ_WHOLE_EVERY_S = 600.0
 
 
 def policy_view(p: Policy) -> dict:
@@ -265,12 +270,41 @@ class Views:
     @property
     def rows(self) -> dict[str, ServerRow]:
         """Every server the governor knows, in memory: it is the store's only writer, so the
-        database is read once, at start."""
+        database is read once, at start (on standby, what the holder writes is read back:
+        ``read_back_rows``)."""
+        if self._rows is not None and self._read_back_due:
+            self._read_back()
         if self._rows is None:
             self._rows = self.store.servers()
             for row in self._rows.values():
                 _asked_again_at_start(row, self._started)
+            self._rows_read_at = time.monotonic()
+            self._rows_read_to = _newest(self._rows.values())
+        self._read_back_due = False
         return self._rows
+
+    def read_back_rows(self) -> None:
+        """On standby the holder writes the rows: at the next look at them (a report's, after
+        the pass: the holder's pass has written by then), what it wrote since the last read
+        is read back (each write stamps ``updated_at``; back ``READ_BACK_OVERLAP`` more, for
+        a write stamped before an earlier one commits, or a holder's clock a little behind),
+        not every row (10,000 rows read and built at each pass for a few changed). A whole
+        read every ``READ_WHOLE_EVERY_S``, for a holder's clock stepped back further."""
+        self._read_back_due = True
+
+    def _read_back(self) -> None:
+        if self._rows_read_to is None or (
+            time.monotonic() - self._rows_read_at > READ_WHOLE_EVERY_S
+        ):
+            self._rows = None  # read whole
+            return
+        changed = self.store.servers(changed_since=self._rows_read_to - READ_BACK_OVERLAP)
+        for key, row in changed.items():
+            _asked_again_at_start(row, self._started)
+            self._rows[key] = row
+        self._rows_read_to = max(
+            self._rows_read_to, _newest(changed.values()) or self._rows_read_to
+        )
 
     def row(self, key: str) -> ServerRow | None:
         """What the governor keeps of one server (``None``: a server it never saw)."""
@@ -377,6 +411,11 @@ class Views:
     def open_session(self, key: str) -> LedgerSession | None:
         """The ledger's session of a running server (None: not billed yet)."""
         return self.ledger.open.get(key)
+
+
+def _newest(rows: Iterable[ServerRow]) -> datetime | None:
+    """The latest ``updated_at`` of ``rows`` (None: none has one)."""
+    return max((r.updated_at for r in rows if r.updated_at is not None), default=None)
 
 
 def _asked_again_at_start(row: ServerRow, started: datetime) -> None:

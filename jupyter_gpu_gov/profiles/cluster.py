@@ -12,7 +12,8 @@ own servers on that tier: admission counts those.
 ``ClusterGpus`` reads nodes and the namespace's pods every ``refresh_every`` seconds (one read at
 a time, awaited before the spawn form and admission; admission itself then awaits nothing).
 When nodes cannot be read (no RBAC for nodes, the API down) it says so once in the log and
-``capacity`` answers ``None``: the spawner falls back to ``GpuProfiles.capacity``.
+``capacity`` answers ``None``: the spawner falls back to ``GpuProfiles.capacity``. A reading
+older than ``FRESH_FOR_S`` is unknown, as a workstation's (``unknown``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from traitlets import Float
 from traitlets.config import SingletonConfigurable
 
+from .spawner import FRESH_FOR_S
 from .tiers import Tier
 
 _DONE = ("Succeeded", "Failed")
@@ -163,7 +165,8 @@ class ClusterGpus(SingletonConfigurable):
         30,
         help="""Seconds between two reads of the nodes and the namespace's pods for capacity.
         The scheduler has the last word: a count a little old can only leave a pod Pending,
-        with the reason shown on the spawn page.""",
+        with the reason shown on the spawn page. At most 120 s are used: a reading older is
+        unknown (the queue's places say so, not an estimate).""",
     ).tag(config=True)
 
     nodes: list[dict] | None = None
@@ -173,13 +176,16 @@ class ClusterGpus(SingletonConfigurable):
     _lock: asyncio.Lock | None = None
 
     async def refresh(self, api, namespace: str, log) -> None:
-        """Read nodes and pods if the last read is older than ``refresh_every``."""
-        if time.monotonic() - self.read_at < self.refresh_every:
+        """Read nodes and pods if the last read is older than ``refresh_every`` (or than
+        ``FRESH_FOR_S``, past which a reading is unknown: a step that counts never does so on
+        one)."""
+        every = min(self.refresh_every, FRESH_FOR_S)
+        if self.age() < every:
             return
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if time.monotonic() - self.read_at < self.refresh_every:
+            if self.age() < every:
                 return  # another spawn read them while this one waited
             try:
                 nodes = await _items(api.list_node(_preload_content=False))
@@ -198,6 +204,23 @@ class ClusterGpus(SingletonConfigurable):
                     log.info("gpu-gov: reading the cluster's GPU capacity again")
                 self.error, self.nodes, self.pods = None, nodes, pods
             self.read_at = time.monotonic()
+
+    def age(self) -> float:
+        """Seconds since the last read came back (infinite: never read)."""
+        return time.monotonic() - self.read_at
+
+    def unknown(self) -> str | None:
+        """Why the cluster's GPUs cannot be counted now: its last reading is older than
+        ``FRESH_FOR_S`` (or there is none), as a workstation's (``LocalGpus.unknown``). A read
+        that failed is not unknown: capacity then comes from ``c.GpuProfiles.capacity``."""
+        age = self.age()
+        if age <= FRESH_FOR_S:
+            return None
+        when = "have not been read" if age == float("inf") else f"were last read {age:.0f} s ago"
+        return (
+            f"GPU state unknown: the cluster's nodes and pods {when}, so no GPU is counted "
+            "free until they are read again. Try again in a few minutes."
+        )
 
     def capacity(
         self,

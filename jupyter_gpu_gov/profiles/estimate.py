@@ -208,6 +208,7 @@ def tier_sizes(entries: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "label": t.display_name,
             "memory_gb": tier_memory_gb(t),
             "weight": t.weight,
+            **({"formerly": list(t.formerly)} if t.formerly else {}),  # the governor's too
         }
         for t in load_tiers(entries).values()
     ]

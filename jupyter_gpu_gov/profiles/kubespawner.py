@@ -172,6 +172,9 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         # A fresh enough reading of the cluster before admission counts (and awaits nothing).
         await self.gpu_cluster.refresh(self.api, self.namespace, self.log)
 
+    def gpu_unknown(self) -> str | None:
+        return self.gpu_cluster.unknown()
+
     async def load_user_options(self):
         # JupyterHub keeps a server's Spawner across stop and start, and KubeSpawner merges a
         # profile's overrides into the current values: put back what the tiers override as it

@@ -35,16 +35,11 @@ from ..core.grant import labels as granted
 from ..core.models import Device
 from ..gpu.backends import CHOICES, make_backend
 from .quota import Grant
-from .spawner import NOT_CACHED, TIER, GpuProfilesMixin, GpuRefused
+from .spawner import FRESH_FOR_S, NOT_CACHED, TIER, GpuProfilesMixin, GpuRefused
 from .tiers import Tier
 
 # As long as a single-user server waits for a fresh sample (server/app.py FRESH_SAMPLE_WAIT_S).
 READ_WAIT_S = 10.0
-# A reading older than this is not the cards' state now: the Hub's pages show a waiting
-# server's place from the last reading without reading again (``queue_pages.places``). Two
-# governor passes at their longest (``cull_every``, 60 s at most), each of which reads the
-# cards (the line's sync); every step that counts reads just before.
-FRESH_FOR_S = 120.0
 
 
 class _Unreadable(Exception):

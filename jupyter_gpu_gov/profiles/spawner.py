@@ -84,6 +84,12 @@ TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = GRANT_KEY
     RECLAIM_FOR_LABEL,
 )
 GRANT_KEYS += (TASK_TYPE_LABEL, EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL, CLAIM_WITHIN_LABEL)
+# A reading of the cards older than this is not their state now: unknown, never free (the
+# workstation's NVML, ``local.LocalGpus``; the cluster's nodes and pods, ``cluster.ClusterGpus``).
+# The Hub's pages show a waiting server's place from the last reading without reading again
+# (``queue_pages.places``); every step that counts reads just before (``gpu_refresh``), and
+# each governor pass reads them for the line's sync: two passes at their longest (60 s each).
+FRESH_FOR_S = 120.0
 # The queue is offered while the governor (which starts waiting servers) was heard this recently.
 GOVERNOR_HEARD_WITHIN = timedelta(minutes=10)
 # The execution options of a query that selects JupyterHub's JSONDict columns (a spawner's

@@ -181,6 +181,9 @@ class Sampler:
         self.window_seconds = window_seconds
         self.active_threshold = active_threshold
         self.visible_devices = visible_devices
+        # Why GPUs named by index cannot be told apart (CUDA counts them in another order than
+        # NVML: ``GpuGovApp._pci_bus_order``); None: they can.
+        self.index_order_unknown: str | None = None
         self.pid_namespace = pid_namespace
         self.time_sliced = time_sliced
         self.server_pid = server_pid or os.getpid()
@@ -283,6 +286,11 @@ class Sampler:
             if any(t.root.pid in self._scanner.foreign for t in targets):
                 self._scanner.forget_foreign()
         snapshot = self._open_backend().sample()
+        if self.index_order_unknown and _several_gpus(snapshot):
+            # Which card the kernels' index names is unknown: so is what they did, never idle.
+            snapshot = GpuSnapshot(
+                "unavailable", snapshot.sampled_at, error=self.index_order_unknown
+            )
         now = snapshot.sampled_at
         table = self._scanner.scan(t.root.pid for t in targets)
         local_pids = self._pids_are_local()
@@ -633,6 +641,11 @@ def _describe(target: TargetInfo) -> dict:
         "last_activity": clock.isoformat(target.last_activity),
         "connections": target.connections,
     }
+
+
+def _several_gpus(snapshot: GpuSnapshot) -> bool:
+    """Whether NVML shows more than one physical GPU (a MIG instance counts as its GPU)."""
+    return len({d.parent_uuid or d.uuid for d in snapshot.devices}) > 1
 
 
 def _lists_processes(snapshot: GpuSnapshot, visible: set[str] | None) -> bool:
