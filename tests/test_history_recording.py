@@ -541,3 +541,42 @@ def test_rows_written_between_the_sweeps_steps_keep_their_runs_and_contexts(
     assert later  # some were written while the sweep was under way
     again = [r for r in read_history(engine) if r.server == "gone7/"]
     assert [(r.t, r.started, r.team) for r in again] == [(t, now - 7200, "t7") for t in later]
+
+
+def test_a_streamed_export_holds_no_read_open_between_its_chunks(tmp_path, monkeypatch):
+    """An export read its rows through one statement open to its end (minutes, at the
+    client's pace): SQLite's WAL could not be checkpointed meanwhile and grew while the
+    governor wrote (PostgreSQL's vacuum was held back so). Now a chunk at a time, each in a
+    short transaction: the governor's checkpoint goes through mid-export, and the rows are
+    the same, in the same order, ties in time split across chunks included."""
+    import sqlite3
+
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.hub import history
+    from jupyter_gpu_gov.hub.history import HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    path = tmp_path / "gov.sqlite"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()  # as the Store has it
+    engine = create_engine(f"sqlite:///{path}")
+    log = HistoryLog(engine, HistoryOptions(retention=timedelta(days=3650)))
+    log._pruned_at = 1e12
+    for p in range(20):  # a pass's rows share their time: chunks of 7 split them
+        log.append(
+            HistoryRow(t=1e9 + 60 * p, server=f"u{i}/", started=1e9, team=f"t{i % 3}")
+            for i in range(10)
+        )
+    whole = [(r.t, r.server, r.team) for r in read_history(engine)]
+    assert len(whole) == 200 and whole == sorted(whole)
+
+    monkeypatch.setattr(history, "CHUNK", 7)
+    rows = read_history(engine)
+    read = [next(rows) for _ in range(10)]  # mid-export: the second chunk being written
+    log.append([HistoryRow(t=1e9 + 9999, server="late/", started=1e9)])  # the governor writes
+    governor = sqlite3.connect(path)
+    busy, frames, checkpointed = governor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    governor.close()
+    assert (busy, checkpointed) == (0, frames)  # before: frames written after the read began left
+    read += list(rows)
+    assert [(r.t, r.server, r.team) for r in read][:200] == whole

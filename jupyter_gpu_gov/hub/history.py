@@ -41,6 +41,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    or_,
     select,
 )
 from sqlalchemy.engine import Engine
@@ -387,30 +388,46 @@ def read_history(
 ) -> Iterator[HistoryRow]:
     """Kept rows in time order from ``since - KEYFRAME_S`` (so that every run's state at
     ``since`` is known) to ``until`` (Unix seconds), streamed, with the runs and contexts they
-    name (read a chunk of rows at a time: an hour's export of a store that has seen a million
-    runs holds an hour's, not a million)."""
+    name (an hour's export of a store that has seen a million runs reads an hour's, not a
+    million).
+
+    Read ``CHUNK`` rows at a time after the last one read (by ``t``, then ``id``), each chunk
+    and the runs and contexts it names in a short transaction of its own, none open while the
+    rows are written out: one read open for a whole export (minutes, at the client's pace)
+    kept SQLite's WAL from being checkpointed, the file growing while the governor wrote,
+    and held back PostgreSQL's vacuum. A row whose run or context a sweep took between its
+    chunk's statements (its rows pruned meanwhile: SQLite reads each statement as of its own
+    start) is left out, as a row pruned before its chunk was read is."""
     metadata.create_all(engine)
-    with engine.connect() as db:
-        if engine.dialect.name == "postgresql":
-            # One snapshot for every statement of the export, as SQLite's transaction reads as
-            # of its first: READ COMMITTED reads each as of its own start, and a pass meanwhile
-            # gave a row whose run was not read (a new server's, or one the prune took).
-            db = db.execution_options(isolation_level="REPEATABLE READ")
-        query = select(*(HISTORY.c[name] for name in _ROW_NAMES)).order_by(
-            HISTORY.c.t, HISTORY.c.id
-        )
-        if since is not None:
-            query = query.where(HISTORY.c.t >= int(since - KEYFRAME_S))
-        if until is not None:
-            query = query.where(HISTORY.c.t <= int(until))
-        runs: dict[int, tuple[str, float]] = {}
-        contexts: dict[int, tuple] = {}
-        result = db.execute(query.execution_options(stream_results=True, yield_per=CHUNK))
-        for chunk in result.partitions():
-            runs.update(_named(db, RUNS, {v[1] for v in chunk} - runs.keys()))
-            contexts.update(_named(db, CONTEXTS, {v[2] for v in chunk} - contexts.keys()))
-            for values in chunk:
-                yield unpack(tuple(values), runs[values[1]], contexts[values[2]])
+    query = select(*(HISTORY.c[name] for name in _ROW_NAMES), HISTORY.c.id)
+    if since is not None:
+        query = query.where(HISTORY.c.t >= int(since - KEYFRAME_S))
+    if until is not None:
+        query = query.where(HISTORY.c.t <= int(until))
+    query = query.order_by(HISTORY.c.t, HISTORY.c.id)
+    runs: dict[int, tuple[str, float]] = {}
+    contexts: dict[int, tuple] = {}
+    after = None  # (t, id) of the last row read
+    while True:
+        page = query.limit(CHUNK)
+        if after is not None:  # on the index of t: ties in t taken on by id
+            t, id_ = after
+            page = page.where(HISTORY.c.t >= t, or_(HISTORY.c.t > t, HISTORY.c.id > id_))
+        with engine.connect() as db:
+            if engine.dialect.name == "postgresql":
+                # The chunk's rows and the runs and contexts they name in one snapshot.
+                db = db.execution_options(isolation_level="REPEATABLE READ")
+            with db.begin():
+                chunk = db.execute(page).all()
+                runs.update(_named(db, RUNS, {v[1] for v in chunk} - runs.keys()))
+                contexts.update(_named(db, CONTEXTS, {v[2] for v in chunk} - contexts.keys()))
+        for *values, _ in chunk:
+            run, context = runs.get(values[1]), contexts.get(values[2])
+            if run is not None and context is not None:
+                yield unpack(tuple(values), run, context)
+        if len(chunk) < CHUNK:
+            return
+        after = (chunk[-1][0], chunk[-1][-1])
 
 
 CHUNK = 10_000  # rows an export reads at a time
