@@ -905,12 +905,38 @@ def _usage(args: argparse.Namespace) -> int:
     for key in ("since", "until", "user", "team", "project", "tier"):
         if getattr(args, key):
             query[key] = getattr(args, key)
-    body = _service_get(args, "usage", query, "usage")
-    if isinstance(body, int):
-        return body
-    body = shown(body)  # CSV has names users chose as they are (JSON has them escaped)
-    sys.stdout.write(body if body.endswith("\n") else body + "\n")
+    # Written as it arrives: a year by user and day is millions of rows, and was held whole,
+    # then copied twice, before a line was printed. CSV has names users chose as they are
+    # (JSON has them escaped): shown.
+    out = _Shown(sys.stdout)
+    failed = _service_get(args, "usage", query, "usage", into=out.write)
+    if isinstance(failed, int):
+        return failed
+    out.end()
     return 0
+
+
+class _Shown:
+    """Text written to ``out`` as ``shown`` writes it, a piece at a time as it comes (a CRLF
+    split between two pieces included), ended by a newline."""
+
+    def __init__(self, out):
+        self.out, self.held, self.last = out, "", ""
+
+    def write(self, text: str) -> None:
+        text = self.held + text
+        self.held = "\r" if text.endswith("\r") else ""  # its \n may come next
+        text = text[: len(text) - len(self.held)]
+        if text:
+            self.out.write(shown(text))
+            self.last = text[-1]
+
+    def end(self) -> None:
+        if self.held:
+            self.out.write(shown(self.held))
+            self.last = self.held
+        if self.last != "\n":
+            self.out.write("\n")
 
 
 # -- the governor service's API ----------------------------------------------------------------
@@ -945,10 +971,14 @@ def _add_service(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _service_get(args: argparse.Namespace, path: str, query: dict, command: str) -> str | int:
+def _service_get(
+    args: argparse.Namespace, path: str, query: dict, command: str, into=None
+) -> str | int:
     """``GET <url>api/<path>?<query>`` with the token: the body, or the exit status of a
-    failure (said on stderr)."""
-    from http.client import HTTPException, RemoteDisconnected
+    failure (said on stderr). ``into``: the body is given to it as it arrives instead, a
+    piece of text at a time (``""`` returned once it is all there)."""
+    import codecs
+    from http.client import HTTPException, IncompleteRead, RemoteDisconnected
     from urllib.error import HTTPError, URLError
     from urllib.parse import urlencode
     from urllib.request import HTTPRedirectHandler, Request, build_opener
@@ -967,7 +997,13 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
     request = Request(url, headers={"Authorization": f"token {args.token}"})
     try:
         with build_opener(NotFollowed).open(request, timeout=60) as response:
-            return response.read().decode()
+            if into is None:
+                return response.read().decode()
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            while block := response.read(1 << 16):
+                into(decoder.decode(block))
+            into(decoder.decode(b"", final=True))
+            return ""
     except UnicodeDecodeError:
         return _fail(f"{url}: the answer is not UTF-8 text: is --url the governor's?", command)
     except HTTPError as error:
@@ -995,6 +1031,9 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
     # (or no HTTP server) listens there, or the answer stopped half-way.
     except RemoteDisconnected:
         return _fail(f"{url}: the connection closed without an answer", command)
+    except IncompleteRead:  # the service cuts a streamed answer off where it failed
+        written = " (what was written is incomplete)" if into is not None else ""
+        return _fail(f"{url}: the answer stopped part-way{written}", command)
     except HTTPException as error:
         return _fail(f"{url}: not an HTTP answer ({type(error).__name__})", command)
     except OSError as error:  # a timeout or a reset while reading the answer
