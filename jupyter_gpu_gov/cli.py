@@ -746,6 +746,8 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.model and args.save_model:
         args.parser.error("--save-model saves the model trained on FILE: not with --model")
     fail = partial(_fail, command="diagnose")
+    if args.baseline and args.file != "-":
+        return _diagnose_streamed(args.file, fail)
     try:
         windows = read_windows(args.file)
     except ValueError as error:
@@ -783,6 +785,47 @@ def _diagnose(args: argparse.Namespace) -> int:
     summary["labels"] = dict(sorted(Counter(r.label for r in results).items()))
     print(json.dumps(summary), file=sys.stderr)
     return 0
+
+
+def _diagnose_streamed(path: str, fail) -> int:
+    """``diagnose --baseline FILE``, a window at a time: the rules read each window alone, so
+    the file is read twice (checked whole first, so that a bad one prints nothing), holding a
+    line and the counts, not every window. The models read each window with its server's
+    earlier ones in time and learn from the whole file: those hold it."""
+    from collections import Counter
+
+    from .diagnose import rules
+    from .diagnose.features import WITHOUT, iter_windows
+
+    missing = {key: {*key.split("+")} for key in WITHOUT}  # columns no window has yet
+    count = 0
+    try:
+        for window in iter_windows(path):
+            count += 1
+            for key in [k for k, columns in missing.items() if _any_value(window, columns)]:
+                del missing[key]
+        summary: dict = {"windows": count}
+        if count and missing:
+            summary["not_measured"] = {key: WITHOUT[key] for key in missing}
+        summary["by"] = "rules"
+        labels: Counter = Counter()
+        out = sys.stdout
+        for window in iter_windows(path):
+            result = rules.baseline(window)
+            labels[result.label] += 1
+            out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}))
+            out.write("\n")
+    except ValueError as error:  # (the file changed between the two readings)
+        return fail(str(error))
+    except OSError as error:
+        return fail(f"cannot read {path}: {error.strerror or error}")
+    summary["labels"] = dict(sorted(labels.items()))
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+def _any_value(window, columns: set[str]) -> bool:
+    return any(getattr(window, column) is not None for column in columns)
 
 
 def _cluster(args: argparse.Namespace) -> int:

@@ -96,3 +96,41 @@ def test_usage_cut_off_by_the_service_says_so(tmp_path, monkeypatch, capsys):
         server.shutdown()
     err = capsys.readouterr().err
     assert "the answer stopped part-way (what was written is incomplete)" in err, err
+
+
+def test_diagnose_baseline_reads_its_file_a_window_at_a_time(tmp_path, monkeypatch, capsys):
+    """``diagnose --baseline FILE`` held the file's text and every window before printing a
+    line; the rules read each window alone, so now it holds a line (the file read twice:
+    checked whole first, so that a bad file still prints nothing), and prints the same."""
+    import json
+
+    from jupyter_gpu_gov.diagnose import faults, rules
+    from jupyter_gpu_gov.diagnose.features import read_windows
+
+    path = tmp_path / "windows.jsonl"
+    with open(path, "w") as f:
+        for window, _ in faults.generate(100, 100, seed=4):  # 10,000 windows, 4 MB
+            f.write(json.dumps(window.as_dict()) + "\n")
+    out = tmp_path / "out.jsonl"
+    with open(out, "w") as stream:
+        monkeypatch.setattr("sys.stdout", stream)
+        small = tmp_path / "small.jsonl"  # (imports, caches: not measured)
+        small.write_text(path.read_text().split("\n", 1)[0] + "\n")
+        cli.main(["diagnose", "--baseline", str(small)])
+        stream.seek(0)
+        stream.truncate()
+        capsys.readouterr()
+        tracemalloc.start()
+        try:
+            assert cli.main(["diagnose", "--baseline", str(path)]) == 0
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    windows = read_windows(path)
+    expected = [
+        json.dumps({"server": w.server, "t": w.t, **rules.baseline(w).as_dict()}) for w in windows
+    ]
+    assert out.read_text().splitlines() == expected
+    summary = json.loads(capsys.readouterr().err)
+    assert summary["windows"] == 10_000 and sum(summary["labels"].values()) == 10_000
+    assert peak < 2_000_000, f"{peak / 1e6:.1f} MB"  # before: 12.9 MB
