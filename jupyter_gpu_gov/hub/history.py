@@ -84,7 +84,7 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 PRUNE_EVERY = 3600.0  # seconds (monotonic) between two prunes
 SWEEP_EVERY = 86400.0  # seconds (monotonic) between two sweeps of the runs and contexts
 STEP_S = 0.05  # about how long one step of the prune or sweep holds the store
-PASS_UPKEEP_S = 0.25  # the steps a pass runs after its history's write, at most
+PASS_UPKEEP_S = 1.0  # the steps a pass runs after its history's write, at most (seconds)
 # The audit's actions that are the policy's (what replay and what-if count).
 POLICY_ACTIONS = frozenset(
     {WARN, CHECKPOINT, CULL, INTERRUPT, MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN}
