@@ -746,6 +746,8 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.model and args.save_model:
         args.parser.error("--save-model saves the model trained on FILE: not with --model")
     fail = partial(_fail, command="diagnose")
+    if args.baseline and args.file != "-":
+        return _diagnose_streamed(args.file, fail)
     try:
         windows = read_windows(args.file)
     except ValueError as error:
@@ -783,6 +785,47 @@ def _diagnose(args: argparse.Namespace) -> int:
     summary["labels"] = dict(sorted(Counter(r.label for r in results).items()))
     print(json.dumps(summary), file=sys.stderr)
     return 0
+
+
+def _diagnose_streamed(path: str, fail) -> int:
+    """``diagnose --baseline FILE``, a window at a time: the rules read each window alone, so
+    the file is read twice (checked whole first, so that a bad one prints nothing), holding a
+    line and the counts, not every window. The models read each window with its server's
+    earlier ones in time and learn from the whole file: those hold it."""
+    from collections import Counter
+
+    from .diagnose import rules
+    from .diagnose.features import WITHOUT, iter_windows
+
+    missing = {key: {*key.split("+")} for key in WITHOUT}  # columns no window has yet
+    count = 0
+    try:
+        for window in iter_windows(path):
+            count += 1
+            for key in [k for k, columns in missing.items() if _any_value(window, columns)]:
+                del missing[key]
+        summary: dict = {"windows": count}
+        if count and missing:
+            summary["not_measured"] = {key: WITHOUT[key] for key in missing}
+        summary["by"] = "rules"
+        labels: Counter = Counter()
+        out = sys.stdout
+        for window in iter_windows(path):
+            result = rules.baseline(window)
+            labels[result.label] += 1
+            out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}))
+            out.write("\n")
+    except ValueError as error:  # (the file changed between the two readings)
+        return fail(str(error))
+    except OSError as error:
+        return fail(f"cannot read {path}: {error.strerror or error}")
+    summary["labels"] = dict(sorted(labels.items()))
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+def _any_value(window, columns: set[str]) -> bool:
+    return any(getattr(window, column) is not None for column in columns)
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -905,12 +948,38 @@ def _usage(args: argparse.Namespace) -> int:
     for key in ("since", "until", "user", "team", "project", "tier"):
         if getattr(args, key):
             query[key] = getattr(args, key)
-    body = _service_get(args, "usage", query, "usage")
-    if isinstance(body, int):
-        return body
-    body = shown(body)  # CSV has names users chose as they are (JSON has them escaped)
-    sys.stdout.write(body if body.endswith("\n") else body + "\n")
+    # Written as it arrives: a year by user and day is millions of rows, and was held whole,
+    # then copied twice, before a line was printed. CSV has names users chose as they are
+    # (JSON has them escaped): shown.
+    out = _Shown(sys.stdout)
+    failed = _service_get(args, "usage", query, "usage", into=out.write)
+    if isinstance(failed, int):
+        return failed
+    out.end()
     return 0
+
+
+class _Shown:
+    """Text written to ``out`` as ``shown`` writes it, a piece at a time as it comes (a CRLF
+    split between two pieces included), ended by a newline."""
+
+    def __init__(self, out):
+        self.out, self.held, self.last = out, "", ""
+
+    def write(self, text: str) -> None:
+        text = self.held + text
+        self.held = "\r" if text.endswith("\r") else ""  # its \n may come next
+        text = text[: len(text) - len(self.held)]
+        if text:
+            self.out.write(shown(text))
+            self.last = text[-1]
+
+    def end(self) -> None:
+        if self.held:
+            self.out.write(shown(self.held))
+            self.last = self.held
+        if self.last != "\n":
+            self.out.write("\n")
 
 
 # -- the governor service's API ----------------------------------------------------------------
@@ -945,10 +1014,14 @@ def _add_service(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _service_get(args: argparse.Namespace, path: str, query: dict, command: str) -> str | int:
+def _service_get(
+    args: argparse.Namespace, path: str, query: dict, command: str, into=None
+) -> str | int:
     """``GET <url>api/<path>?<query>`` with the token: the body, or the exit status of a
-    failure (said on stderr)."""
-    from http.client import HTTPException, RemoteDisconnected
+    failure (said on stderr). ``into``: the body is given to it as it arrives instead, a
+    piece of text at a time (``""`` returned once it is all there)."""
+    import codecs
+    from http.client import HTTPException, IncompleteRead, RemoteDisconnected
     from urllib.error import HTTPError, URLError
     from urllib.parse import urlencode
     from urllib.request import HTTPRedirectHandler, Request, build_opener
@@ -967,7 +1040,13 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
     request = Request(url, headers={"Authorization": f"token {args.token}"})
     try:
         with build_opener(NotFollowed).open(request, timeout=60) as response:
-            return response.read().decode()
+            if into is None:
+                return response.read().decode()
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            while block := response.read(1 << 16):
+                into(decoder.decode(block))
+            into(decoder.decode(b"", final=True))
+            return ""
     except UnicodeDecodeError:
         return _fail(f"{url}: the answer is not UTF-8 text: is --url the governor's?", command)
     except HTTPError as error:
@@ -995,6 +1074,9 @@ def _service_get(args: argparse.Namespace, path: str, query: dict, command: str)
     # (or no HTTP server) listens there, or the answer stopped half-way.
     except RemoteDisconnected:
         return _fail(f"{url}: the connection closed without an answer", command)
+    except IncompleteRead:  # the service cuts a streamed answer off where it failed
+        written = " (what was written is incomplete)" if into is not None else ""
+        return _fail(f"{url}: the answer stopped part-way{written}", command)
     except HTTPException as error:
         return _fail(f"{url}: not an HTTP answer ({type(error).__name__})", command)
     except OSError as error:  # a timeout or a reset while reading the answer

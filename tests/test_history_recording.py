@@ -425,12 +425,17 @@ def test_the_prune_takes_the_runs_and_contexts_no_kept_row_names(tmp_path, resto
     def row(t, user, state="active"):
         return HistoryRow(t=t, server=f"{user}/", started=now - 7200, team=user, state=state)
 
-    log.append([row(now - 7200, "old", "idle")])  # the first write prunes: past the retention
-    log.append([row(now - 60, "ada"), row(now - 60, "bob")])
+    def write(rows):  # as a pass: its rows, then the prune's steps when due
+        log.append(rows)
+        while log.upkeep_step():
+            pass
+
+    write([row(now - 7200, "old", "idle")])  # the first write prunes: past the retention
+    write([row(now - 60, "ada"), row(now - 60, "bob")])
     kept = [(r.t, r.server, r.started, r.team, r.state) for r in read_history(engine)]
     log._pruned_at = log._swept_at = -1e9  # the next write prunes, and sweeps (once a day)
-    log.append([row(now, "cy")])  # max_rows: ada's row goes, and its run and context
-    log.append([row(now + 60, "ada")])  # ada still runs: its run and context again
+    write([row(now, "cy")])  # max_rows: ada's row goes, and its run and context
+    write([row(now + 60, "ada")])  # ada still runs: its run and context again
     with engine.connect() as db:
         named = {
             table.name: db.execute(select(func.count()).select_from(table)).scalar()
@@ -443,3 +448,135 @@ def test_the_prune_takes_the_runs_and_contexts_no_kept_row_names(tmp_path, resto
         (now, "cy/", now - 7200, "cy", "active"),
         (now + 60, "ada/", now - 7200, "ada", "active"),
     ]
+
+
+def _stale_store(tmp_path, now: float, servers: int = 40, passes: int = 30):
+    """A store of ``passes`` rows of each of ``servers`` servers an hour old, past the
+    retention, and a row a server now; its HistoryLog (a retention of 30 minutes)."""
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.hub.history import HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    log = HistoryLog(engine, HistoryOptions(retention=timedelta(minutes=30)))
+    log._pruned_at = 1e12  # (not yet: the test prunes)
+    for p in range(passes):
+        log.append(
+            HistoryRow(t=now - 3600 + p, server=f"gone{i}/", started=now - 7200, team=f"t{i}")
+            for i in range(servers)
+        )
+    log.append(HistoryRow(t=now, server=f"u{i}/", started=now - 60) for i in range(servers))
+    return engine, log
+
+
+def test_the_prune_and_sweep_never_read_a_whole_table_in_one_transaction(
+    tmp_path, restore_clock, monkeypatch
+):
+    """The daily sweep scanned the whole history (a DISTINCT of each column) and the runs,
+    in the transaction of one pass's write: 6.5-7.7 s at 10,000 servers, the store held for
+    every write meanwhile. Now every statement of the prune and the sweep reads a range of a
+    key or of the time index, in steps of a transaction each, and the end is the same: the
+    rows past the retention gone, the runs and contexts only they named too."""
+    from sqlalchemy import event, func, select
+
+    from jupyter_gpu_gov.hub import history
+    from jupyter_gpu_gov.hub.history import CONTEXTS, RUNS
+
+    now = float(int(clock.utcnow().timestamp()))
+    engine, log = _stale_store(tmp_path, now)
+    # A batch a step, the smallest batches (raising=False: the code before had no steps).
+    monkeypatch.setattr(history, "STEP_S", 0.0, raising=False)
+    statements, commits = [], []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def seen(conn, cursor, statement, parameters, context, executemany):
+        if not executemany and statement.lstrip().upper().startswith(("SELECT", "DELETE")):
+            statements.append((statement, parameters))
+
+    event.listen(engine, "commit", lambda conn: commits.append(len(statements)))
+    log._swept_at = -1e12  # the sweep is due
+    log.prune()
+    event.remove(engine, "before_cursor_execute", seen)
+
+    with engine.connect() as db:
+        whole = []
+        for statement, parameters in statements:
+            plan = db.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
+            whole += [(statement, row[-1]) for row in plan if row[-1].startswith("SCAN")]
+        left = {
+            table.name: db.execute(select(func.count()).select_from(table)).scalar()
+            for table in (history.HISTORY, RUNS, CONTEXTS)
+        }
+    assert whole == []  # before: SCAN gpu_gov_history (twice), SCAN gpu_gov_history_runs...
+    assert len(commits) > 3  # a transaction a batch here (before: one for all)
+    assert left == {
+        "gpu_gov_history": 40,
+        "gpu_gov_history_runs": 40,
+        "gpu_gov_history_contexts": 1,  # the servers running now share one
+    }
+    assert {r.server for r in read_history(engine)} == {f"u{i}/" for i in range(40)}
+
+
+def test_rows_written_between_the_sweeps_steps_keep_their_runs_and_contexts(
+    tmp_path, restore_clock, monkeypatch
+):
+    """The passes write between the sweep's steps: a row naming a run and a context the scan
+    had not seen named (a server whose older rows the prune took, writing again under its
+    cached ids) keeps them, and the export reads it whole."""
+    from jupyter_gpu_gov.hub import history
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    now = float(int(clock.utcnow().timestamp()))
+    engine, log = _stale_store(tmp_path, now)
+    monkeypatch.setattr(history, "STEP_S", 0.0)
+    log._pruned_at, log._swept_at = -1e12, -1e12
+    steps, later = 0, []
+    while log.upkeep_step():
+        steps += 1
+        if steps % 3 == 0:  # a pass's write: gone7 again, its run and context cached
+            row = HistoryRow(t=now + steps, server="gone7/", started=now - 7200, team="t7")
+            log.append([row])
+            later.append(row.t)
+    assert later  # some were written while the sweep was under way
+    again = [r for r in read_history(engine) if r.server == "gone7/"]
+    assert [(r.t, r.started, r.team) for r in again] == [(t, now - 7200, "t7") for t in later]
+
+
+def test_a_streamed_export_holds_no_read_open_between_its_chunks(tmp_path, monkeypatch):
+    """An export read its rows through one statement open to its end (minutes, at the
+    client's pace): SQLite's WAL could not be checkpointed meanwhile and grew while the
+    governor wrote (PostgreSQL's vacuum was held back so). Now a chunk at a time, each in a
+    short transaction: the governor's checkpoint goes through mid-export, and the rows are
+    the same, in the same order, ties in time split across chunks included."""
+    import sqlite3
+
+    from sqlalchemy import create_engine
+
+    from jupyter_gpu_gov.hub import history
+    from jupyter_gpu_gov.hub.history import HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    path = tmp_path / "gov.sqlite"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").close()  # as the Store has it
+    engine = create_engine(f"sqlite:///{path}")
+    log = HistoryLog(engine, HistoryOptions(retention=timedelta(days=3650)))
+    log._pruned_at = 1e12
+    for p in range(20):  # a pass's rows share their time: chunks of 7 split them
+        log.append(
+            HistoryRow(t=1e9 + 60 * p, server=f"u{i}/", started=1e9, team=f"t{i % 3}")
+            for i in range(10)
+        )
+    whole = [(r.t, r.server, r.team) for r in read_history(engine)]
+    assert len(whole) == 200 and whole == sorted(whole)
+
+    monkeypatch.setattr(history, "CHUNK", 7)
+    rows = read_history(engine)
+    read = [next(rows) for _ in range(10)]  # mid-export: the second chunk being written
+    log.append([HistoryRow(t=1e9 + 9999, server="late/", started=1e9)])  # the governor writes
+    governor = sqlite3.connect(path)
+    busy, frames, checkpointed = governor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    governor.close()
+    assert (busy, checkpointed) == (0, frames)  # before: frames written after the read began left
+    read += list(rows)
+    assert [(r.t, r.server, r.team) for r in read][:200] == whole

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import math
 import os
@@ -296,31 +297,79 @@ def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None
         if path == "-":
             sys.stdin.reconfigure(errors="surrogateescape")  # as a file: see below
             return read_windows(sys.stdin, name="<stdin>")
-        # A byte that is not UTF-8 is read as a surrogate, so its line can be named.
-        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as file:
-            return read_windows(file, name=path)
-    text = source.read().removeprefix("\ufeff")  # a byte-order mark (Excel's "CSV UTF-8")
+        return list(iter_windows(path))
+    text = source.read()
     name = name or getattr(source, "name", "<input>")
-    at = not_text_at(text)
-    if at is not None:
-        line, start = text.count("\n", 0, at) + 1, text.rfind("\n", 0, at) + 1
-        raise ValueError(
-            f"{name}: line {line}, character {at - start + 1}: {not_utf8(text, at)}: save the "
-            "file as UTF-8"
-        )
+    _check_text([text.removeprefix("\ufeff")], name)
+    return list(_windows(io.StringIO(text), name))
+
+
+def iter_windows(path: str | os.PathLike) -> Iterator[Window]:
+    """``read_windows`` of a file, a window at a time, holding a line: the file is read twice,
+    once to name a byte that is not UTF-8 wherever it is (as before any row is read), then
+    for its rows."""
+    path = os.fspath(path)
+    _check_text(_pieces(path), path)
+    # newline="\n": lines end at \n alone, as the text's own (a CR is the CSV reader's).
+    with _open(path) as file:
+        yield from _windows(file, path)
+
+
+def _open(path: str) -> IO[str]:
+    # A byte that is not UTF-8 is read as a surrogate, so its line can be named.
+    return open(path, encoding="utf-8", errors="surrogateescape", newline="\n")
+
+
+def _pieces(path: str) -> Iterator[str]:
+    with _open(path) as file:
+        yield file.read(1 << 16).removeprefix("\ufeff")  # a byte-order mark (Excel's)
+        while piece := file.read(1 << 16):
+            yield piece
+
+
+def _check_text(pieces: Iterable[str], name: str) -> None:
+    """A ``ValueError`` naming the line and character of the first byte that is not UTF-8."""
+    line, column = 1, 0  # the line a piece begins in, the characters of it before the piece
+    for piece in pieces:
+        at = not_text_at(piece)
+        if at is not None:
+            before = piece.count("\n", 0, at)
+            start = piece.rfind("\n", 0, at) + 1
+            character = at - start + 1 + (column if before == 0 else 0)
+            raise ValueError(
+                f"{name}: line {line + before}, character {character}: "
+                f"{not_utf8(piece, at)}: save the file as UTF-8"
+            )
+        breaks = piece.count("\n")
+        line += breaks
+        column = (column if breaks == 0 else 0) + len(piece) - (piece.rfind("\n") + 1)
+
+
+def _windows(lines: IO[str], name: str) -> Iterator[Window]:
+    """The windows of a text (its UTF-8 checked) read a line at a time."""
+    first, blank = "", []  # the format is told by the first character that is not a space
+    for line in lines:
+        first = line.removeprefix("\ufeff") if not blank else line  # a byte-order mark
+        if first.strip():
+            break
+        blank.append(first)
+    else:
+        first = ""
     lower = str(name).lower()
     if lower.endswith(".csv"):
         kind = "csv"
     elif lower.endswith((".jsonl", ".ndjson", ".json")):
         kind = "jsonl"
     else:
-        kind = "jsonl" if text.lstrip().startswith("{") else "csv"
+        kind = "jsonl" if first.lstrip().startswith("{") else "csv"
+    text = itertools.chain(blank, [first] if first else [], lines)
     rows = _csv_rows(text) if kind == "csv" else _jsonl_rows(text)
-    return [_window(row, line, name) for line, row in rows]
+    for line, row in rows:
+        yield _window(row, line, name)
 
 
-def _csv_rows(text: str) -> Iterator[tuple[int, dict]]:
-    reader = csv.reader(io.StringIO(text))
+def _csv_rows(lines: Iterable[str]) -> Iterator[tuple[int, dict]]:
+    reader = csv.reader(lines)
     try:
         header = next(reader)
     except StopIteration:
@@ -351,8 +400,10 @@ def _named(reader) -> Iterator[list[str]]:
         raise ValueError(f"line {reader.line_num}: not CSV ({error})") from None
 
 
-def _jsonl_rows(text: str) -> Iterator[tuple[int, dict]]:
-    for number, line in enumerate(text.splitlines(), 1):
+def _jsonl_rows(lines: Iterable[str]) -> Iterator[tuple[int, dict]]:
+    # Numbered as the text's splitlines() numbers them (a line ends at \r, \x1c... too).
+    split = (piece for line in lines for piece in line.splitlines())
+    for number, line in enumerate(split, 1):
         if not line.strip():
             continue
         try:

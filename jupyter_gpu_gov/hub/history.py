@@ -9,7 +9,10 @@ rows
 ``worth_recording`` keeps are written, in one bulk insert a pass (what changed, not a copy of
 the world). Bounded: rows older than ``history_retention`` and beyond ``history_max_rows`` are
 deleted, at most once every ``PRUNE_EVERY``, and the runs and contexts no kept row names, at
-most once every ``SWEEP_EVERY``; ``history_retention = 0`` records nothing.
+most once every ``SWEEP_EVERY``; ``history_retention = 0`` records nothing. That upkeep runs
+after a pass's write, in steps of about ``STEP_S`` (each its own transaction in the store's
+writer, other writes between them), at most ``PASS_UPKEEP_S`` of them a pass: the whole sweep
+in one transaction held the writer 6.5-7.7 s at 10,000 servers (``docs/benchmarks.md``).
 
 ``read_history`` reads rows back in time order for ``export-trace`` and the admin API
 (``replay.history.export_trace`` turns them into a replay trace), with the runs and contexts of
@@ -38,6 +41,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    or_,
     select,
 )
 from sqlalchemy.engine import Engine
@@ -79,6 +83,8 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 
 PRUNE_EVERY = 3600.0  # seconds (monotonic) between two prunes
 SWEEP_EVERY = 86400.0  # seconds (monotonic) between two sweeps of the runs and contexts
+STEP_S = 0.05  # about how long one step of the prune or sweep holds the store
+PASS_UPKEEP_S = 1.0  # the steps a pass runs after its history's write, at most (seconds)
 # The audit's actions that are the policy's (what replay and what-if count).
 POLICY_ACTIONS = frozenset(
     {WARN, CHECKPOINT, CULL, INTERRUPT, MAX_AGE_WARN, RECLAIM_WARN, ADMIN_WARN}
@@ -145,6 +151,7 @@ class HistoryLog:
         )
         self._pruned_at = -PRUNE_EVERY  # monotonic: prune at the first write
         self._swept_at = -SWEEP_EVERY
+        self._upkeep: _Upkeep | None = None  # the prune under way, between its steps
 
     def append(self, rows: Iterable[HistoryRow]) -> int:
         """Write kept rows (one transaction, one ``executemany``, the ids of new runs and
@@ -157,13 +164,12 @@ class HistoryLog:
             runs, contexts = self._resolve(db, rows)
             values = [pack(r, runs[r.session], c[1]) for r, c in zip(rows, contexts, strict=True)]
             self._insert.run(db, values)
-            swept = time.monotonic() - self._pruned_at >= PRUNE_EVERY and self._prune(db)
         # Cached once committed: an id made in a transaction rolled back names nothing (and
-        # SQLite gives it again to the next insert); nor once swept (the sweep cleared them:
-        # these rows' own may be gone, with a ``max_rows`` below a pass's rows).
-        if not swept:
-            self._runs.update(runs)
-            self._contexts.update((r.server, c) for r, c in zip(rows, contexts, strict=True))
+        # SQLite gives it again to the next insert).
+        self._runs.update(runs)
+        self._contexts.update((r.server, c) for r, c in zip(rows, contexts, strict=True))
+        if self._upkeep is not None:  # a sweep under way: these rows name their ids
+            self._upkeep.named(runs.values(), (c[1] for c in contexts))
         return len(rows)
 
     def _resolve(self, db, rows: list[HistoryRow]) -> tuple[dict, list[tuple[tuple, int]]]:
@@ -191,40 +197,159 @@ class HistoryLog:
                 contexts[i] = (contexts[i][0], ids[text])
         return runs, contexts
 
-    def _prune(self, db) -> bool:
-        """Rows past the retention, then beyond ``max_rows`` (ids grow with time: the oldest);
-        whether the runs and contexts were swept too (``_sweep``)."""
-        self._pruned_at = time.monotonic()
-        cutoff = clock.utcnow().timestamp() - self.options.retention.total_seconds()
-        deleted = db.execute(delete(HISTORY).where(HISTORY.c.t < int(cutoff))).rowcount
-        last = db.execute(select(func.max(HISTORY.c.id))).scalar()
-        if last is not None and last > self.options.max_rows:
-            query = delete(HISTORY).where(HISTORY.c.id <= last - self.options.max_rows)
-            deleted += db.execute(query).rowcount
-        if deleted and time.monotonic() - self._swept_at >= SWEEP_EVERY:
-            self._sweep(db)
-            return True
-        return False
+    def upkeep_due(self) -> bool:
+        """Whether a prune is under way or due (``PRUNE_EVERY`` since the last began)."""
+        return self._upkeep is not None or time.monotonic() - self._pruned_at >= PRUNE_EVERY
 
-    def _sweep(self, db) -> None:
-        """Delete the runs and contexts no row names: else they grow for ever (a run a session,
-        3.65 M a year at 10,000 servers), and so did what every export read. It scans the
-        history (3.6 and 2.6 s at 20 M rows here), so once a day rather than at every prune;
-        an index on each column would make it cheap, at 12 bytes a row and a scattered write a
-        row."""
-        self._swept_at = time.monotonic()
-        for table, column in ((RUNS, HISTORY.c.run), (CONTEXTS, HISTORY.c.context)):
-            named = set(db.scalars(select(column).distinct()))
-            unnamed = [id_ for id_ in db.scalars(select(table.c.id)) if id_ not in named]
-            for start in range(0, len(unnamed), 500):
-                db.execute(delete(table).where(table.c.id.in_(unnamed[start : start + 500])))
-        self._runs.clear()  # their ids may be gone
-        self._contexts.clear()
-
-    def prune(self) -> None:
+    def upkeep_step(self) -> bool:
+        """One step of the prune and sweep (beginning one if due): one transaction of about
+        ``STEP_S``, work a bounded batch at a time; whether more is left. A failure (raised:
+        ``DBAPIError``, ``NotHolder``) drops the prune under way, as the one that failed in
+        the pass's write did: the next is an hour on."""
+        if self._upkeep is None:
+            if time.monotonic() - self._pruned_at < PRUNE_EVERY:
+                return False
+            self._pruned_at = time.monotonic()
+            self._upkeep = _Upkeep(self)
+        upkeep, self._upkeep = self._upkeep, None  # (dropped unless it ends well)
         with self.engine.begin() as db:
             self.fence(db)
-            self._prune(db)
+            more = upkeep.step(db, time.perf_counter() + STEP_S)
+        if more:
+            self._upkeep = upkeep
+        return more
+
+    def prune(self) -> None:
+        """A prune now (and the sweep, if a day is past), to its end, a step at a time."""
+        self._pruned_at = -PRUNE_EVERY
+        while self.upkeep_step():
+            pass
+
+    def _forget(self, runs: set[int], contexts: set[int]) -> None:
+        """Ids the sweep deleted, out of the caches: the next row of their server asks."""
+        if runs:
+            self._runs = {k: id_ for k, id_ in self._runs.items() if id_ not in runs}
+        if contexts:
+            self._contexts = {k: c for k, c in self._contexts.items() if c[1] not in contexts}
+
+
+class _Batch:
+    """How many rows one batch of a kind takes: doubled or halved after each, so that a batch
+    lasts a tenth to a third of a step whatever the machine, its load and the store's size."""
+
+    def __init__(self, size: int = 1000):
+        self.size = size
+
+    def took(self, seconds: float) -> None:
+        if seconds < STEP_S / 10:
+            self.size = min(self.size * 2, 1_000_000)
+        elif seconds > STEP_S / 3:
+            self.size = max(self.size // 2, 100)
+
+
+class _Upkeep:
+    """A prune under way, and the sweep after it: rows past the retention, then beyond
+    ``max_rows`` (ids grow with time: the oldest); if it deleted any and ``SWEEP_EVERY`` has
+    passed, the runs and contexts no row names. A step does batches until its time is up;
+    where it stands is kept between steps (``_work``, a generator yielding each batch's
+    ``_Batch`` once it is done, to time it)."""
+
+    def __init__(self, log: HistoryLog):
+        self.log = log
+        self.db = None  # the connection of the step running
+        self.deletes, self.scans, self.lists = _Batch(), _Batch(), _Batch()
+        self.sweeping = False
+        self.runs: set[int] = set()  # ids some row names (the sweep's scan; appends meanwhile)
+        self.contexts: set[int] = set()
+        self.work = self._work()
+
+    def named(self, runs: Iterable[int], contexts: Iterable[int]) -> None:
+        if self.sweeping:
+            self.runs.update(runs)
+            self.contexts.update(contexts)
+
+    def step(self, db, until: float) -> bool:
+        self.db = db
+        try:
+            started = time.perf_counter()
+            while True:  # a batch at least
+                batch = next(self.work, None)
+                if batch is None:
+                    return False
+                ended = time.perf_counter()
+                batch.took(ended - started)
+                if ended >= until:
+                    return True
+                started = ended
+        finally:
+            self.db = None
+
+    def _ids(self, table: Table) -> tuple[int | None, int | None]:
+        """The table's lowest and highest ids: two statements (SQLite reads ``min`` and
+        ``max`` off the key alone, not together: that is a scan)."""
+        first = self.db.execute(select(func.min(table.c.id))).scalar()
+        return first, self.db.execute(select(func.max(table.c.id))).scalar()
+
+    def _work(self) -> Iterator[_Batch]:
+        log, db = self.log, lambda: self.db
+        cutoff = int(clock.utcnow().timestamp() - log.options.retention.total_seconds())
+        deleted = 0
+        while True:  # past the retention, by t (its index), a batch at a time
+            size = self.deletes.size
+            oldest = select(HISTORY.c.id).where(HISTORY.c.t < cutoff).limit(size)
+            done = db().execute(delete(HISTORY).where(HISTORY.c.id.in_(oldest))).rowcount
+            deleted += done
+            yield self.deletes
+            if done < size:
+                break
+        first, last = self._ids(HISTORY)
+        if last is not None and last > log.options.max_rows:
+            bound = last - log.options.max_rows  # ids up to it go
+            while first <= bound:
+                upto = min(bound, first + self.deletes.size - 1)
+                query = delete(HISTORY).where(HISTORY.c.id >= first, HISTORY.c.id <= upto)
+                deleted += db().execute(query).rowcount
+                first = upto + 1
+                yield self.deletes
+        if deleted and time.monotonic() - log._swept_at >= SWEEP_EVERY:
+            yield from self._sweep()
+
+    def _sweep(self) -> Iterator[_Batch]:
+        """The runs and contexts no row names: else they grow for ever (a run a session,
+        3.65 M a year at 10,000 servers), and so did what every export read. The history is
+        scanned by ranges of ids (its key) for the ids its rows name, rows written meanwhile
+        adding theirs (``named``); then the runs and contexts made before the scan that none
+        names are deleted. An index on each column would make it cheap, at 12 bytes a row and
+        a scattered write a row (``docs/benchmarks.md``)."""
+        log, db = self.log, lambda: self.db
+        log._swept_at = time.monotonic()
+        self.sweeping = True
+        first, last = self._ids(HISTORY)
+        tops = {table: self._ids(table)[1] or 0 for table in (RUNS, CONTEXTS)}
+        lo = (first or 1) - 1
+        while last is not None and lo < last:
+            hi = min(last, lo + self.scans.size)
+            span = (HISTORY.c.id > lo, HISTORY.c.id <= hi)
+            self.runs.update(db().scalars(select(HISTORY.c.run).where(*span).distinct()))
+            self.contexts.update(db().scalars(select(HISTORY.c.context).where(*span).distinct()))
+            lo = hi
+            yield self.scans
+        for table, named in ((RUNS, self.runs), (CONTEXTS, self.contexts)):
+            lo = 0
+            while lo < tops[table]:  # made before the scan began: those made since are named
+                query = select(table.c.id).where(table.c.id > lo, table.c.id <= tops[table])
+                ids = list(db().scalars(query.order_by(table.c.id).limit(self.lists.size)))
+                if not ids:
+                    break
+                lo = ids[-1]
+                unnamed = [id_ for id_ in ids if id_ not in named]
+                for start in range(0, len(unnamed), 500):
+                    chunk = unnamed[start : start + 500]
+                    db().execute(delete(table).where(table.c.id.in_(chunk)))
+                if unnamed:
+                    gone = set(unnamed)
+                    log._forget(*((gone, set()) if table is RUNS else (set(), gone)))
+                yield self.lists
 
 
 def _ids(db, table: Table, keys: set) -> dict:
@@ -263,30 +388,46 @@ def read_history(
 ) -> Iterator[HistoryRow]:
     """Kept rows in time order from ``since - KEYFRAME_S`` (so that every run's state at
     ``since`` is known) to ``until`` (Unix seconds), streamed, with the runs and contexts they
-    name (read a chunk of rows at a time: an hour's export of a store that has seen a million
-    runs holds an hour's, not a million)."""
+    name (an hour's export of a store that has seen a million runs reads an hour's, not a
+    million).
+
+    Read ``CHUNK`` rows at a time after the last one read (by ``t``, then ``id``), each chunk
+    and the runs and contexts it names in a short transaction of its own, none open while the
+    rows are written out: one read open for a whole export (minutes, at the client's pace)
+    kept SQLite's WAL from being checkpointed, the file growing while the governor wrote,
+    and held back PostgreSQL's vacuum. A row whose run or context a sweep took between its
+    chunk's statements (its rows pruned meanwhile: SQLite reads each statement as of its own
+    start) is left out, as a row pruned before its chunk was read is."""
     metadata.create_all(engine)
-    with engine.connect() as db:
-        if engine.dialect.name == "postgresql":
-            # One snapshot for every statement of the export, as SQLite's transaction reads as
-            # of its first: READ COMMITTED reads each as of its own start, and a pass meanwhile
-            # gave a row whose run was not read (a new server's, or one the prune took).
-            db = db.execution_options(isolation_level="REPEATABLE READ")
-        query = select(*(HISTORY.c[name] for name in _ROW_NAMES)).order_by(
-            HISTORY.c.t, HISTORY.c.id
-        )
-        if since is not None:
-            query = query.where(HISTORY.c.t >= int(since - KEYFRAME_S))
-        if until is not None:
-            query = query.where(HISTORY.c.t <= int(until))
-        runs: dict[int, tuple[str, float]] = {}
-        contexts: dict[int, tuple] = {}
-        result = db.execute(query.execution_options(stream_results=True, yield_per=CHUNK))
-        for chunk in result.partitions():
-            runs.update(_named(db, RUNS, {v[1] for v in chunk} - runs.keys()))
-            contexts.update(_named(db, CONTEXTS, {v[2] for v in chunk} - contexts.keys()))
-            for values in chunk:
-                yield unpack(tuple(values), runs[values[1]], contexts[values[2]])
+    query = select(*(HISTORY.c[name] for name in _ROW_NAMES), HISTORY.c.id)
+    if since is not None:
+        query = query.where(HISTORY.c.t >= int(since - KEYFRAME_S))
+    if until is not None:
+        query = query.where(HISTORY.c.t <= int(until))
+    query = query.order_by(HISTORY.c.t, HISTORY.c.id)
+    runs: dict[int, tuple[str, float]] = {}
+    contexts: dict[int, tuple] = {}
+    after = None  # (t, id) of the last row read
+    while True:
+        page = query.limit(CHUNK)
+        if after is not None:  # on the index of t: ties in t taken on by id
+            t, id_ = after
+            page = page.where(HISTORY.c.t >= t, or_(HISTORY.c.t > t, HISTORY.c.id > id_))
+        with engine.connect() as db:
+            if engine.dialect.name == "postgresql":
+                # The chunk's rows and the runs and contexts they name in one snapshot.
+                db = db.execution_options(isolation_level="REPEATABLE READ")
+            with db.begin():
+                chunk = db.execute(page).all()
+                runs.update(_named(db, RUNS, {v[1] for v in chunk} - runs.keys()))
+                contexts.update(_named(db, CONTEXTS, {v[2] for v in chunk} - contexts.keys()))
+        for *values, _ in chunk:
+            run, context = runs.get(values[1]), contexts.get(values[2])
+            if run is not None and context is not None:
+                yield unpack(tuple(values), run, context)
+        if len(chunk) < CHUNK:
+            return
+        after = (chunk[-1][0], chunk[-1][-1])
 
 
 CHUNK = 10_000  # rows an export reads at a time
@@ -467,13 +608,28 @@ class History:
             stop = replace(last, t=t, stopped=True, actions=(), cull_reason=None, checkpoint=None)
             pending[key] = stop
         self._history_pending = {}
-        if not pending:
+        if pending:
+            rows = sorted(pending.values(), key=lambda r: r.server)  # (HistoryRow: immutable)
+            try:
+                await self.store.write_async(lambda: self._history.append(rows))
+            except (DBAPIError, StoreUnavailable) as error:
+                log.error("gpu-gov: %d history rows not recorded: %s", len(pending), error)
+        await self._history_upkeep()
+
+    async def _history_upkeep(self) -> None:
+        """The prune and sweep, when due, a step at a time (``HistoryLog.upkeep_step``): each
+        its own job in the store's writer, so a request's write or the next pass's waits for
+        one step at most; ``PASS_UPKEEP_S`` of them a pass, the rest at the next."""
+        history = self._history
+        if not history.upkeep_due():
             return
-        rows = sorted(pending.values(), key=lambda r: r.server)  # (HistoryRow: immutable)
+        until = time.monotonic() + PASS_UPKEEP_S
         try:
-            await self.store.write_async(lambda: self._history.append(rows))
+            while await self.store.write_async(history.upkeep_step):
+                if time.monotonic() >= until:
+                    break
         except (DBAPIError, StoreUnavailable) as error:
-            log.error("gpu-gov: %d history rows not recorded: %s", len(pending), error)
+            log.error("gpu-gov: the history's prune stopped, again in an hour: %s", error)
 
 
 def _moved(values: tuple, row: HistoryRow) -> bool:

@@ -1,0 +1,136 @@
+"""The command lines write what they read as it comes, in memory bounded whatever its size:
+``usage`` the service's answer, ``diagnose`` its file."""
+
+from __future__ import annotations
+
+import threading
+import tracemalloc
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from jupyter_gpu_gov import cli
+
+HEADER = "day,user,team,gpu_hours\r\n"
+
+
+def _line(i: int) -> str:
+    # A CRLF every line, a control character now and then, a name of two-byte characters:
+    # pieces split mid-line, mid-CRLF and mid-character.
+    return (
+        f"2026-01-{1 + i % 28:02d},u{i:06d},t\x1b{i % 7},{i * 0.25}\r\n"
+        if i % 9
+        else (f"2026-01-01,é{i},ü,1.0\r\n")
+    )
+
+
+def _serving(lines: int, cut_after: int | None = None):
+    """A server answering ``GET .../api/usage`` as the governor does: CSV streamed in chunks
+    (a chunk of 1,000 lines), cut off after ``cut_after`` lines where given."""
+
+    class Governor(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/csv; charset=UTF-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            parts = [HEADER]
+            for i in range(lines):
+                if cut_after is not None and i == cut_after:
+                    self.wfile.write(b"5\r\nab")  # a chunk left half-way: the transfer cut
+                    self.close_connection = True
+                    return
+                parts.append(_line(i))
+                if len(parts) >= 1000:
+                    self._chunk("".join(parts))
+                    parts.clear()
+            self._chunk("".join(parts))
+            self.wfile.write(b"0\r\n\r\n")
+
+        def _chunk(self, text: str) -> None:
+            data = text.encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Governor)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/services/gpu-gov/"
+
+
+def test_usage_writes_the_answer_as_it_comes_in_bounded_memory(tmp_path, monkeypatch):
+    """``jupyter-gpu-gov usage`` read the whole answer (a year by user and day is millions of
+    rows), decoded it and copied it twice before printing a line: 4.7 MB of CSV took 18.5 MB.
+    Now a piece at a time, the same text written (control characters shown as escapes,
+    CRLF as a newline)."""
+    lines = 150_000  # about 4.7 MB
+    server, url = _serving(lines)
+    out = tmp_path / "usage.csv"
+    try:
+        with open(out, "w", encoding="utf-8", newline="") as stream:
+            monkeypatch.setattr("sys.stdout", stream)
+            cli.main(["usage", "--url", url, "--token", "t"])  # (imports, caches: not measured)
+            stream.seek(0)
+            stream.truncate()
+            tracemalloc.start()
+            try:
+                assert cli.main(["usage", "--url", url, "--token", "t"]) == 0
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    finally:
+        server.shutdown()
+    body = HEADER + "".join(_line(i) for i in range(lines))
+    assert out.read_text(encoding="utf-8") == cli.shown(body)  # as it was printed whole
+    assert len(body) > 4_000_000 and peak < 2_000_000, f"{peak / 1e6:.1f} MB"
+
+
+def test_usage_cut_off_by_the_service_says_so(tmp_path, monkeypatch, capsys):
+    """The service cuts a streamed answer off where it fails: the command says the answer
+    stopped part-way (status 2), not that all is well."""
+    server, url = _serving(5000, cut_after=3000)
+    try:
+        assert cli.main(["usage", "--url", url, "--token", "t"]) == 2
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert "the answer stopped part-way (what was written is incomplete)" in err, err
+
+
+def test_diagnose_baseline_reads_its_file_a_window_at_a_time(tmp_path, monkeypatch, capsys):
+    """``diagnose --baseline FILE`` held the file's text and every window before printing a
+    line; the rules read each window alone, so now it holds a line (the file read twice:
+    checked whole first, so that a bad file still prints nothing), and prints the same."""
+    import json
+
+    from jupyter_gpu_gov.diagnose import faults, rules
+    from jupyter_gpu_gov.diagnose.features import read_windows
+
+    path = tmp_path / "windows.jsonl"
+    with open(path, "w") as f:
+        for window, _ in faults.generate(100, 100, seed=4):  # 10,000 windows, 4 MB
+            f.write(json.dumps(window.as_dict()) + "\n")
+    out = tmp_path / "out.jsonl"
+    with open(out, "w") as stream:
+        monkeypatch.setattr("sys.stdout", stream)
+        small = tmp_path / "small.jsonl"  # (imports, caches: not measured)
+        small.write_text(path.read_text().split("\n", 1)[0] + "\n")
+        cli.main(["diagnose", "--baseline", str(small)])
+        stream.seek(0)
+        stream.truncate()
+        capsys.readouterr()
+        tracemalloc.start()
+        try:
+            assert cli.main(["diagnose", "--baseline", str(path)]) == 0
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    windows = read_windows(path)
+    expected = [
+        json.dumps({"server": w.server, "t": w.t, **rules.baseline(w).as_dict()}) for w in windows
+    ]
+    assert out.read_text().splitlines() == expected
+    summary = json.loads(capsys.readouterr().err)
+    assert summary["windows"] == 10_000 and sum(summary["labels"].values()) == 10_000
+    assert peak < 2_000_000, f"{peak / 1e6:.1f} MB"  # before: 12.9 MB
