@@ -86,7 +86,7 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
     conf = spawner.gpu_profiles
     teams = await spawner.gpu_teams()
     await spawner.gpu_refresh()
-    usage = spawner.gpu_usage()
+    usage = spawner.gpu_held()
     capacity = spawner.gpu_capacity(usage)
     descriptions: dict[str, list[str]] = {}
     for team in teams:
