@@ -4,7 +4,8 @@ Mix ``GpuProfilesMixin`` in front of a spawner class. It gives the spawner
 
 - a spawn form listing the tiers the user's teams may use, with what each team has left and
   whether a server would borrow (``options_form`` / ``options_from_form``);
-- admission at ``start()``: a fresh count of the hub's started servers, ``quota.admit``, and the
+- admission at ``start()``: the count of the hub's started servers (kept between spawns and
+  brought up to date with the database first: ``grant_count.py``), ``quota.admit``, and the
   grant (``gpu-gov/tier``, ``team``, ``project``, ``borrowed``, ``max-age``) recorded in the
   spawner's *state*, which only the Hub writes and where the governor, the pod labels and
   the next admission's count read it (``core.grant``), with a copy in ``user_options`` for the
@@ -329,7 +330,7 @@ class GpuProfilesMixin:
         return tier, team
 
     def _gpu_admission(self, tier: Tier, team: str) -> Admission:
-        """Admission from a fresh count, behind the requests waiting in line ahead of this one
+        """Admission from the count brought up to date now, behind the requests waiting in line ahead of this one
         (this server's own place, if it waits, is kept)."""
         unknown = self.gpu_unknown()
         if unknown is not None:  # unknown is never free; waiting in line would not say why
