@@ -238,9 +238,13 @@ class KeptCount:
             kept = (dict(self.counted._by_key), dict(self.pods))
         self.dirty, self.dirty_users = set(), set()
         self.rows, self.counted, self.gone, self.pods = {}, Counted(), {}, {}
-        self.sums = (0,) * 6
+        sums = [0] * 6
         for found in db.execute(_ROWS, execution_options=NOT_CACHED):
-            self._set(found[0], Row.read(*found), conf)
+            row = self.rows[found[0]] = Row.read(*found)
+            for i, term in enumerate(row.terms):
+                sums[i] += term
+            self._derive(found[0], conf)
+        self.sums = tuple(sums)
         self.unknown, self.checked = "", time.monotonic()
         if kept is not None:
             self._say_drift(reason, *kept)
