@@ -58,14 +58,17 @@ def held(usage) -> list[tuple[str, str, bool]]:
 
 @pytest.fixture
 def said():
-    """The warnings of the count's logger (read on it: a test before may have replaced the root
+    """The warnings of the spawners' log (read on it: a test before may have replaced the root
     logger's handlers, caplog's among them)."""
     records: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: records.append(record.getMessage())
-    grant_count.log.addHandler(handler)
+    loggers = [grant_count.log, logging.getLogger("traitlets")]
+    for logger in loggers:
+        logger.addHandler(handler)
     yield records
-    grant_count.log.removeHandler(handler)
+    for logger in loggers:
+        logger.removeHandler(handler)
 
 
 def drift_total() -> float:

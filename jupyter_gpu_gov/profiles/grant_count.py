@@ -174,6 +174,7 @@ class KeptCount:
         self.dirty_users: set[int] = set()  # users whose rows to read again
         self.unknown = "first use"  # why the next use recounts ("": it need not)
         self.checked = 0.0  # time.monotonic() of the last full recount
+        self.said = log  # where drift is said
 
     # -- what the events say --------------------------------------------------------------
 
@@ -183,8 +184,10 @@ class KeptCount:
 
     # -- the count ------------------------------------------------------------------------
 
-    def sync(self, db: Session, conf, every: float) -> None:
-        """Bring the count to what the database holds (no await: admission's step)."""
+    def sync(self, db: Session, conf, every: float, said: logging.Logger | None = None) -> None:
+        """Bring the count to what the database holds (no await: admission's step); drift is
+        said on ``said`` (the Hub's log, where the spawner logs)."""
+        self.said = said or log
         config = (conf.tier_map, conf.quota_map, conf.tier_renamed)
         if len(config) != len(self.config) or any(
             a is not b for a, b in zip(config, self.config, strict=True)
@@ -233,6 +236,7 @@ class KeptCount:
         """Rebuild from the database; a difference from the kept count, where none was
         expected, is drift: logged, counted, corrected."""
         RECOUNTS.labels(reason).inc()
+        self.said.debug("gpu-gov: recounting the started servers' grants (%s)", reason)
         kept = None
         if reason in ("periodic", "fingerprint"):
             kept = (dict(self.counted._by_key), dict(self.pods))
@@ -311,7 +315,7 @@ class KeptCount:
             for (tier, team), (kept, found) in sorted(totals.items())
             if kept != found
         ]
-        log.warning(
+        self.said.warning(
             "gpu-gov: the kept GPU count had drifted from the database (found by a %s recount): "
             "%d started server(s) differed (%s); corrected from the database. Something wrote "
             "spawners' state where this hub's events do not see it (another process, an edit "

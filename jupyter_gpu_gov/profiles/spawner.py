@@ -279,7 +279,7 @@ class GpuProfilesMixin:
         the database now: read it at once (the next count changes it), awaiting nothing."""
         conf = self.gpu_profiles
         kept = kept_count(self.user.db)
-        kept.sync(self.user.db, conf, conf.recount_every)
+        kept.sync(self.user.db, conf, conf.recount_every, self.log)
         own = self.orm_spawner.id if self.orm_spawner is not None else None
         gone = kept.gone_of(own) if kept.gone else {}
         if gone:
