@@ -1,9 +1,13 @@
 """Spawn-time cost of the profile layer with many running servers.
 
 Builds a real JupyterHub database (SQLite, in memory) holding ``--servers`` started servers on
-GPU tiers, then times what a spawn pays: the fresh count of started servers from the database
-(``GpuProfilesMixin.gpu_usage``), one admission (``quota.admit``), and the spawn form's lines
-(``quota.tier_use``: one admission per tier the team may use).
+GPU tiers, then times what a spawn pays: the count of started servers (``GpuProfilesMixin.
+gpu_held``, kept between spawns: ``profiles/grant_count.py``) after one server's grant changed
+(``count_ms``: a spawn recorded since the last use) and with nothing changed (``form_count_ms``),
+the full recount from the database that the kept count does every ``recount_every`` seconds or
+on suspicion (``recount_ms``: what every spawn paid before it was kept), one admission
+(``quota.admit``), and the spawn form's lines (``quota.tier_use``: one admission per tier the
+team may use).
 
     python -m benchmarks.admission [--servers 10000] [--teams 20] [--repeat 20]
 
@@ -26,6 +30,7 @@ from traitlets.config import Config
 from jupyter_gpu_gov.core.grant import GRANT_STATE
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.estimate import DEFAULT_TIERS
+from jupyter_gpu_gov.profiles.grant_count import kept_count
 from jupyter_gpu_gov.profiles.quota import Request, admit, tier_use
 from jupyter_gpu_gov.profiles.spawner import BORROWED, TEAM, TIER, GpuProfilesMixin
 
@@ -65,14 +70,45 @@ def run(servers: int, teams: int, repeat: int) -> dict:
     db.expunge_all()  # the hub's session holds its live servers, not 2 x N objects just made
     gc.collect()
 
-    # gpu_usage needs only these of a spawner: the settings, the database, its own row.
-    spawner = SimpleNamespace(gpu_profiles=profiles, user=SimpleNamespace(db=db), orm_spawner=None)
-    usage = GpuProfilesMixin.gpu_usage(spawner)
+    class Spawner(GpuProfilesMixin):
+        """What the count needs of a spawner: the settings, the database, its own row."""
+
+        gpu_profiles = profiles
+        user = SimpleNamespace(db=db)
+        orm_spawner = None
+        log = None
+
+    spawner = Spawner()
+    usage = spawner.gpu_held()
+    rows = [row_id for (row_id,) in db.query(orm.Spawner.id)]
+
+    def spawn_recorded():  # one server's grant changes, as admission records it
+        row = db.get(orm.Spawner, rng.choice(rows))
+        state = dict(row.state)
+        grant = dict(state[GRANT_STATE])
+        grant[BORROWED] = "true" if grant[BORROWED] == "false" else "false"
+        row.state = {**state, GRANT_STATE: grant}
+        db.commit()
+
+    def after_a_spawn():
+        spawn_recorded()
+        start = time.perf_counter()
+        spawner.gpu_held()
+        return time.perf_counter() - start
+
+    def _median_of(sample) -> float:
+        return round(statistics.median(sample() for _ in range(repeat)) * 1000, 2)
+
     capacity = {name: None for name in tiers}
     request = Request("new/", "new", names[0], "h100")
+    kept = kept_count(db)
+    usage = spawner.gpu_held()
     return {
         "servers": len(usage),
-        "count_ms": _median_ms(lambda: GpuProfilesMixin.gpu_usage(spawner), repeat),
+        "count_ms": _median_of(after_a_spawn),
+        "form_count_ms": _median_ms(spawner.gpu_held, repeat),
+        "recount_ms": _median_ms(lambda: kept.recount(db, profiles, "benchmark"), repeat),
+        # Both from the count as gpu_held gives it (its own cost is above).
         "admit_ms": _median_ms(
             lambda: admit(request, usage, capacity, profiles.quota_map, tiers), repeat
         ),

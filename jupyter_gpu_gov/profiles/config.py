@@ -154,6 +154,15 @@ class GpuProfiles(SingletonConfigurable):
         2, help="Servers one user may have waiting in line at once (1 to 100)."
     ).tag(config=True)
 
+    recount_every = Int(
+        600,
+        help="""Seconds between full recounts of the started servers' grants from the hub's
+        database, compared with the count kept between spawns (a difference is logged as drift,
+        counted in ``gpu_gov_grant_count_drift_total`` and corrected); done at the next spawn,
+        form or line after that long. 0: recount at every use (half a second per spawn at
+        10,000 servers).""",
+    ).tag(config=True)
+
     max_expected_duration = Unicode(
         "7d",
         help="""The longest expected duration an owner may give at spawn (the spawn form's
@@ -173,6 +182,12 @@ class GpuProfiles(SingletonConfigurable):
     def _valid_max_expected_duration(self, proposal):
         if _duration(proposal.value, "max_expected_duration") < timedelta(minutes=1):
             raise TraitError("GpuProfiles.max_expected_duration must be at least 1 minute")
+        return proposal.value
+
+    @validate("recount_every")
+    def _valid_recount_every(self, proposal):
+        if proposal.value < 0:
+            raise TraitError(f"GpuProfiles.recount_every must be >= 0, got {proposal.value}")
         return proposal.value
 
     @validate("queue_per_user")

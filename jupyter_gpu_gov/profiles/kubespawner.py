@@ -6,7 +6,8 @@
   what its team has left in the description, and each carrying the tier's resource limit, node
   selector, node affinity and tolerations as its ``kubespawner_override``;
 - the spawn form is the profile layer's (tiers, team, project, the memory estimate);
-- ``start()`` admits the server against a fresh count before KubeSpawner creates the pod;
+- ``start()`` admits the server against the hub's count (brought up to date with its database
+  then) before KubeSpawner creates the pod;
 - the pod carries the ownership labels (``gpu-gov/user``, ``team``, ``project``, ``tier``,
   ``borrowed``, ``max-age``; the prefix is ``GpuProfiles.label_prefix``) that dcgm-exporter's
   pod-label feature and dashboards read, with the raw values in annotations of the same names;
@@ -86,7 +87,7 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
     conf = spawner.gpu_profiles
     teams = await spawner.gpu_teams()
     await spawner.gpu_refresh()
-    usage = spawner.gpu_usage()
+    usage = spawner.gpu_held()
     capacity = spawner.gpu_capacity(usage)
     descriptions: dict[str, list[str]] = {}
     for team in teams:
@@ -156,7 +157,7 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
     def gpu_capacity(self, usage):
         conf = self.gpu_profiles
         static = dict(conf.capacity)
-        hub_pods = dict(self._gpu_pods)  # the last count's (gpu_usage), this server's own too
+        hub_pods = dict(self._gpu_pods)  # the last count's (gpu_held), this server's own too
         granted = self.gpu_grant.get(TIER_LABEL)
         own = conf.tier_map.get(conf.tier_renamed.get(granted, granted))
         if own is not None:

@@ -8,7 +8,8 @@ would let in now, as if they already held their GPUs: nobody jumps the line, and
 ahead that could not start now anyway (its team is at its borrowing limit) blocks nobody. Two
 waiting requests that compete for one freed GPU: the first in line is ready, the second waits;
 the governor starts the ready ones through the Hub one after another, and the spawner decides
-again from a fresh count at each start, so a stale view cannot overshoot a quota.
+again from the hub's count at each start (brought up to date with its database in the same step),
+so a stale view cannot overshoot a quota.
 """
 
 from __future__ import annotations

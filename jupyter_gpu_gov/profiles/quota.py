@@ -103,6 +103,130 @@ class Held:
         return [*(self.base.borrowed(tier) if self.base else ()), *self._borrowed.get(tier, ())]
 
 
+class Counted(Held):
+    """Grants by key (a server's database row), put and dropped one at a time: the hub's count
+    kept between spawns (``profiles/grant_count.py``). Read as ``Held`` reads, in key order
+    whatever the order of the changes; ``without(key)``: the same, that key's grant left out
+    (a server's own row, which its admission does not count)."""
+
+    def __init__(self) -> None:
+        self.base = None
+        self._by_key: dict[Any, Grant] = {}
+        self._devices: dict[tuple[str, str | None], int] = {}
+        self._users: dict[str, dict[Any, Grant]] = {}
+        self._servers: dict[str, dict[Any, Grant]] = {}
+        self._borrowed: dict[str, dict[Any, Grant]] = {}
+        self._sorted: list[Grant] | None = None
+
+    def add(self, grant: Grant) -> None:
+        raise TypeError("a Counted index is changed by key: put(key, grant)")
+
+    def get(self, key) -> Grant | None:
+        return self._by_key.get(key)
+
+    def keys(self):
+        return self._by_key.keys()
+
+    def put(self, key, grant: Grant | None) -> None:
+        """``key`` now holds ``grant`` (None: nothing)."""
+        if self._by_key.get(key) == grant:
+            return
+        self.drop(key)
+        if grant is None:
+            return
+        self._by_key[key] = grant
+        for k in ((grant.tier, grant.team), (grant.tier, None)):
+            self._devices[k] = self._devices.get(k, 0) + grant.devices
+        self._users.setdefault(grant.user, {})[key] = grant
+        self._servers.setdefault(grant.server, {})[key] = grant
+        if grant.borrowed:
+            self._borrowed.setdefault(grant.tier, {})[key] = grant
+        self._sorted = None
+
+    def drop(self, key) -> None:
+        grant = self._by_key.pop(key, None)
+        if grant is None:
+            return
+        for k in ((grant.tier, grant.team), (grant.tier, None)):
+            left = self._devices.get(k, 0) - grant.devices
+            if left:
+                self._devices[k] = left
+            else:
+                self._devices.pop(k, None)
+        for index, name in (
+            (self._users, grant.user),
+            (self._servers, grant.server),
+            (self._borrowed, grant.tier),
+        ):
+            held = index.get(name)
+            if held is not None and held.pop(key, None) is not None and not held:
+                del index[name]
+        self._sorted = None
+
+    @property
+    def grants(self) -> list[Grant]:  # type: ignore[override]
+        if self._sorted is None:
+            self._sorted = [self._by_key[k] for k in sorted(self._by_key)]
+        return self._sorted
+
+    def __iter__(self):
+        return iter(self.grants)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def devices(self, tier: str, team: str | None = None, but: str = "") -> int:
+        count = self._devices.get((tier, team), 0)
+        for grant in self._servers.get(but, {}).values():
+            if grant.tier == tier and (team is None or grant.team == team):
+                count -= grant.devices
+        return count
+
+    def of_user(self, user: str) -> list[Grant]:
+        held = self._users.get(user, {})
+        return [held[k] for k in sorted(held)]
+
+    def borrowed(self, tier: str) -> list[Grant]:
+        held = self._borrowed.get(tier, {})
+        return [held[k] for k in sorted(held)]
+
+    def without(self, key) -> Held:
+        own = self._by_key.get(key)
+        return self if own is None else _Without(self, own)
+
+
+class _Without(Held):
+    """A ``Counted`` index read without one of its grants."""
+
+    def __init__(self, counted: Counted, own: Grant) -> None:
+        self.base, self._counted, self._own = None, counted, own
+
+    def add(self, grant: Grant) -> None:
+        raise TypeError("read-only: layer a Held on it")
+
+    @property
+    def grants(self) -> list[Grant]:  # type: ignore[override]
+        return [g for g in self._counted.grants if g is not self._own]
+
+    def __iter__(self):
+        return iter(self.grants)
+
+    def __len__(self) -> int:
+        return len(self._counted) - 1
+
+    def devices(self, tier: str, team: str | None = None, but: str = "") -> int:
+        count, own = self._counted.devices(tier, team, but), self._own
+        if own.server != but and own.tier == tier and (team is None or own.team == team):
+            count -= own.devices  # (a grant of server ``but`` is already left out)
+        return count
+
+    def of_user(self, user: str) -> list[Grant]:
+        return [g for g in self._counted.of_user(user) if g is not self._own]
+
+    def borrowed(self, tier: str) -> list[Grant]:
+        return [g for g in self._counted.borrowed(tier) if g is not self._own]
+
+
 def indexed(usage: Sequence[Grant] | Held) -> Held:
     return usage if isinstance(usage, Held) else Held(usage)
 

@@ -4,7 +4,8 @@ Mix ``GpuProfilesMixin`` in front of a spawner class. It gives the spawner
 
 - a spawn form listing the tiers the user's teams may use, with what each team has left and
   whether a server would borrow (``options_form`` / ``options_from_form``);
-- admission at ``start()``: a fresh count of the hub's started servers, ``quota.admit``, and the
+- admission at ``start()``: the count of the hub's started servers (kept between spawns and
+  brought up to date with the database first: ``grant_count.py``), ``quota.admit``, and the
   grant (``gpu-gov/tier``, ``team``, ``project``, ``borrowed``, ``max-age``) recorded in the
   spawner's *state*, which only the Hub writes and where the governor, the pod labels and
   the next admission's count read it (``core.grant``), with a copy in ``user_options`` for the
@@ -39,7 +40,6 @@ from tornado import web
 from ..core import clock
 from ..core.durations import parse_duration
 from ..core.grant import GRANT_STATE, user_may_choose
-from ..core.grant import labels as granted
 from ..core.queue import (
     CANCELLED,
     FOR_A_GPU,
@@ -67,8 +67,9 @@ from ..core.vocabulary import (
 )
 from . import form
 from .config import GpuProfiles
+from .grant_count import NOT_CACHED, kept_count
 from .queue import FORECAST, QUEUEABLE, REFUSED, admit_in_line, line, offer, offer_words
-from .quota import Admission, Grant, Request, admit, tier_use
+from .quota import Admission, Grant, Held, Request, admit, tier_use
 from .tiers import Tier
 
 NO_GPU = "no-gpu"  # the form's CPU-only choice
@@ -92,10 +93,6 @@ GRANT_KEYS += (TASK_TYPE_LABEL, EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL, CLAIM_
 FRESH_FOR_S = 120.0
 # The queue is offered while the governor (which starts waiting servers) was heard this recently.
 GOVERNOR_HEARD_WITHIN = timedelta(minutes=10)
-# The execution options of a query that selects JupyterHub's JSONDict columns (a spawner's
-# state): that type sets no ``cache_ok``, so SQLAlchemy cannot cache such a statement, and said
-# so in the Hub's log at every start. Not cached, on purpose: nothing to warn of.
-NOT_CACHED = {"compiled_cache": None}
 
 
 def waiting_requests(db) -> list[QueuedRequest]:
@@ -113,15 +110,6 @@ def waiting_requests(db) -> list[QueuedRequest]:
         if request is not None:  # the row says whose it is, whatever the record says
             waiting.append(replace(request, user=user, name=name or ""))
     return waiting
-
-
-def _weight(recorded: str | None) -> float:
-    """A grant's recorded GPU-equivalents (0 when unreadable; at most a node's worth)."""
-    try:
-        weight = float(recorded or 0)
-    except ValueError:
-        return 0.0
-    return min(weight, 64.0) if weight > 0 else 0.0  # nan and negatives: 0
 
 
 def _say_gone(log, said: set[str], gone: Mapping[str, int]) -> None:
@@ -186,7 +174,7 @@ class GpuProfilesMixin:
         conf = self.gpu_profiles
         teams = await self.gpu_teams()
         await self.gpu_refresh()
-        usage = self.gpu_usage()
+        usage = self.gpu_held()
         capacity = self.gpu_capacity(usage)
         name = self._gpu_server_key()
         now = clock.utcnow()
@@ -283,65 +271,27 @@ class GpuProfilesMixin:
         return teams or ([conf.default_team] if conf.default_team else [])
 
     def gpu_usage(self) -> list[Grant]:
-        """Every started server of the hub that holds a tier (this one excluded).
+        """Every started server of the hub that holds a tier (this one excluded), as a list.
 
         Each grant is read from the spawner's state, where admission recorded it: JupyterHub
         saves a spawn's ``user_options`` as the user sent them, and marks the server started,
         before ``start()`` admits it, so until then they are the user's words (forged grant keys
-        there once used up a team's quota, and a tier that was a list failed every admission)."""
+        there once used up a team's quota, and a tier that was a list failed every admission).
+        The count is kept between spawns (``profiles/grant_count.py``)."""
+        return list(self.gpu_held())
+
+    def gpu_held(self) -> Held:
+        """``gpu_usage`` as the index admission reads (``quota.Held``), brought up to date with
+        the database now: read it at once (the next count changes it), awaiting nothing."""
         conf = self.gpu_profiles
-        tiers, quotas, renamed = conf.tier_map, conf.quota_map, conf.tier_renamed
-        grants, gone, pods = [], {}, {}
-        for row_id, name, user, state, started in (
-            self.user.db.query(
-                orm.Spawner.id,
-                orm.Spawner.name,
-                orm.User.name,
-                orm.Spawner.state,
-                orm.Spawner.started,
-            )
-            .join(orm.User, orm.Spawner.user_id == orm.User.id)
-            .filter(orm.Spawner.started.isnot(None))
-            .execution_options(**NOT_CACHED)
-        ):  # columns in one query: loading each row's user would be a query per server
-            if self.orm_spawner is not None and row_id == self.orm_spawner.id:
-                continue
-            options = granted(state)
-            granted_tier, team = options.get(TIER), options.get(TEAM)
-            tier = tiers.get(renamed.get(granted_tier, granted_tier))
-            if tier is None:
-                # A tier an admin removed while the server runs: it holds nothing any tier
-                # counts, but its grant's weight still counts against its owner's cap.
-                if granted_tier:
-                    gone[granted_tier] = gone.get(granted_tier, 0) + 1
-                weight = _weight(options.get(WEIGHT))
-                if options.get(TIER) and weight:
-                    grants.append(
-                        Grant(
-                            server_key(user, name or ""), user, team or "", options[TIER], 0, weight
-                        )
-                    )
-                continue
-            pod = (state or {}).get("pod_name")
-            if isinstance(pod, str):
-                pods[pod] = tier.name
-            grants.append(
-                Grant(
-                    server=server_key(user, name or ""),
-                    user=user,
-                    team=team or "",
-                    tier=tier.name,
-                    devices=tier.count,
-                    weight=tier.weight,
-                    borrowed=options.get(BORROWED) == "true",
-                    priority=quotas[team].priority if team in quotas else 0,
-                    started=started,
-                )
-            )
+        kept = kept_count(self.user.db)
+        kept.sync(self.user.db, conf, conf.recount_every, self.log)
+        own = self.orm_spawner.id if self.orm_spawner is not None else None
+        gone = kept.gone_of(own) if kept.gone else {}
         if gone:
             _say_gone(self.log, conf.said_gone, gone)
-        self._gpu_pods = pods
-        return grants
+        self._gpu_pods = kept.pods_of(own) if kept.pods else {}
+        return kept.usage(own)
 
     def _gpu_server_key(self) -> str:
         return server_key(self.user.name, self.name or "")
@@ -386,13 +336,13 @@ class GpuProfilesMixin:
         return tier, team
 
     def _gpu_admission(self, tier: Tier, team: str) -> Admission:
-        """Admission from a fresh count, behind the requests waiting in line ahead of this one
+        """Admission from the count brought up to date now, behind the requests waiting in line ahead of this one
         (this server's own place, if it waits, is kept)."""
         unknown = self.gpu_unknown()
         if unknown is not None:  # unknown is never free; waiting in line would not say why
             return Admission(False, unknown)
         conf = self.gpu_profiles
-        usage = self.gpu_usage()
+        usage = self.gpu_held()
         now = clock.utcnow()
         mine = self._gpu_queued if self._gpu_queued and self._gpu_queued.live(now) else None
         return admit_in_line(
@@ -547,7 +497,7 @@ class GpuProfilesMixin:
         """The line now, as admission sees it (the hub's count, any waiting server's spawner);
         what would start sooner only for the requests ``sooner_for`` names (default all)."""
         conf = self.gpu_profiles
-        usage = self.gpu_usage()
+        usage = self.gpu_held()
         capacity = self.gpu_capacity(usage)
         return line(
             queued,
