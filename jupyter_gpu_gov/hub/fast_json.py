@@ -11,7 +11,8 @@ orjson says otherwise, and those bodies are read by ``json.loads`` itself, objec
   nesting past 1024;
 - orjson reads an integer past 64 bits as a float, where ``json.loads`` keeps the integer: a
   body with 19 digits in a row goes to ``json.loads`` (its digits made one and searched, in C;
-  a report's numbers have at most 17);
+  a float's repr has at most 17 significant digits, so only some below 0.01, with their
+  leading zeros, take the slower path, to the same answer);
 - orjson reads nesting up to 1024 deep, ``json.loads`` as deep as the stack lets it (the
   recursion limit, 1000, less the frames below the call), and refuses deeper: a body with
   ``MAX_BRACKETS`` or more ``[`` and ``{`` in all (strings included: a C count) goes to
