@@ -7,7 +7,8 @@ same arguments as ``benchmarks.ingest``), against the fake Hub in this process, 
 pass done; then ``--rounds`` rounds, each after a pass (untimed, as the service runs one a
 minute), in which every server sends ``benchmarks.ingest_load``'s
 report, a minute after the last on the governor's clock, through what the report route
-(``hub/routes.py``, ``report_route``) runs: the body decoded (``json.loads``), ``validate``,
+(``hub/routes.py``, ``report_route``) runs: the body decoded (``json_object``: orjson where
+installed, else ``json.loads``, and the scan for lone surrogates), ``validate``,
 ``Governor.ingest`` and the answer encoded (``json.dumps``). Each step's CPU
 (``time.thread_time``: this thread's only, so other work on the machine does not count) per report, the median over the rounds after the first
 (which fills the diagnosis's context); ``--repeats`` times, each a fresh governor. A second
@@ -46,7 +47,7 @@ from .ingest_load import RUN_STARTED, encode, report_for
 
 REPO = Path(__file__).resolve().parent.parent
 ROUND_S = 60.0  # a server reports every minute
-TOTALS = ("json.loads", "validate", "ingest", "json.dumps", "gc")
+TOTALS = ("json_object", "validate", "ingest", "json.dumps", "gc")
 # Parts of ``Governor.ingest`` (the governor's attribute, or the ingest module's name).
 PARTS = (
     ("compact_report", "module"),
@@ -112,8 +113,9 @@ async def _governor(workdir: str, servers: int):
 def _round(gov, bodies: list[bytes], clock: Clock) -> Counter:
     """Every body through the handler's steps; the verdicts' states."""
     from jupyter_gpu_gov.core.report import validate
+    from jupyter_gpu_gov.hub.api_handler import json_object
 
-    loads = clock.wrap("json.loads", json.loads)
+    loads = clock.wrap("json_object", json_object)
     check = clock.wrap("validate", validate)
     ingest = clock.wrap("ingest", gov.ingest)
     dumps = clock.wrap("json.dumps", json.dumps)

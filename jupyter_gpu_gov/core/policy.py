@@ -21,6 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from .clock import isoformat
 from .clock import parse as parse_time
 from .durations import format_duration, parse_duration
 from .queue import claim_by
@@ -1684,8 +1685,6 @@ def verdict(
     ``root_cause`` is the governor's diagnosis, ``right_size`` a smaller tier its use fits,
     ``requests`` what the server is asked to do (``hub/outbound.py``; none by default) and
     ``started_from_line`` the owner's other servers the spawn queue started, passed in."""
-    from .clock import isoformat
-
     record = decision.record
     return Verdict(
         state=record.state,

@@ -22,6 +22,7 @@ from tornado.log import app_log
 
 from ..core.text import not_text_at
 from ..core.vocabulary import server_key
+from . import fast_json
 from .prepared_auth import (
     ADMIN_SCOPE,
     ASK_THE_HUB,
@@ -59,7 +60,7 @@ def error_message(reason: str, kwargs: dict) -> str:
 def json_object(body: bytes) -> dict[str, Any]:
     """A request's body as a JSON object, or ``ValueError`` saying why it is not one."""
     try:
-        data = json.loads(body)
+        data = fast_json.loads(body)
     except ValueError as error:
         raise ValueError(f"the body is not JSON: {error}") from None
     except RecursionError:

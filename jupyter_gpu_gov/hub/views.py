@@ -237,10 +237,13 @@ class Views:
     def started_from_line(self, row: ServerRow) -> tuple[LineStart, ...]:
         """The owner's other servers the spawn queue started and nobody has opened yet (as of
         the last pass: ``hub.queue.line_starts``)."""
+        unopened_servers = self.line_starts.get(row.user)
+        if not unopened_servers:
+            return ()  # most owners, on every report: without a clock read
         now = clock.utcnow()
         return tuple(
             unopened.notice
-            for unopened in self.line_starts.get(row.user, ())
+            for unopened in unopened_servers
             if unopened.key != row.key and now < unopened.claim_by
         )
 
