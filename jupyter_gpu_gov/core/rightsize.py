@@ -74,15 +74,26 @@ def load_tier_sizes(entries: Iterable[Mapping]) -> dict[str, TierSize]:
         if name in sizes:
             raise TierSizeError(f"{where}: the name is used twice")
         sizes[name] = TierSize(name, label, *numbers, tuple(dict.fromkeys(formerly)))
-    names = [n for size in sizes.values() for n in (size.name, *size.formerly)]
-    for size in sizes.values():
-        for old in size.formerly:
+    clash = former_name_clash((size.name, size.formerly) for size in sizes.values())
+    if clash:
+        raise TierSizeError(clash)
+    return sizes
+
+
+def former_name_clash(tiers: Iterable[tuple[str, Iterable[str]]]) -> str | None:
+    """What is wrong when a tier's former name (``formerly``) is also another tier's name or
+    former name (None: nothing). One rule for the catalogue (``profiles.tiers``) and the
+    governor's sizes of it: a server granted under that name would belong to two tiers."""
+    tiers = [(name, tuple(formerly)) for name, formerly in tiers]
+    names = [n for name, formerly in tiers for n in (name, *formerly)]
+    for name, formerly in tiers:
+        for old in formerly:
             if names.count(old) > 1:
-                raise TierSizeError(
-                    f"tier {size.name!r}: 'formerly' names {old!r}, which is also another "
+                return (
+                    f"tier {name!r}: 'formerly' names {old!r}, which is also another "
                     "tier's name or former name"
                 )
-    return sizes
+    return None
 
 
 def tier_names(sizes: Mapping[str, TierSize]) -> dict[str, tuple[str, ...]]:

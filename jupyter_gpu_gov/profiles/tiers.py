@@ -25,6 +25,7 @@ from typing import Any
 
 from ..core.durations import format_duration, parse_duration
 from ..core.policy import TASK_TYPES
+from ..core.rightsize import former_name_clash
 
 MIN_SHARE = 1 / 8  # no slice smaller than an eighth of a card
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -285,14 +286,9 @@ def load_tiers(
         if tier.name in tiers:
             raise TierError(f"{label}: the name is used twice")
         tiers[tier.name] = tier
-    names = [n for t in tiers.values() for n in (t.name, *t.formerly)]
-    for tier in tiers.values():
-        for old in tier.formerly:
-            if names.count(old) > 1:
-                raise TierError(
-                    f"tier {tier.name!r}: 'formerly' names {old!r}, which is also another "
-                    "tier's name or former name"
-                )
+    clash = former_name_clash((tier.name, tier.formerly) for tier in tiers.values())
+    if clash:
+        raise TierError(clash)
     return tiers
 
 
