@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import math
 import os
 import socket
 import time
@@ -278,9 +277,9 @@ class GpuGovApp(ExtensionApp):
         os.environ[ROOT_ENV] = self.checkpoint_dir
         self._set_device_order = self._pci_bus_order()
         self.reporter = None
-        # Never reported: due at the first sample. Not 0.0: time.monotonic() counts from the
-        # node's boot, and a node booted less than one report_interval ago would wait for it.
-        self._last_report_at = -math.inf
+        # time.monotonic() of the last report sent; -inf: the next sample reports (0.0 read as
+        # "just now" on a machine up less than report_interval: its uptime is the clock).
+        self._last_report_at = float("-inf")
         token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
         if self.governor_url and token:
             self.reporter = Reporter(
@@ -307,7 +306,10 @@ class GpuGovApp(ExtensionApp):
         ``CUDA_VISIBLE_DEVICES=0`` was one card to the kernels and another to the sampler, which
         then read the card the kernels worked on as nobody's and theirs as idle. The kernels
         and terminals inherit the server's environment: they count as NVML does (as
-        nvidia-smi does). Whether it was set here (taken back at the stop)."""
+        nvidia-smi does). Where the environment names another order, the extension does not
+        guess CUDA's (NVIDIA documents FASTEST_FIRST only as "a simple heuristic"): with more
+        than one GPU, the GPUs read unknown, never idle (``Sampler.index_order_unknown``).
+        Whether it was set here (taken back at the stop)."""
         entries = self.visible_devices or ()
         if not any(e.isascii() and e.lstrip("-").isdigit() for e in entries):
             return False  # UUIDs (the workstation allocator's), or every GPU: no order to agree
@@ -316,14 +318,17 @@ class GpuGovApp(ExtensionApp):
             os.environ[DEVICE_ORDER_ENV] = "PCI_BUS_ID"
             return True
         if order.strip() != "PCI_BUS_ID":
+            why = (
+                f"GPUs named by index ({','.join(entries)[:200]}) with "
+                f"{DEVICE_ORDER_ENV}={order[:40]}: CUDA may count them in another order than "
+                f"NVML, so which GPU the kernels use is unknown; name them by UUID, or set "
+                f"{DEVICE_ORDER_ENV}=PCI_BUS_ID"
+            )
+            self.sampler.index_order_unknown = why
             self.log.warning(
-                "jupyter-gpu-gov: GPUs named by index (%s) with %s=%s: CUDA may count them in "
-                "another order than NVML, so this server may watch another GPU than its kernels "
-                "use; name them by UUID, or set %s=PCI_BUS_ID",
-                ",".join(entries)[:200],
-                DEVICE_ORDER_ENV,
-                order[:40],
-                DEVICE_ORDER_ENV,
+                "jupyter-gpu-gov: %s. Until then this server's GPU use reads unknown (never "
+                "idle) where the machine has more than one GPU",
+                why,
             )
         return False
 
@@ -474,7 +479,7 @@ class GpuGovApp(ExtensionApp):
             verdict = await self.reporter.send(outgoing)
         except GovernorError as error:
             if error.status == 429:  # too fast: the first sample past its Retry-After reports
-                self._last_report_at = -math.inf
+                self._last_report_at = float("-inf")
             if not isinstance(error, Held):  # a held one was not sent: said when the 429 came
                 self.log.warning("jupyter-gpu-gov: report not accepted: %s", error)
             return
@@ -547,7 +552,7 @@ class GpuGovApp(ExtensionApp):
 
     async def _report_now(self) -> None:
         """Tell the governor at once (a new sample and report), not at the next interval."""
-        self._last_report_at = -math.inf
+        self._last_report_at = float("-inf")
         await self.sample_now()
 
     def set_verdict(self, verdict: dict) -> None:
