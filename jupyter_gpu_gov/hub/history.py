@@ -343,8 +343,9 @@ class _Upkeep:
         scanned by ranges of ids (its key) for the ids its rows name, rows written meanwhile
         adding theirs (``named``); then the runs and contexts made before the scan that none
         names are deleted. Only ids up to the highest the rows deleted since the last sweep
-        named (``HistoryLog._deleted_named``) are checked, all of them when that is not known. An index on each column would make it cheap, at 12 bytes a row and
-        a scattered write a row (``docs/benchmarks.md``)."""
+        named (``HistoryLog._deleted_named``) are checked, all of them when that is not
+        known. An index on each column would make it cheap, at 12 bytes a row and a
+        scattered write a row (``docs/benchmarks.md``)."""
         log, db = self.log, lambda: self.db
         log._swept_at = time.monotonic()
         self.sweeping = True
