@@ -677,3 +677,56 @@ async def test_an_admins_immediate_cull_spares_a_session_started_during_it(tmp_p
         assert gov.row("alice/").state != "culled"
     culls = [(a.action, a.actor) for a in actions_of(gov) if a.action.startswith("cull")]
     assert culls == [("cull", "user:root"), ("cull-skipped", "user:root")]
+
+
+async def test_an_admins_pending_cull_dropped_by_a_restart_is_on_record(tmp_path, restore_clock):
+    """An admin's Cull now waits for alice's checkpoint; she restarts her server before the
+    pass culls it. The new session does not carry the cull (it was for the session the admin
+    saw), and the admin learns so: a cull-skipped row names the request and both sessions.
+    Nothing is stopped, and the new session is governed as any other."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        seen = gov.row("alice/").session_started
+        outcome = await gov.cull_now("alice/", "user:root", "the node is drained", session=seen)
+        assert outcome["status"] == "requested" and outcome["verdict"]["state"] == "checkpointing"
+
+        clock.advance(60)
+        restarted = clock.utcnow()
+        hub.users["alice"].servers[""].started = restarted  # before the checkpoint came back
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert gov.row("alice/").cull_requested_at is None
+        assert gov.verdict("alice/")["state"] != "checkpointing"
+        await gov.reconcile()  # once only
+        assert hub.running("alice") and hub.counters["stops"] == 0
+    (skipped,) = [a for a in actions_of(gov) if a.action == "cull-skipped"]
+    assert "culled by user:root: the node is drained" in skipped.reason
+    assert "restarted" in skipped.reason
+    assert clock.isoformat(seen) in skipped.reason
+    assert clock.isoformat(restarted) in skipped.reason
+
+
+async def test_an_admins_cull_carried_out_is_not_skipped_by_the_next_session(
+    tmp_path, restore_clock
+):
+    """The pass culled alice's server for the admin; she starts it again: the cull happened,
+    so nothing is on record as skipped."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        await gov.cull_now("alice/", "user:root", "the node is drained")
+        answer(gov, manifest("done"))
+        await gov.reconcile()
+        assert not hub.running("alice")
+        clock.advance(60)
+        hub.add_server("alice")
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert gov.row("alice/").state != "culled"
+    actions = [a.action for a in actions_of(gov)]
+    assert "cull" in actions and "cull-skipped" not in actions

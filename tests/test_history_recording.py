@@ -580,3 +580,58 @@ def test_a_streamed_export_holds_no_read_open_between_its_chunks(tmp_path, monke
     assert (busy, checkpointed) == (0, frames)  # before: frames written after the read began left
     read += list(rows)
     assert [(r.t, r.server, r.team) for r in read][:200] == whole
+
+
+def test_a_later_days_sweep_reads_back_only_what_the_pruned_rows_named(
+    tmp_path, restore_clock, monkeypatch
+):
+    """The sweep's scan returned every run and context id each range of the history names,
+    so its steps cost the writer 3-7 times the old single sweep (docs/benchmarks.md). Once a
+    sweep has run, only the ids up to the highest the rows deleted since named can have lost
+    their last row: a range returns only those still named. Here the servers running now
+    (their runs and context made after the pruned rows') come back from no range, and the
+    end is the full sweep's: the stale rows, their runs and contexts gone, the rest kept."""
+    from sqlalchemy import create_engine, func, select
+
+    from jupyter_gpu_gov.hub import history
+    from jupyter_gpu_gov.hub.history import CONTEXTS, RUNS, HistoryLog
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    now = float(int(clock.utcnow().timestamp()))
+    engine = create_engine(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    log = HistoryLog(engine, HistoryOptions(retention=timedelta(minutes=30)))
+    log.append([HistoryRow(t=now - 7200, server="first/", started=now - 7200, team="f")])
+    log._pruned_at = log._swept_at = -1e12
+    log.prune()  # the day's sweep ran: the first since the service started checks all
+    log._pruned_at = 1e12
+    for p in range(30):
+        log.append(
+            HistoryRow(t=now - 3600 + p, server=f"gone{i}/", started=now - 7200, team=f"t{i}")
+            for i in range(40)
+        )
+    log.append(HistoryRow(t=now, server=f"u{i}/", started=now - 60) for i in range(40))
+    monkeypatch.setattr(history, "STEP_S", 0.0)  # a batch a step, the smallest batches
+    sweeps = []
+    original = history._Upkeep.__init__
+
+    def kept(self, log):
+        original(self, log)
+        sweeps.append(self)
+
+    monkeypatch.setattr(history._Upkeep, "__init__", kept)
+    log._pruned_at = log._swept_at = -1e12  # a day on: the next prune sweeps
+    log.prune()
+    (sweep,) = sweeps
+    assert sweep.sweeping
+    assert (sweep.runs, sweep.contexts) == (set(), set())  # before: the 40 runs, 1 context
+    with engine.connect() as db:
+        left = {
+            table.name: db.execute(select(func.count()).select_from(table)).scalar()
+            for table in (history.HISTORY, RUNS, CONTEXTS)
+        }
+    assert left == {
+        "gpu_gov_history": 40,
+        "gpu_gov_history_runs": 40,
+        "gpu_gov_history_contexts": 1,
+    }
+    assert {r.server for r in read_history(engine)} == {f"u{i}/" for i in range(40)}

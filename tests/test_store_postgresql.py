@@ -233,6 +233,34 @@ def test_the_history_exports_while_the_governor_prunes_the_runs_it_read(database
     assert pruned and servers == ["alice/"]  # bob's row pruned before its chunk was read
 
 
+def test_a_later_days_sweep_takes_what_the_pruned_rows_named_on_postgresql(database):
+    """The sweep after the first checks the runs and contexts up to what the deleted rows
+    named, which the prune learns from its DELETEs (RETURNING): the same end on PostgreSQL,
+    the stale servers' runs and contexts gone, those the rows left name kept."""
+    from datetime import timedelta
+
+    from sqlalchemy import func, select
+
+    from jupyter_gpu_gov.hub.history import CONTEXTS, RUNS, HistoryLog, HistoryOptions
+    from jupyter_gpu_gov.replay.history import HistoryRow
+
+    engine = create_engine(database)
+    log = HistoryLog(engine, HistoryOptions(retention=timedelta(minutes=30)))
+    now = float(int(time.time()))
+    log.append([HistoryRow(t=now - 7200, server="first/", started=now - 7200, team="f")])
+    log._pruned_at = log._swept_at = -1e12
+    log.prune()  # the first sweep since the start: all checked
+    for i in range(5):
+        log.append([HistoryRow(t=now - 3600, server=f"gone{i}/", started=now - 7200, team=f"{i}")])
+    log.append([HistoryRow(t=now, server=f"u{i}/", started=now - 60) for i in range(5)])
+    assert log._deleted_named == (0, 0)
+    log._pruned_at = log._swept_at = -1e12
+    log.prune()
+    with engine.connect() as db:
+        left = [db.execute(select(func.count()).select_from(t)).scalar() for t in (RUNS, CONTEXTS)]
+    assert left == [5, 1]
+
+
 async def test_a_project_holding_nul_does_not_stop_the_pass_for_everyone(database):
     """PostgreSQL refuses text holding NUL; a user who spawns with ``{"project": "\\u0000x"}``
     (the Hub's REST API, no profile to grant) made every pass fail for every server."""

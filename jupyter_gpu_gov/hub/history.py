@@ -152,6 +152,10 @@ class HistoryLog:
         self._pruned_at = -PRUNE_EVERY  # monotonic: prune at the first write
         self._swept_at = -SWEEP_EVERY
         self._upkeep: _Upkeep | None = None  # the prune under way, between its steps
+        # The highest run and context ids the rows deleted since the last sweep named: only
+        # those up to them can have lost their last row. None: not known (since this service
+        # started, or after a sweep that failed): the next sweep checks them all.
+        self._deleted_named: tuple[int, int] | None = None
 
     def append(self, rows: Iterable[HistoryRow]) -> int:
         """Write kept rows (one transaction, one ``executemany``, the ids of new runs and
@@ -212,9 +216,14 @@ class HistoryLog:
             self._pruned_at = time.monotonic()
             self._upkeep = _Upkeep(self)
         upkeep, self._upkeep = self._upkeep, None  # (dropped unless it ends well)
-        with self.engine.begin() as db:
-            self.fence(db)
-            more = upkeep.step(db, time.perf_counter() + STEP_S)
+        try:
+            with self.engine.begin() as db:
+                self.fence(db)
+                more = upkeep.step(db, time.perf_counter() + STEP_S)
+        except BaseException:
+            if upkeep.sweeping:  # what its deleted rows named is not known any more
+                self._deleted_named = None
+            raise
         if more:
             self._upkeep = upkeep
         return more
@@ -290,14 +299,28 @@ class _Upkeep:
         first = self.db.execute(select(func.min(table.c.id))).scalar()
         return first, self.db.execute(select(func.max(table.c.id))).scalar()
 
+    def _delete(self, query) -> int:
+        """Delete history rows; how many. Notes the highest run and context ids they named
+        (``HistoryLog._deleted_named``), where the store can say (``RETURNING``)."""
+        log = self.log
+        if log._deleted_named is None or not self.db.dialect.delete_returning:
+            log._deleted_named = None  # (the next sweep checks them all)
+            return self.db.execute(query).rowcount
+        named = self.db.execute(query.returning(HISTORY.c.run, HISTORY.c.context)).all()
+        if named:
+            runs, contexts = log._deleted_named
+            runs = max(runs, max(run for run, _ in named))
+            log._deleted_named = (runs, max(contexts, max(c for _, c in named)))
+        return len(named)
+
     def _work(self) -> Iterator[_Batch]:
-        log, db = self.log, lambda: self.db
+        log = self.log
         cutoff = int(clock.utcnow().timestamp() - log.options.retention.total_seconds())
         deleted = 0
         while True:  # past the retention, by t (its index), a batch at a time
             size = self.deletes.size
             oldest = select(HISTORY.c.id).where(HISTORY.c.t < cutoff).limit(size)
-            done = db().execute(delete(HISTORY).where(HISTORY.c.id.in_(oldest))).rowcount
+            done = self._delete(delete(HISTORY).where(HISTORY.c.id.in_(oldest)))
             deleted += done
             yield self.deletes
             if done < size:
@@ -308,7 +331,7 @@ class _Upkeep:
             while first <= bound:
                 upto = min(bound, first + self.deletes.size - 1)
                 query = delete(HISTORY).where(HISTORY.c.id >= first, HISTORY.c.id <= upto)
-                deleted += db().execute(query).rowcount
+                deleted += self._delete(query)
                 first = upto + 1
                 yield self.deletes
         if deleted and time.monotonic() - log._swept_at >= SWEEP_EVERY:
@@ -319,19 +342,32 @@ class _Upkeep:
         3.65 M a year at 10,000 servers), and so did what every export read. The history is
         scanned by ranges of ids (its key) for the ids its rows name, rows written meanwhile
         adding theirs (``named``); then the runs and contexts made before the scan that none
-        names are deleted. An index on each column would make it cheap, at 12 bytes a row and
-        a scattered write a row (``docs/benchmarks.md``)."""
+        names are deleted. Only ids up to the highest the rows deleted since the last sweep
+        named (``HistoryLog._deleted_named``) are checked, all of them when that is not
+        known. An index on each column would make it cheap, at 12 bytes a row and a
+        scattered write a row (``docs/benchmarks.md``)."""
         log, db = self.log, lambda: self.db
         log._swept_at = time.monotonic()
         self.sweeping = True
         first, last = self._ids(HISTORY)
         tops = {table: self._ids(table)[1] or 0 for table in (RUNS, CONTEXTS)}
+        if log._deleted_named is not None:
+            # Only the ids the deleted rows named, and those below, can have lost their last
+            # row (the rest were swept before, or are named): a range returns those still
+            # named, not every id it names again (what cost the writer most).
+            for table, most in zip((RUNS, CONTEXTS), log._deleted_named, strict=True):
+                tops[table] = min(tops[table], most)
+        log._deleted_named = (0, 0)  # (rows deleted from now on, for the next sweep)
         lo = (first or 1) - 1
         while last is not None and lo < last:
             hi = min(last, lo + self.scans.size)
             span = (HISTORY.c.id > lo, HISTORY.c.id <= hi)
-            self.runs.update(db().scalars(select(HISTORY.c.run).where(*span).distinct()))
-            self.contexts.update(db().scalars(select(HISTORY.c.context).where(*span).distinct()))
+            for column, named, table in (
+                (HISTORY.c.run, self.runs, RUNS),
+                (HISTORY.c.context, self.contexts, CONTEXTS),
+            ):
+                query = select(column).where(*span, column <= tops[table]).distinct()
+                named.update(db().scalars(query))
             lo = hi
             yield self.scans
         for table, named in ((RUNS, self.runs), (CONTEXTS, self.contexts)):

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from ..core import clock, grant, ledger, policy
 from ..core.policy import Policy, Record, ServerView, evolve
 from ..core.teams import group_teams
-from ..core.vocabulary import CULLED, QUEUED_AT_LABEL, TIER_LABEL, server_key
+from ..core.vocabulary import ADMIN, CULLED, QUEUED_AT_LABEL, TIER_LABEL, server_key
 from . import metrics, outbound
 from .actions import Actions, CullFailed
 from .checkpoints import CheckpointResult, Checkpoints
@@ -426,6 +426,29 @@ class Governor(
         await self._settle(batch)
         await self._save_usage_async()
 
+    def _admin_cull_dropped(
+        self, row: ServerRow, started: datetime, audits: list[AuditRow]
+    ) -> None:
+        """An admin's Cull now still waiting (its checkpoint first) when the owner restarted:
+        it was for the session the admin saw, so the new one does not carry it. On record as
+        skipped, naming both sessions, so the admin learns their cull did not happen."""
+        record = record_of(row)
+        if record.cull_requested_at is None or record.cull_request_reason != ADMIN:
+            return
+        if record.state == CULLED:  # carried out: the Hub took the stop
+            return
+        why = record.cull_request_why or "a cull was asked for"
+        old, new = clock.isoformat(row.session_started), clock.isoformat(started)
+        audits.append(
+            self._audit_row(
+                row,
+                "cull-skipped",
+                f"{why}; not culled: the server restarted before it was done (that session "
+                f"started {old or 'none'}; the running one {new}). Cull the new one if it "
+                "must go",
+            )
+        )
+
     def _govern(
         self, server: HubServer, row: ServerRow | None, now: datetime, batch: _Batch
     ) -> ServerView:
@@ -444,6 +467,8 @@ class Governor(
             self.options.tier_names,
         )
         if row is None or (server.started and row.session_started != server.started):
+            if row is not None:
+                self._admin_cull_dropped(row, server.started, batch.audits)
             # A new session keeps what the governor learned of the server (its hook's record).
             fresh = Record() if row is None else record_of(row).next_session()
             row = ServerRow(
