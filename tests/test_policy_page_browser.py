@@ -36,7 +36,11 @@ pytestmark = [pytest.mark.timeout(300), *needs_browser]
 def hub(tmp_path_factory):
     """carol's server sends no report: the governor culls it by jupyterhub-idle-culler's rule
     (the "impatient" policy: 10 s without Hub activity), and records that in its history."""
-    with governed_hub(tmp_path_factory.mktemp("policy")) as hub:
+    # The module's admin sends a few dozen what-ifs and applies (10 units each) within
+    # seconds, past the default burst of 100: the API budget is tested in test_report_budget.
+    with governed_hub(
+        tmp_path_factory.mktemp("policy"), governor_config="c.GpuGovernor.api_burst = 5000\n"
+    ) as hub:
         hub.create_user("govadmin")
         hub.start_server("carol")
         Gov(hub).wait_up()
