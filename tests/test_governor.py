@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from fake_hub_api import FakeHub
 from prometheus_client import generate_latest
+from sqlalchemy import event
 from test_dcgm import FIXTURES
 from test_report import REPORT
 from tornado import web
@@ -1250,3 +1251,41 @@ async def test_an_idle_stretch_starts_no_earlier_than_the_governor_saw_the_gpu_h
         await gov.reconcile()
         assert gov.verdict("alice/")["state"] == "warned"
         await gov.close()
+
+
+def test_a_schema_7_store_gains_the_index_the_standbys_reads_use(tmp_path):
+    """A standby reads back the rows written since its last read at every pass (schema 8
+    indexes ``updated_at``): a store written by schema 7 is migrated, keeps its rows, and the
+    read finds the few changed rows by the index instead of scanning every server's row."""
+    url = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    store = Store(url)
+    store.save_servers([ServerRow(key=f"u{i}/", user=f"u{i}", name="") for i in range(50)])
+    with store.engine.begin() as db:  # back to schema 7, as the previous version wrote it
+        db.exec_driver_sql("DROP INDEX IF EXISTS ix_servers_updated_at")
+        db.exec_driver_sql("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+    store.engine.dispose()
+
+    migrated = Store(url)
+    since = clock.utcnow()
+    changed = migrated.server("u7/")
+    set_record(changed, Record(state="warned"))
+    migrated.save_servers([changed])
+    asked = []
+    event.listen(
+        migrated.engine,
+        "before_cursor_execute",
+        lambda conn, cursor, statement, parameters, context, many: asked.append(
+            (statement, parameters)
+        ),
+    )
+    rows = migrated.servers(changed_since=since)
+    assert list(rows) == ["u7/"] and rows["u7/"].state == "warned"
+    assert len(Store(url).servers()) == 50
+    (statement, parameters), *_ = asked
+    with migrated.engine.connect() as db:
+        plan = " / ".join(
+            r[-1] for r in db.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)
+        )
+    assert "ix_servers_updated_at" in plan, plan
+    with migrated.session() as session:
+        assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION) == "8"

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Float,
+    Index,
     Integer,
     String,
     Table,
@@ -57,6 +58,7 @@ def _string(name: str, size: int) -> Column:
 # A server's row. Read and written with Core statements (``hub/store.py``), held in memory as
 # a ``ServerRow``: not an ORM class, whose bookkeeping cost ~3 kB a server more
 # (docs/benchmarks.md, "Issue 26, wave 8").
+SERVERS_UPDATED_AT = "ix_servers_updated_at"
 SERVERS = Table(
     "servers",
     Base.metadata,
@@ -111,6 +113,8 @@ SERVERS = Table(
     # restart) its GPU is unknown rather than "no extension".
     Column("reports", Boolean, nullable=False, default=False),
     _time("updated_at"),
+    # Schema 8: a standby reads the rows written since its last read (``Store.servers``).
+    Index(SERVERS_UPDATED_AT, "updated_at"),
 )
 SERVER_COLUMNS = tuple(c.key for c in SERVERS.columns)
 
