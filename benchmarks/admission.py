@@ -9,7 +9,11 @@ on suspicion (``recount_ms``: what every spawn paid before it was kept), one adm
 (``quota.admit``), and the spawn form's lines (``quota.tier_use``: one admission per tier the
 team may use).
 
-    python -m benchmarks.admission [--servers 10000] [--teams 20] [--repeat 20]
+    python -m benchmarks.admission [--servers 10000] [--teams 20] [--repeat 20] [--workstation]
+
+``--workstation``: each server also holds a card of the workstation allocator
+(``profiles/local.py``; its UUID in the state), and ``held_ms`` times what a workstation spawn
+and form view pay beside the count to know which cards are taken (``LocalGpuMixin._held``).
 
 Prints medians in milliseconds. Every spawn and every form view pays the count once.
 """
@@ -27,10 +31,11 @@ from types import SimpleNamespace
 from jupyterhub import orm
 from traitlets.config import Config
 
-from jupyter_gpu_gov.core.grant import GRANT_STATE
+from jupyter_gpu_gov.core.grant import DEVICES_STATE, GRANT_STATE
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.estimate import DEFAULT_TIERS
 from jupyter_gpu_gov.profiles.grant_count import kept_count
+from jupyter_gpu_gov.profiles.local import LocalGpuMixin
 from jupyter_gpu_gov.profiles.quota import Request, admit, tier_use
 from jupyter_gpu_gov.profiles.spawner import BORROWED, TEAM, TIER, GpuProfilesMixin
 
@@ -44,7 +49,7 @@ def _median_ms(work, repeat: int) -> float:
     return round(statistics.median(times) * 1000, 2)
 
 
-def run(servers: int, teams: int, repeat: int) -> dict:
+def run(servers: int, teams: int, repeat: int, workstation: bool = False) -> dict:
     names = [f"team{i}" for i in range(teams)]
     config = Config()
     config.GpuProfiles.tiers = list(DEFAULT_TIERS)
@@ -65,12 +70,14 @@ def run(servers: int, teams: int, repeat: int) -> dict:
         # The grant as the profile layer records it: in the spawner's state, which the
         # count reads (user_options are the user's words, never read as a grant).
         spawner.state = {GRANT_STATE: {TIER: tier, TEAM: rng.choice(names), BORROWED: "false"}}
+        if workstation:
+            spawner.state[DEVICES_STATE] = [f"GPU-{i:08x}-0000-0000-0000-000000000000"]
         db.add(spawner)
     db.commit()
     db.expunge_all()  # the hub's session holds its live servers, not 2 x N objects just made
     gc.collect()
 
-    class Spawner(GpuProfilesMixin):
+    class Spawner(LocalGpuMixin if workstation else GpuProfilesMixin):
         """What the count needs of a spawner: the settings, the database, its own row."""
 
         gpu_profiles = profiles
@@ -103,8 +110,10 @@ def run(servers: int, teams: int, repeat: int) -> dict:
     request = Request("new/", "new", names[0], "h100")
     kept = kept_count(db)
     usage = spawner.gpu_held()
+    held = {"held_ms": _median_ms(spawner._held, repeat)} if workstation else {}
     return {
         "servers": len(usage),
+        **held,
         "count_ms": _median_of(after_a_spawn),
         "form_count_ms": _median_ms(spawner.gpu_held, repeat),
         "recount_ms": _median_ms(lambda: kept.recount(db, profiles, "benchmark"), repeat),
@@ -124,8 +133,9 @@ def main(argv=None) -> None:
     parser.add_argument("--servers", type=int, default=10_000)
     parser.add_argument("--teams", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--workstation", action="store_true")
     args = parser.parse_args(argv)
-    figures = run(args.servers, args.teams, args.repeat)
+    figures = run(args.servers, args.teams, args.repeat, args.workstation)
     print("admission:", " ".join(f"{k}={v}" for k, v in figures.items()))
 
 

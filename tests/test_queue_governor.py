@@ -25,6 +25,7 @@ from fake_pynvml import FakeGpu, install
 from jupyterhub import orm
 from jupyterhub.objects import Hub
 from jupyterhub.user import UserDict
+from sqlalchemy import event
 from test_governor import governor, report_for
 from traitlets.config import Config
 
@@ -396,3 +397,35 @@ async def test_a_server_counts_gpus_by_index_as_nvml_does(hub):
     assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"]) == (card, "PCI_BUS_ID")
     hub.spawner("vera").environment = {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}  # an admin's word
     assert hub.spawner("vera").get_env()["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
+
+
+async def test_a_workstation_spawn_reads_the_cards_held_from_the_kept_count(hub):
+    """Which cards are taken was found by decoding every started server's state again at each
+    spawn and form view (a second full count beside the kept one): now from the hub's kept
+    count, which the same step brought up to date. The answer is the same; no statement runs;
+    a stop frees the card at the next look."""
+    await hub.start("ivan", {"profile": "h100"})
+    card = hub.spawner("ivan").orm_spawner.state[DEVICES_STATE][0]
+    vera = hub.spawner("vera")
+    vera.gpu_held()  # the count, as the form and admission read it before the devices
+    statements = []
+
+    def counted(*_):
+        statements.append(1)
+
+    event.listen(hub.db.get_bind(), "before_cursor_execute", counted)
+    try:
+        assert vera._held() == {card: ["h100"]}
+    finally:
+        event.remove(hub.db.get_bind(), "before_cursor_execute", counted)
+    assert statements == []
+
+    # ivan's own spawner leaves his own row out; a second spawn takes the other card.
+    assert hub.spawner("ivan")._held() == {}
+    await hub.start("vera", {"profile": "h100"})
+    other = hub.spawner("vera").orm_spawner.state[DEVICES_STATE][0]
+    assert other != card
+    hub.stop("ivan")
+    ines = hub.spawner("ines")
+    ines.gpu_held()
+    assert ines._held() == {other: ["h100"]}

@@ -46,6 +46,7 @@ from sqlalchemy import event, func, or_, select
 from sqlalchemy import inspect as inspected
 from sqlalchemy.orm import Session
 
+from ..core.grant import DEVICES_STATE
 from ..core.grant import labels as granted
 from ..core.vocabulary import BORROWED_LABEL, TEAM_LABEL, TIER_LABEL, WEIGHT_LABEL, server_key
 from .quota import Counted, Grant, Held
@@ -103,12 +104,15 @@ class Row:
     borrowed: str | None
     weight: str | None
     pod: str | None  # KubeSpawner's pod_name
+    devices: tuple[str, ...]  # the workstation's device UUIDs it holds (``profiles/local.py``)
     terms: tuple[int, ...]  # the fingerprint's terms: 1, id, user id, lengths
 
     @classmethod
     def read(cls, row_id, user_id, name, user, state, started, *lengths) -> Row:
         options = granted(state)
-        pod = (state or {}).get("pod_name") if isinstance(state, Mapping) else None
+        pod = devices = None
+        if isinstance(state, Mapping):
+            pod, devices = state.get("pod_name"), state.get(DEVICES_STATE)
         return cls(
             user_id=user_id,
             user=user,
@@ -119,6 +123,9 @@ class Row:
             borrowed=options.get(BORROWED_LABEL),
             weight=options.get(WEIGHT_LABEL),
             pod=pod if isinstance(pod, str) else None,
+            devices=tuple(d for d in devices if isinstance(d, str))
+            if isinstance(devices, list)
+            else (),
             terms=(1, row_id, user_id, *lengths),
         )
 
@@ -168,6 +175,7 @@ class KeptCount:
         self.counted = Counted()
         self.gone: dict[int, str] = {}  # row -> a tier no longer configured
         self.pods: dict[int, tuple[str, str]] = {}  # row -> (pod, tier)
+        self.devices: dict[int, tuple[str, ...]] = {}  # row -> device UUIDs (a workstation's)
         self.sums: tuple[int, ...] = (0,) * 6
         self.config: tuple = ()  # what the grants were derived with
         self.dirty: set[int] = set()  # spawner rows to read again
@@ -225,6 +233,17 @@ class KeptCount:
                 pods[pod] = tier
         return pods
 
+    def devices_of(self, own: int | None) -> dict[str, list[str]]:
+        """Device UUID -> the recorded tiers of the started servers holding it (row ``own``
+        left out): the workstation's held devices, without decoding a state."""
+        held: dict[str, list[str]] = {}
+        for row_id, devices in self.devices.items():
+            if row_id != own:
+                tier = self.rows[row_id].tier or ""
+                for uuid in devices:
+                    held.setdefault(uuid, []).append(tier)
+        return held
+
     def gone_of(self, own: int | None) -> dict[str, int]:
         gone: dict[str, int] = {}
         for row_id, name in self.gone.items():
@@ -239,9 +258,10 @@ class KeptCount:
         self.said.debug("gpu-gov: recounting the started servers' grants (%s)", reason)
         kept = None
         if reason in ("periodic", "fingerprint"):
-            kept = (dict(self.counted._by_key), dict(self.pods))
+            kept = (dict(self.counted._by_key), dict(self.pods), dict(self.devices))
         self.dirty, self.dirty_users = set(), set()
         self.rows, self.counted, self.gone, self.pods = {}, Counted(), {}, {}
+        self.devices = {}
         sums = [0] * 6
         for found in db.execute(_ROWS, execution_options=NOT_CACHED):
             row = self.rows[found[0]] = Row.read(*found)
@@ -292,13 +312,18 @@ class KeptCount:
             self.pods[row_id] = (row.pod, pod_tier)
         else:
             self.pods.pop(row_id, None)
+        if row is not None and row.devices:
+            self.devices[row_id] = row.devices
+        else:
+            self.devices.pop(row_id, None)
 
-    def _say_drift(self, reason: str, grants: dict, pods: dict) -> None:
+    def _say_drift(self, reason: str, grants: dict, pods: dict, devices: dict) -> None:
         now = self.counted._by_key
+        kept, found = (grants, pods, devices), (now, self.pods, self.devices)
         differ = sorted(
             r
-            for r in grants.keys() | now.keys() | pods.keys() | self.pods.keys()
-            if grants.get(r) != now.get(r) or pods.get(r) != self.pods.get(r)
+            for r in set().union(*kept, *found)
+            if any(k.get(r) != f.get(r) for k, f in zip(kept, found, strict=True))
         )
         if not differ:
             return

@@ -24,18 +24,17 @@ import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
 
-from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from traitlets import List, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from ..core import health
 from ..core.grant import DEVICES_STATE, GPUS_STATE
-from ..core.grant import labels as granted
 from ..core.models import Device
 from ..gpu.backends import CHOICES, make_backend
+from .grant_count import kept_count
 from .quota import Grant
-from .spawner import FRESH_FOR_S, NOT_CACHED, TIER, GpuProfilesMixin, GpuRefused
+from .spawner import FRESH_FOR_S, GpuProfilesMixin, GpuRefused
 from .tiers import Tier
 
 # As long as a single-user server waits for a fresh sample (server/app.py FRESH_SAMPLE_WAIT_S).
@@ -246,20 +245,11 @@ class LocalGpuMixin(GpuProfilesMixin):
 
     def _held(self) -> dict[str, list[str]]:
         """Device UUID → tiers of the other started servers holding it, as admission recorded
-        them in the state (``user_options`` are the user's words until admission)."""
-        held: dict[str, list[str]] = {}
-        rows = (
-            self.user.db.query(orm.Spawner.id, orm.Spawner.state)
-            .filter(orm.Spawner.started.isnot(None))
-            .execution_options(**NOT_CACHED)
-        )
-        for row_id, state in rows:
-            if self.orm_spawner is not None and row_id == self.orm_spawner.id:
-                continue
-            tier = granted(state).get(TIER, "")
-            for uuid in (state or {}).get(DEVICES_STATE, ()):
-                held.setdefault(uuid, []).append(tier)
-        return held
+        them in the state (``user_options`` are the user's words until admission): from the
+        hub's kept count, which ``gpu_held`` brought up to date in this step (nothing awaited
+        since), not every started server's state decoded again."""
+        own = self.orm_spawner.id if self.orm_spawner is not None else None
+        return kept_count(self.user.db).devices_of(own)
 
     async def gpu_refresh(self) -> None:
         await self.local_gpus.read()
