@@ -253,7 +253,7 @@ def test_a_later_days_sweep_takes_what_the_pruned_rows_named_on_postgresql(datab
     for i in range(5):
         log.append([HistoryRow(t=now - 3600, server=f"gone{i}/", started=now - 7200, team=f"{i}")])
     log.append([HistoryRow(t=now, server=f"u{i}/", started=now - 60) for i in range(5)])
-    assert log._deleted_named == (0, 0)
+    assert log.deleted_named() == (0, 0)
     log._pruned_at = log._swept_at = -1e12
     log.prune()
     with engine.connect() as db:

@@ -116,6 +116,16 @@ CONTEXTS = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("json", Text, nullable=False, unique=True),
 )
+# Where the sweep stands, kept in the store so that a restart (or another governor taking the
+# lease) resumes from it: the highest run and context ids the history rows deleted since the
+# last sweep began name (one row; none: not known, the next sweep checks every id).
+SWEEP_FROM = Table(
+    "gpu_gov_history_sweep",
+    metadata,
+    Column("id", Integer, primary_key=True),  # 1
+    Column("runs", Integer, nullable=False),
+    Column("contexts", Integer, nullable=False),
+)
 _ROW_NAMES = [name for name, _ in STORAGE_COLUMNS]
 
 
@@ -152,10 +162,14 @@ class HistoryLog:
         self._pruned_at = -PRUNE_EVERY  # monotonic: prune at the first write
         self._swept_at = -SWEEP_EVERY
         self._upkeep: _Upkeep | None = None  # the prune under way, between its steps
-        # The highest run and context ids the rows deleted since the last sweep named: only
-        # those up to them can have lost their last row. None: not known (since this service
-        # started, or after a sweep that failed): the next sweep checks them all.
-        self._deleted_named: tuple[int, int] | None = None
+
+    def deleted_named(self) -> tuple[int, int] | None:
+        """The highest run and context ids the rows deleted since the last sweep began named
+        (``SWEEP_FROM``): only those up to them can have lost their last row. None: not known
+        (a store swept by no version that kept it, one without ``RETURNING``): the next sweep
+        checks them all."""
+        with self.engine.connect() as db:
+            return _deleted_named(db)
 
     def append(self, rows: Iterable[HistoryRow]) -> int:
         """Write kept rows (one transaction, one ``executemany``, the ids of new runs and
@@ -220,10 +234,8 @@ class HistoryLog:
             with self.engine.begin() as db:
                 self.fence(db)
                 more = upkeep.step(db, time.perf_counter() + STEP_S)
-        except BaseException:
-            if upkeep.sweeping:  # what its deleted rows named is not known any more
-                self._deleted_named = None
-            raise
+        except BaseException:  # (what its deleted rows named stays in the store, rolled back
+            raise  # with them: the next sweep checks it)
         if more:
             self._upkeep = upkeep
         return more
@@ -268,6 +280,7 @@ class _Upkeep:
         self.db = None  # the connection of the step running
         self.deletes, self.scans, self.lists = _Batch(), _Batch(), _Batch()
         self.sweeping = False
+        self.deleted = False  # history rows deleted (since the sweep began, once it has)
         self.runs: set[int] = set()  # ids some row names (the sweep's scan; appends meanwhile)
         self.contexts: set[int] = set()
         self.work = self._work()
@@ -300,17 +313,22 @@ class _Upkeep:
         return first, self.db.execute(select(func.max(table.c.id))).scalar()
 
     def _delete(self, query) -> int:
-        """Delete history rows; how many. Notes the highest run and context ids they named
-        (``HistoryLog._deleted_named``), where the store can say (``RETURNING``)."""
-        log = self.log
-        if log._deleted_named is None or not self.db.dialect.delete_returning:
-            log._deleted_named = None  # (the next sweep checks them all)
-            return self.db.execute(query).rowcount
-        named = self.db.execute(query.returning(HISTORY.c.run, HISTORY.c.context)).all()
+        """Delete history rows; how many. Notes the highest run and context ids they named in
+        the store (``SWEEP_FROM``, in the same transaction), where the store can say
+        (``RETURNING``)."""
+        db = self.db
+        self.deleted = True
+        known = _deleted_named(db)
+        if known is None or not db.dialect.delete_returning:
+            if known is not None:
+                _note_named(db, None)  # (the next sweep checks them all)
+            return db.execute(query).rowcount
+        named = db.execute(query.returning(HISTORY.c.run, HISTORY.c.context)).all()
         if named:
-            runs, contexts = log._deleted_named
-            runs = max(runs, max(run for run, _ in named))
-            log._deleted_named = (runs, max(contexts, max(c for _, c in named)))
+            runs = max(known[0], max(run for run, _ in named))
+            contexts = max(known[1], max(c for _, c in named))
+            if (runs, contexts) != known:
+                _note_named(db, (runs, contexts))
         return len(named)
 
     def _work(self) -> Iterator[_Batch]:
@@ -343,21 +361,22 @@ class _Upkeep:
         scanned by ranges of ids (its key) for the ids its rows name, rows written meanwhile
         adding theirs (``named``); then the runs and contexts made before the scan that none
         names are deleted. Only ids up to the highest the rows deleted since the last sweep
-        named (``HistoryLog._deleted_named``) are checked, all of them when that is not
-        known. An index on each column would make it cheap, at 12 bytes a row and a
+        named (``SWEEP_FROM``, kept in the store: a restart resumes from it) are checked, all
+        of them when that is not known. An index on each column would make it cheap, at 12 bytes a row and a
         scattered write a row (``docs/benchmarks.md``)."""
         log, db = self.log, lambda: self.db
         log._swept_at = time.monotonic()
-        self.sweeping = True
+        self.sweeping, self.deleted = True, False
         first, last = self._ids(HISTORY)
         tops = {table: self._ids(table)[1] or 0 for table in (RUNS, CONTEXTS)}
-        if log._deleted_named is not None:
+        named_before = _deleted_named(self.db)
+        if named_before is not None:
             # Only the ids the deleted rows named, and those below, can have lost their last
             # row (the rest were swept before, or are named): a range returns those still
-            # named, not every id it names again (what cost the writer most).
-            for table, most in zip((RUNS, CONTEXTS), log._deleted_named, strict=True):
+            # named, not every id it names again (what cost the writer most). Kept in the
+            # store: the first sweep after a restart is bounded too.
+            for table, most in zip((RUNS, CONTEXTS), named_before, strict=True):
                 tops[table] = min(tops[table], most)
-        log._deleted_named = (0, 0)  # (rows deleted from now on, for the next sweep)
         lo = (first or 1) - 1
         while last is not None and lo < last:
             hi = min(last, lo + self.scans.size)
@@ -386,6 +405,24 @@ class _Upkeep:
                     gone = set(unnamed)
                     log._forget(*((gone, set()) if table is RUNS else (set(), gone)))
                 yield self.lists
+        # Every id up to the tops is checked: the next sweep starts from what rows deleted
+        # from now on name (unless rows were deleted meanwhile: then from what they noted).
+        # Written in the sweep's last transaction: one that fails leaves what was noted.
+        if not self.deleted:
+            _note_named(self.db, (0, 0))
+
+
+def _deleted_named(db) -> tuple[int, int] | None:
+    """``SWEEP_FROM``'s ids, as ``db``'s transaction reads them (None: not known)."""
+    query = select(SWEEP_FROM.c.runs, SWEEP_FROM.c.contexts).where(SWEEP_FROM.c.id == 1)
+    found = db.execute(query).first()
+    return (found[0], found[1]) if found is not None else None
+
+
+def _note_named(db, named: tuple[int, int] | None) -> None:
+    db.execute(delete(SWEEP_FROM).where(SWEEP_FROM.c.id == 1))
+    if named is not None:
+        db.execute(insert(SWEEP_FROM).values(id=1, runs=named[0], contexts=named[1]))
 
 
 def _ids(db, table: Table, keys: set) -> dict:
