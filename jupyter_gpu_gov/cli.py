@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -748,6 +749,10 @@ def _diagnose(args: argparse.Namespace) -> int:
     fail = partial(_fail, command="diagnose")
     if args.baseline and args.file != "-":
         return _diagnose_streamed(args.file, fail)
+    if args.model and args.file != "-":
+        done = _diagnose_with_model_streamed(args.file, args.model, fail)
+        if done is not None:
+            return done
     try:
         windows = read_windows(args.file)
     except ValueError as error:
@@ -816,6 +821,70 @@ def _diagnose_streamed(path: str, fail) -> int:
             out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}))
             out.write("\n")
     except ValueError as error:  # (the file changed between the two readings)
+        return fail(str(error))
+    except OSError as error:
+        return fail(f"cannot read {path}: {error.strerror or error}")
+    summary["labels"] = dict(sorted(labels.items()))
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+def _diagnose_with_model_streamed(path: str, model_path: str, fail) -> int | None:
+    """``diagnose --model PATH FILE``, a window at a time, when the file's rows are in time
+    order (as the hub's windows and exports are): a window's context is then its server's
+    windows before it in the file, and the young nodes learn in the file's order, so the file
+    is read three times (checked whole, a bad one printing nothing; the young nodes' learning;
+    the diagnoses), holding each server's last few running windows, not every window. A file
+    in another order returns None: it is read whole (``_diagnose``), as before."""
+    from collections import Counter, deque
+
+    from .diagnose.counterfactual import Diagnoser
+    from .diagnose.features import WITHOUT, iter_in_context, iter_windows, time_key
+
+    missing = {key: {*key.split("+")} for key in WITHOUT}  # columns no window has yet
+    count, last = 0, -math.inf
+    try:
+        for window in iter_windows(path):
+            count += 1
+            if time_key(window) < last:
+                return None  # not in time order: held whole
+            last = time_key(window)
+            for key in [k for k, columns in missing.items() if _any_value(window, columns)]:
+                del missing[key]
+    except ValueError as error:
+        return fail(str(error))
+    except OSError as error:
+        return fail(f"cannot read {path}: {error.strerror or error}")
+    summary: dict = {"windows": count}
+    if count and missing:
+        summary["not_measured"] = {key: WITHOUT[key] for key in missing}
+    try:
+        model = Diagnoser.load(model_path)
+    except (OSError, ValueError, EOFError) as error:
+        return fail(f"cannot load --model: {error}")
+    summary["by"] = f"model {model_path}"
+
+    def in_context(windows):
+        return iter_in_context(windows, model.context, model.context_horizon_s)
+
+    labels: Counter = Counter()
+    try:
+        model = model.learnt(in_context(iter_windows(path)))
+        read: deque = deque()  # the windows as read, beside their reading in context
+
+        def kept(windows):
+            for window in windows:
+                read.append(window)
+                yield window
+
+        out = sys.stdout
+        for window in in_context(kept(iter_windows(path))):
+            result = model.score(window)
+            window = read.popleft()
+            labels[result.label] += 1
+            out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}))
+            out.write("\n")
+    except ValueError as error:  # (the file changed between the readings)
         return fail(str(error))
     except OSError as error:
         return fail(f"cannot read {path}: {error.strerror or error}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import tracemalloc
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from jupyter_gpu_gov import cli
@@ -134,3 +135,63 @@ def test_diagnose_baseline_reads_its_file_a_window_at_a_time(tmp_path, monkeypat
     summary = json.loads(capsys.readouterr().err)
     assert summary["windows"] == 10_000 and sum(summary["labels"].values()) == 10_000
     assert peak < 2_000_000, f"{peak / 1e6:.1f} MB"  # before: 12.9 MB
+
+
+def test_diagnose_with_a_model_reads_its_file_a_window_at_a_time(tmp_path, monkeypatch, capsys):
+    """``diagnose --model PATH FILE`` held the file's text and every window (twice: as read and
+    in context) before printing a line. A file in time order (the hub's windows and exports
+    are) is now read a window at a time, three times (checked whole, so that a bad file
+    still prints nothing; the young nodes' learning; the diagnoses), holding each server's
+    last few running windows: the same bytes out. A file in another order is held, as
+    before, and answers the same."""
+    import json
+    import random
+
+    from jupyter_gpu_gov.diagnose import faults
+    from jupyter_gpu_gov.diagnose.counterfactual import Diagnoser
+    from jupyter_gpu_gov.diagnose.features import read_windows
+
+    windows = sorted((w for w, _ in faults.generate(100, 100, seed=4)), key=lambda w: w.t)
+    path = tmp_path / "windows.jsonl"  # 10,000 windows, in time order
+    path.write_text("".join(json.dumps(w.as_dict()) + "\n" for w in windows))
+    model = tmp_path / "model.pkl"  # learnt elsewhere: most of this file's nodes are young
+    Diagnoser().fit([w for w, _ in faults.generate(8, 40, seed=5)]).save(model)
+
+    def expected(source) -> tuple[str, dict]:
+        read = read_windows(source)
+        results = Diagnoser.load(model).diagnose_many(read)
+        lines = [
+            json.dumps({"server": w.server, "t": w.t, **r.as_dict()}) + "\n"
+            for w, r in zip(read, results, strict=True)
+        ]
+        return "".join(lines), dict(sorted(Counter(r.label for r in results).items()))
+
+    out = tmp_path / "out.jsonl"
+    with open(out, "w") as stream:
+        monkeypatch.setattr("sys.stdout", stream)
+        small = tmp_path / "small.jsonl"  # (imports, caches: not measured)
+        small.write_text(path.read_text().split("\n", 1)[0] + "\n")
+        cli.main(["diagnose", "--model", str(model), str(small)])
+        stream.seek(0)
+        stream.truncate()
+        capsys.readouterr()
+        tracemalloc.start()
+        try:
+            assert cli.main(["diagnose", "--model", str(model), str(path)]) == 0
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    text, labels = expected(path)
+    assert out.read_text() == text
+    summary = json.loads(capsys.readouterr().err)
+    assert summary == {"windows": 10_000, "by": f"model {model}", "labels": labels}
+    assert peak < 2_000_000, f"{peak / 1e6:.1f} MB"  # before: 17.6 MB (0.85 MB now)
+
+    shuffled = tmp_path / "shuffled.jsonl"  # another order: held, the same answers
+    lines = path.read_text().splitlines(keepends=True)[:2000]
+    random.Random(1).shuffle(lines)
+    shuffled.write_text("".join(lines))
+    with open(out, "w") as stream:
+        monkeypatch.setattr("sys.stdout", stream)
+        assert cli.main(["diagnose", "--model", str(model), str(shuffled)]) == 0
+    assert out.read_text() == expected(shuffled)[0]

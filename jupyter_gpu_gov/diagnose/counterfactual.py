@@ -311,27 +311,36 @@ class Diagnoser:
         unlabelled, as ``fit`` would (the model itself is not changed)."""
         if context:
             windows = self.in_context(windows)
+        # As they came, whatever the file's order.
+        model = self.learnt(sorted(windows, key=time_key)) if learn else self
+        return [model.score(w) for w in windows]
+
+    def learnt(self, windows: Iterable[Window]) -> Diagnoser:
+        """This model with the nodes it has too little history of learnt from ``windows`` (in
+        context, in time order; read once, a window at a time), unlabelled, as ``fit`` would;
+        the model itself is not changed (itself when no node is young)."""
         model = self
-        if learn:
-            young = {
-                (w.node or "", kind_of(w))
-                for w in windows
-                if w.sm_active is not None
-                and self._maturity(self.nodes.get((w.node or "", kind_of(w)))) < 1.0
-            }
-            if young:
-                model = copy.copy(self)
-                model.nodes = dict(self.nodes)
-                model.tasks = dict(self.tasks)
-                for key in young:
+        young: dict[tuple[str, str], bool] = {}  # node key -> learnt here
+        for w in windows:
+            if w.sm_active is None:
+                continue
+            key = (w.node or "", kind_of(w))
+            learns = young.get(key)
+            if learns is None:
+                learns = young[key] = self._maturity(self.nodes.get(key)) < 1.0
+                if learns:
+                    if model is self:
+                        model = copy.copy(self)
+                        model.nodes = dict(self.nodes)
+                        model.tasks = dict(self.tasks)
                     old = self.nodes.get(key)
                     model.nodes[key] = copy.deepcopy(old) if old else NodeReference(key[1])
-                for w in sorted(windows, key=time_key):  # as they came, whatever the file's order
-                    if w.sm_active is not None and (w.node or "", kind_of(w)) in young:
-                        model.nodes[(w.node or "", kind_of(w))].observe(w)
-                for key in young:
-                    model.nodes[key].refresh()
-        return [model.score(w) for w in windows]
+            if learns:
+                model.nodes[key].observe(w)
+        for key, learns in young.items():
+            if learns:
+                model.nodes[key].refresh()
+        return model
 
     def score(self, w: Window) -> Diagnosis:
         """One window as it is (in context already)."""
