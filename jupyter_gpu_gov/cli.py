@@ -832,54 +832,69 @@ def _diagnose_streamed(path: str, fail) -> int:
 def _diagnose_with_model_streamed(path: str, model_path: str, fail) -> int | None:
     """``diagnose --model PATH FILE``, a window at a time, when the file's rows are in time
     order (as the hub's windows and exports are): a window's context is then its server's
-    windows before it in the file, and the young nodes learn in the file's order, so the file
-    is read three times (checked whole, a bad one printing nothing; the young nodes' learning;
-    the diagnoses), holding each server's last few running windows, not every window. A file
-    in another order returns None: it is read whole (``_diagnose``), as before."""
+    windows before it in the file, and the young nodes learn in the file's order. The file is
+    read twice, holding each server's last few running windows, not every window: checked
+    whole while the young nodes learn (a bad file prints nothing, and is named before a bad
+    model, as when it was held), then diagnosed. A file in another order returns None: it is
+    read whole (``_diagnose``), as before."""
     from collections import Counter, deque
 
     from .diagnose.counterfactual import Diagnoser
     from .diagnose.features import WITHOUT, iter_in_context, iter_windows, time_key
 
-    missing = {key: {*key.split("+")} for key in WITHOUT}  # columns no window has yet
-    count, last = 0, -math.inf
     try:
-        for window in iter_windows(path):
-            count += 1
-            if time_key(window) < last:
-                return None  # not in time order: held whole
-            last = time_key(window)
-            for key in [k for k, columns in missing.items() if _any_value(window, columns)]:
-                del missing[key]
-    except ValueError as error:
-        return fail(str(error))
-    except OSError as error:
-        return fail(f"cannot read {path}: {error.strerror or error}")
-    summary: dict = {"windows": count}
-    if count and missing:
-        summary["not_measured"] = {key: WITHOUT[key] for key in missing}
-    try:
-        model = Diagnoser.load(model_path)
+        model, unloaded = Diagnoser.load(model_path), None
     except (OSError, ValueError, EOFError) as error:
-        return fail(f"cannot load --model: {error}")
-    summary["by"] = f"model {model_path}"
+        model, unloaded = None, error  # said once the file is found readable
 
     def in_context(windows):
         return iter_in_context(windows, model.context, model.context_horizon_s)
 
-    labels: Counter = Counter()
+    missing = {key: {*key.split("+")} for key in WITHOUT}  # columns no window has yet
+    count, last, in_order = 0, -math.inf, True
+
+    def checked(windows):
+        nonlocal count, last, in_order
+        for window in windows:
+            count += 1
+            if time_key(window) < last:
+                in_order = False
+                return  # (the learning so far is dropped: the file is held whole)
+            last = time_key(window)
+            for key in [k for k, columns in missing.items() if _any_value(window, columns)]:
+                del missing[key]
+            yield window
+
     try:
-        model = model.learnt(in_context(iter_windows(path)))
-        read: deque = deque()  # the windows as read, beside their reading in context
+        if unloaded is None:
+            learnt = model.learnt(in_context(checked(iter_windows(path))))
+        else:
+            for _ in checked(iter_windows(path)):
+                pass
+    except ValueError as error:
+        return fail(str(error))
+    except OSError as error:
+        return fail(f"cannot read {path}: {error.strerror or error}")
+    if not in_order:
+        return None
+    if unloaded is not None:
+        return fail(f"cannot load --model: {unloaded}")
+    summary: dict = {"windows": count}
+    if count and missing:
+        summary["not_measured"] = {key: WITHOUT[key] for key in missing}
+    summary["by"] = f"model {model_path}"
+    labels: Counter = Counter()
+    read: deque = deque()  # the windows as read, beside their reading in context
 
-        def kept(windows):
-            for window in windows:
-                read.append(window)
-                yield window
+    def kept(windows):
+        for window in windows:
+            read.append(window)
+            yield window
 
-        out = sys.stdout
+    out = sys.stdout
+    try:
         for window in in_context(kept(iter_windows(path))):
-            result = model.score(window)
+            result = learnt.score(window)
             window = read.popleft()
             labels[result.label] += 1
             out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}))
