@@ -440,19 +440,21 @@ class _Check:
             with self.engine.connect() as connection:
                 while True:
                     query = _ROWS.where(_S.id > last).order_by(_S.id).limit(CHECK_CHUNK)
-                    chunk = connection.execute(query, execution_options=NOT_CACHED).all()
-                    connection.rollback()  # (a read: the transaction ends, its locks go)
-                    time.sleep(0)
-                    for i, found in enumerate(chunk):
-                        if i % YIELD_EVERY == 0:
+                    # A row at a time, none kept unless it differs: nothing piles up to be
+                    # promoted, so the thread seldom sets off a full garbage collection
+                    # (which holds the GIL, the loop waiting, for a second under load).
+                    count = 0
+                    for found in connection.execute(query, execution_options=NOT_CACHED):
+                        count, last = count + 1, found[0]
+                        if count % YIELD_EVERY == 0:
                             time.sleep(0)  # the GIL to the event loop, if it waits for it
                         row = Row.read(*found)
-                        seen.add(found[0])
-                        if kept.rows.get(found[0]) != row:
-                            self.differ[found[0]] = row
-                    if len(chunk) < CHECK_CHUNK:
+                        seen.add(last)
+                        if kept.rows.get(last) != row:
+                            self.differ[last] = row
+                    connection.rollback()  # (a read: the transaction ends, its locks go)
+                    if count < CHECK_CHUNK:
                         break
-                    last = chunk[-1][0]
             for row_id in list(kept.rows):
                 if row_id not in seen:
                     self.differ[row_id] = None
