@@ -66,9 +66,11 @@ from .quota import Counted, Grant, Held
 NOT_CACHED = {"compiled_cache": None}
 # More rows changed than this since the last use: one full recount rather than a long IN (...).
 MAX_REREAD = 500
-# The periodic recount's thread reads this many rows per transaction (SQLite: a writer waits
-# for a reader's lock at most that long, not for the whole read).
-CHECK_CHUNK = 500
+# The periodic recount's thread reads this many rows per transaction (SQLite: a writer on the
+# event loop waits for a reader's lock at most that long, a few ms, not for the whole read),
+# and keeps none unless it differs: 500 decoded rows alive together were promoted and set off
+# full garbage collections in the thread (1.3-2.0 s under load, the GIL held, the loop waiting).
+CHECK_CHUNK = 100
 # ... and lets the GIL go every so many rows: a thread that holds it makes the loop wait up
 # to the switch interval (5 ms) after each of its own database calls (60 ms a use, measured).
 YIELD_EVERY = 32
@@ -440,21 +442,19 @@ class _Check:
             with self.engine.connect() as connection:
                 while True:
                     query = _ROWS.where(_S.id > last).order_by(_S.id).limit(CHECK_CHUNK)
-                    # A row at a time, none kept unless it differs: nothing piles up to be
-                    # promoted, so the thread seldom sets off a full garbage collection
-                    # (which holds the GIL, the loop waiting, for a second under load).
-                    count = 0
-                    for found in connection.execute(query, execution_options=NOT_CACHED):
-                        count, last = count + 1, found[0]
+                    chunk = connection.execute(query, execution_options=NOT_CACHED).all()
+                    connection.rollback()  # (a read: the transaction ends, its locks go)
+                    for count, found in enumerate(chunk, 1):
                         if count % YIELD_EVERY == 0:
                             time.sleep(0)  # the GIL to the event loop, if it waits for it
                         row = Row.read(*found)
-                        seen.add(last)
-                        if kept.rows.get(last) != row:
-                            self.differ[last] = row
-                    connection.rollback()  # (a read: the transaction ends, its locks go)
-                    if count < CHECK_CHUNK:
+                        seen.add(found[0])
+                        if kept.rows.get(found[0]) != row:
+                            self.differ[found[0]] = row
+                    if len(chunk) < CHECK_CHUNK:
                         break
+                    last = chunk[-1][0]
+                    del chunk  # (none kept unless it differs: see CHECK_CHUNK)
             for row_id in list(kept.rows):
                 if row_id not in seen:
                     self.differ[row_id] = None
