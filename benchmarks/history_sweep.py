@@ -1,7 +1,7 @@
 """History: the prune that sweeps, and how long it holds the store at a time.
 
     python -m benchmarks.history_sweep [--rows 20000000] [--servers 10000] [--days 14] [--repeat 3]
-        [--later]
+        [--later] [--restarted]
 
 A store as ``HistoryLog`` keeps it (SQLite, ``STORAGE_COLUMNS``, the index on ``t``) holding
 ``--rows`` rows over ``--days`` days of ``--servers`` servers (a run a server a day, a few
@@ -16,7 +16,9 @@ On a tree from before the steps (no ``upkeep_step``) it times ``HistoryLog.prune
 transaction. Prints the longest single store operation, the steps, their total, and the rows,
 runs and contexts left (the same on both trees: the same end state). ``--later``: a later
 day's sweep, the service having swept once since it started (its first sweep checks every run
-and context; later ones only those up to what the deleted rows named).
+and context; later ones only those up to what the deleted rows named). ``--restarted``: the
+first sweep after a restart of a service that had swept before (a tree that keeps where the
+sweep stands in the store resumes from it; one that kept it in memory checks every id).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from datetime import timedelta
 from sqlalchemy import create_engine
 
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.hub import history
 from jupyter_gpu_gov.hub.history import HistoryLog, HistoryOptions
 
 PROFILES = ("a100-80g", "h100-80g", "mig-3g.40gb", "mig-1g.10gb")
@@ -85,11 +88,14 @@ def build(path: str, rows: int, servers: int, days: int, now: int) -> None:
     db.close()
 
 
-def prune(path: str, days: int, later: bool = False) -> dict:
+def prune(path: str, days: int, later: bool = False, restarted: bool = False) -> dict:
     engine = create_engine(f"sqlite:///{path}")
     log = HistoryLog(engine, HistoryOptions(retention=timedelta(days=days)))
     if later and hasattr(log, "_deleted_named"):  # as after its first sweep, nothing since
-        log._deleted_named = (0, 0)
+        log._deleted_named = (0, 0)  # (a tree that kept it in memory)
+    if (later or restarted) and hasattr(history, "SWEEP_FROM"):  # swept before, in the store
+        with engine.begin() as db:
+            db.execute(history.SWEEP_FROM.insert().values(id=1, runs=0, contexts=0))
     stalls = []
     if hasattr(log, "upkeep_step"):
         more = True
@@ -124,6 +130,11 @@ def main() -> None:
         help="a later day's sweep: the service swept once since it started (the first "
         "sweep after a start checks every run and context)",
     )
+    parser.add_argument(
+        "--restarted",
+        action="store_true",
+        help="the first sweep after a restart of a service that had swept before",
+    )
     args = parser.parse_args()
     now = int(clock.utcnow().timestamp())
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
@@ -138,7 +149,7 @@ def main() -> None:
         for _ in range(args.repeat):
             copy = os.path.join(folder, "copy.sqlite")
             shutil.copyfile(template, copy)
-            results.append(prune(copy, args.days, args.later))
+            results.append(prune(copy, args.days, args.later, args.restarted))
             os.remove(copy)
             print(results[-1], flush=True)
     longest = statistics.median(r["longest_s"] for r in results)

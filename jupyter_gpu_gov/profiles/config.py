@@ -158,9 +158,10 @@ class GpuProfiles(SingletonConfigurable):
         600,
         help="""Seconds between full recounts of the started servers' grants from the hub's
         database, compared with the count kept between spawns (a difference is logged as drift,
-        counted in ``gpu_gov_grant_count_drift_total`` and corrected); done at the next spawn,
-        form or line after that long. 0: recount at every use (half a second per spawn at
-        10,000 servers).""",
+        counted in ``gpu_gov_grant_count_drift_total`` and corrected); begun at the next spawn,
+        form or line after that long, read in a thread of its own (off the Hub's event loop;
+        SQLite in memory: in the use) and compared at a use after it. 0: recount in every use
+        (half a second per spawn at 10,000 servers).""",
     ).tag(config=True)
 
     max_expected_duration = Unicode(
