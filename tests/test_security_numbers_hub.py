@@ -1,11 +1,11 @@
-"""Numbers a user's report carries, on a real hub with the governor (review 15): a report is
-the user's to write, and JSON's numbers have no size. Each attack worked before the fix.
+"""What a user's report carries into what admins read, on a real hub with the governor
+(review 15): a report is the user's to write. Each attack worked before the fix.
 
 mallory  her server sends no report of its own (silent); she posts reports holding 10^308 MiB
          of GPU memory at 5 % SM on her H100 (right-sizing measures it) and two kernels of
-         1e308 MiB each (their sum is infinite)
+         1e308 MiB each (their sum is infinite); and reports naming bob's pod as hers
 bob      her neighbour, whose server the admin lists beside hers
-govadmin lists every server, as JSON and on the dashboard
+govadmin lists every server, as JSON and on the dashboard, and reads the metrics
 """
 
 from __future__ import annotations
@@ -127,3 +127,34 @@ def test_an_unbounded_memory_figure_is_refused_and_every_page_still_lists(hub, g
     assert wait(hinted, 60, "a right-sizing hint for 4 GiB")["tier"] == "h100-1g"
     listed = {s["user"]: s for s in admin_listing(hub, gov)}
     assert listed["mallory"]["gpu"]["memory_mb"] == 4096, listed["mallory"]
+
+
+def server_series(hub: HubHarness) -> list[dict]:
+    """The labels of the governor's per-server series, as Prometheus reads them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = hub.get(f"{hub.url.rstrip('/')}/services/gpu-gov/metrics", token=hub.token("govadmin"))
+    assert r.status_code == 200, r.text[:500]
+    return [
+        s.labels
+        for family in text_string_to_metric_families(r.text)
+        if family.name == "jupyter_gpu_gov_server_gpu_equivalents"
+        for s in family.samples
+    ]
+
+
+def test_a_report_naming_anothers_pod_is_not_the_metrics_pod(hub, gov):
+    """PromQL joins DCGM's series with the per-server series on (namespace, pod)
+    (docs/grafana.md): mallory's series named bob's pod, so bob's GPU read as hers, and two
+    series of one pod broke the join for every server. The pod is the Hub's records' (none
+    here: a local spawner), never a report's."""
+    mallory = hub.token("mallory")
+    report = report_holding(hub, "mallory", 2048)
+    report["server"].update(pod="jupyter-bob", namespace="jhub")
+    r = gov.call("POST", "reports", mallory, json=report)
+    assert r.status_code == 200, r.text[:500]
+    passes = gov.passes()
+    wait(lambda: gov.passes() >= passes + 2, 90, "two passes over mallory's report")
+    series = {s["user"]: s for s in server_series(hub)}
+    assert "mallory" in series, series
+    assert (series["mallory"]["namespace"], series["mallory"]["pod"]) == ("", ""), series
