@@ -158,3 +158,14 @@ def test_a_report_naming_anothers_pod_is_not_the_metrics_pod(hub, gov):
     series = {s["user"]: s for s in server_series(hub)}
     assert "mallory" in series, series
     assert (series["mallory"]["namespace"], series["mallory"]["pod"]) == ("", ""), series
+
+
+def test_a_server_started_in_year_one_is_a_400_naming_it(hub, gov):
+    """The time a report says its server started bounds its others (5 minutes before it): in
+    year 1 that bound raised past every handler, a 500 and a traceback in the log for each
+    report."""
+    report = report_holding(hub, "mallory", 2048)
+    report["server"]["started"] = "0001-01-01T00:00:00Z"
+    r = gov.call("POST", "reports", hub.token("mallory"), json=report)
+    assert r.status_code == 400, r.text[:500]
+    assert "server.started" in r.json()["message"], r.text[:500]

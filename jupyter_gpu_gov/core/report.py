@@ -64,7 +64,12 @@ def validate(report: object, now: datetime | None = None) -> dict:
     server = _expect(report.get("server"), Mapping, "", "server", "an object")
     latest = (now or utcnow()) + MAX_CLOCK_SKEW
     started = _time(server, "started", "server", None, latest)
-    earliest = started - MAX_CLOCK_SKEW if started is not None else None
+    try:
+        earliest = started - MAX_CLOCK_SKEW if started is not None else None
+    except OverflowError:  # in the first minutes of year 1: raised past every handler (a 500)
+        raise ReportError(
+            "server.started", f"{server['started']} is before any server started"
+        ) from None
 
     _time(report, "sampled_at", "", earliest, latest, required=True)
     if report.get("backend") not in BACKENDS:
