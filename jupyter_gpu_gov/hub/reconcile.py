@@ -505,7 +505,7 @@ class Governor(
         # A report the records contradict is not believed, its health claims neither.
         report = received.report if received and key not in self._distrusted else None
         evidence = (
-            self._evidence(report, context.by_uuid, context.by_pod)
+            self._report_evidence(report, server)
             if report is not None
             else self._granted_evidence(server)
         )
