@@ -168,8 +168,11 @@ def fresh_report() -> dict:
 REPORT_PATHS = [p for p in paths(REPORT) if p]
 
 
-# Values that broke a governor before: huge numbers, the last second of year 9999.
-extremes = st.sampled_from([10**400, -(10**400), 1e308, -1e308, -1, "9999-12-31T23:59:59Z"])
+# Values that broke a governor before: huge numbers, the last second of year 9999, the first
+# of year 1.
+extremes = st.sampled_from(
+    [10**400, -(10**400), 1e308, -1e308, -1, "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z"]
+)
 
 
 @settings(FUZZ, max_examples=300)

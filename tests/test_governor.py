@@ -138,6 +138,30 @@ async def test_dcgm_governs_a_server_without_the_extension(tmp_path, restore_clo
     assert seen[121][0] == "culled" and "no checkpoint (it sends no GPU report)" in seen[121][1]
 
 
+async def test_the_per_server_series_names_the_records_pod_never_the_reports(tmp_path):
+    """PromQL joins DCGM's series with ``jupyter_gpu_gov_server_gpu_equivalents`` on
+    (namespace, pod) (docs/grafana.md): the pod is KubeSpawner's, from the Hub's records. A
+    report naming another pod (bob's) once put that pod on alice's series."""
+    pod = {"pod_name": "jupyter-alice", "namespace": "jhub"}
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=pod)
+        hub.add_server("carol")  # another spawner: no records, no pod
+        gov = governor(hub, tmp_path)
+        for user in ("alice", "carol"):
+            report = report_for(user, H100_IDLE_GPU, sm=0.9)
+            report["server"].update(pod="jupyter-bob", namespace="jhub")
+            gov.ingest(report)
+        await gov.reconcile()
+    series = {
+        s.labels["user"]: (s.labels["namespace"], s.labels["pod"])
+        for family in metrics.REGISTRY.collect()
+        if family.name == "jupyter_gpu_gov_server_gpu_equivalents"
+        for s in family.samples
+        if s.labels["user"] in ("alice", "carol")
+    }
+    assert series == {"alice": ("jhub", "jupyter-alice"), "carol": ("", "")}
+
+
 async def test_a_dcgm_only_cull_counts_the_pods_gpus_as_reclaimed(tmp_path, restore_clock):
     exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
     pod = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}

@@ -399,6 +399,23 @@ async def test_a_failure_claimed_on_a_gpu_not_its_own_keeps_nothing(tmp_path):
     assert gov.health_view()["gpus"] == []  # nor is a GPU it does not hold shown as failed
 
 
+async def test_a_report_naming_a_failed_pod_takes_on_nothing_without_records(tmp_path, http):
+    """Mallory's server has no record behind it (another spawner, or a service without
+    ``admin:server_state``). Her report names alice's pod, whose GPU DCGM sees fall off the
+    bus: her server took on that failure (``gpu-failed``: never culled as idle). DCGM is read
+    for her by the GPUs her report names, which it does not know: her GPU is idle as it says."""
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("mallory", last_activity=clock.utcnow())
+        gov = await stack.enter_async_context(governed(hub, tmp_path, f"{http.base}/metrics"))
+        report = report_for("mallory", "GPU-not-one-dcgm-reads", sm=0.0)
+        report["server"].update(pod=ALICE_POD["pod_name"], namespace=ALICE_POD["namespace"])
+        gov.ingest(report)
+        await fresh_pass(gov)
+        row = gov.row("mallory/")
+    assert row.state == "idle" and row.cull_at is not None, (row.state, row.reason)
+    assert all(gpu["server"] != "mallory/" for gpu in gov.health_view()["gpus"])
+
+
 async def test_a_node_is_cordoned_only_once_its_audit_is_on_record(tmp_path, http, monkeypatch):
     """Every action is audited before it is taken: a pass whose write the store refused (a
     full disk) cordoned the node all the same, with nothing on record. Now the cordon waits

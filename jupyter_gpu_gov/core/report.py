@@ -24,8 +24,10 @@ from .vocabulary import STOP_SERVER
 from .wire import (
     BACKENDS,
     CONFIDENCES,
+    MAX_COUNT,
     MAX_DEVICES,
     MAX_ERROR,
+    MAX_MEMORY_MB,
     MAX_TARGETS,
     MAX_TEXT,
     REPORT_FORMAT,
@@ -62,7 +64,12 @@ def validate(report: object, now: datetime | None = None) -> dict:
     server = _expect(report.get("server"), Mapping, "", "server", "an object")
     latest = (now or utcnow()) + MAX_CLOCK_SKEW
     started = _time(server, "started", "server", None, latest)
-    earliest = started - MAX_CLOCK_SKEW if started is not None else None
+    try:
+        earliest = started - MAX_CLOCK_SKEW if started is not None else None
+    except OverflowError:  # in the first minutes of year 1: raised past every handler (a 500)
+        raise ReportError(
+            "server.started", f"{server['started']} is before any server started"
+        ) from None
 
     _time(report, "sampled_at", "", earliest, latest, required=True)
     if report.get("backend") not in BACKENDS:
@@ -87,7 +94,7 @@ def validate(report: object, now: datetime | None = None) -> dict:
         for key in ("uuid", "parent_uuid", "name", "mig_profile"):
             _optional_str(device, key, where)
         for key in ("memory_total_mb", "memory_used_mb"):
-            _number(device, key, where, low=0)
+            _number(device, key, where, low=0, high=MAX_MEMORY_MB)
         _number(device, "activity", where, low=0, high=1)
         _number(device, "memory_activity", where, low=0, high=1)
         _expect(device.get("shared", False), bool, where, "shared", "true or false")
@@ -113,7 +120,7 @@ def validate(report: object, now: datetime | None = None) -> dict:
             _optional_str(target, key, where)
         _time(target, "last_activity", where, earliest, latest)
         _time(target, "busy_since", where, earliest, latest)
-        _number(target, "connections", where, low=0)
+        _number(target, "connections", where, low=0, high=MAX_COUNT)
         gpu = _expect(target.get("gpu"), Mapping, where, "gpu", "an object")
         in_gpu = ("targets", i, ".gpu")
         gpu_devices = _expect(gpu.get("devices", []), list, in_gpu, "devices", "a list")
@@ -121,7 +128,7 @@ def validate(report: object, now: datetime | None = None) -> dict:
             isinstance(d, str) and len(d) <= MAX_TEXT for d in gpu_devices
         ):
             raise ReportError(_field(in_gpu, "devices"), "must be a list of device UUIDs")
-        _number(gpu, "memory_mb", in_gpu, low=0)
+        _number(gpu, "memory_mb", in_gpu, low=0, high=MAX_MEMORY_MB)
         _number(gpu, "sm", in_gpu, low=0, high=1)
         _expect(gpu.get("holds_context"), bool, in_gpu, "holds_context", "true or false")
         if gpu.get("confidence") not in CONFIDENCES:
@@ -133,7 +140,7 @@ def validate(report: object, now: datetime | None = None) -> dict:
         _cpu(target.get("cpu"), ("targets", i, ".cpu"))
 
     window = _expect(report.get("window"), Mapping, "", "window", "an object")
-    _number(window, "seconds", "window", low=0, required=True)
+    _number(window, "seconds", "window", low=0, high=MAX_COUNT, required=True)
     _number(window, "gpu_active_fraction", "window", low=0, high=1)
     for key in ("gpu_last_active", "gpu_idle_since"):
         _time(window, key, "window", earliest, latest)
@@ -259,10 +266,10 @@ def _cpu(cpu, where: _Where) -> None:
     _expect(cpu, Mapping, where, "", "an object or null")
     if "cores" not in cpu and "percent" in cpu:
         return
-    _number(cpu, "cores", where, low=0)
+    _number(cpu, "cores", where, low=0, high=MAX_COUNT)
     _number(cpu, "iowait", where, low=0, high=1)
-    _number(cpu, "read_mb_s", where, low=0)
-    _number(cpu, "seconds", where, low=0)
+    _number(cpu, "read_mb_s", where, low=0, high=MAX_COUNT)
+    _number(cpu, "seconds", where, low=0, high=MAX_COUNT)
     _number(cpu, "top_thread", where, low=0, high=1)
 
 

@@ -29,6 +29,13 @@ MAX_DEVICES = 64
 MAX_TARGETS = 2000
 MAX_TEXT = 1024  # characters of a name, id or path
 MAX_ERROR = 4096  # characters of an error message
+# A number's bound where its meaning sets none: JSON's numbers have no size, and 10^308 MiB held
+# (finite as a float, an integer in Python) made right-sizing raise on every listing of the
+# admin's, and two kernels of 1e308 MiB summed to infinity ("Infinity" is not JSON).
+MAX_MEMORY_MB = 2**30  # MiB: 1 PiB, thousands of times any GPU's
+MAX_COUNT = 2**31  # connections, CPU cores, MB/s, seconds (68 years)
+MEMORY = {"minimum": 0, "maximum": MAX_MEMORY_MB}
+COUNT = {"minimum": 0, "maximum": MAX_COUNT}
 CHECKPOINT_STATES = (CHECKPOINT_REQUESTED, "none")  # the verdict's "checkpoint"
 EXTENSION_REASONS = ("optional", "required")
 AT_DEADLINES = (INTERRUPT,)  # the verdict's "at_deadline": what comes at cull_at, if not a cull
@@ -160,8 +167,8 @@ class Device(Wire):
     parent_uuid: str | None = spec(
         "the physical GPU of a MIG instance; `null` for a whole GPU", maxLength=MAX_TEXT
     )
-    memory_total_mb: float | None = spec("MiB", minimum=0)
-    memory_used_mb: float | None = spec("MiB", minimum=0)
+    memory_total_mb: float | None = spec("MiB", **MEMORY)
+    memory_used_mb: float | None = spec("MiB", **MEMORY)
     activity: float | None = spec(
         "0..1 over the driver's last sample period; `null` where there is no utilisation API "
         "(MIG without GPM)",
@@ -189,7 +196,7 @@ class TargetGpu(Wire):
     devices: tuple[str, ...] = spec(
         "UUIDs of the devices this target holds", tuple, maxItems=MAX_DEVICES
     )
-    memory_mb: float | None = spec("GPU memory it holds, MiB", minimum=0)
+    memory_mb: float | None = spec("GPU memory it holds, MiB", **MEMORY)
     sm: float | None = spec("SM activity 0..1 (of its busiest device) at this sample", **SHARE)
     holds_context: bool = spec(
         "it has a CUDA context on a GPU (holds the card even if idle)", False, required=True
@@ -221,7 +228,7 @@ class TargetCpu(Wire):
     cores: float | None = spec(
         "CPU cores busy on average (user + system time / wall time): `1.0` is one core "
         "saturated, e.g. a Python loop",
-        minimum=0,
+        **COUNT,
     )
     iowait: float | None = spec(
         "share 0..1 of the window the tree's processes spent blocked on block I/O "
@@ -235,9 +242,9 @@ class TargetCpu(Wire):
         "reads from storage (`read_bytes` of `/proc/<pid>/io`: page-cache misses, not cached "
         "re-reads), in MB/s (10^6 bytes); `null` when `io` is unreadable for any process of the "
         "tree, and for `other`",
-        minimum=0,
+        **COUNT,
     )
-    seconds: float | None = spec("the span these figures cover", minimum=0)
+    seconds: float | None = spec("the span these figures cover", **COUNT)
     top_thread: float | None = spec(
         "share 0..1 of a core the tree's busiest thread used, tick by tick, averaged over the "
         "window (`/proc/<pid>/task/<tid>/schedstat` where the kernel keeps it, else `stat`; "
@@ -277,7 +284,7 @@ class Target(Wire):
         "as Jupyter Server reports it (terminals: their last activity)", **TIME
     )
     connections: float | None = spec(
-        "clients connected (browser tabs; terminals: their clients)", minimum=0
+        "clients connected (browser tabs; terminals: their clients)", **COUNT
     )
     gpu: TargetGpu = spec("what it holds of the GPUs", TargetGpu, required=True)
     cpu: TargetCpu | None = spec(
@@ -300,7 +307,7 @@ class Window(Wire):
     """The rolling window, for the whole server."""
 
     seconds: float = spec(
-        "length of the rolling window (`GpuGovApp.window_seconds`)", 0, required=True, minimum=0
+        "length of the rolling window (`GpuGovApp.window_seconds`)", 0, required=True, **COUNT
     )
     gpu_active_fraction: float | None = spec(
         "share of the window's known samples in which any GPU-holding target was active; "

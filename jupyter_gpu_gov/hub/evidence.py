@@ -256,6 +256,16 @@ class Evidence:
             return False
         return None
 
+    def _report_evidence(self, report: Mapping, server: HubServer | None) -> list[GpuEvidence]:
+        """DCGM's records of the GPUs a report names: by its pod only where the Hub's records
+        name a pod (KubeSpawner's, which a believed report agrees with), else by its devices'
+        UUIDs. A report with no record behind it names any pod it likes, and took on that
+        pod's GPU: its failure (the server never culled as idle), its activity in the history."""
+        context = self._context
+        granted = trusted.Granted.of(server.spawner_state) if server is not None else None
+        by_pod = context.by_pod if granted is not None and granted.pod is not None else {}
+        return self._evidence(report, context.by_uuid, by_pod)
+
     @staticmethod
     def _evidence(report: Mapping, by_uuid, by_pod) -> list[GpuEvidence]:
         """DCGM's records of this server's GPUs: by its pod, else by its devices' UUIDs."""

@@ -607,9 +607,8 @@ class History:
         """What the pass saw of a server, as ``CONTENT_FIELDS``."""
         fresh = received is not None and now - received.at <= self.options.report_stale_after
         report = received.report if fresh else None
-        context = self._context
         evidence = (
-            self._evidence(report, context.by_uuid, context.by_pod)
+            self._report_evidence(report, server)
             if report is not None
             else self._granted_evidence(server)
         )

@@ -307,7 +307,7 @@ class Ingest:
         self.diagnosis.observe(
             key,
             decoded,
-            self._evidence(decoded, context.by_uuid, context.by_pod),
+            self._report_evidence(decoded, hub_server),
             now,
             team=(row.team or "") if row is not None else None,
             gpus=billed.gpus if billed is not None else None,

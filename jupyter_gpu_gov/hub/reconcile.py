@@ -505,7 +505,7 @@ class Governor(
         # A report the records contradict is not believed, its health claims neither.
         report = received.report if received and key not in self._distrusted else None
         evidence = (
-            self._evidence(report, context.by_uuid, context.by_pod)
+            self._report_evidence(report, server)
             if report is not None
             else self._granted_evidence(server)
         )
@@ -563,7 +563,7 @@ class Governor(
         servers decided or stopped since the last publish, or every one) set again, the loop
         running every ``GAUGES_PER_TURN`` of them (10,000 hold it ~30 ms), then published."""
         self._looked.clear()  # one decided meanwhile (a person's request) is published next
-        rows, billed, reports, gauges = self.rows, self.ledger.open, self.reports, self.gauges
+        rows, billed, servers, gauges = self.rows, self.ledger.open, self._servers, self.gauges
         for turn, key in enumerate(keys, 1):
             if turn % GAUGES_PER_TURN == 0:
                 await let_reports_in()
@@ -571,9 +571,13 @@ class Governor(
             if row is None or not row.running:
                 gauges.drop(key)
                 continue
-            session, received = billed.get(key), reports.get(key)
-            info = received.report["server"] if received is not None else {}
-            pod = (info.get("namespace") or "", info.get("pod") or "")
+            session, server = billed.get(key), servers.get(key)
+            # The pod the Hub's records name (KubeSpawner's state), never a report's: PromQL
+            # joins DCGM's series on it (docs/grafana.md), and a report naming another's pod
+            # had their GPU's activity read as its own, or broke the join for every server
+            # (two series of one pod).
+            held = grant.pod(server.spawner_state) if server is not None else None
+            pod = (held[0] or "", held[1]) if held is not None else ("", "")
             gauges.set(key, row, session.gpus if session is not None else 0.0, pod)
         gauges.publish()
 

@@ -15,7 +15,7 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 # still works as jupyterhub-idle-culler does with list:users, read:users:activity, read:servers
 # and delete:servers (REQUIRED_SCOPES).
 OPTIONAL_SCOPES = {
-    "list:groups": "teams are not read from Hub groups (only from user_options and team_map)",
+    "list:groups": "teams are not read from Hub groups (only from grants and team_map)",
     "read:users": "admin flags and group membership are unknown",
     "admin:server_state": "servers without the extension cannot be matched to DCGM's pods",
 }
@@ -57,7 +57,8 @@ class HubAccess:
                 self.missing_scopes = (self.missing_scopes or frozenset()) | {"list:groups"}
             else:
                 log.warning(
-                    "gpu-gov: cannot list groups (%s); teams come from user_options only", error
+                    "gpu-gov: cannot list groups (%s); teams come from grants and team_map only",
+                    error,
                 )
             return []
 

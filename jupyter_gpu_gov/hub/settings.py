@@ -123,7 +123,8 @@ class GovernorSettings(HasTraits):
         help="Seconds after which a server's last report no longer counts: its GPU is unknown.",
     ).tag(config=True)
     team_map = Dict(
-        help="User name → team, for users whose team is not in user_options or Hub groups."
+        help="User name → team, for users whose server has no grant naming its team and who are "
+        "in no Hub group with a team (a team in user_options is never believed)."
     ).tag(config=True)
     dcgm_prometheus_url = Unicode(
         "", help="Prometheus base URL to query dcgm-exporter series (e.g. http://prometheus:9090)."
