@@ -463,6 +463,36 @@ async def test_a_restarted_server_asks_only_for_its_new_tier(hub):
     assert ownership(cpu) == ({}, {})
 
 
+def env_of(pod: V1Pod) -> dict[str, str]:
+    return {e.name: e.value for e in container(pod).env or []}
+
+
+async def test_a_server_without_a_gpu_is_shown_no_card_by_the_nvidia_runtime(make_hub):
+    """A pod that asks for no GPU gets no device from the device plugin, but where the NVIDIA
+    runtime is the node's default (the GPU operator's setting) a CUDA image's
+    ``NVIDIA_VISIBLE_DEVICES=all`` (or an admin's ``singleuser.extraEnv``) showed it every card
+    of the node: a "No GPU" server used GPUs no quota counted and another server held. Its pod
+    says ``void`` (the runtime then does what runc does); a restart on a tier leaves the
+    device plugin's value alone, and the admin's other settings stay."""
+    config = profiles_config()
+    config.KubeSpawner.environment = {"NVIDIA_VISIBLE_DEVICES": "all", "SITE": "x"}
+    hub = make_hub(config)
+    hub.user("carol", "vision", "nlp")
+    carol = hub.spawner("carol")
+
+    for options in ({"profile": "no-gpu"}, {}):  # the form's choice; a REST API spawn's default
+        cpu = await admitted_pod(carol, options)
+        assert not container(cpu).resources.limits
+        assert env_of(cpu)["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert env_of(cpu)["SITE"] == "x"
+        await round_trip(cpu)
+
+    card = await admitted_pod(carol, {"profile": "h100", "team": "vision"})
+    assert container(card).resources.limits == {"nvidia.com/gpu": "1"}
+    assert env_of(card)["NVIDIA_VISIBLE_DEVICES"] == "all"  # the admin's, as configured
+    assert env_of(card)["SITE"] == "x"
+
+
 @pytest.mark.parametrize("keyed", [False, True], ids=["lists", "keyed-dicts"])
 async def test_tier_scheduling_adds_to_the_configured_tolerations_and_affinity(make_hub, keyed):
     """What the admin (or the z2jh chart) configured stays: its dedicated-node toleration and

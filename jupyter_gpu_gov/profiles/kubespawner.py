@@ -11,6 +11,7 @@
 - the pod carries the ownership labels (``gpu-gov/user``, ``team``, ``project``, ``tier``,
   ``borrowed``, ``max-age``; the prefix is ``GpuProfiles.label_prefix``) that dcgm-exporter's
   pod-label feature and dashboards read, with the raw values in annotations of the same names;
+- the "No GPU" choice's pod says ``NVIDIA_VISIBLE_DEVICES=void`` (``NO_GPU_OVERRIDE``);
 - capacity comes from the cluster (``profiles/cluster.py``): the devices of the nodes each tier
   selects, less what other GPU pods hold (the hub's servers on other tiers sharing the cards
   included), read every ``cluster_refresh`` seconds.
@@ -36,6 +37,15 @@ from .hubconfig import profile_list_refusal
 from .quota import tier_use
 from .spawner import NO_GPU, GpuProfilesMixin
 from .tiers import Tier
+
+# What the "No GPU" choice sets. A pod that asks for no GPU gets no device from the device
+# plugin, but where the NVIDIA runtime is the node's default (the GPU operator's setting) the
+# runtime shows it what NVIDIA_VISIBLE_DEVICES names: ``all`` in CUDA images, so every card of
+# the node, which no quota counts and another server holds. ``void``: what runc does, no card.
+# (A GPU tier's pod gets the device plugin's value, which replaces the container's.)
+NO_GPU_OVERRIDE: dict[str, Any] = {
+    "environment": lambda spawner: {**spawner.environment, "NVIDIA_VISIBLE_DEVICES": "void"}
+}
 
 
 def tier_override(tier: Tier) -> dict[str, Any]:
@@ -128,7 +138,7 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
                 "slug": NO_GPU,
                 "description": "CPU only; counts against no quota",
                 "default": True,
-                "kubespawner_override": {},
+                "kubespawner_override": dict(NO_GPU_OVERRIDE),
             }
         )
     return profiles
@@ -182,6 +192,7 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         # was before the first spawn, or a server restarted on another tier (or without a GPU)
         # would still ask for the previous tier's devices, on the previous tier's nodes.
         keys = {k for t in self.gpu_profiles.tier_map.values() for k in tier_override(t)}
+        keys.update(NO_GPU_OVERRIDE)
         if self._gpu_configured is None:
             self._gpu_configured = {
                 k: copy.deepcopy(getattr(self, k)) for k in sorted(keys) if self.has_trait(k)
