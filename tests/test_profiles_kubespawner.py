@@ -31,6 +31,7 @@ import pytest
 import z2jh_harness as z2jh
 from fake_k8s_api import FakeKubernetes, _schema_errors, cpu_node, gpu_node
 from jupyterhub import orm
+from jupyterhub.app import JupyterHub
 from jupyterhub.objects import Hub
 from jupyterhub.user import User
 from kubernetes_asyncio.client import ApiClient, V1Pod
@@ -1236,6 +1237,31 @@ async def test_documented_values_load_in_the_charts_order_and_spawn_a_tier(
     assert ownership(pod)[0]["gpu-gov/tier"] == "h100"
     assert pod.metadata.labels["release"] == "jhub"  # the chart's common labels
     await round_trip(pod)
+
+
+@pytest.mark.parametrize(
+    ("role", "scopes"),
+    [
+        ({"scopes": ["self", "read:users:name"]}, {"self", "read:users:name"}),
+        ({"groups": ["staff"]}, {"self"}),  # JupyterHub's default scopes, assigned to a group
+    ],
+    ids=["own-scopes", "assignment-only"],
+)
+async def test_a_user_role_of_the_admins_own_is_kept_and_given_the_governor(tmp_path, role, scopes):
+    """A hub with its own ``user`` role (z2jh's ``hub.loadRoles.user``, which the chart loads
+    before the config file): the governor's was a second role of that name, and JupyterHub
+    refused to start ("Role user multiply defined"). The admin's role stays, with the
+    governor's access added; the roles load as the Hub loads them."""
+    config = chart_config(tmp_path, {"hub": {"loadRoles": {"user": role}}})
+    GpuProfiles.clear_instance()
+    hub = JupyterHub(config=config, db_url="sqlite://")
+    hub.init_db()
+    await hub.init_role_creation()
+
+    user = orm.Role.find(hub.db, "user")
+    assert set(user.scopes) == {*scopes, "access:services!service=gpu-gov"}
+    assert "custom:gpu-gov:queue" in orm.Role.find(hub.db, "gpu-gov-service").scopes
+    hub.db.close()
 
 
 def test_an_admins_own_profile_list_is_refused_with_what_to_do(tmp_path):

@@ -15,6 +15,8 @@ import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
+from traitlets.config import LazyConfigValue
+
 from ..core.queue import QUEUE_SCOPE
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
@@ -92,10 +94,29 @@ def add_governor(
                 "groups": list(admin_groups),
                 "scopes": [ADMIN_SCOPE, access],
             },
-            # Every user may talk to the governor about their own servers.
-            {"name": "user", "scopes": ["self", access]},
         ]
     )
+    # Every user may talk to the governor about their own servers.
+    _add_user_scope(c, access)
     # A server's own token reports for it; it holds no admin scope, whoever owns it.
     c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", access]
     c.Spawner.environment.update({"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"})
+
+
+def _add_user_scope(c, scope: str) -> None:
+    """Add ``scope`` to the ``user`` role: to the admin's own where one is configured already
+    (z2jh's ``hub.loadRoles.user``; JupyterHub refuses a second role of one name), else as
+    JupyterHub's default (``self``) plus ``scope``."""
+    roles = c.JupyterHub.load_roles
+    if isinstance(roles, LazyConfigValue):  # only .append/.extend/... so far
+        configured = [*roles._prepend, *(r for _, r in roles._inserts), *roles._extend]
+    else:
+        configured = list(roles)
+    mine = next((r for r in configured if isinstance(r, dict) and r.get("name") == "user"), None)
+    if mine is None:
+        roles.append({"name": "user", "scopes": ["self", scope]})
+        return
+    # A role without scopes only assigns JupyterHub's default ones (``self``): keep them.
+    scopes = list(mine.get("scopes", ["self"]))
+    if scope not in scopes:
+        mine["scopes"] = [*scopes, scope]
