@@ -1264,6 +1264,23 @@ async def test_a_user_role_of_the_admins_own_is_kept_and_given_the_governor(tmp_
     hub.db.close()
 
 
+@pytest.mark.parametrize("section", ["Spawner", "KubeSpawner"])
+async def test_server_token_scopes_of_the_admins_own_keep_the_governors(
+    make_hub, tmp_path, section
+):
+    """An admin's own ``server_token_scopes`` (z2jh's ``hub.config``, loaded before the config
+    file): add_governor's assignment replaced them (c.Spawner), or was hidden by them
+    (c.KubeSpawner): servers then lacked ``access:services!service=gpu-gov`` and every GPU
+    report was refused (their GPUs unknown, never idle, never culled). Both are kept."""
+    own = ["access:servers!server", "users:activity!user", "read:users:name!user"]
+    config = chart_config(tmp_path, {"hub": {"config": {section: {"server_token_scopes": own}}}})
+    GpuProfiles.clear_instance()
+    hub = make_hub(config)
+    hub.user("vic", "vision")
+    scopes = hub.spawner("vic").server_token_scopes
+    assert set(scopes) == {*own, "access:services!service=gpu-gov"}, scopes
+
+
 def test_an_admins_own_profile_list_is_refused_with_what_to_do(tmp_path):
     profiles = [{"display_name": "Data science", "slug": "datascience", "kubespawner_override": {}}]
     with pytest.raises(ValueError) as refused:

@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-from traitlets.config import LazyConfigValue
+from traitlets.config import Config, LazyConfigValue
 
 from ..core.queue import QUEUE_SCOPE
 
@@ -99,7 +99,7 @@ def add_governor(
     # Every user may talk to the governor about their own servers.
     _add_user_scope(c, access)
     # A server's own token reports for it; it holds no admin scope, whoever owns it.
-    c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", access]
+    _add_server_token_scopes(c, ["users:activity!user", "access:servers!server", access])
     c.Spawner.environment.update({"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"})
 
 
@@ -120,3 +120,22 @@ def _add_user_scope(c, scope: str) -> None:
     scopes = list(mine.get("scopes", ["self"]))
     if scope not in scopes:
         mine["scopes"] = [*scopes, scope]
+
+
+def _add_server_token_scopes(c, scopes: list[str]) -> None:
+    """Add ``scopes`` to ``c.Spawner.server_token_scopes`` and to any spawner class's own (an
+    admin's ``c.KubeSpawner.server_token_scopes``, z2jh's ``hub.config``, wins over
+    ``c.Spawner``'s), keeping what the admin set there: a server whose token lacks the
+    governor's access has every GPU report refused."""
+    own = [
+        name
+        for name, section in c.items()
+        if name != "Spawner" and isinstance(section, Config) and "server_token_scopes" in section
+    ]
+    for name in ["Spawner", *own]:
+        section = c[name]
+        value = section.server_token_scopes if "server_token_scopes" in section else []
+        if isinstance(value, LazyConfigValue):  # .append/.extend on the (empty) default
+            value = value.get_value([])
+        kept = list(value)
+        section.server_token_scopes = [*kept, *(s for s in scopes if s not in kept)]
