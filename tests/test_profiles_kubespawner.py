@@ -44,6 +44,7 @@ from traitlets.config import Config, PyFileConfigLoader
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.hub.hubconfig import add_governor
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.hubconfig import TEMPLATES as QUEUE_TEMPLATES
@@ -1279,6 +1280,22 @@ async def test_server_token_scopes_of_the_admins_own_keep_the_governors(
     hub.user("vic", "vision")
     scopes = hub.spawner("vic").server_token_scopes
     assert set(scopes) == {*own, "access:services!service=gpu-gov"}, scopes
+
+
+async def test_an_admins_own_spawner_environment_still_tells_servers_where_to_report(make_hub):
+    """A config that sets ``c.KubeSpawner.environment`` before add_governor (as z2jh does from
+    ``singleuser.extraEnv``): it hid add_governor's ``c.Spawner.environment``, and servers,
+    told no governor URL, sent no GPU report at all."""
+    config = profiles_config()
+    config.KubeSpawner.environment = {"SITE": "x"}
+    add_governor(config, url="http://hub:10101")
+    hub = make_hub(config)
+    hub.user("vic", "vision")
+
+    pod = await admitted_pod(hub.spawner("vic"), {"profile": "h100"})
+
+    assert env_of(pod)["JUPYTER_GPU_GOV_URL"] == "http://hub:10101/services/gpu-gov/"
+    assert env_of(pod)["SITE"] == "x"
 
 
 def test_an_admins_own_profile_list_is_refused_with_what_to_do(tmp_path):

@@ -53,7 +53,8 @@ def add_governor(
     tiers: Sequence[Mapping] = (),
 ) -> None:
     """Add the governor to JupyterHub config ``c`` (call it once, after setting services,
-    roles and the spawner's environment if you set those). ``tiers``: what a server of each
+    roles and the spawners' environment and token scopes if you set those: it adds to them).
+    ``tiers``: what a server of each
     tier gets, for right-sizing hints (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``;
     this module does not import the profile layer)."""
     environment = dict(environment or {})
@@ -100,7 +101,9 @@ def add_governor(
     _add_user_scope(c, access)
     # A server's own token reports for it; it holds no admin scope, whoever owns it.
     _add_server_token_scopes(c, ["users:activity!user", "access:servers!server", access])
-    c.Spawner.environment.update({"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"})
+    _update_spawners(
+        c, "environment", {"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"}
+    )
 
 
 def _add_user_scope(c, scope: str) -> None:
@@ -122,20 +125,40 @@ def _add_user_scope(c, scope: str) -> None:
         mine["scopes"] = [*scopes, scope]
 
 
-def _add_server_token_scopes(c, scopes: list[str]) -> None:
-    """Add ``scopes`` to ``c.Spawner.server_token_scopes`` and to any spawner class's own (an
-    admin's ``c.KubeSpawner.server_token_scopes``, z2jh's ``hub.config``, wins over
-    ``c.Spawner``'s), keeping what the admin set there: a server whose token lacks the
-    governor's access has every GPU report refused."""
+def _spawner_sections(c, trait: str) -> list[str]:
+    """``Spawner`` and every spawner class whose own section sets ``trait``: an admin's
+    ``c.KubeSpawner.environment`` (z2jh's ``singleuser.extraEnv``) or ``server_token_scopes``
+    (z2jh's ``hub.config``) wins over ``c.Spawner``'s, and would hide what is added there."""
     own = [
         name
         for name, section in c.items()
-        if name != "Spawner" and isinstance(section, Config) and "server_token_scopes" in section
+        if name != "Spawner"
+        and name.endswith("Spawner")
+        and isinstance(section, Config)
+        and trait in section
     ]
-    for name in ["Spawner", *own]:
+    return ["Spawner", *own]
+
+
+def _update_spawners(c, trait: str, values: dict) -> None:
+    """Add ``values`` to the dict ``trait`` wherever spawners read it, keeping the rest."""
+    for name in _spawner_sections(c, trait):
         section = c[name]
-        value = section.server_token_scopes if "server_token_scopes" in section else []
-        if isinstance(value, LazyConfigValue):  # .append/.extend on the (empty) default
-            value = value.get_value([])
-        kept = list(value)
-        section.server_token_scopes = [*kept, *(s for s in scopes if s not in kept)]
+        if isinstance(section.get(trait), dict):
+            section[trait] = {**section[trait], **values}
+        else:  # lazy (.update() so far): still merged onto the trait's value when loaded
+            section[trait].update(values)
+
+
+def _add_server_token_scopes(c, scopes: list[str]) -> None:
+    """Add ``scopes`` to the servers' token scopes wherever spawners read them, keeping what
+    the admin set: a server whose token lacks the governor's access has every GPU report
+    refused."""
+    for name in _spawner_sections(c, "server_token_scopes"):
+        section = c[name]
+        kept = section.get("server_token_scopes")
+        if isinstance(kept, LazyConfigValue):  # .append/.extend so far: still merged when loaded
+            kept.extend(scopes)
+        else:
+            kept = list(kept or [])
+            section.server_token_scopes = [*kept, *(s for s in scopes if s not in kept)]
