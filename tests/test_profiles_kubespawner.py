@@ -1009,19 +1009,34 @@ HUGE = "x" * 100_000
     [
         ({"profile": ["h100"]}, "There is no GPU tier ['h100']. Choose one of: h100,"),
         ({"profile": {"slug": "h100"}}, "There is no GPU tier {'slug': 'h100'}. Choose one of"),
+        ({"profile": 0}, "There is no GPU tier 0. Choose one of: h100,"),
+        ({"profile": False}, "There is no GPU tier False. Choose one of: h100,"),
+        ({"profile": []}, "There is no GPU tier []. Choose one of: h100,"),
         ({"profile": HUGE}, "There is no GPU tier 'xxxxx"),
         ({"profile": "h100", "team": HUGE}, "You are not in team 'xxxxx"),
         ({"profile": "h100", "project": HUGE}, "Project 'xxxxx"),
         ({"profile": "h100", "task_type": HUGE}, "A H100 80 GB server may be for: interactive;"),
         ({"profile": "h100", "expected_duration": HUGE}, "Expected duration 'xxxxx"),
     ],
-    ids=["list", "object", "huge-profile", "team", "project", "task-type", "duration"],
+    ids=[
+        "list",
+        "object",
+        "zero",
+        "false",
+        "empty-list",
+        "huge-profile",
+        "team",
+        "project",
+        "task-type",
+        "duration",
+    ],
 )
 async def test_a_choice_that_cannot_be_granted_is_refused_naming_it_briefly(
     hub, pod_api, options, words
 ):
     """The REST API takes any JSON as ``user_options``: a profile that is a list or an object
-    is no tier, and a choice of 100,000 characters is named in a few dozen (the refusal shows
+    is no tier (nor, without a GPU, is 0, false or []: they once started a server without
+    one, KubeSpawner's default profile, as if the user had chosen it), and a choice of 100,000 characters is named in a few dozen (the refusal shows
     on the spawn page, in the API's answer and in the Hub's log). Nothing starts."""
     hub.user("alice", "vision")
     alice = hub.started(hub.spawner("alice"), options)

@@ -301,7 +301,9 @@ class GpuProfilesMixin:
         ``GpuRefused`` naming what cannot be granted whatever the count."""
         conf = self.gpu_profiles
         profile = options.get("profile")
-        if not profile or profile == NO_GPU:
+        # Absent, empty or the form's choice: no GPU. (0, false or [] through the REST API are
+        # no choice of the form's: named as the tier they are not, below.)
+        if profile is None or (isinstance(profile, str) and profile in ("", NO_GPU)):
             if conf.allow_no_gpu:
                 return None
             raise GpuRefused("Choose a GPU tier: this hub offers no server without a GPU.")
