@@ -1017,6 +1017,16 @@ HUGE = "x" * 100_000
         ({"profile": "h100", "project": HUGE}, "Project 'xxxxx"),
         ({"profile": "h100", "task_type": HUGE}, "A H100 80 GB server may be for: interactive;"),
         ({"profile": "h100", "expected_duration": HUGE}, "Expected duration 'xxxxx"),
+        (
+            {"profile": "h100", "expected_duration": 1e300},
+            "Expected duration 1e+300: give 1m to 3d",
+        ),
+        ({"profile": "h100", "expected_duration": -300}, "Expected duration -300: give 1m to 3d"),
+        (
+            {"profile": "h100", "expected_duration": "9" * 40 + "d"},
+            f"Expected duration '{'9' * 40}d': give 1m",
+        ),
+        ({"profile": "h100", "expected_duration": float("nan")}, "Expected duration nan is not a"),
     ],
     ids=[
         "list",
@@ -1029,6 +1039,10 @@ HUGE = "x" * 100_000
         "project",
         "task-type",
         "duration",
+        "duration-huge",
+        "duration-negative",
+        "duration-years",
+        "duration-nan",
     ],
 )
 async def test_a_choice_that_cannot_be_granted_is_refused_naming_it_briefly(
