@@ -474,25 +474,23 @@ async def test_a_server_without_a_gpu_is_shown_no_card_by_the_nvidia_runtime(mak
     runtime is the node's default (the GPU operator's setting) a CUDA image's
     ``NVIDIA_VISIBLE_DEVICES=all`` (or an admin's ``singleuser.extraEnv``) showed it every card
     of the node: a "No GPU" server used GPUs no quota counted and another server held. Its pod
-    says ``void`` (the runtime then does what runc does); a restart on a tier leaves the
-    device plugin's value alone, and the admin's other settings stay."""
+    says ``void`` (the runtime then does what runc does); a GPU pod keeps the admin's value
+    (the device plugin's replaces it), and what a hook sets per spawn in the spawner's
+    environment (an auth_state_hook's token) is the pod's, spawn after spawn."""
     config = profiles_config()
     config.KubeSpawner.environment = {"NVIDIA_VISIBLE_DEVICES": "all", "SITE": "x"}
     hub = make_hub(config)
     hub.user("carol", "vision", "nlp")
     carol = hub.spawner("carol")
+    spawns = [({"profile": "no-gpu"}, "void"), ({"profile": "h100"}, "all"), ({}, "void")]
 
-    for options in ({"profile": "no-gpu"}, {}):  # the form's choice; a REST API spawn's default
-        cpu = await admitted_pod(carol, options)
-        assert not container(cpu).resources.limits
-        assert env_of(cpu)["NVIDIA_VISIBLE_DEVICES"] == "void"
-        assert env_of(cpu)["SITE"] == "x"
-        await round_trip(cpu)
-
-    card = await admitted_pod(carol, {"profile": "h100", "team": "vision"})
-    assert container(card).resources.limits == {"nvidia.com/gpu": "1"}
-    assert env_of(card)["NVIDIA_VISIBLE_DEVICES"] == "all"  # the admin's, as configured
-    assert env_of(card)["SITE"] == "x"
+    for token, (options, visible) in enumerate(spawns):  # the form's choice; the API's default
+        carol.environment["TOKEN"] = str(token)  # as an auth_state_hook sets it, before start
+        pod = await admitted_pod(carol, {**options, "team": "vision"})
+        assert env_of(pod)["NVIDIA_VISIBLE_DEVICES"] == visible, options
+        assert env_of(pod)["SITE"] == "x" and env_of(pod)["TOKEN"] == str(token)
+        assert bool(container(pod).resources.limits) == (visible == "all")
+        await round_trip(pod)
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["lists", "keyed-dicts"])

@@ -11,7 +11,7 @@
 - the pod carries the ownership labels (``gpu-gov/user``, ``team``, ``project``, ``tier``,
   ``borrowed``, ``max-age``; the prefix is ``GpuProfiles.label_prefix``) that dcgm-exporter's
   pod-label feature and dashboards read, with the raw values in annotations of the same names;
-- the "No GPU" choice's pod says ``NVIDIA_VISIBLE_DEVICES=void`` (``NO_GPU_OVERRIDE``);
+- a pod without a GPU says ``NVIDIA_VISIBLE_DEVICES=void`` (``get_env``);
 - capacity comes from the cluster (``profiles/cluster.py``): the devices of the nodes each tier
   selects, less what other GPU pods hold (the hub's servers on other tiers sharing the cards
   included), read every ``cluster_refresh`` seconds.
@@ -37,15 +37,6 @@ from .hubconfig import profile_list_refusal
 from .quota import tier_use
 from .spawner import NO_GPU, GpuProfilesMixin
 from .tiers import Tier
-
-# What the "No GPU" choice sets. A pod that asks for no GPU gets no device from the device
-# plugin, but where the NVIDIA runtime is the node's default (the GPU operator's setting) the
-# runtime shows it what NVIDIA_VISIBLE_DEVICES names: ``all`` in CUDA images, so every card of
-# the node, which no quota counts and another server holds. ``void``: what runc does, no card.
-# (A GPU tier's pod gets the device plugin's value, which replaces the container's.)
-NO_GPU_OVERRIDE: dict[str, Any] = {
-    "environment": lambda spawner: {**spawner.environment, "NVIDIA_VISIBLE_DEVICES": "void"}
-}
 
 
 def tier_override(tier: Tier) -> dict[str, Any]:
@@ -138,7 +129,7 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
                 "slug": NO_GPU,
                 "description": "CPU only; counts against no quota",
                 "default": True,
-                "kubespawner_override": dict(NO_GPU_OVERRIDE),
+                "kubespawner_override": {},
             }
         )
     return profiles
@@ -192,7 +183,6 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         # was before the first spawn, or a server restarted on another tier (or without a GPU)
         # would still ask for the previous tier's devices, on the previous tier's nodes.
         keys = {k for t in self.gpu_profiles.tier_map.values() for k in tier_override(t)}
-        keys.update(NO_GPU_OVERRIDE)
         if self._gpu_configured is None:
             self._gpu_configured = {
                 k: copy.deepcopy(getattr(self, k)) for k in sorted(keys) if self.has_trait(k)
@@ -200,6 +190,19 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         for key, value in self._gpu_configured.items():
             setattr(self, key, copy.deepcopy(value))
         await super().load_user_options()
+
+    def get_env(self):
+        env = super().get_env()
+        if not self.gpu_grant:
+            # No device from the device plugin, but where the NVIDIA runtime is the node's
+            # default (the GPU operator's setting) it shows a container what
+            # NVIDIA_VISIBLE_DEVICES names: "all" in CUDA images, every card of the node, which
+            # no quota counts and other servers hold. "void": what runc does, no card. (A GPU
+            # pod gets the device plugin's value, which replaces the container's.) Set here,
+            # per spawn, not as a profile override: those are merged into the spawner's
+            # environment, which hooks (auth_state_hook, pre_spawn_hook) set per spawn too.
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        return env
 
     async def get_pod_manifest(self):
         pod = await super().get_pod_manifest()
