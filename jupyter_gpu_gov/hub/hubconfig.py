@@ -54,9 +54,9 @@ def add_governor(
 ) -> None:
     """Add the governor to JupyterHub config ``c`` (call it once, after setting services,
     roles and the spawners' environment and token scopes if you set those: it adds to them).
-    ``tiers``: what a server of each
-    tier gets, for right-sizing hints (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``;
-    this module does not import the profile layer)."""
+    ``tiers``: what a server of each tier gets, for right-sizing hints
+    (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``; this module does not import the
+    profile layer)."""
     environment = dict(environment or {})
     if tiers:
         environment.setdefault("JUPYTER_GPU_GOV_TIERS", json.dumps(list(tiers)))
