@@ -520,6 +520,10 @@ class GpuProfilesMixin:
         teams = await self.gpu_teams()
         await self.gpu_refresh()
         # From here on no await: check, decide and record as one step.
+        if self.active:  # a start began while the cards were read (another tab, the governor)
+            raise GpuRefused(
+                "This server is running or starting already: it does not wait in line."
+            )
         now = whole_ms(clock.utcnow())
         if not self.gpu_queue_offered(now):
             raise GpuRefused(
