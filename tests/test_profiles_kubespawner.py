@@ -465,6 +465,33 @@ async def test_a_restarted_server_asks_only_for_its_new_tier(hub):
     assert ownership(cpu) == ({}, {})
 
 
+async def test_what_a_hook_sets_per_spawn_stays_and_the_last_tiers_part_goes(hub):
+    """A ``pre_spawn_hook`` that picks the tolerations (or node selector) at each spawn: the
+    restart put back the values of the server's first spawn, so from the second spawn on the
+    hook's choice was replaced by its first one. What the hook assigns or adds in place is the
+    pod's; what the previous tier added is not."""
+    hub.user("carol", "vision", "nlp")
+    carol = hub.spawner("carol")
+
+    def keys(pod: V1Pod) -> set[str]:
+        return {t["key"] for t in tolerations(pod)}
+
+    carol.tolerations = [{"key": "pool-a", "operator": "Exists"}]  # the hook, first spawn
+    mig = await admitted_pod(carol, {"profile": "h200-3g", "team": "nlp"})
+    assert keys(mig) == {"pool-a", "nvidia.com/gpu"}
+    assert mig.spec.node_selector == {"nvidia.com/mig.strategy": "mixed"}
+
+    carol.tolerations = [{"key": "pool-b", "operator": "Exists"}]  # the hook assigns anew
+    card = await admitted_pod(carol, {"profile": "h100", "team": "vision"})
+    assert keys(card) == {"pool-b", "nvidia.com/gpu"}
+    assert not card.spec.node_selector  # the slice's mig.strategy is gone
+
+    carol.tolerations.append({"key": "pool-c", "operator": "Exists"})  # the hook adds in place
+    cpu = await admitted_pod(carol, {"profile": "no-gpu"})
+    assert keys(cpu) == {"pool-b", "pool-c"}  # no GPU toleration left over
+    assert not container(cpu).resources.limits and not cpu.spec.node_selector
+
+
 def env_of(pod: V1Pod) -> dict[str, str]:
     return {e.name: e.value for e in container(pod).env or []}
 
