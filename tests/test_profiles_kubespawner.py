@@ -31,6 +31,7 @@ import pytest
 import z2jh_harness as z2jh
 from fake_k8s_api import FakeKubernetes, _schema_errors, cpu_node, gpu_node
 from jupyterhub import orm
+from jupyterhub.app import JupyterHub
 from jupyterhub.objects import Hub
 from jupyterhub.user import User
 from kubernetes_asyncio.client import ApiClient, V1Pod
@@ -43,6 +44,7 @@ from traitlets.config import Config, PyFileConfigLoader
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor
+from jupyter_gpu_gov.hub.hubconfig import add_governor
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.hubconfig import TEMPLATES as QUEUE_TEMPLATES
@@ -461,6 +463,61 @@ async def test_a_restarted_server_asks_only_for_its_new_tier(hub):
     assert not cpu.spec.node_selector and required_terms(cpu) == []
     assert GPU_TAINT not in tolerations(cpu)
     assert ownership(cpu) == ({}, {})
+
+
+async def test_what_a_hook_sets_per_spawn_stays_and_the_last_tiers_part_goes(hub):
+    """A ``pre_spawn_hook`` that picks the tolerations (or node selector) at each spawn: the
+    restart put back the values of the server's first spawn, so from the second spawn on the
+    hook's choice was replaced by its first one. What the hook assigns or adds in place is the
+    pod's; what the previous tier added is not."""
+    hub.user("carol", "vision", "nlp")
+    carol = hub.spawner("carol")
+
+    def keys(pod: V1Pod) -> set[str]:
+        return {t["key"] for t in tolerations(pod)}
+
+    carol.tolerations = [{"key": "pool-a", "operator": "Exists"}]  # the hook, first spawn
+    mig = await admitted_pod(carol, {"profile": "h200-3g", "team": "nlp"})
+    assert keys(mig) == {"pool-a", "nvidia.com/gpu"}
+    assert mig.spec.node_selector == {"nvidia.com/mig.strategy": "mixed"}
+
+    carol.tolerations = [{"key": "pool-b", "operator": "Exists"}]  # the hook assigns anew
+    card = await admitted_pod(carol, {"profile": "h100", "team": "vision"})
+    assert keys(card) == {"pool-b", "nvidia.com/gpu"}
+    assert not card.spec.node_selector  # the slice's mig.strategy is gone
+
+    carol.tolerations.append({"key": "pool-c", "operator": "Exists"})  # the hook adds in place
+    cpu = await admitted_pod(carol, {"profile": "no-gpu"})
+    assert keys(cpu) == {"pool-b", "pool-c"}  # no GPU toleration left over
+    assert not container(cpu).resources.limits and not cpu.spec.node_selector
+
+
+def env_of(pod: V1Pod) -> dict[str, str]:
+    return {e.name: e.value for e in container(pod).env or []}
+
+
+async def test_a_server_without_a_gpu_is_shown_no_card_by_the_nvidia_runtime(make_hub):
+    """A pod that asks for no GPU gets no device from the device plugin, but where the NVIDIA
+    runtime is the node's default (the GPU operator's setting) a CUDA image's
+    ``NVIDIA_VISIBLE_DEVICES=all`` (or an admin's ``singleuser.extraEnv``) showed it every card
+    of the node: a "No GPU" server used GPUs no quota counted and another server held. Its pod
+    says ``void`` (the runtime then does what runc does); a GPU pod keeps the admin's value
+    (the device plugin's replaces it), and what a hook sets per spawn in the spawner's
+    environment (an auth_state_hook's token) is the pod's, spawn after spawn."""
+    config = profiles_config()
+    config.KubeSpawner.environment = {"NVIDIA_VISIBLE_DEVICES": "all", "SITE": "x"}
+    hub = make_hub(config)
+    hub.user("carol", "vision", "nlp")
+    carol = hub.spawner("carol")
+    spawns = [({"profile": "no-gpu"}, "void"), ({"profile": "h100"}, "all"), ({}, "void")]
+
+    for token, (options, visible) in enumerate(spawns):  # the form's choice; the API's default
+        carol.environment["TOKEN"] = str(token)  # as an auth_state_hook sets it, before start
+        pod = await admitted_pod(carol, {**options, "team": "vision"})
+        assert env_of(pod)["NVIDIA_VISIBLE_DEVICES"] == visible, options
+        assert env_of(pod)["SITE"] == "x" and env_of(pod)["TOKEN"] == str(token)
+        assert bool(container(pod).resources.limits) == (visible == "all")
+        await round_trip(pod)
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["lists", "keyed-dicts"])
@@ -977,19 +1034,48 @@ HUGE = "x" * 100_000
     [
         ({"profile": ["h100"]}, "There is no GPU tier ['h100']. Choose one of: h100,"),
         ({"profile": {"slug": "h100"}}, "There is no GPU tier {'slug': 'h100'}. Choose one of"),
+        ({"profile": 0}, "There is no GPU tier 0. Choose one of: h100,"),
+        ({"profile": False}, "There is no GPU tier False. Choose one of: h100,"),
+        ({"profile": []}, "There is no GPU tier []. Choose one of: h100,"),
         ({"profile": HUGE}, "There is no GPU tier 'xxxxx"),
         ({"profile": "h100", "team": HUGE}, "You are not in team 'xxxxx"),
         ({"profile": "h100", "project": HUGE}, "Project 'xxxxx"),
         ({"profile": "h100", "task_type": HUGE}, "A H100 80 GB server may be for: interactive;"),
         ({"profile": "h100", "expected_duration": HUGE}, "Expected duration 'xxxxx"),
+        (
+            {"profile": "h100", "expected_duration": 1e300},
+            "Expected duration 1e+300: give 1m to 3d",
+        ),
+        ({"profile": "h100", "expected_duration": -300}, "Expected duration -300: give 1m to 3d"),
+        (
+            {"profile": "h100", "expected_duration": "9" * 40 + "d"},
+            f"Expected duration '{'9' * 40}d': give 1m",
+        ),
+        ({"profile": "h100", "expected_duration": float("nan")}, "Expected duration nan is not a"),
     ],
-    ids=["list", "object", "huge-profile", "team", "project", "task-type", "duration"],
+    ids=[
+        "list",
+        "object",
+        "zero",
+        "false",
+        "empty-list",
+        "huge-profile",
+        "team",
+        "project",
+        "task-type",
+        "duration",
+        "duration-huge",
+        "duration-negative",
+        "duration-years",
+        "duration-nan",
+    ],
 )
 async def test_a_choice_that_cannot_be_granted_is_refused_naming_it_briefly(
     hub, pod_api, options, words
 ):
     """The REST API takes any JSON as ``user_options``: a profile that is a list or an object
-    is no tier, and a choice of 100,000 characters is named in a few dozen (the refusal shows
+    is no tier (nor, without a GPU, is 0, false or []: they once started a server without
+    one, KubeSpawner's default profile, as if the user had chosen it), and a choice of 100,000 characters is named in a few dozen (the refusal shows
     on the spawn page, in the API's answer and in the Hub's log). Nothing starts."""
     hub.user("alice", "vision")
     alice = hub.started(hub.spawner("alice"), options)
@@ -1206,6 +1292,64 @@ async def test_documented_values_load_in_the_charts_order_and_spawn_a_tier(
     assert ownership(pod)[0]["gpu-gov/tier"] == "h100"
     assert pod.metadata.labels["release"] == "jhub"  # the chart's common labels
     await round_trip(pod)
+
+
+@pytest.mark.parametrize(
+    ("role", "scopes"),
+    [
+        ({"scopes": ["self", "read:users:name"]}, {"self", "read:users:name"}),
+        ({"groups": ["staff"]}, {"self"}),  # JupyterHub's default scopes, assigned to a group
+    ],
+    ids=["own-scopes", "assignment-only"],
+)
+async def test_a_user_role_of_the_admins_own_is_kept_and_given_the_governor(tmp_path, role, scopes):
+    """A hub with its own ``user`` role (z2jh's ``hub.loadRoles.user``, which the chart loads
+    before the config file): the governor's was a second role of that name, and JupyterHub
+    refused to start ("Role user multiply defined"). The admin's role stays, with the
+    governor's access added; the roles load as the Hub loads them."""
+    config = chart_config(tmp_path, {"hub": {"loadRoles": {"user": role}}})
+    GpuProfiles.clear_instance()
+    hub = JupyterHub(config=config, db_url="sqlite://")
+    hub.init_db()
+    await hub.init_role_creation()
+
+    user = orm.Role.find(hub.db, "user")
+    assert set(user.scopes) == {*scopes, "access:services!service=gpu-gov"}
+    assert "custom:gpu-gov:queue" in orm.Role.find(hub.db, "gpu-gov-service").scopes
+    hub.db.close()
+
+
+@pytest.mark.parametrize("section", ["Spawner", "KubeSpawner"])
+async def test_server_token_scopes_of_the_admins_own_keep_the_governors(
+    make_hub, tmp_path, section
+):
+    """An admin's own ``server_token_scopes`` (z2jh's ``hub.config``, loaded before the config
+    file): add_governor's assignment replaced them (c.Spawner), or was hidden by them
+    (c.KubeSpawner): servers then lacked ``access:services!service=gpu-gov`` and every GPU
+    report was refused (their GPUs unknown, never idle, never culled). Both are kept."""
+    own = ["access:servers!server", "users:activity!user", "read:users:name!user"]
+    config = chart_config(tmp_path, {"hub": {"config": {section: {"server_token_scopes": own}}}})
+    GpuProfiles.clear_instance()
+    hub = make_hub(config)
+    hub.user("vic", "vision")
+    scopes = hub.spawner("vic").server_token_scopes
+    assert set(scopes) == {*own, "access:services!service=gpu-gov"}, scopes
+
+
+async def test_an_admins_own_spawner_environment_still_tells_servers_where_to_report(make_hub):
+    """A config that sets ``c.KubeSpawner.environment`` before add_governor (as z2jh does from
+    ``singleuser.extraEnv``): it hid add_governor's ``c.Spawner.environment``, and servers,
+    told no governor URL, sent no GPU report at all."""
+    config = profiles_config()
+    config.KubeSpawner.environment = {"SITE": "x"}
+    add_governor(config, url="http://hub:10101")
+    hub = make_hub(config)
+    hub.user("vic", "vision")
+
+    pod = await admitted_pod(hub.spawner("vic"), {"profile": "h100"})
+
+    assert env_of(pod)["JUPYTER_GPU_GOV_URL"] == "http://hub:10101/services/gpu-gov/"
+    assert env_of(pod)["SITE"] == "x"
 
 
 def test_an_admins_own_profile_list_is_refused_with_what_to_do(tmp_path):

@@ -265,6 +265,30 @@ async def test_spawns_refused_for_want_of_a_card_are_counted_until_they_wait_in_
     assert refused() == 0  # she started
 
 
+async def test_a_server_that_starts_while_asking_to_wait_does_not_join_the_line(hub):
+    """The join page checks that the server is not running, then asking to wait reads the cards
+    (awaited): a start of the same server may begin meanwhile (another tab, the governor). It
+    then joined the line as well: a request nobody can start stood ahead of the others on the
+    tier until it expired, asked borrowed cards back for it, and rewrote the running server's
+    options. It is refused instead, and nothing changes."""
+    await hub.start("ivan", {"profile": "h100"})
+    await hub.start("ines", {"profile": "h100"})  # interns borrow both cards
+    ben = hub.spawner("ben")
+    read = ben.gpu_refresh
+
+    async def a_start_begins_meanwhile():
+        await read()
+        ben._spawn_pending = True  # JupyterHub's mark of a start under way
+
+    ben.gpu_refresh = a_start_begins_meanwhile
+    with pytest.raises(GpuRefused, match="is running or starting already"):
+        await ben.gpu_enqueue({"profile": "h100"})
+
+    assert waiting_requests(hub.db) == []
+    assert not any("gpu-gov/reclaim" in grant(hub, user) for user in ("ivan", "ines"))
+    assert ben.orm_spawner.user_options in (None, {})
+
+
 async def test_a_card_a_leftover_run_works_on_is_handed_out_last(hub, tmp_path, monkeypatch):
     """Vera's `nohup python train.py &` outlives her server: the Hub's stop frees the card in
     the records, but the run still holds 20 GB and works at 90 %. The next server gets the

@@ -243,6 +243,3 @@ if not IN_GOVERNOR:
         },
         admin_groups=["gpu-admins"],
     )
-    # add_governor sets c.Spawner.environment; the chart puts singleuser.extraEnv into
-    # c.KubeSpawner.environment, which would hide it: name the governor's URL there too.
-    c.KubeSpawner.environment.update({"JUPYTER_GPU_GOV_URL": f"{GOVERNOR_URL}/services/gpu-gov/"})

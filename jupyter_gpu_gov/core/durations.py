@@ -11,6 +11,10 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 MAX_SECONDS = 100 * 365 * 86400  # longer is a typo or an attack, and overflows date arithmetic
 
 
+class DurationOutOfRange(ValueError):
+    """A duration that reads as one, but is negative or longer than ``MAX_SECONDS``."""
+
+
 def parse_duration(value: object, name: str = "duration") -> timedelta:
     """Seconds (int/float), a ``timedelta``, or a string of number+unit parts (s, m, h, d, w).
 
@@ -21,7 +25,9 @@ def parse_duration(value: object, name: str = "duration") -> timedelta:
     elif isinstance(value, bool):
         raise ValueError(f"{name}: expected a duration, got {value!r:.60}")
     elif isinstance(value, int | float):
-        seconds = float(value) if abs(value) < 1e300 else math.inf
+        # An int too large for a float is infinitely long (and NaN stays not a duration).
+        big = isinstance(value, int) and abs(value) >= 1e300
+        seconds = (math.inf if value > 0 else -math.inf) if big else float(value)
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         if re.fullmatch(r"\d+(\.\d+)?", text):
@@ -34,10 +40,12 @@ def parse_duration(value: object, name: str = "duration") -> timedelta:
             )
     else:
         raise ValueError(f"{name}: expected a duration, got {type(value).__name__} {value!r:.60}")
+    if math.isnan(seconds):
+        raise ValueError(f"{name}: {value!r:.60} is not a duration")
     if seconds < 0:
-        raise ValueError(f"{name}: {value!r:.60} is negative")
-    if not math.isfinite(seconds) or seconds > MAX_SECONDS:
-        raise ValueError(f"{name}: {value!r:.40} is longer than 100 years")
+        raise DurationOutOfRange(f"{name}: {value!r:.60} is negative")
+    if seconds > MAX_SECONDS:  # infinity too
+        raise DurationOutOfRange(f"{name}: {value!r:.40} is longer than 100 years")
     return timedelta(seconds=seconds)
 
 

@@ -15,6 +15,8 @@ import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
+from traitlets.config import Config, LazyConfigValue
+
 from ..core.queue import QUEUE_SCOPE
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
@@ -51,9 +53,10 @@ def add_governor(
     tiers: Sequence[Mapping] = (),
 ) -> None:
     """Add the governor to JupyterHub config ``c`` (call it once, after setting services,
-    roles and the spawner's environment if you set those). ``tiers``: what a server of each
-    tier gets, for right-sizing hints (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``;
-    this module does not import the profile layer)."""
+    roles and the spawners' environment and token scopes if you set those: it adds to them).
+    ``tiers``: what a server of each tier gets, for right-sizing hints
+    (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``; this module does not import the
+    profile layer)."""
     environment = dict(environment or {})
     if tiers:
         environment.setdefault("JUPYTER_GPU_GOV_TIERS", json.dumps(list(tiers)))
@@ -92,10 +95,70 @@ def add_governor(
                 "groups": list(admin_groups),
                 "scopes": [ADMIN_SCOPE, access],
             },
-            # Every user may talk to the governor about their own servers.
-            {"name": "user", "scopes": ["self", access]},
         ]
     )
+    # Every user may talk to the governor about their own servers.
+    _add_user_scope(c, access)
     # A server's own token reports for it; it holds no admin scope, whoever owns it.
-    c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", access]
-    c.Spawner.environment.update({"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"})
+    _add_server_token_scopes(c, ["users:activity!user", "access:servers!server", access])
+    _update_spawners(
+        c, "environment", {"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"}
+    )
+
+
+def _add_user_scope(c, scope: str) -> None:
+    """Add ``scope`` to the ``user`` role: to the admin's own where one is configured already
+    (z2jh's ``hub.loadRoles.user``; JupyterHub refuses a second role of one name), else as
+    JupyterHub's default (``self``) plus ``scope``."""
+    roles = c.JupyterHub.load_roles
+    if isinstance(roles, LazyConfigValue):  # only .append/.extend/... so far
+        configured = [*roles._prepend, *(r for _, r in roles._inserts), *roles._extend]
+    else:
+        configured = list(roles)
+    mine = next((r for r in configured if isinstance(r, dict) and r.get("name") == "user"), None)
+    if mine is None:
+        roles.append({"name": "user", "scopes": ["self", scope]})
+        return
+    # A role without scopes only assigns JupyterHub's default ones (``self``): keep them.
+    scopes = list(mine.get("scopes", ["self"]))
+    if scope not in scopes:
+        mine["scopes"] = [*scopes, scope]
+
+
+def _spawner_sections(c, trait: str) -> list[str]:
+    """``Spawner`` and every spawner class whose own section sets ``trait``: an admin's
+    ``c.KubeSpawner.environment`` (z2jh's ``singleuser.extraEnv``) or ``server_token_scopes``
+    (z2jh's ``hub.config``) wins over ``c.Spawner``'s, and would hide what is added there."""
+    own = [
+        name
+        for name, section in c.items()
+        if name != "Spawner"
+        and name.endswith("Spawner")
+        and isinstance(section, Config)
+        and trait in section
+    ]
+    return ["Spawner", *own]
+
+
+def _update_spawners(c, trait: str, values: dict) -> None:
+    """Add ``values`` to the dict ``trait`` wherever spawners read it, keeping the rest."""
+    for name in _spawner_sections(c, trait):
+        section = c[name]
+        if isinstance(section.get(trait), dict):
+            section[trait] = {**section[trait], **values}
+        else:  # lazy (.update() so far): still merged onto the trait's value when loaded
+            section[trait].update(values)
+
+
+def _add_server_token_scopes(c, scopes: list[str]) -> None:
+    """Add ``scopes`` to the servers' token scopes wherever spawners read them, keeping what
+    the admin set: a server whose token lacks the governor's access has every GPU report
+    refused."""
+    for name in _spawner_sections(c, "server_token_scopes"):
+        section = c[name]
+        kept = section.get("server_token_scopes")
+        if isinstance(kept, LazyConfigValue):  # .append/.extend so far: still merged when loaded
+            kept.extend(scopes)
+        else:
+            kept = list(kept or [])
+            section.server_token_scopes = [*kept, *(s for s in scopes if s not in kept)]

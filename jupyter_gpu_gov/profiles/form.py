@@ -6,6 +6,7 @@ to wait in line for a tier taken now), and read the choice back into ``user_opti
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -14,7 +15,7 @@ from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..core.durations import format_duration, parse_duration
+from ..core.durations import DurationOutOfRange, format_duration, parse_duration
 from ..core.policy import TASK_TYPES
 from .quota import TierUse
 from .tiers import Tier
@@ -51,7 +52,8 @@ def parse(formdata: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     if "project" in options:
         check_project(options["project"])
     if "expected_duration" in options:
-        _duration(options["expected_duration"])
+        with contextlib.suppress(_OutOfRange):  # admission names the tier's limit
+            _duration(options["expected_duration"])
     return options
 
 
@@ -71,11 +73,14 @@ def check_expected_duration(value: Any, tier: Tier, bound: timedelta) -> timedel
     tier's maximum age and ``bound``; raises ``FormError`` naming the limit."""
     if value is None or value == "":
         return None
-    expected = _duration(value)
     limit, what = bound, "the hub's limit"
     if tier.max_age is not None and tier.max_age < limit:
         limit, what = tier.max_age, f"{tier.display_name}'s maximum age"
-    if expected < timedelta(minutes=1) or expected > limit:
+    try:
+        expected = _duration(value)
+    except _OutOfRange:  # negative, or beyond any limit: said as the limit
+        expected = None
+    if expected is None or expected < timedelta(minutes=1) or expected > limit:
         raise FormError(
             f"Expected duration {value!r:.60}: give 1m to {format_duration(limit)} ({what}), or "
             "leave it empty."
@@ -83,11 +88,19 @@ def check_expected_duration(value: Any, tier: Tier, bound: timedelta) -> timedel
     return expected
 
 
+class _OutOfRange(FormError):
+    """A duration that reads as one but is negative or longer than 100 years."""
+
+
 def _duration(value: Any) -> timedelta:
     if not isinstance(value, str | int | float) or isinstance(value, bool):
         raise FormError(f"Expected duration {value!r:.60} is not a duration: use e.g. 90m, 6h, 2d.")
     try:
         return parse_duration(value, "Expected duration")
+    except DurationOutOfRange:
+        raise _OutOfRange(
+            f"Expected duration {value!r:.60} is out of range: use e.g. 90m, 6h, 2d."
+        ) from None
     except ValueError:
         raise FormError(
             f"Expected duration {value!r:.60} is not a duration: use e.g. 90m, 6h, 2d."

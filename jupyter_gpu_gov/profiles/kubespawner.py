@@ -11,6 +11,7 @@
 - the pod carries the ownership labels (``gpu-gov/user``, ``team``, ``project``, ``tier``,
   ``borrowed``, ``max-age``; the prefix is ``GpuProfiles.label_prefix``) that dcgm-exporter's
   pod-label feature and dashboards read, with the raw values in annotations of the same names;
+- a pod without a GPU says ``NVIDIA_VISIBLE_DEVICES=void`` (``get_env``);
 - capacity comes from the cluster (``profiles/cluster.py``): the devices of the nodes each tier
   selects, less what other GPU pods hold (the hub's servers on other tiers sharing the cards
   included), read every ``cluster_refresh`` seconds.
@@ -82,6 +83,23 @@ def _with_expressions(configured: list | dict, extra: list[dict]) -> list | dict
     return [joined(t) for t in configured] or [{"matchExpressions": extra}]
 
 
+def _rebased(base: Any, left: Any, now: Any) -> Any:
+    """``base`` with what changed from ``left`` (as the last spawn left a value, its tier's
+    override included) to ``now`` (a hook's change since): a hook that assigns a fresh value
+    gets it, one that adds to the value in place gets ``base`` plus its additions; unchanged,
+    ``base`` (the last tier's part gone)."""
+    if now == left:
+        return base
+    if isinstance(base, dict) and isinstance(left, dict) and isinstance(now, dict):
+        rebased = {k: v for k, v in base.items() if k not in left or k in now}
+        rebased.update({k: v for k, v in now.items() if k not in left or left[k] != v})
+        return rebased
+    if isinstance(base, list) and isinstance(left, list) and isinstance(now, list):
+        kept = [v for v in base if v not in left or v in now]
+        return kept + [v for v in now if v not in left and v not in kept]
+    return now
+
+
 async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
     """KubeSpawner's ``profile_list``: the tiers offered to the user's teams, with what is left."""
     conf = spawner.gpu_profiles
@@ -137,7 +155,8 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
 class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
     """KubeSpawner with GPU tiers, team quotas, admission and ownership labels."""
 
-    _gpu_configured: dict[str, Any] | None = None
+    _gpu_configured: dict[str, Any] | None = None  # what the tiers override, before any tier
+    _gpu_left: dict[str, Any] | None = None  # the same, as the last spawn left them
 
     @default("profile_list")
     def _gpu_profile_list(self):
@@ -180,15 +199,33 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         # JupyterHub keeps a server's Spawner across stop and start, and KubeSpawner merges a
         # profile's overrides into the current values: put back what the tiers override as it
         # was before the first spawn, or a server restarted on another tier (or without a GPU)
-        # would still ask for the previous tier's devices, on the previous tier's nodes.
+        # would still ask for the previous tier's devices, on the previous tier's nodes. What a
+        # hook changed since the last spawn (a pre_spawn_hook's toleration, per spawn) is kept.
         keys = {k for t in self.gpu_profiles.tier_map.values() for k in tier_override(t)}
         if self._gpu_configured is None:
             self._gpu_configured = {
                 k: copy.deepcopy(getattr(self, k)) for k in sorted(keys) if self.has_trait(k)
             }
+        left = self._gpu_left or {}
         for key, value in self._gpu_configured.items():
+            if key in left:
+                value = self._gpu_configured[key] = _rebased(value, left[key], getattr(self, key))
             setattr(self, key, copy.deepcopy(value))
         await super().load_user_options()
+        self._gpu_left = {k: copy.deepcopy(getattr(self, k)) for k in self._gpu_configured}
+
+    def get_env(self):
+        env = super().get_env()
+        if not self.gpu_grant:
+            # No device from the device plugin, but where the NVIDIA runtime is the node's
+            # default (the GPU operator's setting) it shows a container what
+            # NVIDIA_VISIBLE_DEVICES names: "all" in CUDA images, every card of the node, which
+            # no quota counts and other servers hold. "void": what runc does, no card. (A GPU
+            # pod gets the device plugin's value, which replaces the container's.) Set here,
+            # per spawn, not as a profile override: those are merged into the spawner's
+            # environment, which hooks (auth_state_hook, pre_spawn_hook) set per spawn too.
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        return env
 
     async def get_pod_manifest(self):
         pod = await super().get_pod_manifest()

@@ -301,7 +301,9 @@ class GpuProfilesMixin:
         ``GpuRefused`` naming what cannot be granted whatever the count."""
         conf = self.gpu_profiles
         profile = options.get("profile")
-        if not profile or profile == NO_GPU:
+        # Absent, empty or the form's choice: no GPU. (0, false or [] through the REST API are
+        # no choice of the form's: named as the tier they are not, below.)
+        if profile is None or (isinstance(profile, str) and profile in ("", NO_GPU)):
             if conf.allow_no_gpu:
                 return None
             raise GpuRefused("Choose a GPU tier: this hub offers no server without a GPU.")
@@ -518,6 +520,10 @@ class GpuProfilesMixin:
         teams = await self.gpu_teams()
         await self.gpu_refresh()
         # From here on no await: check, decide and record as one step.
+        if self.active:  # a start began while the cards were read (another tab, the governor)
+            raise GpuRefused(
+                "This server is running or starting already: it does not wait in line."
+            )
         now = whole_ms(clock.utcnow())
         if not self.gpu_queue_offered(now):
             raise GpuRefused(
