@@ -981,14 +981,18 @@ def cluster_text(report: dict) -> str:
     detail = ", ".join(
         f"{words} {'unknown' if demand.get(key) is None else demand[key]}" for key, words in kinds
     )
-    lines += [
-        "",
-        f"fragmentation: {'YES' if frag.get('flag') else 'no'} — "
-        f"{frag.get('devices_partly_used', 0)} of {frag.get('devices', 0)} cards partly "
-        f"allocated, {frag.get('free_scattered', 0)} cards' worth free on them, "
-        f"{frag.get('devices_free', 0)} free; spawns waiting: {frag.get('spawns_waiting')} "
-        f"({detail})",
-    ]
+    waiting = f"spawns waiting: {frag.get('spawns_waiting')} ({detail})"
+    if frag.get("devices") is None:  # no card counted: unknown, not "0 of 0"
+        why = frag.get("unknown") or "no card's allocation is known"
+        lines += ["", f"fragmentation: unknown — {why}; {waiting}"]
+    else:
+        lines += [
+            "",
+            f"fragmentation: {'YES' if frag.get('flag') else 'no'} — "
+            f"{frag.get('devices_partly_used', 0)} of {frag.get('devices', 0)} cards partly "
+            f"allocated, {frag.get('free_scattered', 0)} cards' worth free on them, "
+            f"{frag.get('devices_free', 0)} free; {waiting}",
+        ]
     if frag.get("hint"):
         lines.append(f"  {frag['hint']}")
     return "\n".join(lines) + "\n"

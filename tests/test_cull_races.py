@@ -22,6 +22,7 @@ from test_governor import (
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.clock import parse
 from jupyter_gpu_gov.hub.people import SessionChanged
+from jupyter_gpu_gov.hub.store import Store
 
 
 @pytest.fixture
@@ -707,6 +708,56 @@ async def test_an_admins_pending_cull_dropped_by_a_restart_is_on_record(tmp_path
     assert "restarted" in skipped.reason
     assert clock.isoformat(seen) in skipped.reason
     assert clock.isoformat(restarted) in skipped.reason
+
+
+def owner_stopped(hub: FakeHub) -> None:
+    """alice stops her server herself (the Hub's User.stop: gone, her activity moved)."""
+    user = hub.users["alice"]
+    user.servers.pop("", None)
+    user.last_activity = clock.utcnow()
+    hub._reindex(user)
+
+
+async def test_an_admins_pending_cull_on_a_server_that_stopped_is_settled_on_record(
+    tmp_path, restore_clock
+):
+    """An admin's Cull now waits for alice's checkpoint; she stops her server herself (or the
+    Hub's culler does, or it crashes) and never starts it again. The request stayed on her
+    record for ever, with no audit row saying how it ended: the pass that finds the server
+    gone writes one cull-skipped row naming the request and the session, and her record no
+    longer holds a cull; starting a new session later writes no second row."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        seen = gov.row("alice/").session_started
+        outcome = await gov.cull_now("alice/", "user:root", "the node is drained", session=seen)
+        assert outcome["status"] == "requested"
+
+        clock.advance(60)
+        owner_stopped(hub)  # before the checkpoint came back
+        await gov.reconcile()
+        row = gov.row("alice/")
+        assert not row.running and row.cull_requested_at is None
+        assert row.checkpoint_status is None
+        listed = gov.listing(row)
+        assert "not culled: the server stopped before it was done" in listed["reason"]
+        assert listed["checkpoint"]["status"] != "requested"
+        await gov.reconcile()  # once only
+        again = Store(gov.store.url).servers()["alice/"]  # as a restarted governor reads it
+        assert again.cull_requested_at is None and again.checkpoint_status is None
+
+        clock.advance(3600)
+        hub.add_server("alice")  # a new session, an hour on: nothing more on record
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert hub.running("alice") and hub.counters["stops"] == 0
+    (skipped,) = [a for a in actions_of(gov) if a.action == "cull-skipped"]
+    assert "culled by user:root: the node is drained" in skipped.reason
+    assert "not culled: the server stopped before it was done" in skipped.reason
+    assert clock.isoformat(seen) in skipped.reason
+    assert "restarted" not in skipped.reason
 
 
 async def test_an_admins_cull_carried_out_is_not_skipped_by_the_next_session(

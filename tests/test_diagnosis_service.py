@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import gc
+import html
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -411,8 +413,10 @@ async def test_an_idle_kernel_holding_memory_is_a_zombie_in_its_verdict(tmp_path
     assert summary["labels"] == {starved["label"]: 1, "zombie": 1}
     assert summary["source"] == "model" and summary["model"]["trained_at"] is None
     assert [s["server"] for s in summary["servers"]] == ["alice/", "bob/"]
-    # Each holds a whole card alone: allocated, not partly used, whatever memory they hold.
-    assert summary["fragmentation"]["devices_partly_used"] == 0
+    # Neither DCGM nor the allocator knows their cards (their reports are not believed for
+    # it): how much of the cards is allocated is unknown, not none.
+    assert summary["fragmentation"]["devices_partly_used"] is None
+    assert "no card to count" in summary["fragmentation"]["unknown"]
     assert summary["fragmentation"]["spawns_waiting"] == 0
     assert summary["fragmentation"]["flag"] is False
 
@@ -501,6 +505,40 @@ def in_line(user: str, limit: str) -> Waiting:
     now = clock.utcnow()
     asked = QueuedRequest(user, "", "lab", "h100", {}, now, now + timedelta(hours=1))
     return Waiting(asked, position=1, ready=False, reason="…", limit=limit)
+
+
+async def test_fragmentation_with_no_source_for_the_cards_is_unknown_not_zero(
+    tmp_path, monkeypatch
+):
+    """No DCGM, and no server with the workstation allocator's record of its GPUs (another
+    spawner): nothing says which cards there are. The report, the command line and the
+    dashboard said "0 of 0 cards partly allocated, 0 free" (none free while two spawns wait:
+    read as a full cluster). The figures are unknown, and each says which source is missing."""
+    from test_policy_admin import served
+
+    from jupyter_gpu_gov import cli
+
+    async with FakeHub() as hub:
+        hub.add_server("alice")  # a GPU her report names: not counted (her user writes it)
+        gpu = {"gpu_gov_grant": {"gpu-gov/tier": "h100"}}
+        asked = clock.utcnow() - timedelta(minutes=5)
+        hub.add_server("carol", started=asked, ready=False, state=gpu)
+        gov = governor(hub, tmp_path)
+        gov.ingest(zombie_report("alice"))
+        await gov.reconcile()
+        found = gov.diagnosis_summary()["fragmentation"]
+    assert found["devices"] is None and found["devices_free"] is None, found
+    assert found["devices_partly_used"] is None and found["free_scattered"] is None
+    assert found["flag"] is False and found["spawns_waiting"] == 1
+    assert "DCGM is not configured" in found["unknown"], found
+    assert "workstation allocator" in found["unknown"]
+    text = cli.cluster_text({"fragmentation": found})
+    assert "fragmentation: unknown — no card to count: DCGM is not configured" in text, text
+    assert "0 of 0" not in text and "spawns waiting: 1" in text
+    (page,) = await served(gov, monkeypatch, "")
+    said = re.search(r'id="fragmentation">(.*?)</p>', html.unescape(page), re.S)
+    assert said and "Fragmentation unknown: no card to count" in " ".join(said[1].split())
+    assert "0 of 0" not in said[1] and "Not fragmented" not in said[1]
 
 
 async def test_spawns_in_line_or_refused_for_want_of_a_gpu_flag_fragmentation(tmp_path):

@@ -522,6 +522,95 @@ async def test_a_policy_changed_in_the_config_file_warns_first_after_a_restart(
         clock.reset()
 
 
+async def config_changed_under_a_warning(tmp_path, monkeypatch, hub, logged: Lines):
+    """Alice warned under a 4-hour cull; the service restarted 40 minutes on with a 90-minute
+    one (a notice of 30 minutes): warned again, in force from the restart. Returns the
+    governor, its ``start`` (the service on the same database; it logs into ``logged``) and
+    ``at`` (minutes on, a report and a pass: the actions on record)."""
+
+    async def start(cull_after: str):
+        config = tmp_path / "gpu_gov_config.py"
+        config.write_text(
+            f"c.GpuGovernor.db_url = 'sqlite:///{tmp_path / 'gov.sqlite'}'\n"
+            "c.GpuGovernor.policy_defaults = "
+            f"{{'warn_after': '1h', 'cull_after': '{cull_after}'}}\n"
+        )
+        app = GpuGovernor()
+        app.initialize([f"--config={config}"])
+        app.log.addHandler(logged)
+        return app.make_governor()
+
+    async def at(gov, minutes):
+        clock.advance(minutes * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        rows = gov.store.audit_rows("alice/")[::-1]  # oldest first
+        return [a.action for a in rows if a.action in ("warn", "checkpoint", "cull")]
+
+    monkeypatch.setenv("JUPYTERHUB_API_URL", hub.api_url)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.token)
+    hub.add_server("alice")
+    gov = await start("4h")
+    await at(gov, 0)
+    assert await at(gov, 61) == ["warn"]
+    await gov.close()
+    clock.advance(40 * 60)
+    gov = await start("90m")
+    assert await at(gov, 0) == ["warn", "warn"]
+    return gov, start, at
+
+
+async def test_a_wall_clock_step_back_then_a_restart_does_not_put_a_policy_in_the_future(
+    tmp_path, monkeypatch
+):
+    """The wall clock steps a day back while the service runs (NTP, after a day ahead): every
+    kept time moves with it, the policy's in-force time too, but only in memory. After a
+    restart the policy was in force from the day ahead, as stored: each pass warned alice
+    again (a warning older than the policy's time), her deadline moving on with it, and she
+    was never culled. Now it is kept as moved: she is culled 30 minutes after her warning,
+    as observed."""
+    steps = iter([-86400.0])
+    try:
+        async with FakeHub() as hub:
+            gov, start, at = await config_changed_under_a_warning(
+                tmp_path, monkeypatch, hub, Lines()
+            )
+            clock.advance(5 * 60 - 86400)  # 5 minutes on, the wall clock a day back
+            monkeypatch.setattr(clock, "adopt_step", lambda: next(steps, 0.0))
+            assert await at(gov, 0) == ["warn", "warn"]
+            await gov.close()
+            gov = await start("90m")  # the same config file
+            assert await at(gov, 1) == ["warn", "warn"], "warned again after the restart"
+            assert await at(gov, 25) == ["warn", "warn", "checkpoint"]  # due 30 min on
+            await gov.close()
+    finally:
+        clock.reset()
+
+
+async def test_a_policy_kept_in_force_from_a_time_still_to_come_is_in_force_from_now(
+    tmp_path, monkeypatch
+):
+    """The wall clock stepped a day back while the service was down (a VM resumed with its
+    clock corrected): the policy in force at the restart before reads as in force a day from
+    now. Each pass warned alice again (her warning older than that), for a day. It is in
+    force from the start instead, said in the log, and she is warned no more."""
+    lines = Lines()
+    try:
+        async with FakeHub() as hub:
+            gov, start, at = await config_changed_under_a_warning(tmp_path, monkeypatch, hub, lines)
+            await gov.close()
+            clock.advance(-86400)  # down, and the clock a day back when it starts again
+            gov = await start("90m")
+            assert all(p.in_force_since <= clock.utcnow() for p in gov.policies)
+            assert await at(gov, 1) == ["warn", "warn"], "warned again at each pass"
+            assert await at(gov, 1) == ["warn", "warn"]
+            assert hub.running("alice")
+            await gov.close()
+    finally:
+        clock.reset()
+    assert any("in force from a time still to come" in line for line in lines.lines), lines.lines
+
+
 async def test_an_apply_naming_a_tier_or_team_nobody_has_says_so(tmp_path):
     """An admin's typo in ``match.tiers`` or ``match.teams`` makes the policy match no server,
     and before, nothing said so. The apply (and a validation) answers a warning naming the

@@ -390,6 +390,34 @@ def test_estimate_for_a_logged_in_user(hub):
         assert "/hub/login" in r.headers["Location"], r.headers["Location"]
 
 
+def test_estimate_for_a_script_with_a_token(hub):
+    """A script (or a notebook, with its server's token) asks the estimate with a Hub token,
+    as every other API: it was sent to the login page (the route took only the login cookie).
+    A token the Hub does not know is refused in JSON, not redirected."""
+    url = f"{hub.url}/hub/gpu-gov/estimate"
+    script = requests.Session()
+    script.trust_env = False
+    for token in (hub.token("alice"), hub.token("alice", scopes=["read:users:name!user"])):
+        r = script.get(
+            url,
+            params={"params": "7B", "team": "vision"},
+            headers={"Authorization": f"token {token}"},
+            allow_redirects=False,
+            timeout=30,
+        )
+        assert r.status_code == 200, (r.status_code, r.headers.get("Location"))
+        assert r.json()["tier"] == "h100", r.text
+    r = script.get(
+        url,
+        params={"params": "7B"},
+        headers={"Authorization": "token not-a-token-the-hub-made"},
+        allow_redirects=False,
+        timeout=30,
+    )
+    assert r.status_code == 403, (r.status_code, r.headers.get("Location"))
+    assert r.json() == {"tier": None, "message": "the token is not one the Hub accepts"}
+
+
 # --- 4. concurrent spawns never exceed a quota ---------------------------------------------
 
 

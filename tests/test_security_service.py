@@ -140,8 +140,10 @@ def test_a_damaged_database_says_what_is_wrong_and_how_to_recover(tmp_path):
 
 
 def test_a_database_of_a_newer_version_says_so_without_a_traceback(tmp_path):
-    """A service rolled back to an older version, on the database a newer one migrated: an
-    exit naming both versions, not a traceback at every restart (a crash loop)."""
+    """A service rolled back to an older version (a Helm rollback), on the database a newer
+    one migrated: an exit naming both versions and what to do, not a traceback at every
+    restart (a crash loop). Nothing is written first: the tables this version would create
+    are ones the newer one dropped or renamed (they were created before the refusal)."""
     db = tmp_path / "gpu-gov.sqlite"
     with sqlite3.connect(db) as connection:
         connection.execute("CREATE TABLE meta (key VARCHAR(64) PRIMARY KEY, value TEXT)")
@@ -150,6 +152,10 @@ def test_a_database_of_a_newer_version_says_so_without_a_traceback(tmp_path):
     assert done.returncode == 1
     assert "Traceback" not in done.stderr, done.stderr
     assert f"cannot use its database sqlite:///{db}" in done.stderr
-    assert "schema version 99, newer than" in done.stderr and "upgrade the service" in done.stderr
+    assert "schema version 99, newer than this jupyter-gpu-gov understands (7)" in done.stderr
+    assert "Upgrade the service again to that release" in done.stderr
+    assert "restore the database from a backup taken before that upgrade" in done.stderr
     with sqlite3.connect(db) as connection:  # left as it was
         assert connection.execute("SELECT value FROM meta").fetchall() == [("99",)]
+        tables = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        assert [name for (name,) in tables] == ["meta"]

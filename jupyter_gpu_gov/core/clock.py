@@ -105,6 +105,14 @@ def parse(value: str | None) -> datetime | None:
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
+def not_after(at: datetime | None, now: datetime) -> datetime | None:
+    """A time kept from an earlier run (the store), read at a start: never later than ``now``.
+    What was written after a wall clock that has since stepped back (NTP, a VM resumed, while
+    the service was down) lies ahead of the new time, and a deadline or notice counted from it
+    would wait that long; the earliest true reading of it is now."""
+    return at if at is None or at <= now else now
+
+
 _T = TypeVar("_T")
 
 

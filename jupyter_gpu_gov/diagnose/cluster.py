@@ -205,18 +205,22 @@ def fragmentation(
     )
 
 
-def fragmentation_report(shares: Sequence[float], demand: Demand) -> dict:
-    """The cluster's fragmentation as ``GET api/diagnosis`` shows it."""
+def fragmentation_report(shares: Sequence[float], demand: Demand, unknown: str = "") -> dict:
+    """The cluster's fragmentation as ``GET api/diagnosis`` shows it. No card counted is not
+    zero cards: the figures are then ``None`` and ``unknown`` says which source is missing
+    (``unknown``: the caller's words for it)."""
     finding = fragmentation(shares, demand)
     partly = [u for u in shares if 0 < u < 1]
+    known = bool(shares)
     return {
         "flag": finding is not None,
         "label": FRAGMENTATION if finding is not None else None,
         "hint": HINTS[FRAGMENTATION] if finding is not None else None,
-        "devices": len(shares),
-        "devices_free": sum(1 for u in shares if u == 0),
-        "devices_partly_used": len(partly),
-        "free_scattered": round(sum(1 - u for u in partly), 3),  # cards' worth
+        "unknown": None if known else (unknown or "no card's allocation is known"),
+        "devices": len(shares) if known else None,
+        "devices_free": sum(1 for u in shares if u == 0) if known else None,
+        "devices_partly_used": len(partly) if known else None,
+        "free_scattered": round(sum(1 - u for u in partly), 3) if known else None,  # cards' worth
         "spawns_waiting": demand.waiting if demand.as_dict() != Demand().as_dict() else None,
         "demand": demand.as_dict(),
     }

@@ -437,12 +437,29 @@ def start(governor, config: dict, log) -> None:
     new notice counted from the old warning), and a maximum age it brings in warns first."""
     previous = in_force_on_record(governor.store.engine)
     _start(governor, config, log)
+    now = clock.utcnow()
     if previous is not None:
-        governor.policies = in_force(
-            governor.policies, clock.utcnow(), previous, POLICY_CONFIG_CHANGED
+        governor.policies = in_force(governor.policies, now, previous, POLICY_CONFIG_CHANGED)
+    # Kept before the wall clock stepped back (between runs): in force from now at the latest,
+    # else every warned server was warned again at each pass and no deadline came.
+    ahead = [p.name for p in governor.policies if p.in_force_since and p.in_force_since > now]
+    if ahead:
+        governor.policies = [
+            replace(p, in_force_since=clock.not_after(p.in_force_since, now))
+            for p in governor.policies
+        ]
+        log.warning(
+            "policies: kept as in force from a time still to come (the wall clock stepped back "
+            "since), in force from now: %s",
+            ", ".join(ahead),
         )
+    if previous is not None:
         since = {s.name: s.since for s in previous}
-        changed = [p.name for p in governor.policies if p.in_force_since != since.get(p.name, 0)]
+        changed = [
+            p.name
+            for p in governor.policies
+            if p.name not in ahead and p.in_force_since != since.get(p.name, 0)
+        ]
         if changed:
             log.warning(
                 "policies: in force from now, as if applied (changed since the service last "
@@ -455,9 +472,21 @@ def start(governor, config: dict, log) -> None:
         log.error("policies: the policies in force are not on record: %s", error)
 
 
-def _keep_in_force(store, policies: list[Policy]) -> None:
+def _keep_in_force(store, policies: list[Policy], fenced: bool = False) -> None:
     with store.session() as session, session.begin():
+        if fenced:  # the holder of the lease only (hub/lease.py)
+            store.fence(session.connection())
         _write_in_force(session, policies)
+
+
+async def keep_moved_in_force(store, policies: list[Policy]) -> None:
+    """The policies' in-force times as a step of the wall clock moved them, kept for the next
+    start (which read them as before the step: ahead of the clock after a step back, so
+    notices never ended; behind it after one ahead, cut short). ``StoreUnavailable``."""
+    try:
+        await store.write_async(partial(_keep_in_force, store, policies, fenced=True))
+    except DBAPIError as error:
+        raise StoreUnavailable(store.url, error) from error
 
 
 def _start(governor, config: dict, log) -> None:

@@ -8,7 +8,9 @@ from dataclasses import replace
 from datetime import timedelta
 
 from ..core import clock
+from .applied_policy import keep_moved_in_force
 from .evidence import Received
+from .store import StoreUnavailable
 from .tables import AuditRow, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
@@ -33,7 +35,12 @@ class ClockStep:
         self._shift_kept(delta)
         why = f"the wall clock stepped by {delta.total_seconds():+.0f} s: deadlines, idle times and billed intervals kept as observed"
         audit = AuditRow(at=clock.utcnow(), action="clock-step", reason=why, actor="governor")
-        if not await self.save_decisions(rows, [audit]):
+        if await self.save_decisions(rows, [audit]):
+            try:
+                await keep_moved_in_force(self.store, self.policies)
+            except StoreUnavailable as error:  # a start reads them as they were (not_after)
+                log.error("gpu-gov: the policies' in-force times, moved, are not kept: %s", error)
+        else:
             # Not on record: the rows are read again from the store, as they were. The rest is
             # put back, and the step left to a pass that can record it (else those rows would
             # keep their times across it: a notice cut short by a forward step).

@@ -423,10 +423,12 @@ class DiagnosisService:
         *,
         teams: Mapping[str, str] | None = None,
         days: int = 7,
+        cards_unknown: str = "",
     ) -> dict:
         """``GET api/diagnosis``: the running servers' causes (with confidence), what each
         cause has cost over the last ``days`` per team and per node, the model, and
-        fragmentation (``shares``: per card, the share allocated; ``demand``: spawns waiting)."""
+        fragmentation (``shares``: per card, the share allocated; ``demand``: spawns waiting;
+        ``cards_unknown``: why no card is known, when none is)."""
         running = set(running)
         now = clock.utcnow()
         counts: Counter[str] = Counter()
@@ -451,7 +453,7 @@ class DiagnosisService:
             "labels": dict(sorted(counts.items())),
             "servers": servers,
             "cost": {"days": days, **self.costs.report(since)},
-            "fragmentation": cluster.fragmentation_report(list(shares), demand),
+            "fragmentation": cluster.fragmentation_report(list(shares), demand, cards_unknown),
             "model": {
                 "trained_at": clock.isoformat(training.trained_at),
                 "training": self.training_running,

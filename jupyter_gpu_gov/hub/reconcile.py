@@ -274,6 +274,7 @@ class Governor(
             row = rows.get(key)
             if row is not None and row.running:
                 row.running = False  # stopped (by its owner, the Hub or us)
+                self._admin_cull_dropped(row, None, batch.audits)
                 self.use.pop(key, None)
                 self.unchanged.forget(key)
                 self.due.forget(key)
@@ -427,27 +428,41 @@ class Governor(
         await self._save_usage_async()
 
     def _admin_cull_dropped(
-        self, row: ServerRow, started: datetime, audits: list[AuditRow]
+        self, row: ServerRow, started: datetime | None, audits: list[AuditRow]
     ) -> None:
-        """An admin's Cull now still waiting (its checkpoint first) when the owner restarted:
-        it was for the session the admin saw, so the new one does not carry it. On record as
-        skipped, naming both sessions, so the admin learns their cull did not happen."""
+        """An admin's Cull now still waiting (its checkpoint first) when the session it was
+        for ended without it: the owner restarted (``started``: the new session, which does
+        not carry it) or the server stopped (None: its owner, the Hub or a crash stopped it).
+        On record as skipped, naming the request and the sessions, so the admin learns their
+        cull did not happen; and settled: the record no longer holds it."""
         record = record_of(row)
         if record.cull_requested_at is None or record.cull_request_reason != ADMIN:
             return
         if record.state == CULLED:  # carried out: the Hub took the stop
             return
         why = record.cull_request_why or "a cull was asked for"
-        old, new = clock.isoformat(row.session_started), clock.isoformat(started)
-        audits.append(
-            self._audit_row(
-                row,
-                "cull-skipped",
-                f"{why}; not culled: the server restarted before it was done (that session "
-                f"started {old or 'none'}; the running one {new}). Cull the new one if it "
-                "must go",
+        old = clock.isoformat(row.session_started) or "none"
+        if started is None:
+            ended = (
+                f"the server stopped before it was done, not stopped by the governor (that "
+                f"session started {old})"
             )
+        else:
+            ended = (
+                f"the server restarted before it was done (that session started {old}; the "
+                f"running one {clock.isoformat(started)}). Cull the new one if it must go"
+            )
+        audits.append(self._audit_row(row, "cull-skipped", f"{why}; not culled: {ended}"))
+        settled = evolve(
+            record,
+            cull_requested_at=None,
+            cull_request_reason=None,
+            cull_request_why="",
+            checkpoint_status=None,
+            checkpoint_requested_at=None,
+            reason=f"{why}; not culled: {ended}",
         )
+        set_record(row, settled)
 
     def _govern(
         self, server: HubServer, row: ServerRow | None, now: datetime, batch: _Batch

@@ -222,8 +222,24 @@ class Store:
         self.migrate()
 
     def migrate(self) -> None:
-        """Create missing tables, then apply migrations newer than the recorded version."""
+        """Create missing tables, then apply migrations newer than the recorded version.
+        ``StoreTooNew`` before anything is written when a newer release migrated it (a
+        rollback): its tables are that release's, and one this release would create here is
+        one it dropped or renamed."""
         existed = inspect(self.engine).has_table("meta")
+        if existed:
+            with self.engine.connect() as db:
+                kept = db.execute(
+                    text("SELECT value FROM meta WHERE key = 'schema_version'")
+                ).scalar()
+            if kept is not None and int(kept) > SCHEMA_VERSION:
+                raise StoreTooNew(
+                    f"it has schema version {kept}, newer than this jupyter-gpu-gov "
+                    f"understands ({SCHEMA_VERSION}): a newer release migrated it, and it is "
+                    f"left as it was. Upgrade the service again to that release (or a later "
+                    f"one), or, to run this one, restore the database from a backup taken "
+                    f"before that upgrade (docs/api.md, 'Upgrades and rollbacks')"
+                )
         Base.metadata.create_all(self.engine)
         with self._session.begin() as session:
             row = session.get(MetaRow, "schema_version")
@@ -233,11 +249,6 @@ class Store:
                 for statement in (*MIGRATIONS[target], *retyped.get(target, ())):
                     session.execute(text(statement))
                 version = target
-            if version > SCHEMA_VERSION:
-                raise StoreTooNew(
-                    f"it has schema version {version}, newer than this jupyter-gpu-gov "
-                    f"understands ({SCHEMA_VERSION}): upgrade the service"
-                )
             session.merge(MetaRow(key="schema_version", value=str(version)))
 
     def session(self) -> Session:

@@ -350,14 +350,32 @@ class Views:
             and (grant := trusted.Granted.of(self._servers[key].spawner_state)) is not None
         ]
         evidence = [e for records in self._context.by_uuid.values() for e in records]
+        shares = allocation(granted, evidence)
         return self.diagnosis.summary(
             running,
-            allocation(granted, evidence),
+            shares,
             Demand(self.spawns_waiting, self.spawn_queue.queued, self.spawn_queue.refused),
             self.options.report_stale_after,
             teams={key: row.team or "" for key, row in self.rows.items()},
             days=days,
+            cards_unknown="" if shares else self._cards_unknown(granted, evidence),
         )
+
+    def _cards_unknown(self, granted: list, evidence: list) -> str:
+        """Why the fragmentation figure counts no card: which of its sources is missing."""
+        if self.dcgm is None:
+            dcgm = "DCGM is not configured (dcgm_exporter_urls or dcgm_prometheus_url)"
+        elif not evidence:
+            dcgm = "DCGM's last read named no GPU (it failed, is older than dcgm_max_age, or is yet to come)"
+        else:
+            dcgm = (
+                "DCGM knows no card's allocation (time-sliced cards without their memory figures)"
+            )
+        if any(granted):
+            mine = "the workstation allocator's records name no card whose allocation is known"
+        else:
+            mine = "no running server has the workstation allocator's record of its GPUs"
+        return f"no card to count: {dcgm}, and {mine}"
 
     # -- what the REST API and the pages read (they never reach the store or the reports) ----
 

@@ -3,6 +3,11 @@
 ``GET ?params=7B&precision=bf16&mode=training[&team=vision]`` → ``{"tier": "h100", "gb": 78.4,
 "message": …}`` for a logged-in user, among the tiers of ``team`` (all tiers without one; ``tier``
 is null when none fits). Bad input answers 400 with a message naming the parameter.
+
+An API as much as the form's: a script or a notebook asks it with a Hub token of the user's
+(``Authorization: token …``), no scope needed, as JupyterHub's own ``GET /hub/api/user`` (it
+reads nothing about anyone: the hub's tiers and arithmetic). A token the Hub does not accept
+is a 403 in JSON, not the login page's redirect.
 """
 
 from __future__ import annotations
@@ -17,8 +22,19 @@ from .estimate import estimate_memory, smallest_tier
 
 
 class EstimateHandler(BaseHandler):
-    @web.authenticated
+    # A page handler takes only the login cookie (JupyterHub 2+): a script's token was sent
+    # to the login page. Token authentication skips the XSRF check, as for the Hub's API.
+    _accept_token_auth = True
+
     def get(self):
+        if self.current_user is None and self.get_auth_token():
+            self.set_status(403)
+            self._json({"tier": None, "message": "the token is not one the Hub accepts"})
+            return
+        self._estimate()
+
+    @web.authenticated
+    def _estimate(self):
         try:
             estimate = estimate_memory(
                 self.get_argument("params", ""),
