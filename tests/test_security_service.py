@@ -17,6 +17,7 @@ from governor_harness import wait
 from hub_harness import MARKER_ENV, HubHarness
 
 from jupyter_gpu_gov.hub.hubconfig import SERVICE_SCOPES
+from jupyter_gpu_gov.hub.store import SCHEMA_VERSION
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -152,7 +153,10 @@ def test_a_database_of_a_newer_version_says_so_without_a_traceback(tmp_path):
     assert done.returncode == 1
     assert "Traceback" not in done.stderr, done.stderr
     assert f"cannot use its database sqlite:///{db}" in done.stderr
-    assert "schema version 99, newer than this jupyter-gpu-gov understands (7)" in done.stderr
+    assert (
+        f"schema version 99, newer than this jupyter-gpu-gov understands ({SCHEMA_VERSION})"
+        in done.stderr
+    )
     assert "Upgrade the service again to that release" in done.stderr
     assert "restore the database from a backup taken before that upgrade" in done.stderr
     with sqlite3.connect(db) as connection:  # left as it was
