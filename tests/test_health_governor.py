@@ -206,8 +206,9 @@ async def test_a_reported_failure_without_dcgm_is_believed_then_recovers(tmp_pat
 
 async def test_a_failed_card_of_the_allocator_stays_listed_once_its_server_stops(tmp_path):
     """A workstation without DCGM: bob's server reports its allocated card failed, then stops.
-    The allocator withholds the card from every new server, so the admin must still see why;
-    a failure claimed on a GPU the records do not give the server goes with its server."""
+    Where it really failed the allocator withholds the card from new servers, so the admin
+    must still see why; a failure claimed on a GPU the records do not give the server goes
+    with its server."""
     uuid, other = "GPU-0000-lost", "GPU-0000-claimed"
     async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
         hub.add_server("bob", state={"gpu_gov_devices": [uuid]})
@@ -234,6 +235,33 @@ async def test_a_failed_card_of_the_allocator_stays_listed_once_its_server_stops
         gov.ingest(report_for("carol", uuid, sm=0.0))
         await gov.reconcile()
         assert gov.health_view()["gpus"] == []
+
+
+async def test_a_stopped_servers_failure_claim_goes_once_the_allocator_hands_the_card_out(
+    tmp_path,
+):
+    """A workstation without DCGM: mallory's server says its allocated card fell off the bus,
+    then stops. The allocator reads the cards itself and hands that one to carol (it never
+    hands out a card it reads failed): the Hub's records now contradict mallory's word, so the
+    card is no longer listed as failed nor alerted on (it named her stopped server, for good,
+    as long as no new server's report listed the card: until the service restarted)."""
+    uuid = "GPU-0000-said-lost"
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("mallory", state={"gpu_gov_devices": [uuid]})
+        gov = await stack.enter_async_context(governed(hub, tmp_path))
+        gov.ingest(failed_report("mallory", uuid))  # "my card failed"
+        await gov.reconcile()
+        hub._finish_stop(hub.users["mallory"], "")
+        hub._reindex(hub.users["mallory"])
+        await gov.reconcile()
+        assert [g["server"] for g in gov.health_view()["gpus"]] == ["mallory/"]
+        # carol's server starts on the card; its first report is not in yet
+        hub.add_server("carol", state={"gpu_gov_devices": [uuid]})
+        clock.advance(60)
+        await gov.reconcile()
+        assert gov.health_view()["gpus"] == []
+        assert metrics.GPU_UNHEALTHY.collect()[0].samples == []
+        assert gov.row("carol/").state != "gpu-failed"
 
 
 async def test_a_reported_failure_dcgm_reads_as_healthy_is_not_believed(tmp_path):

@@ -116,9 +116,11 @@ class HealthWatch:
     # the reports' GPUs that are not healthy, by server key and uuid, as of its last pass
     reported: dict[str, dict[str, GpuProblem]] = field(default_factory=dict)
     flagged: dict[str, datetime] = field(default_factory=dict)  # server key -> unknown since
-    # What a stopped server reported of a GPU the Hub's records gave it, by uuid: the
-    # workstation allocator withholds such a card from every new server, so an admin must
-    # still see why; kept until a report of it (or DCGM) says otherwise.
+    # What a stopped server reported of a GPU the Hub's records gave it, by uuid: where the
+    # failure is real, the workstation allocator (which reads the cards itself, never a
+    # report) withholds the card, so an admin must still see why. It is its owner's word
+    # alone: kept only until the Hub's records give the card to a server (the allocator hands
+    # out no card it reads failed), a report lists it, or DCGM reads it.
     left: dict[str, GpuProblem] = field(default_factory=dict)
     _snapshot: DcgmSnapshot | None = None
     # The DCGM records (by uuid) last read for problems, and the problems they showed.
@@ -147,6 +149,9 @@ class HealthWatch:
         as healthy and working is not believed (it would keep the server from idle culls).
         ``records``: the server's spawner state (which GPUs the Hub's records give it)."""
         noted = {}
+        if self.left:  # the allocator handed such a card out again: it reads it healthy itself
+            for granted in grant.devices(records):
+                self.left.pop(granted.parent_uuid or granted.uuid, None)
         for device in report["devices"] if report is not None else ():
             if self.left:  # a card a stopped server left failed, reported on again
                 self.left.pop(device.get("parent_uuid") or device["uuid"], None)
