@@ -43,6 +43,7 @@ from .history import HistoryOptions
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .lease import RENEW_SHARE, Lease
+from .logs import SERVICE_LOGGERS, EscapingFormatter, StderrHandler
 from .options import Options
 from .pages import page_handlers
 from .policy_api import policy_handlers
@@ -150,6 +151,21 @@ class GpuGovernor(GovernorSettings, Application):
         "config": "GpuGovernor.config_file",
         "db-url": "GpuGovernor.db_url",
     }
+
+    _log_formatter_cls = EscapingFormatter  # names from outside escaped (hub/logs.py)
+
+    def get_default_logging_config(self):
+        """traitlets' console handler, for the package's and tornado's loggers too (they had
+        only Python's last-resort handler, which wrote a name's newline as it is). Their
+        levels are left as they were."""
+        config = super().get_default_logging_config()
+        console = config.get("handlers", {}).get("console")
+        if console is not None:  # (traitlets sets up none under pythonw)
+            console.pop("stream", None)
+            console["class"] = f"{StderrHandler.__module__}.{StderrHandler.__name__}"
+            for name in SERVICE_LOGGERS:
+                config["loggers"][name] = {"handlers": ["console"]}
+        return config
 
     def parse_command_line(self, argv=None):
         return super().parse_command_line(
