@@ -37,6 +37,15 @@ def _fresh_service_login():
         prepared.PreparedHubOAuth.clear_instance()
 
 
+@pytest.fixture
+def restore_clock():
+    """For tests that move the governor's clock (core.clock.advance): back to real time."""
+    from jupyter_gpu_gov.core import clock
+
+    yield
+    clock.reset()
+
+
 @pytest.fixture(autouse=True)
 def _hub_clients_closed(monkeypatch):
     """A test's Hub clients are closed when it ends, as the service closes its own: a libcurl
