@@ -37,6 +37,15 @@ def _fresh_service_login():
         prepared.PreparedHubOAuth.clear_instance()
 
 
+@pytest.fixture
+def restore_clock():
+    """For tests that move the governor's clock (core.clock.advance): back to real time."""
+    from jupyter_gpu_gov.core import clock
+
+    yield
+    clock.reset()
+
+
 @pytest.fixture(autouse=True)
 def _hub_clients_closed(monkeypatch):
     """A test's Hub clients are closed when it ends, as the service closes its own: a libcurl
@@ -130,10 +139,22 @@ def _xdist_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def _end_dcgm_worker() -> None:
+    """The DCGM reads' worker process (hub/dcgm_source.py: one a process, started by the first
+    read in this one), ended while this process can wait for it. pytest-xdist kills a worker
+    that takes over 10 s to exit (a loaded machine): the killed worker's pool process, and
+    multiprocessing's resource tracker it holds open, lived on and failed the run below."""
+    source = sys.modules.get("jupyter_gpu_gov.hub.dcgm_source")
+    if source is not None and source._pool is not None:
+        source._pool.shutdown(wait=True, cancel_futures=True)
+        source._pool = None
+
+
 def pytest_sessionfinish(session, exitstatus):
     """A test run leaves no process behind: name any that survived, end them, fail the run.
     Under pytest-xdist the run's one check is the controller's, once every worker is done (a
     worker done early would take the other's hubs for leftovers)."""
+    _end_dcgm_worker()
     if _xdist_worker(session.config):
         return
     deadline = time.monotonic() + LEFTOVER_GRACE_S

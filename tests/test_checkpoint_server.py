@@ -497,15 +497,19 @@ def open_files() -> list[str]:
 
 
 async def test_the_checkpoint_is_not_taken_for_the_owner_at_work(
-    jp_fetch, jp_serverapp, notebook_kernel
+    jp_fetch, jp_serverapp, notebook_kernel, tmp_path
 ):
     # The hooks run through the kernel; Jupyter Server sees kernel messages and a busy kernel.
     # The report must not: the governor would hold its own cull back for "recent user
     # activity" or "a kernel is executing a cell".
     kernel = await notebook_kernel("held.ipynb")
+    release = tmp_path / "release"  # the hook runs until the test has looked
     await kernel.run(
-        ON_GPU + "import time\nfrom jupyter_gpu_gov import checkpoint\n"
-        "checkpoint.register(lambda directory: time.sleep(2), name='slow')\n"
+        ON_GPU + "import os, time\nfrom jupyter_gpu_gov import checkpoint\n"
+        "@checkpoint.register\n"
+        "def slow(directory):\n"
+        f"    while not os.path.exists({str(release)!r}):\n"
+        "        time.sleep(0.05)\n"
     )
     app = gov_app(jp_serverapp)
     # On a loaded machine Jupyter Server may still show the cell's kernel busy (its idle status
@@ -519,10 +523,17 @@ async def test_the_checkpoint_is_not_taken_for_the_owner_at_work(
     await asyncio.sleep(0.5)
 
     running = asyncio.ensure_future(checkpoint(jp_fetch, reason="test"))
-    await asyncio.sleep(1.0)  # the hooks are running
-    assert jp_serverapp.kernel_manager.get_kernel(kernel.id).execution_state == "busy"
-    await app.sample_now()
-    during = {t["id"]: t for t in app.report["targets"]}[kernel.id]
+    try:
+        for _ in range(600):  # the hooks run: Jupyter Server shows the kernel busy
+            if jp_serverapp.kernel_manager.get_kernel(kernel.id).execution_state == "busy":
+                break
+            await asyncio.sleep(0.05)
+        assert jp_serverapp.kernel_manager.get_kernel(kernel.id).execution_state == "busy"
+        assert not running.done()
+        await app.sample_now()
+        during = {t["id"]: t for t in app.report["targets"]}[kernel.id]
+    finally:
+        release.touch()
     manifest = await running
     await app.sample_now()
 

@@ -4,7 +4,6 @@ clock, and a process that keeps deadlines sees a step only when it adopts it."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from datetime import timedelta
 
@@ -39,7 +38,10 @@ async def test_periodic_work_keeps_to_the_monotonic_clock(monkeypatch):
             monkeypatch.setattr(time, "time", lambda: real() - 3600)
 
     task = asyncio.ensure_future(clock.every(0.05, work))
-    await asyncio.sleep(0.5)
+    # Three runs after the step, not an hour away (on the wall clock the third run was due
+    # an hour later). The deadline is a loaded machine's stalls, far short of the hour.
+    deadline = time.monotonic() + 30
+    while len(runs) < 5 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     task.cancel()
     assert len(runs) >= 5, runs
-    assert max(b - a for a, b in itertools.pairwise(runs)) < 0.4

@@ -21,26 +21,48 @@ from test_governor import (
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.clock import parse
+from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.people import SessionChanged
 from jupyter_gpu_gov.hub.store import Store
 
 
-@pytest.fixture
-def restore_clock():
-    yield
-    clock.reset()
+async def alice_seen(hub: FakeHub, tmp_path, sm: float = 0.0, **options):
+    """alice's server, one report of hers (her GPU at ``sm``) and one pass: the governor
+    knows her session."""
+    hub.add_server("alice")
+    gov = governor(hub, tmp_path, **options)
+    gov.ingest(report_for("alice", H100_IDLE_GPU, sm=sm))
+    await gov.reconcile()
+    return gov
 
 
 async def ready_to_cull(hub: FakeHub, tmp_path, **options):
     """alice's GPU idle two hours, her checkpoint saved: the next pass culls her server."""
-    hub.add_server("alice")
-    gov = governor(hub, tmp_path, **options)
-    for step in (0, 61 * 60, 60 * 60):
+    gov = await alice_seen(hub, tmp_path, **options)
+    for step in (61 * 60, 60 * 60):
         clock.advance(step)
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         await gov.reconcile()
     answer(gov, manifest("done"))
     return gov
+
+
+def busy_limited(hub: FakeHub, tmp_path):
+    """A governor (a new one, as after a restart, on the same store) under BUSY_LIMITS: a
+    cell running past its notice is interrupted."""
+    gov = governor(hub, tmp_path)
+    gov.policies = load_policies([], BUSY_LIMITS)
+    return gov
+
+
+def cell_running(idle_since, busy_since=None) -> dict:
+    """alice's report: her GPU idle since ``idle_since``, a cell running since ``busy_since``
+    (the same moment unless given)."""
+    report = report_for("alice", H100_IDLE_GPU, sm=0.0)
+    report["window"]["gpu_idle_since"] = clock.isoformat(idle_since)
+    busy_since = clock.isoformat(busy_since or idle_since)
+    report["targets"][0].update(execution_state="busy", busy_since=busy_since)
+    return report
 
 
 async def once_decided(gov, key: str = "alice/"):
@@ -123,10 +145,7 @@ async def test_a_cell_started_after_a_hard_deadline_was_decided_does_not_hold_it
     """A hard deadline (here an admin's cull now, after its notice and checkpoint) is not
     put off by work: a cell that starts at the last moment does not hold it."""
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))
-        await gov.reconcile()
+        gov = await alice_seen(hub, tmp_path, sm=0.9)
         await gov.cull_now("alice/", "user:root", "the node is drained")
         answer(gov, manifest("done"))
         task = await once_decided(gov)
@@ -158,15 +177,13 @@ async def test_an_interrupt_the_store_could_not_record_is_not_asked(
     """A cell past busy_limit: the interrupt is asked in the server's verdict only once it is
     on record. The store refused the pass's write (a full disk): nothing is on record, so the
     server must not be asked to interrupt its cell (it was, until its report showed it done)."""
-    from jupyter_gpu_gov.core.policy import load_policies
     from jupyter_gpu_gov.hub import records
     from jupyter_gpu_gov.hub.store import StoreUnavailable
 
     monkeypatch.setattr(records, "STORE_RETRY_AFTER", 0.0)
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.policies = load_policies([], BUSY_LIMITS)
+        gov = busy_limited(hub, tmp_path)
         started = clock.utcnow()
         save = gov.store.save_async
 
@@ -176,10 +193,7 @@ async def test_an_interrupt_the_store_could_not_record_is_not_asked(
 
         for step in (0, 31 * 60, 61 * 60):  # busy, warned, the interrupt (after its notice)
             clock.advance(step)
-            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
-            report["window"]["gpu_idle_since"] = clock.isoformat(started)
-            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(started))
-            gov.ingest(report)
+            gov.ingest(cell_running(started))
             if step == 61 * 60:
                 monkeypatch.setattr(gov.store, "save_async", full_disk)
             result = await gov.reconcile()
@@ -199,32 +213,21 @@ async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
     and the checkpoint is asked again; the interrupt, held in memory, was lost: the checkpoint
     was asked alone while the cell ran on. Asked again for that cell, not for one started
     since."""
-    from jupyter_gpu_gov.core.policy import load_policies
-
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.policies = load_policies([], BUSY_LIMITS)
+        gov = busy_limited(hub, tmp_path)
         started = clock.utcnow()
-
-        def running(since):
-            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
-            report["window"]["gpu_idle_since"] = clock.isoformat(started)
-            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(since))
-            return report
-
         for step in (0, 31 * 60, 61 * 60):  # busy, warned, the interrupt (after its notice)
             clock.advance(step)
-            gov.ingest(running(started))
+            gov.ingest(cell_running(started))
             await gov.reconcile()
         asked = gov.verdict("alice/")["requests"]
         assert {"checkpoint", "interrupt_kernels"} <= set(asked)
         await gov.close()
 
-        gov = governor(hub, tmp_path)  # the service restarted
-        gov.policies = load_policies([], BUSY_LIMITS)
+        gov = busy_limited(hub, tmp_path)  # the service restarted
         clock.advance(30)
-        gov.ingest(running(started))
+        gov.ingest(cell_running(started))
         await gov.reconcile()
         again = gov.verdict("alice/")["requests"]
         row = gov.row("alice/")  # asked again from the restart, still one request
@@ -234,10 +237,9 @@ async def test_an_interrupt_decided_before_a_restart_is_still_asked_after_it(
 
         # That cell ended; another started since: it is not the one interrupted.
         await gov.close()
-        gov2 = governor(hub, tmp_path)
-        gov2.policies = load_policies([], BUSY_LIMITS)
+        gov2 = busy_limited(hub, tmp_path)
         clock.advance(30)
-        gov2.ingest(running(clock.utcnow()))
+        gov2.ingest(cell_running(started, clock.utcnow()))
         await gov2.reconcile()
         assert "interrupt_kernels" not in gov2.verdict("alice/")["requests"]
 
@@ -247,10 +249,7 @@ async def test_an_extension_during_the_passs_write_of_the_same_row_is_kept(tmp_p
     Extend lands meanwhile, on the same row. The pass must not write its older copy over it:
     the extension holds in memory, in the store, and at the next pass."""
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-        await gov.reconcile()
+        gov = await alice_seen(hub, tmp_path)
         clock.advance(61 * 60)
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
         task = asyncio.ensure_future(gov.reconcile())
@@ -273,8 +272,6 @@ async def test_the_owners_stop_retried_under_shutdown_kernels_stops_the_server(
     """The owner pressed Stop; the Hub failed to stop the server (its spawner raised). The
     stop is on record and sent again later: it must stop the server the owner asked to stop,
     not shut its kernels down because the policy's cull action says so."""
-    from jupyter_gpu_gov.core.policy import load_policies
-
     async with FakeHub() as hub:
         hub.add_server("alice")
         gov = governor(hub, tmp_path)
@@ -320,10 +317,7 @@ async def test_an_exemption_during_a_failed_immediate_cull_is_kept(tmp_path, res
     meanwhile, and the Hub fails the stop: the exemption stays (the failed cull put the record
     back as it was before it, over the exemption)."""
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-        await gov.reconcile()
+        gov = await alice_seen(hub, tmp_path)
         hub.latency, hub.stop_errors = 2.0, [500]  # the exemption lands during the DELETE
         cull = asyncio.ensure_future(
             gov.cull_now("alice/", "user:root", "runaway", immediately=True)
@@ -387,32 +381,21 @@ async def test_an_interrupt_and_its_checkpoint_asked_before_an_outage_are_asked_
     longer than checkpoint_timeout before the server fetched them. The server could not hear
     them meanwhile: at the restart both are asked again, still paired, from the restart (they
     timed out unheard: a false checkpoint-failed, and the warning's path instead)."""
-    from jupyter_gpu_gov.core.policy import load_policies
-
     async with FakeHub() as hub:
         hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.policies = load_policies([], BUSY_LIMITS)
+        gov = busy_limited(hub, tmp_path)
         started = clock.utcnow()
-
-        def running():
-            report = report_for("alice", H100_IDLE_GPU, sm=0.0)
-            report["window"]["gpu_idle_since"] = clock.isoformat(started)
-            report["targets"][0].update(execution_state="busy", busy_since=clock.isoformat(started))
-            return report
-
         for step in (0, 31 * 60, 61 * 60):  # busy, warned, the interrupt (after its notice)
             clock.advance(step)
-            gov.ingest(running())
+            gov.ingest(cell_running(started))
             await gov.reconcile()
         assert {"checkpoint", "interrupt_kernels"} <= set(gov.verdict("alice/")["requests"])
         await gov.close()
 
         clock.advance(10 * 60)  # down for twice checkpoint_timeout
-        gov = governor(hub, tmp_path)
-        gov.policies = load_policies([], BUSY_LIMITS)
+        gov = busy_limited(hub, tmp_path)
         await gov.reconcile()
-        gov.ingest(running())  # its first report since: the cell runs on
+        gov.ingest(cell_running(started))  # its first report since: the cell runs on
         await gov.reconcile()
         actions = [a.action for a in actions_of(gov)]
         assert "checkpoint-failed" not in actions, gov.row("alice/").reason
@@ -430,8 +413,6 @@ async def test_a_kernel_shutdown_asked_before_a_restart_is_still_asked_after_it(
     memory, was lost, and the idle kernel kept its GPU for a whole new warn-and-cull cycle.
     It is asked again after the restart, of the same kernels (a kernel id names one kernel:
     one started since is never asked)."""
-    from jupyter_gpu_gov.core.policy import load_policies
-
     shutdown = {"warn_after": "1h", "cull_after": "2h", "cull_action": "shutdown-kernels"}
     async with FakeHub() as hub:
         gov = await ready_to_cull(hub, tmp_path)
@@ -549,10 +530,7 @@ async def test_the_owners_stop_stands_while_the_hub_fails_it(tmp_path, restore_c
     (on record as stopped, sent again after a growing pause) until the Hub takes it. The
     second failure turned it into a governed server, warned, running on with its GPU."""
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))  # working, not idle
-        await gov.reconcile()
+        gov = await alice_seen(hub, tmp_path, sm=0.9)  # working, not idle
         hub.stop_errors = [500, 500]
         await gov.stop_by_owner("alice/", "user:alice", "done for today")
         await gov.background_done()
@@ -588,8 +566,6 @@ async def test_a_wall_clock_step_moves_a_failed_culls_pause_with_it(
 
 async def test_an_admins_kernel_shutdown_is_asked_again_after_a_restart(tmp_path, restore_clock):
     """The same for an admin's immediate cull under shutdown-kernels."""
-    from jupyter_gpu_gov.core.policy import load_policies
-
     shutdown = {"warn_after": "1h", "cull_after": "2h", "cull_action": "shutdown-kernels"}
     async with FakeHub() as hub:
         hub.add_server("alice")
@@ -621,10 +597,7 @@ async def test_an_admins_cull_of_the_session_they_saw_spares_the_one_started_sin
     session is not the one they meant. ``pass_since``: the governor's pass saw the restart
     (its record is the new session's); else only the Hub knows so far."""
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-        await gov.reconcile()
+        gov = await alice_seen(hub, tmp_path)
         seen = gov.listing(gov.row("alice/"))["session"]  # as the dashboard and the API list it
         clock.advance(60)
         restarted = clock.utcnow()
@@ -656,10 +629,7 @@ async def test_an_admins_immediate_cull_spares_a_session_started_during_it(tmp_p
     Hub's model read in that slot names another session, so nothing is stopped; the cull is on
     record as skipped, with why, and the admin hears it (409)."""
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-        await gov.reconcile()
+        gov = await alice_seen(hub, tmp_path)
         seen = gov.row("alice/").session_started
         hub.latency = 0.5
         reads = hub.counters["GET /users/{name}"]
@@ -686,10 +656,7 @@ async def test_an_admins_pending_cull_dropped_by_a_restart_is_on_record(tmp_path
     saw), and the admin learns so: a cull-skipped row names the request and both sessions.
     Nothing is stopped, and the new session is governed as any other."""
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-        await gov.reconcile()
+        gov = await alice_seen(hub, tmp_path)
         seen = gov.row("alice/").session_started
         outcome = await gov.cull_now("alice/", "user:root", "the node is drained", session=seen)
         assert outcome["status"] == "requested" and outcome["verdict"]["state"] == "checkpointing"
@@ -766,10 +733,7 @@ async def test_an_admins_cull_carried_out_is_not_skipped_by_the_next_session(
     """The pass culled alice's server for the admin; she starts it again: the cull happened,
     so nothing is on record as skipped."""
     async with FakeHub() as hub:
-        hub.add_server("alice")
-        gov = governor(hub, tmp_path)
-        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-        await gov.reconcile()
+        gov = await alice_seen(hub, tmp_path)
         await gov.cull_now("alice/", "user:root", "the node is drained")
         answer(gov, manifest("done"))
         await gov.reconcile()

@@ -513,12 +513,6 @@ def manifest(status: str, *errors: str, cid: str = "20260105T110000Z") -> dict:
     }
 
 
-@pytest.fixture
-def restore_clock():
-    yield
-    clock.reset()
-
-
 async def idle_until_checkpoint(gov: Governor, user: str = "alice") -> None:
     """An idle GPU for two hours (warn after 1h, cull after 2h): the governor asks for the
     checkpoint on the last pass."""

@@ -27,11 +27,7 @@ from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
 from jupyter_gpu_gov.replay.history import KEYFRAME_S
 
-
-@pytest.fixture(autouse=True)
-def restore_clock():
-    yield
-    clock.reset()
+pytestmark = pytest.mark.usefixtures("restore_clock")  # every test moves the clock
 
 
 @dataclass

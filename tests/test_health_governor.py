@@ -30,6 +30,8 @@ from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
 
+pytestmark = pytest.mark.usefixtures("restore_clock")  # every test moves the clock
+
 LOST_GPU = "GPU-3f6d2a41-8c0e-4b7a-9d21-5e8f0c7b1a90"  # GPU 0 of gpu-node-7: XID 79
 ALICE_POD = {"pod_name": "jupyter-alice", "namespace": "jhub"}
 L4_GPU = "GPU-c2f76b33-7953-256e-8f33-1343419b1a1c"  # a real scrape: idle, XID 0, no remap failure
@@ -71,12 +73,6 @@ def http():
     server = Http((FIXTURES / FAULTS_TEXT).read_text())
     yield server
     server.server.stop()
-
-
-@pytest.fixture(autouse=True)
-def restore_clock():
-    yield
-    clock.reset()
 
 
 def governor(hub: FakeHub, tmp_path: Path, dcgm_url: str | None = None, **health_options):

@@ -22,12 +22,6 @@ from jupyter_gpu_gov.replay.whatif import recorded_actions
 POD = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
 
 
-@pytest.fixture
-def restore_clock():
-    yield
-    clock.reset()
-
-
 async def test_the_governor_records_what_it_saw_and_did_and_exports_it(tmp_path, restore_clock):
     """Two hours of passes a minute apart: alice's GPU idle (DCGM, no report) until she is
     warned and culled; bob's report says busy. Idle minutes are not all kept; the warning and

@@ -7,6 +7,7 @@ when it stops cleanly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,6 @@ import pytest
 from fake_hub_api import FakeHub
 from hub_harness import free_port
 from sqlalchemy import create_engine, select
-from test_cull_races import restore_clock  # noqa: F401
 from test_governor import (
     H100_IDLE_GPU,
     Exporter,
@@ -156,6 +156,22 @@ def stop(*processes: subprocess.Popen) -> None:
         p.wait(timeout=30)
 
 
+@contextlib.asynccontextmanager
+async def holder_and_standby(hub: FakeHub, tmp_path: Path):
+    """Two services on one store (``tmp_path/gov.sqlite``): the first holds the lease, the
+    second is up on standby; both killed at the end."""
+    db = tmp_path / "gov.sqlite"
+    first = start_governor(hub, db, tmp_path / "first.log")
+    second = None
+    try:
+        await until(lambda: held_by(db, first), "the first governor to take the lease")
+        second = start_governor(hub, db, tmp_path / "second.log")
+        await up(tmp_path / "second.log")
+        yield first, second
+    finally:
+        stop(first, *([second] if second else []))
+
+
 def idle_server(hub: FakeHub, user: str) -> None:
     """A server its owner left two hours ago: the holder's next pass culls it."""
     ago = clock.utcnow() - timedelta(hours=2)
@@ -167,11 +183,7 @@ async def test_two_governors_cull_once_and_bill_once(tmp_path):
     async with FakeHub() as hub:
         hub.add_server("bob", state=GRANT)  # one GPU, in use: billed, never culled
         started = time.monotonic()
-        first = start_governor(hub, db, tmp_path / "first.log")
-        try:
-            await until(lambda: held_by(db, first), "the first governor to take the lease")
-            second = start_governor(hub, db, tmp_path / "second.log")
-            await up(tmp_path / "second.log")
+        async with holder_and_standby(hub, tmp_path) as (first, second):
             assert "on standby" in (tmp_path / "second.log").read_text()
             await up(tmp_path / "first.log")
             # Which one acts, for an admin: each one's api/ and metrics say the same.
@@ -195,8 +207,6 @@ async def test_two_governors_cull_once_and_bill_once(tmp_path):
             assert held_by(db, first) and second.poll() is None
             stop(first, second)  # killed: no clean stop writes anything more
             elapsed = time.monotonic() - started
-        finally:
-            stop(first)
         assert hub.counters["DELETE /users/{name}/server(s)"] == 1
     assert len(culls(db, "alice/")) == 1
     # bob's one GPU ran all along: billed once, not once per governor.
@@ -206,12 +216,7 @@ async def test_two_governors_cull_once_and_bill_once(tmp_path):
 async def test_a_killed_holder_is_taken_over_within_the_lease(tmp_path):
     db = tmp_path / "gov.sqlite"
     async with FakeHub() as hub:
-        first = start_governor(hub, db, tmp_path / "first.log")
-        second = None
-        try:
-            await until(lambda: held_by(db, first), "the first governor to take the lease")
-            second = start_governor(hub, db, tmp_path / "second.log")
-            await up(tmp_path / "second.log")
+        async with holder_and_standby(hub, tmp_path) as (first, second):
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=30)
             killed = time.monotonic()
@@ -223,30 +228,20 @@ async def test_a_killed_holder_is_taken_over_within_the_lease(tmp_path):
             assert time.monotonic() - killed <= LEASE_S * 1.25 + 5
             await said(tmp_path / "second.log", f"pid {first.pid} is gone)")
             await until(lambda: not hub.running("alice"), "alice's idle server culled")
-        finally:
-            stop(first, *([second] if second else []))
         assert hub.counters["DELETE /users/{name}/server(s)"] == 1
     assert len(culls(db, "alice/")) == 1
 
 
 async def test_a_clean_stop_hands_over_at_once(tmp_path):
     db = tmp_path / "gov.sqlite"
-    async with FakeHub() as hub:
-        first = start_governor(hub, db, tmp_path / "first.log")
-        second = None
-        try:
-            await until(lambda: held_by(db, first), "the first governor to take the lease")
-            second = start_governor(hub, db, tmp_path / "second.log")
-            await up(tmp_path / "second.log")
-            first.send_signal(signal.SIGTERM)
-            assert first.wait(timeout=30) == 0
-            # Released: taken at the other's next look, not once it expired.
-            await until(lambda: held_by(db, second), "the second governor to take over")
-            await said(tmp_path / "second.log", "took the store's lease (released)")
-            idle_server(hub, "alice")
-            await until(lambda: not hub.running("alice"), "alice's idle server culled")
-        finally:
-            stop(first, *([second] if second else []))
+    async with FakeHub() as hub, holder_and_standby(hub, tmp_path) as (first, second):
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0
+        # Released: taken at the other's next look, not once it expired.
+        await until(lambda: held_by(db, second), "the second governor to take over")
+        await said(tmp_path / "second.log", "took the store's lease (released)")
+        idle_server(hub, "alice")
+        await until(lambda: not hub.running("alice"), "alice's idle server culled")
     assert len(culls(db, "alice/")) == 1
 
 
@@ -255,12 +250,7 @@ async def test_a_paused_holder_does_not_act_when_it_resumes(tmp_path):
     culled nothing (its idle server was taken by the other, once)."""
     db = tmp_path / "gov.sqlite"
     async with FakeHub() as hub:
-        first = start_governor(hub, db, tmp_path / "first.log")
-        second = None
-        try:
-            await until(lambda: held_by(db, first), "the first governor to take the lease")
-            second = start_governor(hub, db, tmp_path / "second.log")
-            await up(tmp_path / "second.log")
+        async with holder_and_standby(hub, tmp_path) as (first, second):
             first.send_signal(signal.SIGSTOP)
             await until(lambda: held_by(db, second), "the second governor to take over")
             second.send_signal(signal.SIGSTOP)  # so that only the resumed one could act
@@ -277,12 +267,6 @@ async def test_a_paused_holder_does_not_act_when_it_resumes(tmp_path):
             await until(lambda: not hub.running("alice"), "alice's idle server culled")
             # (Alive, if stopped: the second waited for the lease to expire.)
             await said(tmp_path / "second.log", f"pid {first.pid} did not renew it")
-        finally:
-            if second is not None:
-                second.send_signal(signal.SIGCONT)
-            if first.poll() is None:
-                first.send_signal(signal.SIGCONT)
-            stop(first, *([second] if second else []))
         assert hub.counters["DELETE /users/{name}/server(s)"] == 1
     assert len(culls(db, "alice/")) == 1
 
@@ -299,7 +283,19 @@ def with_lease(gov: Governor, duration: float = 30) -> Lease:
     return lease
 
 
-async def test_the_standby_warns_asks_culls_and_bills_nothing(tmp_path, restore_clock):  # noqa: F811
+async def alice_idle_for_two_hours(holder_: Governor, standby: Governor) -> list:
+    """Both get each of alice's reports of an idle GPU, an hour apart, and run their passes
+    side by side: the holder warns, then asks her checkpoint. The standby's pass results."""
+    standbys = []
+    for step in (0, 61 * 60, 60 * 60):
+        clock.advance(step)
+        for gov in (holder_, standby):
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        standbys.append((await asyncio.gather(holder_.reconcile(), standby.reconcile()))[1])
+    return standbys
+
+
+async def test_the_standby_warns_asks_culls_and_bills_nothing(tmp_path, restore_clock):
     """Both get every report (a load balancer in front of two pods) and both run their passes:
     one warning, one checkpoint asked (by the holder's verdicts only), one cull, two hours of
     one GPU billed as two."""
@@ -307,12 +303,8 @@ async def test_the_standby_warns_asks_culls_and_bills_nothing(tmp_path, restore_
         hub.add_server("alice")
         holder_, standby = governor(hub, tmp_path), governor(hub, tmp_path)
         assert with_lease(holder_).held() and not with_lease(standby).held()
-        for step in (0, 61 * 60, 60 * 60):
-            clock.advance(step)
-            for gov in (holder_, standby):
-                gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-            results = await asyncio.gather(holder_.reconcile(), standby.reconcile())
-            assert results[1].errors == (STANDBY,) and not results[1].actions
+        for result in await alice_idle_for_two_hours(holder_, standby):
+            assert result.errors == (STANDBY,) and not result.actions
         asked = checkpoint_asked(holder_, "alice")
         # The standby's verdict: the store's record, asking nothing of the server.
         verdict = standby.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
@@ -333,7 +325,7 @@ async def test_the_standby_warns_asks_culls_and_bills_nothing(tmp_path, restore_
 
 async def test_the_standby_reads_back_what_the_holder_wrote_not_every_row(
     tmp_path,
-    restore_clock,  # noqa: F811
+    restore_clock,
 ):
     """A standby answers reports and authorises them from the rows the holder writes. It read
     every row of the store again at every pass (10,000 servers: every row read and built each
@@ -458,7 +450,7 @@ def test_a_shorter_lease_elsewhere_waits_for_the_holders_own(tmp_path):
 
 async def test_a_checkpoint_asked_by_the_old_holder_is_asked_again_by_the_new(
     tmp_path,
-    restore_clock,  # noqa: F811
+    restore_clock,
 ):
     """As at a restart: the server heard the old holder's request only in its verdicts, so
     the governor that takes over asks it again from the takeover (its timeout counted from
@@ -468,11 +460,7 @@ async def test_a_checkpoint_asked_by_the_old_holder_is_asked_again_by_the_new(
         old, new = governor(hub, tmp_path), governor(hub, tmp_path)
         with_lease(old)
         lease = with_lease(new)
-        for step in (0, 61 * 60, 60 * 60):
-            clock.advance(step)
-            for gov in (old, new):
-                gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-            await asyncio.gather(old.reconcile(), new.reconcile())
+        await alice_idle_for_two_hours(old, new)
         asked = checkpoint_asked(old, "alice")["requested_at"]
         clock.advance(600)  # the old one stops; 10 minutes later the new one holds the lease
         old.store.lease.release()

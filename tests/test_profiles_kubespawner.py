@@ -163,7 +163,11 @@ class FakeHub:
         config.KubeSpawner.k8s_api_host = k8s.url  # KubeSpawner loads its config per host
         config.KubeSpawner.cmd = ["sleep", "600"]  # the container: nothing to talk to here
         config.KubeSpawner.http_timeout = 5
-        config.KubeSpawner.start_timeout = 20
+        # Deadlines for the fake API's answers and the pod's start, not waits: on a loaded
+        # machine a create answered after KubeSpawner's 3 s was sent again (409: the pod
+        # exists), deleted and made anew, and the pod did not start in 20 s.
+        config.KubeSpawner.k8s_api_request_timeout = 30
+        config.KubeSpawner.start_timeout = 120
         self.config = config
         self.db = orm.new_session_factory("sqlite://")()
         self.settings = {

@@ -29,11 +29,7 @@ from jupyter_gpu_gov.hub.protocol_server import ProtocolHTTPServer
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
 
-
-@pytest.fixture(autouse=True)
-def restore_clock():
-    yield
-    clock.reset()
+pytestmark = pytest.mark.usefixtures("restore_clock")  # every test moves the clock
 
 
 def uuid(i: int) -> str:

@@ -829,16 +829,38 @@ async def test_a_throttled_server_keeps_its_verdict_and_reports_only_past_the_re
                 {"status": 429, "message": "too many reports from 'x': send again in 100 s"}
             )
 
+    class Counted(Reporter):
+        """Counts the reports on their way: the sample timer's (every 0.5 s) as well as ours."""
+
+        on_the_way = 0
+
+        async def _send(self, report):
+            self.on_the_way += 1
+            try:
+                return await super()._send(report)
+            finally:
+                self.on_the_way -= 1
+
+    async def answered():
+        """Until every report sent so far has had its answer (on a loaded machine the timer's
+        may still be on its way when ours has come back)."""
+        for _ in range(600):
+            if not reporter.on_the_way:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("a report still unanswered after 30 s")
+
     sock, port = bind_unused_port()
     http = HTTPServer(web.Application([(r"/(.*)", Throttling)]))
     http.add_sockets([sock])
     app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
-    reporter = app.reporter = Reporter(f"http://127.0.0.1:{port}/services/gpu-gov/", "t", app.log)
+    reporter = app.reporter = Counted(f"http://127.0.0.1:{port}/services/gpu-gov/", "t", app.log)
     before = {"state": "warned", "cull_at": "2026-01-05T09:00:00.000Z"}
     app.verdict = before
     try:
         with caplog.at_level(logging.DEBUG, logger=app.log.name):
             await app.send_report(await app.latest_report(refresh=True))
+            await answered()
             sent = len(posts)  # the sample timer's report may have gone out beside ours
             for _ in range(2):
                 await app.send_report(await app.latest_report(refresh=True))
@@ -852,6 +874,7 @@ async def test_a_throttled_server_keeps_its_verdict_and_reports_only_past_the_re
         # boot): a node booted within one interval still reports at the first sample past it.
         app.report_interval = time.monotonic() + 3600.0
         await app.sample_now()
+        await answered()  # this sample's report, or that of the timer's tick it waited behind
         assert len(posts) > sent
     finally:
         http.stop()
