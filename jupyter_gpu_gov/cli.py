@@ -730,7 +730,6 @@ def _add_diagnose(commands: argparse._SubParsersAction) -> None:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from collections import Counter
 
     from .diagnose import rules
     from .diagnose.counterfactual import Diagnoser
@@ -784,12 +783,40 @@ def _diagnose(args: argparse.Namespace) -> int:
             except OSError as error:
                 return fail(f"cannot write --save-model: {error.strerror or error}")
 
+    return _print_diagnoses(zip(windows, results, strict=True), summary, args.file, fail)
+
+
+def _print_diagnoses(diagnosed, summary: dict, path: str, fail) -> int:
+    """Each ``(window, result)`` of ``diagnosed`` as a JSON line on stdout, then ``summary``
+    with the labels' counts on stderr. A streamed file is read while this writes: its errors
+    (a file changed between two readings) end the command here."""
+    from collections import Counter
+
+    labels: Counter = Counter()
     out = sys.stdout
-    for window, result in zip(windows, results, strict=True):
-        out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}) + "\n")
-    summary["labels"] = dict(sorted(Counter(r.label for r in results).items()))
+    try:
+        for window, result in diagnosed:
+            labels[result.label] += 1
+            out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}))
+            out.write("\n")
+    except BrokenPipeError:
+        raise  # the reader left (``| head``): ended quietly as every command is, not a read
+    except ValueError as error:
+        return fail(str(error))
+    except OSError as error:
+        return fail(f"cannot read {path}: {error.strerror or error}")
+    summary["labels"] = dict(sorted(labels.items()))
     print(json.dumps(summary), file=sys.stderr)
     return 0
+
+
+def _summary(seen, by: str) -> dict:
+    """The summary's head for a file whose every window ``seen`` (``ColumnsSeen``) read."""
+    summary: dict = {"windows": seen.windows}
+    if missing := seen.unmeasured():
+        summary["not_measured"] = missing
+    summary["by"] = by
+    return summary
 
 
 def _diagnose_streamed(path: str, fail) -> int:
@@ -797,36 +824,19 @@ def _diagnose_streamed(path: str, fail) -> int:
     the file is read twice (checked whole first, so that a bad one prints nothing), holding a
     line and the counts, not every window. The models read each window with its server's
     earlier ones in time and learn from the whole file: those hold it."""
-    from collections import Counter
-
     from .diagnose import rules
-    from .diagnose.features import WITHOUT, iter_windows
+    from .diagnose.features import ColumnsSeen, iter_windows
 
-    missing = {key: {*key.split("+")} for key in WITHOUT}  # columns no window has yet
-    count = 0
+    seen = ColumnsSeen()
     try:
         for window in iter_windows(path):
-            count += 1
-            for key in [k for k, columns in missing.items() if _any_value(window, columns)]:
-                del missing[key]
-        summary: dict = {"windows": count}
-        if count and missing:
-            summary["not_measured"] = {key: WITHOUT[key] for key in missing}
-        summary["by"] = "rules"
-        labels: Counter = Counter()
-        out = sys.stdout
-        for window in iter_windows(path):
-            result = rules.baseline(window)
-            labels[result.label] += 1
-            out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}))
-            out.write("\n")
-    except ValueError as error:  # (the file changed between the two readings)
+            seen.see(window)
+    except ValueError as error:
         return fail(str(error))
     except OSError as error:
         return fail(f"cannot read {path}: {error.strerror or error}")
-    summary["labels"] = dict(sorted(labels.items()))
-    print(json.dumps(summary), file=sys.stderr)
-    return 0
+    diagnosed = ((window, rules.baseline(window)) for window in iter_windows(path))
+    return _print_diagnoses(diagnosed, _summary(seen, "rules"), path, fail)
 
 
 def _diagnose_with_model_streamed(path: str, model_path: str, fail) -> int | None:
@@ -837,10 +847,10 @@ def _diagnose_with_model_streamed(path: str, model_path: str, fail) -> int | Non
     whole while the young nodes learn (a bad file prints nothing, and is named before a bad
     model, as when it was held), then diagnosed. A file in another order returns None: it is
     read whole (``_diagnose``), as before."""
-    from collections import Counter, deque
+    from collections import deque
 
     from .diagnose.counterfactual import Diagnoser
-    from .diagnose.features import WITHOUT, iter_in_context, iter_windows, time_key
+    from .diagnose.features import ColumnsSeen, iter_in_context, iter_windows, time_key
 
     try:
         model, unloaded = Diagnoser.load(model_path), None
@@ -850,19 +860,16 @@ def _diagnose_with_model_streamed(path: str, model_path: str, fail) -> int | Non
     def in_context(windows):
         return iter_in_context(windows, model.context, model.context_horizon_s)
 
-    missing = {key: {*key.split("+")} for key in WITHOUT}  # columns no window has yet
-    count, last, in_order = 0, -math.inf, True
+    seen, last, in_order = ColumnsSeen(), -math.inf, True
 
     def checked(windows):
-        nonlocal count, last, in_order
+        nonlocal last, in_order
         for window in windows:
-            count += 1
             if time_key(window) < last:
                 in_order = False
                 return  # (the learning so far is dropped: the file is held whole)
             last = time_key(window)
-            for key in [k for k, columns in missing.items() if _any_value(window, columns)]:
-                del missing[key]
+            seen.see(window)
             yield window
 
     try:
@@ -879,11 +886,6 @@ def _diagnose_with_model_streamed(path: str, model_path: str, fail) -> int | Non
         return None
     if unloaded is not None:
         return fail(f"cannot load --model: {unloaded}")
-    summary: dict = {"windows": count}
-    if count and missing:
-        summary["not_measured"] = {key: WITHOUT[key] for key in missing}
-    summary["by"] = f"model {model_path}"
-    labels: Counter = Counter()
     read: deque = deque()  # the windows as read, beside their reading in context
 
     def kept(windows):
@@ -891,25 +893,10 @@ def _diagnose_with_model_streamed(path: str, model_path: str, fail) -> int | Non
             read.append(window)
             yield window
 
-    out = sys.stdout
-    try:
-        for window in in_context(kept(iter_windows(path))):
-            result = learnt.score(window)
-            window = read.popleft()
-            labels[result.label] += 1
-            out.write(json.dumps({"server": window.server, "t": window.t, **result.as_dict()}))
-            out.write("\n")
-    except ValueError as error:  # (the file changed between the readings)
-        return fail(str(error))
-    except OSError as error:
-        return fail(f"cannot read {path}: {error.strerror or error}")
-    summary["labels"] = dict(sorted(labels.items()))
-    print(json.dumps(summary), file=sys.stderr)
-    return 0
-
-
-def _any_value(window, columns: set[str]) -> bool:
-    return any(getattr(window, column) is not None for column in columns)
+    diagnosed = (
+        (read.popleft(), learnt.score(window)) for window in in_context(kept(iter_windows(path)))
+    )
+    return _print_diagnoses(diagnosed, _summary(seen, f"model {model_path}"), path, fail)
 
 
 def _cluster(args: argparse.Namespace) -> int:

@@ -274,16 +274,32 @@ WITHOUT = {
 }
 
 
-def unmeasured(windows: Sequence[Window]) -> dict[str, str]:
-    """The columns (of ``WITHOUT``) with no value in any window, and what that costs: said once
-    for a file, where a missing cell only makes its window uncertain."""
-    if not windows:
-        return {}
-    missing = {}
-    for key, effect in WITHOUT.items():
-        if all(getattr(w, c) is None for c in key.split("+") for w in windows):
-            missing[key] = effect
-    return missing
+class ColumnsSeen:
+    """Which columns (of ``WITHOUT``) no window has had a value in yet, read a window at a
+    time (a file streamed holds no window): ``unmeasured`` once every window was seen."""
+
+    def __init__(self) -> None:
+        self.windows = 0
+        self._missing = {key: key.split("+") for key in WITHOUT}
+
+    def see(self, window: Window) -> None:
+        self.windows += 1
+        for key, columns in list(self._missing.items()):
+            if any(getattr(window, column) is not None for column in columns):
+                del self._missing[key]
+
+    def unmeasured(self) -> dict[str, str]:
+        """The columns no window had, and what that costs: said once for a file, where a
+        missing cell only makes its window uncertain."""
+        return {key: WITHOUT[key] for key in self._missing} if self.windows else {}
+
+
+def unmeasured(windows: Iterable[Window]) -> dict[str, str]:
+    """``ColumnsSeen.unmeasured`` over ``windows``."""
+    seen = ColumnsSeen()
+    for window in windows:
+        seen.see(window)
+    return seen.unmeasured()
 
 
 def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None) -> list[Window]:
