@@ -49,23 +49,31 @@ def _median_ms(work, repeat: int) -> float:
     return round(statistics.median(times) * 1000, 2)
 
 
-def run(servers: int, teams: int, repeat: int, workstation: bool = False) -> dict:
-    names = [f"team{i}" for i in range(teams)]
+def team_names(teams: int) -> list[str]:
+    return [f"team{i}" for i in range(teams)]
+
+
+def profiles_for(names: list[str]) -> GpuProfiles:
+    """The default tiers, each team guaranteed 64 servers of each."""
     config = Config()
     config.GpuProfiles.tiers = list(DEFAULT_TIERS)
     config.GpuProfiles.quotas = {
         team: {"guaranteed": {t["name"]: 64 * t.get("count", 1) for t in DEFAULT_TIERS}}
         for team in names
     }
-    profiles = GpuProfiles(config=config)
-    tiers = profiles.tier_map
+    return GpuProfiles(config=config)
 
-    db = orm.new_session_factory("sqlite://")()
+
+def add_started_servers(
+    db, servers: int, names: list[str], tiers: list[str], workstation: bool = False
+) -> random.Random:
+    """``servers`` started servers, one a user, on tiers and teams drawn from seed 0; the
+    generator, to draw on from where the servers left it."""
     rng = random.Random(0)
     for i in range(servers):
         user = orm.User(name=f"user{i}")
         db.add(user)
-        tier = rng.choice(list(tiers))
+        tier = rng.choice(tiers)
         spawner = orm.Spawner(name="", user=user, started=datetime(2026, 1, 1))
         # The grant as the profile layer records it: in the spawner's state, which the
         # count reads (user_options are the user's words, never read as a grant).
@@ -74,6 +82,16 @@ def run(servers: int, teams: int, repeat: int, workstation: bool = False) -> dic
             spawner.state[DEVICES_STATE] = [f"GPU-{i:08x}-0000-0000-0000-000000000000"]
         db.add(spawner)
     db.commit()
+    return rng
+
+
+def run(servers: int, teams: int, repeat: int, workstation: bool = False) -> dict:
+    names = team_names(teams)
+    profiles = profiles_for(names)
+    tiers = profiles.tier_map
+
+    db = orm.new_session_factory("sqlite://")()
+    rng = add_started_servers(db, servers, names, list(tiers), workstation)
     db.expunge_all()  # the hub's session holds its live servers, not 2 x N objects just made
     gc.collect()
 

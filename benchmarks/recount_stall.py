@@ -18,36 +18,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import statistics
 import tempfile
 import time
-from datetime import datetime
 from types import SimpleNamespace
 
 from jupyterhub import orm
-from traitlets.config import Config
 
-from jupyter_gpu_gov.core.grant import GRANT_STATE
-from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.estimate import DEFAULT_TIERS
 from jupyter_gpu_gov.profiles.grant_count import kept_count
-from jupyter_gpu_gov.profiles.spawner import BORROWED, TEAM, TIER, GpuProfilesMixin
+from jupyter_gpu_gov.profiles.spawner import GpuProfilesMixin
+
+from .admission import add_started_servers, profiles_for, team_names
 
 
 def build(path: str, servers: int, teams: int) -> None:
     db = orm.new_session_factory(f"sqlite:///{path}")()
-    rng = random.Random(0)
-    names = [f"team{i}" for i in range(teams)]
-    tiers = [t["name"] for t in DEFAULT_TIERS]
-    for i in range(servers):
-        user = orm.User(name=f"user{i}")
-        db.add(user)
-        spawner = orm.Spawner(name="", user=user, started=datetime(2026, 1, 1))
-        grant = {TIER: rng.choice(tiers), TEAM: rng.choice(names), BORROWED: "false"}
-        spawner.state = {GRANT_STATE: grant}
-        db.add(spawner)
-    db.commit()
+    add_started_servers(db, servers, team_names(teams), [t["name"] for t in DEFAULT_TIERS])
     db.close()
 
 
@@ -92,14 +79,7 @@ async def one(db, profiles) -> tuple[float, float, float]:
 
 
 def run(servers: int, teams: int, repeat: int) -> dict:
-    names = [f"team{i}" for i in range(teams)]
-    config = Config()
-    config.GpuProfiles.tiers = list(DEFAULT_TIERS)
-    config.GpuProfiles.quotas = {
-        team: {"guaranteed": {t["name"]: 64 * t.get("count", 1) for t in DEFAULT_TIERS}}
-        for team in names
-    }
-    profiles = GpuProfiles(config=config)
+    profiles = profiles_for(team_names(teams))
     stalls, dones, uses = [], [], []
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "jupyterhub.sqlite")
