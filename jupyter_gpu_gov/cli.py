@@ -14,20 +14,15 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ._version import __version__
+from .core.text import escape_table
 
 if TYPE_CHECKING:
     from .replay import Sample
 
 EXIT_USAGE = 2  # bad input: a malformed trace, a bad policy, a bad option
 
-# What a terminal acts on rather than shows: C0 controls but newline and tab, DEL, C1 controls
-# (U+009B is a CSI on many terminals) and the bidi controls (they reorder a line as shown).
-_BIDI = (0x61C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
-_NOT_SHOWN = {
-    c: repr(chr(c))[1:-1]
-    for c in (*range(0x20), *range(0x7F, 0xA0), *_BIDI)
-    if chr(c) not in "\n\t"
-}
+# What a terminal acts on rather than shows (``core.text.CONTROLS``): newline and tab it shows.
+_NOT_SHOWN = escape_table(keep="\n\t")
 
 
 def shown(text: str) -> str:

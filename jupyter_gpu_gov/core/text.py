@@ -1,10 +1,22 @@
-"""Text from outside that is not Unicode text.
+"""Text from outside that is not Unicode text, or that a reader would not see as it is.
 
 A byte that is not UTF-8 (a file read with ``errors="surrogateescape"``) and a lone surrogate
 that JSON may escape (``"\\ud800"``) both arrive as a surrogate in a ``str``: one that nothing
 writes (SQLite, a UTF-8 log or file). Readers find it where it came in and name it there."""
 
 from __future__ import annotations
+
+# What ends a line or reorders it as shown: C0 controls, DEL, C1 controls (U+0085 is a line
+# break to some readers, U+009B a CSI to many terminals), the line and paragraph separators,
+# and the bidi controls. A name a user chose may hold any of them.
+_BIDI = (0x61C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+CONTROLS = (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, *_BIDI)
+
+
+def escape_table(keep: str = "") -> dict[int, str]:
+    """``str.translate``'s table writing each of ``CONTROLS`` but those in ``keep`` as ``repr``
+    writes it (``\\n``, ``\\x1b``, ``\\u202e``)."""
+    return {c: repr(chr(c))[1:-1] for c in CONTROLS if chr(c) not in keep}
 
 
 def not_text_at(text: str) -> int | None:

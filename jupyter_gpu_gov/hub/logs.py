@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 from traitlets.config.application import LevelFormatter
 
+from ..core.text import escape_table
+
 # The loggers given the service's handler besides traitlets' ``self.log``: the package's
 # modules, tornado's (the access log, HubAuth's app_log), traitlets' own (HubAuth's self.log)
 # and asyncio's (an exception no task retrieved).
@@ -22,12 +24,7 @@ SERVICE_LOGGERS = ("jupyter_gpu_gov", "tornado", "traitlets", "asyncio")
 
 MAX_ARG_CHARS = 2000  # one argument of a line (a server key, an error's words)
 
-# What ends a line or reorders it as shown: C0 controls, DEL, C1 controls (U+0085 is a line
-# break to some readers), the line and paragraph separators, and the bidi controls.
-_BIDI = (0x61C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
-_ESCAPED = {
-    c: repr(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, *_BIDI)
-}
+_ESCAPED = escape_table()  # every control character, newline and tab too
 
 
 def escaped(text: str) -> str:
