@@ -1122,6 +1122,64 @@ async def test_a_clock_step_the_store_could_not_record_is_adopted_when_it_can(
     assert "stepped by +3600 s" in step.reason
 
 
+async def test_a_clock_stepped_back_while_the_service_was_down_keeps_times_as_observed(
+    tmp_path, restore_clock, caplog
+):
+    """Alice's GPU idle 70 minutes, she is warned (cull at 2 h); the service stops, and starts
+    again with the wall clock a day back (a VM resumed, its clock corrected). Every kept time
+    lay a day ahead: her GPU read as idle from a time still to come, so no cull came for a
+    day and her hours were not billed. The first pass moves them back by the step, audited,
+    and her cull comes when her notice ends, as observed."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        for step in (0, 70 * 60):
+            clock.advance(step)
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+            await gov.reconcile()
+        warned = gov.row("alice/")
+        assert warned.state == "warned", warned.reason
+        idle_for, notice_left = clock.utcnow() - warned.idle_since, warned.cull_at - clock.utcnow()
+        await gov.close()
+
+        clock.advance(-86400)  # down a moment; started again on a clock a day back
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        with caplog.at_level(logging.WARNING, "jupyter_gpu_gov.hub"):
+            await gov.reconcile()
+        row = gov.row("alice/")
+        assert row.state == "warned", row.reason
+        assert abs(clock.utcnow() - row.idle_since - idle_for) < timedelta(minutes=1)
+        assert abs(row.cull_at - clock.utcnow() - notice_left) < timedelta(minutes=1)
+        (step,) = [a for a in gov.store.audit_rows() if a.action == "clock-step"]
+        assert "stepped by -864" in step.reason  # a day and the seconds the restart took
+        assert "stepped back while no governor here ran" in caplog.text
+
+        clock.advance(notice_left.total_seconds() + 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        await gov.close()
+    # Her deadline came (the checkpoint first, then the cull), not a day later.
+    assert gov.row("alice/").checkpoint_status == "requested"
+
+
+async def test_a_restart_on_the_same_clock_moves_nothing(tmp_path, restore_clock):
+    """A restart (or a takeover) whose clock agrees with the times kept: no step, no audit."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        idle_since = gov.row("alice/").idle_since
+        await gov.close()
+        gov = governor(hub, tmp_path)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert gov.row("alice/").idle_since == idle_since
+        await gov.close()
+    assert not [a for a in gov.store.audit_rows() if a.action == "clock-step"]
+
+
 async def test_kept_reports_are_the_reports_sent_sharing_one_copy_of_each_word(tmp_path):
     """The governor keeps every server's last report: as sent (equal, every field), but with
     one string for each name and enumerated value across all of them, not a copy per report

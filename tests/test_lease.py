@@ -415,6 +415,40 @@ async def test_a_takeover_governs_on_a_fresh_dcgm_read(tmp_path):
     exporter.server.stop()
 
 
+async def test_a_takeover_from_a_holder_whose_clock_ran_ahead_keeps_times_as_observed(
+    tmp_path, restore_clock
+):
+    """The holder's clock ran 10 minutes ahead of the machine that takes over from it. Every
+    time it wrote lay 10 minutes in the new holder's future: alice's warning gave her 10
+    minutes more than her notice, her idle time read 10 minutes short. The new holder keeps to
+    the clock they were written by until its first pass moves them back, audited."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        old, new = governor(hub, tmp_path), governor(hub, tmp_path)
+        with_lease(old)
+        lease = with_lease(new)
+        for step in (0, 70 * 60):
+            clock.advance(step)
+            old.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+            await old.reconcile()
+        warned = old.row("alice/")
+        assert warned.state == "warned", warned.reason
+        notice_left = warned.cull_at - clock.utcnow()
+        old.store.lease.release()
+        clock.advance(-600)  # the new holder's clock: 10 minutes behind the old one's
+        assert lease.step()
+        new.take_over()
+        lease.taking = False
+        new.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await new.reconcile()
+        row = new.row("alice/")
+        assert abs(row.cull_at - clock.utcnow() - notice_left) < timedelta(minutes=1)
+        (step,) = [a for a in new.store.audit_rows() if a.action == "clock-step"]
+        assert "stepped by -60" in step.reason
+        for gov in (old, new):
+            await gov.close()
+
+
 def test_a_store_with_no_connection_to_spare_is_a_failed_step_not_a_crash(tmp_path):
     """Every connection of the pool in use (a slow PostgreSQL, a burst of requests): the
     lease's step cannot run. It says so and is tried again at the next; it never raises (it

@@ -592,8 +592,9 @@ async def test_a_policy_kept_in_force_from_a_time_still_to_come_is_in_force_from
 ):
     """The wall clock stepped a day back while the service was down (a VM resumed with its
     clock corrected): the policy in force at the restart before reads as in force a day from
-    now. Each pass warned alice again (her warning older than that), for a day. It is in
-    force from the start instead, said in the log, and she is warned no more."""
+    now. Each pass warned alice again (her warning older than that), for a day. Now the
+    service keeps to the clock the store was written by until its first pass moves every kept
+    time back by the step, the policy's too, audited: she is warned no more."""
     lines = Lines()
     try:
         async with FakeHub() as hub:
@@ -608,7 +609,24 @@ async def test_a_policy_kept_in_force_from_a_time_still_to_come_is_in_force_from
             await gov.close()
     finally:
         clock.reset()
-    assert any("in force from a time still to come" in line for line in lines.lines), lines.lines
+    (step,) = [a for a in gov.store.audit_rows() if a.action == "clock-step"]
+    assert "stepped by -864" in step.reason  # a day, and the moments the restart took
+
+
+async def test_a_policy_ahead_of_everything_else_kept_is_in_force_from_the_start(
+    tmp_path, service_env, restore_clock
+):
+    """No server's row or bill says the clock stepped back (none was written), but the vision
+    policy's in-force time, kept at the last start (its config changed), lies a day ahead: in
+    force from this start (said in the log), not from a day on."""
+    await restart(tmp_path, "4h")
+    gov, _ = await restart(tmp_path, "2h")
+    (changed,) = [p.in_force_since for p in gov.policies if p.name == "vision"]
+    clock.advance(-86400)
+    gov, said = await restart(tmp_path, "2h")
+    (since,) = [p.in_force_since for p in gov.policies if p.name == "vision"]
+    assert changed - since > timedelta(hours=23) and since <= clock.utcnow()
+    assert any("in force from a time still to come" in line for line in said), said
 
 
 async def test_an_apply_naming_a_tier_or_team_nobody_has_says_so(tmp_path):

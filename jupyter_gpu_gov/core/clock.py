@@ -87,8 +87,10 @@ def advance(seconds: float) -> None:
 
 
 def reset() -> None:
-    global _offset_s
+    """Back to the wall clock (tests and benchmarks): no offset, no step waiting."""
+    global _offset_s, _frame
     _offset_s = 0.0
+    _frame = None  # the next governor watches steps afresh
 
 
 def isoformat(dt: datetime | None) -> str | None:

@@ -19,6 +19,30 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 class ClockStep:
     """Times kept as observed across a step of the wall clock (a part of ``Governor``)."""
 
+    def _keep_to_the_stores_clock(self) -> None:
+        """At a start or a takeover, before anything is read or received: when what the store
+        keeps (a server's row, a billed interval) was written after the wall clock now reads,
+        the clock stepped back while no governor here ran (a VM resumed with its clock
+        corrected; the holder before on a machine whose clock was ahead). Everything then keeps
+        to the clock those times were written by, and the first pass that acts adopts the step
+        as one seen while running: every kept time moved back by as much, audited, the time no
+        governor ran read as none (it cannot be told from the step). Left so, every idle time,
+        notice and deadline counted from a time still to come: a warned server waited the
+        whole step for its cull, an idle one read as not idle yet, no hour was billed."""
+        kept = [self.store.newest_server_write()]
+        kept += [session.at for session in self.ledger.open.values()]
+        newest = max((t for t in kept if t is not None), default=None)
+        now = clock.utcnow()
+        if newest is None or (newest - now).total_seconds() <= clock.STEP_TOLERANCE:
+            return
+        log.warning(
+            "gpu-gov: the store's times reach %s, %.0f s after now: the wall clock stepped "
+            "back while no governor here ran; the first pass moves them back by as much",
+            clock.isoformat(newest),
+            (newest - now).total_seconds(),
+        )
+        clock.defer_step((now - newest).total_seconds())
+
     async def _clock_stepped(self, delta: timedelta) -> None:
         """The wall clock stepped by ``delta`` since the last pass: move every time the governor
         keeps by as much, so each idle stretch, warning's notice, exemption and billed interval

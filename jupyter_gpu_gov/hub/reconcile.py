@@ -159,6 +159,7 @@ class Governor(
         self.diagnosis = DiagnosisService(options.diagnosis)
         self.health = HealthWatch(options.health)
         self.ledger = ledger.Ledger(options.ledger_max_gap, store.usage_sessions(open_only=True))
+        self._keep_to_the_stores_clock()
         self._usage_written_at: datetime | None = None  # None: the first pass writes
         # GPU spawns the Hub has been starting for longer than SPAWN_QUEUED_AFTER (on Kubernetes,
         # pods waiting for a GPU node), as of the last pass (``None`` before the first):
@@ -207,12 +208,16 @@ class Governor(
         reads from the store is read again (the rows, the ledger's open sessions, which rows
         exist), and checkpoints asked before now are asked again (views.py), as at a restart."""
         self.store.forget_known()
+        stepped = clock.adopt_step()  # on standby: what it kept (reports) to today's clock
+        if stepped:
+            self._shift_kept(timedelta(seconds=stepped))
         self._started = clock.utcnow()
         self._rows = None
         self._checkpoints.clear()  # (they answered the rows as read before)
         self.ledger = ledger.Ledger(
             self.options.ledger_max_gap, self.store.usage_sessions(open_only=True)
         )
+        self._keep_to_the_stores_clock()  # (another's clock wrote them)
         self._usage_written_at = None
         self.missing_scopes = None  # the first pass's checks, again
         if self._dcgm_task is None:  # the first pass waits for a read, as at a start

@@ -19,6 +19,7 @@ from sqlalchemy import (
     bindparam,
     create_engine,
     event,
+    func,
     insert,
     inspect,
     select,
@@ -296,6 +297,11 @@ class Store:
             rows = {row.key: ServerRow(**row) for row in connection.execute(query).mappings()}
         self._stored |= rows.keys()
         return rows
+
+    def newest_server_write(self) -> datetime | None:
+        """When a server row was last written (None: none was)."""
+        with self.engine.connect() as connection:
+            return connection.execute(select(func.max(SERVERS.c.updated_at))).scalar()
 
     def server(self, key: str) -> ServerRow | None:
         with self.engine.connect() as connection:
