@@ -348,6 +348,7 @@ class FakeKubernetes:
         self.received: list[tuple[str, str, dict]] = []  # (verb, plural, body) as sent
         self.rejected: list[ApiError] = []
         self.forbidden: set[str] = set()  # collections the client's RBAC does not allow
+        self.forbidden_cluster_wide: set[str] = set()  # ... but in a namespace
         self.devices: dict[str, list[Device]] = {}
         self.processes: dict[tuple[str, str], subprocess.Popen] = {}
         self._rv = itertools.count(1000)
@@ -1090,6 +1091,15 @@ class FakeKubernetes:
                         if obj is None:
                             raise not_found(plural, name)
                         return self._reply(obj)
+                    if namespace is None and plural in api.forbidden_cluster_wide:
+                        raise ApiError(
+                            403,
+                            "Forbidden",
+                            f'{plural} is forbidden: User "system:serviceaccount:jhub:hub" '
+                            f'cannot list resource "{plural}" in API group "" at the cluster '
+                            "scope",
+                            {"kind": plural},
+                        )
                     if self.get_argument("watch", "") in ("1", "true", "True"):
                         return await self._watch(namespace, plural)
                     labels = self.get_argument("labelSelector", "")

@@ -719,6 +719,54 @@ async def test_a_pod_that_copies_the_hubs_labels_is_not_taken_for_its_server(mak
         await hub.started(bob, {"profile": "h100"}).start()
 
 
+async def test_gpu_pods_of_other_namespaces_hold_their_cards(make_hub, cluster):
+    """On a shared cluster another team's training job runs in its own namespace. The hub
+    read only its own namespace's pods, so the job's 6 H100s counted free: 8 servers were
+    admitted on 2 free cards and 6 stayed Pending. A pod named as the hub's server but in
+    another namespace is not the server either."""
+    hub = make_hub(profiles_config(capacity={}))
+    alice = hub.spawner(hub.user("alice", "vision"))
+    await hub.started(alice, {"profile": "h100"}).start()
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 5, h100), namespace="ml-team")
+    cluster.create("pods", batch_pod(alice.pod_name, "nvidia.com/gpu", 1, h100), namespace="x")
+    for namespace, name in (("ml-team", "train"), ("x", alice.pod_name)):
+        wait_for(
+            lambda n=name, ns=namespace: cluster.get("pods", n, ns)["status"]["phase"] == "Running"
+        )
+
+    bob = hub.spawner(hub.user("bob", "vision"))
+    await read_again(bob)
+    assert bob.gpu_capacity(bob.gpu_usage())["h100"] == 2  # 8, less the 6 the others hold
+    assert ClusterGpus.instance().namespace_only is None
+
+
+async def test_without_rbac_for_every_namespaces_pods_the_hubs_are_read_and_it_says_so(
+    make_hub, cluster
+):
+    cluster.forbidden_cluster_wide.add("pods")
+    hub = make_hub(profiles_config(capacity={}))
+    bob = hub.spawner(hub.user("bob", "vision"))
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    bob.log.addHandler(handler)
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("mine", "nvidia.com/gpu", 3, h100))
+    cluster.create("pods", batch_pod("theirs", "nvidia.com/gpu", 4, h100), namespace="ml-team")
+    for namespace, name in (("default", "mine"), ("ml-team", "theirs")):
+        wait_for(
+            lambda n=name, ns=namespace: cluster.get("pods", n, ns)["status"]["phase"] == "Running"
+        )
+    for _ in range(2):
+        await read_again(bob)
+    assert bob.gpu_capacity(bob.gpu_usage())["h100"] == 5  # its own namespace's job only
+    bob.log.removeHandler(handler)
+    said = [line for line in lines if "every namespace" in line]
+    assert len(said) == 1 and 'cannot list resource "pods"' in said[0], lines
+    assert "rbac-nodes.yaml" in said[0]
+
+
 async def test_a_server_on_a_removed_tier_still_counts_against_its_owners_cap(make_hub, pod_api):
     """An admin removes a tier while alice holds a server on it: it runs on, and still counts
     against her per-user cap (its grant's weight), or she could start a second one beyond it."""

@@ -106,6 +106,12 @@ NAME_LENGTH = 255
 KEY_LENGTH = 2 * NAME_LENGTH + 1
 
 
+def pod_key(namespace: str, name: str) -> str:
+    """A pod's one name across the cluster (``namespace/name``): a server's pod is known by
+    it, not by its name alone, which a pod in another namespace may share."""
+    return f"{namespace}/{name}"
+
+
 def server_key(user: str, name: str = "") -> str:
     """A server's one name across the project: ``user/`` for the default server, ``user/name``
     for a named one (the store, the audit trail, the API, the replay trace format)."""

@@ -2,17 +2,22 @@
 pods hold there (the hub's own servers on the tier excepted: admission counts those).
 
 ``capacity(tiers, nodes, pods, scheduling, tier_of)`` is pure: nodes and pods are the API
-server's JSON (``list_node``, ``list_namespaced_pod``). A tier counts the allocatable amount of
+server's JSON (``list_node``, ``list_pod_for_all_namespaces``). A tier counts the allocatable amount of
 its extended resource (``nvidia.com/gpu``, ``nvidia.com/mig-<profile>``,
 ``nvidia.com/gpu.shared``) on every schedulable, ready node that its pods could land on (node
 selector, required node affinity, taints against tolerations: the tier's joined with what
 KubeSpawner is configured with), minus what the GPU pods bound there ask for, except the hub's
 own servers on that tier: admission counts those.
 
-``ClusterGpus`` reads nodes and the namespace's pods every ``refresh_every`` seconds (one read at
-a time, awaited before the spawn form and admission; admission itself then awaits nothing).
-When nodes cannot be read (no RBAC for nodes, the API down) it says so once in the log and
-``capacity`` answers ``None``: the spawner falls back to ``GpuProfiles.capacity``. A reading
+``ClusterGpus`` reads nodes and every namespace's pods every ``refresh_every`` seconds (one read
+at a time, awaited before the spawn form and admission; admission itself then awaits nothing),
+and keeps the pods that hold an extended resource. On a shared cluster other teams' jobs hold
+GPUs from their own namespaces (and KubeSpawner's ``enable_user_namespaces`` puts each user's
+server in one): read from the hub's namespace alone, their cards counted free and the hub
+admitted servers that stayed Pending. Where RBAC allows only the hub's namespace, that is read,
+and the log says once what it leaves out. When nodes cannot be read (no RBAC for nodes, the
+API down) it says so once in the log and ``capacity`` answers ``None``: the spawner falls back
+to ``GpuProfiles.capacity``. A reading
 older than ``FRESH_FOR_S`` is unknown, as a workstation's (``unknown``).
 """
 
@@ -27,10 +32,12 @@ from typing import Any
 from traitlets import Float
 from traitlets.config import SingletonConfigurable
 
+from ..core.vocabulary import pod_key
 from .spawner import FRESH_FOR_S
 from .tiers import Tier
 
 _DONE = ("Succeeded", "Failed")
+_LIVE = ",".join(f"status.phase!={phase}" for phase in _DONE)  # the pods that may hold a card
 _HARD_TAINTS = ("NoSchedule", "NoExecute")
 
 
@@ -150,6 +157,24 @@ def _extended_requests(spec: Mapping) -> dict[str, int]:
     return asked
 
 
+def _gpu_pod(pod: Mapping) -> dict | None:
+    """What capacity reads of a pod that holds an extended resource (None: it holds none):
+    its name, namespace, node, phase and those requests. Nothing else of another namespace's
+    pod is kept (a spec's environment may carry its secrets)."""
+    spec, metadata = pod.get("spec") or {}, pod.get("metadata") or {}
+    asked = _extended_requests(spec)
+    if not asked:
+        return None
+    return {
+        "metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace")},
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": [{"resources": {"limits": {k: str(v) for k, v in asked.items()}}}],
+        },
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
+
+
 def _quantity(value: Any) -> int:
     """A device count as the API writes it ("8", 8); anything else counts none."""
     try:
@@ -159,20 +184,21 @@ def _quantity(value: Any) -> int:
 
 
 class ClusterGpus(SingletonConfigurable):
-    """The hub's reading of the cluster's nodes and the namespace's pods (one per process)."""
+    """The hub's reading of the cluster's nodes and GPU pods (one per process)."""
 
     refresh_every = Float(
         30,
-        help="""Seconds between two reads of the nodes and the namespace's pods for capacity.
+        help="""Seconds between two reads of the nodes and the pods for capacity.
         The scheduler has the last word: a count a little old can only leave a pod Pending,
         with the reason shown on the spawn page. At most 120 s are used: a reading older is
         unknown (the queue's places say so, not an estimate).""",
     ).tag(config=True)
 
     nodes: list[dict] | None = None
-    pods: list[dict] = []
+    pods: list[dict] = []  # those holding an extended resource, as the API server has them
     read_at: float = float("-inf")
     error: str | None = None
+    namespace_only: str | None = None  # why only the hub's namespace's pods could be read
     _lock: asyncio.Lock | None = None
 
     async def refresh(self, api, namespace: str, log) -> None:
@@ -189,7 +215,7 @@ class ClusterGpus(SingletonConfigurable):
                 return  # another spawn read them while this one waited
             try:
                 nodes = await _items(api.list_node(_preload_content=False))
-                pods = await _items(api.list_namespaced_pod(namespace, _preload_content=False))
+                pods = await self._gpu_pods(api, namespace, log)
             except Exception as error:  # RBAC, network: fall back to the configured capacity
                 message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
                 if message != self.error:
@@ -204,6 +230,31 @@ class ClusterGpus(SingletonConfigurable):
                     log.info("gpu-gov: reading the cluster's GPU capacity again")
                 self.error, self.nodes, self.pods = None, nodes, pods
             self.read_at = time.monotonic()
+
+    async def _gpu_pods(self, api, namespace: str, log) -> list[dict]:
+        """The live pods of every namespace that hold an extended resource; those of
+        ``namespace`` alone where RBAC allows no more (said once in the log)."""
+        try:
+            pods = await _items(
+                api.list_pod_for_all_namespaces(field_selector=_LIVE, _preload_content=False)
+            )
+        except Refused as error:
+            if error.status != 403:
+                raise
+            if error.why != self.namespace_only:
+                log.warning(
+                    "gpu-gov: cannot read pods in every namespace (%s): the cards that pods "
+                    "of other namespaces hold are counted free; grant `list` on pods at the "
+                    "cluster scope (hub_config/kubernetes/rbac-nodes.yaml)",
+                    error.why,
+                )
+            self.namespace_only = error.why
+            pods = await _items(
+                api.list_namespaced_pod(namespace, field_selector=_LIVE, _preload_content=False)
+            )
+        else:
+            self.namespace_only = None
+        return [slim for pod in pods if (slim := _gpu_pod(pod)) is not None]
 
     def age(self) -> float:
         """Seconds since the last read came back (infinite: never read)."""
@@ -231,14 +282,16 @@ class ClusterGpus(SingletonConfigurable):
     ):
         """Devices per tier from the last read, for ``spawner``'s configured scheduling (with
         ``grow``: the most an autoscaler may add up to); None when nodes could not be read.
-        ``hub_pods``: the pod name of each of the hub's started servers holding a tier -> that
-        tier, from the hub's records: a pod's labels are anyone's who may create pods in the
-        namespace, and one copying a server's would have its cards left out of the count."""
+        ``hub_pods``: the pod (``pod_key``) of each of the hub's started servers holding a
+        tier -> that tier, from the hub's records: a pod's labels are anyone's who may create
+        pods in the namespace, and one copying a server's would have its cards left out of the
+        count; so would one of the same name in another namespace."""
         if self.nodes is None:
             return None
 
         def tier_of(pod: Mapping) -> str | None:
-            return hub_pods.get((pod.get("metadata") or {}).get("name"))
+            metadata = pod.get("metadata") or {}
+            return hub_pods.get(pod_key(metadata.get("namespace"), metadata.get("name")))
 
         return capacity(
             tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), tier_of, grow
@@ -286,6 +339,14 @@ def scheduling(spawner, tier: Tier) -> dict[str, Any]:
     }
 
 
+class Refused(RuntimeError):
+    """The API server answered a read with an error status (and its Status's message)."""
+
+    def __init__(self, status: int, why: str):
+        super().__init__(f"{status}: {why}")
+        self.status, self.why = status, why
+
+
 async def _items(call) -> list[dict]:
     response = await call
     try:
@@ -295,7 +356,7 @@ async def _items(call) -> list[dict]:
                 why = json.loads(body)["message"]
             except (ValueError, KeyError, TypeError):
                 why = response.reason
-            raise RuntimeError(f"{response.status}: {why}")
+            raise Refused(response.status, (str(why).splitlines() or [""])[0][:300])
         return json.loads(body)["items"]
     finally:
         response.release()

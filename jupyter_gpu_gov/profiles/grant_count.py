@@ -57,7 +57,14 @@ from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
 from ..core.grant import DEVICES_STATE
 from ..core.grant import labels as granted
-from ..core.vocabulary import BORROWED_LABEL, TEAM_LABEL, TIER_LABEL, WEIGHT_LABEL, server_key
+from ..core.vocabulary import (
+    BORROWED_LABEL,
+    TEAM_LABEL,
+    TIER_LABEL,
+    WEIGHT_LABEL,
+    pod_key,
+    server_key,
+)
 from .quota import Counted, Grant, Held
 
 # The execution options of a query that selects JupyterHub's JSONDict columns (a spawner's
@@ -120,7 +127,7 @@ class Row:
     team: str | None
     borrowed: str | None
     weight: str | None
-    pod: str | None  # KubeSpawner's pod_name
+    pod: str | None  # KubeSpawner's pod, ``pod_key(namespace, pod_name)`` from its state
     devices: tuple[str, ...]  # the workstation's device UUIDs it holds (``profiles/local.py``)
     terms: tuple[int, ...]  # the fingerprint's terms: 1, id, user id, lengths
 
@@ -129,7 +136,10 @@ class Row:
         options = granted(state)
         pod = devices = None
         if isinstance(state, Mapping):
-            pod, devices = state.get("pod_name"), state.get(DEVICES_STATE)
+            namespace, pod_name = state.get("namespace"), state.get("pod_name")
+            if isinstance(namespace, str) and isinstance(pod_name, str):
+                pod = pod_key(namespace, pod_name)
+            devices = state.get(DEVICES_STATE)
         return cls(
             user_id=user_id,
             user=user,
@@ -139,7 +149,7 @@ class Row:
             team=options.get(TEAM_LABEL),
             borrowed=options.get(BORROWED_LABEL),
             weight=options.get(WEIGHT_LABEL),
-            pod=pod if isinstance(pod, str) else None,
+            pod=pod,
             devices=tuple(d for d in devices if isinstance(d, str))
             if isinstance(devices, list)
             else (),

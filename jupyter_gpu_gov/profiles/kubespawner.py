@@ -31,7 +31,7 @@ from kubespawner import KubeSpawner
 from kubespawner.slugs import is_valid_label, safe_slug
 from traitlets import TraitError, default, validate
 
-from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL
+from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL, pod_key
 from .cluster import ClusterGpus
 from .hubconfig import profile_list_refusal
 from .quota import tier_use
@@ -180,7 +180,7 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         granted = self.gpu_grant.get(TIER_LABEL)
         own = conf.tier_map.get(conf.tier_renamed.get(granted, granted))
         if own is not None:
-            hub_pods[self.pod_name] = own.name
+            hub_pods[pod_key(self.namespace, self.pod_name)] = own.name
         counted = self.gpu_cluster.capacity(
             conf.tier_map, self, hub_pods=hub_pods, grow=conf.node_pool_max
         )
