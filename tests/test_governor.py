@@ -1122,6 +1122,17 @@ async def test_a_clock_step_the_store_could_not_record_is_adopted_when_it_can(
     assert "stepped by +3600 s" in step.reason
 
 
+async def warned_after_70_idle_minutes(gov: Governor, user: str = "alice") -> ServerRow:
+    """``user``'s GPU idle for 70 minutes (warn after 1 h, cull after 2 h): warned, the row."""
+    for step in (0, 70 * 60):
+        clock.advance(step)
+        gov.ingest(report_for(user, H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+    warned = gov.row(f"{user}/")
+    assert warned.state == "warned", warned.reason
+    return warned
+
+
 async def test_a_clock_stepped_back_while_the_service_was_down_keeps_times_as_observed(
     tmp_path, restore_clock, caplog
 ):
@@ -1133,12 +1144,7 @@ async def test_a_clock_stepped_back_while_the_service_was_down_keeps_times_as_ob
     async with FakeHub() as hub:
         hub.add_server("alice")
         gov = governor(hub, tmp_path)
-        for step in (0, 70 * 60):
-            clock.advance(step)
-            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-            await gov.reconcile()
-        warned = gov.row("alice/")
-        assert warned.state == "warned", warned.reason
+        warned = await warned_after_70_idle_minutes(gov)
         idle_for, notice_left = clock.utcnow() - warned.idle_since, warned.cull_at - clock.utcnow()
         await gov.close()
 

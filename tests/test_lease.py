@@ -29,6 +29,7 @@ from test_governor import (
     governor,
     manifest,
     report_for,
+    warned_after_70_idle_minutes,
 )
 from tornado.httpclient import AsyncHTTPClient
 
@@ -427,12 +428,7 @@ async def test_a_takeover_from_a_holder_whose_clock_ran_ahead_keeps_times_as_obs
         old, new = governor(hub, tmp_path), governor(hub, tmp_path)
         with_lease(old)
         lease = with_lease(new)
-        for step in (0, 70 * 60):
-            clock.advance(step)
-            old.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
-            await old.reconcile()
-        warned = old.row("alice/")
-        assert warned.state == "warned", warned.reason
+        warned = await warned_after_70_idle_minutes(old)
         notice_left = warned.cull_at - clock.utcnow()
         old.store.lease.release()
         clock.advance(-600)  # the new holder's clock: 10 minutes behind the old one's
