@@ -37,7 +37,12 @@ nodes) and what answering the likelier candidate would give at lower thresholds;
 ``--without COLUMN ...`` scores the test sets with those columns missing from every window, as a
 file without them reads; ``--set NAME=VALUE ...`` scores the shipped row (and everything printed
 of it, and the start of tuning) with those constants of ``Params`` changed: a change of constant
-measured the way the shipped one is.
+measured the way the shipped one is. ``--draws SEED ...`` scores every world's test set of each
+tuning seed (and the H200 windows) with the physical constants and with ``--set``'s, on the same
+windows, and says whether the change passes the rule the rounds keep (``losses``: no world loses
+0.3 points of accuracy or coverage on any draw, zombie recall does not fall, at most 1 % of the
+healthy windows called zombie); ``--tune-on --draws 1 201 -99`` alone prints the shipped row on
+three draws.
 """
 
 from __future__ import annotations
@@ -95,6 +100,11 @@ GRID = {
 OPTIONAL = ("gr_active", "cpu_top_thread")
 MIN_COVERAGE = 0.9
 MIN_GAIN = 0.003  # a constant moves from its physical value only for this much objective
+# ``--draws``: a change is kept only if no world loses this much accuracy or coverage on any
+# draw (0.3 points: more than the rounding of two figures to 0.1), zombie recall does not fall
+# and at most ZOMBIE_FALSE of the healthy windows are called zombie.
+RULE_LOSS = 3  # tenths of a point
+ZOMBIE_FALSE = 0.01
 
 
 # -- scoring ---------------------------------------------------------------------------------------
@@ -299,6 +309,41 @@ def design_columns(rows) -> list:
     return without_columns(rows, OPTIONAL)
 
 
+def paired_draws(seeds, servers: int, windows: int, changed: Params, worlds) -> dict:
+    """Every world's test set of each tuning seed in ``seeds`` (test seed ``seed + 100``, as the
+    table's), and the H200 windows once, scored online with the physical constants and with
+    ``changed``: ``(world, test seed) -> (shipped figures, changed figures)`` (the H200's seed:
+    None). The same windows before and after: a change read on the paired difference, draw by
+    draw, not against the spread between draws."""
+    sets = {
+        (n, seed + 100): generate(n, servers, windows, seed + 100, first_server=50_000)
+        for seed in seeds
+        for n in worlds
+    }
+    sets[(H200, None)] = h200_rows()
+    out = {}
+    for (e, seed), rows in sets.items():
+        minimum = 10 if e == H200 else 30
+        out[(e, seed)] = (figures(rows, online(rows, PHYSICAL, minimum)),
+                          figures(rows, online(rows, changed, minimum)))  # fmt: skip
+    return out
+
+
+def losses(shipped: dict, changed: dict) -> list[str]:
+    """What the change loses on one set by ``--draws``' rule (empty: nothing): accuracy or
+    coverage down ``RULE_LOSS`` tenths of a point or more (figures rounded as printed), zombie
+    recall down, more than ``ZOMBIE_FALSE`` of the healthy windows called zombie."""
+    lost = []
+    for name in ("accuracy", "coverage"):
+        if round(changed[name] * 1000) - round(shipped[name] * 1000) <= -RULE_LOSS:
+            lost.append(name)
+    if changed["zombie_recall"] < shipped["zombie_recall"]:
+        lost.append("zombie recall")
+    if changed["healthy_as_zombie"] > ZOMBIE_FALSE:
+        lost.append("healthy called zombie")
+    return lost
+
+
 # -- the table -------------------------------------------------------------------------------------
 
 
@@ -346,7 +391,11 @@ def run(args) -> dict:
     rules_figures = {
         e: figures(rows, [rules.baseline(w) for w, _ in rows]) for e, rows in tests.items()
     }
+    draws = {}
+    if args.draws:
+        draws = paired_draws(args.draws, args.servers, args.windows, shipped, names)
     return {
+        "draws": draws,
         "tuned": tuned,
         "seconds": seconds,
         "table": table,
@@ -481,6 +530,8 @@ def _print(result: dict, args) -> None:
                 for lowest, f in a["frontier"].items()
             ]
             print(f"{'':<11} answered down to " + "   ".join(cells))
+    if result["draws"]:
+        _draws_table(result["draws"], args.set)
     print("\n## constants chosen on each world (differences from the physical values)")
     for t, params in tuned.items():
         if t == SHIPPED:
@@ -494,6 +545,30 @@ def _print(result: dict, args) -> None:
         f"\nonline cost per window (context + observe + score): median {lat['median_ms']:.3f} ms,"
         f" p99 {lat['p99_ms']:.3f} ms; windows per test set: {result['sizes']}"
     )
+
+
+def _draws_table(draws: dict, changes: dict) -> None:
+    what = ", ".join(f"{k}={v:g}" for k, v in changes.items()) or "nothing changed"
+    print(f"\n## each draw, the same windows with the physical constants and with {what}"
+          " (online): accuracy / coverage (strict); ! a loss by the rule")  # fmt: skip
+    lost_any = []
+    for (e, seed), (before, after) in draws.items():
+        lost = losses(before, after)
+        if lost:
+            lost_any.append(f"{e} {seed}: {', '.join(lost)}" if seed else f"{e}: {', '.join(lost)}")
+        cells = [
+            f"{_pct(f['accuracy'])}/{_pct(f['coverage'])} ({_pct(f['strict'])})"
+            for f in (before, after)
+        ]
+        delta = "/".join(  # of the figures as printed, as the rule reads them
+            f"{(round(after[k] * 1000) - round(before[k] * 1000)) / 10:+5.1f}"
+            for k in ("accuracy", "coverage")
+        )
+        flag = " !" if lost else ""
+        print(f"{e:<11} {seed or '':>5}  {cells[0]}  ->  {cells[1]}   {delta}{flag}")
+    if changes:
+        verdict = "kept by the rule" if not lost_any else "not kept: " + "; ".join(lost_any)
+        print(f"verdict: {verdict}")
 
 
 def _constant(text: str) -> tuple[str, float]:
@@ -545,6 +620,11 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--set", nargs="+", default=[], metavar="NAME=VALUE", type=_constant,
         help="score the shipped row (and start tuning) with these constants of Params changed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--draws", nargs="+", type=int, default=[], metavar="SEED",
+        help="score every world's test set of each tuning SEED (and the H200) with the physical"
+        " constants and with --set's, paired, and say whether the change passes the rule",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)

@@ -593,6 +593,44 @@ def test_a_constant_set_on_the_command_line_scores_the_shipped_row_with_it(capsy
         assert repr(bad) in capsys.readouterr().err
 
 
+def test_draws_score_a_change_on_the_same_windows_and_say_whether_it_passes_the_rule(capsys):
+    """``benchmarks.diagnose --set NAME=VALUE --draws SEED ...``: every world's test set of each
+    seed, and the H200 windows once, scored with the physical constants and with the change on
+    the same windows; a set where accuracy or coverage falls 0.3 points (as printed) is marked,
+    and the verdict names it; a change that loses nowhere is kept."""
+    from benchmarks import diagnose as bench
+    from benchmarks.worlds import generate
+
+    argv = ["--tune-on", "--worlds", "roofline", "--servers", "20", "--windows", "20"]
+    bench.main([*argv, "--set", "waiting=0.5", "--draws", "1", "2"])
+    out = capsys.readouterr().out
+    section = out.split("## each draw, the same windows")[1].split("\n## ")[0]
+    assert "with waiting=0.5" in section.splitlines()[0]
+    lines = [line for line in section.splitlines() if line.startswith(("roofline ", "h200 "))]
+    assert [line.split()[:2] for line in lines] == [
+        ["roofline", "101"], ["roofline", "102"], ["h200", "98.6/"],
+    ]  # fmt: skip
+    for line, seed in zip(lines, (101, 102), strict=False):
+        rows = generate("roofline", 20, 20, seed, first_server=50_000)
+        before = bench.figures(rows, bench.online(rows, Params()))
+        after = bench.figures(rows, bench.online(rows, Params(waiting=0.5)))
+        printed = [float(x) for x in re.findall(r"(\d+\.\d)/\s*(\d+\.\d)", line)[1]]
+        assert printed == [round(after["accuracy"] * 100, 1), round(after["coverage"] * 100, 1)]
+        assert line.endswith("!") == bool(bench.losses(before, after))
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    assert verdict.startswith("verdict: not kept: roofline 101: coverage")
+    # the rule itself: 0.3 points lost as printed is a loss, 0.2 is not; zombies never
+    shipped = {"accuracy": 0.9, "coverage": 0.9, "zombie_recall": 1.0, "healthy_as_zombie": 0.0}
+    assert bench.losses(shipped, {**shipped, "coverage": 0.8975}) == []  # 90.0 -> 89.8 (rounded)
+    assert bench.losses(shipped, {**shipped, "coverage": 0.897}) == ["coverage"]
+    assert bench.losses(shipped, {**shipped, "zombie_recall": 0.99}) == ["zombie recall"]
+    assert bench.losses(shipped, {**shipped, "healthy_as_zombie": 0.011}) == [
+        "healthy called zombie"
+    ]
+    bench.main([*argv, "--set", "confident=0.55", "--draws", "1"])  # the shipped value
+    assert "verdict: kept by the rule" in capsys.readouterr().out
+
+
 def test_the_start_up_split_counts_each_servers_first_running_windows():
     """``benchmarks.diagnose --startup`` scores each server's first running windows (its
     start-up) apart from the rest: every labelled window in one part, and the start-up part
