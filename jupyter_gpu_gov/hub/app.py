@@ -43,7 +43,7 @@ from .history import HistoryOptions
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .lease import RENEW_SHARE, Lease
-from .logs import SERVICE_LOGGERS, EscapingFormatter, StderrHandler
+from .logs import EscapingFormatter, StderrHandler
 from .options import Options
 from .pages import page_handlers
 from .policy_api import policy_handlers
@@ -155,16 +155,16 @@ class GpuGovernor(GovernorSettings, Application):
     _log_formatter_cls = EscapingFormatter  # names from outside escaped (hub/logs.py)
 
     def get_default_logging_config(self):
-        """traitlets' console handler, for the package's and tornado's loggers too (they had
-        only Python's last-resort handler, which wrote a name's newline as it is). Their
-        levels are left as they were."""
+        """traitlets' console handler on the root logger too: every logger but traitlets'
+        own propagates there, the package's, tornado's and any library's (SQLAlchemy's,
+        ``concurrent.futures``'), which had only Python's last-resort handler, which wrote a
+        name's newline as it is. Their levels are left as they were."""
         config = super().get_default_logging_config()
         console = config.get("handlers", {}).get("console")
         if console is not None:  # (traitlets sets up none under pythonw)
             console.pop("stream", None)
             console["class"] = f"{StderrHandler.__module__}.{StderrHandler.__name__}"
-            for name in SERVICE_LOGGERS:
-                config["loggers"][name] = {"handlers": ["console"]}
+            config["root"] = {"handlers": ["console"]}
         return config
 
     def parse_command_line(self, argv=None):
