@@ -48,6 +48,9 @@ class EscapingFormatter(LevelFormatter):
         elif record.args:
             shown.args = tuple(_bounded(arg) for arg in record.args)
         shown.msg, shown.args = escaped(shown.getMessage()), None
+        # A handler before this one (pytest's, an admin's) may have cached its traceback on
+        # the record, unescaped: this one writes its own.
+        shown.exc_text = None
         return super().format(shown)
 
     def formatException(self, ei) -> str:
