@@ -677,6 +677,58 @@ def test_prune_plan_never_drops_the_newest_nor_one_in_progress(tmp_path):
     ]
 
 
+async def test_a_failed_checkpoint_never_prunes_the_last_whole_one(
+    jp_fetch, jp_serverapp, notebook_kernel, checkpoint_root
+):
+    """A checkpoint whose hook failed (the disk filled mid-save, an exception) holds part of
+    the state at best. Pruned to fit beside it, the last whole checkpoint was deleted: the
+    owner, culled after it, had only the broken one left to restore."""
+    app = gov_app(jp_serverapp)
+    fake_checkpoint(checkpoint_root, "20200101T000000Z", 300_000)
+    fake_checkpoint(checkpoint_root, "20200102T000000Z", 400_000)  # the last whole one
+    app.checkpoint_max_bytes = 1_000_000
+    kernel = await notebook_kernel("train.ipynb")
+    await kernel.run(
+        ON_GPU + "import errno, os\n"
+        "from jupyter_gpu_gov import checkpoint\n"
+        "@checkpoint.register\n"
+        "def weights(directory):\n"
+        "    (directory / 'part-1.bin').write_bytes(b'w' * 700_000)\n"
+        "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+    )
+
+    failed = await checkpoint(jp_fetch, reason="before the cull")
+
+    assert failed["status"] == "failed" and failed["bytes"] >= 700_000, failed["errors"]
+    # 700 KB beside 400 KB is over the 1 MB: the whole one stays all the same, the one older
+    # than it goes.
+    assert failed["pruned"] == ["20200101T000000Z"]
+    assert sorted(p.name for p in checkpoint_root.iterdir()) == ["20200102T000000Z", failed["id"]]
+
+    # Failing again: the failed one before it is what goes, never the whole one.
+    again = await checkpoint(jp_fetch, reason="before the cull")
+    assert again["status"] == "failed"
+    assert again["pruned"] == [failed["id"]]
+    assert sorted(p.name for p in checkpoint_root.iterdir()) == ["20200102T000000Z", again["id"]]
+
+
+def test_prune_plan_keeps_the_last_whole_checkpoint_beside_a_failed_one(tmp_path):
+    fake_checkpoint(tmp_path, "20200101T000000Z", 1000)
+    fake_checkpoint(tmp_path, "20200102T000000Z", 1000)
+    (tmp_path / "20200102T000000Z" / "manifest.json").write_text('{"status": "failed"}')
+    # The newest failed: the last whole one (01) stays past both limits; the failed one goes.
+    doomed = plan_prune(tmp_path, "20200103T000000Z", 10_000, 10, 5_000, newest_failed=True)
+    assert doomed == ["20200102T000000Z"]
+    assert plan_prune(tmp_path, "20200103T000000Z", 0, 1, 10**9, newest_failed=True) == [
+        "20200102T000000Z"
+    ]
+    # The newest whole: pruned as ever, by count and by size.
+    assert plan_prune(tmp_path, "20200103T000000Z", 10_000, 10, 5_000) == [
+        "20200102T000000Z",
+        "20200101T000000Z",
+    ]
+
+
 async def test_checkpoint_routes(jp_fetch, jp_serverapp):
     first = await checkpoint(jp_fetch, reason="first", cull_reason="max-age", source="governor")
     second = await checkpoint(jp_fetch, reason="second")

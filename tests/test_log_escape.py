@@ -46,3 +46,46 @@ def test_a_long_argument_is_cut_and_says_by_how_much(capsys):
     (line,) = capsys.readouterr().err.splitlines()
     assert line.endswith("x" * 10 + f"...(+{5000 - MAX_ARG_CHARS} chars): 7"), line
     assert line.count("x") == MAX_ARG_CHARS
+
+
+def test_an_exception_quoting_a_name_keeps_its_traceback_lines(capsys):
+    """A traceback is Python's lines, but an exception's message quotes what it failed on (a
+    server key, a report's text): its newline began a line below the record's escaped one."""
+    app = GpuGovernor()
+    app.initialize([])
+    try:
+        try:
+            raise KeyError(MALLORY)
+        except KeyError as error:
+            error.add_note(f"while reading {MALLORY}")
+            raise ValueError(f"no report for {MALLORY}") from error
+    except ValueError:
+        logging.getLogger("jupyter_gpu_gov.hub").exception("gpu-gov: deciding %s failed", MALLORY)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert not [line for line in lines if line.startswith(PLANTED)], err
+    assert "\u202e" not in err, err
+    # Still Python's traceback, frame by frame, with both exceptions' words escaped.
+    assert lines[0].startswith("[jupyter_gpu_gov.hub] ERROR | gpu-gov: deciding mallory\\n")
+    assert lines.count("Traceback (most recent call last):") == 2, err
+    escaped = "mallory\\n" + PLANTED + "\\u202e"
+    assert f"ValueError: no report for {escaped}" in lines, err
+    assert f"while reading {escaped}" in lines, err
+    assert [line for line in lines if line.startswith("KeyError: ") and escaped in line], err
+
+
+def test_a_librarys_logger_writes_through_the_escape(capsys):
+    """Not only the package's, tornado's, traitlets' and asyncio's loggers: any library the
+    service runs (SQLAlchemy, ``concurrent.futures``' failed callbacks) had Python's
+    last-resort handler, which wrote a name's newline as it is."""
+    app = GpuGovernor()
+    app.initialize([])
+    logging.getLogger("concurrent.futures").warning("callback for %s failed", MALLORY)
+    logging.getLogger("sqlalchemy.engine").warning("row of %s not written", MALLORY)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert not [line for line in lines if line.startswith(PLANTED)], err
+    assert len(lines) == 2 and "\u202e" not in err, err
+    assert (
+        lines[0] == f"[concurrent.futures] WARNING | callback for mallory\\n{PLANTED}\\u202e failed"
+    )

@@ -64,6 +64,14 @@ def report(**changes) -> dict:
 
 def test_a_good_report_validates():
     assert validate(report()) == REPORT
+    # What the server's sampler sends of a target's window (server/sampler.py)
+    for gpu in (
+        {"active_fraction": 0.25, "pids": [4242, 4243], "history": [0.0, 0.5, None, 1, 1.0]},
+        {"active_fraction": None, "pids": [], "history": []},
+        {"pids": None, "history": None},
+    ):
+        changed = report(**{f"targets__0__gpu__{key}": value for key, value in gpu.items()})
+        assert validate(changed) == changed
     # memory_activity (NVML's memory utilisation) is optional: 0..1 or null
     for value in (0.0, 0.42, 1.0, None):
         validate(report(devices__0__memory_activity=value))
@@ -101,6 +109,24 @@ def test_a_good_report_validates():
         ({"error": "x" * 5000}, "error"),
         ({"server__name": 5}, "server.name"),
         ({"checkpoint": {"requested_at": "soon"}}, "checkpoint.requested_at"),
+        # Read by nothing the governor decides or shows, and refused all the same when they
+        # are not what the wire says (they were kept as sent, any JSON).
+        (
+            {"targets__0__gpu__active_fraction": "<svg onload=alert(1)>"},
+            "targets[0].gpu.active_fraction",
+        ),
+        ({"targets__0__gpu__active_fraction": 1.5}, "targets[0].gpu.active_fraction"),
+        ({"targets__0__gpu__pids": ["1234"]}, "targets[0].gpu.pids"),
+        ({"targets__0__gpu__pids": [{"pid": 1}]}, "targets[0].gpu.pids"),
+        ({"targets__0__gpu__pids": [-1]}, "targets[0].gpu.pids"),
+        ({"targets__0__gpu__pids": [True]}, "targets[0].gpu.pids"),
+        ({"targets__0__gpu__pids": [10**300]}, "targets[0].gpu.pids"),
+        ({"targets__0__gpu__pids": 1234}, "targets[0].gpu.pids"),
+        ({"targets__0__gpu__history": [0.1, "<b>x</b>"]}, "targets[0].gpu.history"),
+        ({"targets__0__gpu__history": [[[0.5]]]}, "targets[0].gpu.history"),
+        ({"targets__0__gpu__history": [1e308]}, "targets[0].gpu.history"),
+        ({"targets__0__gpu__history": [float("nan")]}, "targets[0].gpu.history"),
+        ({"targets__0__gpu__history": {"0": 0.5}}, "targets[0].gpu.history"),
     ],
 )
 def test_bad_reports_name_the_field(changes, field):

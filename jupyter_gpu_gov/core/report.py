@@ -130,6 +130,12 @@ def validate(report: object, now: datetime | None = None) -> dict:
             raise ReportError(_field(in_gpu, "devices"), "must be a list of device UUIDs")
         _number(gpu, "memory_mb", in_gpu, low=0, high=MAX_MEMORY_MB)
         _number(gpu, "sm", in_gpu, low=0, high=1)
+        # Nothing the governor decides or shows reads these three (the server's own panel
+        # does, from its own status); checked all the same, as the wire defines them, so that
+        # no reader to come takes a string or an object for a number.
+        _number(gpu, "active_fraction", in_gpu, low=0, high=1)
+        _numbers(gpu, "pids", in_gpu, "process IDs (whole numbers, 0 to 2^31)", whole=True)
+        _numbers(gpu, "history", in_gpu, "SM activities (numbers 0 to 1, or null)")
         _expect(gpu.get("holds_context"), bool, in_gpu, "holds_context", "true or false")
         if gpu.get("confidence") not in CONFIDENCES:
             raise ReportError(
@@ -303,6 +309,31 @@ def _number(
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ReportError(_field(where, key), f"must be in {bounds}, got {value}")
+
+
+def _numbers(obj: Mapping, key: str, where: _Where, words: str, whole: bool = False) -> None:
+    """A list of process IDs (``whole``: integers up to ``MAX_COUNT``) or of shares (0 to 1,
+    or null); absent or null is none. How many is bounded by the report's size."""
+    values = obj.get(key)
+    if values is None:
+        return
+    if type(values) is list:  # loops, not all(): every report has a dozen of these
+        if whole:
+            for v in values:
+                if type(v) is not int or not 0 <= v <= MAX_COUNT:
+                    break
+            else:
+                return
+        else:
+            for v in values:
+                if v is not None and (type(v) not in _SHARE_TYPES or not 0 <= v <= 1):
+                    break
+            else:
+                return
+    raise ReportError(_field(where, key), f"must be a list of {words}")
+
+
+_SHARE_TYPES = (float, int)  # JSON's (a bool is neither)
 
 
 def _finite(value: int | float) -> bool:

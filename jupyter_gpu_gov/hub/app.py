@@ -43,7 +43,7 @@ from .history import HistoryOptions
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .lease import RENEW_SHARE, Lease
-from .logs import SERVICE_LOGGERS, EscapingFormatter, StderrHandler
+from .logs import EscapingFormatter, StderrHandler
 from .options import Options
 from .pages import page_handlers
 from .policy_api import policy_handlers
@@ -155,17 +155,28 @@ class GpuGovernor(GovernorSettings, Application):
     _log_formatter_cls = EscapingFormatter  # names from outside escaped (hub/logs.py)
 
     def get_default_logging_config(self):
-        """traitlets' console handler, for the package's and tornado's loggers too (they had
-        only Python's last-resort handler, which wrote a name's newline as it is). Their
-        levels are left as they were."""
+        """traitlets' console handler, writing to ``sys.stderr`` as it is now."""
         config = super().get_default_logging_config()
         console = config.get("handlers", {}).get("console")
         if console is not None:  # (traitlets sets up none under pythonw)
             console.pop("stream", None)
             console["class"] = f"{StderrHandler.__module__}.{StderrHandler.__name__}"
-            for name in SERVICE_LOGGERS:
-                config["loggers"][name] = {"handlers": ["console"]}
         return config
+
+    def _configure_logging(self) -> None:
+        """traitlets' console handler on the root logger too, where every logger but
+        traitlets' own propagates: the package's, tornado's and any library's (SQLAlchemy's,
+        ``concurrent.futures``'), which had only Python's last-resort handler, which wrote a
+        name's newline as it is. Added beside the root's other handlers (a ``root`` entry in
+        the logging config would remove them); levels are left as they were."""
+        super()._configure_logging()
+        console = next((h for h in self.log.handlers if isinstance(h, StderrHandler)), None)
+        if console is None:  # an admin's logging_config replaced it, or pythonw
+            return
+        root = logging.getLogger()
+        for old in [h for h in root.handlers if isinstance(h, StderrHandler)]:
+            root.removeHandler(old)  # an earlier configuration's (a changed log level)
+        root.addHandler(console)
 
     def parse_command_line(self, argv=None):
         return super().parse_command_line(

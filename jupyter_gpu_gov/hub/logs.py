@@ -4,23 +4,21 @@ JupyterHub accepts a user name with a newline in it (its default ``validate_user
 from 4.1 to 5.x, any server name: written as it is, such a name ends the service's line and
 starts a fake one ("gpu-gov: culled ..."). The service's handler writes each control
 character and bidi override of a record's message as its escape, and bounds each long string
-argument. ``GpuGovernor`` (app.py) installs it for its own log and those of the package and the libraries it runs on.
+argument; in a traceback, each exception's own words too (its message, notes, a SyntaxError's
+text), which may quote a name. ``GpuGovernor`` (app.py) installs it on the root logger: its own
+log's, the package's and every library's lines (propagated to the root) pass through it.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+import traceback
+from collections.abc import Iterator, Mapping
 
 from traitlets.config.application import LevelFormatter
 
 from ..core.text import escape_table
-
-# The loggers given the service's handler besides traitlets' ``self.log``: the package's
-# modules, tornado's (the access log, HubAuth's app_log), traitlets' own (HubAuth's self.log)
-# and asyncio's (an exception no task retrieved).
-SERVICE_LOGGERS = ("jupyter_gpu_gov", "tornado", "traitlets", "asyncio")
 
 MAX_ARG_CHARS = 2000  # one argument of a line (a server key, an error's words)
 
@@ -50,7 +48,43 @@ class EscapingFormatter(LevelFormatter):
         elif record.args:
             shown.args = tuple(_bounded(arg) for arg in record.args)
         shown.msg, shown.args = escaped(shown.getMessage()), None
+        # A handler before this one (pytest's, an admin's) may have cached its traceback on
+        # the record, unescaped: this one writes its own.
+        shown.exc_text = None
         return super().format(shown)
+
+    def formatException(self, ei) -> str:
+        """The traceback as Python writes it, each exception's words on their line: a
+        ``KeyError`` of a server key, a message quoting a report's text, held a newline that
+        began a line of its own below the record's escaped one."""
+        try:
+            shown = traceback.TracebackException(*ei[:3], compact=True)
+            for each in _chain(shown):
+                each._str = _bounded(escaped(each._str))
+                notes = getattr(each, "__notes__", None)
+                if isinstance(notes, list):
+                    each.__notes__ = [_bounded(escaped(str(n))) for n in notes]
+                for name in ("msg", "text", "filename"):  # a SyntaxError's, shown apart
+                    value = getattr(each, name, None)
+                    if isinstance(value, str):
+                        setattr(each, name, _bounded(escaped(value)))
+            text = "".join(shown.format())
+        except Exception:  # another Python's TracebackException: all of it on one line
+            return escaped(super().formatException(ei))
+        return text[:-1] if text.endswith("\n") else text
+
+
+def _chain(shown: traceback.TracebackException) -> Iterator[traceback.TracebackException]:
+    """Every exception a traceback shows: its causes, contexts and a group's members."""
+    todo, seen = [shown], set()
+    while todo:
+        each = todo.pop()
+        if id(each) in seen:
+            continue
+        seen.add(id(each))
+        yield each
+        todo += [e for e in (each.__cause__, each.__context__) if e is not None]
+        todo += getattr(each, "exceptions", None) or ()
 
 
 class StderrHandler(logging.StreamHandler):

@@ -163,14 +163,15 @@ class GpuGovApp(ExtensionApp):
     checkpoint_keep = Int(
         10,
         help="""How many checkpoints to keep in `checkpoint_dir` (at least 1): after each
-        checkpoint the oldest beyond this count are deleted; the newest is always kept.""",
+        checkpoint the oldest beyond this count are deleted; the newest is always kept, and
+        where it failed, the last one that ended done.""",
     ).tag(config=True)
 
     checkpoint_max_bytes = Int(
         20 * 1024**3,
         help="""Bytes all kept checkpoints may take together (default 20 GiB); after each
         checkpoint the oldest are deleted until the rest fit. The newest is always kept, even
-        alone above the limit. Example: ``c.GpuGovApp.checkpoint_max_bytes = 100 * 1024**3``
+        alone above the limit, and where it failed, the last one that ended done. Example: ``c.GpuGovApp.checkpoint_max_bytes = 100 * 1024**3``
         (100 GiB).""",
     ).tag(config=True)
 

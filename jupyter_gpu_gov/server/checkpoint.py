@@ -467,12 +467,22 @@ def list_checkpoints(root: Path) -> list[dict]:
     return summaries
 
 
-def plan_prune(root: Path, newest: str, newest_bytes: int, keep: int, max_bytes: int) -> list[str]:
+def plan_prune(
+    root: Path,
+    newest: str,
+    newest_bytes: int,
+    keep: int,
+    max_bytes: int,
+    newest_failed: bool = False,
+) -> list[str]:
     """The checkpoint ids to delete so that at most ``keep`` checkpoints of at most
     ``max_bytes`` in all remain: the newest ones, always including ``newest`` (the one just
-    written, ``newest_bytes``). Once one is dropped, every older one goes too."""
+    written, ``newest_bytes``). Once one is dropped, every older one goes too; but when
+    ``newest`` failed (a hook's error, a disk full mid-save: part of the state at best), the
+    last checkpoint that ended ``done`` stays too, whatever the limits."""
     now = time.time()
     count, total, dropping, doomed = 1, newest_bytes, False, []
+    last_whole_wanted = newest_failed
     for checkpoint_id in reversed(checkpoint_ids(root)):
         if checkpoint_id == newest:
             continue
@@ -485,12 +495,23 @@ def plan_prune(root: Path, newest: str, newest_bytes: int, keep: int, max_bytes:
             if unfinished_age < UNFINISHED_AGE_S:
                 continue  # perhaps in progress elsewhere: neither counted nor removed
         size = du(path)
-        if not dropping and count + 1 <= keep and total + size <= max_bytes:
+        if last_whole_wanted and _ended_done(root, checkpoint_id):
+            last_whole_wanted = False
+            count, total = count + 1, total + size
+        elif not dropping and count + 1 <= keep and total + size <= max_bytes:
             count, total = count + 1, total + size
         else:
             dropping = True
             doomed.append(checkpoint_id)
     return doomed
+
+
+def _ended_done(root: Path, checkpoint_id: str) -> bool:
+    try:
+        manifest = read_manifest(root, checkpoint_id)
+    except (OSError, ValueError):
+        return False
+    return manifest is not None and manifest.get("status") == DONE
 
 
 # -- in the report ----------------------------------------------------------------------------
@@ -578,7 +599,7 @@ async def take_checkpoint(
         manifest["bytes"] = await asyncio.to_thread(du, directory)
         try:
             manifest["pruned"] = await asyncio.to_thread(
-                plan_prune, root, checkpoint_id, manifest["bytes"], keep, max_bytes
+                plan_prune, root, checkpoint_id, manifest["bytes"], keep, max_bytes, bool(errors)
             )
         except Exception as error:
             log.warning("jupyter-gpu-gov: checkpoint pruning not planned: %s", error)
