@@ -1,7 +1,7 @@
 """Where the idle-held GPU-hours a policy does not reclaim go (issue 21's 95 % target).
 
-    python -m benchmarks.replay.gap [--servers 40 --days 30 --seeds 1 2 3 --step 300]
-        [--candidate NAME=JSON ...] [--default-servers] [--json]
+    python -m benchmarks.replay.gap [--world month|lab] [--servers 40 --days 30 --seeds 1 2 3
+        --step 300] [--candidate NAME=JSON ...] [--default-servers] [--json]
 
 Every idle-held step (the trace's truth: GPU memory held, nothing and nobody using it) that the
 run does not reclaim is put in the first of these that holds, in points of all idle-held
@@ -26,8 +26,9 @@ from functools import partial
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.replay import parse_lines, replay
 
-from .generate import RECLAIMABLE, generate
+from .generate import RECLAIMABLE
 from .lift import arguments
+from .score import WORLDS
 
 HOUR = 3600.0
 IDLE = 0.02  # the default idle_threshold
@@ -86,11 +87,13 @@ def missed(samples, actions) -> tuple[float, Counter]:
 
 
 def main(argv=None) -> None:
-    args = arguments(__doc__.splitlines()[0]).parse_args(argv)
+    parser = arguments(__doc__.splitlines()[0])
+    parser.add_argument("--world", choices=sorted(WORLDS), default="month")
+    args = parser.parse_args(argv)
     runs = {"default": {}, **dict(args.candidate)}
     out = []
     for seed in args.seeds:
-        rows = generate(
+        rows = WORLDS[args.world](
             args.servers, args.days, seed, args.step, default_servers=args.default_servers
         )
         lines = [json.dumps(r) for r in rows]
