@@ -1207,10 +1207,10 @@ async def test_kept_reports_are_the_reports_sent_sharing_one_copy_of_each_word(t
 
 def test_the_policy_view_shows_the_cause_matched_limits():
     (default,) = load_policies([])
-    assert policy_view(default)["quiet_cell_limit_s"] == 7200
+    assert policy_view(default)["quiet_cell_limit_s"] is None  # opt-in
     assert policy_view(default)["zombie_idle_s"] is None  # opt-in
-    (on,) = load_policies([], {"zombie_idle": "30m"})
-    assert policy_view(on)["zombie_idle_s"] == 1800
+    (on,) = load_policies([], {"zombie_idle": "30m", "quiet_cell_limit": "2h"})
+    assert (policy_view(on)["zombie_idle_s"], policy_view(on)["quiet_cell_limit_s"]) == (1800, 7200)
     (off,) = load_policies([], {"quiet_cell_limit": None, "zombie_idle": None})
     assert (policy_view(off)["quiet_cell_limit_s"], policy_view(off)["zombie_idle_s"]) == (
         None,

@@ -195,11 +195,11 @@ def test_a_cell_that_never_ends_is_interrupted_at_the_busy_limit():
 
 
 def test_a_quiet_cell_is_interrupted_at_its_own_limit_a_cpu_stage_is_not():
-    # `while not done(): time.sleep(60)`, its kernel at 0.2 % of a core: warned at
-    # quiet_cell_limit (2 h), interrupted and checkpointed after the notice, then culled by
-    # the idle rules after their own notice. A CPU stage (two cores) of the same length only
-    # gets the notice.
-    policies = policies_from_config(None)
+    # `while not done(): time.sleep(60)`, its kernel at 0.2 % of a core, under a policy that
+    # sets quiet_cell_limit (2 h; off by default): warned then, interrupted and checkpointed
+    # after the notice, then culled by the idle rules after their own notice. A CPU stage (two
+    # cores) of the same length only gets the notice.
+    policies = load_policies([], {"quiet_cell_limit": "2h"})
     actions = list(replay(parse_lines(cell_rows(24, hours=6, cpu=0.002)), policies))
     assert [(a.t, a.action) for a in actions] == [
         (7200, "warn"),
@@ -211,6 +211,15 @@ def test_a_quiet_cell_is_interrupted_at_its_own_limit_a_cpu_stage_is_not():
     ]
     assert "the quiet-cell limit of 2h" in actions[0].reason
     actions = list(replay(parse_lines(cell_rows(24, hours=6, cpu=2.0)), policies))
+    assert [(a.t, a.action) for a in actions] == [(7200, "notice")]
+
+
+def test_by_default_a_quiet_cell_waits_for_the_busy_limit():
+    """A cell waiting quietly on a job elsewhere reads as a sleep loop that waits for nothing;
+    by default neither is interrupted before busy_limit (8 h): only the notice comes."""
+    actions = list(
+        replay(parse_lines(cell_rows(24, hours=6, cpu=0.002)), policies_from_config(None))
+    )
     assert [(a.t, a.action) for a in actions] == [(7200, "notice")]
 
 

@@ -159,8 +159,11 @@ class Policy:
     # quiet (and its GPU idle), then warned and, after the notice, acted on as at busy_limit.
     # Read as at least busy_grace, so a report saying "quiet" never makes the governor less
     # patient than DCGM alone (which holds every cull busy_grace in case a cell runs), and at
-    # most busy_limit. None: busy_limit for every running cell.
-    quiet_cell_limit: timedelta | None = timedelta(hours=2)
+    # most busy_limit. None (the default): busy_limit for every running cell. Off unless an
+    # admin sets it: a cell waiting on a job elsewhere (a cluster run, a download, a queue)
+    # reads exactly as a sleep loop that waits for nothing, and at 2 h it interrupted 19-25
+    # such live cells a month on the replay's lab world (docs/benchmarks.md).
+    quiet_cell_limit: timedelta | None = None
     extension_step: timedelta = timedelta(hours=1)
     max_extensions: int = 2
     extension_reason: str = "optional"  # or "required"
