@@ -581,9 +581,9 @@ class ProtocolHTTPServer:
         self.max_connections = max_connections or min(MAX_CONNECTIONS, files - kept)
         self.max_connections_per_peer = max_connections_per_peer
         self._servers: list[asyncio.AbstractServer] = []
-        self.loop: asyncio.AbstractEventLoop | None = (
-            None  # add_sockets's: one look-up, not one a call
-        )
+        # The loop add_sockets runs on, looked up once: on Python 3.11 each
+        # asyncio.get_running_loop() is a getpid() system call (its check for a fork).
+        self.loop: asyncio.AbstractEventLoop | None = None
         # Connections waiting for a head, each with its deadline, in the order they began to
         # wait: with one idle_timeout that is the deadlines' order, so one timer, set for the
         # first, keeps every deadline (a timer per connection cost a call_later and a cancel a
