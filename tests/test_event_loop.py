@@ -80,8 +80,9 @@ def test_batched_requests_hold_on_uvloop(scenario, monkeypatch):
         protocol.test_a_streamed_answer_is_chunked_for_http11_and_close_delimited_for_http10,
         protocol.test_a_direct_route_answers_with_its_status_and_a_content_length,
         protocol.test_bytes_sent_while_an_answer_is_pending_are_not_buffered_without_bound,
+        protocol.test_each_idle_connection_is_closed_at_its_own_deadline_not_before,
     ],
-    ids=["keep-alive", "pipelined", "streamed", "direct", "bounded"],
+    ids=["keep-alive", "pipelined", "streamed", "direct", "bounded", "idle-deadlines"],
 )
 def test_the_http_server_serves_alike_on_uvloop(scenario):
     """uvloop's transports (its own flow control, pause and resume of reading) under the

@@ -341,6 +341,58 @@ async def test_a_silent_or_stalled_client_is_closed_after_its_timeout(sent):
         writer.close()
 
 
+REPORT = b"POST /direct HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+
+
+async def test_each_idle_connection_is_closed_at_its_own_deadline_not_before():
+    # One timer serves every connection's wait for a head (wave 27): each is still given its
+    # whole idle_timeout from its own start or its last answer, not the first one's deadline.
+    # Only lower bounds: on a loaded machine a timer may run late, never early.
+    idle = 0.5
+    async with serving(idle_timeout=idle) as server:
+        (r1, w1), (r2, w2) = await connect(server), await connect(server)
+        started = time.monotonic()
+        await asyncio.sleep(0.25)
+        w2.write(REPORT)  # answered and kept: its wait starts again at the answer
+        assert (await read_answer(r2)).status == 202
+        answered = time.monotonic()
+        r3, w3 = await connect(server)  # opened later: a later deadline
+        opened = time.monotonic()
+        assert await is_closed(r1, 10.0)
+        assert time.monotonic() - started >= idle - 0.01
+        assert await is_closed(r2, 10.0)
+        assert time.monotonic() - answered >= idle - 0.01
+        assert await is_closed(r3, 10.0)
+        assert time.monotonic() - opened >= idle - 0.01
+        assert not server.connections
+        for writer in (w1, w2, w3):
+            writer.close()
+
+
+async def test_connections_and_answers_set_no_timer_each(monkeypatch):
+    # At 10,000 servers a report comes every 6 ms on a connection of its own; a timer set (and
+    # cancelled) for each connection and each answer was a call_later and a cancel a report.
+    loop = asyncio.get_running_loop()
+    timers = []
+    call_at = loop.call_at  # the standard loop's call_later goes through it
+
+    def counting(when, callback, *args, **kwargs):
+        timers.append(getattr(callback, "__qualname__", ""))
+        return call_at(when, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    async with serving(idle_timeout=30.0) as server:
+        connections = [await connect(server) for _ in range(10)]
+        for _ in range(10):
+            for reader, writer in connections:
+                writer.write(REPORT)
+                assert (await read_answer(reader)).status == 202
+        ours = [name for name in timers if name.startswith(("Connection.", "ProtocolHTTPServer."))]
+        assert len(ours) <= 1, ours  # 10 connections, 100 answers: at most the one sweep
+        for _, writer in connections:
+            writer.close()
+
+
 @pytest.mark.parametrize("how", ["set_header", "raw", "euro"])
 async def test_a_header_value_with_crlf_or_not_latin1_gets_the_client_an_error_not_a_header(how):
     async with serving() as server:

@@ -66,6 +66,8 @@ MAX_CONNECTIONS_PER_PEER = 512
 # Open files the service keeps for itself (the Hub's API, DCGM, its store, logs): of a low
 # limit, a quarter.
 FILES_KEPT = 1024
+# How early a timer may run (uvloop's count whole milliseconds).
+_TIMER_SLACK_S = 0.001
 _CRLF = b"\r\n"
 _END_OF_HEAD = b"\r\n\r\n"
 _FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -197,7 +199,7 @@ class Connection(asyncio.Protocol):
         self.chunked = False
         self.head_only = False
         self.writable: asyncio.Future | None = None  # set while the client reads too slowly
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | None = None  # a body's timeout, while it comes
         self.stalled: asyncio.TimerHandle | None = None  # while the client takes nothing
         self.unsent = 0  # what was left to send when that timer was set
         self.closed = False
@@ -239,9 +241,8 @@ class Connection(asyncio.Protocol):
             callback()
 
     def pause_writing(self) -> None:
-        loop = asyncio.get_running_loop()
         if self.writable is None or self.writable.done():
-            self.writable = loop.create_future()
+            self.writable = self.server.loop.create_future()
         if self.stalled is None:
             # A streamed answer waits here for the client: one that never reads would hold
             # the connection and the handler for ever.
@@ -269,6 +270,7 @@ class Connection(asyncio.Protocol):
                     self.scanned = max(0, len(self.buffer) - len(_END_OF_HEAD) + 1)
                     return
                 self.scanned = 0
+                self.server.head_read(self)
                 if end > self.server.max_header_size:
                     raise _Refusal(431, "the request's head is too large")
                 head = bytes(self.buffer[:end])
@@ -310,7 +312,8 @@ class Connection(asyncio.Protocol):
         if self.body_left and fields.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 (Continue)\r\n\r\n")
         # A body already read needs no timer: nearly every report comes in one read.
-        self._set_timer(self.server.body_timeout if self.body_left > len(self.buffer) else None)
+        if self.body_left > len(self.buffer) and self.server.body_timeout:
+            self.timer = self.server.loop.call_later(self.server.body_timeout, self._timed_out)
         route = self.server.direct.get((head.method, head.path))
         if route is not None:
             self.delegate = _Direct(self, route, head)
@@ -388,7 +391,7 @@ class Connection(asyncio.Protocol):
             return
         self.transport.resume_reading()
         if self.buffer:  # a request sent before this answer was finished
-            asyncio.get_running_loop().call_soon(self.data_received, b"")
+            self.server.loop.call_soon(self.data_received, b"")
 
     def close(self) -> None:
         """Ends the connection now, what was written flushed (tornado's ``HTTP1Connection``'s):
@@ -413,17 +416,13 @@ class Connection(asyncio.Protocol):
     def _written(self) -> asyncio.Future:
         if self.writable is not None and not self.writable.done():
             return self.writable
-        future = asyncio.get_running_loop().create_future()
+        future = self.server.loop.create_future()
         future.set_result(None)
         return future
 
     def _expect_head(self) -> None:
-        self._set_timer(self.server.idle_timeout)
-
-    def _set_timer(self, seconds: float | None) -> None:
         self._cancel_timer()
-        if seconds:
-            self.timer = asyncio.get_running_loop().call_later(seconds, self._timed_out)
+        self.server.expect_head(self)
 
     def _cancel_timer(self) -> None:
         if self.timer is not None:
@@ -432,7 +431,7 @@ class Connection(asyncio.Protocol):
 
     def _timed_out(self) -> None:
         """Let the client go, unanswered (a timeout, or a cap on connections)."""
-        self.timer = None
+        self._cancel_timer()
         if self.transport.get_write_buffer_size() and not self.closed:
             # Closing would wait for the client to read what is left: one that never reads
             # would keep its socket and those bytes here for ever.
@@ -443,9 +442,7 @@ class Connection(asyncio.Protocol):
 
     def _watch_stall(self) -> None:
         self.unsent = self.transport.get_write_buffer_size()
-        self.stalled = asyncio.get_running_loop().call_later(
-            self.server.body_timeout, self._stalled
-        )
+        self.stalled = self.server.loop.call_later(self.server.body_timeout, self._stalled)
 
     def _stalled(self) -> None:
         """Let the client go if it took none of its answer for ``body_timeout`` (a close
@@ -478,6 +475,7 @@ class Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         self._cancel_timer()
+        self.server.head_read(self)  # no head is awaited any more
         if not self.closed:
             self.closed = True
             self.transport.close()
@@ -583,6 +581,15 @@ class ProtocolHTTPServer:
         self.max_connections = max_connections or min(MAX_CONNECTIONS, files - kept)
         self.max_connections_per_peer = max_connections_per_peer
         self._servers: list[asyncio.AbstractServer] = []
+        # The loop add_sockets runs on, looked up once: on Python 3.11 each
+        # asyncio.get_running_loop() is a getpid() system call (its check for a fork).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # Connections waiting for a head, each with its deadline, in the order they began to
+        # wait: with one idle_timeout that is the deadlines' order, so one timer, set for the
+        # first, keeps every deadline (a timer per connection cost a call_later and a cancel a
+        # report: docs/benchmarks.md, "Issue 26, wave 27").
+        self._waiting: dict[Connection, float] = {}
+        self._sweep: asyncio.TimerHandle | None = None
         self._held: list[Callable[[], None]] | None = None  # requests waiting for their batch
         self._stopped = False
         self._rate = 0.0  # connections a second over the last window (>= 1 s)
@@ -608,12 +615,46 @@ class ProtocolHTTPServer:
                 kept[connection] = None
 
     def forget(self, connection: Connection) -> None:
+        self._waiting.pop(connection, None)
         self.connections.pop(connection, None)
         peers = self._peers.get(connection.peer)
         if peers is not None:
             peers.pop(connection, None)
             if not peers:
                 del self._peers[connection.peer]
+
+    def expect_head(self, connection: Connection) -> None:
+        """``connection`` waits for a request's head from now: closed unanswered if none has
+        come within ``idle_timeout``."""
+        waiting = self._waiting
+        waiting.pop(connection, None)  # to the end: the latest deadline
+        if not self.idle_timeout:  # 0: no timeout, as before
+            return
+        deadline = waiting[connection] = self.loop.time() + self.idle_timeout
+        if self._sweep is None:
+            self._sweep = self.loop.call_at(deadline, self._sweep_idle)
+
+    def head_read(self, connection: Connection) -> None:
+        """``connection`` waits for no head (one came, or it closes)."""
+        self._waiting.pop(connection, None)
+
+    def _sweep_idle(self) -> None:
+        """Let go the connections whose head is due; the timer again for the next deadline."""
+        self._sweep = None
+        # A timer may run a little before its time (uvloop's are in whole milliseconds): a
+        # deadline within one is due, not set again for the fraction left.
+        now = self.loop.time() + _TIMER_SLACK_S
+        waiting = self._waiting
+        while waiting:
+            connection, deadline = next(iter(waiting.items()))
+            if deadline > now:
+                self._sweep = self.loop.call_at(deadline, self._sweep_idle)
+                return
+            del waiting[connection]
+            try:
+                connection._timed_out()
+            except Exception:  # one connection's failure leaves the others' deadlines kept
+                log.exception("gpu-gov: closing an idle connection failed")
 
     def _let_go_one(self, connections: dict[Connection, None]) -> None:
         # The newest is let go only where every older one is being answered.
@@ -637,7 +678,7 @@ class ProtocolHTTPServer:
 
     async def add_sockets(self, sockets) -> None:
         """Serve on sockets bound by the caller (``tornado.netutil.bind_sockets``)."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         for sock in sockets:
             self._servers.append(
                 await loop.create_server(
@@ -662,7 +703,7 @@ class ProtocolHTTPServer:
         if self._rate * self.accept_interval >= 2 and not self._stopped:
             # This one now, those that come meanwhile together after the interval.
             self._held = []
-            asyncio.get_running_loop().call_later(self.accept_interval, self._release)
+            self.loop.call_later(self.accept_interval, self._release)
         request()
 
     @property
