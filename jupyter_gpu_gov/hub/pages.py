@@ -48,8 +48,8 @@ FLASH_COOKIE = "gpu-gov-flash"
 
 def server_lines(governor, now: datetime, user: str | None = None) -> list[dict]:
     """The running servers as the dashboard shows them (GPU-holding ones flagged); ``user``:
-    theirs only (a user's page: each line is a listing, ~0.03 ms a server, and building every
-    one to keep a user's held the event loop ~300 ms at 10,000 servers)."""
+    theirs only (a user's page: building every server's line to keep theirs held the event loop
+    in proportion to the hub, docs/benchmarks.md "Routes at 10,000 servers (wave 27)")."""
     lines = []
     pending_ext = {e.server_key for e in governor.extensions("pending")}
     for row in governor.known_servers(running_only=True):
@@ -172,9 +172,10 @@ class DashboardHandler(PageHandler):
             }
             for e in gov.extensions("pending")
         ]
-        # Rendered in a worker: a row of the table costs the template ~0.1 ms, and 10,000 GPU
-        # servers' held every report on the event loop for over a second. The lines are built
-        # here, on the loop, from the governor's state; the worker reads only them and copies.
+        # Rendered in a worker: a row a GPU server, the template held every report on the event
+        # loop for seconds at 10,000 (docs/benchmarks.md, "Routes at 10,000 servers (wave 27)").
+        # The lines are built here, on the loop, from the governor's state; the worker reads
+        # only them and copies.
         await self.render_page_in_worker(
             "dashboard.html",
             lines=shown,

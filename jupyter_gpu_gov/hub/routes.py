@@ -443,9 +443,10 @@ class MetricsHandler(ApiHandler):
         if not (self.is_admin or METRICS_SCOPE in self.scopes):
             raise web.HTTPError(403, f"this needs the {METRICS_SCOPE} scope")
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        # Written in a worker: a series per server is 1.4 MB at 10,000 servers, and writing it
-        # held every report on the event loop for ~230 ms each scrape (the registry's metrics
-        # take their own locks; ``exposition`` waits out a rebuild).
+        # Written in a worker: with a series per server, writing it held every report on the
+        # event loop for a time in proportion to the hub (docs/benchmarks.md, "Routes at 10,000
+        # servers (wave 27)"). The registry's metrics take their own locks; ``exposition``
+        # waits out a rebuild.
         loop = asyncio.get_running_loop()
         self.finish(await loop.run_in_executor(None, metrics.exposition))
 
