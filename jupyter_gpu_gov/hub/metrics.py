@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter as Tally
 from collections.abc import Iterable
 from contextlib import suppress
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..core.vocabulary import STATES
 
 REGISTRY = CollectorRegistry()
+# Held while gauges are rebuilt (cleared, then set again) and while a scrape is written: the
+# scrape is written in a worker thread (``routes.MetricsHandler``), and without it could read a
+# team's series between their clear and their set, as missing.
+REBUILDING = threading.Lock()
+
+
+def exposition() -> bytes:
+    """The registry in Prometheus' text format, never in the middle of a rebuild (a worker's)."""
+    with REBUILDING:
+        return generate_latest(REGISTRY)
+
 
 SERVERS = Gauge(
     "jupyter_gpu_gov_servers",
@@ -172,14 +184,15 @@ class StateGauges:
             by_state[state] += len(members)
         for state in STATES:
             SERVERS.labels(state).set(by_state.get(state, 0))
-        TEAM_SERVERS.clear()
-        TEAM_GPUS.clear()
-        for group, members in sorted(self._groups.items()):
-            total = self._sums.get(group)
-            if total is None:
-                total = self._sums[group] = math.fsum(members.values())
-            TEAM_SERVERS.labels(*group).set(len(members))
-            TEAM_GPUS.labels(*group).set(total)
+        with REBUILDING:
+            TEAM_SERVERS.clear()
+            TEAM_GPUS.clear()
+            for group, members in sorted(self._groups.items()):
+                total = self._sums.get(group)
+                if total is None:
+                    total = self._sums[group] = math.fsum(members.values())
+                TEAM_SERVERS.labels(*group).set(len(members))
+                TEAM_GPUS.labels(*group).set(total)
         # Only the series that moved: labels() is not free (docs/benchmarks.md, "Performance
         # measures, one place each").
         for labels, value in self._moved.items():
@@ -211,7 +224,10 @@ SERVERS_GPU_UNKNOWN = Gauge(
 
 def observe_gpu_health(problems: Iterable[tuple], flagged: int) -> None:
     """``problems``: (node, gpu index, uuid, Health, source) of each GPU that is not healthy."""
-    GPU_UNHEALTHY.clear()  # a handful of series at most: rebuilt each pass
-    for node, index, uuid, checked, source in problems:
-        GPU_UNHEALTHY.labels(node, index, uuid, checked.status, checked.action or "", source).set(1)
+    problems = list(problems)  # read before the lock: a scrape waits for the rebuild alone
+    with REBUILDING:
+        GPU_UNHEALTHY.clear()  # a handful of series at most: rebuilt each pass
+        for node, index, uuid, checked, source in problems:
+            labels = (node, index, uuid, checked.status, checked.action or "", source)
+            GPU_UNHEALTHY.labels(*labels).set(1)
     SERVERS_GPU_UNKNOWN.set(flagged)

@@ -19,6 +19,7 @@ How a page is rendered (templates, times in the reader's clock, errors) is
 from __future__ import annotations
 
 import asyncio
+import copy
 from datetime import datetime, timedelta
 from itertools import islice
 from urllib.parse import urlencode
@@ -45,11 +46,15 @@ EXEMPT_CHOICES = ("1h", "8h", "1d", "3d", "7d")
 FLASH_COOKIE = "gpu-gov-flash"
 
 
-def server_lines(governor, now: datetime) -> list[dict]:
-    """The running servers as the dashboard shows them (GPU-holding ones flagged)."""
+def server_lines(governor, now: datetime, user: str | None = None) -> list[dict]:
+    """The running servers as the dashboard shows them (GPU-holding ones flagged); ``user``:
+    theirs only (a user's page: building every server's line to keep theirs held the event loop
+    in proportion to the hub, docs/benchmarks.md "Routes at 10,000 servers (wave 27)")."""
     lines = []
     pending_ext = {e.server_key for e in governor.extensions("pending")}
     for row in governor.known_servers(running_only=True):
+        if user is not None and row.user != user:
+            continue
         view = governor.listing(row)
         gpu = view["gpu"] or {}
         session = governor.open_session(row.key)
@@ -109,7 +114,7 @@ class DashboardHandler(PageHandler):
     cost = COST_LISTING
 
     @web.authenticated
-    def get(self):
+    async def get(self):
         self.require_admin()
         gov = self.governor
         now = clock.utcnow()
@@ -146,12 +151,14 @@ class DashboardHandler(PageHandler):
             unit=gov.options.currency if use_cost else "GPU-h",
         )
 
+        desc = self.get_argument("desc", "")
+
         def sort_url(column: str) -> str:
             args = {k: v for k, v in filters.items() if v}
             if everything:
                 args["all"] = "1"
             args["sort"] = column
-            if column == sort and self.get_argument("desc", "") != "0":
+            if column == sort and desc != "0":
                 args["desc"] = "0"
             return "?" + urlencode(args)
 
@@ -165,7 +172,11 @@ class DashboardHandler(PageHandler):
             }
             for e in gov.extensions("pending")
         ]
-        self.render_page(
+        # Rendered in a worker: a row a GPU server, the template held every report on the event
+        # loop for seconds at 10,000 (docs/benchmarks.md, "Routes at 10,000 servers (wave 27)").
+        # The lines are built here, on the loop, from the governor's state; the worker reads
+        # only them and copies.
+        await self.render_page_in_worker(
             "dashboard.html",
             lines=shown,
             total=len(lines),
@@ -190,8 +201,9 @@ class DashboardHandler(PageHandler):
             message=self._flash(),
             last_cycle=gov.last_cycle,
             now=now,
-            gpu_health=gov.health_view(),
-            diagnosis=gov.diagnosis_summary(),  # the root causes' section (diagnosis.html)
+            gpu_health=copy.deepcopy(gov.health_view()),
+            # The root causes' section (diagnosis.html).
+            diagnosis=copy.deepcopy(gov.diagnosis_summary()),
             hints={**HINTS, IDLE: IDLE_HINT},
         )
 
@@ -372,7 +384,7 @@ class MyUsageHandler(PageHandler):
         me = self.current_user["name"]
         if self.is_admin and self.get_argument("user", ""):
             me = self.get_argument("user")  # admins may look at anyone's page
-        lines = [line for line in server_lines(gov, now) if line["user"] == me]
+        lines = server_lines(gov, now, user=me)
         since = showback.days_back(30, now)
         gov.flush_usage()
         sessions = gov.usage_sessions(since=since, user=me)

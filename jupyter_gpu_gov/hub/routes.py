@@ -13,7 +13,7 @@ import math
 from collections.abc import Awaitable, Iterator
 from itertools import islice
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
 
 from ..core import clock
@@ -439,11 +439,16 @@ class MetricsHandler(ApiHandler):
     """``GET metrics``: Prometheus, for governor admins or tokens with ``read:metrics``."""
 
     @web.authenticated
-    def get(self):
+    async def get(self):
         if not (self.is_admin or METRICS_SCOPE in self.scopes):
             raise web.HTTPError(403, f"this needs the {METRICS_SCOPE} scope")
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(generate_latest(metrics.REGISTRY))
+        # Written in a worker: with a series per server, writing it held every report on the
+        # event loop for a time in proportion to the hub (docs/benchmarks.md, "Routes at 10,000
+        # servers (wave 27)"). The registry's metrics take their own locks; ``exposition``
+        # waits out a rebuild.
+        loop = asyncio.get_running_loop()
+        self.finish(await loop.run_in_executor(None, metrics.exposition))
 
 
 class InfoHandler(ApiHandler):
