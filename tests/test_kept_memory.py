@@ -4,6 +4,7 @@ every table that shares them bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -178,3 +179,89 @@ def test_a_server_row_reads_back_as_it_was_saved(tmp_path):
     assert again.server("nobody/") is None
     with pytest.raises(TypeError, match="no column"):
         ServerRow(key="x/", colour="red")
+
+
+def test_a_running_servers_metric_series_is_kept_small():
+    """``jupyter_gpu_gov_server_gpu_equivalents`` has a series a running server: with the
+    figures ``StateGauges`` keeps to publish it, under 600 bytes a server (a
+    ``prometheus_client.Gauge`` kept a child a series, with its own value and lock: ~1.1 kB;
+    docs/benchmarks.md, "Issue 26, wave 27"), and scraped with each server's labels and
+    value until it stops."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from jupyter_gpu_gov.hub import metrics
+
+    servers = 2000
+    rows = [
+        SimpleNamespace(user=f"sized{i:05d}", name="", team="vision", project="p", tier="h100")
+        for i in range(servers)
+    ]
+    gauges = metrics.StateGauges()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n, state in enumerate(("idle", "active", "idle")):  # three passes
+            for row in rows:
+                seen = SimpleNamespace(**vars(row), state=state)
+                gauges.set(f"{row.user}/", seen, 1.0 + n, ("jhub", f"jupyter-{row.user}"))
+            gauges.publish()
+        gc.collect()
+        held = (tracemalloc.get_traced_memory()[0] - before) / servers
+    finally:
+        tracemalloc.stop()
+    assert held < 600
+
+    def scraped() -> dict:
+        name = "jupyter_gpu_gov_server_gpu_equivalents"
+        return {
+            s.labels["user"]: (s.labels["pod"], s.value)
+            for family in metrics.REGISTRY.collect()
+            if family.name == name
+            for s in family.samples
+            if s.labels["user"].startswith("sized")
+        }
+
+    assert scraped() == {row.user: (f"jupyter-{row.user}", 3.0) for row in rows}
+    for row in rows:
+        gauges.drop(f"{row.user}/")
+    gauges.publish()
+    assert scraped() == {}
+
+
+def test_the_servers_series_reads_as_a_prometheus_gauge():
+    """The series the service serves (``metrics.ServerSeries``) scrape as a
+    ``prometheus_client.Gauge`` of the same name and labels does after the same sets and
+    removals: values, label values made text, and order."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    from jupyter_gpu_gov.hub.metrics import ServerSeries
+
+    gauge_registry, series_registry = CollectorRegistry(), CollectorRegistry()
+    gauge = Gauge(
+        ServerSeries.NAME, ServerSeries.DOCUMENTATION, ServerSeries.LABELS, registry=gauge_registry
+    )
+    series = ServerSeries()
+    series_registry.register(series)
+    assert generate_latest(series_registry) == generate_latest(gauge_registry)
+    rng = random.Random(3)
+    labels = [
+        (f"u{i}", "" if i % 3 else "gpu", "team", "", None if i % 7 == 0 else "h100", f"p{i}", "ns")
+        for i in range(50)
+    ]
+    for step in range(2000):
+        chosen = rng.choice(labels)
+        if rng.random() < 0.3:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*chosen)
+            series.remove(chosen)
+        else:
+            value = rng.choice([0, 1, 0.5, 2.25, 1e-9])
+            gauge.labels(*chosen).set(value)
+            series.set(chosen, value)
+        if step % 50 == 0:
+            assert generate_latest(series_registry) == generate_latest(gauge_registry)
+    assert generate_latest(series_registry) == generate_latest(gauge_registry)
