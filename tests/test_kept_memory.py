@@ -151,6 +151,41 @@ def test_the_strings_shared_across_reports_and_keys_stay_bounded(monkeypatch):
     assert vocabulary.server_key("user9", "gpu") is vocabulary.server_key("user9", "gpu")
 
 
+def test_the_sections_servers_send_alike_are_kept_once_across_reports(monkeypatch):
+    """A kernel without a GPU context sends the ``gpu`` object every other one does, an idle
+    one often the same ``cpu``, most servers the same empty ``checkpoint``: one object each
+    across reports (docs/benchmarks.md, "Issue 26, wave 27"), yet each report reads as sent,
+    types and zeros' signs included, and the table that shares them stays bounded."""
+    monkeypatch.setattr(ingest, "_FLEET_SECTIONS", {}, raising=False)
+    alice, bob = compact_report(_received("alice", 0)), compact_report(_received("bob", 2))
+    assert alice["targets"][1]["gpu"] is bob["targets"][1]["gpu"]  # idle, no GPU context
+    assert alice["targets"][1]["cpu"] is bob["targets"][2]["cpu"]
+    assert alice["checkpoint"] is bob["checkpoint"]
+    # A GPU's UUID, a time: the server's own.
+    assert (
+        alice["targets"][0]["gpu"] is not compact_report(_received("alice", 0))["targets"][0]["gpu"]
+    )
+    # Equal in JSON's eyes is not the same JSON: 0, 0.0, -0.0 and false are each kept as sent.
+    cpus = [
+        {"cores": 0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": 0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": -0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": False, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": 0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60.0},
+        {"cores": float("nan"), "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": 0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+    ]
+    for cpu in cpus * 2:
+        sent = {"targets": [{"kind": "kernel", "cpu": cpu}]}
+        kept = compact_report(sent)
+        assert _identical(kept.to_json(), sent) or math.isnan(cpu["cores"])
+        assert _reads_as(kept, sent) or math.isnan(cpu["cores"])
+    monkeypatch.setattr(ingest, "FLEET_SECTIONS_KEPT", 3)
+    for n in range(10):
+        kept = compact_report({"targets": [{"cpu": {"cores": float(n), "seconds": 60}}]})
+        assert kept["targets"][0]["cpu"]["cores"] == n and len(ingest._FLEET_SECTIONS) <= 3
+
+
 def test_a_server_row_reads_back_as_it_was_saved(tmp_path):
     """The governor's rows are plain objects the store writes and reads with Core statements:
     every column back as it was written, and a new row's unset columns take their defaults."""
