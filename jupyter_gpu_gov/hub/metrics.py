@@ -107,7 +107,7 @@ class ServerSeries:
     """``jupyter_gpu_gov_server_gpu_equivalents``: a gauge with one series per running server,
     read as a ``Gauge`` with these labels reads, from a dict of each series' labels and value.
     A ``Gauge`` kept a child a series (its ``__dict__``, a value with its own lock): about
-    0.5 kB a server, 5 MB at 10,000 (docs/benchmarks.md, "Issue 26, wave 27: memory")."""
+    0.65 kB a server, 6 MB at 10,000 (docs/benchmarks.md, "Issue 26, wave 27: memory")."""
 
     NAME = "jupyter_gpu_gov_server_gpu_equivalents"
     DOCUMENTATION = (
@@ -145,7 +145,8 @@ def _texts(labels: tuple) -> tuple[str, ...]:
 
 
 SERVER_INFO = ServerSeries()
-REGISTRY.register(SERVER_INFO)
+REGISTRY.register(SERVER_INFO)  # where the Gauge was: /metrics lists the same order
+
 TEAM_GPUS = Gauge(
     "jupyter_gpu_gov_team_gpu_equivalents",
     "GPU-equivalents held by running servers, by team and governor state",
