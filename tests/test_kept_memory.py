@@ -4,6 +4,7 @@ every table that shares them bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -150,6 +151,41 @@ def test_the_strings_shared_across_reports_and_keys_stay_bounded(monkeypatch):
     assert vocabulary.server_key("user9", "gpu") is vocabulary.server_key("user9", "gpu")
 
 
+def test_the_sections_servers_send_alike_are_kept_once_across_reports(monkeypatch):
+    """A kernel without a GPU context sends the ``gpu`` object every other one does, an idle
+    one often the same ``cpu``, most servers the same empty ``checkpoint``: one object each
+    across reports (docs/benchmarks.md, "Issue 26, wave 27"), yet each report reads as sent,
+    types and zeros' signs included, and the table that shares them stays bounded."""
+    monkeypatch.setattr(ingest, "_FLEET_SECTIONS", {}, raising=False)
+    alice, bob = compact_report(_received("alice", 0)), compact_report(_received("bob", 2))
+    assert alice["targets"][1]["gpu"] is bob["targets"][1]["gpu"]  # idle, no GPU context
+    assert alice["targets"][1]["cpu"] is bob["targets"][2]["cpu"]
+    assert alice["checkpoint"] is bob["checkpoint"]
+    # A GPU's UUID, a time: the server's own.
+    assert (
+        alice["targets"][0]["gpu"] is not compact_report(_received("alice", 0))["targets"][0]["gpu"]
+    )
+    # Equal in JSON's eyes is not the same JSON: 0, 0.0, -0.0 and false are each kept as sent.
+    cpus = [
+        {"cores": 0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": 0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": -0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": False, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": 0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60.0},
+        {"cores": float("nan"), "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+        {"cores": 0.0, "iowait": 0.0, "read_mb_s": 0.0, "seconds": 60},
+    ]
+    for cpu in cpus * 2:
+        sent = {"targets": [{"kind": "kernel", "cpu": cpu}]}
+        kept = compact_report(sent)
+        assert _identical(kept.to_json(), sent) or math.isnan(cpu["cores"])
+        assert _reads_as(kept, sent) or math.isnan(cpu["cores"])
+    monkeypatch.setattr(ingest, "FLEET_SECTIONS_KEPT", 3)
+    for n in range(10):
+        kept = compact_report({"targets": [{"cpu": {"cores": float(n), "seconds": 60}}]})
+        assert kept["targets"][0]["cpu"]["cores"] == n and len(ingest._FLEET_SECTIONS) <= 3
+
+
 def test_a_server_row_reads_back_as_it_was_saved(tmp_path):
     """The governor's rows are plain objects the store writes and reads with Core statements:
     every column back as it was written, and a new row's unset columns take their defaults."""
@@ -178,3 +214,89 @@ def test_a_server_row_reads_back_as_it_was_saved(tmp_path):
     assert again.server("nobody/") is None
     with pytest.raises(TypeError, match="no column"):
         ServerRow(key="x/", colour="red")
+
+
+def test_a_running_servers_metric_series_is_kept_small():
+    """``jupyter_gpu_gov_server_gpu_equivalents`` has a series a running server: with the
+    figures ``StateGauges`` keeps to publish it, under 600 bytes a server (a
+    ``prometheus_client.Gauge`` kept a child a series, with its own value and lock: ~1.1 kB;
+    docs/benchmarks.md, "Issue 26, wave 27"), and scraped with each server's labels and
+    value until it stops."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from jupyter_gpu_gov.hub import metrics
+
+    servers = 2000
+    rows = [
+        SimpleNamespace(user=f"sized{i:05d}", name="", team="vision", project="p", tier="h100")
+        for i in range(servers)
+    ]
+    gauges = metrics.StateGauges()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n, state in enumerate(("idle", "active", "idle")):  # three passes
+            for row in rows:
+                seen = SimpleNamespace(**vars(row), state=state)
+                gauges.set(f"{row.user}/", seen, 1.0 + n, ("jhub", f"jupyter-{row.user}"))
+            gauges.publish()
+        gc.collect()
+        held = (tracemalloc.get_traced_memory()[0] - before) / servers
+    finally:
+        tracemalloc.stop()
+    assert held < 600
+
+    def scraped() -> dict:
+        name = "jupyter_gpu_gov_server_gpu_equivalents"
+        return {
+            s.labels["user"]: (s.labels["pod"], s.value)
+            for family in metrics.REGISTRY.collect()
+            if family.name == name
+            for s in family.samples
+            if s.labels["user"].startswith("sized")
+        }
+
+    assert scraped() == {row.user: (f"jupyter-{row.user}", 3.0) for row in rows}
+    for row in rows:
+        gauges.drop(f"{row.user}/")
+    gauges.publish()
+    assert scraped() == {}
+
+
+def test_the_servers_series_reads_as_a_prometheus_gauge():
+    """The series the service serves (``metrics.ServerSeries``) scrape as a
+    ``prometheus_client.Gauge`` of the same name and labels does after the same sets and
+    removals: values, label values made text, and order."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    from jupyter_gpu_gov.hub.metrics import ServerSeries
+
+    gauge_registry, series_registry = CollectorRegistry(), CollectorRegistry()
+    gauge = Gauge(
+        ServerSeries.NAME, ServerSeries.DOCUMENTATION, ServerSeries.LABELS, registry=gauge_registry
+    )
+    series = ServerSeries()
+    series_registry.register(series)
+    assert generate_latest(series_registry) == generate_latest(gauge_registry)
+    rng = random.Random(3)
+    labels = [
+        (f"u{i}", "" if i % 3 else "gpu", "team", "", None if i % 7 == 0 else "h100", f"p{i}", "ns")
+        for i in range(50)
+    ]
+    for step in range(2000):
+        chosen = rng.choice(labels)
+        if rng.random() < 0.3:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*chosen)
+            series.remove(chosen)
+        else:
+            value = rng.choice([0, 1, 0.5, 2.25, 1e-9])
+            gauge.labels(*chosen).set(value)
+            series.set(chosen, value)
+        if step % 50 == 0:
+            assert generate_latest(series_registry) == generate_latest(gauge_registry)
+    assert generate_latest(series_registry) == generate_latest(gauge_registry)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..core import clock
 from ..core.vocabulary import server_key
-from ..core.wire import Report, Wire, report_words
+from ..core.wire import CheckpointState, Report, TargetCpu, TargetGpu, Wire, report_words
 from .checkpoints import reported_checkpoint
 from .diagnosis_windows import trusted_node
 from .evidence import Received
@@ -197,6 +197,8 @@ def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
             else:
                 value = _compact_list(value, seen, depth + 1)
         values.append(value)
+    if kind in _FLEET_KINDS:
+        return _fleet_section(kind, values)
     return kind(*values)
 
 
@@ -253,6 +255,38 @@ def _fleet_word(value: str) -> str:
     return shared
 
 
+def _fleet_section(kind: type[Section], values: list) -> Section:
+    """The one section of ``kind`` with these values across reports (a kernel without a GPU
+    context sends the same ``gpu`` object as every other, an idle one often the same ``cpu``,
+    most servers the same empty ``checkpoint``), where each value is one a JSON object could
+    hold equal to another's only if the same: ``None``, a boolean, a number but ``-0.0`` and
+    NaN (the key holds the values' types, so 0, 0.0 and ``false`` differ), an empty list, a
+    word of the wire's (``core.wire.report_words``: a state, a confidence). A section with a
+    time, a UUID, a list or a free-form object is the report's own. Sections are read-only,
+    so sharing one is reading it; the first ``FLEET_SECTIONS_KEPT`` kept, then forgotten all
+    at once and learnt again, as ``_fleet_word``'s."""
+    for value in values:
+        kind_of = type(value)
+        if kind_of is float:
+            if value != value or (not value and value is not _ZERO):  # NaN, -0.0
+                return kind(*values)
+        elif kind_of is str:
+            if _WORDS.get(value) is not value:  # a time, a UUID: this server's own
+                return kind(*values)
+        elif kind_of is tuple:
+            if value:
+                return kind(*values)
+        elif kind_of not in _PLAIN:
+            return kind(*values)
+    key = (kind, *values, *map(type, values))
+    shared = _FLEET_SECTIONS.get(key)
+    if shared is None:
+        if len(_FLEET_SECTIONS) >= FLEET_SECTIONS_KEPT:
+            _FLEET_SECTIONS.clear()  # bounded, whatever servers send
+        shared = _FLEET_SECTIONS[key] = kind(*values)
+    return shared
+
+
 # Fields whose values most servers share: a device's and a target's name (the GPU's model,
 # "python3"), a MIG profile, the namespace; their values, one string each, the first
 # FLEET_WORDS_KEPT of them (then forgotten all at once and learnt again).
@@ -263,6 +297,12 @@ _FLEET_WORDS: dict[str, str] = {}
 
 _ZERO = 0.0
 _WORDS = report_words()
+
+# The sections many reports send alike, one object each across reports (``_fleet_section``).
+_FLEET_KINDS = frozenset(SECTIONS[wire] for wire in (TargetGpu, TargetCpu, CheckpointState))
+_PLAIN = frozenset((type(None), bool, int, _Absent))
+FLEET_SECTIONS_KEPT = 4096
+_FLEET_SECTIONS: dict[tuple, Section] = {}
 
 
 def _holds_gpu(report: Mapping) -> bool:

@@ -6,9 +6,9 @@ import math
 import threading
 from collections import Counter as Tally
 from collections.abc import Iterable
-from contextlib import suppress
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 from ..core.vocabulary import STATES
 
@@ -113,14 +113,52 @@ TEAM_SERVERS = Gauge(
     ("team", "state"),
     registry=REGISTRY,
 )
-SERVER_INFO = Gauge(
-    "jupyter_gpu_gov_server_gpu_equivalents",
-    "GPU-equivalents each running server holds, with its ownership (join with dcgm-exporter "
-    "series on the pod, or on user and server). No state label: a series per server for its "
-    "whole life; states are counted in jupyter_gpu_gov_team_gpu_equivalents",
-    ("user", "server", "team", "project", "tier", "pod", "namespace"),
-    registry=REGISTRY,
-)
+
+
+class ServerSeries:
+    """``jupyter_gpu_gov_server_gpu_equivalents``: a gauge with one series per running server,
+    read as a ``Gauge`` with these labels reads, from a dict of each series' labels and value.
+    A ``Gauge`` kept a child a series (its ``__dict__``, a value with its own lock): about
+    0.65 kB a server, 6 MB at 10,000 (docs/benchmarks.md, "Issue 26, wave 27: memory")."""
+
+    NAME = "jupyter_gpu_gov_server_gpu_equivalents"
+    DOCUMENTATION = (
+        "GPU-equivalents each running server holds, with its ownership (join with dcgm-exporter "
+        "series on the pod, or on user and server). No state label: a series per server for its "
+        "whole life; states are counted in jupyter_gpu_gov_team_gpu_equivalents"
+    )
+    LABELS = ("user", "server", "team", "project", "tier", "pod", "namespace")
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, ...], float] = {}  # labels -> GPU-equivalents
+
+    def set(self, labels: tuple, value: float) -> None:
+        self._values[_texts(labels)] = float(value)
+
+    def remove(self, labels: tuple) -> None:
+        self._values.pop(_texts(labels), None)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.NAME, self.DOCUMENTATION, labels=self.LABELS)]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.NAME, self.DOCUMENTATION, labels=self.LABELS)
+        for labels, value in list(self._values.items()):
+            family.add_metric(labels, value)
+        return [family]
+
+
+def _texts(labels: tuple) -> tuple[str, ...]:
+    """Label values as a ``Gauge`` keeps them (``str`` of each); the tuple itself when they are
+    strings already, as a server's are, so the series shares it with ``StateGauges``."""
+    if all(type(value) is str for value in labels):
+        return labels
+    return tuple(map(str, labels))
+
+
+SERVER_INFO = ServerSeries()
+REGISTRY.register(SERVER_INFO)  # where the Gauge was: /metrics lists the same order
+
 TEAM_GPUS = Gauge(
     "jupyter_gpu_gov_team_gpu_equivalents",
     "GPU-equivalents held by running servers, by team and governor state",
@@ -152,8 +190,10 @@ class StateGauges:
         team, state = row.team or "", row.state  # each attribute read once: ORM rows
         namespace, name = pod
         labels = (row.user, row.name, team, row.project or "", row.tier or "", name, namespace)
-        entry = ((team, state), gpus, labels)
         old = self._each.get(key)
+        if old is not None and old[2] == labels:
+            labels = old[2]  # the tuple the series holds: one a server, not one a pass
+        entry = ((team, state), gpus, labels)
         if old == entry:
             return
         if old is not None:
@@ -197,10 +237,9 @@ class StateGauges:
         # measures, one place each").
         for labels, value in self._moved.items():
             if value is None:
-                with suppress(KeyError):  # already gone
-                    SERVER_INFO.remove(*labels)
+                SERVER_INFO.remove(labels)
             else:
-                SERVER_INFO.labels(*labels).set(value)
+                SERVER_INFO.set(labels, value)
         self._moved.clear()
 
 
