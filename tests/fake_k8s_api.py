@@ -1008,8 +1008,11 @@ class FakeKubernetes:
         if devices:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(d.uuid for d in devices)
         init = [
-            {
+            {  # what the client's model requires of a status, as the API server writes it
                 "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": f"local://{c.get('image', '')}",
+                "restartCount": 0,
                 "ready": False,
                 "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
             }
@@ -1389,7 +1392,13 @@ async def _after(seconds: float, then) -> None:
 def _terminated(pod: dict, code: int, message: str, init: list) -> None:
     pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
     pod["status"]["initContainerStatuses"] = init
-    for status in pod["status"].get("containerStatuses") or [{"name": "notebook"}]:
+    # A pod ended before its container started (deleted while starting) still has the status
+    # the API server writes for it: the client's model requires image, imageID, restartCount.
+    first = (pod.get("spec", {}).get("containers") or [{}])[0]
+    image = first.get("image", "")
+    never = {"name": first.get("name", "notebook"), "image": image, "imageID": "",
+             "restartCount": 0}  # fmt: skip
+    for status in pod["status"].get("containerStatuses") or [never]:
         status.update(
             ready=False,
             state={"terminated": {"exitCode": code, "reason": "Error" if code else "Completed",
