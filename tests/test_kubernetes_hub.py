@@ -11,6 +11,7 @@ file with test timers (seconds, not hours). One test-only team, "interns", borro
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -70,6 +71,14 @@ def k8s(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub(k8s, tmp_path_factory):
+    with z2jh_hub(k8s, tmp_path_factory) as harness:
+        yield harness
+
+
+@contextlib.contextmanager
+def z2jh_hub(k8s: FakeKubernetes, tmp_path_factory, extra_config: str = ""):
+    """The chart's hub on ``k8s``, the documented values with the test's (``extra_config``:
+    more of the hub's configuration), its admin and team vision set up."""
     work = tmp_path_factory.mktemp("hub")
     root = work / "z2jh"
     governor_port = free_port()
@@ -97,7 +106,7 @@ def hub(k8s, tmp_path_factory):
                 },
                 "extraConfig": {
                     "zz-test-harness": z2jh.as_extra_config(harness_config),
-                    "zz-test-k8s": TEST_CONFIG.format(api=k8s.url),
+                    "zz-test-k8s": TEST_CONFIG.format(api=k8s.url) + extra_config,
                 },
             },
             # The kubelet here runs as root: the server must be told it may.
