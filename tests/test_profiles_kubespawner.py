@@ -1478,3 +1478,17 @@ async def test_a_start_from_the_line_that_fails_keeps_its_place(
     ben.clear_state()
     await hub.started(ben, dict(queued.options)).start()  # its next turn starts it
     assert pod_api[ben._log_name].status.phase == "Running" and waiting_requests(hub.db) == []
+
+
+async def test_a_stop_the_api_fails_for_a_while_still_deletes_the_pod(hub, cluster, pod_api):
+    """KubeSpawner raised at the first 5xx of a pod delete; JupyterHub then records the server
+    stopped (``User.stop``) and the pod, with its GPU, runs on for nobody to delete. The delete
+    is tried again, as KubeSpawner tries a request that timed out."""
+    hub.user("alice", "vision")
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100"})
+    await alice.start()
+    failing = cluster.fail("DELETE", r"/pods/jupyter-alice$", code=503, times=2)
+
+    await alice.stop(now=True)
+
+    assert failing.hits == 2 and alice._log_name not in pod_api

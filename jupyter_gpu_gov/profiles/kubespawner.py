@@ -256,6 +256,26 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
             "few minutes, and tell your hub admin if it goes on."
         )
 
+    async def _make_delete_pod_request(self, pod_name, delete_options, grace, request_timeout):
+        # KubeSpawner retries a delete only when its request times out: a 5xx, a 429 or a
+        # dropped connection raised at once, and JupyterHub then records the server stopped
+        # (``User.stop``) with its pod, and its GPU, left running for nobody to delete. Tried
+        # again like a timeout, within ``k8s_api_request_retry_timeout``.
+        try:
+            return await super()._make_delete_pod_request(
+                pod_name, delete_options, grace, request_timeout
+            )
+        except (ApiException, aiohttp.ClientError) as error:
+            if isinstance(error, ApiException) and error.status < 500 and error.status != 429:
+                raise
+            self.log.warning(
+                "gpu-gov: deleting pod %s/%s failed (%s); trying again",
+                self.namespace,
+                pod_name,
+                kubernetes_failure(error),
+            )
+            return False
+
     def get_env(self):
         env = super().get_env()
         if not self.gpu_grant:
