@@ -9,6 +9,9 @@ on chosen paths (an error status, a slow answer).
   409, then a delete and a create): the server is counted once, and the other card stays free.
 - A start from the line whose pod the API will not create keeps its place, and starts from the
   line once the API is back.
+- An admin's cull whose pod delete the API fails goes on being tried while the governor culls
+  another server, and deletes the pod once the API answers (KubeSpawner gave up at the first 5xx,
+  and JupyterHub recorded the server stopped with its pod running).
 
 The cluster: 2 H100s. Only vera, vic and ivan are spared the test timers' idle culls.
 """
@@ -37,7 +40,8 @@ def k8s(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub(k8s, tmp_path_factory):
-    with z2jh_hub(k8s, tmp_path_factory, "c.GpuProfiles.queue = True\n") as harness:
+    extra = "c.GpuProfiles.queue = True\nc.KubeSpawner.k8s_api_request_retry_timeout = 120\n"
+    with z2jh_hub(k8s, tmp_path_factory, extra) as harness:
         yield harness
 
 
@@ -138,3 +142,24 @@ def test_a_start_from_the_line_the_api_fails_keeps_its_place(hub, k8s):
     assert pod_of(k8s, "vera")["status"]["phase"] == "Running" and "vera" not in queue_line(hub)
     actions = gov.actions("vera/")
     assert actions.count("queue-start") == 2 and actions.count("queue-started") == 1  # one wait
+
+
+def test_a_cull_the_api_fails_for_a_while_holds_nothing_up_and_deletes_the_pod_after(hub, k8s):
+    for user in ("vic", "vera"):
+        if not running(hub, user):
+            hub.start_server(user, options=H100)
+    gov = Gov(hub)
+    failing = k8s.fail("DELETE", r"/pods/jupyter-vic$", code=503)
+    cull = {"reason": "node maintenance", "immediately": True}
+    assert gov.admin("POST", "users/vic/server/cull", json=cull).status_code == 200
+    wait(lambda: failing.hits >= 2, 60, "the Hub's stop of vic to try the delete again")
+
+    # Meanwhile the governor goes on: vera's cull is carried out, her pod deleted.
+    assert gov.admin("POST", "users/vera/server/cull", json=cull).status_code == 200
+    wait(lambda: pod_of(k8s, "vera") is None, 60, "vera's pod to go while vic's delete fails")
+    assert pod_of(k8s, "vic") is not None
+
+    k8s.clear_faults()  # the API answers: vic's pod goes, and the Hub has vic stopped
+    wait(lambda: pod_of(k8s, "vic") is None, 90, "vic's pod to go once the API answers")
+    wait(lambda: not running(hub, "vic"), 60, "the Hub to have vic stopped")
+    assert "cull" in gov.actions("vic/") and "cull" in gov.actions("vera/")

@@ -305,6 +305,8 @@ def test_a_borrowed_server_is_reclaimed(hub, gov, k8s):
     refused = progress(hub, "vic", "being taken back")[-1]
     assert "Team vision is within its guarantee" in refused and "being taken back" in refused
     wait(lambda: pod_of(k8s, "ivan") is None, 90, "the borrowed pod to be deleted")
+    # The Hub's stop ends once KubeSpawner's watch sees the pod gone: ivan's grant goes then.
+    wait(lambda: not hub.api("GET", "users/ivan").json()["servers"], 60, "ivan's stop to end")
     actions = audit_actions(gov, "ivan/")
     assert "reclaim-warn" in actions and "cull" in actions
     assert pod_of(k8s, "vera")["status"]["phase"] == "Running"  # within the guarantee: kept

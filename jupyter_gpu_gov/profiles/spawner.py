@@ -259,7 +259,10 @@ class GpuProfilesMixin:
             return await super().start()
         except Exception as error:
             self._gpu_back_in_line(waiting)
-            raise self.gpu_start_failed(error) from error
+            failed = self.gpu_start_failed(error)
+            if failed is error:
+                raise
+            raise failed from error
 
     def gpu_start_failed(self, error: Exception) -> Exception:
         """The error the user reads when the spawner could not start the admitted server
