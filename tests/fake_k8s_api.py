@@ -38,6 +38,13 @@ probe, as KubeSpawner's pods have none); the Hub then waits for the server to an
 cluster. Deleting a pod sends SIGTERM, then SIGKILL after the grace period, and removes it.
 A process that exits leaves its pod Succeeded or Failed with the exit code.
 
+Faults, on chosen paths (``fail``; ``clear_faults``): an error answer (500 InternalError, 409
+Conflict, 503, ... as a ``Status``), a slow answer (the request is carried out, then answered
+``seconds`` later: a client that gave up meanwhile finds its create done when it retries), a
+dropped connection before anything is done, or after the request was carried out (its answer
+lost); each for the next ``times`` requests that match, or until cleared. They apply to the
+API, ``/dcgm/...`` and ``/prometheus/...``; a fault's ``hits`` counts the requests it met.
+
 The device plugin: whole GPUs and MIG slices of a node are devices with UUIDs; a pod's
 container gets ``NVIDIA_VISIBLE_DEVICES`` with its devices' UUIDs, and ``/dcgm/<node>/metrics``
 answers as dcgm-exporter with pod attribution does, with each device's utilisation set by
@@ -312,6 +319,32 @@ def cpu_node(name: str, *, labels: Mapping[str, str] | None = None) -> dict:
 # -- the server ---------------------------------------------------------------------------------
 
 
+FAULT_KINDS = ("error", "slow", "drop", "drop-after")
+
+
+@dataclass
+class Fault:
+    """What requests matching ``method`` (``*``: any) and ``path`` (a regular expression
+    searched in the request's path) meet: see the module docstring."""
+
+    method: str
+    path: str
+    kind: str = "error"
+    code: int = 500
+    reason: str = "InternalError"
+    message: str = 'an error on the server ("injected") has prevented the request'
+    seconds: float = 0.0  # slow: how long before the answer
+    times: int | None = None  # None: until cleared
+    hits: int = 0
+
+    def matches(self, method: str, path: str) -> bool:
+        return (
+            self.method in ("*", method)
+            and re.search(self.path, path) is not None
+            and (self.times is None or self.hits < self.times)
+        )
+
+
 @dataclass
 class Watcher:
     plural: str
@@ -349,6 +382,7 @@ class FakeKubernetes:
         self.rejected: list[ApiError] = []
         self.forbidden: set[str] = set()  # collections the client's RBAC does not allow
         self.forbidden_cluster_wide: set[str] = set()  # ... but in a namespace
+        self.faults: list[Fault] = []  # see ``fail``
         self.devices: dict[str, list[Device]] = {}
         self.processes: dict[tuple[str, str], subprocess.Popen] = {}
         self._rv = itertools.count(1000)
@@ -472,6 +506,27 @@ class FakeKubernetes:
             if e["involvedObject"]["kind"] == "Pod" and e["involvedObject"]["name"] == pod
         ]
         return sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"]))
+
+    def fail(self, method: str, path: str, kind: str = "error", **how) -> Fault:
+        """Make the requests matching ``method`` and ``path`` fail as ``kind`` says (the
+        module docstring); the first matching fault wins. Returns it (``hits`` counts)."""
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"kind must be one of {FAULT_KINDS}")
+        fault = Fault(method, path, kind, **how)
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self.faults.clear()
+
+    def _fault_for(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            fault = next((f for f in self.faults if f.matches(method, path)), None)
+            if fault is not None:
+                fault.hits += 1
+            return fault
 
     def add_node(self, node: dict) -> None:
         self.call(self._create, "nodes", None, copy.deepcopy(node))
@@ -954,8 +1009,11 @@ class FakeKubernetes:
         if devices:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(d.uuid for d in devices)
         init = [
-            {
+            {  # what the client's model requires of a status, as the API server writes it
                 "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": f"local://{c.get('image', '')}",
+                "restartCount": 0,
                 "ready": False,
                 "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
             }
@@ -1041,7 +1099,46 @@ class FakeKubernetes:
         api = self
         path = r"/api/v1(?:/namespaces/([^/]+))?/([a-z]+)(?:/([^/]+))?/?"
 
-        class Handler(web.RequestHandler):
+        class Faulty(web.RequestHandler):
+            """A request meets its fault (``fail``) before its handler runs; one whose answer
+            is to be lost is carried out, then its connection closed."""
+
+            _lose_answer = False
+            _late: float | None = None  # a slow answer: seconds to hold it back
+
+            async def prepare(self):
+                fault = api._fault_for(self.request.method, self.request.path)
+                if fault is None:
+                    return
+                if fault.kind == "slow":
+                    self._late = fault.seconds
+                elif fault.kind == "drop":
+                    self._drop()
+                elif fault.kind == "drop-after":
+                    self._lose_answer = True
+                else:
+                    self.set_status(fault.code)
+                    self.set_header("Content-Type", "application/json")
+                    error = ApiError(fault.code, fault.reason, fault.message)
+                    self.finish(json.dumps(error.status()))
+
+            def _drop(self):
+                self.request.connection.stream.close()
+                self._finished = True  # nothing more is written, nor the handler run
+
+            def finish(self, chunk=None):
+                if self._lose_answer:
+                    return self._drop()
+                if self._late is not None:  # carried out now, answered later (once)
+                    delay, self._late = self._late, None
+                    self._held_back = True
+                    later = super().finish
+                    return asyncio.ensure_future(_after(delay, lambda: later(chunk)))
+                if getattr(self, "_held_back", False):
+                    return None  # tornado's own finish after the handler: the answer waits
+                return super().finish(chunk)
+
+        class Handler(Faulty):
             def check_xsrf_cookie(self):
                 pass
 
@@ -1222,12 +1319,12 @@ class FakeKubernetes:
                 except ApiError as error:
                     self._fail(error)
 
-        class Dcgm(web.RequestHandler):
+        class Dcgm(Faulty):
             def get(self, node):
                 self.set_header("Content-Type", "text/plain; version=0.0.4")
                 self.finish(api._dcgm_text(node))
 
-        class Prometheus(web.RequestHandler):
+        class Prometheus(Faulty):
             """``/prometheus/api/v1/query`` for ``{__name__=~"A|B"[,label="v"|=~"re"]...}``: the
             exporters' series as Prometheus keeps them when it scrapes dcgm-exporter (the GPU
             operator's job) with ``honorLabels: true``."""
@@ -1296,10 +1393,22 @@ class FakeKubernetes:
         return "\n".join(lines) + "\n"
 
 
+async def _after(seconds: float, then) -> None:
+    await asyncio.sleep(seconds)
+    with contextlib.suppress(Exception):  # the client gave up meanwhile
+        await then()
+
+
 def _terminated(pod: dict, code: int, message: str, init: list) -> None:
     pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
     pod["status"]["initContainerStatuses"] = init
-    for status in pod["status"].get("containerStatuses") or [{"name": "notebook"}]:
+    # A pod ended before its container started (deleted while starting) still has the status
+    # the API server writes for it: the client's model requires image, imageID, restartCount.
+    first = (pod.get("spec", {}).get("containers") or [{}])[0]
+    image = first.get("image", "")
+    never = {"name": first.get("name", "notebook"), "image": image, "imageID": "",
+             "restartCount": 0}  # fmt: skip
+    for status in pod["status"].get("containerStatuses") or [never]:
         status.update(
             ready=False,
             state={"terminated": {"exitCode": code, "reason": "Error" if code else "Completed",

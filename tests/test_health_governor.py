@@ -27,6 +27,7 @@ from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
 from jupyter_gpu_gov.hub.health import HealthOptions
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
+from jupyter_gpu_gov.hub.people import ClaimHeld
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
 
@@ -473,3 +474,61 @@ async def test_a_node_is_cordoned_only_once_its_audit_is_on_record(tmp_path, htt
         await gov.background_done()
         (audit,) = [a for a in gov.store.audit_rows() if a.action.startswith("node-")]
         assert audit.action == "node-cordon" and len(http.patches) == 1
+
+
+ECC_GPU = "GPU-7a1c9e52-2d4b-4f8e-a613-0b9c4d2e8f71"  # GPU 1 of gpu-node-7: XID 48, 2 DBE errors
+HEALTHY_GPU = "GPU-e92f5b08-1a7c-4d63-b0e4-38d6c1a7f925"  # GPU 3 of gpu-node-7
+
+
+async def test_an_admin_dismisses_a_false_claim_until_new_evidence(tmp_path, http):
+    """An admin who checked the cards dismisses DCGM's claims: they leave the listing, the alert
+    metric and the node's label, and stay gone while DCGM says the same; a new XID brings the
+    claim back. A card a running server is on, one without a claim, an unknown one: refused,
+    nothing changed."""
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        gov = await stack.enter_async_context(
+            governed(
+                hub,
+                tmp_path,
+                f"{http.base}/metrics",
+                node_action="label",
+                kubernetes_api_url=http.base,
+                kubernetes_token_file=str(token),
+            )
+        )
+        hub.add_server("alice", state=ALICE_POD)  # on GPU 0
+        await gov.reconcile()
+        with pytest.raises(ClaimHeld, match="held by the running server alice/"):
+            gov.dismiss_gpu_claim(LOST_GPU, "user:govadmin", "checked")
+        with pytest.raises(LookupError, match="no health claim to dismiss"):
+            gov.dismiss_gpu_claim(HEALTHY_GPU, "user:govadmin", "checked")
+        with pytest.raises(LookupError, match="no GPU GPU-nope is known"):
+            gov.dismiss_gpu_claim("GPU-nope", "user:govadmin", "checked")
+        assert not [a for a in gov.store.audit_rows() if a.action == "gpu-dismiss"]
+
+        alice = hub.users["alice"]
+        alice.servers.pop("")  # alice's server stops: nobody is on the card now
+        hub._reindex(alice)
+        await gov.reconcile()
+        for uuid in (LOST_GPU, ECC_GPU):
+            answer = gov.dismiss_gpu_claim(uuid, "user:govadmin", "reseated, passes dcgmi diag")
+            assert answer["status"] == "dismissed" and answer["gpu"]["uuid"] == uuid
+        audit = [a for a in gov.store.audit_rows() if a.action == "gpu-dismiss"][::-1]
+        assert [a.details["uuid"] for a in audit] == [LOST_GPU, ECC_GPU]
+        assert audit[0].actor == "user:govadmin" and "XID 79" in audit[0].reason
+        assert "reason: reseated, passes dcgmi diag" in audit[0].reason
+        await fresh_pass(gov)  # DCGM still says the same: still dismissed
+        await gov.background_done()
+        listed = {g["uuid"] for g in gov.health_view()["gpus"]}
+        assert LOST_GPU not in listed and ECC_GPU not in listed
+        alerted = {s.labels["uuid"] for s in metrics.GPU_UNHEALTHY.collect()[0].samples}
+        assert alerted == set()
+        assert http.patches[-1][2]["metadata"]["labels"] == {NODE_UNHEALTHY_LABEL: None}
+
+        http.text = http.text.replace('pod_uid=""} 79', 'pod_uid=""} 95')  # a new XID on GPU 0
+        await fresh_pass(gov)
+        (back,) = [g for g in gov.health_view()["gpus"] if g["uuid"] == LOST_GPU]
+        assert back["reasons"][0] == "XID 95: an uncontained ECC memory error"
+        assert ECC_GPU not in {g["uuid"] for g in gov.health_view()["gpus"]}

@@ -10,6 +10,8 @@ other GPU, and nobody else gets the broken one.
 
 from __future__ import annotations
 
+import html
+import re
 import time
 
 import pytest
@@ -117,6 +119,10 @@ def test_a_gpu_lost_mid_run(hub):
     assert not {"warn", "cull"} & set(since), since
     assert "cull" not in gov.actions("alice/")
 
+    # The claim cannot be dismissed while alice's server is on the card: its state rests on it.
+    held_card = gov.admin("POST", f"health/{UUIDS[0]}/dismiss", json={"reason": "checked"})
+    assert held_card.status_code == 409 and "held by the running server alice/" in held_card.text
+
     # Restart to get another GPU: the broken one is free, and never handed out again.
     hub.stop_server("alice")
     assert api_spawn(hub, "alice", {"profile": "h100"}).status_code in (201, 202)
@@ -126,3 +132,51 @@ def test_a_gpu_lost_mid_run(hub):
     # the broken card is not counted: one card left, and it is alice's
     assert refused.status_code == 403 and "The only H100 80 GB card is in use" in refused.text
     assert "bob/" not in held(hub)
+
+
+def test_an_admin_dismisses_the_claim_on_a_card_nobody_holds(hub):
+    """Alice's broken card, free since her restart, stays listed on her word: the admin checked
+    it and dismisses the claim from the dashboard's GPU health panel, on record before it goes.
+    (Runs after test_a_gpu_lost_mid_run, on its hub.)"""
+    gov = Gov(hub)
+    wait(
+        lambda: [g["uuid"] for g in gov.admin("GET", "health").json()["gpus"]] == [UUIDS[0]],
+        60,
+        "alice's broken card to be listed, no server on it",
+    )
+    # Wrong asks change nothing and say what is wrong.
+    r = gov.admin("POST", "health/not-a-uuid/dismiss", json={"reason": "checked"})
+    assert r.status_code == 400 and "is not a GPU UUID" in r.text
+    r = gov.admin("POST", f"health/{UUIDS[0]}/dismiss", json={})
+    assert r.status_code == 400 and "'reason' is required" in r.text
+    r = gov.admin("POST", "health/GPU-00000000-dead-beef/dismiss", json={"reason": "checked"})
+    assert r.status_code == 404 and "no GPU GPU-00000000-dead-beef is known" in r.text
+    r = gov.call("POST", f"health/{UUIDS[0]}/dismiss", hub.token("bob"), json={"reason": "x"})
+    assert r.status_code == 403
+
+    # The dashboard's Dismiss button (a form with the XSRF token, as a browser posts it).
+    admin = hub.login("govadmin", fresh=True)
+    page = admin.get(f"{hub.url}/services/gpu-gov/", timeout=30)
+    assert page.status_code == 200 and 'value="dismiss-gpu"' in page.text
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+    r = admin.post(
+        f"{hub.url}/services/gpu-gov/actions",
+        data={
+            "_xsrf": html.unescape(xsrf[1]),
+            "gpu": UUIDS[0],
+            "reason": "reset with nvidia-smi -r, dcgmi diag passes",
+            "action": "dismiss-gpu",
+        },
+        timeout=30,
+    )
+    assert r.status_code == 200 and f"health claim on GPU {UUIDS[0]} dismissed" in r.text
+    assert f'data-uuid="{UUIDS[0]}"' not in r.text and "No GPU reports a fault." in r.text
+
+    assert gov.admin("GET", "health").json()["gpus"] == []
+    rows = gov.admin("GET", "audit", params={"limit": 500}).json()["audit"]
+    (dismissal,) = [a for a in rows if a["action"] == "gpu-dismiss"]
+    assert dismissal["actor"] == "user:govadmin" and dismissal["details"]["uuid"] == UUIDS[0]
+    assert "XID 79: the GPU fell off the bus" in dismissal["reason"]
+    assert dismissal["reason"].endswith("reason: reset with nvidia-smi -r, dcgmi diag passes")
+    again = gov.admin("POST", f"health/{UUIDS[0]}/dismiss", json={"reason": "again"})
+    assert again.status_code == 404 and "no health claim to dismiss" in again.text

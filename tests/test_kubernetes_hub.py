@@ -11,6 +11,7 @@ file with test timers (seconds, not hours). One test-only team, "interns", borro
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -70,6 +71,14 @@ def k8s(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub(k8s, tmp_path_factory):
+    with z2jh_hub(k8s, tmp_path_factory) as harness:
+        yield harness
+
+
+@contextlib.contextmanager
+def z2jh_hub(k8s: FakeKubernetes, tmp_path_factory, extra_config: str = ""):
+    """The chart's hub on ``k8s``, the documented values with the test's (``extra_config``:
+    more of the hub's configuration), its admin and team vision set up."""
     work = tmp_path_factory.mktemp("hub")
     root = work / "z2jh"
     governor_port = free_port()
@@ -97,7 +106,7 @@ def hub(k8s, tmp_path_factory):
                 },
                 "extraConfig": {
                     "zz-test-harness": z2jh.as_extra_config(harness_config),
-                    "zz-test-k8s": TEST_CONFIG.format(api=k8s.url),
+                    "zz-test-k8s": TEST_CONFIG.format(api=k8s.url) + extra_config,
                 },
             },
             # The kubelet here runs as root: the server must be told it may.
@@ -296,6 +305,8 @@ def test_a_borrowed_server_is_reclaimed(hub, gov, k8s):
     refused = progress(hub, "vic", "being taken back")[-1]
     assert "Team vision is within its guarantee" in refused and "being taken back" in refused
     wait(lambda: pod_of(k8s, "ivan") is None, 90, "the borrowed pod to be deleted")
+    # The Hub's stop ends once KubeSpawner's watch sees the pod gone: ivan's grant goes then.
+    wait(lambda: not hub.api("GET", "users/ivan").json()["servers"], 60, "ivan's stop to end")
     actions = audit_actions(gov, "ivan/")
     assert "reclaim-warn" in actions and "cull" in actions
     assert pod_of(k8s, "vera")["status"]["phase"] == "Running"  # within the guarantee: kept

@@ -45,10 +45,11 @@ from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubconfig import add_governor
+from jupyter_gpu_gov.profiles import cluster as cluster_module
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.hubconfig import TEMPLATES as QUEUE_TEMPLATES
-from jupyter_gpu_gov.profiles.kubespawner import GpuKubeSpawner, gpu_profile_list
+from jupyter_gpu_gov.profiles.kubespawner import GpuKubeSpawner, GpuStartFailed, gpu_profile_list
 from jupyter_gpu_gov.profiles.queue import FORECAST
 from jupyter_gpu_gov.profiles.queue_pages import places
 from jupyter_gpu_gov.profiles.spawner import FRESH_FOR_S, GpuRefused, waiting_requests
@@ -1432,3 +1433,110 @@ def test_example_config_gives_the_governor_its_policies(monkeypatch):
     assert all(p.cull_action == "stop-server" for p in policies.values())
     # The same list as the module would validate it.
     assert len(load_policies(config.GpuGovernor.policies)) == len(policies)
+
+
+# -- a failing Kubernetes API ------------------------------------------------------------------
+
+API_FAULTS = {  # how the hub's read of the nodes fails, and what the refusal then names
+    "500": ({"kind": "error", "code": 500}, '(500: an error on the server ("injected")'),
+    "dropped": ({"kind": "drop"}, "(ServerDisconnectedError: Server disconnected)"),
+    "slow": ({"kind": "slow", "seconds": 3}, "(no answer within 1 s)"),
+}
+
+
+@pytest.mark.parametrize("fault", API_FAULTS)
+async def test_a_spawn_the_cluster_cannot_be_counted_for_is_refused_naming_why(
+    hub, cluster, pod_api, monkeypatch, fault
+):
+    """The Kubernetes API fails the hub's read of the cluster's nodes (not RBAC: an error, a
+    dropped connection, an answer later than KubeSpawner's request timeout) and there is no
+    fresh reading: no GPU is counted free, and the user reads why. Any failure used to fall back
+    to c.GpuProfiles.capacity, admitting on numbers the cluster may not have; a slow answer
+    held the spawn for as long as it took."""
+    monkeypatch.setattr(cluster_module, "RETRY_AFTER_S", 0.0)  # read again at the next spawn
+    how, said = API_FAULTS[fault]
+    cluster.fail("GET", r"^/api/v1/nodes$", **how)
+    hub.user("alice", "vision")
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100"})
+    alice.k8s_api_request_timeout = 1
+
+    with pytest.raises(GpuRefused) as refused:
+        await alice.start()
+
+    message = refused.value.jupyterhub_message
+    assert message.startswith("GPU state unknown: the Kubernetes API did not answer the hub's")
+    assert said in message and message.endswith("Try again in a few minutes.")
+    assert alice._log_name not in pod_api
+    assert not any(k.startswith("gpu-gov/") for k in alice.orm_spawner.user_options or {})
+
+    cluster.clear_faults()  # the API is back: the next spawn counts, and starts
+    await hub.started(alice, {"profile": "h100"}).start()
+    assert pod_api[alice._log_name].status.phase == "Running"
+
+
+async def test_a_pod_the_api_will_not_create_fails_the_start_saying_so(hub, cluster, pod_api):
+    """KubeSpawner lets the client's ApiException through: the user read its HTTP headers."""
+    cluster.fail("POST", r"/pods$", code=500)
+    hub.user("alice", "vision")
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100"})
+
+    with pytest.raises(GpuStartFailed) as failed:
+        await alice.start()
+
+    message = failed.value.jupyterhub_message
+    assert message.startswith(
+        "Your server could not be started: the Kubernetes API answered 500 (an error on the "
+        'server ("injected") has prevented the request) when asked for its pod.'
+    )
+    assert "HTTP response" not in message and "\n" not in message
+    assert alice._log_name not in pod_api
+
+
+async def test_a_start_from_the_line_that_fails_keeps_its_place(
+    make_hub, cluster, pod_api, monkeypatch
+):
+    """Ben waits in line; when his turn comes the API fails to create his pod. Admission had
+    taken him out of the line, and the failed start lost his request: he had to queue again, at
+    the end. His place is now kept for the line's next start."""
+    monkeypatch.setattr(FORECAST, "at", clock.utcnow())  # the governor was heard: a line
+    hub = make_hub(profiles_config(capacity={**CAPACITY, "h100": 1}, queue=True))
+    hub.user("alice", "vision")
+    hub.user("ben", "vision")
+    alice, ben = hub.spawner("alice"), hub.spawner("ben")
+    await hub.started(alice, {"profile": "h100", "project": "p"}).start()
+    assert not (await ben.gpu_enqueue({"profile": "h100", "project": "p"})).allowed
+    (queued,) = waiting_requests(hub.db)
+    await alice.stop()  # the card frees, as the Hub stops a server
+    alice.clear_state()
+    alice.orm_spawner.started = None
+    hub.db.commit()
+
+    cluster.fail("POST", r"/pods$", code=500)
+    ben.clear_state()  # the line starts ben as the Hub does: state cleared, then start()
+    with pytest.raises(GpuStartFailed):
+        await hub.started(ben, dict(queued.options)).start()
+    ben.clear_state()  # the Hub's stop after the failed start
+    ben.orm_spawner.started = None
+    ben.orm_spawner.state = ben.get_state()
+    hub.db.commit()
+
+    (still,) = waiting_requests(hub.db)
+    assert (still.server, still.queued_at) == (queued.server, queued.queued_at)
+    cluster.clear_faults()
+    ben.clear_state()
+    await hub.started(ben, dict(queued.options)).start()  # its next turn starts it
+    assert pod_api[ben._log_name].status.phase == "Running" and waiting_requests(hub.db) == []
+
+
+async def test_a_stop_the_api_fails_for_a_while_still_deletes_the_pod(hub, cluster, pod_api):
+    """KubeSpawner raised at the first 5xx of a pod delete; JupyterHub then records the server
+    stopped (``User.stop``) and the pod, with its GPU, runs on for nobody to delete. The delete
+    is tried again, as KubeSpawner tries a request that timed out."""
+    hub.user("alice", "vision")
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100"})
+    await alice.start()
+    failing = cluster.fail("DELETE", r"/pods/jupyter-alice$", code=503, times=2)
+
+    await alice.stop(now=True)
+
+    assert failing.hits == 2 and alice._log_name not in pod_api

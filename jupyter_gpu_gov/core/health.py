@@ -181,6 +181,21 @@ def combine(healths: Iterable[Health]) -> Health:
     return Health(status, tuple(reasons), action, tuple(warnings))
 
 
+def evidence(claim: Health) -> frozenset[str]:
+    """What a claim rests on, as an admin's dismissal of it records: its reasons (a claim that
+    only warns: its warnings)."""
+    return frozenset(claim.reasons if claim.status != OK else claim.warnings)
+
+
+def still_dismissed(dismissed: frozenset[str], claim: Health) -> bool:
+    """Whether an admin's dismissal (the evidence dismissed) still covers a GPU's claim now.
+    Anything the dismissal did not see is new evidence and brings the claim back: another XID,
+    a higher count of ECC errors (the count is in its reason), a GPU lost from the bus, a
+    failed remap. DCGM's last-XID field keeps its value until the driver or the exporter
+    restarts, so the same XID raised again on a card reads the same and stays dismissed."""
+    return evidence(claim) <= dismissed
+
+
 def from_dict(value: Mapping | None) -> Health | None:
     """A validated report's ``devices[].health`` back as a ``Health`` (``None``: not sent)."""
     if not isinstance(value, Mapping):

@@ -57,6 +57,8 @@ NODE_ACTIONS = ("none", "label", "cordon")
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # A GPU DCGM has not reported for this long is forgotten (its node was removed for good).
 FORGET_AFTER = timedelta(days=1)
+# A GPU's UUID as NVML and DCGM write it (GPU-<hex and dashes>; MIG-… for an instance).
+_GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]{1,100}")
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain
 
 
@@ -122,6 +124,12 @@ class HealthWatch:
     # alone: kept only until the Hub's records give the card to a server (the allocator hands
     # out no card it reads failed), a report lists it, or DCGM reads it.
     left: dict[str, GpuProblem] = field(default_factory=dict)
+    # The claims an admin dismissed (``POST api/health/<uuid>/dismiss``), by physical uuid: the
+    # evidence dismissed. A dismissal lasts while the card's claim rests on no more than that
+    # (``core.health.still_dismissed``) and ends when the card has no claim any more; kept in
+    # memory, as the claims are (a restart of the service lists the card again).
+    dismissals: dict[str, frozenset[str]] = field(default_factory=dict)
+    _dismissed_once: set[str] = field(default_factory=set)  # to say "no claim", not "unknown"
     _snapshot: DcgmSnapshot | None = None
     # The DCGM records (by uuid) last read for problems, and the problems they showed.
     _indexed: Mapping | None = None
@@ -168,7 +176,7 @@ class HealthWatch:
                 model=device.get("name"),
                 server=key,
             )
-        trusted = [e.health for e in evidence if e.health is not None]
+        trusted = [e.health for e in evidence if e.health is not None and not self._cleared(e)]
         readable = evidence and all(e.activity is not None for e in evidence)
         # DCGM reads its GPUs healthy: the report's claims are neither believed nor shown (an
         # admin would take a healthy GPU out of service on the owner's word).
@@ -314,12 +322,29 @@ class HealthWatch:
             )
         return problems
 
-    def problems(self, now: datetime) -> list[GpuProblem]:
-        """Every GPU that is not healthy: DCGM's, then the reports' of GPUs DCGM does not
-        know, each with the time it was first seen so (kept while it stays so)."""
+    def _claims(self) -> dict[str, GpuProblem]:
+        """Every GPU that is not healthy by uuid, dismissed or not: DCGM's word first, then the
+        reports' of GPUs DCGM does not know."""
         found = dict(self.left)
         found.update((u, p) for noted in self.reported.values() for u, p in noted.items())
         found.update(self.dcgm)
+        return found
+
+    def _cleared(self, e: GpuEvidence) -> bool:
+        """DCGM's reading of a GPU whose claim an admin dismissed, with nothing new since."""
+        dismissed = self.dismissals.get(e.uuid) if self.dismissals else None
+        return dismissed is not None and health.still_dismissed(dismissed, e.health)
+
+    def problems(self, now: datetime) -> list[GpuProblem]:
+        """Every GPU that is not healthy, but those whose claim an admin dismissed with nothing
+        new since, each with the time it was first seen so (kept while it stays so)."""
+        found = self._claims()
+        for uuid, dismissed in list(self.dismissals.items()):
+            claim = found.get(uuid)
+            if claim is not None and health.still_dismissed(dismissed, claim.health):
+                del found[uuid]
+            else:  # the claim went, or new evidence came: the next claim is listed
+                del self.dismissals[uuid]
         for uuid in list(self._since):
             if uuid not in found:
                 del self._since[uuid]
@@ -368,6 +393,37 @@ class HealthWatch:
             "node_action": self.options.node_action,
         }
 
+    # -- an admin's dismissal ---------------------------------------------------------------------
+
+    def claim(self, uuid: str) -> GpuProblem | None:
+        """The claim listed for the GPU ``uuid`` now (``None``: none, or it is dismissed)."""
+        found = self._claims().get(uuid)
+        dismissed = self.dismissals.get(uuid)
+        if found is None or (dismissed and health.still_dismissed(dismissed, found.health)):
+            return None
+        return found
+
+    def known(self, uuid: str) -> bool:
+        """Whether DCGM or a running server's report has named the GPU ``uuid``, or an admin
+        dismissed a claim on it."""
+        return (
+            uuid in self._seen
+            or uuid in self._dismissed_once
+            or any(uuid in noted for noted in self.reported.values())
+        )
+
+    def reporter(self, uuid: str) -> str | None:
+        """The running server whose own report claims the GPU ``uuid`` is unhealthy."""
+        return next((key for key, noted in self.reported.items() if uuid in noted), None)
+
+    def dismiss(self, claim: GpuProblem) -> None:
+        """An admin checked the card and found nothing wrong (audited by the caller first):
+        its claim is no longer listed, alerted on or held against its node, until new evidence
+        (``core.health.still_dismissed``) or a claim after it went."""
+        self.dismissals[claim.uuid] = health.evidence(claim.health)
+        self._dismissed_once.add(claim.uuid)  # a card of the cluster's: a few thousand at most
+        self.left.pop(claim.uuid, None)  # a stopped server's word: nothing will renew it
+
     # -- Kubernetes nodes ---------------------------------------------------------------------
 
     def node_changes(self) -> list[tuple[str, dict, str, str]]:
@@ -379,6 +435,8 @@ class HealthWatch:
             return []
         bad: dict[str, list[GpuProblem]] = {}
         for problem in self.dcgm.values():
+            if problem.uuid in self.dismissals:  # (``problems`` ended those with new evidence)
+                continue
             if problem.health.status == health.UNHEALTHY and problem.node:
                 bad.setdefault(problem.node, []).append(problem)
         changes = []
@@ -449,6 +507,13 @@ class HealthWatch:
             self._nodes.pop(node, None)
         else:
             self._nodes[node] = action
+
+
+def not_a_uuid(uuid: str) -> str | None:
+    """What is wrong with ``uuid`` as a GPU's UUID an admin names (``None``: nothing)."""
+    if _GPU_UUID.fullmatch(uuid):
+        return None
+    return f"{uuid[:80]!r} is not a GPU UUID (as GET api/health lists them: GPU-…)"
 
 
 def owner_notice(failure: Health, checkpoint_status: str | None) -> str:

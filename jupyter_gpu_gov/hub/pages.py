@@ -33,8 +33,9 @@ from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
 from . import showback
 from .api_handler import COST_EXPORT, COST_LISTING
+from .health import not_a_uuid
 from .page_handler import STATIC, PageHandler, StaticHandler, ago, until
-from .people import SessionChanged, parse_session
+from .people import ClaimHeld, SessionChanged, parse_session
 from .prepared_auth import owner_wide
 from .views import policy_view
 
@@ -226,12 +227,23 @@ class ActionHandler(PageHandler):
         key = self.get_body_argument("server", "")
         action = self.get_body_argument("action", "")
         reason = self.get_body_argument("reason", "").strip()
-        if gov.row(key) is None:
+        if action != "dismiss-gpu" and gov.row(key) is None:
             raise web.HTTPError(404, f"the governor knows no server {key}")
         if not reason:
             raise web.HTTPError(400, "say why: a reason is required for every action")
         actor = self.actor
-        if action == "extend":
+        if action == "dismiss-gpu":  # the GPU health panel's: a card, not a server
+            uuid = self.get_body_argument("gpu", "")
+            if refused := not_a_uuid(uuid):
+                raise web.HTTPError(400, refused)
+            try:
+                gov.dismiss_gpu_claim(uuid, actor, reason)
+            except LookupError as error:
+                raise web.HTTPError(404, str(error.args[0])) from None
+            except ClaimHeld as error:
+                raise web.HTTPError(409, str(error)) from None
+            done = f"health claim on GPU {uuid} dismissed"
+        elif action == "extend":
             _, outcome = await gov.extend(key, actor, reason)
             done = f"extension of {key}: {outcome['status']} ({outcome['message']})"
         elif action == "exempt":

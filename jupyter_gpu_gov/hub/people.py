@@ -9,7 +9,7 @@ import logging
 from dataclasses import replace
 from datetime import datetime
 
-from ..core import clock, policy
+from ..core import clock, health, policy
 from ..core.durations import format_duration
 from ..core.policy import evolve
 from ..core.vocabulary import ADMIN, CULLED, EXEMPT, OWNER_STOP, STOP_SERVER
@@ -24,6 +24,10 @@ OWNER_STOP_DELAY_S = 1.0
 
 class SessionChanged(Exception):
     """A person's action named a session of the server that no longer runs (answered 409)."""
+
+
+class ClaimHeld(Exception):
+    """An admin asked to dismiss the health claim on a GPU a running server is on (409)."""
 
 
 def parse_session(value) -> datetime | None:
@@ -77,6 +81,53 @@ class PeoplesRequests:
             "message": outcome.message,
             "verdict": self.verdict(key),
         }
+
+    def dismiss_gpu_claim(self, uuid: str, actor: str, reason: str) -> dict:
+        """An admin checked a GPU listed as unhealthy and found it fine: its claim leaves the
+        health listing, the alert metric and its node's label, until new evidence
+        (``HealthWatch.dismiss``). Audited before anything changes. ``LookupError``: no such
+        claim; ``ClaimHeld``: a running server is on the card (its owner's state rests on the
+        reading: stop the server first)."""
+        claim = self.health.claim(uuid)
+        if claim is None:
+            if self.health.known(uuid):
+                raise LookupError(
+                    f"GPU {uuid} has no health claim to dismiss: it is not listed as unhealthy"
+                )
+            raise LookupError(
+                f"no GPU {uuid} is known to the governor: GET api/health lists the GPUs with "
+                "a health claim"
+            )
+        holder = self.health.reporter(uuid)
+        if holder is None and claim.pod is not None:
+            holder = self._servers_by_pod().get(claim.pod)
+        if holder is not None:
+            raise ClaimHeld(
+                f"GPU {uuid} is held by the running server {holder}, whose state rests on this "
+                "claim: stop that server first, then dismiss the claim"
+            )
+        said = "; ".join(claim.health.reasons or claim.health.warnings)
+        who = "DCGM" if claim.source == "dcgm" else f"the report of {claim.server or 'a server'}"
+        where = f" (node {claim.node}, GPU {claim.index})" if claim.node else ""
+        audit = self._audit_row(
+            None,
+            "gpu-dismiss",
+            f"health claim on GPU {uuid}{where} dismissed: {who} said {said}; reason: {reason}",
+            actor=actor,
+            details={
+                "uuid": uuid,
+                "node": claim.node,
+                "gpu": claim.index,
+                "source": claim.source,
+                "server": claim.server,
+                "status": claim.health.status,
+                "action": claim.health.action,
+                "dismissed": sorted(health.evidence(claim.health)),
+            },
+        )
+        self.save_audits([audit])  # on record first: a store that cannot take it changes nothing
+        self.health.dismiss(claim)
+        return {"status": "dismissed", "gpu": claim.view(clock.utcnow())}
 
     async def decide_extension(
         self, key: str, actor: str, approve: bool, seconds: float | None, reason: str

@@ -139,6 +139,10 @@ class QueueSync:
         self.refused: int | None = None
         # Starts the Hub refused, by server: tried again after RETRY_AFTER, not every pass.
         self._refused: dict[str, datetime] = {}
+        # Starts the Hub took, by server: the request's queued_at, and when. The same request
+        # back in line is a start that failed after the Hub took it (its pod never created:
+        # the spawner keeps its place): tried again after RETRY_AFTER, its wait metered once.
+        self._started: dict[str, tuple[datetime, datetime]] = {}
 
     async def sync(self, now: datetime | None = None) -> list[Waiting]:
         if self.absent:
@@ -167,9 +171,17 @@ class QueueSync:
         line = self._read(answer)
         QUEUED.set(len(line))
         for waiting in line:
-            refused = self._refused.get(waiting.request.server)
+            request = waiting.request
+            refused = self._refused.get(request.server)
+            started = self._started.get(request.server)
+            if started is not None and started[0] == request.queued_at:  # its start failed
+                refused = max(refused, started[1]) if refused else started[1]
             if waiting.ready and (refused is None or now - refused >= RETRY_AFTER):
                 await self._start(waiting, now)
+        waiting_now = {w.request.server for w in line}
+        for server, (_, at) in list(self._started.items()):
+            if server not in waiting_now and now - at >= RETRY_AFTER:
+                del self._started[server]
         return line
 
     def _read(self, answer) -> list[Waiting]:
@@ -249,7 +261,11 @@ class QueueSync:
             self._refused[request.server] = now
             return
         self._refused.pop(request.server, None)
+        again = self._started.get(request.server, (None,))[0] == request.queued_at
+        self._started[request.server] = (request.queued_at, now)
         log.info("gpu-gov: started %s from the line after %.0fs", request.server, waited)
+        if again:  # its wait was metered at the start that failed
+            return
         departure = Departure(
             request.server,
             request.team,

@@ -23,7 +23,8 @@ from ..core.vocabulary import server_key
 from . import metrics, showback
 from .api_handler import COST_EXPORT, COST_LISTING, COST_READ, ApiHandler, json_object
 from .budget import UNIT_BYTES, Budget, RefusalLog
-from .people import SessionChanged, parse_session
+from .health import not_a_uuid
+from .people import ClaimHeld, SessionChanged, parse_session
 from .prepared_auth import (
     ADMIN_SCOPES,
     ASK_THE_HUB,
@@ -421,6 +422,24 @@ class HealthHandler(ApiHandler):
         self.write_json(self.governor.health_view())
 
 
+class DismissGpuClaimHandler(ApiHandler):
+    """``POST api/health/<uuid>/dismiss`` ``{"reason": …}``: an admin checked a GPU listed as
+    unhealthy and found nothing wrong; its claim goes until new evidence (docs/health.md)."""
+
+    @web.authenticated
+    def post(self, uuid: str):
+        self.require_admin()
+        if refused := not_a_uuid(uuid):
+            raise web.HTTPError(400, refused)
+        reason = self.text_field(self.body(), "reason", required=True)
+        try:
+            self.write_json(self.governor.dismiss_gpu_claim(uuid, self.actor, reason))
+        except LookupError as error:
+            raise web.HTTPError(404, str(error.args[0])) from None
+        except ClaimHeld as error:
+            raise web.HTTPError(409, str(error)) from None
+
+
 class PoliciesHandler(ApiHandler):
     """``GET api/policies``: the policies as the service understands them (admins)."""
 
@@ -547,6 +566,7 @@ def handlers(prefix: str, governor: Governor) -> list[tuple]:
         (rf"{p}/api/policies", PoliciesHandler, args),
         (rf"{p}/api/diagnosis", DiagnosisHandler, args),
         (rf"{p}/api/health", HealthHandler, args),
+        (rf"{p}/api/health/(?P<uuid>[^/]+)/dismiss", DismissGpuClaimHandler, args),
         (rf"{p}/api/usage", UsageHandler, args),
         (rf"{p}/metrics", MetricsHandler, args),
     ]

@@ -324,17 +324,23 @@ class Views:
         """``GET api/health``, with the server holding each GPU where DCGM names its pod."""
         now = clock.utcnow()
         view = self.health.admin_view(now, self.rows)
+        by_pod = self._servers_by_pod()
+        for gpu in view["gpus"]:
+            pod = gpu["pod"]
+            if gpu["server"] is None and pod is not None:
+                gpu["server"] = by_pod.get((pod["namespace"], pod["name"]))
+        return view
+
+    def _servers_by_pod(self) -> dict[tuple[str | None, str], str]:
+        """The running servers by the pod the Hub's records name (``(namespace, pod)``, and
+        ``(None, pod)`` for DCGM's records without a namespace)."""
         by_pod = {}
         for key, server in self._servers.items():
             granted = trusted.Granted.of(server.spawner_state)
             pod = granted.pod if granted is not None else None
             if pod is not None:
                 by_pod[pod] = by_pod[(None, pod[1])] = key
-        for gpu in view["gpus"]:
-            pod = gpu["pod"]
-            if gpu["server"] is None and pod is not None:
-                gpu["server"] = by_pod.get((pod["namespace"], pod["name"]))
-        return view
+        return by_pod
 
     def diagnosis_summary(self, days: int = 7) -> dict:
         """``GET api/diagnosis``: causes, their cost per team and node, fragmentation (cards by

@@ -14,11 +14,15 @@ at a time, awaited before the spawn form and admission; admission itself then aw
 and keeps the pods that hold an extended resource. On a shared cluster other teams' jobs hold
 GPUs from their own namespaces (and KubeSpawner's ``enable_user_namespaces`` puts each user's
 server in one): read from the hub's namespace alone, their cards counted free and the hub
-admitted servers that stayed Pending. Where RBAC allows only the hub's namespace, that is read,
-and the log says once what it leaves out. When nodes cannot be read (no RBAC for nodes, the
-API down) it says so once in the log and ``capacity`` answers ``None``: the spawner falls back
-to ``GpuProfiles.capacity``. A reading
-older than ``FRESH_FOR_S`` is unknown, as a workstation's (``unknown``).
+admitted servers that stayed Pending. Where RBAC allows only the hub's namespace's pods, those
+are read, and the log says once what it leaves out. When the API refuses the read of nodes for
+want of permission (401, 403: no RBAC for nodes) it says so once in the log and ``capacity``
+answers ``None``: the spawner falls back to ``GpuProfiles.capacity``. When the API fails (a
+5xx, a conflict, no answer within the request timeout, a dropped connection) the last reading
+stands while it is fresh; past ``FRESH_FOR_S`` the cluster is unknown, as a workstation's
+(``unknown``), and no GPU is counted free: the spawn is refused with the API's failure named,
+never admitted on the configured numbers the cluster may not have. The read is tried again
+``RETRY_AFTER_S`` after a failure.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from .tiers import Tier
 
 _DONE = ("Succeeded", "Failed")
 _LIVE = ",".join(f"status.phase!={phase}" for phase in _DONE)  # the pods that may hold a card
+RETRY_AFTER_S = 5.0  # after a failed read: spawns meanwhile do not each wait on a failing API
+_REFUSED = (401, 403)  # the hub's service account may not read: it will not, so configured
 _HARD_TAINTS = ("NoSchedule", "NoExecute")
 
 
@@ -197,49 +203,73 @@ class ClusterGpus(SingletonConfigurable):
     nodes: list[dict] | None = None
     pods: list[dict] = []  # those holding an extended resource, as the API server has them
     read_at: float = float("-inf")
-    error: str | None = None
+    error: str | None = None  # the API refuses the read (RBAC): configured capacity
+    failing: str | None = None  # the API failed the last read: why (the reading may be old)
+    failed_at: float = float("-inf")
     namespace_only: str | None = None  # why only the hub's namespace's pods could be read
     _lock: asyncio.Lock | None = None
 
-    async def refresh(self, api, namespace: str, log) -> None:
+    async def refresh(self, api, namespace: str, log, timeout: float | None = None) -> None:
         """Read nodes and pods if the last read is older than ``refresh_every`` (or than
         ``FRESH_FOR_S``, past which a reading is unknown: a step that counts never does so on
-        one)."""
+        one), each within ``timeout`` seconds; not again within ``RETRY_AFTER_S`` of a failed
+        read."""
         every = min(self.refresh_every, FRESH_FOR_S)
-        if self.age() < every:
+        if self.age() < every or time.monotonic() - self.failed_at < RETRY_AFTER_S:
             return
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self.age() < every:
-                return  # another spawn read them while this one waited
+            if self.age() < every or time.monotonic() - self.failed_at < RETRY_AFTER_S:
+                return  # another spawn read them (or found the API failing) meanwhile
             try:
-                nodes = await _items(api.list_node(_preload_content=False))
-                pods = await self._gpu_pods(api, namespace, log)
-            except Exception as error:  # RBAC, network: fall back to the configured capacity
-                message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-                if message != self.error:
-                    log.warning(
-                        "gpu-gov: cannot read the cluster's nodes and pods (%s); capacity comes "
-                        "from c.GpuProfiles.capacity until it can (see docs/kubernetes.md: RBAC)",
-                        message,
-                    )
-                self.error, self.nodes = message, None
+                nodes = await _items(api.list_node(_preload_content=False), timeout)
+                pods = await self._gpu_pods(api, namespace, log, timeout)
+            except Exception as error:
+                self._failed(error, timeout, log)
             else:
-                if self.error:
+                if self.error or self.failing:
                     log.info("gpu-gov: reading the cluster's GPU capacity again")
-                self.error, self.nodes, self.pods = None, nodes, pods
-            self.read_at = time.monotonic()
+                self.error, self.failing, self.nodes, self.pods = None, None, nodes, pods
+                self.read_at = time.monotonic()
 
-    async def _gpu_pods(self, api, namespace: str, log) -> list[dict]:
+    def _failed(self, error: Exception, timeout: float | None, log) -> None:
+        if isinstance(error, asyncio.TimeoutError):
+            message = f"no answer within {timeout:g} s"
+        elif isinstance(error, ApiFailed):  # "<status>: <the API's Status message>"
+            message = str(error).splitlines()[0][:300]
+        else:
+            message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        if getattr(error, "status", None) in _REFUSED:  # RBAC: the configured capacity
+            if message != self.error:
+                log.warning(
+                    "gpu-gov: cannot read the cluster's nodes and pods (%s); capacity comes "
+                    "from c.GpuProfiles.capacity until it can (see docs/kubernetes.md: RBAC)",
+                    message,
+                )
+            self.error, self.failing, self.nodes = message, None, None
+            self.read_at = time.monotonic()
+            return
+        if message != self.failing:
+            log.warning(
+                "gpu-gov: the Kubernetes API failed the read of the cluster's nodes and pods "
+                "(%s); the last reading counts for %d s after it was taken, then no GPU is "
+                "counted free until the API answers",
+                message,
+                FRESH_FOR_S,
+            )
+        self.failing, self.failed_at = message, time.monotonic()
+
+    async def _gpu_pods(self, api, namespace: str, log, timeout: float | None) -> list[dict]:
         """The live pods of every namespace that hold an extended resource; those of
         ``namespace`` alone where RBAC allows no more (said once in the log)."""
         try:
             pods = await _items(
-                api.list_pod_for_all_namespaces(field_selector=_LIVE, _preload_content=False)
+                api.list_pod_for_all_namespaces(field_selector=_LIVE, _preload_content=False),
+                timeout,
             )
-        except Refused as error:
-            if error.status != 403:
+        except ApiFailed as error:
+            if error.status not in _REFUSED:
                 raise
             if error.why != self.namespace_only:
                 log.warning(
@@ -250,7 +280,8 @@ class ClusterGpus(SingletonConfigurable):
                 )
             self.namespace_only = error.why
             pods = await _items(
-                api.list_namespaced_pod(namespace, field_selector=_LIVE, _preload_content=False)
+                api.list_namespaced_pod(namespace, field_selector=_LIVE, _preload_content=False),
+                timeout,
             )
         else:
             self.namespace_only = None
@@ -267,6 +298,12 @@ class ClusterGpus(SingletonConfigurable):
         age = self.age()
         if age <= FRESH_FOR_S:
             return None
+        if self.failing:
+            return (
+                "GPU state unknown: the Kubernetes API did not answer the hub's count of the "
+                f"cluster's GPUs ({self.failing}), so no GPU is counted free until it does. "
+                "Try again in a few minutes."
+            )
         when = "have not been read" if age == float("inf") else f"were last read {age:.0f} s ago"
         return (
             f"GPU state unknown: the cluster's nodes and pods {when}, so no GPU is counted "
@@ -339,15 +376,22 @@ def scheduling(spawner, tier: Tier) -> dict[str, Any]:
     }
 
 
-class Refused(RuntimeError):
-    """The API server answered a read with an error status (and its Status's message)."""
+class ApiFailed(RuntimeError):
+    """The API answered a read with an error status (``status``; ``why``: its Status's
+    message, its first line, bounded)."""
 
     def __init__(self, status: int, why: str):
+        why = (str(why).splitlines() or [""])[0][:300]
         super().__init__(f"{status}: {why}")
         self.status, self.why = status, why
 
 
-async def _items(call) -> list[dict]:
+async def _items(call, timeout: float | None = None) -> list[dict]:
+    """The items of a list call, answered within ``timeout`` seconds (headers and body)."""
+    return await asyncio.wait_for(_read_items(call), timeout)
+
+
+async def _read_items(call) -> list[dict]:
     response = await call
     try:
         body = await response.read()
@@ -356,7 +400,7 @@ async def _items(call) -> list[dict]:
                 why = json.loads(body)["message"]
             except (ValueError, KeyError, TypeError):
                 why = response.reason
-            raise Refused(response.status, (str(why).splitlines() or [""])[0][:300])
+            raise ApiFailed(response.status, why)
         return json.loads(body)["items"]
     finally:
         response.release()

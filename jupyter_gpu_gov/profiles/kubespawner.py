@@ -25,10 +25,14 @@ means "ours", anything else is refused with a message saying what to do.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
+import aiohttp
+from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.slugs import is_valid_label, safe_slug
+from tornado import web
 from traitlets import TraitError, default, validate
 
 from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL, pod_key
@@ -152,6 +156,31 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
     return profiles
 
 
+class GpuStartFailed(web.HTTPError):
+    """An admitted server whose pod the Kubernetes API would not create; JupyterHub shows
+    ``jupyterhub_message``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, "gpu-gov: %s", message)
+        self.jupyterhub_message = message
+
+
+def kubernetes_failure(error: Exception) -> str | None:
+    """What failed, in a line, when ``error`` is the Kubernetes API's (an error status, a
+    failed connection); None for any other error."""
+    if isinstance(error, ApiException):
+        try:
+            said = json.loads(error.body)["message"]
+        except (TypeError, ValueError, KeyError):
+            said = error.reason
+        said = " ".join(str(said or "").split())[:300]
+        return f"the Kubernetes API answered {error.status} ({said}) when asked for its pod"
+    if isinstance(error, aiohttp.ClientError):
+        said = " ".join(str(error).split())[:300]
+        return f"the connection to the Kubernetes API failed ({type(error).__name__}: {said})"
+    return None
+
+
 class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
     """KubeSpawner with GPU tiers, team quotas, admission and ownership labels."""
 
@@ -190,7 +219,9 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
 
     async def gpu_refresh(self):
         # A fresh enough reading of the cluster before admission counts (and awaits nothing).
-        await self.gpu_cluster.refresh(self.api, self.namespace, self.log)
+        await self.gpu_cluster.refresh(
+            self.api, self.namespace, self.log, timeout=self.k8s_api_request_timeout
+        )
 
     def gpu_unknown(self) -> str | None:
         return self.gpu_cluster.unknown()
@@ -213,6 +244,37 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
             setattr(self, key, copy.deepcopy(value))
         await super().load_user_options()
         self._gpu_left = {k: copy.deepcopy(getattr(self, k)) for k in self._gpu_configured}
+
+    def gpu_start_failed(self, error: Exception) -> Exception:
+        # KubeSpawner lets the Kubernetes client's errors through as they are: an ApiException
+        # is a page of HTTP headers and body, a dropped connection a class name. Say what failed.
+        why = kubernetes_failure(error)
+        if why is None:
+            return error
+        return GpuStartFailed(
+            f"Your server could not be started: {why}. Nothing is held for it; try again in a "
+            "few minutes, and tell your hub admin if it goes on."
+        )
+
+    async def _make_delete_pod_request(self, pod_name, delete_options, grace, request_timeout):
+        # KubeSpawner retries a delete only when its request times out: a 5xx, a 429 or a
+        # dropped connection raised at once, and JupyterHub then records the server stopped
+        # (``User.stop``) with its pod, and its GPU, left running for nobody to delete. Tried
+        # again like a timeout, within ``k8s_api_request_retry_timeout``.
+        try:
+            return await super()._make_delete_pod_request(
+                pod_name, delete_options, grace, request_timeout
+            )
+        except (ApiException, aiohttp.ClientError) as error:
+            if isinstance(error, ApiException) and error.status < 500 and error.status != 429:
+                raise
+            self.log.warning(
+                "gpu-gov: deleting pod %s/%s failed (%s); trying again",
+                self.namespace,
+                pod_name,
+                kubernetes_failure(error),
+            )
+            return False
 
     def get_env(self):
         env = super().get_env()

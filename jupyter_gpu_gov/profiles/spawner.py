@@ -252,9 +252,32 @@ class GpuProfilesMixin:
     async def start(self):
         teams = await self.gpu_teams()
         await self.gpu_refresh()
+        waiting = self._gpu_queued
         # From here to super().start(), no await: count, decide and record as one step.
         self._gpu_admit(teams)
-        return await super().start()
+        try:
+            return await super().start()
+        except Exception as error:
+            self._gpu_back_in_line(waiting)
+            failed = self.gpu_start_failed(error)
+            if failed is error:
+                raise
+            raise failed from error
+
+    def gpu_start_failed(self, error: Exception) -> Exception:
+        """The error the user reads when the spawner could not start the admitted server
+        (JupyterHub then stops it, and its grant goes). Default: the spawner's own."""
+        return error
+
+    def _gpu_back_in_line(self, waiting: QueuedRequest | None) -> None:
+        """A start from the line whose server could not be started (its pod never created,
+        never running) keeps its place: the line starts it again when its turn comes, until
+        the request expires. JupyterHub's stop after the failed start keeps it (``clear_state``)."""
+        if waiting is None or self._gpu_queued is not None or not waiting.live(clock.utcnow()):
+            return
+        self._gpu_queued = waiting
+        self.log.warning("gpu-gov: %s failed to start; it keeps its place in line", self._log_name)
+        self._gpu_save(None)
 
     async def gpu_teams(self) -> list[str]:
         conf = self.gpu_profiles
