@@ -722,10 +722,14 @@ class FakeKubernetes:
             self._emit(plural, "MODIFIED", body)
             return copy.deepcopy(body)
 
-    def _set_status(self, plural: str, key: tuple[str, str], change) -> dict | None:
+    def _set_status(
+        self, plural: str, key: tuple[str, str], change, uid: str | None = None
+    ) -> dict | None:
+        """Change the object at ``key`` (only if it is still the one of ``uid``, when given: a
+        pod deleted and created again under its name is another pod)."""
         with self._lock:
             obj = self.objects[plural].get(key)
-            if obj is None:
+            if obj is None or (uid is not None and obj["metadata"].get("uid") != uid):
                 return None
             change(obj)
             self._bump(obj)
@@ -868,7 +872,7 @@ class FakeKubernetes:
                 f"Successfully assigned {key[0]}/{key[1]} to {node_name}",
                 "default-scheduler",
             )
-            self._spawn(self._run(key, devices))
+            self._spawn(self._run(key, bound["metadata"]["uid"], devices))
 
     def _unfit(self, node: dict, spec: dict, asked: Mapping[str, float]) -> str | None:
         labels = node["metadata"].get("labels") or {}
@@ -991,9 +995,11 @@ class FakeKubernetes:
                 return _decoded(plural, (obj.get("data") or {}).get(ref["key"], ""))
         return ""
 
-    async def _run(self, key: tuple[str, str], devices: list[Device]) -> None:
+    async def _run(self, key: tuple[str, str], uid: str, devices: list[Device]) -> None:
+        """Run the pod of ``uid`` until its process ends. Every change is to that pod only: its
+        name may be taken by a new pod (deleted, created again) before this one's process ends."""
         pod = self.get("pods", key[1], key[0])
-        if pod is None:
+        if pod is None or pod["metadata"]["uid"] != uid:
             return
         spec = pod["spec"]
         ip = next(self._ips)
@@ -1037,7 +1043,7 @@ class FakeKubernetes:
         except OSError as error:
             why = f"failed to start container: {error}"
             self._event(pod, "Warning", "Failed", f"Error: {why}", "kubelet")
-            self._set_status("pods", key, lambda p: _terminated(p, 128, why, init))
+            self._set_status("pods", key, lambda p: _terminated(p, 128, why, init), uid)
             return
         self.processes[key] = process
         self._event(pod, "Normal", "Started", f"Started container {container['name']}", "kubelet")
@@ -1067,14 +1073,15 @@ class FakeKubernetes:
                 {"type": "Ready", "status": "True", "lastTransitionTime": now_iso()},
             ]
 
-        self._set_status("pods", key, running)
+        self._set_status("pods", key, running, uid)
         while process.poll() is None:
             await asyncio.sleep(0.2)
-        self.processes.pop(key, None)
+        if self.processes.get(key) is process:
+            del self.processes[key]
         current = self.get("pods", key[1], key[0])
         if current is not None and "deletionTimestamp" not in current["metadata"]:
             code = process.returncode
-            self._set_status("pods", key, lambda p: _terminated(p, code, "", init))
+            self._set_status("pods", key, lambda p: _terminated(p, code, "", init), uid)
 
     async def _terminate(self, key: tuple[str, str], grace: int) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._kill, key, grace)

@@ -118,6 +118,9 @@ def test_a_start_from_the_line_the_api_fails_keeps_its_place(hub, k8s):
     vera, and the API fails to create her pod: she keeps her place (she lost it), is not started
     again at every pass while the API fails (the Hub took the start, so the governor did so),
     and the line starts her once the API is back, a minute later; her wait is metered once."""
+    if hub.api("GET", "users/vera").json()["servers"]:  # the test before may have left her
+        hub.stop_server("vera", timeout=60)
+        wait(lambda: pod_of(k8s, "vera") is None, 60, "vera's pod to go")
     for user, options in (("vic", H100), ("ivan", {"profile": "h100"})):
         if not running(hub, user):
             hub.start_server(user, options=options)
