@@ -58,6 +58,7 @@ import contextlib
 import copy
 import itertools
 import json
+import logging
 import os
 import random
 import re
@@ -79,6 +80,7 @@ from hub_harness import MARKER_ENV, RUN_MARKER  # processes the sweeps end
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop
+from tornado.log import access_log
 from tornado.netutil import bind_sockets
 
 KUBERNETES_VERSION = "1.32"  # the schemas objects are validated against
@@ -1365,7 +1367,8 @@ class FakeKubernetes:
                 (path, Handler),
                 (r"/dcgm/([^/]+)/metrics", Dcgm),
                 (r"/prometheus/api/v1/query", Prometheus),
-            ]
+            ],
+            log_function=_access_log,
         )
 
     def _dcgm_samples(self, node: str) -> list[tuple[str, dict, float]]:
@@ -1404,6 +1407,18 @@ async def _after(seconds: float, then) -> None:
     await asyncio.sleep(seconds)
     with contextlib.suppress(Exception):  # the client gave up meanwhile
         await then()
+
+
+def _access_log(handler: web.RequestHandler) -> None:
+    """A line for each request that changes the cluster or fails: the hub and the governor read
+    pods, DCGM and Prometheus every half second, and those lines would bury a failing test's
+    output (the hub's own log after them)."""
+    status = handler.get_status()
+    if handler.request.method == "GET" and status < 400:
+        return
+    level = logging.WARNING if status >= 400 else logging.INFO
+    took = 1000 * handler.request.request_time()
+    access_log.log(level, "%d %s %.2fms", status, handler._request_summary(), took)
 
 
 def _terminated(pod: dict, code: int, message: str, init: list) -> None:
