@@ -355,7 +355,9 @@ class HubHarness:
             spawner = (model.get("servers") or {}).get(server_name)
             if not spawner or not spawner.get("ready"):
                 if spawner is None and not model.get("pending"):
-                    raise HubHarnessError(f"server {user}/{server_name} stopped while starting")
+                    raise HubHarnessError(
+                        f"server {user}/{server_name} stopped while starting\n{self.log_tail()}"
+                    )
                 return False
             return self.get(server.url + "api/status", token=token).status_code == 200
 
