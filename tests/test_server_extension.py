@@ -91,14 +91,27 @@ def start_kernel(jp_fetch, jp_serverapp):
     started: list[Kernel] = []
 
     async def _start() -> Kernel:
-        response = await jp_fetch(
-            "api", "kernels", method="POST", body=json.dumps({"name": "python3"})
-        )
-        kernel = Kernel(jp_serverapp, json.loads(response.body)["id"])
-        kernel.client.start_channels()
-        await kernel.client.wait_for_ready(timeout=60)
-        started.append(kernel)
-        return kernel
+        tries = 3
+        while True:
+            response = await jp_fetch(
+                "api", "kernels", method="POST", body=json.dumps({"name": "python3"})
+            )
+            kernel = Kernel(jp_serverapp, json.loads(response.body)["id"])
+            kernel.client.start_channels()
+            try:
+                await kernel.client.wait_for_ready(timeout=60)
+            except RuntimeError:
+                # "Kernel died before replying": jupyter_client picks free TCP ports and the
+                # kernel binds them later; a test running at once may take one meanwhile (and
+                # the oldest jupyter_client restarts the kernel on the same ports). Not ours.
+                kernel.client.stop_channels()
+                await jp_fetch("api", "kernels", kernel.id, method="DELETE")
+                tries -= 1
+                if not tries:
+                    raise
+                continue
+            started.append(kernel)
+            return kernel
 
     yield _start
     for kernel in started:
