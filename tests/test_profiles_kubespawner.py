@@ -1176,6 +1176,52 @@ async def test_a_key_a_user_may_not_set_is_named_on_one_log_line(hub, pod_api, c
     assert line.endswith("may not set: x\\n[W 2026-01-01 JupyterHub] forged"), line
 
 
+FORGED = "\n\x1b[31m[I 2026-01-01 00:00:00.000 JupyterHub] gpu-gov: admitted mallory on h100"
+
+
+def forged_lines(caplog) -> list[str]:
+    """What the Hub's log would show of the profile layer's records that is not on their own
+    line: a newline, a terminal's escape (colours, cursor moves) or a line separator."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if "gpu-gov" in r.getMessage() and any(c in r.getMessage() for c in "\n\r\x1b\u2028")
+    ]
+
+
+async def test_what_a_user_chose_or_named_cannot_forge_a_line_of_the_hubs_log(hub, pod_api, caplog):
+    """A user's name is as their identity provider wrote it (JupyterHub accepts a newline in
+    one), and their choices (``user_options``) are theirs: the profile layer's lines quote them
+    (admitted, refused, waits in line), and the Hub logs a refusal's message as it is. A newline
+    and an ANSI escape in them once began a line of the Hub's log of their own ("gpu-gov:
+    admitted mallory on h100", in red); they are written as escapes."""
+    user = "alice" + FORGED
+    hub.user(user, "vision")
+    with caplog.at_level("INFO"):
+        lab = hub.started(hub.spawner(user, "lab"), {"profile": "h100"})
+        await lab.start()  # admitted
+        for options in (
+            {"profile": "h100", "team": "vision" + FORGED},
+            {"profile": "h100", "project": "detection" + FORGED},
+            {"profile": "h100", "expected_duration": "1h" + FORGED},
+            {"profile": "h100" + FORGED},
+        ):
+            refused = hub.started(hub.spawner(user, "odd"), options)
+            with pytest.raises(GpuRefused) as error:
+                await refused.start()
+            # JupyterHub logs the error as it is ("Error starting alice's server: HTTP 403 ...")
+            assert not any(c in str(error.value) for c in "\n\x1b"), str(error.value)
+        # Over the per-user cap (2 GPU-equivalents, one held): refused at admission, logged.
+        pair = hub.started(hub.spawner(user, "pair"), {"profile": "h100x2"})
+        with pytest.raises(GpuRefused):
+            await pair.start()
+
+    said = [r.getMessage() for r in caplog.records if "gpu-gov:" in r.getMessage()]
+    assert any(m.startswith("gpu-gov: admitted alice\\n\\x1b[31m[I ") for m in said), said
+    assert any(m.startswith("gpu-gov: refused alice\\n\\x1b[31m[I ") for m in said), said
+    assert forged_lines(caplog) == []
+
+
 async def test_user_in_no_team_is_refused_a_gpu_but_may_start_without_one(hub, pod_api):
     hub.user("eve")
     hub.group("staff", team=False)

@@ -36,6 +36,7 @@ from typing import Any
 from traitlets import Float
 from traitlets.config import SingletonConfigurable
 
+from ..core.text import escaped
 from ..core.vocabulary import pod_key
 from .spawner import FRESH_FOR_S
 from .tiers import Tier
@@ -245,7 +246,7 @@ class ClusterGpus(SingletonConfigurable):
                 log.warning(
                     "gpu-gov: cannot read the cluster's nodes and pods (%s); capacity comes "
                     "from c.GpuProfiles.capacity until it can (see docs/kubernetes.md: RBAC)",
-                    message,
+                    escaped(message),
                 )
             self.error, self.failing, self.nodes = message, None, None
             self.read_at = time.monotonic()
@@ -255,7 +256,7 @@ class ClusterGpus(SingletonConfigurable):
                 "gpu-gov: the Kubernetes API failed the read of the cluster's nodes and pods "
                 "(%s); the last reading counts for %d s after it was taken, then no GPU is "
                 "counted free until the API answers",
-                message,
+                escaped(message),
                 FRESH_FOR_S,
             )
         self.failing, self.failed_at = message, time.monotonic()
@@ -276,7 +277,7 @@ class ClusterGpus(SingletonConfigurable):
                     "gpu-gov: cannot read pods in every namespace (%s): the cards that pods "
                     "of other namespaces hold are counted free; grant `list` on pods at the "
                     "cluster scope (hub_config/kubernetes/rbac-nodes.yaml)",
-                    error.why,
+                    escaped(error.why),
                 )
             self.namespace_only = error.why
             pods = await _items(

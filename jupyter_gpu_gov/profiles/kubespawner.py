@@ -35,6 +35,7 @@ from kubespawner.slugs import is_valid_label, safe_slug
 from tornado import web
 from traitlets import TraitError, default, validate
 
+from ..core.text import escaped
 from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL, pod_key
 from .cluster import ClusterGpus
 from .hubconfig import profile_list_refusal
@@ -161,7 +162,7 @@ class GpuStartFailed(web.HTTPError):
     ``jupyterhub_message``."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(503, "gpu-gov: %s", message)
+        super().__init__(503, "gpu-gov: %s", escaped(message))  # (it quotes the API)
         self.jupyterhub_message = message
 
 
@@ -270,9 +271,9 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
                 raise
             self.log.warning(
                 "gpu-gov: deleting pod %s/%s failed (%s); trying again",
-                self.namespace,
-                pod_name,
-                kubernetes_failure(error),
+                escaped(self.namespace),
+                escaped(pod_name),
+                escaped(kubernetes_failure(error)),
             )
             return False
 

@@ -42,6 +42,7 @@ from ..core.queue import (
     ordinal,
     releases_from_json,
 )
+from ..core.text import escaped
 from . import form
 from .config import GpuProfiles
 from .queue import FORECAST, REFUSED
@@ -80,7 +81,7 @@ def places(user) -> dict[str, dict[str, str]]:
     try:
         return _places(user)
     except Exception:  # a notice never breaks a Hub page
-        log.exception("gpu-gov: the places in line of %s", user.name)
+        log.exception("gpu-gov: the places in line of %s", escaped(user.name))
         return {}
 
 
@@ -139,12 +140,14 @@ async def _give_back_unstartable(handler: BaseHandler, now) -> None:
         try:
             why = await spawner.gpu_unstartable()
         except Exception:  # one user's teams unreadable (auth state) never stops the sync
-            log.exception("gpu-gov: whether %s can still start", request.server)
+            log.exception("gpu-gov: whether %s can still start", escaped(request.server))
             continue
         # Unless it changed meanwhile (started, cancelled, asked again).
         if why is not None and spawner.gpu_queued is waiting and spawner.gpu_cancel(CANCELLED):
             log.warning(
-                "gpu-gov: %s left the line: it can no longer start: %s", request.server, why
+                "gpu-gov: %s left the line: it can no longer start: %s",
+                escaped(request.server),
+                escaped(why),
             )
             FORECAST.left.append(request.left(CANCELLED, now, f"it can no longer start: {why}"))
 
