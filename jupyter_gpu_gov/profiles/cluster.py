@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from traitlets import Float
+from traitlets import Bool, Float
 from traitlets.config import SingletonConfigurable
 
 from ..core.text import escaped
@@ -199,6 +199,22 @@ class ClusterGpus(SingletonConfigurable):
         The scheduler has the last word: a count a little old can only leave a pod Pending,
         with the reason shown on the spawn page. At most 120 s are used: a reading older is
         unknown (the queue's places say so, not an estimate).""",
+    ).tag(config=True)
+
+    left_pod_sweep = Bool(
+        True,
+        help="""Delete the pod of a server the Hub stopped while the Kubernetes API failed
+        its delete (past KubeSpawner's k8s_api_request_retry_timeout): JupyterHub records the
+        server stopped with its pod running, holding its GPU. Only a pod the hub made (the uid
+        it recorded, KubeSpawner's annotations naming the server) is deleted, audited by the
+        governor first (``profiles/left_pods.py``); until then its card counts as in use.""",
+    ).tag(config=True)
+
+    left_pod_grace = Float(
+        120,
+        help="""Seconds after the failed stop before such a pod is deleted: longer than a
+        pod's own termination (its grace period) takes, so a delete the API carried out
+        late is not asked for again.""",
     ).tag(config=True)
 
     nodes: list[dict] | None = None

@@ -45,6 +45,7 @@ from ..core.queue import (
 from ..core.text import escaped
 from . import form
 from .config import GpuProfiles
+from .left_pods import due
 from .queue import FORECAST, REFUSED
 from .spawner import GOVERNOR_HEARD_WITHIN, GpuRefused, waiting_requests
 
@@ -313,4 +314,10 @@ class QueueApiHandler(APIHandler):
         # The governor reads no "sooner" (it is for the owner's pages): not worked out here.
         line = [w.to_json() for w in await _line(self, now, lambda q: False)]
         refused = REFUSED.count(now)
-        self.finish(json.dumps({"line": line, "left": left, "refused": refused}))
+        try:  # pods stopped servers left running: the governor audits, then asks to delete
+            left_pods = await due(self, now)
+        except Exception:  # never the line's sync
+            log.exception("gpu-gov: finding the pods stopped servers left running")
+            left_pods = []
+        answer = {"line": line, "left": left, "refused": refused, "left_pods": left_pods}
+        self.finish(json.dumps(answer))
