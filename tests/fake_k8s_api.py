@@ -5,7 +5,8 @@ What it serves (``/api/v1``, JSON):
 
 - namespaced ``pods``, ``events``, ``persistentvolumeclaims``, ``services``, ``secrets``,
   ``configmaps``: create (POST), get, list, patch (merge and strategic-merge patches as merge
-  patches, JSON patches), replace (PUT, with the ``resourceVersion`` check) and delete;
+  patches, JSON patches), replace (PUT, with the ``resourceVersion`` check) and delete (a
+  ``preconditions.uid`` that is not the object's: 409 Conflict);
 - ``nodes`` (cluster-scoped): get and list;
 - list + watch of every collection with ``labelSelector`` (``=``, ``==``, ``!=``, ``in``,
   ``notin``, exists, ``!``), ``fieldSelector`` (``metadata.name``, ``metadata.namespace``,
@@ -753,12 +754,21 @@ class FakeKubernetes:
             self._schedule_pending()
         return obj
 
-    def _delete(self, plural: str, namespace: str | None, name: str, grace: int | None) -> dict:
+    def _delete(
+        self, plural: str, namespace: str | None, name: str, grace: int | None, uid=None
+    ) -> dict:
         key = (namespace or "", name)
         with self._lock:
             obj = self.objects[plural].get(key)
             if obj is None:
                 raise not_found(plural, name)
+        if uid is not None and uid != obj["metadata"].get("uid"):  # DeleteOptions.preconditions
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                f"{obj['metadata'].get('uid')}",
+            )
         if plural != "pods" or not (obj.get("spec") or {}).get("nodeName"):
             return self._remove(plural, key)
         if "deletionTimestamp" in obj["metadata"]:
@@ -1324,7 +1334,8 @@ class FakeKubernetes:
                     body = self._body() if self.request.body else {}
                     grace = self.get_argument("gracePeriodSeconds", None)
                     grace = body.get("gracePeriodSeconds") if grace is None else int(grace)
-                    self._reply(api._delete(plural, namespace, name, grace))
+                    uid = (body.get("preconditions") or {}).get("uid")
+                    self._reply(api._delete(plural, namespace, name, grace, uid))
                 except ApiError as error:
                     self._fail(error)
 

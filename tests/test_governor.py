@@ -33,7 +33,14 @@ from jupyter_gpu_gov.hub.idle_culler_args import normalise_argv
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import MIGRATIONS, SCHEMA_VERSION, Store
-from jupyter_gpu_gov.hub.tables import MetaRow, ServerRow, apply_decision, record_of, set_record
+from jupyter_gpu_gov.hub.tables import (
+    DismissalRow,
+    MetaRow,
+    ServerRow,
+    apply_decision,
+    record_of,
+    set_record,
+)
 from jupyter_gpu_gov.hub.views import policy_view, row_view, verdict_of
 
 H100_IDLE_GPU = "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"  # GPU 1: GPU_UTIL 0, unattributed
@@ -1370,4 +1377,24 @@ def test_a_schema_7_store_gains_the_index_the_standbys_reads_use(tmp_path):
         )
     assert "ix_servers_updated_at" in plan, plan
     with migrated.session() as session:
-        assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION) == "8"
+        assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION) == "9"
+
+
+def test_a_schema_8_store_gains_the_table_that_keeps_dismissals(tmp_path):
+    """Schema 9 keeps the health claims an admin dismissed (``health_dismissals``): a store
+    written by schema 8 is migrated, keeps its rows, and keeps a dismissal from then on."""
+    url = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    store = Store(url)
+    store.save_servers([ServerRow(key="u1/", user="u1", name="")])
+    with store.engine.begin() as db:  # back to schema 8, as the previous version wrote it
+        db.exec_driver_sql("DROP TABLE health_dismissals")
+        db.exec_driver_sql("UPDATE meta SET value = '8' WHERE key = 'schema_version'")
+    store.engine.dispose()
+
+    migrated = Store(url)
+    assert list(migrated.servers()) == ["u1/"] and migrated.dismissals() == {}
+    row = DismissalRow(uuid="GPU-1", evidence=["XID 79"], at=clock.utcnow(), actor="user:ada")
+    migrated.save(dismissed=[row])
+    assert Store(url).dismissals() == {"GPU-1": frozenset({"XID 79"})}
+    with migrated.session() as session:
+        assert session.get(MetaRow, "schema_version").value == "9"

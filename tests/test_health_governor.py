@@ -532,3 +532,39 @@ async def test_an_admin_dismisses_a_false_claim_until_new_evidence(tmp_path, htt
         (back,) = [g for g in gov.health_view()["gpus"] if g["uuid"] == LOST_GPU]
         assert back["reasons"][0] == "XID 95: an uncontained ECC memory error"
         assert ECC_GPU not in {g["uuid"] for g in gov.health_view()["gpus"]}
+
+
+async def test_a_dismissal_outlives_a_restart_and_ends_at_new_evidence(tmp_path, http):
+    """Dismissals are kept in the governor's store: after a restart of the service (a new
+    governor on the same store) the cards an admin dismissed are neither listed nor alerted on
+    while DCGM says what they dismissed (they once all came back at every restart). A new
+    failure of one (another XID) lists it again, and ends its dismissal in the store as well:
+    a later restart lists it, and still not the other."""
+    url = f"{http.base}/metrics"
+    async with FakeHub() as hub:
+        async with governed(hub, tmp_path, url) as gov:
+            await gov.reconcile()
+            for uuid in (LOST_GPU, ECC_GPU):
+                gov.dismiss_gpu_claim(uuid, "user:govadmin", "reseated, passes dcgmi diag")
+            await fresh_pass(gov)
+            assert not {LOST_GPU, ECC_GPU} & {g["uuid"] for g in gov.health_view()["gpus"]}
+
+        async with governed(hub, tmp_path, url) as gov:  # the service restarted
+            await fresh_pass(gov)
+            assert not {LOST_GPU, ECC_GPU} & {g["uuid"] for g in gov.health_view()["gpus"]}
+            alerted = {s.labels["uuid"] for s in metrics.GPU_UNHEALTHY.collect()[0].samples}
+            assert not {LOST_GPU, ECC_GPU} & alerted
+            with pytest.raises(LookupError, match="no health claim to dismiss"):
+                gov.dismiss_gpu_claim(LOST_GPU, "user:govadmin", "again")  # known, dismissed
+
+            http.text = http.text.replace('pod_uid=""} 79', 'pod_uid=""} 95')  # a new XID
+            await fresh_pass(gov)
+            (back,) = [g for g in gov.health_view()["gpus"] if g["uuid"] == LOST_GPU]
+            assert back["reasons"][0] == "XID 95: an uncontained ECC memory error"
+            assert ECC_GPU not in {g["uuid"] for g in gov.health_view()["gpus"]}
+
+        async with governed(hub, tmp_path, url) as gov:  # and again
+            await fresh_pass(gov)
+            listed = {g["uuid"] for g in gov.health_view()["gpus"]}
+            assert LOST_GPU in listed and ECC_GPU not in listed
+            assert set(gov.store.dismissals()) == {ECC_GPU}

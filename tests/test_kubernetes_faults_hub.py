@@ -12,6 +12,10 @@ on chosen paths (an error status, a slow answer).
 - An admin's cull whose pod delete the API fails goes on being tried while the governor culls
   another server, and deletes the pod once the API answers (KubeSpawner gave up at the first 5xx,
   and JupyterHub recorded the server stopped with its pod running).
+- A stop whose pod delete the API fails longer than the stop's retries (JupyterHub records the
+  server stopped, its pod running): the pod's card stays held, the governor audits the hub's
+  sweep while the API fails, and once it answers the pod is deleted and the card is free. A pod
+  of another namespace, or one copying the pod's labels, is never touched.
 
 The cluster: 2 H100s. Only vera, vic and ivan are spared the test timers' idle culls.
 """
@@ -40,7 +44,10 @@ def k8s(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub(k8s, tmp_path_factory):
-    extra = "c.GpuProfiles.queue = True\nc.KubeSpawner.k8s_api_request_retry_timeout = 120\n"
+    extra = (
+        "c.GpuProfiles.queue = True\nc.KubeSpawner.k8s_api_request_retry_timeout = 120\n"
+        "c.ClusterGpus.left_pod_grace = 1\n"
+    )
     with z2jh_hub(k8s, tmp_path_factory, extra) as harness:
         yield harness
 
@@ -166,3 +173,75 @@ def test_a_cull_the_api_fails_for_a_while_holds_nothing_up_and_deletes_the_pod_a
     wait(lambda: pod_of(k8s, "vic") is None, 90, "vic's pod to go once the API answers")
     wait(lambda: not running(hub, "vic"), 60, "the Hub to have vic stopped")
     assert "cull" in gov.actions("vic/") and "cull" in gov.actions("vera/")
+
+
+def lookalike(of: dict, name: str) -> dict:
+    """A pod with ``of``'s labels and annotations (what a user who may create pods could copy),
+    under ``name``, running a sleep."""
+    return {
+        "metadata": {
+            "name": name,
+            "labels": dict(of["metadata"]["labels"]),
+            "annotations": dict(of["metadata"]["annotations"]),
+        },
+        "spec": {
+            "containers": [{"name": "notebook", "image": "busybox", "args": ["sleep", "600"]}]
+        },
+    }
+
+
+def test_a_pod_a_stop_left_running_holds_its_card_until_the_sweep_deletes_it(hub, k8s):
+    """vic's stop: the API fails the pod's delete past KubeSpawner's retries (120 s here), and
+    JupyterHub records vic stopped with the pod running. Its card stays held (ivan is refused);
+    the hub's sweep is audited and tried while the API fails; once it answers, the pod is
+    deleted, the card is free for ivan, and the pods that only look like it are left alone."""
+    k8s.clear_faults()  # (the module's cluster starts with its nodes unreadable)
+    for user in ("vic", "vera", "ivan"):
+        if hub.api("GET", f"users/{user}").json()["servers"]:
+            hub.stop_server(user, timeout=60)
+            wait(lambda u=user: pod_of(k8s, u) is None, 60, f"{user}'s pod to go")
+    hub.create_user("vic")
+    form = hub.login("vic")
+    wait(
+        lambda: "GPU state unknown" not in form.get(hub.spawn_page_url("vic"), timeout=60).text,
+        60,
+        "the hub to count the cluster's GPUs",
+    )
+    for user in ("vic", "vera"):
+        hub.start_server(user, options=H100)
+    gov = Gov(hub)
+    made = pod_of(k8s, "vic")
+    k8s.create("pods", lookalike(made, "jupyter-vic"), namespace="other")
+    k8s.create("pods", lookalike(made, "jupyter-vic-copy"), namespace=NAMESPACE)
+    failing = k8s.fail("DELETE", r"/pods/jupyter-vic$", code=503)
+
+    assert hub.api("DELETE", "users/vic/server").status_code in (202, 204)
+    wait(lambda: not hub.api("GET", "users/vic").json()["servers"], 300, "the Hub to stop vic")
+    assert pod_of(k8s, "vic")["metadata"]["uid"] == made["metadata"]["uid"]  # left running
+    wait(lambda: "left-pod-delete" in gov.actions("vic/"), 120, "the sweep to be audited")
+    hits = failing.hits
+    wait(lambda: failing.hits > hits, 60, "the sweep to try the delete")
+    assert pod_of(k8s, "vic") is not None
+
+    assert spawn(hub, "ivan", {"profile": "h100"}).status_code == 202
+    refused = said(hub, "ivan", "in use")  # vera's card, and the one vic's pod still holds
+    assert "H100 80 GB" in refused, refused
+    wait(lambda: not hub.api("GET", "users/ivan").json()["servers"], 60, "ivan's spawn to end")
+
+    k8s.clear_faults()
+    wait(lambda: pod_of(k8s, "vic") is None, 120, "the sweep to delete vic's pod")
+    form = hub.login("ivan")
+    wait(
+        lambda: "would borrow" in form.get(hub.spawn_page_url("ivan"), timeout=60).text,
+        120,
+        "the hub to count vic's card free",
+    )
+    hub.start_server("ivan", options={"profile": "h100"})
+    assert pod_of(k8s, "ivan")["status"]["phase"] == "Running"
+
+    [audited, *_] = [a for a in gov.audit("vic/") if a["action"] == "left-pod-delete"]
+    assert audited["details"]["uid"] == made["metadata"]["uid"], audited
+    assert "jupyter-vic" in audited["reason"] and "holding its GPU" in audited["reason"]
+    assert k8s.get("pods", "jupyter-vic", "other") is not None
+    assert k8s.get("pods", "jupyter-vic-copy", NAMESPACE) is not None
+    assert not hub.api("GET", "users/vic").json()["servers"]

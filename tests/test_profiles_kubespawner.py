@@ -46,6 +46,7 @@ from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubconfig import add_governor
 from jupyter_gpu_gov.profiles import cluster as cluster_module
+from jupyter_gpu_gov.profiles import left_pods
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.hubconfig import TEMPLATES as QUEUE_TEMPLATES
@@ -1176,6 +1177,52 @@ async def test_a_key_a_user_may_not_set_is_named_on_one_log_line(hub, pod_api, c
     assert line.endswith("may not set: x\\n[W 2026-01-01 JupyterHub] forged"), line
 
 
+FORGED = "\n\x1b[31m[I 2026-01-01 00:00:00.000 JupyterHub] gpu-gov: admitted mallory on h100"
+
+
+def forged_lines(caplog) -> list[str]:
+    """What the Hub's log would show of the profile layer's records that is not on their own
+    line: a newline, a terminal's escape (colours, cursor moves) or a line separator."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if "gpu-gov" in r.getMessage() and any(c in r.getMessage() for c in "\n\r\x1b\u2028")
+    ]
+
+
+async def test_what_a_user_chose_or_named_cannot_forge_a_line_of_the_hubs_log(hub, pod_api, caplog):
+    """A user's name is as their identity provider wrote it (JupyterHub accepts a newline in
+    one), and their choices (``user_options``) are theirs: the profile layer's lines quote them
+    (admitted, refused, waits in line), and the Hub logs a refusal's message as it is. A newline
+    and an ANSI escape in them once began a line of the Hub's log of their own ("gpu-gov:
+    admitted mallory on h100", in red); they are written as escapes."""
+    user = "alice" + FORGED
+    hub.user(user, "vision")
+    with caplog.at_level("INFO"):
+        lab = hub.started(hub.spawner(user, "lab"), {"profile": "h100"})
+        await lab.start()  # admitted
+        for options in (
+            {"profile": "h100", "team": "vision" + FORGED},
+            {"profile": "h100", "project": "detection" + FORGED},
+            {"profile": "h100", "expected_duration": "1h" + FORGED},
+            {"profile": "h100" + FORGED},
+        ):
+            refused = hub.started(hub.spawner(user, "odd"), options)
+            with pytest.raises(GpuRefused) as error:
+                await refused.start()
+            # JupyterHub logs the error as it is ("Error starting alice's server: HTTP 403 ...")
+            assert not any(c in str(error.value) for c in "\n\x1b"), str(error.value)
+        # Over the per-user cap (2 GPU-equivalents, one held): refused at admission, logged.
+        pair = hub.started(hub.spawner(user, "pair"), {"profile": "h100x2"})
+        with pytest.raises(GpuRefused):
+            await pair.start()
+
+    said = [r.getMessage() for r in caplog.records if "gpu-gov:" in r.getMessage()]
+    assert any(m.startswith("gpu-gov: admitted alice\\n\\x1b[31m[I ") for m in said), said
+    assert any(m.startswith("gpu-gov: refused alice\\n\\x1b[31m[I ") for m in said), said
+    assert forged_lines(caplog) == []
+
+
 async def test_user_in_no_team_is_refused_a_gpu_but_may_start_without_one(hub, pod_api):
     hub.user("eve")
     hub.group("staff", team=False)
@@ -1540,3 +1587,79 @@ async def test_a_stop_the_api_fails_for_a_while_still_deletes_the_pod(hub, clust
     await alice.stop(now=True)
 
     assert failing.hits == 2 and alice._log_name not in pod_api
+
+
+# -- pods a stop left running ------------------------------------------------------------------
+
+
+async def left_running(hub: FakeHub, cluster: FakeKubernetes, user: str) -> GpuKubeSpawner:
+    """``user``'s GPU server, started, then stopped as JupyterHub's ``User.stop`` does while the
+    API fails the pod's delete past the retries: recorded stopped, the pod left running."""
+    hub.user(user, "vision")
+    spawner = hub.started(hub.spawner(user), {"profile": "h100"})
+    await spawner.start()
+    spawner.k8s_api_request_retry_timeout = 1
+    fault = cluster.fail("DELETE", rf"/pods/{spawner.pod_name}$", code=503)
+    with pytest.raises(TimeoutError):
+        await spawner.stop()
+    fault.times = 0  # (this pod's delete answers again)
+    spawner.orm_spawner.started = None
+    spawner.clear_state()
+    spawner.orm_spawner.state = spawner.get_state()
+    hub.db.commit()
+    return spawner
+
+
+async def test_the_sweep_deletes_only_the_pod_the_hub_made_and_its_stop_left(make_hub, cluster):
+    """The sweep reads the pods the hub's records say a stop left running: alice's, as the hub
+    made it, is named and deleted. bob's pod was deleted and another made under its name by
+    someone else (copying its labels and annotations): not the one the hub made, never named,
+    never deleted. A pod of another namespace under alice's pod's name, with her pod's labels
+    and annotations, is not touched either, even when asked for by name."""
+    config = profiles_config()
+    config.ClusterGpus.left_pod_grace = 0
+    hub = make_hub(config)
+    alice = await left_running(hub, cluster, "alice")
+    bob = await left_running(hub, cluster, "bob")
+    made = cluster.get("pods", alice.pod_name, alice.namespace)
+    assert alice._gpu_left_pod["uid"] == made["metadata"]["uid"]
+    assert (
+        hub.db.query(orm.Spawner)
+        .filter_by(id=alice.orm_spawner.id)
+        .one()
+        .state["gpu-gov/left-pod"]["uid"]
+        == made["metadata"]["uid"]
+    )
+
+    bobs = cluster.get("pods", bob.pod_name, bob.namespace)
+    cluster.call(cluster._delete, "pods", bob.namespace, bob.pod_name, 0)
+    wait_for(lambda: cluster.get("pods", bob.pod_name, bob.namespace) is None)
+    copied = batch_pod(bob.pod_name, "nvidia.com/gpu", 1, {})
+    copied["metadata"].update(
+        labels=bobs["metadata"]["labels"], annotations=bobs["metadata"]["annotations"]
+    )
+    cluster.create("pods", copied, namespace=bob.namespace)
+    other = batch_pod(alice.pod_name, "nvidia.com/gpu", 1, {})
+    other["metadata"].update(
+        labels=made["metadata"]["labels"], annotations=made["metadata"]["annotations"]
+    )
+    other = cluster.create("pods", other, namespace="other")
+
+    handler = SimpleNamespace(db=hub.db, find_user=lambda name: hub.users.get(name))
+    found = await left_pods.due(handler, clock.utcnow())
+    assert [(f["server"], f["namespace"], f["name"], f["uid"]) for f in found] == [
+        ("alice/", alice.namespace, alice.pod_name, made["metadata"]["uid"])
+    ]
+    assert bob._gpu_left_pod is None  # forgotten: the name holds another pod
+    # A delete asked for bob's pod by its uid (a sweep that read it before) spares the new one.
+    assert await bob.gpu_delete_pod(bob.namespace, bob.pod_name, bobs["metadata"]["uid"])
+
+    asked = [*found, {**found[0], "namespace": "other", "uid": other["metadata"]["uid"]}]
+    answer = await left_pods.delete(handler, asked)
+    assert answer["deleted"] == [f"{alice.namespace}/{alice.pod_name}"]
+    assert answer["refused"] == [f"other/{alice.pod_name}"]
+    wait_for(lambda: cluster.get("pods", alice.pod_name, alice.namespace) is None)
+    assert await left_pods.due(handler, clock.utcnow()) == []
+    assert alice._gpu_left_pod is None
+    assert cluster.get("pods", alice.pod_name, "other") is not None
+    assert cluster.get("pods", bob.pod_name, bob.namespace) is not None

@@ -19,6 +19,17 @@ def escape_table(keep: str = "") -> dict[int, str]:
     return {c: repr(chr(c))[1:-1] for c in CONTROLS if chr(c) not in keep}
 
 
+_ESCAPED = escape_table()  # every control character, newline and tab too
+
+
+def escaped(text: object) -> str:
+    """``text`` on one line: each control character written as ``repr`` writes it (``\\n``,
+    ``\\x1b``, ``\\u202e``). What a log line quotes from outside (a user's or a server's name,
+    a choice, an API's error text) goes through this, so it can neither end the line nor
+    start a forged one."""
+    return str(text).translate(_ESCAPED)
+
+
 def not_text_at(text: str) -> int | None:
     """The index of the first character of ``text`` UTF-8 cannot encode (None: it is text)."""
     if text.isascii():

@@ -126,9 +126,14 @@ class HealthWatch:
     left: dict[str, GpuProblem] = field(default_factory=dict)
     # The claims an admin dismissed (``POST api/health/<uuid>/dismiss``), by physical uuid: the
     # evidence dismissed. A dismissal lasts while the card's claim rests on no more than that
-    # (``core.health.still_dismissed``) and ends when the card has no claim any more; kept in
-    # memory, as the claims are (a restart of the service lists the card again).
+    # (``core.health.still_dismissed``) and ends when the card has no claim any more. Kept in
+    # the store too (``health_dismissals``): a restart of the service reads them back
+    # (``restore``), and those that ended are deleted there after the pass (``ended``).
     dismissals: dict[str, frozenset[str]] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)  # dismissals ended, not yet deleted in store
+    # Read back at a start and not yet met again: until its claim is read (or DCGM reads the
+    # card without one), a dismissal's missing claim is not known to have ended.
+    _restored: set[str] = field(default_factory=set)
     _dismissed_once: set[str] = field(default_factory=set)  # to say "no claim", not "unknown"
     _snapshot: DcgmSnapshot | None = None
     # The DCGM records (by uuid) last read for problems, and the problems they showed.
@@ -343,8 +348,13 @@ class HealthWatch:
             claim = found.get(uuid)
             if claim is not None and health.still_dismissed(dismissed, claim.health):
                 del found[uuid]
+                self._restored.discard(uuid)
+            elif claim is None and uuid in self._restored and uuid not in (self._indexed or {}):
+                continue  # not read since the restart: not known to be gone
             else:  # the claim went, or new evidence came: the next claim is listed
                 del self.dismissals[uuid]
+                self._restored.discard(uuid)
+                self.ended.add(uuid)
         for uuid in list(self._since):
             if uuid not in found:
                 del self._since[uuid]
@@ -421,8 +431,23 @@ class HealthWatch:
         its claim is no longer listed, alerted on or held against its node, until new evidence
         (``core.health.still_dismissed``) or a claim after it went."""
         self.dismissals[claim.uuid] = health.evidence(claim.health)
+        self.ended.discard(claim.uuid)
+        self._restored.discard(claim.uuid)
         self._dismissed_once.add(claim.uuid)  # a card of the cluster's: a few thousand at most
         self.left.pop(claim.uuid, None)  # a stopped server's word: nothing will renew it
+
+    def restore(self, dismissals: Mapping[str, frozenset[str]]) -> None:
+        """The dismissals the store kept (a start, a takeover): in force again until new
+        evidence, or the claim's end once the card is read again, ends each."""
+        self.dismissals = dict(dismissals)
+        self._restored = set(dismissals)
+        self._dismissed_once.update(dismissals)
+        self.ended.clear()
+
+    def take_ended(self) -> list[str]:
+        """The dismissals that ended since the last call (to delete from the store)."""
+        ended, self.ended = sorted(self.ended), set()
+        return ended
 
     # -- Kubernetes nodes ---------------------------------------------------------------------
 

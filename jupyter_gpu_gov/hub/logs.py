@@ -18,17 +18,9 @@ from collections.abc import Iterator, Mapping
 
 from traitlets.config.application import LevelFormatter
 
-from ..core.text import escape_table
+from ..core.text import escaped
 
 MAX_ARG_CHARS = 2000  # one argument of a line (a server key, an error's words)
-
-_ESCAPED = escape_table()  # every control character, newline and tab too
-
-
-def escaped(text: str) -> str:
-    """``text`` on one line: each control character written as ``repr`` writes it (``\\n``,
-    ``\\x1b``, ``\\u202e``)."""
-    return text.translate(_ESCAPED)
 
 
 def _bounded(arg: object) -> object:

@@ -15,7 +15,7 @@ from ..core.policy import evolve
 from ..core.vocabulary import ADMIN, CULLED, EXEMPT, OWNER_STOP, STOP_SERVER
 from . import metrics
 from .hubapi import HubApiError, HubServer, NotSent
-from .tables import ExtensionRow, ServerRow, record_of, set_record
+from .tables import DismissalRow, ExtensionRow, ServerRow, record_of, set_record
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 # Seconds between the governor's "stopping" and the Hub's stop of a server its owner stopped.
@@ -125,7 +125,14 @@ class PeoplesRequests:
                 "dismissed": sorted(health.evidence(claim.health)),
             },
         )
-        self.save_audits([audit])  # on record first: a store that cannot take it changes nothing
+        dismissal = DismissalRow(
+            uuid=uuid,
+            evidence=sorted(health.evidence(claim.health)),
+            at=clock.utcnow(),
+            actor=actor,
+        )
+        # On record first, with the audit: a store that cannot take them changes nothing.
+        self.store.save(audits=[audit], dismissed=[dismissal])
         self.health.dismiss(claim)
         return {"status": "dismissed", "gpu": claim.view(clock.utcnow())}
 

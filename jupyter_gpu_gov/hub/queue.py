@@ -48,6 +48,7 @@ from .store import Store
 from .tables import AuditRow, ServerRow
 
 RETRY_AFTER = timedelta(minutes=1)  # a start the Hub refused is not tried every pass
+LEFT_POD_RETRY = timedelta(seconds=15)  # a left pod's delete, asked and audited again
 # Audit actions: a start from the line (before it is made), one made, a request that left it.
 START, STARTED_ACTION, LEFT = "queue-start", "queue-started", "queue-left"
 
@@ -143,6 +144,7 @@ class QueueSync:
         # back in line is a start that failed after the Hub took it (its pod never created:
         # the spawner keeps its place): tried again after RETRY_AFTER, its wait metered once.
         self._started: dict[str, tuple[datetime, datetime]] = {}
+        self._left_pods: dict[str, datetime] = {}  # uid -> when its delete was last asked
 
     async def sync(self, now: datetime | None = None) -> list[Waiting]:
         if self.absent:
@@ -169,6 +171,8 @@ class QueueSync:
                 log.warning("gpu-gov: spawn queue sync failed: %s", error)
             return []
         line = self._read(answer)
+        if isinstance(answer, Mapping) and answer.get("left_pods"):
+            await self._delete_left_pods(answer["left_pods"], now)
         QUEUED.set(len(line))
         for waiting in line:
             request = waiting.request
@@ -209,6 +213,53 @@ class QueueSync:
             why = f": {departure.why}" if departure.why else ""
             self._meter(departure, LEFT, f"left the line ({departure.outcome}{why})")
         return line
+
+    async def _delete_left_pods(self, entries, now: datetime) -> None:
+        """The pods the Hub's stop of a server left running (the Kubernetes API failed the
+        delete), which the hub found still there past their grace (``profiles/left_pods.py``):
+        each audited, then the hub asked to delete them (it checks them against its records
+        again). Asked again, and audited again, after ``LEFT_POD_RETRY`` while it fails."""
+        asked, rows = [], []
+        for entry in entries[:100] if isinstance(entries, list) else ():
+            if not isinstance(entry, Mapping) or not all(
+                isinstance(entry.get(k), str) and 0 < len(entry[k]) <= MAX_TEXT
+                for k in ("server", "namespace", "name", "uid", "stopped_at")
+            ):
+                log.warning("gpu-gov: a left pod the hub named cannot be read; skipped")
+                continue
+            last = self._left_pods.get(entry["uid"])
+            if last is not None and now - last < LEFT_POD_RETRY:
+                continue
+            self._left_pods[entry["uid"]] = now
+            pod = {k: entry[k] for k in ("namespace", "name", "uid", "stopped_at")}
+            asked.append(pod)
+            where = f" on node {entry['node']}" if isinstance(entry.get("node"), str) else ""
+            rows.append(
+                AuditRow(
+                    at=now,
+                    server_key=entry["server"],
+                    user=entry["server"].partition("/")[0],
+                    action="left-pod-delete",
+                    reason=f"the Hub stopped this server at {entry['stopped_at']} but the "
+                    f"Kubernetes API failed its pod's delete: pod {entry['namespace']}/"
+                    f"{entry['name']}{where} still ran, holding its GPU; deleted",
+                    actor="governor",
+                    dry_run=self.dry_run,
+                    details={**pod, "node": entry.get("node"), "tier": entry.get("tier")},
+                )
+            )
+        for uid, at in list(self._left_pods.items()):
+            if now - at >= LEFT_POD_RETRY:
+                del self._left_pods[uid]
+        if not rows:
+            return
+        self.store.audit(rows)  # before the hub is asked: a delete unaudited is never sent
+        if self.dry_run:
+            return
+        try:
+            await self.hub.request("POST", "gpu-gov/left-pods", {"pods": asked})
+        except HubApiError as error:
+            log.warning("gpu-gov: asking the hub to delete left pods: %s", error)
 
     def _meter(self, departure: Departure, action: str, why: str) -> None:
         """Into the histogram, and the audit trail (showback's queue columns read it)."""

@@ -41,7 +41,7 @@ from .people import PeoplesRequests
 from .queue import QueueSync, line_starts
 from .records import Records
 from .scopes import HubAccess
-from .store import Store
+from .store import Store, StoreUnavailable
 from .tables import AuditRow, ServerRow, apply_decision, record_of, set_record
 from .unchanged import Unchanged
 from .usage import Usage, _Use
@@ -158,6 +158,7 @@ class Governor(
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
         self.health = HealthWatch(options.health)
+        self.health.restore(store.dismissals())  # an admin's dismissals outlive a restart
         self.ledger = ledger.Ledger(options.ledger_max_gap, store.usage_sessions(open_only=True))
         self._keep_to_the_stores_clock()
         self._usage_written_at: datetime | None = None  # None: the first pass writes
@@ -208,6 +209,7 @@ class Governor(
         reads from the store is read again (the rows, the ledger's open sessions, which rows
         exist), and checkpoints asked before now are asked again (views.py), as at a restart."""
         self.store.forget_known()
+        self.health.restore(self.store.dismissals())  # the other governor's admins' too
         stepped = clock.adopt_step()  # on standby: what it kept (reports) to today's clock
         if stepped:
             self._shift_kept(timedelta(seconds=stepped))
@@ -309,6 +311,12 @@ class Governor(
         queued = {k: self._servers[k] for k in sorted(self._queued) if k in self._servers}
         self.line_starts = line_starts(queued, rows, self.reports)
         self.health.finish_pass(stopped, now)
+        ended = self.health.take_ended()
+        if ended and self.acting:  # (a standby's store is its active governor's to write)
+            try:
+                await self.store.save_async(undismissed=ended)
+            except StoreUnavailable:  # deleted at a later pass; meanwhile new evidence shows
+                self.health.ended.update(ended)
         patches = []  # sent once their audit rows are on record, not awaited by the pass
         for node, patch, action, why in self.health.node_changes():
             batch.audits.append(self._audit_row(None, action, why, dry_run=self.options.dry_run))

@@ -41,6 +41,7 @@ from .tables import (
     SERVERS_UPDATED_AT,
     AuditRow,
     Base,
+    DismissalRow,
     ExtensionRow,
     MetaRow,
     ServerRow,
@@ -48,7 +49,7 @@ from .tables import (
     UsageSessionRow,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 T = TypeVar("T")
 
@@ -168,6 +169,7 @@ MIGRATIONS: dict[int, list[str]] = {
     # The standby's read of the rows written since its last (``Views._read_back``): by the
     # index, not a scan of every row at each pass.
     8: [f"CREATE INDEX IF NOT EXISTS {SERVERS_UPDATED_AT} ON servers (updated_at)"],
+    9: [],  # health_dismissals: a new table, made by create_all
 }
 # Migrations that change a column's type: where the database enforces it (SQLite neither
 # enforces a VARCHAR's length nor alters a column). Schema 6: a server's key holds JupyterHub's
@@ -316,11 +318,21 @@ class Store:
         extensions: Iterable[ExtensionRow] = (),
         updated_audits: Iterable[AuditRow] = (),
         updated_extensions: Iterable[ExtensionRow] = (),
+        dismissed: Iterable[DismissalRow] = (),
+        undismissed: Iterable[str] = (),
     ) -> None:
         """Server rows, new audit rows and extension requests, and audit rows and requests
-        that changed since, in one transaction: all of it is on record, or none of it and
-        ``StoreUnavailable`` says why."""
-        write = self._saving(rows, audits, extensions, updated_audits, updated_extensions)
+        that changed since, health dismissals made and ended (by uuid), in one transaction:
+        all of it is on record, or none of it and ``StoreUnavailable`` says why."""
+        write = self._saving(
+            rows,
+            audits,
+            extensions,
+            updated_audits,
+            updated_extensions,
+            dismissed,
+            undismissed,
+        )
         if write is not None:
             self.write(write)
 
@@ -329,15 +341,23 @@ class Store:
         rows: Iterable[ServerRow] = (),
         audits: Iterable[AuditRow] = (),
         updated_audits: Iterable[AuditRow] = (),
+        undismissed: Iterable[str] = (),
     ) -> None:
         """``save``, the event loop running while it is written (a pass's decisions, their
         outcomes)."""
-        write = self._saving(rows, audits, updated_audits=updated_audits)
+        write = self._saving(rows, audits, updated_audits=updated_audits, undismissed=undismissed)
         if write is not None:
             await self.write_async(write)
 
     def _saving(
-        self, rows, audits, extensions=(), updated_audits=(), updated_extensions=()
+        self,
+        rows,
+        audits,
+        extensions=(),
+        updated_audits=(),
+        updated_extensions=(),
+        dismissed=(),
+        undismissed=(),
     ) -> Callable[[], None] | None:
         """``save``'s transaction, its server rows' values and audits' outcomes taken now (the
         loop may change the rows while the writer writes them)."""
@@ -345,7 +365,11 @@ class Store:
         audits, extensions = list(audits), list(extensions)
         updated_extensions = list(updated_extensions)
         completed = [(row.reason, row.details, row.id) for row in updated_audits]
-        if not (values or audits or extensions or completed or updated_extensions):
+        dismissed, undismissed = list(dismissed), sorted(set(undismissed))
+        if (
+            not (values or audits or extensions or completed or updated_extensions or dismissed)
+            and not undismissed
+        ):
             return None
 
         def write() -> None:
@@ -356,6 +380,14 @@ class Store:
                     session.add_all([*audits, *extensions])
                     for extension in updated_extensions:
                         session.merge(extension)
+                    if undismissed:
+                        session.execute(
+                            DismissalRow.__table__.delete().where(
+                                DismissalRow.uuid.in_(undismissed)
+                            )
+                        )
+                    for dismissal in dismissed:  # (one uuid, dismissed again: the newer)
+                        session.merge(dismissal)
                     if completed:  # a pass's culls' outcomes: one statement
                         self._update_audit.run(session.connection(), completed)
             except DBAPIError as error:
@@ -408,6 +440,18 @@ class Store:
         if old:
             self._update_server.run(session.connection(), old)
         return values.keys() | (stored - self._stored)
+
+    # -- health dismissals -----------------------------------------------------------------------
+
+    def dismissals(self) -> dict[str, frozenset[str]]:
+        """Every GPU claim an admin dismissed that has not ended: uuid -> the evidence."""
+        with self.session() as session:
+            rows = session.scalars(select(DismissalRow)).all()
+        return {
+            row.uuid: frozenset(str(e) for e in row.evidence)
+            for row in rows
+            if isinstance(row.evidence, list)
+        }
 
     # -- audit and extensions -------------------------------------------------------------------
 

@@ -172,6 +172,20 @@ class AuditRow(Base):
     details: Mapped[dict | None] = mapped_column(JSON)
 
 
+class DismissalRow(Base):
+    """An admin's dismissal of a GPU's health claim (``POST api/health/<uuid>/dismiss``): the
+    evidence dismissed (``core.health.evidence``, sorted), by physical GPU uuid. Kept while the
+    card's claim rests on no more than that (``core.health.still_dismissed``); deleted when new
+    evidence or the claim's end ends it. Schema 9."""
+
+    __tablename__ = "health_dismissals"
+
+    uuid: Mapped[str] = mapped_column(String(255), primary_key=True)
+    evidence: Mapped[list] = mapped_column(JSON)
+    at: Mapped[datetime] = mapped_column(UtcDateTime())
+    actor: Mapped[str] = mapped_column(String(KEY_LENGTH))
+
+
 class UsageRow(Base):
     """The usage ledger's buckets: GPU-equivalent seconds per UTC day and owner, by state
     (``core.ledger``), and the day's culls and extensions. "" where an owner field is unknown."""

@@ -33,9 +33,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from traitlets import Float
+from traitlets import Bool, Float
 from traitlets.config import SingletonConfigurable
 
+from ..core.text import escaped
 from ..core.vocabulary import pod_key
 from .spawner import FRESH_FOR_S
 from .tiers import Tier
@@ -200,6 +201,22 @@ class ClusterGpus(SingletonConfigurable):
         unknown (the queue's places say so, not an estimate).""",
     ).tag(config=True)
 
+    left_pod_sweep = Bool(
+        True,
+        help="""Delete the pod of a server the Hub stopped while the Kubernetes API failed
+        its delete (past KubeSpawner's k8s_api_request_retry_timeout): JupyterHub records the
+        server stopped with its pod running, holding its GPU. Only a pod the hub made (the uid
+        it recorded, KubeSpawner's annotations naming the server) is deleted, audited by the
+        governor first (``profiles/left_pods.py``); until then its card counts as in use.""",
+    ).tag(config=True)
+
+    left_pod_grace = Float(
+        120,
+        help="""Seconds after the failed stop before such a pod is deleted: longer than a
+        pod's own termination (its grace period) takes, so a delete the API carried out
+        late is not asked for again.""",
+    ).tag(config=True)
+
     nodes: list[dict] | None = None
     pods: list[dict] = []  # those holding an extended resource, as the API server has them
     read_at: float = float("-inf")
@@ -245,7 +262,7 @@ class ClusterGpus(SingletonConfigurable):
                 log.warning(
                     "gpu-gov: cannot read the cluster's nodes and pods (%s); capacity comes "
                     "from c.GpuProfiles.capacity until it can (see docs/kubernetes.md: RBAC)",
-                    message,
+                    escaped(message),
                 )
             self.error, self.failing, self.nodes = message, None, None
             self.read_at = time.monotonic()
@@ -255,7 +272,7 @@ class ClusterGpus(SingletonConfigurable):
                 "gpu-gov: the Kubernetes API failed the read of the cluster's nodes and pods "
                 "(%s); the last reading counts for %d s after it was taken, then no GPU is "
                 "counted free until the API answers",
-                message,
+                escaped(message),
                 FRESH_FOR_S,
             )
         self.failing, self.failed_at = message, time.monotonic()
@@ -276,7 +293,7 @@ class ClusterGpus(SingletonConfigurable):
                     "gpu-gov: cannot read pods in every namespace (%s): the cards that pods "
                     "of other namespaces hold are counted free; grant `list` on pods at the "
                     "cluster scope (hub_config/kubernetes/rbac-nodes.yaml)",
-                    error.why,
+                    escaped(error.why),
                 )
             self.namespace_only = error.why
             pods = await _items(

@@ -57,6 +57,7 @@ from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
 from ..core.grant import DEVICES_STATE
 from ..core.grant import labels as granted
+from ..core.text import escaped
 from ..core.vocabulary import (
     BORROWED_LABEL,
     TEAM_LABEL,
@@ -421,7 +422,8 @@ class KeptCount:
             "of the database by hand).",
             reason,
             len(differ),
-            "; ".join(said[:10]) + (f" and {len(said) - 10} more" if len(said) > 10 else "")
+            escaped("; ".join(said[:10]))  # a team's name may come from outside (auth state)
+            + (f" and {len(said) - 10} more" if len(said) > 10 else "")
             or "the same devices per tier and team, on other servers or labelled otherwise",
         )
 

@@ -34,6 +34,7 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
     """Add the profile layer to JupyterHub config ``c``."""
     from .config import GpuProfiles
     from .handlers import EstimateHandler
+    from .left_pods import LeftPodsApiHandler
     from .queue_pages import (
         QueueApiHandler,
         QueueCancelHandler,
@@ -62,6 +63,7 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
             (rf"/gpu-gov/queue/cancel/{server}", QueueCancelHandler),
             (rf"/gpu-gov/queue/join/{server}", QueueJoinHandler),
             (r"/api/gpu-gov/queue", QueueApiHandler),
+            (r"/api/gpu-gov/left-pods", LeftPodsApiHandler),
         ]
     )
 

@@ -24,20 +24,26 @@ means "ours", anything else is refused with a message saying what to do.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from typing import Any
 
 import aiohttp
+from kubernetes_asyncio.client import V1DeleteOptions, V1Preconditions
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.slugs import is_valid_label, safe_slug
 from tornado import web
 from traitlets import TraitError, default, validate
 
+from ..core import clock
+from ..core.text import escaped
 from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL, pod_key
 from .cluster import ClusterGpus
 from .hubconfig import profile_list_refusal
+from .left_pods import LEFT_POD_STATE, POD_UID_STATE, left_pod
+from .left_pods import from_state as left_pod_from_state
 from .quota import tier_use
 from .spawner import NO_GPU, GpuProfilesMixin
 from .tiers import Tier
@@ -161,7 +167,7 @@ class GpuStartFailed(web.HTTPError):
     ``jupyterhub_message``."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(503, "gpu-gov: %s", message)
+        super().__init__(503, "gpu-gov: %s", escaped(message))  # (it quotes the API)
         self.jupyterhub_message = message
 
 
@@ -186,6 +192,8 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
 
     _gpu_configured: dict[str, Any] | None = None  # what the tiers override, before any tier
     _gpu_left: dict[str, Any] | None = None  # the same, as the last spawn left them
+    _gpu_pod_uid: str | None = None  # the uid of the pod this server's start made
+    _gpu_left_pod: dict | None = None  # a pod a stop could not delete (``left_pods.py``)
 
     @default("profile_list")
     def _gpu_profile_list(self):
@@ -270,11 +278,100 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
                 raise
             self.log.warning(
                 "gpu-gov: deleting pod %s/%s failed (%s); trying again",
-                self.namespace,
-                pod_name,
-                kubernetes_failure(error),
+                escaped(self.namespace),
+                escaped(pod_name),
+                escaped(kubernetes_failure(error)),
             )
             return False
+
+    async def start(self):
+        url = await super().start()
+        self._gpu_pod_uid = self.pod_id  # (KubeSpawner read it of the running pod it made)
+        left = self._gpu_left_pod
+        if left and (left["namespace"], left["name"]) == (self.namespace, self.pod_name):
+            self._gpu_left_pod = None  # KubeSpawner met it (409), deleted it, made its own
+        return url
+
+    async def stop(self, now=False):
+        # The uid of the pod this server's start made (or, when the hub has none recorded, of
+        # the pod of that name the hub's own watch holds): the one a left pod's sweep deletes.
+        seen = (
+            self.pod_reflector.pods.get(f"{self.namespace}/{self.pod_name}")
+            if (self.pod_reflector is not None)
+            else None
+        )
+        uid = self._gpu_pod_uid or ((seen or {}).get("metadata") or {}).get("uid")
+        tier = self.gpu_grant.get(TIER_LABEL)
+        try:
+            await super().stop(now=now)
+        except BaseException:
+            # JupyterHub records the server stopped all the same: its pod, and its GPU, would
+            # be left running for nobody to delete. Recorded (``get_state``) for the sweep.
+            self._gpu_left_pod = left_pod(self.namespace, self.pod_name, uid, clock.utcnow(), tier)
+            self.log.warning(
+                "gpu-gov: the pod %s/%s of %s could not be deleted; its card counts as held "
+                "until the hub deletes it, %g s from now at the earliest (c.ClusterGpus."
+                "left_pod_grace), once the governor has audited it",
+                escaped(self.namespace),
+                escaped(self.pod_name),
+                escaped(self._log_name),
+                self.gpu_cluster.left_pod_grace,
+            )
+            raise
+        self._gpu_pod_uid = None
+
+    async def gpu_read_pod(self, namespace: str, name: str) -> dict | None:
+        """The pod's JSON as the API has it (None: there is none), within the request timeout."""
+        try:
+            response = await asyncio.wait_for(
+                self.api.read_namespaced_pod(name, namespace, _preload_content=False),
+                self.k8s_api_request_timeout,
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        try:
+            return json.loads(await response.read())
+        finally:
+            response.release()
+
+    async def gpu_delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the pod ``uid`` (never another made under its name since); True when it is
+        gone already (or the name holds another pod), False when the delete was accepted."""
+        options = V1DeleteOptions(
+            grace_period_seconds=self.delete_grace_period,
+            preconditions=V1Preconditions(uid=uid),
+        )
+        try:
+            await asyncio.wait_for(
+                self.api.delete_namespaced_pod(name, namespace, body=options),
+                self.k8s_api_request_timeout,
+            )
+        except ApiException as error:
+            if error.status in (404, 409):  # gone; or the uid is not the name's pod's
+                return True
+            raise
+        return False
+
+    def get_state(self):
+        state = super().get_state()
+        if self._gpu_pod_uid:
+            state[POD_UID_STATE] = self._gpu_pod_uid
+        if self._gpu_left_pod:
+            state[LEFT_POD_STATE] = dict(self._gpu_left_pod)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        uid = state.get(POD_UID_STATE)
+        self._gpu_pod_uid = uid if isinstance(uid, str) else None
+        self._gpu_left_pod = left_pod_from_state(state)
+
+    def clear_state(self):
+        # A pod a stop left running stays recorded: the sweep forgets it once it is gone.
+        super().clear_state()
+        self._gpu_pod_uid = None
 
     def get_env(self):
         env = super().get_env()

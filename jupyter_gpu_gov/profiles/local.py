@@ -31,6 +31,7 @@ from traitlets.config import SingletonConfigurable
 from ..core import health
 from ..core.grant import DEVICES_STATE, GPUS_STATE
 from ..core.models import Device
+from ..core.text import escaped
 from ..gpu.backends import CHOICES, make_backend
 from .grant_count import kept_count
 from .quota import Grant
@@ -153,7 +154,7 @@ class LocalGpus(SingletonConfigurable):
                 str(error) if isinstance(error, _Unreadable) else f"{type(error).__name__}: {error}"
             )
             why = why.splitlines()[0][:300]
-            self.log.warning("gpu-gov: cannot read the GPUs of this machine: %s", why)
+            self.log.warning("gpu-gov: cannot read the GPUs of this machine: %s", escaped(why))
             self._devices, self._why = None, f"could not be read ({why})"
             return
         if self._devices is None and self._why != self._NOT_READ:

@@ -42,8 +42,10 @@ from ..core.queue import (
     ordinal,
     releases_from_json,
 )
+from ..core.text import escaped
 from . import form
 from .config import GpuProfiles
+from .left_pods import due
 from .queue import FORECAST, REFUSED
 from .spawner import GOVERNOR_HEARD_WITHIN, GpuRefused, waiting_requests
 
@@ -80,7 +82,7 @@ def places(user) -> dict[str, dict[str, str]]:
     try:
         return _places(user)
     except Exception:  # a notice never breaks a Hub page
-        log.exception("gpu-gov: the places in line of %s", user.name)
+        log.exception("gpu-gov: the places in line of %s", escaped(user.name))
         return {}
 
 
@@ -139,12 +141,14 @@ async def _give_back_unstartable(handler: BaseHandler, now) -> None:
         try:
             why = await spawner.gpu_unstartable()
         except Exception:  # one user's teams unreadable (auth state) never stops the sync
-            log.exception("gpu-gov: whether %s can still start", request.server)
+            log.exception("gpu-gov: whether %s can still start", escaped(request.server))
             continue
         # Unless it changed meanwhile (started, cancelled, asked again).
         if why is not None and spawner.gpu_queued is waiting and spawner.gpu_cancel(CANCELLED):
             log.warning(
-                "gpu-gov: %s left the line: it can no longer start: %s", request.server, why
+                "gpu-gov: %s left the line: it can no longer start: %s",
+                escaped(request.server),
+                escaped(why),
             )
             FORECAST.left.append(request.left(CANCELLED, now, f"it can no longer start: {why}"))
 
@@ -310,4 +314,10 @@ class QueueApiHandler(APIHandler):
         # The governor reads no "sooner" (it is for the owner's pages): not worked out here.
         line = [w.to_json() for w in await _line(self, now, lambda q: False)]
         refused = REFUSED.count(now)
-        self.finish(json.dumps({"line": line, "left": left, "refused": refused}))
+        try:  # pods stopped servers left running: the governor audits, then asks to delete
+            left_pods = await due(self, now)
+        except Exception:  # never the line's sync
+            log.exception("gpu-gov: finding the pods stopped servers left running")
+            left_pods = []
+        answer = {"line": line, "left": left, "refused": refused, "left_pods": left_pods}
+        self.finish(json.dumps(answer))

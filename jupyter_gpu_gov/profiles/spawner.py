@@ -50,6 +50,7 @@ from ..core.queue import (
     whole_ms,
 )
 from ..core.teams import group_teams, user_teams
+from ..core.text import escaped
 from ..core.vocabulary import (
     BORROWED_LABEL,
     CLAIM_WITHIN_LABEL,
@@ -133,7 +134,8 @@ class GpuRefused(web.HTTPError):
     """A spawn the profile layer refuses; JupyterHub shows ``jupyterhub_message`` to the user."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(403, "gpu-gov: %s", message)
+        # The Hub logs the error's own message: it may quote a user's choice or team name.
+        super().__init__(403, "gpu-gov: %s", escaped(message))
         self.jupyterhub_message = message
 
 
@@ -276,7 +278,9 @@ class GpuProfilesMixin:
         if waiting is None or self._gpu_queued is not None or not waiting.live(clock.utcnow()):
             return
         self._gpu_queued = waiting
-        self.log.warning("gpu-gov: %s failed to start; it keeps its place in line", self._log_name)
+        self.log.warning(
+            "gpu-gov: %s failed to start; it keeps its place in line", escaped(self._log_name)
+        )
         self._gpu_save(None)
 
     async def gpu_teams(self) -> list[str]:
@@ -391,7 +395,9 @@ class GpuProfilesMixin:
         tier, team = checked
         admission = self._gpu_admission(tier, team)
         if not admission.allowed:
-            self.log.info("gpu-gov: refused %s: %s", self._log_name, admission.reason)
+            self.log.info(
+                "gpu-gov: refused %s: %s", escaped(self._log_name), escaped(admission.reason)
+            )
             now = clock.utcnow()
             waits = self._gpu_queued is not None and self._gpu_queued.live(now)
             if admission.limit in FOR_A_GPU and not waits:  # one in line is counted there
@@ -421,7 +427,7 @@ class GpuProfilesMixin:
         if ignored:  # named in one bounded line: the keys are the user's
             self.log.warning(
                 "gpu-gov: %s: ignored user_options a user may not set: %s",
-                self._log_name,
+                escaped(self._log_name),
                 ", ".join(repr(k[:40])[1:-1] for k in ignored[:10])  # a newline as \n
                 + (f" and {len(ignored) - 10} more" if len(ignored) > 10 else ""),
             )
@@ -441,7 +447,10 @@ class GpuProfilesMixin:
                     self._gpu_granted[CLAIM_WITHIN_LABEL] = str(int(claim.total_seconds()))
                 options.update(self._gpu_granted)  # a copy, for the Hub's pages and the count
                 self.log.info(
-                    "gpu-gov: admitted %s on %s: %s", self._log_name, tier.name, admission.reason
+                    "gpu-gov: admitted %s on %s: %s",
+                    escaped(self._log_name),
+                    escaped(tier.name),
+                    escaped(admission.reason),
                 )
         finally:
             # Granted or not, the record now says exactly what this spawn holds: a refused
@@ -478,9 +487,9 @@ class GpuProfilesMixin:
                 spawner.user_options = dict(row.user_options)
             self.log.info(
                 "gpu-gov: asked %s/%s to give its borrowed GPU back to team %s",
-                row.user.name,
-                row.name,
-                team,
+                escaped(row.user.name),
+                escaped(row.name or ""),
+                escaped(team),
             )
         db.commit()
 
@@ -597,10 +606,10 @@ class GpuProfilesMixin:
         )
         self.log.info(
             "gpu-gov: %s waits in line for %s (team %s): %s",
-            self._log_name,
-            tier.name,
-            team,
-            admission.reason,
+            escaped(self._log_name),
+            escaped(tier.name),
+            escaped(team),
+            escaped(admission.reason),
         )
         REFUSED.forget(mine)  # counted in line from now on
         self.user_options = choices
@@ -644,7 +653,7 @@ class GpuProfilesMixin:
         if self._gpu_queued is None:
             return False
         self._gpu_queued = None
-        self.log.info("gpu-gov: %s left the line (%s)", self._log_name, outcome)
+        self.log.info("gpu-gov: %s left the line (%s)", escaped(self._log_name), outcome)
         self._gpu_save(None)
         return True
 
