@@ -82,7 +82,7 @@ def dashboard_table(
     if ascending:
         shown.reverse()
     return {
-        "lines": shown,
+        "lines": listings.HandingOver(shown),  # rendered in a worker, the reports let in
         "total": len(lines),
         "gpus_held": sum(line["gpus"] for line in lines),
         "idle_now": sum(
