@@ -6,6 +6,7 @@ HTTP, the SQLite store) with 25 more users' servers running.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -91,3 +92,16 @@ async def test_a_bad_page_is_refused_naming_the_parameter(tmp_path, monkeypatch,
         answer = await get(url, f"api/servers{query}", ADMIN[1])
         assert answer.code == 400, answer.body
         assert named in json.loads(answer.body)["message"]
+
+
+async def test_an_unchanged_listing_is_not_sent_again(tmp_path, monkeypatch):
+    """Its ETag, hashed in the worker now, is the one tornado gave it: a client that sends it
+    back gets 304 while nothing changed."""
+    async with service(tmp_path, monkeypatch) as (url, governor, hub):
+        hub.add_user_token(*ADMIN, extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
+        await governor.reconcile()
+        first = await get(url, "api/servers", ADMIN[1])
+        etag = first.headers["Etag"]
+        assert etag == f'"{hashlib.sha1(first.body).hexdigest()}"'
+        again = await get(url, "api/servers", ADMIN[1], **{"If-None-Match": etag})
+        assert again.code == 304 and not again.body

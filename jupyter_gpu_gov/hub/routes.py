@@ -12,6 +12,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Iterator
+from functools import partial
 from itertools import islice
 from operator import attrgetter
 
@@ -197,11 +198,8 @@ class ServersHandler(ApiHandler):
             lambda: self._wanted(user, running_only, after, limit)
         )
         # Built and encoded in a worker, a server at a time.
-        body = await asyncio.get_running_loop().run_in_executor(
-            None, listings.encoded_servers, snapshot, more
-        )
         self.set_header("Content-Type", "application/json")
-        self.finish(body)
+        await self.finish_from_worker(partial(listings.encoded_servers, snapshot, more))
 
     async def _wanted(
         self, user: str | None, running_only: bool, after: str | None, limit: int | None
