@@ -10,6 +10,7 @@ which a single-user server's own token never has.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import re
@@ -288,6 +289,20 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
             raise web.HTTPError(400, f"'{key}' may be at most {MAX_TEXT} characters")
         return value.strip()
 
+    _worker_etag: str | None = None  # ``finish_from_worker``'s
+
+    async def finish_from_worker(self, build: Callable[[], bytes | str]) -> None:
+        """Finish with what ``build`` returns, built, encoded and hashed for its ETag
+        (tornado's: the body's SHA-1) in a worker thread: on the event loop, encoding and
+        hashing a 16 MB page held every report for ~30-110 ms (docs/benchmarks.md, "Routes at
+        10,000 servers (wave 28)")."""
+        loop = asyncio.get_running_loop()
+        self._worker_etag, body = await loop.run_in_executor(None, _tagged, build)
+        self.finish(body)
+
+    def compute_etag(self) -> str | None:
+        return self._worker_etag or super().compute_etag()
+
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
@@ -313,3 +328,11 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         if row is None:
             raise web.HTTPError(404, f"the governor knows no server {key}")
         return key, row
+
+
+def _tagged(build: Callable[[], bytes | str]) -> tuple[str, bytes]:
+    """``build()``'s body as bytes, and its ETag as tornado computes one."""
+    body = build()
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    return f'"{hashlib.sha1(body).hexdigest()}"', body

@@ -8,7 +8,6 @@ shows them in the reader's clock, like JupyterLab does. Only the API and CSV sta
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -92,8 +91,7 @@ class PageHandler(ApiHandler):
     async def render_page_in_worker(self, template: str, status: int = 200, **context) -> None:
         """``render_page``, rendered in a worker thread: a page of a year of a big hub's usage
         is seconds of work (its tables and charts), which held every report on the event loop."""
-        render = self._page(template, status, context)
-        self.finish(await asyncio.get_running_loop().run_in_executor(None, render))
+        await self.finish_from_worker(self._page(template, status, context))
 
     def _page(self, template: str, status: int, context: dict) -> Callable[[], str]:
         """The page's headers set, and its rendering, to call."""

@@ -31,10 +31,11 @@ from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
 from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
-from . import showback
+from . import listings, showback
 from .api_handler import COST_EXPORT, COST_LISTING
 from .health import not_a_uuid
-from .page_handler import STATIC, PageHandler, StaticHandler, ago, until
+from .incremental import let_reports_in
+from .page_handler import STATIC, PageHandler, StaticHandler, ago
 from .people import ClaimHeld, SessionChanged, parse_session
 from .prepared_auth import owner_wide
 from .views import policy_view
@@ -47,54 +48,52 @@ EXEMPT_CHOICES = ("1h", "8h", "1d", "3d", "7d")
 FLASH_COOKIE = "gpu-gov-flash"
 
 
-def server_lines(governor, now: datetime, user: str | None = None) -> list[dict]:
-    """The running servers as the dashboard shows them (GPU-holding ones flagged); ``user``:
-    theirs only (a user's page: building every server's line to keep theirs held the event loop
-    in proportion to the hub, docs/benchmarks.md "Routes at 10,000 servers (wave 27)")."""
-    lines = []
-    pending_ext = {e.server_key for e in governor.extensions("pending")}
-    for row in governor.known_servers(running_only=True):
-        if user is not None and row.user != user:
-            continue
-        view = governor.listing(row)
-        gpu = view["gpu"] or {}
-        session = governor.open_session(row.key)
-        devices = [
-            d.get("mig_profile") or d.get("name") or d.get("uuid") for d in gpu.get("devices", ())
-        ]
-        activity = gpu.get("active_fraction")
-        idle_for = (now - row.idle_since).total_seconds() if row.idle_since else None
-        lines.append(
-            {
-                "key": row.key,
-                "session": clock.isoformat(row.session_started) or "",  # the session shown
-                "user": row.user,
-                "name": row.name,
-                "team": row.team or "",
-                "project": row.project or "",
-                "tier": row.tier or "",
-                "gpus": session.gpus if session else 0.0,
-                "devices": ", ".join(str(d) for d in devices),
-                "state": row.state,
-                "reason": row.reason,
-                "idle_for": idle_for,
-                "idle_for_text": ago(row.idle_since, now),
-                "memory": (gpu.get("memory_mb") or 0) / 1024 if gpu else None,
-                "activity": activity,
-                "root_cause": (view["root_cause"] or {}).get("label", ""),
-                "root_cause_hint": (view["root_cause"] or {}).get("hint", ""),
-                "right_size": view["right_size"],
-                "deadline": row.cull_at,
-                "deadline_text": until(row.cull_at, now),
-                "warn_text": until(row.warn_at, now),
-                "extensions_used": row.extensions_used,
-                "approval_pending": row.approval_pending or row.key in pending_ext,
-                "exempt_until": row.exempt_until,
-                "policy": row.policy or "",
-                "ledger_state": session.state if session else "",
-            }
-        )
-    return lines
+async def server_lines(governor, now: datetime, user: str) -> list[dict]:
+    """``user``'s running servers as "My GPU usage" shows them (a line of the dashboard's
+    each), on the event loop: their servers', never every server's (built for every server to
+    keep theirs, it held the event loop in proportion to the hub, docs/benchmarks.md "Routes at
+    10,000 servers (wave 27)")."""
+    rows = [row for row in governor.known_servers(running_only=True) if row.user == user]
+    pending = {e.server_key for e in governor.extensions("pending")}
+    return listings.server_lines(await listings.snapshot(governor, rows, now), now, pending)
+
+
+def dashboard_table(
+    snapshot: list[listings.Listed],
+    now: datetime,
+    pending: set[str],
+    filters: dict[str, str],
+    everything: bool,
+    sort: str,
+    ascending: bool,
+) -> dict:
+    """The dashboard's table from a snapshot of the running servers, in a worker: the lines
+    shown (GPU servers, or ``everything``; filtered, sorted), their count and the filters'
+    choices, GPUs held and idle now."""
+    lines = listings.server_lines(snapshot, now, pending)
+    shown = [
+        line
+        for line in lines
+        if (everything or line["gpus"] > 0 or line["devices"])
+        and (not filters["user"] or filters["user"].lower() in line["user"].lower())
+        and all(not filters[k] or line[k] == filters[k] for k in ("team", "tier", "state"))
+    ]
+    shown.sort(key=_sort_key(sort))
+    if ascending:
+        shown.reverse()
+    return {
+        "lines": listings.HandingOver(shown),  # rendered in a worker, the reports let in
+        "total": len(lines),
+        "gpus_held": sum(line["gpus"] for line in lines),
+        "idle_now": sum(
+            line["gpus"]
+            for line in lines
+            if line["ledger_state"] in (ledger.IDLE_HELD, ledger.IDLE_FREE)
+        ),
+        "options": {
+            dim: sorted({line[dim] for line in lines} - {""}) for dim in ("team", "tier", "state")
+        },
+    }
 
 
 def _sort_key(name: str):
@@ -118,27 +117,49 @@ class DashboardHandler(PageHandler):
     async def get(self):
         self.require_admin()
         gov = self.governor
-        now = clock.utcnow()
-        lines = server_lines(gov, now)
         everything = self.get_argument("all", "") == "1"
-        options = {
-            dim: sorted({line[dim] for line in lines} - {""}) for dim in ("team", "tier", "state")
-        }
         filters = {k: self.get_argument(k, "") for k in ("user", "team", "tier", "state")}
-        shown = [
-            line
-            for line in lines
-            if (everything or line["gpus"] > 0 or line["devices"])
-            and (not filters["user"] or filters["user"].lower() in line["user"].lower())
-            and all(not filters[k] or line[k] == filters[k] for k in ("team", "tier", "state"))
-        ]
         sort = self.get_argument("sort", "idle_for")
         sort = sort if sort in SORTS else "idle_for"
-        shown.sort(key=_sort_key(sort))
-        if self.get_argument("desc", "") == "0":
-            shown.reverse()
-        gov.flush_usage()  # the ledger as of this pass, not of its last write
-        week = gov.usage(["team"], "all", showback.days_back(7, now))
+
+        # What the page shows of the servers, of one pass, each part in a turn of the event
+        # loop of its own: the running servers' snapshot (references, nothing formatted), the
+        # health and diagnosis views (copied: the worker reads them as the governor changes);
+        # the lines are built, filtered and sorted, and the page rendered, in a worker. Built
+        # on the loop, the lines held every report for ~0.85 s at 10,000 servers
+        # (docs/benchmarks.md, "Routes at 10,000 servers (wave 28)").
+        async def page_state() -> tuple:
+            now = clock.utcnow()
+            snapshot = await listings.snapshot(gov, gov.known_servers(running_only=True), now)
+            await let_reports_in()
+            pending_extensions = gov.extensions("pending")
+            granted = await gov.granted_now()  # the running servers' GPUs, read in a worker
+            gpu_health = copy.deepcopy(gov.health_view(granted))
+            await let_reports_in()
+            diagnosis = copy.deepcopy(gov.diagnosis_summary(granted=granted))
+            return now, snapshot, pending_extensions, gpu_health, diagnosis
+
+        ((now, snapshot, pending_extensions, gpu_health, diagnosis),) = await gov.of_one_pass(
+            page_state
+        )
+        pending_keys = {e.server_key for e in pending_extensions}
+        table = await asyncio.get_running_loop().run_in_executor(
+            None,
+            dashboard_table,
+            snapshot,
+            now,
+            pending_keys,
+            filters,
+            everything,
+            sort,
+            self.get_argument("desc", "") == "0",
+        )
+        # The ledger as of this pass, not of its last write; the week's read in a worker, as
+        # showback's (a day of 10,000 servers' usage: ~0.1-0.3 s).
+        await gov.flush_usage_async()
+        week = await asyncio.get_running_loop().run_in_executor(
+            None, gov.usage, ["team"], "all", showback.days_back(7, now)
+        )
         idle_cost = {r["team"]: r["idle_cost"] for r in week}
         idle_hours = {r["team"]: r["gpu_hours_idle"] for r in week}
         use_cost = any(v > 0 for v in idle_cost.values())
@@ -171,29 +192,19 @@ class DashboardHandler(PageHandler):
                 "ago": ago(e.requested_at, now),
                 "reason": e.reason,
             }
-            for e in gov.extensions("pending")
+            for e in pending_extensions
         ]
         # Rendered in a worker: a row a GPU server, the template held every report on the event
         # loop for seconds at 10,000 (docs/benchmarks.md, "Routes at 10,000 servers (wave 27)").
-        # The lines are built here, on the loop, from the governor's state; the worker reads
-        # only them and copies.
         await self.render_page_in_worker(
             "dashboard.html",
-            lines=shown,
-            total=len(lines),
-            gpus_held=sum(line["gpus"] for line in lines),
-            idle_now=sum(
-                line["gpus"]
-                for line in lines
-                if line["ledger_state"] in (ledger.IDLE_HELD, ledger.IDLE_FREE)
-            ),
+            **table,
             week=week,
             week_idle_cost=sum(idle_cost.values()),
             week_idle_hours=sum(idle_hours.values()),
             chart=Markup(chart),
             filters=filters,
             everything=everything,
-            options=options,
             sort=sort,
             sort_url=sort_url,
             pending=pending,
@@ -202,9 +213,8 @@ class DashboardHandler(PageHandler):
             message=self._flash(),
             last_cycle=gov.last_cycle,
             now=now,
-            gpu_health=copy.deepcopy(gov.health_view()),
-            # The root causes' section (diagnosis.html).
-            diagnosis=copy.deepcopy(gov.diagnosis_summary()),
+            gpu_health=gpu_health,
+            diagnosis=diagnosis,  # the root causes' section (diagnosis.html)
             hints={**HINTS, IDLE: IDLE_HINT},
         )
 
@@ -388,7 +398,7 @@ class MyUsageHandler(PageHandler):
     cost = COST_LISTING
 
     @web.authenticated
-    def get(self):
+    async def get(self):
         gov = self.governor
         now = clock.utcnow()
         if refused := owner_wide(self.current_user, "its owner's page"):
@@ -396,7 +406,7 @@ class MyUsageHandler(PageHandler):
         me = self.current_user["name"]
         if self.is_admin and self.get_argument("user", ""):
             me = self.get_argument("user")  # admins may look at anyone's page
-        lines = server_lines(gov, now, user=me)
+        lines = await server_lines(gov, now, user=me)
         since = showback.days_back(30, now)
         gov.flush_usage()
         sessions = gov.usage_sessions(since=since, user=me)

@@ -151,6 +151,11 @@ class Governor(
         self._world: tuple = ()  # what reaches every server at once, as of the last pass
         self.hub_listing = HubListing(options.full_pass_every)
         self._deciding = False  # a pass is deciding: the users its listing brought are fresh
+        # Set but while a pass decides (its rows, half this pass's and half the last's): a
+        # listing's snapshot waits for it (``between_passes``).
+        self._decided = asyncio.Event()
+        self._decided.set()
+        self._passes_deciding = 0  # how many passes began deciding (``Views.of_one_pass``)
         # Users a pass may read one by one before its culls (hub/incremental.py), and left.
         self._fresh_reads = self._fresh_reads_left = FRESH_READS_LEAST
         self._decided_on: dict = {}  # key -> what a cull to read the Hub before was decided on
@@ -271,10 +276,15 @@ class Governor(
         )
         self._decided_on.clear()  # of culls a failed write never carried out
         self._deciding = True
+        self._decided.clear()
+        self._passes_deciding += 1
         try:
             waiting = await self._decide_listed(kept, rows, now, batch, seen)
         finally:
             self._deciding = False
+            # (what follows up to the next await, the servers found stopped, is this pass's
+            # too: a snapshot waiting for this runs after it)
+            self._decided.set()
         stopped = self._stopped(seen, rows)
         for key in stopped:
             self._servers.pop(key, None)

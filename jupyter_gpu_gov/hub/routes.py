@@ -7,11 +7,14 @@ here read and change the governor through its views and requests, never its stor
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 import math
 from collections.abc import Awaitable, Iterator
+from functools import partial
 from itertools import islice
+from operator import attrgetter
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
@@ -20,7 +23,7 @@ from ..core import clock
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from ..core.vocabulary import server_key
-from . import metrics, showback
+from . import listings, metrics, showback
 from .api_handler import COST_EXPORT, COST_LISTING, COST_READ, ApiHandler, json_object
 from .budget import UNIT_BYTES, Budget, RefusalLog
 from .health import not_a_uuid
@@ -178,22 +181,62 @@ def report_route(
 
 
 class ServersHandler(ApiHandler):
-    """``GET api/servers``: every governed server (admins) or the caller's own."""
+    """``GET api/servers[?all=1&after=<key>&limit=<n>]``: every governed server (admins) or the
+    caller's own, in key order; ``after``/``limit``: a page of them."""
 
     def request_cost(self, caller: dict) -> int:
         return COST_LISTING if ADMIN_SCOPES.intersection(caller.get("scopes") or ()) else COST_READ
 
     @web.authenticated
-    def get(self):
+    async def get(self):
         user = None if self.is_admin else self.current_user["name"]
         running_only = self.get_argument("all", "0") not in ("1", "true")
-        rows = self.governor.known_servers(running_only)
-        items = [
-            self.governor.listing(row)
-            for row in sorted(rows, key=lambda r: r.key)
-            if user is None or (row.user == user and not out_of_reach(self.current_user, row.key))
+        after, limit = self._page()
+        # On the loop, between two passes, a snapshot: the rows wanted and what their
+        # listings read, by reference (docs/benchmarks.md, "Routes at 10,000 servers (wave 28)").
+        ((more, snapshot),) = await self.governor.of_one_pass(
+            lambda: self._wanted(user, running_only, after, limit)
+        )
+        # Built and encoded in a worker, a server at a time.
+        self.set_header("Content-Type", "application/json")
+        await self.finish_from_worker(partial(listings.encoded_servers, snapshot, more))
+
+    async def _wanted(
+        self, user: str | None, running_only: bool, after: str | None, limit: int | None
+    ) -> tuple[dict | None, list[listings.Listed]]:
+        """The snapshot of the servers asked for and, for a page, ``{"next": …}``."""
+        rows = [
+            row
+            for row in self.governor.known_servers(running_only)
+            if (user is None or (row.user == user and not out_of_reach(self.current_user, row.key)))
+            and (after is None or row.key > after)
         ]
-        self.write_json({"servers": items})
+        more = None
+        if limit is not None:
+            page = heapq.nsmallest(limit, rows, key=attrgetter("key"))
+            more = {"next": page[-1].key if len(rows) > limit else None}
+            rows = page
+        return more, await listings.snapshot(self.governor, rows, clock.utcnow())
+
+    def _page(self) -> tuple[str | None, int | None]:
+        """``after`` (a server's key: the servers after it) and ``limit`` (how many), or 400."""
+        after = self.get_argument("after", None)
+        if after is not None and not 0 < len(after) <= listings.MAX_CURSOR_CHARS:
+            raise web.HTTPError(
+                400,
+                f"'after' must be a server's key (user/name) of 1 to "
+                f"{listings.MAX_CURSOR_CHARS} characters: the last one of the page before",
+            )
+        text = self.get_argument("limit", None)
+        if text is None:
+            return after, None
+        if not (text.isascii() and text.isdigit() and len(text) <= 6) or not (
+            1 <= int(text) <= listings.MAX_PAGE
+        ):
+            raise web.HTTPError(
+                400, f"'limit' must be a whole number from 1 to {listings.MAX_PAGE}"
+            )
+        return after, int(text)
 
 
 class ServerHandler(ApiHandler):
@@ -399,7 +442,7 @@ class DiagnosisHandler(ApiHandler):
     cost = COST_EXPORT
 
     @web.authenticated
-    def get(self):
+    async def get(self):
         self.require_admin()
         try:
             days = int(self.get_argument("days", "7"))
@@ -407,7 +450,8 @@ class DiagnosisHandler(ApiHandler):
             raise web.HTTPError(400, "'days' must be a whole number of days") from None
         if not 1 <= days <= 366:
             raise web.HTTPError(400, "'days' must be between 1 and 366")
-        self.write_json(self.governor.diagnosis_summary(days))
+        granted = await self.governor.granted_now()  # 10,000 spawner states: read in a worker
+        self.write_json(self.governor.diagnosis_summary(days, granted=granted))
 
 
 class HealthHandler(ApiHandler):
@@ -417,9 +461,10 @@ class HealthHandler(ApiHandler):
     cost = COST_LISTING
 
     @web.authenticated
-    def get(self):
+    async def get(self):
         self.require_admin()
-        self.write_json(self.governor.health_view())
+        granted = await self.governor.granted_now()  # 10,000 spawner states: read in a worker
+        self.write_json(self.governor.health_view(granted))
 
 
 class DismissGpuClaimHandler(ApiHandler):

@@ -149,9 +149,13 @@ class Usage:
             else:
                 self._usage_written(drained[1])
 
-    async def _save_usage_async(self) -> None:
+    async def flush_usage_async(self) -> None:
+        """``flush_usage``, the event loop running while it is written (a page's)."""
+        await self._save_usage_async(force=True)
+
+    async def _save_usage_async(self, force: bool = False) -> None:
         """``_save_usage``, the event loop running while it is written (a pass's)."""
-        drained = self._drain_usage(False)
+        drained = self._drain_usage(force)
         if drained is not None:
             try:
                 await self.store.save_usage_async(*drained[1:])

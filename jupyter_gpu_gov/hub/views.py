@@ -4,10 +4,13 @@ views, and the reads the REST API and the pages make (``governor.audit_trail(...
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
+from typing import Any
 
 from ..core import clock, policy, rightsize
 from ..core.ledger import Session as LedgerSession
@@ -313,6 +316,32 @@ class Views:
         """What the governor keeps of one server (``None``: a server it never saw)."""
         return self.rows.get(key)
 
+    async def between_passes(self) -> None:
+        """Returns when no pass is deciding: what is read then, before the next ``await``, is
+        one pass's state (and its reports' since), never a pass's rows half decided. A
+        listing's snapshot (``hub/listings.py``) waits here: at most the rest of a pass's
+        deciding (a few seconds at 10,000 servers), never its culls."""
+        while not self._decided.is_set():
+            await self._decided.wait()
+
+    async def of_one_pass(self, *reads: Callable[[], Any]) -> list:
+        """What ``reads`` return (or their awaitables: ``listings.snapshot``), each in turns of
+        the event loop of its own (reports are answered between two), all between the same two
+        passes: read again, all of them, when a pass decided meanwhile."""
+        from .incremental import let_reports_in  # (it reads this module's ``cause_of``)
+
+        while True:
+            await self.between_passes()
+            began = self._passes_deciding
+            out = []
+            for read in reads:
+                if out:
+                    await let_reports_in()
+                value = read()
+                out.append(await value if inspect.isawaitable(value) else value)
+            if began == self._passes_deciding and self._decided.is_set():
+                return out
+
     def known_servers(self, running_only: bool = True) -> list[ServerRow]:
         """The rows of the servers the governor knows: those running, or all of them."""
         return [r for r in self.rows.values() if r.running or not running_only]
@@ -320,11 +349,12 @@ class Views:
     def policy_named(self, name: str | None) -> Policy:
         return next((p for p in self.policies if p.name == name), self.policies[-1])
 
-    def health_view(self) -> dict:
-        """``GET api/health``, with the server holding each GPU where DCGM names its pod."""
+    def health_view(self, granted: Mapping[str, trusted.Granted | None] | None = None) -> dict:
+        """``GET api/health``, with the server holding each GPU where DCGM names its pod;
+        ``granted``: ``granted_now()``'s, else read here."""
         now = clock.utcnow()
         view = self.health.admin_view(now, self.rows)
-        by_pod = self._servers_by_pod()
+        by_pod = _by_pod(self._granted() if granted is None else granted)
         for gpu in view["gpus"]:
             pod = gpu["pod"]
             if gpu["server"] is None and pod is not None:
@@ -332,28 +362,32 @@ class Views:
         return view
 
     def _servers_by_pod(self) -> dict[tuple[str | None, str], str]:
-        """The running servers by the pod the Hub's records name (``(namespace, pod)``, and
-        ``(None, pod)`` for DCGM's records without a namespace)."""
-        by_pod = {}
-        for key, server in self._servers.items():
-            granted = trusted.Granted.of(server.spawner_state)
-            pod = granted.pod if granted is not None else None
-            if pod is not None:
-                by_pod[pod] = by_pod[(None, pod[1])] = key
-        return by_pod
+        return _by_pod(self._granted())
 
-    def diagnosis_summary(self, days: int = 7) -> dict:
+    def _granted(self) -> dict[str, trusted.Granted | None]:
+        """What the Hub's records say each running server holds (``trusted.Granted``)."""
+        return _granted_of(self._servers)
+
+    async def granted_now(self) -> dict[str, trusted.Granted | None]:
+        """``_granted``, read in a worker from a copy of the running servers: 10,000 spawner
+        states read are ~20-40 ms, twice for the dashboard (its health and diagnosis)."""
+        servers = dict(self._servers)
+        return await asyncio.get_running_loop().run_in_executor(None, _granted_of, servers)
+
+    def diagnosis_summary(
+        self, days: int = 7, granted: Mapping[str, trusted.Granted | None] | None = None
+    ) -> dict:
         """``GET api/diagnosis``: causes, their cost per team and node, fragmentation (cards by
         what is allocated on them; spawns pending a GPU, waiting in line for one, or refused
         for want of one lately: the spawn queue's last sync)."""
         running = [key for key, row in self.rows.items() if row.running]
         # The devices the allocator pinned (the spawner's state), never those a report names:
         # its user writes it (docs/security.md).
+        granted_by_key = self._granted() if granted is None else granted
         granted = [
             grant.devices
             for key in running
-            if key in self._servers
-            and (grant := trusted.Granted.of(self._servers[key].spawner_state)) is not None
+            if key in self._servers and (grant := granted_by_key.get(key)) is not None
         ]
         evidence = [e for records in self._context.by_uuid.values() for e in records]
         shares = allocation(granted, evidence)
@@ -438,6 +472,23 @@ class Views:
     def open_session(self, key: str) -> LedgerSession | None:
         """The ledger's session of a running server (None: not billed yet)."""
         return self.ledger.open.get(key)
+
+
+def _granted_of(servers: Mapping) -> dict[str, trusted.Granted | None]:
+    return {key: trusted.Granted.of(server.spawner_state) for key, server in servers.items()}
+
+
+def _by_pod(
+    granted: Mapping[str, trusted.Granted | None],
+) -> dict[tuple[str | None, str], str]:
+    """The running servers by the pod the Hub's records name (``(namespace, pod)``, and
+    ``(None, pod)`` for DCGM's records without a namespace)."""
+    by_pod = {}
+    for key, grant in granted.items():
+        pod = grant.pod if grant is not None else None
+        if pod is not None:
+            by_pod[pod] = by_pod[(None, pod[1])] = key
+    return by_pod
 
 
 def _newest(rows: Iterable[ServerRow]) -> datetime | None:
