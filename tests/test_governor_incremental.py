@@ -6,6 +6,7 @@ Hub action."""
 from __future__ import annotations
 
 import copy
+import json
 import random
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -93,6 +94,10 @@ def governor(hub: FakeHub, tmp_path, name: str, dcgm: Dcgm, full_every: int) -> 
     # Pages of 3 users: a full listing of this small fleet takes as many requests as a large
     # one's, so asking for the users of the servers to decide is worth it (hub/listing.py).
     return Governor(store, HubApi(hub.api_url, hub.token, page_size=3), policies, options, dcgm)
+
+
+def _encoded(verdict: dict) -> bytes:
+    return json.dumps({"verdict": verdict}).encode()  # as the report route answered
 
 
 def columns(row) -> tuple:
@@ -216,9 +221,15 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                     answer = checkpoint_answer(full, f"{s.user}/", rng)
                     if answer is not None:
                         report["checkpoint"] = answer
-                    for gov in (full, inc):
-                        if await gov.hub_runs(f"{s.user}/"):
-                            gov.ingest(copy.deepcopy(report))
+                    # The route's answer (``ingest_answer``: kept on the row while what it is
+                    # made of stays) is the other governor's verdict, encoded anew.
+                    said = [
+                        gov.ingest_answer(copy.deepcopy(report))
+                        for gov in (full, inc)
+                        if await gov.hub_runs(f"{s.user}/")
+                    ]
+                    if said:
+                        assert said == [_encoded(full.verdict(f"{s.user}/"))] * 2, f"pass {n}"
             dcgm.down = rng.random() < 0.05 * odds
             if rng.random() < 0.15:
                 start(100 + n)
@@ -257,6 +268,8 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
                 await gov.background_done()
                 exposed.append(samples())
             listed_some += not inc.hub_listing.full
+            for key in inc.rows:  # a kept answer after a pass and people's requests
+                assert inc.answer(key) == _encoded(inc.verdict(key)), f"pass {n}: {key}"
             a, b = everything(full, full_hub), everything(inc, inc_hub)
             for part in a:
                 assert a[part] == b[part], f"pass {n}: {part} differ (seed {seed})"

@@ -317,6 +317,14 @@ class Ingest:
 
     def ingest(self, report: dict) -> dict:
         """Keep a validated, authorised report; answer the server's current verdict."""
+        return self.verdict(self._keep_report(report))
+
+    def ingest_answer(self, report: dict) -> bytes:
+        """``ingest``, answered as the report route sends it (``Views.answer``)."""
+        return self.answer(self._keep_report(report))
+
+    def _keep_report(self, report: dict) -> str:
+        """Keep a validated, authorised report; its server's key."""
         # What is kept is the compact form; what only reads the report now (the use meter,
         # DCGM's evidence, the diagnosis: each keeps numbers, not the report) reads the
         # decoded JSON, whose ``get`` is C's, not a section's (docs/benchmarks.md, "Issue 26,
@@ -361,7 +369,7 @@ class Ingest:
         if result is not None and row is not None and result.answers(record_of(row)):
             self._checkpoints[key] = result  # a stale one never replaces the answer
         self._note_report(key)  # compared once, here: the pass looks only at what moved
-        return self.verdict(key)
+        return key
 
     def hub_ran(self, key: str) -> bool:
         """Whether the last pass saw the Hub run this server (``hub_runs`` without asking)."""

@@ -163,7 +163,7 @@ def report_route(
 
     def _accepted(report: dict) -> Answer:
         accepted.inc()
-        return 200, json.dumps({"verdict": governor.ingest(report)}).encode()
+        return 200, governor.ingest_answer(report)
 
     def _throttled(peer: str, wait: float, what: str) -> Answer:
         throttled.inc()

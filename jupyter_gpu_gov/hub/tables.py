@@ -123,7 +123,7 @@ class ServerRow:
     """What the governor remembers of a server (a row of ``servers``): a slot per column,
     unset columns ``None`` until stored (then their defaults), as an ORM instance's were."""
 
-    __slots__ = (*SERVER_COLUMNS, "_record")
+    __slots__ = (*SERVER_COLUMNS, "_record", "_answer")
     __table__ = SERVERS
 
     def __init__(self, **columns) -> None:
@@ -133,6 +133,7 @@ class ServerRow:
         for name in SERVER_COLUMNS:
             setattr(self, name, columns.get(name))
         self._record: Record | None = None  # record_of's cache
+        self._answer: tuple | None = None  # Views.answer's last, and what it was made of
 
     def __repr__(self) -> str:
         return f"<ServerRow {self.key!r}>"
