@@ -121,7 +121,9 @@ class Policy:
     # An owner who has not interacted with the server for this long is away: when its GPU goes
     # idle (a training run or a "run all" finished unattended) the warning goes out at once and
     # the cull follows after the notice. ``warn_after`` spares a person at the notebook warnings
-    # about short pauses; nobody is there to spare. None: the clock is the same for everyone.
+    # about short pauses; nobody is there to spare. While the Hub then sees no activity on the
+    # server (no tab open to show the warning), nobody can read it: its notice is the Hub's own
+    # lag (HUB_ACTIVITY_LAG), not the full one. None: the clock is the same for everyone.
     away_after: timedelta | None = timedelta(hours=2)
     # A zombie by the Hub's own record — the GPU idle and held, no cell running (the report),
     # and no Hub activity (no open tab, no kernel message, no request: a server can make its
