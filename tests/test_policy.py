@@ -188,6 +188,54 @@ def test_an_owner_away_for_hours_is_warned_as_soon_as_the_gpu_goes_idle():
     assert "cull after 1h" not in culled.reason
 
 
+def test_a_warning_nobody_can_read_stands_only_as_long_as_the_hubs_lag():
+    """The owner away (no interaction for away_after) and no Hub activity on the server since
+    the warning went out (no tab open to show it, no kernel message): its notice is the Hub's
+    own lag (15 min), enough for anyone who opens the notebook to show in the Hub's record,
+    then the checkpoint and the cull. Anyone who turns up gets the full notice back."""
+    gone = {"user_last_activity": T0 - 180 * MIN, "hub_last_activity": T0 - 5 * MIN}
+    actions, last = run(idle_view(**gone), minutes=31, on_checkpoint="done")
+    assert actions == [
+        (0, "warn", "warned"),
+        (15, "checkpoint", "checkpointing"),
+        (16, "cull", "culled"),
+    ]
+    assert last.cull_reason == "gpu-idle"
+    assert "no tab open to read it, so its notice is the Hub's own lag, 15m" in last.reason
+    assert "cull after the warning's notice of 15m" in last.reason
+    # The warning itself says the time it will keep: never a later reading bringing it forward.
+    warned = p.decide(idle_view(**gone), p.Record(), POLICY, T0)
+    assert warned.actions == ("warn",) and warned.cull_at == T0 + 15 * MIN
+    assert "server stopped at 2026-01-05 09:15 UTC unless extended" in warned.reason
+
+    # Someone opens the notebook at minute 10 (the Hub sees the tab): the full notice again.
+    def arrives(minute):
+        hub = T0 - 5 * MIN if minute < 10 else T0 + minute * MIN
+        return idle_view(user_last_activity=T0 - 180 * MIN, hub_last_activity=hub)
+
+    assert run(arrives, minutes=40, on_checkpoint="done")[0][:2] == [
+        (0, "warn", "warned"),
+        (30, "checkpoint", "checkpointing"),
+    ]
+    # A tab open all along, an owner who left an hour ago (not away at the warning), a
+    # server DCGM alone sees, Hub activity unknown, away_after off: the notice as before.
+    tab = lambda m: idle_view(user_last_activity=T0 - 180 * MIN, hub_last_activity=T0 + m * MIN)  # noqa: E731
+    recently = idle_view(user_last_activity=T0 - 60 * MIN, hub_last_activity=T0 - 60 * MIN)
+    for view, policy, stop_at in (  # its checkpoint, or its cull where none can be asked
+        (tab, POLICY, 30),
+        (recently, POLICY, 60),
+        (dcgm_view(hub_last_activity=T0 - 5 * MIN), POLICY, 60),
+        (idle_view(user_last_activity=T0 - 180 * MIN), POLICY, 30),
+        (idle_view(**gone), replace(POLICY, away_after=None), 60),
+    ):
+        actions = run(view, policy, minutes=61, on_checkpoint="done")[0]
+        assert actions[0][1] == "warn" and actions[1][0] == stop_at, (view, actions)
+    # Extended (the owner, or an admin, was there): the usual clock and the extension.
+    extended = p.extend(warned.record, POLICY, "a figure").record
+    later = p.decide(idle_view(**gone), extended, POLICY, T0 + 14 * MIN)
+    assert later.actions == () and later.cull_at >= T0 + 60 * MIN
+
+
 def test_an_owner_away_for_less_than_away_after_gets_the_whole_idle_clock():
     recently = replace(idle_view(), user_last_activity=T0 - 90 * MIN)  # away_after is 2 h
     assert run(recently, minutes=61, on_checkpoint="done")[0][0] == (30, "warn", "warned")

@@ -121,7 +121,9 @@ class Policy:
     # An owner who has not interacted with the server for this long is away: when its GPU goes
     # idle (a training run or a "run all" finished unattended) the warning goes out at once and
     # the cull follows after the notice. ``warn_after`` spares a person at the notebook warnings
-    # about short pauses; nobody is there to spare. None: the clock is the same for everyone.
+    # about short pauses; nobody is there to spare. While the Hub then sees no activity on the
+    # server (no tab open to show the warning), nobody can read it: its notice is the Hub's own
+    # lag (HUB_ACTIVITY_LAG), not the full one. None: the clock is the same for everyone.
     away_after: timedelta | None = timedelta(hours=2)
     # A zombie by the Hub's own record — the GPU idle and held, no cell running (the report),
     # and no Hub activity (no open tab, no kernel message, no request: a server can make its
@@ -1112,6 +1114,11 @@ def _decide_on_activity(
     if record.warned_at is None:
         actions.append(WARN)
         record = evolve(record, warned_at=now)
+        if _unseen_since(view, gpu, record, policy) is not None:
+            # Given with nobody there to read it: its notice is the Hub's lag from the start
+            # (a deadline that moves later if someone turns up, never earlier).
+            clock = _idle_clock(view, gpu, record, policy, idle_since, away, present_until)
+            warn_at, cull_at, due, notice = clock.warn_at, clock.cull_at, clock.due, clock.notice
         cull_at = max(cull_at, now + notice)
         due = max(due, cull_at)
     if now < cull_at:
@@ -1149,11 +1156,19 @@ class _IdleClock:
     zombie: bool
     away: bool
     holds: tuple[str, ...]
+    # The warning nobody can have read (``_unseen_since``), where that set the cull.
+    unseen: datetime | None = None
 
     def why(self, back: datetime | None) -> str:
         """What the reason adds to the deadline: who is (not) there, what holds it back."""
         why = ""
-        if self.zombie:
+        if self.unseen is not None:
+            why += (
+                f" (nobody has used the notebook since {_at(back)}, and the Hub has seen no"
+                f" activity on it since the warning of {_at(self.unseen)}: no tab open to read"
+                f" it, so its notice is the Hub's own lag, {format_duration(HUB_ACTIVITY_LAG)})"
+            )
+        elif self.zombie:
             why += " (nobody is there: the GPU holds memory and does no work, and the Hub has seen no activity)"
         elif self.away:
             why += f" (nobody has used the notebook since {_at(back)})"
@@ -1192,6 +1207,13 @@ def _idle_clock(
             zombie, cull_at = True, silent + window + extension
             warn_at = min(warn_at, silent + HUB_ACTIVITY_LAG + extension)
             notice = cull_at - warn_at
+    unseen = _unseen_since(view, gpu, record, policy) if not extended else None
+    if unseen is not None and unseen + HUB_ACTIVITY_LAG < cull_at:
+        # A warning nobody can read protects nobody: its notice is only as long as the Hub
+        # needs to see someone arrive, who then gets the full notice (the rule no longer holds).
+        cull_at, notice = unseen + HUB_ACTIVITY_LAG, HUB_ACTIVITY_LAG
+    else:
+        unseen = None
     if present_until is not None and policy.presence_limit is not None:
         present_until = min(present_until, idle_since + policy.presence_limit + extension)
     holds = []
@@ -1209,7 +1231,24 @@ def _idle_clock(
     if record.postponed_until is not None and record.postponed_until > cull_at:
         cull_at = record.postponed_until
         holds.append("a failed checkpoint")
-    return _IdleClock(warn_at, cull_at, due, notice, zombie, away, tuple(holds))
+    return _IdleClock(warn_at, cull_at, due, notice, zombie, away, tuple(holds), unseen)
+
+
+def _unseen_since(
+    view: ServerView, gpu: GpuSignal, record: Record, policy: Policy
+) -> datetime | None:
+    """When the warning went out, if nobody can have read it: its owner was away by then
+    (``away_after`` past their last interaction) and the Hub has seen no activity on the server
+    since (no tab open, which would poll; no kernel message; no request). None otherwise, or
+    when not known: no report (a running cell could not be seen), no Hub activity at all. A
+    server can make its Hub activity fresher, and claim an interaction, never the other way:
+    either only holds the cull longer."""
+    warned, last, back = record.warned_at, view.hub_last_activity, view.user_last_activity
+    if warned is None or last is None or back is None or policy.away_after is None:
+        return None
+    if not (view.reports and gpu.sees_cells) or last > warned or back + policy.away_after > warned:
+        return None
+    return warned
 
 
 def _silent_since(
