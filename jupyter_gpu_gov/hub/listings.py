@@ -109,7 +109,7 @@ def detached(columns: tuple) -> ServerRow:
     row = ServerRow.__new__(ServerRow)
     for name, value in zip(SERVER_COLUMNS, columns, strict=True):
         setattr(row, name, value)
-    row._record = None
+    row._record = row._answer = None  # nothing cached: the row is read once
     return row
 
 
