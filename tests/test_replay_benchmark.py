@@ -74,6 +74,9 @@ def test_a_cull_or_interrupt_of_a_running_cell_is_a_cell_killed():
     culled = evaluate("test", parse_lines(trace), [Action(1200, "a/", "cull", "")])
     assert (culled.cells_killed, culled.false_culls) == (1, 1)
     assert culled.cells_killed_by_scenario == {"?": 1}
+    # Interrupted and culled in one step (a hard deadline's order): one cell lost, not two.
+    both = [Action(600, "a/", "interrupt", ""), Action(600, "a/", "cull", "")]
+    assert evaluate("test", parse_lines(trace), both).cells_killed == 1
     # A sleep loop holds the GPU doing nothing for anyone: interrupting it loses no work.
     loop = busy_rows(("idle_held", True), ("idle_held", True))
     assert evaluate("test", parse_lines(loop), [Action(0, "a/", "interrupt", "")]).cells_killed == 0

@@ -271,14 +271,17 @@ def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) ->
             server.idle_start = None
         # The fallback rule, not the GPU policy, decides servers that send no report.
         scenario = str(row.extra.get("scenario", "?")) + ("" if row.reports else " (no report)")
+        lost_now = False  # one running cell is lost once, interrupted and culled in a step
         while server.interrupts and server.interrupts[0] <= row.t:
-            if server.interrupts.pop(0) == row.t:
+            if server.interrupts.pop(0) == row.t and not lost_now:
                 running_cell_lost(server, row, scenario)
+                lost_now = True
         if server.cull_t is None or row.t < server.cull_t:
             continue
         if not server.culled:
             server.culled = True
-            running_cell_lost(server, row, scenario)
+            if not lost_now:
+                running_cell_lost(server, row, scenario)
             if server.at_deadline(row.t):
                 pass  # the admin's rule (max age, a reclaim): kept or not, below
             elif truth in WORK_TRUTHS:
