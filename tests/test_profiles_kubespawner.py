@@ -1731,3 +1731,49 @@ async def test_a_left_pod_an_earlier_version_kept_in_spawner_state_is_still_swep
         ("erin/", made["metadata"]["uid"], "h100")
     ]
     assert left_pods.LEFT_POD_STATE not in hub.db.query(orm.Spawner).one().state
+
+
+async def test_the_sweep_backs_off_while_the_api_fails_and_says_so_once(
+    make_hub, cluster, monkeypatch
+):
+    """While the API fails the sweep's reads, a sync reads no pod but at 10 s, 20 s, 40 s...
+    after the last failure, at most 160 s apart, not at every sync; the Hub's log warns once an
+    outage. Once a read is answered, the next sync reads again, and the pod is named."""
+    config = profiles_config()
+    config.ClusterGpus.left_pod_grace = 0
+    hub = make_hub(config)
+    alice = await left_running(hub, cluster, "alice")
+    handler = SimpleNamespace(db=hub.db, settings=hub.settings)
+    now = [1000.0]
+    monkeypatch.setattr(left_pods, "_monotonic", lambda: now[0])
+    said: list[logging.LogRecord] = []
+    seen = logging.Handler(logging.INFO)
+    seen.emit = said.append
+    monkeypatch.setattr(left_pods.log, "handlers", [*left_pods.log.handlers, seen])
+    monkeypatch.setattr(left_pods.log, "level", logging.INFO)
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in said if r.levelno >= logging.WARNING]
+
+    failing = cluster.fail("GET", rf"/pods/{alice.pod_name}$", code=503)
+    reads = []
+    for pause in (10, 20, 40, 80, 160, 160, 160):
+        for _ in range(5):  # syncs meanwhile: none reads
+            assert await left_pods.due(handler, clock.utcnow()) == []
+        reads.append(failing.hits)
+        now[0] += pause - 0.5
+        assert await left_pods.due(handler, clock.utcnow()) == []
+        assert failing.hits == reads[-1]  # not yet
+        now[0] += 0.5
+    assert reads == [1, 2, 3, 4, 5, 6, 7]
+    [warning] = warned()
+    assert "failed the read of the pod" in warning and "in 10 s" in warning
+    assert '503: an error on the server ("injected")' in warning, warning
+
+    failing.times = 0  # the API answers again
+    [found] = await left_pods.due(handler, clock.utcnow())
+    assert found["name"] == alice.pod_name
+    assert any("answers the sweep of pods stops left running again" in r.getMessage() for r in said)
+    again = cluster.fail("GET", rf"/pods/{alice.pod_name}$", code=503)
+    assert await left_pods.due(handler, clock.utcnow()) == [] and again.hits == 1  # no pause
+    assert len(warned()) == 2  # a new outage, said once more

@@ -330,9 +330,17 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
                 return None
             raise
         try:
-            return json.loads(await response.read())
+            body = await response.read()
         finally:
             response.release()
+        if response.status == 404:
+            return None
+        if response.status != 200:  # (the client raises for no status of a response it does
+            # not read: a 503's Status was taken for another pod of that name, and forgotten)
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = body
+            raise error
+        return json.loads(body)
 
     async def gpu_delete_pod(self, namespace: str, name: str, uid: str) -> bool:
         """Delete the pod ``uid`` (never another made under its name since); True when it is

@@ -23,8 +23,11 @@ for ever); and this sweep deletes it:
   the pod is gone the record goes and the cluster is read again: its card is free.
 
 The sweep's calls go through one spawner of the hub's class made for no user (``_sweeper``):
-the server whose stop left the pod may be deleted. Until the pod goes it counts as every GPU
-pod the hub's started servers do not hold: its card is in use (``cluster.capacity``), so
+the server whose stop left the pod may be deleted. While the Kubernetes API fails its reads
+(a 5xx, a 429, no answer), the sweep backs off (``_Sweep``): one read, then none for
+``BACKOFF_FIRST_S``, doubling up to ``BACKOFF_MOST_S``, and back to every sync once a read is
+answered; the Hub's log says so once an outage (a warning as it starts, a line as it ends), not
+at every sync. Until the pod goes it counts as every GPU pod the hub's started servers do not hold: its card is in use (``cluster.capacity``), so
 admission never hands it out twice.
 """
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import weakref
 from collections.abc import Mapping
 from datetime import datetime
@@ -40,6 +44,7 @@ from typing import Any
 
 from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
+from kubernetes_asyncio.client.rest import ApiException
 from sqlalchemy import Column, MetaData, Table, Text, Unicode, insert, select, type_coerce
 from sqlalchemy import delete as sql_delete
 from tornado import web
@@ -70,6 +75,9 @@ LEFT_PODS = Table(
     Column("tier", Unicode(255)),
 )
 _MADE: weakref.WeakSet = weakref.WeakSet()  # the engines whose table this process has made
+BACKOFF_FIRST_S = 10.0  # no read for this long after the API failed one, then twice as long...
+BACKOFF_MOST_S = 160.0  # ...up to this: a left pod goes at most this long after the API is back
+_monotonic = time.monotonic  # (a test's clock)
 
 
 def left_pod(
@@ -145,18 +153,73 @@ def _recorded(db) -> list[dict]:
     return [dict(row) for row in db.execute(select(LEFT_PODS)).mappings()]
 
 
-def _sweeper(handler: web.RequestHandler):
-    """A spawner of the hub's class for the sweep's calls to the API, made once per process
-    for no user (KubeSpawner's own ``_mock``: a stand-in user): the owner of a recorded pod
-    may be deleted. None where the hub's spawner is not ``GpuKubeSpawner`` (nothing recorded)."""
+class _Sweep:
+    """The sweep's caller of the API (``spawner``) and its back-off while the API fails."""
+
+    def __init__(self, spawner) -> None:
+        self.spawner = spawner
+        self.failures = 0  # reads failed in a row (0: the API answers)
+        self.until = float("-inf")  # no read before (``_monotonic``)
+
+    def ready(self) -> bool:
+        return _monotonic() >= self.until
+
+    def failed(self, record: Mapping, error: BaseException) -> None:
+        self.failures += 1
+        pause = min(BACKOFF_FIRST_S * 2 ** (self.failures - 1), BACKOFF_MOST_S)
+        self.until = _monotonic() + pause
+        said = _failure(error)
+        if self.failures == 1:  # once an outage
+            log.warning(
+                "gpu-gov: the Kubernetes API failed the read of the pod %s/%s that %s's stop "
+                "left running (%s); the pods stops left running are read again in %g s, then "
+                "less often, at most %g s apart, until it answers",
+                escaped(record["namespace"]),
+                escaped(record["name"]),
+                escaped(_whose(record)),
+                escaped(said),
+                pause,
+                BACKOFF_MOST_S,
+            )
+        else:
+            log.debug("gpu-gov: the sweep's read failed again (%s)", escaped(said))
+
+    def answered(self) -> None:
+        if self.failures:
+            log.info(
+                "gpu-gov: the Kubernetes API answers the sweep of pods stops left running "
+                "again (after %d failed reads)",
+                self.failures,
+            )
+        self.failures, self.until = 0, float("-inf")
+
+
+def _failure(error: BaseException) -> str:
+    """What failed, in a line: the API's status and its Status's message, or the error."""
+    if isinstance(error, ApiException):
+        try:
+            said = json.loads(error.body)["message"]
+        except (TypeError, ValueError, KeyError):
+            said = error.reason
+        return " ".join(f"{error.status}: {said}".split())[:300]
+    if isinstance(error, asyncio.TimeoutError):
+        return "no answer in time"
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
+
+
+def _sweeper(handler: web.RequestHandler) -> _Sweep | None:
+    """The sweep's calls to the API go through a spawner of the hub's class made once per
+    process for no user (KubeSpawner's own ``_mock``: a stand-in user): the owner of a
+    recorded pod may be deleted. None where the hub's spawner is not ``GpuKubeSpawner``
+    (nothing is recorded)."""
     spawner_class = handler.settings.get("spawner_class")
     if not hasattr(spawner_class, "gpu_read_pod"):
         return None
     config = handler.settings.get("config")
     cluster = ClusterGpus.instance(config=config)
-    if cluster.sweeper is None:
-        cluster.sweeper = spawner_class(_mock=True, config=config)
-    return cluster.sweeper
+    if cluster.left_pod_sweeper is None:
+        cluster.left_pod_sweeper = _Sweep(spawner_class(_mock=True, config=config))
+    return cluster.left_pod_sweeper
 
 
 def _whose(record: Mapping) -> str:
@@ -188,10 +251,10 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
     """The recorded pods to delete now, as the governor audits them (``left_pods``): still
     there as the hub made them, their stop older than the grace. Records of pods gone are
     forgotten here."""
-    sweeper = _sweeper(handler)
-    if sweeper is None or not sweeper.gpu_cluster.left_pod_sweep:
+    sweep = _sweeper(handler)
+    if sweep is None or not sweep.spawner.gpu_cluster.left_pod_sweep:
         return []
-    cluster: ClusterGpus = sweeper.gpu_cluster
+    cluster: ClusterGpus = sweep.spawner.gpu_cluster
     found = []
     for record in _recorded(handler.db):
         try:
@@ -203,17 +266,24 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
         if not record["uid"]:
             _forget(handler, cluster, record, "is not known: the hub never read the pod it made")
             continue
+        if not sweep.ready():  # the API failing: not read at every sync
+            break
         try:
-            pod = await sweeper.gpu_read_pod(record["namespace"], record["name"])
-        except Exception as error:  # the API still failing: asked again next sync
-            log.debug(
-                "gpu-gov: cannot read the pod %s/%s that %s's stop left running (%s)",
-                escaped(record["namespace"]),
-                escaped(record["name"]),
-                escaped(_whose(record)),
-                escaped(f"{type(error).__name__}: {error}".splitlines()[0][:300]),
-            )
-            continue
+            pod = await sweep.spawner.gpu_read_pod(record["namespace"], record["name"])
+        except Exception as error:
+            status = getattr(error, "status", None) or 0
+            if 400 <= status < 500 and status != 429:  # this read refused (RBAC), not an
+                log.debug(  # outage: the others are read, and it is asked again next sync
+                    "gpu-gov: cannot read the pod %s/%s that %s's stop left running (%s)",
+                    escaped(record["namespace"]),
+                    escaped(record["name"]),
+                    escaped(_whose(record)),
+                    escaped(_failure(error)),
+                )
+                continue
+            sweep.failed(record, error)  # a 5xx, a 429, no answer, a dropped connection
+            break
+        sweep.answered()
         if pod is None:
             _forget(handler, cluster, record, "is gone")
             continue
@@ -256,14 +326,14 @@ async def delete(handler: web.RequestHandler, asked: list[Any]) -> dict[str, lis
     for entry in asked[:MAX_ASKED]:
         if isinstance(entry, Mapping) and all(isinstance(entry.get(k), str) for k in _FIELDS):
             wanted[(entry["namespace"], entry["name"], entry["uid"])] = entry
-    sweeper = _sweeper(handler)
-    for record in _recorded(handler.db) if sweeper is not None else ():
+    sweep = _sweeper(handler)
+    for record in _recorded(handler.db) if sweep is not None else ():
         key = (record["namespace"], record["name"], record["uid"])
         if not record["uid"] or wanted.pop(key, None) is None:
             continue
         pod = f"{record['namespace']}/{record['name']}"
         try:
-            gone = await sweeper.gpu_delete_pod(*key)
+            gone = await sweep.spawner.gpu_delete_pod(*key)
         except Exception as error:  # tried again at the next sync
             done["failed"].append(pod)
             log.warning(
@@ -271,12 +341,12 @@ async def delete(handler: web.RequestHandler, asked: list[Any]) -> dict[str, lis
                 "trying again at the next sync",
                 escaped(pod),
                 escaped(_whose(record)),
-                escaped(f"{type(error).__name__}: {error}".splitlines()[0][:300]),
+                escaped(_failure(error)),
             )
             continue
         done["deleted"].append(pod)
         if gone:
-            _forget(handler, sweeper.gpu_cluster, record, "is gone")
+            _forget(handler, sweep.spawner.gpu_cluster, record, "is gone")
         else:
             log.warning(
                 "gpu-gov: deleted the pod %s (uid %s) that %s's stop left running since %s, "
