@@ -16,6 +16,8 @@ on chosen paths (an error status, a slow answer).
   server stopped, its pod running): the pod's card stays held, the governor audits the hub's
   sweep while the API fails, and once it answers the pod is deleted and the card is free. A pod
   of another namespace, or one copying the pod's labels, is never touched.
+- The same, and then an admin deletes the user: the hub's record of the pod stays, and the pod
+  is swept all the same; a running server's pod beside it is never touched.
 
 The cluster: 2 H100s. Only vera, vic and ivan are spared the test timers' idle culls.
 """
@@ -245,3 +247,45 @@ def test_a_pod_a_stop_left_running_holds_its_card_until_the_sweep_deletes_it(hub
     assert k8s.get("pods", "jupyter-vic", "other") is not None
     assert k8s.get("pods", "jupyter-vic-copy", NAMESPACE) is not None
     assert not hub.api("GET", "users/vic").json()["servers"]
+
+
+def test_a_pod_left_running_by_a_deleted_users_stop_is_swept_and_a_running_one_never(hub, k8s):
+    """vic's stop leaves his pod running (the API fails its delete past the retries), then an
+    admin deletes vic: his spawner and its state go with him, the hub's record of the pod does
+    not. Once the API answers the sweep, audited first, deletes that pod after the grace; vera's
+    running server beside it, on the other card, is never touched."""
+    k8s.clear_faults()
+    for user in ("vic", "ivan"):
+        if hub.api("GET", f"users/{user}").json()["servers"]:
+            hub.stop_server(user, timeout=60)
+            wait(lambda u=user: pod_of(k8s, u) is None, 60, f"{user}'s pod to go")
+    hub.create_user("vic")
+    form = hub.login("vic")
+    wait(
+        lambda: "GPU state unknown" not in form.get(hub.spawn_page_url("vic"), timeout=60).text,
+        60,
+        "the hub to count the cluster's GPUs",
+    )
+    for user in ("vic", "vera"):
+        if not running(hub, user):
+            hub.start_server(user, options=H100)
+    gov = Gov(hub)
+    made, veras = pod_of(k8s, "vic"), pod_of(k8s, "vera")
+    failing = k8s.fail("DELETE", r"/pods/jupyter-vic$", code=503)
+
+    assert hub.api("DELETE", "users/vic/server").status_code in (202, 204)
+    wait(lambda: not hub.api("GET", "users/vic").json()["servers"], 300, "the Hub to stop vic")
+    assert hub.api("DELETE", "users/vic").status_code == 204  # the admin deletes vic
+    assert hub.api("GET", "users/vic").status_code == 404
+    assert pod_of(k8s, "vic")["metadata"]["uid"] == made["metadata"]["uid"]  # left running
+    hits = failing.hits
+    wait(lambda: failing.hits > hits, 120, "the sweep to try the delete of the deleted user's")
+
+    k8s.clear_faults()
+    wait(lambda: pod_of(k8s, "vic") is None, 120, "the sweep to delete vic's pod")
+    audited = [a for a in gov.audit("vic/") if a["action"] == "left-pod-delete"]
+    assert any(a["details"]["uid"] == made["metadata"]["uid"] for a in audited), audited
+    still = pod_of(k8s, "vera")
+    assert still["metadata"]["uid"] == veras["metadata"]["uid"] and running(hub, "vera")
+    assert still["status"]["phase"] == "Running" and "deletionTimestamp" not in still["metadata"]
+    hub.create_user("vic")  # (as the module's other tests have him)

@@ -38,6 +38,7 @@ from kubernetes_asyncio.client import ApiClient, V1Pod
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from kubespawner import clients as kubespawner_clients
+from sqlalchemy import select
 from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
@@ -1622,14 +1623,7 @@ async def test_the_sweep_deletes_only_the_pod_the_hub_made_and_its_stop_left(mak
     alice = await left_running(hub, cluster, "alice")
     bob = await left_running(hub, cluster, "bob")
     made = cluster.get("pods", alice.pod_name, alice.namespace)
-    assert alice._gpu_left_pod["uid"] == made["metadata"]["uid"]
-    assert (
-        hub.db.query(orm.Spawner)
-        .filter_by(id=alice.orm_spawner.id)
-        .one()
-        .state["gpu-gov/left-pod"]["uid"]
-        == made["metadata"]["uid"]
-    )
+    assert recorded(hub)[alice.pod_name] == made["metadata"]["uid"]
 
     bobs = cluster.get("pods", bob.pod_name, bob.namespace)
     cluster.call(cluster._delete, "pods", bob.namespace, bob.pod_name, 0)
@@ -1645,12 +1639,12 @@ async def test_the_sweep_deletes_only_the_pod_the_hub_made_and_its_stop_left(mak
     )
     other = cluster.create("pods", other, namespace="other")
 
-    handler = SimpleNamespace(db=hub.db, find_user=lambda name: hub.users.get(name))
+    handler = SimpleNamespace(db=hub.db, settings=hub.settings)
     found = await left_pods.due(handler, clock.utcnow())
     assert [(f["server"], f["namespace"], f["name"], f["uid"]) for f in found] == [
         ("alice/", alice.namespace, alice.pod_name, made["metadata"]["uid"])
     ]
-    assert bob._gpu_left_pod is None  # forgotten: the name holds another pod
+    assert bob.pod_name not in recorded(hub)  # forgotten: the name holds another pod
     # A delete asked for bob's pod by its uid (a sweep that read it before) spares the new one.
     assert await bob.gpu_delete_pod(bob.namespace, bob.pod_name, bobs["metadata"]["uid"])
 
@@ -1660,6 +1654,126 @@ async def test_the_sweep_deletes_only_the_pod_the_hub_made_and_its_stop_left(mak
     assert answer["refused"] == [f"other/{alice.pod_name}"]
     wait_for(lambda: cluster.get("pods", alice.pod_name, alice.namespace) is None)
     assert await left_pods.due(handler, clock.utcnow()) == []
-    assert alice._gpu_left_pod is None
+    assert recorded(hub) == {}
     assert cluster.get("pods", alice.pod_name, "other") is not None
     assert cluster.get("pods", bob.pod_name, bob.namespace) is not None
+
+
+def recorded(hub: FakeHub) -> dict[str, str]:
+    """The pods the hub's records say a stop left running: name -> uid."""
+    return {r.name: r.uid for r in hub.db.execute(select(left_pods.LEFT_PODS))}
+
+
+async def test_a_left_pod_whose_user_is_deleted_is_swept_and_a_running_servers_never(
+    make_hub, cluster
+):
+    """carol's stop left her pod running; an admin deletes carol (her spawner and its state go
+    with her): the pod is still named by the sweep and deleted. dave's pod, left the same way,
+    then dave deleted, made again, and started (KubeSpawner meets the old pod, deletes it and
+    makes his own under its name): his running server's pod is never named nor deleted."""
+    config = profiles_config()
+    config.ClusterGpus.left_pod_grace = 0
+    hub = make_hub(config)
+    carol = await left_running(hub, cluster, "carol")
+    dave = await left_running(hub, cluster, "dave")
+    carols = cluster.get("pods", carol.pod_name, carol.namespace)
+    for name in ("carol", "dave"):
+        hub.db.delete(hub.users.pop(name).orm_user)
+        hub.db.commit()
+    assert hub.db.query(orm.Spawner).count() == 0 and set(recorded(hub)) == {
+        carol.pod_name,
+        dave.pod_name,
+    }
+    hub.user("dave", "vision")
+    again = hub.started(hub.spawner("dave"), {"profile": "h100"})
+    await again.start()
+    running = cluster.get("pods", again.pod_name, again.namespace)
+    assert again.pod_name == dave.pod_name and running["status"]["phase"] == "Running"
+
+    handler = SimpleNamespace(db=hub.db, settings=hub.settings)
+    found = await left_pods.due(handler, clock.utcnow())
+    assert [(f["server"], f["name"], f["uid"]) for f in found] == [
+        ("carol/", carol.pod_name, carols["metadata"]["uid"])
+    ]
+    assert recorded(hub) == {carol.pod_name: carols["metadata"]["uid"]}  # dave's forgotten
+    asked = [*found, {**found[0], "name": dave.pod_name, "uid": running["metadata"]["uid"]}]
+    answer = await left_pods.delete(handler, asked)
+    assert answer["deleted"] == [f"{carol.namespace}/{carol.pod_name}"]
+    assert answer["refused"] == [f"{dave.namespace}/{dave.pod_name}"]
+    wait_for(lambda: cluster.get("pods", carol.pod_name, carol.namespace) is None)
+    assert await left_pods.due(handler, clock.utcnow()) == [] and recorded(hub) == {}
+    still = cluster.get("pods", again.pod_name, again.namespace)
+    assert still["metadata"]["uid"] == running["metadata"]["uid"]
+    assert still["status"]["phase"] == "Running" and "deletionTimestamp" not in still["metadata"]
+
+
+async def test_a_left_pod_an_earlier_version_kept_in_spawner_state_is_still_swept(
+    make_hub, cluster
+):
+    """A hub upgraded from a version that kept the record in the spawner's state: moved into
+    the hub's table at the first sweep (out of the state), and the pod swept."""
+    config = profiles_config()
+    config.ClusterGpus.left_pod_grace = 0
+    hub = make_hub(config)
+    erin = await left_running(hub, cluster, "erin")
+    made = cluster.get("pods", erin.pod_name, erin.namespace)
+    hub.db.execute(left_pods.LEFT_PODS.delete())
+    old = left_pods.left_pod(
+        erin.namespace, erin.pod_name, made["metadata"]["uid"], clock.utcnow(), "h100"
+    )
+    erin.orm_spawner.state = {**erin.orm_spawner.state, left_pods.LEFT_POD_STATE: old}
+    hub.db.commit()
+    left_pods._MADE.discard(hub.db.get_bind())  # the upgraded hub's first use
+
+    handler = SimpleNamespace(db=hub.db, settings=hub.settings)
+    found = await left_pods.due(handler, clock.utcnow())
+    assert [(f["server"], f["uid"], f["tier"]) for f in found] == [
+        ("erin/", made["metadata"]["uid"], "h100")
+    ]
+    assert left_pods.LEFT_POD_STATE not in hub.db.query(orm.Spawner).one().state
+
+
+async def test_the_sweep_backs_off_while_the_api_fails_and_says_so_once(
+    make_hub, cluster, monkeypatch
+):
+    """While the API fails the sweep's reads, a sync reads no pod but at 10 s, 20 s, 40 s...
+    after the last failure, at most 160 s apart, not at every sync; the Hub's log warns once an
+    outage. Once a read is answered, the next sync reads again, and the pod is named."""
+    config = profiles_config()
+    config.ClusterGpus.left_pod_grace = 0
+    hub = make_hub(config)
+    alice = await left_running(hub, cluster, "alice")
+    handler = SimpleNamespace(db=hub.db, settings=hub.settings)
+    now = [1000.0]
+    monkeypatch.setattr(left_pods, "_monotonic", lambda: now[0])
+    said: list[logging.LogRecord] = []
+    seen = logging.Handler(logging.INFO)
+    seen.emit = said.append
+    monkeypatch.setattr(left_pods.log, "handlers", [*left_pods.log.handlers, seen])
+    monkeypatch.setattr(left_pods.log, "level", logging.INFO)
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in said if r.levelno >= logging.WARNING]
+
+    failing = cluster.fail("GET", rf"/pods/{alice.pod_name}$", code=503)
+    reads = []
+    for pause in (10, 20, 40, 80, 160, 160, 160):
+        for _ in range(5):  # syncs meanwhile: none reads
+            assert await left_pods.due(handler, clock.utcnow()) == []
+        reads.append(failing.hits)
+        now[0] += pause - 0.5
+        assert await left_pods.due(handler, clock.utcnow()) == []
+        assert failing.hits == reads[-1]  # not yet
+        now[0] += 0.5
+    assert reads == [1, 2, 3, 4, 5, 6, 7]
+    [warning] = warned()
+    assert "failed the read of the pod" in warning and "in 10 s" in warning
+    assert '503: an error on the server ("injected")' in warning, warning
+
+    failing.times = 0  # the API answers again
+    [found] = await left_pods.due(handler, clock.utcnow())
+    assert found["name"] == alice.pod_name
+    assert any("answers the sweep of pods stops left running again" in r.getMessage() for r in said)
+    again = cluster.fail("GET", rf"/pods/{alice.pod_name}$", code=503)
+    assert await left_pods.due(handler, clock.utcnow()) == [] and again.hits == 1  # no pause
+    assert len(warned()) == 2  # a new outage, said once more

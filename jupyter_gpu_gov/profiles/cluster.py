@@ -225,6 +225,7 @@ class ClusterGpus(SingletonConfigurable):
     failed_at: float = float("-inf")
     namespace_only: str | None = None  # why only the hub's namespace's pods could be read
     _lock: asyncio.Lock | None = None
+    left_pod_sweeper: Any = None  # the sweep's caller of the API and back-off (``left_pods``)
 
     async def refresh(self, api, namespace: str, log, timeout: float | None = None) -> None:
         """Read nodes and pods if the last read is older than ``refresh_every`` (or than

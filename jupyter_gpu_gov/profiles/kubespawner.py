@@ -42,8 +42,8 @@ from ..core.text import escaped
 from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL, pod_key
 from .cluster import ClusterGpus
 from .hubconfig import profile_list_refusal
-from .left_pods import LEFT_POD_STATE, POD_UID_STATE, left_pod
-from .left_pods import from_state as left_pod_from_state
+from .left_pods import POD_UID_STATE, left_pod
+from .left_pods import record as record_left_pod
 from .quota import tier_use
 from .spawner import NO_GPU, GpuProfilesMixin
 from .tiers import Tier
@@ -193,7 +193,6 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
     _gpu_configured: dict[str, Any] | None = None  # what the tiers override, before any tier
     _gpu_left: dict[str, Any] | None = None  # the same, as the last spawn left them
     _gpu_pod_uid: str | None = None  # the uid of the pod this server's start made
-    _gpu_left_pod: dict | None = None  # a pod a stop could not delete (``left_pods.py``)
 
     @default("profile_list")
     def _gpu_profile_list(self):
@@ -287,9 +286,6 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
     async def start(self):
         url = await super().start()
         self._gpu_pod_uid = self.pod_id  # (KubeSpawner read it of the running pod it made)
-        left = self._gpu_left_pod
-        if left and (left["namespace"], left["name"]) == (self.namespace, self.pod_name):
-            self._gpu_left_pod = None  # KubeSpawner met it (409), deleted it, made its own
         return url
 
     async def stop(self, now=False):
@@ -306,8 +302,10 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
             await super().stop(now=now)
         except BaseException:
             # JupyterHub records the server stopped all the same: its pod, and its GPU, would
-            # be left running for nobody to delete. Recorded (``get_state``) for the sweep.
-            self._gpu_left_pod = left_pod(self.namespace, self.pod_name, uid, clock.utcnow(), tier)
+            # be left running for nobody to delete. Recorded for the sweep, where deleting
+            # the user or the server leaves the record (``left_pods.py``).
+            pod = left_pod(self.namespace, self.pod_name, uid, clock.utcnow(), tier)
+            record_left_pod(self.user.db, pod, self.user.name, self.name or "")
             self.log.warning(
                 "gpu-gov: the pod %s/%s of %s could not be deleted; its card counts as held "
                 "until the hub deletes it, %g s from now at the earliest (c.ClusterGpus."
@@ -332,9 +330,17 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
                 return None
             raise
         try:
-            return json.loads(await response.read())
+            body = await response.read()
         finally:
             response.release()
+        if response.status == 404:
+            return None
+        if response.status != 200:  # (the client raises for no status of a response it does
+            # not read: a 503's Status was taken for another pod of that name, and forgotten)
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = body
+            raise error
+        return json.loads(body)
 
     async def gpu_delete_pod(self, namespace: str, name: str, uid: str) -> bool:
         """Delete the pod ``uid`` (never another made under its name since); True when it is
@@ -358,18 +364,14 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         state = super().get_state()
         if self._gpu_pod_uid:
             state[POD_UID_STATE] = self._gpu_pod_uid
-        if self._gpu_left_pod:
-            state[LEFT_POD_STATE] = dict(self._gpu_left_pod)
         return state
 
     def load_state(self, state):
         super().load_state(state)
         uid = state.get(POD_UID_STATE)
         self._gpu_pod_uid = uid if isinstance(uid, str) else None
-        self._gpu_left_pod = left_pod_from_state(state)
 
     def clear_state(self):
-        # A pod a stop left running stays recorded: the sweep forgets it once it is gone.
         super().clear_state()
         self._gpu_pod_uid = None
 

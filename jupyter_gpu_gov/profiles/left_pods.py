@@ -1,27 +1,34 @@
-"""Pods the hub's stop could not delete: found, audited, deleted.
+"""Pods the hub's stop could not delete: recorded, found, audited, deleted.
 
 A server's stop deletes its pod, tried again within KubeSpawner's
 ``k8s_api_request_retry_timeout`` (``GpuKubeSpawner._make_delete_pod_request``). When the
 Kubernetes API fails longer, JupyterHub records the server stopped all the same (``User.stop``)
 with its pod running and holding its GPU, for nobody to delete. ``GpuKubeSpawner.stop`` then
-records the pod in the spawner's state (``LEFT_POD_STATE``: its namespace, name, the uid the
-hub read of the pod it made, when the stop failed), which only the Hub writes; and this
-sweep deletes it:
+records the pod (``record``: its namespace, name, the uid the hub read of the pod it made, the
+server, when the stop failed) in a table of the profile layer's own in the Hub's database
+(``gpu_gov_left_pods``), which only the Hub writes and which deleting the user or the named
+server leaves alone (a record in the spawner's state went with them, and the pod kept its GPU
+for ever); and this sweep deletes it:
 
 - at each governor sync (``POST /hub/api/gpu-gov/queue``) the hub reads each recorded pod by
   its name (one bounded GET) and answers, as ``left_pods``, those still there as the hub made
-  them (the recorded uid, KubeSpawner's annotations naming the server, not being deleted
-  already) whose stop is older than ``ClusterGpus.left_pod_grace``: a pod that merely copies
-  a server's labels, one made under its name since, or one of another namespace is none of
-  them;
+  them (the recorded uid, KubeSpawner's annotations naming the recorded server, not being
+  deleted already) whose stop is older than ``ClusterGpus.left_pod_grace``: a pod that merely
+  copies a server's labels, one made under its name since (a running server's: a start makes a
+  new pod, never takes the old one on), or one of another namespace is none of them;
 - the governor audits each (``left-pod-delete``), then asks for it
   (``POST /hub/api/gpu-gov/left-pods``);
 - the hub checks it against its record again and deletes it with the uid as a precondition
   (a pod made under the name meanwhile is not the one deleted), and says so in its log. Once
   the pod is gone the record goes and the cluster is read again: its card is free.
 
-Until then the pod counts as every GPU pod the hub's started servers do not hold: its card is
-in use (``cluster.capacity``), so admission never hands it out twice.
+The sweep's calls go through one spawner of the hub's class made for no user (``_sweeper``):
+the server whose stop left the pod may be deleted. While the Kubernetes API fails its reads
+(a 5xx, a 429, no answer), the sweep backs off (``_Sweep``): one read, then none for
+``BACKOFF_FIRST_S``, doubling up to ``BACKOFF_MOST_S``, and back to every sync once a read is
+answered; the Hub's log says so once an outage (a warning as it starts, a line as it ends), not
+at every sync. Until the pod goes it counts as every GPU pod the hub's started servers do not hold: its card is in use (``cluster.capacity``), so
+admission never hands it out twice.
 """
 
 from __future__ import annotations
@@ -29,13 +36,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+import weakref
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
-from sqlalchemy import Text, type_coerce
+from kubernetes_asyncio.client.rest import ApiException
+from sqlalchemy import Column, MetaData, Table, Text, Unicode, insert, select, type_coerce
+from sqlalchemy import delete as sql_delete
 from tornado import web
 
 from ..core import clock
@@ -45,11 +56,28 @@ from ..core.vocabulary import server_key
 from .cluster import ClusterGpus
 from .grant_count import NOT_CACHED
 
-LEFT_POD_STATE = "gpu-gov/left-pod"  # spawner state: the pod a stop could not delete
+LEFT_POD_STATE = "gpu-gov/left-pod"  # spawner state: where an earlier version kept a record
 POD_UID_STATE = "gpu-gov/pod-uid"  # spawner state: the uid of the pod the start made
 MAX_ASKED = 100  # pods one request may ask to delete
 _FIELDS = ("namespace", "name", "uid", "stopped_at")
 log = logging.getLogger("jupyter_gpu_gov.profiles")
+
+# The pods stops left running, in the Hub's database: never in a row that goes with its user.
+LEFT_PODS = Table(
+    "gpu_gov_left_pods",
+    MetaData(),
+    Column("namespace", Unicode(255), primary_key=True),
+    Column("name", Unicode(255), primary_key=True),
+    Column("uid", Unicode(255), nullable=False),  # "": the hub never read it (never deleted)
+    Column("user", Unicode(255), nullable=False),  # the server whose stop left it
+    Column("server", Unicode(255), nullable=False),  # (its name; "" the default server)
+    Column("stopped_at", Unicode(64), nullable=False),
+    Column("tier", Unicode(255)),
+)
+_MADE: weakref.WeakSet = weakref.WeakSet()  # the engines whose table this process has made
+BACKOFF_FIRST_S = 10.0  # no read for this long after the API failed one, then twice as long...
+BACKOFF_MOST_S = 160.0  # ...up to this: a left pod goes at most this long after the API is back
+_monotonic = time.monotonic  # (a test's clock)
 
 
 def left_pod(
@@ -69,7 +97,7 @@ def left_pod(
 
 
 def from_state(state: Mapping | None) -> dict | None:
-    """The recorded pod (``left_pod``) in a spawner's state, or None."""
+    """The pod (``left_pod``) an earlier version recorded in a spawner's state, or None."""
     record = state.get(LEFT_POD_STATE) if isinstance(state, Mapping) else None
     if not isinstance(record, Mapping) or not all(isinstance(record.get(k), str) for k in _FIELDS):
         return None
@@ -79,44 +107,142 @@ def from_state(state: Mapping | None) -> dict | None:
     return kept
 
 
-def _recorded(db) -> list[tuple[str, str]]:
-    """(user, server name) of every spawner whose state records a pod left running (one query;
-    only those rows are read)."""
+def _table(db) -> None:
+    """Make the table (once per database and process), and move into it the records an
+    earlier version kept in spawners' state."""
+    engine = db.get_bind()
+    if engine in _MADE:
+        return
+    LEFT_PODS.create(db.connection(), checkfirst=True)
     rows = (
-        db.query(orm.User.name, orm.Spawner.name)
-        .join(orm.User, orm.Spawner.user_id == orm.User.id)
+        db.query(orm.Spawner)
         .filter(type_coerce(orm.Spawner.state, Text).like(f'%"{LEFT_POD_STATE}"%'))
         .execution_options(**NOT_CACHED)
     )
-    return [(user, name or "") for user, name in rows]
+    for row in rows:
+        kept = from_state(row.state)
+        if kept is not None and row.user is not None:
+            _insert(db, kept, row.user.name, row.name or "")
+        row.state = {k: v for k, v in (row.state or {}).items() if k != LEFT_POD_STATE}
+    db.commit()
+    _MADE.add(engine)
 
 
-def _spawners(handler: web.RequestHandler):
-    for user_name, name in _recorded(handler.db):
-        owner = handler.find_user(user_name)
-        spawner = owner.spawners.get(name) if owner is not None else None
-        if spawner is None and owner is not None:
-            try:
-                spawner = owner.get_spawner(name)
-            except KeyError:
-                continue
-        if spawner is not None and getattr(spawner, "_gpu_left_pod", None):
-            yield spawner
+def _insert(db, record: Mapping, user: str, server: str) -> None:
+    db.execute(
+        sql_delete(LEFT_PODS).where(
+            LEFT_PODS.c.namespace == record["namespace"], LEFT_PODS.c.name == record["name"]
+        )
+    )
+    db.execute(
+        insert(LEFT_PODS).values(
+            **{k: record[k] for k in _FIELDS}, tier=record.get("tier"), user=user, server=server
+        )
+    )
 
 
-def _forget(spawner, why: str) -> None:
+def record(db, pod: Mapping, user: str, server: str) -> None:
+    """Keep ``pod`` (``left_pod``), which the stop of ``user``'s ``server`` left running."""
+    _table(db)
+    _insert(db, pod, user, server)
+    db.commit()
+
+
+def _recorded(db) -> list[dict]:
+    _table(db)
+    return [dict(row) for row in db.execute(select(LEFT_PODS)).mappings()]
+
+
+class _Sweep:
+    """The sweep's caller of the API (``spawner``) and its back-off while the API fails."""
+
+    def __init__(self, spawner) -> None:
+        self.spawner = spawner
+        self.failures = 0  # reads failed in a row (0: the API answers)
+        self.until = float("-inf")  # no read before (``_monotonic``)
+
+    def ready(self) -> bool:
+        return _monotonic() >= self.until
+
+    def failed(self, record: Mapping, error: BaseException) -> None:
+        self.failures += 1
+        pause = min(BACKOFF_FIRST_S * 2 ** (self.failures - 1), BACKOFF_MOST_S)
+        self.until = _monotonic() + pause
+        said = _failure(error)
+        if self.failures == 1:  # once an outage
+            log.warning(
+                "gpu-gov: the Kubernetes API failed the read of the pod %s/%s that %s's stop "
+                "left running (%s); the pods stops left running are read again in %g s, then "
+                "less often, at most %g s apart, until it answers",
+                escaped(record["namespace"]),
+                escaped(record["name"]),
+                escaped(_whose(record)),
+                escaped(said),
+                pause,
+                BACKOFF_MOST_S,
+            )
+        else:
+            log.debug("gpu-gov: the sweep's read failed again (%s)", escaped(said))
+
+    def answered(self) -> None:
+        if self.failures:
+            log.info(
+                "gpu-gov: the Kubernetes API answers the sweep of pods stops left running "
+                "again (after %d failed reads)",
+                self.failures,
+            )
+        self.failures, self.until = 0, float("-inf")
+
+
+def _failure(error: BaseException) -> str:
+    """What failed, in a line: the API's status and its Status's message, or the error."""
+    if isinstance(error, ApiException):
+        try:
+            said = json.loads(error.body)["message"]
+        except (TypeError, ValueError, KeyError):
+            said = error.reason
+        return " ".join(f"{error.status}: {said}".split())[:300]
+    if isinstance(error, asyncio.TimeoutError):
+        return "no answer in time"
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
+
+
+def _sweeper(handler: web.RequestHandler) -> _Sweep | None:
+    """The sweep's calls to the API go through a spawner of the hub's class made once per
+    process for no user (KubeSpawner's own ``_mock``: a stand-in user): the owner of a
+    recorded pod may be deleted. None where the hub's spawner is not ``GpuKubeSpawner``
+    (nothing is recorded)."""
+    spawner_class = handler.settings.get("spawner_class")
+    if not hasattr(spawner_class, "gpu_read_pod"):
+        return None
+    config = handler.settings.get("config")
+    cluster = ClusterGpus.instance(config=config)
+    if cluster.left_pod_sweeper is None:
+        cluster.left_pod_sweeper = _Sweep(spawner_class(_mock=True, config=config))
+    return cluster.left_pod_sweeper
+
+
+def _whose(record: Mapping) -> str:
+    return server_key(record["user"], record["server"])
+
+
+def _forget(handler: web.RequestHandler, cluster: ClusterGpus, record: Mapping, why: str) -> None:
     """The recorded pod is gone (or is not the hub's any more): forget it; the cluster is read
     again at the next count, its card free."""
-    record = spawner._gpu_left_pod
-    spawner._gpu_left_pod = None
-    spawner.orm_spawner.state = spawner.get_state()
-    spawner.user.db.commit()
-    spawner.gpu_cluster.read_at = float("-inf")
+    handler.db.execute(
+        sql_delete(LEFT_PODS).where(
+            LEFT_PODS.c.namespace == record["namespace"],
+            LEFT_PODS.c.name == record["name"],
+            LEFT_PODS.c.uid == record["uid"],
+        )
+    )
+    handler.db.commit()
+    cluster.read_at = float("-inf")
     log.info(
         "gpu-gov: the pod %s/%s that %s's stop left running %s",
         escaped(record["namespace"]),
         escaped(record["name"]),
-        escaped(spawner._log_name),
+        escaped(_whose(record)),
         why,
     )
 
@@ -125,54 +251,71 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
     """The recorded pods to delete now, as the governor audits them (``left_pods``): still
     there as the hub made them, their stop older than the grace. Records of pods gone are
     forgotten here."""
+    sweep = _sweeper(handler)
+    if sweep is None or not sweep.spawner.gpu_cluster.left_pod_sweep:
+        return []
+    cluster: ClusterGpus = sweep.spawner.gpu_cluster
     found = []
-    for spawner in _spawners(handler):
-        cluster: ClusterGpus = spawner.gpu_cluster
-        if not cluster.left_pod_sweep:
-            return []
-        record = spawner._gpu_left_pod
+    for record in _recorded(handler.db):
         try:
             stopped = clock.parse(record["stopped_at"])
         except ValueError:
             stopped = None
         if stopped is None or (now - stopped).total_seconds() < cluster.left_pod_grace:
             continue
-        try:
-            pod = await spawner.gpu_read_pod(record["namespace"], record["name"])
-        except Exception as error:  # the API still failing: asked again next sync
-            log.debug(
-                "gpu-gov: cannot read the pod %s/%s that %s's stop left running (%s)",
-                escaped(record["namespace"]),
-                escaped(record["name"]),
-                escaped(spawner._log_name),
-                escaped(f"{type(error).__name__}: {error}".splitlines()[0][:300]),
-            )
+        if not record["uid"]:
+            _forget(handler, cluster, record, "is not known: the hub never read the pod it made")
             continue
+        if not sweep.ready():  # the API failing: not read at every sync
+            break
+        try:
+            pod = await sweep.spawner.gpu_read_pod(record["namespace"], record["name"])
+        except Exception as error:
+            status = getattr(error, "status", None) or 0
+            if 400 <= status < 500 and status != 429:  # this read refused (RBAC), not an
+                log.debug(  # outage: the others are read, and it is asked again next sync
+                    "gpu-gov: cannot read the pod %s/%s that %s's stop left running (%s)",
+                    escaped(record["namespace"]),
+                    escaped(record["name"]),
+                    escaped(_whose(record)),
+                    escaped(_failure(error)),
+                )
+                continue
+            sweep.failed(record, error)  # a 5xx, a 429, no answer, a dropped connection
+            break
+        sweep.answered()
         if pod is None:
-            _forget(spawner, "is gone")
+            _forget(handler, cluster, record, "is gone")
             continue
         metadata = pod.get("metadata") or {}
-        if not record["uid"] or metadata.get("uid") != record["uid"]:
-            _forget(spawner, "is not there: a pod of that name is not the one the hub made")
+        if metadata.get("uid") != record["uid"]:
+            _forget(
+                handler,
+                cluster,
+                record,
+                "is not there: a pod of that name is not the one the hub made",
+            )
             continue
-        if metadata.get("deletionTimestamp") or not _names(metadata, spawner):
+        if metadata.get("deletionTimestamp") or not _names(metadata, record):
             continue  # being deleted already; or not as KubeSpawner wrote it: never touched
         found.append(
             {
-                "server": server_key(spawner.user.name, spawner.name or ""),
-                **record,
+                "server": _whose(record),
+                **{k: record[k] for k in _FIELDS},
+                **({"tier": record["tier"]} if record.get("tier") else {}),
                 "node": (pod.get("spec") or {}).get("nodeName"),
             }
         )
     return found
 
 
-def _names(metadata: Mapping, spawner) -> bool:
-    """Whether the pod's annotations name ``spawner``'s server as KubeSpawner writes them."""
+def _names(metadata: Mapping, record: Mapping) -> bool:
+    """Whether the pod's annotations name the recorded server as KubeSpawner writes them."""
     notes = metadata.get("annotations") or {}
-    return notes.get("hub.jupyter.org/username") == spawner.user.name and (
-        notes.get("hub.jupyter.org/servername") or ""
-    ) == (spawner.name or "")
+    return (
+        notes.get("hub.jupyter.org/username") == record["user"]
+        and (notes.get("hub.jupyter.org/servername") or "") == record["server"]
+    )
 
 
 async def delete(handler: web.RequestHandler, asked: list[Any]) -> dict[str, list[str]]:
@@ -183,34 +326,34 @@ async def delete(handler: web.RequestHandler, asked: list[Any]) -> dict[str, lis
     for entry in asked[:MAX_ASKED]:
         if isinstance(entry, Mapping) and all(isinstance(entry.get(k), str) for k in _FIELDS):
             wanted[(entry["namespace"], entry["name"], entry["uid"])] = entry
-    for spawner in list(_spawners(handler)):
-        record = spawner._gpu_left_pod
+    sweep = _sweeper(handler)
+    for record in _recorded(handler.db) if sweep is not None else ():
         key = (record["namespace"], record["name"], record["uid"])
         if not record["uid"] or wanted.pop(key, None) is None:
             continue
         pod = f"{record['namespace']}/{record['name']}"
         try:
-            gone = await spawner.gpu_delete_pod(*key)
+            gone = await sweep.spawner.gpu_delete_pod(*key)
         except Exception as error:  # tried again at the next sync
             done["failed"].append(pod)
             log.warning(
                 "gpu-gov: deleting the pod %s that %s's stop left running failed (%s); "
                 "trying again at the next sync",
                 escaped(pod),
-                escaped(spawner._log_name),
-                escaped(f"{type(error).__name__}: {error}".splitlines()[0][:300]),
+                escaped(_whose(record)),
+                escaped(_failure(error)),
             )
             continue
         done["deleted"].append(pod)
         if gone:
-            _forget(spawner, "is gone")
+            _forget(handler, sweep.spawner.gpu_cluster, record, "is gone")
         else:
             log.warning(
                 "gpu-gov: deleted the pod %s (uid %s) that %s's stop left running since %s, "
                 "holding its GPU",
                 escaped(pod),
                 escaped(record["uid"]),
-                escaped(spawner._log_name),
+                escaped(_whose(record)),
                 escaped(record["stopped_at"]),
             )
     done["refused"] = [f"{n}/{p}" for n, p, _ in wanted]  # not (or no longer) left running
