@@ -1707,32 +1707,6 @@ async def test_a_left_pod_whose_user_is_deleted_is_swept_and_a_running_servers_n
     assert still["status"]["phase"] == "Running" and "deletionTimestamp" not in still["metadata"]
 
 
-async def test_a_left_pod_an_earlier_version_kept_in_spawner_state_is_still_swept(
-    make_hub, cluster
-):
-    """A hub upgraded from a version that kept the record in the spawner's state: moved into
-    the hub's table at the first sweep (out of the state), and the pod swept."""
-    config = profiles_config()
-    config.ClusterGpus.left_pod_grace = 0
-    hub = make_hub(config)
-    erin = await left_running(hub, cluster, "erin")
-    made = cluster.get("pods", erin.pod_name, erin.namespace)
-    hub.db.execute(left_pods.LEFT_PODS.delete())
-    old = left_pods.left_pod(
-        erin.namespace, erin.pod_name, made["metadata"]["uid"], clock.utcnow(), "h100"
-    )
-    erin.orm_spawner.state = {**erin.orm_spawner.state, left_pods.LEFT_POD_STATE: old}
-    hub.db.commit()
-    left_pods._MADE.discard(hub.db.get_bind())  # the upgraded hub's first use
-
-    handler = SimpleNamespace(db=hub.db, settings=hub.settings)
-    found = await left_pods.due(handler, clock.utcnow())
-    assert [(f["server"], f["uid"], f["tier"]) for f in found] == [
-        ("erin/", made["metadata"]["uid"], "h100")
-    ]
-    assert left_pods.LEFT_POD_STATE not in hub.db.query(orm.Spawner).one().state
-
-
 async def test_the_sweep_backs_off_while_the_api_fails_and_says_so_once(
     make_hub, cluster, monkeypatch
 ):

@@ -42,10 +42,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
 from kubernetes_asyncio.client.rest import ApiException
-from sqlalchemy import Column, MetaData, Table, Text, Unicode, insert, select, type_coerce
+from sqlalchemy import Column, MetaData, Table, Unicode, insert, select
 from sqlalchemy import delete as sql_delete
 from tornado import web
 
@@ -54,9 +53,7 @@ from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
 from ..core.vocabulary import server_key
 from .cluster import ClusterGpus
-from .grant_count import NOT_CACHED
 
-LEFT_POD_STATE = "gpu-gov/left-pod"  # spawner state: where an earlier version kept a record
 POD_UID_STATE = "gpu-gov/pod-uid"  # spawner state: the uid of the pod the start made
 MAX_ASKED = 100  # pods one request may ask to delete
 _FIELDS = ("namespace", "name", "uid", "stopped_at")
@@ -96,34 +93,12 @@ def left_pod(
     return record
 
 
-def from_state(state: Mapping | None) -> dict | None:
-    """The pod (``left_pod``) an earlier version recorded in a spawner's state, or None."""
-    record = state.get(LEFT_POD_STATE) if isinstance(state, Mapping) else None
-    if not isinstance(record, Mapping) or not all(isinstance(record.get(k), str) for k in _FIELDS):
-        return None
-    kept = {k: record[k] for k in _FIELDS}
-    if isinstance(record.get("tier"), str):
-        kept["tier"] = record["tier"]
-    return kept
-
-
 def _table(db) -> None:
-    """Make the table (once per database and process), and move into it the records an
-    earlier version kept in spawners' state."""
+    """Make the table, once per database and process."""
     engine = db.get_bind()
     if engine in _MADE:
         return
     LEFT_PODS.create(db.connection(), checkfirst=True)
-    rows = (
-        db.query(orm.Spawner)
-        .filter(type_coerce(orm.Spawner.state, Text).like(f'%"{LEFT_POD_STATE}"%'))
-        .execution_options(**NOT_CACHED)
-    )
-    for row in rows:
-        kept = from_state(row.state)
-        if kept is not None and row.user is not None:
-            _insert(db, kept, row.user.name, row.name or "")
-        row.state = {k: v for k, v in (row.state or {}).items() if k != LEFT_POD_STATE}
     db.commit()
     _MADE.add(engine)
 
