@@ -105,6 +105,18 @@ def test_no_path_of_the_authors_machine():
     assert not bad, f"paths of the authors' machine: {bad}"
 
 
+def test_documents_name_no_scratch_path():
+    """A measurement run from another tree names it by commit (`<a worktree of COMMIT>`), never
+    by the scratch folder it happened to be in: nobody else has that folder."""
+    bad = [
+        f"{doc.relative_to(ROOT)}:{n}"
+        for doc in DOCS
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"(?<![\w.])/tmp/", line)
+    ]
+    assert not bad, f"scratch paths outside the repository: {bad}"
+
+
 # -- settings and endpoints: each one a user or admin can use is documented, and each the
 # documents name exists ------------------------------------------------------------------------
 
