@@ -387,6 +387,18 @@ def test_every_metric_is_documented_and_every_documented_metric_exists():
     assert named <= defined, f"documented metrics the package lacks: {named - defined}"
 
 
+def test_the_governors_counters_say_what_they_count():
+    """A scrape's HELP lists every label value a counter takes: an admin graphing culls by
+    reason, or warnings, reads there which there are."""
+    from jupyter_gpu_gov.core.vocabulary import CULL_REASONS, WARNINGS
+    from jupyter_gpu_gov.hub import metrics
+
+    help_of = {m.name: m.documentation for m in metrics.REGISTRY.collect()}
+    culls, warnings = help_of["jupyter_gpu_gov_culls"], help_of["jupyter_gpu_gov_warnings"]
+    assert [r for r in CULL_REASONS if r not in culls] == [], culls
+    assert sorted(w for w in WARNINGS if w not in warnings) == [], warnings
+
+
 def test_every_environment_variable_is_documented_and_every_documented_one_is_read():
     source = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
     read = set(re.findall(r"\bJUPYTER_GPU_GOV_[A-Z_]+", source))
