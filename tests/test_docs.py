@@ -105,6 +105,18 @@ def test_no_path_of_the_authors_machine():
     assert not bad, f"paths of the authors' machine: {bad}"
 
 
+def test_documents_name_no_scratch_path():
+    """A measurement run from another tree names it by commit (`<a worktree of COMMIT>`), never
+    by the scratch folder it happened to be in: nobody else has that folder."""
+    bad = [
+        f"{doc.relative_to(ROOT)}:{n}"
+        for doc in DOCS
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"(?<![\w.])/tmp/", line)
+    ]
+    assert not bad, f"scratch paths outside the repository: {bad}"
+
+
 # -- settings and endpoints: each one a user or admin can use is documented, and each the
 # documents name exists ------------------------------------------------------------------------
 
@@ -373,6 +385,18 @@ def test_every_metric_is_documented_and_every_documented_metric_exists():
     assert len(defined) > 20, defined
     assert defined <= named, f"metrics no document names: {defined - named}"
     assert named <= defined, f"documented metrics the package lacks: {named - defined}"
+
+
+def test_the_governors_counters_say_what_they_count():
+    """A scrape's HELP lists every label value a counter takes: an admin graphing culls by
+    reason, or warnings, reads there which there are."""
+    from jupyter_gpu_gov.core.vocabulary import CULL_REASONS, WARNINGS
+    from jupyter_gpu_gov.hub import metrics
+
+    help_of = {m.name: m.documentation for m in metrics.REGISTRY.collect()}
+    culls, warnings = help_of["jupyter_gpu_gov_culls"], help_of["jupyter_gpu_gov_warnings"]
+    assert [r for r in CULL_REASONS if r not in culls] == [], culls
+    assert sorted(w for w in WARNINGS if w not in warnings) == [], warnings
 
 
 def test_every_environment_variable_is_documented_and_every_documented_one_is_read():

@@ -273,6 +273,10 @@ def test_usage_queries_name_their_bad_parameter():
     assert showback.parse_group_by("user,tier") == (["user", "tier"], "all")
     with pytest.raises(showback.UsageQueryError, match="group_by"):
         showback.parse_group_by("team,month")
+    # At most one period (docs/api.md): two are refused, never the last one taken unsaid.
+    with pytest.raises(showback.UsageQueryError, match="'group_by' names at most one of day, week"):
+        showback.parse_group_by("team,day,week")
+    assert showback.parse_group_by("day,team,day") == (["team"], "day")
     now = clock.utcnow()
     assert showback.parse_when("7d", "since", now) == now - timedelta(days=7)
     assert showback.parse_when("2025-03-01", "since").isoformat().startswith("2025-03-01T00:00")

@@ -344,8 +344,10 @@ class Report(Wire):
     )
     sampled_at: str = spec("when the GPUs were sampled (RFC 3339, UTC)", "", required=True, **TIME)
     backend: str = spec(
-        "`nvml`, `simulated`, `unavailable` (the backend failed: see `error`) or `none` (no GPUs: "
-        "CPU-only server, or `auto` found no driver)",
+        "`nvml`, `simulated`, `unavailable` (the backend failed: see `error`) or `none` (no GPU "
+        "backend: `GpuGovApp.backend` is `none`, or `auto` found no driver, as in a CPU-only pod; "
+        "a CPU-only server where a backend runs, `CUDA_VISIBLE_DEVICES` empty, names that backend "
+        "with no `devices`)",
         "none",
         enum=BACKENDS,
         required=True,

@@ -44,7 +44,9 @@ CALLERS_REFUSED = Counter(
     registry=REGISTRY,
 )
 WARNINGS = Counter(
-    "jupyter_gpu_gov_warnings_total", "Idle and max-age warnings issued", registry=REGISTRY
+    "jupyter_gpu_gov_warnings_total",
+    "Warnings issued, as the audit names them: warn (idle), max-age-warn, reclaim-warn, admin-warn",
+    registry=REGISTRY,
 )
 EXTENSIONS = Counter(
     "jupyter_gpu_gov_extensions_total",
@@ -54,7 +56,7 @@ EXTENSIONS = Counter(
 )
 CULLS = Counter(
     "jupyter_gpu_gov_culls_total",
-    "Culls by reason (gpu-idle, max-age, inactive, admin) and action",
+    "Culls by reason (gpu-idle, max-age, reclaim, admin, busy-limit, inactive, unclaimed) and action",
     ("reason", "action"),
     registry=REGISTRY,
 )

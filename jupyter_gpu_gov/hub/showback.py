@@ -52,6 +52,10 @@ def parse_group_by(text: str | None) -> tuple[list[str], str]:
             if part not in dims:
                 dims.append(part)
         elif part in ("day", "week"):
+            if period not in ("all", part):
+                raise UsageQueryError(
+                    f"'group_by' names at most one of day, week; got {period!r} and {part!r}"
+                )
             period = part
         else:
             allowed = ", ".join((*ledger.DIMENSIONS, "day", "week"))

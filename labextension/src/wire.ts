@@ -87,8 +87,10 @@ export interface IReport {
   /** when the GPUs were sampled (RFC 3339, UTC) */
   sampled_at?: string;
   /**
-   * `nvml`, `simulated`, `unavailable` (the backend failed: see `error`) or `none` (no GPUs:
-   * CPU-only server, or `auto` found no driver)
+   * `nvml`, `simulated`, `unavailable` (the backend failed: see `error`) or `none` (no GPU
+   * backend: `GpuGovApp.backend` is `none`, or `auto` found no driver, as in a CPU-only pod; a
+   * CPU-only server where a backend runs, `CUDA_VISIBLE_DEVICES` empty, names that backend with
+   * no `devices`)
    */
   backend?: 'nvml' | 'simulated' | 'unavailable' | 'none' | string;
   /** why the backend is unavailable, naming the device when known; else `null` */
