@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from urllib.parse import quote
 
 import pytest
 from test_fuzz_api import ACCESS
@@ -105,3 +106,27 @@ async def test_an_unchanged_listing_is_not_sent_again(tmp_path, monkeypatch):
         assert etag == f'"{hashlib.sha1(first.body).hexdigest()}"'
         again = await get(url, "api/servers", ADMIN[1], **{"If-None-Match": etag})
         assert again.code == 304 and not again.body
+
+
+async def test_a_page_after_a_key_that_is_not_trimmed_goes_on_from_that_key(tmp_path, monkeypatch):
+    """``after`` is the key ``next`` gave, as sent: a server named before JupyterHub 6's slugs
+    (a trailing space) or a user named with a control character is neither listed twice nor
+    skipped past (a cursor trimmed or with its control characters made spaces was another
+    key: the page after ``carol/lab `` began at ``carol/lab `` again, for ever)."""
+    async with service(tmp_path, monkeypatch) as (url, governor, hub):
+        hub.add_user_token(*ADMIN, extra_scopes=[ACCESS, "custom:gpu-gov:admin"])
+        hub.add_server("carol", "lab ")
+        for user in ("eve\x01a", "eve\x01b", "eve a"):
+            hub.add_server(user)
+        await governor.reconcile()
+        everything = (await listed(url))["servers"]
+        keys = [f"{s['user']}/{s['name']}" for s in everything]
+        assert {"carol/lab ", "eve\x01a/", "eve\x01b/", "eve a/"} <= set(keys)
+        paged, after = [], ""
+        for _ in range(len(keys) + 2):  # (a cursor that loops would never end)
+            page = await listed(url, f"?limit=1{after}")
+            paged += [f"{s['user']}/{s['name']}" for s in page["servers"]]
+            if page["next"] is None:
+                break
+            after = "&after=" + quote(page["next"], safe="")
+        assert paged == keys

@@ -220,7 +220,10 @@ class ServersHandler(ApiHandler):
 
     def _page(self) -> tuple[str | None, int | None]:
         """``after`` (a server's key: the servers after it) and ``limit`` (how many), or 400."""
-        after = self.get_argument("after", None)
+        # As sent: ``get_argument`` trims it and makes control characters spaces, another key
+        # (a server named "lab " was listed again after itself, for ever).
+        sent = self.request.query_arguments.get("after")
+        after = self.decode_argument(sent[-1], name="after") if sent else None
         if after is not None and not 0 < len(after) <= listings.MAX_CURSOR_CHARS:
             raise web.HTTPError(
                 400,
