@@ -528,3 +528,33 @@ async def test_the_governor_keeps_the_lines_demand_for_the_cluster_report(tmp_pa
         sync = QueueSync(FakeHubApi([], sync_status=status), store)
         await sync.sync(NOW)
         assert sync.absent and (sync.queued, sync.refused) == (None, None)
+
+
+async def test_a_left_pod_is_audited_once_in_a_dry_run_not_at_every_sync(tmp_path):
+    """A dry run deletes nothing, so the hub names the pod a stop left running at every sync
+    for as long as it runs: its ``left-pod-delete`` is on record once (it was a row every
+    ``LEFT_POD_RETRY``, a sync's, for ever), and the hub is never asked. Acting, a delete the
+    hub could not carry out is asked, and audited, again."""
+    pod = {
+        "server": "vic/",
+        "namespace": "jhub",
+        "name": "jupyter-vic",
+        "uid": "uid-1",
+        "stopped_at": "2026-01-05T08:00:00.000Z",
+    }
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    hub = FakeHubApi([], left_pods=[pod])
+    sync = QueueSync(hub, store, dry_run=True)
+    for minute in range(60):
+        await sync.sync(NOW + timedelta(minutes=minute))
+    rows = [a for a in store.audit_rows("vic/") if a.action == "left-pod-delete"]
+    assert len(rows) == 1 and rows[0].dry_run
+    assert not [c for c in hub.calls if c[1] == "gpu-gov/left-pods"]
+    # Another pod left by a later stop of the same server: on record too.
+    hub.answer["left_pods"] = [{**pod, "uid": "uid-2"}]
+    await sync.sync(NOW + timedelta(minutes=61))
+    assert len([a for a in store.audit_rows("vic/") if a.action == "left-pod-delete"]) == 2
+    acting = QueueSync(hub, store)
+    await acting.sync(NOW)
+    await acting.sync(NOW + timedelta(minutes=1))
+    assert len([c for c in hub.calls if c[1] == "gpu-gov/left-pods"]) == 2

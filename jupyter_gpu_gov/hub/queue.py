@@ -218,8 +218,9 @@ class QueueSync:
         """The pods the Hub's stop of a server left running (the Kubernetes API failed the
         delete), which the hub found still there past their grace (``profiles/left_pods.py``):
         each audited, then the hub asked to delete them (it checks them against its records
-        again). Asked again, and audited again, after ``LEFT_POD_RETRY`` while it fails."""
-        asked, rows = [], []
+        again). Asked again, and audited again, after ``LEFT_POD_RETRY`` while it fails; in a
+        dry run, on record once while the hub names it."""
+        asked, rows, named = [], [], set()
         for entry in entries[:100] if isinstance(entries, list) else ():
             if not isinstance(entry, Mapping) or not all(
                 isinstance(entry.get(k), str) and 0 < len(entry[k]) <= MAX_TEXT
@@ -227,8 +228,11 @@ class QueueSync:
             ):
                 log.warning("gpu-gov: a left pod the hub named cannot be read; skipped")
                 continue
+            named.add(entry["uid"])
             last = self._left_pods.get(entry["uid"])
-            if last is not None and now - last < LEFT_POD_RETRY:
+            # A dry run deletes nothing: the hub names the pod at every sync while it runs, and
+            # it is on record once (not a row a sync, for ever).
+            if last is not None and (self.dry_run or now - last < LEFT_POD_RETRY):
                 continue
             self._left_pods[entry["uid"]] = now
             pod = {k: entry[k] for k in ("namespace", "name", "uid", "stopped_at")}
@@ -249,7 +253,7 @@ class QueueSync:
                 )
             )
         for uid, at in list(self._left_pods.items()):
-            if now - at >= LEFT_POD_RETRY:
+            if uid not in named if self.dry_run else now - at >= LEFT_POD_RETRY:
                 del self._left_pods[uid]
         if not rows:
             return
