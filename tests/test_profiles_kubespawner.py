@@ -1751,3 +1751,12 @@ async def test_the_sweep_backs_off_while_the_api_fails_and_says_so_once(
     again = cluster.fail("GET", rf"/pods/{alice.pod_name}$", code=503)
     assert await left_pods.due(handler, clock.utcnow()) == [] and again.hits == 1  # no pause
     assert len(warned()) == 2  # a new outage, said once more
+
+    # A read refused (RBAC: a 403) is not an outage: no back-off, and the admin told once.
+    again.times = 0
+    now[0] += left_pods.BACKOFF_MOST_S
+    refused = cluster.fail("GET", rf"/pods/{alice.pod_name}$", code=403)
+    for _ in range(3):
+        assert await left_pods.due(handler, clock.utcnow()) == []
+    assert refused.hits == 3  # read at every sync
+    assert len(warned()) == 3 and "is not swept while the Kubernetes API refuses" in warned()[-1]

@@ -135,6 +135,7 @@ class _Sweep:
         self.spawner = spawner
         self.failures = 0  # reads failed in a row (0: the API answers)
         self.until = float("-inf")  # no read before (``_monotonic``)
+        self.refused: set[tuple[str, str]] = set()  # pods whose read was refused, said once
 
     def ready(self) -> bool:
         return _monotonic() >= self.until
@@ -248,8 +249,16 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
         except Exception as error:
             status = getattr(error, "status", None) or 0
             if 400 <= status < 500 and status != 429:  # this read refused (RBAC), not an
-                log.debug(  # outage: the others are read, and it is asked again next sync
-                    "gpu-gov: cannot read the pod %s/%s that %s's stop left running (%s)",
+                # outage: the others are read, and it is asked again next sync. The admin must
+                # learn it (the pod is never swept while refused): a warning once a pod.
+                pod_id = (record["namespace"], record["name"])
+                first = pod_id not in sweep.refused
+                sweep.refused.add(pod_id)
+                log.log(
+                    logging.WARNING if first else logging.DEBUG,
+                    "gpu-gov: cannot read the pod %s/%s that %s's stop left running (%s): it"
+                    " is not swept while the Kubernetes API refuses its read; delete it by hand"
+                    " or grant the hub's service account get on pods in that namespace",
                     escaped(record["namespace"]),
                     escaped(record["name"]),
                     escaped(_whose(record)),
