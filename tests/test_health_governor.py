@@ -18,7 +18,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from jupyter_gpu_gov.core import clock, health
+from jupyter_gpu_gov.core import clock, grant, health
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.vocabulary import NODE_UNHEALTHY_ANNOTATION, NODE_UNHEALTHY_LABEL
 from jupyter_gpu_gov.hub import metrics
@@ -135,6 +135,61 @@ async def test_a_gpu_dcgm_sees_fail_is_never_culled_and_its_owner_is_told(tmp_pa
     view = gov.health_view()
     assert [f["server"] for f in view["flagged"]] == ["alice/"]
     assert metrics.SERVERS_GPU_UNKNOWN._value.get() == 1
+
+
+def unavailable_report(user: str) -> dict:
+    """What every server reports while the whole driver is down (NVML cannot start)."""
+    r = report_for(user, L4_GPU, sm=0.0)
+    r.update(backend="unavailable", error="NVML: driver not loaded", devices=[], targets=[])
+    return r
+
+
+@pytest.mark.parametrize(
+    ("state", "cpu_only"),
+    [
+        ({"gpu_gov_grant": {}}, True),  # the profile layer admitted it with no GPU
+        (None, False),  # no record: another spawner, or no admin:server_state
+        ({"pod_name": "jupyter-carol"}, False),  # KubeSpawner alone: nothing said of GPUs
+        ({"gpu_gov_grant": {"gpu-gov/tier": "h100"}}, False),
+        ({"gpu_gov_grant": {}, "gpu_gov_devices": [L4_GPU]}, False),  # a device: it holds it
+        ({"gpu_gov_grant": "none"}, False),
+    ],
+)
+def test_only_the_profile_layers_empty_grant_says_no_gpu(state, cpu_only):
+    assert grant.no_gpu(state) is cpu_only
+
+
+async def test_a_server_the_hubs_records_give_no_gpu_is_never_a_gpu_alert(tmp_path):
+    """The whole driver fails: every report says the GPU backend is unavailable. carol's server,
+    which the profile layer admitted with no GPU (an empty grant in its spawner state, which she
+    cannot write), is a CPU server still: not flagged unknown, and culled by the idle-culler rule
+    once the Hub has seen nothing of her for inactive_timeout. dave's (no record: another spawner)
+    and erin's (the allocator pinned her a GPU) stay unknown: never culled, flagged for an admin."""
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        now = clock.utcnow()
+        hub.add_server("carol", last_activity=now, state={"gpu_gov_grant": {}})
+        hub.add_server("dave", last_activity=now)
+        hub.add_server("erin", last_activity=now, state={"gpu_gov_devices": [L4_GPU]})
+        gov = await stack.enter_async_context(governed(hub, tmp_path))
+        users = ("carol", "dave", "erin")
+        for minutes in (0, 40, 25):  # past unknown_alert_after (30 min), inactive_timeout (1 h)
+            clock.advance(minutes * 60)
+            for user in users:
+                gov.ingest(unavailable_report(user))
+            await gov.reconcile()
+            if minutes == 40:
+                flagged = [f["server"] for f in gov.health_view()["flagged"]]
+                assert flagged == ["dave/", "erin/"]
+                carol = gov.verdict("carol/")
+                assert carol["state"] == "active" and "holds no GPU" in carol["reason"], carol
+        assert not hub.running("carol")
+        assert hub.running("dave") and hub.running("erin")
+        states = {u: gov.row(f"{u}/").state for u in users}
+        assert states == {"carol": "culled", "dave": "unknown", "erin": "unknown"}, states
+        audits = {u: [a.action for a in gov.store.audit_rows(f"{u}/")] for u in users}
+    assert "gpu-unknown" not in audits["carol"] and "cull" in audits["carol"]
+    assert audits["dave"].count("gpu-unknown") == audits["erin"].count("gpu-unknown") == 1
+    assert "cull" not in audits["dave"] + audits["erin"]
 
 
 async def test_the_admin_sees_node_gpu_and_reasons(tmp_path, http):

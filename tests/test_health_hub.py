@@ -180,3 +180,37 @@ def test_an_admin_dismisses_the_claim_on_a_card_nobody_holds(hub):
     assert dismissal["reason"].endswith("reason: reset with nvidia-smi -r, dcgmi diag passes")
     again = gov.admin("POST", f"health/{UUIDS[0]}/dismiss", json={"reason": "again"})
     assert again.status_code == 404 and "no health claim to dismiss" in again.text
+
+
+def test_a_failed_driver_flags_gpu_servers_not_a_cpu_only_one(hub):
+    """The whole driver fails: alice's GPU server is flagged (its GPU state unknown), bob's
+    CPU-only server, which the profile layer admitted with no GPU, is not (it was, a false alert
+    that also kept it from the idle-culler rule). (After test_a_gpu_lost_mid_run, on its hub.)"""
+    gov = Gov(hub)
+    if not server_running(hub, "alice"):  # culled idle since, or run alone
+        assert api_spawn(hub, "alice", {"profile": "h100"}).status_code in (201, 202)
+        hub.wait_for_server("alice")
+    working = "from jupyter_gpu_gov import simulate\nsimulate.hold(4096)\nsimulate.load(0.9)"
+    hub.execute("alice", hub.start_kernel("alice"), working)  # not culled as idle meanwhile
+    assert api_spawn(hub, "bob", {"profile": "no-gpu"}).status_code in (201, 202)
+    hub.wait_for_server("bob")
+    kernel = hub.start_kernel("bob")
+    hub.execute("bob", kernel, "from jupyter_gpu_gov import simulate\nsimulate.fail('driver down')")
+
+    def flagged() -> list[str]:
+        r = gov.admin("GET", "health")
+        assert r.status_code == 200, r.text
+        return [f["server"] for f in r.json()["flagged"]]
+
+    try:
+        wait(lambda: "alice/" in flagged(), 60, "alice's GPU server to be flagged: unknown")
+        gov.judged_after("bob", 5)  # past gpu_unknown_alert_after (4 s) with the driver down
+        backend = hub.get(hub.user_url("bob", "jupyter-gpu-gov/status"), token=hub.token("bob"))
+        assert backend.json()["backend"] == "unavailable"
+        assert "bob/" not in flagged()
+        server = gov.admin("GET", "users/bob/server").json()
+        assert server["state"] == "active" and "holds no GPU" in server["reason"], server
+        assert "gpu-unknown" not in gov.actions("bob/")
+    finally:
+        hub.execute("bob", kernel, "simulate.recover()")
+        hub.stop_server("bob")

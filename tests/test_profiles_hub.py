@@ -216,6 +216,19 @@ def test_form_for_no_team_says_ask_the_admin(hub):
 # --- 2. spawns within quota get distinct devices -------------------------------------------
 
 
+def test_a_server_without_a_gpu_is_recorded_as_such(hub):
+    """The grant the governor reads says "no GPU" (an empty grant, no device), not nothing: a
+    CPU-only server is then never taken for a GPU server whose GPU state is unknown. A forged
+    grant in user_options is dropped."""
+    r = api_spawn(hub, "erin", {"profile": "no-gpu", TIER: "h100", DEVICES_STATE: ["GPU-x"]})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_for_server("erin")
+    state = servers(hub, "erin")[""]["state"]
+    assert state["gpu_gov_grant"] == {} and DEVICES_STATE not in state, state
+    assert visible_devices(hub, "erin") == ""
+    hub.stop_server("erin")
+
+
 def test_spawns_within_quota_get_distinct_devices(hub):
     fields = {"alice": "h100", "dave": "h100", "bob": "h100-3g"}
     for user, profile in fields.items():

@@ -938,3 +938,30 @@ async def test_gpus_named_by_index_in_cudas_own_order_read_unknown_never_idle(
     assert "CUDA_DEVICE_ORDER=FASTEST_FIRST" in report["error"]
     assert "name them by UUID" in report["error"]
     assert report["devices"] == [] and report["window"]["gpu_idle_since"] is None
+
+
+async def test_a_stop_ends_the_sampling_in_flight_before_the_loop_closes(jp_serverapp, monkeypatch):
+    """The server is stopped while a sample waits on the GPU driver, with a status refresh
+    waiting behind it: the extension's stop ends both. Left running, the sampling coroutine was
+    closed with the event loop, its tick lock released on a closed loop ("Event loop is
+    closed" in CI, at a server's stop)."""
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    app.ensure_sampling()
+    driver = asyncio.Event()  # the driver does not answer before the stop
+
+    async def waits_on_the_driver(targets, server):
+        await driver.wait()
+
+    monkeypatch.setattr(app.sampler, "tick", waits_on_the_driver)
+    await app._sample_within(0.05)  # a refresh, still in the driver after its wait
+    await asyncio.sleep(0.6)  # the timer's next tick too, behind the refresh's lock
+
+    def sampling() -> list[asyncio.Task]:
+        names = ("GpuGovApp.sample_now", "every")
+        return [
+            t for t in asyncio.all_tasks() if t.get_coro().__qualname__ in names and not t.done()
+        ]
+
+    assert len(sampling()) >= 2  # the refresh and the timer
+    await app.stop_extension()
+    assert sampling() == []

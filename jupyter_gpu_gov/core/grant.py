@@ -11,6 +11,7 @@ format (``core.queue`` defines the waiting request, kept in the same state).
 State keys:
 
 - ``gpu_gov_grant``: ``{"gpu-gov/tier": "h100", "gpu-gov/team": "vision", ...}`` (strings);
+  ``{}``: admitted with no GPU (a CPU-only server, ``no_gpu``);
 - ``gpu_gov_devices``: the leaf device UUIDs the workstation allocator pinned;
 - ``gpu_gov_gpus``: the same devices with their physical GPU and MIG profile
   (``[{"uuid", "parent_uuid", "mig_profile"}]``), so DCGM's records (per physical GPU and GPU
@@ -81,6 +82,15 @@ def devices(state: Mapping[str, Any] | None) -> tuple[GrantedDevice, ...]:
     if isinstance(uuids, list):
         return tuple(GrantedDevice(u) for u in uuids if isinstance(u, str))
     return ()
+
+
+def no_gpu(state: Mapping[str, Any] | None) -> bool:
+    """Whether the profile layer recorded that it admitted the server with no GPU: an empty
+    grant and no device pinned. No record (another spawner, no ``admin:server_state``, a server
+    started before the record was kept) says nothing: such a server is not taken as CPU-only."""
+    state = state or {}
+    recorded = state.get(GRANT_STATE)
+    return isinstance(recorded, Mapping) and not recorded and not devices(state)
 
 
 def pod(state: Mapping[str, Any] | None) -> tuple[str | None, str] | None:

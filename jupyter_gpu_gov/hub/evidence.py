@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from ..core import clock, policy
+from ..core import clock, grant, policy
 from ..core.durations import format_duration
 from ..core.policy import Policy, ServerView, evolve
 from ..core.report import gpu_signal, user_last_activity
@@ -95,7 +95,37 @@ class Evidence:
         server: HubServer | None = None,
     ) -> ServerView:
         """The view with what the server's report (and DCGM) say about its GPU (``server``:
-        where DCGM may see its pod)."""
+        where DCGM may see its pod).
+
+        Unknown GPU data is never idle, for a server that may hold a GPU. One the Hub's records
+        give no GPU (``core.grant.no_gpu``: the profile layer admitted it without one) and DCGM
+        sees none on holds none: a driver that fails, a report that stops coming or claims an
+        unavailable backend leave it governed as any CPU server (the idle-culler rule), not
+        flagged unknown. GPU data its report does give (a context it holds) is still read."""
+        view = self._reported_gpu(base, server_policy, now, reported, server)
+        gpu = view.gpu
+        if (
+            gpu is None
+            or gpu.active is not None
+            or server is None
+            or not grant.no_gpu(server.spawner_state)
+            or base.key in self._shutdowns  # its GPU kernels were asked to shut down
+        ):
+            return view
+        granted = trusted.Granted.of(server.spawner_state)  # a pod DCGM may see a GPU on
+        if granted is not None and granted.evidence(self._context.by_uuid, self._context.by_pod):
+            return view
+        detail = f"the Hub's records give it no GPU ({gpu.detail})" if gpu.detail else ""
+        return evolve(view, gpu=policy.GpuSignal(holds_gpu=False, active=False, detail=detail))
+
+    def _reported_gpu(
+        self,
+        base: ServerView,
+        server_policy: Policy,
+        now: datetime,
+        reported: bool,
+        server: HubServer | None,
+    ) -> ServerView:
         received = self.reports.get(base.key)
         pending = self._shutdowns.get(base.key)
         if (

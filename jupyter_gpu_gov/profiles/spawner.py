@@ -142,7 +142,7 @@ class GpuRefused(web.HTTPError):
 class GpuProfilesMixin:
     """Tiers, team quotas and admission for a JupyterHub spawner (mix in first)."""
 
-    _gpu_granted: dict[str, str] | None = None  # the grant, kept in the spawner's state
+    _gpu_granted: dict[str, str] | None = None  # the grant, in the spawner's state ({}: no GPU)
     _gpu_queued: QueuedRequest | None = None  # waiting in line, kept in the spawner's state
     # The pod of each started server holding a tier (KubeSpawner's state: pod_name) -> the tier,
     # from the last count: the cluster count knows the hub's pods by name, not by their labels.
@@ -437,7 +437,9 @@ class GpuProfilesMixin:
             # Admitted: a server waiting in line leaves it (whatever it now starts with).
             waited, self._gpu_queued = self._gpu_queued, None
             REFUSED.forget(self._gpu_server_key())
-            if decided is not None:
+            if decided is None:
+                self._gpu_granted = {}  # recorded: no GPU (``core.grant.no_gpu``)
+            else:
                 tier, team, admission = decided
                 self.gpu_assign(tier)
                 self._gpu_granted = self._gpu_grant(tier, team, options, admission)
@@ -671,7 +673,7 @@ class GpuProfilesMixin:
 
     def get_state(self):
         state = super().get_state()
-        if self._gpu_granted:
+        if self._gpu_granted is not None:  # an empty grant: admitted with no GPU
             state[GRANT_STATE] = dict(self._gpu_granted)
         if self._gpu_queued is not None:
             state[QUEUE_STATE] = self._gpu_queued.to_json()

@@ -38,6 +38,7 @@ _SERVER_CALLS_START_HOOKS = hasattr(ExtensionApp, "_start_jupyter_server_extensi
 # longer than STALE_AFTER_S, the last sample is shown as unavailable, never as the GPU now.
 FRESH_SAMPLE_WAIT_S = 10.0
 STALE_AFTER_S = 10.0
+STOP_WAIT_S = 5.0  # at a stop, for the cancelled sampling and requests to end
 DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
 
 
@@ -261,6 +262,7 @@ class GpuGovApp(ExtensionApp):
         self._refresh: asyncio.Future | None = None  # a sample asked for and not taken yet
         self._timer: asyncio.Future | None = None
         self._watch: asyncio.Future | None = None  # reports while a tick is stuck
+        self._stopping = False  # stop_extension began: nothing new is sampled
         self._tick_lock = asyncio.Lock()
         self.server_identity = {**_server_identity(), "gpu_allocated": self._gpu_allocated()}
         self._busy_since: dict[str, object] = {}
@@ -359,7 +361,7 @@ class GpuGovApp(ExtensionApp):
 
     def ensure_sampling(self) -> None:
         """Start the periodic sampler (idempotent; needs the running event loop)."""
-        if self._timer is None:
+        if self._timer is None and not self._stopping:
             # On the monotonic clock: a step of the wall clock never stalls sampling.
             self._timer = asyncio.ensure_future(clock.every(self.sample_interval, self.sample_now))
             self._watch = asyncio.ensure_future(
@@ -367,9 +369,19 @@ class GpuGovApp(ExtensionApp):
             )
 
     async def stop_extension(self):
-        for timer in (self._timer, self._watch):
-            if timer is not None:
-                timer.cancel()
+        # Sampling (the timer, the stuck-driver watch, a status refresh) and the governor's
+        # requests end here, awaited: left pending they were closed with the event loop, and a
+        # tick lock released then woke a waiter on a closed loop ("Event loop is closed").
+        self._stopping = True
+        tasks = [
+            task
+            for task in (self._timer, self._watch, self._refresh, *self._request_tasks)
+            if task is not None and not task.done()
+        ]
+        for task in tasks:
+            task.cancel()
+        if tasks:  # a task awaiting the driver's thread ends at once (the thread is left)
+            await asyncio.wait(tasks, timeout=STOP_WAIT_S)
         self._person_activity.close()
         if isinstance(self.reporter, Reporter):
             self.reporter.close()
@@ -429,6 +441,8 @@ class GpuGovApp(ExtensionApp):
 
     async def _sample_within(self, seconds: float) -> None:
         """A sample now, waited for ``seconds`` at most (it goes on; one at a time)."""
+        if self._stopping:  # a request during the stop: no new sample
+            return
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.ensure_future(self.sample_now())
         try:
@@ -772,5 +786,10 @@ def _server_identity() -> dict:
 
 
 async def _one_after_another(coroutines) -> None:
-    for coroutine in coroutines:
-        await coroutine
+    pending = list(coroutines)
+    try:
+        while pending:
+            await pending.pop(0)
+    finally:
+        for coroutine in pending:  # the stop cancelled one before them: never started
+            coroutine.close()
