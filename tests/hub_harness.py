@@ -220,8 +220,34 @@ class HubHarness:
         """Stop only the hub process (SIGTERM, which also stops its proxy) and start it again with
         the same config, ports and directory. Servers keep running when the config has
         ``c.JupyterHub.cleanup_servers = False``; tokens and login cookies stay valid."""
+        proxy = self._proxy_pid()
         self._stop_hub()
+        # The Hub signals its proxy and exits without waiting for it: on a loaded machine the
+        # old proxy still holds the ports when the new Hub starts its own, which cannot bind
+        # them (the new Hub exits, or answers through the old proxy until that one ends).
+        if proxy is not None:
+            self._wait_ended(proxy)
         self._launch()
+
+    def _proxy_pid(self) -> int | None:
+        """The hub's proxy, from the pid file the hub writes (and removes when it stops)."""
+        try:
+            pid = int((self.workdir / "proxy.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid in self.pids() else None  # this harness's, not a reused pid
+
+    def _wait_ended(self, pid: int, timeout: float = 30) -> None:
+        """Wait until ``pid`` ended (gone, or a zombie); SIGKILL it past ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def _launch(self) -> None:
         env = {
@@ -622,6 +648,15 @@ class HubHarness:
                 return
             time.sleep(0.1)
             pids = self.pids()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended: only its reaping is left)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def processes_with(name: str, value: str) -> list[int]:

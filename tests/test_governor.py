@@ -7,7 +7,9 @@ import copy
 import json
 import logging
 import socket
+import threading
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,6 @@ from prometheus_client import generate_latest
 from sqlalchemy import event
 from test_dcgm import FIXTURES
 from test_report import REPORT
-from tornado import web
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.checkpoint_layout import MANIFEST_REPORTED_BYTES, abridged
 from jupyter_gpu_gov.core import clock, ledger
@@ -61,20 +60,37 @@ def report_for(user: str, uuid: str, sm: float) -> dict:
 
 
 class Exporter:
-    """dcgm-exporter's /metrics, serving the fixture files as they are."""
+    """dcgm-exporter's /metrics, serving the fixture files as they are (``text``, changeable).
+
+    It answers from a thread of its own, as a real exporter (another process) answers whatever
+    the governor's event loop is doing. Served from that loop, a loaded machine stalling the
+    loop for the DCGM read's timeout while a read waited failed the read: the GPUs unknown for
+    a pass, and the idle stretch a test counted on started again (alice not culled)."""
 
     def __init__(self, *names: str):
-        text = "".join((FIXTURES / n).read_text() for n in names)
+        self.text = "".join((FIXTURES / n).read_text() for n in names)
+        outer = self
 
-        class Metrics(web.RequestHandler):
-            def get(self):
-                self.set_header("Content-Type", "text/plain; version=0.0.4")
-                self.finish(text)
+        class Metrics(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = outer.text.encode()
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
-        sockets = bind_sockets(0, "127.0.0.1")
-        self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/metrics"
-        self.server = HTTPServer(web.Application([(r"/metrics", Metrics)]))
-        self.server.add_sockets(sockets)
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def closed_port_url() -> str:
@@ -85,7 +101,9 @@ def closed_port_url() -> str:
 
 def governor(hub: FakeHub, tmp_path: Path, dcgm_url: str | None = None, **options) -> Governor:
     policies = load_policies([], {"warn_after": "1h", "cull_after": "2h"})
-    dcgm = DcgmSource(exporter_urls=[dcgm_url], timeout_s=2) if dcgm_url else None
+    # A read that fails leaves the GPUs unknown for a pass: the deadline is for an exporter
+    # that does not answer, never for a loaded machine slow to serve one that does.
+    dcgm = DcgmSource(exporter_urls=[dcgm_url], timeout_s=10) if dcgm_url else None
     return Governor(
         Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"),
         HubApi(hub.api_url, hub.token),
@@ -104,7 +122,7 @@ async def test_dcgm_idle_wins_over_a_report_saying_active(tmp_path):
         gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.9))  # claims work; DCGM: idle
         gov.ingest(report_for("bob", T4_BUSY_GPU, sm=0.0))  # claims idle; DCGM: busy
         result = await gov.reconcile()
-    exporter.server.stop()
+    exporter.stop()
 
     alice, bob = gov.verdict("alice/"), gov.verdict("bob/")
     assert alice["state"] == "idle"
@@ -136,7 +154,7 @@ async def test_dcgm_governs_a_server_without_the_extension(tmp_path, restore_clo
                 assert gov.row("bob/").state == "active"
         # ...and then no Hub activity for 2 h (bob's tab is closed): that rule culls.
         assert gov.row("bob/").state == "culled" and "idle-culler" in gov.row("bob/").reason
-    exporter.server.stop()
+    exporter.stop()
     assert seen[0][0] == "idle" and "DCGM, no report" in seen[0][1]
     assert [seen[m][0] for m in (31, 61, 119)] == ["warned"] * 3
     # DCGM cannot see a running cell: the cull waits busy_grace (2 h) from the idle start.
@@ -181,7 +199,7 @@ async def test_a_dcgm_only_cull_counts_the_pods_gpus_as_reclaimed(tmp_path, rest
             clock.advance(60 * minutes)
             await gov.reconcile()
         assert not hub.running("alice")
-    exporter.server.stop()
+    exporter.stop()
     assert gov.row("alice/").state == "culled"
     assert metrics.GPUS_RECLAIMED._value.get() - reclaimed == 1  # the pod's one GPU
 
@@ -840,7 +858,7 @@ async def test_a_report_that_contradicts_the_allocators_record_is_not_believed(t
         gov.ingest(held(report_for("dave", T4_BUSY_GPU, sm=0.0), T4_BUSY_GPU))
         await gov.reconcile()
         await gov.reconcile()  # a second pass: the audit says it once
-    exporter.server.stop()
+    exporter.stop()
 
     states = {u: gov.verdict(f"{u}/")["state"] for u in ("alice", "bob", "carol", "dave")}
     assert states == dict.fromkeys(states, "idle"), states
@@ -871,7 +889,7 @@ async def test_an_allocated_gpu_dcgm_no_longer_sees_is_unknown_never_idle(tmp_pa
         gov.ingest(report)
         gov.ingest(report_for("carol", H100_IDLE_GPU, sm=0.9))
         await gov.reconcile()
-    exporter.server.stop()
+    exporter.stop()
     alice, bob = gov.verdict("alice/"), gov.verdict("bob/")
     assert alice["state"] == "active", alice["reason"]
     assert bob["state"] != "idle" and "no activity data" in bob["reason"], bob["reason"]
@@ -902,7 +920,7 @@ async def test_a_server_whose_reports_stop_is_governed_on_dcgm_alone(tmp_path, r
             clock.advance(60 * minutes)
             await gov.reconcile()
         assert not hub.running("alice")
-    exporter.server.stop()
+    exporter.stop()
     assert stale[0] == "idle" and "DCGM, no report since" in stale[1], stale
     assert waiting[0] == "idle" and "DCGM, waiting for its report" in waiting[1], waiting
     assert gov.row("alice/").state == "culled"
@@ -920,24 +938,16 @@ async def test_a_pods_gpu_dcgm_no_longer_sees_is_unknown_never_idle(tmp_path):
         for line in fixture
     )
     lost = "\n".join(line for line in both.splitlines() if 'gpu="1"' not in line)
-    served = [both + "\n"]
-
-    class Metrics(web.RequestHandler):
-        def get(self):
-            self.finish(served[0])
-
-    sockets = bind_sockets(0, "127.0.0.1")
-    exporter = HTTPServer(web.Application([(r"/metrics", Metrics)]))
-    exporter.add_sockets(sockets)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}/metrics"
+    exporter = Exporter()
+    exporter.text = both + "\n"
     state = {"pod_name": "vllm-agg-0-vllmdecodeworker-s65j5", "namespace": "dynamo-workload"}
     away = clock.utcnow() - timedelta(days=1)
     async with FakeHub() as hub:
         hub.add_server("alice", state=state, last_activity=away)  # sends no report
-        gov = governor(hub, tmp_path, url)
+        gov = governor(hub, tmp_path, exporter.url)
         await gov.reconcile()
         assert gov.verdict("alice/")["state"] == "idle"  # both GPUs seen idle
-        served[0] = lost + "\n"
+        exporter.text = lost + "\n"
         await gov.background_done()  # the read the last pass started
         await gov.reconcile()
         verdict = gov.verdict("alice/")
@@ -1258,7 +1268,7 @@ async def test_showback_bills_the_gpus_dcgm_sees_a_server_hold(tmp_path, restore
             clock.advance(300)
         await gov.reconcile()
         gov.flush_usage()
-    exporter.server.stop()
+    exporter.stop()
     assert gov.row("bob/").reason and "DCGM" in gov.row("bob/").reason
     for user in ("alice", "bob"):
         billed = sum(
@@ -1306,7 +1316,7 @@ async def test_a_report_not_believed_teaches_the_diagnosis_nothing(tmp_path, res
         # nothing but the report placed it on a node)
         assert len(gov.diagnosis.history) == learnt == 0
         assert gov.diagnosis.results["mallory/"] is not None  # still scored
-    exporter.server.stop()
+    exporter.stop()
 
 
 async def test_an_idle_stretch_starts_no_earlier_than_the_governor_saw_the_gpu_held(

@@ -40,7 +40,7 @@ async def test_the_governor_records_what_it_saw_and_did_and_exports_it(tmp_path,
             passes += 1
             clock.advance(60)
         assert not hub.running("alice")
-    exporter.server.stop()
+    exporter.stop()
 
     rows = list(read_history(gov.store.engine))
     alice = [r for r in rows if r.server == "alice/"]
@@ -201,7 +201,7 @@ async def test_what_if_on_the_recorded_history_predicts_the_candidates_differenc
             await gov.reconcile()
             clock.advance(60)
         assert not hub.running("alice")
-    exporter.server.stop()
+    exporter.stop()
     patient = load_policies([], {"checkpoint": False, "cull_after": "3h", "busy_grace": "3h"})
     result = what_if(gov, patient, since, clock.utcnow().timestamp())
     culls = {run["name"]: run["total"]["culls"] for run in result["runs"]}
@@ -231,7 +231,7 @@ async def test_what_if_weighs_a_tier_as_the_governor_does(tmp_path, restore_cloc
             clock.advance(60)
         assert not hub.running("alice")
         gov.flush_usage()
-    exporter.server.stop()
+    exporter.stop()
     (session,) = gov.store.usage_sessions(user="alice")
     ledger_hours = session.allocated / 3600
     assert 0.25 * 0.5 <= ledger_hours <= 0.25 * 0.6  # a quarter GPU for 30-36 minutes

@@ -413,7 +413,7 @@ async def test_a_takeover_governs_on_a_fresh_dcgm_read(tmp_path):
         assert not result.errors and not result.dcgm_errors, result
         for gov in (first, second):
             await gov.close()
-    exporter.server.stop()
+    exporter.stop()
 
 
 async def test_a_takeover_from_a_holder_whose_clock_ran_ahead_keeps_times_as_observed(
