@@ -965,3 +965,30 @@ async def test_a_stop_ends_the_sampling_in_flight_before_the_loop_closes(jp_serv
     assert len(sampling()) >= 2  # the refresh and the timer
     await app.stop_extension()
     assert sampling() == []
+
+
+async def test_a_stop_ends_a_checkpoint_asked_through_the_api(jp_serverapp, jp_fetch, monkeypatch):
+    """The server is stopped while a checkpoint its owner (or the frontend, answering the
+    governor's request) asked through POST checkpoint waits on a kernel's hooks: the stop ends
+    it as it ends the governor's own, and the request is answered 503 (not left pending with
+    the checkpoint lock held, closed with the event loop)."""
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    hooks = asyncio.Event()  # the kernel's hooks do not end before the stop
+    started = asyncio.Event()
+
+    async def waits_on_the_hooks(*args, **kwargs):
+        started.set()
+        await hooks.wait()
+
+    monkeypatch.setattr("jupyter_gpu_gov.server.app.take_checkpoint", waits_on_the_hooks)
+    asked = asyncio.ensure_future(
+        jp_fetch("jupyter-gpu-gov", "checkpoint", method="POST", body="{}", raise_error=False)
+    )
+    await asyncio.wait_for(started.wait(), 30)
+
+    await app.stop_extension()
+    response = await asyncio.wait_for(asked, 30)
+    assert response.code == 503
+    assert b"stopping" in response.body
+    assert app.checkpoint["status"] == "failed"
+    assert not app._checkpoint_lock.locked()

@@ -526,6 +526,25 @@ class GpuGovApp(ExtensionApp):
             self._request_tasks.add(task)
             task.add_done_callback(self._request_tasks.discard)
 
+    async def checkpoint_on_request(
+        self, reason: str, source: str, cull_reason: str | None = None
+    ) -> dict:
+        """A checkpoint asked through the API (its owner, or the frontend answering the
+        governor's request), in a task the stop ends as it ends the governor's requests: left
+        running, it held the checkpoint lock past the stop and was closed with the event loop.
+        Raises ``routes.Stopping`` once the stop began."""
+        if self._stopping:
+            raise routes.Stopping
+        task = asyncio.ensure_future(self.run_checkpoint(reason, source, cull_reason))
+        self._request_tasks.add(task)
+        task.add_done_callback(self._request_tasks.discard)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self._stopping and task.cancelled():
+                raise routes.Stopping from None
+            raise
+
     async def _checkpoint_for_governor(self, request: dict) -> None:
         cull_reason = request.get("cull_reason")
         reason = request.get("reason")

@@ -20,6 +20,10 @@ from .sampler import NoSample
 AUTH_RESOURCE = "gpu-gov"
 
 
+class Stopping(Exception):
+    """The server's stop began (or ended a checkpoint in progress): nothing more is done."""
+
+
 class GpuGovHandler(ExtensionHandlerMixin, APIHandler):
     auth_resource = AUTH_RESOURCE
     # A browser tab polling GPU status is not someone working.
@@ -82,7 +86,12 @@ class CheckpointHandler(GpuGovHandler):
             raise web.HTTPError(
                 400, f"'cull_reason' must be one of {', '.join(CULL_REASONS)} (or absent)"
             )
-        manifest = await self.gpu_gov.run_checkpoint(reason, source, cull_reason)
+        try:
+            manifest = await self.gpu_gov.checkpoint_on_request(reason, source, cull_reason)
+        except Stopping:
+            raise web.HTTPError(
+                503, "the server is stopping: no checkpoint was completed"
+            ) from None
         self.finish(json.dumps(manifest))
 
 
