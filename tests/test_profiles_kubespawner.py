@@ -527,6 +527,26 @@ async def test_a_server_without_a_gpu_is_shown_no_card_by_the_nvidia_runtime(mak
         await round_trip(pod)
 
 
+async def test_a_no_gpu_server_gets_no_gpu_the_spawners_own_config_asks_for(make_hub):
+    """An admin's KubeSpawner-wide extended resources (z2jh's singleuser.extraResource.limits:
+    nvidia.com/gpu) were kept by the "No GPU" choice, whose override is empty: a server the
+    Hub's records give no GPU (an empty grant, governed as a CPU server) held a card no quota
+    counted. Its pod asks for no GPU resource; other extended resources stay."""
+    config = profiles_config()
+    config.KubeSpawner.extra_resource_limits = {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/mig-1g.18gb": "1",
+        "example.com/fpga": "1",
+    }
+    hub = make_hub(config)
+    hub.user("carol", "vision", "nlp")
+    carol = hub.spawner("carol")
+    for options in ({"profile": "no-gpu"}, {}):  # the form's choice; the API's default
+        pod = await admitted_pod(carol, {**options, "team": "vision"})
+        assert container(pod).resources.limits == {"example.com/fpga": "1"}, options
+        await round_trip(pod)
+
+
 @pytest.mark.parametrize("keyed", [False, True], ids=["lists", "keyed-dicts"])
 async def test_tier_scheduling_adds_to_the_configured_tolerations_and_affinity(make_hub, keyed):
     """What the admin (or the z2jh chart) configured stays: its dedicated-node toleration and

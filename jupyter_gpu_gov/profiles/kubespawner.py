@@ -46,7 +46,7 @@ from .left_pods import POD_UID_STATE, left_pod
 from .left_pods import record as record_left_pod
 from .quota import tier_use
 from .spawner import NO_GPU, GpuProfilesMixin
-from .tiers import Tier
+from .tiers import GPU_VENDOR_PREFIX, Tier
 
 
 def tier_override(tier: Tier) -> dict[str, Any]:
@@ -71,6 +71,15 @@ def tier_override(tier: Tier) -> dict[str, Any]:
         )
     override.update(tier.kubespawner_override)
     return override
+
+
+def _without_gpus(spawner) -> dict:
+    """NVIDIA's extended resources taken out of the spawner's (KubeSpawner merges an override's
+    dict, None removing a key): an admin's KubeSpawner-wide ``extra_resource_limits`` (z2jh's
+    ``singleuser.extraResource.limits``) gave a "No GPU" server a card no quota counted, on a
+    server the Hub records as holding none."""
+    limits = spawner.extra_resource_limits
+    return {k: None for k in limits if str(k).startswith(GPU_VENDOR_PREFIX)}
 
 
 def _with_tolerations(configured: list | dict, extra: list[dict]) -> list | dict:
@@ -156,7 +165,7 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
                 "slug": NO_GPU,
                 "description": "CPU only; counts against no quota",
                 "default": True,
-                "kubespawner_override": {},
+                "kubespawner_override": {"extra_resource_limits": _without_gpus},
             }
         )
     return profiles

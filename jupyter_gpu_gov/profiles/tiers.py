@@ -28,6 +28,7 @@ from ..core.policy import TASK_TYPES
 from ..core.rightsize import former_name_clash
 
 MIN_SHARE = 1 / 8  # no slice smaller than an eighth of a card
+GPU_VENDOR_PREFIX = "nvidia.com/"  # every resource of NVIDIA's device plugin (below)
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"  # time-slicing with renameByDefault: true
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # the device plugin's mixed strategy
