@@ -531,7 +531,8 @@ async def test_a_no_gpu_server_gets_no_gpu_the_spawners_own_config_asks_for(make
     """An admin's KubeSpawner-wide extended resources (z2jh's singleuser.extraResource.limits:
     nvidia.com/gpu) were kept by the "No GPU" choice, whose override is empty: a server the
     Hub's records give no GPU (an empty grant, governed as a CPU server) held a card no quota
-    counted. Its pod asks for no GPU resource; other extended resources stay."""
+    counted. Its pod asks for no GPU resource; other extended resources stay. (And a tier's
+    override, merged into them by KubeSpawner, gave a MIG slice's server a whole card too.)"""
     config = profiles_config()
     config.KubeSpawner.extra_resource_limits = {
         "nvidia.com/gpu": "1",
@@ -545,6 +546,13 @@ async def test_a_no_gpu_server_gets_no_gpu_the_spawners_own_config_asks_for(make
         pod = await admitted_pod(carol, {**options, "team": "vision"})
         assert container(pod).resources.limits == {"example.com/fpga": "1"}, options
         await round_trip(pod)
+    # A tier's server asks for its own devices only: a slice, not also the configured card.
+    pod = await admitted_pod(carol, {"profile": "h200-3g", "team": "nlp"})
+    assert container(pod).resources.limits == {
+        "nvidia.com/mig-3g.71gb": "1",
+        "example.com/fpga": "1",
+    }
+    await round_trip(pod)
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["lists", "keyed-dicts"])
@@ -603,9 +611,8 @@ async def test_profile_list_offers_the_teams_tiers_with_what_is_left(hub, pod_ap
     assert "vision: would borrow" in profiles["h200-3g"]["description"]  # no vision guarantee
     assert profiles["h100"]["description"].startswith("1 x H100-80GB, nvlink · 80 GB")
     # Each tier carries its scheduling as the override KubeSpawner applies.
-    assert profiles["h100"]["kubespawner_override"]["extra_resource_limits"] == {
-        "nvidia.com/gpu": "1"
-    }
+    limits = profiles["h100"]["kubespawner_override"]["extra_resource_limits"]
+    assert limits(hub.spawner("alice")) == {"nvidia.com/gpu": "1"}
 
     # Two vision servers hold the guarantee: the next H100 would be borrowed...
     for name in ("v1", "v2"):

@@ -61,7 +61,10 @@ def tier_override(tier: Tier) -> dict[str, Any]:
     expressions = [dict(e) for e in tier.node_affinity]
     override: dict[str, Any] = {
         # Extended resources are requested by their limit (the request defaults to it).
-        "extra_resource_limits": {tier.resource: str(tier.count)},
+        "extra_resource_limits": lambda spawner: {
+            **_without_gpus(spawner),  # the tier's devices, not also those configured for all
+            tier.resource: str(tier.count),
+        },
         "node_selector": lambda spawner: {**spawner.node_selector, **tier.node_selector},
         "tolerations": lambda spawner: _with_tolerations(spawner.tolerations, tolerations),
     }
@@ -77,7 +80,8 @@ def _without_gpus(spawner) -> dict:
     """NVIDIA's extended resources taken out of the spawner's (KubeSpawner merges an override's
     dict, None removing a key): an admin's KubeSpawner-wide ``extra_resource_limits`` (z2jh's
     ``singleuser.extraResource.limits``) gave a "No GPU" server a card no quota counted, on a
-    server the Hub records as holding none."""
+    server the Hub records as holding none, and a tier's server (a MIG slice's) a whole card
+    besides its own."""
     limits = spawner.extra_resource_limits
     return {k: None for k in limits if str(k).startswith(GPU_VENDOR_PREFIX)}
 
