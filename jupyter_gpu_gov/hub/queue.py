@@ -253,7 +253,10 @@ class QueueSync:
                 )
             )
         for uid, at in list(self._left_pods.items()):
-            if uid not in named if self.dry_run else now - at >= LEFT_POD_RETRY:
+            # Forgotten: in a dry run once the hub names it no more; acting, once it may be
+            # asked again (a pod no longer named is then gone for good).
+            done = uid not in named if self.dry_run else now - at >= LEFT_POD_RETRY
+            if done:
                 del self._left_pods[uid]
         if not rows:
             return

@@ -522,9 +522,14 @@ class GpuGovApp(ExtensionApp):
                 work.append(self._shutdown_kernels(request.get("kernels")))
             self._answered[kind] = when
         if work:
-            task = asyncio.ensure_future(_one_after_another(work))
-            self._request_tasks.add(task)
-            task.add_done_callback(self._request_tasks.discard)
+            self._request_task(_one_after_another(work))
+
+    def _request_task(self, coroutine) -> asyncio.Future:
+        """``coroutine`` run as one of the requests' tasks, which the stop cancels and awaits."""
+        task = asyncio.ensure_future(coroutine)
+        self._request_tasks.add(task)
+        task.add_done_callback(self._request_tasks.discard)
+        return task
 
     async def checkpoint_on_request(
         self, reason: str, source: str, cull_reason: str | None = None
@@ -535,9 +540,7 @@ class GpuGovApp(ExtensionApp):
         Raises ``routes.Stopping`` once the stop began."""
         if self._stopping:
             raise routes.Stopping
-        task = asyncio.ensure_future(self.run_checkpoint(reason, source, cull_reason))
-        self._request_tasks.add(task)
-        task.add_done_callback(self._request_tasks.discard)
+        task = self._request_task(self.run_checkpoint(reason, source, cull_reason))
         try:
             return await task
         except asyncio.CancelledError:
