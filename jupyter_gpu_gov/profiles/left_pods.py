@@ -74,6 +74,7 @@ LEFT_PODS = Table(
 _MADE: weakref.WeakSet = weakref.WeakSet()  # the engines whose table this process has made
 BACKOFF_FIRST_S = 10.0  # no read for this long after the API failed one, then twice as long...
 BACKOFF_MOST_S = 160.0  # ...up to this: a left pod goes at most this long after the API is back
+REFUSED_SAID_AGAIN_S = 24 * 3600.0  # a pod whose read the API refuses is warned of again after
 _monotonic = time.monotonic  # (a test's clock)
 
 
@@ -135,7 +136,10 @@ class _Sweep:
         self.spawner = spawner
         self.failures = 0  # reads failed in a row (0: the API answers)
         self.until = float("-inf")  # no read before (``_monotonic``)
-        self.refused: set[tuple[str, str]] = set()  # pods whose read was refused, said once
+        # The recorded pods whose read the API refuses, and when that was last said (a warning
+        # once a pod, and again every ``REFUSED_SAID_AGAIN_S``): a pod's goes when its read is
+        # answered or its record goes, so a long-running hub keeps no entry of a pod gone.
+        self.refused: dict[tuple[str, str], float] = {}
 
     def ready(self) -> bool:
         return _monotonic() >= self.until
@@ -159,6 +163,20 @@ class _Sweep:
             )
         else:
             log.debug("gpu-gov: the sweep's read failed again (%s)", escaped(said))
+
+    def still_recorded(self, records: list[dict]) -> None:
+        """Forget the refusals of pods no longer recorded (gone, or deleted by hand)."""
+        kept = {(r["namespace"], r["name"]) for r in records}
+        for pod_id in [p for p in self.refused if p not in kept]:
+            del self.refused[pod_id]
+
+    def refusal_to_say(self, pod_id: tuple[str, str]) -> bool:
+        """Whether this refusal of ``pod_id``'s read is to be warned of (first, or a day on)."""
+        said = self.refused.get(pod_id)
+        if said is not None and _monotonic() - said < REFUSED_SAID_AGAIN_S:
+            return False
+        self.refused[pod_id] = _monotonic()
+        return True
 
     def answered(self) -> None:
         if self.failures:
@@ -232,7 +250,9 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
         return []
     cluster: ClusterGpus = sweep.spawner.gpu_cluster
     found = []
-    for record in _recorded(handler.db):
+    records = _recorded(handler.db)
+    sweep.still_recorded(records)
+    for record in records:
         try:
             stopped = clock.parse(record["stopped_at"])
         except ValueError:
@@ -250,12 +270,11 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
             status = getattr(error, "status", None) or 0
             if 400 <= status < 500 and status != 429:  # this read refused (RBAC), not an
                 # outage: the others are read, and it is asked again next sync. The admin must
-                # learn it (the pod is never swept while refused): a warning once a pod.
-                pod_id = (record["namespace"], record["name"])
-                first = pod_id not in sweep.refused
-                sweep.refused.add(pod_id)
+                # learn it (the pod is never swept while refused): a warning once a pod (and
+                # once a day while it lasts).
+                say = sweep.refusal_to_say((record["namespace"], record["name"]))
                 log.log(
-                    logging.WARNING if first else logging.DEBUG,
+                    logging.WARNING if say else logging.DEBUG,
                     "gpu-gov: cannot read the pod %s/%s that %s's stop left running (%s): it"
                     " is not swept while the Kubernetes API refuses its read; delete it by hand"
                     " or grant the hub's service account get on pods in that namespace",
@@ -268,6 +287,7 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
             sweep.failed(record, error)  # a 5xx, a 429, no answer, a dropped connection
             break
         sweep.answered()
+        sweep.refused.pop((record["namespace"], record["name"]), None)  # (refused again: said)
         if pod is None:
             _forget(handler, cluster, record, "is gone")
             continue
