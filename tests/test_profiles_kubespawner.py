@@ -39,7 +39,7 @@ from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from kubespawner import clients as kubespawner_clients
 from sqlalchemy import delete as sql_delete
-from sqlalchemy import select
+from sqlalchemy import event, select
 from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
@@ -1733,6 +1733,39 @@ async def test_a_left_pod_whose_user_is_deleted_is_swept_and_a_running_servers_n
     still = cluster.get("pods", again.pod_name, again.namespace)
     assert still["metadata"]["uid"] == running["metadata"]["uid"]
     assert still["status"]["phase"] == "Running" and "deletionTimestamp" not in still["metadata"]
+
+
+def race_to_make_the_left_pods_table(url: str) -> None:
+    """Two hubs on one database (a rolling update's two pods, or a hub and its restart) each
+    record a pod a stop left running, the table not made yet; the other makes it between this
+    one's look (``checkfirst``) and its CREATE. Both records are kept and neither fails."""
+    ours, theirs = (orm.new_session_factory(url)() for _ in range(2))
+    raced = []
+
+    def theirs_first(conn, cursor, statement, *args) -> None:
+        if statement.strip().startswith(f"CREATE TABLE {left_pods.LEFT_PODS.name}") and not raced:
+            raced.append(statement)
+            pod = left_pods.left_pod("default", "jupyter-bob", "uid-b", clock.utcnow(), None)
+            left_pods.record(theirs, pod, "bob", "")
+
+    event.listen(ours.get_bind(), "before_cursor_execute", theirs_first)
+    try:
+        pod = left_pods.left_pod("default", "jupyter-alice", "uid-a", clock.utcnow(), "h100")
+        left_pods.record(ours, pod, "alice", "")
+        assert raced, "the other hub never made the table in between"
+        kept = {(r.user, r.name, r.uid) for r in ours.execute(select(left_pods.LEFT_PODS))}
+        assert kept == {("alice", "jupyter-alice", "uid-a"), ("bob", "jupyter-bob", "uid-b")}
+    finally:
+        event.remove(ours.get_bind(), "before_cursor_execute", theirs_first)
+        for session in (ours, theirs):
+            session.close()
+            session.get_bind().dispose()
+
+
+def test_two_hubs_making_the_left_pods_table_at_once_both_go_on(tmp_path):
+    """The second CREATE failed ("table gpu_gov_left_pods already exists"), and with it the
+    stop's record of its pod (or the sync's sweep). PostgreSQL's: tests/test_store_postgresql.py."""
+    race_to_make_the_left_pods_table(f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}")
 
 
 async def test_refused_reads_are_said_again_a_day_on_and_forgotten_with_their_pods(

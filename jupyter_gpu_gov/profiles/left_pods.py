@@ -44,8 +44,9 @@ from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from kubernetes_asyncio.client.rest import ApiException
-from sqlalchemy import Column, MetaData, Table, Unicode, insert, select
+from sqlalchemy import Column, MetaData, Table, Unicode, insert, inspect, select
 from sqlalchemy import delete as sql_delete
+from sqlalchemy.exc import DBAPIError
 from tornado import web
 
 from ..core import clock
@@ -95,12 +96,22 @@ def left_pod(
 
 
 def _table(db) -> None:
-    """Make the table, once per database and process."""
+    """Make the table, once per database and process. Another hub (or this one's restart, a
+    rolling update's new pod) making it at once: its CREATE may come between this one's look
+    and its own, which then fails ("already exists", or PostgreSQL's duplicate type); the
+    table is there all the same, and the start goes on."""
     engine = db.get_bind()
     if engine in _MADE:
         return
-    LEFT_PODS.create(db.connection(), checkfirst=True)
-    db.commit()
+    db.commit()  # what the session holds is not lost with a failed CREATE's rollback
+    try:
+        LEFT_PODS.create(db.connection(), checkfirst=True)
+        db.commit()
+    except DBAPIError:
+        db.rollback()
+        if not inspect(db.connection()).has_table(LEFT_PODS.name):
+            raise
+        db.commit()
     _MADE.add(engine)
 
 
