@@ -40,6 +40,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -212,18 +213,23 @@ def _failure(error: BaseException) -> str:
     return " ".join(f"{type(error).__name__}: {error}".split())[:300]
 
 
+# The sweep's spawner's user: a stand-in with what KubeSpawner's constructor reads of one (its
+# name templates' name and id), given through JupyterHub's public ``Spawner.user`` trait, as
+# the Hub gives a user's; KubeSpawner's own ``_mock=True`` does the same, but is private.
+_NO_USER = SimpleNamespace(name="gpu-gov-left-pod-sweep", id=0, url="")
+
+
 def _sweeper(handler: web.RequestHandler) -> _Sweep | None:
     """The sweep's calls to the API go through a spawner of the hub's class made once per
-    process for no user (KubeSpawner's own ``_mock``: a stand-in user): the owner of a
-    recorded pod may be deleted. None where the hub's spawner is not ``GpuKubeSpawner``
-    (nothing is recorded)."""
+    process for no user (``_NO_USER``): the owner of a recorded pod may be deleted. None
+    where the hub's spawner is not ``GpuKubeSpawner`` (nothing is recorded)."""
     spawner_class = handler.settings.get("spawner_class")
     if not hasattr(spawner_class, "gpu_read_pod"):
         return None
     config = handler.settings.get("config")
     cluster = ClusterGpus.instance(config=config)
     if cluster.left_pod_sweeper is None:
-        cluster.left_pod_sweeper = _Sweep(spawner_class(_mock=True, config=config))
+        cluster.left_pod_sweeper = _Sweep(spawner_class(user=_NO_USER, config=config))
     return cluster.left_pod_sweeper
 
 
