@@ -898,3 +898,44 @@ async def test_a_checkpoint_of_many_files_or_long_errors_leaves_reports_the_gove
 
 async def status_report(jp_fetch) -> dict:
     return json.loads((await jp_fetch("jupyter-gpu-gov", "status")).body)
+
+
+async def test_a_checkpoint_the_stop_ended_is_never_listed_nor_read_as_one(
+    jp_fetch, jp_serverapp, notebook_kernel, checkpoint_root
+):
+    """The server stops while a checkpoint waits on a kernel's hook: its folder stays, with the
+    kernel's hooks.json (``running``) and no manifest. It is no checkpoint: not listed, not
+    read by its id, and the last whole one is still the one listed. (The listing already read
+    only folders with a manifest, written last and whole: this holds that down.)"""
+    app = gov_app(jp_serverapp)
+    app.checkpoint_hook_timeout = 600
+    whole = await checkpoint(jp_fetch, reason="before")
+    kernel = await notebook_kernel("hangs.ipynb")
+    await kernel.run(
+        ON_GPU + "import time\n"
+        "from jupyter_gpu_gov import checkpoint\n"
+        "@checkpoint.register\n"
+        "def slow(directory):\n"
+        "    time.sleep(3600)\n"
+    )
+    asked = asyncio.ensure_future(
+        jp_fetch("jupyter-gpu-gov", "checkpoint", method="POST", body="{}", raise_error=False)
+    )
+    hooks = None
+    for _ in range(600):  # until the kernel runs the hook
+        hooks = next(checkpoint_root.glob("*/kernels/*/hooks.json"), None)
+        if hooks is not None and '"running"' in hooks.read_text():
+            break
+        await asyncio.sleep(0.05)
+    assert hooks is not None, "the hook never started"
+    ended = hooks.parent.parent.parent
+
+    await app.stop_extension()
+    assert (await asyncio.wait_for(asked, 30)).code == 503
+    assert ended.is_dir() and not (ended / "manifest.json").exists()  # what was written stays
+
+    listing = json.loads((await jp_fetch("jupyter-gpu-gov", "checkpoints")).body)["checkpoints"]
+    assert [c["id"] for c in listing] == [whole["id"]]
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("jupyter-gpu-gov", "checkpoints", ended.name)
+    assert info.value.code == 404

@@ -11,9 +11,11 @@ import asyncio
 import copy
 import csv
 import hashlib
+import html
 import io
 import json
 import logging
+import re
 import threading
 import time
 from datetime import timedelta
@@ -251,6 +253,56 @@ def test_a_usage_span_out_of_range_is_a_400_naming_it(service, params, named):
     before = service.snapshot()
     r = call(service, "GET", "api/usage", params=params)
     assert_refused_unchanged(service, r, before, named)
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        (
+            "showback?group_by=teams",
+            "'group_by' must be one of user, team, project, tier; got 'teams'",
+        ),
+        ("showback?group_by=team,day", "'group_by'"),  # the API's form, not the page's
+        ("showback?period=month", "'period' must be day or week; got 'month'"),
+        ("showback?days=0", "'days' must be a whole number of days from 1 to 366; got '0'"),
+        ("showback?days=367", "got '367'"),
+        ("showback?days=two", "got 'two'"),
+        ("showback?days=%D9%A3", "'days'"),  # "٣": int() takes it
+        ("?sort=size", "'sort' must be one of user, team"),
+        ("?all=yes", "'all' must be 0 or 1; got 'yes'"),
+        ("?desc=true", "'desc' must be 0 or 1; got 'true'"),
+    ],
+)
+def test_a_page_asked_for_what_it_cannot_show_is_a_400_page_naming_it(service, path, named):
+    """The showback page and the dashboard put a default in place of a parameter they did not
+    take (a year asked, 14 days shown; ``sort=size``, idle time), and showed that data as if it
+    were what was asked; the usage API answers 400 naming the parameter. So do the pages now,
+    as a page."""
+    r = call(service, "GET", path)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert r.headers["Content-Type"].startswith("text/html")
+    said = re.search(r'<p id="error-message">(.*?)</p>', r.text, re.S)
+    assert said and named in html.unescape(said.group(1)), r.text[:500]
+
+
+def test_the_pages_defaults_and_their_own_choices_still_show_them(service):
+    for path in (
+        "showback",
+        "showback?group_by=&period=&days=",  # a form's empty fields: the defaults
+        "showback?group_by=user&period=week&days=366",
+        "?all=1&desc=0&sort=memory",
+        "?all=0&desc=1&sort=",
+    ):
+        r = call(service, "GET", path)
+        assert r.ok and "error-message" not in r.text, (path, r.status_code, r.text[:300])
+
+
+def test_my_page_asked_for_another_user_is_refused_not_mine_instead(service):
+    """Anyone's ``me?user=bob`` showed their own page as if it were bob's; only admins may look
+    at another user's page."""
+    r = call(service, "GET", "me?user=bob", ALICE)
+    assert r.status_code == 403 and "only admins may see another user" in html.unescape(r.text)
+    assert call(service, "GET", "me?user=alice", ALICE).ok
 
 
 VERBS = {

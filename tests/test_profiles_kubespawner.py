@@ -38,7 +38,8 @@ from kubernetes_asyncio.client import ApiClient, V1Pod
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from kubespawner import clients as kubespawner_clients
-from sqlalchemy import select
+from sqlalchemy import delete as sql_delete
+from sqlalchemy import event, select
 from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
@@ -1732,6 +1733,91 @@ async def test_a_left_pod_whose_user_is_deleted_is_swept_and_a_running_servers_n
     still = cluster.get("pods", again.pod_name, again.namespace)
     assert still["metadata"]["uid"] == running["metadata"]["uid"]
     assert still["status"]["phase"] == "Running" and "deletionTimestamp" not in still["metadata"]
+
+
+def race_to_make_the_left_pods_table(url: str) -> None:
+    """Two hubs on one database (a rolling update's two pods, or a hub and its restart) each
+    record a pod a stop left running, the table not made yet; the other makes it between this
+    one's look (``checkfirst``) and its CREATE. Both records are kept and neither fails."""
+    ours, theirs = (orm.new_session_factory(url)() for _ in range(2))
+    raced = []
+
+    def theirs_first(conn, cursor, statement, *args) -> None:
+        if statement.strip().startswith(f"CREATE TABLE {left_pods.LEFT_PODS.name}") and not raced:
+            raced.append(statement)
+            pod = left_pods.left_pod("default", "jupyter-bob", "uid-b", clock.utcnow(), None)
+            left_pods.record(theirs, pod, "bob", "")
+
+    event.listen(ours.get_bind(), "before_cursor_execute", theirs_first)
+    try:
+        pod = left_pods.left_pod("default", "jupyter-alice", "uid-a", clock.utcnow(), "h100")
+        left_pods.record(ours, pod, "alice", "")
+        assert raced, "the other hub never made the table in between"
+        kept = {(r.user, r.name, r.uid) for r in ours.execute(select(left_pods.LEFT_PODS))}
+        assert kept == {("alice", "jupyter-alice", "uid-a"), ("bob", "jupyter-bob", "uid-b")}
+    finally:
+        event.remove(ours.get_bind(), "before_cursor_execute", theirs_first)
+        for session in (ours, theirs):
+            session.close()
+            session.get_bind().dispose()
+
+
+def test_two_hubs_making_the_left_pods_table_at_once_both_go_on(tmp_path):
+    """The second CREATE failed ("table gpu_gov_left_pods already exists"), and with it the
+    stop's record of its pod (or the sync's sweep). PostgreSQL's: tests/test_store_postgresql.py."""
+    race_to_make_the_left_pods_table(f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}")
+
+
+async def test_refused_reads_are_said_again_a_day_on_and_forgotten_with_their_pods(
+    make_hub, cluster, monkeypatch
+):
+    """The sweep kept every pod whose read the API refused (RBAC), for the life of the hub,
+    pods long gone included, and never warned of one twice. Now a refused pod is warned of
+    again a day on while its read is refused; its entry goes once the read is answered (a
+    refusal after is warned of at once) or its record goes (the pod gone)."""
+    config = profiles_config()
+    config.ClusterGpus.left_pod_grace = 0
+    hub = make_hub(config)
+    alice = await left_running(hub, cluster, "alice")
+    for n in range(20):  # pods deleted by hand since their stops: the sweep cannot tell
+        pod = left_pods.left_pod(alice.namespace, f"gone-{n}", f"uid-{n}", clock.utcnow(), "h100")
+        left_pods.record(hub.db, pod, f"user{n}", "")
+    handler = SimpleNamespace(db=hub.db, settings=hub.settings)
+    now = [1000.0]
+    monkeypatch.setattr(left_pods, "_monotonic", lambda: now[0])
+    said: list[str] = []
+    seen = logging.Handler(logging.WARNING)
+    seen.emit = lambda record: said.append(record.getMessage())
+    monkeypatch.setattr(left_pods.log, "handlers", [*left_pods.log.handlers, seen])
+
+    def refusals() -> list[str]:
+        return [line for line in said if "is not swept while the Kubernetes API refuses" in line]
+
+    refused = cluster.fail("GET", r"/pods/(jupyter-alice|gone-\d+)$", code=403)
+    for _ in range(3):
+        assert await left_pods.due(handler, clock.utcnow()) == []
+    assert refused.hits == 3 * 21 and len(refusals()) == 21  # once a pod
+    now[0] += left_pods.REFUSED_SAID_AGAIN_S
+    assert await left_pods.due(handler, clock.utcnow()) == []
+    assert len(refusals()) == 2 * 21  # a day on, again
+    # Records another hub's sweep (or an admin) removed: their refusals are not kept either.
+    hub.db.execute(
+        sql_delete(left_pods.LEFT_PODS).where(left_pods.LEFT_PODS.c.name.like("gone-1%"))
+    )
+    hub.db.commit()
+    assert await left_pods.due(handler, clock.utcnow()) == []
+    assert len(left_pods._sweeper(handler).refused) == 21 - 11
+
+    refused.times = 0  # granted: the reads are answered, the gone pods' records go
+    [found] = await left_pods.due(handler, clock.utcnow())
+    assert found["name"] == alice.pod_name and set(recorded(hub)) == {alice.pod_name}
+    sweep = left_pods._sweeper(handler)
+    assert sweep.refused == {}  # nothing kept of pods gone, nor of reads answered
+    cluster.fail("GET", rf"/pods/{alice.pod_name}$", code=403)  # revoked: said at once
+    assert await left_pods.due(handler, clock.utcnow()) == []
+    assert len(refusals()) == 2 * 21 + 1 and list(sweep.refused) == [
+        (alice.namespace, alice.pod_name)
+    ]
 
 
 async def test_the_sweep_backs_off_while_the_api_fails_and_says_so_once(

@@ -343,3 +343,11 @@ def test_a_long_lease_still_lets_the_holder_write(database):
         lease.fence(db)
     with pytest.raises(TraitError, match="lease_duration"):
         GpuGovernor(lease_duration=3_000_000)
+
+
+def test_two_hubs_making_the_left_pods_table_at_once_both_go_on(database):
+    """As tests/test_profiles_kubespawner.py's, on a Hub database in PostgreSQL: the second
+    CREATE failed (``DuplicateTable``), and with it the stop's record of its pod."""
+    from test_profiles_kubespawner import race_to_make_the_left_pods_table
+
+    race_to_make_the_left_pods_table(database)

@@ -117,10 +117,14 @@ class DashboardHandler(PageHandler):
     async def get(self):
         self.require_admin()
         gov = self.governor
-        everything = self.get_argument("all", "") == "1"
+        # A bad choice is a 400 naming it: a page in another order (or of other servers)
+        # would pass for the one asked. A filter matching nothing says so on the page.
+        everything = self.flag("all") == "1"
+        desc = self.flag("desc")
         filters = {k: self.get_argument(k, "") for k in ("user", "team", "tier", "state")}
-        sort = self.get_argument("sort", "idle_for")
-        sort = sort if sort in SORTS else "idle_for"
+        sort = self.get_argument("sort", "") or "idle_for"
+        if sort not in SORTS:
+            raise web.HTTPError(400, "'sort' must be one of %s; got %r", ", ".join(SORTS), sort)
 
         # What the page shows of the servers, of one pass, each part in a turn of the event
         # loop of its own: the running servers' snapshot (references, nothing formatted), the
@@ -152,7 +156,7 @@ class DashboardHandler(PageHandler):
             filters,
             everything,
             sort,
-            self.get_argument("desc", "") == "0",
+            desc == "0",
         )
         # The ledger as of this pass, not of its last write; the week's read in a worker, as
         # showback's (a day of 10,000 servers' usage: ~0.1-0.3 s).
@@ -172,8 +176,6 @@ class DashboardHandler(PageHandler):
             ),
             unit=gov.options.currency if use_cost else "GPU-h",
         )
-
-        desc = self.get_argument("desc", "")
 
         def sort_url(column: str) -> str:
             args = {k: v for k, v in filters.items() if v}
@@ -217,6 +219,13 @@ class DashboardHandler(PageHandler):
             diagnosis=diagnosis,  # the root causes' section (diagnosis.html)
             hints={**HINTS, IDLE: IDLE_HINT},
         )
+
+    def flag(self, name: str) -> str:
+        """``name``'s value, 0 or 1 ("" when absent), else a 400 naming it."""
+        value = self.get_argument(name, "")
+        if value not in ("", "0", "1"):
+            raise web.HTTPError(400, "'%s' must be 0 or 1; got %r", name, value)
+        return value
 
     def _flash(self) -> str:
         message = self.get_signed_cookie(FLASH_COOKIE, max_age_days=1)
@@ -322,13 +331,12 @@ class ShowbackHandler(PageHandler):
         self.require_admin()
         gov = self.governor
         now = clock.utcnow()
-        dim = self.get_argument("group_by", "team")
-        dim = dim if dim in ledger.DIMENSIONS else "team"
-        period = "week" if self.get_argument("period", "day") == "week" else "day"
         try:
-            days = max(1, min(int(self.get_argument("days", "14")), 366))
-        except ValueError:
-            days = 14
+            dim, period, days = showback.parse_page(
+                *(self.get_argument(name, None) for name in ("group_by", "period", "days"))
+            )
+        except showback.UsageQueryError as error:  # a page of other data would pass for it
+            raise web.HTTPError(400, "%s", error) from None
         since = showback.days_back(days, now)
         gov.flush_usage()
 
@@ -404,8 +412,12 @@ class MyUsageHandler(PageHandler):
         if refused := owner_wide(self.current_user, "its owner's page"):
             raise web.HTTPError(403, refused)
         me = self.current_user["name"]
-        if self.is_admin and self.get_argument("user", ""):
-            me = self.get_argument("user")  # admins may look at anyone's page
+        asked = self.get_argument("user", "") or me
+        if asked != me and not self.is_admin:  # their own page would pass for the one asked
+            raise web.HTTPError(
+                403, "only admins may see another user's page; yours is %sme", self.prefix
+            )
+        me = asked  # admins may look at anyone's page
         lines = await server_lines(gov, now, user=me)
         since = showback.days_back(30, now)
         gov.flush_usage()

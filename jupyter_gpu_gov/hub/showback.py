@@ -63,6 +63,32 @@ def parse_group_by(text: str | None) -> tuple[list[str], str]:
     return dims, period
 
 
+PAGE_MAX_DAYS = 366  # the showback page's longest span: a year (its ``days``)
+
+
+def parse_page(group_by: str | None, period: str | None, days: str | None) -> tuple[str, str, int]:
+    """The showback page's ``group_by`` (one of ``ledger.DIMENSIONS``), ``period`` (day or
+    week) and ``days`` (1 to ``PAGE_MAX_DAYS``); absent or empty: team, day, 14. A bad one
+    names itself, as the usage API's do: the page never shows other data than asked."""
+    dim = group_by or "team"
+    if dim not in ledger.DIMENSIONS:
+        raise UsageQueryError(
+            f"'group_by' must be one of {', '.join(ledger.DIMENSIONS)}; got {dim!r}"
+        )
+    period = period or "day"
+    if period not in ("day", "week"):
+        raise UsageQueryError(f"'period' must be day or week; got {period!r}")
+    days = days or "14"
+    # ASCII digits only: int() also takes "٣", " 7 " and "1_0".
+    if not (
+        days.isascii() and days.isdigit() and len(days) <= 6 and 1 <= int(days) <= PAGE_MAX_DAYS
+    ):
+        raise UsageQueryError(
+            f"'days' must be a whole number of days from 1 to {PAGE_MAX_DAYS}; got {days!r}"
+        )
+    return dim, period, int(days)
+
+
 def parse_when(text: str | None, name: str, now: datetime | None = None) -> datetime | None:
     """A date (``2025-03-01``), an ISO time, or a duration back from now (``7d``, ``12h``)."""
     if not text:

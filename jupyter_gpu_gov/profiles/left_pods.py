@@ -40,12 +40,14 @@ import time
 import weakref
 from collections.abc import Mapping
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from kubernetes_asyncio.client.rest import ApiException
-from sqlalchemy import Column, MetaData, Table, Unicode, insert, select
+from sqlalchemy import Column, MetaData, Table, Unicode, insert, inspect, select
 from sqlalchemy import delete as sql_delete
+from sqlalchemy.exc import DBAPIError
 from tornado import web
 
 from ..core import clock
@@ -74,6 +76,7 @@ LEFT_PODS = Table(
 _MADE: weakref.WeakSet = weakref.WeakSet()  # the engines whose table this process has made
 BACKOFF_FIRST_S = 10.0  # no read for this long after the API failed one, then twice as long...
 BACKOFF_MOST_S = 160.0  # ...up to this: a left pod goes at most this long after the API is back
+REFUSED_SAID_AGAIN_S = 24 * 3600.0  # a pod whose read the API refuses is warned of again after
 _monotonic = time.monotonic  # (a test's clock)
 
 
@@ -94,12 +97,22 @@ def left_pod(
 
 
 def _table(db) -> None:
-    """Make the table, once per database and process."""
+    """Make the table, once per database and process. Another hub (or this one's restart, a
+    rolling update's new pod) making it at once: its CREATE may come between this one's look
+    and its own, which then fails ("already exists", or PostgreSQL's duplicate type); the
+    table is there all the same, and the start goes on."""
     engine = db.get_bind()
     if engine in _MADE:
         return
-    LEFT_PODS.create(db.connection(), checkfirst=True)
-    db.commit()
+    db.commit()  # what the session holds is not lost with a failed CREATE's rollback
+    try:
+        LEFT_PODS.create(db.connection(), checkfirst=True)
+        db.commit()
+    except DBAPIError:
+        db.rollback()
+        if not inspect(db.connection()).has_table(LEFT_PODS.name):
+            raise
+        db.commit()
     _MADE.add(engine)
 
 
@@ -135,7 +148,10 @@ class _Sweep:
         self.spawner = spawner
         self.failures = 0  # reads failed in a row (0: the API answers)
         self.until = float("-inf")  # no read before (``_monotonic``)
-        self.refused: set[tuple[str, str]] = set()  # pods whose read was refused, said once
+        # The recorded pods whose read the API refuses, and when that was last said (a warning
+        # once a pod, and again every ``REFUSED_SAID_AGAIN_S``): a pod's goes when its read is
+        # answered or its record goes, so a long-running hub keeps no entry of a pod gone.
+        self.refused: dict[tuple[str, str], float] = {}
 
     def ready(self) -> bool:
         return _monotonic() >= self.until
@@ -160,6 +176,20 @@ class _Sweep:
         else:
             log.debug("gpu-gov: the sweep's read failed again (%s)", escaped(said))
 
+    def still_recorded(self, records: list[dict]) -> None:
+        """Forget the refusals of pods no longer recorded (gone, or deleted by hand)."""
+        kept = {(r["namespace"], r["name"]) for r in records}
+        for pod_id in [p for p in self.refused if p not in kept]:
+            del self.refused[pod_id]
+
+    def refusal_to_say(self, pod_id: tuple[str, str]) -> bool:
+        """Whether this refusal of ``pod_id``'s read is to be warned of (first, or a day on)."""
+        said = self.refused.get(pod_id)
+        if said is not None and _monotonic() - said < REFUSED_SAID_AGAIN_S:
+            return False
+        self.refused[pod_id] = _monotonic()
+        return True
+
     def answered(self) -> None:
         if self.failures:
             log.info(
@@ -183,18 +213,23 @@ def _failure(error: BaseException) -> str:
     return " ".join(f"{type(error).__name__}: {error}".split())[:300]
 
 
+# The sweep's spawner's user: a stand-in with what KubeSpawner's constructor reads of one (its
+# name templates' name and id), given through JupyterHub's public ``Spawner.user`` trait, as
+# the Hub gives a user's; KubeSpawner's own ``_mock=True`` does the same, but is private.
+_NO_USER = SimpleNamespace(name="gpu-gov-left-pod-sweep", id=0, url="")
+
+
 def _sweeper(handler: web.RequestHandler) -> _Sweep | None:
     """The sweep's calls to the API go through a spawner of the hub's class made once per
-    process for no user (KubeSpawner's own ``_mock``: a stand-in user): the owner of a
-    recorded pod may be deleted. None where the hub's spawner is not ``GpuKubeSpawner``
-    (nothing is recorded)."""
+    process for no user (``_NO_USER``): the owner of a recorded pod may be deleted. None
+    where the hub's spawner is not ``GpuKubeSpawner`` (nothing is recorded)."""
     spawner_class = handler.settings.get("spawner_class")
     if not hasattr(spawner_class, "gpu_read_pod"):
         return None
     config = handler.settings.get("config")
     cluster = ClusterGpus.instance(config=config)
     if cluster.left_pod_sweeper is None:
-        cluster.left_pod_sweeper = _Sweep(spawner_class(_mock=True, config=config))
+        cluster.left_pod_sweeper = _Sweep(spawner_class(user=_NO_USER, config=config))
     return cluster.left_pod_sweeper
 
 
@@ -232,7 +267,9 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
         return []
     cluster: ClusterGpus = sweep.spawner.gpu_cluster
     found = []
-    for record in _recorded(handler.db):
+    records = _recorded(handler.db)
+    sweep.still_recorded(records)
+    for record in records:
         try:
             stopped = clock.parse(record["stopped_at"])
         except ValueError:
@@ -250,12 +287,11 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
             status = getattr(error, "status", None) or 0
             if 400 <= status < 500 and status != 429:  # this read refused (RBAC), not an
                 # outage: the others are read, and it is asked again next sync. The admin must
-                # learn it (the pod is never swept while refused): a warning once a pod.
-                pod_id = (record["namespace"], record["name"])
-                first = pod_id not in sweep.refused
-                sweep.refused.add(pod_id)
+                # learn it (the pod is never swept while refused): a warning once a pod (and
+                # once a day while it lasts).
+                say = sweep.refusal_to_say((record["namespace"], record["name"]))
                 log.log(
-                    logging.WARNING if first else logging.DEBUG,
+                    logging.WARNING if say else logging.DEBUG,
                     "gpu-gov: cannot read the pod %s/%s that %s's stop left running (%s): it"
                     " is not swept while the Kubernetes API refuses its read; delete it by hand"
                     " or grant the hub's service account get on pods in that namespace",
@@ -268,6 +304,7 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
             sweep.failed(record, error)  # a 5xx, a 429, no answer, a dropped connection
             break
         sweep.answered()
+        sweep.refused.pop((record["namespace"], record["name"]), None)  # (refused again: said)
         if pod is None:
             _forget(handler, cluster, record, "is gone")
             continue
