@@ -259,3 +259,31 @@ def test_diagnose_reads_stdin_a_window_at_a_time(tmp_path, monkeypatch, capsys):
         status, out, err = printed(*options, "-", stdin=bad)
         assert status == 2 and out == "", options
         assert "<stdin>: line 5001, column sm_active: must be in [0, 1]" in err, err
+
+
+def test_the_sort_on_disk_sorts_as_sorted_does(tmp_path, monkeypatch):
+    """``features.sorted_on_disk``, which ``diagnose`` learns from: the windows in ``sorted``'s
+    order, ties in the order given (each named by its place), however many runs it writes and
+    merges in groups, as often as it is read; a file in time order is one run."""
+    import random
+
+    from jupyter_gpu_gov.diagnose import features
+    from jupyter_gpu_gov.diagnose.features import Window, sorted_on_disk, time_key
+
+    monkeypatch.setattr(features, "SORT_RUN", 7)
+    monkeypatch.setattr(features, "SORT_FAN_IN", 3)  # 30 runs: 10, 4, then 2 to merge
+    rng = random.Random(3)
+    times = [float(t) for t in range(20)]  # in order at first: the first run
+    times += [rng.choice([None, *range(30)]) for _ in range(200)]  # ties, times missing
+    windows = [Window(server=f"s{i}", t=t, sm_active=0.5) for i, t in enumerate(times)]
+    expected = [w.server for w in sorted(windows, key=time_key)]
+    for n, shuffled in ((len(windows), windows), (20, windows[:20])):
+        directory = tmp_path / str(n)
+        directory.mkdir()
+        read = sorted_on_disk(iter(shuffled), time_key, directory)
+        want = expected if n == len(windows) else [w.server for w in shuffled]
+        assert [w.server for w in read()] == want
+        assert [w.as_dict() for w in read()] == [
+            w.as_dict() for w in sorted(shuffled, key=time_key)
+        ]
+        assert len(list(directory.iterdir())) == (2 if n == len(windows) else 1)

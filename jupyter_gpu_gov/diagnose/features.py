@@ -352,6 +352,9 @@ def copy_stdin(path: str | os.PathLike) -> None:
 # Windows ``sorted_on_disk`` holds at once (~0.5 kB each) where its input is out of order.
 SORT_RUN = 32_768
 _BATCH = 256  # windows pickled together: what a run holds in memory while it is read back
+# Runs merged at once (a file open each): more (past 4 M windows out of order) are merged in
+# groups first.
+SORT_FAN_IN = 128
 
 
 def sorted_on_disk(
@@ -412,7 +415,28 @@ def sorted_on_disk(
                 for row in rows:
                     yield Window(*row)
 
-    return lambda: heapq.merge(*(read(path) for path in runs), key=key)
+    def merged(paths: list[str]) -> Iterator[Window]:
+        return heapq.merge(*(read(path) for path in paths), key=key)
+
+    made = len(runs)
+    while len(runs) > SORT_FAN_IN:  # consecutive runs merged: still stable
+        fewer = []
+        for i in range(0, len(runs), SORT_FAN_IN):
+            group = runs[i : i + SORT_FAN_IN]
+            fewer.append(os.path.join(directory, f"run{made}.pickle"))
+            made += 1
+            with open(fewer[-1], "wb") as file:
+                piece: list[Window] = []
+                for window in merged(group):
+                    piece.append(window)
+                    if len(piece) >= _BATCH:
+                        write(file, piece)
+                        piece.clear()
+                write(file, piece)
+            for path in group:
+                os.remove(path)
+        runs = fewer
+    return lambda: merged(runs)
 
 
 def _open(path: str) -> IO[str]:
