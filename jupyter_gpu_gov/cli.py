@@ -725,11 +725,6 @@ def _add_diagnose(commands: argparse._SubParsersAction) -> None:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-
-    from .diagnose import rules
-    from .diagnose.counterfactual import Diagnoser
-    from .diagnose.features import read_windows, unmeasured
-
     if args.cluster:
         if args.file or args.model or args.save_model or args.baseline:
             args.parser.error("--cluster reads the governor: not with FILE or a model")
@@ -740,45 +735,67 @@ def _diagnose(args: argparse.Namespace) -> int:
         args.parser.error("--baseline uses no model: not with --model or --save-model")
     if args.model and args.save_model:
         args.parser.error("--save-model saves the model trained on FILE: not with --model")
+    if args.file != "-":
+        return _diagnose_file(args, args.file, args.file)
+    import tempfile
+
+    from .diagnose.features import STDIN, copy_stdin
+
+    # Standard input is copied to a file, a piece at a time, and read as a file is (twice, a
+    # window at a time): the same answers in memory bounded whatever its size, and a bad row
+    # still named before anything is printed.
+    with tempfile.TemporaryDirectory(prefix="jupyter-gpu-gov-") as directory:
+        copy = os.path.join(directory, "stdin")
+        try:
+            copy_stdin(copy)
+        except OSError as error:
+            return _fail(f"cannot read -: {error.strerror or error}", "diagnose")
+        return _diagnose_file(args, copy, STDIN, directory)
+
+
+def _diagnose_file(
+    args: argparse.Namespace, path: str, name: str, directory: str | None = None
+) -> int:
+    """``diagnose FILE`` of the file at ``path``, called ``name`` (``<stdin>``: standard input's
+    copy), spilling into ``directory`` (a temporary one if None) where it sorts."""
+    from .diagnose.counterfactual import Diagnoser
+    from .diagnose.features import iter_windows, unmeasured
+
     fail = partial(_fail, command="diagnose")
-    if args.baseline and args.file != "-":
-        return _diagnose_streamed(args.file, fail)
-    if args.model and args.file != "-":
-        done = _diagnose_with_model_streamed(args.file, args.model, fail)
-        if done is not None:
-            return done
+    shown_as = "-" if path != name else path  # as the command line named it
+    if args.baseline:
+        return _diagnose_streamed(path, name, shown_as, fail)
+    done = _diagnose_model_streamed(args, path, name, shown_as, directory, fail)
+    if done is not None:
+        return done
     try:
-        windows = read_windows(args.file)
+        windows = list(iter_windows(path, name=name))
     except ValueError as error:
         return fail(str(error))
     except OSError as error:
-        return fail(f"cannot read {args.file}: {error.strerror or error}")
+        return fail(f"cannot read {shown_as}: {error.strerror or error}")
 
     summary: dict = {"windows": len(windows)}
     if missing := unmeasured(windows):
         summary["not_measured"] = missing
-    if args.baseline:
-        results = [rules.baseline(w) for w in windows]
-        summary["by"] = "rules"
+    if args.model:
+        try:
+            model = Diagnoser.load(args.model)
+        except (OSError, ValueError, EOFError) as error:
+            return fail(f"cannot load --model: {error}")
+        summary["by"] = f"model {args.model}"
     else:
-        if args.model:
-            try:
-                model = Diagnoser.load(args.model)
-            except (OSError, ValueError, EOFError) as error:
-                return fail(f"cannot load --model: {error}")
-            summary["by"] = f"model {args.model}"
-        else:
-            model = Diagnoser().fit(sorted(windows, key=lambda w: w.t or 0.0))
-            summary["by"] = "model learnt from FILE"
-            summary["trained_on"] = model.trained_on
-        results = model.diagnose_many(windows)
-        if args.save_model:
-            try:
-                model.save(args.save_model)
-            except OSError as error:
-                return fail(f"cannot write --save-model: {error.strerror or error}")
+        model = Diagnoser().fit(sorted(windows, key=lambda w: w.t or 0.0))
+        summary["by"] = "model learnt from FILE"
+        summary["trained_on"] = model.trained_on
+    results = model.diagnose_many(windows)
+    if args.save_model:
+        try:
+            model.save(args.save_model)
+        except OSError as error:
+            return fail(f"cannot write --save-model: {error.strerror or error}")
 
-    return _print_diagnoses(zip(windows, results, strict=True), summary, args.file, fail)
+    return _print_diagnoses(zip(windows, results, strict=True), summary, shown_as, fail)
 
 
 def _print_diagnoses(diagnosed, summary: dict, path: str, fail) -> int:
@@ -814,84 +831,123 @@ def _summary(seen, by: str) -> dict:
     return summary
 
 
-def _diagnose_streamed(path: str, fail) -> int:
+def _diagnose_streamed(path: str, name: str, shown_as: str, fail) -> int:
     """``diagnose --baseline FILE``, a window at a time: the rules read each window alone, so
     the file is read twice (checked whole first, so that a bad one prints nothing), holding a
-    line and the counts, not every window. The models read each window with its server's
-    earlier ones in time and learn from the whole file: those hold it."""
+    line and the counts, not every window."""
     from .diagnose import rules
     from .diagnose.features import ColumnsSeen, iter_windows
 
     seen = ColumnsSeen()
     try:
-        for window in iter_windows(path):
+        for window in iter_windows(path, name=name):
             seen.see(window)
     except ValueError as error:
         return fail(str(error))
     except OSError as error:
-        return fail(f"cannot read {path}: {error.strerror or error}")
-    diagnosed = ((window, rules.baseline(window)) for window in iter_windows(path))
-    return _print_diagnoses(diagnosed, _summary(seen, "rules"), path, fail)
+        return fail(f"cannot read {shown_as}: {error.strerror or error}")
+    diagnosed = ((w, rules.baseline(w)) for w in iter_windows(path, name=name))
+    return _print_diagnoses(diagnosed, _summary(seen, "rules"), shown_as, fail)
 
 
-def _diagnose_with_model_streamed(path: str, model_path: str, fail) -> int | None:
-    """``diagnose --model PATH FILE``, a window at a time, when the file's rows are in time
-    order (as the hub's windows and exports are): a window's context is then its server's
-    windows before it in the file, and the young nodes learn in the file's order. The file is
-    read twice, holding each server's last few running windows, not every window: checked
-    whole while the young nodes learn (a bad file prints nothing, and is named before a bad
-    model, as when it was held), then diagnosed. A file in another order returns None: it is
-    read whole (``_diagnose``), as before."""
-    from collections import deque
+class _InOrder:
+    """Passes a file's windows on while each ``(node, server)``'s come in time order, seeing
+    their columns (``ColumnsSeen``); at the first that does not, stops, ``in_order`` false:
+    the file is then held whole (``_diagnose_file``).
+
+    Why: a window's context is its server's running windows before it in time. In a file
+    whose every server's rows are in time order those are the ones before it in the file,
+    whatever the servers' rows between them (a file by server, then time, as the simulator
+    writes; or in time order, as the hub's windows and exports are)."""
+
+    def __init__(self) -> None:
+        from .diagnose.features import ColumnsSeen
+
+        self.seen, self.in_order = ColumnsSeen(), True
+        self.last: dict = {}  # (node, server) -> its last window's time
+        self.unknown_time = self.not_after_1970 = False
+
+    def __call__(self, windows):
+        from .diagnose.features import context_key, time_key
+
+        for window in windows:
+            key, t = context_key(window), time_key(window)
+            if t < self.last.get(key, -math.inf):
+                self.in_order = False
+                return
+            self.last[key] = t
+            self.unknown_time |= window.t is None
+            self.not_after_1970 |= window.t is not None and window.t <= 0
+            self.seen.see(window)
+            yield window
+
+
+def _diagnose_model_streamed(args, path: str, name: str, shown_as: str, directory, fail):
+    """``diagnose FILE`` (the model learnt from the file) and ``diagnose --model PATH FILE``,
+    a window at a time, when each server's rows are in time order (``_InOrder``). The model
+    learns in time order, from every window (``fit``) or for its young nodes
+    (``Diagnoser.learnt``, as ``diagnose_many``), before the first window is diagnosed: the
+    file is read once, checked whole (a bad file prints nothing, and is named before a bad
+    model), each window, in its server's context, going into a sort on disk
+    (``sorted_on_disk``; a file in time order is written as it comes); the model learns from
+    the sorted windows; then the file is read again and diagnosed. Held: each server's last
+    few running windows and its best (``TaskReference``), and where the file is not in time
+    order a run of the sort. A file in another order returns None: it is read whole, as
+    before; so does a file with windows without a time beside times before 1970 (``fit`` puts
+    those at 0, ``learnt`` first), learning from it."""
+    import tempfile
 
     from .diagnose.counterfactual import Diagnoser
-    from .diagnose.features import ColumnsSeen, iter_in_context, iter_windows, time_key
+    from .diagnose.features import iter_in_context, iter_windows, sorted_on_disk, time_key
 
-    try:
-        model, unloaded = Diagnoser.load(model_path), None
-    except (OSError, ValueError, EOFError) as error:
-        model, unloaded = None, error  # said once the file is found readable
-
-    def in_context(windows):
-        return iter_in_context(windows, model.context, model.context_horizon_s)
-
-    seen, last, in_order = ColumnsSeen(), -math.inf, True
-
-    def checked(windows):
-        nonlocal last, in_order
-        for window in windows:
-            if time_key(window) < last:
-                in_order = False
-                return  # (the learning so far is dropped: the file is held whole)
-            last = time_key(window)
-            seen.see(window)
-            yield window
-
-    try:
-        if unloaded is None:
-            learnt = model.learnt(in_context(checked(iter_windows(path))))
+    if args.model:
+        try:
+            model, unloaded = Diagnoser.load(args.model), None
+        except (OSError, ValueError, EOFError) as error:
+            model, unloaded = Diagnoser(), error  # said once the file is found readable
+    else:
+        model, unloaded = Diagnoser(), None
+    checked = _InOrder()
+    with contextlib.ExitStack() as stack:
+        if directory is None:
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="jupyter-gpu-gov-"))
+        try:
+            read = iter_in_context(
+                checked(iter_windows(path, name=name)), model.context, model.context_horizon_s
+            )
+            in_time = sorted_on_disk(read, time_key, directory)
+        except ValueError as error:
+            return fail(str(error))
+        except OSError as error:
+            return fail(f"cannot read {shown_as}: {error.strerror or error}")
+        if not checked.in_order:
+            return None  # (read whole, a bad row after this one is named before a bad model)
+        if unloaded is not None:
+            return fail(f"cannot load --model: {unloaded}")
+        if args.model:
+            summary = _summary(checked.seen, f"model {args.model}")
+        elif checked.unknown_time and checked.not_after_1970:
+            return None
         else:
-            for _ in checked(iter_windows(path)):
-                pass
-    except ValueError as error:
-        return fail(str(error))
-    except OSError as error:
-        return fail(f"cannot read {path}: {error.strerror or error}")
-    if not in_order:
-        return None
-    if unloaded is not None:
-        return fail(f"cannot load --model: {unloaded}")
-    read: deque = deque()  # the windows as read, beside their reading in context
+            model.fit(in_time(), context=False)  # (in context already)
+            summary = _summary(checked.seen, "model learnt from FILE")
+            summary["trained_on"] = model.trained_on
+            if args.save_model:
+                try:
+                    model.save(args.save_model)
+                except OSError as error:
+                    return fail(f"cannot write --save-model: {error.strerror or error}")
+        learnt = model.learnt(in_time())
+    return _print_scored(learnt, path, name, shown_as, summary, fail)
 
-    def kept(windows):
-        for window in windows:
-            read.append(window)
-            yield window
 
-    diagnosed = (
-        (read.popleft(), learnt.score(window)) for window in in_context(kept(iter_windows(path)))
-    )
-    return _print_diagnoses(diagnosed, _summary(seen, f"model {model_path}"), path, fail)
+def _print_scored(model, path: str, name: str, shown_as: str, summary: dict, fail) -> int:
+    """The file's windows, read again, each in its server's context, scored by ``model``."""
+    from .diagnose.features import iter_in_context, iter_windows
+
+    read = iter_in_context(iter_windows(path, name=name), model.context, model.context_horizon_s)
+    diagnosed = ((window, model.score(window)) for window in read)
+    return _print_diagnoses(diagnosed, summary, shown_as, fail)
 
 
 def _cluster(args: argparse.Namespace) -> int:

@@ -195,3 +195,95 @@ def test_diagnose_with_a_model_reads_its_file_a_window_at_a_time(tmp_path, monke
         monkeypatch.setattr("sys.stdout", stream)
         assert cli.main(["diagnose", "--model", str(model), str(shuffled)]) == 0
     assert out.read_text() == expected(shuffled)[0]
+
+
+def test_diagnose_reads_stdin_a_window_at_a_time(tmp_path, monkeypatch, capsys):
+    """``diagnose -`` held standard input's text and every window (twice) before printing a
+    line, and the model learns from the whole of it. Now standard input is copied to a file
+    a piece at a time and read as a file is: the model learns from a sort on disk, the rows
+    are diagnosed as read again. A file by server, then time (as the simulator writes), prints
+    the same bytes as the held reading; so do --baseline and --model; a bad row is still
+    named with its line, and nothing printed."""
+    import json
+
+    from jupyter_gpu_gov.diagnose import faults, features
+    from jupyter_gpu_gov.diagnose.counterfactual import Diagnoser
+    from jupyter_gpu_gov.diagnose.features import read_windows
+
+    path = tmp_path / "windows.jsonl"  # 10,000 windows, 4 MB, by server then time
+    path.write_text(
+        "".join(json.dumps(w.as_dict()) + "\n" for w, _ in faults.generate(100, 100, seed=4))
+    )
+    model = tmp_path / "model.pkl"
+    Diagnoser().fit([w for w, _ in faults.generate(8, 40, seed=5)]).save(model)
+    read = read_windows(path)
+    learnt = Diagnoser().fit(sorted(read, key=lambda w: w.t or 0.0))  # as the held reading did
+    expected = "".join(
+        json.dumps({"server": w.server, "t": w.t, **r.as_dict()}) + "\n"
+        for w, r in zip(read, learnt.diagnose_many(read), strict=True)
+    )
+    monkeypatch.setattr(features, "SORT_RUN", 1000)  # (10 runs: the sort's merge is read)
+
+    def diagnose(*args: str, stdin=path) -> int:
+        with open(stdin) as source, open(tmp_path / "out", "w") as out:
+            monkeypatch.setattr("sys.stdin", source)
+            monkeypatch.setattr("sys.stdout", out)
+            return cli.main(["diagnose", *args])
+
+    def printed(*args: str, stdin=path) -> tuple[int, str, str]:
+        status = diagnose(*args, stdin=stdin)
+        return status, (tmp_path / "out").read_text(), capsys.readouterr().err
+
+    small = tmp_path / "small.jsonl"  # (imports, caches: not measured)
+    small.write_text(path.read_text().split("\n", 1)[0] + "\n")
+    diagnose("-", stdin=small)
+    capsys.readouterr()
+    tracemalloc.start()
+    try:
+        status = diagnose("-")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert status == 0 and (tmp_path / "out").read_text() == expected
+    summary = json.loads(capsys.readouterr().err)
+    assert summary["windows"] == 10_000 and summary["trained_on"] == learnt.trained_on
+    assert peak < 3_000_000, f"{peak / 1e6:.1f} MB"  # before: 22.3 MB (1.7 MB now)
+
+    for options in (["--baseline"], ["--model", str(model)]):
+        assert printed(*options, "-")[:2] == printed(*options, str(path))[:2]
+
+    bad = tmp_path / "bad.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    bad.write_text("".join(lines[:5000]) + '{"server": "a/", "sm_active": 2}\n' + lines[5000])
+    for options in ([], ["--baseline"], ["--model", str(model)]):
+        status, out, err = printed(*options, "-", stdin=bad)
+        assert status == 2 and out == "", options
+        assert "<stdin>: line 5001, column sm_active: must be in [0, 1]" in err, err
+
+
+def test_the_sort_on_disk_sorts_as_sorted_does(tmp_path, monkeypatch):
+    """``features.sorted_on_disk``, which ``diagnose`` learns from: the windows in ``sorted``'s
+    order, ties in the order given (each named by its place), however many runs it writes and
+    merges in groups, as often as it is read; a file in time order is one run."""
+    import random
+
+    from jupyter_gpu_gov.diagnose import features
+    from jupyter_gpu_gov.diagnose.features import Window, sorted_on_disk, time_key
+
+    monkeypatch.setattr(features, "SORT_RUN", 7)
+    monkeypatch.setattr(features, "SORT_FAN_IN", 3)  # 30 runs: 10, 4, then 2 to merge
+    rng = random.Random(3)
+    times = [float(t) for t in range(20)]  # in order at first: the first run
+    times += [rng.choice([None, *range(30)]) for _ in range(200)]  # ties, times missing
+    windows = [Window(server=f"s{i}", t=t, sm_active=0.5) for i, t in enumerate(times)]
+    expected = [w.server for w in sorted(windows, key=time_key)]
+    for n, shuffled in ((len(windows), windows), (20, windows[:20])):
+        directory = tmp_path / str(n)
+        directory.mkdir()
+        read = sorted_on_disk(iter(shuffled), time_key, directory)
+        want = expected if n == len(windows) else [w.server for w in shuffled]
+        assert [w.server for w in read()] == want
+        assert [w.as_dict() for w in read()] == [
+            w.as_dict() for w in sorted(shuffled, key=time_key)
+        ]
+        assert len(list(directory.iterdir())) == (2 if n == len(windows) else 1)

@@ -7,12 +7,12 @@ import copy
 import json
 import logging
 import socket
-import threading
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from fake_dcgm_exporter import FakeExporter
 from fake_hub_api import FakeHub
 from prometheus_client import generate_latest
 from sqlalchemy import event
@@ -59,38 +59,25 @@ def report_for(user: str, uuid: str, sm: float) -> dict:
     return r
 
 
-class Exporter:
+class Exporter(FakeExporter):
     """dcgm-exporter's /metrics, serving the fixture files as they are (``text``, changeable).
 
-    It answers from a thread of its own, as a real exporter (another process) answers whatever
-    the governor's event loop is doing. Served from that loop, a loaded machine stalling the
-    loop for the DCGM read's timeout while a read waited failed the read: the GPUs unknown for
-    a pass, and the idle stretch a test counted on started again (alice not culled)."""
+    It answers from a thread of its own (``FakeExporter``). Served from the governor's event
+    loop, a loaded machine stalling the loop for the DCGM read's timeout while a read waited
+    failed the read: the GPUs unknown for a pass, and the idle stretch a test counted on
+    started again (alice not culled)."""
 
     def __init__(self, *names: str):
         self.text = "".join((FIXTURES / n).read_text() for n in names)
-        outer = self
+        super().__init__()
 
-        class Metrics(BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = outer.text.encode()
-                self.send_response(200 if self.path == "/metrics" else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def answer(self, request: BaseHTTPRequestHandler) -> None:
+        body = self.text.encode()
+        request.send_response(200 if request.path == "/metrics" else 404)
+        request.send_header("Content-Type", "text/plain; version=0.0.4")
+        request.send_header("Content-Length", str(len(body)))
+        request.end_headers()
+        request.wfile.write(body)
 
 
 def closed_port_url() -> str:

@@ -192,13 +192,11 @@ def lookalike(of: dict, name: str) -> dict:
     }
 
 
-def test_a_pod_a_stop_left_running_holds_its_card_until_the_sweep_deletes_it(hub, k8s):
-    """vic's stop: the API fails the pod's delete past KubeSpawner's retries (120 s here), and
-    JupyterHub records vic stopped with the pod running. Its card stays held (ivan is refused);
-    the hub's sweep is audited and tried while the API fails; once it answers, the pod is
-    deleted, the card is free for ivan, and the pods that only look like it are left alone."""
+def vic_afresh(hub, k8s, stopped: tuple[str, ...]) -> None:
+    """The API answering again, the ``stopped`` users' servers stopped and their pods gone, and
+    vic (made where he is not) shown a form that counts the cluster's GPUs."""
     k8s.clear_faults()  # (the module's cluster starts with its nodes unreadable)
-    for user in ("vic", "vera", "ivan"):
+    for user in stopped:
         if hub.api("GET", f"users/{user}").json()["servers"]:
             hub.stop_server(user, timeout=60)
             wait(lambda u=user: pod_of(k8s, u) is None, 60, f"{user}'s pod to go")
@@ -209,6 +207,14 @@ def test_a_pod_a_stop_left_running_holds_its_card_until_the_sweep_deletes_it(hub
         60,
         "the hub to count the cluster's GPUs",
     )
+
+
+def test_a_pod_a_stop_left_running_holds_its_card_until_the_sweep_deletes_it(hub, k8s):
+    """vic's stop: the API fails the pod's delete past KubeSpawner's retries (120 s here), and
+    JupyterHub records vic stopped with the pod running. Its card stays held (ivan is refused);
+    the hub's sweep is audited and tried while the API fails; once it answers, the pod is
+    deleted, the card is free for ivan, and the pods that only look like it are left alone."""
+    vic_afresh(hub, k8s, stopped=("vic", "vera", "ivan"))
     for user in ("vic", "vera"):
         hub.start_server(user, options=H100)
     gov = Gov(hub)
@@ -254,18 +260,7 @@ def test_a_pod_left_running_by_a_deleted_users_stop_is_swept_and_a_running_one_n
     admin deletes vic: his spawner and its state go with him, the hub's record of the pod does
     not. Once the API answers the sweep, audited first, deletes that pod after the grace; vera's
     running server beside it, on the other card, is never touched."""
-    k8s.clear_faults()
-    for user in ("vic", "ivan"):
-        if hub.api("GET", f"users/{user}").json()["servers"]:
-            hub.stop_server(user, timeout=60)
-            wait(lambda u=user: pod_of(k8s, u) is None, 60, f"{user}'s pod to go")
-    hub.create_user("vic")
-    form = hub.login("vic")
-    wait(
-        lambda: "GPU state unknown" not in form.get(hub.spawn_page_url("vic"), timeout=60).text,
-        60,
-        "the hub to count the cluster's GPUs",
-    )
+    vic_afresh(hub, k8s, stopped=("vic", "ivan"))
     for user in ("vic", "vera"):
         if not running(hub, user):
             hub.start_server(user, options=H100)

@@ -30,6 +30,19 @@ NODES = [
     gpu_node("hgx-0", "NVIDIA-H100-80GB-HBM3", gpus=2, labels={POOL: "h100-singles"}),
     gpu_node("hgx-pairs", "NVIDIA-H100-80GB-HBM3", gpus=0, labels={POOL: "h100-pairs"}),
 ]
+
+# The labels (and annotations) of alice's h100 pod for her team vision's project detection:
+# hers, the tier's (3 days at most; its first and only task type) and the grant's.
+ALICE_H100_LABELS = {
+    "gpu-gov/user": "alice",
+    "gpu-gov/team": "vision",
+    "gpu-gov/project": "detection",
+    "gpu-gov/tier": "h100",
+    "gpu-gov/borrowed": "false",
+    "gpu-gov/weight": "1",
+    "gpu-gov/max-age": str(3 * 86400),
+    "gpu-gov/task-type": "interactive",
+}
 GOVERNOR_TIMERS = """
 exec(compile(open({example!r}).read(), "gpu-gov.py", "exec"))  # the documented file, as it is
 c.GpuGovernor.cull_every = 0.5
@@ -202,16 +215,7 @@ def test_a_tier_spawns_a_pod_that_is_governed_and_culled(hub, gov, k8s):
         "tolerations"
     ]
     assert spec["nodeName"] == "hgx-0" and pod["status"]["phase"] == "Running"
-    assert {k: v for k, v in labels.items() if k.startswith("gpu-gov/")} == {
-        "gpu-gov/user": "alice",
-        "gpu-gov/team": "vision",
-        "gpu-gov/project": "detection",
-        "gpu-gov/tier": "h100",
-        "gpu-gov/borrowed": "false",
-        "gpu-gov/weight": "1",
-        "gpu-gov/max-age": str(3 * 86400),
-        "gpu-gov/task-type": "interactive",  # the tier's first (and only) task type
-    }
+    assert {k: v for k, v in labels.items() if k.startswith("gpu-gov/")} == ALICE_H100_LABELS
     assert labels["hub.jupyter.org/network-access-hub"] == "true"  # the chart's, kept
     assert len(k8s.pod_devices(NAMESPACE, "jupyter-alice")) == 1
     # Everything KubeSpawner sent passed the API server's checks (schemas, names, labels).

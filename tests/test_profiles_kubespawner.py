@@ -40,6 +40,7 @@ from kubespawner import KubeSpawner
 from kubespawner import clients as kubespawner_clients
 from sqlalchemy import delete as sql_delete
 from sqlalchemy import event, select
+from test_kubernetes_hub import ALICE_H100_LABELS
 from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
@@ -346,16 +347,7 @@ async def test_whole_card_pods_ask_for_h100s_on_h100_nodes(hub):
     ]
     assert GPU_TAINT in tolerations(pod)
     labels, annotations = ownership(pod)
-    assert labels == {
-        "gpu-gov/user": "alice",
-        "gpu-gov/team": "vision",
-        "gpu-gov/project": "detection",
-        "gpu-gov/tier": "h100",
-        "gpu-gov/borrowed": "false",
-        "gpu-gov/weight": "1",
-        "gpu-gov/max-age": str(3 * 86400),
-        "gpu-gov/task-type": "interactive",
-    }
+    assert labels == ALICE_H100_LABELS
     assert annotations == labels
     await round_trip(pod)
 
@@ -1639,17 +1631,22 @@ async def left_running(hub: FakeHub, cluster: FakeKubernetes, user: str) -> GpuK
     return spawner
 
 
+async def swept_at_once(make_hub, cluster: FakeKubernetes, *users: str):
+    """A hub whose sweep takes a left pod at once (``left_pod_grace`` 0), and each of ``users``'
+    server whose stop left its pod running (``left_running``): ``(hub, [spawner, ...])``."""
+    config = profiles_config()
+    config.ClusterGpus.left_pod_grace = 0
+    hub = make_hub(config)
+    return hub, [await left_running(hub, cluster, user) for user in users]
+
+
 async def test_the_sweep_deletes_only_the_pod_the_hub_made_and_its_stop_left(make_hub, cluster):
     """The sweep reads the pods the hub's records say a stop left running: alice's, as the hub
     made it, is named and deleted. bob's pod was deleted and another made under its name by
     someone else (copying its labels and annotations): not the one the hub made, never named,
     never deleted. A pod of another namespace under alice's pod's name, with her pod's labels
     and annotations, is not touched either, even when asked for by name."""
-    config = profiles_config()
-    config.ClusterGpus.left_pod_grace = 0
-    hub = make_hub(config)
-    alice = await left_running(hub, cluster, "alice")
-    bob = await left_running(hub, cluster, "bob")
+    hub, (alice, bob) = await swept_at_once(make_hub, cluster, "alice", "bob")
     made = cluster.get("pods", alice.pod_name, alice.namespace)
     assert recorded(hub)[alice.pod_name] == made["metadata"]["uid"]
 
@@ -1699,11 +1696,7 @@ async def test_a_left_pod_whose_user_is_deleted_is_swept_and_a_running_servers_n
     with her): the pod is still named by the sweep and deleted. dave's pod, left the same way,
     then dave deleted, made again, and started (KubeSpawner meets the old pod, deletes it and
     makes his own under its name): his running server's pod is never named nor deleted."""
-    config = profiles_config()
-    config.ClusterGpus.left_pod_grace = 0
-    hub = make_hub(config)
-    carol = await left_running(hub, cluster, "carol")
-    dave = await left_running(hub, cluster, "dave")
+    hub, (carol, dave) = await swept_at_once(make_hub, cluster, "carol", "dave")
     carols = cluster.get("pods", carol.pod_name, carol.namespace)
     for name in ("carol", "dave"):
         hub.db.delete(hub.users.pop(name).orm_user)

@@ -81,3 +81,18 @@ def test_the_cli_runs_a_named_world_and_names_it(capsys):
     assert out["world"] == "lab" and len(out["policies"]) == 7
     main(["--servers", "3", "--days", "3", "--json"])  # the default world: named as before
     assert "world" not in json.loads(capsys.readouterr().out)
+
+
+def test_the_lift_study_measures_the_lab_on_its_own_tiers(capsys):
+    """``benchmarks.replay.lift --world lab``, as replay and gap take it: the lab's trace, its
+    GPU-hours counted on its own tiers (whole cards) and its requests queued on them."""
+    from benchmarks.replay import lift
+
+    lift.main(["--world", "lab", "--servers", "12", "--days", "7", "--json"])
+    rows = {r["run"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(lift.SHOWN)
+    assert rows[DEFAULT]["idle_held_reclaimed"] > rows["idle-culler 1h"]["idle_held_reclaimed"]
+    assert rows["no culling"]["requests_waited"] > 0  # 4 servers a tier at once: the line
+    assert all(r["allocated_gpu_hours"] > 0 for r in rows.values())
+    lift.main(["--servers", "12", "--days", "7", "--json"])  # the default world: the month's
+    assert json.loads(capsys.readouterr().out) != list(rows.values())

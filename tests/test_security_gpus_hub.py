@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from fake_dcgm_exporter import FakeExporter
 from governor_harness import Gov, governed_hub, kernel_with, start_all, wait
 from hub_harness import HubHarness
 
@@ -43,52 +44,43 @@ POLICIES = [
 ]
 
 
-class Exporter:
+class Exporter(FakeExporter):
     """dcgm-exporter's ``/metrics`` for the three cards: each card's graphics-engine activity,
     as set here; or, once ``drip`` is set, four bytes a second."""
 
     def __init__(self):
         self.activity = dict.fromkeys(UUIDS, 0.0)
         self.drip = threading.Event()
-        outer = self
+        super().__init__()
 
-        class Metrics(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                try:
-                    if outer.drip.is_set():
-                        for _ in range(120):
-                            self.wfile.write(b"# a\n")
-                            self.wfile.flush()
-                            time.sleep(1)
-                        return
-                    for index, uuid in enumerate(UUIDS):
-                        labels = (
-                            f'gpu="{index}",UUID="{uuid}",device="nvidia{index}",'
-                            f'modelName="NVIDIA H100 80GB HBM3",Hostname="workstation"'
-                        )
-                        value = outer.activity[uuid]
-                        line = f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels}}} {value}\n"
-                        self.wfile.write(line.encode())
-                except OSError:  # the reader gave up
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def answer(self, request: BaseHTTPRequestHandler) -> None:
+        request.send_response(200)
+        request.send_header("Content-Type", "text/plain; version=0.0.4")
+        request.end_headers()
+        try:
+            if self.drip.is_set():
+                for _ in range(120):
+                    request.wfile.write(b"# a\n")
+                    request.wfile.flush()
+                    time.sleep(1)
+                return
+            for index, uuid in enumerate(UUIDS):
+                labels = (
+                    f'gpu="{index}",UUID="{uuid}",device="nvidia{index}",'
+                    f'modelName="NVIDIA H100 80GB HBM3",Hostname="workstation"'
+                )
+                value = self.activity[uuid]
+                line = f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels}}} {value}\n"
+                request.wfile.write(line.encode())
+        except OSError:  # the reader gave up
+            pass
 
 
 @pytest.fixture(scope="module")
 def exporter():
     exporter = Exporter()
     yield exporter
-    exporter.server.shutdown()
+    exporter.stop()
 
 
 @pytest.fixture(scope="module")

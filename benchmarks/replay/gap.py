@@ -88,7 +88,6 @@ def missed(samples, actions) -> tuple[float, Counter]:
 
 def main(argv=None) -> None:
     parser = arguments(__doc__.splitlines()[0])
-    parser.add_argument("--world", choices=sorted(WORLDS), default="month")
     args = parser.parse_args(argv)
     runs = {"default": {}, **dict(args.candidate)}
     out = []

@@ -1,8 +1,10 @@
 """Utilisation lift: what the default policy, and policies you name, give over doing nothing and
-over jupyterhub-idle-culler, on the reclamation benchmark's month-long traces.
+over jupyterhub-idle-culler, on the reclamation benchmark's month-long traces (``--world``: the
+month written beside the policy, ``generate.py``, the default; or the lab written apart from
+it, ``lab.py``).
 
-    python -m benchmarks.replay.lift [--servers 40 --days 30 --seeds 1 2 3 --step 300]
-        [--candidate NAME=JSON ...] [--default-servers] [--json]
+    python -m benchmarks.replay.lift [--world month|lab] [--servers 40 --days 30 --seeds 1 2 3
+        --step 300] [--candidate NAME=JSON ...] [--default-servers] [--json]
 
 Each run is measured twice on the same trace: by ``replay.whatif.measure`` (what
 ``jupyter-gpu-gov what-if`` prints: utilisation of the GPU-hours given out, right-sizing,
@@ -25,17 +27,27 @@ from jupyter_gpu_gov.core.rightsize import TierSize
 from jupyter_gpu_gov.replay import parse_lines, replay
 from jupyter_gpu_gov.replay.whatif import Tiers, measure
 
-from .generate import PROFILES, generate
-from .score import evaluate, policies
+from . import generate, lab
+from .score import WORLDS, evaluate, policies
 
-# The generator's tiers as the catalogue would give them: memory in GB and GPU-equivalents.
+# Each world's tiers as the catalogue would give them: memory in GB and GPU-equivalents.
+A100_80G = TierSize("a100-80g", "A100 80 GB", 80, 1.0)
 SIZES = {
-    "a100-80g": TierSize("a100-80g", "A100 80 GB", 80, 1.0),
-    "h100-80g": TierSize("h100-80g", "H100 80 GB", 80, 1.0),
-    "mig-3g.40gb": TierSize("mig-3g.40gb", "A100 3g.40gb", 40, 3 / 7),
-    "mig-1g.10gb": TierSize("mig-1g.10gb", "A100 1g.10gb", 10, 1 / 7),
+    "month": {
+        "a100-80g": A100_80G,
+        "h100-80g": TierSize("h100-80g", "H100 80 GB", 80, 1.0),
+        "mig-3g.40gb": TierSize("mig-3g.40gb", "A100 3g.40gb", 40, 3 / 7),
+        "mig-1g.10gb": TierSize("mig-1g.10gb", "A100 1g.10gb", 10, 1 / 7),
+    },
+    "lab": {
+        "a100-80g": A100_80G,
+        "a100-40g": TierSize("a100-40g", "A100 40 GB", 40, 1.0),
+        "l40s-48g": TierSize("l40s-48g", "L40S 48 GB", 48, 1.0),
+    },
 }
-assert set(SIZES) == {name for name, _ in PROFILES}
+assert set(SIZES) == set(WORLDS)
+assert set(SIZES["month"]) == {name for name, _ in generate.PROFILES}
+assert set(SIZES["lab"]) == {name for name, _ in lab.PROFILES}
 SHOWN = ("no culling", "idle-culler 1h", "jupyter-gpu-gov default")
 
 
@@ -48,10 +60,13 @@ def runs(candidates: dict[str, dict]) -> dict:
 
 
 def one_seed(args, seed: int, candidates: dict[str, dict]) -> list[dict]:
-    rows = generate(args.servers, args.days, seed, args.step, default_servers=args.default_servers)
+    rows = WORLDS[args.world](
+        args.servers, args.days, seed, args.step, default_servers=args.default_servers
+    )
     lines = [json.dumps(r) for r in rows]
     slots = max(1, args.servers // args.slots)
-    tiers = Tiers(sizes=SIZES, slots=dict.fromkeys(SIZES, slots))
+    sizes = SIZES[args.world]
+    tiers = Tiers(sizes=sizes, slots=dict.fromkeys(sizes, slots))
     out = []
     for name, run in runs(candidates).items():
         actions = list(run(parse_lines(lines)))
@@ -127,6 +142,12 @@ def _candidate(text: str) -> tuple[str, dict]:
 def arguments(description: str) -> argparse.ArgumentParser:
     """The options this study and ``gap`` share: the traces, the candidates, the output."""
     parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--world",
+        choices=sorted(WORLDS),
+        default="month",
+        help="the generator: month (generate.py, default) or lab (lab.py)",
+    )
     parser.add_argument("--servers", type=int, default=40)
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])

@@ -254,11 +254,15 @@ class Diagnoser:
 
     # -- learning --------------------------------------------------------------------------------
 
-    def fit(self, windows: Iterable[Window]) -> Diagnoser:
+    def fit(self, windows: Iterable[Window], *, context: bool = True) -> Diagnoser:
         """Learn the references from ``windows`` (every server's oldest first; labels, if the
-        source has them, are never read), forgetting what was learned before."""
+        source has them, are never read), forgetting what was learned before. ``context``:
+        each window read with the earlier windows of its server; ``False``: as given (already
+        in context, as ``diagnose_many``'s)."""
         self.nodes, self.tasks, self.trained_on = {}, {}, 0
-        for w in iter_in_context(windows, self.context, self.context_horizon_s):
+        if context:
+            windows = iter_in_context(windows, self.context, self.context_horizon_s)
+        for w in windows:
             self.observe(w)
         for ref in self.nodes.values():
             ref.refresh()  # figures as of the last window, not of the last REFRESH

@@ -46,7 +46,7 @@ import json
 import math
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import IO, Any
@@ -320,15 +320,123 @@ def read_windows(source: str | os.PathLike | IO[str], *, name: str | None = None
     return list(_windows(io.StringIO(text), name))
 
 
-def iter_windows(path: str | os.PathLike) -> Iterator[Window]:
+def iter_windows(path: str | os.PathLike, *, name: str | None = None) -> Iterator[Window]:
     """``read_windows`` of a file, a window at a time, holding a line: the file is read twice,
     once to name a byte that is not UTF-8 wherever it is (as before any row is read), then
-    for its rows."""
+    for its rows. ``name``: what errors call the file, and what tells its format (its path:
+    ``copy_stdin``'s copy is called ``<stdin>``)."""
     path = os.fspath(path)
-    _check_text(_pieces(path), path)
+    name = path if name is None else name
+    _check_text(_pieces(path), name)
     # newline="\n": lines end at \n alone, as the text's own (a CR is the CSV reader's).
     with _open(path) as file:
-        yield from _windows(file, path)
+        yield from _windows(file, name)
+
+
+STDIN = "<stdin>"
+
+
+def copy_stdin(path: str | os.PathLike) -> None:
+    """Standard input's text, as ``read_windows("-")`` reads it (its lines' ends as Python
+    reads them, a byte that is not UTF-8 kept), written to ``path`` for ``iter_windows(path,
+    name=STDIN)`` to read as it reads a file: a piece at a time, so that a pipe of any size is
+    read in bounded memory (and can be read again)."""
+    import shutil
+    import sys
+
+    sys.stdin.reconfigure(errors="surrogateescape")  # as read_windows
+    with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as copy:
+        shutil.copyfileobj(sys.stdin, copy, 1 << 16)
+
+
+# Windows ``sorted_on_disk`` holds at once (~0.5 kB each) where its input is out of order.
+SORT_RUN = 32_768
+_BATCH = 256  # windows pickled together: what a run holds in memory while it is read back
+# Runs merged at once (a file open each): more (past 4 M windows out of order) are merged in
+# groups first.
+SORT_FAN_IN = 128
+
+
+def sorted_on_disk(
+    windows: Iterable[Window], key, directory: str | os.PathLike
+) -> Callable[[], Iterator[Window]]:
+    """``sorted(windows, key=key)``, as often as it is called, read back from ``directory``:
+    the windows up to the first out of order are one run, written as they come; the rest go in
+    runs of ``SORT_RUN``, each sorted in memory; the runs are merged (``heapq.merge``: stable,
+    as ``sorted`` is) holding a few hundred windows of each. Windows in order (a file in time
+    order) are held a few hundred at a time. Windows that ``with_context`` made come back as
+    plain ``Window`` of the same values."""
+    import heapq
+    import pickle
+    from operator import attrgetter
+
+    values = attrgetter(*COLUMNS)
+    runs = [os.path.join(directory, "run0.pickle")]
+
+    def write(file, batch: list[Window]) -> None:
+        for i in range(0, len(batch), _BATCH):
+            pickle.dump([values(w) for w in batch[i : i + _BATCH]], file, protocol=5)
+
+    def spill(held: list[Window]) -> None:
+        held.sort(key=key)
+        runs.append(os.path.join(directory, f"run{len(runs)}.pickle"))
+        with open(runs[-1], "wb") as file:
+            write(file, held)
+        held.clear()
+
+    ordered, held, last = True, [], None
+    batch: list[Window] = []
+    with open(runs[0], "wb") as first:
+        for window in windows:
+            if ordered:
+                k = key(window)
+                if last is None or not k < last:
+                    last = k
+                    batch.append(window)
+                    if len(batch) >= _BATCH:
+                        write(first, batch)
+                        batch.clear()
+                    continue
+                ordered = False
+            held.append(window)
+            if len(held) >= SORT_RUN:
+                spill(held)
+        write(first, batch)
+    if held:
+        spill(held)
+
+    def read(path: str) -> Iterator[Window]:
+        with open(path, "rb") as file:
+            while True:
+                try:
+                    rows = pickle.load(file)
+                except EOFError:
+                    return
+                for row in rows:
+                    yield Window(*row)
+
+    def merged(paths: list[str]) -> Iterator[Window]:
+        return heapq.merge(*(read(path) for path in paths), key=key)
+
+    made = len(runs)
+    while len(runs) > SORT_FAN_IN:  # consecutive runs merged: still stable
+        fewer = []
+        for i in range(0, len(runs), SORT_FAN_IN):
+            group = runs[i : i + SORT_FAN_IN]
+            fewer.append(os.path.join(directory, f"run{made}.pickle"))
+            made += 1
+            with open(fewer[-1], "wb") as file:
+                piece: list[Window] = []
+                for window in merged(group):
+                    piece.append(window)
+                    if len(piece) >= _BATCH:
+                        write(file, piece)
+                        piece.clear()
+                write(file, piece)
+            for path in group:
+                os.remove(path)
+        runs = fewer
+    return lambda: merged(runs)
 
 
 def _open(path: str) -> IO[str]:
