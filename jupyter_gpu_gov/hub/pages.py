@@ -403,9 +403,8 @@ class MyUsageHandler(PageHandler):
         now = clock.utcnow()
         if refused := owner_wide(self.current_user, "its owner's page"):
             raise web.HTTPError(403, refused)
-        me = self.current_user["name"]
-        if self.is_admin and self.get_argument("user", ""):
-            me = self.get_argument("user")  # admins may look at anyone's page
+        # Admins may look at anyone's page.
+        me = (self.is_admin and self.get_argument("user", "")) or self.own_name()
         lines = await server_lines(gov, now, user=me)
         since = showback.days_back(30, now)
         gov.flush_usage()

@@ -189,7 +189,7 @@ class ServersHandler(ApiHandler):
 
     @web.authenticated
     async def get(self):
-        user = None if self.is_admin else self.current_user["name"]
+        user = None if self.is_admin else self.own_name()
         running_only = self.get_argument("all", "0") not in ("1", "true")
         after, limit = self._page()
         # On the loop, between two passes, a snapshot: the rows wanted and what their
@@ -393,7 +393,7 @@ class AuditHandler(ApiHandler):
         user = self.get_argument("user", None)
         servers = [server]
         if not self.is_admin:
-            user = self.current_user["name"]
+            user = self.own_name()
             if server is not None and not server.startswith(f"{user}/"):
                 raise web.HTTPError(
                     403, f"only {server.split('/')[0]} or a governor admin may read this"
@@ -563,7 +563,7 @@ class UsageHandler(ApiHandler):
         if not self.is_admin:
             if refused := owner_wide(self.current_user, "its owner's usage"):
                 raise web.HTTPError(403, refused)
-            owner["user"] = self.current_user["name"]
+            owner["user"] = self.own_name()
         self.governor.flush_usage()  # the ledger as of the last pass, not of its last write
 
         rows = self.governor.usage_rows(group_by, period, since, until, **owner)
