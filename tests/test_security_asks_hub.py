@@ -85,8 +85,14 @@ def test_a_service_named_as_a_user_reads_nothing_of_that_users(hub, gov):
     page = hub.get(f"{hub.url.rstrip('/')}/services/gpu-gov/me", token=SERVICE_TOKEN)
     assert page.status_code == 403, page.text[:300]
     # bob himself still reads his own.
-    r = gov.call("GET", "servers", hub.token("bob"))
+    bob = hub.token("bob")
+    r = gov.call("GET", "servers", bob)
     assert r.status_code == 200 and [s["user"] for s in r.json()["servers"]] == ["bob"], r.text
+    for path in ("audit", "usage"):
+        assert gov.call("GET", path, bob, params={"user": "bob"}).status_code == 200
+        # Another user's, named: a 403 saying so, not bob's own answered as if it were theirs.
+        r = gov.call("GET", path, bob, params={"user": "govadmin"})
+        assert r.status_code == 403 and "'user'" in r.json()["message"], r.text[:300]
 
 
 def test_a_loop_of_stops_stops_once(hub, gov):
