@@ -1319,11 +1319,16 @@ async def test_alternating_two_refusals_records_each_once(tmp_path):
         asked = [a.reason for a in gov.store.audit_rows("mallory/") if a.action == "extend"]
         assert len(asked) == 5, asked  # 3, then the refusal and the ask again, once each
         assert [e.server_key for e in gov.extensions("pending")] == ["mallory/"]
-        # Once the record changes (an admin approves), the same ask is on record again.
+        # Someone else's ask is theirs, on record once too.
+        for _ in range(2):
+            assert (await gov.extend("mallory/", "user:admin", ""))[0] == 409
+        asked = [a.actor for a in gov.store.audit_rows("mallory/") if a.action == "extend"]
+        assert asked.count("user:admin") == 1, asked
+        # Once the record changes (an admin denies), the same ask is on record again.
         await gov.decide_extension("mallory/", "user:admin", False, None, "no")
         assert (await gov.extend("mallory/", "user:mallory", ""))[0] == 409
         asked = [a for a in gov.store.audit_rows("mallory/") if a.action == "extend"]
-        assert len(asked) == 6
+        assert len(asked) == 7
 
 
 async def test_a_report_not_believed_teaches_the_diagnosis_nothing(tmp_path, restore_clock):

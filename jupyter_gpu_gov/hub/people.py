@@ -65,7 +65,7 @@ class PeoplesRequests:
         code = {"granted": 200, "pending": 202, "refused": 409}[outcome.status]
         # Asking again while one waits for an admin changes nothing, as a refusal does.
         again = before.approval_pending and outcome.status == "pending"
-        answer = ("extend", outcome.status, outcome.message)
+        answer = ("extend", actor, outcome.status, outcome.message)  # each asker's on record
         if (again or outcome.status == "refused") and self._answered_before(row, answer):
             # On record once, not a row for each of a script's loop (each with its
             # 2,000-character reason).
@@ -292,7 +292,7 @@ class PeoplesRequests:
         """The owner gives the GPU back now (the Stop button). Answers at once: the request
         comes from the very server being stopped, which must not wait for its own end."""
         row = self._known_row(key)
-        if self._answered_before(row, ("stop",)):
+        if self._answered_before(row, ("stop", actor)):
             # Its stop is on record and sent: asked again, the Hub is sent no second stop with
             # the governor's token, nor the record a second row. (A stop the Hub failed is
             # carried out again by the pass: ``cull-retry``.)
@@ -303,7 +303,7 @@ class PeoplesRequests:
         self._commit(
             row, stopped, [self._audit_row(row, "stop", why, actor=actor)], cull_reason=OWNER_STOP
         )
-        self._answered(row, ("stop",))
+        self._answered(row, ("stop", actor))
         self._in_background(self._stop_quietly(key, user, name))
         return {"status": "stopping", "verdict": self.verdict(key)}
 
