@@ -547,8 +547,12 @@ def test_the_audit_trail_is_read_page_by_page_past_its_newest_rows(tmp_path, mon
     try:
         service.hub.add_server("alice", "gpu", started=clock.utcnow() - timedelta(minutes=5))
         asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
-        for _ in range(5):  # refused (active), and audited
-            call(service, "POST", "api/users/alice/servers/gpu/extend", token=ALICE, json={})
+        for i in range(5):  # an admin's exemption, and its lifting: each audited
+            path, reason = "api/users/alice/servers/gpu/exempt", {"reason": f"{i}"}
+            if i % 2:
+                call(service, "DELETE", path, token=ADMIN, json=reason)
+            else:
+                call(service, "POST", path, token=ADMIN, json={**reason, "duration": "1h"})
         whole = call(service, "GET", "api/audit", token=ALICE).json()["audit"]
         pages, before = [], None
         while True:

@@ -1281,7 +1281,41 @@ async def test_asking_again_while_an_extension_waits_for_an_admin_adds_no_reques
         assert gov.extensions("pending") == []
         assert [e.status for e in gov.extensions()] == ["approved", "granted", "granted"]
         asked = [a for a in gov.store.audit_rows("mallory/") if a.action == "extend"]
-        assert len(asked) == 8  # each ask is still on record
+        # Two granted, the one that waits, and the first ask again: each is on record; the
+        # same ask again on the same record, answered as it was, is not (a loop's rows).
+        assert len(asked) == 4
+
+
+async def test_alternating_two_refusals_records_each_once(tmp_path):
+    """An Extend that changes nothing is on record once for its record (tests/
+    test_security_asks_hub.py has the loop); a script alternating two of them (no reason where
+    one is required, then one while a request waits for an admin) wrote each every time."""
+    async with FakeHub() as hub:
+        hub.add_server("mallory")
+        gov = governor(hub, tmp_path)
+        gov.policies = load_policies(
+            [], {"warn_after": "1h", "cull_after": "2h", "extension_reason": "required"}
+        )
+        gov.ingest(report_for("mallory", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        statuses = [(await gov.extend("mallory/", "user:mallory", "why"))[0] for _ in range(3)]
+        assert statuses == [200, 200, 202]  # two granted, the third waits for an admin
+        for _ in range(6):
+            assert (await gov.extend("mallory/", "user:mallory", ""))[0] == 409
+            assert (await gov.extend("mallory/", "user:mallory", "why"))[0] == 202
+        asked = [a.reason for a in gov.store.audit_rows("mallory/") if a.action == "extend"]
+        assert len(asked) == 5, asked  # 3, then the refusal and the ask again, once each
+        assert [e.server_key for e in gov.extensions("pending")] == ["mallory/"]
+        # Someone else's ask is theirs, on record once too.
+        for _ in range(2):
+            assert (await gov.extend("mallory/", "user:admin", ""))[0] == 409
+        asked = [a.actor for a in gov.store.audit_rows("mallory/") if a.action == "extend"]
+        assert asked.count("user:admin") == 1, asked
+        # Once the record changes (an admin denies), the same ask is on record again.
+        await gov.decide_extension("mallory/", "user:admin", False, None, "no")
+        assert (await gov.extend("mallory/", "user:mallory", ""))[0] == 409
+        asked = [a for a in gov.store.audit_rows("mallory/") if a.action == "extend"]
+        assert len(asked) == 7
 
 
 async def test_a_report_not_believed_teaches_the_diagnosis_nothing(tmp_path, restore_clock):

@@ -15,6 +15,7 @@ the same simulated state file, so both agree on the UUIDs; the test computes the
 from __future__ import annotations
 
 import html
+import json
 import re
 import threading
 from typing import Any
@@ -357,6 +358,36 @@ def test_task_type_and_expected_duration_are_granted_and_forged_labels_dropped(h
     assert grant[TASK_TYPE] == "interactive" and EXPECTED not in grant, grant
     hub.stop_server("carol")
     assert held(hub) == before
+
+
+def test_a_choice_too_large_to_keep_is_refused_and_not_kept(hub):
+    """What the profile layer keeps of ``user_options`` the Hub sends in every listing of its
+    users, and the governor lists them at each pass. Its choices were kept whole: an expected
+    duration of "2h" and millions of spaces (read as 2h), or any ``profile-option-*`` key
+    (KubeSpawner ignores one it does not offer), of any size and number. Measured on a hub
+    with the governor: 60 MB of one user's options took its passes from 0.02 s to 1.2 s. A
+    spawn naming such a choice is refused naming it, and none of it is kept."""
+    nlp = {"profile": "h100-2g", "team": "nlp"}
+    assert servers(hub, "carol") == {}
+    for big in (
+        {"expected_duration": "2h" + " " * 1_000_000},
+        {"profile-option-image": "y" * 1_000_000},
+        {"profile-option-" + "k" * 5000: "v"},
+        {f"profile-option-o{i}": "v" for i in range(500)},
+    ):
+        r = api_spawn(hub, "carol", {**nlp, **big})
+        assert r.status_code == 403, f"{r.status_code} {str(servers(hub, 'carol'))[:300]}"
+        message = r.json()["message"]
+        assert "choice" in message and "at most" in message, message
+        assert servers(hub, "carol") == {}
+        model = hub.api("GET", "users/carol", params={"include_stopped_servers": "1"}).json()
+        kept = json.dumps(model["servers"][""]["user_options"])
+        assert len(kept) < 2000, kept[:300]
+    r = api_spawn(hub, "carol", {**nlp, "expected_duration": " 2h ", "profile-option-a": "b"})
+    assert r.status_code in (201, 202), r.text  # usual choices are kept as before
+    hub.wait_for_server("carol")
+    assert servers(hub, "carol")[""]["user_options"]["profile-option-a"] == "b"
+    hub.stop_server("carol")
 
 
 # --- 6. the memory estimate ----------------------------------------------------------------

@@ -259,6 +259,19 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         if not self.is_admin:
             raise web.HTTPError(403, f"this needs the {ADMIN_SCOPE} scope (governor admins)")
 
+    def own_name(self) -> str:
+        """The user whose own records a caller who is no governor admin reads (their servers,
+        audit trail, usage, page). A Hub service owns none: services and users are named
+        apart, and a service of the admin's named ``bob`` read bob's as if it were him."""
+        model = self.current_user
+        if model.get("kind", "user") != "user":
+            raise web.HTTPError(
+                403,
+                f"a Hub service owns no server: this needs the {ADMIN_SCOPE} scope "
+                "(governor admins)",
+            )
+        return model["name"]
+
     def require_owner_or_admin(self, user: str, name: str | None = None) -> None:
         """The caller is a governor admin, or ``user`` with a token that reaches the server
         ``name`` (a server's own token reaches only its server: ``bound_servers``)."""

@@ -411,13 +411,15 @@ class MyUsageHandler(PageHandler):
         now = clock.utcnow()
         if refused := owner_wide(self.current_user, "its owner's page"):
             raise web.HTTPError(403, refused)
-        me = self.current_user["name"]
-        asked = self.get_argument("user", "") or me
-        if asked != me and not self.is_admin:  # their own page would pass for the one asked
-            raise web.HTTPError(
-                403, "only admins may see another user's page; yours is %sme", self.prefix
-            )
-        me = asked  # admins may look at anyone's page
+        asked = self.get_argument("user", "")
+        if self.is_admin and asked:
+            me = asked  # admins may look at anyone's page
+        else:
+            me = self.own_name()
+            if asked and asked != me:  # their own page would pass for the one asked
+                raise web.HTTPError(
+                    403, "only admins may see another user's page; yours is %sme", self.prefix
+                )
         lines = await server_lines(gov, now, user=me)
         since = showback.days_back(30, now)
         gov.flush_usage()

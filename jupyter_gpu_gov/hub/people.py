@@ -45,6 +45,11 @@ def parse_session(value) -> datetime | None:
         ) from None
 
 
+def _as_is(row: ServerRow) -> tuple:
+    """What a repeated request's answer rests on: the session, whether it runs, its record."""
+    return row.session_started, row.running, record_of(row)
+
+
 def _session_text(started: datetime | None) -> str:
     return clock.isoformat(started) if started else "none"
 
@@ -57,6 +62,18 @@ class PeoplesRequests:
         server_policy = self.policy_named(row.policy)
         before = record_of(row)
         outcome = policy.extend(before, server_policy, reason)
+        code = {"granted": 200, "pending": 202, "refused": 409}[outcome.status]
+        # Asking again while one waits for an admin changes nothing, as a refusal does.
+        again = before.approval_pending and outcome.status == "pending"
+        answer = ("extend", actor, outcome.status, outcome.message)  # each asker's on record
+        if (again or outcome.status == "refused") and self._answered_before(row, answer):
+            # On record once, not a row for each of a script's loop (each with its
+            # 2,000-character reason).
+            return code, {
+                "status": outcome.status,
+                "message": outcome.message,
+                "verdict": self.verdict(key),
+            }
         seconds = server_policy.extension_step.total_seconds() if outcome.status == "granted" else 0
         request = ExtensionRow(
             server_key=key,
@@ -71,11 +88,13 @@ class PeoplesRequests:
         # A refused request changes nothing but is on record; a granted or pending one, all of
         # it or none (a store failure must not use an extension up without granting it). Asking
         # again while one waits for an admin is audited, not a second request in their list.
-        again = before.approval_pending and outcome.status == "pending"
         self._commit(row, outcome.record, [audit], extensions=[] if again else [request])
         metrics.EXTENSIONS.labels(outcome.status).inc()
         await self.redecide(key)
-        code = {"granted": 200, "pending": 202, "refused": 409}[outcome.status]
+        if again or outcome.status == "refused":
+            self._answered(row, answer)
+        else:
+            self._asked.pop(key, None)
         return code, {
             "status": outcome.status,
             "message": outcome.message,
@@ -273,12 +292,18 @@ class PeoplesRequests:
         """The owner gives the GPU back now (the Stop button). Answers at once: the request
         comes from the very server being stopped, which must not wait for its own end."""
         row = self._known_row(key)
+        if self._answered_before(row, ("stop", actor)):
+            # Its stop is on record and sent: asked again, the Hub is sent no second stop with
+            # the governor's token, nor the record a second row. (A stop the Hub failed is
+            # carried out again by the pass: ``cull-retry``.)
+            return {"status": "stopping", "verdict": self.verdict(key)}
         user, name = key.split("/", 1)
         why = f"stopped by {actor}" + (f": {reason}" if reason else "")
         stopped = replace(record_of(row), state=CULLED, culled_at=clock.utcnow(), reason=why)
         self._commit(
             row, stopped, [self._audit_row(row, "stop", why, actor=actor)], cull_reason=OWNER_STOP
         )
+        self._answered(row, ("stop", actor))
         self._in_background(self._stop_quietly(key, user, name))
         return {"status": "stopping", "verdict": self.verdict(key)}
 
@@ -290,6 +315,21 @@ class PeoplesRequests:
             await self.hub.stop_server(user, name)
         except HubApiError as error:
             log.error("gpu-gov: stopping %s for its owner failed: %s", key, error)
+
+    def _answered_before(self, row: ServerRow, answer: tuple) -> bool:
+        """Whether ``answer`` (an owner's request that changed nothing, or a Stop) was given
+        already on the server's record as it is now: given again, it is not recorded again."""
+        asked = self._asked.get(row.key)
+        return asked is not None and asked[0] == _as_is(row) and answer in asked[1]
+
+    def _answered(self, row: ServerRow, answer: tuple) -> None:
+        """``answer`` was given (and recorded) on the server's record as it is now. Each answer
+        is kept apart: alternating two refusals (no reason given, then one while a request
+        waits for an admin) recorded each of them every time."""
+        asked = self._asked.get(row.key)
+        if asked is None or asked[0] != _as_is(row):
+            asked = self._asked[row.key] = (_as_is(row), set())
+        asked[1].add(answer)
 
     def _known_row(self, key: str) -> ServerRow:
         row = self.row(key)

@@ -27,6 +27,7 @@ from prometheus_client import Gauge, Histogram
 from ..core import clock, ledger
 from ..core.ledger import Bucket, Owner
 from ..core.queue import (
+    CANCELLED,
     EXPIRED,
     QUEUED_AT_LABEL,
     STARTED,
@@ -204,14 +205,31 @@ class QueueSync:
         except QueueFormatError as error:
             self.refused = None
             log.warning("gpu-gov: spawn queue: %s", error)
+        # A server's cancels in one sync are one row saying how many: its owner may join and
+        # cancel as fast as the hub answers (~28 times a second), a row each. The rows of the
+        # sync are one write: each was a transaction of its own, ~1,700 a pass on the loop.
+        departures: dict[tuple | int, list[Departure]] = {}
         for entry in (answer.get("left") or [])[:10_000]:
             try:
                 departure = Departure.from_json(entry)
             except QueueFormatError as error:
                 log.warning("gpu-gov: spawn queue: a departure cannot be read: %s", error)
                 continue
+            cancel = departure.outcome == CANCELLED
+            alike = (departure.server, departure.why) if cancel else len(departures)  # else apart
+            departures.setdefault(alike, []).append(departure)
+        rows = []
+        for same in departures.values():
+            departure = same[0]
             why = f": {departure.why}" if departure.why else ""
-            self._meter(departure, LEFT, f"left the line ({departure.outcome}{why})")
+            times = f"; {len(same)} times since the last sync" if len(same) > 1 else ""
+            for each in same:
+                self._observe(each)
+            rows.append(
+                self._row(departure, LEFT, f"left the line ({departure.outcome}{why})", times)
+            )
+        if rows:
+            self.store.audit(rows)
         return line
 
     async def _delete_left_pods(self, entries, now: datetime) -> None:
@@ -270,23 +288,25 @@ class QueueSync:
 
     def _meter(self, departure: Departure, action: str, why: str) -> None:
         """Into the histogram, and the audit trail (showback's queue columns read it)."""
+        self._observe(departure)
+        self.store.audit([self._row(departure, action, why)])
+
+    @staticmethod
+    def _observe(departure: Departure) -> None:
         QUEUE_WAIT.labels(
             departure.team, departure.tier, departure.task_type or "interactive", departure.outcome
         ).observe(departure.waited_s)
-        user = departure.server.partition("/")[0]
-        self.store.audit(
-            [
-                AuditRow(
-                    at=clock.utcnow(),
-                    server_key=departure.server,
-                    user=user,
-                    action=action,
-                    reason=f"{why} after {departure.waited_s:.0f}s",
-                    actor="governor",
-                    dry_run=self.dry_run,
-                    details=departure.to_json(),
-                )
-            ]
+
+    def _row(self, departure: Departure, action: str, why: str, more: str = "") -> AuditRow:
+        return AuditRow(
+            at=clock.utcnow(),
+            server_key=departure.server,
+            user=departure.server.partition("/")[0],
+            action=action,
+            reason=f"{why} after {departure.waited_s:.0f}s{more}",
+            actor="governor",
+            dry_run=self.dry_run,
+            details=departure.to_json(),
         )
 
     async def _start(self, waiting: Waiting, now: datetime) -> None:

@@ -145,6 +145,10 @@ class Governor(
         self._cull_failures: dict[str, CullFailed] = {}
         # The session of each server the Hub took a stop of, until a pass finds it gone.
         self._stops: dict[str, datetime | None] = {}
+        # By server, the answers to an owner's requests that changed nothing (a refused Extend)
+        # or are under way (a Stop), and the record they were given on: given again on it,
+        # they are not recorded again (hub/people.py).
+        self._asked: dict[str, tuple[tuple, set[tuple]]] = {}
         self._context = PassContext()
         self._indexed: tuple = ()  # the DCGM evidence the context's indexes are of
         self.unchanged = Unchanged(options.full_pass_every)

@@ -189,7 +189,7 @@ class ServersHandler(ApiHandler):
 
     @web.authenticated
     async def get(self):
-        user = None if self.is_admin else self.current_user["name"]
+        user = None if self.is_admin else self.own_name()
         running_only = self.get_argument("all", "0") not in ("1", "true")
         after, limit = self._page()
         # On the loop, between two passes, a snapshot: the rows wanted and what their
@@ -393,7 +393,7 @@ class AuditHandler(ApiHandler):
         user = self.get_argument("user", None)
         servers = [server]
         if not self.is_admin:
-            user = self.current_user["name"]
+            user = _only_own(user, self.own_name(), "'user'")
             if server is not None and not server.startswith(f"{user}/"):
                 raise web.HTTPError(
                     403, f"only {server.split('/')[0]} or a governor admin may read this"
@@ -563,7 +563,7 @@ class UsageHandler(ApiHandler):
         if not self.is_admin:
             if refused := owner_wide(self.current_user, "its owner's usage"):
                 raise web.HTTPError(403, refused)
-            owner["user"] = self.current_user["name"]
+            owner["user"] = _only_own(owner["user"], self.own_name(), "'user'")
         self.governor.flush_usage()  # the ledger as of the last pass, not of its last write
 
         rows = self.governor.usage_rows(group_by, period, since, until, **owner)
@@ -585,6 +585,14 @@ class UsageHandler(ApiHandler):
         # of a big hub's ledger by user and day (millions of rows, seconds of reading) streams
         # out without being held, nor holding the event loop.
         await self.stream(lambda: _joined(parts), "a usage export")
+
+
+def _only_own(asked: str | None, own: str, name: str) -> str:
+    """The caller's own name, where a caller who is no admin names a user (``name``): someone
+    else's is a 403 saying so, not their own records answered as if they were asked for."""
+    if asked is not None and asked != own:
+        raise web.HTTPError(403, f"{name}: only {asked!r:.80} or a governor admin may read this")
+    return own
 
 
 def _joined(parts: Iterator[str], size: int = 5000) -> str:

@@ -386,10 +386,14 @@ class GpuProfilesMixin:
         )
 
     def _gpu_decide(
-        self, options: Mapping[str, Any], teams: list[str]
+        self, options: Mapping[str, Any], teams: list[str], oversized: str | None = None
     ) -> tuple[Tier, str, Admission] | None:
-        """The tier, team and admission for ``options`` (None: no GPU); raises ``GpuRefused``."""
+        """The tier, team and admission for ``options`` (None: no GPU); raises ``GpuRefused``.
+        ``oversized``: why a choice is too large to keep (``form.oversized``), refused once
+        each choice is read (a choice that cannot be granted says so first)."""
         checked = self._gpu_check(options, teams)
+        if oversized:
+            raise GpuRefused(oversized)
         if checked is None:
             return None
         tier, team = checked
@@ -422,8 +426,9 @@ class GpuProfilesMixin:
     def _gpu_admit(self, teams: list[str]) -> None:
         sent = dict(self.user_options or {})
         # The user's choices only; what an earlier spawn was granted is decided anew.
-        options = {k: v for k, v in sent.items() if user_may_choose(k)}
-        ignored = sorted(str(k) for k in sent.keys() - options.keys() - set(GRANT_KEYS))
+        choices = {k: v for k, v in sent.items() if user_may_choose(k)}
+        ignored = sorted(str(k) for k in sent.keys() - choices.keys() - set(GRANT_KEYS))
+        options, oversized = form.oversized(choices)  # never kept: refused in _gpu_decide
         if ignored:  # named in one bounded line: the keys are the user's
             self.log.warning(
                 "gpu-gov: %s: ignored user_options a user may not set: %s",
@@ -433,7 +438,7 @@ class GpuProfilesMixin:
             )
         self._gpu_granted = None
         try:
-            decided = self._gpu_decide(options, teams)
+            decided = self._gpu_decide(choices, teams, oversized)
             # Admitted: a server waiting in line leaves it (whatever it now starts with).
             waited, self._gpu_queued = self._gpu_queued, None
             REFUSED.forget(self._gpu_server_key())

@@ -1,0 +1,117 @@
+"""What a person may ask of the governor again and again, on a real hub with the governor
+(attack 30): each request is a user's to send, as often as their API budget lets them. Each
+attack worked before the fix.
+
+bob      loops Extend while his server has nothing to extend, and Stop once it is stopping
+bobsvc   a Hub service an admin set up (a monitoring job with the governor's access scope) whose
+         name is a user's: ``bob``
+govadmin reads the extension requests and the audit trail
+"""
+
+from __future__ import annotations
+
+import pytest
+from governor_harness import Gov, governed_hub, start_all, wait
+
+pytestmark = pytest.mark.timeout(300)
+
+SERVICE_TOKEN = "bob-service-token-0123456789abcdef"
+# A service of the admin's named as a user is: Hub services and users are named apart.
+HUB = f"""
+c.JupyterHub.services.append({{"name": "bob", "api_token": {SERVICE_TOKEN!r}}})
+c.JupyterHub.load_roles.append(
+    {{"name": "bob-monitor", "services": ["bob"], "scopes": ["access:services!service=gpu-gov"]}}
+)
+"""
+LOOPS = 25  # within the API burst (100): every request is answered, none throttled
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    harness = governed_hub(tmp_path_factory.mktemp("asks"), silent_users=(), hub_config=HUB)
+    with harness as hub:
+        hub.create_user("govadmin")
+        start_all(hub, {"bob": None})
+        Gov(hub).wait_up()
+        yield hub
+
+
+@pytest.fixture(scope="module")
+def gov(hub):
+    return Gov(hub)
+
+
+def test_a_loop_of_refused_extensions_is_answered_but_recorded_once(hub, gov):
+    """A refused Extend changes nothing and is on record; a script asking again and again wrote
+    an audit row and an extension request for each (a reason of up to 2,000 characters each:
+    10 a second is ~1.7 GB a day from one user), and the admin's ``GET api/extensions`` read
+    every one of them, whole, on the service's event loop."""
+    bob = hub.token("bob")
+
+    def active():
+        r = gov.call("GET", "users/bob/server", bob)
+        return r.status_code == 200 and r.json()["state"] == "active"
+
+    wait(active, 90, "bob's server governed (it holds no GPU: nothing to extend)")
+    answers = [
+        gov.call("POST", "users/bob/server/extend", bob, json={"reason": "x" * 2000})
+        for _ in range(LOOPS)
+    ]
+    for r in answers:  # every one answered as before: refused, saying why
+        assert r.status_code == 409, r.text[:300]
+        assert r.json()["status"] == "refused", r.text[:300]
+        assert "nothing to extend" in r.json()["message"], r.text[:300]
+    r = gov.admin("GET", "extensions", params={"status": "refused"})
+    assert r.status_code == 200, r.text[:300]
+    refused = [e for e in r.json()["extensions"] if e["server"] == "bob/"]
+    assert len(refused) == 1, f"{len(refused)} refused requests on record for {LOOPS} asks"
+    extends = [a for a in gov.audit("bob/") if a["action"] == "extend"]
+    assert len(extends) == 1, f"{len(extends)} extend rows in the audit for {LOOPS} asks"
+
+
+def test_a_service_named_as_a_user_reads_nothing_of_that_users(hub, gov):
+    """A Hub service is no user: a service named ``bob`` (the admin's monitoring job, with the
+    service's access scope only) read bob's servers, audit trail and usage as if it were
+    him, since the owner was told by name alone."""
+    for path, params in (
+        ("servers", {}),
+        ("audit", {}),
+        ("audit", {"server": "bob/"}),
+        ("usage", {}),
+    ):
+        r = gov.call("GET", path, SERVICE_TOKEN, params=params)
+        assert r.status_code == 403, (path, params, r.status_code, r.text[:300])
+        assert "service" in r.json()["message"], r.text[:300]
+    page = hub.get(f"{hub.url.rstrip('/')}/services/gpu-gov/me", token=SERVICE_TOKEN)
+    assert page.status_code == 403, page.text[:300]
+    # bob himself still reads his own.
+    bob = hub.token("bob")
+    r = gov.call("GET", "servers", bob)
+    assert r.status_code == 200 and [s["user"] for s in r.json()["servers"]] == ["bob"], r.text
+    for path in ("audit", "usage"):
+        assert gov.call("GET", path, bob, params={"user": "bob"}).status_code == 200
+        # Another user's, named: a 403 saying so, not bob's own answered as if it were theirs.
+        r = gov.call("GET", path, bob, params={"user": "govadmin"})
+        assert r.status_code == 403 and "'user'" in r.json()["message"], r.text[:300]
+
+
+def test_a_loop_of_stops_stops_once(hub, gov):
+    """The owner's Stop is on record and sends the Hub a stop; asked again while that stop is
+    under way, it wrote a row and sent the Hub another stop, with the governor's token, for
+    each request."""
+    bob = hub.token("bob")
+    answers = [
+        gov.call("POST", "users/bob/server/stop", bob, json={"reason": "done"}) for _ in range(10)
+    ]
+    for r in answers:
+        assert r.status_code == 200, r.text[:300]
+        assert r.json()["status"] == "stopping", r.text[:300]
+    wait(lambda: not hub.api("GET", "users/bob").json()["servers"], 60, "bob's server stopped")
+    stops = [a for a in gov.audit("bob/") if a["action"] == "stop"]
+    assert len(stops) == 1, f"{len(stops)} stop rows in the audit for 10 asks"
+    sent = [
+        line
+        for line in hub.log_path.read_text().splitlines()
+        if "DELETE /hub/api/users/bob/server" in line
+    ]
+    assert len(sent) == 1, sent
