@@ -305,6 +305,25 @@ def test_my_page_asked_for_another_user_is_refused_not_mine_instead(service):
     assert call(service, "GET", "me?user=alice", ALICE).ok
 
 
+def test_an_admin_on_another_users_page_is_not_told_it_is_their_own(service):
+    """An admin reading ``me?user=alice`` saw "My GPU-hours per day" over alice's chart, the
+    tab titled and the navigation marked "My GPU usage"."""
+    service.hub.add_user_token(  # root's own, not a server's: the page is owner-wide
+        "root",
+        "root-token",
+        extra_scopes=[ACCESS, "custom:gpu-gov:admin", "access:servers!user=root"],
+    )
+    r = call(service, "GET", "me?user=alice", "root-token")
+    assert r.ok, r.text[:300]
+    theirs = html.unescape(r.text)
+    assert "<title>GPU usage of alice ·" in theirs
+    assert "GPU-hours of alice per day, last 30 days" in theirs
+    assert "My GPU-hours" not in theirs and 'class="here">My GPU usage' not in theirs
+    own = html.unescape(call(service, "GET", "me", ALICE).text)
+    assert "<title>My GPU usage ·" in own and "My GPU-hours per day, last 30 days" in own
+    assert 'class="here">My GPU usage' in own
+
+
 VERBS = {
     "extend": {"reason": json_values},
     "exempt": {"reason": json_values, "duration": json_values},

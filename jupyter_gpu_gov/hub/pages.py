@@ -417,6 +417,7 @@ class MyUsageHandler(PageHandler):
             raise web.HTTPError(
                 403, "only admins may see another user's page; yours is %sme", self.prefix
             )
+        own = asked == me  # an admin on another's page: not "My ..."
         me = asked  # admins may look at anyone's page
         lines = await server_lines(gov, now, user=me)
         since = showback.days_back(30, now)
@@ -453,6 +454,7 @@ class MyUsageHandler(PageHandler):
         self.render_page(
             "me.html",
             user=me,
+            own=own,
             lines=lines,
             sessions=[
                 {
@@ -482,7 +484,11 @@ class MyUsageHandler(PageHandler):
                 showback.stacked_bars(
                     idle_series,
                     sorted(r["period"] for r in days),
-                    title="My GPU-hours per day, last 30 days",
+                    title=(
+                        "My GPU-hours per day, last 30 days"
+                        if own
+                        else f"GPU-hours of {me} per day, last 30 days"
+                    ),
                     unit="GPU-h",
                 )
             ),
