@@ -96,3 +96,17 @@ def test_the_lift_study_measures_the_lab_on_its_own_tiers(capsys):
     assert all(r["allocated_gpu_hours"] > 0 for r in rows.values())
     lift.main(["--servers", "12", "--days", "7", "--json"])  # the default world: the month's
     assert json.loads(capsys.readouterr().out) != list(rows.values())
+
+
+@pytest.mark.parametrize("module", ["generate", "gap", "lab", "lift", "score"])
+def test_each_replay_commands_help_says_what_it_does_in_whole_sentences(module, capsys):
+    """``lift --help`` ended "give over doing nothing and", ``lab --help`` "written apart
+    from": each printed its docstring's first line, half a sentence."""
+    import importlib
+    import re
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"benchmarks.replay.{module}").main(["--help"])
+    help_text = capsys.readouterr().out
+    described = help_text.split("\n\n")[1]  # after the usage, before the options
+    assert re.search(r"[.)]$", described.strip()), described

@@ -163,7 +163,7 @@ def arguments(description: str) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
-    parser = arguments(__doc__.splitlines()[0])
+    parser = arguments(__doc__.split("\n\n")[0])  # its first sentence, whole
     parser.add_argument("--slots", type=int, default=3, help="users per server of a tier")
     args = parser.parse_args(argv)
     candidates = dict(args.candidate)
