@@ -393,6 +393,8 @@ class AuditHandler(ApiHandler):
         user = self.get_argument("user", None)
         servers = [server]
         if not self.is_admin:
+            if user not in (None, "", self.current_user["name"]):  # not their trail as bob's
+                raise web.HTTPError(403, f"only {user} or a governor admin may read this")
             user = self.current_user["name"]
             if server is not None and not server.startswith(f"{user}/"):
                 raise web.HTTPError(
@@ -543,7 +545,7 @@ class InfoHandler(ApiHandler):
 class UsageHandler(ApiHandler):
     """``GET api/usage?group_by=team,day&since=7d&until=…&format=csv|json``: showback from the
     usage ledger. Admins see everyone (``user=``, ``team=``, ``project=``, ``tier=`` filter);
-    anyone else only their own usage."""
+    anyone else only their own usage (``user=`` another's: 403)."""
 
     cost = COST_EXPORT
 
@@ -563,6 +565,8 @@ class UsageHandler(ApiHandler):
         if not self.is_admin:
             if refused := owner_wide(self.current_user, "its owner's usage"):
                 raise web.HTTPError(403, refused)
+            if owner["user"] not in (None, "", self.current_user["name"]):  # not theirs as bob's
+                raise web.HTTPError(403, "only admins may read another user's usage")
             owner["user"] = self.current_user["name"]
         self.governor.flush_usage()  # the ledger as of the last pass, not of its last write
 
