@@ -287,3 +287,25 @@ def test_the_sort_on_disk_sorts_as_sorted_does(tmp_path, monkeypatch):
             w.as_dict() for w in sorted(shuffled, key=time_key)
         ]
         assert len(list(directory.iterdir())) == (2 if n == len(windows) else 1)
+
+
+def test_diagnose_names_its_source_in_every_error_about_a_row(tmp_path, monkeypatch, capsys):
+    """A bad value was named ``<stdin>: line 4, column t``, but a header without a diagnosis
+    column, a line that is not JSON or a row with more cells than the header only ``line N``:
+    every such error now says which input, as the first does."""
+    cases = {
+        "a,b\n1,2\n": "line 1: no diagnosis columns",
+        '{"sm_active": 0.1}\n{bad\n': "line 2: not JSON",
+        "server,sm_active\na/,0.5,9\n": "line 2: 3 cells, the header has 2",
+        "server,sm_active\na/,1.5\n": "line 2, column sm_active: must be in [0, 1]",
+    }
+    for text, error in cases.items():
+        path = tmp_path / "windows.txt"
+        path.write_text(text)
+        for argument, name in (("-", "<stdin>"), (str(path), str(path))):
+            for options in ([], ["--baseline"]):
+                with open(path) as source:
+                    monkeypatch.setattr("sys.stdin", source)
+                    assert cli.main(["diagnose", *options, argument]) == 2
+                err = capsys.readouterr().err
+                assert f"{name}: {error}" in err, (options, argument, err)

@@ -1320,7 +1320,7 @@ def test_cli_a_file_too_big_in_one_place_names_its_line(tmp_path, capsys, name, 
     path.write_text(text)
     assert main(["diagnose", str(path)]) == EXIT_USAGE
     out, err = capsys.readouterr()
-    assert out == "" and f"error: {where}: " in err and "Traceback" not in err, err
+    assert out == "" and f"error: {path}: {where}: " in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize(

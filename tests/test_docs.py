@@ -87,6 +87,45 @@ def test_named_repository_paths_exist(doc):
     assert not missing, f"{doc.relative_to(ROOT)} names paths the repository lacks: {missing}"
 
 
+# `tests/test_x.py::test_y` names a test, `core/report.validate` a module's function or class,
+# `core/vocabulary.py:100` a line: none ends like a file, so the check above passed them by, and
+# a test or function renamed since left its old name in the documents.
+DEFINED = re.compile(r"^((?:[\w-]+/)*[\w-]+)(?:\.py::(\w+)(?:\[[^\]]*\])?|\.(\w+)|\.py:(\d+))$")
+
+
+def _defines(file: Path, name: str) -> bool:
+    pattern = rf"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+{name}\b|^{name}[ \t]*[:=]"
+    return re.search(pattern, file.read_text(encoding="utf-8"), re.M) is not None
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_named_tests_functions_and_lines_exist(doc):
+    tops = _tops()
+    bad = []
+    for name in CODE.findall(doc.read_text(encoding="utf-8")):
+        m = DEFINED.match(name)
+        if not m or FILE_LIKE.search(name):
+            continue
+        module, test, attr, line = m.groups()
+        if name.split("/")[0] not in tops if "/" in name else test is None:
+            continue  # `test_x.py::test_y` alone is a test too; `x.y` alone is not a path
+        files = [
+            root / f"{module}.py"
+            for root in (ROOT, ROOT / "tests", PACKAGE)
+            if (root / f"{module}.py").is_file()
+        ]
+        if not files:
+            if attr is None:  # `dir/name.ext` of an extension not listed above is not ours
+                bad.append(f"{name}: no {module}.py")
+            continue
+        if line is not None:
+            if int(line) > len(files[0].read_text(encoding="utf-8").splitlines()):
+                bad.append(f"{name}: {module}.py has fewer lines")
+        elif not any(_defines(file, test or attr) for file in files):
+            bad.append(f"{name}: {module}.py defines no {test or attr}")
+    assert not bad, f"{doc.relative_to(ROOT)} names what the repository lacks: {bad}"
+
+
 def test_no_path_of_the_authors_machine():
     """No tracked file names a path that exists only where it was written (the workspace's
     folders); tests/test_architecture.py keeps out the design file and sibling folders."""

@@ -305,6 +305,39 @@ def test_my_page_asked_for_another_user_is_refused_not_mine_instead(service):
     assert call(service, "GET", "me?user=alice", ALICE).ok
 
 
+def test_usage_asked_for_another_user_is_refused_not_mine_instead(service):
+    """A non-admin's ``api/usage?user=bob&group_by=team`` answered with their own rows, as if
+    they were bob's (``user=`` was replaced by the caller's name); as ``me?user=``, it is a 403."""
+    r = call(service, "GET", "api/usage?user=bob&group_by=team", ALICE)
+    assert r.status_code == 403 and "only admins may read another user's usage" in r.text
+    assert call(service, "GET", "api/usage?user=alice&group_by=team", ALICE).ok
+    assert call(service, "GET", "api/usage?group_by=team", ALICE).ok
+    assert call(service, "GET", "api/usage?user=bob&group_by=team", ADMIN).ok
+    # api/audit?user=bob likewise answered with alice's own trail.
+    r = call(service, "GET", "api/audit?user=bob", ALICE)
+    assert r.status_code == 403 and "only bob or a governor admin may read this" in r.text
+    assert call(service, "GET", "api/audit?user=alice", ALICE).ok
+
+
+def test_an_admin_on_another_users_page_is_not_told_it_is_their_own(service):
+    """An admin reading ``me?user=alice`` saw "My GPU-hours per day" over alice's chart, the
+    tab titled and the navigation marked "My GPU usage"."""
+    service.hub.add_user_token(  # root's own, not a server's: the page is owner-wide
+        "root",
+        "root-token",
+        extra_scopes=[ACCESS, "custom:gpu-gov:admin", "access:servers!user=root"],
+    )
+    r = call(service, "GET", "me?user=alice", "root-token")
+    assert r.ok, r.text[:300]
+    theirs = html.unescape(r.text)
+    assert "<title>GPU usage of alice ·" in theirs
+    assert "GPU-hours of alice per day, last 30 days" in theirs
+    assert "My GPU-hours" not in theirs and 'class="here">My GPU usage' not in theirs
+    own = html.unescape(call(service, "GET", "me", ALICE).text)
+    assert "<title>My GPU usage ·" in own and "My GPU-hours per day, last 30 days" in own
+    assert 'class="here">My GPU usage' in own
+
+
 VERBS = {
     "extend": {"reason": json_values},
     "exempt": {"reason": json_values, "duration": json_values},

@@ -123,9 +123,10 @@ def tier_lines(page: str) -> dict[str, dict[str, tuple[str, str]]]:
     return tiers
 
 
-def spawn_page(hub: HubHarness, user: str) -> str:
+def spawn_page(hub: HubHarness, user: str, server_name: str = "") -> str:
     """The spawn page as ``user`` sees it (logged in through /hub/login)."""
-    r = hub.login(user).get(hub.spawn_page_url(user), allow_redirects=False, timeout=30)
+    url = hub.spawn_page_url(user, server_name)
+    r = hub.login(user).get(url, allow_redirects=False, timeout=30)
     assert r.status_code == 200, f"{r.status_code} {r.text[:2000]}"
     return r.content.decode()  # UTF-8, as its <meta charset> says (the header does not)
 
@@ -281,6 +282,12 @@ def test_over_user_cap_the_form_says_why(hub):
     assert re.match(r"You may hold 1 GPU-equivalents? at once", message), message
     assert "team vision" in message and "H100 80 GB" in message, message
     assert "Stop one of your servers" in message, message
+    # The form under the message is second's, as a GET of it is: JupyterHub re-renders its
+    # user's default server's form on a refusal, where alice's own H100 is not counted ("1 of
+    # 1 guaranteed left", "1 of 2 free"), contradicting the message above it.
+    css, line = tier_lines(r.text)["h100-1g"]["vision"]
+    assert css != "ok" and "per-user cap" in line, line
+    assert (css, line) == tier_lines(spawn_page(hub, "alice", "second"))["h100-1g"]["vision"]
     assert "second" not in servers(hub, "alice")
     assert held(hub) == before
 

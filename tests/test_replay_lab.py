@@ -96,3 +96,46 @@ def test_the_lift_study_measures_the_lab_on_its_own_tiers(capsys):
     assert all(r["allocated_gpu_hours"] > 0 for r in rows.values())
     lift.main(["--servers", "12", "--days", "7", "--json"])  # the default world: the month's
     assert json.loads(capsys.readouterr().out) != list(rows.values())
+
+
+@pytest.mark.parametrize("module", ["generate", "gap", "lab", "lift", "score"])
+def test_each_replay_commands_help_says_what_it_does_in_whole_sentences(module, capsys):
+    """``lift --help`` ended "give over doing nothing and", ``lab --help`` "written apart
+    from": each printed its docstring's first line, half a sentence."""
+    import importlib
+    import re
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"benchmarks.replay.{module}").main(["--help"])
+    help_text = capsys.readouterr().out
+    described = help_text.split("\n\n")[1]  # after the usage, before the options
+    assert re.search(r"[.)]$", described.strip()), described
+
+
+def test_the_lift_table_has_the_columns_docs_benchmarks_md_shows():
+    """docs/benchmarks.md's lift table has an "active" column that the printed table lacked
+    (it printed "right-sized", equal to utilisation on these traces): a reader running the
+    command could not find the figures the document quotes."""
+    from pathlib import Path
+
+    from benchmarks.replay import lift
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+    section = doc.split("### Utilisation lift", 1)[1]
+    head = next(line for line in section.splitlines() if line.startswith("| seed |"))
+    documented = [c.strip() for c in head.strip("|").split("|")]
+    row = {
+        "utilisation": 0.1,
+        "utilisation_right_sized": 0.1,
+        "active_share": 0.2,
+        "idle_held_reclaimed": 0.0,
+        "interruptions": 0,
+        "running_work_killed": 0,
+        "cells_killed": 0,
+        "requests_waited": 0,
+        "wait_hours": 0.0,
+    }
+    runs = [{**row, "seed": 1, "run": name} for name in ("no culling", "idle-culler 1h")]
+    printed = lift.table(runs).splitlines()[0]
+    missing = [c for c in documented if c not in printed]
+    assert not missing, (missing, printed)

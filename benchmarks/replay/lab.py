@@ -427,7 +427,7 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])  # a whole sentence
     parser.add_argument("--servers", type=int, default=40, help="people (default 40)")
     parser.add_argument("--days", type=int, default=30, help="trace length (default 30)")
     parser.add_argument("--seed", type=int, default=1)

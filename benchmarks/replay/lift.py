@@ -99,6 +99,7 @@ def table(rows: list[dict]) -> str:
         "seed",
         "run",
         "utilisation",
+        "active",
         "right-sized",
         "lift vs none",
         "vs idle-culler",
@@ -117,6 +118,7 @@ def table(rows: list[dict]) -> str:
                 str(r["seed"]),
                 r["run"],
                 f"{r['utilisation']:.1%}",
+                f"{r['active_share']:.1%}",
                 f"{r['utilisation_right_sized']:.1%}",
                 f"{(r['utilisation'] - none) * 100:+.1f} pts",
                 f"{(r['utilisation'] - culler) * 100:+.1f} pts",
@@ -163,7 +165,7 @@ def arguments(description: str) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
-    parser = arguments(__doc__.splitlines()[0])
+    parser = arguments(__doc__.split("\n\n")[0])  # its first sentence, whole
     parser.add_argument("--slots", type=int, default=3, help="users per server of a tier")
     args = parser.parse_args(argv)
     candidates = dict(args.candidate)

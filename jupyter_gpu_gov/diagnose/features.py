@@ -488,7 +488,13 @@ def _windows(lines: IO[str], name: str) -> Iterator[Window]:
         kind = "jsonl" if first.lstrip().startswith("{") else "csv"
     text = itertools.chain(blank, [first] if first else [], lines)
     rows = _csv_rows(text) if kind == "csv" else _jsonl_rows(text)
-    for line, row in rows:
+    while True:
+        try:
+            line, row = next(rows)
+        except StopIteration:
+            return
+        except ValueError as error:  # the header's, a line's: said of this input, as a value's
+            raise ValueError(f"{name}: {error}") from None
         yield _window(row, line, name)
 
 

@@ -414,8 +414,9 @@ class MyUsageHandler(PageHandler):
         asked = self.get_argument("user", "")
         if self.is_admin and asked:
             me = asked  # admins may look at anyone's page
+            own = asked == self.current_user["name"]  # an admin on another's page: not "My ..."
         else:
-            me = self.own_name()
+            me, own = self.own_name(), True
             if asked and asked != me:  # their own page would pass for the one asked
                 raise web.HTTPError(
                     403, "only admins may see another user's page; yours is %sme", self.prefix
@@ -455,6 +456,7 @@ class MyUsageHandler(PageHandler):
         self.render_page(
             "me.html",
             user=me,
+            own=own,
             lines=lines,
             sessions=[
                 {
@@ -484,7 +486,11 @@ class MyUsageHandler(PageHandler):
                 showback.stacked_bars(
                     idle_series,
                     sorted(r["period"] for r in days),
-                    title="My GPU-hours per day, last 30 days",
+                    title=(
+                        "My GPU-hours per day, last 30 days"
+                        if own
+                        else f"GPU-hours of {me} per day, last 30 days"
+                    ),
                     unit="GPU-h",
                 )
             ),

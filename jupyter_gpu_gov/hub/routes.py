@@ -543,7 +543,7 @@ class InfoHandler(ApiHandler):
 class UsageHandler(ApiHandler):
     """``GET api/usage?group_by=team,day&since=7d&until=…&format=csv|json``: showback from the
     usage ledger. Admins see everyone (``user=``, ``team=``, ``project=``, ``tier=`` filter);
-    anyone else only their own usage."""
+    anyone else only their own usage (``user=`` another's: 403)."""
 
     cost = COST_EXPORT
 

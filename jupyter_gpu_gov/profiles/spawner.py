@@ -27,6 +27,7 @@ out no GPU, naming why) and may pin devices (``gpu_assign``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
@@ -92,6 +93,9 @@ GRANT_KEYS += (TASK_TYPE_LABEL, EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL, CLAIM_
 # (``queue_pages.places``); every step that counts reads just before (``gpu_refresh``), and
 # each governor pass reads them for the line's sync: two passes at their longest (60 s each).
 FRESH_FOR_S = 120.0
+# On the hub's user object: the spawner whose form just refused, so that the spawn page, which
+# renders the default server's form with the refusal, shows that server's (get_options_form).
+_REFUSED_FORM = "_gpu_gov_refused_form"
 # The queue is offered while the governor (which starts waiting servers) was heard this recently.
 GOVERNOR_HEARD_WITHIN = timedelta(minutes=10)
 
@@ -173,6 +177,13 @@ class GpuProfilesMixin:
     # -- the form ----------------------------------------------------------------------------
 
     async def get_options_form(self) -> str:
+        # JupyterHub's spawn page answers a refused form with ``user.spawner``'s form (the
+        # default server's), whatever server was asked: that server's own is the true one.
+        refused, at = getattr(self.user, _REFUSED_FORM, None) or (None, 0.0)
+        if refused is not None:
+            setattr(self.user, _REFUSED_FORM, None)  # once: the very next form, that request's
+            if refused is not self and time.monotonic() - at < 10:
+                return await refused.get_options_form()
         conf = self.gpu_profiles
         teams = await self.gpu_teams()
         await self.gpu_refresh()
@@ -240,13 +251,17 @@ class GpuProfilesMixin:
 
     async def run_options_from_form(self, formdata: Mapping[str, list[str]]) -> dict[str, Any]:
         try:
-            options = form.parse(formdata)
-        except form.FormError as error:
-            raise GpuRefused(str(error)) from None
-        # A quick answer on the form itself; start() decides again and records, atomically.
-        teams = await self.gpu_teams()
-        await self.gpu_refresh()
-        self._gpu_decide(options, teams)
+            try:
+                options = form.parse(formdata)
+            except form.FormError as error:
+                raise GpuRefused(str(error)) from None
+            # A quick answer on the form itself; start() decides again and records, atomically.
+            teams = await self.gpu_teams()
+            await self.gpu_refresh()
+            self._gpu_decide(options, teams)
+        except Exception:
+            setattr(self.user, _REFUSED_FORM, (self, time.monotonic()))  # shown with it: ours
+            raise
         return options
 
     # -- admission ---------------------------------------------------------------------------
