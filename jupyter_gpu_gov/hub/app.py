@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from sqlalchemy.exc import DBAPIError
 from tornado import web
 from tornado.log import access_log
@@ -40,6 +39,7 @@ from .diagnosis import DiagnosisOptions
 from .event_loop import EventLoopUnavailable, loop_factory, running_loop_name
 from .health import HealthOptions
 from .history import HistoryOptions
+from .hub_auth import HubOAuth, HubOAuthCallbackHandler
 from .hubapi import HubApi
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .lease import RENEW_SHARE, Lease

@@ -15,13 +15,13 @@ from functools import partial
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
-from jupyterhub.services.auth import HubOAuthenticated
 from markupsafe import Markup
 from tornado import web
 
 from ..core import clock
 from ..core.durations import format_duration
 from .api_handler import ADMIN_SCOPE, HUB_ADMIN_SCOPES, ApiHandler, error_message
+from .hub_auth import HubOAuthenticated
 
 env = Environment(
     loader=PackageLoader("jupyter_gpu_gov.hub", "templates"),

@@ -16,10 +16,8 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from functools import partial
 
-from jupyterhub.services import auth as hub_auth_module
-from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
-
 from . import metrics
+from .hub_auth import HubOAuth, HubOAuthenticated, UserNotAllowed, hub_auth_module
 
 # The scopes the service's handlers test by name (``api_handler.py``, ``routes.py``; HubAuth
 # keeps no others, but for the access scopes'): its admins, who may read its Prometheus metrics.
