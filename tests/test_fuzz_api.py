@@ -309,13 +309,13 @@ def test_usage_asked_for_another_user_is_refused_not_mine_instead(service):
     """A non-admin's ``api/usage?user=bob&group_by=team`` answered with their own rows, as if
     they were bob's (``user=`` was replaced by the caller's name); as ``me?user=``, it is a 403."""
     r = call(service, "GET", "api/usage?user=bob&group_by=team", ALICE)
-    assert r.status_code == 403 and "only admins may read another user's usage" in r.text
+    assert r.status_code == 403 and "'user': only 'bob' or a governor admin" in r.text
     assert call(service, "GET", "api/usage?user=alice&group_by=team", ALICE).ok
     assert call(service, "GET", "api/usage?group_by=team", ALICE).ok
     assert call(service, "GET", "api/usage?user=bob&group_by=team", ADMIN).ok
     # api/audit?user=bob likewise answered with alice's own trail.
     r = call(service, "GET", "api/audit?user=bob", ALICE)
-    assert r.status_code == 403 and "only bob or a governor admin may read this" in r.text
+    assert r.status_code == 403 and "'user': only 'bob' or a governor admin" in r.text
     assert call(service, "GET", "api/audit?user=alice", ALICE).ok
 
 
