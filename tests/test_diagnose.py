@@ -1559,3 +1559,50 @@ def test_a_tasks_reference_keeps_its_last_readings_packed():
     old = TaskReference(sm=deque(last, maxlen=TASK_KEEP))  # as a format 8 model pickled it
     old.observe(replace(window, sm_active=0.5, kernel_busy=True))
     assert list(old.sm) == [*last[1:], 0.5]
+
+
+def test_the_online_context_reads_the_packed_rows_as_with_context_reads_windows():
+    """The governor reads a running report's context off the server's packed rows
+    (``hub.diagnosis._with_recent``); ``with_context`` over those rows made windows again
+    (``_earlier``) is the plain path. Both give the same window, column by column and zero by
+    sign, for rows with missing values, zeros of either sign, ties, rows after the window or
+    beyond the horizon, and every ``k``."""
+    import random
+    from array import array
+
+    from jupyter_gpu_gov.diagnose.features import CONTEXT_COLUMNS
+    from jupyter_gpu_gov.hub.diagnosis import CONTEXT_READS, _earlier, _with_recent
+
+    rng = random.Random(30)
+
+    def value():
+        return rng.choice([None, 0.0, -0.0, 0.5, 0.5, 1.0, rng.random(), rng.random() * 40])
+
+    def row(t):
+        return [
+            t,
+            *[math.nan if (v := value()) is None else v for _ in CONTEXT_COLUMNS],
+        ]
+
+    def signs(window):
+        return [(v, math.copysign(1, v)) if type(v) is float else v for v in vars(window).values()]
+
+    compared = 0
+    for _ in range(3000):
+        t = 6000.0
+        times = [rng.choice([None, t - rng.choice([0, 60, 300, 600, 601, 900]), t + 60])]
+        times += [rng.choice([None, t - 60 * rng.randint(0, 12)]) for _ in range(rng.randint(0, 7))]
+        rows = [row(math.nan if at is None else at) for at in times]
+        recent = array("d", [v for r in rows for v in r]) if rows else None
+        columns = {c: value() for c in CONTEXT_COLUMNS}
+        columns["sm_active"] = rng.choice([0.0, -0.0, 0.3, 0.9])  # running: sm known
+        window = Window(node="n", server=rng.choice(["a/", None]), t=t, kernel_busy=True, **columns)
+        k = rng.choice([0, 1, 2, 3, 4, 16])
+        horizon = rng.choice([0.0, 300.0, 600.0])
+        plain = with_context(window, _earlier(recent), k, horizon)
+        fast = _with_recent(window, vars(window), recent, k, horizon)
+        assert fast == plain and signs(fast) == signs(plain)
+        assert (fast is window) == (plain is window)
+        compared += plain is not window
+    assert compared > 300  # a sixth of the cases and more read a context
+    assert len(CONTEXT_READS) == 1 + len(CONTEXT_COLUMNS)
