@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from math import copysign
 from operator import attrgetter
 from typing import Any
@@ -165,7 +165,7 @@ def compact_report(report: Mapping) -> Section:
     as one string across reports: JSON decoding makes a copy of each, and the governor keeps
     every server's last report (docs/benchmarks.md, "Issue 26, wave 6", "wave 8" and
     "wave 14")."""
-    return _KEEPERS[KeptReport](report, {}, 0)
+    return _keep(KeptReport, report, {}, 0)
 
 
 def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
@@ -200,68 +200,6 @@ def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
     if kind in _FLEET_KINDS:
         return _fleet_section(kind, values)
     return kind(*values)
-
-
-def _keeper(kind: type[Section]) -> Callable[[Mapping, dict, int], Section]:
-    """``_keep`` for one ``kind``, its loop over ``kind._layout`` written out field by field
-    (the field's name, its nested section and whether it shares fleet words known when it is
-    made): the same values, objects and sections, kept in about two thirds of the time (every
-    report makes ~16 sections: docs/benchmarks.md, "Issue 26, wave 30").
-    ``tests/test_report_answers.py`` checks what it keeps, object by object, against
-    ``_keep``'s."""
-    lines = [f"def keep_{kind.__name__}(obj, seen, depth):", "    get = obj.get"]
-    for i, (name, one, many) in enumerate(kind._layout):
-        v = f"v{i}"
-        word = f"_fleet_word({v})" if name in FLEET_FIELDS else f"seen.setdefault({v}, {v})"
-        if one is not None:
-            nested = f"_KEEPERS[{one.__name__}]({v}, seen, depth + 1)"
-        else:
-            nested = f"_compact({v}, seen, depth + 1)"
-        if many is tuple:
-            # tuple([]) is the empty tuple itself: most targets' ``devices`` and ``history``
-            listed = f"tuple(_compact_list({v}, seen, depth + 1)) if {v} else ()"
-        elif many is not None:
-            listed = f"tuple([keep_{many.__name__}(item, seen, depth + 1) for item in {v}])"
-        else:
-            listed = f"_compact_list({v}, seen, depth + 1)"
-        lines += [
-            f"    {v} = get({name!r}, ABSENT)",
-            f"    t = type({v})",
-            "    if t is str:",
-            f"        {v} = words_get({v}) or {word}",
-            "    elif t is float:",
-            f"        if {v}:",
-            f"            {v} = seen.setdefault({v}, {v})",
-            f"        elif copysign(1.0, {v}) > 0:",
-            f"            {v} = _ZERO",
-            "    elif t is dict:",
-            f"        {v} = {nested}",
-            "    elif t is list:",
-            f"        {v} = {listed}",
-        ]
-    values = ", ".join(f"v{i}" for i in range(len(kind._layout)))
-    if kind in _FLEET_KINDS:
-        lines.append(f"    return _fleet_section(kind, [{values}])")
-    else:
-        lines.append(f"    return kind({values})")
-    scope = {
-        "ABSENT": ABSENT,
-        "_ZERO": _ZERO,
-        "copysign": copysign,
-        "words_get": _WORDS.get,
-        "_fleet_word": _fleet_word,
-        "_compact": _compact,
-        "_compact_list": _compact_list,
-        "_fleet_section": _fleet_section,
-        "_KEEPERS": _KEEPERS,
-        "kind": kind,
-        **{k.__name__: k for k in SECTIONS.values()},
-    }
-    for _name, _one, many in kind._layout:
-        if many is not None and many is not tuple:
-            scope[f"keep_{many.__name__}"] = _KEEPERS[many]
-    exec("\n".join(lines), scope)  # code made here, from the wire's names only
-    return scope[f"keep_{kind.__name__}"]
 
 
 def _compact(obj: dict, seen: dict, depth: int) -> dict:
@@ -365,26 +303,6 @@ _FLEET_KINDS = frozenset(SECTIONS[wire] for wire in (TargetGpu, TargetCpu, Check
 _PLAIN = frozenset((type(None), bool, int, _Absent))
 FLEET_SECTIONS_KEPT = 4096
 _FLEET_SECTIONS: dict[tuple, Section] = {}
-
-# Each section's ``_keeper``, the nested ones first (a keeper calls theirs).
-_KEEPERS: dict[type[Section], Callable[[Mapping, dict, int], Section]] = {}
-
-
-def _make_keepers() -> None:
-    def make(kind: type[Section]) -> None:
-        if kind in _KEEPERS:
-            return
-        for _name, one, many in kind._layout:
-            for nested in (one, many):
-                if nested is not None and nested is not tuple:
-                    make(nested)
-        _KEEPERS[kind] = _keeper(kind)
-
-    for kind in SECTIONS.values():
-        make(kind)
-
-
-_make_keepers()
 
 
 def _holds_gpu(report: Mapping) -> bool:
