@@ -571,14 +571,11 @@ def windows_from_report(
     # One walk over the targets, in the report's order (every report is scored: issue 26):
     # objects only; a section that is missing or null reads as empty.
     holders = []
-    holder_gpus = []  # each holder's ``gpu``
     kernels = []
     for target in report.get("targets") or ():
         if type(target) is dict or isinstance(target, Mapping):  # JSON's first: no ABC check
-            gpu = target.get("gpu") or _EMPTY
-            if gpu.get("holds_context"):
+            if (target.get("gpu") or _EMPTY).get("holds_context"):
                 holders.append(target)
-                holder_gpus.append(gpu)
             if target.get("kind") == "kernel":
                 kernels.append(target)
     devices = {
@@ -589,17 +586,18 @@ def windows_from_report(
     if not holders and not (devices and server.get("gpu_allocated")):
         return []
 
+    holder_gpus = [h.get("gpu") or _EMPTY for h in holders]
     if report.get("backend") == "unavailable":
         sm = None
     elif holders:
         sms = [g.get("sm") for g in holder_gpus]
-        known = [s for s in sms if isinstance(s, _NUMBERS)]
+        known = [s for s in sms if isinstance(s, int | float)]
         sm = max(known) if known and (len(known) == len(sms) or max(known) > 0) else None
     else:
         activity = [
             d.get("activity")
             for d in devices.values()
-            if not d.get("shared") and isinstance(d.get("activity"), _NUMBERS)
+            if not d.get("shared") and isinstance(d.get("activity"), int | float)
         ]
         sm = max(activity) if activity else None
 
@@ -607,8 +605,8 @@ def windows_from_report(
     totals = [devices[u].get("memory_total_mb") for u in used if u in devices]
     held = [g.get("memory_mb") for g in holder_gpus]
     mem_frac = None
-    if totals and all(isinstance(x, _NUMBERS) for x in totals) and sum(totals) > 0:
-        if held and all(isinstance(x, _NUMBERS) for x in held):
+    if totals and all(isinstance(x, int | float) for x in totals) and sum(totals) > 0:
+        if held and all(isinstance(x, int | float) for x in held):
             mem_frac = min(1.0, sum(held) / sum(totals))
     elif not holders and devices:
         pairs = [
@@ -616,7 +614,9 @@ def windows_from_report(
             for d in devices.values()
             if not d.get("shared")
         ]
-        if pairs and all(isinstance(u, _NUMBERS) and isinstance(m, _NUMBERS) for u, m in pairs):
+        if pairs and all(
+            isinstance(u, int | float) and isinstance(m, int | float) for u, m in pairs
+        ):
             total = sum(m for _, m in pairs)
             mem_frac = min(1.0, sum(u for u, _ in pairs) / total) if total > 0 else None
 
@@ -624,11 +624,7 @@ def windows_from_report(
     memory_activity = _max([d.get("memory_activity") for d in mine if not d.get("shared")])
 
     cores = iowait = reads = top_thread = None
-    cpus = []
-    for t_ in holders or kernels:
-        cpu = t_.get("cpu")
-        if (type(cpu) is dict or isinstance(cpu, Mapping)) and "cores" in cpu:  # as ``_cpu``
-            cpus.append(cpu)
+    cpus = [c for c in (_cpu(t_) for t_ in holders or kernels) if c is not None]
     if cpus:
         cores = _sum([c.get("cores") for c in cpus])
         iowait = _max([c.get("iowait") for c in cpus])
@@ -676,9 +672,11 @@ def windows_from_report(
 
 
 _EMPTY: Mapping = {}
-# ``isinstance(x, int | float)``, without making the union at each call (every report's window
-# asks it a dozen times)
-_NUMBERS = (int, float)
+
+
+def _cpu(target: Mapping) -> Mapping | None:
+    cpu = target.get("cpu")
+    return cpu if isinstance(cpu, Mapping) and "cores" in cpu else None
 
 
 def _known(values: list[Any]) -> list[float]:
@@ -690,7 +688,7 @@ def _known(values: list[Any]) -> list[float]:
 
 def _number(v: Any) -> bool:
     """A number other than a bool (``int`` and ``float`` subclasses included)."""
-    return isinstance(v, _NUMBERS) and not isinstance(v, bool)
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _sum(values: list[Any]) -> float | None:
@@ -704,11 +702,8 @@ def _max(values: list[Any]) -> float | None:
 
 
 def _fraction(value: Any) -> float | None:
-    if type(value) is float:
-        if 0.0 < value < 1.0:
-            return value  # most values: what the rest gives them
-        if value == 0.0:
-            return 0.0  # an idle server's (either sign): what the rest gives it
+    if type(value) is float and 0.0 < value < 1.0:
+        return value  # most values: what the rest gives them
     if value is None:
         return None
     if not _number(value) or not math.isfinite(value):
@@ -717,11 +712,8 @@ def _fraction(value: Any) -> float | None:
 
 
 def _positive(value: Any) -> float | None:
-    if type(value) is float:
-        if 0.0 < value < math.inf:
-            return value  # most values: what the rest gives them
-        if value == 0.0:
-            return 0.0  # an idle server's (either sign): what the rest gives it
+    if type(value) is float and 0.0 < value < math.inf:
+        return value  # most values: what the rest gives them
     if value is None:
         return None
     if not _number(value) or not math.isfinite(value):

@@ -43,6 +43,7 @@ from ..diagnose.features import (
     Window,
     is_running,
     windows_from_report,
+    with_context,
 )
 from ..diagnose.labels import HEALTHY, UNCERTAIN, UNKNOWN, Diagnosis
 from . import metrics
@@ -172,54 +173,6 @@ def _earlier(recent: array | None) -> list[Window]:
 
 
 _MISSING = vars(Window()).copy()  # every column of a window, missing
-_READS = len(CONTEXT_READS)
-_SM = CONTEXT_READS.index("sm_active")
-assert CONTEXT_READS[0] == "t" and CONTEXT_READS[1:] == CONTEXT_COLUMNS
-
-
-def _with_recent(
-    window: Window, columns: dict, recent: array | None, k: int, horizon: float
-) -> Window:
-    """``with_context(window, _earlier(recent), k, horizon)``, read off the packed rows
-    without making a ``Window`` of each (every running report is read so: docs/benchmarks.md,
-    "Issue 26, wave 30"): the same rows chosen (newest first, running, ``t`` not after this
-    window's nor more than ``horizon`` before it, at most ``k - 1``), the same medians of the
-    same values in the same order (so even a zero's sign is the same). ``window`` is running
-    and has a ``t`` (``_in_context`` asks). tests/test_diagnosis_answers.py checks it."""
-    if k <= 1 or window.server is None or not recent:
-        return window
-    t = window.t
-    n = _READS
-    values = recent.tolist()
-    rows = []
-    for i in range(len(values) - n, -1, -n):  # newest first
-        if len(rows) + 1 >= k:
-            break
-        at, sm = values[i], values[i + _SM]
-        if at != at or sm != sm:  # nan: no t, or not running (no sm_active)
-            continue
-        if at > t or t - at > horizon:
-            continue
-        rows.append(i)
-    if not rows:
-        return window
-    out = columns.copy()  # every column is an init field: a copy, as ``replace`` makes
-    for j, column in enumerate(CONTEXT_COLUMNS, 1):
-        own = columns[column]
-        known = [] if own is None else [own]
-        for i in rows:
-            v = values[i + j]
-            if v == v:  # nan: missing
-                known.append(v)
-        if not known:
-            out[column] = None
-            continue
-        known.sort()
-        middle = len(known) // 2
-        out[column] = known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
-    read = object.__new__(type(window))
-    object.__setattr__(read, "__dict__", out)
-    return read
 
 
 class DiagnosisService:
@@ -317,8 +270,8 @@ class DiagnosisService:
         model = self.model
         k = getattr(model, "context", CONTEXT_K)
         horizon = getattr(model, "context_horizon_s", CONTEXT_HORIZON_S)
+        scored = with_context(window, _earlier(server.recent), k, horizon)
         columns = vars(window)
-        scored = _with_recent(window, columns, server.recent, k, horizon)
         row = array("d", [math.nan if (v := columns[c]) is None else v for c in CONTEXT_READS])
         # as many as a file's reading keeps; a new array each time, its size exact (one that
         # grows keeps room for more)

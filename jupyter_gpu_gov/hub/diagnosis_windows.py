@@ -158,9 +158,10 @@ class _Packed:
         self.labels: list[tuple[str | None, str | None]] = []
 
     def add(self, window: Window, now: float) -> None:
-        columns = vars(window)  # every field is in it (a dataclass's or as ``Window`` makes one)
-        values = [math.nan if (value := columns[name]) is None else value for name in _NUMBERS]
-        values.insert(0, now)
+        values = [now]
+        for name in _NUMBERS:
+            value = getattr(window, name)
+            values.append(math.nan if value is None else value)
         self.numbers.extend(array("d", values))
         label = (window.node, window.server)
         labels = self.labels
