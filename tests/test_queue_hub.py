@@ -313,6 +313,9 @@ def test_the_cluster_report_counts_spawns_waiting_for_a_gpu_not_for_a_quota(hub,
     assert r.status_code == 403 and "when one of your own GPU servers stops" in said, said[:3000]
     assert "when the GPU frees" not in said
     assert join(hub, "ben", {"profile": "h100"}, server="more").status_code == 302
+    page = hub.login("ben").get(hub.spawn_page_url("ben", "more"), timeout=30)
+    said = " ".join(html.unescape(page.text).split())
+    assert "This server is waiting in line for" in said and "GPU frees" not in said, said[:3000]
     r = hub.spawn_form("dave", fields={"profile": "h100"})
     said = " ".join(html.unescape(r.text).split())
     assert r.status_code == 403 and "Or wait in line for it" in said
