@@ -1027,13 +1027,22 @@ def cluster_text(report: dict) -> str:
         lines += [
             "",
             f"fragmentation: {'YES' if frag.get('flag') else 'no'} — "
-            f"{frag.get('devices_partly_used', 0)} of {frag.get('devices', 0)} cards partly "
-            f"allocated, {frag.get('free_scattered', 0)} cards' worth free on them, "
+            # The cards counted are those known, not the cluster's: "0 of 1 cards" read as one.
+            f"{_cards_known(frag.get('devices', 0))}: "
+            f"{frag.get('devices_partly_used', 0)} partly allocated, "
+            f"{frag.get('free_scattered', 0)} cards' worth free on them, "
             f"{frag.get('devices_free', 0)} free; {waiting}",
         ]
     if frag.get("hint"):
         lines.append(f"  {frag['hint']}")
     return "\n".join(lines) + "\n"
+
+
+def _cards_known(n: int) -> str:
+    return (
+        f"{n} card{'' if n == 1 else 's'} known (seen by DCGM or held by a running server; "
+        "others are not counted)"
+    )
 
 
 # -- usage -------------------------------------------------------------------------------------

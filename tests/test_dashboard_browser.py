@@ -300,6 +300,9 @@ def test_non_admins_get_403_and_see_only_their_own_usage(hub):
     mine = bob.get(f"{hub.url}/services/gpu-gov/me", timeout=30)
     assert mine.status_code == 200 and "GPU usage of bob" in mine.text
     assert "segmentation" not in mine.text  # alice's project
+    # Bob's default server has one name on his page: "(default)", as under "Running now".
+    sessions = mine.text.partition('<table id="sessions">')[2].partition("</table>")[0]
+    assert "<td>(default)</td>" in sessions and "bob/" not in sessions, sessions
     r = Gov(hub).call("GET", "usage?group_by=user", hub.token("bob"))
     assert {row["user"] for row in r.json()["usage"]} <= {"bob"}
     # A form posted without the XSRF token is refused, even with a valid login cookie.

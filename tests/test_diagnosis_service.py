@@ -541,6 +541,35 @@ async def test_fragmentation_with_no_source_for_the_cards_is_unknown_not_zero(
     assert "0 of 0" not in said[1] and "Not fragmented" not in said[1]
 
 
+async def test_the_fragmentation_figure_says_its_cards_are_those_known_not_the_cluster(
+    tmp_path, monkeypatch
+):
+    """Without DCGM the figure counts the cards the allocator pinned for running servers: a demo
+    with three H100s and one server said "Not fragmented. 0 of 1 cards partly allocated", read
+    as a one-card cluster. It says the card counted is the one known, and which are left out."""
+    from test_policy_admin import served
+
+    from jupyter_gpu_gov import cli
+
+    async with FakeHub() as hub:
+        hub.add_server("alice", state={"gpu_gov_gpus": [{"uuid": "GPU-a"}]})
+        gov = governor(hub, tmp_path)
+        gov.ingest(zombie_report("alice"))
+        await gov.reconcile()
+        found = gov.diagnosis_summary()["fragmentation"]
+    assert (found["devices"], found["devices_partly_used"], found["devices_free"]) == (1, 0, 0)
+    known = "1 card known (seen by DCGM or held by a running server; others are not counted): "
+    text = " ".join(cli.cluster_text({"fragmentation": found}).split())
+    assert f"fragmentation: no — {known}0 partly allocated" in text, text
+    (page,) = await served(gov, monkeypatch, "")
+    said = re.search(r'id="fragmentation">(.*?)</p>', html.unescape(page), re.S)
+    said = " ".join(said[1].split())
+    assert (
+        f"Not fragmented. {known}0 partly allocated (0 cards' worth free on them), 0 free" in said
+    )
+    assert "of 1 cards" not in said
+
+
 async def test_spawns_in_line_or_refused_for_want_of_a_gpu_flag_fragmentation(tmp_path):
     """Nothing pending; the spawn queue's last sync says who waits: one request in line for a
     card flags the partly allocated slices, as does one spawn refused for want of one; requests

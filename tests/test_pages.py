@@ -29,3 +29,28 @@ def test_a_time_without_a_day_is_the_one_nearest_now():
     assert 'datetime="2026-01-04T23:55:00Z"' in times_in_text("since 23:55 UTC", NOW)
     assert times_in_text("no time: 25:99 UTC", NOW) == "no time: 25:99 UTC"
     assert times_in_text(None, NOW) == ""
+
+
+def test_a_policy_match_reads_as_written_not_as_a_python_dict():
+    from jupyter_gpu_gov.core.policy import load_policies
+    from jupyter_gpu_gov.hub.page_handler import env
+    from jupyter_gpu_gov.hub.views import policy_view
+
+    p = load_policies(
+        [
+            {
+                "name": "vision",
+                "match": {
+                    "teams": "vision",
+                    "tiers": ["h100", "a100"],
+                    "server_names": ["", "<b>x</b>"],
+                    "labels": {"gpu-gov/borrowed": "true"},
+                },
+            },
+        ]
+    )[0]
+    cell = env.from_string("{{ m|match }}").render(m=policy_view(p)["match"])
+    assert cell == (
+        "tiers: h100, a100; teams: vision; server_names: (default), &lt;b&gt;x&lt;/b&gt;; "
+        "labels: gpu-gov/borrowed=true"
+    )

@@ -24,6 +24,7 @@ from jupyter_gpu_gov.core.queue import (
     QUEUED_AT_LABEL,
     REFUSED_WITHIN,
     STARTED,
+    USER_CAP,
     Departure,
     QueuedRequest,
     QueueFormatError,
@@ -288,6 +289,25 @@ def test_the_offer_names_the_place_the_estimate_and_a_smaller_tier_free_now():
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "111th"
     ]  # fmt: skip
+
+
+def test_at_their_own_cap_the_offer_says_their_own_server_stopping_starts_it_not_a_gpu():
+    """A user at their cap waits for one of their own servers to stop: a card freeing
+    elsewhere starts nothing. The offer said "starts by itself when the GPU frees"."""
+    quotas = load_quotas({"vision": {"guaranteed": {"h100": 2}, "user_cap": 1}}, TIERS)
+    usage = [held("v1", "vision")]
+    request = Request("v1/more", "v1", "vision", "h100")
+    refused = admit(request, usage, CAPACITY, quotas, TIERS)
+    assert (refused.allowed, refused.limit) == (False, USER_CAP)
+    releases = {"v1/": Release(NOW + timedelta(minutes=40), "v1/ idle: culled by 09:40")}
+    place = offer(request, refused, usage, CAPACITY, quotas, TIERS, [], releases, NOW)
+    assert place is not None and place.limit == USER_CAP
+    words = offer_words(place, TIERS)
+    assert words == (
+        "Or wait in line: 1st for H100, about 40m (v1/ idle: culled by 09:40). It starts "
+        "when one of your own GPU servers stops (you stop it, or it is culled)."
+    ), words
+    assert "GPU frees" not in words
 
 
 def test_what_would_start_sooner_is_worked_out_only_for_the_requests_shown():

@@ -307,9 +307,19 @@ def test_the_cluster_report_counts_spawns_waiting_for_a_gpu_not_for_a_quota(hub,
     assert server_running(hub, "ben"), "needs ben's server from the first test"
     gov = Gov(hub)
     assert join(hub, "fay", {"profile": "h100"}).status_code == 302
+    # At his own cap, a card freeing elsewhere starts nothing: the refusal says what does.
+    r = hub.spawn_form("ben", "more", fields={"profile": "h100"})
+    said = " ".join(html.unescape(r.text).split())
+    assert r.status_code == 403 and "when one of your own GPU servers stops" in said, said[:3000]
+    assert "when the GPU frees" not in said
     assert join(hub, "ben", {"profile": "h100"}, server="more").status_code == 302
+    page = hub.login("ben").get(hub.spawn_page_url("ben", "more"), timeout=30)
+    said = " ".join(html.unescape(page.text).split())
+    assert "This server is waiting in line for" in said and "GPU frees" not in said, said[:3000]
     r = hub.spawn_form("dave", fields={"profile": "h100"})
-    assert r.status_code == 403 and "Or wait in line for it" in html.unescape(r.text)
+    said = " ".join(html.unescape(r.text).split())
+    assert r.status_code == 403 and "Or wait in line for it" in said
+    assert "starts by itself when the GPU frees" in said  # the cards are taken: that starts it
     waiting = queue_line(hub)
     assert (waiting["fay"]["limit"], waiting["ben"]["limit"]) == ("capacity", "user-cap")
 

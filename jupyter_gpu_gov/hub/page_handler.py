@@ -22,6 +22,7 @@ from ..core import clock
 from ..core.durations import format_duration
 from .api_handler import ADMIN_SCOPE, HUB_ADMIN_SCOPES, ApiHandler, error_message
 from .hub_auth import HubOAuthenticated
+from .views import match_text
 
 env = Environment(
     loader=PackageLoader("jupyter_gpu_gov.hub", "templates"),
@@ -67,6 +68,7 @@ def times_in_text(text: str | None, now: datetime | None = None) -> Markup:
 
 env.filters["time"] = time_tag
 env.filters["times"] = times_in_text
+env.filters["match"] = match_text
 
 
 class PageHandler(ApiHandler):

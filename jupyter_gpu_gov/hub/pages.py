@@ -460,7 +460,8 @@ class MyUsageHandler(PageHandler):
             lines=lines,
             sessions=[
                 {
-                    "server": s.server,
+                    # The server's name, as "Running now" names it (the page is one user's).
+                    "server": s.server.partition("/")[2] or "(default)",
                     "team": s.owner.team,
                     "project": s.owner.project,
                     "tier": s.owner.tier,

@@ -54,6 +54,20 @@ READ_BACK_OVERLAP = timedelta(minutes=5)
 READ_WHOLE_EVERY_S = 600.0
 
 
+def match_text(match: Mapping[str, Any]) -> str:
+    """A :func:`policy_view` match as an admin wrote it: ``teams: vision, nlp; labels: a=b``
+    ("" among server names is the default server); "" when it matches everything."""
+
+    def value(key, v):
+        if key == "labels":
+            return ", ".join(f"{a}={b}" for a, b in v.items())
+        if key == "server_names":
+            return ", ".join(n or "(default)" for n in v)
+        return ", ".join(v)
+
+    return "; ".join(f"{k}: {value(k, v)}" for k, v in match.items())
+
+
 def policy_view(p: Policy) -> dict:
     """A policy as the API and the dashboard show it (durations in seconds)."""
 

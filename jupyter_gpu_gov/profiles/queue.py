@@ -369,12 +369,24 @@ def offer(
     return next((w for w in order if w.request.server == request.server), None)
 
 
+def starts_when(limit: str | None) -> str:
+    """What starts a request waiting in line for ``limit``: a card freeing anywhere helps no one
+    at their own cap, nor a team at its borrowing limit."""
+    if limit == USER_CAP:
+        return "when one of your own GPU servers stops (you stop it, or it is culled)"
+    if limit == BORROWING:
+        return "when your team's servers on this tier stop, back within its borrowing limit"
+    return "when the GPU frees"
+
+
 def offer_words(waiting: Waiting, tiers: Mapping[str, Tier]) -> str:
     """The offer in words, after admission's refusal: 'Or wait in line: 2nd for H100 80 GB,
     about 25m (...). Sooner: Small slice is free now.'"""
     tier = tiers[waiting.request.tier].display_name
     words = f"Or wait in line: {ordinal(waiting.position)} for {tier}"
     words += f", {waiting.estimate}." if waiting.estimate else "."
+    if waiting.limit in (USER_CAP, BORROWING):  # not any card freeing: say what starts it
+        words += f" It starts {starts_when(waiting.limit)}."
     if waiting.sooner:
         words += f" Sooner: {waiting.sooner[0]} is free now."
     return words

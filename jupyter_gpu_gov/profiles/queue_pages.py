@@ -46,7 +46,7 @@ from ..core.text import escaped
 from . import form
 from .config import GpuProfiles
 from .left_pods import due
-from .queue import FORECAST, REFUSED
+from .queue import FORECAST, REFUSED, starts_when
 from .spawner import GOVERNOR_HEARD_WITHIN, GpuRefused, waiting_requests
 
 MAX_SYNC_BODY = 8 * 1024 * 1024
@@ -113,6 +113,7 @@ def _places(user) -> dict[str, dict[str, str]]:
             "position": ordinal(waiting.position),
             "estimate": estimate,
             "sooner": waiting.sooner[0] if waiting.sooner and not unknown else "",
+            "starts": starts_when(waiting.limit),
             "cancel": "gpu-gov/queue/cancel/" + form.server_path(request.user, request.name),
         }
     return found

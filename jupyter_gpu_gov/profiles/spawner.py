@@ -70,7 +70,16 @@ from ..core.vocabulary import (
 from . import form
 from .config import GpuProfiles
 from .grant_count import NOT_CACHED, kept_count
-from .queue import FORECAST, QUEUEABLE, REFUSED, admit_in_line, line, offer, offer_words
+from .queue import (
+    FORECAST,
+    QUEUEABLE,
+    REFUSED,
+    admit_in_line,
+    line,
+    offer,
+    offer_words,
+    starts_when,
+)
 from .quota import Admission, Grant, Held, Request, admit, tier_use
 from .tiers import Tier
 
@@ -433,7 +442,7 @@ class GpuProfilesMixin:
             ):
                 message += (
                     " Or wait in line for it (the spawn form's “Wait in line”): the server "
-                    "starts by itself when the GPU frees."
+                    f"starts by itself {starts_when(admission.limit)}."
                 )
             raise GpuRefused(message)
         return tier, team, admission
