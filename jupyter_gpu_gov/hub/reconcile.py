@@ -313,6 +313,7 @@ class Governor(
                 self._pod_gpus,
                 self._stops,
                 self._cull_failures,
+                self._asked,
             ):
                 kept.pop(key, None)
             self._queued.discard(key)
