@@ -319,11 +319,11 @@ def _cli_options() -> dict[str, set[str]]:
 
 def test_every_command_line_the_documents_show_exists():
     """`jupyter-gpu-gov usage --group-by …`: a subcommand the CLI has, with options it has.
-    docs/benchmarks.md is left out: it quotes the command lines of its day."""
+    docs/benchmarks-history.md is left out: it quotes the command lines of its day."""
     options = _cli_options()
     assert {"replay", "what-if", "usage"} <= options.keys(), options.keys()
     bad = []
-    for doc in (d for d in DOCS if d.name != "benchmarks.md"):
+    for doc in (d for d in DOCS if d.name != "benchmarks-history.md"):
         for span in _code_spans(doc.read_text(encoding="utf-8")):
             for command in re.split(r"(?=\bjupyter-gpu-gov )", span)[1:]:
                 name, _, rest = command.removeprefix("jupyter-gpu-gov ").partition(" ")
@@ -415,10 +415,12 @@ def test_every_event_the_server_emits_is_in_the_api_reference():
 
 def test_every_metric_is_documented_and_every_documented_metric_exists():
     """Prometheus metric names: those the package defines, and those README.md and docs/ name
-    (docs/benchmarks.md, a log of its day, left out)."""
+    (docs/benchmarks-history.md, a log of its day, left out)."""
     source = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
     defined = set(re.findall(r'"(jupyter_gpu_gov_[a-z_]+)"', source))
-    docs = "\n".join(d.read_text(encoding="utf-8") for d in DOCS if d.name != "benchmarks.md")
+    docs = "\n".join(
+        d.read_text(encoding="utf-8") for d in DOCS if d.name != "benchmarks-history.md"
+    )
     named = set(re.findall(r"\bjupyter_gpu_gov_[a-z_]+", docs))
     named = {re.sub(r"_(bucket|count|sum|created)$", "", n) for n in named}
     assert len(defined) > 20, defined
@@ -444,3 +446,52 @@ def test_every_environment_variable_is_documented_and_every_documented_one_is_re
     docs = "\n".join(d.read_text(encoding="utf-8") for d in DOCS)
     named = set(re.findall(r"\bJUPYTER_GPU_GOV_[A-Z_]+", docs))
     assert read == named, f"not documented: {read - named}, not read: {named - read}"
+
+
+def test_every_benchmark_option_the_documents_show_exists():
+    """`python -m benchmarks.reconcile --servers 10000 --changed 0.01`: each option a current
+    document shows is one the benchmark's --help lists (docs/benchmarks.md is the current
+    state now; its history quotes the command lines of their day and is left out). An option
+    renamed left a command no reader could run."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+    import warnings
+
+    def options_of(module: str, *sub: str) -> set[str]:
+        out, argv = io.StringIO(), sys.argv
+        sys.argv = [module, *sub, "--help"]
+        try:
+            # a module another test imported runs again: runpy's warning says so
+            with (
+                contextlib.redirect_stdout(out),
+                contextlib.suppress(SystemExit),
+                warnings.catch_warnings(),
+            ):
+                warnings.simplefilter("ignore", RuntimeWarning)
+                runpy.run_module(module, run_name="__main__", alter_sys=False)
+        finally:
+            sys.argv = argv
+        return set(re.findall(r"(?<![\w-])--[a-z][\w-]*", out.getvalue()))
+
+    known: dict[tuple[str, ...], set[str]] = {}
+    bad, checked = [], 0
+    for doc in (d for d in DOCS if d.name != "benchmarks-history.md"):
+        for span in _code_spans(doc.read_text(encoding="utf-8")):
+            for module, rest in re.findall(
+                r"\bpython -m (benchmarks[\w.]*)((?: [^|;&>#]*)?)", span
+            ):
+                words = rest.split()
+                sub = tuple(words[:1]) if words and re.fullmatch(r"[a-z]+", words[0]) else ()
+                key = (module, *sub)
+                if key not in known:
+                    known[key] = options_of(module, *sub)
+                checked += 1
+                bad += [
+                    f"{doc.name}: `python -m {module} … {flag}`: no such option"
+                    for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
+                    if flag not in known[key]
+                ]
+    assert checked > 20, checked
+    assert not bad, bad

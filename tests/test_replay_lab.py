@@ -113,14 +113,14 @@ def test_each_replay_commands_help_says_what_it_does_in_whole_sentences(module, 
 
 
 def test_the_lift_table_has_the_columns_docs_benchmarks_md_shows():
-    """docs/benchmarks.md's lift table has an "active" column that the printed table lacked
+    """docs/benchmarks-history.md's lift table has an "active" column that the printed table lacked
     (it printed "right-sized", equal to utilisation on these traces): a reader running the
     command could not find the figures the document quotes."""
     from pathlib import Path
 
     from benchmarks.replay import lift
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks-history.md").read_text()
     section = doc.split("### Utilisation lift", 1)[1]
     head = next(line for line in section.splitlines() if line.startswith("| seed |"))
     documented = [c.strip() for c in head.strip("|").split("|")]
