@@ -1,4 +1,4 @@
-"""What recording the history costs the governor's pass (docs/benchmarks.md, "History").
+"""What recording the history costs the governor's pass (docs/benchmarks-history.md, "History").
 
     python -m benchmarks.history_pass [--off] [benchmarks.reconcile's options]
 

@@ -21,7 +21,7 @@ them. The servers:
 
 Issue 26's ingest target (10 % of a core at 167 reports a second) allows 0.6 ms of CPU a
 report in all; the figures say how much of that the HTTP server alone takes on this machine
-(docs/benchmarks.md, "Issue 26, wave 16").
+(docs/benchmarks-history.md, "Issue 26, wave 16").
 """
 
 from __future__ import annotations

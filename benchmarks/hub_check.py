@@ -17,7 +17,7 @@ the service would run (``hub/event_loop.py``), and reads this thread's CPU
   for comparison only (no TLS, no timeouts, no errors handled).
 
 Per report, a check costs its figure over ``EXPIRED_EVERY`` (6) reports at the steady rate
-(docs/benchmarks.md, "Issue 26, wave 21").
+(docs/benchmarks-history.md, "Issue 26, wave 21").
 """
 
 from __future__ import annotations

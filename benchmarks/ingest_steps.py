@@ -129,8 +129,8 @@ def _round(gov, bodies: list[bytes], clock: Clock) -> Counter:
         # What the service's collections on the clock (``hub.heap``) scan over the minute, each
         # object once young, once middle-aged: a report frees about what it makes, so CPython's
         # own count seldom starts one here and the next pass's first collections scanned the
-        # whole round (~300 ms of a 10,000-server idle-repeat pass; docs/benchmarks.md, "Issue
-        # 26, wave 23").
+        # whole round (~300 ms of a 10,000-server idle-repeat pass; docs/benchmarks-history.md,
+        # "Issue 26, wave 23").
         gc.collect(0)
         gc.collect(1)
     finally:

@@ -18,7 +18,7 @@ SQLite store. The culler's pass (``cull_idle``) lists the same users and applies
 run with long timers, so they decide everything; the culler culls nothing, but the governor
 treats a confident zombie diagnosis (memory held, no GPU work, an owner long gone: many of
 these idle kernels) as an owner away, warns at once and asks for a checkpoint before the cull
-(docs/benchmarks.md, "Scale: 10,000 servers").
+(docs/benchmarks-history.md, "Scale: 10,000 servers").
 
 Fairness:
 
@@ -42,7 +42,7 @@ Fairness:
   decides only what changed would cost in proportion to it (``governor_ms_per_changed``).
 - Staggered starts (``--stagger N``, default 6): each GPU server's first report arrives at one
   of the first N passes, and N more settle them, all unmeasured, so the zombies' checkpoint
-  requests and timeouts do not fall in one pass as one wave (docs/benchmarks.md, "Wave 4,
+  requests and timeouts do not fall in one pass as one wave (docs/benchmarks-history.md, "Wave 4,
   round two"). ``decided`` is how many servers a pass decided (the rest kept their decision).
 - The fake servers answer checkpoint requests as the extension does (``answer_checkpoint``:
   the result, with the request's ``requested_at``, in the next report and every later one; one

@@ -1,4 +1,4 @@
-"""One caller flooding the report route with the largest valid reports (docs/benchmarks.md,
+"""One caller flooding the report route with the largest valid reports (docs/benchmarks-history.md,
 "Report budget"): the service's CPU for the flood, what it took and refused, and how long
 another user's reports waited meanwhile, without a budget (as before) and with the default.
 

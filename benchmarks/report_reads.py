@@ -8,7 +8,7 @@ them (``hub.ingest.compact_report``); each step's CPU (``time.thread_time_ns``: 
 only) per report, the median of ``--repeats`` (and the least). The pass's reads: ``gpu_signal``,
 ``user_last_activity``, ``_evidence`` three times (as ``_with_gpu``, ``_inputs`` twice), the
 history's ``_reported``, the usage state, the gauges' pod, ``kernels_on_gpu``, the devices'
-health (docs/benchmarks.md, "Issue 26, wave 14").
+health (docs/benchmarks-history.md, "Issue 26, wave 14").
 """
 
 from __future__ import annotations

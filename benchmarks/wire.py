@@ -5,8 +5,8 @@
 
 Reports are ``benchmarks.ingest_load.report_for``'s (one or two devices, two to four kernels, a
 terminal on every fourth), the mix the ingest benchmark sends; figures are the median of
-``--repeat`` runs over all of them, in microseconds per report (docs/benchmarks.md, "The typed
-report on the hot path").
+``--repeat`` runs over all of them, in microseconds per report (docs/benchmarks-history.md, "The
+typed report on the hot path").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``benchmarks.report_flood`` runs and prints both runs' figures (docs/benchmarks.md)."""
+"""``benchmarks.report_flood`` runs and prints both runs' figures (docs/benchmarks-history.md)."""
 
 from benchmarks import report_flood
 

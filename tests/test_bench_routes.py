@@ -1,5 +1,5 @@
 """``benchmarks.routes`` runs and prints a line per route, each answered 200
-(docs/benchmarks.md, "Routes at 10,000 servers (wave 27)")."""
+(docs/benchmarks-history.md, "Routes at 10,000 servers (wave 27)")."""
 
 import pytest
 

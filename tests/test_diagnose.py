@@ -399,7 +399,7 @@ def test_no_single_feature_separates_a_fault_label():
     """No column alone separates a label: the best one-threshold split on one column, chosen
     *with* the labels (either direction, over the windows where the column is known), stays
     below 95 % balanced accuracy for every label (measured: 0.86-0.93 at best here, see
-    docs/benchmarks.md; 120 servers: with 60, ten per label, one chance draw of memory sizes
+    docs/benchmarks-history.md; 120 servers: with 60, ten per label, one chance draw of memory sizes
     decides the small_work figure)."""
     rows = [(w_, t) for w_, t in faults.generate(120, 30, seed=3) if t not in (UNKNOWN,)]
     running = [(w_, t) for w_, t in rows if w_.kernel_busy is not False]
@@ -489,8 +489,8 @@ def test_a_worlds_truth_follows_the_written_label_meanings():
 # roofline 0.88/0.87, fleet 0.85/0.87, pipeline 0.89/0.92, traces 0.68/0.93, degraded 0.73/0.95
 # (its zombies 0.90: a missing memory or presence column is never a zombie), sixteen 0.94/0.80,
 # contention 0.85/0.91 (0.92/0.92 before its decode-bound loaders were data_io), H200 0.98/0.86.
-# Short of the targets on small sets whose nodes are young (docs/benchmarks.md has the full sets
-# and says by how much).
+# Short of the targets on small sets whose nodes are young (docs/benchmarks-history.md has the full
+# sets and says by how much).
 HELD_OUT = {
     "roofline": (0.85, 0.85, 0.97),
     "fleet": (0.78, 0.78, 0.97),
@@ -1538,7 +1538,7 @@ def test_copies_outside_kernels_do_not_raise_the_nodes_dram_peak():
 def test_a_tasks_reference_keeps_its_last_readings_packed():
     """A server's own best (the 90th percentile of its last ``TASK_KEEP`` running windows) is
     kept as numbers, not float objects: the service keeps one per running server (0.3 kB
-    against a deque's 2.4; docs/benchmarks.md, "Issue 26, wave 14"). A model saved with the
+    against a deque's 2.4; docs/benchmarks-history.md, "Issue 26, wave 14"). A model saved with the
     deque still learns."""
     import gc as collector
     from collections import deque

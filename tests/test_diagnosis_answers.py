@@ -6,8 +6,8 @@ shared and MIG devices, terminals, no backend, repeats, DCGM evidence, reports n
 site's own zombie time, a model trained from the history mid-stream). What ``observe`` answers
 for each report, and what it keeps (the costs, the history, the model's nodes and tasks), is
 written as canonical JSON and hashed; ``tests/data/diagnosis_answers.json`` holds the hashes the
-code gave at a7a0998, before ``observe`` was made cheaper (docs/benchmarks.md, "Issue 26, wave
-24"). A faster path that answers anything differently fails here, naming the stream.
+code gave at a7a0998, before ``observe`` was made cheaper (docs/benchmarks-history.md, "Issue 26,
+wave 24"). A faster path that answers anything differently fails here, naming the stream.
 
     python tests/test_diagnosis_answers.py --record   # only to re-record on purpose
 """

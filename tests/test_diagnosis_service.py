@@ -740,7 +740,7 @@ def test_the_diagnosis_keeps_no_report_no_window_and_no_silent_diagnosis_a_serve
     """Between reports the service keeps, per server, the numbers the next window's context
     reads and the verdict's cause: not the report (the governor's), not a ``Window`` (~470
     bytes with its floats), not a healthy server's diagnosis (two dicts); 10,000 servers' were
-    ~20 MB (docs/benchmarks.md, "Issue 26, wave 14")."""
+    ~20 MB (docs/benchmarks-history.md, "Issue 26, wave 14")."""
     service = DiagnosisService(DiagnosisOptions(sample_every=timedelta(0)))
     reports = []
     try:

@@ -1,5 +1,5 @@
 """``hub.fast_json.loads`` (orjson where installed) gives ``json.loads``'s answer for every body:
-the same object (types, floats to the bit, key order) or the same error (docs/benchmarks.md,
+the same object (types, floats to the bit, key order) or the same error (docs/benchmarks-history.md,
 "Issue 26, wave 25")."""
 
 from __future__ import annotations

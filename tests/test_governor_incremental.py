@@ -345,8 +345,8 @@ async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_pat
 
 async def test_a_kept_decision_keeps_no_report_but_the_latest(tmp_path, monkeypatch):
     """A server's kept decision holds no older report than its latest (one report a server in
-    memory, not two: docs/benchmarks.md, "Issue 26, wave 13"): a report the same for a decision
-    takes the old one's place, and the decision still holds; one that moved drops the kept
+    memory, not two: docs/benchmarks-history.md, "Issue 26, wave 13"): a report the same for a
+    decision takes the old one's place, and the decision still holds; one that moved drops the kept
     decision, and the next pass decides the server on it."""
     frozen = [clock.utcnow()]
     monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
@@ -390,7 +390,7 @@ async def test_a_kept_decision_keeps_no_report_but_the_latest(tmp_path, monkeypa
 async def test_a_server_listed_as_it_was_is_kept_once(tmp_path, monkeypatch):
     """A full listing brings every server's Hub model anew (here at every pass: a Hub older
     than JupyterHub 5); one equal to what its kept decision read is that one: one model a
-    server in memory, not two (docs/benchmarks.md, "Issue 26, wave 15"). A model that moved
+    server in memory, not two (docs/benchmarks-history.md, "Issue 26, wave 15"). A model that moved
     is taken and decided on."""
     frozen = [clock.utcnow()]
     monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])

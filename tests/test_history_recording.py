@@ -580,7 +580,7 @@ def test_a_later_days_sweep_reads_back_only_what_the_pruned_rows_named(
     tmp_path, restore_clock, monkeypatch
 ):
     """The sweep's scan returned every run and context id each range of the history names,
-    so its steps cost the writer 3-7 times the old single sweep (docs/benchmarks.md). Once a
+    so its steps cost the writer 3-7 times the old single sweep (docs/benchmarks-history.md). Once a
     sweep has run, only the ids up to the highest the rows deleted since named can have lost
     their last row: a range returns only those still named. Here the servers running now
     (their runs and context made after the pruned rows') come back from no range, and the
@@ -636,7 +636,7 @@ def test_the_first_sweep_after_a_restart_resumes_from_the_store(
 ):
     """What the rows deleted since the last sweep named was kept in memory: the first sweep
     after every start of the service checked every run and context (4.6-5.7 s of the writer at
-    5 M rows against 0.9 s; docs/benchmarks.md). It is kept in the store, written with the
+    5 M rows against 0.9 s; docs/benchmarks-history.md). It is kept in the store, written with the
     deletes: a new service process (or another governor taking the lease) goes on from it;
     the end is the full sweep's."""
     from sqlalchemy import create_engine, func, select

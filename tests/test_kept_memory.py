@@ -1,6 +1,6 @@
 """What the governor keeps of every server, kept small (issue 26: the service under 300 MB at
-10,000 servers; docs/benchmarks.md, "Issue 26, wave 8"): the same values in fewer objects, and
-every table that shares them bounded."""
+10,000 servers; docs/benchmarks-history.md, "Issue 26, wave 8"): the same values in fewer objects,
+and every table that shares them bounded."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_a_kept_report_reads_as_the_report_it_keeps():
 
 def test_a_kept_report_holds_no_dict_and_no_list():
     """Its objects are slotted sections, its lists tuples (``hub.ingest.Section``): a third of
-    the memory of the decoded JSON (docs/benchmarks.md, "Issue 26, wave 14")."""
+    the memory of the decoded JSON (docs/benchmarks-history.md, "Issue 26, wave 14")."""
     for index in range(8):
         kept = _objects(compact_report(_received(f"user{index}", index)))
         assert not [o for o in kept if type(o) in (dict, list)]
@@ -154,7 +154,7 @@ def test_the_strings_shared_across_reports_and_keys_stay_bounded(monkeypatch):
 def test_the_sections_servers_send_alike_are_kept_once_across_reports(monkeypatch):
     """A kernel without a GPU context sends the ``gpu`` object every other one does, an idle
     one often the same ``cpu``, most servers the same empty ``checkpoint``: one object each
-    across reports (docs/benchmarks.md, "Issue 26, wave 27"), yet each report reads as sent,
+    across reports (docs/benchmarks-history.md, "Issue 26, wave 27"), yet each report reads as sent,
     types and zeros' signs included, and the table that shares them stays bounded."""
     monkeypatch.setattr(ingest, "_FLEET_SECTIONS", {}, raising=False)
     alice, bob = compact_report(_received("alice", 0)), compact_report(_received("bob", 2))
@@ -220,7 +220,7 @@ def test_a_running_servers_metric_series_is_kept_small():
     """``jupyter_gpu_gov_server_gpu_equivalents`` has a series a running server: with the
     figures ``StateGauges`` keeps to publish it, under 600 bytes a server (a
     ``prometheus_client.Gauge`` kept a child a series, with its own value and lock: ~1.1 kB;
-    docs/benchmarks.md, "Issue 26, wave 27"), and scraped with each server's labels and
+    docs/benchmarks-history.md, "Issue 26, wave 27"), and scraped with each server's labels and
     value until it stops."""
     import tracemalloc
     from types import SimpleNamespace

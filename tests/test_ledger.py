@@ -72,7 +72,7 @@ def test_gpu_equivalents_scale_the_seconds_and_ownership_changes_bill_the_old_ow
 
 def test_a_running_server_s_owner_is_kept_once_however_often_it_is_seen():
     """Every pass observes a server with an owner of its own making; an equal one is the same
-    owner: the session and the day's bucket hold one object (memory: docs/benchmarks.md,
+    owner: the session and the day's bucket hold one object (memory: docs/benchmarks-history.md,
     "Issue 26, wave 15"), and a changed owner is taken, as before."""
     led = Ledger(GAP)
     for t in (0, 60, 120):

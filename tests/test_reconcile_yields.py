@@ -1,6 +1,6 @@
 """A pass over many servers lets the event loop run while it decides them, so reports arriving
 meanwhile are answered then, not once the whole pass is done (issue 26: at 10,000 servers a
-pass held the loop 1-12 s, every report in that time waited; docs/benchmarks.md, "Issue 26,
+pass held the loop 1-12 s, every report in that time waited; docs/benchmarks-history.md, "Issue 26,
 wave 10")."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ async def test_reports_get_in_between_a_passs_decisions(tmp_path, monkeypatch, f
 async def test_a_slow_pass_lets_reports_in_every_few_milliseconds(tmp_path, monkeypatch):
     """Where deciding is slow (a loaded machine, a server with much to read), the loop runs
     once a slice of ``SLICE_S`` is spent, however few servers it decided: a report waits for
-    one slice, not for ``YIELD_EVERY`` slow decisions (docs/benchmarks.md, "Issue 26, wave
+    one slice, not for ``YIELD_EVERY`` slow decisions (docs/benchmarks-history.md, "Issue 26, wave
     14")."""
     servers = YIELD_EVERY
     async with FakeHub() as hub:
@@ -93,7 +93,7 @@ async def test_a_report_sent_during_a_pass_is_answered_before_its_next_slice(tmp
     """A report over a real connection to the service's own HTTP server, sent while a pass
     decides: answered once the slice under way ends, not one step a slice (accepted, its
     transport made, the protocol told, read and answered: at 10,000 servers 4-5 slices of 5 ms
-    for every report arriving during a pass; docs/benchmarks.md, "Issue 26, wave 18"). Each
+    for every report arriving during a pass; docs/benchmarks-history.md, "Issue 26, wave 18"). Each
     decision here outlasts a slice, so the decisions counted are the slices, however loaded
     the machine."""
     servers = 2 * YIELD_EVERY

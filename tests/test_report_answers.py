@@ -7,7 +7,7 @@ values a report should not carry (wrong types, bools for numbers, huge integers,
 times in the future or before the server started, long strings, ...) or removed. For each:
 ``validate``'s error (its field and its words) or its result, and for those it accepts what
 ``compact_report`` keeps (its JSON, and which of its strings and numbers are one object). The
-hashes in ``tests/data/report_answers.json`` are the code's at a7a0998 (docs/benchmarks.md,
+hashes in ``tests/data/report_answers.json`` are the code's at a7a0998 (docs/benchmarks-history.md,
 "Issue 26, wave 24"), re-recorded when a target's ``pids``, ``history`` and ``active_fraction``
 came to be checked (1,960 cases of those three fields, accepted before, refused since; every
 other answer the same); a faster path that names another field or keeps another value fails here.

@@ -1,6 +1,7 @@
-"""An admin's or a user's read never makes the servers' reports wait for it (docs/benchmarks.md,
-"Routes at 10,000 servers (wave 27)"): a Prometheus scrape and the dashboard are written in a
-worker while reports are answered; a user's own page reads their servers, not every one.
+"""An admin's or a user's read never makes the servers' reports wait for it
+(docs/benchmarks-history.md, "Routes at 10,000 servers (wave 27)"): a Prometheus scrape and the
+dashboard are written in a worker while reports are answered; a user's own page reads their servers,
+not every one.
 
 The real service (``test_report_budget.service``: its server, HubOAuth against a fake Hub over
 HTTP, the SQLite store) on the test's event loop, so a route that held the loop would hold the

@@ -114,7 +114,7 @@ class Policy:
     # Idle contexts read 0 and sampling noise about 1 %; a data-starved loop can read 2-5 %.
     idle_threshold: float = 0.02
     # Of GPU idleness; the warning's lead is cull_after - warn_after. What these defaults
-    # reclaim, and what they cost, is measured in docs/benchmarks.md ("Reclamation replay").
+    # reclaim, and what they cost, is measured in docs/benchmarks-history.md ("Reclamation replay").
     warn_after: timedelta = timedelta(minutes=30)
     cull_after: timedelta = timedelta(hours=1)
     user_activity_grace: timedelta = timedelta(minutes=15)
@@ -164,7 +164,7 @@ class Policy:
     # most busy_limit. None (the default): busy_limit for every running cell. Off unless an
     # admin sets it: a cell waiting on a job elsewhere (a cluster run, a download, a queue)
     # reads exactly as a sleep loop that waits for nothing, and at 2 h it interrupted 19-25
-    # such live cells a month on the replay's lab world (docs/benchmarks.md).
+    # such live cells a month on the replay's lab world (docs/benchmarks-history.md).
     quiet_cell_limit: timedelta | None = None
     extension_step: timedelta = timedelta(hours=1)
     max_extensions: int = 2
@@ -189,7 +189,8 @@ class Policy:
     # its next failure culls at once, without the backoff above or a hard deadline's retry.
     # Off by default (None): the backoff is also the only patience a server whose state cannot
     # be saved gets, and where a server is reused its owners came back to more stopped
-    # servers without a checkpoint (docs/benchmarks.md, round seven); 2 is the measured value.
+    # servers without a checkpoint (docs/benchmarks-history.md, round seven); 2 is the measured
+    # value.
     checkpoint_broken_after: int | None = None
     cull_action: str = STOP_SERVER  # or SHUTDOWN_KERNELS
     exempt: bool = False
@@ -436,7 +437,8 @@ _T = TypeVar("_T")
 def evolve(obj: _T, /, **changes: Any) -> _T:
     """``dataclasses.replace`` for the frozen dataclasses below (plain fields, no
     ``__post_init__``): copies the instance's fields rather than calling ``__init__`` (a pass
-    makes about five per server; the saving: docs/benchmarks.md, "With the usage ledger")."""
+    makes about five per server; the saving: docs/benchmarks-history.md, "With the usage
+    ledger")."""
     fields_ = obj.__dict__
     if not changes.keys() <= fields_.keys():
         raise TypeError(

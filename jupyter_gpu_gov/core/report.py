@@ -241,7 +241,7 @@ def user_last_activity(report: Mapping) -> datetime | None:
 
 # Where a field is: "" (the top level), "server", or ``(items, index, inside)`` for
 # ``targets[2].gpu``, written out only when it is named in an error (a tuple: an object with
-# an ``__init__`` cost 0.3 µs, ten a report; docs/benchmarks.md, "Issue 26, wave 24").
+# an ``__init__`` cost 0.3 µs, ten a report; docs/benchmarks-history.md, "Issue 26, wave 24").
 _Where = tuple[str, int, str]
 
 

@@ -126,6 +126,6 @@ def server_key(user: str, name: str = "") -> str:
 
 # Each key made is one string however often it is made again: a report and each pass make a
 # server's key anew, and the governor keeps it in some ten maps (3 MB at 10,000 servers:
-# docs/benchmarks.md, "Issue 26, wave 8"). Bounded: all forgotten at once past KEYS_SHARED.
+# docs/benchmarks-history.md, "Issue 26, wave 8"). Bounded: all forgotten at once past KEYS_SHARED.
 KEYS_SHARED = 50_000
 _KEYS: dict[str, str] = {}

@@ -43,7 +43,7 @@ AT_DEADLINES = (INTERRUPT,)  # the verdict's "at_deadline": what comes at cull_a
 # keep-alive). A server whose reports come closer together keeps its connection between them; one
 # that reports less often (the default, 60 s) closes it after each answer: an idle connection
 # held per server costs the governor ~9 kB (88 MB at 10,000 servers) and saved no CPU at the
-# steady rate (docs/benchmarks.md, "Issue 26, wave 7").
+# steady rate (docs/benchmarks-history.md, "Issue 26, wave 7").
 REPORT_CONNECTION_IDLE_S = 30.0
 
 

@@ -83,7 +83,7 @@ task's own best windows give ``gain["task"]`` (what the same task already reache
 
 Every constant is in ``Params``, set from physics (its docstring); ``benchmarks/diagnose.py``
 measures them on every world, and chooses them on each world in turn to measure those on the
-others (``docs/benchmarks.md``). Nothing here is fitted to labels, and nothing needs
+others (``docs/benchmarks-history.md``). Nothing here is fitted to labels, and nothing needs
 scikit-learn: ``fit`` learns the references from unlabelled windows (as the service does from
 its history, and as it goes on doing online, ``observe``).
 """

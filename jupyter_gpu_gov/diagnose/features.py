@@ -208,7 +208,7 @@ def with_context(
             known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
         )
     # What ``type(window)(**values)`` makes, without the frozen dataclass's setattrs: every
-    # running report of the service is read so (docs/benchmarks.md, "Issue 26, wave 24").
+    # running report of the service is read so (docs/benchmarks-history.md, "Issue 26, wave 24").
     read = object.__new__(type(window))
     object.__setattr__(read, "__dict__", values)
     return read
@@ -758,8 +758,8 @@ def windows_from_report(
     dcgm = dcgm or _EMPTY  # most reports: no DCGM, its columns missing
     dcgm_sm, dram = dcgm.get("sm_active"), dcgm.get("dram_active")
     # Every report is scored: the window is made as ``Window(...)`` makes it (its columns in
-    # their order), without the frozen dataclass's 15 setattrs (docs/benchmarks.md, "Issue 26,
-    # wave 24").
+    # their order), without the frozen dataclass's 15 setattrs (docs/benchmarks-history.md, "Issue
+    # 26, wave 24").
     window = object.__new__(Window)
     object.__setattr__(
         window,

@@ -328,7 +328,7 @@ class TaskReference:
     percentile of the last ``TASK_KEEP``)."""
 
     # Packed, not a deque of float objects: the service keeps one a running server (0.3 kB
-    # against 2.4 kB; docs/benchmarks.md, "Issue 26, wave 14"). A model saved with a deque
+    # against 2.4 kB; docs/benchmarks-history.md, "Issue 26, wave 14"). A model saved with a deque
     # here still loads and learns: both append, index and sort alike.
     sm: array = field(default_factory=lambda: array("d"))
 

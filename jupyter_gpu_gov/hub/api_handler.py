@@ -307,8 +307,8 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
     async def finish_from_worker(self, build: Callable[[], bytes | str]) -> None:
         """Finish with what ``build`` returns, built, encoded and hashed for its ETag
         (tornado's: the body's SHA-1) in a worker thread: on the event loop, encoding and
-        hashing a 16 MB page held every report for ~30-110 ms (docs/benchmarks.md, "Routes at
-        10,000 servers (wave 28)")."""
+        hashing a 16 MB page held every report for ~30-110 ms (docs/benchmarks-history.md, "Routes
+        at 10,000 servers (wave 28)")."""
         loop = asyncio.get_running_loop()
         self._worker_etag, body = await loop.run_in_executor(None, _tagged, build)
         self.finish(body)

@@ -1,7 +1,8 @@
 """A performance measure, kept apart: one prepared statement run over many rows straight
-through the driver, for the usage ledger's writes and a pass's server rows (docs/benchmarks.md,
-"With the usage ledger", "Wave 9"). The plain path is SQLAlchemy's ``Connection.execute`` of
-the same statement; ``tests/test_usage_service.py`` checks both store the same."""
+through the driver, for the usage ledger's writes and a pass's server rows
+(docs/benchmarks-history.md, "With the usage ledger", "Wave 9"). The plain path is SQLAlchemy's
+``Connection.execute`` of the same statement; ``tests/test_usage_service.py`` checks both store the
+same."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ class Executemany:
     rows given as tuples in the order of ``names`` (its bind parameters).
 
     Through ``Connection.execute`` SQLAlchemy checks and converts every row's parameters one by
-    one, which for the ledger's rows cost more than SQLite's writing (docs/benchmarks.md). Here
-    the only per-row work is the column types' own conversions (UTC datetimes); ``Float``
+    one, which for the ledger's rows cost more than SQLite's writing (docs/benchmarks-history.md).
+    Here the only per-row work is the column types' own conversions (UTC datetimes); ``Float``
     parameters must be given as ``float`` (their conversion is only ``float()``)."""
 
     def __init__(self, statement, dialect, names: Sequence[str]) -> None:

@@ -45,7 +45,7 @@ class DcgmSource:
     ``fetch`` runs the whole read (HTTP, decompression, parsing) in a worker *process*: a
     10,000-GPU fleet is about 40 MB of text and most of a second of CPU, which in a thread would
     still hold the service's GIL for that long, slowing the pass and every report meanwhile.
-    The service only unpickles the evidence (the figures: docs/benchmarks.md).
+    The service only unpickles the evidence (the figures: docs/benchmarks-history.md).
 
     An exporter whose body is byte-for-byte the last one's (it has not collected since: its
     ``-c`` interval is longer than the cycle) is not parsed again nor sent back: the service

@@ -1,4 +1,4 @@
-"""Which servers a pass between two full passes looks at (issue 26; docs/benchmarks.md,
+"""Which servers a pass between two full passes looks at (issue 26; docs/benchmarks-history.md,
 "Scale"): those marked since the last pass, and those whose next time has come.
 
 A server is marked when an input its kept decision read changed: its decision was not kept

@@ -86,7 +86,7 @@ class History:
     the server's ``array('d')`` (``nan`` for missing, ``kernel_busy`` as 1 or 0) with when it
     was added, and one reference to its ``(node, server)`` (shared with the window before it
     when the same): about 146 bytes with its place in the FIFO, against about 590 as a
-    ``Window`` object (docs/benchmarks.md, "Issue 26, wave 12"). ``of``, ``windows`` and
+    ``Window`` object (docs/benchmarks-history.md, "Issue 26, wave 12"). ``of``, ``windows`` and
     ``unpack`` give back windows equal to those added."""
 
     def __init__(self, max_age: timedelta, limit: int):

@@ -5,7 +5,7 @@ less of the service's CPU a report at 10,000 servers. Wave 17 made the standard 
 default for a while, reading uvloop's p99 with passes (98-294 ms) as waits for the
 interpreter's lock. That reading did not hold: since a pass lets the loop turn four times
 between two slices, uvloop's p99 with passes is 26-36 ms, the standard loop's 35-49 ms
-(docs/benchmarks.md, "Issue 26, wave 18"). The standard loop stays one setting away.
+(docs/benchmarks-history.md, "Issue 26, wave 18"). The standard loop stays one setting away.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Request bodies decoded by orjson where it is installed (the ``hub`` extra installs it): the
 object ``json.loads`` gives, in about 40 % of its time (a report's body: ~25 µs of a steady
-report's ~600 µs of CPU; docs/benchmarks.md, "Issue 26, wave 25").
+report's ~600 µs of CPU; docs/benchmarks-history.md, "Issue 26, wave 25").
 
 Same answer, whatever the body: orjson's object is ``json.loads``'s (the same types, the same
 floats to the bit, -0.0 too, a duplicate key's last value in its first place), except where

@@ -1,5 +1,5 @@
 """A performance measure, kept apart: the garbage collector's collections on timers instead of
-CPython's own rule alone (docs/benchmarks.md, "Ingest: the event loop's pauses").
+CPython's own rule alone (docs/benchmarks-history.md, "Ingest: the event loop's pauses").
 
 Why: the service keeps some 50 objects the collector tracks per server (its last report, the
 diagnosis's windows, the rows, the views), and every report replaces a few dozen of them.
@@ -21,8 +21,8 @@ since the last one, less those freed (of any age), exceed 700; a report frees th
 report as it keeps the new one (and, when it moved, the kept decision that read the last), so
 that count barely moves while the young generation fills with every report's new objects:
 young collections came rarely and scanned many objects at once, a middle one a minute's worth,
-holding the loop tens to hundreds of ms (docs/benchmarks.md, "Issue 26, wave 14"). On the clock
-each scans what a tenth of a second made: the same objects scanned in all, in small slices.
+holding the loop tens to hundreds of ms (docs/benchmarks-history.md, "Issue 26, wave 14"). On the
+clock each scans what a tenth of a second made: the same objects scanned in all, in small slices.
 """
 
 from __future__ import annotations
@@ -106,6 +106,6 @@ def after_pass() -> None:
     """Give the C allocator's free pages back to the system after a pass. A pass that decides
     thousands of servers makes their views, rows, history rows and SQL parameters at once; what
     is over 512 bytes comes from glibc, whose free memory stays mapped after the burst
-    (docs/benchmarks.md, "Issue 26, wave 14": what it gives back, and what it costs)."""
+    (docs/benchmarks-history.md, "Issue 26, wave 14": what it gives back, and what it costs)."""
     if _trim is not None:
         _trim(0)

@@ -12,7 +12,7 @@ deleted, at most once every ``PRUNE_EVERY``, and the runs and contexts no kept r
 most once every ``SWEEP_EVERY``; ``history_retention = 0`` records nothing. That upkeep runs
 after a pass's write, in steps of about ``STEP_S`` (each its own transaction in the store's
 writer, other writes between them), at most ``PASS_UPKEEP_S`` of them a pass: the whole sweep
-in one transaction held the writer 6.5-7.7 s at 10,000 servers (``docs/benchmarks.md``).
+in one transaction held the writer 6.5-7.7 s at 10,000 servers (``docs/benchmarks-history.md``).
 
 ``read_history`` reads rows back in time order for ``export-trace`` and the admin API
 (``replay.history.export_trace`` turns them into a replay trace), with the runs and contexts of
@@ -363,7 +363,7 @@ class _Upkeep:
         names are deleted. Only ids up to the highest the rows deleted since the last sweep
         named (``SWEEP_FROM``, kept in the store: a restart resumes from it) are checked, all
         of them when that is not known. An index on each column would make it cheap, at 12 bytes a row and a
-        scattered write a row (``docs/benchmarks.md``)."""
+        scattered write a row (``docs/benchmarks-history.md``)."""
         log, db = self.log, lambda: self.db
         log._swept_at = time.monotonic()
         self.sweeping, self.deleted = True, False

@@ -8,7 +8,7 @@ that are handed the Hub's database, and a service has none (HubAuth passes no ``
 ``jupyterhub.orm`` is put in place here as a lazy module (the standard library's
 ``importlib.util.LazyLoader``): the first attribute read of it runs it, whole and unchanged,
 so nothing any caller sees differs; until then it costs nothing. HubAuth's code is JupyterHub's
-own, imported as it is: the token checks are exactly theirs (docs/benchmarks.md, "Issue 26,
+own, imported as it is: the token checks are exactly theirs (docs/benchmarks-history.md, "Issue 26,
 wave 30: the service's start-up")."""
 
 from __future__ import annotations

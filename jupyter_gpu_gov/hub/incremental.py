@@ -36,8 +36,8 @@ from .unchanged import Kept, same_report
 from .views import cause_of
 
 # A pass looks at (here) or decides (hub/reconcile.py) this many servers, then lets the event
-# loop run, reports waiting above all: 10,000 servers at once held it 1-12 s (docs/benchmarks.md,
-# "Issue 26, wave 10").
+# loop run, reports waiting above all: 10,000 servers at once held it 1-12 s
+# (docs/benchmarks-history.md, "Issue 26, wave 10").
 YIELD_EVERY = 32
 # Turns of the standard event loop a report takes from its connection to its answer, one each:
 # the connection accepted, its transport made (asyncio's own task), the protocol told, then the
@@ -49,8 +49,8 @@ async def let_reports_in() -> None:
     """Where a pass lets the event loop run: ``REPORT_TURNS`` turns, so that a report which
     arrived during the slice just spent is answered before the next slice. One turn moved each
     report one step a slice: at 10,000 servers its answer took 4-5 slices of 5 ms during a pass,
-    the p99 55-76 ms (docs/benchmarks.md, "Issue 26, wave 18"). A turn with nothing ready costs
-    microseconds, so a pass with no report waiting is not slowed."""
+    the p99 55-76 ms (docs/benchmarks-history.md, "Issue 26, wave 18"). A turn with nothing ready
+    costs microseconds, so a pass with no report waiting is not slowed."""
     for _ in range(REPORT_TURNS):
         await asyncio.sleep(0)
 
@@ -206,7 +206,7 @@ class Incremental:
         finds its server running (``_forget_stale_reports``).
 
         A kept decision holds no report but the latest (one report a server in memory, not two:
-        docs/benchmarks.md, "Issue 26, wave 13"): one that read another report is forgotten
+        docs/benchmarks-history.md, "Issue 26, wave 13"): one that read another report is forgotten
         now, as the pass would find it moved and decide the server; one that read the same (as
         far as a decision reads, ``same_report``: equal in what it compares) takes the new one
         in its place, which compares as the old did with any later report."""

@@ -52,7 +52,7 @@ class Section(Mapping):
     and ``cpu``, the window, the checkpoint), read as the validated JSON object it was
     (``section["kind"]``, ``get``, ``in``, iterating the fields it sent), with one slot per
     field of its ``core.wire`` dataclass instead of a dict: a target's is 112 bytes, its dict
-    272 (docs/benchmarks.md, "Issue 26, wave 14"). Read-only. What the wire does not define
+    272 (docs/benchmarks-history.md, "Issue 26, wave 14"). Read-only. What the wire does not define
     is not kept (nothing reads it); lists are tuples; sections compare equal field by field."""
 
     __slots__ = ()
@@ -163,7 +163,7 @@ def compact_report(report: Mapping) -> Section:
     device and its kernels, an idle kernel's twelve 0.0 samples) as one object, and the names
     that most servers send alike (a GPU's model, a kernel's, the namespace: ``FLEET_FIELDS``)
     as one string across reports: JSON decoding makes a copy of each, and the governor keeps
-    every server's last report (docs/benchmarks.md, "Issue 26, wave 6", "wave 8" and
+    every server's last report (docs/benchmarks-history.md, "Issue 26, wave 6", "wave 8" and
     "wave 14")."""
     return _keep(KeptReport, report, {}, 0)
 
@@ -327,8 +327,8 @@ class Ingest:
         """Keep a validated, authorised report; its server's key."""
         # What is kept is the compact form; what only reads the report now (the use meter,
         # DCGM's evidence, the diagnosis: each keeps numbers, not the report) reads the
-        # decoded JSON, whose ``get`` is C's, not a section's (docs/benchmarks.md, "Issue 26,
-        # wave 14: the kept reports").
+        # decoded JSON, whose ``get`` is C's, not a section's (docs/benchmarks-history.md, "Issue
+        # 26, wave 14: the kept reports").
         decoded, report = report, compact_report(report)
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
         now = clock.utcnow()

@@ -1,4 +1,4 @@
-"""Listing the Hub incrementally (issue 26; docs/benchmarks.md, "Scale").
+"""Listing the Hub incrementally (issue 26; docs/benchmarks-history.md, "Scale").
 
 A full listing (``GET /users?state=active``, every page) costs what jupyterhub-idle-culler's
 whole pass costs. Between two full listings the governor asks only for the users whose

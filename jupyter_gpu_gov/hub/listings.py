@@ -2,7 +2,7 @@
 snapshot of the governor's state: taken on the event loop between two passes, references only
 (``Listed``), and built into rows and encoded in a worker thread, so that a listing of 10,000
 servers holds the reports for milliseconds, not the ~0.6-0.9 s that building and encoding them
-on the loop did (docs/benchmarks.md, "Routes at 10,000 servers (wave 28)").
+on the loop did (docs/benchmarks-history.md, "Routes at 10,000 servers (wave 28)").
 
 What a snapshot references is never changed in place once taken: a row's columns are copied
 (a tuple of their values: a row changes by having them set again), a server's report

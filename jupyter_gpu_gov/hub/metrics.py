@@ -121,7 +121,7 @@ class ServerSeries:
     """``jupyter_gpu_gov_server_gpu_equivalents``: a gauge with one series per running server,
     read as a ``Gauge`` with these labels reads, from a dict of each series' labels and value.
     A ``Gauge`` kept a child a series (its ``__dict__``, a value with its own lock): about
-    0.65 kB a server, 6 MB at 10,000 (docs/benchmarks.md, "Issue 26, wave 27: memory")."""
+    0.65 kB a server, 6 MB at 10,000 (docs/benchmarks-history.md, "Issue 26, wave 27: memory")."""
 
     NAME = "jupyter_gpu_gov_server_gpu_equivalents"
     DOCUMENTATION = (
@@ -235,7 +235,7 @@ class StateGauges:
                     total = self._sums[group] = math.fsum(members.values())
                 TEAM_SERVERS.labels(*group).set(len(members))
                 TEAM_GPUS.labels(*group).set(total)
-        # Only the series that moved: labels() is not free (docs/benchmarks.md, "Performance
+        # Only the series that moved: labels() is not free (docs/benchmarks-history.md, "Performance
         # measures, one place each").
         for labels, value in self._moved.items():
             if value is None:

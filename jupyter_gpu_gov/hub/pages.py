@@ -51,8 +51,8 @@ FLASH_COOKIE = "gpu-gov-flash"
 async def server_lines(governor, now: datetime, user: str) -> list[dict]:
     """``user``'s running servers as "My GPU usage" shows them (a line of the dashboard's
     each), on the event loop: their servers', never every server's (built for every server to
-    keep theirs, it held the event loop in proportion to the hub, docs/benchmarks.md "Routes at
-    10,000 servers (wave 27)")."""
+    keep theirs, it held the event loop in proportion to the hub, docs/benchmarks-history.md "Routes
+    at 10,000 servers (wave 27)")."""
     rows = [row for row in governor.known_servers(running_only=True) if row.user == user]
     pending = {e.server_key for e in governor.extensions("pending")}
     return listings.server_lines(await listings.snapshot(governor, rows, now), now, pending)
@@ -131,7 +131,7 @@ class DashboardHandler(PageHandler):
         # health and diagnosis views (copied: the worker reads them as the governor changes);
         # the lines are built, filtered and sorted, and the page rendered, in a worker. Built
         # on the loop, the lines held every report for ~0.85 s at 10,000 servers
-        # (docs/benchmarks.md, "Routes at 10,000 servers (wave 28)").
+        # (docs/benchmarks-history.md, "Routes at 10,000 servers (wave 28)").
         async def page_state() -> tuple:
             now = clock.utcnow()
             snapshot = await listings.snapshot(gov, gov.known_servers(running_only=True), now)
@@ -197,7 +197,8 @@ class DashboardHandler(PageHandler):
             for e in pending_extensions
         ]
         # Rendered in a worker: a row a GPU server, the template held every report on the event
-        # loop for seconds at 10,000 (docs/benchmarks.md, "Routes at 10,000 servers (wave 27)").
+        # loop for seconds at 10,000 (docs/benchmarks-history.md, "Routes at 10,000 servers (wave
+        # 27)").
         await self.render_page_in_worker(
             "dashboard.html",
             **table,

@@ -1,8 +1,8 @@
 """Speed-ups of JupyterHub's ``HubOAuth`` for the service's handlers, kept apart from them:
 the answer to "who sent this request", once ``prepare`` has asked the Hub, without a second
 trip through HubAuth's thread, and the scope check answered at once when the caller holds a
-required scope as it is written (the savings: docs/benchmarks.md, "Report ingest over HTTP" and
-"Issue 26, wave 7"); and, per token HubAuth keeps for ``cache_max_age``, only what is read of
+required scope as it is written (the savings: docs/benchmarks-history.md, "Report ingest over HTTP"
+and "Issue 26, wave 7"); and, per token HubAuth keeps for ``cache_max_age``, only what is read of
 the Hub's answer (issue 26, wave 15). The plain path is ``HubOAuth`` and ``HubOAuthenticated``
 themselves; tests/test_governor_hub.py and tests/test_prepared_auth.py check both answer alike."""
 

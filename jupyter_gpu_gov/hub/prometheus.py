@@ -16,8 +16,8 @@ METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 # The text exposition format (0.0.4), read by hand: prometheus_client's parser (the plain path,
 # tests/test_dcgm.py reads every fixture with both) spends most of its time on series the table
-# never reads (the figures: docs/benchmarks.md, "Governor reconcile pass"). Names are read as
-# written, as Prometheus does; prometheus_client would rename a counter's samples to
+# never reads (the figures: docs/benchmarks-history.md, "Governor reconcile pass"). Names are read
+# as written, as Prometheus does; prometheus_client would rename a counter's samples to
 # ``<name>_total``.
 # One label and its separator. A value escapes only \\, \" and \n (any other escape is an error,
 # as in Prometheus); unrolled as runs between escapes, which ``re`` scans faster than a char

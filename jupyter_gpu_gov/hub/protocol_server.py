@@ -3,8 +3,8 @@
 Why not tornado's ``HTTPServer``: at 10,000 servers a report arrives every 6 ms, each on a
 connection of its own, and tornado's ``IOStream`` and ``HTTP1Connection`` cost about 1 ms of CPU
 a connection before any handler runs, against 0.2 ms for a protocol on uvloop
-(``benchmarks/http_floor.py``; docs/benchmarks.md, "Issue 26, wave 17"). Everything above the
-connection is tornado's own: its request objects, routing, ``RequestHandler``s and HubAuth,
+(``benchmarks/http_floor.py``; docs/benchmarks-history.md, "Issue 26, wave 17"). Everything above
+the connection is tornado's own: its request objects, routing, ``RequestHandler``s and HubAuth,
 so who a caller is and what they may do is decided exactly as before.
 
 What this layer owns, and bounds (a user owns the server that sends reports):
@@ -53,7 +53,7 @@ BODY_TIMEOUT_S = 60.0
 # 10,000 servers 167 come a second, and the batching leaves them waiting by design; when the
 # loop stalls longer than 0.8 s (a starved CPU), 128 overflow, and a dropped connection is
 # tried again by the server's kernel only 1, 3, 7, 15... s later: a report late by seconds
-# (docs/benchmarks.md, "Issue 26, wave 8"). The kernel caps it at net.core.somaxconn.
+# (docs/benchmarks-history.md, "Issue 26, wave 8"). The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 1024
 # Open connections, from one address and in all. Idle, each costs a few kB; holding a head of
 # 64 KiB, 64 KiB for 30 s. Without a cap a user's process held every file the service may open:
@@ -541,13 +541,13 @@ class ProtocolHTTPServer:
     ``accept_interval``: once a request has been handled, the next ones read within that many
     seconds wait and are then handled back to back (a lone request costs the service more CPU
     than one right after another: the interpreter's caches have gone cold in between;
-    docs/benchmarks.md, "Report ingest over HTTP"), only while they come fast enough for a
+    docs/benchmarks-history.md, "Report ingest over HTTP"), only while they come fast enough for a
     pause to gather two or more (over the last second, at least ``2 / accept_interval`` a
     second). Nothing the service itself sends (Hub API calls, checkpoint requests) waits.
 
     ``direct``: routes (method, path) answered without tornado's request machinery, for the
     one request that comes thousands of times a minute (a server's report): its CPU is most of
-    the service's (docs/benchmarks.md, "Issue 26, wave 17"). Every other request is the
+    the service's (docs/benchmarks-history.md, "Issue 26, wave 17"). Every other request is the
     application's."""
 
     def __init__(
@@ -587,7 +587,7 @@ class ProtocolHTTPServer:
         # Connections waiting for a head, each with its deadline, in the order they began to
         # wait: with one idle_timeout that is the deadlines' order, so one timer, set for the
         # first, keeps every deadline (a timer per connection cost a call_later and a cancel a
-        # report: docs/benchmarks.md, "Issue 26, wave 27").
+        # report: docs/benchmarks-history.md, "Issue 26, wave 27").
         self._waiting: dict[Connection, float] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._held: list[Callable[[], None]] | None = None  # requests waiting for their batch

@@ -659,7 +659,7 @@ class _Turns:
     """A pass's deciding in slices, the event loop running between two (``let_reports_in``):
     ``YIELD_EVERY`` servers or ``SLICE_S``, whichever comes first. 32 decisions took 10-30 ms of
     CPU at 10,000 servers (more on a loaded machine), each report arriving meanwhile waiting for
-    all of them (docs/benchmarks.md, "Issue 26, wave 14")."""
+    all of them (docs/benchmarks-history.md, "Issue 26, wave 14")."""
 
     __slots__ = ("_left", "_until")
 

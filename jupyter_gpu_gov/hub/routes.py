@@ -67,12 +67,12 @@ def report_route(
 ) -> DirectRoute:
     """``POST api/reports``: a server's report in, its verdict out. A direct route of the
     service's server (``hub/protocol_server.py``): a report is nearly every request the service
-    gets, and tornado's request machinery cost more than the report's own work (docs/benchmarks.md,
-    "Issue 26, wave 17"). Who sent it is asked as every handler asks (``token_caller``: the
-    Hub's answer for the token, HubAuth's cache, the access scopes); a server's token is the
-    only credential that reports, so no cookie is read. It answers at once when HubAuth has the
-    token's answer cached and the last pass saw the server, as for nearly every report; else it
-    waits for the Hub.
+    gets, and tornado's request machinery cost more than the report's own work
+    (docs/benchmarks-history.md, "Issue 26, wave 17"). Who sent it is asked as every handler asks
+    (``token_caller``: the Hub's answer for the token, HubAuth's cache, the access scopes); a
+    server's token is the only credential that reports, so no cookie is read. It answers at once
+    when HubAuth has the token's answer cached and the last pass saw the server, as for nearly every
+    report; else it waits for the Hub.
 
     ``budget``: what one caller (a Hub user or service, whichever of its tokens) may send, in
     units of a report (``hub/budget.py``); ``refusals``: how many requests an address may have
@@ -193,7 +193,8 @@ class ServersHandler(ApiHandler):
         running_only = self.get_argument("all", "0") not in ("1", "true")
         after, limit = self._page()
         # On the loop, between two passes, a snapshot: the rows wanted and what their
-        # listings read, by reference (docs/benchmarks.md, "Routes at 10,000 servers (wave 28)").
+        # listings read, by reference (docs/benchmarks-history.md, "Routes at 10,000 servers (wave
+        # 28)").
         ((more, snapshot),) = await self.governor.of_one_pass(
             lambda: self._wanted(user, running_only, after, limit)
         )
@@ -511,8 +512,8 @@ class MetricsHandler(ApiHandler):
             raise web.HTTPError(403, f"this needs the {METRICS_SCOPE} scope")
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         # Written in a worker: with a series per server, writing it held every report on the
-        # event loop for a time in proportion to the hub (docs/benchmarks.md, "Routes at 10,000
-        # servers (wave 27)"). The registry's metrics take their own locks; ``exposition``
+        # event loop for a time in proportion to the hub (docs/benchmarks-history.md, "Routes at
+        # 10,000 servers (wave 27)"). The registry's metrics take their own locks; ``exposition``
         # waits out a rebuild.
         loop = asyncio.get_running_loop()
         self.finish(await loop.run_in_executor(None, metrics.exposition))

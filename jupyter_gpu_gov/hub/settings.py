@@ -195,7 +195,7 @@ class GovernorSettings(HasTraits):
         help="""Most windows kept in memory for training (packed: about 36 MB at 250,000, which
         10,000 servers fill in 25 minutes); beyond it the oldest go first, whatever their
         age. The rebuilt model learns each node from its windows: at 600 nodes its accuracy
-        still rises from 100,000 windows to 250,000 (docs/benchmarks.md, "Issue 26, wave
+        still rises from 100,000 windows to 250,000 (docs/benchmarks-history.md, "Issue 26, wave
         14"), so keep about 400 a node.""",
     ).tag(config=True)
     diagnose_zombie_idle = Float(
@@ -286,8 +286,8 @@ class GovernorSettings(HasTraits):
         min=1,
         help="""Decide every server at one reconcile pass in this many (default 10: every 10
         minutes at cull_every=60); between them, only the servers whose inputs changed (Hub
-        model, report, DCGM evidence, record) or whose deadline fell due (docs/benchmarks.md,
-        "Scale"). 1: every server at every pass.""",
+        model, report, DCGM evidence, record) or whose deadline fell due
+        (docs/benchmarks-history.md, "Scale"). 1: every server at every pass.""",
     ).tag(config=True)
 
     # -- history and what-if (hub/history.py, docs/api.md "History and what-if") ---------------
@@ -439,7 +439,7 @@ class GovernorSettings(HasTraits):
         handle all that came meanwhile together (a report, an API call or a dashboard page then
         waits at most this much longer). Each server reports on a new connection; answered a
         few at a time, reports cost the service less CPU than one by one at 10,000 servers
-        (docs/benchmarks.md, "Issue 26, wave 16" and "wave 17"). Only while requests come at
+        (docs/benchmarks-history.md, "Issue 26, wave 16" and "wave 17"). Only while requests come at
         2 / accept_interval a second or more (at 0.02: 100 a second, 6,000 servers reporting
         every minute); slower, each is handled at once. 0: never wait.""",
     ).tag(config=True)
@@ -450,7 +450,8 @@ class GovernorSettings(HasTraits):
         asyncio), ``uvloop`` (libuv's; the ``hub`` extra installs it on Linux and macOS), or
         ``asyncio`` (the standard library's). On uvloop a report costs the service 10-20 % less
         CPU at 10,000 servers, and the p99 with passes was 26-36 ms against 35-49 ms on asyncio
-        (docs/benchmarks.md, "Issue 26, wave 18"). The governor decides the same either way.""",
+        (docs/benchmarks-history.md, "Issue 26, wave 18"). The governor decides the same either
+        way.""",
     ).tag(config=True)
 
     @validate("event_loop")

@@ -57,7 +57,7 @@ def _string(name: str, size: int) -> Column:
 
 # A server's row. Read and written with Core statements (``hub/store.py``), held in memory as
 # a ``ServerRow``: not an ORM class, whose bookkeeping cost ~3 kB a server more
-# (docs/benchmarks.md, "Issue 26, wave 8").
+# (docs/benchmarks-history.md, "Issue 26, wave 8").
 SERVERS_UPDATED_AT = "ix_servers_updated_at"
 SERVERS = Table(
     "servers",

@@ -1,4 +1,4 @@
-"""Deciding only the servers whose inputs changed (issue 26; docs/benchmarks.md, "Scale").
+"""Deciding only the servers whose inputs changed (issue 26; docs/benchmarks-history.md, "Scale").
 
 A decision is a function of the server's Hub model, its last report, DCGM's evidence on its
 GPUs, the team map, the policies, its record and the time. After a decision that changed

@@ -218,7 +218,7 @@ class Views:
         row and given again while those are the same: the record and the policy the same
         objects (both frozen; the pass keeps a record it does not change), the deadlines equal
         (times print as they compare, to the millisecond in UTC; words are words). That is
-        15 µs of a report's ~600 (docs/benchmarks.md, "Issue 26, wave 28")."""
+        15 µs of a report's ~600 (docs/benchmarks-history.md, "Issue 26, wave 28")."""
         row = self.row(key)
         if row is None:
             return _encoded(self._not_assessed(key))

@@ -166,7 +166,7 @@ class ReportConnection:
 
     tornado's ``AsyncHTTPClient`` opens a connection per request and closes it after the
     answer. Kept, a report costs the governor about a quarter less CPU in a burst, but each
-    idle connection held costs it memory (docs/benchmarks.md, "Issue 26, wave 7"): a server
+    idle connection held costs it memory (docs/benchmarks-history.md, "Issue 26, wave 7"): a server
     keeps it only when it reports within ``REPORT_CONNECTION_IDLE_S``, what the governor keeps
     an idle connection for; one idle for most of that is not reused (the governor may be
     closing it). A request the governor never answered because it had closed the connection
