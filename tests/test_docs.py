@@ -495,3 +495,36 @@ def test_every_benchmark_option_the_documents_show_exists():
                 ]
     assert checked > 20, checked
     assert not bad, bad
+
+
+def test_every_benchmark_section_the_code_cites_exists():
+    """`(docs/benchmarks-history.md, "Issue 26, wave 14")` in a comment leads a reader to a
+    heading that starts so; a section renamed or moved to the other file left a citation that
+    leads nowhere (one named "Ingest: the event loop's pauses", which no heading was)."""
+    docs = {
+        name: [
+            re.sub(r"^#+ ", "", line).lower()
+            for line in (ROOT / "docs" / name).read_text(encoding="utf-8").splitlines()
+            if line.startswith("#")
+        ]
+        for name in ("benchmarks.md", "benchmarks-history.md")
+    }
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py", "*.toml", "*.yaml", "Makefile"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    bad, cited = [], 0
+    for name in tracked:
+        text = (ROOT / name).read_text(encoding="utf-8")
+        for doc, title in re.findall(
+            r"docs/(benchmarks(?:-history)?\.md)`*,?\s*(?:#\s*)?\(?\"([^\"]+)\"", text
+        ):
+            title = re.sub(r"\s*\n\s*(?:#\s*)?", " ", title).lower()
+            cited += 1
+            if not any(heading.startswith(title) for heading in docs[doc]):
+                bad.append(f'{name}: {doc}, "{title}"')
+    assert cited > 30, cited
+    assert not bad, f"citations of no section: {bad}"

@@ -1,5 +1,5 @@
 """A performance measure, kept apart: the garbage collector's collections on timers instead of
-CPython's own rule alone (docs/benchmarks-history.md, "Ingest: the event loop's pauses").
+CPython's own rule alone (docs/benchmarks-history.md, "Issue 26, wave 6: ingest's pauses").
 
 Why: the service keeps some 50 objects the collector tracks per server (its last report, the
 diagnosis's windows, the rows, the views), and every report replaces a few dozen of them.
