@@ -145,6 +145,11 @@ def test_extend_postpones_then_waits_for_an_admin_and_survives_a_restart(hub, go
         approved = r.json()["verdict"]
         assert not approved["approval_pending"]
         assert approved["cull_at"] > granted["verdict"]["cull_at"]
+        # A second admin (or a double click) finds nothing left to decide: said, not granted twice.
+        for verb in ("approve", "deny"):
+            r = gov.admin("POST", f"users/dave/server/{verb}", json={"reason": "again"})
+            assert r.status_code == 409 and "waiting for approval" in r.json()["message"], r.text
+        assert gov.admin("GET", "extensions", params={"status": "waiting"}).status_code == 400
 
         # Restart the service: deadline, extensions and audit survive.
         audit_before = len(gov.audit("dave/"))
