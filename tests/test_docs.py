@@ -530,3 +530,36 @@ def test_every_benchmark_section_the_code_cites_exists():
                 bad.append(f'{name}: {doc}, "{title}"')
     assert cited > 30, cited
     assert not bad, f"citations of no section: {bad}"
+
+
+def test_the_settings_tables_give_each_settings_default():
+    """docs/api.md's tables of `c.GpuGovernor.*` settings say each default as the trait has it
+    (`dcgm_timeout` | `5`): a default changed in hub/settings.py left the table saying another.
+    A default written as words (`$JUPYTERHUB_API_URL`, "from …") is the reader's, not checked."""
+    import ast
+
+    from jupyter_gpu_gov.hub.app import GpuGovernor
+
+    traits = GpuGovernor.class_traits(config=True)
+    api = _text("docs/api.md")
+    bad, checked = [], 0
+    for names, defaults in re.findall(r"^\| ((?:`[\w.]+`(?:, )?)+) \| ([^|]+) \|", api, re.M):
+        names = [n.removeprefix("c.GpuGovernor.") for n in re.findall(r"`([\w.]+)`", names)]
+        cell = re.sub(r"\([^)]*\)", "", defaults).strip()  # `67108864` (64 MiB)
+        if not re.fullmatch(r"`[^`$]*`(?:, `[^`$]*`)*", cell) or not all(
+            n in traits for n in names
+        ):
+            continue  # a meaning, or a default in words
+        literals = re.findall(r"`([^`]*)`", cell)
+        if len(literals) != len(names):
+            continue
+        for name, literal in zip(names, literals, strict=True):
+            try:
+                written = ast.literal_eval(literal)
+            except (ValueError, SyntaxError):
+                written = literal  # a bare string: `internal-ssl`
+            checked += 1
+            if written != traits[name].default():
+                bad.append(f"{name}: `{literal}`, the trait's {traits[name].default()!r}")
+    assert checked > 40, checked
+    assert not bad, bad
