@@ -73,6 +73,10 @@ def test_a_loop_of_refused_extensions_is_answered_but_recorded_once(hub, gov):
     assert len(refused) == 1, f"{len(refused)} refused requests on record for {LOOPS} asks"
     extends = [a for a in gov.audit("bob/") if a["action"] == "extend"]
     assert len(extends) == 1, f"{len(extends)} extend rows in the audit for {LOOPS} asks"
+    # The metric counts the requests on record, as the admins' list does.
+    scrape = hub.get(f"{hub.url.rstrip('/')}/services/gpu-gov/metrics", hub.token("govadmin"))
+    assert scrape.status_code == 200, scrape.text[:300]
+    assert 'jupyter_gpu_gov_extensions_total{status="refused"} 1.0' in scrape.text
 
 
 def test_a_service_named_as_a_user_reads_nothing_of_that_users(hub, gov):
