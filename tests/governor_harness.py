@@ -78,7 +78,16 @@ def governed_hub(
         + governor_config
     )
     args = ["--config=" + str(config), "--timeout=600", *governor_args]
+    # The admin's own hook, set before add_governor (which chains its guard of user_options
+    # with it, as the docs say).
     extra = f"""
+        def _silent(spawner):
+            # These servers run without a governor URL: they never report.
+            if spawner.user.name in {sorted(silent_users)!r}:
+                spawner.environment["JUPYTER_GPU_GOV_URL"] = ""
+
+        c.Spawner.pre_spawn_hook = _silent
+
         from jupyter_gpu_gov.hub.hubconfig import add_governor
         add_governor(
             c,
@@ -87,13 +96,6 @@ def governed_hub(
             environment={dict(governor_environment or {})!r},
             admin_users=["govadmin"],
         )
-
-        def _silent(spawner):
-            # These servers run without a governor URL: they never report.
-            if spawner.user.name in {sorted(silent_users)!r}:
-                spawner.environment["JUPYTER_GPU_GOV_URL"] = ""
-
-        c.Spawner.pre_spawn_hook = _silent
     """
     return HubHarness(
         workdir=workdir,

@@ -95,6 +95,17 @@ def test_server_hub_and_profiles_never_import_each_other(package, forbidden):
     assert not bad, "\n".join(bad)
 
 
+def test_the_service_imports_jupyterhub_in_hub_auth_only():
+    """hub/hub_auth.py loads ``jupyterhub.orm`` lazily, without a lock (its comment says why
+    none is needed): that holds while no other module of the service, and so no worker thread
+    of it, imports JupyterHub. ``hubconfig.py`` runs in the Hub's config, not the service."""
+    bad = _violations(
+        [p for p in _modules("hub") if p.name not in ("hub_auth.py", "hubconfig.py")],
+        lambda name, top: top != "jupyterhub",
+    )
+    assert not bad, "\n".join(bad)
+
+
 LIGHT_MODULES = ("__init__.py", "checkpoint.py", "checkpoint_layout.py", "simulate.py")
 
 

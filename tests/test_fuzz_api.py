@@ -213,7 +213,7 @@ texts = st.text(max_size=30) | st.sampled_from(
 PARAMETERS = {
     "api/audit": {"limit": texts, "server": texts, "user": texts, "before": texts},
     "api/usage": {"group_by": texts, "since": texts, "until": texts, "format": texts},
-    "api/extensions": {"status": texts},
+    "api/extensions": {"status": texts, "limit": texts, "before": texts},
     "api/history/trace": {"since": texts, "until": texts, "step": texts},
 }
 
@@ -599,6 +599,45 @@ def test_the_audit_trail_is_read_page_by_page_past_its_newest_rows(tmp_path, mon
         for bad in ("0", "-1", "x", "1" * 19):
             r = call(service, "GET", "api/audit", token=ALICE, params={"before": bad})
             assert r.status_code == 400 and "'before'" in r.json()["message"], r.text
+    finally:
+        service.stop()
+
+
+def test_extension_requests_are_read_page_by_page_as_the_audit_is(tmp_path, monkeypatch):
+    """The admin's ``GET api/extensions`` read every request ever made, whole, on the event
+    loop. It is paged as ``api/audit`` is: ``limit`` (1 to 5,000, default 200), each row's
+    ``id``, ``before=<id>`` for the next page, and a bad one is a 400 naming it."""
+    service = Service(tmp_path, monkeypatch)
+    try:
+        for i in range(5):
+            service.hub.add_server("alice", f"s{i}", started=clock.utcnow() - timedelta(minutes=5))
+        asyncio.run_coroutine_threadsafe(service.governor.reconcile(), service.loop).result(60)
+        for i in range(5):  # refused (nothing to extend): a request on record each
+            path = f"api/users/alice/servers/s{i}/extend"
+            assert (
+                call(service, "POST", path, ALICE, json={"reason": f"run {i}"}).status_code == 409
+            )
+        whole = call(service, "GET", "api/extensions").json()["extensions"]
+        assert len(whole) >= 5
+        assert [e["id"] for e in whole] == sorted((e["id"] for e in whole), reverse=True)
+        pages, before = [], None
+        while True:
+            params = {"limit": 2, **({"before": before} if before else {})}
+            page = call(service, "GET", "api/extensions", params=params).json()["extensions"]
+            assert len(page) <= 2
+            if not page:
+                break
+            pages += page
+            before = page[-1]["id"]
+        assert pages == whole
+        refused = call(service, "GET", "api/extensions", params={"status": "refused", "limit": 1})
+        assert [e["server"] for e in refused.json()["extensions"]] == ["alice/s4"]
+        for name, bad in [("before", b) for b in ("0", "-1", "x", "1" * 19)] + [
+            ("limit", b) for b in ("0", "5001", "x", "²")
+        ]:
+            before_call = service.snapshot()
+            r = call(service, "GET", "api/extensions", params={name: bad})
+            assert_refused_unchanged(service, r, before_call, f"'{name}'")
     finally:
         service.stop()
 

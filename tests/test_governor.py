@@ -1267,16 +1267,23 @@ async def test_showback_bills_the_gpus_dcgm_sees_a_server_hold(tmp_path, restore
 async def test_asking_again_while_an_extension_waits_for_an_admin_adds_no_request(tmp_path):
     """Past max_extensions a request waits for an admin. The owner (or a script with their
     token) pressing Extend again must not fill the admins' list of pending requests: one
-    server, one request waiting, however often it is asked."""
+    server, one request waiting, however often it is asked. Nor the metric, which counts the
+    requests on record as the list does (the first ask again counted a second one waiting)."""
+
+    def counted() -> dict[str, float]:
+        return {s: metrics.EXTENSIONS.labels(s)._value.get() for s in ("granted", "pending")}
+
     async with FakeHub() as hub:
         hub.add_server("mallory")
         gov = governor(hub, tmp_path)
         gov.ingest(report_for("mallory", H100_IDLE_GPU, sm=0.0))
         await gov.reconcile()
+        before = counted()
         statuses = [(await gov.extend("mallory/", "user:mallory", "x" * 2000))[0] for _ in range(8)]
         pending = gov.extensions("pending")
         assert statuses == [200, 200, 202, 202, 202, 202, 202, 202]
         assert [e.server_key for e in pending] == ["mallory/"]
+        assert {s: n - before[s] for s, n in counted().items()} == {"granted": 2, "pending": 1}
         await gov.decide_extension("mallory/", "user:admin", True, 3600.0, "ok")
         assert gov.extensions("pending") == []
         assert [e.status for e in gov.extensions()] == ["approved", "granted", "granted"]

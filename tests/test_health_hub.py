@@ -17,6 +17,7 @@ import time
 import pytest
 from governor_harness import Gov, governed_hub, server_running, wait
 from test_profiles_hub import H100, _hub_config, _singleuser_config, api_spawn, held
+from test_report import REPORT
 
 from jupyter_gpu_gov.gpu.simulated import leaf_devices
 
@@ -26,7 +27,7 @@ DEVICES = [H100, H100]
 UUIDS = [leaf["uuid"] for leaf in leaf_devices(DEVICES)]
 TIERS = [{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"}]
 QUOTAS = {"lab": {"guaranteed": {"h100": 2}}}
-TEAM_MAP = {"alice": "lab", "bob": "lab"}
+TEAM_MAP = {"alice": "lab", "bob": "lab", "carol": "lab"}
 FAILED = (
     "Your GPU failed (XID 79: the GPU fell off the bus); your work was checkpointed; "
     "restart your server to get another GPU"
@@ -214,3 +215,43 @@ def test_a_failed_driver_flags_gpu_servers_not_a_cpu_only_one(hub):
     finally:
         hub.execute("bob", kernel, "simulate.recover()")
         hub.stop_server("bob")
+
+
+def test_a_cpu_servers_report_of_a_failed_gpu_is_not_flagged(hub):
+    """carol's server, which the profile layer admitted with no GPU, reports (her own word:
+    the harness silenced her server, she posts with her token) that a GPU failed. The Hub's
+    records give her none: it is not the governor's to flag. Her claim was listed on the GPU
+    health panel naming her server, which went ``gpu-failed`` (never idle, never inactive)
+    and was flagged for an admin as if its GPU state were unknown. (Last on its hub.)"""
+    gov = Gov(hub)
+    hub.create_user("carol")
+    assert api_spawn(hub, "carol", {"profile": "no-gpu"}).status_code in (201, 202)
+    hub.wait_for_server("carol")
+    claimed = "GPU-00000000-0000-0000-0000-00000000cafe"
+    failed = {"status": "unhealthy", "reasons": ["XID 79"], "action": "reset", "warnings": []}
+    device = {**REPORT["devices"][0], "uuid": claimed, "health": failed}
+    token = hub.token("carol")
+
+    def claim() -> None:
+        status = hub.get(hub.user_url("carol", "jupyter-gpu-gov/status"), token=token).json()
+        status.pop("verdict", None)
+        r = gov.call("POST", "reports", token, json={**status, "devices": [device]})
+        assert r.status_code == 200, r.text
+
+    try:
+        until = time.monotonic() + 8  # twice gpu_unknown_alert_after (4 s)
+        while time.monotonic() < until:
+            claim()
+            time.sleep(0.5)
+        first = gov.passes()
+        while gov.passes() < first + 3:  # the claim was the last word for some passes
+            claim()
+            time.sleep(0.3)
+        view = gov.admin("GET", "health").json()
+        assert claimed not in [g["uuid"] for g in view["gpus"]], view["gpus"]
+        assert "carol/" not in [f["server"] for f in view["flagged"]], view["flagged"]
+        verdict = gov.verdict("carol")  # governed on what else she reports, as before
+        assert verdict["state"] != "gpu-failed" and "XID" not in verdict["reason"], verdict
+        assert "gpu-unknown" not in gov.actions("carol/")
+    finally:
+        hub.stop_server("carol")

@@ -6,9 +6,13 @@ bob      loops Extend while his server has nothing to extend, and Stop once it i
 bobsvc   a Hub service an admin set up (a monitoring job with the governor's access scope) whose
          name is a user's: ``bob``
 govadmin reads the extension requests and the audit trail
+ursula   spawns with user_options too large to keep, on a hub without the profile layer; the
+         admin's own pre_spawn_hook (the harness's: her server never reports) still runs
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from governor_harness import Gov, governed_hub, start_all, wait
@@ -28,7 +32,9 @@ LOOPS = 25  # within the API burst (100): every request is answered, none thrott
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    harness = governed_hub(tmp_path_factory.mktemp("asks"), silent_users=(), hub_config=HUB)
+    harness = governed_hub(
+        tmp_path_factory.mktemp("asks"), silent_users=("ursula",), hub_config=HUB
+    )
     with harness as hub:
         hub.create_user("govadmin")
         start_all(hub, {"bob": None})
@@ -67,6 +73,10 @@ def test_a_loop_of_refused_extensions_is_answered_but_recorded_once(hub, gov):
     assert len(refused) == 1, f"{len(refused)} refused requests on record for {LOOPS} asks"
     extends = [a for a in gov.audit("bob/") if a["action"] == "extend"]
     assert len(extends) == 1, f"{len(extends)} extend rows in the audit for {LOOPS} asks"
+    # The metric counts the requests on record, as the admins' list does.
+    scrape = hub.get(f"{hub.url.rstrip('/')}/services/gpu-gov/metrics", hub.token("govadmin"))
+    assert scrape.status_code == 200, scrape.text[:300]
+    assert 'jupyter_gpu_gov_extensions_total{status="refused"} 1.0' in scrape.text
 
 
 def test_a_service_named_as_a_user_reads_nothing_of_that_users(hub, gov):
@@ -115,3 +125,34 @@ def test_a_loop_of_stops_stops_once(hub, gov):
         if "DELETE /hub/api/users/bob/server" in line
     ]
     assert len(sent) == 1, sent
+
+
+def test_user_options_too_large_to_keep_are_refused_without_the_profile_layer(hub):
+    """The Hub sends a server's ``user_options`` in every listing of its users, which the
+    governor reads at each pass; the profile layer bounds them, but on a hub without it (this
+    one: add_governor alone) the REST API kept any JSON a user sent, of any size and number.
+    add_governor's guard refuses such a spawn naming the choice, keeps none of it, and the
+    admin's own pre_spawn_hook, set before add_governor, still runs."""
+    hub.create_user("ursula")
+
+    def kept() -> str:
+        model = hub.api("GET", "users/ursula", params={"include_stopped_servers": "1"}).json()
+        return json.dumps((model["servers"].get("") or {}).get("user_options"))
+
+    for big, named in (
+        ({"image": "y" * 100_000}, "'image'"),
+        ({"k" * 5000: "v"}, "'kkkk"),
+        ({f"o{i}": "v" for i in range(100)}, "100 choices"),
+    ):
+        r = hub.api("POST", "users/ursula/server", json=big)
+        assert r.status_code == 400, f"{r.status_code} {r.text[:300]}"
+        message = r.json()["message"]
+        assert named in message and "at most" in message, message
+        assert not hub.api("GET", "users/ursula").json()["servers"]
+        assert len(kept()) < 2000, kept()[:300]
+    hub.start_server("ursula", options={"image": "usual", "o1": "v"})  # usual ones as before
+    assert json.loads(kept()) == {"image": "usual", "o1": "v"}
+    kernel = hub.start_kernel("ursula")
+    code = "import os; print(repr(os.environ.get('JUPYTER_GPU_GOV_URL')))"
+    assert hub.execute("ursula", kernel, code).strip() == "''"  # the admin's hook ran
+    hub.stop_server("ursula")

@@ -130,6 +130,7 @@ def test_json_and_table_agree(trace, tmp_path):
     )
     # Per team, the same figures as the JSON's, current → candidate.
     team_rows = lines[lines.index(next(x for x in lines if x.startswith("per team"))) + 2 :]
+    team_rows = team_rows[: team_rows.index("")]  # then the notes on what the columns are
     assert {line.split()[0] for line in team_rows} == set(by_name["candidate"]["teams"])
     for line in team_rows:
         team, _, reclaimed, *_ = re.split(r"\s{2,}", line)
@@ -305,3 +306,33 @@ def test_the_table_shows_a_traces_names_not_terminal_controls(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "nlp\\x1b]0;pwned\\x07\\u202e" in result.stdout
     assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+
+
+def test_the_demo_hours_recorded_cull_is_explained_beside_the_replays_none(tmp_path):
+    """The README's what-if on the demo's hour (alice's idle kernel warned after a minute,
+    culled at three): the table read "culls 1 0 0" under "recorded current candidate" and
+    said no more, and the same policy seemed not to cull what it had culled. It now says what
+    each column is and why the two differ: the cull ended the run in the trace, before the
+    replayed policy (acting at the trace's 5-minute samples, after its checkpoint) reached its
+    own."""
+    from jupyter_gpu_gov.replay.history import HistoryRow, export_trace
+
+    t0, idle = 1796530706.0, {"gpu_sm": 0.0, "gpu_mem_mb": 20480, "holds_context": True}
+    alice = {"server": "alice/", "started": t0, "labels": {"gpu-gov/user": "alice"}, **idle}
+    rows = [  # what the demo governor kept of that hour (hub/history.py)
+        HistoryRow(t0, state="idle", **alice),
+        HistoryRow(t0 + 60, state="warned", actions=("warn",), **alice),
+        HistoryRow(t0 + 180, state="culled", actions=("cull",), cull_reason="gpu-idle", **alice),
+        HistoryRow(t0 + 185, state="culled", stopped=True, **alice),
+    ]
+    trace = tmp_path / "last-hour.jsonl"
+    trace.write_text("".join(line + "\n" for line in export_trace(rows)))
+    demo = Path(__file__).resolve().parent.parent / "hub_config" / "gpu_gov_config.py"
+    result = what_if(trace, "--policy", demo, "--current", demo)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"^culls +1 +0 +0 ", out, re.M), out
+    said = " ".join(out.split())
+    assert "recorded: what the governor did" in said, out
+    assert "current, candidate: each policy replayed on the trace" in said, out
+    assert "recorded 1 cull, current 0: a server the governor culled stops at that cull" in said

@@ -34,6 +34,13 @@ def _lazy(name: str) -> None:
     setattr(sys.modules[package], child, module)
 
 
+# No lock: LazyLoader's first load is not thread-safe before Python 3.12.3 (a second thread
+# reading the module mid-load sees it half run), but only one thread ever could read it here.
+# The service reads nothing of jupyterhub.orm: JupyterHub's scopes and roles read it only with
+# the Hub's database or ORM objects, which a service never passes; its token checks run on the
+# event loop, and no worker thread (store, lease, DCGM, training, listings) imports JupyterHub
+# (this module is the service's only import of it: tests/test_architecture.py). Something that
+# must read it from a thread should import it before the threads start.
 _lazy("jupyterhub.orm")
 
 from jupyterhub.services import auth as hub_auth_module  # noqa: E402  (after _lazy)

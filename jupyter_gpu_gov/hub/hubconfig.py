@@ -5,8 +5,9 @@
     add_governor(c, args=["--config=/etc/jupyterhub/gpu_gov_config.py"], admin_users=["alice"])
 
 It registers the managed service with least-privilege roles, defines the governor's admin scope,
-lets users (and their servers' tokens) talk to the service about their own servers, and tells
-single-user servers where to report.
+lets users (and their servers' tokens) talk to the service about their own servers, tells
+single-user servers where to report, and refuses a spawn whose ``user_options`` are too large
+to keep (a ``pre_spawn_hook`` that runs the admin's own after it).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
+from tornado import web
 from traitlets.config import Config, LazyConfigValue
 
+from ..core.grant import oversized
 from ..core.queue import QUEUE_SCOPE
+from ..core.text import escaped
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 SERVICE_SCOPES = [
@@ -53,7 +57,8 @@ def add_governor(
     tiers: Sequence[Mapping] = (),
 ) -> None:
     """Add the governor to JupyterHub config ``c`` (call it once, after setting services,
-    roles and the spawners' environment and token scopes if you set those: it adds to them).
+    roles and the spawners' environment, token scopes and ``pre_spawn_hook`` if you set those:
+    it adds to them; a hook set after it replaces its guard of ``user_options``).
     ``tiers``: what a server of each tier gets, for right-sizing hints
     (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``; this module does not import the
     profile layer)."""
@@ -104,6 +109,44 @@ def add_governor(
     _update_spawners(
         c, "environment", {"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"}
     )
+    for section in _spawner_sections(c, "pre_spawn_hook"):
+        c[section].pre_spawn_hook = bounded_user_options(c[section].get("pre_spawn_hook"))
+
+
+class ChoicesRefused(web.HTTPError):
+    """A spawn whose ``user_options`` are too large to keep; JupyterHub shows
+    ``jupyterhub_message`` on its spawn page, the API answers the 400 with it."""
+
+    def __init__(self, message: str) -> None:
+        # The Hub logs the error's own message: it quotes a user's choice.
+        super().__init__(400, "gpu-gov: %s", escaped(message))
+        self.jupyterhub_message = message
+
+
+def bounded_user_options(hook):
+    """A ``pre_spawn_hook`` that refuses a spawn whose ``user_options`` the profile layer would
+    not keep (``core.grant.oversized``: the Hub lists them to the governor at every pass, and
+    without the profile layer it kept any JSON the REST API was sent), keeping none of the
+    oversized ones, then runs ``hook`` (the admin's own, if any). A spawner that bounds them
+    itself (``bounds_user_options``: the profile layer, at admission) is left to it."""
+    if getattr(hook, "bounds_user_options", False):
+        return hook  # add_governor called twice
+
+    def guarded(spawner):
+        if not getattr(spawner, "bounds_user_options", False):
+            kept, why = oversized(dict(spawner.user_options or {}))
+            if why:
+                # The Hub saved them before the hooks ran: the next spawn without options
+                # (the Hub's default: the last ones) must not find them either.
+                spawner.user_options = kept
+                if spawner.orm_spawner is not None:
+                    spawner.orm_spawner.user_options = kept
+                    spawner.user.db.commit()
+                raise ChoicesRefused(why)
+        return hook(spawner) if hook is not None else None
+
+    guarded.bounds_user_options = True
+    return guarded
 
 
 def _add_user_scope(c, scope: str) -> None:

@@ -50,7 +50,8 @@ WARNINGS = Counter(
 )
 EXTENSIONS = Counter(
     "jupyter_gpu_gov_extensions_total",
-    "Extension requests by outcome (granted, pending, refused)",
+    "Extension requests on record (GET api/extensions), by their outcome when asked (granted, "
+    "pending, refused); an ask repeated while nothing changed, answered as before, is none",
     ("status",),
     registry=REGISTRY,
 )

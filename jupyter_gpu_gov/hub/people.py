@@ -89,7 +89,8 @@ class PeoplesRequests:
         # it or none (a store failure must not use an extension up without granting it). Asking
         # again while one waits for an admin is audited, not a second request in their list.
         self._commit(row, outcome.record, [audit], extensions=[] if again else [request])
-        metrics.EXTENSIONS.labels(outcome.status).inc()
+        if not again:  # the requests on record, as the admins' list has them
+            metrics.EXTENSIONS.labels(outcome.status).inc()
         await self.redecide(key)
         if again or outcome.status == "refused":
             self._answered(row, answer)

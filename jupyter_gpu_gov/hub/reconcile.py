@@ -547,12 +547,16 @@ class Governor(
         received = self.reports.get(key)
         # A report the records contradict is not believed, its health claims neither.
         report = received.report if received and key not in self._distrusted else None
+        # Its GPU's health. One the Hub's records give no GPU holds none (``_with_gpu``): what
+        # its report says of a GPU is its owner's word on a card not theirs, and DCGM's reading
+        # of a card only that report names is not its own: neither flags it (docs/health.md).
+        claims = None if grant.no_gpu(server.spawner_state) else report
         evidence = (
-            self._report_evidence(report, server)
-            if report is not None
+            self._report_evidence(claims, server)
+            if claims is not None
             else self._granted_evidence(server)
         )
-        failure = self.health.of_server(key, report, evidence, now, server.spawner_state)
+        failure = self.health.of_server(key, claims, evidence, now, server.spawner_state)
         cause, confident = cause_of(self.root_cause(key))
         view = evolve(view, cause=cause, cause_confident=confident, excluded=self._excluded(server))
         view, record = self.health.prepare(view, record, failure)

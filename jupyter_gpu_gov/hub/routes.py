@@ -352,8 +352,24 @@ class StopHandler(ApiHandler):
         self.write_json(await self.governor.stop_by_owner(key, self.actor, reason))
 
 
+def newest_first_page(handler: ApiHandler, row: str) -> tuple[int, int | None]:
+    """A newest-first listing's page (``api/audit``, ``api/extensions``): ``limit`` rows
+    (1 to ``MAX_AUDIT_ROWS``, default 200) older than ``before`` (the last ``id`` read), or 400
+    naming the bad one."""
+    text = handler.get_argument("limit", "200")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_AUDIT_ROWS:
+        raise web.HTTPError(400, f"'limit' must be a whole number from 1 to {MAX_AUDIT_ROWS}")
+    before = handler.get_argument("before", None)
+    if before is None:
+        return int(text), None
+    if not (before.isascii() and before.isdigit() and len(before) <= 18) or not int(before):
+        raise web.HTTPError(400, f"'before' must be {row} (a whole number)")
+    return int(text), int(before)
+
+
 class ExtensionsHandler(ApiHandler):
-    """``GET api/extensions?status=pending``: extension requests (admins)."""
+    """``GET api/extensions?status=pending[&limit=n&before=id]``: extension requests (admins),
+    newest first, a page at a time as the audit trail is."""
 
     cost = COST_LISTING
 
@@ -363,11 +379,13 @@ class ExtensionsHandler(ApiHandler):
         status = self.get_argument("status", None)
         if status is not None and status not in EXTENSION_STATUSES:
             raise web.HTTPError(400, f"'status' must be one of {', '.join(EXTENSION_STATUSES)}")
-        rows = self.governor.extensions(status)
+        limit, before = newest_first_page(self, "an extension request's id")
+        rows = self.governor.extensions(status, limit=limit, before=before)
         self.write_json(
             {
                 "extensions": [
                     {
+                        "id": row.id,
                         "server": row.server_key,
                         "requested_by": row.requested_by,
                         "requested_at": clock.isoformat(row.requested_at),
@@ -404,16 +422,7 @@ class AuditHandler(ApiHandler):
             if server is not None and (unreached := out_of_reach(self.current_user, server)):
                 raise web.HTTPError(403, unreached)
             servers = [server] if server is not None else self.current_user.get("servers", [None])
-        text = self.get_argument("limit", "200")
-        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_AUDIT_ROWS:
-            raise web.HTTPError(400, f"'limit' must be a whole number from 1 to {MAX_AUDIT_ROWS}")
-        limit = int(text)
-        # The next page: the rows older than the last one read (its "id").
-        before = self.get_argument("before", None)
-        if before is not None:
-            if not (before.isascii() and before.isdigit() and len(before) <= 18) or not int(before):
-                raise web.HTTPError(400, "'before' must be an audit row's id (a whole number)")
-            before = int(before)
+        limit, before = newest_first_page(self, "an audit row's id")
         rows = [
             row for key in servers for row in self.governor.audit_trail(key, user, limit, before)
         ]

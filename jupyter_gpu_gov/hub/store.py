@@ -508,10 +508,17 @@ class Store:
         return row
 
     def extensions(
-        self, status: str | None = None, server_key: str | None = None
+        self,
+        status: str | None = None,
+        server_key: str | None = None,
+        limit: int | None = None,
+        before: int | None = None,
     ) -> list[ExtensionRow]:
+        """Newest first; ``limit`` and ``before`` as ``audit_rows``' (a page)."""
         with self.session() as session:
-            query = select(ExtensionRow).order_by(ExtensionRow.id.desc())
+            query = select(ExtensionRow).order_by(ExtensionRow.id.desc()).limit(limit)
+            if before is not None:
+                query = query.where(ExtensionRow.id < before)
             if status is not None:
                 query = query.where(ExtensionRow.status == status)
             if server_key is not None:

@@ -509,9 +509,16 @@ class Views:
 
     # -- what the REST API and the pages read (they never reach the store or the reports) ----
 
-    def extensions(self, status: str | None = None, key: str | None = None) -> list[ExtensionRow]:
-        """Extension requests, newest first: of one status, of one server."""
-        return self.store.extensions(status, key)
+    def extensions(
+        self,
+        status: str | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+        before: int | None = None,
+    ) -> list[ExtensionRow]:
+        """Extension requests, newest first: of one status, of one server; at most ``limit``,
+        older than ``before``."""
+        return self.store.extensions(status, key, limit, before)
 
     def audit_trail(
         self,

@@ -40,7 +40,7 @@ from tornado import web
 
 from ..core import clock
 from ..core.durations import parse_duration
-from ..core.grant import GRANT_STATE, user_may_choose
+from ..core.grant import GRANT_STATE, oversized, user_may_choose
 from ..core.queue import (
     CANCELLED,
     FOR_A_GPU,
@@ -156,6 +156,9 @@ class GpuProfilesMixin:
     """Tiers, team quotas and admission for a JupyterHub spawner (mix in first)."""
 
     _gpu_granted: dict[str, str] | None = None  # the grant, in the spawner's state ({}: no GPU)
+    # Admission refuses user_options too large to keep (after what cannot be granted):
+    # add_governor's pre_spawn_hook (hub/hubconfig.py) leaves them to it.
+    bounds_user_options = True
     _gpu_queued: QueuedRequest | None = None  # waiting in line, kept in the spawner's state
     # The pod of each started server holding a tier (KubeSpawner's state: pod_name) -> the tier,
     # from the last count: the cluster count knows the hub's pods by name, not by their labels.
@@ -413,7 +416,7 @@ class GpuProfilesMixin:
         self, options: Mapping[str, Any], teams: list[str], oversized: str | None = None
     ) -> tuple[Tier, str, Admission] | None:
         """The tier, team and admission for ``options`` (None: no GPU); raises ``GpuRefused``.
-        ``oversized``: why a choice is too large to keep (``form.oversized``), refused once
+        ``oversized``: why a choice is too large to keep (``core.grant.oversized``), refused once
         each choice is read (a choice that cannot be granted says so first)."""
         checked = self._gpu_check(options, teams)
         if oversized:
@@ -452,7 +455,7 @@ class GpuProfilesMixin:
         # The user's choices only; what an earlier spawn was granted is decided anew.
         choices = {k: v for k, v in sent.items() if user_may_choose(k)}
         ignored = sorted(str(k) for k in sent.keys() - choices.keys() - set(GRANT_KEYS))
-        options, oversized = form.oversized(choices)  # never kept: refused in _gpu_decide
+        options, too_large = oversized(choices)  # never kept: refused in _gpu_decide
         if ignored:  # named in one bounded line: the keys are the user's
             self.log.warning(
                 "gpu-gov: %s: ignored user_options a user may not set: %s",
@@ -462,7 +465,7 @@ class GpuProfilesMixin:
             )
         self._gpu_granted = None
         try:
-            decided = self._gpu_decide(choices, teams, oversized)
+            decided = self._gpu_decide(choices, teams, too_large)
             # Admitted: a server waiting in line leaves it (whatever it now starts with).
             waited, self._gpu_queued = self._gpu_queued, None
             REFUSED.forget(self._gpu_server_key())

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import statistics
+import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -583,7 +584,50 @@ def table(outcomes: Sequence[Outcome], title: str = "") -> str:
                 cells.append(" → ".join(_cell(v, kind) for v in values))
             rows.append(cells)
         text += _columns(rows)
+    if said := notes(outcomes):
+        text += ["", *said]
     return "\n".join(text)
+
+
+_ACTIONS = ("warnings", "notices", "checkpoints", "interrupts", "culls")
+
+
+def notes(outcomes: Sequence[Outcome], width: int = 92) -> list[str]:
+    """What a reader new to the table needs: what "recorded" and the replayed runs are, and
+    why the recorded culls differ from the current policy's replayed on the same trace."""
+    if len(outcomes) < 2 or outcomes[0].name != RECORDED:
+        return []
+    recorded, current = outcomes[0].total, outcomes[1].total
+    replayed = ", ".join(o.name for o in outcomes[1:])
+    acted = any(getattr(recorded, name) for name in _ACTIONS)
+    said = [
+        "recorded: what the governor did when this history was recorded (the actions the "
+        "trace carries)."
+        if acted
+        else "recorded: the trace with nothing done (it carries none of the governor's "
+        "actions: not an exported history, or nothing was done then).",
+        f"{replayed}: each policy replayed on the trace's samples, as if it had governed instead.",
+    ]
+    culls = f"recorded {_times(recorded.culls, 'cull')}, {outcomes[1].name} {current.culls:,}"
+    if acted and recorded.culls > current.culls:
+        said.append(
+            f"{culls}: a server the governor culled stops at that cull in the trace. A replayed "
+            "policy acts only at the trace's samples (one each export-trace --step, 5m by "
+            "default), after its own warning and checkpoint, so its cull of such a server can "
+            "fall after the run ended, and none is counted; nor does it know what came before "
+            "the trace's first sample (an idle stretch begun earlier)."
+        )
+    elif acted and recorded.culls < current.culls:
+        said.append(
+            f"{culls}: the replayed policy culls servers the governor did not: the trace does "
+            "not carry what held their cull off then (other policies in force, an owner's "
+            "extension, an admin's exemption)."
+        )
+    return [line for text in said for line in textwrap.wrap(text, width)]
+
+
+def _times(count: int, what: str) -> str:
+    return f"{count:,} {what}" + ("" if count == 1 else "s")
 
 
 def _cell(value: Any, kind: str) -> str:
