@@ -399,6 +399,41 @@ def test_a_candidate_of_more_policies_than_the_limit_is_a_400_naming_it(service)
     assert call(service, "GET", "api/policy").json() == live
 
 
+def test_a_reason_past_2000_characters_is_a_400_wherever_a_reason_is_taken(service):
+    """Every reason is at most 2,000 characters, and one past it is refused, never kept cut
+    short: the policy admin's apply, revert and ending of a dry run cut it unsaid, and the
+    dashboard's and the policy page's forms kept a megabyte's in the audit row."""
+    long = "r" * 2001
+    candidate = {"policies": [{"name": "tight", "cull_after": "45m"}]}
+    started = call(
+        service,
+        "POST",
+        "api/policy/apply",
+        data=json.dumps({"candidate": candidate, "reason": "try", "dry_run": True}),
+    )
+    assert started.status_code == 200, started.text[:500]
+    live, before = call(service, "GET", "api/policy").json(), service.snapshot()
+    for method, path, body in (
+        ("POST", "api/policy/apply", json.dumps({"candidate": candidate, "reason": long})),
+        ("POST", "api/policy/revert", json.dumps({"reason": long})),
+        ("DELETE", f"api/policy/dry-run?reason={long}", None),
+    ):
+        r = call(service, method, path, data=body)
+        assert r.status_code == 400, (path, r.status_code, r.text[:300])
+        assert r.json()["message"] == "'reason' may be at most 2000 characters"
+    for path, form in (
+        ("actions", {"server": "alice/", "action": "extend", "reason": long}),
+        ("policy", {"action": "apply", "candidate": json.dumps(candidate), "reason": long}),
+        ("policy", {"action": "stop-dry-run", "reason": long}),
+    ):
+        r = call(service, "POST", path, data=form, allow_redirects=False)
+        assert r.status_code == 400, (path, form["action"], r.status_code, r.text[:300])
+        assert "reason&#39; may be at most 2000 characters" in r.text, r.text[:300]
+    assert call(service, "GET", "api/policy").json() == live  # the dry run still under way
+    assert service.snapshot() == before
+    assert call(service, "DELETE", "api/policy/dry-run?reason=done").status_code == 200
+
+
 def test_a_hub_slow_or_failing_to_check_a_token_gets_the_report_a_clear_answer(
     tmp_path, monkeypatch, caplog
 ):
