@@ -651,3 +651,43 @@ def test_the_tokens_table_gives_the_scopes_add_governor_grants():
     table["governor admins'"].add("access:services!service=gpu-gov")  # "(+ the access scope)"
     assert table == given
     assert "access:servers" not in given["the governor service's"]
+
+
+def test_the_profile_layers_key_tables_name_every_key_it_takes():
+    """docs/profiles.md's tables of a tier's and a quota's keys are the keys the profile layer
+    accepts, no more and no fewer: a key missing there is one no admin can learn of (a
+    tier's `resource` was), and one the code refuses stops the hub at start-up."""
+    from jupyter_gpu_gov.profiles import quota, tiers
+
+    text = _text("docs/profiles.md")
+
+    def keys(section: str) -> set[str]:
+        cells = re.findall(r"^\| ([^|]+) \|", section, re.M)
+        return {k for cell in cells for k in re.findall(r"`(\w+)`", cell)}
+
+    tier_table = text.split("## Tiers")[1].split("### The card catalogue")[0]
+    quota_table = text.split("## Quotas")[1].split("Admission (")[0]
+    assert keys(tier_table) == tiers._KEYS
+    assert keys(quota_table) == quota._KEYS
+
+
+def test_health_mds_xid_table_is_the_judges():
+    """docs/health.md's table of faults gives the XIDs ``core/health.py`` judges a reset and
+    a drain, each of them, and only application XIDs as the program's: an admin reads there
+    which XID takes a card away from its owner."""
+    from jupyter_gpu_gov.core import health
+
+    table = _text("docs/health.md").split("## What is a fault")[1].split("The XIDs follow")[0]
+
+    def xids(row_start: str) -> set[int]:
+        (row,) = [r for r in table.splitlines() if r.startswith(f"| {row_start}")]
+        cell = row.split("|")[1].split(";")[0]
+        spans = re.findall(r"(\d+)(?:\u2013(\d+))?", cell)  # an en dash: 144-150
+        return {x for a, b in spans for x in range(int(a), int(b or a) + 1)}
+
+    judged = {
+        need: {x for x, (_, a) in health.XIDS.items() if a == need} for need in health.ACTIONS
+    }
+    assert xids("XID 46") == judged[health.RESET]
+    assert xids("XID 63") == judged[health.DRAIN]
+    assert xids("an application's XID") <= health.APPLICATION_XIDS

@@ -655,11 +655,18 @@ def test_a_token_in_the_url_is_not_written_to_the_log(service, caplog):
         ]
 
     with caplog.at_level("INFO", logger="tornado.access"):
-        for path in ("api/nothing?token=SECRET-TOKEN-1&x=1", "api/?Token=SECRET-TOKEN-2"):
+        # Every credential a URL may carry: HubAuth's token, OAuth's code and state, the form's
+        # _xsrf (docs/security.md, "The access log").
+        for path in (
+            "api/nothing?token=SECRET-TOKEN-1&x=1",
+            "api/?Token=SECRET-TOKEN-2",
+            "api/?access_token=SECRET-TOKEN-3&_xsrf=SECRET-TOKEN-4&code=SECRET-TOKEN-5"
+            "&state=SECRET-TOKEN-6",
+        ):
             call(service, "GET", path)
         # tornado logs a request after it has sent the answer, in the service's thread.
         deadline = time.monotonic() + 30
-        while len(service_lines()) < 2 and time.monotonic() < deadline:
+        while len(service_lines()) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
     lines = service_lines()
     assert any("/api/nothing?token=[secret]&x=1" in line for line in lines), lines
