@@ -399,6 +399,17 @@ def test_a_candidate_of_more_policies_than_the_limit_is_a_400_naming_it(service)
     assert call(service, "GET", "api/policy").json() == live
 
 
+def test_a_duration_past_100_years_is_a_400_naming_it(service):
+    """Durations are at most 100 years (docs/security.md): an exemption a day longer is
+    refused, naming it, and nothing changes; past the bound, date arithmetic overflows."""
+    for duration in ("36501d", 100 * 365 * 86400 + 1):
+        before = service.snapshot()
+        body = json.dumps({"reason": "for good", "duration": duration})
+        r = call(service, "POST", "api/users/alice/server/exempt", data=body)
+        assert_refused_unchanged(service, r, before, "'duration'")
+        assert r.status_code == 400 and "longer than 100 years" in r.json()["message"], r.text
+
+
 def test_a_reason_past_2000_characters_is_a_400_wherever_a_reason_is_taken(service):
     """Every reason is at most 2,000 characters, and one past it is refused, never kept cut
     short: the policy admin's apply, revert and ending of a dry run cut it unsaid, and the
