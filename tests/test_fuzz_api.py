@@ -399,6 +399,32 @@ def test_a_candidate_of_more_policies_than_the_limit_is_a_400_naming_it(service)
     assert call(service, "GET", "api/policy").json() == live
 
 
+def test_the_policy_routes_answer_as_the_api_reference_says(service):
+    """docs/api.md's table of ``api/policy…``: each refusal with its status and words, and
+    none of them changes the live policies or the audit trail."""
+    candidate = {"policies": [{"name": "tight", "cull_after": "45m"}]}
+    live, before = call(service, "GET", "api/policy").json(), service.snapshot()
+    for method, path, body, status, words in (
+        ("GET", "api/policy", None, 403, "admin"),  # alice: no governor admin
+        ("GET", "api/policy/dry-run", None, 404, "no dry run is under way"),
+        ("DELETE", "api/policy/dry-run?reason=x", None, 404, "no dry run is under way"),
+        ("POST", "api/policy/apply", {"candidate": candidate}, 400, "say why"),
+        ("POST", "api/policy/revert", {}, 400, "say why"),
+        ("POST", "api/policy/revert", {"reason": "back"}, 409, "already"),
+        ("POST", "api/policy/apply", {"candidate": candidate, "reason": "x", "over": "v0"}, 409,
+         "the live policies changed since you read them"),
+        ("POST", "api/policy/what-if", {"candidate": candidate, "over": "v0"}, 409,
+         "the live policies changed since you read them"),
+        ("POST", "api/policy/what-if", {"candidate": candidate, "days": 32}, 400, "at most 31"),
+    ):  # fmt: skip
+        token = ALICE if status == 403 else ADMIN
+        data = None if body is None else json.dumps(body)
+        r = call(service, method, path, token=token, data=data)
+        assert r.status_code == status and words in r.json()["message"], (path, r.text[:300])
+    assert call(service, "GET", "api/policy").json() == live
+    assert service.snapshot() == before
+
+
 def test_a_duration_past_100_years_is_a_400_naming_it(service):
     """Durations are at most 100 years (docs/security.md): an exemption a day longer is
     refused, naming it, and nothing changes; past the bound, date arithmetic overflows."""
