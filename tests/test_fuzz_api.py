@@ -399,6 +399,18 @@ def test_a_candidate_of_more_policies_than_the_limit_is_a_400_naming_it(service)
     assert call(service, "GET", "api/policy").json() == live
 
 
+def test_the_metrics_are_for_admins_and_read_metrics_tokens_only(service):
+    """``/metrics`` names every running server's user, team, project and pod
+    (docs/grafana.md): a governor admin's token or one with ``read:metrics`` reads it
+    (Prometheus's), anyone else's is a 403 naming the scope."""
+    service.hub.add_user_token("alice", "metrics-token", extra_scopes=[ACCESS, "read:metrics"])
+    r = call(service, "GET", "metrics", token=ALICE)
+    assert r.status_code == 403 and "read:metrics" in r.json()["message"], r.text[:300]
+    for token in (ADMIN, "metrics-token"):
+        r = call(service, "GET", "metrics", token=token)
+        assert r.status_code == 200 and "jupyter_gpu_gov_servers" in r.text, r.text[:300]
+
+
 def test_the_policy_routes_answer_as_the_api_reference_says(service):
     """docs/api.md's table of ``api/policy…``: each refusal with its status and words, and
     none of them changes the live policies or the audit trail."""
