@@ -94,3 +94,11 @@ def test_the_rule_selects_what_the_governor_exports_for_that_gpu(reading, alert)
             assert not [s for s in samples if theirs.items() <= s.labels.items()], other["alert"]
     finally:
         metrics.observe_gpu_health([], 0)
+
+
+def test_health_md_lists_every_rule_with_its_severity():
+    """docs/health.md's table of the shipped alerts is the file's: an admin loading it reads
+    there what each alert means and how loud it is (the lease's alert was missing)."""
+    doc = (RULES.parents[2] / "docs" / "health.md").read_text()
+    table = dict(re.findall(r"^\| `(\w+)` \| [^|]* \| (\w+) \|$", doc, re.M))
+    assert table == {r["alert"]: r["labels"]["severity"] for r in rules()}

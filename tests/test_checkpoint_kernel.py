@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+import stat
 import tempfile
 import threading
 import uuid
@@ -354,6 +355,20 @@ def test_checkpoint_ids_sort_by_time_then_suffix(tmp_path, monkeypatch):
     (tmp_path / "notes").mkdir()
     names = [p.name for p in checkpoint._checkpoints(tmp_path)]
     assert names == [*reversed(made), "20261129T134926Z"]
+
+
+def test_the_checkpoint_folder_it_makes_is_its_owners_alone(isolated, capsys):
+    """Restoring unpickles what the folder holds: the folder the checkpoints make (the default
+    in the user's home) and each checkpoint in it are 0700, whatever the umask, so no other
+    user can plant a "newest" checkpoint in them (docs/security.md, "Checkpoint files")."""
+    old = os.umask(0)  # mkdir's mode is what the umask leaves of it: leave it everything
+    try:
+        checkpoint.save_variables("x", namespace={"x": 1})
+        checkpoint._gpu_checkpoint("now")
+    finally:
+        os.umask(old)
+    (made,) = checkpoint._checkpoints(isolated)
+    assert [oct(stat.S_IMODE(p.stat().st_mode)) for p in (isolated, made)] == ["0o700"] * 2
 
 
 def test_magic_now_list_restore_and_help(isolated, capsys):

@@ -868,6 +868,28 @@ def test_a_zombie_tolerates_a_few_percent_of_sm_noise(sm):
         assert d.label == "uncertain" and set(d.candidates) == {"zombie", "healthy"}
 
 
+def test_forged_idle_windows_move_the_zombie_line_by_two_percent_at_most():
+    """docs/security.md: a node's idle floor is learnt from every server's idle windows, forged
+    reports' included. 1,000 idle windows at SM 0.24 teach a floor near 0.24, yet a neighbour's
+    window at SM 0.15 (work) is no zombie: the floor raises the line by 0.02 at most
+    (``Diagnoser._idle``), and no report can make another's work read as a confident zombie."""
+    idle = {"gpu_mem_frac": 0.4, "user_idle_s": 5 * 3600, "kernel_busy": False}
+    forged = [
+        w(node="n", server=f"mallory-{i % 3}/", t=60.0 * i, sm_active=0.24, gr_active=0.24, **idle)
+        for i in range(1000)
+    ]
+    honest = [  # the node's running loops, which its references need first
+        w(node="n", server=f"honest-{i % 6}/", t=60.0 * i, sm_active=0.7, gr_active=0.9)
+        for i in range(300)
+    ]
+    model = Diagnoser().fit(honest + forged)
+    (ref,) = model.nodes.values()
+    assert ref.idle_floor > 0.2  # what was forged is learnt
+    bob = w(node="n", server="bob/", sm_active=0.15, gr_active=0.15, **idle)
+    assert model.diagnose(bob).label != "zombie", model.diagnose(bob)
+    assert model.diagnose(replace(bob, sm_active=0.01, gr_active=0.01)).label == "zombie"
+
+
 def test_a_terminal_holding_memory_and_doing_nothing_is_a_zombie():
     model = Diagnoser()
     quiet = w(sm_active=0.01, gpu_mem_frac=0.3, user_idle_s=9 * 3600, kernel_busy=None,

@@ -563,3 +563,131 @@ def test_the_settings_tables_give_each_settings_default():
                 bad.append(f"{name}: `{literal}`, the trait's {traits[name].default()!r}")
     assert checked > 40, checked
     assert not bad, bad
+
+
+def _series_labels() -> dict[str, set[str]]:
+    """Each governor and server-extension series' labels (a histogram's ``le`` too), by its
+    name and by the names of its samples (``_total``, ``_bucket``, ...)."""
+    from prometheus_client import REGISTRY as SERVER_REGISTRY
+
+    from jupyter_gpu_gov.hub import metrics
+    from jupyter_gpu_gov.hub import queue as _queue  # noqa: F401  (registers its series)
+    from jupyter_gpu_gov.server import metrics as _server  # noqa: F401  (likewise)
+
+    found: dict[str, set[str]] = {}
+    for registry in (metrics.REGISTRY, SERVER_REGISTRY):
+        for collector, names in registry._collector_to_names.items():
+            labels = set(getattr(collector, "_labelnames", getattr(collector, "LABELS", ())))
+            if getattr(collector, "_type", "") == "histogram":
+                labels.add("le")
+            found.update((name, labels) for name in names if name.startswith("jupyter_gpu_gov_"))
+    return found
+
+
+def test_every_label_a_document_or_the_dashboard_reads_is_on_its_series():
+    """A label the documents or the Grafana dashboard give a series (a table's Labels column,
+    a selector ``{state="active"}`` or ``{team,tier}``, a ``by (team)`` over that series
+    alone) is one the series carries: a panel grouping by a label that is not there draws one
+    unlabelled line, and a selector on it matches nothing, with no error anywhere."""
+    import json
+
+    series = _series_labels()
+    assert len(series) > 40 and series["jupyter_gpu_gov_culls_total"] == {"reason", "action"}
+    dashboard = json.loads(_text("hub_config/grafana/jupyter-gpu-gov-dashboard.json"))
+    sources = {
+        "the dashboard": "\n".join(
+            t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])
+        )
+    }
+    sources.update((d.name, d.read_text(encoding="utf-8")) for d in DOCS)
+    del sources["benchmarks-history.md"]  # a log of its day
+    bad = []
+    for where, text in sources.items():
+        for name, selector in re.findall(r"\b(jupyter_gpu_gov_[a-z_]+)\{([^}]*)\}", text):
+            keys = re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", selector) or selector.split(",")
+            bad += [
+                f"{where}: {name}{{{k.strip()}}}" for k in keys if k.strip() not in series[name]
+            ]
+        for by, inner in re.findall(r"\bby \(([^)]*)\) \(((?:[^()]|\([^()]*\))*)\)", text):
+            names = set(re.findall(r"\bjupyter_gpu_gov_[a-z_]+", inner))
+            if len(names) == 1 and not re.search(r"\b(DCGM_|kube_)", inner):
+                (name,) = names
+                keys = {k.strip() for k in by.split(",")}
+                bad += [f"{where}: by ({k}) over {name}" for k in keys - series[name]]
+        for name, cell in re.findall(r"^\| `(jupyter_gpu_gov_[a-z_]+)` \| ([^|]*) \|", text, re.M):
+            if set(re.findall(r"`(\w+)`", cell)) != series[name] - {"le"}:
+                bad.append(f"{where}: the table gives {name} {cell.strip()!r}")
+    assert not bad, bad
+
+
+def test_the_tokens_table_gives_the_scopes_add_governor_grants():
+    """docs/security.md's table of tokens is what ``add_governor`` configures, scope for
+    scope: the governor's token has no ``access:servers`` (it calls no user's server), a
+    server's own token no admin scope, the dashboard's login at most the two it names. A scope
+    added to one of them without the table is a credential no admin was told of."""
+    from traitlets.config import Config
+
+    from jupyter_gpu_gov.hub.hubconfig import add_governor
+
+    WORDS = {"self", "servers", "admin-ui"}  # the scopes without a colon
+    c = Config()
+    add_governor(c, cull_users=True)
+    roles = {r["name"]: set(r["scopes"]) for r in c.JupyterHub.load_roles.get_value([])}
+    (service,) = c.JupyterHub.services.get_value([])
+    given = {
+        "the governor service's": roles["gpu-gov-service"],
+        "a single-user server's own": set(c.Spawner.server_token_scopes),
+        "a user's": roles["user"],
+        "governor admins'": roles["gpu-gov-admins"],
+        "the dashboard's OAuth client": set(service["oauth_client_allowed_scopes"]),
+    }
+    section = _text("docs/security.md").split("## The tokens and their scopes")[1]
+    rows = re.findall(r"^\| ([^|(]+?)(?: \([^|]*\))? \| ([^|]*) \|", section, re.M)
+    table = {  # the scopes of each row (not the settings it names, `cull_users`)
+        who.strip(): {s for s in re.findall(r"`([^`]+)`", scopes) if ":" in s or s in WORDS}
+        for who, scopes in rows
+        if who.strip() in given
+    }
+    table["governor admins'"].add("access:services!service=gpu-gov")  # "(+ the access scope)"
+    assert table == given
+    assert "access:servers" not in given["the governor service's"]
+
+
+def test_the_profile_layers_key_tables_name_every_key_it_takes():
+    """docs/profiles.md's tables of a tier's and a quota's keys are the keys the profile layer
+    accepts, no more and no fewer: a key missing there is one no admin can learn of (a
+    tier's `resource` was), and one the code refuses stops the hub at start-up."""
+    from jupyter_gpu_gov.profiles import quota, tiers
+
+    text = _text("docs/profiles.md")
+
+    def keys(section: str) -> set[str]:
+        cells = re.findall(r"^\| ([^|]+) \|", section, re.M)
+        return {k for cell in cells for k in re.findall(r"`(\w+)`", cell)}
+
+    tier_table = text.split("## Tiers")[1].split("### The card catalogue")[0]
+    quota_table = text.split("## Quotas")[1].split("Admission (")[0]
+    assert keys(tier_table) == tiers._KEYS
+    assert keys(quota_table) == quota._KEYS
+
+
+def test_health_mds_xid_table_is_the_judges():
+    """docs/health.md's table of faults gives the XIDs ``core/health.py`` judges a reset and
+    a drain, each of them, and only application XIDs as the program's: an admin reads there
+    which XID takes a card away from its owner."""
+    from jupyter_gpu_gov.core import health
+
+    table = _text("docs/health.md").split("## What is a fault")[1].split("The XIDs follow")[0]
+
+    def xids(row_start: str) -> set[int]:
+        (row,) = [r for r in table.splitlines() if r.startswith(f"| {row_start}")]
+        cell = row.split("|")[1].split(";")[0]
+        spans = re.findall(r"(\d+)(?:\u2013(\d+))?", cell)  # an en dash: 144-150
+        return {x for a, b in spans for x in range(int(a), int(b or a) + 1)}
+
+    judged = {
+        need: {x for x, (_, a) in health.XIDS.items() if a == need} for need in health.ACTIONS
+    }
+    assert xids("XID 46") == judged[health.RESET]
+    assert xids("XID 63") == judged[health.DRAIN]
+    assert xids("an application's XID") <= health.APPLICATION_XIDS

@@ -399,6 +399,90 @@ def test_a_candidate_of_more_policies_than_the_limit_is_a_400_naming_it(service)
     assert call(service, "GET", "api/policy").json() == live
 
 
+def test_the_metrics_are_for_admins_and_read_metrics_tokens_only(service):
+    """``/metrics`` names every running server's user, team, project and pod
+    (docs/grafana.md): a governor admin's token or one with ``read:metrics`` reads it
+    (Prometheus's), anyone else's is a 403 naming the scope."""
+    service.hub.add_user_token("alice", "metrics-token", extra_scopes=[ACCESS, "read:metrics"])
+    r = call(service, "GET", "metrics", token=ALICE)
+    assert r.status_code == 403 and "read:metrics" in r.json()["message"], r.text[:300]
+    for token in (ADMIN, "metrics-token"):
+        r = call(service, "GET", "metrics", token=token)
+        assert r.status_code == 200 and "jupyter_gpu_gov_servers" in r.text, r.text[:300]
+
+
+def test_the_policy_routes_answer_as_the_api_reference_says(service):
+    """docs/api.md's table of ``api/policy…``: each refusal with its status and words, and
+    none of them changes the live policies or the audit trail."""
+    candidate = {"policies": [{"name": "tight", "cull_after": "45m"}]}
+    live, before = call(service, "GET", "api/policy").json(), service.snapshot()
+    for method, path, body, status, words in (
+        ("GET", "api/policy", None, 403, "admin"),  # alice: no governor admin
+        ("GET", "api/policy/dry-run", None, 404, "no dry run is under way"),
+        ("DELETE", "api/policy/dry-run?reason=x", None, 404, "no dry run is under way"),
+        ("POST", "api/policy/apply", {"candidate": candidate}, 400, "say why"),
+        ("POST", "api/policy/revert", {}, 400, "say why"),
+        ("POST", "api/policy/revert", {"reason": "back"}, 409, "already"),
+        ("POST", "api/policy/apply", {"candidate": candidate, "reason": "x", "over": "v0"}, 409,
+         "the live policies changed since you read them"),
+        ("POST", "api/policy/what-if", {"candidate": candidate, "over": "v0"}, 409,
+         "the live policies changed since you read them"),
+        ("POST", "api/policy/what-if", {"candidate": candidate, "days": 32}, 400, "at most 31"),
+    ):  # fmt: skip
+        token = ALICE if status == 403 else ADMIN
+        data = None if body is None else json.dumps(body)
+        r = call(service, method, path, token=token, data=data)
+        assert r.status_code == status and words in r.json()["message"], (path, r.text[:300])
+    assert call(service, "GET", "api/policy").json() == live
+    assert service.snapshot() == before
+
+
+def test_a_duration_past_100_years_is_a_400_naming_it(service):
+    """Durations are at most 100 years (docs/security.md): an exemption a day longer is
+    refused, naming it, and nothing changes; past the bound, date arithmetic overflows."""
+    for duration in ("36501d", 100 * 365 * 86400 + 1):
+        before = service.snapshot()
+        body = json.dumps({"reason": "for good", "duration": duration})
+        r = call(service, "POST", "api/users/alice/server/exempt", data=body)
+        assert_refused_unchanged(service, r, before, "'duration'")
+        assert r.status_code == 400 and "longer than 100 years" in r.json()["message"], r.text
+
+
+def test_a_reason_past_2000_characters_is_a_400_wherever_a_reason_is_taken(service):
+    """Every reason is at most 2,000 characters, and one past it is refused, never kept cut
+    short: the policy admin's apply, revert and ending of a dry run cut it unsaid, and the
+    dashboard's and the policy page's forms kept a megabyte's in the audit row."""
+    long = "r" * 2001
+    candidate = {"policies": [{"name": "tight", "cull_after": "45m"}]}
+    started = call(
+        service,
+        "POST",
+        "api/policy/apply",
+        data=json.dumps({"candidate": candidate, "reason": "try", "dry_run": True}),
+    )
+    assert started.status_code == 200, started.text[:500]
+    live, before = call(service, "GET", "api/policy").json(), service.snapshot()
+    for method, path, body in (
+        ("POST", "api/policy/apply", json.dumps({"candidate": candidate, "reason": long})),
+        ("POST", "api/policy/revert", json.dumps({"reason": long})),
+        ("DELETE", f"api/policy/dry-run?reason={long}", None),
+    ):
+        r = call(service, method, path, data=body)
+        assert r.status_code == 400, (path, r.status_code, r.text[:300])
+        assert r.json()["message"] == "'reason' may be at most 2000 characters"
+    for path, form in (
+        ("actions", {"server": "alice/", "action": "extend", "reason": long}),
+        ("policy", {"action": "apply", "candidate": json.dumps(candidate), "reason": long}),
+        ("policy", {"action": "stop-dry-run", "reason": long}),
+    ):
+        r = call(service, "POST", path, data=form, allow_redirects=False)
+        assert r.status_code == 400, (path, form["action"], r.status_code, r.text[:300])
+        assert "reason&#39; may be at most 2000 characters" in r.text, r.text[:300]
+    assert call(service, "GET", "api/policy").json() == live  # the dry run still under way
+    assert service.snapshot() == before
+    assert call(service, "DELETE", "api/policy/dry-run?reason=done").status_code == 200
+
+
 def test_a_hub_slow_or_failing_to_check_a_token_gets_the_report_a_clear_answer(
     tmp_path, monkeypatch, caplog
 ):
@@ -659,11 +743,18 @@ def test_a_token_in_the_url_is_not_written_to_the_log(service, caplog):
         ]
 
     with caplog.at_level("INFO", logger="tornado.access"):
-        for path in ("api/nothing?token=SECRET-TOKEN-1&x=1", "api/?Token=SECRET-TOKEN-2"):
+        # Every credential a URL may carry: HubAuth's token, OAuth's code and state, the form's
+        # _xsrf (docs/security.md, "The access log").
+        for path in (
+            "api/nothing?token=SECRET-TOKEN-1&x=1",
+            "api/?Token=SECRET-TOKEN-2",
+            "api/?access_token=SECRET-TOKEN-3&_xsrf=SECRET-TOKEN-4&code=SECRET-TOKEN-5"
+            "&state=SECRET-TOKEN-6",
+        ):
             call(service, "GET", path)
         # tornado logs a request after it has sent the answer, in the service's thread.
         deadline = time.monotonic() + 30
-        while len(service_lines()) < 2 and time.monotonic() < deadline:
+        while len(service_lines()) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
     lines = service_lines()
     assert any("/api/nothing?token=[secret]&x=1" in line for line in lines), lines

@@ -239,6 +239,10 @@ BAD = [  # what is sent, the answer's status, words of its message
     # Latin-1's superscript two: a digit to str.isdigit, not to int()
     (P + b"Content-Length: \xb2\r\n\r\n", 400, "Content-Length is not a number"),
     (b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400, "folded"),
+    # A field name that is not a token: a space before the colon is a Content-Length to a
+    # lenient parser and none to a strict one (RFC 9112 5.1: the smuggler's classic).
+    (P + b"Content-Length : 3\r\n\r\nabc", 400, "malformed header line"),
+    (P + b"Content[Length]: 3\r\n\r\nabc", 400, "malformed header line"),
     (b"GARBAGE\r\nHost: x\r\n\r\n", 400, "request line"),
     (b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n", 400, "header value"),
     (b"GET / HTTP/1.1\r\n\r\n", 400, "Missing Host header"),
@@ -256,7 +260,8 @@ BAD = [  # what is sent, the answer's status, words of its message
     (b"G\x1b[1mT / HTTP/1.1\r\nHost: x\r\n\r\n", 400, "request line"),
 ]
 BAD_IDS = (
-    "head body chunked lengths nan superscript folded line ctl nohost host v2 quote"
+    "head body chunked lengths nan superscript folded namespace nametoken line ctl nohost host v2"
+    " quote"
     " lf crlflf nul cr latin1 method"
 )
 

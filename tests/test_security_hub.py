@@ -321,6 +321,24 @@ def test_a_bogus_token_does_not_skip_the_xsrf_check(hub, gov):
     assert not [a for a in gov.audit("bob/") if a["action"] in ("exempt", "cull")]
 
 
+def test_a_report_rides_on_a_token_never_on_the_login_cookie(hub, gov):
+    """The report's route reads the ``Authorization`` token and no cookie (docs/security.md,
+    "Who is asking"): a page bob opens could have his browser post a report with his login
+    (a cross-site form carries the cookie, never a header), and it would hold his GPU."""
+    bob = hub.login("bob", fresh=True)
+    assert bob.get(f"{hub.url}/services/gpu-gov/me", timeout=30).status_code == 200
+    # HubOAuth's login cookie, named for the service's OAuth client
+    assert "service-gpu-gov" in {c.name for c in bob.cookies}, {c.name for c in bob.cookies}
+    report = json.dumps(own_report(hub, "bob"))
+    r = bob.post(f"{gov.base}/reports", data=report, timeout=30)
+    assert r.status_code == 403, (r.status_code, r.text[:300])
+    assert "authenticate with a JupyterHub token" in r.json()["message"]
+    # The same report with his token is taken: the refusal was the cookie's.
+    headers = {"Authorization": f"token {hub.token('bob')}"}
+    r = requests.post(f"{gov.base}/reports", data=report, headers=headers, timeout=30)
+    assert r.status_code == 200, (r.status_code, r.text[:300])
+
+
 def test_reports_for_servers_that_do_not_exist_are_refused_and_kept_nowhere(hub, gov):
     """Item 6: any user token could post big reports under made-up server names, each kept."""
     pid = governor_pid(hub)

@@ -317,7 +317,9 @@ def days_of(value: Any) -> float:
 def reason_of(text: Any, what: str = "apply a policy") -> str:
     if not isinstance(text, str) or not text.strip():
         raise CandidateError(f"say why: a reason is required to {what}")
-    return text.strip()[:MAX_TEXT]
+    if len(text) > MAX_TEXT:  # refused, as every reason of the API: never cut unsaid
+        raise CandidateError(f"'reason' may be at most {MAX_TEXT} characters")
+    return text.strip()
 
 
 async def in_worker(function, *args):

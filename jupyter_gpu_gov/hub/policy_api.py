@@ -150,8 +150,10 @@ class DryRunHandler(_PolicyApi):
     @web.authenticated
     def delete(self):
         self.require_admin()
-        reason = self.get_argument("reason", "").strip() or "dry run ended"
-        if not stop_dry_run(self.governor, self.actor, reason[:MAX_TEXT]):
+        reason = self.get_argument("reason", "")
+        if len(reason) > MAX_TEXT:
+            raise web.HTTPError(400, f"'reason' may be at most {MAX_TEXT} characters")
+        if not stop_dry_run(self.governor, self.actor, reason.strip() or "dry run ended"):
             raise web.HTTPError(404, "no dry run is under way")
         self.write_json({"stopped": True})
 

@@ -16,7 +16,7 @@ from ..core.durations import format_duration, parse_duration
 from ..replay.whatif import figure_rows
 from . import applied_policy as kept
 from . import policy_admin as admin_
-from .api_handler import COST_EXPORT
+from .api_handler import COST_EXPORT, MAX_TEXT
 from .page_handler import PageHandler
 from .pages import FLASH_COOKIE, DashboardHandler
 from .tables import AuditRow
@@ -64,6 +64,8 @@ class PolicyPageHandler(PageHandler):
         span = self.get_body_argument("span", "1d")
         reason = self.get_body_argument("reason", "").strip()
         over = self.get_body_argument("over", None)  # the live policies the page showed
+        if len(reason) > MAX_TEXT:  # as the API's: refused, never cut unsaid
+            raise web.HTTPError(400, f"'reason' may be at most {MAX_TEXT} characters")
         if action == "stop-dry-run":
             admin_.stop_dry_run(gov, self.actor, reason or "dry run ended")
             self._flash_then_back("dry run ended")
@@ -110,9 +112,7 @@ class PolicyPageHandler(PageHandler):
                 await self.show(text, span=span, error="say why: a reason is required", status=400)
                 return
             try:
-                done = kept.apply(
-                    gov, candidate, self.actor, reason[:2000], action == "dry-run", over
-                )
+                done = kept.apply(gov, candidate, self.actor, reason, action == "dry-run", over)
             except kept.StalePolicies as error:  # the candidate stays, beside the new live
                 await self.show(text, span=span, error=str(error), status=409)
                 return
