@@ -7,6 +7,8 @@ then on ``?all=1&sort=memory``).
 erin     owns a server that reports nothing itself; she sends its reports with its own token,
          as anyone may from their server
 govadmin lists every server and opens the dashboard
+
+And a server relaying tokens the Hub does not know as the askers of its Extend.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import pytest
 import requests
 from governor_harness import Gov, governed_hub, start_all, wait
 from hub_harness import processes_with
+
+from jupyter_gpu_gov.core.wire import ASKER_HEADER
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -90,3 +94,31 @@ def test_a_report_of_only_the_required_fields_breaks_no_listing_and_is_decided(h
     for user, path in (("govadmin", ""), ("erin", "me")):
         page = hub.get(f"{hub.url}/services/gpu-gov/{path}", token=hub.token(user))
         assert page.status_code == 200, (path, page.status_code, page.text[:300])
+
+
+def test_a_server_relaying_tokens_the_hub_does_not_know_is_throttled(hub):
+    """A server relays whoever asked its Extend or Stop (``Gpu-Gov-Asker``), each a Hub check;
+    its owner could relay made-up tokens at her whole API budget (10 a second), each a check.
+    Those the Hub knows no one by count against the address, as a request naming no caller
+    does (``refused_burst`` at once, 30): then ``429`` with ``Retry-After``, the Hub not asked;
+    a caller the service knows is not held back. Last in this module: it spends the address's
+    budget for refusals."""
+    gov = Gov(hub)
+    wait(lambda: gov.admin("GET", "users/erin/server").status_code == 200, 90, "erin's governed")
+    relay = {"Authorization": f"token {server_token(hub, 'erin')}"}
+    answers = []
+    for i in range(100):
+        r = requests.post(
+            f"{gov.base}/users/erin/server/extend",
+            headers={**relay, ASKER_HEADER: f"token made-up-{i}"},
+            json={"reason": "x"},
+            timeout=30,
+        )
+        answers.append(r.status_code)
+        if r.status_code == 429:
+            assert int(r.headers["Retry-After"]) >= 1, r.headers
+            break
+    assert answers[-1] == 429 and set(answers[:-1]) == {403}, answers
+    assert len(answers) > 20, answers  # the burst first
+    assert gov.call("GET", "servers", hub.token("erin")).status_code == 200
+    assert "extend" not in gov.actions("erin/")

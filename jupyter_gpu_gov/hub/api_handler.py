@@ -304,6 +304,14 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         match = self.hub_auth.auth_header_pat.match(header)
         if not match or len(header) > 1024:
             raise web.HTTPError(400, f"{ASKER_HEADER} must be 'token <the asker's token>'")
+        # Each asker is a Hub check: one the Hub knew no one by counts against the address as
+        # a request naming no caller does (``refused_budget``), past which none is asked.
+        refused = self.settings.get("gpu_gov_refused")
+        peer = getattr(self.request.connection, "peer", "")
+        wait = refused.short(peer) if refused is not None else 0.0
+        if wait:
+            self._throttle(peer, wait, "asks naming no one the Hub knows")
+            raise web.Finish()  # answered 429 with its Retry-After
         try:
             model = await self.hub_auth.whose(match.group(1))
         except web.HTTPError:
@@ -312,6 +320,8 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
             ) from None
         kind = model.get("kind", "user") if model else None
         if kind not in ("user", "service") or not isinstance(model.get("name"), str):
+            if refused is not None:
+                refused.take(peer)
             raise web.HTTPError(
                 403, f"the Hub knows no one by the token in {ASKER_HEADER}: nothing was done"
             )
