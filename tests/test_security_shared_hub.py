@@ -8,7 +8,7 @@ alice    owns the server and shares it with bob
 bob      may use alice's server (a share); asks Extend and Stop there, as JupyterLab's buttons do
 carol    has no share: her token, relayed by alice's server, names no one who may use it
 helen    a help desk's role: the Hub's admin page, to look (admin-ui, list and read users)
-root     a Hub admin, who logs in to the governor's dashboard
+root     a Hub admin, who uses alice's server and logs in to the governor's dashboard
 """
 
 from __future__ import annotations
@@ -121,6 +121,11 @@ def test_a_guests_asks_on_a_shared_server_are_on_record_as_the_guests(hub, gov):
     assert r.status_code == 409, r.text[:300]
     extends = [a for a in gov.audit("alice/") if a["action"] == "extend"]
     assert [a["actor"] for a in extends] == ["user:bob", "user:alice"], extends
+    # A Hub admin in alice's JupyterLab (admins may use every server) is on record as himself.
+    r = in_the_browser(hub, "root", "extend")
+    assert r.status_code == 409, r.text[:300]
+    extends = [a for a in gov.audit("alice/") if a["action"] == "extend"]
+    assert [a["actor"] for a in extends] == ["user:bob", "user:alice", "user:root"], extends
     # A forged asker: alice's server relaying carol's token (carol may not use the server),
     # or a token the Hub does not know. Refused, naming why, and nothing is on record.
     relay = {"Authorization": f"token {server_token(hub, 'alice')}"}
