@@ -700,6 +700,7 @@ async def a_kernel_stuck_after_2s(jp_fetch, jp_serverapp, jp_root_dir, monkeypat
         (b'{"reason": ', b"not JSON"),
         (b"[1]", b"a JSON object"),
         (b'{"reason": 7}', b"'reason' must be a string"),
+        (b'{"reason": "' + b"x" * 2001 + b'"}', b"at most 2000 characters"),
     ],
 )
 async def test_a_body_that_is_not_a_request_is_a_400_naming_why(jp_fetch, route, body, says):

@@ -180,20 +180,22 @@ def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> G
     window = report["window"]
     if (window.get("gpu_active_fraction") or 0) > 0:  # recently active: nothing else to check
         return GpuSignal(holds_gpu, True)
-    sms = [t["gpu"]["sm"] for t in holders]
-    held = {d for t in holders for d in t["gpu"]["devices"]}
+    # What the wire leaves optional may be absent from a valid report (``.get``): read as
+    # always there, a report without a target's ``sm`` failed its server's every decision.
+    sms = [t["gpu"].get("sm") for t in holders]
+    held = {d for t in holders for d in t["gpu"].get("devices", ())}
     if cull_action == STOP_SERVER and allocated:
         # The server's own allocation, no one else's process seen on it ("shared" otherwise):
         # its activity is the server's even where NVML lists no process on it (WSL2, a driver
         # hiding the list). It read idle: a working card culled.
         held |= {d["uuid"] for d in devices}
-    own_activity = [d["activity"] for d in devices if not d.get("shared") and d["uuid"] in held]
+    own_activity = [d.get("activity") for d in devices if not d.get("shared") and d["uuid"] in held]
     if any(sm is not None and sm >= idle_threshold for sm in sms) or any(
         a is not None and a >= idle_threshold for a in own_activity
     ):
         return GpuSignal(holds_gpu, True)
     if any(sm is None for sm in sms):
-        unknown = next(t for t in holders if t["gpu"]["sm"] is None)
+        unknown = next(t for t in holders if t["gpu"].get("sm") is None)
         return GpuSignal(
             holds_gpu,
             None,

@@ -45,6 +45,10 @@ AT_DEADLINES = (INTERRUPT,)  # the verdict's "at_deadline": what comes at cull_a
 # held per server costs the governor ~9 kB (88 MB at 10,000 servers) and saved no CPU at the
 # steady rate (docs/benchmarks-history.md, "Issue 26, wave 7").
 REPORT_CONNECTION_IDLE_S = 30.0
+# The header in which a server's Extend or Stop carries the token of the person who asked,
+# where that is not its owner (a guest of a shared server, an admin): ``token <t>``. The
+# governor asks the Hub whose it is and puts that person on record (docs/api.md).
+ASKER_HEADER = "Gpu-Gov-Asker"
 
 
 def spec(doc: str, default: Any = None, **schema: Any) -> Any:

@@ -23,14 +23,16 @@ from tornado.log import app_log
 
 from ..core.text import not_text_at
 from ..core.vocabulary import server_key
+from ..core.wire import ASKER_HEADER
 from . import fast_json
 from .prepared_auth import (
     ADMIN_SCOPE,
     ASK_THE_HUB,
     ASKING,
-    HUB_ADMIN_SCOPES,
     PreparedHubAuthenticated,
+    is_governor_admin,
     out_of_reach,
+    reaches,
 )
 from .store import StoreUnavailable
 
@@ -253,7 +255,7 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
 
     @property
     def is_admin(self) -> bool:
-        return bool(self.scopes & ({ADMIN_SCOPE} | HUB_ADMIN_SCOPES))
+        return is_governor_admin(self.current_user)
 
     def require_admin(self) -> None:
         if not self.is_admin:
@@ -283,6 +285,52 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         unreached = out_of_reach(model, server_key(user, name or ""))
         if unreached:
             raise web.HTTPError(403, unreached)
+
+    async def asker(self, user: str, name: str | None) -> str:
+        """Who asked this Extend or Stop of the server ``user``/``name``, for the record: the
+        caller (``actor``); or, where the server's own token relays someone else's ask (its
+        ``ASKER_HEADER``: a guest of a shared server, an admin in its JupyterLab), the user
+        whose token that is, as the Hub says, if it reaches the server. A guest's ask once
+        went on record as the owner's. The server's owner can relay only a token sent to
+        their server; anything else is refused, naming why, with nothing done."""
+        header = self.request.headers.get(ASKER_HEADER)
+        if header is None:
+            return self.actor
+        key = server_key(user, name or "")
+        if key not in (self.current_user.get("servers") or ()):
+            raise web.HTTPError(
+                400, f"only the server's own token relays who asked ({ASKER_HEADER})"
+            )
+        match = self.hub_auth.auth_header_pat.match(header)
+        if not match or len(header) > 1024:
+            raise web.HTTPError(400, f"{ASKER_HEADER} must be 'token <the asker's token>'")
+        # Each asker is a Hub check: one the Hub knew no one by counts against the address as
+        # a request naming no caller does (``refused_budget``), past which none is asked.
+        refused = self.settings.get("gpu_gov_refused")
+        peer = getattr(self.request.connection, "peer", "")
+        wait = refused.short(peer) if refused is not None else 0.0
+        if wait:
+            self._throttle(peer, wait, "asks naming no one the Hub knows")
+            raise web.Finish()  # answered 429 with its Retry-After
+        try:
+            model = await self.hub_auth.whose(match.group(1))
+        except web.HTTPError:
+            raise web.HTTPError(
+                503, "the Hub did not say whose the asker's token is: nothing was done"
+            ) from None
+        kind = model.get("kind", "user") if model else None
+        if kind not in ("user", "service") or not isinstance(model.get("name"), str):
+            if refused is not None:
+                refused.take(peer)
+            raise web.HTTPError(
+                403, f"the Hub knows no one by the token in {ASKER_HEADER}: nothing was done"
+            )
+        if not reaches(model.get("scopes") or (), key):
+            raise web.HTTPError(
+                403,
+                f"{model['name']!r:.80} may not use the server {key!r:.80}: nothing was done",
+            )
+        return f"{kind}:{model['name']}"
 
     def body(self) -> dict[str, Any]:
         if not self.request.body:

@@ -720,7 +720,7 @@ def _reported(report: Mapping | None) -> tuple:
     if report is None:
         return None, 0.0, False, False, 0
     holders = [t for t in report["targets"] if t["gpu"]["holds_context"]]
-    sms = [t["gpu"]["sm"] for t in holders if t["gpu"]["sm"] is not None]
+    sms = [t["gpu"]["sm"] for t in holders if t["gpu"].get("sm") is not None]
     fraction = report["window"].get("gpu_active_fraction") or 0.0
     if report["backend"] == "unavailable" or (holders and not sms and not fraction):
         sm = None

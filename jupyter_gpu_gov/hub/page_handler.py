@@ -20,8 +20,9 @@ from tornado import web
 
 from ..core import clock
 from ..core.durations import format_duration
-from .api_handler import ADMIN_SCOPE, HUB_ADMIN_SCOPES, ApiHandler, error_message
+from .api_handler import ApiHandler, error_message
 from .hub_auth import HubOAuthenticated
+from .prepared_auth import is_governor_admin
 from .views import match_text
 
 env = Environment(
@@ -116,7 +117,6 @@ class PageHandler(ApiHandler):
     def write_error(self, status_code: int, **kwargs):
         message = error_message(self._reason, kwargs)
         user = getattr(self, "_hub_auth_user_cache", None) or {}
-        scopes = set(user.get("scopes", ()))
         self.set_status(status_code)
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Content-Security-Policy", "default-src 'self'")
@@ -126,7 +126,7 @@ class PageHandler(ApiHandler):
                 status=status_code,
                 message=message,
                 me=user.get("name", ""),
-                is_admin=bool(scopes & ({ADMIN_SCOPE} | HUB_ADMIN_SCOPES)),
+                is_admin=is_governor_admin(user),
                 dry_run=self.governor.options.dry_run,
             )
         )

@@ -22,12 +22,31 @@ from .hub_auth import HubOAuth, HubOAuthenticated, UserNotAllowed, hub_auth_modu
 # The scopes the service's handlers test by name (``api_handler.py``, ``routes.py``; HubAuth
 # keeps no others, but for the access scopes'): its admins, who may read its Prometheus metrics.
 # Hub-wide admin scopes also grant the governor's admin verbs: a Hub admin is a governor admin.
-# (admin-ui: what a Hub admin's login to the dashboard carries; only Hub admins hold it.)
 ADMIN_SCOPE = "custom:gpu-gov:admin"
-HUB_ADMIN_SCOPES = frozenset({"admin:servers", "admin:users", "admin-ui"})
+HUB_ADMIN_SCOPES = frozenset({"admin:servers", "admin:users"})
+# What a Hub admin's login to the dashboard carries (its OAuth client allows nothing stronger):
+# JupyterHub's "access the admin page; permission to take actions granted separately", which an
+# admin may give anyone to look (a help desk's role). Held alone it makes a governor admin only
+# where the Hub also says the caller is an admin (``is_governor_admin``): a help desk holding it
+# once exempted and culled anyone's server and applied policies.
+ADMIN_PAGE_SCOPE = "admin-ui"
 METRICS_SCOPE = "read:metrics"
-TESTED_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, METRICS_SCOPE})
-ADMIN_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES})  # any of them: a governor admin
+TESTED_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, ADMIN_PAGE_SCOPE, METRICS_SCOPE})
+# Any of them: perhaps a governor admin, whose Hub answer is kept ADMIN_KEPT_S (below).
+ADMIN_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, ADMIN_PAGE_SCOPE})
+ADMIN_SCOPE_OR_HUB = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES})  # a governor admin by itself
+
+
+def is_governor_admin(model: dict) -> bool:
+    """Whether the Hub's answer for a caller (as kept) makes them a governor admin: the
+    governor's admin scope, a Hub admin scope over users or servers, or the admin page's scope
+    held by a Hub admin (``admin`` in the Hub's model, which JupyterHub keeps true for the
+    members of its admin role)."""
+    scopes = model.get("scopes") or ()
+    if not ADMIN_SCOPE_OR_HUB.isdisjoint(scopes):
+        return True
+    return ADMIN_PAGE_SCOPE in scopes and model.get("admin") is True
+
 
 # What anything reads of the Hub's user model: the handlers (name, kind, and of the scopes
 # those above) and HubAuthenticated's ``check_hub_user`` (name, kind, admin for its
@@ -143,6 +162,16 @@ class PreparedHubOAuth(HubOAuth):
             if not turns.asking:
                 del self._turns[address]
 
+    async def whose(self, token: str) -> dict | None:
+        """The Hub's answer for ``token`` (None: a refusal), with every scope it holds, in its
+        turn among its address's checks and kept nowhere: the person who asked an Extend or
+        Stop through a server (``ASKER_HEADER``), a few a day, and the scopes that say
+        whether it reaches that server are those ``kept`` drops."""
+        url = f"{self.api_url.rstrip('/')}/user"
+        return await self._in_turn(
+            partial(HubOAuth._check_hub_authorization, self, url, token, None, False)
+        )
+
     def cached_user(self, token: str, session_id: str = "") -> dict | object | None:
         """``user_for_token``'s answer where HubAuth has it cached, without asking the Hub: the
         model, None for a refusal, or ``ASK_THE_HUB``."""
@@ -226,6 +255,19 @@ def bound_servers(scopes) -> tuple[str, ...] | None:
                 return None
             servers.append(which.removeprefix("server="))
     return tuple(sorted(servers)) or None
+
+
+def reaches(scopes, key: str) -> bool:
+    """Whether these scopes (as the Hub lists them) let their holder use the server ``key``
+    (``user/name``): ``access:servers`` whole, to its user, or to that server (a share's). A
+    group's filter is not expanded here: it does not reach (fails closed)."""
+    user = key.partition("/")[0]
+    reach = ("", f"user={user}", f"server={key}")
+    for scope in scopes:
+        base, _, which = str(scope).partition("!")
+        if base == "access:servers" and which in reach:
+            return True
+    return False
 
 
 def out_of_reach(model: dict, key: str) -> str | None:

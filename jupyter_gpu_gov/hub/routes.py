@@ -29,12 +29,12 @@ from .budget import UNIT_BYTES, Budget, RefusalLog
 from .health import not_a_uuid
 from .people import ClaimHeld, SessionChanged, parse_session
 from .prepared_auth import (
-    ADMIN_SCOPES,
     ASK_THE_HUB,
     ASKING,
     METRICS_SCOPE,
     PreparedHubOAuth,
     asked_token_caller,
+    is_governor_admin,
     out_of_reach,
     owner_wide,
     token_caller,
@@ -185,7 +185,7 @@ class ServersHandler(ApiHandler):
     caller's own, in key order; ``after``/``limit``: a page of them."""
 
     def request_cost(self, caller: dict) -> int:
-        return COST_LISTING if ADMIN_SCOPES.intersection(caller.get("scopes") or ()) else COST_READ
+        return COST_LISTING if is_governor_admin(caller) else COST_READ
 
     @web.authenticated
     async def get(self):
@@ -259,7 +259,7 @@ class ExtendHandler(ApiHandler):
         self.require_owner_or_admin(user, name)
         key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason")
-        status, outcome = await self.governor.extend(key, self.actor, reason)
+        status, outcome = await self.governor.extend(key, await self.asker(user, name), reason)
         self.write_json(outcome, status)
 
 
@@ -349,7 +349,8 @@ class StopHandler(ApiHandler):
         self.require_owner_or_admin(user, name)
         key, _ = self.known_server(user, name)
         reason = self.text_field(self.body(), "reason")
-        self.write_json(await self.governor.stop_by_owner(key, self.actor, reason))
+        asker = await self.asker(user, name)
+        self.write_json(await self.governor.stop_by_owner(key, asker, reason))
 
 
 def newest_first_page(handler: ApiHandler, row: str) -> tuple[int, int | None]:

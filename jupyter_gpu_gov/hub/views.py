@@ -158,7 +158,10 @@ def row_view(
                 for d in r["devices"]
             ],
             "memory_mb": sum(
-                t["gpu"]["memory_mb"] or 0 for t in r["targets"] if t["gpu"]["holds_context"]
+                # (optional in the wire: a valid report without it made every listing a 500)
+                t["gpu"].get("memory_mb") or 0
+                for t in r["targets"]
+                if t["gpu"]["holds_context"]
             ),
             "active_fraction": r["window"].get("gpu_active_fraction"),
             "reported_at": clock.isoformat(report.at),

@@ -22,6 +22,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import IOStream, StreamClosedError
 from tornado.tcpclient import TCPClient
 
+from ..core.wire import ASKER_HEADER as ASKER
 from ..core.wire import REPORT_CONNECTION_IDLE_S
 
 MAX_ANSWER_BYTES = 1024 * 1024  # a verdict is a few hundred bytes
@@ -94,21 +95,35 @@ class Reporter:
         if self.connection is not None:
             self.connection.close()
 
-    async def extend(self, user: str, name: str, reason: str) -> tuple[int, dict, float]:
-        """The governor's answer to the owner's Extend: status, JSON, ``Retry-After`` (s)."""
-        return await self._call("POST", f"{_server_path(user, name)}/extend", {"reason": reason})
+    async def extend(
+        self, user: str, name: str, reason: str, asker_token: str | None = None
+    ) -> tuple[int, dict, float]:
+        """The governor's answer to an Extend: status, JSON, ``Retry-After`` (s).
+        ``asker_token``: the token of the person who asked, where not the owner (``ASKER``)."""
+        path = f"{_server_path(user, name)}/extend"
+        return await self._call("POST", path, {"reason": reason}, asker_token)
 
-    async def stop(self, user: str, name: str, reason: str) -> tuple[int, dict, float]:
-        """The governor's answer to the owner's Stop: status, JSON, ``Retry-After`` (s)."""
-        return await self._call("POST", f"{_server_path(user, name)}/stop", {"reason": reason})
+    async def stop(
+        self, user: str, name: str, reason: str, asker_token: str | None = None
+    ) -> tuple[int, dict, float]:
+        """The governor's answer to a Stop: status, JSON, ``Retry-After`` (s)."""
+        path = f"{_server_path(user, name)}/stop"
+        return await self._call("POST", path, {"reason": reason}, asker_token)
 
-    async def _call(self, method: str, path: str, body: dict) -> tuple[int, dict, float]:
+    async def _call(
+        self, method: str, path: str, body: dict, asker_token: str | None = None
+    ) -> tuple[int, dict, float]:
         """The answer's status and JSON object, and its ``Retry-After`` in seconds (0.0: none)."""
+        headers = {"Authorization": f"token {self.token}", "Content-Type": "application/json"}
+        if asker_token:
+            # A guest of a shared server (or an admin) asked: the governor asks the Hub whose
+            # token it is and that it reaches this server, and puts that person on record.
+            headers[ASKER] = f"token {asker_token}"
         request = HTTPRequest(
             self.base + path,
             method=method,
             body=json.dumps(body),
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            headers=headers,
             request_timeout=self.timeout,
             follow_redirects=False,
         )

@@ -66,6 +66,20 @@ def _body(handler: APIHandler) -> dict:
     return data
 
 
+# A reason's length, as the governor bounds one (its API's ``reason``): a checkpoint's goes into
+# its manifest, which JupyterLab lists and the report carries; any length was kept (20 MB
+# once, written to disk and read back by every listing of the checkpoints).
+MAX_REASON = 2000
+
+
+def _reason(reason) -> str:
+    if not isinstance(reason, str):
+        raise web.HTTPError(400, "'reason' must be a string")
+    if len(reason) > MAX_REASON:
+        raise web.HTTPError(400, f"'reason' may be at most {MAX_REASON} characters")
+    return reason
+
+
 class CheckpointHandler(GpuGovHandler):
     """``POST {"reason", "source", "cull_reason"}``: take a checkpoint now (kernel hooks of the
     kernels on a GPU, every open notebook, terminal scrollback); the governor asks before a
@@ -75,9 +89,7 @@ class CheckpointHandler(GpuGovHandler):
     @authorized
     async def post(self):
         body = _body(self)
-        reason = body.get("reason") or "requested"
-        if not isinstance(reason, str):
-            raise web.HTTPError(400, "'reason' must be a string")
+        reason = _reason(body.get("reason") or "requested")
         source = body.get("source", SOURCE_USER)
         if source not in SOURCES:
             raise web.HTTPError(400, f"'source' must be one of {', '.join(SOURCES)}")
@@ -129,9 +141,7 @@ class ForwardHandler(GpuGovHandler):
     @web.authenticated
     @authorized
     async def post(self):
-        reason = _body(self).get("reason", "")
-        if not isinstance(reason, str):
-            raise web.HTTPError(400, "'reason' must be a string")
+        reason = _reason(_body(self).get("reason", ""))
         app = self.gpu_gov
         if app.reporter is None:
             raise web.HTTPError(
@@ -140,7 +150,9 @@ class ForwardHandler(GpuGovHandler):
         identity = app.server_identity
         call = app.reporter.extend if self.verb == "extend" else app.reporter.stop
         try:
-            status, outcome, retry_after = await call(identity["user"], identity["name"], reason)
+            status, outcome, retry_after = await call(
+                identity["user"], identity["name"], reason, self._asker_token(identity["user"])
+            )
         except Exception as error:
             raise web.HTTPError(502, f"the governor did not answer: {error}") from None
         verdict = outcome.get("verdict")
@@ -156,6 +168,19 @@ class ForwardHandler(GpuGovHandler):
             # The governor's wait, passed on: JupyterLab reads it here, not from the words.
             self.set_header("Retry-After", str(math.ceil(retry_after)))
         self.finish(json.dumps(outcome))
+
+    def _asker_token(self, owner: str) -> str | None:
+        """The token the person asking sent this server (header, URL or the login's cookie),
+        where they are not its owner: a guest of a shared server, or an admin. Sent on with the
+        ask, the governor puts that person on record, as the Hub says the token is theirs and
+        reaches this server; forwarded with this server's token alone, bob's Stop on alice's
+        shared server was audited as alice's. None: the owner asked (the server's token says
+        so), or no Hub login (no one else can reach the server)."""
+        hub_auth = getattr(self.identity_provider, "hub_auth", None)
+        user = self.current_user
+        if hub_auth is None or getattr(user, "username", owner) == owner:
+            return None
+        return hub_auth.get_token(self) or None
 
 
 def handlers(url_prefix: str = "/jupyter-gpu-gov") -> list[tuple[str, type]]:
