@@ -444,3 +444,18 @@ def test_every_environment_variable_is_documented_and_every_documented_one_is_re
     docs = "\n".join(d.read_text(encoding="utf-8") for d in DOCS)
     named = set(re.findall(r"\bJUPYTER_GPU_GOV_[A-Z_]+", docs))
     assert read == named, f"not documented: {read - named}, not read: {named - read}"
+
+
+def test_every_showback_column_is_named_and_explained_in_the_csvs_order():
+    """A finance reader takes the CSV's header to docs/api.md: each column has its own row in
+    the table of columns there (two of them, `gpu_hours_idle_held` and `_free`, were only
+    hinted at as "`_idle_held`"), listed in the CSV's order."""
+    from jupyter_gpu_gov.hub.showback import COLUMNS
+
+    api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    table = api[api.index("| Column | Meaning |") :].split("\n\n")[0]
+    named = re.findall(r"^\| ([^|]+) \|", table, re.M)[2:]  # past the header and its rule
+    listed = [name for cell in named for name in re.findall(r"`(\w+)`", cell)]
+    assert "period" in listed and [c for c in listed if c in COLUMNS] == list(COLUMNS)
+    explained = re.findall(r"`(\w+)`", table)
+    assert not [c for c in COLUMNS if c not in explained]
