@@ -51,6 +51,7 @@ def test_a_session_begun_before_the_30_days_says_its_hours_are_its_whole_run(ser
     assert "Sessions that ran in the last 30 days" in page
     row = page[page.index("Sessions that ran") :]
     assert "240.00" in row and "before these 30 days" in row
+    assert f"(UTC days from {since.date()})" in row
     assert "its whole run" in row and "add up to more than" in row
 
 
