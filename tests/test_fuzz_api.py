@@ -951,3 +951,17 @@ def test_a_usage_export_of_many_queue_departures_streams_in_bounded_memory(tmp_p
     (row,) = csv.DictReader(io.StringIO(r.text, newline=""))
     assert (row["team"], row["queue_starts"], row["queue_hours"]) == ("vision", "20000", "500.0")
     assert peak < 15_000_000, f"{peak / 1e6:.1f} MB"  # held whole: 51 MB (here 2)
+
+
+def test_a_token_without_the_services_access_scope_is_told_which_it_lacks(service):
+    """docs/kubernetes.md's Prometheus token: one given ``read:metrics`` alone was answered
+    "authenticate with a JupyterHub token", the token it had just sent; the answer names the
+    scope it lacks. With it, the metrics are read."""
+    service.hub.add_user_token("prometheus", "metrics-only", extra_scopes=["read:metrics"])
+    service.hub.add_user_token("prometheus", "metrics-token", extra_scopes=["read:metrics", ACCESS])
+
+    refused = call(service, "GET", "metrics", "metrics-only")
+    assert refused.status_code == 403
+    assert "token that has the scope access:services!service=gpu-gov" in refused.json()["message"]
+    read = call(service, "GET", "metrics", "metrics-token")
+    assert read.ok and "jupyter_gpu_gov_servers" in read.text

@@ -138,6 +138,8 @@ def test_every_chart_value_the_documents_name_is_one_the_chart_has():
     for path in sorted(named):
         node = schema
         for part in path.split("."):
+            if node == {}:  # under a map that takes anything
+                break
             if part in node.get("properties", {}):
                 node = node["properties"][part]
             elif node.get("patternProperties"):  # a map of the admin's own names
@@ -148,3 +150,22 @@ def test_every_chart_value_the_documents_name_is_one_the_chart_has():
                 missing.append(path)
                 break
     assert missing == []
+
+
+def test_the_governors_servicemonitor_reads_the_token_the_values_make():
+    """The second ServiceMonitor's token is the one the chart makes for values.yaml's metrics
+    service, in the chart's Secret "hub" of the hub's namespace (a ServiceMonitor reads Secrets
+    of its own), with a role that reaches the governor and reads its metrics."""
+    values = yaml.safe_load((KUBERNETES / "values.yaml").read_text())["hub"]
+    monitors = list(yaml.safe_load_all((KUBERNETES / "dcgm-servicemonitor.yaml").read_text()))
+    governor = next(m for m in monitors if m["metadata"]["name"] == "jupyter-gpu-gov")
+    (endpoint,) = governor["spec"]["endpoints"]
+    secret = endpoint["authorization"]["credentials"]
+    service = secret["key"].removeprefix("hub.services.").removesuffix(".apiToken")
+    assert secret["name"] == "hub" and service in values["services"]
+    assert (
+        governor["metadata"]["namespace"] == governor["spec"]["namespaceSelector"]["matchNames"][0]
+    )
+    roles = [r for r in values["loadRoles"].values() if service in r.get("services", [])]
+    scopes = {scope for role in roles for scope in role["scopes"]}
+    assert {"read:metrics", "access:services!service=gpu-gov"} <= scopes
