@@ -1056,7 +1056,7 @@ def _add_usage(commands: argparse._SubParsersAction) -> None:
             "GPU-hours allocated, active, idle and unknown, idle cost, culls and extensions,\n"
             "per team, user, project or tier and day or week, read from the governor service's\n"
             "API (GET <url>api/usage) with a JupyterHub API token: an admin's sees everyone,\n"
-            "anyone else's only their own."
+            "anyone else's only their own (--team, --project or --tier then with --user NAME)."
         ),
         epilog=(
             "examples:\n"

@@ -442,6 +442,6 @@ def test_a_small_model_on_a_whole_card_is_told_the_slice_it_fits(hub, gov, tmp_p
                 browser.close()
     finally:
         tab.close()
-    assert text.startswith("This work would fit Small H100 slice: at most 4.3 GB"), text
+    assert text.startswith("This work would fit Small H100 slice: it used at most 4.3 GB"), text
     assert "this server will be stopped in" in notice and "whatever the GPU does" in notice
     assert offered == 0, notice

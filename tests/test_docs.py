@@ -691,3 +691,18 @@ def test_health_mds_xid_table_is_the_judges():
     assert xids("XID 46") == judged[health.RESET]
     assert xids("XID 63") == judged[health.DRAIN]
     assert xids("an application's XID") <= health.APPLICATION_XIDS
+
+
+def test_every_showback_column_is_named_and_explained_in_the_csvs_order():
+    """A finance reader takes the CSV's header to docs/api.md: each column has its own row in
+    the table of columns there (two of them, `gpu_hours_idle_held` and `_free`, were only
+    hinted at as "`_idle_held`"), listed in the CSV's order."""
+    from jupyter_gpu_gov.hub.showback import COLUMNS
+
+    api = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    table = api[api.index("| Column | Meaning |") :].split("\n\n")[0]
+    named = re.findall(r"^\| ([^|]+) \|", table, re.M)[2:]  # past the header and its rule
+    listed = [name for cell in named for name in re.findall(r"`(\w+)`", cell)]
+    assert "period" in listed and [c for c in listed if c in COLUMNS] == list(COLUMNS)
+    explained = re.findall(r"`(\w+)`", table)
+    assert not [c for c in COLUMNS if c not in explained]

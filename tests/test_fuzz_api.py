@@ -319,6 +319,23 @@ def test_usage_asked_for_another_user_is_refused_not_mine_instead(service):
     assert call(service, "GET", "api/audit?user=alice", ALICE).ok
 
 
+def test_a_teams_usage_asked_by_a_non_admin_is_refused_not_their_own_rows_as_the_teams(
+    service,
+):
+    """A team lead's ``api/usage?team=vision&group_by=team`` (``jupyter-gpu-gov usage --team
+    vision``) answered with their own rows in vision, one row named "vision" that read as the
+    team's. It is a 403 saying how to ask for one's own; named so, it is answered."""
+    for name in ("team", "project", "tier"):
+        r = call(service, "GET", f"api/usage?{name}=vision&group_by=team", ALICE)
+        assert r.status_code == 403, (name, r.text)
+        assert r.json()["message"] == (
+            f"'{name}': only a governor admin may read a {name}'s usage; for your own in it, "
+            "add user=alice"
+        )
+    assert call(service, "GET", "api/usage?team=vision&user=alice&group_by=team", ALICE).ok
+    assert call(service, "GET", "api/usage?team=vision&group_by=team", ADMIN).ok
+
+
 def test_an_admin_on_another_users_page_is_not_told_it_is_their_own(service):
     """An admin reading ``me?user=alice`` saw "My GPU-hours per day" over alice's chart, the
     tab titled and the navigation marked "My GPU usage"."""
@@ -1081,3 +1098,17 @@ def test_a_usage_export_of_many_queue_departures_streams_in_bounded_memory(tmp_p
     (row,) = csv.DictReader(io.StringIO(r.text, newline=""))
     assert (row["team"], row["queue_starts"], row["queue_hours"]) == ("vision", "20000", "500.0")
     assert peak < 15_000_000, f"{peak / 1e6:.1f} MB"  # held whole: 51 MB (here 2)
+
+
+def test_a_token_without_the_services_access_scope_is_told_which_it_lacks(service):
+    """docs/kubernetes.md's Prometheus token: one given ``read:metrics`` alone was answered
+    "authenticate with a JupyterHub token", the token it had just sent; the answer names the
+    scope it lacks. With it, the metrics are read."""
+    service.hub.add_user_token("prometheus", "metrics-only", extra_scopes=["read:metrics"])
+    service.hub.add_user_token("prometheus", "metrics-token", extra_scopes=["read:metrics", ACCESS])
+
+    refused = call(service, "GET", "metrics", "metrics-only")
+    assert refused.status_code == 403
+    assert "token that has the scope access:services!service=gpu-gov" in refused.json()["message"]
+    read = call(service, "GET", "metrics", "metrics-token")
+    assert read.ok and "jupyter_gpu_gov_servers" in read.text

@@ -91,3 +91,81 @@ def test_what_the_dockerfiles_copy_is_in_the_repository():
             r"^COPY\s+(?:--\S+\s+)*(\S+)\s+\S+$", dockerfile.read_text(), re.M
         ):
             assert source == "dist/" or (REPO / source).is_file(), (dockerfile.name, source)
+
+
+def _chart_schema() -> dict:
+    return yaml.safe_load((REPO / "tests" / "data" / "z2jh" / "values.schema.yaml").read_text())
+
+
+def test_the_documented_values_pass_the_charts_schema():
+    """helm checks values against the chart's values.schema.json before it renders anything: a
+    key the chart does not know, or a value of the wrong type, stops the install. The values of
+    docs/kubernetes.md's command (values.yaml over the chart's defaults, the config file set
+    with --set-file) pass; without the --set-file, the file's entry has no content and helm
+    refuses it."""
+    import jsonschema
+    import z2jh_harness as z2jh
+
+    validator = jsonschema.Draft7Validator(_chart_schema())
+    values = z2jh.load_values(KUBERNETES / "values.yaml")
+    unset = [list(e.path) for e in validator.iter_errors(values)]
+    assert unset == [["hub", "extraFiles", "gpu-gov"]]
+    z2jh.set_file(values, "hub.extraFiles.gpu-gov.stringData", KUBERNETES / "jupyterhub_config.py")
+    errors = [
+        f"{'.'.join(map(str, e.path))}: {e.message:.200}" for e in validator.iter_errors(values)
+    ]
+    assert errors == []
+    assert values["singleuser"]["profileList"] == [] and values["cull"]["enabled"] is False
+
+
+def test_every_chart_value_the_documents_name_is_one_the_chart_has():
+    """`singleuser.startTimeout`, `hub.networkPolicy.egressAllowRules.privateIPs`...: each chart
+    key the documents tell an admin to set is in the chart's schema (a misspelt one stops helm,
+    or, under a map that takes any key, is silently ignored)."""
+    schema = _chart_schema()
+    modules = {p.stem for p in (REPO / "jupyter_gpu_gov" / "hub").glob("*.py")}
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), KUBERNETES / "README.md"]
+    named = {
+        path
+        for doc in docs
+        for path in re.findall(
+            r"`((?:hub|singleuser|cull|proxy|scheduling)\.[\w.-]+)", doc.read_text()
+        )
+        if path.split(".")[1] not in modules and not path.startswith("hub.jupyter.org")
+    }
+    assert "singleuser.startTimeout" in named and "hub.extraFiles.gpu-gov" in named
+    missing = []
+    for path in sorted(named):
+        node = schema
+        for part in path.split("."):
+            if node == {}:  # under a map that takes anything
+                break
+            if part in node.get("properties", {}):
+                node = node["properties"][part]
+            elif node.get("patternProperties"):  # a map of the admin's own names
+                node = next(iter(node["patternProperties"].values()))
+            elif node.get("additionalProperties") not in (None, False):
+                node = {}
+            else:
+                missing.append(path)
+                break
+    assert missing == []
+
+
+def test_the_governors_servicemonitor_reads_the_token_the_values_make():
+    """The second ServiceMonitor's token is the one the chart makes for values.yaml's metrics
+    service, in the chart's Secret "hub" of the hub's namespace (a ServiceMonitor reads Secrets
+    of its own), with a role that reaches the governor and reads its metrics."""
+    values = yaml.safe_load((KUBERNETES / "values.yaml").read_text())["hub"]
+    monitors = list(yaml.safe_load_all((KUBERNETES / "dcgm-servicemonitor.yaml").read_text()))
+    governor = next(m for m in monitors if m["metadata"]["name"] == "jupyter-gpu-gov")
+    (endpoint,) = governor["spec"]["endpoints"]
+    secret = endpoint["authorization"]["credentials"]
+    service = secret["key"].removeprefix("hub.services.").removesuffix(".apiToken")
+    assert secret["name"] == "hub" and service in values["services"]
+    assert (
+        governor["metadata"]["namespace"] == governor["spec"]["namespaceSelector"]["matchNames"][0]
+    )
+    roles = [r for r in values["loadRoles"].values() if service in r.get("services", [])]
+    scopes = {scope for role in roles for scope in role["scopes"]}
+    assert {"read:metrics", "access:services!service=gpu-gov"} <= scopes

@@ -319,3 +319,22 @@ def test_a_borrowed_server_is_reclaimed(hub, gov, k8s):
     for user in ("vera", "vic"):
         hub.stop_server(user, timeout=60)
         wait(lambda user=user: pod_of(k8s, user) is None, 30, f"{user}'s pod to go")
+
+
+def test_prometheus_reads_the_governors_metrics_with_the_token_the_values_ask_for(hub):
+    """docs/kubernetes.md, step 4: the ServiceMonitor scrapes /services/gpu-gov/metrics through
+    the proxy with the token the chart made for values.yaml's hub.services.gpu-gov-metrics
+    (its Secret "hub"). The documented token had read:metrics alone, which the governor refused
+    (no access scope: "authenticate with a JupyterHub token")."""
+    secret = hub.workdir / "z2jh" / "secret" / "hub.services.gpu-gov-metrics.apiToken"
+    token = secret.read_text()
+
+    r = requests.get(
+        f"{hub.url}/services/gpu-gov/metrics",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+        allow_redirects=False,
+    )
+
+    assert r.status_code == 200, r.text[:300]
+    assert "jupyter_gpu_gov_reconcile_duration_seconds" in r.text

@@ -851,7 +851,7 @@ async def test_servers_on_a_renamed_tier_count_against_the_guarantee_on_its_new_
     await carol.start()
     assert carol.gpu_grant["gpu-gov/borrowed"] == "true"  # the guarantee is v1's and v2's
     dave = hub.started(hub.spawner(hub.user("dave", "vision")), {"profile": "h100-sxm"})
-    with pytest.raises(GpuRefused, match="may borrow at most 1 more"):
+    with pytest.raises(GpuRefused, match="may borrow at most 1 "):
         await dave.start()
     assert dave._log_name not in pod_api
     # Their pods (labelled h100) are this tier's servers, counted by admission: not subtracted.
@@ -955,7 +955,7 @@ async def test_a_pool_scaled_to_zero_admits_a_spawn_that_waits_for_its_node(
 
     # The team's quota still holds: its one A100 is taken by the Pending server.
     bob = hub.started(hub.spawner(hub.user("bob", "vision")), {"profile": "a100"})
-    with pytest.raises(GpuRefused, match="may borrow at most 0 more"):
+    with pytest.raises(GpuRefused, match="may not borrow"):
         await bob.start()
     assert bob._log_name not in pod_api
 
@@ -1060,7 +1060,7 @@ async def test_start_over_quota_is_refused_with_what_to_do(hub, pod_api):
     assert refused.value.status_code == 403
     message = refused.value.jupyterhub_message
     assert "Team vision" in message
-    assert "may borrow at most 1 more" in message
+    assert "may borrow at most 1 " in message
     assert "Stop one of the team's servers" in message and "pick another tier" in message
     assert not any(k.startswith("gpu-gov/") for k in alice.user_options)
     assert not any(k.startswith("gpu-gov/") for k in alice.orm_spawner.user_options or {})

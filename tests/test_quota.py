@@ -9,8 +9,10 @@ guarantee, may borrow up to 3 H100, priority 5).
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from itertools import count
+from pathlib import Path
 
 import pytest
 
@@ -107,12 +109,43 @@ def test_the_borrowing_limit():
     admission = ask("vision", usage=usage)
     assert not admission.allowed and not admission.reclaim
     assert admission.reason == (
-        "Team vision uses 6, its guarantee is 4 and it may borrow at most 2 more H100 cards "
-        "(borrowing 2 now). Stop one of the team's servers on H100, or pick another tier."
+        "Team vision may borrow at most 2 H100 cards beyond its guarantee of 4; it holds 6, 2 of "
+        "them borrowed. Stop one of the team's servers on H100, or pick another tier."
     )
     ops = ask("ops", usage=grants("ops", 3, borrowed=True))
     assert not ops.allowed
-    assert ops.reason.startswith("Team ops uses 3 and it may borrow at most 3 more H100 cards")
+    assert ops.reason.startswith(
+        "Team ops has no guarantee on H100 and may borrow at most 3 H100 cards; it holds 3, all "
+        "borrowed."
+    )
+
+
+def test_a_borrowing_refusal_never_reads_as_more_left_to_borrow():
+    """ "Team ops uses 3 and it may borrow at most 3 more H100 cards" refused a 4th card while
+    reading as 3 more still to take. The limit is said as a limit, then what the team holds,
+    and what a pair still needs beyond it."""
+    pairs = quotas(vision={**QUOTAS["vision"], "borrowing_limit": {"h100x2": 2}})
+    # A borrowed pair holds 2 cards, the limit; a second one needs 2 more.
+    usage = grants("vision", 1, tier="h100x2", borrowed=True)
+    pair = ask("vision", tier="h100x2", usage=usage, capacity={"h100x2": 8}, quota=pairs)
+    assert not pair.allowed
+    assert pair.reason == (
+        "Team vision has no guarantee on 2 x H100 and may borrow at most 2 2 x H100 cards; it "
+        "holds 2, all borrowed, and this server needs 2. Stop one of the team's servers on "
+        "2 x H100, or pick another tier."
+    )
+    none = quotas(vision={**QUOTAS["vision"], "borrowing_limit": {"h100": 0}})
+    at_guarantee = ask("vision", usage=grants("vision", 4), quota=none)
+    assert at_guarantee.reason.startswith(
+        "Team vision may not borrow beyond its guarantee of 4 H100 cards; it holds 4, none "
+        "borrowed."
+    )
+    one = quotas(
+        vision={**QUOTAS["vision"], "guaranteed": {"h100": 1}, "borrowing_limit": {"h100": 0}}
+    )
+    assert ask("vision", usage=grants("vision", 1), quota=one).reason.startswith(
+        "Team vision may not borrow beyond its guarantee of 1 H100 card; it holds 1, none borrowed."
+    )
 
 
 def test_a_lending_limit_keeps_cards_for_the_lending_team():
@@ -372,4 +405,20 @@ def test_a_tier_beyond_a_limit_on_its_own_is_not_told_to_stop_servers():
         {"lab": {"guaranteed": {"h100": 1}, "borrowing_limit": {"pair": 0}, "tiers": "*"}}, tiers
     )
     refused = admit(Request("gus/", "gus", "lab", "pair"), [], {}, no_borrowing, tiers)
-    assert refused.reason.endswith("(borrowing 0 now). Pick another tier.")
+    assert refused.reason.endswith(
+        "may not borrow any; it holds none and this server needs 2. Pick another tier."
+    )
+
+
+def test_the_borrowing_refusal_docs_profiles_md_shows_is_the_one_given():
+    """docs/profiles.md quotes the refusal at a team's borrowing limit (the Kubernetes
+    example's vision: 10 H100s guaranteed, 4 more borrowed): the words a user gets."""
+    tiers = load_tiers([{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"}])
+    vision = load_quotas(
+        {"vision": {"guaranteed": {"h100": 10}, "borrowing_limit": {"h100": 4}}}, tiers
+    )
+    held = [Grant(f"u{i}/", f"u{i}", "vision", "h100", 1, 1.0, borrowed=i >= 10) for i in range(14)]
+    refused = admit(Request("ann/", "ann", "vision", "h100"), held, {"h100": 24}, vision, tiers)
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "profiles.md").read_text()
+    quoted = re.search(r"> (Team vision may borrow.*?another tier\.)", doc, re.S)[1]
+    assert refused.reason == " ".join(quoted.replace(">", "").split())

@@ -64,7 +64,14 @@ def test_the_smallest_tier_that_holds_the_peak_memory_and_activity(memory_mb, ac
     if fits:
         hint = found[1]
         assert hint["tier"] == fits and hint["label"] == SIZES[fits].label
-        assert "GB of GPU memory and" in hint["reason"] and "over 2h; it has" in hint["reason"]
+        assert hint["reason"].startswith("it used at most ") and "over 2h; " in hint["reason"]
+        # The smaller tier named with its figures, its share said as this tier's.
+        size = SIZES[fits]
+        share = f"{size.weight:.0%}"
+        assert hint["reason"].endswith(
+            f"{size.label} has {size.memory_gb:g} GB and counts {share} of H100 80 GB's "
+            "GPU-equivalents"
+        )
 
 
 def test_no_hint_without_enough_evidence_or_a_known_tier():

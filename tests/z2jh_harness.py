@@ -8,6 +8,8 @@ change made to the chart's files: that path):
 - ``secret/values.yaml``: the chart's defaults merged with ``values`` (maps merged key by key,
   anything else replaced, as Helm merges ``-f`` files), plus ``Chart`` and ``Release``;
 - ``secret/hub.config.*``: the generated cookie secret, CryptKeeper keys and proxy token;
+- ``secret/hub.services.<key>.apiToken``: each ``hub.services`` entry's token (its
+  ``apiToken``, or one generated, as the chart's Secret ``hub`` holds it);
 - ``config/<name>``: the resource names (``hub``, ``proxy-api``, ...) of the name templates;
 - every ``hub.extraFiles`` entry's ``stringData`` at its ``mountPath``;
 - ``jupyterhub_config.py`` and ``z2jh.py``.
@@ -83,6 +85,9 @@ def render(root: str | os.PathLike, values: Mapping, namespace: str = "default")
     (root / "secret" / "values.yaml").write_text(yaml.safe_dump(rendered))
     for key in ("JupyterHub.cookie_secret", "CryptKeeper.keys", "ConfigurableHTTPProxy.auth_token"):
         (root / "secret" / f"hub.config.{key}").write_text(secrets.token_hex(32))
+    for key, service in (values.get("hub", {}).get("services") or {}).items():
+        token = service.get("apiToken") or service.get("api_token") or secrets.token_hex(32)
+        (root / "secret" / f"hub.services.{key}.apiToken").write_text(token)
     for details in (values.get("hub", {}).get("extraFiles") or {}).values():
         target = Path(details["mountPath"].replace(MOUNT, str(root)))
         if not target.is_relative_to(root):

@@ -168,10 +168,13 @@ def right_size(
     if not fitting:
         return None
     best = min(fitting, key=lambda t: (t.weight, t.memory_gb, t.name))
+    # Whose figures are whose: "it has 10 GB, at 14% of the GPU-equivalents" left a reader
+    # to guess what "it" was and 14 % of what (the smaller tier's count against this one's).
     why = (
-        f"at most {use.peak_memory_mb * _MIB / _GB:.1f} GB of GPU memory and "
-        f"{use.peak_activity:.0%} of the GPU over {format_duration(use.observed)}; it has "
-        f"{best.memory_gb:g} GB, at {best.weight / current.weight:.0%} of the GPU-equivalents"
+        f"it used at most {use.peak_memory_mb * _MIB / _GB:.1f} GB of GPU memory and "
+        f"{use.peak_activity:.0%} of the GPU over {format_duration(use.observed)}; "
+        f"{best.label} has {best.memory_gb:g} GB and counts "
+        f"{best.weight / current.weight:.0%} of {current.label}'s GPU-equivalents"
     )
     if cause == "small_work":
         why += " (the diagnosis: too little work per step)"

@@ -503,9 +503,9 @@ class Verdict(Wire):
     right_size: dict | None = spec(
         "a smaller tier this session's measured use fits: "
         '`{"tier", "label", "reason"}` (e.g. `{"tier": "h100-1g", "label": "Small H100 slice", '
-        '"reason": "at most 4.3 GB of GPU memory and 5% of the GPU over 1h 10m; it has 10 GB, '
-        'at 14% of the GPU-equivalents"}`), or `null` (no catalogue, too little '
-        "evidence, or nothing smaller fits)",
+        '"reason": "it used at most 4.3 GB of GPU memory and 5% of the GPU over 1h 10m; Small '
+        "H100 slice has 10 GB and counts 14% of H100 80 GB's GPU-equivalents\"}`), or `null` "
+        "(no catalogue, too little evidence, or nothing smaller fits)",
         tsType="IRightSize",
     )
     requests: dict = spec(

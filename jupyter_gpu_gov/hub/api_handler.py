@@ -125,7 +125,18 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         return self.cost
 
     def get_login_url(self):
-        raise web.HTTPError(403, "authenticate with a JupyterHub token")  # an API never redirects
+        # An API never redirects. A token the Hub knows but without the service's access scope
+        # lands here too: say which scope that is (a monitoring token given only read:metrics
+        # was told to authenticate, with the token it had just sent).
+        # The service's own (access:services!service=<name>), not the broader access:services
+        # HubAuth also takes: what an admin grants a token for this service.
+        scopes = sorted(self.hub_auth.access_scopes or ())
+        access = " or ".join([s for s in scopes if "!" in s] or scopes)
+        raise web.HTTPError(
+            403,
+            "authenticate with a JupyterHub token"
+            + (f" that has the scope {access}" if access else ""),
+        )
 
     async def prepare(self):
         # Ask the Hub who this is without blocking the event loop: tornado's current_user is

@@ -355,6 +355,8 @@ class ShowbackHandler(PageHandler):
             dims=ledger.DIMENSIONS,
             period=period,
             days=days,
+            # The first UTC day counted: a week begun before it is counted from it on.
+            since_day=since.date().isoformat(),
             rows=rows,
             page_rows=PAGE_ROWS,
             totals=totals,
@@ -469,6 +471,9 @@ class MyUsageHandler(PageHandler):
                     "project": s.owner.project,
                     "tier": s.owner.tier,
                     "started": s.first_at,
+                    # Its hours are its whole run's (the ledger keeps a session's totals, not
+                    # its days): one begun before the 30 days counts hours the cards leave out.
+                    "before": s.first_at < since,
                     "ended": s.ended_at,
                     "hours": s.allocated / 3600,
                     "active": s.totals.get(ledger.ACTIVE, 0.0) / 3600,
@@ -486,6 +491,7 @@ class MyUsageHandler(PageHandler):
                 for s in sessions
             ],
             mine=mine,
+            since=since,
             chart=Markup(
                 showback.stacked_bars(
                     idle_series,

@@ -574,7 +574,16 @@ class UsageHandler(ApiHandler):
         if not self.is_admin:
             if refused := owner_wide(self.current_user, "its owner's usage"):
                 raise web.HTTPError(403, refused)
-            owner["user"] = _only_own(owner["user"], self.own_name(), "'user'")
+            own = self.own_name()
+            # A team lead's team=vision was answered with their own rows in vision, read as the
+            # team's: a filter other than one's own name is said to be theirs, or refused.
+            if owner["user"] is None and (named := next((k for k in FILTERS if owner[k]), None)):
+                raise web.HTTPError(
+                    403,
+                    f"'{named}': only a governor admin may read a {named}'s usage; for your own "
+                    f"in it, add user={own}",
+                )
+            owner["user"] = _only_own(owner["user"], own, "'user'")
         self.governor.flush_usage()  # the ledger as of the last pass, not of its last write
 
         rows = self.governor.usage_rows(group_by, period, since, until, **owner)
@@ -596,6 +605,9 @@ class UsageHandler(ApiHandler):
         # of a big hub's ledger by user and day (millions of rows, seconds of reading) streams
         # out without being held, nor holding the event loop.
         await self.stream(lambda: _joined(parts), "a usage export")
+
+
+FILTERS = ("team", "project", "tier")  # the usage API's filters besides ``user``
 
 
 def _only_own(asked: str | None, own: str, name: str) -> str:

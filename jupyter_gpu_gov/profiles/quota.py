@@ -405,22 +405,34 @@ def admit(
     over = team_used + need - guaranteed
     limit = quota.borrowing_limit.get(tier.name)
     if limit is not None and over > limit:
+        # The limit first, then what the team holds: "uses 3 and may borrow at most 3 more"
+        # read as 3 more still to take, in the very refusal that said there were none.
+        devices = _devices(tier, limit)
+        if guaranteed:
+            may = (
+                f"may borrow at most {limit} {devices} beyond its guarantee of {guaranteed}"
+                if limit
+                else f"may not borrow beyond its guarantee of {guaranteed} {_devices(tier, guaranteed)}"
+            )
+        else:
+            may = f"has no guarantee on {name} and " + (
+                f"may borrow at most {limit} {devices}" if limit else "may not borrow any"
+            )
         already = max(0, team_used - guaranteed)
-        held = (
-            f"uses {team_used}"
-            if guaranteed == 0
-            else f"uses {team_used}, its guarantee is {guaranteed}"
-        )
+        holds = "it holds none"
+        if team_used:
+            borrowed = f"{already} of them borrowed" if already else "none borrowed"
+            if already == team_used:
+                borrowed = "all borrowed"
+            holds = f"it holds {team_used}, {borrowed}"
+        needs = f"{',' if team_used else ''} and this server needs {need}" if need > 1 else ""
         advice = (
             f"Stop one of the team's servers on {name}, or pick another tier."
             if team_used
             else "Pick another tier."  # beyond the limit on its own: stopping nothing helps
         )
         return Admission(
-            False,
-            f"Team {quota.team} {held} and it may borrow at most {limit} more {_devices(tier, limit)} "
-            f"(borrowing {already} now). {advice}",
-            limit=BORROWING,
+            False, f"Team {quota.team} {may}; {holds}{needs}. {advice}", limit=BORROWING
         )
     if guaranteed:
         state = (

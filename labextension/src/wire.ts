@@ -290,9 +290,10 @@ export interface IVerdict {
   root_cause?: IRootCause | null;
   /**
    * a smaller tier this session's measured use fits: `{"tier", "label", "reason"}` (e.g.
-   * `{"tier": "h100-1g", "label": "Small H100 slice", "reason": "at most 4.3 GB of GPU memory
-   * and 5% of the GPU over 1h 10m; it has 10 GB, at 14% of the GPU-equivalents"}`), or `null`
-   * (no catalogue, too little evidence, or nothing smaller fits)
+   * `{"tier": "h100-1g", "label": "Small H100 slice", "reason": "it used at most 4.3 GB of GPU
+   * memory and 5% of the GPU over 1h 10m; Small H100 slice has 10 GB and counts 14% of H100 80
+   * GB's GPU-equivalents"}`), or `null` (no catalogue, too little evidence, or nothing smaller
+   * fits)
    */
   right_size?: IRightSize | null;
   /**

@@ -1,0 +1,70 @@
+"""The showback page and "My GPU usage" read as a team lead and finance read them: what a row
+covers when the span cuts a session or a week (the real service app over HTTP, its ledger
+written as the governor writes it)."""
+
+from __future__ import annotations
+
+import html
+import re
+from datetime import timedelta
+
+import pytest
+from test_fuzz_api import ADMIN, ALICE, Service, call
+
+from jupyter_gpu_gov.core import clock, ledger
+from jupyter_gpu_gov.hub import showback
+
+HOUR = 3600.0
+VISION = ledger.Owner("alice", "vision", "seg", "h100")
+
+
+@pytest.fixture
+def service(tmp_path, monkeypatch):
+    service = Service(tmp_path, monkeypatch)
+    yield service
+    service.stop()
+
+
+def text(response) -> str:
+    assert response.ok, response.text[:300]
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", response.text)))
+
+
+def test_a_session_begun_before_the_30_days_says_its_hours_are_its_whole_run(service):
+    """alice's server ran 10 days, 5 of them before "My GPU usage"'s 30 days: its session row
+    holds all 240 idle hours (the ledger keeps a session's totals), the cards above the 120 of
+    the window. The row said neither, and read as 240 idle hours in the last 30 days."""
+    since = showback.days_back(30)
+    began = since - timedelta(days=5)
+    deltas = {
+        (began.date() + timedelta(days=d), VISION): {ledger.IDLE_HELD: 24 * HOUR} for d in range(10)
+    }
+    session = ledger.Session(
+        "alice/", "s1", VISION, began, began + timedelta(days=10), 1.0, ledger.IDLE_HELD,
+        {ledger.IDLE_HELD: 240 * HOUR}, began + timedelta(days=10),
+    )  # fmt: skip
+    service.governor.store.save_usage(deltas, [session])
+
+    page = text(call(service, "GET", "me", ALICE))
+
+    assert "120.00 of them idle" in page  # the window's days only
+    assert "Sessions that ran in the last 30 days" in page
+    row = page[page.index("Sessions that ran") :]
+    assert "240.00" in row and "before these 30 days" in row
+    assert f"(UTC days from {since.date()})" in row
+    assert "its whole run" in row and "add up to more than" in row
+
+
+def test_a_week_the_span_cuts_says_which_of_its_days_it_counts(service):
+    """Showback per week names a week by its Monday; with 14 days back from a Wednesday, the
+    first row named for a Monday held only the days from the span's first, read as a week."""
+    days = 14 if (clock.utcnow().date() - timedelta(days=13)).weekday() else 13
+    since = showback.days_back(days).date()
+    monday = since - timedelta(days=since.weekday())
+    service.governor.store.save_usage({(since, VISION): {ledger.ACTIVE: 5 * HOUR}}, [])
+
+    page = text(call(service, "GET", f"showback?group_by=team&period=week&days={days}", ADMIN))
+
+    assert f"last {days} days (UTC days from {since})" in page
+    rows = page[page.index("Per week") :]
+    assert f"{monday} from {since} only vision 5.00" in rows
