@@ -14,6 +14,7 @@ from tornado import web
 
 from ..checkpoint_layout import SOURCE_USER, SOURCES, is_checkpoint_id
 from ..core.vocabulary import CULL_REASONS
+from ..core.wire import reason_too_long
 from .checkpoint import list_checkpoints, read_manifest
 from .sampler import NoSample
 
@@ -66,17 +67,14 @@ def _body(handler: APIHandler) -> dict:
     return data
 
 
-# A reason's length, as the governor bounds one (its API's ``reason``): a checkpoint's goes into
-# its manifest, which JupyterLab lists and the report carries; any length was kept (20 MB
-# once, written to disk and read back by every listing of the checkpoints).
-MAX_REASON = 2000
-
-
 def _reason(reason) -> str:
+    """A reason bounded as the governor bounds one: a checkpoint's goes into its manifest,
+    which JupyterLab lists and the report carries (20 MB was once kept, and read back by every
+    listing of the checkpoints)."""
     if not isinstance(reason, str):
         raise web.HTTPError(400, "'reason' must be a string")
-    if len(reason) > MAX_REASON:
-        raise web.HTTPError(400, f"'reason' may be at most {MAX_REASON} characters")
+    if refusal := reason_too_long(reason):
+        raise web.HTTPError(400, refusal)
     return reason
 
 
