@@ -173,10 +173,12 @@ class ForwardHandler(GpuGovHandler):
         ask, the governor puts that person on record, as the Hub says the token is theirs and
         reaches this server; forwarded with this server's token alone, bob's Stop on alice's
         shared server was audited as alice's. None: the owner asked (the server's token says
-        so), or no Hub login (no one else can reach the server)."""
+        so), or no Hub login (no one else can reach the server). A Hub service named as the
+        owner is not the owner (the Hub names services and users apart)."""
         hub_auth = getattr(self.identity_provider, "hub_auth", None)
         user = self.current_user
-        if hub_auth is None or getattr(user, "username", owner) == owner:
+        kind = (getattr(user, "hub_user", None) or {}).get("kind", "user")
+        if hub_auth is None or (kind == "user" and getattr(user, "username", owner) == owner):
             return None
         return hub_auth.get_token(self) or None
 
