@@ -9,6 +9,7 @@ bob      may use alice's server (a share); asks Extend and Stop there, as Jupyte
 carol    has no share: her token, relayed by alice's server, names no one who may use it
 helen    a help desk's role: the Hub's admin page, to look (admin-ui, list and read users)
 root     a Hub admin, who uses alice's server and logs in to the governor's dashboard
+alice    (a service) the admin's, named as she is, which may use her server
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ c.JupyterHub.load_roles.append(
     {"name": "helpdesk", "users": ["helen"], "scopes": ["admin-ui", "list:users", "read:users"]}
 )
 c.Authenticator.admin_users = {"root"}
-"""
+c.JupyterHub.services.append({"name": "alice", "api_token": "%s"})
+c.JupyterHub.load_roles.append(
+    {"name": "alices-helper", "services": ["alice"], "scopes": ["access:servers!server=alice/"]}
+)
+""" % (SERVICE_TOKEN := "service-named-alice-" + "7" * 24)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +131,19 @@ def test_a_guests_asks_on_a_shared_server_are_on_record_as_the_guests(hub, gov):
     assert r.status_code == 409, r.text[:300]
     extends = [a for a in gov.audit("alice/") if a["action"] == "extend"]
     assert [a["actor"] for a in extends] == ["user:bob", "user:alice", "user:root"], extends
+    # A service of the admin's named alice is not alice (the Hub names them apart).
+    r = on_alices_server(hub, "extend", SERVICE_TOKEN)
+    assert r.status_code == 409, r.text[:300]
+    extends = [a for a in gov.audit("alice/") if a["action"] == "extend"]
+    assert [a["actor"] for a in extends][3:] == ["service:alice"], extends
+    # Only a server's own token relays: alice's own token with the header is a 400.
+    r = requests.post(
+        f"{gov.base}/users/alice/server/stop",
+        headers={"Authorization": f"token {alice}", ASKER_HEADER: f"token {bob}"},
+        json={"reason": "bob did it"},
+        timeout=30,
+    )
+    assert r.status_code == 400 and "server's own token" in r.json()["message"], r.text[:300]
     # A forged asker: alice's server relaying carol's token (carol may not use the server),
     # or a token the Hub does not know. Refused, naming why, and nothing is on record.
     relay = {"Authorization": f"token {server_token(hub, 'alice')}"}

@@ -49,6 +49,19 @@ REPORT_CONNECTION_IDLE_S = 30.0
 # where that is not its owner (a guest of a shared server, an admin): ``token <t>``. The
 # governor asks the Hub whose it is and puts that person on record (docs/api.md).
 ASKER_HEADER = "Gpu-Gov-Asker"
+# Characters of a reason, wherever one is taken (an Extend's or Stop's, through the server
+# extension too; an admin's action, form or API; a policy's apply, revert or dry run; a
+# checkpoint's, kept in its manifest): an audit row or a manifest is not a megabyte. One past
+# it is refused with ``reason_too_long``'s words, never cut unsaid.
+MAX_REASON = 2000
+
+
+def reason_too_long(text: str, key: str = "reason") -> str | None:
+    """The refusal of ``text`` (the field ``key``) as longer than ``MAX_REASON``, counted as
+    sent (a browser's ``maxlength`` counts so); None: it is not."""
+    if len(text) <= MAX_REASON:
+        return None
+    return f"'{key}' may be at most {MAX_REASON} characters"
 
 
 def spec(doc: str, default: Any = None, **schema: Any) -> Any:

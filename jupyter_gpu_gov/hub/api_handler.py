@@ -23,7 +23,7 @@ from tornado.log import app_log
 
 from ..core.text import not_text_at
 from ..core.vocabulary import server_key
-from ..core.wire import ASKER_HEADER
+from ..core.wire import ASKER_HEADER, reason_too_long
 from . import fast_json
 from .prepared_auth import (
     ADMIN_SCOPE,
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from .reconcile import Governor
     from .tables import ServerRow
 
-MAX_TEXT = 2000  # characters of a reason
 # What a request costs, in units of its caller's ``api_budget`` (docs/api.md, "API budget"): a
 # status read, a page of the audit or a person's request, about 1 ms of the event loop; a
 # listing of every server (an admin's, the dashboard, the health view, a user's page built
@@ -48,6 +47,14 @@ MAX_TEXT = 2000  # characters of a reason
 # the trace, the diagnosis's costs, a what-if, showback), seconds of a worker. Counted alike,
 # a loop of exports went through a budget sized for reads at hundreds of times their cost.
 COST_READ, COST_LISTING, COST_EXPORT = 1, 5, 10
+
+
+def bounded_reason(text: str, key: str = "reason") -> str:
+    """``text``, or a 400 where it is longer than a reason may be (``core.wire.MAX_REASON``):
+    the API's, the dashboard's and the policy page's bound, in the same words."""
+    if refusal := reason_too_long(text, key):
+        raise web.HTTPError(400, refusal)
+    return text
 
 
 def error_message(reason: str, kwargs: dict) -> str:
@@ -357,9 +364,7 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
             raise web.HTTPError(400, f"'{key}' must be a string")
         if required and not value.strip():
             raise web.HTTPError(400, f"'{key}' is required")
-        if len(value) > MAX_TEXT:
-            raise web.HTTPError(400, f"'{key}' may be at most {MAX_TEXT} characters")
-        return value.strip()
+        return bounded_reason(value, key).strip()
 
     _worker_etag: str | None = None  # ``finish_from_worker``'s
 

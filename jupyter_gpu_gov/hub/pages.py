@@ -32,7 +32,7 @@ from ..core.durations import format_duration, parse_duration
 from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
 from . import listings, showback
-from .api_handler import COST_EXPORT, COST_LISTING, MAX_TEXT
+from .api_handler import COST_EXPORT, COST_LISTING, bounded_reason
 from .health import not_a_uuid
 from .incremental import let_reports_in
 from .page_handler import STATIC, PageHandler, StaticHandler, ago
@@ -246,9 +246,7 @@ class ActionHandler(PageHandler):
         gov = self.governor
         key = self.get_body_argument("server", "")
         action = self.get_body_argument("action", "")
-        reason = self.get_body_argument("reason", "").strip()
-        if len(reason) > MAX_TEXT:  # as the API's: an audit row is not a megabyte
-            raise web.HTTPError(400, f"'reason' may be at most {MAX_TEXT} characters")
+        reason = bounded_reason(self.get_body_argument("reason", "")).strip()
         if action != "dismiss-gpu" and gov.row(key) is None:
             raise web.HTTPError(404, f"the governor knows no server {key}")
         if not reason:

@@ -25,11 +25,11 @@ from typing import Any
 
 from ..core import clock
 from ..core.policy import Policy, PolicyError, load_policies
+from ..core.wire import reason_too_long
 from ..replay import parse_lines, replay
 from ..replay.history import DEFAULT_STEP_S, export_trace
 from ..replay.trace import Sample
 from ..replay.whatif import Outcome, Setup, Tiers, compare, recorded_actions, report
-from .api_handler import MAX_TEXT
 from .history import read_history
 from .tables import AuditRow
 
@@ -317,8 +317,8 @@ def days_of(value: Any) -> float:
 def reason_of(text: Any, what: str = "apply a policy") -> str:
     if not isinstance(text, str) or not text.strip():
         raise CandidateError(f"say why: a reason is required to {what}")
-    if len(text) > MAX_TEXT:  # refused, as every reason of the API: never cut unsaid
-        raise CandidateError(f"'reason' may be at most {MAX_TEXT} characters")
+    if refusal := reason_too_long(text):
+        raise CandidateError(refusal)
     return text.strip()
 
 

@@ -13,7 +13,7 @@ from tornado import web
 from ..core import clock
 from ..core.policy import Policy
 from ..replay.history import Pseudonyms, export_span, export_trace
-from .api_handler import COST_EXPORT, COST_READ, MAX_TEXT, ApiHandler
+from .api_handler import COST_EXPORT, COST_READ, ApiHandler, bounded_reason
 from .applied_policy import StalePolicies, apply, check_over, policy_view, revert
 from .history import read_history
 from .policy_admin import (
@@ -150,10 +150,8 @@ class DryRunHandler(_PolicyApi):
     @web.authenticated
     def delete(self):
         self.require_admin()
-        reason = self.get_argument("reason", "")
-        if len(reason) > MAX_TEXT:
-            raise web.HTTPError(400, f"'reason' may be at most {MAX_TEXT} characters")
-        if not stop_dry_run(self.governor, self.actor, reason.strip() or "dry run ended"):
+        reason = bounded_reason(self.get_argument("reason", "")).strip()
+        if not stop_dry_run(self.governor, self.actor, reason or "dry run ended"):
             raise web.HTTPError(404, "no dry run is under way")
         self.write_json({"stopped": True})
 

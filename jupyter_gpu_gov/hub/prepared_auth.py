@@ -33,8 +33,8 @@ ADMIN_PAGE_SCOPE = "admin-ui"
 METRICS_SCOPE = "read:metrics"
 TESTED_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, ADMIN_PAGE_SCOPE, METRICS_SCOPE})
 # Any of them: perhaps a governor admin, whose Hub answer is kept ADMIN_KEPT_S (below).
-ADMIN_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, ADMIN_PAGE_SCOPE})
-ADMIN_SCOPE_OR_HUB = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES})  # a governor admin by itself
+MAYBE_ADMIN_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, ADMIN_PAGE_SCOPE})
+ADMIN_BY_ITSELF_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES})  # any one: a governor admin
 
 
 def is_governor_admin(model: dict) -> bool:
@@ -43,7 +43,7 @@ def is_governor_admin(model: dict) -> bool:
     held by a Hub admin (``admin`` in the Hub's model, which JupyterHub keeps true for the
     members of its admin role)."""
     scopes = model.get("scopes") or ()
-    if not ADMIN_SCOPE_OR_HUB.isdisjoint(scopes):
+    if not ADMIN_BY_ITSELF_SCOPES.isdisjoint(scopes):
         return True
     return ADMIN_PAGE_SCOPE in scopes and model.get("admin") is True
 
@@ -131,7 +131,7 @@ class PreparedHubOAuth(HubOAuth):
             )
         )
         self.cache[key] = model
-        if model and ADMIN_SCOPES.intersection(model.get("scopes") or ()):
+        if model and MAYBE_ADMIN_SCOPES.intersection(model.get("scopes") or ()):
             now = self._admin_asked[key] = time.monotonic()
             if len(self._admin_asked) > 1000 and self.cache_max_age > 0:
                 # Months of admins' logins: those the cache has forgotten too.

@@ -47,7 +47,7 @@ from .views import policy_view
 # so one server, can make the governor hold.
 MAX_REPORT_BYTES = 256 * 1024
 MAX_BODY_BYTES = 1024 * 1024  # any request; a larger one is refused before it is read
-MAX_AUDIT_ROWS = 5000
+MAX_PAGE_ROWS = 5000  # the most rows of a page of api/audit or api/extensions
 # How long a report waits for the Hub to say who its token is (JupyterHub's client waits up
 # to 5 minutes; the server gives up on its report after 20 s and sends the next one).
 HUB_CHECK_TIMEOUT_S = 10.0
@@ -355,11 +355,11 @@ class StopHandler(ApiHandler):
 
 def newest_first_page(handler: ApiHandler, row: str) -> tuple[int, int | None]:
     """A newest-first listing's page (``api/audit``, ``api/extensions``): ``limit`` rows
-    (1 to ``MAX_AUDIT_ROWS``, default 200) older than ``before`` (the last ``id`` read), or 400
+    (1 to ``MAX_PAGE_ROWS``, default 200) older than ``before`` (the last ``id`` read), or 400
     naming the bad one."""
     text = handler.get_argument("limit", "200")
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_AUDIT_ROWS:
-        raise web.HTTPError(400, f"'limit' must be a whole number from 1 to {MAX_AUDIT_ROWS}")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_PAGE_ROWS:
+        raise web.HTTPError(400, f"'limit' must be a whole number from 1 to {MAX_PAGE_ROWS}")
     before = handler.get_argument("before", None)
     if before is None:
         return int(text), None

@@ -14,6 +14,7 @@ from tornado import web
 
 from ..checkpoint_layout import SOURCE_USER, SOURCES, is_checkpoint_id
 from ..core.vocabulary import CULL_REASONS
+from ..core.wire import reason_too_long
 from .checkpoint import list_checkpoints, read_manifest
 from .sampler import NoSample
 
@@ -66,17 +67,14 @@ def _body(handler: APIHandler) -> dict:
     return data
 
 
-# A reason's length, as the governor bounds one (its API's ``reason``): a checkpoint's goes into
-# its manifest, which JupyterLab lists and the report carries; any length was kept (20 MB
-# once, written to disk and read back by every listing of the checkpoints).
-MAX_REASON = 2000
-
-
 def _reason(reason) -> str:
+    """A reason bounded as the governor bounds one: a checkpoint's goes into its manifest,
+    which JupyterLab lists and the report carries (20 MB was once kept, and read back by every
+    listing of the checkpoints)."""
     if not isinstance(reason, str):
         raise web.HTTPError(400, "'reason' must be a string")
-    if len(reason) > MAX_REASON:
-        raise web.HTTPError(400, f"'reason' may be at most {MAX_REASON} characters")
+    if refusal := reason_too_long(reason):
+        raise web.HTTPError(400, refusal)
     return reason
 
 
@@ -175,10 +173,12 @@ class ForwardHandler(GpuGovHandler):
         ask, the governor puts that person on record, as the Hub says the token is theirs and
         reaches this server; forwarded with this server's token alone, bob's Stop on alice's
         shared server was audited as alice's. None: the owner asked (the server's token says
-        so), or no Hub login (no one else can reach the server)."""
+        so), or no Hub login (no one else can reach the server). A Hub service named as the
+        owner is not the owner (the Hub names services and users apart)."""
         hub_auth = getattr(self.identity_provider, "hub_auth", None)
         user = self.current_user
-        if hub_auth is None or getattr(user, "username", owner) == owner:
+        kind = (getattr(user, "hub_user", None) or {}).get("kind", "user")
+        if hub_auth is None or (kind == "user" and getattr(user, "username", owner) == owner):
             return None
         return hub_auth.get_token(self) or None
 
