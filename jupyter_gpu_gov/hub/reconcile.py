@@ -176,7 +176,7 @@ class Governor(
         # fragmentation is "GPUs partly used while spawns wait".
         self.spawns_waiting: int | None = None
         # The spawn queue's sync after each pass (hub/app.py): the line's demand, too.
-        self.spawn_queue = QueueSync(hub, store, options.dry_run)
+        self.spawn_queue = QueueSync(hub, store, options.dry_run, self.hub_listing)
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None
 
