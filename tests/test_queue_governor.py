@@ -41,7 +41,7 @@ from jupyter_gpu_gov.profiles import local
 from jupyter_gpu_gov.profiles import queue as profile_queue
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.local import GpuSimpleLocalProcessSpawner, LocalGpus
-from jupyter_gpu_gov.profiles.queue_pages import _withdraw_reclaims, places
+from jupyter_gpu_gov.profiles.queue_pages import _cards, _withdraw_reclaims, places
 from jupyter_gpu_gov.profiles.quota import CAPACITY
 from jupyter_gpu_gov.profiles.spawner import GpuRefused, waiting_requests
 
@@ -201,7 +201,7 @@ class SyncHandler:
     """What the hub's queue sync handler offers ``_withdraw_reclaims``: its database and users."""
 
     def __init__(self, hub: InMemoryHub):
-        self.db, self.users = hub.db, hub.users
+        self.db, self.users, self.settings = hub.db, hub.users, hub.settings
 
     def find_user(self, name: str):
         row = orm.User.find(self.db, name)
@@ -263,6 +263,20 @@ async def test_a_reclaim_is_withdrawn_when_the_spawn_it_was_for_leaves_the_line(
         hub, "iris"
     )
     assert await _withdraw_reclaims(handler, clock.utcnow()) == []
+
+
+async def test_the_workstations_hub_names_its_cards_at_the_sync(hub):
+    """The queue sync names the physical cards the allocator reads (both simulated H100s,
+    held or not): the governor's fragmentation figure counts a free one without DCGM. A hub
+    whose spawner is not the workstation's names none (its capacity is per tier, not per
+    card)."""
+    handler = SyncHandler(hub)
+    before = await _cards(handler)
+    assert len(before) == 2 and all(card.startswith("GPU-") for card in before)
+    await hub.start("ivan", {"profile": "h100"})
+    assert await _cards(handler) == before
+    handler.settings = {**hub.settings, "spawner_class": object}
+    assert await _cards(handler) == []
 
 
 async def test_a_server_started_from_the_line_that_nobody_opens_is_given_back_and_counted(

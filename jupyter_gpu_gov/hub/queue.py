@@ -144,6 +144,9 @@ class QueueSync:
         # ``refused_from_json``): None before one, without a line, or when the hub cannot say.
         self.queued: int | None = None
         self.refused: int | None = None
+        # The physical cards a workstation hub's allocator reads, as of the last sync (the
+        # fragmentation figure's free cards without DCGM); empty: none said (a cluster's hub).
+        self.cards: tuple[str, ...] = ()
         # Starts the Hub refused, by server: tried again after RETRY_AFTER, not every pass.
         self._refused: dict[str, datetime] = {}
         # Starts the Hub took, by server: the request's queued_at, and when. The same request
@@ -162,6 +165,7 @@ class QueueSync:
         except HubApiError as error:
             # Not known now (the last sync's figures kept while this one was under way).
             self.queued = self.refused = None
+            self.cards = ()
             if error.status == 404:
                 self.absent = True
                 log.info("gpu-gov: the hub has no spawn queue (no profile layer)")
@@ -199,7 +203,14 @@ class QueueSync:
     def _read(self, answer) -> list[Waiting]:
         if not isinstance(answer, Mapping):
             self.queued = self.refused = None
+            self.cards = ()
             return []
+        cards = answer.get("cards")
+        self.cards = tuple(
+            card
+            for card in (cards if isinstance(cards, list) else ())[:10_000]
+            if isinstance(card, str) and 0 < len(card) <= MAX_TEXT
+        )
         line = []
         for entry in (answer.get("line") or [])[:10_000]:
             try:

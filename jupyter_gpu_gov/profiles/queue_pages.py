@@ -48,6 +48,7 @@ from ..core.text import escaped
 from . import form
 from .config import GpuProfiles
 from .left_pods import due
+from .local import LocalGpuMixin, LocalGpus
 from .queue import FORECAST, REFUSED, starts_when
 from .spawner import (
     GOVERNOR_HEARD_WITHIN,
@@ -160,6 +161,20 @@ async def _give_back_unstartable(handler: BaseHandler, now) -> None:
                 escaped(why),
             )
             FORECAST.left.append(request.left(CANCELLED, now, f"it can no longer start: {why}"))
+
+
+async def _cards(handler: BaseHandler) -> list[str]:
+    """The physical cards a workstation hub hands out (``LocalGpus``' read, bounded; faulty
+    cards left out): the governor counts one no running server is pinned on as free in its
+    fragmentation figure, where no DCGM sees it. Empty on a cluster's hub (no per-card record
+    there: its capacity is counted per tier) and while the cards cannot be read."""
+    spawner_class = handler.settings.get("spawner_class")
+    if not (isinstance(spawner_class, type) and issubclass(spawner_class, LocalGpuMixin)):
+        return []
+    gpus = LocalGpus.instance(config=handler.settings.get("config"))
+    await gpus.read()
+    devices = gpus.devices() or []
+    return sorted({d.parent_uuid or d.uuid for d in devices})
 
 
 async def _withdraw_reclaims(handler: BaseHandler, now) -> list[dict[str, str]]:
@@ -361,6 +376,7 @@ class QueueApiHandler(APIHandler):
             log.exception("gpu-gov: finding the pods stopped servers left running")
             left_pods = []
         answer = {
+            "cards": await _cards(self),
             "line": line,
             "left": left,
             "refused": refused,
