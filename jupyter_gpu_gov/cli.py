@@ -1040,8 +1040,8 @@ def cluster_text(report: dict) -> str:
 
 def _cards_known(n: int) -> str:
     return (
-        f"{n} card{'' if n == 1 else 's'} known (seen by DCGM or held by a running server; "
-        "others are not counted)"
+        f"{n} card{'' if n == 1 else 's'} known (seen by DCGM, held by a running server or read "
+        "by the workstation's hub; others are not counted)"
     )
 
 

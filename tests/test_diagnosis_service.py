@@ -494,8 +494,10 @@ async def test_a_report_alone_does_not_move_the_fragmentation_figure(tmp_path):
 class QueueAnswer:
     """The hub's answer to the governor's spawn queue sync (``profiles/queue_pages.py``)."""
 
-    def __init__(self, line: list, refused: int):
+    def __init__(self, line: list, refused: int, cards: list | None = None):
         self.answer = {"line": [w.to_json() for w in line], "left": [], "refused": refused}
+        if cards is not None:
+            self.answer["cards"] = cards
 
     async def request(self, method, path, body=None):
         return self.answer
@@ -558,7 +560,10 @@ async def test_the_fragmentation_figure_says_its_cards_are_those_known_not_the_c
         await gov.reconcile()
         found = gov.diagnosis_summary()["fragmentation"]
     assert (found["devices"], found["devices_partly_used"], found["devices_free"]) == (1, 0, 0)
-    known = "1 card known (seen by DCGM or held by a running server; others are not counted): "
+    known = (
+        "1 card known (seen by DCGM, held by a running server or read by the workstation's hub;"
+        " others are not counted): "
+    )
     text = " ".join(cli.cluster_text({"fragmentation": found}).split())
     assert f"fragmentation: no — {known}0 partly allocated" in text, text
     (page,) = await served(gov, monkeypatch, "")
@@ -594,6 +599,33 @@ async def test_spawns_in_line_or_refused_for_want_of_a_gpu_flag_fragmentation(tm
             found = gov.diagnosis_summary()["fragmentation"]
             assert found["demand"] == demand and found["flag"] is flagged, (demand, found)
             assert found["spawns_waiting"] == sum(demand.values())
+
+
+async def test_a_free_card_the_workstations_hub_reads_is_counted_without_dcgm(tmp_path):
+    """No DCGM: alice's and bob's slices (3/7 each) on cards A and B, a spawn in line for a
+    card, and card C free (no server pinned on it). Only the pinned cards were counted: the
+    figure read "Fragmented" (8/7 of a card scattered, none free) while a whole card was free,
+    where DCGM's view says not fragmented. The workstation's hub names the cards its allocator
+    reads at the queue sync: C counts as free, and the flag is down; a card a server holds is
+    not counted twice, and what a sync cannot read (not text, too long) is left out."""
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=pinned_slice("GPU-a"))
+        hub.add_server("bob", state=pinned_slice("GPU-b"))
+        gov = governor(hub, tmp_path)
+        gov.ingest(on_slice(zombie_report("alice"), "GPU-a"))
+        gov.ingest(on_slice(starved_report("bob"), "GPU-b"))
+        await gov.reconcile()
+        waiting = [in_line("cat", CAPACITY)]
+        for cards, flagged, counted, free in (
+            (None, True, 2, 0),  # a cluster's hub names none: the pinned cards alone
+            (["GPU-a", "GPU-b", "GPU-c", 7, "x" * 5000], False, 3, 1),
+        ):
+            gov.spawn_queue.hub = QueueAnswer(waiting, 0, cards)
+            await gov.spawn_queue.sync()
+            found = gov.diagnosis_summary()["fragmentation"]
+            assert found["flag"] is flagged, (cards, found)
+            assert (found["devices"], found["devices_free"]) == (counted, free), found
+            assert found["devices_partly_used"] == 2
 
 
 async def test_causes_cost_gpu_hours_per_team_and_node(tmp_path):

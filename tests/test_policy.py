@@ -236,6 +236,39 @@ def test_a_warning_nobody_can_read_stands_only_as_long_as_the_hubs_lag():
     assert later.actions == () and later.cull_at >= T0 + 60 * MIN
 
 
+def test_a_hub_that_gathers_activity_less_often_never_reads_a_present_owner_as_away():
+    """The unread-warning rule reads the Hub's silence since the warning as nobody there. A
+    Hub that gathers activity every 30 minutes (``last_activity_interval``, and the servers
+    post theirs as seldom) shows the owner's open tab only at its next gathering: under the
+    15 minutes of the default lag she was culled at minute 16 while reading the warning. Its
+    own lag (65 minutes) is longer than the notice: she gets the full notice; and a lag not
+    known judges no warning unread."""
+
+    # Her tab is open all along; the Hub's record of it moves every 30 minutes.
+    def present(minute, lag):
+        seen = T0 - 5 * MIN + (minute + 5) // 30 * 30 * MIN
+        return idle_view(
+            user_last_activity=T0 - 180 * MIN, hub_last_activity=seen, hub_activity_lag=lag
+        )
+
+    assert p.hub_activity_lag(30 * MIN) == 65 * MIN
+    assert p.hub_activity_lag(5 * MIN) == p.hub_activity_lag(MIN) == 15 * MIN
+    default = run(lambda m: present(m, p.HUB_ACTIVITY_LAG), minutes=61, on_checkpoint="done")
+    assert default[0][1] == (15, "checkpoint", "checkpointing")  # the wrong reading: gone
+    for lag in (p.hub_activity_lag(30 * MIN), None):
+        actions = run(lambda m, lag=lag: present(m, lag), minutes=61, on_checkpoint="done")[0]
+        assert actions[:2] == [(0, "warn", "warned"), (30, "checkpoint", "checkpointing")]
+    # Nobody there at all (no activity since the warning): its own lag is the notice, and the
+    # reason names it; not known, the full notice.
+    gone = {"user_last_activity": T0 - 180 * MIN, "hub_last_activity": T0 - 5 * MIN}
+    slow = idle_view(**gone, hub_activity_lag=p.hub_activity_lag(10 * MIN))
+    assert p.decide(slow, p.Record(), POLICY, T0).cull_at == T0 + 25 * MIN
+    last = run(slow, minutes=61, on_checkpoint="done")[1]
+    assert "no tab open to read it, so its notice is the Hub's own lag, 25m" in last.reason
+    unknown = idle_view(**gone, hub_activity_lag=None)
+    assert p.decide(unknown, p.Record(), POLICY, T0).cull_at == T0 + 30 * MIN
+
+
 def test_an_owner_away_for_less_than_away_after_gets_the_whole_idle_clock():
     recently = replace(idle_view(), user_last_activity=T0 - 90 * MIN)  # away_after is 2 h
     assert run(recently, minutes=61, on_checkpoint="done")[0][0] == (30, "warn", "warned")

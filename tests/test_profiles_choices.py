@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from traitlets import TraitError
 
-from jupyter_gpu_gov.core.grant import user_may_choose
+from jupyter_gpu_gov.core.grant import MAX_CHOICE_CHARS, MAX_CHOICES, oversized, user_may_choose
 from jupyter_gpu_gov.profiles import form
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.tiers import TierError, load_tiers
@@ -105,3 +105,22 @@ def test_the_hubs_bound_on_expected_durations_is_checked_at_startup():
     for bad, words in (("30s", "at least 1 minute"), ("later", "is not a duration")):
         with pytest.raises(TraitError, match=words):
             GpuProfiles(max_expected_duration=bad)
+
+
+def test_the_bounds_on_kept_choices_hold_at_their_edge():
+    # api.md: at most 64 choices of at most 1,024 characters each (key or value); one past
+    # either is refused with the bound named, and what is kept stops at the bound.
+    assert (MAX_CHOICES, MAX_CHOICE_CHARS) == (64, 1024)
+    sixty_four = {f"profile-option-{i}": "x" for i in range(64)}
+    assert oversized(sixty_four) == (sixty_four, None)
+    kept, why = oversized({**sixty_four, "profile-option-64": "x"})
+    assert kept == sixty_four
+    assert why == "65 choices were sent: a spawn may make at most 64."
+    edge = {"k" * 1024: "v" * 1024, "n": ["y" * 1020]}  # a list's size is its repr's, 1,024
+    assert oversized(edge) == (edge, None)
+    for past, size in (({"k" * 1025: "v"}, 1025), ({"k": "v" * 1025}, 1025)):
+        kept, why = oversized(past)
+        assert kept == {}
+        assert why.endswith(f"is {size:,} characters long: a choice may be at most 1,024.")
+    kept, why = oversized({"n": ["y" * 1021]})
+    assert kept == {} and "1,025 characters long" in why

@@ -41,7 +41,7 @@ from jupyter_gpu_gov.profiles import local
 from jupyter_gpu_gov.profiles import queue as profile_queue
 from jupyter_gpu_gov.profiles.config import GpuProfiles
 from jupyter_gpu_gov.profiles.local import GpuSimpleLocalProcessSpawner, LocalGpus
-from jupyter_gpu_gov.profiles.queue_pages import places
+from jupyter_gpu_gov.profiles.queue_pages import _cards, _withdraw_reclaims, places
 from jupyter_gpu_gov.profiles.quota import CAPACITY
 from jupyter_gpu_gov.profiles.spawner import GpuRefused, waiting_requests
 
@@ -195,6 +195,88 @@ async def test_a_team_within_its_guarantee_joining_the_line_asks_a_borrowed_gpu_
     assert notice in cull, cull
     assert culls("reclaim") - reclaimed == 1
     assert "reclaim-warn" not in dict(audit(gov, "ivan/"))
+
+
+class SyncHandler:
+    """What the hub's queue sync handler offers ``_withdraw_reclaims``: its database and users."""
+
+    def __init__(self, hub: InMemoryHub):
+        self.db, self.users, self.settings = hub.db, hub.users, hub.settings
+
+    def find_user(self, name: str):
+        row = orm.User.find(self.db, name)
+        return None if row is None else self.users[row]
+
+
+async def test_a_reclaim_is_withdrawn_when_the_spawn_it_was_for_leaves_the_line(hub, tmp_path):
+    """vera (vision, within its guarantee) joins the line and ines's borrowed server is asked
+    back and warned; vera then cancels. At the next sync the hub lifts the reclaim (no spawn
+    waiting needs the card), the governor puts it on record, ines's verdict carries no deadline
+    and she keeps her GPU past the grace. While vera waits, the sync keeps it; a reclaim asked
+    for a refused spawn (told to retry) is never lifted this way. Before: ines lost her server
+    15 minutes after vera had gone."""
+    now = clock.utcnow()
+    await hub.start("ivan", {"profile": "h100"}, started=now - timedelta(hours=2))
+    await hub.start("ines", {"profile": "h100"}, started=now - timedelta(hours=1))
+    await hub.spawner("vera").gpu_enqueue({"profile": "h100"})
+    assert grant(hub, "ines")["gpu-gov/reclaim-by"] == "vera/"
+    handler = SyncHandler(hub)
+    assert await _withdraw_reclaims(handler, clock.utcnow()) == []  # vera waits: it stands
+    assert "gpu-gov/reclaim" in grant(hub, "ines")
+
+    async with FakeHubApi() as api:
+        cards = {user: hub.serve(api, user) for user in ("ivan", "ines")}
+        gov = governor(api, tmp_path)
+        gov.policies = load_policies([], {"checkpoint": False, "reclaim_grace": "15m"})
+
+        async def governor_pass():
+            for user, card in cards.items():
+                gov.ingest(report_for(user, card, sm=0.9))
+            await gov.reconcile()
+
+        await governor_pass()
+        assert "reclaim-warn" in dict(audit(gov, "ines/")) and gov.verdict("ines/")["cull_at"]
+        clock.advance(5 * 60)
+        assert hub.spawner("vera").gpu_cancel()
+        lifted = await _withdraw_reclaims(handler, clock.utcnow())
+        assert [(w["server"], w["team"], w["by"]) for w in lifted] == [("ines/", "vision", "vera/")]
+        left = grant(hub, "ines")
+        assert not {"gpu-gov/reclaim", "gpu-gov/reclaim-for", "gpu-gov/reclaim-by"} & set(left)
+        assert left["gpu-gov/borrowed"] == "true"
+        gov.spawn_queue._withdrawn(lifted, clock.utcnow())
+        hub.serve(api, "ines")  # the Hub API now shows her state without the request
+        await governor_pass()
+        assert gov.verdict("ines/").get("cull_at") is None
+        clock.advance(11 * 60)  # past the grace of the request withdrawn
+        await governor_pass()
+        assert api.running("ines")
+    (why,) = [r for a, r in audit(gov, "ines/") if a == "reclaim-withdrawn"]
+    assert "team vision" in why and "deadline is lifted" in why, why
+    assert "cull" not in dict(audit(gov, "ines/"))
+
+    # A reclaim asked for a spawn refused now (not waiting) stands: it was told to retry.
+    hub.stop("ivan")
+    await hub.start("iris", {"profile": "h100"})  # interns borrow both cards again
+    with pytest.raises(GpuRefused, match="being taken back"):
+        await hub.start("vera", {"profile": "h100"})
+    assert "gpu-gov/reclaim" in grant(hub, "iris") and "gpu-gov/reclaim-by" not in grant(
+        hub, "iris"
+    )
+    assert await _withdraw_reclaims(handler, clock.utcnow()) == []
+
+
+async def test_the_workstations_hub_names_its_cards_at_the_sync(hub):
+    """The queue sync names the physical cards the allocator reads (both simulated H100s,
+    held or not): the governor's fragmentation figure counts a free one without DCGM. A hub
+    whose spawner is not the workstation's names none (its capacity is per tier, not per
+    card)."""
+    handler = SyncHandler(hub)
+    before = await _cards(handler)
+    assert len(before) == 2 and all(card.startswith("GPU-") for card in before)
+    await hub.start("ivan", {"profile": "h100"})
+    assert await _cards(handler) == before
+    handler.settings = {**hub.settings, "spawner_class": object}
+    assert await _cards(handler) == []
 
 
 async def test_a_server_started_from_the_line_that_nobody_opens_is_given_back_and_counted(

@@ -7,13 +7,17 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from python_source import parse
+from traitlets.config import Config
 
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
 from jupyter_gpu_gov.hub.health import HealthOptions
+from jupyter_gpu_gov.hub.hubconfig import ACTIVITY_INTERVAL_ENV, add_governor
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.settings import GovernorSettings
 
@@ -65,8 +69,46 @@ def test_every_option_is_set_from_a_setting_and_read_by_a_part():
 def test_the_options_defaults_are_the_settings_defaults(monkeypatch):
     """A governor built with no configuration gets the options tests build with ``Options()``:
     the two sets of defaults never tell different stories."""
-    for name in ("JUPYTER_GPU_GOV_TIERS", "KUBERNETES_SERVICE_HOST"):
+    for name in ("JUPYTER_GPU_GOV_TIERS", "KUBERNETES_SERVICE_HOST", ACTIVITY_INTERVAL_ENV):
         monkeypatch.delenv(name, raising=False)
     app = GpuGovernor()
     app.initialize([])
     assert app.make_options() == Options()
+
+
+def test_the_hubs_activity_interval_reaches_the_governor(monkeypatch):
+    """How late the Hub's activity may be is read from the Hub's configuration: add_governor
+    passes the longer of ``last_activity_interval`` and the servers' posting interval, and the
+    governor's lag follows (twice it and 5 minutes, at least 15). Not known (a governor run
+    without it, or a value it cannot read): None, and no warning is judged unread."""
+
+    def passed(**hub) -> str | None:
+        c = Config()
+        for key, value in hub.items():
+            section, _, trait = key.partition("__")
+            setattr(c[section], trait, value)
+        add_governor(c)
+        (service,) = c.JupyterHub.services.get_value([])
+        return service["environment"].get(ACTIVITY_INTERVAL_ENV)
+
+    assert passed() == "300"  # JupyterHub's defaults
+    assert passed(JupyterHub__last_activity_interval=1800) == "1800"
+    env = {"JUPYTERHUB_ACTIVITY_INTERVAL": "3600"}
+    assert passed(Spawner__environment=env) == "3600"
+    assert passed(Spawner__environment={"JUPYTERHUB_ACTIVITY_INTERVAL": lambda s: "60"}) is None
+
+    def lag(value: str | None, **config):
+        if value is None:
+            monkeypatch.delenv(ACTIVITY_INTERVAL_ENV, raising=False)
+        else:
+            monkeypatch.setenv(ACTIVITY_INTERVAL_ENV, value)
+        app = GpuGovernor(**config)
+        app.initialize([])
+        return app.make_options().hub_activity_lag
+
+    assert lag("300") == timedelta(minutes=15)
+    assert lag("1800") == timedelta(minutes=65)
+    assert lag(None) is None
+    assert lag(None, hub_activity_interval=600) == timedelta(minutes=25)
+    with pytest.raises(SystemExit, match="is not a number of seconds"):
+        lag("soon")

@@ -123,7 +123,8 @@ class Policy:
     # the cull follows after the notice. ``warn_after`` spares a person at the notebook warnings
     # about short pauses; nobody is there to spare. While the Hub then sees no activity on the
     # server (no tab open to show the warning), nobody can read it: its notice is the Hub's own
-    # lag (HUB_ACTIVITY_LAG), not the full one. None: the clock is the same for everyone.
+    # lag (``ServerView.hub_activity_lag``), not the full one. None: the clock is the same for
+    # everyone.
     away_after: timedelta | None = timedelta(hours=2)
     # A zombie by the Hub's own record — the GPU idle and held, no cell running (the report),
     # and no Hub activity (no open tab, no kernel message, no request: a server can make its
@@ -470,6 +471,23 @@ class GpuSignal:
     detail: str = ""  # for reasons: where the evidence came from, disagreements
 
 
+# JupyterHub's activity of a server lags what happens by up to this: the server posts its
+# activity every 5 minutes (JUPYTERHUB_ACTIVITY_INTERVAL), the Hub gathers the proxy's every 5
+# (last_activity_interval), with room for clock skew; hub/listing.py's incremental listing
+# reads back this far. A shorter silence says nothing about who is there.
+HUB_ACTIVITY_LAG = timedelta(minutes=15)
+ACTIVITY_SKEW = timedelta(minutes=5)
+
+
+def hub_activity_lag(interval: timedelta | None) -> timedelta | None:
+    """How late the Hub's activity may be when its longer interval (the proxy's gathering, a
+    server's posting) is ``interval``: both of them and room for skew, never under
+    HUB_ACTIVITY_LAG (the defaults, 5 minutes each, give it). None: not known."""
+    if interval is None:
+        return None
+    return max(HUB_ACTIVITY_LAG, 2 * interval + ACTIVITY_SKEW)
+
+
 @dataclass(frozen=True)
 class ServerView:
     user: str
@@ -481,6 +499,9 @@ class ServerView:
     labels: Mapping[str, str] = field(default_factory=dict)
     started: datetime | None = None
     hub_last_activity: datetime | None = None  # what jupyterhub-idle-culler looks at
+    # How late the Hub's activity of it may be (``hub_activity_lag``): a shorter silence says
+    # nothing of who is there. None: not known, and a warning is never judged unread by it.
+    hub_activity_lag: timedelta | None = HUB_ACTIVITY_LAG
     user_last_activity: datetime | None = None  # people's interaction, not API polling or GPU
     reports: bool = False  # the server sends GPU reports
     gpu: GpuSignal | None = None  # None when it sends none (or they went stale)
@@ -511,12 +532,6 @@ class ServerView:
     def checkpointable(self) -> bool:
         return self.reports and self.reachable and self.gpu is not None
 
-
-# JupyterHub's activity of a server lags what happens by up to this: the server posts its
-# activity every 5 minutes (JUPYTERHUB_ACTIVITY_INTERVAL), the Hub gathers the proxy's every 5
-# (last_activity_interval), with room for clock skew; hub/listing.py's incremental listing
-# reads back this far. A shorter silence says nothing about who is there.
-HUB_ACTIVITY_LAG = timedelta(minutes=15)
 
 # A kernel's process tree "does nothing" under these, over the sampler's window: an idle
 # Python kernel reads 0.1-0.5 % of a core (heartbeats, ZMQ); a cell that computes, parses,
@@ -1168,7 +1183,7 @@ class _IdleClock:
             why += (
                 f" (nobody has used the notebook since {_at(back)}, and the Hub has seen no"
                 f" activity on it since the warning of {_at(self.unseen)}: no tab open to read"
-                f" it, so its notice is the Hub's own lag, {format_duration(HUB_ACTIVITY_LAG)})"
+                f" it, so its notice is the Hub's own lag, {format_duration(self.notice)})"
             )
         elif self.zombie:
             why += " (nobody is there: the GPU holds memory and does no work, and the Hub has seen no activity)"
@@ -1200,20 +1215,22 @@ def _idle_clock(
     notice = policy.notice
     warn_at = cull_at - notice
     silent = _silent_since(view, gpu, policy, idle_since)
+    # Not known: the default's (zombie_idle, an admin's choice, is read as configured).
+    lag = view.hub_activity_lag or HUB_ACTIVITY_LAG
     if silent is not None:
         # Nobody there by the Hub's record: the shorter clock. The Hub's activity lags by up
-        # to HUB_ACTIVITY_LAG, so a silence is a silence only past it: the warning goes out
-        # then, with the rest of zombie_idle (at least as long again) as its notice.
-        window = max(policy.zombie_idle, 2 * HUB_ACTIVITY_LAG)
+        # to its lag, so a silence is a silence only past it: the warning goes out then, with
+        # the rest of zombie_idle (at least as long again) as its notice.
+        window = max(policy.zombie_idle, 2 * lag)
         if silent + window + extension < cull_at:
             zombie, cull_at = True, silent + window + extension
-            warn_at = min(warn_at, silent + HUB_ACTIVITY_LAG + extension)
+            warn_at = min(warn_at, silent + lag + extension)
             notice = cull_at - warn_at
     unseen = _unseen_since(view, gpu, record, policy) if not extended else None
-    if unseen is not None and unseen + HUB_ACTIVITY_LAG < cull_at:
+    if unseen is not None and unseen + lag < cull_at:
         # A warning nobody can read protects nobody: its notice is only as long as the Hub
         # needs to see someone arrive, who then gets the full notice (the rule no longer holds).
-        cull_at, notice = unseen + HUB_ACTIVITY_LAG, HUB_ACTIVITY_LAG
+        cull_at, notice = unseen + lag, lag
     else:
         unseen = None
     if present_until is not None and policy.presence_limit is not None:
@@ -1244,9 +1261,12 @@ def _unseen_since(
     since (no tab open, which would poll; no kernel message; no request). None otherwise, or
     when not known: no report (a running cell could not be seen), no Hub activity at all. A
     server can make its Hub activity fresher, and claim an interaction, never the other way:
-    either only holds the cull longer."""
+    either only holds the cull longer. Nor when the Hub's lag is not known: a Hub that gathers
+    activity less often would read someone there as gone."""
     warned, last, back = record.warned_at, view.hub_last_activity, view.user_last_activity
     if warned is None or last is None or back is None or policy.away_after is None:
+        return None
+    if view.hub_activity_lag is None:
         return None
     if not (view.reports and gpu.sees_cells) or last > warned or back + policy.away_after > warned:
         return None

@@ -21,9 +21,11 @@ WEIGHT_LABEL = "gpu-gov/weight"  # the GPU-equivalents the usage ledger bills
 BORROWED_LABEL = "gpu-gov/borrowed"  # "true": admitted beyond the team's guarantee
 MAX_AGE_LABEL = "gpu-gov/max-age"  # the tier's maximum age, in seconds
 # Set on a borrowed server when a team within its guarantee is refused for want of the cards
-# borrowers hold: when it was asked (ISO 8601), and for which team.
+# borrowers hold: when it was asked (ISO 8601), and for which team; asked for a spawn waiting
+# in line, for which server (withdrawn once it left the line and no waiting spawn needs it).
 RECLAIM_LABEL = "gpu-gov/reclaim"
 RECLAIM_FOR_LABEL = "gpu-gov/reclaim-for"
+RECLAIM_BY_LABEL = "gpu-gov/reclaim-by"
 EXEMPT_LABEL = "gpu-gov/exempt"  # "true": out of the idle policy's reach
 # What the server is for (the profile's, or the owner's choice at spawn), matchable in
 # policies, and how long its owner expects it to run (a duration, e.g. "6h").

@@ -1,7 +1,9 @@
 """How much of each physical GPU card is handed out, for the diagnosis's fragmentation figure
 (``GET api/diagnosis``): DCGM's view where it sees the card, else the workstation allocator's
-records of what it pinned for each server. Never a server's report: its user writes it, and a
-report naming made-up cards (or other users' cards as free) would move the figure."""
+records of what it pinned for each server, and the cards the workstation hub reads (its
+allocator's NVML: a card none of them is pinned on is free). Never a server's report: its user
+writes it, and a report naming made-up cards (or other users' cards as free) would move the
+figure."""
 
 from __future__ import annotations
 
@@ -13,15 +15,19 @@ from .dcgm import GpuEvidence
 
 
 def allocation(
-    granted: Iterable[Iterable[GrantedDevice]], evidence: Iterable[GpuEvidence] = ()
+    granted: Iterable[Iterable[GrantedDevice]],
+    evidence: Iterable[GpuEvidence] = (),
+    cards: Iterable[str] = (),
 ) -> list[float]:
     """Per physical card, the share allocated (``diagnose.cluster.card_shares``): DCGM's view
     where it sees the card (a whole card or MIG instance held by a pod: allocated; none: free;
     a time-sliced card: its memory in use), else the devices the allocator pinned for the
     running servers (``granted``, one list a server, from its spawner's state: a whole card
     held by one server is allocated in full; a MIG slice, its profile's share; a card pinned
-    for several servers, time-sliced, is unknown without DCGM and left out). A card neither
-    DCGM nor the allocator knows of is not in the figure."""
+    for several servers, time-sliced, is unknown without DCGM and left out). ``cards``: the
+    physical cards the workstation hub's allocator reads (the spawn queue's sync): one neither
+    DCGM sees nor any running server's devices are pinned on is free. A card none of these
+    knows of is not in the figure."""
     seen: dict[tuple, tuple[str, str | None, float | None]] = {}
     for e in evidence:
         card = e.uuid
@@ -47,6 +53,10 @@ def allocation(
             if slot in seen:  # pinned for several servers: time-sliced, its use unknown here
                 share = None
             seen[slot] = (card, d.mig_profile, share)
+    counted = {card for card, _, _ in seen.values()}
+    for card in cards:
+        if card not in counted:
+            seen[(card, None, None)] = (card, None, 0.0)
     return cluster.card_shares(seen.values())
 
 

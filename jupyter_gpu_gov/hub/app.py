@@ -28,7 +28,7 @@ from traitlets.config import Application
 from .. import __version__
 from ..core import clock
 from ..core.durations import parse_duration
-from ..core.policy import PolicyError, load_policies
+from ..core.policy import PolicyError, hub_activity_lag, load_policies
 from ..core.rightsize import TierSizeError, load_tier_sizes
 from . import heap, metrics, routes
 from .applied_policy import start as start_policies
@@ -41,6 +41,7 @@ from .health import HealthOptions
 from .history import HistoryOptions
 from .hub_auth import HubOAuth, HubOAuthCallbackHandler
 from .hubapi import HubApi
+from .hubconfig import ACTIVITY_INTERVAL_ENV
 from .idle_culler_args import IDLE_CULLER_OPTIONS, normalise_argv
 from .lease import RENEW_SHARE, Lease
 from .logs import EscapingFormatter, StderrHandler
@@ -201,6 +202,21 @@ class GpuGovernor(GovernorSettings, Application):
         except PolicyError as error:
             raise SystemExit(f"jupyter-gpu-gov: bad policy configuration: {error}") from None
 
+    def activity_interval(self) -> timedelta | None:
+        """The Hub's activity interval (``hub_activity_interval``), None when not known."""
+        seconds = self.hub_activity_interval
+        if not seconds and os.environ.get(ACTIVITY_INTERVAL_ENV):
+            try:
+                seconds = float(os.environ[ACTIVITY_INTERVAL_ENV])
+            except ValueError:
+                seconds = -1
+            if not 0 < seconds < 86_400 * 365:
+                raise SystemExit(
+                    f"jupyter-gpu-gov: ${ACTIVITY_INTERVAL_ENV} is not a number of seconds: "
+                    f"{os.environ[ACTIVITY_INTERVAL_ENV]!r:.60}"
+                )
+        return timedelta(seconds=seconds) if seconds else None
+
     def build_tier_sizes(self):
         entries = self.right_size_tiers
         if not entries and os.environ.get("JUPYTER_GPU_GOV_TIERS"):
@@ -276,6 +292,7 @@ class GpuGovernor(GovernorSettings, Application):
         return Options(
             dry_run=self.dry_run,
             report_stale_after=parse_duration(self.report_stale_after),
+            hub_activity_lag=hub_activity_lag(self.activity_interval()),
             cull_default_servers=self.cull_default_servers,
             cull_named_servers=self.cull_named_servers,
             cull_admin_users=self.cull_admin_users,

@@ -24,6 +24,8 @@ from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
+# The Hub's activity interval, in seconds, as ``add_governor`` passes it to the service.
+ACTIVITY_INTERVAL_ENV = "JUPYTER_GPU_GOV_HUB_ACTIVITY_INTERVAL"
 SERVICE_SCOPES = [
     "list:users",
     "read:users",  # names, admin flag, groups, last activity
@@ -57,14 +59,18 @@ def add_governor(
     tiers: Sequence[Mapping] = (),
 ) -> None:
     """Add the governor to JupyterHub config ``c`` (call it once, after setting services,
-    roles and the spawners' environment, token scopes and ``pre_spawn_hook`` if you set those:
-    it adds to them; a hook set after it replaces its guard of ``user_options``).
+    roles and the spawners' environment, token scopes, ``pre_spawn_hook`` and
+    ``c.JupyterHub.last_activity_interval`` if you set those: it adds to them, and passes the
+    Hub's activity interval on; a hook set after it replaces its guard of ``user_options``).
     ``tiers``: what a server of each tier gets, for right-sizing hints
     (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``; this module does not import the
     profile layer)."""
     environment = dict(environment or {})
     if tiers:
         environment.setdefault("JUPYTER_GPU_GOV_TIERS", json.dumps(list(tiers)))
+    interval = activity_interval(c)
+    if interval is not None:  # else not known: no warning is judged unread for want of it
+        environment.setdefault(ACTIVITY_INTERVAL_ENV, f"{interval:g}")
     c.JupyterHub.services.append(
         {
             "name": name,
@@ -111,6 +117,25 @@ def add_governor(
     )
     for section in _spawner_sections(c, "pre_spawn_hook"):
         c[section].pre_spawn_hook = bounded_user_options(c[section].get("pre_spawn_hook"))
+
+
+def activity_interval(c) -> float | None:
+    """The longest interval, in seconds, at which the Hub's activity of a server is brought up
+    to date as ``c`` configures it: the proxy's, gathered every ``last_activity_interval``,
+    and the servers' posts, every ``JUPYTERHUB_ACTIVITY_INTERVAL`` of the spawners'
+    environment (JupyterHub's default, 300 s, each). None when one cannot be read (a
+    callable environment value, a number that is not one): the governor then takes it as
+    not known."""
+    found = [c.JupyterHub.get("last_activity_interval", 300)]
+    for section in _spawner_sections(c, "environment"):
+        env = c[section].get("environment")
+        if isinstance(env, dict) and "JUPYTERHUB_ACTIVITY_INTERVAL" in env:
+            found.append(env["JUPYTERHUB_ACTIVITY_INTERVAL"])
+    try:
+        seconds = max(float(value) for value in found)
+    except (TypeError, ValueError):
+        return None
+    return seconds if 0 < seconds < 86_400 * 365 else None
 
 
 class ChoicesRefused(web.HTTPError):

@@ -19,6 +19,9 @@ class Options:
 
     dry_run: bool = False
     report_stale_after: timedelta = timedelta(minutes=5)
+    # How late the Hub's activity may be (core.policy.hub_activity_lag of the Hub's activity
+    # interval); None: not known (no warning is then judged unread for want of activity).
+    hub_activity_lag: timedelta | None = None
     cull_default_servers: bool = True
     cull_named_servers: bool = True
     cull_admin_users: bool = True

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core import grant
-from ..core.policy import ServerView
+from ..core.policy import HUB_ACTIVITY_LAG, ServerView
 from ..core.vocabulary import PROJECT_LABEL, TEAM_LABEL, TIER_LABEL, USER_LABEL
 
 if TYPE_CHECKING:
@@ -88,8 +88,9 @@ def _text(value: Any) -> str | None:
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
-def base_view(server: HubServer, ownership: Ownership) -> ServerView:
-    """Who the server is, and what the Hub knows of it."""
+def base_view(server: HubServer, ownership: Ownership, lag=HUB_ACTIVITY_LAG) -> ServerView:
+    """Who the server is, and what the Hub knows of it; ``lag``: how late the Hub's activity
+    may be (``Options.hub_activity_lag``)."""
     return ServerView(
         user=server.user,
         name=server.name,
@@ -101,4 +102,5 @@ def base_view(server: HubServer, ownership: Ownership) -> ServerView:
         labels=ownership.labels,
         started=server.started,
         hub_last_activity=server.last_activity,
+        hub_activity_lag=lag,
     )

@@ -45,6 +45,7 @@ from ..core.wire import MAX_LINE_STARTS, MAX_TEXT, LineStart
 from . import metrics
 from .evidence import Received
 from .hubapi import HubApi, HubApiError, HubServer, _q
+from .listing import HubListing
 from .store import Store
 from .tables import AuditRow, ServerRow
 
@@ -52,6 +53,7 @@ RETRY_AFTER = timedelta(minutes=1)  # a start the Hub refused is not tried every
 LEFT_POD_RETRY = timedelta(seconds=15)  # a left pod's delete, asked and audited again
 # Audit actions: a start from the line (before it is made), one made, a request that left it.
 START, STARTED_ACTION, LEFT = "queue-start", "queue-started", "queue-left"
+RECLAIM_WITHDRAWN = "reclaim-withdrawn"  # a reclaim the hub lifted (its asker left the line)
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -130,15 +132,21 @@ def line_starts(
 
 
 class QueueSync:
-    """One sync per pass; ``hub``: the governor's Hub API client."""
+    """One sync per pass; ``hub``: the governor's Hub API client; ``listing``: the governor's
+    (a user whose server's grant the hub changed is read again at the next pass)."""
 
-    def __init__(self, hub: HubApi, store: Store, dry_run: bool = False):
-        self.hub, self.store, self.dry_run = hub, store, dry_run
+    def __init__(
+        self, hub: HubApi, store: Store, dry_run: bool = False, listing: HubListing | None = None
+    ):
+        self.hub, self.store, self.dry_run, self.listing = hub, store, dry_run, listing
         self.absent = False  # no profile layer in this hub (or no scope for it): stop asking
         # The cluster report's demand as of the last sync (``core.queue.waiting_for_a_gpu``,
         # ``refused_from_json``): None before one, without a line, or when the hub cannot say.
         self.queued: int | None = None
         self.refused: int | None = None
+        # The physical cards a workstation hub's allocator reads, as of the last sync (the
+        # fragmentation figure's free cards without DCGM); empty: none said (a cluster's hub).
+        self.cards: tuple[str, ...] = ()
         # Starts the Hub refused, by server: tried again after RETRY_AFTER, not every pass.
         self._refused: dict[str, datetime] = {}
         # Starts the Hub took, by server: the request's queued_at, and when. The same request
@@ -157,6 +165,7 @@ class QueueSync:
         except HubApiError as error:
             # Not known now (the last sync's figures kept while this one was under way).
             self.queued = self.refused = None
+            self.cards = ()
             if error.status == 404:
                 self.absent = True
                 log.info("gpu-gov: the hub has no spawn queue (no profile layer)")
@@ -172,6 +181,8 @@ class QueueSync:
                 log.warning("gpu-gov: spawn queue sync failed: %s", error)
             return []
         line = self._read(answer)
+        if isinstance(answer, Mapping) and answer.get("reclaims_withdrawn"):
+            self._withdrawn(answer["reclaims_withdrawn"], now)
         if isinstance(answer, Mapping) and answer.get("left_pods"):
             await self._delete_left_pods(answer["left_pods"], now)
         QUEUED.set(len(line))
@@ -192,7 +203,14 @@ class QueueSync:
     def _read(self, answer) -> list[Waiting]:
         if not isinstance(answer, Mapping):
             self.queued = self.refused = None
+            self.cards = ()
             return []
+        cards = answer.get("cards")
+        self.cards = tuple(
+            card
+            for card in (cards if isinstance(cards, list) else ())[:10_000]
+            if isinstance(card, str) and 0 < len(card) <= MAX_TEXT
+        )
         line = []
         for entry in (answer.get("line") or [])[:10_000]:
             try:
@@ -231,6 +249,39 @@ class QueueSync:
         if rows:
             self.store.audit(rows)
         return line
+
+    def _withdrawn(self, entries, now: datetime) -> None:
+        """The reclaims the hub lifted: the spawn in line they were asked for left it, and no
+        spawn still waiting needs the card (``profiles.spawner.withdraw_reclaims``). On record
+        for the borrower, whose user is read again at the next pass (a grant's change moves no
+        activity: the incremental listing would bring it only at the next full one, the
+        deadline and its warning standing in the verdict until then)."""
+        rows = []
+        for entry in entries[:1000] if isinstance(entries, list) else ():
+            if not isinstance(entry, Mapping) or not all(
+                isinstance(entry.get(k), str) and len(entry[k]) <= MAX_TEXT
+                for k in ("server", "team", "asked_at", "by")
+            ):
+                log.warning("gpu-gov: a withdrawn reclaim the hub named cannot be read; skipped")
+                continue
+            rows.append(
+                AuditRow(
+                    at=now,
+                    server_key=entry["server"],
+                    user=entry["server"].partition("/")[0],
+                    action=RECLAIM_WITHDRAWN,
+                    reason=f"the reclaim for team {entry['team']} (asked at {entry['asked_at']})"
+                    " is withdrawn: the spawn it was asked for left the line and no spawn "
+                    "waiting needs this GPU; its deadline is lifted, the server keeps its GPU",
+                    actor="governor",
+                    dry_run=self.dry_run,
+                    details={k: entry[k] for k in ("team", "asked_at", "by")},
+                )
+            )
+            if self.listing is not None:
+                self.listing.waiting.add(entry["server"].partition("/")[0])
+        if rows:
+            self.store.audit(rows)
 
     async def _delete_left_pods(self, entries, now: datetime) -> None:
         """The pods the Hub's stop of a server left running (the Kubernetes API failed the

@@ -34,7 +34,7 @@ from .history import History
 from .hubapi import HubApi, HubServer
 from .incremental import YIELD_EVERY, DecidedOn, Incremental, LookedAt, Running, let_reports_in
 from .ingest import Ingest
-from .listing import FRESH_READS_LEAST, HubListing, fresh_reads
+from .listing import ACTIVITY_LAG, FRESH_READS_LEAST, HubListing, fresh_reads
 from .options import Options
 from .ownership import base_view, resolve
 from .people import PeoplesRequests
@@ -153,7 +153,9 @@ class Governor(
         self._indexed: tuple = ()  # the DCGM evidence the context's indexes are of
         self.unchanged = Unchanged(options.full_pass_every)
         self._world: tuple = ()  # what reaches every server at once, as of the last pass
-        self.hub_listing = HubListing(options.full_pass_every)
+        self.hub_listing = HubListing(
+            options.full_pass_every, lag=options.hub_activity_lag or ACTIVITY_LAG
+        )
         self._deciding = False  # a pass is deciding: the users its listing brought are fresh
         # Set but while a pass decides (its rows, half this pass's and half the last's): a
         # listing's snapshot waits for it (``between_passes``).
@@ -176,7 +178,7 @@ class Governor(
         # fragmentation is "GPUs partly used while spawns wait".
         self.spawns_waiting: int | None = None
         # The spawn queue's sync after each pass (hub/app.py): the line's demand, too.
-        self.spawn_queue = QueueSync(hub, store, options.dry_run)
+        self.spawn_queue = QueueSync(hub, store, options.dry_run, self.hub_listing)
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None
 
@@ -538,7 +540,7 @@ class Governor(
         if key in self.reports and not row.reports:
             row.reports = True
             batch.changed.append(row)
-        base = base_view(server, ownership)
+        base = base_view(server, ownership, self.options.hub_activity_lag)
         # Policies match on who, not on the GPU.
         server_policy = policy.select(self._pass_policies, base)
         record = self._checkpoint_timeout(row, record, server_policy, now, batch.audits)

@@ -122,6 +122,18 @@ class GovernorSettings(HasTraits):
         300,
         help="Seconds after which a server's last report no longer counts: its GPU is unknown.",
     ).tag(config=True)
+    hub_activity_interval = Float(
+        0,
+        min=0,
+        help="""Seconds: the longer of the Hub's ``last_activity_interval`` (how often it
+        gathers the proxy's activity) and the servers' ``JUPYTERHUB_ACTIVITY_INTERVAL`` (how
+        often they post theirs), both 300 by default. How late the Hub's activity may be
+        follows from it (twice it and 5 minutes, at least 15 minutes): a warning is read as
+        unread (its notice cut to that lag) only when the Hub has seen no activity for that
+        long. Default $JUPYTER_GPU_GOV_HUB_ACTIVITY_INTERVAL, which ``add_governor`` sets from
+        the Hub's configuration; 0 and neither set: not known, and no warning is judged unread
+        (a Hub gathering activity less often would read someone there as gone).""",
+    ).tag(config=True)
     team_map = Dict(
         help="User name → team, for users whose server has no grant naming its team and who are "
         "in no Hub group with a team (a team in user_options is never believed)."

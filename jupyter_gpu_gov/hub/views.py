@@ -483,7 +483,7 @@ class Views:
             if key in self._servers and (grant := granted_by_key.get(key)) is not None
         ]
         evidence = [e for records in self._context.by_uuid.values() for e in records]
-        shares = allocation(granted, evidence)
+        shares = allocation(granted, evidence, self.spawn_queue.cards)
         return self.diagnosis.summary(
             running,
             shares,

@@ -16,7 +16,9 @@ admission and the waiting requests (spawner state) live.
   start (``_give_back_unstartable``), and answers the line (ready ones first to start, each
   with what holds it back: ``limit``), the requests that left it since the last sync, and how
   many servers it refused for want of a free GPU within ``core.queue.REFUSED_WITHIN`` that did
-  not join the line or start since (``refused``: ``queue.Refusals``). The governor then starts
+  not join the line or start since (``refused``: ``queue.Refusals``), and the reclaims it
+  lifted (``reclaims_withdrawn``: asked for a spawn that left the line, needed by none still
+  waiting: ``_withdraw_reclaims``). The governor then starts
   the ready ones through the Hub's REST API, with the choices recorded; the spawner decides
   again from a fresh count.
 """
@@ -46,8 +48,15 @@ from ..core.text import escaped
 from . import form
 from .config import GpuProfiles
 from .left_pods import due
+from .local import LocalGpuMixin, LocalGpus
 from .queue import FORECAST, REFUSED, starts_when
-from .spawner import GOVERNOR_HEARD_WITHIN, GpuRefused, waiting_requests
+from .spawner import (
+    GOVERNOR_HEARD_WITHIN,
+    GpuRefused,
+    reclaim_askers,
+    waiting_requests,
+    withdraw_reclaims,
+)
 
 MAX_SYNC_BODY = 8 * 1024 * 1024
 log = logging.getLogger("jupyter_gpu_gov.profiles")
@@ -152,6 +161,51 @@ async def _give_back_unstartable(handler: BaseHandler, now) -> None:
                 escaped(why),
             )
             FORECAST.left.append(request.left(CANCELLED, now, f"it can no longer start: {why}"))
+
+
+async def _cards(handler: BaseHandler) -> list[str]:
+    """The physical cards a workstation hub hands out (``LocalGpus``' read, bounded; faulty
+    cards left out): the governor counts one no running server is pinned on as free in its
+    fragmentation figure, where no DCGM sees it. Empty on a cluster's hub (no per-card record
+    there: its capacity is counted per tier) and while the cards cannot be read."""
+    spawner_class = handler.settings.get("spawner_class")
+    if not (isinstance(spawner_class, type) and issubclass(spawner_class, LocalGpuMixin)):
+        return []
+    gpus = LocalGpus.instance(config=handler.settings.get("config"))
+    await gpus.read()
+    devices = gpus.devices() or []
+    return sorted({d.parent_uuid or d.uuid for d in devices})
+
+
+async def _withdraw_reclaims(handler: BaseHandler, now) -> list[dict[str, str]]:
+    """Lift the reclaims asked for spawns that left the line (``withdraw_reclaims``), unless
+    a spawn still waiting needs the card: the servers each waiting request's admission asks
+    back now (one count read for all: ``_line``'s), and the waiting servers themselves. The
+    admissions are worked out only when a reclaim's asker has left the line (most syncs: none
+    to lift, and a long line costs an admission per request)."""
+    queued = [q for q in waiting_requests(handler.db) if q.live(now)]
+    needed = {q.server for q in queued}
+    if reclaim_askers(handler.db) <= needed:
+        return []
+    read = False
+    for request in queued:
+        spawner = _spawner(handler, request)
+        tier = spawner and spawner.gpu_profiles.tier_map.get(request.tier)
+        if tier is None:
+            continue
+        if not read:
+            await spawner.gpu_refresh()
+            read = True
+        needed.update(g.server for g in spawner._gpu_admission(tier, request.team).reclaim)
+    lifted = withdraw_reclaims(handler.db, handler.users, needed)
+    for each in lifted:
+        log.info(
+            "gpu-gov: the reclaim of %s for team %s is withdrawn: %s left the line",
+            escaped(each["server"]),
+            escaped(each["team"]),
+            escaped(each["by"]),
+        )
+    return lifted
 
 
 async def _owner_spawner(handler: BaseHandler, user_name: str, server_name: str, new: bool):
@@ -311,6 +365,7 @@ class QueueApiHandler(APIHandler):
         FORECAST.releases, FORECAST.at = releases, now
         _give_back_expired(self, now)
         await _give_back_unstartable(self, now)
+        withdrawn = await _withdraw_reclaims(self, now)
         left, FORECAST.left[:] = list(FORECAST.left), []
         # The governor reads no "sooner" (it is for the owner's pages): not worked out here.
         line = [w.to_json() for w in await _line(self, now, lambda q: False)]
@@ -320,5 +375,12 @@ class QueueApiHandler(APIHandler):
         except Exception:  # never the line's sync
             log.exception("gpu-gov: finding the pods stopped servers left running")
             left_pods = []
-        answer = {"line": line, "left": left, "refused": refused, "left_pods": left_pods}
+        answer = {
+            "cards": await _cards(self),
+            "line": line,
+            "left": left,
+            "refused": refused,
+            "left_pods": left_pods,
+            "reclaims_withdrawn": withdrawn,
+        }
         self.finish(json.dumps(answer))

@@ -59,6 +59,7 @@ from ..core.vocabulary import (
     MAX_AGE_LABEL,
     PROJECT_LABEL,
     QUEUED_AT_LABEL,
+    RECLAIM_BY_LABEL,
     RECLAIM_FOR_LABEL,
     RECLAIM_LABEL,
     TASK_TYPE_LABEL,
@@ -95,7 +96,13 @@ TIER, TEAM, PROJECT, BORROWED, MAX_AGE, WEIGHT, RECLAIM, RECLAIM_FOR = GRANT_KEY
     RECLAIM_LABEL,
     RECLAIM_FOR_LABEL,
 )
-GRANT_KEYS += (TASK_TYPE_LABEL, EXPECTED_DURATION_LABEL, QUEUED_AT_LABEL, CLAIM_WITHIN_LABEL)
+GRANT_KEYS += (
+    RECLAIM_BY_LABEL,
+    TASK_TYPE_LABEL,
+    EXPECTED_DURATION_LABEL,
+    QUEUED_AT_LABEL,
+    CLAIM_WITHIN_LABEL,
+)
 # A reading of the cards older than this is not their state now: unknown, never free (the
 # workstation's NVML, ``local.LocalGpus``; the cluster's nodes and pods, ``cluster.ClusterGpus``).
 # The Hub's pages show a waiting server's place from the last reading without reading again
@@ -124,6 +131,63 @@ def waiting_requests(db) -> list[QueuedRequest]:
         if request is not None:  # the row says whose it is, whatever the record says
             waiting.append(replace(request, user=user, name=name or ""))
     return waiting
+
+
+def _asked_for_the_line(db):
+    """The running servers a reclaim for a spawn in line was asked of (one query; only the
+    rows holding one are read)."""
+    return (
+        db.query(orm.Spawner)
+        .filter(
+            orm.Spawner.started.isnot(None),
+            type_coerce(orm.Spawner.state, Text).like(f'%"{RECLAIM_BY_LABEL}"%'),
+        )
+        .execution_options(**NOT_CACHED)
+    )
+
+
+def reclaim_askers(db) -> set[str]:
+    """The waiting servers the standing reclaims were asked for (``gpu-gov/reclaim-by``)."""
+    found = set()
+    for row in _asked_for_the_line(db):
+        by = ((row.state or {}).get(GRANT_STATE) or {}).get(RECLAIM_BY_LABEL)
+        if isinstance(by, str):
+            found.add(by)
+    return found
+
+
+def withdraw_reclaims(db, users, needed: set[str]) -> list[dict[str, str]]:
+    """Lift the reclaims asked for a spawn in line (``gpu-gov/reclaim-by``) that no spawn in
+    line needs now (``needed``: the servers the waiting requests would ask back, and those
+    still waiting): the asker cancelled, expired or started elsewhere, and the borrower keeps
+    its GPU. Returns what was lifted (the governor audits it and tells the owner). A reclaim
+    asked for a refused spawn stands: that spawn was told to retry in a few minutes."""
+    lifted = []
+    for row in _asked_for_the_line(db):
+        state = dict(row.state or {})
+        grant = dict(state.get(GRANT_STATE) or {})
+        by = grant.get(RECLAIM_BY_LABEL)
+        key = server_key(row.user.name, row.name or "")
+        if by is None or by in needed or key in needed:
+            continue
+        request = {k: grant.pop(k, None) for k in (RECLAIM, RECLAIM_FOR, RECLAIM_BY_LABEL)}
+        row.state = {**state, GRANT_STATE: grant}
+        row.user_options = {k: v for k, v in (row.user_options or {}).items() if k not in request}
+        spawner = users[row.user].spawners.get(row.name) if users is not None else None
+        if spawner is not None:  # the Hub API (which the governor reads) shows the live one
+            spawner._gpu_granted = grant
+            spawner.user_options = dict(row.user_options)
+        lifted.append(
+            {
+                "server": key,
+                "team": str(request[RECLAIM_FOR] or ""),
+                "asked_at": str(request[RECLAIM] or ""),
+                "by": str(by),
+            }
+        )
+    if lifted:
+        db.commit()
+    return lifted
 
 
 def _say_gone(log, said: set[str], gone: Mapping[str, int]) -> None:
@@ -435,7 +499,7 @@ class GpuProfilesMixin:
                 REFUSED.refused(self._gpu_server_key(), now)
             else:  # it now waits for a quota, or in line
                 REFUSED.forget(self._gpu_server_key())
-            if admission.reclaim:
+            if admission.reclaim:  # not for a spawn in line: for a retry, it stands
                 self._gpu_request_reclaim(admission.reclaim, team)
             message = admission.reason
             if (
@@ -495,10 +559,12 @@ class GpuProfilesMixin:
                 self.orm_spawner.state = self.get_state()
                 self.user.db.commit()
 
-    def _gpu_request_reclaim(self, grants, team: str) -> None:
+    def _gpu_request_reclaim(self, grants, team: str, by: str | None = None) -> None:
         """Ask for borrowed GPUs back: label their servers (``gpu-gov/reclaim``) where the
         governor reads ownership; it warns them and gives the GPUs back after its
-        ``reclaim_grace``. The first request stands; asking again changes nothing."""
+        ``reclaim_grace``. The first request stands; asking again changes nothing. ``by``:
+        the server waiting in line it is asked for (``withdraw_reclaims`` lifts it once that
+        left the line and no waiting spawn needs the card)."""
         wanted = {g.server for g in grants}
         users = self.user.settings.get("users")
         db = self.user.db
@@ -511,6 +577,8 @@ class GpuProfilesMixin:
             if RECLAIM in grant:
                 continue
             request = {RECLAIM: asked, RECLAIM_FOR: team}
+            if by is not None:
+                request[RECLAIM_BY_LABEL] = by
             grant.update(request)
             row.state = {**state, GRANT_STATE: grant}
             row.user_options = {**(row.user_options or {}), **request}
@@ -625,7 +693,7 @@ class GpuProfilesMixin:
                 f"{conf.queue_per_user}): cancel one first, or wait for it to start."
             )
         if admission.reclaim:  # a team within its guarantee: borrowed GPUs are asked back
-            self._gpu_request_reclaim(admission.reclaim, team)
+            self._gpu_request_reclaim(admission.reclaim, team, by=mine)
         kept = self._gpu_queued
         same = kept is not None and kept.live(now) and (kept.tier, kept.team) == (tier.name, team)
         self._gpu_queued = QueuedRequest(
