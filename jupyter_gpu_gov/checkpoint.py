@@ -53,6 +53,7 @@ from .checkpoint_layout import (
     is_checkpoint_id,
     kernel_dir,
     new_checkpoint_dir,
+    notebook_paths,
     read_json,
     root_dir,
     write_atomic,
@@ -603,16 +604,23 @@ def _print_list(root: Path) -> None:
         manifest = read_json(ck / MANIFEST) or {}
         records = _kernel_records(ck)
         notebooks = sorted({str(r.get("notebook")) for _, r in records if r.get("notebook")})
-        notebooks += [
-            n["path"] for n in manifest.get("notebooks") or [] if n["path"] not in notebooks
-        ]
+        notebooks += [n for n in notebook_paths(manifest) if n not in notebooks]
         mark = "*" if picked and picked[0] == ck else " "
+        size = manifest.get("bytes")
+        if not isinstance(size, int | float) or isinstance(size, bool):
+            # Files in the user's folder, read as possibly out of shape (edited, cut short).
+            size = sum(
+                h["bytes"]
+                for _, r in records
+                for h in r["hooks"]
+                if isinstance(h, dict) and isinstance(h.get("bytes"), int | float)
+            )
         fields = [
             f"{mark} {ck.name}",
-            manifest.get("source") or "-",
-            manifest.get("cull_reason") or manifest.get("reason") or "-",
-            manifest.get("status") or ("in progress?" if records else "-"),
-            _human(manifest.get("bytes", sum(h["bytes"] for _, r in records for h in r["hooks"]))),
+            str(manifest.get("source") or "-"),
+            str(manifest.get("cull_reason") or manifest.get("reason") or "-"),
+            str(manifest.get("status") or ("in progress?" if records else "-")),
+            _human(size),
             ", ".join(notebooks) or "(no saved kernel state)",
         ]
         print("  ".join(fields))

@@ -182,3 +182,14 @@ def read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def notebook_paths(manifest: dict) -> list[str]:
+    """The paths of the notebooks a manifest says it checkpointed, as far as it reads: a
+    manifest is a file in the user's folder (edited, or cut short by a full disk)."""
+    notebooks = manifest.get("notebooks")
+    return [
+        n["path"]
+        for n in (notebooks if isinstance(notebooks, list) else ())
+        if isinstance(n, dict) and isinstance(n.get("path"), str)
+    ]

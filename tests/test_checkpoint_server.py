@@ -939,3 +939,34 @@ async def test_a_checkpoint_the_stop_ended_is_never_listed_nor_read_as_one(
     with pytest.raises(HTTPClientError) as info:
         await jp_fetch("jupyter-gpu-gov", "checkpoints", ended.name)
     assert info.value.code == 404
+
+
+async def test_a_manifest_edited_out_of_shape_leaves_the_others_listed(
+    jp_fetch, checkpoint_root, capsys
+):
+    """A manifest is a file in the user's folder, which they (or a guest's terminal on a
+    shared server, or a disk that filled mid-write) may leave out of shape: one whose
+    ``notebooks`` is not a list of objects or whose ``errors`` is not a list made the whole
+    listing a 500 (JupyterLab's list of checkpoints empty) and ``%gpu_checkpoint list`` a
+    traceback. It is listed as far as it reads; the others as they are."""
+    from jupyter_gpu_gov import checkpoint as kernel_side
+
+    whole = await checkpoint(jp_fetch, reason="whole")
+    odd = checkpoint_root / "20000101T000000Z"
+    (odd / "kernels" / "k1").mkdir(parents=True)
+    odd_manifest = {
+        "status": "done",
+        "notebooks": ["a.ipynb", 7, {"path": ["x"]}],
+        "errors": 3,
+        "bytes": "many",
+        "path": "/etc",
+    }
+    (odd / "manifest.json").write_text(json.dumps(odd_manifest))
+    hooks = {"hooks": [{"name": "v", "kind": "variables", "status": "done", "files": 1}]}
+    (odd / "kernels" / "k1" / "hooks.json").write_text(json.dumps(hooks))
+    listing = json.loads((await jp_fetch("jupyter-gpu-gov", "checkpoints")).body)["checkpoints"]
+    assert [c["id"] for c in listing] == [whole["id"], odd.name]
+    assert (listing[1]["notebooks"], listing[1]["errors"]) == ([], 0), listing[1]
+    kernel_side._print_list(checkpoint_root)
+    out = capsys.readouterr().out
+    assert whole["id"] in out and odd.name in out, out

@@ -176,6 +176,21 @@ def test_read_jsonl_and_by_content(tmp_path):
     assert read_windows(io.StringIO(text)) == rows
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_jsonl_lines_end_at_newline_alone(tmp_path, separator):
+    """JSON Lines ends a line at \\n alone: a JSON string may hold a line or paragraph
+    separator or NEL raw (JSON escapes none of them; ``ensure_ascii=False`` writers leave them
+    as they are), and a row of such a file was cut in two there ("line 1: not JSON"). A CRLF
+    still ends a line (its CR is JSON's whitespace)."""
+    row = {"node": "n1", "server": f"a{separator}b/", "sm_active": 0.5}
+    text = json.dumps(row, ensure_ascii=False) + "\r\n" + json.dumps({"server": "c/"}) + "\n"
+    path = tmp_path / "other-tool.jsonl"
+    path.write_text(text, encoding="utf-8", newline="")
+    expected = [Window(node="n1", server=f"a{separator}b/", sm_active=0.5), Window(server="c/")]
+    assert read_windows(path) == expected
+    assert read_windows(io.StringIO(text)) == expected
+
+
 def test_files_written_by_other_tools_read_the_same(tmp_path):
     """What spreadsheets, pandas and csv.writer write: a byte-order mark, capitalised headers,
     ``nan``/``NA``/``null`` for a missing value, ``True``, ISO times; in JSON Lines ``NaN`` and a

@@ -6,7 +6,7 @@ reaches the Hub) until ben and erin wait in line, then leaves it, and the govern
 idle culler's rule 10 s after her last activity. ben asks for the H100, is offered a place in
 line and takes it; when carol's server is culled, ben's starts by itself (the governor, through the Hub, with ben's
 choices) and answers, and the verdict of ben's other server (no GPU) tells his JupyterLab there,
-until he opens the new one. erin waits behind ben (exempt from culling: he keeps the GPU) and her
+until he opens the new one (fay, with whom he shares that server, is not told). erin waits behind ben (exempt from culling: he keeps the GPU) and her
 request expires; dave waits through a hub
 restart and cancels. Queue time is metered (Prometheus) with how each request left the line.
 The cluster report counts who waits for the card (in line, or refused and not waiting), not who
@@ -54,6 +54,10 @@ c.GpuProfiles.quotas = {{"lab": {{"guaranteed": {{"h100": 1}}, "user_cap": 1}}}}
 c.GpuProfiles.team_map = {{u: "lab" for u in ("ben", "carol", "dave", "erin", "fay")}}
 c.GpuProfiles.queue_expire_after = "40s"
 add_gpu_profiles(c, spawner="simple")
+# ben shares his "notes" server with fay (JupyterHub lets no one share unless granted this).
+c.JupyterHub.load_roles.append(
+    {{"name": "sharer", "users": ["ben"], "scopes": ["shares!user", "read:users:name"]}}
+)
 """
 SINGLEUSER = f"c.GpuGovApp.simulated_devices = {[H100]!r}\n"
 
@@ -75,6 +79,13 @@ def hub(tmp_path_factory):
         assert r.status_code in (201, 202), r.text
         Gov(hub).wait_up()
         hub.wait_for_server("ben", "notes")
+        r = requests.post(
+            f"{hub.hub_api_url.rstrip('/')}/shares/ben/notes",
+            headers={"Authorization": f"token {hub.token('ben')}"},
+            json={"user": "fay"},
+            timeout=30,
+        )
+        assert r.status_code in (200, 201), r.text
         yield hub
 
 
@@ -189,6 +200,20 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     assert (told["name"], told["tier"]) == ("", "h100"), told
     assert told["url"] == urlsplit(hub.user_url("ben")).path
     assert parse(told["claim_by"]) - parse(told["started"]) == timedelta(minutes=15)
+    # fay, whom ben shares his notes with, reads nothing of his other servers there: not in
+    # the server's status, nor in the verdict an Extend answers (she read the new server's
+    # name, tier and times, the Hub's path to it).
+    notes_status = hub.user_url("ben", "jupyter-gpu-gov/status", "notes")
+    seen = hub.get(notes_status, token=hub.token("fay")).json()["verdict"]
+    assert seen["started_from_line"] == [] and seen["state"], seen
+    r = requests.post(
+        hub.user_url("ben", "jupyter-gpu-gov/extend", "notes"),
+        headers={"Authorization": f"token {hub.token('fay')}"},
+        json={"reason": "fay's"},
+        timeout=60,
+    )
+    assert r.json()["verdict"]["started_from_line"] == [], r.text[:500]
+    assert told_on(hub, "ben", "notes") == [told]  # still ben's to read
     own = wait(lambda: verdict_on(hub, "ben", ""), 30, "the new server's verdict")
     assert own["started_from_line"] == []  # its own tab needs no notice
     r = hub.get(hub.user_url("ben", "api/status"), token=hub.token("ben"))

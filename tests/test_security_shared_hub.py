@@ -5,7 +5,8 @@ server's token, and were on record as alice's. A person allowed to look at the H
 (``admin-ui``, which JupyterHub grants apart from any power to act) was a governor admin.
 
 alice    owns the server and shares it with bob
-bob      may use alice's server (a share); asks Extend and Stop there, as JupyterLab's buttons do
+bob      may use alice's server (a share); asks Checkpoint, Extend and Stop there, as
+         JupyterLab's buttons do
 carol    has no share: her token, relayed by alice's server, names no one who may use it
 helen    a help desk's role: the Hub's admin page, to look (admin-ui, list and read users)
 root     a Hub admin, who uses alice's server and logs in to the governor's dashboard
@@ -101,6 +102,49 @@ def in_the_browser(hub, user: str, verb: str) -> requests.Response:
         json={"reason": f"{verb} from the shared tab"},
         timeout=60,
     )
+
+
+def test_a_guests_checkpoint_on_a_shared_server_is_on_record_as_the_guests(hub, gov):
+    """Bob presses Checkpoint on alice's server: the server takes it, and the governor's audit
+    trail says bob asked (it said nothing: a checkpoint asked of a server was no one's act on
+    record). The same trust as Extend's: the Hub says whose the relayed token is."""
+    alice = hub.token("alice")
+    wait(lambda: gov.call("GET", "users/alice/server", alice).status_code == 200, 90, "governed")
+
+    def asked() -> list[tuple[str, str]]:
+        rows = [a for a in gov.audit("alice/") if a["action"] == "checkpoint-asked"]
+        return [(a["actor"], a["details"]["source"]) for a in rows]
+
+    r = in_the_browser(hub, "bob", "checkpoint")
+    assert r.status_code == 200 and r.json()["status"] == "done", r.text[:300]
+    assert asked() == [("user:bob", "user")]
+    # Whatever source the asker claims, it is his ask on record.
+    r = requests.post(
+        hub.user_url("alice", "jupyter-gpu-gov/checkpoint"),
+        headers={"Authorization": f"token {hub.token('bob')}"},
+        json={"reason": "not me", "source": "governor"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text[:300]
+    assert asked() == [("user:bob", "user"), ("user:bob", "governor")]
+    r = on_alices_server(hub, "checkpoint", alice)  # the owner's own, by her token
+    assert r.status_code == 200, r.text[:300]
+    assert asked()[-1] == ("user:alice", "user")
+    # Only the server's own token tells the governor of its checkpoints; a relayed token the
+    # Hub says may not use the server is refused, nothing on record.
+    r = gov.call("POST", "users/alice/server/checkpoint", hub.token("bob"), json={})
+    assert r.status_code == 403, r.text[:300]
+    r = requests.post(
+        f"{gov.base}/users/alice/server/checkpoint",
+        headers={
+            "Authorization": f"token {server_token(hub, 'alice')}",
+            ASKER_HEADER: f"token {hub.token('carol')}",
+        },
+        json={"reason": "carol did it"},
+        timeout=30,
+    )
+    assert r.status_code == 403 and "'carol' may not use" in r.json()["message"], r.text[:300]
+    assert len(asked()) == 3
 
 
 def test_a_guests_asks_on_a_shared_server_are_on_record_as_the_guests(hub, gov):

@@ -993,3 +993,51 @@ async def test_a_stop_ends_a_checkpoint_asked_through_the_api(jp_serverapp, jp_f
     assert b"stopping" in response.body
     assert app.checkpoint["status"] == "failed"
     assert not app._checkpoint_lock.locked()
+
+
+async def test_a_checkpoint_the_governor_refuses_is_not_taken_one_it_cannot_hear_is(
+    jp_fetch, jp_serverapp, tmp_path, monkeypatch
+):
+    """A checkpoint asked of the server is told to the governor first, to be on record by who
+    asked (a real governor service). Its refusal (the token of alice's server telling of a
+    checkpoint on bob's) refuses the checkpoint, nothing taken; a governor that does not
+    answer holds back no one's save."""
+    from test_report_budget import ALICE, service
+    from tornado.testing import bind_unused_port
+
+    from jupyter_gpu_gov.server.reporter import Reporter
+
+    app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
+    monkeypatch.setattr(app, "checkpoint_dir", str(tmp_path / "checkpoints"))
+
+    def taken() -> int:
+        root = tmp_path / "checkpoints"
+        return len(list(root.iterdir())) if root.is_dir() else 0
+
+    async def ask(owner: str):
+        identity = {**app.server_identity, "user": owner, "name": ""}
+        monkeypatch.setattr(app, "server_identity", identity)
+        return await jp_fetch(
+            "jupyter-gpu-gov", "checkpoint", method="POST", body="{}", raise_error=False
+        )
+
+    async with service(tmp_path, monkeypatch) as (url, governor, _):
+        monkeypatch.setattr(app, "reporter", Reporter(url, ALICE, app.log))
+        try:
+            mine = await ask("alice")
+            assert mine.code == 200 and taken() == 1, mine.body
+            rows = [
+                a for a in governor.store.audit_rows("alice/") if a.action == "checkpoint-asked"
+            ]
+            assert [a.actor for a in rows] == ["user:alice"]
+            refused = await ask("bob")
+        finally:
+            app.reporter.close()
+    assert refused.code == 403 and b"the governor refused" in refused.body, refused.body
+    assert taken() == 1
+    sock, port = bind_unused_port()
+    sock.close()  # nothing listens there
+    monkeypatch.setattr(app, "reporter", Reporter(f"http://127.0.0.1:{port}/", "t", app.log))
+    unheard = await ask("alice")
+    assert unheard.code == 200 and json.loads(unheard.body)["status"] == "done"
+    assert taken() == 2

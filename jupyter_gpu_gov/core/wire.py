@@ -534,7 +534,10 @@ class Verdict(Wire):
         "the owner's *other* servers that the spawn queue started on their behalf and nobody "
         "has opened yet, until one is opened or given back (`[]` when none): JupyterLab on "
         "this server tells the owner, with a link. From the Hub's records, carried on the "
-        "verdict this server polls anyway: no server is given a credential to see another",
+        "verdict this server polls anyway: no server is given a credential to see another. "
+        "The owner's alone: the server extension's `status` and the verdict its `extend` and "
+        "`stop` answer give anyone else (a guest of a shared server, an admin in its "
+        "JupyterLab) `[]`",
         tuple,
         maxItems=MAX_LINE_STARTS,
     )

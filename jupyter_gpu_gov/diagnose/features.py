@@ -531,9 +531,10 @@ def _named(reader) -> Iterator[list[str]]:
 
 
 def _jsonl_rows(lines: Iterable[str]) -> Iterator[tuple[int, dict]]:
-    # Numbered as the text's splitlines() numbers them (a line ends at \r, \x1c... too).
-    split = (piece for line in lines for piece in line.splitlines())
-    for number, line in enumerate(split, 1):
+    # A line ends at \n alone, as JSON Lines defines it (the lines given are split so): a
+    # JSON string may hold U+2028, U+2029 or NEL raw, and splitlines() cut such a row in two.
+    # A CR before the \n is JSON's whitespace. Numbered as _check_text numbers them.
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:

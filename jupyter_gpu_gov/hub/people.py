@@ -308,6 +308,21 @@ class PeoplesRequests:
         self._in_background(self._stop_quietly(key, user, name))
         return {"status": "stopping", "verdict": self.verdict(key)}
 
+    def checkpoint_asked(self, key: str, actor: str, reason: str, source: str) -> dict:
+        """A person asked the server for a checkpoint (the server tells, before it takes it):
+        on record by who asked (a guest's was in no audit trail), nothing else changed. The
+        same asker's ask again on the server's record as it is now writes no second row, as
+        a repeated Extend does: a script's loop would write one each."""
+        row = self._known_row(key)
+        answer = ("checkpoint", actor, source)
+        if not self._answered_before(row, answer):
+            why = f"checkpoint asked by {actor}" + (f": {reason}" if reason else "")
+            details = {"source": source}
+            audit = self._audit_row(row, "checkpoint-asked", why, actor=actor, details=details)
+            self.store.save(audits=[audit])
+            self._answered(row, answer)
+        return {"status": "recorded"}
+
     async def _stop_quietly(self, key: str, user: str, name: str) -> None:
         # The answer goes back through the server being stopped: let it get home before the
         # Hub stops that server (on record as stopped already, so a restart carries it out).

@@ -19,6 +19,7 @@ from operator import attrgetter
 from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
 
+from ..checkpoint_layout import SOURCE_USER, SOURCES
 from ..core import clock
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
@@ -353,6 +354,28 @@ class StopHandler(ApiHandler):
         self.write_json(await self.governor.stop_by_owner(key, asker, reason))
 
 
+class CheckpointAskedHandler(ApiHandler):
+    """``POST .../checkpoint`` ``{"reason"?, "source"?}``: the server's own token tells the
+    governor that a person asked it for a checkpoint (its Checkpoint button), before the server
+    takes it: on record by who asked (``asker``: a guest of a shared server by name). The
+    governor takes nothing itself (it calls no server); only the server says it takes one."""
+
+    @web.authenticated
+    async def post(self, user: str, name: str | None = None):
+        key = server_key(user, name or "")
+        if key not in (self.current_user.get("servers") or ()):
+            raise web.HTTPError(403, "only the server's own token tells of its checkpoints")
+        self.require_owner_or_admin(user, name)
+        key, _ = self.known_server(user, name)
+        data = self.body()
+        reason = self.text_field(data, "reason")
+        source = data.get("source", SOURCE_USER)
+        if source not in SOURCES:
+            raise web.HTTPError(400, f"'source' must be one of {', '.join(SOURCES)}")
+        asker = await self.asker(user, name)
+        self.write_json(self.governor.checkpoint_asked(key, asker, reason, source))
+
+
 def newest_first_page(handler: ApiHandler, row: str) -> tuple[int, int | None]:
     """A newest-first listing's page (``api/audit``, ``api/extensions``): ``limit`` rows
     (1 to ``MAX_PAGE_ROWS``, default 200) older than ``before`` (the last ``id`` read), or 400
@@ -640,6 +663,7 @@ def handlers(prefix: str, governor: Governor) -> list[tuple]:
         (rf"{p}/api/{_SERVER}/exempt", ExemptHandler, args),
         (rf"{p}/api/{_SERVER}/cull", CullHandler, args),
         (rf"{p}/api/{_SERVER}/stop", StopHandler, args),
+        (rf"{p}/api/{_SERVER}/checkpoint", CheckpointAskedHandler, args),
         (rf"{p}/api/extensions", ExtensionsHandler, args),
         (rf"{p}/api/audit", AuditHandler, args),
         (rf"{p}/api/policies", PoliciesHandler, args),

@@ -46,6 +46,7 @@ from ..checkpoint_layout import (
     is_checkpoint_id,
     kernel_dir,
     new_checkpoint_dir,
+    notebook_paths,
     write_json,
 )
 from ..core import clock
@@ -439,7 +440,10 @@ def read_manifest(root: Path, checkpoint_id: str) -> dict | None:
 
 def summary(manifest: dict) -> dict:
     """One line of ``GET /jupyter-gpu-gov/checkpoints``."""
-    errors = manifest.get("errors") or []
+    # A manifest is a file in the user's folder, read as possibly out of shape (edited, or
+    # cut short by a full disk): one such made the whole listing a 500.
+    errors = manifest.get("errors")
+    size = manifest.get("bytes")
     return {
         "id": manifest.get("id"),
         "reason": manifest.get("reason"),
@@ -447,9 +451,9 @@ def summary(manifest: dict) -> dict:
         "source": manifest.get("source"),
         "status": manifest.get("status"),
         "completed_at": manifest.get("completed_at"),
-        "notebooks": [n.get("path") for n in manifest.get("notebooks") or []],
-        "bytes": manifest.get("bytes"),
-        "errors": len(errors),
+        "notebooks": notebook_paths(manifest),
+        "bytes": size if isinstance(size, int) and not isinstance(size, bool) else None,
+        "errors": len(errors) if isinstance(errors, list) else 0,
         "restore": RESTORE_HINT,
     }
 

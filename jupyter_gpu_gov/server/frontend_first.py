@@ -64,6 +64,11 @@ class FrontendFirst:
         finally:
             self._offer = None
 
+    @property
+    def open(self) -> bool:
+        """Whether the governor's checkpoint is on offer: a checkpoint asked now claims it."""
+        return self._offer is not None
+
     def claim(self) -> Claim | None:
         """The open offer, now claimed by the checkpoint the frontend asked for; None if none."""
         offer = self._offer

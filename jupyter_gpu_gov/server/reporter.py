@@ -110,6 +110,14 @@ class Reporter:
         path = f"{_server_path(user, name)}/stop"
         return await self._call("POST", path, {"reason": reason}, asker_token)
 
+    async def checkpoint(
+        self, user: str, name: str, reason: str, source: str, asker_token: str | None = None
+    ) -> tuple[int, dict, float]:
+        """Put a checkpoint a person asked of this server on the governor's record, before it
+        is taken: status, JSON, ``Retry-After`` (s)."""
+        path = f"{_server_path(user, name)}/checkpoint"
+        return await self._call("POST", path, {"reason": reason, "source": source}, asker_token)
+
     async def _call(
         self, method: str, path: str, body: dict, asker_token: str | None = None
     ) -> tuple[int, dict, float]:

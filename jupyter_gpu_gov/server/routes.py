@@ -34,6 +34,36 @@ class GpuGovHandler(ExtensionHandlerMixin, APIHandler):
     def gpu_gov(self):
         return self.extensionapp
 
+    def owner_asks(self) -> bool:
+        """Whether this server's owner is the one asking (the Hub's login says who), or no Hub
+        login (no one else can reach the server). A Hub service named as the owner is not the
+        owner (the Hub names services and users apart)."""
+        hub_auth = getattr(self.identity_provider, "hub_auth", None)
+        if hub_auth is None:
+            return True
+        user, owner = self.current_user, self.gpu_gov.server_identity["user"]
+        kind = (getattr(user, "hub_user", None) or {}).get("kind", "user")
+        return kind == "user" and getattr(user, "username", owner) == owner
+
+    def asker_token(self) -> str | None:
+        """The token the person asking sent this server (header, URL or the login's cookie),
+        where they are not its owner: a guest of a shared server, or an admin. Sent on with the
+        ask, the governor puts that person on record, as the Hub says the token is theirs and
+        reaches this server; forwarded with this server's token alone, bob's Stop on alice's
+        shared server was audited as alice's. None: the owner asked (the server's token says
+        so), or no Hub login (no one else can reach the server)."""
+        if self.owner_asks():
+            return None
+        return self.identity_provider.hub_auth.get_token(self) or None
+
+    def as_seen_by_asker(self, verdict):
+        """The verdict as the person asking may see it: the owner's other servers the spawn
+        queue started (``started_from_line``: their names, tiers and times) are the owner's
+        alone; a guest of a shared server (or an admin in its JupyterLab) read them here."""
+        if not isinstance(verdict, dict) or not verdict.get("started_from_line"):
+            return verdict
+        return verdict if self.owner_asks() else {**verdict, "started_from_line": []}
+
 
 class StatusHandler(GpuGovHandler):
     """The latest report of this server (docs/api.md, "The report"): devices, per-target GPU use, window.
@@ -49,6 +79,10 @@ class StatusHandler(GpuGovHandler):
             report = await self.gpu_gov.latest_report(refresh=refresh)
         except NoSample as error:
             raise web.HTTPError(503, str(error)) from None
+        verdict = report.get("verdict")
+        shown = self.as_seen_by_asker(verdict)
+        if shown is not verdict:
+            report = {**report, "verdict": shown}
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(report))
 
@@ -96,6 +130,7 @@ class CheckpointHandler(GpuGovHandler):
             raise web.HTTPError(
                 400, f"'cull_reason' must be one of {', '.join(CULL_REASONS)} (or absent)"
             )
+        await self._on_record(reason, source)
         try:
             manifest = await self.gpu_gov.checkpoint_on_request(reason, source, cull_reason)
         except Stopping:
@@ -103,6 +138,36 @@ class CheckpointHandler(GpuGovHandler):
                 503, "the server is stopping: no checkpoint was completed"
             ) from None
         self.finish(json.dumps(manifest))
+
+    async def _on_record(self, reason: str, source: str) -> None:
+        """Tell the governor who asked, before the checkpoint is taken, as Extend and Stop do
+        (the asker's token where not the owner's): a guest's Checkpoint on a shared server was
+        in no audit trail. ``source`` is the asker's word, so every ask is told, but the one
+        that claims the governor's own checkpoint on offer (JupyterLab saving first: already
+        on record as the governor's ``checkpoint``). The governor's refusal (the Hub knows no
+        one by the token, or not as one who may use this server; a budget spent) refuses the
+        checkpoint, nothing taken; a governor that does not answer holds back no one's save."""
+        app = self.gpu_gov
+        if app.reporter is None or app._frontend_first.open:
+            return
+        identity = app.server_identity
+        try:
+            status, outcome, retry_after = await app.reporter.checkpoint(
+                identity["user"], identity["name"], reason, source, self.asker_token()
+            )
+        except Exception as error:
+            status, outcome, retry_after = 599, {"message": str(error)}, 0.0
+        if status in (400, 403, 429):
+            if status == 429 and retry_after:
+                self.set_header("Retry-After", str(math.ceil(retry_after)))
+            message = str(outcome.get("message") or "")[:500]
+            raise web.HTTPError(status, f"the governor refused the checkpoint: {message}")
+        if status >= 300:
+            self.log.warning(
+                "jupyter-gpu-gov: a checkpoint asked is not on the governor's record (HTTP %s: %s)",
+                status,
+                str(outcome.get("message") or "")[:300],
+            )
 
 
 class CheckpointsHandler(GpuGovHandler):
@@ -149,7 +214,7 @@ class ForwardHandler(GpuGovHandler):
         call = app.reporter.extend if self.verb == "extend" else app.reporter.stop
         try:
             status, outcome, retry_after = await call(
-                identity["user"], identity["name"], reason, self._asker_token(identity["user"])
+                identity["user"], identity["name"], reason, self.asker_token()
             )
         except Exception as error:
             raise web.HTTPError(502, f"the governor did not answer: {error}") from None
@@ -161,26 +226,12 @@ class ForwardHandler(GpuGovHandler):
             raise web.HTTPError(502, f"the answer (HTTP {status}) is not the governor's: {what}")
         if isinstance(verdict, dict):
             app.set_verdict(verdict)
+            outcome = {**outcome, "verdict": self.as_seen_by_asker(verdict)}
         self.set_status(status)
         if status == 429 and retry_after:
             # The governor's wait, passed on: JupyterLab reads it here, not from the words.
             self.set_header("Retry-After", str(math.ceil(retry_after)))
         self.finish(json.dumps(outcome))
-
-    def _asker_token(self, owner: str) -> str | None:
-        """The token the person asking sent this server (header, URL or the login's cookie),
-        where they are not its owner: a guest of a shared server, or an admin. Sent on with the
-        ask, the governor puts that person on record, as the Hub says the token is theirs and
-        reaches this server; forwarded with this server's token alone, bob's Stop on alice's
-        shared server was audited as alice's. None: the owner asked (the server's token says
-        so), or no Hub login (no one else can reach the server). A Hub service named as the
-        owner is not the owner (the Hub names services and users apart)."""
-        hub_auth = getattr(self.identity_provider, "hub_auth", None)
-        user = self.current_user
-        kind = (getattr(user, "hub_user", None) or {}).get("kind", "user")
-        if hub_auth is None or (kind == "user" and getattr(user, "username", owner) == owner):
-            return None
-        return hub_auth.get_token(self) or None
 
 
 def handlers(url_prefix: str = "/jupyter-gpu-gov") -> list[tuple[str, type]]:
