@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import subprocess
 import sys
 import time
@@ -236,6 +237,7 @@ async def test_a_reclaim_is_withdrawn_when_the_spawn_it_was_for_leaves_the_line(
 
         await governor_pass()
         assert "reclaim-warn" in dict(audit(gov, "ines/")) and gov.verdict("ines/")["cull_at"]
+        assert gov.verdict("ines/")["reclaim_withdrawn"] is None
         clock.advance(5 * 60)
         assert hub.spawner("vera").gpu_cancel()
         lifted = await _withdraw_reclaims(handler, clock.utcnow())
@@ -243,13 +245,26 @@ async def test_a_reclaim_is_withdrawn_when_the_spawn_it_was_for_leaves_the_line(
         left = grant(hub, "ines")
         assert not {"gpu-gov/reclaim", "gpu-gov/reclaim-for", "gpu-gov/reclaim-by"} & set(left)
         assert left["gpu-gov/borrowed"] == "true"
-        gov.spawn_queue._withdrawn(lifted, clock.utcnow())
+        withdrawn_at = clock.utcnow()
+        gov.spawn_queue._withdrawn(lifted, withdrawn_at)
         hub.serve(api, "ines")  # the Hub API now shows her state without the request
         await governor_pass()
-        assert gov.verdict("ines/").get("cull_at") is None
+        told = gov.verdict("ines/")
+        assert told.get("cull_at") is None
+        # She was told of the deadline: her JupyterLab is told it is lifted, on the verdict
+        # her server's report gets back as on the one it polls.
+        assert told["reclaim_withdrawn"] == clock.isoformat(withdrawn_at)
+        answered = json.loads(gov.answer("ines/"))["verdict"]
+        assert answered["reclaim_withdrawn"] == told["reclaim_withdrawn"]
+        assert gov.verdict("ivan/")["reclaim_withdrawn"] is None  # his was never asked back
         clock.advance(11 * 60)  # past the grace of the request withdrawn
         await governor_pass()
         assert api.running("ines")
+        assert gov.verdict("ines/")["reclaim_withdrawn"] == told["reclaim_withdrawn"]
+        clock.advance(4 * 60)  # RECLAIM_WITHDRAWN_NOTICE after: said long enough
+        await governor_pass()
+        assert gov.verdict("ines/")["reclaim_withdrawn"] is None
+        assert json.loads(gov.answer("ines/"))["verdict"]["reclaim_withdrawn"] is None
     (why,) = [r for a, r in audit(gov, "ines/") if a == "reclaim-withdrawn"]
     assert "team vision" in why and "deadline is lifted" in why, why
     assert "cull" not in dict(audit(gov, "ines/"))

@@ -130,8 +130,8 @@ def test_a_borrowing_refusal_never_reads_as_more_left_to_borrow():
     pair = ask("vision", tier="h100x2", usage=usage, capacity={"h100x2": 8}, quota=pairs)
     assert not pair.allowed
     assert pair.reason == (
-        "Team vision has no guarantee on 2 x H100 and may borrow at most 2 2 x H100 cards; it "
-        "holds 2, all borrowed, and this server needs 2. Stop one of the team's servers on "
+        "Team vision has no guarantee on 2 x H100 and may borrow at most 2 cards on 2 x H100; "
+        "it holds 2, all borrowed, and this server needs 2. Stop one of the team's servers on "
         "2 x H100, or pick another tier."
     )
     none = quotas(vision={**QUOTAS["vision"], "borrowing_limit": {"h100": 0}})
@@ -146,6 +146,37 @@ def test_a_borrowing_refusal_never_reads_as_more_left_to_borrow():
     assert ask("vision", usage=grants("vision", 1), quota=one).reason.startswith(
         "Team vision may not borrow beyond its guarantee of 1 H100 card; it holds 1, none borrowed."
     )
+
+
+def test_a_tier_whose_name_counts_its_cards_is_not_counted_twice():
+    """A pair tier named "2 x H100 80 GB, NVLink" read "at most 2 2 x H100 80 GB, NVLink cards":
+    a name that already counts cards takes the figure as "N cards on <name>"."""
+    tiers = load_tiers(
+        [{"name": "pair", "gpu": "H100-80GB", "count": 2, "display_name": "2 x H100 80 GB, NVLink"}]
+    )
+    team = {"vision": {"guaranteed": {"pair": 2}, "borrowing_limit": {"pair": 2}}}
+    held = [
+        Grant(f"u{i}/", f"u{i}", "vision", "pair", 2, 2.0, borrowed=i == 1, priority=0)
+        for i in range(2)
+    ]
+    refused = admit(
+        Request("alice/", "alice", "vision", "pair"), held, {}, load_quotas(team, tiers), tiers
+    )
+    assert not refused.allowed
+    assert refused.reason.startswith(
+        "Team vision may borrow at most 2 cards on 2 x H100 80 GB, NVLink beyond its guarantee "
+        "of 2; it holds 4, 2 of them borrowed, and this server needs 2."
+    )
+    full = admit(
+        Request("alice/", "alice", "vision", "pair"),
+        [],
+        {"pair": 0},
+        load_quotas(team, tiers),
+        tiers,
+    )
+    assert full.reason.startswith("There is no card on 2 x H100 80 GB, NVLink here.")
+    # A name without a count keeps the plain wording.
+    assert "at most 2 H100 cards" in ask("vision", usage=grants("vision", 6)).reason
 
 
 def test_a_lending_limit_keeps_cards_for_the_lending_team():

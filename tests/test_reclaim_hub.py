@@ -90,7 +90,10 @@ def test_a_reclaim_is_withdrawn_when_the_team_that_asked_cancels(tmp_path):
         assert "team lab" in withdrawn["reason"] and "deadline is lifted" in withdrawn["reason"]
         # His verdict no longer names the reclaim; its deadline is his idle policy's (2 h).
         wait(lambda: "within its guarantee" not in gov.verdict("ivan")["reason"], 30, "the verdict")
-        assert parse(gov.verdict("ivan")["cull_at"]) > due + timedelta(minutes=30)
+        told = gov.verdict("ivan")
+        assert parse(told["cull_at"]) > due + timedelta(minutes=30)
+        # ...and says it was lifted (JupyterLab tells him once), when the governor put it on record.
+        assert told["reclaim_withdrawn"] == withdrawn["at"], (told, withdrawn)
         # Past the deadline that was announced, and two passes more: his server runs on.
         time.sleep(max(0.0, due.timestamp() - time.time()))
         passes = gov.passes()

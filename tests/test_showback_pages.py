@@ -68,3 +68,17 @@ def test_a_week_the_span_cuts_says_which_of_its_days_it_counts(service):
     assert f"last {days} days (UTC days from {since})" in page
     rows = page[page.index("Per week") :]
     assert f"{monday} from {since} only vision 5.00" in rows
+
+
+def test_my_page_says_a_reclaim_it_warned_of_is_withdrawn(service):
+    """alice's borrowed server was warned it would be given back; the team that asked no longer
+    needs it and the hub lifted the reclaim. Her page showed the warning in the server's reason
+    and, once lifted, simply nothing: it says the deadline is lifted, for a while."""
+    gov = service.governor
+    assert "No longer asked back" not in text(call(service, "GET", "me", ALICE))
+    lifted = {"server": "alice/", "team": "vision", "asked_at": "2026-01-05T10:00:00Z", "by": "v/"}
+    gov.spawn_queue._withdrawn([lifted], clock.utcnow())
+    page = text(call(service, "GET", "me", ALICE))
+    assert "No longer asked back" in page and "the deadline you were warned of is lifted" in page
+    gov.spawn_queue._withdrawn([lifted], clock.utcnow() - timedelta(minutes=16))  # said enough
+    assert "No longer asked back" not in text(call(service, "GET", "me", ALICE))

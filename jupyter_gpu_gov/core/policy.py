@@ -1744,11 +1744,13 @@ def verdict(
     right_size: dict | None = None,
     requests: dict | None = None,
     started_from_line: tuple[LineStart, ...] = (),
+    reclaim_withdrawn: datetime | None = None,
 ) -> Verdict:
     """The verdict (``core.wire.Verdict``), as it rides back on a report's response.
     ``root_cause`` is the governor's diagnosis, ``right_size`` a smaller tier its use fits,
     ``requests`` what the server is asked to do (``hub/outbound.py``; none by default) and
-    ``started_from_line`` the owner's other servers the spawn queue started, passed in."""
+    ``started_from_line`` the owner's other servers the spawn queue started, passed in;
+    ``reclaim_withdrawn`` when a reclaim on this server was lifted (said for a while)."""
     record = decision.record
     return Verdict(
         state=record.state,
@@ -1765,6 +1767,7 @@ def verdict(
         cull_action=policy.cull_action,
         at_deadline=decision.at_deadline,
         policy_change=decision.policy_change,
+        reclaim_withdrawn=isoformat(reclaim_withdrawn),
         checkpoint=CHECKPOINT_REQUESTED
         if record.checkpoint_status == CHECKPOINT_REQUESTED
         else "none",

@@ -499,6 +499,13 @@ class Verdict(Wire):
         "JupyterLab's toast says the policy changed on it, whatever the reason's words",
         enum=POLICY_CHANGES,
     )
+    reclaim_withdrawn: str | None = spec(
+        "when a reclaim this server was warned of was withdrawn (the team that asked its "
+        "borrowed GPU back no longer needs it: its deadline is lifted, the server keeps the "
+        "GPU), for `RECLAIM_WITHDRAWN_NOTICE` (15 min) after; `null` otherwise. JupyterLab "
+        "tells the owner once",
+        **TIME,
+    )
     checkpoint: str = spec(
         "`requested` while the governor waits for a checkpoint, else `none`",
         "none",

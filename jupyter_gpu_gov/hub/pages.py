@@ -425,6 +425,9 @@ class MyUsageHandler(PageHandler):
                     403, "only admins may see another user's page; yours is %sme", self.prefix
                 )
         lines = await server_lines(gov, now, user=me)
+        for line in lines:  # a reclaim lifted after its warning: said here too, for a while
+            row = gov.row(f"{line['user']}/{line['name']}")
+            line["reclaim_withdrawn"] = None if row is None else gov.reclaim_withdrawn(row)
         since = showback.days_back(30, now)
         gov.flush_usage()
         sessions = gov.usage_sessions(since=since, user=me)

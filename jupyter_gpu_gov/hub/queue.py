@@ -54,6 +54,11 @@ LEFT_POD_RETRY = timedelta(seconds=15)  # a left pod's delete, asked and audited
 # Audit actions: a start from the line (before it is made), one made, a request that left it.
 START, STARTED_ACTION, LEFT = "queue-start", "queue-started", "queue-left"
 RECLAIM_WITHDRAWN = "reclaim-withdrawn"  # a reclaim the hub lifted (its asker left the line)
+# How long a withdrawn reclaim rides on its server's verdict (``reclaim_withdrawn``): JupyterLab
+# tells the owner, who was warned of the deadline, that it is lifted. Kept by the governor that
+# synced (not stored): a restart within it leaves the notice unsaid, the audit row says it.
+RECLAIM_WITHDRAWN_NOTICE = timedelta(minutes=15)
+MAX_WITHDRAWN = 10_000  # servers whose notice is kept at once
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -154,6 +159,8 @@ class QueueSync:
         # the spawner keeps its place): tried again after RETRY_AFTER, its wait metered once.
         self._started: dict[str, tuple[datetime, datetime]] = {}
         self._left_pods: dict[str, datetime] = {}  # uid -> when its delete was last asked
+        # Reclaims the hub withdrew, by server: when (the verdict's ``reclaim_withdrawn``).
+        self._withdrawn_at: dict[str, datetime] = {}
 
     async def sync(self, now: datetime | None = None) -> list[Waiting]:
         if self.absent:
@@ -282,6 +289,22 @@ class QueueSync:
                 self.listing.waiting.add(entry["server"].partition("/")[0])
         if rows:
             self.store.audit(rows)
+        if not self.dry_run:  # a dry run lifts nothing: no notice to give
+            kept = self._withdrawn_at
+            for key, at in list(kept.items()):
+                if now - at >= RECLAIM_WITHDRAWN_NOTICE:
+                    del kept[key]
+            for row in rows:
+                if len(kept) < MAX_WITHDRAWN:
+                    kept[row.server_key] = now
+
+    def withdrawn_at(self, key: str, now: datetime | None = None) -> datetime | None:
+        """When the reclaim on server ``key`` was withdrawn, within ``RECLAIM_WITHDRAWN_NOTICE``
+        of ``now``; None: none was, or longer ago (a look-up on each report's answer)."""
+        at = self._withdrawn_at.get(key)
+        if at is None or (now or clock.utcnow()) - at >= RECLAIM_WITHDRAWN_NOTICE:
+            return None
+        return at
 
     async def _delete_left_pods(self, entries, now: datetime) -> None:
         """The pods the Hub's stop of a server left running (the Kubernetes API failed the

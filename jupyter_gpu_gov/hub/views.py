@@ -16,7 +16,7 @@ from typing import Any
 from ..core import clock, policy, rightsize
 from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Policy, Record
-from ..core.vocabulary import CHECKPOINT_REQUESTED, UNKNOWN
+from ..core.vocabulary import CHECKPOINT_REQUESTED, RECLAIM_LABEL, UNKNOWN
 from ..core.wire import LineStart, Verdict
 from ..diagnose.cluster import Demand
 from . import outbound, showback, trusted
@@ -118,6 +118,7 @@ def verdict_of(
     right_size: dict | None = None,
     requests: dict | None = None,
     started_from_line: tuple[LineStart, ...] = (),
+    reclaim_withdrawn: datetime | None = None,
 ) -> Verdict:
     decision = Decision(
         record_of(row),
@@ -134,6 +135,7 @@ def verdict_of(
         right_size=right_size,
         requests=requests,
         started_from_line=started_from_line,
+        reclaim_withdrawn=reclaim_withdrawn,
     )
 
 
@@ -226,7 +228,13 @@ class Views:
         if row is None:
             return _encoded(self._not_assessed(key))
         server_policy, root_cause, right_size, asked, started = self._verdict_inputs(row)
-        if root_cause is not None or right_size is not None or asked or started:
+        if (
+            root_cause is not None
+            or right_size is not None
+            or asked
+            or started
+            or self.reclaim_withdrawn(row) is not None
+        ):
             return _encoded(
                 self._verdict(row, server_policy, root_cause, right_size, asked, started)
             )
@@ -311,7 +319,16 @@ class Views:
             right_size=right_size,
             requests=asked,
             started_from_line=started,
+            reclaim_withdrawn=self.reclaim_withdrawn(row),
         ).to_json()
+
+    def reclaim_withdrawn(self, row: ServerRow) -> datetime | None:
+        """When a reclaim on the row's server was withdrawn, while its owner is still to be
+        told (``hub/queue.py``); None once a reclaim stands on it again (a new warning)."""
+        queue = getattr(self, "spawn_queue", None)  # a governor built without its passes
+        if queue is None or (row.labels and RECLAIM_LABEL in row.labels):
+            return None
+        return queue.withdrawn_at(row.key)
 
     def lease_view(self, holder: bool = True) -> dict | None:
         """Whether this governor acts (holds the store's lease, ``hub/lease.py``) and, with

@@ -18,6 +18,7 @@ act on. Pure: no JupyterHub or Kubernetes imports.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -600,10 +601,17 @@ def _all_in_use(tier: Tier, cap: int) -> str:
     return f"All {cap} {_devices(tier, cap)} are in use"
 
 
+# A name that counts its cards ("2 x H100 80 GB, NVLink"): a figure before it would read as a
+# second count ("at most 2 2 x H100 cards").
+_COUNTED_NAME = re.compile(r"\d+\s*[x\u00d7*]", re.IGNORECASE)
+
+
 def _devices(tier: Tier, n: int | float | None) -> str:
     unit = {"mig": "slice", "shared": "share"}.get(tier.kind, "card")
-    noun = f"{tier.display_name} {unit}"
-    return noun if n == 1 else noun + "s"
+    unit = unit if n == 1 else unit + "s"
+    if _COUNTED_NAME.match(tier.display_name.strip()):
+        return f"{unit} on {tier.display_name}"
+    return f"{tier.display_name} {unit}"
 
 
 def _retry(tier: Tier) -> str:

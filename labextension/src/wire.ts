@@ -277,6 +277,13 @@ export interface IVerdict {
    * changed on it, whatever the reason's words
    */
   policy_change?: 'applied' | 'config-changed' | null | string;
+  /**
+   * when a reclaim this server was warned of was withdrawn (the team that asked its borrowed
+   * GPU back no longer needs it: its deadline is lifted, the server keeps the GPU), for
+   * `RECLAIM_WITHDRAWN_NOTICE` (15 min) after; `null` otherwise. JupyterLab tells the owner
+   * once
+   */
+  reclaim_withdrawn?: string | null;
   /** `requested` while the governor waits for a checkpoint, else `none` */
   checkpoint?: 'requested' | 'none' | string;
   /** the governor records decisions but acts on none */

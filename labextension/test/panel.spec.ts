@@ -108,6 +108,25 @@ describe('the panel’s first lines', () => {
     ]);
   });
 
+  it('say a withdrawn reclaim lifted the deadline, but never under a warning', () => {
+    const lifted = { reclaim_withdrawn: '2026-01-05T10:55:00Z' };
+    const v = verdict({
+      state: 'active',
+      reason: null,
+      idle_since: null,
+      warn_at: null,
+      cull_at: null,
+      ...lifted
+    });
+    expect(lines(report({ verdict: v }))).toEqual([
+      'GPU in use.',
+      'Your borrowed GPU is no longer asked back (since 10:55): the team that asked for it no longer needs it. The deadline you were warned of is lifted and this server keeps its GPU.'
+    ]);
+    expect(lines(report({ verdict: verdict(lifted) })).join(' ')).not.toMatch(
+      /no longer asked back/
+    );
+  });
+
   it('say so without a GPU, a governor or a report', () => {
     expect(lines(report({ backend: 'none', devices: [] }))[0]).toBe(
       'This server has no GPU.'

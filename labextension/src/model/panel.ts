@@ -33,7 +33,12 @@ import {
   viewState,
   ViewState
 } from './verdict';
-import { extendView, hasDeadline, warningView } from './warning';
+import {
+  extendView,
+  hasDeadline,
+  reclaimWithdrawnLine,
+  warningView
+} from './warning';
 
 /** The panel says this much before its buttons. */
 export const PANEL_LINES = 3;
@@ -298,6 +303,10 @@ function panelLines(
       text: trans.__('Showing the last status: %1', error),
       tone: 'alert'
     });
+  }
+  const lifted = parseTime(verdict?.reclaim_withdrawn);
+  if (lifted !== null && !isWarning(verdict)) {
+    lines.push({ text: reclaimWithdrawnLine(lifted, options), tone: 'note' });
   }
   const cause = rootCauseView(verdict, trans);
   if (cause) {

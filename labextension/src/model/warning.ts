@@ -292,3 +292,33 @@ export function checkReason(
   }
   return { ok: true, reason, error: null };
 }
+
+/**
+ * A reclaim of this server's borrowed GPU that the governor withdrew (the team that asked for
+ * it no longer needs it): the warning simply goes, so the owner who was told "given back at
+ * …" is told it is not, once. `null`: none on this verdict, the one already said
+ * (`announced`: the `reclaim_withdrawn` last said), or a warning stands (it says what is due).
+ */
+export function reclaimWithdrawnNotice(
+  verdict: IVerdict | null | undefined,
+  announced: string | null,
+  options: IViewOptions
+): { key: string; message: string } | null {
+  const key = verdict?.reclaim_withdrawn ?? null;
+  const at = parseTime(key);
+  if (key === null || at === null || key === announced || isWarning(verdict)) {
+    return null;
+  }
+  return { key, message: reclaimWithdrawnLine(at, options) };
+}
+
+/** The withdrawn reclaim in words (the toast's, the panel's line). */
+export function reclaimWithdrawnLine(
+  at: number,
+  options: IViewOptions
+): string {
+  return transOf(options).__(
+    'Your borrowed GPU is no longer asked back (since %1): the team that asked for it no longer needs it. The deadline you were warned of is lifted and this server keeps its GPU.',
+    formatTime(at, options)
+  );
+}

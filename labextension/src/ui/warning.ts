@@ -3,14 +3,20 @@
  * ticks once a second, and Extend / Checkpoint / Stop server. The warning's deadline and
  * verdict are kept in localStorage so a reload re-raises it at once, exactly once. With the
  * setting `notificationStyle` "panel" a warning opens the GPU panel instead; with "status-bar"
- * only the status bar item says so.
+ * only the status bar item says so. A reclaim withdrawn after its warning (the warning simply
+ * goes) is said once, in a toast whatever the style: the owner was told of a deadline.
  */
 import { Notification } from '@jupyterlab/apputils';
 import { IDisposable } from '@lumino/disposable';
 
 import { parseTime } from '../format';
 import { isWarning } from '../model/verdict';
-import { warningAction, warningKey, warningView } from '../model/warning';
+import {
+  reclaimWithdrawnNotice,
+  warningAction,
+  warningKey,
+  warningView
+} from '../model/warning';
 import { NotificationStyle } from '../settings';
 import { safeLocalStorage } from '../storage';
 import { ITrans } from '../trans';
@@ -88,6 +94,32 @@ export class WarningNotifier implements IDisposable {
       default:
         break;
     }
+    this._sayReclaimWithdrawn(verdict);
+  }
+
+  /** Once per withdrawal, for this server's tabs (the last one said is kept with the warning). */
+  private _sayReclaimWithdrawn(verdict: IVerdict | null | undefined): void {
+    const key = `${this._storageKey}:reclaim-withdrawn`;
+    let said: string | null = this._saidWithdrawn;
+    try {
+      said = this._storage?.getItem(key) ?? said;
+    } catch {
+      // Storage disabled: this tab still says it once.
+    }
+    const notice = reclaimWithdrawnNotice(verdict, said, {
+      now: Date.now(),
+      trans: this._trans
+    });
+    if (!notice) {
+      return;
+    }
+    this._saidWithdrawn = notice.key;
+    try {
+      this._storage?.setItem(key, notice.key);
+    } catch {
+      // As above.
+    }
+    Notification.info(notice.message, { autoClose: false });
   }
 
   /** How a new warning is shown; a warning on screen stays as it is. */
@@ -270,6 +302,7 @@ export class WarningNotifier implements IDisposable {
   private _key: string | null = null;
   private _verdict: IVerdict | null = null;
   private _userClosed = false;
+  private _saidWithdrawn: string | null = null;
   private _timer: number | null = null;
   private _disposed = false;
 }
