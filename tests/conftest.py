@@ -19,6 +19,12 @@ LEFTOVER_GRACE_S = 10.0
 
 def pytest_configure(config):
     os.environ.setdefault(RUN_MARKER, f"{os.getpid()}-{uuid.uuid4().hex}")
+    # pytest-xdist hands out `--dist loadfile`'s files by their number of tests, most first,
+    # unless told not to (--no-loadscope-reorder): the real-hub files, a few long tests each,
+    # then ran last, and one worker ran the longest (9 minutes) alone at the end. The order
+    # pytest_collection_modifyitems gives (LONGEST_FILES first) is kept instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 @pytest.fixture(autouse=True)
@@ -102,31 +108,41 @@ def _command(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
 
 
-# The test files that take longest (seconds in one serial run, 2026-12-03), started first so
-# that pytest-xdist's workers (`make test`: a file each at a time) end together rather than one
-# finishing the longest file alone. A file not listed runs after these, in its usual order.
+# The test files that take longest (seconds summed over their tests, `-n 2 --dist loadfile`
+# on a shared 2-core machine, 2026-12-06), started first so that pytest-xdist's workers (`make
+# test`: a file each at a time) end together rather than one finishing the longest file alone.
+# A file not listed runs after these, in its usual order.
 LONGEST_FILES = (
-    "test_cause_hub.py",  # 150 s
-    "test_labextension_browser.py",  # 108
-    "test_profiles_hub.py",  # 106
-    "test_governor_hub.py",  # 99
-    "test_quickstart_browser.py",  # 87
-    "test_kubernetes_hub.py",  # 77
-    "test_queue_hub.py",  # 74
-    "test_security_store_hub.py",  # 73
-    "test_demo_queue_hub.py",  # 70
-    "test_security_hub.py",  # 67
-    "test_checkpoint_cycle_hub.py",  # 65
-    "test_hubapi.py",  # 64
-    "test_security_gpus_hub.py",  # 61
-    "test_governor_incremental.py",  # 54
-    "test_idle_culler_dropin.py",  # 51
-    "test_checkpoint_server.py",  # 49
-    "test_security_clock_hub.py",  # 47
+    "test_kubernetes_faults_hub.py",  # 557 s (two stops wait out KubeSpawner's retries)
+    "test_governor_hub.py",  # 188
+    "test_cause_hub.py",  # 169
+    "test_labextension_browser.py",  # 120
+    "test_profiles_hub.py",  # 119
+    "test_security_hub.py",  # 101
+    "test_quickstart_browser.py",  # 70
+    "test_security_store_hub.py",  # 70
+    "test_health_hub.py",  # 66
+    "test_checkpoint_server.py",  # 66
+    "test_cli_streams.py",  # 64
+    "test_queue_hub.py",  # 64
+    "test_server_extension.py",  # 57
+    "test_security_gpus_hub.py",  # 57
+    "test_checkpoint_cycle_hub.py",  # 56
+    "test_governor_incremental.py",  # 55
+    "test_demo_queue_hub.py",  # 54
+    "test_kubernetes_hub.py",  # 53
+    "test_idle_culler_dropin.py",  # 50
+    "test_security_clock_hub.py",  # 46
+    "test_lease.py",  # 46
     "test_replay_benchmark.py",  # 46
-    "test_dashboard_browser.py",  # 41
-    "test_health_hub.py",  # 38
-    "test_policy_page_browser.py",  # 36
+    "test_hubapi.py",  # 45
+    "test_hung_driver_hub.py",  # 44
+    "test_fuzz_api.py",  # 42
+    "test_demo_hub.py",  # 42
+    "test_dashboard_browser.py",  # 37
+    "test_security_numbers_hub.py",  # 35
+    "test_policy_page_browser.py",  # 33
+    "test_profiles_kubespawner.py",  # 33
 )
 
 

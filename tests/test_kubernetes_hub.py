@@ -61,8 +61,10 @@ c.GpuGovernor.policies = [
 """
 TEST_CONFIG = """
 c.KubeSpawner.k8s_api_host = {api!r}
-c.KubeSpawner.start_timeout = 60
-c.KubeSpawner.http_timeout = 60
+# A server's start on a loaded 2-core machine has taken over 60 s (the fake kubelet starts a
+# real server): no test here is about the start's timeout.
+c.KubeSpawner.start_timeout = 120
+c.KubeSpawner.http_timeout = 120
 c.ClusterGpus.refresh_every = 3600  # one reading of the cluster: the Pending test needs it stale
 c.GpuProfiles.quotas["interns"] = {{"borrowing_limit": {{"h100": 1}}, "tiers": ["h100"]}}
 c.GpuProfiles.team_map = {{"ivan": "interns"}}

@@ -44,6 +44,7 @@ from test_kubernetes_hub import ALICE_H100_LABELS
 from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
+import jupyter_gpu_gov
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub.app import GpuGovernor
@@ -59,6 +60,7 @@ from jupyter_gpu_gov.profiles.queue_pages import places
 from jupyter_gpu_gov.profiles.spawner import FRESH_FOR_S, GpuRefused, waiting_requests
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "hub_config" / "kubernetes"
+PACKAGE = Path(jupyter_gpu_gov.__file__).resolve().parent
 UNICODE_USER = "Ünïcode.User@example.org"
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 # A label value: at most 63 characters, alphanumerics with '-', '_', '.' inside (Kubernetes docs).
@@ -1203,11 +1205,15 @@ FORGED = "\n\x1b[31m[I 2026-01-01 00:00:00.000 JupyterHub] gpu-gov: admitted mal
 
 def forged_lines(caplog) -> list[str]:
     """What the Hub's log would show of the profile layer's records that is not on their own
-    line: a newline, a terminal's escape (colours, cursor moves) or a line separator."""
+    line: a newline, a terminal's escape (colours, cursor moves) or a line separator. Only the
+    records this package logs: JupyterHub's own debug lines quote a server's name as it is, and
+    reach the capture when an earlier test left the Hub's logger at DEBUG."""
     return [
         r.getMessage()
         for r in caplog.records
-        if "gpu-gov" in r.getMessage() and any(c in r.getMessage() for c in "\n\r\x1b\u2028")
+        if Path(r.pathname).resolve().is_relative_to(PACKAGE)
+        and "gpu-gov" in r.getMessage()
+        and any(c in r.getMessage() for c in "\n\r\x1b\u2028")
     ]
 
 
