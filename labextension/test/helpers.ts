@@ -90,3 +90,18 @@ export function report(extra: Partial<IStatusReport> = {}): IStatusReport {
     ...extra
   };
 }
+
+/** A `localStorage` of the tests' own: what a notice remembers across reloads, per test. */
+export function memoryStorage(): Storage {
+  const items = new Map<string, string>();
+  return {
+    getItem: (k: string) => items.get(k) ?? null,
+    setItem: (k: string, v: string) => void items.set(k, v),
+    removeItem: (k: string) => void items.delete(k),
+    clear: () => items.clear(),
+    key: () => null,
+    get length() {
+      return items.size;
+    }
+  };
+}

@@ -7,7 +7,7 @@ import { lineStartViews, safeHubPath } from '../src/model/linestarts';
 import { LineStartNotifier } from '../src/ui/linestarts';
 import { nullTrans } from '../src/trans';
 import { ILineStart } from '../src/types';
-import { NOW, opts, verdict } from './helpers';
+import { NOW, memoryStorage, opts, verdict } from './helpers';
 
 const shown: { message: string; options: any }[] = [];
 jest.mock('@jupyterlab/apputils', () => ({
@@ -28,20 +28,6 @@ function started(extra: Partial<ILineStart> = {}): ILineStart {
     started: '2026-01-05T10:58:00Z',
     claim_by: '2026-01-05T11:13:00Z',
     ...extra
-  };
-}
-
-function memoryStorage(): Storage {
-  const items = new Map<string, string>();
-  return {
-    getItem: (k: string) => items.get(k) ?? null,
-    setItem: (k: string, v: string) => void items.set(k, v),
-    removeItem: (k: string) => void items.delete(k),
-    clear: () => items.clear(),
-    key: () => null,
-    get length() {
-      return items.size;
-    }
   };
 }
 

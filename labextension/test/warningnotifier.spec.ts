@@ -10,7 +10,7 @@
  */
 import { WarningNotifier } from '../src/ui/warning';
 import { nullTrans } from '../src/trans';
-import { verdict } from './helpers';
+import { memoryStorage, verdict } from './helpers';
 
 const onScreen = new Set<string>();
 const said: string[] = [];
@@ -41,20 +41,6 @@ jest.mock('@jupyterlab/apputils', () => ({
   }
 }));
 const known = new Set<string>();
-
-function memoryStorage(): Storage {
-  const items = new Map<string, string>();
-  return {
-    getItem: (k: string) => items.get(k) ?? null,
-    setItem: (k: string, v: string) => void items.set(k, v),
-    removeItem: (k: string) => void items.delete(k),
-    clear: () => items.clear(),
-    key: () => null,
-    get length() {
-      return items.size;
-    }
-  };
-}
 
 function notifier(storage: Storage | null = null): WarningNotifier {
   return new WarningNotifier({
