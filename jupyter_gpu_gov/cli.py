@@ -1055,8 +1055,9 @@ def _add_usage(commands: argparse._SubParsersAction) -> None:
         description=(
             "GPU-hours allocated, active, idle and unknown, idle cost, culls and extensions,\n"
             "per team, user, project or tier and day or week, read from the governor service's\n"
-            "API (GET <url>api/usage) with a JupyterHub API token: an admin's sees everyone,\n"
-            "anyone else's only their own (--team, --project or --tier then with --user NAME)."
+            "API (GET <url>api/usage) with a JupyterHub API token: an admin's or finance's\n"
+            "sees everyone, a team lead's their teams (custom:gpu-gov:showback), anyone\n"
+            "else's only their own (--team, --project or --tier then with --user NAME)."
         ),
         epilog=(
             "examples:\n"

@@ -325,13 +325,19 @@ def test_a_teams_usage_asked_by_a_non_admin_is_refused_not_their_own_rows_as_the
 ):
     """A team lead's ``api/usage?team=vision&group_by=team`` (``jupyter-gpu-gov usage --team
     vision``) answered with their own rows in vision, one row named "vision" that read as the
-    team's. It is a 403 saying how to ask for one's own; named so, it is answered."""
+    team's. Without the showback scope it is a 403 naming the scope a Hub admin would give, and
+    saying how to ask for one's own; named so, it is answered."""
+    needs = {
+        "team": "team 'vision''s usage needs the scope custom:gpu-gov:showback!group=vision",
+        "project": "a project's usage needs the scope custom:gpu-gov:showback for its teams",
+        "tier": "a tier's usage needs the scope custom:gpu-gov:showback for its teams",
+    }
     for name in ("team", "project", "tier"):
         r = call(service, "GET", f"api/usage?{name}=vision&group_by=team", ALICE)
         assert r.status_code == 403, (name, r.text)
         assert r.json()["message"] == (
-            f"'{name}': only a governor admin may read a {name}'s usage; for your own in it, "
-            "add user=alice"
+            f"'{name}': reading {needs[name]} (a team lead's or finance's, given by a Hub "
+            "admin) or custom:gpu-gov:admin; for your own in it, add user=alice"
         )
     assert call(service, "GET", "api/usage?team=vision&user=alice&group_by=team", ALICE).ok
     assert call(service, "GET", "api/usage?team=vision&group_by=team", ADMIN).ok

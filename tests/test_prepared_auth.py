@@ -20,6 +20,7 @@ from jupyter_gpu_gov.hub.prepared_auth import (
 )
 
 SERVICE_ACCESS = "access:services!service=gpu-gov"
+LEAD = "custom:gpu-gov:showback!group=vision"  # vision's team lead (hub/readers.py)
 ACCESS = {"access:services", SERVICE_ACCESS}  # what the Hub sets for us
 
 CALLERS = {
@@ -297,7 +298,8 @@ async def test_a_replayed_login_callback_takes_its_turns_with_the_hub():
 async def test_admin_rights_taken_away_at_the_hub_end_here_soon(monkeypatch):
     """HubAuth keeps the Hub's answer for a token 300 s: a governor admin whose token was
     revoked (or who left the admins' group) could cull anyone's server for five minutes more.
-    An admin's answer is kept ``ADMIN_KEPT_S``; anyone else's as HubAuth keeps it."""
+    An admin's answer is kept ``ADMIN_KEPT_S``, as is a showback reader's (a team lead's scope
+    kept with its filter, which says the team); anyone else's as HubAuth keeps it."""
     from fake_hub_api import FakeHub
 
     from jupyter_gpu_gov.hub import prepared_auth
@@ -305,17 +307,23 @@ async def test_admin_rights_taken_away_at_the_hub_end_here_soon(monkeypatch):
     async with FakeHub() as hub:
         hub.add_user_token("root", "admin-token", extra_scopes=[SERVICE_ACCESS, ADMIN_SCOPE])
         hub.add_user_token("ann", "ann-token", extra_scopes=[SERVICE_ACCESS])
+        hub.add_user_token("lena", "lead-token", extra_scopes=[SERVICE_ACCESS, LEAD])
         auth = PreparedHubOAuth(api_token=hub.token, api_url=hub.api_url, access_scopes=ACCESS)
         admin = await auth.user_for_token("admin-token", sync=False)
         assert ADMIN_SCOPE in admin["scopes"]
+        lead = await auth.user_for_token("lead-token", sync=False)
+        assert LEAD in lead["scopes"]
         assert (await auth.user_for_token("ann-token", sync=False))["name"] == "ann"
-        del hub.tokens["admin-token"], hub.tokens["ann-token"]  # revoked at the Hub
+        for token in ("admin-token", "ann-token", "lead-token"):
+            del hub.tokens[token]  # revoked at the Hub
         assert await auth.user_for_token("admin-token", sync=False) == admin  # kept a while
+        assert await auth.user_for_token("lead-token", sync=False) == lead
         # Kept ADMIN_KEPT_S (30 s) from the answer; here 0.3 s, then past it. (Shortened only
         # now: a loaded machine could take 0.3 s over the checks above.)
         monkeypatch.setattr(prepared_auth, "ADMIN_KEPT_S", 0.3)
         await asyncio.sleep(0.4)
         assert await auth.user_for_token("admin-token", sync=False) is None  # asked again
+        assert await auth.user_for_token("lead-token", sync=False) is None
         assert (await auth.user_for_token("ann-token", sync=False))["name"] == "ann"  # 300 s
 
 

@@ -34,6 +34,7 @@ from .prepared_auth import (
     out_of_reach,
     reaches,
 )
+from .readers import readable_teams
 from .store import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -274,6 +275,12 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
     @property
     def is_admin(self) -> bool:
         return is_governor_admin(self.current_user)
+
+    @property
+    def showback_teams(self) -> frozenset[str] | None:
+        """The teams whose usage the caller may read (None: every team; empty: only their
+        own): ``hub/readers.py``."""
+        return readable_teams(self.current_user, self.governor.teams_by_group)
 
     def require_admin(self) -> None:
         if not self.is_admin:

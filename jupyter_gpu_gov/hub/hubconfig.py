@@ -4,7 +4,8 @@
 
     add_governor(c, args=["--config=/etc/jupyterhub/gpu_gov_config.py"], admin_users=["alice"])
 
-It registers the managed service with least-privilege roles, defines the governor's admin scope,
+It registers the managed service with least-privilege roles, defines the governor's admin scope
+and its showback scope (a role the admin writes gives it to team leads and finance),
 lets users (and their servers' tokens) talk to the service about their own servers, tells
 single-user servers where to report, and refuses a spawn whose ``user_options`` are too large
 to keep (a ``pre_spawn_hook`` that runs the admin's own after it).
@@ -24,6 +25,9 @@ from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
+# Reading showback (the usage API, its CSV and JSON, the showback page) without being an admin:
+# a Hub admin gives it to a role, unfiltered for finance, ``!group=<team's group>`` for a lead.
+SHOWBACK_SCOPE = "custom:gpu-gov:showback"
 # The Hub's activity interval, in seconds, as ``add_governor`` passes it to the service.
 ACTIVITY_INTERVAL_ENV = "JUPYTER_GPU_GOV_HUB_ACTIVITY_INTERVAL"
 SERVICE_SCOPES = [
@@ -79,8 +83,9 @@ def add_governor(
             "environment": environment,
             "oauth_no_confirm": True,
             # What the dashboard's login may carry: the governor's admin scope, and admin-ui,
-            # which only Hub admins hold (it grants nothing else through this token).
-            "oauth_client_allowed_scopes": [ADMIN_SCOPE, "admin-ui"],
+            # which only Hub admins hold (it grants nothing else through this token); the
+            # showback scope, with the filters the user holds it with (the Hub intersects).
+            "oauth_client_allowed_scopes": [ADMIN_SCOPE, "admin-ui", SHOWBACK_SCOPE],
         }
     )
     c.JupyterHub.custom_scopes.update(
@@ -88,6 +93,10 @@ def add_governor(
             ADMIN_SCOPE: {
                 "description": "Administer the GPU governor: list every server, extend, approve, "
                 "exempt and cull, read the audit trail and metrics.",
+            },
+            SHOWBACK_SCOPE: {
+                "description": "Read the GPU governor's showback (usage, its CSV and JSON, the "
+                "showback page): filtered !group=<group>, that group's team only.",
             },
             QUEUE_SCOPE: {
                 "description": "Read the GPU spawn queue and tell the hub when GPUs free up "

@@ -108,6 +108,8 @@ class PageHandler(ApiHandler):
             prefix=self.prefix,
             me=user.get("name", ""),
             is_admin=bool(user) and self.is_admin,
+            # A team lead's or finance's navigation has Showback (``hub/readers.py``).
+            reads_showback=bool(user) and self.showback_teams != frozenset(),
             xsrf=Markup(self.xsrf_form_html()),
             dry_run=self.governor.options.dry_run,
             currency=self.governor.options.currency,

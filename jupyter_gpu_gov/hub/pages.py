@@ -4,7 +4,8 @@
   GPU-holding server, filters and sorting by query parameters, extend / exempt / cull now with a
   reason, pending extension approvals, idle cost by team, the policies;
 - ``/services/gpu-gov/showback``: GPU-hours and idle costs per team, user, project or tier and
-  day or week, with charts and CSV / JSON links (admins);
+  day or week, with charts and CSV / JSON links (admins and finance every team's, a team lead
+  their teams': ``hub/readers.py``);
 - ``/services/gpu-gov/me``: "my GPU usage" for anyone logged in: their servers, idle hours and
   their teams' use.
 
@@ -31,7 +32,7 @@ from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
 from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
-from . import listings, showback
+from . import listings, readers, showback
 from .api_handler import COST_EXPORT, COST_LISTING, bounded_reason
 from .health import not_a_uuid
 from .incremental import let_reports_in
@@ -329,8 +330,10 @@ class ShowbackHandler(PageHandler):
 
     @web.authenticated
     async def get(self):
-        self.require_admin()
         gov = self.governor
+        teams = self.showback_teams  # None: every team's; a lead: theirs
+        if teams is not None and not teams:
+            raise web.HTTPError(403, readers.NO_SHOWBACK)
         now = clock.utcnow()
         try:
             dim, period, days = showback.parse_page(
@@ -344,7 +347,7 @@ class ShowbackHandler(PageHandler):
         # Read, drawn and rendered in a worker, as the usage API's export: a year of a big
         # hub's ledger is seconds of each, which held every report and page on the event loop.
         rows, totals, charts = await asyncio.get_running_loop().run_in_executor(
-            None, _showback, gov, dim, period, since
+            None, _showback, gov, dim, period, since, teams
         )
         query = urlencode({"group_by": f"{dim},{period}", "since": since.date().isoformat()})
         await self.render_page_in_worker(
@@ -355,6 +358,7 @@ class ShowbackHandler(PageHandler):
             days=days,
             # The first UTC day counted: a week begun before it is counted from it on.
             since_day=since.date().isoformat(),
+            teams=None if teams is None else sorted(teams),
             rows=rows,
             page_rows=PAGE_ROWS,
             totals=totals,
@@ -367,16 +371,22 @@ class ShowbackHandler(PageHandler):
 PAGE_ROWS = 5_000  # the most rows per period the showback page lists and charts
 
 
-def _showback(gov, dim: str, period: str, since: datetime) -> tuple[list | None, list, dict]:
-    """The showback page's rows (None: more than ``PAGE_ROWS``), totals and charts."""
+def _showback(
+    gov, dim: str, period: str, since: datetime, teams: frozenset[str] | None = None
+) -> tuple[list | None, list, dict]:
+    """The showback page's rows (None: more than ``PAGE_ROWS``), totals and charts: of
+    ``teams`` only (a lead's), or every team's (None)."""
     # A page holds, draws and renders each of its rows: a year of 10,000 users by day is
     # 3.65 M of them, gigabytes from one click (1,000 users x 100 days: 253 MB before the
     # table). Past the cap the page lists the totals, and says to narrow it or take the CSV.
-    read = gov.usage_rows([dim], period, since)
+    read = gov.usage_rows([dim], period, since, team=teams)
     rows = list(islice(read, PAGE_ROWS + 1))
     read.close()
-    totals = gov.usage([dim], "all", since)
-    hist = ledger.utilisation_histogram(gov.usage_sessions(since=since))
+    totals = gov.usage([dim], "all", since, team=teams)
+    sessions = gov.usage_sessions(since=since)
+    if teams is not None:
+        sessions = [s for s in sessions if s.owner.team in teams]
+    hist = ledger.utilisation_histogram(sessions)
     if len(rows) > PAGE_ROWS:
         chart = showback.histogram(
             hist,

@@ -31,7 +31,11 @@ HUB_ADMIN_SCOPES = frozenset({"admin:servers", "admin:users"})
 # once exempted and culled anyone's server and applied policies.
 ADMIN_PAGE_SCOPE = "admin-ui"
 METRICS_SCOPE = "read:metrics"
+# Reading showback without being an admin (``hub/readers.py``): unfiltered, every team's (finance);
+# ``!group=<group>``, that group's team's (a team lead). Kept with any filter the Hub gives it.
+SHOWBACK_SCOPE = "custom:gpu-gov:showback"
 TESTED_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, ADMIN_PAGE_SCOPE, METRICS_SCOPE})
+FILTERED_SCOPES = frozenset({SHOWBACK_SCOPE})  # tested with their filters: every form kept
 # Any of them: perhaps a governor admin, whose Hub answer is kept ADMIN_KEPT_S (below).
 MAYBE_ADMIN_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES, ADMIN_PAGE_SCOPE})
 ADMIN_BY_ITSELF_SCOPES = frozenset({ADMIN_SCOPE, *HUB_ADMIN_SCOPES})  # any one: a governor admin
@@ -65,7 +69,8 @@ ASK_THE_HUB = object()  # ``cached_user``: not cached
 # How long the Hub's word that a token is an admin's is kept (HubAuth keeps every answer for
 # ``cache_max_age``, 300 s): admin rights taken away at the Hub (a revoked token, a group or
 # role left) ended here five minutes later, while they could cull any server. Admins' requests
-# are few: a check each ADMIN_KEPT_S costs nothing.
+# are few: a check each ADMIN_KEPT_S costs nothing. So are showback readers' (a lead who left
+# the team read its usage five minutes more).
 ADMIN_KEPT_S = 30.0
 
 # The address (its socket's) of the request that asks the Hub about a token or a login's code,
@@ -131,7 +136,7 @@ class PreparedHubOAuth(HubOAuth):
             )
         )
         self.cache[key] = model
-        if model and MAYBE_ADMIN_SCOPES.intersection(model.get("scopes") or ()):
+        if model and _maybe_admin_or_reader(model.get("scopes") or ()):
             now = self._admin_asked[key] = time.monotonic()
             if len(self._admin_asked) > 1000 and self.cache_max_age > 0:
                 # Months of admins' logins: those the cache has forgotten too.
@@ -183,8 +188,9 @@ class PreparedHubOAuth(HubOAuth):
 
     def kept(self, model: dict | None) -> dict | None:
         """What is kept of the Hub's answer for a token (None: a refusal): the fields in
-        ``KEPT_FIELDS``, of the scopes those the service tests (``TESTED_SCOPES``) or compares
-        with its access scopes (any with their base), a tuple of the service's own strings
+        ``KEPT_FIELDS``, of the scopes those the service tests (``TESTED_SCOPES``; any with a
+        base in ``FILTERED_SCOPES``) or compares with its access scopes (any with their base),
+        a tuple of the service's own strings
         where it holds them (every server's token holds the access scope)."""
         if model is None:
             return None
@@ -196,7 +202,7 @@ class PreparedHubOAuth(HubOAuth):
             kept["kind"] = KINDS.get(kept["kind"], kept["kind"])
         if "scopes" in kept:
             shared = {scope: scope for scope in (*self.access_scopes, *TESTED_SCOPES)}
-            bases = {scope.partition("!")[0] for scope in self.access_scopes}
+            bases = {scope.partition("!")[0] for scope in self.access_scopes} | FILTERED_SCOPES
             scopes = tuple(
                 shared.get(scope, scope)
                 for scope in kept["scopes"]
@@ -206,6 +212,15 @@ class PreparedHubOAuth(HubOAuth):
                 scopes = SHARED_SCOPES.setdefault(frozenset(scopes), scopes)
             kept["scopes"] = scopes
         return kept
+
+
+def _maybe_admin_or_reader(scopes) -> bool:
+    """Whether the Hub's answer is kept ``ADMIN_KEPT_S`` only: a governor admin's, or a
+    showback reader's (a lead who left the team is no longer one at the Hub: 30 s, not 300 s,
+    of reading its usage after)."""
+    return not MAYBE_ADMIN_SCOPES.isdisjoint(scopes) or any(
+        str(scope).partition("!")[0] in FILTERED_SCOPES for scope in scopes
+    )
 
 
 def _keep_ssl_contexts() -> None:

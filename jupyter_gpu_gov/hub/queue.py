@@ -434,7 +434,8 @@ def queue_buckets(
 ) -> Iterator[Bucket]:
     """Showback's queue columns, as ledger buckets from the audit trail, in day order: per UTC
     day, user, team and tier, the seconds waited by requests that started, and the starts and
-    expiries (``owner``: only one user's, team's or tier's; queue time has no project)."""
+    expiries (``owner``: only one user's, team's or tier's, or any of a set of them; queue time
+    has no project)."""
     for row in store.queue_audit(since, until):
         details = row.details if isinstance(row.details, dict) else {}
         try:
@@ -442,7 +443,11 @@ def queue_buckets(
         except QueueFormatError:
             continue
         who = Owner(row.user or "", departure.team, "", departure.tier)
-        if any(v is not None and getattr(who, k) != v for k, v in owner.items()):
+        if any(
+            v is not None
+            and (getattr(who, k) != v if isinstance(v, str) else getattr(who, k) not in v)
+            for k, v in owner.items()
+        ):
             continue
         started = departure.outcome == STARTED
         values = {

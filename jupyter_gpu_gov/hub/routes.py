@@ -24,7 +24,7 @@ from ..core import clock
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from ..core.vocabulary import server_key
-from . import listings, metrics, showback
+from . import listings, metrics, readers, showback
 from .api_handler import COST_EXPORT, COST_LISTING, COST_READ, ApiHandler, json_object
 from .budget import UNIT_BYTES, Budget, RefusalLog
 from .health import not_a_uuid
@@ -37,7 +37,6 @@ from .prepared_auth import (
     asked_token_caller,
     is_governor_admin,
     out_of_reach,
-    owner_wide,
     token_caller,
 )
 from .protocol_server import DirectRequest, DirectRoute
@@ -576,8 +575,8 @@ class InfoHandler(ApiHandler):
 
 class UsageHandler(ApiHandler):
     """``GET api/usage?group_by=team,day&since=7d&until=…&format=csv|json``: showback from the
-    usage ledger. Admins see everyone (``user=``, ``team=``, ``project=``, ``tier=`` filter);
-    anyone else only their own usage (``user=`` another's: 403)."""
+    usage ledger. Admins and finance see everyone (``user=``, ``team=``, ``project=``, ``tier=``
+    filter), a team lead their teams', anyone else only their own usage (``hub/readers.py``)."""
 
     cost = COST_EXPORT
 
@@ -593,20 +592,9 @@ class UsageHandler(ApiHandler):
         fmt = self.get_argument("format", "json")
         if fmt not in ("csv", "json"):
             raise web.HTTPError(400, f"'format' must be csv or json, got {fmt!r}")
-        owner = {k: self.get_argument(k, None) for k in ("user", "team", "project", "tier")}
-        if not self.is_admin:
-            if refused := owner_wide(self.current_user, "its owner's usage"):
-                raise web.HTTPError(403, refused)
-            own = self.own_name()
-            # A team lead's team=vision was answered with their own rows in vision, read as the
-            # team's: a filter other than one's own name is said to be theirs, or refused.
-            if owner["user"] is None and (named := next((k for k in FILTERS if owner[k]), None)):
-                raise web.HTTPError(
-                    403,
-                    f"'{named}': only a governor admin may read a {named}'s usage; for your own "
-                    f"in it, add user={own}",
-                )
-            owner["user"] = _only_own(owner["user"], own, "'user'")
+        asked = {k: self.get_argument(k, None) for k in ("user", "team", "project", "tier")}
+        # Which teams' rows the caller may read: readers.py decides, from the Hub's answer.
+        owner = readers.usage_filters(self.current_user, asked, self.governor.teams_by_group)
         self.governor.flush_usage()  # the ledger as of the last pass, not of its last write
 
         rows = self.governor.usage_rows(group_by, period, since, until, **owner)
@@ -628,9 +616,6 @@ class UsageHandler(ApiHandler):
         # of a big hub's ledger by user and day (millions of rows, seconds of reading) streams
         # out without being held, nor holding the event loop.
         await self.stream(lambda: _joined(parts), "a usage export")
-
-
-FILTERS = ("team", "project", "tier")  # the usage API's filters besides ``user``
 
 
 def _only_own(asked: str | None, own: str, name: str) -> str:

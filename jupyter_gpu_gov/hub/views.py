@@ -579,6 +579,11 @@ class Views:
         """Ledger sessions still open or ended after ``since``, newest first."""
         return self.store.usage_sessions(since=since, user=user)
 
+    @property
+    def teams_by_group(self) -> Mapping[str, str]:
+        """The Hub's groups that name a team, and their teams, as the last pass read them."""
+        return self._context.teams_by_group
+
     def gpus_held(self) -> dict[str, float]:
         """GPU-equivalents held now, by team (``""``: no team), from the ledger's open sessions."""
         held: dict[str, float] = {}

@@ -1,0 +1,110 @@
+"""Who may read which teams' usage (the usage API, its CSV and JSON, the showback page): the one
+place that decides it, from the Hub's answer for the caller, which no user can write.
+
+- a governor admin (``is_governor_admin``): every team;
+- a holder of ``custom:gpu-gov:showback`` (``SHOWBACK_SCOPE``), which a Hub admin gives a role
+  (``add_governor`` defines it): unfiltered, every team (finance); filtered ``!group=<group>``,
+  the team that Hub group names (its ``gpu-gov/team`` property, as ``core/teams.py`` reads
+  groups; a group that names none: the team of the group's own name), one filter per team (a
+  team lead). JupyterHub lists a custom scope's filters as they were granted; any other
+  filter (``!user=``, ``!server=``, ``!service=``) names no team and reads none;
+- anyone else: their own usage only, as before.
+
+Reading usage is all the scope gives: no server, verdict, action, audit row or page besides
+showback, which stay the owner's and the admins'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tornado import web
+
+from .prepared_auth import ADMIN_SCOPE, SHOWBACK_SCOPE, is_governor_admin, owner_wide
+
+FILTERS = ("team", "project", "tier")  # the usage API's filters besides ``user``
+
+
+def readable_teams(model: dict, teams_by_group: Mapping[str, str]) -> frozenset[str] | None:
+    """The teams whose usage the caller may read (None: every team; empty: none but their
+    own usage). ``teams_by_group``: the Hub's groups that name a team (the last pass's)."""
+    if is_governor_admin(model):
+        return None
+    teams = set()
+    for scope in model.get("scopes") or ():
+        base, _, which = str(scope).partition("!")
+        if base != SHOWBACK_SCOPE:
+            continue
+        if not which:
+            return None
+        kind, _, group = which.partition("=")
+        if kind == "group" and group:
+            teams.add(teams_by_group.get(group, group))
+    return frozenset(teams)
+
+
+def scope_for(team: str, teams_by_group: Mapping[str, str]) -> str:
+    """The scope that would let a lead read ``team``, as a refusal names it (bounded: ``team``
+    is what was asked)."""
+    groups = sorted(g for g, t in teams_by_group.items() if t == team)
+    group = team if team in groups or not groups else groups[0]  # the team's own name first
+    return f"{SHOWBACK_SCOPE}!group={group:.80}"
+
+
+def usage_filters(
+    model: dict, asked: Mapping[str, str | None], teams_by_group: Mapping[str, str]
+) -> dict[str, str | frozenset[str] | None]:
+    """The owner filters (``user``, ``team``, ``project``, ``tier``) a usage read runs with for
+    the caller, from those ``asked``; a 403 naming what is missing where it may not read them.
+    A team's filter may be a set of teams (a lead's, not narrowed to one)."""
+    teams = readable_teams(model, teams_by_group)
+    if teams is None:
+        return dict(asked)
+    own = model.get("name") if model.get("kind", "user") == "user" else None
+    user = asked.get("user")
+    if teams and (user is None or user != own):
+        # A lead: their teams' rows, narrowed by whatever else was asked (a user among them).
+        team = asked.get("team")
+        if team is None:
+            return {**asked, "team": teams}
+        if team in teams:
+            return dict(asked)
+        raise web.HTTPError(
+            403,
+            f"'team': reading team {team!r:.80}'s usage needs the scope "
+            f"{scope_for(team, teams_by_group)} (or {ADMIN_SCOPE}); yours covers "
+            f"{', '.join(sorted(teams))!r:.200}",
+        )
+    # One's own usage, as any user reads it.
+    if refused := owner_wide(model, "its owner's usage"):
+        raise web.HTTPError(403, refused)
+    if own is None:
+        raise web.HTTPError(
+            403,
+            f"a Hub service owns no server: this needs the {SHOWBACK_SCOPE} or {ADMIN_SCOPE} scope",
+        )
+    if user is not None and user != own:
+        raise web.HTTPError(403, f"'user': only {user!r:.80} or a governor admin may read this")
+    # A team lead's team=vision was answered with their own rows in vision, read as the team's:
+    # a filter other than one's own name is said to be theirs, or refused.
+    if user is None and (named := next((k for k in FILTERS if asked.get(k)), None)):
+        team = asked.get("team")
+        needs = (
+            f"team {team!r:.80}'s usage needs the scope {scope_for(team, teams_by_group)}"
+            if named == "team"
+            else f"a {named}'s usage needs the scope {SHOWBACK_SCOPE} for its teams"
+        )
+        raise web.HTTPError(
+            403,
+            f"'{named}': reading {needs} (a team lead's or finance's, given by a Hub admin) or "
+            f"{ADMIN_SCOPE}; for your own in it, add user={own}",
+        )
+    return {**asked, "user": own}
+
+
+# Why a caller who may read no team's usage may not open the showback page.
+NO_SHOWBACK = (
+    f"showback is for governor admins ({ADMIN_SCOPE}) and readers of teams' usage "
+    f"({SHOWBACK_SCOPE}; a team lead's is filtered !group=<the team's group>); your own usage "
+    "is on “My GPU usage”"
+)
