@@ -244,6 +244,21 @@ def join(
     return session.post(url, data=dict(fields), allow_redirects=False, timeout=60)
 
 
+def cancel(hub: HubHarness, user: str) -> None:
+    """``user`` leaves the line through the queue page's Cancel button (its form, as posted)."""
+    session = hub.login(user)
+    page = session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
+    action = re.search(rf"action='([^']*/gpu-gov/queue/cancel/{user}[^']*)'", page)
+    assert action, page[:3000]
+    r = session.post(
+        hub.url + html.unescape(action[1]),
+        data={"next": "/hub/home"},
+        allow_redirects=False,
+        timeout=30,
+    )
+    assert r.status_code == 302 and user not in queue_line(hub), r.text
+
+
 def queue_line(hub: HubHarness) -> dict[str, dict]:
     """The spawn queue as an admin lists it (the harness's token reads every server's state),
     by user."""

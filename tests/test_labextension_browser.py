@@ -8,7 +8,9 @@ the reason prompt, on record at the governor; the warning goes away, and comes b
 later deadline), the GPU panel meanwhile (its few lines, its folded details, at the default
 sidebar width and a wide one, in the light and the dark theme), the warning kept once across a
 reload, **Checkpoint** (the dirty notebook is saved first) and **Stop server**, after which the
-tab says the server stopped and nothing beneath can act. With ``JUPYTER_GPU_GOV_SCREENSHOTS=1`` it
+tab says the server stopped and nothing beneath can act. A second story: a borrowed GPU asked
+back (the reclaim's warning), then the reclaim withdrawn, which the page says once in a toast,
+in the GPU panel and as "reclaim lifted" in the status bar. With ``JUPYTER_GPU_GOV_SCREENSHOTS=1`` it
 refreshes ``docs/images/gpu-warning.png`` (otherwise the screenshot goes to the test's
 tmp_path).
 
@@ -29,9 +31,10 @@ from pathlib import Path
 import pytest
 import requests
 from browser import browser as chromium
-from browser import explain_failure, needs_browser, screenshot_path
-from governor_harness import Gov, governed_hub, server_running, wait
+from browser import explain_failure, log_in, needs_browser, screenshot_path
+from governor_harness import Gov, cancel, governed_hub, join, server_running, wait
 from hub_harness import HubHarness
+from test_reclaim_hub import PROFILES, SINGLEUSER
 
 with contextlib.suppress(ImportError):  # without playwright, needs_browser skips
     from playwright.sync_api import Page, expect
@@ -111,19 +114,24 @@ def notebook_json(source: str) -> dict:
     }
 
 
-@pytest.fixture
-def hub(tmp_path: Path) -> Iterator[HubHarness]:
-    # JupyterLab's own "official Jupyter news?" toast would cover ours: switch it off.
+def lab_settings(tmp_path: Path) -> Path:
+    """JupyterLab's settings for the servers: its own "official Jupyter news?" toast would
+    cover ours, so it is switched off."""
     settings = tmp_path / "lab-settings"
     news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True)
     news.write_text(json.dumps({"fetchNews": "false"}))
+    return settings
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[HubHarness]:
     workdir = tmp_path / "hub"
     workdir.mkdir()
     with governed_hub(
         workdir,
         extra_policies=[BROWSER_POLICY],
-        singleuser_env={"JUPYTERLAB_SETTINGS_DIR": str(settings)},
+        singleuser_env={"JUPYTERLAB_SETTINGS_DIR": str(lab_settings(tmp_path))},
         timeout=180,
     ) as hub:
         hub.create_user("govadmin")
@@ -378,3 +386,75 @@ def run_story(
     expect(warning).to_have_count(0)
     assert page.locator("#main").get_attribute("inert") is not None  # nothing beneath acts
     wait(lambda: not server_running(hub, USER), 60, "the server to stop")
+
+
+def test_a_withdrawn_reclaim_reads_in_jupyterlab(tmp_path: Path) -> None:
+    """ivan (interns) borrows the one H100 and has JupyterLab open; vera (lab, guaranteed it)
+    joins the line, and his page warns that the GPU is asked back. vera cancels: the hub lifts
+    the reclaim at the governor's next sync, and his page says so where he looks (a toast, once:
+    not again after a reload; a line in the GPU panel; "reclaim lifted" in the status bar, whose tooltip
+    says it). Before, the status bar said nothing of it."""
+    # His work is never idle-culled here; the reclaim's deadline is far enough not to come.
+    keep = {"name": "borrower", "match": {"users": ["ivan"]}, "warn_after": "1h",
+            "cull_after": "2h", "reclaim_grace": "10m"}  # fmt: skip
+    workdir = tmp_path / "hub"
+    workdir.mkdir()
+    with governed_hub(
+        workdir,
+        hub_config=PROFILES,
+        singleuser_config=SINGLEUSER,
+        extra_policies=[keep],
+        singleuser_env={"JUPYTERLAB_SETTINGS_DIR": str(lab_settings(tmp_path))},
+        timeout=180,
+    ) as hub:
+        for user in ("govadmin", "ivan", "vera"):
+            hub.create_user(user)
+        gov = Gov(hub)
+        gov.wait_up()
+        r = hub.api("POST", "users/ivan/server", json={"profile": "h100"})
+        assert r.status_code in (201, 202), r.text
+        hub.wait_for_server("ivan")
+        with chromium() as browser:
+            page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+            page.set_default_timeout(SLOW)
+            with explain_failure(page, tmp_path, lambda: hub.log_tail(3000)):
+                lifted_story(page, hub, gov, tmp_path)
+
+
+def lifted_story(page: Page, hub: HubHarness, gov: Gov, shots: Path) -> None:
+    log_in(page, hub.url, "ivan", "any password", "/user/ivan/lab")
+    status = page.locator(".jp-GpuGov-status")
+    status.wait_for(timeout=120_000)
+    status_text = page.locator(".jp-GpuGov-status-text")
+    expect(status_text).to_have_text(re.compile(r"^GPU .+ · \d+%$"))  # its GPU, read
+
+    # --- vera joins the line: his borrowed GPU is asked back, his page warns ----------------
+    assert join(hub, "vera", {"profile": "h100"}).status_code == 302
+    warning = page.locator(WARNING_TOAST)
+    warning.first.wait_for(timeout=90_000)
+    expect(warning.first).to_contain_text("Hard deadline: this server will be stopped")
+    assert "reclaim-warn" in gov.actions("ivan/")
+
+    # --- vera cancels: the reclaim is withdrawn, and his page says so -----------------------
+    cancel(hub, "vera")
+    wait(lambda: "reclaim-withdrawn" in gov.actions("ivan/"), 60, "the withdrawal on record")
+    lifted = page.locator(".jp-Notification-Toast-info").filter(has_text="no longer asked back")
+    lifted.first.wait_for(timeout=90_000)
+    expect(warning).to_have_count(0)
+    expect(status_text).to_have_text(re.compile(r"^GPU .+ · \d+% · reclaim lifted$"))
+    tip = status.get_attribute("title") or ""
+    assert "no longer asked back" in tip and "needs this borrowed GPU back" not in tip, tip
+    status.click()
+    line = page.locator(".jp-GpuGov-panel .jp-GpuGov-line").filter(has_text="no longer asked back")
+    expect(line).to_have_count(1)  # the whole sentence (a toast shortens it)
+    expect(line).to_contain_text("The deadline you were warned of is lifted")
+    page.screenshot(path=str(shots / "reclaim-lifted.png"))  # for a human looking at a failure
+
+    # --- a reload: the status bar still says it, the toast is not said again ----------------
+    page.reload()
+    status.wait_for(timeout=SLOW)
+    expect(status_text).to_contain_text("reclaim lifted")
+    for _ in range(2):  # two polls in: neither says it again
+        with page.expect_response(lambda r: "/jupyter-gpu-gov/status" in r.url, timeout=SLOW):
+            pass
+    assert lifted.count() == 0, "the lifted reclaim was said again after a reload"

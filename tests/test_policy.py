@@ -1009,6 +1009,27 @@ def test_a_reclaimed_borrowed_gpu_is_warned_at_once_and_given_back_after_the_gra
     assert run(own, POLICY, minutes=60)[0] == []
 
 
+def test_a_withdrawn_reclaim_leaves_no_hard_deadline_behind():
+    """alice's idle borrowed GPU is asked back (warned: a hard deadline), then the reclaim is
+    withdrawn (its labels gone). The deadline left is her idle policy's, which GPU work puts
+    off: her verdict said it was still a hard deadline ("whatever the GPU does"), so JupyterLab
+    kept a hard deadline's warning at the idle deadline's time and never said the reclaim was
+    lifted. A reclaim asked again is warned of again."""
+    asked = T0 + 10 * MIN
+    reclaim = {"gpu-gov/reclaim": asked.isoformat(), "gpu-gov/reclaim-for": "nlp"}
+    borrowed = {"gpu-gov/borrowed": "true"}
+    warned = p.decide(idle_view(labels={**borrowed, **reclaim}), p.Record(), POLICY, asked)
+    assert "reclaim-warn" in warned.actions and p.verdict(warned, POLICY).hard_deadline
+    lifted = p.decide(idle_view(labels=borrowed), warned.record, POLICY, asked + MIN)
+    assert lifted.cull_at is not None and lifted.cull_reason != "reclaim"
+    assert not p.verdict(lifted, POLICY).hard_deadline
+    again = {"gpu-gov/reclaim": (asked + 5 * MIN).isoformat(), "gpu-gov/reclaim-for": "nlp"}
+    view = idle_view(labels={**borrowed, **again})
+    warned_again = p.decide(view, lifted.record, POLICY, asked + 5 * MIN)
+    assert "reclaim-warn" in warned_again.actions
+    assert p.verdict(warned_again, POLICY).hard_deadline
+
+
 def test_server_without_reports_follows_the_idle_culler_rule():
     view = p.ServerView("bob", started=T0, hub_last_activity=T0 + 10 * MIN)
     actions, last = run(view, replace(POLICY, inactive_timeout=timedelta(minutes=60)), minutes=80)

@@ -229,6 +229,8 @@ async def test_a_reclaim_is_withdrawn_when_the_spawn_it_was_for_leaves_the_line(
         cards = {user: hub.serve(api, user) for user in ("ivan", "ines")}
         gov = governor(api, tmp_path)
         gov.policies = load_policies([], {"checkpoint": False, "reclaim_grace": "15m"})
+        standby = governor(api, tmp_path)  # up from the start: it takes over later
+        standby.policies = gov.policies
 
         async def governor_pass():
             for user, card in cards.items():
@@ -261,10 +263,26 @@ async def test_a_reclaim_is_withdrawn_when_the_spawn_it_was_for_leaves_the_line(
         await governor_pass()
         assert api.running("ines")
         assert gov.verdict("ines/")["reclaim_withdrawn"] == told["reclaim_withdrawn"]
+        # A restart in those 15 minutes (a governor new on the same store), or the standby
+        # taking over, says it still, from the same time: the audit row is its record (it was
+        # held in memory alone: ines's JupyterLab, which had not polled yet, never said it).
+        restarted = governor(api, tmp_path)
+        restarted.policies = gov.policies
+        standby.take_over()
+        for other in (restarted, standby):
+            assert other.verdict("ines/")["reclaim_withdrawn"] == told["reclaim_withdrawn"]
+            answered = json.loads(other.answer("ines/"))["verdict"]
+            assert answered["reclaim_withdrawn"] == told["reclaim_withdrawn"]
+            assert other.verdict("ivan/")["reclaim_withdrawn"] is None
         clock.advance(4 * 60)  # RECLAIM_WITHDRAWN_NOTICE after: said long enough
         await governor_pass()
-        assert gov.verdict("ines/")["reclaim_withdrawn"] is None
-        assert json.loads(gov.answer("ines/"))["verdict"]["reclaim_withdrawn"] is None
+        late = governor(api, tmp_path)  # ...and a restart after it does not bring it back
+        late.policies = gov.policies
+        for other in (gov, restarted, standby, late):
+            assert other.verdict("ines/")["reclaim_withdrawn"] is None
+            assert json.loads(other.answer("ines/"))["verdict"]["reclaim_withdrawn"] is None
+        for other in (restarted, standby, late):
+            await other.close()
     (why,) = [r for a, r in audit(gov, "ines/") if a == "reclaim-withdrawn"]
     assert "team vision" in why and "deadline is lifted" in why, why
     assert "cull" not in dict(audit(gov, "ines/"))

@@ -5,18 +5,28 @@ ivan (interns, no guarantee) borrows the one H100; vera (lab, guaranteed it) joi
 it, so ivan's server is asked back and warned with a deadline (``reclaim_grace``). vera then
 cancels. Before, ivan still lost his server at the deadline, for nobody; now the hub lifts the
 reclaim at the governor's next sync, the governor puts it on record, ivan's verdict carries no
-deadline and his server runs on past it.
+deadline and his server runs on past it; his verdict says the reclaim was lifted, across a
+restart of the governor.
 """
 
 from __future__ import annotations
 
-import html
-import re
+import os
+import signal
 import time
 from datetime import timedelta
 
 import pytest
-from governor_harness import Gov, governed_hub, join, queue_line, server_running, wait
+from governor_harness import (
+    Gov,
+    cancel,
+    governed_hub,
+    join,
+    queue_line,
+    server_running,
+    service_pid,
+    wait,
+)
 
 from jupyter_gpu_gov.core.clock import parse
 
@@ -68,17 +78,7 @@ def test_a_reclaim_is_withdrawn_when_the_team_that_asked_cancels(tmp_path):
         assert "team lab, within its guarantee" in warned["reason"], warned
         due = parse(gov.verdict("ivan")["cull_at"])
 
-        session = hub.login("vera")
-        page = session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
-        action = re.search(r"action='([^']*/gpu-gov/queue/cancel/vera[^']*)'", page)
-        assert action, page[:3000]
-        r = session.post(
-            hub.url + html.unescape(action[1]),
-            data={"next": "/hub/home"},
-            allow_redirects=False,
-            timeout=30,
-        )
-        assert r.status_code == 302 and "vera" not in queue_line(hub), r.text
+        cancel(hub, "vera")
 
         withdrawn = wait(
             lambda: next(
@@ -92,8 +92,17 @@ def test_a_reclaim_is_withdrawn_when_the_team_that_asked_cancels(tmp_path):
         wait(lambda: "within its guarantee" not in gov.verdict("ivan")["reason"], 30, "the verdict")
         told = gov.verdict("ivan")
         assert parse(told["cull_at"]) > due + timedelta(minutes=30)
+        assert told["hard_deadline"] is False  # an idle deadline: his work puts it off
         # ...and says it was lifted (JupyterLab tells him once), when the governor put it on record.
         assert told["reclaim_withdrawn"] == withdrawn["at"], (told, withdrawn)
+        # The governor restarts within those 15 minutes (killed; the hub starts it again): his
+        # verdict says it still, from the same time (it was kept in the governor's memory alone).
+        pid = service_pid(hub)
+        os.kill(pid, signal.SIGKILL)
+        wait(lambda: service_pid(hub) not in (None, pid), 60, "the hub to restart the governor")
+        gov.wait_up()
+        after = gov.verdict("ivan")
+        assert after["reclaim_withdrawn"] == withdrawn["at"], (after, withdrawn)
         # Past the deadline that was announced, and two passes more: his server runs on.
         time.sleep(max(0.0, due.timestamp() - time.time()))
         passes = gov.passes()

@@ -788,6 +788,11 @@ def decide(view: ServerView, record: Record, policy: Policy, now: datetime) -> D
         # the older warning: at once, under a shorter one). A longer one withdraws it.
         record = evolve(record, warned_at=None)
     deadline = _hard_deadline(policy, view, record)
+    if deadline is None and record.max_age_warned_at is not None:
+        # The hard deadline warned of is gone (a reclaim withdrawn, a maximum age a policy no
+        # longer has): its warning no longer stands. Kept, it made the idle deadline left one
+        # "whatever the GPU does" in the verdict (``hard_deadline``), which work puts off.
+        record = evolve(record, max_age_warned_at=None)
     if deadline is not None:
         warned = record.max_age_warned_at
         if now >= deadline.warn_from and (warned is None or warned < deadline.warn_from):

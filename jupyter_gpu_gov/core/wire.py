@@ -502,8 +502,9 @@ class Verdict(Wire):
     reclaim_withdrawn: str | None = spec(
         "when a reclaim this server was warned of was withdrawn (the team that asked its "
         "borrowed GPU back no longer needs it: its deadline is lifted, the server keeps the "
-        "GPU), for `RECLAIM_WITHDRAWN_NOTICE` (15 min) after; `null` otherwise. JupyterLab "
-        "tells the owner once",
+        "GPU), for `RECLAIM_WITHDRAWN_NOTICE` (15 min) after, a restart of the governor "
+        "within them included; `null` otherwise. JupyterLab tells the owner once and its "
+        'status bar reads "reclaim lifted" meanwhile',
         **TIME,
     )
     checkpoint: str = spec(

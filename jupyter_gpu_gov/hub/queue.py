@@ -159,7 +159,8 @@ class QueueSync:
         # the spawner keeps its place): tried again after RETRY_AFTER, its wait metered once.
         self._started: dict[str, tuple[datetime, datetime]] = {}
         self._left_pods: dict[str, datetime] = {}  # uid -> when its delete was last asked
-        # Reclaims the hub withdrew, by server: when (the verdict's ``reclaim_withdrawn``).
+        # Reclaims the hub withdrew, by server: when (the verdict's ``reclaim_withdrawn``). Their
+        # audit rows are their record: read back at a start or a takeover (``restore_withdrawn``).
         self._withdrawn_at: dict[str, datetime] = {}
 
     async def sync(self, now: datetime | None = None) -> list[Waiting]:
@@ -297,6 +298,22 @@ class QueueSync:
             for row in rows:
                 if len(kept) < MAX_WITHDRAWN:
                     kept[row.server_key] = now
+
+    def restore_withdrawn(self, now: datetime | None = None) -> None:
+        """The reclaims withdrawn within ``RECLAIM_WITHDRAWN_NOTICE`` of ``now``, read back from
+        their ``reclaim-withdrawn`` audit rows (written before the notice is kept): at a start,
+        or a takeover from a governor that synced meanwhile. Held in memory alone, a restart in
+        those 15 minutes lost the notice and the owner's JupyterLab never said the reclaim went.
+        A dry run's rows lifted nothing: no notice."""
+        now = now or clock.utcnow()
+        kept: dict[str, datetime] = {}
+        if not self.dry_run:
+            for audit in self.store.audit_since(RECLAIM_WITHDRAWN, now - RECLAIM_WITHDRAWN_NOTICE):
+                key = audit.server_key
+                if audit.dry_run or not key or not (key in kept or len(kept) < MAX_WITHDRAWN):
+                    continue
+                kept[key] = audit.at  # oldest first: a server's latest withdrawal stays
+        self._withdrawn_at = kept
 
     def withdrawn_at(self, key: str, now: datetime | None = None) -> datetime | None:
         """When the reclaim on server ``key`` was withdrawn, within ``RECLAIM_WITHDRAWN_NOTICE``

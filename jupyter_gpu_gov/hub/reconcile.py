@@ -179,6 +179,7 @@ class Governor(
         self.spawns_waiting: int | None = None
         # The spawn queue's sync after each pass (hub/app.py): the line's demand, too.
         self.spawn_queue = QueueSync(hub, store, options.dry_run, self.hub_listing)
+        self.spawn_queue.restore_withdrawn()  # a reclaim lifted before a restart is still said
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None
 
@@ -221,6 +222,7 @@ class Governor(
         exist), and checkpoints asked before now are asked again (views.py), as at a restart."""
         self.store.forget_known()
         self.health.restore(self.store.dismissals())  # the other governor's admins' too
+        self.spawn_queue.restore_withdrawn()  # the reclaims the other lifted, still to be said
         stepped = clock.adopt_step()  # on standby: what it kept (reports) to today's clock
         if stepped:
             self._shift_kept(timedelta(seconds=stepped))

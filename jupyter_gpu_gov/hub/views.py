@@ -214,7 +214,7 @@ class Views:
         row = self.row(key)
         if row is None:
             return self._not_assessed(key)
-        return self._verdict(row, *self._verdict_inputs(row))
+        return self._verdict(row, *self._verdict_inputs(row), self.reclaim_withdrawn(row))
 
     def answer(self, key: str) -> bytes:
         """A report's answer: ``{"verdict": <verdict(key)>}`` as JSON. Where the verdict is
@@ -228,15 +228,10 @@ class Views:
         if row is None:
             return _encoded(self._not_assessed(key))
         server_policy, root_cause, right_size, asked, started = self._verdict_inputs(row)
-        if (
-            root_cause is not None
-            or right_size is not None
-            or asked
-            or started
-            or self.reclaim_withdrawn(row) is not None
-        ):
+        lifted = self.reclaim_withdrawn(row)  # (looked up once: each report's answer)
+        if root_cause is not None or right_size is not None or asked or started or lifted:
             return _encoded(
-                self._verdict(row, server_policy, root_cause, right_size, asked, started)
+                self._verdict(row, server_policy, root_cause, right_size, asked, started, lifted)
             )
         record, dry_run = record_of(row), self.options.dry_run
         kept = row._answer
@@ -251,7 +246,7 @@ class Views:
             and kept[6] is dry_run
         ):
             return kept[7]
-        answer = _encoded(self._verdict(row, server_policy, None, None, asked, started))
+        answer = _encoded(self._verdict(row, server_policy, None, None, asked, started, None))
         row._answer = (
             record,
             server_policy,
@@ -310,6 +305,7 @@ class Views:
         right_size: dict | None,
         asked: dict | None,
         started: tuple[LineStart, ...],
+        reclaim_withdrawn: datetime | None,
     ) -> dict:
         return verdict_of(
             row,
@@ -319,7 +315,7 @@ class Views:
             right_size=right_size,
             requests=asked,
             started_from_line=started,
-            reclaim_withdrawn=self.reclaim_withdrawn(row),
+            reclaim_withdrawn=reclaim_withdrawn,
         ).to_json()
 
     def reclaim_withdrawn(self, row: ServerRow) -> datetime | None:

@@ -118,6 +118,41 @@ describe('status bar item', () => {
     ).toContain('Last update failed: HTTP 502');
   });
 
+  it('reads "reclaim lifted" while the governor says a reclaim was withdrawn, never over a warning', () => {
+    const lifted = { reclaim_withdrawn: '2026-01-05T10:55:00Z' };
+    const active = {
+      state: 'active',
+      reason: null,
+      idle_since: null,
+      warn_at: null,
+      cull_at: null
+    };
+    const view = statusView(
+      report({ verdict: verdict({ ...active, ...lifted }) }),
+      opts
+    );
+    expect(view.text).toBe('GPU 20.0 GiB · 0% · reclaim lifted');
+    expect(view.className).toBe('jp-GpuGov-state-active');
+    expect(view.tooltip).toContain(
+      'Your borrowed GPU is no longer asked back (since 10:55)'
+    );
+    // Its time over, the governor sends none: the item reads as before.
+    const after = statusView(report({ verdict: verdict(active) }), opts);
+    expect(after.text).toBe('GPU 20.0 GiB · 0%');
+    expect(after.tooltip).not.toContain('no longer asked back');
+    // A warning that stands again (a new reclaim) is what the item says.
+    const warned = statusView(report({ verdict: verdict(lifted) }), opts);
+    expect(warned.text).toBe('GPU 20.0 GiB · 0%');
+    expect(warned.className).toBe('jp-GpuGov-state-warned');
+    expect(warned.tooltip).not.toContain('no longer asked back');
+    expect(
+      statusView(report({ verdict: verdict({ ...active, ...lifted }) }), {
+        ...opts,
+        stopped: true
+      }).text
+    ).toBe('GPU: server stopped');
+  });
+
   it('translates through the bundle', () => {
     const upper = {
       __: (s: string, ...a: unknown[]) => nullTrans.__(s.toUpperCase(), ...a),

@@ -22,6 +22,7 @@ import {
   ViewState,
   viewState
 } from './verdict';
+import { reclaimWithdrawnLine } from './warning';
 
 function known(values: (number | null | undefined)[]): number[] {
   return values.filter(
@@ -103,6 +104,16 @@ export function deviceLine(device: IDevice, trans: ITrans = nullTrans): string {
   );
 }
 
+/**
+ * When a reclaim of this server's borrowed GPU was withdrawn, while the governor says so (the
+ * verdict's `reclaim_withdrawn`: 15 minutes) and no warning stands: the item the warning
+ * coloured says why it no longer does. `null` otherwise.
+ */
+export function reclaimLifted(report: IStatusReport | null): number | null {
+  const verdict = report?.verdict;
+  return isWarning(verdict) ? null : parseTime(verdict?.reclaim_withdrawn);
+}
+
 export function tooltip(
   report: IStatusReport | null,
   options: IViewOptions
@@ -140,6 +151,10 @@ export function tooltip(
   const reason = reasonText(verdict, options);
   if (reason) {
     lines.push(reason);
+  }
+  const lifted = reclaimLifted(report);
+  if (lifted !== null) {
+    lines.push(reclaimWithdrawnLine(lifted, options));
   }
   const cause = rootCauseView(verdict, trans);
   if (cause) {
@@ -183,8 +198,12 @@ export function statusView(
   if (options.error) {
     tip += '\n' + trans.__('Last update failed: %1', options.error);
   }
+  const text = statusText(report, trans);
   return {
-    text: statusText(report, trans),
+    text:
+      reclaimLifted(report) === null
+        ? text
+        : trans.__('%1 · reclaim lifted', text),
     state,
     className: `jp-GpuGov-state-${state}`,
     tooltip: tip
