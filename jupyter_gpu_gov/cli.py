@@ -14,7 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ._version import __version__
-from .core.text import escape_table
+from .core.text import cut, escape_table
 
 if TYPE_CHECKING:
     from .replay import Sample
@@ -193,20 +193,22 @@ def _trace(path: str) -> Callable[[], Iterator[Sample]]:
     """Samples, as often as asked: replay reads the trace once and scoring once more. A file is
     streamed each time; stdin or a pipe can be read only once, so its lines are kept."""
     from .replay import parse_lines, read_trace
+    from .replay.trace import lines_of
 
     if path != "-" and os.path.isfile(path):
         return lambda: read_trace(path)
     if path == "-":
         sys.stdin.reconfigure(errors="surrogateescape")  # a byte not UTF-8: its line is named
-        lines, source = sys.stdin.readlines(), "<stdin>"
+        lines, source = list(lines_of(sys.stdin, "<stdin>")), "<stdin>"
     else:
         with open(path, encoding="utf-8", errors="surrogateescape") as file:
-            lines, source = file.readlines(), path
+            lines, source = list(lines_of(file, path)), path
     return lambda: parse_lines(lines, source=source)
 
 
 def _fail(message: str, command: str = "replay") -> int:
-    print(f"jupyter-gpu-gov {command}: error: {shown(message)}", file=sys.stderr)
+    # A message quotes what it read (a file's value, a service's answer): of any size.
+    print(f"jupyter-gpu-gov {command}: error: {shown(cut(message))}", file=sys.stderr)
     return EXIT_USAGE
 
 

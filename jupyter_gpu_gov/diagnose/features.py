@@ -52,7 +52,7 @@ from datetime import datetime, timezone
 from typing import IO, Any
 
 from ..core.clock import parse as parse_time
-from ..core.text import not_text_at, not_utf8
+from ..core.text import LineTooLong, bounded_lines, not_text_at, not_utf8
 
 COLUMNS = (
     "node",
@@ -330,7 +330,7 @@ def iter_windows(path: str | os.PathLike, *, name: str | None = None) -> Iterato
     _check_text(_pieces(path), name)
     # newline="\n": lines end at \n alone, as the text's own (a CR is the CSV reader's).
     with _open(path) as file:
-        yield from _windows(file, name)
+        yield from _windows(bounded_lines(file), name)
 
 
 STDIN = "<stdin>"
@@ -472,13 +472,16 @@ def _check_text(pieces: Iterable[str], name: str) -> None:
 def _windows(lines: IO[str], name: str) -> Iterator[Window]:
     """The windows of a text (its UTF-8 checked) read a line at a time."""
     first, blank = "", []  # the format is told by the first character that is not a space
-    for line in lines:
-        first = line.removeprefix("\ufeff") if not blank else line  # a byte-order mark
-        if first.strip():
-            break
-        blank.append(first)
-    else:
-        first = ""
+    try:
+        for line in lines:
+            first = line.removeprefix("\ufeff") if not blank else line  # a byte-order mark
+            if first.strip():
+                break
+            blank.append(first)
+        else:
+            first = ""
+    except LineTooLong as error:
+        raise ValueError(f"{name}: {error}") from None
     lower = str(name).lower()
     if lower.endswith(".csv"):
         kind = "csv"
@@ -596,7 +599,10 @@ def parse_value(column: str, raw: Any) -> Any:
                 return _timestamp(raw)
             raise ValueError(f"expected a number, got {raw!r}") from None
     elif isinstance(raw, int | float):
-        value = float(raw)
+        try:
+            value = float(raw)
+        except OverflowError:  # an integer past any float (JSON's numbers have no bound)
+            raise ValueError("expected a finite number, got an integer past 1e308") from None
     else:
         raise ValueError(f"expected a number, got {raw!r}")
     if not math.isfinite(value):
