@@ -191,19 +191,34 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _trace(path: str) -> Callable[[], Iterator[Sample]]:
     """Samples, as often as asked: replay reads the trace once and scoring once more. A file is
-    streamed each time; stdin or a pipe can be read only once, so its lines are kept."""
+    streamed each time; stdin or a pipe can be read only once, so it is copied, a piece at a
+    time, to a temporary file streamed as a file is (its lines were kept in memory: a month's
+    trace piped in is gigabytes)."""
+    import shutil
+    import tempfile
+
     from .replay import parse_lines, read_trace
     from .replay.trace import lines_of
 
     if path != "-" and os.path.isfile(path):
         return lambda: read_trace(path)
+    copy = tempfile.TemporaryFile(  # noqa: SIM115 (read until the command ends; gone then)
+        "w+", encoding="utf-8", errors="surrogateescape", newline=""
+    )
     if path == "-":
         sys.stdin.reconfigure(errors="surrogateescape")  # a byte not UTF-8: its line is named
-        lines, source = list(lines_of(sys.stdin, "<stdin>")), "<stdin>"
+        shutil.copyfileobj(sys.stdin, copy, 1 << 16)
+        source = "<stdin>"
     else:
         with open(path, encoding="utf-8", errors="surrogateescape") as file:
-            lines, source = list(lines_of(file, path)), path
-    return lambda: parse_lines(lines, source=source)
+            shutil.copyfileobj(file, copy, 1 << 16)
+        source = path
+
+    def samples() -> Iterator[Sample]:
+        copy.seek(0)
+        return parse_lines(lines_of(copy, source), source=source)
+
+    return samples
 
 
 def _fail(message: str, command: str = "replay") -> int:

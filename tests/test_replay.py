@@ -425,6 +425,41 @@ def test_an_error_quoting_a_value_of_megabytes_shows_its_start(tmp_path):
     assert "more characters)" in result.stderr and len(result.stderr) < 2500
 
 
+def test_a_trace_piped_in_is_read_as_a_file_is_in_bounded_memory(tmp_path, monkeypatch, capsys):
+    """``replay -`` kept every line of standard input (a month's trace piped in is gigabytes):
+    it is copied to a temporary file, a piece at a time, and streamed twice as a file is, with
+    the same answers."""
+    import tracemalloc
+
+    from jupyter_gpu_gov import cli as command
+
+    path = tmp_path / "trace.jsonl"  # 20,000 samples, 2 MB
+    with path.open("w") as file:
+        for t in range(0, 400 * 60, 60):
+            for s in range(50):
+                row = {"t": t, "server": f"u{s}/", "gpu_sm": 0.0 if s % 5 else 0.5}
+                file.write(json.dumps({**row, "gpu_mem_mb": 100, "profile": "gpu"}) + "\n")
+
+    def replayed(argument: str, source: Path = path) -> tuple[int, str, str]:
+        with open(source) as stdin, open(tmp_path / "out", "w") as out:
+            monkeypatch.setattr("sys.stdin", stdin)
+            monkeypatch.setattr("sys.stdout", out)
+            status = command.main(["replay", argument])
+        return status, (tmp_path / "out").read_text(), capsys.readouterr().err
+
+    small = tmp_path / "small.jsonl"  # (imports, caches: not measured)
+    small.write_text(path.read_text().split("\n", 1)[0] + "\n")
+    replayed("-", small)
+    tracemalloc.start()
+    try:
+        piped = replayed("-")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert piped == replayed(str(path)) and piped[0] == 0 and piped[1].count('"cull"') == 40
+    assert peak < 1_500_000, f"{peak / 1e6:.1f} MB"  # before: 3.3 MB (0.33 MB now)
+
+
 def test_bad_policy_names_the_entry_and_the_key(config):
     path = config('c.GpuGovernor.policies = [{"name": "tier-a"}, {"name": "short", "cul": 1}]')
     with pytest.raises(PolicyError, match=r"policy 1 \('short'\): unknown key 'cul'"):
