@@ -194,7 +194,6 @@ def _trace(path: str) -> Callable[[], Iterator[Sample]]:
     streamed each time; stdin or a pipe can be read only once, so it is copied, a piece at a
     time, to a temporary file streamed as a file is (its lines were kept in memory: a month's
     trace piped in is gigabytes)."""
-    import shutil
     import tempfile
 
     from .replay import parse_lines, read_trace
@@ -205,13 +204,14 @@ def _trace(path: str) -> Callable[[], Iterator[Sample]]:
     copy = tempfile.TemporaryFile(  # noqa: SIM115 (read until the command ends; gone then)
         "w+", encoding="utf-8", errors="surrogateescape", newline=""
     )
+    # Copied a bounded line at a time: a line too long (``/dev/zero``) is named as it comes.
     if path == "-":
         sys.stdin.reconfigure(errors="surrogateescape")  # a byte not UTF-8: its line is named
-        shutil.copyfileobj(sys.stdin, copy, 1 << 16)
         source = "<stdin>"
+        copy.writelines(lines_of(sys.stdin, source))
     else:
         with open(path, encoding="utf-8", errors="surrogateescape") as file:
-            shutil.copyfileobj(file, copy, 1 << 16)
+            copy.writelines(lines_of(file, path))
         source = path
 
     def samples() -> Iterator[Sample]:
@@ -765,6 +765,8 @@ def _diagnose(args: argparse.Namespace) -> int:
         copy = os.path.join(directory, "stdin")
         try:
             copy_stdin(copy)
+        except ValueError as error:
+            return _fail(str(error), "diagnose")
         except OSError as error:
             return _fail(f"cannot read -: {error.strerror or error}", "diagnose")
         return _diagnose_file(args, copy, STDIN, directory)

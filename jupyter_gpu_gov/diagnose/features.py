@@ -52,7 +52,7 @@ from datetime import datetime, timezone
 from typing import IO, Any
 
 from ..core.clock import parse as parse_time
-from ..core.text import LineTooLong, bounded_lines, not_text_at, not_utf8
+from ..core.text import MAX_LINE, LineTooLong, bounded_lines, not_text_at, not_utf8
 
 COLUMNS = (
     "node",
@@ -339,14 +339,16 @@ STDIN = "<stdin>"
 def copy_stdin(path: str | os.PathLike) -> None:
     """Standard input's text, as ``read_windows("-")`` reads it (its lines' ends as Python
     reads them, a byte that is not UTF-8 kept), written to ``path`` for ``iter_windows(path,
-    name=STDIN)`` to read as it reads a file: a piece at a time, so that a pipe of any size is
-    read in bounded memory (and can be read again)."""
-    import shutil
+    name=STDIN)`` to read as it reads a file: a line at a time, so that a pipe of any size is
+    read in bounded memory (and can be read again); a line too long is a ``ValueError``."""
     import sys
 
     sys.stdin.reconfigure(errors="surrogateescape")  # as read_windows
     with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as copy:
-        shutil.copyfileobj(sys.stdin, copy, 1 << 16)
+        try:  # a bounded line at a time: an endless line (``< /dev/zero``) filled the disk
+            copy.writelines(bounded_lines(sys.stdin))
+        except LineTooLong as error:
+            raise ValueError(f"{STDIN}: {error}") from None
 
 
 # Windows ``sorted_on_disk`` holds at once (~0.5 kB each) where its input is out of order.
@@ -467,6 +469,8 @@ def _check_text(pieces: Iterable[str], name: str) -> None:
         breaks = piece.count("\n")
         line += breaks
         column = (column if breaks == 0 else 0) + len(piece) - (piece.rfind("\n") + 1)
+        if column > MAX_LINE:  # (a piece is shorter: only a line across pieces can be)
+            raise ValueError(f"{name}: line {line}: longer than {MAX_LINE:,} characters")
 
 
 def _windows(lines: IO[str], name: str) -> Iterator[Window]:
