@@ -14,7 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ._version import __version__
-from .core.text import escape_table
+from .core.text import cut, escape_table
 
 if TYPE_CHECKING:
     from .replay import Sample
@@ -191,22 +191,39 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _trace(path: str) -> Callable[[], Iterator[Sample]]:
     """Samples, as often as asked: replay reads the trace once and scoring once more. A file is
-    streamed each time; stdin or a pipe can be read only once, so its lines are kept."""
+    streamed each time; stdin or a pipe can be read only once, so it is copied, a piece at a
+    time, to a temporary file streamed as a file is (its lines were kept in memory: a month's
+    trace piped in is gigabytes)."""
+    import tempfile
+
     from .replay import parse_lines, read_trace
+    from .replay.trace import lines_of
 
     if path != "-" and os.path.isfile(path):
         return lambda: read_trace(path)
+    copy = tempfile.TemporaryFile(  # noqa: SIM115 (read until the command ends; gone then)
+        "w+", encoding="utf-8", errors="surrogateescape", newline=""
+    )
+    # Copied a bounded line at a time: a line too long (``/dev/zero``) is named as it comes.
     if path == "-":
         sys.stdin.reconfigure(errors="surrogateescape")  # a byte not UTF-8: its line is named
-        lines, source = sys.stdin.readlines(), "<stdin>"
+        source = "<stdin>"
+        copy.writelines(lines_of(sys.stdin, source))
     else:
         with open(path, encoding="utf-8", errors="surrogateescape") as file:
-            lines, source = file.readlines(), path
-    return lambda: parse_lines(lines, source=source)
+            copy.writelines(lines_of(file, path))
+        source = path
+
+    def samples() -> Iterator[Sample]:
+        copy.seek(0)
+        return parse_lines(lines_of(copy, source), source=source)
+
+    return samples
 
 
 def _fail(message: str, command: str = "replay") -> int:
-    print(f"jupyter-gpu-gov {command}: error: {shown(message)}", file=sys.stderr)
+    # A message quotes what it read (a file's value, a service's answer): of any size.
+    print(f"jupyter-gpu-gov {command}: error: {shown(cut(message))}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -748,6 +765,8 @@ def _diagnose(args: argparse.Namespace) -> int:
         copy = os.path.join(directory, "stdin")
         try:
             copy_stdin(copy)
+        except ValueError as error:
+            return _fail(str(error), "diagnose")
         except OSError as error:
             return _fail(f"cannot read -: {error.strerror or error}", "diagnose")
         return _diagnose_file(args, copy, STDIN, directory)

@@ -211,3 +211,47 @@ def test_a_parameter_count_too_large_to_compute_with_is_named(capsys):
     assert cli.main(["estimate", "1e308"]) == 2
     err = capsys.readouterr().err
     assert err.strip().endswith("error: params: '1e308' is more than 1,000T parameters"), err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "FILE"],
+        ["replay", "-"],
+        ["what-if", "-", "--policy", "POLICY"],
+        ["diagnose", "FILE"],
+        ["diagnose", "--baseline", "FILE"],
+        ["diagnose", "-"],
+    ],
+)
+def test_an_endless_input_is_a_line_too_long_not_all_memory_or_disk(tmp_path, argv):
+    """A file handed to the admin may be a link to ``/dev/zero`` (or a pipe that never ends a
+    line): ``replay`` read it into memory without end (a pipe's lines were kept), ``diagnose
+    FILE`` read it for ever, and ``diagnose -`` copied it to a temporary file without end (8 GB
+    of disk in a minute). Each now stops at the first line past 1 MiB, naming it."""
+    import resource
+
+    link = tmp_path / "trace.jsonl"
+    link.symlink_to("/dev/zero")
+    policy = tmp_path / "policy.py"
+    policy.write_text("c.GpuGovernor.policies = []\n")
+    args = [{"FILE": str(link), "POLICY": str(policy)}.get(a, a) for a in argv]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+
+    def bounded() -> None:  # what it took before, cut short: 2 GiB of memory
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    with open("/dev/zero") as zero:
+        result = subprocess.run(
+            [sys.executable, "-m", "jupyter_gpu_gov.cli", *args],
+            cwd=REPO,
+            env={**clean, "TMPDIR": str(tmp_path)},
+            stdin=zero,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=bounded,
+        )
+    assert result.returncode == 2, result.stderr[-500:]
+    assert "line 1: longer than 1,048,576 characters" in result.stderr, result.stderr[-500:]
+    assert "Traceback" not in result.stderr

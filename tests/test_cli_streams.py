@@ -298,6 +298,12 @@ def test_diagnose_names_its_source_in_every_error_about_a_row(tmp_path, monkeypa
         '{"sm_active": 0.1}\n{bad\n': "line 2: not JSON",
         "server,sm_active\na/,0.5,9\n": "line 2: 3 cells, the header has 2",
         "server,sm_active\na/,1.5\n": "line 2, column sm_active: must be in [0, 1]",
+        # A line of megabytes, read whole before anything looked at it (the first line too):
+        '{"sm_active": 0.1}\n{"note": "'
+        + "z" * 1_100_000
+        + '"}\n': "line 2: longer than 1,048,576",
+        "server," + "z" * 1_100_000 + "\n": "line 1: longer than 1,048,576 characters",
+        '{"t": 1' + "0" * 400 + "}\n": "line 1, column t: expected a finite number",
     }
     for text, error in cases.items():
         path = tmp_path / "windows.txt"

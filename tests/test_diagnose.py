@@ -231,6 +231,9 @@ def test_files_written_by_other_tools_read_the_same(tmp_path):
         ('{"sm_active": 0.1}\n[1]\n', "line 2: expected a JSON object"),
         ('{"sm_active": 0.1}\n{bad\n', "line 2: not JSON"),
         ('{"sm_active": 0.1}\n' + "[" * 100_000 + "\n", "line 2: not JSON (nested"),
+        # JSON's numbers have no bound: one past a float's was an OverflowError's traceback.
+        ('{"t": 1' + "0" * 400 + "}\n", "line 1, column t: expected a finite number"),
+        ('{"sm_active": -1' + "0" * 400 + "}\n", "line 1, column sm_active: expected a finite"),
     ],
 )
 def test_a_bad_value_names_line_and_column(text, where):

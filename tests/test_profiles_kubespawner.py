@@ -1463,6 +1463,29 @@ async def test_server_token_scopes_of_the_admins_own_keep_the_governors(
     assert set(scopes) == {*own, "access:services!service=gpu-gov"}, scopes
 
 
+@pytest.mark.parametrize("coroutine", [False, True])
+async def test_server_token_scopes_an_admins_function_gives_keep_the_governors(make_hub, coroutine):
+    """``server_token_scopes`` may be a function of the spawner (JupyterHub calls it, and
+    awaits what it returns): add_governor took ``list()`` of it, a TypeError that stopped the
+    Hub's start. What it returns is kept, with the governor's scopes added."""
+    own = ["access:servers!server", "users:activity!user", "read:users:name!user"]
+
+    def scopes(spawner):
+        return [*own, f"read:users!user={spawner.user.name}"]
+
+    async def scopes_later(spawner):
+        return scopes(spawner)
+
+    config = profiles_config()
+    config.Spawner.server_token_scopes = scopes_later if coroutine else scopes
+    add_governor(config, url="http://hub:10101")
+    hub = make_hub(config)
+    hub.user("vic", "vision")
+    given = hub.spawner("vic").server_token_scopes(hub.spawner("vic"))
+    given = await given if asyncio.iscoroutine(given) else given
+    assert given == [*own, "read:users!user=vic", "access:services!service=gpu-gov"]
+
+
 async def test_an_admins_own_spawner_environment_still_tells_servers_where_to_report(make_hub):
     """A config that sets ``c.KubeSpawner.environment`` before add_governor (as z2jh does from
     ``singleuser.extraEnv``): it hid add_governor's ``c.Spawner.environment``, and servers,

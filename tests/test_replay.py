@@ -375,6 +375,12 @@ def test_reader_defaults_and_unknown_keys():
         ('{"t": 60, "server": "a/", "iowait": 2}', ["line 2", "'iowait'", "[0, 1]"]),
         ('{"t": 60, "server": "a/", "read_mb_s": "fast"}', ["line 2", "'read_mb_s'"]),
         ('{"t": 60, "server": "a/"', ["line 2", "not valid JSON"]),
+        # JSON's numbers have no bound: past a float's, past what Python converts, past the
+        # replay clock's datetimes (each was a traceback, OverflowError or ValueError).
+        ('{"t": 1' + "0" * 400 + ', "server": "a/"}', ["line 2", "'t'", "integer past 1e308"]),
+        ('{"t": 60, "server": "a/", "gpu_sm": 1' + "0" * 400 + "}", ["line 2", "'gpu_sm'"]),
+        ('{"t": 60, "server": "a/", "started": -1' + "0" * 400 + "}", ["line 2", "'started'"]),
+        ('{"t": 1' + "0" * 5000 + ', "server": "a/"}', ["line 2", "a number too long to read"]),
     ],
 )
 def test_bad_line_names_the_line_and_the_field(line, words):
@@ -382,6 +388,76 @@ def test_bad_line_names_the_line_and_the_field(line, words):
         list(parse_lines(['{"t": 0, "server": "a/"}', line]))
     for word in words:
         assert word in str(error.value)
+
+
+@pytest.mark.parametrize("t", [-9e10, -62135596800.0 - 1e9])
+def test_a_time_no_datetime_holds_is_the_lines_error_not_a_traceback(tmp_path, t):
+    # The replay clock counts from 2026: -9e10 s is before the year 1, and its replay was an
+    # OverflowError's traceback.
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"t": t + 60 * i, "server": "a/", "gpu_sm": 0.0, "gpu_mem_mb": 1} for i in range(3)]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = cli(str(trace))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "line 1: field 't'" in result.stderr and "out of range" in result.stderr
+
+
+@pytest.mark.parametrize("stdin", [False, True])
+def test_a_line_of_megabytes_is_named_and_read_no_further(tmp_path, stdin):
+    # A file handed to the admin: Python read a line whole (50 MB took 132 MB), then took it
+    # as a sample with one key more.
+    trace = tmp_path / "trace.jsonl"
+    line = json.dumps({"t": 60, "server": "a/", "note": "x" * 3_000_000})
+    trace.write_text('{"t": 0, "server": "a/"}\n' + line + "\n")
+    result = cli("-", stdin=trace.read_text()) if stdin else cli(str(trace))
+    assert result.returncode == 2, result.stderr[-300:]
+    assert "line 2: longer than 1,048,576 characters" in result.stderr
+    assert len(result.stderr) < 500
+
+
+def test_an_error_quoting_a_value_of_megabytes_shows_its_start(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(json.dumps({"t": 0, "server": "a/", "gpu_sm": "y" * 1_000_000}) + "\n")
+    result = cli(str(trace))
+    assert result.returncode == 2
+    assert "line 1: field 'gpu_sm': expected a number, got 'yyy" in result.stderr
+    assert "more characters)" in result.stderr and len(result.stderr) < 2500
+
+
+def test_a_trace_piped_in_is_read_as_a_file_is_in_bounded_memory(tmp_path, monkeypatch, capsys):
+    """``replay -`` kept every line of standard input (a month's trace piped in is gigabytes):
+    it is copied to a temporary file, a piece at a time, and streamed twice as a file is, with
+    the same answers."""
+    import tracemalloc
+
+    from jupyter_gpu_gov import cli as command
+
+    path = tmp_path / "trace.jsonl"  # 20,000 samples, 2 MB
+    with path.open("w") as file:
+        for t in range(0, 400 * 60, 60):
+            for s in range(50):
+                row = {"t": t, "server": f"u{s}/", "gpu_sm": 0.0 if s % 5 else 0.5}
+                file.write(json.dumps({**row, "gpu_mem_mb": 100, "profile": "gpu"}) + "\n")
+
+    def replayed(argument: str, source: Path = path) -> tuple[int, str, str]:
+        with open(source) as stdin, open(tmp_path / "out", "w") as out:
+            monkeypatch.setattr("sys.stdin", stdin)
+            monkeypatch.setattr("sys.stdout", out)
+            status = command.main(["replay", argument])
+        return status, (tmp_path / "out").read_text(), capsys.readouterr().err
+
+    small = tmp_path / "small.jsonl"  # (imports, caches: not measured)
+    small.write_text(path.read_text().split("\n", 1)[0] + "\n")
+    replayed("-", small)
+    tracemalloc.start()
+    try:
+        piped = replayed("-")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert piped == replayed(str(path)) and piped[0] == 0 and piped[1].count('"cull"') == 40
+    assert peak < 1_500_000, f"{peak / 1e6:.1f} MB"  # before: 3.3 MB (0.33 MB now)
 
 
 def test_bad_policy_names_the_entry_and_the_key(config):

@@ -6,6 +6,8 @@ writes (SQLite, a UTF-8 log or file). Readers find it where it came in and name 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 # What ends a line or reorders it as shown: C0 controls, DEL, C1 controls (U+0085 is a line
 # break to some readers, U+009B a CSI to many terminals), the line and paragraph separators,
 # and the bidi controls. A name a user chose may hold any of them.
@@ -45,3 +47,32 @@ def not_utf8(text: str, at: int) -> str:
     """What a reader says of the character at ``at`` (``not_text_at``): the byte it was read
     from."""
     return f"not UTF-8 (byte {ord(text[at]) & 0xFF:#04x})"
+
+
+# The longest line a file handed to the command line may have (a trace's sample, a diagnosis
+# window: a few hundred characters). Python reads a line whole before anyone sees it, so a
+# file of one line of gigabytes took that much memory before its error was named.
+MAX_LINE = 1 << 20
+
+
+class LineTooLong(ValueError):
+    """A line of a file longer than ``MAX_LINE``; its message names the line."""
+
+
+def bounded_lines(file, limit: int = MAX_LINE) -> Iterator[str]:
+    """The lines of a text ``file`` as iterating it gives them, each read at most ``limit``
+    characters at a time: a longer one raises ``LineTooLong`` naming its number (from 1)."""
+    number = 0
+    while line := file.readline(limit + 1):
+        number += 1
+        if len(line) > limit and not (len(line) == limit + 1 and line.endswith("\n")):
+            raise LineTooLong(f"line {number}: longer than {limit:,} characters")
+        yield line
+
+
+def cut(text: str, limit: int = 2000) -> str:
+    """``text``, past ``limit`` characters cut, saying by how much: what an error message
+    quotes from a file (a value of megabytes) is shown, never whole."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters)"

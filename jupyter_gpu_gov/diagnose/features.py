@@ -52,7 +52,7 @@ from datetime import datetime, timezone
 from typing import IO, Any
 
 from ..core.clock import parse as parse_time
-from ..core.text import not_text_at, not_utf8
+from ..core.text import MAX_LINE, LineTooLong, bounded_lines, not_text_at, not_utf8
 
 COLUMNS = (
     "node",
@@ -330,7 +330,7 @@ def iter_windows(path: str | os.PathLike, *, name: str | None = None) -> Iterato
     _check_text(_pieces(path), name)
     # newline="\n": lines end at \n alone, as the text's own (a CR is the CSV reader's).
     with _open(path) as file:
-        yield from _windows(file, name)
+        yield from _windows(bounded_lines(file), name)
 
 
 STDIN = "<stdin>"
@@ -339,14 +339,16 @@ STDIN = "<stdin>"
 def copy_stdin(path: str | os.PathLike) -> None:
     """Standard input's text, as ``read_windows("-")`` reads it (its lines' ends as Python
     reads them, a byte that is not UTF-8 kept), written to ``path`` for ``iter_windows(path,
-    name=STDIN)`` to read as it reads a file: a piece at a time, so that a pipe of any size is
-    read in bounded memory (and can be read again)."""
-    import shutil
+    name=STDIN)`` to read as it reads a file: a line at a time, so that a pipe of any size is
+    read in bounded memory (and can be read again); a line too long is a ``ValueError``."""
     import sys
 
     sys.stdin.reconfigure(errors="surrogateescape")  # as read_windows
     with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as copy:
-        shutil.copyfileobj(sys.stdin, copy, 1 << 16)
+        try:  # a bounded line at a time: an endless line (``< /dev/zero``) filled the disk
+            copy.writelines(bounded_lines(sys.stdin))
+        except LineTooLong as error:
+            raise ValueError(f"{STDIN}: {error}") from None
 
 
 # Windows ``sorted_on_disk`` holds at once (~0.5 kB each) where its input is out of order.
@@ -467,18 +469,23 @@ def _check_text(pieces: Iterable[str], name: str) -> None:
         breaks = piece.count("\n")
         line += breaks
         column = (column if breaks == 0 else 0) + len(piece) - (piece.rfind("\n") + 1)
+        if column > MAX_LINE:  # (a piece is shorter: only a line across pieces can be)
+            raise ValueError(f"{name}: line {line}: longer than {MAX_LINE:,} characters")
 
 
 def _windows(lines: IO[str], name: str) -> Iterator[Window]:
     """The windows of a text (its UTF-8 checked) read a line at a time."""
     first, blank = "", []  # the format is told by the first character that is not a space
-    for line in lines:
-        first = line.removeprefix("\ufeff") if not blank else line  # a byte-order mark
-        if first.strip():
-            break
-        blank.append(first)
-    else:
-        first = ""
+    try:
+        for line in lines:
+            first = line.removeprefix("\ufeff") if not blank else line  # a byte-order mark
+            if first.strip():
+                break
+            blank.append(first)
+        else:
+            first = ""
+    except LineTooLong as error:
+        raise ValueError(f"{name}: {error}") from None
     lower = str(name).lower()
     if lower.endswith(".csv"):
         kind = "csv"
@@ -596,7 +603,10 @@ def parse_value(column: str, raw: Any) -> Any:
                 return _timestamp(raw)
             raise ValueError(f"expected a number, got {raw!r}") from None
     elif isinstance(raw, int | float):
-        value = float(raw)
+        try:
+            value = float(raw)
+        except OverflowError:  # an integer past any float (JSON's numbers have no bound)
+            raise ValueError("expected a finite number, got an integer past 1e308") from None
     else:
         raise ValueError(f"expected a number, got {raw!r}")
     if not math.isfinite(value):

@@ -13,9 +13,10 @@ to keep (a ``pre_spawn_hook`` that runs the admin's own after it).
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from tornado import web
 from traitlets.config import Config, LazyConfigValue
@@ -227,6 +228,18 @@ def _update_spawners(c, trait: str, values: dict) -> None:
             section[trait].update(values)
 
 
+def _adding_scopes(own: Callable, scopes: list[str]) -> Callable:
+    """An admin's ``server_token_scopes`` callable with ``scopes`` added to what it returns:
+    ``list()`` of the function was a ``TypeError`` that stopped the Hub's start."""
+
+    async def server_token_scopes(spawner) -> list[str]:
+        kept = own(spawner)
+        kept = list((await kept if inspect.isawaitable(kept) else kept) or [])
+        return [*kept, *(s for s in scopes if s not in kept)]
+
+    return server_token_scopes
+
+
 def _add_server_token_scopes(c, scopes: list[str]) -> None:
     """Add ``scopes`` to the servers' token scopes wherever spawners read them, keeping what
     the admin set: a server whose token lacks the governor's access has every GPU report
@@ -236,6 +249,8 @@ def _add_server_token_scopes(c, scopes: list[str]) -> None:
         kept = section.get("server_token_scopes")
         if isinstance(kept, LazyConfigValue):  # .append/.extend so far: still merged when loaded
             kept.extend(scopes)
+        elif callable(kept):  # JupyterHub calls it per spawn (and awaits what it returns)
+            section.server_token_scopes = _adding_scopes(kept, scopes)
         else:
             kept = list(kept or [])
             section.server_token_scopes = [*kept, *(s for s in scopes if s not in kept)]

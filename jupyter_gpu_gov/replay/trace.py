@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ..core.text import not_text_at, not_utf8
+from ..core.text import LineTooLong, bounded_lines, not_text_at, not_utf8
 
 _KNOWN = {
     "t",
@@ -37,8 +38,11 @@ _KNOWN = {
     "read_mb_s",
 }
 _NOTHING: Mapping[str, Any] = MappingProxyType({})
-# Far enough for epoch seconds, near enough that a datetime can hold it.
-_T_LIMIT = 1e11
+# The replay clock counts from 2026 (``engine.EPOCH``): +-6e10 s is the years 125 to 3927, where
+# a datetime holds any time a policy reckons from it (durations are at most 100 years). 1e11
+# let -1e11 through, which no datetime holds: a traceback, not the line's error.
+_T_LIMIT = 6e10
+_FLOAT_MAX = int(sys.float_info.max)
 
 
 class TraceError(ValueError):
@@ -100,7 +104,16 @@ def read_trace(path: str) -> Iterator[Sample]:
     """Stream the samples of a trace file; raise ``TraceError`` at the first bad line."""
     # A byte that is not UTF-8 reaches parse_lines as a surrogate: it names the line.
     with open(path, encoding="utf-8", errors="surrogateescape") as file:
-        yield from parse_lines(file, source=path)
+        yield from parse_lines(lines_of(file, path), source=path)
+
+
+def lines_of(file, source: str) -> Iterator[str]:
+    """The lines of a trace file, each bounded (``core.text.MAX_LINE``): a longer one is a
+    ``TraceError`` naming it, read no further than the bound."""
+    try:
+        yield from bounded_lines(file)
+    except LineTooLong as error:
+        raise TraceError(f"{source}: {error}") from None
 
 
 def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Iterator[Sample]:
@@ -122,6 +135,10 @@ def parse_lines(lines: Iterable[str], source: str = "<trace>") -> Iterator[Sampl
             raise TraceError(f"{source}: line {number}: not valid JSON ({error.msg})") from None
         except RecursionError:
             raise TraceError(f"{source}: line {number}: not valid JSON (nested too deep)") from None
+        except ValueError:  # an integer longer than Python converts (4,300 digits)
+            raise TraceError(
+                f"{source}: line {number}: not valid JSON (a number too long to read)"
+            ) from None
         if not isinstance(row, dict):
             raise TraceError(f"{source}: line {number}: expected a JSON object")
         try:
@@ -199,6 +216,8 @@ def _sample(row: dict, line: int) -> Sample:
 
 def _number(row: dict, key: str) -> float:
     value = row[key]
+    if type(value) is int and abs(value) > _FLOAT_MAX:  # JSON's numbers have no bound
+        raise ValueError(f"field {key!r}: expected a number, got an integer past 1e308")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"field {key!r}: expected a number, got {value!r}")
     return value
