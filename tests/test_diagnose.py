@@ -522,6 +522,11 @@ HELD_OUT = {
 # fleet 0.75/0.81, pipeline 0.81/0.90, traces 0.63/0.85, degraded 0.68/0.94, sixteen the same,
 # contention 0.81/0.89.
 BASE_COLUMNS_FLOOR = 0.6
+# Answers said surely (confidence 0.85 or more, zombies apart, as ``--calibration`` counts)
+# right at least this often on every set: measured (round thirteen, ``cpu_serial`` at most
+# ``residual`` sure) roofline 0.89, fleet 0.91, pipeline 0.84, traces 0.94, degraded 0.91,
+# sixteen 1.0, contention 0.88, H200 1.0 (before it: traces 0.85, degraded 0.88).
+SURE_FLOOR = 0.83
 
 
 @pytest.fixture(scope="module")
@@ -537,11 +542,15 @@ def held_out():
     out = {}
     for world in HELD_OUT:
         rows = generate(world, 60, 30, 101)
-        out[world] = bench.figures(rows, bench.online(rows, Params()))
+        said = bench.online(rows, Params())
+        out[world] = bench.figures(rows, said)
+        out[world, "sure"] = bench.calibration(rows, said)[bench.BANDS[-2], bench.BANDS[-1]]
         design = bench.design_columns(rows)
         out[world, "design"] = bench.figures(design, bench.online(design, Params()))
     rows = bench.h200_rows()
-    out["h200"] = bench.figures(rows, bench.online(rows, Params(), min_node_windows=10))
+    said = bench.online(rows, Params(), min_node_windows=10)
+    out["h200"] = bench.figures(rows, said)
+    out["h200", "sure"] = bench.calibration(rows, said)[bench.BANDS[-2], bench.BANDS[-1]]
     return out
 
 
@@ -553,9 +562,13 @@ def test_held_out_worlds_and_the_h200(held_out):
         assert f["coverage"] >= coverage and f["accuracy"] >= accuracy, (world, f)
         design = held_out[world, "design"]
         assert design["accuracy"] >= BASE_COLUMNS_FLOOR and design["healthy_as_zombie"] <= 0.01
+        right, sure = held_out[world, "sure"]
+        assert right >= SURE_FLOOR * sure, (world, right, sure)  # a sure answer means it
     h200 = held_out["h200"]
     assert h200["accuracy"] >= 0.92 and h200["coverage"] >= 0.8
     assert h200["zombie_recall"] == 1.0 and h200["healthy_as_zombie"] == 0.0
+    right, sure = held_out["h200", "sure"]
+    assert sure and right == sure
 
 
 def test_the_confusion_matrix_puts_every_window_in_its_cell(capsys):
@@ -820,6 +833,31 @@ def test_a_saturated_thread_tells_a_serial_loop_from_busy_loader_workers():
     assert set(serial.candidates) == {"cpu_serial", "data_io"}
     reading_little = model.diagnose(replace(starved, cpu_top_thread=1.0, read_mb_s=5.0))
     assert reading_little.label == "cpu_serial" and reading_little.confident
+
+
+def test_a_busy_thread_that_reads_nothing_is_answered_host_work_but_never_surely():
+    """A starved loop whose one thread computes through the GPU's idle time and which reads
+    nothing is the host's own work by the likeliest reading — but a main thread decoding its
+    batches from the page cache and a loop launch-bound on ordinary kernels show exactly that
+    too. Answered ``cpu_serial``, in the lowest band of confidence; a loader blocked on reads
+    (a sign of its own) stays sure."""
+    model = Diagnoser().fit(_history("fast", LOOPS))
+    starved = w(node="fast", sm_active=0.15, gr_active=0.22, dram_active=0.05,
+                tensor_active=0.07, cpu_cores=1.0, cpu_top_thread=1.0, cpu_iowait=0.0,
+                read_mb_s=0.0, gpu_mem_frac=0.4)  # fmt: skip
+    host = model.diagnose(starved)
+    assert host.label == "cpu_serial" and host.confident
+    assert host.confidence == model.params.residual < 0.7, host
+    # the probabilities underneath are unchanged: a lower bar answers it as surely as before
+    assert (
+        Diagnoser(model.params.replace(residual=1.0), nodes=model.nodes)
+        .diagnose(starved)
+        .confidence
+        > 0.85
+    )
+    blocked = model.diagnose(replace(starved, cpu_top_thread=0.2, cpu_cores=0.3,
+                                     cpu_iowait=0.6, read_mb_s=300.0))  # fmt: skip
+    assert blocked.label == "data_io" and blocked.confidence > 0.85, blocked
 
 
 def test_signals_are_read_against_the_nodes_own_history():

@@ -7,7 +7,10 @@ site's own zombie time, a model trained from the history mid-stream). What ``obs
 for each report, and what it keeps (the costs, the history, the model's nodes and tasks), is
 written as canonical JSON and hashed; ``tests/data/diagnosis_answers.json`` holds the hashes the
 code gave at a7a0998, before ``observe`` was made cheaper (docs/benchmarks-history.md, "Issue 26,
-wave 24"). A faster path that answers anything differently fails here, naming the stream.
+wave 24"); re-recorded once on purpose in issue 23's round thirteen, when ``cpu_serial``'s
+confidence was capped (three streams' hashes moved, every label count the same; with the cap
+lifted, ``Params(residual=1.0)``, the a7a0998 hashes hold). A faster path that answers anything
+differently fails here, naming the stream.
 
     python tests/test_diagnosis_answers.py --record   # only to re-record on purpose
 """

@@ -77,6 +77,18 @@ is the label, its probability the ``confidence``. Below ``confident`` the answer
 where the signals sit on a boundary or the columns present cannot tell two causes apart. Only a
 confident ``zombie`` may drive an action.
 
+``cpu_serial`` is said at most ``residual`` sure. It is the starved branch's residual: what a
+starved loop is called when neither small kernels nor the input side show, and every column it
+rests on is shared — a thread busy through the GPU's idle time and nothing read from storage is
+also what a main thread loading its own batches from the page cache shows (``data_io`` by its
+written meaning; page-cache reads are not storage reads) and what a loop launch-bound on
+ordinary kernels shows (``small_work``: a dispatching thread is a busy thread, and no column
+counts launches). The other labels each have a sign of their own (the fed level, the DRAM peak,
+occupancy or light traffic, reads or I/O wait). So the host's own work is answered — the
+likeliest reading of that signature, and abstaining on it costs strict accuracy and coverage on
+every world (docs/benchmarks-history.md, round five) — but never as a sure answer, whatever its
+probability: worlds written apart give the same windows different truths (round thirteen).
+
 Contributions are the within-node counterfactual: the SM activity the node's fed state reads
 minus this window's (``gain["node"]``), shared among the causes by their probabilities; the
 task's own best windows give ``gain["task"]`` (what the same task already reached).
@@ -200,6 +212,9 @@ class Params:
     terminal_certainty: float = 0.9  # ... and is a zombie this much less surely
     memory_weight: float = 0.7  # holding a quarter of the node's usual memory, or less: small
     confident: float = 0.55  # below: uncertain
+    # cpu_serial, which no column shows apart from a main-thread loader or a launch-bound loop
+    # (the module docstring), at most this sure: the lowest band of answers (0.55-0.70)
+    residual: float = 0.65
 
     def replace(self, **changes) -> Params:
         return Params(**{f.name: changes.get(f.name, getattr(self, f.name)) for f in fields(self)})
@@ -455,7 +470,9 @@ class Diagnoser:
             SIGNAL_OF[label]: round(probabilities[label] * shortfall, 4) for label in SIGNAL_OF
         }
         contributions[UNEXPLAINED] = round(probabilities[HEALTHY] * shortfall, 4)
-        return self._decide(probabilities, contributions, gain, source="model")
+        return self._decide(
+            probabilities, contributions, gain, source="model", most={CPU_SERIAL: p.residual}
+        )
 
     def _memory_bound(self, w: Window, ref, kind: str, x: float, fed: float) -> float:
         """How likely the GPU is busy moving data: DRAM intensity near the node's peak, heavy
@@ -575,9 +592,13 @@ class Diagnoser:
             evidence += p.io_weight * _gate(excess / idle_share, p.io, p.io_width)
         return 1.0 / (1.0 + math.exp(-max(-40.0, min(40.0, evidence))))
 
-    def _decide(self, probabilities: dict, contributions: dict, gain: dict, source: str):
+    def _decide(self, probabilities: dict, contributions: dict, gain: dict, source: str, most=None):
+        """The most likely label, its probability the confidence — at most ``most[label]``
+        where given (a label no column shows apart from others: see ``residual``)."""
         ranked = sorted(probabilities, key=probabilities.__getitem__, reverse=True)
         top = probabilities[ranked[0]]
+        if most and ranked[0] in most:
+            top = min(top, most[ranked[0]])
         label = ranked[0] if top >= self.params.confident else UNCERTAIN
         return diagnosis(
             label,
