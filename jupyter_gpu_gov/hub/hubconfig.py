@@ -7,7 +7,8 @@
 It registers the managed service with least-privilege roles, defines the governor's admin scope,
 lets users (and their servers' tokens) talk to the service about their own servers, tells
 single-user servers where to report, and refuses a spawn whose ``user_options`` are too large
-to keep (a ``pre_spawn_hook`` that runs the admin's own after it).
+to keep (a ``pre_spawn_hook`` that runs the admin's own after it). What it adds holds whatever
+the file sets after the call: the Hub's whole configuration gets it again once read.
 """
 
 from __future__ import annotations
@@ -58,65 +59,125 @@ def add_governor(
     python: str = sys.executable,
     tiers: Sequence[Mapping] = (),
 ) -> None:
-    """Add the governor to JupyterHub config ``c`` (call it once, after setting services,
-    roles and the spawners' environment, token scopes, ``pre_spawn_hook`` and
-    ``c.JupyterHub.last_activity_interval`` if you set those: it adds to them, and passes the
-    Hub's activity interval on; a hook set after it replaces its guard of ``user_options``).
+    """Add the governor to JupyterHub config ``c``, anywhere in ``jupyterhub_config.py``: it
+    adds to the services, roles, the spawners' environment, token scopes and ``pre_spawn_hook``
+    (its guard of ``user_options`` runs first, then the admin's hook) and passes the Hub's
+    activity interval on, as ``c`` has them now and again once the Hub has read the whole file
+    (a line after the call that sets one of them replaced what it added, before).
     ``tiers``: what a server of each tier gets, for right-sizing hints
     (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``; this module does not import the
     profile layer)."""
     environment = dict(environment or {})
     if tiers:
         environment.setdefault("JUPYTER_GPU_GOV_TIERS", json.dumps(list(tiers)))
-    interval = activity_interval(c)
-    if interval is not None:  # else not known: no warning is judged unread for want of it
-        environment.setdefault(ACTIVITY_INTERVAL_ENV, f"{interval:g}")
-    c.JupyterHub.services.append(
-        {
-            "name": name,
-            "url": url,
-            "command": [python, "-m", "jupyter_gpu_gov.hub", *args],
-            "environment": environment,
-            "oauth_no_confirm": True,
-            # What the dashboard's login may carry: the governor's admin scope, and admin-ui,
-            # which only Hub admins hold (it grants nothing else through this token).
-            "oauth_client_allowed_scopes": [ADMIN_SCOPE, "admin-ui"],
-        }
-    )
-    c.JupyterHub.custom_scopes.update(
-        {
-            ADMIN_SCOPE: {
-                "description": "Administer the GPU governor: list every server, extend, approve, "
-                "exempt and cull, read the audit trail and metrics.",
-            },
-            QUEUE_SCOPE: {
-                "description": "Read the GPU spawn queue and tell the hub when GPUs free up "
-                "(the governor's sync).",
-            },
-        }
-    )
+    service = {
+        "name": name,
+        "url": url,
+        "command": [python, "-m", "jupyter_gpu_gov.hub", *args],
+        "environment": environment,
+        "oauth_no_confirm": True,
+        # What the dashboard's login may carry: the governor's admin scope, and admin-ui,
+        # which only Hub admins hold (it grants nothing else through this token).
+        "oauth_client_allowed_scopes": [ADMIN_SCOPE, "admin-ui"],
+    }
     access = f"access:services!service={name}"
     service_scopes = SERVICE_SCOPES + QUEUE_SERVICE_SCOPES + (["admin:users"] if cull_users else [])
-    c.JupyterHub.load_roles.extend(
-        [
-            {"name": f"{name}-service", "services": [name], "scopes": service_scopes},
+    roles = [
+        {"name": f"{name}-service", "services": [name], "scopes": service_scopes},
+        {
+            "name": f"{name}-admins",
+            "users": list(admin_users),
+            "groups": list(admin_groups),
+            "scopes": [ADMIN_SCOPE, access],
+        },
+    ]
+
+    def add(config) -> None:
+        # Idempotent: run on ``c`` now, and again on the Hub's whole configuration.
+        _add_service(config, service, own_interval=ACTIVITY_INTERVAL_ENV in environment)
+        config.JupyterHub.custom_scopes.update(
             {
-                "name": f"{name}-admins",
-                "users": list(admin_users),
-                "groups": list(admin_groups),
-                "scopes": [ADMIN_SCOPE, access],
-            },
-        ]
+                ADMIN_SCOPE: {
+                    "description": "Administer the GPU governor: list every server, extend, "
+                    "approve, exempt and cull, read the audit trail and metrics.",
+                },
+                QUEUE_SCOPE: {
+                    "description": "Read the GPU spawn queue and tell the hub when GPUs free up "
+                    "(the governor's sync).",
+                },
+            }
+        )
+        _add_roles(config, roles)
+        # Every user may talk to the governor about their own servers.
+        _add_user_scope(config, access)
+        # A server's own token reports for it; it holds no admin scope, whoever owns it.
+        _add_server_token_scopes(config, ["users:activity!user", "access:servers!server", access])
+        _update_spawners(
+            config, "environment", {"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"}
+        )
+        for section in _spawner_sections(config, "pre_spawn_hook"):
+            hook = config[section].get("pre_spawn_hook")
+            config[section].pre_spawn_hook = bounded_user_options(hook)
+
+    add(c)
+    _when_the_hub_has_read_its_config(add)
+
+
+def _when_the_hub_has_read_its_config(add) -> None:
+    """Run ``add`` again on the whole configuration once the Hub has read its config file(s),
+    before it applies it: ``jupyterhub_config.py`` is Python, and a line after
+    ``add_governor`` (a ``pre_spawn_hook``, ``c.JupyterHub.last_activity_interval``, a
+    spawner's ``environment`` or ``server_token_scopes``, the ``services`` list) replaced what
+    it had added, silently. traitlets' ``Application.load_config_file`` hands everything it
+    read (the files, then the command line) to ``update_config``; the running Hub's is wrapped
+    for that one call. Outside a Hub starting up (a test's ``Config()``) nothing more is done."""
+    app_module = sys.modules.get("jupyterhub.app")  # loaded by the Hub running this file
+    hub = getattr(app_module, "JupyterHub", None)
+    if hub is None or not hub.initialized():
+        return
+    app = hub.instance()
+    original = app.update_config  # the Hub's own, or another add_governor's wrapper
+
+    def update_config(config):
+        app.update_config = original  # once: later updates are the Hub's own business
+        add(config)
+        return original(config)
+
+    app.update_config = update_config
+
+
+def _add_service(c, service: dict, own_interval: bool) -> None:
+    """The governor's entry in ``c.JupyterHub.services`` (once, by name), passing the Hub's
+    activity interval as ``c`` configures it now (not when ``environment`` names one)."""
+    services = c.JupyterHub.services
+    if isinstance(services, LazyConfigValue):  # .append/.extend so far
+        listed = [*services._prepend, *(s for _, s in services._inserts), *services._extend]
+    else:
+        listed = list(services)
+    mine = next(
+        (s for s in listed if isinstance(s, dict) and s.get("name") == service["name"]), None
     )
-    # Every user may talk to the governor about their own servers.
-    _add_user_scope(c, access)
-    # A server's own token reports for it; it holds no admin scope, whoever owns it.
-    _add_server_token_scopes(c, ["users:activity!user", "access:servers!server", access])
-    _update_spawners(
-        c, "environment", {"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"}
-    )
-    for section in _spawner_sections(c, "pre_spawn_hook"):
-        c[section].pre_spawn_hook = bounded_user_options(c[section].get("pre_spawn_hook"))
+    if mine is None:
+        mine = dict(service, environment=dict(service["environment"]))
+        services.append(mine)
+    if not own_interval:
+        interval = activity_interval(c)
+        environment = mine.setdefault("environment", {})
+        if interval is not None:
+            environment[ACTIVITY_INTERVAL_ENV] = f"{interval:g}"
+        else:  # not known: no warning is judged unread for want of it
+            environment.pop(ACTIVITY_INTERVAL_ENV, None)
+
+
+def _add_roles(c, roles: list[dict]) -> None:
+    """Add ``roles`` to ``c.JupyterHub.load_roles``, those not there by name already."""
+    kept = c.JupyterHub.load_roles
+    if isinstance(kept, LazyConfigValue):
+        listed = [*kept._prepend, *(r for _, r in kept._inserts), *kept._extend]
+    else:
+        listed = list(kept)
+    names = {r.get("name") for r in listed if isinstance(r, dict)}
+    kept.extend([r for r in roles if r["name"] not in names])
 
 
 def activity_interval(c) -> float | None:
@@ -226,7 +287,7 @@ def _add_server_token_scopes(c, scopes: list[str]) -> None:
         section = c[name]
         kept = section.get("server_token_scopes")
         if isinstance(kept, LazyConfigValue):  # .append/.extend so far: still merged when loaded
-            kept.extend(scopes)
+            kept.extend([s for s in scopes if s not in kept._extend])
         else:
             kept = list(kept or [])
             section.server_token_scopes = [*kept, *(s for s in scopes if s not in kept)]

@@ -1,0 +1,71 @@
+"""``jupyterhub_config.py`` is Python, and admins set things anywhere in it: on a real hub whose
+config sets, *after* ``add_governor(c)``, its own ``pre_spawn_hook``, the Hub's
+``last_activity_interval`` and the spawners' ``environment`` (the "wrong" order), the governor
+still has what it added. Before, each of those lines silently replaced it: the guard that
+refuses oversized ``user_options`` was gone (the REST API kept any JSON again), the governor
+was told JupyterHub's default activity interval (300 s: it judged warnings unread after 15
+minutes of a Hub that gathers activity every 30), and servers had no governor URL (no report).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from governor_harness import Gov, governed_hub, service_pid, wait
+
+from jupyter_gpu_gov.hub.hubconfig import ACTIVITY_INTERVAL_ENV
+
+pytestmark = pytest.mark.timeout(300)
+
+# Appended after the harness's add_governor(c): every line replaces what it set.
+LATE = """
+def _late_hook(spawner):
+    spawner.environment["LATE_HOOK"] = "ran"
+
+c.Spawner.pre_spawn_hook = _late_hook
+c.JupyterHub.last_activity_interval = 1800
+c.Spawner.environment = {**HARNESS_ENV, "LATE_ENV": "set"}
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    with governed_hub(tmp_path_factory.mktemp("order"), hub_config=LATE) as hub:
+        hub.create_user("govadmin")
+        Gov(hub).wait_up()
+        yield hub
+
+
+def test_a_hook_set_after_add_governor_runs_after_its_guard(hub):
+    hub.create_user("ursula")
+    r = hub.api("POST", "users/ursula/server", json={"image": "y" * 100_000})
+    assert r.status_code == 400, f"{r.status_code} {r.text[:300]}"
+    assert "'image'" in r.json()["message"] and "at most" in r.json()["message"], r.text
+    model = hub.api("GET", "users/ursula", params={"include_stopped_servers": "1"}).json()
+    assert len(json.dumps(model["servers"].get("", {}).get("user_options"))) < 2000
+
+    hub.start_server("ursula", options={"image": "usual"})
+    kernel = hub.start_kernel("ursula")
+    code = (
+        "import os; print(os.environ.get('LATE_HOOK'), os.environ.get('LATE_ENV'),"
+        " bool(os.environ.get('JUPYTER_GPU_GOV_URL')))"
+    )
+    # The admin's hook and environment, and the governor's URL: the server reports.
+    assert hub.execute("ursula", kernel, code).strip() == "ran set True"
+    gov = Gov(hub)
+    wait(
+        lambda: (gov.admin("GET", "users/ursula/server").json() or {}).get("gpu"),
+        60,
+        "a GPU report from ursula's server",
+    )
+    hub.stop_server("ursula")
+
+
+def test_the_activity_interval_set_after_add_governor_reaches_the_governor(hub):
+    pid = service_pid(hub)
+    assert pid is not None, "the governor service is not running"
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    passed = [e.decode() for e in environ if e.startswith(ACTIVITY_INTERVAL_ENV.encode() + b"=")]
+    assert passed == [f"{ACTIVITY_INTERVAL_ENV}=1800"], passed
