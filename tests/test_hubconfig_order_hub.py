@@ -4,7 +4,8 @@ config sets, *after* ``add_governor(c)``, its own ``pre_spawn_hook``, the Hub's
 still has what it added. Before, each of those lines silently replaced it: the guard that
 refuses oversized ``user_options`` was gone (the REST API kept any JSON again), the governor
 was told JupyterHub's default activity interval (300 s: it judged warnings unread after 15
-minutes of a Hub that gathers activity every 30), and servers had no governor URL (no report).
+minutes of a Hub that gathers activity every 30), and servers had no governor URL (no report). An admin's ``apply_user_options`` (JupyterHub 5.3
+runs it before the hooks) that refused an unknown image left the oversized choice kept.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ def _late_hook(spawner):
     spawner.environment["LATE_HOOK"] = "ran"
 
 c.Spawner.pre_spawn_hook = _late_hook
+
+
+def _known_images_only(spawner, options):  # JupyterHub 5.3's place for them, before the hook
+    from tornado import web
+
+    if options.get("image", "usual") != "usual":
+        raise web.HTTPError(400, "unknown image")
+
+
+c.Spawner.apply_user_options = _known_images_only
 c.JupyterHub.last_activity_interval = 1800
 c.Spawner.environment = {**HARNESS_ENV, "LATE_ENV": "set"}
 """

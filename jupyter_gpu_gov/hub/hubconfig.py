@@ -118,6 +118,10 @@ def add_governor(
         for section in _spawner_sections(config, "pre_spawn_hook"):
             hook = config[section].get("pre_spawn_hook")
             config[section].pre_spawn_hook = bounded_user_options(hook)
+        for section in _spawner_sections(config, "apply_user_options"):
+            apply = config[section].get("apply_user_options")
+            if callable(apply):  # a dict names traits to set: JupyterHub's own, left as it is
+                config[section].apply_user_options = bounded_apply_user_options(apply)
 
     add(c)
     _when_the_hub_has_read_its_config(add)
@@ -219,20 +223,40 @@ def bounded_user_options(hook):
         return hook  # add_governor called twice
 
     def guarded(spawner):
-        if not getattr(spawner, "bounds_user_options", False):
-            kept, why = oversized(dict(spawner.user_options or {}))
-            if why:
-                # The Hub saved them before the hooks ran: the next spawn without options
-                # (the Hub's default: the last ones) must not find them either.
-                spawner.user_options = kept
-                if spawner.orm_spawner is not None:
-                    spawner.orm_spawner.user_options = kept
-                    spawner.user.db.commit()
-                raise ChoicesRefused(why)
+        _refuse_oversized(spawner)
         return hook(spawner) if hook is not None else None
 
     guarded.bounds_user_options = True
     return guarded
+
+
+def bounded_apply_user_options(apply):
+    """An admin's own ``apply_user_options`` (a callable; JupyterHub 5.3 and later run it before
+    ``pre_spawn_hook``) behind the same guard: one that refused what it did not know (an
+    unknown image: its 400) left the oversized choices kept, the guard never reached."""
+    if getattr(apply, "bounds_user_options", False):
+        return apply
+
+    def guarded(spawner, user_options):
+        _refuse_oversized(spawner)
+        return apply(spawner, user_options)
+
+    guarded.bounds_user_options = True
+    return guarded
+
+
+def _refuse_oversized(spawner) -> None:
+    if getattr(spawner, "bounds_user_options", False):
+        return
+    kept, why = oversized(dict(spawner.user_options or {}))
+    if why:
+        # The Hub saved them before the hooks ran: the next spawn without options (the Hub's
+        # default: the last ones) must not find them either.
+        spawner.user_options = kept
+        if spawner.orm_spawner is not None:
+            spawner.orm_spawner.user_options = kept
+            spawner.user.db.commit()
+        raise ChoicesRefused(why)
 
 
 def _add_user_scope(c, scope: str) -> None:
