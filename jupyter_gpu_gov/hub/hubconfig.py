@@ -188,10 +188,14 @@ def activity_interval(c) -> float | None:
     """The longest interval, in seconds, at which the Hub's activity of a server is brought up
     to date as ``c`` configures it: the proxy's, gathered every ``last_activity_interval``,
     and the servers' posts, every ``JUPYTERHUB_ACTIVITY_INTERVAL`` of the spawners'
-    environment (JupyterHub's default, 300 s, each). None when one cannot be read (a
-    callable environment value, a number that is not one): the governor then takes it as
-    not known."""
-    found = [c.JupyterHub.get("last_activity_interval", 300)]
+    environment (JupyterHub's default, 300 s, each), or ``activity_resolution`` when longer
+    (30 s: the Hub ignores an activity less than that newer than the one it has; the lag, twice
+    the longest, covers both). None when one cannot be read (a callable environment value, a
+    number that is not one): the governor then takes it as not known."""
+    found = [
+        c.JupyterHub.get("last_activity_interval", 300),
+        c.JupyterHub.get("activity_resolution", 30),
+    ]
     for section in _spawner_sections(c, "environment"):
         env = c[section].get("environment")
         if isinstance(env, dict) and "JUPYTERHUB_ACTIVITY_INTERVAL" in env:
