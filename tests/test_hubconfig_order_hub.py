@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from governor_harness import Gov, governed_hub, service_pid, wait
+from hub_harness import HubHarness, HubHarnessError
 
 from jupyter_gpu_gov.hub.hubconfig import ACTIVITY_INTERVAL_ENV
 
@@ -80,3 +81,54 @@ def test_the_activity_interval_set_after_add_governor_reaches_the_governor(hub):
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     passed = [e.decode() for e in environ if e.startswith(ACTIVITY_INTERVAL_ENV.encode() + b"=")]
     assert passed == [f"{ACTIVITY_INTERVAL_ENV}=1800"], passed
+
+
+# The profile layer (no governor), with lines after add_gpu_profiles(c) that replace the Hub's
+# handlers: the spawn form's estimate, the queue's pages and the API the governor syncs the line
+# through were gone (404), the line never drained.
+PROFILES = """
+from jupyterhub.handlers import BaseHandler
+
+from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+
+c.LocalGpus.backend = "simulated"
+c.LocalGpus.simulated_devices = [{"name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559}]
+c.LocalGpus.sim_state_path = HARNESS_ENV["JUPYTER_GPU_GOV_SIM_STATE"]
+c.GpuProfiles.tiers = [{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"}]
+c.GpuProfiles.quotas = {"lab": {"guaranteed": {"h100": 1}}}
+c.GpuProfiles.default_team = "lab"
+add_gpu_profiles(c, spawner="simple")
+
+
+class _Hello(BaseHandler):
+    def get(self):
+        self.finish("hello")
+
+
+c.JupyterHub.extra_handlers = [(r"/hello", _Hello)]
+"""
+
+
+def test_handlers_set_after_add_gpu_profiles_keep_its_own(tmp_path):
+    with HubHarness(workdir=tmp_path / "hub", extra_config=PROFILES) as hub:
+        assert hub.get(f"{hub.url}/hub/hello").text == "hello"  # the admin's
+        r = hub.api("GET", "gpu-gov/queue")
+        assert r.status_code == 200 and r.json()["line"] == [], r.text
+        r = hub.login("alice").get(
+            f"{hub.url}/hub/gpu-gov/estimate",
+            params={"params": "7B", "precision": "bf16", "mode": "inference"},
+            timeout=30,
+        )
+        assert r.status_code == 200 and r.json()["tier"] == "h100", r.text
+
+
+def test_tiers_set_after_add_gpu_profiles_are_checked_at_start_up(tmp_path):
+    late = PROFILES + 'c.GpuProfiles.tiers = [{"name": "h100", "gpu": "H100-80GB", "mig": 7}]\n'
+    harness = HubHarness(workdir=tmp_path / "hub", extra_config=late, timeout=60)
+    try:
+        with pytest.raises(HubHarnessError) as refused:
+            harness.start()
+    finally:
+        harness.stop()
+    said = str(refused.value)
+    assert "'mig' 7 is not a MIG profile of H100-80GB" in said, said[-3000:]

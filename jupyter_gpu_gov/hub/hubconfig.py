@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from tornado import web
 from traitlets.config import Config, LazyConfigValue
 
+from ..core.config_order import again_on_the_whole_config
 from ..core.grant import oversized
 from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
@@ -124,30 +125,7 @@ def add_governor(
                 config[section].apply_user_options = bounded_apply_user_options(apply)
 
     add(c)
-    _when_the_hub_has_read_its_config(add)
-
-
-def _when_the_hub_has_read_its_config(add) -> None:
-    """Run ``add`` again on the whole configuration once the Hub has read its config file(s),
-    before it applies it: ``jupyterhub_config.py`` is Python, and a line after
-    ``add_governor`` (a ``pre_spawn_hook``, ``c.JupyterHub.last_activity_interval``, a
-    spawner's ``environment`` or ``server_token_scopes``, the ``services`` list) replaced what
-    it had added, silently. traitlets' ``Application.load_config_file`` hands everything it
-    read (the files, then the command line) to ``update_config``; the running Hub's is wrapped
-    for that one call. Outside a Hub starting up (a test's ``Config()``) nothing more is done."""
-    app_module = sys.modules.get("jupyterhub.app")  # loaded by the Hub running this file
-    hub = getattr(app_module, "JupyterHub", None)
-    if hub is None or not hub.initialized():
-        return
-    app = hub.instance()
-    original = app.update_config  # the Hub's own, or another add_governor's wrapper
-
-    def update_config(config):
-        app.update_config = original  # once: later updates are the Hub's own business
-        add(config)
-        return original(config)
-
-    app.update_config = update_config
+    again_on_the_whole_config(add)
 
 
 def _add_service(c, service: dict, own_interval: bool) -> None:
