@@ -219,6 +219,13 @@ def test_capacity_exhausted():
         "Team vision's guarantee of 4 H100 cards is in use, and none is free to borrow: "
         "the others are in use. Try again later, or pick another tier than H100."
     )
+    # Every card there is held within the team's own guarantee (a workstation's two): there
+    # are no "others" to be in use.
+    admission = ask("nlp", usage=grants("nlp", 2), capacity={"h100": 2})
+    assert admission.reason == (
+        "Team nlp's guarantee of 2 H100 cards is in use, and there is no other H100 to "
+        "borrow. Try again later, or pick another tier than H100."
+    )
 
 
 def test_a_tier_without_capacity_is_bounded_by_quotas_alone():

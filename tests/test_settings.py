@@ -93,6 +93,9 @@ def test_the_hubs_activity_interval_reaches_the_governor(monkeypatch):
 
     assert passed() == "300"  # JupyterHub's defaults
     assert passed(JupyterHub__last_activity_interval=1800) == "1800"
+    # The Hub ignores an activity less than activity_resolution newer than the one it has.
+    assert passed(JupyterHub__activity_resolution=3600) == "3600"
+    assert passed(JupyterHub__activity_resolution=60) == "300"
     env = {"JUPYTERHUB_ACTIVITY_INTERVAL": "3600"}
     assert passed(Spawner__environment=env) == "3600"
     assert passed(Spawner__environment={"JUPYTERHUB_ACTIVITY_INTERVAL": lambda s: "60"}) is None

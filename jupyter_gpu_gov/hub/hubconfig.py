@@ -8,7 +8,8 @@ It registers the managed service with least-privilege roles, defines the governo
 and its showback scope (a role the admin writes gives it to team leads and finance),
 lets users (and their servers' tokens) talk to the service about their own servers, tells
 single-user servers where to report, and refuses a spawn whose ``user_options`` are too large
-to keep (a ``pre_spawn_hook`` that runs the admin's own after it).
+to keep (a ``pre_spawn_hook`` that runs the admin's own after it). What it adds holds whatever
+the file sets after the call: the Hub's whole configuration gets it again once read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from tornado import web
 from traitlets.config import Config, LazyConfigValue
 
+from ..core.config_order import again_on_the_whole_config
 from ..core.grant import oversized
 from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
@@ -63,80 +65,125 @@ def add_governor(
     python: str = sys.executable,
     tiers: Sequence[Mapping] = (),
 ) -> None:
-    """Add the governor to JupyterHub config ``c`` (call it once, after setting services,
-    roles and the spawners' environment, token scopes, ``pre_spawn_hook`` and
-    ``c.JupyterHub.last_activity_interval`` if you set those: it adds to them, and passes the
-    Hub's activity interval on; a hook set after it replaces its guard of ``user_options``).
+    """Add the governor to JupyterHub config ``c``, anywhere in ``jupyterhub_config.py``: it
+    adds to the services, roles, the spawners' environment, token scopes and ``pre_spawn_hook``
+    (its guard of ``user_options`` runs first, then the admin's hook) and passes the Hub's
+    activity interval on, as ``c`` has them now and again once the Hub has read the whole file
+    (a line after the call that sets one of them replaced what it added, before).
     ``tiers``: what a server of each tier gets, for right-sizing hints
     (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``; this module does not import the
     profile layer)."""
     environment = dict(environment or {})
     if tiers:
         environment.setdefault("JUPYTER_GPU_GOV_TIERS", json.dumps(list(tiers)))
-    interval = activity_interval(c)
-    if interval is not None:  # else not known: no warning is judged unread for want of it
-        environment.setdefault(ACTIVITY_INTERVAL_ENV, f"{interval:g}")
-    c.JupyterHub.services.append(
-        {
-            "name": name,
-            "url": url,
-            "command": [python, "-m", "jupyter_gpu_gov.hub", *args],
-            "environment": environment,
-            "oauth_no_confirm": True,
-            # What the dashboard's login may carry: the governor's admin scope, and admin-ui,
-            # which only Hub admins hold (it grants nothing else through this token); the
-            # showback scope, with the filters the user holds it with (the Hub intersects).
-            "oauth_client_allowed_scopes": [ADMIN_SCOPE, "admin-ui", SHOWBACK_SCOPE],
-        }
-    )
-    c.JupyterHub.custom_scopes.update(
-        {
-            ADMIN_SCOPE: {
-                "description": "Administer the GPU governor: list every server, extend, approve, "
-                "exempt and cull, read the audit trail and metrics.",
-            },
-            SHOWBACK_SCOPE: {
-                "description": "Read the GPU governor's showback (usage, its CSV and JSON, the "
-                "showback page): filtered !group=<group>, that group's team only.",
-            },
-            QUEUE_SCOPE: {
-                "description": "Read the GPU spawn queue and tell the hub when GPUs free up "
-                "(the governor's sync).",
-            },
-        }
-    )
+    service = {
+        "name": name,
+        "url": url,
+        "command": [python, "-m", "jupyter_gpu_gov.hub", *args],
+        "environment": environment,
+        "oauth_no_confirm": True,
+        # What the dashboard's login may carry: the governor's admin scope, and admin-ui,
+        # which only Hub admins hold (it grants nothing else through this token); the
+        # showback scope, with the filters the user holds it with (the Hub intersects).
+        "oauth_client_allowed_scopes": [ADMIN_SCOPE, "admin-ui", SHOWBACK_SCOPE],
+    }
     access = f"access:services!service={name}"
     service_scopes = SERVICE_SCOPES + QUEUE_SERVICE_SCOPES + (["admin:users"] if cull_users else [])
-    c.JupyterHub.load_roles.extend(
-        [
-            {"name": f"{name}-service", "services": [name], "scopes": service_scopes},
+    roles = [
+        {"name": f"{name}-service", "services": [name], "scopes": service_scopes},
+        {
+            "name": f"{name}-admins",
+            "users": list(admin_users),
+            "groups": list(admin_groups),
+            "scopes": [ADMIN_SCOPE, access],
+        },
+    ]
+
+    def add(config) -> None:
+        # Idempotent: run on ``c`` now, and again on the Hub's whole configuration.
+        _add_service(config, service, own_interval=ACTIVITY_INTERVAL_ENV in environment)
+        config.JupyterHub.custom_scopes.update(
             {
-                "name": f"{name}-admins",
-                "users": list(admin_users),
-                "groups": list(admin_groups),
-                "scopes": [ADMIN_SCOPE, access],
-            },
-        ]
+                ADMIN_SCOPE: {
+                    "description": "Administer the GPU governor: list every server, extend, "
+                    "approve, exempt and cull, read the audit trail and metrics.",
+                },
+                SHOWBACK_SCOPE: {
+                    "description": "Read the GPU governor's showback (usage, its CSV and JSON, "
+                    "the showback page): filtered !group=<group>, that group's team only.",
+                },
+                QUEUE_SCOPE: {
+                    "description": "Read the GPU spawn queue and tell the hub when GPUs free up "
+                    "(the governor's sync).",
+                },
+            }
+        )
+        _add_roles(config, roles)
+        # Every user may talk to the governor about their own servers.
+        _add_user_scope(config, access)
+        # A server's own token reports for it; it holds no admin scope, whoever owns it.
+        _add_server_token_scopes(config, ["users:activity!user", "access:servers!server", access])
+        _update_spawners(
+            config, "environment", {"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"}
+        )
+        for section in _spawner_sections(config, "pre_spawn_hook"):
+            hook = config[section].get("pre_spawn_hook")
+            config[section].pre_spawn_hook = bounded_user_options(hook)
+        for section in _spawner_sections(config, "apply_user_options"):
+            apply = config[section].get("apply_user_options")
+            if callable(apply):  # a dict names traits to set: JupyterHub's own, left as it is
+                config[section].apply_user_options = bounded_apply_user_options(apply)
+
+    add(c)
+    again_on_the_whole_config(add)
+
+
+def _add_service(c, service: dict, own_interval: bool) -> None:
+    """The governor's entry in ``c.JupyterHub.services`` (once, by name), passing the Hub's
+    activity interval as ``c`` configures it now (not when ``environment`` names one)."""
+    services = c.JupyterHub.services
+    if isinstance(services, LazyConfigValue):  # .append/.extend so far
+        listed = [*services._prepend, *(s for _, s in services._inserts), *services._extend]
+    else:
+        listed = list(services)
+    mine = next(
+        (s for s in listed if isinstance(s, dict) and s.get("name") == service["name"]), None
     )
-    # Every user may talk to the governor about their own servers.
-    _add_user_scope(c, access)
-    # A server's own token reports for it; it holds no admin scope, whoever owns it.
-    _add_server_token_scopes(c, ["users:activity!user", "access:servers!server", access])
-    _update_spawners(
-        c, "environment", {"JUPYTER_GPU_GOV_URL": f"{url.rstrip('/')}/services/{name}/"}
-    )
-    for section in _spawner_sections(c, "pre_spawn_hook"):
-        c[section].pre_spawn_hook = bounded_user_options(c[section].get("pre_spawn_hook"))
+    if mine is None:
+        mine = dict(service, environment=dict(service["environment"]))
+        services.append(mine)
+    if not own_interval:
+        interval = activity_interval(c)
+        environment = mine.setdefault("environment", {})
+        if interval is not None:
+            environment[ACTIVITY_INTERVAL_ENV] = f"{interval:g}"
+        else:  # not known: no warning is judged unread for want of it
+            environment.pop(ACTIVITY_INTERVAL_ENV, None)
+
+
+def _add_roles(c, roles: list[dict]) -> None:
+    """Add ``roles`` to ``c.JupyterHub.load_roles``, those not there by name already."""
+    kept = c.JupyterHub.load_roles
+    if isinstance(kept, LazyConfigValue):
+        listed = [*kept._prepend, *(r for _, r in kept._inserts), *kept._extend]
+    else:
+        listed = list(kept)
+    names = {r.get("name") for r in listed if isinstance(r, dict)}
+    kept.extend([r for r in roles if r["name"] not in names])
 
 
 def activity_interval(c) -> float | None:
     """The longest interval, in seconds, at which the Hub's activity of a server is brought up
     to date as ``c`` configures it: the proxy's, gathered every ``last_activity_interval``,
     and the servers' posts, every ``JUPYTERHUB_ACTIVITY_INTERVAL`` of the spawners'
-    environment (JupyterHub's default, 300 s, each). None when one cannot be read (a
-    callable environment value, a number that is not one): the governor then takes it as
-    not known."""
-    found = [c.JupyterHub.get("last_activity_interval", 300)]
+    environment (JupyterHub's default, 300 s, each), or ``activity_resolution`` when longer
+    (30 s: the Hub ignores an activity less than that newer than the one it has; the lag, twice
+    the longest, covers both). None when one cannot be read (a callable environment value, a
+    number that is not one): the governor then takes it as not known."""
+    found = [
+        c.JupyterHub.get("last_activity_interval", 300),
+        c.JupyterHub.get("activity_resolution", 30),
+    ]
     for section in _spawner_sections(c, "environment"):
         env = c[section].get("environment")
         if isinstance(env, dict) and "JUPYTERHUB_ACTIVITY_INTERVAL" in env:
@@ -168,20 +215,40 @@ def bounded_user_options(hook):
         return hook  # add_governor called twice
 
     def guarded(spawner):
-        if not getattr(spawner, "bounds_user_options", False):
-            kept, why = oversized(dict(spawner.user_options or {}))
-            if why:
-                # The Hub saved them before the hooks ran: the next spawn without options
-                # (the Hub's default: the last ones) must not find them either.
-                spawner.user_options = kept
-                if spawner.orm_spawner is not None:
-                    spawner.orm_spawner.user_options = kept
-                    spawner.user.db.commit()
-                raise ChoicesRefused(why)
+        _refuse_oversized(spawner)
         return hook(spawner) if hook is not None else None
 
     guarded.bounds_user_options = True
     return guarded
+
+
+def bounded_apply_user_options(apply):
+    """An admin's own ``apply_user_options`` (a callable; JupyterHub 5.3 and later run it before
+    ``pre_spawn_hook``) behind the same guard: one that refused what it did not know (an
+    unknown image: its 400) left the oversized choices kept, the guard never reached."""
+    if getattr(apply, "bounds_user_options", False):
+        return apply
+
+    def guarded(spawner, user_options):
+        _refuse_oversized(spawner)
+        return apply(spawner, user_options)
+
+    guarded.bounds_user_options = True
+    return guarded
+
+
+def _refuse_oversized(spawner) -> None:
+    if getattr(spawner, "bounds_user_options", False):
+        return
+    kept, why = oversized(dict(spawner.user_options or {}))
+    if why:
+        # The Hub saved them before the hooks ran: the next spawn without options (the Hub's
+        # default: the last ones) must not find them either.
+        spawner.user_options = kept
+        if spawner.orm_spawner is not None:
+            spawner.orm_spawner.user_options = kept
+            spawner.user.db.commit()
+        raise ChoicesRefused(why)
 
 
 def _add_user_scope(c, scope: str) -> None:
@@ -237,6 +304,7 @@ def _adding_scopes(own: Callable, scopes: list[str]) -> Callable:
         kept = list((await kept if inspect.isawaitable(kept) else kept) or [])
         return [*kept, *(s for s in scopes if s not in kept)]
 
+    server_token_scopes.adds_scopes = scopes
     return server_token_scopes
 
 
@@ -248,9 +316,10 @@ def _add_server_token_scopes(c, scopes: list[str]) -> None:
         section = c[name]
         kept = section.get("server_token_scopes")
         if isinstance(kept, LazyConfigValue):  # .append/.extend so far: still merged when loaded
-            kept.extend(scopes)
+            kept.extend([s for s in scopes if s not in kept._extend])
         elif callable(kept):  # JupyterHub calls it per spawn (and awaits what it returns)
-            section.server_token_scopes = _adding_scopes(kept, scopes)
+            if getattr(kept, "adds_scopes", None) != scopes:  # once, though ``add`` runs twice
+                section.server_token_scopes = _adding_scopes(kept, scopes)
         else:
             kept = list(kept or [])
             section.server_token_scopes = [*kept, *(s for s in scopes if s not in kept)]

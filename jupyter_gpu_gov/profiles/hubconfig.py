@@ -9,7 +9,9 @@
 
 It checks the tiers and quotas now, so a mistake stops the hub at start-up with a message naming
 the entry and the key, sets the spawner class, and adds the spawn form's memory estimate at
-``/hub/gpu-gov/estimate`` and the spawn queue's pages and API (``queue_pages.py``).
+``/hub/gpu-gov/estimate`` and the spawn queue's pages and API (``queue_pages.py``). The checks,
+templates and handlers are made again on the Hub's whole configuration once read: a line after
+the call (``c.JupyterHub.extra_handlers = [...]``, new tiers) neither drops nor skips them.
 
 On Kubernetes the Zero to JupyterHub chart has already set ``c.KubeSpawner.profile_list`` from
 ``singleuser.profileList`` when ``hub.extraConfig`` runs: the chart's default, ``[]``, is taken
@@ -20,6 +22,10 @@ do instead (the spawn form offers tiers, not profiles, so they could never be ch
 from __future__ import annotations
 
 from pathlib import Path
+
+from traitlets.config import LazyConfigValue
+
+from ..core.config_order import again_on_the_whole_config
 
 TEMPLATES = Path(__file__).parent / "templates" / "hub"  # JupyterHub's pages, extended
 
@@ -46,26 +52,36 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
         raise ValueError(
             f"add_gpu_profiles: spawner must be one of {', '.join(SPAWNERS)}, got {spawner!r}"
         )
-    GpuProfiles(config=c).check()
-    if spawner == "kubernetes":
-        for section in ("KubeSpawner", "GpuKubeSpawner"):
-            if "profile_list" in c[section]:
-                profiles = c[section].profile_list
-                if profiles != [] and not callable(profiles):
-                    raise ValueError(profile_list_refusal(profiles, f"{section}.profile_list"))
-    c.JupyterHub.spawner_class = SPAWNERS[spawner]
-    add_queue_templates(c)
-    c.JupyterHub.extra_handlers.append((r"/gpu-gov/estimate", EstimateHandler))
     server = r"([^/]+)(?:/([^/]+))?"  # user[/server name]
-    c.JupyterHub.extra_handlers.extend(
-        [
-            (r"/gpu-gov/queue", QueuePageHandler),
-            (rf"/gpu-gov/queue/cancel/{server}", QueueCancelHandler),
-            (rf"/gpu-gov/queue/join/{server}", QueueJoinHandler),
-            (r"/api/gpu-gov/queue", QueueApiHandler),
-            (r"/api/gpu-gov/left-pods", LeftPodsApiHandler),
-        ]
-    )
+    handlers = [
+        (r"/gpu-gov/estimate", EstimateHandler),
+        (r"/gpu-gov/queue", QueuePageHandler),
+        (rf"/gpu-gov/queue/cancel/{server}", QueueCancelHandler),
+        (rf"/gpu-gov/queue/join/{server}", QueueJoinHandler),
+        (r"/api/gpu-gov/queue", QueueApiHandler),
+        (r"/api/gpu-gov/left-pods", LeftPodsApiHandler),
+    ]
+
+    def add(config) -> None:
+        # Idempotent: run on ``c`` now, and again on the Hub's whole configuration (tiers or
+        # a profile list set after the call are checked too).
+        GpuProfiles(config=config).check()
+        if spawner == "kubernetes":
+            for section in ("KubeSpawner", "GpuKubeSpawner"):
+                if "profile_list" in config[section]:
+                    profiles = config[section].profile_list
+                    if profiles != [] and not callable(profiles):
+                        raise ValueError(profile_list_refusal(profiles, f"{section}.profile_list"))
+        add_queue_templates(config)
+        kept = config.JupyterHub.extra_handlers
+        listed = kept._extend if isinstance(kept, LazyConfigValue) else list(kept)
+        patterns = {h[0] for h in listed if isinstance(h, (list, tuple)) and h}
+        kept.extend([h for h in handlers if h[0] not in patterns])
+
+    add(c)
+    # Once only: a spawner class set after the call is the admin's choice (a subclass of ours).
+    c.JupyterHub.spawner_class = SPAWNERS[spawner]
+    again_on_the_whole_config(add)
 
 
 def add_queue_templates(c) -> None:

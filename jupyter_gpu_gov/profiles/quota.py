@@ -461,10 +461,11 @@ def admit(
             limit=CAPACITY,
         )
     why = "are in use" if reserved <= 0 else "are in use or kept for other teams' guarantees"
+    borrow = f"none is free to borrow: the others {why}"
+    if cap is not None and cap <= team_used:  # a workstation's two cards, both the team's
+        borrow = f"there is no other {name} to borrow"
     return Admission(
-        False,
-        f"{state[0].upper()}{state[1:]}, and none is free to borrow: the others {why}. {_retry(tier)}",
-        limit=CAPACITY,
+        False, f"{state[0].upper()}{state[1:]}, and {borrow}. {_retry(tier)}", limit=CAPACITY
     )
 
 
