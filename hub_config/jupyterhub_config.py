@@ -12,7 +12,7 @@
 # - Login: SharedPasswordAuthenticator. Any username with the password "gpu-gov-demo";
 #   the admin user "admin" logs in with "gpu-gov-demo-admin-only-on-localhost" (JupyterHub
 #   requires >= 32 characters for an admin password). DummyAuthenticator.password is
-#   deprecated since JupyterHub 5.3.
+#   deprecated since JupyterHub 5.3. "lena" (same password) is team vision's lead (below).
 # - Single-user servers load the jupyter_gpu_gov server extension (auto-enabled on install) with
 #   the simulated backend, chosen per server via $JUPYTER_GPU_GOV_BACKEND, and one shared state
 #   file for the whole machine, like the GPUs of a real workstation. The GpuGovApp settings
@@ -117,4 +117,10 @@ add_governor(
     args=[f"--config={REPO / 'hub_config' / 'gpu_gov_config.py'}"],
     admin_users=["admin"],
     tiers=tier_sizes(c.GpuProfiles.tiers),  # right-sizing hints name the tiers offered here
+)
+# A team lead: lena reads team vision's showback (the page, its CSV and JSON) and acts on no one's
+# server. The governor's scope, filtered to the group vision: a group that names no team stands
+# for the team of its name (vision, from team_map). README step 6; docs/api.md, "Team leads".
+c.JupyterHub.load_roles.append(
+    {"name": "vision-leads", "users": ["lena"], "scopes": ["custom:gpu-gov:showback!group=vision"]}
 )

@@ -1169,12 +1169,20 @@ def _add_service(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The most of an answer read whole (``diagnose --cluster``'s report: a few KiB a server with a
+# root cause) and of an error's text: a wrong --url answering without end took memory without
+# end. ``usage`` streams its answer, read without a limit.
+MAX_ANSWER = 64 << 20
+MAX_ERROR = 64 << 10
+
+
 def _service_get(
     args: argparse.Namespace, path: str, query: dict, command: str, into=None
 ) -> str | int:
-    """``GET <url>api/<path>?<query>`` with the token: the body, or the exit status of a
-    failure (said on stderr). ``into``: the body is given to it as it arrives instead, a
-    piece of text at a time (``""`` returned once it is all there)."""
+    """``GET <url>api/<path>?<query>`` with the token: the body (at most ``MAX_ANSWER``
+    bytes), or the exit status of a failure (said on stderr). ``into``: the body is given to
+    it as it arrives instead, a piece of text at a time (``""`` returned once it is all
+    there)."""
     import codecs
     from http.client import HTTPException, IncompleteRead, RemoteDisconnected
     from urllib.error import HTTPError, URLError
@@ -1196,7 +1204,17 @@ def _service_get(
     try:
         with build_opener(NotFollowed).open(request, timeout=60) as response:
             if into is None:
-                return response.read().decode()
+                blocks, size = [], 0
+                while block := response.read(1 << 16):
+                    size += len(block)
+                    if size > MAX_ANSWER:
+                        return _fail(
+                            f"{url}: the answer is longer than {MAX_ANSWER:,} bytes (64 MiB), "
+                            "read no further: is --url the governor's?",
+                            command,
+                        )
+                    blocks.append(block)
+                return b"".join(blocks).decode()
             decoder = codecs.getincrementaldecoder("utf-8")()
             while block := response.read(1 << 16):
                 into(decoder.decode(block))
@@ -1213,7 +1231,7 @@ def _service_get(
                 "https://HUB/services/gpu-gov/",
                 command,
             )
-        detail = error.read().decode(errors="replace")
+        detail = error.read(MAX_ERROR).decode(errors="replace")  # (_fail cuts it shorter)
         with contextlib.suppress(ValueError, AttributeError):
             detail = json.loads(detail).get("message", detail)
         if error.code in (401, 403) and "authenticate" in str(detail):

@@ -3,6 +3,7 @@ words, an exit code of 2, and never a traceback or traitlets' search paths."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -157,6 +158,56 @@ def test_a_cluster_report_of_another_shape_is_named_not_a_traceback(capsys, body
         listener.close()
     out, err = capsys.readouterr()
     assert out == "" and "error: the service's answer is not a cluster report" in err, err
+
+
+@pytest.mark.parametrize("status", [b"200 OK", b"500 Internal Server Error"])
+def test_a_url_answering_without_end_is_named_not_read_into_memory(status):
+    """A wrong --url may answer without end (a stream, a file served at its size): ``diagnose
+    --cluster`` read the whole answer (an error's too) before looking at it, and took memory
+    until it died. It stops past 64 MiB, naming the limit; an error's text past 64 KiB."""
+    import resource
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:  # a head with no length, then zeros until the client hangs up
+        conn, _ = listener.accept()
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 " + status + b"\r\nConnection: close\r\n\r\n")
+            block = b"0" * (1 << 20)
+            while True:
+                conn.sendall(block)
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/services/gpu-gov/"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+
+    def bounded() -> None:  # what it took before, cut short: 2 GiB of memory
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    try:
+        argv = ["diagnose", "--cluster", "--url", url, "--token", "t"]
+        result = subprocess.run(
+            [sys.executable, "-m", "jupyter_gpu_gov.cli", *argv],
+            cwd=REPO,
+            env=clean,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=bounded,
+        )
+    finally:
+        listener.close()
+    assert result.returncode == 2, result.stderr[-500:]
+    assert "Traceback" not in result.stderr, result.stderr[-500:]
+    assert result.stderr.startswith(f"jupyter-gpu-gov diagnose: error: {url}api/diagnosis?")
+    if status.startswith(b"200"):
+        assert "the answer is longer than 67,108,864 bytes (64 MiB)" in result.stderr
+    else:  # the error's text, cut as every quoted text is
+        assert "HTTP 500: 000" in result.stderr and "more characters)" in result.stderr
+        assert len(result.stderr) < 3000, len(result.stderr)
 
 
 @pytest.mark.parametrize("command", ["diagnose", "diagnose --baseline", "export-trace"])

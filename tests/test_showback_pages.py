@@ -4,7 +4,9 @@ written as the governor writes it)."""
 
 from __future__ import annotations
 
+import asyncio
 import html
+import json
 import re
 from datetime import timedelta
 
@@ -81,4 +83,21 @@ def test_my_page_says_a_reclaim_it_warned_of_is_withdrawn(service):
     page = text(call(service, "GET", "me", ALICE))
     assert "No longer asked back" in page and "the deadline you were warned of is lifted" in page
     gov.spawn_queue._withdrawn([lifted], clock.utcnow() - timedelta(minutes=16))  # said enough
+    assert "No longer asked back" not in text(call(service, "GET", "me", ALICE))
+
+
+def test_a_reclaim_lifted_before_a_restart_is_not_said_in_the_new_session(service):
+    """alice's reclaim was lifted, then she stopped her server and started it again within the
+    notice's 15 minutes. The new session was never warned of a deadline: its JupyterLab (the
+    verdict) and her page said "reclaim lifted" all the same, of the session before."""
+    gov = service.governor
+    lifted = {"server": "alice/", "team": "vision", "asked_at": "2026-01-05T10:00:00Z", "by": "v/"}
+    gov.spawn_queue._withdrawn([lifted], clock.utcnow() - timedelta(minutes=2))
+    assert gov.verdict("alice/")["reclaim_withdrawn"]  # the session it was for: said
+    service.hub.add_server("alice", started=clock.utcnow() - timedelta(seconds=30))  # restarted
+    asyncio.run_coroutine_threadsafe(gov.reconcile(), service.loop).result(60)
+
+    assert gov.row("alice/").session_started > clock.utcnow() - timedelta(minutes=1)
+    assert gov.verdict("alice/")["reclaim_withdrawn"] is None
+    assert json.loads(gov.answer("alice/"))["verdict"]["reclaim_withdrawn"] is None
     assert "No longer asked back" not in text(call(service, "GET", "me", ALICE))

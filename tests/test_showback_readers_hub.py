@@ -82,6 +82,12 @@ def rows(gov, user: str, query: str) -> set[tuple[str, str]]:
     return {(row["team"], row["user"]) for row in r.json()["usage"]}
 
 
+def teams(gov, user: str, query: str) -> list[str] | None:
+    r = usage(gov, user, query)
+    assert r.status_code == 200, r.text
+    return r.json()["teams"]
+
+
 def page_text(response) -> str:
     return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", response.text)))
 
@@ -98,6 +104,11 @@ def test_a_team_lead_reads_her_teams_usage_and_nothing_else(hub, gov):
     assert rows(gov, "lena", "user=bob") == set()  # bob, inside her teams: none
     assert rows(gov, "lena", "tier=a100") == set()
     assert rows(gov, "lena", "user=lena") == {("nlp", "lena")}  # her own, as anyone's
+    # The JSON says which teams it covers, as the page does (it did not: her script could not
+    # tell her teams' rows from everyone's).
+    assert teams(gov, "lena", "") == ["vision"]
+    assert teams(gov, "lena", "team=vision") == ["vision"]
+    assert teams(gov, "lena", "user=lena") is None  # her own usage: no team's limit
     r = usage(gov, "lena", "group_by=team,user&format=csv")
     assert r.status_code == 200, r.text
     table = list(csv.DictReader(io.StringIO(r.text)))
@@ -135,6 +146,7 @@ def test_a_leads_group_reads_as_the_team_its_property_names(gov):
     governor reads a server's team from it): he reads vision's usage, and a refusal names the
     group the team is read from."""
     assert rows(gov, "vic", "") == {("vision", "alice")}
+    assert teams(gov, "vic", "") == ["vision"]  # the team, not the group cv-lab
     r = usage(gov, "vic", "team=cv-lab")
     assert r.status_code == 403, r.text
     assert "yours covers 'vision'" in r.json()["message"]
@@ -165,6 +177,7 @@ def test_finance_reads_every_teams_usage_and_acts_on_nothing(hub, gov):
     everyone = {("vision", "alice"), ("nlp", "bob"), ("nlp", "lena")}
     assert rows(gov, "fiona", "") == everyone
     assert rows(gov, "fiona", "team=nlp") == {("nlp", "bob"), ("nlp", "lena")}
+    assert teams(gov, "fiona", "") is None and teams(gov, "fiona", "team=nlp") == ["nlp"]
     page = page_text(
         hub.login("fiona").get(f"{hub.url}/services/gpu-gov/showback?group_by=team", timeout=60)
     )

@@ -603,11 +603,13 @@ class UsageHandler(ApiHandler):
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.set_header("Content-Disposition", 'attachment; filename="gpu-usage.csv"')
         else:
+            teams = owner.get("team")  # a lead's set, or the one team= names
             head = {
                 "group_by": group_by,
                 "period": period,
                 "since": clock.isoformat(since),
                 "until": clock.isoformat(until),
+                "teams": [teams] if isinstance(teams, str) else teams and sorted(teams),
                 "currency": self.governor.options.currency,
             }
             parts = showback.json_parts(head, rows)

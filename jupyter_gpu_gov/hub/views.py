@@ -320,11 +320,15 @@ class Views:
 
     def reclaim_withdrawn(self, row: ServerRow) -> datetime | None:
         """When a reclaim on the row's server was withdrawn, while its owner is still to be
-        told (``hub/queue.py``); None once a reclaim stands on it again (a new warning)."""
+        told (``hub/queue.py``); None once a reclaim stands on it again (a new warning), or
+        when the server started since (the Hub's ``started``): the new session was never warned."""
         queue = getattr(self, "spawn_queue", None)  # a governor built without its passes
         if queue is None or (row.labels and RECLAIM_LABEL in row.labels):
             return None
-        return queue.withdrawn_at(row.key)
+        at = queue.withdrawn_at(row.key)
+        if at is not None and row.session_started is not None and at < row.session_started:
+            return None
+        return at
 
     def lease_view(self, holder: bool = True) -> dict | None:
         """Whether this governor acts (holds the store's lease, ``hub/lease.py``) and, with
