@@ -693,7 +693,8 @@ def _add_diagnose(commands: argparse._SubParsersAction) -> None:
             '"label", "cause", "confidence", "confident", "candidates", "contributions",\n'
             '"gain", "hint", "source"}. Labels: healthy, zombie, data_io, cpu_serial,\n'
             "memory_bandwidth, small_work, unknown (no sm_active), uncertain (the most likely\n"
-            "cause is below the model's confidence: 'candidates' names the two it is between).\n"
+            "cause's confidence is below 0.55: 'candidates' names the two it is between).\n"
+            "cpu_serial is said at most 0.65 sure: the likeliest reading, never a sure one.\n"
             "Without --model the model learns each node from the file itself (unlabelled,\n"
             "rows in time order); it reads each running window with the earlier rows of the\n"
             "same node and server (the median of the last 4 within 10 minutes), as the hub\n"

@@ -971,6 +971,27 @@ def test_an_idle_terminal_is_idle_not_a_starved_loop():
     assert model.diagnose(replace(quiet, cpu_cores=1.0)).label != "healthy"
 
 
+def test_a_server_that_has_not_started_using_its_gpu_has_no_root_cause():
+    """A server granted a card, with no kernel and no process on it, no memory held, the card
+    quiet (the demo's every server before its first notebook): nothing runs to be held back, so
+    no root cause, where it read "Not sure yet (data_io or cpu_serial)" with the data hint."""
+    report = {
+        "sampled_at": "2026-01-05T09:00:00Z",
+        "server": {"user": "alice", "name": "", "gpu_allocated": True,
+                   "last_activity": "2026-01-05T08:59:00Z"},
+        "devices": [{"uuid": "GPU-1", "memory_used_mb": 0, "memory_total_mb": 81559,
+                     "activity": 0}],
+        "targets": [],
+    }  # fmt: skip
+    [window] = windows_from_report(report, None, None)
+    assert (window.kernel_busy, window.cpu_cores, window.gpu_mem_frac) == (None, None, 0.0)
+    for model in (Diagnoser(), Diagnoser().fit(_history("fast", LOOPS))):
+        d = model.diagnose(replace(window, node="fast"))
+        assert d.label == "healthy", d
+        # Memory held: something unseen may run there, read as before.
+        assert model.diagnose(replace(window, node="fast", gpu_mem_frac=0.3)).label != "healthy"
+
+
 def test_memory_bound_needs_a_busy_gpu():
     """Kernels that stream memory at the node's DRAM peak are memory-bound when they keep the
     GPU busy; in a loop that starves the GPU, something else holds it back."""

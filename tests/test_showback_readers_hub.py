@@ -121,6 +121,7 @@ def test_a_team_lead_reads_her_teams_usage_and_nothing_else(hub, gov):
     message = r.json()["message"]
     assert "team 'nlp'" in message and "custom:gpu-gov:showback!group=nlp" in message, message
     assert "yours covers 'vision'" in message
+    assert "add user=lena" in message  # her own rows in nlp she reads as anyone does
 
     token = hub.token("lena")
     for method, path in (
@@ -170,6 +171,12 @@ def test_the_showback_page_shows_a_lead_her_teams_only(hub):
     assert r.status_code == 200, r.text[:500]
     assert [line["user"] for line in csv.DictReader(io.StringIO(r.text))] == ["alice"]
 
+    # The Hub's Services menu leads to the dashboard: refused, it points her to Showback.
+    r = session.get(f"{hub.url}/services/gpu-gov/", timeout=60)
+    assert r.status_code == 403
+    assert "your teams' usage is on “Showback”" in page_text(r)
+    assert 'href="/services/gpu-gov/showback"' in r.text
+
 
 def test_finance_reads_every_teams_usage_and_acts_on_nothing(hub, gov):
     """fiona holds the showback scope unfiltered: every team's rows, by the API and the page;
@@ -198,6 +205,11 @@ def test_a_user_without_the_scope_reads_only_their_own_and_is_told_which_scope(h
     assert "custom:gpu-gov:showback!group=vision" in r.json()["message"]
     assert "add user=bob" in r.json()["message"]
     assert rows(gov, "bob", "") == {("nlp", "bob")}
-    r = hub.login("bob").get(f"{hub.url}/services/gpu-gov/showback", timeout=60)
+    session = hub.login("bob")
+    r = session.get(f"{hub.url}/services/gpu-gov/showback", timeout=60)
     assert r.status_code == 403
     assert "custom:gpu-gov:showback" in page_text(r)
+    assert "Log out of the Hub and in again" in page_text(r)  # a role given since his login
+    r = session.get(f"{hub.url}/services/gpu-gov/", timeout=60)
+    assert r.status_code == 403
+    assert "Showback" not in page_text(r) and "showback" not in r.text

@@ -14,7 +14,8 @@ another node's. What the model decides with is what defines each cause physicall
    Without kernel state (a terminal), a process tree doing nothing on the CPU
    (``zombie_cores``) with the GPU as quiet is running nothing either: the same test,
    ``terminal_certainty`` as sure for the zombie — and an idle terminal, not a starved loop,
-   while its owner is around.
+   while its owner is around. With no kernel, no process measured, no memory held and the SMs
+   quiet, the server has not started using its card: ``healthy``.
 1. **Memory-bound** kernels keep the memory interface near the node's *peak* DRAM intensity
    (DRAM activity per unit of kernel time, at ``memory_bound`` of the peak) and are heavy by
    one of three measures, since cards' DRAM counters differ in scale: above an absolute floor,
@@ -379,6 +380,18 @@ class Diagnoser:
             found = self._idle(w, ref, self.params.terminal_certainty)
             if found.label == ZOMBIE or w.sm_active <= self.params.zombie_sm:
                 return found
+        if (
+            w.kernel_busy is None
+            and w.cpu_cores is None
+            and w.gpu_mem_frac is not None
+            and w.gpu_mem_frac <= rules.ZOMBIE_MEM_FRAC
+            and w.sm_active <= self.params.zombie_sm
+        ):
+            # No kernel, no process on the card, none of its memory held, its SMs quiet: a
+            # server that has not started using its GPU runs nothing to be held back (it read
+            # "not sure: data_io or cpu_serial", with the data hint). Never a zombie: nothing
+            # is held.
+            return diagnosis(HEALTHY)
         return self._running(w, ref)
 
     def _idle(self, w: Window, ref: NodeReference | None, certainty: float = 1.0) -> Diagnosis:

@@ -23,6 +23,7 @@ from ..core.durations import format_duration
 from .api_handler import ApiHandler, error_message
 from .hub_auth import HubOAuthenticated
 from .prepared_auth import is_governor_admin
+from .readers import readable_teams
 from .views import match_text
 
 env = Environment(
@@ -129,16 +130,25 @@ class PageHandler(ApiHandler):
                 message=message,
                 me=user.get("name", ""),
                 is_admin=is_governor_admin(user),
+                # A lead refused the dashboard (the Hub's Services menu leads there) still
+                # finds Showback in the navigation.
+                reads_showback=bool(user)
+                and readable_teams(user, self.governor.teams_by_group) != frozenset(),
                 dry_run=self.governor.options.dry_run,
             )
         )
 
     def require_admin(self) -> None:
         if not self.is_admin:
+            theirs = (
+                "your teams' usage is on “Showback”, your own on “My GPU usage”"
+                if self.showback_teams != frozenset()
+                else "your own usage is on “My GPU usage”"
+            )
             raise web.HTTPError(
                 403,
                 "the GPU dashboard is for Hub admins and governor admins "
-                "(scope custom:gpu-gov:admin); your own usage is on “My GPU usage”",
+                f"(scope custom:gpu-gov:admin); {theirs}",
             )
 
 

@@ -73,7 +73,8 @@ def usage_filters(
             403,
             f"'team': reading team {team!r:.80}'s usage needs the scope "
             f"{scope_for(team, teams_by_group)} (or {ADMIN_SCOPE}); yours covers "
-            f"{', '.join(sorted(teams))!r:.200}",
+            f"{', '.join(sorted(teams))!r:.200}"
+            + (f"; for your own in it, add user={own}" if own else ""),
         )
     # One's own usage, as any user reads it.
     if refused := owner_wide(model, "its owner's usage"):
@@ -106,5 +107,6 @@ def usage_filters(
 NO_SHOWBACK = (
     f"showback is for governor admins ({ADMIN_SCOPE}) and readers of teams' usage "
     f"({SHOWBACK_SCOPE}; a team lead's is filtered !group=<the team's group>); your own usage "
-    "is on “My GPU usage”"
+    "is on “My GPU usage”. Given that scope since you logged in? Log out of the Hub and in "
+    "again: a login keeps the scopes it was made with"
 )
