@@ -34,7 +34,7 @@ from browser import browser as chromium
 from browser import explain_failure, log_in, needs_browser, screenshot_path
 from governor_harness import Gov, cancel, governed_hub, join, server_running, wait
 from hub_harness import HubHarness
-from test_reclaim_hub import PROFILES, SINGLEUSER
+from test_reclaim_hub import PROFILES, SINGLEUSER, ivan_borrows_the_h100
 
 with contextlib.suppress(ImportError):  # without playwright, needs_browser skips
     from playwright.sync_api import Page, expect
@@ -407,13 +407,7 @@ def test_a_withdrawn_reclaim_reads_in_jupyterlab(tmp_path: Path) -> None:
         singleuser_env={"JUPYTERLAB_SETTINGS_DIR": str(lab_settings(tmp_path))},
         timeout=180,
     ) as hub:
-        for user in ("govadmin", "ivan", "vera"):
-            hub.create_user(user)
-        gov = Gov(hub)
-        gov.wait_up()
-        r = hub.api("POST", "users/ivan/server", json={"profile": "h100"})
-        assert r.status_code in (201, 202), r.text
-        hub.wait_for_server("ivan")
+        gov = ivan_borrows_the_h100(hub)
         with chromium() as browser:
             page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
             page.set_default_timeout(SLOW)

@@ -27,6 +27,7 @@ from governor_harness import (
     service_pid,
     wait,
 )
+from hub_harness import HubHarness
 
 from jupyter_gpu_gov.core.clock import parse
 
@@ -52,6 +53,19 @@ add_gpu_profiles(c, spawner="simple")
 SINGLEUSER = f"c.GpuGovApp.simulated_devices = {[H100]!r}\n"
 
 
+def ivan_borrows_the_h100(hub: HubHarness) -> Gov:
+    """The users made, the governor up, and ivan (interns) holding the one H100, which vera's
+    team (lab) is guaranteed: what joining the line then asks back."""
+    for user in ("govadmin", "ivan", "vera"):
+        hub.create_user(user)
+    gov = Gov(hub)
+    gov.wait_up()
+    r = hub.api("POST", "users/ivan/server", json={"profile": "h100"})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_for_server("ivan")
+    return gov
+
+
 def test_a_reclaim_is_withdrawn_when_the_team_that_asked_cancels(tmp_path):
     # ivan's work is never idle-culled here: only the reclaim could stop it.
     keep = {"name": "borrower", "match": {"users": ["ivan"]}, "warn_after": "1h",
@@ -59,13 +73,7 @@ def test_a_reclaim_is_withdrawn_when_the_team_that_asked_cancels(tmp_path):
     with governed_hub(
         tmp_path, hub_config=PROFILES, singleuser_config=SINGLEUSER, extra_policies=[keep]
     ) as hub:
-        for user in ("govadmin", "ivan", "vera"):
-            hub.create_user(user)
-        gov = Gov(hub)
-        gov.wait_up()
-        r = hub.api("POST", "users/ivan/server", json={"profile": "h100"})
-        assert r.status_code in (201, 202), r.text
-        hub.wait_for_server("ivan")
+        gov = ivan_borrows_the_h100(hub)
 
         r = join(hub, "vera", {"profile": "h100"})
         assert r.status_code == 302, r.text

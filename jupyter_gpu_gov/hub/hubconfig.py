@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from tornado import web
 from traitlets.config import Config, LazyConfigValue
 
-from ..core.config_order import again_on_the_whole_config
+from ..core.config_order import again_on_the_whole_config, listed
 from ..core.grant import oversized
 from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
@@ -142,12 +142,9 @@ def _add_service(c, service: dict, own_interval: bool) -> None:
     """The governor's entry in ``c.JupyterHub.services`` (once, by name), passing the Hub's
     activity interval as ``c`` configures it now (not when ``environment`` names one)."""
     services = c.JupyterHub.services
-    if isinstance(services, LazyConfigValue):  # .append/.extend so far
-        listed = [*services._prepend, *(s for _, s in services._inserts), *services._extend]
-    else:
-        listed = list(services)
     mine = next(
-        (s for s in listed if isinstance(s, dict) and s.get("name") == service["name"]), None
+        (s for s in listed(services) if isinstance(s, dict) and s.get("name") == service["name"]),
+        None,
     )
     if mine is None:
         mine = dict(service, environment=dict(service["environment"]))
@@ -164,11 +161,7 @@ def _add_service(c, service: dict, own_interval: bool) -> None:
 def _add_roles(c, roles: list[dict]) -> None:
     """Add ``roles`` to ``c.JupyterHub.load_roles``, those not there by name already."""
     kept = c.JupyterHub.load_roles
-    if isinstance(kept, LazyConfigValue):
-        listed = [*kept._prepend, *(r for _, r in kept._inserts), *kept._extend]
-    else:
-        listed = list(kept)
-    names = {r.get("name") for r in listed if isinstance(r, dict)}
+    names = {r.get("name") for r in listed(kept) if isinstance(r, dict)}
     kept.extend([r for r in roles if r["name"] not in names])
 
 
@@ -256,11 +249,7 @@ def _add_user_scope(c, scope: str) -> None:
     (z2jh's ``hub.loadRoles.user``; JupyterHub refuses a second role of one name), else as
     JupyterHub's default (``self``) plus ``scope``."""
     roles = c.JupyterHub.load_roles
-    if isinstance(roles, LazyConfigValue):  # only .append/.extend/... so far
-        configured = [*roles._prepend, *(r for _, r in roles._inserts), *roles._extend]
-    else:
-        configured = list(roles)
-    mine = next((r for r in configured if isinstance(r, dict) and r.get("name") == "user"), None)
+    mine = next((r for r in listed(roles) if isinstance(r, dict) and r.get("name") == "user"), None)
     if mine is None:
         roles.append({"name": "user", "scopes": ["self", scope]})
         return
@@ -316,7 +305,7 @@ def _add_server_token_scopes(c, scopes: list[str]) -> None:
         section = c[name]
         kept = section.get("server_token_scopes")
         if isinstance(kept, LazyConfigValue):  # .append/.extend so far: still merged when loaded
-            kept.extend([s for s in scopes if s not in kept._extend])
+            kept.extend([s for s in scopes if s not in listed(kept)])
         elif callable(kept):  # JupyterHub calls it per spawn (and awaits what it returns)
             if getattr(kept, "adds_scopes", None) != scopes:  # once, though ``add`` runs twice
                 section.server_token_scopes = _adding_scopes(kept, scopes)

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traitlets.config import LazyConfigValue
-
-from ..core.config_order import again_on_the_whole_config
+from ..core.config_order import again_on_the_whole_config, listed
 
 TEMPLATES = Path(__file__).parent / "templates" / "hub"  # JupyterHub's pages, extended
 
@@ -74,8 +72,7 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
                         raise ValueError(profile_list_refusal(profiles, f"{section}.profile_list"))
         add_queue_templates(config)
         kept = config.JupyterHub.extra_handlers
-        listed = kept._extend if isinstance(kept, LazyConfigValue) else list(kept)
-        patterns = {h[0] for h in listed if isinstance(h, (list, tuple)) and h}
+        patterns = {h[0] for h in listed(kept) if isinstance(h, (list, tuple)) and h}
         kept.extend([h for h in handlers if h[0] not in patterns])
 
     add(c)
