@@ -113,7 +113,7 @@ def _command(pid: int) -> str:
 # test`: a file each at a time) end together rather than one finishing the longest file alone.
 # A file not listed runs after these, in its usual order.
 LONGEST_FILES = (
-    "test_kubernetes_faults_hub.py",  # 557 s (two stops wait out KubeSpawner's retries)
+    "test_kubernetes_faults_hub.py",  # 557 s (two stops wait out the retries: 120 s; 60 s: ~350)
     "test_governor_hub.py",  # 188
     "test_cause_hub.py",  # 169
     "test_labextension_browser.py",  # 120

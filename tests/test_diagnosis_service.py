@@ -884,22 +884,31 @@ async def test_training_runs_in_a_worker_while_the_model_goes_on_learning(tmp_pa
             service.history.add(window.server, window, now=clock.utcnow().timestamp() + i * 1e-6)
         assert gov.ingest(starved_report("bob"))["root_cause"]["source"] == "model"
 
-        gaps: list[float] = []
         answered: list[dict] = []
+        fitting, answered_while_fitting = threading.Event(), threading.Event()
 
         async def keep_answering():
-            last = time.perf_counter()
             while service.training_running or not answered:
                 await asyncio.sleep(0.005)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
+                was_fitting = fitting.is_set()
                 answered.append(gov.ingest(starved_report("bob")))
+                if was_fitting:
+                    answered_while_fitting.set()
 
-        # The worker's fit waits until the pass is over: a pass that waited for the training
-        # would never end (bounded below), whatever the machine's load.
+        # The worker's fit waits until the pass is over (a pass that waited for the training
+        # would never end, bounded below), then until the loop has answered a report while the
+        # fit is under way: a fit run on the loop holds it, no answer comes, and the wait gives
+        # up (60 s) unanswered. Events, not the loop's gaps: a loaded machine may stall any
+        # process for half a second (a 0.58 s gap failed the old 0.38 s bound under load).
         pass_over, fit = threading.Event(), service._fit
-        service._fit = lambda windows: pass_over.wait(60) and fit(windows)
+
+        def fit_once_the_loop_answers(windows):
+            pass_over.wait(60)
+            fitting.set()
+            answered_while_fitting.wait(60)
+            return fit(windows)
+
+        service._fit = fit_once_the_loop_answers
         await asyncio.wait_for(gov.reconcile(), 30)  # starts the training, does not wait for it
         assert service.training_running
         pass_over.set()
@@ -917,10 +926,7 @@ async def test_training_runs_in_a_worker_while_the_model_goes_on_learning(tmp_pa
     assert service.model is not first and service.training.windows >= 7200
     assert service.model.trained_on >= 5000  # learnt from the history
     assert service.training.runs == 1
-    # The loop answered throughout: a fit run on the loop would stall it for the whole fit;
-    # a loaded 2-core machine may stall it for a few scheduler slices, never for half of it.
-    train_s = summary["model"]["train_seconds"]
-    assert answered and max(gaps) < max(0.25, train_s / 2), (len(gaps), max(gaps), train_s)
+    assert answered_while_fitting.is_set()  # the loop answered while the worker fitted
     assert all(v["root_cause"] is not None for v in answered)
     assert sorted(costs)[10] < 0.01, costs  # median ingest, window and all
     cause = trained["root_cause"]

@@ -89,9 +89,9 @@ def test_silent_training_loop_is_never_warned(hub, gov):
         "import threading, time\n"
         "from jupyter_gpu_gov import simulate\n"
         "simulate.hold(8192)\n"
-        "def train():\n"
-        "    while True:\n"  # each step's load outlasts its pause by 2 s: a loaded machine may
-        "        simulate.load(0.9, seconds=3.0)\n"  # stall the thread, never the GPU work
+        "def train():\n"  # its GPU work runs on until the kernel ends: a step renewed on the
+        "    simulate.load(0.9)\n"  # wall clock lapsed when a loaded machine stalled the thread
+        "    while True:\n"
         "        time.sleep(1.0)\n"
         "threading.Thread(target=train, daemon=True).start()\n",
     )

@@ -47,7 +47,7 @@ def k8s(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hub(k8s, tmp_path_factory):
     extra = (
-        "c.GpuProfiles.queue = True\nc.KubeSpawner.k8s_api_request_retry_timeout = 120\n"
+        "c.GpuProfiles.queue = True\nc.KubeSpawner.k8s_api_request_retry_timeout = 60\n"
         "c.ClusterGpus.left_pod_grace = 1\n"
     )
     with z2jh_hub(k8s, tmp_path_factory, extra) as harness:
@@ -210,7 +210,7 @@ def vic_afresh(hub, k8s, stopped: tuple[str, ...]) -> None:
 
 
 def test_a_pod_a_stop_left_running_holds_its_card_until_the_sweep_deletes_it(hub, k8s):
-    """vic's stop: the API fails the pod's delete past KubeSpawner's retries (120 s here), and
+    """vic's stop: the API fails the pod's delete past KubeSpawner's retries (60 s here), and
     JupyterHub records vic stopped with the pod running. Its card stays held (ivan is refused);
     the hub's sweep is audited and tried while the API fails; once it answers, the pod is
     deleted, the card is free for ivan, and the pods that only look like it are left alone."""

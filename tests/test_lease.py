@@ -389,27 +389,39 @@ async def test_a_store_that_cannot_renew_the_lease_acts_on_nothing(tmp_path):
         assert not result.errors and gov.store.audit_rows("alice/")
 
 
+class CountingExporter(Exporter):
+    """The exporter, counting the reads it answers."""
+
+    reads = 0
+
+    def answer(self, request) -> None:
+        self.reads += 1
+        super().answer(request)
+
+
 async def test_a_takeover_governs_on_a_fresh_dcgm_read(tmp_path):
     """A standby reads nothing from DCGM (it decides nothing); the governor that takes over
     reads it before its first pass, as at a start, not a snapshot from its standby hours ago
-    (stale: the pass's GPUs unknown), nor stops on a read it did not start."""
-    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    (stale: the pass's GPUs unknown), nor stops on a read it did not start. Told by the reads
+    the exporter answered, not by a snapshot's age: with a 1 s dcgm_max_age a loaded machine
+    made the takeover's own read stale (a 2.5 s pass)."""
+    exporter = CountingExporter("h100-8gpu-k8s-pod-attributed.txt")
     async with FakeHub() as hub:
         hub.add_server("alice")
-        fresh = {"dcgm_max_age": timedelta(seconds=1)}
-        first = governor(hub, tmp_path, exporter.url, **fresh)
-        second = governor(hub, tmp_path, exporter.url, **fresh)
+        first = governor(hub, tmp_path, exporter.url)
+        second = governor(hub, tmp_path, exporter.url)
         with_lease(first)
         lease = with_lease(second)
         for _ in range(2):
             assert (await second.reconcile()).errors == (STANDBY,)
             await second.background_done()
-        await asyncio.sleep(1.5)  # what it read on standby, if anything, is stale by now
+        assert exporter.reads == 0  # nothing read on standby: nothing to go stale
         first.store.lease.release()
         assert lease.step() and lease.taking
         second.take_over()
         lease.taking = False
         result = await second.reconcile()
+        assert exporter.reads >= 1 and second._dcgm_latest.evidence  # read for this pass
         assert not result.errors and not result.dcgm_errors, result
         for gov in (first, second):
             await gov.close()

@@ -1660,6 +1660,23 @@ async def left_running(hub: FakeHub, cluster: FakeKubernetes, user: str) -> GpuK
     return spawner
 
 
+async def test_the_card_of_a_pod_a_stop_left_running_is_never_counted_free(make_hub, cluster):
+    """A count uses the cluster's last reading while it is fresh (up to ``FRESH_FOR_S``):
+    alice's admission read the nodes and pods before her pod was made. Her stop then left the
+    pod running (the API failed its delete past the retries), and it is no longer her server's
+    for admission to count: counted on that reading, which does not have it, its card was free
+    and bob was admitted onto it (his pod Pending; the chart's hub under load). The stop that
+    leaves a pod has the next count read the cluster first."""
+    config = profiles_config(capacity={})
+    config.ClusterGpus.refresh_every = 3600  # no reading ages out within the test
+    hub = make_hub(config)
+    alice = await left_running(hub, cluster, "alice")
+    assert cluster.get("pods", alice.pod_name, alice.namespace)["spec"]["nodeName"] == "h100-0"
+    bob = hub.spawner(hub.user("bob", "vision"))
+    await bob.gpu_refresh()
+    assert bob.gpu_capacity(bob.gpu_usage())["h100"] == 7  # of 8: alice's pod holds one
+
+
 async def swept_at_once(make_hub, cluster: FakeKubernetes, *users: str):
     """A hub whose sweep takes a left pod at once (``left_pod_grace`` 0), and each of ``users``'
     server whose stop left its pod running (``left_running``): ``(hub, [spawner, ...])``."""

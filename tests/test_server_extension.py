@@ -178,9 +178,9 @@ async def test_background_gpu_thread_counts_as_active_while_kernel_is_idle(
         "import threading, time\n"
         "from jupyter_gpu_gov import simulate\n"
         "simulate.hold(4096)\n"
-        "def train():\n"
+        "def train():\n"  # its GPU work runs on until the kernel ends: steps renewed on the
+        "    simulate.load(0.8)\n"  # wall clock lapsed when a loaded machine stalled the thread
         "    while True:\n"
-        "        simulate.load(0.8, seconds=1.0)\n"
         "        time.sleep(0.5)\n"
         "threading.Thread(target=train, daemon=True).start()\n"
     )

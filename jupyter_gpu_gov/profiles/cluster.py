@@ -305,6 +305,13 @@ class ClusterGpus(SingletonConfigurable):
             self.namespace_only = None
         return [slim for pod in pods if (slim := _gpu_pod(pod)) is not None]
 
+    def read_again(self) -> None:
+        """The next step that counts reads the cluster first: a pod appeared or went that the
+        hub's records do not account for (a stop left its server's pod running; a left pod
+        went). The reading may be up to ``FRESH_FOR_S`` old, taken before that pod was made:
+        counted on it, the left pod's card was free and admission handed it out again."""
+        self.read_at = float("-inf")
+
     def age(self) -> float:
         """Seconds since the last read came back (infinite: never read)."""
         return time.monotonic() - self.read_at

@@ -319,6 +319,9 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
             # the user or the server leaves the record (``left_pods.py``).
             pod = left_pod(self.namespace, self.pod_name, uid, clock.utcnow(), tier)
             record_left_pod(self.user.db, pod, self.user.name, self.name or "")
+            # No longer the hub's server, its pod counts as another's: on the cluster's
+            # reading, which must be one that has it (not one from before it was made).
+            self.gpu_cluster.read_again()
             self.log.warning(
                 "gpu-gov: the pod %s/%s of %s could not be deleted; its card counts as held "
                 "until the hub deletes it, %g s from now at the earliest (c.ClusterGpus."

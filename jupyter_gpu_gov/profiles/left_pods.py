@@ -248,7 +248,7 @@ def _forget(handler: web.RequestHandler, cluster: ClusterGpus, record: Mapping, 
         )
     )
     handler.db.commit()
-    cluster.read_at = float("-inf")
+    cluster.read_again()
     log.info(
         "gpu-gov: the pod %s/%s that %s's stop left running %s",
         escaped(record["namespace"]),
