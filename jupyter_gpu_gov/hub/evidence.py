@@ -47,6 +47,7 @@ class PassContext:
     teams_by_group: Mapping[str, str] = field(default_factory=dict)
     by_uuid: Mapping = field(default_factory=dict)
     by_pod: Mapping = field(default_factory=dict)
+    groups_read: bool = False  # a pass read the Hub's groups (none has: teams_by_group is a guess)
 
 
 class Evidence:

@@ -23,7 +23,7 @@ from ..core.durations import format_duration
 from .api_handler import ApiHandler, error_message
 from .hub_auth import HubOAuthenticated
 from .prepared_auth import is_governor_admin
-from .readers import readable_teams
+from .readers import reads_showback
 from .views import match_text
 
 env = Environment(
@@ -110,7 +110,7 @@ class PageHandler(ApiHandler):
             me=user.get("name", ""),
             is_admin=bool(user) and self.is_admin,
             # A team lead's or finance's navigation has Showback (``hub/readers.py``).
-            reads_showback=bool(user) and self.showback_teams != frozenset(),
+            reads_showback=bool(user) and reads_showback(user),
             xsrf=Markup(self.xsrf_form_html()),
             dry_run=self.governor.options.dry_run,
             currency=self.governor.options.currency,
@@ -132,8 +132,7 @@ class PageHandler(ApiHandler):
                 is_admin=is_governor_admin(user),
                 # A lead refused the dashboard (the Hub's Services menu leads there) still
                 # finds Showback in the navigation.
-                reads_showback=bool(user)
-                and readable_teams(user, self.governor.teams_by_group) != frozenset(),
+                reads_showback=bool(user) and reads_showback(user),
                 dry_run=self.governor.options.dry_run,
             )
         )
@@ -142,7 +141,7 @@ class PageHandler(ApiHandler):
         if not self.is_admin:
             theirs = (
                 "your teams' usage is on “Showback”, your own on “My GPU usage”"
-                if self.showback_teams != frozenset()
+                if reads_showback(self.current_user)
                 else "your own usage is on “My GPU usage”"
             )
             raise web.HTTPError(

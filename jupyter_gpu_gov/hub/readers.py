@@ -25,9 +25,19 @@ from .prepared_auth import ADMIN_SCOPE, SHOWBACK_SCOPE, is_governor_admin, owner
 FILTERS = ("team", "project", "tier")  # the usage API's filters besides ``user``
 
 
-def readable_teams(model: dict, teams_by_group: Mapping[str, str]) -> frozenset[str] | None:
+# Why a lead is answered 503: the Hub's groups, which say which team a lead's group is, are
+# read by the governor's pass, and before the first (or on a standby that made none) the group's
+# own name would be a guess (a team may be named like another team's group).
+NOT_READY = (
+    "the governor has not read the Hub's groups yet (they say which team a lead's "
+    "!group=<group> is): not ready, try again shortly"
+)
+
+
+def readable_teams(model: dict, teams_by_group: Mapping[str, str] | None) -> frozenset[str] | None:
     """The teams whose usage the caller may read (None: every team; empty: none but their
-    own usage). ``teams_by_group``: the Hub's groups that name a team (the last pass's)."""
+    own usage). ``teams_by_group``: the Hub's groups that name a team (the last pass's; None:
+    not read yet, a 503 for a lead)."""
     if is_governor_admin(model):
         return None
     teams = set()
@@ -39,20 +49,28 @@ def readable_teams(model: dict, teams_by_group: Mapping[str, str]) -> frozenset[
             return None
         kind, _, group = which.partition("=")
         if kind == "group" and group:
+            if teams_by_group is None:
+                raise web.HTTPError(503, NOT_READY)
             teams.add(teams_by_group.get(group, group))
     return frozenset(teams)
 
 
-def scope_for(team: str, teams_by_group: Mapping[str, str]) -> str:
+def reads_showback(model: dict) -> bool:
+    """Whether the caller reads some team's usage (the navigation's Showback link): which
+    teams does not matter, so it needs no groups read."""
+    return readable_teams(model, {}) != frozenset()
+
+
+def scope_for(team: str, teams_by_group: Mapping[str, str] | None) -> str:
     """The scope that would let a lead read ``team``, as a refusal names it (bounded: ``team``
     is what was asked)."""
-    groups = sorted(g for g, t in teams_by_group.items() if t == team)
+    groups = sorted(g for g, t in (teams_by_group or {}).items() if t == team)
     group = team if team in groups or not groups else groups[0]  # the team's own name first
     return f"{SHOWBACK_SCOPE}!group={group:.80}"
 
 
 def usage_filters(
-    model: dict, asked: Mapping[str, str | None], teams_by_group: Mapping[str, str]
+    model: dict, asked: Mapping[str, str | None], teams_by_group: Mapping[str, str] | None
 ) -> dict[str, str | frozenset[str] | None]:
     """The owner filters (``user``, ``team``, ``project``, ``tier``) a usage read runs with for
     the caller, from those ``asked``; a 403 naming what is missing where it may not read them.

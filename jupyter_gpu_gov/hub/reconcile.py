@@ -268,7 +268,7 @@ class Governor(
         if evidence != self._indexed:  # (a record the read kept is the same object: quick)
             self._indexed = evidence
             by_uuid, by_pod = index_by_uuid(evidence), index_by_pod(evidence)
-        self._context = PassContext(group_teams(groups), by_uuid, by_pod)
+        self._context = PassContext(group_teams(groups), by_uuid, by_pod, groups_read=True)
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()

@@ -580,9 +580,10 @@ class Views:
         return self.store.usage_sessions(since=since, user=user)
 
     @property
-    def teams_by_group(self) -> Mapping[str, str]:
-        """The Hub's groups that name a team, and their teams, as the last pass read them."""
-        return self._context.teams_by_group
+    def teams_by_group(self) -> Mapping[str, str] | None:
+        """The Hub's groups that name a team, and their teams, as the last pass read them (None:
+        no pass has yet, the first's or a standby's)."""
+        return self._context.teams_by_group if self._context.groups_read else None
 
     def gpus_held(self) -> dict[str, float]:
         """GPU-equivalents held now, by team (``""``: no team), from the ledger's open sessions."""
