@@ -1677,6 +1677,32 @@ async def test_the_card_of_a_pod_a_stop_left_running_is_never_counted_free(make_
     assert bob.gpu_capacity(bob.gpu_usage())["h100"] == 7  # of 8: alice's pod holds one
 
 
+async def test_a_card_a_stop_gave_back_is_free_for_the_next_spawn(make_hub, cluster):
+    """A reading taken while alice's server ran has her pod; once she stopped it is no longer
+    the hub's server's, so counted on that reading (fresh for up to ``FRESH_FOR_S``) her card
+    was another's and bob, spawning right after, was refused "in use" though it was free. A
+    stop has the next count read the cluster again, as a stop that failed does."""
+    config = profiles_config(capacity={})
+    config.ClusterGpus.refresh_every = 3600  # no reading ages out within the test
+    hub = make_hub(config)
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train-a", "nvidia.com/gpu", 7, h100))  # 7 of the 8
+    wait_for(lambda: cluster.get("pods", "train-a")["status"]["phase"] == "Running")
+    hub.user("alice", "vision")
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100", "project": "p"})
+    await alice.start()
+    await read_again(alice)  # (another spawn's count, say) while her server runs
+    await alice.stop()
+    alice.orm_spawner.started = None  # as User.stop records it
+    hub.db.commit()
+
+    bob = hub.started(hub.spawner(hub.user("bob", "vision")), {"profile": "h100", "project": "p"})
+    await bob.start()
+
+    assert cluster.get("pods", bob.pod_name, bob.namespace)["spec"]["nodeName"] == "h100-0"
+    assert cluster.get("pods", alice.pod_name, alice.namespace) is None
+
+
 async def swept_at_once(make_hub, cluster: FakeKubernetes, *users: str):
     """A hub whose sweep takes a left pod at once (``left_pod_grace`` 0), and each of ``users``'
     server whose stop left its pod running (``left_running``): ``(hub, [spawner, ...])``."""

@@ -333,6 +333,9 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
             )
             raise
         self._gpu_pod_uid = None
+        # A reading taken while the server ran has its pod, no longer the hub's server's: on
+        # it the card it gave back counted as held (up to FRESH_FOR_S), and a spawn was refused.
+        self.gpu_cluster.read_again()
 
     async def gpu_read_pod(self, namespace: str, name: str) -> dict | None:
         """The pod's JSON as the API has it (None: there is none), within the request timeout."""
