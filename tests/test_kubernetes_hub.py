@@ -340,3 +340,24 @@ def test_prometheus_reads_the_governors_metrics_with_the_token_the_values_ask_fo
 
     assert r.status_code == 200, r.text[:300]
     assert "jupyter_gpu_gov_reconcile_duration_seconds" in r.text
+
+
+def test_the_values_lead_and_finance_read_showback(hub, gov):
+    """values.yaml's lead (carol, vision's: the governor's scope filtered to the group vision)
+    and finance roles load in the chart's hub: carol reads vision's usage and is refused
+    another team's, naming the scope; a member of the group finance reads every team's."""
+    hub.create_user("fran")
+    r = hub.api("POST", "groups/finance/users", json={"users": ["fran"]})  # the role made it
+    assert r.status_code == 200, r.text
+    # (a 503 until the governor's first pass has read the Hub's groups)
+    lead = wait(
+        lambda: (
+            (r := gov.call("GET", "usage?team=vision", hub.token("carol"))).status_code != 503 and r
+        ),
+        60,
+        "the governor to read the Hub's groups",
+    )
+    assert lead.status_code == 200, lead.text[:300]
+    other = gov.call("GET", "usage?team=nlp", hub.token("carol"))
+    assert other.status_code == 403 and "custom:gpu-gov:showback!group=nlp" in other.text
+    assert gov.call("GET", "usage?team=nlp", hub.token("fran")).status_code == 200
