@@ -8,6 +8,7 @@ from fake_hub_api import FakeHub
 from test_governor import governor
 from tornado import web
 
+from jupyter_gpu_gov.hub.hubapi import HubApiError
 from jupyter_gpu_gov.hub.readers import readable_teams, reads_showback, usage_filters
 
 SCOPE = "custom:gpu-gov:showback"
@@ -36,3 +37,19 @@ async def test_a_leads_team_is_not_guessed_before_the_hubs_groups_are_read(tmp_p
         await gov.reconcile()
         assert readable_teams(LEAD, gov.teams_by_group) == {"vision"}
         assert usage_filters(LEAD, {"team": None}, gov.teams_by_group)["team"] == {"vision"}
+
+
+async def test_a_hub_that_fails_to_list_groups_leaves_the_last_passs_teams(tmp_path):
+    async with FakeHub() as hub:
+        hub.add_group("cv-lab", users=["lena"], properties={"gpu-gov/team": "vision"})
+        gov = governor(hub, tmp_path)
+        await gov.reconcile()
+        assert readable_teams(LEAD, gov.teams_by_group) == {"vision"}
+
+        async def hub_error():
+            raise HubApiError(500, "Internal Server Error", method="GET", url="/groups")
+
+        gov.hub.get_groups = hub_error  # the Hub's hiccup, one pass
+        await gov.reconcile()
+        # Not the team literally named cv-lab, someone else's: the groups read last stand.
+        assert readable_teams(LEAD, gov.teams_by_group) == {"vision"}

@@ -268,7 +268,11 @@ class Governor(
         if evidence != self._indexed:  # (a record the read kept is the same object: quick)
             self._indexed = evidence
             by_uuid, by_pod = index_by_uuid(evidence), index_by_pod(evidence)
-        self._context = PassContext(group_teams(groups), by_uuid, by_pod, groups_read=True)
+        if groups is None:  # the Hub failed to list them: the last pass's teams stand
+            teams, read = self._context.teams_by_group, self._context.groups_read
+        else:
+            teams, read = group_teams(groups), True
+        self._context = PassContext(teams, by_uuid, by_pod, groups_read=read)
         rows = self.rows
         batch = _Batch()
         now = clock.utcnow()

@@ -45,22 +45,20 @@ def _holds(scopes: Sequence[str], scope: str) -> bool:
 class HubAccess:
     """The service's access to the Hub (a part of ``Governor``)."""
 
-    async def _groups(self) -> list[dict]:
+    async def _groups(self) -> list[dict] | None:
+        """The Hub's groups; None where the Hub failed to answer this pass (the last pass's
+        teams then stand: a Hub's hiccup is no reason to read every group-made team as gone)."""
         if "list:groups" in (self.missing_scopes or ()):
             return []  # said once, at start-up
         try:
             return await self.hub.get_groups()
         except HubApiError as error:
-            if (
-                error.status == 403
-            ):  # the scope is missing: said once (_check_scopes), not asked again
+            if error.status == 403:
+                # The scope is missing: said once (_check_scopes), not asked again.
                 self.missing_scopes = (self.missing_scopes or frozenset()) | {"list:groups"}
-            else:
-                log.warning(
-                    "gpu-gov: cannot list groups (%s); teams come from grants and team_map only",
-                    error,
-                )
-            return []
+                return []
+            log.warning("gpu-gov: cannot list groups (%s); the last pass's teams stand", error)
+            return None
 
     async def _check_scopes(self) -> frozenset[str]:
         """Which optional scopes the service's token lacks, each logged once with what it
