@@ -22,6 +22,8 @@ add_governor(c, admin_users=["alice"])
 c.JupyterHub.load_roles = [{"name": "mine", "users": ["bob"], "scopes": ["self"]}]
 c.JupyterHub.services = []
 c.JupyterHub.last_activity_interval = 1800
+# The admin's own URL for the servers' reports (a port of their own), set after the call: kept.
+c.Spawner.environment.update({"JUPYTER_GPU_GOV_URL": "http://127.0.0.1:8999/services/gpu-gov/"})
 """
 
 
@@ -45,6 +47,8 @@ def test_a_hub_that_a_subcommand_makes_keeps_the_governors_roles(config_file):
         assert _roles(hub) == ["mine", "gpu-gov-service", "gpu-gov-admins", "user"]
         [service] = hub.services
         assert service["environment"][ACTIVITY_INTERVAL_ENV] == "1800"
+        url = hub.config.Spawner.environment.get_value({})["JUPYTER_GPU_GOV_URL"]
+        assert url == "http://127.0.0.1:8999/services/gpu-gov/"
         assert "update_config" not in vars(hub)  # the wrapper went with its one call
 
 

@@ -60,3 +60,9 @@ def listed(value) -> list:
     if isinstance(value, LazyConfigValue):
         return [*value._prepend, *(item for _, item in value._inserts), *value._extend]
     return list(value or ())
+
+
+def updated(value: LazyConfigValue) -> dict:
+    """What ``c.X.y.update(...)`` has set so far on a dict setting traitlets holds lazily."""
+    pending = value._update
+    return pending if isinstance(pending, dict) else {}

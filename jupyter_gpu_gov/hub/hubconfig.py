@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from tornado import web
 from traitlets.config import Config, LazyConfigValue
 
-from ..core.config_order import again_on_the_whole_config, listed
+from ..core.config_order import again_on_the_whole_config, listed, updated
 from ..core.grant import oversized
 from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
@@ -275,13 +275,17 @@ def _spawner_sections(c, trait: str) -> list[str]:
 
 
 def _update_spawners(c, trait: str, values: dict) -> None:
-    """Add ``values`` to the dict ``trait`` wherever spawners read it, keeping the rest."""
+    """Add ``values`` to the dict ``trait`` wherever spawners read it, keeping the rest and any
+    of these keys already set: an admin's own value, set before the call or after it (then
+    seen when the Hub's whole configuration gets these again), wins over the governor's."""
     for name in _spawner_sections(c, trait):
         section = c[name]
         if isinstance(section.get(trait), dict):
-            section[trait] = {**section[trait], **values}
+            section[trait] = {**values, **section[trait]}
         else:  # lazy (.update() so far): still merged onto the trait's value when loaded
-            section[trait].update(values)
+            lazy = section[trait]
+            kept = updated(lazy)
+            lazy.update({k: v for k, v in values.items() if k not in kept})
 
 
 def _adding_scopes(own: Callable, scopes: list[str]) -> Callable:
