@@ -102,8 +102,7 @@ def usage_filters(
             403,
             f"a Hub service owns no server: this needs the {SHOWBACK_SCOPE} or {ADMIN_SCOPE} scope",
         )
-    if user is not None and user != own:
-        raise web.HTTPError(403, f"'user': only {user!r:.80} or a governor admin may read this")
+    only_own(user, own, "'user'")
     # A team lead's team=vision was answered with their own rows in vision, read as the team's:
     # a filter other than one's own name is said to be theirs, or refused.
     if user is None and (named := next((k for k in FILTERS if asked.get(k)), None)):
@@ -128,3 +127,11 @@ NO_SHOWBACK = (
     "is on “My GPU usage”. Given that scope since you logged in? Log out of the Hub and in "
     "again: a login keeps the scopes it was made with"
 )
+
+
+def only_own(asked: str | None, own: str, name: str) -> str:
+    """The caller's own name, where a caller who is no admin names a user (``name``): someone
+    else's is a 403 saying so, not their own records answered as if they were asked for."""
+    if asked is not None and asked != own:
+        raise web.HTTPError(403, f"{name}: only {asked!r:.80} or a governor admin may read this")
+    return own

@@ -435,7 +435,7 @@ class AuditHandler(ApiHandler):
         user = self.get_argument("user", None)
         servers = [server]
         if not self.is_admin:
-            user = _only_own(user, self.own_name(), "'user'")
+            user = readers.only_own(user, self.own_name(), "'user'")
             if server is not None and not server.startswith(f"{user}/"):
                 raise web.HTTPError(
                     403, f"only {server.split('/')[0]} or a governor admin may read this"
@@ -618,14 +618,6 @@ class UsageHandler(ApiHandler):
         # of a big hub's ledger by user and day (millions of rows, seconds of reading) streams
         # out without being held, nor holding the event loop.
         await self.stream(lambda: _joined(parts), "a usage export")
-
-
-def _only_own(asked: str | None, own: str, name: str) -> str:
-    """The caller's own name, where a caller who is no admin names a user (``name``): someone
-    else's is a 403 saying so, not their own records answered as if they were asked for."""
-    if asked is not None and asked != own:
-        raise web.HTTPError(403, f"{name}: only {asked!r:.80} or a governor admin may read this")
-    return own
 
 
 def _joined(parts: Iterator[str], size: int = 5000) -> str:

@@ -130,8 +130,9 @@ class GovernorSettings(HasTraits):
         often they post theirs), both 300 by default, or its ``activity_resolution`` (30) when
         longer. How late the Hub's activity may be follows from it (twice it and 5 minutes, at
         least 15 minutes): a warning is read as unread (its notice cut to that lag) only when
-        the Hub has seen no activity for that long. Default $JUPYTER_GPU_GOV_HUB_ACTIVITY_INTERVAL, which ``add_governor`` sets from
-        the Hub's configuration; 0 and neither set: not known, and no warning is judged unread
+        the Hub has seen no activity for that long. Default
+        $JUPYTER_GPU_GOV_HUB_ACTIVITY_INTERVAL, which ``add_governor`` sets from the Hub's
+        configuration; 0 and neither set: not known, and no warning is judged unread
         (a Hub gathering activity less often would read someone there as gone).""",
     ).tag(config=True)
     team_map = Dict(

@@ -308,8 +308,9 @@ class ClusterGpus(SingletonConfigurable):
     def read_again(self) -> None:
         """The next step that counts reads the cluster first: a pod appeared or went that the
         hub's records do not account for (a stop left its server's pod running; a left pod
-        went; a stopped server's pod went, counted as another's once the server stopped). The reading may be up to ``FRESH_FOR_S`` old, taken before that pod was made:
-        counted on it, the left pod's card was free and admission handed it out again."""
+        went; a stopped server's pod went, counted as another's once the server stopped). The
+        reading may be up to ``FRESH_FOR_S`` old, taken before that pod was made: counted on
+        it, the left pod's card was free and admission handed it out again."""
         self.read_at = float("-inf")
 
     def age(self) -> float:
