@@ -101,3 +101,34 @@ def test_a_reclaim_lifted_before_a_restart_is_not_said_in_the_new_session(servic
     assert gov.verdict("alice/")["reclaim_withdrawn"] is None
     assert json.loads(gov.answer("alice/"))["verdict"]["reclaim_withdrawn"] is None
     assert "No longer asked back" not in text(call(service, "GET", "me", ALICE))
+
+
+@pytest.mark.parametrize("hub_ahead_s", [600, -600])
+def test_a_reclaim_lifted_is_said_for_its_session_whatever_the_clocks(service, hub_ahead_s):
+    """The notice was dropped when the Hub's ``started`` of the server was later than the
+    governor's time of the withdrawal: one clock read against another. With the Hub's clock
+    10 minutes ahead, a server started just before the lift read as started after it (the
+    notice never said); 10 minutes behind, a server restarted just after the lift read as
+    started before it (the new session, never warned, told its reclaim was lifted). The
+    notice is now for the session it was lifted on, the Hub's ``started`` against itself."""
+    gov = service.governor
+    hub_now = clock.utcnow() + timedelta(seconds=hub_ahead_s)  # what the Hub's clock says now
+
+    def started_again(at):
+        service.hub.add_server("alice", started=at)
+        asyncio.run_coroutine_threadsafe(gov.reconcile(), service.loop).result(60)
+
+    def said() -> bool:
+        verdict = gov.verdict("alice/")["reclaim_withdrawn"]
+        assert json.loads(gov.answer("alice/"))["verdict"]["reclaim_withdrawn"] == verdict
+        return verdict is not None
+
+    started_again(hub_now - timedelta(minutes=1))  # the session warned, by the Hub's clock
+    lifted = {"server": "alice/", "team": "vision", "asked_at": "2026-01-05T10:00:00Z", "by": "v/"}
+    gov.spawn_queue._withdrawn([lifted], clock.utcnow())
+    assert said()  # the session it was lifted on (ahead: dropped as "started since")
+    gov.spawn_queue.restore_withdrawn()  # as a restart reads it back: the same
+    assert said()
+    started_again(hub_now + timedelta(minutes=2))  # stopped and started again since
+    assert not said()  # (behind: said to the new session as if it had been warned)
+    assert "No longer asked back" not in text(call(service, "GET", "me", ALICE))
