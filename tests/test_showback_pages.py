@@ -11,7 +11,7 @@ import re
 from datetime import timedelta
 
 import pytest
-from test_fuzz_api import ADMIN, ALICE, Service, call
+from test_fuzz_api import ACCESS, ADMIN, ALICE, Service, call
 
 from jupyter_gpu_gov.core import clock, ledger
 from jupyter_gpu_gov.hub import showback
@@ -132,3 +132,24 @@ def test_a_reclaim_lifted_is_said_for_its_session_whatever_the_clocks(service, h
     started_again(hub_now + timedelta(minutes=2))  # stopped and started again since
     assert not said()  # (behind: said to the new session as if it had been warned)
     assert "No longer asked back" not in text(call(service, "GET", "me", ALICE))
+
+
+def test_a_leads_read_before_the_groups_are_read_says_when_to_come_back(service):
+    """Before the governor's pass read the Hub's groups, a team lead's showback and usage are a
+    503 "try again shortly", with no ``Retry-After``: JupyterHub's clients and a browser could
+    not tell when. It comes with one, on the JSON and on the page, and a read after it is
+    answered."""
+    service.hub.add_group("cv-lab", users=["lena"], properties={"gpu-gov/team": "vision"})
+    scope = "custom:gpu-gov:showback!group=cv-lab"
+    service.hub.add_user_token("lena", "lena-token", extra_scopes=[ACCESS, scope])
+    gov = service.governor
+    gov._context = type(gov._context)()  # as a fresh governor's (or a standby's): none read
+    assert gov.teams_by_group is None
+    for path in ("api/usage?group_by=team", "showback"):
+        r = call(service, "GET", path, "lena-token")
+        assert r.status_code == 503 and "try again shortly" in html.unescape(r.text), r.text
+        assert r.headers.get("Retry-After") == "10", (path, dict(r.headers))
+    asyncio.run_coroutine_threadsafe(gov.reconcile(), service.loop).result(60)
+    for path in ("api/usage?group_by=team", "showback"):
+        r = call(service, "GET", path, "lena-token")
+        assert r.ok and "Retry-After" not in r.headers, (path, r.status_code, r.text[:300])

@@ -32,6 +32,17 @@ NOT_READY = (
     "the governor has not read the Hub's groups yet (they say which team a lead's "
     "!group=<group> is): not ready, try again shortly"
 )
+# How soon to try again, as its ``Retry-After`` says (a client or a browser that reads none
+# cannot tell "shortly" from "never"): the first pass reads the groups within seconds of a start.
+NOT_READY_RETRY_S = 10
+
+
+class NotReady(web.HTTPError):
+    """A 503 that says when to come back: ``retry_after_s`` (``api_handler.retry_after``)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(503, message)
+        self.retry_after_s = retry_after_s
 
 
 def readable_teams(model: dict, teams_by_group: Mapping[str, str] | None) -> frozenset[str] | None:
@@ -50,7 +61,7 @@ def readable_teams(model: dict, teams_by_group: Mapping[str, str] | None) -> fro
         kind, _, group = which.partition("=")
         if kind == "group" and group:
             if teams_by_group is None:
-                raise web.HTTPError(503, NOT_READY)
+                raise NotReady(NOT_READY, NOT_READY_RETRY_S)
             teams.add(teams_by_group.get(group, group))
     return frozenset(teams)
 
