@@ -100,7 +100,7 @@ def usage_filters(
             return dict(asked)
         raise web.HTTPError(
             403,
-            f"'team': reading team {team!r:.80}'s usage needs the scope "
+            f"'team': reading the usage of team {team!r:.80} needs the scope "
             f"{scope_for(team, teams_by_group)} (or {ADMIN_SCOPE}); yours covers "
             f"{', '.join(sorted(teams))!r:.200}"
             + (f"; for your own in it, add user={own}" if own else ""),
@@ -119,7 +119,7 @@ def usage_filters(
     if user is None and (named := next((k for k in FILTERS if asked.get(k)), None)):
         team = asked.get("team")
         needs = (
-            f"team {team!r:.80}'s usage needs the scope {scope_for(team, teams_by_group)}"
+            f"the usage of team {team!r:.80} needs the scope {scope_for(team, teams_by_group)}"
             if named == "team"
             else f"a {named}'s usage needs the scope {SHOWBACK_SCOPE} for its teams"
         )
