@@ -245,6 +245,8 @@ class Governor(
             # and authorised from the store as the holder writes it (what it wrote since the
             # last pass read back each pass).
             self.read_back_rows()
+            # ...and the reclaims it lifted: a report answered here says so as the holder's does.
+            self.spawn_queue.restore_withdrawn()
             self._forget_stale_reports(())
             return CycleResult(errors=(STANDBY,))
         if time.monotonic() < self._store_down_until:

@@ -325,10 +325,7 @@ class Views:
         queue = getattr(self, "spawn_queue", None)  # a governor built without its passes
         if queue is None or (row.labels and RECLAIM_LABEL in row.labels):
             return None
-        at = queue.withdrawn_at(row.key)
-        if at is not None and row.session_started is not None and at < row.session_started:
-            return None
-        return at
+        return queue.withdrawn_at(row.key, row.session_started)
 
     def lease_view(self, holder: bool = True) -> dict | None:
         """Whether this governor acts (holds the store's lease, ``hub/lease.py``) and, with
