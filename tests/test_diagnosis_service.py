@@ -741,6 +741,11 @@ async def test_on_a_cluster_without_dcgm_each_waiting_spawn_says_what_blocks_it(
         )
         assert "Not fragmented" not in said
 
+        answer.answer["room"] = {**cluster_room(free), "nodes": ["a100-0"]}  # not readable
+        await gov.spawn_queue.sync()
+        found = gov.diagnosis_summary()["fragmentation"]
+        assert found["flag"] is False and "room cannot be read" in found["nodes"]["unknown"]
+
 
 async def test_causes_cost_gpu_hours_per_team_and_node(tmp_path):
     """Each report books the time since the server's previous one, times its GPUs, to its

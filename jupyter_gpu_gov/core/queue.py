@@ -56,7 +56,7 @@ MAX_REFUSED = 100_000
 # (``queue_pages.places``); every step that counts reads just before (``gpu_refresh``), and
 # each governor pass reads them for the line's sync: two passes at their longest (60 s each).
 FRESH_FOR_S = 120.0
-MAX_NODES = 10_000  # a cluster's nodes in the sync's ``room``; more are left out, said unknown
+MAX_NODES = 10_000  # a cluster's nodes in the sync's ``room``; a room of more is not read
 
 # A server the spawn queue started counts as opened once Hub activity comes this long after its
 # start (the Hub stamps activity itself while a server starts).

@@ -217,12 +217,12 @@ class QueueSync:
                 del self._started[server]
         return line
 
-    def _room_unknown(self, why: str) -> None:
-        """A cluster's room, said before, is not known now: unknown, never what it was."""
-        if self.room is not None:
+    def _room_unknown(self, why: str, said: bool = False) -> None:
+        """A cluster's room, said before (or ``said`` now, unreadable), is not known now:
+        unknown, never what it was. A hub that never said one has none (a workstation's)."""
+        if self.room is not None or said:
             self.room = {"unknown": why, "read_age_s": None, "nodes": {}, "tiers": {}}
-            self.room_at = clock.utcnow()
-            self.room["refused"] = {}
+            self.room["refused"], self.room_at = {}, clock.utcnow()
 
     def _read(self, answer) -> list[Waiting]:
         if not isinstance(answer, Mapping):
@@ -234,8 +234,7 @@ class QueueSync:
             self.room, self.room_at = room_from_json(answer.get("room")), clock.utcnow()
         except QueueFormatError as error:
             log.warning("gpu-gov: spawn queue: %s", error)
-            self.room = {}  # (said before or not: the hub meant to say one)
-            self._room_unknown(f"the hub's room cannot be read: {error}")
+            self._room_unknown(f"the hub's room cannot be read: {error}", said=True)
         cards = answer.get("cards")
         self.cards = tuple(
             card
