@@ -378,8 +378,10 @@ def room_from_json(value: Any) -> dict | None:
         tiers[name] = {"resource": tier["resource"], "count": tier["count"], "nodes": list(on)}
     room["tiers"] = tiers
     refused = _names_to(value.get("refused"), "room.refused", 1000)
-    if not all(_count(n) for n in refused.values()):
-        raise QueueFormatError("'room.refused' must count spawns per tier")
+    if not all(_count(n) for n in refused.values()) or sum(refused.values()) > MAX_REFUSED:
+        raise QueueFormatError(
+            f"'room.refused' must count spawns per tier, at most {MAX_REFUSED} in all"
+        )
     room["refused"] = dict(refused)
     return room
 
