@@ -1094,8 +1094,20 @@ def cluster_text(report: dict) -> str:
         f"{words} {'unknown' if demand.get(key) is None else demand[key]}" for key, words in kinds
     )
     waiting = f"spawns waiting: {frag.get('spawns_waiting')} ({detail})"
-    if frag.get("devices") is None:  # no card counted: unknown, not "0 of 0"
+    nodes = frag.get("nodes")  # on a cluster: what blocks each waiting spawn
+    if nodes and not nodes.get("unknown"):
+        lines += [
+            "",
+            f"fragmentation: {'YES' if frag.get('flag') else 'no'} — on the cluster's nodes "
+            f"(read {nodes.get('read_age_s'):.0f} s ago): {nodes.get('fragmentation')} "
+            f"blocked by fragmentation, {nodes.get('shortage')} by a shortage, "
+            f"{nodes.get('fits')} with room now; {waiting}",
+        ]
+        lines += [f"  {r['says']}" for r in nodes.get("requests") or []]
+    elif frag.get("devices") is None:  # no card counted: unknown, not "0 of 0"
         why = frag.get("unknown") or "no card's allocation is known"
+        if nodes:
+            why = f"the cluster's nodes: {nodes['unknown']}; {why}"
         lines += ["", f"fragmentation: unknown — {why}; {waiting}"]
     else:
         lines += [
@@ -1107,6 +1119,8 @@ def cluster_text(report: dict) -> str:
             f"{frag.get('free_scattered', 0)} cards' worth free on them, "
             f"{frag.get('devices_free', 0)} free; {waiting}",
         ]
+        if nodes:
+            lines.append(f"  on the cluster's nodes: unknown — {nodes['unknown']}")
     if frag.get("hint"):
         lines.append(f"  {frag['hint']}")
     return "\n".join(lines) + "\n"

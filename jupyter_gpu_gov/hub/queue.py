@@ -29,6 +29,7 @@ from ..core.ledger import Bucket, Owner
 from ..core.queue import (
     CANCELLED,
     EXPIRED,
+    FOR_A_GPU,
     QUEUED_AT_LABEL,
     STARTED,
     Departure,
@@ -38,6 +39,7 @@ from ..core.queue import (
     claim_by,
     refused_from_json,
     releases_to_json,
+    room_from_json,
     waiting_for_a_gpu,
 )
 from ..core.report import MAX_CLOCK_SKEW, user_last_activity
@@ -170,6 +172,12 @@ class QueueSync:
         # ``refused_from_json``): None before one, without a line, or when the hub cannot say.
         self.queued: int | None = None
         self.refused: int | None = None
+        # The tiers of the requests ``queued`` counts, and where on a cluster's nodes they and
+        # the refused spawns could go (``core.queue.room_from_json``; None: not a cluster's
+        # hub, or no sync yet), as of ``room_at``: the fragmentation figure per request.
+        self.queued_tiers: tuple[str, ...] = ()
+        self.room: dict | None = None
+        self.room_at: datetime | None = None
         # The physical cards a workstation hub's allocator reads, as of the last sync (the
         # fragmentation figure's free cards without DCGM); empty: none said (a cluster's hub).
         self.cards: tuple[str, ...] = ()
@@ -196,6 +204,7 @@ class QueueSync:
             # Not known now (the last sync's figures kept while this one was under way).
             self.queued = self.refused = None
             self.cards = ()
+            self._room_unknown(f"the spawn queue sync with the hub failed ({error})")
             if error.status == 404:
                 self.absent = True
                 log.info("gpu-gov: the hub has no spawn queue (no profile layer)")
@@ -230,11 +239,24 @@ class QueueSync:
                 del self._started[server]
         return line
 
+    def _room_unknown(self, why: str, said: bool = False) -> None:
+        """A cluster's room, said before (or ``said`` now, unreadable), is not known now:
+        unknown, never what it was. A hub that never said one has none (a workstation's)."""
+        if self.room is not None or said:
+            self.room = {"unknown": why, "read_age_s": None, "nodes": {}, "tiers": {}}
+            self.room["refused"], self.room_at = {}, clock.utcnow()
+
     def _read(self, answer) -> list[Waiting]:
         if not isinstance(answer, Mapping):
             self.queued = self.refused = None
             self.cards = ()
+            self._room_unknown("the hub's answer to the spawn queue sync cannot be read")
             return []
+        try:
+            self.room, self.room_at = room_from_json(answer.get("room")), clock.utcnow()
+        except QueueFormatError as error:
+            log.warning("gpu-gov: spawn queue: %s", error)
+            self._room_unknown(f"the hub's room cannot be read: {error}", said=True)
         cards = answer.get("cards")
         self.cards = tuple(
             card
@@ -248,6 +270,9 @@ class QueueSync:
             except QueueFormatError as error:  # one bad entry never stops the others
                 log.warning("gpu-gov: spawn queue: an entry cannot be read: %s", error)
         self.queued = waiting_for_a_gpu(line)
+        self.queued_tiers = tuple(
+            w.request.tier for w in line if not w.ready and w.limit in FOR_A_GPU
+        )
         try:
             self.refused = refused_from_json(answer.get("refused"))
         except QueueFormatError as error:
