@@ -158,3 +158,10 @@ def test_the_profile_layer_keeps_no_oversized_choice_of_a_spawn_refused_before_a
         said = r.json()["message"]
         assert r.status_code == 403 and "'profile-option-image'" in said, f"{r.status_code} {said}"
         assert_nothing_oversized(hub, "olga", kept=("team", "lab"))
+        # A profile refused stays on the row as the Hub saved it, and gains nothing: a start
+        # that sends no options (the Hub's default: the last ones) is checked again.
+        r = hub.api("POST", "users/olga/server", json={"profile": "a100", "team": "lab"})
+        assert r.status_code == 403 and "no GPU tier 'a100'" in r.text, r.text[:300]
+        assert stored(hub, "olga") == {"profile": "a100", "team": "lab"}
+        r = hub.api("POST", "users/olga/server")
+        assert r.status_code == 403 and "no GPU tier 'a100'" in r.text, r.text[:300]
