@@ -100,7 +100,7 @@ def add_queue_templates(c) -> None:
     if str(TEMPLATES) not in paths:
         c.JupyterHub.template_paths = [*paths, str(TEMPLATES)]
     variables = c.JupyterHub.template_vars if "template_vars" in c.JupyterHub else {}
-    if isinstance(variables, LazyConfigValue):  # .update() so far (list() of it stopped the Hub)
+    if isinstance(variables, LazyConfigValue):  # .update() so far (dict() of it stopped the Hub)
         variables.update({"gpu_gov_waiting": places})
     else:
         c.JupyterHub.template_vars = {**variables, "gpu_gov_waiting": places}
