@@ -32,7 +32,7 @@ export PIP_ROOT_USER_ACTION := ignore
 help:
 	@echo "make demo       run the demo JupyterHub on http://127.0.0.1:8000 (simulated GPUs)"
 	@echo "make test       pytest, ruff, then the labextension's jest tests and linters"
-	@echo "make test-lowest  the fast tests and one real-hub test on the lowest versions we claim"
+	@echo "make test-lowest  the fast tests and two real-hub ones on the lowest versions we claim"
 	@echo "make dist       build the sdist and wheel (with the labextension) into dist/"
 	@echo "make lint       ruff check + ruff format --check"
 	@echo "make format     ruff check --fix + ruff format"
@@ -103,13 +103,15 @@ test: venv node_modules labextension
 	cd labextension && npm test --silent && npm run lint:check
 
 # The lowest versions the metadata claims (JupyterHub, KubeSpawner, jupyter_server, JupyterLab,
-# uvloop, ...: .ci/lowest_constraints.py) in a venv of their own, then the fast tests and one
-# real-hub test (a GPU tier spawned by KubeSpawner under a real hub, governed and culled).
+# uvloop, ...: .ci/lowest_constraints.py) in a venv of their own, then the fast tests and two
+# real-hub ones (a GPU tier spawned by KubeSpawner under a real hub, governed and culled; a
+# spawn's user_options cut where that JupyterHub's ORM saves them, before its hooks).
 LOWEST := .venv-lowest
 LOWEST_TESTS := tests/test_tiers.py tests/test_quota.py tests/test_policy.py tests/test_report.py \
 	tests/test_backend_choice.py tests/test_kubernetes_files.py tests/test_profiles_kubespawner.py \
 	tests/test_server_extension.py tests/test_event_loop.py tests/test_nvml_backend.py \
-	tests/test_kubernetes_hub.py::test_a_tier_spawns_a_pod_that_is_governed_and_culled
+	tests/test_kubernetes_hub.py::test_a_tier_spawns_a_pod_that_is_governed_and_culled \
+	tests/test_config_order.py tests/test_spawn_order_hub.py
 
 test-lowest: node_modules labextension
 	rm -rf $(LOWEST)

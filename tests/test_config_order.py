@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from traitlets.config import Application
 
+from jupyter_gpu_gov.core import config_order
+from jupyter_gpu_gov.core.config_order import bound_where_stored, cut_where_stored
 from jupyter_gpu_gov.hub.hubconfig import ACTIVITY_INTERVAL_ENV
 
 jupyterhub_app = pytest.importorskip("jupyterhub.app")
@@ -63,3 +65,68 @@ def test_an_application_that_is_no_hub_gets_the_file_as_written(config_file):
         {"name": "mine", "users": ["bob"], "scopes": ["self"]}
     ]
     assert other.config.JupyterHub.services == []
+
+
+@pytest.fixture
+def bound():
+    from jupyterhub import orm
+    from sqlalchemy import event
+
+    bound_where_stored()
+    bound_where_stored()  # once only, however often it is called
+    yield orm
+    # Not left to the rest of this process's tests.
+    event.remove(orm.Spawner.user_options, "set", config_order._bounded)
+    assert not event.contains(orm.Spawner.user_options, "set", config_order._bounded)
+
+
+def test_options_are_cut_where_the_hub_stores_them(bound):
+    # JupyterHub stores a spawn's user_options on the spawner's row before any hook runs.
+    orm = bound
+    db = orm.new_session_factory("sqlite:///:memory:")()
+    user = orm.User(name="ursula")
+    row = orm.Spawner(user=user, name="", server=orm.Server())
+    db.add_all([user, row])
+    db.commit()
+    sent = {"image": "usual", "note": "y" * 1025}
+    row.user_options = sent
+    db.commit()
+    # Cut in place: the Hub hands the same dict to the spawner, whose options it lists.
+    assert row.user_options is sent and sent == {"image": "usual"}
+    assert "'note' is 1,025 characters long" in cut_where_stored(row)
+    db.expire_all()
+    assert row.user_options == {"image": "usual"}  # as saved
+    # The spawn under way is refused for it; a later one (its own server) is not.
+    row.server = orm.Server()
+    db.commit()
+    assert cut_where_stored(row) is None
+    row.user_options = {"image": "usual"}
+    assert cut_where_stored(row) is None
+
+
+PROFILES = """
+from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+
+c = get_config()
+c.GpuProfiles.tiers = [{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"}]
+c.GpuProfiles.quotas = {"lab": {"guaranteed": {"h100": 1}}}
+# Lazy (traitlets keeps .update and .append until the Hub loads them), before the call:
+# list() of them was a TypeError that stopped the Hub's start.
+c.JupyterHub.template_vars.update({"org": "Ex"})
+c.JupyterHub.template_paths.append("/srv/own-templates")
+add_gpu_profiles(c, spawner="simple")
+c.JupyterHub.template_vars.update({"after": 1})  # after it: the dict the call left
+"""
+
+
+def test_lazy_template_settings_keep_the_queue_templates(tmp_path):
+    from jupyter_gpu_gov.profiles.hubconfig import TEMPLATES
+
+    path = tmp_path / "jupyterhub_config.py"
+    path.write_text(PROFILES)
+    hub = jupyterhub_app.JupyterHub()
+    hub.load_config_file(str(path))
+    assert sorted(hub.template_vars) == ["after", "gpu_gov_waiting", "org"]
+    assert hub.template_vars["gpu_gov_waiting"](None) == {}
+    # The admin's first, then ours, before JupyterHub's own (which it adds back last).
+    assert hub.template_paths == ["/srv/own-templates", str(TEMPLATES)]

@@ -4,8 +4,11 @@ config sets, *after* ``add_governor(c)``, its own ``pre_spawn_hook``, the Hub's
 still has what it added. Before, each of those lines silently replaced it: the guard that
 refuses oversized ``user_options`` was gone (the REST API kept any JSON again), the governor
 was told JupyterHub's default activity interval (300 s: it judged warnings unread after 15
-minutes of a Hub that gathers activity every 30), and servers had no governor URL (no report). An admin's ``apply_user_options`` (JupyterHub 5.3
-runs it before the hooks) that refused an unknown image left the oversized choice kept.
+minutes of a Hub that gathers activity every 30), and servers had no governor URL (no report).
+An admin's ``apply_user_options`` (JupyterHub 5.3 runs it before the hooks) that refused an
+unknown image left the oversized choice kept: now cut where the Hub saves it, before any hook
+(``tests/test_spawn_order_hub.py``: the hooks before it that refuse), the function sees only what
+is kept, and the guard refuses the spawn naming the choice.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ It registers the managed service with least-privilege roles, defines the governo
 and its showback scope (a role the admin writes gives it to team leads and finance),
 lets users (and their servers' tokens) talk to the service about their own servers, tells
 single-user servers where to report, and refuses a spawn whose ``user_options`` are too large
-to keep (a ``pre_spawn_hook`` that runs the admin's own after it). What it adds holds whatever
-the file sets after the call: the Hub's whole configuration gets it again once read.
+to keep (cut where the Hub saves them, before any hook of the spawn; refused by a
+``pre_spawn_hook`` that runs the admin's own after it). What it adds holds whatever the file
+sets after the call: the Hub's whole configuration gets it again once read.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from tornado import web
 from traitlets.config import Config, LazyConfigValue
 
-from ..core.config_order import again_on_the_whole_config, listed, updated
+from ..core.config_order import (
+    again_on_the_whole_config,
+    bound_where_stored,
+    cut_where_stored,
+    listed,
+    updated,
+)
 from ..core.grant import oversized
 from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
@@ -67,9 +74,11 @@ def add_governor(
 ) -> None:
     """Add the governor to JupyterHub config ``c``, anywhere in ``jupyterhub_config.py``: it
     adds to the services, roles, the spawners' environment, token scopes and ``pre_spawn_hook``
-    (its guard of ``user_options`` runs first, then the admin's hook) and passes the Hub's
-    activity interval on, as ``c`` has them now and again once the Hub has read the whole file
-    (a line after the call that sets one of them replaced what it added, before).
+    (its guard of ``user_options`` runs first, then the admin's hook; the oversized ones are
+    cut already, where the Hub saved them: ``core.config_order.bound_where_stored``) and
+    passes the Hub's activity interval on, as ``c`` has them now and again once the Hub has
+    read the whole file (a line after the call that sets one of them replaced what it added,
+    before).
     ``tiers``: what a server of each tier gets, for right-sizing hints
     (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``; this module does not import the
     profile layer)."""
@@ -129,10 +138,8 @@ def add_governor(
         for section in _spawner_sections(config, "pre_spawn_hook"):
             hook = config[section].get("pre_spawn_hook")
             config[section].pre_spawn_hook = bounded_user_options(hook)
-        for section in _spawner_sections(config, "apply_user_options"):
-            apply = config[section].get("apply_user_options")
-            if callable(apply):  # a dict names traits to set: JupyterHub's own, left as it is
-                config[section].apply_user_options = bounded_apply_user_options(apply)
+
+    bound_where_stored()
 
     add(c)
     again_on_the_whole_config(add)
@@ -215,28 +222,15 @@ def bounded_user_options(hook):
     return guarded
 
 
-def bounded_apply_user_options(apply):
-    """An admin's own ``apply_user_options`` (a callable; JupyterHub 5.3 and later run it before
-    ``pre_spawn_hook``) behind the same guard: one that refused what it did not know (an
-    unknown image: its 400) left the oversized choices kept, the guard never reached."""
-    if getattr(apply, "bounds_user_options", False):
-        return apply
-
-    def guarded(spawner, user_options):
-        _refuse_oversized(spawner)
-        return apply(spawner, user_options)
-
-    guarded.bounds_user_options = True
-    return guarded
-
-
 def _refuse_oversized(spawner) -> None:
     if getattr(spawner, "bounds_user_options", False):
         return
     kept, why = oversized(dict(spawner.user_options or {}))
+    # Cut where the Hub saved them, before any hook (core.config_order.bound_where_stored).
+    why = why or cut_where_stored(spawner.orm_spawner)
     if why:
-        # The Hub saved them before the hooks ran: the next spawn without options (the Hub's
-        # default: the last ones) must not find them either.
+        # The next spawn without options (the Hub's default: the last ones) must not find
+        # them either.
         spawner.user_options = kept
         if spawner.orm_spawner is not None:
             spawner.orm_spawner.user_options = kept

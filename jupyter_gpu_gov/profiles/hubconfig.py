@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core.config_order import again_on_the_whole_config, listed
+from traitlets.config import LazyConfigValue
+
+from ..core.config_order import again_on_the_whole_config, bound_where_stored, listed
 
 TEMPLATES = Path(__file__).parent / "templates" / "hub"  # JupyterHub's pages, extended
 
@@ -79,6 +81,9 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
     # Once only: a spawner class set after the call is the admin's choice (a subclass of ours).
     c.JupyterHub.spawner_class = SPAWNERS[spawner]
     again_on_the_whole_config(add)
+    # Admission bounds a spawn's user_options at start(): the Hub saved them before that, and
+    # before an admin's own hooks that may refuse the spawn first.
+    bound_where_stored()
 
 
 def add_queue_templates(c) -> None:
@@ -89,11 +94,16 @@ def add_queue_templates(c) -> None:
     }}``. ``template_vars`` keeps what is set, plus ``gpu_gov_waiting``."""
     from .queue_pages import places
 
-    paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
+    # A lazy .append() (list() of it stopped the Hub) would go after JupyterHub's own
+    # templates, the default it is merged onto, which then win: ours go before them.
+    paths = listed(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
     if str(TEMPLATES) not in paths:
         c.JupyterHub.template_paths = [*paths, str(TEMPLATES)]
-    variables = dict(c.JupyterHub.template_vars) if "template_vars" in c.JupyterHub else {}
-    c.JupyterHub.template_vars = {**variables, "gpu_gov_waiting": places}
+    variables = c.JupyterHub.template_vars if "template_vars" in c.JupyterHub else {}
+    if isinstance(variables, LazyConfigValue):  # .update() so far (dict() of it stopped the Hub)
+        variables.update({"gpu_gov_waiting": places})
+    else:
+        c.JupyterHub.template_vars = {**variables, "gpu_gov_waiting": places}
 
 
 def profile_list_refusal(profiles, source: str) -> str:

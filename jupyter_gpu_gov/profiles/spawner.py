@@ -39,6 +39,7 @@ from sqlalchemy import Text, type_coerce
 from tornado import web
 
 from ..core import clock
+from ..core.config_order import cut_where_stored
 from ..core.durations import parse_duration
 from ..core.grant import GRANT_STATE, oversized, user_may_choose
 from ..core.queue import (
@@ -514,6 +515,8 @@ class GpuProfilesMixin:
         choices = {k: v for k, v in sent.items() if user_may_choose(k)}
         ignored = sorted(str(k) for k in sent.keys() - choices.keys() - set(GRANT_KEYS))
         options, too_large = oversized(choices)  # never kept: refused in _gpu_decide
+        # Or cut already, where the Hub saved them before its hooks and this start ran.
+        too_large = too_large or cut_where_stored(self.orm_spawner)
         if ignored:  # named in one bounded line: the keys are the user's
             self.log.warning(
                 "gpu-gov: %s: ignored user_options a user may not set: %s",
