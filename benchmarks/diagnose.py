@@ -34,6 +34,9 @@ server's first running windows (its start-up: the model and data loaded) apart f
 answer surer?) and how often an ``uncertain`` window's likelier candidate is the truth;
 ``--abstentions`` the ``uncertain`` windows by candidate pair (their truths, how many on young
 nodes) and what answering the likelier candidate would give at lower thresholds;
+``--cells N`` each world's N largest wrong cells (a truth answered as another label): the medians
+of their windows as the model read them and of each signal against the node's reference and the
+task's best then, beside the right answers of the truth and of the answer;
 ``--without COLUMN ...`` scores the test sets with those columns missing from every window, as a
 file without them reads; ``--set NAME=VALUE ...`` scores the shipped row (and everything printed
 of it, and the start of tuning) with those constants of ``Params`` changed: a change of constant
@@ -54,13 +57,14 @@ import statistics
 import time
 from collections import Counter, deque
 from dataclasses import fields, replace
+from functools import partial
 from pathlib import Path
 
 from jupyter_gpu_gov.diagnose import rules
 from jupyter_gpu_gov.diagnose.counterfactual import Diagnoser, Params
 from jupyter_gpu_gov.diagnose.features import COLUMNS, is_running, read_windows
 from jupyter_gpu_gov.diagnose.labels import HEALTHY, LABELS, UNCERTAIN, UNKNOWN, ZOMBIE
-from jupyter_gpu_gov.diagnose.reference import kind_of
+from jupyter_gpu_gov.diagnose.reference import dram_intensity, kernel_time, kind_of, occupancy
 
 from .worlds import WORLDS, generate
 
@@ -110,16 +114,26 @@ ZOMBIE_FALSE = 0.01
 # -- scoring ---------------------------------------------------------------------------------------
 
 
-def online(rows, params: Params, min_node_windows: int = 30, maturity: list | None = None) -> list:
+def online(
+    rows,
+    params: Params,
+    min_node_windows: int = 30,
+    maturity: list | None = None,
+    readings: list | None = None,
+) -> list:
     """Each window scored as it arrives, in time order (ties: as given), the model learning
     each node from its first windows on; diagnoses in the order of ``rows``. ``maturity``, a
     list: filled with how far each window's node (and kind) had replaced the prior by then
-    (``NodeReference.maturity``; 0 where it has none), in the order of ``rows``."""
+    (``NodeReference.maturity``; 0 where it has none), in the order of ``rows``. ``readings``,
+    a list: filled with each window as the model read it (in context) and against its node's
+    and task's history then (``against_history``)."""
     model = Diagnoser(params, min_node_windows=min_node_windows)
     recent: dict = {}
     out = [None] * len(rows)
     if maturity is not None:
         maturity[:] = [0.0] * len(rows)
+    if readings is not None:
+        readings[:] = [None] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0].t or 0.0, i))
     for i in order:
         w = rows[i][0]
@@ -129,9 +143,37 @@ def online(rows, params: Params, min_node_windows: int = 30, maturity: list | No
         out[i] = model.score(read)
         if maturity is not None and (ref := model.nodes.get((w.node or "", kind_of(w)))):
             maturity[i] = ref.maturity(model.min_node_windows, model.min_node_servers)
+        if readings is not None:
+            readings[i] = against_history(model, read)
         if is_running(w) and w.t is not None:
             earlier.append(w)
     return out
+
+
+def _ratio(a, b) -> float:
+    return a / b if a is not None and b is not None and b > 0 else math.nan
+
+
+def against_history(model: Diagnoser, w) -> dict:
+    """A window (in context) as ``--cells`` prints it: its own columns, and — running — each
+    signal against its node's reference (blended with the prior while the node is young, as
+    the model reads it) and its SM activity against its task's best."""
+    out = {c: math.nan if getattr(w, c) is None else getattr(w, c) for c in CELL_COLUMNS}
+    if not is_running(w):
+        return out
+    kind = kind_of(w)
+    ref = model.nodes.get((w.node or "", kind))
+    figure = partial(model._reference, ref, kind)  # as the model reads the node
+    task = model.tasks.get((w.node or "", w.server)) if w.server is not None else None
+    usual = figure("log_mem")
+    return out | {
+        "kernel/fed": _ratio(kernel_time(w), figure("fed_level")),
+        "occ/fed": _ratio(occupancy(w), figure("occupancy")),
+        "dram/peak": _ratio(dram_intensity(w), figure("peak")),
+        "dram/compute": _ratio(dram_intensity(w), figure("compute_dram")),
+        "mem/usual": _ratio(w.gpu_mem_frac, math.exp(usual) if math.isfinite(usual) else None),
+        "sm/task": _ratio(w.sm_active, task.best_sm if task is not None and task.sm else None),
+    }
 
 
 def batch(rows, params: Params, min_node_windows: int = 30) -> list:
@@ -299,6 +341,39 @@ def abstentions(rows, diagnoses, maturity) -> dict:
     }
 
 
+# ``--cells``: the columns a window shows, then its signals against its node's and task's history.
+CELL_COLUMNS = ("sm_active", "gr_active", "dram_active", "tensor_active", "gpu_mem_frac",
+                "cpu_cores", "cpu_top_thread", "cpu_iowait", "read_mb_s")  # fmt: skip
+CELL_HISTORY = ("kernel/fed", "occ/fed", "dram/peak", "dram/compute", "mem/usual", "sm/task")
+
+
+def cells(rows, diagnoses, readings, largest: int) -> list:
+    """The ``largest`` off-diagonal cells of running windows (a truth answered as another
+    label), biggest first: ``(truth, answer, windows, medians)``, ``medians`` of the cell's
+    windows (``"cell"``) and, beside them, of the running windows its truth and its answer are
+    right on (``"truth"``, ``"answer"``) — each a dict of every ``CELL_COLUMNS`` and
+    ``CELL_HISTORY`` (nan: never measured there)."""
+    groups: dict = {}
+    for (w, truth), d, reading in zip(rows, diagnoses, readings, strict=True):
+        if truth != UNKNOWN and d.label not in (UNCERTAIN, UNKNOWN) and is_running(w):
+            groups.setdefault((truth, d.label), []).append(reading)
+
+    def medians(readings) -> dict:
+        out = {}
+        for name in (*CELL_COLUMNS, *CELL_HISTORY):
+            values = [r[name] for r in readings if name in r and not math.isnan(r[name])]
+            out[name] = statistics.median(values) if values else math.nan
+        return out
+
+    wrong = sorted((k for k in groups if k[0] != k[1]), key=lambda k: -len(groups[k]))
+    out = []
+    for truth, answer in wrong[:largest]:
+        rows_of = {"cell": (truth, answer), "truth": (truth, truth), "answer": (answer, answer)}
+        found = {row: medians(groups.get(key, [])) for row, key in rows_of.items()}
+        out.append((truth, answer, len(groups[truth, answer]), found))
+    return out
+
+
 def without_columns(rows, columns) -> list:
     """``rows`` with ``columns`` missing from every window, as a file without them reads."""
     return [(replace(w, **dict.fromkeys(columns)), truth) for w, truth in rows]
@@ -382,6 +457,12 @@ def run(args) -> dict:
         for e, rows in tests.items():
             said = online(rows, shipped, 10 if e == H200 else 30)
             calibrated[e] = calibration(rows, said, shipped.confident)
+    confused = {}
+    if args.cells:
+        for e, rows in tests.items():
+            readings: list = []
+            said = online(rows, shipped, 10 if e == H200 else 30, readings=readings)
+            confused[e] = cells(rows, said, readings, args.cells)
     abstained = {}
     if args.abstentions:
         for e, rows in tests.items():
@@ -404,6 +485,7 @@ def run(args) -> dict:
         "startup": startup,
         "calibration": calibrated,
         "abstentions": abstained,
+        "cells": confused,
         "protocols": protocols,
         "latency": latency(tests[names[0]], shipped),
         "sizes": {e: len(rows) for e, rows in tests.items()},
@@ -530,6 +612,8 @@ def _print(result: dict, args) -> None:
                 for lowest, f in a["frontier"].items()
             ]
             print(f"{'':<11} answered down to " + "   ".join(cells))
+    if result["cells"]:
+        _cells_table(result["cells"])
     if result["draws"]:
         _draws_table(result["draws"], args.set)
     print("\n## constants chosen on each world (differences from the physical values)")
@@ -545,6 +629,25 @@ def _print(result: dict, args) -> None:
         f"\nonline cost per window (context + observe + score): median {lat['median_ms']:.3f} ms,"
         f" p99 {lat['p99_ms']:.3f} ms; windows per test set: {result['sizes']}"
     )
+
+
+def _cells_table(confused: dict) -> None:
+    print("\n## the largest wrong cells of running windows (shipped constants, online): medians"
+          " of the windows as read"
+          " (in context), then against their node's reference and task's best; beside them the"
+          " right answers of the truth and of the answer")  # fmt: skip
+    names = (*CELL_COLUMNS, *CELL_HISTORY)
+    short = [n.replace("_active", "").replace("cpu_", "").replace("gpu_", "") for n in names]
+    for e, found in confused.items():
+        for truth, answer, n, medians in found:
+            print(f"\n{e}: {truth} read {answer}, {n} windows")
+            print(f"{'':<24}" + "".join(f"{name[:12]:>13}" for name in short))
+            for row, label in (("cell", "these"), ("truth", f"{truth} right"),
+                               ("answer", f"{answer} right")):  # fmt: skip
+                values = medians[row]
+                print(f"{label[:23]:<24}" + "".join(
+                    f"{'-' if math.isnan(values[k]) else f'{values[k]:.3g}':>13}" for k in names
+                ))  # fmt: skip
 
 
 def _draws_table(draws: dict, changes: dict) -> None:
@@ -625,6 +728,11 @@ def main(argv=None) -> None:
         "--draws", nargs="+", type=int, default=[], metavar="SEED",
         help="score every world's test set of each tuning SEED (and the H200) with the physical"
         " constants and with --set's, paired, and say whether the change passes the rule",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cells", type=int, default=0, metavar="N",
+        help="each world's N largest wrong cells: their windows against their node's and task's"
+        " history, beside the right answers (shipped)",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="60 servers of 40 windows, 1 round")
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ import json
 import math
 import pickle
 import re
+import statistics
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -40,6 +41,7 @@ from jupyter_gpu_gov.diagnose.features import (
     with_context,
 )
 from jupyter_gpu_gov.diagnose.labels import HINTS, LABELS, UNCERTAIN, UNKNOWN, diagnosis
+from jupyter_gpu_gov.diagnose.reference import kind_of
 
 IDLE = rules.ZOMBIE_IDLE_S
 
@@ -737,6 +739,44 @@ def test_abstentions_count_each_uncertain_window_and_answer_as_a_lower_threshold
     bench.main(["--tune-on", "--abstentions", "--worlds", "fleet", "--servers", "8",
                 "--windows", "10"])  # fmt: skip
     assert "answered down to 0.50: " in capsys.readouterr().out
+
+
+def test_cells_read_the_largest_wrong_cells_against_their_nodes_history(capsys):
+    """``benchmarks.diagnose --cells``: the largest cells of running windows answered as another
+    label than their truth, biggest first, each with the medians of its windows as the model
+    read them — and the same window read against its node's reference is its own figure over
+    the node's (a window at the node's fed level reads 1 there)."""
+    from benchmarks import diagnose as bench
+    from benchmarks.worlds import generate
+
+    rows = generate("traces", 30, 20, 101)
+    readings: list = []
+    said = bench.online(rows, Params(), readings=readings)
+    assert said == bench.online(rows, Params())  # reading the history changes no answer
+    found = bench.cells(rows, said, readings, 3)
+    wrong = Counter(
+        (truth, d.label)
+        for (w, truth), d in zip(rows, said, strict=True)
+        if truth not in (UNKNOWN, d.label) and d.label not in (UNCERTAIN, UNKNOWN) and w.kernel_busy
+    )
+    assert [(t, a, n) for t, a, n, _ in found] == [(t, a, n) for (t, a), n in wrong.most_common(3)]
+    truth, answer, _, medians = found[0]
+    cell = [
+        r for (w, t), d, r in zip(rows, said, readings, strict=True)
+        if (t, d.label) == (truth, answer) and w.kernel_busy
+    ]  # fmt: skip
+    assert medians["cell"]["cpu_cores"] == statistics.median(r["cpu_cores"] for r in cell)
+    model = Diagnoser(min_node_windows=5, min_node_servers=2).fit([w for w, _ in rows])
+    mature = {key for key, ref in model.nodes.items() if model._maturity(ref) == 1.0}
+    running = next(
+        w for w, _ in rows if w.kernel_busy and w.gr_active and (w.node, kind_of(w)) in mature
+    )
+    level = model.nodes[running.node, kind_of(running)].fed_level
+    at_level = replace(running, gr_active=level, sm_active=min(running.sm_active, level))
+    assert bench.against_history(model, at_level)["kernel/fed"] == pytest.approx(1.0)
+    bench.main(["--tune-on", "--cells", "2", "--worlds", "traces", "--servers", "8",
+                "--windows", "10"])  # fmt: skip
+    assert " windows\n" in capsys.readouterr().out
 
 
 def test_tuning_on_one_world_and_scoring_another():
