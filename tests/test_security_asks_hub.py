@@ -3,6 +3,8 @@
 attack worked before the fix.
 
 bob      loops Extend while his server has nothing to extend, and Stop once it is stopping
+eve      sends a dozen Extends at once while her GPU sits idle: no more are granted than her
+         policy's max_extensions
 bobsvc   a Hub service an admin set up (a monitoring job with the governor's access scope) whose
          name is a user's: ``bob``
 govadmin reads the extension requests and the audit trail
@@ -13,9 +15,11 @@ ursula   spawns with user_options too large to keep, on a hub without the profil
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
-from governor_harness import Gov, governed_hub, start_all, wait
+import requests
+from governor_harness import Gov, governed_hub, kernel_with, start_all, wait
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,16 +32,29 @@ c.JupyterHub.load_roles.append(
 )
 """
 LOOPS = 25  # within the API burst (100): every request is answered, none throttled
+# eve's GPU is warned about at once; Extend gives her two steps, then an admin decides.
+EVE = {
+    "name": "eve",
+    "match": {"users": ["eve"]},
+    "warn_after": "1s",
+    "cull_after": "30m",
+    "max_extensions": 2,
+    "extension_step": "10m",
+}
+HOLD = "from jupyter_gpu_gov import simulate; simulate.hold(2048)"  # an idle GPU context
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     harness = governed_hub(
-        tmp_path_factory.mktemp("asks"), silent_users=("ursula",), hub_config=HUB
+        tmp_path_factory.mktemp("asks"),
+        silent_users=("ursula",),
+        hub_config=HUB,
+        extra_policies=[EVE],
     )
     with harness as hub:
         hub.create_user("govadmin")
-        start_all(hub, {"bob": None})
+        start_all(hub, {"bob": None, "eve": None})
         Gov(hub).wait_up()
         yield hub
 
@@ -77,6 +94,43 @@ def test_a_loop_of_refused_extensions_is_answered_but_recorded_once(hub, gov):
     scrape = hub.get(f"{hub.url.rstrip('/')}/services/gpu-gov/metrics", hub.token("govadmin"))
     assert scrape.status_code == 200, scrape.text[:300]
     assert 'jupyter_gpu_gov_extensions_total{status="refused"} 1.0' in scrape.text
+
+
+def test_extends_sent_at_once_are_granted_no_more_than_max_extensions(hub, gov):
+    """The count of extensions is read and written with nothing awaited in between: a dozen
+    asks raced from the owner's token are two granted (``max_extensions``) and the rest wait
+    for an admin, one request on their list (attack 33)."""
+    tab = kernel_with(hub, "eve", HOLD)
+    try:
+        wait(lambda: gov.verdict("eve")["state"] in ("idle", "warned"), 90, "eve's GPU idle")
+        token, codes = hub.token("eve"), []
+        start = threading.Barrier(12)
+
+        def extend() -> None:
+            with requests.Session() as session:
+                session.trust_env = False
+                start.wait()
+                r = session.post(
+                    f"{gov.base}/users/eve/server/extend",
+                    headers={"Authorization": f"token {token}"},
+                    json={"reason": "a race"},
+                    timeout=60,
+                )
+                codes.append(r.status_code)
+
+        threads = [threading.Thread(target=extend) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+    finally:
+        tab.close()
+    assert sorted(codes) == [200] * 2 + [202] * 10, codes
+    assert gov.verdict("eve")["extensions_left"] == 0
+    r = gov.admin("GET", "extensions")
+    assert r.status_code == 200, r.text[:300]
+    statuses = sorted(e["status"] for e in r.json()["extensions"] if e["server"] == "eve/")
+    assert statuses == ["granted", "granted", "pending"], statuses
 
 
 def test_a_service_named_as_a_user_reads_nothing_of_that_users(hub, gov):
