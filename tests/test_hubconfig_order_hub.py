@@ -8,7 +8,9 @@ minutes of a Hub that gathers activity every 30), and servers had no governor UR
 An admin's ``apply_user_options`` (JupyterHub 5.3 runs it before the hooks) that refused an
 unknown image left the oversized choice kept: now cut where the Hub saves it, before any hook
 (``tests/test_spawn_order_hub.py``: the hooks before it that refuse), the function sees only what
-is kept, and the guard refuses the spawn naming the choice.
+is kept, and the guard refuses the spawn naming the choice. So is a spawn an
+``auth_state_hook`` refused before any of them, and an admin's ``post_stop_hook`` set after
+the call still runs.
 """
 
 from __future__ import annotations
@@ -40,6 +42,23 @@ def _known_images_only(spawner, options):  # JupyterHub 5.3's place for them, be
 
 
 c.Spawner.apply_user_options = _known_images_only
+
+
+def _no_spawns_for_olga(spawner, auth_state):  # runs before every hook and apply function
+    if spawner.user.name == "olga":
+        from tornado import web
+
+        raise web.HTTPError(403, "olga may not start servers here")
+
+
+c.Spawner.auth_state_hook = _no_spawns_for_olga
+
+
+def _late_stop_hook(spawner):
+    spawner.log.info("late post_stop_hook ran for %s", spawner.user.name)
+
+
+c.Spawner.post_stop_hook = _late_stop_hook
 c.JupyterHub.last_activity_interval = 1800
 c.Spawner.environment = {**HARNESS_ENV, "LATE_ENV": "set"}
 """
@@ -76,6 +95,23 @@ def test_a_hook_set_after_add_governor_runs_after_its_guard(hub):
         "a GPU report from ursula's server",
     )
     hub.stop_server("ursula")
+
+
+def test_a_stop_hook_set_after_add_governor_runs_after_its_guard(hub):
+    """The Hub saves a spawn's options as sent before any hook runs: a spawn the admin's
+    auth_state_hook refused (before the pre_spawn_hook's guard) kept a megabyte of them. The
+    stop of the failed spawn drops them, and then runs the admin's own post_stop_hook, set
+    after add_governor (attack 33)."""
+    hub.create_user("olga")
+    r = hub.api("POST", "users/olga/server", json={"image": "y" * 1_000_000, "size": "s"})
+    assert r.status_code == 403 and "olga may not" in r.json()["message"], r.text[:300]
+    model = hub.api("GET", "users/olga", params={"include_stopped_servers": "1"}).json()
+    assert model["servers"][""]["user_options"] == {"size": "s"}, str(model)[:300]
+    wait(
+        lambda: "late post_stop_hook ran for olga" in hub.log_path.read_text(),
+        30,
+        "the admin's own post_stop_hook",
+    )
 
 
 def test_the_activity_interval_set_after_add_governor_reaches_the_governor(hub):

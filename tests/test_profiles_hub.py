@@ -88,9 +88,17 @@ def _singleuser_config(devices) -> str:
     return f"c.GpuGovApp.simulated_devices = {devices!r}\n"
 
 
+# The admin's own choice of image (JupyterHub 5.3's apply_user_options, as its docs show it),
+# which refuses an image it does not know, before the spawner's start (and admission) runs.
+IMAGES = """def _image(spawner, options):
+            if options.get("image", "base") not in ("base", "torch"):
+                from tornado import web
+                raise web.HTTPError(400, "Unknown image: choose base or torch.")
+        c.Spawner.apply_user_options = _image"""
+
 hub = hub_fixture(
     users=["alice", "bob", "carol", "dave", "erin"],
-    extra_config=_hub_config(DEMO_DEVICES, TIERS, QUOTAS, TEAM_MAP),
+    extra_config=_hub_config(DEMO_DEVICES, TIERS, QUOTAS, TEAM_MAP, extra=IMAGES),
     singleuser_config=_singleuser_config(DEMO_DEVICES),
 )
 pool = hub_fixture(
@@ -397,6 +405,33 @@ def test_a_choice_too_large_to_keep_is_refused_and_not_kept(hub):
     hub.wait_for_server("carol")
     assert servers(hub, "carol")[""]["user_options"]["profile-option-a"] == "b"
     hub.stop_server("carol")
+
+
+def test_a_spawn_refused_before_admission_keeps_no_choice_too_large(hub):
+    """The Hub saves a spawn's ``user_options`` as sent before anything of the spawn runs;
+    admission, which keeps none too large, runs in the spawner's start. A spawn the admin's
+    ``apply_user_options`` refused first (an image it does not offer: JupyterHub runs it before
+    the start) kept a megabyte of choices, listed to the governor at every pass and in every
+    listing of the Hub's users, for as long as the user liked (attack 33)."""
+    nlp = {"profile": "h100-2g", "team": "nlp"}
+    r = api_spawn(hub, "carol", {**nlp, "image": "mine", "profile-option-x": "y" * 1_000_000})
+    assert r.status_code == 400 and "Unknown image" in r.json()["message"], r.text
+    assert servers(hub, "carol") == {}
+    model = hub.api("GET", "users/carol", params={"include_stopped_servers": "1"}).json()
+    kept = model["servers"][""]["user_options"]
+    assert "profile-option-x" not in kept and len(json.dumps(kept)) < 2000, str(kept)[:300]
+    assert kept["image"] == "mine"  # the choices that fit stay, as the Hub keeps them
+    # The admin's images start as before; a stop keeps what admission kept, every one of as
+    # many choices as a spawn may make, and its grant's copy beside them.
+    many = {f"profile-option-o{i}": "v" for i in range(60)}
+    r = api_spawn(hub, "carol", {**nlp, "image": "torch", **many})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_for_server("carol")
+    admitted = servers(hub, "carol")[""]["user_options"]
+    assert many.items() <= admitted.items() and admitted[TIER] == "h100-2g", sorted(admitted)
+    hub.stop_server("carol")
+    model = hub.api("GET", "users/carol", params={"include_stopped_servers": "1"}).json()
+    assert model["servers"][""]["user_options"] == admitted
 
 
 # --- 6. the memory estimate ----------------------------------------------------------------

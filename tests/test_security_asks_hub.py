@@ -9,7 +9,8 @@ bobsvc   a Hub service an admin set up (a monitoring job with the governor's acc
          name is a user's: ``bob``
 govadmin reads the extension requests and the audit trail
 ursula   spawns with user_options too large to keep, on a hub without the profile layer; the
-         admin's own pre_spawn_hook (the harness's: her server never reports) still runs
+         admin's own pre_spawn_hook (the harness's: her server never reports) still runs, and
+         a spawn JupyterHub's own apply_user_options refuses first keeps none of them either
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ c.JupyterHub.services.append({{"name": "bob", "api_token": {SERVICE_TOKEN!r}}})
 c.JupyterHub.load_roles.append(
     {{"name": "bob-monitor", "services": ["bob"], "scopes": ["access:services!service=gpu-gov"]}}
 )
+# JupyterHub's own apply_user_options (a dict: option -> trait), which runs before the hooks
+c.Spawner.apply_user_options = {{"mem": "mem_limit"}}
 """
 LOOPS = 25  # within the API burst (100): every request is answered, none throttled
 # eve's GPU is warned about at once; Extend gives her two steps, then an admin decides.
@@ -204,6 +207,12 @@ def test_user_options_too_large_to_keep_are_refused_without_the_profile_layer(hu
         assert named in message and "at most" in message, message
         assert not hub.api("GET", "users/ursula").json()["servers"]
         assert len(kept()) < 2000, kept()[:300]
+    # Refused before the guard: JupyterHub's trait refuses the value ("Invalid user options")
+    # and stops the spawn; what the Hub saved as sent kept a megabyte (attack 33).
+    r = hub.api("POST", "users/ursula/server", json={"mem": "lots", "image": "y" * 1_000_000})
+    assert r.status_code == 400, f"{r.status_code} {r.text[:300]}"
+    assert not hub.api("GET", "users/ursula").json()["servers"]
+    assert json.loads(kept()) == {"mem": "lots"}
     hub.start_server("ursula", options={"image": "usual", "o1": "v"})  # usual ones as before
     assert json.loads(kept()) == {"image": "usual", "o1": "v"}
     kernel = hub.start_kernel("ursula")
