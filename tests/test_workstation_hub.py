@@ -124,6 +124,9 @@ def test_each_server_gets_its_own_card_and_gives_it_back(hub, accounts):
     assert {ann[2], ben[2]} == {"GPU-a", "GPU-b"}, (ann, ben)
     assert ann[3] == ben[3] == "PCI_BUS_ID"
     assert held(hub) == {f"{ANN}/": [ann[2]], f"{BEN}/": [ben[2]]}
+    # The choices are the profile layer's to apply (at admission): JupyterHub (5.3+) logged
+    # "Received unhandled user_options for ...: profile" at every GPU spawn, as if ignored.
+    assert "unhandled user_options" not in hub.log_path.read_text(errors="replace")
 
     # Beyond the user's cap: a second server of hers is refused, saying why.
     r = spawn(hub, ANN, "second")
