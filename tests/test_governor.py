@@ -1439,3 +1439,32 @@ def test_a_schema_8_store_gains_the_table_that_keeps_dismissals(tmp_path):
     assert Store(url).dismissals() == {"GPU-1": frozenset({"XID 79"})}
     with migrated.session() as session:
         assert session.get(MetaRow, "schema_version").value == "9"
+
+
+async def test_a_restarted_servers_first_report_never_gets_the_last_sessions_warning(
+    tmp_path, restore_clock
+):
+    """A server stopped while warned (by its owner, or a crash: not culled) and started again
+    reports at once, before the pass that sees its new session. That report got the old
+    session's verdict back: JupyterLab on the fresh server said "GPU idle: this server will be
+    stopped now" until its next report, a minute later (a 4-GPU workstation walk)."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        for step in (0, 61 * 60):
+            clock.advance(step)
+            gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+            await gov.reconcile()
+        assert gov.verdict("alice/")["state"] == "warned"
+        hub._finish_stop(hub.users["alice"], "")  # her server crashed
+        await gov.reconcile()
+        clock.advance(600)
+        hub.add_server("alice")  # started again; its first report comes before the next pass
+        first = gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        assert first["state"] != "warned" and not first.get("cull_at"), first
+        assert (
+            json.loads(gov.ingest_answer(report_for("alice", H100_IDLE_GPU, sm=0.0)))["verdict"]
+            == first
+        )
+        await gov.reconcile()  # the pass sees the new session: idle from its start, no warning
+        assert gov.verdict("alice/")["state"] == "idle"

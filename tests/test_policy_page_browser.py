@@ -93,6 +93,11 @@ def test_export_edit_predict_apply_and_the_audit_in_a_browser(hub, tmp_path):
             culls = table.locator("tr", has=page.locator("td", has_text="culls")).first
             expect(culls.locator("td").nth(1)).to_have_text("1")  # what the governor did
             expect(culls.locator("td").nth(3)).to_have_text("0")  # an hour's patience: none
+            # What the columns are, under the table, as `jupyter-gpu-gov what-if` prints it
+            # (the page showed "recorded 3, current 0" culls with no word of why).
+            expect(page.locator("#what-if-notes")).to_contain_text(
+                "recorded: what the governor did when this history was recorded"
+            )
             page.screenshot(path=str(screenshot_path("policy.png", tmp_path)), full_page=True)
 
             # Meanwhile another admin applies a change: this page's apply, made over the live

@@ -255,6 +255,28 @@ def test_a_team_within_its_guarantee_reclaims_borrowed_cards_lowest_priority_fir
     )
 
 
+def test_a_borrowed_pair_holding_the_cards_of_a_guarantee_is_reclaimed():
+    # A 4-card workstation: vision's borrowed pair (2 x H100, no guarantee on it: the same
+    # cards as H100), vision's H100 and nlp's H100. H100's capacity is what H100 servers hold
+    # plus what is free: 2. nlp's second H100 is within its guarantee of 2.
+    pair = grant("vision", "h100x2", borrowed=True, hour=9)
+    usage = [pair, grant("nlp"), grant("vision")]
+    admission = ask("nlp", usage=usage, capacity={"h100": 2, "h100x2": 2})
+    # Before, only borrowed H100 servers were candidates: "All 2 H100 cards are in use. Try
+    # again later" on a machine of 4, the guarantee never met while the pair ran.
+    assert not admission.allowed
+    assert admission.reclaim == (pair,)
+    assert admission.reason == (  # not "All 2 H100 cards": the pair's are not in H100's count
+        "All H100 cards are in use (2 by 2 x H100 servers), some borrowed by other teams beyond "
+        "their guarantee. Team nlp is within its guarantee, so 2 are being taken back from "
+        "them: try again in a few minutes."
+    )
+    # Slices of another card are devices of their own: never taken back for a whole card.
+    slice_ = grant("vision", "h200-1g", borrowed=True, hour=9)
+    refused = ask("nlp", usage=[slice_, grant("nlp"), grant("vision")], capacity={"h100": 2})
+    assert not refused.allowed and not refused.reclaim
+
+
 def test_among_equal_priorities_the_newest_borrowed_server_goes_first():
     early, late, middle = (grant("ops", borrowed=True, hour=h) for h in (9, 11, 10))
     usage = [*grants("vision", 4), early, late, middle]

@@ -124,6 +124,9 @@ def test_each_server_gets_its_own_card_and_gives_it_back(hub, accounts):
     assert {ann[2], ben[2]} == {"GPU-a", "GPU-b"}, (ann, ben)
     assert ann[3] == ben[3] == "PCI_BUS_ID"
     assert held(hub) == {f"{ANN}/": [ann[2]], f"{BEN}/": [ben[2]]}
+    # The choices are the profile layer's to apply (at admission): JupyterHub (5.3+) logged
+    # "Received unhandled user_options for ...: profile" at every GPU spawn, as if ignored.
+    assert "unhandled user_options" not in hub.log_path.read_text(errors="replace")
 
     # Beyond the user's cap: a second server of hers is refused, saying why.
     r = spawn(hub, ANN, "second")
@@ -152,3 +155,55 @@ def test_each_server_gets_its_own_card_and_gives_it_back(hub, accounts):
     started(hub, CYD)
     assert seen(hub, CYD)[:3] == [CYD, str(accounts / CYD), ann[2]]
     assert held(hub) == {f"{BEN}/": [ben[2]], f"{CYD}/": [ann[2]]}
+
+
+SHARED_CARDS = f"""
+import sys
+
+import pytest
+
+sys.path.insert(0, {str(TESTS)!r})
+from fake_pynvml import FakeGpu, install
+
+from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+
+_H100 = dict(name="NVIDIA H100 80GB HBM3", memory_total_mb=81559)
+install(pytest.MonkeyPatch(), *(FakeGpu(f"GPU-{{i}}", **_H100) for i in "abc"))
+c.JupyterHub.allow_named_servers = True
+c.LocalGpus.backend = "nvml"
+c.GpuProfiles.tiers = [
+    {{"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"}},
+    {{"name": "h100x2", "display_name": "Two H100s", "gpu": "H100-80GB", "count": 2}},
+]
+c.GpuProfiles.quotas = {{
+    "vision": {{"guaranteed": {{"h100": 1}}, "tiers": "*"}},
+    "nlp": {{"guaranteed": {{"h100": 2}}}},
+}}
+c.GpuProfiles.team_map = {{{ANN!r}: "vision", {BEN!r}: "nlp"}}
+c.GpuProfiles.require_project = False
+add_gpu_profiles(c, spawner="local")
+"""
+
+
+def test_a_borrowed_pair_is_asked_back_for_a_guarantee_on_one_card(accounts, tmp_path):
+    """Three cards, two tiers on them (one card, a pair). Ann's pair is borrowed (vision has no
+    guarantee on it); Ben holds one of nlp's two guaranteed cards. His second is refused while
+    the pair holds the cards, and the pair is asked back. Before, only borrowed servers of the
+    card's own tier were: "The only H100 80 GB card is in use. Try again later", nlp's
+    guarantee never met while the pair ran."""
+    with HubHarness(workdir=tmp_path, extra_config=SHARED_CARDS) as hub:
+        hub.create_user(ANN)
+        r = hub.api("POST", f"users/{ANN}/server", json={"profile": "h100x2"}, timeout=120)
+        assert r.status_code in (201, 202), r.text
+        hub.wait_for_server(ANN)
+        started(hub, BEN)
+        r = spawn(hub, BEN, "second")
+        assert r.status_code == 403, r.text
+        message = r.json()["message"]
+        assert message.startswith(
+            "All H100 80 GB cards are in use (2 by Two H100s servers), some borrowed by other"
+            " teams beyond their guarantee. Team nlp is within its guarantee, so 2 are being"
+            " taken back"
+        ), message
+        pair = hub.api("GET", f"users/{ANN}").json()["servers"][""]["state"]["gpu_gov_grant"]
+        assert pair["gpu-gov/reclaim-for"] == "nlp", pair

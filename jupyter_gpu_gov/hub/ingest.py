@@ -5,6 +5,7 @@ answered. Reports are accepted only for servers the Hub runs, and forgotten once
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 import typing
@@ -317,11 +318,22 @@ class Ingest:
 
     def ingest(self, report: dict) -> dict:
         """Keep a validated, authorised report; answer the server's current verdict."""
-        return self.verdict(self._keep_report(report))
+        key = self._keep_report(report)
+        return self._not_assessed(key) if self._last_session(key) else self.verdict(key)
 
     def ingest_answer(self, report: dict) -> bytes:
         """``ingest``, answered as the report route sends it (``Views.answer``)."""
-        return self.answer(self._keep_report(report))
+        key = self._keep_report(report)
+        if self._last_session(key):
+            return json.dumps({"verdict": self._not_assessed(key)}).encode()
+        return self.answer(key)
+
+    def _last_session(self, key: str) -> bool:
+        """Whether the server's row is a stopped session's: a report of a server started again
+        comes before the pass that sees it, and the old session's verdict (warned, its cull
+        due) would be shown on the fresh server until its next report."""
+        row = self.row(key)
+        return row is not None and not row.running
 
     def _keep_report(self, report: dict) -> str:
         """Keep a validated, authorised report; its server's key."""

@@ -13,7 +13,7 @@ from tornado import web
 
 from ..core import clock
 from ..core.durations import format_duration, parse_duration
-from ..replay.whatif import figure_rows
+from ..replay.whatif import figure_rows, notes
 from . import applied_policy as kept
 from . import policy_admin as admin_
 from .api_handler import COST_EXPORT, bounded_reason
@@ -156,6 +156,7 @@ class PolicyPageHandler(PageHandler):
             applied=admin.applied,
             superseded=admin.superseded,
             figures=figure_rows(outcomes) if outcomes else None,
+            notes=notes(outcomes, width=None) if outcomes else [],
             trace=outcomes and outcomes[0],
             dry=dry,
             audit=[_audit_line(row) for row in policy_audit(gov.store)],

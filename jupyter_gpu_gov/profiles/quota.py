@@ -27,7 +27,7 @@ from typing import Any
 # What held a refused request back (``Admission.limit``): defined with the queue's records,
 # which carry it to the governor.
 from ..core.queue import BORROWING, CAPACITY, USER_CAP
-from .tiers import Tier, check_entry
+from .tiers import Tier, check_entry, shares_cards
 
 _EPS = 1e-9
 _KEYS = {"guaranteed", "borrowing_limit", "lending_limit", "tiers", "user_cap", "priority"}
@@ -369,8 +369,14 @@ def admit(
         offered = ", ".join(tiers[t].display_name for t in tiers if t in quota.tiers) or "none"
         return Admission(False, f"{name} is not offered to team {quota.team} (offered: {offered}).")
 
+    # Tiers whose servers hold this tier's cards (one card and a pair): their borrowed servers
+    # are reclaimed for a guarantee too, or a borrowed pair kept a team from its guarantee.
+    sharing = (
+        tier.name,
+        *(t for t, other in tiers.items() if t != tier.name and shares_cards(tier, other)),
+    )
     if not isinstance(usage, Held):  # only what this admission reads: an index costs more
-        usage = Held(g for g in usage if g.tier == tier.name or g.user == request.user)
+        usage = Held(g for g in usage if g.tier in sharing or g.user == request.user)
     refusal = _over_user_cap(request, tier, quota, usage, tiers)
     if refusal:
         return refusal
@@ -390,18 +396,25 @@ def admit(
                 f"{_devices(tier, guaranteed)} in use with this server.",
             )
         # Cards the team is guaranteed are held by other teams' borrowed servers.
-        reclaim = _reclaim(usage, request, quota, quotas, -free_after, lambda g: True)
+        reclaim = _reclaim(usage, request, quota, quotas, -free_after, lambda g: True, sharing)
+        # Cards other tiers' servers hold are not in this tier's count ("the only card is in
+        # use" on a workstation of 3, 2 of them a pair's): named, without a total.
+        shared = {
+            tiers[t].display_name: n
+            for t in sharing[1:]
+            if (n := usage.devices(t, but=request.server))
+        }
         if reclaim:
             return Admission(
                 False,
-                f"{_all_in_use(tier, cap)}, some borrowed by other teams beyond their "
+                f"{_all_in_use(tier, cap, shared)}, some borrowed by other teams beyond their "
                 f"guarantee. Team {quota.team} is within its guarantee, so "
                 f"{_count(sum(g.devices for g in reclaim))} being taken back from them: try again "
                 "in a few minutes.",
                 reclaim=reclaim,
                 limit=CAPACITY,
             )
-        return Admission(False, f"{_all_in_use(tier, cap)}. {_retry(tier)}", limit=CAPACITY)
+        return Admission(False, f"{_all_in_use(tier, cap, shared)}. {_retry(tier)}", limit=CAPACITY)
 
     over = team_used + need - guaranteed
     limit = quota.borrowing_limit.get(tier.name)
@@ -450,7 +463,13 @@ def admit(
             borrowed=True,
         )
     reclaim = _reclaim(
-        usage, request, quota, quotas, reserved - free_after, lambda g: g.priority < quota.priority
+        usage,
+        request,
+        quota,
+        quotas,
+        reserved - free_after,
+        lambda g: g.priority < quota.priority,
+        sharing,
     )
     if reclaim:
         return Admission(
@@ -554,35 +573,38 @@ def _reserved_for_others(usage: Held, request, quota, quotas) -> float:
     return reserved
 
 
-def _reclaim(usage: Held, request, quota, quotas, shortfall: float, eligible) -> tuple[Grant, ...]:
-    """Borrowed grants of other teams that would cover ``shortfall`` devices: lowest priority
-    first, then the most recently started (Kueue's order), or nothing if they cannot cover it.
-    Only a team's excess over its guarantee is taken: a grant labelled borrowed at spawn is
-    within the guarantee once enough of the team's other servers have stopped."""
-    tier = request.tier
+def _reclaim(
+    usage: Held, request, quota, quotas, shortfall: float, eligible, sharing: Sequence[str]
+) -> tuple[Grant, ...]:
+    """Borrowed grants of other teams on the tiers ``sharing`` the request's cards that would
+    cover ``shortfall`` devices: lowest priority first, then the most recently started
+    (Kueue's order), or nothing if they cannot cover it. Only a team's excess over its
+    guarantee on the grant's tier is taken: a grant labelled borrowed at spawn is within the
+    guarantee once enough of the team's other servers have stopped."""
     candidates = sorted(
         (
             g
+            for tier in sharing
             for g in usage.borrowed(tier)
             if g.server != request.server and g.team != quota.team and eligible(g)
         ),
         key=lambda g: (g.priority, -(g.started.timestamp() if g.started else 0)),
     )
-    excess: dict[str, int] = {}
-    for team in {g.team for g in candidates}:
+    excess: dict[tuple[str, str], int] = {}
+    for team, tier in {(g.team, g.tier) for g in candidates}:
         other = quotas.get(team)
-        excess[team] = usage.devices(tier, team, but=request.server) - (
+        excess[team, tier] = usage.devices(tier, team, but=request.server) - (
             other.guaranteed.get(tier, 0) if other else 0
         )
     chosen, covered = [], 0
     for grant in candidates:
         if covered >= shortfall:
             break
-        if excess[grant.team] <= 0:
+        if excess[grant.team, grant.tier] <= 0:
             continue
         chosen.append(grant)
         covered += grant.devices
-        excess[grant.team] -= grant.devices
+        excess[grant.team, grant.tier] -= grant.devices
     return tuple(chosen) if covered >= shortfall else ()
 
 
@@ -594,7 +616,10 @@ def _count(n: int) -> str:
     return "1 is" if n == 1 else f"{n} are"
 
 
-def _all_in_use(tier: Tier, cap: int) -> str:
+def _all_in_use(tier: Tier, cap: int, shared: Mapping[str, int]) -> str:
+    if shared:  # cards of this model that other tiers' servers hold too
+        held = ", ".join(f"{n} by {name} servers" for name, n in shared.items())
+        return f"All {_devices(tier, 2)} are in use ({held})"
     if cap == 0:
         return f"There is no {_devices(tier, 1)} here"
     if cap == 1:

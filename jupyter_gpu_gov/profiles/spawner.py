@@ -211,6 +211,10 @@ class GpuRefused(web.HTTPError):
         self.jupyterhub_message = message
 
 
+def _applied_at_admission(spawner, user_options) -> None:
+    """The profile layer's ``apply_user_options``: nothing before ``start()``'s admission."""
+
+
 class GpuProfilesMixin:
     """Tiers, team quotas and admission for a JupyterHub spawner (mix in first)."""
 
@@ -226,6 +230,13 @@ class GpuProfilesMixin:
     @property
     def gpu_profiles(self) -> GpuProfiles:
         return GpuProfiles.instance(config=self.config)
+
+    def _apply_user_options_default(self):
+        # Without one, JupyterHub (5.3+) logs "Received unhandled user_options" at every GPU
+        # spawn, as if the choices were ignored: admission applies them, in start(). An
+        # admin's own apply_user_options still replaces this. (traitlets' named default: a
+        # mixin's @default is not registered, only the final class's own.)
+        return _applied_at_admission
 
     # -- hooks for the glue ------------------------------------------------------------------
 

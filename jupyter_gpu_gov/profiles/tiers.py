@@ -185,6 +185,15 @@ class Tier:
         )
 
 
+def shares_cards(a: Tier, b: Tier) -> bool:
+    """Whether servers of ``a`` and ``b`` hold the same whole cards (one card and a pair of one
+    model), so that one's servers free cards for the other's. MIG slices and time-shares are
+    devices of their own; a capability class's servers may hold another model: not counted."""
+    if a.kind != "whole" or b.kind != "whole" or a.card is None or b.card is None:
+        return False
+    return bool(set(a.card.products) & set(b.card.products))
+
+
 def mig_weight(profile: str, card: Card) -> float:
     """GPU-equivalents of a MIG slice: the larger of its compute and memory share."""
     match = _MIG.match(profile)

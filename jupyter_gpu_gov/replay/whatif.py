@@ -589,9 +589,10 @@ def table(outcomes: Sequence[Outcome], title: str = "") -> str:
 _ACTIONS = ("warnings", "notices", "checkpoints", "interrupts", "culls")
 
 
-def notes(outcomes: Sequence[Outcome], width: int = 92) -> list[str]:
+def notes(outcomes: Sequence[Outcome], width: int | None = 92) -> list[str]:
     """What a reader new to the table needs: what "recorded" and the replayed runs are, and
-    why the recorded culls differ from the current policy's replayed on the same trace."""
+    why the recorded culls differ from the current policy's replayed on the same trace. Lines
+    of ``width`` characters; None: one paragraph each (a page wraps its own)."""
     if len(outcomes) < 2 or outcomes[0].name != RECORDED:
         return []
     recorded, current = outcomes[0].total, outcomes[1].total
@@ -620,6 +621,8 @@ def notes(outcomes: Sequence[Outcome], width: int = 92) -> list[str]:
             "not carry what held their cull off then (other policies in force, an owner's "
             "extension, an admin's exemption)."
         )
+    if width is None:
+        return said
     return [line for text in said for line in textwrap.wrap(text, width)]
 
 
