@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from ._version import __version__
 from .core.text import cut, escape_table
@@ -182,7 +182,7 @@ def _replay(args: argparse.Namespace) -> int:
     print(text, file=sys.stderr)
     if args.summary_json:
         try:
-            with open(args.summary_json, "w", encoding="utf-8") as file:
+            with written(args.summary_json) as file:
                 file.write(text + "\n")
         except OSError as error:
             return _fail(f"cannot write the summary: {error}")
@@ -219,6 +219,57 @@ def _trace(path: str) -> Callable[[], Iterator[Sample]]:
         return parse_lines(lines_of(copy, source), source=source)
 
     return samples
+
+
+@contextlib.contextmanager
+def written(path: str, mode: str = "w") -> Iterator[IO]:
+    """The file a command writes (``replay --summary-json``, ``export-trace -o``, ``diagnose
+    --save-model``): the one place the command line writes a path it was given. An admin may
+    run a command as root in a folder a user can write, where the user put a symbolic link (or
+    a hard link) to a file of the admin's (``/etc/shadow``): ``open(path, "w")`` truncated and
+    wrote that file. Here a symbolic link is refused (``ELOOP``: name the file itself); a
+    regular file, or none, is written as a new file beside it (created exclusively, never
+    through a link) and renamed over the name when whole, so nothing but the name changes,
+    never what a link or another name of it points to, and a failed command leaves the file
+    as it was. A device or a pipe (``/dev/null``) is written as it is. The new file has the
+    umask's mode, as one ``open`` creates."""
+    import errno
+    import secrets
+    import stat
+
+    text = {} if "b" in mode else {"encoding": "utf-8"}
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    if found is not None and stat.S_ISLNK(found.st_mode):
+        raise OSError(errno.ELOOP, "a symbolic link: not written through (name its target)", path)
+    if found is not None and stat.S_ISDIR(found.st_mode):
+        raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # (a link since: refused)
+        with os.fdopen(fd, mode, **text) as file:
+            yield file
+        return
+    folder, name = os.path.split(path)
+    while True:  # (a name taken, by chance or by a user who guessed: another)
+        partial_path = os.path.join(folder, f".{name[:200]}.{secrets.token_hex(8)}.partial")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(partial_path, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+        except OSError as error:  # (no such folder, not allowed): said of the path given
+            raise OSError(error.errno, error.strerror, path) from None
+    try:
+        with os.fdopen(fd, mode, **text) as file:
+            yield file
+        os.replace(partial_path, path)  # (a directory there: IsADirectoryError)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial_path)
+        raise
 
 
 def _fail(message: str, command: str = "replay") -> int:
@@ -494,12 +545,13 @@ def _export_trace(args: argparse.Namespace) -> int:
         )
     pseudonyms = Pseudonyms(os.urandom(32)) if args.pseudonymise else None
     rows = read_history(engine, since, until)
+    out = contextlib.ExitStack()
     try:
-        out = open(args.output, "w") if args.output else contextlib.nullcontext(sys.stdout)  # noqa: SIM115
+        stream = out.enter_context(written(args.output)) if args.output else sys.stdout
     except OSError as error:
         return fail(f"-o {args.output}: cannot write: {error.strerror or error}")
     try:
-        with out as stream:
+        with out:  # (the file is renamed into place once whole, or not at all)
             for line in export_trace(
                 rows, step=step, since=since, until=until, pseudonyms=pseudonyms
             ):
@@ -811,7 +863,8 @@ def _diagnose_file(
     results = model.diagnose_many(windows)
     if args.save_model:
         try:
-            model.save(args.save_model)
+            with written(args.save_model, "wb") as file:
+                model.dump(file)
         except OSError as error:
             return fail(f"cannot write --save-model: {error.strerror or error}")
 
@@ -954,7 +1007,8 @@ def _diagnose_model_streamed(args, path: str, name: str, shown_as: str, director
             summary["trained_on"] = model.trained_on
             if args.save_model:
                 try:
-                    model.save(args.save_model)
+                    with written(args.save_model, "wb") as file:
+                        model.dump(file)
                 except OSError as error:
                     return fail(f"cannot write --save-model: {error.strerror or error}")
         learnt = model.learnt(in_time())
@@ -1040,8 +1094,20 @@ def cluster_text(report: dict) -> str:
         f"{words} {'unknown' if demand.get(key) is None else demand[key]}" for key, words in kinds
     )
     waiting = f"spawns waiting: {frag.get('spawns_waiting')} ({detail})"
-    if frag.get("devices") is None:  # no card counted: unknown, not "0 of 0"
+    nodes = frag.get("nodes")  # on a cluster: what blocks each waiting spawn
+    if nodes and not nodes.get("unknown"):
+        lines += [
+            "",
+            f"fragmentation: {'YES' if frag.get('flag') else 'no'} — on the cluster's nodes "
+            f"(read {nodes.get('read_age_s'):.0f} s ago): {nodes.get('fragmentation')} "
+            f"blocked by fragmentation, {nodes.get('shortage')} by a shortage, "
+            f"{nodes.get('fits')} with room now; {waiting}",
+        ]
+        lines += [f"  {r['says']}" for r in nodes.get("requests") or []]
+    elif frag.get("devices") is None:  # no card counted: unknown, not "0 of 0"
         why = frag.get("unknown") or "no card's allocation is known"
+        if nodes:
+            why = f"the cluster's nodes: {nodes['unknown']}; {why}"
         lines += ["", f"fragmentation: unknown — {why}; {waiting}"]
     else:
         lines += [
@@ -1053,6 +1119,8 @@ def cluster_text(report: dict) -> str:
             f"{frag.get('free_scattered', 0)} cards' worth free on them, "
             f"{frag.get('devices_free', 0)} free; {waiting}",
         ]
+        if nodes:
+            lines.append(f"  on the cluster's nodes: unknown — {nodes['unknown']}")
     if frag.get("hint"):
         lines.append(f"  {frag['hint']}")
     return "\n".join(lines) + "\n"

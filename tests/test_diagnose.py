@@ -22,7 +22,9 @@ from jupyter_gpu_gov.diagnose.cluster import (
     Demand,
     card_shares,
     fragmentation,
+    fragmentation_report,
     mig_share,
+    placement,
 )
 from jupyter_gpu_gov.diagnose.counterfactual import Diagnoser, Params
 from jupyter_gpu_gov.diagnose.features import (
@@ -1214,6 +1216,115 @@ def test_an_exclusive_whole_card_is_not_fragmented():
     )  # fmt: skip
     assert shares == [pytest.approx(5 / 7, abs=1e-3), pytest.approx(1 / 7, abs=1e-3)]
     assert fragmentation(shares, Demand(pending=1)) is not None
+
+
+def room(free: dict, tiers: dict, age: float = 1.0) -> dict:
+    """A cluster's room as the sync carries it: ``free`` node -> resource -> devices free;
+    ``tiers`` name -> (resource, count, nodes)."""
+    return {
+        "unknown": None,
+        "read_age_s": age,
+        "nodes": free,
+        "tiers": {t: {"resource": r, "count": c, "nodes": n} for t, (r, c, n) in tiers.items()},
+        "refused": {},
+    }
+
+
+GPU, SLICE = "nvidia.com/gpu", "nvidia.com/mig-3g.71gb"
+NODES3 = ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    "free, asked, verdicts",
+    [
+        # 1 + 1 + 2 free, one pair: it fits on c (nothing blocks it).
+        ({"a": 1, "b": 1, "c": 2}, ["pair"], ("fits",)),
+        # Two pairs: one on c, the other has a card on a and one on b: fragmentation.
+        ({"a": 1, "b": 1, "c": 2}, ["pair", "pair"], ("fits", "fragmentation")),
+        # Three pairs on 1 + 1 + 1: one could start if consolidated, the others are short (the
+        # same scattered cards are never counted for two).
+        ({"a": 1, "b": 1, "c": 1}, ["pair"] * 3, ("fragmentation", "shortage", "shortage")),
+        # One card free in all: a pair is short, not fragmented.
+        ({"a": 1, "b": 0, "c": 0}, ["pair"], ("shortage",)),
+        # Whole cards held whole: a single card never waits on fragmentation.
+        ({"a": 1, "b": 1, "c": 0}, ["single"] * 3, ("fits", "fits", "shortage")),
+        # Pairs go first (best fit): the single takes a's card, not one of c's two.
+        ({"a": 1, "b": 0, "c": 2}, ["single", "pair"], ("fits", "fits")),
+    ],
+)
+def test_what_blocks_each_waiting_spawn_on_the_nodes(free, asked, verdicts):
+    tiers = {"pair": (GPU, 2, NODES3), "single": (GPU, 1, NODES3)}
+    found = placement(
+        [(t, "queued") for t in asked], room({n: {GPU: k} for n, k in free.items()}, tiers)
+    )
+    said: dict = {}
+    for r in found["requests"]:
+        said[r["blocked_by"] or "fits"] = said.get(r["blocked_by"] or "fits", 0) + r["count"]
+    expected: dict = {}
+    for v in verdicts:
+        expected[v] = expected.get(v, 0) + 1
+    assert said == expected, found
+    assert (found["fits"], found["fragmentation"], found["shortage"]) == tuple(
+        expected.get(v, 0) for v in ("fits", "fragmentation", "shortage")
+    )
+    report = fragmentation_report([], Demand(queued=len(asked)), "no card", found)
+    assert report["flag"] is ("fragmentation" in verdicts)
+
+
+def test_mig_slices_count_as_slices_on_the_nodes():
+    """Slices are devices of their own resource: a slice request fits where one is free and is
+    short where none is, never fragmented; free slices are no whole card (a whole-card request
+    beside them is short), however many there are on two cards."""
+    tiers = {"half": (SLICE, 1, ["h"]), "card": (GPU, 1, ["h"])}
+    free = {"h": {SLICE: 2, GPU: 0}}
+    found = placement([("half", "queued")] * 3 + [("card", "pending")], room(free, tiers))
+    verdicts = {(r["tier"], r["blocked_by"]): r["count"] for r in found["requests"]}
+    assert verdicts == {("half", None): 2, ("half", "shortage"): 1, ("card", "shortage"): 1}
+    assert found["fragmentation"] == 0
+    # The cards' figure (DCGM's shares) calls two partly sliced cards fragmented; the nodes,
+    # which know what each spawn asks for, decide.
+    report = fragmentation_report([3 / 7, 3 / 7], Demand(queued=4), "", found)
+    assert report["flag"] is False and report["devices_partly_used"] == 2
+
+
+def test_what_the_nodes_cannot_say_is_unknown_never_not_fragmented():
+    tiers = {"pair": (GPU, 2, NODES3)}
+    free = {"a": {GPU: 1}, "b": {GPU: 1}, "c": {GPU: 0}}
+    asked = [("pair", "pending")]
+    assert placement(asked, None) is None  # not a cluster: nothing said
+    assert placement(asked, room(free, tiers))["fragmentation"] == 1
+    for stale, why in (
+        ({**room(free, tiers), "unknown": "GPU state unknown: the API failed"}, "the API failed"),
+        (room(free, tiers, age=119.0), "last read 149 s ago"),  # fresh at the sync, 30 s on
+        ({**room(free, tiers), "read_age_s": None}, "last read never"),
+    ):
+        found = placement(asked, stale, since_s=30.0)
+        assert why in found["unknown"] and found["requests"] == [], found
+        report = fragmentation_report([], Demand(pending=1), "no card to count", found)
+        assert report["flag"] is False and report["nodes"]["unknown"] == found["unknown"]
+    # A tier the hub does not know (removed since): that request is unknown, not a shortage.
+    found = placement([("gone", "queued"), *asked], room(free, tiers))
+    assert (found["tier_unknown"], found["fragmentation"], found["shortage"]) == (1, 1, 0)
+
+
+def test_a_room_the_sync_cannot_read_is_refused_naming_the_field():
+    from jupyter_gpu_gov.core.queue import QueueFormatError, room_from_json
+
+    good = room({"a": {GPU: 1}}, {"pair": (GPU, 2, ["a"])})
+    assert room_from_json(good)["tiers"]["pair"]["count"] == 2
+    assert room_from_json(None) is None
+    for bad, field in (
+        ([], "'room' must be an object"),
+        ({**good, "read_age_s": "soon"}, "room.read_age_s"),
+        ({**good, "nodes": {"a": {GPU: 1}} | {f"n{i}": {} for i in range(10_001)}}, "room.nodes"),
+        (
+            {**good, "tiers": {"pair": {"resource": GPU, "count": 0, "nodes": []}}},
+            "room.tiers.pair",
+        ),
+        ({**good, "refused": {"pair": -1}}, "room.refused"),
+    ):
+        with pytest.raises(QueueFormatError, match=re.escape(field)):
+            room_from_json(bad)
 
 
 def test_the_cost_ledger_books_gpu_hours_per_cause_team_and_node():

@@ -36,7 +36,7 @@ from jupyter_gpu_gov.gpu import procs
 from jupyter_gpu_gov.gpu.attribution import TargetRoot
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService
 from jupyter_gpu_gov.hub.diagnosis_windows import History, unpack
-from jupyter_gpu_gov.hub.hubapi import HubApi
+from jupyter_gpu_gov.hub.hubapi import HubApi, HubApiError
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
@@ -496,18 +496,25 @@ async def test_a_report_alone_does_not_move_the_fragmentation_figure(tmp_path):
 class QueueAnswer:
     """The hub's answer to the governor's spawn queue sync (``profiles/queue_pages.py``)."""
 
-    def __init__(self, line: list, refused: int, cards: list | None = None):
+    def __init__(
+        self, line: list, refused: int, cards: list | None = None, room: dict | None = None
+    ):
         self.answer = {"line": [w.to_json() for w in line], "left": [], "refused": refused}
         if cards is not None:
             self.answer["cards"] = cards
+        if room is not None:
+            self.answer["room"] = room
+        self.fails = False
 
     async def request(self, method, path, body=None):
+        if self.fails:
+            raise HubApiError(502, "Bad Gateway", method=method, url=path)
         return self.answer
 
 
-def in_line(user: str, limit: str) -> Waiting:
+def in_line(user: str, limit: str, tier: str = "h100") -> Waiting:
     now = clock.utcnow()
-    asked = QueuedRequest(user, "", "lab", "h100", {}, now, now + timedelta(hours=1))
+    asked = QueuedRequest(user, "", "lab", tier, {}, now, now + timedelta(hours=1))
     return Waiting(asked, position=1, ready=False, reason="…", limit=limit)
 
 
@@ -628,6 +635,118 @@ async def test_a_free_card_the_workstations_hub_reads_is_counted_without_dcgm(tm
             assert found["flag"] is flagged, (cards, found)
             assert (found["devices"], found["devices_free"]) == (counted, free), found
             assert found["devices_partly_used"] == 2
+
+
+def cluster_room(free: dict, refused: dict | None = None) -> dict:
+    """The room a cluster's hub sends at the sync (``profiles.cluster.room``): A100 pairs on
+    three nodes, half H200s (MIG slices) on one."""
+    a100 = sorted(n for n in free if n.startswith("a100"))
+    return {
+        "unknown": None,
+        "read_age_s": 2.0,
+        "nodes": free,
+        "tiers": {
+            "a100x2": {"resource": "nvidia.com/gpu", "count": 2, "nodes": a100},
+            "h200-3g": {"resource": "nvidia.com/mig-3g.71gb", "count": 1, "nodes": ["h200-0"]},
+        },
+        "refused": refused or {},
+    }
+
+
+async def test_on_a_cluster_without_dcgm_each_waiting_spawn_says_what_blocks_it(
+    tmp_path, monkeypatch
+):
+    """Kubernetes, no DCGM: A100 nodes with 1 + 1 + 2 cards free, one H200 slice free. Three
+    pairs wait (carol's pod Pending, dan in line, one refused), and eve in line for a slice.
+    The report said "fragmentation: unknown — no card to count" whatever the nodes held. From
+    the cluster reading the hub sends at the sync: one pair fits (on the node with 2), one is
+    blocked by fragmentation (a card free on each of two nodes), one by a shortage; the slice
+    fits; fay, waiting for her cap, is not counted. A failed sync or a reading grown old says
+    unknown, never "not fragmented"."""
+    from test_policy_admin import served
+
+    from jupyter_gpu_gov import cli
+
+    async with FakeHub() as hub:
+        pair = {"gpu_gov_grant": {"gpu-gov/tier": "a100x2"}}
+        asked = clock.utcnow() - timedelta(minutes=5)
+        hub.add_server("carol", started=asked, ready=False, state=pair)
+        gov = governor(hub, tmp_path)
+        await gov.reconcile()
+        assert gov.diagnosis_summary()["fragmentation"]["nodes"] is None  # no sync yet
+        free = {
+            "a100-0": {"nvidia.com/gpu": 1},
+            "a100-1": {"nvidia.com/gpu": 1},
+            "a100-2": {"nvidia.com/gpu": 2},
+            "h200-0": {"nvidia.com/mig-3g.71gb": 1},
+        }
+        line = [
+            in_line("dan", CAPACITY, "a100x2"),
+            in_line("eve", CAPACITY, "h200-3g"),
+            in_line("fay", USER_CAP, "a100x2"),
+        ]
+        answer = QueueAnswer(line, 1, room=cluster_room(free, {"a100x2": 1}))
+        gov.spawn_queue.hub = answer
+        await gov.spawn_queue.sync()
+        found = gov.diagnosis_summary()["fragmentation"]
+        nodes = found["nodes"]
+        assert found["flag"] is True and found["label"] == "fragmentation", found
+        assert found["demand"] == {"pending": 1, "queued": 2, "refused": 1}
+        assert (nodes["fits"], nodes["fragmentation"], nodes["shortage"]) == (2, 1, 1), nodes
+        verdicts = {(r["tier"], r["state"]): r["blocked_by"] for r in nodes["requests"]}
+        assert verdicts == {
+            ("a100x2", "pending"): None,  # its pod is being placed on a100-2
+            ("a100x2", "queued"): "fragmentation",
+            ("a100x2", "refused"): "shortage",
+            ("h200-3g", "queued"): None,
+        }
+        text = " ".join(cli.cluster_text({"fragmentation": found}).split())
+        assert re.search(
+            r"fragmentation: YES — on the cluster's nodes \(read \d+ s ago\): 1 bl", text
+        )
+        assert (
+            "1 in line for a100x2 (2 x nvidia.com/gpu on one node): blocked by fragmentation: "
+            "enough free in all, on no one node — 4 free on its 3 nodes, at most 2 on one"
+        ) in text, text
+        assert (
+            "1 refused for a100x2 (2 x nvidia.com/gpu on one node): blocked by a shortage" in text
+        )
+        (page,) = await served(gov, monkeypatch, "")
+        said = " ".join(html.unescape(page).split())
+        assert "<b>Fragmented:</b>" in said and re.search(
+            r"On the cluster's nodes \(read \d+ s", said
+        )
+        assert (
+            "1 in line for a100x2 (2 x nvidia.com/gpu on one node): blocked by fragmentation"
+            in said
+        )
+
+        answer.fails = True  # the hub does not answer the sync: the nodes are not known now
+        await gov.spawn_queue.sync()
+        found = gov.diagnosis_summary()["fragmentation"]
+        assert found["flag"] is False and found["nodes"]["requests"] == []
+        assert "spawn queue sync with the hub failed" in found["nodes"]["unknown"], found
+        text = " ".join(cli.cluster_text({"fragmentation": found}).split())
+        assert "fragmentation: unknown — the cluster's nodes: the spawn queue sync" in text, text
+
+        answer.fails = False
+        await gov.spawn_queue.sync()
+        assert gov.diagnosis_summary()["fragmentation"]["flag"] is True
+        gov.spawn_queue.room_at -= timedelta(seconds=200)  # no sync since: the reading aged
+        found = gov.diagnosis_summary()["fragmentation"]
+        assert found["flag"] is False
+        assert re.search(r"last read 20\d s ago", found["nodes"]["unknown"]), found
+        (page,) = await served(gov, monkeypatch, "")
+        said = " ".join(html.unescape(page).split())
+        assert (
+            "Fragmentation unknown: the cluster's nodes: the cluster's nodes were last read" in said
+        )
+        assert "Not fragmented" not in said
+
+        answer.answer["room"] = {**cluster_room(free), "nodes": ["a100-0"]}  # not readable
+        await gov.spawn_queue.sync()
+        found = gov.diagnosis_summary()["fragmentation"]
+        assert found["flag"] is False and "room cannot be read" in found["nodes"]["unknown"]
 
 
 async def test_causes_cost_gpu_hours_per_team_and_node(tmp_path):

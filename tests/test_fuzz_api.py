@@ -328,7 +328,7 @@ def test_a_teams_usage_asked_by_a_non_admin_is_refused_not_their_own_rows_as_the
     team's. Without the showback scope it is a 403 naming the scope a Hub admin would give, and
     saying how to ask for one's own; named so, it is answered."""
     needs = {
-        "team": "team 'vision''s usage needs the scope custom:gpu-gov:showback!group=vision",
+        "team": "the usage of team 'vision' needs the scope custom:gpu-gov:showback!group=vision",
         "project": "a project's usage needs the scope custom:gpu-gov:showback for its teams",
         "tier": "a tier's usage needs the scope custom:gpu-gov:showback for its teams",
     }

@@ -10,6 +10,7 @@ from collections import defaultdict
 import pytest
 
 from benchmarks.replay.generate import generate
+from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.replay import parse_lines, policies_from_config, replay
 from jupyter_gpu_gov.replay.engine import EPOCH
 from jupyter_gpu_gov.replay.history import (
@@ -209,6 +210,23 @@ def test_a_start_within_a_second_of_a_minute_exports_a_trace_what_if_reads():
     samples = list(parse_lines(lines))
     assert [s.t for s in samples][:2] == [600, 660]
     assert all(s.started == 600 for s in samples)
+
+
+def test_a_window_begun_a_moment_before_a_pass_keeps_that_pass():
+    # A what-if asked from ``since`` = 12:00:00.00002, the governor's pass a moment later: the
+    # row is kept as 12:00:00 (whole seconds). Its line was dropped as before ``since``, the
+    # replay saw the idle server a minute late and, the server stopped 31 minutes on, never
+    # replayed the cull the governor made at 30 (a flake of the what-if hub test).
+    since = T0 + 3600
+    rows = [
+        HistoryRow(t=since + 60 * i, server="ada/", started=since, gpu_sm=0.0) for i in range(32)
+    ]
+    rows.append(HistoryRow(t=since + 60 * 32, server="ada/", started=since, stopped=True))
+    lines = list(export_trace(through_sqlite(rows), step=60, since=since + 2e-5))
+    assert json.loads(lines[0])["t"] == 3600
+    policies = load_policies([], {"checkpoint": False, "warn_after": "10m", "cull_after": "30m"})
+    culls = [a.t for a in replay(parse_lines(lines), policies) if a.action == "cull"]
+    assert culls == [3600 + 30 * 60]
 
 
 def test_a_server_culled_and_started_again_within_a_step_exports_a_trace_what_if_reads():

@@ -220,6 +220,9 @@ async def test_what_if_weighs_a_tier_as_the_governor_does(tmp_path, restore_cloc
     tiered = [{"name": "mig", "match": {"tiers": ["mig-1g"]}, "warn_after": "10m", "cull_after": "30m", "busy_grace": "30m"}]  # fmt: skip
     policies = load_policies(tiered, {"checkpoint": False, "warn_after": "2h", "cull_after": "3h"})
     exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    # From just past a minute: the first pass, kept in whole seconds, falls on the export's grid
+    # (tests/test_history.py::test_a_window_begun_a_moment_before_a_pass_keeps_that_pass).
+    clock.advance(60 - clock.utcnow().timestamp() % 60)
     since = clock.utcnow().timestamp()
     grant = {"gpu_gov_grant": {"gpu-gov/tier": "mig-1g", "gpu-gov/team": "vision"}}
     async with FakeHub() as hub:

@@ -361,3 +361,72 @@ def test_the_values_lead_and_finance_read_showback(hub, gov):
     other = gov.call("GET", "usage?team=nlp", hub.token("carol"))
     assert other.status_code == 403 and "custom:gpu-gov:showback!group=nlp" in other.text
     assert gov.call("GET", "usage?team=nlp", hub.token("fran")).status_code == 200
+
+
+def test_the_cluster_report_tells_a_pair_on_cards_split_across_nodes(tmp_path_factory, capsys):
+    """The pairs pool: three nodes with 1, 1 and 2 H100s, another namespace's job holding the
+    two on the third (1 + 1 free). fay's pair is admitted (the tier counts 2 free cards) and
+    its pod stays Pending: no node has two; gus's pair is refused (fay's holds the tier). The
+    cluster report said "no" (DCGM sees a free card: "not fragmentation") or, without DCGM,
+    "unknown"; from the nodes the hub's admission reads it says the pair is blocked by
+    fragmentation (2 free in all, at most 1 on a node): GET api/diagnosis and
+    ``jupyter-gpu-gov diagnose --cluster``."""
+    from jupyter_gpu_gov import cli
+
+    pairs = {POOL: "h100-pairs"}
+    nodes = [
+        cpu_node("cpu-0"),
+        *(gpu_node(f"pairs-{i}", "NVIDIA-H100-80GB-HBM3", gpus=n, labels=pairs) for i, n in enumerate((1, 1, 2))),
+    ]  # fmt: skip
+    job = {
+        "metadata": {"name": "pair-job", "labels": {"app": "trainer"}},
+        "spec": {
+            "containers": [
+                {"name": "train", "image": "t", "command": ["sleep", "600"],
+                 "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+            ],
+            "nodeSelector": {"kubernetes.io/hostname": "pairs-2"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        },
+    }  # fmt: skip
+    with FakeKubernetes(nodes, workdir=tmp_path_factory.mktemp("k8s-pairs")) as k8s:
+        k8s.create("pods", job, "ml-team")
+        wait(
+            lambda: k8s.get("pods", "pair-job", "ml-team")["status"]["phase"] == "Running",
+            30,
+            "the job",
+        )
+        with z2jh_hub(k8s, tmp_path_factory) as hub:
+            gov = Gov(hub)
+            for user in ("fay", "gus"):
+                hub.create_user(user)
+            r = hub.api("POST", "groups/vision/users", json={"users": ["fay", "gus"]})
+            assert r.status_code == 200, r.text
+            assert spawn(hub, "fay", {"profile": "h100x2"}).status_code == 202
+            seen = progress(hub, "fay", "Insufficient nvidia.com/gpu")
+            assert "Insufficient nvidia.com/gpu" in seen[-1], seen
+            assert spawn(hub, "gus", {"profile": "h100x2"}).status_code == 202
+            refused = progress(hub, "gus", "in use")[-1]
+            assert "in use" in refused, refused
+
+            def blocked():
+                found = gov.admin("GET", "diagnosis").json()["fragmentation"]
+                return (found["nodes"] or {}).get("requests") and found
+
+            found = wait(blocked, 60, "the governor's report of the waiting pair")
+            nodes_said = found["nodes"]
+            assert found["flag"] is True and nodes_said["unknown"] is None, found
+            assert nodes_said["fragmentation"] == 1, nodes_said
+            pair = next(r for r in nodes_said["requests"] if r["blocked_by"] == "fragmentation")
+            assert (pair["tier"], pair["needs"], pair["free"], pair["most_on_a_node"]) == (
+                "h100x2", 2, 2, 1
+            )  # fmt: skip
+            assert cli.main(
+                ["diagnose", "--cluster", "--url", f"{hub.url}/services/gpu-gov/",
+                 "--token", hub.token("govadmin")]
+            ) == 0  # fmt: skip
+            text = " ".join(capsys.readouterr().out.split())
+            assert "fragmentation: YES — on the cluster's nodes" in text, text
+            assert "for h100x2 (2 x nvidia.com/gpu on one node): blocked by fragmentation" in text
+            assert "2 free on its 3 nodes, at most 1 on one" in text
+            hub.stop_server("fay", timeout=60)

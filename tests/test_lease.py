@@ -525,3 +525,31 @@ async def test_a_checkpoint_asked_by_the_old_holder_is_asked_again_by_the_new(
         await new.reconcile()
         assert hub.counters["DELETE /users/{name}/server(s)"] == 1
     assert [a.action for a in new.store.audit_rows("alice/")].count("cull") == 1
+
+
+async def test_a_standby_says_a_reclaim_the_holder_lifted(tmp_path, restore_clock):
+    """Both pods answer reports (a load balancer in front of them); only the holder syncs the
+    spawn queue, where the hub says which reclaims it lifted. The standby's verdicts, made of
+    the rows the holder wrote, lost alice's deadline and said nothing of why: her JupyterLab
+    showed "reclaim lifted" or not by which pod her report reached. It reads back the holder's
+    ``reclaim-withdrawn`` audit rows at each pass, as it reads back the rows."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        holder_, standby = governor(hub, tmp_path), governor(hub, tmp_path)
+        assert with_lease(holder_).held() and not with_lease(standby).held()
+        await holder_.reconcile()
+        assert (await standby.reconcile()).errors == (STANDBY,)
+        assert standby.verdict("alice/")["reclaim_withdrawn"] is None
+        lifted = {"server": "alice/", "team": "vision", "asked_at": "2026-01-05T10:00:00Z"}
+        holder_.spawn_queue._withdrawn([{**lifted, "by": "vera/"}], clock.utcnow())
+        told = holder_.verdict("alice/")["reclaim_withdrawn"]
+        assert told is not None
+        await asyncio.gather(holder_.reconcile(), standby.reconcile())
+        for gov in (holder_, standby):
+            assert gov.verdict("alice/")["reclaim_withdrawn"] == told
+            assert json.loads(gov.answer("alice/"))["verdict"]["reclaim_withdrawn"] == told
+        clock.advance(16 * 60)  # said long enough, on either
+        await asyncio.gather(holder_.reconcile(), standby.reconcile())
+        for gov in (holder_, standby):
+            assert gov.verdict("alice/")["reclaim_withdrawn"] is None
+        await standby.close()

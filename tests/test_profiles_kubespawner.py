@@ -47,6 +47,7 @@ from traitlets.config import Config, PyFileConfigLoader
 import jupyter_gpu_gov
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
+from jupyter_gpu_gov.core.queue import FRESH_FOR_S
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubconfig import add_governor
 from jupyter_gpu_gov.profiles import cluster as cluster_module
@@ -57,7 +58,7 @@ from jupyter_gpu_gov.profiles.hubconfig import TEMPLATES as QUEUE_TEMPLATES
 from jupyter_gpu_gov.profiles.kubespawner import GpuKubeSpawner, GpuStartFailed, gpu_profile_list
 from jupyter_gpu_gov.profiles.queue import FORECAST
 from jupyter_gpu_gov.profiles.queue_pages import places
-from jupyter_gpu_gov.profiles.spawner import FRESH_FOR_S, GpuRefused, waiting_requests
+from jupyter_gpu_gov.profiles.spawner import GpuRefused, waiting_requests
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "hub_config" / "kubernetes"
 PACKAGE = Path(jupyter_gpu_gov.__file__).resolve().parent
@@ -967,6 +968,131 @@ async def test_a_pool_scaled_to_zero_admits_a_spawn_that_waits_for_its_node(
     assert pod_api[alice._log_name].spec.node_name == "a100-0"
     await read_again(alice)
     assert alice.gpu_capacity([])["a100"] == 8  # the node's 8, the pool's most
+
+
+A100_TIERS = [
+    {"name": "a100", "display_name": "A100 80 GB", "gpu": "A100-80GB"},
+    {"name": "a100x2", "display_name": "2 x A100", "gpu": "A100-80GB", "count": 2},
+]
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+
+
+class SyncHandler:
+    """What the hub's queue sync handler offers ``_room``: its settings, database and users."""
+
+    def __init__(self, hub: FakeHub):
+        self.db, self.settings = hub.db, hub.settings
+        self.users = {row: hub.users[row.name] for row in hub.db.query(orm.User)}
+
+    def find_user(self, name: str):
+        row = orm.User.find(self.db, name)
+        return None if row is None else self.users[row]
+
+
+async def test_the_sync_says_which_waiting_spawns_fragmentation_blocks_on_the_nodes(
+    make_hub, cluster
+):
+    """Three A100 nodes of 2 cards; another namespace's jobs hold one card on each of the
+    first two: 1 + 1 + 2 free. Without DCGM the governor's cluster report saw no card at all
+    ("fragmentation: unknown — no card to count"), however many spawns waited. The queue
+    sync now carries the reading admission counts on (``room``): a pair fits on the third
+    node; once bob's pair runs there, carol's pair is admitted (2 cards free in all) and its
+    pod stays Pending: fragmentation (one card free on each of two nodes); dave's pair,
+    refused, is a shortage (the two free cards are carol's once consolidated). A single card
+    is never fragmented. A reading the API cannot renew is unknown, never "not fragmented"."""
+    from jupyter_gpu_gov import cli
+    from jupyter_gpu_gov.core.queue import room_from_json
+    from jupyter_gpu_gov.diagnose.cluster import Demand, fragmentation_report, placement
+    from jupyter_gpu_gov.profiles.queue_pages import _room
+
+    for i in range(3):
+        cluster.add_node(gpu_node(f"a100-{i}", A100["nvidia.com/gpu.product"], gpus=2))
+    for i in (0, 1):
+        on = {**A100, "kubernetes.io/hostname": f"a100-{i}"}
+        cluster.create("pods", batch_pod(f"train-{i}", "nvidia.com/gpu", 1, on), "ml-team")
+        wait_for(
+            lambda i=i: cluster.get("pods", f"train-{i}", "ml-team")["status"]["phase"] == "Running"
+        )
+    lab = {"guaranteed": {"a100": 8, "a100x2": 8}, "tiers": ["a100", "a100x2"], "user_cap": 4}
+    hub = make_hub(
+        profiles_config(tiers=[*TIERS, *A100_TIERS], quotas={**QUOTAS, "lab": lab}, capacity={})
+    )
+    for name in ("bob", "carol", "dave"):
+        hub.user(name, "lab")
+    bob, carol, dave = (hub.spawner(name, "pair") for name in ("bob", "carol", "dave"))
+
+    async def room() -> dict:  # as the governor reads the sync's answer
+        answer = await _room(SyncHandler(hub), clock.utcnow())
+        return room_from_json(json.loads(json.dumps(answer)))
+
+    def said(nodes: dict, demand: Demand) -> str:
+        report = fragmentation_report([], demand, "no card to count", nodes)
+        return " ".join(cli.cluster_text({"fragmentation": report}).split())
+
+    found = await room()
+    assert found["unknown"] is None and found["read_age_s"] < FRESH_FOR_S
+    a100_free = {n: found["nodes"][n]["nvidia.com/gpu"] for n in ("a100-0", "a100-1", "a100-2")}
+    assert a100_free == {"a100-0": 1, "a100-1": 1, "a100-2": 2}
+    assert found["tiers"]["a100x2"] == {
+        "resource": "nvidia.com/gpu",
+        "count": 2,
+        "nodes": ["a100-0", "a100-1", "a100-2"],
+    }
+    assert found["tiers"]["h200-3g"]["resource"] == "nvidia.com/mig-3g.71gb"
+    one_pair = placement([("a100x2", "queued")], found)
+    assert (one_pair["fits"], one_pair["fragmentation"], one_pair["shortage"]) == (1, 0, 0)
+    text = said(one_pair, Demand(0, 1, 0))
+    assert "fragmentation: no — on the cluster's nodes" in text, text
+    assert "1 in line for a100x2 (2 x nvidia.com/gpu on one node): room on a node now" in text
+    assert "4 free on its 3 nodes, at most 2 on one" in text
+
+    await hub.started(bob, {"profile": "a100x2"}).start()
+    assert cluster.get("pods", bob.pod_name)["spec"]["nodeName"] == "a100-2"
+    await read_again(bob)
+    starting = asyncio.ensure_future(hub.started(carol, {"profile": "a100x2"}).start())
+    deadline = time.monotonic() + 20  # the spawn runs on this loop: wait without blocking it
+    while "Unschedulable" not in json.dumps(
+        (cluster.get("pods", carol.pod_name) or {}).get("status")
+    ):
+        assert time.monotonic() < deadline and not starting.done(), "no Pending pod"
+        await asyncio.sleep(0.1)
+    with pytest.raises(GpuRefused):
+        await hub.started(dave, {"profile": "a100x2"}).start()
+    found = await room()
+    assert found["refused"].get("a100x2") == 1  # dave's
+    assert {n: found["nodes"][n]["nvidia.com/gpu"] for n in a100_free} == {
+        "a100-0": 1, "a100-1": 1, "a100-2": 0
+    }  # fmt: skip
+    asked = [("a100x2", "pending"), ("a100x2", "refused")]
+    blocked = placement(asked, found)
+    assert (blocked["fragmentation"], blocked["shortage"], blocked["fits"]) == (1, 1, 0)
+    by_state = {r["state"]: r["blocked_by"] for r in blocked["requests"]}
+    assert by_state == {"pending": "fragmentation", "refused": "shortage"}, blocked
+    assert fragmentation_report([], Demand(1, 0, 1), "", blocked)["flag"] is True
+    text = said(blocked, Demand(1, 0, 1))
+    assert "fragmentation: YES — on the cluster's nodes" in text, text
+    assert "1 blocked by fragmentation, 1 by a shortage, 0 with room now" in text
+    assert (
+        "1 starting for a100x2 (2 x nvidia.com/gpu on one node): blocked by fragmentation" in text
+    )
+    # Single cards are whole cards: with one free on each of two nodes, two fit, a third is
+    # short; never fragmented.
+    singles = placement([("a100", "queued")] * 3, found)
+    assert (singles["fits"], singles["shortage"], singles["fragmentation"]) == (2, 1, 0)
+
+    # The API fails and the reading ages past FRESH_FOR_S: unknown, and why.
+    cluster.fail("GET", r"^/api/v1/nodes$", code=503)
+    ClusterGpus.instance().read_at -= FRESH_FOR_S + 1
+    found = await room()
+    assert "the Kubernetes API did not answer" in found["unknown"], found
+    stale = placement(asked, found)
+    assert stale["requests"] == [] and stale["unknown"] == found["unknown"]
+    report = fragmentation_report([], Demand(1, 0, 1), "no card to count", stale)
+    assert report["flag"] is False
+    text = said(stale, Demand(1, 0, 1))
+    assert "fragmentation: unknown — the cluster's nodes: GPU state unknown" in text, text
+    assert "fragmentation: no" not in text
+    starting.cancel()
 
 
 def test_node_pool_max_names_a_tier_and_whole_servers():

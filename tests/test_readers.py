@@ -53,3 +53,21 @@ async def test_a_hub_that_fails_to_list_groups_leaves_the_last_passs_teams(tmp_p
         await gov.reconcile()
         # Not the team literally named cv-lab, someone else's: the groups read last stand.
         assert readable_teams(LEAD, gov.teams_by_group) == {"vision"}
+
+
+@pytest.mark.parametrize(
+    ("team", "named"),
+    [("nlp", "'nlp'"), ("it's", '"it\'s"'), ("x" * 200, "'" + "x" * 79)],
+)
+def test_a_leads_refusal_for_another_team_reads_well_whatever_its_name(team, named):
+    """A lead asking for another team's usage read ``reading team 'nlp''s usage``: the quoted
+    name, then the possessive. The team is named after "the usage of", quoted as Python
+    quotes it (escaped) and cut at 80 characters (bounded)."""
+    with pytest.raises(web.HTTPError) as refused:
+        usage_filters(LEAD, {"team": team}, {"cv-lab": "vision"})
+    assert refused.value.status_code == 403
+    assert refused.value.log_message == (
+        f"'team': reading the usage of team {named} needs the scope "
+        f"{SCOPE}!group={team[:80]} (or custom:gpu-gov:admin); yours covers 'vision'; "
+        "for your own in it, add user=lena"
+    )

@@ -11,7 +11,7 @@ import re
 from datetime import timedelta
 
 import pytest
-from test_fuzz_api import ADMIN, ALICE, Service, call
+from test_fuzz_api import ACCESS, ADMIN, ALICE, Service, call
 
 from jupyter_gpu_gov.core import clock, ledger
 from jupyter_gpu_gov.hub import showback
@@ -101,3 +101,55 @@ def test_a_reclaim_lifted_before_a_restart_is_not_said_in_the_new_session(servic
     assert gov.verdict("alice/")["reclaim_withdrawn"] is None
     assert json.loads(gov.answer("alice/"))["verdict"]["reclaim_withdrawn"] is None
     assert "No longer asked back" not in text(call(service, "GET", "me", ALICE))
+
+
+@pytest.mark.parametrize("hub_ahead_s", [600, -600])
+def test_a_reclaim_lifted_is_said_for_its_session_whatever_the_clocks(service, hub_ahead_s):
+    """The notice was dropped when the Hub's ``started`` of the server was later than the
+    governor's time of the withdrawal: one clock read against another. With the Hub's clock
+    10 minutes ahead, a server started just before the lift read as started after it (the
+    notice never said); 10 minutes behind, a server restarted just after the lift read as
+    started before it (the new session, never warned, told its reclaim was lifted). The
+    notice is now for the session it was lifted on, the Hub's ``started`` against itself."""
+    gov = service.governor
+    hub_now = clock.utcnow() + timedelta(seconds=hub_ahead_s)  # what the Hub's clock says now
+
+    def started_again(at):
+        service.hub.add_server("alice", started=at)
+        asyncio.run_coroutine_threadsafe(gov.reconcile(), service.loop).result(60)
+
+    def said() -> bool:
+        verdict = gov.verdict("alice/")["reclaim_withdrawn"]
+        assert json.loads(gov.answer("alice/"))["verdict"]["reclaim_withdrawn"] == verdict
+        return verdict is not None
+
+    started_again(hub_now - timedelta(minutes=1))  # the session warned, by the Hub's clock
+    lifted = {"server": "alice/", "team": "vision", "asked_at": "2026-01-05T10:00:00Z", "by": "v/"}
+    gov.spawn_queue._withdrawn([lifted], clock.utcnow())
+    assert said()  # the session it was lifted on (ahead: dropped as "started since")
+    gov.spawn_queue.restore_withdrawn()  # as a restart reads it back: the same
+    assert said()
+    started_again(hub_now + timedelta(minutes=2))  # stopped and started again since
+    assert not said()  # (behind: said to the new session as if it had been warned)
+    assert "No longer asked back" not in text(call(service, "GET", "me", ALICE))
+
+
+def test_a_leads_read_before_the_groups_are_read_says_when_to_come_back(service):
+    """Before the governor's pass read the Hub's groups, a team lead's showback and usage are a
+    503 "try again shortly", with no ``Retry-After``: JupyterHub's clients and a browser could
+    not tell when. It comes with one, on the JSON and on the page, and a read after it is
+    answered."""
+    service.hub.add_group("cv-lab", users=["lena"], properties={"gpu-gov/team": "vision"})
+    scope = "custom:gpu-gov:showback!group=cv-lab"
+    service.hub.add_user_token("lena", "lena-token", extra_scopes=[ACCESS, scope])
+    gov = service.governor
+    gov._context = type(gov._context)()  # as a fresh governor's (or a standby's): none read
+    assert gov.teams_by_group is None
+    for path in ("api/usage?group_by=team", "showback"):
+        r = call(service, "GET", path, "lena-token")
+        assert r.status_code == 503 and "try again shortly" in html.unescape(r.text), r.text
+        assert r.headers.get("Retry-After") == "10", (path, dict(r.headers))
+    asyncio.run_coroutine_threadsafe(gov.reconcile(), service.loop).result(60)
+    for path in ("api/usage?group_by=team", "showback"):
+        r = call(service, "GET", path, "lena-token")
+        assert r.ok and "Retry-After" not in r.headers, (path, r.status_code, r.text[:300])

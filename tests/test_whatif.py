@@ -217,7 +217,8 @@ def test_a_server_started_again_is_a_new_run(tmp_path):
     assert outcome.total.culls == 1
     # The owner started the server again within 4 h of the cull: an interruption.
     assert outcome.total.interruptions == 1
-    assert outcome.total.active_gpu_hours == pytest.approx(1.0)  # the second run, all of it
+    # The second run, all of it: its lines from 4 h to 4 h 50 (a run's last line ends it).
+    assert outcome.total.active_gpu_hours == pytest.approx(50 / 60)
 
 
 def test_queue_waits_follow_the_capacity_of_each_tier():
@@ -245,7 +246,7 @@ def test_queue_waits_follow_the_capacity_of_each_tier():
     assert recorded.total.as_dict() == nothing.total.as_dict()  # the trace has no actions
     # Nobody culls ada's idle GPU: bob waits for her run to end (6 h after it started).
     assert nothing.total.requests_waited == 1
-    assert nothing.total.max_wait_s == pytest.approx(6 * 3600 + 300 - 1800)
+    assert nothing.total.max_wait_s == pytest.approx(6 * 3600 - 1800)
     # The default culls it after about an hour of idleness: bob waits for that alone.
     assert default.total.requests_waited == 1
     assert 0 < default.total.max_wait_s < 2 * 3600
@@ -336,3 +337,54 @@ def test_the_demo_hours_recorded_cull_is_explained_beside_the_replays_none(tmp_p
     assert "recorded: what the governor did" in said, out
     assert "current, candidate: each policy replayed on the trace" in said, out
     assert "recorded 1 cull, current 0: a server the governor culled stops at that cull" in said
+
+
+def test_the_what_if_counts_a_traces_hours_as_the_replay_does():
+    """An hour of the demo's history exported at 5-minute lines: alice's idle server, started
+    a little before a line and culled three minutes in (its next line, after the stop, carries
+    the cull), and bob working all hour (13 lines, from the hour's start to its
+    end). ``replay``'s summary held 1.08 GPU-hours, the what-if 1.25: it counted each run's last
+    line a step more (bob: 65 minutes of an hour; alice's line after her stop: a step of a run
+    that had ended). A line lasts until its run's next line, and a run's last line ends it, in
+    both: the same hours, and never more than the hour holds."""
+    from jupyter_gpu_gov.replay import score
+    from jupyter_gpu_gov.replay.history import HistoryRow, export_trace
+
+    base = 1_800_000_000.0  # on the 5-minute grid
+    start = base + 200
+    alice = [
+        HistoryRow(
+            t=start + 10 * i, server="alice/", started=start, profile="1g.10gb", team="vision",
+            gpu_sm=0.0, gpu_mem_mb=2000, holds_context=True, state="idle",
+            actions=("warn",) if i == 6 else ("cull",) if i == 18 else (),
+            cull_reason="gpu-idle" if i == 18 else None,
+        )
+        for i in range(19)
+    ] + [
+        HistoryRow(
+            t=start + 190, server="alice/", started=start, profile="1g.10gb", team="vision",
+            state="culled", stopped=True,
+        )
+    ]  # fmt: skip
+    bob = [
+        HistoryRow(
+            t=base + 60 * i, server="bob/", started=base - 600, profile="h100", team="nlp",
+            gpu_sm=0.8, gpu_mem_mb=9000, holds_context=True,
+        )
+        for i in range(61)
+    ]  # fmt: skip
+    rows = sorted(alice + bob, key=lambda r: r.t)
+    lines = list(export_trace(rows, step=300, since=base, until=base + 3600))
+    samples = list(parse_lines(lines))
+    first, after_stop = [s for s in samples if s.server == "alice/"]  # (the stop between)
+    assert after_stop.t - first.t == 300 and after_stop.extra["actions"] == ["cull"]
+    assert sum(s.server == "bob/" for s in samples) == 13
+
+    actions = list(replay(samples, policies_from_config(None)))
+    replayed = score(samples, actions)
+    measured = measure("current", samples, actions).total
+    assert measured.allocated_gpu_hours == pytest.approx(replayed.gpu_hours_held)
+    assert measured.reclaimed_gpu_hours == pytest.approx(replayed.gpu_hours_reclaimed)
+    assert measured.allocated_gpu_hours == pytest.approx(1 + 5 / 60)  # bob's hour, alice's step
+    by_team = measure("current", samples, actions).teams
+    assert by_team["nlp"].allocated_gpu_hours == pytest.approx(1.0)  # the hour, not 65 minutes

@@ -49,6 +49,14 @@ FOR_A_GPU = frozenset({CAPACITY, LINE})
 # the sync's answer): long enough to see a morning's retries, short enough to be now.
 REFUSED_WITHIN = timedelta(hours=1)
 MAX_REFUSED = 100_000
+# A reading of the cards older than this is not their state now: unknown, never free (the
+# workstation's NVML, ``profiles.local.LocalGpus``; the cluster's nodes and pods,
+# ``profiles.cluster.ClusterGpus``, and the governor's copy of them, :func:`room_from_json`).
+# The Hub's pages show a waiting server's place from the last reading without reading again
+# (``queue_pages.places``); every step that counts reads just before (``gpu_refresh``), and
+# each governor pass reads them for the line's sync: two passes at their longest (60 s each).
+FRESH_FOR_S = 120.0
+MAX_NODES = 10_000  # a cluster's nodes in the sync's ``room``; a room of more is not read
 
 # A server the spawn queue started counts as opened once Hub activity comes this long after its
 # start (the Hub stamps activity itself while a server starts).
@@ -323,6 +331,71 @@ def refused_from_json(value: Any) -> int | None:
     if not _whole(value) or not 0 <= value <= MAX_REFUSED:
         raise QueueFormatError(f"'refused' must be a whole number from 0 to {MAX_REFUSED}")
     return value
+
+
+def room_from_json(value: Any) -> dict | None:
+    """The sync answer's ``room`` (None: a hub with no cluster to read, a workstation's, or an
+    older one): where a spawn waiting for a GPU could go now, from the cluster reading that
+    admission counts on (``profiles.cluster.room``). ``unknown``: why there is no fresh reading
+    (then nothing else counts); ``read_age_s``: how old the reading was at the answer;
+    ``nodes``: per node, the devices free of each tier's resource; ``tiers``: per tier, its
+    ``resource``, the ``count`` one server asks for and the ``nodes`` its pods could land on;
+    ``refused``: per tier, the spawns counted in ``refused``. Raises ``QueueFormatError``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise QueueFormatError("'room' must be an object")
+    unknown = value.get("unknown")
+    if unknown is not None and not isinstance(unknown, str):
+        raise QueueFormatError("'room.unknown' must be text or null")
+    age = value.get("read_age_s")
+    if age is not None and not (
+        isinstance(age, int | float) and not isinstance(age, bool) and 0 <= age < 1e9
+    ):
+        raise QueueFormatError("'room.read_age_s' must be a number of seconds or null")
+    room: dict[str, Any] = {
+        "unknown": _text(unknown) or None if unknown is not None else None,
+        "read_age_s": None if age is None else float(age),
+    }
+    nodes = _names_to(value.get("nodes"), "room.nodes", MAX_NODES)
+    room["nodes"] = {
+        node: {r: n for r, n in _names_to(free, f"room.nodes.{node}", 100).items() if _count(n)}
+        for node, free in nodes.items()
+    }
+    tiers = {}
+    for name, tier in _names_to(value.get("tiers"), "room.tiers", 1000).items():
+        on = tier.get("nodes") if isinstance(tier, Mapping) else None
+        if not (
+            isinstance(tier, Mapping)
+            and _short(tier.get("resource"))
+            and _count(tier.get("count"))
+            and tier["count"] > 0
+            and isinstance(on, list)
+            and len(on) <= MAX_NODES
+            and all(_short(n) for n in on)
+        ):
+            raise QueueFormatError(f"'room.tiers.{name}' needs a resource, a count and nodes")
+        tiers[name] = {"resource": tier["resource"], "count": tier["count"], "nodes": list(on)}
+    room["tiers"] = tiers
+    refused = _names_to(value.get("refused"), "room.refused", 1000)
+    if not all(_count(n) for n in refused.values()) or sum(refused.values()) > MAX_REFUSED:
+        raise QueueFormatError(
+            f"'room.refused' must count spawns per tier, at most {MAX_REFUSED} in all"
+        )
+    room["refused"] = dict(refused)
+    return room
+
+
+def _names_to(value: Any, what: str, most: int) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or len(value) > most or not all(map(_short, value)):
+        raise QueueFormatError(f"{what!r} must map at most {most} names")
+    return value
+
+
+def _count(value: Any) -> bool:
+    return _whole(value) and 0 <= value <= MAX_REFUSED * 10
 
 
 def claim_by(

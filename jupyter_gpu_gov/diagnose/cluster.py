@@ -13,15 +13,22 @@ refused lately for want of a free GPU — not waiting for a quota: that is a pol
 (``core.queue.FOR_A_GPU``).
 A card counts by what is *allocated* on it, not by the memory in use: an exclusive whole card
 is allocated in full, however little memory its server uses, so it is never fragmented.
+
+``placement`` says, on a cluster (Kubernetes, where no DCGM needs to see a card), what blocks
+each such spawn: free devices split across nodes so that none has what it asks
+(fragmentation), too few free (shortage), or nothing (it fits), from the nodes and pods the
+hub's admission reads (``profiles.cluster.room``, sent at the spawn queue's sync).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
+from itertools import chain, repeat
 
+from ..core.queue import FRESH_FOR_S
 from .labels import FRAGMENTATION, HEALTHY, HINTS, LABELS, UNCERTAIN, ZOMBIE, Diagnosis, diagnosis
 
 CAUSES = tuple(label for label in LABELS if label != HEALTHY)
@@ -205,17 +212,26 @@ def fragmentation(
     )
 
 
-def fragmentation_report(shares: Sequence[float], demand: Demand, unknown: str = "") -> dict:
+def fragmentation_report(
+    shares: Sequence[float], demand: Demand, unknown: str = "", nodes: Mapping | None = None
+) -> dict:
     """The cluster's fragmentation as ``GET api/diagnosis`` shows it. No card counted is not
     zero cards: the figures are then ``None`` and ``unknown`` says which source is missing
-    (``unknown``: the caller's words for it)."""
+    (``unknown``: the caller's words for it). ``nodes``: on a cluster, what blocks each
+    waiting spawn (``placement``); known, it decides the flag (it knows what each asks for and
+    where its pods may go: MIG slices free on two cards are no whole card); unknown, it says
+    why, and the cards' figure stands, unknown itself without DCGM: never "not fragmented" on
+    a reading that is not the cluster's now."""
     finding = fragmentation(shares, demand)
+    flagged, hint = finding is not None, HINTS[FRAGMENTATION]
+    if nodes is not None and not nodes.get("unknown"):
+        flagged, hint = nodes.get(FRAGMENTATION, 0) > 0, NODES_HINT
     partly = [u for u in shares if 0 < u < 1]
     known = bool(shares)
     return {
-        "flag": finding is not None,
-        "label": FRAGMENTATION if finding is not None else None,
-        "hint": HINTS[FRAGMENTATION] if finding is not None else None,
+        "flag": flagged,
+        "label": FRAGMENTATION if flagged else None,
+        "hint": hint if flagged else None,
         "unknown": None if known else (unknown or "no card's allocation is known"),
         "devices": len(shares) if known else None,
         "devices_free": sum(1 for u in shares if u == 0) if known else None,
@@ -223,4 +239,146 @@ def fragmentation_report(shares: Sequence[float], demand: Demand, unknown: str =
         "free_scattered": round(sum(1 - u for u in partly), 3) if known else None,  # cards' worth
         "spawns_waiting": demand.waiting if demand.as_dict() != Demand().as_dict() else None,
         "demand": demand.as_dict(),
+        "nodes": None if nodes is None else dict(nodes),
     }
+
+
+# -- on a cluster's nodes: what blocks each spawn waiting for a GPU -------------------------------
+
+FITS, SHORTAGE = "fits", "shortage"  # (and FRAGMENTATION)
+NODES_HINT = (
+    "Cards are free, but split across nodes so that none has what a waiting spawn asks for: "
+    "let the servers holding a card or two on those nodes end (or move them together), or "
+    "offer tiers of fewer cards."
+)
+STATES = ("pending", "queued", "refused")  # ``Demand``'s kinds, one per waiting request
+
+
+def placement(
+    asked: Iterable[tuple[str, str]], room: Mapping | None, since_s: float = 0.0
+) -> dict | None:
+    """What blocks each spawn waiting for a GPU on a cluster's nodes. ``asked``: one
+    ``(tier, state)`` per request (``state``: one of ``STATES``); ``room``: where they could
+    go, ``core.queue.room_from_json`` (None: no cluster said; then None), brought ``since_s``
+    seconds ago: a reading then older than ``FRESH_FOR_S`` is unknown, never the cards now.
+
+    A request is blocked by ``fragmentation`` when the devices free on the nodes its pods could
+    land on add up to what it asks but no node has that many (a pair of cards, one free on
+    each of two nodes); by a ``shortage`` when they do not add up; it ``fits`` when a node has
+    room now (not the cards, then: the reading came after it was refused, or its pod is being
+    placed). Requests compete: the largest are placed first, each where the least room is left
+    (best fit); those left over are then served from the scattered devices in the same order,
+    so two never count the same free card. A device is counted as its resource is: a MIG
+    slice is one slice (a request for one is never fragmented), and a card a pod holds is held
+    whole, never free in part. ``unknown`` (the room's): nothing is said of any request."""
+    if room is None:
+        return None
+    asked = list(asked)
+    age = room.get("read_age_s")
+    age = None if age is None else age + max(0.0, since_s)
+    why = room.get("unknown")
+    if not why and (age is None or age > FRESH_FOR_S):
+        when = "never" if age is None else f"{age:.0f} s ago"
+        why = f"the cluster's nodes were last read {when}: their free cards now are not known"
+    if why:
+        return {"unknown": why, "read_age_s": None, "requests": []}
+    nodes = room.get("nodes") or {}
+    tiers = room.get("tiers") or {}
+    free = {node: dict(devices) for node, devices in nodes.items()}
+    wanted: dict[str, int] = {}
+    for tier, _ in asked:
+        wanted[tier] = wanted.get(tier, 0) + 1
+
+    def largest_first(tier: str) -> tuple:  # then those with the fewest nodes to go to
+        return (-tiers[tier]["count"], len(tiers[tier]["nodes"]), tier)
+
+    order = sorted((t for t in wanted if t in tiers), key=largest_first)
+    placed: dict[str, int] = {}
+    for tier in order:  # best fit, largest first: a tier's requests alike, node by node
+        need, resource, left = tiers[tier]["count"], tiers[tier]["resource"], wanted[tier]
+        for node in sorted(tiers[tier]["nodes"], key=lambda n: free.get(n, {}).get(resource, 0)):
+            room_here = free.get(node, {}).get(resource, 0)
+            fit = min(left, room_here // need)
+            if fit > 0:
+                free[node][resource] = room_here - fit * need
+                left -= fit
+        placed[tier] = wanted[tier] - left
+    fragmented: dict[str, int] = {}
+    for tier in order:  # the rest, from what is scattered: consolidating would start them
+        need, resource = tiers[tier]["count"], tiers[tier]["resource"]
+        on = [n for n in tiers[tier]["nodes"] if free.get(n, {}).get(resource, 0) > 0]
+        scattered = sum(free[n][resource] for n in on)
+        served = min(wanted[tier] - placed[tier], scattered // need)
+        fragmented[tier] = served
+        take = served * need
+        for node in on:
+            used = min(take, free[node][resource])
+            free[node][resource] -= used
+            take -= used
+    # Which of a tier's requests is placed does not matter: the states keep their order
+    # (pending first: its pod is made), each tier's verdicts handed out in that order.
+    verdicts: dict[str, Iterator[str]] = {}
+    for tier in wanted:
+        if tier not in tiers:
+            verdicts[tier] = repeat("unknown")
+            continue
+        rest = wanted[tier] - placed[tier] - fragmented[tier]
+        verdicts[tier] = chain(
+            repeat(FITS, placed[tier]),
+            repeat(FRAGMENTATION, fragmented[tier]),
+            repeat(SHORTAGE, rest),
+        )
+    groups: dict[tuple[str, str, str], int] = {}
+    rank = {state: i for i, state in enumerate(STATES)}
+    for tier, state in sorted(asked, key=lambda a: (a[0], rank.get(a[1], len(STATES)))):
+        key = (tier, state, next(verdicts[tier]))
+        groups[key] = groups.get(key, 0) + 1
+    requests = []
+    for (tier, state, verdict), count in sorted(groups.items()):
+        known = tiers.get(tier)
+        devices = (
+            [nodes.get(n, {}).get(known["resource"], 0) for n in known["nodes"]] if known else []
+        )
+        requests.append(
+            {
+                "tier": tier,
+                "state": state,
+                "count": count,
+                "blocked_by": None if verdict == FITS else verdict,
+                "needs": known["count"] if known else None,
+                "resource": known["resource"] if known else None,
+                "free": sum(devices) if known else None,  # on its nodes, as read
+                "most_on_a_node": max(devices, default=0) if known else None,
+                "nodes": len(known["nodes"]) if known else None,
+            }
+        )
+    for request in requests:
+        request["says"] = _says(request)
+    # (``unknown`` is the room's: requests on a tier the hub does not know are "tier_unknown")
+    totals = {FRAGMENTATION: 0, SHORTAGE: 0, FITS: 0, "tier_unknown": 0}
+    for (_, _, verdict), count in groups.items():
+        totals["tier_unknown" if verdict == "unknown" else verdict] += count
+    return {"unknown": None, "read_age_s": round(age, 1), **totals, "requests": requests}
+
+
+_STATE_WORDS = {"pending": "starting", "queued": "in line", "refused": "refused"}
+_BLOCKED_WORDS = {
+    None: "room on a node now (the cards are not what holds it)",
+    FRAGMENTATION: "blocked by fragmentation: enough free in all, on no one node",
+    SHORTAGE: "blocked by a shortage: too few free",
+    "unknown": "its tier is not one the hub knows",
+}
+
+
+def _says(request: Mapping) -> str:
+    """A ``placement`` group in words, as the dashboard and the command line show it."""
+    state = _STATE_WORDS.get(request["state"], request["state"])
+    head = f"{request['count']} {state} for {request['tier']}"
+    if request["needs"] is None:
+        return f"{head}: {_BLOCKED_WORDS['unknown']}"
+    return (
+        f"{head} ({request['needs']} x {request['resource']} on one node): "
+        f"{_BLOCKED_WORDS[request['blocked_by']]} — {request['free']} free on its "
+        f"{request['nodes']} node{'' if request['nodes'] == 1 else 's'}, "
+        f"at most {request['most_on_a_node']} on one"
+    )

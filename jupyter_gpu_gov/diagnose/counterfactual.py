@@ -627,7 +627,11 @@ class Diagnoser:
     def save(self, path) -> None:
         """Pickle the model (load only files you trust: loading a pickle runs code)."""
         with open(path, "wb") as file:
-            pickle.dump({"format": FORMAT, "diagnoser": self}, file, pickle.HIGHEST_PROTOCOL)
+            self.dump(file)
+
+    def dump(self, file) -> None:
+        """Pickle the model into ``file``, open for writing bytes."""
+        pickle.dump({"format": FORMAT, "diagnoser": self}, file, pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def load(cls, path) -> Diagnoser:

@@ -68,6 +68,15 @@ def error_message(reason: str, kwargs: dict) -> str:
     return reason
 
 
+def retry_after(handler: web.RequestHandler, kwargs: dict) -> None:
+    """An error that says when to try again (``retry_after_s``: ``readers.NotReady``) sets its
+    ``Retry-After`` on the answer (tornado's ``send_error`` clears the headers set before)."""
+    error = kwargs.get("exc_info", (None, None, None))[1]
+    seconds = getattr(error, "retry_after_s", None)
+    if isinstance(seconds, int) and seconds > 0:
+        handler.set_header("Retry-After", str(seconds))
+
+
 def json_object(body: bytes) -> dict[str, Any]:
     """A request's body as a JSON object, or ``ValueError`` saying why it is not one."""
     try:
@@ -402,6 +411,7 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs):
         self.set_header("Content-Type", "application/json")
+        retry_after(self, kwargs)
         message = error_message(self._reason, kwargs)
         self.finish(json.dumps({"status": status_code, "message": message}))
 

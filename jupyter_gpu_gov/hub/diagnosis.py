@@ -424,11 +424,13 @@ class DiagnosisService:
         teams: Mapping[str, str] | None = None,
         days: int = 7,
         cards_unknown: str = "",
+        nodes: Mapping | None = None,
     ) -> dict:
         """``GET api/diagnosis``: the running servers' causes (with confidence), what each
         cause has cost over the last ``days`` per team and per node, the model, and
         fragmentation (``shares``: per card, the share allocated; ``demand``: spawns waiting;
-        ``cards_unknown``: why no card is known, when none is)."""
+        ``cards_unknown``: why no card is known, when none is; ``nodes``: on a cluster, what
+        blocks each waiting spawn, ``cluster.placement``)."""
         running = set(running)
         now = clock.utcnow()
         counts: Counter[str] = Counter()
@@ -453,7 +455,9 @@ class DiagnosisService:
             "labels": dict(sorted(counts.items())),
             "servers": servers,
             "cost": {"days": days, **self.costs.report(since)},
-            "fragmentation": cluster.fragmentation_report(list(shares), demand, cards_unknown),
+            "fragmentation": cluster.fragmentation_report(
+                list(shares), demand, cards_unknown, nodes
+            ),
             "model": {
                 "trained_at": clock.isoformat(training.trained_at),
                 "training": self.training_running,

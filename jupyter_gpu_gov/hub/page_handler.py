@@ -20,7 +20,7 @@ from tornado import web
 
 from ..core import clock
 from ..core.durations import format_duration
-from .api_handler import ApiHandler, error_message
+from .api_handler import ApiHandler, error_message, retry_after
 from .hub_auth import HubOAuthenticated
 from .prepared_auth import is_governor_admin
 from .readers import reads_showback
@@ -123,6 +123,7 @@ class PageHandler(ApiHandler):
         self.set_status(status_code)
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Content-Security-Policy", "default-src 'self'")
+        retry_after(self, kwargs)
         self.finish(
             env.get_template("error.html").render(
                 prefix=self.prefix,

@@ -29,6 +29,7 @@ from ..core.ledger import Bucket, Owner
 from ..core.queue import (
     CANCELLED,
     EXPIRED,
+    FOR_A_GPU,
     QUEUED_AT_LABEL,
     STARTED,
     Departure,
@@ -38,9 +39,10 @@ from ..core.queue import (
     claim_by,
     refused_from_json,
     releases_to_json,
+    room_from_json,
     waiting_for_a_gpu,
 )
-from ..core.report import user_last_activity
+from ..core.report import MAX_CLOCK_SKEW, user_last_activity
 from ..core.wire import MAX_LINE_STARTS, MAX_TEXT, LineStart
 from . import metrics
 from .evidence import Received
@@ -55,10 +57,31 @@ LEFT_POD_RETRY = timedelta(seconds=15)  # a left pod's delete, asked and audited
 START, STARTED_ACTION, LEFT = "queue-start", "queue-started", "queue-left"
 RECLAIM_WITHDRAWN = "reclaim-withdrawn"  # a reclaim the hub lifted (its asker left the line)
 # How long a withdrawn reclaim rides on its server's verdict (``reclaim_withdrawn``): JupyterLab
-# tells the owner, who was warned of the deadline, that it is lifted. Kept by the governor that
-# synced (not stored): a restart within it leaves the notice unsaid, the audit row says it.
+# tells the owner, who was warned of the deadline, that it is lifted. Kept in memory, read back
+# from its audit row (``restore_withdrawn``) by a governor that did not sync it.
 RECLAIM_WITHDRAWN_NOTICE = timedelta(minutes=15)
 MAX_WITHDRAWN = 10_000  # servers whose notice is kept at once
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """A reclaim the hub lifted: when (the governor's clock, as the verdict says it), and the
+    session it was lifted on (the Hub's ``started`` as the governor's row had it; None: not
+    known, an audit row of an earlier release). The notice is for that session alone: its
+    start is compared with the server's as the Hub says it, never with the governor's time."""
+
+    at: datetime
+    session: datetime | None
+
+
+def _session_of(audit: AuditRow) -> datetime | None:
+    """The session a ``reclaim-withdrawn`` audit row names (None: it names none)."""
+    session = (audit.details or {}).get("session")
+    try:
+        return clock.parse(session) if isinstance(session, str) else None
+    except ValueError:
+        return None
+
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -149,6 +172,12 @@ class QueueSync:
         # ``refused_from_json``): None before one, without a line, or when the hub cannot say.
         self.queued: int | None = None
         self.refused: int | None = None
+        # The tiers of the requests ``queued`` counts, and where on a cluster's nodes they and
+        # the refused spawns could go (``core.queue.room_from_json``; None: not a cluster's
+        # hub, or no sync yet), as of ``room_at``: the fragmentation figure per request.
+        self.queued_tiers: tuple[str, ...] = ()
+        self.room: dict | None = None
+        self.room_at: datetime | None = None
         # The physical cards a workstation hub's allocator reads, as of the last sync (the
         # fragmentation figure's free cards without DCGM); empty: none said (a cluster's hub).
         self.cards: tuple[str, ...] = ()
@@ -159,9 +188,10 @@ class QueueSync:
         # the spawner keeps its place): tried again after RETRY_AFTER, its wait metered once.
         self._started: dict[str, tuple[datetime, datetime]] = {}
         self._left_pods: dict[str, datetime] = {}  # uid -> when its delete was last asked
-        # Reclaims the hub withdrew, by server: when (the verdict's ``reclaim_withdrawn``). Their
-        # audit rows are their record: read back at a start or a takeover (``restore_withdrawn``).
-        self._withdrawn_at: dict[str, datetime] = {}
+        # Reclaims the hub withdrew, by server: when (the verdict's ``reclaim_withdrawn``), and
+        # on which session. Their audit rows are their record: read back at a start, a takeover
+        # and each standby pass (``restore_withdrawn``).
+        self._withdrawn_at: dict[str, Withdrawn] = {}
 
     async def sync(self, now: datetime | None = None) -> list[Waiting]:
         if self.absent:
@@ -174,6 +204,7 @@ class QueueSync:
             # Not known now (the last sync's figures kept while this one was under way).
             self.queued = self.refused = None
             self.cards = ()
+            self._room_unknown(f"the spawn queue sync with the hub failed ({error})")
             if error.status == 404:
                 self.absent = True
                 log.info("gpu-gov: the hub has no spawn queue (no profile layer)")
@@ -208,11 +239,24 @@ class QueueSync:
                 del self._started[server]
         return line
 
+    def _room_unknown(self, why: str, said: bool = False) -> None:
+        """A cluster's room, said before (or ``said`` now, unreadable), is not known now:
+        unknown, never what it was. A hub that never said one has none (a workstation's)."""
+        if self.room is not None or said:
+            self.room = {"unknown": why, "read_age_s": None, "nodes": {}, "tiers": {}}
+            self.room["refused"], self.room_at = {}, clock.utcnow()
+
     def _read(self, answer) -> list[Waiting]:
         if not isinstance(answer, Mapping):
             self.queued = self.refused = None
             self.cards = ()
+            self._room_unknown("the hub's answer to the spawn queue sync cannot be read")
             return []
+        try:
+            self.room, self.room_at = room_from_json(answer.get("room")), clock.utcnow()
+        except QueueFormatError as error:
+            log.warning("gpu-gov: spawn queue: %s", error)
+            self._room_unknown(f"the hub's room cannot be read: {error}", said=True)
         cards = answer.get("cards")
         self.cards = tuple(
             card
@@ -226,6 +270,9 @@ class QueueSync:
             except QueueFormatError as error:  # one bad entry never stops the others
                 log.warning("gpu-gov: spawn queue: an entry cannot be read: %s", error)
         self.queued = waiting_for_a_gpu(line)
+        self.queued_tiers = tuple(
+            w.request.tier for w in line if not w.ready and w.limit in FOR_A_GPU
+        )
         try:
             self.refused = refused_from_json(answer.get("refused"))
         except QueueFormatError as error:
@@ -272,6 +319,10 @@ class QueueSync:
             ):
                 log.warning("gpu-gov: a withdrawn reclaim the hub named cannot be read; skipped")
                 continue
+            details = {k: entry[k] for k in ("team", "asked_at", "by")}
+            session = self._session(entry["server"])
+            if session is not None:  # (to the microsecond: compared for equality)
+                details["session"] = session.astimezone(timezone.utc).isoformat()
             rows.append(
                 AuditRow(
                     at=now,
@@ -283,7 +334,7 @@ class QueueSync:
                     "waiting needs this GPU; its deadline is lifted, the server keeps its GPU",
                     actor="governor",
                     dry_run=self.dry_run,
-                    details={k: entry[k] for k in ("team", "asked_at", "by")},
+                    details=details,
                 )
             )
             if self.listing is not None:
@@ -292,36 +343,53 @@ class QueueSync:
             self.store.audit(rows)
         if not self.dry_run:  # a dry run lifts nothing: no notice to give
             kept = self._withdrawn_at
-            for key, at in list(kept.items()):
-                if now - at >= RECLAIM_WITHDRAWN_NOTICE:
+            for key, withdrawn in list(kept.items()):
+                if now - withdrawn.at >= RECLAIM_WITHDRAWN_NOTICE:
                     del kept[key]
             for row in rows:
                 if len(kept) < MAX_WITHDRAWN:
-                    kept[row.server_key] = now
+                    kept[row.server_key] = Withdrawn(now, _session_of(row))
+
+    def _session(self, key: str) -> datetime | None:
+        """The session of server ``key`` as the governor's row has it (the Hub's ``started``)."""
+        row = self.store.server(key)
+        return row.session_started if row is not None else None
 
     def restore_withdrawn(self, now: datetime | None = None) -> None:
         """The reclaims withdrawn within ``RECLAIM_WITHDRAWN_NOTICE`` of ``now``, read back from
         their ``reclaim-withdrawn`` audit rows (written before the notice is kept): at a start,
-        or a takeover from a governor that synced meanwhile. Held in memory alone, a restart in
+        or a takeover from a governor that synced meanwhile, and at each pass of a standby,
+        which answers reports too while the holder syncs. Held in memory alone, a restart in
         those 15 minutes lost the notice and the owner's JupyterLab never said the reclaim went.
         A dry run's rows lifted nothing: no notice."""
         now = now or clock.utcnow()
-        kept: dict[str, datetime] = {}
+        kept: dict[str, Withdrawn] = {}
         if not self.dry_run:
             for audit in self.store.audit_since(RECLAIM_WITHDRAWN, now - RECLAIM_WITHDRAWN_NOTICE):
                 key = audit.server_key
                 if audit.dry_run or not key or not (key in kept or len(kept) < MAX_WITHDRAWN):
                     continue
-                kept[key] = audit.at  # oldest first: a server's latest withdrawal stays
+                # oldest first: a server's latest withdrawal stays
+                kept[key] = Withdrawn(audit.at, _session_of(audit))
         self._withdrawn_at = kept
 
-    def withdrawn_at(self, key: str, now: datetime | None = None) -> datetime | None:
+    def withdrawn_at(
+        self, key: str, session: datetime | None = None, now: datetime | None = None
+    ) -> datetime | None:
         """When the reclaim on server ``key`` was withdrawn, within ``RECLAIM_WITHDRAWN_NOTICE``
-        of ``now``; None: none was, or longer ago (a look-up on each report's answer)."""
-        at = self._withdrawn_at.get(key)
-        if at is None or (now or clock.utcnow()) - at >= RECLAIM_WITHDRAWN_NOTICE:
+        of ``now``, if ``session`` (the Hub's ``started`` of the server now) is the one it was
+        lifted on; None: none was, longer ago, or the server started since (the new session
+        was never warned). A look-up on each report's answer."""
+        kept = self._withdrawn_at.get(key)
+        if kept is None or (now or clock.utcnow()) - kept.at >= RECLAIM_WITHDRAWN_NOTICE:
             return None
-        return at
+        if session is not None:
+            if kept.session is not None:
+                if session != kept.session:  # both the Hub's: no clock compared with another
+                    return None
+            elif session - MAX_CLOCK_SKEW > kept.at:  # a session not known: the clocks' room
+                return None
+        return kept.at
 
     async def _delete_left_pods(self, entries, now: datetime) -> None:
         """The pods the Hub's stop of a server left running (the Kubernetes API failed the

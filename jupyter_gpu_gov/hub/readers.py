@@ -32,6 +32,17 @@ NOT_READY = (
     "the governor has not read the Hub's groups yet (they say which team a lead's "
     "!group=<group> is): not ready, try again shortly"
 )
+# How soon to try again, as its ``Retry-After`` says (a client or a browser that reads none
+# cannot tell "shortly" from "never"): the first pass reads the groups within seconds of a start.
+NOT_READY_RETRY_S = 10
+
+
+class NotReady(web.HTTPError):
+    """A 503 that says when to come back: ``retry_after_s`` (``api_handler.retry_after``)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(503, message)
+        self.retry_after_s = retry_after_s
 
 
 def readable_teams(model: dict, teams_by_group: Mapping[str, str] | None) -> frozenset[str] | None:
@@ -50,7 +61,7 @@ def readable_teams(model: dict, teams_by_group: Mapping[str, str] | None) -> fro
         kind, _, group = which.partition("=")
         if kind == "group" and group:
             if teams_by_group is None:
-                raise web.HTTPError(503, NOT_READY)
+                raise NotReady(NOT_READY, NOT_READY_RETRY_S)
             teams.add(teams_by_group.get(group, group))
     return frozenset(teams)
 
@@ -89,7 +100,7 @@ def usage_filters(
             return dict(asked)
         raise web.HTTPError(
             403,
-            f"'team': reading team {team!r:.80}'s usage needs the scope "
+            f"'team': reading the usage of team {team!r:.80} needs the scope "
             f"{scope_for(team, teams_by_group)} (or {ADMIN_SCOPE}); yours covers "
             f"{', '.join(sorted(teams))!r:.200}"
             + (f"; for your own in it, add user={own}" if own else ""),
@@ -108,7 +119,7 @@ def usage_filters(
     if user is None and (named := next((k for k in FILTERS if asked.get(k)), None)):
         team = asked.get("team")
         needs = (
-            f"team {team!r:.80}'s usage needs the scope {scope_for(team, teams_by_group)}"
+            f"the usage of team {team!r:.80} needs the scope {scope_for(team, teams_by_group)}"
             if named == "team"
             else f"a {named}'s usage needs the scope {SHOWBACK_SCOPE} for its teams"
         )

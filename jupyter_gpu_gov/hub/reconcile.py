@@ -177,6 +177,7 @@ class Governor(
         # pods waiting for a GPU node), as of the last pass (``None`` before the first):
         # fragmentation is "GPUs partly used while spawns wait".
         self.spawns_waiting: int | None = None
+        self.spawns_waiting_tiers: tuple[str, ...] = ()  # their tiers (where could they go)
         # The spawn queue's sync after each pass (hub/app.py): the line's demand, too.
         self.spawn_queue = QueueSync(hub, store, options.dry_run, self.hub_listing)
         self.spawn_queue.restore_withdrawn()  # a reclaim lifted before a restart is still said
@@ -245,6 +246,8 @@ class Governor(
             # and authorised from the store as the holder writes it (what it wrote since the
             # last pass read back each pass).
             self.read_back_rows()
+            # ...and the reclaims it lifted: a report answered here says so as the holder's does.
+            self.spawn_queue.restore_withdrawn()
             self._forget_stale_reports(())
             return CycleResult(errors=(STANDBY,))
         if time.monotonic() < self._store_down_until:
@@ -330,7 +333,7 @@ class Governor(
         self._record_keyframes(self.unchanged.kept, now)
         for pending in (self._shutdowns, self._interrupts):
             outbound.forget_answered(pending, self.reports, now, self.options.report_stale_after)
-        self.spawns_waiting = waiting
+        self.spawns_waiting, self.spawns_waiting_tiers = len(waiting), tuple(waiting)
         queued = {k: self._servers[k] for k in sorted(self._queued) if k in self._servers}
         self.line_starts = line_starts(queued, rows, self.reports)
         self.health.finish_pass(stopped, now)
@@ -369,20 +372,24 @@ class Governor(
         dcgm_errors = snapshot.errors if snapshot else ()
         return CycleResult(len(self._servers), counts, dcgm_errors=dcgm_errors, errors=errors)
 
-    async def _decide_listed(self, kept: LookedAt, rows, now, batch: _Batch, seen: set) -> int:
+    async def _decide_listed(
+        self, kept: LookedAt, rows, now, batch: _Batch, seen: set
+    ) -> list[str]:
         """Decide (or keep) the servers this pass lists, then those looked at whose users the
         listing did not bring: they did nothing on the Hub since it last listed them
         (hub/incremental.py: what a cull on such a model needs). The others, neither listed nor
         looked at, are not visited: nothing they read moved. Returns how many spawns wait for
-        a GPU."""
-        waiting = 0
+        a GPU (the tier of each)."""
+        waiting: list[str] = []
         turns = _Turns()  # reports come in between two slices, as between two listing pages
         # Decide each page of servers while the Hub API client fetches the next.
         # "active": ready servers and those the Hub is starting, which may wait for a GPU.
         async for server in self.hub_listing.servers(self.hub):
             await turns.next()
             if server.pending or not server.ready:
-                waiting += _queued_for_a_gpu(server, now)
+                tier = _queued_for_a_gpu(server, now)
+                if tier is not None:
+                    waiting.append(tier)
                 continue  # the Hub is starting or stopping it
             key = server_key(server.user, server.name)
             held = self.unchanged.kept.get(key)
@@ -692,14 +699,15 @@ SPAWN_QUEUED_AFTER = timedelta(minutes=1)
 GAUGES_PER_TURN = 1000  # servers' gauges set between two turns of the event loop
 
 
-def _queued_for_a_gpu(server: HubServer, now: datetime) -> bool:
-    """A spawn admitted to a GPU tier that the Hub has been starting for a while: it waits for
-    a GPU to be placed (a spawn without a tier is not waiting for a GPU)."""
+def _queued_for_a_gpu(server: HubServer, now: datetime) -> str | None:
+    """The tier of a spawn admitted to a GPU tier that the Hub has been starting for a while:
+    it waits for a GPU to be placed (None: it does not; a spawn without a tier never does)."""
     tier = grant.labels(server.spawner_state).get(TIER_LABEL)
-    return (
+    waits = (
         server.pending == "spawn"
         and isinstance(tier, str)
         and tier not in ("", "no-gpu")
         and server.started is not None
         and now - server.started >= SPAWN_QUEUED_AFTER
     )
+    return tier if waits else None

@@ -18,6 +18,7 @@ from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Policy, Record
 from ..core.vocabulary import CHECKPOINT_REQUESTED, RECLAIM_LABEL, UNKNOWN
 from ..core.wire import LineStart, Verdict
+from ..diagnose import cluster
 from ..diagnose.cluster import Demand
 from . import outbound, showback, trusted
 from .allocation import allocation
@@ -325,10 +326,7 @@ class Views:
         queue = getattr(self, "spawn_queue", None)  # a governor built without its passes
         if queue is None or (row.labels and RECLAIM_LABEL in row.labels):
             return None
-        at = queue.withdrawn_at(row.key)
-        if at is not None and row.session_started is not None and at < row.session_started:
-            return None
-        return at
+        return queue.withdrawn_at(row.key, row.session_started)
 
     def lease_view(self, holder: bool = True) -> dict | None:
         """Whether this governor acts (holds the store's lease, ``hub/lease.py``) and, with
@@ -501,6 +499,17 @@ class Views:
         ]
         evidence = [e for records in self._context.by_uuid.values() for e in records]
         shares = allocation(granted, evidence, self.spawn_queue.cards)
+        sync = self.spawn_queue
+        asked = [
+            *((tier, "pending") for tier in self.spawns_waiting_tiers),
+            *((tier, "queued") for tier in sync.queued_tiers),
+            *(
+                (tier, "refused")
+                for tier, n in ((sync.room or {}).get("refused") or {}).items()
+                for _ in range(n)
+            ),
+        ]
+        since = (clock.utcnow() - sync.room_at).total_seconds() if sync.room_at else 0.0
         return self.diagnosis.summary(
             running,
             shares,
@@ -509,6 +518,7 @@ class Views:
             teams={key: row.team or "" for key, row in self.rows.items()},
             days=days,
             cards_unknown="" if shares else self._cards_unknown(granted, evidence),
+            nodes=cluster.placement(asked, sync.room, since),
         )
 
     def _cards_unknown(self, granted: list, evidence: list) -> str:

@@ -36,9 +36,9 @@ from typing import Any
 from traitlets import Bool, Float
 from traitlets.config import SingletonConfigurable
 
+from ..core.queue import FRESH_FOR_S
 from ..core.text import escaped
 from ..core.vocabulary import pod_key
-from .spawner import FRESH_FOR_S
 from .tiers import Tier
 
 _DONE = ("Succeeded", "Failed")
@@ -94,6 +94,54 @@ def capacity(
             free -= free % tier.count  # whole servers only (a pair needs two cards of one node)
         result[name] = free
     return result
+
+
+def room(
+    tiers: Mapping[str, Tier],
+    nodes: Iterable[Mapping],
+    pods: Iterable[Mapping],
+    scheduling: Callable[[Tier], Mapping[str, Any]],
+) -> dict[str, dict]:
+    """Where a spawn waiting for a tier could go now, for the cluster report's fragmentation
+    (``diagnose.cluster.placement``): ``nodes``, per schedulable, ready node, the devices free
+    of each tier's resource it has (what it can allocate less what every live pod bound there
+    asks for, the hub's own servers too: where a pod fits, not what admission counts); and
+    ``tiers``, per tier, its ``resource``, the ``count`` one server asks for (a pair's two
+    cards must be on one node; a MIG slice or a time-share is one device of its own resource,
+    never a whole card's) and the ``nodes`` its pods could land on."""
+    nodes = [n for n in nodes if _usable(n)]
+    resources = {tier.resource for tier in tiers.values()}
+    held: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        node = spec.get("nodeName")
+        if not node or status.get("phase") in _DONE:
+            continue
+        for resource, amount in _extended_requests(spec).items():
+            on_node = held.setdefault(node, {})
+            on_node[resource] = on_node.get(resource, 0) + amount
+    free: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        name = node["metadata"]["name"]
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        has = {r: _quantity(allocatable.get(r)) for r in sorted(resources)}
+        taken = held.get(name, {})
+        counts = {r: max(0, n - taken.get(r, 0)) for r, n in has.items() if n > 0}
+        if counts:
+            free[name] = counts
+    placed = {}
+    for name, tier in tiers.items():
+        wanted = scheduling(tier)
+        placed[name] = {
+            "resource": tier.resource,
+            "count": tier.count,
+            "nodes": sorted(
+                node["metadata"]["name"]
+                for node in nodes
+                if tier.resource in free.get(node["metadata"]["name"], {}) and _fits(node, wanted)
+            ),
+        }
+    return {"nodes": free, "tiers": placed}
 
 
 def _usable(node: Mapping) -> bool:
@@ -359,6 +407,21 @@ class ClusterGpus(SingletonConfigurable):
         return capacity(
             tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), tier_of, grow
         )
+
+    def room(self, tiers: Mapping[str, Tier], spawner) -> dict | None:
+        """``room`` from the last read, as the governor's sync carries it
+        (``core.queue.room_from_json``), with ``spawner``'s configured scheduling. Without a
+        fresh reading it is ``unknown``, saying why (older than ``FRESH_FOR_S``, the API
+        failing, nodes not readable for want of RBAC): free cards not seen are not none."""
+        why = self.unknown()
+        if why is None and self.error:
+            why = f"the hub may not read the cluster's nodes ({self.error})"
+        elif why is None and self.nodes is None:
+            why = "the hub has not read the cluster's nodes yet"
+        if why is not None:
+            return {"unknown": why, "read_age_s": None, "nodes": {}, "tiers": {}}
+        found = room(tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t))
+        return {"unknown": None, "read_age_s": round(self.age(), 3), **found}
 
 
 class _Serializer:

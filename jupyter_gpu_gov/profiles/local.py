@@ -31,11 +31,12 @@ from traitlets.config import SingletonConfigurable
 from ..core import health
 from ..core.grant import DEVICES_STATE, GPUS_STATE
 from ..core.models import Device
+from ..core.queue import FRESH_FOR_S
 from ..core.text import escaped
 from ..gpu.backends import CHOICES, make_backend
 from .grant_count import kept_count
 from .quota import Grant
-from .spawner import FRESH_FOR_S, GpuProfilesMixin, GpuRefused
+from .spawner import GpuProfilesMixin, GpuRefused
 from .tiers import Tier
 
 # As long as a single-user server waits for a fresh sample (server/app.py FRESH_SAMPLE_WAIT_S).

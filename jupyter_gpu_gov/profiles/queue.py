@@ -70,16 +70,17 @@ FORECAST = Forecast()  # one hub process, one forecast
 
 class Refusals:
     """Servers whose spawn admission refused for want of a free GPU (``FOR_A_GPU``) and that
-    neither joined the line nor started since, by when last refused: the cluster report's
-    ``refused`` demand, sent on each sync. Kept in the hub process, where the spawner refuses
-    (a restart forgets them); per server, so retrying one spawn counts once."""
+    neither joined the line nor started since, by when last refused, with the tier asked for:
+    the cluster report's ``refused`` demand, sent on each sync. Kept in the hub process, where
+    the spawner refuses (a restart forgets them); per server, so retrying one spawn counts
+    once."""
 
     def __init__(self) -> None:
-        self._at: dict[str, datetime] = {}  # oldest refusal first
+        self._at: dict[str, tuple[datetime, str]] = {}  # oldest refusal first
 
-    def refused(self, server: str, now: datetime) -> None:
+    def refused(self, server: str, now: datetime, tier: str = "") -> None:
         self._at.pop(server, None)
-        self._at[server] = now
+        self._at[server] = (now, tier)
         if len(self._at) > MAX_REFUSED:
             del self._at[next(iter(self._at))]
 
@@ -90,9 +91,17 @@ class Refusals:
     def count(self, now: datetime) -> int:
         """Those refused within ``REFUSED_WITHIN`` (older ones are dropped)."""
         since = now - REFUSED_WITHIN
-        while self._at and next(iter(self._at.values())) < since:
+        while self._at and next(iter(self._at.values()))[0] < since:
             del self._at[next(iter(self._at))]
         return len(self._at)
+
+    def tiers(self, now: datetime) -> dict[str, int]:
+        """``count``'s, per tier asked for (the cluster report's placement of each)."""
+        self.count(now)
+        found: dict[str, int] = {}
+        for _, tier in self._at.values():
+            found[tier] = found.get(tier, 0) + 1
+        return found
 
 
 REFUSED = Refusals()  # one hub process, one record

@@ -18,7 +18,8 @@ admission and the waiting requests (spawner state) live.
   many servers it refused for want of a free GPU within ``core.queue.REFUSED_WITHIN`` that did
   not join the line or start since (``refused``: ``queue.Refusals``), and the reclaims it
   lifted (``reclaims_withdrawn``: asked for a spawn that left the line, needed by none still
-  waiting: ``_withdraw_reclaims``). The governor then starts
+  waiting: ``_withdraw_reclaims``); on a cluster's hub, where waiting spawns could go now
+  (``room``: ``_room``). The governor then starts
   the ready ones through the Hub's REST API, with the choices recorded; the spawner decides
   again from a fresh count.
 """
@@ -175,6 +176,39 @@ async def _cards(handler: BaseHandler) -> list[str]:
     await gpus.read()
     devices = gpus.devices() or []
     return sorted({d.parent_uuid or d.uuid for d in devices})
+
+
+async def _room(handler: BaseHandler, now) -> dict | None:
+    """Where a spawn waiting for a GPU could go now, on a cluster's hub: the reading of nodes
+    and pods admission counts on (``ClusterGpus.room``, read again when due, through one of the
+    hub's spawners), with the tiers the spawns counted in ``refused`` asked for. The governor's
+    fragmentation figure tells spawns blocked by free cards split across nodes from those
+    blocked by a shortage, where no DCGM sees the cards. None on a workstation's hub (its
+    cards are named in ``cards``)."""
+    spawner_class = handler.settings.get("spawner_class")
+    if not (isinstance(spawner_class, type) and hasattr(spawner_class, "gpu_cluster")):
+        return None
+    spawner = _a_spawner(handler)
+    if spawner is None:  # no spawner made since the hub started: none to read through
+        found = {"unknown": "the hub has not read the cluster's nodes yet", "nodes": {}}
+    else:
+        await spawner.gpu_refresh()
+        found = spawner.gpu_cluster.room(spawner.gpu_profiles.tier_map, spawner)
+    return {**found, "refused": REFUSED.tiers(now)}
+
+
+def _a_spawner(handler: BaseHandler):
+    """A spawner of the hub's to read the cluster through (its API client, namespace and
+    configured scheduling are the hub's): a waiting request's, else any one made already."""
+    for request in waiting_requests(handler.db):
+        spawner = _spawner(handler, request)
+        if spawner is not None:
+            return spawner
+    for user in list((getattr(handler, "users", None) or {}).values()):
+        for spawner in list(user.spawners.values()):
+            if hasattr(spawner, "gpu_cluster"):
+                return spawner
+    return None
 
 
 async def _withdraw_reclaims(handler: BaseHandler, now) -> list[dict[str, str]]:
@@ -375,7 +409,13 @@ class QueueApiHandler(APIHandler):
         except Exception:  # never the line's sync
             log.exception("gpu-gov: finding the pods stopped servers left running")
             left_pods = []
+        try:
+            room = await _room(self, now)
+        except Exception:  # never the line's sync: the governor says the cluster is unknown
+            log.exception("gpu-gov: reading where waiting spawns could go")
+            room = {"unknown": "the hub failed to read the cluster (see its log)", "nodes": {}}
         answer = {
+            "room": room,
             "cards": await _cards(self),
             "line": line,
             "left": left,

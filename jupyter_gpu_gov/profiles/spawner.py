@@ -103,12 +103,6 @@ GRANT_KEYS += (
     QUEUED_AT_LABEL,
     CLAIM_WITHIN_LABEL,
 )
-# A reading of the cards older than this is not their state now: unknown, never free (the
-# workstation's NVML, ``local.LocalGpus``; the cluster's nodes and pods, ``cluster.ClusterGpus``).
-# The Hub's pages show a waiting server's place from the last reading without reading again
-# (``queue_pages.places``); every step that counts reads just before (``gpu_refresh``), and
-# each governor pass reads them for the line's sync: two passes at their longest (60 s each).
-FRESH_FOR_S = 120.0
 # On the hub's user object: the spawner whose form just refused, so that the spawn page, which
 # renders the default server's form with the refusal, shows that server's (get_options_form).
 _REFUSED_FORM = "_gpu_gov_refused_form"
@@ -496,7 +490,7 @@ class GpuProfilesMixin:
             now = clock.utcnow()
             waits = self._gpu_queued is not None and self._gpu_queued.live(now)
             if admission.limit in FOR_A_GPU and not waits:  # one in line is counted there
-                REFUSED.refused(self._gpu_server_key(), now)
+                REFUSED.refused(self._gpu_server_key(), now, tier.name)
             else:  # it now waits for a quota, or in line
                 REFUSED.forget(self._gpu_server_key())
             if admission.reclaim:  # not for a spawn in line: for a retry, it stands

@@ -343,7 +343,10 @@ def export_trace(
     grid: float | None = None  # the next line's time
     for row in rows:
         if grid is None:
-            grid = math.ceil(max(row.t, since or row.t) / step) * step
+            # Rows keep ``t`` in whole seconds: ``since`` is read to the second too (a pass a
+            # moment after ``since`` was kept a fraction before it, and lost its first line).
+            start = row.t if since is None else max(row.t, math.floor(since))
+            grid = math.ceil(start / step) * step
         while grid < row.t and (until is None or grid <= until):
             outage = last_t is not None and grid - last_t > max_gap
             yield from _lines(runs, grid, step, max_gap, outage)

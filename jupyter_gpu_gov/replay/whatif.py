@@ -5,8 +5,11 @@ it ran on, overall, per team and per tier, in what an admin asks before changing
 
 - *GPU-hours* are GPU-equivalent hours: a row's span times what the server holds (its
   ``gpu-gov/weight`` label, else its tier's weight in the catalogue, else 1 for a GPU tier or a
-  server holding GPU memory, else 0). **Allocated**: held until the run's cull (a server's last
-  row lasts as long as the one before it). Of these, **active** with the GPU at or above
+  server holding GPU memory, else 0). **Allocated**: held until the run's cull. A row lasts
+  until its run's next row, and a run's last row ends it, as ``engine.score`` counts (the
+  replay's summary): a trace's rows are samples at instants, an hour's every 5 minutes 13 of
+  them (an exported history's: from ``since`` to ``until``, and a run's line after its stop
+  carries the actions of a run that had ended). Of these, **active** with the GPU at or above
   ``ACTIVE_SM``, **idle** below it, **unknown** without a reading; **work** weighs each hour by
   its SM activity. **Utilisation** is work over the allocated hours whose activity is known
   (DCGM's mean SM activity of the GPUs given out); **active share** the active hours' share.
@@ -235,7 +238,6 @@ class _Run:
         "meter",
         "owner_back",
         "sized",
-        "span",
         "team",
         "tier",
         "watch",
@@ -250,7 +252,6 @@ class _Run:
         self.culled_at = culled_at
         self.cull_reason: str | None = None
         self.last: Sample | None = None
-        self.span = 0.0
         self.end = sample.t
         self.meter = rightsize.Meter()
         self.fit: float | None = None  # the share of its GPU-equivalents a smaller tier needs
@@ -374,8 +375,7 @@ def measure(
             for action in by_run.get(row.session, ()):
                 _count(action, run, outcome)
         if run.last is not None:
-            run.span = row.t - run.last.t
-            close(run, run.last, run.span)
+            close(run, run.last, row.t - run.last.t)
         run.last, run.end = row, row.t
         before_cull = run.culled_at is None or row.t < run.culled_at
         if before_cull:
@@ -386,9 +386,6 @@ def measure(
             watch_cell(run, row)
 
     for key, run in runs.items():
-        if run.last is not None:
-            close(run, run.last, run.span)
-            run.end += run.span
         culled = run.culled_at is not None
         if culled and not run.owner_back:
             run.owner_back = any(
