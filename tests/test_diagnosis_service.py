@@ -130,7 +130,8 @@ def test_a_busy_loop_reads_one_core_and_a_sleeper_none(children):
     try:
         before, started = cpu_seconds(busy.pid, ticks), time.monotonic()
         report = measure_over(sampler, targets, 1.5)
-        got = (cpu_seconds(busy.pid, ticks) - before) / (time.monotonic() - started)
+        took = time.monotonic() - started
+        got = (cpu_seconds(busy.pid, ticks) - before) / took
     finally:
         sampler.close()
     busy_cpu, idle_cpu = cpu_of(report, BUSY_KERNEL), cpu_of(report, IDLE_KERNEL)
@@ -139,7 +140,8 @@ def test_a_busy_loop_reads_one_core_and_a_sleeper_none(children):
     assert busy_cpu["cores"] == pytest.approx(got, abs=0.15), (busy_cpu, got)
     assert busy_cpu["cores"] <= 1.15, busy_cpu
     assert idle_cpu["cores"] <= 0.05 and idle_cpu["read_mb_s"] == 0.0, idle_cpu
-    assert 1.4 <= busy_cpu["seconds"] <= 3.0
+    # The sampler's window: the 1.5 s between its reads, however long a loaded machine made it.
+    assert 1.4 <= busy_cpu["seconds"] <= took + 0.05, (busy_cpu, took)
     validate(report)  # the report with its cpu sections is a valid report
 
 

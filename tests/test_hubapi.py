@@ -125,14 +125,11 @@ async def test_ten_thousand_users():
     async with FakeHub(page_max=200) as hub:
         hub.populate(10_000, running=0.8, named=1)
         api = client(hub, page_size=200)
-        t0 = time.perf_counter()
-        servers = await api.list_servers()
-        elapsed = time.perf_counter() - t0
+        servers = await api.list_servers()  # how fast: benchmarks/reconcile.py, at 10,000
     running_users = len(hub._active_ids)
     assert len(servers) == 2 * running_users
     assert hub.counters["GET /users"] == -(-running_users // 200)
     assert len({s.key for s in servers}) == len(servers)
-    assert elapsed < 60, elapsed
 
 
 async def test_leaving_a_listing_early_cancels_the_prefetch():

@@ -388,7 +388,7 @@ async def test_metrics_and_events_report_the_kernel(jp_fetch, jp_serverapp, star
     ]
     assert memory_lines and float(memory_lines[0].split()[-1]) == 2048 * 1024 * 1024
 
-    for _ in range(50):
+    for _ in range(300):
         if any(e["target_id"] == kernel.id and e["state"] == "idle" for e in events):
             break
         await asyncio.sleep(0.1)
@@ -447,7 +447,7 @@ async def test_governor_checkpoint_lets_a_connected_frontend_save_first(
         )
     )
     # The frontend hears of the request (the verdict), saves, then asks for the checkpoint.
-    for _ in range(50):
+    for _ in range(300):
         if (app.verdict or {}).get("checkpoint") == "requested":
             break
         await asyncio.sleep(0.1)
@@ -463,18 +463,22 @@ async def test_governor_checkpoint_lets_a_connected_frontend_save_first(
     assert answer["saved_by_frontend_first"] is True and answer["status"] == "done"
 
 
-async def test_governor_checkpoint_without_a_browser_does_not_wait(jp_fetch, jp_serverapp):
+async def test_governor_checkpoint_without_a_browser_does_not_wait(
+    jp_fetch, jp_serverapp, monkeypatch
+):
     app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_gpu_gov"]))
     app.report = {"targets": [{"kind": "kernel", "connections": 0}]}
-    started = time.monotonic()
+    # A grace no request outlasts: an offer made to no browser would never be answered.
+    monkeypatch.setattr(app, "frontend_checkpoint_grace", 3600.0)
     response = await jp_fetch(
         "jupyter-gpu-gov",
         "checkpoint",
         method="POST",
         body=json.dumps({"reason": "cull", "source": "governor"}),
+        request_timeout=60,
     )
     assert json.loads(response.body)["saved_by_frontend_first"] is False
-    assert time.monotonic() - started < 10
+    assert (app.verdict or {}).get("checkpoint") != "requested"  # nothing was offered
 
 
 async def test_a_real_kernel_reports_its_cpu_through_the_status_route(jp_fetch, start_kernel):
@@ -738,11 +742,12 @@ async def test_a_gpu_driver_that_hangs_neither_hangs_a_checkpoint_nor_shows_as_t
 
     backend = app.sampler.backend
     answer = backend.sample
+    # The driver hangs until the test's end (or ten minutes): an answer within a request's 30 s
+    # is one that did not wait for it, however loaded the machine.
     driver = threading.Event()
-    monkeypatch.setattr(backend, "sample", lambda: driver.wait(60) and answer())
+    monkeypatch.setattr(backend, "sample", lambda: driver.wait(600) and answer())
     try:
         await asyncio.sleep(1.0)  # the timer's tick is now stuck in the driver
-        started = time.monotonic()
         response = await jp_fetch(
             "jupyter-gpu-gov",
             "checkpoint",
@@ -750,17 +755,14 @@ async def test_a_gpu_driver_that_hangs_neither_hangs_a_checkpoint_nor_shows_as_t
             body=json.dumps({"reason": "the GPU failed"}),
             request_timeout=30,
         )
-        assert time.monotonic() - started < 10
         manifest = json.loads(response.body)
         assert [n["path"] for n in manifest["notebooks"]] == ["train.ipynb"]
 
         await asyncio.sleep(2.5)
         for params in ({}, {"refresh": "1"}):
-            started = time.monotonic()
             response = await jp_fetch(
                 "jupyter-gpu-gov", "status", params=params, request_timeout=30
             )
-            assert time.monotonic() - started < 10
             shown = json.loads(response.body)
             assert shown["backend"] == "unavailable", params
             assert "no GPU sample since" in shown["error"]
