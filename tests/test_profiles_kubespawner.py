@@ -18,6 +18,7 @@ cut into 3g.71gb slices (4 of them), one with 2 L4s time-shared 4 ways, and a CP
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import re
@@ -708,6 +709,9 @@ async def test_a_card_the_hubs_server_holds_on_another_tier_is_not_free(make_hub
     capacity = alice.gpu_capacity([])
     assert (capacity["h100"], capacity["big-memory"]) == (6, 6)
     assert capacity["h100x2"] == 8  # its own tier's servers: admission counts them
+    # The form says the 6 free of the cluster's 8 H100s: "6 of 6 free" read as if it had 6.
+    form = await hub.spawner(hub.user("vic", "vision")).get_options_form()
+    assert "vision: 2 of 2 guaranteed left · 6 of 8 free" in html.unescape(form), form
 
     # The hub restarts without the pair tier; alice's pair runs on.
     GpuProfiles.clear_instance()
@@ -741,7 +745,8 @@ async def test_a_pod_that_copies_the_hubs_labels_is_not_taken_for_its_server(mak
     capacity = bob.gpu_capacity(bob.gpu_usage())
     assert capacity["h100"] == 0  # 8 cards: alice's pair and the worker's 6
     assert capacity["h100x2"] == 2  # the pair's own tier: admission counts alice's
-    with pytest.raises(GpuRefused, match="There is no H100 80 GB card here"):
+    # The refusal names the pair's cards; the worker's 6 are in use by no tier of the hub's.
+    with pytest.raises(GpuRefused, match=r"All H100 80 GB cards are in use \(2 by 2 x H100 serv"):
         await hub.started(bob, {"profile": "h100"}).start()
 
 
