@@ -50,7 +50,7 @@ from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.queue import FRESH_FOR_S
 from jupyter_gpu_gov.hub.app import GpuGovernor
-from jupyter_gpu_gov.hub.hubconfig import add_governor
+from jupyter_gpu_gov.hub.hubconfig import TEAM_QUOTAS_ENV, add_governor
 from jupyter_gpu_gov.profiles import cluster as cluster_module
 from jupyter_gpu_gov.profiles import left_pods
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
@@ -1460,6 +1460,10 @@ async def test_example_config_loads_and_builds_h200_mig_and_h100_pods(make_hub, 
     services = config.JupyterHub.services.get_value([])
     (service,) = [s for s in services if s["name"] == "gpu-gov"]
     assert any(arg.startswith("--config=") for arg in service["command"])
+    # My GPU usage's guarantees are the quotas', in GPU-equivalents: nlp's 10 H100s, two pairs
+    # (4 cards) and ten half H200s (0.5 each).
+    guaranteed = json.loads(service["environment"][TEAM_QUOTAS_ENV])
+    assert (set(guaranteed), guaranteed["nlp"]) == ({"vision", "nlp", "robotics"}, 19.0)
     GpuProfiles.clear_instance()  # add_gpu_profiles checked the settings with one
 
     hub = make_hub(config)
