@@ -37,9 +37,8 @@ c.GpuGovernor.policies = [
 # notebook) is flagged on the dashboard after 2 minutes (real hubs: 30).
 c.GpuGovernor.gpu_unknown_alert_after = 120
 
-# Showback: what a GPU-equivalent hour costs per tier (the dashboard's idle cost by team), and
-# each team's guarantee in GPU-equivalents for "My GPU usage" (the spawn-time quotas are in
-# jupyterhub_config.py).
+# Showback: what a GPU-equivalent hour costs per tier (the dashboard's idle cost by team). Each
+# team's guarantee on "My GPU usage" comes from the spawn-time quotas in jupyterhub_config.py
+# (add_governor's team_quotas).
 c.GpuGovernor.currency = "EUR"
 c.GpuGovernor.gpu_hour_cost = {"h100": 2.5, "h100-3g": 1.25, "h100-2g": 0.75, "h100-1g": 0.4}
-c.GpuGovernor.team_quotas = {"vision": 1.14, "nlp": 0.93}

@@ -110,6 +110,7 @@ add_gpu_profiles(c, spawner="simple")
 # own token; the user "admin" gets the governor's admin scope.
 from jupyter_gpu_gov.hub.hubconfig import add_governor  # noqa: E402
 from jupyter_gpu_gov.profiles.estimate import tier_sizes  # noqa: E402
+from jupyter_gpu_gov.profiles.hubconfig import team_guarantees  # noqa: E402
 
 add_governor(
     c,
@@ -117,6 +118,7 @@ add_governor(
     args=[f"--config={REPO / 'hub_config' / 'gpu_gov_config.py'}"],
     admin_users=["admin"],
     tiers=tier_sizes(c.GpuProfiles.tiers),  # right-sizing hints name the tiers offered here
+    team_quotas=team_guarantees(c),  # "My GPU usage": the guarantees of c.GpuProfiles.quotas
 )
 # A team lead: lena reads team vision's showback (the page, its CSV and JSON) and acts on no one's
 # server. The governor's scope, filtered to the group vision: a group that names no team stands

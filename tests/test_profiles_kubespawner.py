@@ -18,6 +18,7 @@ cut into 3g.71gb slices (4 of them), one with 2 L4s time-shared 4 ways, and a CP
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import re
@@ -49,7 +50,7 @@ from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.queue import FRESH_FOR_S
 from jupyter_gpu_gov.hub.app import GpuGovernor
-from jupyter_gpu_gov.hub.hubconfig import add_governor
+from jupyter_gpu_gov.hub.hubconfig import TEAM_QUOTAS_ENV, add_governor
 from jupyter_gpu_gov.profiles import cluster as cluster_module
 from jupyter_gpu_gov.profiles import left_pods
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, api_json
@@ -708,6 +709,9 @@ async def test_a_card_the_hubs_server_holds_on_another_tier_is_not_free(make_hub
     capacity = alice.gpu_capacity([])
     assert (capacity["h100"], capacity["big-memory"]) == (6, 6)
     assert capacity["h100x2"] == 8  # its own tier's servers: admission counts them
+    # The form says the 6 free of the cluster's 8 H100s: "6 of 6 free" read as if it had 6.
+    form = await hub.spawner(hub.user("vic", "vision")).get_options_form()
+    assert "vision: 2 of 2 guaranteed left · 6 of 8 free" in html.unescape(form), form
 
     # The hub restarts without the pair tier; alice's pair runs on.
     GpuProfiles.clear_instance()
@@ -741,7 +745,8 @@ async def test_a_pod_that_copies_the_hubs_labels_is_not_taken_for_its_server(mak
     capacity = bob.gpu_capacity(bob.gpu_usage())
     assert capacity["h100"] == 0  # 8 cards: alice's pair and the worker's 6
     assert capacity["h100x2"] == 2  # the pair's own tier: admission counts alice's
-    with pytest.raises(GpuRefused, match="There is no H100 80 GB card here"):
+    # The refusal names the pair's cards; the worker's 6 are in use by no tier of the hub's.
+    with pytest.raises(GpuRefused, match=r"All H100 80 GB cards are in use \(2 by 2 x H100 serv"):
         await hub.started(bob, {"profile": "h100"}).start()
 
 
@@ -1455,6 +1460,10 @@ async def test_example_config_loads_and_builds_h200_mig_and_h100_pods(make_hub, 
     services = config.JupyterHub.services.get_value([])
     (service,) = [s for s in services if s["name"] == "gpu-gov"]
     assert any(arg.startswith("--config=") for arg in service["command"])
+    # My GPU usage's guarantees are the quotas', in GPU-equivalents: nlp's 10 H100s, two pairs
+    # (4 cards) and ten half H200s (0.5 each).
+    guaranteed = json.loads(service["environment"][TEAM_QUOTAS_ENV])
+    assert (set(guaranteed), guaranteed["nlp"]) == ({"vision", "nlp", "robotics"}, 19.0)
     GpuProfiles.clear_instance()  # add_gpu_profiles checked the settings with one
 
     hub = make_hub(config)

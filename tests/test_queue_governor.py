@@ -568,3 +568,23 @@ async def test_a_workstation_spawn_reads_the_cards_held_from_the_kept_count(hub)
     ines = hub.spawner("ines")
     ines.gpu_held()
     assert ines._held() == {other: ["h100"]}
+
+
+async def test_the_forms_total_is_the_machines_cards_whatever_tier_holds_them(hub):
+    """Four H100s, a pair holding two, one H100 another: the form said "1 of 2 free" (the H100
+    tier's server plus the free card), as if the machine had two. The free count stands; the
+    total is the machine's cards, as the workstation admin counts them."""
+    config = hub.settings["config"]
+    config.LocalGpus.simulated_devices = [H100] * 4
+    config.GpuProfiles.tiers = [
+        {"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"},
+        {"name": "h100x2", "display_name": "Two H100s", "gpu": "H100-80GB", "count": 2},
+    ]
+    config.GpuProfiles.quotas = {
+        **config.GpuProfiles.quotas,
+        "interns": {"borrowing_limit": {"h100x2": 2}, "tiers": ["h100x2"]},
+    }
+    await hub.start("ivan", {"profile": "h100x2"})
+    await hub.start("vera", {"profile": "h100"})
+    form = html.unescape(await hub.spawner("ben").get_options_form())
+    assert "lab: 1 of 1 guaranteed left · 1 of 4 free" in form, form

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from python_source import parse
+from traitlets import TraitError
 from traitlets.config import Config
 
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
 from jupyter_gpu_gov.hub.health import HealthOptions
-from jupyter_gpu_gov.hub.hubconfig import ACTIVITY_INTERVAL_ENV, add_governor
+from jupyter_gpu_gov.hub.hubconfig import ACTIVITY_INTERVAL_ENV, TEAM_QUOTAS_ENV, add_governor
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.settings import GovernorSettings
 
@@ -69,7 +70,12 @@ def test_every_option_is_set_from_a_setting_and_read_by_a_part():
 def test_the_options_defaults_are_the_settings_defaults(monkeypatch):
     """A governor built with no configuration gets the options tests build with ``Options()``:
     the two sets of defaults never tell different stories."""
-    for name in ("JUPYTER_GPU_GOV_TIERS", "KUBERNETES_SERVICE_HOST", ACTIVITY_INTERVAL_ENV):
+    for name in (
+        "JUPYTER_GPU_GOV_TIERS",
+        "KUBERNETES_SERVICE_HOST",
+        ACTIVITY_INTERVAL_ENV,
+        TEAM_QUOTAS_ENV,
+    ):
         monkeypatch.delenv(name, raising=False)
     app = GpuGovernor()
     app.initialize([])
@@ -115,3 +121,41 @@ def test_the_hubs_activity_interval_reaches_the_governor(monkeypatch):
     assert lag(None, hub_activity_interval=600) == timedelta(minutes=25)
     with pytest.raises(SystemExit, match="is not a number of seconds"):
         lag("soon")
+
+
+def test_the_profile_layers_guarantees_reach_my_gpu_usage(monkeypatch):
+    """An admin who set only ``c.GpuProfiles.quotas`` read "guaranteed —" on My GPU usage: the
+    governor, a service, reads ``c.GpuGovernor.team_quotas``, not the Hub's configuration.
+    ``add_governor(c, team_quotas=team_guarantees(c))`` passes the profile layer's guarantees,
+    in GPU-equivalents (a pair 2, a 3g.40gb slice of an H100 0.5, a quarter of an L4 0.25); the
+    governor's own setting, where given, wins."""
+    from jupyter_gpu_gov.profiles.hubconfig import team_guarantees
+
+    c = Config()
+    c.GpuProfiles.tiers = [
+        {"name": "h100", "gpu": "H100-80GB"},
+        {"name": "h100x2", "gpu": "H100-80GB", "count": 2},
+        {"name": "h100-3g", "gpu": "H100-80GB", "mig": "3g.40gb"},
+        {"name": "l4-shared", "gpu": "L4-24GB", "replicas": 4},
+    ]
+    c.GpuProfiles.quotas = {
+        "vision": {"guaranteed": {"h100": 2, "h100x2": 2}},
+        "nlp": {"guaranteed": {"h100-3g": 1, "l4-shared": 2}},
+        "guests": {"borrowing_limit": {"h100": 1}},
+    }
+    add_governor(c, team_quotas=team_guarantees(c))
+    (service,) = c.JupyterHub.services.get_value([])
+    monkeypatch.setenv(TEAM_QUOTAS_ENV, service["environment"][TEAM_QUOTAS_ENV])
+
+    def shown(config: Config | None = None) -> dict:
+        app = GpuGovernor(config=config or Config())
+        app.initialize([])
+        return app.make_options().team_quotas
+
+    assert shown() == {"vision": 4.0, "nlp": 1.0, "guests": 0.0}
+    own = Config()
+    own.GpuGovernor.team_quotas = {"vision": 1}
+    assert shown(own) == {"vision": 1}
+    monkeypatch.setenv(TEAM_QUOTAS_ENV, '{"vision": -1}')
+    with pytest.raises(TraitError, match="must be a number >= 0"):
+        shown()

@@ -221,7 +221,7 @@ c.GpuGovernor.policies = [
 # --- Hub wiring (the hub only) ----------------------------------------------------------------
 if not IN_GOVERNOR:
     from jupyter_gpu_gov.hub.hubconfig import add_governor
-    from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles
+    from jupyter_gpu_gov.profiles.hubconfig import add_gpu_profiles, team_guarantees
 
     # Checks the tiers and quotas now (a mistake stops the hub with the entry and key named),
     # makes GpuKubeSpawner the spawner class and serves the form's memory estimate. The chart's
@@ -242,4 +242,5 @@ if not IN_GOVERNOR:
             "GPU_GOV_CONFIG_FILE": THIS_FILE,
         },
         admin_groups=["gpu-admins"],
+        team_quotas=team_guarantees(c),  # "My GPU usage": the guarantees of c.GpuProfiles.quotas
     )

@@ -40,6 +40,8 @@ ADMIN_SCOPE = "custom:gpu-gov:admin"
 SHOWBACK_SCOPE = "custom:gpu-gov:showback"
 # The Hub's activity interval, in seconds, as ``add_governor`` passes it to the service.
 ACTIVITY_INTERVAL_ENV = "JUPYTER_GPU_GOV_HUB_ACTIVITY_INTERVAL"
+# The profile layer's guarantees, as ``add_governor(team_quotas=...)`` passes them (JSON).
+TEAM_QUOTAS_ENV = "JUPYTER_GPU_GOV_TEAM_QUOTAS"
 SERVICE_SCOPES = [
     "list:users",
     "read:users",  # names, admin flag, groups, last activity
@@ -71,6 +73,7 @@ def add_governor(
     cull_users: bool = False,
     python: str = sys.executable,
     tiers: Sequence[Mapping] = (),
+    team_quotas: Mapping[str, float] | None = None,
 ) -> None:
     """Add the governor to JupyterHub config ``c``, anywhere in ``jupyterhub_config.py``: it
     adds to the services, roles, the spawners' environment, token scopes and ``pre_spawn_hook``
@@ -81,10 +84,13 @@ def add_governor(
     before).
     ``tiers``: what a server of each tier gets, for right-sizing hints
     (``profiles.estimate.tier_sizes(c.GpuProfiles.tiers)``; this module does not import the
-    profile layer)."""
+    profile layer). ``team_quotas``: GPU-equivalents each team is guaranteed, for My GPU usage
+    (``profiles.hubconfig.team_guarantees(c)``: the profile layer's quotas)."""
     environment = dict(environment or {})
     if tiers:
         environment.setdefault("JUPYTER_GPU_GOV_TIERS", json.dumps(list(tiers)))
+    if team_quotas:
+        environment.setdefault(TEAM_QUOTAS_ENV, json.dumps(dict(team_quotas)))
     service = {
         "name": name,
         "url": url,

@@ -4,6 +4,7 @@ message naming the setting."""
 
 from __future__ import annotations
 
+import json
 import os
 from urllib.parse import urlparse
 
@@ -22,6 +23,7 @@ from traitlets import (
 
 from .event_loop import EVENT_LOOPS
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT
+from .hubconfig import TEAM_QUOTAS_ENV
 
 
 class GovernorSettings(HasTraits):
@@ -245,8 +247,24 @@ class GovernorSettings(HasTraits):
     team_quotas = Dict(
         help="""GPU-equivalents each team is guaranteed, shown on each user's usage page next to
         what the team holds now, e.g. ``{"vision": 2, "nlp": 1.5}`` (display only: admission
-        is the profile layer's).""",
+        is the profile layer's). ``add_governor(c, team_quotas=team_guarantees(c))``
+        (``jupyter_gpu_gov.profiles.hubconfig.team_guarantees``) passes the profile layer's
+        ``c.GpuProfiles.quotas``; default $JUPYTER_GPU_GOV_TEAM_QUOTAS (JSON).""",
     ).tag(config=True)
+
+    @default("team_quotas")
+    def _team_quotas_default(self):
+        passed = os.environ.get(TEAM_QUOTAS_ENV)
+        if not passed:
+            return {}
+        try:
+            quotas = json.loads(passed)
+        except ValueError as error:
+            raise TraitError(f"${TEAM_QUOTAS_ENV} is not JSON: {error}") from None
+        if not isinstance(quotas, dict):
+            raise TraitError(f"${TEAM_QUOTAS_ENV}: expected a dict of team: GPU-equivalents")
+        return _numbers(f"${TEAM_QUOTAS_ENV}", quotas)  # (a default is not validated)
+
     usage_max_gap = Float(
         0,
         min=0,
@@ -321,13 +339,7 @@ class GovernorSettings(HasTraits):
 
     @validate("gpu_hour_cost", "tier_weights", "team_quotas")
     def _numbers(self, proposal):
-        for key, value in proposal["value"].items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise TraitError(
-                    f"GpuGovernor.{proposal['trait'].name}[{key!r}] must be a number >= 0, "
-                    f"got {value!r}"
-                )
-        return proposal["value"]
+        return _numbers(f"GpuGovernor.{proposal['trait'].name}", proposal["value"])
 
     # -- GPU health (docs/health.md) -----------------------------------------------------------
     gpu_unknown_alert_after = Float(
@@ -503,3 +515,10 @@ class GovernorSettings(HasTraits):
         if proposal["value"] <= 0:
             raise TraitError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
         return proposal["value"]
+
+
+def _numbers(name: str, values: dict) -> dict:
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise TraitError(f"{name}[{key!r}] must be a number >= 0, got {value!r}")
+    return values

@@ -96,6 +96,28 @@ def capacity(
     return result
 
 
+def cards(
+    tiers: Mapping[str, Tier],
+    nodes: Iterable[Mapping],
+    scheduling: Callable[[Tier], Mapping[str, Any]],
+    grow: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Devices per tier on the nodes ``capacity`` counts, whoever holds them (with ``grow``: as
+    many as an autoscaler may add up to): the spawn form's "N of M free", where M is not what a
+    pair or another pod leaves a single card."""
+    nodes = [n for n in nodes if _usable(n)]
+    result = {}
+    for name, tier in tiers.items():
+        wanted = scheduling(tier)
+        existing = sum(
+            _quantity((node["status"].get("allocatable") or {}).get(tier.resource))
+            for node in nodes
+            if _fits(node, wanted)
+        )
+        result[name] = max(existing, (grow or {}).get(name, 0))
+    return result
+
+
 def room(
     tiers: Mapping[str, Tier],
     nodes: Iterable[Mapping],
@@ -407,6 +429,14 @@ class ClusterGpus(SingletonConfigurable):
         return capacity(
             tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), tier_of, grow
         )
+
+    def cards(
+        self, tiers: Mapping[str, Tier], spawner, grow: Mapping[str, int] | None = None
+    ) -> dict[str, int] | None:
+        """``cards`` from the last read, as ``capacity``; None when nodes could not be read."""
+        if self.nodes is None:
+            return None
+        return cards(tiers, self.nodes, lambda t: scheduling(spawner, t), grow)
 
     def room(self, tiers: Mapping[str, Tier], spawner) -> dict | None:
         """``room`` from the last read, as the governor's sync carries it

@@ -127,7 +127,9 @@ def line(use: TierUse, team: str) -> tuple[str, str]:
     admission = use.admission
     free = ""
     if use.capacity is not None:
-        free = f" · {max(0, use.capacity - use.in_use)} of {use.capacity} free"
+        # Of the cards the machine has, not of what other tiers' servers (a pair) leave this one.
+        total = max(use.capacity, use.cards or 0)
+        free = f" · {max(0, use.capacity - use.in_use)} of {total} free"
     if not admission.allowed:
         return "refused", f"{team}: not now. {admission.reason}"
     if admission.borrowed:

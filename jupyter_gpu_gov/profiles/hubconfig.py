@@ -86,6 +86,23 @@ def add_gpu_profiles(c, *, spawner: str = "local") -> None:
     bound_where_stored()
 
 
+def team_guarantees(c) -> dict[str, float]:
+    """GPU-equivalents each team of ``c.GpuProfiles.quotas`` is guaranteed (a guaranteed server
+    of a tier counts its weight: a pair 2, a quarter of an L4 0.25), as the governor's
+    ``c.GpuGovernor.team_quotas`` shows them on My GPU usage:
+    ``add_governor(c, team_quotas=team_guarantees(c))``, after the tiers and quotas are set."""
+    from .config import GpuProfiles
+
+    profiles = GpuProfiles(config=c)  # the profile layer's own reading, its checks included
+    tiers = profiles.tier_map
+    return {
+        team: round(
+            sum(n // tiers[t].count * tiers[t].weight for t, n in quota.guaranteed.items()), 4
+        )
+        for team, quota in profiles.quota_map.items()
+    }
+
+
 def add_queue_templates(c) -> None:
     """JupyterHub's home and "not running" pages, extended to show the owner's servers waiting
     in line (``templates/hub/``). Added after any ``template_paths`` already set (an admin's,

@@ -237,6 +237,14 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
             return static
         return {t: min(n, static[t]) if t in static else n for t, n in counted.items()}
 
+    def gpu_cards(self):
+        conf = self.gpu_profiles
+        counted = self.gpu_cluster.cards(conf.tier_map, self, grow=conf.node_pool_max)
+        if counted is None:  # nodes not readable (yet): the configured numbers (capacity's)
+            return {}
+        static = conf.capacity
+        return {t: min(n, static[t]) if t in static else n for t, n in counted.items()}
+
     async def gpu_refresh(self):
         # A fresh enough reading of the cluster before admission counts (and awaits nothing).
         await self.gpu_cluster.refresh(

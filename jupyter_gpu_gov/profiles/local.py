@@ -217,6 +217,15 @@ def capacity(
     return result
 
 
+def cards(tiers: Mapping[str, Tier], devices: Sequence[Device]) -> dict[str, int]:
+    """Devices per tier the machine has, held by any tier or free (a time-shared card counts
+    its slots): the spawn form's "N of M free", where M is not what a pair leaves a single card."""
+    return {
+        name: sum(1 for d in devices if _fits(tier, d)) * (tier.replicas or 1)
+        for name, tier in tiers.items()
+    }
+
+
 def pick(
     tier: Tier,
     devices: Sequence[Device],
@@ -262,6 +271,10 @@ class LocalGpuMixin(GpuProfilesMixin):
     def gpu_capacity(self, usage: list[Grant]) -> dict[str, int | None]:
         devices = self.local_gpus.devices() or []  # unknown is never free
         return capacity(self.gpu_profiles.tier_map, devices, self._held(), usage)
+
+    def gpu_cards(self) -> dict[str, int | None]:
+        devices = self.local_gpus.devices()
+        return {} if devices is None else cards(self.gpu_profiles.tier_map, devices)
 
     def gpu_assign(self, tier: Tier) -> None:
         devices = self.local_gpus.devices()

@@ -260,6 +260,7 @@ class TierUse:
     in_use: int  # devices of the tier held by everyone
     capacity: int | None
     admission: Admission
+    cards: int | None = None  # devices of the tier's kind the machine has, any tier's or free
 
     @property
     def guaranteed_left(self) -> int:
@@ -497,10 +498,12 @@ def tier_use(
     tiers: Mapping[str, Tier],
     server: str = "",
     decide: Callable[..., Admission] | None = None,
+    cards: Mapping[str, int | None] | None = None,
 ) -> list[TierUse]:
     """For each tier offered to ``team``: what the team holds, and whether a new server of
     ``user`` would be admitted (and borrowed). ``decide``: admission (default ``admit``; the
-    spawner passes admission behind the requests waiting in line)."""
+    spawner passes admission behind the requests waiting in line). ``cards``: devices per tier
+    the machine has, whichever tier holds them (the form's total)."""
     decide = decide or admit
     quota = quotas.get(team)
     if quota is None:
@@ -518,6 +521,7 @@ def tier_use(
                 in_use=usage.devices(name, but=server),
                 capacity=capacity.get(name),
                 admission=decide(Request(server, user, team, name), usage, capacity, quotas, tiers),
+                cards=(cards or {}).get(name),
             )
         )
     return lines

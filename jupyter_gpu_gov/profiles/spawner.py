@@ -253,6 +253,11 @@ class GpuProfilesMixin:
         """Devices per tier (in use or free). Default: ``GpuProfiles.capacity``."""
         return dict(self.gpu_profiles.capacity)
 
+    def gpu_cards(self) -> dict[str, int | None]:
+        """Devices per tier the machine or cluster has, whichever tier holds them (the form's
+        "of M"; a tier without an entry reads its ``gpu_capacity``). Default: none."""
+        return {}
+
     def gpu_assign(self, tier: Tier) -> None:
         """Pin devices for an admitted server; raise ``GpuRefused`` when none is free."""
 
@@ -271,6 +276,7 @@ class GpuProfilesMixin:
         await self.gpu_refresh()
         usage = self.gpu_held()
         capacity = self.gpu_capacity(usage)
+        cards = self.gpu_cards()
         name = self._gpu_server_key()
         now = clock.utcnow()
         queued = self.gpu_waiting()
@@ -292,6 +298,7 @@ class GpuProfilesMixin:
                 conf.tier_map,
                 server=name,
                 decide=decide,
+                cards=cards,
             )
             for team in teams
         }
