@@ -1381,7 +1381,14 @@ def test_a_spawn_a_node_the_autoscaler_adds_would_take_waits_for_a_node():
 
 
 def test_a_room_the_sync_cannot_read_is_refused_naming_the_field():
-    from jupyter_gpu_gov.core.queue import QueueFormatError, room_from_json
+    from jupyter_gpu_gov.core.queue import QueueFormatError, room_for_from_json, room_from_json
+
+    # What the governor asks the room of: the tiers of the spawns its pass saw starting.
+    assert room_for_from_json(None) is None  # an older governor: every tier
+    assert room_for_from_json(["a100x2"]) == ["a100x2"]
+    for bad in ("a100x2", [""], [1], ["t"] * 1001):
+        with pytest.raises(QueueFormatError, match="'room_for'"):
+            room_for_from_json(bad)
 
     good = room({"a": {GPU: 1}}, {"pair": (GPU, 2, ["a"])})
     assert room_from_json(good)["tiers"]["pair"]["count"] == 2
