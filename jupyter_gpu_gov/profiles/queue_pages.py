@@ -202,8 +202,8 @@ async def _room(handler: BaseHandler, now, pending: list[str] | None = None) -> 
             queued = (q.tier for q in waiting_requests(handler.db) if q.live(now))
             wanted = {*pending, *queued, *refused} & set(conf.tier_map)
         # Read when due even with nothing waiting: the reading admission counts on is kept
-        # fresh here (skipping it broke test_kubernetes_hub's Pending and reclaim tests, cause
-        # not pinned down: docs/benchmarks-history.md, room33).
+        # fresh here (a read only for waiting spawns was tried: docs/benchmarks-history.md,
+        # "The cluster's room at the queue sync").
         await spawner.gpu_refresh()
         found = spawner.gpu_cluster.room(conf.tier_map, spawner, wanted, conf.node_pool_max)
     return {**found, "refused": refused}
