@@ -1098,10 +1098,13 @@ def cluster_text(report: dict) -> str:
     if nodes and not nodes.get("unknown"):
         lines += [
             "",
-            f"fragmentation: {'YES' if frag.get('flag') else 'no'} — on the cluster's nodes "
-            f"(read {nodes.get('read_age_s'):.0f} s ago): {nodes.get('fragmentation')} "
+            f"fragmentation: {'YES' if frag.get('flag') else 'no'} — on the cluster's nodes"
+            + ("" if (age := nodes.get("read_age_s")) is None else f" (read {age:.0f} s ago)")
+            + f": {nodes.get('fragmentation')} "
             f"blocked by fragmentation, {nodes.get('shortage')} by a shortage, "
-            f"{nodes.get('fits')} with room now; {waiting}",
+            f"{nodes.get('fits')} with room now"
+            + (f", {grown} waiting for a node" if (grown := nodes.get("new_node")) else "")
+            + f"; {waiting}",
         ]
         lines += [f"  {r['says']}" for r in nodes.get("requests") or []]
     elif frag.get("devices") is None:  # no card counted: unknown, not "0 of 0"

@@ -1347,8 +1347,48 @@ def test_what_the_nodes_cannot_say_is_unknown_never_not_fragmented():
     assert (found["tier_unknown"], found["fragmentation"], found["shortage"]) == (1, 1, 0)
 
 
+def test_a_spawn_a_node_the_autoscaler_adds_would_take_waits_for_a_node():
+    """A pool that may grow (``node_pool_max``): a request no node has room for now waits for
+    the node the autoscaler adds, not on fragmentation; the pool's growth is shared by its
+    tiers (a pair and a single on the same nodes) and spent once; past it, what is scattered
+    and then a shortage, as without a pool. A node with nothing free need not be sent."""
+    tiers = {"pair": (GPU, 2, ["a", "b"]), "single": (GPU, 1, ["a", "b"])}
+    found = room({"a": {GPU: 1}, "b": {GPU: 1}}, tiers)
+    for tier in found["tiers"].values():
+        tier.update(pool="p", nodes_total=3)  # a third node, full, not sent
+    found["pools"] = {"p": 3}  # one more node of 3 cards may come
+    asked = [("pair", "pending")] * 3 + [("single", "queued")] * 2
+    placed = placement(asked, found)
+    verdicts = {(r["tier"], r["blocked_by"]): r["count"] for r in placed["requests"]}
+    # Now: no node has two free, so the singles take a's and b's cards. Then the new node (3
+    # cards) takes one pair, its last card too few for another; nothing is left scattered:
+    # the other two pairs are short.
+    assert verdicts == {
+        ("pair", "new_node"): 1,
+        ("pair", "shortage"): 2,
+        ("single", None): 2,
+    }, placed
+    assert placed["new_node"] == 1 and placed["fragmentation"] == 0
+    said = next(r["says"] for r in placed["requests"] if r["blocked_by"] == "new_node")
+    assert "waiting for a node" in said and "its pool may add 3 more" in said, said
+    assert "2 free on its 3 nodes" in said, said  # nodes_total, not the nodes sent
+    # Without a pool the same pairs read as fragmentation and shortage: never a new node.
+    found["pools"] = {}
+    unpooled = placement(asked, found)
+    assert unpooled["new_node"] == 0 and unpooled["shortage"] == 3, unpooled
+    report = fragmentation_report([], Demand(pending=3, queued=2), "no card", placed)
+    assert report["flag"] is False  # waiting for a node is not fragmentation
+
+
 def test_a_room_the_sync_cannot_read_is_refused_naming_the_field():
-    from jupyter_gpu_gov.core.queue import QueueFormatError, room_from_json
+    from jupyter_gpu_gov.core.queue import QueueFormatError, room_for_from_json, room_from_json
+
+    # What the governor asks the room of: the tiers of the spawns its pass saw starting.
+    assert room_for_from_json(None) is None  # an older governor: every tier
+    assert room_for_from_json(["a100x2"]) == ["a100x2"]
+    for bad in ("a100x2", [""], [1], ["t"] * 1001):
+        with pytest.raises(QueueFormatError, match="'room_for'"):
+            room_for_from_json(bad)
 
     good = room({"a": {GPU: 1}}, {"pair": (GPU, 2, ["a"])})
     assert room_from_json(good)["tiers"]["pair"]["count"] == 2
@@ -1362,6 +1402,18 @@ def test_a_room_the_sync_cannot_read_is_refused_naming_the_field():
             "room.tiers.pair",
         ),
         ({**good, "refused": {"pair": -1}}, "room.refused"),
+        ({**good, "pools": {"p": -1}}, "room.pools"),
+        (
+            {**good, "tiers": {"pair": {"resource": GPU, "count": 2, "nodes": ["a"], "pool": 3}}},
+            "room.tiers.pair",
+        ),
+        (
+            {
+                **good,
+                "tiers": {"pair": {"resource": GPU, "count": 2, "nodes": ["a"], "nodes_total": 0}},
+            },
+            "room.tiers.pair",
+        ),
     ):
         with pytest.raises(QueueFormatError, match=re.escape(field)):
             room_from_json(bad)

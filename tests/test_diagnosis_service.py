@@ -505,8 +505,10 @@ class QueueAnswer:
         if room is not None:
             self.answer["room"] = room
         self.fails = False
+        self.bodies: list = []  # what the governor sent
 
     async def request(self, method, path, body=None):
+        self.bodies.append(body)
         if self.fails:
             raise HubApiError(502, "Bad Gateway", method=method, url=path)
         return self.answer
@@ -688,6 +690,9 @@ async def test_on_a_cluster_without_dcgm_each_waiting_spawn_says_what_blocks_it(
         answer = QueueAnswer(line, 1, room=cluster_room(free, {"a100x2": 1}))
         gov.spawn_queue.hub = answer
         await gov.spawn_queue.sync()
+        # The hub is asked for the room of the tiers the pass saw spawns starting on (it knows
+        # those in line and refused): not every tier's nodes at every sync.
+        assert answer.bodies[-1]["room_for"] == ["a100x2"], answer.bodies
         found = gov.diagnosis_summary()["fragmentation"]
         nodes = found["nodes"]
         assert found["flag"] is True and found["label"] == "fragmentation", found

@@ -1042,6 +1042,8 @@ async def test_the_sync_says_which_waiting_spawns_fragmentation_blocks_on_the_no
         "resource": "nvidia.com/gpu",
         "count": 2,
         "nodes": ["a100-0", "a100-1", "a100-2"],
+        "nodes_total": 3,
+        "pool": None,
     }
     assert found["tiers"]["h200-3g"]["resource"] == "nvidia.com/mig-3g.71gb"
     one_pair = placement([("a100x2", "queued")], found)
@@ -1065,9 +1067,10 @@ async def test_the_sync_says_which_waiting_spawns_fragmentation_blocks_on_the_no
         await hub.started(dave, {"profile": "a100x2"}).start()
     found = await room()
     assert found["refused"].get("a100x2") == 1  # dave's
-    assert {n: found["nodes"][n]["nvidia.com/gpu"] for n in a100_free} == {
+    assert {n: found["nodes"].get(n, {}).get("nvidia.com/gpu", 0) for n in a100_free} == {
         "a100-0": 1, "a100-1": 1, "a100-2": 0
     }  # fmt: skip
+    assert "a100-2" not in found["nodes"]  # a full node is not sent
     asked = [("a100x2", "pending"), ("a100x2", "refused")]
     blocked = placement(asked, found)
     assert (blocked["fragmentation"], blocked["shortage"], blocked["fits"]) == (1, 1, 0)
@@ -1098,6 +1101,98 @@ async def test_the_sync_says_which_waiting_spawns_fragmentation_blocks_on_the_no
     assert "fragmentation: unknown — the cluster's nodes: GPU state unknown" in text, text
     assert "fragmentation: no" not in text
     starting.cancel()
+
+
+async def test_a_pair_a_new_node_would_take_waits_for_a_node_not_on_fragmentation(
+    make_hub, cluster, monkeypatch
+):
+    """An A100 pool the autoscaler may grow to three 2-card nodes (``node_pool_max``) has two:
+    another namespace's jobs hold one card on each, 1 + 1 free. carol's and dave's pairs are
+    admitted (the pool's third node counts as free) and their pods wait Pending. Read as
+    before, one was blocked by fragmentation and the other by a shortage: but the autoscaler
+    adds a node for one of them, which neither is. Now one waits for a node; the other,
+    which the new node has no room for once the first is on it, is blocked by fragmentation
+    (the two single cards would take it, together on one node).
+    And the hub says the room of the tiers spawns wait for alone: none waiting, none."""
+    from jupyter_gpu_gov import cli
+    from jupyter_gpu_gov.core.queue import room_from_json
+    from jupyter_gpu_gov.diagnose.cluster import Demand, fragmentation_report, placement
+    from jupyter_gpu_gov.profiles.queue import REFUSED
+    from jupyter_gpu_gov.profiles.queue_pages import _room
+
+    monkeypatch.setattr(REFUSED, "_at", {})  # (the hub's refusals: other tests' are not these)
+    for i in range(2):
+        cluster.add_node(gpu_node(f"a100-{i}", A100["nvidia.com/gpu.product"], gpus=2))
+        on = {**A100, "kubernetes.io/hostname": f"a100-{i}"}
+        cluster.create("pods", batch_pod(f"train-{i}", "nvidia.com/gpu", 1, on), "ml-team")
+        wait_for(
+            lambda i=i: cluster.get("pods", f"train-{i}", "ml-team")["status"]["phase"] == "Running"
+        )
+    lab = {"guaranteed": {"a100": 8, "a100x2": 8}, "tiers": ["a100", "a100x2"], "user_cap": 4}
+    config = profiles_config(
+        tiers=[*TIERS, *A100_TIERS],
+        quotas={**QUOTAS, "lab": lab},
+        capacity={},
+        node_pool_max={"a100": 6, "a100x2": 6},
+    )
+    hub = make_hub(config)
+    for name in ("carol", "dave"):
+        hub.user(name, "lab")
+    carol, dave = (hub.spawner(name, "pair") for name in ("carol", "dave"))
+
+    async def room(pending: list[str] | None) -> dict:  # as the governor reads the sync's answer
+        answer = await _room(SyncHandler(hub), clock.utcnow(), pending)
+        return room_from_json(json.loads(json.dumps(answer)))
+
+    await read_again(carol)
+    nothing = await room([])  # no spawn waits: no node, no tier is sent
+    assert nothing["unknown"] is None and nothing["nodes"] == nothing["tiers"] == {}, nothing
+    idle = placement([], nothing)
+    assert (idle["unknown"], idle["fragmentation"], idle["shortage"]) == (None, 0, 0)
+    said = cli.cluster_text({"fragmentation": fragmentation_report([], Demand(0, 0, 0), "", idle)})
+    assert re.search(r"fragmentation: no — on the cluster's nodes \(read \d+ s ago\): 0 bl", said)
+
+    starting = []
+    for spawner in (carol, dave):
+        starting.append(asyncio.ensure_future(hub.started(spawner, {"profile": "a100x2"}).start()))
+        deadline = time.monotonic() + 20  # the spawn runs on this loop: wait without blocking
+        while "Unschedulable" not in json.dumps(
+            (cluster.get("pods", spawner.pod_name) or {}).get("status")
+        ):
+            assert time.monotonic() < deadline and not starting[-1].done(), "no Pending pod"
+            await asyncio.sleep(0.1)
+        await read_again(spawner)
+
+    found = await room(["a100x2"])  # the governor's pass saw two a100x2 spawns starting
+    assert set(found["tiers"]) == {"a100x2"}, found  # the waiting tier's alone
+    assert found["tiers"]["a100x2"]["pool"] == "a100x2"
+    assert found["pools"] == {"a100x2": 2}  # a third node of 2 cards, 4 on the two there
+    assert found["nodes"] == {"a100-0": {"nvidia.com/gpu": 1}, "a100-1": {"nvidia.com/gpu": 1}}
+    asked = [("a100x2", "pending")] * 2
+    blocked = placement(asked, found)
+    assert (blocked["new_node"], blocked["fragmentation"], blocked["shortage"]) == (1, 1, 0)
+    says = [r["says"] for r in blocked["requests"]]
+    assert any(
+        "1 starting for a100x2 (2 x nvidia.com/gpu on one node): waiting for a node: none has "
+        "room, and the autoscaler may add one"
+        in line
+        and "its pool may add 2 more" in line
+        for line in says
+    ), says
+    text = " ".join(
+        cli.cluster_text(
+            {"fragmentation": fragmentation_report([], Demand(2, 0, 0), "none", blocked)}
+        ).split()
+    )
+    assert "1 blocked by fragmentation, 0 by a shortage, 0 with room now, 1 waiting for a node" in (
+        text
+    ), text
+
+    # Read as it was (no pool said): one blocked by fragmentation, one by a shortage.
+    without = placement(asked, {**found, "pools": {}})
+    assert (without["new_node"], without["fragmentation"], without["shortage"]) == (0, 1, 1)
+    for each in starting:
+        each.cancel()
 
 
 def test_node_pool_max_names_a_tier_and_whole_servers():

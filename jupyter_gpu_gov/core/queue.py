@@ -338,9 +338,12 @@ def room_from_json(value: Any) -> dict | None:
     older one): where a spawn waiting for a GPU could go now, from the cluster reading that
     admission counts on (``profiles.cluster.room``). ``unknown``: why there is no fresh reading
     (then nothing else counts); ``read_age_s``: how old the reading was at the answer;
-    ``nodes``: per node, the devices free of each tier's resource; ``tiers``: per tier, its
-    ``resource``, the ``count`` one server asks for and the ``nodes`` its pods could land on;
-    ``refused``: per tier, the spawns counted in ``refused``. Raises ``QueueFormatError``."""
+    ``nodes``: per node, the devices free of each tier's resource; ``tiers``: per tier spawns
+    wait for, its ``resource``, the ``count`` one server asks for, the ``nodes`` its pods could
+    land on (those with one free; ``nodes_total``: all of them, as many when not said), and
+    its ``pool`` (null: none that grows); ``pools``: per pool, the devices an autoscaler may
+    still add to it; ``refused``: per tier, the spawns counted in ``refused``. Raises
+    ``QueueFormatError``."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -375,8 +378,21 @@ def room_from_json(value: Any) -> dict | None:
             and all(_short(n) for n in on)
         ):
             raise QueueFormatError(f"'room.tiers.{name}' needs a resource, a count and nodes")
-        tiers[name] = {"resource": tier["resource"], "count": tier["count"], "nodes": list(on)}
+        total, pool = tier.get("nodes_total", len(on)), tier.get("pool")
+        if not (_count(total) and total >= len(on) and (pool is None or _short(pool))):
+            raise QueueFormatError(f"'room.tiers.{name}' has a bad nodes_total or pool")
+        tiers[name] = {
+            "resource": tier["resource"],
+            "count": tier["count"],
+            "nodes": list(on),
+            "nodes_total": total,
+            "pool": pool,
+        }
     room["tiers"] = tiers
+    pools = _names_to(value.get("pools"), "room.pools", 1000)
+    if not all(_count(n) for n in pools.values()):
+        raise QueueFormatError("'room.pools' must count devices per pool")
+    room["pools"] = dict(pools)
     refused = _names_to(value.get("refused"), "room.refused", 1000)
     if not all(_count(n) for n in refused.values()) or sum(refused.values()) > MAX_REFUSED:
         raise QueueFormatError(
@@ -384,6 +400,18 @@ def room_from_json(value: Any) -> dict | None:
         )
     room["refused"] = dict(refused)
     return room
+
+
+def room_for_from_json(value: Any) -> list[str] | None:
+    """The governor's sync's ``room_for``: the tiers of the spawns it saw the Hub starting,
+    for which the hub says the cluster's ``room`` (beside those in line and refused). None:
+    not said (an older governor), then the hub says every tier's. Raises
+    ``QueueFormatError``."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > 1000 or not all(map(_short, value)):
+        raise QueueFormatError("'room_for' must list at most 1000 tier names")
+    return list(value)
 
 
 def _names_to(value: Any, what: str, most: int) -> Mapping[str, Any]:

@@ -245,7 +245,7 @@ def fragmentation_report(
 
 # -- on a cluster's nodes: what blocks each spawn waiting for a GPU -------------------------------
 
-FITS, SHORTAGE = "fits", "shortage"  # (and FRAGMENTATION)
+FITS, SHORTAGE, NEW_NODE = "fits", "shortage", "new_node"  # (and FRAGMENTATION)
 NODES_HINT = (
     "Cards are free, but split across nodes so that none has what a waiting spawn asks for: "
     "let the servers holding a card or two on those nodes end (or move them together), or "
@@ -266,17 +266,26 @@ def placement(
     land on add up to what it asks but no node has that many (a pair of cards, one free on
     each of two nodes); by a ``shortage`` when they do not add up; it ``fits`` when a node has
     room now (not the cards, then: the reading came after it was refused, or its pod is being
-    placed). Requests compete: the largest are placed first, each where the least room is left
-    (best fit); those left over are then served from the scattered devices in the same order,
-    so two never count the same free card. A device is counted as its resource is: a MIG
-    slice is one slice (a request for one is never fragmented), and a card a pod holds is held
-    whole, never free in part. ``unknown`` (the room's): nothing is said of any request."""
+    placed); it waits for a ``new_node`` when no node has room for it but its tier's pool may
+    still grow by what it asks (``pools``: ``GpuProfiles.node_pool_max``): the autoscaler adds
+    a node for a Pending pod, whatever is free elsewhere. Requests compete: the largest are
+    placed first, each where the least room is left (best fit); those left over go to the
+    pools' growth, then are served from the scattered devices, in the same order, so two
+    never count the same free card or the same device a pool may add. A device is counted as
+    its resource is: a MIG slice is one slice (a request for one is never fragmented), and a
+    card a pod holds is held whole, never free in part. ``unknown`` (the room's): nothing is said of any request.
+    Nothing asked of a room the hub said: nothing blocked, however old its reading
+    (``read_age_s`` None when it is not fresh)."""
     if room is None:
         return None
     asked = list(asked)
     age = room.get("read_age_s")
     age = None if age is None else age + max(0.0, since_s)
     why = room.get("unknown")
+    if not asked and not why:  # nothing waits (the hub then reads no node): nothing is blocked
+        totals = {FRAGMENTATION: 0, SHORTAGE: 0, FITS: 0, NEW_NODE: 0, "tier_unknown": 0}
+        read = None if age is None or age > FRESH_FOR_S else round(age, 1)
+        return {"unknown": None, "read_age_s": read, **totals, "requests": []}
     if not why and (age is None or age > FRESH_FOR_S):
         when = "never" if age is None else f"{age:.0f} s ago"
         why = f"the cluster's nodes were last read {when}: their free cards now are not known"
@@ -303,12 +312,19 @@ def placement(
                 free[node][resource] = room_here - fit * need
                 left -= fit
         placed[tier] = wanted[tier] - left
+    grows = dict(room.get("pools") or {})  # devices each pool may still add
+    added: dict[str, int] = {}
+    for tier in order:  # the rest, on a node the autoscaler adds for a Pending pod
+        need, pool = tiers[tier]["count"], tiers[tier].get("pool")
+        added[tier] = min(wanted[tier] - placed[tier], grows.get(pool, 0) // need) if pool else 0
+        if pool:
+            grows[pool] = grows.get(pool, 0) - added[tier] * need
     fragmented: dict[str, int] = {}
     for tier in order:  # the rest, from what is scattered: consolidating would start them
         need, resource = tiers[tier]["count"], tiers[tier]["resource"]
         on = [n for n in tiers[tier]["nodes"] if free.get(n, {}).get(resource, 0) > 0]
         scattered = sum(free[n][resource] for n in on)
-        served = min(wanted[tier] - placed[tier], scattered // need)
+        served = min(wanted[tier] - placed[tier] - added[tier], scattered // need)
         fragmented[tier] = served
         take = served * need
         for node in on:
@@ -322,9 +338,10 @@ def placement(
         if tier not in tiers:
             verdicts[tier] = repeat("unknown")
             continue
-        rest = wanted[tier] - placed[tier] - fragmented[tier]
+        rest = wanted[tier] - placed[tier] - added[tier] - fragmented[tier]
         verdicts[tier] = chain(
             repeat(FITS, placed[tier]),
+            repeat(NEW_NODE, added[tier]),
             repeat(FRAGMENTATION, fragmented[tier]),
             repeat(SHORTAGE, rest),
         )
@@ -349,13 +366,17 @@ def placement(
                 "resource": known["resource"] if known else None,
                 "free": sum(devices) if known else None,  # on its nodes, as read
                 "most_on_a_node": max(devices, default=0) if known else None,
-                "nodes": len(known["nodes"]) if known else None,
+                "nodes": known.get("nodes_total", len(known["nodes"])) if known else None,
+                # devices its pool may still add (as read; None: no pool that grows)
+                "pool_may_add": (room.get("pools") or {}).get(known.get("pool"))
+                if known and known.get("pool")
+                else None,
             }
         )
     for request in requests:
         request["says"] = _says(request)
     # (``unknown`` is the room's: requests on a tier the hub does not know are "tier_unknown")
-    totals = {FRAGMENTATION: 0, SHORTAGE: 0, FITS: 0, "tier_unknown": 0}
+    totals = {FRAGMENTATION: 0, SHORTAGE: 0, FITS: 0, NEW_NODE: 0, "tier_unknown": 0}
     for (_, _, verdict), count in groups.items():
         totals["tier_unknown" if verdict == "unknown" else verdict] += count
     return {"unknown": None, "read_age_s": round(age, 1), **totals, "requests": requests}
@@ -366,6 +387,7 @@ _BLOCKED_WORDS = {
     None: "room on a node now (the cards are not what holds it)",
     FRAGMENTATION: "blocked by fragmentation: enough free in all, on no one node",
     SHORTAGE: "blocked by a shortage: too few free",
+    NEW_NODE: "waiting for a node: none has room, and the autoscaler may add one",
     "unknown": "its tier is not one the hub knows",
 }
 
@@ -376,9 +398,11 @@ def _says(request: Mapping) -> str:
     head = f"{request['count']} {state} for {request['tier']}"
     if request["needs"] is None:
         return f"{head}: {_BLOCKED_WORDS['unknown']}"
+    grows = request.get("pool_may_add")
     return (
         f"{head} ({request['needs']} x {request['resource']} on one node): "
         f"{_BLOCKED_WORDS[request['blocked_by']]} — {request['free']} free on its "
         f"{request['nodes']} node{'' if request['nodes'] == 1 else 's'}, "
         f"at most {request['most_on_a_node']} on one"
+        + ("" if grows is None else f"; its pool may add {grows} more")
     )

@@ -176,6 +176,7 @@ class QueueSync:
         # the refused spawns could go (``core.queue.room_from_json``; None: not a cluster's
         # hub, or no sync yet), as of ``room_at``: the fragmentation figure per request.
         self.queued_tiers: tuple[str, ...] = ()
+        self.pending_tiers: tuple[str, ...] = ()  # the pass's spawns waiting for a GPU (set by it)
         self.room: dict | None = None
         self.room_at: datetime | None = None
         # The physical cards a workstation hub's allocator reads, as of the last sync (the
@@ -197,7 +198,12 @@ class QueueSync:
         if self.absent:
             return []
         now = now or clock.utcnow()
-        body = {"releases": releases_to_json(releases(self.store.servers(running_only=True)))}
+        body = {
+            "releases": releases_to_json(releases(self.store.servers(running_only=True))),
+            # The room is said for the tiers spawns wait for: the hub knows those in line and
+            # refused; those the Hub is starting, the governor's pass saw.
+            "room_for": sorted(set(self.pending_tiers)),
+        }
         try:
             answer = await self.hub.request("POST", "gpu-gov/queue", body)
         except HubApiError as error:

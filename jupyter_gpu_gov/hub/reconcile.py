@@ -334,6 +334,7 @@ class Governor(
         for pending in (self._shutdowns, self._interrupts):
             outbound.forget_answered(pending, self.reports, now, self.options.report_stale_after)
         self.spawns_waiting, self.spawns_waiting_tiers = len(waiting), tuple(waiting)
+        self.spawn_queue.pending_tiers = self.spawns_waiting_tiers
         queued = {k: self._servers[k] for k in sorted(self._queued) if k in self._servers}
         self.line_starts = line_starts(queued, rows, self.reports)
         self.health.finish_pass(stopped, now)

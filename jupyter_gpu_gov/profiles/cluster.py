@@ -118,21 +118,14 @@ def cards(
     return result
 
 
-def room(
-    tiers: Mapping[str, Tier],
-    nodes: Iterable[Mapping],
-    pods: Iterable[Mapping],
-    scheduling: Callable[[Tier], Mapping[str, Any]],
-) -> dict[str, dict]:
-    """Where a spawn waiting for a tier could go now, for the cluster report's fragmentation
-    (``diagnose.cluster.placement``): ``nodes``, per schedulable, ready node, the devices free
-    of each tier's resource it has (what it can allocate less what every live pod bound there
-    asks for, the hub's own servers too: where a pod fits, not what admission counts); and
-    ``tiers``, per tier, its ``resource``, the ``count`` one server asks for (a pair's two
-    cards must be on one node; a MIG slice or a time-share is one device of its own resource,
-    never a whole card's) and the ``nodes`` its pods could land on."""
-    nodes = [n for n in nodes if _usable(n)]
-    resources = {tier.resource for tier in tiers.values()}
+def free_on_nodes(
+    nodes: Iterable[Mapping], pods: Iterable[Mapping], resources: Iterable[str]
+) -> dict[str, dict[str, int]]:
+    """Per schedulable, ready node that has any of ``resources``, the devices free of each:
+    what it can allocate less what every live pod bound there asks for (the hub's own
+    servers' too: where a pod fits, not what admission counts). O(pods + nodes): worked out
+    once per reading of the cluster (``ClusterGpus.room``), never per sync."""
+    resources = sorted(set(resources))
     held: dict[str, dict[str, int]] = {}
     for pod in pods:
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
@@ -144,26 +137,72 @@ def room(
             on_node[resource] = on_node.get(resource, 0) + amount
     free: dict[str, dict[str, int]] = {}
     for node in nodes:
+        if not _usable(node):
+            continue
         name = node["metadata"]["name"]
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        has = {r: _quantity(allocatable.get(r)) for r in sorted(resources)}
         taken = held.get(name, {})
-        counts = {r: max(0, n - taken.get(r, 0)) for r, n in has.items() if n > 0}
+        counts = {
+            r: max(0, n - taken.get(r, 0))
+            for r in resources
+            if (n := _quantity(allocatable.get(r))) > 0
+        }
         if counts:
             free[name] = counts
-    placed = {}
-    for name, tier in tiers.items():
-        wanted = scheduling(tier)
+    return free
+
+
+def reach(
+    tier: Tier, nodes: Iterable[Mapping], free: Mapping[str, Mapping[str, int]], wanted
+) -> tuple[list[str], int]:
+    """The nodes (of ``free_on_nodes``) a tier's pods could land on, for its scheduling
+    ``wanted`` (``scheduling``), and the devices of its resource they can allocate in all."""
+    names, existing = [], 0
+    for node in nodes:
+        name = node["metadata"]["name"]
+        if tier.resource in free.get(name, {}) and _fits(node, wanted):
+            names.append(name)
+            existing += _quantity((node["status"].get("allocatable") or {}).get(tier.resource))
+    return sorted(names), existing
+
+
+def room(
+    tiers: Mapping[str, Tier],
+    free: Mapping[str, Mapping[str, int]],
+    reaches: Mapping[str, tuple[list[str], int, str]],
+    grow: Mapping[str, int] | None = None,
+) -> dict[str, dict]:
+    """Where a spawn waiting for each tier of ``reaches`` could go now, for the cluster
+    report's fragmentation (``diagnose.cluster.placement``). ``free``: ``free_on_nodes``;
+    ``reaches``: per tier, ``reach``'s nodes and devices, and its pool (tiers asking for the
+    same resource with the same scheduling draw on the same nodes). Says ``nodes``: per node
+    with a device free that one of those tiers asks for, what is free of each such resource;
+    ``tiers``: per tier, its ``resource``, the ``count`` one server asks for (a pair's two
+    cards must be on one node; a MIG slice or a time-share is one device of its own resource,
+    never a whole card's), the ``nodes`` its pods could land on that have one free and
+    ``nodes_total`` (all it could land on), and its ``pool``; ``pools``: per pool that an
+    autoscaler can grow (``grow``: ``GpuProfiles.node_pool_max``), the devices it may still
+    add. A full node or tier takes no room in the answer: it grows with the free devices the
+    waiting tiers could use, not with the cluster."""
+    grow = grow or {}
+    nodes: dict[str, dict[str, int]] = {}
+    placed, pools = {}, {}
+    for name in sorted(reaches):
+        tier, (on, existing, pool) = tiers[name], reaches[name]
+        resource = tier.resource
+        with_free = [n for n in on if free[n][resource] > 0]
+        for node in with_free:
+            nodes.setdefault(node, {})[resource] = free[node][resource]
+        if name in grow:  # the most its pool holds less what it holds now (its tiers alike)
+            pools[pool] = max(pools.get(pool, 0), max(0, grow[name] - existing))
         placed[name] = {
-            "resource": tier.resource,
+            "resource": resource,
             "count": tier.count,
-            "nodes": sorted(
-                node["metadata"]["name"]
-                for node in nodes
-                if tier.resource in free.get(node["metadata"]["name"], {}) and _fits(node, wanted)
-            ),
+            "nodes": with_free,
+            "nodes_total": len(on),
+            "pool": pool if name in grow else None,
         }
-    return {"nodes": free, "tiers": placed}
+    return {"nodes": nodes, "tiers": placed, "pools": pools}
 
 
 def _usable(node: Mapping) -> bool:
@@ -296,6 +335,11 @@ class ClusterGpus(SingletonConfigurable):
     namespace_only: str | None = None  # why only the hub's namespace's pods could be read
     _lock: asyncio.Lock | None = None
     left_pod_sweeper: Any = None  # the sweep's caller of the API and back-off (``left_pods``)
+    # ``room``'s work on the reading of ``_room_of`` (its read_at): free devices per node, per
+    # set of the tiers' resources; each tier's nodes, per its scheduling.
+    _room_of: float = float("nan")
+    _room_free: dict = {}
+    _room_reach: dict = {}
 
     async def refresh(self, api, namespace: str, log, timeout: float | None = None) -> None:
         """Read nodes and pods if the last read is older than ``refresh_every`` (or than
@@ -438,19 +482,57 @@ class ClusterGpus(SingletonConfigurable):
             return None
         return cards(tiers, self.nodes, lambda t: scheduling(spawner, t), grow)
 
-    def room(self, tiers: Mapping[str, Tier], spawner) -> dict | None:
+    def room(
+        self,
+        tiers: Mapping[str, Tier],
+        spawner,
+        wanted: Iterable[str] | None = None,
+        grow: Mapping[str, int] | None = None,
+    ) -> dict:
         """``room`` from the last read, as the governor's sync carries it
-        (``core.queue.room_from_json``), with ``spawner``'s configured scheduling. Without a
-        fresh reading it is ``unknown``, saying why (older than ``FRESH_FOR_S``, the API
-        failing, nodes not readable for want of RBAC): free cards not seen are not none."""
+        (``core.queue.room_from_json``), for the tiers ``wanted`` (those spawns wait for;
+        None: every tier), with ``spawner``'s configured scheduling and ``grow``
+        (``GpuProfiles.node_pool_max``). Without a fresh reading it is ``unknown``, saying why
+        (older than ``FRESH_FOR_S``, the API failing, nodes not readable for want of RBAC):
+        free cards not seen are not none; with none of ``wanted`` a tier (nothing waits) it is
+        empty and known, whatever the reading. What a reading gives (each node's free devices,
+        each tier's nodes) is worked out once per reading, when a spawn first waits: a sync
+        with none waiting pays nothing, one on the same reading pays for the nodes it sends."""
+        names = sorted(tiers) if wanted is None else sorted(set(wanted) & set(tiers))
         why = self.unknown()
         if why is None and self.error:
             why = f"the hub may not read the cluster's nodes ({self.error})"
         elif why is None and self.nodes is None:
             why = "the hub has not read the cluster's nodes yet"
+        if wanted is not None and not names:  # nothing waits: no room to say, known or not
+            age = None if why is not None else round(self.age(), 3)
+            return {"unknown": None, "read_age_s": age, "nodes": {}, "tiers": {}, "pools": {}}
         if why is not None:
             return {"unknown": why, "read_age_s": None, "nodes": {}, "tiers": {}}
-        found = room(tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t))
+        if self._room_of != self.read_at:  # a new reading: what was worked out is of the last
+            self._room_of, self._room_free, self._room_reach = self.read_at, {}, {}
+        resources = frozenset(tier.resource for tier in tiers.values())
+        if names and resources not in self._room_free:
+            self._room_free[resources] = free_on_nodes(self.nodes, self.pods, resources)
+        free = self._room_free.get(resources, {})
+        reaches = {}
+        for name in names:
+            tier = tiers[name]
+            wants = scheduling(spawner, tier)
+            pool = json.dumps([tier.resource, wants], sort_keys=True, default=str)
+            key = (resources, name, pool)
+            if key not in self._room_reach:
+                self._room_reach[key] = reach(tier, self.nodes, free, wants)
+            on, existing = self._room_reach[key]
+            reaches[name] = (on, existing, pool)
+        found = room(tiers, free, reaches, grow)
+        # A pool's name in the answer: the first of its tiers (its key is the scheduling).
+        short = {}
+        for name in sorted(reaches):
+            short.setdefault(reaches[name][2], name)
+        for tier in found["tiers"].values():
+            tier["pool"] = short.get(tier["pool"]) if tier["pool"] else None
+        found["pools"] = {short[k]: n for k, n in found["pools"].items()}
         return {"unknown": None, "read_age_s": round(self.age(), 3), **found}
 
 

@@ -44,6 +44,7 @@ from ..core.queue import (
     QueueFormatError,
     ordinal,
     releases_from_json,
+    room_for_from_json,
 )
 from ..core.text import escaped
 from . import form
@@ -178,23 +179,34 @@ async def _cards(handler: BaseHandler) -> list[str]:
     return sorted({d.parent_uuid or d.uuid for d in devices})
 
 
-async def _room(handler: BaseHandler, now) -> dict | None:
+async def _room(handler: BaseHandler, now, pending: list[str] | None = None) -> dict | None:
     """Where a spawn waiting for a GPU could go now, on a cluster's hub: the reading of nodes
     and pods admission counts on (``ClusterGpus.room``, read again when due, through one of the
     hub's spawners), with the tiers the spawns counted in ``refused`` asked for. The governor's
     fragmentation figure tells spawns blocked by free cards split across nodes from those
-    blocked by a shortage, where no DCGM sees the cards. None on a workstation's hub (its
-    cards are named in ``cards``)."""
+    blocked by a shortage, where no DCGM sees the cards, and those a node the autoscaler may
+    add would take (``GpuProfiles.node_pool_max``). Only the tiers spawns wait for are said:
+    those waiting in line, refused, and ``pending`` (the tiers of the spawns the governor saw
+    the Hub starting: the sync's ``room_for``; None, from a governor that does not send it:
+    every tier). None on a workstation's hub (its cards are named in ``cards``)."""
     spawner_class = handler.settings.get("spawner_class")
     if not (isinstance(spawner_class, type) and hasattr(spawner_class, "gpu_cluster")):
         return None
+    refused = REFUSED.tiers(now)
     spawner = _a_spawner(handler)
     if spawner is None:  # no spawner made since the hub started: none to read through
         found = {"unknown": "the hub has not read the cluster's nodes yet", "nodes": {}}
     else:
+        conf, wanted = spawner.gpu_profiles, None
+        if pending is not None:
+            queued = (q.tier for q in waiting_requests(handler.db) if q.live(now))
+            wanted = {*pending, *queued, *refused} & set(conf.tier_map)
+        # Read when due even with nothing waiting: the reading admission counts on is kept
+        # fresh here (a read only for waiting spawns was tried: docs/benchmarks-history.md,
+        # "The cluster's room at the queue sync").
         await spawner.gpu_refresh()
-        found = spawner.gpu_cluster.room(spawner.gpu_profiles.tier_map, spawner)
-    return {**found, "refused": REFUSED.tiers(now)}
+        found = spawner.gpu_cluster.room(conf.tier_map, spawner, wanted, conf.node_pool_max)
+    return {**found, "refused": refused}
 
 
 def _a_spawner(handler: BaseHandler):
@@ -391,6 +403,7 @@ class QueueApiHandler(APIHandler):
         try:
             body = json.loads(self.request.body or b"{}")
             releases = releases_from_json(body.get("releases", {}) if isinstance(body, dict) else 0)
+            pending = room_for_from_json(body.get("room_for"))
         except (ValueError, QueueFormatError) as error:
             raise web.HTTPError(
                 400, f"A sync needs {{'releases': {{server: ...}}}}: {error}"
@@ -410,7 +423,7 @@ class QueueApiHandler(APIHandler):
             log.exception("gpu-gov: finding the pods stopped servers left running")
             left_pods = []
         try:
-            room = await _room(self, now)
+            room = await _room(self, now, pending)
         except Exception:  # never the line's sync: the governor says the cluster is unknown
             log.exception("gpu-gov: reading where waiting spawns could go")
             room = {"unknown": "the hub failed to read the cluster (see its log)", "nodes": {}}
