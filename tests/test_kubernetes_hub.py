@@ -19,7 +19,7 @@ import pytest
 import requests
 import z2jh_harness as z2jh
 from fake_k8s_api import FakeKubernetes, cpu_node, gpu_node
-from governor_harness import SINGLEUSER_CONFIG, Gov, free_port, kernel_with, wait
+from governor_harness import SINGLEUSER_CONFIG, Gov, free_port, kernel_with, server_running, wait
 from hub_harness import MARKER_ENV, HubHarness
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "hub_config" / "kubernetes"
@@ -269,6 +269,9 @@ def test_a_pod_stays_pending_when_no_node_has_room_and_the_user_sees_why(hub, k8
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
         },
     }
+    # A stop still under way (the cull of the test before) makes the next look read the
+    # cluster again, wherever it comes: after the batch job, bob would be refused, not Pending.
+    wait(lambda: not any(server_running(hub, u) for u in ("alice", "dave")), 120, "stops to end")
     # bob opens the spawn page first: the hub reads the cluster (both H100s free) and keeps it.
     page = hub.login("bob").get(hub.spawn_page_url("bob"), timeout=60)
     assert page.status_code == 200 and "H100 80 GB" in page.text, page.text[:500]
