@@ -181,8 +181,8 @@ async def _cards(handler: BaseHandler) -> list[str]:
 
 async def _room(handler: BaseHandler, now, pending: list[str] | None = None) -> dict | None:
     """Where a spawn waiting for a GPU could go now, on a cluster's hub: the reading of nodes
-    and pods admission counts on (``ClusterGpus.room``, read again when due, through one of the
-    hub's spawners), with the tiers the spawns counted in ``refused`` asked for. The governor's
+    and pods admission counts on (``ClusterGpus.room``, read again when due while a spawn
+    waits, through one of the hub's spawners), with the tiers the spawns counted in ``refused`` asked for. The governor's
     fragmentation figure tells spawns blocked by free cards split across nodes from those
     blocked by a shortage, where no DCGM sees the cards, and those a node the autoscaler may
     add would take (``GpuProfiles.node_pool_max``). Only the tiers spawns wait for are said:
@@ -201,10 +201,11 @@ async def _room(handler: BaseHandler, now, pending: list[str] | None = None) -> 
         if pending is not None:
             queued = (q.tier for q in waiting_requests(handler.db) if q.live(now))
             wanted = {*pending, *queued, *refused} & set(conf.tier_map)
-        # Read when due even with nothing waiting: the reading admission counts on is kept
-        # fresh here (a read only for waiting spawns was tried: docs/benchmarks-history.md,
-        # "The cluster's room at the queue sync").
-        await spawner.gpu_refresh()
+        # Read (when due) only for spawns that wait: with none, the room is empty and known,
+        # and a sync must not list every node and pod of the cluster on the hub's loop each
+        # 30 s (admission reads for itself, when it counts).
+        if wanted is None or wanted:
+            await spawner.gpu_refresh()
         found = spawner.gpu_cluster.room(conf.tier_map, spawner, wanted, conf.node_pool_max)
     return {**found, "refused": refused}
 
