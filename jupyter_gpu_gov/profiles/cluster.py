@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from traitlets import Bool, Float
@@ -67,14 +67,9 @@ def capacity(
     nodes = [n for n in nodes if _usable(n)]
     # node -> the pod's tier (None: not the hub's) -> resource -> amount held
     held: dict[str, dict[str | None, dict[str, int]]] = {}
-    for pod in pods:
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        node = spec.get("nodeName")
-        if not node or status.get("phase") in _DONE:
-            continue
-        for resource, amount in _extended_requests(spec).items():
-            per_tier = held.setdefault(node, {}).setdefault(tier_of(pod), {})
-            per_tier[resource] = per_tier.get(resource, 0) + amount
+    for node, pod, resource, amount in _bound_requests(pods):
+        per_tier = held.setdefault(node, {}).setdefault(tier_of(pod), {})
+        per_tier[resource] = per_tier.get(resource, 0) + amount
     result = {}
     for name, tier in tiers.items():
         wanted = scheduling(tier)
@@ -94,6 +89,16 @@ def capacity(
             free -= free % tier.count  # whole servers only (a pair needs two cards of one node)
         result[name] = free
     return result
+
+
+def _bound_requests(pods: Iterable[Mapping]) -> Iterator[tuple[str, Mapping, str, int]]:
+    """Of each live pod bound to a node: (its node, the pod, a resource it asks for, how much)."""
+    for pod in pods:
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        node = spec.get("nodeName")
+        if node and status.get("phase") not in _DONE:
+            for resource, amount in _extended_requests(spec).items():
+                yield node, pod, resource, amount
 
 
 def cards(
@@ -127,14 +132,9 @@ def free_on_nodes(
     once per reading of the cluster (``ClusterGpus.room``), never per sync."""
     resources = sorted(set(resources))
     held: dict[str, dict[str, int]] = {}
-    for pod in pods:
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        node = spec.get("nodeName")
-        if not node or status.get("phase") in _DONE:
-            continue
-        for resource, amount in _extended_requests(spec).items():
-            on_node = held.setdefault(node, {})
-            on_node[resource] = on_node.get(resource, 0) + amount
+    for node, _pod, resource, amount in _bound_requests(pods):
+        on_node = held.setdefault(node, {})
+        on_node[resource] = on_node.get(resource, 0) + amount
     free: dict[str, dict[str, int]] = {}
     for node in nodes:
         if not _usable(node):
