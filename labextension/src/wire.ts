@@ -281,8 +281,10 @@ export interface IVerdict {
    * when a reclaim this server was warned of was withdrawn (the team that asked its borrowed
    * GPU back no longer needs it: its deadline is lifted, the server keeps the GPU), for
    * `RECLAIM_WITHDRAWN_NOTICE` (15 min) after, a restart of the governor within them included,
-   * a new session of the server (stopped and started since) not; `null` otherwise. JupyterLab
-   * tells the owner once and its status bar reads "reclaim lifted" meanwhile
+   * a standby's answer included (it reads the holder's audit rows back each pass), a new
+   * session of the server (stopped and started since: its Hub `started` is not the one the
+   * reclaim was lifted on, whatever the two clocks say) not; `null` otherwise. JupyterLab tells
+   * the owner once and its status bar reads "reclaim lifted" meanwhile
    */
   reclaim_withdrawn?: string | null;
   /** `requested` while the governor waits for a checkpoint, else `none` */
