@@ -5,8 +5,10 @@ written as the governor writes it)."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import dataclasses
 import html
+import io
 import json
 import re
 from datetime import timedelta
@@ -107,6 +109,37 @@ def test_a_month_across_a_tier_rename_is_the_tiers_under_its_name_now(service):
     page = text(call(service, "GET", "showback?group_by=tier&days=31", ADMIN))
     totals = page[page.index("By tier") : page.index("Per day")]
     assert "h100-80gb 21.00" in totals and "h100 " not in totals, totals
+
+
+def test_the_pages_totals_its_csv_and_the_api_agree_to_the_cent(service):
+    """Finance reads a team's cost on the showback page, then adds up the page's CSV (by day)
+    and asks the API for the same days: the same cents each way. The page showed idle cost
+    alone (no cost), and its CSV's days added up to 8 cents less than its total."""
+    gov = service.governor
+    gov.options = dataclasses.replace(gov.options, gpu_hour_cost={"h100": 2.5}, currency="EUR")
+    first = showback.days_back(30).date()
+    gov.store.save_usage(
+        {
+            (first + timedelta(days=n), VISION): {
+                ledger.IDLE_HELD: 1.337 * HOUR,
+                ledger.ACTIVE: 2.2221 * HOUR,
+            }
+            for n in range(30)
+        },
+        [],
+    )
+
+    r = call(service, "GET", "showback?group_by=team&days=30", ADMIN)
+    row = re.search(r'<table id="totals">.*?<td>vision</td>(.*?)</tr>', r.text, re.S)[1]
+    idle_cost, cost = re.findall(r"([\d.]+) EUR", row)
+    link = html.unescape(re.search(r'id="csv" href="[^"]*?(api/usage\?[^"]+)"', r.text)[1])
+    days = list(csv.DictReader(io.StringIO(call(service, "GET", link, ADMIN).text)))
+    assert len(days) == 30
+    api = call(service, "GET", f"api/usage?group_by=team&since={first}", ADMIN).json()
+    (month,) = api["usage"]
+    for column, shown in (("idle_cost", idle_cost), ("cost", cost)):
+        cents = sum(round(float(day[column]) * 100) for day in days)
+        assert cents == round(float(shown) * 100) == round(month[column] * 100), column
 
 
 def test_my_page_says_a_reclaim_it_warned_of_is_withdrawn(service):
