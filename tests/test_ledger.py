@@ -332,3 +332,24 @@ def test_a_right_sized_tier_counts_the_gpu_hours_it_would_have_freed():
     assert session.totals[ledger.RIGHT_SIZE_FREED] == pytest.approx(45)
     (row,) = summarize([Bucket(T0.date(), ALICE, totals(deltas))], ["user"])
     assert row["gpu_hours_right_size_freed"] == pytest.approx(45 / 3600, abs=1e-4)
+
+
+def test_what_a_right_sized_tier_would_have_saved_is_priced_as_its_hours_are():
+    """Finance asks what right-sizing would have saved, in money: the GPU-hours it would have
+    freed at the tier's price, in cents a bucket as the costs are (only the hours were
+    given, and the tiers' prices were the admin's to look up)."""
+    days = [date(2026, 11, 1) + timedelta(days=n) for n in range(3)]
+    buckets = [
+        Bucket(d, ALICE, {IDLE_HELD: 3600, ledger.RIGHT_SIZE_FREED: 0.7 * 3600}) for d in days
+    ]
+    buckets.append(Bucket(days[0], BOB, {ACTIVE: 3600, ledger.RIGHT_SIZE_FREED: 0.5 * 3600}))
+    prices = {"h100": 2.5, "h100-3g": 1.0}
+    by_user = summarize(buckets, ["user"], "all", prices.get)
+    assert [
+        (r["user"], r["gpu_hours_right_size_freed"], r["right_size_saving"]) for r in by_user
+    ] == [
+        ("alice", 2.1, 5.25),
+        ("bob", 0.5, 0.5),
+    ]
+    (everyone,) = summarize(buckets, [], "all", prices.get)
+    assert everyone["right_size_saving"] == 5.75

@@ -321,6 +321,7 @@ def summarize(
                 **{f"{s}_s": 0.0 for s in (*STATES, UNOBSERVED)},
                 "idle_cents": 0,
                 "cents": 0,
+                "saving_cents": 0,
                 "culls": 0,
                 "extensions": 0,
                 "freed_s": 0.0,
@@ -335,6 +336,8 @@ def summarize(
         allocated = sum(b.values.get(s, 0.0) for s in STATES)
         row["idle_cents"] += round(idle / 36 * price)  # seconds / 3600 * price * 100
         row["cents"] += round(allocated / 36 * price)
+        # What a right-sized tier would have saved, at this tier's price per GPU-equivalent.
+        row["saving_cents"] += round(b.values.get(RIGHT_SIZE_FREED, 0.0) / 36 * price)
         for e in EVENTS:
             row[e] += round(b.values.get(e, 0))
         row["freed_s"] += b.values.get(RIGHT_SIZE_FREED, 0.0)
@@ -378,6 +381,7 @@ def _hours(row: dict) -> dict:
         QUEUE_EXPIRED: row.pop(QUEUE_EXPIRED),
     }
     costs = {"idle_cost": row.pop("idle_cents") / 100, "cost": row.pop("cents") / 100}
+    saving = row.pop("saving_cents") / 100
     return {
         **row,
         "gpu_hours_allocated": round(allocated / 3600, 4),
@@ -393,6 +397,7 @@ def _hours(row: dict) -> dict:
         **costs,
         **events,
         **queue,
+        "right_size_saving": saving,
     }
 
 

@@ -38,6 +38,7 @@ COLUMNS = (
     "queue_starts",
     "queue_hours",
     "queue_expired",
+    "right_size_saving",  # last: a column added after the others, as a script reads them
 )
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
