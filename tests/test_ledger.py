@@ -282,6 +282,30 @@ def test_summarize_groups_by_period_and_owner_and_prices_idle_by_tier():
         summarize(buckets, ["team"], "month")
 
 
+def test_a_months_cost_by_team_is_to_the_cent_the_sum_of_its_rows_by_day_and_user():
+    """Finance adds up the CSV's rows by day (or by user) and compares them with the month's
+    total by team: the same cents, whatever the grouping. Each row's cost was its sum rounded
+    apart: a month of these came to 111.94 by team and 111.90 by day."""
+    carol = Owner("carol", "vision", "", "h100")
+    buckets = []
+    for n in range(30):
+        day = date(2026, 11, 1) + timedelta(days=n)
+        buckets.append(Bucket(day, ALICE, {IDLE_HELD: 1.337 * 3600, ACTIVE: 2.2221 * 3600}))
+        buckets.append(Bucket(day, carol, {IDLE_FREE: 0.1555 * 3600, UNKNOWN: 0.0119 * 3600}))
+
+    def price(tier: str) -> float:
+        return 2.5
+
+    def cents(rows: list[dict], column: str) -> int:
+        return sum(round(row[column] * 100) for row in rows)
+
+    (month,) = summarize(buckets, ["team"], "all", price)
+    for group_by, period in ((["team"], "day"), (["team", "user"], "day"), (["user"], "all")):
+        rows = summarize(buckets, group_by, period, price)
+        for column in ("idle_cost", "cost"):
+            assert cents(rows, column) == round(month[column] * 100), (group_by, period, column)
+
+
 def test_the_utilisation_histogram_weighs_sessions_by_their_gpu_hours():
     led = Ledger(GAP)
     look(led, 0, ACTIVE)
@@ -308,3 +332,24 @@ def test_a_right_sized_tier_counts_the_gpu_hours_it_would_have_freed():
     assert session.totals[ledger.RIGHT_SIZE_FREED] == pytest.approx(45)
     (row,) = summarize([Bucket(T0.date(), ALICE, totals(deltas))], ["user"])
     assert row["gpu_hours_right_size_freed"] == pytest.approx(45 / 3600, abs=1e-4)
+
+
+def test_what_a_right_sized_tier_would_have_saved_is_priced_as_its_hours_are():
+    """Finance asks what right-sizing would have saved, in money: the GPU-hours it would have
+    freed at the tier's price, in cents a bucket as the costs are (only the hours were
+    given, and the tiers' prices were the admin's to look up)."""
+    days = [date(2026, 11, 1) + timedelta(days=n) for n in range(3)]
+    buckets = [
+        Bucket(d, ALICE, {IDLE_HELD: 3600, ledger.RIGHT_SIZE_FREED: 0.7 * 3600}) for d in days
+    ]
+    buckets.append(Bucket(days[0], BOB, {ACTIVE: 3600, ledger.RIGHT_SIZE_FREED: 0.5 * 3600}))
+    prices = {"h100": 2.5, "h100-3g": 1.0}
+    by_user = summarize(buckets, ["user"], "all", prices.get)
+    assert [
+        (r["user"], r["gpu_hours_right_size_freed"], r["right_size_saving"]) for r in by_user
+    ] == [
+        ("alice", 2.1, 5.25),
+        ("bob", 0.5, 0.5),
+    ]
+    (everyone,) = summarize(buckets, [], "all", prices.get)
+    assert everyone["right_size_saving"] == 5.75

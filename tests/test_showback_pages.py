@@ -5,7 +5,10 @@ written as the governor writes it)."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import dataclasses
 import html
+import io
 import json
 import re
 from datetime import timedelta
@@ -13,7 +16,7 @@ from datetime import timedelta
 import pytest
 from test_fuzz_api import ACCESS, ADMIN, ALICE, Service, call
 
-from jupyter_gpu_gov.core import clock, ledger
+from jupyter_gpu_gov.core import clock, ledger, rightsize
 from jupyter_gpu_gov.hub import showback
 
 HOUR = 3600.0
@@ -70,6 +73,73 @@ def test_a_week_the_span_cuts_says_which_of_its_days_it_counts(service):
     assert f"last {days} days (UTC days from {since})" in page
     rows = page[page.index("Per week") :]
     assert f"{monday} from {since} only vision 5.00" in rows
+
+
+def test_a_month_across_a_tier_rename_is_the_tiers_under_its_name_now(service):
+    """h100 was renamed h100-80gb (``formerly``) mid-month: finance's month by tier is one row
+    under its name now, priced as it is, and ``tier=`` either name reads the whole month, in
+    the API's JSON and CSV and on the page. It was two rows, and ``tier=h100-80gb`` left out
+    the 15 days before the rename (26.25 of its 52.50 EUR)."""
+    gov = service.governor
+    gov.options = dataclasses.replace(
+        gov.options,
+        gpu_hour_cost={"h100-80gb": 2.5},
+        currency="EUR",
+        tier_sizes=rightsize.load_tier_sizes(
+            [{"name": "h100-80gb", "memory_gb": 80, "weight": 1, "formerly": ["h100"]}]
+        ),
+    )
+    deltas = {}
+    first = clock.utcnow().date() - timedelta(days=30)
+    for n in range(30):
+        day = first + timedelta(days=n)
+        owner = dataclasses.replace(VISION, tier="h100" if n < 15 else "h100-80gb")
+        deltas[day, owner] = {ledger.IDLE_HELD: 0.7 * HOUR}
+    gov.store.save_usage(deltas, [])
+    month = f"since={first}&until={first + timedelta(days=29)}"
+
+    for tier in ("", "&tier=h100-80gb", "&tier=h100"):
+        r = call(service, "GET", f"api/usage?group_by=tier&{month}{tier}", ADMIN)
+        assert r.status_code == 200, r.text
+        assert [
+            (row["tier"], row["gpu_hours_idle"], row["idle_cost"]) for row in r.json()["usage"]
+        ] == [("h100-80gb", 21.0, 52.5)], tier
+    r = call(service, "GET", f"api/usage?group_by=tier,day&{month}&format=csv", ADMIN)
+    assert {line.split(",")[1] for line in r.text.splitlines()[1:]} == {"h100-80gb"}
+    page = text(call(service, "GET", "showback?group_by=tier&days=31", ADMIN))
+    totals = page[page.index("By tier") : page.index("Per day")]
+    assert "h100-80gb 21.00" in totals and "h100 " not in totals, totals
+
+
+def test_the_pages_totals_its_csv_and_the_api_agree_to_the_cent(service):
+    """Finance reads a team's cost on the showback page, then adds up the page's CSV (by day)
+    and asks the API for the same days: the same cents each way. The page showed idle cost
+    alone (no cost), and its CSV's days added up to 8 cents less than its total."""
+    gov = service.governor
+    gov.options = dataclasses.replace(gov.options, gpu_hour_cost={"h100": 2.5}, currency="EUR")
+    first = showback.days_back(30).date()
+    gov.store.save_usage(
+        {
+            (first + timedelta(days=n), VISION): {
+                ledger.IDLE_HELD: 1.337 * HOUR,
+                ledger.ACTIVE: 2.2221 * HOUR,
+            }
+            for n in range(30)
+        },
+        [],
+    )
+
+    r = call(service, "GET", "showback?group_by=team&days=30", ADMIN)
+    row = re.search(r'<table id="totals">.*?<td>vision</td>(.*?)</tr>', r.text, re.S)[1]
+    idle_cost, cost = re.findall(r"([\d.]+) EUR", row)
+    link = html.unescape(re.search(r'id="csv" href="[^"]*?(api/usage\?[^"]+)"', r.text)[1])
+    days = list(csv.DictReader(io.StringIO(call(service, "GET", link, ADMIN).text)))
+    assert len(days) == 30
+    api = call(service, "GET", f"api/usage?group_by=team&since={first}", ADMIN).json()
+    (month,) = api["usage"]
+    for column, shown in (("idle_cost", idle_cost), ("cost", cost)):
+        cents = sum(round(float(day[column]) * 100) for day in days)
+        assert cents == round(float(shown) * 100) == round(month[column] * 100), column
 
 
 def test_my_page_says_a_reclaim_it_warned_of_is_withdrawn(service):

@@ -213,3 +213,24 @@ def test_a_user_without_the_scope_reads_only_their_own_and_is_told_which_scope(h
     r = session.get(f"{hub.url}/services/gpu-gov/", timeout=60)
     assert r.status_code == 403
     assert "Showback" not in page_text(r) and "showback" not in r.text
+
+
+def test_a_misspelt_empty_or_repeated_parameter_is_refused_naming_it(gov):
+    """fiona, finance, asks for a month: a misspelt ``sinse=`` was ignored, and the CSV had
+    every day on record in place of the month's (a CSV says nothing of its window); an empty
+    ``since=`` (an unset variable in her script) read as no bound, and a repeated one as its
+    last. Each is a ``400`` naming the parameter; spelt right, the same read answers."""
+    month = "group_by=team&format=csv"
+    for query, named in (
+        (f"sinse=30d&{month}", "'sinse'"),
+        (f"since=&{month}", "'since' is empty"),
+        (f"until=&{month}", "'until' is empty"),
+        (f"since=30d&since=2d&{month}", "'since' given 2 times"),
+        ("since=30d&group-by=user", "'group-by'"),
+    ):
+        r = gov.call("GET", f"usage?{query}", gov.hub.token("fiona"))
+        assert r.status_code == 400, (query, r.text)
+        assert named in r.json()["message"], (query, r.json())
+    r = gov.call("GET", f"usage?since=30d&{month}", gov.hub.token("fiona"))
+    assert r.status_code == 200, r.text
+    assert {line["team"] for line in csv.DictReader(io.StringIO(r.text))} == {"vision", "nlp"}

@@ -302,6 +302,12 @@ def summarize(
 
     ``group_by`` names dimensions (user, team, project, tier); ``cost_per_hour(tier)`` is the
     price of one GPU-equivalent hour of that tier. Rows are sorted by period then group.
+
+    Costs are counted in whole cents a bucket (a UTC day of one user, team, project and tier,
+    the ledger's finest line), each rounded once, and a row sums its buckets' cents: a
+    month's total by team is then, to the cent, the sum of its rows by day or by user, as a
+    finance person adds them up (rounding each row's sum apart, a month by team was 5 cents
+    off its days').
     """
     _check(group_by, period)
     rows: dict[tuple, dict] = {}
@@ -313,8 +319,9 @@ def summarize(
                 "period": key[0],
                 **dict(zip(group_by, key[1:], strict=True)),
                 **{f"{s}_s": 0.0 for s in (*STATES, UNOBSERVED)},
-                "idle_cost": 0.0,
-                "cost": 0.0,
+                "idle_cents": 0,
+                "cents": 0,
+                "saving_cents": 0,
                 "culls": 0,
                 "extensions": 0,
                 "freed_s": 0.0,
@@ -327,8 +334,10 @@ def summarize(
             row[f"{s}_s"] += b.values.get(s, 0.0)
         idle = b.values.get(IDLE_HELD, 0.0) + b.values.get(IDLE_FREE, 0.0)
         allocated = sum(b.values.get(s, 0.0) for s in STATES)
-        row["idle_cost"] += idle / 3600 * price
-        row["cost"] += allocated / 3600 * price
+        row["idle_cents"] += round(idle / 36 * price)  # seconds / 3600 * price * 100
+        row["cents"] += round(allocated / 36 * price)
+        # What a right-sized tier would have saved, at this tier's price per GPU-equivalent.
+        row["saving_cents"] += round(b.values.get(RIGHT_SIZE_FREED, 0.0) / 36 * price)
         for e in EVENTS:
             row[e] += round(b.values.get(e, 0))
         row["freed_s"] += b.values.get(RIGHT_SIZE_FREED, 0.0)
@@ -371,7 +380,8 @@ def _hours(row: dict) -> dict:
         "queue_hours": round(row.pop("queue_wait_s") / 3600, 4),  # waited by those started
         QUEUE_EXPIRED: row.pop(QUEUE_EXPIRED),
     }
-    costs = {"idle_cost": round(row.pop("idle_cost"), 2), "cost": round(row.pop("cost"), 2)}
+    costs = {"idle_cost": row.pop("idle_cents") / 100, "cost": row.pop("cents") / 100}
+    saving = row.pop("saving_cents") / 100
     return {
         **row,
         "gpu_hours_allocated": round(allocated / 3600, 4),
@@ -387,6 +397,7 @@ def _hours(row: dict) -> dict:
         **costs,
         **events,
         **queue,
+        "right_size_saving": saving,
     }
 
 

@@ -291,6 +291,25 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         own): ``hub/readers.py``."""
         return readable_teams(self.current_user, self.governor.teams_by_group)
 
+    def query(self, *names: str) -> dict[str, str | None]:
+        """The query's ``names`` (None: absent), each at most once; any other parameter a
+        ``400`` naming it. A misspelt one (``sinse=``) was ignored: the answer read as if it
+        were absent, a CSV of every day on record in place of a month's, and said nothing."""
+        # ``token`` is HubAuth's own (a token in the URL), read before this.
+        unknown = sorted(set(self.request.query_arguments) - {*names, "token"})
+        if unknown:
+            raise web.HTTPError(
+                400,
+                f"unknown parameter {', '.join(map(repr, unknown))}: this takes {', '.join(names)}",
+            )
+        asked = {}
+        for name in names:
+            values = self.get_query_arguments(name)
+            if len(values) > 1:
+                raise web.HTTPError(400, f"{name!r} given {len(values)} times: give it once")
+            asked[name] = values[0] if values else None
+        return asked
+
     def require_admin(self) -> None:
         if not self.is_admin:
             raise web.HTTPError(403, f"this needs the {ADMIN_SCOPE} scope (governor admins)")

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
 
 from ..checkpoint_layout import SOURCE_USER, SOURCES
-from ..core import clock
+from ..core import clock, ledger
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from ..core.vocabulary import server_key
@@ -582,17 +582,19 @@ class UsageHandler(ApiHandler):
 
     @web.authenticated
     async def get(self):
+        query = self.query("group_by", "since", "until", "format", *ledger.DIMENSIONS)
+        for bound in ("since", "until"):  # empty (an unset variable's) is not absent: no bound
+            if query[bound] == "":
+                raise web.HTTPError(400, f"{bound!r} is empty: leave it out for no bound")
         try:
-            group_by, period = showback.parse_group_by(self.get_argument("group_by", "team"))
-            since, until = showback.parse_span(
-                self.get_argument("since", None), self.get_argument("until", None)
-            )
+            group_by, period = showback.parse_group_by(query["group_by"] or "team")
+            since, until = showback.parse_span(query["since"], query["until"])
         except showback.UsageQueryError as error:
             raise web.HTTPError(400, str(error)) from None
-        fmt = self.get_argument("format", "json")
+        fmt = "json" if query["format"] is None else query["format"]
         if fmt not in ("csv", "json"):
             raise web.HTTPError(400, f"'format' must be csv or json, got {fmt!r}")
-        asked = {k: self.get_argument(k, None) for k in ("user", "team", "project", "tier")}
+        asked = {k: query[k] for k in ledger.DIMENSIONS}
         # Which teams' rows the caller may read: readers.py decides, from the Hub's answer.
         owner = readers.usage_filters(self.current_user, asked, self.governor.teams_by_group)
         self.governor.flush_usage()  # the ledger as of the last pass, not of its last write

@@ -10,7 +10,9 @@ import io
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import date, datetime, timedelta, timezone
+from functools import partial
 from html import escape
 from operator import attrgetter
 
@@ -36,6 +38,7 @@ COLUMNS = (
     "queue_starts",
     "queue_hours",
     "queue_expired",
+    "right_size_saving",  # last: a column added after the others, as a script reads them
 )
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
@@ -144,15 +147,33 @@ def usage_rows(
     """Showback rows from the store's ledger (``options``: the governor's Options, for
     prices), streamed: the ledger read a chunk at a time, summed a period at a time (a year of
     a big hub's buckets by user and day is millions of rows, each held as it went: 2.6 KB a
-    bucket)."""
+    bucket).
+
+    A renamed tier (``formerly``) is read under its name now, and ``tier=`` any of its names
+    reads all of them: the days billed before the rename are that tier's (a month across it
+    was two rows by tier, and ``tier=`` its name now left out the days before)."""
+    tier = owner.get("tier")
+    if isinstance(tier, str):
+        owner["tier"] = frozenset(options.tier_names(tier))
+    elif tier is not None:
+        owner["tier"] = frozenset(n for t in tier for n in options.tier_names(t))
     buckets = heapq.merge(  # both in day order
         store.usage(since, until, **owner),
         queue_buckets(store, since, until, **owner),
         key=attrgetter("day"),
     )
+    buckets = map(partial(_named_now, options), buckets)
     for row in ledger.summarize_periods(buckets, group_by, period, options.cost_per_hour):
         row["currency"] = options.currency
         yield row
+
+
+def _named_now(options, bucket: ledger.Bucket) -> ledger.Bucket:
+    """``bucket`` under its tier's name now (itself where the tier was never renamed)."""
+    now = options.tier_names(bucket.owner.tier)[0]
+    if now == bucket.owner.tier:
+        return bucket
+    return ledger.Bucket(bucket.day, replace(bucket.owner, tier=now), bucket.values)
 
 
 def usage(store, options, group_by, period, since, until=None, **owner) -> list[dict]:
