@@ -32,12 +32,15 @@ from traitlets.config import Config
 
 from jupyter_gpu_gov import simulate
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core import queue as core_queue
 from jupyter_gpu_gov.core.clock import parse
 from jupyter_gpu_gov.core.grant import DEVICES_STATE, GRANT_STATE
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.vocabulary import STOP_SERVER
 from jupyter_gpu_gov.hub import metrics
-from jupyter_gpu_gov.hub.queue import releases
+from jupyter_gpu_gov.hub.hubapi import HubApiError
+from jupyter_gpu_gov.hub.queue import QueueSync, releases
+from jupyter_gpu_gov.hub.store import Store
 from jupyter_gpu_gov.profiles import local
 from jupyter_gpu_gov.profiles import queue as profile_queue
 from jupyter_gpu_gov.profiles.config import GpuProfiles
@@ -407,6 +410,36 @@ async def test_one_user_asking_for_many_server_names_counts_as_the_servers_they_
     assert "ben/gpu-27 is no longer counted in the cluster's refused demand" in caplog.text
     await hub.spawner("ben", "gpu-29").gpu_enqueue({"profile": "h100"})
     assert profile_queue.REFUSED.count(now) == 2  # in line now: counted there
+
+
+async def test_the_governor_forgets_a_refused_start_once_its_request_left_the_line(tmp_path):
+    """The Hub refuses a start from the line (a named server past the Hub's own limit): the
+    governor tries it again after a minute, not every pass. Ben joined the line under a new name
+    each time, each start refused, then cancelled: every name was kept for the service's life.
+    Now only while its request waits, or for the minute after."""
+
+    class Hub:
+        line: list = []
+
+        async def request(self, method, path, body=None):
+            if path == "gpu-gov/queue":
+                return {"line": self.line, "left": [], "refused": 0}
+            raise HubApiError(403, "ben has reached the limit of named servers", method=method)
+
+    hub = Hub()
+    spawn_queue = QueueSync(hub, Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"))
+    now = clock.utcnow()
+    for i in range(30):
+        asked = core_queue.QueuedRequest("ben", f"gpu-{i}", "lab", "h100", {}, now, now + MINUTE)
+        hub.line = [core_queue.Waiting(asked, 1, True, "its turn", limit="").to_json()]
+        await spawn_queue.sync(now)  # started, refused by the Hub
+        hub.line = []  # ben cancels
+        now += MINUTE / 2
+    await spawn_queue.sync(now)
+    assert list(spawn_queue._refused) == ["ben/gpu-29"]  # refused within the minute
+    now += MINUTE
+    await spawn_queue.sync(now)
+    assert spawn_queue._refused == {}
 
 
 async def test_a_server_that_starts_while_asking_to_wait_does_not_join_the_line(hub):
