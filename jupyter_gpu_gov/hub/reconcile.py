@@ -131,6 +131,8 @@ class Governor(
         self.gauges = metrics.StateGauges()
         self._failing: dict[str, str] = {}  # servers whose decision failed: the error, audited
         self._distrusted: dict[str, list[str]] = {}  # reports contradicting the Hub's records
+        # each server's distrust audited: since when, how often since, the changes not said
+        self._distrust_said: dict[str, tuple[datetime, int, int]] = {}
         self._unrecorded: frozenset[str] = frozenset()  # decisions the store is writing
         # The GPUs DCGM has attributed to a server's pod this session (its start): all of them,
         # or the server cannot be proved idle (evidence._sees_all).
@@ -320,6 +322,7 @@ class Governor(
             for kept in (
                 self._failing,
                 self._distrusted,
+                self._distrust_said,
                 self._shutdowns,
                 self._interrupts,
                 self._pod_gpus,
