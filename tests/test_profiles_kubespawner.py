@@ -1121,6 +1121,7 @@ async def test_a_pair_a_new_node_would_take_waits_for_a_node_not_on_fragmentatio
     from jupyter_gpu_gov.profiles.queue_pages import _room
 
     monkeypatch.setattr(REFUSED, "_at", {})  # (the hub's refusals: other tests' are not these)
+    monkeypatch.setattr(REFUSED, "_of", {})
     for i in range(2):
         cluster.add_node(gpu_node(f"a100-{i}", A100["nvidia.com/gpu.product"], gpus=2))
         on = {**A100, "kubernetes.io/hostname": f"a100-{i}"}

@@ -243,6 +243,15 @@ def test_the_refusals_the_hub_counts_are_per_server_recent_and_bounded():
     assert refusals.count(NOW + timedelta(minutes=30)) == 2
     assert refusals.count(NOW + REFUSED_WITHIN + timedelta(minutes=7)) == 1  # ann's is old now
     assert refusals.count(NOW + REFUSED_WITHIN + timedelta(minutes=11)) == 0
+    # Per user, at most per_user servers, their newest: the oldest is named, for the log.
+    assert refusals.refused("dan/a", NOW, "h100", "dan", 2) is None
+    assert refusals.refused("dan/b", NOW, "h100", "dan", 2) is None
+    assert refusals.refused("dan/a", NOW, "h100", "dan", 2) is None  # retried: still two
+    assert refusals.refused("dan/c", NOW, "a100", "dan", 2) == "dan/b"
+    assert refusals.tiers(NOW) == {"h100": 1, "a100": 1}
+    refusals.forget("dan/a")
+    assert refusals.refused("dan/d", NOW, "h100", "dan", 2) is None
+    assert refusals.count(NOW) == 2
     assert refused_from_json(None) is None  # an older hub does not count them
     assert refused_from_json(0) == 0 and refused_from_json(MAX_REFUSED) == MAX_REFUSED
     for bad in (-1, 1.5, True, "3", MAX_REFUSED + 1, [1]):

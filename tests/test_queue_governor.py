@@ -32,12 +32,15 @@ from traitlets.config import Config
 
 from jupyter_gpu_gov import simulate
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core import queue as core_queue
 from jupyter_gpu_gov.core.clock import parse
 from jupyter_gpu_gov.core.grant import DEVICES_STATE, GRANT_STATE
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.vocabulary import STOP_SERVER
 from jupyter_gpu_gov.hub import metrics
-from jupyter_gpu_gov.hub.queue import releases
+from jupyter_gpu_gov.hub.hubapi import HubApiError
+from jupyter_gpu_gov.hub.queue import QueueSync, releases
+from jupyter_gpu_gov.hub.store import Store
 from jupyter_gpu_gov.profiles import local
 from jupyter_gpu_gov.profiles import queue as profile_queue
 from jupyter_gpu_gov.profiles.config import GpuProfiles
@@ -72,6 +75,7 @@ def hub(monkeypatch):
         singleton.clear_instance()
     monkeypatch.setattr(profile_queue.FORECAST, "at", clock.utcnow())
     monkeypatch.setattr(profile_queue.REFUSED, "_at", {})  # the hub process's, per test
+    monkeypatch.setattr(profile_queue.REFUSED, "_of", {})
     world = InMemoryHub(config)
     yield world
     world.db.close()
@@ -92,18 +96,20 @@ class InMemoryHub:
         }
         self.users = self.settings["users"] = UserDict(lambda: self.db, self.settings)
 
-    def spawner(self, name: str) -> GpuSimpleLocalProcessSpawner:
+    def spawner(self, name: str, server: str = "") -> GpuSimpleLocalProcessSpawner:
         row = orm.User.find(self.db, name)
         if row is None:
             row = orm.User(name=name)
             self.db.add(row)
             self.db.commit()
-        return self.users[row].get_or_create_spawner("", "")
+        return self.users[row].get_or_create_spawner(server, server)
 
-    async def start(self, name: str, options: dict, started: datetime | None = None):
+    async def start(
+        self, name: str, options: dict, started: datetime | None = None, server: str = ""
+    ):
         """What ``User.spawn`` does up to the spawner's start: admission, then the record of a
         started server (the process itself is not needed here)."""
-        spawner = self.spawner(name)
+        spawner = self.spawner(name, server)
         spawner.user_options = dict(options)
         teams = await spawner.gpu_teams()
         await spawner.gpu_refresh()
@@ -378,6 +384,62 @@ async def test_spawns_refused_for_want_of_a_card_are_counted_until_they_wait_in_
     hub.stop("ben")
     await hub.start("carol", {"profile": "h100"})
     assert refused() == 0  # she started
+
+
+async def test_one_user_asking_for_many_server_names_counts_as_the_servers_they_may_wait_with(
+    hub, caplog
+):
+    """A server's name is its owner's choice: ben asking for a GPU under a new name each time
+    (a loop over the REST API) counted one refused spawn each, the cluster's demand for cards
+    that makes partly used ones fragmentation (3,600 an hour at one a second; past 100,000
+    nobody else's refusals were counted). A user counts for as many servers as they may wait
+    in line with (``queue_per_user``, 2), their newest refusals, said in the log; carol's own
+    refusal still counts."""
+    await hub.start("ivan", {"profile": "h100"})
+    await hub.start("ines", {"profile": "h100"})  # interns borrow both cards
+    with pytest.raises(GpuRefused, match="All 2 H100 80 GB"):
+        await hub.start("carol", {"profile": "h100"})
+    with caplog.at_level("INFO"):
+        for i in range(30):
+            with pytest.raises(GpuRefused, match="All 2 H100 80 GB"):
+                await hub.start("ben", {"profile": "h100"}, server=f"gpu-{i}")
+    now = clock.utcnow()
+    assert profile_queue.REFUSED.count(now) == 3  # ben's two newest, and carol's
+    assert profile_queue.REFUSED.tiers(now) == {"h100": 3}
+    assert "gpu-gov: ben's refused spawns count for at most 2 servers" in caplog.text
+    assert "ben/gpu-27 is no longer counted in the cluster's refused demand" in caplog.text
+    await hub.spawner("ben", "gpu-29").gpu_enqueue({"profile": "h100"})
+    assert profile_queue.REFUSED.count(now) == 2  # in line now: counted there
+
+
+async def test_the_governor_forgets_a_refused_start_once_its_request_left_the_line(tmp_path):
+    """The Hub refuses a start from the line (a named server past the Hub's own limit): the
+    governor tries it again after a minute, not every pass. Ben joined the line under a new name
+    each time, each start refused, then cancelled: every name was kept for the service's life.
+    Now only while its request waits, or for the minute after."""
+
+    class Hub:
+        line: list = []
+
+        async def request(self, method, path, body=None):
+            if path == "gpu-gov/queue":
+                return {"line": self.line, "left": [], "refused": 0}
+            raise HubApiError(403, "ben has reached the limit of named servers", method=method)
+
+    hub = Hub()
+    spawn_queue = QueueSync(hub, Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"))
+    now = clock.utcnow()
+    for i in range(30):
+        asked = core_queue.QueuedRequest("ben", f"gpu-{i}", "lab", "h100", {}, now, now + MINUTE)
+        hub.line = [core_queue.Waiting(asked, 1, True, "its turn", limit="").to_json()]
+        await spawn_queue.sync(now)  # started, refused by the Hub
+        hub.line = []  # ben cancels
+        now += MINUTE / 2
+    await spawn_queue.sync(now)
+    assert list(spawn_queue._refused) == ["ben/gpu-29"]  # refused within the minute
+    now += MINUTE
+    await spawn_queue.sync(now)
+    assert spawn_queue._refused == {}
 
 
 async def test_a_server_that_starts_while_asking_to_wait_does_not_join_the_line(hub):

@@ -371,3 +371,11 @@ def test_the_cluster_report_counts_spawns_waiting_for_a_gpu_not_for_a_quota(hub,
     assert cli.main(["diagnose", "--cluster", "--url", url, "--token", token]) == 0
     text = capsys.readouterr().out
     assert "spawns waiting: 2 (starting 0, in line 2, refused in the last hour 0)" in text, text
+    # A server's name is erin's choice: refused under four names, she counts as the servers
+    # she may wait in line with (queue_per_user, 2), not as four (docs/security.md).
+    for name in ("x1", "x2", "x3", "x4"):
+        r = hub.spawn_form("erin", name, fields={"profile": "h100"})
+        assert r.status_code == 403 and "Or wait in line for it" in html.unescape(r.text)
+    wait(lambda: demand(2, 2), 30, "erin's refusals counted for two servers")
+    time.sleep(2)  # (a sync or two later: still two)
+    assert demand(2, 2), gov.admin("GET", "diagnosis").json()["fragmentation"]["demand"]

@@ -23,6 +23,10 @@ from .tables import AuditRow
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
+# A server's distrusted report is audited (and logged) at each change, at most this many times
+# an hour; the next says how many changes went unsaid.
+DISTRUST_SAID_PER_HOUR = 6
+
 if TYPE_CHECKING:
     from .reconcile import _Batch
 
@@ -219,18 +223,31 @@ class Evidence:
             found = trusted.contradictions(received.report, granted, evidence)
         before = self._distrusted.get(key, [])
         if found != before and found:
-            why = "report not believed: " + "; ".join(found)
-            batch.audits.append(
-                AuditRow(
-                    at=now,
-                    server_key=key,
-                    user=server.user,
-                    action="report-distrusted",
-                    reason=why[:2000],
-                    actor="governor",
+            # At most DISTRUST_SAID_PER_HOUR a server: its report is its owner's to write, and
+            # one changing what it names (another pod's name, any GPU) at every pass wrote a
+            # row and a WARNING of up to 2,000 characters a pass for each server.
+            since, said, unsaid = self._distrust_said.get(key, (now, 0, 0))
+            if now - since >= timedelta(hours=1):
+                since, said = now, 0
+            if said < DISTRUST_SAID_PER_HOUR:
+                why = "report not believed: " + "; ".join(found)
+                if unsaid:
+                    why = f"{why[:1900]} ({unsaid} other contradictions since the last said)"
+                batch.audits.append(
+                    AuditRow(
+                        at=now,
+                        server_key=key,
+                        user=server.user,
+                        action="report-distrusted",
+                        reason=why[:2000],
+                        actor="governor",
+                    )
                 )
-            )
-            log.warning("gpu-gov: %s: %s", key, why)
+                log.warning("gpu-gov: %s: %s", key, why)
+                said, unsaid = said + 1, 0
+            else:
+                unsaid += 1
+            self._distrust_said[key] = (since, said, unsaid)
         if found:
             self._distrusted[key] = found
         else:

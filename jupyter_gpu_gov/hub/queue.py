@@ -243,6 +243,12 @@ class QueueSync:
         for server, (_, at) in list(self._started.items()):
             if server not in waiting_now and now - at >= RETRY_AFTER:
                 del self._started[server]
+        # A refused start of a request no longer in line is forgotten the same way: a server's
+        # name is its owner's choice, and each name whose start the Hub refused (a named
+        # server over the Hub's limit) was kept for the service's life.
+        for server, at in list(self._refused.items()):
+            if server not in waiting_now and now - at >= RETRY_AFTER:
+                del self._refused[server]
         return line
 
     def _room_unknown(self, why: str, said: bool = False) -> None:

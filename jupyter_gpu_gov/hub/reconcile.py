@@ -14,11 +14,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from ..core import clock, grant, ledger, policy
 from ..core.policy import Policy, Record, ServerView, evolve
 from ..core.teams import group_teams
+from ..core.text import escaped
 from ..core.vocabulary import ADMIN, CULLED, QUEUED_AT_LABEL, TIER_LABEL, server_key
 from . import metrics, outbound
 from .actions import Actions, CullFailed
@@ -130,6 +131,8 @@ class Governor(
         self.gauges = metrics.StateGauges()
         self._failing: dict[str, str] = {}  # servers whose decision failed: the error, audited
         self._distrusted: dict[str, list[str]] = {}  # reports contradicting the Hub's records
+        # each server's distrust audited: since when, how often since, the changes not said
+        self._distrust_said: dict[str, tuple[datetime, int, int]] = {}
         self._unrecorded: frozenset[str] = frozenset()  # decisions the store is writing
         # The GPUs DCGM has attributed to a server's pod this session (its start): all of them,
         # or the server cannot be proved idle (evidence._sees_all).
@@ -319,6 +322,7 @@ class Governor(
             for kept in (
                 self._failing,
                 self._distrusted,
+                self._distrust_said,
                 self._shutdowns,
                 self._interrupts,
                 self._pod_gpus,
@@ -357,6 +361,8 @@ class Governor(
                 self._in_background(patch)
             else:  # not on record: asked again at the next pass
                 patch.close()
+        if stopped and batch.saved and self.acting:
+            await self._forget_stopped(rows, stopped)
         await self._record_pass(batch.audits if batch.saved else (), stopped, now)
         await self._save_usage_async()
         self._forget_stale_reports(stopped)
@@ -454,6 +460,50 @@ class Governor(
             return
         await asyncio.gather(*batch.jobs)
         await self.save_outcomes_async(batch.after, batch.outcomes, batch.completed)
+
+    async def _forget_stopped(self, rows: dict[str, ServerRow], stopped: Sequence[str]) -> None:
+        """The rows of a user's stopped servers past ``STOPPED_KEPT_PER_USER`` (the longest
+        stopped first; never one stopped in this pass), out of the store and of memory, said in
+        the log. A server's name is its owner's choice: one who started a server of a new name
+        in each pass left a row each for good (about 0.6 kB in memory a row), which every
+        owner's page, listing and diagnosis read through. A forgotten server that starts again
+        is a new one to the governor (a new session keeps no more than its checkpoint hook's
+        failures)."""
+        users = {row.user for key in stopped if (row := rows.get(key)) is not None}
+        if not users:
+            return
+        mine: dict[str, list[ServerRow]] = {}
+        for row in rows.values():
+            if row.user in users and not row.running:
+                mine.setdefault(row.user, []).append(row)
+        just = set(stopped)
+        forgotten: dict[str, list[str]] = {}
+        for user, kept in mine.items():
+            if len(kept) <= STOPPED_KEPT_PER_USER:
+                continue
+            kept.sort(key=lambda r: (r.key in just, r.updated_at or _EPOCH, r.key))
+            cut = len(kept) - STOPPED_KEPT_PER_USER
+            forgotten[user] = [r.key for r in kept[:cut] if r.key not in just]
+        keys = [key for keys in forgotten.values() for key in keys]
+        if not keys:
+            return
+        try:
+            await self.store.forget_servers_async(keys)
+        except StoreUnavailable as error:  # kept: forgotten at the user's next stop
+            log.warning("gpu-gov: forgetting stopped servers' rows: %s", error)
+            return
+        for key in keys:
+            if not (row := rows.get(key)) or not row.running:  # (started again meanwhile: kept)
+                rows.pop(key, None)
+        named = sorted(forgotten.items(), key=lambda item: -len(item[1]))
+        log.info(
+            "gpu-gov: forgot the rows of %d stopped servers, at most %d kept a user (the "
+            "stopped most lately): %s",
+            len(keys),
+            STOPPED_KEPT_PER_USER,
+            ", ".join(f"{escaped(user)} {len(cut)}" for user, cut in named[:10])
+            + (f" and {len(named) - 10} more users" if len(named) > 10 else ""),
+        )
 
     async def redecide(self, key: str) -> None:
         """Decide one server again now (after an extension, approval or exemption), with what
@@ -698,6 +748,10 @@ STANDBY = "on standby: another governor holds the store's lease; this one acts o
 SLICE_S = 0.005  # a pass's longest run of deciding between two turns of the event loop
 SPAWN_QUEUED_AFTER = timedelta(minutes=1)
 GAUGES_PER_TURN = 1000  # servers' gauges set between two turns of the event loop
+# The rows of a user's stopped servers kept (the admin's ``all=1`` listing reads them); older
+# ones are forgotten as the user's servers stop (``Governor._forget_stopped``).
+STOPPED_KEPT_PER_USER = 100
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def _queued_for_a_gpu(server: HubServer, now: datetime) -> str | None:

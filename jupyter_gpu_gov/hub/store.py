@@ -441,6 +441,26 @@ class Store:
             self._update_server.run(session.connection(), old)
         return values.keys() | (stored - self._stored)
 
+    async def forget_servers_async(self, keys: Iterable[str]) -> None:
+        """Delete the rows of ``keys`` (stopped servers past what is kept of a user's), in the
+        writer; raises ``StoreUnavailable`` (``NotHolder``: not this governor's to write)."""
+        keys = sorted(set(keys))
+        if not keys:
+            return
+
+        def write() -> None:
+            try:
+                with self._session.begin() as session:
+                    self.fence(session.connection())
+                    for i in range(0, len(keys), 500):  # within every database's parameters
+                        chunk = keys[i : i + 500]
+                        session.execute(SERVERS.delete().where(SERVERS.c.key.in_(chunk)))
+            except DBAPIError as error:
+                raise StoreUnavailable(self.url, error) from error
+            self._stored.difference_update(keys)
+
+        await self.write_async(write)
+
     # -- health dismissals -----------------------------------------------------------------------
 
     def dismissals(self) -> dict[str, frozenset[str]]:

@@ -151,7 +151,9 @@ class GpuProfiles(SingletonConfigurable):
     ).tag(config=True)
 
     queue_per_user = Int(
-        2, help="Servers one user may have waiting in line at once (1 to 100)."
+        2,
+        help="""Servers one user may have waiting in line at once (1 to 100); also how many of
+        a user's servers refused for want of a GPU count in the cluster's refused demand.""",
     ).tag(config=True)
 
     recount_every = Int(

@@ -73,33 +73,55 @@ class Refusals:
     neither joined the line nor started since, by when last refused, with the tier asked for:
     the cluster report's ``refused`` demand, sent on each sync. Kept in the hub process, where
     the spawner refuses (a restart forgets them); per server, so retrying one spawn counts
-    once."""
+    once; and per user at most ``per_user`` servers (the newest refused), as many as they may
+    wait in line with (``GpuProfiles.queue_per_user``): a server's name is its owner's choice,
+    and one user asking for a server of a new name each second once counted 3,600 refused
+    spawns an hour (the cluster's demand, which makes partly used cards fragmentation), and
+    100,000 put every other user's refusals out of the record."""
 
     def __init__(self) -> None:
-        self._at: dict[str, tuple[datetime, str]] = {}  # oldest refusal first
+        self._at: dict[str, tuple[datetime, str, str]] = {}  # oldest refusal first
+        self._of: dict[str, dict[str, None]] = {}  # user -> their servers here, oldest first
 
-    def refused(self, server: str, now: datetime, tier: str = "") -> None:
-        self._at.pop(server, None)
-        self._at[server] = (now, tier)
+    def refused(
+        self, server: str, now: datetime, tier: str = "", user: str = "", per_user: int = 0
+    ) -> str | None:
+        """Counts ``server``'s refusal; returns the server of ``user``'s it no longer counts
+        (their oldest, past ``per_user``; 0: no bound), for the log."""
+        self.forget(server)
+        self._at[server] = (now, tier, user)
+        mine = self._of.setdefault(user, {})
+        mine[server] = None
+        cut = None
+        if per_user and len(mine) > per_user:
+            cut = next(iter(mine))
+            self.forget(cut)
+            mine.pop(cut, None)
         if len(self._at) > MAX_REFUSED:
-            del self._at[next(iter(self._at))]
+            self.forget(next(iter(self._at)))
+        return cut
 
     def forget(self, server: str) -> None:
         """It joined the line (counted there) or started."""
-        self._at.pop(server, None)
+        entry = self._at.pop(server, None)
+        mine = self._of.get(entry[2]) if entry is not None else None
+        if mine is not None:
+            mine.pop(server, None)
+            if not mine:
+                del self._of[entry[2]]
 
     def count(self, now: datetime) -> int:
         """Those refused within ``REFUSED_WITHIN`` (older ones are dropped)."""
         since = now - REFUSED_WITHIN
         while self._at and next(iter(self._at.values()))[0] < since:
-            del self._at[next(iter(self._at))]
+            self.forget(next(iter(self._at)))
         return len(self._at)
 
     def tiers(self, now: datetime) -> dict[str, int]:
         """``count``'s, per tier asked for (the cluster report's placement of each)."""
         self.count(now)
         found: dict[str, int] = {}
-        for _, tier in self._at.values():
+        for _, tier, _ in self._at.values():
             found[tier] = found.get(tier, 0) + 1
         return found
 

@@ -509,7 +509,18 @@ class GpuProfilesMixin:
             now = clock.utcnow()
             waits = self._gpu_queued is not None and self._gpu_queued.live(now)
             if admission.limit in FOR_A_GPU and not waits:  # one in line is counted there
-                REFUSED.refused(self._gpu_server_key(), now, tier.name)
+                conf = self.gpu_profiles
+                key = self._gpu_server_key()
+                cut = REFUSED.refused(key, now, tier.name, self.user.name, conf.queue_per_user)
+                if cut is not None:  # the user's names are theirs: a bounded count, said
+                    self.log.info(
+                        "gpu-gov: %s's refused spawns count for at most %d servers "
+                        "(GpuProfiles.queue_per_user): %s is no longer counted in the "
+                        "cluster's refused demand",
+                        escaped(self.user.name),
+                        conf.queue_per_user,
+                        escaped(cut),
+                    )
             else:  # it now waits for a quota, or in line
                 REFUSED.forget(self._gpu_server_key())
             if admission.reclaim:  # not for a spawn in line: for a retry, it stands
