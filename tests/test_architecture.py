@@ -106,6 +106,17 @@ def test_the_service_imports_jupyterhub_in_hub_auth_only():
     assert not bad, "\n".join(bad)
 
 
+def test_the_hub_process_adapter_loads_no_jupyterhub():
+    """hub_process.py finds JupyterHub's application and ORM where the Hub loaded them: the
+    governor service loads it through ``hub/hubconfig.py`` and so would load JupyterHub's ORM
+    (its tables, alembic) for nothing, were it imported there."""
+    bad = _violations(
+        _modules("hub_process.py"),
+        lambda name, top: top in STDLIB or _ours(name, "core"),
+    )
+    assert not bad, "\n".join(bad)
+
+
 LIGHT_MODULES = ("__init__.py", "checkpoint.py", "checkpoint_layout.py", "simulate.py")
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from traitlets.config import Application
 
-from jupyter_gpu_gov.core import config_order
-from jupyter_gpu_gov.core.config_order import bound_where_stored, cut_where_stored
+from jupyter_gpu_gov import hub_process
 from jupyter_gpu_gov.hub.hubconfig import ACTIVITY_INTERVAL_ENV
+from jupyter_gpu_gov.hub_process import bound_where_stored, cut_where_stored
 
 jupyterhub_app = pytest.importorskip("jupyterhub.app")
 
@@ -76,8 +76,8 @@ def bound():
     bound_where_stored()  # once only, however often it is called
     yield orm
     # Not left to the rest of this process's tests.
-    event.remove(orm.Spawner.user_options, "set", config_order._bounded)
-    assert not event.contains(orm.Spawner.user_options, "set", config_order._bounded)
+    event.remove(orm.Spawner.user_options, "set", hub_process._bounded)
+    assert not event.contains(orm.Spawner.user_options, "set", hub_process._bounded)
 
 
 def test_options_are_cut_where_the_hub_stores_them(bound):

@@ -23,16 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from tornado import web
 from traitlets.config import Config, LazyConfigValue
 
-from ..core.config_order import (
-    again_on_the_whole_config,
-    bound_where_stored,
-    cut_where_stored,
-    listed,
-    updated,
-)
+from ..core.config_order import listed, updated
 from ..core.grant import oversized
 from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
+from ..hub_process import again_on_the_whole_config, bound_where_stored, cut_where_stored
 
 ADMIN_SCOPE = "custom:gpu-gov:admin"
 # Reading showback (the usage API, its CSV and JSON, the showback page) without being an admin:
@@ -78,7 +73,7 @@ def add_governor(
     """Add the governor to JupyterHub config ``c``, anywhere in ``jupyterhub_config.py``: it
     adds to the services, roles, the spawners' environment, token scopes and ``pre_spawn_hook``
     (its guard of ``user_options`` runs first, then the admin's hook; the oversized ones are
-    cut already, where the Hub saved them: ``core.config_order.bound_where_stored``) and
+    cut already, where the Hub saved them: ``hub_process.bound_where_stored``) and
     passes the Hub's activity interval on, as ``c`` has them now and again once the Hub has
     read the whole file (a line after the call that sets one of them replaced what it added,
     before).
@@ -232,7 +227,7 @@ def _refuse_oversized(spawner) -> None:
     if getattr(spawner, "bounds_user_options", False):
         return
     kept, why = oversized(dict(spawner.user_options or {}))
-    # Cut where the Hub saved them, before any hook (core.config_order.bound_where_stored).
+    # Cut where the Hub saved them, before any hook (hub_process.bound_where_stored).
     why = why or cut_where_stored(spawner.orm_spawner)
     if why:
         # The next spawn without options (the Hub's default: the last ones) must not find

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from traitlets.config import LazyConfigValue
 
-from ..core.config_order import again_on_the_whole_config, bound_where_stored, listed
+from ..core.config_order import listed
+from ..hub_process import again_on_the_whole_config, bound_where_stored
 
 TEMPLATES = Path(__file__).parent / "templates" / "hub"  # JupyterHub's pages, extended
 

@@ -39,7 +39,6 @@ from sqlalchemy import Text, type_coerce
 from tornado import web
 
 from ..core import clock
-from ..core.config_order import cut_where_stored
 from ..core.durations import parse_duration
 from ..core.grant import GRANT_STATE, oversized, user_may_choose
 from ..core.queue import (
@@ -69,6 +68,7 @@ from ..core.vocabulary import (
     WEIGHT_LABEL,
     server_key,
 )
+from ..hub_process import cut_where_stored
 from . import form
 from .config import GpuProfiles
 from .grant_count import NOT_CACHED, kept_count
