@@ -119,11 +119,13 @@ class DashboardHandler(PageHandler):
         self.require_admin()
         gov = self.governor
         # A bad choice is a 400 naming it: a page in another order (or of other servers)
-        # would pass for the one asked. A filter matching nothing says so on the page.
-        everything = self.flag("all") == "1"
-        desc = self.flag("desc")
-        filters = {k: self.get_argument(k, "") for k in ("user", "team", "tier", "state")}
-        sort = self.get_argument("sort", "") or "idle_for"
+        # would pass for the one asked, as would one of every team's servers for a misspelt
+        # filter (``tem=vision``). A filter matching nothing says so on the page.
+        asked = self.query("user", "team", "tier", "state", "all", "sort", "desc")
+        everything = self.flag(asked, "all") == "1"
+        desc = self.flag(asked, "desc")
+        filters = {k: (asked[k] or "").strip() for k in ("user", "team", "tier", "state")}
+        sort = (asked["sort"] or "").strip() or "idle_for"
         if sort not in SORTS:
             raise web.HTTPError(400, "'sort' must be one of %s; got %r", ", ".join(SORTS), sort)
 
@@ -222,9 +224,9 @@ class DashboardHandler(PageHandler):
             hints={**HINTS, IDLE: IDLE_HINT},
         )
 
-    def flag(self, name: str) -> str:
+    def flag(self, asked: dict[str, str | None], name: str) -> str:
         """``name``'s value, 0 or 1 ("" when absent), else a 400 naming it."""
-        value = self.get_argument(name, "")
+        value = (asked[name] or "").strip()
         if value not in ("", "0", "1"):
             raise web.HTTPError(400, "'%s' must be 0 or 1; got %r", name, value)
         return value
@@ -452,7 +454,7 @@ class MyUsageHandler(PageHandler):
         now = clock.utcnow()
         if refused := owner_wide(self.current_user, "its owner's page"):
             raise web.HTTPError(403, refused)
-        asked = self.get_argument("user", "")
+        asked = self.query("user")["user"] or ""  # ``usr=bob``: not the admin's own page
         if self.is_admin and asked:
             me = asked  # admins may look at anyone's page
             own = asked == self.current_user["name"]  # an admin on another's page: not "My ..."
