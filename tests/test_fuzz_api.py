@@ -240,6 +240,75 @@ def test_a_number_in_other_scripts_is_a_400_naming_it(service, digit):
 
 
 @pytest.mark.parametrize(
+    ("method", "path", "named"),
+    [
+        ("GET", "api/servers?all=1&limt=1", "unknown parameter 'limt'"),  # every server's
+        ("GET", "api/servers?all=on", "'all' must be 1, true or yes"),  # running only
+        ("GET", "api/servers?limit=1&limit=500", "'limit' given 2 times"),
+        ("GET", "api/audit?sever=alice/", "unknown parameter 'sever'"),  # every server's trail
+        ("GET", "api/audit?server=", "'server' is empty"),  # an unset variable's: the same
+        ("GET", "api/audit?user=", "'user' is empty"),
+        ("GET", "api/audit?server=alice/&server=bob/", "'server' given 2 times"),
+        ("GET", "api/extensions?stauts=pending", "unknown parameter 'stauts'"),  # every status
+        ("GET", "api/diagnosis?dyas=30", "unknown parameter 'dyas'"),  # 7 days
+        ("GET", "api/history/trace?since=1h&pseudonymize=1", "unknown parameter 'pseudonymize'"),
+        ("GET", "api/history/trace?since=1h&pseudonymise=on", "'pseudonymise' must be 1, true"),
+        ("GET", "api/history/trace?snice=30d", "unknown parameter 'snice'"),  # the last hour
+        ("DELETE", "api/policy/dry-run?raeson=done", "unknown parameter 'raeson'"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_or_repeated_parameter_is_a_400_naming_it(service, method, path, named):
+    """Every endpoint read a parameter it did not know as absent: ``pseudonymize=1`` (the
+    American spelling) exported every user's name in a trace asked pseudonymised, ``limt=1``
+    listed every server, ``sever=alice/`` every server's audit trail, and said nothing. Each
+    is now a 400 naming it, as ``api/usage`` answers, with nothing done."""
+    before = service.snapshot()
+    r = call(service, method, path)
+    assert_refused_unchanged(service, r, before, named)
+
+
+def test_every_query_a_caller_sends_is_still_answered(service):
+    """What the pages' links and forms, the CLI, the docs' examples and HubAuth (``token`` in
+    the URL) send, each endpoint still answers: none of them is refused as unknown."""
+    sent = [
+        "api/servers?all=1&limit=2",
+        "api/servers?all=1&after=alice/&limit=2",
+        "api/servers?all=0",
+        f"api/servers?token={ADMIN}",  # HubAuth's own (where the Hub allows it in URLs)
+        "api/audit?server=alice/&limit=5",
+        "api/audit?user=alice&before=99",
+        "api/extensions?status=pending&limit=5&before=99",
+        "api/diagnosis?days=7",  # jupyter-gpu-gov diagnose
+        "api/history/trace?since=1h&until=&step=5m&pseudonymise=1",
+        "?user=alice&team=&tier=&state=&all=1&sort=memory",  # the dashboard's filter form
+        "?sort=team&desc=0",  # its column headers' links
+        "showback?group_by=team&period=week&since=2026-11-01&until=2026-11-30",
+    ]
+    for path in sent:
+        r = call(service, "GET", path)
+        assert r.status_code == 200, (path, r.status_code, r.text[:300])
+    # Every link a page writes to the service, followed.
+    links = set()
+    for page, token in (("", ADMIN), ("showback", ADMIN), ("policy", ADMIN), ("me", ALICE)):
+        r = call(service, "GET", page, token)
+        assert r.ok, (page, r.status_code)
+        for href in re.findall(r'href="([^"]*\?[^"]*)"', r.text):
+            href = html.unescape(href)
+            if href.startswith(PREFIX):
+                links.add(href[len(PREFIX) :])
+            elif href.startswith("?"):
+                links.add(href)
+    for kind in ("showback?", "api/usage?", "api/history/trace?", "?sort="):
+        assert any(link.startswith(kind) for link in links), (kind, links)
+    for link in sorted(links):
+        r = call(service, "GET", link, ALICE if link.startswith("me") else ADMIN)
+        assert r.status_code == 200, (link, r.status_code, r.text[:300])
+    assert call(service, "GET", "me?user=alice", ALICE).status_code == 200
+    r = call(service, "DELETE", "api/policy/dry-run?reason=done")  # the docs' example
+    assert r.status_code == 404 and "no dry run" in r.json()["message"], r.text
+
+
+@pytest.mark.parametrize(
     ("params", "named"),
     [
         ({"until": "9999-12-31"}, "'until'"),
@@ -269,6 +338,10 @@ def test_a_usage_span_out_of_range_is_a_400_naming_it(service, params, named):
         ("showback?days=367", "got '367'"),
         ("showback?days=two", "got 'two'"),
         ("showback?days=%D9%A3", "'days'"),  # "٣": int() takes it
+        ("?tem=vision", "unknown parameter 'tem'"),  # every team's servers, as if vision's
+        ("?sort=user&sort=team", "'sort' given 2 times"),
+        ("me?usr=bob", "unknown parameter 'usr'"),  # an admin's own page, as if bob's
+        ("showback?dyas=30", "unknown parameter 'dyas'"),  # 14 days, as if 30
         ("?sort=size", "'sort' must be one of user, team"),
         ("?all=yes", "'all' must be 0 or 1; got 'yes'"),
         ("?desc=true", "'desc' must be 0 or 1; got 'true'"),
@@ -279,7 +352,7 @@ def test_a_page_asked_for_what_it_cannot_show_is_a_400_page_naming_it(service, p
     take (a year asked, 14 days shown; ``sort=size``, idle time), and showed that data as if it
     were what was asked; the usage API answers 400 naming the parameter. So do the pages now,
     as a page."""
-    r = call(service, "GET", path)
+    r = call(service, "GET", path, ALICE if path.startswith("me") else ADMIN)
     assert r.status_code == 400, (r.status_code, r.text[:300])
     assert r.headers["Content-Type"].startswith("text/html")
     said = re.search(r'<p id="error-message">(.*?)</p>', r.text, re.S)

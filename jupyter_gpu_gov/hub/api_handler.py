@@ -295,8 +295,9 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         """The query's ``names`` (None: absent), each at most once; any other parameter a
         ``400`` naming it. A misspelt one (``sinse=``) was ignored: the answer read as if it
         were absent, a CSV of every day on record in place of a month's, and said nothing."""
-        # ``token`` is HubAuth's own (a token in the URL), read before this.
-        unknown = sorted(set(self.request.query_arguments) - {*names, "token"})
+        # ``token`` is HubAuth's own (a token in the URL), read before this; ``_xsrf``
+        # tornado's (a form's or a script's XSRF token).
+        unknown = sorted(set(self.request.query_arguments) - {*names, "token", "_xsrf"})
         if unknown:
             raise web.HTTPError(
                 400,
@@ -309,6 +310,19 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
                 raise web.HTTPError(400, f"{name!r} given {len(values)} times: give it once")
             asked[name] = values[0] if values else None
         return asked
+
+    def yes_or_no(self, asked: dict[str, str | None], name: str) -> bool:
+        """``asked[name]`` as a yes (``1``, ``true``, ``yes``) or a no (absent, ``0``,
+        ``false``, ``no``), else a ``400`` naming it: ``pseudonymise=on`` read as no, a trace
+        with every user's name in place of the pseudonymised one asked for."""
+        value = asked[name]
+        if value is None or value in ("0", "false", "no"):
+            return False
+        if value in ("1", "true", "yes"):
+            return True
+        raise web.HTTPError(
+            400, f"{name!r} must be 1, true or yes (or 0, false, no); got {value!r:.40}"
+        )
 
     def require_admin(self) -> None:
         if not self.is_admin:

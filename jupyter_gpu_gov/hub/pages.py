@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from itertools import islice
 from urllib.parse import urlencode
 
@@ -119,11 +119,13 @@ class DashboardHandler(PageHandler):
         self.require_admin()
         gov = self.governor
         # A bad choice is a 400 naming it: a page in another order (or of other servers)
-        # would pass for the one asked. A filter matching nothing says so on the page.
-        everything = self.flag("all") == "1"
-        desc = self.flag("desc")
-        filters = {k: self.get_argument(k, "") for k in ("user", "team", "tier", "state")}
-        sort = self.get_argument("sort", "") or "idle_for"
+        # would pass for the one asked, as would one of every team's servers for a misspelt
+        # filter (``tem=vision``). A filter matching nothing says so on the page.
+        asked = self.query("user", "team", "tier", "state", "all", "sort", "desc")
+        everything = self.flag(asked, "all") == "1"
+        desc = self.flag(asked, "desc")
+        filters = {k: (asked[k] or "").strip() for k in ("user", "team", "tier", "state")}
+        sort = (asked["sort"] or "").strip() or "idle_for"
         if sort not in SORTS:
             raise web.HTTPError(400, "'sort' must be one of %s; got %r", ", ".join(SORTS), sort)
 
@@ -222,9 +224,9 @@ class DashboardHandler(PageHandler):
             hints={**HINTS, IDLE: IDLE_HINT},
         )
 
-    def flag(self, name: str) -> str:
+    def flag(self, asked: dict[str, str | None], name: str) -> str:
         """``name``'s value, 0 or 1 ("" when absent), else a 400 naming it."""
-        value = self.get_argument(name, "")
+        value = (asked[name] or "").strip()
         if value not in ("", "0", "1"):
             raise web.HTTPError(400, "'%s' must be 0 or 1; got %r", name, value)
         return value
@@ -324,7 +326,8 @@ class ActionHandler(PageHandler):
 
 
 class ShowbackHandler(PageHandler):
-    """``GET /services/gpu-gov/showback?group_by=team&period=day&days=14``."""
+    """``GET /services/gpu-gov/showback?group_by=team&period=day&days=14``, or
+    ``…&since=2026-11-01&until=2026-11-30``: a closed period (finance's month)."""
 
     cost = COST_EXPORT
 
@@ -335,29 +338,48 @@ class ShowbackHandler(PageHandler):
         if teams is not None and not teams:
             raise web.HTTPError(403, readers.NO_SHOWBACK)
         now = clock.utcnow()
+        asked = self.query("group_by", "period", "days", "since", "until")
         try:
-            dim, period, days = showback.parse_page(
-                *(self.get_argument(name, None) for name in ("group_by", "period", "days"))
-            )
+            span = showback.parse_page(*asked.values(), now=now)
         except showback.UsageQueryError as error:  # a page of other data would pass for it
             raise web.HTTPError(400, "%s", error) from None
-        since = showback.days_back(days, now)
+        since = datetime.combine(span.first, datetime.min.time(), timezone.utc)
+        until = datetime.combine(span.last, datetime.min.time(), timezone.utc)
         gov.flush_usage()
 
         # Read, drawn and rendered in a worker, as the usage API's export: a year of a big
         # hub's ledger is seconds of each, which held every report and page on the event loop.
         rows, totals, charts = await asyncio.get_running_loop().run_in_executor(
-            None, _showback, gov, dim, period, since, teams
+            None, _showback, gov, span.dim, span.period, since, teams, until
         )
-        query = urlencode({"group_by": f"{dim},{period}", "since": since.date().isoformat()})
+        # The exports of the same UTC days: the CSV's rows add up to the page's totals.
+        window = {"since": span.first.isoformat(), "until": span.last.isoformat()}
+        query = urlencode({"group_by": f"{span.dim},{span.period}", **window})
+
+        def link(**asked) -> str:
+            return f"{self.prefix}showback?" + urlencode(
+                {"group_by": span.dim, "period": span.period, **asked}
+            )
+
+        # One click each: finance's closed month, and the rolling spans (a bookmark of them
+        # stays rolling: ``days``).
+        quick = [
+            (name, link(since=first.isoformat(), until=last.isoformat()))
+            for name, (first, last) in showback.month_spans(now.date()).items()
+        ] + [(f"last {n} days", link(days=n)) for n in (7, 30)]
         await self.render_page_in_worker(
             "showback.html",
-            dim=dim,
+            dim=span.dim,
             dims=ledger.DIMENSIONS,
-            period=period,
-            days=days,
-            # The first UTC day counted: a week begun before it is counted from it on.
-            since_day=since.date().isoformat(),
+            period=span.period,
+            days=span.days,
+            # The first and last UTC days counted: a week begun before the first is counted
+            # from it on, one ending after the last to it.
+            since_day=span.first.isoformat(),
+            until_day=span.last.isoformat(),
+            span_days=(span.last - span.first).days + 1,
+            week_last_monday=(span.last - timedelta(days=6)).isoformat(),  # later: cut short
+            quick=quick,
             teams=None if teams is None else sorted(teams),
             rows=rows,
             page_rows=PAGE_ROWS,
@@ -372,18 +394,26 @@ PAGE_ROWS = 5_000  # the most rows per period the showback page lists and charts
 
 
 def _showback(
-    gov, dim: str, period: str, since: datetime, teams: frozenset[str] | None = None
+    gov,
+    dim: str,
+    period: str,
+    since: datetime,
+    teams: frozenset[str] | None = None,
+    until: datetime | None = None,
 ) -> tuple[list | None, list, dict]:
-    """The showback page's rows (None: more than ``PAGE_ROWS``), totals and charts: of
-    ``teams`` only (a lead's), or every team's (None)."""
+    """The showback page's rows (None: more than ``PAGE_ROWS``), totals and charts of the UTC
+    days ``since`` to ``until`` (None: today): of ``teams`` only (a lead's), or every team's
+    (None)."""
     # A page holds, draws and renders each of its rows: a year of 10,000 users by day is
     # 3.65 M of them, gigabytes from one click (1,000 users x 100 days: 253 MB before the
     # table). Past the cap the page lists the totals, and says to narrow it or take the CSV.
-    read = gov.usage_rows([dim], period, since, team=teams)
+    read = gov.usage_rows([dim], period, since, until, team=teams)
     rows = list(islice(read, PAGE_ROWS + 1))
     read.close()
-    totals = gov.usage([dim], "all", since, team=teams)
+    totals = gov.usage([dim], "all", since, until, team=teams)
     sessions = gov.usage_sessions(since=since)
+    if until is not None:  # a closed period: not the sessions begun after its last day
+        sessions = [s for s in sessions if s.first_at < until + timedelta(days=1)]
     if teams is not None:
         sessions = [s for s in sessions if s.owner.team in teams]
     hist = ledger.utilisation_histogram(sessions)
@@ -424,7 +454,7 @@ class MyUsageHandler(PageHandler):
         now = clock.utcnow()
         if refused := owner_wide(self.current_user, "its owner's page"):
             raise web.HTTPError(403, refused)
-        asked = self.get_argument("user", "")
+        asked = self.query("user")["user"] or ""  # ``usr=bob``: not the admin's own page
         if self.is_admin and asked:
             me = asked  # admins may look at anyone's page
             own = asked == self.current_user["name"]  # an admin on another's page: not "My ..."

@@ -150,7 +150,7 @@ class DryRunHandler(_PolicyApi):
     @web.authenticated
     def delete(self):
         self.require_admin()
-        reason = bounded_reason(self.get_argument("reason", "")).strip()
+        reason = bounded_reason(self.query("reason")["reason"] or "").strip()
         if not stop_dry_run(self.governor, self.actor, reason or "dry run ended"):
             raise web.HTTPError(404, "no dry run is under way")
         self.write_json({"stopped": True})
@@ -165,18 +165,19 @@ class TraceHandler(ApiHandler):
     @web.authenticated
     async def get(self):
         self.require_admin()
+        asked = self.query("since", "until", "step", "pseudonymise")
         try:
             since, until, step = export_span(
-                self.get_argument("since", "1h"),
-                self.get_argument("until", ""),
-                self.get_argument("step", "5m"),
+                "1h" if asked["since"] is None else asked["since"],
+                asked["until"] or "",
+                "5m" if asked["step"] is None else asked["step"],
                 clock.utcnow().timestamp(),
                 flag="",
             )
         except ValueError as error:
             raise web.HTTPError(400, str(error)) from None
         pseudonyms = None
-        if self.get_argument("pseudonymise", "") in ("1", "true", "yes"):
+        if self.yes_or_no(asked, "pseudonymise"):
             pseudonyms = Pseudonyms(os.urandom(32))
         self.set_header("Content-Type", "application/x-ndjson")
         self.set_header("Content-Disposition", 'attachment; filename="gpu-gov-trace.jsonl"')

@@ -189,8 +189,9 @@ class ServersHandler(ApiHandler):
 
     @web.authenticated
     async def get(self):
+        asked = self.query("all", "after", "limit")
         user = None if self.is_admin else self.own_name()
-        running_only = self.get_argument("all", "0") not in ("1", "true")
+        running_only = not self.yes_or_no(asked, "all")
         after, limit = self._page()
         # On the loop, between two passes, a snapshot: the rows wanted and what their
         # listings read, by reference (docs/benchmarks-history.md, "Routes at 10,000 servers (wave
@@ -399,7 +400,7 @@ class ExtensionsHandler(ApiHandler):
     @web.authenticated
     def get(self):
         self.require_admin()
-        status = self.get_argument("status", None)
+        status = self.query("status", "limit", "before")["status"]
         if status is not None and status not in EXTENSION_STATUSES:
             raise web.HTTPError(400, f"'status' must be one of {', '.join(EXTENSION_STATUSES)}")
         limit, before = newest_first_page(self, "an extension request's id")
@@ -431,8 +432,11 @@ class AuditHandler(ApiHandler):
 
     @web.authenticated
     def get(self):
-        server = self.get_argument("server", None)
-        user = self.get_argument("user", None)
+        asked = self.query("server", "user", "limit", "before")
+        for name in ("server", "user"):  # empty (an unset variable's): every server's trail
+            if asked[name] == "":
+                raise web.HTTPError(400, f"{name!r} is empty: leave it out for every {name}'s")
+        server, user = asked["server"], asked["user"]
         servers = [server]
         if not self.is_admin:
             user = readers.only_own(user, self.own_name(), "'user'")
@@ -481,7 +485,7 @@ class DiagnosisHandler(ApiHandler):
     async def get(self):
         self.require_admin()
         try:
-            days = int(self.get_argument("days", "7"))
+            days = int(self.query("days")["days"] or "7")  # empty: a 400 below, as before
         except ValueError:
             raise web.HTTPError(400, "'days' must be a whole number of days") from None
         if not 1 <= days <= 366:

@@ -15,6 +15,7 @@ from datetime import date, datetime, timedelta, timezone
 from functools import partial
 from html import escape
 from operator import attrgetter
+from typing import NamedTuple
 
 from ..core import clock, ledger
 from ..core.durations import parse_duration
@@ -69,10 +70,43 @@ def parse_group_by(text: str | None) -> tuple[list[str], str]:
 PAGE_MAX_DAYS = 366  # the showback page's longest span: a year (its ``days``)
 
 
-def parse_page(group_by: str | None, period: str | None, days: str | None) -> tuple[str, str, int]:
+class PageSpan(NamedTuple):
+    """What the showback page shows: by ``dim``, per ``period``, the UTC days ``first`` to
+    ``last`` inclusive; ``days``: how many back from today it was asked as (None: dates)."""
+
+    dim: str
+    period: str
+    first: date
+    last: date
+    days: int | None
+
+
+_DAY_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def _page_day(text: str, name: str) -> date:
+    """A page's ``since`` or ``until``: a UTC day, ``2026-11-01``, as its date fields send."""
+    try:
+        if _DAY_ONLY.match(text):
+            return date.fromisoformat(text)
+    except ValueError:
+        pass
+    raise UsageQueryError(f"'{name}' must be a UTC day as 2026-11-01; got {text!r}")
+
+
+def parse_page(
+    group_by: str | None,
+    period: str | None,
+    days: str | None,
+    since: str | None = None,
+    until: str | None = None,
+    now: datetime | None = None,
+) -> PageSpan:
     """The showback page's ``group_by`` (one of ``ledger.DIMENSIONS``), ``period`` (day or
-    week) and ``days`` (1 to ``PAGE_MAX_DAYS``); absent or empty: team, day, 14. A bad one
-    names itself, as the usage API's do: the page never shows other data than asked."""
+    week) and its UTC days: ``since`` to ``until`` (dates, inclusive; ``until`` absent: today),
+    else the last ``days`` (1 to ``PAGE_MAX_DAYS``) to today; absent or empty: team, day, 14.
+    A bad one names itself, as the usage API's do: the page never shows other data than asked
+    (finance's closed month read as the 14 days to today)."""
     dim = group_by or "team"
     if dim not in ledger.DIMENSIONS:
         raise UsageQueryError(
@@ -81,6 +115,23 @@ def parse_page(group_by: str | None, period: str | None, days: str | None) -> tu
     period = period or "day"
     if period not in ("day", "week"):
         raise UsageQueryError(f"'period' must be day or week; got {period!r}")
+    today = _day(now or clock.utcnow())
+    if since or until:
+        if days:
+            raise UsageQueryError("give 'days' or 'since' and 'until', not both")
+        if not since:
+            raise UsageQueryError(f"'since' is needed with 'until' ({until!r}): the first UTC day")
+        first = _page_day(since, "since")
+        last = _page_day(until, "until") if until else today
+        if last < first:
+            raise UsageQueryError(f"'until' ({last}) is before 'since' ({first})")
+        span = (last - first).days + 1
+        if span > PAGE_MAX_DAYS:
+            raise UsageQueryError(
+                f"'since' to 'until' is {span:,} days; the page shows at most {PAGE_MAX_DAYS} "
+                "(take longer spans from api/usage)"
+            )
+        return PageSpan(dim, period, first, last, None)
     days = days or "14"
     # ASCII digits only: int() also takes "٣", " 7 " and "1_0".
     if not (
@@ -89,7 +140,19 @@ def parse_page(group_by: str | None, period: str | None, days: str | None) -> tu
         raise UsageQueryError(
             f"'days' must be a whole number of days from 1 to {PAGE_MAX_DAYS}; got {days!r}"
         )
-    return dim, period, int(days)
+    n = int(days)
+    return PageSpan(dim, period, today - timedelta(days=n - 1), today, n)
+
+
+def month_spans(today: date) -> dict[str, tuple[date, date]]:
+    """The page's one-click spans finance asks for: this month to ``today`` and last month
+    whole (UTC days)."""
+    first = today.replace(day=1)
+    last_month_end = first - timedelta(days=1)
+    return {
+        "this month": (first, today),
+        "last month": (last_month_end.replace(day=1), last_month_end),
+    }
 
 
 def parse_when(text: str | None, name: str, now: datetime | None = None) -> datetime | None:
