@@ -291,6 +291,28 @@ async def test_a_failed_card_of_the_allocator_stays_listed_once_its_server_stops
         assert gov.health_view()["gpus"] == []
 
 
+async def test_a_report_no_record_stands_behind_hides_no_stopped_servers_claim(tmp_path):
+    """A workstation without DCGM: bob's allocated card failed, and his server stopped; the
+    claim stays on the panel so the admin sees why the allocator withholds the card. eve's
+    server, on a spawner the Hub keeps no records of, named that card healthy in her report:
+    the claim left the panel, a fault hidden by her word."""
+    uuid = "GPU-0000-lost"
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("bob", state={"gpu_gov_devices": [uuid]})
+        hub.add_server("eve")  # no records (another spawner)
+        gov = await stack.enter_async_context(governed(hub, tmp_path))
+        gov.ingest(failed_report("bob", uuid))
+        await gov.reconcile()
+        hub._finish_stop(hub.users["bob"], "")
+        hub._reindex(hub.users["bob"])
+        await gov.reconcile()
+        gov.ingest(report_for("eve", uuid, sm=0.0))  # "that card is mine, and fine"
+        clock.advance(60)
+        await gov.reconcile()
+        (gpu,) = gov.health_view()["gpus"]
+        assert (gpu["uuid"], gpu["source"], gpu["server"]) == (uuid, "report", "bob/")
+
+
 async def test_a_stopped_servers_failure_claim_goes_once_the_allocator_hands_the_card_out(
     tmp_path,
 ):
