@@ -21,6 +21,7 @@ from tornado.netutil import bind_sockets
 from jupyter_gpu_gov.core import clock, grant, health
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.vocabulary import NODE_UNHEALTHY_ANNOTATION, NODE_UNHEALTHY_LABEL
+from jupyter_gpu_gov.core.vocabulary import WEIGHT_LABEL as WEIGHT
 from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
@@ -356,6 +357,30 @@ async def test_a_reported_failure_dcgm_reads_as_healthy_is_not_believed(tmp_path
     # which, on a shared card, other users' servers run) on mallory's word.
     assert gov.health_view()["gpus"] == []
     assert metrics.GPU_UNHEALTHY.collect()[0].samples == []
+
+
+async def test_a_report_not_believed_files_its_time_under_no_node_its_card_names(tmp_path):
+    """mallory's server has a card of the allocator's (no tier recorded, one DCGM does not
+    read); her report names another card, which DCGM reads on its node: not believed. The
+    diagnosis's cost ledger filed her GPU time under that card's node, which her word chose;
+    it goes under "(unplaced)"."""
+    http = Http((FIXTURES / L4).read_text())
+    try:
+        async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+            # the profile layer's grant: its weight, no tier (an admin's profile without one)
+            state = {"gpu_gov_devices": ["GPU-0000-hers"], "gpu_gov_grant": {WEIGHT: "1"}}
+            hub.add_server("mallory", state=state)
+            gov = await stack.enter_async_context(governed(hub, tmp_path, f"{http.base}/metrics"))
+            gov.ingest(report_for("mallory", L4_GPU, sm=0.0))
+            await fresh_pass(gov)  # DCGM read, her report not believed, her GPUs billed
+            for _ in range(3):
+                clock.advance(60)
+                gov.ingest(report_for("mallory", L4_GPU, sm=0.0))
+            assert "mallory/" in gov._distrusted
+            nodes = gov.diagnosis_summary()["cost"]["nodes"]
+    finally:
+        http.server.stop()
+    assert list(nodes) == ["(unplaced)"], nodes
 
 
 async def test_a_gpu_that_needs_draining_is_said_and_governed_as_usual(tmp_path):

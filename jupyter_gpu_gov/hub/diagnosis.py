@@ -204,12 +204,14 @@ class DiagnosisService:
         gpus: float | None = None,
         learn: bool = True,
         node: str | None = None,
+        believed: bool = True,
     ) -> Scored | None:
         """A report came in: its window learnt, scored and booked (``team``, ``gpus``: whose
         and how many GPU-equivalents, for the cost ledger; ``gpus`` unknown: not booked;
         ``learn`` False: scored, not learnt or kept, as for a report not believed; ``node``:
         the window's node from the Hub's records, ``trusted_node``, else the report's and
-        DCGM's, ``node_of``). Never raises."""
+        DCGM's, ``node_of``; ``believed`` False: the report contradicts the Hub's records, so
+        DCGM's reading of the cards it names places nothing in the cost ledger). Never raises."""
         if not self.options.enabled:
             return None
         now = now or clock.utcnow()
@@ -227,6 +229,8 @@ class DiagnosisService:
             if node is None:
                 if any(e.hostname for e in evidence):
                     node = booked_node = node_of(report, evidence)
+                    if not believed:  # another's card, named by a report not believed
+                        booked_node = cluster.UNPLACED
                 else:  # named by the report, not by DCGM: its first report's name (read once)
                     node = server.named_node = server.named_node or node_of(report, evidence)
                     booked_node = cluster.UNPLACED
