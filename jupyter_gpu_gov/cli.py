@@ -1051,6 +1051,8 @@ def _cluster(args: argparse.Namespace) -> int:
 
 def cluster_text(report: dict) -> str:
     """``GET api/diagnosis`` as a plain-text report."""
+    from .diagnose.cluster import UNPLACED
+
     cost = report.get("cost") or {}
     lines = [
         f"GPU-hours diagnosed, last {cost.get('days', '?')} days: {cost.get('gpu_hours', 0):.1f}",
@@ -1073,6 +1075,8 @@ def cluster_text(report: dict) -> str:
             continue
         lines += ["", f"by {title}:"]
         for name, causes in groups.items():
+            if key == "nodes" and name == UNPLACED:  # the ledger's own word, not a node's name
+                name = f"{UNPLACED}: servers no Hub record or DCGM reading places on a node"
             lines.append(f"  {name or '(none)'}")
             rows(causes, "    ")
     servers = report.get("servers") or []

@@ -9,7 +9,10 @@ written as canonical JSON and hashed; ``tests/data/diagnosis_answers.json`` hold
 code gave at a7a0998, before ``observe`` was made cheaper (docs/benchmarks-history.md, "Issue 26,
 wave 24"); re-recorded once on purpose in issue 23's round thirteen, when ``cpu_serial``'s
 confidence was capped (three streams' hashes moved, every label count the same; with the cap
-lifted, ``Params(residual=1.0)``, the a7a0998 hashes hold). A faster path that answers anything
+lifted, ``Params(residual=1.0)``, the a7a0998 hashes hold); and again when the cost ledger
+filed the time of servers nothing trusted places under ``(unplaced)``, not the card kind
+their reports named (every stream's hash moved; with the costs' ``nodes`` left out, every
+answer and everything kept hashed as before). A faster path that answers anything
 differently fails here, naming the stream.
 
     python tests/test_diagnosis_answers.py --record   # only to re-record on purpose

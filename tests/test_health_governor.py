@@ -21,6 +21,7 @@ from tornado.netutil import bind_sockets
 from jupyter_gpu_gov.core import clock, grant, health
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.core.vocabulary import NODE_UNHEALTHY_ANNOTATION, NODE_UNHEALTHY_LABEL
+from jupyter_gpu_gov.core.vocabulary import WEIGHT_LABEL as WEIGHT
 from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
@@ -291,6 +292,28 @@ async def test_a_failed_card_of_the_allocator_stays_listed_once_its_server_stops
         assert gov.health_view()["gpus"] == []
 
 
+async def test_a_report_no_record_stands_behind_hides_no_stopped_servers_claim(tmp_path):
+    """A workstation without DCGM: bob's allocated card failed, and his server stopped; the
+    claim stays on the panel so the admin sees why the allocator withholds the card. eve's
+    server, on a spawner the Hub keeps no records of, named that card healthy in her report:
+    the claim left the panel, a fault hidden by her word."""
+    uuid = "GPU-0000-lost"
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("bob", state={"gpu_gov_devices": [uuid]})
+        hub.add_server("eve")  # no records (another spawner)
+        gov = await stack.enter_async_context(governed(hub, tmp_path))
+        gov.ingest(failed_report("bob", uuid))
+        await gov.reconcile()
+        hub._finish_stop(hub.users["bob"], "")
+        hub._reindex(hub.users["bob"])
+        await gov.reconcile()
+        gov.ingest(report_for("eve", uuid, sm=0.0))  # "that card is mine, and fine"
+        clock.advance(60)
+        await gov.reconcile()
+        (gpu,) = gov.health_view()["gpus"]
+        assert (gpu["uuid"], gpu["source"], gpu["server"]) == (uuid, "report", "bob/")
+
+
 async def test_a_stopped_servers_failure_claim_goes_once_the_allocator_hands_the_card_out(
     tmp_path,
 ):
@@ -334,6 +357,30 @@ async def test_a_reported_failure_dcgm_reads_as_healthy_is_not_believed(tmp_path
     # which, on a shared card, other users' servers run) on mallory's word.
     assert gov.health_view()["gpus"] == []
     assert metrics.GPU_UNHEALTHY.collect()[0].samples == []
+
+
+async def test_a_report_not_believed_files_its_time_under_no_node_its_card_names(tmp_path):
+    """mallory's server has a card of the allocator's (no tier recorded, one DCGM does not
+    read); her report names another card, which DCGM reads on its node: not believed. The
+    diagnosis's cost ledger filed her GPU time under that card's node, which her word chose;
+    it goes under "(unplaced)"."""
+    http = Http((FIXTURES / L4).read_text())
+    try:
+        async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+            # the profile layer's grant: its weight, no tier (an admin's profile without one)
+            state = {"gpu_gov_devices": ["GPU-0000-hers"], "gpu_gov_grant": {WEIGHT: "1"}}
+            hub.add_server("mallory", state=state)
+            gov = await stack.enter_async_context(governed(hub, tmp_path, f"{http.base}/metrics"))
+            gov.ingest(report_for("mallory", L4_GPU, sm=0.0))
+            await fresh_pass(gov)  # DCGM read, her report not believed, her GPUs billed
+            for _ in range(3):
+                clock.advance(60)
+                gov.ingest(report_for("mallory", L4_GPU, sm=0.0))
+            assert "mallory/" in gov._distrusted
+            nodes = gov.diagnosis_summary()["cost"]["nodes"]
+    finally:
+        http.server.stop()
+    assert list(nodes) == ["(unplaced)"], nodes
 
 
 async def test_a_gpu_that_needs_draining_is_said_and_governed_as_usual(tmp_path):

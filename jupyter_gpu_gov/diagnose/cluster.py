@@ -65,8 +65,15 @@ def recoverable_share(d: Diagnosis) -> float:
     return min(1.0, max(0.0, share)) if isinstance(share, int | float) else 0.0
 
 
+# The cost ledger's node for a server nothing its user cannot write places: the Hub's records
+# name no node, DCGM reads none of its GPUs. Its report's card name was the key once, a name its
+# user chose (a key a session).
+UNPLACED = "(unplaced)"
+
+
 class CostLedger:
-    """GPU time by day, team, node and label: ``[gpu_s, sm_gpu_s, recoverable_gpu_s]``."""
+    """GPU time by day, team, node and label: ``[gpu_s, sm_gpu_s, recoverable_gpu_s]``. A node
+    is one a trusted source names (DCGM's Hostname, the Hub's records), else ``UNPLACED``."""
 
     def __init__(self, keep_days: int = 7):
         self.keep_days = max(1, keep_days)

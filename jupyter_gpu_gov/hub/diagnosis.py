@@ -204,12 +204,14 @@ class DiagnosisService:
         gpus: float | None = None,
         learn: bool = True,
         node: str | None = None,
+        believed: bool = True,
     ) -> Scored | None:
         """A report came in: its window learnt, scored and booked (``team``, ``gpus``: whose
         and how many GPU-equivalents, for the cost ledger; ``gpus`` unknown: not booked;
         ``learn`` False: scored, not learnt or kept, as for a report not believed; ``node``:
         the window's node from the Hub's records, ``trusted_node``, else the report's and
-        DCGM's, ``node_of``). Never raises."""
+        DCGM's, ``node_of``; ``believed`` False: the report contradicts the Hub's records, so
+        DCGM's reading of the cards it names places nothing in the cost ledger). Never raises."""
         if not self.options.enabled:
             return None
         now = now or clock.utcnow()
@@ -221,11 +223,17 @@ class DiagnosisService:
                 return self.results.get(key)  # the same report again: nothing new
             if server is None:
                 server = self._servers[key] = _Server()
+            # The cost ledger's node: one a trusted source names (the Hub's records, DCGM's
+            # Hostname), else UNPLACED: a report's card name is its user's word, a key a session.
+            booked_node = node
             if node is None:
                 if any(e.hostname for e in evidence):
-                    node = node_of(report, evidence)
+                    node = booked_node = node_of(report, evidence)
+                    if not believed:  # another's card, named by a report not believed
+                        booked_node = cluster.UNPLACED
                 else:  # named by the report, not by DCGM: its first report's name (read once)
                     node = server.named_node = server.named_node or node_of(report, evidence)
+                    booked_node = cluster.UNPLACED
             # t is the report's sampled_at: user_idle_s then reads one clock, the server's.
             dcgm = dcgm_fields(evidence) if evidence else None  # most: no DCGM
             windows = windows_from_report(report, node=node, dcgm=dcgm)
@@ -250,7 +258,7 @@ class DiagnosisService:
             diagnosis = self._score(model, window)
             scored = Scored.of(diagnosis, window, now, self.results.get(key))
             self.results[key] = scored
-            self._book(server, window, diagnosis, stamp, team, gpus)
+            self._book(server, window, diagnosis, stamp, team, gpus, booked_node)
             cost = time.perf_counter() - started
             self.score_seconds = cost if self.score_seconds is None else (
                 0.9 * self.score_seconds + 0.1 * cost
@@ -289,8 +297,11 @@ class DiagnosisService:
             window = replace(window, user_idle_s=rules.ZOMBIE_IDLE_S if away else 0.0)
         return model.score(window)
 
-    def _book(self, server: _Server, window: Window, d: Diagnosis, stamp, team, gpus) -> None:
-        """The time since the server's last booked window, to this window's cause."""
+    def _book(
+        self, server: _Server, window: Window, d: Diagnosis, stamp, team, gpus, node: str
+    ) -> None:
+        """The time since the server's last booked window, to this window's cause, under
+        ``node`` (the trusted one, or ``cluster.UNPLACED``)."""
         at = server.booked_at
         server.booked_at = stamp
         server.team = team if team is not None else server.team
@@ -302,7 +313,7 @@ class DiagnosisService:
         self.costs.add(
             day,
             server.team,
-            window.node or "",
+            node or cluster.UNPLACED,
             d,
             seconds * server.gpus,
             window.sm_active,

@@ -165,8 +165,11 @@ class HealthWatch:
         if self.left:  # the allocator handed such a card out again: it reads it healthy itself
             for granted in grant.devices(records):
                 self.left.pop(granted.parent_uuid or granted.uuid, None)
+        # A report ends a stopped server's claim on a card only where the Hub's records stand
+        # behind it: one with none names any card, and hid another's failure from the panel.
+        placed = grant.devices(records) or grant.pod(records)
         for device in report["devices"] if report is not None else ():
-            if self.left:  # a card a stopped server left failed, reported on again
+            if self.left and placed:  # a card a stopped server left failed, reported on again
                 self.left.pop(device.get("parent_uuid") or device["uuid"], None)
             sent = device.get("health")
             if sent is None or sent["status"] == health.OK:  # most devices: nothing to do

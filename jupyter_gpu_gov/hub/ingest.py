@@ -376,6 +376,7 @@ class Ingest:
             # that node's reference what its neighbours are read against.
             learn=key not in self._distrusted and node is not None,
             node=node,
+            believed=key not in self._distrusted,
         )
         result = reported_checkpoint(report.get("checkpoint"))
         if result is not None and row is not None and result.answers(record_of(row)):

@@ -252,7 +252,8 @@ GPU_UNHEALTHY = Gauge(
     "jupyter_gpu_gov_gpu_unhealthy",
     "1 for each GPU that is not healthy: status unhealthy (action reset: it failed; drain: it "
     "needs a reset once its work is done) or unknown (DCGM stopped reporting it); source dcgm "
-    "(trusted) or report (the server holding it says so)",
+    "(DCGM reads it so: the shipped alert rules read these alone) or report (the server's own "
+    "claim, which no trusted source corroborates: shown, never alerted on)",
     ("node", "gpu", "uuid", "status", "action", "source"),
     registry=REGISTRY,
 )
