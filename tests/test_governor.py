@@ -7,6 +7,7 @@ import copy
 import json
 import logging
 import socket
+from dataclasses import replace
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -1392,6 +1393,7 @@ def test_a_schema_7_store_gains_the_index_the_standbys_reads_use(tmp_path):
     store.save_servers([ServerRow(key=f"u{i}/", user=f"u{i}", name="") for i in range(50)])
     with store.engine.begin() as db:  # back to schema 7, as the previous version wrote it
         db.exec_driver_sql("DROP INDEX IF EXISTS ix_servers_updated_at")
+        db.exec_driver_sql("ALTER TABLE servers DROP COLUMN warned_beside_tab")  # schema 10's
         db.exec_driver_sql("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
     store.engine.dispose()
 
@@ -1418,7 +1420,7 @@ def test_a_schema_7_store_gains_the_index_the_standbys_reads_use(tmp_path):
         )
     assert "ix_servers_updated_at" in plan, plan
     with migrated.session() as session:
-        assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION) == "9"
+        assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION) == "10"
 
 
 def test_a_schema_8_store_gains_the_table_that_keeps_dismissals(tmp_path):
@@ -1429,6 +1431,7 @@ def test_a_schema_8_store_gains_the_table_that_keeps_dismissals(tmp_path):
     store.save_servers([ServerRow(key="u1/", user="u1", name="")])
     with store.engine.begin() as db:  # back to schema 8, as the previous version wrote it
         db.exec_driver_sql("DROP TABLE health_dismissals")
+        db.exec_driver_sql("ALTER TABLE servers DROP COLUMN warned_beside_tab")  # schema 10's
         db.exec_driver_sql("UPDATE meta SET value = '8' WHERE key = 'schema_version'")
     store.engine.dispose()
 
@@ -1438,7 +1441,31 @@ def test_a_schema_8_store_gains_the_table_that_keeps_dismissals(tmp_path):
     migrated.save(dismissed=[row])
     assert Store(url).dismissals() == {"GPU-1": frozenset({"XID 79"})}
     with migrated.session() as session:
-        assert session.get(MetaRow, "schema_version").value == "9"
+        assert session.get(MetaRow, "schema_version").value == "10"
+
+
+def test_a_schema_9_store_gains_the_tab_its_warnings_went_out_beside(tmp_path):
+    """Schema 10 keeps whether a tab was open when a warning went out (``warned_beside_tab``,
+    the unread warning's rule): a store written by schema 9 is migrated, its warned servers
+    read as warned with no tab (the rule as it was), and a new warning's tab is kept."""
+    url = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    store = Store(url)
+    row = ServerRow(key="u1/", user="u1", name="")
+    set_record(row, Record(state="warned", warned_at=clock.utcnow()))
+    store.save_servers([row])
+    with store.engine.begin() as db:  # back to schema 9, as the previous version wrote it
+        db.exec_driver_sql("ALTER TABLE servers DROP COLUMN warned_beside_tab")
+        db.exec_driver_sql("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+    store.engine.dispose()
+
+    migrated = Store(url)
+    kept = migrated.servers()["u1/"]
+    assert kept.state == "warned" and not record_of(kept).warned_beside_tab
+    set_record(kept, replace(record_of(kept), warned_beside_tab=True))
+    migrated.save_servers([kept])
+    assert record_of(Store(url).servers()["u1/"]).warned_beside_tab is True
+    with migrated.session() as session:
+        assert session.get(MetaRow, "schema_version").value == "10"
 
 
 async def test_a_restarted_servers_first_report_never_gets_the_last_sessions_warning(
@@ -1468,3 +1495,56 @@ async def test_a_restarted_servers_first_report_never_gets_the_last_sessions_war
         )
         await gov.reconcile()  # the pass sees the new session: idle from its start, no warning
         assert gov.verdict("alice/")["state"] == "idle"
+
+
+async def test_a_warning_shown_only_in_a_tab_nobody_uses_stands_for_the_hubs_lag(
+    tmp_path, restore_clock
+):
+    """Owners away (no interaction for two hours) whose GPUs go idle, the Hub seeing activity
+    on both servers all along: alice's report names a browser connected to her kernel (a tab
+    open, whose polling is that activity), bob's none (a kernel message, a request: someone
+    may be there). Alice's warning stands for the Hub's lag (15 minutes), as if no tab were
+    open; bob's gets the full notice once the Hub sees activity after it. Alice runs a cell:
+    the whole idle clock again."""
+    async with FakeHub() as hub:
+        servers = {
+            user: hub.add_server(user, last_activity=clock.utcnow()) for user in ("alice", "bob")
+        }
+        # warn_after 1h, cull_after 2h: a notice of an hour; the Hub's defaults (5 minutes).
+        gov = governor(hub, tmp_path, hub_activity_lag=timedelta(minutes=15))
+        away = clock.isoformat(clock.utcnow() - timedelta(hours=3))
+
+        def report(user: str, tabs: int, acted: str = away) -> dict:
+            r = report_for(user, H100_IDLE_GPU, sm=0.0)
+            r["server"]["last_activity"] = acted
+            r["targets"][0]["connections"] = tabs
+            return r
+
+        async def step(alice_acted: str = away) -> tuple[dict, dict]:
+            for server in servers.values():
+                server.last_activity = clock.utcnow()  # a tab polls, or a kernel talks
+            gov.ingest(report("alice", 1, alice_acted))
+            gov.ingest(report("bob", 0))
+            await gov.reconcile()
+            return gov.verdict("alice/"), gov.verdict("bob/")
+
+        alice, bob = await step()
+        assert alice["state"] == bob["state"] == "warned", (alice["reason"], bob["reason"])
+        warned = clock.utcnow()
+        minute = timedelta(minutes=1)
+
+        def due(verdict: dict) -> timedelta:
+            return clock.parse(verdict["cull_at"]) - warned
+
+        assert 15 * minute - minute <= due(alice) <= 15 * minute + minute, alice["reason"]
+        assert "a tab open polls whether or not anyone is at it" in alice["reason"]
+        # (bob's too: the Hub's activity before the warning says nothing of who reads it)
+        assert due(bob) <= 15 * minute + minute, bob["reason"]
+        clock.advance(10 * 60)
+        alice, bob = await step()  # the tab polls on: still nobody; bob's Hub: someone
+        assert due(alice) <= 15 * minute + minute, alice["reason"]
+        assert due(bob) >= 60 * minute - minute, bob["reason"]
+        clock.advance(60)
+        alice, _ = await step(alice_acted=clock.isoformat(clock.utcnow()))  # she runs a cell
+        assert due(alice) >= 60 * minute - minute, alice["reason"]
+        await gov.close()

@@ -269,6 +269,51 @@ def test_a_hub_that_gathers_activity_less_often_never_reads_a_present_owner_as_a
     assert p.decide(unknown, p.Record(), POLICY, T0).cull_at == T0 + 30 * MIN
 
 
+def test_a_tabs_polling_reads_no_warning_only_a_persons_interaction_does():
+    """An owner away for away_after, a tab open all along (its report names a connection; its
+    polling keeps the Hub's activity fresh whether or not anyone is at it): the warning's
+    notice is the Hub's lag, as with no tab, until a person acts; whoever then does gets the
+    full notice. A tab opened after the warning (none when it went out) is someone arriving."""
+    away = T0 - 180 * MIN
+
+    def tab(minute, acted=None):
+        back = away if acted is None or minute < acted else T0 + acted * MIN
+        return idle_view(
+            user_last_activity=back, hub_last_activity=T0 + minute * MIN, tab_open=True
+        )
+
+    actions, last = run(tab, minutes=31, on_checkpoint="done")
+    assert actions == [
+        (0, "warn", "warned"),
+        (15, "checkpoint", "checkpointing"),
+        (16, "cull", "culled"),
+    ]
+    assert (
+        "a tab open polls whether or not anyone is at it, so its notice is the Hub's own lag"
+        in last.reason
+    )
+    # Someone runs a cell at minute 10: no longer away, the whole idle clock (an hour).
+    actions = run(lambda m: tab(m, acted=10), minutes=61, on_checkpoint="done")[0]
+    assert actions[:2] == [(0, "warn", "warned"), (60, "checkpoint", "checkpointing")]
+
+    # No tab when it went out, one opened at minute 10 (the Hub sees it): the full notice.
+    def opened(minute):
+        hub = T0 - 5 * MIN if minute < 10 else T0 + minute * MIN
+        return idle_view(user_last_activity=away, hub_last_activity=hub, tab_open=minute >= 10)
+
+    assert run(opened, minutes=40, on_checkpoint="done")[0][:2] == [
+        (0, "warn", "warned"),
+        (30, "checkpoint", "checkpointing"),
+    ]
+    # The server says no tab (or nothing: an older one): the Hub's activity reads it, as before.
+    for said in (False, None):
+        view = lambda m, said=said: replace(tab(m), tab_open=said)  # noqa: E731
+        assert run(view, minutes=31, on_checkpoint="done")[0][1][0] == 30
+    # A new idle stretch forgets the tab of the last warning.
+    warned = p.decide(tab(0), p.Record(), POLICY, T0).record
+    assert warned.warned_beside_tab and not warned.new_idle_stretch().warned_beside_tab
+
+
 def test_an_owner_away_for_less_than_away_after_gets_the_whole_idle_clock():
     recently = replace(idle_view(), user_last_activity=T0 - 90 * MIN)  # away_after is 2 h
     assert run(recently, minutes=61, on_checkpoint="done")[0][0] == (30, "warn", "warned")
@@ -1181,6 +1226,7 @@ def test_records_compare_field_by_field():
     }
     others.update({f.name: t + MIN for f in fields(p.Record) if "datetime" in f.type})
     others.update(approval_pending=True, checkpoint_status="done", cull_request_reason="admin")
+    others.update(warned_beside_tab=True)
     assert set(others) == {f.name for f in fields(p.Record)}  # every field moved once below
     for name, value in others.items():
         moved = p.evolve(record, **{name: value})

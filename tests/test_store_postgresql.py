@@ -135,6 +135,7 @@ def test_a_store_of_schema_5_is_widened_and_keeps_its_rows(database):
         for statement in RETYPED[6]:
             db.execute(text(statement.replace(f"({KEY_LENGTH})", "(255)")))
         db.execute(text("ALTER TABLE servers DROP COLUMN policy_change"))  # schema 7's
+        db.execute(text("ALTER TABLE servers DROP COLUMN warned_beside_tab"))  # schema 10's
         db.execute(
             text(
                 'INSERT INTO servers (key, "user", name, labels, running, state, '

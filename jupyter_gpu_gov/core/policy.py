@@ -503,6 +503,10 @@ class ServerView:
     # nothing of who is there. None: not known, and a warning is never judged unread by it.
     hub_activity_lag: timedelta | None = HUB_ACTIVITY_LAG
     user_last_activity: datetime | None = None  # people's interaction, not API polling or GPU
+    # Its report names a browser connected to a kernel or terminal (``targets[].connections``):
+    # a tab open, whose polling keeps the Hub's activity fresh whether or not anyone is at it.
+    # The server's word: it only ever shortens its own hold (``_unseen_since``). None: no report.
+    tab_open: bool | None = None
     reports: bool = False  # the server sends GPU reports
     gpu: GpuSignal | None = None  # None when it sends none (or they went stale)
     # The governor can ask it for a checkpoint (its report is fresh and the service may reach
@@ -577,6 +581,9 @@ class Record:
     state: str = ACTIVE
     idle_since: datetime | None = None
     warned_at: datetime | None = None  # the warning for the current deadline went out
+    # A tab was open (``ServerView.tab_open``) when it went out: the Hub's activity since is
+    # that tab's polling, not someone opening the notebook. Read only with ``warned_at``.
+    warned_beside_tab: bool = False
     extension_s: float = 0.0  # granted this idle stretch (by the owner, or an admin)
     extensions_used: int = 0
     approval_pending: bool = False
@@ -616,6 +623,7 @@ class Record:
             self,
             idle_since=None,
             warned_at=None,
+            warned_beside_tab=False,
             extension_s=0.0,
             extensions_used=0,
             approval_pending=False,
@@ -1135,7 +1143,7 @@ def _decide_on_activity(
 
     if record.warned_at is None:
         actions.append(WARN)
-        record = evolve(record, warned_at=now)
+        record = evolve(record, warned_at=now, warned_beside_tab=view.tab_open is True)
         if _unseen_since(view, gpu, record, policy) is not None:
             # Given with nobody there to read it: its notice is the Hub's lag from the start
             # (a deadline that moves later if someone turns up, never earlier).
@@ -1180,11 +1188,18 @@ class _IdleClock:
     holds: tuple[str, ...]
     # The warning nobody can have read (``_unseen_since``), where that set the cull.
     unseen: datetime | None = None
+    beside_tab: bool = False  # shown in a tab open when it went out (``warned_beside_tab``)
 
     def why(self, back: datetime | None) -> str:
         """What the reason adds to the deadline: who is (not) there, what holds it back."""
         why = ""
-        if self.unseen is not None:
+        if self.unseen is not None and self.beside_tab:
+            why += (
+                f" (nobody has used the notebook since {_at(back)}, nor acted since the warning"
+                f" of {_at(self.unseen)}: a tab open polls whether or not anyone is at it, so"
+                f" its notice is the Hub's own lag, {format_duration(self.notice)})"
+            )
+        elif self.unseen is not None:
             why += (
                 f" (nobody has used the notebook since {_at(back)}, and the Hub has seen no"
                 f" activity on it since the warning of {_at(self.unseen)}: no tab open to read"
@@ -1255,25 +1270,31 @@ def _idle_clock(
     if record.postponed_until is not None and record.postponed_until > cull_at:
         cull_at = record.postponed_until
         holds.append("a failed checkpoint")
-    return _IdleClock(warn_at, cull_at, due, notice, zombie, away, tuple(holds), unseen)
+    beside = unseen is not None and record.warned_beside_tab
+    return _IdleClock(warn_at, cull_at, due, notice, zombie, away, tuple(holds), unseen, beside)
 
 
 def _unseen_since(
     view: ServerView, gpu: GpuSignal, record: Record, policy: Policy
 ) -> datetime | None:
     """When the warning went out, if nobody can have read it: its owner was away by then
-    (``away_after`` past their last interaction) and the Hub has seen no activity on the server
-    since (no tab open, which would poll; no kernel message; no request). None otherwise, or
-    when not known: no report (a running cell could not be seen), no Hub activity at all. A
-    server can make its Hub activity fresher, and claim an interaction, never the other way:
-    either only holds the cull longer. Nor when the Hub's lag is not known: a Hub that gathers
-    activity less often would read someone there as gone."""
+    (``away_after`` past their last interaction), nobody has interacted since, and the Hub has
+    seen no activity on the server since (no tab opened, which would poll; no kernel message;
+    no request) — or a tab was open when it went out (its report said so), whose polling keeps
+    the Hub's activity fresh whether or not anyone is at it: then only a person's interaction
+    (a cell, a completion, a widget, a terminal, Extend) says someone read it. None otherwise,
+    or when not known: no report (a running cell could not be seen), no Hub activity at all. A
+    server can make its Hub activity fresher, claim an interaction, and deny a tab, never the
+    other way: each only holds the cull longer. Nor when the Hub's lag is not known: a Hub that
+    gathers activity less often would read someone there as gone."""
     warned, last, back = record.warned_at, view.hub_last_activity, view.user_last_activity
     if warned is None or last is None or back is None or policy.away_after is None:
         return None
     if view.hub_activity_lag is None:
         return None
-    if not (view.reports and gpu.sees_cells) or last > warned or back + policy.away_after > warned:
+    if not (view.reports and gpu.sees_cells) or back + policy.away_after > warned:
+        return None
+    if back > warned or (last > warned and not record.warned_beside_tab):
         return None
     return warned
 
@@ -1410,7 +1431,7 @@ def _decide_running(
 
     if record.warned_at is None:
         actions.append(WARN)
-        record = evolve(record, warned_at=now)
+        record = evolve(record, warned_at=now, warned_beside_tab=view.tab_open is True)
         act_at = max(act_at, now + policy.notice)
     if now < act_at:
         why = f"{running}, past {name}: {outcome} at {_at(act_at)} unless extended"

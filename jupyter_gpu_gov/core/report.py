@@ -238,6 +238,11 @@ def user_last_activity(report: Mapping) -> datetime | None:
     return parse(report["server"].get("last_activity"))
 
 
+def tab_open(report: Mapping) -> bool:
+    """A (validated) report names a browser connected to one of its kernels or terminals."""
+    return any((target.get("connections") or 0) > 0 for target in report["targets"])
+
+
 # -- helpers -----------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..core import clock, grant, policy
 from ..core.durations import format_duration
 from ..core.policy import Policy, ServerView, evolve
-from ..core.report import gpu_signal, user_last_activity
+from ..core.report import gpu_signal, tab_open, user_last_activity
 from ..core.vocabulary import STOP_SERVER
 from . import trusted
 from .dcgm import DcgmSnapshot, GpuEvidence, is_idle
@@ -209,6 +209,7 @@ class Evidence:
             reports=True,
             gpu=gpu,
             user_last_activity=user_last_activity(report),
+            tab_open=tab_open(report),
             reachable=not stale,  # a fresh report: its verdict carries requests back
         )
 

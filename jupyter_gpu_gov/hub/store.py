@@ -49,7 +49,7 @@ from .tables import (
     UsageSessionRow,
 )
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 T = TypeVar("T")
 
@@ -170,6 +170,7 @@ MIGRATIONS: dict[int, list[str]] = {
     # index, not a scan of every row at each pass.
     8: [f"CREATE INDEX IF NOT EXISTS {SERVERS_UPDATED_AT} ON servers (updated_at)"],
     9: [],  # health_dismissals: a new table, made by create_all
+    10: ["ALTER TABLE servers ADD COLUMN warned_beside_tab BOOLEAN DEFAULT FALSE"],
 }
 # Migrations that change a column's type: where the database enforces it (SQLite neither
 # enforces a VARCHAR's length nor alters a column). Schema 6: a server's key holds JupyterHub's

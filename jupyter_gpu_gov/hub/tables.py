@@ -77,6 +77,8 @@ SERVERS = Table(
     Column("state", String(32), nullable=False, default="active"),
     _time("idle_since"),
     _time("warned_at"),
+    # Schema 10: a tab was open when the warning went out (an unread warning's rule).
+    Column("warned_beside_tab", Boolean, nullable=False, default=False),
     Column("extension_s", Float, nullable=False, default=0.0),
     Column("extensions_used", Integer, nullable=False, default=0),
     Column("approval_pending", Boolean, nullable=False, default=False),

@@ -191,6 +191,7 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
             hub_last_activity=hub_last,
             # People's interaction is read from reports; the Hub's activity includes open tabs.
             user_last_activity=server.user_last if sample.reports else None,
+            tab_open=sample.connections > 0 if sample.reports else None,
             reports=sample.reports,
             gpu=gpu_signal(sample, policy, server.busy_since),
         )
