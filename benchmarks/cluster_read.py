@@ -35,6 +35,7 @@ from jupyter_gpu_gov.core.vocabulary import pod_key
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, scheduling
 from jupyter_gpu_gov.profiles.tiers import load_tiers
 
+from .loop_hold import ticked
 from .queue_line import ROOM_TIERS, cluster
 
 
@@ -190,30 +191,6 @@ class FakeApi:
         return _Response(self.pods)
 
 
-async def _ticked(work) -> tuple[float, float]:
-    """``work()`` awaited beside a ticker: its wall time and the longest gap between ticks."""
-    gaps, stop = [], False
-
-    async def ticker():
-        last = time.perf_counter()
-        while not stop:
-            await asyncio.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
-    ticking = asyncio.ensure_future(ticker())
-    await asyncio.sleep(0.05)
-    gaps.clear()
-    start = time.perf_counter()
-    await work()
-    took = time.perf_counter() - start
-    await asyncio.sleep(0.01)
-    stop = True
-    await ticking
-    return took, max(gaps)
-
-
 async def one(api: FakeApi, tiers, wanted) -> dict[str, float]:
     gpus = ClusterGpus()
     log = SimpleNamespace(info=lambda *a: None, warning=lambda *a: None)
@@ -228,10 +205,10 @@ async def one(api: FakeApi, tiers, wanted) -> dict[str, float]:
         found.update(gpus.room(tiers, spawner, wanted))
         found["room_s"] = time.perf_counter() - mid
 
-    took, held = await _ticked(read_and_first_room)
+    took, held = await ticked(read_and_first_room)
     assert gpus.nodes is not None and found["unknown"] is None, (gpus.failing, found)
     # The machine's own stalls: the ticker alone, as long.
-    _, idle = await _ticked(lambda: asyncio.sleep(took))
+    _, idle = await ticked(lambda: asyncio.sleep(took))
     hub_pods = {pod_key("team-0", f"work-{i}"): "h100" for i in range(0, 400, 40)}
     counted = time.perf_counter()
     gpus.capacity(tiers, spawner, hub_pods)

@@ -30,6 +30,7 @@ from jupyter_gpu_gov.profiles.grant_count import kept_count
 from jupyter_gpu_gov.profiles.spawner import GpuProfilesMixin
 
 from .admission import add_started_servers, profiles_for, team_names
+from .loop_hold import ticked
 
 
 def build(path: str, servers: int, teams: int) -> None:
@@ -48,34 +49,21 @@ async def one(db, profiles) -> tuple[float, float, float]:
     spawner = Spawner()
     spawner.gpu_held()  # built (the first use)
     kept = kept_count(db)
-    gaps, stop = [], False
-
-    async def ticker():
-        last = time.perf_counter()
-        while not stop:
-            await asyncio.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
-    ticking = asyncio.ensure_future(ticker())
-    await asyncio.sleep(0.05)
-    kept.checked = -1e9  # recount_every has passed
-    began = recounted = kept.checked
-    started = time.perf_counter()
     uses = []
-    while True:
-        use = time.perf_counter()
-        spawner.gpu_held()
-        uses.append(time.perf_counter() - use)
-        if kept.checked != began and getattr(kept, "checking", None) is None:
-            recounted = time.perf_counter()
-            break
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(0.05)
-    stop = True
-    await ticking
-    return max(gaps), recounted - started, max(uses)
+
+    async def recount():
+        kept.checked = -1e9  # recount_every has passed
+        began = kept.checked
+        while True:
+            use = time.perf_counter()
+            spawner.gpu_held()
+            uses.append(time.perf_counter() - use)
+            if kept.checked != began and getattr(kept, "checking", None) is None:
+                return
+            await asyncio.sleep(0.02)
+
+    took, stall = await ticked(recount)
+    return stall, took, max(uses)
 
 
 def run(servers: int, teams: int, repeat: int) -> dict:
