@@ -287,7 +287,9 @@ async def test_a_maximum_age_applied_at_run_time_warns_first_with_its_full_notic
         clock.reset()
 
 
-async def test_a_warned_server_keeps_a_shorter_applied_policys_full_notice_warned_once(tmp_path):
+async def test_a_warned_server_keeps_a_shorter_applied_policys_full_notice_warned_once(
+    tmp_path, frozen_clock
+):
     """Alice is warned of a cull an hour away (notice 1h); 20 minutes on, an admin applies a
     policy with a 10-minute notice for her. Her server is warned again at the next pass, the
     warning naming the change, and her verdict (JupyterLab's panel) names the new deadline: 10
@@ -323,7 +325,7 @@ async def test_a_warned_server_keeps_a_shorter_applied_policys_full_notice_warne
             assert [a.action for a in await at(61)] == ["warn"]
             await at(20)
             kept.apply(gov, short, "user:ada", "shorter for alice")
-            applied = clock.utcnow()
+            applied = clock.utcnow()  # the apply's own time (frozen_clock): the same minute
             warnings = await at(1)
             assert [a.action for a in warnings] == ["warn", "warn"]
             assert "it replaces the deadline warned of" in warnings[1].reason
