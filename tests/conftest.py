@@ -4,6 +4,7 @@ import signal
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,28 @@ def restore_clock():
     from jupyter_gpu_gov.core import clock
 
     yield
+    clock.reset()
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch):
+    """The governor's clock stands still but for ``clock.advance``, for a test whose governor
+    runs in its own process: figures read from it a moment apart (two servers' GPU-seconds in
+    one pass, a span against the test's own reading) are then equal, not apart by what a loaded
+    machine's scheduling adds (CI once saw 0.5 ms). Yields the reading, a one-item list."""
+    from jupyter_gpu_gov.core import clock
+
+    # On a whole second: the Hub keeps times to the millisecond, the history to the second.
+    now = [clock.utcnow().replace(microsecond=0)]
+    advance = clock.advance
+
+    def moved(seconds: float) -> None:
+        advance(seconds)  # what reads the clock by another name (core.report) moves as well
+        now[0] += timedelta(seconds=seconds)
+
+    monkeypatch.setattr(clock, "utcnow", lambda: now[0])
+    monkeypatch.setattr(clock, "advance", moved)
+    yield now
     clock.reset()
 
 

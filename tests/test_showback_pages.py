@@ -35,11 +35,11 @@ def text(response) -> str:
     return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", response.text)))
 
 
-def test_a_session_begun_before_the_30_days_says_its_hours_are_its_whole_run(service):
+def test_a_session_begun_before_the_30_days_says_its_hours_are_its_whole_run(service, frozen_clock):
     """alice's server ran 10 days, 5 of them before "My GPU usage"'s 30 days: its session row
     holds all 240 idle hours (the ledger keeps a session's totals), the cards above the 120 of
     the window. The row said neither, and read as 240 idle hours in the last 30 days."""
-    since = showback.days_back(30)
+    since = showback.days_back(30)  # (frozen_clock: the page's day too, even at midnight)
     began = since - timedelta(days=5)
     deltas = {
         (began.date() + timedelta(days=d), VISION): {ledger.IDLE_HELD: 24 * HOUR} for d in range(10)
@@ -60,9 +60,10 @@ def test_a_session_begun_before_the_30_days_says_its_hours_are_its_whole_run(ser
     assert "its whole run" in row and "add up to more than" in row
 
 
-def test_a_week_the_span_cuts_says_which_of_its_days_it_counts(service):
+def test_a_week_the_span_cuts_says_which_of_its_days_it_counts(service, frozen_clock):
     """Showback per week names a week by its Monday; with 14 days back from a Wednesday, the
     first row named for a Monday held only the days from the span's first, read as a week."""
+    # (frozen_clock: the page counts from the test's day, even across midnight.)
     days = 14 if (clock.utcnow().date() - timedelta(days=13)).weekday() else 13
     since = showback.days_back(days).date()
     monday = since - timedelta(days=since.weekday())

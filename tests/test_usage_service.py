@@ -64,7 +64,9 @@ def counter(team: str, state: str) -> float:
     return value or 0.0
 
 
-async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(tmp_path):
+async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(
+    tmp_path, frozen_clock
+):
     db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
     async with FakeHub() as hub:
         grant = {"gpu-gov/team": "vision", "gpu-gov/tier": "h100", "gpu-gov/weight": "1"}
@@ -122,22 +124,20 @@ async def test_the_governor_bills_each_server_by_its_gpu_state_across_a_restart(
         await restarted.reconcile()
         restarted.flush_usage()  # as every page and the API do before they read it
 
-    since_start = (clock.utcnow() - start).total_seconds()
-    # The clock moves on by the real time the test takes too (a second or so on a loaded
-    # machine): each span below may be longer by that much, never shorter.
-    real = since_start - 6 * STEP
+    # The clock moved by the test's steps alone (frozen_clock): each span is exactly its steps.
+    assert (clock.utcnow() - start).total_seconds() == 6 * STEP
     alice = totals(restarted.store, user="alice")
     bob = totals(restarted.store, user="bob")
-    # The first pass bills from the server's start (just before it); passes take milliseconds.
-    assert first_pass.get(ledger.IDLE_HELD, 0) < 5
-    assert 3 * STEP - 0.5 <= alice[ledger.IDLE_HELD] <= 3 * STEP + real + 0.5
+    # The first pass bills from the server's start (at the same time), not a step before it.
+    assert first_pass.get(ledger.IDLE_HELD, 0) == 0
+    assert alice[ledger.IDLE_HELD] == pytest.approx(3 * STEP)
     # Sample and hold: idle as seen at 0, 30 and 60 s; active from the busy report at 90 s,
     # through the restart, until the pass that found it gone (150 s).
-    assert 2 * STEP - 0.5 <= alice[ledger.ACTIVE] <= 2 * STEP + real + 0.5
+    assert alice[ledger.ACTIVE] == pytest.approx(2 * STEP)
     assert ledger.UNKNOWN not in alice and totals(restarted.store, user="carol") == {}
     # bob's first server: half a GPU, unknown (no reports) from its start to the last pass;
     # the second one 0.5 GPU for two passes; never idle.
-    assert bob == {ledger.UNKNOWN: pytest.approx(0.5 * since_start + 0.5 * 2 * STEP, abs=0.5)}
+    assert bob == {ledger.UNKNOWN: pytest.approx(0.5 * 6 * STEP + 0.5 * 2 * STEP)}
     assert counter("vision", ledger.IDLE_HELD) - before == pytest.approx(alice[ledger.IDLE_HELD])
 
     sessions = {s.server: s for s in restarted.store.usage_sessions()}
@@ -461,7 +461,9 @@ def test_names_users_chose_leave_the_exposition_readable():
     assert read() == {}
 
 
-async def test_a_renamed_tiers_policies_costs_and_weights_follow_it_by_either_name(tmp_path):
+async def test_a_renamed_tiers_policies_costs_and_weights_follow_it_by_either_name(
+    tmp_path, frozen_clock
+):
     """``h100`` was renamed ``h100-sxm`` (``formerly: ["h100"]``, which the profile layer
     passes the governor with the tiers it sizes). ann's server was granted under the old name,
     ben's under the new one. A policy, a cost or a weight keyed by one name did not reach a
@@ -504,7 +506,9 @@ async def test_a_renamed_tiers_policies_costs_and_weights_follow_it_by_either_na
         assert set(held) == {"ann", "ben"}
         assert {b.owner.tier for b in held.values()} == {"h100-sxm"}  # showback: one tier
         seconds = {u: sum(b.values.values()) for u, b in held.items()}
-        # Both at the weight of 0.5 (at 1, or none, one would be 30 s off the other). The two
-        # are read a moment apart in each pass, so equal only to within that moment.
-        assert seconds["ann"] == pytest.approx(seconds["ben"], abs=STEP / 10)
-        assert seconds["ben"] == pytest.approx(0.5 * 2 * STEP, rel=0.2)
+        # Both at the weight of 0.5 for the two steps (at 1, or none, one would be 30 s off the
+        # other). The clock stands still between steps: each pass reads one time for both.
+        assert seconds == {
+            "ann": pytest.approx(0.5 * 2 * STEP),
+            "ben": pytest.approx(0.5 * 2 * STEP),
+        }
