@@ -114,14 +114,9 @@ def missed(samples, actions, detail: bool = False) -> tuple[float, Counter]:
     return held, left
 
 
-def main(argv=None) -> None:
-    parser = arguments(__doc__.splitlines()[0])
-    parser.add_argument("--detail", action="store_true", help="split by what the governor knew")
-    args = parser.parse_args(argv)
-    if args.detail:
-        return detail(args)
+def _runs(args, detail: bool = False):
+    """(seed, run, idle-held GPU-hours, missed) of each seed's world and each run's policy."""
     runs = {"default": {}, **dict(args.candidate)}
-    out = []
     for seed in args.seeds:
         rows = WORLDS[args.world](
             args.servers, args.days, seed, args.step, default_servers=args.default_servers
@@ -129,17 +124,28 @@ def main(argv=None) -> None:
         lines = [json.dumps(r) for r in rows]
         for name, defaults in runs.items():
             run = partial(replay, policies=load_policies([], defaults))
-            held, left = missed(parse_lines(lines), list(run(parse_lines(lines))))
-            points = {k: round(100 * left[k] / held, 2) for k in KINDS}
-            out.append(
-                {
-                    "seed": seed,
-                    "run": name,
-                    "idle_held_gpu_hours": round(held, 1),
-                    "reclaimed": round(100 - sum(points.values()), 2),
-                    "missed_points": points,
-                }
-            )
+            held, left = missed(parse_lines(lines), list(run(parse_lines(lines))), detail=detail)
+            yield seed, name, held, left
+
+
+def main(argv=None) -> None:
+    parser = arguments(__doc__.splitlines()[0])
+    parser.add_argument("--detail", action="store_true", help="split by what the governor knew")
+    args = parser.parse_args(argv)
+    if args.detail:
+        return detail(args)
+    out = []
+    for seed, name, held, left in _runs(args):
+        points = {k: round(100 * left[k] / held, 2) for k in KINDS}
+        out.append(
+            {
+                "seed": seed,
+                "run": name,
+                "idle_held_gpu_hours": round(held, 1),
+                "reclaimed": round(100 - sum(points.values()), 2),
+                "missed_points": points,
+            }
+        )
     if args.json:
         print(json.dumps(out))
         return
@@ -154,17 +160,7 @@ def main(argv=None) -> None:
 
 def detail(args) -> None:
     """Each run's missed points by ``reason``, a column per seed, GPU-hours and points."""
-    runs = {"default": {}, **dict(args.candidate)}
-    table: dict = {}
-    for seed in args.seeds:
-        rows = WORLDS[args.world](
-            args.servers, args.days, seed, args.step, default_servers=args.default_servers
-        )
-        lines = [json.dumps(r) for r in rows]
-        for name, defaults in runs.items():
-            run = partial(replay, policies=load_policies([], defaults))
-            held, left = missed(parse_lines(lines), list(run(parse_lines(lines))), detail=True)
-            table[name, seed] = (held, left)
+    table = {(name, seed): (held, left) for seed, name, held, left in _runs(args, detail=True)}
     if args.json:
         print(
             json.dumps(
@@ -172,7 +168,7 @@ def detail(args) -> None:
             )
         )
         return
-    for name in runs:
+    for name in {"default": {}, **dict(args.candidate)}:
         print(f"{name}: GPU-hours (points) not reclaimed, seeds {' / '.join(map(str, args.seeds))}")
         reasons = sorted({r for (n, _), (_, left) in table.items() if n == name for r in left})
         for r in reasons:
