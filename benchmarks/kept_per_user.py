@@ -7,7 +7,7 @@ Printed: the hub's refused demand after one user is refused under ``--names`` se
 name a second for an hour) beside another user's one refusal; and the governor's memory a
 stopped server's row takes, with the time a read through every row takes (what every owner's
 page, the admin's listing and the diagnosis summary do) at ``--rows`` rows, against the rows one
-user may leave now (``STOPPED_KEPT_PER_USER``).
+user may leave by default (``c.GpuGovernor.stopped_kept_per_user``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ def rows(n: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from jupyter_gpu_gov.hub.reconcile import STOPPED_KEPT_PER_USER
+    from jupyter_gpu_gov.hub.options import Options
+
+    kept = Options().stopped_kept_per_user
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--names", type=int, default=3600, help="server names refused (an hour)")
@@ -71,8 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     size, read_ms = rows(args.rows)
     print(
         f"kept_per_user: a stopped server's row {size:.0f} B in memory; a read through "
-        f"{args.rows} rows {read_ms:.1f} ms; rows one user may leave: {STOPPED_KEPT_PER_USER} "
-        f"({STOPPED_KEPT_PER_USER * size / 1024:.0f} kB)"
+        f"{args.rows} rows {read_ms:.1f} ms; rows one user may leave: {kept} "
+        f"({kept * size / 1024:.0f} kB)"
     )
 
 

@@ -10,7 +10,6 @@ from fake_hub_api import FakeHub
 from test_governor import H100_IDLE_GPU, governor, report_for
 
 from jupyter_gpu_gov.core import clock
-from jupyter_gpu_gov.hub import reconcile
 
 
 def _stop(hub: FakeHub, user: str, name: str) -> None:
@@ -22,19 +21,18 @@ def _stop(hub: FakeHub, user: str, name: str) -> None:
 
 
 async def test_a_user_starting_servers_of_new_names_leaves_a_bounded_number_of_rows(
-    tmp_path, monkeypatch, caplog
+    tmp_path, caplog
 ):
     """Mallory starts a server of a new name for each pass and stops it: each left the
     governor's row for good (in memory, ~0.6 kB, and the store), which every owner's page, the
-    admin's listing and the diagnosis read through. Now at most ``STOPPED_KEPT_PER_USER`` of a
+    admin's listing and the diagnosis read through. Now at most ``stopped_kept_per_user`` of a
     user's stopped servers stay (those stopped most lately), the rest forgotten and said in the
     log; alice's stopped server and running ones are kept, as is the store's copy."""
-    monkeypatch.setattr(reconcile, "STOPPED_KEPT_PER_USER", 3)
     async with FakeHub() as hub:
         hub.named_servers = True
         hub.add_server("alice", "old")
         hub.add_server("alice", "gpu")
-        gov = governor(hub, tmp_path, full_pass_every=1)
+        gov = governor(hub, tmp_path, full_pass_every=1, stopped_kept_per_user=3)
         await gov.reconcile()
         _stop(hub, "alice", "old")
         await gov.reconcile()
@@ -99,3 +97,21 @@ async def test_a_report_changing_its_lie_at_every_pass_is_audited_six_times_an_h
     (latest,) = [r for r in distrusted() if "GPU-99999999-forged" in r]
     assert latest.endswith("(6 other contradictions since the last said)"), latest
     assert caplog.text.count("report not believed") == 7
+
+
+async def test_a_hub_may_say_fewer_distrusted_reports_an_hour(tmp_path):
+    """``distrust_said_per_hour=2``: two rows an hour for a report changing its lie at every
+    pass, where the default says six."""
+    granted = {"gpu_gov_devices": [H100_IDLE_GPU]}
+    try:
+        async with FakeHub() as hub:
+            hub.add_server("mallory", state=granted)
+            gov = governor(hub, tmp_path, full_pass_every=1, distrust_said_per_hour=2)
+            for i in range(5):
+                gov.ingest(report_for("mallory", f"GPU-{i:08d}-forged", sm=0.9))
+                await gov.reconcile()
+                clock.advance(60)
+    finally:
+        clock.reset()
+    rows = [a.reason for a in gov.store.audit_rows("mallory/") if a.action == "report-distrusted"]
+    assert len(rows) == 2, rows
