@@ -115,3 +115,38 @@ async def test_a_hub_may_say_fewer_distrusted_reports_an_hour(tmp_path):
         clock.reset()
     rows = [a.reason for a in gov.store.audit_rows("mallory/") if a.action == "report-distrusted"]
     assert len(rows) == 2, rows
+
+
+def test_the_rows_know_each_users_servers_through_every_change():
+    """``Rows.of_user`` (what the trim reads in place of every row) is, after any run of
+    changes, what a walk through every row finds of that user."""
+    import random
+    from datetime import datetime, timezone
+
+    from jupyter_gpu_gov.hub.tables import Rows, ServerRow
+
+    now = datetime(2026, 12, 6, tzinfo=timezone.utc)
+
+    def row(user: str, name: str) -> ServerRow:
+        return ServerRow(key=f"{user}/{name}", user=user, name=name, session_started=now)
+
+    rng = random.Random(35)
+    rows = Rows({"a/": row("a", ""), "a/x": row("a", "x"), "b/": row("b", "")})
+    for _ in range(3000):
+        user, name = rng.choice("abcd"), rng.choice(["", "x", "y", "z"])
+        key, op = f"{user}/{name}", rng.randrange(6)
+        if op < 2:
+            rows[key] = row(user, name)
+        elif op == 2:
+            rows.pop(key, None)
+        elif op == 3 and key in rows:
+            del rows[key]
+        elif op == 4:
+            rows.setdefault(key, row(user, name))
+        else:
+            rows.update({key: row(user, name)})
+        for u in "abcd":
+            walked = sorted(k for k, r in rows.items() if r.user == u)
+            assert sorted(r.key for r in rows.of_user(u)) == walked, (u, op, key)
+    rows.clear()
+    assert rows.of_user("a") == []

@@ -43,7 +43,7 @@ from .queue import QueueSync, line_starts
 from .records import Records
 from .scopes import HubAccess
 from .store import Store, StoreUnavailable
-from .tables import AuditRow, ServerRow, apply_decision, record_of, set_record
+from .tables import AuditRow, Rows, ServerRow, apply_decision, record_of, set_record
 from .unchanged import Unchanged
 from .usage import Usage, _Use
 from .views import Views, cause_of
@@ -118,7 +118,7 @@ class Governor(
         self.use: dict[str, _Use] = {}  # measured this session, for right-sizing
         self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
-        self._rows: dict[str, ServerRow] | None = None
+        self._rows: Rows | None = None
         self._rows_read_at = 0.0  # time.monotonic() of the rows' last whole read
         self._rows_read_to: datetime | None = None  # the newest updated_at read (on standby)
         self._read_back_due = False  # on standby: the holder's writes read back at next look
@@ -461,7 +461,7 @@ class Governor(
         await asyncio.gather(*batch.jobs)
         await self.save_outcomes_async(batch.after, batch.outcomes, batch.completed)
 
-    async def _forget_stopped(self, rows: dict[str, ServerRow], stopped: Sequence[str]) -> None:
+    async def _forget_stopped(self, rows: Rows, stopped: Sequence[str]) -> None:
         """The rows of a user's stopped servers past ``stopped_kept_per_user`` (the longest
         stopped first; never one stopped in this pass), out of the store and of memory, said in
         the log. A server's name is its owner's choice: one who started a server of a new name
@@ -472,10 +472,8 @@ class Governor(
         users = {row.user for key in stopped if (row := rows.get(key)) is not None}
         if not users:
             return
-        mine: dict[str, list[ServerRow]] = {}
-        for row in rows.values():
-            if row.user in users and not row.running:
-                mine.setdefault(row.user, []).append(row)
+        # The stopped users' rows alone, not every row (``Rows.of_user``).
+        mine = {user: [row for row in rows.of_user(user) if not row.running] for user in users}
         just = set(stopped)
         bound = self.options.stopped_kept_per_user
         forgotten: dict[str, list[str]] = {}
