@@ -8,6 +8,7 @@ import logging
 
 from fake_hub_api import FakeHub
 from test_governor import H100_IDLE_GPU, governor, report_for
+from test_lease import with_lease
 
 from jupyter_gpu_gov.core import clock
 
@@ -97,6 +98,37 @@ async def test_a_report_changing_its_lie_at_every_pass_is_audited_six_times_an_h
     (latest,) = [r for r in distrusted() if "GPU-99999999-forged" in r]
     assert latest.endswith("(6 other contradictions since the last said)"), latest
     assert caplog.text.count("report not believed") == 7
+
+
+async def test_a_standby_forgets_the_stopped_rows_its_holder_forgot(tmp_path, restore_clock):
+    """A standby reads back the rows its holder wrote since its last read; a row the holder
+    forgot (deleted) is never written again, so the standby kept it in memory, listed it and
+    answered for it, until its whole read ten minutes on: mallory's server of a new name each
+    pass grew the standby's rows past the bound its holder kept. It now forgets them as the
+    holder's deletes reach the store: both keep the same rows."""
+    async with FakeHub() as hub:
+        hub.named_servers = True
+        hub.add_server("alice", "gpu")
+        holder_ = governor(hub, tmp_path, full_pass_every=1, stopped_kept_per_user=3)
+        standby = governor(hub, tmp_path, full_pass_every=1, stopped_kept_per_user=3)
+        assert with_lease(holder_).held() and not with_lease(standby).held()
+        for i in range(8):
+            hub.add_server("mallory", f"x{i}")
+            await holder_.reconcile()
+            await standby.reconcile()
+            standby.row("alice/gpu")  # a report's look between passes: the read-back
+            _stop(hub, "mallory", f"x{i}")
+            clock.advance(1)
+            await holder_.reconcile()
+            await standby.reconcile()
+            standby.row("alice/gpu")
+
+    def mallorys(gov) -> set[str]:
+        return {r.key for r in gov.known_servers(running_only=False) if r.user == "mallory"}
+
+    assert mallorys(holder_) == {"mallory/x5", "mallory/x6", "mallory/x7"}
+    assert mallorys(standby) == mallorys(holder_)
+    assert standby.row("mallory/x0") is None
 
 
 async def test_a_hub_may_say_fewer_distrusted_reports_an_hour(tmp_path):

@@ -416,6 +416,16 @@ class Views:
         for key, row in changed.items():
             _asked_again_at_start(row, self._started)
             self._rows[key] = row
+        # A row the holder forgot (``Governor._forget_stopped``, as a user's server stops) is
+        # deleted, never written again: kept here it stayed listed until the whole read. The
+        # users whose servers stopped lately keep here what the store keeps of them.
+        stopped = {row.user for row in changed.values() if not row.running}
+        if stopped:
+            stored = self.store.server_keys(stopped)
+            for user in stopped:
+                for row in self._rows.of_user(user):
+                    if row.key not in stored:
+                        del self._rows[row.key]
         self._rows_read_to = max(
             self._rows_read_to, _newest(changed.values()) or self._rows_read_to
         )
