@@ -267,6 +267,55 @@ def test_a_misspelt_or_repeated_parameter_is_a_400_naming_it(service, method, pa
     assert_refused_unchanged(service, r, before, named)
 
 
+TIGHT = {"policies": [{"name": "tight", "cull_after": "45m"}]}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "named"),
+    [
+        ("POST", "api/policy/apply?dry_run=true", {"candidate": TIGHT, "reason": "try"},
+         "unknown parameter 'dry_run'"),  # applied for real
+        ("POST", "api/users/alice/server/extend?reason=deadline", None,
+         "unknown parameter 'reason'"),  # extended, on record without its why
+        ("POST", "api/users/alice/server/cull?immediately=true", {"reason": "stuck"},
+         "unknown parameter 'immediately'"),  # culled after a notice
+        ("POST", "api/users/alice/server/exempt?duration=1h", {"reason": "demo"},
+         "unknown parameter 'duration'"),
+        ("DELETE", "api/users/alice/server/exempt?reason=done", None,
+         "unknown parameter 'reason'"),  # lifted, on record as 'lifted'
+        ("POST", "api/policy/revert?reason=back", {}, "unknown parameter 'reason'"),
+    ],
+)  # fmt: skip
+def test_a_write_takes_no_parameter_in_its_url(service, method, path, body, named):
+    """A write reads its arguments from its body, and read none from its URL: one put there
+    (``curl -X POST '…/apply?dry_run=true' -d @candidate.json``) was dropped unsaid and the
+    write done without it: the candidate applied for real, an exemption for the default day.
+    Now a 400 naming it, with nothing done, as a GET's unknown parameter is."""
+    live, before = call(service, "GET", "api/policy").json(), service.snapshot()
+    r = call(service, method, path, data=None if body is None else json.dumps(body))
+    assert_refused_unchanged(service, r, before, named)
+    assert "its arguments go in the body" in r.json()["message"]
+    assert call(service, "GET", "api/policy").json() == live
+    for path, form in (
+        ("actions?confirm=yes", {"server": "alice/", "action": "cull", "reason": "stuck"}),
+        ("policy?action=dry-run", {"action": "apply", "candidate": json.dumps(TIGHT),
+                                   "reason": "try"}),
+    ):  # fmt: skip
+        r = call(service, "POST", path, data=form, allow_redirects=False)
+        assert r.status_code == 400, (path, r.status_code, r.text[:300])
+        assert "unknown parameter" in r.text, r.text[:300]
+    assert call(service, "GET", "api/policy").json() == live
+    assert service.snapshot() == before
+
+
+def test_a_write_still_takes_the_token_and_xsrf_in_its_url(service):
+    """HubAuth's ``token`` (where the Hub allows one in a URL) and tornado's ``_xsrf`` are
+    not the write's arguments: a write with them is answered as without."""
+    path = f"api/users/alice/server/exempt?token={ADMIN}&_xsrf=x"
+    r = call(service, "DELETE", path, data=json.dumps({"reason": "checked"}))
+    assert r.status_code == 200, r.text[:300]
+
+
 def test_every_query_a_caller_sends_is_still_answered(service):
     """What the pages' links and forms, the CLI, the docs' examples and HubAuth (``token`` in
     the URL) send, each endpoint still answers: none of them is refused as unknown."""

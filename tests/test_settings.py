@@ -82,6 +82,23 @@ def test_the_options_defaults_are_the_settings_defaults(monkeypatch):
     assert app.make_options() == Options()
 
 
+def test_the_bounds_of_what_one_user_leaves_are_settings(monkeypatch):
+    """``stopped_kept_per_user`` and ``distrust_said_per_hour`` were module constants
+    (hostile34's): an admin of a hub whose people keep many named servers could not list more
+    than 100 stopped ones a user. Settings now, each at least 1: below, refused naming it."""
+    monkeypatch.delenv("JUPYTER_GPU_GOV_TIERS", raising=False)
+    app = GpuGovernor()
+    app.initialize(
+        ["--GpuGovernor.stopped_kept_per_user=500", "--GpuGovernor.distrust_said_per_hour=2"]
+    )
+    options = app.make_options()
+    assert (options.stopped_kept_per_user, options.distrust_said_per_hour) == (500, 2)
+    assert (Options().stopped_kept_per_user, Options().distrust_said_per_hour) == (100, 6)
+    for name in ("stopped_kept_per_user", "distrust_said_per_hour"):
+        with pytest.raises(TraitError, match=name):
+            GpuGovernor(**{name: 0})
+
+
 def test_the_hubs_activity_interval_reaches_the_governor(monkeypatch):
     """How late the Hub's activity may be is read from the Hub's configuration: add_governor
     passes the longer of ``last_activity_interval`` and the servers' posting interval, and the

@@ -300,6 +300,26 @@ def test_no_csv_cell_starts_a_formula_whatever_the_name_starts_with(lead):
     assert rows[1][1] == "'" + name
 
 
+@pytest.mark.parametrize(
+    "lead", [" =", "   +", " \t=", "\t =", "\n=", "\n @", "\u00a0-", "\u3000="]
+)
+def test_no_csv_cell_starts_a_formula_after_blanks(lead):
+    """OWASP's CSV injection guidance: a spreadsheet may drop a cell's leading blanks (spaces,
+    a line break, a no-break space) and read what follows as a formula. `` =1+1`` and
+    ``"\\n=1+1"`` went out as they came, the blanks first in the cell and the formula after."""
+    name = lead + "1+1+cmd|' /C calc'!A0"
+    text = showback.to_csv([{"period": "all", "project": name}], ["project"])
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    assert rows[1][1] == "'" + name
+
+
+@pytest.mark.parametrize("name", ["a =1", "vision", " vision", "1-2", "", "  "])
+def test_a_csv_cell_with_no_formula_is_as_it_came(name):
+    text = showback.to_csv([{"period": "all", "project": name}], ["project"])
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    assert rows[1][1] == name
+
+
 def test_charts_escape_names_and_handle_no_data():
     evil = "<img src=x onerror=alert(1)>"
     svg = showback.stacked_bars({evil: {"2025-03-03": 2.0}}, ["2025-03-03"], title="t", unit="h")

@@ -299,9 +299,9 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         # tornado's (a form's or a script's XSRF token).
         unknown = sorted(set(self.request.query_arguments) - {*names, "token", "_xsrf"})
         if unknown:
+            takes = ", ".join(names) or "none in the URL: its arguments go in the body"
             raise web.HTTPError(
-                400,
-                f"unknown parameter {', '.join(map(repr, unknown))}: this takes {', '.join(names)}",
+                400, f"unknown parameter {', '.join(map(repr, unknown))}: this takes {takes}"
             )
         asked = {}
         for name in names:
@@ -400,6 +400,10 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         return f"{kind}:{model['name']}"
 
     def body(self) -> dict[str, Any]:
+        """A write's arguments, from its JSON body. Its URL takes none (``query()``): a
+        ``?dry_run=true`` or ``?reason=…`` there was dropped unsaid, and the write done
+        without it (the policy applied for real, the extension on record without its why)."""
+        self.query()
         if not self.request.body:
             return {}
         try:

@@ -23,10 +23,6 @@ from .tables import AuditRow
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
-# A server's distrusted report is audited (and logged) at each change, at most this many times
-# an hour; the next says how many changes went unsaid.
-DISTRUST_SAID_PER_HOUR = 6
-
 if TYPE_CHECKING:
     from .reconcile import _Batch
 
@@ -224,13 +220,13 @@ class Evidence:
             found = trusted.contradictions(received.report, granted, evidence)
         before = self._distrusted.get(key, [])
         if found != before and found:
-            # At most DISTRUST_SAID_PER_HOUR a server: its report is its owner's to write, and
+            # At most ``distrust_said_per_hour`` a server: its report is its owner's to write, and
             # one changing what it names (another pod's name, any GPU) at every pass wrote a
             # row and a WARNING of up to 2,000 characters a pass for each server.
             since, said, unsaid = self._distrust_said.get(key, (now, 0, 0))
             if now - since >= timedelta(hours=1):
                 since, said = now, 0
-            if said < DISTRUST_SAID_PER_HOUR:
+            if said < self.options.distrust_said_per_hour:
                 why = "report not believed: " + "; ".join(found)
                 if unsaid:
                     why = f"{why[:1900]} ({unsaid} other contradictions since the last said)"

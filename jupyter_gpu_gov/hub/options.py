@@ -56,6 +56,12 @@ class Options:
     # Decide every server at one pass in this many, and between them only those whose inputs
     # changed or whose time came (``hub/unchanged.py``); 1: every server at every pass.
     full_pass_every: int = 10
+    # The rows of a user's stopped servers kept, those stopped most lately (older ones are
+    # forgotten as the user's servers stop: ``Governor._forget_stopped``).
+    stopped_kept_per_user: int = 100
+    # A server's distrusted report is audited (and logged) at each change, at most this many
+    # times an hour; the next says how many changes went unsaid (``Evidence._distrust``).
+    distrust_said_per_hour: int = 6
     history: HistoryOptions = field(default_factory=HistoryOptions)  # hub/history.py
 
     def __post_init__(self) -> None:

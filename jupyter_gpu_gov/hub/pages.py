@@ -246,6 +246,7 @@ class ActionHandler(PageHandler):
     @web.authenticated
     async def post(self):
         self.require_admin()
+        self.query()  # the form's fields are its body's: none in the URL (``ApiHandler.body``)
         gov = self.governor
         key = self.get_body_argument("server", "")
         action = self.get_body_argument("action", "")

@@ -58,6 +58,7 @@ class PolicyPageHandler(PageHandler):
     @web.authenticated
     async def post(self):
         self.require_admin()
+        self.query()  # the form's fields are its body's: none in the URL (``ApiHandler.body``)
         gov = self.governor
         action = self.get_body_argument("action", "")
         text = self.get_body_argument("candidate", "")

@@ -43,7 +43,7 @@ from .queue import QueueSync, line_starts
 from .records import Records
 from .scopes import HubAccess
 from .store import Store, StoreUnavailable
-from .tables import AuditRow, ServerRow, apply_decision, record_of, set_record
+from .tables import AuditRow, Rows, ServerRow, apply_decision, record_of, set_record
 from .unchanged import Unchanged
 from .usage import Usage, _Use
 from .views import Views, cause_of
@@ -118,7 +118,7 @@ class Governor(
         self.use: dict[str, _Use] = {}  # measured this session, for right-sizing
         self._checkpoints: dict[str, CheckpointResult] = {}  # finished, not yet applied
         self._tasks: set[asyncio.Task] = set()
-        self._rows: dict[str, ServerRow] | None = None
+        self._rows: Rows | None = None
         self._rows_read_at = 0.0  # time.monotonic() of the rows' last whole read
         self._rows_read_to: datetime | None = None  # the newest updated_at read (on standby)
         self._read_back_due = False  # on standby: the holder's writes read back at next look
@@ -461,8 +461,8 @@ class Governor(
         await asyncio.gather(*batch.jobs)
         await self.save_outcomes_async(batch.after, batch.outcomes, batch.completed)
 
-    async def _forget_stopped(self, rows: dict[str, ServerRow], stopped: Sequence[str]) -> None:
-        """The rows of a user's stopped servers past ``STOPPED_KEPT_PER_USER`` (the longest
+    async def _forget_stopped(self, rows: Rows, stopped: Sequence[str]) -> None:
+        """The rows of a user's stopped servers past ``stopped_kept_per_user`` (the longest
         stopped first; never one stopped in this pass), out of the store and of memory, said in
         the log. A server's name is its owner's choice: one who started a server of a new name
         in each pass left a row each for good (about 0.6 kB in memory a row), which every
@@ -472,17 +472,16 @@ class Governor(
         users = {row.user for key in stopped if (row := rows.get(key)) is not None}
         if not users:
             return
-        mine: dict[str, list[ServerRow]] = {}
-        for row in rows.values():
-            if row.user in users and not row.running:
-                mine.setdefault(row.user, []).append(row)
+        # The stopped users' rows alone, not every row (``Rows.of_user``).
+        mine = {user: [row for row in rows.of_user(user) if not row.running] for user in users}
         just = set(stopped)
+        bound = self.options.stopped_kept_per_user
         forgotten: dict[str, list[str]] = {}
         for user, kept in mine.items():
-            if len(kept) <= STOPPED_KEPT_PER_USER:
+            if len(kept) <= bound:
                 continue
             kept.sort(key=lambda r: (r.key in just, r.updated_at or _EPOCH, r.key))
-            cut = len(kept) - STOPPED_KEPT_PER_USER
+            cut = len(kept) - bound
             forgotten[user] = [r.key for r in kept[:cut] if r.key not in just]
         keys = [key for keys in forgotten.values() for key in keys]
         if not keys:
@@ -500,7 +499,7 @@ class Governor(
             "gpu-gov: forgot the rows of %d stopped servers, at most %d kept a user (the "
             "stopped most lately): %s",
             len(keys),
-            STOPPED_KEPT_PER_USER,
+            bound,
             ", ".join(f"{escaped(user)} {len(cut)}" for user, cut in named[:10])
             + (f" and {len(named) - 10} more users" if len(named) > 10 else ""),
         )
@@ -748,9 +747,6 @@ STANDBY = "on standby: another governor holds the store's lease; this one acts o
 SLICE_S = 0.005  # a pass's longest run of deciding between two turns of the event loop
 SPAWN_QUEUED_AFTER = timedelta(minutes=1)
 GAUGES_PER_TURN = 1000  # servers' gauges set between two turns of the event loop
-# The rows of a user's stopped servers kept (the admin's ``all=1`` listing reads them); older
-# ones are forgotten as the user's servers stop (``Governor._forget_stopped``).
-STOPPED_KEPT_PER_USER = 100
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 

@@ -321,6 +321,26 @@ class GovernorSettings(HasTraits):
         (docs/benchmarks-history.md, "Scale"). 1: every server at every pass.""",
     ).tag(config=True)
 
+    stopped_kept_per_user = Int(
+        100,
+        min=1,
+        help="""Rows of one user's stopped servers the governor keeps (in memory and the store;
+        the admin's ``api/servers?all=1`` lists them), those stopped most lately; older ones
+        are forgotten as the user's servers stop, said in the log. A server's name is its
+        owner's choice: without a bound, one starting a server of a new name each pass left a
+        row each for good (about 0.6 kB in memory, read through by every owner's page, the
+        admin's listing and the diagnosis: 10-24 ms at 100,000 rows). Raise it where people
+        keep more named servers than this and want the stopped ones listed.""",
+    ).tag(config=True)
+    distrust_said_per_hour = Int(
+        6,
+        min=1,
+        help="""Times an hour a server's report that contradicts the Hub's records of its GPUs
+        is put on record (a ``report-distrusted`` audit row and a WARNING line, up to 2,000
+        characters each), at each change of what it names; the next one says how many went
+        unsaid. Not believed either way: this bounds only what is written.""",
+    ).tag(config=True)
+
     # -- history and what-if (hub/history.py, docs/api.md "History and what-if") ---------------
     history_retention = Float(
         14 * 86400,

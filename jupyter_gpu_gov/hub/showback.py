@@ -278,10 +278,18 @@ def json_parts(head: Mapping, rows: Iterable[Mapping]) -> Iterator[str]:
     yield "]}"
 
 
+# What starts a spreadsheet formula first in a cell: ASVS 5.0's leading characters, NUL included
+# (a project without a grant is any text the user sent).
+_FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r", "\0")
+
+
 def _csv_safe(value):
-    """Owner names come from users: never let one start a spreadsheet formula (ASVS 5.0's
-    leading characters, NUL included: a project without a grant is any text the user sent)."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r", "\0"):
+    """Owner names come from users: never let one start a spreadsheet formula. OWASP's CSV
+    injection guidance: a spreadsheet may drop a cell's leading blanks (spaces, a line break, a
+    no-break space) and read `` =1+1`` as ``=1+1``, so the first character after them counts too."""
+    if isinstance(value, str) and (
+        value[:1] in _FORMULA_LEADS or value.lstrip()[:1] in _FORMULA_LEADS
+    ):
         return "'" + value
     return value
 

@@ -301,6 +301,17 @@ class Store:
         self._stored |= rows.keys()
         return rows
 
+    def server_keys(self, users: Iterable[str]) -> set[str]:
+        """The keys of the rows of ``users``' servers (a standby's check of what its holder
+        forgot: ``Views._read_back``)."""
+        users = sorted(set(users))
+        keys: set[str] = set()
+        with self.engine.connect() as connection:
+            for i in range(0, len(users), 500):  # within every database's parameters
+                query = select(SERVERS.c.key).where(SERVERS.c.user.in_(users[i : i + 500]))
+                keys.update(connection.execute(query).scalars())
+        return keys
+
     def newest_server_write(self) -> datetime | None:
         """When a server row was last written (None: none was)."""
         with self.engine.connect() as connection:

@@ -25,7 +25,7 @@ from .allocation import allocation
 from .checkpoints import checkpoint_fields, result_status
 from .evidence import Received
 from .queue import Unopened
-from .tables import AuditRow, ExtensionRow, ServerRow, record_of, set_record
+from .tables import AuditRow, ExtensionRow, Rows, ServerRow, record_of, set_record
 
 
 def _encoded(verdict: dict) -> bytes:
@@ -382,14 +382,14 @@ class Views:
         return row_view(row, self.reports.get(key), self.root_cause(key), self.right_size(row))
 
     @property
-    def rows(self) -> dict[str, ServerRow]:
+    def rows(self) -> Rows:
         """Every server the governor knows, in memory: it is the store's only writer, so the
         database is read once, at start (on standby, what the holder writes is read back:
         ``read_back_rows``)."""
         if self._rows is not None and self._read_back_due:
             self._read_back()
         if self._rows is None:
-            self._rows = self.store.servers()
+            self._rows = Rows(self.store.servers())
             for row in self._rows.values():
                 _asked_again_at_start(row, self._started)
             self._rows_read_at = time.monotonic()
@@ -416,6 +416,16 @@ class Views:
         for key, row in changed.items():
             _asked_again_at_start(row, self._started)
             self._rows[key] = row
+        # A row the holder forgot (``Governor._forget_stopped``, as a user's server stops) is
+        # deleted, never written again: kept here it stayed listed until the whole read. The
+        # users whose servers stopped lately keep here what the store keeps of them.
+        stopped = {row.user for row in changed.values() if not row.running}
+        if stopped:
+            stored = self.store.server_keys(stopped)
+            for user in stopped:
+                for row in self._rows.of_user(user):
+                    if row.key not in stored:
+                        del self._rows[row.key]
         self._rows_read_to = max(
             self._rows_read_to, _newest(changed.values()) or self._rows_read_to
         )
