@@ -138,6 +138,12 @@ def test_the_hubs_activity_interval_reaches_the_governor(monkeypatch):
     assert lag(None, hub_activity_interval=600) == timedelta(minutes=25)
     with pytest.raises(SystemExit, match="is not a number of seconds"):
         lag("soon")
+    # An admin who knows it better says it (a Hub gathering every 5 s, clocks in sync)...
+    assert lag("5", hub_activity_lag=20) == timedelta(seconds=20)
+    assert lag(None, hub_activity_lag=20) == timedelta(seconds=20)
+    # ...but never under what the Hub's own interval makes it.
+    with pytest.raises(SystemExit, match="shorter than twice the Hub's activity interval"):
+        lag("300", hub_activity_lag=60)
 
 
 def test_the_profile_layers_guarantees_reach_my_gpu_usage(monkeypatch):

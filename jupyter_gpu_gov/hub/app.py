@@ -217,6 +217,21 @@ class GpuGovernor(GovernorSettings, Application):
                 )
         return timedelta(seconds=seconds) if seconds else None
 
+    def activity_lag(self) -> timedelta | None:
+        """How late the Hub's activity may be: ``hub_activity_lag`` where set, else what the
+        Hub's activity interval gives (``core.policy.hub_activity_lag``); None when not known."""
+        interval = self.activity_interval()
+        if not self.hub_activity_lag:
+            return hub_activity_lag(interval)
+        lag = timedelta(seconds=self.hub_activity_lag)
+        if interval is not None and lag < 2 * interval:
+            raise SystemExit(
+                f"jupyter-gpu-gov: hub_activity_lag ({self.hub_activity_lag:g} s) is shorter than"
+                f" twice the Hub's activity interval ({interval.total_seconds():g} s): the Hub's"
+                " activity can be that late"
+            )
+        return lag
+
     def build_tier_sizes(self):
         entries = self.right_size_tiers
         if not entries and os.environ.get("JUPYTER_GPU_GOV_TIERS"):
@@ -292,7 +307,7 @@ class GpuGovernor(GovernorSettings, Application):
         return Options(
             dry_run=self.dry_run,
             report_stale_after=parse_duration(self.report_stale_after),
-            hub_activity_lag=hub_activity_lag(self.activity_interval()),
+            hub_activity_lag=self.activity_lag(),
             cull_default_servers=self.cull_default_servers,
             cull_named_servers=self.cull_named_servers,
             cull_admin_users=self.cull_admin_users,

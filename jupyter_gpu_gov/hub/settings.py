@@ -137,6 +137,16 @@ class GovernorSettings(HasTraits):
         configuration; 0 and neither set: not known, and no warning is judged unread
         (a Hub gathering activity less often would read someone there as gone).""",
     ).tag(config=True)
+    hub_activity_lag = Float(
+        0,
+        min=0,
+        help="""Seconds: how late the Hub's activity of a server may be, where the admin knows
+        it better than the default (twice ``hub_activity_interval`` and 5 minutes for clock
+        skew, at least 15 minutes): a Hub that gathers activity every few seconds, its servers'
+        clocks in sync. Never under twice ``hub_activity_interval`` (refused at start). It is
+        the notice of a warning nobody can read (``away_after``), the silence ``zombie_idle``
+        waits out, and how far the incremental listing reads back. 0: the default.""",
+    ).tag(config=True)
     team_map = Dict(
         help="User name → team, for users whose server has no grant naming its team and who are "
         "in no Hub group with a team (a team in user_options is never believed)."

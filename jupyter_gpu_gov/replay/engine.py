@@ -242,9 +242,10 @@ def gpu_signal(
 ) -> GpuSignal | None:
     """The GPU as the service would see it: from the server's report, or for a server without
     the extension from DCGM (``gpu_sm`` on a ``reports: false`` row), which sees the card but
-    not the kernels — while the card idles the service reads the kernels' execution state from
-    the server's Jupyter API; None when neither says anything (jupyterhub-idle-culler's rule
-    then). A server holds its GPU allocation with or without a context (stop-server); shutting
+    not the kernels — while the card idles the replay reads the kernels' execution state as
+    the server's Jupyter API would give it, a read the live governor no longer makes (it calls
+    no user's server: docs/benchmarks.md, "Reclamation replay"); None when neither says
+    anything (jupyterhub-idle-culler's rule then). A server holds its GPU allocation with or without a context (stop-server); shutting
     kernels down frees only what they hold."""
     if not sample.reports and sample.gpu_sm is None:
         return None
