@@ -128,9 +128,9 @@ def test_the_probe_refuses_a_loop_it_cannot_time():
 def test_the_profile_puts_each_steady_report_s_sampled_cpu_in_one_part():
     from benchmarks.ingest_profile import PARTS
 
-    # 60 steady reports, ~40 ms of the service's CPU: ~10 ticks, each a sample. (Reports a
-    # loaded machine fails are not this test's business.)
-    figures = ingest.run(servers=600, seconds=6, concurrency=8, profile=True)
+    # 100 steady reports, ~100 ms of the service's CPU: a sample at about one tick in two of
+    # it (~12 at HZ=250). (Reports a loaded machine fails are not this test's business.)
+    figures = ingest.run(servers=600, seconds=10, concurrency=8, profile=True)
     assert figures["profile_samples"] > 0
     assert figures["profile_user_ms_per_report"] + figures["profile_system_ms_per_report"] > 0
     parts = [figures[f"profile_{part}_us"] for part, _ in PARTS]
