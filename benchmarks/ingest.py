@@ -1,7 +1,7 @@
 """Report ingest over HTTP on loopback: the governor service under N servers' reports.
 
     python -m benchmarks.ingest [--servers 2000] [--seconds 15] [--concurrency 16] [--nice 19]
-        [--accept-interval 0.02] [--event-loop auto|uvloop|asyncio]
+        [--accept-interval 0.02] [--event-loop auto|uvloop|asyncio] [--probe | --profile]
 
 Three processes, as in a deployment: the fake Hub (``tests/fake_hub_api.FakeHub`` with N users,
 each with a running server and tokens like a server's ``$JUPYTERHUB_API_TOKEN``), the service
@@ -33,6 +33,8 @@ reconciles once at start (its first pass over the N servers, before anything is 
 then not again (``--cull-every`` a day): the reconcile pass is ``benchmarks.reconcile``'s figure.
 It runs on its default event loop (``auto``: uvloop where installed) unless ``--event-loop``
 names one; with ``--probe`` on the standard library's, whose callbacks the probe times.
+``--profile``: the steady phase's CPU by part, µs a report (``benchmarks.ingest_profile``:
+sampled by CPU time, which a wall-clock sampler is not), and its user and system CPU.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,6 +59,7 @@ from typing import IO, Any
 
 from .ingest_load import RUN_STARTED, Connections, Sent, encode, report_for
 from .ingest_probe import PROBE_ENV, SLOW_MS
+from .ingest_profile import PROFILE_ENV, breakdown
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICE = "gpu-gov"
@@ -305,6 +309,7 @@ async def _bench(
     concurrency: int,
     keep: bool,
     mix: str = MOVING,
+    profile: Path | None = None,
 ):
     load = Load(ready["users"], port, keep, mix)
     url = ready["counters_url"]
@@ -315,7 +320,14 @@ async def _bench(
     rss_reported = rss_mb(service_pid)
     load.connections.drop_all()  # a restart closes them: the servers connect anew
     restart = await measure("restart", service_pid, url, load.steady(seconds, 1))
+    if profile is not None:  # the steady phase sampled (benchmarks.ingest_profile)
+        os.kill(service_pid, signal.SIGUSR1)
     steady = await measure("steady", service_pid, url, load.steady(seconds, EXPIRED_EVERY))
+    if profile is not None:
+        os.kill(service_pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 60
+        while not profile.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
     return [idle, cold, warm, restart, steady], rss_started, rss_reported
 
 
@@ -383,6 +395,7 @@ def run(
     mix: str = MOVING,
     cull_every: float = NO_PASS_S,
     event_loop: str | None = None,
+    profile: bool = False,
 ) -> dict:
     """Start the fake Hub and the service, send the phases' reports, return the figures (with
     ``probe``, what held the service's event loop in each phase: ``benchmarks.ingest_probe``;
@@ -391,9 +404,13 @@ def run(
     so the service's latency shows what it costs the service, not its neighbours on the CPU;
     ``mix``: ``MOVING`` or ``IDLE_REPEAT``; ``cull_every``: the service's pass interval, the
     start-up pass's end its first tick; ``event_loop``: the service's ``GpuGovernor.event_loop``,
-    else its default, ``asyncio`` with ``probe``, which times the standard loop's callbacks)."""
+    else its default, ``asyncio`` with ``probe``, which times the standard loop's callbacks;
+    ``profile``: where the service's CPU went in the steady phase, by part, sampled by CPU time:
+    ``benchmarks.ingest_profile``)."""
     if probe and event_loop not in (None, "asyncio"):
         raise SystemExit("--probe times the standard loop's callbacks: use --event-loop asyncio")
+    if probe and profile:
+        raise SystemExit("--probe and --profile each run the service their own way: one at a time")
     with contextlib.ExitStack() as stack:
         start: dict[str, Any] = {"cull_every": cull_every}
         args = []
@@ -411,16 +428,28 @@ def run(
             # By its path: ``-m`` would take a baseline's own ``benchmarks`` first.
             start["command"] = (str(REPO / "benchmarks" / "ingest_probe.py"),)
             start["env"] = {PROBE_ENV: str(lines), "PYTHONPATH": os.pathsep.join(pythonpath)}
+        sampled = None
+        if profile:
+            sampled = Path(stack.enter_context(tempfile.TemporaryDirectory()), "profile.pickle")
+            pythonpath = [p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p]
+            start["command"] = (str(REPO / "benchmarks" / "ingest_profile.py"),)
+            start["env"] = {PROFILE_ENV: str(sampled), "PYTHONPATH": os.pathsep.join(pythonpath)}
         ready = stack.enter_context(fake_hub(servers, seconds))
         process, port = stack.enter_context(service(ready, **start))
         if nice:  # the service started at ours: only the Hub's process and this one yield
             os.setpriority(os.PRIO_PROCESS, ready["pid"], nice)
             os.setpriority(os.PRIO_PROCESS, 0, nice)
         phases, rss_started, rss_reported = asyncio.run(
-            _bench(ready, process.pid, port, seconds, concurrency, keep, mix)
+            _bench(ready, process.pid, port, seconds, concurrency, keep, mix, sampled)
         )
         held = held_loop(phases, lines) if probe else {}
-    result = figures(servers, seconds, concurrency, phases, rss_started, rss_reported)
+        result = figures(servers, seconds, concurrency, phases, rss_started, rss_reported)
+        if sampled is not None:
+            steady = phases[-1]
+            held = {
+                **held,
+                **breakdown(sampled, len(steady.sent), result["steady_cpu_ms_per_report"]),
+            }
     return {
         **result,
         "connections": "kept" if keep else "one per report",
@@ -564,6 +593,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="the service's GpuGovernor.event_loop (default: its own, auto)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the service's CPU by time in the steady phase and print its parts, µs a"
+        " report (benchmarks.ingest_profile), with its user and system CPU a report",
+    )
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_hub:
@@ -580,6 +615,7 @@ def main(argv: list[str] | None = None) -> None:
         args.mix,
         args.cull_every,
         args.event_loop,
+        args.profile,
     )
     print("ingest:", " ".join(f"{k}={v}" for k, v in result.items()))
 

@@ -123,3 +123,80 @@ def test_the_http_floor_benchmark_gets_each_servers_answer():
 def test_the_probe_refuses_a_loop_it_cannot_time():
     with pytest.raises(SystemExit, match="--probe times the standard loop's callbacks"):
         ingest.run(servers=10, seconds=1, probe=True, event_loop="uvloop")
+
+
+def test_the_profile_puts_each_steady_report_s_sampled_cpu_in_one_part():
+    from benchmarks.ingest_profile import PARTS
+
+    # 100 steady reports, ~100 ms of the service's CPU: a sample at about one tick in two of
+    # it (~12 at HZ=250). (Reports a loaded machine fails are not this test's business.)
+    figures = ingest.run(servers=600, seconds=10, concurrency=8, profile=True)
+    assert figures["profile_samples"] > 0
+    assert figures["profile_user_ms_per_report"] + figures["profile_system_ms_per_report"] > 0
+    parts = [figures[f"profile_{part}_us"] for part, _ in PARTS]
+    assert all(us >= 0 for us in parts)
+    # Every sample is in exactly one part: together they are the steady report's CPU.
+    assert sum(parts) == pytest.approx(1000 * figures["steady_cpu_ms_per_report"], abs=0.1 * 12)
+
+
+def _frame(path: str, function: str) -> tuple[str, str]:
+    return (f"/venv/lib/python3.11/site-packages/{path}", function)
+
+
+@pytest.mark.parametrize(
+    ("innermost_first", "part"),
+    [
+        # The Hub's answer for a token, under the route: the check, not the route.
+        (
+            [("aiohttp/streams.py", "feed_data"), ("jupyter_gpu_gov/hub/routes.py", "_asked")],
+            "hub_check",
+        ),
+        # After the Hub answered, the same task takes the report: its own parts.
+        (
+            [
+                ("jupyter_gpu_gov/core/report.py", "_number"),
+                ("jupyter_gpu_gov/core/report.py", "validate"),
+                ("jupyter_gpu_gov/hub/routes.py", "_report"),
+                ("jupyter_gpu_gov/hub/routes.py", "_asked"),
+            ],
+            "validate",
+        ),
+        (
+            [
+                ("jupyter_gpu_gov/hub/ingest.py", "_keep"),
+                ("jupyter_gpu_gov/hub/ingest.py", "compact_report"),
+                ("jupyter_gpu_gov/hub/ingest.py", "_keep_report"),
+                ("jupyter_gpu_gov/hub/routes.py", "_accepted"),
+                ("jupyter_gpu_gov/hub/protocol_server.py", "finish"),
+            ],
+            "compact_report",
+        ),
+        (
+            [
+                ("jupyter_gpu_gov/diagnose/features.py", "windows_from_report"),
+                ("jupyter_gpu_gov/hub/diagnosis.py", "observe"),
+                ("jupyter_gpu_gov/hub/ingest.py", "_keep_report"),
+            ],
+            "diagnosis",
+        ),
+        (
+            [
+                ("jupyter_gpu_gov/hub/incremental.py", "_note_report"),
+                ("jupyter_gpu_gov/hub/ingest.py", "_keep_report"),
+            ],
+            "ingest_rest",
+        ),
+        ([("jupyter_gpu_gov/hub/protocol_server.py", "<lambda>")], "http"),
+        ([("python3.11/weakref.py", "__setitem__")], "loop"),
+    ],
+)
+def test_the_profile_names_a_sample_s_part_by_the_frames_in_its_stack(innermost_first, part):
+    from benchmarks.ingest_profile import part_of
+
+    stack = tuple(_frame(path, function) for path, function in innermost_first)
+    assert part_of(stack) == part
+
+
+def test_the_probe_and_the_profile_are_not_run_together():
+    with pytest.raises(SystemExit, match="one at a time"):
+        ingest.run(servers=10, seconds=1, probe=True, profile=True)
