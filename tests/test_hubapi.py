@@ -419,6 +419,8 @@ async def test_a_model_that_cannot_be_read_leaves_out_that_server_not_the_others
         {"name": "eve", "servers": {"": good, "gpu": good | {"user_options": "a100"}}},
         # Longer than JupyterHub keeps (a Hub on SQLite lets it be): the store holds no such key.
         {"name": "fay", "servers": {"n" * 256: good}},
+        # NUL, which PostgreSQL refuses in text (JupyterHub 4.1-5.x take any server name).
+        {"name": "gus", "servers": {"a\0b": good}},
         {"servers": {"": good}},
         "a string",
     ]
@@ -441,6 +443,7 @@ async def test_a_model_that_cannot_be_read_leaves_out_that_server_not_the_others
         assert "'servers' is not an object" in said and "'dee'" in said
         assert "'user_options' is a str" in said and "'gpu'" in said
         assert "'fay': a name longer than JupyterHub's 255 characters" in said
+        assert "'gus': a name holding NUL" in said
         assert said.count("a user without a name") == 2
 
         listing = HubListing(full_every=100)

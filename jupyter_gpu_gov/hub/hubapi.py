@@ -105,6 +105,10 @@ class HubServer:
             # JupyterHub's own limit, unenforced on a Hub on SQLite: the store holds no longer
             # key (PostgreSQL would refuse the pass's whole write for it).
             raise ValueError(f"{where}: a name longer than JupyterHub's {NAME_LENGTH} characters")
+        if "\0" in user["name"] or "\0" in name:
+            # JupyterHub 4.1 to 5.x take any server name, and a Hub on SQLite keeps one holding
+            # NUL, which PostgreSQL refuses: the pass's whole write failed, for every server.
+            raise ValueError(f"{where}: a name holding NUL (\\u0000)")
         if not isinstance(server, Mapping):
             raise ValueError(f"{where}: not an object")
         groups = user.get("groups") or ()
