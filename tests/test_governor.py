@@ -648,6 +648,35 @@ async def test_a_huge_manifest_is_kept_within_what_an_honest_report_carries(
     assert abridged(small, MANIFEST_REPORTED_BYTES) is small
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"notebooks": 5},
+        {"errors": 5},
+        {"errors": {"hook": "x"}, "notebooks": "abc", "id": 7, "path": ["/elsewhere"]},
+    ],
+)
+async def test_a_manifest_out_of_shape_neither_holds_the_cull_nor_breaks_a_listing(
+    tmp_path, restore_clock, shape
+):
+    """A checkpoint's manifest is the server's words, and the report checks only that it is an
+    object: ``{"notebooks": 5}`` made every decision of its server fail (skipped, the request
+    left waiting), so a server answering each checkpoint request so was never culled, and
+    ``{"errors": 5}`` made every listing of the admin's (the API and the dashboard) a 500.
+    Its fields are read as far as they are what the manifest's table says."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)
+        await idle_until_checkpoint(gov)
+        answer(gov, {**manifest("done"), **shape})
+        await gov.reconcile()
+        assert not hub.running("alice")  # a checkpoint done: the cull went ahead
+    assert "error" not in [a.action for a in actions_of(gov)]
+    listed = row_view(gov.row("alice/"), None)["checkpoint"]
+    assert all(isinstance(e, str) for e in listed["errors"])
+    assert listed["id"] in (None, "20260105T110000Z") and isinstance(listed["path"], str | None)
+
+
 async def test_a_failed_checkpoint_postpones_the_cull_and_names_its_errors(tmp_path, restore_clock):
     errors = (
         "kernel python3 (train.ipynb): hook 'torch' failed: OSError: [Errno 28] No space left",

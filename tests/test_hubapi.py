@@ -257,6 +257,21 @@ async def test_names_are_quoted():
         assert (await api.get_user("ana.b@example.org"))["servers"] == {}
 
 
+async def test_a_server_named_a_dot_segment_is_stopped_as_itself():
+    """JupyterHub 4.1 to 5.x take any server name (``POST …/servers/%2E%2E``), and libcurl,
+    the client the governor uses where pycurl is installed (z2jh's hub image), takes ``.`` and
+    ``..`` out of a URL's path: the cull of ``alice/..`` went to ``/users/alice/`` (a 404, read
+    as a server gone, while it ran on with its GPU), and that of ``alice/.`` stopped her
+    default server instead. Each is quoted so that it reaches the Hub as its name."""
+    async with FakeHub() as hub:
+        for name in ("", "..", ".", "..."):
+            hub.add_server("alice", name)
+        api = client(hub)
+        assert await api.stop_server("alice", "..") == "stopped"
+        assert await api.stop_server("alice", ".") == "stopped"
+        assert [n for n in ("", "..", ".", "...") if hub.running("alice", n)] == ["", "..."]
+
+
 async def test_delete_user():
     async with FakeHub() as hub:
         hub.add_server("alice", slow_stop=5)
@@ -419,6 +434,8 @@ async def test_a_model_that_cannot_be_read_leaves_out_that_server_not_the_others
         {"name": "eve", "servers": {"": good, "gpu": good | {"user_options": "a100"}}},
         # Longer than JupyterHub keeps (a Hub on SQLite lets it be): the store holds no such key.
         {"name": "fay", "servers": {"n" * 256: good}},
+        # NUL, which PostgreSQL refuses in text (JupyterHub 4.1-5.x take any server name).
+        {"name": "gus", "servers": {"a\0b": good}},
         {"servers": {"": good}},
         "a string",
     ]
@@ -441,6 +458,7 @@ async def test_a_model_that_cannot_be_read_leaves_out_that_server_not_the_others
         assert "'servers' is not an object" in said and "'dee'" in said
         assert "'user_options' is a str" in said and "'gpu'" in said
         assert "'fay': a name longer than JupyterHub's 255 characters" in said
+        assert "'gus': a name holding NUL" in said
         assert said.count("a user without a name") == 2
 
         listing = HubListing(full_every=100)

@@ -109,6 +109,7 @@ def test_a_good_report_validates():
         ({"error": "x" * 5000}, "error"),
         ({"server__name": 5}, "server.name"),
         ({"checkpoint": {"requested_at": "soon"}}, "checkpoint.requested_at"),
+        ({"checkpoint": {"status": "done", "manifest": ["done"]}}, "checkpoint.manifest"),
         # Read by nothing the governor decides or shows, and refused all the same when they
         # are not what the wire says (they were kept as sent, any JSON).
         (

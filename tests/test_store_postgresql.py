@@ -280,6 +280,27 @@ async def test_a_project_holding_nul_does_not_stop_the_pass_for_everyone(databas
     assert gov.store.server("bob/").project == "\ufffd=cmd"  # kept, the NUL replaced
 
 
+async def test_a_server_name_holding_nul_does_not_stop_the_pass_for_everyone(database):
+    """JupyterHub 4.1 to 5.x take any server name, and a Hub on SQLite keeps one holding NUL
+    (``POST /hub/api/users/bob/servers/a%00b``), which PostgreSQL refuses: every pass's write
+    failed, so no server was governed. Left out of the pass as a name longer than JupyterHub's
+    is, named in the log; every other server is governed."""
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        hub.add_server("bob", "a\0b")
+        hub.add_server("c\0arol")
+        gov = Governor(
+            Store(database),
+            HubApi(hub.api_url, hub.token),
+            load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
+            Options(),
+        )
+        for _ in range(2):
+            result = await gov.reconcile()
+    assert result.errors == ()
+    assert gov.store.server("alice/") is not None
+
+
 def test_the_lease_has_one_holder_on_postgresql(database):
     """hub/lease.py's statements on PostgreSQL: one holder, its writes fenced, a release handed
     over at once, an unrenewed lease taken after its duration and the old holder then refused."""

@@ -7,6 +7,7 @@ writes (SQLite, a UTF-8 log or file). Readers find it where it came in and name 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import quote
 
 # What ends a line or reorders it as shown: C0 controls, DEL, C1 controls (U+0085 is a line
 # break to some readers, U+009B a CSI to many terminals), the line and paragraph separators,
@@ -76,3 +77,14 @@ def cut(text: str, limit: int = 2000) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
+def path_segment(name: str) -> str:
+    """A user's or server's name as one segment of a URL's path, whatever it holds: quoted, and
+    ``.`` and ``..`` written ``%2E`` and ``%2E%2E``, which the Hub reads as the name and no
+    client or proxy takes out of the path as a dot segment (libcurl does: the cull of a server
+    named ``..`` went to its owner's ``/users/alice/``, and that of ``.`` stopped their default
+    server). JupyterHub 4.1 to 5.x take any server name."""
+    if name in (".", ".."):
+        return name.replace(".", "%2E")
+    return quote(name, safe="")

@@ -72,7 +72,7 @@ def checkpoint_errors(manifest: Mapping | None) -> list[str]:
     if not isinstance(manifest, Mapping):
         return []
     lines = []
-    for error in manifest.get("errors") or ():
+    for error in _listed(manifest.get("errors")):
         if isinstance(error, Mapping):  # older servers: {"path", "error"}
             text = ": ".join(str(error[k]) for k in ("path", "error", "message") if error.get(k))
         else:
@@ -96,10 +96,28 @@ def checkpoint_fields(manifest: Mapping | None) -> dict:
     """Where a checkpoint is and what went wrong, for audit details and the admin view."""
     manifest = manifest if isinstance(manifest, Mapping) else {}
     return {
-        "id": manifest.get("id"),
-        "path": manifest.get("path"),
+        "id": _text(manifest.get("id")),
+        "path": _text(manifest.get("path")),
         "errors": checkpoint_errors(manifest),
     }
+
+
+# A manifest is the server's words, of any shape within a report's JSON (the report checks that
+# it is an object, nothing more): each field is read only as far as it is what the manifest's
+# table (docs/api.md) says. ``{"notebooks": 5}`` failed every decision of its server, so an
+# answer so to each checkpoint request held its cull for good; ``{"errors": 5}`` made every
+# listing of the admin's a 500.
+
+
+def _listed(value) -> list | tuple:
+    """A list field: as sent, one text as a list of it, anything else none."""
+    if isinstance(value, list | tuple):
+        return value
+    return [value] if isinstance(value, str) else []
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def checkpoint_summary(status: str, manifest: Mapping | None, shown: int = 3) -> str:
@@ -109,8 +127,9 @@ def checkpoint_summary(status: str, manifest: Mapping | None, shown: int = 3) ->
     if status == "done" and not errors:
         if manifest.get("dry_run"):
             return "checkpoint skipped (dry run)"
-        notebooks = len(manifest.get("notebooks") or ())
-        where = f" in {manifest['path']}" if manifest.get("path") else ""
+        notebooks = len(_listed(manifest.get("notebooks")))
+        path = _text(manifest.get("path"))
+        where = f" in {path}" if path else ""
         plural = "" if notebooks == 1 else "s"
         return f"checkpoint saved{where} ({notebooks} notebook{plural})"
     if not errors:

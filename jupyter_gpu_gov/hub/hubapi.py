@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
-from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.httputil import url_concat
 
 try:  # libcurl keeps connections to the Hub open between requests; tornado's own client does not
+    import pycurl
     from tornado.curl_httpclient import CurlAsyncHTTPClient
 
     class _Client(CurlAsyncHTTPClient):
@@ -40,6 +40,7 @@ except ImportError:  # pycurl not installed: a new connection (and DNS lookup) p
     from tornado.simple_httpclient import SimpleAsyncHTTPClient as _Client
 
 from ..core import clock
+from ..core.text import path_segment
 from ..core.vocabulary import NAME_LENGTH, server_key
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,10 @@ class HubServer:
             # JupyterHub's own limit, unenforced on a Hub on SQLite: the store holds no longer
             # key (PostgreSQL would refuse the pass's whole write for it).
             raise ValueError(f"{where}: a name longer than JupyterHub's {NAME_LENGTH} characters")
+        if "\0" in user["name"] or "\0" in name:
+            # JupyterHub 4.1 to 5.x take any server name, and a Hub on SQLite keeps one holding
+            # NUL, which PostgreSQL refuses: the pass's whole write failed, for every server.
+            raise ValueError(f"{where}: a name holding NUL (\\u0000)")
         if not isinstance(server, Mapping):
             raise ValueError(f"{where}: not an object")
         groups = user.get("groups") or ()
@@ -332,6 +337,7 @@ class HubApi:
             request_timeout=self.request_timeout,
             connect_timeout=self.connect_timeout,
             follow_redirects=False,
+            prepare_curl_callback=_path_as_is,  # (tornado's own client sends it so)
             **self.ssl_kwargs,
         )
         client, semaphore = self._bind()
@@ -551,6 +557,12 @@ class HubApi:
         return True
 
 
+def _path_as_is(curl) -> None:
+    """libcurl takes dot segments out of a path, ``%2E%2E`` as well as ``..``: a server of that
+    name (JupyterHub 4.1 to 5.x take any) was another URL, its owner's ``/users/alice/``."""
+    curl.setopt(pycurl.PATH_AS_IS, 1)
+
+
 def _q(name: str) -> str:
-    """Quote a user or server name as one path segment."""
-    return quote(name, safe="")
+    """Quote a user or server name as one path segment (``.`` and ``..`` too)."""
+    return path_segment(name)

@@ -11,12 +11,12 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
-from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..core.durations import DurationOutOfRange, format_duration, parse_duration
 from ..core.policy import TASK_TYPES
+from ..core.text import path_segment
 from .quota import TierUse
 from .tiers import Tier
 
@@ -108,9 +108,9 @@ def _duration(value: Any) -> timedelta:
 
 
 def server_path(user: str, name: str | None) -> str:
-    """``alice`` or ``alice/gpu``, each part escaped for a URL path."""
-    path = quote(user, safe="")
-    return f"{path}/{quote(name, safe='')}" if name else path
+    """``alice`` or ``alice/gpu``, each part escaped for a URL path (``..`` too)."""
+    path = path_segment(user)
+    return f"{path}/{path_segment(name)}" if name else path
 
 
 def check_project(project: Any) -> None:

@@ -14,7 +14,7 @@ import json
 import logging
 import ssl
 import time
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from tornado import httputil
 from tornado.http1connection import HTTP1Connection, HTTP1ConnectionParameters
@@ -22,6 +22,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.iostream import IOStream, StreamClosedError
 from tornado.tcpclient import TCPClient
 
+from ..core.text import path_segment
 from ..core.wire import ASKER_HEADER as ASKER
 from ..core.wire import REPORT_CONNECTION_IDLE_S
 
@@ -301,7 +302,5 @@ class _Answer(httputil.HTTPMessageDelegate):
 
 
 def _server_path(user: str, name: str) -> str:
-    user = quote(user, safe="")
-    return (
-        f"api/users/{user}/servers/{quote(name, safe='')}" if name else f"api/users/{user}/server"
-    )
+    user = path_segment(user)
+    return f"api/users/{user}/servers/{path_segment(name)}" if name else f"api/users/{user}/server"
