@@ -1,0 +1,201 @@
+"""The profile layer's reading of the cluster (``profiles/cluster.py``): the API's bodies parsed
+item by item in a thread, the reading applied whole, and the counts admission and the queue
+sync make from it the counts of its pods (the end-to-end path, over HTTP with the real
+KubeSpawner: tests/test_profiles_kubespawner.py, tests/test_kubernetes*_hub.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from types import SimpleNamespace
+
+import pytest
+from fake_k8s_api import gpu_node
+
+from jupyter_gpu_gov.core.vocabulary import pod_key
+from jupyter_gpu_gov.profiles import cluster
+from jupyter_gpu_gov.profiles.cluster import ClusterGpus, capacity, scheduling
+from jupyter_gpu_gov.profiles.tiers import load_tiers
+
+TIERS = load_tiers(
+    [
+        {"name": "h100", "gpu": "H100-80GB"},
+        {"name": "h100x2", "gpu": "H100-80GB", "count": 2},
+        {"name": "a100", "gpu": "A100-80GB"},
+    ]
+)
+SPAWNER = SimpleNamespace(node_selector={}, tolerations=[], node_affinity_required=[])
+LOG = logging.getLogger("test_cluster_reading")
+
+
+def _pod(name: str, namespace: str, node: str | None, limits: dict, phase="Running") -> dict:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "x"}},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "c",
+                    "env": [{"name": "TOKEN", "value": "s3cret"}],
+                    "resources": {"limits": {"cpu": "2", **limits}},
+                }
+            ],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def _cluster(seed: int = 1) -> tuple[list[dict], list[dict]]:
+    rng = random.Random(seed)
+    nodes = [gpu_node(f"h100-{i}", "NVIDIA-H100-80GB-HBM3", gpus=8) for i in range(6)]
+    nodes += [gpu_node(f"a100-{i}", "NVIDIA-A100-SXM4-80GB", gpus=4) for i in range(3)]
+    nodes[1]["spec"]["unschedulable"] = True
+    nodes[2]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    names = [n["metadata"]["name"] for n in nodes]
+    pods = []
+    for i in range(80):
+        node = rng.choice(names)
+        resource = "nvidia.com/gpu" if rng.random() < 0.8 else "nvidia.com/gpu.shared"
+        limits = {resource: str(rng.randint(1, 2))} if rng.random() < 0.7 else {}
+        phase = rng.choice(["Running"] * 6 + ["Pending", "Succeeded", "Failed"])
+        pods.append(
+            _pod(f"p{i}", rng.choice(["hub", "ml"]), rng.choice([node, node, None]), limits, phase)
+        )
+    return nodes, pods
+
+
+class _Api:
+    """list_node and list_pod_for_all_namespaces answered with bodies; the pods' answer can be
+    held until ``release`` is set."""
+
+    def __init__(self, nodes: bytes, pods: bytes):
+        self.nodes, self.pods, self.release = nodes, pods, None
+
+    async def list_node(self, **_):
+        return _Answer(self.nodes)
+
+    async def list_pod_for_all_namespaces(self, **_):
+        if self.release is not None:
+            await self.release.wait()
+        return _Answer(self.pods)
+
+
+class _Answer:
+    status, reason = 200, "OK"
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    async def read(self) -> bytes:
+        return self.body
+
+    def release(self) -> None:
+        pass
+
+
+def _body(items: list, **also) -> bytes:
+    return json.dumps(
+        {"kind": "List", "metadata": {"resourceVersion": "7"}, "items": items, **also}
+    ).encode()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64, 1 << 20])
+def test_a_list_is_read_item_by_item_as_json_would_read_it(monkeypatch, chunk):
+    # Decoded a chunk at a time: values cut at every place a chunk can end, multi-byte
+    # characters among them, read as json.loads reads the whole body.
+    monkeypatch.setattr(cluster, "_CHUNK", chunk)
+    items = [
+        {"n": 12345678901234, "name": "é€😀" * i, "f": -1.5e-7, "l": [True, None]}
+        for i in range(20)
+    ]
+    for body in (
+        _body(items, tail=98765),
+        json.dumps({"items": items}, indent=2, ensure_ascii=False).encode(),
+        b' { "items" : [ ] } ',
+    ):
+        assert list(cluster._list_items(body)) == json.loads(body)["items"]
+    for bad in (
+        b"[]",
+        b"",
+        b'{"items": [{"a": 1}',
+        b'{"items": [{"a": 1},]}',
+        b'{"kind": 1}',
+        b'{"items": [1 2]}',
+        b'{"items": ["\xff"]}',
+    ):
+        with pytest.raises(ValueError):
+            list(cluster._list_items(bad))
+
+
+def test_the_counts_of_a_reading_are_the_counts_of_its_pods():
+    # What admission counts (capacity, cards) and where a waiting spawn could go (room),
+    # from the reading's per-node sums and pods by name, as from walking every pod.
+    nodes, pods = _cluster()
+    gpus = ClusterGpus()
+    gpus.take(nodes, pods)
+    rng = random.Random(2)
+    for _ in range(10):
+        hub_pods = {
+            pod_key(p["metadata"]["namespace"], p["metadata"]["name"]): rng.choice(list(TIERS))
+            for p in rng.sample(pods, 30)
+        }
+        grow = rng.choice([None, {"h100": 60}])
+
+        def tier_of(pod, hub_pods=hub_pods):
+            return hub_pods.get(pod_key(pod["metadata"]["namespace"], pod["metadata"]["name"]))
+
+        walked = capacity(TIERS, nodes, pods, lambda t: scheduling(SPAWNER, t), tier_of, grow)
+        assert gpus.capacity(TIERS, SPAWNER, hub_pods, grow) == walked
+    assert gpus.capacity(TIERS, SPAWNER, {})["a100"] < 12  # other pods hold A100s
+    assert gpus.cards(TIERS, SPAWNER) == {"h100": 32, "h100x2": 32, "a100": 12}
+    free = cluster.free_on_nodes(gpus.nodes, pods, ["nvidia.com/gpu"])
+    assert gpus.room(TIERS, SPAWNER)["nodes"] == {
+        n: f for n, f in free.items() if f["nvidia.com/gpu"] > 0
+    }
+    # Nothing of a pod is kept but its node and requests: not its environment.
+    assert "s3cret" not in repr(vars(gpus))
+
+
+async def test_a_reading_is_applied_whole_and_one_at_a_time():
+    nodes, pods = _cluster()
+    api = _Api(_body(nodes), _body(pods))
+    api.release = asyncio.Event()
+    gpus = ClusterGpus()
+    fits = [(t.resource, scheduling(SPAWNER, t)) for t in TIERS.values()]
+    first = asyncio.ensure_future(gpus.refresh(api, "hub", LOG, 10, fits))
+    second = asyncio.ensure_future(gpus.refresh(api, "hub", LOG, 10, fits))
+    await asyncio.sleep(0.05)
+    # Nodes read, pods not yet: nothing of the reading is there to count on.
+    assert gpus.nodes is None and gpus.unknown() is not None
+    api.release.set()
+    await asyncio.gather(first, second)
+    assert gpus.unknown() is None and len(gpus.fits) == 2  # the H100 tiers share their nodes
+    taken = ClusterGpus()
+    taken.take(nodes, pods)
+    assert gpus.capacity(TIERS, SPAWNER, {}) == taken.capacity(TIERS, SPAWNER, {})
+
+
+async def test_a_pod_gone_while_the_cluster_is_read_leaves_the_reading_due():
+    # A stop during the read (read_again): its listing may hold the pod the stop took away,
+    # counted as another's: the next count reads again, as without this read.
+    nodes, pods = _cluster()
+    api = _Api(_body(nodes), _body(pods))
+    api.release = asyncio.Event()
+    gpus = ClusterGpus()
+    reading = asyncio.ensure_future(gpus.refresh(api, "hub", LOG, 10))
+    await asyncio.sleep(0.05)
+    gpus.read_again()
+    api.release.set()
+    await reading
+    assert gpus.nodes is not None and gpus.age() == float("inf")
+    api.release = None
+    await gpus.refresh(api, "hub", LOG, 10)
+    assert gpus.unknown() is None
+
+
+async def test_a_body_that_is_no_list_is_a_failed_read():
+    gpus = ClusterGpus()
+    await gpus.refresh(_Api(_body([]), b'{"items": [{"a": 1},'), "hub", LOG, 10)
+    assert gpus.failing and gpus.nodes is None
