@@ -177,24 +177,6 @@ async def test_a_reading_is_applied_whole_and_one_at_a_time():
     assert gpus.capacity(TIERS, SPAWNER, {}) == taken.capacity(TIERS, SPAWNER, {})
 
 
-async def test_a_pod_gone_while_the_cluster_is_read_leaves_the_reading_due():
-    # A stop during the read (read_again): its listing may hold the pod the stop took away,
-    # counted as another's: the next count reads again, as without this read.
-    nodes, pods = _cluster()
-    api = _Api(_body(nodes), _body(pods))
-    api.release = asyncio.Event()
-    gpus = ClusterGpus()
-    reading = asyncio.ensure_future(gpus.refresh(api, "hub", LOG, 10))
-    await asyncio.sleep(0.05)
-    gpus.read_again()
-    api.release.set()
-    await reading
-    assert gpus.nodes is not None and gpus.age() == float("inf")
-    api.release = None
-    await gpus.refresh(api, "hub", LOG, 10)
-    assert gpus.unknown() is None
-
-
 async def test_a_body_that_is_no_list_is_a_failed_read():
     gpus = ClusterGpus()
     await gpus.refresh(_Api(_body([]), b'{"items": [{"a": 1},'), "hub", LOG, 10)

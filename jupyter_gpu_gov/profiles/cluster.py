@@ -386,7 +386,6 @@ class ClusterGpus(SingletonConfigurable):
     # _fit_key(resource, scheduling) -> _fitting's nodes, for this reading (those asked for
     # at the read worked out with it, in its thread; others at their first use)
     fits: dict = {}
-    _marked = 0  # read_again's calls: one during a read leaves that reading due again
     # ``room``'s work on the reading of ``_room_of`` (its read_at): free devices per node, per
     # set of the tiers' resources; each tier's nodes, per its scheduling.
     _room_of: float = float("nan")
@@ -417,7 +416,6 @@ class ClusterGpus(SingletonConfigurable):
         async with self._lock:
             if self.age() < every or time.monotonic() - self.failed_at < RETRY_AFTER_S:
                 return  # another spawn read them (or found the API failing) meanwhile
-            marked = self._marked
             try:
                 nodes = await _body(api.list_node(_preload_content=False), timeout)
                 pods = await self._gpu_pods(api, namespace, log, timeout)
@@ -430,9 +428,7 @@ class ClusterGpus(SingletonConfigurable):
                     log.info("gpu-gov: reading the cluster's GPU capacity again")
                 self.error, self.failing = None, None
                 self.nodes, self.bound, self.held, self.fits = reading
-                # A pod came or went while this was read (``read_again``): the next count
-                # reads again, as it would have without this read.
-                self.read_at = time.monotonic() if marked == self._marked else float("-inf")
+                self.read_at = time.monotonic()
 
     def _failed(self, error: Exception, timeout: float | None, log) -> None:
         if isinstance(error, asyncio.TimeoutError):
@@ -496,7 +492,6 @@ class ClusterGpus(SingletonConfigurable):
         reading may be up to ``FRESH_FOR_S`` old, taken before that pod was made: counted on
         it, the left pod's card was free and admission handed it out again."""
         self.read_at = float("-inf")
-        self._marked += 1  # a read under way took its listing before: not fresh either
 
     def age(self) -> float:
         """Seconds since the last read came back (infinite: never read)."""
