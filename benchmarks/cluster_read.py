@@ -13,11 +13,15 @@ with its image list): ``--nodes`` GPU nodes (``benchmarks.queue_line``'s: H100 n
 cards, H200 nodes in MIG slices), ``--gpu-pods`` pods holding a device among ``--pods``.
 On an asyncio loop whose ticker notes every gap between its 1 ms ticks, the reading is taken
 (``refresh``) and the first sync's ``room`` asked for two tiers, then one admission's
-``capacity``. Prints, medians over ``--repeat``: the wall time of each (``read_ms``,
-``first_room_ms``, ``capacity_ms``), the longest the loop was held during the read and the
+``capacity``. The pods come a page of ``--page`` items a request (``ClusterGpus``'s
+``PAGE``; 0: the whole list in one answer, as the hub read it before it paged). Prints,
+medians over ``--repeat``: the wall time of each (``read_ms``, ``first_room_ms``,
+``capacity_ms``), the longest the loop was held during the read and the
 first room (``held_ms``: the longest gap between ticks, whatever held it) beside the longest
 gap of the ticker alone for as long (``idle_held_ms``: the machine's own stalls), the bytes
-read and the load average.
+read, the requests a reading made and the load average; then, of one reading under
+tracemalloc, the most memory Python held during it above what it held before (``peak_mb``:
+the bodies held at once, and their parse) and what the reading keeps (``kept_mb``).
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ import json
 import os
 import statistics
 import time
+import tracemalloc
 from types import SimpleNamespace
 
 from jupyter_gpu_gov.core.vocabulary import pod_key
+from jupyter_gpu_gov.profiles import cluster as cluster_module
 from jupyter_gpu_gov.profiles.cluster import ClusterGpus, scheduling
 from jupyter_gpu_gov.profiles.tiers import load_tiers
 
@@ -142,8 +148,9 @@ def api_pod(i: int, node: str | None, limits: dict[str, str]) -> dict:
     }
 
 
-def bodies(nodes: int, pods: int, gpu_pods: int) -> tuple[bytes, bytes]:
-    """The API's answers to ``list_node`` and ``list_pod_for_all_namespaces``."""
+def bodies(nodes: int, pods: int, gpu_pods: int) -> tuple[bytes, list[dict]]:
+    """The API's answer to ``list_node``, and the items ``list_pod_for_all_namespaces``
+    answers with (``FakeApi`` writes them as one body or in pages)."""
     node_list, gpu = cluster(gpu_pods, nodes)
     for node in node_list:  # what else a node carries: its images, addresses, capacity
         node["metadata"]["uid"] = "1f2e3d4c-" + node["metadata"]["name"]
@@ -159,11 +166,15 @@ def bodies(nodes: int, pods: int, gpu_pods: int) -> tuple[bytes, bytes]:
             items.append(api_pod(i, spec["nodeName"], spec["containers"][0]["resources"]["limits"]))
         else:
             items.append(api_pod(i, node_list[i % len(node_list)]["metadata"]["name"], {}))
-    head = {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "1234567"}}
-    return (
-        json.dumps({**head, "kind": "NodeList", "items": node_list}).encode(),
-        json.dumps({**head, "kind": "PodList", "items": items}).encode(),
-    )
+    return json.dumps({**_HEAD, "kind": "NodeList", "items": node_list}).encode(), items
+
+
+_HEAD = {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "1234567"}}
+
+
+def _pod_list(items: list[dict], token: str | None = None) -> bytes:
+    metadata = {**_HEAD["metadata"], **({"continue": token} if token else {})}
+    return json.dumps({**_HEAD, "kind": "PodList", "metadata": metadata, "items": items}).encode()
 
 
 class _Response:
@@ -172,23 +183,35 @@ class _Response:
 
     async def read(self) -> bytes:
         await asyncio.sleep(0)  # the socket's reads: the body arrives in the loop's turns
-        return self._body
+        return bytes(memoryview(self._body))  # a new body each answer, as off a socket
 
     def release(self) -> None:
         pass
 
 
 class FakeApi:
-    """The kubernetes_asyncio CoreV1Api calls ``ClusterGpus`` makes, answered from memory."""
+    """The kubernetes_asyncio CoreV1Api calls ``ClusterGpus`` makes, answered from memory:
+    the pods as the API server pages them (``limit`` items, ``continue`` to the next page),
+    or in one body without a limit."""
 
-    def __init__(self, nodes: bytes, pods: bytes):
-        self.nodes, self.pods = nodes, pods
+    def __init__(self, nodes: bytes, pods: list[dict], page: int):
+        self.nodes, self.whole = nodes, _pod_list(pods)
+        self.pages = []
+        if page > 0:
+            for at in range(0, len(pods), page):
+                more = at + page < len(pods)
+                self.pages.append(_pod_list(pods[at : at + page], str(at + page) if more else None))
+        self.page, self.asked = page, 0
 
     async def list_node(self, **_):
         return _Response(self.nodes)
 
-    async def list_pod_for_all_namespaces(self, **_):
-        return _Response(self.pods)
+    async def list_pod_for_all_namespaces(self, limit=None, _continue=None, **_):
+        self.asked += 1
+        if not limit:
+            return _Response(self.whole)
+        assert limit == self.page, (limit, self.page)
+        return _Response(self.pages[int(_continue or 0) // limit])
 
 
 async def one(api: FakeApi, tiers, wanted) -> dict[str, float]:
@@ -222,32 +245,69 @@ async def one(api: FakeApi, tiers, wanted) -> dict[str, float]:
     }
 
 
+async def memory(api: FakeApi, tiers) -> dict[str, float]:
+    """The most memory Python held during a reading above what it held before, and what the
+    reading keeps (tracemalloc: a run of its own, slower, for the timings are not its)."""
+    gpus = ClusterGpus()
+    log = SimpleNamespace(info=lambda *a: None, warning=lambda *a: None)
+    spawner = SimpleNamespace(node_selector={}, tolerations=[], node_affinity_required=[])
+    fits = [(t.resource, scheduling(spawner, t)) for t in tiers.values()]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        await gpus.refresh(api, "hub", log, timeout=600, fits=fits)
+        gc.collect()
+        after, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert gpus.nodes is not None, gpus.failing
+    return {"peak_mb": (peak - before) / 1e6, "kept_mb": (after - before) / 1e6}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=30000, help="live pods, every namespace")
     parser.add_argument("--gpu-pods", type=int, default=10000, help="of them, holding a device")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--page",
+        type=int,
+        default=cluster_module.PAGE,
+        help="pods asked for a request (0: the whole list in one answer, as before paging)",
+    )
     args = parser.parse_args(argv)
     nodes, pods = bodies(args.nodes, args.pods, args.gpu_pods)
-    api = FakeApi(nodes, pods)
+    api = FakeApi(nodes, pods, args.page)
     tiers = load_tiers(ROOM_TIERS)
     import jupyter_gpu_gov.profiles.kubespawner  # noqa: F401  (``scheduling``'s, at its first call)
 
-    runs = []
-    for _ in range(args.repeat):
-        # A full collection due from building the bodies is not the reading's (one that falls
-        # due during a reading holds the loop for its length, as it would anywhere).
-        gc.collect()
-        runs.append(asyncio.run(one(api, tiers, ["h100x2", "h200-3g"])))
+    paged, cluster_module.PAGE = cluster_module.PAGE, args.page
+    try:
+        runs = []
+        for _ in range(args.repeat):
+            # A full collection due from building the bodies is not the reading's (one that
+            # falls due during a reading holds the loop for its length, as anywhere).
+            gc.collect()
+            runs.append(asyncio.run(one(api, tiers, ["h100x2", "h200-3g"])))
+        api.asked = 0
+        memory_used = asyncio.run(memory(api, tiers))
+        pages = api.asked
+    finally:
+        cluster_module.PAGE = paged
     print(
         f"cluster read: nodes={args.nodes} pods={args.pods} gpu_pods={args.gpu_pods} "
-        f"bodies={len(nodes) / 1e6:.1f}+{len(pods) / 1e6:.1f} MB "
+        f"bodies={len(nodes) / 1e6:.1f}+{len(api.whole) / 1e6:.1f} MB "
+        f"page={args.page or 'whole'} requests={pages} "
         f"load={os.getloadavg()[0]:.1f} (medians of {args.repeat}, ms):"
     )
     for name in runs[0]:
         values = [r[name] for r in runs]
         print(f"  {name}: {statistics.median(values):.1f} (each {[round(v, 1) for v in values]})")
+    print("  a reading's memory (tracemalloc, MB, one run):")
+    for name, value in memory_used.items():
+        print(f"  {name}: {value:.1f}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The profile layer's reading of the cluster (``profiles/cluster.py``): the API's bodies parsed
-item by item in a thread, the reading applied whole, and the counts admission and the queue
+item by item in a thread, the pods read a page at a time (against the fake API server's paging,
+with the real client), the reading applied whole, and the counts admission and the queue
 sync make from it the counts of its pods (the end-to-end path, over HTTP with the real
 KubeSpawner: tests/test_profiles_kubespawner.py, tests/test_kubernetes*_hub.py)."""
 
@@ -12,7 +13,9 @@ import random
 from types import SimpleNamespace
 
 import pytest
-from fake_k8s_api import gpu_node
+from fake_k8s_api import FakeKubernetes, gpu_node
+from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from jupyter_gpu_gov.core.vocabulary import pod_key
 from jupyter_gpu_gov.profiles import cluster
@@ -181,3 +184,108 @@ async def test_a_body_that_is_no_list_is_a_failed_read():
     gpus = ClusterGpus()
     await gpus.refresh(_Api(_body([]), b'{"items": [{"a": 1},'), "hub", LOG, 10)
     assert gpus.failing and gpus.nodes is None
+    # A page that names itself as the next: a failed read, not one that never ends.
+    looping = _Api(_body([]), _body([], metadata={"resourceVersion": "7", "continue": "x"}))
+    gpus.failed_at = float("-inf")
+    await asyncio.wait_for(gpus.refresh(looping, "hub", LOG, 10), 10)
+    assert "its own continue token" in gpus.failing and gpus.nodes is None
+
+
+def _client(k8s: FakeKubernetes) -> ApiClient:
+    return ApiClient(Configuration(host=k8s.url))
+
+
+async def test_the_fake_api_pages_a_list_as_the_api_server_does():
+    # limit and continue as kubectl and every paging client meet them: the pages of one
+    # snapshot (an object made between two pages is not in them), the count left where no
+    # selector filters, no token on the last page, and 410 Expired once the snapshot is gone.
+    with FakeKubernetes() as k8s:
+        for i in range(7):
+            k8s.create("configmaps", {"metadata": {"name": f"c{i}"}}, ["default", "ml"][i % 2])
+        async with _client(k8s) as client:
+            api = CoreV1Api(client)
+            whole = await api.list_config_map_for_all_namespaces()
+            first = await api.list_config_map_for_all_namespaces(limit=3)
+            assert len(first.items) == 3 and first.metadata.remaining_item_count == 4
+            k8s.create("configmaps", {"metadata": {"name": "late"}})
+            names, page = [], first
+            while True:
+                names += [(c.metadata.namespace, c.metadata.name) for c in page.items]
+                if not page.metadata._continue:
+                    break
+                page = await api.list_config_map_for_all_namespaces(
+                    limit=3, _continue=page.metadata._continue
+                )
+                assert page.metadata.resource_version == first.metadata.resource_version
+            assert names == [(c.metadata.namespace, c.metadata.name) for c in whole.items]
+            assert len(names) == 7 and page.metadata.remaining_item_count is None
+
+            chosen = await api.list_namespaced_config_map("default", limit=2, field_selector="")
+            assert [c.metadata.name for c in chosen.items] == ["c0", "c2"]
+            selected = await api.list_config_map_for_all_namespaces(
+                limit=2, field_selector="metadata.namespace=ml"
+            )
+            assert len(selected.items) == 2 and selected.metadata._continue
+            assert selected.metadata.remaining_item_count is None  # filtered: not counted
+            k8s.expire_lists()
+            with pytest.raises(ApiException) as expired:
+                await api.list_config_map_for_all_namespaces(
+                    limit=2,
+                    field_selector="metadata.namespace=ml",
+                    _continue=selected.metadata._continue,
+                )
+            assert expired.value.status == 410
+            assert json.loads(expired.value.body)["reason"] == "Expired"
+
+
+class _Compacting:
+    """The real client, with the API server's snapshots dropped before the next page is asked
+    for (``times`` times): a read that outlived the few minutes the API server keeps one."""
+
+    def __init__(self, api: CoreV1Api, k8s: FakeKubernetes, times: int):
+        self.api, self.k8s, self.times = api, k8s, times
+
+    def __getattr__(self, name):
+        return getattr(self.api, name)
+
+    def list_pod_for_all_namespaces(self, **kwargs):
+        if kwargs.get("_continue") and self.times > 0:
+            self.times -= 1
+            self.k8s.expire_lists()
+        return self.api.list_pod_for_all_namespaces(**kwargs)
+
+
+async def test_pods_are_read_a_page_at_a_time_and_applied_whole(monkeypatch):
+    monkeypatch.setattr(cluster, "PAGE", 2)
+    node = gpu_node("h100-0", "NVIDIA-H100-80GB-HBM3", gpus=8)
+    with FakeKubernetes([node]) as k8s:
+        for i in range(5):
+            k8s.create("pods", _pod(f"job{i}", "ml", "h100-0", {"nvidia.com/gpu": "1"}), "ml")
+        async with _client(k8s) as client:
+            api = CoreV1Api(client)
+            gpus = ClusterGpus()
+            await gpus.refresh(api, "hub", LOG, 10)
+            asked = [entry for entry in k8s.lists if entry[0] == "pods"]
+            assert [(limit, bool(token)) for _, _, limit, token in asked] == [
+                (2, False),
+                (2, True),
+                (2, True),
+            ]
+            assert gpus.failing is None and gpus.capacity(TIERS, SPAWNER, {})["h100"] == 3
+
+            # The snapshot expired between two pages: the read starts over, once.
+            k8s.lists.clear()
+            k8s.create("pods", _pod("job5", "ml", "h100-0", {"nvidia.com/gpu": "2"}), "ml")
+            gpus.read_again()
+            await gpus.refresh(_Compacting(api, k8s, 1), "hub", LOG, 10)
+            tokens = [bool(token) for plural, _, _, token in k8s.lists if plural == "pods"]
+            assert tokens == [False, True, False, True, True], tokens  # a 410, then all again
+            assert gpus.failing is None and gpus.capacity(TIERS, SPAWNER, {})["h100"] == 1
+
+            # Again on the read that starts over: a failed read, and the last reading stands.
+            k8s.create("pods", _pod("job6", "ml", "h100-0", {"nvidia.com/gpu": "1"}), "ml")
+            gpus.read_again()
+            await gpus.refresh(_Compacting(api, k8s, 2), "hub", LOG, 10)
+            assert gpus.failing.startswith("410: The provided continue parameter is too old")
+            assert gpus.capacity(TIERS, SPAWNER, {})["h100"] == 1
+            assert "ml/job6" not in repr(gpus.bound)

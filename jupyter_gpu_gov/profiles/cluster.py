@@ -11,7 +11,8 @@ own servers on that tier: admission counts those.
 
 ``ClusterGpus`` reads nodes and every namespace's pods every ``refresh_every`` seconds (one read
 at a time, awaited before the spawn form and admission; admission itself then awaits nothing;
-the bodies parsed in a thread, off the Hub's event loop, and the reading applied whole), and
+the pods ``PAGE`` a request, each body parsed in a thread, off the Hub's event loop, and the
+reading applied whole once its last page is in), and
 keeps of the pods that hold an extended resource their node and requests, and the devices held
 per node (a count then costs O(nodes x tiers), not O(pods)). On a shared cluster other teams'
 jobs hold GPUs from their own namespaces (and KubeSpawner's ``enable_user_namespaces`` puts each
@@ -47,6 +48,7 @@ from .tiers import Tier
 
 _DONE = ("Succeeded", "Failed")
 _LIVE = ",".join(f"status.phase!={phase}" for phase in _DONE)  # the pods that may hold a card
+PAGE = 500  # pods asked for per request: the Hub holds one page's body at a time, not all
 RETRY_AFTER_S = 5.0  # after a failed read: spawns meanwhile do not each wait on a failing API
 _REFUSED = (401, 403)  # the hub's service account may not read: it will not, so configured
 _HARD_TAINTS = ("NoSchedule", "NoExecute")
@@ -320,21 +322,26 @@ def _reading(nodes: Iterable[Mapping], pods: Iterable[Mapping]) -> tuple[list, d
     bound: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
     held: dict[str, dict[str, int]] = {}
     for pod in pods:
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        node = spec.get("nodeName")
-        if not node or status.get("phase") in _DONE:
-            continue
-        asked = _extended_requests(spec)
-        if not asked:
-            continue
-        metadata = pod.get("metadata") or {}
-        bound[pod_key(metadata.get("namespace"), metadata.get("name"))] = (
-            node,
-            tuple(sorted(asked.items())),
-        )
-        for resource, amount in asked.items():
-            _add(held, node, resource, amount)
+        _keep(pod, bound, held)
     return node_list, bound, held
+
+
+def _keep(pod: Mapping, bound: dict, held: dict) -> None:
+    """Into ``_reading``'s ``bound`` and ``held``: what they keep of one pod, if anything."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    node = spec.get("nodeName")
+    if not node or status.get("phase") in _DONE:
+        return
+    asked = _extended_requests(spec)
+    if not asked:
+        return
+    metadata = pod.get("metadata") or {}
+    bound[pod_key(metadata.get("namespace"), metadata.get("name"))] = (
+        node,
+        tuple(sorted(asked.items())),
+    )
+    for resource, amount in asked.items():
+        _add(held, node, resource, amount)
 
 
 def _quantity(value: Any) -> int:
@@ -402,12 +409,14 @@ class ClusterGpus(SingletonConfigurable):
     ) -> None:
         """Read nodes and pods if the last read is older than ``refresh_every`` (or than
         ``FRESH_FOR_S``, past which a reading is unknown: a step that counts never does so on
-        one), each within ``timeout`` seconds; not again within ``RETRY_AFTER_S`` of a failed
-        read. The bodies come in on the event loop; they are parsed, each node's devices
-        held worked out, and the nodes each of ``fits`` (a resource and a ``scheduling``:
-        the tiers') could land on, in a thread (``_parse``: at 30,000 pods the loop was held
-        for the whole parse, seconds; docs/benchmarks.md), and the reading is applied at once,
-        whole: nothing counts on half of one. One read at a time."""
+        one), each request (the nodes, each page of pods) within ``timeout`` seconds; not again
+        within ``RETRY_AFTER_S`` of a failed read. The bodies come in on the event loop, the
+        pods ``PAGE`` at a time (``_pages``); each is parsed in a thread (``_parse``,
+        ``_take_page``: at 30,000 pods the loop was held for the whole parse, seconds;
+        docs/benchmarks.md), with each node's devices held and the nodes each of ``fits`` (a
+        resource and a ``scheduling``: the tiers') could land on, and the reading is applied
+        at once, whole, after its last page: nothing counts on half of one, and a read that
+        fails part way leaves the last reading. One read at a time."""
         every = min(self.refresh_every, FRESH_FOR_S)
         if self.age() < every or time.monotonic() - self.failed_at < RETRY_AFTER_S:
             return
@@ -417,17 +426,18 @@ class ClusterGpus(SingletonConfigurable):
             if self.age() < every or time.monotonic() - self.failed_at < RETRY_AFTER_S:
                 return  # another spawn read them (or found the API failing) meanwhile
             try:
-                nodes = await _body(api.list_node(_preload_content=False), timeout)
-                pods = await self._gpu_pods(api, namespace, log, timeout)
                 loop = asyncio.get_running_loop()
-                reading = await loop.run_in_executor(None, _parse, nodes, pods, list(fits))
+                nodes = await _body(api.list_node(_preload_content=False), timeout)
+                node_list, found = await loop.run_in_executor(None, _parse, nodes, list(fits))
+                del nodes  # the pods' pages are read without it
+                bound, held = await self._gpu_pods(api, namespace, log, timeout)
             except Exception as error:
                 self._failed(error, timeout, log)
             else:
                 if self.error or self.failing:
                     log.info("gpu-gov: reading the cluster's GPU capacity again")
                 self.error, self.failing = None, None
-                self.nodes, self.bound, self.held, self.fits = reading
+                self.nodes, self.bound, self.held, self.fits = node_list, bound, held, found
                 self.read_at = time.monotonic()
 
     def _failed(self, error: Exception, timeout: float | None, log) -> None:
@@ -457,13 +467,15 @@ class ClusterGpus(SingletonConfigurable):
             )
         self.failing, self.failed_at = message, time.monotonic()
 
-    async def _gpu_pods(self, api, namespace: str, log, timeout: float | None) -> bytes:
-        """The body of the live pods of every namespace (``_parse`` keeps those that hold an
-        extended resource); of ``namespace`` alone where RBAC allows no more (said once in the
-        log)."""
+    async def _gpu_pods(self, api, namespace: str, log, timeout: float | None) -> tuple:
+        """``_reading``'s ``bound`` and ``held`` of the live pods of every namespace, read a
+        page at a time (``_pages``); of ``namespace`` alone where RBAC allows no more (said
+        once in the log)."""
         try:
-            body = await _body(
-                api.list_pod_for_all_namespaces(field_selector=_LIVE, _preload_content=False),
+            found = await _pages(
+                lambda **page: api.list_pod_for_all_namespaces(
+                    field_selector=_LIVE, _preload_content=False, **page
+                ),
                 timeout,
             )
         except ApiFailed as error:
@@ -477,13 +489,15 @@ class ClusterGpus(SingletonConfigurable):
                     escaped(error.why),
                 )
             self.namespace_only = error.why
-            body = await _body(
-                api.list_namespaced_pod(namespace, field_selector=_LIVE, _preload_content=False),
+            found = await _pages(
+                lambda **page: api.list_namespaced_pod(
+                    namespace, field_selector=_LIVE, _preload_content=False, **page
+                ),
                 timeout,
             )
         else:
             self.namespace_only = None
-        return body
+        return found
 
     def read_again(self) -> None:
         """The next step that counts reads the cluster first: a pod appeared or went that the
@@ -687,14 +701,54 @@ async def _read_body(call) -> bytes:
         response.release()
 
 
-def _parse(nodes: bytes, pods: bytes, fits: list[tuple[str, Mapping]]) -> tuple:
-    """``_reading`` of the API's bodies, in a worker thread, and the nodes each of ``fits``
-    could land on (``_fitting``). Items are decoded one at a time, so the thread lets go of
-    the interpreter between them: one ``json.loads`` of 100 MB held it, and the Hub's event
-    loop, for the whole parse."""
-    node_list, bound, held = _reading(_list_items(nodes), _list_items(pods))
-    found = {_fit_key(r, wanted): _fitting(node_list, r, wanted) for r, wanted in fits}
-    return node_list, bound, held, found
+def _parse(nodes: bytes, fits: list[tuple[str, Mapping]]) -> tuple[list, dict]:
+    """``_reading``'s nodes of the API's body, in a worker thread, and the nodes each of
+    ``fits`` could land on (``_fitting``). Items are decoded one at a time, so the thread lets
+    go of the interpreter between them: one ``json.loads`` of 100 MB held it, and the Hub's
+    event loop, for the whole parse."""
+    node_list = [_node(node) for node in _list_items(nodes)]
+    return node_list, {_fit_key(r, wanted): _fitting(node_list, r, wanted) for r, wanted in fits}
+
+
+async def _pages(call, timeout: float | None) -> tuple[dict, dict]:
+    """``_reading``'s ``bound`` and ``held`` of a pod list read ``PAGE`` items a request
+    (``call(limit=, _continue=)``: the API's ``limit`` and ``continue``), each page within
+    ``timeout`` seconds and parsed in a worker thread (``_take_page``) before the next is
+    asked for: at 30,000 pods the whole list was 94 MB in the Hub at once. The pages are of
+    one snapshot of the cluster (the API server's continue token); one that expired (410
+    Gone: the API keeps a snapshot a few minutes) reads the list again from its start, once;
+    a second is a failed read. A page that fails fails the read: nothing of it is kept."""
+    loop = asyncio.get_running_loop()
+    for again in (False, True):
+        bound: dict = {}
+        held: dict = {}
+        token = None
+        try:
+            while True:
+                page = {"limit": PAGE, **({"_continue": token} if token else {})}
+                body = await _body(call(**page), timeout)
+                sent = token
+                token = await loop.run_in_executor(None, _take_page, body, bound, held)
+                del body  # one page's body held at a time
+                if not token:
+                    return bound, held
+                if token == sent:  # a server going round: a failed read, not a hung one
+                    raise ValueError("the API answered a page with its own continue token")
+        except ApiFailed as error:
+            if error.status != 410 or token is None or again:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _take_page(body: bytes, bound: dict, held: dict) -> str | None:
+    """A page of a pod list into ``bound`` and ``held`` (``_keep``), in a worker thread (the
+    event loop does not read them until the last page is in); its continue token, if more
+    pages follow."""
+    metadata: dict = {}
+    for pod in _list_items(body, metadata):
+        _keep(pod, bound, held)
+    token = metadata.get("continue")
+    return token if isinstance(token, str) and token else None
 
 
 _DECODER = json.JSONDecoder()
@@ -754,10 +808,11 @@ class _Text:
                 return found
 
 
-def _list_items(body: bytes) -> Iterator[dict]:
+def _list_items(body: bytes, metadata: dict | None = None) -> Iterator[dict]:
     """The ``items`` of a Kubernetes list's JSON, decoded one by one (the list's other keys
-    decoded and dropped). Anything but a JSON object with an ``items`` array is a
-    ``ValueError``, as ``json.loads(body)["items"]`` was."""
+    decoded and dropped; its own ``metadata`` put in ``metadata``, once all is read). Anything
+    but a JSON object with an ``items`` array is a ``ValueError``, as
+    ``json.loads(body)["items"]`` was."""
     text, found = _Text(body), False
     text.take("{")
     while text.peek() != "}":
@@ -773,6 +828,9 @@ def _list_items(body: bytes) -> Iterator[dict]:
                 if text.peek() != "]":
                     text.take(",")
             text.take("]")
+        elif key == "metadata" and metadata is not None:
+            value = text.value()
+            metadata.update(value if isinstance(value, dict) else {})
         else:
             text.value()
         if text.peek() != "}":
