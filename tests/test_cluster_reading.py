@@ -10,6 +10,8 @@ import asyncio
 import json
 import logging
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -178,6 +180,96 @@ async def test_a_reading_is_applied_whole_and_one_at_a_time():
     taken = ClusterGpus()
     taken.take(nodes, pods)
     assert gpus.capacity(TIERS, SPAWNER, {}) == taken.capacity(TIERS, SPAWNER, {})
+
+
+def test_a_reading_does_not_wait_for_the_loops_default_executor():
+    # The Hub's loop shares its default executor (tornado resolves there the host of every
+    # request the Hub makes: the proxy's API, a starting server's): with its threads busy, a
+    # read parsed there waited with them, holding the read's lock, and every spawn's count
+    # waited on the lock. The reading has a thread of its own.
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        busy = threading.Event()
+        taken = loop.run_in_executor(None, busy.wait)  # its one thread, until the test ends
+        try:
+            nodes, pods = _cluster()
+            gpus = ClusterGpus()
+            await asyncio.wait_for(
+                gpus.refresh(_Api(_body(nodes), _body(pods)), "hub", LOG, 10), 30
+            )
+            assert gpus.unknown() is None and gpus.nodes
+        finally:
+            busy.set()
+            await taken
+
+    asyncio.run(main())
+
+
+class _Pages(_Api):
+    """The pods a page at a time (``PAGE`` 2), the page ``failing`` answered 500."""
+
+    def __init__(self, nodes: list, pods: list, failing: int | None):
+        super().__init__(_body(nodes), b"")
+        self.pods, self.failing, self.asked = pods, failing, 0
+
+    async def list_pod_for_all_namespaces(self, limit=None, _continue=None, **_):
+        at = int(_continue or 0)
+        self.asked += 1
+        if at == self.failing:
+            return _Failed()
+        more = {"continue": str(at + limit)} if at + limit < len(self.pods) else {}
+        page = self.pods[at : at + limit]
+        return _Answer(_body(page, metadata={"resourceVersion": "7", **more}))
+
+
+class _Failed(_Answer):
+    status, reason = 500, "Internal Server Error"
+
+    def __init__(self):
+        super().__init__(b'{"message": "injected"}')
+
+
+async def test_a_read_that_fails_part_way_leaves_no_read_pending(monkeypatch):
+    # A page answered 500 after others were parsed: the read fails, the last reading stands,
+    # the lock is free, the spawns waiting on it go on at once, and the next read (past
+    # RETRY_AFTER_S) is applied whole.
+    monkeypatch.setattr(cluster, "PAGE", 2)
+    nodes, pods = _cluster()
+    gpus = ClusterGpus()
+    gpus.take(nodes, pods[:10])
+    before = gpus.capacity(TIERS, SPAWNER, {})
+    gpus.read_again()
+    api = _Pages(nodes, pods, failing=6)
+    reads = [gpus.refresh(api, "hub", LOG, 10) for _ in range(5)]  # one reads, four wait
+    await asyncio.wait_for(asyncio.gather(*reads), 30)
+    assert gpus.failing == "500: injected" and api.asked == 4
+    assert not gpus._lock.locked() and gpus.capacity(TIERS, SPAWNER, {}) == before
+    api.failing, gpus.failed_at = None, float("-inf")
+    await asyncio.wait_for(gpus.refresh(api, "hub", LOG, 10), 30)
+    taken = ClusterGpus()
+    taken.take(nodes, pods)
+    assert gpus.failing is None and gpus.unknown() is None
+    assert gpus.capacity(TIERS, SPAWNER, {}) == taken.capacity(TIERS, SPAWNER, {})
+
+
+async def test_a_parse_that_raises_in_its_thread_is_a_failed_read(monkeypatch):
+    nodes, pods = _cluster()
+    gpus = ClusterGpus()
+
+    def broken(*_):
+        raise MemoryError("in the thread")
+
+    monkeypatch.setattr(cluster, "_take_page", broken)
+    api = _Api(_body(nodes), _body(pods))
+    await asyncio.wait_for(
+        asyncio.gather(*(gpus.refresh(api, "hub", LOG, 10) for _ in range(3))), 30
+    )
+    assert gpus.failing == "MemoryError: in the thread" and not gpus._lock.locked()
+    monkeypatch.undo()
+    gpus.failed_at = float("-inf")
+    await asyncio.wait_for(gpus.refresh(api, "hub", LOG, 10), 30)
+    assert gpus.failing is None and gpus.unknown() is None
 
 
 async def test_a_body_that_is_no_list_is_a_failed_read():

@@ -11,10 +11,10 @@ own servers on that tier: admission counts those.
 
 ``ClusterGpus`` reads nodes and every namespace's pods every ``refresh_every`` seconds (one read
 at a time, awaited before the spawn form and admission; admission itself then awaits nothing;
-the pods ``PAGE`` a request, each body parsed in a thread, off the Hub's event loop, and the
-reading applied whole once its last page is in), and
-keeps of the pods that hold an extended resource their node and requests, and the devices held
-per node (a count then costs O(nodes x tiers), not O(pods)). On a shared cluster other teams'
+the pods ``PAGE`` a request, each body parsed in a thread of its own (``_reader``), off the
+Hub's event loop, and the reading applied whole once its last page is in), and keeps of the
+pods that hold an extended resource their node and requests, and the devices held per node (a
+count then costs O(nodes x tiers), not O(pods)). On a shared cluster other teams'
 jobs hold GPUs from their own namespaces (and KubeSpawner's ``enable_user_namespaces`` puts each
 user's server in one): read from the hub's namespace alone, their cards counted free and the hub
 admitted servers that stayed Pending. Where RBAC allows only the hub's namespace's pods, those
@@ -36,6 +36,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from traitlets import Bool, Float
@@ -428,7 +429,7 @@ class ClusterGpus(SingletonConfigurable):
             try:
                 loop = asyncio.get_running_loop()
                 nodes = await _body(api.list_node(_preload_content=False), timeout)
-                node_list, found = await loop.run_in_executor(None, _parse, nodes, list(fits))
+                node_list, found = await loop.run_in_executor(_reader(), _parse, nodes, list(fits))
                 del nodes  # the pods' pages are read without it
                 bound, held = await self._gpu_pods(api, namespace, log, timeout)
             except Exception as error:
@@ -701,6 +702,20 @@ async def _read_body(call) -> bytes:
         response.release()
 
 
+_READER: ThreadPoolExecutor | None = None
+
+
+def _reader() -> ThreadPoolExecutor:
+    """The reading's own worker thread (one read at a time: one thread), not the event loop's
+    default executor, which the Hub shares: tornado resolves the host of every request the Hub
+    makes (to the proxy's API, to a starting server) there, and anything else may queue work
+    on it. A parse never waits behind those, and they never wait behind a parse."""
+    global _READER
+    if _READER is None:
+        _READER = ThreadPoolExecutor(1, thread_name_prefix="gpu-gov-cluster-read")
+    return _READER
+
+
 def _parse(nodes: bytes, fits: list[tuple[str, Mapping]]) -> tuple[list, dict]:
     """``_reading``'s nodes of the API's body, in a worker thread, and the nodes each of
     ``fits`` could land on (``_fitting``). Items are decoded one at a time, so the thread lets
@@ -728,7 +743,7 @@ async def _pages(call, timeout: float | None) -> tuple[dict, dict]:
                 page = {"limit": PAGE, **({"_continue": token} if token else {})}
                 body = await _body(call(**page), timeout)
                 sent = token
-                token = await loop.run_in_executor(None, _take_page, body, bound, held)
+                token = await loop.run_in_executor(_reader(), _take_page, body, bound, held)
                 del body  # one page's body held at a time
                 if not token:
                     return bound, held
