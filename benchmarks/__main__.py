@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import (
     admission,
+    cluster_read,
     diagnose,
     gpu_faults,
     history_export,
@@ -40,6 +41,7 @@ FULL = [
     (nvml_calls, []),
     (reconcile, ["--servers=10000"]),
     (admission, []),
+    (cluster_read, []),  # 1,000 nodes, 30,000 pods: the hub's reading of the cluster
     (diagnose, []),
     (gpu_faults, ["score", *H200_RUNS]),
     (reclamation_replay, ["--step=60"]),  # the governor's reconcile cadence

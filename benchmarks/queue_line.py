@@ -159,7 +159,8 @@ def measure_room(servers: int, nodes: int, waiting: int, repeat: int = 5) -> dic
 
     tiers = load_tiers(ROOM_TIERS)
     gpus = ClusterGpus()
-    gpus.nodes, gpus.pods = cluster(servers, nodes)
+    node_list, pods = cluster(servers, nodes)
+    gpus.take(node_list, pods)
     spawner = SimpleNamespace(node_selector={}, tolerations=[], node_affinity_required=[])
     states = ("pending", "queued", "refused")
     asked = [("h100x2" if i % 2 else "h200-3g", states[i % 3]) for i in range(waiting)]
@@ -173,13 +174,14 @@ def measure_room(servers: int, nodes: int, waiting: int, repeat: int = 5) -> dic
 
     read()
     gpus.room(tiers, spawner)  # (imports)
-    from jupyter_gpu_gov.profiles.cluster import _gpu_pod
+    from jupyter_gpu_gov.profiles.cluster import _reading
 
-    sent = json.dumps({"items": gpus.pods}).encode()  # (the API's pods carry far more)
+    sent = json.dumps({"items": pods}).encode()  # (the API's pods carry far more)
     figures = {
         # What every reading of the cluster pays already, at the least: the pods' JSON
-        # parsed and each pod's devices kept (``ClusterGpus._gpu_pods``).
-        "hub_reading_at_least_ms": ms(lambda: [_gpu_pod(p) for p in json.loads(sent)["items"]]),
+        # parsed and each pod's devices kept (``cluster._reading``; in a thread since
+        # adapt34: ``benchmarks.cluster_read``).
+        "hub_reading_at_least_ms": ms(lambda: _reading((), json.loads(sent)["items"])),
         "hub_new_reading_ms": ms(lambda: (read(), gpus.room(tiers, spawner, wanted))),
         "hub_same_reading_ms": ms(lambda: gpus.room(tiers, spawner, wanted)),
         "hub_none_waiting_ms": ms(lambda: (read(), gpus.room(tiers, spawner, []))),

@@ -13,6 +13,10 @@ What it serves (``/api/v1``, JSON):
   ``spec.nodeName``, ``status.phase``, ``involvedObject.kind|name|namespace``),
   ``resourceVersion`` (a watch replays what changed after it, or answers 410 Gone in an
   ``ERROR`` event when that is older than the history kept) and ``timeoutSeconds``;
+- a list in pages: ``limit`` items at most, in the storage's key order, and, when more follow,
+  ``metadata.continue`` (``remainingItemCount`` too where no selector filters the list); a
+  ``continue`` token reads on in the first page's snapshot, or answers 410 Expired once that
+  is dropped (``expire_lists``, as the API server's compaction does after a few minutes);
 - errors as the API server writes them: a ``Status`` object with ``reason`` and ``details``
   (404 NotFound, 409 AlreadyExists / Conflict, 422 Invalid with ``causes``, 400 BadRequest).
 
@@ -55,6 +59,7 @@ answers as dcgm-exporter with pod attribution does, with each device's utilisati
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import itertools
@@ -86,6 +91,7 @@ from tornado.netutil import bind_sockets
 
 KUBERNETES_VERSION = "1.32"  # the schemas objects are validated against
 HISTORY = 1000  # watch events kept for resourceVersion replays
+SNAPSHOTS = 16  # paged lists whose continue tokens are kept (older ones: 410 Expired)
 
 KINDS = {  # plural -> (kind, namespaced)
     "pods": ("Pod", True),
@@ -382,6 +388,8 @@ class FakeKubernetes:
         self.objects: dict[str, dict[tuple[str, str], dict]] = {p: {} for p in KINDS}
         self.history: list[tuple[int, str, str, dict]] = []  # (rv, plural, type, object)
         self.received: list[tuple[str, str, dict]] = []  # (verb, plural, body) as sent
+        self.lists: list[tuple] = []  # (plural, namespace, limit, continue) of each list asked for
+        self._snapshots: dict[tuple[str, str], list] = {}  # (plural, rv) -> a paged list's
         self.rejected: list[ApiError] = []
         self.forbidden: set[str] = set()  # collections the client's RBAC does not allow
         self.forbidden_cluster_wide: set[str] = set()  # ... but in a namespace
@@ -1114,6 +1122,73 @@ class FakeKubernetes:
 
     # -- HTTP ----------------------------------------------------------------------------------
 
+    def _list(
+        self, plural: str, namespace: str | None, labels: str, fields: str, limit: int, token: str
+    ) -> dict:
+        """A list as the API server answers it: with ``limit``, that many items at most and,
+        when more follow, ``metadata.continue``, a token for the rest of the same snapshot
+        (the first page's ``resourceVersion``: objects made, changed or deleted since are
+        not seen), and ``remainingItemCount`` when no selector filters the list; a token
+        whose snapshot was dropped (``expire_lists``; the API server keeps one a few
+        minutes) is 410 Expired."""
+        start = ""
+        self.lists.append((plural, namespace, limit, token))  # answered or not
+        with self._lock:
+            if token:
+                try:
+                    cont = json.loads(base64.b64decode(token))
+                    version, start = str(cont["rv"]), cont["start"]
+                except (ValueError, KeyError, TypeError):
+                    raise ApiError(400, "BadRequest", "continue key is not valid") from None
+                objects = self._snapshots.get((plural, version))
+                if objects is None:
+                    raise ApiError(
+                        410,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent "
+                        "list result. You can start a new list without the continue parameter.",
+                    )
+            else:
+                version = str(self.resource_version)
+                # in the order of the API server's storage keys (etcd's: "<namespace>/<name>")
+                objects = sorted(((_key(k), k, o) for k, o in self.objects[plural].items()))
+            matching = [
+                (key, o)
+                for at, key, o in objects
+                if at >= start
+                and (namespace is None or key[0] == namespace)
+                and label_selector_matches(labels, o["metadata"].get("labels") or {})
+                and field_selector_matches(fields, o)
+            ]
+            page = matching[:limit] if limit > 0 else matching
+            metadata: dict[str, Any] = {"resourceVersion": version}
+            if len(page) < len(matching):
+                if not token:  # the snapshot the next pages come from
+                    self._snapshots[(plural, version)] = [
+                        (at, k, copy.deepcopy(o)) for at, k, o in objects
+                    ]
+                    while len(self._snapshots) > SNAPSHOTS:
+                        self._snapshots.pop(next(iter(self._snapshots)))
+                after = _key(page[-1][0]) + "\x00"
+                metadata["continue"] = base64.b64encode(
+                    json.dumps({"v": "meta.k8s.io/v1", "rv": int(version), "start": after}).encode()
+                ).decode()
+                if not labels and not fields:
+                    metadata["remainingItemCount"] = len(matching) - len(page)
+            items = [copy.deepcopy(o) for _, o in page]
+        return {
+            "kind": f"{KINDS[plural][0]}List",
+            "apiVersion": "v1",
+            "metadata": metadata,
+            "items": items,
+        }
+
+    def expire_lists(self) -> None:
+        """Drop every list's snapshot, as the API server's compaction does: a continue token
+        given out before is then 410 Expired."""
+        with self._lock:
+            self._snapshots.clear()
+
     def _app(self) -> web.Application:
         api = self
         path = r"/api/v1(?:/namespaces/([^/]+))?/([a-z]+)(?:/([^/]+))?/?"
@@ -1220,24 +1295,9 @@ class FakeKubernetes:
                         return await self._watch(namespace, plural)
                     labels = self.get_argument("labelSelector", "")
                     fields = self.get_argument("fieldSelector", "")
-                    with api._lock:
-                        items = [
-                            copy.deepcopy(o)
-                            for (ns, _), o in sorted(api.objects[plural].items())
-                            if (namespace is None or ns == namespace)
-                            and label_selector_matches(labels, o["metadata"].get("labels") or {})
-                            and field_selector_matches(fields, o)
-                        ]
-                        version = str(api.resource_version)
-                    kind = KINDS[plural][0]
-                    self._reply(
-                        {
-                            "kind": f"{kind}List",
-                            "apiVersion": "v1",
-                            "metadata": {"resourceVersion": version},
-                            "items": items,
-                        }
-                    )
+                    limit = int(self.get_argument("limit", "0") or 0)
+                    token = self.get_argument("continue", "")
+                    self._reply(api._list(plural, namespace, labels, fields, limit, token))
                 except ApiError as error:
                     self._fail(error)
 
@@ -1448,6 +1508,11 @@ def _terminated(pod: dict, code: int, message: str, init: list) -> None:
                                   "message": message}},
         )  # fmt: skip
     pod["status"].setdefault("containerStatuses", [status])
+
+
+def _key(key: tuple) -> str:
+    namespace, name = key
+    return f"{namespace or ''}/{name}"
 
 
 def _gone(since: str) -> dict:

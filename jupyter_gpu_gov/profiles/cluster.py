@@ -10,16 +10,19 @@ KubeSpawner is configured with), minus what the GPU pods bound there ask for, ex
 own servers on that tier: admission counts those.
 
 ``ClusterGpus`` reads nodes and every namespace's pods every ``refresh_every`` seconds (one read
-at a time, awaited before the spawn form and admission; admission itself then awaits nothing),
-and keeps the pods that hold an extended resource. On a shared cluster other teams' jobs hold
-GPUs from their own namespaces (and KubeSpawner's ``enable_user_namespaces`` puts each user's
-server in one): read from the hub's namespace alone, their cards counted free and the hub
+at a time, awaited before the spawn form and admission; admission itself then awaits nothing;
+the pods ``PAGE`` a request, each body parsed in a thread of its own (``_reader``), off the
+Hub's event loop, and the reading applied whole once its last page is in), and keeps of the
+pods that hold an extended resource their node and requests, and the devices held per node (a
+count then costs O(nodes x tiers), not O(pods)). On a shared cluster other teams'
+jobs hold GPUs from their own namespaces (and KubeSpawner's ``enable_user_namespaces`` puts each
+user's server in one): read from the hub's namespace alone, their cards counted free and the hub
 admitted servers that stayed Pending. Where RBAC allows only the hub's namespace's pods, those
 are read, and the log says once what it leaves out. When the API refuses the read of nodes for
 want of permission (401, 403: no RBAC for nodes) it says so once in the log and ``capacity``
-answers ``None``: the spawner falls back to ``GpuProfiles.capacity``. When the API fails (a
-5xx, a conflict, no answer within the request timeout, a dropped connection) the last reading
-stands while it is fresh; past ``FRESH_FOR_S`` the cluster is unknown, as a workstation's
+answers ``None``: the spawner falls back to ``GpuProfiles.capacity``. When the API fails (a 5xx,
+a conflict, no answer within the request timeout, a dropped connection) the last reading stands
+while it is fresh; past ``FRESH_FOR_S`` the cluster is unknown, as a workstation's
 (``unknown``), and no GPU is counted free: the spawn is refused with the API's failure named,
 never admitted on the configured numbers the cluster may not have. The read is tried again
 ``RETRY_AFTER_S`` after a failure.
@@ -28,9 +31,12 @@ never admitted on the configured numbers the cluster may not have. The read is t
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from traitlets import Bool, Float
@@ -43,6 +49,7 @@ from .tiers import Tier
 
 _DONE = ("Succeeded", "Failed")
 _LIVE = ",".join(f"status.phase!={phase}" for phase in _DONE)  # the pods that may hold a card
+PAGE = 500  # pods asked for per request: the Hub holds one page's body at a time, not all
 RETRY_AFTER_S = 5.0  # after a failed read: spawns meanwhile do not each wait on a failing API
 _REFUSED = (401, 403)  # the hub's service account may not read: it will not, so configured
 _HARD_TAINTS = ("NoSchedule", "NoExecute")
@@ -64,22 +71,39 @@ def capacity(
     (a pair, any 80 GB card, a tier since removed) hold them as any other pod does. ``grow``:
     devices per tier its nodes can hold once an autoscaler has added all it may
     (``GpuProfiles.node_pool_max``); what its nodes lack of that today counts as free."""
-    nodes = [n for n in nodes if _usable(n)]
-    # node -> the pod's tier (None: not the hub's) -> resource -> amount held
-    held: dict[str, dict[str | None, dict[str, int]]] = {}
+    held: dict[str, dict[str, int]] = {}  # node -> resource -> amount held
+    own: dict[str, dict[str, dict[str, int]]] = {}  # the same, of the tier's own servers
     for node, pod, resource, amount in _bound_requests(pods):
-        per_tier = held.setdefault(node, {}).setdefault(tier_of(pod), {})
-        per_tier[resource] = per_tier.get(resource, 0) + amount
+        _add(held, node, resource, amount)
+        tier = tier_of(pod)
+        if tier is not None:
+            _add(own.setdefault(tier, {}), node, resource, amount)
+    nodes = list(nodes)
+
+    def fitting(tier: Tier) -> list[tuple[str, int]]:
+        return _fitting(nodes, tier.resource, scheduling(tier))
+
+    return _capacity(tiers, fitting, held, own, grow)
+
+
+def _capacity(
+    tiers: Mapping[str, Tier],
+    fitting: Callable[[Tier], list[tuple[str, int]]],
+    held: Mapping[str, Mapping[str, int]],
+    own: Mapping[str, Mapping[str, Mapping[str, int]]],
+    grow: Mapping[str, int] | None,
+) -> dict[str, int]:
+    """``capacity`` from the nodes each tier's pods could land on (``fitting``: ``_fitting``'s)
+    and what the pods bound to each node hold (``held``) and, per tier, what its own servers'
+    pods hold there (``own``): O(those nodes), however many pods."""
     result = {}
     for name, tier in tiers.items():
-        wanted = scheduling(tier)
+        mine = own.get(name, {})
         free = existing = 0
-        for node in nodes:
-            if not _fits(node, wanted):
-                continue
-            allocatable = _quantity((node["status"].get("allocatable") or {}).get(tier.resource))
-            on_node = held.get(node["metadata"]["name"], {})
-            taken = sum(r.get(tier.resource, 0) for t, r in on_node.items() if t != name)
+        for node, allocatable in fitting(tier):
+            taken = (held.get(node) or {}).get(tier.resource, 0) - (mine.get(node) or {}).get(
+                tier.resource, 0
+            )
             free += max(0, allocatable - taken)
             existing += allocatable
         # A pool scaled to zero has no node to read: the nodes an autoscaler would add for a
@@ -89,6 +113,29 @@ def capacity(
             free -= free % tier.count  # whole servers only (a pair needs two cards of one node)
         result[name] = free
     return result
+
+
+def _fitting(nodes: Iterable[Mapping], resource: str, wanted: Mapping) -> list[tuple[str, int]]:
+    """(name, devices of ``resource`` it can allocate) of each schedulable, ready node that a
+    pod of scheduling ``wanted`` (``scheduling``) could land on."""
+    return [
+        (
+            node["metadata"]["name"],
+            _quantity((node["status"].get("allocatable") or {}).get(resource)),
+        )
+        for node in nodes
+        if _usable(node) and _fits(node, wanted)
+    ]
+
+
+def _fit_key(resource: str, wanted: Mapping) -> str:
+    """One key per resource and scheduling: tiers alike draw on the same nodes (a pool)."""
+    return json.dumps([resource, wanted], sort_keys=True, default=str)
+
+
+def _add(held: dict[str, dict[str, int]], node: str, resource: str, amount: int) -> None:
+    on_node = held.setdefault(node, {})
+    on_node[resource] = on_node.get(resource, 0) + amount
 
 
 def _bound_requests(pods: Iterable[Mapping]) -> Iterator[tuple[str, Mapping, str, int]]:
@@ -101,40 +148,31 @@ def _bound_requests(pods: Iterable[Mapping]) -> Iterator[tuple[str, Mapping, str
                 yield node, pod, resource, amount
 
 
-def cards(
-    tiers: Mapping[str, Tier],
-    nodes: Iterable[Mapping],
-    scheduling: Callable[[Tier], Mapping[str, Any]],
-    grow: Mapping[str, int] | None = None,
-) -> dict[str, int]:
+def _cards(tiers, fitting, grow) -> dict[str, int]:
     """Devices per tier on the nodes ``capacity`` counts, whoever holds them (with ``grow``: as
     many as an autoscaler may add up to): the spawn form's "N of M free", where M is not what a
     pair or another pod leaves a single card."""
-    nodes = [n for n in nodes if _usable(n)]
-    result = {}
-    for name, tier in tiers.items():
-        wanted = scheduling(tier)
-        existing = sum(
-            _quantity((node["status"].get("allocatable") or {}).get(tier.resource))
-            for node in nodes
-            if _fits(node, wanted)
-        )
-        result[name] = max(existing, (grow or {}).get(name, 0))
-    return result
+    return {
+        name: max(sum(n for _, n in fitting(tier)), (grow or {}).get(name, 0))
+        for name, tier in tiers.items()
+    }
 
 
 def free_on_nodes(
-    nodes: Iterable[Mapping], pods: Iterable[Mapping], resources: Iterable[str]
+    nodes: Iterable[Mapping],
+    pods: Iterable[Mapping],
+    resources: Iterable[str],
+    held: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, dict[str, int]]:
     """Per schedulable, ready node that has any of ``resources``, the devices free of each:
     what it can allocate less what every live pod bound there asks for (the hub's own
-    servers' too: where a pod fits, not what admission counts). O(pods + nodes): worked out
-    once per reading of the cluster (``ClusterGpus.room``), never per sync."""
+    servers' too: where a pod fits, not what admission counts). ``held``: that, per node,
+    worked out already (``held_on_nodes``; ``ClusterGpus`` has it with the reading, off the
+    event loop): ``pods`` are then not read, and this is O(nodes). Worked out once per reading
+    of the cluster (``ClusterGpus.room``), never per sync."""
     resources = sorted(set(resources))
-    held: dict[str, dict[str, int]] = {}
-    for node, _pod, resource, amount in _bound_requests(pods):
-        on_node = held.setdefault(node, {})
-        on_node[resource] = on_node.get(resource, 0) + amount
+    if held is None:
+        held = held_on_nodes(pods)
     free: dict[str, dict[str, int]] = {}
     for node in nodes:
         if not _usable(node):
@@ -152,18 +190,19 @@ def free_on_nodes(
     return free
 
 
-def reach(
-    tier: Tier, nodes: Iterable[Mapping], free: Mapping[str, Mapping[str, int]], wanted
-) -> tuple[list[str], int]:
-    """The nodes (of ``free_on_nodes``) a tier's pods could land on, for its scheduling
-    ``wanted`` (``scheduling``), and the devices of its resource they can allocate in all."""
-    names, existing = [], 0
-    for node in nodes:
-        name = node["metadata"]["name"]
-        if tier.resource in free.get(name, {}) and _fits(node, wanted):
-            names.append(name)
-            existing += _quantity((node["status"].get("allocatable") or {}).get(tier.resource))
-    return sorted(names), existing
+def held_on_nodes(pods: Iterable[Mapping]) -> dict[str, dict[str, int]]:
+    """Per node, the devices of each extended resource the live pods bound there ask for."""
+    held: dict[str, dict[str, int]] = {}
+    for node, _pod, resource, amount in _bound_requests(pods):
+        _add(held, node, resource, amount)
+    return held
+
+
+def _reach(tier: Tier, fitting: list[tuple[str, int]], free) -> tuple[list[str], int]:
+    """The nodes (of ``free_on_nodes``) a tier's pods could land on (of its ``_fitting``), and
+    the devices of its resource they can allocate in all."""
+    on = [(name, n) for name, n in fitting if tier.resource in free.get(name, {})]
+    return sorted(name for name, _ in on), sum(n for _, n in on)
 
 
 def room(
@@ -174,7 +213,7 @@ def room(
 ) -> dict[str, dict]:
     """Where a spawn waiting for each tier of ``reaches`` could go now, for the cluster
     report's fragmentation (``diagnose.cluster.placement``). ``free``: ``free_on_nodes``;
-    ``reaches``: per tier, ``reach``'s nodes and devices, and its pool (tiers asking for the
+    ``reaches``: per tier, ``_reach``'s nodes and devices, and its pool (tiers asking for the
     same resource with the same scheduling draw on the same nodes). Says ``nodes``: per node
     with a device free that one of those tiers asks for, what is free of each such resource;
     ``tiers``: per tier, its ``resource``, the ``count`` one server asks for (a pair's two
@@ -273,22 +312,37 @@ def _extended_requests(spec: Mapping) -> dict[str, int]:
     return asked
 
 
-def _gpu_pod(pod: Mapping) -> dict | None:
-    """What capacity reads of a pod that holds an extended resource (None: it holds none):
-    its name, namespace, node, phase and those requests. Nothing else of another namespace's
-    pod is kept (a spec's environment may carry its secrets)."""
-    spec, metadata = pod.get("spec") or {}, pod.get("metadata") or {}
+def _reading(nodes: Iterable[Mapping], pods: Iterable[Mapping]) -> tuple[list, dict, dict]:
+    """What a reading keeps of the API's nodes and live pods: the nodes as ``capacity`` reads
+    them (``_node``); per live pod bound to a node that asks for an extended resource, its
+    ``pod_key`` -> (its node, its requests), for the hub's own servers' pods that admission
+    counts; the devices held per node (``held_on_nodes``). Nothing else of a pod is kept (a
+    spec's environment may carry its secrets), and no dict a pod (10,000 pods are 10,000
+    tuples the garbage collector stops tracking, not 70,000 dicts it walks)."""
+    node_list = [_node(node) for node in nodes]
+    bound: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
+    held: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        _keep(pod, bound, held)
+    return node_list, bound, held
+
+
+def _keep(pod: Mapping, bound: dict, held: dict) -> None:
+    """Into ``_reading``'s ``bound`` and ``held``: what they keep of one pod, if anything."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    node = spec.get("nodeName")
+    if not node or status.get("phase") in _DONE:
+        return
     asked = _extended_requests(spec)
     if not asked:
-        return None
-    return {
-        "metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace")},
-        "spec": {
-            "nodeName": spec.get("nodeName"),
-            "containers": [{"resources": {"limits": {k: str(v) for k, v in asked.items()}}}],
-        },
-        "status": {"phase": (pod.get("status") or {}).get("phase")},
-    }
+        return
+    metadata = pod.get("metadata") or {}
+    bound[pod_key(metadata.get("namespace"), metadata.get("name"))] = (
+        node,
+        tuple(sorted(asked.items())),
+    )
+    for resource, amount in asked.items():
+        _add(held, node, resource, amount)
 
 
 def _quantity(value: Any) -> int:
@@ -327,7 +381,8 @@ class ClusterGpus(SingletonConfigurable):
     ).tag(config=True)
 
     nodes: list[dict] | None = None
-    pods: list[dict] = []  # those holding an extended resource, as the API server has them
+    # pod_key -> (node, requests) of the live pods holding an extended resource (``_reading``)
+    bound: dict = {}
     read_at: float = float("-inf")
     error: str | None = None  # the API refuses the read (RBAC): configured capacity
     failing: str | None = None  # the API failed the last read: why (the reading may be old)
@@ -335,17 +390,34 @@ class ClusterGpus(SingletonConfigurable):
     namespace_only: str | None = None  # why only the hub's namespace's pods could be read
     _lock: asyncio.Lock | None = None
     left_pod_sweeper: Any = None  # the sweep's caller of the API and back-off (``left_pods``)
+    held: dict = {}  # node -> resource -> devices the live pods bound there ask for
+    # _fit_key(resource, scheduling) -> _fitting's nodes, for this reading (those asked for
+    # at the read worked out with it, in its thread; others at their first use)
+    fits: dict = {}
     # ``room``'s work on the reading of ``_room_of`` (its read_at): free devices per node, per
     # set of the tiers' resources; each tier's nodes, per its scheduling.
     _room_of: float = float("nan")
     _room_free: dict = {}
     _room_reach: dict = {}
 
-    async def refresh(self, api, namespace: str, log, timeout: float | None = None) -> None:
+    async def refresh(
+        self,
+        api,
+        namespace: str,
+        log,
+        timeout: float | None = None,
+        fits: Iterable[tuple[str, Mapping]] = (),
+    ) -> None:
         """Read nodes and pods if the last read is older than ``refresh_every`` (or than
         ``FRESH_FOR_S``, past which a reading is unknown: a step that counts never does so on
-        one), each within ``timeout`` seconds; not again within ``RETRY_AFTER_S`` of a failed
-        read."""
+        one), each request (the nodes, each page of pods) within ``timeout`` seconds; not again
+        within ``RETRY_AFTER_S`` of a failed read. The bodies come in on the event loop, the
+        pods ``PAGE`` at a time (``_pages``); each is parsed in a thread (``_parse``,
+        ``_take_page``: at 30,000 pods the loop was held for the whole parse, seconds;
+        docs/benchmarks.md), with each node's devices held and the nodes each of ``fits`` (a
+        resource and a ``scheduling``: the tiers') could land on, and the reading is applied
+        at once, whole, after its last page: nothing counts on half of one, and a read that
+        fails part way leaves the last reading. One read at a time."""
         every = min(self.refresh_every, FRESH_FOR_S)
         if self.age() < every or time.monotonic() - self.failed_at < RETRY_AFTER_S:
             return
@@ -355,14 +427,18 @@ class ClusterGpus(SingletonConfigurable):
             if self.age() < every or time.monotonic() - self.failed_at < RETRY_AFTER_S:
                 return  # another spawn read them (or found the API failing) meanwhile
             try:
-                nodes = await _items(api.list_node(_preload_content=False), timeout)
-                pods = await self._gpu_pods(api, namespace, log, timeout)
+                loop = asyncio.get_running_loop()
+                nodes = await _body(api.list_node(_preload_content=False), timeout)
+                node_list, found = await loop.run_in_executor(_reader(), _parse, nodes, list(fits))
+                del nodes  # the pods' pages are read without it
+                bound, held = await self._gpu_pods(api, namespace, log, timeout)
             except Exception as error:
                 self._failed(error, timeout, log)
             else:
                 if self.error or self.failing:
                     log.info("gpu-gov: reading the cluster's GPU capacity again")
-                self.error, self.failing, self.nodes, self.pods = None, None, nodes, pods
+                self.error, self.failing = None, None
+                self.nodes, self.bound, self.held, self.fits = node_list, bound, held, found
                 self.read_at = time.monotonic()
 
     def _failed(self, error: Exception, timeout: float | None, log) -> None:
@@ -392,12 +468,15 @@ class ClusterGpus(SingletonConfigurable):
             )
         self.failing, self.failed_at = message, time.monotonic()
 
-    async def _gpu_pods(self, api, namespace: str, log, timeout: float | None) -> list[dict]:
-        """The live pods of every namespace that hold an extended resource; those of
-        ``namespace`` alone where RBAC allows no more (said once in the log)."""
+    async def _gpu_pods(self, api, namespace: str, log, timeout: float | None) -> tuple:
+        """``_reading``'s ``bound`` and ``held`` of the live pods of every namespace, read a
+        page at a time (``_pages``); of ``namespace`` alone where RBAC allows no more (said
+        once in the log)."""
         try:
-            pods = await _items(
-                api.list_pod_for_all_namespaces(field_selector=_LIVE, _preload_content=False),
+            found = await _pages(
+                lambda **page: api.list_pod_for_all_namespaces(
+                    field_selector=_LIVE, _preload_content=False, **page
+                ),
                 timeout,
             )
         except ApiFailed as error:
@@ -411,13 +490,15 @@ class ClusterGpus(SingletonConfigurable):
                     escaped(error.why),
                 )
             self.namespace_only = error.why
-            pods = await _items(
-                api.list_namespaced_pod(namespace, field_selector=_LIVE, _preload_content=False),
+            found = await _pages(
+                lambda **page: api.list_namespaced_pod(
+                    namespace, field_selector=_LIVE, _preload_content=False, **page
+                ),
                 timeout,
             )
         else:
             self.namespace_only = None
-        return [slim for pod in pods if (slim := _gpu_pod(pod)) is not None]
+        return found
 
     def read_again(self) -> None:
         """The next step that counts reads the cluster first: a pod appeared or went that the
@@ -465,14 +546,28 @@ class ClusterGpus(SingletonConfigurable):
         count; so would one of the same name in another namespace."""
         if self.nodes is None:
             return None
+        own: dict[str, dict[str, dict[str, int]]] = {}
+        for key, tier in hub_pods.items():
+            if (found := self.bound.get(key)) is not None:
+                node, asked = found
+                for resource, amount in asked:
+                    _add(own.setdefault(tier, {}), node, resource, amount)
+        return _capacity(tiers, lambda t: self._fitting(t, spawner), self.held, own, grow)
 
-        def tier_of(pod: Mapping) -> str | None:
-            metadata = pod.get("metadata") or {}
-            return hub_pods.get(pod_key(metadata.get("namespace"), metadata.get("name")))
+    def _fitting(self, tier: Tier, spawner, wanted: Mapping | None = None) -> list:
+        """``_fitting``'s nodes for ``tier`` on this reading, worked out once a reading."""
+        wanted = scheduling(spawner, tier) if wanted is None else wanted
+        key = _fit_key(tier.resource, wanted)
+        if key not in self.fits:
+            self.fits[key] = _fitting(self.nodes, tier.resource, wanted)
+        return self.fits[key]
 
-        return capacity(
-            tiers, self.nodes, self.pods, lambda t: scheduling(spawner, t), tier_of, grow
-        )
+    def take(self, nodes: Iterable[Mapping], pods: Iterable[Mapping]) -> None:
+        """A reading of ``nodes`` and live ``pods`` as the API writes them, applied whole and
+        taken now (tests, benchmarks; ``refresh`` reads its own)."""
+        self.nodes, self.bound, self.held = _reading(nodes, pods)
+        self.fits = {}
+        self.error, self.failing, self.read_at = None, None, time.monotonic()
 
     def cards(
         self, tiers: Mapping[str, Tier], spawner, grow: Mapping[str, int] | None = None
@@ -480,7 +575,7 @@ class ClusterGpus(SingletonConfigurable):
         """``cards`` from the last read, as ``capacity``; None when nodes could not be read."""
         if self.nodes is None:
             return None
-        return cards(tiers, self.nodes, lambda t: scheduling(spawner, t), grow)
+        return _cards(tiers, lambda t: self._fitting(t, spawner), grow)
 
     def room(
         self,
@@ -513,16 +608,16 @@ class ClusterGpus(SingletonConfigurable):
             self._room_of, self._room_free, self._room_reach = self.read_at, {}, {}
         resources = frozenset(tier.resource for tier in tiers.values())
         if names and resources not in self._room_free:
-            self._room_free[resources] = free_on_nodes(self.nodes, self.pods, resources)
+            self._room_free[resources] = free_on_nodes(self.nodes, (), resources, self.held)
         free = self._room_free.get(resources, {})
         reaches = {}
         for name in names:
             tier = tiers[name]
             wants = scheduling(spawner, tier)
-            pool = json.dumps([tier.resource, wants], sort_keys=True, default=str)
+            pool = _fit_key(tier.resource, wants)
             key = (resources, name, pool)
             if key not in self._room_reach:
-                self._room_reach[key] = reach(tier, self.nodes, free, wants)
+                self._room_reach[key] = _reach(tier, self._fitting(tier, spawner, wants), free)
             on, existing = self._room_reach[key]
             reaches[name] = (on, existing, pool)
         found = room(tiers, free, reaches, grow)
@@ -587,12 +682,12 @@ class ApiFailed(RuntimeError):
         self.status, self.why = status, why
 
 
-async def _items(call, timeout: float | None = None) -> list[dict]:
-    """The items of a list call, answered within ``timeout`` seconds (headers and body)."""
-    return await asyncio.wait_for(_read_items(call), timeout)
+async def _body(call, timeout: float | None = None) -> bytes:
+    """The body of a list call, answered within ``timeout`` seconds (headers and body)."""
+    return await asyncio.wait_for(_read_body(call), timeout)
 
 
-async def _read_items(call) -> list[dict]:
+async def _read_body(call) -> bytes:
     response = await call
     try:
         body = await response.read()
@@ -602,6 +697,178 @@ async def _read_items(call) -> list[dict]:
             except (ValueError, KeyError, TypeError):
                 why = response.reason
             raise ApiFailed(response.status, why)
-        return json.loads(body)["items"]
+        return body
     finally:
         response.release()
+
+
+_READER: ThreadPoolExecutor | None = None
+
+
+def _reader() -> ThreadPoolExecutor:
+    """The reading's own worker thread (one read at a time: one thread), not the event loop's
+    default executor, which the Hub shares: tornado resolves the host of every request the Hub
+    makes (to the proxy's API, to a starting server) there, and anything else may queue work
+    on it. A parse never waits behind those, and they never wait behind a parse."""
+    global _READER
+    if _READER is None:
+        _READER = ThreadPoolExecutor(1, thread_name_prefix="gpu-gov-cluster-read")
+    return _READER
+
+
+def _parse(nodes: bytes, fits: list[tuple[str, Mapping]]) -> tuple[list, dict]:
+    """``_reading``'s nodes of the API's body, in a worker thread, and the nodes each of
+    ``fits`` could land on (``_fitting``). Items are decoded one at a time, so the thread lets
+    go of the interpreter between them: one ``json.loads`` of 100 MB held it, and the Hub's
+    event loop, for the whole parse."""
+    node_list = [_node(node) for node in _list_items(nodes)]
+    return node_list, {_fit_key(r, wanted): _fitting(node_list, r, wanted) for r, wanted in fits}
+
+
+async def _pages(call, timeout: float | None) -> tuple[dict, dict]:
+    """``_reading``'s ``bound`` and ``held`` of a pod list read ``PAGE`` items a request
+    (``call(limit=, _continue=)``: the API's ``limit`` and ``continue``), each page within
+    ``timeout`` seconds and parsed in a worker thread (``_take_page``) before the next is
+    asked for: at 30,000 pods the whole list was 94 MB in the Hub at once. The pages are of
+    one snapshot of the cluster (the API server's continue token); one that expired (410
+    Gone: the API keeps a snapshot a few minutes) reads the list again from its start, once;
+    a second is a failed read. A page that fails fails the read: nothing of it is kept."""
+    loop = asyncio.get_running_loop()
+    for again in (False, True):
+        bound: dict = {}
+        held: dict = {}
+        token = None
+        try:
+            while True:
+                page = {"limit": PAGE, **({"_continue": token} if token else {})}
+                body = await _body(call(**page), timeout)
+                sent = token
+                token = await loop.run_in_executor(_reader(), _take_page, body, bound, held)
+                del body  # one page's body held at a time
+                if not token:
+                    return bound, held
+                if token == sent:  # a server going round: a failed read, not a hung one
+                    raise ValueError("the API answered a page with its own continue token")
+        except ApiFailed as error:
+            if error.status != 410 or token is None or again:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _take_page(body: bytes, bound: dict, held: dict) -> str | None:
+    """A page of a pod list into ``bound`` and ``held`` (``_keep``), in a worker thread (the
+    event loop does not read them until the last page is in); its continue token, if more
+    pages follow."""
+    metadata: dict = {}
+    for pod in _list_items(body, metadata):
+        _keep(pod, bound, held)
+    token = metadata.get("continue")
+    return token if isinstance(token, str) and token else None
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+_CHUNK = 1 << 20  # bytes of the body decoded to text at a time
+
+
+class _Text:
+    """A body's text, decoded a chunk at a time as the parse reaches it (decoding 100 MB at
+    once held the interpreter, and so the event loop, 0.2 s on a loaded machine)."""
+
+    def __init__(self, body: bytes):
+        self.body, self.at = memoryview(body), 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.text, self.pos = "", 0
+
+    def more(self) -> bool:
+        """More of the body's text after ``pos`` (at least as much again as is left, so a
+        value longer than a chunk is decoded again a few times, not once a chunk); False at
+        its end."""
+        if self.at >= len(self.body):
+            return False
+        size = max(_CHUNK, 2 * (len(self.text) - self.pos))
+        chunk = self.body[self.at : self.at + size]
+        self.at += len(chunk)
+        final = self.at >= len(self.body)
+        self.text = self.text[self.pos :] + self.decoder.decode(chunk, final)
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        """The next character that is not white space ('' at the end)."""
+        while True:
+            self.pos = _SPACE.match(self.text, self.pos).end()
+            if self.pos < len(self.text) or not self.more():
+                return self.text[self.pos : self.pos + 1]
+
+    def take(self, expected: str) -> None:
+        if self.peek() != expected:
+            raise ValueError(f"{expected!r} expected in the list's JSON")
+        self.pos += 1
+        if expected == "," and self.peek() in ("]", "}"):
+            raise ValueError("a value expected after ',' in the list's JSON")
+
+    def value(self) -> Any:
+        """The JSON value at ``pos``, decoded (and ``pos`` past it)."""
+        self.peek()
+        while True:
+            try:
+                found, end = _DECODER.raw_decode(self.text, self.pos)
+            except ValueError:
+                if self.more():
+                    continue  # cut by the chunk's end
+                raise
+            if end < len(self.text) or not self.more():  # (a number may go on)
+                self.pos = end
+                return found
+
+
+def _list_items(body: bytes, metadata: dict | None = None) -> Iterator[dict]:
+    """The ``items`` of a Kubernetes list's JSON, decoded one by one (the list's other keys
+    decoded and dropped; its own ``metadata`` put in ``metadata``, once all is read). Anything
+    but a JSON object with an ``items`` array is a ``ValueError``, as
+    ``json.loads(body)["items"]`` was."""
+    text, found = _Text(body), False
+    text.take("{")
+    while text.peek() != "}":
+        key = text.value()
+        text.take(":")
+        if key == "items" and text.peek() == "[":
+            found = True
+            text.take("[")
+            while text.peek() != "]":
+                item = text.value()
+                if isinstance(item, dict):
+                    yield item
+                if text.peek() != "]":
+                    text.take(",")
+            text.take("]")
+        elif key == "metadata" and metadata is not None:
+            value = text.value()
+            metadata.update(value if isinstance(value, dict) else {})
+        else:
+            text.value()
+        if text.peek() != "}":
+            text.take(",")
+    if not found:
+        raise ValueError("the list has no items")
+
+
+def _node(node: Mapping) -> dict:
+    """What ``capacity``, ``cards`` and ``room`` read of a node: its name and labels, whether
+    it is schedulable, its taints, what it can allocate and whether it is ready (its image
+    list, a large part of a node's JSON, is not kept)."""
+    metadata, spec, status = (
+        node.get("metadata") or {},
+        node.get("spec") or {},
+        node.get("status") or {},
+    )
+    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"][:1]
+    return {
+        "metadata": {"name": metadata.get("name"), "labels": metadata.get("labels") or {}},
+        "spec": {"unschedulable": spec.get("unschedulable"), "taints": spec.get("taints") or []},
+        "status": {
+            "allocatable": status.get("allocatable") or {},
+            "conditions": [{"type": "Ready", "status": c.get("status")} for c in ready],
+        },
+    }

@@ -40,7 +40,7 @@ from traitlets import TraitError, default, validate
 from ..core import clock
 from ..core.text import escaped
 from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL, pod_key
-from .cluster import ClusterGpus
+from .cluster import ClusterGpus, scheduling
 from .hubconfig import profile_list_refusal
 from .left_pods import POD_UID_STATE, left_pod
 from .left_pods import record as record_left_pod
@@ -247,8 +247,10 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
 
     async def gpu_refresh(self):
         # A fresh enough reading of the cluster before admission counts (and awaits nothing).
+        # The nodes each tier's pods could land on are worked out with it, off the loop.
+        fits = [(t.resource, scheduling(self, t)) for t in self.gpu_profiles.tier_map.values()]
         await self.gpu_cluster.refresh(
-            self.api, self.namespace, self.log, timeout=self.k8s_api_request_timeout
+            self.api, self.namespace, self.log, timeout=self.k8s_api_request_timeout, fits=fits
         )
 
     def gpu_unknown(self) -> str | None:
