@@ -96,6 +96,16 @@ def database(postgresql: str) -> Iterator[str]:
     yield postgresql.replace("/postgres?", "/gov?")
 
 
+def _governor(database: str, hub: FakeHub) -> Governor:
+    """A governor on the PostgreSQL store, against the fake Hub, warning at 1 h, culling at 2 h."""
+    return Governor(
+        Store(database),
+        HubApi(hub.api_url, hub.token),
+        load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
+        Options(),
+    )
+
+
 async def test_a_server_with_jupyterhubs_longest_names_is_governed(database):
     """JupyterHub keeps a user's and a server's name in 255 characters each, so a server's
     key takes 511. The store's key columns held 255: on PostgreSQL one user who named a
@@ -105,12 +115,7 @@ async def test_a_server_with_jupyterhubs_longest_names_is_governed(database):
     async with FakeHub() as hub:
         hub.add_server("alice")
         hub.add_server(user, name)
-        gov = Governor(
-            Store(database),
-            HubApi(hub.api_url, hub.token),
-            load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
-            Options(),
-        )
+        gov = _governor(database, hub)
         result = await gov.reconcile()
         assert result.errors == () and result.servers == 2
         key = f"{user}/{name}"
@@ -268,12 +273,7 @@ async def test_a_project_holding_nul_does_not_stop_the_pass_for_everyone(databas
     async with FakeHub() as hub:
         hub.add_server("alice")
         hub.add_server("bob", user_options={"project": "\0=cmd"})
-        gov = Governor(
-            Store(database),
-            HubApi(hub.api_url, hub.token),
-            load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
-            Options(),
-        )
+        gov = _governor(database, hub)
         for _ in range(2):
             result = await gov.reconcile()
     assert result.errors == ()
@@ -289,12 +289,7 @@ async def test_a_server_name_holding_nul_does_not_stop_the_pass_for_everyone(dat
         hub.add_server("alice")
         hub.add_server("bob", "a\0b")
         hub.add_server("c\0arol")
-        gov = Governor(
-            Store(database),
-            HubApi(hub.api_url, hub.token),
-            load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
-            Options(),
-        )
+        gov = _governor(database, hub)
         for _ in range(2):
             result = await gov.reconcile()
     assert result.errors == ()
