@@ -112,21 +112,22 @@ def with_dcgm(trace: str, sm: float) -> list[str]:
 
 
 def test_server_without_extension_is_governed_by_dcgm():
-    # DCGM sees the idle card, the server's Jupyter API that no kernel executes a cell: warned
-    # at 30 min, culled at 1 h; without the extension nobody can be asked for a checkpoint.
+    # DCGM sees the idle card, never the kernels, and the governor calls no user's server
+    # (hub/evidence.py): a cell may be running, so the cull waits busy_grace (2 h) after a
+    # warning at 30 min; without the extension nobody can be asked for a checkpoint.
     actions = list(
         replay(parse_lines(with_dcgm("no_extension.jsonl", 0.0)), policies_from_config(None))
     )
-    assert steps(actions) == [(1800, "dave/", "warn"), (3600, "dave/", "cull")]
-    assert "DCGM" in actions[0].reason
+    assert steps(actions) == [(1800, "dave/", "warn"), (7200, "dave/", "cull")]
+    assert "DCGM" in actions[0].reason and "a cell may be running" in actions[0].reason
     assert "no checkpoint (it sends no GPU report)" in actions[1].reason
-    # A kernel executing a cell (a CPU stage) is not culled: a notice when busy_grace ends,
-    # as on a server with the extension.
+    # A kernel executing a cell without a word to anyone (a CPU stage) is stopped all the
+    # same when busy_grace ends, as the hub does: nothing it reads can tell it from an idle one.
     busy = [
         json.dumps({**json.loads(row), "kernel_busy": True})
         for row in with_dcgm("no_extension.jsonl", 0.0)
     ]
-    assert [a.action for a in replay(parse_lines(busy), policies_from_config(None))] == ["notice"]
+    assert list(replay(parse_lines(busy), policies_from_config(None))) == actions
 
 
 def test_busy_gpu_of_a_server_without_extension_is_never_culled():

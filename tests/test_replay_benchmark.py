@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -80,6 +81,16 @@ def test_a_cull_or_interrupt_of_a_running_cell_is_a_cell_killed():
     # A sleep loop holds the GPU doing nothing for anyone: interrupting it loses no work.
     loop = busy_rows(("idle_held", True), ("idle_held", True))
     assert evaluate("test", parse_lines(loop), [Action(0, "a/", "interrupt", "")]).cells_killed == 0
+    # On a server without the extension (no report) the cell is counted apart: the governor
+    # could not see it.
+    blind = [json.dumps({**json.loads(row), "reports": False}) for row in trace]
+    culled = evaluate("test", parse_lines(blind), [Action(1200, "a/", "cull", "")])
+    assert (culled.cells_killed, culled.cells_killed_no_report) == (1, 1)
+    assert culled.cells_killed_by_scenario == {"? (no report)": 1}
+    lines = table([culled, replace(culled, policy="idle-culler 1h", cells_killed_no_report=2)])
+    assert "cells killed of test: 0 with the extension, 1 without (on those: idle-culler 1h 2)" in (
+        lines.splitlines()
+    )
 
 
 def test_a_hard_deadline_is_kept_when_the_gpu_is_given_back_in_time():
@@ -118,13 +129,18 @@ def test_default_policy(results):
     assert ours.reclaimed_share >= 0.94
     assert ours.median_idle_to_reclaim_s <= 3600 + 300  # cull_after, then the checkpoint
     # ...keeps every hard deadline (a maximum age, a reclaim: failing hooks included), kills no
-    # running cell (CPU stages of 1-5 h, with the extension or without: then the server's
-    # Jupyter API says a kernel executes; sleep loops only at the busy limit, no surprise)...
+    # running cell on a server with the extension (CPU stages of 1-5 h; sleep loops only at the
+    # busy limit, no surprise)...
     assert ours.deadlines > 0 and ours.deadlines_kept == ours.deadlines
-    assert ours.cells_killed == 0
-    # ...cuts no training (even starved under 5 % SM), pipeline stage or standby work, and
-    # warns before every cull. What is left: owners arriving just as the cull falls.
-    assert (ours.false_culls, ours.warned_culls) == (0, ours.culls)
+    assert ours.cells_killed - ours.cells_killed_no_report == 0
+    # ...while without it nothing the governor reads shows a cell (DCGM sees the card, and it
+    # calls no user's server): a CPU stage longer than busy_grace is stopped, as the hub does.
+    assert ours.cells_killed_no_report > 0
+    assert all(scenario.endswith("(no report)") for scenario in ours.cells_killed_by_scenario)
+    # ...cuts no training (even starved under 5 % SM), pipeline stage or standby work but those
+    # cells, and warns before every cull. What is left: owners arriving just as the cull falls.
+    assert all(scenario.endswith("(no report)") for scenario in ours.false_culls_by_scenario)
+    assert ours.warned_culls == ours.culls
     assert 0 < ours.culls_at_owner_return <= 6
     # Without DCGM, servers without the extension are unknown: jupyterhub-idle-culler's rule
     # reclaims some of their hours, and cannot warn...

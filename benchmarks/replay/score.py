@@ -37,7 +37,10 @@ without jupyterhub-idle-culler's fallback rule for them. Each run is scored the 
   a deadline is the admin's rule, not a false cull: culls are false only before it.
 - **cells killed**: culls and interrupts, not at a hard deadline, whose step has the kernel
   executing a cell that does live work (``kernel_busy`` and a truth of live work): a running
-  cell lost by surprise.
+  cell lost by surprise. This project's runs split them after the table into servers with the
+  extension (the governor sees the cell) and without (it cannot: DCGM sees the card alone and
+  the governor calls no user's server, so a DCGM-only server is stopped after ``busy_grace``
+  whether or not a cell runs), beside what jupyterhub-idle-culler kills on the same servers.
 """
 
 from __future__ import annotations
@@ -125,6 +128,10 @@ class Result:
     culls_before_return: int = 0
     median_idle_to_reclaim_s: float | None = None
     cells_killed: int = 0
+    # Of them, on servers without the extension (rows with no report): the governor sees no
+    # cell there (DCGM sees the card alone; it calls no user's server), so it holds a cull
+    # ``busy_grace`` and then stops the server whether or not a cell runs.
+    cells_killed_no_report: int = 0
     deadlines: int = 0
     deadlines_kept: int = 0
     false_culls_by_scenario: dict[str, int] = field(default_factory=dict)
@@ -237,6 +244,7 @@ def evaluate(name: str, samples: Iterable[Sample], actions: Iterable[Action]) ->
             return
         if row.extra.get("truth") in WORK_TRUTHS:
             result.cells_killed += 1
+            result.cells_killed_no_report += not row.reports
             killed_by[scenario] += 1
 
     def close(server: _Server, row: Sample, span: float) -> None:
@@ -372,6 +380,7 @@ def table(results: list[Result]) -> str:
         )
         for line in lines
     ]
+    text.extend(_kills_by_extension(results))
     for title, counts_of in (
         ("false culls", lambda r: r.false_culls_by_scenario),
         ("unwarned culls", lambda r: r.unwarned_culls_by_scenario),
@@ -383,6 +392,31 @@ def table(results: list[Result]) -> str:
                 by = ", ".join(f"{k} {v}" for k, v in counts_of(r).items())
                 text.append(f"{title} of {r.policy}: {by}")
     return "\n".join(text)
+
+
+# The runs that are not this project's governor: jupyterhub-idle-culler's and the others'.
+BASELINES = ("no culling", "idle-culler 1h", "idle-culler 8h", "kernel culler 1h")
+
+
+def _kills_by_extension(results: list[Result]) -> list[str]:
+    """This project's cells killed on servers with the extension (the governor sees the cell)
+    and without (it cannot: issue 21 gives them jupyterhub-idle-culler's rule, a DCGM-only
+    server ``busy_grace`` on top), beside what jupyterhub-idle-culler kills on the same
+    servers without it."""
+    culler = [
+        f"{r.policy} {r.cells_killed_no_report}" for r in results if r.policy.startswith("idle-")
+    ]
+    lines = []
+    for r in results:
+        if r.policy in BASELINES:
+            continue
+        with_it = r.cells_killed - r.cells_killed_no_report
+        line = (
+            f"cells killed of {r.policy}: {with_it} with the extension,"
+            f" {r.cells_killed_no_report} without"
+        )
+        lines.append(line + (f" (on those: {', '.join(culler)})" if culler else ""))
+    return lines
 
 
 def _json_object(text: str) -> dict:

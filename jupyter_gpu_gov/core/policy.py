@@ -471,6 +471,15 @@ class GpuSignal:
     detail: str = ""  # for reasons: where the evidence came from, disagreements
 
 
+def dcgm_only(active: bool | None, detail: str) -> GpuSignal:
+    """A server's GPUs as DCGM alone sees them (no extension, or its report missing, stale or
+    not believed): held (the allocation the Hub's records name), busy or idle — never its
+    cells. DCGM sees the card, not the kernels, and the governor calls no user's server, so
+    the policy assumes a cell may be running (a cull waits ``busy_grace``). The hub
+    (hub/evidence.py) and the replay (replay/engine.py) both decide such a server from this."""
+    return GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
+
+
 # JupyterHub's activity of a server lags what happens by up to this: the server posts its
 # activity every 5 minutes (JUPYTERHUB_ACTIVITY_INTERVAL), the Hub gathers the proxy's every 5
 # (last_activity_interval), with room for clock skew; hub/listing.py's incremental listing

@@ -276,13 +276,12 @@ class Evidence:
         why: str = "no report",
         complete: bool = True,
     ) -> policy.GpuSignal | None:
-        """A server as DCGM alone sees its GPUs (None: it does not). DCGM sees the card, not
-        the kernels: the policy assumes a cell may be running."""
+        """A server as DCGM alone sees its GPUs (None: it does not): ``policy.dcgm_only``."""
         if not evidence:
             return None
         active = self._dcgm_activity(evidence, server_policy, complete)
         detail = f"DCGM, {why}" + ("" if active is not None else ": no activity data")
-        return policy.GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
+        return policy.dcgm_only(active, detail)
 
     def _dcgm_activity(
         self, evidence: list[GpuEvidence], server_policy: Policy, complete: bool = True

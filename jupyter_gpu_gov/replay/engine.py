@@ -26,6 +26,7 @@ from ..core.policy import (
     PolicyError,
     Record,
     ServerView,
+    dcgm_only,
     decide,
     evolve,
     is_quiet,
@@ -241,23 +242,19 @@ def gpu_signal(
     sample: Sample, policy: Policy, kernel_busy_since: datetime | None
 ) -> GpuSignal | None:
     """The GPU as the service would see it: from the server's report, or for a server without
-    the extension from DCGM (``gpu_sm`` on a ``reports: false`` row), which sees the card but
-    not the kernels — while the card idles the replay reads the kernels' execution state as
-    the server's Jupyter API would give it, a read the live governor no longer makes (it calls
-    no user's server: docs/benchmarks.md, "Reclamation replay"); None when neither says
-    anything (jupyterhub-idle-culler's rule then). A server holds its GPU allocation with or without a context (stop-server); shutting
-    kernels down frees only what they hold."""
-    if not sample.reports and sample.gpu_sm is None:
-        return None
+    the extension from DCGM (``gpu_sm`` on a ``reports: false`` row) as the hub decides it
+    (``dcgm_only``: the card, never the kernels — a cull waits ``busy_grace`` whether or not
+    a cell runs); None when neither says anything (jupyterhub-idle-culler's rule then). A
+    server holds its GPU allocation with or without a context (stop-server); shutting kernels
+    down frees only what they hold."""
+    if not sample.reports:
+        if sample.gpu_sm is None:
+            return None
+        return dcgm_only(sample.gpu_sm >= policy.idle_threshold, "DCGM")
     holds = sample.holds_gpu_memory if policy.cull_action == SHUTDOWN_KERNELS else True
     active = None if sample.gpu_sm is None else sample.gpu_sm >= policy.idle_threshold
-    if not sample.reports and active is not False:
-        return GpuSignal(holds_gpu=holds, active=active, sees_cells=False, detail="DCGM")
-    detail = "" if sample.reports else "DCGM"
-    quiet = is_quiet(sample.cpu_cores, sample.iowait, sample.read_mb_s) if sample.reports else None
-    return GpuSignal(
-        holds, active, kernel_busy_since=kernel_busy_since, cell_quiet=quiet, detail=detail
-    )
+    quiet = is_quiet(sample.cpu_cores, sample.iowait, sample.read_mb_s)
+    return GpuSignal(holds, active, kernel_busy_since=kernel_busy_since, cell_quiet=quiet)
 
 
 def _observe(server: _Server, sample: Sample, now: datetime) -> Sample:
