@@ -113,7 +113,7 @@ def test_a_clock_stepped_forward_neither_shortens_a_notice_nor_bills_phantom_hou
         # the deadline from before the step. That the notice ran in full is the audit's, below.
         stepped = wait(
             lambda: (
-                (v := gov.verdict("dora"))
+                (v := gov.verdict("dora"))["cull_at"]
                 and (parse(v["cull_at"]) - parse(moved_from)).total_seconds() > 1800
                 and v
             ),
