@@ -154,18 +154,22 @@ def test_extend_postpones_then_waits_for_an_admin_and_survives_a_restart(hub, go
         # Restart the service: deadline, extensions and audit survive.
         audit_before = len(gov.audit("dave/"))
         pid = service_pid(hub)
+        killed = time.time()
         os.kill(pid, signal.SIGKILL)
         wait(lambda: service_pid(hub) not in (None, pid), 60, "the hub to restart the governor")
         gov.wait_up()
         after = wait(
             lambda: (v := gov.verdict("dave"))["state"] in ("idle", "warned") and v,
-            30,
+            60,
             "dave's next report after the restart",
         )
         # The deadline stands; it moves only by the seconds the GPU was unknown (no report
-        # reached the new service yet), which never count as idle time.
+        # reached the new service yet), which never count as idle time: at most the time from
+        # the kill to the verdict read here, and the last report's interval before the kill
+        # and rounding (2 s); a fixed 30 s bet on how soon a loaded machine restarts it.
+        unknown = timedelta(seconds=time.time() - killed + 2)
         moved = parse(after["cull_at"]) - parse(approved["cull_at"])
-        assert timedelta(0) <= moved < timedelta(seconds=30), (approved, after)
+        assert timedelta(0) <= moved <= unknown, (approved, after, unknown)
         assert after["extensions_left"] == 0 and not after["approval_pending"]
         assert len(gov.audit("dave/")) >= audit_before
     finally:

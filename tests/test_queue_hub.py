@@ -171,6 +171,7 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
         assert r.status_code == 302, r.text
         waiting = queue_line(hub)
         assert (waiting["ben"]["position"], waiting["erin"]["position"]) == (1, 2), waiting
+        erin_expires = parse(waiting["erin"]["expires_at"])
         assert waiting["ben"]["options"]["task_type"] == "batch"
         # ben's page: his place, and the estimate from carol's planned cull (10 s after her
         # last activity).
@@ -227,7 +228,12 @@ def test_the_second_user_waits_in_line_and_starts_when_the_first_is_culled(hub):
     assert "gpu_gov_queue" not in state  # out of the line
     started = [a for a in gov.audit("ben/") if a["action"] == "queue-start"]
     assert started and "started on its owner's behalf" in started[0]["reason"], started
-    assert set(queue_line(hub)) == {"erin"}  # erin now waits for ben's GPU
+    # erin now waits for ben's GPU: still in line, unless her 40 s ran out meanwhile (from her
+    # join, this test's cull and start took 40 s and more on a loaded machine); the expiry test
+    # counts her either way.
+    line = queue_line(hub)
+    assert set(line) <= {"erin"}, line
+    assert "erin" in line or datetime.now(UTC) >= erin_expires, (line, erin_expires)
     # ben opens it (runs a cell): his other server is no longer told.
     hub.execute("ben", hub.start_kernel("ben"), "1 + 1")
     wait(lambda: told_on(hub, "ben", "notes") == [], 30, "the notice to end")
@@ -377,5 +383,6 @@ def test_the_cluster_report_counts_spawns_waiting_for_a_gpu_not_for_a_quota(hub,
         r = hub.spawn_form("erin", name, fields={"profile": "h100"})
         assert r.status_code == 403 and "Or wait in line for it" in html.unescape(r.text)
     wait(lambda: demand(2, 2), 30, "erin's refusals counted for two servers")
-    time.sleep(2)  # (a sync or two later: still two)
+    passes = gov.passes()  # (a sync follows each pass: some syncs later, still two)
+    wait(lambda: gov.passes() >= passes + 3, 60, "three passes and syncs")
     assert demand(2, 2), gov.admin("GET", "diagnosis").json()["fragmentation"]["demand"]

@@ -10,9 +10,10 @@ ulla  culled while her server takes seconds to stop; the service is killed meanw
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
-import threading
+import time
 
 import pytest
 import requests
@@ -26,12 +27,19 @@ from governor_harness import (
     wait,
 )
 
+from jupyter_gpu_gov.core.clock import parse
+
 pytestmark = pytest.mark.timeout(300)
 
 HOLD = "from jupyter_gpu_gov import simulate; simulate.hold(2048)"
 QUICK = {"warn_after": "1s", "cull_after": "4s", "checkpoint": False}
+# tom's notice outlasts the few requests between seeing his warning and locking the store on
+# a loaded machine (his cull falls due under the lock, not before it), and ends well before the
+# governor, unable to renew its lease (30 s) in the locked store, stands by from 22.5 s on.
+NOTICE = 6
 POLICIES = [
-    {"name": "quick", "match": {"users": ["tom", "ulla"]}, **QUICK},
+    {"name": "quick", "match": {"users": ["ulla"]}, **QUICK},
+    {"name": "noticed", "match": {"users": ["tom"]}, **QUICK, "cull_after": f"{NOTICE + 1}s"},
     {"name": "extender", "match": {"users": ["sam"]}, "warn_after": "1s", "cull_after": "10m"},
 ]
 # ulla's server takes 8 s to stop (a pod's grace period, say): the Hub's DELETE is in flight.
@@ -90,27 +98,55 @@ def extend(hub, user: str) -> requests.Response:
     )
 
 
+def store_errors(gov: Gov) -> float:
+    """Writes the governor's store refused (its metrics): passes that acted on nothing."""
+    r = gov.hub.get(f"{gov.base.removesuffix('/api')}/metrics", token=gov.hub.token("govadmin"))
+    assert r.status_code == 200, r.text[:300]
+    found = re.search(r"^jupyter_gpu_gov_store_errors_total (\S+)$", r.text, re.M)
+    return float(found[1]) if found else 0.0
+
+
 def test_a_locked_store_means_nothing_is_done_and_nothing_is_half_done(hub, gov):
-    tabs = [kernel_with(hub, user, HOLD) for user in ("tom", "sam")]
+    # sam warned first, then tom: tom's warning is the last thing before the lock. (Both at
+    # once, tom's cull once fell due while sam's kernel started on a loaded machine: culled
+    # before the lock, as it should be.)
+    tabs = [kernel_with(hub, "sam", HOLD)]
     try:
-        for user in ("tom", "sam"):
-            wait(lambda u=user: gov.verdict(u)["state"] == "warned", 45, f"{user} to be warned")
+        wait(lambda: gov.verdict("sam")["state"] == "warned", 45, "sam to be warned")
+        tabs.append(kernel_with(hub, "tom", HOLD))
+        due = parse(
+            wait(
+                lambda: (v := gov.verdict("tom"))["state"] == "warned" and v["cull_at"],
+                45,
+                "tom to be warned",
+            )
+        ).timestamp()
         left = gov.verdict("sam")["extensions_left"]
         lock = Lock(hub.workdir / "gpu-gov.sqlite")
         try:
+            assert time.time() < due, "the store was locked after tom's cull fell due"
             r = extend(hub, "sam")
             assert r.status_code == 503, r.text
             assert (
                 "unavailable" in r.json()["message"]
                 and "Nothing was changed" in r.json()["message"]
             )
-            # tom's cull fell due: it is neither done nor half done (done, never recorded).
-            threading.Event().wait(6)  # tom's cull fell due 3 s after his warning
+            # tom's cull falls due: it is neither done nor half done (done, never recorded).
+            # A pass past his deadline decides it and the store refuses its record: waited
+            # for, not slept on, as a loaded machine's governor may make no pass in a sleep.
+            wait(lambda: time.time() > due, NOTICE + 30, "tom's cull to fall due")
+            refused = store_errors(gov)
+            wait(lambda: store_errors(gov) > refused, 60, "a pass past it the store refused")
             assert server_running(hub, "tom")
+            assert hub.api("GET", "users/tom").json()["servers"][""]["pending"] is None
+            assert not [a for a in gov.audit("tom/") if a["action"] == "cull"]  # (WAL: read)
         finally:
             lock.release()
-        assert not [a for a in gov.audit("tom/") if a["action"] == "cull"]
-        r = extend(hub, "sam")
+        # A lock that outlasted the governor's lease leaves it standing by until it takes the
+        # lease back ("Nothing was changed; try again"): sam asks again until then.
+        r = wait(
+            lambda: (a := extend(hub, "sam")).status_code != 503 and a, 60, "the governor to act"
+        )
         assert r.status_code == 200 and r.json()["status"] == "granted", r.text
         assert r.json()["verdict"]["extensions_left"] == left - 1
         wait(lambda: not server_running(hub, "tom"), 60, "tom to be culled once it can be recorded")
@@ -134,7 +170,8 @@ def test_a_service_killed_mid_cull_neither_forgets_it_nor_repeats_it(hub, gov):
     wait(lambda: service_pid(hub) not in (None, pid), 60, "the hub to restart the governor")
     gov.wait_up()
     wait(lambda: not server_running(hub, "ulla"), 60, "ulla's server to be stopped")
-    threading.Event().wait(3)  # passes of the restarted service
+    passes = gov.passes()  # passes of the restarted service (a sleep: none, when loaded)
+    wait(lambda: gov.passes() >= passes + 3, 60, "three passes of the restarted service")
     culls = [a for a in gov.audit("ulla/") if a["action"].startswith("cull")]
     assert [a["action"] for a in culls] == ["cull"], culls  # on record before the DELETE
     log = hub.log_path.read_text(errors="replace")
