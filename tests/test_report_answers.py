@@ -10,7 +10,9 @@ times in the future or before the server started, long strings, ...) or removed.
 hashes in ``tests/data/report_answers.json`` are the code's at a7a0998 (docs/benchmarks-history.md,
 "Issue 26, wave 24"), re-recorded when a target's ``pids``, ``history`` and ``active_fraction``
 came to be checked (1,960 cases of those three fields, accepted before, refused since; every
-other answer the same); a faster path that names another field or keeps another value fails here.
+other answer the same), and again when a checkpoint's ``manifest`` came to be an object or
+refused (redteam35: 100 cases of that field, accepted before, refused since; every other answer
+the same, compared case by case with c9b84ed); a faster path that names another field or keeps another value fails here.
 
     python tests/test_report_answers.py --record   # only to re-record on purpose
 """
