@@ -88,13 +88,18 @@ def test_silent_training_loop_is_never_warned(hub, gov):
         "bob",
         "import threading, time\n"
         "from jupyter_gpu_gov import simulate\n"
-        "simulate.hold(8192)\n"
-        "def train():\n"  # its GPU work runs on until the kernel ends: a step renewed on the
-        "    simulate.load(0.9)\n"  # wall clock lapsed when a loaded machine stalled the thread
+        "def train():\n"
+        "    simulate.load(0.9)\n"
+        "    simulate.hold(8192)\n"
         "    while True:\n"
         "        time.sleep(1.0)\n"
         "threading.Thread(target=train, daemon=True).start()\n",
     )
+    # The work runs on until the kernel ends (a step renewed on the wall clock lapsed when a
+    # loaded machine stalled the thread), and starts before the memory is held: held first
+    # (in the cell), a thread that a loaded machine started 3 s late left memory held, no cell
+    # running and no GPU work for warn_after: an idle GPU, rightly warned (a 3.5 s sleep
+    # there warns every time). Work first, no sample can read it so, however late the thread.
     tab.close()  # the researcher closed the tab; the kernel is idle in Jupyter's eyes
     wait(lambda: gov.verdict("bob")["state"] == "active", 30, "bob's GPU work to be seen")
     # Judged on a report made past cull_after (7 s) from here: an idle reading would have
