@@ -28,7 +28,10 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    with governed_hub(tmp_path_factory.mktemp("governed")) as hub:
+    # alice's warning stands 12 s, not 4: her server's own status must be read naming the
+    # zombie between the diagnosis and the cull, and a loaded machine's polls take seconds.
+    zombie = {"name": "zombie", "match": {"users": ["alice"]}, "cull_after": "15s"}
+    with governed_hub(tmp_path_factory.mktemp("governed"), extra_policies=[zombie]) as hub:
         hub.create_user("govadmin")
         for user in ("alice", "bob", "dave", "carol"):
             hub.start_server(user)
@@ -48,15 +51,19 @@ def test_zombie_kernel_is_warned_checkpointed_and_culled(hub, gov):
         # (The window in which the cell ran may read otherwise on a loaded machine: the kernel
         # was busy then.)
         status = hub.user_url("alice", "jupyter-gpu-gov/status")
-        verdict = wait(
-            lambda: (
-                (v := hub.get(status, token=hub.token("alice")).json().get("verdict"))
-                and (v.get("root_cause") or {}).get("label") == "zombie"
-                and v
-            ),
-            30,
-            "the verdict to name alice's root cause: zombie",
-        )
+        seen: list = []
+
+        def named_zombie():
+            r = hub.get(status, token=hub.token("alice"))
+            if r.status_code != 200:  # not the server's JSON: the Hub's page once it is gone
+                if not server_running(hub, "alice"):
+                    pytest.fail(f"alice was culled before her status named the zombie: {seen}")
+                return None
+            v = r.json().get("verdict")
+            seen[:] = [v]
+            return v and (v.get("root_cause") or {}).get("label") == "zombie" and v
+
+        verdict = wait(named_zombie, 30, "the verdict to name alice's root cause: zombie")
         listed = gov.admin("GET", "users/alice/server").json()
         cluster = gov.admin("GET", "diagnosis").json()
         wait(lambda: not server_running(hub, "alice"), 90, "alice's idle server to be culled")
