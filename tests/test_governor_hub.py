@@ -247,7 +247,7 @@ def test_users_and_server_tokens_stay_in_their_lane(hub, gov):
     )
 
     policies = gov.admin("GET", "policies").json()["policies"]
-    assert [p["name"] for p in policies] == ["patient", "impatient", "default"]
+    assert [p["name"] for p in policies] == ["zombie", "patient", "impatient", "default"]
 
 
 def test_owner_stops_the_server_from_the_notebook(hub, gov):
