@@ -106,7 +106,8 @@ def test_silent_training_loop_is_never_warned(hub, gov):
     # loaded machine stalled the thread), and starts before the memory is held: held first
     # (in the cell), a thread that a loaded machine started 3 s late left memory held, no cell
     # running and no GPU work for warn_after: an idle GPU, rightly warned (a 3.5 s sleep
-    # there warns every time). Work first, no sample can read it so, however late the thread.
+    # there was warned, in the one run it was tried). Work first, no sample can read it so,
+    # however late the thread.
     tab.close()  # the researcher closed the tab; the kernel is idle in Jupyter's eyes
     wait(lambda: gov.verdict("bob")["state"] == "active", 30, "bob's GPU work to be seen")
     # Judged on a report made past cull_after (7 s) from here: an idle reading would have
