@@ -10,7 +10,7 @@ import re
 import socket
 import textwrap
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import requests
@@ -246,17 +246,27 @@ def join(
 
 def cancel(hub: HubHarness, user: str) -> None:
     """``user`` leaves the line through the queue page's Cancel button (its form, as posted)."""
+    cancel_button(hub, user)()
+
+
+def cancel_button(hub: HubHarness, user: str) -> Callable[[], None]:
+    """``user``'s Cancel button on the queue page, logged in and the page read: pressing it
+    (the call) is one request, for a test racing a deadline."""
     session = hub.login(user)
     page = session.get(f"{hub.url}/hub/gpu-gov/queue", timeout=30).text
     action = re.search(rf"action='([^']*/gpu-gov/queue/cancel/{user}[^']*)'", page)
     assert action, page[:3000]
-    r = session.post(
-        hub.url + html.unescape(action[1]),
-        data={"next": "/hub/home"},
-        allow_redirects=False,
-        timeout=30,
-    )
-    assert r.status_code == 302 and user not in queue_line(hub), r.text
+
+    def press() -> None:
+        r = session.post(
+            hub.url + html.unescape(action[1]),
+            data={"next": "/hub/home"},
+            allow_redirects=False,
+            timeout=30,
+        )
+        assert r.status_code == 302 and user not in queue_line(hub), r.text
+
+    return press
 
 
 def queue_line(hub: HubHarness) -> dict[str, dict]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
+from urllib.parse import urlsplit
 
 import pytest
 import websocket
@@ -203,9 +203,17 @@ def test_jupyterlab_says_why_the_server_stopped_and_how_to_restore(hub):
         copied = page.evaluate("navigator.clipboard.readText()")
         assert copied == "from jupyter_gpu_gov import checkpoint; checkpoint.restore()"
         toast.get_by_role("button", name="Dismiss").click()
-        page.reload()
+        path = lambda response: urlsplit(response.url).path  # noqa: E731
+        # After the reload the notice is decided on two answers (the checkpoint list and the
+        # server's start): both waited for, then two frames for a toast to render. (A sleep
+        # proved nothing on a loaded machine, where JupyterLab may not have asked by then.)
+        with (
+            page.expect_response(lambda r: path(r).endswith("/erin/jupyter-gpu-gov/checkpoints")),
+            page.expect_response(lambda r: path(r).endswith("/erin/api/status")),
+        ):
+            page.reload()
         page.locator(".jp-GpuGov-status").wait_for()
-        time.sleep(3)  # the notice would have come with the first checkpoint list
-        expect(page.locator(".jp-toast-message").filter(has_text="checkpoint saved")).to_have_count(
-            0
+        page.evaluate(
+            "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
         )
+        assert notice.count() == 0, "the dismissed checkpoint was announced again after a reload"

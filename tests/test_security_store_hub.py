@@ -144,10 +144,19 @@ def test_a_locked_store_means_nothing_is_done_and_nothing_is_half_done(hub, gov)
             lock.release()
         # A lock that outlasted the governor's lease leaves it standing by until it takes the
         # lease back ("Nothing was changed; try again"): sam asks again until then.
-        r = wait(
-            lambda: (a := extend(hub, "sam")).status_code != 503 and a, 60, "the governor to act"
-        )
+        refused: list[str] = []
+
+        def granted():
+            a = extend(hub, "sam")
+            if a.status_code == 503:
+                refused.append(a.json()["message"])
+                return None
+            return a
+
+        r = wait(granted, 60, "the governor to act")
         assert r.status_code == 200 and r.json()["status"] == "granted", r.text
+        # Meanwhile said as it was: its own lease lapsed, no other governor acting.
+        assert not [m for m in refused if "another one acts" in m], refused
         assert r.json()["verdict"]["extensions_left"] == left - 1
         wait(lambda: not server_running(hub, "tom"), 60, "tom to be culled once it can be recorded")
     finally:

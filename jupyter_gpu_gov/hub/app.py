@@ -292,6 +292,7 @@ class GpuGovernor(GovernorSettings, Application):
         store = store or open_store(self.db_url)
         governor = Governor(store, hub, self.policy_list, options, dcgm)
         hub.may_act = lambda: governor.acting
+        hub.why_not_acting = governor.why_not_acting
         self.start_policies(governor)
         return governor
 

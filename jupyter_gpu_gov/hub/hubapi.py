@@ -257,6 +257,7 @@ class HubApi:
         # Whether it may change anything (the service: while it holds the lease, hub/lease.py);
         # checked once a request holds its slot, just before it is sent.
         self.may_act: Callable[[], bool] = lambda: True
+        self.why_not_acting: Callable[[], str] = lambda: "this governor does not act now"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: AsyncHTTPClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -344,7 +345,7 @@ class HubApi:
         async with contextlib.nullcontext() if held else semaphore:
             why = await last_check() if last_check is not None else None
             if why is None and method != "GET" and not self.may_act():
-                why = "this governor no longer holds the store's lease (another one acts)"
+                why = self.why_not_acting()
             if why is not None:
                 raise NotSent(why)
             self.request_count += 1

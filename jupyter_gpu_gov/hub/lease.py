@@ -115,6 +115,19 @@ class Lease:
     def held(self) -> bool:
         return self._beat is not None and not self.taking and now_s() < self._until
 
+    def why_not_held(self) -> str:
+        """Why this governor does not act now, as its answers and its passes say it. A lease
+        of its own that lapsed (the store refused or delayed its renewals: locked, slow) is
+        not another governor acting: said so, it was read as a second governor by the admin."""
+        if self.taking:
+            return "this governor has just taken the store's lease and reads the store first"
+        if self._beat is not None:
+            return (
+                "this governor's lease on the store has lapsed (the store did not take its "
+                "renewal in time: locked or slow); it acts again once it renews it"
+            )
+        return "this governor does not hold the store's lease (another one acts)"
+
     def step(self) -> bool:
         """Renew the lease if ours, else take it if free or expired; True while ours. A store
         that fails says nothing: ``held()`` lapses on its own when renewals stop."""
@@ -224,7 +237,7 @@ class Lease:
         """In a write transaction, first: raise ``NotHolder`` unless this process holds the
         lease, on its clock and in the store (whose row this locks until the commit)."""
         if not self.held():
-            raise NotHolder("this governor does not hold the lease (another one acts)")
+            raise NotHolder(self.why_not_held())
         if db.dialect.name == "postgresql":
             # A holder paused inside this transaction (SIGSTOP, a frozen VM) would keep the
             # row locked, and the takeover waiting, for as long as the pause: PostgreSQL ends

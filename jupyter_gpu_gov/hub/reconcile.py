@@ -220,6 +220,14 @@ class Governor(
         lease = self.store.lease
         return lease is None or lease.held()
 
+    def why_not_acting(self) -> str:
+        """Why this governor acts on nothing now (while not ``acting``): another holds the
+        lease, or its own lapsed (a locked store) until its next renewal."""
+        lease = self.store.lease
+        if lease is None or not lease.ours:
+            return STANDBY
+        return f"{lease.why_not_held()}; meanwhile it acts on nothing"
+
     def take_over(self) -> None:
         """This governor took the lease from another, which wrote meanwhile: what a start-up
         reads from the store is read again (the rows, the ledger's open sessions, which rows
@@ -252,7 +260,7 @@ class Governor(
             # ...and the reclaims it lifted: a report answered here says so as the holder's does.
             self.spawn_queue.restore_withdrawn()
             self._forget_stale_reports(())
-            return CycleResult(errors=(STANDBY,))
+            return CycleResult(errors=(self.why_not_acting(),))
         if time.monotonic() < self._store_down_until:
             # The store refused the last pass's decisions: decide (and act) again only after a
             # pause, not a blocked write every pass.
