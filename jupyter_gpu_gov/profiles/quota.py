@@ -27,7 +27,7 @@ from typing import Any
 # What held a refused request back (``Admission.limit``): defined with the queue's records,
 # which carry it to the governor.
 from ..core.queue import BORROWING, CAPACITY, USER_CAP
-from .tiers import Tier, check_entry, shares_cards
+from .tiers import Tier, card_sharing, check_entry
 
 _EPS = 1e-9
 _KEYS = {"guaranteed", "borrowing_limit", "lending_limit", "tiers", "user_cap", "priority"}
@@ -370,12 +370,10 @@ def admit(
         offered = ", ".join(tiers[t].display_name for t in tiers if t in quota.tiers) or "none"
         return Admission(False, f"{name} is not offered to team {quota.team} (offered: {offered}).")
 
-    # Tiers whose servers hold this tier's cards (one card and a pair): their borrowed servers
-    # are reclaimed for a guarantee too, or a borrowed pair kept a team from its guarantee.
-    sharing = (
-        tier.name,
-        *(t for t, other in tiers.items() if t != tier.name and shares_cards(tier, other)),
-    )
+    # Tiers whose servers hold cards this tier can use (one card and a pair; a named card and a
+    # class it is in): their borrowed servers are reclaimed for a guarantee too, or a borrowed
+    # pair (or H100 for "any 80 GB card") kept a team from its guarantee.
+    sharing = card_sharing(tiers, tier)
     if not isinstance(usage, Held):  # only what this admission reads: an index costs more
         usage = Held(g for g in usage if g.tier in sharing or g.user == request.user)
     refusal = _over_user_cap(request, tier, quota, usage, tiers)
