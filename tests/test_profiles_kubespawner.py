@@ -24,7 +24,7 @@ import logging
 import re
 import time
 import warnings
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,8 +47,9 @@ from traitlets.config import Config, PyFileConfigLoader
 
 import jupyter_gpu_gov
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.grant import GRANT_STATE
 from jupyter_gpu_gov.core.policy import load_policies
-from jupyter_gpu_gov.core.queue import FRESH_FOR_S
+from jupyter_gpu_gov.core.queue import FRESH_FOR_S, Release
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubconfig import TEAM_QUOTAS_ENV, add_governor
 from jupyter_gpu_gov.profiles import cluster as cluster_module
@@ -916,6 +917,51 @@ async def test_a_waiting_servers_place_never_reads_a_stale_cluster_reading_as_th
     await ben.gpu_refresh()  # a step that counts: read again, however long refresh_every is
     assert ben.gpu_unknown() is None
     assert places(ben_user)["ben/"]["estimate"] != UNKNOWN_NOW
+
+
+async def test_a_class_guarantee_takes_back_a_borrowed_h100_and_the_line_counts_on_it(
+    make_hub, cluster, monkeypatch
+):
+    """The H100 node's 8 cards: 7 held by another namespace's job, the last by nina's H100
+    server, borrowed (nlp has no guarantee on H100s). lab is guaranteed one card of "Any 80 GB
+    card", a class the H100s are in. lee's spawn on it was refused ("There is no Any 80 GB card
+    card here") and nothing was asked back: the guarantee was never met while nina's server
+    ran. Now nina's server is asked back for lab, as a borrowed H100 pair's would be for an
+    H100. lee waits in line; the governor then expects nina's server to stop in 15 minutes
+    (the reclaim's grace). lee's page said "any moment now", the class's own servers (none)
+    being all the estimate read: it now counts on the reclaim."""
+    monkeypatch.setattr(FORECAST, "at", clock.utcnow())  # the governor was heard: a line
+    lab = {"guaranteed": {"big-memory": 1}, "tiers": ["big-memory"]}
+    hub = make_hub(profiles_config(quotas={**QUOTAS, "lab": lab}, capacity={}, queue=True))
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 7, h100), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    hub.user("nina", "nlp")
+    lee_user = hub.user("lee", "lab")
+    nina, lee = hub.spawner("nina"), hub.spawner("lee")
+    await hub.started(nina, {"profile": "h100", "project": "p"}).start()
+    assert nina.gpu_grant["gpu-gov/borrowed"] == "true"
+    await read_again(lee)
+    assert lee.gpu_capacity([])["big-memory"] == 0  # nina's card: another tier's pod
+
+    with pytest.raises(GpuRefused, match="so 1 is being taken back from them") as refused:
+        await hub.started(lee, {"profile": "big-memory", "project": "p"}).start()
+    assert "1 by H100 80 GB servers" in str(refused.value), refused.value
+    hub.db.refresh(nina.orm_spawner)  # asked back where the governor reads it: the Hub's
+    asked = nina.orm_spawner.state[GRANT_STATE]
+    assert asked.get("gpu-gov/reclaim-for") == "lab", asked
+    lee.clear_state()  # the Hub's stop after the refused start
+    lee.orm_spawner.started = None
+    lee.orm_spawner.state = lee.get_state()
+    hub.db.commit()
+
+    admission = await lee.gpu_enqueue({"profile": "big-memory", "project": "p"})
+    assert not admission.allowed and waiting_requests(hub.db)
+    due = clock.utcnow() + timedelta(minutes=15)
+    why = f"a server holding it is due to stop by {due:%H:%M} UTC"
+    monkeypatch.setattr(FORECAST, "releases", {"nina/": Release(due, why)})
+    estimate = places(lee_user)["lee/"]["estimate"]
+    assert re.fullmatch(rf"about 1[45]m( \d+s)? \({why}\)", estimate), estimate
 
 
 UNKNOWN_NOW = "GPU state unknown now (the cards have not been read lately)"
