@@ -1244,17 +1244,71 @@ async def test_a_pair_a_new_node_would_take_waits_for_a_node_not_on_fragmentatio
         each.cancel()
 
 
-def test_node_pool_max_names_a_tier_and_whole_servers():
+A100X3_TIER = {"name": "a100x3", "display_name": "3 x A100", "gpu": "A100-80GB", "count": 3}
+
+
+async def test_a_pool_given_by_its_node_shape_holds_whole_servers_per_node(make_hub, cluster):
+    """A pool of up to two 8-card A100 nodes. ``node_pool_max`` counted devices: a 3-card tier
+    had to be given a multiple of 3, and no number was right. 15 counted five servers where two
+    nodes hold four (2 each: a server's cards are on one node), the fifth admitted to stay
+    Pending; 12 counted four with the pool scaled to zero, but once one node had come, holding
+    another namespace's one-card job, 7 free on it and the 4 it "lacked" of 12 made 11: three
+    servers, where its 7 and a second node hold four. Given the node shape, the pool's nodes
+    yet to come hold whole servers each."""
+    vision = {**QUOTAS["vision"], "tiers": [*QUOTAS["vision"]["tiers"], "a100", "a100x3"]}
+    vision["guaranteed"] = {**vision["guaranteed"], "a100x3": 12}
+    shape = {"nodes": 2, "devices_per_node": 8}
+    config = profiles_config(
+        tiers=[*TIERS, A100_POOL_TIER, A100X3_TIER],
+        quotas={**QUOTAS, "vision": vision},
+        node_pool_max={"a100": shape, "a100x3": shape},
+    )
+    hub = make_hub(config)
+    alice = hub.spawner(hub.user("alice", "vision"))
+    await read_again(alice)
+    capacity = alice.gpu_capacity([])
+    assert (capacity["a100"], capacity["a100x3"]) == (16, 12)  # 16 cards, 4 servers of 3
+    assert alice.gpu_cards()["a100x3"] == 16  # the form's "of 16": the pool at its most
+
+    # One node came; another namespace's job holds one of its cards.
+    cluster.add_node(gpu_node("a100-0", "NVIDIA-A100-SXM4-80GB", gpus=8, labels=USER_NODE))
+    on = {**A100, "kubernetes.io/hostname": "a100-0"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 1, on), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    await read_again(alice)
+    capacity = alice.gpu_capacity([])
+    assert (capacity["a100"], capacity["a100x3"]) == (15, 12)  # 7 + 8; 2 + 2 servers
+
+
+def test_node_pool_max_gives_devices_or_a_node_shape_a_server_fits_on():
     for value, words in (
         ({"a10": 8}, "GpuProfiles.node_pool_max: 'a10' is not a tier"),
         ({"h100x2": 3}, "GpuProfiles.node_pool_max: 'h100x2' counts devices"),
+        (
+            {"h100x2": {"nodes": 4, "devices_per_node": 1}},
+            "'h100x2': a node of its pool holds 1 devices and a server takes 2",
+        ),
     ):
         GpuProfiles.clear_instance()
         with pytest.raises(TraitError, match=re.escape(words)):
             GpuProfiles(config=profiles_config(node_pool_max=value)).check()
+    for bad in (
+        {"nodes": 2},
+        {"nodes": -1, "devices_per_node": 8},
+        {"nodes": 2, "devices_per_node": True},
+    ):
+        GpuProfiles.clear_instance()
+        with pytest.raises(TraitError, match=re.escape('{"nodes": N >= 0, "devices_per_node"')):
+            GpuProfiles(config=profiles_config(node_pool_max={"h100": bad}))
     GpuProfiles.clear_instance()
     with pytest.raises(TraitError, match="node_pool_max: 'h100' must be a whole number >= 0"):
         GpuProfiles(config=profiles_config(node_pool_max={"h100": -8}))
+    GpuProfiles.clear_instance()
+    shaped = GpuProfiles(
+        config=profiles_config(node_pool_max={"h100x2": {"nodes": 2, "devices_per_node": 8}})
+    )
+    shaped.check()
+    assert shaped.node_pools == {"h100x2": cluster_module.PoolShape(2, 8)}
 
 
 def wait_for(check, timeout: float = 20) -> None:

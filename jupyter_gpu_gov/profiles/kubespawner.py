@@ -231,7 +231,7 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         if own is not None:
             hub_pods[pod_key(self.namespace, self.pod_name)] = own.name
         counted = self.gpu_cluster.capacity(
-            conf.tier_map, self, hub_pods=hub_pods, grow=conf.node_pool_max
+            conf.tier_map, self, hub_pods=hub_pods, grow=conf.node_pools
         )
         if counted is None:  # nodes not readable (yet): the configured numbers
             return static
@@ -239,7 +239,7 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
 
     def gpu_cards(self):
         conf = self.gpu_profiles
-        counted = self.gpu_cluster.cards(conf.tier_map, self, grow=conf.node_pool_max)
+        counted = self.gpu_cluster.cards(conf.tier_map, self, grow=conf.node_pools)
         if counted is None:  # nodes not readable (yet): the configured numbers (capacity's)
             return {}
         static = conf.capacity
