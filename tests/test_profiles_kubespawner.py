@@ -964,6 +964,30 @@ async def test_a_class_guarantee_takes_back_a_borrowed_h100_and_the_line_counts_
     assert re.fullmatch(rf"about 1[45]m( \d+s)? \({why}\)", estimate), estimate
 
 
+async def test_an_h100_guarantee_takes_back_a_borrowed_class_server_on_an_h100(make_hub, cluster):
+    """The H100 node's 8 cards: 7 held by another namespace's job, the last by nina's server on
+    "Any 80 GB card", borrowed. vision is guaranteed two H100s and holds none: alice's spawn
+    was refused ("There is no H100 80 GB card here") and nothing was asked back, the class's
+    tier not counted as holding H100s (its servers may hold another model). The pod's node
+    says which card nina's server holds: an H100, asked back for vision's guarantee."""
+    hub = make_hub(profiles_config(capacity={}))
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 7, h100), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    hub.user("nina", "nlp")
+    hub.user("alice", "vision")
+    nina, alice = hub.spawner("nina"), hub.spawner("alice")
+    await hub.started(nina, {"profile": "big-memory", "project": "p"}).start()
+    assert nina.gpu_grant["gpu-gov/borrowed"] == "true"
+    assert cluster.get("pods", nina.pod_name)["spec"]["nodeName"] == "h100-0"
+    await read_again(alice)
+    assert alice.gpu_capacity([])["h100"] == 0
+    with pytest.raises(GpuRefused, match="so 1 is being taken back from them"):
+        await hub.started(alice, {"profile": "h100", "project": "p"}).start()
+    hub.db.refresh(nina.orm_spawner)
+    assert nina.orm_spawner.state[GRANT_STATE].get("gpu-gov/reclaim-for") == "vision"
+
+
 UNKNOWN_NOW = "GPU state unknown now (the cards have not been read lately)"
 A100_POOL_TIER = {"name": "a100", "display_name": "A100 80 GB", "gpu": "A100-80GB"}
 

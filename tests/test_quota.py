@@ -280,12 +280,12 @@ def test_a_borrowed_pair_holding_the_cards_of_a_guarantee_is_reclaimed():
 def test_a_capability_class_guarantee_reclaims_a_borrowed_card_of_a_model_it_takes():
     """ "Any 40 GB card" (a capability class) and "H100" draw on the same cards: a node of H100s
     is in the class. lab is guaranteed one card of the class; ops borrowed the last free card
-    as an H100. lab's spawn was refused "All 40 GB+ cards are in use (1 by H100 servers). Try
-    again later", no reclaim asked: the guarantee never met while ops's server ran, as a pair's
+    as an H100. lab's spawn was refused "There is no 40 GB+ card here. Try again later", no
+    reclaim asked: the guarantee never met while ops's server ran, as a pair's
     once was. An H100 (or an 80 GB class's server) holds a card any 40 GB class takes: it is
     asked back. The other way round, a class's server may hold another model (an A100 for
-    "any 80 GB card"), and a grant names its tier, not its card: an H100 guarantee does not
-    take it back for an H100, which it may not free."""
+    "any 80 GB card"), and a grant names its tier, not its card: an H100 guarantee takes it
+    back only where the hub knows it holds an H100 (on Kubernetes, its pod's node)."""
     tiers = load_tiers(
         [
             {"name": "h100", "gpu": "H100-80GB", "display_name": "H100"},
@@ -324,6 +324,13 @@ def test_a_capability_class_guarantee_reclaims_a_borrowed_card_of_a_model_it_tak
     refused = admit(for_h100, [wider], {**capacity, "h100": 0}, teams, tiers)
     assert not refused.allowed and refused.reclaim == ()
     assert admit(Request("l3/", "l3", "lab", "big"), [wider], capacity, teams, tiers).reclaim == ()
+    # Where the hub knows the card a class's server holds (its pod's node), it is asked back
+    # for a named card's guarantee on that card, and only then.
+    on_h100 = {"o4/": "NVIDIA-H100-80GB-HBM3"}
+    taken = admit(for_h100, [wider], {**capacity, "h100": 0}, teams, tiers, on_h100)
+    assert taken.reclaim == (wider,), taken.reason
+    on_a100 = {"o4/": "NVIDIA-A100-SXM4-80GB"}
+    assert admit(for_h100, [wider], {**capacity, "h100": 0}, teams, tiers, on_a100).reclaim == ()
 
 
 def test_among_equal_priorities_the_newest_borrowed_server_goes_first():

@@ -46,7 +46,7 @@ from traitlets.config import SingletonConfigurable
 from ..core.queue import FRESH_FOR_S
 from ..core.text import escaped
 from ..core.vocabulary import pod_key
-from .tiers import Tier
+from .tiers import PRODUCT_LABEL, Tier
 
 _DONE = ("Succeeded", "Failed")
 _LIVE = ",".join(f"status.phase!={phase}" for phase in _DONE)  # the pods that may hold a card
@@ -593,6 +593,20 @@ class ClusterGpus(SingletonConfigurable):
                 for resource, amount in asked:
                     _add(own.setdefault(tier, {}), node, resource, amount)
         return _capacity(tiers, lambda t: self._fitting(t, spawner), self.held, own, grow)
+
+    def products(self, pods: Mapping[str, str]) -> dict[str, str]:
+        """Of ``pods`` (key -> ``pod_key``), the GPU product (``nvidia.com/gpu.product``) of
+        the node each is bound to on the last read, where known."""
+        if not pods or self.nodes is None:
+            return {}
+        labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in self.nodes}
+        found = {}
+        for key, pod in pods.items():
+            node = (self.bound.get(pod) or (None,))[0]
+            product = (labels.get(node) or {}).get(PRODUCT_LABEL)
+            if isinstance(product, str):
+                found[key] = product
+        return found
 
     def _fitting(self, tier: Tier, spawner, wanted: Mapping | None = None) -> list:
         """``_fitting``'s nodes for ``tier`` on this reading, worked out once a reading."""

@@ -215,13 +215,15 @@ def admit_in_line(
     queued: Sequence[QueuedRequest],
     now: datetime,
     queued_at: datetime | None = None,
+    cards_held: Mapping[str, str] | None = None,
 ) -> Admission:
     """``quota.admit`` for ``request`` (waiting since ``queued_at``, or arriving now) behind the
-    waiting requests ranked ahead of it. Refused only because of them: ``limit`` is LINE."""
+    waiting requests ranked ahead of it. Refused only because of them: ``limit`` is LINE.
+    ``cards_held``: ``admit``'s, for ``request``'s reclaims."""
     if not isinstance(usage, Held):
         live = [q for q in queued if q.live(now) and q.tier in tiers]
         if not any(q.server != request.server for q in live):  # nobody ahead: admission alone
-            return admit(request, usage, capacity, quotas, tiers)
+            return admit(request, usage, capacity, quotas, tiers, cards_held)
         # Only what these admissions read (their tiers, their users): an index costs more.
         on = {request.tier, *(q.tier for q in live)}
         of = {request.user, *(q.user for q in live)}
@@ -238,7 +240,7 @@ def admit_in_line(
         if admission.allowed:
             held.add(_holding(other_request, admission, tiers, quotas, other.queued_at))
             ahead += other.tier == request.tier
-    decided = admit(request, held, capacity, quotas, tiers)
+    decided = admit(request, held, capacity, quotas, tiers, cards_held)
     if decided.allowed or not ahead or not admit(request, usage, capacity, quotas, tiers).allowed:
         return decided
     tier = tiers[request.tier].display_name

@@ -191,7 +191,8 @@ def frees_cards_for(holder: Tier, wanted: Tier) -> bool:
     products overlap); a named card and a capability class it is in (an H100 for "any 80 GB
     card"); a capability class and a wider one (80 GB or more for 40 GB or more). Not a class's
     servers for a named card: they may hold another model (an A100 for "any 80 GB card"), and a
-    grant names its tier, not its card. MIG slices and time-shares are devices of their own."""
+    grant names its tier, not its card (``may_free_cards_for``: per server, where the hub knows
+    its card). MIG slices and time-shares are devices of their own."""
     if holder.kind != "whole" or wanted.kind != "whole":
         return False
     if wanted.card is not None:
@@ -201,6 +202,20 @@ def frees_cards_for(holder: Tier, wanted: Tier) -> bool:
     # A capability class: nominal sizes, which its node affinity (95 % of them) admits.
     held_gb = holder.card.memory_gb if holder.card is not None else holder.min_memory_gb
     return held_gb >= wanted.min_memory_gb
+
+
+def may_free_cards_for(holder: Tier, wanted: Tier) -> bool:
+    """Whether a server of ``holder`` holds whole cards a server of ``wanted`` can use only if
+    its card is of ``wanted``'s model: a capability class that takes ``wanted``'s named card
+    (an "any 80 GB card" server on an H100 node, for an H100). Which card a server holds is
+    known per server (its pod's node), not per tier."""
+    return (
+        holder.kind == "whole"
+        and wanted.kind == "whole"
+        and holder.card is None
+        and wanted.card is not None
+        and wanted.card.memory_gb >= holder.min_memory_gb
+    )
 
 
 def card_sharing(tiers: Mapping[str, Tier], wanted: Tier) -> tuple[str, ...]:
