@@ -355,7 +355,8 @@ def admit(
     appears in ``usage``, is not counted against it.) ``capacity``: devices per tier; a tier
     without an entry is bounded by quotas alone. ``cards_held``: server -> the product
     (``nvidia.com/gpu.product``) of the cards it holds, where known (a pod's node): a capability
-    class's borrowed server is reclaimed for a named card's guarantee only on a card of it."""
+    class's borrowed server is reclaimed for a named card's guarantee only on a card of it
+    (a pod's node, a workstation's devices)."""
     tier = tiers.get(request.tier)
     if tier is None:
         return Admission(
@@ -420,6 +421,10 @@ def admit(
             for t in sharing[1:]
             if (n := usage.devices(t, but=request.server))
         }
+        for t in maybe:  # a class's servers known to hold this tier's card
+            on = [g for g in usage.borrowed(t) if g.server != request.server and on_its_cards(g)]
+            if on:
+                shared[tiers[t].display_name] = sum(g.devices for g in on)
         if reclaim:
             return Admission(
                 False,

@@ -255,7 +255,8 @@ class GpuProfilesMixin:
 
     def gpu_cards_held(self, usage: Held) -> dict[str, str] | None:
         """Server -> the product of the cards it holds, for the borrowed servers of capability
-        classes in ``usage`` (``quota.admit``'s ``cards_held``); None: not known (here)."""
+        classes in ``usage`` (``quota.admit``'s ``cards_held``; the spawners that know it say it:
+        a pod's node, a workstation's devices); None: not known."""
         return None
 
     def gpu_cards(self) -> dict[str, int | None]:

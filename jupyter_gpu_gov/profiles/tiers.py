@@ -175,11 +175,11 @@ class Tier:
         """Whether a local leaf device (as NVML names it) can serve this tier."""
         if self.kind == "mig":
             parent = name.split(" MIG ")[0]
-            return mig_profile == self.mig_profile and _product(parent) in self.card.products
+            return mig_profile == self.mig_profile and gpu_product(parent) in self.card.products
         if mig_profile is not None:
             return False
         if self.card is not None:
-            return _product(name) in self.card.products
+            return gpu_product(name) in self.card.products
         return memory_total_mb is not None and memory_total_mb >= _class_floor_mib(
             self.min_memory_gb
         )
@@ -208,7 +208,7 @@ def may_free_cards_for(holder: Tier, wanted: Tier) -> bool:
     """Whether a server of ``holder`` holds whole cards a server of ``wanted`` can use only if
     its card is of ``wanted``'s model: a capability class that takes ``wanted``'s named card
     (an "any 80 GB card" server on an H100 node, for an H100). Which card a server holds is
-    known per server (its pod's node), not per tier."""
+    known per server (its pod's node, its devices), not per tier."""
     return (
         holder.kind == "whole"
         and wanted.kind == "whole"
@@ -473,7 +473,9 @@ def _task_types(entry: Mapping) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _product(nvml_name: str) -> str:
+def gpu_product(nvml_name: str) -> str:
+    """GPU feature discovery's ``nvidia.com/gpu.product`` for a card NVML names (spaces as
+    dashes)."""
     return nvml_name.strip().replace(" ", "-")
 
 
