@@ -354,9 +354,9 @@ def admit(
     """May ``request`` start now, given what ``usage`` holds? (The request's own server, if it
     appears in ``usage``, is not counted against it.) ``capacity``: devices per tier; a tier
     without an entry is bounded by quotas alone. ``cards_held``: server -> the product
-    (``nvidia.com/gpu.product``) of the cards it holds, where known (a pod's node): a capability
-    class's borrowed server is reclaimed for a named card's guarantee only on a card of it
-    (a pod's node, a workstation's devices)."""
+    (``nvidia.com/gpu.product``) of the cards it holds, where known (a pod's node, a
+    workstation's devices): a capability class's borrowed server is reclaimed for a named
+    card's guarantee only on a card of it."""
     tier = tiers.get(request.tier)
     if tier is None:
         return Admission(
