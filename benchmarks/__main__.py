@@ -17,6 +17,7 @@ from . import (
     ingest,
     kernel_overhead,
     nvml_calls,
+    queue_line,
     reconcile,
     sampler_tick,
 )
@@ -28,6 +29,9 @@ QUICK = [
     (nvml_calls, []),  # NVML calls a tick, on the fake driver
     (reconcile, []),  # 2,000 servers
     (admission, []),  # 10,000 started servers
+    (queue_line, []),  # 100 servers holding GPUs, 200 requests in line
+    # The cluster's room at the queue sync: 2,000 servers' pods on 200 GPU nodes, 100 waiting.
+    (queue_line, ["--room", "--servers=2000", "--nodes=200", "--waiting=100"]),
     (diagnose, ["--quick"]),  # eight worlds of 60 servers, tuned on each, one round
     (gpu_faults, ["score", *H200_RUNS]),  # the windows measured on an H200, scored
     (reclamation_replay, []),  # 40 users, 30 days, a sample every 5 minutes
@@ -41,6 +45,8 @@ FULL = [
     (nvml_calls, []),
     (reconcile, ["--servers=10000"]),
     (admission, []),
+    (queue_line, ["--held=500", "--waiting=1000"]),
+    (queue_line, ["--room", "--servers=10000", "--nodes=1000", "--waiting=100"]),
     (cluster_read, []),  # 1,000 nodes, 30,000 pods: the hub's reading of the cluster
     (diagnose, []),
     (gpu_faults, ["score", *H200_RUNS]),

@@ -146,7 +146,7 @@ def test_the_counts_of_a_reading_are_the_counts_of_its_pods():
             pod_key(p["metadata"]["namespace"], p["metadata"]["name"]): rng.choice(list(TIERS))
             for p in rng.sample(pods, 30)
         }
-        grow = rng.choice([None, {"h100": 60}])
+        grow = rng.choice([None, {"h100": 60}, {"h100x2": cluster.PoolShape(6, 8)}])
 
         def tier_of(pod, hub_pods=hub_pods):
             return hub_pods.get(pod_key(pod["metadata"]["namespace"], pod["metadata"]["name"]))

@@ -24,7 +24,7 @@ import logging
 import re
 import time
 import warnings
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,8 +47,9 @@ from traitlets.config import Config, PyFileConfigLoader
 
 import jupyter_gpu_gov
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core.grant import GRANT_STATE
 from jupyter_gpu_gov.core.policy import load_policies
-from jupyter_gpu_gov.core.queue import FRESH_FOR_S
+from jupyter_gpu_gov.core.queue import FRESH_FOR_S, Release
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubconfig import TEAM_QUOTAS_ENV, add_governor
 from jupyter_gpu_gov.profiles import cluster as cluster_module
@@ -918,6 +919,75 @@ async def test_a_waiting_servers_place_never_reads_a_stale_cluster_reading_as_th
     assert places(ben_user)["ben/"]["estimate"] != UNKNOWN_NOW
 
 
+async def test_a_class_guarantee_takes_back_a_borrowed_h100_and_the_line_counts_on_it(
+    make_hub, cluster, monkeypatch
+):
+    """The H100 node's 8 cards: 7 held by another namespace's job, the last by nina's H100
+    server, borrowed (nlp has no guarantee on H100s). lab is guaranteed one card of "Any 80 GB
+    card", a class the H100s are in. lee's spawn on it was refused ("There is no Any 80 GB card
+    card here") and nothing was asked back: the guarantee was never met while nina's server
+    ran. Now nina's server is asked back for lab, as a borrowed H100 pair's would be for an
+    H100. lee waits in line; the governor then expects nina's server to stop in 15 minutes
+    (the reclaim's grace). lee's page said "any moment now", the class's own servers (none)
+    being all the estimate read: it now counts on the reclaim."""
+    monkeypatch.setattr(FORECAST, "at", clock.utcnow())  # the governor was heard: a line
+    lab = {"guaranteed": {"big-memory": 1}, "tiers": ["big-memory"]}
+    hub = make_hub(profiles_config(quotas={**QUOTAS, "lab": lab}, capacity={}, queue=True))
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 7, h100), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    hub.user("nina", "nlp")
+    lee_user = hub.user("lee", "lab")
+    nina, lee = hub.spawner("nina"), hub.spawner("lee")
+    await hub.started(nina, {"profile": "h100", "project": "p"}).start()
+    assert nina.gpu_grant["gpu-gov/borrowed"] == "true"
+    await read_again(lee)
+    assert lee.gpu_capacity([])["big-memory"] == 0  # nina's card: another tier's pod
+
+    with pytest.raises(GpuRefused, match="so 1 is being taken back from them") as refused:
+        await hub.started(lee, {"profile": "big-memory", "project": "p"}).start()
+    assert "1 by H100 80 GB servers" in str(refused.value), refused.value
+    hub.db.refresh(nina.orm_spawner)  # asked back where the governor reads it: the Hub's
+    asked = nina.orm_spawner.state[GRANT_STATE]
+    assert asked.get("gpu-gov/reclaim-for") == "lab", asked
+    lee.clear_state()  # the Hub's stop after the refused start
+    lee.orm_spawner.started = None
+    lee.orm_spawner.state = lee.get_state()
+    hub.db.commit()
+
+    admission = await lee.gpu_enqueue({"profile": "big-memory", "project": "p"})
+    assert not admission.allowed and waiting_requests(hub.db)
+    due = clock.utcnow() + timedelta(minutes=15)
+    why = f"a server holding it is due to stop by {due:%H:%M} UTC"
+    monkeypatch.setattr(FORECAST, "releases", {"nina/": Release(due, why)})
+    estimate = places(lee_user)["lee/"]["estimate"]
+    assert re.fullmatch(rf"about 1[45]m( \d+s)? \({why}\)", estimate), estimate
+
+
+async def test_an_h100_guarantee_takes_back_a_borrowed_class_server_on_an_h100(make_hub, cluster):
+    """The H100 node's 8 cards: 7 held by another namespace's job, the last by nina's server on
+    "Any 80 GB card", borrowed. vision is guaranteed two H100s and holds none: alice's spawn
+    was refused ("There is no H100 80 GB card here") and nothing was asked back, the class's
+    tier not counted as holding H100s (its servers may hold another model). The pod's node
+    says which card nina's server holds: an H100, asked back for vision's guarantee."""
+    hub = make_hub(profiles_config(capacity={}))
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 7, h100), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    hub.user("nina", "nlp")
+    hub.user("alice", "vision")
+    nina, alice = hub.spawner("nina"), hub.spawner("alice")
+    await hub.started(nina, {"profile": "big-memory", "project": "p"}).start()
+    assert nina.gpu_grant["gpu-gov/borrowed"] == "true"
+    assert cluster.get("pods", nina.pod_name)["spec"]["nodeName"] == "h100-0"
+    await read_again(alice)
+    assert alice.gpu_capacity([])["h100"] == 0
+    with pytest.raises(GpuRefused, match="so 1 is being taken back from them"):
+        await hub.started(alice, {"profile": "h100", "project": "p"}).start()
+    hub.db.refresh(nina.orm_spawner)
+    assert nina.orm_spawner.state[GRANT_STATE].get("gpu-gov/reclaim-for") == "vision"
+
+
 UNKNOWN_NOW = "GPU state unknown now (the cards have not been read lately)"
 A100_POOL_TIER = {"name": "a100", "display_name": "A100 80 GB", "gpu": "A100-80GB"}
 
@@ -1198,17 +1268,71 @@ async def test_a_pair_a_new_node_would_take_waits_for_a_node_not_on_fragmentatio
         each.cancel()
 
 
-def test_node_pool_max_names_a_tier_and_whole_servers():
+A100X3_TIER = {"name": "a100x3", "display_name": "3 x A100", "gpu": "A100-80GB", "count": 3}
+
+
+async def test_a_pool_given_by_its_node_shape_holds_whole_servers_per_node(make_hub, cluster):
+    """A pool of up to two 8-card A100 nodes. ``node_pool_max`` counted devices: a 3-card tier
+    had to be given a multiple of 3, and no number was right. 15 counted five servers where two
+    nodes hold four (2 each: a server's cards are on one node), the fifth admitted to stay
+    Pending; 12 counted four with the pool scaled to zero, but once one node had come, holding
+    another namespace's one-card job, 7 free on it and the 4 it "lacked" of 12 made 11: three
+    servers, where its 7 and a second node hold four. Given the node shape, the pool's nodes
+    yet to come hold whole servers each."""
+    vision = {**QUOTAS["vision"], "tiers": [*QUOTAS["vision"]["tiers"], "a100", "a100x3"]}
+    vision["guaranteed"] = {**vision["guaranteed"], "a100x3": 12}
+    shape = {"nodes": 2, "devices_per_node": 8}
+    config = profiles_config(
+        tiers=[*TIERS, A100_POOL_TIER, A100X3_TIER],
+        quotas={**QUOTAS, "vision": vision},
+        node_pool_max={"a100": shape, "a100x3": shape},
+    )
+    hub = make_hub(config)
+    alice = hub.spawner(hub.user("alice", "vision"))
+    await read_again(alice)
+    capacity = alice.gpu_capacity([])
+    assert (capacity["a100"], capacity["a100x3"]) == (16, 12)  # 16 cards, 4 servers of 3
+    assert alice.gpu_cards()["a100x3"] == 16  # the form's "of 16": the pool at its most
+
+    # One node came; another namespace's job holds one of its cards.
+    cluster.add_node(gpu_node("a100-0", "NVIDIA-A100-SXM4-80GB", gpus=8, labels=USER_NODE))
+    on = {**A100, "kubernetes.io/hostname": "a100-0"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 1, on), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    await read_again(alice)
+    capacity = alice.gpu_capacity([])
+    assert (capacity["a100"], capacity["a100x3"]) == (15, 12)  # 7 + 8; 2 + 2 servers
+
+
+def test_node_pool_max_gives_devices_or_a_node_shape_a_server_fits_on():
     for value, words in (
         ({"a10": 8}, "GpuProfiles.node_pool_max: 'a10' is not a tier"),
         ({"h100x2": 3}, "GpuProfiles.node_pool_max: 'h100x2' counts devices"),
+        (
+            {"h100x2": {"nodes": 4, "devices_per_node": 1}},
+            "'h100x2': a node of its pool holds 1 devices and a server takes 2",
+        ),
     ):
         GpuProfiles.clear_instance()
         with pytest.raises(TraitError, match=re.escape(words)):
             GpuProfiles(config=profiles_config(node_pool_max=value)).check()
+    for bad in (
+        {"nodes": 2},
+        {"nodes": -1, "devices_per_node": 8},
+        {"nodes": 2, "devices_per_node": True},
+    ):
+        GpuProfiles.clear_instance()
+        with pytest.raises(TraitError, match=re.escape('{"nodes": N >= 0, "devices_per_node"')):
+            GpuProfiles(config=profiles_config(node_pool_max={"h100": bad}))
     GpuProfiles.clear_instance()
     with pytest.raises(TraitError, match="node_pool_max: 'h100' must be a whole number >= 0"):
         GpuProfiles(config=profiles_config(node_pool_max={"h100": -8}))
+    GpuProfiles.clear_instance()
+    shaped = GpuProfiles(
+        config=profiles_config(node_pool_max={"h100x2": {"nodes": 2, "devices_per_node": 8}})
+    )
+    shaped.check()
+    assert shaped.node_pools == {"h100x2": cluster_module.PoolShape(2, 8)}
 
 
 def wait_for(check, timeout: float = 20) -> None:

@@ -300,6 +300,56 @@ def test_the_offer_names_the_place_the_estimate_and_a_smaller_tier_free_now():
     ]  # fmt: skip
 
 
+def test_the_estimate_counts_a_reclaim_due_on_a_tier_that_frees_its_cards():
+    """Three H100s, held by ops's borrowed pair (a tier of its own: two cards) and v1 (in use,
+    no deadline). nlp, within its guarantee of one H100, joins the line: the pair is asked back
+    and is due to stop in 15 minutes. The estimate read only the H100 tier's own servers: "no
+    estimate: the GPUs it waits for are in use, with no deadline in sight", a reclaim due on
+    another tier's server that frees two of its cards left out. A pair waits for two cards:
+    one single card stopping starts none."""
+    tiers = load_tiers(
+        [
+            {"name": "h100", "gpu": "H100-80GB", "display_name": "H100"},
+            {"name": "h100x2", "gpu": "H100-80GB", "count": 2, "display_name": "H100 pair"},
+        ]
+    )
+    quotas = load_quotas(
+        {
+            "nlp": {"guaranteed": {"h100": 1}},
+            "ops": {"tiers": "*"},
+            "vision": {"guaranteed": {"h100": 1}, "tiers": "*"},
+        },
+        tiers,
+    )
+    pair = Grant("o1/", "o1", "ops", "h100x2", 2, 2.0, True, 0, T0)
+    usage = [Grant("v1/", "v1", "vision", "h100", 1, 1.0, False, 0, T0), pair]
+    # On the cluster a tier's count leaves out the cards other tiers' servers hold.
+    capacity = {"h100": 1, "h100x2": 2}
+    request = Request("n1/", "n1", "nlp", "h100")
+    refused = admit(request, usage, capacity, quotas, tiers)
+    assert refused.reclaim == (pair,) and not refused.allowed
+    due = NOW + timedelta(minutes=15)
+    releases = {"o1/": Release(due, "a server holding it is due to stop by 09:45 UTC")}
+    place = offer(request, refused, usage, capacity, quotas, tiers, [], releases, NOW)
+    assert place.until == due, place.estimate
+    assert place.estimate == "about 15m (a server holding it is due to stop by 09:45 UTC)"
+    assert offer_words(place, tiers) == (
+        "Or wait in line: 1st for H100, about 15m (a server holding it is due to stop by "
+        "09:45 UTC)."
+    )
+    # The pair's two cards: a second single card waiting counts on them too.
+    queued = [waiting("n1", "nlp", 0), waiting("v2", "vision", 1)]
+    assert [w.until for w in line(queued, usage, capacity, quotas, tiers, releases, NOW)] == [
+        due,
+        due,
+    ]
+    # A pair in line waits for two cards: v1's card alone (due first) frees no pair.
+    early = {**releases, "v1/": Release(NOW + timedelta(minutes=5), "v1 idle")}
+    queued = [waiting("v2", "vision", 1, tier="h100x2")]
+    (pair_wait,) = line(queued, usage, capacity, quotas, tiers, early, NOW)
+    assert pair_wait.until == due
+
+
 def test_at_their_own_cap_the_offer_says_their_own_server_stopping_starts_it_not_a_gpu():
     """A user at their cap waits for one of their own servers to stop: a card freeing
     elsewhere starts nothing. The offer said "starts by itself when the GPU frees"."""

@@ -147,6 +147,32 @@ def culls(reason: str) -> float:
     return metrics.CULLS.labels(reason, STOP_SERVER)._value.get()
 
 
+async def test_on_a_workstation_a_class_server_on_an_h100_is_asked_back_for_an_h100_guarantee(
+    hub, monkeypatch
+):
+    """interns borrow both H100s as "any 80 GB card" (a capability class), not as H100s. vera,
+    within vision's guarantee of one H100, was refused ("There is no H100 80 GB card here")
+    and nothing was asked back: a class's server may hold another model. The allocator knows
+    the devices each server holds: both are H100s, and the newer is asked back."""
+    tiers = [
+        {"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"},
+        {"name": "big", "display_name": "Any 80 GB card", "min_memory_gb": 80},
+    ]
+    monkeypatch.setattr(GpuProfiles.instance(config=hub.settings["config"]), "tiers", tiers)
+    quotas = {**GpuProfiles.instance().quotas}
+    quotas["interns"] = {"borrowing_limit": {"big": 2}, "tiers": ["h100", "big"]}
+    monkeypatch.setattr(GpuProfiles.instance(), "quotas", quotas)
+    now = clock.utcnow()
+    await hub.start("ivan", {"profile": "big"}, started=now - timedelta(hours=2))
+    await hub.start("ines", {"profile": "big"}, started=now - timedelta(hours=1))
+    assert grant(hub, "ines")["gpu-gov/borrowed"] == "true"
+    with pytest.raises(GpuRefused, match="so 1 is being taken back from them") as refused:
+        await hub.start("vera", {"profile": "h100"})
+    assert "(2 by Any 80 GB card servers)" in str(refused.value), refused.value
+    assert grant(hub, "ines")["gpu-gov/reclaim-for"] == "vision"
+    assert "gpu-gov/reclaim" not in grant(hub, "ivan")  # one card is all vera needs
+
+
 async def test_a_team_within_its_guarantee_joining_the_line_asks_a_borrowed_gpu_back(hub, tmp_path):
     """interns borrow both H100s; vera (vision, within its guarantee) joins the line instead
     of retrying: the most recently started borrowed server is asked back (the other keeps its

@@ -277,6 +277,62 @@ def test_a_borrowed_pair_holding_the_cards_of_a_guarantee_is_reclaimed():
     assert not refused.allowed and not refused.reclaim
 
 
+def test_a_capability_class_guarantee_reclaims_a_borrowed_card_of_a_model_it_takes():
+    """ "Any 40 GB card" (a capability class) and "H100" draw on the same cards: a node of H100s
+    is in the class. lab is guaranteed one card of the class; ops borrowed the last free card
+    as an H100. lab's spawn was refused "There is no 40 GB+ card here. Try again later", no
+    reclaim asked: the guarantee never met while ops's server ran, as a pair's
+    once was. An H100 (or an 80 GB class's server) holds a card any 40 GB class takes: it is
+    asked back. The other way round, a class's server may hold another model (an A100 for
+    "any 80 GB card"), and a grant names its tier, not its card: an H100 guarantee takes it
+    back only where the hub knows it holds an H100 (on Kubernetes, its pod's node)."""
+    tiers = load_tiers(
+        [
+            {"name": "h100", "gpu": "H100-80GB", "display_name": "H100"},
+            {"name": "big", "min_memory_gb": 80, "display_name": "80 GB+"},
+            {"name": "any40", "min_memory_gb": 40, "display_name": "40 GB+"},
+            {"name": "l4", "gpu": "L4-24GB", "display_name": "L4"},
+        ]
+    )
+    teams = load_quotas(
+        {
+            "lab": {"guaranteed": {"any40": 1, "big": 1, "h100": 1}, "tiers": "*"},
+            "ops": {"tiers": "*", "priority": 5},
+        },
+        tiers,
+    )
+    borrowed = Grant("o1/", "o1", "ops", "h100", 1, 1.0, borrowed=True, priority=5)
+    # The node's one card, ops's H100: no card of the class is free (another tier's holds it).
+    capacity = {"h100": 1, "big": 0, "any40": 0, "l4": 0}
+    lab = Request("l1/", "l1", "lab", "any40")
+    admission = admit(lab, [borrowed], capacity, teams, tiers)
+    assert not admission.allowed
+    assert admission.reclaim == (borrowed,), admission.reason
+    assert admission.reason == (
+        "All 40 GB+ cards are in use (1 by H100 servers), some borrowed by other teams beyond "
+        "their guarantee. Team lab is within its guarantee, so 1 is being taken back from "
+        "them: try again in a few minutes."
+    )
+    # A narrower class's server holds a card the wider class takes.
+    in_class = Grant("o2/", "o2", "ops", "big", 1, 1.0, borrowed=True, priority=5)
+    assert admit(lab, [in_class], capacity, teams, tiers).reclaim == (in_class,)
+    # Not a card the class leaves out (an L4's 24 GB), nor the class's server for an H100.
+    small = Grant("o3/", "o3", "ops", "l4", 1, 1.0, borrowed=True, priority=5)
+    assert admit(lab, [small], capacity, teams, tiers).reclaim == ()
+    wider = Grant("o4/", "o4", "ops", "any40", 1, 1.0, borrowed=True, priority=5)
+    for_h100 = Request("l2/", "l2", "lab", "h100")
+    refused = admit(for_h100, [wider], {**capacity, "h100": 0}, teams, tiers)
+    assert not refused.allowed and refused.reclaim == ()
+    assert admit(Request("l3/", "l3", "lab", "big"), [wider], capacity, teams, tiers).reclaim == ()
+    # Where the hub knows the card a class's server holds (its pod's node), it is asked back
+    # for a named card's guarantee on that card, and only then.
+    on_h100 = {"o4/": "NVIDIA-H100-80GB-HBM3"}
+    taken = admit(for_h100, [wider], {**capacity, "h100": 0}, teams, tiers, on_h100)
+    assert taken.reclaim == (wider,), taken.reason
+    on_a100 = {"o4/": "NVIDIA-A100-SXM4-80GB"}
+    assert admit(for_h100, [wider], {**capacity, "h100": 0}, teams, tiers, on_a100).reclaim == ()
+
+
 def test_among_equal_priorities_the_newest_borrowed_server_goes_first():
     early, late, middle = (grant("ops", borrowed=True, hour=h) for h in (9, 11, 10))
     usage = [*grants("vision", 4), early, late, middle]

@@ -37,6 +37,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from traitlets import Bool, Float
@@ -45,7 +46,7 @@ from traitlets.config import SingletonConfigurable
 from ..core.queue import FRESH_FOR_S
 from ..core.text import escaped
 from ..core.vocabulary import pod_key
-from .tiers import Tier
+from .tiers import PRODUCT_LABEL, Tier
 
 _DONE = ("Succeeded", "Failed")
 _LIVE = ",".join(f"status.phase!={phase}" for phase in _DONE)  # the pods that may hold a card
@@ -55,13 +56,41 @@ _REFUSED = (401, 403)  # the hub's service account may not read: it will not, so
 _HARD_TAINTS = ("NoSchedule", "NoExecute")
 
 
+@dataclass(frozen=True)
+class PoolShape:
+    """A node pool an autoscaler grows by whole nodes: at most ``nodes`` nodes of ``per_node``
+    devices of a tier's resource each (``GpuProfiles.node_pool_max``'s ``{"nodes": 2,
+    "devices_per_node": 8}``). A server takes its devices on one node: a node of 8 holds two
+    servers of 3 cards, not 8/3, and none of 16."""
+
+    nodes: int
+    per_node: int
+
+    def adds(self, tier: Tier, existing_nodes: int) -> int:
+        """The devices the nodes it may still add hold for whole servers of ``tier``."""
+        per = self.per_node if tier.kind == "shared" else self.per_node // tier.count * tier.count
+        return max(0, self.nodes - existing_nodes) * per
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.per_node
+
+
+def _grows(more: int | PoolShape, tier: Tier, fits: list[tuple[str, int]]) -> int:
+    """The devices ``tier``'s pool may still add for it (``more``: ``node_pool_max``'s entry:
+    devices in all, or the pool's shape) beside the nodes it has (``fits``)."""
+    if isinstance(more, PoolShape):
+        return more.adds(tier, len(fits))
+    return max(0, more - sum(n for _, n in fits))
+
+
 def capacity(
     tiers: Mapping[str, Tier],
     nodes: Iterable[Mapping],
     pods: Iterable[Mapping],
     scheduling: Callable[[Tier], Mapping[str, Any]],
     tier_of: Callable[[Mapping], str | None],
-    grow: Mapping[str, int] | None = None,
+    grow: Mapping[str, int | PoolShape] | None = None,
 ) -> dict[str, int]:
     """Devices per tier that exist and the hub may use. ``scheduling(tier)`` gives the pod's
     ``node_selector``, ``tolerations`` and required ``node_affinity`` terms (lists of match
@@ -69,8 +98,10 @@ def capacity(
     started on one, None for any other pod. A tier's count leaves out only its own
     servers' pods, which admission counts: the hub's servers on another tier sharing the cards
     (a pair, any 80 GB card, a tier since removed) hold them as any other pod does. ``grow``:
-    devices per tier its nodes can hold once an autoscaler has added all it may
-    (``GpuProfiles.node_pool_max``); what its nodes lack of that today counts as free."""
+    per tier, what its nodes can hold once an autoscaler has added all it may
+    (``GpuProfiles.node_pool_max``): its pool's node shape (``PoolShape``), whose nodes yet to
+    come count as free for whole servers each, or devices, what its nodes lack of which today
+    counts as free."""
     held: dict[str, dict[str, int]] = {}  # node -> resource -> amount held
     own: dict[str, dict[str, dict[str, int]]] = {}  # the same, of the tier's own servers
     for node, pod, resource, amount in _bound_requests(pods):
@@ -91,7 +122,7 @@ def _capacity(
     fitting: Callable[[Tier], list[tuple[str, int]]],
     held: Mapping[str, Mapping[str, int]],
     own: Mapping[str, Mapping[str, Mapping[str, int]]],
-    grow: Mapping[str, int] | None,
+    grow: Mapping[str, int | PoolShape] | None,
 ) -> dict[str, int]:
     """``capacity`` from the nodes each tier's pods could land on (``fitting``: ``_fitting``'s)
     and what the pods bound to each node hold (``held``) and, per tier, what its own servers'
@@ -99,16 +130,16 @@ def _capacity(
     result = {}
     for name, tier in tiers.items():
         mine = own.get(name, {})
-        free = existing = 0
-        for node, allocatable in fitting(tier):
+        free = 0
+        fits = fitting(tier)
+        for node, allocatable in fits:
             taken = (held.get(node) or {}).get(tier.resource, 0) - (mine.get(node) or {}).get(
                 tier.resource, 0
             )
             free += max(0, allocatable - taken)
-            existing += allocatable
         # A pool scaled to zero has no node to read: the nodes an autoscaler would add for a
         # Pending pod count too, or no spawn ever makes it add one.
-        free += max(0, (grow or {}).get(name, 0) - existing)
+        free += _grows((grow or {}).get(name, 0), tier, fits)
         if tier.kind != "shared":
             free -= free % tier.count  # whole servers only (a pair needs two cards of one node)
         result[name] = free
@@ -152,10 +183,12 @@ def _cards(tiers, fitting, grow) -> dict[str, int]:
     """Devices per tier on the nodes ``capacity`` counts, whoever holds them (with ``grow``: as
     many as an autoscaler may add up to): the spawn form's "N of M free", where M is not what a
     pair or another pod leaves a single card."""
-    return {
-        name: max(sum(n for _, n in fitting(tier)), (grow or {}).get(name, 0))
-        for name, tier in tiers.items()
-    }
+    cards = {}
+    for name, tier in tiers.items():
+        most = (grow or {}).get(name, 0)
+        most = most.devices if isinstance(most, PoolShape) else most
+        cards[name] = max(sum(n for _, n in fitting(tier)), most)
+    return cards
 
 
 def free_on_nodes(
@@ -209,7 +242,7 @@ def room(
     tiers: Mapping[str, Tier],
     free: Mapping[str, Mapping[str, int]],
     reaches: Mapping[str, tuple[list[str], int, str]],
-    grow: Mapping[str, int] | None = None,
+    grow: Mapping[str, int | PoolShape] | None = None,
 ) -> dict[str, dict]:
     """Where a spawn waiting for each tier of ``reaches`` could go now, for the cluster
     report's fragmentation (``diagnose.cluster.placement``). ``free``: ``free_on_nodes``;
@@ -221,7 +254,8 @@ def room(
     never a whole card's), the ``nodes`` its pods could land on that have one free and
     ``nodes_total`` (all it could land on), and its ``pool``; ``pools``: per pool that an
     autoscaler can grow (``grow``: ``GpuProfiles.node_pool_max``), the devices it may still
-    add. A full node or tier takes no room in the answer: it grows with the free devices the
+    add (of a ``PoolShape``: the nodes it may still add times their devices, which a server
+    whose count does not divide a node's cannot all use: ``placement`` counts devices). A full node or tier takes no room in the answer: it grows with the free devices the
     waiting tiers could use, not with the cluster."""
     grow = grow or {}
     nodes: dict[str, dict[str, int]] = {}
@@ -233,7 +267,13 @@ def room(
         for node in with_free:
             nodes.setdefault(node, {})[resource] = free[node][resource]
         if name in grow:  # the most its pool holds less what it holds now (its tiers alike)
-            pools[pool] = max(pools.get(pool, 0), max(0, grow[name] - existing))
+            more = grow[name]
+            adds = (
+                max(0, more.nodes - len(on)) * more.per_node
+                if isinstance(more, PoolShape)
+                else max(0, more - existing)
+            )
+            pools[pool] = max(pools.get(pool, 0), adds)
         placed[name] = {
             "resource": resource,
             "count": tier.count,
@@ -536,7 +576,7 @@ class ClusterGpus(SingletonConfigurable):
         tiers: Mapping[str, Tier],
         spawner,
         hub_pods: Mapping[str, str],
-        grow: Mapping[str, int] | None = None,
+        grow: Mapping[str, int | PoolShape] | None = None,
     ):
         """Devices per tier from the last read, for ``spawner``'s configured scheduling (with
         ``grow``: the most an autoscaler may add up to); None when nodes could not be read.
@@ -554,6 +594,20 @@ class ClusterGpus(SingletonConfigurable):
                     _add(own.setdefault(tier, {}), node, resource, amount)
         return _capacity(tiers, lambda t: self._fitting(t, spawner), self.held, own, grow)
 
+    def products(self, pods: Mapping[str, str]) -> dict[str, str]:
+        """Of ``pods`` (key -> ``pod_key``), the GPU product (``nvidia.com/gpu.product``) of
+        the node each is bound to on the last read, where known."""
+        if not pods or self.nodes is None:
+            return {}
+        labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in self.nodes}
+        found = {}
+        for key, pod in pods.items():
+            node = (self.bound.get(pod) or (None,))[0]
+            product = (labels.get(node) or {}).get(PRODUCT_LABEL)
+            if isinstance(product, str):
+                found[key] = product
+        return found
+
     def _fitting(self, tier: Tier, spawner, wanted: Mapping | None = None) -> list:
         """``_fitting``'s nodes for ``tier`` on this reading, worked out once a reading."""
         wanted = scheduling(spawner, tier) if wanted is None else wanted
@@ -570,7 +624,7 @@ class ClusterGpus(SingletonConfigurable):
         self.error, self.failing, self.read_at = None, None, time.monotonic()
 
     def cards(
-        self, tiers: Mapping[str, Tier], spawner, grow: Mapping[str, int] | None = None
+        self, tiers: Mapping[str, Tier], spawner, grow: Mapping[str, int | PoolShape] | None = None
     ) -> dict[str, int] | None:
         """``cards`` from the last read, as ``capacity``; None when nodes could not be read."""
         if self.nodes is None:
@@ -582,7 +636,7 @@ class ClusterGpus(SingletonConfigurable):
         tiers: Mapping[str, Tier],
         spawner,
         wanted: Iterable[str] | None = None,
-        grow: Mapping[str, int] | None = None,
+        grow: Mapping[str, int | PoolShape] | None = None,
     ) -> dict:
         """``room`` from the last read, as the governor's sync carries it
         (``core.queue.room_from_json``), for the tiers ``wanted`` (those spawns wait for;

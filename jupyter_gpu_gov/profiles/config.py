@@ -15,6 +15,7 @@ from traitlets.config import SingletonConfigurable
 
 from ..core.durations import parse_duration
 from ..core.vocabulary import LABEL_PREFIX
+from .cluster import PoolShape
 from .quota import QuotaError, TeamQuota, load_quotas
 from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers, renamed
 
@@ -79,9 +80,11 @@ class GpuProfiles(SingletonConfigurable):
     ).tag(config=True)
 
     node_pool_max = Dict(
-        help="""Devices per tier that the tier's nodes can hold at most once the cluster
-        autoscaler (or Karpenter) has added every node it may, e.g. ``{"h100": 16}`` for a pool
-        of up to two 8-card nodes, scaled to zero when idle. GpuKubeSpawner counts what the
+        help="""What the tier's nodes can hold at most once the cluster autoscaler (or
+        Karpenter) has added every node it may: the pool's node shape, ``{"nodes": 2,
+        "devices_per_node": 8}`` for a pool of up to two 8-card nodes scaled to zero when idle
+        (a server's devices are on one node: such a pool holds four servers of 3 cards, not
+        five), or a number of devices, e.g. ``{"h100": 16}``. GpuKubeSpawner counts what the
         nodes lack of this today as free: a spawn is admitted (team quotas and caps as ever)
         and its pod waits Pending while the autoscaler adds a node (raise KubeSpawner's
         ``start_timeout`` to cover that). A tier without an entry counts the nodes that exist.
@@ -234,6 +237,9 @@ class GpuProfiles(SingletonConfigurable):
     @validate("capacity", "node_pool_max")
     def _valid_capacity(self, proposal):
         for tier, devices in proposal.value.items():
+            if proposal.trait.name == "node_pool_max" and isinstance(devices, dict):
+                _pool_shape(tier, devices)
+                continue
             if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
                 raise TraitError(
                     f"GpuProfiles.{proposal.trait.name}: {tier!r} must be a whole number >= 0, "
@@ -266,6 +272,15 @@ class GpuProfiles(SingletonConfigurable):
         except QuotaError as error:
             raise TraitError(f"GpuProfiles.quotas: {error}") from None
 
+    @cached_property
+    def node_pools(self) -> dict[str, int | PoolShape]:
+        """``node_pool_max`` as ``profiles.cluster`` counts it: per tier, devices or the
+        pool's node shape."""
+        return {
+            tier: _pool_shape(tier, most) if isinstance(most, dict) else most
+            for tier, most in self.node_pool_max.items()
+        }
+
     def check(self) -> None:
         """Raise ``TraitError`` naming what is wrong with the settings."""
         self.quota_map  # noqa: B018  (loads and validates tiers, then quotas)
@@ -274,11 +289,35 @@ class GpuProfiles(SingletonConfigurable):
                 if tier not in self.tier_map:
                     raise TraitError(f"GpuProfiles.{key}: {tier!r} is not a tier")
                 count = self.tier_map[tier].count
+                if isinstance(devices, dict):  # a node shape: a server's devices on one node
+                    per_node = devices["devices_per_node"]
+                    if per_node < count:
+                        raise TraitError(
+                            f"GpuProfiles.{key}: {tier!r}: a node of its pool holds {per_node} "
+                            f"devices and a server takes {count}: none would ever fit"
+                        )
+                    continue
                 if devices % count:
                     raise TraitError(
                         f"GpuProfiles.{key}: {tier!r} counts devices and a server takes "
                         f"{count}: give a multiple of {count}, got {devices}"
                     )
+
+
+def _pool_shape(tier: str, entry: dict) -> PoolShape:
+    """A ``node_pool_max`` entry that gives the pool's node shape; raises ``TraitError``."""
+    nodes, per_node = entry.get("nodes"), entry.get("devices_per_node")
+    if (
+        set(entry) != {"nodes", "devices_per_node"}
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in (nodes, per_node))
+        or nodes < 0
+        or per_node < 1
+    ):
+        raise TraitError(
+            f"GpuProfiles.node_pool_max: {tier!r} must be a whole number of devices >= 0 or "
+            f'{{"nodes": N >= 0, "devices_per_node": D >= 1}}, got {entry!r}'
+        )
+    return PoolShape(nodes, per_node)
 
 
 def _within(proposal, low: timedelta, high: timedelta, words: str) -> str:

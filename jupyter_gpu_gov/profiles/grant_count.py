@@ -273,6 +273,25 @@ class KeptCount:
                 pods[pod] = tier
         return pods
 
+    def pods_of_servers(self, servers: set[str]) -> dict[str, str]:
+        """Server key -> its pod (``pod_key``), for the started ``servers`` that have one."""
+        found = {}
+        for row_id, (pod, _tier) in self.pods.items():
+            row = self.rows[row_id]
+            if (server := server_key(row.user, row.name)) in servers:
+                found[server] = pod
+        return found
+
+    def devices_of_servers(self, servers: set[str]) -> dict[str, tuple[str, ...]]:
+        """Server key -> the device UUIDs it holds, for the started ``servers`` that hold any
+        (a workstation's)."""
+        found = {}
+        for row_id, devices in self.devices.items():
+            row = self.rows[row_id]
+            if (server := server_key(row.user, row.name)) in servers:
+                found[server] = devices
+        return found
+
     def devices_of(self, own: int | None) -> dict[str, list[str]]:
         """Device UUID -> the recorded tiers of the started servers holding it (row ``own``
         left out): the workstation's held devices, without decoding a state."""

@@ -41,6 +41,7 @@ from ..core import clock
 from ..core.text import escaped
 from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL, pod_key
 from .cluster import ClusterGpus, scheduling
+from .grant_count import kept_count
 from .hubconfig import profile_list_refusal
 from .left_pods import POD_UID_STATE, left_pod
 from .left_pods import record as record_left_pod
@@ -231,15 +232,24 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
         if own is not None:
             hub_pods[pod_key(self.namespace, self.pod_name)] = own.name
         counted = self.gpu_cluster.capacity(
-            conf.tier_map, self, hub_pods=hub_pods, grow=conf.node_pool_max
+            conf.tier_map, self, hub_pods=hub_pods, grow=conf.node_pools
         )
         if counted is None:  # nodes not readable (yet): the configured numbers
             return static
         return {t: min(n, static[t]) if t in static else n for t, n in counted.items()}
 
+    def gpu_cards_held(self, usage):
+        # Which card a capability class's borrowed server holds: its pod's node's product.
+        classes = [t.name for t in self.gpu_profiles.tier_map.values() if t.card is None]
+        borrowed = {g.server for name in classes for g in usage.borrowed(name)}
+        if not borrowed:
+            return None
+        pods = kept_count(self.user.db).pods_of_servers(borrowed)
+        return self.gpu_cluster.products(pods)
+
     def gpu_cards(self):
         conf = self.gpu_profiles
-        counted = self.gpu_cluster.cards(conf.tier_map, self, grow=conf.node_pool_max)
+        counted = self.gpu_cluster.cards(conf.tier_map, self, grow=conf.node_pools)
         if counted is None:  # nodes not readable (yet): the configured numbers (capacity's)
             return {}
         static = conf.capacity

@@ -37,7 +37,7 @@ from ..gpu.backends import CHOICES, make_backend
 from .grant_count import kept_count
 from .quota import Grant
 from .spawner import GpuProfilesMixin, GpuRefused
-from .tiers import Tier
+from .tiers import Tier, gpu_product
 
 # As long as a single-user server waits for a fresh sample (server/app.py FRESH_SAMPLE_WAIT_S).
 READ_WAIT_S = 10.0
@@ -271,6 +271,21 @@ class LocalGpuMixin(GpuProfilesMixin):
     def gpu_capacity(self, usage: list[Grant]) -> dict[str, int | None]:
         devices = self.local_gpus.devices() or []  # unknown is never free
         return capacity(self.gpu_profiles.tier_map, devices, self._held(), usage)
+
+    def gpu_cards_held(self, usage) -> dict[str, str] | None:
+        # Which card a capability class's borrowed server holds: its devices' model.
+        classes = [t.name for t in self.gpu_profiles.tier_map.values() if t.card is None]
+        borrowed = {g.server for name in classes for g in usage.borrowed(name)}
+        devices = self.local_gpus.devices() if borrowed else None
+        if devices is None:
+            return None
+        names = {d.uuid: d.name for d in devices}
+        found = {}
+        for server, uuids in kept_count(self.user.db).devices_of_servers(borrowed).items():
+            products = {gpu_product(names[u]) if u in names else None for u in uuids}
+            if len(products) == 1 and None not in products:  # one model, every device read
+                found[server] = products.pop()
+        return found
 
     def gpu_cards(self) -> dict[str, int | None]:
         devices = self.local_gpus.devices()

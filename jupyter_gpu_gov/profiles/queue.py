@@ -14,6 +14,7 @@ so a stale view cannot overshoot a quota.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -42,7 +43,7 @@ from .quota import (
     admit,
     indexed,
 )
-from .tiers import Tier
+from .tiers import Tier, card_sharing
 
 # Refusals that waiting can end: the cards are taken (or others wait for them first), the user's
 # own cap, the team's borrowing limit.
@@ -214,13 +215,15 @@ def admit_in_line(
     queued: Sequence[QueuedRequest],
     now: datetime,
     queued_at: datetime | None = None,
+    cards_held: Mapping[str, str] | None = None,
 ) -> Admission:
     """``quota.admit`` for ``request`` (waiting since ``queued_at``, or arriving now) behind the
-    waiting requests ranked ahead of it. Refused only because of them: ``limit`` is LINE."""
+    waiting requests ranked ahead of it. Refused only because of them: ``limit`` is LINE.
+    ``cards_held``: ``admit``'s, for ``request``'s reclaims."""
     if not isinstance(usage, Held):
         live = [q for q in queued if q.live(now) and q.tier in tiers]
         if not any(q.server != request.server for q in live):  # nobody ahead: admission alone
-            return admit(request, usage, capacity, quotas, tiers)
+            return admit(request, usage, capacity, quotas, tiers, cards_held)
         # Only what these admissions read (their tiers, their users): an index costs more.
         on = {request.tier, *(q.tier for q in live)}
         of = {request.user, *(q.user for q in live)}
@@ -237,7 +240,7 @@ def admit_in_line(
         if admission.allowed:
             held.add(_holding(other_request, admission, tiers, quotas, other.queued_at))
             ahead += other.tier == request.tier
-    decided = admit(request, held, capacity, quotas, tiers)
+    decided = admit(request, held, capacity, quotas, tiers, cards_held)
     if decided.allowed or not ahead or not admit(request, usage, capacity, quotas, tiers).allowed:
         return decided
     tier = tiers[request.tier].display_name
@@ -271,7 +274,7 @@ def line(
     held = Held(base=usage)
     result: list[Waiting] = []
     positions: dict[str, int] = {}
-    estimates = _Estimates(usage, releases, now)
+    estimates = _Estimates(usage, releases, now, tiers)
     for request in ordered(queued, usage, quotas, tiers, now):
         asked = _of(request)
         admission = admit(asked, held, capacity, quotas, tiers)
@@ -303,15 +306,26 @@ def line(
 
 class _Estimates:
     """The line's estimated waits (``wait``, in line order): from the deadlines and idle state
-    of the servers whose release would let a request in (those of its tier; the user's own for
-    their cap; the team's on the tier for its borrowing limit), the k-th earliest, k its place
-    among the requests not ready that wait for the same. Each key's releases are sorted once,
-    and the places counted as the line goes."""
+    of the servers whose release would let a request in (those holding cards of its tier: its
+    own and those of the tiers whose servers free cards for it, ``tiers.card_sharing``, as a
+    reclaimed pair frees two for a single card; the user's own for their cap; the team's on the
+    tier for its borrowing limit). The k-th request not ready among those waiting for the same
+    waits for the earliest release by which the servers released hold the devices of k
+    servers of its tier (of one tier alone: the k-th earliest). Each key's releases are sorted
+    once, and the places counted as the line goes."""
 
-    def __init__(self, usage: Held, releases: Mapping[str, Release], now: datetime) -> None:
-        self.usage, self.releases, self.now = usage, releases, now
+    def __init__(
+        self,
+        usage: Held,
+        releases: Mapping[str, Release],
+        now: datetime,
+        tiers: Mapping[str, Tier],
+    ) -> None:
+        self.usage, self.releases, self.now, self.tiers = usage, releases, now, tiers
         self.holders: dict[tuple, list[Grant]] | None = None  # per key, on first need
-        self.known: dict[tuple, tuple[list[Release], int]] = {}
+        # per key: the known releases earliest first, the devices they free by each, and
+        # how many servers hold what the key waits for
+        self.known: dict[tuple, tuple[list[Release], list[int], int]] = {}
         self.waiting: dict[tuple, int] = {}  # requests not ready so far, per key
 
     def wait(self, request: Request, admission: Admission) -> Estimate:
@@ -323,18 +337,36 @@ class _Estimates:
         for key in (by_user, by_team, by_tier):
             self.waiting[key] = self.waiting.get(key, 0) + 1  # this one, and for those behind
         key = {USER_CAP: by_user, BORROWING: by_team}.get(admission.limit, by_tier)
+        tier = self.tiers[request.tier]
         if key not in self.known:
             if self.holders is None:
                 self.holders = {}
                 for g in self.usage.grants:
                     for k in (("user", g.user), ("team", g.tier, g.team), ("tier", g.tier)):
                         self.holders.setdefault(k, []).append(g)
-            holders = self.holders.get(key, ())
-            releases = [self.releases.get(g.server, Release(None)) for g in holders]
-            known = sorted((r for r in releases if r.at is not None), key=lambda r: r.at)
-            self.known[key] = (known, len(releases))
-        known, count = self.known[key]
-        return estimate_known(self.waiting[key], known, count, self.now)
+            if key is by_tier:
+                holders = [
+                    g
+                    for t in card_sharing(self.tiers, tier)
+                    for g in self.holders.get(("tier", t), ())
+                ]
+            else:
+                holders = self.holders.get(key, [])
+            known = sorted(
+                ((r, g.devices) for g in holders if (r := self.releases.get(g.server)) and r.at),
+                key=lambda pair: pair[0].at,
+            )
+            freed, total = [], 0
+            for _, devices in known:
+                total += devices
+                freed.append(total)
+            self.known[key] = ([r for r, _ in known], freed, len(holders))
+        known, freed, count = self.known[key]
+        if key is not by_tier:
+            return estimate_known(self.waiting[key], known, count, self.now)
+        # The release by which the devices of this many servers of the tier are free.
+        release = bisect_left(freed, self.waiting[key] * tier.count) + 1
+        return estimate_known(release, known, count, self.now)
 
 
 def sooner(

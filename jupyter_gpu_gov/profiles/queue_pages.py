@@ -206,7 +206,7 @@ async def _room(handler: BaseHandler, now, pending: list[str] | None = None) -> 
         # 30 s (admission reads for itself, when it counts).
         if wanted is None or wanted:
             await spawner.gpu_refresh()
-        found = spawner.gpu_cluster.room(conf.tier_map, spawner, wanted, conf.node_pool_max)
+        found = spawner.gpu_cluster.room(conf.tier_map, spawner, wanted, conf.node_pools)
     return {**found, "refused": refused}
 
 

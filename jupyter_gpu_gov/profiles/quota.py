@@ -27,7 +27,7 @@ from typing import Any
 # What held a refused request back (``Admission.limit``): defined with the queue's records,
 # which carry it to the governor.
 from ..core.queue import BORROWING, CAPACITY, USER_CAP
-from .tiers import Tier, check_entry, shares_cards
+from .tiers import Tier, card_sharing, check_entry, may_free_cards_for
 
 _EPS = 1e-9
 _KEYS = {"guaranteed", "borrowing_limit", "lending_limit", "tiers", "user_cap", "priority"}
@@ -349,10 +349,14 @@ def admit(
     capacity: Mapping[str, int | None],
     quotas: Mapping[str, TeamQuota],
     tiers: Mapping[str, Tier],
+    cards_held: Mapping[str, str] | None = None,
 ) -> Admission:
     """May ``request`` start now, given what ``usage`` holds? (The request's own server, if it
     appears in ``usage``, is not counted against it.) ``capacity``: devices per tier; a tier
-    without an entry is bounded by quotas alone."""
+    without an entry is bounded by quotas alone. ``cards_held``: server -> the product
+    (``nvidia.com/gpu.product``) of the cards it holds, where known (a pod's node, a
+    workstation's devices): a capability class's borrowed server is reclaimed for a named
+    card's guarantee only on a card of it."""
     tier = tiers.get(request.tier)
     if tier is None:
         return Admission(
@@ -370,14 +374,24 @@ def admit(
         offered = ", ".join(tiers[t].display_name for t in tiers if t in quota.tiers) or "none"
         return Admission(False, f"{name} is not offered to team {quota.team} (offered: {offered}).")
 
-    # Tiers whose servers hold this tier's cards (one card and a pair): their borrowed servers
-    # are reclaimed for a guarantee too, or a borrowed pair kept a team from its guarantee.
-    sharing = (
-        tier.name,
-        *(t for t, other in tiers.items() if t != tier.name and shares_cards(tier, other)),
+    # Tiers whose servers hold cards this tier can use (one card and a pair; a named card and a
+    # class it is in): their borrowed servers are reclaimed for a guarantee too, or a borrowed
+    # pair (or H100 for "any 80 GB card") kept a team from its guarantee.
+    sharing = card_sharing(tiers, tier)
+    # A capability class that takes this tier's card: its servers on one (``cards_held``) too.
+    maybe = (
+        tuple(t for t, other in tiers.items() if may_free_cards_for(other, tier))
+        if cards_held
+        else ()
     )
     if not isinstance(usage, Held):  # only what this admission reads: an index costs more
-        usage = Held(g for g in usage if g.tier in sharing or g.user == request.user)
+        usage = Held(
+            g for g in usage if g.tier in sharing or g.tier in maybe or g.user == request.user
+        )
+
+    def on_its_cards(g: Grant) -> bool:
+        return g.tier not in maybe or cards_held.get(g.server) in tier.card.products
+
     refusal = _over_user_cap(request, tier, quota, usage, tiers)
     if refusal:
         return refusal
@@ -397,7 +411,9 @@ def admit(
                 f"{_devices(tier, guaranteed)} in use with this server.",
             )
         # Cards the team is guaranteed are held by other teams' borrowed servers.
-        reclaim = _reclaim(usage, request, quota, quotas, -free_after, lambda g: True, sharing)
+        reclaim = _reclaim(
+            usage, request, quota, quotas, -free_after, on_its_cards, (*sharing, *maybe)
+        )
         # Cards other tiers' servers hold are not in this tier's count ("the only card is in
         # use" on a workstation of 3, 2 of them a pair's): named, without a total.
         shared = {
@@ -405,6 +421,10 @@ def admit(
             for t in sharing[1:]
             if (n := usage.devices(t, but=request.server))
         }
+        for t in maybe:  # a class's servers known to hold this tier's card
+            on = [g for g in usage.borrowed(t) if g.server != request.server and on_its_cards(g)]
+            if on:
+                shared[tiers[t].display_name] = sum(g.devices for g in on)
         if reclaim:
             return Admission(
                 False,
@@ -469,8 +489,8 @@ def admit(
         quota,
         quotas,
         reserved - free_after,
-        lambda g: g.priority < quota.priority,
-        sharing,
+        lambda g: g.priority < quota.priority and on_its_cards(g),
+        (*sharing, *maybe),
     )
     if reclaim:
         return Admission(

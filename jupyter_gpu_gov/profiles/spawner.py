@@ -253,6 +253,12 @@ class GpuProfilesMixin:
         """Devices per tier (in use or free). Default: ``GpuProfiles.capacity``."""
         return dict(self.gpu_profiles.capacity)
 
+    def gpu_cards_held(self, usage: Held) -> dict[str, str] | None:
+        """Server -> the product of the cards it holds, for the borrowed servers of capability
+        classes in ``usage`` (``quota.admit``'s ``cards_held``; the spawners that know it say it:
+        a pod's node, a workstation's devices); None: not known."""
+        return None
+
     def gpu_cards(self) -> dict[str, int | None]:
         """Devices per tier the machine or cluster has, whichever tier holds them (the form's
         "of M"; a tier without an entry reads its ``gpu_capacity``). Default: none."""
@@ -487,6 +493,7 @@ class GpuProfilesMixin:
             queued=self.gpu_waiting(),
             now=now,
             queued_at=mine and mine.queued_at,
+            cards_held=self.gpu_cards_held(usage),
         )
 
     def _gpu_decide(

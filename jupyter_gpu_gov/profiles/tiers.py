@@ -175,23 +175,56 @@ class Tier:
         """Whether a local leaf device (as NVML names it) can serve this tier."""
         if self.kind == "mig":
             parent = name.split(" MIG ")[0]
-            return mig_profile == self.mig_profile and _product(parent) in self.card.products
+            return mig_profile == self.mig_profile and gpu_product(parent) in self.card.products
         if mig_profile is not None:
             return False
         if self.card is not None:
-            return _product(name) in self.card.products
+            return gpu_product(name) in self.card.products
         return memory_total_mb is not None and memory_total_mb >= _class_floor_mib(
             self.min_memory_gb
         )
 
 
-def shares_cards(a: Tier, b: Tier) -> bool:
-    """Whether servers of ``a`` and ``b`` hold the same whole cards (one card and a pair of one
-    model), so that one's servers free cards for the other's. MIG slices and time-shares are
-    devices of their own; a capability class's servers may hold another model: not counted."""
-    if a.kind != "whole" or b.kind != "whole" or a.card is None or b.card is None:
+def frees_cards_for(holder: Tier, wanted: Tier) -> bool:
+    """Whether a server of ``holder`` holds whole cards a server of ``wanted`` can use, so that
+    its stop (a cull, a reclaim) frees cards for it: one card and a pair of one model (their
+    products overlap); a named card and a capability class it is in (an H100 for "any 80 GB
+    card"); a capability class and a wider one (80 GB or more for 40 GB or more). Not a class's
+    servers for a named card: they may hold another model (an A100 for "any 80 GB card"), and a
+    grant names its tier, not its card (``may_free_cards_for``: per server, where the hub knows
+    its card). MIG slices and time-shares are devices of their own."""
+    if holder.kind != "whole" or wanted.kind != "whole":
         return False
-    return bool(set(a.card.products) & set(b.card.products))
+    if wanted.card is not None:
+        return holder.card is not None and bool(
+            set(holder.card.products) & set(wanted.card.products)
+        )
+    # A capability class: nominal sizes, which its node affinity (95 % of them) admits.
+    held_gb = holder.card.memory_gb if holder.card is not None else holder.min_memory_gb
+    return held_gb >= wanted.min_memory_gb
+
+
+def may_free_cards_for(holder: Tier, wanted: Tier) -> bool:
+    """Whether a server of ``holder`` holds whole cards a server of ``wanted`` can use only if
+    its card is of ``wanted``'s model: a capability class that takes ``wanted``'s named card
+    (an "any 80 GB card" server on an H100 node, for an H100). Which card a server holds is
+    known per server (its pod's node, its devices), not per tier."""
+    return (
+        holder.kind == "whole"
+        and wanted.kind == "whole"
+        and holder.card is None
+        and wanted.card is not None
+        and wanted.card.memory_gb >= holder.min_memory_gb
+    )
+
+
+def card_sharing(tiers: Mapping[str, Tier], wanted: Tier) -> tuple[str, ...]:
+    """``wanted``'s name, then the other tiers whose servers free cards for it
+    (``frees_cards_for``), in ``tiers``' order."""
+    return (
+        wanted.name,
+        *(n for n, t in tiers.items() if n != wanted.name and frees_cards_for(t, wanted)),
+    )
 
 
 def mig_weight(profile: str, card: Card) -> float:
@@ -440,7 +473,9 @@ def _task_types(entry: Mapping) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _product(nvml_name: str) -> str:
+def gpu_product(nvml_name: str) -> str:
+    """GPU feature discovery's ``nvidia.com/gpu.product`` for a card NVML names (spaces as
+    dashes)."""
     return nvml_name.strip().replace(" ", "-")
 
 
