@@ -34,6 +34,13 @@ def escaped(text: object) -> str:
     return str(text).translate(_ESCAPED)
 
 
+def isolated(name: str) -> str:
+    """A name a user chose, in plain text beside other text (a tooltip), as its own bidi
+    isolate (U+2068 ... U+2069: HTML's ``<bdi>`` in plain text): a bidi control in it
+    (U+202E) reorders the name alone, never the text around it."""
+    return f"\u2068{name}\u2069"
+
+
 def not_text_at(text: str) -> int | None:
     """The index of the first character of ``text`` UTF-8 cannot encode (None: it is text)."""
     if text.isascii():
