@@ -507,8 +507,9 @@ class MyUsageHandler(PageHandler):
             lines=lines,
             sessions=[
                 {
-                    # The server's name, as "Running now" names it (the page is one user's).
-                    "server": s.server.partition("/")[2] or "(default)",
+                    # The server's name, as "Running now" names it (the page is one user's;
+                    # "": the default server).
+                    "server": s.server.partition("/")[2],
                     "team": s.owner.team,
                     "project": s.owner.project,
                     "tier": s.owner.tier,
