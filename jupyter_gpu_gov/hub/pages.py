@@ -30,6 +30,7 @@ from tornado import web
 
 from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
+from ..core.text import stored_name
 from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
 from . import listings, readers, showback
@@ -54,7 +55,8 @@ async def server_lines(governor, now: datetime, user: str) -> list[dict]:
     each), on the event loop: their servers', never every server's (built for every server to
     keep theirs, it held the event loop in proportion to the hub, docs/benchmarks-history.md "Routes
     at 10,000 servers (wave 27)")."""
-    rows = [row for row in governor.known_servers(running_only=True) if row.user == user]
+    kept = stored_name(user)  # (the form the rows keep: the name, but for one no store holds)
+    rows = [row for row in governor.known_servers(running_only=True) if row.user == kept]
     pending = {e.server_key for e in governor.extensions("pending")}
     return listings.server_lines(await listings.snapshot(governor, rows, now), now, pending)
 
