@@ -298,7 +298,7 @@ def test_non_admins_get_403_and_see_only_their_own_usage(hub):
     assert r.status_code == 403 and "My GPU usage" in r.text
     assert bob.get(f"{hub.url}/services/gpu-gov/showback", timeout=30).status_code == 403
     mine = bob.get(f"{hub.url}/services/gpu-gov/me", timeout=30)
-    assert mine.status_code == 200 and "GPU usage of bob" in mine.text
+    assert mine.status_code == 200 and "GPU usage of <bdi>bob</bdi>" in mine.text
     assert "segmentation" not in mine.text  # alice's project
     # Bob's default server has one name on his page: "(default)", as under "Running now".
     sessions = mine.text.partition('<table id="sessions">')[2].partition("</table>")[0]

@@ -12,11 +12,15 @@ import types
 import pytest
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
 
+from jupyter_gpu_gov.core.vocabulary import server_key
 from jupyter_gpu_gov.hub.prepared_auth import (
     ADMIN_SCOPE,
     TESTED_SCOPES,
     PreparedHubAuthenticated,
     PreparedHubOAuth,
+    bound_servers,
+    out_of_reach,
+    reaches,
 )
 
 SERVICE_ACCESS = "access:services!service=gpu-gov"
@@ -391,3 +395,19 @@ async def test_under_internal_ssl_the_checks_with_the_hub_share_one_ssl_context(
         assert len(made) == 2, made
     finally:
         hub.stop()
+
+
+def test_a_token_bound_to_a_server_whose_name_no_store_holds_reaches_that_server():
+    """The Hub binds a server's own token to it by its name (``access:servers!server=bob/a\0b``),
+    while the governor knows it by the kept form of a name no store holds as it is
+    (``core.text.stored_name``): its reports and Extend were refused with a 403, so it could
+    be governed only as a server without the extension. The scope's names are read as a key."""
+    nul, long = server_key("bob", "a\0b"), server_key("u" * 300, "gpu")
+    scopes = ["access:servers!server=bob/a\0b", f"access:servers!server={'u' * 300}/gpu"]
+    assert bound_servers(scopes) == tuple(sorted((nul, long)))
+    assert out_of_reach({"servers": bound_servers(scopes)}, nul) is None
+    assert out_of_reach({"servers": bound_servers(scopes)}, server_key("bob", "other"))
+    assert reaches(scopes, nul) and reaches(scopes, long)
+    assert not reaches(scopes, server_key("bob", "a"))
+    assert reaches([f"access:servers!user={'u' * 300}"], server_key("u" * 300, ""))
+    assert not reaches([f"access:servers!user={'u' * 299}"], server_key("u" * 300, ""))

@@ -131,7 +131,7 @@ def test_the_pages_totals_its_csv_and_the_api_agree_to_the_cent(service):
     )
 
     r = call(service, "GET", "showback?group_by=team&days=30", ADMIN)
-    row = re.search(r'<table id="totals">.*?<td>vision</td>(.*?)</tr>', r.text, re.S)[1]
+    row = re.search(r'<table id="totals">.*?<td><bdi>vision</bdi></td>(.*?)</tr>', r.text, re.S)[1]
     idle_cost, cost = re.findall(r"([\d.]+) EUR", row)
     link = html.unescape(re.search(r'id="csv" href="[^"]*?(api/usage\?[^"]+)"', r.text)[1])
     days = list(csv.DictReader(io.StringIO(call(service, "GET", link, ADMIN).text)))
@@ -171,7 +171,7 @@ def test_finance_reads_last_month_on_the_page_its_csv_to_the_cent(service):
     assert r.ok, r.text[:300]
     n = (last - first).days + 1
     assert f"(UTC days from {first} to {last}, {n} days)" in text(r)
-    row = re.search(r'<table id="totals">.*?<td>vision</td>(.*?)</tr>', r.text, re.S)[1]
+    row = re.search(r'<table id="totals">.*?<td><bdi>vision</bdi></td>(.*?)</tr>', r.text, re.S)[1]
     idle_h = re.findall(r'<td class="num">([\d.]+)</td>', row)[2]
     assert float(idle_h) == pytest.approx(1.337 * n, abs=0.01)
     idle_cost, cost = re.findall(r"([\d.]+) EUR", row)
@@ -293,3 +293,25 @@ def test_a_leads_read_before_the_groups_are_read_says_when_to_come_back(service)
     for path in ("api/usage?group_by=team", "showback"):
         r = call(service, "GET", path, "lena-token")
         assert r.ok and "Retry-After" not in r.headers, (path, r.status_code, r.text[:300])
+
+
+def test_a_name_holding_a_bidi_override_reorders_nothing_around_it(service):
+    """A project named ``\\u202eevil`` (a choice its owner makes at spawn) and a user whose
+    name holds U+202E once turned the rest of their row right to left on the showback page:
+    the cells after them, and a name beside them, read reversed, as another's. Each such name
+    is its own ``<bdi>`` now, escaped as before; the override ends with it."""
+    rlo = "\u202e"
+    mallory = ledger.Owner(f"mallory{rlo}", "vision", f"{rlo}evil", "h100")
+    today = clock.utcnow().date()
+    service.governor.store.save_usage(
+        {(today, VISION): {ledger.ACTIVE: HOUR}, (today, mallory): {ledger.ACTIVE: HOUR}}, []
+    )
+    for dim, names in (("project", ("seg", f"{rlo}evil")), ("user", ("alice", f"mallory{rlo}"))):
+        page = call(service, "GET", f"showback?group_by={dim}&days=7", ADMIN).text
+        for name in names:
+            assert f"<td><bdi>{html.escape(name)}</bdi></td>" in page, (dim, name)
+        # Nowhere unisolated: each override is in a <bdi>, a tooltip's isolate (U+2068 ...
+        # U+2069), or a chart's legend, an SVG text of its own holding the name alone.
+        for alone in (r"<bdi>[^<]*</bdi>", "\u2068[^\u2069]*\u2069", r'class="legend">[^<]*<'):
+            page = re.sub(alone, "", page)
+        assert rlo not in page, dim

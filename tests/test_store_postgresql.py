@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,10 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
 from traitlets import TraitError
 
+from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.policy import PolicyError, load_policies
-from jupyter_gpu_gov.core.vocabulary import KEY_LENGTH
+from jupyter_gpu_gov.core.text import stored_name
+from jupyter_gpu_gov.core.vocabulary import CULLED, KEY_LENGTH, server_key
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.lease import Lease
@@ -280,20 +283,32 @@ async def test_a_project_holding_nul_does_not_stop_the_pass_for_everyone(databas
     assert gov.store.server("bob/").project == "\ufffd=cmd"  # kept, the NUL replaced
 
 
-async def test_a_server_name_holding_nul_does_not_stop_the_pass_for_everyone(database):
+async def test_a_server_whose_name_no_store_holds_is_governed(database):
     """JupyterHub 4.1 to 5.x take any server name, and a Hub on SQLite keeps one holding NUL
-    (``POST /hub/api/users/bob/servers/a%00b``), which PostgreSQL refuses: every pass's write
-    failed, so no server was governed. Left out of the pass as a name longer than JupyterHub's
-    is, named in the log; every other server is governed."""
+    (``POST /hub/api/users/bob/servers/a%00b``), which PostgreSQL refuses, or one longer than
+    its 255 characters: every pass's write failed for such a name, so no server was governed;
+    then such a server was left out of the pass, and held its GPU ungoverned. Each is now kept
+    under its kept form (bounded, text PostgreSQL takes) and governed as any other: culled,
+    on record, billed, the Hub told its name as it is."""
+    long_ago = clock.utcnow() - timedelta(hours=5)
+    names = [("bob", "a\0b"), ("bob", "n" * 300), ("c\0arol", ""), ("d" * 300, "gpu")]
     async with FakeHub() as hub:
         hub.add_server("alice")
-        hub.add_server("bob", "a\0b")
-        hub.add_server("c\0arol")
+        for user, name in names:
+            hub.add_server(user, name, started=long_ago, last_activity=long_ago)
         gov = _governor(database, hub)
-        for _ in range(2):
+        for _ in range(3):
             result = await gov.reconcile()
-    assert result.errors == ()
-    assert gov.store.server("alice/") is not None
+            assert result.errors == ()
+        assert hub.running("alice", "")
+        for user, name in names:
+            key = server_key(user, name)
+            assert not hub.running(user, name), f"{key!r:.80} still runs"
+            row = gov.store.server(key)
+            assert row is not None and row.state == CULLED
+            assert (row.user, row.name) == (stored_name(user), stored_name(name))
+            assert "cull" in [a.action for a in gov.store.audit_rows(server_key=key)]
+        assert len({server_key(u, n) for u, n in names}) == len(names)
 
 
 def test_the_lease_has_one_holder_on_postgresql(database):

@@ -6,6 +6,7 @@ writes (SQLite, a UTF-8 log or file). Readers find it where it came in and name 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -31,6 +32,13 @@ def escaped(text: object) -> str:
     a choice, an API's error text) goes through this, so it can neither end the line nor
     start a forged one."""
     return str(text).translate(_ESCAPED)
+
+
+def isolated(name: str) -> str:
+    """A name a user chose, in plain text beside other text (a tooltip), as its own bidi
+    isolate (U+2068 ... U+2069: HTML's ``<bdi>`` in plain text): a bidi control in it
+    (U+202E) reorders the name alone, never the text around it."""
+    return f"\u2068{name}\u2069"
 
 
 def not_text_at(text: str) -> int | None:
@@ -88,3 +96,34 @@ def path_segment(name: str) -> str:
     if name in (".", ".."):
         return name.replace(".", "%2E")
     return quote(name, safe="")
+
+
+# -- a name as the governor keeps it ------------------------------------------------------------
+# JupyterHub's database keeps a user's and a server's name in 255 characters, unenforced on
+# SQLite; JupyterHub 4.1 to 5.x take any server name (6.x starts one made before it), NUL
+# included, which PostgreSQL refuses in text, as SQLite and PostgreSQL both refuse a lone
+# surrogate. Such a name was once left out of the pass: its server held a GPU ungoverned.
+STORED_LENGTH = 255
+# What marks a kept form: a name that holds it is kept as one too, so that no name a user
+# chooses is the kept form of another (a server named after another's kept form would have
+# shared its record). U+FFFD: "not shown as it is", and in no name a person types.
+STORED_MARK = "\ufffd"
+_SHOWN = 120  # characters of the name kept readable in its kept form (escaped)
+
+
+def stored_name(name: str) -> str:
+    """A user's or server's name as the governor's store, ledger, pages and API keep it: the
+    name itself where the store can hold it as it is (the Hub's every ordinary name); else,
+    bounded to ``STORED_LENGTH`` and text every store takes, its first characters escaped
+    (``escaped``), ``STORED_MARK`` and the SHA-256 of the whole name: one name, one kept form,
+    none of them an ordinary name. Every call to the Hub uses the name itself."""
+    if (
+        len(name) <= STORED_LENGTH
+        and "\0" not in name
+        and STORED_MARK not in name
+        and (name.isascii() or not_text_at(name) is None)
+    ):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    shown = escaped(name[:_SHOWN]).encode("utf-8", "backslashreplace").decode("utf-8")
+    return f"{shown[:_SHOWN]}{STORED_MARK}{digest}"

@@ -8,6 +8,8 @@ metrics and the docs repeat. Every such word is defined here and imported where 
 
 from __future__ import annotations
 
+from .text import STORED_LENGTH, stored_name
+
 # -- labels ------------------------------------------------------------------------------------
 # A server's grant: ``gpu-gov/<key>`` = a string, written by the profile layer where users
 # cannot write it (``core.grant``) and read by the governor and the replay. The profile layer
@@ -103,8 +105,9 @@ CHECKPOINT_TIMEOUT = "timeout"  # no answer within the policy's checkpoint_timeo
 
 
 # JupyterHub keeps a user's and a server's name in 255 characters each (``Unicode(255)``; a
-# Hub on SQLite does not enforce it): a server's key takes up to 511.
-NAME_LENGTH = 255
+# Hub on SQLite does not enforce it, and the store keeps a longer one as ``stored_name``
+# writes it): a server's key takes up to 511.
+NAME_LENGTH = STORED_LENGTH
 KEY_LENGTH = 2 * NAME_LENGTH + 1
 
 
@@ -116,10 +119,19 @@ def pod_key(namespace: str, name: str) -> str:
 
 def server_key(user: str, name: str = "") -> str:
     """A server's one name across the project: ``user/`` for the default server, ``user/name``
-    for a named one (the store, the audit trail, the API, the replay trace format)."""
+    for a named one (the store, the audit trail, the API, the replay trace format), each name
+    as the store keeps it (``core.text.stored_name``: the name itself, but for one no store
+    can hold as it is)."""
+    if len(user) > NAME_LENGTH or len(name) > NAME_LENGTH:
+        return f"{stored_name(user)}/{stored_name(name)}"
     key = f"{user}/{name}"
     shared = _KEYS.get(key)
     if shared is None:
+        # (Shared only as itself: the key of names within NAME_LENGTH is itself whichever
+        # two names joined make it, or never.)
+        stored = f"{stored_name(user)}/{stored_name(name)}"
+        if stored != key:
+            return stored
         if len(_KEYS) >= KEYS_SHARED:
             _KEYS.clear()
         shared = _KEYS[key] = key

@@ -17,6 +17,7 @@ from ..core import clock
 from ..core.durations import format_duration
 from ..core.policy import Decision, Policy, evolve
 from ..core.report import gpu_signal, user_last_activity
+from ..core.text import stored_name
 from ..core.vocabulary import (
     ADMIN,
     CHECKPOINT,
@@ -407,7 +408,7 @@ class Actions:
                     AuditRow(
                         at=clock.utcnow(),
                         server_key=None,
-                        user=model["name"],
+                        user=stored_name(model["name"]),
                         action="delete-user",
                         reason=why,
                         actor="governor",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from tornado import web
 from tornado.log import app_log
 
-from ..core.text import not_text_at
+from ..core.text import STORED_MARK, not_text_at
 from ..core.vocabulary import server_key
 from ..core.wire import ASKER_HEADER, reason_too_long
 from . import fast_json
@@ -453,9 +453,14 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         self.finish(json.dumps({"status": status_code, "message": message}))
 
     def known_server(self, user: str, name: str | None) -> tuple[str, ServerRow]:
-        """The key and row of a server named in the URL, or a 404."""
-        key = server_key(user, name or "")
-        row = self.governor.row(key)
+        """The key and row of a server named in the URL, or a 404. The pages name a server
+        whose name no store holds as it is by its kept form (``core.text.stored_name``), the
+        key it is known by; any other caller by its name."""
+        key = f"{user}/{name or ''}"
+        row = self.governor.row(key) if STORED_MARK in key else None
+        if row is None:
+            key = server_key(user, name or "")
+            row = self.governor.row(key)
         if row is None:
             raise web.HTTPError(404, f"the governor knows no server {key}")
         return key, row

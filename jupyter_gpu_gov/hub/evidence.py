@@ -15,6 +15,7 @@ from ..core import clock, grant, policy
 from ..core.durations import format_duration
 from ..core.policy import Policy, ServerView, evolve
 from ..core.report import gpu_signal, tab_open, user_last_activity
+from ..core.text import stored_name
 from ..core.vocabulary import STOP_SERVER
 from . import trusted
 from .dcgm import DcgmSnapshot, GpuEvidence, is_idle
@@ -234,7 +235,7 @@ class Evidence:
                     AuditRow(
                         at=now,
                         server_key=key,
-                        user=server.user,
+                        user=stored_name(server.user),
                         action="report-distrusted",
                         reason=why[:2000],
                         actor="governor",

@@ -41,7 +41,7 @@ except ImportError:  # pycurl not installed: a new connection (and DNS lookup) p
 
 from ..core import clock
 from ..core.text import path_segment
-from ..core.vocabulary import NAME_LENGTH, server_key
+from ..core.vocabulary import server_key
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +102,6 @@ class HubServer:
         where = f"the Hub's model of server {name!r:.80} of user {user.get('name')!r:.80}"
         if not isinstance(user.get("name"), str) or not user["name"] or not isinstance(name, str):
             raise ValueError(f"{where}: no user or server name")
-        if len(user["name"]) > NAME_LENGTH or len(name) > NAME_LENGTH:
-            # JupyterHub's own limit, unenforced on a Hub on SQLite: the store holds no longer
-            # key (PostgreSQL would refuse the pass's whole write for it).
-            raise ValueError(f"{where}: a name longer than JupyterHub's {NAME_LENGTH} characters")
-        if "\0" in user["name"] or "\0" in name:
-            # JupyterHub 4.1 to 5.x take any server name, and a Hub on SQLite keeps one holding
-            # NUL, which PostgreSQL refuses: the pass's whole write failed, for every server.
-            raise ValueError(f"{where}: a name holding NUL (\\u0000)")
         if not isinstance(server, Mapping):
             raise ValueError(f"{where}: not an object")
         groups = user.get("groups") or ()

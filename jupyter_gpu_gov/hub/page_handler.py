@@ -68,7 +68,15 @@ def times_in_text(text: str | None, now: datetime | None = None) -> Markup:
     return Markup("").join(out)
 
 
+def bdi(name: object) -> Markup:
+    """A name a user chose (a user's, a server's, a team's, a project's) escaped and isolated
+    as ``<bdi>``: a bidi control in it (U+202E) reorders it alone, never the text around it (a
+    row once read as another user's)."""
+    return Markup("<bdi>{}</bdi>").format(name)
+
+
 env.filters["time"] = time_tag
+env.filters["bdi"] = bdi
 env.filters["times"] = times_in_text
 env.filters["match"] = match_text
 

@@ -30,6 +30,7 @@ from tornado import web
 
 from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
+from ..core.text import stored_name
 from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
 from . import listings, readers, showback
@@ -54,7 +55,8 @@ async def server_lines(governor, now: datetime, user: str) -> list[dict]:
     each), on the event loop: their servers', never every server's (built for every server to
     keep theirs, it held the event loop in proportion to the hub, docs/benchmarks-history.md "Routes
     at 10,000 servers (wave 27)")."""
-    rows = [row for row in governor.known_servers(running_only=True) if row.user == user]
+    kept = stored_name(user)  # (the form the rows keep: the name, but for one no store holds)
+    rows = [row for row in governor.known_servers(running_only=True) if row.user == kept]
     pending = {e.server_key for e in governor.extensions("pending")}
     return listings.server_lines(await listings.snapshot(governor, rows, now), now, pending)
 
@@ -507,8 +509,9 @@ class MyUsageHandler(PageHandler):
             lines=lines,
             sessions=[
                 {
-                    # The server's name, as "Running now" names it (the page is one user's).
-                    "server": s.server.partition("/")[2] or "(default)",
+                    # The server's name, as "Running now" names it (the page is one user's;
+                    # "": the default server).
+                    "server": s.server.partition("/")[2],
                     "team": s.owner.team,
                     "project": s.owner.project,
                     "tier": s.owner.tier,

@@ -217,7 +217,7 @@ class PeoplesRequests:
         with nothing done: its owner restarted since, and the new session is not the one the
         admin meant to stop. ``None``: whatever session runs now."""
         row = self._known_row(key)
-        user, name = key.split("/", 1)
+        user, name = self._hub_names(key)
         if session is not None:  # (then as the Hub writes it, to check again at the DELETE)
             session = await self._same_session(row, user, name, session)
         server_policy = self.policy_named(row.policy)
@@ -298,7 +298,7 @@ class PeoplesRequests:
             # the governor's token, nor the record a second row. (A stop the Hub failed is
             # carried out again by the pass: ``cull-retry``.)
             return {"status": "stopping", "verdict": self.verdict(key)}
-        user, name = key.split("/", 1)
+        user, name = self._hub_names(key)
         why = f"stopped by {actor}" + (f": {reason}" if reason else "")
         stopped = replace(record_of(row), state=CULLED, culled_at=clock.utcnow(), reason=why)
         self._commit(
@@ -322,6 +322,15 @@ class PeoplesRequests:
             self.store.save(audits=[audit])
             self._answered(row, answer)
         return {"status": "recorded"}
+
+    def _hub_names(self, key: str) -> tuple[str, str]:
+        """The user's and the server's name of ``key`` as the Hub knows them (its last listing's:
+        a key holds a name the store could not hold as it is only in its kept form)."""
+        server = self._servers.get(key)
+        if server is not None:
+            return server.user, server.name
+        user, _, name = key.partition("/")
+        return user, name
 
     async def _stop_quietly(self, key: str, user: str, name: str) -> None:
         # The answer goes back through the server being stopped: let it get home before the

@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from functools import partial
 
+from ..core.text import stored_name
+from ..core.vocabulary import server_key
 from . import metrics
 from .hub_auth import HubOAuth, HubOAuthenticated, UserNotAllowed, hub_auth_module
 
@@ -268,8 +270,15 @@ def bound_servers(scopes) -> tuple[str, ...] | None:
         if base == "access:servers":
             if not which.startswith("server="):
                 return None
-            servers.append(which.removeprefix("server="))
+            servers.append(_key_of(which.removeprefix("server=")))
     return tuple(sorted(servers)) or None
+
+
+def _key_of(server: str) -> str:
+    """The key of a server a scope names (``alice/gpu``, the Hub's names as they are): a name
+    the store cannot hold as it is has its kept form in the key (``core.text.stored_name``)."""
+    user, _, name = server.partition("/")
+    return server_key(user, name)
 
 
 def reaches(scopes, key: str) -> bool:
@@ -277,10 +286,16 @@ def reaches(scopes, key: str) -> bool:
     (``user/name``): ``access:servers`` whole, to its user, or to that server (a share's). A
     group's filter is not expanded here: it does not reach (fails closed)."""
     user = key.partition("/")[0]
-    reach = ("", f"user={user}", f"server={key}")
     for scope in scopes:
         base, _, which = str(scope).partition("!")
-        if base == "access:servers" and which in reach:
+        if base != "access:servers":
+            continue
+        kind, _, named = which.partition("=")
+        if (
+            not which
+            or (kind == "user" and stored_name(named) == user)
+            or (kind == "server" and _key_of(named) == key)
+        ):
             return True
     return False
 

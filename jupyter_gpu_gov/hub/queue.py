@@ -43,6 +43,7 @@ from ..core.queue import (
     waiting_for_a_gpu,
 )
 from ..core.report import MAX_CLOCK_SKEW, user_last_activity
+from ..core.text import stored_name
 from ..core.wire import MAX_LINE_STARTS, MAX_TEXT, LineStart
 from . import metrics
 from .evidence import Received
@@ -488,7 +489,7 @@ class QueueSync:
                 AuditRow(
                     at=now,
                     server_key=request.server,
-                    user=request.user,
+                    user=stored_name(request.user),
                     action="queue-start",
                     reason=f"its turn in line for {request.tier} (team {request.team}) came "
                     f"after {waited:.0f}s: started on its owner's behalf",

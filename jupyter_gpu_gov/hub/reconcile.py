@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from ..core import clock, grant, ledger, policy
 from ..core.policy import Policy, Record, ServerView, evolve
 from ..core.teams import group_teams
-from ..core.text import escaped
+from ..core.text import escaped, stored_name
 from ..core.vocabulary import ADMIN, CULLED, QUEUED_AT_LABEL, TIER_LABEL, server_key
 from . import metrics, outbound
 from .actions import Actions, CullFailed
@@ -588,7 +588,10 @@ class Governor(
             # A new session keeps what the governor learned of the server (its hook's record).
             fresh = Record() if row is None else record_of(row).next_session()
             row = ServerRow(
-                key=key, user=server.user, name=server.name, session_started=server.started
+                key=key,
+                user=stored_name(server.user),
+                name=stored_name(server.name),
+                session_started=server.started,
             )
             set_record(row, fresh)
             self.rows[key] = row

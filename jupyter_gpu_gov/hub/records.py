@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..core import clock
 from ..core.policy import Record
+from ..core.text import stored_name
 from ..core.vocabulary import INTERRUPT
 from . import metrics, outbound
 from .store import StoreUnavailable
@@ -148,7 +149,7 @@ class Records:
                 AuditRow(
                     at=clock.utcnow(),
                     server_key=key,
-                    user=user,
+                    user=stored_name(user),
                     action="error",
                     reason=f"not decided (skipped until it can be): {what}",
                     actor="governor",

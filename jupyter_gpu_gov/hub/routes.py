@@ -23,6 +23,7 @@ from ..checkpoint_layout import SOURCE_USER, SOURCES
 from ..core import clock, ledger
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
+from ..core.text import stored_name
 from ..core.vocabulary import server_key
 from . import listings, metrics, readers, showback
 from .api_handler import COST_EXPORT, COST_LISTING, COST_READ, ApiHandler, json_object
@@ -207,10 +208,11 @@ class ServersHandler(ApiHandler):
         self, user: str | None, running_only: bool, after: str | None, limit: int | None
     ) -> tuple[dict | None, list[listings.Listed]]:
         """The snapshot of the servers asked for and, for a page, ``{"next": …}``."""
+        kept = None if user is None else stored_name(user)  # (the form the rows keep)
         rows = [
             row
             for row in self.governor.known_servers(running_only)
-            if (user is None or (row.user == user and not out_of_reach(self.current_user, row.key)))
+            if (kept is None or (row.user == kept and not out_of_reach(self.current_user, row.key)))
             and (after is None or row.key > after)
         ]
         more = None

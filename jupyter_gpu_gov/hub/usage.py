@@ -10,6 +10,7 @@ from datetime import datetime
 
 from ..core import clock, ledger, rightsize
 from ..core.policy import ServerView
+from ..core.text import stored_name
 from ..core.vocabulary import WEIGHT_LABEL
 from ..diagnose import cluster
 from . import metrics
@@ -45,7 +46,9 @@ _BILLED = (*ledger.STATES, ledger.UNOBSERVED)  # what GPU_SECONDS counts, by sta
 
 
 def owner_of(view: ServerView) -> ledger.Owner:
-    return ledger.Owner(view.user, view.team or "", view.project or "", view.tier or "")
+    # (The user's name as the ledger keeps it: bounded, text every store takes.)
+    user = stored_name(view.user)
+    return ledger.Owner(user, view.team or "", view.project or "", view.tier or "")
 
 
 class Usage:

@@ -6,6 +6,15 @@
  */
 import { ITrans, nullTrans } from './trans';
 
+/**
+ * A name a user chose (a server's, a kernel's path) as its own bidi isolate (U+2068 … U+2069,
+ * what HTML's <bdi> is in plain text, which a notification is): a bidi control in it
+ * (U+202E) reorders the name alone, never the sentence around it.
+ */
+export function isolate(name: string): string {
+  return `\u2068${name}\u2069`;
+}
+
 /** What every view takes: time is passed in, never read inside a view. */
 export interface IViewOptions {
   now: number;

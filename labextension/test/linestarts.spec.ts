@@ -54,9 +54,29 @@ describe('lineStartViews', () => {
       [],
       opts
     );
-    expect(named[0].message).toMatch(/^Your server “gpu” waited in line/);
-    expect(named[0].open).toBe('Open “gpu”');
+    expect(named[0].message).toMatch(
+      /^Your server “\u2068gpu\u2069” waited in line/
+    );
+    expect(named[0].open).toBe('Open “\u2068gpu\u2069”');
     expect(named[0].message.length).toBeLessThanOrEqual(140); // JupyterLab's toast
+  });
+
+  it('isolates the server name: a bidi override in it cannot reorder the sentence', () => {
+    // U+202E (RIGHT-TO-LEFT OVERRIDE), which JupyterHub 4.1-5.x take in a server's name:
+    // left open, it showed the rest of the sentence reversed ("...nevig si UPG sti").
+    const name = 'gpu\u202e';
+    const [view] = lineStartViews(
+      verdict({
+        started_from_line: [started({ name, url: '/user/ben/gpu%E2%80%AE/' })]
+      }),
+      [],
+      opts
+    );
+    // The name, override and all, is one isolate (FSI ... PDI): the PDI ends the override.
+    expect(view.message).toContain(`“\u2068${name}\u2069” waited in line`);
+    expect(view.open).toBe(`Open “\u2068${name}\u2069”`);
+    const after = view.message.slice(view.message.indexOf('\u2069'));
+    expect(after).not.toMatch(/[\u202a-\u202e\u2066-\u2068]/);
   });
 
   it('says each start once, and nothing once it is given back', () => {

@@ -6,6 +6,7 @@
  */
 import {
   formatCountdown,
+  isolate,
   formatTime,
   IViewOptions,
   parseTime,
@@ -67,7 +68,7 @@ export function lineStartViews(
 function serverName(start: ILineStart, options: IViewOptions): string {
   const trans = transOf(options);
   return start.name
-    ? trans.__('Your server “%1”', start.name)
+    ? trans.__('Your server “%1”', isolate(start.name))
     : trans.__('Your default server');
 }
 
@@ -90,6 +91,6 @@ function message(
 function openLabel(start: ILineStart, options: IViewOptions): string {
   const trans = transOf(options);
   return start.name
-    ? trans.__('Open “%1”', start.name)
+    ? trans.__('Open “%1”', isolate(start.name))
     : trans.__('Open default server');
 }
