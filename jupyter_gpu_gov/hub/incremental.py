@@ -316,13 +316,15 @@ class Incremental:
         self.hub_listing.waiting.add(server.user)  # asked for at the next pass
         return f"{what} since it was decided"
 
-    def _world_changed(self, snapshot: DcgmSnapshot | None) -> bool:
+    def _world_changed(self, snapshot: DcgmSnapshot | None, now: datetime) -> bool:
         """Whether what every kept decision read at once moved since the last pass: DCGM's
-        evidence (a GPU's activity, memory or health), the diagnosis model."""
+        evidence (a GPU's activity, memory or health), the diagnosis model, the pods in a
+        CPU stage (hub/pod_cpu.py)."""
         evidence = snapshot.evidence if snapshot else ()
         trained = self.diagnosis.training.trained_at
-        last, self._world = self._world, (evidence, trained)
-        if not last or trained != last[1]:
+        stages = self.pod_cpu.stages(now)
+        last, self._world = self._world, (evidence, trained, stages)
+        if not last or trained != last[1] or stages != last[2]:
             return True
         return evidence is not last[0] and evidence != last[0]
 
