@@ -25,6 +25,7 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..core import clock, cpu_stage
+from .health import SERVICE_ACCOUNT
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -95,8 +96,8 @@ class PodCpuOptions:
     """What ``PodCpu`` reads, and what a CPU stage is (``core.cpu_stage``)."""
 
     kubernetes_api_url: str = ""  # "": none (not on Kubernetes): nothing is read
-    kubernetes_token_file: str = ""
-    kubernetes_ca_file: str = ""
+    kubernetes_token_file: str = f"{SERVICE_ACCOUNT}/token"
+    kubernetes_ca_file: str = f"{SERVICE_ACCOUNT}/ca.crt"
     cores: float = cpu_stage.CPU_STAGE_CORES  # 0: off
     after: timedelta = cpu_stage.CPU_STAGE_AFTER
     # A reading older than this is stale (unknown), and readings further apart are no run.
