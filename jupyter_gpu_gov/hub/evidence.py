@@ -145,7 +145,7 @@ class Evidence:
         complete = not evidence or self._sees_all(base.key, server, granted, evidence)
         # Its container's CPU, where DCGM alone decides it (the pod the records name).
         pod = granted.pod if granted is not None else None
-        self.pod_cpu.want(pod)
+        self.pod_cpu.want(pod, base.key)
         cpu = self.pod_cpu.busy_since(pod, now)
         if received is None and reported:
             # It reported before (this service restarted): DCGM alone on the GPUs the records

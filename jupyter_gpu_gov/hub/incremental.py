@@ -318,13 +318,14 @@ class Incremental:
 
     def _world_changed(self, snapshot: DcgmSnapshot | None, now: datetime) -> bool:
         """Whether what every kept decision read at once moved since the last pass: DCGM's
-        evidence (a GPU's activity, memory or health), the diagnosis model, the pods in a
-        CPU stage (hub/pod_cpu.py)."""
+        evidence (a GPU's activity, memory or health), the diagnosis model. The servers whose
+        CPU stage began or ended (hub/pod_cpu.py) are marked to be decided again."""
+        for key in self.pod_cpu.changed(now):
+            self.due.mark(key)
         evidence = snapshot.evidence if snapshot else ()
         trained = self.diagnosis.training.trained_at
-        stages = self.pod_cpu.stages(now)
-        last, self._world = self._world, (evidence, trained, stages)
-        if not last or trained != last[1] or stages != last[2]:
+        last, self._world = self._world, (evidence, trained)
+        if not last or trained != last[1]:
             return True
         return evidence is not last[0] and evidence != last[0]
 

@@ -113,11 +113,16 @@ class PodCpu:
         self.enabled = bool(options.kubernetes_api_url) and options.cores > 0
         self._runs: dict[tuple[str, str], cpu_stage.CpuRun] = {}
         self._namespaces: set[str] = set()  # the namespaces the Hub's records named
+        self._keys: dict[tuple[str, str], str] = {}  # pod -> the server the records give it
+        self._stages: dict[tuple[str, str], datetime] = {}  # as of the last ``changed``
         self._http: AsyncHTTPClient | None = None
         self._failing: dict[str, str] = {}  # namespace -> the error last logged
 
-    def want(self, pod: tuple[str | None, str] | None) -> None:
-        """A pod the Hub's records name: its namespace is read from the next pass."""
+    def want(self, pod: tuple[str | None, str] | None, key: str) -> None:
+        """A pod the Hub's records name for server ``key``: its namespace is read from the
+        next pass."""
+        if self.enabled and pod is not None and pod[0]:
+            self._keys[(pod[0], pod[1])] = key
         if (
             self.enabled
             and pod is not None
@@ -138,11 +143,15 @@ class PodCpu:
             run, now, after=self.options.after, max_age=self.options.max_age
         )
 
-    def stages(self, now: datetime) -> frozenset:
-        """The pods in a CPU stage now, and since when (what a pass's decisions read at once)."""
-        return frozenset(
-            (pod, since) for pod in self._runs if (since := self.busy_since(pod, now)) is not None
-        )
+    def changed(self, now: datetime) -> set[str]:
+        """The servers whose CPU stage began, ended or moved since the last call: to be
+        decided again this pass, where a kept decision would otherwise stand."""
+        stages = {
+            pod: since for pod in self._runs if (since := self.busy_since(pod, now)) is not None
+        }
+        last, self._stages = self._stages, stages
+        moved = {p for p in stages.keys() | last.keys() if stages.get(p) != last.get(p)}
+        return {self._keys[p] for p in moved if p in self._keys}
 
     async def read(self, now: datetime) -> None:
         """One list per namespace, folded into each pod's run; pods no list names any more are
@@ -167,6 +176,7 @@ class PodCpu:
                 )
         for pod in [p for p in self._runs if p not in listed]:
             del self._runs[pod]
+        self._keys = {p: k for p, k in self._keys.items() if p in listed}
 
     async def _list(self, namespace: str) -> dict | None:
         url = self.options.kubernetes_api_url.rstrip("/") + METRICS_PATH.format(
