@@ -50,6 +50,12 @@ dropped connection before anything is done, or after the request was carried out
 lost); each for the next ``times`` requests that match, or until cleared. They apply to the
 API, ``/dcgm/...`` and ``/prometheus/...``; a fault's ``hits`` counts the requests it met.
 
+metrics-server: ``/apis/metrics.k8s.io/v1beta1/namespaces/<ns>/pods`` lists a PodMetrics for
+each running pod of the namespace, its first container's ``usage.cpu`` in nanocores as
+``set_pod_cpu`` set it (0.002 cores unless set: an idle server), ``timestamp`` now and
+``window`` 15s, as metrics-server writes them; ``metrics_server = False``: 404, as an API
+server without it answers (``forbidden`` holding ``pods.metrics.k8s.io``: 403).
+
 The device plugin: whole GPUs and MIG slices of a node are devices with UUIDs; a pod's
 container gets ``NVIDIA_VISIBLE_DEVICES`` with its devices' UUIDs, and ``/dcgm/<node>/metrics``
 answers as dcgm-exporter with pod attribution does, with each device's utilisation set by
@@ -395,6 +401,10 @@ class FakeKubernetes:
         self.forbidden_cluster_wide: set[str] = set()  # ... but in a namespace
         self.faults: list[Fault] = []  # see ``fail``
         self.devices: dict[str, list[Device]] = {}
+        self.pod_cpu: dict[tuple[str, str], float] = {}  # (namespace, pod) -> cores
+        self.metrics_server = True
+        # metrics-server's clock (a test that moves the governor's clock moves this one too).
+        self.metrics_now = lambda: datetime.now(timezone.utc)
         self.processes: dict[tuple[str, str], subprocess.Popen] = {}
         self._rv = itertools.count(1000)
         self.resource_version = 999
@@ -554,6 +564,31 @@ class FakeKubernetes:
                 for device in devices:
                     if device.holder and device.holder[:2] == (namespace, pod):
                         device.activity = activity
+
+    def set_pod_cpu(self, namespace: str, pod: str, cores: float) -> None:
+        """What metrics-server says of the pod's container CPU from now on."""
+        with self._lock:
+            self.pod_cpu[(namespace, pod)] = cores
+
+    def _pod_metrics(self, namespace: str) -> dict:
+        with self._lock:
+            now = self.metrics_now().strftime("%Y-%m-%dT%H:%M:%SZ")
+            items = []
+            for (ns, name), pod in sorted(self.objects["pods"].items()):
+                if ns != namespace or pod.get("status", {}).get("phase") != "Running":
+                    continue
+                cores = self.pod_cpu.get((ns, name), 0.002)
+                container = pod["spec"]["containers"][0]["name"]
+                items.append({
+                    "metadata": {"name": name, "namespace": ns, "creationTimestamp": now,
+                                 "labels": dict(pod["metadata"].get("labels") or {})},
+                    "timestamp": now,
+                    "window": "15s",
+                    "containers": [{"name": container, "usage": {
+                        "cpu": f"{round(cores * 1e9)}n", "memory": "104860Ki"}}],
+                })  # fmt: skip
+        return {"kind": "PodMetricsList", "apiVersion": "metrics.k8s.io/v1beta1",
+                "metadata": {}, "items": items}  # fmt: skip
 
     def pod_devices(self, namespace: str, pod: str) -> list[Device]:
         with self._lock:
@@ -1399,6 +1434,26 @@ class FakeKubernetes:
                 except ApiError as error:
                     self._fail(error)
 
+        class PodMetrics(Faulty):
+            """metrics-server's PodMetrics list of a namespace (the module docstring)."""
+
+            def get(self, namespace):
+                self.set_header("Content-Type", "application/json")
+                if not api.metrics_server:
+                    self.set_status(404)
+                    return self.finish(json.dumps(ApiError(
+                        404, "NotFound", "the server could not find the requested resource"
+                    ).status()))  # fmt: skip
+                if "pods.metrics.k8s.io" in api.forbidden:
+                    self.set_status(403)
+                    return self.finish(json.dumps(ApiError(
+                        403, "Forbidden", 'pods.metrics.k8s.io is forbidden: User '
+                        '"system:serviceaccount:jhub:hub" cannot list resource "pods" in API '
+                        f'group "metrics.k8s.io" in the namespace "{namespace}"',
+                        {"group": "metrics.k8s.io", "kind": "pods"},
+                    ).status()))  # fmt: skip
+                self.finish(json.dumps(api._pod_metrics(namespace)))
+
         class Dcgm(Faulty):
             def get(self, node):
                 self.set_header("Content-Type", "text/plain; version=0.0.4")
@@ -1437,6 +1492,7 @@ class FakeKubernetes:
             [
                 (path, Handler),
                 (r"/dcgm/([^/]+)/metrics", Dcgm),
+                (r"/apis/metrics\.k8s\.io/v1beta1/namespaces/([^/]+)/pods/?", PodMetrics),
                 (r"/prometheus/api/v1/query", Prometheus),
             ],
             log_function=_access_log,

@@ -48,6 +48,9 @@ exec(compile(open({example!r}).read(), "gpu-gov.py", "exec"))  # the documented 
 c.GpuGovernor.cull_every = 0.5
 c.GpuGovernor.report_stale_after = 60
 c.GpuGovernor.proxy_url = {proxy!r}
+# The pods' CPU from the fake's metrics-server (a CPU stage: 2 s at half a core or more).
+c.GpuGovernor.kubernetes_api_url = {api!r}
+c.GpuGovernor.cpu_stage_after = 2
 c.GpuGovernor.policy_defaults = {{
     "warn_after": "3s", "cull_after": "6s", "user_activity_grace": "1s", "busy_grace": "4s",
     "away_after": "1s", "extension_step": "60s", "max_extensions": 1, "checkpoint": False,
@@ -57,6 +60,9 @@ c.GpuGovernor.policy_defaults = {{
 c.GpuGovernor.policies = [
     {{"name": "patient", "match": {{"users": ["ivan", "vera", "vic"]}},
       "warn_after": "1h", "cull_after": "2h", "away_after": "1h"}},
+    # cora's CPU stage: noticed at busy_grace, warned at busy_limit, culled 5 s later.
+    {{"name": "cpu-stage", "match": {{"users": ["cora"]}}, "warn_after": "10s",
+      "cull_after": "15s", "busy_grace": "20s", "busy_limit": "45s"}},
 ]
 """
 TEST_CONFIG = """
@@ -71,7 +77,7 @@ c.GpuProfiles.team_map = {{"ivan": "interns"}}
 c.GpuProfiles.require_project = False
 
 def _no_reports_for_dave(spawner):
-    if spawner.user.name == "dave":  # a server without the extension's reports
+    if spawner.user.name in ("dave", "cora"):  # a server without the extension's reports
         spawner.environment["JUPYTER_GPU_GOV_URL"] = ""
 
 c.KubeSpawner.pre_spawn_hook = _no_reports_for_dave
@@ -107,7 +113,9 @@ def z2jh_hub(k8s: FakeKubernetes, tmp_path_factory, extra_config: str = ""):
     def launch(harness_config: str) -> Path:
         wrapper.write_text(
             GOVERNOR_TIMERS.format(
-                example=str(root / "jupyterhub_config.d" / "gpu-gov.py"), proxy=harness.url
+                example=str(root / "jupyterhub_config.d" / "gpu-gov.py"),
+                proxy=harness.url,
+                api=k8s.url,
             )
         )
         test_values = {
@@ -155,12 +163,14 @@ def z2jh_hub(k8s: FakeKubernetes, tmp_path_factory, extra_config: str = ""):
 def add_team_vision(hub: HubHarness) -> None:
     """The team every test's users belong to (ivan, an intern, excepted): set up with the Hub,
     so that each test holds when it runs alone."""
-    for user in ("alice", "bob", "dave", "ivan", "vera", "vic"):
+    for user in ("alice", "bob", "cora", "dave", "ivan", "vera", "vic"):
         hub.create_user(user)
     hub.api("POST", "groups/vision", json={})
     hub.api("PUT", "groups/vision/properties", json={"gpu-gov/team": True})
     r = hub.api(
-        "POST", "groups/vision/users", json={"users": ["alice", "bob", "dave", "vera", "vic"]}
+        "POST",
+        "groups/vision/users",
+        json={"users": ["alice", "bob", "cora", "dave", "vera", "vic"]},
     )
     assert r.status_code == 200, r.text
 
@@ -302,6 +312,31 @@ def test_dcgm_only_governance_finds_the_pod(hub, gov, k8s):
     assert verdict["state"] in ("idle", "warned")
     wait(lambda: pod_of(k8s, "dave") is None, 90, "dave's pod to be deleted")
     assert "cull" in audit_actions(gov, "dave/")
+
+
+def test_a_cpu_stage_without_the_extension_is_noticed_not_culled_then_held_to_its_limit(
+    hub, gov, k8s
+):
+    """cora's server sends no report (no extension) and DCGM reads its GPU idle, while its
+    container burns 3 cores, as metrics-server reads it (a CPU stage). Without that reading it
+    is culled at busy_grace (20 s, as dave's is at his); with it, it is listed busy with a
+    notice naming the cause past busy_grace, warned at busy_limit (45 s) and culled after the
+    notice (5 s)."""
+    k8s.set_pod_cpu(NAMESPACE, "jupyter-cora", 3.0)
+    hub.start_server("cora", options={"profile": "h100", "project": "y"})
+    assert len(k8s.pod_devices(NAMESPACE, "jupyter-cora")) == 1
+    busy = wait(lambda: (v := gov.verdict("cora"))["state"] == "busy" and v, 90, "the notice")
+    assert "the server's CPU is busy while its GPU idles (a CPU stage?)" in busy["reason"]
+    assert "press Extend" in busy["reason"]
+    assert pod_of(k8s, "cora") is not None  # past busy_grace: not culled
+    actions = audit_actions(gov, "cora/")
+    assert "busy-notice" in actions and "cull" not in actions
+    wait(lambda: pod_of(k8s, "cora") is None, 120, "cora's pod to be deleted at busy_limit")
+    actions = audit_actions(gov, "cora/")
+    assert actions.index("busy-notice") < actions.index("warn") < actions.index("cull")
+    culled = gov.verdict("cora")
+    assert "past the busy limit of 45s" in (culled.get("reason") or ""), culled
+    wait(lambda: not hub.api("GET", "users/cora").json()["servers"], 60, "cora's stop to end")
 
 
 def test_a_borrowed_server_is_reclaimed(hub, gov, k8s):

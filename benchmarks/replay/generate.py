@@ -83,8 +83,10 @@ measured data; U is uniform, logU log-uniform):
   view, not the governor's).
 
 CPU and I/O (``cpu_cores``, ``iowait``, ``read_mb_s``: what the report's ``targets[].cpu``
-says of the kernel over the sampler's window; servers that send reports only), drawn from a
-stream of their own so the scenarios above stay as they were: an idle kernel U(0.001, 0.006)
+says of the kernel over the sampler's window, for servers that send reports; for those that
+do not, ``cpu_cores`` alone, where the cluster runs DCGM: the container's CPU as the kubelet
+measures it and metrics-server serves it, the kernel's figure, which the server's own few
+thousandths of a core do not change), drawn from a stream of their own so the scenarios above stay as they were: an idle kernel U(0.001, 0.006)
 cores (heartbeats); GPU work U(0.5, 1.5) cores; a starved loader U(1, 6) cores, reading
 U(10, 300) MB/s; a person's CPU cell U(0.8, 8) cores; a CPU stage computes (60 %: U(0.8, 8)
 cores), reads from disk (25 %: U(0.05, 0.5) cores, I/O wait U(0.1, 0.6), U(5, 200) MB/s) or
@@ -391,6 +393,8 @@ def user_rows(
                 row["gpu_sm"] = sm  # the report's, or DCGM's for a server without the extension
             if reports:  # the report's targets[].cpu of the kernel
                 row["cpu_cores"], row["iowait"], row["read_mb_s"] = use
+            elif dcgm:  # no report: the kubelet's reading of the container's CPU
+                row["cpu_cores"] = use[0]
             row |= {
                 "gpu_mem_mb": memory,
                 "holds_context": memory > 0,

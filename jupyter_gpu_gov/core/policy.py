@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from .clock import isoformat
 from .clock import parse as parse_time
+from .cpu_stage import CPU_STAGE_WORDS
 from .durations import format_duration, parse_duration
 from .queue import claim_by
 from .vocabulary import (
@@ -468,16 +469,30 @@ class GpuSignal:
     # A report shows running cells; a trusted source alone (DCGM, for a server without the
     # extension) cannot, and then the policy assumes one runs (it holds a cull for busy_grace).
     sees_cells: bool = True
+    # Where no report shows cells: since when a trusted reading of the server's own CPU (its
+    # container's, as the kubelet measures it: ``core.cpu_stage``) has been busy. Treated as
+    # a running cell (a CPU stage); None: not busy, or not known.
+    cpu_busy_since: datetime | None = None
     detail: str = ""  # for reasons: where the evidence came from, disagreements
 
 
-def dcgm_only(active: bool | None, detail: str) -> GpuSignal:
+def dcgm_only(
+    active: bool | None, detail: str, cpu_busy_since: datetime | None = None
+) -> GpuSignal:
     """A server's GPUs as DCGM alone sees them (no extension, or its report missing, stale or
     not believed): held (the allocation the Hub's records name), busy or idle — never its
     cells. DCGM sees the card, not the kernels, and the governor calls no user's server, so
-    the policy assumes a cell may be running (a cull waits ``busy_grace``). The hub
-    (hub/evidence.py) and the replay (replay/engine.py) both decide such a server from this."""
-    return GpuSignal(holds_gpu=True, active=active, sees_cells=False, detail=detail)
+    the policy assumes a cell may be running (a cull waits ``busy_grace``). Its container's CPU
+    busy (``cpu_busy_since``, ``core.cpu_stage``) is a CPU stage: decided as a running cell.
+    The hub (hub/evidence.py) and the replay (replay/engine.py) both decide such a server
+    from this."""
+    return GpuSignal(
+        holds_gpu=True,
+        active=active,
+        sees_cells=False,
+        cpu_busy_since=cpu_busy_since,
+        detail=detail,
+    )
 
 
 # JupyterHub's activity of a server lags what happens by up to this: the server posts its
@@ -1335,8 +1350,13 @@ class _Cell:
 def _running_cell(gpu: GpuSignal, idle_since: datetime) -> _Cell | None:
     """A cell the report shows running (the kernel's execution state). DCGM alone cannot see
     one, nor can the Hub (a silent cell updates no activity, an open tab does): for a server
-    without the extension the idle cull only waits busy_grace in case one runs."""
-    if not gpu.sees_cells or gpu.kernel_busy_since is None:
+    without the extension the idle cull only waits busy_grace in case one runs, unless its
+    container's CPU has been busy (``cpu_busy_since``): a CPU stage, decided as a cell."""
+    if not gpu.sees_cells:
+        if gpu.cpu_busy_since is None:
+            return None
+        return _Cell(max(gpu.cpu_busy_since, idle_since), CPU_STAGE_WORDS)
+    if gpu.kernel_busy_since is None:
         return None
     return _Cell(max(gpu.kernel_busy_since, idle_since), "a kernel is executing a cell")
 

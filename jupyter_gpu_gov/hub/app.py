@@ -47,6 +47,7 @@ from .lease import RENEW_SHARE, Lease
 from .logs import EscapingFormatter, StderrHandler
 from .options import Options
 from .pages import page_handlers
+from .pod_cpu import PodCpuOptions
 from .policy_api import policy_handlers
 from .policy_page import policy_page_handlers
 from .prepared_auth import ASKING, PreparedHubOAuth
@@ -342,6 +343,15 @@ class GpuGovernor(GovernorSettings, Application):
             gpu_hour_cost_default=self.gpu_hour_cost_default,
             currency=self.currency,
             team_quotas=dict(self.team_quotas),
+            pod_cpu=PodCpuOptions(
+                kubernetes_api_url=self.kubernetes_api_url,
+                kubernetes_token_file=self.kubernetes_token_file,
+                kubernetes_ca_file=self.kubernetes_ca_file,
+                cores=self.cpu_stage_cores,
+                after=timedelta(seconds=self.cpu_stage_after),
+                # Stale past three passes, or metrics-server's slowest resolution (60 s) thrice.
+                max_age=timedelta(seconds=max(3 * self.reconcile_interval, 180)),
+            ),
             health=HealthOptions(
                 unknown_alert_after=timedelta(seconds=self.gpu_unknown_alert_after),
                 node_action=self.unhealthy_node_action,

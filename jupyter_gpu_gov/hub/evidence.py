@@ -144,17 +144,21 @@ class Evidence:
         granted = trusted.Granted.of(server.spawner_state) if server else None
         evidence = granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
         complete = not evidence or self._sees_all(base.key, server, granted, evidence)
+        # Its container's CPU, where DCGM alone decides it (the pod the records name).
+        pod = granted.pod if granted is not None else None
+        self.pod_cpu.want(pod, base.key)
+        cpu = self.pod_cpu.busy_since(pod, now)
         if received is None and reported:
             # It reported before (this service restarted): DCGM alone on the GPUs the records
             # name, else unknown until the next report.
             why = "waiting for its report"
-            waiting = self._dcgm_only(evidence, server_policy, why, complete=complete)
+            waiting = self._dcgm_only(evidence, server_policy, why, complete, cpu)
             waiting = waiting or policy.GpuSignal(holds_gpu=True, active=None, detail=why)
             return evolve(base, reports=True, gpu=waiting, reachable=False)
         if received is None:
             # No extension (or no report yet): DCGM alone where it sees the server's GPUs,
             # else jupyterhub-idle-culler's rule.
-            dcgm = self._dcgm_only(evidence, server_policy, complete=complete)
+            dcgm = self._dcgm_only(evidence, server_policy, complete=complete, cpu_busy_since=cpu)
             return base if dcgm is None else evolve(base, gpu=dcgm)
         report = received.report
         stale = now - received.at > self.options.report_stale_after
@@ -162,13 +166,13 @@ class Evidence:
             # DCGM alone on the GPUs the records name (a report that stops coming keeps no
             # GPU), else unknown.
             why = f"no report since {received.at:%Y-%m-%d %H:%M} UTC"  # a time: it stays put
-            gpu = self._dcgm_only(evidence, server_policy, why, complete=complete)
+            gpu = self._dcgm_only(evidence, server_policy, why, complete, cpu)
             gpu = gpu or policy.GpuSignal(holds_gpu=True, active=None, detail=why)
         elif self._distrusted.get(base.key):
             # Its report contradicts the Hub's records: not believed. DCGM alone on the GPUs
             # the records name, else as a server that sends no report (the Hub's activity).
             dcgm = self._dcgm_only(
-                evidence, server_policy, "its report is not believed", complete=complete
+                evidence, server_policy, "its report is not believed", complete, cpu
             )
             return evolve(base, reports=True, gpu=dcgm)
         else:
@@ -276,13 +280,17 @@ class Evidence:
         server_policy: Policy,
         why: str = "no report",
         complete: bool = True,
+        cpu_busy_since: datetime | None = None,
     ) -> policy.GpuSignal | None:
-        """A server as DCGM alone sees its GPUs (None: it does not): ``policy.dcgm_only``."""
+        """A server as DCGM alone sees its GPUs (None: it does not): ``policy.dcgm_only``,
+        with its container's CPU busy since ``cpu_busy_since`` (hub/pod_cpu.py), if it is."""
         if not evidence:
             return None
         active = self._dcgm_activity(evidence, server_policy, complete)
         detail = f"DCGM, {why}" + ("" if active is not None else ": no activity data")
-        return policy.dcgm_only(active, detail)
+        if cpu_busy_since is not None:
+            detail += f"; its container's CPU busy since {cpu_busy_since:%Y-%m-%d %H:%M} UTC"
+        return policy.dcgm_only(active, detail, cpu_busy_since)
 
     def _dcgm_activity(
         self, evidence: list[GpuEvidence], server_policy: Policy, complete: bool = True

@@ -316,9 +316,12 @@ class Incremental:
         self.hub_listing.waiting.add(server.user)  # asked for at the next pass
         return f"{what} since it was decided"
 
-    def _world_changed(self, snapshot: DcgmSnapshot | None) -> bool:
+    def _world_changed(self, snapshot: DcgmSnapshot | None, now: datetime) -> bool:
         """Whether what every kept decision read at once moved since the last pass: DCGM's
-        evidence (a GPU's activity, memory or health), the diagnosis model."""
+        evidence (a GPU's activity, memory or health), the diagnosis model. The servers whose
+        CPU stage began or ended (hub/pod_cpu.py) are marked to be decided again."""
+        for key in self.pod_cpu.changed(now):
+            self.due.mark(key)
         evidence = snapshot.evidence if snapshot else ()
         trained = self.diagnosis.training.trained_at
         last, self._world = self._world, (evidence, trained)

@@ -11,6 +11,7 @@ from ..core import rightsize
 from .diagnosis import DiagnosisOptions
 from .health import HealthOptions
 from .history import HistoryOptions
+from .pod_cpu import PodCpuOptions
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Options:
     currency: str = "USD"
     team_quotas: Mapping[str, float] = field(default_factory=dict)
     health: HealthOptions = field(default_factory=HealthOptions)
+    # The pods' CPU from metrics-server: a CPU stage of a server without the extension
+    # (hub/pod_cpu.py, core/cpu_stage.py). No Kubernetes API URL: not read.
+    pod_cpu: PodCpuOptions = field(default_factory=PodCpuOptions)
     # Right-sizing: what a server of each tier gets (``core.rightsize``); empty: no hints.
     tier_sizes: Mapping[str, rightsize.TierSize] = field(default_factory=dict)
     right_size_after: timedelta = rightsize.MIN_OBSERVED  # of reports, before a hint

@@ -39,6 +39,7 @@ from .listing import ACTIVITY_LAG, FRESH_READS_LEAST, HubListing, fresh_reads
 from .options import Options
 from .ownership import base_view, resolve
 from .people import PeoplesRequests
+from .pod_cpu import PodCpu
 from .queue import QueueSync, line_starts
 from .records import Records
 from .scopes import HubAccess
@@ -172,6 +173,7 @@ class Governor(
         self.last_cycle: CycleResult | None = None
         self.diagnosis = DiagnosisService(options.diagnosis)
         self.health = HealthWatch(options.health)
+        self.pod_cpu = PodCpu(options.pod_cpu)  # the containers' CPU: CPU stages (no report)
         self.health.restore(store.dismissals())  # an admin's dismissals outlive a restart
         self.ledger = ledger.Ledger(options.ledger_max_gap, store.usage_sessions(open_only=True))
         self._keep_to_the_stores_clock()
@@ -269,13 +271,18 @@ class Governor(
         if stepped:
             await self._clock_stepped(timedelta(seconds=stepped))
         if self.missing_scopes is None:  # the first pass: which scopes, beside the rest
-            scopes, groups, snapshot = await asyncio.gather(
-                self._check_scopes(), self._groups(), self._dcgm_snapshot()
+            scopes, groups, snapshot, _ = await asyncio.gather(
+                self._check_scopes(),
+                self._groups(),
+                self._dcgm_snapshot(),
+                self.pod_cpu.read(clock.utcnow()),
             )
             self.missing_scopes = scopes | (self.missing_scopes or frozenset())
             self._shutdowns_on_record(clock.utcnow())
         else:
-            groups, snapshot = await asyncio.gather(self._groups(), self._dcgm_snapshot())
+            groups, snapshot, _ = await asyncio.gather(
+                self._groups(), self._dcgm_snapshot(), self.pod_cpu.read(clock.utcnow())
+            )
         snapshot = self._fresh(snapshot)
         evidence = snapshot.evidence if snapshot else ()
         by_uuid, by_pod = self._context.by_uuid, self._context.by_pod
@@ -295,7 +302,7 @@ class Governor(
         full = self.unchanged.begin_pass(
             self._pass_policies, self._context.teams_by_group, bool(stepped)
         )
-        kept = await self._plan_listing(full, groups, rows, now, self._world_changed(snapshot))
+        kept = await self._plan_listing(full, groups, rows, now, self._world_changed(snapshot, now))
         seen: set[str] = set()  # running servers this pass listed or looked at
         self._fresh_reads = self._fresh_reads_left = fresh_reads(
             len(self._servers), self.hub.page_size

@@ -188,6 +188,23 @@ class GovernorSettings(HasTraits):
     pcie_floor_bytes_per_s = Float(
         1_000_000, help="PCIe traffic (bytes/s) under which an idle-looking GPU counts as idle."
     ).tag(config=True)
+    cpu_stage_cores = Float(
+        0.5,
+        min=0,
+        help="""Cores at or above which the container of a server that sends no GPU report is
+        computing, as the kubelet measures it (metrics-server's PodMetrics, read through
+        kubernetes_api_url: RBAC ``list`` on ``pods`` in ``metrics.k8s.io``). Busy for
+        cpu_stage_after while DCGM reads its GPU idle, it is in a CPU stage and decided as a
+        running cell: not culled at busy_grace, a notice naming the cause, held to busy_limit,
+        then warned and culled. An idle server reads about 0.01 of a core, a computing thread
+        0.8-1.0. 0: off (such a server is culled at busy_grace, whether or not a cell runs).""",
+    ).tag(config=True)
+    cpu_stage_after = Float(
+        600,
+        min=0,
+        help="""Seconds a server's container CPU must stay at or above cpu_stage_cores, reading
+        after reading, before it counts as a CPU stage (a person's burst lasts seconds).""",
+    ).tag(config=True)
     diagnose = Bool(
         True,
         help="""Diagnose why GPUs are underused (docs/api.md, "Root causes"): each report is scored and the

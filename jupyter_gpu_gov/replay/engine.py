@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ..core import cpu_stage
 from ..core.durations import format_duration
 from ..core.policy import (
     Decision,
@@ -157,6 +158,9 @@ class _Server:
         self.gpu_last: datetime | None = None  # GPU activity, reported by our extension
         self.user_last: datetime | None = None
         self.busy_since: datetime | None = None
+        # Its container's CPU (a ``reports: false`` row's ``cpu_cores``, as the kubelet
+        # measures it), folded reading by reading (``core.cpu_stage``).
+        self.cpu: cpu_stage.CpuRun | None = None
         self.checkpoint_fails: bool | None = None  # a checkpoint is in flight
         # The running cell was interrupted: the trace's rest of it (a busy kernel, the GPU
         # work it would have done) did not happen, until the kernel is next seen idle.
@@ -194,7 +198,9 @@ def replay(samples: Iterable[Sample], policies: Sequence[Policy]) -> Iterator[Ac
             user_last_activity=server.user_last if sample.reports else None,
             tab_open=sample.connections > 0 if sample.reports else None,
             reports=sample.reports,
-            gpu=gpu_signal(sample, policy, server.busy_since),
+            gpu=gpu_signal(
+                sample, policy, server.busy_since, cpu_stage.busy_since(server.cpu, now)
+            ),
         )
         decision = decide(view, server.record, policy, now)
         server.record = decision.record
@@ -239,18 +245,23 @@ def server_view(sample: Sample, **state: Any) -> ServerView:
 
 
 def gpu_signal(
-    sample: Sample, policy: Policy, kernel_busy_since: datetime | None
+    sample: Sample,
+    policy: Policy,
+    kernel_busy_since: datetime | None,
+    cpu_busy_since: datetime | None = None,
 ) -> GpuSignal | None:
     """The GPU as the service would see it: from the server's report, or for a server without
     the extension from DCGM (``gpu_sm`` on a ``reports: false`` row) as the hub decides it
     (``dcgm_only``: the card, never the kernels — a cull waits ``busy_grace`` whether or not
-    a cell runs); None when neither says anything (jupyterhub-idle-culler's rule then). A
+    a cell runs, unless its container's CPU, that row's ``cpu_cores``, has been busy:
+    ``cpu_busy_since``, a CPU stage); None when neither says anything (jupyterhub-idle-culler's
+    rule then). A
     server holds its GPU allocation with or without a context (stop-server); shutting kernels
     down frees only what they hold."""
     if not sample.reports:
         if sample.gpu_sm is None:
             return None
-        return dcgm_only(sample.gpu_sm >= policy.idle_threshold, "DCGM")
+        return dcgm_only(sample.gpu_sm >= policy.idle_threshold, "DCGM", cpu_busy_since)
     holds = sample.holds_gpu_memory if policy.cull_action == SHUTDOWN_KERNELS else True
     active = None if sample.gpu_sm is None else sample.gpu_sm >= policy.idle_threshold
     quiet = is_quiet(sample.cpu_cores, sample.iowait, sample.read_mb_s)
@@ -269,6 +280,8 @@ def _observe(server: _Server, sample: Sample, now: datetime) -> Sample:
         server.hub_last = now  # an open tab polls the API, which keeps Hub activity fresh
     if sample.user_active:
         server.user_last = now
+    if not sample.reports:  # the kubelet's reading of its container (no report to read)
+        server.cpu = cpu_stage.fold(server.cpu, now, sample.cpu_cores)
     if sample.kernel_busy and sample.holds_context:
         server.busy_since = server.busy_since or now
     else:
