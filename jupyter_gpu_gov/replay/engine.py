@@ -255,9 +255,8 @@ def gpu_signal(
     (``dcgm_only``: the card, never the kernels — a cull waits ``busy_grace`` whether or not
     a cell runs, unless its container's CPU, that row's ``cpu_cores``, has been busy:
     ``cpu_busy_since``, a CPU stage); None when neither says anything (jupyterhub-idle-culler's
-    rule then). A
-    server holds its GPU allocation with or without a context (stop-server); shutting kernels
-    down frees only what they hold."""
+    rule then). A server holds its GPU allocation with or without a context (stop-server);
+    shutting kernels down frees only what they hold."""
     if not sample.reports:
         if sample.gpu_sm is None:
             return None
