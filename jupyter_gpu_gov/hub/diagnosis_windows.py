@@ -158,11 +158,12 @@ class _Packed:
         self.labels: list[tuple[str | None, str | None]] = []
 
     def add(self, window: Window, now: float) -> None:
+        columns = vars(window)  # every column is a field: what getattr reads, without a call
         values = [now]
         for name in _NUMBERS:
-            value = getattr(window, name)
+            value = columns[name]
             values.append(math.nan if value is None else value)
-        self.numbers.extend(array("d", values))
+        self.numbers.fromlist(values)  # all or nothing, as extend(array(...)) added them
         label = (window.node, window.server)
         labels = self.labels
         labels.append(labels[-1] if labels and labels[-1] == label else label)
