@@ -246,11 +246,12 @@ def with_packed_context(
     if not rows:
         return window
     values = vars(window).copy()  # as with_context copies it
-    for j, column in enumerate(CONTEXT_COLUMNS, 1):
+    # column by column: this window's value, then the earlier rows', newest first
+    for column, *theirs in zip(CONTEXT_COLUMNS, *[earlier[i + 1 : i + n] for i in rows]):
         v = values[column]
-        known = [] if v is None else [v]  # this window's first, then the earlier, newest first
-        for i in rows:
-            if (v := earlier[i + j]) == v:
+        known = [] if v is None else [v]
+        for v in theirs:
+            if v == v:  # nan: missing
                 known.append(v)
         if not known:
             values[column] = None
@@ -820,7 +821,7 @@ def windows_from_report(
     cpus = []
     for t_ in holders or kernels:
         cpu = t_.get("cpu")
-        if isinstance(cpu, Mapping) and "cores" in cpu:
+        if (type(cpu) is dict or isinstance(cpu, Mapping)) and "cores" in cpu:
             cpus.append(cpu)
     if cpus:
         cores, iowait, reads, top_thread = [], [], [], []

@@ -200,7 +200,7 @@ class DiagnosisService:
             # Hostname), else UNPLACED: a report's card name is its user's word, a key a session.
             booked_node = node
             if node is None:
-                if any(e.hostname for e in evidence):
+                if evidence and any(e.hostname for e in evidence):
                     node = booked_node = node_of(report, evidence)
                     if not believed:  # another's card, named by a report not believed
                         booked_node = cluster.UNPLACED

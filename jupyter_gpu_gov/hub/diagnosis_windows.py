@@ -145,6 +145,7 @@ def unpack(snapshot: Iterable[tuple[array, list]]) -> Iterator[Window]:
 _NUMBERS = COLUMNS[2:]  # after node and server
 _BUSY = _NUMBERS.index("kernel_busy")
 _STRIDE = 1 + len(_NUMBERS)  # when added, then the window's numbers
+_NAN = math.nan  # a missing number, read once a column a window
 assert COLUMNS[:2] == ("node", "server")
 
 
@@ -159,11 +160,9 @@ class _Packed:
 
     def add(self, window: Window, now: float) -> None:
         columns = vars(window)  # every column is a field: what getattr reads, without a call
-        values = [now]
-        for name in _NUMBERS:
-            value = columns[name]
-            values.append(math.nan if value is None else value)
-        self.numbers.fromlist(values)  # all or nothing, as extend(array(...)) added them
+        numbers = self.numbers
+        # all or nothing, as extend(array(...)) added them
+        numbers.fromlist([now, *[_NAN if (v := columns[c]) is None else v for c in _NUMBERS]])
         label = (window.node, window.server)
         labels = self.labels
         labels.append(labels[-1] if labels and labels[-1] == label else label)
