@@ -247,7 +247,8 @@ def with_packed_context(
         return window
     values = vars(window).copy()  # as with_context copies it
     # column by column: this window's value, then the earlier rows', newest first
-    for column, *theirs in zip(CONTEXT_COLUMNS, *[earlier[i + 1 : i + n] for i in rows]):
+    picked = [earlier[i + 1 : i + n] for i in rows]
+    for column, *theirs in zip(CONTEXT_COLUMNS, *picked, strict=True):
         v = values[column]
         known = [] if v is None else [v]
         for v in theirs:
