@@ -4,7 +4,8 @@ underused, how sure we are, and what each cause costs the cluster.
 Every report becomes a diagnosis window (``diagnose.features.windows_from_report``), with
 DCGM's DRAM, tensor and PCIe activity when a DCGM snapshot covers the server's GPUs, read in its
 server's context (``features.with_context``: the median with the server's last running windows,
-of which the numbers it reads are kept, packed: ``_Server.recent``). The model
+of which the numbers it reads are kept, packed, ``_Server.recent``, and read as they are:
+``features.with_packed_context``). The model
 (``diagnose.counterfactual.Diagnoser``) learns each node's reference online from that window
 (``observe``: O(1); at most one window per server per ``diagnose_sample_every``, so no server
 weighs more than another by reporting more often) and scores it (``score``: tens of
