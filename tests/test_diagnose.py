@@ -8,6 +8,7 @@ import io
 import json
 import math
 import pickle
+import random
 import re
 import statistics
 from collections import Counter
@@ -30,6 +31,8 @@ from jupyter_gpu_gov.diagnose.cluster import (
 from jupyter_gpu_gov.diagnose.counterfactual import Diagnoser, Params
 from jupyter_gpu_gov.diagnose.features import (
     COLUMNS,
+    CONTEXT_COLUMNS,
+    CONTEXT_ROW,
     FEATURES,
     Window,
     in_context,
@@ -39,6 +42,7 @@ from jupyter_gpu_gov.diagnose.features import (
     to_vector,
     windows_from_report,
     with_context,
+    with_packed_context,
 )
 from jupyter_gpu_gov.diagnose.labels import HINTS, LABELS, UNCERTAIN, UNKNOWN, diagnosis
 from jupyter_gpu_gov.diagnose.reference import kind_of
@@ -372,6 +376,36 @@ def test_in_context_is_the_median_of_a_servers_last_running_windows():
     # A file in another row order (newest first, by server) reads each window as in time order.
     shuffled = [rows[i] for i in (7, 5, 1, 3, 0, 6, 4, 2)]
     assert in_context(shuffled, k=3, horizon_s=600) == [out[i] for i in (7, 5, 1, 3, 0, 6, 4, 2)]
+
+
+def test_the_context_read_from_packed_numbers_is_the_windows_context():
+    """The service keeps a server's last running windows as numbers (``CONTEXT_ROW``) and reads
+    a report's window with them (``with_packed_context``): the window ``with_context`` reads
+    with the windows themselves, value for value, whatever the times, gaps and missing values."""
+    rng = random.Random(36)
+
+    def value():
+        return rng.choice([None, 0.0, 1.0, 0.25, 0.5, rng.random(), rng.random() * 40])
+
+    for _ in range(3000):
+        earlier = []
+        t = 1000.0
+        for _ in range(rng.randint(0, 6)):
+            t += rng.choice([-30.0, 0.0, 30.0, 60.0, 60.0, 700.0])
+            columns = {c: value() for c in CONTEXT_COLUMNS}
+            earlier.append(w(server="a/", t=t, kernel_busy=True, **{**columns, "sm_active": 0.5}))
+        now = t + rng.choice([-60.0, 0.0, 60.0, 60.0, 650.0])
+        columns = {c: value() for c in CONTEXT_COLUMNS}
+        window = w(server=rng.choice(["a/", None]), t=rng.choice([now, now, None]), **columns)
+        window = replace(window, kernel_busy=rng.choice([True, None, False]))
+        numbers = [
+            math.nan if (v := getattr(e, c)) is None else v for e in earlier for c in CONTEXT_ROW
+        ]
+        k, horizon = rng.choice([1, 2, 3, 4, 4, 6]), rng.choice([120.0, 600.0])
+        expected = with_context(window, earlier, k, horizon)
+        read = with_packed_context(window, numbers, k, horizon)
+        assert vars(read) == vars(expected)
+        assert (read is window) == (expected is window)
 
 
 def test_windows_from_reports_that_say_less():

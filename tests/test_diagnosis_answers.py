@@ -12,8 +12,10 @@ confidence was capped (three streams' hashes moved, every label count the same; 
 lifted, ``Params(residual=1.0)``, the a7a0998 hashes hold); and again when the cost ledger
 filed the time of servers nothing trusted places under ``(unplaced)``, not the card kind
 their reports named (every stream's hash moved; with the costs' ``nodes`` left out, every
-answer and everything kept hashed as before). A faster path that answers anything
-differently fails here, naming the stream.
+answer and everything kept hashed as before). One stream was added later, recorded by the code
+at 99b5662 before wave 36's cuts (docs/benchmarks-history.md, "Issue 26, wave 36"): the node
+from the Hub's records (or none) and reports not believed, as the governor passes them. A
+faster path that answers anything differently fails here, naming the stream.
 
     python tests/test_diagnosis_answers.py --record   # only to re-record on purpose
 """
@@ -128,6 +130,8 @@ def _streams() -> dict[str, dict]:
         "varied-site-zombie-time": dict(
             idle=False, vary=True, dcgm=False, zombie_idle=timedelta(minutes=3)
         ),
+        # the Hub's records name the node (or not), and some reports are not believed
+        "varied-dcgm-trusted-node": dict(idle=True, vary=True, dcgm=True, trusted=True),
     }
 
 
@@ -158,6 +162,11 @@ def answers(name: str) -> tuple[str, dict]:
                 continue
             evidence = _evidence(report, rng) if how["dcgm"] and rng.random() < 0.5 else ()
             key = f"{user}/"
+            trusted = {}
+            if how.get("trusted"):
+                trusted = dict(
+                    node=rng.choice([None, "node-a", "profile a100"]), believed=rng.random() < 0.8
+                )
             scored = service.observe(
                 key,
                 report,
@@ -166,6 +175,7 @@ def answers(name: str) -> tuple[str, dict]:
                 team=rng.choice(["vision", "nlp", None]),
                 gpus=rng.choice([1.0, 0.5, None]),
                 learn=rng.random() < 0.9,
+                **trusted,
             )
             row = None
             if scored is not None:

@@ -860,7 +860,7 @@ def test_a_new_window_is_scored_in_its_servers_context():
     service = DiagnosisService(DiagnosisOptions(sample_every=timedelta(0)))
     scored = []  # the windows the model scores
     score = service.model.score
-    service.model.score = lambda window: scored.append(window) or score(window)
+    service.model.score = lambda window, **how: scored.append(window) or score(window, **how)
     try:
         for sm, cores in [(0.12, 1.0), (0.6, 0.2), (0.3, 0.9), (0.2, 0.8), (0.5, 0.7)]:
             clock.advance(60)

@@ -130,6 +130,7 @@ from .labels import (
     ZOMBIE,
     Diagnosis,
     diagnosis,
+    names_cause,
 )
 from .reference import (
     DCGM,
@@ -362,8 +363,10 @@ class Diagnoser:
                 model.nodes[key].refresh()
         return model
 
-    def score(self, w: Window) -> Diagnosis:
-        """One window as it is (in context already)."""
+    def score(self, w: Window, *, causes_only: bool = False) -> Diagnosis:
+        """One window as it is (in context already). ``causes_only``: a diagnosis that names
+        no cause (``labels.names_cause``) is its label, confidence and candidates alone, its
+        contributions and gains not worked out (the service keeps nothing else of it)."""
         if w.sm_active is None:
             return diagnosis(UNKNOWN)
         ref = self.nodes.get((w.node or "", kind_of(w)))
@@ -392,7 +395,7 @@ class Diagnoser:
             # "not sure: data_io or cpu_serial", with the data hint). Never a zombie: nothing
             # is held.
             return diagnosis(HEALTHY)
-        return self._running(w, ref)
+        return self._running(w, ref, causes_only)
 
     def _idle(self, w: Window, ref: NodeReference | None, certainty: float = 1.0) -> Diagnosis:
         """Nothing running: the zombie definition, with its confidence (SM activity up to
@@ -418,8 +421,11 @@ class Diagnoser:
             return 0.0
         return ref.maturity(self.min_node_windows, self.min_node_servers)
 
-    def _reference(self, ref: NodeReference | None, kind: str, name: str) -> float:
-        """A node's figure, blended with the prior while the node is young."""
+    def _reference(
+        self, ref: NodeReference | None, kind: str, name: str, mature: float | None = None
+    ) -> float:
+        """A node's figure, blended with the prior while the node is young (``mature``: the
+        node's ``_maturity``, where the caller has it: one score reads up to nine figures)."""
         prior = PRIOR[kind].get(name, math.nan)
         if ref is None:
             return prior
@@ -428,15 +434,19 @@ class Diagnoser:
             return prior
         if math.isnan(prior):
             return own
-        mature = self._maturity(ref)
+        if mature is None:
+            mature = self._maturity(ref)
         return mature * own + (1.0 - mature) * prior
 
-    def _running(self, w: Window, ref: NodeReference | None) -> Diagnosis:
+    def _running(
+        self, w: Window, ref: NodeReference | None, causes_only: bool = False
+    ) -> Diagnosis:
         p = self.params
         kind = kind_of(w)
-        level = self._reference(ref, kind, "fed_level")  # TIME_SHARE_FED at least, but DCGM's
-        x = kernel_time(w)
         mature = self._maturity(ref)
+        # TIME_SHARE_FED at least, but DCGM's
+        level = self._reference(ref, kind, "fed_level", mature)
+        x = kernel_time(w)
         if math.isnan(level) or level <= 0:
             fed_gate, fed = 0.5, math.nan  # nothing to compare with: undecided
         else:
@@ -450,8 +460,8 @@ class Diagnoser:
             # busy memory-bound loop is not a fed one)
             fed_gate = min(fed_gate, _gate(x / SM_FED_MIN, p.fed, p.fed_width))
 
-        memory = self._memory_bound(w, ref, kind, x, fed)
-        occ, occ_fed = occupancy(w), self._reference(ref, kind, "occupancy")
+        memory = self._memory_bound(w, ref, kind, x, fed, mature)
+        occ, occ_fed = occupancy(w), self._reference(ref, kind, "occupancy", mature)
         # Busy but with kernels that fill a fraction of the SMs: small kernels back to back.
         underfilled = 0.0
         if occ is not None and occ_fed > 0:
@@ -470,6 +480,9 @@ class Diagnoser:
             DATA_IO: starved * (1.0 - small) * data,
             CPU_SERIAL: starved * (1.0 - small) * (1.0 - data),
         }
+        label, top, candidates = self._ranked(probabilities, {CPU_SERIAL: p.residual})
+        if causes_only and not names_cause(label, candidates):
+            return diagnosis(label, None, "model", confidence=top, candidates=candidates)
         fed_sm = ref.fed.get("sm", math.nan) if ref is not None else math.nan
         gain = {}
         if fed_sm > 0:
@@ -483,26 +496,26 @@ class Diagnoser:
             SIGNAL_OF[label]: round(probabilities[label] * shortfall, 4) for label in SIGNAL_OF
         }
         contributions[UNEXPLAINED] = round(probabilities[HEALTHY] * shortfall, 4)
-        return self._decide(
-            probabilities, contributions, gain, source="model", most={CPU_SERIAL: p.residual}
+        return diagnosis(
+            label, contributions, "model", confidence=top, candidates=candidates, gain=gain
         )
 
-    def _memory_bound(self, w: Window, ref, kind: str, x: float, fed: float) -> float:
+    def _memory_bound(self, w: Window, ref, kind: str, x: float, fed: float, mature) -> float:
         """How likely the GPU is busy moving data: DRAM intensity near the node's peak, heavy
         (above an absolute floor, or ``memory_heavy`` times the node's compute loops'), the
         tensor pipes idle, the counter not one its ordinary loops saturate — and the GPU busy
         (a memory-bound loop keeps it busy; a starved one is held back by something else)."""
         p = self.params
         di = dram_intensity(w)
-        peak = self._reference(ref, kind, "peak")
+        peak = self._reference(ref, kind, "peak", mature)
         if di is None or not peak > 0:
             return 0.0
         nvml = kind == NVML
         heavy = _gate(di, p.memory_floor_nvml if nvml else p.memory_floor, p.memory_width)
-        anchor = self._reference(ref, kind, "compute_dram")
+        anchor = self._reference(ref, kind, "compute_dram", mature)
         if anchor > 0:  # or heavy against the node's compute loops (cards' scales differ)
             heavy = max(heavy, _gate(di / anchor, p.memory_heavy, 0.15))
-        ts, fed_ts = tensor_share(w), self._reference(ref, kind, "tensor_share")
+        ts, fed_ts = tensor_share(w), self._reference(ref, kind, "tensor_share", mature)
         if ts is not None and fed_ts >= p.tensor_used:
             # or the node's loops keep the tensor pipes busy and these kernels do not: not matrix
             # math, so near the DRAM peak they are streaming data (whatever the counter's scale)
@@ -512,13 +525,13 @@ class Diagnoser:
             busy *= _gate(fed, p.memory_fed, p.fed_width)
         near = _gate(di / peak, p.memory_bound_nvml if nvml else p.memory_bound, p.memory_width)
         if nvml:  # or the time share at this node's own ceiling: busy nearly all the time
-            ceiling = self._reference(ref, kind, "dram_ceiling")
+            ceiling = self._reference(ref, kind, "dram_ceiling", mature)
             if ceiling > 0:
                 near = max(near, _gate(w.dram_active / ceiling, p.ceiling, p.memory_width))
         memory = near * heavy * busy * (p.nvml_memory_weight if nvml else 1.0)
         if ts is not None:
             memory *= 1.0 - _gate(ts, p.tensor_busy, 0.05)
-        fed_di = self._reference(ref, kind, "dram_intensity")
+        fed_di = self._reference(ref, kind, "dram_intensity", mature)
         if fed_di > 0:  # a counter the node's ordinary loops already saturate tells nothing
             memory *= 1.0 - _gate(fed_di / peak, p.saturated, 0.05)
         return memory
@@ -545,14 +558,14 @@ class Diagnoser:
         launch some tens at most: below that the host is busy with something else)."""
         p = self.params
         signs = []
-        di, fed_di = dram_intensity(w), self._reference(ref, kind, "dram_intensity")
+        di, fed_di = dram_intensity(w), self._reference(ref, kind, "dram_intensity", mature)
         if di is not None and fed_di > 0 and w.sm_active >= 0.05:
             light = _gate(-di / fed_di, -p.light_traffic, p.light_width)
-            ts, fed_ts = tensor_share(w), self._reference(ref, kind, "tensor_share")
+            ts, fed_ts = tensor_share(w), self._reference(ref, kind, "tensor_share", mature)
             if ts is not None and fed_ts >= p.tensor_used:  # the node's loops use the pipes
                 light = min(light, _gate(-ts / fed_ts, -p.light_traffic, p.light_width))
             signs.append(p.light_weight * light)
-        fed_mem = self._reference(ref, kind, "log_mem")
+        fed_mem = self._reference(ref, kind, "log_mem", mature)
         if w.gpu_mem_frac and not math.isnan(fed_mem):
             little = _gate(fed_mem - math.log(w.gpu_mem_frac), math.log(4.0), 0.5) * mature
             signs.append(p.memory_weight * little)
@@ -606,21 +619,27 @@ class Diagnoser:
         return 1.0 / (1.0 + math.exp(-max(-40.0, min(40.0, evidence))))
 
     def _decide(self, probabilities: dict, contributions: dict, gain: dict, source: str, most=None):
-        """The most likely label, its probability the confidence — at most ``most[label]``
-        where given (a label no column shows apart from others: see ``residual``)."""
-        ranked = sorted(probabilities, key=probabilities.__getitem__, reverse=True)
-        top = probabilities[ranked[0]]
-        if most and ranked[0] in most:
-            top = min(top, most[ranked[0]])
-        label = ranked[0] if top >= self.params.confident else UNCERTAIN
+        """The diagnosis of ``_ranked``'s label."""
+        label, top, candidates = self._ranked(probabilities, most)
         return diagnosis(
             label,
             contributions,
             source,
             confidence=top,
-            candidates=tuple(ranked[:2]),
+            candidates=candidates,
             gain=gain,
         )
+
+    def _ranked(self, probabilities: dict, most=None) -> tuple[str, float, tuple[str, ...]]:
+        """The most likely label, its probability the confidence — at most ``most[label]``
+        where given (a label no column shows apart from others: see ``residual``) — and the
+        two most likely labels."""
+        ranked = sorted(probabilities, key=probabilities.__getitem__, reverse=True)
+        top = probabilities[ranked[0]]
+        if most and ranked[0] in most:
+            top = min(top, most[ranked[0]])
+        label = ranked[0] if top >= self.params.confident else UNCERTAIN
+        return label, top, tuple(ranked[:2])
 
     # -- persistence -----------------------------------------------------------------------------
 

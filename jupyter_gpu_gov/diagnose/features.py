@@ -214,6 +214,59 @@ def with_context(
     return read
 
 
+# What the context reads of an earlier running window (it runs: it was kept for that), as
+# numbers: the service keeps a server's last few so, packed (``hub/diagnosis.py``).
+CONTEXT_ROW = ("t", *CONTEXT_COLUMNS)
+
+
+def with_packed_context(
+    window: Window,
+    earlier: Sequence[float],
+    k: int = CONTEXT_K,
+    horizon_s: float = CONTEXT_HORIZON_S,
+) -> Window:
+    """``with_context(window, runs)``, where ``earlier`` holds the running windows ``runs``
+    as their ``CONTEXT_ROW`` numbers, row after row, oldest first (``nan``: missing): the
+    same window, read without making the earlier ones (every running report of the service
+    is read so: docs/benchmarks-history.md, "Issue 26, wave 36")."""
+    if k <= 1 or not is_running(window) or window.t is None or window.server is None:
+        return window
+    n = len(CONTEXT_ROW)
+    t = window.t
+    rows = []  # where each earlier row read starts, newest first, as with_context picks them
+    for i in range(len(earlier) - n, -1, -n):
+        if len(rows) + 1 >= k:
+            break
+        at = earlier[i]
+        if at != at or earlier[i + 1] != earlier[i + 1]:  # no t, or no sm_active: not running
+            continue
+        if at > t or t - at > horizon_s:
+            continue
+        rows.append(i)
+    if not rows:
+        return window
+    values = vars(window).copy()  # as with_context copies it
+    # column by column: this window's value, then the earlier rows', newest first
+    picked = [earlier[i + 1 : i + n] for i in rows]
+    for column, *theirs in zip(CONTEXT_COLUMNS, *picked, strict=True):
+        v = values[column]
+        known = [] if v is None else [v]
+        for v in theirs:
+            if v == v:  # nan: missing
+                known.append(v)
+        if not known:
+            values[column] = None
+            continue
+        known.sort()
+        middle = len(known) // 2
+        values[column] = (
+            known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
+        )
+    read = object.__new__(type(window))
+    object.__setattr__(read, "__dict__", values)
+    return read
+
+
 def in_context(
     windows: Iterable[Window], k: int = CONTEXT_K, horizon_s: float = CONTEXT_HORIZON_S
 ) -> list[Window]:
@@ -678,12 +731,19 @@ def windows_from_report(
 
     ``now``: a datetime or epoch seconds (default: the report's ``sampled_at``); it is ``t``.
     """
+    # Every report is scored (issue 26): one walk over each section, loops rather than a
+    # comprehension per figure (each is a function call of its own), and DCGM's columns read
+    # only where there is a snapshot; each figure as the definitions above make it
+    # (docs/benchmarks-history.md, "Issue 26, wave 36").
     parse = parse_time
-    if previous is not None and previous.get("sampled_at") == report.get("sampled_at"):
+    get = report.get
+    sampled_at = get("sampled_at")
+    if previous is not None and previous.get("sampled_at") == sampled_at:
         return []
-    if report.get("backend") == "none":
+    backend = get("backend")
+    if backend == "none":
         return []
-    sampled = parse(report.get("sampled_at"))
+    sampled = parse(sampled_at)
     if now is None:
         t = sampled.timestamp() if sampled else None
     elif isinstance(now, datetime):
@@ -691,31 +751,38 @@ def windows_from_report(
     else:
         t = float(now)
 
-    server = report.get("server") or {}
+    server = get("server") or {}
     key = f"{server.get('user', '')}/{server.get('name') or ''}"
-    # One walk over the targets, in the report's order (every report is scored: issue 26):
-    # objects only; a section that is missing or null reads as empty.
+    # In the report's order: objects only; a section that is missing or null reads as empty.
     holders = []
     kernels = []
-    for target in report.get("targets") or ():
+    for target in get("targets") or ():
         if type(target) is dict or isinstance(target, Mapping):  # JSON's first: no ABC check
             if (target.get("gpu") or _EMPTY).get("holds_context"):
                 holders.append(target)
             if target.get("kind") == "kernel":
                 kernels.append(target)
-    devices = {
-        d.get("uuid"): d
-        for d in report.get("devices") or ()
-        if type(d) is dict or isinstance(d, Mapping)
-    }
+    devices = {}
+    for d in get("devices") or ():
+        if type(d) is dict or isinstance(d, Mapping):
+            devices[d.get("uuid")] = d
     if not holders and not (devices and server.get("gpu_allocated")):
         return []
 
-    holder_gpus = [h.get("gpu") or _EMPTY for h in holders]
-    if report.get("backend") == "unavailable":
+    sms = []
+    held = []
+    used = set()
+    busy_from = []  # the holders that are kernels, else every kernel
+    for h in holders:
+        g = h.get("gpu") or _EMPTY
+        sms.append(g.get("sm"))
+        held.append(g.get("memory_mb"))
+        used.update(g.get("devices") or ())
+        if h.get("kind") == "kernel":
+            busy_from.append(h)
+    if backend == "unavailable":
         sm = None
     elif holders:
-        sms = [g.get("sm") for g in holder_gpus]
         known = [s for s in sms if isinstance(s, int | float)]
         sm = max(known) if known and (len(known) == len(sms) or max(known) > 0) else None
     else:
@@ -726,14 +793,14 @@ def windows_from_report(
         ]
         sm = max(activity) if activity else None
 
-    used = {u for g in holder_gpus for u in g.get("devices") or ()}
-    totals = [devices[u].get("memory_total_mb") for u in used if u in devices]
-    held = [g.get("memory_mb") for g in holder_gpus]
+    # The devices the holders use, in ``used``'s order (with no holder: every device).
+    mine = [devices[u] for u in used if u in devices] if holders else list(devices.values())
     mem_frac = None
-    if totals and all(isinstance(x, int | float) for x in totals) and sum(totals) > 0:
-        if held and all(isinstance(x, int | float) for x in held):
+    if holders:
+        totals = [d.get("memory_total_mb") for d in mine]
+        if totals and _numbers(totals) and sum(totals) > 0 and held and _numbers(held):
             mem_frac = min(1.0, sum(held) / sum(totals))
-    elif not holders and devices:
+    elif devices:
         pairs = [
             (d.get("memory_used_mb"), d.get("memory_total_mb"))
             for d in devices.values()
@@ -745,51 +812,72 @@ def windows_from_report(
             total = sum(m for _, m in pairs)
             mem_frac = min(1.0, sum(u for u, _ in pairs) / total) if total > 0 else None
 
-    mine = [devices[u] for u in used if u in devices] if holders else list(devices.values())
-    memory_activity = _max([d.get("memory_activity") for d in mine if not d.get("shared")])
+    activities = []
+    for d in mine:
+        if not d.get("shared"):
+            activities.append(d.get("memory_activity"))
+    memory_activity = _max(activities)
 
     cores = iowait = reads = top_thread = None
-    cpus = [c for c in (_cpu(t_) for t_ in holders or kernels) if c is not None]
+    cpus = []
+    for t_ in holders or kernels:
+        cpu = t_.get("cpu")
+        if (type(cpu) is dict or isinstance(cpu, Mapping)) and "cores" in cpu:
+            cpus.append(cpu)
     if cpus:
-        cores = _sum([c.get("cores") for c in cpus])
-        iowait = _max([c.get("iowait") for c in cpus])
-        reads = _sum([c.get("read_mb_s") for c in cpus])
-        top_thread = _max([c.get("top_thread") for c in cpus])
+        cores, iowait, reads, top_thread = [], [], [], []
+        for c in cpus:
+            cores.append(c.get("cores"))
+            iowait.append(c.get("iowait"))
+            reads.append(c.get("read_mb_s"))
+            top_thread.append(c.get("top_thread"))
+        cores, iowait = _sum(cores), _max(iowait)
+        reads, top_thread = _sum(reads), _max(top_thread)
 
-    busy_from = [t_ for t_ in holders if t_.get("kind") == "kernel"] or kernels
-    kernel_busy = (
-        any(t_.get("execution_state") == "busy" for t_ in busy_from) if busy_from else None
-    )
+    busy_from = busy_from or kernels
+    kernel_busy = None
+    if busy_from:
+        kernel_busy = False
+        for t_ in busy_from:
+            if t_.get("execution_state") == "busy":
+                kernel_busy = True
+                break
 
     last = parse(server.get("last_activity"))
     user_idle = None
     if last is not None and t is not None:
         user_idle = max(0.0, t - last.timestamp())
 
-    dcgm = dcgm or _EMPTY  # most reports: no DCGM, its columns missing
-    dcgm_sm, dram = dcgm.get("sm_active"), dcgm.get("dram_active")
-    # Every report is scored: the window is made as ``Window(...)`` makes it (its columns in
-    # their order), without the frozen dataclass's 15 setattrs (docs/benchmarks-history.md, "Issue
-    # 26, wave 24").
+    if dcgm:
+        dcgm_sm, dram = dcgm.get("sm_active"), dcgm.get("dram_active")
+        node = node or dcgm.get("node")
+        tensor = _fraction(dcgm.get("tensor_active"))
+        pcie = _positive(dcgm.get("pcie_mb_s"))
+        gr = _fraction(dcgm.get("gr_active"))
+    else:  # most reports: no DCGM, its columns missing
+        dcgm_sm = dram = tensor = pcie = gr = None
+        node = node or None
+    # The window is made as ``Window(...)`` makes it (its columns in their order), without the
+    # frozen dataclass's 15 setattrs (docs/benchmarks-history.md, "Issue 26, wave 24").
     window = object.__new__(Window)
     object.__setattr__(
         window,
         "__dict__",
         {
-            "node": node or dcgm.get("node"),
+            "node": node,
             "server": key,
             "t": t,
             "sm_active": _fraction(sm if dcgm_sm is None else dcgm_sm),
             "dram_active": _fraction(memory_activity if dram is None else dram),
-            "tensor_active": _fraction(dcgm.get("tensor_active")),
-            "pcie_mb_s": _positive(dcgm.get("pcie_mb_s")),
+            "tensor_active": tensor,
+            "pcie_mb_s": pcie,
             "gpu_mem_frac": _fraction(mem_frac),
             "cpu_cores": _positive(cores),
             "cpu_iowait": _fraction(iowait),
             "read_mb_s": _positive(reads),
             "kernel_busy": kernel_busy,
             "user_idle_s": user_idle,
-            "gr_active": _fraction(dcgm.get("gr_active")),
+            "gr_active": gr,
             "cpu_top_thread": _fraction(top_thread),
         },
     )
@@ -799,15 +887,22 @@ def windows_from_report(
 _EMPTY: Mapping = {}
 
 
-def _cpu(target: Mapping) -> Mapping | None:
-    cpu = target.get("cpu")
-    return cpu if isinstance(cpu, Mapping) and "cores" in cpu else None
+def _numbers(values: list[Any]) -> bool:
+    """Every value an ``int`` or a ``float`` (a bool too, as ``isinstance`` reads it)."""
+    for v in values:  # noqa: SIM110 (all() of a generator: a call and a frame each report)
+        if not isinstance(v, int | float):
+            return False
+    return True
 
 
 def _known(values: list[Any]) -> list[float]:
     for v in values:
         if type(v) is not float:
-            return [float(v) for v in values if (type(v) is float or type(v) is int) or _number(v)]
+            return [
+                float(v)
+                for v in values
+                if v is not None and ((type(v) is float or type(v) is int) or _number(v))
+            ]
     return values  # floats only (most): each its own float(), read, never changed
 
 
@@ -827,8 +922,11 @@ def _max(values: list[Any]) -> float | None:
 
 
 def _fraction(value: Any) -> float | None:
-    if type(value) is float and 0.0 < value < 1.0:
-        return value  # most values: what the rest gives them
+    if type(value) is float:  # most values: what the rest gives them
+        if 0.0 < value < 1.0:
+            return value
+        if value == 0.0 or value == 1.0:  # -0.0 too, as min(1.0, max(0.0, -0.0)) reads it
+            return abs(value)
     if value is None:
         return None
     if not _number(value) or not math.isfinite(value):
@@ -837,8 +935,11 @@ def _fraction(value: Any) -> float | None:
 
 
 def _positive(value: Any) -> float | None:
-    if type(value) is float and 0.0 < value < math.inf:
-        return value  # most values: what the rest gives them
+    if type(value) is float:  # most values: what the rest gives them
+        if 0.0 < value < math.inf:
+            return value
+        if value == 0.0:  # -0.0 too, as max(0.0, -0.0) reads it
+            return 0.0
     if value is None:
         return None
     if not _number(value) or not math.isfinite(value):

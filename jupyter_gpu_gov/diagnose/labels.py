@@ -19,6 +19,10 @@ FRAGMENTATION = "fragmentation"  # cluster level only
 UNKNOWN = "unknown"  # the GPU signal itself (sm_active) is missing: never idle, never blamed
 UNCERTAIN = "uncertain"  # the model's best label is below its confidence: two candidates instead
 
+# Labels that name no cause: no root cause in a verdict (nor an uncertain answer between two of
+# them).
+SILENT_LABELS = frozenset({HEALTHY, UNKNOWN})
+
 # The labels of one server's window, in the order reports and benchmarks list them.
 LABELS = (HEALTHY, ZOMBIE, DATA_IO, CPU_SERIAL, MEMORY_BANDWIDTH, SMALL_WORK)
 
@@ -101,6 +105,14 @@ class Diagnosis:
         }
 
 
+def names_cause(label: str, candidates: tuple[str, ...]) -> bool:
+    """Whether a diagnosis names a cause: not healthy, not unknown, nor uncertain between
+    those."""
+    if label in SILENT_LABELS:
+        return False
+    return label != UNCERTAIN or not all(c in SILENT_LABELS for c in candidates)
+
+
 def diagnosis(
     label: str,
     contributions: Mapping[str, float] | None = None,
@@ -117,6 +129,21 @@ def diagnosis(
     if label == UNCERTAIN:
         named = [c for c in candidates if HINTS.get(c)]
         hint = f"Not sure yet ({' or '.join(candidates)}). " + HINTS[named[0]] if named else ""
-    return Diagnosis(
-        label, dict(contributions or {}), hint, source, confidence, candidates, dict(gain or {})
+    # What ``Diagnosis(...)`` makes (its fields in their order), without the frozen dataclass's
+    # seven setattrs: every report is diagnosed (docs/benchmarks-history.md, "Issue 26, wave
+    # 36").
+    d = object.__new__(Diagnosis)
+    object.__setattr__(
+        d,
+        "__dict__",
+        {
+            "label": label,
+            "contributions": dict(contributions or {}),
+            "hint": hint,
+            "source": source,
+            "confidence": confidence,
+            "candidates": candidates,
+            "gain": dict(gain or {}),
+        },
     )
+    return d

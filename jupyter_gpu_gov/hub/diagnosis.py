@@ -4,7 +4,8 @@ underused, how sure we are, and what each cause costs the cluster.
 Every report becomes a diagnosis window (``diagnose.features.windows_from_report``), with
 DCGM's DRAM, tensor and PCIe activity when a DCGM snapshot covers the server's GPUs, read in its
 server's context (``features.with_context``: the median with the server's last running windows,
-of which the numbers it reads are kept, packed: ``_Server.recent``). The model
+of which the numbers it reads are kept, packed, ``_Server.recent``, and read as they are:
+``features.with_packed_context``). The model
 (``diagnose.counterfactual.Diagnoser``) learns each node's reference online from that window
 (``observe``: O(1); at most one window per server per ``diagnose_sample_every``, so no server
 weighs more than another by reporting more often) and scores it (``score``: tens of
@@ -30,22 +31,22 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 from ..core import clock
 from ..diagnose import cluster, rules
 from ..diagnose.counterfactual import Diagnoser
 from ..diagnose.features import (
-    CONTEXT_COLUMNS,
     CONTEXT_HORIZON_S,
     CONTEXT_K,
+    CONTEXT_ROW,
     Window,
     is_running,
     windows_from_report,
-    with_context,
+    with_packed_context,
 )
-from ..diagnose.labels import HEALTHY, UNCERTAIN, UNKNOWN, Diagnosis
+from ..diagnose.labels import UNKNOWN, Diagnosis, names_cause
 from . import metrics
 from .dcgm import GpuEvidence
 from .diagnosis_windows import History, dcgm_fields, node_of, unpack
@@ -56,13 +57,8 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 # ``features.in_context`` keeps reading a file (so a window scored online reads as it does
 # there), and never more than this.
 CONTEXT_KEEP = 16
-# What ``with_context`` reads of an earlier running window (that it runs: it was kept for it),
-# kept as numbers: a ``Window`` is ~470 bytes with its floats and strings, these 88.
-CONTEXT_READS = ("t", *CONTEXT_COLUMNS)
-
-# Labels that name no cause: no root cause in the verdict (nor an uncertain answer between two
-# of them).
-SILENT_LABELS = frozenset({HEALTHY, UNKNOWN})
+# What ``with_context`` reads of an earlier running window is kept as numbers
+# (``features.CONTEXT_ROW``): a ``Window`` is ~470 bytes with its floats and strings, these 88.
 
 
 @dataclass(frozen=True)
@@ -95,9 +91,7 @@ class Scored:
 
     @classmethod
     def of(cls, d: Diagnosis, window: Window, at: datetime, before: Scored | None) -> Scored:
-        silent = d.label in SILENT_LABELS or (
-            d.label == UNCERTAIN and all(c in SILENT_LABELS for c in d.candidates)
-        )
+        silent = not names_cause(d.label, d.candidates)
         node, server = window.node, window.server
         if before is not None and (before.node, before.server) == (node, server):
             node, server = before.node, before.server  # one string each, not one a report
@@ -135,7 +129,7 @@ class _Server:
 
     sampled_at: object = None  # its last report's: the same report again is nothing new
     kept_at: float | None = None  # when its last window was kept (epoch seconds)
-    # its last running windows' CONTEXT_READS, oldest first (``_in_context``)
+    # its last running windows' CONTEXT_ROW, oldest first (``_in_context``)
     recent: array | None = None
     # where its time goes in the cost ledger: when its last window was booked, whose, how many
     # GPU-equivalents (none: not booked)
@@ -153,28 +147,6 @@ class _Server:
         self.booked_at, self.team, self.gpus = None, "", None
 
 
-def _earlier(recent: array | None) -> list[Window]:
-    """The running windows ``_Server.recent`` holds, as ``with_context`` reads them: ``Window``s
-    equal to those kept but for the columns it does not read (missing)."""
-    n = len(CONTEXT_READS)
-    values = recent.tolist() if recent else []
-    windows = []
-    for i in range(0, len(values), n):
-        columns = _MISSING.copy()
-        for name, v in zip(CONTEXT_READS, values[i : i + n], strict=True):
-            if v == v:  # nan: missing, as _MISSING has it
-                columns[name] = v
-        # Read back on every running report: made as ``replace`` would copy one, without the
-        # dataclass's 15 frozen setattrs (half the time).
-        window = object.__new__(Window)
-        object.__setattr__(window, "__dict__", columns)
-        windows.append(window)
-    return windows
-
-
-_MISSING = vars(Window()).copy()  # every column of a window, missing
-
-
 class DiagnosisService:
     """The governor's diagnosis: online scoring, history, training in a worker, the cluster."""
 
@@ -187,6 +159,8 @@ class DiagnosisService:
         self.costs = cluster.CostLedger(max(1, self.options.history.days or 1))
         self.score_seconds: float | None = None  # one report's window: context, learn, score
         self._servers: dict[str, _Server] = {}
+        # the UTC day the cost ledger books to, and the epoch seconds it spans (``_book``)
+        self._day: tuple[float, float, date | None] = (math.inf, -math.inf, None)
         self._task: asyncio.Future | None = None
         self._loaded = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="jupyter-gpu-gov-train")
@@ -227,7 +201,7 @@ class DiagnosisService:
             # Hostname), else UNPLACED: a report's card name is its user's word, a key a session.
             booked_node = node
             if node is None:
-                if any(e.hostname for e in evidence):
+                if evidence and any(e.hostname for e in evidence):
                     node = booked_node = node_of(report, evidence)
                     if not believed:  # another's card, named by a report not believed
                         booked_node = cluster.UNPLACED
@@ -278,13 +252,14 @@ class DiagnosisService:
         model = self.model
         k = getattr(model, "context", CONTEXT_K)
         horizon = getattr(model, "context_horizon_s", CONTEXT_HORIZON_S)
-        scored = with_context(window, _earlier(server.recent), k, horizon)
+        recent = server.recent
+        # read from the numbers kept, as ``with_context`` reads the windows they were
+        scored = with_packed_context(window, recent.tolist() if recent else (), k, horizon)
         columns = vars(window)
-        row = array("d", [math.nan if (v := columns[c]) is None else v for c in CONTEXT_READS])
+        row = array("d", [math.nan if (v := columns[c]) is None else v for c in CONTEXT_ROW])
         # as many as a file's reading keeps; a new array each time, its size exact (one that
         # grows keeps room for more)
-        keep = (min(max(k, 1), CONTEXT_KEEP) - 1) * len(CONTEXT_READS)
-        recent = server.recent
+        keep = (min(max(k, 1), CONTEXT_KEEP) - 1) * len(CONTEXT_ROW)
         server.recent = row if not recent or not keep else recent[-keep:] + row
         return scored
 
@@ -295,7 +270,8 @@ class DiagnosisService:
         if idle is not None and window.user_idle_s is not None:
             away = window.user_idle_s >= idle.total_seconds()
             window = replace(window, user_idle_s=rules.ZOMBIE_IDLE_S if away else 0.0)
-        return model.score(window)
+        # What names no cause is kept as its label alone (``Scored``), and booked by it
+        return model.score(window, causes_only=True)
 
     def _book(
         self, server: _Server, window: Window, d: Diagnosis, stamp, team, gpus, node: str
@@ -309,7 +285,13 @@ class DiagnosisService:
         if at is None or not server.gpus:
             return
         seconds = min(max(0.0, stamp - at), cluster.MAX_GAP_S)
-        day = datetime.fromtimestamp(stamp, tz=timezone.utc).date()
+        first, last, day = self._day
+        if not first <= stamp < last:  # a new day (or the clock stepped back)
+            day = datetime.fromtimestamp(stamp, tz=timezone.utc).date()
+            first = datetime(day.year, day.month, day.day, tzinfo=timezone.utc).timestamp()
+            # up to a microsecond before the next midnight (fromtimestamp rounds to one)
+            last = first + 86400 - 1e-6
+            self._day = first, last, day
         self.costs.add(
             day,
             server.team,

@@ -145,6 +145,7 @@ def unpack(snapshot: Iterable[tuple[array, list]]) -> Iterator[Window]:
 _NUMBERS = COLUMNS[2:]  # after node and server
 _BUSY = _NUMBERS.index("kernel_busy")
 _STRIDE = 1 + len(_NUMBERS)  # when added, then the window's numbers
+_NAN = math.nan  # a missing number, read once a column a window
 assert COLUMNS[:2] == ("node", "server")
 
 
@@ -158,11 +159,10 @@ class _Packed:
         self.labels: list[tuple[str | None, str | None]] = []
 
     def add(self, window: Window, now: float) -> None:
-        values = [now]
-        for name in _NUMBERS:
-            value = getattr(window, name)
-            values.append(math.nan if value is None else value)
-        self.numbers.extend(array("d", values))
+        columns = vars(window)  # every column is a field: what getattr reads, without a call
+        numbers = self.numbers
+        # all or nothing, as extend(array(...)) added them
+        numbers.fromlist([now, *[_NAN if (v := columns[c]) is None else v for c in _NUMBERS]])
         label = (window.node, window.server)
         labels = self.labels
         labels.append(labels[-1] if labels and labels[-1] == label else label)
