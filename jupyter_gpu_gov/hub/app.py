@@ -51,6 +51,7 @@ from .pod_cpu import PodCpuOptions
 from .policy_api import policy_handlers
 from .policy_page import policy_page_handlers
 from .prepared_auth import ASKING, PreparedHubOAuth
+from .proc_cpu import ProcCpuOptions, same_host
 from .protocol_server import LISTEN_BACKLOG, ProtocolHTTPServer
 from .reconcile import Governor
 from .routes import MAX_BODY_BYTES, handlers, report_route
@@ -350,6 +351,12 @@ class GpuGovernor(GovernorSettings, Application):
                 cores=self.cpu_stage_cores,
                 after=timedelta(seconds=self.cpu_stage_after),
                 # Stale past three passes, or metrics-server's slowest resolution (60 s) thrice.
+                max_age=timedelta(seconds=max(3 * self.reconcile_interval, 180)),
+            ),
+            proc_cpu=ProcCpuOptions(
+                same_host=not self.kubernetes_api_url and same_host(self.url),
+                cores=self.cpu_stage_cores,
+                after=timedelta(seconds=self.cpu_stage_after),
                 max_age=timedelta(seconds=max(3 * self.reconcile_interval, 180)),
             ),
             health=HealthOptions(

@@ -144,10 +144,14 @@ class Evidence:
         granted = trusted.Granted.of(server.spawner_state) if server else None
         evidence = granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
         complete = not evidence or self._sees_all(base.key, server, granted, evidence)
-        # Its container's CPU, where DCGM alone decides it (the pod the records name).
+        # Its container's CPU, where DCGM alone decides it (the pod the records name), or on
+        # a workstation its process tree's (the pid the records name).
         pod = granted.pod if granted is not None else None
         self.pod_cpu.want(pod, base.key)
         cpu = self.pod_cpu.busy_since(pod, now)
+        if pod is None and server is not None:
+            self.proc_cpu.want(base.key, server.spawner_state, server.started)
+            cpu = self.proc_cpu.busy_since(base.key, now)
         if received is None and reported:
             # It reported before (this service restarted): DCGM alone on the GPUs the records
             # name, else unknown until the next report.
@@ -283,13 +287,14 @@ class Evidence:
         cpu_busy_since: datetime | None = None,
     ) -> policy.GpuSignal | None:
         """A server as DCGM alone sees its GPUs (None: it does not): ``policy.dcgm_only``,
-        with its container's CPU busy since ``cpu_busy_since`` (hub/pod_cpu.py), if it is."""
+        with its container's CPU busy since ``cpu_busy_since`` (hub/pod_cpu.py, or its process
+        tree's on a workstation: hub/proc_cpu.py), if it is."""
         if not evidence:
             return None
         active = self._dcgm_activity(evidence, server_policy, complete)
         detail = f"DCGM, {why}" + ("" if active is not None else ": no activity data")
         if cpu_busy_since is not None:
-            detail += f"; its container's CPU busy since {cpu_busy_since:%Y-%m-%d %H:%M} UTC"
+            detail += f"; its CPU busy since {cpu_busy_since:%Y-%m-%d %H:%M} UTC"
         return policy.dcgm_only(active, detail, cpu_busy_since)
 
     def _dcgm_activity(

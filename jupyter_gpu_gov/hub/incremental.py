@@ -319,8 +319,9 @@ class Incremental:
     def _world_changed(self, snapshot: DcgmSnapshot | None, now: datetime) -> bool:
         """Whether what every kept decision read at once moved since the last pass: DCGM's
         evidence (a GPU's activity, memory or health), the diagnosis model. The servers whose
-        CPU stage began or ended (hub/pod_cpu.py) are marked to be decided again."""
-        for key in self.pod_cpu.changed(now):
+        CPU stage began or ended (hub/pod_cpu.py, hub/proc_cpu.py) are marked to be decided
+        again."""
+        for key in self.pod_cpu.changed(now) | self.proc_cpu.changed(now):
             self.due.mark(key)
         evidence = snapshot.evidence if snapshot else ()
         trained = self.diagnosis.training.trained_at

@@ -12,6 +12,7 @@ from .diagnosis import DiagnosisOptions
 from .health import HealthOptions
 from .history import HistoryOptions
 from .pod_cpu import PodCpuOptions
+from .proc_cpu import ProcCpuOptions
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Options:
     # The pods' CPU from metrics-server: a CPU stage of a server without the extension
     # (hub/pod_cpu.py, core/cpu_stage.py). No Kubernetes API URL: not read.
     pod_cpu: PodCpuOptions = field(default_factory=PodCpuOptions)
+    # A workstation's server processes' CPU (hub/proc_cpu.py): read where same_host.
+    proc_cpu: ProcCpuOptions = field(default_factory=ProcCpuOptions)
     # Right-sizing: what a server of each tier gets (``core.rightsize``); empty: no hints.
     tier_sizes: Mapping[str, rightsize.TierSize] = field(default_factory=dict)
     right_size_after: timedelta = rightsize.MIN_OBSERVED  # of reports, before a hint

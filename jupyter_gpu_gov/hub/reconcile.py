@@ -40,6 +40,7 @@ from .options import Options
 from .ownership import base_view, resolve
 from .people import PeoplesRequests
 from .pod_cpu import PodCpu
+from .proc_cpu import ProcCpu
 from .queue import QueueSync, line_starts
 from .records import Records
 from .scopes import HubAccess
@@ -174,6 +175,7 @@ class Governor(
         self.diagnosis = DiagnosisService(options.diagnosis)
         self.health = HealthWatch(options.health)
         self.pod_cpu = PodCpu(options.pod_cpu)  # the containers' CPU: CPU stages (no report)
+        self.proc_cpu = ProcCpu(options.proc_cpu)  # a workstation's server processes' CPU
         self.health.restore(store.dismissals())  # an admin's dismissals outlive a restart
         self.ledger = ledger.Ledger(options.ledger_max_gap, store.usage_sessions(open_only=True))
         self._keep_to_the_stores_clock()
@@ -271,17 +273,21 @@ class Governor(
         if stepped:
             await self._clock_stepped(timedelta(seconds=stepped))
         if self.missing_scopes is None:  # the first pass: which scopes, beside the rest
-            scopes, groups, snapshot, _ = await asyncio.gather(
+            scopes, groups, snapshot, _, _ = await asyncio.gather(
                 self._check_scopes(),
                 self._groups(),
                 self._dcgm_snapshot(),
                 self.pod_cpu.read(clock.utcnow()),
+                self.proc_cpu.read(clock.utcnow()),
             )
             self.missing_scopes = scopes | (self.missing_scopes or frozenset())
             self._shutdowns_on_record(clock.utcnow())
         else:
-            groups, snapshot, _ = await asyncio.gather(
-                self._groups(), self._dcgm_snapshot(), self.pod_cpu.read(clock.utcnow())
+            groups, snapshot, _, _ = await asyncio.gather(
+                self._groups(),
+                self._dcgm_snapshot(),
+                self.pod_cpu.read(clock.utcnow()),
+                self.proc_cpu.read(clock.utcnow()),
             )
         snapshot = self._fresh(snapshot)
         evidence = snapshot.evidence if snapshot else ()

@@ -193,7 +193,9 @@ class GovernorSettings(HasTraits):
         min=0,
         help="""Cores at or above which the container of a server that sends no GPU report is
         computing, as the kubelet measures it (metrics-server's PodMetrics, read through
-        kubernetes_api_url: RBAC ``list`` on ``pods`` in ``metrics.k8s.io``). Busy for
+        kubernetes_api_url: RBAC ``list`` on ``pods`` in ``metrics.k8s.io``), or on a
+        workstation its process tree (/proc, under the pid LocalProcessSpawner's state names;
+        read where no kubernetes_api_url is set and the Hub's API URL is loopback). Busy for
         cpu_stage_after while DCGM reads its GPU idle, it is in a CPU stage and decided as a
         running cell: not culled at busy_grace, a notice naming the cause, held to busy_limit,
         then warned and culled. An idle server reads about 0.01 of a core, a computing thread
