@@ -198,17 +198,22 @@ def with_context(
     values = vars(window).copy()  # every column is an init field: a copy, as ``replace`` makes
     columns = [vars(w) for w in recent]
     for column in CONTEXT_COLUMNS:
-        known = [v for c in columns if (v := c[column]) is not None]
-        if not known:
-            values[column] = None
-            continue
-        known.sort()
-        middle = len(known) // 2
-        values[column] = (
-            known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
-        )
-    # What ``type(window)(**values)`` makes, without the frozen dataclass's setattrs: every
-    # running report of the service is read so (docs/benchmarks-history.md, "Issue 26, wave 24").
+        values[column] = _median([v for c in columns if (v := c[column]) is not None])
+    return _window_of(window, values)
+
+
+def _median(known: list[float]) -> float | None:
+    """The median of ``known`` (sorted in place); None where nothing is known."""
+    if not known:
+        return None
+    known.sort()
+    middle = len(known) // 2
+    return known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
+
+
+def _window_of(window: Window, values: dict) -> Window:
+    """What ``type(window)(**values)`` makes, without the frozen dataclass's setattrs: every
+    running report of the service is read so (docs/benchmarks-history.md, "Issue 26, wave 24")."""
     read = object.__new__(type(window))
     object.__setattr__(read, "__dict__", values)
     return read
@@ -254,17 +259,8 @@ def with_packed_context(
         for v in theirs:
             if v == v:  # nan: missing
                 known.append(v)
-        if not known:
-            values[column] = None
-            continue
-        known.sort()
-        middle = len(known) // 2
-        values[column] = (
-            known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
-        )
-    read = object.__new__(type(window))
-    object.__setattr__(read, "__dict__", values)
-    return read
+        values[column] = _median(known)
+    return _window_of(window, values)
 
 
 def in_context(
