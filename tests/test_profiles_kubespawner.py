@@ -1304,6 +1304,55 @@ async def test_a_pool_given_by_its_node_shape_holds_whole_servers_per_node(make_
     assert (capacity["a100"], capacity["a100x3"]) == (15, 12)  # 7 + 8; 2 + 2 servers
 
 
+async def test_the_cluster_report_puts_whole_servers_on_each_node_a_shaped_pool_may_add(
+    make_hub, cluster, monkeypatch
+):
+    """A pool of up to two 8-card A100 nodes, scaled to zero, and five 3-card spawns waiting
+    (four admitted, their pods Pending; the fifth refused for want of a card). The sync's room
+    said only the 16 devices the pool may add, and the cluster report spent them as 16 // 3:
+    all five "waiting for a node", where two nodes hold four (a server's cards are on one
+    node). The room now says the node's size: four wait for a node, one is short."""
+    from jupyter_gpu_gov import cli
+    from jupyter_gpu_gov.core.queue import room_from_json
+    from jupyter_gpu_gov.diagnose.cluster import Demand, fragmentation_report, placement
+    from jupyter_gpu_gov.profiles.queue import REFUSED
+    from jupyter_gpu_gov.profiles.queue_pages import _room
+
+    monkeypatch.setattr(REFUSED, "_at", {})
+    monkeypatch.setattr(REFUSED, "_of", {})
+    vision = {**QUOTAS["vision"], "tiers": [*QUOTAS["vision"]["tiers"], "a100", "a100x3"]}
+    vision["guaranteed"] = {**vision["guaranteed"], "a100x3": 12}
+    shape = {"nodes": 2, "devices_per_node": 8}
+    config = profiles_config(
+        tiers=[*TIERS, A100_POOL_TIER, A100X3_TIER],
+        quotas={**QUOTAS, "vision": vision},
+        node_pool_max={"a100": shape, "a100x3": shape},
+    )
+    hub = make_hub(config)
+    alice = hub.spawner(hub.user("alice", "vision"))
+    await read_again(alice)
+    assert alice.gpu_capacity([])["a100x3"] == 12  # admission: four servers
+
+    answer = await _room(SyncHandler(hub), clock.utcnow(), ["a100x3"])
+    found = room_from_json(json.loads(json.dumps(answer)))  # as the governor reads the sync
+    asked = [("a100x3", "pending")] * 4 + [("a100x3", "refused")]
+    placed = placement(asked, found)
+    assert (placed["new_node"], placed["shortage"], placed["fragmentation"]) == (4, 1, 0), placed
+    assert found["pools"] == {"a100x3": 16} and found["node_devices"] == {"a100x3": 8}, found
+    verdicts = {(r["state"], r["blocked_by"]): r["count"] for r in placed["requests"]}
+    assert verdicts == {("pending", "new_node"): 4, ("refused", "shortage"): 1}, verdicts
+    says = " | ".join(r["says"] for r in placed["requests"])
+    assert "its pool may add 16 more (2 nodes of 8)" in says, says
+    text = " ".join(
+        cli.cluster_text(
+            {"fragmentation": fragmentation_report([], Demand(4, 0, 1), "none", placed)}
+        ).split()
+    )
+    assert "0 blocked by fragmentation, 1 by a shortage, 0 with room now, 4 waiting for a node" in (
+        text
+    ), text
+
+
 def test_node_pool_max_gives_devices_or_a_node_shape_a_server_fits_on():
     for value, words in (
         ({"a10": 8}, "GpuProfiles.node_pool_max: 'a10' is not a tier"),
