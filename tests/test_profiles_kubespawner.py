@@ -988,6 +988,45 @@ async def test_an_h100_guarantee_takes_back_a_borrowed_class_server_on_an_h100(m
     assert nina.orm_spawner.state[GRANT_STATE].get("gpu-gov/reclaim-for") == "vision"
 
 
+async def test_an_h100_requests_wait_counts_on_a_class_server_known_to_hold_an_h100(
+    make_hub, cluster, monkeypatch
+):
+    """The H100 node's 8 cards: 7 held by another namespace's job, the last by lee's server on
+    "Any 80 GB card", within lab's guarantee (not to be asked back). alice's H100 spawn is
+    refused for want of a card; the governor expects lee's server to stop in 15 minutes. The
+    estimate read the H100 tiers' servers alone (none): the spawn page offered to wait "any
+    moment now", and alice's place in line said the same. The pod's node says lee's server
+    holds an H100: both now say about 15 minutes, and why."""
+    monkeypatch.setattr(FORECAST, "at", clock.utcnow())  # the governor was heard: a line
+    lab = {"guaranteed": {"big-memory": 1}, "tiers": ["big-memory"]}
+    hub = make_hub(profiles_config(quotas={**QUOTAS, "lab": lab}, capacity={}, queue=True))
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 7, h100), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    hub.user("lee", "lab")
+    alice_user = hub.user("alice", "vision")
+    lee, alice = hub.spawner("lee"), hub.spawner("alice")
+    await hub.started(lee, {"profile": "big-memory", "project": "p"}).start()
+    assert lee.gpu_grant["gpu-gov/borrowed"] == "false"
+    assert cluster.get("pods", lee.pod_name)["spec"]["nodeName"] == "h100-0"
+    await read_again(alice)
+    due = clock.utcnow() + timedelta(minutes=15)
+    why = f"a server holding it is due to stop by {due:%H:%M} UTC"
+    monkeypatch.setattr(FORECAST, "releases", {"lee/": Release(due, why)})
+    about = rf"about 1[45]m( \d+s)? \({why}\)"
+
+    form = html.unescape(await alice.get_options_form())
+    offered = re.search(r"Or wait in line: 1st for H100 80 GB, ([^.]*\))\.", form)
+    assert offered and re.fullmatch(about, offered[1]), offered and offered[0]
+    # A pair: lee's card and none of the job's, which no deadline frees (it said "any moment").
+    assert "1st for 2 x H100, no estimate: the GPUs it waits for are in use, with no " in form
+    admission = await alice.gpu_enqueue({"profile": "h100", "project": "p"})
+    assert not admission.allowed and waiting_requests(hub.db)
+    assert "There is no H100 80 GB card here" in admission.reason, admission.reason
+    estimate = places(alice_user)["alice/"]["estimate"]
+    assert re.fullmatch(about, estimate), estimate
+
+
 UNKNOWN_NOW = "GPU state unknown now (the cards have not been read lately)"
 A100_POOL_TIER = {"name": "a100", "display_name": "A100 80 GB", "gpu": "A100-80GB"}
 
