@@ -1027,6 +1027,37 @@ async def test_an_h100_requests_wait_counts_on_a_class_server_known_to_hold_an_h
     assert re.fullmatch(about, estimate), estimate
 
 
+async def test_cards_kept_for_an_unused_pair_guarantee_are_not_lent_as_single_cards(
+    make_hub, cluster, monkeypatch
+):
+    """The H100 node's 8 cards: 6 held by another namespace's job, 2 free. vision is
+    guaranteed an H100 pair and lends none of it (``lending_limit``). nina's single H100 (nlp,
+    no guarantee on H100s) borrowed one of the two: the cards kept were counted for the pair
+    tier alone, and vision's pair then did not fit. Now nina is refused, the spawn page
+    saying why; its offer to wait said "any moment now" (no server of the hub holds the cards,
+    so none was counted: no stop frees them), now "no estimate". alice's pair starts."""
+    monkeypatch.setattr(FORECAST, "at", clock.utcnow())  # the governor was heard: a line
+    vision = {**QUOTAS["vision"], "lending_limit": {"h100x2": 0}}
+    hub = make_hub(profiles_config(quotas={**QUOTAS, "vision": vision}, capacity={}, queue=True))
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 6, h100), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    hub.user("nina", "nlp")
+    hub.user("alice", "vision")
+    nina, alice = hub.spawner("nina"), hub.spawner("alice")
+    await read_again(nina)
+    form = html.unescape(await nina.get_options_form())
+    said = "none is free to borrow: the others are in use or kept for other teams' guarantees"
+    assert said in form, form
+    offered = re.search(r"Or wait in line: 1st for H100 80 GB, ([^.]*)\.", form)
+    assert offered and offered[1].startswith("no estimate"), offered and offered[0]
+    with pytest.raises(GpuRefused, match=said):
+        await hub.started(nina, {"profile": "h100", "project": "p"}).start()
+    assert not cluster.get("pods", nina.pod_name)
+    await hub.started(alice, {"profile": "h100x2", "project": "p"}).start()
+    assert cluster.get("pods", alice.pod_name)["spec"]["nodeName"] == "h100-0"
+
+
 UNKNOWN_NOW = "GPU state unknown now (the cards have not been read lately)"
 A100_POOL_TIER = {"name": "a100", "display_name": "A100 80 GB", "gpu": "A100-80GB"}
 

@@ -307,6 +307,14 @@ def line(
     return result
 
 
+# The wait of a request for cards no server of this hub holds (another namespace's pods, a
+# guarantee kept unlent): no stop the governor plans frees one, so none is "any moment now".
+NOT_HELD_HERE = (
+    "no estimate: the GPUs it waits for are held outside this hub or kept for other teams' "
+    "guarantees, with no deadline in sight"
+)
+
+
 class _Estimates:
     """The line's estimated waits (``wait``, in line order): from the deadlines and idle state
     of the servers whose release would let a request in (those holding cards of its tier: its
@@ -378,6 +386,8 @@ class _Estimates:
         known, freed, count = self.known[key]
         if key is not by_tier:
             return estimate_known(self.waiting[key], known, count, self.now)
+        if not count:  # refused with no server here on its cards: none of them frees one
+            return Estimate(None, NOT_HELD_HERE)
         # The release by which the devices of this many servers of the tier are free.
         release = bisect_left(freed, self.waiting[key] * tier.count) + 1
         return estimate_known(release, known, count, self.now)
