@@ -308,11 +308,9 @@ def line(
 
 
 # The wait of a request for cards no server of this hub holds (another namespace's pods, a
-# guarantee kept unlent): no stop the governor plans frees one, so none is "any moment now".
-NOT_HELD_HERE = (
-    "no estimate: the GPUs it waits for are held outside this hub or kept for other teams' "
-    "guarantees, with no deadline in sight"
-)
+# guarantee kept unlent, a request ahead about to take the last): no stop the governor plans
+# frees one, so it is not "any moment now".
+NOT_HELD_HERE = "no estimate: no stop the governor plans frees the GPUs it waits for"
 
 
 class _Estimates:
