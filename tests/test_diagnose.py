@@ -1414,6 +1414,53 @@ def test_a_spawn_a_node_the_autoscaler_adds_would_take_waits_for_a_node():
     assert report["flag"] is False  # waiting for a node is not fragmentation
 
 
+def test_a_pool_given_by_its_node_shape_takes_whole_servers_on_each_node_it_may_add():
+    """A pool that may add two 8-card nodes (``node_devices``): 3-card servers take two a
+    node, not 16 // 3 = 5; tiers of the pool share the nodes, best fit, largest first (a
+    3-card server and a pair fill what two 3-card servers leave on one node). Randomised
+    against placing each server on the fullest new node that takes it, one by one."""
+    tiers = {"x3": (GPU, 3, []), "x2": (GPU, 2, []), "x1": (GPU, 1, [])}
+    shaped = room({}, tiers)
+    for tier in shaped["tiers"].values():
+        tier["pool"] = "p"
+    shaped["pools"], shaped["node_devices"] = {"p": 16}, {"p": 8}
+    placed = placement([("x3", "queued")] * 5, shaped)
+    assert (placed["new_node"], placed["shortage"]) == (4, 1), placed
+    said = placed["requests"][0]["says"]
+    assert "its pool may add 16 more (2 nodes of 8)" in said, said
+    placed = placement([("x3", "queued")] * 5 + [("x2", "queued")] * 3, shaped)
+    verdicts = {(r["tier"], r["blocked_by"]): r["count"] for r in placed["requests"]}
+    # x3 first: 3+3 on one node, 3+3 on the other (2 left on each): the pairs take those.
+    assert verdicts == {
+        ("x3", "new_node"): 4,
+        ("x3", "shortage"): 1,
+        ("x2", "new_node"): 2,
+        ("x2", "shortage"): 1,
+    }, verdicts
+    devices_alone = placement([("x3", "queued")] * 5, {**shaped, "node_devices": {}})
+    assert devices_alone["new_node"] == 5  # a pool given in devices: as before
+
+    rng = random.Random(37)
+    for _ in range(300):
+        per, count = rng.randint(1, 9), rng.randint(0, 6)
+        shaped["pools"], shaped["node_devices"] = {"p": per * count}, {"p": per}
+        asked = [(rng.choice(list(tiers)), "queued") for _ in range(rng.randint(0, 12))]
+        nodes, expected = [per] * count, Counter()
+        for tier in sorted(tiers, key=lambda t: -tiers[t][1]):
+            need = tiers[tier][1]
+            for _ in range(sum(1 for t, _ in asked if t == tier)):
+                fits = [i for i, n in enumerate(nodes) if n >= need]
+                if fits:
+                    nodes[min(fits, key=lambda i: nodes[i])] -= need
+                    expected[tier] += 1
+        placed = placement(asked, shaped)
+        got = Counter()
+        for r in placed["requests"]:
+            if r["blocked_by"] == "new_node":
+                got[r["tier"]] += r["count"]
+        assert got == expected, (per, count, asked, placed)
+
+
 def test_a_room_the_sync_cannot_read_is_refused_naming_the_field():
     from jupyter_gpu_gov.core.queue import QueueFormatError, room_for_from_json, room_from_json
 
@@ -1437,6 +1484,7 @@ def test_a_room_the_sync_cannot_read_is_refused_naming_the_field():
         ),
         ({**good, "refused": {"pair": -1}}, "room.refused"),
         ({**good, "pools": {"p": -1}}, "room.pools"),
+        ({**good, "node_devices": {"p": 0}}, "room.node_devices"),
         (
             {**good, "tiers": {"pair": {"resource": GPU, "count": 2, "nodes": ["a"], "pool": 3}}},
             "room.tiers.pair",

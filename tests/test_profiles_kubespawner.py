@@ -988,6 +988,76 @@ async def test_an_h100_guarantee_takes_back_a_borrowed_class_server_on_an_h100(m
     assert nina.orm_spawner.state[GRANT_STATE].get("gpu-gov/reclaim-for") == "vision"
 
 
+async def test_an_h100_requests_wait_counts_on_a_class_server_known_to_hold_an_h100(
+    make_hub, cluster, monkeypatch
+):
+    """The H100 node's 8 cards: 7 held by another namespace's job, the last by lee's server on
+    "Any 80 GB card", within lab's guarantee (not to be asked back). alice's H100 spawn is
+    refused for want of a card; the governor expects lee's server to stop in 15 minutes. The
+    estimate read the H100 tiers' servers alone (none): the spawn page offered to wait "any
+    moment now", and alice's place in line said the same. The pod's node says lee's server
+    holds an H100: both now say about 15 minutes, and why."""
+    monkeypatch.setattr(FORECAST, "at", clock.utcnow())  # the governor was heard: a line
+    lab = {"guaranteed": {"big-memory": 1}, "tiers": ["big-memory"]}
+    hub = make_hub(profiles_config(quotas={**QUOTAS, "lab": lab}, capacity={}, queue=True))
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 7, h100), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    hub.user("lee", "lab")
+    alice_user = hub.user("alice", "vision")
+    lee, alice = hub.spawner("lee"), hub.spawner("alice")
+    await hub.started(lee, {"profile": "big-memory", "project": "p"}).start()
+    assert lee.gpu_grant["gpu-gov/borrowed"] == "false"
+    assert cluster.get("pods", lee.pod_name)["spec"]["nodeName"] == "h100-0"
+    await read_again(alice)
+    due = clock.utcnow() + timedelta(minutes=15)
+    why = f"a server holding it is due to stop by {due:%H:%M} UTC"
+    monkeypatch.setattr(FORECAST, "releases", {"lee/": Release(due, why)})
+    about = rf"about 1[45]m( \d+s)? \({why}\)"
+
+    form = html.unescape(await alice.get_options_form())
+    offered = re.search(r"Or wait in line: 1st for H100 80 GB, ([^.]*\))\.", form)
+    assert offered and re.fullmatch(about, offered[1]), offered and offered[0]
+    # A pair: lee's card and none of the job's, which no deadline frees (it said "any moment").
+    assert "1st for 2 x H100, no estimate: the GPUs it waits for are in use, with no " in form
+    admission = await alice.gpu_enqueue({"profile": "h100", "project": "p"})
+    assert not admission.allowed and waiting_requests(hub.db)
+    assert "There is no H100 80 GB card here" in admission.reason, admission.reason
+    estimate = places(alice_user)["alice/"]["estimate"]
+    assert re.fullmatch(about, estimate), estimate
+
+
+async def test_cards_kept_for_an_unused_pair_guarantee_are_not_lent_as_single_cards(
+    make_hub, cluster, monkeypatch
+):
+    """The H100 node's 8 cards: 6 held by another namespace's job, 2 free. vision is
+    guaranteed an H100 pair and lends none of it (``lending_limit``). nina's single H100 (nlp,
+    no guarantee on H100s) borrowed one of the two: the cards kept were counted for the pair
+    tier alone, and vision's pair then did not fit. Now nina is refused, the spawn page
+    saying why; its offer to wait said "any moment now" (no server of the hub holds the cards,
+    so none was counted: no stop frees them), now "no estimate". alice's pair starts."""
+    monkeypatch.setattr(FORECAST, "at", clock.utcnow())  # the governor was heard: a line
+    vision = {**QUOTAS["vision"], "lending_limit": {"h100x2": 0}}
+    hub = make_hub(profiles_config(quotas={**QUOTAS, "vision": vision}, capacity={}, queue=True))
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    cluster.create("pods", batch_pod("train", "nvidia.com/gpu", 6, h100), "ml-team")
+    wait_for(lambda: cluster.get("pods", "train", "ml-team")["status"]["phase"] == "Running")
+    hub.user("nina", "nlp")
+    hub.user("alice", "vision")
+    nina, alice = hub.spawner("nina"), hub.spawner("alice")
+    await read_again(nina)
+    form = html.unescape(await nina.get_options_form())
+    said = "none is free to borrow: the others are in use or kept for other teams' guarantees"
+    assert said in form, form
+    offered = re.search(r"Or wait in line: 1st for H100 80 GB, ([^.]*)\.", form)
+    assert offered and offered[1].startswith("no estimate"), offered and offered[0]
+    with pytest.raises(GpuRefused, match=said):
+        await hub.started(nina, {"profile": "h100", "project": "p"}).start()
+    assert not cluster.get("pods", nina.pod_name)
+    await hub.started(alice, {"profile": "h100x2", "project": "p"}).start()
+    assert cluster.get("pods", alice.pod_name)["spec"]["nodeName"] == "h100-0"
+
+
 UNKNOWN_NOW = "GPU state unknown now (the cards have not been read lately)"
 A100_POOL_TIER = {"name": "a100", "display_name": "A100 80 GB", "gpu": "A100-80GB"}
 
@@ -1302,6 +1372,55 @@ async def test_a_pool_given_by_its_node_shape_holds_whole_servers_per_node(make_
     await read_again(alice)
     capacity = alice.gpu_capacity([])
     assert (capacity["a100"], capacity["a100x3"]) == (15, 12)  # 7 + 8; 2 + 2 servers
+
+
+async def test_the_cluster_report_puts_whole_servers_on_each_node_a_shaped_pool_may_add(
+    make_hub, cluster, monkeypatch
+):
+    """A pool of up to two 8-card A100 nodes, scaled to zero, and five 3-card spawns waiting
+    (four admitted, their pods Pending; the fifth refused for want of a card). The sync's room
+    said only the 16 devices the pool may add, and the cluster report spent them as 16 // 3:
+    all five "waiting for a node", where two nodes hold four (a server's cards are on one
+    node). The room now says the node's size: four wait for a node, one is short."""
+    from jupyter_gpu_gov import cli
+    from jupyter_gpu_gov.core.queue import room_from_json
+    from jupyter_gpu_gov.diagnose.cluster import Demand, fragmentation_report, placement
+    from jupyter_gpu_gov.profiles.queue import REFUSED
+    from jupyter_gpu_gov.profiles.queue_pages import _room
+
+    monkeypatch.setattr(REFUSED, "_at", {})
+    monkeypatch.setattr(REFUSED, "_of", {})
+    vision = {**QUOTAS["vision"], "tiers": [*QUOTAS["vision"]["tiers"], "a100", "a100x3"]}
+    vision["guaranteed"] = {**vision["guaranteed"], "a100x3": 12}
+    shape = {"nodes": 2, "devices_per_node": 8}
+    config = profiles_config(
+        tiers=[*TIERS, A100_POOL_TIER, A100X3_TIER],
+        quotas={**QUOTAS, "vision": vision},
+        node_pool_max={"a100": shape, "a100x3": shape},
+    )
+    hub = make_hub(config)
+    alice = hub.spawner(hub.user("alice", "vision"))
+    await read_again(alice)
+    assert alice.gpu_capacity([])["a100x3"] == 12  # admission: four servers
+
+    answer = await _room(SyncHandler(hub), clock.utcnow(), ["a100x3"])
+    found = room_from_json(json.loads(json.dumps(answer)))  # as the governor reads the sync
+    asked = [("a100x3", "pending")] * 4 + [("a100x3", "refused")]
+    placed = placement(asked, found)
+    assert (placed["new_node"], placed["shortage"], placed["fragmentation"]) == (4, 1, 0), placed
+    assert found["pools"] == {"a100x3": 16} and found["node_devices"] == {"a100x3": 8}, found
+    verdicts = {(r["state"], r["blocked_by"]): r["count"] for r in placed["requests"]}
+    assert verdicts == {("pending", "new_node"): 4, ("refused", "shortage"): 1}, verdicts
+    says = " | ".join(r["says"] for r in placed["requests"])
+    assert "its pool may add 16 more (2 nodes of 8)" in says, says
+    text = " ".join(
+        cli.cluster_text(
+            {"fragmentation": fragmentation_report([], Demand(4, 0, 1), "none", placed)}
+        ).split()
+    )
+    assert "0 blocked by fragmentation, 1 by a shortage, 0 with room now, 4 waiting for a node" in (
+        text
+    ), text
 
 
 def test_node_pool_max_gives_devices_or_a_node_shape_a_server_fits_on():

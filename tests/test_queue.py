@@ -350,6 +350,44 @@ def test_the_estimate_counts_a_reclaim_due_on_a_tier_that_frees_its_cards():
     assert pair_wait.until == due
 
 
+def test_the_estimate_for_a_named_card_counts_class_servers_known_to_hold_it():
+    """Two H100s, held by v1 (no deadline) and l1, a server on "Any 80 GB card" due to stop
+    in 15 minutes. An H100 request read only the H100 tiers' servers: "no estimate". l1 known
+    to hold an H100 (its pod's node, ``cards_held``) counts; on an A100, or not known, it does
+    not (its stop frees no H100)."""
+    tiers = load_tiers(
+        [
+            {"name": "h100", "gpu": "H100-80GB", "display_name": "H100"},
+            {"name": "big", "min_memory_gb": 80, "display_name": "Any 80 GB card"},
+        ]
+    )
+    quotas = load_quotas(
+        {"lab": {"guaranteed": {"big": 1}}, "vision": {"guaranteed": {"h100": 1}, "tiers": "*"}},
+        tiers,
+    )
+    usage = [
+        Grant("v1/", "v1", "vision", "h100", 1, 1.0, False, 0, T0),
+        Grant("l1/", "l1", "lab", "big", 1, 1.0, False, 0, T0),
+    ]
+    capacity = {"h100": 0, "big": 0}
+    request = Request("v2/", "v2", "vision", "h100")
+    refused = admit(request, usage, capacity, quotas, tiers)
+    assert not refused.allowed and refused.limit == "capacity"
+    due = NOW + timedelta(minutes=15)
+    releases = {"l1/": Release(due, "l1 idle")}
+    product = tiers["h100"].card.products[0]
+    for held_cards, until in (
+        ({"l1/": product}, due),
+        ({"l1/": "NVIDIA-A100-SXM4-80GB"}, None),
+        (None, None),
+    ):
+        place = offer(
+            request, refused, usage, capacity, quotas, tiers, [], releases, NOW, held_cards
+        )
+        assert place.until == until, (held_cards, place.estimate)
+    assert place.estimate.startswith("no estimate"), place.estimate
+
+
 def test_at_their_own_cap_the_offer_says_their_own_server_stopping_starts_it_not_a_gpu():
     """A user at their cap waits for one of their own servers to stop: a card freeing
     elsewhere starts nothing. The offer said "starts by itself when the GPU frees"."""

@@ -173,6 +173,34 @@ async def test_on_a_workstation_a_class_server_on_an_h100_is_asked_back_for_an_h
     assert "gpu-gov/reclaim" not in grant(hub, "ivan")  # one card is all vera needs
 
 
+async def test_on_a_workstation_an_h100_requests_wait_counts_on_class_servers_on_its_cards(
+    hub, monkeypatch
+):
+    """interns hold both H100s as "any 80 GB card", within their guarantee (nothing to ask
+    back); ines's server is due to stop in 15 minutes. vera's place in line for an H100 read
+    the H100 tier's servers alone (none): "any moment now". The allocator's devices say both
+    class servers hold H100s: her wait is ines's stop."""
+    tiers = [
+        {"name": "h100", "display_name": "H100 80 GB", "gpu": "H100-80GB"},
+        {"name": "big", "display_name": "Any 80 GB card", "min_memory_gb": 80},
+    ]
+    monkeypatch.setattr(GpuProfiles.instance(config=hub.settings["config"]), "tiers", tiers)
+    quotas = {**GpuProfiles.instance().quotas}
+    quotas["interns"] = {"guaranteed": {"big": 2}, "tiers": ["h100", "big"]}
+    monkeypatch.setattr(GpuProfiles.instance(), "quotas", quotas)
+    await hub.start("ivan", {"profile": "big"})
+    await hub.start("ines", {"profile": "big"})
+    assert grant(hub, "ines")["gpu-gov/borrowed"] == "false"
+    vera = hub.spawner("vera")
+    admission = await vera.gpu_enqueue({"profile": "h100"})
+    assert not admission.allowed and not admission.reclaim, admission
+    due = clock.utcnow() + timedelta(minutes=15)
+    why = f"a server holding it is due to stop by {due:%H:%M} UTC"
+    monkeypatch.setattr(profile_queue.FORECAST, "releases", {"ines/": core_queue.Release(due, why)})
+    estimate = places(vera.user)["vera/"]["estimate"]
+    assert estimate.startswith("about 1") and estimate.endswith(f"({why})"), estimate
+
+
 async def test_a_team_within_its_guarantee_joining_the_line_asks_a_borrowed_gpu_back(hub, tmp_path):
     """interns borrow both H100s; vera (vision, within its guarantee) joins the line instead
     of retrying: the most recently started borrowed server is asked back (the other keeps its

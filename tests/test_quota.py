@@ -203,6 +203,47 @@ def test_a_lending_limit_keeps_cards_for_the_lending_team():
     assert nlp.allowed and not nlp.borrowed
 
 
+def test_cards_kept_for_a_guarantee_on_a_tier_that_can_use_them_are_not_lent():
+    """Cards other teams keep of an unused guarantee (``lending_limit``) were counted for the
+    tier asked for alone. ops keeps its guarantee of an H100 pair (lends none): a borrowed
+    single H100 took one of the two cards free, and the pair no longer fit. A class guarantee
+    ("any 80 GB card", kept) on the only 80 GB cards free, the H100s: the same. The class's
+    cards kept count only as far as the class has no others free (free A100s: lent)."""
+    tiers = load_tiers(
+        [
+            {"name": "h100", "gpu": "H100-80GB", "display_name": "H100"},
+            {"name": "h100x2", "gpu": "H100-80GB", "count": 2, "display_name": "H100 pair"},
+            {"name": "big", "min_memory_gb": 80, "display_name": "Any 80 GB card"},
+        ]
+    )
+    keeps = {
+        "ops": {"guaranteed": {"h100x2": 2}, "lending_limit": {"h100x2": 0}, "tiers": "*"},
+        "nlp": {"tiers": "*"},
+    }
+    nlp = Request("n1/", "n1", "nlp", "h100")
+    capacity = {"h100": 2, "h100x2": 2, "big": 2}
+    kept = admit(nlp, [], capacity, load_quotas(keeps, tiers), tiers)
+    assert not kept.allowed, kept.reason
+    assert "kept for other teams' guarantees" in kept.reason, kept.reason
+    lends = {**keeps, "ops": {**keeps["ops"], "lending_limit": {"h100x2": 2}}}
+    assert admit(nlp, [], capacity, load_quotas(lends, tiers), tiers).allowed
+    # Four free, two kept for the pair: one may be lent.
+    more = {**capacity, "h100": 4, "big": 4}  # (the class counts the H100s too)
+    assert admit(nlp, [], more, load_quotas(keeps, tiers), tiers).allowed
+
+    lab = {"guaranteed": {"big": 1}, "lending_limit": {"big": 0}, "tiers": "*"}
+    quotas = load_quotas({"lab": lab, "nlp": {"tiers": "*"}}, tiers)
+    only_h100 = {"h100": 1, "h100x2": 0, "big": 1}
+    refused = admit(nlp, [], only_h100, quotas, tiers)
+    assert not refused.allowed and "kept for other teams' guarantees" in refused.reason
+    with_a100s = {"h100": 1, "h100x2": 0, "big": 3}  # two A100s free besides
+    assert admit(nlp, [], with_a100s, quotas, tiers).allowed
+    # The class itself, as before: its own kept card is not lent.
+    big = Request("n2/", "n1", "nlp", "big")
+    assert not admit(big, [], with_a100s | {"big": 1}, quotas, tiers).allowed
+    assert admit(big, [], with_a100s, quotas, tiers).allowed
+
+
 def test_capacity_exhausted():
     # The admin promised more than there is: 5 cards, guarantees of 4 + 2, all held within them.
     usage = grants("vision", 3) + grants("nlp", 2)

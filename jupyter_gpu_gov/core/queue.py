@@ -342,7 +342,9 @@ def room_from_json(value: Any) -> dict | None:
     wait for, its ``resource``, the ``count`` one server asks for, the ``nodes`` its pods could
     land on (those with one free; ``nodes_total``: all of them, as many when not said), and
     its ``pool`` (null: none that grows); ``pools``: per pool, the devices an autoscaler may
-    still add to it; ``refused``: per tier, the spawns counted in ``refused``. Raises
+    still add to it; ``node_devices``: per pool given by its node shape, the devices of one
+    node (those it may add come whole: a server's devices are on one node; absent from an
+    older hub: devices alone); ``refused``: per tier, the spawns counted in ``refused``. Raises
     ``QueueFormatError``."""
     if value is None:
         return None
@@ -393,6 +395,10 @@ def room_from_json(value: Any) -> dict | None:
     if not all(_count(n) for n in pools.values()):
         raise QueueFormatError("'room.pools' must count devices per pool")
     room["pools"] = dict(pools)
+    per_node = _names_to(value.get("node_devices"), "room.node_devices", 1000)
+    if not all(_count(n) and n > 0 for n in per_node.values()):
+        raise QueueFormatError("'room.node_devices' must count a node's devices per pool")
+    room["node_devices"] = dict(per_node)
     refused = _names_to(value.get("refused"), "room.refused", 1000)
     if not all(_count(n) for n in refused.values()) or sum(refused.values()) > MAX_REFUSED:
         raise QueueFormatError(

@@ -274,7 +274,8 @@ def placement(
     each of two nodes); by a ``shortage`` when they do not add up; it ``fits`` when a node has
     room now (not the cards, then: the reading came after it was refused, or its pod is being
     placed); it waits for a ``new_node`` when no node has room for it but its tier's pool may
-    still grow by what it asks (``pools``: ``GpuProfiles.node_pool_max``): the autoscaler adds
+    still grow by what it asks (``pools``: ``GpuProfiles.node_pool_max``; a pool given by its
+    node shape, ``node_devices``, by whole servers on each node it may add): the autoscaler adds
     a node for a Pending pod, whatever is free elsewhere. Requests compete: the largest are
     placed first, each where the least room is left (best fit); those left over go to the
     pools' growth, then are served from the scattered devices, in the same order, so two
@@ -320,11 +321,23 @@ def placement(
                 left -= fit
         placed[tier] = wanted[tier] - left
     grows = dict(room.get("pools") or {})  # devices each pool may still add
+    # Of a pool given by its node shape, the nodes it may add, as {devices free: nodes}: a
+    # server's devices are on one node (two 3-card servers on an 8-card node, not 8/3).
+    shaped = {
+        pool: {per: grows.get(pool, 0) // per}
+        for pool, per in (room.get("node_devices") or {}).items()
+        if per > 0
+    }
     added: dict[str, int] = {}
     for tier in order:  # the rest, on a node the autoscaler adds for a Pending pod
         need, pool = tiers[tier]["count"], tiers[tier].get("pool")
-        added[tier] = min(wanted[tier] - placed[tier], grows.get(pool, 0) // need) if pool else 0
-        if pool:
+        left = wanted[tier] - placed[tier]
+        if not pool:
+            added[tier] = 0
+        elif pool in shaped:
+            added[tier] = left - _on_new_nodes(shaped[pool], need, left)
+        else:
+            added[tier] = min(left, grows.get(pool, 0) // need)
             grows[pool] = grows.get(pool, 0) - added[tier] * need
     fragmented: dict[str, int] = {}
     for tier in order:  # the rest, from what is scattered: consolidating would start them
@@ -378,6 +391,10 @@ def placement(
                 "pool_may_add": (room.get("pools") or {}).get(known.get("pool"))
                 if known and known.get("pool")
                 else None,
+                # the devices of each node it may add (None: a pool given in devices, or none)
+                "pool_node_devices": (room.get("node_devices") or {}).get(known.get("pool"))
+                if known and known.get("pool")
+                else None,
             }
         )
     for request in requests:
@@ -387,6 +404,29 @@ def placement(
     for (_, _, verdict), count in groups.items():
         totals["tier_unknown" if verdict == "unknown" else verdict] += count
     return {"unknown": None, "read_age_s": round(age, 1), **totals, "requests": requests}
+
+
+def _on_new_nodes(nodes: dict[int, int], need: int, left: int) -> int:
+    """Places up to ``left`` servers of ``need`` devices on the nodes a pool may add
+    (``nodes``: {devices free: how many such nodes}, updated), best fit: the nodes with the
+    least room first, each filled with whole servers; returns the servers left over. O(the
+    distinct room sizes), however many nodes."""
+    for free in sorted(nodes):
+        if left <= 0:
+            break
+        per, count = free // need, nodes[free]
+        if per <= 0 or count <= 0:
+            continue
+        used = min(count, -(-left // per))  # nodes filled, the last maybe in part
+        servers = min(left, used * per)
+        nodes[free] -= used
+        full, last = divmod(servers, per)
+        after = free - per * need
+        nodes[after] = nodes.get(after, 0) + full
+        if last:
+            nodes[free - last * need] = nodes.get(free - last * need, 0) + 1
+        left -= servers
+    return left
 
 
 _STATE_WORDS = {"pending": "starting", "queued": "in line", "refused": "refused"}
@@ -405,11 +445,15 @@ def _says(request: Mapping) -> str:
     head = f"{request['count']} {state} for {request['tier']}"
     if request["needs"] is None:
         return f"{head}: {_BLOCKED_WORDS['unknown']}"
-    grows = request.get("pool_may_add")
+    grows, per = request.get("pool_may_add"), request.get("pool_node_devices")
+    if grows is not None:
+        n = grows // per if per else 0
+        grows = f"; its pool may add {grows} more" + (
+            f" ({n} node{'' if n == 1 else 's'} of {per})" if per else ""
+        )
     return (
         f"{head} ({request['needs']} x {request['resource']} on one node): "
         f"{_BLOCKED_WORDS[request['blocked_by']]} — {request['free']} free on its "
         f"{request['nodes']} node{'' if request['nodes'] == 1 else 's'}, "
-        f"at most {request['most_on_a_node']} on one"
-        + ("" if grows is None else f"; its pool may add {grows} more")
+        f"at most {request['most_on_a_node']} on one{grows or ''}"
     )

@@ -254,12 +254,14 @@ def room(
     never a whole card's), the ``nodes`` its pods could land on that have one free and
     ``nodes_total`` (all it could land on), and its ``pool``; ``pools``: per pool that an
     autoscaler can grow (``grow``: ``GpuProfiles.node_pool_max``), the devices it may still
-    add (of a ``PoolShape``: the nodes it may still add times their devices, which a server
-    whose count does not divide a node's cannot all use: ``placement`` counts devices). A full node or tier takes no room in the answer: it grows with the free devices the
-    waiting tiers could use, not with the cluster."""
+    add (of a ``PoolShape``: the nodes it may still add times their devices); ``node_devices``:
+    per pool given by its node shape, the devices of one node, so that ``placement`` puts
+    whole servers on each node to come (two 3-card servers on a new 8-card node, not 8/3). A
+    full node or tier takes no room in the answer: it grows with the free devices the waiting
+    tiers could use, not with the cluster."""
     grow = grow or {}
     nodes: dict[str, dict[str, int]] = {}
-    placed, pools = {}, {}
+    placed, pools, per_node = {}, {}, {}
     for name in sorted(reaches):
         tier, (on, existing, pool) = tiers[name], reaches[name]
         resource = tier.resource
@@ -273,7 +275,11 @@ def room(
                 if isinstance(more, PoolShape)
                 else max(0, more - existing)
             )
-            pools[pool] = max(pools.get(pool, 0), adds)
+            if pool not in pools or adds > pools[pool]:  # (its tiers' shapes alike, or the most)
+                pools[pool] = adds
+                per_node.pop(pool, None)
+                if isinstance(more, PoolShape):
+                    per_node[pool] = more.per_node
         placed[name] = {
             "resource": resource,
             "count": tier.count,
@@ -281,7 +287,7 @@ def room(
             "nodes_total": len(on),
             "pool": pool if name in grow else None,
         }
-    return {"nodes": nodes, "tiers": placed, "pools": pools}
+    return {"nodes": nodes, "tiers": placed, "pools": pools, "node_devices": per_node}
 
 
 def _usable(node: Mapping) -> bool:
@@ -655,7 +661,14 @@ class ClusterGpus(SingletonConfigurable):
             why = "the hub has not read the cluster's nodes yet"
         if wanted is not None and not names:  # nothing waits: no room to say, known or not
             age = None if why is not None else round(self.age(), 3)
-            return {"unknown": None, "read_age_s": age, "nodes": {}, "tiers": {}, "pools": {}}
+            return {
+                "unknown": None,
+                "read_age_s": age,
+                "nodes": {},
+                "tiers": {},
+                "pools": {},
+                "node_devices": {},
+            }
         if why is not None:
             return {"unknown": why, "read_age_s": None, "nodes": {}, "tiers": {}}
         if self._room_of != self.read_at:  # a new reading: what was worked out is of the last
@@ -682,6 +695,7 @@ class ClusterGpus(SingletonConfigurable):
         for tier in found["tiers"].values():
             tier["pool"] = short.get(tier["pool"]) if tier["pool"] else None
         found["pools"] = {short[k]: n for k, n in found["pools"].items()}
+        found["node_devices"] = {short[k]: n for k, n in found["node_devices"].items()}
         return {"unknown": None, "read_age_s": round(self.age(), 3), **found}
 
 

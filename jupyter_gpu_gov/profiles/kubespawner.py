@@ -238,13 +238,14 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
             return static
         return {t: min(n, static[t]) if t in static else n for t, n in counted.items()}
 
-    def gpu_cards_held(self, usage):
-        # Which card a capability class's borrowed server holds: its pod's node's product.
-        classes = [t.name for t in self.gpu_profiles.tier_map.values() if t.card is None]
-        borrowed = {g.server for name in classes for g in usage.borrowed(name)}
-        if not borrowed:
+    def gpu_cards_held(self, usage, servers=None):
+        # Which card a capability class's (borrowed) server holds: its pod's node's product.
+        if servers is None:
+            classes = [t.name for t in self.gpu_profiles.tier_map.values() if t.card is None]
+            servers = {g.server for name in classes for g in usage.borrowed(name)}
+        if not servers:
             return None
-        pods = kept_count(self.user.db).pods_of_servers(borrowed)
+        pods = kept_count(self.user.db).pods_of_servers(servers)
         return self.gpu_cluster.products(pods)
 
     def gpu_cards(self):

@@ -272,16 +272,17 @@ class LocalGpuMixin(GpuProfilesMixin):
         devices = self.local_gpus.devices() or []  # unknown is never free
         return capacity(self.gpu_profiles.tier_map, devices, self._held(), usage)
 
-    def gpu_cards_held(self, usage) -> dict[str, str] | None:
-        # Which card a capability class's borrowed server holds: its devices' model.
-        classes = [t.name for t in self.gpu_profiles.tier_map.values() if t.card is None]
-        borrowed = {g.server for name in classes for g in usage.borrowed(name)}
-        devices = self.local_gpus.devices() if borrowed else None
+    def gpu_cards_held(self, usage, servers=None) -> dict[str, str] | None:
+        # Which card a capability class's (borrowed) server holds: its devices' model.
+        if servers is None:
+            classes = [t.name for t in self.gpu_profiles.tier_map.values() if t.card is None]
+            servers = {g.server for name in classes for g in usage.borrowed(name)}
+        devices = self.local_gpus.devices() if servers else None
         if devices is None:
             return None
         names = {d.uuid: d.name for d in devices}
         found = {}
-        for server, uuids in kept_count(self.user.db).devices_of_servers(borrowed).items():
+        for server, uuids in kept_count(self.user.db).devices_of_servers(servers).items():
             products = {gpu_product(names[u]) if u in names else None for u in uuids}
             if len(products) == 1 and None not in products:  # one model, every device read
                 found[server] = products.pop()

@@ -43,7 +43,7 @@ from .quota import (
     admit,
     indexed,
 )
-from .tiers import Tier, card_sharing
+from .tiers import Tier, card_sharing, may_free_cards_for
 
 # Refusals that waiting can end: the cards are taken (or others wait for them first), the user's
 # own cap, the team's borrowing limit.
@@ -261,6 +261,7 @@ def line(
     releases: Mapping[str, Release],
     now: datetime,
     sooner_for: Callable[[QueuedRequest], bool] | None = None,
+    cards_held: Mapping[str, str] | None = None,
 ) -> list[Waiting]:
     """Every live request in line order: its position in its tier's line, whether admission
     lets it in now (the ones ahead that it lets in counted as holding their GPUs: of two
@@ -269,12 +270,14 @@ def line(
     over the line per smaller tier, so the whole line's took seconds at a few hundred
     requests, on the hub's event loop, at every Hub page a waiting user opened. The rest is
     O(waiting + held): admission counts from an index (``quota.Held``) that the requests let
-    in are added to, and the estimates from the holders' releases sorted once per key."""
+    in are added to, and the estimates from the holders' releases sorted once per key.
+    ``cards_held``: server -> the product of its cards, where known (``quota.admit``'s): a
+    capability class's server known to hold a named card counts for that card's estimate."""
     usage = indexed(usage)
     held = Held(base=usage)
     result: list[Waiting] = []
     positions: dict[str, int] = {}
-    estimates = _Estimates(usage, releases, now, tiers)
+    estimates = _Estimates(usage, releases, now, tiers, cards_held)
     for request in ordered(queued, usage, quotas, tiers, now):
         asked = _of(request)
         admission = admit(asked, held, capacity, quotas, tiers)
@@ -304,12 +307,19 @@ def line(
     return result
 
 
+# The wait of a request for cards no server of this hub holds (another namespace's pods, a
+# guarantee kept unlent, a request ahead about to take the last): no stop the governor plans
+# frees one, so it is not "any moment now".
+NOT_HELD_HERE = "no estimate: no stop the governor plans frees the GPUs it waits for"
+
+
 class _Estimates:
     """The line's estimated waits (``wait``, in line order): from the deadlines and idle state
     of the servers whose release would let a request in (those holding cards of its tier: its
     own and those of the tiers whose servers free cards for it, ``tiers.card_sharing``, as a
-    reclaimed pair frees two for a single card; the user's own for their cap; the team's on the
-    tier for its borrowing limit). The k-th request not ready among those waiting for the same
+    reclaimed pair frees two for a single card, and a capability class's servers known to hold
+    its named card, ``cards_held``, as an "any 80 GB card" server on an H100 frees it for an
+    H100; the user's own for their cap; the team's on the tier for its borrowing limit). The k-th request not ready among those waiting for the same
     waits for the earliest release by which the servers released hold the devices of k
     servers of its tier (of one tier alone: the k-th earliest). Each key's releases are sorted
     once, and the places counted as the line goes."""
@@ -320,8 +330,10 @@ class _Estimates:
         releases: Mapping[str, Release],
         now: datetime,
         tiers: Mapping[str, Tier],
+        cards_held: Mapping[str, str] | None = None,
     ) -> None:
         self.usage, self.releases, self.now, self.tiers = usage, releases, now, tiers
+        self.cards_held = cards_held or {}
         self.holders: dict[tuple, list[Grant]] | None = None  # per key, on first need
         # per key: the known releases earliest first, the devices they free by each, and
         # how many servers hold what the key waits for
@@ -350,6 +362,14 @@ class _Estimates:
                     for t in card_sharing(self.tiers, tier)
                     for g in self.holders.get(("tier", t), ())
                 ]
+                if self.cards_held:  # a class's servers on this tier's card
+                    holders += [
+                        g
+                        for t, other in self.tiers.items()
+                        if may_free_cards_for(other, tier)
+                        for g in self.holders.get(("tier", t), ())
+                        if self.cards_held.get(g.server) in tier.card.products
+                    ]
             else:
                 holders = self.holders.get(key, [])
             known = sorted(
@@ -364,6 +384,8 @@ class _Estimates:
         known, freed, count = self.known[key]
         if key is not by_tier:
             return estimate_known(self.waiting[key], known, count, self.now)
+        if not count:  # refused with no server here on its cards: none of them frees one
+            return Estimate(None, NOT_HELD_HERE)
         # The release by which the devices of this many servers of the tier are free.
         release = bisect_left(freed, self.waiting[key] * tier.count) + 1
         return estimate_known(release, known, count, self.now)
@@ -404,9 +426,10 @@ def offer(
     queued: Sequence[QueuedRequest],
     releases: Mapping[str, Release],
     now: datetime,
+    cards_held: Mapping[str, str] | None = None,
 ) -> Waiting | None:
     """The place a refused request would take if it joined the line now (None when waiting
-    would not help): the spawn form's offer."""
+    would not help): the spawn form's offer (``cards_held``: ``line``'s)."""
     if admission.allowed or admission.limit not in QUEUEABLE:
         return None
     joining = QueuedRequest(
@@ -428,6 +451,7 @@ def offer(
         releases,
         now,
         sooner_for=lambda q: q is joining,
+        cards_held=cards_held,
     )
     return next((w for w in order if w.request.server == request.server), None)
 

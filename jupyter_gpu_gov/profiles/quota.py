@@ -27,7 +27,7 @@ from typing import Any
 # What held a refused request back (``Admission.limit``): defined with the queue's records,
 # which carry it to the governor.
 from ..core.queue import BORROWING, CAPACITY, USER_CAP
-from .tiers import Tier, card_sharing, check_entry, may_free_cards_for
+from .tiers import Tier, card_sharing, check_entry, frees_cards_for, may_free_cards_for
 
 _EPS = 1e-9
 _KEYS = {"guaranteed", "borrowing_limit", "lending_limit", "tiers", "user_cap", "priority"}
@@ -385,9 +385,14 @@ def admit(
         else ()
     )
     if not isinstance(usage, Held):  # only what this admission reads: an index costs more
-        usage = Held(
-            g for g in usage if g.tier in sharing or g.tier in maybe or g.user == request.user
-        )
+        within, wider = _keeping_tiers(tiers, tier)
+        reads = {
+            *sharing,
+            *maybe,
+            *within,
+            *(t for w in wider for t in card_sharing(tiers, tiers[w])),
+        }
+        usage = Held(g for g in usage if g.tier in reads or g.user == request.user)
 
     def on_its_cards(g: Grant) -> bool:
         return g.tier not in maybe or cards_held.get(g.server) in tier.card.products
@@ -475,7 +480,7 @@ def admit(
         )
     else:
         state = f"team {quota.team} has no guarantee on {name}"
-    reserved = _reserved_for_others(usage, request, quota, quotas)
+    reserved = _reserved_for_others(usage, request, quota, quotas, tiers, capacity)
     if free_after - reserved >= 0:
         return Admission(
             True,
@@ -582,19 +587,52 @@ def _over_user_cap(request, tier, quota, usage: Held, tiers) -> Admission | None
     )
 
 
-def _reserved_for_others(usage: Held, request, quota, quotas) -> float:
-    """Devices other teams keep for themselves: the unused guarantee they do not lend."""
-    tier, reserved = request.tier, 0
-    for other in quotas.values():
-        if other.team == quota.team:
-            continue
-        unused = max(
-            0,
-            other.guaranteed.get(tier, 0) - usage.devices(tier, other.team, but=request.server),
-        )
-        lendable = other.lending_limit.get(tier)
-        reserved += 0 if lendable is None else max(0, unused - lendable)
+def _reserved_for_others(usage: Held, request, quota, quotas, tiers, capacity) -> float:
+    """Devices of the request's tier that other teams keep for themselves: the unused guarantee
+    they do not lend, on every tier that can use its cards. Those of the tiers whose cards it
+    can use (``card_sharing``: its own, a pair of its model, a named card in its class) are
+    among its free cards: all kept. A wider class (an "any 80 GB card" guarantee, for an
+    H100) may be met by other cards too: kept only as far as its own free cards, less this
+    server, fall short of what it keeps (said on this tier's scale: a borrow is refused when
+    it would leave that class less free than its teams keep)."""
+    tier = tiers[request.tier]
+    kept: dict[str, int] = {}
+
+    def keeps(name: str) -> int:  # what other teams keep of ``name``'s cards
+        if name not in kept:
+            kept[name] = 0
+            for other in quotas.values():
+                lendable = other.lending_limit.get(name)
+                if other.team == quota.team or lendable is None:
+                    continue
+                held = usage.devices(name, other.team, but=request.server)
+                kept[name] += max(0, max(0, other.guaranteed.get(name, 0) - held) - lendable)
+        return kept[name]
+
+    within, wider = _keeping_tiers(tiers, tier)
+    reserved = sum(keeps(t) for t in within)
+    cap = capacity.get(tier.name)
+    if cap is None:
+        return reserved
+    free = cap - usage.devices(tier.name, but=request.server)
+    for name in wider:
+        wider_cap = capacity.get(name)
+        keeping = sum(keeps(t) for t in card_sharing(tiers, tiers[name]))
+        if wider_cap is not None and keeping:
+            wider_free = wider_cap - usage.devices(name, but=request.server)
+            reserved = max(reserved, keeping - wider_free + free)
     return reserved
+
+
+def _keeping_tiers(tiers: Mapping[str, Tier], tier: Tier) -> tuple[tuple[str, ...], list[str]]:
+    """The tiers whose unused guarantees other teams may keep of ``tier``'s cards: those whose
+    cards it can use (``card_sharing``), and the wider ones that can use its cards but others
+    too (a capability class, for a named card in it; a wider class)."""
+    within = card_sharing(tiers, tier)
+    wider = [
+        name for name, other in tiers.items() if name not in within and frees_cards_for(tier, other)
+    ]
+    return within, wider
 
 
 def _reclaim(

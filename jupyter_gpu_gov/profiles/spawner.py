@@ -253,11 +253,27 @@ class GpuProfilesMixin:
         """Devices per tier (in use or free). Default: ``GpuProfiles.capacity``."""
         return dict(self.gpu_profiles.capacity)
 
-    def gpu_cards_held(self, usage: Held) -> dict[str, str] | None:
-        """Server -> the product of the cards it holds, for the borrowed servers of capability
-        classes in ``usage`` (``quota.admit``'s ``cards_held``; the spawners that know it say it:
-        a pod's node, a workstation's devices); None: not known."""
+    def gpu_cards_held(self, usage: Held, servers: set[str] | None = None) -> dict[str, str] | None:
+        """Server -> the product of the cards it holds, for ``servers`` (default: the borrowed
+        servers of capability classes in ``usage``, ``quota.admit``'s ``cards_held``; the
+        spawners that know it say it: a pod's node, a workstation's devices); None: not
+        known."""
         return None
+
+    def _gpu_cards_for_estimates(self, usage: Held) -> dict[str, str] | None:
+        """``gpu_cards_held`` for the line's estimates: the capability classes' servers whose
+        release the governor forecast (one on an H100 frees it for an H100 request); nothing
+        read when there are none."""
+        releases = FORECAST.releases
+        classes = {t.name for t in self.gpu_profiles.tier_map.values() if t.card is None}
+        if not classes or not releases:
+            return None
+        servers = {
+            g.server
+            for g in usage.grants
+            if g.tier in classes and (r := releases.get(g.server)) is not None and r.at
+        }
+        return self.gpu_cards_held(usage, servers) if servers else None
 
     def gpu_cards(self) -> dict[str, int | None]:
         """Devices per tier the machine or cluster has, whichever tier holds them (the form's
@@ -310,6 +326,7 @@ class GpuProfilesMixin:
         }
         offers = {}
         if self.gpu_queue_offered(now):
+            held_cards = self._gpu_cards_for_estimates(usage)
             for team, uses in lines.items():
                 for use in uses:
                     request = Request(name, self.user.name, team, use.tier)
@@ -323,6 +340,7 @@ class GpuProfilesMixin:
                         queued,
                         FORECAST.releases,
                         now,
+                        cards_held=held_cards,
                     )
                     if place is not None and self._gpu_never(conf.tier_map[use.tier], team) is None:
                         offers[team, use.tier] = offer_words(place, conf.tier_map)
@@ -677,6 +695,7 @@ class GpuProfilesMixin:
             FORECAST.releases,
             now,
             sooner_for=sooner_for,
+            cards_held=self._gpu_cards_for_estimates(usage),
         )
 
     async def gpu_enqueue(self, options: Mapping[str, Any]) -> Admission:
