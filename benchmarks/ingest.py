@@ -21,7 +21,12 @@ thread while the request waits for it (``get_current_user`` is synchronous). So 
   service has not seen and new connections, as in the minute after a restart;
 - **steady**: ``--seconds`` at the steady rate, tokens cached except one report in 6: a cached
   answer lives 300 s and a server reports every 60 s, so each token is checked again every
-  sixth report (a fresh token stands for the expired one: same Hub round trip, same cost).
+  sixth report (a fresh token stands for the expired one: same Hub round trip, same cost);
+  ``--steady-windows`` such windows back to back (default 3), the steady CPU the median
+  window's, each window's shown with its spread, the service's wake-ups a report, the
+  machine's own speed (a fixed piece of Python timed every 2 s) and the rest of the machine's
+  CPU: one window's figure moves with the machine (docs/benchmarks-history.md, "Issue 26,
+  wave 37").
 
 Figures: reports/s in the bursts; latency p50/p99 at the steady rate (from when each report was
 due, so a late sender shows; ``steady_sent_*``: from when it was sent, the load generator's own
@@ -86,6 +91,72 @@ def generations(seconds: float, windows: int = 1) -> int:
     """Tokens per user: the bursts' one, then at most one per minute of each steady-rate phase
     (the restart minute and ``windows`` steady windows)."""
     return 1 + (1 + windows) * math.ceil(seconds / REPORT_EVERY_S)
+
+
+# -- the machine's own speed, in its own process ---------------------------------------------
+
+CALIBRATION_EVERY_S = 2.0
+CALIBRATION_RUNS = 5
+
+
+def _calibration_work() -> int:
+    """A fixed piece of plain Python, dicts, strings and tuples as a report's handling makes
+    them, whatever the tree (no code of the service's): about a millisecond."""
+    made = {}
+    for i in range(2000):
+        key = f"k{i}"
+        made[key] = (i, key, [i, i + 1])
+    total = 0
+    for key, value in made.items():
+        total += value[0] + len(key)
+    return total
+
+
+def _serve_calibration() -> None:
+    """Every ``CALIBRATION_EVERY_S``, the work ``CALIBRATION_RUNS`` times back to back, timed by
+    this thread's CPU: the first after the sleep (``cold``: the caches as the neighbours left
+    them, as a lone report finds them) and the median of the rest (``warm``), in µs, one JSON
+    line each, until stdin closes."""
+    import select
+
+    while not select.select([sys.stdin], [], [], CALIBRATION_EVERY_S)[0]:
+        spent = []
+        for _ in range(CALIBRATION_RUNS):
+            started = time.thread_time_ns()
+            _calibration_work()
+            spent.append((time.thread_time_ns() - started) / 1000)
+        cold, warm = spent[0], statistics.median(spent[1:])
+        sys.stdout.write(json.dumps({"at": time.time(), "cold": cold, "warm": warm}) + "\n")
+        sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def calibration() -> Iterator[list[dict]]:
+    """The machine's speed while the body runs (``_serve_calibration``'s samples, filled in
+    when it ends): what the neighbours on the machine, and on the host under it, leave of a
+    core shows as a slower fixed piece of work."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.ingest", "--serve-calibration"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    samples: list[dict] = []
+    try:
+        yield samples
+    finally:
+        process.stdin.close()  # it ends at its next look
+        out = process.stdout.read()
+        process.wait(timeout=30)
+        samples.extend(json.loads(line) for line in out.splitlines() if line)
+
+
+def _calibrated(samples: list[dict], phase: Phase, which: str) -> str:
+    during = [
+        s[which] for s in samples if phase.began_at <= s["at"] <= phase.began_at + phase.wall_s
+    ]
+    return f"{statistics.median(during):.0f}" if during else "-"
 
 
 # -- the fake Hub, in its own process ---------------------------------------------------------
@@ -234,6 +305,7 @@ class Phase:
     load_cpu_s: float = 0.0
     others_cpu_s: float = 0.0
     wakeups: int = 0  # the service's (``wakeups``)
+    calibration: tuple[str, str] = ("-", "-")  # the machine's speed (``calibration``), µs
 
     @property
     def ok(self) -> int:
@@ -357,10 +429,16 @@ async def _bench(
     if profile is not None:  # the steady windows sampled (benchmarks.ingest_profile)
         os.kill(service_pid, signal.SIGUSR1)
     steady = []
-    for window in range(windows):  # back to back, as a server's next minute follows its last
-        name = "steady" if window == 0 else f"steady{window + 1}"
-        send = load.steady(seconds, EXPIRED_EVERY)
-        steady.append(await measure(name, service_pid, url, send, ready.get("pid")))
+    with calibration() as samples:
+        for window in range(windows):  # back to back, as a server's next minute its last
+            name = "steady" if window == 0 else f"steady{window + 1}"
+            send = load.steady(seconds, EXPIRED_EVERY)
+            steady.append(await measure(name, service_pid, url, send, ready.get("pid")))
+    for phase in steady:
+        phase.calibration = (
+            _calibrated(samples, phase, "cold"),
+            _calibrated(samples, phase, "warm"),
+        )
     if profile is not None:
         os.kill(service_pid, signal.SIGUSR2)
         deadline = time.monotonic() + 60
@@ -588,6 +666,11 @@ def figures(
             1,
         ),
         "steady_wakeups_per_report": "/".join(f"{w.wakeups / len(w.sent):.2f}" for w in windows),
+        # A fixed piece of Python in a process of its own every 2 s, its CPU in µs: after a sleep
+        # (as a lone report) and right after that (warm). Slower in a window: the machine (the
+        # neighbours, the host) was, whatever the code.
+        "steady_calibration_cold_us": "/".join(w.calibration[0] for w in windows),
+        "steady_calibration_warm_us": "/".join(w.calibration[1] for w in windows),
         "steady_load_cpu_pct": "/".join(f"{100 * w.load_cpu_s / w.wall_s:.1f}" for w in windows),
         "steady_others_cpu_pct": "/".join(
             f"{100 * w.others_cpu_s / w.wall_s:.1f}" for w in windows
@@ -678,7 +761,11 @@ def main(argv: list[str] | None = None) -> None:
         " machine: 0.557 and 0.752 ms on the same code, quiet, back to back)",
     )
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-calibration", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_calibration:
+        _serve_calibration()
+        return
     if args.serve_hub:
         asyncio.run(_serve_hub(args.servers, args.seconds, args.steady_windows))
         return

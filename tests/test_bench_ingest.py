@@ -29,6 +29,12 @@ def test_ingest_benchmark_runs_every_phase_through_the_service():
     assert len(windows) == 2 and figures["steady_cpu_ms_per_report"] == min(windows)
     assert all(float(v) > 0 for v in figures["steady_wakeups_per_report"].split("/"))
     assert len(figures["steady_others_cpu_pct"].split("/")) == 2
+    # The machine's speed in each window: a fixed piece of Python, timed every 2 s ("-": no
+    # sample fell in a window, which 4 s and a slow start of its process may leave).
+    for name in ("steady_calibration_cold_us", "steady_calibration_warm_us"):
+        speeds = [v for v in figures[name].split("/") if v != "-"]
+        assert len(figures[name].split("/")) == 2 and speeds, name
+        assert all(float(v) > 0 for v in speeds), name
     for name in ("cold_burst_rps", "warm_burst_rps", "steady_p50_ms", "steady_p99_ms"):
         assert figures[name] > 0, name
     assert figures["steady_p99_ms"] >= figures["steady_p50_ms"]
