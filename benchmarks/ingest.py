@@ -527,8 +527,12 @@ def run(
     ``profile``: where the service's CPU went in the steady phase, by part, sampled by CPU time:
     ``benchmarks.ingest_profile``; ``windows``: steady windows of ``seconds`` each, back to
     back, whose median is the steady figures' CPU)."""
-    if windows < 1:
-        raise SystemExit("--steady-windows: at least 1")
+    if windows < 1 or windows * seconds >= TOKEN_CACHE_S:
+        # Past the token cache's age the restart minute's tokens expire in a window: more Hub
+        # checks than one report in six, another phase than the others.
+        raise SystemExit(
+            f"--steady-windows: at least 1, and windows x --seconds under {TOKEN_CACHE_S:g} s"
+        )
     if probe and event_loop not in (None, "asyncio"):
         raise SystemExit("--probe times the standard loop's callbacks: use --event-loop asyncio")
     if probe and profile:
