@@ -21,7 +21,12 @@ thread while the request waits for it (``get_current_user`` is synchronous). So 
   service has not seen and new connections, as in the minute after a restart;
 - **steady**: ``--seconds`` at the steady rate, tokens cached except one report in 6: a cached
   answer lives 300 s and a server reports every 60 s, so each token is checked again every
-  sixth report (a fresh token stands for the expired one: same Hub round trip, same cost).
+  sixth report (a fresh token stands for the expired one: same Hub round trip, same cost);
+  ``--steady-windows`` such windows back to back (default 3), the steady CPU the median
+  window's, each window's shown with its spread, the service's wake-ups a report, the
+  machine's own speed (a fixed piece of Python timed every 2 s) and the rest of the machine's
+  CPU: one window's figure moves with the machine (docs/benchmarks-history.md, "Issue 26,
+  wave 37").
 
 Figures: reports/s in the bursts; latency p50/p99 at the steady rate (from when each report was
 due, so a late sender shows; ``steady_sent_*``: from when it was sent, the load generator's own
@@ -82,15 +87,82 @@ def token_for(user: str, generation: int) -> str:
     return f"bench-{generation}-{user}"
 
 
-def generations(seconds: float) -> int:
-    """Tokens per user: the bursts' one, then at most one per minute of each steady phase."""
-    return 1 + 2 * math.ceil(seconds / REPORT_EVERY_S)
+def generations(seconds: float, windows: int = 1) -> int:
+    """Tokens per user: the bursts' one, then at most one per minute of each steady-rate phase
+    (the restart minute and ``windows`` steady windows)."""
+    return 1 + (1 + windows) * math.ceil(seconds / REPORT_EVERY_S)
+
+
+# -- the machine's own speed, in its own process ---------------------------------------------
+
+CALIBRATION_EVERY_S = 2.0
+CALIBRATION_RUNS = 5
+
+
+def _calibration_work() -> int:
+    """A fixed piece of plain Python, dicts, strings and tuples as a report's handling makes
+    them, whatever the tree (no code of the service's): about a millisecond."""
+    made = {}
+    for i in range(2000):
+        key = f"k{i}"
+        made[key] = (i, key, [i, i + 1])
+    total = 0
+    for key, value in made.items():
+        total += value[0] + len(key)
+    return total
+
+
+def _serve_calibration() -> None:
+    """Every ``CALIBRATION_EVERY_S``, the work ``CALIBRATION_RUNS`` times back to back, timed by
+    this thread's CPU: the first after the sleep (``cold``: the caches as the neighbours left
+    them, as a lone report finds them) and the median of the rest (``warm``), in µs, one JSON
+    line each, until stdin closes."""
+    import select
+
+    while not select.select([sys.stdin], [], [], CALIBRATION_EVERY_S)[0]:
+        spent = []
+        for _ in range(CALIBRATION_RUNS):
+            started = time.thread_time_ns()
+            _calibration_work()
+            spent.append((time.thread_time_ns() - started) / 1000)
+        cold, warm = spent[0], statistics.median(spent[1:])
+        sys.stdout.write(json.dumps({"at": time.time(), "cold": cold, "warm": warm}) + "\n")
+        sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def calibration() -> Iterator[list[dict]]:
+    """The machine's speed while the body runs (``_serve_calibration``'s samples, filled in
+    when it ends): what the neighbours on the machine, and on the host under it, leave of a
+    core shows as a slower fixed piece of work."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.ingest", "--serve-calibration"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    samples: list[dict] = []
+    try:
+        yield samples
+    finally:
+        process.stdin.close()  # it ends at its next look
+        out = process.stdout.read()
+        process.wait(timeout=30)
+        samples.extend(json.loads(line) for line in out.splitlines() if line)
+
+
+def _calibrated(samples: list[dict], phase: Phase, which: str) -> str:
+    during = [
+        s[which] for s in samples if phase.began_at <= s["at"] <= phase.began_at + phase.wall_s
+    ]
+    return f"{statistics.median(during):.0f}" if during else "-"
 
 
 # -- the fake Hub, in its own process ---------------------------------------------------------
 
 
-async def _serve_hub(n: int, seconds: float) -> None:
+async def _serve_hub(n: int, seconds: float, windows: int = 1) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     from fake_hub_api import FakeHub
     from tornado import web
@@ -100,7 +172,7 @@ async def _serve_hub(n: int, seconds: float) -> None:
     hub = FakeHub(service_name=SERVICE)
     users = hub.populate(n)
     for user in users:
-        for generation in range(generations(seconds)):
+        for generation in range(generations(seconds, windows)):
             hub.add_user_token(user, token_for(user, generation), extra_scopes=[ACCESS_SCOPE])
     hub.add_token(PROBE_TOKEN, {ACCESS_SCOPE})  # the benchmark's own (a service's) token
     hub.start()
@@ -129,6 +201,25 @@ async def _serve_hub(n: int, seconds: float) -> None:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime: every thread
+
+
+def wakeups(pid: int) -> int:
+    """The times the service's threads went to sleep and were woken, or were preempted, since
+    they started (``voluntary_ctxt_switches`` + ``nonvoluntary_ctxt_switches``): a report
+    handled alone costs a wake-up of its own, reports that queued meanwhile share one."""
+    count = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches:" in line:
+                    count += int(line.split()[1])
+    return count
+
+
+def machine_busy_seconds() -> float:
+    """Every core's busy time since boot (``/proc/stat``: all but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / CLK_TCK
 
 
 def rss_mb(pid: int) -> float:
@@ -209,6 +300,12 @@ class Phase:
     cpu_s: float
     hub_checks: int
     began_at: float = 0.0  # wall clock (time.time), to place the probe's lines
+    # The rest of the machine meanwhile: this process (the load generator) and the fake Hub's,
+    # and everything else on it (other users' work: what makes a run noisy).
+    load_cpu_s: float = 0.0
+    others_cpu_s: float = 0.0
+    wakeups: int = 0  # the service's (``wakeups``)
+    calibration: tuple[str, str] = ("-", "-")  # the machine's speed (``calibration``), µs
 
     @property
     def ok(self) -> int:
@@ -292,13 +389,21 @@ def hub_checks(counters_url: str) -> int:
         return json.load(answer).get("GET /user", 0)
 
 
-async def measure(name: str, pid: int, counters_url: str, send) -> Phase:
+async def measure(
+    name: str, pid: int, counters_url: str, send, hub_pid: int | None = None
+) -> Phase:
     checks, cpu, started = hub_checks(counters_url), cpu_seconds(pid), time.perf_counter()
     began_at = time.time()
+    load = time.process_time() + (cpu_seconds(hub_pid) if hub_pid else 0.0)
+    busy, woken = machine_busy_seconds(), wakeups(pid)
     sent = await send
     wall = time.perf_counter() - started
     used = cpu_seconds(pid) - cpu
-    return Phase(name, sent, wall, used, hub_checks(counters_url) - checks, began_at)
+    load = time.process_time() + (cpu_seconds(hub_pid) if hub_pid else 0.0) - load
+    others = max(0.0, machine_busy_seconds() - busy - used - load)
+    woken = wakeups(pid) - woken
+    checked = hub_checks(counters_url) - checks
+    return Phase(name, sent, wall, used, checked, began_at, load, others, woken)
 
 
 async def _bench(
@@ -310,6 +415,7 @@ async def _bench(
     keep: bool,
     mix: str = MOVING,
     profile: Path | None = None,
+    windows: int = 1,
 ):
     load = Load(ready["users"], port, keep, mix)
     url = ready["counters_url"]
@@ -320,21 +426,32 @@ async def _bench(
     rss_reported = rss_mb(service_pid)
     load.connections.drop_all()  # a restart closes them: the servers connect anew
     restart = await measure("restart", service_pid, url, load.steady(seconds, 1))
-    if profile is not None:  # the steady phase sampled (benchmarks.ingest_profile)
+    if profile is not None:  # the steady windows sampled (benchmarks.ingest_profile)
         os.kill(service_pid, signal.SIGUSR1)
-    steady = await measure("steady", service_pid, url, load.steady(seconds, EXPIRED_EVERY))
+    steady = []
+    with calibration() as samples:
+        for window in range(windows):  # back to back, as a server's next minute its last
+            name = "steady" if window == 0 else f"steady{window + 1}"
+            send = load.steady(seconds, EXPIRED_EVERY)
+            steady.append(await measure(name, service_pid, url, send, ready.get("pid")))
+    for phase in steady:
+        phase.calibration = (
+            _calibrated(samples, phase, "cold"),
+            _calibrated(samples, phase, "warm"),
+        )
     if profile is not None:
         os.kill(service_pid, signal.SIGUSR2)
         deadline = time.monotonic() + 60
         while not profile.exists() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-    return [idle, cold, warm, restart, steady], rss_started, rss_reported
+    return [idle, cold, warm, restart, *steady], rss_started, rss_reported
 
 
 @contextlib.contextmanager
-def fake_hub(servers: int, seconds: float) -> Iterator[dict]:
+def fake_hub(servers: int, seconds: float, windows: int = 1) -> Iterator[dict]:
     """The fake Hub in its own process, with ``servers`` users (tokens for ``seconds`` of steady
-    phases); yields what it printed: its URL, token, users and counters' URL."""
+    phases, ``windows`` steady windows); yields what it printed: its URL, token, users and
+    counters' URL."""
     hub = subprocess.Popen(
         [
             sys.executable,
@@ -343,6 +460,7 @@ def fake_hub(servers: int, seconds: float) -> Iterator[dict]:
             "--serve-hub",
             f"--servers={servers}",
             f"--seconds={seconds}",
+            f"--steady-windows={windows}",
         ],
         cwd=REPO,
         stdin=subprocess.PIPE,
@@ -396,6 +514,7 @@ def run(
     cull_every: float = NO_PASS_S,
     event_loop: str | None = None,
     profile: bool = False,
+    windows: int = 1,
 ) -> dict:
     """Start the fake Hub and the service, send the phases' reports, return the figures (with
     ``probe``, what held the service's event loop in each phase: ``benchmarks.ingest_probe``;
@@ -406,7 +525,14 @@ def run(
     start-up pass's end its first tick; ``event_loop``: the service's ``GpuGovernor.event_loop``,
     else its default, ``asyncio`` with ``probe``, which times the standard loop's callbacks;
     ``profile``: where the service's CPU went in the steady phase, by part, sampled by CPU time:
-    ``benchmarks.ingest_profile``)."""
+    ``benchmarks.ingest_profile``; ``windows``: steady windows of ``seconds`` each, back to
+    back, whose median is the steady figures' CPU)."""
+    if windows < 1 or windows * seconds >= TOKEN_CACHE_S:
+        # Past the token cache's age the restart minute's tokens expire in a window: more Hub
+        # checks than one report in six, another phase than the others.
+        raise SystemExit(
+            f"--steady-windows: at least 1, and windows x --seconds under {TOKEN_CACHE_S:g} s"
+        )
     if probe and event_loop not in (None, "asyncio"):
         raise SystemExit("--probe times the standard loop's callbacks: use --event-loop asyncio")
     if probe and profile:
@@ -434,22 +560,21 @@ def run(
             pythonpath = [p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p]
             start["command"] = (str(REPO / "benchmarks" / "ingest_profile.py"),)
             start["env"] = {PROFILE_ENV: str(sampled), "PYTHONPATH": os.pathsep.join(pythonpath)}
-        ready = stack.enter_context(fake_hub(servers, seconds))
+        ready = stack.enter_context(fake_hub(servers, seconds, windows))
         process, port = stack.enter_context(service(ready, **start))
         if nice:  # the service started at ours: only the Hub's process and this one yield
             os.setpriority(os.PRIO_PROCESS, ready["pid"], nice)
             os.setpriority(os.PRIO_PROCESS, 0, nice)
         phases, rss_started, rss_reported = asyncio.run(
-            _bench(ready, process.pid, port, seconds, concurrency, keep, mix, sampled)
+            _bench(ready, process.pid, port, seconds, concurrency, keep, mix, sampled, windows)
         )
         held = held_loop(phases, lines) if probe else {}
         result = figures(servers, seconds, concurrency, phases, rss_started, rss_reported)
-        if sampled is not None:
-            steady = phases[-1]
-            held = {
-                **held,
-                **breakdown(sampled, len(steady.sent), result["steady_cpu_ms_per_report"]),
-            }
+        if sampled is not None:  # sampled over every steady window: their whole CPU a report
+            steady = phases[4:]
+            sent = sum(len(p.sent) for p in steady)
+            cpu_ms = round(1000 * sum(p.cpu_s for p in steady) / sent, 3)
+            held = {**held, **breakdown(sampled, sent, cpu_ms)}
     return {
         **result,
         "connections": "kept" if keep else "one per report",
@@ -500,8 +625,22 @@ def figures(
     rss_started: float,
     rss_reported: float,
 ) -> dict:
-    idle, cold, warm, restart, steady = phases
-    fresh = [s for k, s in enumerate(steady.sent) if k % EXPIRED_EVERY == EXPIRED_EVERY - 1]
+    idle, cold, warm, restart, *windows = phases
+    # Each steady window's CPU a report, and the median window's: one window's figure moves
+    # with what else the machine runs meanwhile (docs/benchmarks-history.md, "Issue 26, wave
+    # 37"); latencies over every window's reports.
+    per_report = [1000 * w.cpu_s / len(w.sent) for w in windows]
+    median = sorted(windows, key=lambda w: w.cpu_s / len(w.sent))[(len(windows) - 1) // 2]
+    steady = Phase(
+        "steady",
+        [s for w in windows for s in w.sent],
+        sum(w.wall_s for w in windows),
+        sum(w.cpu_s for w in windows),
+        sum(w.hub_checks for w in windows),
+    )
+    fresh = [
+        s for w in windows for k, s in enumerate(w.sent) if k % EXPIRED_EVERY == EXPIRED_EVERY - 1
+    ]
     fresh_ms = sorted(1000 * s.seconds for s in fresh)
     return {
         "servers": servers,
@@ -518,10 +657,28 @@ def figures(
         "steady_sent_p50_ms": steady.latency_ms(0.5, sent=True),
         "steady_sent_p99_ms": steady.latency_ms(0.99, sent=True),
         "steady_checked_p50_ms": round(statistics.median(fresh_ms), 2) if fresh_ms else None,
-        "steady_cpu_pct": steady.cpu_pct,
+        "steady_cpu_pct": median.cpu_pct,
         # Per report: comparable when the service falls behind on a busy machine (the phase
         # then lasts longer than ``seconds`` and its CPU share reads lower than it costs).
-        "steady_cpu_ms_per_report": round(1000 * steady.cpu_s / len(steady.sent), 3),
+        # The median window's (the lower middle of an even count), then each window's, their
+        # spread ((max - min) / median), and the rest of the machine's CPU in each (% of one
+        # core): the load generator and the fake Hub, and everything else on the machine.
+        "steady_cpu_ms_per_report": round(1000 * median.cpu_s / len(median.sent), 3),
+        "steady_cpu_ms_per_report_windows": "/".join(f"{v:.3f}" for v in per_report),
+        "steady_cpu_spread_pct": round(
+            100 * (max(per_report) - min(per_report)) * len(median.sent) / (1000 * median.cpu_s),
+            1,
+        ),
+        "steady_wakeups_per_report": "/".join(f"{w.wakeups / len(w.sent):.2f}" for w in windows),
+        # A fixed piece of Python in a process of its own every 2 s, its CPU in µs: after a sleep
+        # (as a lone report) and right after that (warm). Slower in a window: the machine (the
+        # neighbours, the host) was, whatever the code.
+        "steady_calibration_cold_us": "/".join(w.calibration[0] for w in windows),
+        "steady_calibration_warm_us": "/".join(w.calibration[1] for w in windows),
+        "steady_load_cpu_pct": "/".join(f"{100 * w.load_cpu_s / w.wall_s:.1f}" for w in windows),
+        "steady_others_cpu_pct": "/".join(
+            f"{100 * w.others_cpu_s / w.wall_s:.1f}" for w in windows
+        ),
         "idle_cpu_pct": idle.cpu_pct,
         "rss_mb_started": round(rss_started, 1),
         "rss_mb_reported": round(rss_reported, 1),
@@ -599,10 +756,22 @@ def main(argv: list[str] | None = None) -> None:
         help="sample the service's CPU by time in the steady phase and print its parts, µs a"
         " report (benchmarks.ingest_profile), with its user and system CPU a report",
     )
+    parser.add_argument(
+        "--steady-windows",
+        type=int,
+        default=3,
+        help="steady windows of --seconds each, back to back: the steady CPU is the median"
+        " window's, each window's shown with its spread (one window's figure moves with the"
+        " machine: 0.557 and 0.752 ms on the same code, quiet, back to back)",
+    )
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-calibration", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve_calibration:
+        _serve_calibration()
+        return
     if args.serve_hub:
-        asyncio.run(_serve_hub(args.servers, args.seconds))
+        asyncio.run(_serve_hub(args.servers, args.seconds, args.steady_windows))
         return
     result = run(
         args.servers,
@@ -616,6 +785,7 @@ def main(argv: list[str] | None = None) -> None:
         args.cull_every,
         args.event_loop,
         args.profile,
+        args.steady_windows,
     )
     print("ingest:", " ".join(f"{k}={v}" for k, v in result.items()))
 

@@ -14,12 +14,27 @@ from benchmarks import ingest
 
 
 def test_ingest_benchmark_runs_every_phase_through_the_service():
-    figures = ingest.run(servers=120, seconds=4, concurrency=4)
+    figures = ingest.run(servers=120, seconds=4, concurrency=4, windows=2)
     assert figures["failed"] == 0
-    # 120 reports per burst; 4 s at 120 servers a minute is 8 reports per steady phase.
-    assert figures["reports"] == 120 + 120 + 8 + 8
-    # Cold: a Hub check per token; warm: none; restart: every token new; steady: 1 in 6.
-    assert figures["hub_checks"] == "cold_burst:120/120,warm_burst:0/120,restart:8/8,steady:1/8"
+    # 120 reports per burst; 4 s at 120 servers a minute is 8 reports per steady-rate phase
+    # (the restart minute, and each of the two steady windows).
+    assert figures["reports"] == 120 + 120 + 8 + 8 + 8
+    # Cold: a Hub check per token; warm: none; restart: every token new; steady: 1 in 6, in
+    # each window (a new token each time: the fake Hub has one for every window).
+    assert figures["hub_checks"] == (
+        "cold_burst:120/120,warm_burst:0/120,restart:8/8,steady:1/8,steady2:1/8"
+    )
+    # The steady CPU is the median window's (of two, the lower), each window's shown.
+    windows = [float(v) for v in figures["steady_cpu_ms_per_report_windows"].split("/")]
+    assert len(windows) == 2 and figures["steady_cpu_ms_per_report"] == min(windows)
+    assert all(float(v) > 0 for v in figures["steady_wakeups_per_report"].split("/"))
+    assert len(figures["steady_others_cpu_pct"].split("/")) == 2
+    # The machine's speed in each window: a fixed piece of Python, timed every 2 s ("-": no
+    # sample fell in a window, which 4 s and a slow start of its process may leave).
+    for name in ("steady_calibration_cold_us", "steady_calibration_warm_us"):
+        speeds = [v for v in figures[name].split("/") if v != "-"]
+        assert len(figures[name].split("/")) == 2 and speeds, name
+        assert all(float(v) > 0 for v in speeds), name
     for name in ("cold_burst_rps", "warm_burst_rps", "steady_p50_ms", "steady_p99_ms"):
         assert figures[name] > 0, name
     assert figures["steady_p99_ms"] >= figures["steady_p50_ms"]
