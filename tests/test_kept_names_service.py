@@ -7,6 +7,7 @@ around a reader's filter, nor a server's reports lost before the Hub's listing."
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -179,6 +180,50 @@ async def test_a_report_of_such_a_server_before_the_hubs_listing_is_taken(tmp_pa
         report["server"]["name"] = "made-up"
         code, answer = await service.post("api/reports", report, TOKENS[LONG])
         assert code == 404 and "the Hub runs no server" in answer["message"]
+
+
+def unisolated(page: str) -> str:
+    """The page a reader sees less what is isolated: each ``<bdi>`` and each U+2068 ... U+2069
+    (a tooltip's, an ``<option>``'s, the ``<title>``'s, and a name inside a reason); attributes
+    that are not shown (a form's values, a row's ``data-server``) left out."""
+    page = re.sub(r' (?:value|data-[a-z-]+|href)="[^"]*"', "", page)
+    for alone in (r"<bdi>.*?</bdi>", "\u2068[^\u2069]*\u2069"):
+        page = re.sub(alone, "", page, flags=re.S)
+    return page
+
+
+async def test_a_reason_naming_a_team_with_a_bidi_override_reorders_nothing_around_it(
+    tmp_path, monkeypatch
+):
+    """A borrowed GPU asked back for a team whose name holds U+202E: the reason ("team …,
+    within its guarantee, needs this borrowed GPU back") was shown as it is in the dashboard's
+    state tooltip and on the owner's page, and the override turned the rest of the reason, and
+    the page's text after it on that line, right to left. The name is its own isolate inside
+    the reason, and the reason its own where it is shown; the page has no override outside one."""
+    rlo = "\u202e"
+    async with running(tmp_path, monkeypatch) as service:
+        grant = {
+            "gpu-gov/team": f"vis{rlo}ion",
+            "gpu-gov/tier": "h100",
+            "gpu-gov/weight": "1",
+            "gpu-gov/borrowed": "true",
+            "gpu-gov/reclaim": clock.isoformat(clock.utcnow()),
+            "gpu-gov/reclaim-for": f"{rlo}evil",
+        }
+        service.hub.add_server("bob", state={"gpu_gov_grant": grant})
+        service.hub.add_user_token(
+            "bob", "bob-token", extra_scopes=[ACCESS, "access:servers!user=bob"]
+        )
+        await service.governor.reconcile()
+        reason = service.governor.verdict("bob/")["reason"]
+        assert f"team \u2068{rlo}evil\u2069, within its guarantee" in reason, reason
+        for path, token in (("", ADMIN), ("?all=1&team=" + quote(f"vis{rlo}ion"), ADMIN)):
+            code, page = await service.get(path, token)
+            assert code == 200 and 'data-server="bob/"' in page
+            assert rlo not in unisolated(page), path
+        code, page = await service.get("me", "bob-token")
+        assert code == 200 and "needs this borrowed GPU back" in page
+        assert rlo not in unisolated(page)
 
 
 async def test_a_name_holding_the_kept_forms_mark_keeps_one_key_across_restarts(tmp_path):
