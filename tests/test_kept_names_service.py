@@ -176,6 +176,11 @@ async def test_a_report_of_such_a_server_before_the_hubs_listing_is_taken(tmp_pa
         assert key in service.governor.reports
         await service.governor.reconcile()
         assert service.governor.row(key) is not None and service.governor.hub_ran(key)
+        # The dashboard's user box finds it by the Hub's name too, as by a part of its kept
+        # form.
+        for asked in (LONG, stored_name(LONG), "lll"):
+            code, page = await service.get(f"?all=1&user={quote(asked, safe='')}")
+            assert code == 200 and f'data-server="{key}"' in page, asked[:10]
         # A server the Hub does not run is still refused, with a reason the reporter reads.
         report["server"]["name"] = "made-up"
         code, answer = await service.post("api/reports", report, TOKENS[LONG])

@@ -75,11 +75,13 @@ def dashboard_table(
     shown (GPU servers, or ``everything``; filtered, sorted), their count and the filters'
     choices, GPUs held and idle now."""
     lines = listings.server_lines(snapshot, now, pending)
+    user = filters["user"].lower()
+    kept = stored_name(filters["user"])  # a name kept in its kept form, asked by the Hub's name
     shown = [
         line
         for line in lines
         if (everything or line["gpus"] > 0 or line["devices"])
-        and (not filters["user"] or filters["user"].lower() in line["user"].lower())
+        and (not user or user in line["user"].lower() or line["user"] == kept)
         and all(not filters[k] or line[k] == filters[k] for k in ("team", "tier", "state"))
     ]
     shown.sort(key=_sort_key(sort))
@@ -127,7 +129,10 @@ class DashboardHandler(PageHandler):
         asked = self.query("user", "team", "tier", "state", "all", "sort", "desc")
         everything = self.flag(asked, "all") == "1"
         desc = self.flag(asked, "desc")
-        filters = {k: (asked[k] or "").strip() for k in ("user", "team", "tier", "state")}
+        # The user's box is typed in (its blanks trimmed); the others are the <select>s' values,
+        # names as they are.
+        filters = {k: asked[k] or "" for k in ("user", "team", "tier", "state")}
+        filters["user"] = filters["user"].strip()
         sort = (asked["sort"] or "").strip() or "idle_for"
         if sort not in SORTS:
             raise web.HTTPError(400, "'sort' must be one of %s; got %r", ", ".join(SORTS), sort)
