@@ -476,7 +476,7 @@ def test_an_admin_on_another_users_page_is_not_told_it_is_their_own(service):
     r = call(service, "GET", "me?user=alice", "root-token")
     assert r.ok, r.text[:300]
     theirs = html.unescape(r.text)
-    assert "<title>GPU usage of alice ·" in theirs
+    assert "<title>GPU usage of \u2068alice\u2069 ·" in theirs  # (the name its own isolate)
     assert "GPU-hours of alice per day, last 30 days" in theirs
     assert "My GPU-hours" not in theirs and 'class="here">My GPU usage' not in theirs
     own = html.unescape(call(service, "GET", "me", ALICE).text)

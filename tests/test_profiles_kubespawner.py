@@ -2414,3 +2414,35 @@ async def test_the_sweep_backs_off_while_the_api_fails_and_says_so_once(
         assert await left_pods.due(handler, clock.utcnow()) == []
     assert refused.hits == 3  # read at every sync
     assert len(warned()) == 3 and "is not swept while the Kubernetes API refuses" in warned()[-1]
+
+
+async def test_a_name_holding_nul_is_refused_before_admission_and_holds_nothing(hub, pod_api):
+    """A server named ``a\\0b`` (JupyterHub 4.1-5.x took it; JupyterHub 6 starts what it kept)
+    or a user whose name holds NUL (a Hub on SQLite keeps one): the name goes into the pod's
+    environment, which no container can be given, so the pod never started; it was admitted
+    and counted all the same, and held its GPU until KubeSpawner's start timed out ("did not
+    start in 120 seconds"), a timeout the user read with no reason. Refused at once now, saying
+    why, before admission: no pod, nothing counted; the next spawn is admitted as ever. A name
+    holding another control character starts, its labels valid, its annotation as it is."""
+    hub.user("alice", "vision")
+    hub.user("c\0arol", "vision")
+    for user, name in (("alice", "a\0b"), ("alice", "esc\x1b[31m\n"), ("alice", "gpu")):
+        hub.db.add(orm.Spawner(user=hub.users[user].orm_user, name=name))  # as JupyterHub 5 kept
+    hub.db.commit()
+    for user, name, whose in (("alice", "a\0b", "server"), ("c\0arol", "", "user")):
+        spawner = hub.started(hub.users[user].get_spawner(name), {"profile": "h100"})
+        with pytest.raises(GpuRefused) as refused:
+            await asyncio.wait_for(spawner.start(), 30)  # at once, not after start_timeout
+        said = refused.value.jupyterhub_message
+        assert f"This {whose}'s name" in said and "NUL" in said and "can never start" in said
+        assert "\0" not in said and "\\x00" in said
+        assert "gpu-gov/tier" not in spawner.user_options and len(pod_api) == 0
+    odd = hub.started(hub.users["alice"].get_spawner("esc\x1b[31m\n"), {"profile": "h100"})
+    await odd.start()
+    pod = pod_api["alice:esc\x1b[31m\n"]
+    assert all(LABEL_VALUE.match(value) for value in pod.metadata.labels.values())
+    assert pod.metadata.annotations["hub.jupyter.org/servername"] == "esc\x1b[31m\n"
+    assert ownership(pod)[1]["gpu-gov/user"] == "alice"
+    gpu = hub.started(hub.users["alice"].get_spawner("gpu"), {"profile": "h100"})
+    await gpu.start()  # the refused ones held nothing: alice's second card is hers
+    assert pod_api["alice:gpu"].status.phase == "Running"

@@ -26,6 +26,7 @@ from .clock import parse as parse_time
 from .cpu_stage import CPU_STAGE_WORDS
 from .durations import format_duration, parse_duration
 from .queue import claim_by
+from .text import in_sentence
 from .vocabulary import (
     ACTIVE,
     ADMIN,
@@ -768,7 +769,7 @@ def _hard_deadline(policy: Policy, view: ServerView, record: Record) -> _Deadlin
     asked = _timestamp(view.labels.get(RECLAIM_LABEL))
     if asked is not None and view.labels.get(BORROWED_LABEL) == "true":
         team = view.labels.get(RECLAIM_FOR_LABEL) or "another team"
-        why = f"team {team}, within its guarantee, needs this borrowed GPU back"
+        why = f"team {in_sentence(team)}, within its guarantee, needs this borrowed GPU back"
         changed = None
         if since is not None and asked < since:
             grace = format_duration(policy.reclaim_grace)

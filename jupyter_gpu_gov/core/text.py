@@ -41,6 +41,14 @@ def isolated(name: str) -> str:
     return f"\u2068{name}\u2069"
 
 
+def in_sentence(name: str) -> str:
+    """A name from outside (a user's, a team's) inside a sentence the governor writes (a reason:
+    "culled by user:…", "team … needs this borrowed GPU back"): ``isolated`` where it could
+    reorder the sentence around it (a bidi control, a right-to-left letter: anything but
+    ASCII), else as it is, so an ordinary name's reason reads as it always did."""
+    return name if name.isascii() else isolated(name)
+
+
 def not_text_at(text: str) -> int | None:
     """The index of the first character of ``text`` UTF-8 cannot encode (None: it is text)."""
     if text.isascii():
@@ -127,3 +135,11 @@ def stored_name(name: str) -> str:
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
     shown = escaped(name[:_SHOWN]).encode("utf-8", "backslashreplace").decode("utf-8")
     return f"{shown[:_SHOWN]}{STORED_MARK}{digest}"
+
+
+def kept_forms(name: str) -> frozenset[str]:
+    """What a reader's filter ``name`` (``?user=``) finds in the store: the kept form of the name
+    as the Hub gives it, and the name itself where it is a kept form already (as the pages and
+    the API show it). For an ordinary name, the name alone. Only for a reader who may read
+    every name it finds (an admin, a team's reader): a name may be both."""
+    return frozenset((name, stored_name(name)))

@@ -138,6 +138,13 @@ def server_key(user: str, name: str = "") -> str:
     return shared
 
 
+def kept_keys(key: str) -> frozenset[str]:
+    """What a reader's ``?server=user/name`` finds in the store (``core.text.kept_forms``): the
+    key of the names as the Hub gives them, and ``key`` itself, a key the API showed."""
+    user, _, name = key.partition("/")
+    return frozenset((key, server_key(user, name)))
+
+
 # Each key made is one string however often it is made again: a report and each pass make a
 # server's key anew, and the governor keeps it in some ten maps (3 MB at 10,000 servers:
 # docs/benchmarks-history.md, "Issue 26, wave 8"). Bounded: all forgotten at once past KEYS_SHARED.

@@ -131,6 +131,11 @@ def _not_text(value: Any, where: str) -> str | None:
     return None
 
 
+# Names a query filters by, read as sent: ``get_argument`` trims a value and makes its control
+# characters spaces, another name (``?user=`` of a user whose name holds NUL found nothing).
+AS_SENT = frozenset(("user", "server", "team", "project"))
+
+
 class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
     cost = COST_READ  # the route's cost class, in units of ``api_budget``
 
@@ -305,7 +310,11 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
             )
         asked = {}
         for name in names:
-            values = self.get_query_arguments(name)
+            if name in AS_SENT:
+                sent = self.request.query_arguments.get(name, [])
+                values = [self.decode_argument(value, name=name) for value in sent]
+            else:
+                values = self.get_query_arguments(name)
             if len(values) > 1:
                 raise web.HTTPError(400, f"{name!r} given {len(values)} times: give it once")
             asked[name] = values[0] if values else None

@@ -388,18 +388,21 @@ class Ingest:
         """Whether the last pass saw the Hub run this server (``hub_runs`` without asking)."""
         return key in self._servers
 
-    async def hub_runs(self, key: str) -> bool:
+    async def hub_runs(self, key: str, names: tuple[str, str] | None = None) -> bool:
         """Whether the Hub runs (or is starting) this server: reports for any other are refused,
         so no token can fill the governor's memory with servers that do not exist. Servers the
         last pass saw answer at once; others from the Hub, asked at most every
-        ``HUB_LOOKUP_EVERY`` per user."""
+        ``HUB_LOOKUP_EVERY`` per user. ``names``: the user's and the server's names as the Hub
+        gives them (a report's), where ``key`` holds a kept form (``core.text.stored_name``):
+        the Hub knows no user by that, and the server's reports were refused until a pass
+        listed it."""
         if key in self._servers:
             return True
         if not self.acting:  # on standby: the holder's word, from the store (its last listing)
             row = self.row(key)
             if row is not None and row.running:
                 return True
-        user, name = key.split("/", 1)
+        user, name = names or key.split("/", 1)
         now = time.monotonic()
         asked = self._hub_lookups.get(user)
         if asked is None or now - asked[0] > HUB_LOOKUP_EVERY:

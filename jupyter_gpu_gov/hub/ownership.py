@@ -57,8 +57,8 @@ def resolve(
     if not team:
         team = next((teams_by_group[g] for g in user_groups if g in teams_by_group), None)
     team = team or team_map.get(user)
-    project = labels.get(PROJECT_LABEL) or _text(user_options.get("project"))
-    profile = _text(user_options.get("profile"))
+    project = labels.get(PROJECT_LABEL) or choice_text(user_options.get("project"))
+    profile = choice_text(user_options.get("profile"))
     tier = labels.get(TIER_LABEL) or profile
     for label, value in ((TEAM_LABEL, team), (TIER_LABEL, tier), (USER_LABEL, user)):
         if value:
@@ -74,7 +74,7 @@ def resolve(
 MAX_CHOICE = 255
 
 
-def _text(value: Any) -> str | None:
+def choice_text(value: Any) -> str | None:
     """A user's choice as text the store and /metrics can take: at most ``MAX_CHOICE``
     characters, a lone surrogate (JSON can escape one: no text) and NUL (PostgreSQL refuses
     text holding it: one user's project stopped every pass) as U+FFFD."""

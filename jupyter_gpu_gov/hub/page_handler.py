@@ -20,6 +20,7 @@ from tornado import web
 
 from ..core import clock
 from ..core.durations import format_duration
+from ..core.text import isolated
 from .api_handler import ApiHandler, error_message, retry_after
 from .hub_auth import HubOAuthenticated
 from .prepared_auth import is_governor_admin
@@ -75,8 +76,15 @@ def bdi(name: object) -> Markup:
     return Markup("<bdi>{}</bdi>").format(name)
 
 
+def isolate(text: object) -> str:
+    """Text from outside where markup cannot go (a tooltip, an ``<option>``, the ``<title>``):
+    ``core.text.isolated``, U+2068 ... U+2069, as ``bdi`` is in markup; escaped as any text."""
+    return "" if text is None or text == "" else isolated(str(text))
+
+
 env.filters["time"] = time_tag
 env.filters["bdi"] = bdi
+env.filters["isolate"] = isolate
 env.filters["times"] = times_in_text
 env.filters["match"] = match_text
 

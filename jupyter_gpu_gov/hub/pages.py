@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Collection
 from datetime import datetime, timedelta, timezone
 from itertools import islice
 from urllib.parse import urlencode
@@ -30,7 +31,7 @@ from tornado import web
 
 from ..core import clock, ledger
 from ..core.durations import format_duration, parse_duration
-from ..core.text import stored_name
+from ..core.text import in_sentence, kept_forms, stored_name
 from ..diagnose.cluster import IDLE, IDLE_HINT
 from ..diagnose.labels import HINTS
 from . import listings, readers, showback
@@ -50,13 +51,13 @@ EXEMPT_CHOICES = ("1h", "8h", "1d", "3d", "7d")
 FLASH_COOKIE = "gpu-gov-flash"
 
 
-async def server_lines(governor, now: datetime, user: str) -> list[dict]:
-    """``user``'s running servers as "My GPU usage" shows them (a line of the dashboard's
-    each), on the event loop: their servers', never every server's (built for every server to
-    keep theirs, it held the event loop in proportion to the hub, docs/benchmarks-history.md "Routes
+async def server_lines(governor, now: datetime, kept: Collection[str]) -> list[dict]:
+    """The running servers of a user (``kept``: their name as the rows keep it,
+    ``core.text.stored_name``) as "My GPU usage" shows them (a line of the dashboard's each),
+    on the event loop: their servers', never every server's (built for every server to keep
+    theirs, it held the event loop in proportion to the hub, docs/benchmarks-history.md "Routes
     at 10,000 servers (wave 27)")."""
-    kept = stored_name(user)  # (the form the rows keep: the name, but for one no store holds)
-    rows = [row for row in governor.known_servers(running_only=True) if row.user == kept]
+    rows = [row for row in governor.known_servers(running_only=True) if row.user in kept]
     pending = {e.server_key for e in governor.extensions("pending")}
     return listings.server_lines(await listings.snapshot(governor, rows, now), now, pending)
 
@@ -74,11 +75,13 @@ def dashboard_table(
     shown (GPU servers, or ``everything``; filtered, sorted), their count and the filters'
     choices, GPUs held and idle now."""
     lines = listings.server_lines(snapshot, now, pending)
+    user = filters["user"].lower()
+    kept = stored_name(filters["user"])  # a name kept in its kept form, asked by the Hub's name
     shown = [
         line
         for line in lines
         if (everything or line["gpus"] > 0 or line["devices"])
-        and (not filters["user"] or filters["user"].lower() in line["user"].lower())
+        and (not user or user in line["user"].lower() or line["user"] == kept)
         and all(not filters[k] or line[k] == filters[k] for k in ("team", "tier", "state"))
     ]
     shown.sort(key=_sort_key(sort))
@@ -126,7 +129,10 @@ class DashboardHandler(PageHandler):
         asked = self.query("user", "team", "tier", "state", "all", "sort", "desc")
         everything = self.flag(asked, "all") == "1"
         desc = self.flag(asked, "desc")
-        filters = {k: (asked[k] or "").strip() for k in ("user", "team", "tier", "state")}
+        # The user's box is typed in (its blanks trimmed); the others are the <select>s' values,
+        # names as they are.
+        filters = {k: asked[k] or "" for k in ("user", "team", "tier", "state")}
+        filters["user"] = filters["user"].strip()
         sort = (asked["sort"] or "").strip() or "idle_for"
         if sort not in SORTS:
             raise web.HTTPError(400, "'sort' must be one of %s; got %r", ", ".join(SORTS), sort)
@@ -461,23 +467,25 @@ class MyUsageHandler(PageHandler):
         if self.is_admin and asked:
             me = asked  # admins may look at anyone's page
             own = asked == self.current_user["name"]  # an admin on another's page: not "My ..."
+            kept = kept_forms(me)  # (the Hub's name, or as the pages show it)
         else:
             me, own = self.own_name(), True
-            if asked and asked != me:  # their own page would pass for the one asked
+            if asked and asked not in (me, stored_name(me)):  # their own page would pass for it
                 raise web.HTTPError(
                     403, "only admins may see another user's page; yours is %sme", self.prefix
                 )
-        lines = await server_lines(gov, now, user=me)
+            kept = frozenset((stored_name(me),))  # their own name as the rows keep it, no other
+        lines = await server_lines(gov, now, kept)
         for line in lines:  # a reclaim lifted after its warning: said here too, for a while
             row = gov.row(f"{line['user']}/{line['name']}")
             line["reclaim_withdrawn"] = None if row is None else gov.reclaim_withdrawn(row)
         since = showback.days_back(30, now)
         gov.flush_usage()
-        sessions = gov.usage_sessions(since=since, user=me)
-        days = gov.usage([], "day", since, user=me)
+        sessions = gov.usage_sessions(since=since, user=kept)
+        days = gov.usage([], "day", since, user=kept)
         idle_series = {"idle": {r["period"]: r["gpu_hours_idle"] for r in days}}
         idle_series["active"] = {r["period"]: r["gpu_hours_active"] for r in days}
-        (mine,) = gov.usage([], "all", since, user=me) or [None]
+        (mine,) = gov.usage([], "all", since, user=kept) or [None]
         teams = sorted(
             {s.owner.team for s in sessions if s.owner.team}
             | {line["team"] for line in lines if line["team"]}
@@ -544,7 +552,7 @@ class MyUsageHandler(PageHandler):
                     title=(
                         "My GPU-hours per day, last 30 days"
                         if own
-                        else f"GPU-hours of {me} per day, last 30 days"
+                        else f"GPU-hours of {in_sentence(me)} per day, last 30 days"
                     ),
                     unit="GPU-h",
                 )

@@ -12,6 +12,7 @@ from datetime import datetime
 from ..core import clock, health, policy
 from ..core.durations import format_duration
 from ..core.policy import evolve
+from ..core.text import in_sentence
 from ..core.vocabulary import ADMIN, CULLED, EXEMPT, OWNER_STOP, STOP_SERVER
 from . import metrics
 from .hubapi import HubApiError, HubServer, NotSent
@@ -127,7 +128,11 @@ class PeoplesRequests:
                 "claim: stop that server first, then dismiss the claim"
             )
         said = "; ".join(claim.health.reasons or claim.health.warnings)
-        who = "DCGM" if claim.source == "dcgm" else f"the report of {claim.server or 'a server'}"
+        who = (
+            "DCGM"
+            if claim.source == "dcgm"
+            else f"the report of {in_sentence(claim.server or 'a server')}"
+        )
         where = f" (node {claim.node}, GPU {claim.index})" if claim.node else ""
         audit = self._audit_row(
             None,
@@ -221,7 +226,7 @@ class PeoplesRequests:
         if session is not None:  # (then as the Hub writes it, to check again at the DELETE)
             session = await self._same_session(row, user, name, session)
         server_policy = self.policy_named(row.policy)
-        why = f"culled by {actor}: {reason}"
+        why = f"culled by {in_sentence(actor)}: {reason}"
         if self.options.dry_run:
             self.save_audits([self._audit_row(row, "cull", why, actor=actor, dry_run=True)])
             return {"status": "dry-run", "verdict": self.verdict(key)}
@@ -299,7 +304,7 @@ class PeoplesRequests:
             # carried out again by the pass: ``cull-retry``.)
             return {"status": "stopping", "verdict": self.verdict(key)}
         user, name = self._hub_names(key)
-        why = f"stopped by {actor}" + (f": {reason}" if reason else "")
+        why = f"stopped by {in_sentence(actor)}" + (f": {reason}" if reason else "")
         stopped = replace(record_of(row), state=CULLED, culled_at=clock.utcnow(), reason=why)
         self._commit(
             row, stopped, [self._audit_row(row, "stop", why, actor=actor)], cull_reason=OWNER_STOP
@@ -316,7 +321,7 @@ class PeoplesRequests:
         row = self._known_row(key)
         answer = ("checkpoint", actor, source)
         if not self._answered_before(row, answer):
-            why = f"checkpoint asked by {actor}" + (f": {reason}" if reason else "")
+            why = f"checkpoint asked by {in_sentence(actor)}" + (f": {reason}" if reason else "")
             details = {"source": source}
             audit = self._audit_row(row, "checkpoint-asked", why, actor=actor, details=details)
             self.store.save(audits=[audit])

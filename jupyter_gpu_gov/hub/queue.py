@@ -43,7 +43,7 @@ from ..core.queue import (
     waiting_for_a_gpu,
 )
 from ..core.report import MAX_CLOCK_SKEW, user_last_activity
-from ..core.text import stored_name
+from ..core.text import in_sentence, stored_name
 from ..core.wire import MAX_LINE_STARTS, MAX_TEXT, LineStart
 from . import metrics
 from .evidence import Received
@@ -342,7 +342,7 @@ class QueueSync:
                     server_key=entry["server"],
                     user=entry["server"].partition("/")[0],
                     action=RECLAIM_WITHDRAWN,
-                    reason=f"the reclaim for team {entry['team']} (asked at {entry['asked_at']})"
+                    reason=f"the reclaim for team {in_sentence(entry['team'])} (asked at {entry['asked_at']})"
                     " is withdrawn: the spawn it was asked for left the line and no spawn "
                     "waiting needs this GPU; its deadline is lifted, the server keeps its GPU",
                     actor="governor",
@@ -491,7 +491,7 @@ class QueueSync:
                     server_key=request.server,
                     user=stored_name(request.user),
                     action="queue-start",
-                    reason=f"its turn in line for {request.tier} (team {request.team}) came "
+                    reason=f"its turn in line for {in_sentence(request.tier)} (team {in_sentence(request.team)}) came "
                     f"after {waited:.0f}s: started on its owner's behalf",
                     actor="governor",
                     dry_run=self.dry_run,

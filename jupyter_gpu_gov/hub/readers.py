@@ -20,6 +20,8 @@ from collections.abc import Mapping
 
 from tornado import web
 
+from ..core.text import kept_forms, stored_name
+from .ownership import choice_text
 from .prepared_auth import ADMIN_SCOPE, SHOWBACK_SCOPE, is_governor_admin, owner_wide
 
 FILTERS = ("team", "project", "tier")  # the usage API's filters besides ``user``
@@ -88,16 +90,16 @@ def usage_filters(
     A team's filter may be a set of teams (a lead's, not narrowed to one)."""
     teams = readable_teams(model, teams_by_group)
     if teams is None:
-        return dict(asked)
+        return as_kept(asked)
     own = model.get("name") if model.get("kind", "user") == "user" else None
     user = asked.get("user")
     if teams and (user is None or user != own):
         # A lead: their teams' rows, narrowed by whatever else was asked (a user among them).
         team = asked.get("team")
         if team is None:
-            return {**asked, "team": teams}
+            return {**as_kept(asked), "team": teams}
         if team in teams:
-            return dict(asked)
+            return as_kept(asked)
         raise web.HTTPError(
             403,
             f"'team': reading the usage of team {team!r:.80} needs the scope "
@@ -128,7 +130,19 @@ def usage_filters(
             f"'{named}': reading {needs} (a team lead's or finance's, given by a Hub admin) or "
             f"{ADMIN_SCOPE}; for your own in it, add user={own}",
         )
-    return {**asked, "user": own}
+    return {**as_kept(asked), "user": stored_name(own)}  # their own kept form, no other
+
+
+def as_kept(asked: Mapping[str, str | None]) -> dict[str, str | frozenset[str] | None]:
+    """The filters ``asked`` as the ledger keeps names: a user's name (``core.text.kept_forms``:
+    the Hub's name or its kept form, as the pages show it) and a project (as
+    ``ownership.choice_text`` keeps a user's choice: bounded, NUL as U+FFFD)."""
+    kept = dict(asked)
+    if (user := asked.get("user")) is not None:
+        kept["user"] = kept_forms(user)
+    if (project := asked.get("project")) is not None:
+        kept["project"] = frozenset((project, choice_text(project) or project))
+    return kept
 
 
 # Why a caller who may read no team's usage may not open the showback page.
@@ -143,6 +157,6 @@ NO_SHOWBACK = (
 def only_own(asked: str | None, own: str, name: str) -> str:
     """The caller's own name, where a caller who is no admin names a user (``name``): someone
     else's is a 403 saying so, not their own records answered as if they were asked for."""
-    if asked is not None and asked != own:
+    if asked is not None and asked not in (own, stored_name(own)):  # (or as the pages show it)
         raise web.HTTPError(403, f"{name}: only {asked!r:.80} or a governor admin may read this")
     return own

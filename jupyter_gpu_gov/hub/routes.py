@@ -23,8 +23,8 @@ from ..checkpoint_layout import SOURCE_USER, SOURCES
 from ..core import clock, ledger
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
-from ..core.text import stored_name
-from ..core.vocabulary import server_key
+from ..core.text import kept_forms, stored_name
+from ..core.vocabulary import kept_keys, server_key
 from . import listings, metrics, readers, showback
 from .api_handler import COST_EXPORT, COST_LISTING, COST_READ, ApiHandler, json_object
 from .budget import UNIT_BYTES, Budget, RefusalLog
@@ -145,17 +145,18 @@ def report_route(
             return _refused(
                 request.peer, 403, f"{actor} may not report on a server of {owner!r:.80}"
             )
-        key = server_key(owner, report["server"].get("name", ""))
+        name = report["server"].get("name", "")
+        key = server_key(owner, name)
         unreached = out_of_reach(caller, key)
         if unreached:
             forbidden.inc()
             return _refused(request.peer, 403, unreached)
         if governor.hub_ran(key):
             return _accepted(report)
-        return _if_the_hub_runs(request.peer, key, report)
+        return _if_the_hub_runs(request.peer, key, (owner, name), report)
 
-    async def _if_the_hub_runs(peer: str, key: str, report: dict) -> Answer:
-        if not await governor.hub_runs(key):
+    async def _if_the_hub_runs(peer: str, key: str, names: tuple[str, str], report: dict) -> Answer:
+        if not await governor.hub_runs(key, names):
             forbidden.inc()
             return _refused(
                 peer, 404, f"the Hub runs no server {key!r:.80}: reports are for servers it runs"
@@ -439,21 +440,29 @@ class AuditHandler(ApiHandler):
             if asked[name] == "":
                 raise web.HTTPError(400, f"{name!r} is empty: leave it out for every {name}'s")
         server, user = asked["server"], asked["user"]
-        servers = [server]
+        # The names as the Hub gives them or as the trail shows them (``kept_forms``).
+        servers = [None] if server is None else sorted(kept_keys(server))
+        users = None if user is None else kept_forms(user)
         if not self.is_admin:
-            user = readers.only_own(user, self.own_name(), "'user'")
-            if server is not None and not server.startswith(f"{user}/"):
-                raise web.HTTPError(
-                    403, f"only {server.split('/')[0]} or a governor admin may read this"
-                )
-            # A server's own token (whoever the server is shared with can read it) reads that
-            # server's trail, not its owner's other servers'.
-            if server is not None and (unreached := out_of_reach(self.current_user, server)):
-                raise web.HTTPError(403, unreached)
-            servers = [server] if server is not None else self.current_user.get("servers", [None])
+            own = stored_name(readers.only_own(user, self.own_name(), "'user'"))
+            users = frozenset((own,))  # their own kept form, no other
+            if server is not None:
+                servers = [key for key in servers if key.startswith(f"{own}/")]
+                if not servers:
+                    raise web.HTTPError(
+                        403, f"only {server.split('/')[0]!r:.80} or a governor admin may read this"
+                    )
+                # A server's own token (whoever the server is shared with can read it) reads
+                # that server's trail, not its owner's other servers'.
+                reached = [key for key in servers if not out_of_reach(self.current_user, key)]
+                if not reached:
+                    raise web.HTTPError(403, out_of_reach(self.current_user, servers[0]))
+                servers = reached
+            else:
+                servers = self.current_user.get("servers", [None])
         limit, before = newest_first_page(self, "an audit row's id")
         rows = [
-            row for key in servers for row in self.governor.audit_trail(key, user, limit, before)
+            row for key in servers for row in self.governor.audit_trail(key, users, limit, before)
         ]
         if len(servers) > 1:  # newest first, as one trail
             rows = sorted(rows, key=lambda row: row.id, reverse=True)[:limit]

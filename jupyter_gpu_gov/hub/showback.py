@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from ..core import clock, ledger
 from ..core.durations import parse_duration
-from ..core.text import isolated
+from ..core.text import in_sentence, isolated
 from .queue import queue_buckets
 
 COLUMNS = (
@@ -399,7 +399,7 @@ def stacked_bars(
         parts.append(
             f'<rect x="{width - right + 12}" y="{y}" width="10" height="10" '
             f'fill="{colours[name]}"/><text x="{width - right + 28}" y="{y + 9}" class="legend">'
-            f"{escape((name or '(none)')[:22])}</text>"
+            f"{escape(in_sentence((name or '(none)')[:22]))}</text>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -461,7 +461,7 @@ def hbars(
         w = plot_w * value / top_value
         parts.append(
             f'<text x="{left - 8}" y="{y + 14}" text-anchor="end" class="legend">'
-            f"{escape((name or '(none)')[:18])}</text>"
+            f"{escape(in_sentence((name or '(none)')[:18]))}</text>"
             f'<rect x="{left}" y="{y + 2}" width="{max(w, 1):.1f}" height="{row - 6}" '
             f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(isolated(name or "(none)"))}: '
             f"{_fmt(value)} {escape(unit)}</title></rect>"

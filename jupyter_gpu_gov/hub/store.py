@@ -9,7 +9,7 @@ memory by the service, not here: they are re-sent every minute and need no durab
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, time, timedelta, timezone
 from typing import Any, TypeVar
@@ -493,19 +493,22 @@ class Store:
     def audit_rows(
         self,
         server_key: str | None = None,
-        user: str | None = None,
+        user: str | Collection[str] | None = None,
         limit: int = 200,
         before: int | None = None,
     ) -> list[AuditRow]:
-        """Newest first, at most ``limit``; ``before``: only rows older than that id (a page)."""
+        """Newest first, at most ``limit``; ``before``: only rows older than that id (a page);
+        ``user``: one user's, or any of a set's."""
         with self.session() as session:
             query = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit)
             if before is not None:
                 query = query.where(AuditRow.id < before)
             if server_key is not None:
                 query = query.where(AuditRow.server_key == server_key)
-            if user is not None:
+            if isinstance(user, str):
                 query = query.where(AuditRow.user == user)
+            elif user is not None:
+                query = query.where(AuditRow.user.in_(sorted(user)))
             return list(session.scalars(query))
 
     def audit_since(self, action: str, since: datetime) -> list[AuditRow]:
@@ -685,9 +688,13 @@ class Store:
                 )
 
     def usage_sessions(
-        self, since: datetime | None = None, user: str | None = None, open_only: bool = False
+        self,
+        since: datetime | None = None,
+        user: str | Collection[str] | None = None,
+        open_only: bool = False,
     ) -> list[LedgerSession]:
-        """Ledger sessions still open or ended after ``since``, newest first."""
+        """Ledger sessions still open or ended after ``since``, newest first; ``user``: one
+        user's, or any of a set's."""
         with self.session() as db:
             query = select(UsageSessionRow).order_by(UsageSessionRow.first_at.desc())
             if open_only:
@@ -696,8 +703,10 @@ class Store:
                 query = query.where(
                     UsageSessionRow.ended_at.is_(None) | (UsageSessionRow.ended_at >= since)
                 )
-            if user is not None:
+            if isinstance(user, str):
                 query = query.where(UsageSessionRow.user == user)
+            elif user is not None:
+                query = query.where(UsageSessionRow.user.in_(sorted(user)))
             return [
                 LedgerSession(
                     r.server,

@@ -8,7 +8,7 @@ import asyncio
 import inspect
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -563,11 +563,12 @@ class Views:
     def audit_trail(
         self,
         key: str | None = None,
-        user: str | None = None,
+        user: str | Collection[str] | None = None,
         limit: int = 200,
         before: int | None = None,
     ) -> list[AuditRow]:
-        """The audit trail, newest first: of one server, of one user; older than ``before``."""
+        """The audit trail, newest first: of one server, of one user (or any of a set's: a
+        name's kept forms); older than ``before``."""
         return self.store.audit_rows(server_key=key, user=user, limit=limit, before=before)
 
     def usage(
@@ -595,7 +596,9 @@ class Views:
             self.store, self.options, group_by, period, since, until, **owner
         )
 
-    def usage_sessions(self, since: datetime, user: str | None = None) -> list[LedgerSession]:
+    def usage_sessions(
+        self, since: datetime, user: str | Collection[str] | None = None
+    ) -> list[LedgerSession]:
         """Ledger sessions still open or ended after ``since``, newest first."""
         return self.store.usage_sessions(since=since, user=user)
 

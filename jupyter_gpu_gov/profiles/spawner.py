@@ -211,6 +211,27 @@ class GpuRefused(web.HTTPError):
         self.jupyterhub_message = message
 
 
+def unstartable(user: str, name: str) -> str | None:
+    """Why no spawner can start this server, in the words the user reads (None: it can be).
+    A name holding NUL (JupyterHub 4.1-5.x took one for a server, a Hub on SQLite keeps one for
+    a user, and JupyterHub 6 starts what it kept) goes into the server's environment
+    (``JUPYTERHUB_USER``, ``JUPYTERHUB_SERVER_NAME``), which no process can be given: a local
+    process failed at once, but a pod held its GPU, admitted and counted, until the start
+    timed out ("did not start in 120 seconds"). Refused before admission, so nothing is held."""
+    for whose, named in (("user", user), ("server", name)):
+        if "\0" in named:
+            return (
+                f"This {whose}'s name, “{escaped(named)[:80]}”, holds a NUL character, which no "
+                "server's environment can carry: it can never start. "
+                + (
+                    "Start a server under another name (and delete this one)."
+                    if whose == "server"
+                    else "Ask your hub admin to rename this user."
+                )
+            )
+    return None
+
+
 def _applied_at_admission(spawner, user_options) -> None:
     """The profile layer's ``apply_user_options``: nothing before ``start()``'s admission."""
 
@@ -380,6 +401,8 @@ class GpuProfilesMixin:
     # -- admission ---------------------------------------------------------------------------
 
     async def start(self):
+        if refused := unstartable(self.user.name, self.name or ""):
+            raise GpuRefused(refused)
         teams = await self.gpu_teams()
         await self.gpu_refresh()
         waiting = self._gpu_queued

@@ -32,6 +32,28 @@ describe('the panel’s first lines', () => {
     expect(text).not.toContain('UTC');
   });
 
+  it('show a reason naming someone with a bidi override as its own isolate', () => {
+    // "culled by user:…" names the admin as the Hub does: U+202E in it reversed the rest of
+    // the line around the reason, not only the name.
+    const v = verdict({
+      state: 'culled',
+      reason: 'culled by \u2068user:mallory\u202e\u2069: GPU idle',
+      warn_at: null,
+      cull_at: null
+    });
+    const [, reason] = lines(report({ verdict: v }));
+    expect(reason).toBe(
+      '\u2068culled by \u2068user:mallory\u202e\u2069: GPU idle\u2069'
+    );
+    const why = panelView(report({ verdict: v }), opts).facts.find(
+      f => f.label === 'Why'
+    );
+    expect(why?.value).toBe(reason);
+    // Every isolate opened is closed: nothing after the reason is reordered.
+    const opened = [...reason].filter(c => c === '\u2068').length;
+    expect([...reason].filter(c => c === '\u2069').length).toBe(opened);
+  });
+
   it.each<[GovState | string, string]>([
     ['active', 'GPU in use.'],
     ['idle', 'GPU idle for 1h 46m.'],
@@ -55,7 +77,7 @@ describe('the panel’s first lines', () => {
     expect(text[0]).toBe(first);
     if (state !== 'active') {
       // Any other state shows its reason once, with times in the person's clock.
-      expect(text[1]).toBe(`reason of ${state} since 09:14`);
+      expect(text[1]).toBe(`\u2068reason of ${state} since 09:14\u2069`);
     }
   });
 
@@ -82,7 +104,7 @@ describe('the panel’s first lines', () => {
     });
     expect(view.lines).toHaveLength(PANEL_LINES);
     expect(view.lines[0]).toEqual({
-      text: 'GPU NVIDIA H100 80GB HBM3 is unhealthy: XID 79: GPU fell off the bus. Save your work and restart the server.',
+      text: 'GPU NVIDIA H100 80GB HBM3 is unhealthy: \u2068XID 79: GPU fell off the bus\u2069. Save your work and restart the server.',
       tone: 'alert'
     });
     // What did not fit is in the details.
@@ -178,7 +200,8 @@ describe('the panel’s details', () => {
         { label: 'Policy', value: 'default' },
         {
           label: 'Why',
-          value: 'GPU idle since 09:14; server stopped at 11:04 unless extended'
+          value:
+            '\u2068GPU idle since 09:14; server stopped at 11:04 unless extended\u2069'
         },
         { label: 'GPU idle since', value: '09:14 (1h 46m ago)' },
         { label: 'Deadline', value: '11:04 (in 4m 9s)' },

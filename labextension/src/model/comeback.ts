@@ -5,6 +5,7 @@
 import {
   defaultDay,
   formatTime,
+  isolate,
   IViewOptions,
   parseTime,
   shorten,
@@ -177,7 +178,12 @@ export function comingBackView(
   if (because) {
     message = trans.__('Stopped %1 because %2; %3.', when, because, saved);
   } else if (raw) {
-    message = trans.__('Stopped %1 (%2); %3.', when, shorten(raw, 80), saved);
+    message = trans.__(
+      'Stopped %1 (%2); %3.',
+      when,
+      isolate(shorten(raw, 80)),
+      saved
+    );
   } else {
     message = trans.__('Stopped %1; %2.', when, saved);
   }

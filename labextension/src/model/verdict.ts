@@ -2,7 +2,7 @@
  * The governor's verdict and the devices' health in words: the state, its label, the likely
  * cause, the smaller tier the work would fit. Shared by the status bar, panel and warning.
  */
-import { IViewOptions, localizeTimes, transOf } from '../format';
+import { isolate, IViewOptions, localizeTimes, transOf } from '../format';
 import { ITrans, nullTrans } from '../trans';
 import { GovState, IDevice, IStatusReport, IVerdict } from '../types';
 
@@ -107,13 +107,18 @@ export function isHardDeadline(verdict: IVerdict | null | undefined): boolean {
   );
 }
 
-/** The verdict's reason with its UTC times in the person's clock ("" when none). */
+/**
+ * The verdict's reason with its UTC times in the person's clock ("" when none), as its own
+ * bidi isolate: a reason names people and teams ("culled by user:…"), and a bidi control in
+ * one (U+202E) must not reorder the sentence the reason is shown in.
+ */
 export function reasonText(
   verdict: IVerdict | null | undefined,
   options: IViewOptions
 ): string {
-  const reason = typeof verdict?.reason === 'string' ? verdict.reason : '';
-  return localizeTimes(reason.trim(), options);
+  const reason =
+    typeof verdict?.reason === 'string' ? verdict.reason.trim() : '';
+  return reason ? isolate(localizeTimes(reason, options)) : '';
 }
 
 /** A root-cause label in words (docs/api.md lists them); an unknown label as it is. */
@@ -222,12 +227,13 @@ export function healthAlert(
   const reasons: string[] = [];
   for (const device of sick) {
     for (const reason of device.health?.reasons ?? []) {
+      // (Each its own isolate: a server's own report writes them.)
       if (
         typeof reason === 'string' &&
         reason.trim() &&
-        !reasons.includes(reason)
+        !reasons.includes(isolate(reason.trim()))
       ) {
-        reasons.push(reason.trim());
+        reasons.push(isolate(reason.trim()));
       }
     }
   }
