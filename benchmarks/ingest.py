@@ -59,17 +59,20 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
 from .ingest_load import RUN_STARTED, Connections, Sent, encode, report_for
 from .ingest_probe import PROBE_ENV, SLOW_MS
 from .ingest_profile import PROFILE_ENV, breakdown
+from .pod_metrics import METRICS_ROUTE, metrics_handler, pod_metrics_list
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICE = "gpu-gov"
 ACCESS_SCOPE = f"access:services!service={SERVICE}"
 PREFIX = f"/services/{SERVICE}/"
+NAMESPACE = "jhub"  # the servers' pods'
 REPORT_EVERY_S = 60.0  # the server extension's report_interval
 TOKEN_CACHE_S = 300.0  # HubAuth.cache_max_age's default
 EXPIRED_EVERY = round((TOKEN_CACHE_S + REPORT_EVERY_S) / REPORT_EVERY_S)  # 6: a report in 6
@@ -171,6 +174,11 @@ async def _serve_hub(n: int, seconds: float, windows: int = 1) -> None:
 
     hub = FakeHub(service_name=SERVICE)
     users = hub.populate(n)
+    pods = []  # KubeSpawner's state names each pod and its namespace (metrics-server's match)
+    for user in users:
+        for name, server in hub.users[user].servers.items():
+            server.state["namespace"] = NAMESPACE
+            pods.append((user, name, server.state["pod_name"]))
     for user in users:
         for generation in range(generations(seconds, windows)):
             hub.add_user_token(user, token_for(user, generation), extra_scopes=[ACCESS_SCOPE])
@@ -181,13 +189,21 @@ async def _serve_hub(n: int, seconds: float, windows: int = 1) -> None:
         def get(self) -> None:
             self.finish(dict(hub.counters))
 
+    def pod_metrics(namespace: str) -> bytes:
+        """metrics-server's list of the namespace (``benchmarks.pod_metrics``): every pod."""
+        now = datetime.now(timezone.utc)
+        return pod_metrics_list(pods if namespace == NAMESPACE else [], namespace, now)
+
     sockets = bind_sockets(0, "127.0.0.1")
-    HTTPServer(web.Application([(r"/counters", Counters)])).add_sockets(sockets)
+    routes = [(r"/counters", Counters), (METRICS_ROUTE, metrics_handler(pod_metrics))]
+    HTTPServer(web.Application(routes)).add_sockets(sockets)
+    served = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
     ready = {
         "api_url": hub.api_url,
         "token": hub.token,
         "users": users,
-        "counters_url": f"http://127.0.0.1:{sockets[0].getsockname()[1]}/counters",
+        "counters_url": f"{served}/counters",
+        "kubernetes_api_url": served,  # its metrics-server (a service given it reads it)
     }
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()

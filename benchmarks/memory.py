@@ -18,7 +18,9 @@ what it held free (``malloc_trim``: memory freed by Python but kept by glibc's h
 seconds and a pass after each round (the benchmark waits S + 5 s after each); by default the
 service's own interval (60 s here, as deployed) without waiting, ``--cull-every 86400``: no
 pass after the start-up one; the resident memory after each round is printed, and the passes
-done. The diagnosis keeps a window per server per ``diagnose_sample_every`` (a minute), up to
+done. The service reads the pods' CPU from the fake Hub's metrics-server each pass
+(``benchmarks.pod_metrics``: every server's pod and the chart's), as on a cluster with one
+(``--no-pod-cpu``: without it). The diagnosis keeps a window per server per ``diagnose_sample_every`` (a minute), up to
 ``diagnose_max_windows`` (250,000: 25 at 10,000 servers), so two rounds are not the steady
 state: ``--sample-every 1 --rounds 26`` reaches it in minutes instead of 25 of them. Also printed: what Python's small-object allocator holds in
 arenas and in live objects (``obmalloc_*``); with ``BENCH_MEMORY_TYPES=1`` in the environment,
@@ -237,6 +239,7 @@ def run(
     mix: str = MOVING,
     sample_every: float | None = None,
     event_loop: str | None = None,
+    pod_cpu: bool = True,
 ) -> dict:
     with fake_hub(servers, 0) as ready:
         figures_path = Path(REPO, f".bench-memory-{os.getpid()}.json")
@@ -252,6 +255,8 @@ def run(
             args = (f"--GpuGovernor.diagnose_sample_every={sample_every}",) if sample_every else ()
             if event_loop:
                 args += (f"--GpuGovernor.event_loop={event_loop}",)
+            if pod_cpu:  # the fake's metrics-server, read each pass (hub/pod_cpu.py)
+                args += (f"--GpuGovernor.kubernetes_api_url={ready['kubernetes_api_url']}",)
             with service(ready, command=command, env=env, cull_every=cull_every, args=args) as (
                 process,
                 port,
@@ -276,6 +281,7 @@ def run(
     by_heap = {k: [round(h.get(k, 0)) for h in heaps] for k in (heaps[0] if heaps else ())}
     return {
         "servers": servers,
+        "pod_cpu": pod_cpu,
         "rss_mb_started": started_mb,
         "rss_mb_by_round": by_round,
         **{f"{k}_by_round": v for k, v in by_heap.items()},
@@ -325,6 +331,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=("auto", "uvloop", "asyncio"),
         help="the service's GpuGovernor.event_loop (default: its own, asyncio)",
     )
+    parser.add_argument(
+        "--no-pod-cpu",
+        action="store_true",
+        help="the service reads no pods' CPU (a cluster without metrics-server; by default it "
+        "reads the fake Hub's metrics-server each pass, as in a cluster with one)",
+    )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve"]:  # the service's own arguments, --cull-every among them
         _serve(argv[1:])
@@ -339,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         args.mix,
         args.sample_every,
         args.event_loop,
+        not args.no_pod_cpu,
     )
     print(
         "memory:",

@@ -51,6 +51,12 @@ Fairness:
 - The fake Hub's clock moves with the governor's (``advance``): a stop stamps its user's
   activity in the governor's time, as one clock would in a deployment, so the incremental
   listing finds the servers it culled gone.
+- The subprocess also answers as metrics-server does (``benchmarks.pod_metrics``: the running
+  servers' pods and the chart's, as the aggregated API lists a namespace's PodMetrics), and the
+  governor reads it each pass as on a cluster with metrics-server (``hub/pod_cpu.py``; the GPU
+  servers' pods are named to it, as KubeSpawner's state names them). ``pod_cpu_s`` is that read's wall
+  time in a pass (beside the Hub's groups and DCGM), ``pod_cpu_thread_cpu_s`` its parser
+  thread's CPU; ``--no-pod-cpu``: a cluster without it.
 - The governor's first pass, which inserts every row, is reported on its own (``first_pass_s``;
   with a stagger, only the first pass's share of the servers report by then).
 
@@ -103,6 +109,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from .pod_metrics import METRICS_ROUTE, metrics_handler, pod_metrics_list
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CHANGED = 0.1  # the share of GPU servers that change state between two passes
@@ -361,12 +369,31 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
             self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.finish(shards[int(node)])
 
+    # metrics-server's list, as it holds its last scrape: built when the clock moves (between
+    # passes), so a pass's read pays for its own work and the transfer, not for this fake's
+    # Python serialising ten thousand items (metrics-server answers from memory, in Go).
+    listed: dict[str, bytes] = {}
+
+    def pod_metrics(namespace: str) -> bytes:
+        """The PodMetrics of the servers still running, on the shared clock."""
+        if namespace not in listed:
+            running = [(p.user, "", p.pod) for p in fleet if hub.running(p.user)]
+            users = running if namespace == NAMESPACE else []
+            listed[namespace] = pod_metrics_list(users, namespace, clock.utcnow())
+        return listed[namespace]
+
     class Clock(web.RequestHandler):
         def put(self, seconds: str) -> None:
             clock.advance(float(seconds))  # the benchmark moved the governor's clock this much
+            listed.clear()
+            pod_metrics(NAMESPACE)
 
     sockets = bind_sockets(0, "127.0.0.1")
-    routes = [(r"/metrics/(\d+)", Metrics), (r"/clock/([-0-9.e]+)", Clock)]
+    routes = [
+        (r"/metrics/(\d+)", Metrics),
+        (r"/clock/([-0-9.e]+)", Clock),
+        (METRICS_ROUTE, metrics_handler(pod_metrics)),
+    ]
     HTTPServer(web.Application(routes)).add_sockets(sockets)
     served = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
     dcgm = f"{served}/metrics"
@@ -375,6 +402,7 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
         "token": hub.token,
         "exporter_urls": [f"{dcgm}/{i}" for i in range(len(shards))],
         "clock_url": f"{served}/clock",
+        "kubernetes_api_url": served,  # metrics-server's PodMetrics (benchmarks.pod_metrics)
         "servers": servers,  # user -> [started, last_activity], for the reports
         "dcgm_bytes": sum(len(s) for s in shards),
     }
@@ -469,6 +497,7 @@ async def _bench(
     changed: list[float],
     full_every: int = 1,
     stagger: int = 1,
+    pod_cpu: bool = True,
 ) -> dict:
     from jupyterhub_idle_culler import cull_idle, default_cull_arbiter
     from tornado.httpclient import AsyncHTTPClient
@@ -477,10 +506,12 @@ async def _bench(
     from jupyter_gpu_gov.core.policy import load_policies
     from jupyter_gpu_gov.core.report import validate
     from jupyter_gpu_gov.core.vocabulary import CULLED
+    from jupyter_gpu_gov.hub import pod_cpu as pod_cpu_module
     from jupyter_gpu_gov.hub.dcgm_source import DcgmSource
     from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
     from jupyter_gpu_gov.hub.hubapi import HubApi
     from jupyter_gpu_gov.hub.options import Options
+    from jupyter_gpu_gov.hub.pod_cpu import PodCpuOptions
     from jupyter_gpu_gov.hub.reconcile import Governor
     from jupyter_gpu_gov.hub.store import Store
 
@@ -502,8 +533,26 @@ async def _bench(
     # Reports are diagnosed as they arrive (in ``ingest_us``); the model's training, a worker
     # thread's job every few hours, is kept out of the passes measured here.
     no_training = DiagnosisOptions(min_windows=10**9)
-    options = Options(diagnosis=no_training, full_pass_every=full_every)
+    # The pods' CPU from the fake's metrics-server, as a cluster with one reads it each pass
+    # (hub/pod_cpu.py; ``--no-pod-cpu``: a cluster without it).
+    metrics = PodCpuOptions(
+        kubernetes_api_url=ready["kubernetes_api_url"], kubernetes_token_file=""
+    )
+    options = Options(
+        diagnosis=no_training,
+        full_pass_every=full_every,
+        **({"pod_cpu": metrics} if pod_cpu else {}),
+    )
     gov = Governor(store, hub, policies, options, dcgm)
+    if pod_cpu:
+        # The GPU servers' pods, as KubeSpawner's state names them with their namespace. The
+        # fake Hub's states name no namespace (so DCGM's series are matched as they always
+        # were here, and the decisions measured stay those of the earlier waves): the pods
+        # are named to the reader directly. A read lists, parses and folds every pod of the
+        # namespace whichever are named, so its cost is the same.
+        for p in plan(n, seed):
+            if p.gpu_uuid:
+                gov.pod_cpu.want((NAMESPACE, p.pod), f"{p.user}/")
 
     # The governor decides page by page while listing, so listing time is inside "decide"'s
     # wall time; DCGM is scraped in the background and parsed in a worker thread.
@@ -528,6 +577,21 @@ async def _bench(
     for write in ("save_usage", "save_usage_async"):
         timers.wrap(store, write, "ledger_write")
     timers.wrap(gov, "_publish_gauges", "metrics")
+    # The pods' CPU: the read's wall time in a pass (beside the Hub's groups and DCGM), and
+    # its parser thread's CPU (the answer read and folded, off the loop but under the GIL).
+    timers.wrap(gov.pod_cpu, "read", "pod_cpu")
+    threaded = "_fold" if hasattr(pod_cpu_module, "_fold") else "_parse"  # (before wave 37)
+    parse = getattr(pod_cpu_module, threaded)
+
+    def timed_parse(*args: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return parse(*args)
+        finally:
+            timers.calls["pod_cpu_thread"].append(time.thread_time() - started)
+
+    timers._originals.append((pod_cpu_module, threaded, parse))
+    setattr(pod_cpu_module, threaded, timed_parse)
 
     fleet = [p for p in plan(n, seed) if p.gpu_uuid]
     times = {user: [clock.parse(s), clock.parse(a)] for user, (s, a) in ready["servers"].items()}
@@ -754,6 +818,10 @@ async def _bench(
         # Per scrape, over the run (scrapes run in the background, off the passes).
         "dcgm_s": per_call("dcgm"),
         "dcgm_worker_cpu_s": float(f"{statistics.median(worker_cpu):.3g}") if worker_cpu else 0.0,
+        # The pods' CPU (metrics-server), per pass: the read's wall time, the thread's CPU.
+        "pod_cpu": pod_cpu,
+        "pod_cpu_s": per_call("pod_cpu"),
+        "pod_cpu_thread_cpu_s": per_call("pod_cpu_thread"),
         "first_pass_store_write_s": round(first_parts.get("store_write", 0.0), 3),
         "first_pass_rows_written": first_counts.get("store_write", 0),
         "ingest_us": round(statistics.median(ingest_s) * 1e6, 1),
@@ -828,6 +896,7 @@ def run(
     changed: list[float] | None = None,
     full_every: int = 1,
     stagger: int = 1,
+    pod_cpu: bool = True,
 ) -> dict:
     """Start the fake Hub and exporter, time the passes, return the figures. ``changed``: the
     shares of GPU servers whose GPU changes state (active <-> idle) between two passes, each
@@ -880,6 +949,7 @@ def run(
                     changed or [DEFAULT_CHANGED],
                     full_every,
                     stagger,
+                    pod_cpu,
                 )
             )
     finally:
@@ -978,6 +1048,11 @@ def main(argv: list[str] | None = None) -> None:
         metavar="N",
         help="cProfile one more pass after the measured ones (before the day later), top N",
     )
+    parser.add_argument(
+        "--no-pod-cpu",
+        action="store_true",
+        help="the governor reads no pods' CPU (a cluster without metrics-server)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -997,6 +1072,7 @@ def main(argv: list[str] | None = None) -> None:
             changed=args.changed,
             full_every=args.full_every or _default_full_every(),
             stagger=args.stagger,
+            pod_cpu=not args.no_pod_cpu,
         )
         profile = figures.pop("profile", "")
         by_changed = figures.pop("by_changed")

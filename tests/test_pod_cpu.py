@@ -116,6 +116,7 @@ def test_a_bad_item_is_left_out_never_the_list():
         {**good, "metadata": {"name": "x", "namespace": "other"}},  # another namespace's
         {**good, "metadata": {"name": "UPPER", "namespace": NAMESPACE}},  # not a pod name
         {**good, "metadata": {"name": "y"}, "timestamp": "yesterday"},
+        {**good, "metadata": {"name": "v"}, "timestamp": None},  # (stopped the pass before)
         {**good, "metadata": {"name": "z"}, "containers": [{"usage": {"cpu": "lots"}}]},
         {**good, "metadata": {"name": "w"}, "containers": [{"name": "a"}] * 100},
         "not an object",
@@ -182,3 +183,85 @@ async def test_without_metrics_server_the_server_is_decided_as_before_and_said_o
         assert "decided on DCGM alone" in said[0] and ("403" in said[0] or "404" in said[0])
         assert [s for _, k, s in seen if k == "alice/"] == ["idle", "warned", "culled"]
         clock.reset()  # (each round a new governor and Hub on real time; the pod stays)
+
+
+async def test_a_metrics_server_that_comes_back_is_read_again_without_a_restart(
+    k8s, tmp_path, caplog
+):
+    """metrics-server is missing (404) when the governor starts and installed 10 minutes later:
+    the governor asks again after its back-off and alice's CPU stage, read from then on, holds
+    her past busy_grace (culled at 60 without it). Each change is said once."""
+    running(k8s, "jupyter-alice")
+    k8s.set_pod_cpu(NAMESPACE, "jupyter-alice", 3.0)
+    k8s.metrics_server = False
+    with caplog.at_level(logging.WARNING, logger="jupyter_gpu_gov.hub"):
+        async with FakeHub() as hub:
+            hub.add_server("alice", state={"pod_name": "jupyter-alice", "namespace": NAMESPACE})
+            gov = governor(hub, k8s, tmp_path)
+            last: dict = {}
+            seen = await passes(gov, 10, last=last)  # (404 at 5: asked again at 15)
+            k8s.metrics_server = True
+            seen += await passes(gov, 80, start=10, last=last)
+            assert hub.running("alice"), seen
+            alice = gov.verdict("alice/")
+    said = [r.getMessage() for r in caplog.records if "PodMetrics" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "cannot be read (404" in said[0] and "asked again every 10 minutes" in said[0]
+    assert "is read again" in said[1]
+    assert alice["state"] == "busy", seen
+    assert "a CPU stage?" in alice["reason"]
+    # The stage is read from 15 (the first answer), so it is busy_grace on from there.
+    assert [(m, s) for m, k, s in seen if k == "alice/"] == [(0, "idle"), (75, "busy")]
+
+
+def test_the_answer_read_item_by_item_reads_what_the_whole_document_does():
+    """The parser's thread reads the list item by item (``_items``): the same pods, times and
+    cores as the whole document parsed at once, whatever the members' order and spacing; what
+    is not a PodMetricsList, or not JSON, fails whole, as ``json.loads`` would."""
+    import json
+    from datetime import datetime, timezone
+
+    from jupyter_gpu_gov.hub import pod_cpu
+
+    def item(name: str, cpu: object, stamp: object = "2026-01-05T09:00:00Z") -> dict:
+        return {
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"a": "b"}},
+            "timestamp": stamp,
+            "window": "10s",
+            "containers": [{"name": "notebook", "usage": {"cpu": cpu, "memory": "1Ki"}}],
+        }
+
+    items = [
+        item("jupyter-a", "2500m"),
+        item("jupyter-b", "1234567n"),
+        item("jupyter-c", "lots"),  # left out
+        item("jupyter-d", "1", stamp=None),  # left out (no time)
+        item("jupyter-a", "3"),  # the later of two wins, as a dict's would
+        "not an object",
+    ]
+    now = datetime(2026, 1, 5, 10, tzinfo=timezone.utc)
+    options = pod_cpu.PodCpuOptions(kubernetes_api_url="http://k8s")
+    for text in (
+        json.dumps({"kind": "PodMetricsList", "metadata": {}, "items": items}),
+        json.dumps({"items": items, "apiVersion": "metrics.k8s.io/v1beta1"}, indent=2),
+        '\n { "items" :[ ' + ",\n".join(json.dumps(i) for i in items) + " ] }\n",
+    ):
+        whole = pod_cpu.pod_readings(json.loads(text), NAMESPACE)
+        folded = pod_cpu._fold(bytearray(text.encode()), NAMESPACE, {}, now, options)
+        assert set(folded) == set(whole) == {(NAMESPACE, "jupyter-a"), (NAMESPACE, "jupyter-b")}
+        assert whole[(NAMESPACE, "jupyter-a")][1] == 3.0
+        for pod, (at, cores) in whole.items():
+            assert folded[pod] == pod_cpu.cpu_stage.fold(None, at, cores, gap=options.max_age)
+    assert pod_cpu._fold(bytearray(b'{"items": []}'), NAMESPACE, {}, now, options) == {}
+    for bad in (
+        b'{"kind": "Status"}',
+        b"[]",
+        b'{"items": [] } x',
+        b'{"items": [{"metadata": {}} ',
+        b'{"items": [], "items": []}',
+        b'{"items": [1 2]}',
+        b"",
+        b"\xff",
+    ):
+        with pytest.raises(ValueError):
+            pod_cpu._fold(bytearray(bad), NAMESPACE, {}, now, options)
