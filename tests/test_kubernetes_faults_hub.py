@@ -150,7 +150,12 @@ def test_a_start_from_the_line_the_api_fails_keeps_its_place(hub, k8s):
     assert failing.hits == 1 and gov.actions("vera/").count("queue-start") == 1
 
     k8s.clear_faults()
-    wait(lambda: running(hub, "vera"), 180, "vera to start from the line once the API is back")
+    wait(
+        lambda: running(hub, "vera"),
+        180,
+        "vera to start from the line once the API is back",
+        explain=lambda: hub.spawn_evidence("vera"),
+    )
     assert pod_of(k8s, "vera")["status"]["phase"] == "Running" and "vera" not in queue_line(hub)
     actions = gov.actions("vera/")
     assert actions.count("queue-start") == 2 and actions.count("queue-started") == 1  # one wait
