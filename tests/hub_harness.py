@@ -546,15 +546,18 @@ class HubHarness:
             log = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             log = []
-        polled = re.compile(rf"\] 200 GET /hub/api/users/{re.escape(user)} ")
+        # the harness's own polls of the user's model, and its probes for users to create
+        polled = re.compile(
+            rf"\] (200 GET /hub/api/users/{re.escape(user)}|404 GET /hub/api/users/\S+) "
+        )
         mine = [
             line
             for line in log
-            if (user in line and not polled.search(line)) or line.startswith(("[W", "[E", "[C"))
+            if (user in line or line.startswith(("[W", "[E", "[C"))) and not polled.search(line)
         ]
         parts = [
             f"hub log: {self.log_path} ({len(log)} lines); the last {min(lines, len(mine))} of "
-            f"the {len(mine)} naming {user} (not the harness's polls) or a warning or error:",
+            f"the {len(mine)} naming {user} or a warning or error (not the harness's polls):",
             *mine[-lines:],
         ]
         for source in self.evidence_from:
