@@ -538,7 +538,7 @@ class FakeKubernetes:
         """The file the output of ``pod``'s last process went to."""
         return self._pod_logs.get((namespace, pod))
 
-    def evidence(self, pod: str, lines: int = 150) -> str:
+    def evidence(self, pod: str, lines: int = 250) -> str:
         """What a failing test's message quotes of ``pod``: the files (kept with the work
         directory), the record's lines that name the pod or are a watch's start and end (a
         pod's watch names no pod until it sends one), and the end of each of its processes'
@@ -554,8 +554,8 @@ class FakeKubernetes:
             "or request, or a list from a resourceVersion (a watch's relist):",
             *mine[-lines:],
         ]
-        for (ns, name), path in sorted(self._pod_logs.items()):
-            if name == pod:
+        for (ns, name), path in sorted(self._pod_logs.copy().items()):  # (the loop adds)
+            if name == pod or name.startswith(f"{pod}-"):  # a named server's too
                 try:
                     output = path.read_text(errors="replace").splitlines()
                 except OSError as error:
