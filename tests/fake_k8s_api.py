@@ -60,6 +60,13 @@ The device plugin: whole GPUs and MIG slices of a node are devices with UUIDs; a
 container gets ``NVIDIA_VISIBLE_DEVICES`` with its devices' UUIDs, and ``/dcgm/<node>/metrics``
 answers as dcgm-exporter with pod attribution does, with each device's utilisation set by
 ``set_gpu_activity`` (0 unless set).
+
+The record (``record_path``, ``requests.log`` in the work directory, kept with it): every
+request (method, path and query, status, time taken), each watch's start (its
+``resourceVersion``, ``timeoutSeconds``, backlog), every event it sends and its end (why), every
+change and the watches it went to, and the kubelet's starts and exits; each pod's process
+output is a file of its own (``pod_log``). ``evidence(name)`` quotes what concerns a pod, for a
+failing test's message.
 """
 
 from __future__ import annotations
@@ -366,6 +373,7 @@ class Watcher:
     namespace: str | None
     labels: str
     fields: str
+    id: int = 0  # the record's name for it
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
@@ -416,6 +424,11 @@ class FakeKubernetes:
         self._ioloop: IOLoop | None = None
         self._tasks: set[asyncio.Task] = set()
         self.url = ""
+        self.record_path = self.workdir / "requests.log"
+        self._record_lock = threading.Lock()
+        self._record_file: Any = None
+        self._pod_logs: dict[tuple[str, str], Path] = {}  # the last process's output per pod
+        self._watch_ids = itertools.count(1)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -427,6 +440,8 @@ class FakeKubernetes:
         self.stop()
 
     def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._record_file = open(self.record_path, "a", buffering=1)  # noqa: SIM115  (stop())
         sockets = bind_sockets(0, "127.0.0.1")
         self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
         ready = threading.Event()
@@ -462,6 +477,10 @@ class FakeKubernetes:
                 self.loop.call_soon_threadsafe(watcher.queue.put_nowait, None)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
+        with self._record_lock:
+            if self._record_file is not None:
+                self._record_file.close()
+                self._record_file = None
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -478,7 +497,9 @@ class FakeKubernetes:
             done.set()
 
         self.loop.call_soon_threadsafe(run)
-        done.wait(30)
+        if not done.wait(30):
+            self._note(f"call {getattr(fn, '__name__', fn)}{args!r}: not run in 30 s")
+            raise TimeoutError(f"the fake API's loop did not run {fn} in 30 s")
         if "error" in box:
             raise box["error"]
         return box.get("value")
@@ -503,6 +524,45 @@ class FakeKubernetes:
             )
         )
         return path
+
+    # -- the record ----------------------------------------------------------------------------
+
+    def _note(self, line: str) -> None:
+        """A line of the record (any thread: the kubelet's kills run on others)."""
+        stamp = datetime.now(timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        with self._record_lock:
+            if self._record_file is not None:
+                self._record_file.write(f"{stamp} {line}\n")
+
+    def pod_log(self, namespace: str, pod: str) -> Path | None:
+        """The file the output of ``pod``'s last process went to."""
+        return self._pod_logs.get((namespace, pod))
+
+    def evidence(self, pod: str, lines: int = 250) -> str:
+        """What a failing test's message quotes of ``pod``: the files (kept with the work
+        directory), the record's lines that name the pod or are a watch's start and end (a
+        pod's watch names no pod until it sends one), and the end of each of its processes'
+        output."""
+        try:
+            record = self.record_path.read_text(errors="replace").splitlines()
+        except OSError:
+            record = []
+        mine = [line for line in record if pod in line or _a_watchs(line)]
+        parts = [
+            f"fake Kubernetes API record: {self.record_path} ({len(record)} lines); the last "
+            f"{min(lines, len(mine))} of the {len(mine)} naming {pod} or a watch's start, end "
+            "or request, or a list from a resourceVersion (a watch's relist):",
+            *mine[-lines:],
+        ]
+        for (ns, name), path in sorted(self._pod_logs.copy().items()):  # (the loop adds)
+            if name == pod or name.startswith(f"{pod}-"):  # a named server's too
+                try:
+                    output = path.read_text(errors="replace").splitlines()
+                except OSError as error:
+                    output = [f"(unreadable: {error})"]
+                parts += [f"output of {ns}/{name}'s process: {path} (its last 60 lines):"]
+                parts += output[-60:]
+        return "\n".join(parts)
 
     # -- what tests read and change --------------------------------------------------------------
 
@@ -611,9 +671,13 @@ class FakeKubernetes:
     def _emit(self, plural: str, kind: str, obj: dict) -> None:
         self.history.append((self.resource_version, plural, kind, copy.deepcopy(obj)))
         del self.history[:-HISTORY]
+        to = []
         for watcher in self._watchers:
             if self._watched(watcher, plural, obj):
                 watcher.queue.put_nowait({"type": kind, "object": copy.deepcopy(obj)})
+                to.append(f"watch#{watcher.id}")
+        self._note(f"change rv={self.resource_version} {kind} {plural} {_described(obj)} -> "
+                   f"{', '.join(to) or 'no watch'}")  # fmt: skip
 
     @staticmethod
     def _watched(watcher: Watcher, plural: str, obj: dict) -> bool:
@@ -1084,6 +1148,7 @@ class FakeKubernetes:
             if not argv:
                 raise FileNotFoundError("the container has no command or args")
             argv[0] = shutil.which(argv[0], path=env["PATH"]) or argv[0]
+            self._pod_logs[key] = home / f"{key[1]}.log"
             log = open(home / f"{key[1]}.log", "ab")  # noqa: SIM115  (the process owns it)
             process = subprocess.Popen(
                 argv,
@@ -1097,10 +1162,13 @@ class FakeKubernetes:
             log.close()
         except OSError as error:
             why = f"failed to start container: {error}"
+            self._note(f"kubelet {_key(key)} {why}")
             self._event(pod, "Warning", "Failed", f"Error: {why}", "kubelet")
             self._set_status("pods", key, lambda p: _terminated(p, 128, why, init), uid)
             return
         self.processes[key] = process
+        self._note(f"kubelet {_key(key)} started pid {process.pid} at {ip}: {argv} (output: "
+                   f"{self._pod_logs[key]})")  # fmt: skip
         self._event(pod, "Normal", "Started", f"Started container {container['name']}", "kubelet")
 
         def running(p):
@@ -1131,6 +1199,7 @@ class FakeKubernetes:
         self._set_status("pods", key, running, uid)
         while process.poll() is None:
             await asyncio.sleep(0.2)
+        self._note(f"kubelet {_key(key)} pid {process.pid} exited {process.returncode}")
         if self.processes.get(key) is process:
             del self.processes[key]
         current = self.get("pods", key[1], key[0])
@@ -1146,11 +1215,13 @@ class FakeKubernetes:
         process = self.processes.pop(key, None)
         if process is None or process.poll() is not None:
             return
+        self._note(f"kubelet {_key(key)} SIGTERM to pid {process.pid} (grace {grace} s)")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(max(grace, 0.1))
         except subprocess.TimeoutExpired:
+            self._note(f"kubelet {_key(key)} SIGKILL to pid {process.pid}")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
@@ -1342,7 +1413,7 @@ class FakeKubernetes:
                 field_selector_matches(fields, {"metadata": {}})  # 400 for an unknown field
                 since = self.get_argument("resourceVersion", "")
                 timeout = float(self.get_argument("timeoutSeconds", "1800"))
-                watcher = Watcher(plural, namespace, labels, fields)
+                watcher = Watcher(plural, namespace, labels, fields, next(api._watch_ids))
                 with api._lock:
                     if since in ("", "0"):  # everything there is, as ADDED
                         backlog = [
@@ -1361,30 +1432,53 @@ class FakeKubernetes:
                                 if rv > int(since) and api._watched(watcher, p, o)
                             ]
                     api._watchers.append(watcher)
+                    api._note(
+                        f"watch#{watcher.id} start {plural} namespace={namespace} "
+                        f"labels={labels!r} fields={fields!r} resourceVersion={since!r} "
+                        f"timeoutSeconds={timeout:g} backlog={len(backlog)} "
+                        f"(at rv {api.resource_version})"
+                    )
                 self.set_header("Content-Type", "application/json")
                 self.set_header("Transfer-Encoding", "chunked")
                 deadline = time.monotonic() + timeout
+                sent, why = 0, "gone (410)"
+
+                def send(event):
+                    api._note(f"watch#{watcher.id} sends {event['type']} "
+                              f"{_described(event['object'])}")  # fmt: skip
+                    self.write(json.dumps(event) + "\n")
+
                 try:
                     for event in backlog:
-                        self.write(json.dumps(event) + "\n")
+                        send(event)
+                        sent += 1
                     await self.flush()
                     while backlog[-1:] != [_gone(since)]:
                         left = deadline - time.monotonic()
                         if left <= 0:
+                            why = "timeoutSeconds"
                             break
                         try:
                             event = await asyncio.wait_for(watcher.queue.get(), left)
                         except asyncio.TimeoutError:
+                            why = "timeoutSeconds"
                             break
                         if event is None or self.request.connection.stream.closed():
+                            why = "stopped" if event is None else "the client closed it"
                             break
-                        self.write(json.dumps(event) + "\n")
+                        send(event)
+                        sent += 1
                         await self.flush()
-                except Exception:
-                    pass
+                except Exception as error:
+                    why = f"{type(error).__name__}: {error}"
                 finally:
                     with api._lock:
                         api._watchers.remove(watcher)
+                    left_over = watcher.queue.qsize()
+                    api._note(
+                        f"watch#{watcher.id} end ({why}), {sent} sent"
+                        + (f", {left_over} queued not sent" if left_over else "")
+                    )
                 with contextlib.suppress(Exception):
                     self.finish()
 
@@ -1495,7 +1589,7 @@ class FakeKubernetes:
                 (r"/apis/metrics\.k8s\.io/v1beta1/namespaces/([^/]+)/pods/?", PodMetrics),
                 (r"/prometheus/api/v1/query", Prometheus),
             ],
-            log_function=_access_log,
+            log_function=lambda handler: _access_log(api, handler),
         )
 
     def _dcgm_samples(self, node: str) -> list[tuple[str, dict, float]]:
@@ -1536,11 +1630,13 @@ async def _after(seconds: float, then) -> None:
         await then()
 
 
-def _access_log(handler: web.RequestHandler) -> None:
-    """A line for each request that changes the cluster or fails: the hub and the governor read
-    pods, DCGM and Prometheus every half second, and those lines would bury a failing test's
-    output (the hub's own log after them)."""
+def _access_log(api: FakeKubernetes, handler: web.RequestHandler) -> None:
+    """Every request in the record; a line on the test's output for each request that changes
+    the cluster or fails: the hub and the governor read pods, DCGM and Prometheus every half
+    second, and those lines would bury a failing test's output (the hub's own log after them)."""
     status = handler.get_status()
+    request = handler.request
+    api._note(f"{status} {request.method} {request.uri} {1000 * request.request_time():.1f}ms")
     if handler.request.method == "GET" and status < 400:
         return
     level = logging.WARNING if status >= 400 else logging.INFO
@@ -1564,6 +1660,30 @@ def _terminated(pod: dict, code: int, message: str, init: list) -> None:
                                   "message": message}},
         )  # fmt: skip
     pod["status"].setdefault("containerStatuses", [status])
+
+
+def _a_watchs(line: str) -> bool:
+    """A record line of a watch's start or end, its request, or a list at a resourceVersion
+    (KubeSpawner's reflectors list so before each watch)."""
+    return (" watch#" in line and (" start " in line or " end " in line)) or (
+        "resourceVersion=" in line and " change " not in line
+    )
+
+
+def _described(obj: dict) -> str:
+    """An object as the record names it: namespace/name, resourceVersion, a pod's phase and
+    node, an event's reason and the pod it is about."""
+    meta = obj.get("metadata") or {}
+    text = f"{meta.get('namespace') or ''}/{meta.get('name')} rv={meta.get('resourceVersion')}"
+    if obj.get("kind") == "Pod":
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        text += f" phase={status.get('phase')} node={spec.get('nodeName') or '-'}"
+        text += " deleting" if "deletionTimestamp" in meta else ""
+    elif obj.get("kind") == "Event":
+        text += f" {obj.get('reason')} of {(obj.get('involvedObject') or {}).get('name')}"
+    elif obj.get("kind") == "Status":
+        text += f" {obj.get('code')} {obj.get('message')}"
+    return text
 
 
 def _key(key: tuple) -> str:

@@ -176,7 +176,9 @@ class Gov:
         wait(lambda: self.admin("GET", "").status_code == 200, timeout, "the governor to answer")
 
 
-def wait(check, timeout: float, what: str):
+def wait(check, timeout: float, what: str, explain: Callable[[], str] | None = None):
+    """``check()``'s first true value within ``timeout`` seconds; an AssertionError naming
+    ``what`` (and quoting ``explain()``, e.g. a hub's ``spawn_evidence``) when none came."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -186,7 +188,7 @@ def wait(check, timeout: float, what: str):
         if value:
             return value
         time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f"\n{explain()}" if explain else ""))
 
 
 def kernel_with(hub: HubHarness, user: str, code: str) -> websocket.WebSocket:

@@ -33,7 +33,11 @@ at ``hub.sim_state``.
 
 Browser-like use: ``login(user)`` gives a ``requests.Session`` logged in through /hub/login,
 ``spawn_form(user, server_name, fields)`` posts the spawn form as that user, and
-``wait_for_server`` waits until a server started that way answers. ``restart()`` stops only the
+``wait_for_server`` waits until a server started that way answers; when it does not (the
+server stopped, or the wait timed out) the error quotes ``spawn_evidence``: the hub log's lines
+about the user (the whole log is ``hub.log`` in the work directory), and what the parts in
+``evidence_from`` add (tests/test_kubernetes_hub.py adds the fake Kubernetes API's record of the
+user's pod and the pod's output). ``restart()`` stops only the
 hub process and starts it again on the same ports and directory (with
 ``c.JupyterHub.cleanup_servers = False`` the servers keep running).
 
@@ -59,7 +63,7 @@ import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,6 +171,8 @@ class HubHarness:
         self.session = requests.Session()
         self.session.trust_env = False  # never send 127.0.0.1 through an HTTP(S)_PROXY
         self.port = self.api_port = self.hub_port = 0
+        # What else a failed spawn's message quotes: (user, server name) -> text.
+        self.evidence_from: list[Callable[[str, str], str]] = []
 
     # --- URLs --------------------------------------------------------------------------------
     @property
@@ -382,12 +388,18 @@ class HubHarness:
             if not spawner or not spawner.get("ready"):
                 if spawner is None and not model.get("pending"):
                     raise HubHarnessError(
-                        f"server {user}/{server_name} stopped while starting\n{self.log_tail()}"
+                        f"server {user}/{server_name} stopped while starting\n"
+                        + self.spawn_evidence(user, server_name)
                     )
                 return False
             return self.get(server.url + "api/status", token=token).status_code == 200
 
-        self._wait(ready, f"the server of {user}/{server_name} to answer", timeout)
+        self._wait(
+            ready,
+            f"the server of {user}/{server_name} to answer",
+            timeout,
+            explain=lambda: self.spawn_evidence(user, server_name),
+        )
         return server
 
     def stop_server(self, user: str, server_name: str = "", timeout: float | None = None) -> None:
@@ -525,6 +537,36 @@ class HubHarness:
         except OSError:
             return ""
 
+    def spawn_evidence(self, user: str, server_name: str = "", lines: int = 200) -> str:
+        """What a failed spawn's message quotes: the hub log's lines that name ``user`` (but
+        the harness's own polls of the user's model) and its warnings and errors, the last
+        ``lines`` of them, then what each of ``evidence_from`` adds. The files named are kept
+        with the work directory (pytest's basetemp keeps the last runs')."""
+        try:
+            log = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            log = []
+        # the harness's own polls of the user's model, and its probes for users to create
+        polled = re.compile(
+            rf"\] (200 GET /hub/api/users/{re.escape(user)}|404 GET /hub/api/users/\S+) "
+        )
+        mine = [
+            line
+            for line in log
+            if (user in line or line.startswith(("[W", "[E", "[C"))) and not polled.search(line)
+        ]
+        parts = [
+            f"hub log: {self.log_path} ({len(log)} lines); the last {min(lines, len(mine))} of "
+            f"the {len(mine)} naming {user} or a warning or error (not the harness's polls):",
+            *mine[-lines:],
+        ]
+        for source in self.evidence_from:
+            try:
+                parts.append(source(user, server_name))
+            except Exception as error:  # the evidence never hides the failure it explains
+                parts.append(f"({source!r} failed: {error!r})")
+        return "\n".join(parts)
+
     # --- internals ---------------------------------------------------------------------------
     def _config_text(self) -> str:
         markers = {
@@ -604,13 +646,22 @@ class HubHarness:
         except requests.ConnectionError:
             return False
 
-    def _wait(self, check: Any, what: str, timeout: float | None = None) -> None:
+    def _wait(
+        self,
+        check: Any,
+        what: str,
+        timeout: float | None = None,
+        explain: Callable[[], str] | None = None,
+    ) -> None:
+        """Wait until ``check()``; an error quotes ``explain()`` (the hub log's tail unless
+        given) when the hub exits or the wait times out."""
+        explain = explain or self.log_tail
         deadline = time.monotonic() + (timeout or self.timeout)
         while True:
             if self.proc is None or self.proc.poll() is not None:
                 code = None if self.proc is None else self.proc.returncode
                 raise HubHarnessError(
-                    f"jupyterhub exited ({code}) while waiting for {what}\n{self.log_tail()}"
+                    f"jupyterhub exited ({code}) while waiting for {what}\n{explain()}"
                 )
             try:
                 if check():
@@ -618,7 +669,7 @@ class HubHarness:
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
-                raise HubHarnessError(f"timed out waiting for {what}\n{self.log_tail()}")
+                raise HubHarnessError(f"timed out waiting for {what}\n{explain()}")
             time.sleep(0.2)
 
     def _kill_leftovers(self) -> None:

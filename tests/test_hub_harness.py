@@ -53,3 +53,36 @@ def test_a_restart_waits_for_the_old_proxy_to_let_go_of_the_ports(tmp_path):
         assert log.count("Starting proxy @") == started + 1, log[-3000:]
         assert "EADDRINUSE" not in log, log[-3000:]
         assert not _alive(old_proxy)
+
+
+def test_a_failed_spawns_evidence_quotes_the_users_lines_and_names_the_files(tmp_path):
+    """What a failed spawn's message quotes (no hub needed: its log as a hub writes it): the
+    hub log's file, its lines naming the user and its warnings and errors, not the harness's
+    own polls of the user's model nor its probes for users; then each of ``evidence_from``,
+    one that fails named in its place."""
+    hub = HubHarness(workdir=tmp_path)
+    hub.log_path.write_text(
+        "[I 2026-12-06 22:47:33.036 JupyterHub log:192] 202 POST /hub/api/users/vera/server "
+        "(harness@127.0.0.1) 203.84ms\n"
+        "[I 2026-12-06 22:47:33.100 JupyterHub log:192] 200 GET /hub/api/users/vera "
+        "(harness@127.0.0.1) 3.10ms\n"
+        "[W 2026-12-06 22:47:33.101 JupyterHub log:192] 404 GET /hub/api/users/vic "
+        "(harness@127.0.0.1) 7.47ms\n"
+        "[I 2026-12-06 22:47:34.000 JupyterHub spawner:2998] something of alice\n"
+        "[E 2026-12-06 22:47:35.000 JupyterHub reflector:414] Initial list of pods failed\n"
+        "[W 2026-12-06 22:49:33.000 JupyterHub user:1058] vera's server failed to start in "
+        "120 seconds, giving up.\n"
+    )
+    hub.evidence_from.append(lambda user, server: f"the pod of {user}/{server}: its record")
+    hub.evidence_from.append(lambda user, server: 1 / 0)
+
+    evidence = hub.spawn_evidence("vera").splitlines()
+
+    assert evidence[0].startswith(f"hub log: {hub.log_path} (6 lines); the last 3 of the 3")
+    assert [line.split("] ", 1)[1] for line in evidence[1:4]] == [
+        "202 POST /hub/api/users/vera/server (harness@127.0.0.1) 203.84ms",
+        "Initial list of pods failed",
+        "vera's server failed to start in 120 seconds, giving up.",
+    ]
+    assert evidence[4] == "the pod of vera/: its record"
+    assert "ZeroDivisionError" in evidence[5]

@@ -4,7 +4,9 @@ on chosen paths (an error status, a slow answer).
 
 - A spawn whose GPUs cannot be counted (the nodes cannot be read, and there is no fresh reading)
   is refused with the API's failure named, never admitted on numbers the cluster may not have;
-  once the API answers, the same spawn starts.
+  once the API answers, the same spawn starts, though the hub's first list of its pods failed
+  too (KubeSpawner kept that watch of the pods, which never watched: the start waited for its
+  pod until start_timeout).
 - A pod create answered too late is retried by KubeSpawner (its first create was carried out:
   409, then a delete and a create): the server is counted once, and the other card stays free.
 - A start from the line whose pod the API will not create keeps its place, and starts from the
@@ -75,6 +77,8 @@ def running(hub, user: str) -> bool:
 
 
 def test_a_spawn_the_cluster_cannot_be_counted_for_is_refused_until_the_api_answers(hub, k8s):
+    # The hub's first list of its pods (the refused spawn's cleanup polls) fails as well.
+    first_list = k8s.fail("GET", PODS_PATH, code=500, times=1)
     assert spawn(hub, "vera", H100).status_code == 202  # the spawn page's stream says how
     message = said(hub, "vera", "GPU state unknown")
     assert (
@@ -92,7 +96,7 @@ def test_a_spawn_the_cluster_cannot_be_counted_for_is_refused_until_the_api_answ
         "the hub to count the cluster's GPUs again",
     )
     hub.start_server("vera", options=H100)
-    assert pod_of(k8s, "vera")["status"]["phase"] == "Running"
+    assert pod_of(k8s, "vera")["status"]["phase"] == "Running" and first_list.hits == 1
 
 
 def test_a_create_retried_after_a_slow_answer_is_counted_once(hub, k8s):
@@ -150,7 +154,12 @@ def test_a_start_from_the_line_the_api_fails_keeps_its_place(hub, k8s):
     assert failing.hits == 1 and gov.actions("vera/").count("queue-start") == 1
 
     k8s.clear_faults()
-    wait(lambda: running(hub, "vera"), 180, "vera to start from the line once the API is back")
+    wait(
+        lambda: running(hub, "vera"),
+        180,
+        "vera to start from the line once the API is back",
+        explain=lambda: hub.spawn_evidence("vera"),
+    )
     assert pod_of(k8s, "vera")["status"]["phase"] == "Running" and "vera" not in queue_line(hub)
     actions = gov.actions("vera/")
     assert actions.count("queue-start") == 2 and actions.count("queue-started") == 1  # one wait

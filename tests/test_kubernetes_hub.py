@@ -152,6 +152,8 @@ def z2jh_hub(k8s: FakeKubernetes, tmp_path_factory, extra_config: str = ""):
     harness = HubHarness(
         workdir=work, spawner_config=False, launch=launch, users=["govadmin"], timeout=120
     )
+    # A spawn that fails quotes the fake API's record of the user's pod, and the pod's output.
+    harness.evidence_from.append(lambda user, _server: k8s.evidence(f"jupyter-{user}"))
     with harness:
         # The documented file makes the Hub group gpu-admins the governor's admins.
         harness.api("POST", "groups/gpu-admins/users", json={"users": ["govadmin"]})

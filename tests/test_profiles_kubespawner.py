@@ -36,6 +36,7 @@ from jupyterhub.app import JupyterHub
 from jupyterhub.objects import Hub
 from jupyterhub.user import User
 from kubernetes_asyncio.client import ApiClient, V1Pod
+from kubernetes_asyncio.client.rest import ApiException
 from kubernetes_asyncio.config import kube_config
 from kubespawner import KubeSpawner
 from kubespawner import clients as kubespawner_clients
@@ -1489,6 +1490,27 @@ async def test_start_within_quota_records_the_grant_and_labels_the_pod(hub, pod_
     assert {k: v for k, v in row.user_options.items() if k.startswith("gpu-gov/")} == grant
     assert ownership(pod)[0] == {"gpu-gov/user": "alice", **grant}
     assert container(pod).resources.limits == {"nvidia.com/gpu": "1"}
+
+
+async def test_a_hub_whose_first_list_of_its_pods_failed_starts_the_next_server(hub, cluster):
+    """The API fails the hub's first list of its pods (at a poll, or the cleanup of a refused
+    spawn: a CI run's first spawn, the machine loaded): KubeSpawner keeps that reflector, which
+    never watches, and hands it to every later start and poll of the namespace. The next start
+    waited for its pod there until start_timeout ("failed to start in 120 seconds") and a poll
+    found no pod. The next start replaces it: the server starts and a poll finds it running."""
+    hub.user("alice", "vision")
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100", "project": "detection"})
+    alice.start_timeout = 20  # a deadline: a start here takes a few seconds
+    failing = cluster.fail("GET", rf"^/api/v1/namespaces/{alice.namespace}/pods$", times=1)
+    with pytest.raises(ApiException):
+        await alice.poll()
+    assert failing.hits == 1
+
+    url = await alice.start()
+
+    pod = cluster.get("pods", alice.pod_name, alice.namespace)
+    assert pod["status"]["phase"] == "Running" and url == f"http://{pod['status']['podIP']}:8888"
+    assert await alice.poll() is None
 
 
 async def test_start_beyond_the_guarantee_is_borrowed_and_labelled(hub, pod_api):

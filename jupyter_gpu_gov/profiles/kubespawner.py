@@ -50,6 +50,17 @@ from .spawner import NO_GPU, GpuProfilesMixin
 from .tiers import GPU_VENDOR_PREFIX, Tier
 
 
+def _reflector_dead(reflector) -> bool:
+    """Whether a KubeSpawner reflector will never change again: its first list failed, or its
+    watch task ended (it gave up). One still loading is not: its first list is awaited."""
+    loaded = reflector.first_load_future
+    if not loaded.done():
+        return False
+    if loaded.cancelled() or loaded.exception() is not None:
+        return True
+    return reflector.watch_task is None or reflector.watch_task.done()
+
+
 def tier_override(tier: Tier) -> dict[str, Any]:
     """What a tier sets on KubeSpawner (the admin's own ``kubespawner_override`` last).
 
@@ -222,6 +233,24 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
     @property
     def gpu_cluster(self) -> ClusterGpus:
         return ClusterGpus.instance(config=self.config)
+
+    async def _start_reflector(self, kind, reflector_class, replace=False, **kwargs):
+        # KubeSpawner keeps one reflector per kind and namespace for all spawners and hands
+        # out the one it has, whatever became of it. One whose first list failed (the API
+        # slow or failing at the hub's first poll, or at the cleanup of a refused spawn) or
+        # whose watch gave up never changes again: every later start waited for its pod there
+        # until start_timeout, and every poll found no pod (the server taken for stopped).
+        # Such a one is replaced, as KubeSpawner itself does after a start timed out.
+        kept = type(self).reflectors.get(self._get_reflector_key(kind))
+        if not replace and kept is not None and _reflector_dead(kept):
+            self.log.warning(
+                "gpu-gov: the hub's watch of %s in %s had stopped (its first list failed, or "
+                "its watch gave up); starting it again",
+                kind,
+                escaped(self.namespace),
+            )
+            replace = True
+        return await super()._start_reflector(kind, reflector_class, replace=replace, **kwargs)
 
     def gpu_capacity(self, usage):
         conf = self.gpu_profiles
