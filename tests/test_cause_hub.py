@@ -409,7 +409,7 @@ def test_a_small_model_on_a_whole_card_is_told_the_slice_it_fits(hub, gov, tmp_p
         listed = gov.admin("GET", "users/sam/server").json()
         assert listed["right_size"] == fit
         dashboard = hub.login("govadmin").get(f"{hub.url}/services/gpu-gov/", timeout=30)
-        assert "fits Small H100 slice" in dashboard.text
+        assert "fits <bdi>Small H100 slice</bdi>" in dashboard.text  # the label isolated
         # Its GPU works (5 %), and its maximum age is announced: a hard deadline.
         verdict = wait(
             lambda: (v := gov.verdict("sam"))["hard_deadline"] and v, 30, "the deadline notice"

@@ -205,7 +205,7 @@ async def test_an_applied_policy_governs_after_a_restart_until_the_config_file_c
     assert "applied by user:ada" in said[0] and "in force over the config file" in said[0]
     page, api = await served(gov, service_env, "policy", "api/policy")
     assert json.loads(api)["applied"] == view["applied"]
-    assert "Applied by user:ada at " + view["applied"]["at"] in html.unescape(page)
+    assert "Applied by <bdi>user:ada</bdi> at " + view["applied"]["at"] in html.unescape(page)
 
     gov, said = await restart(tmp_path, "3h")  # the config file changed since: it wins
     view = kept.policy_view(gov)
@@ -220,7 +220,9 @@ async def test_an_applied_policy_governs_after_a_restart_until_the_config_file_c
     page, api = await served(gov, service_env, "policy", "api/policy")
     assert json.loads(api)["superseded"] == superseded
     assert (
-        "The policy applied by user:ada at " + superseded["at"] + " (tighter for vision) was "
+        "The policy applied by <bdi>user:ada</bdi> at "
+        + superseded["at"]
+        + " (<bdi>tighter for vision</bdi>) was "
         "superseded by the config file at " + superseded["since"]
     ) in html.unescape(page)
 
