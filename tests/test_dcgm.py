@@ -897,6 +897,29 @@ def test_out_of_range_values_are_unknown_and_named():
     ]
 
 
+def test_amounts_past_any_gpus_are_unknown_and_named():
+    """A broken (or forged) exporter's huge figures were taken as read: two PCIe directions of
+    1e308 summed to inf, and 1e308 MiB of memory could not be stored with the pass's history
+    (every server's rows lost, tests/test_history_recording.py). Past any GPU's: unknown."""
+    text = (
+        'DCGM_FI_DEV_FB_USED{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_DEV_FB_FREE{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_DEV_POWER_USAGE{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_PROF_PCIE_TX_BYTES{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_PROF_PCIE_RX_BYTES{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{UUID="GPU-a"} 1e300\n'
+        'DCGM_FI_DEV_FB_USED{UUID="GPU-b"} 81559\n'  # an H100's: as read
+        'DCGM_FI_DEV_POWER_USAGE{UUID="GPU-b"} 700.5\n'
+        'DCGM_FI_PROF_PCIE_TX_BYTES{UUID="GPU-b"} 6.4e10\n'
+    )
+    rejected: list = []
+    a, b = sorted(parse_exposition(text, rejected=rejected), key=lambda e: e.uuid)
+    assert (a.memory_used_mb, a.memory_free_mb, a.power_w, a.pcie_bytes_per_s) == (None,) * 4
+    assert a.health is None
+    assert (b.memory_used_mb, b.power_w, b.pcie_bytes_per_s) == (81559, 700.5, 6.4e10)
+    assert len(rejected) == 6 and rejected[0] == "DCGM_FI_DEV_FB_USED=1e+308 for GPU-a"
+
+
 async def test_the_source_says_which_values_it_ignored():
     class Negative(RequestHandler):
         def get(self) -> None:
