@@ -169,9 +169,16 @@ def exposition_samples(text: str, metrics: Collection[str]) -> Iterator[Sample]:
 
 
 def vector_samples(result: Iterable[Any]) -> Iterator[Sample]:
+    """Raises ``ValueError`` naming the first malformed sample: labels that are not names and
+    text (a number there failed later, as an ``AttributeError`` naming neither), a value that
+    is not a number."""
     for series in result:
         try:
             labels = series["metric"]
+            try:  # (JSON's names are text; each value too, or join says which is not)
+                "".join(labels.values())
+            except TypeError as e:
+                raise TypeError(f"a label's value is not text: {e}") from None
             # Prometheus sends values as strings ("0", "NaN", "+Inf").
             yield labels.get("__name__", ""), labels, float(series["value"][1])
         except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
