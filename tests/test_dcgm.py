@@ -8,6 +8,7 @@ Cases no fixture covers are inline strings marked synthetic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import gzip
 import hashlib
@@ -856,6 +857,49 @@ async def test_a_trickling_exporter_is_cut_off_at_the_read_deadline():
     assert snapshot.evidence == ()
     (error,) = snapshot.errors
     assert "no whole answer within 1s" in error, error
+
+
+@contextmanager
+def cut_short(body: bytes, promised: int, gzipped: bool = False) -> Iterator[str]:
+    """An exporter that promises ``promised`` bytes (``Content-Length``), sends ``body`` and
+    closes the connection: a pod killed mid-answer, a proxy that drops it."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def answer() -> None:
+        with contextlib.suppress(OSError):
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                if gzipped:
+                    head += b"Content-Encoding: gzip\r\n"
+                connection.sendall(head + b"Content-Length: %d\r\n\r\n" % promised + body)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"
+    finally:
+        listener.close()
+        thread.join(5)
+
+
+async def test_an_answer_cut_short_is_no_answer_never_the_part_that_came():
+    """An exporter whose answer ends before its Content-Length (killed mid-answer) was read as
+    if whole: a GPU's 45 % utilisation cut to "4" read as 4 %, idle. It is a failed read (the
+    node's GPUs unknown), named."""
+    whole = b'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a",pod="jupyter-alice",namespace="jhub"} 45\n'
+    for body, gzipped in ((whole[:-2], False), (gzip.compress(whole)[:-9], True)):
+        with cut_short(body, len(whole) + 100, gzipped) as url:
+            snapshot = await DcgmSource(exporter_urls=[url], timeout_s=10).fetch()
+        assert snapshot.evidence == (), (gzipped, snapshot.evidence)
+        (error,) = snapshot.errors
+        assert "ends early" in error, error
 
 
 def gzip_bomb(size: int) -> bytes:
