@@ -538,7 +538,8 @@ def test_prometheus_error_responses_raise_value_error():
         )
     # A label's value that is not text (a Prometheus-compatible store's odd JSON) failed
     # later, as an AttributeError or TypeError naming neither the series nor the label.
-    for odd in ({"gpu": 1}, {"UUID": ["GPU-a"]}, {"pod": None}):
+    # (A null one reads as absent, as an empty one does.)
+    for odd in ({"gpu": 1}, {"UUID": ["GPU-a"]}, {"pod": 5}):
         series = {"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "UUID": "GPU-a", **odd}}
         result = [{**series, "value": [1, "50"]}]
         with pytest.raises(ValueError, match=r"malformed vector sample .*not text"):

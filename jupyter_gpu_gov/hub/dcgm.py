@@ -26,7 +26,13 @@ from typing import Any
 from ..core import health
 from ..core.health import Health
 from ..core.wire import MAX_MEMORY_MB
-from .prometheus import METRIC_NAME, Sample, exposition_samples, vector_samples
+from .prometheus import (
+    METRIC_NAME,
+    Sample,
+    exposition_samples,
+    not_text_label,
+    vector_samples,
+)
 
 # Health fields (``health_of``): the last XID (DCGM keeps it until the driver or the exporter
 # restarts), the exporter's count of each XID over its window (``xid`` label), volatile
@@ -430,7 +436,16 @@ def parse_prometheus_query(
     data = payload.get("data") or {}
     if data.get("resultType") != "vector":
         raise ValueError(f"expected a vector result, got {data.get('resultType')!r}")
-    return evidence_from_samples(vector_samples(data.get("result") or []), config, rejected)
+    result = data.get("result") or []
+    try:
+        return evidence_from_samples(vector_samples(result), config, rejected)
+    except (AttributeError, TypeError):  # a label read that is not text (odd JSON): named
+        odd = not_text_label(result)
+        if odd is None:
+            raise
+        raise ValueError(
+            f"malformed vector sample {odd!r:.200}: a label's value is not text"
+        ) from None
 
 
 def prometheus_query(config: DcgmConfig | None = None) -> str:

@@ -169,17 +169,21 @@ def exposition_samples(text: str, metrics: Collection[str]) -> Iterator[Sample]:
 
 
 def vector_samples(result: Iterable[Any]) -> Iterator[Sample]:
-    """Raises ``ValueError`` naming the first malformed sample: labels that are not names and
-    text (a number there failed later, as an ``AttributeError`` naming neither), a value that
-    is not a number."""
     for series in result:
         try:
             labels = series["metric"]
-            try:  # (JSON's names are text; each value too, or join says which is not)
-                "".join(labels.values())
-            except TypeError as e:
-                raise TypeError(f"a label's value is not text: {e}") from None
             # Prometheus sends values as strings ("0", "NaN", "+Inf").
             yield labels.get("__name__", ""), labels, float(series["value"][1])
         except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"malformed vector sample {series!r:.200}: {e!r}") from None
+
+
+def not_text_label(result: Iterable[Any]) -> Any:
+    """The first series of a vector with a label's value that is not text (None: none): what
+    a read that failed on one names (looked for only then: 150,000 series checked first cost
+    each read of a 10,000-GPU fleet 0.06 s)."""
+    for series in result:
+        labels = series.get("metric") if isinstance(series, Mapping) else None
+        if isinstance(labels, Mapping) and not all(isinstance(v, str) for v in labels.values()):
+            return series
+    return None
