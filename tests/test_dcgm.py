@@ -8,6 +8,7 @@ Cases no fixture covers are inline strings marked synthetic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import gzip
 import hashlib
@@ -535,6 +536,16 @@ def test_prometheus_error_responses_raise_value_error():
         parse_prometheus_query(
             {"status": "success", "data": {"resultType": "vector", "result": [{"value": []}]}}
         )
+    # A label's value that is not text (a Prometheus-compatible store's odd JSON) failed
+    # later, as an AttributeError or TypeError naming neither the series nor the label.
+    # (A null one reads as absent, as an empty one does.)
+    for odd in ({"gpu": 1}, {"UUID": ["GPU-a"]}, {"pod": 5}):
+        series = {"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "UUID": "GPU-a", **odd}}
+        result = [{**series, "value": [1, "50"]}]
+        with pytest.raises(ValueError, match=r"malformed vector sample .*not text"):
+            parse_prometheus_query(
+                {"status": "success", "data": {"resultType": "vector", "result": result}}
+            )
 
 
 # --- fetching over HTTP -----------------------------------------------------------------------
@@ -849,6 +860,49 @@ async def test_a_trickling_exporter_is_cut_off_at_the_read_deadline():
     assert "no whole answer within 1s" in error, error
 
 
+@contextmanager
+def cut_short(body: bytes, promised: int, gzipped: bool = False) -> Iterator[str]:
+    """An exporter that promises ``promised`` bytes (``Content-Length``), sends ``body`` and
+    closes the connection: a pod killed mid-answer, a proxy that drops it."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def answer() -> None:
+        with contextlib.suppress(OSError):
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                if gzipped:
+                    head += b"Content-Encoding: gzip\r\n"
+                connection.sendall(head + b"Content-Length: %d\r\n\r\n" % promised + body)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"
+    finally:
+        listener.close()
+        thread.join(5)
+
+
+async def test_an_answer_cut_short_is_no_answer_never_the_part_that_came():
+    """An exporter whose answer ends before its Content-Length (killed mid-answer) was read as
+    if whole: a GPU's 45 % utilisation cut to "4" read as 4 %, idle. It is a failed read (the
+    node's GPUs unknown), named."""
+    whole = b'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-a",pod="jupyter-alice",namespace="jhub"} 45\n'
+    for body, gzipped in ((whole[:-2], False), (gzip.compress(whole)[:-9], True)):
+        with cut_short(body, len(whole) + 100, gzipped) as url:
+            snapshot = await DcgmSource(exporter_urls=[url], timeout_s=10).fetch()
+        assert snapshot.evidence == (), (gzipped, snapshot.evidence)
+        (error,) = snapshot.errors
+        assert "ends early" in error, error
+
+
 def gzip_bomb(size: int) -> bytes:
     """``size`` bytes of zeros, gzipped a megabyte at a time (about a thousandth of it)."""
     deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
@@ -895,6 +949,29 @@ def test_out_of_range_values_are_unknown_and_named():
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE=7 for GPU-b",
         "DCGM_FI_PROF_PCIE_TX_BYTES=-1 for GPU-b",
     ]
+
+
+def test_amounts_past_any_gpus_are_unknown_and_named():
+    """A broken (or forged) exporter's huge figures were taken as read: two PCIe directions of
+    1e308 summed to inf, and 1e308 MiB of memory could not be stored with the pass's history
+    (every server's rows lost, tests/test_history_recording.py). Past any GPU's: unknown."""
+    text = (
+        'DCGM_FI_DEV_FB_USED{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_DEV_FB_FREE{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_DEV_POWER_USAGE{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_PROF_PCIE_TX_BYTES{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_PROF_PCIE_RX_BYTES{UUID="GPU-a"} 1e308\n'
+        'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{UUID="GPU-a"} 1e300\n'
+        'DCGM_FI_DEV_FB_USED{UUID="GPU-b"} 81559\n'  # an H100's: as read
+        'DCGM_FI_DEV_POWER_USAGE{UUID="GPU-b"} 700.5\n'
+        'DCGM_FI_PROF_PCIE_TX_BYTES{UUID="GPU-b"} 6.4e10\n'
+    )
+    rejected: list = []
+    a, b = sorted(parse_exposition(text, rejected=rejected), key=lambda e: e.uuid)
+    assert (a.memory_used_mb, a.memory_free_mb, a.power_w, a.pcie_bytes_per_s) == (None,) * 4
+    assert a.health is None
+    assert (b.memory_used_mb, b.power_w, b.pcie_bytes_per_s) == (81559, 700.5, 6.4e10)
+    assert len(rejected) == 6 and rejected[0] == "DCGM_FI_DEV_FB_USED=1e+308 for GPU-a"
 
 
 async def test_the_source_says_which_values_it_ignored():

@@ -691,3 +691,29 @@ def test_the_first_sweep_after_a_restart_resumes_from_the_store(
         "gpu_gov_history_contexts": 1,
     }
     assert {r.server for r in read_history(engine)} == {f"u{i}/" for i in range(40)}
+
+
+async def test_a_dcgm_figure_past_any_gpu_leaves_that_gpu_unknown_not_every_servers_history(
+    tmp_path, restore_clock
+):
+    """An exporter that says a GPU holds 1e308 MiB (a broken counter, a forged series): the
+    figure was taken as read, and the pass's history rows (every server's, one write) were not
+    recorded (the store cannot hold the number). A figure past any GPU's is unknown, and
+    named; the pass's history is kept."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    labels = (
+        'gpu="0",UUID="GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005",Hostname="gpu-node-1",'
+        'container="main",namespace="dynamo-workload",pod="vllm-agg-0-vllmdecodeworker-s65j5"'
+    )
+    exporter.text += f"DCGM_FI_DEV_FB_USED{{{labels}}} 1e308\n"
+    async with FakeHub() as hub:
+        hub.add_server("alice", state=POD)
+        hub.add_server("bob")
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.ingest(report_for("bob", H100_IDLE_GPU.replace("bc", "aa"), sm=0.8))
+        await gov.reconcile()
+    exporter.stop()
+    rows = list(read_history(gov.store.engine))
+    assert {r.server for r in rows} == {"alice/", "bob/"}
+    alice = next(r for r in rows if r.server == "alice/")
+    assert alice.gpu_mem_mb == 0.0  # unknown, as without the series

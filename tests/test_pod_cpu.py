@@ -265,3 +265,27 @@ def test_the_answer_read_item_by_item_reads_what_the_whole_document_does():
     ):
         with pytest.raises(ValueError):
             pod_cpu._fold(bytearray(bad), NAMESPACE, {}, now, options)
+
+
+async def test_a_token_file_that_cannot_be_read_fails_the_read_never_the_pass(tmp_path, caplog):
+    """The service account's token file not text (or not readable: a projected token of mode
+    0600 for a governor not running as its owner) raised out of ``PodCpu.read``, which the
+    governor's pass awaits with its other reads: every pass failed, for every server. It is
+    now a failed read of the namespace, said once, naming the file."""
+    from datetime import datetime, timezone
+
+    from jupyter_gpu_gov.hub.pod_cpu import PodCpu
+
+    token = tmp_path / "token"
+    token.write_bytes(b"\xff\xfe not a token")
+    reader = PodCpu(
+        PodCpuOptions(kubernetes_api_url="http://127.0.0.1:9", kubernetes_token_file=str(token))
+    )
+    reader.want((NAMESPACE, "jupyter-alice"), "alice/")
+    now = datetime(2026, 1, 5, 10, tzinfo=timezone.utc)
+    with caplog.at_level(logging.WARNING, logger="jupyter_gpu_gov.hub"):
+        await reader.read(now)  # (raised UnicodeDecodeError)
+        await reader.read(now)
+    said = [r.getMessage() for r in caplog.records if "pods' CPU" in r.getMessage()]
+    assert len(said) == 1 and str(token) in said[0], said
+    assert reader.busy_since((NAMESPACE, "jupyter-alice"), now) is None  # not known

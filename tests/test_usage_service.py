@@ -532,3 +532,31 @@ async def test_a_renamed_tiers_policies_costs_and_weights_follow_it_by_either_na
             "ann": pytest.approx(0.5 * 2 * STEP),
             "ben": pytest.approx(0.5 * 2 * STEP),
         }
+
+
+@pytest.mark.parametrize("profile", ["9" * 400 + "g.5gb", "0g.5gb", "8g.100gb"])
+async def test_a_reported_mig_profile_no_gpu_has_bills_a_whole_card_and_the_server_is_decided(
+    tmp_path, profile
+):
+    """A report's devices weigh what a server is billed where nothing configured says (a MIG
+    slice its share of the card's compute). A profile its user wrote with 400 digits raised
+    OverflowError in every pass's look at the server: not decided ("skipped until it can be")
+    and not billed; "0g" billed the GPU at nothing. A profile no card has (1 to 7 slices of
+    7) counts a whole card."""
+    db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    async with FakeHub() as hub:
+        real_start = time.monotonic()  # (billed from the server's start)
+        hub.add_server(
+            "alice", state={"gpu_gov_grant": {"gpu-gov/team": "vision", "gpu-gov/tier": "h100"}}
+        )
+        gov = make(hub, db)
+        for _ in range(2):
+            report = report_for("alice", GPU, sm=0.0)
+            report["devices"][0]["mig_profile"] = profile
+            gov.ingest(report)
+            await gov.reconcile()
+            clock.advance(STEP)
+        gov.flush_usage()
+        real = time.monotonic() - real_start  # the clock moves on by the real time too
+    assert [a.action for a in gov.store.audit_rows("alice/") if a.action == "error"] == []
+    assert STEP - 0.5 <= totals(gov.store)[ledger.IDLE_HELD] <= STEP + real + 0.5  # one GPU

@@ -171,10 +171,20 @@ class Demand:
         return {"pending": self.pending, "queued": self.queued, "refused": self.refused}
 
 
+MIG_SLICES = 7  # the compute slices of a card MIG splits (A100, H100, H200, B200)
+
+
 def mig_share(profile: str | None) -> float:
-    """A MIG profile's share of its card's compute (``3g.40gb``: 3/7); 1 for a whole card."""
+    """A MIG profile's share of its card's compute (``3g.40gb``: 3/7); 1 for a whole card, and
+    for a profile no card has (a report's is its user's words: ``0g`` billed a GPU at nothing,
+    400 digits raised OverflowError in every pass's look at the server)."""
     head = (profile or "").split("g.", 1)[0]
-    return round(int(head) / 7, 4) if head.isascii() and head.isdigit() else 1.0  # not '²'
+    if head in _SLICES:
+        return round(int(head) / MIG_SLICES, 4)
+    return 1.0
+
+
+_SLICES = frozenset(str(n) for n in range(1, MIG_SLICES + 1))  # (ASCII digits: not '²')
 
 
 def card_shares(slices: Iterable[tuple[str, str | None, float | None]]) -> list[float]:

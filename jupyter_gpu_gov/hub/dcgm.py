@@ -25,7 +25,14 @@ from typing import Any
 
 from ..core import health
 from ..core.health import Health
-from .prometheus import METRIC_NAME, Sample, exposition_samples, vector_samples
+from ..core.wire import MAX_MEMORY_MB
+from .prometheus import (
+    METRIC_NAME,
+    Sample,
+    exposition_samples,
+    not_text_label,
+    vector_samples,
+)
 
 # Health fields (``health_of``): the last XID (DCGM keeps it until the driver or the exporter
 # restarts), the exporter's count of each XID over its window (``xid`` label), volatile
@@ -93,25 +100,28 @@ DEFAULT_EXPORTER_POD_REGEX = r"(?:[a-z0-9-]+-)?dcgm-exporter-[a-z0-9]{5}"
 DEFAULT_EXPORTER_CONTAINERS = frozenset({"nvidia-dcgm-exporter", "dcgm-exporter", "exporter"})
 
 # What each signal can be: a value outside is a broken (or forged) exporter, never evidence.
-# A hair over 1 is rounding (clamped); a negative utilisation once read as idle.
+# A hair over 1 is rounding (clamped); a negative utilisation once read as idle. Amounts are
+# bounded far past any GPU's (memory as a report's, ``core.wire.MAX_MEMORY_MB``): 1e308 MiB was
+# taken as read, and the pass's history (every server's rows, one write) could not be stored.
+_MAX_COUNT = 2.0**53  # a count past this is not one a float holds exactly: not a count
 _RANGES: Mapping[str, tuple[float, float]] = {
     "gr_engine_active": (0.0, 1.01),
     "sm_active": (0.0, 1.01),
     "dram_active": (0.0, 1.01),
     "tensor_active": (0.0, 1.01),
     "gpu_util": (0.0, 101.0),
-    "pcie_tx_bytes": (0.0, math.inf),
-    "pcie_rx_bytes": (0.0, math.inf),
-    "memory_used_mb": (0.0, math.inf),
-    "memory_free_mb": (0.0, math.inf),
-    "power_w": (0.0, math.inf),
+    "pcie_tx_bytes": (0.0, 1e13),  # bytes/s: PCIe 7.0 x16 is 2.6e11
+    "pcie_rx_bytes": (0.0, 1e13),
+    "memory_used_mb": (0.0, MAX_MEMORY_MB),
+    "memory_free_mb": (0.0, MAX_MEMORY_MB),
+    "power_w": (0.0, 1e5),  # a GPU draws about 1e3
     # Health: an XID number, counts, flags and the clocks event reasons bitmask.
     "xid": (0.0, 1e6),
-    "xid_count": (0.0, math.inf),
-    "ecc_dbe_volatile": (0.0, math.inf),
-    "retired_pending": (0.0, math.inf),
-    "row_remap_pending": (0.0, math.inf),
-    "row_remap_failed": (0.0, math.inf),
+    "xid_count": (0.0, _MAX_COUNT),
+    "ecc_dbe_volatile": (0.0, _MAX_COUNT),
+    "retired_pending": (0.0, _MAX_COUNT),
+    "row_remap_pending": (0.0, _MAX_COUNT),
+    "row_remap_failed": (0.0, _MAX_COUNT),
     "clock_events": (0.0, 2.0**64),
 }
 _CLAMP = {"gr_engine_active": 1.0, "sm_active": 1.0, "dram_active": 1.0, "tensor_active": 1.0}
@@ -426,7 +436,16 @@ def parse_prometheus_query(
     data = payload.get("data") or {}
     if data.get("resultType") != "vector":
         raise ValueError(f"expected a vector result, got {data.get('resultType')!r}")
-    return evidence_from_samples(vector_samples(data.get("result") or []), config, rejected)
+    result = data.get("result") or []
+    try:
+        return evidence_from_samples(vector_samples(result), config, rejected)
+    except (AttributeError, TypeError):  # a label read that is not text (odd JSON): named
+        odd = not_text_label(result)
+        if odd is None:
+            raise
+        raise ValueError(
+            f"malformed vector sample {odd!r:.200}: a label's value is not text"
+        ) from None
 
 
 def prometheus_query(config: DcgmConfig | None = None) -> str:

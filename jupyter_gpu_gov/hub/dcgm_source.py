@@ -173,6 +173,11 @@ class DcgmReader:
             body = _Body(self.max_bytes, gzipped)
             while chunk := response.read1(1 << 20):
                 body.add(chunk)
+            if response.length:  # (http.client ends the read quietly where the peer closed)
+                raise ValueError(
+                    f"the answer ends early: {response.length} of its Content-Length's bytes "
+                    "never came (its last line may be cut: 45 read as 4)"
+                )
             body.end()
         except (OSError, http.client.HTTPException):
             if expired.is_set():

@@ -55,6 +55,23 @@ log = logging.getLogger("jupyter_gpu_gov.hub")
 
 NODE_ACTIONS = ("none", "label", "cordon")
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def bearer(token_file: str) -> dict[str, str]:
+    """The ``Authorization`` header of the service account's token, read each time (the
+    kubelet rotates bound tokens); none without the file. Raises ``OSError`` naming the file
+    when it cannot be read as text (a projected token of mode 0600 for a governor not running
+    as its owner): the caller fails that request, never its pass."""
+    path = Path(token_file)
+    try:
+        if not token_file or not path.is_file():
+            return {}
+        return {"Authorization": f"Bearer {path.read_text(encoding='ascii').strip()}"}
+    except (OSError, UnicodeDecodeError) as error:
+        why = error.strerror if isinstance(error, OSError) and error.strerror else "not text"
+        raise OSError(f"cannot read the token file {token_file}: {why}") from None
+
+
 # A GPU DCGM has not reported for this long is forgotten (its node was removed for good).
 FORGET_AFTER = timedelta(days=1)
 # A GPU's UUID as NVML and DCGM write it (GPU-<hex and dashes>; MIG-… for an instance).
@@ -510,23 +527,21 @@ class HealthWatch:
 
     async def _patch_node(self, node: str, patch: dict, action: str) -> None:
         url = self.options.kubernetes_api_url.rstrip("/")
-        token_file = Path(self.options.kubernetes_token_file)
         headers = {"Content-Type": "application/merge-patch+json"}
-        if token_file.is_file():  # re-read each time: the kubelet rotates bound tokens
-            headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
         ca = self.options.kubernetes_ca_file
-        request = HTTPRequest(
-            f"{url}/api/v1/nodes/{quote(node, safe='')}",
-            method="PATCH",
-            headers=headers,
-            body=json.dumps(patch),
-            ca_certs=ca if url.startswith("https:") and Path(ca).is_file() else None,
-            request_timeout=10,
-            follow_redirects=False,
-        )
         if self._http is None:
             self._http = AsyncHTTPClient()
         try:
+            headers.update(bearer(self.options.kubernetes_token_file))
+            request = HTTPRequest(
+                f"{url}/api/v1/nodes/{quote(node, safe='')}",
+                method="PATCH",
+                headers=headers,
+                body=json.dumps(patch),
+                ca_certs=ca if url.startswith("https:") and Path(ca).is_file() else None,
+                request_timeout=10,
+                follow_redirects=False,
+            )
             await self._http.fetch(request)
         except Exception as error:  # retried next pass; the audit says it was asked for
             log.error("gpu-gov: %s of node %s failed: %s", action, node, error)

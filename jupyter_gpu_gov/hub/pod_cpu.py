@@ -28,7 +28,7 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..core import clock, cpu_stage
-from .health import SERVICE_ACCOUNT
+from .health import SERVICE_ACCOUNT, bearer
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
 
@@ -306,10 +306,6 @@ class PodCpu:
         url = self.options.kubernetes_api_url.rstrip("/") + METRICS_PATH.format(
             quote(namespace, safe="")
         )
-        headers = {"Accept": "application/json"}
-        token_file = Path(self.options.kubernetes_token_file)
-        if self.options.kubernetes_token_file and token_file.is_file():
-            headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"  # (rotated)
         ca = self.options.kubernetes_ca_file
         body = bytearray()
 
@@ -318,17 +314,19 @@ class PodCpu:
             if len(body) > MAX_BYTES:
                 raise ValueError(f"the answer is over {MAX_BYTES} bytes")
 
-        request = HTTPRequest(
-            url,
-            headers=headers,
-            ca_certs=ca if url.startswith("https:") and ca and Path(ca).is_file() else None,
-            request_timeout=self.options.timeout,
-            follow_redirects=False,
-            streaming_callback=keep,
-        )
         if self._http is None:
             self._http = AsyncHTTPClient()
         try:
+            # (a token file that cannot be read fails this read; it raised out of the pass)
+            headers = {"Accept": "application/json", **bearer(self.options.kubernetes_token_file)}
+            request = HTTPRequest(
+                url,
+                headers=headers,
+                ca_certs=ca if url.startswith("https:") and ca and Path(ca).is_file() else None,
+                request_timeout=self.options.timeout,
+                follow_redirects=False,
+                streaming_callback=keep,
+            )
             await self._http.fetch(request)
             folded = await asyncio.get_running_loop().run_in_executor(
                 _parser, _fold, body, namespace, self._runs, now, self.options
