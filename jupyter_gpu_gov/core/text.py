@@ -7,7 +7,7 @@ writes (SQLite, a UTF-8 log or file). Readers find it where it came in and name 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from urllib.parse import quote
 
 # What ends a line or reorders it as shown: C0 controls, DEL, C1 controls (U+0085 is a line
@@ -47,6 +47,12 @@ def in_sentence(name: str) -> str:
     reorder the sentence around it (a bidi control, a right-to-left letter: anything but
     ASCII), else as it is, so an ordinary name's reason reads as it always did."""
     return name if name.isascii() else isolated(name)
+
+
+def listed(names: Iterable[str]) -> str:
+    """Names from outside (teams, an admin's tier names) listed in a sentence: "a, b, c", each
+    ``in_sentence``."""
+    return ", ".join(in_sentence(name) for name in names)
 
 
 def not_text_at(text: str) -> int | None:
