@@ -7,6 +7,7 @@ writes (SQLite, a UTF-8 log or file). Readers find it where it came in and name 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Iterator
 from urllib.parse import quote
 
@@ -141,6 +142,16 @@ def stored_name(name: str) -> str:
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
     shown = escaped(name[:_SHOWN]).encode("utf-8", "backslashreplace").decode("utf-8")
     return f"{shown[:_SHOWN]}{STORED_MARK}{digest}"
+
+
+_KEPT_FORM = re.compile(f".{{0,{_SHOWN}}}{STORED_MARK}[0-9a-f]{{64}}", re.S)
+
+
+def kept_as_it_was(name: str) -> bool:
+    """Whether ``name``, read from a store, is a name holding ``STORED_MARK`` that a release
+    before this rule kept as it is, not a kept form: its kept form is ``stored_name(name)``.
+    (A name a user chose to end in U+FFFD and 64 hex digits reads as a kept form.)"""
+    return STORED_MARK in name and not _KEPT_FORM.fullmatch(name)
 
 
 def kept_forms(name: str) -> frozenset[str]:
