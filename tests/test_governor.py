@@ -1508,7 +1508,7 @@ def test_a_schema_9_store_gains_the_tab_its_warnings_went_out_beside(tmp_path):
 
 
 def test_a_schema_10_store_moves_a_name_kept_as_it_was_to_its_kept_form(tmp_path):
-    """Schema 11: a release before names36 kept a name holding U+FFFD as it is; this one keys
+    """Schema 11: an earlier release kept a name holding U+FFFD as it is; this one keys
     it by its kept form. The upgrade moves the server's row, its audit rows, ledger sessions
     and usage to the kept form; where a schema 10 release already made the kept form's row,
     that row stays (the old one dropped) and the usage of both is summed. Kept forms, and

@@ -261,8 +261,8 @@ async def test_a_name_holding_the_kept_forms_mark_keeps_one_key_across_restarts(
             assert len(store.usage_sessions()) == len(names)
 
 
-def as_before_names36(name: str) -> str:
-    """``stored_name`` as the releases before names36 kept a name: as it is wherever the store
+def as_kept_before_kept_forms(name: str) -> str:
+    """``stored_name`` as earlier releases kept a name: as it is wherever the store
     could hold it, U+FFFD and all."""
     if len(name) <= 255 and "\0" not in name and not_text_at(name) is None:
         return name
@@ -270,7 +270,7 @@ def as_before_names36(name: str) -> str:
 
 
 async def test_an_upgrade_keeps_the_row_and_history_of_a_name_kept_as_it_was(tmp_path, monkeypatch):
-    """A release before names36 kept a name holding U+FFFD as it is (``bob/a\\ufffdb``); this
+    """An earlier release kept a name holding U+FFFD as it is (``bob/a\\ufffdb``); this
     one keeps it in its kept form. Upgraded on the same store, the governor made a second row
     under the new key: the running server's record and open ledger session were left under the
     old key, and its history split in two; a culled user's trail and usage could be read only
@@ -296,7 +296,7 @@ async def test_an_upgrade_keeps_the_row_and_history_of_a_name_kept_as_it_was(tmp
                 if getattr(module, "__name__", "").startswith("jupyter_gpu_gov") and (
                     getattr(module, "stored_name", None) is stored_name
                 ):
-                    old.setattr(module, "stored_name", as_before_names36)
+                    old.setattr(module, "stored_name", as_kept_before_kept_forms)
             vocabulary._KEYS.clear()
             before = governor()
             for _ in range(3):

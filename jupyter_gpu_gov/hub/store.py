@@ -203,8 +203,8 @@ def _kept_key(key: str) -> str:
 
 
 def _to_kept_forms(session: Session) -> None:
-    """Schema 11: what a release before names36 kept under a name holding U+FFFD as it is
-    (``bob/a\ufffdb``), moved to the name's kept form (``core.text.stored_name``), which this
+    """Schema 11: what an earlier release kept under a name holding U+FFFD as it is
+    (``bob/a\\ufffdb``), moved to the name's kept form (``core.text.stored_name``), which this
     release keys it by: else the first pass made a second row for the server (its record, its
     warning, its open ledger session left under the old key, closed as gone) and its history
     was split, the old half found by no filter. A row the kept form has already (a release of
