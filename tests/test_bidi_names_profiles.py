@@ -104,3 +104,17 @@ def test_the_queue_pages_isolate_each_name():
     waiting = Waiting(request, 1, False, "", estimate="about 5m", sooner=(f"S{RLO}mall",))
     row = queue_pages._row(handler, waiting, T0, admin=True)
     assert f"<td><bdi>{TEAM}</bdi></td>" in row and RLO not in unisolated(row), row
+
+
+def test_the_kubernetes_apis_words_in_a_failed_start_are_an_isolate():
+    """The API's refusal may quote a name (an annotation's value holds the user's as it is):
+    the spawn-pending page shows the message as plain text."""
+    from kubernetes_asyncio.client.rest import ApiException
+
+    from jupyter_gpu_gov.profiles.kubespawner import kubernetes_failure
+
+    error = ApiException(status=422, reason="Unprocessable Entity")
+    error.body = '{"message": "Pod is invalid: annotations: Invalid value: \\"mi\\u202ea\\""}'
+    said = kubernetes_failure(error)
+    assert "\u202e" in said and RLO not in unisolated(said), said
+    assert said.endswith(") when asked for its pod")

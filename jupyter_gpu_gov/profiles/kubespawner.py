@@ -204,7 +204,8 @@ def kubernetes_failure(error: Exception) -> str | None:
             said = json.loads(error.body)["message"]
         except (TypeError, ValueError, KeyError):
             said = error.reason
-        said = " ".join(str(said or "").split())[:300]
+        # Its words may quote a name (an annotation's value: the user's), shown as plain text.
+        said = in_sentence(" ".join(str(said or "").split())[:300])
         return f"the Kubernetes API answered {error.status} ({said}) when asked for its pod"
     if isinstance(error, aiohttp.ClientError):
         said = " ".join(str(error).split())[:300]
