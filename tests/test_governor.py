@@ -1513,7 +1513,11 @@ def test_a_schema_10_store_moves_a_name_kept_as_it_was_to_its_kept_form(tmp_path
     and usage to the kept form; where a schema 10 release already made the kept form's row,
     that row stays (the old one dropped) and the usage of both is summed. Kept forms, and
     names without the mark, are left as they are."""
-    url = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    names_kept_as_they_were_move(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+
+
+def names_kept_as_they_were_move(url: str) -> None:
+    """The schema 10 to 11 upgrade of the store at ``url`` (SQLite, PostgreSQL)."""
     old, kept = "a\ufffdb", stored_name("a\ufffdb")
     store = Store(url)
     at = clock.utcnow()
