@@ -26,6 +26,7 @@ from jupyter_gpu_gov.checkpoint_layout import MANIFEST_REPORTED_BYTES, abridged
 from jupyter_gpu_gov.core import clock, ledger
 from jupyter_gpu_gov.core import policy as policy_module
 from jupyter_gpu_gov.core.policy import Record, load_policies
+from jupyter_gpu_gov.core.text import stored_name
 from jupyter_gpu_gov.hub import metrics
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.checkpoints import CheckpointResult
@@ -36,9 +37,11 @@ from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import MIGRATIONS, SCHEMA_VERSION, Store
 from jupyter_gpu_gov.hub.tables import (
+    AuditRow,
     DismissalRow,
     MetaRow,
     ServerRow,
+    UsageRow,
     apply_decision,
     record_of,
     set_record,
@@ -1456,7 +1459,7 @@ def test_a_schema_7_store_gains_the_index_the_standbys_reads_use(tmp_path):
         )
     assert "ix_servers_updated_at" in plan, plan
     with migrated.session() as session:
-        assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION) == "10"
+        assert session.get(MetaRow, "schema_version").value == str(SCHEMA_VERSION) == "11"
 
 
 def test_a_schema_8_store_gains_the_table_that_keeps_dismissals(tmp_path):
@@ -1477,7 +1480,7 @@ def test_a_schema_8_store_gains_the_table_that_keeps_dismissals(tmp_path):
     migrated.save(dismissed=[row])
     assert Store(url).dismissals() == {"GPU-1": frozenset({"XID 79"})}
     with migrated.session() as session:
-        assert session.get(MetaRow, "schema_version").value == "10"
+        assert session.get(MetaRow, "schema_version").value == "11"
 
 
 def test_a_schema_9_store_gains_the_tab_its_warnings_went_out_beside(tmp_path):
@@ -1501,7 +1504,52 @@ def test_a_schema_9_store_gains_the_tab_its_warnings_went_out_beside(tmp_path):
     migrated.save_servers([kept])
     assert record_of(Store(url).servers()["u1/"]).warned_beside_tab is True
     with migrated.session() as session:
-        assert session.get(MetaRow, "schema_version").value == "10"
+        assert session.get(MetaRow, "schema_version").value == "11"
+
+
+def test_a_schema_10_store_moves_a_name_kept_as_it_was_to_its_kept_form(tmp_path):
+    """Schema 11: an earlier release kept a name holding U+FFFD as it is; this one keys
+    it by its kept form. The upgrade moves the server's row, its audit rows, ledger sessions
+    and usage to the kept form; where a schema 10 release already made the kept form's row,
+    that row stays (the old one dropped) and the usage of both is summed. Kept forms, and
+    names without the mark, are left as they are."""
+    names_kept_as_they_were_move(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+
+
+def names_kept_as_they_were_move(url: str) -> None:
+    """The schema 10 to 11 upgrade of the store at ``url`` (SQLite, PostgreSQL)."""
+    old, kept = "a\ufffdb", stored_name("a\ufffdb")
+    store = Store(url)
+    at = clock.utcnow()
+    store.save_servers(
+        [
+            ServerRow(key=f"bob/{old}", user="bob", name=old),
+            ServerRow(key=f"{old}/", user=old, name=""),  # a user so named
+            ServerRow(key=f"{kept}/", user=kept, name="", state="warned"),  # schema 10's row
+            ServerRow(key=f"bob/{stored_name(kept)}", user="bob", name=stored_name(kept)),
+        ]
+    )
+    store.audit([AuditRow(at=at, server_key=f"{old}/", user=old, action="warn", reason="r")])
+    with store.engine.begin() as db:
+        usage = UsageRow.__table__
+        for user in (old, kept):
+            db.execute(
+                usage.insert().values(
+                    day="2026-03-02", user=user, team="t", project="", tier="h100", active=1.0
+                )
+            )
+        db.exec_driver_sql("UPDATE meta SET value = '10' WHERE key = 'schema_version'")
+    store.engine.dispose()
+
+    migrated = Store(url)
+    rows = migrated.servers()
+    assert set(rows) == {f"bob/{kept}", f"{kept}/", f"bob/{stored_name(kept)}"}
+    assert rows[f"bob/{kept}"].name == kept and rows[f"{kept}/"].state == "warned"
+    assert [(r.server_key, r.user) for r in migrated.audit_rows()] == [(f"{kept}/", kept)]
+    buckets = list(migrated.usage())
+    assert [(b.owner.user, b.values["active"]) for b in buckets] == [(kept, 2.0)]
+    with migrated.session() as session:
+        assert session.get(MetaRow, "schema_version").value == "11"
 
 
 async def test_a_restarted_servers_first_report_never_gets_the_last_sessions_warning(

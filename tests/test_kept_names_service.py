@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from urllib.parse import quote
 
 from fake_hub_api import FakeHub
+from sqlalchemy import text
 from test_report import REPORT
 from tornado.httpclient import AsyncHTTPClient
 from tornado.netutil import bind_sockets
 
-from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core import clock, vocabulary
 from jupyter_gpu_gov.core.policy import load_policies
-from jupyter_gpu_gov.core.text import stored_name
+from jupyter_gpu_gov.core.text import not_text_at, stored_name
 from jupyter_gpu_gov.core.vocabulary import server_key
 from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.hubapi import HubApi
@@ -257,3 +259,74 @@ async def test_a_name_holding_the_kept_forms_mark_keeps_one_key_across_restarts(
             assert set(store.servers()) == keys
             assert {s.server for s in store.usage_sessions(open_only=True)} == keys
             assert len(store.usage_sessions()) == len(names)
+
+
+def as_kept_before_kept_forms(name: str) -> str:
+    """``stored_name`` as earlier releases kept a name: as it is wherever the store
+    could hold it, U+FFFD and all."""
+    if len(name) <= 255 and "\0" not in name and not_text_at(name) is None:
+        return name
+    return stored_name(name)
+
+
+async def test_an_upgrade_keeps_the_row_and_history_of_a_name_kept_as_it_was(tmp_path, monkeypatch):
+    """An earlier release kept a name holding U+FFFD as it is (``bob/a\\ufffdb``); this
+    one keeps it in its kept form. Upgraded on the same store, the governor made a second row
+    under the new key: the running server's record and open ledger session were left under the
+    old key, and its history split in two; a culled user's trail and usage could be read only
+    by a name no filter finds. The upgrade moves what was kept under such a name to its kept
+    form, once: one row, one session, one trail."""
+    busy, idle = ("bob", "a\ufffdb"), ("\ufffdcy", "")
+    database = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    now, long_ago = clock.utcnow(), clock.utcnow() - timedelta(hours=5)
+    async with FakeHub() as hub:
+        hub.add_server(*busy, started=now - timedelta(hours=1), last_activity=now)
+        hub.add_server(*idle, started=long_ago, last_activity=long_ago)  # culled by the old
+
+        def governor() -> Governor:
+            return Governor(
+                Store(database),
+                HubApi(hub.api_url, hub.token),
+                load_policies([], {"warn_after": "1h", "cull_after": "2h"}),
+                Options(),
+            )
+
+        with monkeypatch.context() as old:  # the release before, on this store
+            for module in list(sys.modules.values()):
+                if getattr(module, "__name__", "").startswith("jupyter_gpu_gov") and (
+                    getattr(module, "stored_name", None) is stored_name
+                ):
+                    old.setattr(module, "stored_name", as_kept_before_kept_forms)
+            vocabulary._KEYS.clear()
+            before = governor()
+            for _ in range(3):
+                assert (await before.reconcile()).errors == ()
+            before.flush_usage()
+            assert not hub.running(*idle)
+            assert set(before.store.servers()) == {"bob/a\ufffdb", "\ufffdcy/"}
+            assert {r.server_key for r in before.store.audit_rows(user="\ufffdcy")} == {"\ufffdcy/"}
+            with before.store.engine.begin() as db:  # as that release left its version
+                db.execute(text("UPDATE meta SET value = '10' WHERE key = 'schema_version'"))
+        vocabulary._KEYS.clear()  # (a new process)
+        sessions = {s.session for s in before.store.usage_sessions(user="bob")}
+        assert len(sessions) == 1
+        culls = sum(b.values["culls"] for b in before.store.usage())
+        assert culls == 1
+
+        after = governor()
+        for _ in range(2):
+            assert (await after.reconcile()).errors == ()
+        after.flush_usage()
+        store = after.store
+        busy_key, idle_key = server_key(*busy), server_key(*idle)
+        assert busy_key != "bob/a\ufffdb" and idle_key != "\ufffdcy/"
+        assert set(after.rows) == {busy_key, idle_key}
+        assert set(store.servers()) == {busy_key, idle_key}  # none left under the old key
+        assert {s.session for s in store.usage_sessions(open_only=True)} == sessions
+        assert {s.server for s in store.usage_sessions()} == {busy_key, idle_key}
+        trail = store.audit_rows(user=stored_name(idle[0]))
+        assert {r.server_key for r in trail} == {idle_key} and "cull" in {r.action for r in trail}
+        assert not store.audit_rows(user="\ufffdcy")
+        users = {b.owner.user for b in store.usage()}
+        assert stored_name(idle[0]) in users and "\ufffdcy" not in users
+        assert sum(b.values["culls"] for b in store.usage()) == culls

@@ -22,6 +22,7 @@ import pytest
 from fake_hub_api import FakeHub
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
+from test_governor import names_kept_as_they_were_move
 from traitlets import TraitError
 
 from jupyter_gpu_gov.core import clock
@@ -163,6 +164,10 @@ def test_a_store_of_schema_5_is_widened_and_keeps_its_rows(database):
     with migrated.session() as session:
         version = session.execute(text("SELECT value FROM meta WHERE key = 'schema_version'"))
         assert version.scalar() == str(SCHEMA_VERSION)
+
+
+def test_a_store_of_schema_10_moves_a_name_kept_as_it_was_to_its_kept_form(database):
+    names_kept_as_they_were_move(database)
 
 
 async def test_a_policy_with_the_longest_name_the_store_holds_governs(database):

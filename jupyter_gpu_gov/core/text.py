@@ -7,7 +7,8 @@ writes (SQLite, a UTF-8 log or file). Readers find it where it came in and name 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from urllib.parse import quote
 
 # What ends a line or reorders it as shown: C0 controls, DEL, C1 controls (U+0085 is a line
@@ -47,6 +48,12 @@ def in_sentence(name: str) -> str:
     reorder the sentence around it (a bidi control, a right-to-left letter: anything but
     ASCII), else as it is, so an ordinary name's reason reads as it always did."""
     return name if name.isascii() else isolated(name)
+
+
+def listed(names: Iterable[str]) -> str:
+    """Names from outside (teams, an admin's tier names) listed in a sentence: "a, b, c", each
+    ``in_sentence``."""
+    return ", ".join(in_sentence(name) for name in names)
 
 
 def not_text_at(text: str) -> int | None:
@@ -135,6 +142,16 @@ def stored_name(name: str) -> str:
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
     shown = escaped(name[:_SHOWN]).encode("utf-8", "backslashreplace").decode("utf-8")
     return f"{shown[:_SHOWN]}{STORED_MARK}{digest}"
+
+
+_KEPT_FORM = re.compile(f".{{0,{_SHOWN}}}{STORED_MARK}[0-9a-f]{{64}}", re.S)
+
+
+def kept_as_it_was(name: str) -> bool:
+    """Whether ``name``, read from a store, is a name holding ``STORED_MARK`` that a release
+    before this rule kept as it is, not a kept form: its kept form is ``stored_name(name)``.
+    (A name a user chose to end in U+FFFD and 64 hex digits reads as a kept form.)"""
+    return STORED_MARK in name and not _KEPT_FORM.fullmatch(name)
 
 
 def kept_forms(name: str) -> frozenset[str]:

@@ -20,7 +20,7 @@ from tornado import web
 
 from ..core import clock
 from ..core.durations import format_duration
-from ..core.text import isolated
+from ..core.text import in_sentence
 from .api_handler import ApiHandler, error_message, retry_after
 from .hub_auth import HubOAuthenticated
 from .prepared_auth import is_governor_admin
@@ -78,8 +78,11 @@ def bdi(name: object) -> Markup:
 
 def isolate(text: object) -> str:
     """Text from outside where markup cannot go (a tooltip, an ``<option>``, the ``<title>``):
-    ``core.text.isolated``, U+2068 ... U+2069, as ``bdi`` is in markup; escaped as any text."""
-    return "" if text is None or text == "" else isolated(str(text))
+    ``core.text.in_sentence``, U+2068 ... U+2069 as ``bdi`` is in markup, but only where the
+    text could reorder what is around it (anything but ASCII): text a reader copies from
+    there (a user's name, into ``?user=``, read as sent) is the name itself for every
+    ordinary name. Escaped as any text."""
+    return "" if text is None or text == "" else in_sentence(str(text))
 
 
 env.filters["time"] = time_tag

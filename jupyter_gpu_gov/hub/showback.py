@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from ..core import clock, ledger
 from ..core.durations import parse_duration
-from ..core.text import in_sentence, isolated
+from ..core.text import in_sentence
 from .queue import queue_buckets
 
 COLUMNS = (
@@ -383,7 +383,7 @@ def stacked_bars(
             y -= h
             parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" height="{h:.1f}" '
-                f'fill="{colours[name]}"><title>{escape(isolated(name or "(none)"))}, {escape(period)}: '
+                f'fill="{colours[name]}"><title>{escape(in_sentence(name or "(none)"))}, {escape(period)}: '
                 f"{_fmt(value)} {escape(unit)}</title></rect>"
             )
         if len(periods) <= 16 or i % max(1, len(periods) // 8) == 0:
@@ -463,7 +463,7 @@ def hbars(
             f'<text x="{left - 8}" y="{y + 14}" text-anchor="end" class="legend">'
             f"{escape(in_sentence((name or '(none)')[:18]))}</text>"
             f'<rect x="{left}" y="{y + 2}" width="{max(w, 1):.1f}" height="{row - 6}" '
-            f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(isolated(name or "(none)"))}: '
+            f'fill="{PALETTE[i % len(PALETTE)]}"><title>{escape(in_sentence(name or "(none)"))}: '
             f"{_fmt(value)} {escape(unit)}</title></rect>"
             f'<text x="{left + w + 6:.1f}" y="{y + 14}" class="tick">{_fmt(value)} '
             f"{escape(unit)}</text>"

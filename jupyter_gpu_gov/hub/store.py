@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..core import clock
 from ..core.ledger import FIELDS, Bucket, Owner
 from ..core.ledger import Session as LedgerSession
+from ..core.text import STORED_MARK, kept_as_it_was, stored_name
 from ..core.vocabulary import KEY_LENGTH
 from .bulk_sql import Executemany
 from .tables import (
@@ -49,7 +50,7 @@ from .tables import (
     UsageSessionRow,
 )
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 T = TypeVar("T")
 
@@ -171,6 +172,7 @@ MIGRATIONS: dict[int, list[str]] = {
     8: [f"CREATE INDEX IF NOT EXISTS {SERVERS_UPDATED_AT} ON servers (updated_at)"],
     9: [],  # health_dismissals: a new table, made by create_all
     10: ["ALTER TABLE servers ADD COLUMN warned_beside_tab BOOLEAN DEFAULT FALSE"],
+    11: [],  # MOVED's only
 }
 # Migrations that change a column's type: where the database enforces it (SQLite neither
 # enforces a VARCHAR's length nor alters a column). Schema 6: a server's key holds JupyterHub's
@@ -189,6 +191,66 @@ RETYPED: dict[int, list[str]] = {
         )
     ]
 }
+
+
+def _kept(name: str) -> str:
+    return stored_name(name) if kept_as_it_was(name) else name
+
+
+def _kept_key(key: str) -> str:
+    user, _, name = key.partition("/")
+    return f"{_kept(user)}/{_kept(name)}"
+
+
+def _to_kept_forms(session: Session) -> None:
+    """Schema 11: what an earlier release kept under a name holding U+FFFD as it is
+    (``bob/a\\ufffdb``), moved to the name's kept form (``core.text.stored_name``), which this
+    release keys it by: else the first pass made a second row for the server (its record, its
+    warning, its open ledger session left under the old key, closed as gone) and its history
+    was split, the old half found by no filter. A row the kept form has already (a release of
+    schema 10 wrote one) keeps it: the old server row is dropped, the usage summed."""
+    usage = UsageRow.__table__
+    moves = [
+        (SERVERS, SERVERS.c.key, _kept_key),
+        (SERVERS, SERVERS.c.user, _kept),
+        (SERVERS, SERVERS.c.name, _kept),
+        (ExtensionRow.__table__, ExtensionRow.__table__.c.server_key, _kept_key),
+        (_AUDIT, _AUDIT.c.server_key, _kept_key),
+        (_AUDIT, _AUDIT.c.user, _kept),
+        (UsageSessionRow.__table__, UsageSessionRow.__table__.c.server, _kept_key),
+        (UsageSessionRow.__table__, UsageSessionRow.__table__.c.user, _kept),
+    ]
+    for table, column, kept in moves:
+        found = select(column).distinct().where(column.contains(STORED_MARK, autoescape=True))
+        for old in list(session.execute(found).scalars()):
+            new = kept(old)
+            if new == old:
+                continue
+            if (
+                column is SERVERS.c.key
+                and session.execute(select(SERVERS.c.key).where(SERVERS.c.key == new)).first()
+            ):
+                session.execute(SERVERS.delete().where(SERVERS.c.key == old))
+                continue
+            session.execute(update(table).where(column == old).values({column.key: new}))
+    found = select(usage).where(usage.c.user.contains(STORED_MARK, autoescape=True))
+    for row in list(session.execute(found).mappings()):
+        new = _kept(row["user"])
+        if new == row["user"]:
+            continue
+        key = {k: row[k] for k in _USAGE_KEY_NAMES}
+        where = and_(*(usage.c[k] == v for k, v in key.items()))
+        there = and_(*(usage.c[k] == v for k, v in {**key, "user": new}.items()))
+        if session.execute(select(usage.c.user).where(there)).first():
+            added = {f: usage.c[f] + (row[f] or 0.0) for f in FIELDS}
+            session.execute(update(usage).where(there).values(added))
+            session.execute(usage.delete().where(where))
+        else:
+            session.execute(update(usage).where(where).values(user=new))
+
+
+# Migrations done in Python, after the version's statements.
+MOVED: dict[int, Callable[[Session], None]] = {11: _to_kept_forms}
 
 
 class Store:
@@ -252,6 +314,8 @@ class Store:
             for target in sorted(v for v in MIGRATIONS if v > version):
                 for statement in (*MIGRATIONS[target], *retyped.get(target, ())):
                     session.execute(text(statement))
+                if target in MOVED:
+                    MOVED[target](session)
                 version = target
             session.merge(MetaRow(key="schema_version", value=str(version)))
 

@@ -16,7 +16,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..core.durations import DurationOutOfRange, format_duration, parse_duration
 from ..core.policy import TASK_TYPES
-from ..core.text import path_segment
+from ..core.text import in_sentence, path_segment
 from .quota import TierUse
 from .tiers import Tier
 
@@ -33,6 +33,8 @@ _env = Environment(
     loader=PackageLoader("jupyter_gpu_gov.profiles", "templates"),
     autoescape=select_autoescape(["html"]),
 )
+# A name in an attribute or an <option> (no markup there): its own isolate where it needs one.
+_env.filters["isolate"] = in_sentence
 
 
 class FormError(ValueError):
@@ -63,7 +65,7 @@ def check_task_type(task_type: Any, tier: Tier) -> None:
     if task_type is not None and task_type not in tier.task_types:
         allowed = ", ".join(tier.task_types)
         raise FormError(
-            f"A {tier.display_name} server may be for: {allowed}; {task_type!r:.60} is not one of "
+            f"A {in_sentence(tier.display_name)} server may be for: {allowed}; {task_type!r:.60} is not one of "
             f"them (task types: {', '.join(TASK_TYPES)})."
         )
 
@@ -75,7 +77,7 @@ def check_expected_duration(value: Any, tier: Tier, bound: timedelta) -> timedel
         return None
     limit, what = bound, "the hub's limit"
     if tier.max_age is not None and tier.max_age < limit:
-        limit, what = tier.max_age, f"{tier.display_name}'s maximum age"
+        limit, what = tier.max_age, f"{in_sentence(tier.display_name)}'s maximum age"
     try:
         expected = _duration(value)
     except _OutOfRange:  # negative, or beyond any limit: said as the limit
@@ -123,8 +125,8 @@ def check_project(project: Any) -> None:
 
 
 def line(use: TierUse, team: str) -> tuple[str, str]:
-    """(css class, sentence) describing a tier for one team."""
-    admission = use.admission
+    """(css class, sentence) describing a tier for one team (its name an isolate in it)."""
+    admission, team = use.admission, in_sentence(team)
     free = ""
     if use.capacity is not None:
         # Of the cards the machine has, not of what other tiers' servers (a pair) leave this one.
@@ -175,7 +177,9 @@ def render(
     for team_lines in offered.values():  # say so where one of the user's teams lacks it
         has = {team for team, _, _ in team_lines}
         team_lines += [
-            (t, "refused", f"{t}: not offered to this team") for t in teams if t not in has
+            (t, "refused", f"{in_sentence(t)}: not offered to this team")
+            for t in teams
+            if t not in has
         ]
     rows = [
         {

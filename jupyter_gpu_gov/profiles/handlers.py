@@ -17,6 +17,7 @@ import json
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
+from ..core.text import in_sentence
 from .config import GpuProfiles
 from .estimate import estimate_memory, smallest_tier
 
@@ -53,7 +54,8 @@ class EstimateHandler(BaseHandler):
         tier = smallest_tier(estimate, tiers)
         need = f"About {estimate.gb:.1f} GB of GPU memory ({estimate.mode}, {estimate.precision})"
         message = (
-            f"{need}: {tier.display_name} ({tier.summary}) is the smallest tier that fits."
+            f"{need}: {in_sentence(tier.display_name)} ({in_sentence(tier.summary)}) is the smallest "
+            "tier that fits."
             if tier
             else f"{need}: no tier here has that much; ask your admin, or shard the model."
         )

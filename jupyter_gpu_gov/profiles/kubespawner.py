@@ -38,7 +38,7 @@ from tornado import web
 from traitlets import TraitError, default, validate
 
 from ..core import clock
-from ..core.text import escaped
+from ..core.text import escaped, in_sentence
 from ..core.vocabulary import LABEL_PREFIX, TIER_LABEL, USER_LABEL, pod_key
 from .cluster import ClusterGpus, scheduling
 from .grant_count import kept_count
@@ -161,10 +161,10 @@ async def gpu_profile_list(spawner: GpuKubeSpawner) -> list[dict[str, Any]]:
                 if admission.allowed
                 else "not now"
             )
-            descriptions.setdefault(use.tier, []).append(f"{team}: {state}")
+            descriptions.setdefault(use.tier, []).append(f"{in_sentence(team)}: {state}")
     profiles = [
         {
-            "display_name": tier.display_name,
+            "display_name": in_sentence(tier.display_name),  # plain text beside KubeSpawner's
             "slug": tier.name,
             "description": " · ".join([tier.summary, *descriptions[tier.name]]),
             "kubespawner_override": tier_override(tier),
@@ -204,7 +204,8 @@ def kubernetes_failure(error: Exception) -> str | None:
             said = json.loads(error.body)["message"]
         except (TypeError, ValueError, KeyError):
             said = error.reason
-        said = " ".join(str(said or "").split())[:300]
+        # Its words may quote a name (an annotation's value: the user's), shown as plain text.
+        said = in_sentence(" ".join(str(said or "").split())[:300])
         return f"the Kubernetes API answered {error.status} ({said}) when asked for its pod"
     if isinstance(error, aiohttp.ClientError):
         said = " ".join(str(error).split())[:300]

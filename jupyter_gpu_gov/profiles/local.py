@@ -32,7 +32,7 @@ from ..core import health
 from ..core.grant import DEVICES_STATE, GPUS_STATE
 from ..core.models import Device
 from ..core.queue import FRESH_FOR_S
-from ..core.text import escaped
+from ..core.text import escaped, in_sentence
 from ..gpu.backends import CHOICES, make_backend
 from .grant_count import kept_count
 from .quota import Grant
@@ -298,7 +298,9 @@ class LocalGpuMixin(GpuProfilesMixin):
             raise GpuRefused(self.local_gpus.unknown())
         chosen = pick(tier, devices, self._held(), self.local_gpus.in_use)
         if not chosen:  # admission counted them free: only a vanished device gets here
-            raise GpuRefused(f"No {tier.display_name} device of this machine is free right now.")
+            raise GpuRefused(
+                f"No {in_sentence(tier.display_name)} device of this machine is free right now."
+            )
         self.gpu_devices = tuple(chosen)
         by_uuid = {d.uuid: d for d in devices}
         self.gpu_device_info = tuple(

@@ -34,6 +34,7 @@ from ..core.queue import (
     ordinal,
     rank,
 )
+from ..core.text import in_sentence
 from .quota import (
     Admission,
     Grant,
@@ -243,7 +244,7 @@ def admit_in_line(
     decided = admit(request, held, capacity, quotas, tiers, cards_held)
     if decided.allowed or not ahead or not admit(request, usage, capacity, quotas, tiers).allowed:
         return decided
-    tier = tiers[request.tier].display_name
+    tier = in_sentence(tiers[request.tier].display_name)
     waiting = "1 request is" if ahead == 1 else f"{ahead} requests are"
     return Admission(
         False,
@@ -469,11 +470,11 @@ def starts_when(limit: str | None) -> str:
 def offer_words(waiting: Waiting, tiers: Mapping[str, Tier]) -> str:
     """The offer in words, after admission's refusal: 'Or wait in line: 2nd for H100 80 GB,
     about 25m (...). Sooner: Small slice is free now.'"""
-    tier = tiers[waiting.request.tier].display_name
+    tier = in_sentence(tiers[waiting.request.tier].display_name)
     words = f"Or wait in line: {ordinal(waiting.position)} for {tier}"
     words += f", {waiting.estimate}." if waiting.estimate else "."
     if waiting.limit in (USER_CAP, BORROWING):  # not any card freeing: say what starts it
         words += f" It starts {starts_when(waiting.limit)}."
     if waiting.sooner:
-        words += f" Sooner: {waiting.sooner[0]} is free now."
+        words += f" Sooner: {in_sentence(waiting.sooner[0])} is free now."
     return words

@@ -356,15 +356,16 @@ def _row(handler: BaseHandler, waiting, now, admin: bool) -> str:
         f"?_xsrf={_e(handler.xsrf_token.decode())}'><button class='btn btn-secondary btn-sm' "
         "type='submit'>Cancel</button></form>"
     )
-    who = f"<td>{_e(request.user)}</td><td>{_e(request.team)}</td>" if admin else ""
+    # Names from outside (a user's, a team's, an admin's tier names) each a bidi isolate.
+    who = f"<td>{_bdi(request.user)}</td><td>{_bdi(request.team)}</td>" if admin else ""
     return (
         f"<tr class='waiting' data-server='{_e(request.server)}'>{who}"
-        f"<td>{_e(request.name or 'default')}</td>"
-        f"<td>{_e(tier.display_name if tier else request.tier)}</td>"
+        f"<td>{_bdi(request.name) if request.name else 'default'}</td>"
+        f"<td>{_bdi(tier.display_name if tier else request.tier)}</td>"
         f"<td class='position'>{waiting.position}</td>"
         f"<td class='estimate'>{_e('starting now' if waiting.ready else waiting.estimate)}</td>"
         f"<td>{_e(format_duration(now - request.queued_at))}</td>"
-        f"<td>{_e(', '.join(waiting.sooner))}</td><td>{cancel}</td></tr>"
+        f"<td>{', '.join(map(_bdi, waiting.sooner))}</td><td>{cancel}</td></tr>"
     )
 
 
@@ -380,6 +381,12 @@ def _page(title: str, body: str, handler: BaseHandler) -> str:
 
 def _e(text: Any) -> str:
     return web.escape.xhtml_escape(str(text))
+
+
+def _bdi(name: Any) -> str:
+    """A name from outside, escaped, as its own bidi isolate: a bidi control in it (U+202E)
+    reorders it alone, never the cells and words around it."""
+    return f"<bdi>{_e(name)}</bdi>"
 
 
 class QueueApiHandler(APIHandler):

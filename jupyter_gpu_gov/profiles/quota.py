@@ -27,6 +27,7 @@ from typing import Any
 # What held a refused request back (``Admission.limit``): defined with the queue's records,
 # which carry it to the governor.
 from ..core.queue import BORROWING, CAPACITY, USER_CAP
+from ..core.text import in_sentence, listed
 from .tiers import Tier, card_sharing, check_entry, frees_cards_for, may_free_cards_for
 
 _EPS = 1e-9
@@ -360,19 +361,21 @@ def admit(
     tier = tiers.get(request.tier)
     if tier is None:
         return Admission(
-            False, f"There is no GPU tier {request.tier!r} (tiers: {', '.join(tiers)})."
+            False,
+            f"There is no GPU tier {in_sentence(repr(request.tier))} (tiers: {listed(tiers)}).",
         )
     quota = quotas.get(request.team)
     if quota is None:
         return Admission(
             False,
-            f"Team {request.team!r} has no GPU quota. Choose another team, or ask your hub admin "
+            f"Team {in_sentence(repr(request.team))} has no GPU quota. Choose another team, or ask your hub admin "
             "to give this team a quota.",
         )
-    name = tier.display_name
+    # Names from outside (a team's, an admin's tier name) each an isolate in the sentence.
+    name, team = in_sentence(tier.display_name), in_sentence(quota.team)
     if tier.name not in quota.tiers:
-        offered = ", ".join(tiers[t].display_name for t in tiers if t in quota.tiers) or "none"
-        return Admission(False, f"{name} is not offered to team {quota.team} (offered: {offered}).")
+        offered = listed(tiers[t].display_name for t in tiers if t in quota.tiers) or "none"
+        return Admission(False, f"{name} is not offered to team {team} (offered: {offered}).")
 
     # Tiers whose servers hold cards this tier can use (one card and a pair; a named card and a
     # class it is in): their borrowed servers are reclaimed for a guarantee too, or a borrowed
@@ -412,7 +415,7 @@ def admit(
         if free_after >= 0:
             return Admission(
                 True,
-                f"Within team {quota.team}'s guarantee: {team_used + need} of {guaranteed} "
+                f"Within team {team}'s guarantee: {team_used + need} of {guaranteed} "
                 f"{_devices(tier, guaranteed)} in use with this server.",
             )
         # Cards the team is guaranteed are held by other teams' borrowed servers.
@@ -422,19 +425,19 @@ def admit(
         # Cards other tiers' servers hold are not in this tier's count ("the only card is in
         # use" on a workstation of 3, 2 of them a pair's): named, without a total.
         shared = {
-            tiers[t].display_name: n
+            in_sentence(tiers[t].display_name): n
             for t in sharing[1:]
             if (n := usage.devices(t, but=request.server))
         }
         for t in maybe:  # a class's servers known to hold this tier's card
             on = [g for g in usage.borrowed(t) if g.server != request.server and on_its_cards(g)]
             if on:
-                shared[tiers[t].display_name] = sum(g.devices for g in on)
+                shared[in_sentence(tiers[t].display_name)] = sum(g.devices for g in on)
         if reclaim:
             return Admission(
                 False,
                 f"{_all_in_use(tier, cap, shared)}, some borrowed by other teams beyond their "
-                f"guarantee. Team {quota.team} is within its guarantee, so "
+                f"guarantee. Team {team} is within its guarantee, so "
                 f"{_count(sum(g.devices for g in reclaim))} being taken back from them: try again "
                 "in a few minutes.",
                 reclaim=reclaim,
@@ -471,15 +474,11 @@ def admit(
             if team_used
             else "Pick another tier."  # beyond the limit on its own: stopping nothing helps
         )
-        return Admission(
-            False, f"Team {quota.team} {may}; {holds}{needs}. {advice}", limit=BORROWING
-        )
+        return Admission(False, f"Team {team} {may}; {holds}{needs}. {advice}", limit=BORROWING)
     if guaranteed:
-        state = (
-            f"team {quota.team}'s guarantee of {guaranteed} {_devices(tier, guaranteed)} is in use"
-        )
+        state = f"team {team}'s guarantee of {guaranteed} {_devices(tier, guaranteed)} is in use"
     else:
-        state = f"team {quota.team} has no guarantee on {name}"
+        state = f"team {team} has no guarantee on {name}"
     reserved = _reserved_for_others(usage, request, quota, quotas, tiers, capacity)
     if free_after - reserved >= 0:
         return Admission(
@@ -500,7 +499,7 @@ def admit(
     if reclaim:
         return Admission(
             False,
-            f"No {name} is free to borrow, but team {quota.team} outranks teams that borrowed "
+            f"No {name} is free to borrow, but team {team} outranks teams that borrowed "
             "some: they are being reclaimed, try again in a few minutes.",
             reclaim=reclaim,
             limit=CAPACITY,
@@ -560,7 +559,7 @@ def _over_user_cap(request, tier, quota, usage: Held, tiers) -> Admission | None
     if held + tier.weight <= quota.user_cap + _EPS:
         return None
     holding = ", ".join(
-        f"{_server_label(g.server)} on {tiers[g.tier].display_name if g.tier in tiers else g.tier}"
+        f"{_server_label(g.server)} on {in_sentence(tiers[g.tier].display_name if g.tier in tiers else g.tier)}"
         for g in mine
     )
     # Advise a smaller tier only when the team has one that would fit under the cap now.
@@ -571,7 +570,7 @@ def _over_user_cap(request, tier, quota, usage: Held, tiers) -> Admission | None
         and t.weight < tier.weight
         and held + t.weight <= quota.user_cap + _EPS
     ]
-    largest = max(fits, key=lambda t: t.weight).display_name if fits else ""
+    largest = in_sentence(max(fits, key=lambda t: t.weight).display_name) if fits else ""
     if not mine:  # beyond the cap on its own: stopping nothing helps
         advice = f"Pick a smaller tier ({largest} fits)." if fits else "Pick a smaller tier."
     elif fits:
@@ -580,9 +579,9 @@ def _over_user_cap(request, tier, quota, usage: Held, tiers) -> Admission | None
         advice = "Stop one of your servers first."
     return Admission(
         False,
-        f"You may hold {_gpu_equivalents(quota.user_cap)} at once (team {quota.team}'s "
+        f"You may hold {_gpu_equivalents(quota.user_cap)} at once (team {in_sentence(quota.team)}'s "
         f"per-user cap); you hold {held:.3g} ({holding or 'nothing'}) and "
-        f"{tier.display_name} counts {tier.weight:.2g}. {advice}",
+        f"{in_sentence(tier.display_name)} counts {tier.weight:.2g}. {advice}",
         limit=USER_CAP,
     )
 
@@ -697,15 +696,16 @@ _COUNTED_NAME = re.compile(r"\d+\s*[x\u00d7*]", re.IGNORECASE)
 def _devices(tier: Tier, n: int | float | None) -> str:
     unit = {"mig": "slice", "shared": "share"}.get(tier.kind, "card")
     unit = unit if n == 1 else unit + "s"
+    name = in_sentence(tier.display_name)
     if _COUNTED_NAME.match(tier.display_name.strip()):
-        return f"{unit} on {tier.display_name}"
-    return f"{tier.display_name} {unit}"
+        return f"{unit} on {name}"
+    return f"{name} {unit}"
 
 
 def _retry(tier: Tier) -> str:
-    return f"Try again later, or pick another tier than {tier.display_name}."
+    return f"Try again later, or pick another tier than {in_sentence(tier.display_name)}."
 
 
 def _server_label(server: str) -> str:
     name = server.partition("/")[2]
-    return f"server {name!r}" if name else "your default server"
+    return f"server {in_sentence(repr(name))}" if name else "your default server"

@@ -51,7 +51,7 @@ from ..core.queue import (
     whole_ms,
 )
 from ..core.teams import group_teams, user_teams
-from ..core.text import escaped
+from ..core.text import escaped, in_sentence, listed
 from ..core.vocabulary import (
     BORROWED_LABEL,
     CLAIM_WITHIN_LABEL,
@@ -488,7 +488,7 @@ class GpuProfilesMixin:
         # Any JSON through the REST API: a list or an object is no tier's name.
         tier = conf.tier_map.get(profile) if isinstance(profile, str) else None
         if tier is None:
-            offered = ", ".join(conf.tier_map) or "none"
+            offered = listed(conf.tier_map) or "none"
             raise GpuRefused(f"There is no GPU tier {profile!r:.60}. Choose one of: {offered}.")
         if not teams:
             raise GpuRefused(
@@ -498,9 +498,9 @@ class GpuProfilesMixin:
         team = options.get("team") or (teams[0] if len(teams) == 1 else None)
         if team not in teams:
             raise GpuRefused(
-                f"You are not in team {team!r:.60}; choose one of: {', '.join(teams)}."
+                f"You are not in team {in_sentence(f'{team!r:.60}')}; choose one of: {listed(teams)}."
                 if team
-                else f"Choose the team this server is for: {', '.join(teams)}."
+                else f"Choose the team this server is for: {listed(teams)}."
             )
         try:  # the form checks these too, but a REST API spawn does not go through the form
             if options.get("project") is not None:
@@ -804,7 +804,8 @@ class GpuProfilesMixin:
         if alone.allowed:
             return None
         return (
-            f"{tier.display_name} can never start for team {team} as this hub is configured, "
+            f"{in_sentence(tier.display_name)} can never start for team {in_sentence(team)} as this "
+            "hub is configured, "
             f"even with every GPU free: {alone.reason}"
         )
 

@@ -9,10 +9,17 @@ import { ITrans, nullTrans } from './trans';
 /**
  * A name a user chose (a server's, a kernel's path) as its own bidi isolate (U+2068 … U+2069,
  * what HTML's <bdi> is in plain text, which a notification is): a bidi control in it
- * (U+202E) reorders the name alone, never the sentence around it.
+ * (U+202E) reorders the name alone, never the sentence around it. Only where it holds
+ * anything but ASCII, as the governor's core/text.py in_sentence: an ASCII name reorders
+ * nothing, and copied from the notice it is the name alone.
  */
 export function isolate(name: string): string {
-  return `\u2068${name}\u2069`;
+  for (let i = 0; i < name.length; i++) {
+    if (name.charCodeAt(i) > 0x7f) {
+      return `\u2068${name}\u2069`;
+    }
+  }
+  return name;
 }
 
 /** What every view takes: time is passed in, never read inside a view. */

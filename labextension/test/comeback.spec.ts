@@ -174,12 +174,12 @@ describe('comingBackView', () => {
     [
       'no cull reason: the manifest reason',
       { cull_reason: null, reason: 'maintenance window' },
-      'Stopped at 14:02 (\u2068maintenance window\u2069); checkpoint saved.'
+      'Stopped at 14:02 (maintenance window); checkpoint saved.'
     ],
     [
       'an unknown cull reason: the manifest reason',
       { cull_reason: 'solar-flare', reason: 'maintenance window' },
-      'Stopped at 14:02 (\u2068maintenance window\u2069); checkpoint saved.'
+      'Stopped at 14:02 (maintenance window); checkpoint saved.'
     ],
     [
       'no reason at all',

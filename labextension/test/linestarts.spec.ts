@@ -54,10 +54,8 @@ describe('lineStartViews', () => {
       [],
       opts
     );
-    expect(named[0].message).toMatch(
-      /^Your server “\u2068gpu\u2069” waited in line/
-    );
-    expect(named[0].open).toBe('Open “\u2068gpu\u2069”');
+    expect(named[0].message).toMatch(/^Your server “gpu” waited in line/);
+    expect(named[0].open).toBe('Open “gpu”'); // an ASCII name alone: copied, it is the name
     expect(named[0].message.length).toBeLessThanOrEqual(140); // JupyterLab's toast
   });
 

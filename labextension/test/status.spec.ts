@@ -100,7 +100,7 @@ describe('status bar item', () => {
       'NVIDIA H100 80GB HBM3 (whole GPU): 20.0 GiB / 79.6 GiB, 0% active',
       'MIG 1g.18gb slice of NVIDIA H200: 4.0 GiB / 17.8 GiB, activity unknown',
       'Governor: warned',
-      '\u2068GPU idle since 09:14; server stopped at 11:04 unless extended\u2069',
+      'GPU idle since 09:14; server stopped at 11:04 unless extended',
       'Deadline 11:04 (in 4m 9s)'
     ]);
     expect(tooltip(report({ verdict: null }), opts)).toContain(
@@ -213,7 +213,7 @@ describe('root cause', () => {
       root_cause: { label: 'zombie', hint: ZOMBIE_HINT, source: 'rules' }
     });
     const lines = tooltip(report({ verdict: v }), opts).split('\n');
-    const reason = lines.findIndex(l => l.startsWith('\u2068GPU idle since'));
+    const reason = lines.findIndex(l => l.startsWith('GPU idle since'));
     expect(lines[reason + 1]).toBe(
       `Likely cause: an idle kernel holding GPU memory. Hint: ${ZOMBIE_HINT}`
     );
@@ -250,7 +250,7 @@ describe('right size and health', () => {
       health: { status: 'unhealthy', reasons: ['XID 79: GPU fell off the bus'] }
     };
     expect(healthAlert(report({ devices: [sick] }), {})?.line).toBe(
-      'GPU NVIDIA H100 80GB HBM3 is unhealthy: \u2068XID 79: GPU fell off the bus\u2069. Save your work and restart the server.'
+      'GPU NVIDIA H100 80GB HBM3 is unhealthy: XID 79: GPU fell off the bus. Save your work and restart the server.'
     );
     expect(deviceLine(sick)).toContain('UNHEALTHY');
     for (const status of ['ok', 'unknown']) {
