@@ -284,9 +284,9 @@ def test_dry_run_records_decisions_and_culls_nothing(tmp_path):
 
 def test_a_policy_changed_in_the_config_file_warns_again_after_the_service_restarts(tmp_path):
     """Erin is warned of a stop 5 minutes on. The config file's policy for her is then cut to a
-    15-second notice and the service restarted (killed; the Hub starts it again, on the new
+    9-second notice and the service restarted (killed; the Hub starts it again, on the new
     file) once that notice, counted from her warning, is past. The changed policy comes in
-    force at the restart as an applied one does: she is warned again and stopped 15 seconds
+    force at the restart as an applied one does: she is warned again and stopped 9 seconds
     after that warning, not checkpointed and stopped in the first pass."""
     erin = {"name": "erin", "match": {"users": ["erin"]}, "warn_after": "2s"}
     with governed_hub(tmp_path, extra_policies=[{**erin, "cull_after": "302s"}]) as hub:
@@ -299,8 +299,8 @@ def test_a_policy_changed_in_the_config_file_warns_again_after_the_service_resta
             wait(lambda: gov.verdict("erin")["state"] == "warned", 60, "erin to be warned")
             (warned,) = [a for a in gov.audit("erin/") if a["action"] == "warn"]
             config = tmp_path / "gpu_gov_config.py"
-            config.write_text(config.read_text().replace("'302s'", "'17s'"))
-            past = parse(warned["at"]).timestamp() + 16  # the new notice from the old warning
+            config.write_text(config.read_text().replace("'302s'", "'11s'"))
+            past = parse(warned["at"]).timestamp() + 10  # the new notice from the old warning
             wait(lambda: time.time() > past, 60, "the new notice from the warning to pass")
             pid = service_pid(hub)
             os.kill(pid, signal.SIGKILL)
@@ -312,7 +312,7 @@ def test_a_policy_changed_in_the_config_file_warns_again_after_the_service_resta
         audit = [a for a in gov.audit("erin/") if a["action"] in ("warn", "checkpoint", "cull")]
         assert [a["action"] for a in audit] == ["warn", "warn", "checkpoint", "cull"], audit
         again, checkpoint = parse(audit[1]["at"]), parse(audit[2]["at"])
-        assert checkpoint - again >= timedelta(seconds=14), audit  # the new notice, in full
+        assert checkpoint - again >= timedelta(seconds=8), audit  # the new notice, in full
         # Nobody applied it: the warning says the config file's policy changed.
         assert "set by the policy changed in the config file" in audit[1]["reason"], audit
         assert "applied" not in audit[1]["reason"], audit

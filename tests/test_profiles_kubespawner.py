@@ -1513,6 +1513,26 @@ async def test_a_hub_whose_first_list_of_its_pods_failed_starts_the_next_server(
     assert await alice.poll() is None
 
 
+async def test_a_start_whose_pods_list_failed_while_its_events_loaded_starts_the_next(hub, cluster):
+    """A start's first list of its pods fails while its first list of events is under way:
+    KubeSpawner cancels the events' start, and keeps that reflector, which never loads. Every
+    later start waited for its first load until start_timeout (tests/test_kubernetes_faults_hub:
+    "failed to start in 120 seconds"). The next start replaces it and the server starts."""
+    hub.user("alice", "vision")
+    alice = hub.started(hub.spawner("alice"), {"profile": "h100", "project": "detection"})
+    ns = alice.namespace
+    cluster.fail("GET", rf"^/api/v1/namespaces/{ns}/events$", "slow", seconds=3, times=1)
+    failing = cluster.fail("GET", rf"^/api/v1/namespaces/{ns}/pods$", times=1)
+    with pytest.raises(GpuStartFailed, match="answered 500"):
+        await alice.start()
+    assert failing.hits == 1
+
+    url = await asyncio.wait_for(alice.start(), 60)  # (the Hub's start_timeout, as the Hub has it)
+
+    pod = cluster.get("pods", alice.pod_name, alice.namespace)
+    assert pod["status"]["phase"] == "Running" and url == f"http://{pod['status']['podIP']}:8888"
+
+
 async def test_start_beyond_the_guarantee_is_borrowed_and_labelled(hub, pod_api):
     for name in ("v1", "v2", "v3"):
         hub.user(name, "vision")

@@ -8,13 +8,13 @@ the warning goes out at once, beside that tab.
 gail  never comes back. The tab's polling keeps the Hub's activity of her server fresh after
       the warning (the test reads it from the Hub), so gap21's "the Hub saw nobody" cannot tell;
       the governor reads the tab's polling as nobody, and her server is checkpointed and stopped
-      after the Hub's lag (``hub_activity_lag``, 20 s here), long before the warning's full
+      after the Hub's lag (``hub_activity_lag``, 12 s here), long before the warning's full
       notice (10 min).
 hank  runs a cell after the warning (a person's action, which a tab's polling never is): his
       warning is read, its full notice stands, and his server runs past the lag.
 
 The Hub gathers activity every 3 s here (``last_activity_interval``, the servers'
-``JUPYTERHUB_ACTIVITY_INTERVAL``, ``activity_resolution`` 1 s), so a 20 s lag is true of it.
+``JUPYTERHUB_ACTIVITY_INTERVAL``, ``activity_resolution`` 1 s), so a 12 s lag is true of it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from jupyter_gpu_gov.core.clock import parse
 
 pytestmark = pytest.mark.timeout(480)
 
-LAG = 20  # seconds: the governor's hub_activity_lag, over twice the Hub's 3 s interval
+LAG = 12  # seconds: the governor's hub_activity_lag, twice the Hub's 3 s interval and 6 s
 NOTICE = timedelta(minutes=10)  # cull_after - warn_after: what an owner who reads it gets
 AWAY = {
     "name": "away-owners",

@@ -251,7 +251,20 @@ class GpuKubeSpawner(GpuProfilesMixin, KubeSpawner):
                 escaped(self.namespace),
             )
             replace = True
-        return await super()._start_reflector(kind, reflector_class, replace=replace, **kwargs)
+        try:
+            return await super()._start_reflector(kind, reflector_class, replace=replace, **kwargs)
+        except asyncio.CancelledError:
+            # KubeSpawner's start cancels the other reflector's start when one fails (the
+            # pods' first list failed: the events' list was cut off). The one it made then
+            # never loads, and every later start awaited its first load until start_timeout:
+            # marked failed, it is replaced at the next start.
+            made = type(self).reflectors.get(self._get_reflector_key(kind))
+            if made is not kept and made is not None and not made.first_load_future.done():
+                made.first_load_future.set_exception(
+                    RuntimeError(f"the hub's first list of {kind} was cut off")
+                )
+                made.first_load_future.exception()  # (read: no "never retrieved" at exit)
+            raise
 
     def gpu_capacity(self, usage):
         conf = self.gpu_profiles
