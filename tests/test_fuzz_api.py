@@ -240,6 +240,16 @@ def test_a_number_in_other_scripts_is_a_400_naming_it(service, digit):
     assert_refused_unchanged(service, r, before, "limit")
 
 
+@pytest.mark.parametrize("path", ["api/audit", "api/extensions", "api/servers"])
+@pytest.mark.parametrize("limit", ["9" * 5000, "0" * 4999 + "1"])
+def test_a_limit_of_thousands_of_digits_is_a_400_naming_it(service, path, limit):
+    """Python's int() refuses a string of over 4,300 digits with a ValueError: a limit of
+    5,000 nines (one URL of 5 kB, any user's) was a 500 with a traceback in the log."""
+    before = service.snapshot()
+    r = call(service, "GET", path, params={"limit": limit})
+    assert_refused_unchanged(service, r, before, "'limit'")
+
+
 @pytest.mark.parametrize(
     ("method", "path", "named"),
     [

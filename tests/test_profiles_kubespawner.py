@@ -398,6 +398,20 @@ async def test_time_shared_pod_asks_for_a_share_of_an_l4(hub):
     await round_trip(pod)
 
 
+@pytest.mark.parametrize("project", ["vision\n", "vision\r\n", ["vision"]])
+async def test_a_project_with_a_newline_or_not_text_is_refused_naming_it(hub, project):
+    """The REST API takes any JSON for ``project``: ``"vision\\n"`` passed the label-value
+    check (``$`` matches before a final newline) and went on the pod as its ``gpu-gov/project``
+    label (which Kubernetes refuses: the spawn failed with its 422) and in the grant the
+    usage ledger bills, a project apart from ``vision``."""
+    hub.user("alice", "vision")
+    spawner = hub.spawner("alice")
+    with pytest.raises(GpuRefused) as refused:
+        await admitted_pod(spawner, {"profile": "h100", "project": project})
+    assert "cannot be used" in refused.value.jupyterhub_message
+    assert "gpu-gov/tier" not in spawner.user_options
+
+
 async def test_capability_class_pod_selects_nodes_by_gpu_memory(hub):
     hub.user("alice", "vision")
     pod = await admitted_pod(hub.spawner("alice"), {"profile": "big-memory"})

@@ -275,6 +275,17 @@ def test_a_request_waits_through_a_hub_restart_and_is_cancelled(hub):
     )
     assert r.status_code == 302 and r.headers["Location"] == "/hub/home", r.text
     assert "dave" not in queue_line(hub)
+    # A page to go back to holding a line break (the form's field is the user's to edit) goes
+    # to the queue page: tornado refuses it in a Location header, and the cancel was a 500.
+    for back in ("/hub/home\r\nSet-Cookie: x=1", "/hub/\x0bhome", "/hub/\thome"):
+        r = session.post(
+            hub.url + html.unescape(action[1]),
+            data={"next": back},
+            allow_redirects=False,
+            timeout=30,
+        )
+        assert r.status_code == 302, (back, r.status_code, r.text[:500])
+        assert r.headers["Location"] == "/hub/gpu-gov/queue", (back, r.headers["Location"])
     assert "gpu-gov-waiting" not in session.get(f"{hub.url}/hub/home", timeout=30).text
     assert (
         "No server of yours waits in line"

@@ -524,6 +524,9 @@ def test_tiers_offered_to_a_team():
         ({"tiers": "h100"}, ["'tiers'"]),
         ({"user_cap": 0}, ["'user_cap'", "0"]),
         ({"user_cap": "2"}, ["'user_cap'"]),
+        # NaN passed "<= 0": no comparison holds, so a user's held + asked > NaN never was.
+        ({"user_cap": float("nan")}, ["'user_cap'", "nan"]),
+        ({"user_cap": float("inf")}, ["'user_cap'", "inf"]),
         ({"priority": "high"}, ["'priority'", "'high'"]),
         ({"guaranteed": {"h100x2": 3}}, ["'guaranteed.h100x2'", "multiple of 2", "got 3"]),
         ("4 cards", ["expected a dict"]),

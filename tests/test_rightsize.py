@@ -88,6 +88,14 @@ def test_no_hint_without_enough_evidence_or_a_known_tier():
     ("entries", "message"),
     [
         ([{"name": "x", "memory_gb": 10}], "tier 0 ('x'): 'weight' must be a number > 0"),
+        (
+            [{"name": "x", "memory_gb": float("nan"), "weight": 1}],
+            "tier 0 ('x'): 'memory_gb' must be a number > 0",
+        ),
+        (
+            [{"name": "x", "memory_gb": 10, "weight": float("inf")}],
+            "tier 0 ('x'): 'weight' must be a number > 0",
+        ),
         ([{"name": "x", "memory_gb": 10, "weight": 1, "gpu": "H100"}], "unknown key 'gpu'"),
         ([{"memory_gb": 10, "weight": 1}], "'name' (and 'label') must be non-empty strings"),
         (["h100"], "tier 0: expected a dict"),

@@ -182,3 +182,27 @@ def test_the_profile_layers_guarantees_reach_my_gpu_usage(monkeypatch):
     monkeypatch.setenv(TEAM_QUOTAS_ENV, '{"vision": -1}')
     with pytest.raises(TraitError, match="must be a number >= 0"):
         shown()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"gpu_hour_cost_default": "bad"},  # showback's price of every tier not listed
+        {"gpu_hour_cost": {"h100": "bad"}},
+        {"tier_weights": {"h100": "bad"}},  # what the ledger bills a server of the tier
+        {"team_quotas": {"vision": "bad"}},
+        {"dcgm_timeout": "bad"},  # "> 0": NaN passed it
+        {"cull_every": "bad"},
+        {"lease_duration": "bad"},
+        {"api_budget": "bad"},
+    ],
+)
+def test_a_setting_that_is_not_a_finite_number_is_refused_naming_it(setting, bad):
+    """A number an admin types is read as a float: ``nan`` and ``inf`` (YAML's ``.nan``, a
+    ``float("inf")`` meant as "never") passed every bound, since no comparison with NaN holds:
+    showback billed NaN, a pass waited NaN seconds. Refused, naming the setting."""
+    ((name, value),) = setting.items()
+    value = {k: bad for k in value} if isinstance(value, dict) else bad
+    with pytest.raises(TraitError, match=name):
+        GpuGovernor(**{name: value})

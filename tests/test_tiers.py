@@ -154,6 +154,8 @@ GOOD = {"name": "ok", "gpu": "H100-80GB"}
     [
         ({"name": "bad", "gpu": "H100-80GB", "colour": "red"}, "'colour'"),
         ({"name": "Bad Name", "gpu": "H100-80GB"}, "'name'"),
+        ({"name": "bad\n", "gpu": "H100-80GB"}, "'name'"),  # a YAML block scalar's newline
+        ({"name": "bad", "gpu": "H100-80GB", "formerly": ["old\n"]}, "'formerly'"),
         ({"name": "bad", "gpu": "V100"}, "'gpu'"),
         ({"name": "bad"}, "'min_memory_gb'"),
         ({"name": "bad", "gpu": "H100-80GB", "min_memory_gb": 80}, "'min_memory_gb'"),
@@ -169,6 +171,14 @@ GOOD = {"name": "ok", "gpu": "H100-80GB"}
         ({"name": "bad", "gpu": "L4-24GB", "replicas": 1}, "'replicas'"),
         ({"name": "bad", "gpu": "H100-80GB", "weight": True}, "'weight'"),
         ({"name": "bad", "gpu": "H100-80GB", "weight": 0}, "'weight'"),
+        # NaN passed "<= 0" and "< 1/8" (every comparison is false): showback billed NaN
+        # GPU-hours, and a quota's sum of them admitted everything. inf: never admitted.
+        ({"name": "bad", "gpu": "H100-80GB", "weight": float("nan")}, "'weight'"),
+        ({"name": "bad", "gpu": "H100-80GB", "weight": float("inf")}, "'weight'"),
+        ({"name": "bad", "gpu": "H100-80GB", "weight": 1e308}, "'weight'"),
+        ({"name": "bad", "min_memory_gb": float("nan")}, "'min_memory_gb'"),  # named no key
+        ({"name": "bad", "min_memory_gb": float("inf")}, "'min_memory_gb'"),  # OverflowError
+        ({"name": "bad", "min_memory_gb": 1e300}, "'min_memory_gb'"),
         ({"name": "bad", "gpu": "H100-80GB", "max_age": "soon"}, "'max_age'"),
         ({"name": "bad", "gpu": "H100-80GB", "max_age": -5}, "'max_age'"),
         ({"name": "bad", "gpu": "H100-80GB", "display_name": 3}, "'display_name'"),

@@ -18,6 +18,7 @@ Pure: stdlib only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -63,7 +64,11 @@ def load_tier_sizes(entries: Iterable[Mapping]) -> dict[str, TierSize]:
         numbers = []
         for key in ("memory_gb", "weight"):
             value = entry.get(key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value < math.inf  # NaN too: no comparison holds
+            ):
                 raise TierSizeError(f"{where}: {key!r} must be a number > 0, got {value!r}")
             numbers.append(float(value))
         formerly = entry.get("formerly", [])

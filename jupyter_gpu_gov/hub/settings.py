@@ -5,13 +5,14 @@ message naming the setting."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from urllib.parse import urlparse
 
+import traitlets
 from traitlets import (
     Bool,
     Dict,
-    Float,
     HasTraits,
     Int,
     List,
@@ -24,6 +25,18 @@ from traitlets import (
 from .event_loop import EVENT_LOOPS
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT
 from .hubconfig import TEAM_QUOTAS_ENV
+
+
+class Float(traitlets.Float):
+    """traitlets' Float, finite: ``nan`` and ``inf`` (YAML's ``.nan``, an ``inf`` meant as
+    "never") passed every bound (no comparison with NaN holds): a pass waited NaN seconds,
+    showback priced every hour NaN. Refused, naming the setting."""
+
+    def validate(self, obj, value):
+        value = super().validate(obj, value)
+        if not math.isfinite(value):
+            raise TraitError(f"GpuGovernor.{self.name} must be a finite number, got {value!r}")
+        return value
 
 
 class GovernorSettings(HasTraits):
@@ -568,6 +581,10 @@ class GovernorSettings(HasTraits):
 
 def _numbers(name: str, values: dict) -> dict:
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise TraitError(f"{name}[{key!r}] must be a number >= 0, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 <= value < math.inf  # NaN too: no comparison holds
+        ):
+            raise TraitError(f"{name}[{key!r}] must be a number >= 0 and finite, got {value!r}")
     return values

@@ -28,7 +28,7 @@ TASK_TYPE_WORDS = {
 }
 _CHOICES = ("profile", "team", "project", "task_type", "expected_duration")
 
-_PROJECT = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")  # a label value
+_PROJECT = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")  # a label value
 _env = Environment(
     loader=PackageLoader("jupyter_gpu_gov.profiles", "templates"),
     autoescape=select_autoescape(["html"]),
@@ -117,7 +117,7 @@ def server_path(user: str, name: str | None) -> str:
 
 def check_project(project: Any) -> None:
     """Raise ``FormError`` unless ``project`` can be a label value (and a showback key)."""
-    if not isinstance(project, str) or not _PROJECT.match(project):
+    if not isinstance(project, str) or not _PROJECT.fullmatch(project):
         raise FormError(
             f"Project {project!r:.60} cannot be used: use letters, digits, '-', '_' and '.', "
             "starting and ending with a letter or digit, at most 63 characters."

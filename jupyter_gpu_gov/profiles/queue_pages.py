@@ -312,9 +312,16 @@ class QueueCancelHandler(BaseHandler):
         now = clock.utcnow()
         if request is not None and spawner.gpu_cancel(CANCELLED):
             FORECAST.left.append(request.left(CANCELLED, now))
-        # Back to the Hub page it was cancelled from (the home page), never off the Hub.
+        # Back to the Hub page it was cancelled from (the home page), never off the Hub; nor to
+        # one holding a line break or a tab (the form's field is the user's to edit): tornado
+        # refuses it in a Location header, and the cancel, done, answered a 500.
         back = self.get_body_argument("next", "")
-        if not (back.startswith(self.hub.base_url) and "//" not in back and "\\" not in back):
+        if not (
+            back.startswith(self.hub.base_url)
+            and "//" not in back
+            and "\\" not in back
+            and back.isprintable()
+        ):
             back = self.hub.base_url + "gpu-gov/queue"
         self.redirect(back)
 

@@ -18,6 +18,7 @@ act on. Pure: no JupyterHub or Kubernetes imports.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -303,7 +304,9 @@ def _quota(team: str, entry: Mapping[str, Any], tiers: Mapping[str, Tier]) -> Te
         _known(named, tiers, "tiers")
         allowed = set(named) | set(amounts["guaranteed"])
     cap = entry.get("user_cap")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float) or cap <= 0):
+    if cap is not None and (
+        isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap < math.inf
+    ):  # NaN too: no comparison holds
         raise ValueError(f"'user_cap' must be a positive number of GPU-equivalents, got {cap!r}")
     priority = entry.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):

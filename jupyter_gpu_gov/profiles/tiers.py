@@ -28,6 +28,10 @@ from ..core.policy import TASK_TYPES
 from ..core.rightsize import former_name_clash
 
 MIN_SHARE = 1 / 8  # no slice smaller than an eighth of a card
+# The most GPU-equivalents an admin's 'weight' gives a server: 16 cards, many times over. NaN
+# passed every comparison (billed NaN GPU-hours; a quota's sums admitted anything), inf none.
+MAX_WEIGHT = 1000.0
+MAX_CLASS_MEMORY_GB = 4096  # a capability class's 'min_memory_gb': as a card's 'memory_gb'
 GPU_VENDOR_PREFIX = "nvidia.com/"  # every resource of NVIDIA's device plugin (below)
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"  # time-slicing with renameByDefault: true
@@ -268,14 +272,14 @@ def load_cards(entries: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Car
     cards = dict(CARDS)
     for key, entry in (entries or {}).items():
         label = f"card {key!r}"
-        if not isinstance(key, str) or not _CARD_KEY.match(key):
+        if not isinstance(key, str) or not _CARD_KEY.fullmatch(key):
             raise CardError(f"{label}: a key is letters, digits, '.', '_' or '-', got {key!r}")
         check_entry(label, entry, _CARD_KEYS, CardError)
         products = entry.get("products")
         if (
             not isinstance(products, list | tuple)
             or not products
-            or not all(isinstance(p, str) and _LABEL_VALUE.match(p) for p in products)
+            or not all(isinstance(p, str) and _LABEL_VALUE.fullmatch(p) for p in products)
         ):
             raise CardError(
                 f"{label}: 'products' must be a non-empty list of nvidia.com/gpu.product label "
@@ -294,7 +298,7 @@ def load_cards(entries: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Car
             )
         profiles = entry.get("mig_profiles", [])
         if not isinstance(profiles, list | tuple) or not all(
-            isinstance(p, str) and _MIG.match(p) for p in profiles
+            isinstance(p, str) and _MIG.fullmatch(p) for p in profiles
         ):
             raise CardError(
                 f"{label}: 'mig_profiles' must be a list of profiles such as '1g.10gb' or "
@@ -345,7 +349,7 @@ def _tier(entry: dict[str, Any], cards: Mapping[str, Card]) -> Tier:
     if unknown:
         raise ValueError(f"unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(_KEYS))})")
     name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             f"'name' must be a lower-case label value (a-z, 0-9, '-', '.'), got {name!r}"
         )
@@ -361,9 +365,14 @@ def _tier(entry: dict[str, Any], cards: Mapping[str, Card]) -> Tier:
     count = _whole(entry, "count", 1, high=16)
     min_memory = entry.get("min_memory_gb")
     if min_memory is not None and (
-        isinstance(min_memory, bool) or not isinstance(min_memory, int | float) or min_memory <= 0
+        isinstance(min_memory, bool)
+        or not isinstance(min_memory, int | float)
+        or not 0 < min_memory <= MAX_CLASS_MEMORY_GB  # NaN too: no comparison holds
     ):
-        raise ValueError(f"'min_memory_gb' must be a positive number, got {min_memory!r}")
+        raise ValueError(
+            f"'min_memory_gb' must be a number of GB from 0 (exclusive) to "
+            f"{MAX_CLASS_MEMORY_GB}, got {min_memory!r}"
+        )
     if card is None and min_memory is None:
         raise ValueError("give 'gpu' (a known card) or 'min_memory_gb' (a capability class)")
     if card is not None and min_memory is not None:
@@ -411,9 +420,14 @@ def _tier(entry: dict[str, Any], cards: Mapping[str, Card]) -> Tier:
 
     if "weight" in entry:
         weight = entry["weight"]
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, int | float)
+            or not 0 < weight <= MAX_WEIGHT  # NaN too: no comparison holds
+        ):
             raise ValueError(
-                f"'weight' must be a positive number of GPU-equivalents, got {weight!r}"
+                f"'weight' must be a positive number of GPU-equivalents, at most "
+                f"{MAX_WEIGHT:g}, got {weight!r}"
             )
     if weight < MIN_SHARE:
         raise ValueError(f"'weight' {weight:g} is below 1/8 of a card, the smallest share offered")
@@ -448,7 +462,7 @@ def _formerly(entry: Mapping, name: str) -> tuple[str, ...]:
     value = entry.get("formerly", [])
     if (
         not isinstance(value, list | tuple)
-        or not all(isinstance(v, str) and _NAME.match(v) and v != name for v in value)
+        or not all(isinstance(v, str) and _NAME.fullmatch(v) and v != name for v in value)
         or len(set(value)) != len(value)
     ):
         raise ValueError(
