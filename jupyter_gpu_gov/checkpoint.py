@@ -99,7 +99,7 @@ _HOOKS: dict[str, _Hook] = {}
 
 
 def _check_hook_name(name: object) -> str:
-    if not isinstance(name, str) or not _HOOK_NAME.match(name) or name == HOOKS_FILE:
+    if not isinstance(name, str) or not _HOOK_NAME.fullmatch(name) or name == HOOKS_FILE:
         raise ValueError(
             f"hook name {name!r} cannot be a directory name: pass name='...' "
             "(letters, digits, '_', '.', '-')"
@@ -345,7 +345,7 @@ def _real_file(path: Path) -> bool:
 
 
 def _hook_name_ok(name: object) -> bool:
-    return isinstance(name, str) and bool(_HOOK_NAME.match(name)) and name != HOOKS_FILE
+    return isinstance(name, str) and bool(_HOOK_NAME.fullmatch(name)) and name != HOOKS_FILE
 
 
 def _kernel_records(checkpoint: Path) -> list[tuple[Path, dict]]:

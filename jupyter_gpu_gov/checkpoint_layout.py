@@ -118,17 +118,18 @@ def _clip(value):
     return value
 
 
-_ID = re.compile(r"^(\d{8}T\d{6}Z)(?:-([1-9]\d*))?$")
+# fullmatch, ASCII digits: "$" also matched before a final newline, "\d" any script's digits
+_ID = re.compile(r"([0-9]{8}T[0-9]{6}Z)(?:-([1-9][0-9]*))?")
 _MAX_SUFFIX = 10_000  # ids taken within one second before giving up
 
 
 def is_checkpoint_id(value: object) -> bool:
-    return isinstance(value, str) and bool(_ID.match(value))
+    return isinstance(value, str) and bool(_ID.fullmatch(value))
 
 
 def id_key(checkpoint_id: str) -> tuple[str, int]:
     """Sort key: by time, then by suffix as a number (``-10`` after ``-9``); not an id: first."""
-    m = _ID.match(checkpoint_id)
+    m = _ID.fullmatch(checkpoint_id)
     return (m.group(1), int(m.group(2) or 1)) if m else ("", 0)
 
 

@@ -71,6 +71,8 @@ def test_register_forms_replace_and_unregister():
         checkpoint.register(lambda d: None)
     with pytest.raises(ValueError, match=r"'a/b'"):
         checkpoint.register(logs, name="a/b")
+    with pytest.raises(ValueError, match=r"'logs\\n'"):  # ("$" matched before a final newline)
+        checkpoint.register(logs, name="logs\n")
 
 
 def test_save_variables_adds_names_and_names_what_is_missing():
@@ -645,3 +647,19 @@ fresh.load_state_dict(got["model"])
 torch.optim.Adam(fresh.parameters(), lr=0.01).load_state_dict(got["optimizer"])
 """
     )
+
+
+def test_a_checkpoint_id_is_the_whole_text_in_ascii_digits():
+    """The checkpoint page's id is read from its URL: a final newline ("$" matched before one) or
+    another script's digits made a 404 of what is a 400, and a path of what is no id."""
+    from jupyter_gpu_gov.checkpoint_layout import id_key, is_checkpoint_id
+
+    assert is_checkpoint_id("20261201T000000Z") and is_checkpoint_id("20261201T000000Z-2")
+    assert id_key("20261201T000000Z-10") > id_key("20261201T000000Z-9")
+    for odd in (
+        "20261201T000000Z\n",
+        "20261201T000000Z-2\n",
+        "\u0662\u0660\u0662\u06661201T000000Z",
+    ):
+        assert not is_checkpoint_id(odd), odd
+        assert id_key(odd) == ("", 0)
