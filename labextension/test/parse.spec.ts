@@ -1,3 +1,4 @@
+import { lineStartViews } from '../src/model/linestarts';
 import { panelView } from '../src/model/panel';
 import { statusView } from '../src/model/status';
 import { readStatusReport } from '../src/parse';
@@ -39,6 +40,8 @@ describe('a status report out of shape', () => {
     expect(() => panelView(read, opts)).not.toThrow();
     expect(statusView(read, opts).text).toMatch(/^(GPU|No GPU)/);
     expect(panelView(read, opts).lines.length).toBeGreaterThan(0);
+    // The started-from-the-line notices read the same verdict on each poll.
+    expect(() => lineStartViews(read?.verdict, [], opts)).not.toThrow();
   });
 
   it('keeps what it can read: the good device, the warning', () => {
