@@ -7,6 +7,7 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { parseTime } from './format';
 import { retryAfterSeconds } from './model/outcomes';
+import { readStatusReport } from './parse';
 import {
   ICheckpointManifest,
   ICheckpointSummary,
@@ -55,18 +56,19 @@ export class GpuGovApi {
 
   /** GET status; throws a StatusError on failure so the poll backs off. */
   async status(refresh = false): Promise<IStatusReport> {
-    const response = await this.request<IStatusReport>(
+    const response = await this.request<unknown>(
       refresh ? 'status?refresh=1' : 'status',
       { method: 'GET' }
     );
-    if (response.status !== 200 || !response.body || response.gone) {
+    const report = readStatusReport(response.body);
+    if (response.status !== 200 || !report || response.gone) {
       throw new StatusError(
         response.message ?? `HTTP ${response.status}`,
         response.status,
         response.gone
       );
     }
-    return response.body;
+    return report;
   }
 
   extend(reason: string): Promise<IApiResponse<IExtendResponse>> {

@@ -157,9 +157,12 @@ export function formatActivity(value: number | null | undefined): string {
   return `${Math.round(Math.min(1, Math.max(0, value)) * 100)}%`;
 }
 
-/** An ISO time from the wire, in ms; anything unreadable is null (unknown). */
+/**
+ * An ISO time from the wire, in ms; anything unreadable is null (unknown). Only a string: a
+ * number (an edited manifest's epoch seconds) would be read by Date.parse as a year.
+ */
 export function parseTime(value: string | null | undefined): number | null {
-  if (!value) {
+  if (typeof value !== 'string' || !value) {
     return null;
   }
   const t = Date.parse(value);

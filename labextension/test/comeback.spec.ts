@@ -351,3 +351,44 @@ describe('manifest details', () => {
     ).toEqual(['a.ipynb', 'b.ipynb']);
   });
 });
+
+describe('a checkpoint whose manifest in the user’s folder is out of shape', () => {
+  // The server lists a manifest's reason, status and times as the file holds them (an edit,
+  // a disk that filled): the notification and its Details dialog must still read.
+  const opts = { now: NOW, clock, day };
+
+  it('is announced, its words none, when its reason, errors or restore are no strings', () => {
+    const odd = summary({
+      cull_reason: null,
+      reason: 5 as never,
+      errors: 'many' as never,
+      restore: { code: 'x' } as never
+    });
+    // Before, `.trim` of a number threw: no coming-back notification at all.
+    const view = comingBackView(odd, opts);
+    expect(view.message).toBe('Stopped at 14:02; checkpoint saved.');
+    expect(view.restore).toBe(DEFAULT_RESTORE);
+    expect(view.problems).toBe(0);
+  });
+
+  it('reads a time that is no string as unknown, not as a year', () => {
+    // Date.parse(2026) reads the number's text: "Stopped on 2026-01-01, 00:00".
+    const odd = summary({ completed_at: 2026 as never });
+    expect(comingBackView(odd, opts).message).toBe(
+      'Stopped because its GPU was idle; checkpoint saved.'
+    );
+    expect(
+      comingBackCheckpoint([odd], { started: STARTED, now: NOW })
+    ).toBeNull();
+  });
+
+  it('opens the Details dialog when its errors or notebooks are no lists', () => {
+    const details = manifestDetails('20260105T140200Z', {
+      errors: 'disk full',
+      notebooks: { 'train.ipynb': true }
+    } as never);
+    expect(details.problems).toEqual([]);
+    expect(details.notebooks).toEqual([]);
+    expect(details.json).toContain('disk full');
+  });
+});

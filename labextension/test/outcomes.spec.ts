@@ -257,3 +257,31 @@ describe('admin decision on a pending extension', () => {
     ).toBeNull();
   });
 });
+
+describe('an answer whose message is no string, or none', () => {
+  // The body as the server (or a proxy in front of it) sent it.
+  it.each<[string, unknown]>([
+    ['an object', { detail: 'no' }],
+    ['a number', 409],
+    ['a list', ['no']]
+  ])('says the extend was refused when its message is %s', (_, message) => {
+    const outcome = extendOutcome(
+      409,
+      { status: 'refused', message } as never,
+      opts
+    );
+    expect(outcome).toEqual({ kind: 'warning', message: 'Extension refused.' });
+  });
+
+  it('says a refusal without a message in one sentence, not "refused: "', () => {
+    expect(extendOutcome(409, { status: 'refused' }, opts).message).toBe(
+      'Extension refused.'
+    );
+  });
+
+  it('says the stop failed, not "[object Object]"', () => {
+    expect(
+      stopOutcome(500, { message: { detail: 'x' } } as never).message
+    ).toBe('Could not stop the server (HTTP 500).');
+  });
+});

@@ -264,3 +264,14 @@ describe('right size and health', () => {
     expect(healthAlert(report(), {})).toBeNull();
   });
 });
+
+describe('a device whose product name NVML could not read', () => {
+  it('names a whole GPU whose product name NVML could not read by its UUID, never "null"', () => {
+    // IDevice.name is `string | null` on the wire.
+    const line = deviceLine({ ...H100, name: null });
+    expect(line).toBe('GPU-1111 (whole GPU): 20.0 GiB / 79.6 GiB, 0% active');
+    expect(deviceLine({ ...MIG, name: null })).toBe(
+      'MIG 1g.18gb slice: 4.0 GiB / 17.8 GiB, activity unknown'
+    );
+  });
+});

@@ -245,3 +245,32 @@ describe('reason prompt', () => {
     expect(checkReason('optional', undefined).ok).toBe(false);
   });
 });
+
+describe('a hard deadline at a time this tab cannot read', () => {
+  it('says a hard deadline whose time this tab cannot read is soon, not now', () => {
+    for (const cull_at of [
+      'tomorrow',
+      'in 5 minutes',
+      '2026-99-99T00:00:00Z'
+    ]) {
+      const view = warningView(
+        verdict({ state: 'active', hard_deadline: true, cull_at }),
+        opts
+      );
+      expect(view?.toast).toBe(
+        'Hard deadline: this server will be stopped soon, whatever the GPU does. Save your work.'
+      );
+    }
+    // A past deadline is still now.
+    expect(
+      warningView(
+        verdict({
+          state: 'active',
+          hard_deadline: true,
+          cull_at: '2026-01-05T10:00:00Z'
+        }),
+        opts
+      )?.toast
+    ).toBe('Hard deadline: this server will be stopped now. Save your work.');
+  });
+});

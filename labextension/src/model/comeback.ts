@@ -153,7 +153,7 @@ export interface IComingBackView {
 export function notebookPaths(
   notebooks: ICheckpointSummary['notebooks'] | ICheckpointManifest['notebooks']
 ): string[] {
-  return (notebooks ?? [])
+  return (Array.isArray(notebooks) ? notebooks : [])
     .map(n => (typeof n === 'string' ? n : n?.path))
     .filter((p): p is string => typeof p === 'string' && p.length > 0);
 }
@@ -170,10 +170,15 @@ export function comingBackView(
   const trans = transOf(options);
   const completed = parseTime(summary.completed_at);
   const when = completed === null ? '' : atTime(completed, options);
-  const problems = Math.max(0, Math.round(summary.errors ?? 0));
+  // The summary's words come from a manifest in the user's folder, as it was written (an
+  // edit, a disk that filled): anything but a string is none.
+  const problems =
+    typeof summary.errors === 'number' && Number.isFinite(summary.errors)
+      ? Math.max(0, Math.round(summary.errors))
+      : 0;
   const saved = checkpointPhrase(summary.status, problems, trans);
   const because = cullReasonPhrase(summary.cull_reason, trans);
-  const raw = (summary.reason ?? '').trim();
+  const raw = typeof summary.reason === 'string' ? summary.reason.trim() : '';
   let message: string;
   if (because) {
     message = trans.__('Stopped %1 because %2; %3.', when, because, saved);
@@ -201,7 +206,9 @@ export function comingBackView(
     })),
     more,
     moreLabel: more > 0 ? trans._n('and %1 more', 'and %1 more', more) : null,
-    restore: (summary.restore ?? '').trim() || DEFAULT_RESTORE,
+    restore:
+      (typeof summary.restore === 'string' && summary.restore.trim()) ||
+      DEFAULT_RESTORE,
     problems,
     details: problems > 0 || summary.status === 'failed'
   };
@@ -237,7 +244,7 @@ export function rememberDismissed(
 export function checkpointErrors(
   errors: ICheckpointManifest['errors'] | null | undefined
 ): string[] {
-  return (errors ?? [])
+  return (Array.isArray(errors) ? errors : [])
     .map(e =>
       typeof e === 'string'
         ? e

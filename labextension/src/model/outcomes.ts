@@ -28,6 +28,9 @@ export interface IOutcome {
 }
 
 function refusalInWords(message: string, trans: ITrans): string {
+  if (!message) {
+    return trans.__('Extension refused.');
+  }
   const lower = message.toLowerCase();
   if (lower.includes('reason is required')) {
     return trans.__(
@@ -86,6 +89,15 @@ function throttledOutcome(
   };
 }
 
+/**
+ * An answer's message, or "": the server's body as it came (an error page's JSON, a proxy's),
+ * where a message that is no string made the words throw and no notification came.
+ */
+function messageOf(body: { message?: unknown } | null | undefined): string {
+  const message = body?.message;
+  return typeof message === 'string' ? message.trim() : '';
+}
+
 /** The extend answer (200 granted / 202 pending / 409 refused, or an error) in plain words. */
 export function extendOutcome(
   httpStatus: number,
@@ -96,7 +108,7 @@ export function extendOutcome(
   const trans = transOf(options);
   const status = body?.status;
   const verdict = body?.verdict ?? null;
-  const message = body?.message ?? '';
+  const message = messageOf(body);
   if (httpStatus === 200 || status === 'granted') {
     const cull = parseTime(verdict?.cull_at);
     const left = verdict?.extensions_left;
@@ -233,8 +245,9 @@ export function stopOutcome(
       )
     };
   }
+  const message = messageOf(body);
   if (httpStatus === 429) {
-    return throttledOutcome(body?.message ?? '', trans, retryAfter);
+    return throttledOutcome(message, trans, retryAfter);
   }
   if (httpStatus === 409) {
     return {
@@ -246,8 +259,8 @@ export function stopOutcome(
   }
   return {
     kind: 'error',
-    message: body?.message
-      ? trans.__('Could not stop the server: %1', body.message)
+    message: message
+      ? trans.__('Could not stop the server: %1', message)
       : trans.__('Could not stop the server (HTTP %1).', httpStatus)
   };
 }

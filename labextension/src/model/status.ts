@@ -84,6 +84,16 @@ export function deviceLine(device: IDevice, trans: ITrans = nullTrans): string {
   if (device.mig_profile) {
     // NVML names a MIG instance "<card> MIG 1g.18gb"; say the card once.
     const card = (device.name ?? '').replace(/\s+MIG\s+\S+$/, '');
+    if (!card) {
+      return trans.__(
+        'MIG %1 slice: %2, %3%4%5',
+        device.mig_profile,
+        memory,
+        activity,
+        shared,
+        sick
+      );
+    }
     return trans.__(
       'MIG %1 slice of %2: %3, %4%5%6',
       device.mig_profile,
@@ -94,9 +104,10 @@ export function deviceLine(device: IDevice, trans: ITrans = nullTrans): string {
       sick
     );
   }
+  // A product name NVML could not read is null on the wire: the device by its UUID.
   return trans.__(
     '%1 (whole GPU): %2, %3%4%5',
-    device.name,
+    device.name || device.uuid || trans.__('GPU'),
     memory,
     activity,
     shared,

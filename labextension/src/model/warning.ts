@@ -205,15 +205,21 @@ export function warningView(
     !['warned', 'checkpointing'].includes(verdict.state ?? '')
   ) {
     // Running work too: the owner must save it before the deadline.
+    // A deadline announced with a time this tab cannot read is soon, not past.
     toast =
-      cull === null || cull <= options.now
-        ? trans.__('Hard deadline: %1 now. Save your work.', what)
-        : trans.__(
-            'Hard deadline: %1 in %2 (at %3), whatever the GPU does. Save your work.',
-            what,
-            countdown,
-            deadline
-          );
+      cull === null
+        ? trans.__(
+            'Hard deadline: %1 soon, whatever the GPU does. Save your work.',
+            what
+          )
+        : cull <= options.now
+          ? trans.__('Hard deadline: %1 now. Save your work.', what)
+          : trans.__(
+              'Hard deadline: %1 in %2 (at %3), whatever the GPU does. Save your work.',
+              what,
+              countdown,
+              deadline
+            );
   } else if (
     verdict.state === 'checkpointing' &&
     verdict.at_deadline === 'interrupt'
