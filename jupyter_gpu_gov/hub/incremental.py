@@ -104,8 +104,8 @@ class Incremental:
         """Which servers this pass lists from the Hub (hub/listing.py): every one, or between
         full passes the users active since the last listing. Only the servers marked or due
         since the last pass are looked at (hub/deadlines.py); ``everyone``: every kept server
-        is (DCGM's evidence or the diagnosis model changed). The others keep their view, if
-        listed, while their model did not change."""
+        is (the diagnosis model changed, or DCGM's GPUs came or went). The others keep their
+        view, if listed, while their model did not change."""
         for key in self.due.take_written():  # reports not written by ingest (which notes its own)
             self._note_report(key)
         if full:
