@@ -10,9 +10,12 @@ with a Markdown table of the curve (``curve``): what a pass costs per server tha
 server that changed.
 
 Both list the same fake Hub (``tests/fake_hub_api.FakeHub``, ``populate(n)``: every user has one
-ready default server, last activity spread over a week). The governor's pass (``Governor.
+ready default server, last activity spread over a week), each server's spawner state as a
+zero-to-jupyterhub Hub keeps it (``kubespawner_state``: KubeSpawner's pod name and namespace,
+and the profile layer's grant where one names a team). The governor's pass (``Governor.
 reconcile``) also reads a dcgm-exporter text exposition with one GPU per GPU server (labelled
-with the server's pod), decides every server against fresh in-memory reports (docs/api.md, "The report": one
+with the server's pod and namespace, so the governor finds each server's GPU by its pod, as in a
+deployment), decides every server against fresh in-memory reports (docs/api.md, "The report": one
 device, one kernel, mixed idle/active, some MIG, CPU-only servers send none) and writes its
 SQLite store. The culler's pass (``cull_idle``) lists the same users and applies its rule. Both
 run with long timers, so they decide everything; the culler culls nothing, but the governor
@@ -37,9 +40,14 @@ Fairness:
   and those rows are written again, which is the real steady state (a pass seconds after the
   previous one would write almost nothing). Ingesting the reports is timed apart (``ingest_us``).
 - Before each pass a ``--changed`` share of the GPU servers changes state (active <-> idle, in
-  turn through the fleet): their reports say so from then on. The others report what they did
-  (an idle one from the same ``idle_since``). ``changed_servers`` is how many; a pass that
-  decides only what changed would cost in proportion to it (``governor_ms_per_changed``).
+  turn through the fleet): their reports say so from then on, and DCGM from its next scrape
+  (the exporter's series follow the change; the read a pass takes was made after the pass
+  before, as a deployment's is a cycle old; the 5 % whose reports claim work DCGM does not see
+  stay idle to DCGM). The others report what they did (an idle one from the same
+  ``idle_since``). ``changed_servers`` is how many; a pass that decides only what changed would
+  cost in proportion to it (``governor_ms_per_changed``). ``mix`` is what a pass decided
+  (running servers by state after it, medians) and ``mix_audited`` what it audited (warnings,
+  checkpoints asked, culls, state changes).
 - Staggered starts (``--stagger N``, default 6): each GPU server's first report arrives at one
   of the first N passes, and N more settle them, all unmeasured, so the zombies' checkpoint
   requests and timeouts do not fall in one pass as one wave (docs/benchmarks-history.md, "Wave 4,
@@ -53,8 +61,8 @@ Fairness:
   listing finds the servers it culled gone.
 - The subprocess also answers as metrics-server does (``benchmarks.pod_metrics``: the running
   servers' pods and the chart's, as the aggregated API lists a namespace's PodMetrics), and the
-  governor reads it each pass as on a cluster with metrics-server (``hub/pod_cpu.py``; the GPU
-  servers' pods are named to it, as KubeSpawner's state names them). ``pod_cpu_s`` is that read's wall
+  governor reads it each pass as on a cluster with metrics-server (``hub/pod_cpu.py``; the pods
+  the servers' states name). ``pod_cpu_s`` is that read's wall
   time in a pass (beside the Hub's groups and DCGM), ``pod_cpu_thread_cpu_s`` its parser
   thread's CPU; ``--no-pod-cpu``: a cluster without it.
 - The governor's first pass, which inserts every row, is reported on its own (``first_pass_s``;
@@ -104,7 +112,7 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -121,6 +129,9 @@ DEFAULT_STAGGER = 6
 NAMESPACE = "jhub"
 PROFILES = (("a100", 0.6), ("mig-1g.10gb", 0.25), ("cpu", 0.15))  # cpu: no GPU, no report
 TEAMS = ("team-a", "team-b", "team-c")  # populate()'s groups
+# A pass's mix (``mix``, ``mix_audited``): the states counted, and the audit actions.
+MIX_STATES = ("active", "busy", "idle", "warned", "checkpointing", "culled", "unknown")
+MIX_ACTIONS = ("warn", "checkpoint", "cull", "state")
 # dcgm-exporter's default counters: the governor reads 10 of them (9 signals and the last XID),
 # the rest are parsed and dropped.
 DCGM_METRICS = (
@@ -191,8 +202,9 @@ def plan(n: int, seed: int = 0) -> list[Planned]:
     return fleet
 
 
-def exposition(fleet: list[Planned], node: int) -> str:
-    """One dcgm-exporter ``/metrics`` body for these GPUs (``node`` names its Hostname)."""
+def exposition(fleet: list[Planned], node: int, busy: Mapping[str, bool] | None = None) -> str:
+    """One dcgm-exporter ``/metrics`` body for these GPUs (``node`` names its Hostname).
+    ``busy``: whether each user's GPU works now (default: the plan's ``dcgm_active``)."""
     gpus = [p for p in fleet if p.gpu_uuid]
     lines = []
     for metric, help_text in DCGM_METRICS:
@@ -206,12 +218,12 @@ def exposition(fleet: list[Planned], node: int) -> str:
                 f'Hostname="gpu-node-{node}",DCGM_FI_DRIVER_VERSION="550.54.15"{mig},'
                 f'container="notebook",namespace="{NAMESPACE}",pod="{p.pod}"'
             )
-            lines.append(f"{metric}{{{labels}}} {_dcgm_value(metric, p)}")
+            active = p.dcgm_active if busy is None else busy[p.user]
+            lines.append(f"{metric}{{{labels}}} {_dcgm_value(metric, active)}")
     return "\n".join(lines) + "\n"
 
 
-def _dcgm_value(metric: str, p: Planned) -> float | int:
-    busy = p.dcgm_active
+def _dcgm_value(metric: str, busy: bool) -> float | int:
     return {
         "DCGM_FI_DEV_GPU_UTIL": 87 if busy else 0,
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.83 if busy else 0.0,
@@ -329,6 +341,19 @@ def answer_checkpoint(p: Planned, verdict: dict) -> dict | None:
 # -- the subprocess: fake Hub and DCGM exporter ---------------------------------------------------
 
 
+def kubespawner_state(p: Planned) -> dict[str, Any]:
+    """The spawner state a zero-to-jupyterhub Hub keeps for the server (KubeSpawner's
+    ``get_state``): its pod and namespace, which DCGM's ``pod``/``namespace`` labels and
+    metrics-server name too, so the governor finds the server's GPUs by its pod (``hub/
+    trusted.py``), as in a deployment, and not only through what its report names."""
+    return {
+        "kubespawner_version": "7.1.0",
+        "pod_name": p.pod,
+        "namespace": NAMESPACE,
+        "dns_name": f"{p.pod}.{NAMESPACE}.svc.cluster.local",
+    }
+
+
 async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     import fake_hub_api
@@ -353,21 +378,39 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
     for p in fleet:
         server = hub.users[p.user].servers[""]
         server.user_options = {"profile": p.profile}
-        if p.team_label:  # the profile layer's grant, in the spawner's state
-            server.state = {"gpu_gov_grant": {"gpu-gov/team": p.team_label}}
+        server.state = kubespawner_state(p)
+        if p.team_label:  # the profile layer's grant, in the spawner's state beside KubeSpawner's
+            server.state["gpu_gov_grant"] = {"gpu-gov/team": p.team_label}
         servers[p.user] = [clock.isoformat(server.started), clock.isoformat(server.last_activity)]
     hub.start()
 
     gpus = [p for p in fleet if p.gpu_uuid]
     size = gpus_per_exporter or len(gpus) or 1
-    shards = [
-        exposition(gpus[i : i + size], i // size).encode() for i in range(0, len(gpus), size)
-    ] or [b""]
+    # Each GPU's work as DCGM sees it. The reports' "active" that DCGM finds idle (``plan``'s
+    # 5 %) stay so: such a server's GPU idles whatever its report says.
+    busy = {p.user: p.dcgm_active for p in gpus}
+    claims = {p.user for p in gpus if p.report_active and not p.dcgm_active}
+    shard_of = {p.user: i // size for i, p in enumerate(gpus)}
+
+    def shard(k: int) -> bytes:
+        return exposition(gpus[k * size : (k + 1) * size], k, busy).encode()
+
+    shards = [shard(k) for k in range(0, -(-len(gpus) // size))] or [b""]
 
     class Metrics(web.RequestHandler):
         def get(self, node: str) -> None:
             self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.finish(shards[int(node)])
+
+    class GpuState(web.RequestHandler):
+        def put(self) -> None:
+            """The GPUs whose work changed (user -> active, as their reports say from now on):
+            the exporters' next scrape shows it, as DCGM would."""
+            changed = json.loads(self.request.body)
+            for user, active in changed.items():
+                busy[user] = bool(active) and user not in claims
+            for k in sorted({shard_of[user] for user in changed}):
+                shards[k] = shard(k)
 
     # metrics-server's list, as it holds its last scrape: built when the clock moves (between
     # passes), so a pass's read pays for its own work and the transfer, not for this fake's
@@ -392,6 +435,7 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
     routes = [
         (r"/metrics/(\d+)", Metrics),
         (r"/clock/([-0-9.e]+)", Clock),
+        (r"/gpu-state", GpuState),
         (METRICS_ROUTE, metrics_handler(pod_metrics)),
     ]
     HTTPServer(web.Application(routes)).add_sockets(sockets)
@@ -402,6 +446,7 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
         "token": hub.token,
         "exporter_urls": [f"{dcgm}/{i}" for i in range(len(shards))],
         "clock_url": f"{served}/clock",
+        "gpu_state_url": f"{served}/gpu-state",
         "kubernetes_api_url": served,  # metrics-server's PodMetrics (benchmarks.pod_metrics)
         "servers": servers,  # user -> [started, last_activity], for the reports
         "dcgm_bytes": sum(len(s) for s in shards),
@@ -543,16 +588,9 @@ async def _bench(
         full_pass_every=full_every,
         **({"pod_cpu": metrics} if pod_cpu else {}),
     )
+    # The pods' CPU is read for the pods the fake Hub's states name (``kubespawner_state``),
+    # as the governor finds them in a deployment: nothing is named to the reader here.
     gov = Governor(store, hub, policies, options, dcgm)
-    if pod_cpu:
-        # The GPU servers' pods, as KubeSpawner's state names them with their namespace. The
-        # fake Hub's states name no namespace (so DCGM's series are matched as they always
-        # were here, and the decisions measured stay those of the earlier waves): the pods
-        # are named to the reader directly. A read lists, parses and folds every pod of the
-        # namespace whichever are named, so its cost is the same.
-        for p in plan(n, seed):
-            if p.gpu_uuid:
-                gov.pod_cpu.want((NAMESPACE, p.pod), f"{p.user}/")
 
     # The governor decides page by page while listing, so listing time is inside "decide"'s
     # wall time; DCGM is scraped in the background and parsed in a worker thread.
@@ -600,17 +638,25 @@ async def _bench(
     gpu_state = {p.user: (p.report_active, start - timedelta(hours=3)) for p in fleet}
     next_flip = 0
 
-    def change(share: float) -> int:
+    async def change(share: float) -> int:
         """A ``share`` of the GPU servers change state (active <-> idle) before the next
-        reports, taken in turn through the fleet; the others report what they did."""
+        reports, taken in turn through the fleet; the others report what they did. DCGM sees
+        the change from its next scrape on: the read this pass takes was made after the last
+        pass, so it shows the change one pass after the reports (a deployment's DCGM read is a
+        cycle old too)."""
         nonlocal next_flip
         count = min(len(fleet), round(share * len(fleet)))
         now = clock.utcnow()
+        flipped = {}
         for k in range(count):
             user = fleet[(next_flip + k) % len(fleet)].user
             active, _ = gpu_state[user]
             gpu_state[user] = (not active, now)
+            flipped[user] = not active
         next_flip = (next_flip + count) % max(1, len(fleet))
+        if flipped:
+            body = json.dumps(flipped).encode()
+            await AsyncHTTPClient().fetch(ready["gpu_state_url"], method="PUT", body=body)
         return count
 
     # Staggered starts: a fleet's servers start, and first report, at different times. Each GPU
@@ -700,6 +746,28 @@ async def _bench(
         )
         return time.perf_counter() - started, culler_seen
 
+    audited = 0  # the last audit row a pass's mix counted
+
+    def note_mix(parts: dict[str, list[float]]) -> None:
+        """After a measured pass, outside its time: the running servers by state, and what the
+        pass audited by action (a warning, a checkpoint asked, a cull, a state change)."""
+        nonlocal audited
+        states: dict[str, int] = defaultdict(int)
+        for row in gov.rows.values():
+            if row.running:
+                states[row.state] += 1
+        for state in MIX_STATES:
+            parts[f"state:{state}"].append(states.get(state, 0))
+        with store.engine.connect() as connection:
+            actions = connection.exec_driver_sql(
+                "SELECT action, COUNT(*), MAX(id) FROM audit WHERE id > ? GROUP BY action",
+                (audited,),
+            ).all()
+        counted = {action: count for action, count, _ in actions}
+        audited = max([audited, *(last for _, _, last in actions)])
+        for action in MIX_ACTIONS:
+            parts[f"audit:{action}"].append(counted.get(action, 0))
+
     ingest_s = [ingest_all(0)]
     first_s, first_seen, first_parts, first_counts = await governor_pass()
     # Unmeasured: the servers join, then as many passes again settle them (the last to join
@@ -718,7 +786,7 @@ async def _bench(
         changed_n = 0
         for _ in range(passes):
             await advance(cycle_s)
-            changed_n = change(share)
+            changed_n = await change(share)
             ingest_s.append(ingest_all())
             elapsed, gov_seen, pass_parts, counts = await governor_pass()
             gov_s.append(elapsed)
@@ -727,6 +795,7 @@ async def _bench(
             written.append(counts.get("store_write", 0))
             parts["decided"].append(counts.get("decide", 0))
             parts["listed_whole"].append(float(gov.hub_listing.full))
+            note_mix(parts)
             elapsed, cul_seen = await culler_pass()
             cul_s.append(elapsed)
         by_share.append((share, changed_n, gov_s, cul_s, parts, written))
@@ -880,6 +949,10 @@ def _share_figures(
         "decided": int(med("decided")),
         # Passes that listed every user from the Hub (hub/listing.py), of ``len(gov_s)``.
         "listed_whole": int(sum(parts["listed_whole"])),
+        # The mix a pass decided, medians: running servers by state after it, and its audit
+        # rows by action (warnings, checkpoints asked, culls, state changes).
+        "mix": ",".join(f"{s}:{int(med(f'state:{s}'))}" for s in MIX_STATES),
+        "mix_audited": ",".join(f"{a}:{int(med(f'audit:{a}'))}" for a in MIX_ACTIONS),
     }
 
 

@@ -38,6 +38,7 @@ from jupyter_gpu_gov.hub.dcgm import (
     index_by_pod,
     index_by_uuid,
     is_idle,
+    moved_gpus,
     parse_exposition,
     parse_prometheus_query,
     prometheus_query,
@@ -362,6 +363,28 @@ def test_h100_scrape_gpu0_belongs_to_the_vllm_pod_and_the_rest_to_nobody():
     assert gpu0.power_w == pytest.approx(113.611)
     # Not in the excerpt, so unknown rather than 0.
     assert gpu0.memory_used_mb is None and gpu0.pcie_bytes_per_s is None
+
+
+def test_what_moved_between_two_reads_names_the_gpus_and_pods_whose_records_differ():
+    """A pass looks again only at the servers whose DCGM records moved (hub/incremental.py):
+    the moved GPUs and the pods that held them before or hold them now; a record an unchanged
+    body gave again is the same object and is not compared. GPUs that came or went, or came
+    in another order, say nothing of what moved (``None``: every kept server is looked at)."""
+    a = GpuEvidence(uuid="GPU-a", gpu_index=0, activity=0.0, namespace="jhub", pod="jupyter-a")
+    b = GpuEvidence(uuid="GPU-b", gpu_index=1, activity=0.9, namespace="jhub", pod="jupyter-b")
+    c = GpuEvidence(uuid="GPU-c", gpu_index=2, activity=0.0)
+    before = (a, b, c)
+    assert moved_gpus(before, before) == frozenset()
+    assert moved_gpus(before, (a, replace(b), replace(c))) == frozenset()  # parsed again, equal
+    busy = replace(a, activity=0.8)
+    assert moved_gpus(before, (busy, b, c)) == {"GPU-a", "jupyter-a"}
+    handed = replace(c, namespace="jhub", pod="jupyter-d")  # the free GPU went to a new pod
+    assert moved_gpus(before, (a, b, handed)) == {"GPU-c", "jupyter-d"}
+    freed = replace(b, namespace=None, pod=None)  # its pod stopped: the pod's record is gone
+    assert moved_gpus(before, (a, freed, c)) == {"GPU-b", "jupyter-b"}
+    assert moved_gpus(before, (a, b)) is None  # a GPU fell off the bus, or its node's exporter
+    assert moved_gpus(before, (b, a, c)) is None
+    assert moved_gpus((), before) is None
 
 
 def test_prometheus_response_never_makes_the_exporter_pod_an_owner():

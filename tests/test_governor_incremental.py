@@ -38,6 +38,7 @@ class Dcgm:
 
     activity: dict[str, float | None] = field(default_factory=dict)
     health: dict[str, Health] = field(default_factory=dict)  # GPUs DCGM says are not well
+    pods: dict[str, tuple[str, str]] = field(default_factory=dict)  # GPU -> (namespace, pod)
     down: bool = False
 
     async def fetch(self) -> DcgmSnapshot:
@@ -51,6 +52,7 @@ class Dcgm:
                 activity=a,
                 activity_source="gpu_util",
                 health=self.health.get(uuid, Health()),
+                **dict(zip(("namespace", "pod"), self.pods.get(uuid, (None, None)), strict=True)),
             )
             for i, (uuid, a) in enumerate(sorted(self.activity.items()))
         )
@@ -61,7 +63,7 @@ class Dcgm:
 class Server:
     user: str
     uuid: str
-    granted: bool  # the Hub's records name its GPU (DCGM's word is final)
+    granted: bool  # the Hub's records name its GPU or its pod (DCGM's word is final)
     reports: bool  # it runs the extension
     active: bool
     idle_since: str | None = None  # as its sampler keeps it, while idle
@@ -181,6 +183,9 @@ async def test_deciding_only_what_changed_decides_what_deciding_everything_does(
             s.started = clock.isoformat(clock.utcnow())
             dcgm.activity[uuid] = 0.9 if s.active else 0.0
             state = {"gpu_gov_devices": [uuid]} if s.granted else {}
+            if s.granted and i % 2:  # KubeSpawner's pod instead, DCGM's records labelled with it
+                state = {"pod_name": f"jupyter-{user}", "namespace": "jhub"}
+                dcgm.pods[uuid] = ("jhub", f"jupyter-{user}")
             if rng.random() < 0.3:  # the owner said how long it should take, at spawn
                 grant = {"gpu-gov/expected-duration": rng.choice(["30m", "2h"])}
                 state[GRANT_STATE] = grant

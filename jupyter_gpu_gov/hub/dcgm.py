@@ -18,7 +18,7 @@ import functools
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -486,6 +486,26 @@ def index_by_pod(
         if e.owner:
             index.setdefault(e.owner, []).append(e)
     return index
+
+
+def moved_gpus(
+    before: Sequence[GpuEvidence], after: Sequence[GpuEvidence]
+) -> frozenset[str] | None:
+    """What moved between two reads of the same GPUs: the physical UUIDs and pod names of the
+    records that differ (empty: none). ``None`` when the records are not the same GPUs in the
+    same order (a GPU or an instance came or went, a node's exporter failed or came back):
+    then nothing is said of what moved. A record an exporter's unchanged body gave is the
+    same object in both reads (``hub/dcgm_source.py``): only a changed body's are compared."""
+    if len(before) != len(after):
+        return None
+    moved: set[str] = set()
+    for old, new in zip(before, after, strict=True):
+        if old is new or old == new:
+            continue
+        if old.uuid != new.uuid or old.gpu_instance_id != new.gpu_instance_id:
+            return None
+        moved.update(n for n in (new.uuid, new.pod, old.pod) if n)
+    return frozenset(moved)
 
 
 def index_by_uuid(evidence: Iterable[GpuEvidence]) -> dict[str, list[GpuEvidence]]:

@@ -11,10 +11,11 @@ pass). Its next time is the earlier of ``policy.holds_until`` and when its repor
 goes stale, kept in a heap: a pass pops what fell due instead of comparing every server's
 inputs.
 
-What reaches every server at once is not marked server by server: a change of DCGM's evidence
-or a new diagnosis model has the pass check every kept server (``Unchanged.view``, cheap); a
-change of the policies or team map, a step of the wall clock, and every ``full_pass_every``-th
-pass decide every server.
+What reaches every server at once is not marked server by server: a new diagnosis model, or
+DCGM's GPUs coming or going, has the pass check every kept server (``Unchanged.view``); a DCGM
+read that moved some GPUs' records marks the kept servers that look those GPUs or pods up
+(``dcgm.moved_gpus``, ``trusted.dcgm_keys``); a change of the policies or team map, a step of
+the wall clock, and every ``full_pass_every``-th pass decide every server.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ from datetime import datetime
 from ..core import clock, policy
 from ..core.policy import Decision, Policy, Record, ServerView, evolve
 from ..core.vocabulary import CULL
-from .dcgm import DcgmSnapshot
+from . import trusted
+from .dcgm import DcgmSnapshot, moved_gpus
 from .evidence import Received
 from .hubapi import HubServer
 from .tables import ServerRow, record_of
@@ -103,8 +104,8 @@ class Incremental:
         """Which servers this pass lists from the Hub (hub/listing.py): every one, or between
         full passes the users active since the last listing. Only the servers marked or due
         since the last pass are looked at (hub/deadlines.py); ``everyone``: every kept server
-        is (DCGM's evidence or the diagnosis model changed). The others keep their view, if
-        listed, while their model did not change."""
+        is (the diagnosis model changed, or DCGM's GPUs came or went). The others keep their
+        view, if listed, while their model did not change."""
         for key in self.due.take_written():  # reports not written by ingest (which notes its own)
             self._note_report(key)
         if full:
@@ -183,7 +184,8 @@ class Incremental:
             self._unkeep(key)
             return
         inputs = self._inputs(key, server, received)
-        kept = Kept(server, received, inputs, row, record_of(row), view, until)
+        keys = trusted.dcgm_keys(server.spawner_state, received.report if received else None)
+        kept = Kept(server, received, inputs, row, record_of(row), view, until, keys)
         self.unchanged.keep(key, kept)
         self.due.at(key, _earliest(until, stale_at))
 
@@ -317,10 +319,12 @@ class Incremental:
         return f"{what} since it was decided"
 
     def _world_changed(self, snapshot: DcgmSnapshot | None, now: datetime) -> bool:
-        """Whether what every kept decision read at once moved since the last pass: DCGM's
-        evidence (a GPU's activity, memory or health), the diagnosis model. The servers whose
-        CPU stage began or ended (hub/pod_cpu.py, hub/proc_cpu.py) are marked to be decided
-        again."""
+        """Whether what every kept decision read at once moved since the last pass: the
+        diagnosis model, DCGM's GPUs (one came or went). The servers whose DCGM records moved
+        (a GPU's activity, memory or health: ``dcgm.moved_gpus``) are marked to be looked at
+        again, and those whose CPU stage began or ended (hub/pod_cpu.py, hub/proc_cpu.py) to
+        be decided again: a read that moved a tenth of the GPUs looked at every kept server
+        (10,000 servers: 1.1 s a pass, docs/benchmarks-history.md, "Issue 26, wave 38")."""
         for key in self.pod_cpu.changed(now) | self.proc_cpu.changed(now):
             self.due.mark(key)
         evidence = snapshot.evidence if snapshot else ()
@@ -328,7 +332,16 @@ class Incremental:
         last, self._world = self._world, (evidence, trained)
         if not last or trained != last[1]:
             return True
-        return evidence is not last[0] and evidence != last[0]
+        if evidence is last[0]:
+            return False
+        moved = moved_gpus(last[0], evidence)
+        if moved is None:
+            return True
+        if moved:
+            for key, kept in self.unchanged.kept.items():
+                if not moved.isdisjoint(kept.dcgm_keys):
+                    self.due.mark(key)
+        return False
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,24 @@ class Granted:
         )
 
 
+def dcgm_keys(spawner_state: Mapping[str, Any] | None, report: Mapping | None) -> tuple[str, ...]:
+    """What a server's decision looks DCGM's records up by (``Granted.evidence``,
+    ``Evidence._evidence``): the pod the Hub's records or its report name (by name, whatever
+    the namespace) and the physical GPUs the allocator's records or its report name. A record
+    that moved under none of these is not one the decision reads (``dcgm.moved_gpus``)."""
+    keys = []
+    pod = grant.pod(spawner_state)
+    if pod is not None:
+        keys.append(pod[1])
+    keys += (d.parent_uuid or d.uuid for d in grant.devices(spawner_state))
+    if report is not None:
+        named = report["server"].get("pod")
+        if named:
+            keys.append(named)
+        keys += (d.get("parent_uuid") or d["uuid"] for d in report["devices"])
+    return tuple(dict.fromkeys(keys))
+
+
 def device_evidence(by_uuid: Mapping, uuid: str, mig_profile: str | None) -> list[GpuEvidence]:
     """DCGM's records of a leaf GPU: a whole GPU's, or the instances of a MIG profile on its
     physical GPU (which instance DCGM cannot tell us by UUID: all of that profile)."""

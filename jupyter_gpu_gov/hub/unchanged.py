@@ -42,6 +42,9 @@ class Kept:
     view: ServerView
     until: datetime | None  # decide again from then on (None: not by time alone)
     # (and once its report or diagnosis goes stale: the hub works that out from the latest)
+    # What it looked DCGM's records up by (``trusted.dcgm_keys``): a read that moved only
+    # other GPUs' and pods' records leaves its decision as it was.
+    dcgm_keys: tuple[str, ...] = ()
 
 
 # What moves in every report without changing any decision: when it was taken, and each
