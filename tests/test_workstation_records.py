@@ -41,3 +41,21 @@ async def test_a_card_admitted_to_a_spawn_the_hub_died_in_is_free_after_its_rest
     assert vera.state[DEVICES_STATE] != [his]
     assert hub.spawner("vera").orm_spawner.state[DEVICES_STATE] == vera.state[DEVICES_STATE]
 
+
+async def test_a_running_servers_record_it_cannot_read_whole_does_not_fail_the_hubs_api(hub):
+    """The Hub's REST API writes a running server's state from its spawner's ``get_state`` (the
+    governor reads it every pass, ``admin:server_state``): a device record with an entry that
+    is not a device (a hand edit, a restore) raised there, a 500 for every listing of the
+    users. What can be read is kept; the rest is left out, as the count reads it."""
+    await hub.start("vera", H100)
+    row = hub.spawner("vera").orm_spawner
+    [card] = row.state[DEVICES_STATE]
+    state = dict(row.state)
+    state[DEVICES_STATE] = [card, None]
+    state["gpu_gov_gpus"] = [{"uuid": card, "parent_uuid": None, "mig_profile": None}, "GPU-x"]
+    spawner = hub.spawner("vera")
+    spawner.load_state(state)
+    kept = spawner.get_state()
+    assert kept[DEVICES_STATE] == [card]
+    assert kept["gpu_gov_gpus"] == [{"uuid": card, "parent_uuid": None, "mig_profile": None}]
+    assert spawner.get_env()["CUDA_VISIBLE_DEVICES"] == card
