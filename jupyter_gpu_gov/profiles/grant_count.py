@@ -50,12 +50,12 @@ from typing import Any
 
 from jupyterhub import orm
 from prometheus_client import Counter
-from sqlalchemy import event, func, or_, select
+from sqlalchemy import Text, event, func, or_, select, type_coerce
 from sqlalchemy import inspect as inspected
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import SingletonThreadPool, StaticPool
 
-from ..core.grant import DEVICES_STATE
+from ..core.grant import DEVICES_STATE, GPUS_STATE, GRANT_STATE
 from ..core.grant import labels as granted
 from ..core.text import escaped
 from ..core.vocabulary import (
@@ -114,6 +114,48 @@ _ROWS = (
     .join(_U, _S.user_id == _U.id)
     .where(_S.started.isnot(None))
 )
+
+
+FIRST_USE = "first use"
+
+
+def release_left_by_a_dead_hub(db: Session, said: logging.Logger) -> list[str]:
+    """Free the workstation devices recorded for a spawn or stop a hub died in. Admission
+    records a server's devices (and JupyterHub its start) before the server runs, and
+    JupyterHub's stop clears them last: a hub killed in between leaves a row started, with
+    devices, and no server, which JupyterHub's startup neither polls nor stops (it checks the
+    rows with a server). Its card stayed held, and its team's quota used, until its owner
+    started that server again. Run once per hub process, before it admits anything: no row
+    this process started can be among them. Returns the servers freed."""
+    rows = (
+        db.query(orm.Spawner)
+        .filter(
+            orm.Spawner.started.isnot(None),
+            orm.Spawner.server_id.is_(None),
+            type_coerce(orm.Spawner.state, Text).like(f'%"{DEVICES_STATE}"%'),
+        )
+        .execution_options(**NOT_CACHED)
+    )
+    freed = []
+    for row in rows:
+        state = dict(row.state or {})
+        devices = state.get(DEVICES_STATE)
+        server = server_key(row.user.name, row.name or "")
+        # Said before it is done (an orphaned server process may still run on the card: the
+        # allocator hands out a card no process runs on first).
+        said.warning(
+            "gpu-gov: %s was started by a hub that stopped before its server came up (or "
+            "before its stop ended): it has no server, and its devices %s are free again",
+            escaped(server),
+            escaped(", ".join(str(d) for d in devices) if isinstance(devices, list) else ""),
+        )
+        for key in (GRANT_STATE, DEVICES_STATE, GPUS_STATE):
+            state.pop(key, None)
+        row.state, row.started = state, None  # as JupyterHub's stop leaves it
+        freed.append(server)
+    if freed:
+        db.commit()
+    return freed
 
 
 @dataclass(frozen=True)
@@ -208,7 +250,7 @@ class KeptCount:
         self.config: tuple = ()  # what the grants were derived with
         self.dirty: set[int] = set()  # spawner rows to read again
         self.dirty_users: set[int] = set()  # users whose rows to read again
-        self.unknown = "first use"  # why the next use recounts ("": it need not)
+        self.unknown = FIRST_USE  # why the next use recounts ("": it need not)
         self.checked = 0.0  # time.monotonic() of the last full recount (or check begun)
         self.said = log  # where drift is said
         self.checking: _Check | None = None  # the periodic check reading in its thread
@@ -236,6 +278,8 @@ class KeptCount:
             self.config = config
             for row_id in list(self.rows):
                 self._derive(row_id, conf)
+        if self.unknown == FIRST_USE:  # before this process admitted anything
+            release_left_by_a_dead_hub(db, self.said)
         fingerprint = tuple(db.execute(_FINGERPRINT, execution_options=NOT_CACHED).one())
         # (that query flushed what was pending first: its rows are marked by now)
         if self.unknown:

@@ -30,6 +30,7 @@ from traitlets.config import SingletonConfigurable
 
 from ..core import health
 from ..core.grant import DEVICES_STATE, GPUS_STATE
+from ..core.grant import devices as recorded_devices
 from ..core.models import Device
 from ..core.queue import FRESH_FOR_S
 from ..core.text import escaped, in_sentence
@@ -321,8 +322,15 @@ class LocalGpuMixin(GpuProfilesMixin):
 
     def load_state(self, state):
         super().load_state(state)
-        self.gpu_devices = tuple(state.get(DEVICES_STATE, ()))
-        self.gpu_device_info = tuple(state.get(GPUS_STATE, ()))
+        # Through the record's one reader (``core.grant``), which leaves out what is not a
+        # device: the Hub's REST API writes a running server's state from ``get_state``, and
+        # an entry it could not copy (a hand edit, a restore) failed every listing of users.
+        held = recorded_devices(state)
+        self.gpu_devices = tuple(d.uuid for d in held)
+        self.gpu_device_info = tuple(
+            {"uuid": d.uuid, "parent_uuid": d.parent_uuid, "mig_profile": d.mig_profile}
+            for d in held
+        )
 
     def clear_state(self):
         super().clear_state()
