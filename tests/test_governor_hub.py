@@ -151,6 +151,14 @@ def test_extend_postpones_then_waits_for_an_admin_and_survives_a_restart(hub, go
         assert r.status_code == 202 and r.json()["status"] == "pending"
         assert "admin" in r.json()["message"] and r.json()["verdict"]["approval_pending"]
 
+        # An approval of no time granted nothing yet answered "approved": refused, naming
+        # the field, and the request still waits.
+        for nothing in ("0s", 0):
+            r = gov.admin(
+                "POST", "users/dave/server/approve", json={"reason": "x", "duration": nothing}
+            )
+            assert r.status_code == 400 and "'duration'" in r.json()["message"], r.text
+        assert gov.verdict("dave")["approval_pending"]
         r = gov.admin(
             "POST", "users/dave/server/approve", json={"reason": "paper deadline", "duration": "2m"}
         )

@@ -1162,6 +1162,20 @@ def test_bad_policies_name_the_entry_and_key(entry, message):
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("key", ["max_extensions", "checkpoint_retries", "checkpoint_broken_after"])
+@pytest.mark.parametrize("count", [1001, 10**300, 10**5000], ids=["1001", "1e300", "1e5000"])
+def test_a_count_past_a_thousand_is_refused_naming_the_key(key, count):
+    """10**300 extensions were taken (a policy's JSON, a config file's number), and went
+    out on every verdict as ``extensions_left`` (Infinity in the JupyterLab panel); past
+    4,300 digits the error itself failed (an int that large has no repr) and named no key."""
+    with pytest.raises(p.PolicyError) as info:
+        p.load_policies([{"name": "x", key: count}])
+    assert f"policy 0 ('x'): '{key}' must be a whole number from" in str(info.value)
+    assert "to 1,000" in str(info.value)
+    assert len(str(info.value)) < 200
+    assert p.load_policies([{"name": "x", key: p.MAX_COUNT}])[0].__dict__[key] == p.MAX_COUNT
+
+
 def test_a_policy_list_longer_than_the_limit_is_refused_naming_it():
     """Each server's decision tries the policies in order: 20,000 of them (a 1 MiB body)
     took seconds to check on the service's event loop, then ~15 ms each server decision."""

@@ -72,6 +72,17 @@ def sync(hub: HubHarness) -> dict:
     return r.json()
 
 
+def test_a_sync_nested_too_deeply_is_a_400_naming_it_and_the_next_one_is_answered(hub):
+    """The sync's body is JSON from the governor's token: one nested past the parser's
+    recursion limit (100 kB of brackets, well under the 8 MiB bound) raised RecursionError,
+    which no except caught: a 500 with a traceback in the Hub's log."""
+    deep = '{"releases": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    r = hub.api("POST", "gpu-gov/queue", data=deep, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert "nested too deeply" in r.json()["message"], r.text[:300]
+    assert "line" in sync(hub)
+
+
 def join(hub: HubHarness, user: str, fields: dict, server: str = "") -> requests.Response:
     """Post the spawn form's choices to "Wait in line", as the button does (the XSRF token
     from the default server's spawn page)."""

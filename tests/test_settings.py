@@ -206,3 +206,34 @@ def test_a_setting_that_is_not_a_finite_number_is_refused_naming_it(setting, bad
     value = {k: bad for k in value} if isinstance(value, dict) else bad
     with pytest.raises(TraitError, match=name):
         GpuGovernor(**{name: value})
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), -1.0])
+@pytest.mark.parametrize(
+    ("owner", "setting"),
+    [
+        # the profile layer's: NaN seconds read the cluster at every spawn (min(NaN, 120)
+        # is NaN, and no age is < NaN); a NaN grace deleted a left pod at once (no `<`
+        # holds), a negative one too
+        ("ClusterGpus", "refresh_every"),
+        ("ClusterGpus", "left_pod_grace"),
+        # the server extension's: NaN and inf passed its "> 0 seconds" (inf: a sampler or
+        # a reporter that waits for ever), a negative grace was taken
+        ("GpuGovApp", "sample_interval"),
+        ("GpuGovApp", "report_interval"),
+        ("GpuGovApp", "window_seconds"),
+        ("GpuGovApp", "frontend_checkpoint_grace"),
+        ("GpuGovApp", "checkpoint_hook_timeout"),
+    ],
+)
+def test_every_layer_refuses_a_number_setting_not_finite_or_negative(owner, setting, bad):
+    """The governor's settings refused NaN and inf; the profile layer's and the server
+    extension's took them (and negative seconds), each a class of its own. One trait
+    (``core/traits.py``) now refuses them in all three, naming the class and the setting."""
+    from jupyter_gpu_gov.profiles.cluster import ClusterGpus
+    from jupyter_gpu_gov.server.app import GpuGovApp
+
+    cls = {"ClusterGpus": ClusterGpus, "GpuGovApp": GpuGovApp}[owner]
+    with pytest.raises((TraitError, ValueError), match=rf"{owner}\.{setting}|{setting}"):
+        cls(**{setting: bad})
+    assert getattr(cls(**{setting: 1.0}), setting) == 1.0

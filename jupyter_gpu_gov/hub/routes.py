@@ -282,6 +282,14 @@ class DecideExtensionHandler(ApiHandler):
                 seconds = parse_duration(data["duration"], "'duration'").total_seconds()
             except ValueError as error:
                 raise web.HTTPError(400, str(error)) from None
+            # Approving 0 s granted no time, yet told the owner "approved" (then warned them
+            # again): giving no more time is a denial, which says so.
+            if seconds <= 0:
+                raise web.HTTPError(
+                    400,
+                    "'duration' must be more than 0 seconds (e.g. \"1h\"); to give no more "
+                    "time, deny the extension",
+                )
         try:
             outcome = await self.governor.decide_extension(
                 key, self.actor, self.approve, seconds, reason

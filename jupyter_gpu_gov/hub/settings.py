@@ -9,7 +9,6 @@ import math
 import os
 from urllib.parse import urlparse
 
-import traitlets
 from traitlets import (
     Bool,
     Dict,
@@ -22,21 +21,10 @@ from traitlets import (
     validate,
 )
 
+from ..core.traits import FiniteFloat
 from .event_loop import EVENT_LOOPS
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT
 from .hubconfig import TEAM_QUOTAS_ENV
-
-
-class Float(traitlets.Float):
-    """traitlets' Float, finite: ``nan`` and ``inf`` (YAML's ``.nan``, an ``inf`` meant as
-    "never") passed every bound (no comparison with NaN holds): a pass waited NaN seconds,
-    showback priced every hour NaN. Refused, naming the setting."""
-
-    def validate(self, obj, value):
-        value = super().validate(obj, value)
-        if not math.isfinite(value):
-            raise TraitError(f"GpuGovernor.{self.name} must be a finite number, got {value!r}")
-        return value
 
 
 class GovernorSettings(HasTraits):
@@ -55,7 +43,7 @@ class GovernorSettings(HasTraits):
         whose pod DCGM does not see, is culled (jupyterhub-idle-culler's --timeout). Servers
         with GPU reports, or with DCGM's reading of their pod's GPUs, follow the policies.""",
     ).tag(config=True)
-    cull_every = Float(
+    cull_every = FiniteFloat(
         0,
         help="Seconds between reconcile passes (0: timeout / 2, at most 60 s).",
     ).tag(config=True)
@@ -133,11 +121,11 @@ class GovernorSettings(HasTraits):
         "sqlite:///jupyter_gpu_gov.sqlite",
         help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://gov@db/gpu_gov.",
     ).tag(config=True)
-    report_stale_after = Float(
+    report_stale_after = FiniteFloat(
         300,
         help="Seconds after which a server's last report no longer counts: its GPU is unknown.",
     ).tag(config=True)
-    hub_activity_interval = Float(
+    hub_activity_interval = FiniteFloat(
         0,
         min=0,
         help="""Seconds: the longer of the Hub's ``last_activity_interval`` (how often it
@@ -150,7 +138,7 @@ class GovernorSettings(HasTraits):
         configuration; 0 and neither set: not known, and no warning is judged unread
         (a Hub gathering activity less often would read someone there as gone).""",
     ).tag(config=True)
-    hub_activity_lag = Float(
+    hub_activity_lag = FiniteFloat(
         0,
         min=0,
         help="""Seconds: how late the Hub's activity of a server may be, where the admin knows
@@ -182,7 +170,7 @@ class GovernorSettings(HasTraits):
     dcgm_bearer_token = Unicode("", help="Bearer token for Prometheus or the exporters.").tag(
         config=True
     )
-    dcgm_timeout = Float(
+    dcgm_timeout = FiniteFloat(
         5, help="Seconds a whole DCGM read may take (connecting, headers and body); then it fails."
     ).tag(config=True)
     dcgm_max_bytes = Int(
@@ -191,17 +179,17 @@ class GovernorSettings(HasTraits):
         help="""Bytes a DCGM answer may have once decompressed (a 10,000-GPU fleet through
         Prometheus is about 40 MB); a larger one fails the read.""",
     ).tag(config=True)
-    dcgm_max_age = Float(
+    dcgm_max_age = FiniteFloat(
         0,
         min=0,
         help="""Seconds after which DCGM evidence no longer counts (its GPUs are unknown, never
         idle): a read still under way, stuck or failing leaves no old "idle" behind. 0: three
         reconcile intervals, at least 60 s.""",
     ).tag(config=True)
-    pcie_floor_bytes_per_s = Float(
+    pcie_floor_bytes_per_s = FiniteFloat(
         1_000_000, help="PCIe traffic (bytes/s) under which an idle-looking GPU counts as idle."
     ).tag(config=True)
-    cpu_stage_cores = Float(
+    cpu_stage_cores = FiniteFloat(
         0.5,
         min=0,
         help="""Cores at or above which the container of a server that sends no GPU report is
@@ -214,7 +202,7 @@ class GovernorSettings(HasTraits):
         then warned and culled. An idle server reads about 0.01 of a core, a computing thread
         0.8-1.0. 0: off (such a server is culled at busy_grace, whether or not a cell runs).""",
     ).tag(config=True)
-    cpu_stage_after = Float(
+    cpu_stage_after = FiniteFloat(
         600,
         min=0,
         help="""Seconds a server's container CPU must stay at or above cpu_stage_cores, reading
@@ -225,7 +213,7 @@ class GovernorSettings(HasTraits):
         help="""Diagnose why GPUs are underused (docs/api.md, "Root causes"): each report is scored and the
         verdict carries ``root_cause``. It never changes a decision.""",
     ).tag(config=True)
-    diagnose_train_every = Float(
+    diagnose_train_every = FiniteFloat(
         6 * 3600,
         help="""Seconds between two trainings of the diagnosis model, in a worker thread (the
         service keeps answering). The first runs as soon as `diagnose_min_windows` windows
@@ -237,12 +225,12 @@ class GovernorSettings(HasTraits):
         help="""Windows (one per server per `diagnose_sample_every`) in the history before the
         first training, e.g. 1000: 20 servers for 50 minutes.""",
     ).tag(config=True)
-    diagnose_sample_every = Float(
+    diagnose_sample_every = FiniteFloat(
         60,
         help="""Seconds: at most one window per server this often goes into the training history
         (every report is still scored).""",
     ).tag(config=True)
-    diagnose_history = Float(
+    diagnose_history = FiniteFloat(
         7 * 86400,
         help="Seconds of history the model trains on (default 604800, 7 days).",
     ).tag(config=True)
@@ -255,7 +243,7 @@ class GovernorSettings(HasTraits):
         still rises from 100,000 windows to 250,000 (docs/benchmarks-history.md, "Issue 26, wave
         14"), so keep about 400 a node.""",
     ).tag(config=True)
-    diagnose_zombie_idle = Float(
+    diagnose_zombie_idle = FiniteFloat(
         0,
         help="""Seconds nobody has used a server before a kernel that holds GPU memory and does
         no GPU work is called a zombie (0: the diagnosis rules' 1800, 30 minutes). A demo hub
@@ -280,7 +268,7 @@ class GovernorSettings(HasTraits):
         help="""Price of one GPU-equivalent hour per tier, in `currency`, for showback, e.g.
         ``{"h100": 2.5, "h100-1g": 0.4}``. Tiers not listed cost `gpu_hour_cost_default`.""",
     ).tag(config=True)
-    gpu_hour_cost_default = Float(
+    gpu_hour_cost_default = FiniteFloat(
         0.0, help="Price of one GPU-equivalent hour of a tier not in `gpu_hour_cost`."
     ).tag(config=True)
     currency = Unicode("USD", help="The currency label shown with costs, e.g. EUR.").tag(
@@ -307,7 +295,7 @@ class GovernorSettings(HasTraits):
             raise TraitError(f"${TEAM_QUOTAS_ENV}: expected a dict of team: GPU-equivalents")
         return _numbers(f"${TEAM_QUOTAS_ENV}", quotas)  # (a default is not validated)
 
-    usage_max_gap = Float(
+    usage_max_gap = FiniteFloat(
         0,
         min=0,
         help="""Seconds: the longest gap between two looks at a server that the usage ledger
@@ -316,7 +304,7 @@ class GovernorSettings(HasTraits):
         least 60 s.""",
     ).tag(config=True)
 
-    usage_write_every = Float(
+    usage_write_every = FiniteFloat(
         300,
         min=0,
         help="""Seconds: how often the usage ledger is written to the database (also whenever
@@ -337,7 +325,7 @@ class GovernorSettings(HasTraits):
         default $JUPYTER_GPU_GOV_TIERS (JSON). Empty: no hints.""",
     ).tag(config=True)
 
-    right_size_after = Float(
+    right_size_after = FiniteFloat(
         3600,
         min=0,
         help="""Seconds of reports with the GPU held before a right-sizing hint: the peak of a
@@ -345,7 +333,7 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
 
     # -- the pass ----------------------------------------------------------------------------
-    lease_duration = Float(
+    lease_duration = FiniteFloat(
         30,
         min=3,
         max=600,  # a crashed holder keeps every governor from acting for as long
@@ -384,7 +372,7 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
 
     # -- history and what-if (hub/history.py, docs/api.md "History and what-if") ---------------
-    history_retention = Float(
+    history_retention = FiniteFloat(
         14 * 86400,
         min=0,
         help="""Seconds of the governor's own history kept for ``export-trace`` and the policy
@@ -404,7 +392,7 @@ class GovernorSettings(HasTraits):
         return _numbers(f"GpuGovernor.{proposal['trait'].name}", proposal["value"])
 
     # -- GPU health (docs/health.md) -----------------------------------------------------------
-    gpu_unknown_alert_after = Float(
+    gpu_unknown_alert_after = FiniteFloat(
         1800,
         min=0,
         help="""Seconds a server's GPU state may stay unknown (or failed) before the server is
@@ -447,7 +435,7 @@ class GovernorSettings(HasTraits):
             )
         return proposal["value"]
 
-    report_budget = Float(
+    report_budget = FiniteFloat(
         5.0,
         min=0,
         help="""Reports a second one caller (a Hub user or service, all its tokens together) may
@@ -458,13 +446,13 @@ class GovernorSettings(HasTraits):
         most one a ``sample_interval``, 5 s by default): 5 a second is 25 such servers of one
         user at once. 0: no budget.""",
     ).tag(config=True)
-    report_burst = Float(
+    report_burst = FiniteFloat(
         60.0,
         min=1,
         help="""Reports (as counted for ``report_budget``) one caller may send at once before
         ``report_budget`` applies: every server of one user reporting after a restart.""",
     ).tag(config=True)
-    refused_budget = Float(
+    refused_budget = FiniteFloat(
         1.0,
         min=0,
         help="""Requests a second from one address that no known caller sent (no token, or one the
@@ -474,12 +462,12 @@ class GovernorSettings(HasTraits):
         is cached, a browser's login, and a page's redirect to the login are never held back by
         it. 0: no budget.""",
     ).tag(config=True)
-    refused_burst = Float(
+    refused_burst = FiniteFloat(
         30.0,
         min=1,
         help="Refused requests one address may have at once before ``refused_budget`` applies.",
     ).tag(config=True)
-    api_budget = Float(
+    api_budget = FiniteFloat(
         10.0,
         min=0,
         help="""Units a second one caller (a Hub user or service, all its tokens and its login
@@ -491,7 +479,7 @@ class GovernorSettings(HasTraits):
         clicking, the JupyterLab panel (Extend and Stop, a click each) and a Prometheus scrape
         spend a unit now and then. 0: no budget.""",
     ).tag(config=True)
-    api_burst = Float(
+    api_burst = FiniteFloat(
         100.0,
         min=1,
         help="""Units (a read 1, a listing 5, an export 10) one caller may spend on the API
@@ -518,7 +506,7 @@ class GovernorSettings(HasTraits):
         mesh's sidecar or SNAT, every server's first check after a restart comes from one
         address: raise it (e.g. 100, as many as the service asks the Hub at once).""",
     ).tag(config=True)
-    accept_interval = Float(
+    accept_interval = FiniteFloat(
         0.02,
         min=0,
         max=1,

@@ -40,11 +40,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from traitlets import Bool, Float
+from traitlets import Bool
 from traitlets.config import SingletonConfigurable
 
 from ..core.queue import FRESH_FOR_S
 from ..core.text import escaped
+from ..core.traits import FiniteFloat
 from ..core.vocabulary import pod_key
 from .tiers import PRODUCT_LABEL, Tier
 
@@ -402,8 +403,9 @@ def _quantity(value: Any) -> int:
 class ClusterGpus(SingletonConfigurable):
     """The hub's reading of the cluster's nodes and GPU pods (one per process)."""
 
-    refresh_every = Float(
+    refresh_every = FiniteFloat(
         30,
+        min=0,
         help="""Seconds between two reads of the nodes and the pods for capacity.
         The scheduler has the last word: a count a little old can only leave a pod Pending,
         with the reason shown on the spawn page. At most 120 s are used: a reading older is
@@ -419,8 +421,9 @@ class ClusterGpus(SingletonConfigurable):
         governor first (``profiles/left_pods.py``); until then its card counts as in use.""",
     ).tag(config=True)
 
-    left_pod_grace = Float(
+    left_pod_grace = FiniteFloat(
         120,
+        min=0,
         help="""Seconds after the failed stop before such a pod is deleted: longer than a
         pod's own termination (its grace period) takes, so a delete the API carried out
         late is not asked for again.""",

@@ -423,6 +423,10 @@ class QueueApiHandler(APIHandler):
             raise web.HTTPError(
                 400, f"A sync needs {{'releases': {{server: ...}}}}: {error}"
             ) from None
+        except RecursionError:  # json's parser recurses: deep nesting is no sync, not a 500
+            raise web.HTTPError(
+                400, "A sync needs {'releases': {server: ...}}: the body is nested too deeply"
+            ) from None
         now = clock.utcnow()
         FORECAST.releases, FORECAST.at = releases, now
         _give_back_expired(self, now)

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Enum, Float, Int, List, Unicode, default, validate
+from traitlets import Dict, Enum, Int, List, Unicode, default, validate
 
 from .. import __version__
 from ..checkpoint_layout import DEFAULT_ROOT, FAILED, ROOT_ENV, RUNNING, SOURCE_GOVERNOR
 from ..core import clock
+from ..core.traits import FiniteFloat
 from ..core.vocabulary import CHECKPOINT_REQUESTED, CULL_REASONS
 from ..events import GPU_STATE_SCHEMA, GPU_STATE_SCHEMA_ID, VERDICT_SCHEMA, VERDICT_SCHEMA_ID
 from ..gpu.attribution import TargetRoot
@@ -82,15 +83,15 @@ class GpuGovApp(ExtensionApp):
         else ``jupyter-gpu-gov-sim.json`` in the Jupyter runtime directory.""",
     ).tag(config=True)
 
-    sample_interval = Float(
+    sample_interval = FiniteFloat(
         5.0, help="Seconds between two GPU samples (one NVML pass and one /proc scan)."
     ).tag(config=True)
 
-    window_seconds = Float(
+    window_seconds = FiniteFloat(
         60.0, help="Length in seconds of the rolling window behind `active_fraction`."
     ).tag(config=True)
 
-    active_threshold = Float(
+    active_threshold = FiniteFloat(
         0.02,
         help="""SM activity (0..1) at or above which a kernel counts as using its GPU.
         Idle CUDA contexts read 0 and sampling noise about 1 %; a training loop starved by
@@ -128,7 +129,7 @@ class GpuGovApp(ExtensionApp):
         ``$JUPYTER_GPU_GOV_URL``; empty turns reporting off.""",
     ).tag(config=True)
 
-    report_interval = Float(
+    report_interval = FiniteFloat(
         60.0,
         help="""Seconds between two reports to the governor. A change of a kernel's GPU state is
         reported at the next sample instead of waiting. Under 30 s the reports share one kept
@@ -136,8 +137,9 @@ class GpuGovApp(ExtensionApp):
         server costs the governor more memory than it saves CPU).""",
     ).tag(config=True)
 
-    frontend_checkpoint_grace = Float(
+    frontend_checkpoint_grace = FiniteFloat(
         20.0,
+        min=0,
         help="""Seconds a checkpoint requested by the governor waits for a connected JupyterLab
         to save its dirty documents first (0: never wait).""",
     ).tag(config=True)
@@ -152,7 +154,7 @@ class GpuGovApp(ExtensionApp):
         """,
     ).tag(config=True)
 
-    checkpoint_hook_timeout = Float(
+    checkpoint_hook_timeout = FiniteFloat(
         120.0,
         help="""Seconds each kernel on a GPU gets to run all its checkpoint hooks
         (``jupyter_gpu_gov.checkpoint``); kernels run theirs in parallel. Past it the kernel is
