@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import fields, replace
@@ -129,16 +130,68 @@ def shifted(obj: _T, delta: timedelta) -> _T:
     return replace(obj, **times) if times else obj
 
 
-async def every(interval: float, work: Callable[[], Awaitable[None]]) -> None:
+async def every(
+    interval: float,
+    work: Callable[[], Awaitable[None]],
+    *,
+    overdue_after: float | None = None,
+    name: str = "periodic work",
+) -> None:
     """Run ``work`` every ``interval`` seconds on the monotonic clock, one run at a time, until
     cancelled. (tornado's ``PeriodicCallback`` schedules on the wall clock: after it stepped
-    back an hour, its next run was an hour away.) A run that fails is logged; the next comes."""
+    back an hour, its next run was an hour away.) A run that fails is logged; the next comes.
+    A run still going ``overdue_after`` seconds after it began is logged once, with where it
+    waits, and again when it ends: one run at a time, a run that never ends stops the work for
+    good, and the line says which await it is."""
     loop = asyncio.get_running_loop()
     due = loop.time()
     while True:
         try:
-            await work()
+            if overdue_after is None:
+                await work()
+            else:
+                await _watched(work(), overdue_after, name)
         except Exception:
-            log.exception("periodic work failed; running it again in %ss", interval)
+            log.exception("%s failed; running it again in %ss", name, interval)
         due = max(due + interval, loop.time())  # a late run does not make the next ones early
         await asyncio.sleep(due - loop.time())
+
+
+async def _watched(run: Awaitable[None], overdue_after: float, name: str) -> None:
+    """``await run``, saying so when it is still going after ``overdue_after`` seconds."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    task = asyncio.ensure_future(run)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=overdue_after)
+        if not done:
+            log.warning(
+                "%s has run %.0f s and is still waiting, at %s",
+                name,
+                loop.time() - began,
+                waits_at(task),
+            )
+            await asyncio.wait((task,))
+            log.warning("%s ended after %.0f s", name, loop.time() - began)
+    except asyncio.CancelledError:
+        task.cancel()  # stopped where it was, as an awaited run would be, before this returns
+        await asyncio.wait((task,))
+        raise
+    task.result()  # its failure, as ``await run`` would raise it
+
+
+def waits_at(task: asyncio.Task) -> str:
+    """Where a suspended task waits: each coroutine of its chain of awaits, outermost first,
+    then what the innermost awaits (the task's own account of it: a future, another task)."""
+    places = []
+    awaited = task.get_coro()
+    while awaited is not None and len(places) < 64:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:  # a future's iterator: what it is, the task says below
+            break
+        code = frame.f_code
+        places.append(f"{code.co_name} ({code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno})")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    waiting = re.search(r"wait_for=(<.*>)>$", repr(task))
+    on = f"; awaiting {waiting[1][:300]}" if waiting else ""
+    return " -> ".join(places) + on

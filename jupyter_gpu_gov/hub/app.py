@@ -58,6 +58,10 @@ from .routes import MAX_BODY_BYTES, handlers, report_route
 from .settings import GovernorSettings
 from .store import Store, StoreTooNew, StoreUnavailable, safe_url
 
+# A pass still going this long (or two intervals, if longer) is logged with where it waits: the
+# passes run one at a time, so one that never ends governs nothing from then on.
+PASS_OVERDUE_S = 60.0
+
 # Query parameters that carry a credential: tornado's access log wrote the whole URL, so a
 # token a client put in it (?token=, which HubAuth reads in some cases) was in the service's log.
 _SECRET_PARAMETERS = frozenset({"token", "access_token", "_xsrf", "code", "state"})
@@ -453,7 +457,14 @@ class GpuGovernor(GovernorSettings, Application):
         )
         collections = heap.start()  # no full garbage collection stalls the reports at random
         # On the monotonic clock: a step of the wall clock neither stalls nor hurries a pass.
-        passes = asyncio.ensure_future(clock.every(self.reconcile_interval, self._reconcile))
+        passes = asyncio.ensure_future(
+            clock.every(
+                self.reconcile_interval,
+                self._reconcile,
+                overdue_after=max(PASS_OVERDUE_S, 2 * self.reconcile_interval),
+                name="a governor pass",
+            )
+        )
         listening = asyncio.ensure_future(self._listen(server))
         stop = asyncio.Event()
         metrics.LEADER.set_function(lambda: 1.0 if self.governor.acting else 0.0)
