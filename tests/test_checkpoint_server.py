@@ -799,9 +799,13 @@ async def test_the_server_exports_the_directory_to_its_kernels(
 @pytest.mark.parametrize(
     ("trait", "value", "message"),
     [
-        ("checkpoint_hook_timeout", 0, "GpuGovApp.checkpoint_hook_timeout must be > 0"),
-        ("checkpoint_keep", 0, "GpuGovApp.checkpoint_keep must be at least 1"),
-        ("checkpoint_max_bytes", -1, "GpuGovApp.checkpoint_max_bytes must be > 0"),
+        (
+            "checkpoint_hook_timeout",
+            0,
+            "GpuGovApp.checkpoint_hook_timeout must be a number of seconds from 0 .exclusive.",
+        ),
+        ("checkpoint_keep", 0, "GpuGovApp.checkpoint_keep must be a whole number from 1 to"),
+        ("checkpoint_max_bytes", -1, "GpuGovApp.checkpoint_max_bytes must be a whole number of"),
         ("checkpoint_dir", " ", "GpuGovApp.checkpoint_dir must name a directory"),
     ],
 )
@@ -978,3 +982,4 @@ async def test_a_manifest_edited_out_of_shape_leaves_the_others_listed(
     kernel_side._print_list(checkpoint_root)
     out = capsys.readouterr().out
     assert whole["id"] in out and odd.name in out, out
+
