@@ -804,7 +804,11 @@ async def test_the_server_exports_the_directory_to_its_kernels(
             0,
             "GpuGovApp.checkpoint_hook_timeout must be a number of seconds from 0 .exclusive.",
         ),
-        ("checkpoint_keep", 0, "GpuGovApp.checkpoint_keep must be a whole number from 1 to"),
+        (
+            "checkpoint_keep",
+            0,
+            "GpuGovApp.checkpoint_keep must be a whole number of checkpoints from 1",
+        ),
         ("checkpoint_max_bytes", -1, "GpuGovApp.checkpoint_max_bytes must be a whole number of"),
         ("checkpoint_dir", " ", "GpuGovApp.checkpoint_dir must name a directory"),
     ],

@@ -298,7 +298,7 @@ def test_every_number_setting_of_every_layer_has_a_range_it_refuses_past_naming_
         ),
         (
             ["--concurrency=100000"],
-            "GpuGovernor.concurrency must be a whole number from 1 to 1,000, got 100000",
+            "GpuGovernor.concurrency must be a whole number of requests from 1 to 1,000, got 100000",
         ),
         (
             ["--GpuGovernor.report_stale_after=1e12"],
