@@ -799,9 +799,17 @@ async def test_the_server_exports_the_directory_to_its_kernels(
 @pytest.mark.parametrize(
     ("trait", "value", "message"),
     [
-        ("checkpoint_hook_timeout", 0, "GpuGovApp.checkpoint_hook_timeout must be > 0"),
-        ("checkpoint_keep", 0, "GpuGovApp.checkpoint_keep must be at least 1"),
-        ("checkpoint_max_bytes", -1, "GpuGovApp.checkpoint_max_bytes must be > 0"),
+        (
+            "checkpoint_hook_timeout",
+            0,
+            "GpuGovApp.checkpoint_hook_timeout must be a number of seconds from 0 .exclusive.",
+        ),
+        (
+            "checkpoint_keep",
+            0,
+            "GpuGovApp.checkpoint_keep must be a whole number of checkpoints from 1",
+        ),
+        ("checkpoint_max_bytes", -1, "GpuGovApp.checkpoint_max_bytes must be a whole number of"),
         ("checkpoint_dir", " ", "GpuGovApp.checkpoint_dir must name a directory"),
     ],
 )
@@ -978,3 +986,41 @@ async def test_a_manifest_edited_out_of_shape_leaves_the_others_listed(
     kernel_side._print_list(checkpoint_root)
     out = capsys.readouterr().out
     assert whole["id"] in out and odd.name in out, out
+
+
+def strict_json(body: bytes):
+    """An answer as a browser's ``JSON.parse`` reads it: ``NaN`` and ``Infinity`` refused."""
+
+    def refuse(word):
+        raise AssertionError(f"{word} in an answer: JSON.parse refuses the whole answer")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+async def test_a_nan_in_a_manifest_or_a_verdict_still_answers_json_a_browser_parses(
+    jp_fetch, jp_serverapp, checkpoint_root
+):
+    """A manifest is a file in the user's folder (a figure a kernel's hook wrote, a hand
+    edit), and the verdict the governor's answer as ``json.loads`` read it (a proxy in its
+    place may send NaN): ``json.dumps`` wrote them back as ``NaN``/``Infinity``, and
+    JupyterLab's ``JSON.parse`` refused the whole answer (the manifest, the list of
+    checkpoints, the panel's status). Each such number is now ``null``, the rest as it was."""
+    checkpoint_id = "20260101T000000Z"
+    (checkpoint_root / checkpoint_id).mkdir(parents=True)
+    (checkpoint_root / checkpoint_id / "manifest.json").write_text(
+        f'{{"id": "{checkpoint_id}", "status": "done", "completed_at": NaN, "bytes": 10,'
+        ' "kernels": [{"id": "k", "hooks": [{"loss": Infinity, "step": 3}]}]}'
+    )
+    answer = await jp_fetch("jupyter-gpu-gov", "checkpoints", checkpoint_id)
+    manifest = strict_json(answer.body)
+    assert manifest["completed_at"] is None and manifest["status"] == "done"
+    assert manifest["kernels"] == [{"id": "k", "hooks": [{"loss": None, "step": 3}]}]
+    listed = strict_json((await jp_fetch("jupyter-gpu-gov", "checkpoints")).body)["checkpoints"]
+    assert [(c["id"], c["completed_at"], c["bytes"]) for c in listed] == [(checkpoint_id, None, 10)]
+
+    strict_json((await jp_fetch("jupyter-gpu-gov", "status")).body)  # a report to carry it
+    gov_app(jp_serverapp).set_verdict(
+        {"state": "warned", "active_fraction": float("nan"), "extensions_left": float("inf")}
+    )
+    verdict = strict_json((await jp_fetch("jupyter-gpu-gov", "status")).body)["verdict"]
+    assert verdict == {"state": "warned", "active_fraction": None, "extensions_left": None}

@@ -565,6 +565,28 @@ def test_the_settings_tables_give_each_settings_default():
     assert not bad, bad
 
 
+def test_the_ranges_table_gives_every_number_setting_its_range():
+    """docs/api.md's table of the number settings' ranges is every number setting of every
+    layer (``tests/test_settings.py`` finds them), each with the range its trait refuses past."""
+    from test_settings import _number_settings
+    from traitlets import Int
+
+    from jupyter_gpu_gov.core.traits import range_words
+
+    section = _text("docs/api.md").split("### The number settings' ranges", 1)[1]
+    written = set(re.findall(r"^\| `c\.(\w+\.\w+)` \| ([^|]+) \| ([^|]+) \|$", section, re.M))
+    expected = {
+        (
+            f"{cls.__name__}.{name}",
+            range_words(trait.low, trait.high, trait.above).removeprefix("from "),
+            ("whole number" if isinstance(trait, Int) else "number")
+            + (f" of {trait.unit}" if trait.unit else ""),
+        )
+        for cls, name, trait in _number_settings()
+    }
+    assert written == expected, (sorted(written - expected), sorted(expected - written))
+
+
 def _series_labels() -> dict[str, set[str]]:
     """Each governor and server-extension series' labels (a histogram's ``le`` too), by its
     name and by the names of its samples (``_total``, ``_bucket``, ...)."""

@@ -354,12 +354,13 @@ def test_idle_culler_options_in_both_forms(tmp_path):
     ["concurrency", "timeout", "dcgm_max_bytes", "diagnose_min_windows", "full_pass_every"],
 )
 def test_a_count_that_must_be_positive_is_refused_at_start_naming_it(setting, capsys):
-    """Whole numbers bounded by traitlets itself (min=1): 0 stops the start, naming the
-    setting, instead of a governor that sends no request or keeps nothing."""
+    """Whole numbers from 1 (``core/traits.py``): 0 stops the start, naming the setting and
+    its range, instead of a governor that sends no request or keeps nothing."""
     with pytest.raises(SystemExit):
         GpuGovernor().initialize([f"--GpuGovernor.{setting}=0"])
-    assert f"'{setting}' trait of a GpuGovernor instance should not be less than 1" in (
-        capsys.readouterr().err
+    assert re.search(
+        rf"GpuGovernor\.{setting} must be a whole number (of \w+ )?from 1 to [\d,]+, got 0\n",
+        capsys.readouterr().err,
     )
 
 

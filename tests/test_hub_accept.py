@@ -155,9 +155,10 @@ def test_accept_interval_is_checked(capsys):
     app = GpuGovernor()
     app.initialize(["--GpuGovernor.accept_interval=0"])
     assert app.accept_interval == 0
-    for bad, bound in (("-1", "less than 0"), ("2", "greater than 1")):
+    for bad in ("-1", "2"):
         with pytest.raises(SystemExit):
             GpuGovernor().initialize([f"--GpuGovernor.accept_interval={bad}"])
-        assert f"'accept_interval' trait of a GpuGovernor instance should not be {bound}" in (
-            capsys.readouterr().err
+        assert (
+            "GpuGovernor.accept_interval must be a number of seconds from 0 to 1, "
+            f"got {float(bad)}" in capsys.readouterr().err
         )

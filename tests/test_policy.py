@@ -1197,8 +1197,29 @@ def test_defaults_cannot_set_what_each_policy_is():
 def test_durations():
     assert parse_duration("1h30m") == timedelta(minutes=90)
     assert parse_duration(90) == timedelta(seconds=90)
-    with pytest.raises(ValueError, match="'x': -5 is negative"):
+    with pytest.raises(ValueError, match=r"^'x' must be a duration from 0 to 100 years, got -5$"):
         parse_duration(-5, "'x'")
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (1e12, "1000000000000.0"),
+        ("36501d", "'36501d'"),
+        (-1, "-1"),
+        (10**5000, "a whole number of 16610 bits"),  # no repr: a ValueError naming nothing
+    ],
+    ids=["1e12", "36501d", "-1", "10**5000"],
+)
+def test_a_policy_duration_out_of_range_names_the_key_the_range_and_the_value(value, said):
+    """As the settings' ranges say it (``core/traits.py``): the key, the range, the value. It
+    said "is longer than 100 years" or "is negative"; an int past 4,300 digits raised
+    ``Exceeds the limit (4300 digits)`` from its own repr, naming no key."""
+    with pytest.raises(p.PolicyError) as info:
+        p.load_policies([{"name": "x", "warn_after": value}])
+    assert str(info.value) == (
+        f"policy 0 ('x'): 'warn_after' must be a duration from 0 to 100 years, got {said}"
+    )
 
 
 def test_evolve_is_dataclasses_replace_for_the_decision_records():

@@ -588,7 +588,7 @@ def test_the_queues_settings_are_checked_at_startup():
     bad = {
         "queue_expire_after": ("5s", "must be from 10 seconds to 30 days, got '5s'"),
         "queue_claim_within": ("2d", "must be from 10 seconds to 1 day, got '2d'"),
-        "queue_per_user": (0, "must be 1 to 100, got 0"),
+        "queue_per_user": (0, "must be a whole number of servers from 1 to 100, got 0"),
     }
     for name, (value, words) in bad.items():
         with pytest.raises(TraitError, match=f"GpuProfiles.{name} {words}"):

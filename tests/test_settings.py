@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from python_source import parse
-from traitlets import TraitError
+from traitlets import Float, Int, TraitError
 from traitlets.config import Config
 
 from jupyter_gpu_gov.hub.app import GpuGovernor
@@ -237,3 +237,90 @@ def test_every_layer_refuses_a_number_setting_not_finite_or_negative(owner, sett
     with pytest.raises((TraitError, ValueError), match=rf"{owner}\.{setting}|{setting}"):
         cls(**{setting: bad})
     assert getattr(cls(**{setting: 1.0}), setting) == 1.0
+
+
+def _number_settings():
+    """Every number setting of every layer: (class, its name, the trait)."""
+    from jupyter_gpu_gov.profiles.cluster import ClusterGpus
+    from jupyter_gpu_gov.profiles.config import GpuProfiles
+    from jupyter_gpu_gov.profiles.local import LocalGpus
+    from jupyter_gpu_gov.server.app import GpuGovApp
+
+    return [
+        (cls, name, trait)
+        for cls in (GpuGovernor, GpuProfiles, ClusterGpus, LocalGpus, GpuGovApp)
+        for name, trait in sorted(cls.class_traits(config=True).items())
+        if isinstance(trait, Int | Float)
+        and trait.this_class.__module__.startswith("jupyter_gpu_gov")
+    ]
+
+
+def test_every_number_setting_of_every_layer_has_a_range_it_refuses_past_naming_it():
+    """The governor's whole-number settings had no upper bound (``timeout=10**20`` crashed
+    with an OverflowError naming no setting) and some no lower one (a negative ``max_age``,
+    ``cull_every``); the profile layer's ``recount_every`` and the server extension's
+    checkpoint limits neither. Each now has a range (``core/traits.py``): a value past either
+    end is refused naming the class, the setting, the range and the value."""
+    settings = _number_settings()
+    assert len(settings) >= 50  # the governor's and the other layers' all found
+    unbounded = [f"{c.__name__}.{n}" for c, n, t in settings if getattr(t, "high", None) is None]
+    assert not unbounded, f"number settings without a range: {unbounded}"
+    for cls, name, trait in settings:
+        high = float(trait.high)
+        shown = f"{int(high):,}" if high.is_integer() else f"{high:g}"
+        too_big = 10 * trait.high + (1 if isinstance(trait, Int) else 0.5)
+        too_small = trait.low if trait.above else trait.low - 1
+        for bad in (too_big, too_small):
+            with pytest.raises(TraitError) as info:
+                cls(**{name: bad})
+            said = str(info.value)
+            assert said.startswith(f"{cls.__name__}.{name} must be "), said
+            assert said.endswith(f" to {shown}, got {bad!r}"), said
+        assert getattr(cls(**{name: trait.high}), name) == trait.high  # both ends taken
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        # jupyterhub-idle-culler's command line, as the drop-in takes it
+        (
+            ["--timeout=100000000000000000000"],
+            "GpuGovernor.timeout must be a whole number of "
+            "seconds from 1 to 3,153,600,000, got 100000000000000000000",
+        ),
+        (
+            ["--max-age=-5"],
+            "GpuGovernor.max_age must be a whole number of seconds from 0 to 3,153,600,000, got -5",
+        ),
+        (
+            ["--cull-every=-60"],
+            "GpuGovernor.cull_every must be a number of seconds from 0 to 86,400, got -60.0",
+        ),
+        (
+            ["--concurrency=100000"],
+            "GpuGovernor.concurrency must be a whole number of requests from 1 to 1,000, got 100000",
+        ),
+        (
+            ["--GpuGovernor.report_stale_after=1e12"],
+            "GpuGovernor.report_stale_after must be a "
+            "number of seconds from 0 to 3,153,600,000, got 1000000000000.0",
+        ),
+    ],
+)
+def test_a_number_past_its_range_on_the_command_line_stops_start_up_naming_it(argv, words, capsys):
+    """On the base: 10**20 seconds started (then an OverflowError naming nothing, or "bad
+    policy configuration: defaults: 'inactive_timeout' ... longer than 100 years"), a
+    negative --cull-every was taken (a pass every -60 s), --max-age=-5 was "defaults:
+    'max_age': -5 is negative"; 1e12 s stale was "duration: ... longer than 100 years"."""
+    with pytest.raises(SystemExit):
+        GpuGovernor().initialize(argv)
+    assert words in capsys.readouterr().err
+
+
+def test_a_number_past_its_range_in_a_python_config_names_it_without_overflowing():
+    """A value from a Python config file is any int: past 4,300 digits it has no repr, and
+    ``make_options`` turned 10**20 seconds into an OverflowError naming no setting."""
+    with pytest.raises(TraitError, match=r"^GpuGovernor.timeout must be .* got 10{20}$"):
+        GpuGovernor(timeout=10**20)
+    with pytest.raises(TraitError, match=r"history_max_rows .* got a whole number of 16610 bits"):
+        GpuGovernor(history_max_rows=10**5000)

@@ -263,8 +263,9 @@ def test_the_ledger_write_interval_is_checked(capsys):
     assert app.usage_write_every == 0  # every pass
     with pytest.raises(SystemExit):
         GpuGovernor().initialize(["--GpuGovernor.usage_write_every=-60"])
-    assert "'usage_write_every' trait of a GpuGovernor instance should not be less than 0" in (
-        capsys.readouterr().err
+    assert (
+        "GpuGovernor.usage_write_every must be a number of seconds from 0 to 86,400, got -60.0"
+        in capsys.readouterr().err
     )
 
 

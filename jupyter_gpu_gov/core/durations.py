@@ -6,6 +6,8 @@ import math
 import re
 from datetime import timedelta
 
+from .text import quoted
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 MAX_SECONDS = 100 * 365 * 86400  # longer is a typo or an attack, and overflows date arithmetic
@@ -18,7 +20,8 @@ class DurationOutOfRange(ValueError):
 def parse_duration(value: object, name: str = "duration") -> timedelta:
     """Seconds (int/float), a ``timedelta``, or a string of number+unit parts (s, m, h, d, w).
 
-    Raises ``ValueError`` naming ``name`` and the value when it cannot be read or is negative.
+    Raises ``ValueError`` naming ``name`` and the value when it cannot be read, and
+    ``DurationOutOfRange`` naming the range too when it is negative or past 100 years.
     """
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
@@ -42,10 +45,10 @@ def parse_duration(value: object, name: str = "duration") -> timedelta:
         raise ValueError(f"{name}: expected a duration, got {type(value).__name__} {value!r:.60}")
     if math.isnan(seconds):
         raise ValueError(f"{name}: {value!r:.60} is not a duration")
-    if seconds < 0:
-        raise DurationOutOfRange(f"{name}: {value!r:.60} is negative")
-    if seconds > MAX_SECONDS:  # infinity too
-        raise DurationOutOfRange(f"{name}: {value!r:.40} is longer than 100 years")
+    if not 0 <= seconds <= MAX_SECONDS:  # infinity too; said as the settings' ranges are
+        raise DurationOutOfRange(
+            f"{name} must be a duration from 0 to 100 years, got {quoted(value, 40)}"
+        )
     return timedelta(seconds=seconds)
 
 

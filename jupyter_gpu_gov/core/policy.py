@@ -26,7 +26,7 @@ from .clock import parse as parse_time
 from .cpu_stage import CPU_STAGE_WORDS
 from .durations import format_duration, parse_duration
 from .queue import claim_by
-from .text import in_sentence
+from .text import in_sentence, quoted
 from .vocabulary import (
     ACTIVE,
     ADMIN,
@@ -277,13 +277,6 @@ MAX_POLICIES = 1000
 MAX_COUNT = 1000
 
 
-def _quoted(value: Any) -> str:
-    """A value an error quotes, cut: an int past 4,300 digits has no repr (ValueError)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
-        return f"a whole number of {value.bit_length()} bits"
-    return f"{value!r:.60}"
-
-
 def canonical(value) -> Any:
     """A policy (or its ``Match``) as plain JSON values, only what differs from the defaults:
     what an unchanged policy is recognised by across releases (``hub/applied_policy.py``). A
@@ -422,7 +415,7 @@ def _convert(key: str, value):
     if key in ("max_extensions", "checkpoint_retries"):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
             raise ValueError(
-                f"{key!r} must be a whole number from 0 to {MAX_COUNT:,}, got {_quoted(value)}"
+                f"{key!r} must be a whole number from 0 to {MAX_COUNT:,}, got {quoted(value)}"
             )
         return value
     if key == "checkpoint_broken_after":
@@ -431,7 +424,7 @@ def _convert(key: str, value):
         ):
             raise ValueError(
                 f"{key!r} must be a whole number from 1 to {MAX_COUNT:,} or null, "
-                f"got {_quoted(value)}"
+                f"got {quoted(value)}"
             )
         return value
     if key in ("checkpoint", "exempt", "expected_duration_notice"):

@@ -18,6 +18,14 @@ _BIDI = (0x61C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 CONTROLS = (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, *_BIDI)
 
 
+def quoted(value: object, limit: int = 60) -> str:
+    """A value an error quotes, cut to ``limit`` characters: an int past 4,300 digits has no
+    repr (ValueError), so it is said by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"a whole number of {value.bit_length()} bits"
+    return f"{value!r:.{limit}}"
+
+
 def escape_table(keep: str = "") -> dict[int, str]:
     """``str.translate``'s table writing each of ``CONTROLS`` but those in ``keep`` as ``repr``
     writes it (``\\n``, ``\\x1b``, ``\\u202e``)."""

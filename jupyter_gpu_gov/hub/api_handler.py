@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import math
 import re
 import sys
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tornado import web
 from tornado.log import app_log
 
+from ..core import browser_json
 from ..core.text import STORED_MARK, not_text_at
 from ..core.vocabulary import server_key
 from ..core.wire import ASKER_HEADER, reason_too_long
@@ -445,7 +445,7 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(data))
+        self.finish(browser_json.dumps(data))
 
     def _handle_request_exception(self, e: BaseException) -> None:
         if isinstance(e, StoreUnavailable) and not self._finished:
@@ -459,7 +459,7 @@ class ApiHandler(PreparedHubAuthenticated, web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         retry_after(self, kwargs)
         message = error_message(self._reason, kwargs)
-        self.finish(json.dumps({"status": status_code, "message": message}))
+        self.finish(browser_json.dumps({"status": status_code, "message": message}))
 
     def known_server(self, user: str, name: str | None) -> tuple[str, ServerRow]:
         """The key and row of a server named in the URL, or a 404. The pages name a server

@@ -5,7 +5,6 @@ answered. Reports are accepted only for servers the Hub runs, and forgotten once
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 import typing
@@ -14,7 +13,7 @@ from math import copysign
 from operator import attrgetter
 from typing import Any
 
-from ..core import clock
+from ..core import browser_json, clock
 from ..core.vocabulary import server_key
 from ..core.wire import CheckpointState, Report, TargetCpu, TargetGpu, Wire, report_words
 from .checkpoints import reported_checkpoint
@@ -325,7 +324,7 @@ class Ingest:
         """``ingest``, answered as the report route sends it (``Views.answer``)."""
         key = self._keep_report(report)
         if self._last_session(key):
-            return json.dumps({"verdict": self._not_assessed(key)}).encode()
+            return browser_json.dumps({"verdict": self._not_assessed(key)}).encode()
         return self.answer(key)
 
     def _last_session(self, key: str) -> bool:

@@ -11,14 +11,13 @@ What a snapshot references is never changed in place once taken: a row's columns
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from operator import attrgetter
 from typing import NamedTuple, TypeVar
 
-from ..core import clock
+from ..core import browser_json, clock
 from . import views
 from .evidence import Received
 from .incremental import let_reports_in
@@ -130,8 +129,10 @@ def encoded_servers(snap: Sequence[Listed], more: dict | None = None) -> bytes:
     """``{"servers": [...], **more}`` as ``json.dumps`` writes it, in key order, for a worker:
     a server at a time (one ``json.dumps`` of 10 MB holds the interpreter, and so the event
     loop, for its whole length)."""
-    items = ", ".join(json.dumps(listing(listed)) for listed in handing_over(by_key(snap)))
-    tail = "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in (more or {}).items())
+    items = ", ".join(browser_json.dumps(listing(listed)) for listed in handing_over(by_key(snap)))
+    tail = "".join(
+        f", {browser_json.dumps(k)}: {browser_json.dumps(v)}" for k, v in (more or {}).items()
+    )
     return f'{{"servers": [{items}]{tail}}}'.encode()
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import resource
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 from tornado import httputil
 from tornado.netutil import is_valid_ip
 
+from ..core import browser_json
 from ..core.wire import REPORT_CONNECTION_IDLE_S
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
@@ -462,7 +462,7 @@ class Connection(asyncio.Protocol):
             self.stalled = None
 
     def _refuse(self, code: int, message: str) -> None:
-        body = json.dumps({"status": code, "message": message}).encode()
+        body = browser_json.dumps({"status": code, "message": message}).encode()
         reason = httputil.responses.get(code, "Error").encode()
         self._send(
             b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import json
 import logging
 import math
 from collections.abc import Awaitable, Iterator
@@ -20,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
 
 from ..checkpoint_layout import SOURCE_USER, SOURCES
-from ..core import clock, ledger
+from ..core import browser_json, clock, ledger
 from ..core.durations import parse_duration
 from ..core.report import ReportError, validate
 from ..core.text import kept_forms, stored_name
@@ -177,7 +176,7 @@ def report_route(
         """A refused report's answer, as every handler's error (``ApiHandler.write_error``),
         and its log line: an address's first in a minute, then how many more (``RefusalLog``)."""
         refused_log.warning(peer, "gpu-gov: POST api/reports refused (%d): %s", code, message)
-        return code, json.dumps({"status": code, "message": message}).encode()
+        return code, browser_json.dumps({"status": code, "message": message}).encode()
 
     return receive
 

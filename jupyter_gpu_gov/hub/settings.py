@@ -13,7 +13,6 @@ from traitlets import (
     Bool,
     Dict,
     HasTraits,
-    Int,
     List,
     TraitError,
     Unicode,
@@ -21,10 +20,18 @@ from traitlets import (
     validate,
 )
 
-from ..core.traits import FiniteFloat
+from ..core.durations import MAX_SECONDS
+from ..core.traits import BoundedInt, FiniteFloat
 from .event_loop import EVENT_LOOPS
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT
 from .hubconfig import TEAM_QUOTAS_ENV
+from .protocol_server import MAX_CONNECTIONS
+
+# The ranges of the settings in seconds: a pass, a read or a wait longer than a day (a year for
+# what spans the life of a server) is a typo; durations a policy also takes, as policies do,
+# up to 100 years (core.durations.MAX_SECONDS).
+HOUR, DAY = 3600, 86_400
+YEAR = 365 * DAY
 
 
 class GovernorSettings(HasTraits):
@@ -36,19 +43,27 @@ class GovernorSettings(HasTraits):
     )
 
     # -- jupyterhub-idle-culler's options ----------------------------------------------------
-    timeout = Int(
+    timeout = BoundedInt(
         3600,
         min=1,
+        max=MAX_SECONDS,
+        unit="seconds",
         help="""Seconds of Hub inactivity after which a server that sends no GPU report, and
         whose pod DCGM does not see, is culled (jupyterhub-idle-culler's --timeout). Servers
         with GPU reports, or with DCGM's reading of their pod's GPUs, follow the policies.""",
     ).tag(config=True)
     cull_every = FiniteFloat(
         0,
+        min=0,
+        max=DAY,
+        unit="seconds",
         help="Seconds between reconcile passes (0: timeout / 2, at most 60 s).",
     ).tag(config=True)
-    max_age = Int(
+    max_age = BoundedInt(
         0,
+        min=0,
+        max=MAX_SECONDS,
+        unit="seconds",
         help="""Seconds after its start at which any server is culled regardless of activity
         (0: never), as jupyterhub-idle-culler's --max-age: excluded servers too; after a
         checkpoint when the server runs the extension (one retry at most).""",
@@ -62,16 +77,22 @@ class GovernorSettings(HasTraits):
     remove_named_servers = Bool(
         False, help="Remove culled named servers instead of just stopping them."
     ).tag(config=True)
-    concurrency = Int(
+    concurrency = BoundedInt(
         10,
         min=1,
+        max=1000,
+        unit="requests",
         help="""Most Hub API requests in flight at once (jupyterhub-idle-culler's
         --concurrency). The governor sends none to users' servers: what it asks of them rides
         on their verdicts.""",
     ).tag(config=True)
-    api_page_size = Int(0, help="Users per page when listing (0: the Hub's default).").tag(
-        config=True
-    )
+    api_page_size = BoundedInt(
+        0,
+        min=0,
+        max=100_000,
+        unit="users",
+        help="Users per page when listing (0: the Hub's default).",
+    ).tag(config=True)
     cull_default_servers = Bool(True, help="Govern users' default servers.").tag(config=True)
     cull_named_servers = Bool(True, help="Govern named servers.").tag(config=True)
     cull_admin_users = Bool(
@@ -123,11 +144,16 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     report_stale_after = FiniteFloat(
         300,
+        min=0,
+        max=MAX_SECONDS,
+        unit="seconds",
         help="Seconds after which a server's last report no longer counts: its GPU is unknown.",
     ).tag(config=True)
     hub_activity_interval = FiniteFloat(
         0,
         min=0,
+        max=YEAR,
+        unit="seconds",
         help="""Seconds: the longer of the Hub's ``last_activity_interval`` (how often it
         gathers the proxy's activity) and the servers' ``JUPYTERHUB_ACTIVITY_INTERVAL`` (how
         often they post theirs), both 300 by default, or its ``activity_resolution`` (30) when
@@ -141,6 +167,8 @@ class GovernorSettings(HasTraits):
     hub_activity_lag = FiniteFloat(
         0,
         min=0,
+        max=YEAR,
+        unit="seconds",
         help="""Seconds: how late the Hub's activity of a server may be, where the admin knows
         it better than the default (twice ``hub_activity_interval`` and 5 minutes for clock
         skew, at least 15 minutes): a Hub that gathers activity every few seconds, its servers'
@@ -171,27 +199,42 @@ class GovernorSettings(HasTraits):
         config=True
     )
     dcgm_timeout = FiniteFloat(
-        5, help="Seconds a whole DCGM read may take (connecting, headers and body); then it fails."
+        5,
+        min=0,
+        max=HOUR,
+        above=True,
+        unit="seconds",
+        help="Seconds a whole DCGM read may take (connecting, headers and body); then it fails.",
     ).tag(config=True)
-    dcgm_max_bytes = Int(
+    dcgm_max_bytes = BoundedInt(
         64 * 1024 * 1024,
         min=1,
+        max=4 * 1024**3,
+        unit="bytes",
         help="""Bytes a DCGM answer may have once decompressed (a 10,000-GPU fleet through
         Prometheus is about 40 MB); a larger one fails the read.""",
     ).tag(config=True)
     dcgm_max_age = FiniteFloat(
         0,
         min=0,
+        max=DAY,
+        unit="seconds",
         help="""Seconds after which DCGM evidence no longer counts (its GPUs are unknown, never
         idle): a read still under way, stuck or failing leaves no old "idle" behind. 0: three
         reconcile intervals, at least 60 s.""",
     ).tag(config=True)
     pcie_floor_bytes_per_s = FiniteFloat(
-        1_000_000, help="PCIe traffic (bytes/s) under which an idle-looking GPU counts as idle."
+        1_000_000,
+        min=0,
+        max=1e12,
+        unit="bytes a second",
+        help="PCIe traffic (bytes/s) under which an idle-looking GPU counts as idle.",
     ).tag(config=True)
     cpu_stage_cores = FiniteFloat(
         0.5,
         min=0,
+        max=1024,
+        unit="cores",
         help="""Cores at or above which the container of a server that sends no GPU report is
         computing, as the kubelet measures it (metrics-server's PodMetrics, read through
         kubernetes_api_url: RBAC ``list`` on ``pods`` in ``metrics.k8s.io``), or on a
@@ -205,6 +248,8 @@ class GovernorSettings(HasTraits):
     cpu_stage_after = FiniteFloat(
         600,
         min=0,
+        max=YEAR,
+        unit="seconds",
         help="""Seconds a server's container CPU must stay at or above cpu_stage_cores, reading
         after reading, before it counts as a CPU stage (a person's burst lasts seconds).""",
     ).tag(config=True)
@@ -215,28 +260,43 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     diagnose_train_every = FiniteFloat(
         6 * 3600,
+        min=0,
+        max=YEAR,
+        above=True,
+        unit="seconds",
         help="""Seconds between two trainings of the diagnosis model, in a worker thread (the
         service keeps answering). The first runs as soon as `diagnose_min_windows` windows
         exist; until then the threshold rules diagnose. Default 21600 (6 h).""",
     ).tag(config=True)
-    diagnose_min_windows = Int(
+    diagnose_min_windows = BoundedInt(
         1000,
         min=1,
+        max=10_000_000,
+        unit="windows",
         help="""Windows (one per server per `diagnose_sample_every`) in the history before the
         first training, e.g. 1000: 20 servers for 50 minutes.""",
     ).tag(config=True)
     diagnose_sample_every = FiniteFloat(
         60,
+        min=0,
+        max=DAY,
+        unit="seconds",
         help="""Seconds: at most one window per server this often goes into the training history
         (every report is still scored).""",
     ).tag(config=True)
     diagnose_history = FiniteFloat(
         7 * 86400,
+        min=0,
+        max=YEAR,
+        above=True,
+        unit="seconds",
         help="Seconds of history the model trains on (default 604800, 7 days).",
     ).tag(config=True)
-    diagnose_max_windows = Int(
+    diagnose_max_windows = BoundedInt(
         250_000,
         min=1,
+        max=10_000_000,
+        unit="windows",
         help="""Most windows kept in memory for training (packed: about 36 MB at 250,000, which
         10,000 servers fill in 25 minutes); beyond it the oldest go first, whatever their
         age. The rebuilt model learns each node from its windows: at 600 nodes its accuracy
@@ -245,6 +305,9 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
     diagnose_zombie_idle = FiniteFloat(
         0,
+        min=0,
+        max=YEAR,
+        unit="seconds",
         help="""Seconds nobody has used a server before a kernel that holds GPU memory and does
         no GPU work is called a zombie (0: the diagnosis rules' 1800, 30 minutes). A demo hub
         with timers of minutes shortens it like them, e.g. 60.""",
@@ -269,7 +332,10 @@ class GovernorSettings(HasTraits):
         ``{"h100": 2.5, "h100-1g": 0.4}``. Tiers not listed cost `gpu_hour_cost_default`.""",
     ).tag(config=True)
     gpu_hour_cost_default = FiniteFloat(
-        0.0, help="Price of one GPU-equivalent hour of a tier not in `gpu_hour_cost`."
+        0.0,
+        min=0,
+        max=1e6,
+        help="Price of one GPU-equivalent hour of a tier not in `gpu_hour_cost`.",
     ).tag(config=True)
     currency = Unicode("USD", help="The currency label shown with costs, e.g. EUR.").tag(
         config=True
@@ -298,6 +364,8 @@ class GovernorSettings(HasTraits):
     usage_max_gap = FiniteFloat(
         0,
         min=0,
+        max=YEAR,
+        unit="seconds",
         help="""Seconds: the longest gap between two looks at a server that the usage ledger
         still bills (as the state seen at the first look). A longer gap (the service was down)
         is counted as unobserved, never as idle or active. 0: three reconcile intervals, at
@@ -307,6 +375,8 @@ class GovernorSettings(HasTraits):
     usage_write_every = FiniteFloat(
         300,
         min=0,
+        max=DAY,
+        unit="seconds",
         help="""Seconds: how often the usage ledger is written to the database (also whenever
         a page or the API reads it, and when the service stops). Each write updates a row per
         running server, so at 10,000 servers every pass would spend 0.2 s on it. If the service
@@ -328,6 +398,8 @@ class GovernorSettings(HasTraits):
     right_size_after = FiniteFloat(
         3600,
         min=0,
+        max=YEAR,
+        unit="seconds",
         help="""Seconds of reports with the GPU held before a right-sizing hint: the peak of a
         shorter stretch says too little (default 3600).""",
     ).tag(config=True)
@@ -337,23 +409,28 @@ class GovernorSettings(HasTraits):
         30,
         min=3,
         max=600,  # a crashed holder keeps every governor from acting for as long
+        unit="seconds",
         help="""Seconds of the store's lease (hub/lease.py): only the governor holding it acts,
         renewing it every quarter of this; one that stops renewing (a crash, a pause) acts on
         nothing from three quarters on, and another takes over after the whole of it, counted on
         its own clock. A clean stop hands it over at once.""",
     ).tag(config=True)
-    full_pass_every = Int(
+    full_pass_every = BoundedInt(
         10,
         min=1,
+        max=10_000,
+        unit="passes",
         help="""Decide every server at one reconcile pass in this many (default 10: every 10
         minutes at cull_every=60); between them, only the servers whose inputs changed (Hub
         model, report, DCGM evidence, record) or whose deadline fell due
         (docs/benchmarks-history.md, "Scale"). 1: every server at every pass.""",
     ).tag(config=True)
 
-    stopped_kept_per_user = Int(
+    stopped_kept_per_user = BoundedInt(
         100,
         min=1,
+        max=1_000_000,
+        unit="rows",
         help="""Rows of one user's stopped servers the governor keeps (in memory and the store;
         the admin's ``api/servers?all=1`` lists them), those stopped most lately; older ones
         are forgotten as the user's servers stop, said in the log. A server's name is its
@@ -362,9 +439,11 @@ class GovernorSettings(HasTraits):
         admin's listing and the diagnosis: 10-24 ms at 100,000 rows). Raise it where people
         keep more named servers than this and want the stopped ones listed.""",
     ).tag(config=True)
-    distrust_said_per_hour = Int(
+    distrust_said_per_hour = BoundedInt(
         6,
         min=1,
+        max=3600,
+        unit="times an hour",
         help="""Times an hour a server's report that contradicts the Hub's records of its GPUs
         is put on record (a ``report-distrusted`` audit row and a WARNING line, up to 2,000
         characters each), at each change of what it names; the next one says how many went
@@ -375,13 +454,17 @@ class GovernorSettings(HasTraits):
     history_retention = FiniteFloat(
         14 * 86400,
         min=0,
+        max=MAX_SECONDS,
+        unit="seconds",
         help="""Seconds of the governor's own history kept for ``export-trace`` and the policy
         page's what-if (about 52 bytes a kept row: an idle server keeps four rows an hour, a
         working one a row a pass). 0: none is recorded.""",
     ).tag(config=True)
-    history_max_rows = Int(
+    history_max_rows = BoundedInt(
         60_000_000,
         min=0,
+        max=10**10,
+        unit="rows",
         help="""Most history rows kept (about 3 GB in SQLite: 10,000 servers for 14 days at a
         pass a minute), the oldest deleted first, whatever history_retention says. 0: none is
         recorded.""",
@@ -395,6 +478,8 @@ class GovernorSettings(HasTraits):
     gpu_unknown_alert_after = FiniteFloat(
         1800,
         min=0,
+        max=YEAR,
+        unit="seconds",
         help="""Seconds a server's GPU state may stay unknown (or failed) before the server is
         flagged for admins: audited once, listed by ``GET api/health`` and the dashboard,
         counted in ``jupyter_gpu_gov_servers_gpu_unknown_too_long`` (an alert rule fires on
@@ -438,6 +523,8 @@ class GovernorSettings(HasTraits):
     report_budget = FiniteFloat(
         5.0,
         min=0,
+        max=1e6,
+        unit="reports a second",
         help="""Reports a second one caller (a Hub user or service, all its tokens together) may
         send on average; past it and ``report_burst``, a report is answered 429 with
         ``Retry-After`` and not taken (the server's verdict stays as it was). A report counts one
@@ -449,12 +536,16 @@ class GovernorSettings(HasTraits):
     report_burst = FiniteFloat(
         60.0,
         min=1,
+        max=1e6,
+        unit="reports",
         help="""Reports (as counted for ``report_budget``) one caller may send at once before
         ``report_budget`` applies: every server of one user reporting after a restart.""",
     ).tag(config=True)
     refused_budget = FiniteFloat(
         1.0,
         min=0,
+        max=1e6,
+        unit="requests a second",
         help="""Requests a second from one address that no known caller sent (no token, or one the
         Hub refuses) the service refuses (reports, the API and the pages together) before it
         answers that address's next such request 429 with ``Retry-After``, without asking the
@@ -465,11 +556,15 @@ class GovernorSettings(HasTraits):
     refused_burst = FiniteFloat(
         30.0,
         min=1,
+        max=1e6,
+        unit="requests",
         help="Refused requests one address may have at once before ``refused_budget`` applies.",
     ).tag(config=True)
     api_budget = FiniteFloat(
         10.0,
         min=0,
+        max=1e6,
+        unit="units a second",
         help="""Units a second one caller (a Hub user or service, all its tokens and its login
         together; admins too) may spend on the API and the pages on average; past it and
         ``api_burst``, a request is answered 429 with ``Retry-After`` before it does anything.
@@ -482,13 +577,17 @@ class GovernorSettings(HasTraits):
     api_burst = FiniteFloat(
         100.0,
         min=1,
+        max=1e6,
+        unit="units",
         help="""Units (a read 1, a listing 5, an export 10) one caller may spend on the API
         and the pages at once before ``api_budget`` applies: a script's burst (an admin
         deciding a batch of extensions).""",
     ).tag(config=True)
-    max_connections_per_address = Int(
+    max_connections_per_address = BoundedInt(
         512,
         min=0,
+        max=MAX_CONNECTIONS,
+        unit="connections",
         help="""Connections kept open from one address (its socket's); past it, that
         address's connection idle the longest is let go (a server sends its report again on a
         new one). A pod is one address and keeps one connection: 512 leaves room for a
@@ -497,9 +596,11 @@ class GovernorSettings(HasTraits):
         raise it to about the number of servers, or 0: only the cap on all connections
         (20,000, below the open-file limit) holds.""",
     ).tag(config=True)
-    hub_checks_per_address = Int(
+    hub_checks_per_address = BoundedInt(
         8,
         min=1,
+        max=1000,
+        unit="tokens",
         help="""Tokens not yet known (and logins' codes) from one address the Hub is asked
         about at a time; the others from that address wait their turn, so a flood of bogus
         tokens waits behind itself, not in front of other servers' checks. Behind a service
@@ -510,6 +611,7 @@ class GovernorSettings(HasTraits):
         0.02,
         min=0,
         max=1,
+        unit="seconds",
         help="""Seconds the service leaves new requests waiting once it has handled one, to
         handle all that came meanwhile together (a report, an API call or a dashboard page then
         waits at most this much longer). Each server reports on a new connection; answered a
@@ -539,7 +641,9 @@ class GovernorSettings(HasTraits):
             )
         return value
 
-    port = Int(
+    port = BoundedInt(
+        min=0,
+        max=65_535,
         help="""Port to listen on (default: from $JUPYTERHUB_SERVICE_URL, the URL of the
         service's entry). Without either it does not listen: a service entry without a URL (as
         jupyterhub-idle-culler's in zero-to-jupyterhub) runs it as a culler, with no reports,
@@ -557,14 +661,6 @@ class GovernorSettings(HasTraits):
     @default("ip")
     def _ip_default(self):
         return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).hostname or "127.0.0.1"
-
-    # Seconds that must be > 0: traitlets' bounds include theirs (min=0 admits 0), so these keep
-    # a check of their own; seconds that may be 0 say min=0, whole numbers min=1.
-    @validate("dcgm_timeout", "diagnose_train_every", "diagnose_history")
-    def _positive(self, proposal):
-        if proposal["value"] <= 0:
-            raise TraitError(f"GpuGovernor.{proposal['trait'].name} must be > 0")
-        return proposal["value"]
 
 
 def _numbers(name: str, values: dict) -> dict:

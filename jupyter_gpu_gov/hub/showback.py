@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import heapq
 import io
-import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -17,7 +16,7 @@ from html import escape
 from operator import attrgetter
 from typing import NamedTuple
 
-from ..core import clock, ledger
+from ..core import browser_json, clock, ledger
 from ..core.durations import parse_duration
 from ..core.text import in_sentence
 from .queue import queue_buckets
@@ -273,9 +272,9 @@ def to_csv(rows: Iterable[Mapping], group_by: Sequence[str]) -> str:
 
 def json_parts(head: Mapping, rows: Iterable[Mapping]) -> Iterator[str]:
     """``json.dumps({**head, "usage": [*rows]})`` (``head`` not empty), a row at a time."""
-    yield json.dumps(head)[:-1] + ', "usage": ['
+    yield browser_json.dumps(head)[:-1] + ', "usage": ['
     for i, row in enumerate(rows):
-        yield (", " if i else "") + json.dumps(row)
+        yield (", " if i else "") + browser_json.dumps(row)
     yield "]}"
 
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from ..core import clock, policy, rightsize
+from ..core import browser_json, clock, policy, rightsize
 from ..core.ledger import Session as LedgerSession
 from ..core.policy import Decision, Policy, Record
 from ..core.vocabulary import CHECKPOINT_REQUESTED, RECLAIM_LABEL, UNKNOWN
@@ -30,7 +29,7 @@ from .tables import AuditRow, ExtensionRow, Rows, ServerRow, record_of, set_reco
 
 def _encoded(verdict: dict) -> bytes:
     """A report's answer as the report route sends it."""
-    return json.dumps({"verdict": verdict}).encode()
+    return browser_json.dumps({"verdict": verdict}).encode()
 
 
 def cause_of(root_cause: Mapping | None) -> tuple[str | None, bool]:

@@ -406,6 +406,8 @@ class ClusterGpus(SingletonConfigurable):
     refresh_every = FiniteFloat(
         30,
         min=0,
+        max=86_400,
+        unit="seconds",
         help="""Seconds between two reads of the nodes and the pods for capacity.
         The scheduler has the last word: a count a little old can only leave a pod Pending,
         with the reason shown on the spawn page. At most 120 s are used: a reading older is
@@ -424,6 +426,8 @@ class ClusterGpus(SingletonConfigurable):
     left_pod_grace = FiniteFloat(
         120,
         min=0,
+        max=86_400,
+        unit="seconds",
         help="""Seconds after the failed stop before such a pod is deleted: longer than a
         pod's own termination (its grace period) takes, so a delete the API carried out
         late is not asked for again.""",

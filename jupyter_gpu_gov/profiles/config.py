@@ -10,10 +10,11 @@ import re
 from datetime import timedelta
 from functools import cached_property
 
-from traitlets import Bool, Dict, Int, List, TraitError, Unicode, validate
+from traitlets import Bool, Dict, List, TraitError, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
 from ..core.durations import parse_duration
+from ..core.traits import BoundedInt
 from ..core.vocabulary import LABEL_PREFIX
 from .cluster import PoolShape
 from .quota import QuotaError, TeamQuota, load_quotas
@@ -153,14 +154,20 @@ class GpuProfiles(SingletonConfigurable):
         keep it above JupyterHub's ``last_activity_interval`` (5 minutes).""",
     ).tag(config=True)
 
-    queue_per_user = Int(
+    queue_per_user = BoundedInt(
         2,
+        min=1,
+        max=100,
+        unit="servers",
         help="""Servers one user may have waiting in line at once (1 to 100); also how many of
         a user's servers refused for want of a GPU count in the cluster's refused demand.""",
     ).tag(config=True)
 
-    recount_every = Int(
+    recount_every = BoundedInt(
         600,
+        min=0,
+        max=86_400,  # a day: the count kept between spawns drifts unchecked for as long
+        unit="seconds",
         help="""Seconds between full recounts of the started servers' grants from the hub's
         database, compared with the count kept between spawns (a difference is logged as drift,
         counted in ``gpu_gov_grant_count_drift_total`` and corrected); begun at the next spawn,
@@ -188,18 +195,6 @@ class GpuProfiles(SingletonConfigurable):
     def _valid_max_expected_duration(self, proposal):
         if _duration(proposal.value, "max_expected_duration") < timedelta(minutes=1):
             raise TraitError("GpuProfiles.max_expected_duration must be at least 1 minute")
-        return proposal.value
-
-    @validate("recount_every")
-    def _valid_recount_every(self, proposal):
-        if proposal.value < 0:
-            raise TraitError(f"GpuProfiles.recount_every must be >= 0, got {proposal.value}")
-        return proposal.value
-
-    @validate("queue_per_user")
-    def _valid_queue_per_user(self, proposal):
-        if not 1 <= proposal.value <= 100:
-            raise TraitError(f"GpuProfiles.queue_per_user must be 1 to 100, got {proposal.value}")
         return proposal.value
 
     @property

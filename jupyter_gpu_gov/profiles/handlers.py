@@ -12,11 +12,10 @@ is a 403 in JSON, not the login page's redirect.
 
 from __future__ import annotations
 
-import json
-
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
+from ..core import browser_json
 from ..core.text import in_sentence
 from .config import GpuProfiles
 from .estimate import estimate_memory, smallest_tier
@@ -65,4 +64,4 @@ class EstimateHandler(BaseHandler):
 
     def _json(self, body: dict) -> None:
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(body))
+        self.finish(browser_json.dumps(body))

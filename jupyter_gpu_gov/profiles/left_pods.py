@@ -50,7 +50,7 @@ from sqlalchemy import delete as sql_delete
 from sqlalchemy.exc import DBAPIError
 from tornado import web
 
-from ..core import clock
+from ..core import browser_json, clock
 from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
 from ..core.vocabulary import server_key
@@ -397,4 +397,4 @@ class LeftPodsApiHandler(APIHandler):
         if not isinstance(pods, list):
             raise web.HTTPError(400, 'Send {"pods": [{"namespace", "name", "uid", ...}]}')
         answer = await asyncio.shield(delete(self, pods))  # (a dropped client stops none)
-        self.finish(json.dumps(answer))
+        self.finish(browser_json.dumps(answer))

@@ -35,7 +35,7 @@ from jupyterhub.handlers import BaseHandler
 from jupyterhub.utils import maybe_future
 from tornado import web
 
-from ..core import clock
+from ..core import browser_json, clock
 from ..core.durations import format_duration
 from ..core.queue import (
     CANCELLED,
@@ -408,7 +408,7 @@ class QueueApiHandler(APIHandler):
     async def get(self):
         self._check()
         now = clock.utcnow()
-        self.finish(json.dumps({"line": [w.to_json() for w in await _line(self, now)]}))
+        self.finish(browser_json.dumps({"line": [w.to_json() for w in await _line(self, now)]}))
 
     @web.authenticated
     async def post(self):
@@ -455,4 +455,4 @@ class QueueApiHandler(APIHandler):
             "left_pods": left_pods,
             "reclaims_withdrawn": withdrawn,
         }
-        self.finish(json.dumps(answer))
+        self.finish(browser_json.dumps(answer))

@@ -26,6 +26,7 @@ from typing import Any
 from ..core.durations import format_duration, parse_duration
 from ..core.policy import TASK_TYPES
 from ..core.rightsize import former_name_clash
+from ..core.traits import check_number
 
 MIN_SHARE = 1 / 8  # no slice smaller than an eighth of a card
 # The most GPU-equivalents an admin's 'weight' gives a server: 16 cards, many times over. NaN
@@ -364,15 +365,8 @@ def _tier(entry: dict[str, Any], cards: Mapping[str, Card]) -> Tier:
     mig, replicas = entry.get("mig"), entry.get("replicas")
     count = _whole(entry, "count", 1, high=16)
     min_memory = entry.get("min_memory_gb")
-    if min_memory is not None and (
-        isinstance(min_memory, bool)
-        or not isinstance(min_memory, int | float)
-        or not 0 < min_memory <= MAX_CLASS_MEMORY_GB  # NaN too: no comparison holds
-    ):
-        raise ValueError(
-            f"'min_memory_gb' must be a number of GB from 0 (exclusive) to "
-            f"{MAX_CLASS_MEMORY_GB}, got {min_memory!r}"
-        )
+    if min_memory is not None:
+        check_number("'min_memory_gb'", min_memory, 0, MAX_CLASS_MEMORY_GB, above=True, unit="GB")
     if card is None and min_memory is None:
         raise ValueError("give 'gpu' (a known card) or 'min_memory_gb' (a capability class)")
     if card is not None and min_memory is not None:
@@ -419,16 +413,9 @@ def _tier(entry: dict[str, Any], cards: Mapping[str, Card]) -> Tier:
         weight = float(count)
 
     if "weight" in entry:
-        weight = entry["weight"]
-        if (
-            isinstance(weight, bool)
-            or not isinstance(weight, int | float)
-            or not 0 < weight <= MAX_WEIGHT  # NaN too: no comparison holds
-        ):
-            raise ValueError(
-                f"'weight' must be a positive number of GPU-equivalents, at most "
-                f"{MAX_WEIGHT:g}, got {weight!r}"
-            )
+        weight = check_number(
+            "'weight'", entry["weight"], 0, MAX_WEIGHT, above=True, unit="GPU-equivalents"
+        )
     if weight < MIN_SHARE:
         raise ValueError(f"'weight' {weight:g} is below 1/8 of a card, the smallest share offered")
 
@@ -500,10 +487,7 @@ def _class_floor_mib(gb: float) -> int:
 
 
 def _whole(entry: Mapping, key: str, default: int | None, low: int = 1, high: int = 16) -> int:
-    value = entry.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{key!r} must be a whole number from {low} to {high}, got {value!r}")
-    return value
+    return check_number(repr(key), entry.get(key, default), low, high, whole=True)
 
 
 def _text(entry: Mapping, key: str) -> str | None:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Enum, Int, List, Unicode, default, validate
+from traitlets import Dict, Enum, List, Unicode, default, validate
 
 from .. import __version__
 from ..checkpoint_layout import DEFAULT_ROOT, FAILED, ROOT_ENV, RUNNING, SOURCE_GOVERNOR
 from ..core import clock
-from ..core.traits import FiniteFloat
+from ..core.traits import BoundedInt, FiniteFloat
 from ..core.vocabulary import CHECKPOINT_REQUESTED, CULL_REASONS
 from ..events import GPU_STATE_SCHEMA, GPU_STATE_SCHEMA_ID, VERDICT_SCHEMA, VERDICT_SCHEMA_ID
 from ..gpu.attribution import TargetRoot
@@ -28,6 +28,8 @@ from .own_activity import OwnActivity
 from .person_activity import PersonActivity
 from .reporter import GovernorError, Held, Reporter
 from .sampler import NoSample, Sampler, TargetInfo, TickResult, unreadable
+
+HOUR, DAY = 3600, 86_400  # the longest a sample, a window, a report or a hook waits
 
 K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # jupyter_server calls extensions' start hook (`_start_jupyter_server_extension`, once the event
@@ -84,15 +86,28 @@ class GpuGovApp(ExtensionApp):
     ).tag(config=True)
 
     sample_interval = FiniteFloat(
-        5.0, help="Seconds between two GPU samples (one NVML pass and one /proc scan)."
+        5.0,
+        min=0,
+        max=HOUR,
+        above=True,
+        unit="seconds",
+        help="Seconds between two GPU samples (one NVML pass and one /proc scan).",
     ).tag(config=True)
 
     window_seconds = FiniteFloat(
-        60.0, help="Length in seconds of the rolling window behind `active_fraction`."
+        60.0,
+        min=0,
+        max=DAY,
+        above=True,
+        unit="seconds",
+        help="Length in seconds of the rolling window behind `active_fraction`.",
     ).tag(config=True)
 
     active_threshold = FiniteFloat(
         0.02,
+        min=0,
+        max=1,
+        above=True,
         help="""SM activity (0..1) at or above which a kernel counts as using its GPU.
         Idle CUDA contexts read 0 and sampling noise about 1 %; a training loop starved by
         its data loader can read 2-5 % and is still work (the governor's default too).""",
@@ -131,6 +146,10 @@ class GpuGovApp(ExtensionApp):
 
     report_interval = FiniteFloat(
         60.0,
+        min=0,
+        max=DAY,
+        above=True,
+        unit="seconds",
         help="""Seconds between two reports to the governor. A change of a kernel's GPU state is
         reported at the next sample instead of waiting. Under 30 s the reports share one kept
         HTTP connection; at the default each report opens its own (a connection held open per
@@ -140,6 +159,8 @@ class GpuGovApp(ExtensionApp):
     frontend_checkpoint_grace = FiniteFloat(
         20.0,
         min=0,
+        max=HOUR,
+        unit="seconds",
         help="""Seconds a checkpoint requested by the governor waits for a connected JupyterLab
         to save its dirty documents first (0: never wait).""",
     ).tag(config=True)
@@ -156,6 +177,10 @@ class GpuGovApp(ExtensionApp):
 
     checkpoint_hook_timeout = FiniteFloat(
         120.0,
+        min=0,
+        max=DAY,
+        above=True,
+        unit="seconds",
         help="""Seconds each kernel on a GPU gets to run all its checkpoint hooks
         (``jupyter_gpu_gov.checkpoint``); kernels run theirs in parallel. Past it the kernel is
         interrupted (it stays usable) and the checkpoint records a timeout naming the hook.
@@ -163,15 +188,21 @@ class GpuGovApp(ExtensionApp):
         `frontend_checkpoint_grace`. Example: ``c.GpuGovApp.checkpoint_hook_timeout = 300``.""",
     ).tag(config=True)
 
-    checkpoint_keep = Int(
+    checkpoint_keep = BoundedInt(
         10,
+        min=1,  # the newest checkpoint is always kept
+        max=10_000,
+        unit="checkpoints",
         help="""How many checkpoints to keep in `checkpoint_dir` (at least 1): after each
         checkpoint the oldest beyond this count are deleted; the newest is always kept, and
         where it failed, the last one that ended done.""",
     ).tag(config=True)
 
-    checkpoint_max_bytes = Int(
+    checkpoint_max_bytes = BoundedInt(
         20 * 1024**3,
+        min=1,
+        max=2**50,  # a pebibyte
+        unit="bytes",
         help="""Bytes all kept checkpoints may take together (default 20 GiB); after each
         checkpoint the oldest are deleted until the rest fit. The newest is always kept, even
         alone above the limit, and where it failed, the last one that ended done. Example: ``c.GpuGovApp.checkpoint_max_bytes = 100 * 1024**3``
@@ -191,32 +222,6 @@ class GpuGovApp(ExtensionApp):
             )
         return os.path.abspath(os.path.expanduser(value))
 
-    @validate("checkpoint_hook_timeout")
-    def _check_hook_timeout(self, proposal):
-        if not proposal["value"] > 0:
-            raise ValueError(
-                f"GpuGovApp.checkpoint_hook_timeout must be > 0 seconds, not {proposal['value']!r}"
-            )
-        return proposal["value"]
-
-    @validate("checkpoint_keep")
-    def _check_keep(self, proposal):
-        if proposal["value"] < 1:
-            raise ValueError(
-                f"GpuGovApp.checkpoint_keep must be at least 1 (the newest checkpoint is always "
-                f"kept), not {proposal['value']!r}"
-            )
-        return proposal["value"]
-
-    @validate("checkpoint_max_bytes")
-    def _check_max_bytes(self, proposal):
-        if proposal["value"] <= 0:
-            raise ValueError(
-                f"GpuGovApp.checkpoint_max_bytes must be > 0 bytes (e.g. 20 * 1024**3), not "
-                f"{proposal['value']!r}"
-            )
-        return proposal["value"]
-
     @default("governor_url")
     def _governor_url_default(self):
         return os.environ.get("JUPYTER_GPU_GOV_URL", "")
@@ -233,18 +238,6 @@ class GpuGovApp(ExtensionApp):
                 f"GpuGovApp.backend={proposal['value']!r} is not one of {', '.join(CHOICES)}"
             )
         return value
-
-    @validate("sample_interval", "window_seconds", "report_interval")
-    def _check_positive(self, proposal):
-        if proposal["value"] <= 0:
-            raise ValueError(f"GpuGovApp.{proposal['trait'].name} must be > 0 seconds")
-        return proposal["value"]
-
-    @validate("active_threshold")
-    def _check_threshold(self, proposal):
-        if not 0 < proposal["value"] <= 1:
-            raise ValueError("GpuGovApp.active_threshold must be in (0, 1]")
-        return proposal["value"]
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web
 
 from ..checkpoint_layout import SOURCE_USER, SOURCES, is_checkpoint_id
+from ..core import browser_json
 from ..core.vocabulary import CULL_REASONS
 from ..core.wire import reason_too_long
 from .checkpoint import list_checkpoints, read_manifest
@@ -84,7 +85,7 @@ class StatusHandler(GpuGovHandler):
         if shown is not verdict:
             report = {**report, "verdict": shown}
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(report))
+        self.finish(browser_json.dumps(report))
 
 
 def _body(handler: APIHandler) -> dict:
@@ -137,7 +138,7 @@ class CheckpointHandler(GpuGovHandler):
             raise web.HTTPError(
                 503, "the server is stopping: no checkpoint was completed"
             ) from None
-        self.finish(json.dumps(manifest))
+        self.finish(browser_json.dumps(manifest))
 
     async def _on_record(self, reason: str, source: str) -> None:
         """Tell the governor who asked, before the checkpoint is taken, as Extend and Stop do
@@ -181,7 +182,7 @@ class CheckpointsHandler(GpuGovHandler):
         self.set_header("Content-Type", "application/json")
         if checkpoint_id is None:
             checkpoints = await asyncio.to_thread(list_checkpoints, root)
-            self.finish(json.dumps({"checkpoints": checkpoints}))
+            self.finish(browser_json.dumps({"checkpoints": checkpoints}))
             return
         if not is_checkpoint_id(checkpoint_id):
             raise web.HTTPError(
@@ -190,7 +191,7 @@ class CheckpointsHandler(GpuGovHandler):
         manifest = await asyncio.to_thread(read_manifest, root, checkpoint_id)
         if manifest is None:
             raise web.HTTPError(404, f"no checkpoint {checkpoint_id} in {root}")
-        self.finish(json.dumps(manifest))
+        self.finish(browser_json.dumps(manifest))
 
 
 class ForwardHandler(GpuGovHandler):
@@ -231,7 +232,7 @@ class ForwardHandler(GpuGovHandler):
         if status == 429 and retry_after:
             # The governor's wait, passed on: JupyterLab reads it here, not from the words.
             self.set_header("Retry-After", str(math.ceil(retry_after)))
-        self.finish(json.dumps(outcome))
+        self.finish(browser_json.dumps(outcome))
 
 
 def handlers(url_prefix: str = "/jupyter-gpu-gov") -> list[tuple[str, type]]:
