@@ -884,9 +884,10 @@ async def test_a_trickling_exporter_is_cut_off_at_the_read_deadline():
 
 
 @contextmanager
-def cut_short(body: bytes, promised: int, gzipped: bool = False) -> Iterator[str]:
-    """An exporter that promises ``promised`` bytes (``Content-Length``), sends ``body`` and
-    closes the connection: a pod killed mid-answer, a proxy that drops it."""
+def cut_short(body: bytes, promised: int | None, gzipped: bool = False) -> Iterator[str]:
+    """An exporter that promises ``promised`` bytes (``Content-Length``; ``None``: no length,
+    the answer ends where the connection closes), sends ``body`` and closes the connection: a
+    pod killed mid-answer, a proxy that drops it."""
     import socket
     import threading
 
@@ -902,7 +903,9 @@ def cut_short(body: bytes, promised: int, gzipped: bool = False) -> Iterator[str
                 head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
                 if gzipped:
                     head += b"Content-Encoding: gzip\r\n"
-                connection.sendall(head + b"Content-Length: %d\r\n\r\n" % promised + body)
+                if promised is not None:
+                    head += b"Content-Length: %d\r\n" % promised
+                connection.sendall(head + b"\r\n" + body)
 
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
@@ -924,6 +927,32 @@ async def test_an_answer_cut_short_is_no_answer_never_the_part_that_came():
         assert snapshot.evidence == (), (gzipped, snapshot.evidence)
         (error,) = snapshot.errors
         assert "ends early" in error, error
+
+
+async def test_an_answer_only_the_connections_close_ends_is_no_answer():
+    """An answer with neither a Content-Length nor chunked encoding ends where the connection
+    closes, so one cut short (the exporter killed, a proxy dropping it) looked whole: cut after
+    its first line, a GPU at 1 % moving 500 MB/s over PCIe (loading data) read as idle, its
+    PCIe line lost. It is a failed read (the node's GPUs unknown), named; gzip's trailer says
+    where such an answer ends, so a gzipped one that is whole is read."""
+    labels = '{UUID="GPU-a",pod="jupyter-alice",namespace="jhub"}'
+    whole = (
+        f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{labels} 0.01\nDCGM_FI_PROF_PCIE_TX_BYTES{labels} 5e8\n"
+    ).encode()
+    first_line = whole[: whole.index(b"\n") + 1]
+    for body in (first_line, whole):  # the reader cannot tell these apart
+        with cut_short(body, None) as url:
+            snapshot = await DcgmSource(exporter_urls=[url], timeout_s=10).fetch()
+        assert snapshot.evidence == (), snapshot.evidence
+        (error,) = snapshot.errors
+        assert "neither a Content-Length nor chunked" in error, error
+    with cut_short(gzip.compress(first_line)[:-4], None, gzipped=True) as url:
+        snapshot = await DcgmSource(exporter_urls=[url], timeout_s=10).fetch()
+    assert snapshot.evidence == () and "ends early" in snapshot.errors[0], snapshot
+    with cut_short(gzip.compress(whole), None, gzipped=True) as url:
+        snapshot = await DcgmSource(exporter_urls=[url], timeout_s=10).fetch()
+    (gpu,) = snapshot.evidence
+    assert gpu.pcie_bytes_per_s == 5e8 and is_idle(gpu) is False, gpu
 
 
 def gzip_bomb(size: int) -> bytes:
