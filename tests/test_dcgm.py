@@ -1026,6 +1026,51 @@ def test_amounts_past_any_gpus_are_unknown_and_named():
     assert len(rejected) == 6 and rejected[0] == "DCGM_FI_DEV_FB_USED=1e+308 for GPU-a"
 
 
+async def test_a_label_too_long_to_keep_leaves_its_gpu_unknown_and_the_others_read():
+    """A 10 MB label value on an exporter's line (a broken exporter, a relabel gone wrong) was
+    kept as read: the GPU's node on the health page and the governor's own /metrics, 10 MB; a
+    UUID no admin could name to dismiss. A GPU with such a label the evidence keeps is unknown
+    (never idle), named, and every other GPU of the node is read as before. A pod label on one
+    of its series is enough: the rest read alone (its PCIe series left out, its activity low)
+    would make a loading GPU idle."""
+    huge = "x" * 10_000_000
+    pcie = "DCGM_FI_PROF_PCIE_TX_BYTES"
+    rows = [
+        ("GPU-host", f'Hostname="{huge}"', "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0.5"),
+        ("GPU-pod", 'pod="jupyter-bob"', "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0.01"),
+        ("GPU-pod", f'pod="{huge}"', pcie, "5e8"),
+        ("GPU-" + "a" * 200, "", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0.5"),
+        (
+            "GPU-fine",
+            'Hostname="node-1",pod="jupyter-alice"',
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "0.01",
+        ),
+        # A label the evidence does not keep (the first series' model is the GPU's): as read.
+        ("GPU-fine", f'Hostname="node-1",pod="jupyter-alice",modelName="{huge}"', pcie, "5e8"),
+    ]
+    body = "".join(
+        f'{metric}{{UUID="{uuid}"{"," + extra if extra else ""}}} {value}\n'
+        for uuid, extra, metric, value in rows
+    )
+
+    class Long(RequestHandler):
+        def get(self) -> None:
+            self.write(body)
+
+    with serve([("/metrics", Long)]) as base:
+        snapshot = await DcgmSource(exporter_urls=[f"{base}/metrics"], timeout_s=30).fetch()
+    (fine,) = snapshot.evidence
+    assert (fine.uuid, fine.hostname, fine.pod) == ("GPU-fine", "node-1", "jupyter-alice")
+    assert fine.pcie_bytes_per_s == 5e8 and is_idle(fine) is False, fine
+    (error,) = snapshot.errors
+    assert len(error) < 1000, error[:300]
+    assert "3 value(s) out of range ignored" in error, error
+    assert "a Hostname label over 253 characters for GPU-host" in error, error
+    assert "a pod label over 253 characters for GPU-pod" in error, error
+    assert error.endswith(f"a UUID label over 104 characters for GPU-{'a' * 100}"), error
+
+
 async def test_the_source_says_which_values_it_ignored():
     class Negative(RequestHandler):
         def get(self) -> None:
