@@ -8,10 +8,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from ..core import clock, ledger, rightsize
+from ..core import clock, grant, ledger, rightsize
 from ..core.policy import ServerView
 from ..core.text import stored_name
-from ..core.vocabulary import WEIGHT_LABEL
 from ..diagnose import cluster
 from . import metrics
 from .hubapi import HubServer
@@ -100,12 +99,9 @@ class Usage:
         configured weight, else its reported devices (a whole GPU 1, a MIG slice its share of
         compute), else the GPUs DCGM attributes to what the Hub's records name (its pod, its
         pinned devices), else 1 for a server with a GPU tier, else 0 (no GPU)."""
-        weight = view.labels.get(WEIGHT_LABEL)
-        try:
-            if weight is not None and float(weight) >= 0:
-                return float(weight)
-        except ValueError:
-            pass
+        weight = grant.weight(view.labels)
+        if weight is not None:
+            return weight
         tier_weight = self.options.by_tier(self.options.tier_weights, view.tier)
         if tier_weight is not None:
             return float(tier_weight)
