@@ -262,8 +262,9 @@ class GovernorSettings(HasTraits):
         help="""GPU-equivalents a server of each tier holds, for the usage ledger, e.g.
         ``{"h100": 1, "h100-3g": 0.5, "l4-shared": 0.25}``, each at most 1,000. A server's
         grant (``gpu-gov/weight``, written by the profile layer) wins; without either the
-        ledger counts the devices the server reports (a whole GPU 1, a MIG slice its compute
-        share), else 1 for a server with a tier, else 0 (no GPU, nothing billed).""",
+        ledger counts the devices the Hub's records give the server (the allocator's, DCGM's
+        of its pod), else those it reports (a whole GPU 1, a MIG slice its compute share),
+        else 1 for a server with a tier, else 0 (no GPU, nothing billed).""",
     ).tag(config=True)
     gpu_hour_cost = Dict(
         help="""Price of one GPU-equivalent hour per tier, in `currency`, for showback, e.g.
