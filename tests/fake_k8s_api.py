@@ -47,7 +47,9 @@ Faults, on chosen paths (``fail``; ``clear_faults``): an error answer (500 Inter
 Conflict, 503, ... as a ``Status``), a slow answer (the request is carried out, then answered
 ``seconds`` later: a client that gave up meanwhile finds its create done when it retries), a
 dropped connection before anything is done, or after the request was carried out (its answer
-lost); each for the next ``times`` requests that match, or until cleared. They apply to the
+lost), or an answer of the fault's ``code`` with the fault's ``body`` (``answer``: JSON out of
+any object's shape, from a broken API server or a proxy); each for the next ``times`` requests
+that match, or until cleared. They apply to the
 API, ``/dcgm/...`` and ``/prometheus/...``; a fault's ``hits`` counts the requests it met.
 
 metrics-server: ``/apis/metrics.k8s.io/v1beta1/namespaces/<ns>/pods`` lists a PodMetrics for
@@ -341,7 +343,7 @@ def cpu_node(name: str, *, labels: Mapping[str, str] | None = None) -> dict:
 # -- the server ---------------------------------------------------------------------------------
 
 
-FAULT_KINDS = ("error", "slow", "drop", "drop-after")
+FAULT_KINDS = ("error", "slow", "drop", "drop-after", "answer")
 
 
 @dataclass
@@ -358,6 +360,7 @@ class Fault:
     seconds: float = 0.0  # slow: how long before the answer
     times: int | None = None  # None: until cleared
     hits: int = 0
+    body: str = ""  # answer: what is sent, with ``code``
 
     def matches(self, method: str, path: str) -> bool:
         return (
@@ -1316,6 +1319,10 @@ class FakeKubernetes:
                     self._drop()
                 elif fault.kind == "drop-after":
                     self._lose_answer = True
+                elif fault.kind == "answer":
+                    self.set_status(fault.code)
+                    self.set_header("Content-Type", "application/json")
+                    self.finish(fault.body)
                 else:
                     self.set_status(fault.code)
                     self.set_header("Content-Type", "application/json")

@@ -63,11 +63,13 @@ class Exporter(FakeExporter):
     """dcgm-exporter's ``/metrics``: the card idle."""
 
     def answer(self, request) -> None:
+        labels = f'gpu="0",UUID="{UUID}",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"'
+        body = f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels}}} 0.0\n".encode()
         request.send_response(200)
         request.send_header("Content-Type", "text/plain; version=0.0.4")
+        request.send_header("Content-Length", str(len(body)))
         request.end_headers()
-        labels = f'gpu="0",UUID="{UUID}",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"'
-        request.wfile.write(f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels}}} 0.0\n".encode())
+        request.wfile.write(body)
 
 
 @pytest.fixture(scope="module")

@@ -884,9 +884,10 @@ async def test_a_trickling_exporter_is_cut_off_at_the_read_deadline():
 
 
 @contextmanager
-def cut_short(body: bytes, promised: int, gzipped: bool = False) -> Iterator[str]:
-    """An exporter that promises ``promised`` bytes (``Content-Length``), sends ``body`` and
-    closes the connection: a pod killed mid-answer, a proxy that drops it."""
+def cut_short(body: bytes, promised: int | None, gzipped: bool = False) -> Iterator[str]:
+    """An exporter that promises ``promised`` bytes (``Content-Length``; ``None``: no length,
+    the answer ends where the connection closes), sends ``body`` and closes the connection: a
+    pod killed mid-answer, a proxy that drops it."""
     import socket
     import threading
 
@@ -902,7 +903,9 @@ def cut_short(body: bytes, promised: int, gzipped: bool = False) -> Iterator[str
                 head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
                 if gzipped:
                     head += b"Content-Encoding: gzip\r\n"
-                connection.sendall(head + b"Content-Length: %d\r\n\r\n" % promised + body)
+                if promised is not None:
+                    head += b"Content-Length: %d\r\n" % promised
+                connection.sendall(head + b"\r\n" + body)
 
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
@@ -924,6 +927,32 @@ async def test_an_answer_cut_short_is_no_answer_never_the_part_that_came():
         assert snapshot.evidence == (), (gzipped, snapshot.evidence)
         (error,) = snapshot.errors
         assert "ends early" in error, error
+
+
+async def test_an_answer_only_the_connections_close_ends_is_no_answer():
+    """An answer with neither a Content-Length nor chunked encoding ends where the connection
+    closes, so one cut short (the exporter killed, a proxy dropping it) looked whole: cut after
+    its first line, a GPU at 1 % moving 500 MB/s over PCIe (loading data) read as idle, its
+    PCIe line lost. It is a failed read (the node's GPUs unknown), named; gzip's trailer says
+    where such an answer ends, so a gzipped one that is whole is read."""
+    labels = '{UUID="GPU-a",pod="jupyter-alice",namespace="jhub"}'
+    whole = (
+        f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{labels} 0.01\nDCGM_FI_PROF_PCIE_TX_BYTES{labels} 5e8\n"
+    ).encode()
+    first_line = whole[: whole.index(b"\n") + 1]
+    for body in (first_line, whole):  # the reader cannot tell these apart
+        with cut_short(body, None) as url:
+            snapshot = await DcgmSource(exporter_urls=[url], timeout_s=10).fetch()
+        assert snapshot.evidence == (), snapshot.evidence
+        (error,) = snapshot.errors
+        assert "neither a Content-Length nor chunked" in error, error
+    with cut_short(gzip.compress(first_line)[:-4], None, gzipped=True) as url:
+        snapshot = await DcgmSource(exporter_urls=[url], timeout_s=10).fetch()
+    assert snapshot.evidence == () and "ends early" in snapshot.errors[0], snapshot
+    with cut_short(gzip.compress(whole), None, gzipped=True) as url:
+        snapshot = await DcgmSource(exporter_urls=[url], timeout_s=10).fetch()
+    (gpu,) = snapshot.evidence
+    assert gpu.pcie_bytes_per_s == 5e8 and is_idle(gpu) is False, gpu
 
 
 def gzip_bomb(size: int) -> bytes:
@@ -995,6 +1024,51 @@ def test_amounts_past_any_gpus_are_unknown_and_named():
     assert a.health is None
     assert (b.memory_used_mb, b.power_w, b.pcie_bytes_per_s) == (81559, 700.5, 6.4e10)
     assert len(rejected) == 6 and rejected[0] == "DCGM_FI_DEV_FB_USED=1e+308 for GPU-a"
+
+
+async def test_a_label_too_long_to_keep_leaves_its_gpu_unknown_and_the_others_read():
+    """A 10 MB label value on an exporter's line (a broken exporter, a relabel gone wrong) was
+    kept as read: the GPU's node on the health page and the governor's own /metrics, 10 MB; a
+    UUID no admin could name to dismiss. A GPU with such a label the evidence keeps is unknown
+    (never idle), named, and every other GPU of the node is read as before. A pod label on one
+    of its series is enough: the rest read alone (its PCIe series left out, its activity low)
+    would make a loading GPU idle."""
+    huge = "x" * 10_000_000
+    pcie = "DCGM_FI_PROF_PCIE_TX_BYTES"
+    rows = [
+        ("GPU-host", f'Hostname="{huge}"', "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0.5"),
+        ("GPU-pod", 'pod="jupyter-bob"', "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0.01"),
+        ("GPU-pod", f'pod="{huge}"', pcie, "5e8"),
+        ("GPU-" + "a" * 200, "", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0.5"),
+        (
+            "GPU-fine",
+            'Hostname="node-1",pod="jupyter-alice"',
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "0.01",
+        ),
+        # A label the evidence does not keep (the first series' model is the GPU's): as read.
+        ("GPU-fine", f'Hostname="node-1",pod="jupyter-alice",modelName="{huge}"', pcie, "5e8"),
+    ]
+    body = "".join(
+        f'{metric}{{UUID="{uuid}"{"," + extra if extra else ""}}} {value}\n'
+        for uuid, extra, metric, value in rows
+    )
+
+    class Long(RequestHandler):
+        def get(self) -> None:
+            self.write(body)
+
+    with serve([("/metrics", Long)]) as base:
+        snapshot = await DcgmSource(exporter_urls=[f"{base}/metrics"], timeout_s=30).fetch()
+    (fine,) = snapshot.evidence
+    assert (fine.uuid, fine.hostname, fine.pod) == ("GPU-fine", "node-1", "jupyter-alice")
+    assert fine.pcie_bytes_per_s == 5e8 and is_idle(fine) is False, fine
+    (error,) = snapshot.errors
+    assert len(error) < 1000, error[:300]
+    assert "3 value(s) out of range ignored" in error, error
+    assert "a Hostname label over 253 characters for GPU-host" in error, error
+    assert "a pod label over 253 characters for GPU-pod" in error, error
+    assert error.endswith(f"a UUID label over 104 characters for GPU-{'a' * 100}"), error
 
 
 async def test_the_source_says_which_values_it_ignored():

@@ -2502,3 +2502,34 @@ async def test_a_name_holding_nul_is_refused_before_admission_and_holds_nothing(
     gpu = hub.started(hub.users["alice"].get_spawner("gpu"), {"profile": "h100"})
     await gpu.start()  # the refused ones held nothing: alice's second card is hers
     assert pod_api["alice:gpu"].status.phase == "Running"
+
+
+async def test_a_pod_read_out_of_a_pods_shape_is_left_alone_and_the_others_are_swept(
+    make_hub, cluster
+):
+    """The API's answer for one recorded pod out of a pod's shape (a list, a null metadata,
+    annotations that are a list, JSON that does not parse: a broken API server or a proxy)
+    raised out of the sweep: no left pod was named, alice's included, at every sync while it
+    lasted. Such a pod is left alone (recorded still, read again at the next sync) and the
+    others are read; a node name no node could have (10 MB) is left out of what the governor
+    is told, and audits."""
+    hub, spawners = await swept_at_once(make_hub, cluster, "alice", "bob", "carol", "dan", "eve")
+    alice, bob, carol, dan, eve = spawners
+    eves = cluster.get("pods", eve.pod_name, eve.namespace)
+    dans = cluster.get("pods", dan.pod_name, dan.namespace)
+    odd = {
+        bob: "[]",
+        carol: json.dumps({"metadata": None, "spec": {}}),
+        dan: json.dumps({**dans, "metadata": {**dans["metadata"], "annotations": []}}),
+        eve: json.dumps({**eves, "spec": {**eves["spec"], "nodeName": "n" * 10_000_000}}),
+    }
+    for spawner, body in odd.items():
+        cluster.fail("GET", rf"/pods/{spawner.pod_name}$", "answer", code=200, body=body)
+    cluster.fail("GET", rf"/pods/{alice.pod_name}$", "answer", code=200, body="[" * 100_000)
+    handler = SimpleNamespace(db=hub.db, settings=hub.settings)
+    found = await left_pods.due(handler, clock.utcnow())
+    assert {(f["name"], f["node"]) for f in found} == {(eve.pod_name, None)}
+    cluster.clear_faults()
+    found = await left_pods.due(handler, clock.utcnow())
+    assert {f["name"] for f in found} == {s.pod_name for s in spawners}
+    assert {f["node"] for f in found if f["name"] == eve.pod_name} == {eves["spec"]["nodeName"]}

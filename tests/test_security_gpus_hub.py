@@ -56,22 +56,27 @@ class Exporter(FakeExporter):
     def answer(self, request: BaseHTTPRequestHandler) -> None:
         request.send_response(200)
         request.send_header("Content-Type", "text/plain; version=0.0.4")
-        request.end_headers()
         try:
             if self.drip.is_set():
+                request.send_header("Content-Length", str(4 * 120))
+                request.end_headers()
                 for _ in range(120):
                     request.wfile.write(b"# a\n")
                     request.wfile.flush()
                     time.sleep(1)
                 return
+            lines = []
             for index, uuid in enumerate(UUIDS):
                 labels = (
                     f'gpu="{index}",UUID="{uuid}",device="nvidia{index}",'
                     f'modelName="NVIDIA H100 80GB HBM3",Hostname="workstation"'
                 )
                 value = self.activity[uuid]
-                line = f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels}}} {value}\n"
-                request.wfile.write(line.encode())
+                lines.append(f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels}}} {value}\n")
+            body = "".join(lines).encode()
+            request.send_header("Content-Length", str(len(body)))
+            request.end_headers()
+            request.wfile.write(body)
         except OSError:  # the reader gave up
             pass
 

@@ -208,6 +208,15 @@ def test_a_setting_that_is_not_a_finite_number_is_refused_naming_it(setting, bad
         GpuGovernor(**{name: value})
 
 
+def test_a_tier_weight_past_any_servers_is_refused_naming_it():
+    """A tier's configured weight of 1e300 GPU-equivalents passed (finite, >= 0): a minute of a
+    server billed 6e301 GPU-seconds, a team's showback beyond reading, two such servers inf.
+    At most a tier's bound in the profile layer (1,000), as a grant's recorded weight."""
+    GpuGovernor(tier_weights={"h100": 1000})
+    with pytest.raises(TraitError, match=r"tier_weights\['h100'\] must be at most 1000"):
+        GpuGovernor(tier_weights={"h100": 1e300})
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), -1.0])
 @pytest.mark.parametrize(
     ("owner", "setting"),

@@ -561,3 +561,58 @@ async def test_a_reported_mig_profile_no_gpu_has_bills_a_whole_card_and_the_serv
         real = time.monotonic() - real_start  # the clock moves on by the real time too
     assert [a.action for a in gov.store.audit_rows("alice/") if a.action == "error"] == []
     assert STEP - 0.5 <= totals(gov.store)[ledger.IDLE_HELD] <= STEP + real + 0.5  # one GPU
+
+
+async def test_a_mig_slice_its_report_names_bills_what_the_allocators_record_says_it_holds(
+    tmp_path,
+):
+    """Where no weight is configured a server was billed its report's devices, its user's
+    words, before the Hub's records: the workstation allocator pinned it a whole card and its
+    report, naming that card with ``mig_profile: "1g.10gb"``, was billed a seventh of it (and
+    counted so in showback). The records, which its user cannot write, weigh first."""
+    db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    async with FakeHub() as hub:
+        real_start = time.monotonic()
+        hub.add_server(
+            "alice",
+            state={
+                "gpu_gov_grant": {"gpu-gov/team": "vision", "gpu-gov/tier": "h100"},
+                "gpu_gov_devices": [GPU],
+                "gpu_gov_gpus": [{"uuid": GPU}],
+            },
+        )
+        gov = make(hub, db)
+        for _ in range(2):
+            report = report_for("alice", GPU, sm=0.0)
+            report["devices"][0]["mig_profile"] = "1g.10gb"
+            gov.ingest(report)
+            await gov.reconcile()
+            clock.advance(STEP)
+        gov.flush_usage()
+        real = time.monotonic() - real_start
+    assert gov._distrusted.get("alice/") is None  # the report agrees with the records
+    assert STEP - 0.5 <= totals(gov.store)[ledger.IDLE_HELD] <= STEP + real + 0.5  # one GPU
+
+
+@pytest.mark.parametrize("weight", ["inf", "1e400", "nan", "-1", "1e300"])
+async def test_a_grant_weight_that_is_no_finite_share_bills_as_if_none_were_recorded(
+    tmp_path, weight
+):
+    """A grant's ``gpu-gov/weight`` (an admin's or a hand-edited record) of "inf" or "1e400"
+    billed infinite GPU-seconds: showback's every figure of the team and the ledger's sums
+    inf. A weight that is not a finite share of at most 1,000 GPU-equivalents (a tier's
+    bound) reads as none recorded: the tier's configured weight, as documented."""
+    db = f"sqlite:///{tmp_path / 'gov.sqlite'}"
+    async with FakeHub() as hub:
+        real_start = time.monotonic()
+        grant = {"gpu-gov/team": "vision", "gpu-gov/tier": "h100-3g", "gpu-gov/weight": weight}
+        hub.add_server("alice", state={"gpu_gov_grant": grant})
+        gov = make(hub, db)  # tier_weights: h100-3g 0.5
+        for _ in range(2):
+            gov.ingest(report_for("alice", GPU, sm=0.0))
+            await gov.reconcile()
+            clock.advance(STEP)
+        gov.flush_usage()
+        real = time.monotonic() - real_start
+    held = totals(gov.store)[ledger.IDLE_HELD]
+    assert 0.5 * (STEP - 0.5) <= held <= 0.5 * (STEP + real + 0.5), held

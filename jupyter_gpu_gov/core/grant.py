@@ -24,7 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .vocabulary import LABEL_PREFIX
+from .vocabulary import LABEL_PREFIX, WEIGHT_LABEL
+
+# The most GPU-equivalents one server may weigh (a tier's 'weight', a recorded one, a configured
+# one): 16 cards, many times over. NaN passed every comparison (billed NaN GPU-hours; a quota's
+# sums admitted anything), inf none.
+MAX_WEIGHT = 1000.0
 
 GRANT_STATE = "gpu_gov_grant"
 DEVICES_STATE = "gpu_gov_devices"
@@ -90,6 +95,20 @@ def labels(state: Mapping[str, Any] | None) -> dict[str, str]:
         for key, value in grant.items()
         if isinstance(key, str) and key.startswith(LABEL_PREFIX) and isinstance(value, str)
     }
+
+
+def weight(labels: Mapping[str, str]) -> float | None:
+    """The GPU-equivalents a grant records (``gpu-gov/weight``); None where it records none, or
+    none that is a share of 0 to ``MAX_WEIGHT`` (a hand edit's "inf" or "1e400" billed every
+    second of the server at inf, a team's whole showback with it)."""
+    recorded = labels.get(WEIGHT_LABEL)
+    if recorded is None:
+        return None
+    try:
+        value = float(recorded)
+    except ValueError:
+        return None
+    return value if 0 <= value <= MAX_WEIGHT else None  # NaN too: no comparison holds
 
 
 def devices(state: Mapping[str, Any] | None) -> tuple[GrantedDevice, ...]:

@@ -8,7 +8,12 @@ metrics and the docs repeat. Every such word is defined here and imported where 
 
 from __future__ import annotations
 
+import re
+
 from .text import STORED_LENGTH, stored_name
+
+# A Kubernetes object's name (a pod's, a node's): a DNS subdomain.
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 # -- labels ------------------------------------------------------------------------------------
 # A server's grant: ``gpu-gov/<key>`` = a string, written by the profile layer where users

@@ -124,6 +124,13 @@ _RANGES: Mapping[str, tuple[float, float]] = {
     "row_remap_failed": (0.0, _MAX_COUNT),
     "clock_events": (0.0, 2.0**64),
 }
+# The longest a label the evidence keeps may be: a Kubernetes object's or a DNS name's (pods,
+# nodes); a UUID as an admin can name one to dismiss its claim (``health.not_a_uuid``). A GPU
+# whose series carry a longer one is unknown, named: a 10 MB Hostname was kept as read, as the
+# health page's node and the governor's own /metrics label.
+MAX_LABEL_CHARS = 253
+_MAX_UUID_CHARS = 104
+_LEAF_LABELS = ("GPU_I_ID", "gpu", "Hostname", "hostname", "modelName", "GPU_I_PROFILE")
 _CLAMP = {"gr_engine_active": 1.0, "sm_active": 1.0, "dram_active": 1.0, "tensor_active": 1.0}
 _CLAMP["gpu_util"] = 100.0
 # The most a read may decompress to (a whole 10,000-GPU fleet through Prometheus is ~40 MB).
@@ -253,15 +260,30 @@ _Owner = tuple[str | None, str, str | None]  # namespace, pod, container
 
 
 def _owner(labels: Mapping[str, str], config: DcgmConfig) -> _Owner | None:
+    """The workload a series names (``None``: none, or the exporter itself); raises
+    ``ValueError`` naming a label longer than any Kubernetes name."""
     # exported_* exist only when Prometheus renamed the workload's labels; then pod is the exporter.
     if _label(labels, "exported_pod"):
         names = ("exported_namespace", "exported_pod", "exported_container")
     else:
         names = ("namespace", "pod", "container")
     namespace, pod, container = (_label(labels, n) for n in names)
-    if not pod or config.is_exporter(pod, container):
+    if not pod:
+        return None
+    if len(pod) > MAX_LABEL_CHARS or len(namespace or "") > MAX_LABEL_CHARS:
+        raise ValueError(names[1] if len(pod) > MAX_LABEL_CHARS else names[0])
+    if len(container or "") > MAX_LABEL_CHARS:
+        raise ValueError(names[2])
+    if config.is_exporter(pod, container):
         return None
     return namespace, pod, container
+
+
+def _overlong(labels: Mapping[str, str], uuid: str) -> str | None:
+    """The name of a label of a leaf's first series that is too long to keep (``None``: none)."""
+    if len(uuid) > _MAX_UUID_CHARS:
+        return "UUID"
+    return next((n for n in _LEAF_LABELS if len(labels.get(n) or "") > MAX_LABEL_CHARS), None)
 
 
 @dataclass
@@ -269,6 +291,7 @@ class _Leaf:
     labels: Mapping[str, str]  # of the first series seen; identity labels agree across series
     values: dict[str, float] = field(default_factory=dict)
     owners: dict[_Owner, None] = field(default_factory=dict)  # an ordered set
+    refused: bool = False  # a series of it carries a label too long to keep: unknown, whole
 
 
 def _activity(values: Mapping[str, float]) -> tuple[float | None, str | None]:
@@ -320,10 +343,26 @@ def evidence_from_samples(
                 leaf = leaves.get((uuid, gi_id))
                 if leaf is None:
                     leaf = leaves[(uuid, gi_id)] = _Leaf(labels)
-                owner = _owner(labels, config)
+                    too_long = _overlong(labels, uuid)
+                else:
+                    too_long = None
+                try:
+                    owner = _owner(labels, config)
+                except ValueError as e:
+                    owner, too_long = None, str(e)
+                if too_long and not leaf.refused:
+                    # All of its series, not this one's: a GPU with its PCIe series left out
+                    # and its activity low would read as idle.
+                    leaf.refused = True
+                    if rejected is not None:
+                        bound = _MAX_UUID_CHARS if too_long == "UUID" else MAX_LABEL_CHARS
+                        rejected.append(
+                            f"a {too_long} label over {bound} characters for "
+                            f"{uuid[:_MAX_UUID_CHARS]}"
+                        )
                 if owner:
                     leaf.owners[owner] = None
-                values = leaf.values
+                values = None if leaf.refused else leaf.values
             known = read[id(labels)] = (labels, values)
         values = known[1]
         if values is None or not math.isfinite(value):
@@ -342,6 +381,8 @@ def evidence_from_samples(
 
     evidence = []
     for (uuid, gi_id), leaf in leaves.items():
+        if leaf.refused:
+            continue
         activity, source = _activity(leaf.values)
         fields = {
             "uuid": uuid,

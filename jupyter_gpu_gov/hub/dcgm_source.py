@@ -170,6 +170,12 @@ class DcgmReader:
             connection.request("GET", target, headers=headers)
             response = connection.getresponse()
             gzipped = response.getheader("Content-Encoding", "").lower() == "gzip"
+            if response.status == 200 and _unframed(response) and not gzipped:
+                raise ValueError(
+                    "the answer has neither a Content-Length nor chunked encoding: where it "
+                    "ends only the connection's close says, and a connection dropped mid-answer "
+                    "would read as whole (an HTTP/1.0 server or proxy?)"
+                )
             body = _Body(self.max_bytes, gzipped)
             while chunk := response.read1(1 << 20):
                 body.add(chunk)
@@ -218,6 +224,14 @@ class DcgmReader:
         # Warnings flag partial data (e.g. a Thanos store that did not answer).
         warnings = [f"{base}: warning: {w}" for w in payload.get("warnings") or []]
         return evidence, warnings + _rejections(base, rejected)
+
+
+def _unframed(response: http.client.HTTPResponse) -> bool:
+    """Whether only the connection's close ends this answer: then a peer that closed early (an
+    exporter killed, a proxy dropping it) cannot be told from one that finished, and a cut at a
+    line's end loses whole series (a GPU's PCIe traffic: a loading GPU read as idle). A gzip
+    body's trailer still says where it ends (``_Body.end``)."""
+    return response.length is None and not response.chunked
 
 
 def _cut_off(connection: http.client.HTTPConnection, expired: threading.Event) -> None:

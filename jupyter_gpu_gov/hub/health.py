@@ -43,6 +43,7 @@ from ..core.vocabulary import (
     CHECKPOINT_TIMEOUT,
     CULL,
     CULLED,
+    DNS_SUBDOMAIN,
     GPU_FAILED,
     NODE_UNHEALTHY_ANNOTATION,
     NODE_UNHEALTHY_LABEL,
@@ -76,7 +77,6 @@ def bearer(token_file: str) -> dict[str, str]:
 FORGET_AFTER = timedelta(days=1)
 # A GPU's UUID as NVML and DCGM write it (GPU-<hex and dashes>; MIG-… for an instance).
 _GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]{1,100}")
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain
 
 
 @dataclass(frozen=True)
@@ -490,7 +490,7 @@ class HealthWatch:
             action = "node-cordon" if cordon else "node-label"
             if action in (self._nodes.get(node), self._patching.get(node)):
                 continue  # done, or under way: a patch still in flight is not sent again
-            if not _NODE_NAME.fullmatch(node):
+            if not DNS_SUBDOMAIN.fullmatch(node):
                 continue
             reasons = "; ".join(
                 f"GPU {p.index} ({p.uuid}): {', '.join(p.health.reasons)}" for p in problems

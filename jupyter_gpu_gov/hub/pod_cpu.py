@@ -28,6 +28,7 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..core import clock, cpu_stage
+from ..core.vocabulary import DNS_SUBDOMAIN
 from .health import SERVICE_ACCOUNT, bearer
 
 log = logging.getLogger("jupyter_gpu_gov.hub")
@@ -51,7 +52,6 @@ MAX_CORES = 1024.0
 _QUANTITY = re.compile(r"([0-9]{1,18})(?:\.([0-9]{1,9}))?([num]?)")
 _SCALE = {"": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _parser = ThreadPoolExecutor(1, thread_name_prefix="gpu-gov-pod-cpu")  # not the loop's default
 
 
@@ -77,7 +77,7 @@ def _reading(
     try:
         meta = item["metadata"]
         name, ns = meta["name"], meta.get("namespace", namespace)
-        if ns != namespace or not isinstance(name, str) or not _POD_NAME.fullmatch(name):
+        if ns != namespace or not isinstance(name, str) or not DNS_SUBDOMAIN.fullmatch(name):
             return None  # (another namespace's pod, in an answer for this one: not believed)
         stamp = item["timestamp"]
         at = stamps.get(stamp) if isinstance(stamp, str) else None

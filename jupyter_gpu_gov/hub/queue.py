@@ -427,7 +427,8 @@ class QueueSync:
             self._left_pods[entry["uid"]] = now
             pod = {k: entry[k] for k in ("namespace", "name", "uid", "stopped_at")}
             asked.append(pod)
-            where = f" on node {entry['node']}" if isinstance(entry.get("node"), str) else ""
+            node = entry.get("node")
+            where = f" on node {node}" if isinstance(node, str) and len(node) <= MAX_TEXT else ""
             rows.append(
                 AuditRow(
                     at=now,

@@ -21,6 +21,7 @@ from traitlets import (
 )
 
 from ..core.durations import MAX_SECONDS
+from ..core.grant import MAX_WEIGHT
 from ..core.traits import BoundedInt, FiniteFloat
 from .event_loop import EVENT_LOOPS
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT
@@ -322,9 +323,10 @@ class GovernorSettings(HasTraits):
     # -- usage ledger and showback -----------------------------------------------------------
     tier_weights = Dict(
         help="""GPU-equivalents a server of each tier holds, for the usage ledger, e.g.
-        ``{"h100": 1, "h100-3g": 0.5, "l4-shared": 0.25}``. A server's grant
-        (``gpu-gov/weight``, written by the profile layer) wins; without either the ledger
-        counts the devices the server reports (a whole GPU 1, a MIG slice its compute share),
+        ``{"h100": 1, "h100-3g": 0.5, "l4-shared": 0.25}``, each at most 1,000. A server's
+        grant (``gpu-gov/weight``, written by the profile layer) wins; without either the
+        ledger counts the devices the Hub's records give the server (the allocator's, DCGM's
+        of its pod), else those it reports (a whole GPU 1, a MIG slice its compute share),
         else 1 for a server with a tier, else 0 (no GPU, nothing billed).""",
     ).tag(config=True)
     gpu_hour_cost = Dict(
@@ -472,7 +474,10 @@ class GovernorSettings(HasTraits):
 
     @validate("gpu_hour_cost", "tier_weights", "team_quotas")
     def _numbers(self, proposal):
-        return _numbers(f"GpuGovernor.{proposal['trait'].name}", proposal["value"])
+        name = proposal["trait"].name
+        # A server's weight at most a tier's (1e300 GPU-equivalents billed a minute as inf).
+        most = MAX_WEIGHT if name == "tier_weights" else math.inf
+        return _numbers(f"GpuGovernor.{name}", proposal["value"], most)
 
     # -- GPU health (docs/health.md) -----------------------------------------------------------
     gpu_unknown_alert_after = FiniteFloat(
@@ -663,7 +668,7 @@ class GovernorSettings(HasTraits):
         return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).hostname or "127.0.0.1"
 
 
-def _numbers(name: str, values: dict) -> dict:
+def _numbers(name: str, values: dict, most: float = math.inf) -> dict:
     for key, value in values.items():
         if (
             isinstance(value, bool)
@@ -671,4 +676,6 @@ def _numbers(name: str, values: dict) -> dict:
             or not 0 <= value < math.inf  # NaN too: no comparison holds
         ):
             raise TraitError(f"{name}[{key!r}] must be a number >= 0 and finite, got {value!r}")
+        if value > most:
+            raise TraitError(f"{name}[{key!r}] must be at most {most:g}, got {value!r}")
     return values

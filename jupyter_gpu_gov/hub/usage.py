@@ -8,10 +8,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from ..core import clock, ledger, rightsize
+from ..core import clock, grant, ledger, rightsize
 from ..core.policy import ServerView
 from ..core.text import stored_name
-from ..core.vocabulary import WEIGHT_LABEL
 from ..diagnose import cluster
 from . import metrics
 from .hubapi import HubServer
@@ -97,25 +96,26 @@ class Usage:
         self, view: ServerView, report: Mapping | None, server: HubServer | None = None
     ) -> float:
         """GPU-equivalents a server holds: its grant's ``gpu-gov/weight``, else the tier's
-        configured weight, else its reported devices (a whole GPU 1, a MIG slice its share of
-        compute), else the GPUs DCGM attributes to what the Hub's records name (its pod, its
-        pinned devices), else 1 for a server with a GPU tier, else 0 (no GPU)."""
-        weight = view.labels.get(WEIGHT_LABEL)
-        try:
-            if weight is not None and float(weight) >= 0:
-                return float(weight)
-        except ValueError:
-            pass
+        configured weight, else what the Hub's records say it holds (the devices the
+        workstation allocator pinned, the GPUs DCGM attributes to its pod: a whole GPU 1, a
+        MIG slice its share of compute), else its reported devices, else 1 for a server with a
+        GPU tier, else 0 (no GPU). The records before the report: a report naming its whole
+        card a "1g.10gb" slice was billed a seventh of it."""
+        weight = grant.weight(view.labels)
+        if weight is not None:
+            return weight
         tier_weight = self.options.by_tier(self.options.tier_weights, view.tier)
         if tier_weight is not None:
             return float(tier_weight)
-        if report is not None and report["backend"] not in ("none", "unavailable"):
-            return float(sum(cluster.mig_share(d.get("mig_profile")) for d in report["devices"]))
-        # A pod holding GPUs with no report (to believe) is billed them.
+        pinned = grant.devices(server.spawner_state) if server is not None else ()
+        if pinned:  # the allocator's leaves: which instance, not only which profile
+            return float(sum(cluster.mig_share(d.mig_profile) for d in pinned))
         found = self._granted_evidence(server) if server is not None else []
         leaves = {(e.uuid, e.gpu_instance_id): e.mig_profile for e in found}
         if leaves:
             return float(sum(cluster.mig_share(profile) for profile in leaves.values()))
+        if report is not None and report["backend"] not in ("none", "unavailable"):
+            return float(sum(cluster.mig_share(d.get("mig_profile")) for d in report["devices"]))
         return 1.0 if view.tier and view.tier != "no-gpu" else 0.0
 
     def _count(self, audits: Sequence[AuditRow]) -> None:

@@ -53,7 +53,7 @@ from tornado import web
 from ..core import browser_json, clock
 from ..core.queue import QUEUE_SCOPE
 from ..core.text import escaped
-from ..core.vocabulary import server_key
+from ..core.vocabulary import DNS_SUBDOMAIN, server_key
 from .cluster import ClusterGpus
 
 POD_UID_STATE = "gpu-gov/pod-uid"  # spawner state: the uid of the pod the start made
@@ -281,15 +281,21 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
             continue
         if not sweep.ready():  # the API failing: not read at every sync
             break
+        pod_id = (record["namespace"], record["name"])
         try:
             pod = await sweep.spawner.gpu_read_pod(record["namespace"], record["name"])
+            read = None if pod is None else _read(pod)
+        except (ValueError, RecursionError) as odd:  # answered, but with no pod: this one's
+            sweep.answered()
+            _no_pod(sweep, record, odd)
+            continue
         except Exception as error:
             status = getattr(error, "status", None) or 0
             if 400 <= status < 500 and status != 429:  # this read refused (RBAC), not an
                 # outage: the others are read, and it is asked again next sync. The admin must
                 # learn it (the pod is never swept while refused): a warning once a pod (and
                 # once a day while it lasts).
-                say = sweep.refusal_to_say((record["namespace"], record["name"]))
+                say = sweep.refusal_to_say(pod_id)
                 log.log(
                     logging.WARNING if say else logging.DEBUG,
                     "gpu-gov: cannot read the pod %s/%s that %s's stop left running (%s): it"
@@ -304,12 +310,12 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
             sweep.failed(record, error)  # a 5xx, a 429, no answer, a dropped connection
             break
         sweep.answered()
-        sweep.refused.pop((record["namespace"], record["name"]), None)  # (refused again: said)
-        if pod is None:
+        sweep.refused.pop(pod_id, None)  # (refused again: said)
+        if read is None:
             _forget(handler, cluster, record, "is gone")
             continue
-        metadata = pod.get("metadata") or {}
-        if metadata.get("uid") != record["uid"]:
+        uid, deleting, notes, node = read
+        if uid != record["uid"]:
             _forget(
                 handler,
                 cluster,
@@ -317,22 +323,52 @@ async def due(handler: web.RequestHandler, now: datetime) -> list[dict]:
                 "is not there: a pod of that name is not the one the hub made",
             )
             continue
-        if metadata.get("deletionTimestamp") or not _names(metadata, record):
+        if deleting or not _names(notes, record):
             continue  # being deleted already; or not as KubeSpawner wrote it: never touched
         found.append(
             {
                 "server": _whose(record),
                 **{k: record[k] for k in _FIELDS},
                 **({"tier": record["tier"]} if record.get("tier") else {}),
-                "node": (pod.get("spec") or {}).get("nodeName"),
+                "node": node,
             }
         )
     return found
 
 
-def _names(metadata: Mapping, record: Mapping) -> bool:
+def _read(pod: Any) -> tuple[Any, bool, Mapping, str | None]:
+    """What the sweep reads of the API's answer for a pod: its uid, whether it is being
+    deleted, its annotations, and its node (None: none, or a name no node has). Raises
+    ``ValueError`` for an answer out of a pod's shape (a list, a metadata that is null or no
+    object): one such answer raised out of the sweep, no other left pod swept."""
+    if not isinstance(pod, Mapping):
+        raise ValueError(f"a JSON {type(pod).__name__}, not an object")
+    metadata, spec = pod.get("metadata"), pod.get("spec") or {}
+    notes = metadata.get("annotations") or {} if isinstance(metadata, Mapping) else None
+    if not isinstance(metadata, Mapping) or not isinstance(notes, Mapping):
+        raise ValueError("its metadata or annotations are no object")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    node = node if isinstance(node, str) and DNS_SUBDOMAIN.fullmatch(node) else None
+    return metadata.get("uid"), bool(metadata.get("deletionTimestamp")), notes, node
+
+
+def _no_pod(sweep: _Sweep, record: Mapping, odd: BaseException) -> None:
+    """The API answered a recorded pod's read with no pod: it is left alone (recorded still,
+    read again at the next sync), said once a day while it lasts, and the others are read."""
+    say = sweep.refusal_to_say((record["namespace"], record["name"]))
+    log.log(
+        logging.WARNING if say else logging.DEBUG,
+        "gpu-gov: the Kubernetes API's answer for the pod %s/%s that %s's stop left running is"
+        " no pod (%s): it is not swept while the answer is out of shape",
+        escaped(record["namespace"]),
+        escaped(record["name"]),
+        escaped(_whose(record)),
+        escaped(" ".join(f"{type(odd).__name__}: {odd}".split())[:300]),
+    )
+
+
+def _names(notes: Mapping, record: Mapping) -> bool:
     """Whether the pod's annotations name the recorded server as KubeSpawner writes them."""
-    notes = metadata.get("annotations") or {}
     return (
         notes.get("hub.jupyter.org/username") == record["user"]
         and (notes.get("hub.jupyter.org/servername") or "") == record["server"]

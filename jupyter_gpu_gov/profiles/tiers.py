@@ -24,14 +24,12 @@ from datetime import timedelta
 from typing import Any
 
 from ..core.durations import format_duration, parse_duration
+from ..core.grant import MAX_WEIGHT
 from ..core.policy import TASK_TYPES
 from ..core.rightsize import former_name_clash
 from ..core.traits import check_number
 
 MIN_SHARE = 1 / 8  # no slice smaller than an eighth of a card
-# The most GPU-equivalents an admin's 'weight' gives a server: 16 cards, many times over. NaN
-# passed every comparison (billed NaN GPU-hours; a quota's sums admitted anything), inf none.
-MAX_WEIGHT = 1000.0
 MAX_CLASS_MEMORY_GB = 4096  # a capability class's 'min_memory_gb': as a card's 'memory_gb'
 GPU_VENDOR_PREFIX = "nvidia.com/"  # every resource of NVIDIA's device plugin (below)
 GPU_RESOURCE = "nvidia.com/gpu"

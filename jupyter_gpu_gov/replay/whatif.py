@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any
 
-from ..core import rightsize
+from ..core import grant, rightsize
 from ..core.durations import format_duration
 from ..core.vocabulary import (
     ADMIN,
@@ -60,7 +60,6 @@ from ..core.vocabulary import (
     TIER_LABEL,
     WARN,
     WARNINGS,
-    WEIGHT_LABEL,
 )
 from .engine import ACTIVE_SM, Action, at
 from .trace import Sample
@@ -263,13 +262,9 @@ class _Run:
 
 def weight_of(sample: Sample, tiers: Tiers) -> float:
     """GPU-equivalents the server holds, as the usage ledger counts them."""
-    label = sample.labels.get(WEIGHT_LABEL)
-    if label is not None:
-        try:
-            if float(label) >= 0:
-                return float(label)
-        except ValueError:
-            pass
+    recorded = grant.weight(sample.labels)
+    if recorded is not None:
+        return recorded
     tier = tier_of(sample)
     if tier in tiers.weights:
         return float(tiers.weights[tier])
