@@ -7,12 +7,12 @@ from __future__ import annotations
 import html
 import os
 import re
-import socket
 import textwrap
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+import ports
 import requests
 import websocket
 from hub_harness import HubHarness
@@ -44,9 +44,7 @@ c.GpuGovApp.frontend_checkpoint_grace = 2  # a test tab never saves; do not wait
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()
 
 
 def governed_hub(

@@ -20,9 +20,11 @@ from hub_harness import REPO
 
 pytestmark = pytest.mark.timeout(300)
 
-# Seconds for the demo's minutes; a start from the line is tried again soon after a refusal.
+# Seconds for the demo's minutes; a start from the line is tried again soon after a refusal
+# (erin's, were the Hub to refuse it while bob's card is still being freed: a minute by default).
 GOVERNOR_CONFIG = """
 c.GpuGovernor.cull_every = 1
+c.GpuGovernor.queue_retry_after = 3
 c.GpuGovernor.policy_defaults = dict(
     c.GpuGovernor.policy_defaults,
     warn_after="3s",

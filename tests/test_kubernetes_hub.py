@@ -97,9 +97,12 @@ def hub(k8s, tmp_path_factory):
 
 
 @contextlib.contextmanager
-def z2jh_hub(k8s: FakeKubernetes, tmp_path_factory, extra_config: str = ""):
+def z2jh_hub(
+    k8s: FakeKubernetes, tmp_path_factory, extra_config: str = "", governor_config: str = ""
+):
     """The chart's hub on ``k8s``, the documented values with the test's (``extra_config``:
-    more of the hub's configuration), its admin and team vision set up."""
+    more of the hub's configuration; ``governor_config``: more of the governor's), its admin and
+    team vision set up."""
     work = tmp_path_factory.mktemp("hub")
     root = work / "z2jh"
     governor_port = free_port()
@@ -117,6 +120,7 @@ def z2jh_hub(k8s: FakeKubernetes, tmp_path_factory, extra_config: str = ""):
                 proxy=harness.url,
                 api=k8s.url,
             )
+            + governor_config
         )
         test_values = {
             "hub": {

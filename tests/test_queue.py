@@ -40,10 +40,11 @@ from jupyter_gpu_gov.core.queue import (
 )
 from jupyter_gpu_gov.core.vocabulary import CULL_REASONS
 from jupyter_gpu_gov.hub import showback
+from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.evidence import Received
 from jupyter_gpu_gov.hub.hubapi import HubApiError, HubServer
 from jupyter_gpu_gov.hub.options import Options
-from jupyter_gpu_gov.hub.queue import QueueSync, line_starts, releases
+from jupyter_gpu_gov.hub.queue import RETRY_AFTER, QueueSync, line_starts, releases
 from jupyter_gpu_gov.hub.store import Store
 from jupyter_gpu_gov.hub.tables import ServerRow
 from jupyter_gpu_gov.hub.views import Views
@@ -639,6 +640,27 @@ async def test_the_governor_starts_ready_requests_and_does_not_hammer_a_refusing
         sync = QueueSync(quiet, store)
         assert await sync.sync(NOW) == [] and await sync.sync(NOW) == []
         assert len(quiet.calls) == 1
+
+
+async def test_a_refused_start_is_tried_again_after_the_setting_not_before(tmp_path):
+    """``c.GpuGovernor.queue_retry_after`` (default a minute) is the wait before a start the Hub
+    refused is asked again: the real-hub test of a failed start sets it short."""
+    app = GpuGovernor()
+    app.initialize(["--GpuGovernor.queue_retry_after=10"])
+    retry_after = app.make_options().queue_retry_after
+    assert retry_after == timedelta(seconds=10) and Options().queue_retry_after == RETRY_AFTER
+    (ready,) = line([waiting("v2", "vision", 0)], [], CAPACITY, QUOTAS, TIERS, {}, NOW)
+    hub = FakeHubApi([ready.to_json()], start_status=403)
+    sync = QueueSync(hub, Store(f"sqlite:///{tmp_path / 'gov.sqlite'}"), retry_after=retry_after)
+
+    def starts() -> int:
+        return len([c for c in hub.calls if c[0] == "POST" and c[1] != "gpu-gov/queue"])
+
+    await sync.sync(NOW)
+    await sync.sync(NOW + timedelta(seconds=9.9))
+    assert starts() == 1
+    await sync.sync(NOW + timedelta(seconds=10))
+    assert starts() == 2
 
 
 async def test_the_governor_keeps_the_lines_demand_for_the_cluster_report(tmp_path, caplog):

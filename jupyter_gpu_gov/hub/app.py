@@ -373,6 +373,7 @@ class GpuGovernor(GovernorSettings, Application):
             tier_sizes=self.tier_sizes,
             right_size_after=timedelta(seconds=self.right_size_after),
             full_pass_every=self.full_pass_every,
+            queue_retry_after=timedelta(seconds=self.queue_retry_after),
             stopped_kept_per_user=self.stopped_kept_per_user,
             distrust_said_per_hour=self.distrust_said_per_hour,
             history=HistoryOptions(

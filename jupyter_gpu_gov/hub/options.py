@@ -63,6 +63,9 @@ class Options:
     # Decide every server at one pass in this many, and between them only those whose inputs
     # changed or whose time came (``hub/unchanged.py``); 1: every server at every pass.
     full_pass_every: int = 10
+    # A start from the spawn queue's line that the Hub refused, or that failed after it took it,
+    # is tried again after this (``hub/queue.py``), not at every pass.
+    queue_retry_after: timedelta = timedelta(minutes=1)
     # The rows of a user's stopped servers kept, those stopped most lately (older ones are
     # forgotten as the user's servers stop: ``Governor._forget_stopped``).
     stopped_kept_per_user: int = 100

@@ -52,7 +52,8 @@ from .listing import HubListing
 from .store import Store
 from .tables import AuditRow, ServerRow
 
-RETRY_AFTER = timedelta(minutes=1)  # a start the Hub refused is not tried every pass
+# A start the Hub refused is not tried every pass (the default; ``queue_retry_after``).
+RETRY_AFTER = timedelta(minutes=1)
 LEFT_POD_RETRY = timedelta(seconds=15)  # a left pod's delete, asked and audited again
 # Audit actions: a start from the line (before it is made), one made, a request that left it.
 START, STARTED_ACTION, LEFT = "queue-start", "queue-started", "queue-left"
@@ -162,12 +163,19 @@ def line_starts(
 
 class QueueSync:
     """One sync per pass; ``hub``: the governor's Hub API client; ``listing``: the governor's
-    (a user whose server's grant the hub changed is read again at the next pass)."""
+    (a user whose server's grant the hub changed is read again at the next pass);
+    ``retry_after``: how long a start the Hub refused, or that failed, waits to be tried again."""
 
     def __init__(
-        self, hub: HubApi, store: Store, dry_run: bool = False, listing: HubListing | None = None
+        self,
+        hub: HubApi,
+        store: Store,
+        dry_run: bool = False,
+        listing: HubListing | None = None,
+        retry_after: timedelta = RETRY_AFTER,
     ):
         self.hub, self.store, self.dry_run, self.listing = hub, store, dry_run, listing
+        self.retry_after = retry_after
         self.absent = False  # no profile layer in this hub (or no scope for it): stop asking
         # The cluster report's demand as of the last sync (``core.queue.waiting_for_a_gpu``,
         # ``refused_from_json``): None before one, without a line, or when the hub cannot say.
@@ -183,11 +191,11 @@ class QueueSync:
         # The physical cards a workstation hub's allocator reads, as of the last sync (the
         # fragmentation figure's free cards without DCGM); empty: none said (a cluster's hub).
         self.cards: tuple[str, ...] = ()
-        # Starts the Hub refused, by server: tried again after RETRY_AFTER, not every pass.
+        # Starts the Hub refused, by server: tried again after retry_after, not every pass.
         self._refused: dict[str, datetime] = {}
         # Starts the Hub took, by server: the request's queued_at, and when. The same request
         # back in line is a start that failed after the Hub took it (its pod never created:
-        # the spawner keeps its place): tried again after RETRY_AFTER, its wait metered once.
+        # the spawner keeps its place): tried again after retry_after, its wait metered once.
         self._started: dict[str, tuple[datetime, datetime]] = {}
         self._left_pods: dict[str, datetime] = {}  # uid -> when its delete was last asked
         # Reclaims the hub withdrew, by server: when (the verdict's ``reclaim_withdrawn``), and
@@ -238,17 +246,17 @@ class QueueSync:
             started = self._started.get(request.server)
             if started is not None and started[0] == request.queued_at:  # its start failed
                 refused = max(refused, started[1]) if refused else started[1]
-            if waiting.ready and (refused is None or now - refused >= RETRY_AFTER):
+            if waiting.ready and (refused is None or now - refused >= self.retry_after):
                 await self._start(waiting, now)
         waiting_now = {w.request.server for w in line}
         for server, (_, at) in list(self._started.items()):
-            if server not in waiting_now and now - at >= RETRY_AFTER:
+            if server not in waiting_now and now - at >= self.retry_after:
                 del self._started[server]
         # A refused start of a request no longer in line is forgotten the same way: a server's
         # name is its owner's choice, and each name whose start the Hub refused (a named
         # server over the Hub's limit) was kept for the service's life.
         for server, at in list(self._refused.items()):
-            if server not in waiting_now and now - at >= RETRY_AFTER:
+            if server not in waiting_now and now - at >= self.retry_after:
                 del self._refused[server]
         return line
 

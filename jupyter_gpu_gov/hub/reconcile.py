@@ -186,7 +186,9 @@ class Governor(
         self.spawns_waiting: int | None = None
         self.spawns_waiting_tiers: tuple[str, ...] = ()  # their tiers (where could they go)
         # The spawn queue's sync after each pass (hub/app.py): the line's demand, too.
-        self.spawn_queue = QueueSync(hub, store, options.dry_run, self.hub_listing)
+        self.spawn_queue = QueueSync(
+            hub, store, options.dry_run, self.hub_listing, options.queue_retry_after
+        )
         self.spawn_queue.restore_withdrawn()  # a reclaim lifted before a restart is still said
         # Optional scopes the service's token lacks (checked once, at the first pass).
         self.missing_scopes: frozenset[str] | None = None

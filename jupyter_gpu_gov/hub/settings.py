@@ -428,6 +428,16 @@ class GovernorSettings(HasTraits):
         (docs/benchmarks-history.md, "Scale"). 1: every server at every pass.""",
     ).tag(config=True)
 
+    queue_retry_after = FiniteFloat(
+        60,
+        min=1,
+        max=DAY,
+        unit="seconds",
+        help="""Seconds before a start from the spawn queue's line is tried again after the Hub
+        refused it, or after it failed once the Hub took it (its pod never created: the request
+        keeps its place): not at every pass while the cause lasts.""",
+    ).tag(config=True)
+
     stopped_kept_per_user = BoundedInt(
         100,
         min=1,
