@@ -163,7 +163,7 @@ class Planned:
     profile: str
     team_label: str | None  # the grant's gpu-gov/team (spawner state), else from a group
     gpu_uuid: str | None  # the physical GPU; None for a CPU-only server
-    mig_uuid: str | None  # the MIG device the report names, for a MIG profile
+    mig_uuid: str | None  # the MIG device the report names, for a MIG profile ("mig-<profile>")
     gi_id: int | None
     gpu_index: int
     report_active: bool
@@ -217,7 +217,7 @@ def exposition(
     values = [_jittered(p.dcgm_active if busy is None else busy[p.user], scrape, rng) for p in gpus]
     labels = []
     for p in gpus:
-        mig = f',GPU_I_PROFILE="1g.10gb",GPU_I_ID="{p.gi_id}"' if p.mig_uuid else ""
+        mig = f',GPU_I_PROFILE="{p.profile[4:]}",GPU_I_ID="{p.gi_id}"' if p.mig_uuid else ""
         labels.append(
             f'gpu="{p.gpu_index}",UUID="{p.gpu_uuid}",pci_bus_id="00000000:{p.gpu_index + 7:02X}:00.0",'
             f'device="nvidia{p.gpu_index}",modelName="NVIDIA A100-SXM4-80GB",'
