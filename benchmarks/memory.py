@@ -105,6 +105,8 @@ def _serve(argv: list[str]) -> None:
         governor = next((o for o in gc.get_objects() if type(o).__name__ == "Governor"), None)
         if governor is not None:
             out["dcgm_pods"] = len(governor._context.by_pod)
+            last = governor.last_cycle  # and why none, if so (a read failed, or went stale)
+            out["dcgm_errors"] = list(last.dcgm_errors[:2]) if last is not None else []
         _write(Path(os.environ[FIGURES_ENV]), out)
 
     def heaps(*_: object) -> None:  # after each round: cheap, no collection
