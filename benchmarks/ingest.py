@@ -57,16 +57,18 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-from .ingest_load import RUN_STARTED, Connections, Sent, encode, report_for
+from .ingest_load import RUN_STARTED, Connections, Sent, encode, is_busy, report_for
 from .ingest_probe import PROBE_ENV, SLOW_MS
 from .ingest_profile import PROFILE_ENV, breakdown
 from .pod_metrics import METRICS_ROUTE, metrics_handler, pod_metrics_list
+from .reconcile import Planned, exposition, kubespawner_state
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICE = "gpu-gov"
@@ -165,7 +167,26 @@ def _calibrated(samples: list[dict], phase: Phase, which: str) -> str:
 # -- the fake Hub, in its own process ---------------------------------------------------------
 
 
-async def _serve_hub(n: int, seconds: float, windows: int = 1) -> None:
+def planned(users: list[str]) -> list[Planned]:
+    """The GPUs ``ingest_load.report_for``'s servers hold, under the UUIDs their reports name
+    (a whole card, or a MIG server's two slices of one), busy as the reports say, as
+    ``benchmarks.reconcile`` plans its fleet: one record each in the fake exporter."""
+    ns, gpus = uuid.NAMESPACE_URL, []
+    for index, user in enumerate(users):
+        parent = f"GPU-{uuid.uuid5(ns, f'{user}/gpu')}"
+        busy = is_busy(index)
+        for k in range(2 if index % 2 else 1):
+            mig = f"MIG-{uuid.uuid5(ns, f'{user}/mig{k}')}" if index % 2 else None
+            profile = "mig-3g.40gb" if mig else "h100"
+            gpus.append(
+                Planned(
+                    user, profile, None, parent, mig, k + 1 if mig else None, index % 8, busy, busy
+                )
+            )
+    return gpus
+
+
+async def _serve_hub(n: int, seconds: float, windows: int = 1, dcgm: bool = False) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     from fake_hub_api import FakeHub
     from tornado import web
@@ -174,11 +195,17 @@ async def _serve_hub(n: int, seconds: float, windows: int = 1) -> None:
 
     hub = FakeHub(service_name=SERVICE)
     users = hub.populate(n)
-    pods = []  # KubeSpawner's state names each pod and its namespace (metrics-server's match)
-    for user in users:
-        for name, server in hub.users[user].servers.items():
-            server.state["namespace"] = NAMESPACE
-            pods.append((user, name, server.state["pod_name"]))
+    # The fake of ``benchmarks.reconcile``: each server's state as KubeSpawner keeps it (its
+    # pod and namespace, which metrics-server and DCGM name too), and with ``dcgm`` its
+    # exporter, whose records of the GPUs the reports name carry the servers' pods and move at
+    # every scrape (``reconcile.exposition``).
+    gpus = planned(users)
+    pods = []
+    for p in gpus:
+        server = hub.users[p.user].servers[""]
+        if not server.state.get("kubespawner_version"):  # (a MIG server's second slice)
+            server.state = kubespawner_state(p)
+            pods.append((p.user, "", p.pod))
     for user in users:
         for generation in range(generations(seconds, windows)):
             hub.add_user_token(user, token_for(user, generation), extra_scopes=[ACCESS_SCOPE])
@@ -194,8 +221,19 @@ async def _serve_hub(n: int, seconds: float, windows: int = 1) -> None:
         now = datetime.now(timezone.utc)
         return pod_metrics_list(pods if namespace == NAMESPACE else [], namespace, now)
 
+    scrapes = [0]
+
+    class Exporter(web.RequestHandler):
+        def get(self) -> None:
+            """A scrape of one dcgm-exporter for every GPU: its moving values moved."""
+            body = exposition(gpus, 0, scrape=scrapes[0]).encode()
+            scrapes[0] += 1
+            self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.finish(body)
+
     sockets = bind_sockets(0, "127.0.0.1")
     routes = [(r"/counters", Counters), (METRICS_ROUTE, metrics_handler(pod_metrics))]
+    routes += [(r"/dcgm/metrics", Exporter)] if dcgm else []
     HTTPServer(web.Application(routes)).add_sockets(sockets)
     served = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
     ready = {
@@ -204,6 +242,7 @@ async def _serve_hub(n: int, seconds: float, windows: int = 1) -> None:
         "users": users,
         "counters_url": f"{served}/counters",
         "kubernetes_api_url": served,  # its metrics-server (a service given it reads it)
+        "exporter_urls": [f"{served}/dcgm/metrics"] if dcgm else [],
     }
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
@@ -464,10 +503,10 @@ async def _bench(
 
 
 @contextlib.contextmanager
-def fake_hub(servers: int, seconds: float, windows: int = 1) -> Iterator[dict]:
+def fake_hub(servers: int, seconds: float, windows: int = 1, dcgm: bool = False) -> Iterator[dict]:
     """The fake Hub in its own process, with ``servers`` users (tokens for ``seconds`` of steady
     phases, ``windows`` steady windows); yields what it printed: its URL, token, users and
-    counters' URL."""
+    counters' URL, and with ``dcgm`` its exporter's (``exporter_urls``)."""
     hub = subprocess.Popen(
         [
             sys.executable,
@@ -477,6 +516,7 @@ def fake_hub(servers: int, seconds: float, windows: int = 1) -> Iterator[dict]:
             f"--servers={servers}",
             f"--seconds={seconds}",
             f"--steady-windows={windows}",
+            *(["--dcgm"] if dcgm else []),
         ],
         cwd=REPO,
         stdin=subprocess.PIPE,
@@ -781,13 +821,14 @@ def main(argv: list[str] | None = None) -> None:
         " machine: 0.557 and 0.752 ms on the same code, quiet, back to back)",
     )
     parser.add_argument("--serve-hub", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dcgm", action="store_true", help=argparse.SUPPRESS)  # (with it)
     parser.add_argument("--serve-calibration", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_calibration:
         _serve_calibration()
         return
     if args.serve_hub:
-        asyncio.run(_serve_hub(args.servers, args.seconds, args.steady_windows))
+        asyncio.run(_serve_hub(args.servers, args.seconds, args.steady_windows, args.dcgm))
         return
     result = run(
         args.servers,

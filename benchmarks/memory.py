@@ -20,7 +20,10 @@ service's own interval (60 s here, as deployed) without waiting, ``--cull-every 
 pass after the start-up one; the resident memory after each round is printed, and the passes
 done. The service reads the pods' CPU from the fake Hub's metrics-server each pass
 (``benchmarks.pod_metrics``: every server's pod and the chart's), as on a cluster with one
-(``--no-pod-cpu``: without it). The diagnosis keeps a window per server per ``diagnose_sample_every`` (a minute), up to
+(``--no-pod-cpu``: without it), and its dcgm-exporter, the fake of ``benchmarks.reconcile``
+(each server's state as KubeSpawner keeps it, its GPUs' records labelled with its pod, their
+power, clocks and PCIe bytes moving at every scrape; ``--no-dcgm``: without it; ``dcgm_pods``:
+the pods the service found in its last read). The diagnosis keeps a window per server per ``diagnose_sample_every`` (a minute), up to
 ``diagnose_max_windows`` (250,000: 25 at 10,000 servers), so two rounds are not the steady
 state: ``--sample-every 1 --rounds 26`` reaches it in minutes instead of 25 of them. Also printed: what Python's small-object allocator holds in
 arenas and in live objects (``obmalloc_*``); with ``BENCH_MEMORY_TYPES=1`` in the environment,
@@ -96,6 +99,14 @@ def _serve(argv: list[str]) -> None:
             out["rss_mb_after_malloc_trim"] = rss_mb(os.getpid())
         except (OSError, AttributeError):
             pass
+        # Last (the figures above are taken): the pods the service found in DCGM's last read,
+        # its exporter's records matched by pod (the governor is among what start-up froze).
+        gc.unfreeze()
+        governor = next((o for o in gc.get_objects() if type(o).__name__ == "Governor"), None)
+        if governor is not None:
+            out["dcgm_pods"] = len(governor._context.by_pod)
+            last = governor.last_cycle  # and why none, if so (a read failed, or went stale)
+            out["dcgm_errors"] = list(last.dcgm_errors[:2]) if last is not None else []
         _write(Path(os.environ[FIGURES_ENV]), out)
 
     def heaps(*_: object) -> None:  # after each round: cheap, no collection
@@ -240,8 +251,9 @@ def run(
     sample_every: float | None = None,
     event_loop: str | None = None,
     pod_cpu: bool = True,
+    dcgm: bool = True,
 ) -> dict:
-    with fake_hub(servers, 0) as ready:
+    with fake_hub(servers, 0, dcgm=dcgm) as ready:
         figures_path = Path(REPO, f".bench-memory-{os.getpid()}.json")
         env = {
             FIGURES_ENV: str(figures_path),
@@ -257,6 +269,10 @@ def run(
                 args += (f"--GpuGovernor.event_loop={event_loop}",)
             if pod_cpu:  # the fake's metrics-server, read each pass (hub/pod_cpu.py)
                 args += (f"--GpuGovernor.kubernetes_api_url={ready['kubernetes_api_url']}",)
+            # Its dcgm-exporter (``benchmarks.reconcile``'s), read each pass: a body of tens of
+            # MB, more than the default 5 s allow on a busy machine.
+            args += tuple(f"--GpuGovernor.dcgm_exporter_urls={u}" for u in ready["exporter_urls"])
+            args += ("--GpuGovernor.dcgm_timeout=60",) if dcgm else ()
             with service(ready, command=command, env=env, cull_every=cull_every, args=args) as (
                 process,
                 port,
@@ -282,6 +298,7 @@ def run(
     return {
         "servers": servers,
         "pod_cpu": pod_cpu,
+        "dcgm": dcgm,
         "rss_mb_started": started_mb,
         "rss_mb_by_round": by_round,
         **{f"{k}_by_round": v for k, v in by_heap.items()},
@@ -337,6 +354,12 @@ def main(argv: list[str] | None = None) -> None:
         help="the service reads no pods' CPU (a cluster without metrics-server; by default it "
         "reads the fake Hub's metrics-server each pass, as in a cluster with one)",
     )
+    parser.add_argument(
+        "--no-dcgm",
+        action="store_true",
+        help="no dcgm-exporter (by default the service reads the fake's, benchmarks.reconcile's: "
+        "every server's GPUs labelled with its pod, their values moving at every scrape)",
+    )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve"]:  # the service's own arguments, --cull-every among them
         _serve(argv[1:])
@@ -352,6 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         args.sample_every,
         args.event_loop,
         not args.no_pod_cpu,
+        not args.no_dcgm,
     )
     print(
         "memory:",

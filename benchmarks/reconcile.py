@@ -163,7 +163,7 @@ class Planned:
     profile: str
     team_label: str | None  # the grant's gpu-gov/team (spawner state), else from a group
     gpu_uuid: str | None  # the physical GPU; None for a CPU-only server
-    mig_uuid: str | None  # the MIG device the report names, for a MIG profile
+    mig_uuid: str | None  # the MIG device the report names, for a MIG profile ("mig-<profile>")
     gi_id: int | None
     gpu_index: int
     report_active: bool
@@ -202,40 +202,74 @@ def plan(n: int, seed: int = 0) -> list[Planned]:
     return fleet
 
 
-def exposition(fleet: list[Planned], node: int, busy: Mapping[str, bool] | None = None) -> str:
+def exposition(
+    fleet: list[Planned], node: int, busy: Mapping[str, bool] | None = None, scrape: int = 0
+) -> str:
     """One dcgm-exporter ``/metrics`` body for these GPUs (``node`` names its Hostname).
-    ``busy``: whether each user's GPU works now (default: the plan's ``dcgm_active``)."""
+    ``busy``: whether each user's GPU works now (default: the plan's ``dcgm_active``).
+    ``scrape``: which scrape of this exporter it is. A real exporter's records move at every
+    scrape though no GPU's work changed: power, memory used, PCIe bytes, clocks, temperature,
+    energy, GPU_UTIL (``_jittered``). The governor must not take those moves for a change of
+    what it decides on (hub/dcgm.py, ``decision_read``); a fake whose values stood still
+    hid that cost. Seeded by ``(node, scrape)``: the same scrape gives the same body."""
     gpus = [p for p in fleet if p.gpu_uuid]
+    rng = random.Random(f"dcgm-{node}-{scrape}")
+    values = [_jittered(p.dcgm_active if busy is None else busy[p.user], scrape, rng) for p in gpus]
+    labels = []
+    for p in gpus:
+        mig = f',GPU_I_PROFILE="{p.profile[4:]}",GPU_I_ID="{p.gi_id}"' if p.mig_uuid else ""
+        labels.append(
+            f'gpu="{p.gpu_index}",UUID="{p.gpu_uuid}",pci_bus_id="00000000:{p.gpu_index + 7:02X}:00.0",'
+            f'device="nvidia{p.gpu_index}",modelName="NVIDIA A100-SXM4-80GB",'
+            f'Hostname="gpu-node-{node}",DCGM_FI_DRIVER_VERSION="550.54.15"{mig},'
+            f'container="notebook",namespace="{NAMESPACE}",pod="{p.pod}"'
+        )
     lines = []
     for metric, help_text in DCGM_METRICS:
         lines.append(f"# HELP {metric} {help_text}")
         lines.append(f"# TYPE {metric} {'counter' if 'ENERGY' in metric else 'gauge'}")
-        for p in gpus:
-            mig = f',GPU_I_PROFILE="1g.10gb",GPU_I_ID="{p.gi_id}"' if p.mig_uuid else ""
-            labels = (
-                f'gpu="{p.gpu_index}",UUID="{p.gpu_uuid}",pci_bus_id="00000000:{p.gpu_index + 7:02X}:00.0",'
-                f'device="nvidia{p.gpu_index}",modelName="NVIDIA A100-SXM4-80GB",'
-                f'Hostname="gpu-node-{node}",DCGM_FI_DRIVER_VERSION="550.54.15"{mig},'
-                f'container="notebook",namespace="{NAMESPACE}",pod="{p.pod}"'
-            )
-            active = p.dcgm_active if busy is None else busy[p.user]
-            lines.append(f"{metric}{{{labels}}} {_dcgm_value(metric, active)}")
+        lines.extend(
+            f"{metric}{{{label}}} {value[metric]}"
+            for label, value in zip(labels, values, strict=True)
+        )
     return "\n".join(lines) + "\n"
 
 
-def _dcgm_value(metric: str, busy: bool) -> float | int:
+def _jittered(busy: bool, scrape: int, rng: random.Random) -> dict[str, float | int]:
+    """One GPU's values at one scrape. What the governor's decisions and history read stands
+    still while the GPU's work does (the activity, GR_ENGINE_ACTIVE, and the diagnosis's
+    tensor and DRAM activity, which move the history's 1 % steps when they move); the rest
+    moves every scrape as on a real exporter: power, clocks, temperature, energy, PCIe bytes
+    (an idle GPU's driver chatter stays under the governor's 1 MB/s floor), GPU_UTIL (read only
+    where GR_ENGINE_ACTIVE is missing), and memory used (a busy GPU's by the allocator's 2 MiB
+    pages, within the history's 64 MiB quantum: a move past it is read)."""
+    power = rng.uniform(250.0, 400.0) if busy else rng.uniform(55.0, 70.0)
+    used = 20480 + (2 * rng.randrange(32) if busy else 0)
     return {
-        "DCGM_FI_DEV_GPU_UTIL": 87 if busy else 0,
+        "DCGM_FI_DEV_SM_CLOCK": rng.randrange(1275, 1411, 15)
+        if busy
+        else rng.randrange(210, 346, 15),
+        "DCGM_FI_DEV_MEM_CLOCK": 1593,
+        "DCGM_FI_DEV_GPU_TEMP": rng.randrange(55, 71) if busy else rng.randrange(28, 35),
+        "DCGM_FI_DEV_POWER_USAGE": round(power, 3),
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (scrape + 1) * 60_000 * round(power),
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
+        "DCGM_FI_DEV_GPU_UTIL": rng.randrange(80, 96) if busy else 0,
+        "DCGM_FI_DEV_MEM_COPY_UTIL": rng.randrange(25, 46) if busy else 0,
+        "DCGM_FI_DEV_XID_ERRORS": 0,  # the last XID: none on a healthy fleet
+        "DCGM_FI_DEV_FB_FREE": 81920 - used,
+        "DCGM_FI_DEV_FB_USED": used,
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.83 if busy else 0.0,
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.41 if busy else 0.0,
         "DCGM_FI_PROF_DRAM_ACTIVE": 0.35 if busy else 0.0,
-        "DCGM_FI_PROF_PCIE_TX_BYTES": 2.5e8 if busy else 98_000,  # idle: driver chatter only
-        "DCGM_FI_PROF_PCIE_RX_BYTES": 4.1e8 if busy else 51_000,
-        "DCGM_FI_DEV_FB_USED": 20480,
-        "DCGM_FI_DEV_FB_FREE": 61440,
-        "DCGM_FI_DEV_POWER_USAGE": 310.5 if busy else 62.1,
-        "DCGM_FI_DEV_XID_ERRORS": 0,  # the last XID: none on a healthy fleet
-    }.get(metric, 1)
+        # Bytes/s: a busy GPU's copies; an idle one's driver chatter only.
+        "DCGM_FI_PROF_PCIE_TX_BYTES": round(
+            rng.uniform(1.5e8, 3.5e8) if busy else rng.uniform(6e4, 1.4e5)
+        ),
+        "DCGM_FI_PROF_PCIE_RX_BYTES": round(
+            rng.uniform(2.5e8, 5.5e8) if busy else rng.uniform(3e4, 8e4)
+        ),
+    }
 
 
 def report_of(
@@ -390,17 +424,21 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
     # 5 %) stay so: such a server's GPU idles whatever its report says.
     busy = {p.user: p.dcgm_active for p in gpus}
     claims = {p.user for p in gpus if p.report_active and not p.dcgm_active}
-    shard_of = {p.user: i // size for i, p in enumerate(gpus)}
+    exporters = max(1, -(-len(gpus) // size))
+    scrapes = [0] * exporters  # each exporter's scrapes so far: its values move at each
 
     def shard(k: int) -> bytes:
-        return exposition(gpus[k * size : (k + 1) * size], k, busy).encode()
-
-    shards = [shard(k) for k in range(0, -(-len(gpus) // size))] or [b""]
+        return exposition(gpus[k * size : (k + 1) * size], k, busy, scrapes[k]).encode()
 
     class Metrics(web.RequestHandler):
         def get(self, node: str) -> None:
+            """A scrape: every record's moving values (power, clocks, PCIe bytes...) moved
+            since the last (``exposition``), as a real exporter's do."""
+            k = int(node)
+            body = shard(k)
+            scrapes[k] += 1
             self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.finish(shards[int(node)])
+            self.finish(body)
 
     class GpuState(web.RequestHandler):
         def put(self) -> None:
@@ -409,8 +447,6 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
             changed = json.loads(self.request.body)
             for user, active in changed.items():
                 busy[user] = bool(active) and user not in claims
-            for k in sorted({shard_of[user] for user in changed}):
-                shards[k] = shard(k)
 
     # metrics-server's list, as it holds its last scrape: built when the clock moves (between
     # passes), so a pass's read pays for its own work and the transfer, not for this fake's
@@ -444,12 +480,12 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
     ready = {
         "api_url": hub.api_url,
         "token": hub.token,
-        "exporter_urls": [f"{dcgm}/{i}" for i in range(len(shards))],
+        "exporter_urls": [f"{dcgm}/{i}" for i in range(exporters)],
         "clock_url": f"{served}/clock",
         "gpu_state_url": f"{served}/gpu-state",
         "kubernetes_api_url": served,  # metrics-server's PodMetrics (benchmarks.pod_metrics)
         "servers": servers,  # user -> [started, last_activity], for the reports
-        "dcgm_bytes": sum(len(s) for s in shards),
+        "dcgm_bytes": sum(len(shard(k)) for k in range(exporters)),
     }
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 import pytest
@@ -677,3 +677,131 @@ async def test_a_pass_visits_only_the_servers_whose_inputs_moved(tmp_path, monke
         # then, on their kept views, without being observed again.
         assert visits[-1] == (0, 19, 0, 0)
         await gov.close()
+
+
+@dataclass
+class JitteringDcgm:
+    """DCGM as a real exporter reads: each read a new record of every GPU, whose power, memory
+    free, clocks' effects, PCIe bytes (under the floor when idle, far over it when busy), SM,
+    DRAM and tensor activity and a busy GPU's memory used (within a 64 MiB step) move at every
+    scrape though no GPU's work changed. ``records``: what each GPU's work is now."""
+
+    records: dict[str, GpuEvidence] = field(default_factory=dict)
+    reads: int = 0
+
+    async def fetch(self) -> DcgmSnapshot:
+        rng = random.Random(self.reads)
+        self.reads += 1
+        evidence = []
+        for e in self.records.values():
+            busy = bool(e.activity)
+            evidence.append(
+                replace(
+                    e,
+                    power_w=rng.uniform(250, 400) if busy else rng.uniform(55, 70),
+                    memory_free_mb=rng.uniform(1000, 9000),
+                    memory_used_mb=e.memory_used_mb + rng.randrange(32),  # within its step
+                    pcie_bytes_per_s=(e.pcie_bytes_per_s or 0) + rng.uniform(0, 9e4),
+                    sm_active=rng.uniform(0.5, 0.9) if busy else rng.uniform(0, 0.01),
+                    dram_active=rng.uniform(0.2, 0.6) if busy else 0.0,
+                    tensor_active=rng.uniform(0.1, 0.5) if busy else 0.0,
+                )
+            )
+        return DcgmSnapshot(tuple(evidence), clock.utcnow())
+
+
+async def test_a_dcgm_record_moving_in_what_no_decision_reads_decides_nobody_again(
+    tmp_path, monkeypatch
+):
+    """A real dcgm-exporter's records move at every scrape (power, memory, PCIe bytes, the SM
+    activity the diagnosis reads) while the GPUs' work stands still: the servers found in DCGM
+    by their pod are decided once, not again at every pass; a move in what a decision or its
+    history row reads of a record (``unchanged.dcgm_read``: the activity against the idle
+    threshold and in the history's steps, PCIe against the floor, memory used in the history's
+    steps, health, the pod) decides that server again, as deciding every server does. Compared
+    whole, the records had every server decided at every pass (docs/benchmarks-history.md,
+    "Issue 26, wave 39")."""
+    monkeypatch.setattr(clock, "adopt_step", lambda: 0.0)
+    monkeypatch.setattr(ingest, "HUB_LOOKUP_EVERY", -1.0)
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    dcgm = JitteringDcgm()
+    users = [f"user{i}" for i in range(8)]
+    async with FakeHub() as full_hub, FakeHub() as inc_hub:
+        full = governor(full_hub, tmp_path, "full", dcgm, full_every=1)
+        inc = governor(inc_hub, tmp_path, "inc", dcgm, full_every=1000)
+        decided: list[str] = []  # the servers the incremental governor decided
+        govern = inc._govern
+
+        def deciding(server, *args):
+            decided.append(server.user)
+            return govern(server, *args)
+
+        inc._govern = deciding
+        for i, user in enumerate(users):
+            uuid = f"GPU-{i:08d}-0000-0000-0000-000000000000"
+            busy = i % 2 == 0
+            dcgm.records[uuid] = GpuEvidence(
+                uuid=uuid,
+                gpu_index=i,
+                hostname="node-1",
+                namespace="jhub",
+                pod=f"jupyter-{user}",
+                activity=0.9 if busy else 0.0,
+                activity_source="gr_engine_active",
+                pcie_bytes_per_s=3e8 if busy else 1e5,
+                memory_used_mb=20480.0 if busy else 0.0,
+                health=Health(),
+            )
+            state = {"pod_name": f"jupyter-{user}", "namespace": "jhub"}
+            for hub in (full_hub, inc_hub):
+                hub.add_server(user, last_activity=clock.utcnow(), state=dict(state))
+
+        idle_since = clock.isoformat(clock.utcnow())
+
+        async def passes(n: int) -> set[str]:
+            """``n`` passes of both governors, 10 s apart; whom the incremental one decided.
+            Both decide the same, each pass (``everything``)."""
+            decided.clear()
+            for _ in range(n):
+                frozen[0] += timedelta(seconds=10)
+                for gov in (full, inc):
+                    for i, user in enumerate(users):
+                        if i % 4 == 1:  # some run the extension: their reports as well
+                            uuid = f"GPU-{i:08d}-0000-0000-0000-000000000000"
+                            report = report_for(user, uuid, sm=0.0)
+                            report["window"]["gpu_idle_since"] = idle_since  # as kept
+                            gov.ingest(report)
+                    await gov.reconcile()
+                    await gov.background_done()
+                a, b = everything(full, full_hub), everything(inc, inc_hub)
+                assert a == b
+            return set(decided)
+
+        await passes(3)  # the first decides every server, the next their reports' first moves
+        assert await passes(3) == set()  # every record moved at every read: nobody decided
+
+        def change(i: int, **fields) -> None:
+            uuid = f"GPU-{i:08d}-0000-0000-0000-000000000000"
+            dcgm.records[uuid] = replace(dcgm.records[uuid], **fields)
+
+        # Each change of what a decision reads decides its server again, and nobody else: in
+        # the pass whose read (taken after the pass before) has it, and in the next if that
+        # decision changed something (one that did is never kept).
+        for i, fields in [
+            (0, {"activity": 0.0, "pcie_bytes_per_s": 1e5}),  # work stopped: idle
+            (2, {"pcie_bytes_per_s": 1e5, "activity": 0.01}),  # idle, a history step over 0
+            (3, {"pcie_bytes_per_s": 5e6}),  # copies over the floor: busy
+            (4, {"memory_used_mb": 20480.0 + 200}),  # memory over a history step
+            (6, {"activity": 0.049}),  # busy still (its PCIe), some history steps lower
+            (2, {"activity": 0.0199}),  # idle still (the threshold: 0.02), in the step of 2 %
+            (2, {"activity": 0.0201}),  # busy, in the same history step
+            (7, {"pod": "jupyter-user7-2"}),  # another pod holds it now
+            (5, {"health": FAILURES[0]}),  # an XID (decided at every pass while it lasts)
+            (5, {"health": Health()}),  # and cleared
+        ]:
+            change(i, **fields)
+            assert await passes(3) == {users[i]}, fields
+        assert await passes(2) == set()
+        await full.close()
+        await inc.close()

@@ -529,14 +529,14 @@ def index_by_pod(
     return index
 
 
-def moved_gpus(
-    before: Sequence[GpuEvidence], after: Sequence[GpuEvidence]
-) -> frozenset[str] | None:
+def moved_gpus(before: Sequence, after: Sequence) -> frozenset[str] | None:
     """What moved between two reads of the same GPUs: the physical UUIDs and pod names of the
     records that differ (empty: none). ``None`` when the records are not the same GPUs in the
     same order (a GPU or an instance came or went, a node's exporter failed or came back):
     then nothing is said of what moved. A record an exporter's unchanged body gave is the
-    same object in both reads (``hub/dcgm_source.py``): only a changed body's are compared."""
+    same object in both reads (``hub/dcgm_source.py``): only a changed body's are compared.
+    The governor compares what its decisions read of each record (``hub/unchanged.dcgm_read``,
+    which has the same ``uuid``, ``gpu_instance_id`` and ``pod``), not the records whole."""
     if len(before) != len(after):
         return None
     moved: set[str] = set()

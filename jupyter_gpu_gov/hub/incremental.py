@@ -21,7 +21,7 @@ per server)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -29,11 +29,11 @@ from ..core import clock, policy
 from ..core.policy import Decision, Policy, Record, ServerView, evolve
 from ..core.vocabulary import CULL
 from . import trusted
-from .dcgm import DcgmSnapshot, moved_gpus
+from .dcgm import DcgmSnapshot, GpuEvidence, moved_gpus
 from .evidence import Received
 from .hubapi import HubServer
 from .tables import ServerRow, record_of
-from .unchanged import Kept, same_report
+from .unchanged import DcgmRead, Kept, dcgm_read, same_report
 from .views import cause_of
 
 # A pass looks at (here) or decides (hub/reconcile.py) this many servers, then lets the event
@@ -129,15 +129,32 @@ class Incremental:
 
     def _inputs(self, key: str, server: HubServer, received: Received | None) -> tuple:
         """What a decision of this server reads besides its Hub model, report and record: the
-        diagnosis's cause, and DCGM's evidence (the Hub's records' GPUs, the report's by pod
-        and by UUID)."""
-        context = self._context
-        evidence = (cause_of(self.root_cause(key)), *self._granted_evidence(server))
+        diagnosis's cause, and what it reads of DCGM's records (``unchanged.dcgm_read``: the
+        Hub's records' GPUs, the report's by pod and by UUID)."""
+        context, read = self._context, self._dcgm_reading
+        evidence = (cause_of(self.root_cause(key)), *map(read, self._granted_evidence(server)))
         if received is not None:
             report = received.report
-            evidence += (None, *self._evidence(report, context.by_uuid, context.by_pod))
-            evidence += (None, *self._evidence(report, context.by_uuid, {}))
+            evidence += (None, *map(read, self._evidence(report, context.by_uuid, context.by_pod)))
+            evidence += (None, *map(read, self._evidence(report, context.by_uuid, {})))
         return evidence
+
+    # The reads of the last DCGM read's records by their ids (records ``_world`` keeps alive).
+    _dcgm_reads: Mapping[int, DcgmRead] = {}  # (replaced whole, never changed)
+    _dcgm_read_as: tuple = ()  # the idle thresholds and PCIe floor ``_dcgm_read`` reads by
+
+    def _dcgm_reading(self, e: GpuEvidence) -> DcgmRead:
+        """What a decision reads of this record (``unchanged.dcgm_read``)."""
+        read = self._dcgm_reads.get(id(e))
+        return self._dcgm_read()(e) if read is None else read
+
+    def _dcgm_read(self) -> Callable[[GpuEvidence], DcgmRead]:
+        """``unchanged.dcgm_read`` under this pass's policies (the same while they are)."""
+        thresholds = frozenset(p.idle_threshold for p in self._pass_policies)
+        wanted = (thresholds, self.options.pcie_floor_bytes_per_s)
+        if wanted != self._dcgm_read_as:
+            self._dcgm_read_as, self._dcgm_reader = wanted, dcgm_read(*wanted)
+        return self._dcgm_reader
 
     def _special(self, key: str) -> bool:
         """Something is waiting on the server that the kept inputs do not show."""
@@ -321,20 +338,30 @@ class Incremental:
     def _world_changed(self, snapshot: DcgmSnapshot | None, now: datetime) -> bool:
         """Whether what every kept decision read at once moved since the last pass: the
         diagnosis model, DCGM's GPUs (one came or went). The servers whose DCGM records moved
-        (a GPU's activity, memory or health: ``dcgm.moved_gpus``) are marked to be looked at
-        again, and those whose CPU stage began or ended (hub/pod_cpu.py, hub/proc_cpu.py) to
+        in what a decision reads of them (a GPU's activity, memory or health: ``unchanged.
+        dcgm_read``, ``dcgm.moved_gpus``; not its power, clocks or PCIe bytes, which move at
+        every scrape) are marked to be looked at again, and those whose CPU stage began or ended (hub/pod_cpu.py, hub/proc_cpu.py) to
         be decided again: a read that moved a tenth of the GPUs looked at every kept server
         (10,000 servers: 1.1 s a pass, docs/benchmarks-history.md, "Issue 26, wave 38")."""
         for key in self.pod_cpu.changed(now) | self.proc_cpu.changed(now):
             self.due.mark(key)
         evidence = snapshot.evidence if snapshot else ()
         trained = self.diagnosis.training.trained_at
-        last, self._world = self._world, (evidence, trained)
+        # What a decision reads of each record: one that moved only in what no decision reads
+        # (its power, clocks: every scrape of a real exporter) marks nobody.
+        read = self._dcgm_read()
+        last = self._world
+        if not last or evidence is not last[0] or read is not last[3]:
+            reads = tuple(map(read, evidence))
+            self._dcgm_reads = dict(zip(map(id, evidence), reads, strict=True))
+        else:
+            reads = last[2]
+        self._world = (evidence, trained, reads, read)
         if not last or trained != last[1]:
             return True
         if evidence is last[0]:
             return False
-        moved = moved_gpus(last[0], evidence)
+        moved = moved_gpus(last[2], reads)
         if moved is None:
             return True
         if moved:

@@ -15,13 +15,18 @@ run both side by side and compare every verdict, row, audit and action).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from operator import attrgetter
+from typing import NamedTuple
 
+from ..core.health import Health
 from ..core.policy import Policy, Record, ServerView
 from ..core.wire import Target, TargetGpu
+from ..replay.history import activity_step, memory_step
+from .dcgm import GpuEvidence
 from .evidence import Received
 from .hubapi import HubServer
 from .ingest import SECTIONS, KeptReport, Section
@@ -81,6 +86,56 @@ def same_report(a: Received | None, b: Received | None) -> bool:
 
 def _same_target(x: Section, y: Section) -> bool:
     return _STEADY_TARGET(x) == _STEADY_TARGET(y) and _STEADY_GPU(x.gpu) == _STEADY_GPU(y.gpu)
+
+
+class DcgmRead(NamedTuple):
+    """What a pass reads of one DCGM record (``dcgm_read``): equal reads, the same decisions
+    and the same history row. Which GPU and pod it is (how the record is found), its activity
+    as each policy's idle threshold and the history's steps see it, whether its PCIe traffic
+    reaches the floor (``dcgm.is_idle``), its memory used in the history's steps, its health."""
+
+    uuid: str
+    gpu_instance_id: int | None
+    mig_profile: str | None
+    namespace: str | None
+    pod: str | None
+    # (history's step, how many policies' idle thresholds it reaches); None: unknown
+    activity: tuple[int, int] | None
+    pcie_busy: bool | None  # at or over the floor; None: unknown
+    memory: int | None  # history's step of memory used (``history.memory_step``)
+    health: Health | None
+
+
+def dcgm_read(
+    idle_thresholds: Iterable[float], pcie_floor_bytes_per_s: float
+) -> Callable[[GpuEvidence], DcgmRead]:
+    """What a pass reads of a DCGM record, given the policies' idle thresholds and the PCIe
+    floor. The rest of a record moves at every scrape of a real exporter though the GPU's work
+    does not (power, memory free, clocks; a busy GPU's PCIe bytes; the SM, DRAM and tensor
+    activity, which the diagnosis reads as a report arrives, its cause compared apart): compared
+    whole, every server found in DCGM was looked at and decided again at every pass
+    (docs/benchmarks-history.md, "Issue 26, wave 39"). The history reads the memory its GPUs
+    use summed, where the report gives none: a sum that crosses a step while no GPU crosses its
+    own is recorded at the server's next look or keyframe."""
+    thresholds = sorted(set(idle_thresholds))
+
+    def read(e: GpuEvidence) -> DcgmRead:
+        activity, pcie, memory = e.activity, e.pcie_bytes_per_s, e.memory_used_mb
+        return DcgmRead(
+            e.uuid,
+            e.gpu_instance_id,
+            e.mig_profile,
+            e.namespace,
+            e.pod,
+            None
+            if activity is None
+            else (activity_step(activity), bisect_right(thresholds, activity)),
+            None if pcie is None else pcie >= pcie_floor_bytes_per_s,
+            None if memory is None else memory_step(memory),
+            e.health,
+        )
+
+    return read
 
 
 class Unchanged:

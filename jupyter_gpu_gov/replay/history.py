@@ -125,11 +125,21 @@ def content_of(values: tuple) -> tuple:
     sm, dcgm, memory = values[4:7]
     return (
         *values[:4],
-        None if sm is None else _permille(sm) // _SM_STEP,
-        None if dcgm is None else _permille(dcgm) // _SM_STEP,
-        int(memory // MEMORY_QUANTUM_MB),
+        None if sm is None else activity_step(sm),
+        None if dcgm is None else activity_step(dcgm),
+        memory_step(memory),
         *values[7:],
     )
+
+
+def activity_step(value: float) -> int:
+    """The step of an activity (0..1) a kept row is compared in: ``SM_QUANTUM``."""
+    return _permille(value) // _SM_STEP
+
+
+def memory_step(mb: float) -> int:
+    """The step of memory (MiB) a kept row is compared in: ``MEMORY_QUANTUM_MB``."""
+    return int(mb // MEMORY_QUANTUM_MB)
 
 
 content_values = attrgetter(*CONTENT_FIELDS)  # a row's, as a tuple
