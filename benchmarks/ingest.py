@@ -75,6 +75,7 @@ SERVICE = "gpu-gov"
 ACCESS_SCOPE = f"access:services!service={SERVICE}"
 PREFIX = f"/services/{SERVICE}/"
 NAMESPACE = "jhub"  # the servers' pods'
+GPUS_PER_EXPORTER = 1000  # the fake exporter's shard: one URL for this many GPUs
 REPORT_EVERY_S = 60.0  # the server extension's report_interval
 TOKEN_CACHE_S = 300.0  # HubAuth.cache_max_age's default
 EXPIRED_EVERY = round((TOKEN_CACHE_S + REPORT_EVERY_S) / REPORT_EVERY_S)  # 6: a report in 6
@@ -221,19 +222,24 @@ async def _serve_hub(n: int, seconds: float, windows: int = 1, dcgm: bool = Fals
         now = datetime.now(timezone.utc)
         return pod_metrics_list(pods if namespace == NAMESPACE else [], namespace, now)
 
-    scrapes = [0]
+    # The GPUs in shards, an exporter URL each, as a cluster has one exporter a node: one body
+    # of 15,000 GPUs (71 MB) is over the service's bound on an answer (64 MiB), every read
+    # refused, nothing matched by pod.
+    shards = [gpus[k : k + GPUS_PER_EXPORTER] for k in range(0, len(gpus), GPUS_PER_EXPORTER)]
+    scrapes = [0] * len(shards)
 
     class Exporter(web.RequestHandler):
-        def get(self) -> None:
-            """A scrape of one dcgm-exporter for every GPU: its moving values moved."""
-            body = exposition(gpus, 0, scrape=scrapes[0]).encode()
-            scrapes[0] += 1
+        def get(self, shard: str) -> None:
+            """A scrape of one dcgm-exporter: its moving values moved."""
+            k = int(shard)
+            body = exposition(shards[k], k, scrape=scrapes[k]).encode()
+            scrapes[k] += 1
             self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.finish(body)
 
     sockets = bind_sockets(0, "127.0.0.1")
     routes = [(r"/counters", Counters), (METRICS_ROUTE, metrics_handler(pod_metrics))]
-    routes += [(r"/dcgm/metrics", Exporter)] if dcgm else []
+    routes += [(r"/dcgm/(\d+)/metrics", Exporter)] if dcgm else []
     HTTPServer(web.Application(routes)).add_sockets(sockets)
     served = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
     ready = {
@@ -242,7 +248,7 @@ async def _serve_hub(n: int, seconds: float, windows: int = 1, dcgm: bool = Fals
         "users": users,
         "counters_url": f"{served}/counters",
         "kubernetes_api_url": served,  # its metrics-server (a service given it reads it)
-        "exporter_urls": [f"{served}/dcgm/metrics"] if dcgm else [],
+        "exporter_urls": [f"{served}/dcgm/{k}/metrics" for k in range(len(shards))] if dcgm else [],
     }
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
