@@ -443,7 +443,7 @@ async def test_servers_behind_one_address_are_checked_as_many_at_once_as_the_set
 
 def test_a_bad_per_address_cap_stops_the_service_naming_it():
     for name, value in (("max_connections_per_address", -1), ("hub_checks_per_address", 0)):
-        with pytest.raises(TraitError, match=f"'{name}' trait of a GpuGovernor"):
+        with pytest.raises(TraitError, match=rf"GpuGovernor\.{name} must be .*, got {value}$"):
             GpuGovernor(**{name: value})
 
 
