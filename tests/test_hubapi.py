@@ -18,6 +18,7 @@ from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.text import stored_name
+from jupyter_gpu_gov.hub import hubapi
 from jupyter_gpu_gov.hub.hubapi import NO_RESPONSE, HubApi, HubApiError, HubServer, NotSent
 from jupyter_gpu_gov.hub.listing import STOP_LAG, HubListing
 
@@ -394,6 +395,53 @@ async def test_closing_with_a_request_in_flight_leaves_nothing_to_fire(caplog):
     # by the old name found nothing, whatever was logged.
     errors = [r for r in caplog.records if r.name == app_log.name and r.levelno >= logging.WARNING]
     assert errors == [], errors[0].getMessage()
+
+
+curl_only = pytest.mark.skipif(
+    not hasattr(hubapi._Client, "abandon"), reason="pycurl is not installed: tornado's own client"
+)
+
+
+@curl_only
+async def test_a_request_whose_timer_libcurl_lost_is_still_driven(monkeypatch):
+    """libcurl does not always report a timer it needs (tornado 6.6 stopped driving its
+    transfers each second against that): the request a lost timer left is answered all the
+    same, not waited on for ever (seen: a pass stuck on a request the Hub never received)."""
+    monkeypatch.setattr(hubapi._Client, "_set_timeout", lambda self, msecs: None)
+    async with FakeHub() as hub:
+        api = client(hub)
+        answer = await asyncio.wait_for(api.request("GET", "/"), 30)
+        api.close()
+    assert answer["version"].startswith("6.")
+
+
+@curl_only
+async def test_a_request_the_client_never_ends_is_given_up_and_its_slot_freed(monkeypatch):
+    """A transfer libcurl has lost for good (tornado still waits on it, libcurl knows nothing of
+    it): given up soon after its own timeout with an error that says so, and the one slot it
+    held serves the next request (kept, every later request queued behind it for ever)."""
+    monkeypatch.setattr(hubapi, "ABANDON_AFTER_TIMEOUT", 0.5)
+    start = hubapi._Client.fetch_impl
+
+    def lost(self, request, callback):
+        start(self, request, callback)
+        for curl in self._curls:
+            if getattr(curl, "info", None) and curl.info["request"] is request:
+                self._multi.remove_handle(curl)
+
+    async with FakeHub() as hub:
+        hub.add_user("alice")
+        api = client(hub, concurrency=1, request_timeout=1)
+        with monkeypatch.context() as losing:
+            losing.setattr(hubapi._Client, "fetch_impl", lost)
+            with pytest.raises(HubApiError) as e:
+                await asyncio.wait_for(api.get_user("alice"), 30)
+        assert await asyncio.wait_for(api.get_user("alice"), 30) is not None
+        api.close()
+    assert e.value.status == NO_RESPONSE
+    assert "no answer 1.5 s after it was sent (its timeout is 1 s)" in str(e.value)
+    assert e.value.url.endswith("/users/alice")
+    assert hub.counters["GET /users/{name}"] == 1  # the lost one never reached the Hub
 
 
 async def test_a_page_that_is_not_json_is_an_error_naming_what_came():

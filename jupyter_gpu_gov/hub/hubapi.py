@@ -19,15 +19,60 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from tornado.httputil import url_concat
 
 try:  # libcurl keeps connections to the Hub open between requests; tornado's own client does not
     import pycurl
     from tornado.curl_httpclient import CurlAsyncHTTPClient
+    from tornado.ioloop import PeriodicCallback
 
     class _Client(CurlAsyncHTTPClient):
+        """tornado's libcurl client, kept driven and able to give a request up.
+
+        libcurl does not always report a socket or a timer it needs; tornado's client drove
+        every transfer once a second for years against that (``socket_all``), and 6.6 no longer
+        does. A transfer so lost is never driven again, not even to its own timeout: a pass
+        waited for ever on a request the Hub never received.
+        """
+
+        def initialize(self, *args: Any, **kwargs: Any) -> None:
+            super().initialize(*args, **kwargs)
+            self._drive_each_second = PeriodicCallback(self._drive, 1000)
+            self._drive_each_second.start()
+
+        def _drive(self) -> None:
+            """libcurl's timers that are due, run whether or not it asked for them: a transfer
+            that lost its own is driven to its end, or to its timeout."""
+            if len(self._free_list) == len(self._curls):  # no transfer in flight
+                return
+            while True:  # as tornado's _handle_timeout, leaving its scheduled timer as it is
+                try:
+                    ret, _ = self._multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
+                except pycurl.error as e:
+                    ret = e.args[0]
+                if ret != pycurl.E_CALL_MULTI_PERFORM:
+                    break
+            self._finish_pending_requests()
+
+        def abandon(self, request: HTTPRequest) -> bool:
+            """Drop ``request``'s transfer, which its caller no longer waits for, and free its
+            slot for the next request."""
+            for curl in self._curls:
+                info = getattr(curl, "info", None)
+                # (tornado hands its transfers the request inside a proxy of its defaults)
+                if info is not None and getattr(info["request"], "request", None) is request:
+                    with contextlib.suppress(pycurl.error):  # libcurl may have lost it as well
+                        self._multi.remove_handle(curl)
+                    curl.info = None
+                    curl.reset()
+                    self._free_list.append(curl)
+                    self._process_queue()
+                    return True
+            return False
+
         def close(self) -> None:
+            self._drive_each_second.stop()
             super().close()
             # libcurl, closing a request still in flight (the service stopping mid-pass), asks
             # for one more timer after tornado removed the last: it would fire on the closed
@@ -48,6 +93,8 @@ log = logging.getLogger(__name__)
 PAGINATION_MEDIA_TYPE = "application/jupyterhub-pagination+json"
 # What a connection failure or timeout reports as its status (tornado's convention).
 NO_RESPONSE = 599
+# Seconds past a request's own timeout after which it is given up as lost (HubApi._fetch).
+ABANDON_AFTER_TIMEOUT = 5.0
 
 StopResult = Literal["stopped", "stopping", "gone"]
 
@@ -342,7 +389,7 @@ class HubApi:
                 raise NotSent(why)
             self.request_count += 1
             try:
-                resp = await client.fetch(req, raise_error=False)
+                resp = await self._fetch(client, req)
             except HTTPClientError as e:  # timeouts
                 raise HubApiError(e.code, str(e), method=method, url=url) from e
             except OSError as e:  # refused, unreachable, TLS failures
@@ -355,6 +402,24 @@ class HubApi:
             except ValueError:
                 data = text
         return _Reply(resp.code, data, resp.reason or "", url)
+
+    async def _fetch(self, client: AsyncHTTPClient, req: HTTPRequest) -> HTTPResponse:
+        """The client's answer, or its timeout; and, should the client not end the request by
+        its own timeout (a transfer libcurl lost), a 599 soon after: a pass never waits for
+        ever on one request, and the request's slot is freed for the next."""
+        fetch = client.fetch(req, raise_error=False)
+        try:
+            return await asyncio.wait_for(fetch, self.request_timeout + ABANDON_AFTER_TIMEOUT)
+        except asyncio.TimeoutError:
+            abandon = getattr(client, "abandon", None)
+            if abandon is not None:
+                abandon(req)
+            message = (
+                f"no answer {self.request_timeout + ABANDON_AFTER_TIMEOUT:g} s after it was sent"
+                f" (its timeout is {self.request_timeout:g} s): the HTTP client had lost it"
+            )
+            log.warning("%s %s: %s; given up", req.method, req.url, message)
+            raise HTTPClientError(NO_RESPONSE, message) from None
 
     @staticmethod
     def _error(method: str, reply: _Reply) -> HubApiError:
