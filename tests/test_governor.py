@@ -1633,3 +1633,45 @@ async def test_a_warning_shown_only_in_a_tab_nobody_uses_stands_for_the_hubs_lag
         alice, _ = await step(alice_acted=clock.isoformat(clock.utcnow()))  # she runs a cell
         assert due(alice) >= 60 * minute - minute, alice["reason"]
         await gov.close()
+
+
+async def test_a_warning_given_late_in_a_slow_pass_still_gets_its_whole_notice(
+    tmp_path, frozen_clock
+):
+    # A pass takes its time once, at its start; on a loaded machine it reached a server
+    # seconds later (8.3 s of a 24 s notice at load 14), and the warning's notice, counted
+    # from the pass's start, was that much short of what its owner was given from the moment
+    # it was on record. Here the pass is ten minutes slow between its start and the decision.
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path)  # warn after 1 h idle, cull after 2 h: an hour's notice
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        idle_since = clock.utcnow()
+        clock.advance(61 * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        plan = gov._plan_listing
+
+        async def slow_plan(*args, **kwargs):
+            clock.advance(10 * 60)  # after the pass's now, before alice is decided
+            return await plan(*args, **kwargs)
+
+        gov._plan_listing = slow_plan
+        await gov.reconcile()
+        gov._plan_listing = plan
+        (warning,) = [a for a in actions_of(gov) if a.action == "warn"]
+        row = gov.row("alice/")
+        assert warning.at == idle_since + timedelta(minutes=71)
+        assert row.state == "warned" and row.warned_at == warning.at
+        assert row.cull_at == warning.at + timedelta(hours=1)  # the deadline it announced
+        assert clock.isoformat(row.cull_at) == gov.verdict("alice/")["cull_at"]
+        # Past the deadline counted from the pass's start, before the one announced: no cull.
+        clock.advance(59 * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert gov.row("alice/").state == "warned"
+        assert gov.row("alice/").checkpoint_status is None
+        clock.advance(2 * 60)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+        assert gov.row("alice/").checkpoint_status == "requested"  # the cull's first step

@@ -17,7 +17,11 @@ What this layer owns, and bounds (a user owns the server that sends reports):
 - the answer's framing: ``Content-Length`` when the handler gave one, chunked otherwise (HTTP/1.1),
   else the connection closes after it; header lines with CR or LF are refused (no injection);
 - keep-alive for HTTP/1.1, one request at a time (a pipelined one waits its turn, and for the
-  client to take the last answer); a connection idle ``idle_timeout`` is closed;
+  client to take the last answer); a connection idle ``idle_timeout`` is closed, but for a
+  proxy's (its last request named the client it forwards, ``X-Forwarded-For``, where
+  ``xheaders``), whose head is given ``idle_timeout`` from its first byte instead: the Hub's
+  proxy keeps its connections for ever and cannot be told otherwise, so one closed while idle
+  is sooner or later closed as the proxy sends a request on it (the user's answer: a 503);
 - writes wait while the client does not read (flow control), so a large answer streams; a
   client that takes none of it for ``body_timeout`` is let go;
 - requests handled in batches while they come fast (``accept_interval``);
@@ -205,6 +209,8 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.answering = False  # a request read, its answer not finished: the next one waits
         self.peer = ""  # the address it comes from (the socket's: no header can name another)
+        self.proxied = False  # its last request came through a proxy (X-Forwarded-For)
+        self.unwatched = False  # a proxy's, idle: its head's time starts with its first byte
 
     # -- asyncio.Protocol
 
@@ -216,6 +222,9 @@ class Connection(asyncio.Protocol):
         self.server.opened(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.unwatched:
+            self.unwatched = False
+            self.server.expect_head(self, begun=True)
         self.buffer += data
         if self.answering and len(self.buffer) > self.server.max_header_size:
             # A request sent before the last is answered waits; more than a head of it waits
@@ -308,6 +317,7 @@ class Connection(asyncio.Protocol):
         self.keep_alive = (
             head.version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower()
         )
+        self.proxied = self.server.xheaders and "x-forwarded-for" in fields
         self.head_only = head.method == "HEAD"
         if self.body_left and fields.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 (Continue)\r\n\r\n")
@@ -623,12 +633,22 @@ class ProtocolHTTPServer:
             if not peers:
                 del self._peers[connection.peer]
 
-    def expect_head(self, connection: Connection) -> None:
+    def expect_head(self, connection: Connection, begun: bool = False) -> None:
         """``connection`` waits for a request's head from now: closed unanswered if none has
-        come within ``idle_timeout``."""
+        come within ``idle_timeout``. A proxy's connection between requests waits without a
+        deadline until a head is ``begun`` (its first byte): configurable-http-proxy keeps its
+        connections to a service open for ever, and Node's agent ignores a ``Keep-Alive:
+        timeout=`` hint from the server where the agent itself sets no timeout (Node 20's
+        ``Agent.keepSocketAlive``), so a connection closed while idle is one the proxy may
+        already be sending a request on (``503 ... socket hang up`` for the user). Such
+        connections stay counted and are the first let go at the caps on connections; a
+        server's report, sent without the header, keeps ``idle_timeout``."""
         waiting = self._waiting
         waiting.pop(connection, None)  # to the end: the latest deadline
         if not self.idle_timeout:  # 0: no timeout, as before
+            return
+        if connection.proxied and not begun:
+            connection.unwatched = True
             return
         deadline = waiting[connection] = self.loop.time() + self.idle_timeout
         if self._sweep is None:
@@ -636,6 +656,7 @@ class ProtocolHTTPServer:
 
     def head_read(self, connection: Connection) -> None:
         """``connection`` waits for no head (one came, or it closes)."""
+        connection.unwatched = False
         self._waiting.pop(connection, None)
 
     def _sweep_idle(self) -> None:

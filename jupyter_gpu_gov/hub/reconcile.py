@@ -20,7 +20,14 @@ from ..core import clock, grant, ledger, policy
 from ..core.policy import Policy, Record, ServerView, evolve
 from ..core.teams import group_teams
 from ..core.text import escaped, stored_name
-from ..core.vocabulary import ADMIN, CULLED, QUEUED_AT_LABEL, TIER_LABEL, server_key
+from ..core.vocabulary import (
+    ADMIN,
+    CULLED,
+    QUEUED_AT_LABEL,
+    TIER_LABEL,
+    WARNINGS,
+    server_key,
+)
 from . import metrics, outbound
 from .actions import Actions, CullFailed
 from .checkpoints import CheckpointResult, Checkpoints
@@ -652,6 +659,13 @@ class Governor(
         view = evolve(view, cause=cause, cause_confident=confident, excluded=self._excluded(server))
         view, record = self.health.prepare(view, record, failure)
         decided = policy.decide(view, record, server_policy, now)
+        if not WARNINGS.isdisjoint(decided.actions):
+            # A warning's notice counts from when it is given, not from the pass's start: a
+            # slow pass reached this server seconds later (8.3 s of a 24 s notice at load 14),
+            # and a notice counted from then was that much short. Decided again as of now (in
+            # the pass's frame of the wall clock: a step is adopted only between passes).
+            now = max(now, clock.utcnow())
+            decided = policy.decide(view, record, server_policy, now)
         decision = self.health.review(decided, failure, server_policy, now, view.checkpointable)
         decided = DecidedOn(view, record, server_policy, now)  # a cull's, to check before it
         decision = self._cull_held(row, decided, decision, now)
