@@ -71,6 +71,7 @@ _FATAL_ERRORS = (
 # A lost GPU: only this one GPU is gone, the others can still be read.
 _LOST_ERRORS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired")
 _MAX_EVENTS_PER_TICK = 64  # XID events read per GPU per tick; the rest wait for the next
+_MAX_XIDS_KEPT = 256  # distinct XIDs kept per GPU, but for the catalogue's (``_new_xids``)
 
 _HINTS = {
     "NVMLError_LibraryNotFound": (
@@ -511,8 +512,13 @@ class NvmlBackend:
                     raise
                 except nv.NVMLError:  # Timeout: nothing waiting
                     break
-                if data.eventType & nv.nvmlEventTypeXidCriticalError:
-                    seen[int(data.eventData)] = None
+                xid = int(data.eventData)
+                # Kept for good, so bounded: past _MAX_XIDS_KEPT, only the catalogue's (a driver
+                # answering garbage sends 64 new numbers a tick; a GPU that fails is still said).
+                if data.eventType & nv.nvmlEventTypeXidCriticalError and (
+                    len(seen) < _MAX_XIDS_KEPT or xid in health.XIDS
+                ):
+                    seen[xid] = None
         return tuple(seen)
 
     # -- samples ------------------------------------------------------------------------------
@@ -756,7 +762,9 @@ def _process_info_v3(nv: ModuleType) -> type:
 
 
 def _fraction(percent: float) -> float:
-    return min(max(percent / 100.0, 0.0), 1.0)
+    """A percentage as NVML gives it, as a share; ``core.models.bounded`` reads one no GPU
+    gives (NaN from GPM's doubles, 4 billion % from a garbled integer) as unknown."""
+    return percent / 100.0
 
 
 def _lost(error: _Unavailable) -> str | None:
