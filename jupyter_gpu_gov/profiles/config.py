@@ -18,13 +18,20 @@ from ..core.traits import BoundedInt, NumberDict
 from ..core.vocabulary import LABEL_PREFIX
 from .cluster import PoolShape
 from .quota import QuotaError, TeamQuota, load_quotas
-from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers, renamed
+from .tiers import (
+    MAX_TIER_DEVICES,
+    Card,
+    CardError,
+    Tier,
+    TierError,
+    load_cards,
+    load_tiers,
+    renamed,
+)
 
 # A Kubernetes label prefix: a DNS subdomain, then '/'.
-# A tier's devices at most: a million (ten times the largest clusters); a pool's nodes at
-# most 100,000 (Kubernetes supports 5,000 a cluster), each with 1 to 4,096 devices (8 cards of
-# 7 MIG instances hold 56; time-sliced replicas a few hundred).
-MAX_TIER_DEVICES = 1_000_000
+# A pool's nodes at most 100,000 (Kubernetes supports 5,000 a cluster), each with 1 to 4,096
+# devices (8 cards of 7 MIG instances hold 56; time-sliced replicas a few hundred).
 MAX_POOL_NODES = 100_000
 MAX_NODE_DEVICES = 4096
 
