@@ -134,3 +134,38 @@ def test_xid_after_xid_is_said_in_the_reports_bound_and_the_report_is_taken(tmp_
     assert said["reasons"][0].startswith("XID 79: ")
     assert len(said["warnings"]) == health.MAX_REASONS
     assert said["warnings"][-1].startswith("and ") and said["warnings"][-1].endswith(" more")
+
+
+def test_bounded_keeps_a_sound_snapshot_and_reads_only_garbage_as_unknown():
+    """The same snapshot where every figure is in range (every tick on a sound driver); the
+    driver's rounding (GPM's 100.4 %) is 1, further out unknown; processes that together hold
+    more than any card are each unknown."""
+    from datetime import datetime, timezone
+
+    from jupyter_gpu_gov.core.models import (
+        MAX_GPU_MEMORY_MB,
+        Device,
+        DeviceSample,
+        GpuProcess,
+        GpuSnapshot,
+        bounded,
+    )
+
+    def snapshot(activity=0.5, sm=0.25, memory=(2000, 1000), total=81920):
+        processes = tuple(GpuProcess(100 + i, mb, sm) for i, mb in enumerate(memory))
+        sample = DeviceSample("GPU-a", 3000, activity, processes, 0.1)
+        device = Device("GPU-a", "NVIDIA H100", 0, total)
+        return GpuSnapshot("nvml", datetime.now(timezone.utc), (device,), {"GPU-a": sample})
+
+    sound = snapshot()
+    assert bounded(sound) is sound
+    for edge in (0.0, 1.0, None):
+        edged = snapshot(activity=edge, sm=edge)
+        assert bounded(edged) is edged
+    assert bounded(snapshot(activity=1.004, sm=-0.004)).samples["GPU-a"].activity == 1.0
+    assert bounded(snapshot(activity=1.004, sm=-0.004)).samples["GPU-a"].processes[0].sm == 0.0
+    assert bounded(snapshot(activity=1.02)).samples["GPU-a"].activity is None
+    half = MAX_GPU_MEMORY_MB // 2 + 1
+    together = bounded(snapshot(memory=(half, half))).samples["GPU-a"].processes
+    assert [p.memory_mb for p in together] == [None, None]
+    assert bounded(snapshot(total=MAX_GPU_MEMORY_MB + 1)).devices[0].memory_total_mb is None

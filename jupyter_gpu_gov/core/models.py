@@ -91,19 +91,46 @@ def bounded(snapshot: GpuSnapshot) -> GpuSnapshot:
     refused a whole report over one such field. A device whose process list names a PID out of
     range is listed but not read (its holders' use unknown, as for a lost GPU). The snapshot
     itself where every figure is in range (every tick, on a sound driver)."""
+    if _in_range(snapshot):
+        return snapshot
     devices = tuple(_bounded_device(d) for d in snapshot.devices)
     samples = {}
     for uuid, sample in snapshot.samples.items():
         if any(not 0 <= p.pid <= MAX_COUNT for p in sample.processes):
             continue
         samples[uuid] = _bounded_sample(sample)
-    if (
-        len(samples) == len(snapshot.samples)
-        and all(a is b for a, b in zip(devices, snapshot.devices, strict=True))
-        and all(samples[uuid] is sample for uuid, sample in snapshot.samples.items())
-    ):
-        return snapshot
     return replace(snapshot, devices=devices, samples=samples)
+
+
+def _in_range(snapshot: GpuSnapshot) -> bool:
+    """Whether every figure of ``snapshot`` is in range as it is (NaN fails each comparison):
+    plain loops, no call a figure, since every tick asks (8 GPUs of 4 processes: 18 µs at
+    load 13)."""
+    most = MAX_GPU_MEMORY_MB
+    for device in snapshot.devices:
+        total = device.memory_total_mb
+        if total is not None and not 0 <= total <= most:
+            return False
+    for sample in snapshot.samples.values():
+        used, activity, memory = sample.memory_used_mb, sample.activity, sample.memory_activity
+        if used is not None and not 0 <= used <= most:
+            return False
+        if activity is not None and not 0.0 <= activity <= 1.0:
+            return False
+        if memory is not None and not 0.0 <= memory <= 1.0:
+            return False
+        held = 0
+        for process in sample.processes:
+            mb, sm = process.memory_mb, process.sm
+            if not 0 <= process.pid <= MAX_COUNT or (sm is not None and not 0.0 <= sm <= 1.0):
+                return False
+            if mb is not None:
+                if not 0 <= mb <= most:
+                    return False
+                held += mb
+        if held > most:
+            return False
+    return True
 
 
 def _bounded_device(device: Device) -> Device:
