@@ -327,7 +327,7 @@ def _number_dict_settings():
             "GpuGovernor",
             {"team_quotas": {"vision": 1e300}},
             "GpuGovernor.team_quotas['vision'] must be a number of GPU-equivalents from 0 to "
-            "1,000,000, got 1e+300",
+            "1,000,000,000, got 1e+300",
         ),
     ],
 )

@@ -34,7 +34,9 @@ from .protocol_server import MAX_CONNECTIONS
 HOUR, DAY = 3600, 86_400
 YEAR = 365 * DAY
 MAX_PRICE = 1e6  # of a GPU-equivalent hour, in any currency
-MAX_TEAM_GUARANTEE = 1e6  # GPU-equivalents: a million cards
+# GPU-equivalents: team_guarantees() passes a quota's devices (a million a tier at most) at
+# their tier's weight (up to 1,000 a server)
+MAX_TEAM_GUARANTEE = 1e9
 
 
 class GovernorSettings(HasTraits):

@@ -39,7 +39,7 @@ from .tiers import (
 )
 
 _EPS = 1e-9
-MAX_TEAM_GPUS = 1e6  # a user's cap, in GPU-equivalents: as the governor's team_quotas
+MAX_TEAM_GPUS = 1e6  # a user's cap, in GPU-equivalents: a million cards
 MAX_PRIORITY = 1_000_000  # a team's priority, either way
 _KEYS = {"guaranteed", "borrowing_limit", "lending_limit", "tiers", "user_cap", "priority"}
 
