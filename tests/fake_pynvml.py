@@ -56,6 +56,7 @@ class FakeMig:
     memory_used_mb: int | None = None  # None: the sum of its processes' known memory
     activity: float = 0.0  # what GPM measures while time advances
     minor_number: int | None = None  # None: NotSupported
+    gpm_metric: float | None = None  # a driver answering garbage: GPM's %, whatever time did
     busy_s: float = field(default=0.0, repr=False)
 
 
@@ -91,6 +92,7 @@ class FakeGpu:
     )  # corr, unc, pending, failed
     clock_events: int = 0  # nvmlClocksEventReason* bits
     xid_events: bool = True  # False: registering for XID events is NotSupported
+    gpm_metric: float | None = None  # a driver answering garbage: GPM's %, whatever time did
     busy_s: float = field(default=0.0, repr=False)
     util_samples: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
 
@@ -493,7 +495,11 @@ def _c_functions(fake: FakeNvml) -> dict[str, Callable[..., Any]]:
             if metric.metricId not in known or elapsed <= 0:  # sample2 must be the later one
                 metric.nvmlReturn = nv.NVML_ERROR_INVALID_ARGUMENT
                 continue
-            metric.value = 100.0 * (second.busy_s - first.busy_s) / elapsed
+            garbage = second.leaf.gpm_metric
+            if garbage is not None:
+                metric.value = garbage
+            else:
+                metric.value = 100.0 * (second.busy_s - first.busy_s) / elapsed
             metric.nvmlReturn = SUCCESS
         return SUCCESS
 

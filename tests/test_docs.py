@@ -584,6 +584,17 @@ def test_the_ranges_table_gives_every_number_setting_its_range():
         )
         for cls, name, trait in _number_settings()
     }
+    from test_settings import _number_dict_settings
+
+    for cls, name, trait in _number_dict_settings():  # per tier or team: each entry's range
+        kind = "whole number" if trait.whole else "number"
+        of = f" of {trait.unit}" if trait.unit else ""
+        ranged = range_words(trait.low, trait.high, trait.above).removeprefix("from ")
+        expected.add((f"{cls.__name__}.{name}", ranged, f"{kind}{of}, per {trait.per}"))
+        for part, (low, high, unit) in trait.parts.items():
+            ranged = range_words(low, high).removeprefix("from ")
+            what = f"whole number of {unit}, per {trait.per} (its `{part}`)"
+            expected.add((f"{cls.__name__}.{name}", ranged, what))
     assert written == expected, (sorted(written - expected), sorted(expected - written))
 
 

@@ -672,3 +672,28 @@ async def test_a_dismissal_outlives_a_restart_and_ends_at_new_evidence(tmp_path,
             listed = {g["uuid"] for g in gov.health_view()["gpus"]}
             assert LOST_GPU in listed and ECC_GPU not in listed
             assert set(gov.store.dismissals()) == {ECC_GPU}
+
+
+async def test_a_failure_claimed_on_a_device_no_gpu_is_named_is_not_listed_nor_a_series(tmp_path):
+    """A report's device may be named anything up to 1,024 characters: a failure claimed on 64
+    devices named no GPU's way (1,000 characters each) was listed on the health page, put on
+    /metrics as 64 series with 1 kB labels, and held the server's culls as "gpu-failed"; no
+    admin could dismiss such a claim (an admin names a GPU by its UUID). A GPU's name is
+    ``GPU-…``/``MIG-…`` (NVML's, DCGM's, the simulator's): such a claim is no GPU's, ignored."""
+    async with FakeHub() as hub, contextlib.AsyncExitStack() as stack:
+        hub.add_server("bob")
+        gov = await stack.enter_async_context(governed(hub, tmp_path))
+        named = [f"{n:02d}" + "x" * 998 for n in range(64)]
+        report = failed_report("bob", named[0])
+        report["devices"] = [{**report["devices"][0], "uuid": uuid} for uuid in named]
+        report["targets"][0]["gpu"]["devices"] = named
+        gov.ingest(report)
+        await gov.reconcile()
+        assert gov.health_view()["gpus"] == []
+        assert [s for s in metrics.GPU_UNHEALTHY.collect()[0].samples] == []
+        assert gov.verdict("bob/")["state"] != "gpu-failed"
+        gov.ingest(failed_report("bob", "GPU-0000-lost"))  # a GPU's name: believed, as ever
+        await gov.reconcile()
+        assert gov.verdict("bob/")["state"] == "gpu-failed"
+        (gpu,) = gov.health_view()["gpus"]
+        assert gpu["uuid"] == "GPU-0000-lost"

@@ -251,6 +251,23 @@ def test_per_process_sm_covers_only_the_time_since_the_last_sample(monkeypatch, 
     assert by_pid(backend.sample().samples["GPU-a"])[1].sm == 0.0  # not the stale 0.5
 
 
+def test_a_sample_stamped_past_any_clock_is_unknown_never_idle_for_good(monkeypatch, backend):
+    """A garbled timestamp (2^63 µs) was taken as the newest sample: the driver then had no
+    sample "since" it, and every process read 0.0, idle, for as long as the server ran. While
+    the driver lists it the processes read unknown; once its ring of samples drops it, known."""
+    busy = FakeProcess(1, sm=0.7)
+    fake = install(monkeypatch, FakeGpu("GPU-a", processes=[busy]))
+    fake.advance()
+    assert by_pid(backend.sample().samples["GPU-a"])[1].sm == pytest.approx(0.7)
+    fake.advance()
+    fake.gpus[0].util_samples.append((2**63, 1, 50))
+    assert by_pid(backend.sample().samples["GPU-a"])[1].sm is None
+    fake.gpus[0].util_samples.pop()  # overwritten in the driver's ring of samples
+    for _ in range(3):
+        fake.advance()
+        assert by_pid(backend.sample().samples["GPU-a"])[1].sm == pytest.approx(0.7)
+
+
 def test_no_samples_since_last_time_means_zero_for_every_process(monkeypatch, backend):
     install(monkeypatch, FakeGpu("GPU-a", processes=[FakeProcess(1), FakeProcess(2)]))
     s = backend.sample().samples["GPU-a"]  # the driver answers NotFound

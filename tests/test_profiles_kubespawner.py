@@ -1456,10 +1456,10 @@ def test_node_pool_max_gives_devices_or_a_node_shape_a_server_fits_on():
         {"nodes": 2, "devices_per_node": True},
     ):
         GpuProfiles.clear_instance()
-        with pytest.raises(TraitError, match=re.escape('{"nodes": N >= 0, "devices_per_node"')):
+        with pytest.raises(TraitError, match=re.escape("GpuProfiles.node_pool_max['h100']")):
             GpuProfiles(config=profiles_config(node_pool_max={"h100": bad}))
     GpuProfiles.clear_instance()
-    with pytest.raises(TraitError, match="node_pool_max: 'h100' must be a whole number >= 0"):
+    with pytest.raises(TraitError, match=re.escape("node_pool_max['h100'] must be a whole number")):
         GpuProfiles(config=profiles_config(node_pool_max={"h100": -8}))
     GpuProfiles.clear_instance()
     shaped = GpuProfiles(

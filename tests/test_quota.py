@@ -541,6 +541,47 @@ def test_load_errors_name_the_team_and_the_key(entry, words):
         assert word in message
 
 
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        (
+            {"guaranteed": {"h100": 10**20}},
+            "'guaranteed.h100' must be a whole number of devices from 0 to 1,000,000, "
+            "got 100000000000000000000",
+        ),
+        (
+            {"borrowing_limit": {"h100": 10**5000}},
+            "'borrowing_limit.h100' must be a whole number of devices from 0 to 1,000,000, "
+            "got a whole number of 16610 bits",
+        ),
+        (
+            {"user_cap": 10**400},
+            "'user_cap' must be a number of GPU-equivalents from 0 (exclusive) to 1,000,000, "
+            "got a whole number of 1329 bits",
+        ),
+        (
+            {"user_cap": 1e300},
+            "'user_cap' must be a number of GPU-equivalents from 0 (exclusive) to 1,000,000, "
+            "got 1e+300",
+        ),
+        (
+            {"priority": 10**30},
+            "'priority' must be a whole number from -1,000,000 to 1,000,000, "
+            "got 1000000000000000000000000000000",
+        ),
+    ],
+)
+def test_a_quota_number_past_its_range_is_refused_naming_the_team_the_key_and_the_range(
+    entry, words
+):
+    """A team's quota had no upper bound: 10**20 guaranteed devices, a cap of 1e300 were taken,
+    a cap of 10**400 raised OverflowError (``float()``) naming nothing, 10**5000 devices a
+    ValueError from the message's own repr."""
+    with pytest.raises(QuotaError) as error:
+        load_quotas({"vision": QUOTAS["vision"], "bad": entry}, TIERS)
+    assert str(error.value) == f"quota for team 'bad': {words}"
+
+
 def test_load_refuses_what_is_not_a_dict_of_teams():
     with pytest.raises(QuotaError, match="dict of team: quota"):
         load_quotas([QUOTAS["vision"]], TIERS)

@@ -180,7 +180,7 @@ def test_the_profile_layers_guarantees_reach_my_gpu_usage(monkeypatch):
     own.GpuGovernor.team_quotas = {"vision": 1}
     assert shown(own) == {"vision": 1}
     monkeypatch.setenv(TEAM_QUOTAS_ENV, '{"vision": -1}')
-    with pytest.raises(TraitError, match="must be a number >= 0"):
+    with pytest.raises(TraitError, match=re.escape("QUOTAS['vision'] must be a number of GPU")):
         shown()
 
 
@@ -213,7 +213,7 @@ def test_a_tier_weight_past_any_servers_is_refused_naming_it():
     server billed 6e301 GPU-seconds, a team's showback beyond reading, two such servers inf.
     At most a tier's bound in the profile layer (1,000), as a grant's recorded weight."""
     GpuGovernor(tier_weights={"h100": 1000})
-    with pytest.raises(TraitError, match=r"tier_weights\['h100'\] must be at most 1000"):
+    with pytest.raises(TraitError, match=r"tier_weights\['h100'\] must be a number of GPU-eq"):
         GpuGovernor(tier_weights={"h100": 1e300})
 
 
@@ -262,6 +262,127 @@ def _number_settings():
         if isinstance(trait, Int | Float)
         and trait.this_class.__module__.startswith("jupyter_gpu_gov")
     ]
+
+
+def _number_dict_settings():
+    """Every setting that maps names (tiers, teams) to numbers: (class, its name, the trait)."""
+    from jupyter_gpu_gov.core.traits import NumberDict
+    from jupyter_gpu_gov.profiles.cluster import ClusterGpus
+    from jupyter_gpu_gov.profiles.config import GpuProfiles
+    from jupyter_gpu_gov.server.app import GpuGovApp
+
+    return [
+        (cls, name, trait)
+        for cls in (GpuGovernor, GpuProfiles, ClusterGpus, GpuGovApp)
+        for name, trait in sorted(cls.class_traits(config=True).items())
+        if isinstance(trait, NumberDict)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("owner", "value", "words"),
+    [
+        (
+            "GpuProfiles",
+            {"capacity": {"h100": 10**20}},
+            "GpuProfiles.capacity['h100'] must be a whole number of devices from 0 to "
+            "1,000,000, got 100000000000000000000",
+        ),
+        (
+            "GpuProfiles",
+            {"capacity": {"h100": 10**5000}},
+            "GpuProfiles.capacity['h100'] must be a whole number of devices from 0 to "
+            "1,000,000, got a whole number of 16610 bits",
+        ),
+        (
+            "GpuProfiles",
+            {"node_pool_max": {"h100": 10**7}},
+            "GpuProfiles.node_pool_max['h100'] must be a whole number of devices from 0 to "
+            "1,000,000, got 10000000",
+        ),
+        (
+            "GpuProfiles",
+            {"node_pool_max": {"h100": {"nodes": 10**9, "devices_per_node": 8}}},
+            "GpuProfiles.node_pool_max['h100']['nodes'] must be a whole number of nodes from 0 "
+            "to 100,000, got 1000000000",
+        ),
+        (
+            "GpuProfiles",
+            {"node_pool_max": {"h100": {"nodes": 2, "devices_per_node": 10**6}}},
+            "GpuProfiles.node_pool_max['h100']['devices_per_node'] must be a whole number of "
+            "devices a node from 1 to 4,096, got 1000000",
+        ),
+        (
+            "GpuGovernor",
+            {"gpu_hour_cost": {"h100": 1e300}},
+            "GpuGovernor.gpu_hour_cost['h100'] must be a number from 0 to 1,000,000, got 1e+300",
+        ),
+        (
+            "GpuGovernor",
+            {"gpu_hour_cost": {"h100": 10**5000}},
+            "GpuGovernor.gpu_hour_cost['h100'] must be a number from 0 to 1,000,000, "
+            "got a whole number of 16610 bits",
+        ),
+        (
+            "GpuGovernor",
+            {"team_quotas": {"vision": 1e300}},
+            "GpuGovernor.team_quotas['vision'] must be a number of GPU-equivalents from 0 to "
+            "1,000,000,000, got 1e+300",
+        ),
+    ],
+)
+def test_a_number_past_its_range_in_a_per_tier_or_team_dict_is_refused_naming_it(
+    owner, value, words
+):
+    """A tier's capacity, its pool's size and price, a team's guarantee had no upper bound:
+    10**20 devices, a price of 1e300 an hour (showback past reading) were taken, and 10**5000
+    crashed building its own message (a ValueError naming nothing). Refused at start-up with
+    one line naming the setting, its key, the range and the value."""
+    from jupyter_gpu_gov.profiles.config import GpuProfiles
+
+    cls = {"GpuProfiles": GpuProfiles, "GpuGovernor": GpuGovernor}[owner]
+    if cls is GpuProfiles:
+        GpuProfiles.clear_instance()
+    with pytest.raises(TraitError) as info:
+        cls(**value)
+    assert str(info.value) == words
+
+
+def test_every_per_tier_or_team_number_dict_refuses_an_entry_past_its_range():
+    """Each such dict (found by introspection) refuses an entry past either end, naming it,
+    and takes both ends."""
+    from jupyter_gpu_gov.profiles.config import GpuProfiles
+
+    settings = _number_dict_settings()
+    found = {f"{c.__name__}.{n}" for c, n, _ in settings}
+    assert found >= {
+        "GpuProfiles.capacity",
+        "GpuProfiles.node_pool_max",
+        "GpuGovernor.gpu_hour_cost",
+        "GpuGovernor.tier_weights",
+        "GpuGovernor.team_quotas",
+    }
+    for cls, name, trait in settings:
+        entries = [(trait.low, trait.high, not trait.whole)]
+        entries += [(low, high, False) for low, high, _ in trait.parts.values()]
+        for part, (low, high, fractional) in zip([None, *trait.parts], entries, strict=True):
+
+            def entry(number, part=part, parts=trait.parts):
+                if part is None:
+                    return number
+                return {p: (number if p == part else lo) for p, (lo, _, _) in parts.items()}
+
+            for bad in (10 * high + (0.5 if fractional else 1), low - 1):
+                GpuProfiles.clear_instance()
+                with pytest.raises(TraitError) as info:
+                    cls(**{name: {"k": entry(bad)}})
+                said = str(info.value)
+                assert said.startswith(f"{cls.__name__}.{name}['k']"), said
+                assert f" to {int(high):,}, got {bad!r}" in said, said
+            for good in (low, high):
+                GpuProfiles.clear_instance()
+                assert getattr(cls(**{name: {"k": entry(good)}}), name) == {"k": entry(good)}
+    GpuProfiles.clear_instance()
 
 
 def test_every_number_setting_of_every_layer_has_a_range_it_refuses_past_naming_it():

@@ -160,8 +160,19 @@ def assess(reading: Reading) -> Health:
     events = reading.clock_events or 0
     warnings.extend(text for bits, text in _THROTTLE_WARNINGS if events & bits)
     if reset or drain:
-        return Health(UNHEALTHY, tuple(reset + drain), RESET if reset else DRAIN, tuple(warnings))
-    return Health(OK, warnings=tuple(warnings)) if warnings else HEALTHY
+        reasons = _at_most(reset + drain)
+        return Health(UNHEALTHY, reasons, RESET if reset else DRAIN, _at_most(warnings))
+    return Health(OK, warnings=_at_most(warnings)) if warnings else HEALTHY
+
+
+def _at_most(texts: list[str]) -> tuple[str, ...]:
+    """``MAX_REASONS`` of ``texts``, the last saying how many more: NVML's XIDs are kept for the
+    server's life, and a seventeenth distinct one (a driver answering garbage, a program failing
+    in many ways) made every later report one the governor refuses."""
+    if len(texts) <= MAX_REASONS:
+        return tuple(texts)
+    kept = MAX_REASONS - 1
+    return (*texts[:kept], f"and {len(texts) - kept} more")
 
 
 def combine(healths: Iterable[Health]) -> Health:

@@ -90,3 +90,63 @@ class FiniteFloat(_Bounded, traitlets.Float):
 
 class BoundedInt(_Bounded, traitlets.Int):
     """traitlets' Int in its range: a count, a port, seconds counted whole."""
+
+
+class NumberDict(traitlets.Dict):
+    """A dict of names (tiers, teams) to numbers, each in its range (``check_number``), named
+    ``GpuProfiles.capacity['h100']``: such dicts had no upper bound (a capacity of 10**5000
+    crashed building its own message, a price of 1e300 an hour billed past reading). ``per``
+    says what a key is (the ranges table of docs/api.md); ``parts``, where an entry may be an
+    object of numbers instead (``node_pool_max``'s node shape), gives each part's range as
+    ``(low, high, unit)``; ``parts_words`` says what such an entry is, for its refusal."""
+
+    def __init__(
+        self,
+        default_value=traitlets.Undefined,
+        *,
+        min,
+        max,
+        whole=False,
+        above=False,
+        unit="",
+        per="",
+        parts=None,
+        **kwargs,
+    ):
+        if not (math.isfinite(min) and math.isfinite(max) and min <= max):
+            raise ValueError(f"a setting's range is two finite numbers, got {min!r}, {max!r}")
+        super().__init__(default_value, **kwargs)
+        self.low, self.high, self.whole, self.above = min, max, whole, above
+        self.unit, self.per, self.parts = unit, per, parts or {}
+
+    def validate(self, obj, value):
+        value = super().validate(obj, value)
+        owner = f"{type(obj).__name__}.{self.name}"
+        for key, number in value.items():
+            self.check_entry(f"{owner}[{quoted(key)}]", number)
+        return value
+
+    def check_entry(self, name: str, value: object) -> None:
+        """Raise ``OutOfRange`` naming ``name`` unless ``value`` is an entry in range."""
+        if self.parts and not isinstance(value, int | float):
+            if not isinstance(value, dict) or set(value) != set(self.parts):
+                kind = "a whole number" if self.whole else "a number"
+                of = f" of {self.unit}" if self.unit else ""
+                wanted = " and ".join(quoted(part) for part in self.parts)
+                got = (
+                    f"an object of {', '.join(quoted(k, 40) for k in list(value)[:5])}"
+                    if isinstance(value, dict)
+                    else quoted(value)
+                )
+                raise OutOfRange(
+                    f"{name} must be {kind}{of} {range_words(self.low, self.high, self.above)} "
+                    f"or an object of {wanted}, got {got}"
+                )
+            for part, (low, high, unit) in self.parts.items():
+                check_number(
+                    f"{name}[{quoted(part)}]", value[part], low, high, whole=True, unit=unit
+                )
+            return
+        check_number(
+            name, value, self.low, self.high, whole=self.whole, above=self.above, unit=self.unit
+        )

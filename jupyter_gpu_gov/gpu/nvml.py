@@ -12,8 +12,9 @@ What each API can say, and what we report when it cannot (``None``, never a made
   device memory was read or written) for whole GPUs; ``None`` for MIG instances and where
   utilisation rates are not supported.
 - processes: compute and graphics lists (v3, else v2) merged by PID, with per-process SM
-  utilisation from the samples the driver took since the previous tick. MIG instances have no
-  per-process utilisation: their processes only "hold a context" (``sm=None``).
+  utilisation from the samples the driver took since the previous tick (one stamped more than
+  a day past the host's clock is garbled: the processes are unknown that tick). MIG instances
+  have no per-process utilisation: their processes only "hold a context" (``sm=None``).
 
 - health (``core.health``), per physical GPU and shared by its MIG instances: XIDs from an
   event set registered for ``nvmlEventTypeXidCriticalError`` (kept for the life of the process:
@@ -71,6 +72,10 @@ _FATAL_ERRORS = (
 # A lost GPU: only this one GPU is gone, the others can still be read.
 _LOST_ERRORS = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired")
 _MAX_EVENTS_PER_TICK = 64  # XID events read per GPU per tick; the rest wait for the next
+# NVML stamps a per-process sample with the host's clock (µs): one stamped later than this past
+# it is garbled (``_process_sm``).
+_SAMPLE_CLOCK_SLACK_S = 86_400
+_MAX_XIDS_KEPT = 256  # distinct XIDs kept per GPU, but for the catalogue's (``_new_xids``)
 
 _HINTS = {
     "NVMLError_LibraryNotFound": (
@@ -511,8 +516,13 @@ class NvmlBackend:
                     raise
                 except nv.NVMLError:  # Timeout: nothing waiting
                     break
-                if data.eventType & nv.nvmlEventTypeXidCriticalError:
-                    seen[int(data.eventData)] = None
+                xid = int(data.eventData)
+                # Kept for good, so bounded: past _MAX_XIDS_KEPT, only the catalogue's (a driver
+                # answering garbage sends 64 new numbers a tick; a GPU that fails is still said).
+                if data.eventType & nv.nvmlEventTypeXidCriticalError and (
+                    len(seen) < _MAX_XIDS_KEPT or xid in health.XIDS
+                ):
+                    seen[xid] = None
         return tuple(seen)
 
     # -- samples ------------------------------------------------------------------------------
@@ -652,6 +662,12 @@ class NvmlBackend:
                 return None
         if samples is None:
             return None
+        horizon = (clock.utcnow().timestamp() + _SAMPLE_CLOCK_SLACK_S) * 1e6
+        if any(at > horizon for _, at, _ in samples):
+            # Stamped past any clock (a garbled timestamp): kept as the newest, every later
+            # sample read as "none since" and every process as idle, for good. Unknown while
+            # the driver still lists it (its ring of samples drops it in time).
+            return None
         by_pid: dict[int, list[int]] = {}
         for pid, _, sm_util in samples:
             by_pid.setdefault(pid, []).append(sm_util)
@@ -756,7 +772,9 @@ def _process_info_v3(nv: ModuleType) -> type:
 
 
 def _fraction(percent: float) -> float:
-    return min(max(percent / 100.0, 0.0), 1.0)
+    """A percentage as NVML gives it, as a share; ``core.models.bounded`` reads one no GPU
+    gives (NaN from GPM's doubles, 4 billion % from a garbled integer) as unknown."""
+    return percent / 100.0
 
 
 def _lost(error: _Unavailable) -> str | None:

@@ -192,6 +192,10 @@ class HealthWatch:
             if sent is None or sent["status"] == health.OK:  # most devices: nothing to do
                 continue
             uuid = device.get("parent_uuid") or device["uuid"]
+            if not _GPU_UUID.fullmatch(uuid):
+                # No GPU is named so (NVML's, DCGM's: GPU-…, MIG-…): the claim is on no GPU,
+                # and no admin could name it to dismiss it (its 1 kB name went to /metrics).
+                continue
             noted[uuid] = GpuProblem(
                 uuid=uuid,
                 health=health.from_dict(sent),

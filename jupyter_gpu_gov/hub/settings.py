@@ -5,7 +5,6 @@ message naming the setting."""
 from __future__ import annotations
 
 import json
-import math
 import os
 from urllib.parse import urlparse
 
@@ -22,7 +21,8 @@ from traitlets import (
 
 from ..core.durations import MAX_SECONDS
 from ..core.grant import MAX_WEIGHT
-from ..core.traits import BoundedInt, FiniteFloat
+from ..core.text import quoted
+from ..core.traits import BoundedInt, FiniteFloat, NumberDict
 from .event_loop import EVENT_LOOPS
 from .health import NODE_ACTIONS, SERVICE_ACCOUNT
 from .hubconfig import TEAM_QUOTAS_ENV
@@ -33,6 +33,10 @@ from .protocol_server import MAX_CONNECTIONS
 # up to 100 years (core.durations.MAX_SECONDS).
 HOUR, DAY = 3600, 86_400
 YEAR = 365 * DAY
+MAX_PRICE = 1e6  # of a GPU-equivalent hour, in any currency
+# GPU-equivalents: team_guarantees() passes a quota's devices (a million a tier at most) at
+# their tier's weight (up to 1,000 a server)
+MAX_TEAM_GUARANTEE = 1e9
 
 
 class GovernorSettings(HasTraits):
@@ -321,7 +325,11 @@ class GovernorSettings(HasTraits):
     ).tag(config=True)
 
     # -- usage ledger and showback -----------------------------------------------------------
-    tier_weights = Dict(
+    tier_weights = NumberDict(
+        min=0,
+        max=MAX_WEIGHT,
+        unit="GPU-equivalents",
+        per="tier",
         help="""GPU-equivalents a server of each tier holds, for the usage ledger, e.g.
         ``{"h100": 1, "h100-3g": 0.5, "l4-shared": 0.25}``, each at most 1,000. A server's
         grant (``gpu-gov/weight``, written by the profile layer) wins; without either the
@@ -329,20 +337,27 @@ class GovernorSettings(HasTraits):
         of its pod), else those it reports (a whole GPU 1, a MIG slice its compute share),
         else 1 for a server with a tier, else 0 (no GPU, nothing billed).""",
     ).tag(config=True)
-    gpu_hour_cost = Dict(
+    gpu_hour_cost = NumberDict(
+        min=0,
+        max=MAX_PRICE,
+        per="tier",
         help="""Price of one GPU-equivalent hour per tier, in `currency`, for showback, e.g.
         ``{"h100": 2.5, "h100-1g": 0.4}``. Tiers not listed cost `gpu_hour_cost_default`.""",
     ).tag(config=True)
     gpu_hour_cost_default = FiniteFloat(
         0.0,
         min=0,
-        max=1e6,
+        max=MAX_PRICE,
         help="Price of one GPU-equivalent hour of a tier not in `gpu_hour_cost`.",
     ).tag(config=True)
     currency = Unicode("USD", help="The currency label shown with costs, e.g. EUR.").tag(
         config=True
     )
-    team_quotas = Dict(
+    team_quotas = NumberDict(
+        min=0,
+        max=MAX_TEAM_GUARANTEE,
+        unit="GPU-equivalents",
+        per="team",
         help="""GPU-equivalents each team is guaranteed, shown on each user's usage page next to
         what the team holds now, e.g. ``{"vision": 2, "nlp": 1.5}`` (display only: admission
         is the profile layer's). ``add_governor(c, team_quotas=team_guarantees(c))``
@@ -361,7 +376,10 @@ class GovernorSettings(HasTraits):
             raise TraitError(f"${TEAM_QUOTAS_ENV} is not JSON: {error}") from None
         if not isinstance(quotas, dict):
             raise TraitError(f"${TEAM_QUOTAS_ENV}: expected a dict of team: GPU-equivalents")
-        return _numbers(f"${TEAM_QUOTAS_ENV}", quotas)  # (a default is not validated)
+        trait = self.traits()["team_quotas"]
+        for team, amount in quotas.items():  # (a default is not validated)
+            trait.check_entry(f"${TEAM_QUOTAS_ENV}[{quoted(team)}]", amount)
+        return quotas
 
     usage_max_gap = FiniteFloat(
         0,
@@ -481,13 +499,6 @@ class GovernorSettings(HasTraits):
         pass a minute), the oldest deleted first, whatever history_retention says. 0: none is
         recorded.""",
     ).tag(config=True)
-
-    @validate("gpu_hour_cost", "tier_weights", "team_quotas")
-    def _numbers(self, proposal):
-        name = proposal["trait"].name
-        # A server's weight at most a tier's (1e300 GPU-equivalents billed a minute as inf).
-        most = MAX_WEIGHT if name == "tier_weights" else math.inf
-        return _numbers(f"GpuGovernor.{name}", proposal["value"], most)
 
     # -- GPU health (docs/health.md) -----------------------------------------------------------
     gpu_unknown_alert_after = FiniteFloat(
@@ -676,16 +687,3 @@ class GovernorSettings(HasTraits):
     @default("ip")
     def _ip_default(self):
         return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "")).hostname or "127.0.0.1"
-
-
-def _numbers(name: str, values: dict, most: float = math.inf) -> dict:
-    for key, value in values.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 <= value < math.inf  # NaN too: no comparison holds
-        ):
-            raise TraitError(f"{name}[{key!r}] must be a number >= 0 and finite, got {value!r}")
-        if value > most:
-            raise TraitError(f"{name}[{key!r}] must be at most {most:g}, got {value!r}")
-    return values

@@ -14,13 +14,27 @@ from traitlets import Bool, Dict, List, TraitError, Unicode, validate
 from traitlets.config import SingletonConfigurable
 
 from ..core.durations import parse_duration
-from ..core.traits import BoundedInt
+from ..core.traits import BoundedInt, NumberDict
 from ..core.vocabulary import LABEL_PREFIX
 from .cluster import PoolShape
 from .quota import QuotaError, TeamQuota, load_quotas
-from .tiers import Card, CardError, Tier, TierError, load_cards, load_tiers, renamed
+from .tiers import (
+    MAX_TIER_DEVICES,
+    Card,
+    CardError,
+    Tier,
+    TierError,
+    load_cards,
+    load_tiers,
+    renamed,
+)
 
 # A Kubernetes label prefix: a DNS subdomain, then '/'.
+# A pool's nodes at most 100,000 (Kubernetes supports 5,000 a cluster), each with 1 to 4,096
+# devices (8 cards of 7 MIG instances hold 56; time-sliced replicas a few hundred).
+MAX_POOL_NODES = 100_000
+MAX_NODE_DEVICES = 4096
+
 _PREFIX = re.compile(
     r"^(?=.{1,253}/$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/$"
 )
@@ -72,7 +86,12 @@ class GpuProfiles(SingletonConfigurable):
         """,
     ).tag(config=True)
 
-    capacity = Dict(
+    capacity = NumberDict(
+        min=0,
+        max=MAX_TIER_DEVICES,
+        whole=True,
+        unit="devices",
+        per="tier",
         help="""Devices per tier, e.g. ``{"h100": 16}``. On Kubernetes, GpuKubeSpawner counts the
         devices of the nodes each tier selects (less what other pods hold there) when it
         may read nodes; an entry here then caps that count (a share of the cluster for this hub),
@@ -80,7 +99,16 @@ class GpuProfiles(SingletonConfigurable):
         bounded by quotas alone. Workstation spawners count their own devices.""",
     ).tag(config=True)
 
-    node_pool_max = Dict(
+    node_pool_max = NumberDict(
+        min=0,
+        max=MAX_TIER_DEVICES,
+        whole=True,
+        unit="devices",
+        per="tier",
+        parts={
+            "nodes": (0, MAX_POOL_NODES, "nodes"),
+            "devices_per_node": (1, MAX_NODE_DEVICES, "devices a node"),
+        },
         help="""What the tier's nodes can hold at most once the cluster autoscaler (or
         Karpenter) has added every node it may: the pool's node shape, ``{"nodes": 2,
         "devices_per_node": 8}`` for a pool of up to two 8-card nodes scaled to zero when idle
@@ -229,19 +257,6 @@ class GpuProfiles(SingletonConfigurable):
             )
         return proposal.value
 
-    @validate("capacity", "node_pool_max")
-    def _valid_capacity(self, proposal):
-        for tier, devices in proposal.value.items():
-            if proposal.trait.name == "node_pool_max" and isinstance(devices, dict):
-                _pool_shape(tier, devices)
-                continue
-            if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
-                raise TraitError(
-                    f"GpuProfiles.{proposal.trait.name}: {tier!r} must be a whole number >= 0, "
-                    f"got {devices!r}"
-                )
-        return proposal.value
-
     @cached_property
     def tier_map(self) -> dict[str, Tier]:
         # Checked here rather than when set: the tiers may name cards set after them.
@@ -272,7 +287,9 @@ class GpuProfiles(SingletonConfigurable):
         """``node_pool_max`` as ``profiles.cluster`` counts it: per tier, devices or the
         pool's node shape."""
         return {
-            tier: _pool_shape(tier, most) if isinstance(most, dict) else most
+            tier: PoolShape(most["nodes"], most["devices_per_node"])
+            if isinstance(most, dict)
+            else most
             for tier, most in self.node_pool_max.items()
         }
 
@@ -297,22 +314,6 @@ class GpuProfiles(SingletonConfigurable):
                         f"GpuProfiles.{key}: {tier!r} counts devices and a server takes "
                         f"{count}: give a multiple of {count}, got {devices}"
                     )
-
-
-def _pool_shape(tier: str, entry: dict) -> PoolShape:
-    """A ``node_pool_max`` entry that gives the pool's node shape; raises ``TraitError``."""
-    nodes, per_node = entry.get("nodes"), entry.get("devices_per_node")
-    if (
-        set(entry) != {"nodes", "devices_per_node"}
-        or not all(isinstance(n, int) and not isinstance(n, bool) for n in (nodes, per_node))
-        or nodes < 0
-        or per_node < 1
-    ):
-        raise TraitError(
-            f"GpuProfiles.node_pool_max: {tier!r} must be a whole number of devices >= 0 or "
-            f'{{"nodes": N >= 0, "devices_per_node": D >= 1}}, got {entry!r}'
-        )
-    return PoolShape(nodes, per_node)
 
 
 def _within(proposal, low: timedelta, high: timedelta, words: str) -> str:

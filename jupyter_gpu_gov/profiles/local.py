@@ -31,7 +31,7 @@ from traitlets.config import SingletonConfigurable
 from ..core import health
 from ..core.grant import DEVICES_STATE, GPUS_STATE
 from ..core.grant import devices as recorded_devices
-from ..core.models import Device
+from ..core.models import Device, bounded
 from ..core.queue import FRESH_FOR_S
 from ..core.text import escaped, in_sentence
 from ..gpu.backends import CHOICES, make_backend
@@ -137,7 +137,7 @@ class LocalGpus(SingletonConfigurable):
                 simulated_devices=self.simulated_devices,
                 sim_state_path=self.sim_state_path or None,
             )
-        snapshot = self._backend.sample()
+        snapshot = bounded(self._backend.sample())  # a card's garbage memory fits no tier
         if snapshot.backend == "unavailable":  # NVML failed: unknown, not a machine without cards
             raise _Unreadable(snapshot.error or "NVML failed")
         checked = snapshot.health

@@ -18,7 +18,6 @@ act on. Pure: no JupyterHub or Kubernetes imports.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,9 +28,19 @@ from typing import Any
 # which carry it to the governor.
 from ..core.queue import BORROWING, CAPACITY, USER_CAP
 from ..core.text import in_sentence, listed
-from .tiers import Tier, card_sharing, check_entry, frees_cards_for, may_free_cards_for
+from ..core.traits import check_number
+from .tiers import (
+    MAX_TIER_DEVICES,
+    Tier,
+    card_sharing,
+    check_entry,
+    frees_cards_for,
+    may_free_cards_for,
+)
 
 _EPS = 1e-9
+MAX_TEAM_GPUS = 1e6  # a user's cap, in GPU-equivalents: a million cards
+MAX_PRIORITY = 1_000_000  # a team's priority, either way
 _KEYS = {"guaranteed", "borrowing_limit", "lending_limit", "tiers", "user_cap", "priority"}
 
 
@@ -304,13 +313,18 @@ def _quota(team: str, entry: Mapping[str, Any], tiers: Mapping[str, Tier]) -> Te
         _known(named, tiers, "tiers")
         allowed = set(named) | set(amounts["guaranteed"])
     cap = entry.get("user_cap")
-    if cap is not None and (
-        isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap < math.inf
-    ):  # NaN too: no comparison holds
-        raise ValueError(f"'user_cap' must be a positive number of GPU-equivalents, got {cap!r}")
+    if cap is not None:  # 10**400 raised OverflowError at float(), naming nothing
+        check_number(
+            "'user_cap'",
+            cap,
+            0,
+            MAX_TEAM_GPUS,
+            above=True,
+            unit="GPU-equivalents",
+            error=ValueError,
+        )
     priority = entry.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValueError(f"'priority' must be a whole number, got {priority!r}")
+    check_number("'priority'", priority, -MAX_PRIORITY, MAX_PRIORITY, whole=True, error=ValueError)
     return TeamQuota(
         team=team,
         tiers=frozenset(allowed),
@@ -328,8 +342,15 @@ def _amounts(entry: Mapping, key: str, tiers: Mapping[str, Tier]) -> dict[str, i
         raise ValueError(f"{key!r} must be a dict of tier: devices, got {value!r}")
     _known(value, tiers, key)
     for tier, amount in value.items():
-        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
-            raise ValueError(f"'{key}.{tier}' must be a whole number >= 0, got {amount!r}")
+        check_number(
+            f"'{key}.{tier}'",
+            amount,
+            0,
+            MAX_TIER_DEVICES,
+            whole=True,
+            unit="devices",
+            error=ValueError,
+        )
         count = tiers[tier].count
         if amount % count:
             raise ValueError(

@@ -30,6 +30,9 @@ from ..core.rightsize import former_name_clash
 from ..core.traits import check_number
 
 MIN_SHARE = 1 / 8  # no slice smaller than an eighth of a card
+# A tier's devices at most, in a capacity, a pool or a team's quota: a million (ten times the
+# largest clusters).
+MAX_TIER_DEVICES = 1_000_000
 MAX_CLASS_MEMORY_GB = 4096  # a capability class's 'min_memory_gb': as a card's 'memory_gb'
 GPU_VENDOR_PREFIX = "nvidia.com/"  # every resource of NVIDIA's device plugin (below)
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -22,7 +22,7 @@ from datetime import datetime
 from time import monotonic, thread_time
 
 from ..core import clock, health
-from ..core.models import GpuSnapshot
+from ..core.models import GpuSnapshot, bounded
 from ..core.window import ActivityWindow
 from ..core.wire import MAX_TEXT
 from ..gpu import procs
@@ -285,7 +285,9 @@ class Sampler:
             self._first_tick = False
             if any(t.root.pid in self._scanner.foreign for t in targets):
                 self._scanner.forget_foreign()
-        snapshot = self._open_backend().sample()
+        # Every figure one a GPU can give: a driver's garbage is unknown, and no field of the
+        # report is one the governor refuses (the whole report with it).
+        snapshot = bounded(self._open_backend().sample())
         if self.index_order_unknown and _several_gpus(snapshot):
             # Which card the kernels' index names is unknown: so is what they did, never idle.
             snapshot = GpuSnapshot(
