@@ -654,9 +654,10 @@ async def test_a_pass_visits_only_the_servers_whose_inputs_moved(tmp_path, monke
         for _ in range(6):
             await minute()
         await minute(moved="user3")
-        # The first pass decides every server, and the second again (the first wrote rows).
-        assert visits[:2] == [(20, 20, 0, 20)] * 2
-        assert visits[2:6] == [(0, 0, 0, 0)] * 4  # then none: nothing moved
+        # The first pass decides every server; it wrote their rows, but deciding them again on
+        # the same inputs would write nothing: the second decides none (``_settled``).
+        assert visits[0] == (20, 20, 0, 20)
+        assert visits[1:6] == [(0, 0, 0, 0)] * 5  # then none: nothing moved
         assert visits[6] == (1, 1, 0, 1)  # only the server whose report moved
         gov.flush_usage()  # the ledger's write: billed to the last pass, every one
         for user in users:
@@ -670,9 +671,9 @@ async def test_a_pass_visits_only_the_servers_whose_inputs_moved(tmp_path, monke
         }
         assert sum(team.values()) == 20
         while frozen[0] - start < timedelta(seconds=KEYFRAME_S + 60):
-            await minute()  # user3 active again: decided, and again after its row's write
-        assert visits[7:9] == [(1, 1, 0, 1)] * 2
-        assert set(visits[9:-1]) == {(0, 0, 0, 0)}
+            await minute()  # user3 active again: decided once (its row's write settled)
+        assert visits[7] == (1, 1, 0, 1)
+        assert set(visits[8:-1]) == {(0, 0, 0, 0)}
         # The others' history keyframes fell due (15 minutes after their first rows): recorded
         # then, on their kept views, without being observed again.
         assert visits[-1] == (0, 19, 0, 0)

@@ -27,7 +27,7 @@ from datetime import datetime
 
 from ..core import clock, policy
 from ..core.policy import Decision, Policy, Record, ServerView, evolve
-from ..core.vocabulary import CULL
+from ..core.vocabulary import CHECKPOINT_REQUESTED, CULL, NOTICES, WARNINGS
 from . import trusted
 from .dcgm import DcgmSnapshot, GpuEvidence, moved_gpus
 from .evidence import Received
@@ -44,6 +44,9 @@ YIELD_EVERY = 32
 # the connection accepted, its transport made (asyncio's own task), the protocol told, then the
 # request read and answered.
 REPORT_TURNS = 4
+# What a decision kept after it wrote (``_keep_settled``) may have put on record: a change of
+# state, a warning or a notice (``Actions._act``: an audit row, nothing more to do).
+SETTLED_AUDITS = frozenset({"state", *WARNINGS, *NOTICES})
 
 
 async def let_reports_in() -> None:
@@ -205,6 +208,56 @@ class Incremental:
         kept = Kept(server, received, inputs, row, record_of(row), view, until, keys)
         self.unchanged.keep(key, kept)
         self.due.at(key, _earliest(until, stale_at))
+
+    def _keep_settled(
+        self, key, server, row, received, view, server_policy: Policy, now, batch, marks
+    ) -> None:
+        """A decision that changed its server's row with nothing left to do (no job; its audit
+        rows, if any, a change of state, a warning or a notice: ``SETTLED_AUDITS``) is kept as
+        a steady one is when deciding again on the same inputs would change nothing
+        (``_settled``): else every change was decided again at the next pass, to write nothing
+        (at 10,000 servers, a fifth of a pass's decisions: docs/benchmarks-history.md, "Issue
+        26, wave 40")."""
+        audits = batch.audits[marks[1] :]
+        if not self.unchanged.enabled or any(a.action not in SETTLED_AUDITS for a in audits):
+            self._unkeep(key)
+            return
+        again = self._settled(view, record_of(row), server_policy, row, now)
+        if again is None:
+            self._unkeep(key)
+            return
+        until = policy.holds_until(view, record_of(row), server_policy, again, now)
+        self._keep(key, server, row, received, view, until, now)
+
+    def _settled(
+        self, view: ServerView, record: Record, server_policy: Policy, row: ServerRow, now
+    ) -> Decision | None:
+        """The decision the next pass would take on the same inputs and ``record`` (the one
+        just decided, on the row), when it changes nothing: the same record, no action, the
+        row's deadlines and policy change (``Governor._govern``'s test of a steady decision);
+        else None. As ``_govern`` takes it, with no GPU failing (it is not kept then): the
+        checkpoint's timeout and ``health.prepare`` first, neither of which may move it."""
+        asked = record.checkpoint_requested_at
+        if (
+            record.checkpoint_status == CHECKPOINT_REQUESTED
+            and asked is not None
+            and now - asked >= server_policy.checkpoint_timeout
+        ):
+            return None  # it times out at the next pass
+        prepared, same = self.health.prepare(view, record, None)
+        if same != record or prepared != view:
+            return None
+        again = policy.decide(view, record, server_policy, now)
+        deadlines = (again.warn_at, again.cull_at, again.at_deadline, again.policy_change)
+        if (
+            again.record != record
+            or again.actions
+            or deadlines != (row.warn_at, row.cull_at, row.at_deadline, row.policy_change)
+            or server_policy.name != row.policy
+            or (again.cull_reason and again.cull_reason != row.cull_reason)
+        ):
+            return None
+        return again
 
     def _commit(self, row: ServerRow, record, audits, **changes) -> None:
         """A person's request (``Records._commit``) changed the row's record outside a pass:

@@ -706,6 +706,8 @@ class Governor(
         if steady and failure is None and self.unchanged.enabled:
             until = policy.holds_until(view, record, server_policy, decision, now)
             self._keep(key, server, row, received, view, until, now)
+        elif failure is None and len(batch.jobs) == marks[2]:  # (nothing to do: no action)
+            self._keep_settled(key, server, row, received, view, server_policy, now, batch, marks)
         else:
             self._unkeep(key)
         return view

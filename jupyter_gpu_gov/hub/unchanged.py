@@ -5,7 +5,9 @@ GPUs, the team map, the policies, its record and the time. After a decision that
 nothing (no row, audit or action), ``Unchanged`` keeps those inputs and ``policy.holds_until``
 (until when the same inputs decide the same). At the next pass a server whose inputs are all
 equal and whose time has not come keeps its decision: nothing would have been written, said
-or done for it. Anything that cannot be compared cheaply (a checkpoint answer waiting, a
+or done for it. A decision that wrote its row (a change of state, a warning) with nothing left
+to do is kept so too when deciding again on the same inputs would write nothing
+(``Incremental._settled``). Anything that cannot be compared cheaply (a checkpoint answer waiting, a
 kernel shutdown asked, a report not believed, a failed decision) decides as before.
 
 Every ``full_every`` passes (``Options.full_pass_every``) every server is decided, as a safety
