@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -222,6 +224,32 @@ class GpuEvidence:
     @property
     def owner(self) -> tuple[str | None, str] | None:
         return (self.namespace, self.pod) if self.pod else None
+
+    def __reduce__(self) -> tuple:
+        # Sent from the read's worker (hub/dcgm_source.py) as its values, its texts interned
+        # there too (one string in the answer for every record's model, node, namespace), and
+        # rebuilt sharing the texts the service already holds (``_unpickled``).
+        return _unpickled, (_interned(_values(self)),)
+
+
+_FIELDS = tuple(f.name for f in fields(GpuEvidence))
+_values = operator.attrgetter(*_FIELDS)
+_new = object.__new__
+
+
+def _interned(values: tuple) -> list:
+    return [sys.intern(v) if v.__class__ is str else v for v in values]
+
+
+def _unpickled(values: list) -> GpuEvidence:
+    """A record as the worker sent it, its texts interned: the same UUID, pod, node, model
+    (every record's), namespace and container as the read before it (alive until the next pass
+    adopts this one) are one string each, not one a record a read: at 10,000 servers the two
+    reads alive between passes were 28.3 MB, ~945 bytes a record (docs/benchmarks.md, issue
+    26). The values are set as pickle's own rebuild of a frozen record sets them."""
+    record = _new(GpuEvidence)
+    record.__dict__.update(zip(_FIELDS, _interned(values), strict=True))
+    return record
 
 
 @dataclass(frozen=True)
