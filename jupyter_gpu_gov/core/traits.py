@@ -54,6 +54,12 @@ def range_words(low: float, high: float, above: bool = False) -> str:
     return f"from {start} to {_shown(high)}"
 
 
+def _check_range(low: float, high: float) -> None:
+    """A setting's own range, as its declaration gives it: two finite numbers, in order."""
+    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+        raise ValueError(f"a setting's range is two finite numbers, got {low!r}, {high!r}")
+
+
 class _Bounded:
     """A number trait with a range it is checked against (``check_number``), both ends
     required: a setting without them took 10**20 (an OverflowError naming nothing), a negative
@@ -63,8 +69,7 @@ class _Bounded:
     def __init__(
         self, default_value=traitlets.Undefined, *, min, max, above=False, unit="", **kwargs
     ):
-        if not (math.isfinite(min) and math.isfinite(max) and min <= max):
-            raise ValueError(f"a setting's range is two finite numbers, got {min!r}, {max!r}")
+        _check_range(min, max)
         super().__init__(default_value, **kwargs)
         self.low, self.high, self.above, self.unit = min, max, above, unit
 
@@ -98,7 +103,7 @@ class NumberDict(traitlets.Dict):
     crashed building its own message, a price of 1e300 an hour billed past reading). ``per``
     says what a key is (the ranges table of docs/api.md); ``parts``, where an entry may be an
     object of numbers instead (``node_pool_max``'s node shape), gives each part's range as
-    ``(low, high, unit)``; ``parts_words`` says what such an entry is, for its refusal."""
+    ``(low, high, unit)``."""
 
     def __init__(
         self,
@@ -113,8 +118,7 @@ class NumberDict(traitlets.Dict):
         parts=None,
         **kwargs,
     ):
-        if not (math.isfinite(min) and math.isfinite(max) and min <= max):
-            raise ValueError(f"a setting's range is two finite numbers, got {min!r}, {max!r}")
+        _check_range(min, max)
         super().__init__(default_value, **kwargs)
         self.low, self.high, self.whole, self.above = min, max, whole, above
         self.unit, self.per, self.parts = unit, per, parts or {}

@@ -32,7 +32,7 @@ from . import trusted
 from .dcgm import DcgmSnapshot, GpuEvidence, moved_gpus
 from .evidence import Received
 from .hubapi import HubServer
-from .tables import ServerRow, record_of
+from .tables import ServerRow, changes_row, record_of
 from .unchanged import DcgmRead, Kept, dcgm_read, same_report
 from .views import cause_of
 
@@ -233,9 +233,8 @@ class Incremental:
         self, view: ServerView, record: Record, server_policy: Policy, row: ServerRow, now
     ) -> Decision | None:
         """The decision the next pass would take on the same inputs and ``record`` (the one
-        just decided, on the row), when it changes nothing: the same record, no action, the
-        row's deadlines and policy change (``Governor._govern``'s test of a steady decision);
-        else None. As ``_govern`` takes it, with no GPU failing (it is not kept then): the
+        just decided, on the row), when it would not change the row (``tables.changes_row``,
+        ``Governor._govern``'s test); else None. As ``_govern`` takes it, with no GPU failing (it is not kept then): the
         checkpoint's timeout and ``health.prepare`` first, neither of which may move it."""
         asked = record.checkpoint_requested_at
         if (
@@ -248,16 +247,7 @@ class Incremental:
         if same != record or prepared != view:
             return None
         again = policy.decide(view, record, server_policy, now)
-        deadlines = (again.warn_at, again.cull_at, again.at_deadline, again.policy_change)
-        if (
-            again.record != record
-            or again.actions
-            or deadlines != (row.warn_at, row.cull_at, row.at_deadline, row.policy_change)
-            or server_policy.name != row.policy
-            or (again.cull_reason and again.cull_reason != row.cull_reason)
-        ):
-            return None
-        return again
+        return None if changes_row(row, record, again, server_policy.name) else again
 
     def _commit(self, row: ServerRow, record, audits, **changes) -> None:
         """A person's request (``Records._commit``) changed the row's record outside a pass:

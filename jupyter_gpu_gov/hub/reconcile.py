@@ -52,7 +52,15 @@ from .queue import QueueSync, line_starts
 from .records import Records
 from .scopes import HubAccess
 from .store import Store, StoreUnavailable
-from .tables import AuditRow, Rows, ServerRow, apply_decision, record_of, set_record
+from .tables import (
+    AuditRow,
+    Rows,
+    ServerRow,
+    apply_decision,
+    changes_row,
+    record_of,
+    set_record,
+)
 from .unchanged import Unchanged
 from .usage import Usage, _Use
 from .views import Views, cause_of
@@ -673,20 +681,7 @@ class Governor(
         flagged = self.health.flag(key, decision.record, now)
         if flagged:
             batch.audits.append(self._audit_row(row, "gpu-unknown", flagged))
-        # Most servers change nothing in a pass: touch the row (and the database) only if so.
-        outputs = (
-            decision.warn_at,
-            decision.cull_at,
-            decision.at_deadline,
-            decision.policy_change,
-            server_policy.name,
-        )
-        if (
-            decision.record != before
-            or decision.actions
-            or outputs != (row.warn_at, row.cull_at, row.at_deadline, row.policy_change, row.policy)
-            or (decision.cull_reason and decision.cull_reason != row.cull_reason)
-        ):
+        if changes_row(row, before, decision, server_policy.name):
             apply_decision(row, decision, server_policy.name)
             batch.changed.append(row)
         if decision.state != before.state:

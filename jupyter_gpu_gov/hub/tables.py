@@ -361,6 +361,25 @@ def record_of(row: ServerRow) -> Record:
     return cached
 
 
+def changes_row(row: ServerRow, before: Record, decision: Decision, policy_name: str) -> bool:
+    """Whether ``decision``, taken on ``before`` (the row's record), is one to apply: a new
+    record, an action, or deadlines, a policy or a cull reason the row does not hold. Most
+    decisions of a pass are not: the row (and the database) is left alone."""
+    return bool(
+        decision.record != before
+        or decision.actions
+        or (decision.cull_reason and decision.cull_reason != row.cull_reason)
+        or (
+            decision.warn_at,
+            decision.cull_at,
+            decision.at_deadline,
+            decision.policy_change,
+            policy_name,
+        )
+        != (row.warn_at, row.cull_at, row.at_deadline, row.policy_change, row.policy)
+    )
+
+
 def apply_decision(row: ServerRow, decision: Decision, policy_name: str) -> None:
     set_record(row, decision.record)
     row.warn_at = decision.warn_at

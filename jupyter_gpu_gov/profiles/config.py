@@ -29,12 +29,12 @@ from .tiers import (
     renamed,
 )
 
-# A Kubernetes label prefix: a DNS subdomain, then '/'.
 # A pool's nodes at most 100,000 (Kubernetes supports 5,000 a cluster), each with 1 to 4,096
 # devices (8 cards of 7 MIG instances hold 56; time-sliced replicas a few hundred).
 MAX_POOL_NODES = 100_000
 MAX_NODE_DEVICES = 4096
 
+# A Kubernetes label prefix: a DNS subdomain, then '/'.
 _PREFIX = re.compile(
     r"^(?=.{1,253}/$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/$"
 )
