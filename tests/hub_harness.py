@@ -71,9 +71,13 @@ from urllib.parse import urljoin
 import ports
 import pytest
 import requests
+import websocket  # websocket-client, a jupyter_server dependency
 
 REPO = Path(__file__).resolve().parent.parent
 CHP = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+# Seconds a kernel has to answer before code is sent to it: Jupyter Server drops a websocket
+# to a kernel that has not answered after twice its kernel_info_timeout (60 s); two of those.
+KERNEL_ANSWERS_WITHIN = 240
 MARKER_ENV = "JUPYTER_GPU_GOV_HARNESS_ID"
 # Set by conftest for the whole test run; passed on to every server and kernel the hubs start,
 # so the run can check at its end that none is left.
@@ -484,23 +488,12 @@ class HubHarness:
     ) -> str:
         """Run ``code`` in a kernel through the proxy (websocket); return its stdout.
 
-        Raises :class:`HubHarnessError` when the code raises.
+        The kernel answers first (``_kernel_channels``), then the code is sent. Raises
+        :class:`HubHarnessError` when the code raises, or when the connection is dropped.
         """
-        import websocket  # websocket-client, a jupyter_server dependency
-
-        url = self.user_url(user, f"api/kernels/{kernel_id}/channels", server_name)
-        ws = websocket.create_connection(
-            "ws" + url[len("http") :],
-            header=[f"Authorization: token {self.token(user)}"],
-            timeout=timeout,
-        )
-        msg_id = uuid.uuid4().hex
-        header = {"msg_id": msg_id, "msg_type": "execute_request", "username": user}
-        header |= {"session": uuid.uuid4().hex, "version": "5.3"}
-        content = {"code": code, "silent": False, "store_history": False}
-        content |= {"user_expressions": {}, "allow_stdin": False}
-        msg = {"header": header, "parent_header": {}, "metadata": {}}
-        msg |= {"channel": "shell", "content": content}
+        ws = self._kernel_channels(user, kernel_id, server_name)
+        ws.settimeout(timeout)
+        msg_id, msg = _kernel_request(user, "execute_request", code=code)
         out: list[str] = []
         # Output arrives on iopub, the reply on shell: their order is not guaranteed, so wait
         # for both the reply and iopub's "idle" for this request.
@@ -521,8 +514,61 @@ class HubHarness:
                 elif kind == "status" and body.get("execution_state") == "idle":
                     idle = True
             return "".join(out)
+        except (websocket.WebSocketConnectionClosedException, ConnectionError) as error:
+            raise HubHarnessError(
+                f"the websocket to kernel {kernel_id} of {user} was dropped running {code!r}:"
+                f" {error!r}\n{self._kernel_evidence(kernel_id)}"
+            ) from error
         finally:
             ws.close()
+
+    def _kernel_channels(self, user: str, kernel_id: str, server_name: str = ""):
+        """A websocket to the kernel once it answered (``kernel_info_reply``), as a frontend
+        waits for it before it runs a cell.
+
+        Jupyter Server holds a new websocket until the kernel answers, for its
+        ``kernel_info_timeout`` (60 s) at most, then again while it checks the kernel's
+        channels, and when the kernel has not answered by then it drops the connection
+        without a close frame (the error escapes its ``open``, and tornado aborts). A kernel
+        just started on a loaded machine can take that long: the code sent on that connection
+        was never read, and ``execute`` failed with ``WebSocketConnectionClosedException``.
+        Here only a ``kernel_info_request`` (which changes nothing) is sent before the kernel
+        answers, so a dropped connection is made again, for ``KERNEL_ANSWERS_WITHIN`` at most."""
+        url = self.user_url(user, f"api/kernels/{kernel_id}/channels", server_name)
+        deadline = time.monotonic() + max(self.timeout, KERNEL_ANSWERS_WITHIN)
+        while True:
+            left = max(deadline - time.monotonic(), 1.0)
+            # Jupyter Server answers the handshake once the kernel answered, or after 60 s.
+            ws = websocket.create_connection(
+                "ws" + url[len("http") :],
+                header=[f"Authorization: token {self.token(user)}"],
+                timeout=max(left, 90),
+            )
+            msg_id, msg = _kernel_request(user, "kernel_info_request")
+            try:
+                ws.send(json.dumps(msg))
+                while True:
+                    reply = json.loads(ws.recv())
+                    answers = reply.get("parent_header", {}).get("msg_id") == msg_id
+                    if answers and reply.get("msg_type") == "kernel_info_reply":
+                        return ws
+            except (websocket.WebSocketConnectionClosedException, ConnectionError) as error:
+                ws.close()
+                if time.monotonic() >= deadline:
+                    raise HubHarnessError(
+                        f"kernel {kernel_id} of {user} never answered: {error!r}\n"
+                        f"{self._kernel_evidence(kernel_id)}"
+                    ) from error
+            except BaseException:
+                ws.close()
+                raise
+
+    def _kernel_evidence(self, kernel_id: str) -> str:
+        """The hub log's lines on a kernel (its servers log there): why a connection ended."""
+        lines = self.log_tail(400_000).splitlines()
+        named = [n for n, line in enumerate(lines) if kernel_id in line]
+        keep = sorted({i for n in named for i in range(n, min(n + 25, len(lines)))})
+        return "\n".join(lines[i] for i in keep[-120:])
 
     # --- diagnostics -------------------------------------------------------------------------
     def pids(self) -> list[int]:
@@ -747,3 +793,15 @@ def hub_fixture(*, scope: str = "module", name: str | None = None, **harness_kwa
             yield hub
 
     return _hub
+
+
+def _kernel_request(user: str, msg_type: str, **content: Any) -> tuple[str, dict]:
+    """A request to a kernel on its shell channel, as Jupyter's websocket protocol has it."""
+    msg_id = uuid.uuid4().hex
+    header = {"msg_id": msg_id, "msg_type": msg_type, "username": user}
+    header |= {"session": uuid.uuid4().hex, "version": "5.3"}
+    if msg_type == "execute_request":
+        content = {"code": content["code"], "silent": False, "store_history": False}
+        content |= {"user_expressions": {}, "allow_stdin": False}
+    msg = {"header": header, "parent_header": {}, "metadata": {}}
+    return msg_id, msg | {"channel": "shell", "content": content}
