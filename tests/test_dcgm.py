@@ -32,6 +32,7 @@ from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 from tornado.web import Application, RequestHandler
 
+from jupyter_gpu_gov.core import health
 from jupyter_gpu_gov.hub import dcgm_source, prometheus
 from jupyter_gpu_gov.hub.dcgm import (
     DcgmConfig,
@@ -409,6 +410,19 @@ def test_a_read_sent_from_the_worker_shares_the_texts_of_the_read_before_it():
     assert len(set(models)) == len(set(map(id, models)))
     with pytest.raises(FrozenInstanceError):
         second[0].pod = "someone-else"  # type: ignore[misc]
+
+
+def test_a_healthy_gpu_sent_from_the_worker_is_passed_over_by_the_health_watch():
+    """A read of 10,000 GPUs reaches the service from its worker: the watch passes a healthy
+    GPU's records over by identity (``HEALTHY``) and combines only the others' (issue 26). Each
+    reading is rebuilt equal to what the worker sent; the healthy ones as ``HEALTHY`` itself."""
+    parsed = parse(A100_MIG) + parse(H100_TEXT) + parse(FAULTS_TEXT)
+    sent = pickle.loads(ForkingPickler.dumps(parsed))
+    assert [e.health for e in sent] == [e.health for e in parsed]
+    healthy = [e.health for e in sent if e.health == health.HEALTHY]
+    assert healthy and all(h is health.HEALTHY for h in healthy)
+    faulty = [e.health for e in sent if e.health is not None and e.health != health.HEALTHY]
+    assert faulty and all(h.status != "ok" or h.warnings for h in faulty)
 
 
 def test_prometheus_response_never_makes_the_exporter_pod_an_owner():

@@ -117,8 +117,20 @@ class Health:
             "warnings": list(self.warnings),
         }
 
+    def __reduce__(self) -> tuple:
+        # A healthy reading is rebuilt as ``HEALTHY`` itself: a DCGM read sent from its worker
+        # (hub/dcgm_source.py) carries thousands, which ``hub/health.py`` then passes over by
+        # identity instead of combining each GPU's records (issue 26).
+        if self == HEALTHY:
+            return _healthy, ()
+        return Health, (self.status, self.reasons, self.action, self.warnings)
+
 
 HEALTHY = Health()
+
+
+def _healthy() -> Health:
+    return HEALTHY
 
 
 def unknown(why: str) -> Health:
