@@ -86,8 +86,8 @@ class History:
     added and the numbers it has, in the server's ``array('d')``, with a 16-bit mask of which
     it has and ``kernel_busy`` as two of its bits (a missing number, ``nan`` as ``None``, takes
     no room), and one reference to its ``(node, server)`` (shared with the window before it
-    when the same): about 120 bytes with its place in the FIFO when three numbers are missing
-    (146 when every missing number took 8 bytes; about 590 as a ``Window`` object:
+    when the same): about 130 bytes with its place in the FIFO when three of its numbers are
+    missing (146 when each missing number took 8; about 590 as a ``Window`` object:
     docs/benchmarks-history.md, "Issue 26, wave 12"). ``of``, ``windows`` and ``unpack`` give
     back windows equal to those added."""
 
