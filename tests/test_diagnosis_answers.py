@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import random
 import sys
 from datetime import datetime, timedelta, timezone
@@ -38,9 +39,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.ingest_load import report_for  # noqa: E402
 from jupyter_gpu_gov.core import clock  # noqa: E402
 from jupyter_gpu_gov.core.report import ReportError, validate  # noqa: E402
+from jupyter_gpu_gov.diagnose.features import COLUMNS  # noqa: E402
 from jupyter_gpu_gov.hub.dcgm import GpuEvidence  # noqa: E402
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions, DiagnosisService  # noqa: E402
-from jupyter_gpu_gov.hub.diagnosis_windows import unpack  # noqa: E402
+from jupyter_gpu_gov.hub.diagnosis_windows import stamped, unpack  # noqa: E402
 
 RECORDED = Path(__file__).parent / "data" / "diagnosis_answers.json"
 SERVERS, ROUNDS = 60, 12
@@ -189,7 +191,7 @@ def answers(name: str) -> tuple[str, dict]:
     model = service.model
     kept = {
         "costs": service.costs.report(since),
-        "history": [[list(n), labels_] for n, labels_ in service.history.snapshot()],
+        "history": _as_recorded(service.history.snapshot()),
         "nodes": sorted([repr(k), _plain(v)] for k, v in model.nodes.items()),
         "tasks": sorted([repr(k), _plain(v)] for k, v in model.tasks.items()),
         "trained_on": model.trained_on,
@@ -197,6 +199,23 @@ def answers(name: str) -> tuple[str, dict]:
     }
     out.update(_canonical(kept))
     return out.hexdigest(), dict(sorted(labels.items()))
+
+
+def _as_recorded(snapshot) -> list:
+    """The history as it was packed when these answers were recorded, whatever its packing
+    now: each server's windows as one list (when added, then every number, ``nan`` where
+    missing, ``kernel_busy`` 1.0 or 0.0), and their labels."""
+    out = []
+    for packed in snapshot:
+        numbers, labels_ = [], []
+        for added, window in stamped([packed]):
+            numbers.append(added)
+            for column in COLUMNS[2:]:
+                value = getattr(window, column)
+                numbers.append(math.nan if value is None else float(value))
+            labels_.append((window.node, window.server))
+        out.append([numbers, labels_])
+    return out
 
 
 def _plain(obj):

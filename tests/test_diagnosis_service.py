@@ -966,8 +966,8 @@ def test_the_history_is_bounded_by_count_and_age():
 
 
 def test_the_history_gives_back_the_windows_it_was_given():
-    """The history packs its windows (numbers in an array, ``nan`` for missing); what training
-    reads back is equal to what came in, column by column, in each server's order."""
+    """The history packs its windows (the numbers each has in an array, a mask of which); what
+    training reads back is equal to what came in, column by column, in each server's order."""
     history = History(timedelta(days=7), limit=1000)
     generated = [window for window, _label in faults.generate(4, 50, seed=5)]
     kept = []

@@ -17,10 +17,14 @@ from tornado.log import app_log
 from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
+from jupyter_gpu_gov.core import grant as grant_
 from jupyter_gpu_gov.core.text import stored_name
 from jupyter_gpu_gov.hub import hubapi
 from jupyter_gpu_gov.hub.hubapi import NO_RESPONSE, HubApi, HubApiError, HubServer, NotSent
 from jupyter_gpu_gov.hub.listing import STOP_LAG, HubListing
+from jupyter_gpu_gov.hub.ownership import resolve
+from jupyter_gpu_gov.hub.proc_cpu import spawner_pid
+from jupyter_gpu_gov.hub.trusted import Granted
 
 
 def client(hub: FakeHub, **kwargs) -> HubApi:
@@ -166,6 +170,51 @@ async def test_spawner_state_needs_its_scope():
         limited = await client(hub, token="limited").list_servers()
     assert full[0].spawner_state == {"pid": 42}
     assert limited[0].spawner_state is None
+
+
+async def test_a_listed_server_keeps_what_the_governor_reads_of_its_model_not_the_rest():
+    """At 10,000 servers each server's model, kept whole as the Hub's JSON decoded it, was
+    ~1 kB of the service's memory: KubeSpawner's DNS name and version, its namespace and every
+    choice again for each server. A server now keeps what decisions read (its grant, devices,
+    pod, pid; the profile and project chosen), each decision the same as on the whole model;
+    servers that chose the same share one read-only copy; the rest (a user's 100 kB option
+    too) is not kept."""
+    grant = {"gpu-gov/team": "physics", "gpu-gov/tier": "a100"}
+    gpus = [{"uuid": "MIG-1", "parent_uuid": "GPU-1", "mig_profile": "1g.10gb"}]
+    states = [
+        {
+            "kubespawner_version": "7.1.0",
+            "pod_name": f"jupyter-u{i}",
+            "namespace": "jhub",
+            "dns_name": f"jupyter-u{i}.jhub.svc.cluster.local",
+            "gpu_gov_grant": dict(grant),
+            "gpu_gov_gpus": gpus,
+        }
+        for i in range(2)
+    ] + [{"pid": 4242, "gpu_gov_grant": {}, "gpu_gov_devices": ["GPU-2"]}]
+    options = {"profile": "a100", "project": "lhc", "image": "x" * 100_000}
+    async with FakeHub() as hub:
+        for i, state in enumerate(states):
+            hub.add_server(f"u{i}", state=state, user_options=dict(options))
+        listed = {s.user: s for s in await client(hub).list_servers()}
+    assert sorted(listed) == ["u0", "u1", "u2"]
+    for i, state in enumerate(states):
+        kept = listed[f"u{i}"]
+        assert "dns_name" not in kept.spawner_state
+        assert "kubespawner_version" not in kept.spawner_state
+        assert dict(kept.user_options) == {"profile": "a100", "project": "lhc"}
+        # every decision the same as on the whole model
+        for read in (grant_.labels, grant_.devices, grant_.pod, grant_.no_gpu, spawner_pid):
+            assert read(kept.spawner_state) == read(state)
+        assert Granted.of(kept.spawner_state) == Granted.of(state)
+        assert resolve(kept.user, kept.user_options, kept.spawner_state, (), {}, {}) == resolve(
+            kept.user, options, state, (), {}, {}
+        )
+    u0, u1 = listed["u0"], listed["u1"]
+    assert u0.user_options is u1.user_options  # one copy for the servers that chose the same
+    assert u0.spawner_state["namespace"] is u1.spawner_state["namespace"]
+    with pytest.raises(TypeError):
+        u0.user_options["profile"] = "h100"  # shared: nobody's to change
 
 
 async def test_concurrency_bound_is_respected():

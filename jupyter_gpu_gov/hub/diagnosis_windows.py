@@ -79,15 +79,17 @@ def dcgm_fields(evidence: Sequence[GpuEvidence]) -> dict:
 class History:
     """Windows per server, oldest out first once older than ``max_age`` or beyond ``limit`` in
     all: one FIFO over every server, so a cap costs O(1) per window (and a move of the server's
-    own packed windows: a week of one a minute is 10,080, 1.1 MB).
+    own packed windows: a week of one a minute is 10,080, about 1 MB).
 
     Packed, because at 10,000 servers the history is most of the service's memory: its default
-    250,000 windows fill in 25 minutes at one a minute each. A window is kept as its numbers in
-    the server's ``array('d')`` (``nan`` for missing, ``kernel_busy`` as 1 or 0) with when it
-    was added, and one reference to its ``(node, server)`` (shared with the window before it
-    when the same): about 146 bytes with its place in the FIFO, against about 590 as a
-    ``Window`` object (docs/benchmarks-history.md, "Issue 26, wave 12"). ``of``, ``windows`` and
-    ``unpack`` give back windows equal to those added."""
+    250,000 windows fill in 25 minutes at one a minute each. A window is kept as when it was
+    added and the numbers it has, in the server's ``array('d')``, with a 16-bit mask of which
+    it has and ``kernel_busy`` as two of its bits (a missing number, ``nan`` as ``None``, takes
+    no room), and one reference to its ``(node, server)`` (shared with the window before it
+    when the same): about 130 bytes with its place in the FIFO when three of its numbers are
+    missing (146 when each missing number took 8; about 590 as a ``Window`` object:
+    docs/benchmarks-history.md, "Issue 26, wave 12"). ``of``, ``windows`` and ``unpack`` give
+    back windows equal to those added."""
 
     def __init__(self, max_age: timedelta, limit: int):
         self.max_age = max_age.total_seconds()
@@ -124,62 +126,100 @@ class History:
     def of(self, key: str) -> list[Window]:
         """One server's windows, oldest first."""
         packed = self._by_server.get(key)
-        return list(packed.windows()) if packed is not None else []
+        return list(unpack([packed.parts()])) if packed is not None else []
 
     def windows(self) -> list[Window]:
         """Every window, server by server, each server's oldest first."""
         return list(unpack(self.snapshot()))
 
-    def snapshot(self) -> list[tuple[array, list]]:
+    def snapshot(self) -> list[tuple[array, array, list]]:
         """A copy of the packed windows (``unpack`` reads it), cheap enough to take on the event
         loop and read in another thread while this history goes on."""
-        return [(array("d", p.numbers), p.labels[:]) for p in self._by_server.values()]
+        return [
+            (array("d", p.numbers), array("H", p.masks), p.labels[:])
+            for p in self._by_server.values()
+        ]
 
 
-def unpack(snapshot: Iterable[tuple[array, list]]) -> Iterator[Window]:
+def unpack(snapshot: Iterable[tuple[array, array, list]]) -> Iterator[Window]:
     """The windows of a ``History.snapshot``, one at a time."""
-    for numbers, labels in snapshot:
-        yield from _Packed.read(numbers, labels)
+    for _, window in stamped(snapshot):
+        yield window
+
+
+def stamped(snapshot: Iterable[tuple[array, array, list]]) -> Iterator[tuple[float, Window]]:
+    """The windows of a ``History.snapshot`` with when each was added, one at a time."""
+    for numbers, masks, labels in snapshot:
+        yield from _Packed.read(numbers, masks, labels)
 
 
 _NUMBERS = COLUMNS[2:]  # after node and server
 _BUSY = _NUMBERS.index("kernel_busy")
-_STRIDE = 1 + len(_NUMBERS)  # when added, then the window's numbers
-_NAN = math.nan  # a missing number, read once a column a window
-assert COLUMNS[:2] == ("node", "server")
+_VALUES = tuple(c for c in _NUMBERS if c != "kernel_busy")  # kept as numbers, when known
+_BUSY_KNOWN = 1 << len(_VALUES)  # the mask's bits past the values': kernel_busy known, true
+_BUSY_TRUE = _BUSY_KNOWN << 1
+_VALUE_BITS = _BUSY_KNOWN - 1
+assert COLUMNS[:2] == ("node", "server") and _BUSY_TRUE < 1 << 16
+
+
+def _places(mask: int) -> tuple[int, ...]:
+    """Where in a window's numbers (``_NUMBERS``) each number a mask says it has goes."""
+    return tuple(i + (i >= _BUSY) for i in range(len(_VALUES)) if mask >> i & 1)
+
+
+_PLACES: dict[int, tuple[int, ...]] = {}  # by mask: the few masks a fleet's windows have
 
 
 class _Packed:
-    """One server's windows: ``numbers`` (``_STRIDE`` a window) and a label each."""
+    """One server's windows: ``numbers`` (when added, then the numbers it has), ``masks`` (one
+    a window: which numbers, ``kernel_busy``) and a label each."""
 
-    __slots__ = ("labels", "numbers")
+    __slots__ = ("labels", "masks", "numbers")
 
     def __init__(self) -> None:
         self.numbers = array("d")
+        self.masks = array("H")
         self.labels: list[tuple[str | None, str | None]] = []
 
     def add(self, window: Window, now: float) -> None:
         columns = vars(window)  # every column is a field: what getattr reads, without a call
-        numbers = self.numbers
-        # all or nothing, as extend(array(...)) added them
-        numbers.fromlist([now, *[_NAN if (v := columns[c]) is None else v for c in _NUMBERS]])
+        row, mask = [now], 0
+        for bit, column in enumerate(_VALUES):
+            value = columns[column]
+            if value is not None and value == value:  # nan: missing, as it reads back
+                row.append(value)
+                mask |= 1 << bit
+        busy = columns["kernel_busy"]
+        if busy is not None:
+            busy = array("d", (busy,))[0]  # a number as the array takes one, else TypeError
+            if busy == busy:
+                mask |= _BUSY_KNOWN | (_BUSY_TRUE if busy == 1.0 else 0)
+        self.numbers.fromlist(row)  # all or nothing: not a number raises TypeError
+        self.masks.append(mask)
         label = (window.node, window.server)
         labels = self.labels
         labels.append(labels[-1] if labels and labels[-1] == label else label)
 
     def drop_oldest(self) -> None:
-        del self.numbers[:_STRIDE]
+        del self.numbers[: 1 + (self.masks[0] & _VALUE_BITS).bit_count()]
+        del self.masks[0]
         del self.labels[0]
 
-    def windows(self) -> Iterator[Window]:
-        return self.read(self.numbers, self.labels)
+    def parts(self) -> tuple[array, array, list]:
+        return self.numbers, self.masks, self.labels
 
     @staticmethod
-    def read(numbers: array, labels: list) -> Iterator[Window]:
-        for i, (node, server) in enumerate(labels):
-            row = numbers[i * _STRIDE + 1 : (i + 1) * _STRIDE]
-            values: list = [None if v != v else v for v in row]  # nan: missing
-            busy = values[_BUSY]
-            if busy is not None:
-                values[_BUSY] = busy == 1.0
-            yield Window(node, server, *values)
+    def read(numbers: array, masks: array, labels: list) -> Iterator[tuple[float, Window]]:
+        at, blank = 0, [None] * len(_NUMBERS)
+        for mask, (node, server) in zip(masks, labels, strict=True):
+            places = _PLACES.get(mask)
+            if places is None:
+                places = _PLACES[mask] = _places(mask & _VALUE_BITS)
+            added, end = numbers[at], at + 1 + len(places)
+            values: list = blank[:]
+            for place, value in zip(places, numbers[at + 1 : end], strict=True):
+                values[place] = value
+            if mask & _BUSY_KNOWN:
+                values[_BUSY] = bool(mask & _BUSY_TRUE)
+            at = end
+            yield added, Window(node, server, *values)

@@ -14,9 +14,11 @@ import contextlib
 import json
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
@@ -85,6 +87,7 @@ except ImportError:  # pycurl not installed: a new connection (and DNS lookup) p
     from tornado.simple_httpclient import SimpleAsyncHTTPClient as _Client
 
 from ..core import clock
+from ..core.grant import DEVICES_STATE, GPUS_STATE, GRANT_STATE
 from ..core.text import path_segment
 from ..core.vocabulary import server_key
 
@@ -116,6 +119,52 @@ class HubApiError(Exception):
 
 class NotSent(Exception):
     """A request its caller withdrew at the last moment (``_send``'s ``last_check``)."""
+
+
+# What the governor reads of a server's model beyond its names and times, kept per server
+# for as long as it runs (10,000 at once): the rest of the Hub's decoded JSON is not.
+# The spawner's state: the profile layer's grant and devices (core/grant.py), KubeSpawner's pod
+# (grant.pod), LocalProcessSpawner's pid (hub/proc_cpu.py): not KubeSpawner's dns_name, version...
+STATE_READ = (GRANT_STATE, DEVICES_STATE, GPUS_STATE, "pod_name", "namespace", "pid")
+# The user's choices the ownership of a server reads (hub/ownership.py).
+OPTIONS_READ = ("profile", "project")
+# Options kept as one shared, read-only mapping for every server that chose the same (most
+# choose among a few profiles): at most this many, each choice at most this long.
+SHARED_OPTIONS_MAX, SHARED_CHOICE_MAX = 1024, 255
+_shared_options: dict[tuple, Mapping[str, Any]] = {}
+_NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+
+def kept_state(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A spawner's state as a server keeps it: only ``STATE_READ`` (None stays None: the token
+    lacks admin:server_state); its namespace and the grant's labels as shared strings."""
+    if state is None:
+        return None
+    kept = {key: state[key] for key in STATE_READ if key in state}
+    namespace = kept.get("namespace")
+    if type(namespace) is str:
+        kept["namespace"] = sys.intern(namespace)
+    labels = kept.get(GRANT_STATE)
+    if type(labels) is dict and all(type(v) is str for v in labels.values()):
+        kept[GRANT_STATE] = {k: sys.intern(v) for k, v in labels.items()}
+    return kept
+
+
+def kept_options(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A server's ``user_options`` as it keeps them: only ``OPTIONS_READ``, one read-only
+    mapping shared by the servers that chose the same."""
+    kept = {key: options[key] for key in OPTIONS_READ if key in options}
+    if not kept:
+        return _NO_OPTIONS
+    if not all(type(v) is str and len(v) <= SHARED_CHOICE_MAX for v in kept.values()):
+        return MappingProxyType(kept)  # its own: a choice too long (or odd) to share
+    items = tuple(kept.items())
+    shared = _shared_options.get(items)
+    if shared is None:
+        shared = MappingProxyType(kept)
+        if len(_shared_options) < SHARED_OPTIONS_MAX:
+            _shared_options[items] = shared
+    return shared
 
 
 @dataclass(frozen=True, slots=True)  # one per running server: no __dict__ each
@@ -159,19 +208,20 @@ class HubServer:
                 raise ValueError(f"{where}: {key!r} is a {type(server[key]).__name__}")
         if not isinstance(server.get("state"), Mapping | None):
             raise ValueError(f"{where}: 'state' is a {type(server['state']).__name__}")
+        pending = server.get("pending")
         return cls(
             user=user["name"],
             name=name,
             admin=bool(user.get("admin")),
-            groups=tuple(groups),
+            groups=tuple(map(sys.intern, groups)),  # a group's name, once for its members
             url=server.get("url") or "",
             started=_time(server, "started", where),
             last_activity=_time(server, "last_activity", where),
-            user_options=server.get("user_options") or {},
-            pending=server.get("pending"),
+            user_options=kept_options(server.get("user_options") or {}),
+            pending=sys.intern(pending) if pending is not None else None,
             # Hubs before 0.9 had no 'ready': a URL meant the server was up.
             ready=bool(server.get("ready", bool(server.get("url")))),
-            spawner_state=server.get("state"),
+            spawner_state=kept_state(server.get("state")),
         )
 
 
