@@ -23,6 +23,7 @@ from fake_hub_api import FakeHub
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
 from test_governor import names_kept_as_they_were_move
+from test_store_audit import audit_rows_store_as_the_orm_stored
 from traitlets import TraitError
 
 from jupyter_gpu_gov.core import clock
@@ -388,3 +389,7 @@ def test_two_hubs_making_the_left_pods_table_at_once_both_go_on(database):
     from test_profiles_kubespawner import race_to_make_the_left_pods_table
 
     race_to_make_the_left_pods_table(database)
+
+
+def test_audit_rows_store_as_the_orm_stored_on_postgresql(database):
+    audit_rows_store_as_the_orm_stored(database)

@@ -15,6 +15,7 @@ from datetime import datetime, time, timedelta, timezone
 from typing import Any, TypeVar
 
 from sqlalchemy import (
+    JSON,
     and_,
     bindparam,
     create_engine,
@@ -22,6 +23,7 @@ from sqlalchemy import (
     func,
     insert,
     inspect,
+    null,
     select,
     text,
     update,
@@ -142,6 +144,36 @@ _UPDATE_AUDIT = (
     .where(_AUDIT.c.id == bindparam("k_id"))
     .values(reason=bindparam("v_reason"), details=bindparam("v_details"))
 )
+# New audit rows: one Core INSERT run over all a write's rows (SQLite: one row a statement, as
+# the ORM's flush did), their ids back in the rows' order. The ORM's unit of work cost about
+# twice as much, in the writer thread but under the interpreter lock the event loop needs
+# (docs/benchmarks.md, wave 42). What is stored is what the ORM stored: a column left unset,
+# or None, where it has a default holds the default; ``details`` left unset is SQL NULL, None
+# the JSON null; any other column left unset, NULL (tests/test_store_audit.py).
+_INSERT_AUDIT = insert(_AUDIT).returning(_AUDIT.c.id, sort_by_parameter_order=True)
+_AUDIT_COLUMNS = tuple(c.key for c in _AUDIT.columns if not c.primary_key)
+_AUDIT_DEFAULTS = {c.key: c.default.arg for c in _AUDIT.columns if c.default is not None}
+_AUDIT_UNSET = {
+    c.key: _AUDIT_DEFAULTS.get(c.key, null() if isinstance(c.type, JSON) else None)
+    for c in _AUDIT.columns
+    if not c.primary_key
+}
+_UNSET = object()
+
+
+def _audit_values(row: AuditRow) -> dict:
+    """A new audit row's values as inserted; the defaults put on the row (as a flush did)."""
+    given = row.__dict__  # what was set on it, read without the ORM's attribute machinery
+    values = {}
+    for column in _AUDIT_COLUMNS:
+        value = given.get(column, _UNSET)
+        if value is _UNSET or (value is None and column in _AUDIT_DEFAULTS):
+            value = _AUDIT_UNSET[column]
+            if column in _AUDIT_DEFAULTS:
+                setattr(row, column, value)
+        values[column] = value
+    return values
+
 
 # Forward migrations: version -> statements bringing the previous version up to it.
 _TIME = "TIMESTAMP WITH TIME ZONE"
@@ -453,7 +485,9 @@ class Store:
                 with self._session.begin() as session:
                     self.fence(session.connection())
                     saved = self._save_servers(session, values)
-                    session.add_all([*audits, *extensions])
+                    if audits:
+                        self._insert_audits(session, audits)
+                    session.add_all(extensions)
                     for extension in updated_extensions:
                         session.merge(extension)
                     if undismissed:
@@ -471,6 +505,16 @@ class Store:
             self._stored |= saved
 
         return write
+
+    def _insert_audits(self, session: Session, audits: list[AuditRow]) -> None:
+        """New audit rows in their order (their ids rising in it), each given its id."""
+        if not self.engine.dialect.insert_executemany_returning_sort_by_parameter_order:
+            session.add_all(audits)  # a database that cannot say which id is whose
+            session.flush()
+            return
+        ids = session.execute(_INSERT_AUDIT, [_audit_values(row) for row in audits])
+        for row, (id_,) in zip(audits, ids, strict=True):
+            row.id = id_
 
     def save_servers(self, rows: Iterable[ServerRow]) -> None:
         """Insert or update rows in bulk: one statement each, not one round trip per row."""
