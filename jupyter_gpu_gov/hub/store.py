@@ -147,9 +147,10 @@ _UPDATE_AUDIT = (
 # New audit rows: one Core INSERT run over all a write's rows (SQLite: one row a statement, as
 # the ORM's flush did), their ids back in the rows' order. The ORM's unit of work cost about
 # twice as much, in the writer thread but under the interpreter lock the event loop needs
-# (docs/benchmarks.md, wave 42). What is stored is what the ORM stored: a column left unset,
-# or None, where it has a default holds the default; ``details`` left unset is SQL NULL, None
-# the JSON null; any other column left unset, NULL (tests/test_store_audit.py).
+# (docs/benchmarks.md, "Reconcile pass vs jupyterhub-idle-culler", wave 42). What is stored
+# is what the ORM stored: a column left unset, or None, where it has a default holds the
+# default; ``details`` left unset is SQL NULL, None the JSON null; any other column left
+# unset, NULL (tests/test_store_audit.py).
 _INSERT_AUDIT = insert(_AUDIT).returning(_AUDIT.c.id, sort_by_parameter_order=True)
 _AUDIT_COLUMNS = tuple(c.key for c in _AUDIT.columns if not c.primary_key)
 _AUDIT_DEFAULTS = {c.key: c.default.arg for c in _AUDIT.columns if c.default is not None}
