@@ -991,6 +991,28 @@ def test_the_history_gives_back_the_windows_it_was_given():
     assert len(history) == len(kept) and history.servers == 3
 
 
+def test_the_history_keeps_a_label_once_for_a_run_of_windows_and_reads_each_back():
+    """A server's windows almost always share their (node, server): the history keeps it once a
+    run (10,000 servers' 25 windows: ~2 MB less), and every window reads back with its own, as
+    runs start, end and are trimmed from the front."""
+    history = History(timedelta(days=7), limit=12)
+    window = faults.generate(1, 1, seed=3)[0][0]
+    nodes = ["A", "A", "A", None, None, "B", "A", "A", "A", "A", "A", "A", "A", "A", "C", "C"]
+    kept = []
+    for i, node in enumerate(nodes):
+        added = replace(window, server="u0/", node=node, t=float(i))
+        history.add("u0/", added, now=float(i))
+        kept.append(added)
+        assert history.of("u0/") == kept[-12:]  # the oldest trimmed past 12
+    assert list(unpack(history.snapshot())) == kept[-12:]
+    ((_, _, labels),) = history.snapshot()
+    assert labels == [(None, "u0/"), ("B", "u0/"), ("A", "u0/"), ("C", "u0/")]  # not 12
+    for i in range(12):  # trimmed by age, one at a time, to nothing
+        history.trim(now=float(len(nodes) - 12 + i) + 7 * 86400 + 0.5)
+        assert history.of("u0/") == kept[len(nodes) - 12 + i + 1 :]
+    assert history.servers == 0 and len(history) == 0
+
+
 async def test_training_runs_in_a_worker_while_the_model_goes_on_learning(tmp_path):
     """The model learns and scores each report at once; a training run rebuilds it from the
     history in the worker, the loop answering meanwhile, and saves it."""

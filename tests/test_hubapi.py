@@ -213,8 +213,12 @@ async def test_a_listed_server_keeps_what_the_governor_reads_of_its_model_not_th
     u0, u1 = listed["u0"], listed["u1"]
     assert u0.user_options is u1.user_options  # one copy for the servers that chose the same
     assert u0.spawner_state["namespace"] is u1.spawner_state["namespace"]
+    # and the servers granted the same, one copy of the grant (an empty one too: no GPU)
+    assert u0.spawner_state["gpu_gov_grant"] is u1.spawner_state["gpu_gov_grant"]
     with pytest.raises(TypeError):
         u0.user_options["profile"] = "h100"  # shared: nobody's to change
+    with pytest.raises(TypeError):
+        u0.spawner_state["gpu_gov_grant"]["gpu-gov/tier"] = "h100"
 
 
 async def test_concurrency_bound_is_respected():

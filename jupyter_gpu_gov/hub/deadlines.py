@@ -41,7 +41,10 @@ class NextTimes:
         if self._next.get(key) != when:
             self._next[key] = when
             heapq.heappush(self._heap, (when, key))
-        if len(self._heap) > 4 * len(self._next) + 1024:  # stale entries: rebuild, once in a while
+        # Stale entries: rebuilt once more than the live ones (+1,024): four times as many held
+        # ~2 MB more at 10,000 servers. ``take`` gives the same: entries pop in (time, key)
+        # order, the stale ones skipped.
+        if len(self._heap) > 2 * len(self._next) + 1024:
             self._heap = [(t, k) for k, t in self._next.items()]
             heapq.heapify(self._heap)
 

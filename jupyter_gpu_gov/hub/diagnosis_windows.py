@@ -85,11 +85,11 @@ class History:
     250,000 windows fill in 25 minutes at one a minute each. A window is kept as when it was
     added and the numbers it has, in the server's ``array('d')``, with a 16-bit mask of which
     it has and ``kernel_busy`` as two of its bits (a missing number, ``nan`` as ``None``, takes
-    no room), and one reference to its ``(node, server)`` (shared with the window before it
-    when the same): about 130 bytes with its place in the FIFO when three of its numbers are
-    missing (146 when each missing number took 8; about 590 as a ``Window`` object:
-    docs/benchmarks-history.md, "Issue 26, wave 12"). ``of``, ``windows`` and ``unpack`` give
-    back windows equal to those added."""
+    no room), and its ``(node, server)`` once for a run of windows with the same (a third bit
+    marks where a run starts): about 122 bytes with its place in the FIFO when three of its
+    numbers are missing (130 with a reference each, 146 when each missing number took 8; about
+    590 as a ``Window`` object: docs/benchmarks-history.md, "Issue 26, wave 12"). ``of``,
+    ``windows`` and ``unpack`` give back windows equal to those added."""
 
     def __init__(self, max_age: timedelta, limit: int):
         self.max_age = max_age.total_seconds()
@@ -120,7 +120,7 @@ class History:
                 break
             order.popleft()
             packed.drop_oldest()
-            if not packed.labels:
+            if not packed.masks:
                 del by_server[key]
 
     def of(self, key: str) -> list[Window]:
@@ -158,8 +158,9 @@ _BUSY = _NUMBERS.index("kernel_busy")
 _VALUES = tuple(c for c in _NUMBERS if c != "kernel_busy")  # kept as numbers, when known
 _BUSY_KNOWN = 1 << len(_VALUES)  # the mask's bits past the values': kernel_busy known, true
 _BUSY_TRUE = _BUSY_KNOWN << 1
+_RUN_STARTS = _BUSY_TRUE << 1  # the window's (node, server) is the next of the labels'
 _VALUE_BITS = _BUSY_KNOWN - 1
-assert COLUMNS[:2] == ("node", "server") and _BUSY_TRUE < 1 << 16
+assert COLUMNS[:2] == ("node", "server") and _RUN_STARTS < 1 << 16
 
 
 def _places(mask: int) -> tuple[int, ...]:
@@ -172,7 +173,8 @@ _PLACES: dict[int, tuple[int, ...]] = {}  # by mask: the few masks a fleet's win
 
 class _Packed:
     """One server's windows: ``numbers`` (when added, then the numbers it has), ``masks`` (one
-    a window: which numbers, ``kernel_busy``) and a label each."""
+    a window: which numbers, ``kernel_busy``, whether a run of the same label starts there) and
+    ``labels``, one a run: a server's windows almost always share one."""
 
     __slots__ = ("labels", "masks", "numbers")
 
@@ -194,24 +196,33 @@ class _Packed:
             busy = array("d", (busy,))[0]  # a number as the array takes one, else TypeError
             if busy == busy:
                 mask |= _BUSY_KNOWN | (_BUSY_TRUE if busy == 1.0 else 0)
-        self.numbers.fromlist(row)  # all or nothing: not a number raises TypeError
-        self.masks.append(mask)
         label = (window.node, window.server)
         labels = self.labels
-        labels.append(labels[-1] if labels and labels[-1] == label else label)
+        fresh = not self.masks or labels[-1] != label
+        self.numbers.fromlist(row)  # all or nothing: not a number raises TypeError
+        self.masks.append(mask | _RUN_STARTS if fresh else mask)
+        if fresh:
+            labels.append(label)
 
     def drop_oldest(self) -> None:
-        del self.numbers[: 1 + (self.masks[0] & _VALUE_BITS).bit_count()]
-        del self.masks[0]
-        del self.labels[0]
+        masks = self.masks
+        del self.numbers[: 1 + (masks[0] & _VALUE_BITS).bit_count()]
+        del masks[0]
+        if not masks or masks[0] & _RUN_STARTS:
+            del self.labels[0]  # its run ended with it
+        else:
+            masks[0] |= _RUN_STARTS  # the run goes on from here
 
     def parts(self) -> tuple[array, array, list]:
         return self.numbers, self.masks, self.labels
 
     @staticmethod
     def read(numbers: array, masks: array, labels: list) -> Iterator[tuple[float, Window]]:
-        at, blank = 0, [None] * len(_NUMBERS)
-        for mask, (node, server) in zip(masks, labels, strict=True):
+        at, blank, runs = 0, [None] * len(_NUMBERS), iter(labels)
+        node = server = None
+        for mask in masks:
+            if mask & _RUN_STARTS:
+                node, server = next(runs)
             places = _PLACES.get(mask)
             if places is None:
                 places = _PLACES[mask] = _places(mask & _VALUE_BITS)

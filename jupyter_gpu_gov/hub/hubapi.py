@@ -128,16 +128,19 @@ class NotSent(Exception):
 STATE_READ = (GRANT_STATE, DEVICES_STATE, GPUS_STATE, "pod_name", "namespace", "pid")
 # The user's choices the ownership of a server reads (hub/ownership.py).
 OPTIONS_READ = ("profile", "project")
-# Options kept as one shared, read-only mapping for every server that chose the same (most
-# choose among a few profiles): at most this many, each choice at most this long.
-SHARED_OPTIONS_MAX, SHARED_CHOICE_MAX = 1024, 255
+# Options, and a grant's labels, kept as one shared, read-only mapping for every server that
+# has the same (most choose among a few profiles, most grants are a team's and a tier's): at
+# most this many of each, each key and choice at most this long, a grant of at most this many.
+SHARED_OPTIONS_MAX, SHARED_CHOICE_MAX, SHARED_GRANT_KEYS = 1024, 255, 16
 _shared_options: dict[tuple, Mapping[str, Any]] = {}
+_shared_grants: dict[tuple, Mapping[str, Any]] = {}
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
 
 
 def kept_state(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """A spawner's state as a server keeps it: only ``STATE_READ`` (None stays None: the token
-    lacks admin:server_state); its namespace and the grant's labels as shared strings."""
+    lacks admin:server_state); its namespace as a shared string, the grant's labels as one
+    read-only mapping shared by the servers granted the same (every reader takes a Mapping)."""
     if state is None:
         return None
     kept = {key: state[key] for key in STATE_READ if key in state}
@@ -146,7 +149,10 @@ def kept_state(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         kept["namespace"] = sys.intern(namespace)
     labels = kept.get(GRANT_STATE)
     if type(labels) is dict and all(type(v) is str for v in labels.values()):
-        kept[GRANT_STATE] = {k: sys.intern(v) for k, v in labels.items()}
+        if len(labels) <= SHARED_GRANT_KEYS:
+            kept[GRANT_STATE] = _shared(labels, _shared_grants)
+        else:  # its own: a grant too large (or odd) to share
+            kept[GRANT_STATE] = {k: sys.intern(v) for k, v in labels.items()}
     return kept
 
 
@@ -156,14 +162,23 @@ def kept_options(options: Mapping[str, Any]) -> Mapping[str, Any]:
     kept = {key: options[key] for key in OPTIONS_READ if key in options}
     if not kept:
         return _NO_OPTIONS
-    if not all(type(v) is str and len(v) <= SHARED_CHOICE_MAX for v in kept.values()):
+    return _shared(kept, _shared_options)
+
+
+def _shared(kept: dict[str, Any], cache: dict[tuple, Mapping[str, Any]]) -> Mapping[str, Any]:
+    """``kept`` read-only, the one mapping of ``cache`` with the same items where its keys and
+    values are texts short enough to share (else its own)."""
+    if not all(
+        type(k) is str and type(v) is str and len(k) <= SHARED_CHOICE_MAX >= len(v)
+        for k, v in kept.items()
+    ):
         return MappingProxyType(kept)  # its own: a choice too long (or odd) to share
     items = tuple(kept.items())
-    shared = _shared_options.get(items)
+    shared = cache.get(items)
     if shared is None:
-        shared = MappingProxyType(kept)
-        if len(_shared_options) < SHARED_OPTIONS_MAX:
-            _shared_options[items] = shared
+        shared = MappingProxyType({k: sys.intern(v) for k, v in items})
+        if len(cache) < SHARED_OPTIONS_MAX:
+            cache[items] = shared
     return shared
 
 

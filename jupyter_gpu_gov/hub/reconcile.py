@@ -644,7 +644,8 @@ class Governor(
         if key in self.reports and not row.reports:
             row.reports = True
             batch.changed.append(row)
-        base = base_view(server, ownership, self.options.hub_activity_lag)
+        # The row's labels, equal to the ownership's here: one dict a server, not two kept.
+        base = base_view(server, ownership, self.options.hub_activity_lag, row.labels)
         # Policies match on who, not on the GPU.
         server_policy = policy.select(self._pass_policies, base)
         record = self._checkpoint_timeout(row, record, server_policy, now, batch.audits)
