@@ -245,8 +245,8 @@ def _unpickled(values: list) -> GpuEvidence:
     """A record as the worker sent it, its texts interned: the same UUID, pod, node, model
     (every record's), namespace and container as the read before it (alive until the next pass
     adopts this one) are one string each, not one a record a read: at 10,000 servers the two
-    reads alive between passes were 28.3 MB, ~945 bytes a record (docs/benchmarks.md, issue
-    26). The values are set as pickle's own rebuild of a frozen record sets them."""
+    reads alive between passes were 28.3 MB, ~945 bytes a record (docs/benchmarks-history.md,
+    "Issue 26, wave 40: the service's memory, where reading DCGM leaves it"). The values are set as pickle's own rebuild of a frozen record sets them."""
     record = _new(GpuEvidence)
     record.__dict__.update(zip(_FIELDS, _interned(values), strict=True))
     return record

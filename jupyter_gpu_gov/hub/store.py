@@ -147,7 +147,7 @@ _UPDATE_AUDIT = (
 # New audit rows: one Core INSERT run over all a write's rows (SQLite: one row a statement, as
 # the ORM's flush did), their ids back in the rows' order. The ORM's unit of work cost about
 # twice as much, in the writer thread but under the interpreter lock the event loop needs
-# (docs/benchmarks.md, "Reconcile pass vs jupyterhub-idle-culler", wave 42). What is stored
+# (docs/benchmarks-history.md, "Issue 26, wave 42: a pass's audit rows inserted by Core"). What is stored
 # is what the ORM stored: a column left unset, or None, where it has a default holds the
 # default; ``details`` left unset is SQL NULL, None the JSON null; any other column left
 # unset, NULL (tests/test_store_audit.py).
