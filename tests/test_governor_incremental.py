@@ -21,6 +21,7 @@ from jupyter_gpu_gov.core.health import DRAIN, RESET, UNHEALTHY, Health
 from jupyter_gpu_gov.core.policy import load_policies
 from jupyter_gpu_gov.hub import ingest, metrics
 from jupyter_gpu_gov.hub.dcgm import DcgmSnapshot, GpuEvidence
+from jupyter_gpu_gov.hub.deadlines import NextTimes
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
 from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
@@ -317,6 +318,43 @@ def checkpoint_answer(gov: Governor, key: str, rng: random.Random) -> dict | Non
     errors = ["disk full"] if status == "failed" else []
     manifest = {"format": 1, "id": "c1", "source": "governor", "status": status, "errors": errors}
     return {"requested_at": clock.isoformat(asked), "status": status, "manifest": manifest}
+
+
+def test_due_times_come_out_right_after_many_reschedules_and_stale_entries_are_dropped():
+    """Each kept server's next time sits in a heap; moving it leaves the old entry there,
+    stale, and the heap is rebuilt from the live times once the stale ones outnumber them
+    (+1,024): every time kept in the heap cost ~2 MB at 10,000 servers for four times as many.
+    After thousands of moves each key still comes out when its latest time comes, once, and
+    never before; and the heap never holds more than twice its live entries (+1,024)."""
+    rng = random.Random(43)
+    times, due = NextTimes(), {}  # due: what each key was last set to, the model
+    keys = [f"user{i}/" for i in range(3000)]
+    now, rebuilt = 0.0, 0
+    for step in range(60_000):
+        key, roll, held = rng.choice(keys), rng.random(), len(times._heap)
+        if roll < 0.03:
+            times.at(key, None)
+            due.pop(key, None)
+        elif roll < 0.05:
+            times.forget(key)
+            due.pop(key, None)
+        else:  # a time in the next while, often the one it already has, sometimes one just gone
+            when = round(now + rng.uniform(-1, 6000)) if roll < 0.9 else due.get(key, now + 5)
+            times.at(key, when)
+            due[key] = when
+            rebuilt += len(times._heap) < held  # ``at`` only adds, but when it rebuilds
+            assert len(times._heap) <= 2 * len(due) + 1024, (step, len(times._heap), len(due))
+        if step % 500 == 499:
+            now += 60
+            came = {k for k, t in due.items() if t <= now}
+            assert times.take(now) == came, step
+            for k in came:
+                del due[k]
+            assert all((k in times) == (k in due) for k in keys)
+    assert rebuilt > 5  # the bound above held because the heap was rebuilt, many times
+    now += 10_000
+    assert times.take(now) == set(due)  # the rest, each at its latest time
+    assert times.take(now + 1e6) == set()
 
 
 async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_path, monkeypatch):

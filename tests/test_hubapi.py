@@ -6,7 +6,9 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from datetime import timedelta
+from types import MappingProxyType
 
 import pytest
 from fake_hub_api import ADMIN_SCOPES, FakeHub
@@ -18,6 +20,7 @@ from tornado.netutil import bind_sockets
 
 from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core import grant as grant_
+from jupyter_gpu_gov.core.grant import GRANT_STATE
 from jupyter_gpu_gov.core.text import stored_name
 from jupyter_gpu_gov.hub import hubapi
 from jupyter_gpu_gov.hub.hubapi import NO_RESPONSE, HubApi, HubApiError, HubServer, NotSent
@@ -219,6 +222,49 @@ async def test_a_listed_server_keeps_what_the_governor_reads_of_its_model_not_th
         u0.user_options["profile"] = "h100"  # shared: nobody's to change
     with pytest.raises(TypeError):
         u0.spawner_state["gpu_gov_grant"]["gpu-gov/tier"] = "h100"
+
+
+def test_what_listed_servers_share_of_their_models_cannot_be_changed_through_one():
+    """Servers that chose the same options, or were granted the same, hold one mapping between
+    them (``hubapi.kept_options``, ``kept_state``): an edit through one server would change
+    every other's choices or grant, and so the decisions on them. Every mapping more than one
+    server holds of its model is read-only; what is not shared (a choice too long, a grant too
+    large) is a server's own."""
+    big_grant = {f"gpu-gov/l{i}": "x" for i in range(hubapi.SHARED_GRANT_KEYS + 1)}
+    long_choice = "x" * (hubapi.SHARED_CHOICE_MAX + 1)
+    servers = []
+    for i in range(60):
+        grant = {"gpu-gov/team": f"team{i % 3}", "gpu-gov/tier": "a100"} if i % 4 else {}
+        state = {"pod_name": f"jupyter-u{i}", "namespace": "jhub", GRANT_STATE: grant}
+        if i % 10 == 9:
+            state[GRANT_STATE] = big_grant
+        options = [{}, {"profile": "a100"}, {"profile": long_choice}, {"project": "lhc"}][i % 4]
+        model = {"state": state, "user_options": {**options, "image": f"img{i}"}}
+        # each server's model decoded on its own, as the Hub's JSON is
+        servers.append(HubServer.from_models({"name": f"u{i}"}, "", json.loads(json.dumps(model))))
+
+    holders: dict[int, tuple[object, set[str]]] = {}
+
+    def hold(value, user: str) -> None:
+        if isinstance(value, Mapping | list):
+            holders.setdefault(id(value), (value, set()))[1].add(user)
+            for inner in value.values() if isinstance(value, Mapping) else value:
+                hold(inner, user)
+
+    for server in servers:
+        hold(server.user_options, server.user)
+        hold(server.spawner_state, server.user)
+    shared = [value for value, users in holders.values() if len(users) > 1]
+    # the empty options, each choice, the empty grant and each team's grant
+    assert len(shared) >= 1 + 2 + 1 + 3, shared
+    for value in shared:
+        assert isinstance(value, MappingProxyType), value
+        with pytest.raises(TypeError):
+            value["gpu-gov/tier"] = "h100"
+    large = [s.spawner_state[GRANT_STATE] for s in servers if len(s.spawner_state[GRANT_STATE]) > 2]
+    assert len({id(grant) for grant in large}) == len(large) > 1  # each its own
+    own = [s.user_options for s in servers if s.user_options.get("profile") == long_choice]
+    assert len({id(options) for options in own}) == len(own) > 1
 
 
 async def test_concurrency_bound_is_respected():

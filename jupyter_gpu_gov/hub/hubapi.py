@@ -129,8 +129,13 @@ STATE_READ = (GRANT_STATE, DEVICES_STATE, GPUS_STATE, "pod_name", "namespace", "
 # The user's choices the ownership of a server reads (hub/ownership.py).
 OPTIONS_READ = ("profile", "project")
 # Options, and a grant's labels, kept as one shared, read-only mapping for every server that
-# has the same (most choose among a few profiles, most grants are a team's and a tier's): at
-# most this many of each, each key and choice at most this long, a grant of at most this many.
+# has the same (most choose among a few profiles, most grants are a team's and a tier's).
+# SHARED_OPTIONS_MAX bounds each of the two caches, the options' and the grants'; each key and
+# choice at most SHARED_CHOICE_MAX long, a grant of at most SHARED_GRANT_KEYS labels. A full
+# cache stops adding (past it a server keeps its own), where the answers' (views.
+# _shared_answer) starts again: a site's profiles, projects and grants change slowly, so those
+# seen first stay the ones servers share, and a user sending ever new choices (user_options
+# are theirs) cannot push out everyone else's; answers go stale within minutes.
 SHARED_OPTIONS_MAX, SHARED_CHOICE_MAX, SHARED_GRANT_KEYS = 1024, 255, 16
 _shared_options: dict[tuple, Mapping[str, Any]] = {}
 _shared_grants: dict[tuple, Mapping[str, Any]] = {}

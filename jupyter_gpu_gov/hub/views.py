@@ -34,7 +34,10 @@ def _encoded(verdict: dict) -> bytes:
 
 # The answers kept on rows lately, each once: most busy servers under one policy are answered
 # the same (~0.6 kB each, kept on each row: ~2 MB at 10,000 servers). Forgotten all at once
-# when full, so what is held here stays small whatever the answers.
+# when full, so what is held here stays small whatever the answers. (The Hub listing's shared
+# choices and grants, hubapi._shared, stop adding when full instead: they change slowly, but
+# an answer goes stale within minutes, and a cache that kept the first ones would soon share
+# none.)
 SHARED_ANSWERS_KEPT = 64
 _shared_answers: dict[bytes, bytes] = {}
 
