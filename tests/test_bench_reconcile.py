@@ -62,4 +62,13 @@ def test_reconcile_benchmark_changes_the_share_of_servers_asked_and_prints_the_c
     assert none["governor_ms_per_changed"] is None and every["governor_ms_per_changed"] > 0
     table = reconcile.curve([{"servers": 40, **share} for share in (none, every)])
     assert "| 40 | 0% (0) |" in table and f"| 40 | 100% ({gpu_servers}) |" in table
+    # The culler per server beside the governor's, and whether the ledger's write (one pass in
+    # five, the largest part of a mean) fell in the measured passes, with the mean without it.
+    for share in (none, every):
+        assert share["idle_culler_us_per_server"] > 0
+        assert 0 <= share["ledger_passes"] <= share["measured_passes"] == 3
+        if share["ledger_passes"] < 3:
+            assert share["governor_s_mean_no_ledger"] > 0
+    assert every["idle_culler_ms_per_changed"] > 0 and none["idle_culler_ms_per_changed"] is None
+    assert f"| {every['ledger_passes']} of 3 |" in table.splitlines()[-1]
     assert figures["governor_rss_mb"] > 0 and figures["hub_list_alone_s"] > 0
