@@ -101,6 +101,7 @@ import inspect
 import io
 import json
 import logging
+import math
 import os
 import pstats
 import random
@@ -233,6 +234,28 @@ def exposition(
             for label, value in zip(labels, values, strict=True)
         )
     return "\n".join(lines) + "\n"
+
+
+def service_dcgm_max_bytes() -> int:
+    """The most one DCGM answer may hold in a deployment with the defaults (``dcgm_max_bytes``,
+    docs/security.md): a larger one fails the read, and every GPU it names reads unknown."""
+    from jupyter_gpu_gov.hub.settings import GovernorSettings
+
+    return GovernorSettings.class_traits()["dcgm_max_bytes"].default_value
+
+
+def exporter_share(gpus: list[Planned], max_bytes: int) -> int:
+    """GPUs an exporter serves when ``--gpus-per-exporter`` is not given: all of them while
+    their answer stays within three quarters of ``max_bytes`` (the jitter moves a body's
+    length by a few bytes a line), else the fewest equal shards that do, as a fleet that large
+    has many exporters. At 50,000 servers one answer is ~193 MB, past the service's 64 MiB:
+    the benchmark measured a read a deployment's defaults refuse."""
+    if not gpus:
+        return 1
+    sample = gpus[:256]
+    per_gpu = len(exposition(sample, 0).encode()) / len(sample)
+    shards = max(1, math.ceil(per_gpu * len(gpus) / (max_bytes * 3 // 4)))
+    return math.ceil(len(gpus) / shards)
 
 
 def _jittered(busy: bool, scrape: int, rng: random.Random) -> dict[str, float | int]:
@@ -419,7 +442,7 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
     hub.start()
 
     gpus = [p for p in fleet if p.gpu_uuid]
-    size = gpus_per_exporter or len(gpus) or 1
+    size = gpus_per_exporter or exporter_share(gpus, service_dcgm_max_bytes())
     # Each GPU's work as DCGM sees it. The reports' "active" that DCGM finds idle (``plan``'s
     # 5 %) stay so: such a server's GPU idles whatever its report says.
     busy = {p.user: p.dcgm_active for p in gpus}
@@ -600,7 +623,10 @@ async def _bench(
     store = Store(f"sqlite:///{db}")
     hub = HubApi(ready["api_url"], ready["token"], concurrency=concurrency, page_size=page_size)
     # A 10,000-GPU exposition is tens of MB: more than the default 5 s would allow on a busy box.
-    dcgm = DcgmSource(exporter_urls=ready["exporter_urls"], timeout_s=60)
+    # The answer's bound is the service's default (the source's own is larger).
+    dcgm = DcgmSource(
+        exporter_urls=ready["exporter_urls"], timeout_s=60, max_bytes=service_dcgm_max_bytes()
+    )
     never = "3650d"  # decide everything; timers alone warn and cull nothing
     policies = load_policies(
         [],
@@ -1158,7 +1184,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--page-size", type=int, default=200, help="users per /users page")
     parser.add_argument("--concurrency", type=int, default=10, help="Hub requests in flight")
     parser.add_argument(
-        "--gpus-per-exporter", type=int, default=0, help="GPUs per exporter URL (0: one URL)"
+        "--gpus-per-exporter",
+        type=int,
+        default=0,
+        help="GPUs per exporter URL (0: one URL while its answer stays within the service's "
+        "dcgm_max_bytes, else the fewest shards that do)",
     )
     parser.add_argument("--cycle", type=float, default=60.0, help="seconds between passes")
     parser.add_argument("--seed", type=int, default=0)
