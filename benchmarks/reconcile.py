@@ -101,6 +101,7 @@ import inspect
 import io
 import json
 import logging
+import math
 import os
 import pstats
 import random
@@ -233,6 +234,28 @@ def exposition(
             for label, value in zip(labels, values, strict=True)
         )
     return "\n".join(lines) + "\n"
+
+
+def service_dcgm_max_bytes() -> int:
+    """The most one DCGM answer may hold in a deployment with the defaults (``dcgm_max_bytes``,
+    docs/security.md): a larger one fails the read, and every GPU it names reads unknown."""
+    from jupyter_gpu_gov.hub.settings import GovernorSettings
+
+    return GovernorSettings.class_traits()["dcgm_max_bytes"].default_value
+
+
+def exporter_share(gpus: list[Planned], max_bytes: int) -> int:
+    """GPUs an exporter serves when ``--gpus-per-exporter`` is not given: all of them while
+    their answer stays within three quarters of ``max_bytes`` (the jitter moves a body's
+    length by a few bytes a line), else the fewest equal shards that do, as a fleet that large
+    has many exporters. At 50,000 servers one answer is ~193 MB, past the service's 64 MiB:
+    the benchmark measured a read a deployment's defaults refuse."""
+    if not gpus:
+        return 1
+    sample = gpus[:256]
+    per_gpu = len(exposition(sample, 0).encode()) / len(sample)
+    shards = max(1, math.ceil(per_gpu * len(gpus) / (max_bytes * 3 // 4)))
+    return math.ceil(len(gpus) / shards)
 
 
 def _jittered(busy: bool, scrape: int, rng: random.Random) -> dict[str, float | int]:
@@ -419,7 +442,7 @@ async def _serve(n: int, seed: int, page_size: int, gpus_per_exporter: int) -> N
     hub.start()
 
     gpus = [p for p in fleet if p.gpu_uuid]
-    size = gpus_per_exporter or len(gpus) or 1
+    size = gpus_per_exporter or exporter_share(gpus, service_dcgm_max_bytes())
     # Each GPU's work as DCGM sees it. The reports' "active" that DCGM finds idle (``plan``'s
     # 5 %) stay so: such a server's GPU idles whatever its report says.
     busy = {p.user: p.dcgm_active for p in gpus}
@@ -600,7 +623,10 @@ async def _bench(
     store = Store(f"sqlite:///{db}")
     hub = HubApi(ready["api_url"], ready["token"], concurrency=concurrency, page_size=page_size)
     # A 10,000-GPU exposition is tens of MB: more than the default 5 s would allow on a busy box.
-    dcgm = DcgmSource(exporter_urls=ready["exporter_urls"], timeout_s=60)
+    # The answer's bound is the service's default (the source's own is larger).
+    dcgm = DcgmSource(
+        exporter_urls=ready["exporter_urls"], timeout_s=60, max_bytes=service_dcgm_max_bytes()
+    )
     never = "3650d"  # decide everything; timers alone warn and cull nothing
     policies = load_policies(
         [],
@@ -828,6 +854,8 @@ async def _bench(
             gov_s.append(elapsed)
             for name, seconds in pass_parts.items():
                 parts[name].append(seconds)
+            # Whether this pass wrote the usage ledger (one pass in five): it moves the mean.
+            parts["ledger_pass"].append(float("ledger_write" in pass_parts))
             written.append(counts.get("store_write", 0))
             parts["decided"].append(counts.get("decide", 0))
             parts["listed_whole"].append(float(gov.hub_listing.full))
@@ -963,6 +991,8 @@ def _share_figures(
         return float(f"{statistics.median(parts[name]):.3g}") if parts[name] else 0.0
 
     gov_mean, cul_mean = statistics.fmean(gov_s), statistics.fmean(cul_s)
+    ledger = [bool(x) for x in parts["ledger_pass"]] or [False] * len(gov_s)
+    without = [s for s, wrote in zip(gov_s, ledger, strict=True) if not wrote]
     return {
         "changed": share,
         "changed_servers": changed_n,
@@ -974,6 +1004,13 @@ def _share_figures(
         # What a pass costs per server that exists, and per server that changed.
         "governor_us_per_server": round(1e6 * gov_mean / n, 1),
         "governor_ms_per_changed": round(1e3 * gov_mean / changed_n, 3) if changed_n else None,
+        "idle_culler_us_per_server": round(1e6 * cul_mean / n, 1),
+        "idle_culler_ms_per_changed": round(1e3 * cul_mean / changed_n, 3) if changed_n else None,
+        # The measured passes that wrote the usage ledger (one in five), and the governor's
+        # mean pass without them (None: every measured pass wrote it).
+        "ledger_passes": sum(ledger),
+        "measured_passes": len(gov_s),
+        "governor_s_mean_no_ledger": round(statistics.fmean(without), 3) if without else None,
         # The governor's pass, medians of the parts.
         "store_read_s": med("store_read"),
         "decide_s": med("decide"),
@@ -1088,19 +1125,37 @@ def _numbers(kind: type) -> Callable[[str], list]:
 
 
 def curve(rows: list[dict]) -> str:
-    """The pass against the culler's, by fleet size and share changed: a Markdown table."""
+    """The pass against the culler's, by fleet size and share changed: a Markdown table. Per
+    server that exists and per server that changed, both tools side by side; what the governor
+    decided and wrote, the mix it ended in, and in how many of the measured passes the usage
+    ledger's write (one pass in five) fell, with the governor's mean pass without it."""
+
+    def mix(text: str) -> str:
+        counts = (part.split(":") for part in text.split(",") if part)
+        return " / ".join(f"{name} {int(count):,}" for name, count in counts if int(count))
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f} ms"
+
     lines = [
-        "| servers | changed between passes | governor pass (mean) | idle-culler pass (mean)"
-        " | ratio | governor per server | governor per changed server | decide |",
-        "|---|---|---|---|---|---|---|---|",
+        "| servers | changed between passes | decided | rows written | mix (states; audited)"
+        " | governor pass (mean) | without a ledger write | idle-culler pass (mean) | ratio"
+        " | per server: governor / culler | per changed server: governor / culler"
+        " | ledger writes | decide |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        per_changed = r["governor_ms_per_changed"]
+        no_ledger = r.get("governor_s_mean_no_ledger")
         lines.append(
             f"| {r['servers']:,} | {r['changed']:.0%} ({r['changed_servers']:,}) "
-            f"| {r['governor_s_mean']:.2f} s | {r['idle_culler_s_mean']:.2f} s | {r['ratio']:.2f} "
-            f"| {r['governor_us_per_server']:.0f} µs "
-            f"| {'-' if per_changed is None else f'{per_changed:.2f} ms'} | {r['decide_s']:.2f} s |"
+            f"| {r['decided']:,} | {r['rows_written']:,} "
+            f"| {mix(r['mix'])}; {mix(r['mix_audited']) or 'none'} "
+            f"| {r['governor_s_mean']:.2f} s "
+            f"| {'-' if no_ledger is None else f'{no_ledger:.2f} s'} "
+            f"| {r['idle_culler_s_mean']:.2f} s | {r['ratio']:.2f} "
+            f"| {r['governor_us_per_server']:.0f} / {r['idle_culler_us_per_server']:.0f} µs "
+            f"| {ms(r['governor_ms_per_changed'])} / {ms(r['idle_culler_ms_per_changed'])} "
+            f"| {r['ledger_passes']} of {r['measured_passes']} | {r['decide_s']:.2f} s |"
         )
     return "\n".join(lines)
 
@@ -1129,7 +1184,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--page-size", type=int, default=200, help="users per /users page")
     parser.add_argument("--concurrency", type=int, default=10, help="Hub requests in flight")
     parser.add_argument(
-        "--gpus-per-exporter", type=int, default=0, help="GPUs per exporter URL (0: one URL)"
+        "--gpus-per-exporter",
+        type=int,
+        default=0,
+        help="GPUs per exporter URL (0: one URL while its answer stays within the service's "
+        "dcgm_max_bytes, else the fewest shards that do)",
     )
     parser.add_argument("--cycle", type=float, default=60.0, help="seconds between passes")
     parser.add_argument("--seed", type=int, default=0)

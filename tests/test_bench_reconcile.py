@@ -27,6 +27,22 @@ def test_the_fake_hubs_servers_are_found_in_dcgm_by_their_pod_as_on_zero_to_jupy
         assert [e.uuid for e in found] == ([p.gpu_uuid] if p.gpu_uuid else []), p.user
 
 
+def test_the_fake_exporters_answers_stay_within_the_services_dcgm_bound():
+    """One exporter serves every GPU while its answer stays within the service's
+    ``dcgm_max_bytes``; past it, shards that each do (at 50,000 servers one answer was ~193 MB,
+    which a deployment's 64 MiB default refuses: every GPU unknown)."""
+    gpus = [p for p in reconcile.plan(300) if p.gpu_uuid]
+    whole = len(reconcile.exposition(gpus, 0).encode())
+    assert reconcile.exporter_share(gpus, 10 * whole) == len(gpus)
+    bound = whole // 3
+    size = reconcile.exporter_share(gpus, bound)
+    shards = [gpus[k : k + size] for k in range(0, len(gpus), size)]
+    assert 3 <= len(shards) <= 5
+    for k, shard in enumerate(shards):
+        for scrape in range(3):
+            assert len(reconcile.exposition(shard, k, scrape=scrape).encode()) <= bound
+
+
 def test_reconcile_benchmark_runs_both_passes_over_every_server():
     figures = reconcile.run(servers=50, passes=1)
     assert figures["governor_seen"] == 50
@@ -62,4 +78,13 @@ def test_reconcile_benchmark_changes_the_share_of_servers_asked_and_prints_the_c
     assert none["governor_ms_per_changed"] is None and every["governor_ms_per_changed"] > 0
     table = reconcile.curve([{"servers": 40, **share} for share in (none, every)])
     assert "| 40 | 0% (0) |" in table and f"| 40 | 100% ({gpu_servers}) |" in table
+    # The culler per server beside the governor's, and whether the ledger's write (one pass in
+    # five, the largest part of a mean) fell in the measured passes, with the mean without it.
+    for share in (none, every):
+        assert share["idle_culler_us_per_server"] > 0
+        assert 0 <= share["ledger_passes"] <= share["measured_passes"] == 3
+        if share["ledger_passes"] < 3:
+            assert share["governor_s_mean_no_ledger"] > 0
+    assert every["idle_culler_ms_per_changed"] > 0 and none["idle_culler_ms_per_changed"] is None
+    assert f"| {every['ledger_passes']} of 3 |" in table.splitlines()[-1]
     assert figures["governor_rss_mb"] > 0 and figures["hub_list_alone_s"] > 0
