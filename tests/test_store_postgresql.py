@@ -24,6 +24,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
 from test_governor import names_kept_as_they_were_move
 from test_store_audit import audit_rows_store_as_the_orm_stored
+from test_usage_service import ledger_rows_hold_their_sessions_after_every_write
 from traitlets import TraitError
 
 from jupyter_gpu_gov.core import clock
@@ -393,3 +394,7 @@ def test_two_hubs_making_the_left_pods_table_at_once_both_go_on(database):
 
 def test_audit_rows_store_as_the_orm_stored_on_postgresql(database):
     audit_rows_store_as_the_orm_stored(database)
+
+
+def test_ledger_rows_hold_their_sessions_after_every_write_on_postgresql(database):
+    ledger_rows_hold_their_sessions_after_every_write(database)

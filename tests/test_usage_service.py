@@ -382,7 +382,7 @@ def test_the_per_server_series_follow_the_servers():
     assert series() == {} and by_state() == {}
 
 
-@pytest.mark.parametrize("statement", ["add_to_usage", "update_session"])
+@pytest.mark.parametrize("statement", ["add_to_usage", "update_session", "update_steady_session"])
 def test_the_bulk_ledger_writes_store_what_sqlalchemy_would(statement):
     """``save_usage`` runs its two updates as plain DBAPI executemany: every column, datetimes
     included, must be stored exactly as through ``Connection.execute``."""
@@ -405,6 +405,11 @@ def test_the_bulk_ledger_writes_store_what_sqlalchemy_would(statement):
             store_module.UsageSessionRow.__table__,
             store_module._UPDATE_SESSION,
             store_module._UPDATE_SESSION_PARAMS,
+        ),
+        "update_steady_session": (
+            store_module.UsageSessionRow.__table__,
+            store_module._UPDATE_STEADY_SESSION,
+            store_module._UPDATE_STEADY_SESSION_PARAMS,
         ),
     }[statement]
     rows = []
@@ -444,6 +449,65 @@ def test_the_bulk_ledger_writes_store_what_sqlalchemy_would(statement):
             stored.append(connection.exec_driver_sql(f"SELECT * FROM {table.name}").fetchall())
     assert stored[0] == stored[1]
     assert len(stored[0]) == 3
+
+
+def ledger_rows_hold_their_sessions_after_every_write(url: str) -> None:
+    """What each write of the ledger leaves in its sessions' rows is the drained sessions,
+    column by column: a session seen as it was (its row updated by what moved), its owner's
+    team changed, its end, the same session found running again (from the same start, and
+    from a later one before a write), and a store opened anew on the rows of an earlier run."""
+    from datetime import datetime, timezone
+
+    utc = timezone.utc
+    t0 = datetime(2026, 12, 7, 10, tzinfo=utc)
+    vision, robotics = ledger.Owner("ann", "vision", "p", "h100"), ledger.Owner("ann", "robotics")
+    book = ledger.Ledger(timedelta(minutes=10))
+    store = Store(url)
+    drained: dict[tuple[str, str], ledger.Session] = {}
+
+    def look(server, minute, owner=vision, state=ledger.ACTIVE, started=t0):
+        at = t0 + timedelta(minutes=minute)
+        book.observe(ledger.Observation(server, "s1", at, owner, 1.0, state, started))
+
+    def write_and_check() -> None:
+        deltas, sessions = book.drain()
+        store.save_usage(deltas, sessions)
+        drained.update({(s.server, s.session): s for s in sessions})
+
+        def fields(s: ledger.Session) -> tuple:
+            totals = tuple(s.totals.get(f, 0.0) for f in ledger.FIELDS)
+            return (s.owner, s.first_at, s.at, s.ended_at, s.gpus, s.state, totals)
+
+        stored = {(s.server, s.session): fields(s) for s in Store(url).usage_sessions()}
+        assert stored == {key: fields(s) for key, s in drained.items()}
+
+    for minute in (1, 2):  # first written whole, then as seen again
+        look("ann/a", minute)
+        look("ann/b", minute, state=ledger.IDLE_HELD)
+        write_and_check()
+    look("ann/a", 3, owner=robotics)  # its team changed
+    look("ann/b", 3, state=ledger.ACTIVE)
+    write_and_check()
+    book.close("ann/b", t0 + timedelta(minutes=4))  # stopped
+    look("ann/a", 4, owner=robotics)
+    write_and_check()
+    look("ann/b", 5)  # the same session running again, from the same start
+    write_and_check()
+    look("ann/b", 6)
+    write_and_check()
+    book.close("ann/b", t0 + timedelta(minutes=7))  # stopped and found again before a write,
+    look("ann/b", 8, started=None)  # from this look
+    look("ann/a", 8, owner=vision)
+    write_and_check()
+    store = Store(url)  # a service started again: rows of an earlier run
+    for minute in (9, 10):
+        look("ann/a", minute)
+        look("ann/b", minute, started=None, state=ledger.IDLE_FREE)
+        write_and_check()
+
+
+def test_ledger_rows_hold_their_sessions_after_every_write(tmp_path):
+    ledger_rows_hold_their_sessions_after_every_write(f"sqlite:///{tmp_path}/gov.sqlite")
 
 
 def test_names_users_chose_leave_the_exposition_readable():
