@@ -114,8 +114,8 @@ _UPDATE_SESSION = (
 # A steady session's update: what a pass moves (the cursor, the GPUs, the state, the totals),
 # where its row already holds the owner and first_at given and no end. Setting the owner's user
 # and ended_at to what they were rewrote their index entries: 0.20 s of SQLite a ledger write at
-# 10,000 sessions, 0.07 s without (docs/benchmarks.md, "Reconcile pass vs jupyterhub-idle-culler",
-# wave 43).
+# 10,000 sessions, 0.07 s without (docs/benchmarks-history.md, "Issue 26, wave 43: the ledger's
+# write").
 _STEADY_VALUES = ("at", "gpus", "state")
 _UPDATE_STEADY_SESSION = (
     update(UsageSessionRow.__table__)
