@@ -1,0 +1,61 @@
+"""Instances of frozen, slotted dataclasses made without a call a field.
+
+Slots, not a ``__dict__`` each, for what the governor keeps per server or per GPU (about a
+third less: docs/benchmarks.md, issue 26). A frozen dataclass's ``__init__`` sets each field
+with ``object.__setattr__`` (a call a field); here the instance is made as one of a plain class
+with the same slots, each field set by the interpreter's own slot store, then given the frozen
+class (the same layout: Python allows the change of ``__class__``). The code is generated from
+the dataclass's field names alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
+from typing import Any
+
+
+def _blank(cls: type) -> type:
+    names = tuple(f.name for f in fields(cls))
+    if getattr(cls, "__slots__", None) != names:
+        raise TypeError(f"{cls.__name__} is not a slotted dataclass")
+    return type(f"_{cls.__name__}Fields", (), {"__slots__": names})
+
+
+def _compiled(cls: type, signature: str, body: list[str]) -> Callable:
+    scope = {"new": object.__new__, "blank": _blank(cls), "cls": cls}
+    source = "\n".join([f"def made({signature}):", "    made = new(blank)", *body])
+    exec(source, scope)  # the names are the dataclass's own fields, nothing else
+    return scope["made"]
+
+
+def copier(cls: type) -> Callable[[Any, Mapping[str, Any]], Any]:
+    """``copy(obj, changes)``: ``dataclasses.replace(obj, **changes)`` without ``__init__``
+    (no ``__post_init__`` runs); a name that is no field raises TypeError."""
+    names = [f.name for f in fields(cls)]
+    return _compiled(
+        cls,
+        "obj, changes",
+        [
+            *(f"    made.{name} = obj.{name}" for name in names),
+            "    for name, value in changes.items():",
+            "        try:",
+            "            setattr(made, name, value)",
+            "        except AttributeError:",
+            "            raise TypeError(f'{cls.__name__} has no field {name!r}') from None",
+            "    made.__class__ = cls",
+            "    return made",
+        ],
+    )
+
+
+def builder(cls: type) -> Callable[[Iterable[Any]], Any]:
+    """``build(values)``: an instance with these values, one a field in their order (as many
+    as the fields, else ValueError), without ``__init__``."""
+    names = [f.name for f in fields(cls)]
+    targets = ", ".join(f"made.{name}" for name in names)
+    return _compiled(
+        cls,
+        "values",
+        [f"    ({targets},) = values", "    made.__class__ = cls", "    return made"],
+    )
