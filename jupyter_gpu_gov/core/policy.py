@@ -452,9 +452,19 @@ def evolve(obj: _T, /, **changes: Any) -> _T:
     """``dataclasses.replace`` for the frozen dataclasses below (plain fields, no
     ``__post_init__``): copies the instance's fields rather than calling ``__init__`` (a pass
     makes about five per server; the saving: docs/benchmarks-history.md, "With the usage
-    ledger")."""
+    ledger"); a slotted one by its copier (``_evolvable``), another by its ``__dict__``."""
     copier = _COPIERS.get(obj.__class__)
-    return copier(obj, changes) if copier is not None else replace(obj, **changes)
+    if copier is not None:
+        return copier(obj, changes)
+    fields_ = obj.__dict__
+    if not changes.keys() <= fields_.keys():
+        raise TypeError(
+            f"{type(obj).__name__} has no field {sorted(changes.keys() - fields_.keys())}"
+        )
+    new = object.__new__(type(obj))
+    new.__dict__.update(fields_)
+    new.__dict__.update(changes)
+    return new
 
 
 _COPIERS: dict[type, Any] = {}
@@ -462,7 +472,7 @@ _COPIERS: dict[type, Any] = {}
 
 def _evolvable(cls: type[_T]) -> type[_T]:
     """Register ``evolve``'s copier of a frozen, slotted dataclass (``core.slotted``). Slots:
-    one of each is kept per server (its record, decision, view, GPU signal); the ``__dict__``s
+    one of each is kept per server (its record, decision, GPU signal); the ``__dict__``s
     ``evolve`` made were ~290 bytes an instance, ~7 MB at 10,000 servers (docs/benchmarks.md,
     issue 26)."""
     _COPIERS[cls] = slotted.copier(cls)
@@ -530,8 +540,7 @@ def hub_activity_lag(interval: timedelta | None) -> timedelta | None:
     return max(HUB_ACTIVITY_LAG, 2 * interval + ACTIVITY_SKEW)
 
 
-@_evolvable
-@dataclass(frozen=True, slots=True)  # one kept per server: no __dict__ each
+@dataclass(frozen=True)  # weakly referred to (hub/history.py): not slotted (core.slotted)
 class ServerView:
     user: str
     name: str = ""

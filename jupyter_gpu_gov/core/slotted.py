@@ -17,8 +17,10 @@ from typing import Any
 
 def _blank(cls: type) -> type:
     names = tuple(f.name for f in fields(cls))
+    # Not with weakref_slot=True: Python refuses that class for ``__class__`` (its layout
+    # check counts the slot's place only where no other slot comes before it).
     if getattr(cls, "__slots__", None) != names:
-        raise TypeError(f"{cls.__name__} is not a slotted dataclass")
+        raise TypeError(f"{cls.__name__} is not a slotted dataclass without weak references")
     return type(f"_{cls.__name__}Fields", (), {"__slots__": names})
 
 
