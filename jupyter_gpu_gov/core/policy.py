@@ -472,7 +472,7 @@ _COPIERS: dict[type, Any] = {}
 
 def _evolvable(cls: type[_T]) -> type[_T]:
     """Register ``evolve``'s copier of a frozen, slotted dataclass (``core.slotted``). Slots:
-    one of each is kept per server (its record, decision, GPU signal); the ``__dict__``s
+    one of each is kept per server (its record, decision, view, GPU signal); the ``__dict__``s
     ``evolve`` made were ~290 bytes an instance, ~7 MB at 10,000 servers (docs/benchmarks.md,
     issue 26)."""
     _COPIERS[cls] = slotted.copier(cls)
@@ -540,8 +540,9 @@ def hub_activity_lag(interval: timedelta | None) -> timedelta | None:
     return max(HUB_ACTIVITY_LAG, 2 * interval + ACTIVITY_SKEW)
 
 
-@dataclass(frozen=True)  # weakly referred to (hub/history.py): not slotted (core.slotted)
-class ServerView:
+@_evolvable
+@dataclass(frozen=True, slots=True)  # one kept per server: no __dict__ each
+class ServerView(slotted.WeakReferable):  # the history refers to a view weakly
     user: str
     name: str = ""
     profile: str | None = None

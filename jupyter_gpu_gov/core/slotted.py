@@ -15,13 +15,22 @@ from dataclasses import fields
 from typing import Any
 
 
+class WeakReferable:
+    """The base of a slotted dataclass that is referred to weakly. Not ``weakref_slot=True``:
+    Python refuses a class with that slot after the others for ``__class__`` (its layout check
+    counts the slot's place only where no other slot comes before it); here it comes first."""
+
+    __slots__ = ("__weakref__",)
+
+
 def _blank(cls: type) -> type:
     names = tuple(f.name for f in fields(cls))
-    # Not with weakref_slot=True: Python refuses that class for ``__class__`` (its layout
-    # check counts the slot's place only where no other slot comes before it).
-    if getattr(cls, "__slots__", None) != names:
-        raise TypeError(f"{cls.__name__} is not a slotted dataclass without weak references")
-    return type(f"_{cls.__name__}Fields", (), {"__slots__": names})
+    if getattr(cls, "__slots__", None) != names or cls.__bases__ not in (
+        (object,),
+        (WeakReferable,),
+    ):
+        raise TypeError(f"{cls.__name__} is not a slotted dataclass of object or WeakReferable")
+    return type(f"_{cls.__name__}Fields", cls.__bases__, {"__slots__": names})
 
 
 def _compiled(cls: type, signature: str, body: list[str]) -> Callable:
