@@ -410,6 +410,8 @@ def test_a_read_sent_from_the_worker_shares_the_texts_of_the_read_before_it():
     assert len(set(models)) == len(set(map(id, models)))
     with pytest.raises(FrozenInstanceError):
         second[0].pod = "someone-else"  # type: ignore[misc]
+    # Slotted (~120 bytes a record less than a __dict__ each), as the parsed ones are.
+    assert not any(hasattr(e, "__dict__") for e in [*second, *parsed])
 
 
 def test_a_healthy_gpu_sent_from_the_worker_is_passed_over_by_the_health_watch():

@@ -126,6 +126,25 @@ async def test_dcgm_idle_wins_over_a_report_saying_active(tmp_path):
     assert result.dcgm_errors == ()
 
 
+async def test_a_kept_report_holds_the_uuid_dcgm_read_and_the_user_its_row_has(tmp_path):
+    """A report's GPU UUID is the string the last DCGM read holds, its user the row's: one
+    string each a server, not a copy in its report too (issue 26); read as sent."""
+    exporter = Exporter("h100-8gpu-k8s-pod-attributed.txt")
+    async with FakeHub() as hub:
+        hub.add_server("alice")
+        gov = governor(hub, tmp_path, exporter.url)
+        gov.ingest(report_for("alice", H100_IDLE_GPU, sm=0.0))
+        await gov.reconcile()
+    exporter.stop()
+    sent = json.loads(json.dumps(report_for("alice", H100_IDLE_GPU, sm=0.0)))  # its own strings
+    gov.ingest(sent)
+    kept = gov.reports["alice/"].report
+    (record,) = gov._context.by_uuid[H100_IDLE_GPU]
+    assert kept["devices"][0]["uuid"] == sent["devices"][0]["uuid"]
+    assert kept["devices"][0]["uuid"] is record.uuid is not sent["devices"][0]["uuid"]
+    assert kept["server"]["user"] is gov.rows["alice/"].user is not sent["server"]["user"]
+
+
 async def test_dcgm_governs_a_server_without_the_extension(tmp_path, restore_clock):
     """KubeSpawner's state names the pod; DCGM sees its GPU idle though an open tab keeps Hub
     activity fresh (the zombie jupyterhub-idle-culler misses). A server whose pod DCGM does

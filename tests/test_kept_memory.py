@@ -186,6 +186,46 @@ def test_the_sections_servers_send_alike_are_kept_once_across_reports(monkeypatc
         assert kept["targets"][0]["cpu"]["cores"] == n and len(ingest._FLEET_SECTIONS) <= 3
 
 
+def test_the_lists_of_numbers_servers_send_alike_are_kept_once_across_reports(monkeypatch):
+    """An idle kernel's twelve 0.0 samples, its GPU's pids: one tuple across reports, read as
+    sent (types and zeros' signs apart); a list with a UUID, or longer than a window's, is
+    the report's own, and the table that shares them stays bounded."""
+    monkeypatch.setattr(ingest, "_FLEET_SECTIONS", {}, raising=False)
+    bob, dave = compact_report(_received("bob", 2)), compact_report(_received("dave", 7))
+    idle = bob["targets"][0]["gpu"]
+    assert (
+        idle["history"] == (0.0,) * 12 and idle["history"] is dave["targets"][0]["gpu"]["history"]
+    )
+    assert idle["pids"] == (4242,) and idle["pids"] is dave["targets"][0]["gpu"]["pids"]
+    assert idle["devices"] is not dave["targets"][0]["gpu"]["devices"]  # a UUID: its own
+    for history in ([0.0, 0.0], [0, 0.0], [-0.0, 0.0], [False, 0.0], [None, 0.0], [0.0, 0.0]):
+        sent = {"targets": [{"kind": "kernel", "gpu": {"history": history, "pids": [1]}}]}
+        kept = compact_report(sent)
+        assert _identical(kept.to_json(), sent) and _reads_as(kept, sent)
+    long = [0.0] * (ingest.FLEET_TUPLE_ITEMS + 1)
+    one, two = (compact_report({"targets": [{"gpu": {"history": long}}]}) for _ in range(2))
+    assert one["targets"][0]["gpu"]["history"] is not two["targets"][0]["gpu"]["history"]
+    monkeypatch.setattr(ingest, "FLEET_SECTIONS_KEPT", 3)
+    for n in range(10):
+        kept = compact_report({"targets": [{"gpu": {"pids": [n, n]}}]})
+        assert kept["targets"][0]["gpu"]["pids"] == (n, n) and len(ingest._FLEET_SECTIONS) <= 3
+
+
+def test_a_report_keeps_the_texts_the_governor_holds_not_copies():
+    """``held``: a GPU's UUID as DCGM's read has it, the pod's, the user's name as the row has
+    it: the kept report holds those objects (equal, so read the same), not its own copies."""
+    sent = _received("alice", 1)  # two MIG slices of one GPU
+    parent = sent["devices"][0]["parent_uuid"]
+    held = {text: "".join(text) for text in (parent, "alice", sent["server"]["pod"])}
+    assert all(held[text] is not text for text in held)
+    kept = compact_report(json.loads(json.dumps(sent)), held)
+    assert kept == compact_report(sent) and _reads_as(kept, sent)
+    assert all(device["parent_uuid"] is held[parent] for device in kept["devices"])
+    assert kept["server"]["user"] is held["alice"]
+    assert kept["server"]["pod"] is held[sent["server"]["pod"]]
+    assert kept["devices"][0]["uuid"] is kept["targets"][0]["gpu"]["devices"][0]  # not held
+
+
 def test_a_server_row_reads_back_as_it_was_saved(tmp_path):
     """The governor's rows are plain objects the store writes and reads with Core statements:
     every column back as it was written, and a new row's unset columns take their defaults."""

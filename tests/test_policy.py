@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import fields, replace
 from datetime import datetime, timedelta, timezone
 
@@ -1238,16 +1239,20 @@ def test_evolve_is_dataclasses_replace_for_the_decision_records():
     for obj, changes in cases:
         evolved, replaced = p.evolve(obj, **changes), replace(obj, **changes)
         assert evolved == replaced and type(evolved) is type(obj) and evolved is not obj
-        assert evolved.__dict__ == replaced.__dict__
+        assert [getattr(evolved, f.name) for f in fields(obj)] == [
+            getattr(replaced, f.name) for f in fields(obj)
+        ]
+        assert not hasattr(evolved, "__dict__")  # slotted: one kept per server
         if not isinstance(obj, p.ServerView):  # its labels are a dict
             assert hash(evolved) == hash(replaced)
+    assert weakref.ref(view)() is view  # the history refers to a view weakly
     assert p.evolve(record, state=p.ACTIVE).state == p.ACTIVE and record.state == p.IDLE
     with pytest.raises(TypeError, match="no field"):
         p.evolve(record, sate=p.ACTIVE)
 
 
 def test_records_compare_field_by_field():
-    """``Record.__eq__`` (its fields' dicts, not the generated tuples): equal exactly when every
+    """``Record.__eq__`` (its fields read in C, not the generated tuples): equal exactly when every
     field is, whichever way the record was made; hashes agree with it."""
     t = T0 + 5 * MIN
     record = p.Record(state=p.WARNED, idle_since=T0, warned_at=t, reason="idle")

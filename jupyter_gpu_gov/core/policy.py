@@ -21,6 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from . import slotted
 from .clock import isoformat
 from .clock import parse as parse_time
 from .cpu_stage import CPU_STAGE_WORDS
@@ -450,7 +451,10 @@ def evolve(obj: _T, /, **changes: Any) -> _T:
     """``dataclasses.replace`` for the frozen dataclasses below (plain fields, no
     ``__post_init__``): copies the instance's fields rather than calling ``__init__`` (a pass
     makes about five per server; the saving: docs/benchmarks-history.md, "With the usage
-    ledger")."""
+    ledger"); a slotted one by its copier (``_evolvable``), another by its ``__dict__``."""
+    copier = _COPIERS.get(obj.__class__)
+    if copier is not None:
+        return copier(obj, changes)
     fields_ = obj.__dict__
     if not changes.keys() <= fields_.keys():
         raise TypeError(
@@ -462,10 +466,23 @@ def evolve(obj: _T, /, **changes: Any) -> _T:
     return new
 
 
+_COPIERS: dict[type, Any] = {}
+
+
+def _evolvable(cls: type[_T]) -> type[_T]:
+    """Register ``evolve``'s copier of a frozen, slotted dataclass (``core.slotted``). Slots:
+    one of each is kept per server (its record, decision, view, GPU signal); the ``__dict__``s
+    ``evolve`` made were ~290 bytes an instance, ~7 MB at 10,000 servers (docs/benchmarks.md,
+    issue 26)."""
+    _COPIERS[cls] = slotted.copier(cls)
+    return cls
+
+
 # -- what is known of a server -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@_evolvable
+@dataclass(frozen=True, slots=True)  # one kept per server: no __dict__ each
 class GpuSignal:
     """The server's GPU this cycle, after merging its report with any trusted source."""
 
@@ -522,8 +539,9 @@ def hub_activity_lag(interval: timedelta | None) -> timedelta | None:
     return max(HUB_ACTIVITY_LAG, 2 * interval + ACTIVITY_SKEW)
 
 
-@dataclass(frozen=True)
-class ServerView:
+@_evolvable
+@dataclass(frozen=True, slots=True)  # one kept per server: no __dict__ each
+class ServerView(slotted.WeakReferable):  # the history refers to a view weakly
     user: str
     name: str = ""
     profile: str | None = None
@@ -610,7 +628,8 @@ def merge_evidence(
 # -- the governor's memory of a server ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@_evolvable
+@dataclass(frozen=True, slots=True)  # one kept per server: no __dict__ each
 class Record:
     state: str = ACTIVE
     idle_since: datetime | None = None
@@ -644,11 +663,10 @@ class Record:
     reason: str = ""
 
     def __eq__(self, other: object) -> bool:
-        # Field by field, as the generated one, without its two tuples of every field (0.3 µs,
-        # not 1.2: a pass compares each decided server's records twice). Its fields are all
-        # an instance holds (frozen; ``evolve`` copies them).
+        # Field by field, as the generated one, without its two tuples of every field
+        # (``core.slotted.equality``): a pass compares each decided server's records twice.
         if other.__class__ is self.__class__:
-            return self.__dict__ == other.__dict__
+            return _same_record(self, other)
         return NotImplemented
 
     def new_idle_stretch(self) -> Record:
@@ -686,7 +704,11 @@ class Record:
         )
 
 
-@dataclass(frozen=True)
+_same_record = slotted.equality(Record)
+
+
+@_evolvable
+@dataclass(frozen=True, slots=True)  # one kept per server: no __dict__ each
 class Decision:
     record: Record
     actions: tuple[str, ...] = ()

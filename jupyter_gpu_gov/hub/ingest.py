@@ -155,7 +155,7 @@ SECTIONS = _section_classes()
 KeptReport = SECTIONS[Report]
 
 
-def compact_report(report: Mapping) -> Section:
+def compact_report(report: Mapping, held: Mapping[str, str] | None = None) -> Section:
     """A validated report as the governor keeps it (``KeptReport``), equal to it in every field
     the wire defines, read as it is: its objects as ``Section``s, its names and enumerated
     values (``core.wire.report_words``) as the one string each, and any other string or
@@ -164,8 +164,10 @@ def compact_report(report: Mapping) -> Section:
     that most servers send alike (a GPU's model, a kernel's, the namespace: ``FLEET_FIELDS``)
     as one string across reports: JSON decoding makes a copy of each, and the governor keeps
     every server's last report (docs/benchmarks-history.md, "Issue 26, wave 6", "wave 8" and
-    "wave 14")."""
-    return _keep(KeptReport, report, {}, 0)
+    "wave 14"). ``held``: texts the governor already holds for as long (a GPU's UUID as DCGM's
+    read has it, the pod's, the user's name as the server's row has it), by value: the report
+    keeps those objects, not its own equal copies."""
+    return _keep(KeptReport, report, dict(held) if held else {}, 0)
 
 
 def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
@@ -191,7 +193,7 @@ def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
             )
         elif type_ is list:
             if many is tuple:
-                value = tuple(_compact_list(value, seen, depth + 1))
+                value = _fleet_tuple(_compact_list(value, seen, depth + 1))
             elif many is not None:  # validated: objects
                 value = tuple([_keep(many, item, seen, depth + 1) for item in value])
             else:
@@ -265,19 +267,8 @@ def _fleet_section(kind: type[Section], values: list) -> Section:
     time, a UUID, a list or a free-form object is the report's own. Sections are read-only,
     so sharing one is reading it; the first ``FLEET_SECTIONS_KEPT`` kept, then forgotten all
     at once and learnt again, as ``_fleet_word``'s."""
-    for value in values:
-        kind_of = type(value)
-        if kind_of is float:
-            if value != value or (not value and value is not _ZERO):  # NaN, -0.0
-                return kind(*values)
-        elif kind_of is str:
-            if _WORDS.get(value) is not value:  # a time, a UUID: this server's own
-                return kind(*values)
-        elif kind_of is tuple:
-            if value:
-                return kind(*values)
-        elif kind_of not in _PLAIN:
-            return kind(*values)
+    if not _alike(values):
+        return kind(*values)
     key = (kind, *values, *map(type, values))
     shared = _FLEET_SECTIONS.get(key)
     if shared is None:
@@ -285,6 +276,42 @@ def _fleet_section(kind: type[Section], values: list) -> Section:
             _FLEET_SECTIONS.clear()  # bounded, whatever servers send
         shared = _FLEET_SECTIONS[key] = kind(*values)
     return shared
+
+
+def _fleet_tuple(items: list) -> tuple:
+    """A report's list of numbers or words (a kernel's ``history``, its ``pids``) as the one
+    tuple with these items across reports where each is one ``_fleet_section`` shares (an idle
+    kernel's twelve 0.0 samples: 152 bytes a server); kept in
+    ``_FLEET_SECTIONS``, keyed apart from sections by ``tuple``; a longer list than
+    ``FLEET_TUPLE_ITEMS`` is the report's own (what the table may hold stays a section's size)."""
+    if not items or len(items) > FLEET_TUPLE_ITEMS or not _alike(items):
+        return tuple(items)
+    key = (tuple, *items, *map(type, items))
+    shared = _FLEET_SECTIONS.get(key)
+    if shared is None:
+        if len(_FLEET_SECTIONS) >= FLEET_SECTIONS_KEPT:
+            _FLEET_SECTIONS.clear()  # bounded, whatever servers send
+        shared = _FLEET_SECTIONS[key] = tuple(items)
+    return shared
+
+
+def _alike(values: list) -> bool:
+    """Whether every value is one a JSON object could hold equal to another's only if the same
+    (``_fleet_section``)."""
+    for value in values:
+        kind_of = type(value)
+        if kind_of is float:
+            if value != value or (not value and value is not _ZERO):  # NaN, -0.0
+                return False
+        elif kind_of is str:
+            if _WORDS.get(value) is not value:  # a time, a UUID: this server's own
+                return False
+        elif kind_of is tuple:
+            if value:
+                return False
+        elif kind_of not in _PLAIN:
+            return False
+    return True
 
 
 # Fields whose values most servers share: a device's and a target's name (the GPU's model,
@@ -302,6 +329,7 @@ _WORDS = report_words()
 _FLEET_KINDS = frozenset(SECTIONS[wire] for wire in (TargetGpu, TargetCpu, CheckpointState))
 _PLAIN = frozenset((type(None), bool, int, _Absent))
 FLEET_SECTIONS_KEPT = 4096
+FLEET_TUPLE_ITEMS = 16  # a sampler's window is 12 samples
 _FLEET_SECTIONS: dict[tuple, Section] = {}
 
 
@@ -340,7 +368,7 @@ class Ingest:
         # DCGM's evidence, the diagnosis: each keeps numbers, not the report) reads the
         # decoded JSON, whose ``get`` is C's, not a section's (docs/benchmarks-history.md, "Issue
         # 26, wave 14: the kept reports").
-        decoded, report = report, compact_report(report)
+        decoded, report = report, compact_report(report, self._held_texts(report))
         key = server_key(report["server"]["user"], report["server"].get("name", ""))
         now = clock.utcnow()
         session = report["server"].get("started")
@@ -382,6 +410,33 @@ class Ingest:
             self._checkpoints[key] = result  # a stale one never replaces the answer
         self._note_report(key)  # compared once, here: the pass looks only at what moved
         return key
+
+    def _held_texts(self, report: Mapping) -> dict[str, str]:
+        """The texts of a validated report the governor already holds, as it holds them: its
+        GPUs' UUIDs and its pod as the last DCGM read has them (interned there, one string from
+        read to read), its user's name as the server's row has it. A copy of each a server was
+        ~250 bytes (docs/benchmarks-history.md, "Issue 26, wave 43: the service's
+        memory")."""
+        held = {}
+        server = report["server"]
+        user = server["user"]
+        row = self.rows.get(server_key(user, server.get("name", "")))
+        if row is not None and row.user == user:
+            held[user] = row.user
+        context = self._context
+        by_uuid = context.by_uuid
+        if by_uuid:
+            for device in report["devices"]:
+                for field in ("uuid", "parent_uuid"):
+                    records = by_uuid.get(device.get(field))
+                    if records:
+                        held[records[0].uuid] = records[0].uuid
+        pod = server.get("pod")
+        if pod is not None and context.by_pod:
+            records = context.by_pod.get((server.get("namespace"), pod))
+            if records:
+                held[pod] = records[0].pod
+        return held
 
     def hub_ran(self, key: str) -> bool:
         """Whether the last pass saw the Hub run this server (``hub_runs`` without asking)."""
