@@ -117,18 +117,7 @@ class Reads:
         if f"{module_name}.{name}" in self.modules:
             return self.modules[f"{module_name}.{name}"]
         module = self.modules.get(module_name)
-        if module is None:
-            return None
-        if name in module.defs:
-            return module, module.defs[name]
-        if name in module.imported:
-            source, original = module.imported[name]
-            return (
-                self.modules.get(source)
-                if original is None
-                else self._module_attr(source, original)
-            )
-        return None
+        return None if module is None else self._named(module, name)
 
     def _named(self, module: Module, name: str):
         """What ``name`` is in ``module``: (module, def) or a module, or None."""
@@ -156,14 +145,18 @@ class Reads:
                     return found.constants[original]
         return None
 
-    def _class_of(self, module: Module, func: ast.AST) -> tuple[Module, ast.ClassDef] | None:
-        found = None
-        if isinstance(func, ast.Name):
-            found = self._named(module, func.id)
-        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-            outer = self._named(module, func.value.id)
+    def _resolved(self, module: Module, node: ast.AST):
+        """What a name or a module's name (``x``, ``m.x``) is in ``module``, as ``_named``."""
+        if isinstance(node, ast.Name):
+            return self._named(module, node.id)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            outer = self._named(module, node.value.id)
             if isinstance(outer, Module):
-                found = self._module_attr(outer.name, func.attr)
+                return self._module_attr(outer.name, node.attr)
+        return None
+
+    def _class_of(self, module: Module, func: ast.AST) -> tuple[Module, ast.ClassDef] | None:
+        found = self._resolved(module, func)
         if isinstance(found, tuple) and isinstance(found[1], ast.ClassDef):
             return found
         return None
@@ -182,13 +175,7 @@ class Reads:
         if not isinstance(func, ast.Attribute):
             return []
         holder = func.value
-        found = None
-        if isinstance(holder, ast.Name):
-            found = self._named(module, holder.id)
-        elif isinstance(holder, ast.Attribute) and isinstance(holder.value, ast.Name):
-            outer = self._named(module, holder.value.id)
-            if isinstance(outer, Module):
-                found = self._module_attr(outer.name, holder.attr)
+        found = self._resolved(module, holder)
         if isinstance(found, Module):
             node = found.defs.get(func.attr)
             return [(found, node, False)] if node is not None else []
