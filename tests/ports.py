@@ -5,10 +5,14 @@ the kernel hands that range out as the local port of every outgoing connection o
 (any process's: another test's requests, a proxy's), so a port picked there could be taken
 before its listener bound it, seconds later on a loaded machine (a single-user server once
 failed "port 58085 is not available"). Below the range only a listener naming the port can
-take it."""
+take it. Each pytest-xdist worker (and the hubs it starts, which inherit its environment) picks
+from its own slice, and a process never hands out one port twice: a port is free when picked but
+bound only seconds later, and two listeners picking the same one meanwhile collided once
+("Failed to bind hub ...: Address already in use")."""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -24,11 +28,30 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default
 
 
-def free_port() -> int:
+def _slice() -> range:
+    """This worker's ports: the span below the ephemeral range split among xdist's workers."""
     low = _ephemeral_low()
     first = max(1024, low - _SPAN)
-    for _ in range(100 if low - first >= 1000 else 0):
-        port = random.randrange(first, low)
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = max(int(workers), 1) if workers.isdigit() else 1
+    index = int(worker) % count if worker.isdigit() else 0
+    size = (low - first) // count
+    return range(first + index * size, first + (index + 1) * size)
+
+
+_given: set[int] = set()  # ports this process handed out (forgotten when half the slice is)
+
+
+def free_port() -> int:
+    ports = _slice()
+    if len(_given) > len(ports) // 2:
+        _given.clear()
+    for _ in range(100 if len(ports) >= 1000 else 0):
+        port = random.choice(ports)
+        if port in _given:
+            continue
+        _given.add(port)
         with socket.socket() as s:
             try:
                 s.bind(("", port))  # all addresses: free on each, as a listener needs

@@ -144,9 +144,14 @@ def test_the_profile_puts_each_steady_report_s_sampled_cpu_in_one_part():
     from benchmarks.ingest_profile import PARTS
 
     # 100 steady reports, ~100 ms of the service's CPU: a sample at about one tick in two of
-    # it (~12 at HZ=250). (Reports a loaded machine fails are not this test's business.)
-    figures = ingest.run(servers=600, seconds=10, concurrency=8, profile=True)
-    assert figures["profile_samples"] > 0
+    # it (~12 at HZ=250). (Reports a loaded machine fails are not this test's business.) On a
+    # loaded machine a run's steady window once got no sample (CI, beside the other worker's
+    # hubs): the attribution is checked on the first of three runs that has samples.
+    for _ in range(3):
+        figures = ingest.run(servers=600, seconds=10, concurrency=8, profile=True)
+        if figures["profile_samples"] > 0:
+            break
+    assert figures["profile_samples"] > 0, figures
     assert figures["profile_user_ms_per_report"] + figures["profile_system_ms_per_report"] > 0
     parts = [figures[f"profile_{part}_us"] for part, _ in PARTS]
     assert all(us >= 0 for us in parts)
