@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select
 
 from jupyter_gpu_gov.core import clock
@@ -16,10 +17,11 @@ from jupyter_gpu_gov.hub.tables import AuditRow
 COLUMNS = ("at", "server_key", "user", "action", "reason", "actor", "dry_run", "details")
 
 
-def _rows(now) -> list[AuditRow]:
+def _rows(now, make=AuditRow) -> list[AuditRow]:
+    """``make``: the ORM's constructor, or ``AuditRow.made`` (a pass's rows)."""
     return [
-        AuditRow(at=now, action="clock-step", reason="stepped"),  # the rest unset
-        AuditRow(
+        make(at=now, action="clock-step", reason="stepped"),  # the rest unset
+        make(
             at=now,
             server_key=None,
             user=None,
@@ -29,7 +31,7 @@ def _rows(now) -> list[AuditRow]:
             dry_run=None,
             details=None,
         ),
-        AuditRow(
+        make(
             at=now + timedelta(seconds=1),
             server_key="ann/",
             user="ann",
@@ -39,9 +41,7 @@ def _rows(now) -> list[AuditRow]:
             dry_run=True,
             details={"gpus": ["GPU-1"], "n": 2},
         ),
-        AuditRow(
-            at=now, server_key="bo/x", user="bo", action="error", reason="e", actor="governor"
-        ),
+        make(at=now, server_key="bo/x", user="bo", action="error", reason="e", actor="governor"),
     ]
 
 
@@ -58,13 +58,17 @@ def audit_rows_store_as_the_orm_stored(url: str) -> None:
     orm = _rows(now)
     with store.session() as session, session.begin():
         session.add_all(orm)  # how audit rows were written before
-    written = _rows(now)
+    made = _rows(now, AuditRow.made)  # made without the constructor, flushed by the ORM
+    with store.session() as session, session.begin():
+        session.add_all(made)  # (a database that cannot return ids in order)
+    written = _rows(now, AuditRow.made)
     store.save(audits=written)
 
     ids = [row.id for row in written]
-    assert ids == sorted(ids) and len(set(ids)) == len(ids) and ids[0] > orm[-1].id
+    assert ids == sorted(ids) and len(set(ids)) == len(ids) and ids[0] > made[-1].id
     before, after = _stored(store, [r.id for r in orm]), _stored(store, ids)
     assert [r[1:] for r in after] == [r[1:] for r in before]
+    assert [r[1:] for r in _stored(store, [r.id for r in made])] == [r[1:] for r in before]
     assert [r[0] for r in after] == ids
     # SQL NULL (left unset) and JSON null (set to None) stay apart.
     with store.engine.connect() as db:
@@ -74,8 +78,9 @@ def audit_rows_store_as_the_orm_stored(url: str) -> None:
         ).scalars()
         assert list(nulls) == [True, False, False, True]
     # The rows in memory hold what was stored, as after a flush.
-    for mine, theirs in zip(written, orm, strict=True):
+    for mine, flushed, theirs in zip(written, made, orm, strict=True):
         assert [getattr(mine, c) for c in COLUMNS] == [getattr(theirs, c) for c in COLUMNS]
+        assert [getattr(flushed, c) for c in COLUMNS] == [getattr(theirs, c) for c in COLUMNS]
     # A cull's outcome is written on its own row, by the id it was given.
     written[2].reason = "idle 2 h; culled"
     store.save(updated_audits=[written[2]])
@@ -84,3 +89,11 @@ def audit_rows_store_as_the_orm_stored(url: str) -> None:
 
 def test_audit_rows_store_as_the_orm_stored_on_sqlite(tmp_path):
     audit_rows_store_as_the_orm_stored(f"sqlite:///{tmp_path}/gov.sqlite")
+
+
+def test_an_audit_row_made_refuses_what_is_not_its_column():
+    """A misspelt column is an error, as the ORM's constructor made it, not a value dropped."""
+    with pytest.raises(TypeError, match="reasn"):
+        AuditRow.made(at=clock.utcnow(), action="warn", reasn="idle")
+    with pytest.raises(TypeError):
+        AuditRow(at=clock.utcnow(), action="warn", reasn="idle")

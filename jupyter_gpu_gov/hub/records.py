@@ -127,7 +127,7 @@ class Records:
         dry_run: bool = False,
         details: dict | None = None,
     ) -> AuditRow:
-        return AuditRow(
+        return AuditRow.made(
             at=clock.utcnow(),
             server_key=row and row.key,  # None: not about a server (a node)
             user=row and row.user,

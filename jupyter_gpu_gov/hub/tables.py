@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    inspect,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -263,6 +264,23 @@ class AuditRow(Base):
     actor: Mapped[str] = mapped_column(String(KEY_LENGTH), default="governor")  # "user:name"
     dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
     details: Mapped[dict | None] = mapped_column(JSON)
+
+    @classmethod
+    def made(cls, **values) -> AuditRow:
+        """``AuditRow(**values)``, the values put in the new row's ``__dict__``, not set one by
+        one through the ORM's constructor (its init event, an attribute event a value): 5 µs a
+        row, not 35, for a pass's rows (about 1,100 at 10,000 servers). A new row is inserted
+        from what it holds, by the store's insert and by the ORM's flush alike: it is stored
+        column for column as a constructed one (tests/test_store_audit.py)."""
+        if not values.keys() <= _AUDIT_VALUES:
+            raise TypeError(f"not an audit row's: {sorted(values.keys() - _AUDIT_VALUES)}")
+        row = _AUDIT_CLASS.new_instance()
+        row.__dict__.update(values)
+        return row
+
+
+_AUDIT_CLASS = inspect(AuditRow).class_manager  # makes an instance with its ORM state, no event
+_AUDIT_VALUES = frozenset(c.key for c in AuditRow.__table__.columns)
 
 
 class DismissalRow(Base):
