@@ -175,6 +175,8 @@ class ServerRow:
 for _name in _RECORD_FIELDS:
     setattr(ServerRow, _name, _record_column(_name))
 _COLUMN_SET = frozenset(SERVER_COLUMNS)
+_own_values = attrgetter(*_OWN_COLUMNS)
+_record_values = attrgetter(*_RECORD_FIELDS)
 _own_of = itemgetter(*(SERVER_COLUMNS.index(name) for name in _OWN_COLUMNS))
 _record_of = itemgetter(*(SERVER_COLUMNS.index(name) for name in _RECORD_FIELDS))
 
@@ -380,6 +382,14 @@ class MetaRow(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(String(255))
+
+
+def values_of(row: ServerRow) -> dict:
+    """A row's columns by name (as the store writes them): its own and its record's, each
+    read in C (not a property a record column)."""
+    values = dict(zip(_OWN_COLUMNS, _own_values(row), strict=True))
+    values.update(zip(_RECORD_FIELDS, _record_values(row._record), strict=True))
+    return values
 
 
 def record_of(row: ServerRow) -> Record:
