@@ -256,6 +256,22 @@ def test_a_server_row_reads_back_as_it_was_saved(tmp_path):
         ServerRow(key="x/", colour="red")
 
 
+def test_a_server_row_holds_its_records_values_once():
+    """A row's policy-record columns are its record's, not a second copy beside it (issue 26,
+    wave 44: ~190 bytes a server): the row alone is about the size of its other columns, every
+    record column reads the record's value, and a column set on the row is what its record
+    reads from then on (never a stale record beside a changed column)."""
+    row = ServerRow(key="alice/gpu", user="alice", name="gpu", session_started=NOW)
+    record = Record(state="warned", extension_s=1800.0, exempt_until=NOW, reason="idle")
+    set_record(row, record)
+    assert sys.getsizeof(row) < 250  # its 57 columns and caches in slots: 392 bytes
+    assert all(getattr(row, f) is getattr(record, f) for f in ("state", "exempt_until", "reason"))
+    row.warned_at = NOW
+    assert record_of(row) == replace(record, warned_at=NOW)
+    assert record is not record_of(row) and record.warned_at is None  # records stay as made
+    assert row.warned_at == NOW and row.state == "warned"
+
+
 def test_a_running_servers_metric_series_is_kept_small():
     """``jupyter_gpu_gov_server_gpu_equivalents`` has a series a running server: with the
     figures ``StateGauges`` keeps to publish it, under 600 bytes a server (a

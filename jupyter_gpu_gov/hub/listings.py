@@ -105,11 +105,7 @@ class HandingOver(list):
 
 def detached(columns: tuple) -> ServerRow:
     """A row of its own, with the snapshot's columns (the governor's may change meanwhile)."""
-    row = ServerRow.__new__(ServerRow)
-    for name, value in zip(SERVER_COLUMNS, columns, strict=True):
-        setattr(row, name, value)
-    row._record = row._answer = None  # nothing cached: the row is read once
-    return row
+    return ServerRow.of_columns(columns)
 
 
 def listing(listed: Listed) -> dict:

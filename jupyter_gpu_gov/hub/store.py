@@ -50,6 +50,7 @@ from .tables import (
     ServerRow,
     UsageRow,
     UsageSessionRow,
+    values_of,
 )
 
 SCHEMA_VERSION = 11
@@ -554,7 +555,7 @@ class Store:
             for column, default in _SCALAR_DEFAULTS.items():
                 if getattr(row, column) is None:
                     setattr(row, column, default)
-            values[key] = {c: getattr(row, c) for c in SERVER_COLUMNS}
+            values[key] = values_of(row)
         return values
 
     def _save_servers(self, session: Session, values: dict[str, dict]) -> set[str]:
