@@ -472,8 +472,8 @@ class Governor(
         """Decide one running server (unless ``view``, kept from its last decision), and
         observe it for the ledger and the diagnosis. Its kept inputs are not compared here: a
         server looked at was compared as the pass planned (``_plan_listing``), and one with a
-        new Hub model differs from its kept decision's (comparing again found the same, at
-        10,000 servers 4 % of a pass: docs/benchmarks-history.md, "Issue 26, wave 44")."""
+        new Hub model differs from its kept decision's (comparing again found the same: at
+        10,000 servers about 4 % of a pass)."""
         seen.add(key)
         self._looked.add(key)
         self._servers[key] = server
