@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
@@ -367,7 +368,7 @@ async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_pat
     async with FakeHub() as hub:
         hub.add_server("user1", last_activity=frozen[0])  # policy "short": max_age 3h
         gov = governor(hub, tmp_path, "gov", dcgm, full_every=1000)
-        decided = counting(gov)
+        decided, worked_out = counting(gov), counting(gov, "_inputs")
         uuid = "GPU-00000001-0000-0000-0000-000000000000"
         said: dict[int, set[str]] = {}  # minute -> what the audit trail gained in that pass
         seen = 0
@@ -384,6 +385,9 @@ async def test_a_deadline_is_met_in_its_pass_though_nothing_else_changed(tmp_pat
     assert "max-age-warn" in said[2 * 60]
     assert said[3 * 60] & {"checkpoint", "cull"}, said
     assert decided[0] < 12  # and not decided in between
+    # Its deadline's pass finds it due by its time alone: what else its kept decision read (DCGM,
+    # the diagnosis) is not worked out to compare.
+    assert worked_out[0] == 0
 
 
 async def test_a_kept_decision_keeps_no_report_but_the_latest(tmp_path, monkeypatch):
@@ -801,6 +805,17 @@ async def test_a_dcgm_record_moving_in_what_no_decision_reads_decides_nobody_aga
             return govern(server, *args)
 
         inc._govern = deciding
+        # Whose kept inputs (what a decision read of DCGM and the diagnosis) the incremental
+        # governor worked out to compare, in the pass now: a server looked at is compared once,
+        # as the pass plans, never a second time as it is decided.
+        worked_out: Counter[str] = Counter()
+        inputs = inc._inputs
+
+        def working_out(key, *args):
+            worked_out[key] += 1
+            return inputs(key, *args)
+
+        inc._inputs = working_out
         for i, user in enumerate(users):
             uuid = f"GPU-{i:08d}-0000-0000-0000-000000000000"
             busy = i % 2 == 0
@@ -835,8 +850,10 @@ async def test_a_dcgm_record_moving_in_what_no_decision_reads_decides_nobody_aga
                             report = report_for(user, uuid, sm=0.0)
                             report["window"]["gpu_idle_since"] = idle_since  # as kept
                             gov.ingest(report)
+                    worked_out.clear()
                     await gov.reconcile()
                     await gov.background_done()
+                    assert max(worked_out.values(), default=0) <= 1, worked_out
                 a, b = everything(full, full_hub), everything(inc, inc_hub)
                 assert a == b
             return set(decided)

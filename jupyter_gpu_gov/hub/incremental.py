@@ -24,6 +24,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 
 from ..core import clock, policy
 from ..core.policy import Decision, Policy, Record, ServerView, evolve
@@ -116,6 +117,7 @@ class Incremental:
         await self.hub_listing.plan(self.hub, full, groups)
         kept = LookedAt()
         look = self.due.take(now)
+        self._compared = {}  # the last pass's: of its context
         if full:
             return kept
         if everyone:
@@ -131,11 +133,42 @@ class Incremental:
         return kept
 
     def _inputs(self, key: str, server: HubServer, received: Received | None) -> tuple:
-        """What a decision of this server reads besides its Hub model, report and record: the
-        diagnosis's cause, and what it reads of DCGM's records (``unchanged.dcgm_read``: the
+        """What a decision of this server reads besides its Hub model, report and record, to
+        compare with its kept decision's: the diagnosis's cause, and what it reads of DCGM's
+        records (``_dcgm_inputs``), noted for the decision that may follow in this pass."""
+        evidence = self._dcgm_inputs(server, received)
+        self._compared[key] = (self._context, server, received, evidence)
+        return (cause_of(self.root_cause(key)), *evidence)
+
+    def _decided_inputs(
+        self, key: str, server: HubServer, received: Received | None, view: ServerView
+    ) -> tuple:
+        """``_inputs`` as the decision just taken on ``view`` read them: its cause is the
+        view's; what it read of DCGM is what this pass compared, on the same Hub model and
+        report (the same pass's records and reads), else worked out now (worked out again
+        after each comparison, about 3 % of a pass at 10,000 servers)."""
+        compared = self._compared.pop(key, None)
+        if (
+            compared is not None
+            and compared[0] is self._context
+            and compared[1] is server
+            and compared[2] is received
+        ):
+            evidence = compared[3]
+        else:
+            evidence = self._dcgm_inputs(server, received)
+        return ((view.cause, view.cause_confident), *evidence)
+
+    # What this pass compared of DCGM's records, by server: (the pass's context, the Hub model,
+    # the report, ``_dcgm_inputs``). Taken by the server's decision; the rest dropped at the
+    # next pass (``_plan_listing``).
+    _compared: dict[str, tuple] = {}
+
+    def _dcgm_inputs(self, server: HubServer, received: Received | None) -> tuple:
+        """What a decision of this server reads of DCGM's records (``unchanged.dcgm_read``: the
         Hub's records' GPUs, the report's by pod and by UUID)."""
         context, read = self._context, self._dcgm_reading
-        evidence = (cause_of(self.root_cause(key)), *map(read, self._granted_evidence(server)))
+        evidence = tuple(map(read, self._granted_evidence(server)))
         if received is not None:
             report = received.report
             evidence += (None, *map(read, self._evidence(report, context.by_uuid, context.by_pod)))
@@ -180,8 +213,8 @@ class Incremental:
         if kept is None or self._special(key):
             return None
         received = self.reports.get(key)
-        inputs = self._inputs(key, server, received)
         stale_at = self._stale_at(key, received)
+        inputs = partial(self._inputs, key, server, received)
         view = self.unchanged.view(key, server, row, received, inputs, now, stale_at)
         if view is not None:
             self.due.at(key, _earliest(kept.until, stale_at))
@@ -203,7 +236,7 @@ class Incremental:
         ):
             self._unkeep(key)
             return
-        inputs = self._inputs(key, server, received)
+        inputs = self._decided_inputs(key, server, received, view)
         keys = trusted.dcgm_keys(server.spawner_state, received.report if received else None)
         kept = Kept(server, received, inputs, row, record_of(row), view, until, keys)
         self.unchanged.keep(key, kept)

@@ -177,13 +177,14 @@ class Unchanged:
         server: HubServer,
         row: ServerRow | None,
         received: Received | None,
-        evidence: tuple,
+        evidence: Callable[[], tuple],
         now: datetime,
         stale_at: datetime | None,
     ) -> ServerView | None:
         """The view a server was decided on when nothing it depends on changed and its time has
         not come (nor ``stale_at``, when its report or diagnosis goes stale), else ``None``
-        (decide it)."""
+        (decide it). ``evidence`` gives what else it reads, worked out last: the dearest, and
+        not needed once anything else moved."""
         kept = self.kept.get(key)
         if (
             kept is None
@@ -193,8 +194,8 @@ class Unchanged:
             or not row.running
             or server != kept.server
             or not same_report(received, kept.received)
-            or evidence != kept.evidence
             or record_of(row) != kept.record
+            or evidence() != kept.evidence
         ):
             return None
         return kept.view
