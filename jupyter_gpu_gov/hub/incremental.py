@@ -159,11 +159,6 @@ class Incremental:
             evidence = self._dcgm_inputs(server, received)
         return ((view.cause, view.cause_confident), *evidence)
 
-    # What this pass compared of DCGM's records, by server: (the pass's context, the Hub model,
-    # the report, ``_dcgm_inputs``). Taken by the server's decision; the rest dropped at the
-    # next pass (``_plan_listing``).
-    _compared: dict[str, tuple] = {}
-
     def _dcgm_inputs(self, server: HubServer, received: Received | None) -> tuple:
         """What a decision of this server reads of DCGM's records (``unchanged.dcgm_read``: the
         Hub's records' GPUs, the report's by pod and by UUID)."""

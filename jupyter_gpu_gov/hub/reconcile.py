@@ -170,6 +170,9 @@ class Governor(
         # they are not recorded again (hub/people.py).
         self._asked: dict[str, tuple[tuple, set[tuple]]] = {}
         self._context = PassContext()
+        # What this pass compared of DCGM's records, by server (the pass's context, the Hub model,
+        # the report, what was read): taken by its decision, the rest dropped at the next pass.
+        self._compared: dict[str, tuple] = {}
         self._indexed: tuple = ()  # the DCGM evidence the context's indexes are of
         self.unchanged = Unchanged(options.full_pass_every)
         self._world: tuple = ()  # what reaches every server at once, as of the last pass
