@@ -306,7 +306,8 @@ class AuditRow(Base):
         one through the ORM's constructor (its init event, an attribute event a value): 5 µs a
         row, not 35, for a pass's rows (about 1,100 at 10,000 servers). A new row is inserted
         from what it holds, by the store's insert and by the ORM's flush alike: it is stored
-        column for column as a constructed one (tests/test_store_audit.py)."""
+        column for column as a constructed one (tests/test_store_audit.py; docs/benchmarks-history.md,
+        "Issue 26, wave 44: a pass's audit rows made without the ORM's constructor")."""
         if not values.keys() <= _AUDIT_VALUES:
             raise TypeError(f"not an audit row's: {sorted(values.keys() - _AUDIT_VALUES)}")
         row = _AUDIT_CLASS.new_instance()
