@@ -106,13 +106,14 @@ test: venv node_modules labextension
 # The lowest versions the metadata claims (JupyterHub, KubeSpawner, jupyter_server, JupyterLab,
 # uvloop, ...: .ci/lowest_constraints.py) in a venv of their own, then the fast tests and two
 # real-hub ones (a GPU tier spawned by KubeSpawner under a real hub, governed and culled; a
-# spawn's user_options cut where that JupyterHub's ORM saves them, before its hooks).
+# spawn's user_options cut where that JupyterHub's ORM saves them, before its hooks), and the
+# audit rows the governor makes past SQLAlchemy's constructor stored as the ORM stores them.
 LOWEST := .venv-lowest
 LOWEST_TESTS := tests/test_tiers.py tests/test_quota.py tests/test_policy.py tests/test_report.py \
 	tests/test_backend_choice.py tests/test_kubernetes_files.py tests/test_profiles_kubespawner.py \
 	tests/test_server_extension.py tests/test_event_loop.py tests/test_nvml_backend.py \
 	tests/test_kubernetes_hub.py::test_a_tier_spawns_a_pod_that_is_governed_and_culled \
-	tests/test_config_order.py tests/test_spawn_order_hub.py
+	tests/test_config_order.py tests/test_spawn_order_hub.py tests/test_store_audit.py
 
 test-lowest: node_modules labextension
 	rm -rf $(LOWEST)
