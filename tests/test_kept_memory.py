@@ -356,3 +356,61 @@ def test_the_servers_series_reads_as_a_prometheus_gauge():
         if step % 50 == 0:
             assert generate_latest(series_registry) == generate_latest(gauge_registry)
     assert generate_latest(series_registry) == generate_latest(gauge_registry)
+
+
+def _reached(*roots) -> int:
+    """How many objects ``roots`` hold, themselves and all they refer to (each once)."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        obj = stack.pop()
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            stack.extend(gc.get_referents(obj))
+    return len(seen)
+
+
+def test_what_the_store_knows_of_the_ledgers_rows_stays_bounded_day_after_day(tmp_path):
+    """A service runs for months: which of the ledger's rows exist, known so as to update them
+    rather than insert, is the newest days' buckets and the open sessions, not every day's and
+    every session's since it started (at 10,000 users, 10,000 keys a day and a session a server
+    start, for as long as it ran). What is written is the same: a day's bucket written again
+    after its keys were forgotten adds to its row, an ended session's row holds its end."""
+    from jupyter_gpu_gov.core import ledger
+
+    url = f"sqlite:///{tmp_path}/gov.sqlite"
+    store, book = Store(url), ledger.Ledger(timedelta(minutes=10))
+    users = [f"u{i}" for i in range(40)]
+    billed: dict = {}  # (day, user) -> GPU-seconds written
+    kept = []
+    for day in range(12):  # each server started every morning, stopped every evening
+        morning = NOW + timedelta(days=day)
+        for hour in range(4):
+            for user in users:
+                at = morning + timedelta(hours=hour)
+                obs = ledger.Observation(
+                    f"{user}/", f"s{day}", at, ledger.Owner(user), 1.0, ledger.ACTIVE, morning
+                )
+                book.observe(obs)
+            if hour == 3:
+                for user in users:
+                    book.close(f"{user}/", morning + timedelta(hours=3, minutes=30))
+            deltas, sessions = book.drain()
+            store.save_usage(deltas, sessions)
+            for (date, owner), values in deltas.items():
+                key = (date, owner.user)
+                billed[key] = billed.get(key, 0.0) + sum(values.get(s, 0.0) for s in ledger.STATES)
+        kept.append(_reached(store._usage_keys, store._usage_sessions))
+    # A late delta for the first day, its keys long forgotten: added to its row.
+    first = NOW.date()
+    store.save_usage({(first, ledger.Owner("u0")): {ledger.ACTIVE: 60.0}}, [])
+    billed[(first, "u0")] += 60.0
+
+    assert kept[-1] <= kept[2], kept  # as after three days, not growing with every day
+    buckets = {(b.day, b.owner.user): b.values for b in Store(url).usage()}
+    assert buckets.keys() == billed.keys()
+    for key, seconds in billed.items():
+        assert sum(buckets[key].get(s, 0.0) for s in ledger.STATES) == pytest.approx(seconds)
+    sessions = {(s.server, s.session): s for s in Store(url).usage_sessions()}
+    assert len(sessions) == 12 * len(users)
+    assert all(s.ended_at is not None for s in sessions.values())

@@ -320,12 +320,14 @@ class Store:
         # (a governor built alone, as in tests and benchmarks).
         self.lease = None
         self._stored: set[str] = set()  # keys known to have a row: update, not insert
-        # The same for the usage ledger: days whose bucket keys are loaded, those keys, sessions.
-        self._usage_days: set[str] = set()
-        self._usage_keys: set[tuple[str, ...]] = set()
-        # Sessions known to have a row -> (owner, first_at) as stored there while not ended;
-        # None: not known (ended, or written by an earlier run): written whole.
-        self._usage_sessions: dict[tuple[str, str], tuple | None] = {}
+        # The same for the usage ledger: a day whose bucket keys are loaded -> those keys, for
+        # the newest days only (a day's keys are every user's: kept for every day, they grew by
+        # 10,000 keys a day at 10,000 users, for as long as the service ran).
+        self._usage_keys: dict[str, set[tuple[str, ...]]] = {}
+        # Sessions known to have a row and not ended -> (owner, first_at) as stored there. An
+        # ended one is forgotten (its server's next session is another key: kept, they grew by
+        # every session ever); any other is asked for when it comes.
+        self._usage_sessions: dict[tuple[str, str], tuple] = {}
         dialect = self.engine.dialect
         self._add_to_usage = Executemany(_ADD_TO_USAGE, dialect, _ADD_TO_USAGE_PARAMS)
         self._update_session = Executemany(_UPDATE_SESSION, dialect, _UPDATE_SESSION_PARAMS)
@@ -386,7 +388,6 @@ class Store:
     def forget_known(self) -> None:
         """Forget which rows are known to exist: another governor wrote meanwhile (a takeover)."""
         self._stored.clear()
-        self._usage_days.clear()
         self._usage_keys.clear()
         self._usage_sessions.clear()
 
@@ -728,17 +729,21 @@ class Store:
         day_names = {day: day.isoformat() for day in {day for day, _ in deltas}}
         with self._session.begin() as db:
             self.fence(db.connection())
-            days = set(day_names.values()) - self._usage_days
+            day_keys = self._usage_keys
+            days = [name for name in set(day_names.values()) if name not in day_keys]
             if days:  # a day not seen yet (or written by an earlier run): its keys, once
                 query = select(*_USAGE_KEY).where(UsageRow.day.in_(days))
-                self._usage_keys.update(tuple(k) for k in db.execute(query))
+                loaded: dict[str, set] = {name: set() for name in days}
+                for k in db.execute(query):
+                    loaded[k[0]].add(tuple(k))
+                day_keys.update(loaded)
             new, old = [], []
             keys = []
             for (day, owner), values in deltas.items():
                 key = (day_names[day], owner.user, owner.team, owner.project, owner.tier)
                 keys.append(key)
                 amounts = tuple(map(float, map(values.get, FIELDS, _ZEROS)))
-                if key in self._usage_keys:
+                if key in day_keys[key[0]]:
                     old.append((*amounts, *key))  # as _ADD_TO_USAGE_PARAMS
                 else:
                     new.append(
@@ -752,17 +757,20 @@ class Store:
             latest = {(s.server, s.session): s for s in sessions}  # (the last of a key's)
             stored = self._usage_sessions
             unknown = [k for k in latest if k not in stored]
-            if unknown:  # sessions of an earlier run: ask once
+            rows: dict = {}  # of those, the sessions with a row (None: written whole)
+            if unknown:  # new sessions, an earlier run's, ended ones: asked for, this write's
                 servers = {server for server, _ in unknown}
                 query = select(UsageSessionRow.server, UsageSessionRow.session).where(
                     UsageSessionRow.server.in_(servers)
                 )
-                stored.update((tuple(k), None) for k in db.execute(query))
+                rows = dict.fromkeys(tuple(k) for k in db.execute(query))
             fresh, known, steady = [], [], []
             written = {}  # (server, session) -> as _usage_sessions keeps it once this commits
             for key, s in latest.items():
                 totals = map(float, map(s.totals.get, FIELDS, _ZEROS))
-                was = stored.get(key, False)  # False: no row
+                was = stored.get(key, False)
+                if was is False:
+                    was = rows.get(key, False)  # False: no row
                 if (
                     was  # (owner, first_at) as stored, not ended
                     and s.ended_at is None
@@ -797,9 +805,16 @@ class Store:
                 self._update_session.run(connection, known)
             if steady:
                 self._update_steady_session.run(connection, steady)
-        self._usage_days.update(day_names.values())
-        self._usage_keys.update(keys)
-        stored.update(written)
+        for key in keys:
+            if (found := day_keys.get(key[0])) is not None:  # (None: forgotten meanwhile)
+                found.add(key)
+        for day in sorted(day_keys)[:-2]:  # a pass's deltas are today's, yesterday's at midnight
+            del day_keys[day]  # (an older day's written again: its keys asked for again)
+        for key, was in written.items():
+            if was is None:
+                stored.pop(key, None)  # ended
+            else:
+                stored[key] = was
 
     def usage(
         self,
