@@ -23,7 +23,10 @@ done. The service reads the pods' CPU from the fake Hub's metrics-server each pa
 (``--no-pod-cpu``: without it), and its dcgm-exporter, the fake of ``benchmarks.reconcile``
 (each server's state as KubeSpawner keeps it, its GPUs' records labelled with its pod, their
 power, clocks and PCIe bytes moving at every scrape; ``--no-dcgm``: without it; ``dcgm_pods``:
-the pods the service found in its last read). The diagnosis keeps a window per server per ``diagnose_sample_every`` (a minute), up to
+the pods the service found in its last read). After each round, on stderr as it goes and in the
+figures by round: what the allocators hold (Python's arenas; glibc's malloc, used and free;
+SQLite's own, ``sqlite_mb``, of it its page caches'), the service's threads, the bytes traced
+with ``--top``. The diagnosis keeps a window per server per ``diagnose_sample_every`` (a minute), up to
 ``diagnose_max_windows`` (250,000: 25 at 10,000 servers), so two rounds are not the steady
 state: ``--sample-every 1 --rounds 26`` reaches it in minutes instead of 25 of them. Also printed: what Python's small-object allocator holds in
 arenas and in live objects (``obmalloc_*``); with ``BENCH_MEMORY_TYPES=1`` in the environment,
@@ -113,7 +116,10 @@ def _serve(argv: list[str]) -> None:
         from jupyter_gpu_gov.hub.metrics import REGISTRY
 
         passes = REGISTRY.get_sample_value("jupyter_gpu_gov_reconcile_duration_seconds_count")
-        out = {**_python_allocator(), **_c_allocator(), "passes": round(passes or 0)}
+        out = {**_python_allocator(), **_c_allocator(), **_sqlite(), "passes": round(passes or 0)}
+        if top:
+            out["traced_mb"] = tracemalloc.get_traced_memory()[0] / 1e6
+        out["threads"] = len(os.listdir("/proc/self/task"))
         _write(Path(os.environ[FIGURES_ENV] + ".round"), out)
 
     signal.signal(signal.SIGUSR1, figures)
@@ -236,6 +242,22 @@ def _c_allocator() -> dict:
     }
 
 
+def _sqlite() -> dict:
+    """What SQLite's own allocations hold (``sqlite3_status64``), all its connections together:
+    in all (``sqlite_mb``) and of it its page caches' (``sqlite_pages_mb``); memory glibc's
+    malloc hands it, which ``tracemalloc`` does not see."""
+    try:
+        library = ctypes.CDLL("libsqlite3.so.0")  # the one the sqlite3 module loaded
+    except OSError:
+        return {}
+    current, highest = ctypes.c_int64(), ctypes.c_int64()
+    figures = {}
+    for name, op in (("sqlite_mb", 0), ("sqlite_pages_mb", 2)):  # MEMORY_USED, PAGECACHE_OVERFLOW
+        if library.sqlite3_status64(op, ctypes.byref(current), ctypes.byref(highest), 0) == 0:
+            figures[name] = current.value / 1e6
+    return figures
+
+
 def _where(traceback) -> str:
     """A traceback's frames, where it allocated first and its callers under it."""
     return ("\n" + " " * 25).join(map(str, reversed(traceback)))
@@ -280,7 +302,7 @@ def run(
                 started_mb = rss_mb(process.pid)
                 load = Load(ready["users"], port, mix=mix)
                 by_round, heaps = [], []
-                for _ in range(rounds):
+                for i in range(rounds):
                     sent = asyncio.run(load.burst(16))
                     failed = sum(1 for s in sent if s.status != 200)
                     if failed:
@@ -289,6 +311,11 @@ def run(
                         time.sleep(cull_every + 5)
                     by_round.append(round(rss_mb(process.pid)))
                     heaps.append(_ask(process, signal.SIGUSR2, Path(f"{figures_path}.round"), 60))
+                    # As it goes (a long run's curve, read before its end): on stderr.
+                    now = " ".join(f"{k}={round(v, 1)}" for k, v in heaps[-1].items())
+                    print(
+                        f"round {i + 1}: rss_mb={by_round[-1]} {now}", file=sys.stderr, flush=True
+                    )
                 time.sleep(2)
                 # Statistics by call stack (--frames) take minutes at 10,000 servers.
                 out = _ask(process, signal.SIGUSR1, figures_path, 300 if frames <= 1 else 1800)
