@@ -94,7 +94,8 @@ demo: demo-venv node_modules labextension
 # pytest-xdist: the real-hub tests mostly wait on hubs, servers and the governor's timers, so
 # two workers (a test file each, its module fixtures kept) halve the run on a 2-core machine.
 # TEST_WORKERS=0 runs them in this process, one after another. --durations: a run's log names
-# its 25 slowest steps, to keep the suite well under its 30 minutes.
+# its 25 slowest steps and (tests/conftest.py) its longest files, to keep the suite well under
+# its 30 minutes and LONGEST_FILES in order.
 TEST_WORKERS ?= 2
 
 test: venv node_modules labextension

@@ -177,6 +177,23 @@ LONGEST_FILES = (
     "test_security_numbers_hub.py",  # 35
     "test_policy_page_browser.py",  # 33
     "test_profiles_kubespawner.py",  # 33
+    # Real-hub and browser files that were not listed, so ran in the queue's alphabetical
+    # last quarter, where one could start when the other worker had seconds left (ci45,
+    # 2026-12-07: each measured at load 8-14 and divided by 1.5, the median ratio of that run's
+    # real-hub files to the figures above; test_store_postgresql.py was fifth from last).
+    "test_reclaim_hub.py",  # ~37
+    "test_cpu_stage_hub.py",  # ~33
+    "test_store_postgresql.py",  # ~33
+    "test_queue_limits_hub.py",  # ~23
+    "test_hub_harness.py",  # ~21
+    "test_security_shared_hub.py",  # ~20
+    "test_spawn_order_hub.py",  # ~19
+    "test_spawn_form_browser.py",  # ~18
+    "test_security_partial_report_hub.py",  # ~16
+    "test_demo_lead_hub.py",  # ~13
+    "test_showback_period_browser.py",  # ~13
+    "test_showback_readers_hub.py",  # ~13
+    "test_bidi_names_browser.py",  # ~9
 )
 
 
@@ -223,8 +240,25 @@ def pytest_sessionfinish(session, exitstatus):
 
 _LEFT = pytest.StashKey[list]()
 
+# Seconds per test file (its tests' setup, call and teardown), summed where the reports arrive
+# (the controller, under pytest-xdist): `make test`'s log lists the longest, the figures
+# LONGEST_FILES is kept by. A loaded machine's are no substitute: it stretches the files that
+# compute (a fuzz or a benchmark file 3-8 times) far more than those that wait on a hub.
+_FILE_SECONDS: dict[str, float] = {}
+FILES_LISTED = 60
+
+
+def pytest_runtest_logreport(report):
+    name = report.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    _FILE_SECONDS[name] = _FILE_SECONDS.get(name, 0.0) + report.duration
+
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if config.option.durations is not None and _FILE_SECONDS:
+        longest = sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:FILES_LISTED]
+        terminalreporter.section(f"{len(longest)} longest test files (seconds, all phases)")
+        for name, seconds in longest:
+            terminalreporter.write_line(f"{seconds:8.1f}  {name}")
     left = config.stash.get(_LEFT, None)
     if left:
         terminalreporter.section("processes the test run left behind (now killed)", red=True)

@@ -94,6 +94,19 @@ def governed_hub(
             environment={dict(governor_environment or {})!r},
             admin_users=["govadmin"],
         )
+
+        # JupyterHub starts a managed service again once its poll finds the process gone:
+        # every 30 s (its _ServiceSpawner takes no config). Every second here, so that a test
+        # that kills the governor waits for the restart, not ~15 s for the poll.
+        from jupyterhub.services import service as _hub_services
+        from traitlets import default as _default
+
+        class _PolledServiceSpawner(_hub_services._ServiceSpawner):
+            @_default("poll_interval")
+            def _every_second(self):
+                return 1
+
+        _hub_services._ServiceSpawner = _PolledServiceSpawner
     """
     return HubHarness(
         workdir=workdir,

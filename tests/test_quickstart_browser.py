@@ -179,7 +179,9 @@ def walk_as_alice(page: Page, hub: HubHarness, shots: Path, cell: str, restore: 
     status.click()
     panel = page.locator(".jp-GpuGov-panel")
     lines = panel.locator(".jp-GpuGov-line")
-    expect(lines.first).to_contain_text("this server will be stopped in")
+    # The panel redraws at its own poll: on a loaded machine seconds after the toast (a base
+    # run at load 10 still read "exempt" there 5 s on, expect's default).
+    expect(lines.first).to_contain_text("this server will be stopped in", timeout=30_000)
     expect(lines.nth(1)).to_contain_text(
         "Likely cause: an idle kernel holding GPU memory", timeout=30_000
     )
