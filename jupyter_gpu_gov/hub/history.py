@@ -716,7 +716,7 @@ if tuple(f.name for f in fields(HistoryRow)) != _LOOKED:  # (read here, not at e
 def _looked_row(t: float, key: str, started: float, values: tuple) -> HistoryRow:
     """``HistoryRow(t, key, started, **dict(zip(CONTENT_FIELDS, values)))`` made without the
     frozen dataclass's ``__init__`` (a call a field): a pass makes one for each server looked at
-    that moved and each keyframe due, ~3,000 at 10,000 servers; 6-11 -> 0.5-3 us a row (load
+    that moved and each keyframe due, ~3,000 at 10,000 servers; 6-19 -> 0.5-5 us a row (load
     11)."""
     if len(values) != len(CONTENT_FIELDS):  # (as the keywords' strict zip)
         raise ValueError(f"{len(values)} values for {len(CONTENT_FIELDS)} fields")

@@ -125,7 +125,7 @@ def dcgm_read(
     # few values (its GPU_UTIL whole percents; a GPU that does not move reads the same).
     # At most ``_ACTIVITIES`` held. The record's read made by ``tuple.__new__``, as ``DcgmRead``'s
     # own ``__new__`` makes it, without that call.
-    # At 10,000 servers (8,464 records) 55-65 -> 15-30 ms a read (load 11).
+    # At 10,000 servers (8,464 records) 37-73 -> 14-33 ms a read (medians 59 -> 21, load 11).
     steps: dict[float, tuple[int, int]] = {}
     new = tuple.__new__
 
