@@ -57,13 +57,16 @@ def validate(report: object, now: datetime | None = None) -> dict:
 
     Each check is given where the field is (``targets[2].gpu``) and its key (``sm``) apart: the
     field's name is written only on an error (a report has about a hundred fields, and this
-    runs for each of them on every report)."""
+    runs for each of them on every report); and an object's fields of a kind are checked in
+    one call (``_texts``, ``_bounded``, ``_times``), in the order they were checked one by one
+    (a call a field: 155 Python calls a report, 103 so)."""
     _expect(report, Mapping, "", "report", "an object")
     if report.get("schema") != SCHEMA:
         raise ReportError("schema", f"must be {SCHEMA}, got {report.get('schema')!r}")
     server = _expect(report.get("server"), Mapping, "", "server", "an object")
     latest = (now or utcnow()) + MAX_CLOCK_SKEW
-    started = _time(server, "started", "server", None, latest)
+    parsed: dict[str, datetime] = {}  # this report's times, each parsed once
+    started = _times(server, _STARTED, "server", None, latest, parsed)
     try:
         earliest = started - MAX_CLOCK_SKEW if started is not None else None
     except OverflowError:  # in the first minutes of year 1: raised past every handler (a 500)
@@ -71,19 +74,18 @@ def validate(report: object, now: datetime | None = None) -> dict:
             "server.started", f"{server['started']} is before any server started"
         ) from None
 
-    _time(report, "sampled_at", "", earliest, latest, required=True)
+    _times(report, _SAMPLED_AT, "", earliest, latest, parsed, required=True)
     if report.get("backend") not in BACKENDS:
         raise ReportError("backend", f"must be one of {', '.join(BACKENDS)}")
-    _optional_str(report, "error", "", MAX_ERROR)
+    _texts(report, _ERROR, "", MAX_ERROR)
 
     if not isinstance(server.get("user"), str) or not server["user"]:
         raise ReportError("server.user", "must be a non-empty string")
-    _optional_str(server, "user", "server")
+    _texts(server, _USER, "server")
     _expect(server.get("name", ""), str, "server", "name", "a string")
-    _optional_str(server, "name", "server")
-    _time(server, "last_activity", "server", earliest, latest)
-    for key in ("pod", "namespace"):
-        _optional_str(server, key, "server")
+    _texts(server, _NAME, "server")
+    _times(server, _LAST_ACTIVITY, "server", earliest, latest, parsed)
+    _texts(server, _POD, "server")
     _expect(server.get("gpu_allocated", False), bool, "server", "gpu_allocated", "true or false")
 
     devices = _list(report, "devices", MAX_DEVICES)
@@ -91,12 +93,8 @@ def validate(report: object, now: datetime | None = None) -> dict:
         where = ("devices", i, "")
         _expect(device, Mapping, where, "", "an object")
         _expect(device.get("uuid"), str, where, "uuid", "a string")
-        for key in ("uuid", "parent_uuid", "name", "mig_profile"):
-            _optional_str(device, key, where)
-        for key in ("memory_total_mb", "memory_used_mb"):
-            _number(device, key, where, low=0, high=MAX_MEMORY_MB)
-        _number(device, "activity", where, low=0, high=1)
-        _number(device, "memory_activity", where, low=0, high=1)
+        _texts(device, _DEVICE_TEXTS, where)
+        _bounded(device, _DEVICE_NUMBERS, where)
         _expect(device.get("shared", False), bool, where, "shared", "true or false")
         device_health = device.get("health")  # absent: nothing to check, no name to write
         if device_health is not None:
@@ -116,24 +114,18 @@ def validate(report: object, now: datetime | None = None) -> dict:
             raise ReportError(
                 _field(where, "id"), f"must be a kernel id (a UUID), got {target['id']!r:.80}"
             )
-        for key in ("id", "name", "path", "execution_state"):
-            _optional_str(target, key, where)
-        _time(target, "last_activity", where, earliest, latest)
-        _time(target, "busy_since", where, earliest, latest)
-        _number(target, "connections", where, low=0, high=MAX_COUNT)
+        _texts(target, _TARGET_TEXTS, where)
+        _times(target, _TARGET_TIMES, where, earliest, latest, parsed)
+        _bounded(target, _CONNECTIONS, where)
         gpu = _expect(target.get("gpu"), Mapping, where, "gpu", "an object")
         in_gpu = ("targets", i, ".gpu")
         gpu_devices = _expect(gpu.get("devices", []), list, in_gpu, "devices", "a list")
-        if len(gpu_devices) > MAX_DEVICES or not all(
-            isinstance(d, str) and len(d) <= MAX_TEXT for d in gpu_devices
-        ):
+        if len(gpu_devices) > MAX_DEVICES or not _uuids(gpu_devices):
             raise ReportError(_field(in_gpu, "devices"), "must be a list of device UUIDs")
-        _number(gpu, "memory_mb", in_gpu, low=0, high=MAX_MEMORY_MB)
-        _number(gpu, "sm", in_gpu, low=0, high=1)
-        # Nothing the governor decides or shows reads these three (the server's own panel
-        # does, from its own status); checked all the same, as the wire defines them, so that
-        # no reader to come takes a string or an object for a number.
-        _number(gpu, "active_fraction", in_gpu, low=0, high=1)
+        # Nothing the governor decides or shows reads active_fraction, pids and history (the
+        # server's own panel does, from its own status); checked all the same, as the wire
+        # defines them, so that no reader to come takes a string or an object for a number.
+        _bounded(gpu, _GPU_NUMBERS, in_gpu)
         _numbers(gpu, "pids", in_gpu, "process IDs (whole numbers, 0 to 2^31)", whole=True)
         _numbers(gpu, "history", in_gpu, "SM activities (numbers 0 to 1, or null)")
         _expect(gpu.get("holds_context"), bool, in_gpu, "holds_context", "true or false")
@@ -141,24 +133,50 @@ def validate(report: object, now: datetime | None = None) -> dict:
             raise ReportError(
                 _field(in_gpu, "confidence"), f"must be one of {', '.join(CONFIDENCES)}"
             )
-        _time(gpu, "last_active", in_gpu, earliest, latest)
-        _time(gpu, "idle_since", in_gpu, earliest, latest)
+        _times(gpu, _GPU_TIMES, in_gpu, earliest, latest, parsed)
         _cpu(target.get("cpu"), ("targets", i, ".cpu"))
 
     window = _expect(report.get("window"), Mapping, "", "window", "an object")
-    _number(window, "seconds", "window", low=0, high=MAX_COUNT, required=True)
-    _number(window, "gpu_active_fraction", "window", low=0, high=1)
-    for key in ("gpu_last_active", "gpu_idle_since"):
-        _time(window, key, "window", earliest, latest)
+    _bounded(window, _WINDOW_SECONDS, "window", required=True)
+    _bounded(window, _WINDOW_NUMBERS, "window")
+    _times(window, _WINDOW_TIMES, "window", earliest, latest, parsed)
     if report.get("checkpoint") is not None:
         checkpoint = _expect(report["checkpoint"], Mapping, "", "checkpoint", "an object or null")
-        _optional_str(checkpoint, "status", "checkpoint")
-        _time(checkpoint, "requested_at", "checkpoint", earliest, latest)
+        _texts(checkpoint, _STATUS, "checkpoint")
+        _times(checkpoint, _REQUESTED_AT, "checkpoint", earliest, latest, parsed)
         # Its fields are the server's words, read as far as they are what the manifest's
         # table says (hub/checkpoints.py): nothing reads a manifest that is no object.
         if checkpoint.get("manifest") is not None:
             _expect(checkpoint["manifest"], Mapping, "checkpoint", "manifest", "an object or null")
     return dict(report)
+
+
+# Each object's fields of a kind, in the order they are checked (``validate``).
+_STARTED, _SAMPLED_AT, _LAST_ACTIVITY = ("started",), ("sampled_at",), ("last_activity",)
+_ERROR, _USER, _NAME, _POD = ("error",), ("user",), ("name",), ("pod", "namespace")
+_DEVICE_TEXTS = ("uuid", "parent_uuid", "name", "mig_profile")
+_DEVICE_NUMBERS = (
+    ("memory_total_mb", 0, MAX_MEMORY_MB),
+    ("memory_used_mb", 0, MAX_MEMORY_MB),
+    ("activity", 0, 1),
+    ("memory_activity", 0, 1),
+)
+_TARGET_TEXTS = ("id", "name", "path", "execution_state")
+_TARGET_TIMES = ("last_activity", "busy_since")
+_CONNECTIONS = (("connections", 0, MAX_COUNT),)
+_GPU_NUMBERS = (("memory_mb", 0, MAX_MEMORY_MB), ("sm", 0, 1), ("active_fraction", 0, 1))
+_GPU_TIMES = ("last_active", "idle_since")
+_CPU_NUMBERS = (
+    ("cores", 0, MAX_COUNT),
+    ("iowait", 0, 1),
+    ("read_mb_s", 0, MAX_COUNT),
+    ("seconds", 0, MAX_COUNT),
+    ("top_thread", 0, 1),
+)
+_WINDOW_SECONDS = (("seconds", 0, MAX_COUNT),)
+_WINDOW_NUMBERS = (("gpu_active_fraction", 0, 1),)
+_WINDOW_TIMES = ("gpu_last_active", "gpu_idle_since")
+_STATUS, _REQUESTED_AT = ("status",), ("requested_at",)
 
 
 def gpu_signal(report: Mapping, *, idle_threshold: float, cull_action: str) -> GpuSignal:
@@ -283,43 +301,47 @@ def _cpu(cpu, where: _Where) -> None:
     _expect(cpu, Mapping, where, "", "an object or null")
     if "cores" not in cpu and "percent" in cpu:
         return
-    _number(cpu, "cores", where, low=0, high=MAX_COUNT)
-    _number(cpu, "iowait", where, low=0, high=1)
-    _number(cpu, "read_mb_s", where, low=0, high=MAX_COUNT)
-    _number(cpu, "seconds", where, low=0, high=MAX_COUNT)
-    _number(cpu, "top_thread", where, low=0, high=1)
+    _bounded(cpu, _CPU_NUMBERS, where)
 
 
-def _optional_str(obj: Mapping, key: str, where: str | _Where, limit: int = MAX_TEXT) -> None:
-    value = obj.get(key)
-    if value is None or (type(value) is str and len(value) <= limit):
-        return
-    if not isinstance(value, str):
-        raise ReportError(_field(where, key), "must be a string or null")
-    if len(value) > limit:
-        raise ReportError(_field(where, key), f"is {len(value)} characters long, more than {limit}")
+def _texts(obj: Mapping, keys: tuple[str, ...], where: str | _Where, limit: int = MAX_TEXT) -> None:
+    """Each of ``keys``: a string of at most ``limit`` characters, or null."""
+    for key in keys:
+        value = obj.get(key)
+        if value is None or (type(value) is str and len(value) <= limit):
+            continue
+        if not isinstance(value, str):
+            raise ReportError(_field(where, key), "must be a string or null")
+        if len(value) > limit:
+            raise ReportError(
+                _field(where, key), f"is {len(value)} characters long, more than {limit}"
+            )
 
 
-def _number(
-    obj: Mapping, key: str, where: str | _Where, low=None, high=None, required=False
+def _bounded(
+    obj: Mapping, bounds: tuple[tuple[str, int, int], ...], where: str | _Where, required=False
 ) -> None:
-    value = obj.get(key)
-    if value is None:
-        if required:
-            raise ReportError(_field(where, key), "is required")
-        return
-    kind = type(value)
-    if kind is float:  # what JSON decodes to first: no bool or odd subclass to rule out
-        finite = isfinite(value)
-    elif kind is int:
-        finite = _finite(value)
-    else:
-        finite = not isinstance(value, bool) and isinstance(value, int | float) and _finite(value)
-    if not finite:
-        raise ReportError(_field(where, key), "must be a number or null")
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ReportError(_field(where, key), f"must be in {bounds}, got {value}")
+    """Each ``(key, low, high)`` of ``bounds``: a finite number from ``low`` to ``high`` (not
+    a bool), or null unless ``required``."""
+    for key, low, high in bounds:
+        value = obj.get(key)
+        if value is None:
+            if required:
+                raise ReportError(_field(where, key), "is required")
+            continue
+        kind = type(value)
+        if kind is float:  # what JSON decodes to first: no bool or odd subclass to rule out
+            finite = isfinite(value)
+        elif kind is int:
+            finite = _finite(value)
+        else:
+            finite = (
+                not isinstance(value, bool) and isinstance(value, int | float) and _finite(value)
+            )
+        if not finite:
+            raise ReportError(_field(where, key), "must be a number or null")
+        if value < low or value > high:
+            raise ReportError(_field(where, key), f"must be in [{low}, {high}], got {value}")
 
 
 def _numbers(obj: Mapping, key: str, where: _Where, words: str, whole: bool = False) -> None:
@@ -354,34 +376,52 @@ def _finite(value: int | float) -> bool:
         return False
 
 
-def _time(
+def _times(
     obj: Mapping,
-    key: str,
+    keys: tuple[str, ...],
     where: str | _Where,
     earliest: datetime | None,
     latest: datetime,
+    parsed: dict[str, datetime],
     required: bool = False,
 ) -> datetime | None:
-    value = obj.get(key)
-    if value is None:
-        if required:
-            raise ReportError(_field(where, key), "is required")
-        return None
-    try:
-        if not isinstance(value, str) or len(value) > 64:
-            raise ValueError
-        when = parse(value)
-    except (ValueError, OverflowError):
-        raise ReportError(
-            _field(where, key), f"must be an ISO 8601 time, got {value!r:.80}"
-        ) from None
-    if when > latest:
-        raise ReportError(
-            _field(where, key), f"{value} is in the future (the governor's clock is earlier)"
-        )
-    if earliest is not None and when < earliest:
-        raise ReportError(_field(where, key), f"{value} is before the server started")
+    """Each of ``keys``: an ISO 8601 time from ``earliest`` (none: any) to ``latest``, or null
+    unless ``required``; the last one's time. ``parsed``: the report's times read so far, by
+    their text (a report sends the same time in several fields)."""
+    when = None
+    for key in keys:
+        value = obj.get(key)
+        if value is None:
+            if required:
+                raise ReportError(_field(where, key), "is required")
+            when = None
+            continue
+        when = parsed.get(value) if type(value) is str else None
+        if when is None:
+            try:
+                if not isinstance(value, str) or len(value) > 64:
+                    raise ValueError
+                when = parsed[value] = parse(value)
+            except (ValueError, OverflowError):
+                raise ReportError(
+                    _field(where, key), f"must be an ISO 8601 time, got {value!r:.80}"
+                ) from None
+        if when > latest:
+            raise ReportError(
+                _field(where, key), f"{value} is in the future (the governor's clock is earlier)"
+            )
+        if earliest is not None and when < earliest:
+            raise ReportError(_field(where, key), f"{value} is before the server started")
     return when
+
+
+def _uuids(values: list) -> bool:
+    """Every value a string of at most ``MAX_TEXT`` characters (a loop, not all(): a generator
+    a target)."""
+    for value in values:  # noqa: SIM110
+        if not isinstance(value, str) or len(value) > MAX_TEXT:
+            return False
+    return True
 
 
 def _list(obj: Mapping, key: str, limit: int) -> list:

@@ -779,13 +779,13 @@ def windows_from_report(
     if backend == "unavailable":
         sm = None
     elif holders:
-        known = [s for s in sms if isinstance(s, int | float)]
+        known = [s for s in sms if isinstance(s, _NUMBER)]
         sm = max(known) if known and (len(known) == len(sms) or max(known) > 0) else None
     else:
         activity = [
             d.get("activity")
             for d in devices.values()
-            if not d.get("shared") and isinstance(d.get("activity"), int | float)
+            if not d.get("shared") and isinstance(d.get("activity"), _NUMBER)
         ]
         sm = max(activity) if activity else None
 
@@ -802,9 +802,7 @@ def windows_from_report(
             for d in devices.values()
             if not d.get("shared")
         ]
-        if pairs and all(
-            isinstance(u, int | float) and isinstance(m, int | float) for u, m in pairs
-        ):
+        if pairs and all(isinstance(u, _NUMBER) and isinstance(m, _NUMBER) for u, m in pairs):
             total = sum(m for _, m in pairs)
             mem_frac = min(1.0, sum(u for u, _ in pairs) / total) if total > 0 else None
 
@@ -881,12 +879,14 @@ def windows_from_report(
 
 
 _EMPTY: Mapping = {}
+# ``isinstance`` against a tuple: against ``int | float`` it took 2.7x as long (issue 26)
+_NUMBER = (int, float)
 
 
 def _numbers(values: list[Any]) -> bool:
     """Every value an ``int`` or a ``float`` (a bool too, as ``isinstance`` reads it)."""
     for v in values:  # noqa: SIM110 (all() of a generator: a call and a frame each report)
-        if not isinstance(v, int | float):
+        if not isinstance(v, _NUMBER):
             return False
     return True
 
@@ -904,7 +904,7 @@ def _known(values: list[Any]) -> list[float]:
 
 def _number(v: Any) -> bool:
     """A number other than a bool (``int`` and ``float`` subclasses included)."""
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    return isinstance(v, _NUMBER) and not isinstance(v, bool)
 
 
 def _sum(values: list[Any]) -> float | None:

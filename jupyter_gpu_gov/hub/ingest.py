@@ -171,14 +171,16 @@ def compact_report(report: Mapping, held: Mapping[str, str] | None = None) -> Se
 
 
 def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
-    words = _WORDS
+    words, fleet_words = _WORDS, _FLEET_WORDS
     values = []
     for name, one, many in kind._layout:
         value = obj.get(name, ABSENT)
         type_ = type(value)
         if type_ is str:
             value = words.get(value) or (
-                _fleet_word(value) if name in FLEET_FIELDS else seen.setdefault(value, value)
+                (fleet_words.get(value) or _fleet_word(value))
+                if name in FLEET_FIELDS
+                else seen.setdefault(value, value)
             )
         elif type_ is float:
             if value:
@@ -192,7 +194,9 @@ def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
                 else _compact(value, seen, depth + 1)
             )
         elif type_ is list:
-            if many is tuple:
+            if not value and many is not None:
+                value = ()  # an idle kernel's devices and history: the one empty tuple
+            elif many is tuple:
                 value = _fleet_tuple(_compact_list(value, seen, depth + 1))
             elif many is not None:  # validated: objects
                 value = tuple([_keep(many, item, seen, depth + 1) for item in value])
