@@ -247,7 +247,9 @@ def _sqlite() -> dict:
     in all (``sqlite_mb``) and of it its page caches' (``sqlite_pages_mb``); memory glibc's
     malloc hands it, which ``tracemalloc`` does not see."""
     try:
-        library = ctypes.CDLL("libsqlite3.so.0")  # the one the sqlite3 module loaded
+        # The shared library a Debian-style Python's sqlite3 module links (the same copy, already
+        # loaded); a Python built with its own SQLite inside would read another copy's zeros.
+        library = ctypes.CDLL("libsqlite3.so.0")
     except OSError:
         return {}
     current, highest = ctypes.c_int64(), ctypes.c_int64()
