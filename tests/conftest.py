@@ -131,69 +131,73 @@ def _command(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
 
 
-# The test files that take longest (seconds summed over their tests, `-n 2 --dist loadfile`
-# on a shared 2-core machine, 2026-12-06), started first so that pytest-xdist's workers (`make
-# test`: a file each at a time) end together rather than one finishing the longest file alone.
-# A file not listed runs after these, in its usual order. Figures with ~ are of 2026-12-07
-# (flake39): each real-hub file run alone on the 2-core machine at load 10-15, scaled by the
-# median ratio of those runs to the figures here (1.96); the split files checked against CI's
-# durations (3ce2646: the sweeps' tests 60.0 and 35.9 s; the faults file's line test 66.8 s,
-# now about 15 s on its 10 s queue_retry_after).
+# The test files that take longest, longest first (seconds summed over their tests' phases, as
+# CI's log lists them: 2-core CI, `make test`, f64b8ac), started first so that pytest-xdist's
+# workers (`make test`: a file each at a time) end together rather than one finishing a long
+# file alone. A file not listed (under 8 s there) runs after these, in its usual order. Re-rank
+# from CI's own figures (its log's "longest test files"): a loaded shared machine stretches the
+# files that compute 3-10 times and those that wait on a hub 1.5 times, so its order is not CI's.
 LONGEST_FILES = (
-    "test_governor_hub.py",  # 188
-    "test_cause_hub.py",  # 169
-    "test_kubernetes_hub.py",  # ~128 (was listed at 53; CI's CPU-stage test alone took 58.6)
-    "test_labextension_browser.py",  # 120
-    "test_profiles_hub.py",  # 119
-    "test_kubernetes_left_pods_hub.py",  # ~100
-    "test_security_hub.py",  # 101
-    "test_workstation_hub.py",  # ~78
-    "test_kubernetes_faults_hub.py",  # ~75
-    "test_quickstart_browser.py",  # 70
-    "test_security_store_hub.py",  # 70
+    "test_labextension_browser.py",  # 124
+    "test_governor_hub.py",  # 124
+    "test_kubernetes_hub.py",  # 124
+    "test_cause_hub.py",  # 122
+    "test_kubernetes_left_pods_hub.py",  # 114
+    "test_unread_warning_hub.py",  # 77
+    "test_quickstart_browser.py",  # 74
+    "test_profiles_hub.py",  # 72
+    "test_kubernetes_faults_hub.py",  # 68
     "test_health_hub.py",  # 66
-    "test_checkpoint_server.py",  # 66
-    "test_unread_warning_hub.py",  # ~64
-    "test_cli_streams.py",  # 64
-    "test_queue_hub.py",  # 64
-    "test_dashboard_browser.py",  # ~57
-    "test_server_extension.py",  # 57
-    "test_security_gpus_hub.py",  # 57
-    "test_checkpoint_cycle_hub.py",  # 56
-    "test_governor_incremental.py",  # 55
-    "test_demo_queue_hub.py",  # 54
-    "test_idle_culler_dropin.py",  # 50
-    "test_hubconfig_order_hub.py",  # ~50
-    "test_security_names_hub.py",  # ~50
-    "test_security_asks_hub.py",  # ~47
-    "test_security_clock_hub.py",  # 46
-    "test_lease.py",  # 46
-    "test_replay_benchmark.py",  # 46
-    "test_hubapi.py",  # 45
-    "test_hung_driver_hub.py",  # 44
-    "test_grant_count_hub.py",  # ~43
-    "test_fuzz_api.py",  # 42
-    "test_demo_hub.py",  # 42
-    "test_security_numbers_hub.py",  # 35
-    "test_policy_page_browser.py",  # 33
-    "test_profiles_kubespawner.py",  # 33
-    # Real-hub and browser files that were not listed, so ran in the queue's alphabetical
-    # last quarter, where one could start when the other worker had seconds left (ci45,
-    # 2026-12-07: each measured at load 8-14 and divided by 1.5, the median ratio of that run's
-    # real-hub files to the figures above; test_store_postgresql.py was fifth from last).
-    "test_reclaim_hub.py",  # ~37
-    "test_cpu_stage_hub.py",  # ~33
-    "test_store_postgresql.py",  # ~33
-    "test_queue_limits_hub.py",  # ~23
-    "test_hub_harness.py",  # ~21
-    "test_security_shared_hub.py",  # ~20
-    "test_spawn_order_hub.py",  # ~19
-    "test_spawn_form_browser.py",  # ~18
-    "test_security_partial_report_hub.py",  # ~16
-    "test_demo_lead_hub.py",  # ~13
-    "test_showback_period_browser.py",  # ~13
-    "test_showback_readers_hub.py",  # ~13
-    "test_bidi_names_browser.py",  # ~9
+    "test_queue_hub.py",  # 61
+    "test_security_hub.py",  # 57
+    "test_security_store_hub.py",  # 55
+    "test_profiles_kubespawner.py",  # 52
+    "test_demo_queue_hub.py",  # 51
+    "test_checkpoint_cycle_hub.py",  # 49
+    "test_hubapi.py",  # 49
+    "test_server_extension.py",  # 46
+    "test_checkpoint_server.py",  # 46
+    "test_bench_ingest.py",  # 46
+    "test_security_gpus_hub.py",  # 42
+    "test_reclaim_hub.py",  # 41
+    "test_security_clock_hub.py",  # 41
+    "test_idle_culler_dropin.py",  # 38
+    "test_cpu_stage_hub.py",  # 38
+    "test_security_names_hub.py",  # 38
+    "test_lease.py",  # 38
+    "test_workstation_hub.py",  # 37
+    "test_dashboard_browser.py",  # 33
+    "test_hung_driver_hub.py",  # 32
+    "test_fuzz_api.py",  # 27
+    "test_policy_page_browser.py",  # 26
+    "test_security_numbers_hub.py",  # 24
+    "test_security_asks_hub.py",  # 24
+    "test_demo_hub.py",  # 20
+    "test_cli_streams.py",  # 20
+    "test_security_service.py",  # 20
+    "test_cull_races.py",  # 20
+    "test_governor_incremental.py",  # 19
+    "test_replay_benchmark.py",  # 19
+    "test_hubconfig_order_hub.py",  # 19
+    "test_queue_limits_hub.py",  # 18
+    "test_security_shared_hub.py",  # 17
+    "test_grant_count_hub.py",  # 16
+    "test_protocol_server.py",  # 16
+    "test_bench_reconcile.py",  # 14
+    "test_spawn_order_hub.py",  # 13
+    "test_spawn_form_browser.py",  # 13
+    "test_whatif.py",  # 13
+    "test_hub_harness.py",  # 13
+    "test_security_partial_report_hub.py",  # 13
+    "test_store_postgresql.py",  # 12
+    "test_hung_driver_server.py",  # 12
+    "test_checkpoint_kernel.py",  # 11
+    "test_showback_period_browser.py",  # 11
+    "test_prepared_auth.py",  # 9
+    "test_proc_cpu.py",  # 9
+    "test_governor.py",  # 9
+    "test_bidi_names_browser.py",  # 8
+    "test_showback_readers_hub.py",  # 8
 )
 
 

@@ -639,6 +639,21 @@ class HubHarness:
             from ports import free_port as _free_port
             jupyterhub.spawner.random_port = _free_port
 
+            # The Hub (and KubeSpawner) wait for a server to answer, a pod to run and a stopped
+            # process to end by polling with back-off up to 5 s a wait, at random within it:
+            # a spawn or a stop was seen ~1-2 s after it happened. At most 0.5 s here, so tests
+            # wait for the server rather than for the Hub's next look (what is polled, and when
+            # the wait gives up, are JupyterHub's own).
+            import jupyterhub.utils as _hub_utils
+            _backoff = _hub_utils.exponential_backoff
+
+            async def _sooner(check, message, start_wait=0.2, scale_factor=2, max_wait=5, *a, **k):
+                return await _backoff(check, message, start_wait, scale_factor, min(max_wait, 0.5), *a, **k)
+
+            for _module in list(sys.modules.values()):  # those that took it by name, and later ones
+                if getattr(_module, "exponential_backoff", None) is _backoff:
+                    _module.exponential_backoff = _sooner
+
             c = get_config()  # noqa: F821
             HARNESS_DIR = {str(d)!r}
             HARNESS_ENV = {su_env!r}
