@@ -26,6 +26,7 @@ from test_kubernetes_hub import NAMESPACE, NODES, pod_of, spawn, z2jh_hub
 pytestmark = pytest.mark.timeout(600)
 
 RETRY_TIMEOUT = 15  # seconds: a stop's delete is given up this long after the API failed it
+LEFT_POD_RETRY = 3  # seconds: the governor's ask of the hub to delete a left pod, again
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,9 @@ def hub(k8s, tmp_path_factory):
         f"c.KubeSpawner.k8s_api_request_retry_timeout = {RETRY_TIMEOUT}\n"
         "c.ClusterGpus.left_pod_grace = 1\n"
     )
-    with z2jh_hub(k8s, tmp_path_factory, extra) as harness:
+    # A failed delete asked again every 3 s, not the default 15: the tests wait for a retry.
+    governor = f"c.GpuGovernor.left_pod_retry = {LEFT_POD_RETRY}\n"
+    with z2jh_hub(k8s, tmp_path_factory, extra, governor) as harness:
         yield harness
 
 

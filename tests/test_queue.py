@@ -44,7 +44,7 @@ from jupyter_gpu_gov.hub.app import GpuGovernor
 from jupyter_gpu_gov.hub.evidence import Received
 from jupyter_gpu_gov.hub.hubapi import HubApiError, HubServer
 from jupyter_gpu_gov.hub.options import Options
-from jupyter_gpu_gov.hub.queue import RETRY_AFTER, QueueSync, line_starts, releases
+from jupyter_gpu_gov.hub.queue import LEFT_POD_RETRY, RETRY_AFTER, QueueSync, line_starts, releases
 from jupyter_gpu_gov.hub.store import Store
 from jupyter_gpu_gov.hub.tables import ServerRow
 from jupyter_gpu_gov.hub.views import Views
@@ -722,3 +722,35 @@ async def test_a_left_pod_is_audited_once_in_a_dry_run_not_at_every_sync(tmp_pat
     await acting.sync(NOW)
     await acting.sync(NOW + timedelta(minutes=1))
     assert len([c for c in hub.calls if c[1] == "gpu-gov/left-pods"]) == 2
+
+
+async def test_a_left_pods_failed_delete_is_asked_again_after_the_setting_not_before(tmp_path):
+    """``c.GpuGovernor.left_pod_retry`` (default 15 s) is the wait before the delete of a pod a
+    stop left running, which the hub still names (its delete failed), is asked and audited
+    again: the real-hub test of a failing Kubernetes API sets it short."""
+    app = GpuGovernor()
+    app.initialize(["--GpuGovernor.left_pod_retry=3"])
+    retry = app.make_options().left_pod_retry
+    assert retry == timedelta(seconds=3) and Options().left_pod_retry == LEFT_POD_RETRY
+    pod = {
+        "server": "vic/",
+        "namespace": "jhub",
+        "name": "jupyter-vic",
+        "uid": "uid-1",
+        "stopped_at": "2026-01-05T08:00:00.000Z",
+    }
+    store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
+    hub = FakeHubApi([], left_pods=[pod])
+    sync = QueueSync(hub, store, left_pod_retry=retry)
+
+    def asked() -> int:
+        return len([c for c in hub.calls if c[1] == "gpu-gov/left-pods"])
+
+    def audited() -> int:
+        return len([a for a in store.audit_rows("vic/") if a.action == "left-pod-delete"])
+
+    await sync.sync(NOW)
+    await sync.sync(NOW + timedelta(seconds=2.9))
+    assert (asked(), audited()) == (1, 1)
+    await sync.sync(NOW + timedelta(seconds=3))
+    assert (asked(), audited()) == (2, 2)

@@ -374,6 +374,7 @@ class GpuGovernor(GovernorSettings, Application):
             right_size_after=timedelta(seconds=self.right_size_after),
             full_pass_every=self.full_pass_every,
             queue_retry_after=timedelta(seconds=self.queue_retry_after),
+            left_pod_retry=timedelta(seconds=self.left_pod_retry),
             stopped_kept_per_user=self.stopped_kept_per_user,
             distrust_said_per_hour=self.distrust_said_per_hour,
             history=HistoryOptions(

@@ -66,6 +66,8 @@ class Options:
     # A start from the spawn queue's line that the Hub refused, or that failed after it took it,
     # is tried again after this (``hub/queue.py``), not at every pass.
     queue_retry_after: timedelta = timedelta(minutes=1)
+    # A left pod's delete that failed is asked (and audited) again after this (``hub/queue.py``).
+    left_pod_retry: timedelta = timedelta(seconds=15)
     # The rows of a user's stopped servers kept, those stopped most lately (older ones are
     # forgotten as the user's servers stop: ``Governor._forget_stopped``).
     stopped_kept_per_user: int = 100

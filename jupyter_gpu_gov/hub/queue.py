@@ -54,7 +54,7 @@ from .tables import AuditRow, ServerRow
 
 # A start the Hub refused is not tried every pass (the default; ``queue_retry_after``).
 RETRY_AFTER = timedelta(minutes=1)
-LEFT_POD_RETRY = timedelta(seconds=15)  # a left pod's delete, asked and audited again
+LEFT_POD_RETRY = timedelta(seconds=15)  # a left pod's delete, asked and audited again (default)
 # Audit actions: a start from the line (before it is made), one made, a request that left it.
 START, STARTED_ACTION, LEFT = "queue-start", "queue-started", "queue-left"
 RECLAIM_WITHDRAWN = "reclaim-withdrawn"  # a reclaim the hub lifted (its asker left the line)
@@ -164,7 +164,8 @@ def line_starts(
 class QueueSync:
     """One sync per pass; ``hub``: the governor's Hub API client; ``listing``: the governor's
     (a user whose server's grant the hub changed is read again at the next pass);
-    ``retry_after``: how long a start the Hub refused, or that failed, waits to be tried again."""
+    ``retry_after``: how long a start the Hub refused, or that failed, waits to be tried again;
+    ``left_pod_retry``: how long a left pod's failed delete waits to be asked again."""
 
     def __init__(
         self,
@@ -173,9 +174,10 @@ class QueueSync:
         dry_run: bool = False,
         listing: HubListing | None = None,
         retry_after: timedelta = RETRY_AFTER,
+        left_pod_retry: timedelta = LEFT_POD_RETRY,
     ):
         self.hub, self.store, self.dry_run, self.listing = hub, store, dry_run, listing
-        self.retry_after = retry_after
+        self.retry_after, self.left_pod_retry = retry_after, left_pod_retry
         self.absent = False  # no profile layer in this hub (or no scope for it): stop asking
         # The cluster report's demand as of the last sync (``core.queue.waiting_for_a_gpu``,
         # ``refused_from_json``): None before one, without a line, or when the hub cannot say.
@@ -416,7 +418,7 @@ class QueueSync:
         """The pods the Hub's stop of a server left running (the Kubernetes API failed the
         delete), which the hub found still there past their grace (``profiles/left_pods.py``):
         each audited, then the hub asked to delete them (it checks them against its records
-        again). Asked again, and audited again, after ``LEFT_POD_RETRY`` while it fails; in a
+        again). Asked again, and audited again, after ``left_pod_retry`` while it fails; in a
         dry run, on record once while the hub names it."""
         asked, rows, named = [], [], set()
         for entry in entries[:100] if isinstance(entries, list) else ():
@@ -430,7 +432,7 @@ class QueueSync:
             last = self._left_pods.get(entry["uid"])
             # A dry run deletes nothing: the hub names the pod at every sync while it runs, and
             # it is on record once (not a row a sync, for ever).
-            if last is not None and (self.dry_run or now - last < LEFT_POD_RETRY):
+            if last is not None and (self.dry_run or now - last < self.left_pod_retry):
                 continue
             self._left_pods[entry["uid"]] = now
             pod = {k: entry[k] for k in ("namespace", "name", "uid", "stopped_at")}
@@ -454,7 +456,7 @@ class QueueSync:
         for uid, at in list(self._left_pods.items()):
             # Forgotten: in a dry run once the hub names it no more; acting, once it may be
             # asked again (a pod no longer named is then gone for good).
-            done = uid not in named if self.dry_run else now - at >= LEFT_POD_RETRY
+            done = uid not in named if self.dry_run else now - at >= self.left_pod_retry
             if done:
                 del self._left_pods[uid]
         if not rows:

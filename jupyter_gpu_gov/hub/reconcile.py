@@ -205,7 +205,12 @@ class Governor(
         self.spawns_waiting_tiers: tuple[str, ...] = ()  # their tiers (where could they go)
         # The spawn queue's sync after each pass (hub/app.py): the line's demand, too.
         self.spawn_queue = QueueSync(
-            hub, store, options.dry_run, self.hub_listing, options.queue_retry_after
+            hub,
+            store,
+            options.dry_run,
+            self.hub_listing,
+            options.queue_retry_after,
+            options.left_pod_retry,
         )
         self.spawn_queue.restore_withdrawn()  # a reclaim lifted before a restart is still said
         # Optional scopes the service's token lacks (checked once, at the first pass).

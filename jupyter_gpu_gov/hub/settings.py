@@ -456,6 +456,16 @@ class GovernorSettings(HasTraits):
         keeps its place): not at every pass while the cause lasts.""",
     ).tag(config=True)
 
+    left_pod_retry = FiniteFloat(
+        15,
+        min=1,
+        max=DAY,
+        unit="seconds",
+        help="""Seconds before the delete of a pod a stop left running (which the profile
+        layer's sweep names) is asked of the hub again, and audited again, while the Kubernetes
+        API fails it.""",
+    ).tag(config=True)
+
     stopped_kept_per_user = BoundedInt(
         100,
         min=1,
