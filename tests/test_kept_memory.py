@@ -184,6 +184,7 @@ def test_the_sections_servers_send_alike_are_kept_once_across_reports(monkeypatc
     for n in range(10):
         kept = compact_report({"targets": [{"cpu": {"cores": float(n), "seconds": 60}}]})
         assert kept["targets"][0]["cpu"]["cores"] == n and len(ingest._FLEET_SECTIONS) <= 3
+        assert len(ingest._FLEET_TEXTS) <= 3  # and the texts that find them again
 
 
 def test_the_lists_of_numbers_servers_send_alike_are_kept_once_across_reports(monkeypatch):

@@ -145,8 +145,9 @@ def answers() -> tuple[str, dict]:
             else:
                 # Which objects are one within the report: a section shared across reports
                 # (``ingest._fleet_section``) would hold the objects of whichever report sent
-                # it first in this process, so each report starts without them.
-                ingest._FLEET_SECTIONS.clear()
+                # it first in this process, so each report starts without them (nor the texts
+                # that find them).
+                ingest._forget_fleet()
                 answer = ["accepted", report == case, _kept(compact_report(report))]
                 counts["accepted"] += 1
             digest.update((json.dumps(answer, sort_keys=True, default=repr) + "\n").encode())

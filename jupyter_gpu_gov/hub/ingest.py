@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import marshal
 import time
 import typing
 from collections.abc import Iterator, Mapping
@@ -171,6 +172,23 @@ def compact_report(report: Mapping, held: Mapping[str, str] | None = None) -> Se
 
 
 def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
+    text = None
+    if kind in _FLEET_KINDS:
+        # An object sent byte for byte as one that was kept shared is that shared section, not
+        # walked again: most targets send a ``cpu`` and a ``gpu`` many others send (these
+        # kinds were ~45 % of compact_report's time, issue 26). ``marshal`` writes each value with
+        # its type (0, 0.0 and false apart; -0.0 and NaN apart from 0.0 and null); its version
+        # 2 writes no references, which would depend on what else holds an object. (Such a
+        # section's numbers are then not this report's ``seen``: an equal one later in the
+        # report keeps its own object, as many objects as before.)
+        try:
+            text = (kind, marshal.dumps(obj, 2))
+        except ValueError:  # nested deeper than marshal writes: walked
+            pass
+        else:
+            shared = _FLEET_TEXTS.get(text)
+            if shared is not None:
+                return shared
     words, fleet_words = _WORDS, _FLEET_WORDS
     values = []
     for name, one, many in kind._layout:
@@ -203,6 +221,8 @@ def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
             else:
                 value = _compact_list(value, seen, depth + 1)
         values.append(value)
+    if text is not None:
+        return _fleet_section(kind, values, text)
     if kind in _FLEET_KINDS:
         return _fleet_section(kind, values)
     return kind(*values)
@@ -261,7 +281,7 @@ def _fleet_word(value: str) -> str:
     return shared
 
 
-def _fleet_section(kind: type[Section], values: list) -> Section:
+def _fleet_section(kind: type[Section], values: list, text: tuple | None = None) -> Section:
     """The one section of ``kind`` with these values across reports (a kernel without a GPU
     context sends the same ``gpu`` object as every other, an idle one often the same ``cpu``,
     most servers the same empty ``checkpoint``), where each value is one a JSON object could
@@ -270,16 +290,28 @@ def _fleet_section(kind: type[Section], values: list) -> Section:
     word of the wire's (``core.wire.report_words``: a state, a confidence). A section with a
     time, a UUID, a list or a free-form object is the report's own. Sections are read-only,
     so sharing one is reading it; the first ``FLEET_SECTIONS_KEPT`` kept, then forgotten all
-    at once and learnt again, as ``_fleet_word``'s."""
+    at once and learnt again, as ``_fleet_word``'s. ``text``: the object's own (``_keep``),
+    by which the section is found again."""
     if not _alike(values):
         return kind(*values)
     key = (kind, *values, *map(type, values))
     shared = _FLEET_SECTIONS.get(key)
     if shared is None:
         if len(_FLEET_SECTIONS) >= FLEET_SECTIONS_KEPT:
-            _FLEET_SECTIONS.clear()  # bounded, whatever servers send
+            _forget_fleet()  # bounded, whatever servers send
         shared = _FLEET_SECTIONS[key] = kind(*values)
+    if text is not None:
+        if len(_FLEET_TEXTS) >= FLEET_SECTIONS_KEPT:
+            _FLEET_TEXTS.clear()  # bounded likewise
+        _FLEET_TEXTS[text] = shared
     return shared
+
+
+def _forget_fleet() -> None:
+    """The shared sections and tuples forgotten, and the texts that found them (a text finds
+    only a section the table holds: what the walk would find)."""
+    _FLEET_SECTIONS.clear()
+    _FLEET_TEXTS.clear()
 
 
 def _fleet_tuple(items: list) -> tuple:
@@ -294,7 +326,7 @@ def _fleet_tuple(items: list) -> tuple:
     shared = _FLEET_SECTIONS.get(key)
     if shared is None:
         if len(_FLEET_SECTIONS) >= FLEET_SECTIONS_KEPT:
-            _FLEET_SECTIONS.clear()  # bounded, whatever servers send
+            _forget_fleet()  # bounded, whatever servers send
         shared = _FLEET_SECTIONS[key] = tuple(items)
     return shared
 
@@ -335,6 +367,8 @@ _PLAIN = frozenset((type(None), bool, int, _Absent))
 FLEET_SECTIONS_KEPT = 4096
 FLEET_TUPLE_ITEMS = 16  # a sampler's window is 12 samples
 _FLEET_SECTIONS: dict[tuple, Section] = {}
+# The objects' texts (``marshal``'s) that made a shared section, by kind: at most as many.
+_FLEET_TEXTS: dict[tuple[type, bytes], Section] = {}
 
 
 def _holds_gpu(report: Mapping) -> bool:
