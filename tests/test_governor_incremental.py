@@ -20,7 +20,7 @@ from jupyter_gpu_gov.core import clock
 from jupyter_gpu_gov.core.grant import GRANT_STATE
 from jupyter_gpu_gov.core.health import DRAIN, RESET, UNHEALTHY, Health
 from jupyter_gpu_gov.core.policy import load_policies
-from jupyter_gpu_gov.hub import ingest, metrics
+from jupyter_gpu_gov.hub import ingest, metrics, trusted
 from jupyter_gpu_gov.hub.dcgm import DcgmSnapshot, GpuEvidence
 from jupyter_gpu_gov.hub.deadlines import NextTimes
 from jupyter_gpu_gov.hub.diagnosis import DiagnosisOptions
@@ -921,3 +921,56 @@ async def test_a_dcgm_record_moving_in_what_no_decision_reads_decides_nobody_aga
         assert await passes(2) == set()
         await full.close()
         await inc.close()
+
+
+async def test_a_pass_reads_each_servers_hub_records_once(tmp_path, monkeypatch):
+    """A decided server's Hub records (its spawner state: the pod KubeSpawner runs it in) and
+    DCGM's records of its GPUs are read once a pass, however many parts of the pass ask (its
+    decision, the check of its report against them, its kept inputs, the ledger, its history
+    row): read for each, they were five to seven times a server. Read from its Hub model,
+    never its report, and anew for a new model (a restart in another pod) and a new DCGM read:
+    what they say is this pass's."""
+    frozen = [clock.utcnow()]
+    monkeypatch.setattr(clock, "utcnow", lambda: frozen[0])
+    users = [f"user{i}" for i in range(0, 12, 3)]
+    uuids = {u: f"GPU-{i:08d}-0000-0000-0000-000000000000" for i, u in enumerate(users)}
+    dcgm = Dcgm(
+        activity=dict.fromkeys(uuids.values(), 0.0),
+        pods={uuids[u]: ("jhub", f"jupyter-{u}") for u in users},
+    )
+    read: Counter[str] = Counter()  # the spawner states read, by the pod they name
+    of = trusted.Granted.of.__func__
+
+    def reading(cls, state):
+        read[(state or {}).get("pod_name")] += 1
+        return of(cls, state)
+
+    monkeypatch.setattr(trusted.Granted, "of", classmethod(reading))
+    async with FakeHub() as hub:
+        for user in users:
+            state = {"pod_name": f"jupyter-{user}", "namespace": "jhub"}
+            hub.add_server(user, last_activity=frozen[0], state=state)
+        gov = governor(hub, tmp_path, "gov", dcgm, full_every=1)  # every server decided
+
+        async def minute() -> dict[str, str]:
+            frozen[0] += timedelta(minutes=1)
+            for user in users:
+                gov.ingest(report_for(user, uuids[user], sm=0.0))  # its report: idle
+            read.clear()
+            await gov.reconcile()
+            return {user: gov.verdict(f"{user}/")["state"] for user in users}
+
+        assert set((await minute()).values()) == {"idle"}
+        assert read == {f"jupyter-{user}": 1 for user in users}
+        dcgm.activity[uuids["user0"]] = 0.9  # DCGM's word on the pod's GPU is final
+        states = await minute()
+        assert states["user0"] == "active" and states["user3"] == "idle"
+        assert read == {f"jupyter-{user}": 1 for user in users}
+        # user3 restarted in user0's pod (its busy GPU): its new model is read, not the last.
+        hub.users["user3"].servers[""].state = {"pod_name": "jupyter-user0", "namespace": "jhub"}
+        dcgm.activity[uuids["user0"]] = 0.0
+        dcgm.activity[uuids["user3"]] = 0.9  # its old pod's GPU: no longer its own
+        states = await minute()
+        assert states["user3"] == "idle" and states["user0"] == "idle"
+        assert read == {"jupyter-user0": 2, "jupyter-user6": 1, "jupyter-user9": 1}
+        await gov.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -114,8 +114,7 @@ class Evidence:
             or base.key in self._shutdowns  # its GPU kernels were asked to shut down
         ):
             return view
-        granted = trusted.Granted.of(server.spawner_state)  # a pod DCGM may see a GPU on
-        if granted is not None and granted.evidence(self._context.by_uuid, self._context.by_pod):
+        if self._records_of(server)[1]:  # a pod DCGM sees a GPU on
             return view
         detail = f"the Hub's records give it no GPU ({gpu.detail})" if gpu.detail else ""
         return evolve(view, gpu=policy.GpuSignal(holds_gpu=False, active=False, detail=detail))
@@ -128,8 +127,9 @@ class Evidence:
         reported: bool,
         server: HubServer | None,
     ) -> ServerView:
-        received = self.reports.get(base.key)
-        pending = self._shutdowns.get(base.key)
+        key = base.key
+        received = self.reports.get(key)
+        pending = self._shutdowns.get(key)
         if (
             pending is not None
             and received is not None
@@ -141,17 +141,16 @@ class Evidence:
                 holds_gpu=True, active=None, detail="waiting for the server to shut kernels down"
             )
             return evolve(base, reports=True, gpu=waiting)
-        granted = trusted.Granted.of(server.spawner_state) if server else None
-        evidence = granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
-        complete = not evidence or self._sees_all(base.key, server, granted, evidence)
+        granted, evidence = self._records_of(server) if server else (None, ())
+        complete = not evidence or self._sees_all(key, server, granted, evidence)
         # Its container's CPU, where DCGM alone decides it (the pod the records name), or on
         # a workstation its process tree's (the pid the records name).
         pod = granted.pod if granted is not None else None
-        self.pod_cpu.want(pod, base.key)
+        self.pod_cpu.want(pod, key)
         cpu = self.pod_cpu.busy_since(pod, now)
         if pod is None and server is not None:
-            self.proc_cpu.want(base.key, server.spawner_state, server.started)
-            cpu = self.proc_cpu.busy_since(base.key, now)
+            self.proc_cpu.want(key, server.spawner_state, server.started)
+            cpu = self.proc_cpu.busy_since(key, now)
         if received is None and reported:
             # It reported before (this service restarted): DCGM alone on the GPUs the records
             # name, else unknown until the next report.
@@ -172,7 +171,7 @@ class Evidence:
             why = f"no report since {received.at:%Y-%m-%d %H:%M} UTC"  # a time: it stays put
             gpu = self._dcgm_only(evidence, server_policy, why, complete, cpu)
             gpu = gpu or policy.GpuSignal(holds_gpu=True, active=None, detail=why)
-        elif self._distrusted.get(base.key):
+        elif self._distrusted.get(key):
             # Its report contradicts the Hub's records: not believed. DCGM alone on the GPUs
             # the records name, else as a server that sends no report (the Hub's activity).
             dcgm = self._dcgm_only(
@@ -222,11 +221,11 @@ class Evidence:
         """Check the server's fresh report against the Hub's records of its GPUs; when it
         contradicts them it is not believed, and the audit trail says why (once per change)."""
         received = self.reports.get(key)
-        granted = trusted.Granted.of(server.spawner_state)
         found: list[str] = []
-        if received is not None and granted is not None:
-            evidence = granted.evidence(self._context.by_uuid, self._context.by_pod)
-            found = trusted.contradictions(received.report, granted, evidence)
+        if received is not None:
+            granted, evidence = self._records_of(server)
+            if granted is not None:
+                found = trusted.contradictions(received.report, granted, evidence)
         before = self._distrusted.get(key, [])
         if found != before and found:
             # At most ``distrust_said_per_hour`` a server: its report is its owner's to write, and
@@ -260,7 +259,7 @@ class Evidence:
             self._distrusted.pop(key, None)
 
     def _sees_all(
-        self, key: str, server: HubServer, granted: trusted.Granted, evidence: list[GpuEvidence]
+        self, key: str, server: HubServer, granted: trusted.Granted, evidence: Sequence[GpuEvidence]
     ) -> bool:
         """Whether DCGM has a record of every GPU the records give the server: each device the
         allocator pinned, and each GPU it attributed to the server's pod earlier in this session
@@ -280,7 +279,7 @@ class Evidence:
 
     def _dcgm_only(
         self,
-        evidence: list[GpuEvidence],
+        evidence: Sequence[GpuEvidence],
         server_policy: Policy,
         why: str = "no report",
         complete: bool = True,
@@ -298,7 +297,7 @@ class Evidence:
         return policy.dcgm_only(active, detail, cpu_busy_since)
 
     def _dcgm_activity(
-        self, evidence: list[GpuEvidence], server_policy: Policy, complete: bool = True
+        self, evidence: Sequence[GpuEvidence], server_policy: Policy, complete: bool = True
     ) -> bool | None:
         """Busy if DCGM sees one of the GPUs busy; idle only if it sees them all (``complete``:
         it has a record of each), and each idle."""
@@ -320,7 +319,7 @@ class Evidence:
         UUIDs. A report with no record behind it names any pod it likes, and took on that
         pod's GPU: its failure (the server never culled as idle), its activity in the history."""
         context = self._context
-        granted = trusted.Granted.of(server.spawner_state) if server is not None else None
+        granted = self._records_of(server)[0] if server is not None else None
         by_pod = context.by_pod if granted is not None and granted.pod is not None else {}
         return self._evidence(report, context.by_uuid, by_pod)
 
@@ -337,10 +336,25 @@ class Evidence:
                 evidence += trusted.device_evidence(by_uuid, uuid, device.get("mig_profile"))
         return evidence
 
-    def _granted_evidence(self, server: HubServer) -> list[GpuEvidence]:
+    def _granted_evidence(self, server: HubServer) -> Sequence[GpuEvidence]:
         """DCGM's records of the GPUs the Hub's records give a server (none without them)."""
+        return self._records_of(server)[1]
+
+    def _records_of(
+        self, server: HubServer
+    ) -> tuple[trusted.Granted | None, Sequence[GpuEvidence]]:
+        """What the Hub's records give the server (``trusted.Granted``; None: no record), and
+        DCGM's records of those GPUs in this pass's context. Read from its Hub model (the
+        server's spawner state), never its report, once for the model and context the pass is
+        on: its decision, ledger observation and history row asked for it up to seven times."""
+        held = self._granted_held
+        if held[0] is server and held[1] is self._context:
+            return held[2], held[3]
+        context = self._context
         granted = trusted.Granted.of(server.spawner_state)
-        return granted.evidence(self._context.by_uuid, self._context.by_pod) if granted else []
+        evidence = tuple(granted.evidence(context.by_uuid, context.by_pod)) if granted else ()
+        self._granted_held = (server, context, granted, evidence)
+        return granted, evidence
 
     def _gpus_held(self, key: str, server: HubServer) -> int:
         """The GPUs a server holds: its report's devices, else DCGM's records of its pod."""

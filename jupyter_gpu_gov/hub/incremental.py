@@ -232,7 +232,7 @@ class Incremental:
             self._unkeep(key)
             return
         inputs = self._decided_inputs(key, server, received, view)
-        keys = trusted.dcgm_keys(server.spawner_state, received.report if received else None)
+        keys = trusted.dcgm_keys(self._records_of(server)[0], received.report if received else None)
         kept = Kept(server, received, inputs, row, record_of(row), view, until, keys)
         self.unchanged.keep(key, kept)
         self.due.at(key, _earliest(until, stale_at))

@@ -173,6 +173,9 @@ class Governor(
         # What this pass compared of DCGM's records, by server (the pass's context, the Hub model,
         # the report, what was read): taken by its decision, the rest dropped at the next pass.
         self._compared: dict[str, tuple] = {}
+        # The last server's Hub records and their DCGM records, by its model and the pass's
+        # context (``Evidence._records_of``): one server's, read once for all that asks.
+        self._granted_held: tuple = (None, None, None, ())
         self._indexed: tuple = ()  # the DCGM evidence the context's indexes are of
         self.unchanged = Unchanged(options.full_pass_every)
         self._world: tuple = ()  # what reaches every server at once, as of the last pass

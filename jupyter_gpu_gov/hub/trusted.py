@@ -55,16 +55,17 @@ class Granted:
         )
 
 
-def dcgm_keys(spawner_state: Mapping[str, Any] | None, report: Mapping | None) -> tuple[str, ...]:
+def dcgm_keys(granted: Granted | None, report: Mapping | None) -> tuple[str, ...]:
     """What a server's decision looks DCGM's records up by (``Granted.evidence``,
-    ``Evidence._evidence``): the pod the Hub's records or its report name (by name, whatever
-    the namespace) and the physical GPUs the allocator's records or its report name. A record
-    that moved under none of these is not one the decision reads (``dcgm.moved_gpus``)."""
+    ``Evidence._evidence``): the pod the Hub's records (``granted``) or its report name (by
+    name, whatever the namespace) and the physical GPUs the allocator's records or its report
+    name. A record that moved under none of these is not one the decision reads
+    (``dcgm.moved_gpus``)."""
     keys = []
-    pod = grant.pod(spawner_state)
-    if pod is not None:
-        keys.append(pod[1])
-    keys += (d.parent_uuid or d.uuid for d in grant.devices(spawner_state))
+    if granted is not None:
+        if granted.pod is not None:
+            keys.append(granted.pod[1])
+        keys += (d.parent_uuid or d.uuid for d in granted.devices)
     if report is not None:
         named = report["server"].get("pod")
         if named:

@@ -107,10 +107,10 @@ class Usage:
         tier_weight = self.options.by_tier(self.options.tier_weights, view.tier)
         if tier_weight is not None:
             return float(tier_weight)
-        pinned = grant.devices(server.spawner_state) if server is not None else ()
+        granted, found = self._records_of(server) if server is not None else (None, ())
+        pinned = granted.devices if granted is not None else ()
         if pinned:  # the allocator's leaves: which instance, not only which profile
             return float(sum(cluster.mig_share(d.mig_profile) for d in pinned))
-        found = self._granted_evidence(server) if server is not None else []
         leaves = {(e.uuid, e.gpu_instance_id): e.mig_profile for e in found}
         if leaves:
             return float(sum(cluster.mig_share(profile) for profile in leaves.values()))
