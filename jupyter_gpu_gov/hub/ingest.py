@@ -176,7 +176,8 @@ def _keep(kind: type[Section], obj: Mapping, seen: dict, depth: int) -> Section:
     if kind in _FLEET_KINDS:
         # An object sent byte for byte as one that was kept shared is that shared section, not
         # walked again: most targets send a ``cpu`` and a ``gpu`` many others send (these
-        # kinds were ~45 % of compact_report's time, issue 26). ``marshal`` writes each value with
+        # kinds were ~45 % of compact_report's time: docs/benchmarks-history.md, "Issue 26,
+        # wave 46: a report's shared sections"). ``marshal`` writes each value with
         # its type (0, 0.0 and false apart; -0.0 and NaN apart from 0.0 and null); its version
         # 2 writes no references, which would depend on what else holds an object. (Such a
         # section's numbers are then not this report's ``seen``: an equal one later in the
