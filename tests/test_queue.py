@@ -694,18 +694,22 @@ async def test_the_governor_keeps_the_lines_demand_for_the_cluster_report(tmp_pa
         assert sync.absent and (sync.queued, sync.refused) == (None, None)
 
 
+# A pod vic's stop left running, as the hub's sweep names it to the governor.
+LEFT_POD = {
+    "server": "vic/",
+    "namespace": "jhub",
+    "name": "jupyter-vic",
+    "uid": "uid-1",
+    "stopped_at": "2026-01-05T08:00:00.000Z",
+}
+
+
 async def test_a_left_pod_is_audited_once_in_a_dry_run_not_at_every_sync(tmp_path):
     """A dry run deletes nothing, so the hub names the pod a stop left running at every sync
     for as long as it runs: its ``left-pod-delete`` is on record once (it was a row every
     ``LEFT_POD_RETRY``, a sync's, for ever), and the hub is never asked. Acting, a delete the
     hub could not carry out is asked, and audited, again."""
-    pod = {
-        "server": "vic/",
-        "namespace": "jhub",
-        "name": "jupyter-vic",
-        "uid": "uid-1",
-        "stopped_at": "2026-01-05T08:00:00.000Z",
-    }
+    pod = dict(LEFT_POD)
     store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
     hub = FakeHubApi([], left_pods=[pod])
     sync = QueueSync(hub, store, dry_run=True)
@@ -732,13 +736,7 @@ async def test_a_left_pods_failed_delete_is_asked_again_after_the_setting_not_be
     app.initialize(["--GpuGovernor.left_pod_retry=3"])
     retry = app.make_options().left_pod_retry
     assert retry == timedelta(seconds=3) and Options().left_pod_retry == LEFT_POD_RETRY
-    pod = {
-        "server": "vic/",
-        "namespace": "jhub",
-        "name": "jupyter-vic",
-        "uid": "uid-1",
-        "stopped_at": "2026-01-05T08:00:00.000Z",
-    }
+    pod = dict(LEFT_POD)
     store = Store(f"sqlite:///{tmp_path / 'gov.sqlite'}")
     hub = FakeHubApi([], left_pods=[pod])
     sync = QueueSync(hub, store, left_pod_retry=retry)
