@@ -319,7 +319,15 @@ class Evidence:
         UUIDs. A report with no record behind it names any pod it likes, and took on that
         pod's GPU: its failure (the server never culled as idle), its activity in the history."""
         context = self._context
-        granted = self._records_of(server)[0] if server is not None else None
+        held = self._granted_held
+        if server is None:
+            granted = None
+        elif held[0] is server and held[1] is context:
+            granted = held[2]  # the pass's read of it (``_records_of``)
+        else:
+            # A report's ingest (or a server the pass is not on): its records alone, not DCGM's
+            # of them, and the pass's held server left in place.
+            granted = trusted.Granted.of(server.spawner_state)
         by_pod = context.by_pod if granted is not None and granted.pod is not None else {}
         return self._evidence(report, context.by_uuid, by_pod)
 
